@@ -1,0 +1,65 @@
+"""The pyACL boundary: pick the real `acl` module (CANN) or the CPU runtime.
+
+ACLSERVE_DEVICE=auto (default) uses the real module when `import acl` works and it sees at
+least one device; npu insists on it; cpu always uses `aclserve.acl.cpu`, which has pyACL's
+names, argument order, return tuples and error codes. Nothing outside aclserve/acl and
+aclserve/runtime touches the module itself.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from types import ModuleType
+
+from .check import AclError, check, check_handle  # noqa: F401  (re-exported)
+
+log = logging.getLogger(__name__)
+
+DEVICE_CHOICES = ("auto", "npu", "cpu")
+_selected: tuple[str, ModuleType] | None = None
+
+
+class AclUnavailable(RuntimeError):
+    """ACLSERVE_DEVICE=npu was asked for but CANN's acl module or a device is missing."""
+
+
+def _real_acl() -> ModuleType | None:
+    try:
+        real = importlib.import_module("acl")
+    except ImportError:
+        return None
+    try:
+        count, ret = real.rt.get_device_count()
+    except Exception:  # a broken CANN install: treat as absent
+        log.exception("the acl module imported but get_device_count failed")
+        return None
+    return real if ret == 0 and count > 0 else None
+
+
+def select(device: str | None = None) -> tuple[str, ModuleType]:
+    """Return ("npu"|"cpu", module). The first choice sticks for the process."""
+    global _selected
+    choice = (device or os.environ.get("ACLSERVE_DEVICE") or "auto").lower()
+    if choice not in DEVICE_CHOICES:
+        raise ValueError(f"ACLSERVE_DEVICE must be one of {', '.join(DEVICE_CHOICES)}, not {choice!r}")
+    if _selected is not None:
+        kind = _selected[0]
+        if choice != "auto" and choice != kind:
+            raise AclUnavailable(f"the {kind} runtime is already in use in this process; cannot switch to {choice}")
+        return _selected
+    if choice in ("auto", "npu"):
+        real = _real_acl()
+        if real is not None:
+            _selected = ("npu", real)
+            return _selected
+        if choice == "npu":
+            raise AclUnavailable("ACLSERVE_DEVICE=npu but CANN's `acl` module is not importable or sees no device")
+    from . import cpu
+
+    _selected = ("cpu", cpu)
+    return _selected
+
+
+def get_acl() -> ModuleType:
+    return select()[1]

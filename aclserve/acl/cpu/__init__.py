@@ -1,0 +1,119 @@
+"""The CPU runtime: a pyACL-compatible `acl` module that executes models with ONNX Runtime.
+
+    from aclserve.acl import cpu as acl
+    acl.init(); acl.rt.set_device(0); ...
+
+Same names, argument order, return tuples and error codes as CANN's pyACL (8.x) for the subset
+aclserve uses (see shared/reference/pyacl.md). Device memory is real process memory; streams are
+worker threads; models are CPU OM containers run by ONNX Runtime; real ATC OMs are refused.
+
+Extras that pyACL does not have (CPU runtime only):
+    memory_stats(device=0) -> dict   used/total/free, huge_advised_bytes, huge_backed_bytes, ...
+    set_threads(n)                   ORT intra-op threads for models loaded afterwards
+    faults                           fault injection for tests (see faults.py)
+    SOC_NAME                         what get_soc_name() returns
+Environment: ACLSERVE_CPU_DEVICES, ACLSERVE_CPU_DEVICE_MEMORY, ACLSERVE_CPU_THREADS,
+ACLSERVE_CPU_FAULTS (see settings.py and faults.py).
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from .. import constants as C
+from . import _dataset, _memory, _state, faults, mdl, rt, settings, util
+from ._args import INT, STR, api
+
+log = logging.getLogger("aclserve.acl.cpu")
+
+SOC_NAME = "CPU-ORT"  # not an Ascend SoC: the CPU runtime over ONNX Runtime
+VERSION = (8, 0, 0)  # the CANN pyACL release whose behaviour this runtime follows
+
+__all__ = ["init", "finalize", "get_version", "get_soc_name", "create_data_buffer",
+           "get_data_buffer_addr", "get_data_buffer_size", "get_data_buffer_size_v2",
+           "update_data_buffer", "destroy_data_buffer", "data_type_size", "rt", "mdl", "util",
+           "faults", "memory_stats", "set_threads", "SOC_NAME"]
+
+
+@api("acl.init", STR, optional=1)
+def init(config_path=""):
+    """Initialise the runtime; the optional acl.json must exist and be JSON (its keys are ignored)."""
+    if config_path:
+        try:
+            with open(config_path) as f:
+                text = f.read()
+        except OSError:
+            return C.ACL_ERROR_INVALID_FILE
+        try:
+            if text.strip():
+                json.loads(text)
+        except ValueError:
+            return C.ACL_ERROR_PARSE_FILE
+    return _state.init()
+
+
+@api("acl.finalize")
+def finalize():
+    return _state.finalize()
+
+
+@api("acl.get_version")
+def get_version():
+    return (*VERSION, C.ACL_SUCCESS)
+
+
+@api("acl.get_soc_name")
+def get_soc_name():
+    return SOC_NAME
+
+
+@api("acl.create_data_buffer", INT, INT)
+def create_data_buffer(data, size):
+    return _dataset.create_data_buffer(data, size)
+
+
+@api("acl.get_data_buffer_addr", INT)
+def get_data_buffer_addr(data_buffer):
+    buf = _dataset.buffers.get(data_buffer)
+    return buf.addr if buf else 0
+
+
+@api("acl.get_data_buffer_size_v2", INT)
+def get_data_buffer_size_v2(data_buffer):
+    buf = _dataset.buffers.get(data_buffer)
+    return buf.size if buf else 0
+
+
+@api("acl.get_data_buffer_size", INT)
+def get_data_buffer_size(data_buffer):
+    buf = _dataset.buffers.get(data_buffer)
+    return buf.size & 0xFFFFFFFF if buf else 0
+
+
+@api("acl.update_data_buffer", INT, INT, INT)
+def update_data_buffer(data_buffer, data, size):
+    return _dataset.update_data_buffer(data_buffer, data, size)
+
+
+@api("acl.destroy_data_buffer", INT)
+def destroy_data_buffer(data_buffer):
+    return _dataset.destroy_data_buffer(data_buffer)
+
+
+@api("acl.data_type_size", INT)
+def data_type_size(data_type):
+    try:
+        return C.acl_to_numpy(data_type).itemsize
+    except ValueError:
+        return 0
+
+
+def memory_stats(device: int = 0) -> dict:
+    """Device memory figures of the CPU runtime (raises ValueError before init / bad device)."""
+    return _memory.stats(device)
+
+
+def set_threads(n: int | None) -> None:
+    """ONNX Runtime intra-op threads for models loaded from now on (None = ACLSERVE_CPU_THREADS)."""
+    settings.set_threads(n)
+

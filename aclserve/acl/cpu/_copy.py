@@ -1,0 +1,40 @@
+"""memcpy/memset checks: device sides inside one allocation of the device, host sides outside all."""
+from __future__ import annotations
+
+from .. import constants as C
+from . import _memory
+
+H2H, H2D, D2H, D2D, DEFAULT = (C.ACL_MEMCPY_HOST_TO_HOST, C.ACL_MEMCPY_HOST_TO_DEVICE,
+                               C.ACL_MEMCPY_DEVICE_TO_HOST, C.ACL_MEMCPY_DEVICE_TO_DEVICE,
+                               C.ACL_MEMCPY_DEFAULT)
+
+
+def _side_ok(ptr: int, count: int, on_device: bool, device: int) -> bool:
+    if on_device:
+        alloc = _memory.find(ptr, count)
+        return alloc is not None and alloc.device == device
+    return not _memory.touches_device(ptr, count)
+
+
+def check_memcpy(dst: int, dst_max: int, src: int, count: int, kind: int, device: int) -> tuple[int, int]:
+    """(resolved kind, ret) for a copy of count > 0 bytes under `device`."""
+    if dst == 0 or src == 0 or not H2H <= kind <= DEFAULT or count < 0 or dst_max < 0:
+        return kind, C.ACL_ERROR_INVALID_PARAM
+    if count > dst_max:
+        return kind, C.ACL_ERROR_RT_PARAM_INVALID
+    if kind == DEFAULT:
+        dst_dev, src_dev = _memory.touches_device(dst, count), _memory.touches_device(src, count)
+        kind = (D2D if src_dev else H2D) if dst_dev else (D2H if src_dev else H2H)
+    else:
+        dst_dev, src_dev = kind in (H2D, D2D), kind in (D2H, D2D)
+    if not (_side_ok(dst, count, dst_dev, device) and _side_ok(src, count, src_dev, device)):
+        return kind, C.ACL_ERROR_RT_PARAM_INVALID
+    return kind, C.ACL_SUCCESS
+
+
+def check_memset(dev: int, max_size: int, count: int, device: int) -> int:
+    if dev == 0 or count < 0 or max_size < 0:
+        return C.ACL_ERROR_INVALID_PARAM
+    if count > max_size or not _side_ok(dev, count, True, device):
+        return C.ACL_ERROR_RT_PARAM_INVALID
+    return C.ACL_SUCCESS

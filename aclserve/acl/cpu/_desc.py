@@ -1,0 +1,94 @@
+"""aclmdlDesc: a model's description, filled by get_desc from a loaded model.
+
+A desc keeps a reference to the model's ModelInfo (and the model, for get_cur_output_dims), so it
+stays readable after unload, as a C desc would. Value-returning calls give 0 / -1 / "" on error.
+"""
+from __future__ import annotations
+
+import threading
+
+from .. import constants as C
+from . import _state
+from ._model import models
+
+
+class Desc:
+    __slots__ = ("handle", "model")
+
+    def __init__(self):
+        self.handle = _state.new_handle()
+        self.model = None
+
+
+_lock = threading.Lock()
+descs: dict[int, Desc] = {}
+
+
+def create() -> int:
+    desc = Desc()
+    with _lock:
+        descs[desc.handle] = desc
+    return desc.handle
+
+
+def fill(handle: int, model_id: int) -> int:
+    desc = descs.get(handle)
+    if desc is None:
+        return C.ACL_ERROR_INVALID_PARAM
+    model = models.get(model_id)
+    if model is None:
+        return C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+    desc.model = model
+    return C.ACL_SUCCESS
+
+
+def destroy(handle: int) -> int:
+    with _lock:
+        return C.ACL_SUCCESS if descs.pop(handle, None) is not None else C.ACL_ERROR_INVALID_PARAM
+
+
+def info(handle: int):
+    desc = descs.get(handle)
+    return desc.model.info if desc is not None and desc.model is not None else None
+
+
+def tensor(handle: int, index: int, outputs: bool):
+    i = info(handle)
+    if i is None:
+        return None
+    tensors = i.outputs if outputs else i.inputs
+    return tensors[index] if 0 <= index < len(tensors) else None
+
+
+def dims(handle: int, index: int, outputs: bool, current: bool = False) -> tuple[dict, int]:
+    t = tensor(handle, index, outputs)
+    if t is None:
+        return {}, C.ACL_ERROR_INVALID_PARAM
+    values = list(t.dims)
+    if current:
+        model = descs[handle].model
+        batch = model.cur_batch if model.cur_batch is not None else model.info.max_batch
+        values = list(t.shape_at(batch))
+    return {"name": t.name, "dimCount": len(values), "dims": values}, C.ACL_SUCCESS
+
+
+def size(handle: int, index: int, outputs: bool) -> int:
+    t = tensor(handle, index, outputs)
+    return t.size_at(descs[handle].model.info.max_batch) if t is not None else 0
+
+
+def index_by_name(handle: int, name: str, outputs: bool) -> tuple[int, int]:
+    i = info(handle)
+    if i is None:
+        return 0, C.ACL_ERROR_INVALID_PARAM
+    for n, t in enumerate(i.outputs if outputs else i.inputs):
+        if t.name == name:
+            return n, C.ACL_SUCCESS
+    return 0, C.ACL_ERROR_INVALID_PARAM
+
+
+def dynamic_batch(handle: int) -> tuple[dict, int]:
+    i = info(handle)
+    if i is None:
+        return {}, C.ACL_ERROR_INVALID_PARAM
+    return {"batchCount": len(i.gears), "batch": list(i.gears)}, C.ACL_SUCCESS

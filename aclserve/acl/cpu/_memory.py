@@ -1,0 +1,281 @@
+"""Device and host memory of the CPU runtime: real process memory at real addresses.
+
+Device allocations follow aclrtMalloc: the size is rounded up to a multiple of 32 plus 32 bytes
+of pad, the start is 64-byte aligned, and each device has a capacity with a used figure.
+Allocations above 1 MiB under HUGE_FIRST/HUGE_ONLY come from an anonymous mapping whose
+2 MiB-aligned body is advised MADV_HUGEPAGE (transparent huge pages); `stats()` reports the
+bytes advised and the bytes the kernel actually backs with huge pages (AnonHugePages in
+/proc/self/smaps, read on demand because pages are only backed once touched).
+
+Every allocation is owned by this module until `free`/`free_host`, or `release_all` at
+finalize. Lookups (`find`) are what memcpy/execute use to keep pointers inside allocations.
+"""
+from __future__ import annotations
+
+import bisect
+import ctypes
+import logging
+import mmap
+import re
+import threading
+
+from .. import constants as C
+
+log = logging.getLogger("aclserve.acl.cpu")
+
+HUGE_THRESHOLD = 1 << 20
+HUGE_PAGE = 2 << 20
+_SMALL_LIMIT = 64 << 10  # below this a ctypes buffer is cheaper than a mapping
+_HUGE_POLICIES = {C.ACL_MEM_MALLOC_HUGE_FIRST, C.ACL_MEM_MALLOC_HUGE_ONLY,
+                  C.ACL_MEM_MALLOC_HUGE_FIRST_P2P, C.ACL_MEM_MALLOC_HUGE_ONLY_P2P, 6, 7}
+_HUGE_ONLY_POLICIES = {C.ACL_MEM_MALLOC_HUGE_ONLY, C.ACL_MEM_MALLOC_HUGE_ONLY_P2P, 6, 7}
+_KNOWN_FLAGS = 0x100 | 0x1000 | 0x100000
+
+
+def _align(value: int, to: int) -> int:
+    return (value + to - 1) // to * to
+
+
+def alloc_size(size: int) -> int:
+    """What aclrtMalloc really takes for `size`: round up to 32, add 32."""
+    return _align(size, 32) + 32
+
+
+def _thp_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            text = f.read()
+    except OSError:
+        return "unavailable"
+    m = re.search(r"\[(\w+)\]", text)
+    return m.group(1) if m else "unavailable"
+
+
+THP_MODE = _thp_mode()
+
+
+def _mmap_address(mm: mmap.mmap) -> int:
+    view = ctypes.c_char.from_buffer(mm)
+    try:
+        return ctypes.addressof(view)
+    finally:
+        del view  # release the buffer export so the mapping can be closed later
+
+
+class Allocation:
+    """One block of memory; owns its mapping or ctypes buffer until close()."""
+
+    __slots__ = ("ptr", "size", "device", "huge_advised", "_mm", "_buf", "map_start", "map_len")
+
+    def __init__(self, ptr, size, device, mm=None, buf=None, map_start=0, map_len=0, huge_advised=0):
+        self.ptr, self.size, self.device = ptr, size, device
+        self._mm, self._buf = mm, buf
+        self.map_start, self.map_len, self.huge_advised = map_start, map_len, huge_advised
+
+    @property
+    def end(self) -> int:
+        return self.ptr + self.size
+
+    def close(self) -> None:
+        if self._mm is not None:
+            self._mm.close()
+        self._mm = self._buf = None
+
+
+class DeviceMemory:
+    __slots__ = ("device", "total", "used", "huge_advised_bytes")
+
+    def __init__(self, device: int, total: int):
+        self.device, self.total, self.used, self.huge_advised_bytes = device, total, 0, 0
+
+
+_lock = threading.Lock()
+_starts: list[int] = []
+_device_allocs: dict[int, Allocation] = {}
+_host_allocs: dict[int, Allocation] = {}
+_devices: dict[int, DeviceMemory] = {}
+
+
+def reset(device_count: int, capacity: int) -> None:
+    with _lock:
+        _devices.clear()
+        for d in range(device_count):
+            _devices[d] = DeviceMemory(d, capacity)
+
+
+def release_all() -> int:
+    """Free everything (acl.finalize). Returns the number of allocations that were still live."""
+    with _lock:
+        live = list(_device_allocs.values()) + list(_host_allocs.values())
+        _device_allocs.clear()
+        _host_allocs.clear()
+        _starts.clear()
+        for mem in _devices.values():
+            mem.used = mem.huge_advised_bytes = 0
+    for a in live:
+        a.close()
+    return len(live)
+
+
+def _new_mapping(length: int) -> tuple[mmap.mmap, int]:
+    mm = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                   prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return mm, _mmap_address(mm)
+
+
+def _allocate_huge(size: int, device: int, huge_only: bool) -> Allocation | None:
+    body = _align(size, HUGE_PAGE)
+    if THP_MODE == "never" or THP_MODE == "unavailable":
+        return None
+    # Map one huge page more so the body can start on a 2 MiB boundary (THP needs aligned pages).
+    mm, base = _new_mapping(body + HUGE_PAGE)
+    ptr = _align(base, HUGE_PAGE)
+    try:
+        mm.madvise(mmap.MADV_HUGEPAGE, ptr - base, body)
+    except (OSError, AttributeError, ValueError) as e:
+        log.debug("MADV_HUGEPAGE refused (%s)%s", e, "" if huge_only else "; using normal pages")
+        mm.close()
+        return None
+    return Allocation(ptr, size, device, mm=mm, map_start=ptr, map_len=body, huge_advised=body)
+
+
+def _allocate_normal(size: int, device: int | None) -> Allocation:
+    if size < _SMALL_LIMIT:
+        buf = ctypes.create_string_buffer(size + 64)
+        return Allocation(_align(ctypes.addressof(buf), 64), size, device, buf=buf)
+    mm, base = _new_mapping(size)
+    return Allocation(base, size, device, mm=mm)
+
+
+def malloc(device: int, size: int, policy: int) -> tuple[int, int]:
+    if size <= 0 or policy < 0 or (policy & ~0xff & ~_KNOWN_FLAGS) or (policy & 0xff) > 7:
+        return 0, C.ACL_ERROR_INVALID_PARAM
+    base_policy = policy & 0xff
+    size = alloc_size(size)
+    mem = _devices[device]
+    with _lock:
+        if mem.used + size > mem.total:
+            return 0, C.ACL_ERROR_RT_MEMORY_ALLOCATION
+        mem.used += size  # reserve before mapping so concurrent mallocs respect the capacity
+    try:
+        alloc = None
+        if base_policy in _HUGE_POLICIES and size > HUGE_THRESHOLD:
+            alloc = _allocate_huge(size, device, base_policy in _HUGE_ONLY_POLICIES)
+            if alloc is None and base_policy in _HUGE_ONLY_POLICIES:
+                raise MemoryError("no transparent huge pages for a HUGE_ONLY allocation")
+        if alloc is None:
+            alloc = _allocate_normal(size, device)
+    except (MemoryError, OSError) as e:
+        log.warning("device %d: malloc of %d bytes failed: %s", device, size, e)
+        with _lock:
+            mem.used -= size
+        return 0, C.ACL_ERROR_RT_MEMORY_ALLOCATION
+    with _lock:
+        mem.huge_advised_bytes += alloc.huge_advised
+        _device_allocs[alloc.ptr] = alloc
+        bisect.insort(_starts, alloc.ptr)
+    return alloc.ptr, C.ACL_SUCCESS
+
+
+def free(ptr: int) -> int:
+    if ptr == 0:
+        return C.ACL_ERROR_INVALID_PARAM
+    with _lock:
+        alloc = _device_allocs.pop(ptr, None)
+        if alloc is None:
+            return C.ACL_ERROR_RT_PARAM_INVALID
+        del _starts[bisect.bisect_left(_starts, ptr)]
+        mem = _devices.get(alloc.device)
+        if mem is not None:
+            mem.used -= alloc.size
+            mem.huge_advised_bytes -= alloc.huge_advised
+    alloc.close()
+    return C.ACL_SUCCESS
+
+
+def find(ptr: int, length: int) -> Allocation | None:
+    """The device allocation holding [ptr, ptr+length), or None (also when it straddles an end)."""
+    with _lock:
+        i = bisect.bisect_right(_starts, ptr) - 1
+        if i < 0:
+            return None
+        alloc = _device_allocs[_starts[i]]
+    if ptr + max(length, 1) <= alloc.end:
+        return alloc
+    return None
+
+
+def touches_device(ptr: int, length: int) -> bool:
+    """Whether [ptr, ptr+length) overlaps any device allocation."""
+    with _lock:
+        i = bisect.bisect_right(_starts, ptr + max(length, 1) - 1) - 1
+        if i < 0:
+            return False
+        return _device_allocs[_starts[i]].end > ptr
+
+
+def malloc_host(size: int) -> tuple[int, int]:
+    if size <= 0:
+        return 0, C.ACL_ERROR_INVALID_PARAM
+    try:
+        mm, ptr = _new_mapping(_align(size, mmap.PAGESIZE))
+    except (MemoryError, OSError):
+        return 0, C.ACL_ERROR_BAD_ALLOC
+    with _lock:
+        _host_allocs[ptr] = Allocation(ptr, size, None, mm=mm)
+    return ptr, C.ACL_SUCCESS
+
+
+def free_host(ptr: int) -> int:
+    if ptr == 0:
+        return C.ACL_ERROR_INVALID_PARAM
+    with _lock:
+        alloc = _host_allocs.pop(ptr, None)
+    if alloc is None:
+        return C.ACL_ERROR_RT_PARAM_INVALID
+    alloc.close()
+    return C.ACL_SUCCESS
+
+
+def mem_info(device: int) -> tuple[int, int]:
+    mem = _devices[device]
+    return mem.total - mem.used, mem.total
+
+
+_SMAPS_RANGE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ")
+
+
+def _huge_backed_by_device() -> dict[int, int]:
+    with _lock:
+        regions = sorted((a.map_start, a.map_start + a.map_len, a.device)
+                         for a in _device_allocs.values() if a.huge_advised)
+    backed: dict[int, int] = {}
+    if not regions:
+        return backed
+    owner = None
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                m = _SMAPS_RANGE.match(line)
+                if m:
+                    lo, hi = int(m.group(1), 16), int(m.group(2), 16)
+                    owner = next((d for s, e, d in regions if s < hi and e > lo), None)
+                elif owner is not None and line.startswith("AnonHugePages:"):
+                    backed[owner] = backed.get(owner, 0) + int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return backed
+
+
+def stats(device: int) -> dict:
+    """used/total/free bytes, huge-page advised and backed bytes, live allocations, host bytes."""
+    with _lock:
+        mem = _devices.get(device)
+        if mem is None:
+            raise ValueError(f"no device {device} (is acl initialised?)")
+        count = sum(1 for a in _device_allocs.values() if a.device == device)
+        out = {"device": device, "total": mem.total, "used": mem.used, "free": mem.total - mem.used,
+               "allocations": count, "huge_advised_bytes": mem.huge_advised_bytes,
+               "host_used": sum(a.size for a in _host_allocs.values()), "thp_mode": THP_MODE}
+    out["huge_backed_bytes"] = _huge_backed_by_device().get(device, 0)
+    return out

@@ -1,0 +1,246 @@
+"""Loaded models of the CPU runtime: ORT sessions fed straight from device buffers.
+
+A LoadedModel owns its ONNX Runtime session and the device memory the runtime allocated for it
+(load_from_file/load_from_mem); with *_with_mem the caller owns the memory. The ONNX payload
+is copied into the weight memory and the session is built from that copy, so the device memory
+figure is real. ORT's own intermediate tensors live in ORT's allocator, not in the work memory.
+
+Execution binds the data buffers' addresses with IOBinding (no copies) using the batch of the
+dynamic-batch input. A model id is not re-entrant: its lock is taken without waiting and a
+second concurrent execution fails with 507011, as on the NPU. ORT releases the GIL while running.
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import threading
+
+from .. import constants as C
+from . import _memory, _om, _state, faults, settings
+from ._dataset import Dataset
+
+log = logging.getLogger("aclserve.acl.cpu")
+
+_ids = itertools.count(1)
+models: dict[int, "LoadedModel"] = {}
+_BINDING_CACHE_LIMIT = 64
+_PAD_TOLERANCE = 64  # GE accepts a buffer up to 64 bytes smaller than the tensor
+
+
+def _session(model_bytes: bytes):
+    import onnxruntime as ort  # deferred: importing ORT costs time the rest of the API does not need
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = settings.threads()
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3
+    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+
+
+class LoadedModel:
+    """One model id. Owns its session and runtime-allocated memory; close() is idempotent."""
+
+    def __init__(self, model_id: int, device: int, info: _om.ModelInfo, session, owned: list[int]):
+        self.id, self.device, self.info, self.session = model_id, device, info, session
+        self._owned = owned
+        self.lock = threading.Lock()
+        self.closed = False
+        self.cur_batch: int | None = None
+        self._bindings: dict = {}
+        inputs, outputs = info.inputs, info.outputs
+        self._in_min = [max(t.size_at(info.max_batch) - _PAD_TOLERANCE, 0) for t in inputs]
+        self._out_min = [max(t.size_at(info.max_batch) - _PAD_TOLERANCE, 0) for t in outputs]
+        self._onnx_in = [i for i in range(len(inputs)) if i != info.mbatch_index]
+
+    def close(self) -> None:
+        with self.lock:  # waits for a running execution
+            self.closed = True
+            owned, self._owned = self._owned, []
+            self.session = None
+            self._bindings.clear()
+        for ptr in owned:
+            _memory.free(ptr)
+
+    def validate(self, in_ds: Dataset, out_ds: Dataset) -> int:
+        """Checks done when execute/execute_async is called (the batch is read when it runs)."""
+        ins, outs = in_ds.buffers, out_ds.buffers
+        if len(ins) < len(self._in_min) or len(outs) < len(self._out_min):
+            return C.ACL_ERROR_INVALID_PARAM
+        for buf, need in zip(ins, self._in_min):
+            if buf.size < need:
+                return C.ACL_ERROR_GE_PARAM_INVALID
+        for buf, need in zip(outs, self._out_min):
+            if buf.size < need:
+                return C.ACL_ERROR_GE_PARAM_INVALID
+        m = self.info.mbatch_index
+        if m is not None:
+            if ins[m].addr == 0:
+                return C.ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID
+            if ins[m].size < 4:
+                return C.ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID
+        return C.ACL_SUCCESS
+
+    def _batch(self, in_ds: Dataset) -> tuple[int, int]:
+        m = self.info.mbatch_index
+        if m is None:
+            return 1, C.ACL_SUCCESS
+        buf = in_ds.buffers[m]
+        nbytes = 8 if buf.size >= 8 else 4
+        if _memory.find(buf.addr, nbytes) is None:
+            return 0, C.ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID
+        ctype = ctypes.c_int64 if nbytes == 8 else ctypes.c_int32
+        batch = ctype.from_address(buf.addr).value
+        if batch not in self.info.gears:
+            log.error("model %d: batch %d in %s is not a compiled gear %s (call set_dynamic_batch_size)",
+                      self.id, batch, C.ACL_DYNAMIC_TENSOR_NAME, self.info.gears)
+            return 0, C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+        return batch, C.ACL_SUCCESS
+
+    def _in_device_memory(self, batch: int, in_addrs, out_addrs) -> bool:
+        info = self.info
+        for addr, t in zip(in_addrs, info.onnx_inputs):
+            alloc = _memory.find(addr, t.size_at(batch))
+            if alloc is None or alloc.device != self.device:
+                return False
+        for addr, t in zip(out_addrs, info.outputs):
+            alloc = _memory.find(addr, t.size_at(batch))
+            if alloc is None or alloc.device != self.device:
+                return False
+        return True
+
+    def _binding(self, batch: int, in_addrs, out_addrs):
+        binding = self.session.io_binding()
+        for addr, t in zip(in_addrs, self.info.onnx_inputs):
+            binding.bind_input(t.name, "cpu", 0, t.dtype, t.shape_at(batch), addr)
+        for addr, t in zip(out_addrs, self.info.outputs):
+            binding.bind_output(t.name, "cpu", 0, t.dtype, t.shape_at(batch), addr)
+        if len(self._bindings) >= _BINDING_CACHE_LIMIT:
+            self._bindings.clear()
+        self._bindings[(batch, in_addrs, out_addrs)] = binding
+        return binding
+
+    def run(self, in_ds: Dataset, out_ds: Dataset) -> int:
+        """Execute now in the calling thread (the sync call, or a stream worker)."""
+        if not self.lock.acquire(blocking=False):
+            log.error("model %d is already executing: a model id is not re-entrant "
+                      "(load the model again for parallel execution)", self.id)
+            return C.ACL_ERROR_RT_MODEL_EXECUTE
+        try:
+            if self.closed:
+                return C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+            batch, ret = self._batch(in_ds)
+            if ret:
+                return ret
+            ins, outs = in_ds.buffers, out_ds.buffers
+            in_addrs = tuple([ins[i].addr for i in self._onnx_in])
+            out_addrs = tuple([b.addr for b in outs[:len(self._out_min)]])
+            if not self._in_device_memory(batch, in_addrs, out_addrs):
+                log.error("model %d: an input or output buffer is not inside device memory of device %d",
+                          self.id, self.device)
+                return C.ACL_ERROR_GE_PARAM_INVALID
+            binding = self._bindings.get((batch, in_addrs, out_addrs)) or self._binding(batch, in_addrs, out_addrs)
+            if faults.active():
+                code = faults.trigger("execute", self.id)
+                if code:
+                    return code
+            self.session.run_with_iobinding(binding)
+            self.cur_batch = batch
+            return C.ACL_SUCCESS
+        except Exception:
+            log.exception("model %d: execution failed", self.id)
+            return C.ACL_ERROR_RT_MODEL_EXECUTE
+        finally:
+            self.lock.release()
+
+
+def _device_region_ok(ptr: int, size: int, device: int) -> bool:
+    alloc = _memory.find(ptr, size)
+    return alloc is not None and alloc.device == device
+
+
+def load(ctx, info: _om.ModelInfo, payload: bytes, mem: tuple[int, int, int, int] | None = None):
+    """(model_id, ret). mem = (work_ptr, work_size, weight_ptr, weight_size); 0 pointers mean
+    the runtime allocates that part itself, as aclmdlLoadFromFileWithMem allows."""
+    work_need, weight_need = _om.query_size(info)
+    work_ptr, work_size, weight_ptr, weight_size = mem or (0, 0, 0, 0)
+    for ptr, size, need in ((work_ptr, work_size, work_need), (weight_ptr, weight_size, weight_need)):
+        if ptr and (size < need or not _device_region_ok(ptr, size, ctx.device)):
+            log.error("model memory at %#x (%d bytes) is not a device allocation of at least %d bytes",
+                      ptr, size, need)
+            return 0, C.ACL_ERROR_GE_PARAM_INVALID
+    owned: list[int] = []
+    for which, need in (("work", work_need), ("weight", weight_need)):
+        if (work_ptr if which == "work" else weight_ptr):
+            continue
+        ptr, ret = _memory.malloc(ctx.device, need, C.ACL_MEM_MALLOC_HUGE_FIRST)
+        if ret:
+            for p in owned:
+                _memory.free(p)
+            return 0, ret
+        owned.append(ptr)
+        if which == "work":
+            work_ptr = ptr
+        else:
+            weight_ptr = ptr
+    ctypes.memmove(weight_ptr, payload, len(payload))
+    try:
+        session = _session(ctypes.string_at(weight_ptr, len(payload)))
+        names = {i.name for i in session.get_inputs()}, {o.name for o in session.get_outputs()}
+        missing = ({t.name for t in info.onnx_inputs} ^ names[0]) | ({t.name for t in info.outputs} - names[1])
+        if missing:
+            raise ValueError(f"header and ONNX graph disagree on tensors {sorted(missing)}")
+    except Exception as e:
+        log.error("model %r cannot be loaded into ONNX Runtime: %s", info.name, e)
+        for p in owned:
+            _memory.free(p)
+        return 0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+    model = LoadedModel(next(_ids), ctx.device, info, session, owned)
+    with _state.lock:
+        models[model.id] = model
+    return model.id, C.ACL_SUCCESS
+
+
+def unload(model_id: int) -> int:
+    with _state.lock:
+        model = models.pop(model_id, None)
+    if model is None:
+        return C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+    model.close()
+    return C.ACL_SUCCESS
+
+
+def set_dynamic_batch_size(model: LoadedModel, ds: Dataset, index: int, batch: int) -> int:
+    """Write the batch into the dynamic-batch buffer now (synchronous, not stream-ordered)."""
+    info = model.info
+    if batch <= 0:
+        return C.ACL_ERROR_INVALID_PARAM
+    if info.mbatch_index is None:
+        return C.ACL_ERROR_MODEL_NOT_DYNAMIC
+    if not 0 <= index < len(ds.buffers) or index != info.mbatch_index:
+        return C.ACL_ERROR_INVALID_PARAM
+    buf = ds.buffers[index]
+    if buf.addr == 0:
+        return C.ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID
+    if buf.size < 4:
+        return C.ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID
+    if batch not in info.gears:
+        return C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+    nbytes = 8 if buf.size >= 8 else 4
+    if _memory.find(buf.addr, nbytes) is None:
+        return C.ACL_ERROR_RT_PARAM_INVALID
+    (ctypes.c_int64 if nbytes == 8 else ctypes.c_int32).from_address(buf.addr).value = batch
+    return C.ACL_SUCCESS
+
+
+def _unload_all() -> None:
+    with _state.lock:
+        live = list(models.values())
+        models.clear()
+    for model in live:
+        model.close()
+
+
+_state.on_finalize(_unload_all)

@@ -1,0 +1,112 @@
+"""Read an OM for the CPU runtime: CPU OM containers are accepted, ATC OMs refused with a reason.
+
+Returns ACL codes the way GE does: a missing/unreadable path 145002; anything that is not a
+loadable CPU OM (garbage, truncated, inconsistent header, ATC "IMOD" OM, OM2 archive) 145006.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+from .. import constants as C
+from ...om import atc_om, container
+
+log = logging.getLogger("aclserve.acl.cpu")
+
+_FORMATS = {"UNDEFINED": -1, "NCHW": 0, "NHWC": 1, "ND": 2, "NC1HWC0": 3, "FRACTAL_Z": 4,
+            "NC1HWC0_C04": 12, "HWCN": 16, "NDHWC": 27, "FRACTAL_NZ": 29, "NCDHW": 30,
+            "NDC1HWC0": 32, "FRACTAL_Z_3D": 33, "NC": 35, "NCL": 47}
+
+
+class TensorDesc:
+    """One model input or output as the descriptor reports it; -1 in dims marks the batch."""
+
+    __slots__ = ("name", "acl_dtype", "dtype", "format", "dims", "dynamic_batch", "_sample_bytes")
+
+    def __init__(self, entry: dict):
+        self.name = str(entry["name"])
+        acl_dtype = entry.get("acl_dtype")
+        self.acl_dtype = int(acl_dtype) if acl_dtype is not None else C.kserve_to_acl(entry["datatype"])
+        self.dtype = C.acl_to_numpy(self.acl_dtype)
+        fmt = entry.get("format", "ND")
+        self.format = int(fmt) if isinstance(fmt, int) else _FORMATS.get(str(fmt).upper(), C.ACL_FORMAT_UNDEFINED)
+        self.dims = tuple(int(d) for d in entry["dims"])
+        if any(d == 0 or d < -1 for d in self.dims):
+            raise ValueError(f"tensor {self.name!r} has invalid dims {list(self.dims)}")
+        self.dynamic_batch = bool(entry.get("dynamic_batch", False))
+        self._sample_bytes = math.prod(d for d in self.dims if d != -1) * self.dtype.itemsize
+
+    def shape_at(self, batch: int) -> tuple[int, ...]:
+        return tuple(batch if d == -1 else d for d in self.dims)
+
+    def size_at(self, batch: int) -> int:
+        return self._sample_bytes * (batch if -1 in self.dims else 1)
+
+
+class ModelInfo:
+    """Everything the descriptor APIs report, from the CPU OM header."""
+
+    def __init__(self, header: dict, payload_len: int):
+        self.header = header
+        self.name = str(header.get("name", ""))
+        self.inputs = [TensorDesc(e) for e in header["inputs"]]
+        self.outputs = [TensorDesc(e) for e in header["outputs"]]
+        self.gears = sorted(int(g) for g in header.get("gears", []) or [])
+        dyn = [i for i, t in enumerate(self.inputs) if t.dynamic_batch or t.name == C.ACL_DYNAMIC_TENSOR_NAME]
+        self.mbatch_index = dyn[0] if dyn else None
+        if self.gears and self.mbatch_index is None:
+            raise ValueError("model has batch gears but no ascend_mbatch_shape_data input")
+        if self.mbatch_index is not None and not self.gears:
+            raise ValueError("model has an ascend_mbatch_shape_data input but no gears")
+        self.max_batch = self.gears[-1] if self.gears else 1
+        self.onnx_inputs = [t for i, t in enumerate(self.inputs) if i != self.mbatch_index]
+        self.payload_len = payload_len
+
+    @property
+    def io_bytes(self) -> int:
+        return sum(t.size_at(self.max_batch) for t in self.inputs + self.outputs)
+
+
+def _refuse_atc(where: str, hdr: atc_om.AtcOmHeader) -> int:
+    log.error("%s is an OM built by ATC for an Ascend SoC (model name %r, header version %#010x, "
+              "model type %s, encrypted %s, dynamic %s); it needs CANN on an Ascend NPU and cannot "
+              "run on the CPU runtime. Compile the source ONNX model for the CPU runtime instead "
+              "(aclserve compile model.onnx).", where, hdr.name, hdr.version, hdr.model_type,
+              hdr.is_encrypt, hdr.is_dynamic)
+    return C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+
+
+def parse(data: bytes, where: str):
+    """(ModelInfo, payload, 0) or (None, None, code) for OM bytes."""
+    if data[:4] == atc_om.ATC_MAGIC:
+        hdr = atc_om.parse_atc_header(data[:atc_om.HEADER_SIZE], len(data))
+        if hdr is not None and hdr.consistent_length:
+            return None, None, _refuse_atc(where, hdr)
+    if data[:4] == atc_om.OM2_MAGIC:
+        log.error("%s looks like an ATC OM2 archive (zip); it needs CANN and cannot run on the CPU runtime", where)
+        return None, None, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+    try:
+        om = container.decode(data)
+        info = ModelInfo(om.header, len(om.payload))
+    except (container.OmFormatError, KeyError, TypeError, ValueError) as e:
+        log.error("%s is not a loadable CPU OM: %s", where, e)
+        return None, None, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+    return info, om.payload, C.ACL_SUCCESS
+
+
+def read_file(path: str):
+    try:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(path)
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        log.error("model file %s cannot be read: %s", path, e)
+        return None, None, C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
+    return parse(data, path)
+
+
+def query_size(info: ModelInfo) -> tuple[int, int]:
+    """(work, weight) bytes: the I/O of the largest gear as working memory, the graph as weights."""
+    return max(info.io_bytes, 32), max(info.payload_len, 32)

@@ -1,0 +1,164 @@
+"""acl.rt events and host callbacks (re-exported by rt.py)."""
+from __future__ import annotations
+
+from .. import constants as C
+from . import _callback, _state
+from ._args import ANY, FUNC, INT, api
+from ._stream import Event
+
+_OK = C.ACL_SUCCESS
+
+
+def _timeout_s(ms: int):
+    """-1 -> forever (None); >= 0 -> seconds; anything else -> invalid (False)."""
+    if ms == -1:
+        return None
+    return ms / 1000.0 if ms >= 0 else False
+
+
+# -- events --------------------------------------------------------------------------------------
+@api("acl.rt.create_event")
+def create_event():
+    ctx, ret = _state.current()
+    if ret:
+        return 0, ret
+    event = Event(_state.new_handle(), ctx)
+    with _state.lock:
+        _state.events[event.handle] = event
+    return event.handle, _OK
+
+
+@api("acl.rt.create_event_with_flag", INT)
+def create_event_with_flag(flag):
+    return create_event()
+
+
+@api("acl.rt.destroy_event", INT)
+def destroy_event(event):
+    ctx, ret = _state.current()
+    if ret:
+        return ret
+    e, ret = _state.event_of(event, ctx)
+    if ret:
+        return ret
+    with _state.lock:
+        _state.events.pop(event, None)
+    return _OK
+
+
+def _event_and_stream(event: int, stream: int):
+    ctx, ret = _state.current()
+    if ret:
+        return None, None, ret
+    e, ret = _state.event_of(event, ctx)
+    if ret:
+        return None, None, ret
+    s, ret = _state.stream_of(stream, ctx)
+    return e, s, ret
+
+
+@api("acl.rt.record_event", INT, INT)
+def record_event(event, stream):
+    e, s, ret = _event_and_stream(event, stream)
+    return ret or e.record(s)
+
+
+@api("acl.rt.stream_wait_event", INT, INT)
+def stream_wait_event(stream, event):
+    e, s, ret = _event_and_stream(event, stream)
+    return ret or s.enqueue(e.waiter())
+
+
+def _event_wait(event: int, ms: int):
+    ctx, ret = _state.current()
+    if ret:
+        return ret
+    timeout = _timeout_s(ms)
+    if timeout is False:
+        return C.ACL_ERROR_INVALID_PARAM
+    e, ret = _state.event_of(event, ctx)
+    if ret:
+        return ret
+    return e.error if e.wait(timeout) else C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT
+
+
+@api("acl.rt.synchronize_event", INT)
+def synchronize_event(event):
+    return _event_wait(event, -1)
+
+
+@api("acl.rt.synchronize_event_with_timeout", INT, INT)
+def synchronize_event_with_timeout(event, timeout_ms):
+    return _event_wait(event, timeout_ms)
+
+
+@api("acl.rt.query_event_status", INT)
+def query_event_status(event):
+    """(ACL_EVENT_RECORDED_STATUS_COMPLETE=1 | NOT_READY=0, ret); a never-recorded event is complete."""
+    ctx, ret = _state.current()
+    if ret:
+        return 0, ret
+    e, ret = _state.event_of(event, ctx)
+    if ret:
+        return 0, ret
+    return (C.ACL_EVENT_RECORDED_STATUS_COMPLETE if e.complete() else C.ACL_EVENT_RECORDED_STATUS_NOT_READY), _OK
+
+
+@api("acl.rt.query_event", INT)
+def query_event(event):
+    """Deprecated aclrtQueryEvent: the opposite encoding (COMPLETE=0, NOT_READY=1)."""
+    status, ret = query_event_status(event)
+    return (0 if status == C.ACL_EVENT_RECORDED_STATUS_COMPLETE else 1), ret
+
+
+@api("acl.rt.event_elapsed_time", INT, INT)
+def event_elapsed_time(start, end):
+    ctx, ret = _state.current()
+    if ret:
+        return 0.0, ret
+    e1, ret1 = _state.event_of(start, ctx)
+    e2, ret2 = _state.event_of(end, ctx)
+    if ret1 or ret2:
+        return 0.0, ret1 or ret2
+    t1, t2 = e1.finished_timestamp(), e2.finished_timestamp()
+    if t1 is None or t2 is None:
+        return 0.0, C.ACL_ERROR_RT_PARAM_INVALID  # not recorded, or not reached yet
+    return (t2 - t1) * 1000.0, _OK
+
+
+# -- callbacks -----------------------------------------------------------------------------------
+def _stream_for_report(stream: int):
+    ctx, ret = _state.current()
+    if ret:
+        return None, ret
+    return _state.stream_of(stream, ctx)
+
+
+@api("acl.rt.subscribe_report", INT, INT)
+def subscribe_report(thread_id, stream):
+    s, ret = _stream_for_report(stream)
+    return ret or _callback.subscribe(thread_id, s)
+
+
+@api("acl.rt.unsubscribe_report", INT, INT)
+def unsubscribe_report(thread_id, stream):
+    s, ret = _stream_for_report(stream)
+    return ret or _callback.unsubscribe(thread_id, s)
+
+
+@api("acl.rt.launch_callback", FUNC, ANY, INT, INT)
+def launch_callback(fn, user_data, block_type, stream):
+    if block_type not in (C.ACL_CALLBACK_NO_BLOCK, C.ACL_CALLBACK_BLOCK):
+        return C.ACL_ERROR_INVALID_PARAM
+    s, ret = _stream_for_report(stream)
+    return ret or _callback.launch(fn, user_data, block_type == C.ACL_CALLBACK_BLOCK, s)
+
+
+@api("acl.rt.process_report", INT)
+def process_report(timeout_ms):
+    ret = _state.check_init()
+    if ret:
+        return ret
+    if timeout_ms == 0 or timeout_ms < -1:
+        return C.ACL_ERROR_INVALID_PARAM
+    return _callback.process(timeout_ms)

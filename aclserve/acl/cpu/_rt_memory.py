@@ -1,0 +1,106 @@
+"""acl.rt memory calls (re-exported by rt.py)."""
+from __future__ import annotations
+
+import ctypes
+
+from .. import constants as C
+from . import _copy, _memory, _state
+from ._args import INT, api
+
+_OK = C.ACL_SUCCESS
+
+
+# -- memory --------------------------------------------------------------------------------------
+@api("acl.rt.malloc", INT, INT)
+def malloc(size, policy):
+    ctx, ret = _state.current()
+    return (0, ret) if ret else _memory.malloc(ctx.device, size, policy)
+
+
+@api("acl.rt.malloc_align32", INT, INT)
+def malloc_align32(size, policy):
+    return malloc(size, policy)
+
+
+@api("acl.rt.free", INT)
+def free(dev_ptr):
+    ctx, ret = _state.current()
+    return ret or _memory.free(dev_ptr)
+
+
+@api("acl.rt.malloc_host", INT)
+def malloc_host(size):
+    ctx, ret = _state.current()
+    return (0, ret) if ret else _memory.malloc_host(size)
+
+
+@api("acl.rt.free_host", INT)
+def free_host(host_ptr):
+    ctx, ret = _state.current()
+    return ret or _memory.free_host(host_ptr)
+
+
+@api("acl.rt.memcpy", INT, INT, INT, INT, INT)
+def memcpy(dst, dst_max, src, count, kind):
+    ctx, ret = _state.current()
+    if ret:
+        return ret
+    if count == 0 and dst and src and 0 <= kind <= 4:
+        return _OK
+    kind, ret = _copy.check_memcpy(dst, dst_max, src, count, kind, ctx.device)
+    if ret:
+        return ret
+    ctypes.memmove(dst, src, count)
+    return _OK
+
+
+@api("acl.rt.memcpy_async", INT, INT, INT, INT, INT, INT)
+def memcpy_async(dst, dst_max, src, count, kind, stream):
+    ctx, ret = _state.current()
+    if ret:
+        return ret
+    if kind == C.ACL_MEMCPY_HOST_TO_HOST:
+        return C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+    if count == 0 and dst and src and 0 <= kind <= 4:
+        return _OK
+    kind, ret = _copy.check_memcpy(dst, dst_max, src, count, kind, ctx.device)
+    if ret:
+        return ret
+    if kind == C.ACL_MEMCPY_HOST_TO_HOST:
+        return C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+    s, ret = _state.stream_of(stream, ctx)
+    return ret or s.enqueue(lambda: (ctypes.memmove(dst, src, count), _OK)[1])
+
+
+@api("acl.rt.memset", INT, INT, INT, INT)
+def memset(dev_ptr, max_size, value, count):
+    ctx, ret = _state.current()
+    if ret:
+        return ret
+    ret = _copy.check_memset(dev_ptr, max_size, count, ctx.device)
+    if ret == _OK and count:
+        ctypes.memset(dev_ptr, value & 0xFF, count)
+    return ret
+
+
+@api("acl.rt.memset_async", INT, INT, INT, INT, INT)
+def memset_async(dev_ptr, max_size, value, count, stream):
+    ctx, ret = _state.current()
+    if ret:
+        return ret
+    ret = _copy.check_memset(dev_ptr, max_size, count, ctx.device)
+    if ret:
+        return ret
+    s, ret = _state.stream_of(stream, ctx)
+    return ret or s.enqueue(lambda: (ctypes.memset(dev_ptr, value & 0xFF, count), _OK)[1])
+
+
+@api("acl.rt.get_mem_info", INT)
+def get_mem_info(attr):
+    ctx, ret = _state.current()
+    if ret:
+        return 0, 0, ret
+    if not 0 <= attr <= 10:
+        return 0, 0, C.ACL_ERROR_INVALID_PARAM
+    free_bytes, total = _memory.mem_info(ctx.device)
+    return free_bytes, total, _OK

@@ -1,0 +1,170 @@
+"""Process-wide state of the CPU runtime: init/finalize, devices, contexts and handle registries.
+
+The current context is per OS thread (threading.local), as in pyACL: a new thread starts with
+none, set_device binds the device's default context, create_context/set_context bind theirs.
+Handles are unique non-zero ints drawn from one counter, so a handle of the wrong kind or a
+garbage value is simply not found. Everything here is guarded by one re-entrant lock; the hot
+paths only read dicts.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+
+from .. import constants as C
+from . import _memory, faults, settings
+from ._stream import Event, Stream
+
+log = logging.getLogger("aclserve.acl.cpu")
+
+lock = threading.RLock()
+_handles = itertools.count(0x5AC1_0000_1000, 0x40)
+_local = threading.local()
+_finalizers: list = []
+
+initialized = False
+devices: dict[int, "Device"] = {}
+contexts: dict[int, "Context"] = {}
+streams: dict[int, Stream] = {}
+events: dict[int, Event] = {}
+
+
+def new_handle() -> int:
+    return next(_handles)
+
+
+class Device:
+    def __init__(self, device_id: int):
+        self.id = device_id
+        self.refcount = 0
+        self.default_context: Context | None = None
+
+
+class Context:
+    """A device context: owns the streams and events created under it and its default stream."""
+
+    def __init__(self, device: int, is_default: bool):
+        self.handle = new_handle()
+        self.device = device
+        self.is_default = is_default
+        self.alive = True
+        self._default_stream: Stream | None = None
+
+    def default_stream(self) -> Stream:
+        if self._default_stream is None:
+            with lock:
+                if self._default_stream is None:
+                    self._default_stream = Stream(new_handle(), self)
+        return self._default_stream
+
+    def close(self, join_timeout_s: float | None = None) -> None:
+        """Close its streams (draining them) and drop its events. Idempotent."""
+        with lock:
+            self.alive = False
+            owned = [s for s in streams.values() if s.context is self]
+            for s in owned:
+                del streams[s.handle]
+            for e in [e for e in events.values() if e.context is self]:
+                del events[e.handle]
+            if self._default_stream is not None:
+                owned.append(self._default_stream)
+                self._default_stream = None
+        for s in owned:
+            s.close(join_timeout_s)
+
+
+_early_finalizers: list = []
+
+
+def on_finalize(fn, early: bool = False) -> None:
+    """Register cleanup run by finalize before memory is released. Early ones run before streams
+    are closed (releasing callbacks that streams may be blocked on); the others after."""
+    (_early_finalizers if early else _finalizers).append(fn)
+
+
+def _run(fns) -> None:
+    for fn in fns:
+        try:
+            fn()
+        except Exception:
+            log.exception("CPU runtime: cleanup at finalize failed")
+
+
+def check_init() -> int:
+    return C.ACL_SUCCESS if initialized else C.ACL_ERROR_UNINITIALIZE
+
+
+def current():
+    """(context, 0) for the calling thread, or (None, 100001 / 107002)."""
+    if not initialized:
+        return None, C.ACL_ERROR_UNINITIALIZE
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None or not ctx.alive:
+        return None, C.ACL_ERROR_RT_CONTEXT_NULL
+    return ctx, C.ACL_SUCCESS
+
+
+def bind(ctx: Context | None) -> None:
+    _local.ctx = ctx
+
+
+def stream_of(handle: int, ctx: Context):
+    """Resolve a stream handle (0 = the context's default stream) for use under ctx."""
+    if handle == 0:
+        return ctx.default_stream(), C.ACL_SUCCESS
+    stream = streams.get(handle)
+    if stream is None:
+        return None, C.ACL_ERROR_RT_PARAM_INVALID
+    if stream.device != ctx.device:
+        return None, C.ACL_ERROR_RT_STREAM_CONTEXT
+    return stream, C.ACL_SUCCESS
+
+
+def event_of(handle: int, ctx: Context):
+    event = events.get(handle) if handle else None
+    if event is None:
+        return None, C.ACL_ERROR_INVALID_PARAM if handle == 0 else C.ACL_ERROR_RT_PARAM_INVALID
+    if event.device != ctx.device:
+        return None, C.ACL_ERROR_RT_STREAM_CONTEXT
+    return event, C.ACL_SUCCESS
+
+
+def device_count() -> int:
+    return len(devices) if initialized else settings.device_count()
+
+
+def init() -> int:
+    global initialized
+    with lock:
+        if initialized:
+            return C.ACL_ERROR_REPEAT_INITIALIZE
+        count, capacity = settings.device_count(), settings.device_memory()
+        devices.clear()
+        devices.update({d: Device(d) for d in range(count)})
+        _memory.reset(count, capacity)
+        faults.load_env()
+        initialized = True
+    log.debug("CPU runtime initialised: %d device(s) of %d bytes", count, capacity)
+    return C.ACL_SUCCESS
+
+
+def finalize() -> int:
+    """Release everything: streams, contexts, models, subscriptions, memory."""
+    global initialized
+    with lock:
+        if not initialized:
+            return C.ACL_ERROR_REPEAT_FINALIZE
+        initialized = False
+        ctxs = list(contexts.values()) + [d.default_context for d in devices.values() if d.default_context]
+        contexts.clear()
+        for d in devices.values():
+            d.default_context, d.refcount = None, 0
+    _run(_early_finalizers)
+    for ctx in ctxs:
+        ctx.close(join_timeout_s=5.0)
+    _run(_finalizers)
+    live = _memory.release_all()
+    if live:
+        log.info("finalize released %d allocation(s) still held by the application", live)
+    return C.ACL_SUCCESS

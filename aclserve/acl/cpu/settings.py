@@ -1,0 +1,64 @@
+"""Settings of the CPU runtime, read from the environment when `acl.init` runs.
+
+ACLSERVE_CPU_DEVICES        number of devices (default 1)
+ACLSERVE_CPU_DEVICE_MEMORY  capacity of each device: bytes, or a number with K/M/G/T (binary
+                            units, optional "i"/"B": "512M", "8GiB"); default 8G
+ACLSERVE_CPU_THREADS        ONNX Runtime intra-op threads per loaded model (default 1);
+                            `set_threads(n)` overrides it for models loaded afterwards
+ACLSERVE_CPU_FAULTS         fault injection, see faults.py
+"""
+from __future__ import annotations
+
+import os
+import re
+
+DEFAULT_DEVICES = 1
+DEFAULT_DEVICE_MEMORY = 8 << 30
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+_threads_override: int | None = None
+
+
+def parse_size(text: str) -> int:
+    """"512M" -> 536870912, "8GiB" -> 8 << 30, "1000" -> 1000. Raises ValueError."""
+    m = _SIZE.match(str(text))
+    if m is None:
+        raise ValueError(f"not a size: {text!r} (expected bytes or a number with K/M/G/T)")
+    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if size <= 0:
+        raise ValueError(f"size must be positive: {text!r}")
+    return size
+
+
+def _positive_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    value = int(raw)
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {raw!r}")
+    return value
+
+
+def device_count() -> int:
+    return _positive_int("ACLSERVE_CPU_DEVICES", DEFAULT_DEVICES)
+
+
+def device_memory() -> int:
+    raw = os.environ.get("ACLSERVE_CPU_DEVICE_MEMORY")
+    return parse_size(raw) if raw and raw.strip() else DEFAULT_DEVICE_MEMORY
+
+
+def set_threads(n: int) -> None:
+    """Intra-op threads for models loaded from now on (None: back to ACLSERVE_CPU_THREADS)."""
+    global _threads_override
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise ValueError(f"threads must be a positive int, got {n!r}")
+    _threads_override = n
+
+
+def threads() -> int:
+    if _threads_override is not None:
+        return _threads_override
+    return _positive_int("ACLSERVE_CPU_THREADS", 1)

@@ -1,0 +1,378 @@
+"""Server and model configuration: YAML -> frozen dataclasses, every bad key reported by path.
+
+The one source of defaults is the embedded `aclserve/configs/default.yaml` (documented key by
+key; `configs/default.yaml` at the repository root is a byte-identical copy for readers). A
+user file is deep-merged over it, then command-line overrides over that; the merged mapping
+is validated in one pass. Unknown keys and bad values raise ConfigError whose message starts
+with the dotted path of the key, e.g.
+`model_defaults.batching.max_queue_delay_ms: must be >= 0, got -1`.
+
+Merging: mappings merge key by key, except `version_policy`, which a later layer replaces
+whole (it is a one-key choice). A per-model file (`models/<name>.yaml` or
+`models/<name>/config.yaml`) has the keys of `model_defaults` and merges over the server's
+`model_defaults` the same way. Entries of `batching.priority_queue_policy` (keyed by level
+number) inherit unset fields from `batching.default_queue_policy`.
+Relative paths (models_dir, compile_cache_dir) are relative to the working directory.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .scheduling.policy import BatchingConfig, QueuePolicy
+
+DEFAULT_CONFIG_PATH = Path(__file__).with_name("configs") / "default.yaml"
+CONTROL_MODES = ("poll", "explicit", "none")
+DEVICES = ("auto", "cpu", "npu")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+_REPLACED_WHOLE = {"version_policy"}
+
+
+class ConfigError(ValueError):
+    """A configuration key is unknown or its value is invalid; `path` is the dotted key."""
+
+    def __init__(self, path: str, problem: str, source: str | None = None):
+        self.path, self.problem, self.source = path, problem, source
+        text = f"{path}: {problem}" if path else problem
+        super().__init__(f"{source}: {text}" if source else text)
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How a dropped `.onnx` is compiled (see `aclserve compile`); None = compiler default."""
+
+    input_shape: str | None = None  # "name:-1,3,224,224;name2:..."
+    batch: tuple[int, ...] | None = None  # gears; None = the compiler's default
+    soc_version: str | None = None  # ATC only
+    precision_mode: str | None = None  # ATC only
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Serving settings of one model (all its versions)."""
+
+    instances: int = 1
+    devices: tuple[int, ...] = (0,)
+    slots: int = 2
+    retry: bool = True
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    version_policy: tuple = ("latest", 1)  # ("latest", N) | ("all",) | ("specific", (v, ...))
+    compile: CompileOptions = field(default_factory=CompileOptions)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    models_dir: str = "models"
+    device: str = "auto"
+    log_level: str = "info"
+    model_control_mode: str = "poll"
+    max_body_bytes: int = 64 * 1024 * 1024
+    shutdown_timeout_s: float = 30.0
+    load_concurrency: int = 1
+    cpu_threads: int = 1
+    compile_cache_dir: str = ""  # "" = <models_dir>/.cache (filled in by the loader)
+    unload_on_delete: bool = True
+    settle_s: float = 1.0
+    debounce_s: float = 0.25
+    memory_reserve_fraction: float = 0.1
+    model_defaults: ModelConfig = field(default_factory=ModelConfig)
+
+
+# ---- merging -------------------------------------------------------------------------------
+
+def merge(base: Mapping, over: Mapping) -> dict:
+    """Deep-merge `over` onto `base` (new dict; inputs untouched)."""
+    out = copy.deepcopy(dict(base))
+    for key, value in over.items():
+        if key in out and isinstance(out[key], Mapping) and isinstance(value, Mapping) \
+                and key not in _REPLACED_WHOLE:
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _expand_dotted(overrides: Mapping) -> dict:
+    """{"model_defaults.instances": 2} -> {"model_defaults": {"instances": 2}}; None values dropped."""
+    nested: dict = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        parts = str(key).split(".")
+        target = nested
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ConfigError(str(key), "conflicting overrides")
+        last = parts[-1]
+        if isinstance(value, Mapping) and isinstance(target.get(last), dict):
+            target[last] = merge(target[last], value)
+        else:
+            target[last] = value
+    return nested
+
+
+def read_yaml(path: str | os.PathLike) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError("", f"cannot read config file: {e.strerror}", str(path)) from None
+    except yaml.YAMLError as e:
+        raise ConfigError("", f"invalid YAML: {e}", str(path)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("", f"must be a mapping at the top level, got {type(data).__name__}", str(path))
+    return data
+
+
+def default_mapping() -> dict:
+    return read_yaml(DEFAULT_CONFIG_PATH)
+
+
+# ---- value checks --------------------------------------------------------------------------
+
+def _p(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _mapping(value, path: str) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise ConfigError(path, f"must be a mapping, got {value!r}")
+    return value
+
+
+def _no_unknown(data: Mapping, known, path: str) -> None:
+    for key in data:
+        if key not in known:
+            raise ConfigError(_p(path, str(key)), f"unknown key (known: {', '.join(sorted(known))})")
+
+
+def _int(value, path: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(path, f"must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(path, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(path, f"must be <= {maximum}, got {value}")
+    return value
+
+
+def _float(value, path: str, minimum: float | None = 0.0, below: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(path, f"must be a number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(path, f"must be >= {minimum:g}, got {value:g}")
+    if below is not None and value >= below:
+        raise ConfigError(path, f"must be < {below:g}, got {value:g}")
+    return float(value)
+
+
+def _bool(value, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(path, f"must be true or false, got {value!r}")
+    return value
+
+
+def _str(value, path: str, choices=None, allow_empty: bool = True) -> str:
+    if not isinstance(value, str) or (not allow_empty and not value):
+        raise ConfigError(path, f"must be a {'non-empty ' if not allow_empty else ''}string, got {value!r}")
+    if choices is not None and value not in choices:
+        raise ConfigError(path, f"must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _opt_str(value, path: str) -> str | None:
+    return None if value is None else _str(value, path, allow_empty=False)
+
+
+def _int_list(value, path: str, minimum: int = 0, non_empty: bool = True) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or (non_empty and not value):
+        raise ConfigError(path, f"must be a {'non-empty ' if non_empty else ''}list of integers, got {value!r}")
+    items = tuple(_int(v, f"{path}[{i}]", minimum) for i, v in enumerate(value))
+    if len(set(items)) != len(items):
+        raise ConfigError(path, f"has duplicates: {list(items)}")
+    return items
+
+
+# ---- sections ------------------------------------------------------------------------------
+
+_QUEUE_KEYS = {f.name for f in dataclasses.fields(QueuePolicy)}
+_BATCHING_KEYS = {f.name for f in dataclasses.fields(BatchingConfig)}
+_MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
+_SERVER_KEYS = {f.name for f in dataclasses.fields(ServerConfig)}
+_COMPILE_KEYS = {f.name for f in dataclasses.fields(CompileOptions)}
+
+
+def _queue_policy(data, path: str, base: QueuePolicy) -> QueuePolicy:
+    data = _mapping(data, path)
+    _no_unknown(data, _QUEUE_KEYS, path)
+    values = dataclasses.asdict(base)
+    for key, value in data.items():
+        kp = _p(path, key)
+        if key == "max_queue_size":
+            values[key] = _int(value, kp, 0)
+        elif key == "default_timeout_ms":
+            values[key] = _float(value, kp)
+        elif key == "timeout_action":
+            values[key] = _str(value, kp, ("reject", "delay"))
+        else:
+            values[key] = _bool(value, kp)
+    return QueuePolicy(**values)
+
+
+def _batching(data, path: str) -> BatchingConfig:
+    data = _mapping(data, path)
+    _no_unknown(data, _BATCHING_KEYS, path)
+    kw: dict[str, Any] = {}
+    for key in ("enabled", "preserve_ordering"):
+        if key in data:
+            kw[key] = _bool(data[key], _p(path, key))
+    if "max_batch_size" in data:
+        kw["max_batch_size"] = _int(data["max_batch_size"], _p(path, "max_batch_size"), 0)
+    if "max_queue_delay_ms" in data:
+        kw["max_queue_delay_ms"] = _float(data["max_queue_delay_ms"], _p(path, "max_queue_delay_ms"))
+    levels = _int(data.get("priority_levels", 3), _p(path, "priority_levels"), 1)
+    kw["priority_levels"] = levels
+    if "default_priority" in data:
+        kw["default_priority"] = _int(data["default_priority"], _p(path, "default_priority"), 1, levels)
+    default_qp = _queue_policy(data.get("default_queue_policy", {}), _p(path, "default_queue_policy"),
+                               QueuePolicy())
+    kw["default_queue_policy"] = default_qp
+    per_level = {}
+    pq_path = _p(path, "priority_queue_policy")
+    for level, policy in _mapping(data.get("priority_queue_policy") or {}, pq_path).items():
+        lp = f"{pq_path}.{level}"
+        if isinstance(level, str) and level.isdigit():
+            level = int(level)
+        per_level[_int(level, lp, 1, levels)] = _queue_policy(policy, lp, default_qp)
+    kw["priority_queue_policy"] = per_level
+    try:
+        return BatchingConfig(**kw)
+    except ValueError as e:  # cross-field rules of BatchingConfig itself
+        raise ConfigError(path, str(e)) from None
+
+
+def _version_policy(value, path: str) -> tuple:
+    if value == "all":
+        return ("all",)
+    if not isinstance(value, Mapping) or len(value) != 1:
+        raise ConfigError(path, f"must be one of {{latest: N}}, all, {{specific: [versions]}}, got {value!r}")
+    (kind, arg), = value.items()
+    if kind == "latest":
+        return ("latest", _int(arg, _p(path, "latest"), 1))
+    if kind == "all":
+        if arg not in (True, None, {}):
+            raise ConfigError(_p(path, "all"), f"takes no value, got {arg!r}")
+        return ("all",)
+    if kind == "specific":
+        return ("specific", tuple(sorted(_int_list(arg, _p(path, "specific"), 1))))
+    raise ConfigError(_p(path, str(kind)), "unknown version policy (latest | all | specific)")
+
+
+def _compile(data, path: str) -> CompileOptions:
+    data = _mapping(data, path)
+    _no_unknown(data, _COMPILE_KEYS, path)
+    batch = data.get("batch")
+    return CompileOptions(
+        input_shape=_opt_str(data.get("input_shape"), _p(path, "input_shape")),
+        batch=None if batch is None else _int_list(batch, _p(path, "batch"), 1),
+        soc_version=_opt_str(data.get("soc_version"), _p(path, "soc_version")),
+        precision_mode=_opt_str(data.get("precision_mode"), _p(path, "precision_mode")),
+    )
+
+
+def parse_model_config(data, path: str = "") -> ModelConfig:
+    """Validate a complete model mapping (already merged over the defaults)."""
+    data = _mapping(data, path)
+    _no_unknown(data, _MODEL_KEYS, path)
+    base = ModelConfig()
+    return ModelConfig(
+        instances=_int(data.get("instances", base.instances), _p(path, "instances"), 1),
+        devices=_int_list(data.get("devices", list(base.devices)), _p(path, "devices"), 0),
+        slots=_int(data.get("slots", base.slots), _p(path, "slots"), 1),
+        retry=_bool(data.get("retry", base.retry), _p(path, "retry")),
+        batching=_batching(data.get("batching", {}), _p(path, "batching")),
+        version_policy=_version_policy(data.get("version_policy", {"latest": 1}), _p(path, "version_policy")),
+        compile=_compile(data.get("compile", {}), _p(path, "compile")),
+    )
+
+
+def model_config_mapping(config: ModelConfig) -> dict:
+    """The YAML-shaped mapping of a ModelConfig (inverse of parse_model_config)."""
+    out = dataclasses.asdict(config)
+    out["devices"] = list(config.devices)
+    kind = config.version_policy[0]
+    out["version_policy"] = ({"all": True} if kind == "all" else
+                             {kind: list(config.version_policy[1]) if kind == "specific"
+                              else config.version_policy[1]})
+    out["compile"]["batch"] = None if config.compile.batch is None else list(config.compile.batch)
+    return out
+
+
+def parse_server_config(data: Mapping) -> ServerConfig:
+    """Validate a complete server mapping (already merged over the embedded default)."""
+    data = _mapping(data, "")
+    _no_unknown(data, _SERVER_KEYS, "")
+    d = ServerConfig()
+    get = lambda key: data.get(key, getattr(d, key))  # noqa: E731
+    models_dir = _str(get("models_dir"), "models_dir", allow_empty=False)
+    cache_dir = data.get("compile_cache_dir") or ""
+    cache_dir = _str(cache_dir, "compile_cache_dir") or os.path.join(models_dir, ".cache")
+    return ServerConfig(
+        host=_str(get("host"), "host", allow_empty=False),
+        port=_int(get("port"), "port", 0, 65535),
+        models_dir=models_dir,
+        device=_str(get("device"), "device", DEVICES),
+        log_level=_str(get("log_level"), "log_level", LOG_LEVELS),
+        model_control_mode=_str(get("model_control_mode"), "model_control_mode", CONTROL_MODES),
+        max_body_bytes=_int(get("max_body_bytes"), "max_body_bytes", 1),
+        shutdown_timeout_s=_float(get("shutdown_timeout_s"), "shutdown_timeout_s"),
+        load_concurrency=_int(get("load_concurrency"), "load_concurrency", 1),
+        cpu_threads=_int(get("cpu_threads"), "cpu_threads", 1),
+        compile_cache_dir=cache_dir,
+        unload_on_delete=_bool(get("unload_on_delete"), "unload_on_delete"),
+        settle_s=_float(get("settle_s"), "settle_s"),
+        debounce_s=_float(get("debounce_s"), "debounce_s"),
+        memory_reserve_fraction=_float(get("memory_reserve_fraction"), "memory_reserve_fraction", 0.0, 1.0),
+        model_defaults=parse_model_config(data.get("model_defaults", {}), "model_defaults"),
+    )
+
+
+def load_server_config(path: str | os.PathLike | None = None, overrides: Mapping | None = None) -> ServerConfig:
+    """Embedded default <- YAML file at `path` <- `overrides` (nested or dotted keys; None values
+    are ignored so argparse defaults of None fall through). Raises ConfigError."""
+    merged = default_mapping()
+    source = None
+    if path is not None:
+        source = str(path)
+        merged = merge(merged, read_yaml(path))
+    if overrides:
+        merged = merge(merged, _expand_dotted(overrides))
+    try:
+        return parse_server_config(merged)
+    except ConfigError as e:
+        if source and e.source is None:
+            raise ConfigError(e.path, e.problem, source) from None
+        raise
+
+
+def load_model_config(path: str | os.PathLike | None, defaults: ModelConfig) -> ModelConfig:
+    """A per-model YAML file merged over `defaults`; None -> `defaults`. Raises ConfigError."""
+    if path is None:
+        return defaults
+    data = read_yaml(path)
+    try:
+        return parse_model_config(merge(model_config_mapping(defaults), data))
+    except ConfigError as e:
+        raise ConfigError(e.path, e.problem, str(path)) from None

@@ -1,0 +1,1 @@
+"""Model files: the CPU OM container, ATC OM detection, ATC and compile."""

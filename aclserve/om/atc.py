@@ -1,0 +1,152 @@
+"""Drive Huawei's ATC (`atc --framework=5 ...`) to build a real OM (reference/pyacl.md section 7).
+
+ATC runs in a private work folder beside the output (it drops fusion_result.json and
+kernel_meta/ into its working directory), its console output is streamed line by line with
+the elapsed time, a timeout kills its whole process group, and the built OM is checked
+(`atc_om.identify` must say "atc_om") before it is renamed onto the output path, so a failed or
+interrupted build never leaves a partial file. Blocks the calling thread for the whole build.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from . import atc_om
+from .container import OmFormatError
+from .spec import CompileError, ModelSpec
+
+DEFAULT_TIMEOUT = 3600.0
+DEFAULT_LOG_LEVEL = "error"
+# ATC error codes look like E10001, EZ3002, E19999; plus its closing failure sentence.
+_ERROR_LINE = re.compile(r"\bE[0-9A-Z]\d{4}\b|ATC run failed|\[ERROR\]|\bERROR\b")
+_MAX_QUOTED = 5
+
+
+class AtcFailed(CompileError):
+    """ATC ran but did not produce a valid OM (non-zero exit, timeout, or a bad output file)."""
+
+
+def find_atc(explicit: str | os.PathLike | None = None) -> str | None:
+    """The ATC executable: `explicit` (must exist and be executable) or `atc` on PATH, else None."""
+    if explicit is not None:
+        path = os.fspath(explicit)
+        resolved = shutil.which(path) if os.sep not in path else path
+        if not resolved or not os.path.isfile(resolved) or not os.access(resolved, os.X_OK):
+            raise CompileError(f"ATC asked for but not found: {path} is not an executable file")
+        return os.path.abspath(resolved)
+    return shutil.which("atc")
+
+
+def build_argv(atc: str, model: str, output_base: str, spec: ModelSpec, *, soc_version: str,
+               precision_mode: str | None, log_level: str = DEFAULT_LOG_LEVEL) -> list[str]:
+    """ATC's argv; `output_base` is the output path without `.om` (ATC appends it)."""
+    argv = [atc, f"--model={model}", "--framework=5", f"--output={output_base}", f"--soc_version={soc_version}"]
+    if spec.inputs:
+        argv.append(f"--input_shape={spec.atc_input_shape()}")
+    if spec.gears:
+        argv.append(f"--dynamic_batch_size={','.join(str(g) for g in spec.gears)}")
+    if precision_mode:
+        argv.append(f"--precision_mode={precision_mode}")
+    argv.append(f"--log={log_level}")
+    return argv
+
+
+def run_streaming(argv: list[str], *, cwd: str, timeout: float, log: Callable[[str], None],
+                  clock: Callable[[], float] = time.monotonic) -> list[str]:
+    """Run argv, passing each output line to `log` prefixed with the elapsed time.
+
+    Returns all lines. Raises AtcFailed on a non-zero exit (quoting ATC's error lines) or when
+    `timeout` seconds pass (the process group is killed).
+    """
+    start = clock()
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as e:
+        raise AtcFailed(f"could not start ATC {argv[0]}: {e.strerror or e}") from None
+    timed_out = threading.Event()
+
+    def kill() -> None:
+        timed_out.set()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    timer = threading.Timer(timeout, kill)
+    timer.daemon = True
+    timer.start()
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            lines.append(line)
+            log(f"[{clock() - start:8.1f}s] {line}")
+        proc.wait()
+    except BaseException:
+        kill()  # Ctrl-C or a failing log callback: do not leave ATC running
+        proc.wait()
+        raise
+    finally:
+        timer.cancel()
+        proc.stdout.close()
+    if timed_out.is_set():
+        raise AtcFailed(f"ATC timed out after {timeout:g} s and was killed")
+    if proc.returncode != 0:
+        raise AtcFailed(f"ATC failed (exit status {proc.returncode}): {quote_errors(lines)}")
+    return lines
+
+
+def quote_errors(lines: list[str]) -> str:
+    """ATC's error lines joined into one line (the last lines of output when none match)."""
+    picked = [ln.strip() for ln in lines if _ERROR_LINE.search(ln)] or [ln.strip() for ln in lines if ln.strip()][-3:]
+    if not picked:
+        return "no output"
+    if len(picked) > _MAX_QUOTED:
+        picked = picked[:_MAX_QUOTED - 1] + [picked[-1]]
+    return " | ".join(picked)
+
+
+def compile_with_atc(atc: str, onnx_path: str, output: Path, spec: ModelSpec, *, soc_version: str,
+                     precision_mode: str | None, timeout: float = DEFAULT_TIMEOUT,
+                     log: Callable[[str], None] = print, log_level: str = DEFAULT_LOG_LEVEL) -> atc_om.AtcOmHeader:
+    """Build `output` with ATC; returns the checked 256-byte header of the result."""
+    output = Path(output)
+    work = tempfile.mkdtemp(prefix=f".{output.stem}.atc-", dir=output.parent)
+    try:
+        base = os.path.join(work, output.stem)
+        argv = build_argv(atc, os.path.abspath(onnx_path), base, spec, soc_version=soc_version,
+                          precision_mode=precision_mode, log_level=log_level)
+        log("running: " + " ".join(argv))
+        lines = run_streaming(argv, cwd=work, timeout=timeout, log=log)
+        built = _find_output(base)
+        if built is None:
+            raise AtcFailed(f"ATC exited 0 but wrote no {output.stem}.om: {quote_errors(lines)}")
+        try:
+            kind, header = atc_om.identify(built)
+        except OmFormatError as e:
+            raise AtcFailed(f"ATC wrote {os.path.basename(built)} but it is not a valid OM: {e}") from None
+        if kind != "atc_om":
+            raise AtcFailed(f"ATC wrote {os.path.basename(built)} but it is a {kind} file, not an ATC OM")
+        os.replace(built, output)
+        return header
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _find_output(base: str) -> str | None:
+    """ATC writes <base>.om, or <base>_<os>_<arch>.om for OS-specific models."""
+    if os.path.isfile(base + ".om"):
+        return base + ".om"
+    folder, stem = os.path.split(base)
+    candidates = sorted(n for n in os.listdir(folder) if n.startswith(stem + "_") and n.endswith(".om"))
+    return os.path.join(folder, candidates[0]) if candidates else None

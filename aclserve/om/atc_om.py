@@ -1,0 +1,96 @@
+"""Recognise OM files built by Huawei's ATC (reference/pyacl.md section 8) and identify any file.
+
+Only bytes 0-155 of the 256-byte ModelFileHeader are stable across GE releases; later fields
+(platform_version, dynamic flag) moved, so they are read from the current layout and
+reported as such.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import asdict, dataclass
+
+from . import container
+
+ATC_MAGIC = b"IMOD"  # 0x444F4D49 little-endian ("DOMI" in GE's code)
+OM2_MAGIC = b"PK\x03\x04"
+HEADER_SIZE = 256
+MODEL_TYPES = {0: "IR", 1: "standard", 2: "OM-tiny", 3: "flow", 4: "lite", 5: "bundle"}
+
+
+@dataclass
+class AtcOmHeader:
+    name: str
+    version: int
+    length: int
+    model_length: int
+    is_encrypt: bool
+    is_checksum: bool
+    model_type: str
+    gen_mode: str
+    ops: int
+    om_ir_version: int
+    platform_version: str
+    is_dynamic: bool
+    consistent_length: bool
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _cstr(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def parse_atc_header(head: bytes, file_size: int) -> AtcOmHeader | None:
+    """Parse a 256-byte ATC header; None unless magic and headsize match."""
+    if len(head) < HEADER_SIZE or head[:4] != ATC_MAGIC:
+        return None
+    headsize, version = struct.unpack_from("<II", head, 4)
+    if headsize != HEADER_SIZE:
+        return None
+    (length,) = struct.unpack_from("<I", head, 76)
+    is_encrypt, is_checksum, model_type, gen_mode = head[80], head[81], head[82], head[83]
+    (ops,) = struct.unpack_from("<I", head, 116)
+    (om_ir_version,) = struct.unpack_from("<I", head, 152)
+    (model_length,) = struct.unpack_from("<Q", head, 184)
+    payload = model_length or length
+    return AtcOmHeader(
+        name=_cstr(head[84:116]),
+        version=version,
+        length=length,
+        model_length=model_length,
+        is_encrypt=bool(is_encrypt),
+        is_checksum=bool(is_checksum),
+        model_type=MODEL_TYPES.get(model_type, f"unknown({model_type})"),
+        gen_mode="online" if gen_mode == 1 else "offline",
+        ops=ops,
+        om_ir_version=om_ir_version,
+        platform_version=_cstr(head[160:180]),
+        is_dynamic=head[193] == 1,
+        consistent_length=payload == file_size - HEADER_SIZE,
+    )
+
+
+def identify(path: str | os.PathLike) -> tuple[str, object]:
+    """Classify a file: ("cpu_om", header dict) | ("atc_om", AtcOmHeader) | ("om2", None).
+
+    Raises FileNotFoundError for a missing file and container.OmFormatError for anything else.
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(HEADER_SIZE)
+    if head[:len(container.MAGIC)] == container.MAGIC:
+        return "cpu_om", container.read_header(path)
+    if head[:4] == ATC_MAGIC:
+        hdr = parse_atc_header(head, size)
+        if hdr is None:
+            raise container.OmFormatError(f"file starts with 'IMOD' but its {size}-byte header is not an ATC OM header")
+        if not hdr.consistent_length:
+            raise container.OmFormatError(
+                f"ATC OM length mismatch: header says {hdr.model_length or hdr.length} payload bytes, "
+                f"file has {size - HEADER_SIZE} (truncated?)")
+        return "atc_om", hdr
+    if head[:4] == OM2_MAGIC:
+        return "om2", None
+    raise container.OmFormatError("not an OM file (neither a CPU OM nor an ATC 'IMOD' header)")

@@ -1,0 +1,94 @@
+"""`aclserve compile` and `aclserve inspect`.
+
+Exit status: 0 success; 2 bad input (one line on stderr, via aclserve.cli.UsageError or
+argparse); 1 when ATC ran and failed or timed out (its error lines quoted on one line).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..cli import UsageError
+
+
+class BuildFailed(Exception):
+    """Not bad input: the build tool failed. Printed as one line, exit status 1."""
+
+
+def _one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """argparse prints the usage block before its error; keep it to the single error line."""
+
+    def error(message: str):
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+    parser.error = error  # type: ignore[method-assign]
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("compile", help="compile an ONNX model to .om (ATC when available, else a CPU OM)",
+                       description="Compile an ONNX model to an .om file: with Huawei's ATC when it is found "
+                                   "(or --atc/--target npu), otherwise a CPU OM for the aclserve CPU runtime.")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("-o", "--output", metavar="OUT.om", help="default: beside the model, with .om")
+    p.add_argument("--input-shape", metavar="SHAPES", help='"name:-1,3,224,224;name2:..." (-1 = batch dimension)')
+    p.add_argument("--batch", metavar="GEARS", help="batch sizes to compile, e.g. 1,2,4,8 "
+                                                    "(default 1,2,4,8,16,32 for a dynamic-batch model)")
+    p.add_argument("--soc-version", default=None, metavar="SOC", help="ATC --soc_version (default Ascend310P3)")
+    p.add_argument("--precision-mode", default=None, metavar="MODE",
+                   help="ATC --precision_mode (default force_fp16; recorded but not applied by the CPU runtime)")
+    p.add_argument("--target", default="auto", metavar="auto|npu|cpu",
+                   help="auto: ATC if found, else CPU OM (default); npu: require ATC; cpu: CPU OM")
+    p.add_argument("--atc", metavar="PATH", help="the ATC executable (default: `atc` on PATH)")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="kill ATC after this many seconds (default 3600)")
+    p.set_defaults(func=run_compile)
+    _one_line_errors(p)
+
+    q = sub.add_parser("inspect", help="show what an .om file contains",
+                       description="Show an .om file's header: everything for a CPU OM, the 256-byte "
+                                   "header facts for an ATC OM.")
+    q.add_argument("file", metavar="FILE.om")
+    q.add_argument("--json", action="store_true", help="print the header as JSON")
+    q.set_defaults(func=run_inspect)
+    _one_line_errors(q)
+
+
+def run_compile(args) -> int:
+    from . import compile as om_compile
+    from .atc import AtcFailed
+    from .describe import format_summary
+    from .spec import CompileError
+
+    kwargs = {}
+    if args.soc_version is not None:
+        kwargs["soc_version"] = args.soc_version
+    if args.precision_mode is not None:
+        kwargs["precision_mode"] = args.precision_mode
+    if args.timeout is not None:
+        kwargs["timeout"] = args.timeout
+    try:
+        result = om_compile.compile_model(args.model, args.output, input_shape=args.input_shape, batch=args.batch,
+                                          target=args.target, atc=args.atc, log=_progress, **kwargs)
+    except AtcFailed as e:
+        print(f"aclserve compile: error: {e}", file=sys.stderr)
+        return 1
+    except CompileError as e:
+        raise UsageError(str(e)) from None
+    print(format_summary(result), flush=True)
+    return 0
+
+
+def _progress(line: str) -> None:
+    print(line, flush=True)
+
+
+def run_inspect(args) -> int:
+    from .describe import InspectError, describe, format_text
+
+    try:
+        info = describe(args.file)
+    except InspectError as e:
+        raise UsageError(str(e)) from None
+    print(json.dumps(info, indent=2, sort_keys=True) if args.json else format_text(info))
+    return 0

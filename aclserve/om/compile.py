@@ -1,0 +1,97 @@
+"""compile_model(): ONNX -> .om, with ATC when it is available (or asked for), else a CPU OM.
+
+This is the Python API behind `aclserve compile`; the model repository calls it to compile a
+dropped .onnx. It blocks the calling thread for the whole build (seconds on the CPU path,
+minutes under ATC) and raises CompileError (one-line message) for bad input or a failed build.
+Importing it has no side effects.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import atc as atc_mod
+from . import container, cpu_compile
+from .spec import CompileError, load_onnx, parse_gears, parse_input_shape, resolve
+
+TARGETS = ("auto", "npu", "cpu")
+DEFAULT_SOC_VERSION = "Ascend310P3"
+DEFAULT_PRECISION_MODE = "force_fp16"
+
+__all__ = ["CompileError", "CompileResult", "compile_model", "TARGETS"]
+
+
+@dataclass
+class CompileResult:
+    path: Path
+    target: str  # "npu" (built by ATC) or "cpu" (CPU OM)
+    header: dict  # the CPU OM header, or the ATC OM's 256-byte header facts
+    seconds: float
+    size: int  # bytes on disk
+
+
+def default_output(onnx_path: str | os.PathLike) -> Path:
+    """model.onnx -> model.om beside it."""
+    p = Path(onnx_path)
+    return p.with_suffix(".om") if p.suffix.lower() == ".onnx" else p.with_name(p.name + ".om")
+
+
+def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None = None, *,
+                  input_shape: str | dict | None = None, batch: str | list[int] | None = None,
+                  soc_version: str = DEFAULT_SOC_VERSION, precision_mode: str | None = DEFAULT_PRECISION_MODE,
+                  target: str = "auto", atc: str | os.PathLike | None = None,
+                  timeout: float = atc_mod.DEFAULT_TIMEOUT,
+                  log: Callable[[str], None] = print) -> CompileResult:
+    """Compile `onnx_path` to `output` (default: beside it with .om) and return what was built.
+
+    input_shape: "name:-1,3,224,224;name2:..." or {name: dims}; batch: "1,2,4" or [1, 2, 4]
+    (default 1,2,4,8,16,32 when the model has a dynamic batch dimension). target "auto" uses
+    ATC when `atc` is given or `atc` is on PATH, "npu" requires ATC, "cpu" writes a CPU OM.
+    The output appears atomically (temporary file, then rename) or not at all.
+    """
+    start = time.monotonic()
+    if target not in TARGETS:
+        raise CompileError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
+    if timeout is None or not timeout > 0:
+        raise CompileError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    shapes = input_shape if isinstance(input_shape, dict) else parse_input_shape(input_shape)
+    gears = parse_gears(batch)
+    atc_path = None
+    if target in ("auto", "npu"):
+        atc_path = atc_mod.find_atc(atc)
+        if atc_path is None and target == "npu":
+            raise CompileError("ATC asked for but not found: no `atc` on PATH (install CANN's toolkit or pass --atc PATH)")
+    elif atc is not None:
+        raise CompileError("--atc given with --target cpu; drop one of them")
+
+    src = os.fspath(onnx_path)
+    out = Path(output) if output is not None else default_output(src)
+    if out.suffix != ".om":
+        raise CompileError(f"output {out} must end with .om")
+    if not out.parent.is_dir():
+        raise CompileError(f"output folder {out.parent} does not exist")
+    model = load_onnx(src)
+    spec = resolve(model, {k: list(v) for k, v in shapes.items()}, gears)
+
+    if atc_path is not None:
+        log(f"compiling {src} with ATC ({atc_path}) for {soc_version}")
+        hdr = atc_mod.compile_with_atc(atc_path, src, out, spec, soc_version=soc_version,
+                                       precision_mode=precision_mode, timeout=timeout, log=log)
+        header = dict(hdr.as_dict(), gears=list(spec.gears),
+                      inputs=[t.header_entry() for t in spec.inputs])
+        kind = "npu"
+    else:
+        log(f"compiling {src} for the CPU runtime (ATC not used)")
+        with open(src, "rb") as f:
+            source_bytes = f.read()
+        options = {"input_shape": spec.atc_input_shape(), "soc_version": soc_version,
+                   "precision_mode": precision_mode}
+        header, payload = cpu_compile.build(spec, name=out.stem, source_path=src,
+                                            source_bytes=source_bytes, options=options)
+        container.write(out, header, payload)
+        header = container.read_header(out)
+        kind = "cpu"
+    return CompileResult(out, kind, header, time.monotonic() - start, out.stat().st_size)

@@ -1,0 +1,135 @@
+"""The CPU OM container: what `aclserve compile` writes when ATC is absent and the CPU runtime loads.
+
+Layout (little-endian):
+
+    offset 0   8 bytes  magic b"ACLSVOM\\x00"
+    offset 8   u32      container version (1)
+    offset 12  u32      header length H (bytes of UTF-8 JSON)
+    offset 16  u64      payload length P (bytes of the ONNX model)
+    offset 24  H bytes  JSON header
+    offset 24+H P bytes ONNX payload (ORT-optimised graph)
+
+The file is exactly 24 + H + P bytes; anything else is truncated or padded and refused.
+
+Header keys: name, producer, created (ISO-8601 UTC), source {path, sha256}, payload_sha256,
+inputs / outputs: [{name, datatype (KServe name), acl_dtype, format, dims}], the dynamic-batch
+input (named `ascend_mbatch_shape_data`, as ATC adds it) listed last among the inputs with
+{"dynamic_batch": true}, gears (ascending batch sizes, [] when static), options (compile options).
+Dims use -1 for the batch dimension of a dynamic-batch model.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAGIC = b"ACLSVOM\x00"
+VERSION = 1
+_PREFIX = struct.Struct("<8sIIQ")
+PREFIX_SIZE = _PREFIX.size  # 24
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+
+
+class OmFormatError(ValueError):
+    """The file is not a well-formed CPU OM (bad magic, truncated, inconsistent lengths, bad JSON)."""
+
+
+@dataclass
+class CpuOm:
+    header: dict
+    payload: bytes = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.header.get("name", "")
+
+    @property
+    def gears(self) -> list[int]:
+        return list(self.header.get("gears", []))
+
+
+def encode(header: dict, payload: bytes) -> bytes:
+    header = dict(header)
+    header.setdefault("payload_sha256", hashlib.sha256(payload).hexdigest())
+    raw = json.dumps(header, indent=1, sort_keys=True).encode()
+    return _PREFIX.pack(MAGIC, VERSION, len(raw), len(payload)) + raw + payload
+
+
+def write(path: str | os.PathLike, header: dict, payload: bytes) -> int:
+    """Write atomically (temporary file in the same folder, then rename). Returns bytes written."""
+    path = Path(path)
+    data = encode(header, payload)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a model file is meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return len(data)
+
+
+def parse_prefix(prefix: bytes, file_size: int) -> tuple[int, int]:
+    """Validate the 24-byte prefix against the file size; return (header_len, payload_len)."""
+    if len(prefix) < PREFIX_SIZE:
+        raise OmFormatError(f"file is {file_size} bytes, shorter than the {PREFIX_SIZE}-byte CPU OM prefix")
+    magic, version, hlen, plen = _PREFIX.unpack_from(prefix)
+    if magic != MAGIC:
+        raise OmFormatError("not a CPU OM (bad magic)")
+    if version != VERSION:
+        raise OmFormatError(f"CPU OM container version {version} is not supported (expected {VERSION})")
+    if hlen > MAX_HEADER_BYTES:
+        raise OmFormatError(f"CPU OM header length {hlen} is implausible")
+    expected = PREFIX_SIZE + hlen + plen
+    if expected != file_size:
+        raise OmFormatError(f"CPU OM length mismatch: header says {expected} bytes, file has {file_size}"
+                            + (" (truncated?)" if file_size < expected else ""))
+    return hlen, plen
+
+
+def decode(data: bytes, verify_payload: bool = True) -> CpuOm:
+    hlen, plen = parse_prefix(data[:PREFIX_SIZE], len(data))
+    try:
+        header = json.loads(data[PREFIX_SIZE:PREFIX_SIZE + hlen])
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise OmFormatError(f"CPU OM header is not valid JSON: {e}") from None
+    if not isinstance(header, dict) or "inputs" not in header or "outputs" not in header:
+        raise OmFormatError("CPU OM header lacks inputs/outputs")
+    payload = data[PREFIX_SIZE + hlen:]
+    if verify_payload and "payload_sha256" in header:
+        if hashlib.sha256(payload).hexdigest() != header["payload_sha256"]:
+            raise OmFormatError("CPU OM payload checksum mismatch (corrupt file)")
+    return CpuOm(header, payload)
+
+
+def read(path: str | os.PathLike, verify_payload: bool = True) -> CpuOm:
+    with open(path, "rb") as f:
+        data = f.read()
+    return decode(data, verify_payload)
+
+
+def read_header(path: str | os.PathLike) -> dict:
+    """Header only, with the prefix validated against the file size (no payload read)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        prefix = f.read(PREFIX_SIZE)
+        hlen, _ = parse_prefix(prefix, size)
+        raw = f.read(hlen)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise OmFormatError(f"CPU OM header is not valid JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise OmFormatError("CPU OM header is not a JSON object")
+    return header

@@ -1,0 +1,144 @@
+"""Build a CPU OM from a resolved ModelSpec: shape inference, output specs, offline ORT
+optimisation, header. Returns (header, payload); the caller writes the container.
+
+Optimisation level: ORT_ENABLE_EXTENDED. Extended fusions may emit ONNX Runtime contrib ops
+(com.microsoft FusedConv, FusedGemm, ...), which every ONNX Runtime CPU execution provider runs;
+the layout level (ORT_ENABLE_ALL, NCHWc) is left out because it bakes in the vector width of
+the compiling machine, which would make the file unportable.
+
+Output shapes come from ONNX shape inference. When inference leaves an output dim unknown, the
+optimised model is run once per probe batch on zero inputs to read the shapes; an output that
+is still not [batch, fixed...] (or fully fixed for a static model) is refused, since the
+runtime must size output buffers per gear.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import shape_inference
+
+from .. import __version__
+from ..acl import constants as C
+from .spec import BATCH_SYMBOL, CompileError, ModelSpec, TensorInfo, dims_of, dtype_of, one_line
+
+ORT_LEVEL = "extended"
+_MAX_PROTO_BYTES = 2**31 - 1
+
+
+def dynamic_batch_input() -> dict:
+    """The extra input ATC adds to a dynamic-batch model (header only, not in the ONNX graph)."""
+    return {"name": C.ACL_DYNAMIC_TENSOR_NAME, "datatype": "INT64", "acl_dtype": C.ACL_INT64,
+            "format": "ND", "dims": [1], "dynamic_batch": True}
+
+
+def infer_outputs(spec: ModelSpec) -> tuple[list[TensorInfo], list[str]]:
+    """Output TensorInfos from shape inference; second value: names whose shape is incomplete."""
+    try:
+        inferred = shape_inference.infer_shapes(spec.model, strict_mode=False, data_prop=True)
+    except Exception as e:
+        raise CompileError(f"ONNX shape inference failed: {one_line(e)}") from None
+    outputs, unknown = [], []
+    for vi in inferred.graph.output:
+        dtype = dtype_of(vi, "output")
+        dims = dims_of(vi)
+        if dims is None:
+            unknown.append(vi.name)
+            outputs.append(TensorInfo(vi.name, dtype, []))
+            continue
+        if spec.dynamic_batch:
+            ok = bool(dims) and dims[0] == BATCH_SYMBOL and all(isinstance(d, int) for d in dims[1:])
+            final = [-1] + [d if isinstance(d, int) else 0 for d in dims[1:]]
+        else:
+            ok = all(isinstance(d, int) for d in dims)
+            final = [d if isinstance(d, int) else 0 for d in dims]
+        if not ok:
+            unknown.append(vi.name)
+        outputs.append(TensorInfo(vi.name, dtype, final))
+    return outputs, unknown
+
+
+def optimise(model: onnx.ModelProto) -> bytes:
+    """Run ONNX Runtime's offline optimiser; return the serialised optimised model."""
+    import onnxruntime as ort
+
+    data = model.SerializeToString()
+    if len(data) > _MAX_PROTO_BYTES:
+        raise CompileError("models over 2 GiB (external weights) are not supported by the CPU compiler")
+    with tempfile.TemporaryDirectory(prefix="aclserve-compile-") as tmp:
+        out = os.path.join(tmp, "optimised.onnx")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        so.optimized_model_filepath = out
+        so.intra_op_num_threads = 1
+        so.log_severity_level = 3
+        try:
+            ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise CompileError(f"ONNX Runtime cannot load the model: {one_line(e)}") from None
+        with open(out, "rb") as f:
+            return f.read()
+
+
+def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) -> list[TensorInfo]:
+    """Read output shapes by running the model on zeros (one or two batch sizes)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(payload, so, providers=["CPUExecutionProvider"])
+    batches = spec.gears[:2] if len(spec.gears) >= 2 else ([spec.gears[0], spec.gears[0] + 1] if spec.gears else [None])
+    seen: list[list[tuple]] = []
+    for b in batches:
+        feeds = {t.name: np.zeros([b if d == -1 else d for d in t.dims], t.dtype) for t in spec.inputs}
+        try:
+            results = sess.run([o.name for o in outputs], feeds)
+        except Exception as e:
+            raise CompileError(f"output shapes could not be inferred and a probe run failed: {one_line(e)}") from None
+        seen.append([r.shape for r in results])
+    fixed = []
+    for i, o in enumerate(outputs):
+        shapes = [s[i] for s in seen]
+        if spec.dynamic_batch:
+            if any(len(s) == 0 or s[0] != b for s, b in zip(shapes, batches)) or len({s[1:] for s in shapes}) != 1:
+                raise CompileError(f"output {o.name!r} is not batch-major (shapes {shapes} for batch sizes "
+                                   f"{batches}); every output of a dynamic-batch model needs the batch first")
+            fixed.append(TensorInfo(o.name, o.dtype, [-1] + list(shapes[0][1:])))
+        else:
+            fixed.append(TensorInfo(o.name, o.dtype, list(shapes[0])))
+    return fixed
+
+
+def _created() -> str:
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")  # reproducible builds
+    when = _dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc) if epoch else _dt.datetime.now(_dt.timezone.utc)
+    return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def build(spec: ModelSpec, *, name: str, source_path: str, source_bytes: bytes, options: dict) -> tuple[dict, bytes]:
+    """Return (header, payload) for a CPU OM of `spec`."""
+    import onnxruntime as ort
+
+    outputs, unknown = infer_outputs(spec)
+    payload = optimise(spec.model)
+    if unknown:
+        outputs = probe_outputs(payload, spec, outputs)
+    inputs = [t.header_entry() for t in spec.inputs]
+    if spec.dynamic_batch:
+        inputs.append(dynamic_batch_input())
+    header = {
+        "name": name,
+        "producer": f"aclserve {__version__} cpu",
+        "created": _created(),
+        "source": {"path": source_path, "sha256": hashlib.sha256(source_bytes).hexdigest()},
+        "inputs": inputs,
+        "outputs": [o.header_entry() for o in outputs],
+        "gears": list(spec.gears),
+        "options": dict(options, target="cpu", ort_optimization=ORT_LEVEL, onnxruntime=ort.__version__),
+    }
+    return header, payload

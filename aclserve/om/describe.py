@@ -1,0 +1,105 @@
+"""What an .om file says about itself, as a dict (for --json) and as readable text.
+
+Used by `aclserve inspect` and by the summary `aclserve compile` prints. Reads headers only.
+"""
+from __future__ import annotations
+
+import os
+
+from . import atc_om
+from .container import OmFormatError
+
+NEEDS_CANN = "built by ATC for an Ascend NPU: loading it needs CANN and an NPU (the CPU runtime refuses it)"
+
+
+class InspectError(ValueError):
+    """The file is missing or is not an OM; the message is one line."""
+
+
+def describe(path: str | os.PathLike) -> dict:
+    """{"path", "size", "kind": "cpu_om"|"atc_om"|"om2", "header": {...}, "note"?}."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise InspectError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise InspectError(f"{path}: is a directory, not an OM file")
+    try:
+        kind, header = atc_om.identify(path)
+    except OmFormatError as e:
+        raise InspectError(f"{path}: {e}") from None
+    except OSError as e:
+        raise InspectError(f"{path}: {e.strerror or e}") from None
+    info = {"path": path, "size": os.path.getsize(path), "kind": kind}
+    if kind == "cpu_om":
+        info["header"] = header
+        info["note"] = "CPU OM: loads on the aclserve CPU runtime (not on an NPU)"
+    elif kind == "atc_om":
+        info["header"] = header.as_dict()
+        info["note"] = NEEDS_CANN
+    else:
+        info["header"] = {}
+        info["note"] = "OM2 (ZIP) archive from a recent ATC: needs CANN to load; no further details read"
+    return info
+
+
+def _shape(dims) -> str:
+    return "[" + ",".join("N" if d == -1 else str(d) for d in dims) + "]"
+
+
+def tensor_lines(header: dict) -> list[str]:
+    lines = []
+    for role in ("inputs", "outputs"):
+        if role not in header:
+            continue
+        tensors = header[role]
+        lines.append(f"{role} ({len(tensors)}):")
+        for t in tensors:
+            extra = "  (dynamic-batch input, filled by set_dynamic_batch_size)" if t.get("dynamic_batch") else ""
+            lines.append(f"  {t.get('name')}: {t.get('datatype')} {_shape(t.get('dims', []))} "
+                         f"{t.get('format', '')}{extra}")
+    gears = header.get("gears") or []
+    lines.append("gears: " + (",".join(map(str, gears)) + " (N = batch size)" if gears else "none (static batch)"))
+    return lines
+
+
+def format_text(info: dict) -> str:
+    h = info["header"]
+    lines = [f"{info['path']}: {info['kind']} ({_size(info['size'])})", info["note"]]
+    if info["kind"] == "cpu_om":
+        lines += [f"name: {h.get('name')}", f"producer: {h.get('producer')}", f"created: {h.get('created')}"]
+        src = h.get("source") or {}
+        lines.append(f"source: {src.get('path')} (sha256 {src.get('sha256')})")
+        lines += tensor_lines(h)
+        for key, value in sorted((h.get("options") or {}).items()):
+            lines.append(f"option {key}: {value}")
+        lines.append(f"payload sha256: {h.get('payload_sha256')}")
+        known = {"name", "producer", "created", "source", "inputs", "outputs", "gears", "options", "payload_sha256"}
+        for key in sorted(set(h) - known):
+            lines.append(f"{key}: {h[key]}")
+    elif info["kind"] == "atc_om":
+        lines += [f"name: {h['name']}", f"header version: {h['version']:#x}", f"model type: {h['model_type']}",
+                  f"encrypted: {'yes' if h['is_encrypt'] else 'no'}",
+                  f"dynamic shape: {'yes' if h['is_dynamic'] else 'no'}",
+                  f"platform version: {h['platform_version'] or '(not set)'}",
+                  f"generated: {h['gen_mode']}, ops: {h['ops']}, om_ir_version: {h['om_ir_version']}",
+                  f"payload: {_size(h['model_length'] or h['length'])}"]
+    return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def format_summary(result) -> str:
+    """The lines `aclserve compile` prints after a build (result: compile.CompileResult)."""
+    h = result.header
+    lines = [f"wrote {result.path} ({'ATC OM' if result.target == 'npu' else 'CPU OM'}, "
+             f"{_size(result.size)}) in {result.seconds:.2f} s"]
+    lines += tensor_lines(h)
+    if result.target == "npu":
+        lines.append(NEEDS_CANN)
+    return "\n".join(lines)

@@ -1,0 +1,229 @@
+"""What a compile is asked to build: parse `--input-shape` and `--batch`, load and check the ONNX
+model, and resolve every input to a dtype and fixed dims (-1 only for the batch dimension).
+
+Shared by the CPU path (compile_cpu) and the ATC path (which needs the same `--input_shape`
+string, with -1 in the batch dimension). Pure functions; nothing here writes files.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..acl import constants as C
+
+DEFAULT_GEARS = (1, 2, 4, 8, 16, 32)
+MAX_GEARS = 100
+BATCH_SYMBOL = "batch"  # the one dim_param every batched input shares, so inference propagates it
+_NAME_DIMS = re.compile(r"^(?P<name>.+):(?P<dims>-?\d+(?:,-?\d+)*)$")
+
+
+class CompileError(ValueError):
+    """Bad compile input or a failed build; the message is one line naming the problem."""
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    dtype: np.dtype
+    dims: list[int]  # -1 marks the batch dimension of a dynamic-batch model
+
+    def header_entry(self) -> dict:
+        acl_dtype = C.numpy_to_acl(self.dtype)
+        return {"name": self.name, "datatype": C.acl_to_kserve(acl_dtype), "acl_dtype": acl_dtype,
+                "format": "NCHW" if len(self.dims) == 4 else "ND", "dims": list(self.dims)}
+
+
+@dataclass
+class ModelSpec:
+    """A checked ONNX model with resolved inputs; `model` has its input shapes rewritten."""
+
+    model: onnx.ModelProto = field(repr=False)
+    inputs: list[TensorInfo]
+    gears: list[int]
+
+    @property
+    def dynamic_batch(self) -> bool:
+        return bool(self.gears)
+
+    def atc_input_shape(self) -> str:
+        return ";".join(f"{t.name}:{','.join(str(d) for d in t.dims)}" for t in self.inputs)
+
+
+def parse_input_shape(text: str | None) -> dict[str, list[int]]:
+    """"name:-1,3,224,224;name2:1,16" -> {name: dims}. Raises CompileError on malformed text."""
+    if text is None or not text.strip():
+        return {}
+    shapes: dict[str, list[int]] = {}
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        m = _NAME_DIMS.match(part.replace(" ", ""))
+        if m is None:
+            raise CompileError(f"malformed --input-shape entry {part!r}: expected name:d0,d1,... with integer dims")
+        name, dims = m["name"], [int(d) for d in m["dims"].split(",")]
+        if any(d == 0 or d < -1 for d in dims):
+            raise CompileError(f"malformed --input-shape entry {part!r}: dims must be positive or -1")
+        if name in shapes:
+            raise CompileError(f"--input-shape names input {name!r} twice")
+        shapes[name] = dims
+    return shapes
+
+
+def parse_gears(text) -> list[int] | None:
+    """"1,2,4,8" (or a list of ints) -> [1, 2, 4, 8]; None when not given."""
+    if text is None:
+        return None
+    if isinstance(text, str):
+        items = [s.strip() for s in text.split(",")]
+        try:
+            gears = [int(s) for s in items]
+        except ValueError:
+            raise CompileError(f"malformed --batch {text!r}: expected comma-separated integers") from None
+    else:
+        gears = [int(g) for g in text]
+    if not gears:
+        raise CompileError("--batch needs at least one batch size")
+    if any(g <= 0 for g in gears):
+        raise CompileError(f"--batch sizes must be positive, got {','.join(map(str, gears))}")
+    if len(set(gears)) != len(gears):
+        raise CompileError(f"--batch sizes must be unique, got {','.join(map(str, gears))}")
+    if gears != sorted(gears):
+        raise CompileError(f"--batch sizes must be strictly ascending, got {','.join(map(str, gears))}")
+    if len(gears) > MAX_GEARS:
+        raise CompileError(f"--batch has {len(gears)} sizes; at most {MAX_GEARS} are allowed")
+    return gears
+
+
+def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
+    """Load and run the ONNX checker; every failure becomes a one-line CompileError."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise CompileError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise CompileError(f"{path}: is a directory, not an ONNX file")
+    try:
+        model = onnx.load(path)
+    except Exception as e:  # protobuf DecodeError and friends
+        raise CompileError(f"{path}: not an ONNX model ({one_line(e)})") from None
+    if not model.graph.node and not model.graph.output:
+        raise CompileError(f"{path}: not an ONNX model (no graph)")
+    try:
+        onnx.checker.check_model(model, full_check=False)
+    except Exception as e:
+        raise CompileError(f"{path}: invalid ONNX graph: {one_line(e)}") from None
+    return model
+
+
+def one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text[:300] + ("..." if len(text) > 300 else "") if text else type(e).__name__
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Real inputs: graph inputs that are not initializers (IR < 4 lists weights as inputs)."""
+    weights = {i.name for i in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in weights]
+
+
+def dtype_of(vi: onnx.ValueInfoProto, what: str) -> np.dtype:
+    if not vi.type.HasField("tensor_type"):
+        raise CompileError(f"{what} {vi.name!r} is not a tensor")
+    elem = vi.type.tensor_type.elem_type
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+        C.numpy_to_acl(dtype)
+    except (KeyError, ValueError, TypeError):
+        raise CompileError(f"{what} {vi.name!r} has data type "
+                           f"{onnx.TensorProto.DataType.Name(elem)}, which ACL models cannot carry") from None
+    return dtype
+
+
+def dims_of(vi: onnx.ValueInfoProto) -> list[int | str | None] | None:
+    """Ints for fixed dims, the symbol (or None) for dynamic ones; None when rank is unknown."""
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+
+
+def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: list[int] | None) -> ModelSpec:
+    """Apply shapes, decide the batch dimension and gears; rewrite the model's input shapes.
+
+    A model is dynamic-batch when some input's first dim is dynamic (after --input-shape). Then
+    every input's first dim must be dynamic and every other dim fixed; the first dims all become
+    the shared symbol "batch". Without a dynamic first dim, --batch is refused.
+    """
+    inputs = graph_inputs(model)
+    names = [i.name for i in inputs]
+    for name in input_shape:
+        if name not in names:
+            raise CompileError(f"--input-shape names unknown input {name!r} (model inputs: {', '.join(names)})")
+    resolved: list[tuple[onnx.ValueInfoProto, np.dtype, list]] = []
+    for vi in inputs:
+        dtype = dtype_of(vi, "input")
+        dims = dims_of(vi)
+        if vi.name in input_shape:
+            given = input_shape[vi.name]
+            if dims is not None and len(dims) != len(given):
+                raise CompileError(f"--input-shape gives input {vi.name!r} {len(given)} dims; the model has {len(dims)}")
+            for axis, (old, new) in enumerate(zip(dims or given, given)):
+                if isinstance(old, int) and new != -1 and old != new:
+                    raise CompileError(f"--input-shape sets input {vi.name!r} dim {axis} to {new}; the model fixes it at {old}")
+            dims = [None if d == -1 else d for d in given]
+        if dims is None:
+            raise CompileError(f"input {vi.name!r} has no shape in the model; give it with --input-shape")
+        resolved.append((vi, dtype, dims))
+
+    batched = [vi.name for vi, _, dims in resolved if dims and not isinstance(dims[0], int)]
+    if gears is not None and not batched:
+        raise CompileError("--batch given but the model has no batch dimension "
+                           "(no input has a dynamic first dimension; -1 marks it in --input-shape)")
+    if batched and gears is None:
+        gears = list(DEFAULT_GEARS)
+    dynamic = bool(batched)
+
+    if dynamic:  # declared output/value shapes name the batch by the inputs' old symbols
+        _rename_symbols(model, {dims[0] for _, _, dims in resolved if dims and isinstance(dims[0], str)})
+    infos = []
+    for vi, dtype, dims in resolved:
+        if dynamic and (not dims or isinstance(dims[0], int)):
+            raise CompileError(f"input {vi.name!r} has no batch dimension first (shape {_show(dims)}); "
+                               "with dynamic batch every input's first dimension must be the batch")
+        rest = dims[1:] if dynamic else dims
+        for axis, d in enumerate(rest, start=1 if dynamic else 0):
+            if not isinstance(d, int):
+                raise CompileError(f"input {vi.name!r} dim {axis} is dynamic ({d or '?'}); "
+                                   "fix it with --input-shape (only the batch dimension may be dynamic)")
+        final = ([-1] + list(rest)) if dynamic else list(rest)
+        _set_shape(vi, final)
+        infos.append(TensorInfo(vi.name, dtype, final))
+    return ModelSpec(model, infos, list(gears) if dynamic else [])
+
+
+def _rename_symbols(model: onnx.ModelProto, old: set[str]) -> None:
+    for vi in list(model.graph.output) + list(model.graph.value_info):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            for dim in vi.type.tensor_type.shape.dim:
+                if dim.HasField("dim_param") and dim.dim_param in old:
+                    dim.dim_param = BATCH_SYMBOL
+
+
+def _show(dims) -> str:
+    return "[" + ",".join("?" if not isinstance(d, int) else str(d) for d in dims) + "]"
+
+
+def _set_shape(vi: onnx.ValueInfoProto, dims: list[int]) -> None:
+    shape = vi.type.tensor_type.shape
+    del shape.dim[:]
+    for d in dims:
+        dim = shape.dim.add()
+        if d == -1:
+            dim.dim_param = BATCH_SYMBOL
+        else:
+            dim.dim_value = d

@@ -1,0 +1,50 @@
+"""Compile a dropped .onnx into a cached .om (content-addressed, so unchanged models are reused).
+
+The cache key is the SHA-256 of the ONNX bytes, the compile options and the target, so the
+same file with the same options is compiled once, even across restarts. Blocking (runs the
+compiler in the calling thread): call it in an executor. Progress goes to the log.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+from ..config import CompileOptions
+
+log = logging.getLogger(__name__)
+
+
+def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str) -> str:
+    digest = hashlib.sha256()
+    with open(onnx_path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    opts = dict(asdict(options), target=target, batch=list(options.batch) if options.batch else None)
+    digest.update(json.dumps(opts, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileOptions,
+                runtime_kind: str, cache_dir: str | os.PathLike) -> Path:
+    """Return the path of the .om for `onnx_path`, compiling it on a cache miss (blocking)."""
+    from ..om.compile import compile_model  # heavy imports (onnx, ort) only when needed
+
+    key = cache_key(onnx_path, options, runtime_kind)
+    cache = Path(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    out = cache / f"{model_name}-{key[:32]}.om"
+    if out.is_file():
+        log.info("%s: using cached compile of %s (%s)", model_name, onnx_path, out.name)
+        return out
+    kwargs = {k: v for k, v in asdict(options).items() if v is not None}
+    if options.batch:
+        kwargs["batch"] = list(options.batch)
+    log.info("%s: compiling %s for %s into %s", model_name, onnx_path, runtime_kind, out)
+    result = compile_model(onnx_path, out, target=runtime_kind, log=lambda line: log.info("%s: %s", model_name, line),
+                           **kwargs)
+    log.info("%s: compiled in %.1f s (%d bytes)", model_name, result.seconds, result.size)
+    return Path(result.path)

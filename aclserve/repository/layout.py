@@ -1,0 +1,199 @@
+"""Reading the models folder: a pure scan that returns the desired state, nothing loaded.
+
+Layouts (anything else is ignored, with a problem recorded for the index when it looks like an
+attempted model):
+
+    <root>/<name>.om                    version "1"
+    <root>/<name>.onnx                  version "1", compiled on load (an .om of the same name wins)
+    <root>/<name>.yaml                  config of the flat model <name>
+    <root>/<name>/<version>/model.om    versioned; <version> a positive integer
+    <root>/<name>/<version>/model.onnx  compiled on load (model.om in the same folder wins)
+    <root>/<name>/config.yaml           config of the versioned model <name>
+
+Hidden names (`.*`) and temporary names (`*.tmp`, `*.part`) are skipped everywhere. Symlinks
+are followed only when they resolve inside the repository; anything resolving outside is
+refused. A model's config that fails to parse makes the model a problem (not loadable) with
+the ConfigError text as reason.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import ConfigError, ModelConfig, load_model_config
+
+MODEL_SUFFIXES = (".om", ".onnx")  # order = preference when both exist
+TEMP_SUFFIXES = (".tmp", ".part")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+_VERSION_RE = re.compile(r"^[1-9][0-9]{0,17}$")
+
+
+@dataclass(frozen=True)
+class VersionFile:
+    """One version's model file as found on disk; (path, size, mtime_ns) identify its content."""
+
+    path: str  # absolute, resolved inside the repository
+    kind: str  # "om" | "onnx"
+    size: int
+    mtime_ns: int
+
+    @property
+    def identity(self) -> tuple[str, int, int]:
+        return (self.path, self.size, self.mtime_ns)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A model on disk: every version file found, the ones its version policy selects, its config."""
+
+    name: str
+    config: ModelConfig
+    available: dict[str, VersionFile]  # version -> file, everything found
+    selected: tuple[str, ...]  # versions the policy asks to serve, ascending
+    config_path: str | None = None
+
+    def wanted(self) -> dict[str, VersionFile]:
+        return {v: self.available[v] for v in self.selected}
+
+
+@dataclass
+class ScanResult:
+    models: dict[str, ModelEntry] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)  # model name (or path) -> reason
+
+
+def is_ignored_name(name: str) -> bool:
+    return name.startswith(".") or name.endswith(TEMP_SUFFIXES)
+
+
+def check_model_name(name: str) -> str | None:
+    """None when `name` is a valid model name, else the reason."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        return "model names may not be empty, '.', '..' or contain path separators"
+    if ".." in name:
+        return "model names may not contain '..'"
+    if name.startswith("."):
+        return "model names may not start with '.'"
+    if not _NAME_RE.match(name):
+        return "model names use letters, digits, '_', '-', '.' (at most 128, not starting with '-' or '.')"
+    return None
+
+
+def version_sort_key(version: str) -> int:
+    return int(version)
+
+
+def select_versions(available, policy: tuple) -> tuple[str, ...]:
+    versions = sorted(available, key=version_sort_key)
+    kind = policy[0]
+    if kind == "all":
+        return tuple(versions)
+    if kind == "latest":
+        return tuple(versions[-policy[1]:]) if versions else ()
+    wanted = {str(v) for v in policy[1]}
+    return tuple(v for v in versions if v in wanted)
+
+
+def _inside(root: Path, path: Path) -> Path | None:
+    """The resolved path when it stays inside `root` (itself resolved), else None."""
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    return real if real == root or root in real.parents else None
+
+
+def _version_file(root: Path, path: Path, kind: str) -> VersionFile | None:
+    real = _inside(root, path)
+    if real is None or not real.is_file():
+        return None
+    st = real.stat()
+    return VersionFile(str(real), kind, st.st_size, st.st_mtime_ns)
+
+
+def _pick(root: Path, folder: Path, stem: str, problems: dict, key: str) -> VersionFile | None:
+    """The preferred model file `<folder>/<stem>.om|.onnx`, or None."""
+    for suffix in MODEL_SUFFIXES:
+        candidate = folder / f"{stem}{suffix}"
+        if not os.path.lexists(candidate):
+            continue
+        found = _version_file(root, candidate, suffix[1:])
+        if found is None:
+            problems[key] = f"{candidate.relative_to(root)} resolves outside the repository or is not a file"
+            continue
+        return found
+    return None
+
+
+def _config(path: Path | None, root: Path, defaults: ModelConfig) -> ModelConfig:
+    if path is None:
+        return defaults
+    if _inside(root, path) is None:
+        raise ConfigError("", "config file resolves outside the repository", str(path))
+    return load_model_config(path, defaults)
+
+
+def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
+    """Read `directory` and return what should be served. Pure apart from reading the disk."""
+    result = ScanResult()
+    root = Path(directory)
+    if not root.is_dir():
+        result.problems[str(directory)] = "the models folder does not exist"
+        return result
+    root = root.resolve()
+    files: dict[str, dict] = {}  # name -> {"file": VersionFile?, "dir": Path?, "config": Path?}
+    for child in sorted(root.iterdir()):
+        base = child.name
+        if is_ignored_name(base):
+            continue
+        if child.is_dir():
+            stem, kind = base, "dir"
+        else:
+            stem, suffix = os.path.splitext(base)
+            if suffix not in MODEL_SUFFIXES + (".yaml", ".yml"):
+                continue
+            kind = suffix
+        reason = check_model_name(stem)
+        if reason:
+            result.problems[base] = reason
+            continue
+        files.setdefault(stem, {})[kind] = child
+    for name, parts in files.items():
+        try:
+            _scan_model(root, name, parts, defaults, result)
+        except ConfigError as e:
+            result.problems[name] = str(e)
+    return result
+
+
+def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, result: ScanResult) -> None:
+    if "dir" in parts:
+        if any(k in parts for k in MODEL_SUFFIXES):
+            result.problems[name] = f"both {name}/ and a flat {name}.om/.onnx exist; remove one"
+            return
+        folder = parts["dir"]
+        if _inside(root, folder) is None:
+            result.problems[name] = f"{name}/ resolves outside the repository"
+            return
+        config_path = folder / "config.yaml"
+        config_path = config_path if os.path.lexists(config_path) else None
+        available = {}
+        for sub in sorted(folder.iterdir()):
+            if is_ignored_name(sub.name) or not sub.is_dir() or not _VERSION_RE.match(sub.name):
+                continue
+            found = _pick(root, sub, "model", result.problems, name)
+            if found is not None:
+                available[str(int(sub.name))] = found
+        if not available:
+            return
+    else:
+        found = _pick(root, root, name, result.problems, name)
+        if found is None:
+            return
+        available = {"1": found}
+        config_path = parts.get(".yaml") or parts.get(".yml")
+    config = _config(config_path, root, defaults)
+    result.models[name] = ModelEntry(name, config, available, select_versions(available, config.version_policy),
+                                     str(config_path) if config_path else None)

@@ -1,0 +1,76 @@
+"""Desired state and the pure diff that turns two of them into per-model actions.
+
+A desired state maps model name -> version -> Wanted(file, config). Comparing the one last
+acted on with a new one gives, per model, the versions to (re)load and the versions to
+unload. A version is reloaded when its file's identity (path, size, mtime) or its model
+config changed. No I/O here: the repository feeds scans in and executes the plans.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config import ModelConfig
+from .layout import ScanResult, VersionFile, version_sort_key
+
+
+@dataclass(frozen=True)
+class Wanted:
+    file: VersionFile
+    config: ModelConfig
+
+    def same_as(self, other: "Wanted | None") -> bool:
+        return other is not None and self.file.identity == other.file.identity and self.config == other.config
+
+
+DesiredState = dict[str, dict[str, Wanted]]
+
+
+@dataclass
+class ModelPlan:
+    """What to do to one model: load (beside the serving ones) then swap, then unload."""
+
+    name: str
+    load: dict[str, Wanted] = field(default_factory=dict)  # version -> what to load
+    unload: list[str] = field(default_factory=list)  # versions to drain and unload
+
+    def __bool__(self) -> bool:
+        return bool(self.load or self.unload)
+
+
+def desired_from_scan(scan: ScanResult) -> DesiredState:
+    return {name: {v: Wanted(entry.available[v], entry.config) for v in entry.selected}
+            for name, entry in scan.models.items() if entry.selected}
+
+
+def diff(old: DesiredState, new: DesiredState, unload_missing: bool = True) -> list[ModelPlan]:
+    """Plans turning `old` into `new`, one per model that changes, sorted by name.
+
+    With unload_missing=False a model that vanished entirely is kept (config.unload_on_delete);
+    versions dropped by a still-present model are always unloaded.
+    """
+    plans = []
+    for name in sorted(set(old) | set(new)):
+        before, after = old.get(name, {}), new.get(name)
+        if after is None and not unload_missing:
+            continue
+        after = after or {}
+        plan = ModelPlan(name)
+        for version in sorted(after, key=version_sort_key):
+            if not after[version].same_as(before.get(version)):
+                plan.load[version] = after[version]
+        plan.unload = sorted((v for v in before if v not in after), key=version_sort_key)
+        if plan:
+            plans.append(plan)
+    return plans
+
+
+def apply_plan(state: DesiredState, plan: ModelPlan) -> DesiredState:
+    """`state` with `plan` carried out (new dict; used to track what has been acted on)."""
+    out = {name: dict(versions) for name, versions in state.items()}
+    versions = out.setdefault(plan.name, {})
+    versions.update(plan.load)
+    for version in plan.unload:
+        versions.pop(version, None)
+    if not versions:
+        del out[plan.name]
+    return out

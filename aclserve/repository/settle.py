@@ -1,0 +1,111 @@
+"""When is a model file complete? Decides which scanned files may be loaded.
+
+A file is taken when
+- it arrived through a rename (a moved-to event for its path) and has not changed since the
+  first look after the rename, or
+- its size and mtime were seen unchanged for `settle_s` (observed by this gate with its
+  clock), or
+- on the very first scan only (trust="age"): its mtime is at least `settle_s` old by the
+  wall clock. A write updates the mtime, so an old mtime means nobody wrote for settle_s; this
+  lets startup load existing files at once instead of waiting one settle period.
+A created/modified event for a path revokes the rename trust: it is being written again.
+
+Files not yet complete are held back: the version keeps what was last acted on for it (so
+a file being rewritten never triggers a reload of a partial file) or stays absent. The
+caller reschedules a scan after `next_check()` seconds. Owned by the repository, used on the
+event loop only (not thread-safe); clocks are injectable for tests.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+from .layout import ScanResult, VersionFile, select_versions
+from .plan import DesiredState, Wanted
+
+
+class SettleGate:
+    def __init__(self, settle_s: float, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time):
+        self.settle_s = settle_s
+        self._clock = clock
+        self._wall = wall_clock
+        self._moved: dict[str, tuple | None] = {}  # path -> identity at first look after rename
+        self._seen: dict[str, tuple[tuple, float]] = {}  # path -> (identity, first seen at)
+        self._pending_since: list[float] = []
+
+    def note_event(self, path: str, moved: bool) -> None:
+        path = os.path.realpath(path)
+        if moved:
+            self._moved[path] = None
+        else:
+            self._moved.pop(path, None)
+
+    def is_complete(self, vf: VersionFile, trust_age: bool = False) -> bool:
+        now = self._clock()
+        ident = vf.identity
+        if vf.path in self._moved:
+            first = self._moved[vf.path]
+            if first is None or first == ident:
+                self._moved[vf.path] = ident
+                self._seen[vf.path] = (ident, now - self.settle_s)
+                return True
+            del self._moved[vf.path]  # changed after the rename: fall back to settling
+        seen = self._seen.get(vf.path)
+        if seen is None or seen[0] != ident:
+            if trust_age and self._wall() - vf.mtime_ns / 1e9 >= self.settle_s:
+                self._seen[vf.path] = (ident, now - self.settle_s)
+                return True
+            self._seen[vf.path] = (ident, now)
+            self._pending_since.append(now)
+            return self.settle_s <= 0
+        if now - seen[1] >= self.settle_s:
+            return True
+        self._pending_since.append(seen[1])
+        return False
+
+    def desired(self, scan: ScanResult, acted: DesiredState, trust: str = "settle",
+                rejected: frozenset = frozenset()) -> tuple[DesiredState, dict[str, list[str]]]:
+        """The desired state using complete files only, and name -> pending file paths.
+
+        An incomplete file's version keeps what `acted` (the state last acted on) has for it,
+        file and config both, so nothing reloads until the file is complete; versions are
+        selected by the model's policy among complete (or held) files only, so a newer
+        version still being written never pushes out the serving one. Files in `rejected`
+        ((name, version, identity) that failed to load) are left out of the selection too.
+        trust: "settle" (the rules above), "age" (also accept an old mtime: the first scan),
+        "all" (every file is complete: explicit loads, where the operator vouches for them).
+        """
+        self._pending_since = []
+        desired: DesiredState = {}
+        pending: dict[str, list[str]] = {}
+        live_paths = set()
+        for name, entry in scan.models.items():
+            usable: dict[str, Wanted] = {}
+            for version, vf in entry.available.items():
+                live_paths.add(vf.path)
+                refused = (name, version, vf.identity) in rejected
+                if not refused and (trust == "all" or self.is_complete(vf, trust == "age")):
+                    usable[version] = Wanted(vf, entry.config)
+                    continue
+                if not refused:
+                    pending.setdefault(name, []).append(vf.path)
+                held = acted.get(name, {}).get(version)
+                if held is not None:
+                    usable[version] = held
+            chosen = select_versions(usable, entry.config.version_policy)
+            if chosen:
+                desired[name] = {v: usable[v] for v in chosen}
+        # forget files that are gone so the maps do not grow
+        for table in (self._seen, self._moved):
+            for path in [p for p in table if p not in live_paths]:
+                if table is self._seen or self._moved[path] is not None:
+                    del table[path]
+        return desired, pending
+
+    def next_check(self) -> float | None:
+        """Seconds until the earliest pending file may be complete (None: nothing pending)."""
+        if not self._pending_since:
+            return None
+        return max(0.0, min(self._pending_since) + self.settle_s - self._clock())

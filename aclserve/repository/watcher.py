@@ -1,0 +1,149 @@
+"""File events -> one debounced reconcile on the event loop.
+
+RepositoryWatcher owns a watchdog Observer thread that only forwards paths (with whether the
+path was the destination of a rename) to the loop; it decides nothing. Debouncer runs the
+reconcile coroutine once events have been quiet for `delay` seconds (a burst gives one run;
+a burst that never pauses still runs at least every `max_wait` seconds), never two runs at
+once, and one more run when events arrived during a run.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from watchdog.events import FileSystemEventHandler
+from watchdog.observers import Observer
+
+from .layout import is_ignored_name
+
+log = logging.getLogger(__name__)
+
+_IGNORED_EVENTS = {"opened", "closed_no_write"}
+
+
+def is_relevant(root: str, path: str) -> bool:
+    """False for paths outside `root` and for hidden or temporary names at any depth."""
+    try:
+        rel = os.path.relpath(path, root)
+    except ValueError:
+        return False
+    if rel == "." or rel.startswith(".."):
+        return False
+    return not any(is_ignored_name(part) for part in Path(rel).parts)
+
+
+class _Forwarder(FileSystemEventHandler):
+    def __init__(self, root: str, loop: asyncio.AbstractEventLoop, on_path: Callable[[str, bool], None]):
+        self._root, self._loop, self._on_path = root, loop, on_path
+
+    def on_any_event(self, event) -> None:  # watchdog's thread
+        if event.event_type in _IGNORED_EVENTS:
+            return
+        found = [(os.fsdecode(event.src_path), False)]
+        if event.event_type == "moved":
+            found.append((os.fsdecode(event.dest_path), True))
+        for path, moved in found:
+            if is_relevant(self._root, path):
+                try:
+                    self._loop.call_soon_threadsafe(self._on_path, path, moved)
+                except RuntimeError:  # loop closed during shutdown
+                    return
+
+
+class RepositoryWatcher:
+    """Owns the Observer thread. start() and close() are called on the loop; close() joins the
+    thread (brief) and is idempotent."""
+
+    def __init__(self, root: str | os.PathLike, loop: asyncio.AbstractEventLoop,
+                 on_path: Callable[[str, bool], None]):
+        self.root = os.path.realpath(root)
+        self._observer = Observer()
+        self._observer.daemon = True
+        self._observer.schedule(_Forwarder(self.root, loop, on_path), self.root, recursive=True)
+        self._started = False
+        self._closed = False
+
+    def start(self) -> None:
+        self._observer.start()
+        self._started = True
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._started:
+            self._observer.stop()
+            self._observer.join(timeout=5)
+
+
+class Debouncer:
+    """Owns at most one running task of `action`; all methods are called on the loop.
+
+    poke(): an event happened (run `delay` after the last poke, at most `max_wait` after the
+    first unanswered one). wake_after(s): make sure a run happens within `s` seconds (used to
+    re-check files still settling). close() cancels the timer and waits for a running action."""
+
+    def __init__(self, delay: float, action: Callable[[], Awaitable[None]], max_wait: float | None = None):
+        self.delay = delay
+        self.max_wait = max(max_wait if max_wait is not None else 10 * delay, delay)
+        self._action = action
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0
+        self._first_poke: float | None = None
+        self._task: asyncio.Task | None = None
+        self._again = False
+        self._closed = False
+        self.runs = 0
+
+    def poke(self) -> None:
+        now = self._loop.time()
+        if self._first_poke is None:
+            self._first_poke = now
+        self._arm(min(now + self.delay, self._first_poke + self.max_wait), force=True)
+
+    def wake_after(self, seconds: float) -> None:
+        self._arm(self._loop.time() + seconds, force=False)
+
+    def _arm(self, when: float, force: bool) -> None:
+        if self._closed:
+            return
+        if self._timer is not None:
+            if not force and self._due <= when:
+                return
+            self._timer.cancel()
+        self._due = when
+        self._timer = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._first_poke = None
+        if self._task is not None:
+            self._again = True
+            return
+        self._task = self._loop.create_task(self._run(), name="aclserve-repository-reconcile")
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                self._again = False
+                self.runs += 1
+                try:
+                    await self._action()
+                except Exception:
+                    log.exception("repository reconcile failed")
+                if not self._again or self._closed:
+                    break
+        finally:
+            self._task = None
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._task is not None:
+            await asyncio.shield(self._task)

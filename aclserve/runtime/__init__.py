@@ -1,0 +1,11 @@
+"""Resources with lifetimes on the ACL API: the runtime and devices, loaded models, instances."""
+from .acl_runtime import AclRuntime
+from .device import Device, LoadError
+from .engine import Engine, EngineModel
+from .instance import ModelInstance
+from .om_model import OmModel
+from .pool import InstancePool, open_pool
+from .types import BatchResult, DeviceTimings, TensorSpec
+
+__all__ = ["AclRuntime", "Device", "LoadError", "Engine", "EngineModel", "ModelInstance", "OmModel",
+           "InstancePool", "open_pool", "BatchResult", "DeviceTimings", "TensorSpec"]

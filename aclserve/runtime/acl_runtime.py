@@ -1,0 +1,102 @@
+"""The process's ACL runtime: acl.init/finalize and the Device objects, with one owner.
+
+ACL is initialised once per process (CANN refuses a second init and, on older releases, an
+init after finalize), so AclRuntime counts its users: the first start() initialises, the last
+close() resets the devices and finalises.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from ..acl import AclError, check, select
+from ..acl import constants as C
+from .device import Device
+
+log = logging.getLogger(__name__)
+
+_process_lock = threading.Lock()
+_users = 0
+
+
+class AclRuntime:
+    """Owns: one share of the process's acl.init, and the Devices it opened."""
+
+    def __init__(self, device: str = "auto", cpu_threads: int = 1, memory_reserve_fraction: float = 0.1):
+        if cpu_threads < 1:
+            raise ValueError("cpu_threads must be >= 1")
+        self.requested = device
+        self.cpu_threads = cpu_threads
+        self.memory_reserve_fraction = memory_reserve_fraction
+        self.kind: str | None = None
+        self.acl = None
+        self._devices: dict[int, Device] = {}
+        self._lock = threading.Lock()
+        self._started = False
+
+    def start(self) -> "AclRuntime":
+        global _users
+        if self._started:
+            return self
+        self.kind, self.acl = select(self.requested)
+        if self.kind == "cpu":
+            self.acl.set_threads(self.cpu_threads)
+        with _process_lock:
+            if _users == 0:
+                ret = self.acl.init()
+                if ret not in (C.ACL_SUCCESS, C.ACL_ERROR_REPEAT_INITIALIZE):
+                    raise AclError("init", ret)
+            _users += 1
+        self._started = True
+        log.info("ACL runtime: %s (%s), %d device(s)", self.kind, self.soc_name(), self.device_count())
+        return self
+
+    def soc_name(self) -> str:
+        return self.acl.get_soc_name() or "unknown"
+
+    def device_count(self) -> int:
+        return check("rt.get_device_count", self.acl.rt.get_device_count())
+
+    def device(self, device_id: int) -> Device:
+        if not self._started:
+            raise RuntimeError("AclRuntime.start() was not called")
+        with self._lock:
+            dev = self._devices.get(device_id)
+            if dev is None:
+                count = self.device_count()
+                if not 0 <= device_id < count:
+                    raise ValueError(f"device {device_id} does not exist ({count} device(s): 0..{count - 1})")
+                dev = self._devices[device_id] = Device(self.acl, device_id, self.memory_reserve_fraction)
+            return dev
+
+    def memory(self) -> list[dict]:
+        """Per opened device: used, free and total bytes."""
+        with self._lock:
+            devices = list(self._devices.values())
+        out = []
+        for dev in devices:
+            free, total = dev.mem_info()
+            out.append({"device": dev.id, "free": free, "total": total, "used": total - free})
+        return out
+
+    def close(self) -> None:
+        """Reset the devices this runtime opened; the last user finalises ACL. Safe twice.
+        Close every pool first: a device is reset only after its instances are gone."""
+        global _users
+        if not self._started:
+            return
+        self._started = False
+        with self._lock:
+            devices, self._devices = list(self._devices.values()), {}
+        for dev in devices:
+            dev.close()
+        with _process_lock:
+            _users -= 1
+            if _users == 0:
+                check("finalize", self.acl.finalize())
+
+    def __enter__(self) -> "AclRuntime":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,81 @@
+"""One Ascend device (or CPU-runtime device): set_device, a management context, memory figures.
+
+The Device owns its set_device reference and a management context used for memory queries.
+Instances create their own contexts on it. close() resets the device; the owner (AclRuntime)
+closes devices only after every instance on them is closed.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from ..acl import check
+from ..acl import constants as C
+
+log = logging.getLogger(__name__)
+
+
+class LoadError(RuntimeError):
+    """A model could not be loaded (unreadable or unsupported OM, out of device memory, ...)."""
+
+
+class Device:
+    """Owns: the device's set_device count and one management context."""
+
+    def __init__(self, acl, device_id: int, memory_reserve_fraction: float = 0.1):
+        if not 0.0 <= memory_reserve_fraction < 1.0:
+            raise ValueError("memory_reserve_fraction must be within [0, 1)")
+        self._acl = acl
+        self.id = device_id
+        self.memory_reserve_fraction = memory_reserve_fraction
+        self._lock = threading.Lock()
+        check("rt.set_device", acl.rt.set_device(device_id))
+        try:
+            self.context = check("rt.create_context", acl.rt.create_context(device_id))
+        except Exception:
+            acl.rt.reset_device(device_id)
+            raise
+        self._mem_attr = self._pick_mem_attr()
+        self._closed = False
+
+    def _pick_mem_attr(self) -> int:
+        # HBM on Atlas 300I Duo/910-class cards, DDR on 310-class boards: use whichever reports memory.
+        for attr in (C.ACL_HBM_MEM, C.ACL_DDR_MEM):
+            free, total, ret = self._acl.rt.get_mem_info(attr)
+            if ret == 0 and total > 0:
+                return attr
+        return C.ACL_HBM_MEM
+
+    def bind(self) -> None:
+        """Make this device's management context current in the calling thread."""
+        check("rt.set_context", self._acl.rt.set_context(self.context))
+
+    def mem_info(self) -> tuple[int, int]:
+        """(free, total) bytes of device memory."""
+        with self._lock:
+            self.bind()
+            return check("rt.get_mem_info", self._acl.rt.get_mem_info(self._mem_attr))
+
+    @property
+    def reserve_bytes(self) -> int:
+        return int(self.mem_info()[1] * self.memory_reserve_fraction)
+
+    def ensure_room(self, what: str, needed: int) -> None:
+        """Raise LoadError if allocating `needed` bytes would eat into the memory reserve."""
+        free, total = self.mem_info()
+        reserve = int(total * self.memory_reserve_fraction)
+        if needed > free - reserve:
+            raise LoadError(
+                f"{what} needs {needed:,} bytes of device {self.id} memory but only {free:,} of "
+                f"{total:,} are free and {reserve:,} are held in reserve "
+                f"({self.memory_reserve_fraction:.0%}); unload a model or lower memory_reserve_fraction")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        acl = self._acl
+        check("rt.set_context", acl.rt.set_context(self.context))
+        check("rt.destroy_context", acl.rt.destroy_context(self.context))
+        self.context = 0
+        check("rt.reset_device", acl.rt.reset_device(self.id))

@@ -1,0 +1,353 @@
+"""A model instance: its own context, H2D/compute/D2H streams, its own model copy and slots.
+
+Data flow of one batch (DESIGN.md "Data flow"):
+
+    launcher thread    pack rows into the slot's host buffers (padding rows zeroed)
+    H2D stream         record h2d_start, memcpy_async host->device per input, record h2d_end
+    compute stream     wait h2d_end, record exec_start, execute_async, record exec_end
+                       (set_dynamic_batch_size is an immediate write into the slot's dataset)
+    D2H stream         wait exec_end, record d2h_start, memcpy_async device->host, record d2h_end
+    completion thread  synchronize exec_end and d2h_end (GIL released), split rows per request,
+                       time the three phases with event_elapsed_time, free the slot, resolve
+
+With two or more slots, batch N+1 is packed and copied while batch N computes. If a batch fails
+on the device (an execute error, a timed-out wait) only its future fails; the instance then
+stops taking work, lets its other batches finish, resets its streams and serves again.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..acl import AclError, check
+from ..acl import constants as C
+from ..errors import ExecutionFailed
+from .device import Device
+from .om_model import OmModel
+from .slot import Slot
+from .types import BatchResult, DeviceTimings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """One batch: requests (name -> rows), the gear to run, and the future to resolve."""
+
+    requests: Sequence[Mapping[str, np.ndarray]]
+    gear: int | None
+    rows: int
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+class ModelInstance:
+    """Owns: an ACL context, three streams, an OmModel, `slots` Slots, a launcher and a
+    completion thread. `try_reserve()` + `launch()` never block; close() waits for in-flight
+    batches, then releases everything in reverse order of acquisition."""
+
+    def __init__(self, acl, device: Device, path: str, name: str, slots: int = 2,
+                 sync_timeout_ms: int = 60_000, on_slot_free: Callable[["ModelInstance"], None] | None = None):
+        if slots < 1:
+            raise ValueError("an instance needs at least one slot")
+        self._acl = acl
+        self.device = device
+        self.name = name
+        self.sync_timeout_ms = sync_timeout_ms
+        # A device that missed one deadline gets longer to drain before the instance is given up.
+        self.reset_timeout_ms = max(10 * sync_timeout_ms, 10_000)
+        self._on_slot_free = on_slot_free
+        self._lock = threading.Lock()
+        self._launch_q: queue.SimpleQueue = queue.SimpleQueue()
+        self._done_q: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self.context = 0
+        self.streams: dict[str, int] = {}
+        self.model: OmModel | None = None
+        self.slots: list[Slot] = []
+        self._free: list[Slot] = []
+        self._in_flight = 0
+        self._needs_reset = False
+        self.broken: str | None = None  # reason, once the device stopped answering
+        self._busy_since: float | None = None
+        self._busy_total = 0.0
+        self._closed = False
+        with contextlib.ExitStack() as undo:
+            undo.callback(self._release)
+            self.context = check("rt.create_context", acl.rt.create_context(device.id))
+            self._create_streams()
+            self.model = OmModel(acl, device, path, name)
+            self._ensure_slot_room(slots)
+            for i in range(slots):
+                self.slots.append(Slot(acl, self.model, i))
+            undo.pop_all()
+        self._free = list(self.slots)
+        self._start_thread("launch", self._launcher)
+        self._start_thread("complete", self._completer)
+
+    # -- set-up ----------------------------------------------------------------------------
+    def _create_streams(self) -> None:
+        for role in ("h2d", "compute", "d2h"):
+            self.streams[role] = check("rt.create_stream", self._acl.rt.create_stream())
+
+    def _ensure_slot_room(self, slots: int) -> None:
+        per_slot = sum(self.model.input_sizes) + sum(self.model.output_sizes)
+        self.device.ensure_room(f"model {self.name} ({slots} slots of buffers)", per_slot * slots)
+
+    def _start_thread(self, role: str, target) -> None:
+        thread = threading.Thread(target=self._thread_main, args=(target,), name=f"{self.name}-{role}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _thread_main(self, target) -> None:
+        check("rt.set_context", self._acl.rt.set_context(self.context))  # contexts are per thread
+        target()
+
+    # -- what the pool calls -------------------------------------------------------------------
+    @property
+    def gears(self) -> tuple[int, ...]:
+        return self.model.gears
+
+    def free_count(self) -> int:
+        with self._lock:
+            return 0 if self._needs_reset or self.broken or self._closed else len(self._free)
+
+    def try_reserve(self) -> Slot | None:
+        with self._lock:
+            if self._needs_reset or self.broken or self._closed or not self._free:
+                return None
+            if self._in_flight == 0:
+                self._busy_since = time.monotonic()
+            self._in_flight += 1
+            return self._free.pop()
+
+    def launch(self, slot: Slot, job: Job) -> None:
+        self._launch_q.put((slot, job))
+
+    def busy_seconds(self) -> float:
+        with self._lock:
+            extra = time.monotonic() - self._busy_since if self._busy_since is not None else 0.0
+            return self._busy_total + extra
+
+    def run_sync(self, job: Job) -> BatchResult:
+        """The unpipelined path, one batch at a time in the calling thread (benchmark baseline):
+        pack, memcpy H2D, synchronous execute, memcpy D2H, unpack. Blocking."""
+        acl, rt = self._acl, self._acl.rt
+        slot = self.try_reserve()
+        if slot is None:
+            raise RuntimeError(f"{self.name}: no free slot for a synchronous run")
+        try:
+            check("rt.set_context", rt.set_context(self.context))
+            rows = self._pack(slot, job)
+            for tensor in slot.inputs:
+                check("rt.memcpy", rt.memcpy(tensor.device, tensor.size, tensor.host,
+                                             self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
+            if job.gear is not None:
+                check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
+                    self.model.model_id, slot.input_dataset, self.model.dynamic_index, job.gear))
+            check("mdl.execute", acl.mdl.execute(self.model.model_id, slot.input_dataset, slot.output_dataset))
+            for tensor in slot.outputs:
+                check("rt.memcpy", rt.memcpy(tensor.host, tensor.size, tensor.device,
+                                             self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
+            return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows, instance=self.name)
+        finally:
+            self._return_slot(slot)
+
+    # -- launcher thread ---------------------------------------------------------------------
+    def _launcher(self) -> None:
+        while True:
+            item = self._launch_q.get()
+            if item is None:
+                return
+            slot, job = item
+            try:
+                self._enqueue(slot, job)
+            except Exception as e:  # enqueue failures (bad argument, device error) fail this batch only
+                log.exception("%s: could not launch a batch", self.name)
+                self._done_q.put((slot, job, e))
+            else:
+                self._done_q.put((slot, job, None))
+
+    def _enqueue(self, slot: Slot, job: Job) -> None:
+        acl, rt = self._acl, self._acl.rt
+        rows = self._pack(slot, job)
+        h2d, compute, d2h = self.streams["h2d"], self.streams["compute"], self.streams["d2h"]
+        ev = slot.events
+        check("rt.record_event", rt.record_event(ev["h2d_start"], h2d))
+        for tensor in slot.inputs:
+            check("rt.memcpy_async", rt.memcpy_async(tensor.device, tensor.size, tensor.host,
+                                                     self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE, h2d))
+        check("rt.record_event", rt.record_event(ev["h2d_end"], h2d))
+        check("rt.stream_wait_event", rt.stream_wait_event(compute, ev["h2d_end"]))
+        if job.gear is not None:
+            check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
+                self.model.model_id, slot.input_dataset, self.model.dynamic_index, job.gear))
+        check("rt.record_event", rt.record_event(ev["exec_start"], compute))
+        check("mdl.execute_async", acl.mdl.execute_async(
+            self.model.model_id, slot.input_dataset, slot.output_dataset, compute))
+        check("rt.record_event", rt.record_event(ev["exec_end"], compute))
+        check("rt.stream_wait_event", rt.stream_wait_event(d2h, ev["exec_end"]))
+        check("rt.record_event", rt.record_event(ev["d2h_start"], d2h))
+        for tensor in slot.outputs:
+            check("rt.memcpy_async", rt.memcpy_async(tensor.host, tensor.size, tensor.device,
+                                                     self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST, d2h))
+        check("rt.record_event", rt.record_event(ev["d2h_end"], d2h))
+
+    # -- completion thread -------------------------------------------------------------------
+    def _completer(self) -> None:
+        while True:
+            item = self._done_q.get()
+            if item is None:
+                return
+            slot, job, error = item
+            if error is None:
+                try:
+                    result = self._collect(slot, job)
+                except Exception as e:
+                    error = e
+            if error is not None:
+                self._needs_reset = True
+                self._fail(job, error)
+            else:
+                if not job.future.done():
+                    job.future.set_result(result)
+            self._release_slot(slot)
+
+    def _collect(self, slot: Slot, job: Job) -> BatchResult:
+        rt = self._acl.rt
+        ev = slot.events
+        for name in ("exec_end", "d2h_end"):
+            check("rt.synchronize_event_with_timeout",
+                  rt.synchronize_event_with_timeout(ev[name], self.sync_timeout_ms))
+        timings = DeviceTimings(
+            h2d_ms=check("rt.event_elapsed_time", rt.event_elapsed_time(ev["h2d_start"], ev["h2d_end"])),
+            compute_ms=check("rt.event_elapsed_time", rt.event_elapsed_time(ev["exec_start"], ev["exec_end"])),
+            d2h_ms=check("rt.event_elapsed_time", rt.event_elapsed_time(ev["d2h_start"], ev["d2h_end"])),
+        )
+        return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows, timings=timings,
+                           instance=self.name)
+
+    # -- packing -----------------------------------------------------------------------------
+    @staticmethod
+    def _pack(slot: Slot, job: Job) -> int:
+        """Copy the requests' rows into the slot's host buffers, zero the padding; return the rows to run."""
+        rows = job.gear if job.gear is not None else job.rows
+        for tensor in slot.inputs:
+            name = tensor.spec.name
+            view = tensor.rows_view
+            if len(job.requests) == 1:
+                view[: job.rows] = job.requests[0][name]
+            else:
+                np.concatenate([r[name] for r in job.requests], axis=0, out=view[: job.rows])
+            if job.rows < rows:
+                view[job.rows: rows] = 0
+        return rows
+
+    @staticmethod
+    def _count(tensor, rows: int) -> int:
+        return tensor.row_bytes * rows if tensor.spec.batched else tensor.size
+
+    @staticmethod
+    def _unpack(slot: Slot, job: Job) -> list[dict[str, np.ndarray]]:
+        """Each request's own output rows, copied out of the slot (which is reused at once)."""
+        outputs: list[dict[str, np.ndarray]] = []
+        offset = 0
+        for request in job.requests:
+            n = _rows_of(request, job)
+            outputs.append({t.spec.name: (t.rows_view[offset: offset + n].copy() if t.spec.batched
+                                          else t.rows_view.copy()) for t in slot.outputs})
+            offset += n
+        return outputs
+
+    def _fail(self, job: Job, error: BaseException) -> None:
+        where = f"device {self.device.id}, instance {self.name}"
+        if isinstance(error, AclError):
+            message = f"batch of {job.rows} rows (gear {job.gear}) failed on {where}: {error}"
+        else:
+            message = f"batch of {job.rows} rows (gear {job.gear}) could not run on {where}: {error}"
+        log.error("%s", message)
+        if not job.future.done():
+            job.future.set_exception(ExecutionFailed(message))
+
+    def _return_slot(self, slot: Slot) -> bool:
+        """Put the slot back; True when a pending stream reset can run now (nothing in flight)."""
+        with self._lock:
+            self._in_flight -= 1
+            self._free.append(slot)
+            if self._in_flight == 0 and self._busy_since is not None:
+                self._busy_total += time.monotonic() - self._busy_since
+                self._busy_since = None
+            return self._needs_reset and self._in_flight == 0 and not self._closed
+
+    def _release_slot(self, slot: Slot) -> None:
+        if self._return_slot(slot):
+            self._reset_streams()
+        if self._on_slot_free is not None:
+            self._on_slot_free(self)
+
+    def _reset_streams(self) -> None:
+        """After a device fault: drain and recreate the streams (their errors are cleared)."""
+        rt = self._acl.rt
+        try:
+            for role, stream in list(self.streams.items()):
+                ret = rt.synchronize_stream_with_timeout(stream, self.reset_timeout_ms)
+                if ret == C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT:
+                    raise AclError("rt.synchronize_stream_with_timeout", ret)
+                check("rt.destroy_stream", rt.destroy_stream(stream))
+                del self.streams[role]
+            self._create_streams()
+        except AclError as e:
+            self.broken = f"stream reset failed after a device fault: {e}"
+            log.error("%s: %s; the instance stops taking work", self.name, self.broken)
+            return
+        log.warning("%s: streams reset after a device fault; serving again", self.name)
+        with self._lock:
+            self._needs_reset = False
+
+    # -- teardown ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the threads (in-flight batches finish first), then free everything. Safe twice."""
+        if self._closed:
+            return
+        for thread in self._threads:
+            if thread.name.endswith("-launch"):
+                self._launch_q.put(None)
+        for thread in self._threads:
+            if thread.name.endswith("-launch"):
+                thread.join()
+        self._done_q.put(None)
+        for thread in self._threads:
+            thread.join()
+        with self._lock:
+            self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        acl = self._acl
+        if not self.context:
+            return
+        check("rt.set_context", acl.rt.set_context(self.context))
+        while self.slots:
+            self.slots.pop().close()
+        self._free = []
+        if self.model is not None:
+            self.model.close()
+            self.model = None
+        for stream in self.streams.values():
+            acl.rt.destroy_stream(stream)
+        self.streams.clear()
+        check("rt.destroy_context", acl.rt.destroy_context(self.context))
+        self.context = 0
+
+
+def _rows_of(request: Mapping[str, np.ndarray], job: Job) -> int:
+    if job.gear is None:
+        return job.rows
+    return len(next(iter(request.values())))

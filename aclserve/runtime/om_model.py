@@ -1,0 +1,122 @@
+"""One loaded OM: huge-page work/weight memory, the model id, its descriptor as TensorSpecs.
+
+Load and unload must run in the same ACL context (the owning instance's); the caller makes
+that context current before constructing and before close(). A model id is not re-entrant,
+so every instance loads its own OmModel.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+from ..acl import AclError, check, check_handle
+from ..acl import constants as C
+from .device import Device, LoadError
+from .types import TensorSpec
+
+
+class OmModel:
+    """Owns: work and weight device memory (HUGE_FIRST), the model id, the model descriptor."""
+
+    def __init__(self, acl, device: Device, path: str, name: str):
+        self._acl = acl
+        self.device = device
+        self.path = os.fspath(path)
+        self.name = name
+        self.model_id: int | None = None
+        self.desc = 0
+        self._memory: list[int] = []
+        self._closed = False
+        with contextlib.ExitStack() as undo:
+            undo.callback(self.close)
+            self._load()
+            self._describe()
+            undo.pop_all()
+
+    # -- loading ---------------------------------------------------------------------------
+    def _load(self) -> None:
+        acl = self._acl
+        if not os.path.isfile(self.path):
+            raise LoadError(f"model {self.name}: file {self.path} does not exist")
+        try:
+            work_size, weight_size = check("mdl.query_size", acl.mdl.query_size(self.path))
+        except AclError as e:
+            raise LoadError(f"model {self.name}: {self.path} is not a loadable OM ({e})") from None
+        self.work_size, self.weight_size = int(work_size), int(weight_size)
+        self.device.ensure_room(f"model {self.name}", self.work_size + self.weight_size)
+        work = self._malloc(self.work_size) if self.work_size else 0
+        weight = self._malloc(self.weight_size) if self.weight_size else 0
+        try:
+            self.model_id = check("mdl.load_from_file_with_mem", acl.mdl.load_from_file_with_mem(
+                self.path, work, self.work_size, weight, self.weight_size))
+        except AclError as e:
+            raise LoadError(f"model {self.name}: loading {self.path} failed ({e})") from None
+
+    def _malloc(self, size: int) -> int:
+        try:
+            ptr = check("rt.malloc", self._acl.rt.malloc(size, C.ACL_MEM_MALLOC_HUGE_FIRST))
+        except AclError as e:
+            raise LoadError(f"model {self.name}: allocating {size:,} bytes of device memory failed ({e})") from None
+        self._memory.append(ptr)
+        return ptr
+
+    def _describe(self) -> None:
+        acl = self._acl
+        self.desc = check_handle("mdl.create_desc", acl.mdl.create_desc())
+        check("mdl.get_desc", acl.mdl.get_desc(self.desc, self.model_id))
+        n_in = acl.mdl.get_num_inputs(self.desc)
+        n_out = acl.mdl.get_num_outputs(self.desc)
+        gear_info = check("mdl.get_dynamic_batch", acl.mdl.get_dynamic_batch(self.desc))
+        self.gears: tuple[int, ...] = tuple(sorted(int(b) for b in gear_info.get("batch", [])))
+        self.dynamic_index: int | None = None
+        if self.gears:
+            self.dynamic_index = check("mdl.get_input_index_by_name",
+                                       acl.mdl.get_input_index_by_name(self.desc, C.ACL_DYNAMIC_TENSOR_NAME))
+        self.input_sizes = [acl.mdl.get_input_size_by_index(self.desc, i) for i in range(n_in)]
+        self.output_sizes = [acl.mdl.get_output_size_by_index(self.desc, i) for i in range(n_out)]
+        self.inputs = [self._spec(i, True) for i in range(n_in) if i != self.dynamic_index]
+        self.outputs = [self._spec(i, False) for i in range(n_out)]
+        self.input_indices = [i for i in range(n_in) if i != self.dynamic_index]
+
+    def _spec(self, index: int, is_input: bool) -> TensorSpec:
+        mdl = self._acl.mdl
+        if is_input:
+            name = mdl.get_input_name_by_index(self.desc, index)
+            dims = check("mdl.get_input_dims", mdl.get_input_dims(self.desc, index))
+            acl_dtype = mdl.get_input_data_type(self.desc, index)
+            fmt = mdl.get_input_format(self.desc, index)
+            size = self.input_sizes[index]
+        else:
+            name = mdl.get_output_name_by_index(self.desc, index)
+            dims = check("mdl.get_output_dims", mdl.get_output_dims(self.desc, index))
+            acl_dtype = mdl.get_output_data_type(self.desc, index)
+            fmt = mdl.get_output_format(self.desc, index)
+            size = self.output_sizes[index]
+        shape = tuple(int(d) for d in dims["dims"])
+        if self.gears and shape and shape[0] > 0:
+            # ATC reports the batch dim of a dynamic-batch model as -1; treat a fixed one the same.
+            shape = (-1,) + shape[1:]
+        try:
+            datatype = C.acl_to_kserve(acl_dtype)
+        except ValueError:
+            raise LoadError(f"model {self.name}: tensor {name!r} has ACL data type {acl_dtype}, "
+                            "which aclserve cannot serve") from None
+        rows = self.gears[-1] if self.gears else 1
+        return TensorSpec(name=name, datatype=datatype, dtype=C.acl_to_numpy(acl_dtype), shape=shape,
+                          format=C.FORMAT_NAMES.get(fmt, str(fmt)), bytes_per_sample=size // rows)
+
+    # -- teardown ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Unload, destroy the descriptor, free the model memory. Safe twice; call in the load context."""
+        if self._closed:
+            return
+        self._closed = True
+        acl = self._acl
+        if self.desc:
+            acl.mdl.destroy_desc(self.desc)
+            self.desc = 0
+        if self.model_id is not None:
+            check("mdl.unload", acl.mdl.unload(self.model_id))
+            self.model_id = None
+        while self._memory:
+            check("rt.free", acl.rt.free(self._memory.pop()))

@@ -1,0 +1,12 @@
+"""Priority queueing and dynamic batching in front of a model version's executor."""
+from .batcher import DynamicBatcher
+from .clock import Clock, LoopClock
+from .gears import GearPlanner, max_batch_size
+from .policy import BatchingConfig, QueuePolicy
+from .queue import PriorityQueue, timeout_seconds
+from .request import InferenceResult, QueuedRequest
+from .stats import BatcherStats
+
+__all__ = ["BatcherStats", "BatchingConfig", "Clock", "DynamicBatcher", "GearPlanner",
+           "InferenceResult", "LoopClock", "PriorityQueue", "QueuePolicy", "QueuedRequest",
+           "max_batch_size", "timeout_seconds"]

@@ -1,0 +1,352 @@
+"""DynamicBatcher: forms batches from the priority queue and feeds a model version's slots."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import sys
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import (ExecutionFailed, InvalidInput, ModelUnavailable, QueueFull, RequestTimeout,
+                      ServeError, ShuttingDown)
+from ..runtime.types import BatchExecutor
+from .clock import Clock, LoopClock
+from .delivery import Delivery, Run, resolve
+from .gears import GearPlanner, max_batch_size
+from .policy import BatchingConfig
+from .queue import PriorityQueue
+from .request import DISPATCHED, InferenceResult, QueuedRequest
+from .stats import QUEUE_FULL, SHUTDOWN, TIMEOUT, BatcherStats
+
+log = logging.getLogger(__name__)
+
+_EPS = 1e-6  # a loop timer may fire up to the clock resolution early
+
+
+class DynamicBatcher:
+    """Queues the requests of one model version and runs them in batches on its executor.
+
+    Ownership: owns the PriorityQueue, the batch-window timer and the loop task
+    ("batcher:<name>"); the executor is borrowed. Everything runs on the event loop thread,
+    except the executor's completion and slot-free callbacks, which only hop to the loop with
+    `call_soon_threadsafe` (one hop per finished run, one per freed slot).
+
+    Rules: when a slot is free, requests are taken in priority order (FIFO within a level)
+    while they fit `max_batch_size`. They run at once if they fill a gear exactly or no more
+    can fit; otherwise the batcher waits until the oldest of them has waited
+    `max_queue_delay_ms`. While every slot is busy requests accumulate, and a freed slot
+    takes the fullest batch available. GearPlanner chooses padding or a split. Requests are
+    never split: one with more rows than `max_batch_size` is refused with InvalidInput.
+    A static model (no gears) and `enabled=False` run one request per run.
+
+    Cancellation: if the task awaiting `infer()` is cancelled, a queued request is removed
+    at once; a running one has its result dropped. Failures of a run fail only its requests;
+    a scheduling error fails the requests it was handling and batching goes on.
+    `drain()` refuses new requests and waits for the rest; `close()` (idempotent) stops the
+    loop and fails whatever is left with ShuttingDown.
+    """
+
+    def __init__(self, executor: BatchExecutor, config: BatchingConfig | None = None,
+                 name: str = "model", clock: Clock | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None):
+        self.config = config = config or BatchingConfig()
+        self.name = name
+        self._executor = executor
+        self.gears = tuple(executor.gears)
+        self.static = not self.gears
+        self.max_batch_size = max_batch_size(self.gears, config)
+        self._planner = (GearPlanner(self.gears, executor.gear_cost or {}, self.max_batch_size)
+                         if self.gears else None)
+        self._batching = config.enabled and not self.static
+        self._delay = config.max_queue_delay_ms / 1000.0
+        self._loop = loop
+        self._clock = clock
+        self._queue: PriorityQueue | None = None
+        self.stats = BatcherStats(range(1, config.priority_levels + 1), self.queue_depth)
+        self._task: asyncio.Task | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._listening = False
+        self._window_timer = None
+        self._window_at = 0.0
+        self._running: set[Run] = set()
+        self._delivery = Delivery(config.preserve_ordering, self.stats, name)
+        self._refusal: tuple[type[ServeError], str] | None = None
+        self._draining = False
+        self._drained: asyncio.Future | None = None
+        self._closed = False
+
+    # -- public API --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the loop task (idempotent; `infer()` starts it too). Needs the event loop."""
+        if self._task is not None or self._closed:
+            return
+        loop = self._loop = self._loop or asyncio.get_running_loop()
+        if self._queue is None:
+            self._clock = self._clock or LoopClock(loop)
+            self._queue = PriorityQueue(self.config, self._clock, self._on_timeout, self._on_delay)
+            self._wakeup = asyncio.Event()
+        if not self._listening:
+            self._executor.add_slot_listener(self._slot_freed)
+            self._listening = True
+        self._task = loop.create_task(self._run(), name=f"batcher:{self.name}")
+        self._task.add_done_callback(self._task_ended)
+        self._wakeup.set()
+
+    async def infer(self, inputs: Mapping[str, np.ndarray], rows: int, priority: int | None = None,
+                    timeout_us: int | None = None) -> InferenceResult:
+        """Queue one request (`rows` = its batch dimension) and wait for its own outputs.
+
+        Raises QueueFull, RequestTimeout, InvalidInput, ExecutionFailed, ModelUnavailable
+        (draining) or ShuttingDown."""
+        if self._refusal is not None:
+            error, message = self._refusal
+            raise error(message)
+        if not self.static and not 1 <= rows <= self.max_batch_size:
+            if rows < 1:
+                raise InvalidInput(f"batch of {rows} rows: the batch dimension must be at least 1")
+            raise InvalidInput(f"batch of {rows} rows exceeds the model's maximum batch size "
+                               f"{self.max_batch_size}")
+        if self._task is None:
+            self.start()
+        queue = self._queue
+        level = queue.level_for(priority)
+        request = QueuedRequest(inputs, rows, level, self._clock.now(), self._loop.create_future())
+        try:
+            queue.push(request, timeout_us)
+        except QueueFull:
+            self.stats.rejected(level, QUEUE_FULL)
+            raise
+        self.stats.levels[level].accepted += 1
+        self._delivery.arrived(request)
+        self._wakeup.set()
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            self._abandon(request)
+            raise
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Refuse new requests (ModelUnavailable) and wait until every queued and running one
+        is answered. True when drained, False on timeout (nothing is cancelled then)."""
+        if self._refusal is None:
+            self._refusal = (ModelUnavailable, "model version is draining")
+        self._draining = True
+        if self._idle():
+            return True
+        if self._drained is None:
+            self._drained = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._drained), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def close(self) -> None:
+        """Stop the loop task and fail anything queued or running with ShuttingDown."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._refusal is None or self._refusal[0] is not ShuttingDown:
+            self._refusal = (ShuttingDown, "model version is shutting down")
+        if self._window_timer is not None:
+            self._window_timer.cancel()
+            self._window_timer = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+        message = self._refusal[1]
+        if self._queue is not None:
+            for request in self._queue.take_all():
+                self.stats.rejected(request.level, SHUTDOWN, self._clock.now() - request.enqueued)
+                resolve(request.future, ShuttingDown(message))
+        runs, self._running = self._running, set()
+        for run in runs:
+            for request in run.requests:
+                resolve(request.future, ShuttingDown(message))
+        self._delivery.fail_all(ShuttingDown(message))
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def queue_depth(self) -> dict[int, int]:
+        return self._queue.depths() if self._queue is not None else {}
+
+    @property
+    def pending(self) -> int:
+        """Requests queued or running."""
+        queued = self._queue.count if self._queue is not None else 0
+        return queued + sum(len(run.requests) for run in self._running)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        wakeup = self._wakeup
+        while True:
+            await wakeup.wait()
+            wakeup.clear()
+            self._schedule()
+
+    def _task_ended(self, task: asyncio.Task) -> None:
+        if task.cancelled() or self._closed or task is not self._task:
+            return
+        log.error("batcher %s: loop task died; restarting it", self.name, exc_info=task.exception())
+        self._task = None
+        self.start()
+
+    def _schedule(self) -> None:
+        """Dispatch runs while a slot is free and a batch is ready. Never raises: an error
+        fails the requests being handled (the head of the queue if none was taken yet), so
+        every error makes progress and no request hangs on a broken scheduler."""
+        queue = self._queue
+        while queue.count:
+            batch = None
+            try:
+                free = self._executor.free_slots()
+                if free <= 0:
+                    return  # the slot listener wakes us
+                batch = self._next_batch()
+                if batch is None:
+                    return  # the window timer or an arrival wakes us
+                if not batch:
+                    raise RuntimeError("the queue head does not fit in a batch")
+                runs = self._plan(batch, free)
+            except Exception as exc:
+                log.exception("batcher %s: scheduling failed", self.name)
+                victims = batch or queue.take(sys.maxsize, 1)
+                now = self._clock.now()
+                for request in victims:
+                    request.dispatched = now
+                error = ExecutionFailed(f"internal batching error: {type(exc).__name__}")
+                self._settle(Run(victims, None, 0, now), None, error, tracked=False)
+                continue
+            for requests, gear in runs:
+                self._submit(requests, gear)
+
+    def _next_batch(self) -> list[QueuedRequest] | None:
+        queue = self._queue
+        if not self._batching:
+            return queue.take(sys.maxsize if self.static else self.max_batch_size, 1)
+        total = queue.rows
+        if total < self.max_batch_size and not self._planner.is_exact(total):
+            window_end = queue.oldest_enqueued() + self._delay
+            if self._clock.now() < window_end - _EPS:
+                self._arm_window(window_end)
+                return None
+        return queue.take(self.max_batch_size)
+
+    def _plan(self, batch: list[QueuedRequest], free: int) -> list[tuple[list[QueuedRequest], int | None]]:
+        if self.static:
+            return [(batch, None)]
+        rows = [request.rows for request in batch]
+        total = sum(rows)
+        if len(batch) == 1:
+            return [(batch, self._planner.gear_for(total))]
+        runs, start = [], 0
+        for count, gear in self._planner.plan(rows, total, free):
+            runs.append((batch[start:start + count], gear))
+            start += count
+        return runs
+
+    def _arm_window(self, at: float) -> None:
+        if self._window_timer is not None:
+            if self._window_at <= at:
+                return
+            self._window_timer.cancel()
+        self._window_at = at
+        self._window_timer = self._clock.call_at(at, self._window_ended)
+
+    def _window_ended(self) -> None:
+        self._window_timer = None
+        self._wakeup.set()
+
+    def _submit(self, requests: list[QueuedRequest], gear: int | None) -> None:
+        now = self._clock.now()
+        run = Run(requests, gear, 0, now)
+        self._running.add(run)  # from here on, _settle answers these requests whatever happens
+        try:
+            levels = self.stats.levels
+            queue_stats = self.stats.queue
+            for request in requests:
+                request.state = DISPATCHED
+                request.dispatched = now
+                waited = int((now - request.enqueued) * 1e9)
+                levels[request.level].queue.add(waited)
+                queue_stats.add(waited)
+                run.rows += request.rows
+            future = self._executor.submit([request.inputs for request in requests], gear)
+        except Exception as exc:
+            self._settle(run, None, exc)
+            return
+        future.add_done_callback(functools.partial(self._run_done_in_thread, run))
+
+    # -- results (executor threads hop here) ------------------------------------------------------
+
+    def _run_done_in_thread(self, run: Run, future) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._run_done, run, future)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits for these answers any more
+
+    def _run_done(self, run: Run, future) -> None:
+        if future.cancelled():
+            self._settle(run, None, ExecutionFailed("the runtime cancelled the batch"))
+        elif future.exception() is not None:
+            self._settle(run, None, future.exception())
+        else:
+            self._settle(run, future.result(), None)
+
+    def _settle(self, run: Run, result, error: BaseException | None, tracked: bool = True) -> None:
+        """Answer every request of `run` once (result or error), then look for more work."""
+        if tracked:
+            if run not in self._running:
+                return  # close() answered it already
+            self._running.discard(run)
+        self._delivery.settle(run, result, error, self._clock.now())
+        if not self._closed:
+            self._wakeup.set()
+        if self._draining:
+            self._check_drained()
+
+    # -- queue events -----------------------------------------------------------------------------
+
+    def _on_timeout(self, request: QueuedRequest) -> None:
+        waited = self._clock.now() - request.enqueued
+        self.stats.rejected(request.level, TIMEOUT, waited)
+        self._delivery.answer_now(request, RequestTimeout(
+            f"request timed out after {waited * 1000:.1f} ms in the queue"))
+        if self._draining:
+            self._check_drained()
+
+    def _on_delay(self, request: QueuedRequest) -> None:
+        self.stats.levels[request.level].delayed += 1
+
+    def _abandon(self, request: QueuedRequest) -> None:
+        """The awaiting task was cancelled (client gone)."""
+        if not request.future.cancelled():
+            return  # it had been answered already
+        waited = self._clock.now() - request.enqueued
+        if self._queue.remove(request) or request.state == DISPATCHED:
+            self.stats.cancelled(request.level, waited)
+        self._delivery.left(request)
+        if self._draining:
+            self._check_drained()
+
+    def _slot_freed(self) -> None:
+        """Executor callback, from any thread."""
+        if self._closed:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._wakeup.set)
+        except RuntimeError:
+            pass  # loop closed
+
+    def _idle(self) -> bool:
+        return not self._running and (self._queue is None or not self._queue.count)
+
+    def _check_drained(self) -> None:
+        if self._drained is not None and not self._drained.done() and self._idle():
+            self._drained.set_result(None)
+

@@ -1,0 +1,124 @@
+"""Answering requests: a run's outcome to each of its requests, exactly once, in arrival
+order when preserve_ordering asks for it, with the statistics recorded on the way."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+
+from ..errors import ExecutionFailed, ServeError
+from ..runtime.types import DeviceTimings
+from .request import InferenceResult, QueuedRequest
+from .stats import FAILED, BatcherStats
+
+log = logging.getLogger(__name__)
+
+
+class Run:
+    """One submitted run: its requests in submit order."""
+
+    __slots__ = ("requests", "gear", "rows", "dispatched")
+
+    def __init__(self, requests: list[QueuedRequest], gear: int | None, rows: int, dispatched: float):
+        self.requests = requests
+        self.gear = gear
+        self.rows = rows
+        self.dispatched = dispatched
+
+
+def resolve(future: asyncio.Future, outcome) -> None:
+    """Set a result or an exception, unless the future is already done (answered, cancelled)."""
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
+class Delivery:
+    """Resolves request futures on the event loop thread. With `ordered`, run outcomes are
+    held until every earlier arrival is answered; requests answered outside a run (timed
+    out, cancelled) leave the line at once and hold nobody."""
+
+    def __init__(self, ordered: bool, stats: BatcherStats, name: str):
+        self.ordered = ordered
+        self._stats = stats
+        self._name = name
+        self._arrivals: collections.deque[QueuedRequest] = collections.deque()
+
+    def arrived(self, request: QueuedRequest) -> None:
+        if self.ordered:
+            self._arrivals.append(request)
+
+    def settle(self, run: Run, result, error: BaseException | None, now: float) -> None:
+        """Answer every request of `run` with its own outputs, or all with the run's error."""
+        requests = run.requests
+        stats = self._stats
+        observed = stats.has_request_observers
+        outputs = getattr(result, "outputs", None)
+        if error is None and (outputs is None or len(outputs) != len(requests)):
+            error = ExecutionFailed(f"the runtime returned {len(outputs or ())} outputs for a "
+                                    f"batch of {len(requests)} requests")
+        if error is not None:
+            if not isinstance(error, ServeError):
+                log.error("batcher %s: batch failed", self._name, exc_info=error)
+                error = ExecutionFailed(f"batch execution failed: {type(error).__name__}: {error}")
+            for request in requests:
+                stats.fail.add(int((now - request.enqueued) * 1e9))
+                if observed:
+                    stats.request_done(request.level, request.dispatched - request.enqueued, False, FAILED)
+                # one exception object per request: a shared one would collect every
+                # awaiting task's traceback
+                self.answer(request, type(error)(error.message))
+            return
+        compute_s = now - run.dispatched
+        stats.batch_executed(run.gear, run.rows, len(requests), compute_s,
+                             getattr(result, "timings", None) or DeviceTimings())
+        compute_ns = int(compute_s * 1e9)
+        instance = getattr(result, "instance", "")
+        success_ns = 0
+        for request, request_outputs in zip(requests, outputs):
+            queue_s = request.dispatched - request.enqueued
+            success_ns += int((now - request.enqueued) * 1e9)
+            if observed:
+                stats.request_done(request.level, queue_s, True, "")
+            self.answer(request, InferenceResult(request_outputs, int(queue_s * 1e9), compute_ns,
+                                                 run.gear, run.rows, len(requests), instance))
+        stats.success.add(success_ns, len(requests))
+        stats.inference_count += run.rows
+
+    def answer(self, request: QueuedRequest, outcome) -> None:
+        """A run outcome: held behind earlier arrivals when ordered."""
+        if not self.ordered:
+            resolve(request.future, outcome)
+            return
+        request.outcome = outcome
+        self._release()
+
+    def answer_now(self, request: QueuedRequest, outcome) -> None:
+        """An outcome from the queue (timeout): never held; it may unblock held ones."""
+        resolve(request.future, outcome)
+        if self.ordered:
+            self._release()
+
+    def left(self, request: QueuedRequest) -> None:
+        """The request's future was cancelled (client gone): it may have held others."""
+        if self.ordered:
+            self._release()
+
+    def _release(self) -> None:
+        arrivals = self._arrivals
+        while arrivals:
+            head = arrivals[0]
+            if not head.future.done():
+                if head.outcome is None:
+                    break
+                resolve(head.future, head.outcome)
+            arrivals.popleft()
+
+    def fail_all(self, error: ServeError) -> None:
+        """Shutdown: answer everything still held for ordering."""
+        for request in self._arrivals:
+            resolve(request.future, type(error)(error.message))
+        self._arrivals.clear()

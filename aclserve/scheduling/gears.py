@@ -1,0 +1,87 @@
+"""Which compiled batch gear(s) a set of taken requests runs on: pad, or split by cost."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from .policy import BatchingConfig
+
+# Splitting takes more slots and more launches, so it must save at least this fraction of
+# the single padded run's cost to be chosen.
+SPLIT_SAVING = 0.10
+
+
+def max_batch_size(gears: Sequence[int], config: BatchingConfig) -> int:
+    """Rows one run may hold: the largest gear unless configured lower (1 for a static model)."""
+    if not gears:
+        return 1
+    top = gears[-1]
+    return min(config.max_batch_size or top, top)
+
+
+class GearPlanner:
+    """Pure decisions over the executor's gears; built once per batcher, O(1) per lookup.
+
+    `plan()` splits the taken requests (in service order, never splitting a request) into
+    consecutive runs. The default is one run padded to the smallest gear that fits. A split
+    is considered only when more than one slot is free: a prefix that fills a gear exactly
+    runs on that gear and the rest is planned the same way (greedy, longest exact prefix
+    first); the split wins if its summed cost is at least SPLIT_SAVING below the padded run.
+    Costs are `gear_cost` from warm-up; gears without a measurement cost their size scaled by
+    the measured seconds per row of the nearest measured gear (or just their size).
+    """
+
+    def __init__(self, gears: Sequence[int], gear_cost: Mapping[int, float], max_rows: int):
+        self.gears = tuple(gears)
+        self.max_rows = max_rows
+        self._exact = frozenset(g for g in self.gears if g <= max_rows)
+        # smallest gear >= rows, for rows in 0..max_rows (max_rows <= the top gear)
+        self._pad = [None] * (max_rows + 1)
+        for rows in range(1, max_rows + 1):
+            self._pad[rows] = next(g for g in self.gears if g >= rows)
+        self._cost = {g: self._estimate(g, gear_cost) for g in self.gears}
+
+    @staticmethod
+    def _estimate(gear: int, gear_cost: Mapping[int, float]) -> float:
+        measured = gear_cost.get(gear)
+        if measured is not None and measured > 0:
+            return float(measured)
+        known = [(abs(g - gear), c / g) for g, c in gear_cost.items() if c and c > 0 and g > 0]
+        return gear * (min(known)[1] if known else 1.0)
+
+    def is_exact(self, rows: int) -> bool:
+        return rows in self._exact
+
+    def gear_for(self, rows: int) -> int:
+        return self._pad[rows]
+
+    def cost(self, gear: int) -> float:
+        return self._cost[gear]
+
+    def plan(self, rows: Sequence[int], total: int, free_slots: int) -> list[tuple[int, int]]:
+        """[(request count, gear), ...] covering `rows` in order; `total` = sum(rows)."""
+        single = [(len(rows), self._pad[total])]
+        if free_slots < 2 or total in self._exact or len(rows) < 2:
+            return single
+        best, best_cost = single, self._cost[self._pad[total]] * (1.0 - SPLIT_SAVING)
+        runs: list[tuple[int, int]] = []
+        spent, start, left = 0.0, 0, total
+        while len(runs) + 1 < free_slots:
+            cut, acc = None, 0
+            for i in range(start, len(rows)):
+                acc += rows[i]
+                if acc >= left:
+                    break
+                if acc in self._exact:
+                    cut = (i + 1, acc)
+            if cut is None:
+                break
+            end, gear = cut
+            runs.append((end - start, gear))
+            spent += self._cost[gear]
+            start, left = end, left - gear
+            tail = self._pad[left]
+            if spent + self._cost[tail] < best_cost:
+                best, best_cost = runs + [(len(rows) - start, tail)], spent + self._cost[tail]
+            if left in self._exact:
+                break
+        return best

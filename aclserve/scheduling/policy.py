@@ -1,0 +1,60 @@
+"""Queue and batching policy of one model version (validated on construction)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TIMEOUT_ACTIONS = ("reject", "delay")
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """Per priority level. Triton semantics for the timeout override: a request's own timeout
+    applies only when `allow_timeout_override` is true and it is shorter than the default
+    (or the default is 0 = no timeout)."""
+
+    max_queue_size: int = 0  # 0 = unbounded
+    default_timeout_ms: float = 0.0  # 0 = no deadline
+    timeout_action: str = "reject"  # reject | delay
+    allow_timeout_override: bool = True
+
+    def __post_init__(self):
+        if self.max_queue_size < 0:
+            raise ValueError("max_queue_size must be >= 0")
+        if self.default_timeout_ms < 0:
+            raise ValueError("default_timeout_ms must be >= 0")
+        if self.timeout_action not in TIMEOUT_ACTIONS:
+            raise ValueError(f"timeout_action must be one of {', '.join(TIMEOUT_ACTIONS)}")
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    enabled: bool = True  # false: one request per run (for comparison benchmarks)
+    max_batch_size: int = 0  # 0 = the largest compiled gear
+    max_queue_delay_ms: float = 1.0
+    priority_levels: int = 3  # levels 1..N, 1 is the highest
+    default_priority: int = 2
+    default_queue_policy: QueuePolicy = field(default_factory=QueuePolicy)
+    priority_queue_policy: dict[int, QueuePolicy] = field(default_factory=dict)
+    preserve_ordering: bool = False
+
+    def __post_init__(self):
+        if self.max_batch_size < 0:
+            raise ValueError("max_batch_size must be >= 0")
+        if self.max_queue_delay_ms < 0:
+            raise ValueError("max_queue_delay_ms must be >= 0")
+        if self.priority_levels < 1:
+            raise ValueError("priority_levels must be >= 1")
+        if not 1 <= self.default_priority <= self.priority_levels:
+            raise ValueError(f"default_priority must be within 1..{self.priority_levels}")
+        for level in self.priority_queue_policy:
+            if not 1 <= level <= self.priority_levels:
+                raise ValueError(f"priority_queue_policy level {level} is outside 1..{self.priority_levels}")
+
+    def policy_for(self, level: int) -> QueuePolicy:
+        return self.priority_queue_policy.get(level, self.default_queue_policy)
+
+    def level_for(self, priority: int | None) -> int:
+        """Priority 0, None or out of range falls back to the default level."""
+        if priority is None or not 1 <= priority <= self.priority_levels:
+            return self.default_priority
+        return priority

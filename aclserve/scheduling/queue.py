@@ -1,0 +1,158 @@
+"""Priority levels with per-level policy, deadlines and O(1) removal."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Iterator
+
+from ..errors import QueueFull
+from .clock import Clock
+from .policy import BatchingConfig, QueuePolicy
+from .request import DISPATCHED, QUEUED, REMOVED, QueuedRequest
+
+
+def timeout_seconds(policy: QueuePolicy, timeout_us: int | None) -> float:
+    """The queueing deadline of one request in seconds (0 = none).
+
+    As QueuePolicy documents: the request's own timeout applies only when the level allows
+    overrides and it is shorter than the default, or the default is 0. (Triton itself
+    ignores the override when the default is 0; we let a client ask for a deadline.)"""
+    default = policy.default_timeout_ms / 1000.0
+    if timeout_us and timeout_us > 0 and policy.allow_timeout_override:
+        own = timeout_us / 1e6
+        if default == 0 or own < default:
+            return own
+    return default
+
+
+class PriorityQueue:
+    """Requests waiting for a batch: levels 1..N (1 is served first), FIFO within a level.
+
+    Owns the queued requests and their deadline timers; event-loop thread only, never blocks.
+    A full level rejects at once (QueueFull). When a deadline passes the timer acts at that
+    moment: `reject` removes the request and hands it to `on_timeout` (the owner answers
+    it), `delay` moves it behind the level's requests that are still within their deadline.
+    Each level is two OrderedDicts (on time, delayed), so push, pop and removal are O(1).
+    """
+
+    def __init__(self, config: BatchingConfig, clock: Clock,
+                 on_timeout: Callable[[QueuedRequest], None],
+                 on_delay: Callable[[QueuedRequest], None] | None = None):
+        self.config = config
+        self._clock = clock
+        self._on_timeout = on_timeout
+        self._on_delay = on_delay
+        n = config.priority_levels
+        self.levels = tuple(range(1, n + 1))
+        self._policies = [config.policy_for(level) if level else None for level in range(n + 1)]
+        self._on_time: list[OrderedDict] = [OrderedDict() for _ in range(n + 1)]  # [0] unused
+        self._delayed: list[OrderedDict] = [OrderedDict() for _ in range(n + 1)]
+        # Service order: on-time then delayed requests of level 1, then level 2, ...
+        self._lanes = [lane for level in self.levels
+                       for lane in (self._on_time[level], self._delayed[level])]
+        self.rows = 0  # rows of every queued request
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def level_for(self, priority: int | None) -> int:
+        return self.config.level_for(priority)
+
+    def push(self, request: QueuedRequest, timeout_us: int | None = None) -> None:
+        """Queue `request` at the tail of its level; raises QueueFull if the level is full."""
+        level = request.level
+        policy = self._policies[level]
+        on_time = self._on_time[level]
+        if policy.max_queue_size and len(on_time) + len(self._delayed[level]) >= policy.max_queue_size:
+            raise QueueFull(f"priority level {level} queue is full "
+                            f"(max_queue_size {policy.max_queue_size})")
+        on_time[request] = None
+        self.rows += request.rows
+        self.count += 1
+        timeout = timeout_seconds(policy, timeout_us)
+        if timeout:
+            request.deadline = request.enqueued + timeout
+            request.timer = self._clock.call_at(request.deadline, self._expire, request)
+
+    def remove(self, request: QueuedRequest) -> bool:
+        """Take `request` out of the queue (cancelled, shut down); False if it was not queued."""
+        if request.state != QUEUED:
+            return False
+        lane = self._delayed if request.delayed else self._on_time
+        del lane[request.level][request]
+        self._forget(request)
+        request.state = REMOVED
+        return True
+
+    def take(self, max_rows: int, max_requests: int = 0) -> list[QueuedRequest]:
+        """Pop requests in service order while their rows fit in `max_rows` (they become
+        DISPATCHED: the caller now owns them).
+
+        Stops at the first request that does not fit rather than skipping it, so a large
+        request is never starved by smaller ones queued behind it."""
+        taken: list[QueuedRequest] = []
+        rows = 0
+        for lane in self._lanes:
+            while lane:
+                request = next(iter(lane))
+                if rows + request.rows > max_rows:
+                    return taken
+                lane.popitem(last=False)
+                self._forget(request)
+                request.state = DISPATCHED
+                rows += request.rows
+                taken.append(request)
+                if len(taken) == max_requests:
+                    return taken
+        return taken
+
+    def take_all(self) -> list[QueuedRequest]:
+        """Empty the queue (shutdown); the caller answers what it gets."""
+        taken = [request for lane in self._lanes for request in lane]
+        for lane in self._lanes:
+            lane.clear()
+        for request in taken:
+            self._forget(request)
+            request.state = REMOVED
+        return taken
+
+    def oldest_enqueued(self) -> float | None:
+        """Enqueue time of the oldest head of any lane (each lane is in arrival order, except
+        that a delayed lane is in deadline order, which is close enough for a batch window)."""
+        oldest = None
+        for lane in self._lanes:
+            if lane:
+                enqueued = next(iter(lane)).enqueued
+                if oldest is None or enqueued < oldest:
+                    oldest = enqueued
+        return oldest
+
+    def depths(self) -> dict[int, int]:
+        return {level: len(self._on_time[level]) + len(self._delayed[level]) for level in self.levels}
+
+    def __iter__(self) -> Iterator[QueuedRequest]:
+        """Queued requests in service order (for tests and diagnostics)."""
+        for lane in self._lanes:
+            yield from lane
+
+    def _forget(self, request: QueuedRequest) -> None:
+        self.rows -= request.rows
+        self.count -= 1
+        if request.timer is not None:
+            request.timer.cancel()
+            request.timer = None
+
+    def _expire(self, request: QueuedRequest) -> None:
+        request.timer = None
+        if request.state != QUEUED or request.delayed:
+            return
+        level = request.level
+        if self._policies[level].timeout_action == "delay":
+            del self._on_time[level][request]
+            self._delayed[level][request] = None
+            request.delayed = True
+            if self._on_delay is not None:
+                self._on_delay(request)
+            return
+        self.remove(request)
+        self._on_timeout(request)

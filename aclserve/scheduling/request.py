@@ -1,0 +1,49 @@
+"""One request's life inside the scheduler, and the result handed back to the server."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+# Where a request is. Transitions only go forward: QUEUED -> DISPATCHED -> (future done),
+# or QUEUED -> REMOVED (timed out, cancelled, shut down).
+QUEUED, DISPATCHED, REMOVED = 0, 1, 2
+
+
+class QueuedRequest:
+    """Owned by the PriorityQueue while QUEUED, by the batcher once DISPATCHED.
+
+    `future` is the asyncio future the client awaits; whoever resolves it checks `done()`
+    first, so a request is never answered twice. Identity-hashed: it is its own queue key."""
+
+    __slots__ = ("inputs", "rows", "level", "enqueued", "deadline", "timer", "future",
+                 "state", "delayed", "dispatched", "outcome")
+
+    def __init__(self, inputs: Mapping[str, np.ndarray], rows: int, level: int,
+                 enqueued: float, future: asyncio.Future):
+        self.inputs = inputs
+        self.rows = rows
+        self.level = level
+        self.enqueued = enqueued  # clock seconds
+        self.deadline = 0.0  # clock seconds; 0 = none
+        self.timer = None  # deadline timer handle while queued
+        self.future = future
+        self.state = QUEUED
+        self.delayed = False  # deadline passed under the `delay` action
+        self.dispatched = 0.0
+        self.outcome = None  # result or exception held back by preserve_ordering
+
+
+@dataclass(frozen=True)
+class InferenceResult:
+    """The outputs of one request (its own rows only) and where its time went."""
+
+    outputs: dict[str, np.ndarray]
+    queue_ns: int  # enqueue -> dispatch
+    compute_ns: int  # dispatch -> batch result on the event loop
+    gear: int | None  # compiled batch size of the run; None for a static model
+    batch_rows: int  # real rows in that run (gear - batch_rows were padding)
+    batch_requests: int  # requests in that run
+    instance: str = ""

@@ -1,0 +1,190 @@
+"""Counters of one batcher, shaped for Prometheus and the KServe statistics extension."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Iterable
+
+from ..runtime.types import DeviceTimings
+
+log = logging.getLogger(__name__)
+
+# `reason` values passed to on_request_done ("" when ok)
+OK, QUEUE_FULL, TIMEOUT, CANCELLED, FAILED, SHUTDOWN = "", "queue_full", "timeout", "cancelled", "failed", "shutdown"
+
+RequestObserver = Callable[[int, float, bool, str], None]  # (level, queue_s, ok, reason)
+BatchObserver = Callable[["int | None", int, float], None]  # (gear, rows, compute_s)
+
+
+class Duration:
+    """A KServe statistics duration: how many, and their total nanoseconds."""
+
+    __slots__ = ("count", "ns")
+
+    def __init__(self):
+        self.count = 0
+        self.ns = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_dict(self) -> dict:
+        return {"count": self.count, "ns": self.ns}
+
+
+class LevelStats:
+    __slots__ = ("accepted", "rejected", "timed_out", "delayed", "cancelled", "queue")
+
+    def __init__(self):
+        self.accepted = 0  # entered the queue
+        self.rejected = 0  # level full
+        self.timed_out = 0  # deadline passed under `reject`
+        self.delayed = 0  # deadline passed under `delay`
+        self.cancelled = 0  # client went away while queued or running
+        self.queue = Duration()  # enqueue -> dispatch of dispatched requests
+
+    def as_dict(self) -> dict:
+        return {"accepted": self.accepted, "rejected": self.rejected, "timed_out": self.timed_out,
+                "delayed": self.delayed, "cancelled": self.cancelled, "queue": self.queue.as_dict()}
+
+
+class BatchSizeStats:
+    __slots__ = ("compute_input", "compute_infer", "compute_output")
+
+    def __init__(self):
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+
+
+class BatcherStats:
+    """Plain counters written by the batcher on the event loop thread; readers (the metrics
+    exporter, the stats endpoint) read them on the same thread, so no locks.
+
+    Request durations are batcher-scoped: success/fail run from enqueue to the answer.
+    Device timings of a run map to compute_input (h2d), compute_infer, compute_output (d2h);
+    a run that reports no device compute time counts its wall time (dispatch -> result) as
+    compute_infer. Observers registered with `observe()` see every request outcome and every
+    executed run (for histograms); an observer that raises is logged and kept.
+    """
+
+    def __init__(self, levels: Iterable[int], depth: Callable[[], dict[int, int]] = dict):
+        self.levels = {level: LevelStats() for level in levels}
+        self._depth = depth
+        self.gear_batches: dict[int | None, int] = {}
+        self.rows = 0  # real rows executed
+        self.padding_rows = 0  # gear rows that were padding
+        self.success = Duration()
+        self.fail = Duration()
+        self.queue = Duration()
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+        self.execution_count = 0
+        self.inference_count = 0  # rows of successful requests
+        self.last_inference_ms = 0
+        self.batch_sizes: dict[int, BatchSizeStats] = {}
+        self._request_observers: list[RequestObserver] = []
+        self._batch_observers: list[BatchObserver] = []
+
+    def observe(self, on_request_done: RequestObserver | None = None,
+                on_batch: BatchObserver | None = None) -> None:
+        if on_request_done is not None:
+            self._request_observers.append(on_request_done)
+        if on_batch is not None:
+            self._batch_observers.append(on_batch)
+
+    @property
+    def has_request_observers(self) -> bool:
+        return bool(self._request_observers)
+
+    # -- recording (batcher only) ---------------------------------------------------------
+
+    def request_done(self, level: int, queue_s: float, ok: bool, reason: str) -> None:
+        for observer in self._request_observers:
+            try:
+                observer(level, queue_s, ok, reason)
+            except Exception:
+                log.exception("statistics observer on_request_done failed")
+
+    def rejected(self, level: int, reason: str, waited_s: float = 0.0) -> None:
+        """A request that never ran: queue full, timed out, shut down while queued."""
+        stats = self.levels[level]
+        if reason == QUEUE_FULL:
+            stats.rejected += 1
+        elif reason == TIMEOUT:
+            stats.timed_out += 1
+        self.fail.add(int(waited_s * 1e9))
+        self.request_done(level, waited_s, False, reason)
+
+    def cancelled(self, level: int, waited_s: float) -> None:
+        self.levels[level].cancelled += 1
+        self.request_done(level, waited_s, False, CANCELLED)
+
+    def batch_executed(self, gear: int | None, rows: int, requests: int, compute_s: float,
+                       timings: DeviceTimings) -> None:
+        self.gear_batches[gear] = self.gear_batches.get(gear, 0) + 1
+        self.rows += rows
+        if gear is not None:
+            self.padding_rows += gear - rows
+        self.execution_count += 1
+        self.last_inference_ms = int(time.time() * 1000)
+        h2d = int(timings.h2d_ms * 1e6)
+        infer = int(timings.compute_ms * 1e6) or int(compute_s * 1e9)
+        d2h = int(timings.d2h_ms * 1e6)
+        # per request, as Triton does: every request of the run spent the run's time
+        self.compute_input.add(h2d * requests, requests)
+        self.compute_infer.add(infer * requests, requests)
+        self.compute_output.add(d2h * requests, requests)
+        size = self.batch_sizes.get(rows)
+        if size is None:
+            size = self.batch_sizes[rows] = BatchSizeStats()
+        size.compute_input.add(h2d)
+        size.compute_infer.add(infer)
+        size.compute_output.add(d2h)
+        for observer in self._batch_observers:
+            try:
+                observer(gear, rows, compute_s)
+            except Exception:
+                log.exception("statistics observer on_batch failed")
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def queue_depth(self) -> dict[int, int]:
+        return self._depth()
+
+    def padding_ratio(self) -> float:
+        """Padding rows / all executed gear rows (0 when nothing ran)."""
+        total = self.rows + self.padding_rows
+        return self.padding_rows / total if total else 0.0
+
+    def snapshot(self) -> dict:
+        depth = self.queue_depth()
+        return {
+            "levels": {level: dict(stats.as_dict(), queue_depth=depth.get(level, 0))
+                       for level, stats in self.levels.items()},
+            "gear_batches": dict(self.gear_batches),
+            "rows": self.rows,
+            "padding_rows": self.padding_rows,
+            "kserve": self.kserve(),
+        }
+
+    def kserve(self) -> dict:
+        """The model_stats entry of the KServe statistics extension, minus name/version."""
+        zero = {"count": 0, "ns": 0}
+        return {
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_dict(), "fail": self.fail.as_dict(),
+                "queue": self.queue.as_dict(), "compute_input": self.compute_input.as_dict(),
+                "compute_infer": self.compute_infer.as_dict(),
+                "compute_output": self.compute_output.as_dict(),
+                "cache_hit": dict(zero), "cache_miss": dict(zero)},
+            "batch_stats": [
+                {"batch_size": size, "compute_input": s.compute_input.as_dict(),
+                 "compute_infer": s.compute_infer.as_dict(), "compute_output": s.compute_output.as_dict()}
+                for size, s in sorted(self.batch_sizes.items())],
+        }

@@ -1,0 +1,138 @@
+"""The aiohttp application and its ordered lifecycle.
+
+Start: runtime (acl.init, devices), then repository (scan, load, warm up, watch), then the
+caller starts listening. Stop (SIGTERM/SIGINT in `serve`): readiness turns false and new infer
+requests get 503 at once; queued and in-flight requests get `shutdown_timeout_s` to finish;
+then the listening socket closes, the repository drains and unloads every model, and the
+runtime destroys contexts, resets devices and finalizes ACL, in that order.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+
+from aiohttp import web
+
+from ..errors import ServeError
+from .app_keys import STATE
+from .routes import add_routes
+from .state import ServerState
+
+log = logging.getLogger(__name__)
+
+
+def json_error(message: str, status: int, retry_after: float | None = None) -> web.Response:
+    headers = {"Retry-After": str(max(1, int(round(retry_after))))} if retry_after else None
+    return web.Response(body=json.dumps({"error": message}).encode(), status=status,
+                        content_type="application/json", headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):
+    """ServeError -> {"error": message} with its status; aiohttp's own HTTP errors (404 route,
+    405, 413) -> the same JSON shape; anything else -> logged, generic 500."""
+    try:
+        return await handler(request)
+    except ServeError as e:
+        return json_error(e.message, e.status, e.retry_after)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        if isinstance(e, web.HTTPRequestEntityTooLarge):
+            message = (f"request body exceeds the limit of {request.app[STATE].config.max_body_bytes} bytes "
+                       f"(max_body_bytes)")
+        elif isinstance(e, web.HTTPNotFound):
+            message = f"no route for {request.method} {request.path}"
+        elif isinstance(e, web.HTTPMethodNotAllowed):
+            message = f"method {request.method} is not allowed on {request.path}"
+        else:
+            message = e.reason
+        return json_error(message, e.status)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("internal error on %s %s", request.method, request.path)
+        return json_error("internal error", 500)
+
+
+async def _lifecycle(app: web.Application):
+    state = app[STATE]
+    state.runtime.start()
+    try:
+        add_listener = getattr(state.repo, "add_listener", None)
+        if add_listener is not None:
+            add_listener(state.metrics.on_repository_event)
+        await state.repo.start()
+    except BaseException:
+        state.runtime.close()
+        raise
+    state.started = True
+    try:
+        yield
+    finally:
+        await state.begin_shutdown()
+        try:
+            await state.repo.close()
+        finally:
+            state.started = False
+            state.runtime.close()
+            log.info("runtime closed")
+
+
+def create_app(config, repo, runtime) -> web.Application:
+    """The KServe v2 app. Starting it (AppRunner.setup / test client) starts `runtime`, then
+    `repo`; cleaning it up drains and closes them in reverse order."""
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware])
+    app[STATE] = ServerState(config, repo, runtime)
+    add_routes(app)
+    app.cleanup_ctx.append(_lifecycle)
+    return app
+
+
+def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner:
+    # handler_cancellation: a client that disconnects cancels its handler, which removes the
+    # request from the batch queue (run_app/AppRunner leave it off by default).
+    kwargs = {} if access_log else {"access_log": None}
+    return web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5.0, **kwargs)
+
+
+async def serve(config, runtime=None, repo=None, started: asyncio.Future | None = None,
+                stop: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT (or `stop` is set), then shut down in order. `started` gets the
+    bound (host, port) once listening."""
+    from ..repository import ModelRepository
+    from ..runtime import AclRuntime
+
+    if runtime is None:
+        runtime = AclRuntime(device=config.device, cpu_threads=config.cpu_threads,
+                             memory_reserve_fraction=config.memory_reserve_fraction)
+    if repo is None:
+        repo = ModelRepository(config, runtime)
+    app = create_app(config, repo, runtime)
+    runner = make_runner(app, access_log=config.log_level == "debug")
+    loop = asyncio.get_running_loop()
+    stop = stop or asyncio.Event()
+    handled = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
+            pass
+    try:
+        await runner.setup()
+        site = web.TCPSite(runner, config.host, config.port)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        log.info("aclserve listening on http://%s:%d", host, port)
+        if started is not None and not started.done():
+            started.set_result((host, port))
+        await stop.wait()
+        log.info("signal received: draining")
+        await app[STATE].begin_shutdown()
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()

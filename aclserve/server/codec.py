@@ -1,0 +1,294 @@
+"""KServe v2 infer request codec: pure functions over bytes (no aiohttp, no I/O).
+
+Decoding validates everything the model can check before queueing (names, datatypes, shapes,
+batch rows, payload sizes) and raises errors.InvalidInput naming the field. Binary tensors are
+zero-copy views (`np.frombuffer`, read-only) into the request body; JSON tensors go through one
+`np.asarray` over the parsed list. Small requests are cheap enough to run on the event loop;
+the caller moves big JSON bodies to a thread (see `JSON_OFFLOAD_BYTES`). Responses are
+rendered by `encode.py`.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import InvalidInput
+from ..runtime.types import TensorSpec
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+JSON_OFFLOAD_BYTES = 64 * 1024  # JSON text above this is decoded in a thread
+JSON_OFFLOAD_ELEMENTS = 16 * 1024  # JSON output elements above this are encoded in a thread
+
+_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+# numpy kinds np.asarray may infer from JSON values, accepted per target kind
+_JSON_KINDS = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}
+_KIND_WORDS = {"f": "numbers", "i": "integers", "u": "integers", "b": "booleans (true/false)"}
+
+
+class Signature:
+    """A model version's tensors indexed for decoding; built once per served version."""
+
+    __slots__ = ("inputs", "outputs", "output_list", "max_batch_size", "input_names")
+
+    def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], max_batch_size: int):
+        self.inputs = {s.name: s for s in inputs}
+        self.outputs = {s.name: s for s in outputs}
+        self.output_list = tuple(outputs)
+        self.max_batch_size = max_batch_size
+        self.input_names = ", ".join(self.inputs)
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    name: str
+    binary: bool | None = None  # None: follow the request's binary_data_output
+    classification: int = 0  # top-N classes as "value:index" strings; 0 = raw tensor
+
+
+@dataclass(slots=True)
+class InferRequest:
+    inputs: dict[str, np.ndarray]
+    rows: int  # batch rows of a batching model; 1 for a static model
+    id: str | None = None
+    priority: int | None = None
+    timeout_us: int | None = None
+    outputs: tuple[RequestedOutput, ...] | None = None  # None: every output
+    binary_output: bool = False
+
+
+def parse_header_length(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer, got {value!r}")
+    return n
+
+
+def decode_request(body: bytes, header_length: int | None, sig: Signature) -> InferRequest:
+    """Decode one infer request body. `header_length` is the Inference-Header-Content-Length
+    value (None when absent: the whole body is JSON; 0: raw binary for a single-input model)."""
+    if header_length == 0:
+        return _decode_raw(body, sig)
+    end = len(body)
+    if header_length is not None:
+        if header_length > end:
+            raise InvalidInput(f"{HEADER_LENGTH} is {header_length} but the body has only {end} bytes")
+        end = header_length
+    try:
+        doc = json.loads(body if end == len(body) else body[:end])
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"request body is not valid JSON: {e}") from None
+    if type(doc) is not dict:
+        raise InvalidInput("request body must be a JSON object")
+    req = InferRequest(inputs={}, rows=1)
+    _decode_inputs(doc.get("inputs"), body, end, header_length is not None, sig, req)
+    rid = doc.get("id")
+    if rid is not None:
+        if type(rid) is not str:
+            raise InvalidInput("id must be a string")
+        req.id = rid
+    params = doc.get("parameters")
+    if params:
+        _decode_parameters(params, req)
+    outs = doc.get("outputs")
+    if outs:
+        req.outputs = _decode_outputs(outs, sig)
+    return req
+
+
+def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature, req: InferRequest) -> None:
+    if type(items) is not list or not items:
+        raise InvalidInput("inputs must be a non-empty array")
+    arrays = req.inputs
+    rows = None
+    for i, item in enumerate(items):
+        if type(item) is not dict:
+            raise InvalidInput(f"inputs[{i}] must be an object")
+        name = item.get("name")
+        spec = sig.inputs.get(name) if type(name) is str else None
+        if spec is None:
+            if type(name) is not str:
+                raise InvalidInput(f"inputs[{i}].name must be a string")
+            raise InvalidInput(f"unknown input '{name}' (model inputs: {sig.input_names})")
+        if name in arrays:
+            raise InvalidInput(f"input '{name}' is given more than once")
+        datatype = item.get("datatype")
+        if datatype != spec.datatype:
+            if datatype == "BYTES":
+                raise InvalidInput(f"input '{name}': datatype BYTES is not supported (Ascend OM models "
+                                   f"take numeric tensors); the model expects {spec.datatype}")
+            raise InvalidInput(f"input '{name}': datatype {datatype!r} does not match the model's {spec.datatype}")
+        shape = item.get("shape")
+        count = _check_shape(name, shape, spec)
+        if spec.batched and sig.max_batch_size:
+            r = shape[0]
+            if r < 1:
+                raise InvalidInput(f"input '{name}': batch dimension must be at least 1")
+            if r > sig.max_batch_size:
+                raise InvalidInput(f"input '{name}': batch size {r} exceeds the model's max_batch_size "
+                                   f"{sig.max_batch_size}")
+            if rows is None:
+                rows = r
+            elif r != rows:
+                raise InvalidInput(f"input '{name}': batch size {r} differs from the other inputs' {rows}")
+        params = item.get("parameters")
+        size = None
+        if params:
+            if type(params) is not dict:
+                raise InvalidInput(f"input '{name}': parameters must be an object")
+            _refuse_shared_memory(params, f"input '{name}'")
+            size = params.get("binary_data_size")
+        if size is not None:
+            if type(size) is not int or size < 0:
+                raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
+            if not framed:
+                raise InvalidInput(f"input '{name}' has binary_data_size but the request has no "
+                                   f"{HEADER_LENGTH} header")
+            if "data" in item:
+                raise InvalidInput(f"input '{name}' has both data and binary_data_size")
+            expected = count * spec.dtype.itemsize
+            if size != expected:
+                raise InvalidInput(f"input '{name}': binary_data_size {size} does not match shape {shape} "
+                                   f"of {datatype} ({expected} bytes)")
+            if offset + size > len(body):
+                raise InvalidInput(f"input '{name}': binary data needs {size} bytes at offset {offset} "
+                                   f"but the body has {len(body)}")
+            arrays[name] = np.frombuffer(body, spec.dtype, count, offset).reshape(shape)
+            offset += size
+        else:
+            data = item.get("data")
+            if data is None:
+                raise InvalidInput(f"input '{name}' has neither data nor parameters.binary_data_size")
+            arrays[name] = _from_json(name, data, spec, shape, count)
+    if offset != len(body):
+        raise InvalidInput(f"body has {len(body) - offset} bytes after the last binary input "
+                           f"(binary_data_size values do not add up)")
+    if len(arrays) != len(sig.inputs):
+        missing = [n for n in sig.inputs if n not in arrays]
+        raise InvalidInput(f"missing input(s): {', '.join(missing)}")
+    req.rows = rows if rows is not None else 1
+
+
+def _check_shape(name: str, shape, spec: TensorSpec) -> int:
+    """Validate a request shape against the spec (-1 matches any size); return the element count."""
+    if type(shape) is not list or any(type(d) is not int or d < 0 for d in shape):
+        raise InvalidInput(f"input '{name}': shape must be an array of non-negative integers")
+    want = spec.shape
+    if len(shape) != len(want) or any(w != -1 and g != w for g, w in zip(shape, want)):
+        raise InvalidInput(f"input '{name}': shape {shape} does not match the model's {list(want)}")
+    return math.prod(shape)
+
+
+def _from_json(name: str, data, spec: TensorSpec, shape: list[int], count: int) -> np.ndarray:
+    if type(data) is not list:
+        raise InvalidInput(f"input '{name}': data must be an array")
+    try:
+        arr = np.asarray(data)
+    except ValueError:
+        raise InvalidInput(f"input '{name}': data is not a rectangular array of numbers") from None
+    if arr.size != count:
+        raise InvalidInput(f"input '{name}': data has {arr.size} elements but shape {shape} needs {count}")
+    target = spec.dtype
+    if arr.dtype != target:
+        if count and arr.dtype.kind not in _JSON_KINDS[target.kind]:
+            raise InvalidInput(f"input '{name}': data elements must be {_KIND_WORDS[target.kind]} "
+                               f"for {spec.datatype}")
+        if count and target.kind in "iu":
+            info = np.iinfo(target)
+            if arr.min() < info.min or arr.max() > info.max:
+                raise InvalidInput(f"input '{name}': data values out of range for {spec.datatype}")
+        arr = arr.astype(target)
+    return arr.reshape(shape)
+
+
+def _decode_raw(body: bytes, sig: Signature) -> InferRequest:
+    if len(sig.inputs) != 1:
+        raise InvalidInput(f"a raw binary request ({HEADER_LENGTH}: 0) needs a single-input model; "
+                           f"this one has {len(sig.inputs)} inputs")
+    spec = next(iter(sig.inputs.values()))
+    shape = list(spec.shape)
+    if spec.batched and sig.max_batch_size:
+        shape[0] = 1
+    itemsize = spec.dtype.itemsize
+    if len(body) % itemsize:
+        raise InvalidInput(f"raw binary body of {len(body)} bytes is not a whole number of {spec.datatype}")
+    count = len(body) // itemsize
+    variable = [i for i, d in enumerate(shape) if d == -1]
+    known = math.prod(d for d in shape if d != -1)
+    if len(variable) > 1:
+        raise InvalidInput(f"raw binary request: input '{spec.name}' has more than one variable dimension")
+    if variable and known and count % known == 0:
+        shape[variable[0]] = count // known
+    if math.prod(shape) != count or -1 in shape:
+        raise InvalidInput(f"raw binary body of {len(body)} bytes does not fit input '{spec.name}' "
+                           f"of shape {list(spec.shape)} ({spec.datatype})")
+    arr = np.frombuffer(body, spec.dtype, count).reshape(shape)
+    return InferRequest(inputs={spec.name: arr}, rows=1, binary_output=True)
+
+
+def _uint_param(params: dict, key: str) -> int | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if type(value) is str and value.isdigit():
+        return int(value)
+    if type(value) is not int or value < 0:
+        raise InvalidInput(f"parameters.{key} must be an unsigned integer, got {value!r}")
+    return value
+
+
+def _decode_parameters(params, req: InferRequest) -> None:
+    if type(params) is not dict:
+        raise InvalidInput("parameters must be an object")
+    req.priority = _uint_param(params, "priority")
+    req.timeout_us = _uint_param(params, "timeout")
+    binary = params.get("binary_data_output")
+    if binary is not None:
+        if type(binary) is not bool:
+            raise InvalidInput("parameters.binary_data_output must be a boolean")
+        req.binary_output = binary
+    seq = params.get("sequence_id")
+    if seq not in (None, 0, ""):
+        raise InvalidInput("parameters.sequence_id: sequence batching is not supported")
+
+
+def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
+    if type(items) is not list:
+        raise InvalidInput("outputs must be an array")
+    result = []
+    seen = set()
+    for i, item in enumerate(items):
+        if type(item) is not dict or type(item.get("name")) is not str:
+            raise InvalidInput(f"outputs[{i}] must be an object with a string name")
+        name = item["name"]
+        if name not in sig.outputs:
+            raise InvalidInput(f"unknown output '{name}' (model outputs: {', '.join(sig.outputs)})")
+        if name in seen:
+            raise InvalidInput(f"output '{name}' is requested more than once")
+        seen.add(name)
+        params = item.get("parameters") or {}
+        if type(params) is not dict:
+            raise InvalidInput(f"output '{name}': parameters must be an object")
+        _refuse_shared_memory(params, f"output '{name}'")
+        binary = params.get("binary_data")
+        if binary is not None and type(binary) is not bool:
+            raise InvalidInput(f"output '{name}': parameters.binary_data must be a boolean")
+        classes = params.get("classification", 0)
+        if type(classes) is not int or classes < 0:
+            raise InvalidInput(f"output '{name}': parameters.classification must be a non-negative integer")
+        result.append(RequestedOutput(name, binary, classes))
+    return tuple(result)
+
+
+def _refuse_shared_memory(params: dict, where: str) -> None:
+    for key in _SHM_KEYS:
+        if key in params:
+            raise InvalidInput(f"{where}: {key}: shared memory is not supported by this server")

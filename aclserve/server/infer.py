@@ -1,0 +1,71 @@
+"""POST /v2/models/{model}[/versions/{version}]/infer: the hot path.
+
+Per request: one repository lookup, one cached VersionRecord, decode (on the loop unless the
+JSON part is large), `served.infer` (the batcher), encode. Cancellation: when the client goes
+away aiohttp cancels this handler (handler_cancellation=True) and the CancelledError raised in
+`served.infer` removes the request from the queue.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from ..errors import ServeError
+from .app_keys import STATE
+from .codec import HEADER_LENGTH, JSON_OFFLOAD_BYTES, JSON_OFFLOAD_ELEMENTS, decode_request, parse_header_length
+from .encode import encode_response, json_output_elements
+
+_JSON = "application/json"
+_BINARY = "application/octet-stream"
+COMPRESS_MIN_BYTES = 1024  # smaller answers gain nothing from compression and cost CPU
+
+
+async def infer(request: web.Request) -> web.Response:
+    start = time.perf_counter()
+    state = request.app[STATE]
+    state.enter()  # 503 when shutting down
+    try:
+        match = request.match_info
+        served = state.repo.get(match["model"], match.get("version"))
+        rec = state.record(served)
+        try:
+            response = await _infer(request, rec)
+        except ServeError as e:
+            rec.metrics.request_failed(type(e).__name__, time.perf_counter() - start)
+            raise
+        except asyncio.CancelledError:
+            rec.metrics.request_failed("Cancelled", time.perf_counter() - start)
+            raise
+        rec.metrics.request_ok(time.perf_counter() - start)
+        return response
+    finally:
+        state.leave()
+
+
+async def _infer(request: web.Request, rec) -> web.Response:
+    body = await request.read()
+    header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
+    json_size = len(body) if header_length is None else header_length
+    if json_size > JSON_OFFLOAD_BYTES:
+        loop = asyncio.get_running_loop()
+        req = await loop.run_in_executor(None, decode_request, body, header_length, rec.signature)
+    else:
+        req = decode_request(body, header_length, rec.signature)
+    result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us)
+    outputs = result.outputs
+    args = (rec.name, rec.version, req, outputs, rec.signature, rec.batched)
+    if json_output_elements(req, outputs) > JSON_OFFLOAD_ELEMENTS:
+        loop = asyncio.get_running_loop()
+        payload, json_length = await loop.run_in_executor(None, encode_response, *args)
+    else:
+        payload, json_length = encode_response(*args)
+    if json_length is None:
+        response = web.Response(body=payload, content_type=_JSON)
+    else:
+        response = web.Response(body=payload, content_type=_BINARY,
+                                headers={HEADER_LENGTH: str(json_length)})
+    if len(payload) >= COMPRESS_MIN_BYTES and "Accept-Encoding" in request.headers:
+        response.enable_compression()  # honours Accept-Encoding; deflate is zlib-wrapped
+    return response

@@ -1,0 +1,163 @@
+"""Prometheus metrics of one server app (its own CollectorRegistry, so tests can run several).
+
+Hot-path cost is kept low: the labelled children of a model version are looked up once and
+cached in a VersionMetrics; gauges that are cheap to read on demand (queue depth, busy ratio,
+device memory) are computed at scrape time by a collector instead of being updated per
+request. Everything here runs on the event loop thread.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class VersionMetrics:
+    """Cached labelled children of one (model, version): no label lookups per request."""
+
+    __slots__ = ("_owner", "_labels", "success", "request_duration", "queue_duration",
+                 "compute_duration", "batch_size", "padding_rows", "_failures")
+
+    def __init__(self, owner: "ServerMetrics", model: str, version: str):
+        self._owner = owner
+        self._labels = (model, version)
+        self.success = owner.success.labels(model, version)
+        self.request_duration = owner.request_duration.labels(model, version)
+        self.queue_duration = owner.queue_duration.labels(model, version)
+        self.compute_duration = owner.compute_duration.labels(model, version)
+        self.batch_size = owner.batch_size.labels(model, version)
+        self.padding_rows = owner.padding_rows.labels(model, version)
+        self._failures: dict[str, Counter] = {}
+
+    def request_ok(self, seconds: float) -> None:
+        self.success.inc()
+        self.request_duration.observe(seconds)
+
+    def request_failed(self, reason: str, seconds: float) -> None:
+        child = self._failures.get(reason)
+        if child is None:
+            child = self._failures[reason] = self._owner.failure.labels(*self._labels, reason)
+        child.inc()
+        self.request_duration.observe(seconds)
+
+    # observers registered on the batcher's stats (scheduling.stats.BatcherStats.observe)
+    def on_request_done(self, level: int, queue_s: float, ok: bool, reason: str) -> None:
+        if ok:
+            self.queue_duration.observe(queue_s)
+
+    def on_batch(self, gear: int | None, rows: int, compute_s: float) -> None:
+        self.compute_duration.observe(compute_s)
+        self.batch_size.observe(gear if gear is not None else rows)
+        if gear is not None and gear > rows:
+            self.padding_rows.inc(gear - rows)
+
+
+class ServerMetrics:
+    """Owns the registry. `live_versions()` yields (model, version, served) for the scrape-time
+    gauges; `memory()` returns runtime.memory() rows."""
+
+    def __init__(self, live_versions: Callable[[], Iterable[tuple[str, str, object]]],
+                 memory: Callable[[], list[dict]]):
+        self.registry = r = CollectorRegistry()
+        mv = ["model", "version"]
+        self.success = Counter("aclserve_request_success", "Successful infer requests", mv, registry=r)
+        self.failure = Counter("aclserve_request_failure", "Failed infer requests by reason",
+                               mv + ["reason"], registry=r)
+        self.request_duration = Histogram("aclserve_request_duration_seconds",
+                                          "Infer request time in the server (decode to encode)", mv,
+                                          buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_duration = Histogram("aclserve_queue_duration_seconds",
+                                        "Time a request waited in the queue before its batch ran", mv,
+                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.compute_duration = Histogram("aclserve_compute_duration_seconds",
+                                          "Time of one batch run (dispatch to result)", mv,
+                                          buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("aclserve_batch_size", "Executed batch size (compiled gear)", mv,
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.padding_rows = Counter("aclserve_padding_rows", "Padding rows added to fill a gear", mv,
+                                    registry=r)
+        self.load_duration = Histogram("aclserve_model_load_duration_seconds",
+                                       "Time to load and warm up a model version", ["model"],
+                                       buckets=LOAD_BUCKETS, registry=r)
+        self.loads = Counter("aclserve_model_loads", "Model version load outcomes", ["model", "result"],
+                             registry=r)
+        self.reloads = Counter("aclserve_model_reloads", "Model versions replaced while serving", ["model"],
+                               registry=r)
+        self.unloads = Counter("aclserve_model_unloads", "Model versions unloaded", ["model"], registry=r)
+        r.register(_LiveCollector(live_versions, memory))
+        self._versions: dict[tuple[str, str], VersionMetrics] = {}
+
+    def version(self, model: str, version: str) -> VersionMetrics:
+        key = (model, version)
+        vm = self._versions.get(key)
+        if vm is None:
+            vm = self._versions[key] = VersionMetrics(self, model, version)
+        return vm
+
+    def on_repository_event(self, event: str, name: str, version=None, **info) -> None:
+        """Listener for ModelRepository.add_listener."""
+        seconds = next((info[k] for k in ("seconds", "load_seconds", "duration_s", "load_s") if k in info), None)
+        if event in ("loaded", "reloaded"):
+            self.loads.labels(name, "ok").inc()
+            if seconds is not None:
+                self.load_duration.labels(name).observe(float(seconds))
+            if event == "reloaded":
+                self.reloads.labels(name).inc()
+        elif event == "load_failed":
+            self.loads.labels(name, "failed").inc()
+        elif event == "unloaded":
+            self.unloads.labels(name).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _LiveCollector:
+    """Scrape-time gauges: queue depth per level, instance busy ratio, device memory."""
+
+    def __init__(self, live_versions, memory):
+        self._live_versions = live_versions
+        self._memory = memory
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        depth = GaugeMetricFamily("aclserve_queue_depth", "Requests waiting, per priority level",
+                                  labels=["model", "version", "priority"])
+        busy = GaugeMetricFamily("aclserve_instance_busy_ratio",
+                                 "Fraction of instance slots running a batch", labels=["model", "version"])
+        try:
+            for model, version, served in self._live_versions():
+                batcher = getattr(served, "batcher", None)
+                stats = getattr(batcher, "stats", None)
+                if stats is not None:
+                    for level, n in sorted(stats.queue_depth().items()):
+                        depth.add_metric([model, version, str(level)], n)
+                pool = getattr(served, "pool", None)
+                if pool is not None:
+                    busy.add_metric([model, version], pool.busy_ratio())
+        except Exception:
+            log.exception("collecting model gauges failed")
+        yield depth
+        yield busy
+        used = GaugeMetricFamily("aclserve_device_memory_used_bytes", "Device memory in use", labels=["device"])
+        total = GaugeMetricFamily("aclserve_device_memory_total_bytes", "Device memory size", labels=["device"])
+        try:
+            for row in self._memory():
+                used.add_metric([str(row["device"])], row["used"])
+                total.add_metric([str(row["device"])], row["total"])
+        except Exception:
+            log.exception("collecting device memory failed")
+        yield used
+        yield total

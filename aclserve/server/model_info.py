@@ -1,0 +1,91 @@
+"""Model metadata and Triton `ModelConfig` JSON for a served version (pure rendering).
+
+Shapes follow reference §4/§5: metadata shapes keep the -1 batch dim of a batching model
+(perf_analyzer drops the first dim when max_batch_size > 0); config `dims` exclude it.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..runtime.types import TensorSpec
+from ..scheduling.policy import QueuePolicy
+
+PLATFORM = "ascend_om"
+
+
+def triton_type(datatype: str) -> str:
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def tensor_metadata(specs: Sequence[TensorSpec]) -> list[dict]:
+    return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
+
+
+def model_metadata(served, versions: Sequence[str]) -> dict:
+    return {"name": served.name, "versions": list(versions), "platform": PLATFORM,
+            "inputs": tensor_metadata(served.inputs), "outputs": tensor_metadata(served.outputs)}
+
+
+def _config_tensors(specs: Sequence[TensorSpec], batching: bool) -> list[dict]:
+    out = []
+    for s in specs:
+        dims = list(s.shape[1:] if batching and s.batched else s.shape)
+        out.append({"name": s.name, "data_type": triton_type(s.datatype), "format": "FORMAT_NONE",
+                    "dims": dims})
+    return out
+
+
+def _queue_policy(policy: QueuePolicy) -> dict:
+    return {"timeout_action": policy.timeout_action.upper(),
+            "default_timeout_microseconds": int(policy.default_timeout_ms * 1000),
+            "allow_timeout_override": policy.allow_timeout_override,
+            "max_queue_size": policy.max_queue_size}
+
+
+def _version_policy(policy: tuple) -> dict:
+    kind = policy[0]
+    if kind == "all":
+        return {"all": {}}
+    if kind == "specific":
+        return {"specific": {"versions": [int(v) for v in policy[1]]}}
+    return {"latest": {"num_versions": int(policy[1])}}
+
+
+def max_batch_size(served) -> int:
+    """The largest request batch the version takes: the batcher's limit (config-capped largest
+    gear), else the largest gear; 0 for a static model."""
+    if not int(served.max_batch_size):
+        return 0
+    return int(getattr(getattr(served, "batcher", None), "max_batch_size", served.max_batch_size))
+
+
+def model_config(served) -> dict:
+    """Triton ModelConfig as JSON (field names of model_config.proto)."""
+    config = served.config
+    max_batch = max_batch_size(served)
+    batching = config.batching
+    body = {
+        "name": served.name,
+        "platform": PLATFORM,
+        "backend": "",
+        "version_policy": _version_policy(config.version_policy),
+        "max_batch_size": max_batch,
+        "input": _config_tensors(served.inputs, max_batch > 0),
+        "output": _config_tensors(served.outputs, max_batch > 0),
+        "instance_group": [{"name": f"{served.name}_0", "kind": "KIND_MODEL", "count": config.instances,
+                            "gpus": list(config.devices)}],
+        "parameters": {},
+    }
+    if max_batch > 0 and batching.enabled:
+        gears = [g for g in served.gears if g <= max_batch] or list(served.gears)
+        body["dynamic_batching"] = {
+            "preferred_batch_size": gears,
+            "max_queue_delay_microseconds": int(batching.max_queue_delay_ms * 1000),
+            "preserve_ordering": batching.preserve_ordering,
+            "priority_levels": batching.priority_levels,
+            "default_priority_level": batching.default_priority,
+            "default_queue_policy": _queue_policy(batching.default_queue_policy),
+            "priority_queue_policy": {str(level): _queue_policy(p)
+                                      for level, p in sorted(batching.priority_queue_policy.items())},
+        }
+    return body

@@ -1,0 +1,110 @@
+"""Per-app server state: the repository/runtime handles, shutdown flag, in-flight count and the
+per-version records (codec signature + metrics children) the infer hot path needs."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..errors import ShuttingDown
+from .codec import Signature
+from .metrics import ServerMetrics, VersionMetrics
+from .model_info import max_batch_size
+
+log = logging.getLogger(__name__)
+
+
+class VersionRecord:
+    """What the infer route caches for one served version object (rebuilt when it changes)."""
+
+    __slots__ = ("served", "signature", "metrics", "batched", "name", "version")
+
+    def __init__(self, served, metrics: VersionMetrics):
+        self.served = served
+        self.name = served.name
+        self.version = str(served.version)
+        limit = max_batch_size(served)
+        self.signature = Signature(served.inputs, served.outputs, limit)
+        self.batched = limit > 0
+        self.metrics = metrics
+
+
+class ServerState:
+    """Owned by the app (under app_keys.STATE). Event-loop thread only.
+
+    The repository and runtime are owned by whoever built them (cli `serve` or a test); the
+    app's lifecycle starts and closes them in order."""
+
+    def __init__(self, config, repo, runtime):
+        self.config = config
+        self.repo = repo
+        self.runtime = runtime
+        self.metrics = ServerMetrics(self.live_versions, self._memory)
+        self.started = False
+        self.shutting_down = False
+        self.inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._records: dict[tuple[str, str], VersionRecord] = {}
+
+    # -- hot path ------------------------------------------------------------------------------
+    def record(self, served) -> VersionRecord:
+        rec = self._records.get((served.name, str(served.version)))
+        if rec is None or rec.served is not served:
+            rec = VersionRecord(served, self.metrics.version(served.name, str(served.version)))
+            stats = getattr(getattr(served, "batcher", None), "stats", None)
+            if stats is not None:
+                stats.observe(on_request_done=rec.metrics.on_request_done, on_batch=rec.metrics.on_batch)
+            self._records[(rec.name, rec.version)] = rec
+        return rec
+
+    def enter(self) -> None:
+        """Count one infer request in flight; refuse it when shutting down."""
+        if self.shutting_down:
+            raise ShuttingDown("server is shutting down")
+        self.inflight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+
+    # -- readiness and shutdown -----------------------------------------------------------------
+    def ready(self) -> bool:
+        return self.started and not self.shutting_down and self.repo.all_ready()
+
+    def stop_accepting(self) -> None:
+        """Readiness false and new infer requests refused (503), at once. Idempotent."""
+        if not self.shutting_down:
+            self.shutting_down = True
+            log.info("shutting down: %d request(s) in flight", self.inflight)
+
+    async def begin_shutdown(self) -> None:
+        """stop_accepting(), then wait (at most shutdown_timeout_s) for queued and in-flight
+        requests. Idempotent."""
+        self.stop_accepting()
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.config.shutdown_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("shutdown: %d request(s) still in flight after %.1f s; they will be cancelled",
+                        self.inflight, self.config.shutdown_timeout_s)
+
+    # -- repository views ----------------------------------------------------------------------
+    def ready_versions(self, name: str | None = None) -> list[tuple[str, str]]:
+        out = []
+        for entry in self.repo.index(ready_only=True):
+            if name is None or entry["name"] == name:
+                if str(entry.get("state", "READY")) == "READY":
+                    out.append((entry["name"], str(entry["version"])))
+        return out
+
+    def live_versions(self):
+        for name, version in self.ready_versions():
+            try:
+                served = self.repo.get(name, version)
+            except Exception:
+                continue
+            yield name, version, served
+
+    def _memory(self) -> list[dict]:
+        return self.runtime.memory() if self.started else []

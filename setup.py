@@ -1,0 +1,24 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="aclserve",
+    version="0.1.0",
+    description="KServe v2 inference server for Huawei Ascend .om models (pyACL), with a CPU runtime",
+    packages=find_packages(include=["aclserve", "aclserve.*"]),
+    package_data={"aclserve": ["configs/*.yaml"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "numpy>=1.24",
+        "onnx>=1.15",
+        "onnxruntime>=1.17",
+        "aiohttp>=3.9",
+        "pyyaml>=6",
+        "watchdog>=4",
+        "prometheus-client>=0.19",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-aiohttp>=1.0", "tritonclient[http]>=2.40", "hypothesis>=6"],
+        "tools": ["scikit-learn>=1.3"],
+    },
+    entry_points={"console_scripts": ["aclserve=aclserve.cli:main"]},
+)

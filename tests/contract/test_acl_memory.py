@@ -1,0 +1,132 @@
+"""Device memory: rounding, alignment, capacity, huge pages, host memory, memcpy and memset."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from aclserve.acl import constants as C
+
+H2H, H2D, D2H, D2D, DEFAULT = 0, 1, 2, 3, 4
+MIB = 1 << 20
+
+
+def _free(acl):
+    free, total, ret = acl.rt.get_mem_info(C.ACL_HBM_MEM)
+    assert ret == 0 and 0 <= free <= total
+    return free
+
+
+def test_malloc_rounds_to_32_plus_32_and_aligns_to_64(acl, ctx, acl_kind):
+    for size in (1, 32, 33, 1000, 3 * MIB + 5):
+        before = _free(acl)
+        ptr, ret = acl.rt.malloc(size, C.ACL_MEM_MALLOC_NORMAL_ONLY)
+        assert ret == 0 and ptr % 64 == 0
+        if acl_kind == "cpu":
+            assert before - _free(acl) == (size + 31) // 32 * 32 + 32
+        assert acl.rt.free(ptr) == 0
+        assert _free(acl) == before or acl_kind != "cpu"
+    assert acl.rt.malloc(0, 0) == (0, C.ACL_ERROR_INVALID_PARAM)
+
+
+def test_over_capacity_gives_207001(acl, ctx):
+    free, total, _ = acl.rt.get_mem_info(C.ACL_HBM_MEM)
+    assert acl.rt.malloc(total + MIB, C.ACL_MEM_MALLOC_HUGE_FIRST) == (0, C.ACL_ERROR_RT_MEMORY_ALLOCATION)
+    assert _free(acl) == free
+    assert acl.rt.get_mem_info(99) == (0, 0, C.ACL_ERROR_INVALID_PARAM)
+
+
+def test_huge_first_allocations_are_advised_for_huge_pages(acl, ctx, cpu_only):
+    stats0 = acl.memory_stats(0)
+    ptr, ret = acl.rt.malloc(4 * MIB, C.ACL_MEM_MALLOC_HUGE_FIRST)
+    assert ret == 0
+    small, ret = acl.rt.malloc(MIB, C.ACL_MEM_MALLOC_HUGE_FIRST)  # <= 1 MiB: normal pages
+    assert ret == 0
+    ctypes.memset(ptr, 1, 4 * MIB)  # touch it so the kernel can back it
+    stats = acl.memory_stats(0)
+    assert stats["used"] - stats0["used"] == (4 * MIB + 32) + (MIB + 32)
+    if stats["thp_mode"] in ("always", "madvise"):
+        assert ptr % (2 * MIB) == 0
+        assert stats["huge_advised_bytes"] - stats0["huge_advised_bytes"] >= 4 * MIB + 32
+    assert 0 <= stats["huge_backed_bytes"] <= stats["huge_advised_bytes"] + 2 * MIB
+    assert acl.rt.free(ptr) == 0 and acl.rt.free(small) == 0
+    assert acl.memory_stats(0)["huge_advised_bytes"] == stats0["huge_advised_bytes"]
+
+
+def test_free_rules(acl, ctx):
+    ptr, _ = acl.rt.malloc(128, 0)
+    assert acl.rt.free(0) == C.ACL_ERROR_INVALID_PARAM
+    assert acl.rt.free(ptr + 64) == C.ACL_ERROR_RT_PARAM_INVALID
+    assert acl.rt.free(ptr) == 0
+    assert acl.rt.free(ptr) == C.ACL_ERROR_RT_PARAM_INVALID
+
+
+def test_host_memory_is_page_aligned_and_separate(acl, ctx, acl_kind):
+    before = _free(acl)
+    host, ret = acl.rt.malloc_host(100)
+    assert ret == 0 and host % 4096 == 0
+    assert _free(acl) == before
+    assert acl.rt.free(host) == C.ACL_ERROR_RT_PARAM_INVALID or acl_kind != "cpu"
+    assert acl.rt.free_host(host) == 0
+    assert acl.rt.free_host(0) == C.ACL_ERROR_INVALID_PARAM
+    assert acl.rt.malloc_host(0)[1] == C.ACL_ERROR_INVALID_PARAM
+
+
+def test_memcpy_round_trip_and_kinds(acl, ctx, device_buffer):
+    data = np.arange(64, dtype=np.uint8).tobytes()
+    src = acl.util.bytes_to_ptr(data)
+    dev_a, dev_b = device_buffer(64), device_buffer(64)
+    host, _ = acl.rt.malloc_host(64)
+    try:
+        assert acl.rt.memcpy(dev_a, 64, src, 64, H2D) == 0
+        assert acl.rt.memcpy(dev_b, 64, dev_a, 64, D2D) == 0
+        assert acl.rt.memcpy(host, 64, dev_b, 64, D2H) == 0
+        assert acl.util.ptr_to_bytes(host, 64) == data
+        assert acl.rt.memcpy(host, 64, src, 64, H2H) == 0
+        assert acl.rt.memset(dev_a, 64, 7, 64) == 0
+        assert acl.rt.memcpy(host, 64, dev_a, 64, DEFAULT) == 0  # direction inferred
+        assert acl.util.ptr_to_bytes(host, 64) == b"\x07" * 64
+    finally:
+        acl.rt.free_host(host)
+
+
+def test_memcpy_error_codes(acl, ctx, device_buffer, acl_kind):
+    data = bytes(256)
+    src = acl.util.bytes_to_ptr(data)
+    dev = device_buffer(64)  # 96 usable bytes: 64 rounded + 32 pad
+    assert acl.rt.memcpy(dev, 64, src, 0, H2D) == 0
+    assert acl.rt.memcpy(0, 64, src, 8, H2D) == C.ACL_ERROR_INVALID_PARAM
+    assert acl.rt.memcpy(dev, 64, 0, 8, H2D) == C.ACL_ERROR_INVALID_PARAM
+    assert acl.rt.memcpy(dev, 64, src, 8, 9) == C.ACL_ERROR_INVALID_PARAM
+    assert acl.rt.memcpy(dev, 64, src, 65, H2D) == C.ACL_ERROR_RT_PARAM_INVALID
+    if acl_kind != "cpu":
+        return  # the rest is undefined behaviour on hardware; the CPU runtime checks it
+    assert acl.rt.memcpy(dev + 64, 256, src, 256, H2D) == C.ACL_ERROR_RT_PARAM_INVALID  # leaves it
+    assert acl.rt.memcpy(src, 64, dev, 8, H2D) == C.ACL_ERROR_RT_PARAM_INVALID  # dst is host
+    assert acl.rt.memcpy(dev, 64, dev, 8, H2D) == C.ACL_ERROR_RT_PARAM_INVALID  # src is device
+    assert acl.rt.memcpy(src, 64, src, 8, D2H) == C.ACL_ERROR_RT_PARAM_INVALID
+    assert acl.rt.memcpy(dev, 64, src, 8, D2D) == C.ACL_ERROR_RT_PARAM_INVALID
+    assert acl.rt.memcpy(dev, 64, src, 8, H2H) == C.ACL_ERROR_RT_PARAM_INVALID
+    assert acl.rt.memset(dev, 256, 0, 256) == C.ACL_ERROR_RT_PARAM_INVALID
+    assert acl.rt.memset(dev, 8, 0, 9) == C.ACL_ERROR_RT_PARAM_INVALID
+    assert acl.rt.memset(src, 8, 0, 8) == C.ACL_ERROR_RT_PARAM_INVALID
+
+
+def test_memcpy_async_runs_on_the_stream(acl, ctx, device_buffer, acl_kind):
+    data = np.arange(64, dtype=np.uint8).tobytes()
+    src = acl.util.bytes_to_ptr(data)
+    dev = device_buffer(64)
+    host, _ = acl.rt.malloc_host(64)
+    stream, _ = acl.rt.create_stream()
+    try:
+        assert acl.rt.memcpy_async(host, 64, src, 64, H2H, stream) == C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+        assert acl.rt.memcpy_async(dev, 64, src, 65, H2D, stream) == C.ACL_ERROR_RT_PARAM_INVALID
+        if acl_kind == "cpu":
+            assert acl.rt.memcpy_async(src, 64, dev, 8, H2D, stream) == C.ACL_ERROR_RT_PARAM_INVALID
+        assert acl.rt.memcpy_async(dev, 64, src, 64, H2D, stream) == 0
+        assert acl.rt.memcpy_async(host, 64, dev, 64, D2H, stream) == 0
+        assert acl.rt.synchronize_stream(stream) == 0
+        assert acl.util.ptr_to_bytes(host, 64) == data
+    finally:
+        assert acl.rt.destroy_stream(stream) == 0
+        acl.rt.free_host(host)

@@ -1,0 +1,262 @@
+"""Models: loading and refusals, descriptors, datasets, dynamic batch, execute rules, faults."""
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from .conftest import IN_FEATURES, OUT_FEATURES, LoadedModel
+
+from aclserve.acl import constants as C
+from aclserve.acl.cpu import faults
+
+MBATCH = 1  # index of ascend_mbatch_shape_data in the MLP (listed last among the inputs)
+
+
+def _reference(model, x):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})
+
+
+def test_load_refusals(acl, ctx, tmp_path, mlp_om, caplog):
+    assert acl.mdl.load_from_file(str(tmp_path / "missing.om")) == (0, C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID)
+    assert acl.mdl.query_size(str(tmp_path / "missing.om"))[2] == C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
+    garbage = tmp_path / "garbage.om"
+    garbage.write_bytes(b"\x00garbage" * 100)
+    assert acl.mdl.load_from_file(str(garbage)) == (0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID)
+    truncated = tmp_path / "truncated.om"
+    truncated.write_bytes(open(mlp_om[0], "rb").read()[:-10])
+    assert acl.mdl.load_from_file(str(truncated)) == (0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID)
+
+    atc = bytearray(256)  # an ATC "IMOD" header (reference section 8) with a consistent length
+    struct.pack_into("<4sII", atc, 0, b"IMOD", 256, 0x20000000)
+    struct.pack_into("<I", atc, 76, 128)
+    atc[84:84 + 9] = b"resnet50\x00"
+    atc_path = tmp_path / "resnet50.om"
+    atc_path.write_bytes(bytes(atc) + bytes(128))
+    with caplog.at_level(logging.ERROR, logger="aclserve.acl.cpu"):
+        assert acl.mdl.load_from_file(str(atc_path)) == (0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID)
+    message = " ".join(r.getMessage() for r in caplog.records)
+    assert "ATC" in message and "CANN" in message and "resnet50" in message and "Ascend" in message
+
+
+def test_query_size_and_load_with_caller_memory(acl, ctx, mlp_om, acl_kind):
+    path = mlp_om[0]
+    work, weight, ret = acl.mdl.query_size(path)
+    assert ret == 0 and work > 0 and weight > 0
+    work_ptr, _ = acl.rt.malloc(work, C.ACL_MEM_MALLOC_HUGE_FIRST)
+    weight_ptr, _ = acl.rt.malloc(weight, C.ACL_MEM_MALLOC_HUGE_FIRST)
+    try:
+        assert acl.mdl.load_from_file_with_mem(path, work_ptr, work, weight_ptr, weight - 1)[1] \
+            == C.ACL_ERROR_GE_PARAM_INVALID
+        free_before = acl.rt.get_mem_info(C.ACL_HBM_MEM)[0]
+        model_id, ret = acl.mdl.load_from_file_with_mem(path, work_ptr, work, weight_ptr, weight)
+        assert ret == 0
+        assert acl.rt.get_mem_info(C.ACL_HBM_MEM)[0] == free_before  # used the caller's memory
+        with open(path, "rb") as f:  # the ONNX payload really sits in the weight memory
+            assert f.read()[-weight:] == acl.util.ptr_to_bytes(weight_ptr, weight)
+        assert acl.mdl.unload(model_id) == 0
+        assert acl.mdl.unload(model_id) == C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+    finally:
+        acl.rt.free(work_ptr)
+        acl.rt.free(weight_ptr)
+
+
+def test_load_from_file_and_mem_allocate_device_memory_until_unload(acl, ctx, mlp_om):
+    free0 = acl.rt.get_mem_info(C.ACL_HBM_MEM)[0]
+    model_id, ret = acl.mdl.load_from_file(mlp_om[0])
+    assert ret == 0 and acl.rt.get_mem_info(C.ACL_HBM_MEM)[0] < free0
+    assert acl.mdl.unload(model_id) == 0
+    data = open(mlp_om[0], "rb").read()
+    model_id, ret = acl.mdl.load_from_mem(acl.util.bytes_to_ptr(data), len(data))
+    assert ret == 0
+    assert acl.mdl.unload(model_id) == 0
+    assert acl.rt.get_mem_info(C.ACL_HBM_MEM)[0] == free0
+
+
+def test_descriptor(acl, loaded_mlp):
+    desc = loaded_mlp.desc
+    assert acl.mdl.get_num_inputs(desc) == 2 and acl.mdl.get_num_outputs(desc) == 2
+    assert acl.mdl.get_input_name_by_index(desc, 0) == "x"
+    assert acl.mdl.get_input_name_by_index(desc, MBATCH) == C.ACL_DYNAMIC_TENSOR_NAME
+    assert acl.mdl.get_input_index_by_name(desc, C.ACL_DYNAMIC_TENSOR_NAME) == (MBATCH, 0)
+    assert acl.mdl.get_input_index_by_name(desc, "nope")[1] != 0
+    assert acl.mdl.get_output_index_by_name(desc, "idx") == (1, 0)
+    assert acl.mdl.get_input_dims(desc, 0) == ({"name": "x", "dimCount": 2, "dims": [-1, IN_FEATURES]}, 0)
+    assert acl.mdl.get_input_dims(desc, MBATCH)[0]["dims"] == [1]
+    assert acl.mdl.get_output_dims(desc, 1) == ({"name": "idx", "dimCount": 1, "dims": [-1]}, 0)
+    assert acl.mdl.get_input_dims(desc, 5) == ({}, C.ACL_ERROR_INVALID_PARAM)
+    assert acl.mdl.get_input_size_by_index(desc, 0) == 4 * IN_FEATURES * 4  # largest gear (4)
+    assert acl.mdl.get_input_size_by_index(desc, MBATCH) == 8
+    assert acl.mdl.get_output_size_by_index(desc, 0) == 4 * OUT_FEATURES * 4
+    assert acl.mdl.get_output_size_by_index(desc, 1) == 4 * 8
+    assert acl.mdl.get_input_data_type(desc, 0) == C.ACL_FLOAT
+    assert acl.mdl.get_input_data_type(desc, MBATCH) == C.ACL_INT64
+    assert acl.mdl.get_output_data_type(desc, 1) == C.ACL_INT64
+    assert acl.mdl.get_input_format(desc, 0) == C.ACL_FORMAT_ND
+    assert acl.mdl.get_output_name_by_index(desc, 9) == ""
+    assert acl.mdl.get_dynamic_batch(desc) == ({"batchCount": 3, "batch": [1, 2, 4]}, 0)
+
+
+def test_datasets_and_buffers_do_not_own_what_they_hold(acl, ctx, device_buffer):
+    ptr = device_buffer(64)
+    buf = acl.create_data_buffer(ptr, 64)
+    assert buf != 0 and acl.get_data_buffer_addr(buf) == ptr and acl.get_data_buffer_size_v2(buf) == 64
+    ds = acl.mdl.create_dataset()
+    assert acl.mdl.add_dataset_buffer(ds, buf) == (ds, 0)
+    assert acl.mdl.get_dataset_num_buffers(ds) == 1
+    assert acl.mdl.get_dataset_buffer(ds, 0) == buf and acl.mdl.get_dataset_buffer(ds, 1) == 0
+    assert acl.mdl.destroy_dataset(ds) == 0
+    assert acl.get_data_buffer_addr(buf) == ptr  # the buffer survives its dataset
+    assert acl.update_data_buffer(buf, ptr + 32, 32) == 0
+    assert (acl.get_data_buffer_addr(buf), acl.get_data_buffer_size_v2(buf)) == (ptr + 32, 32)
+    assert acl.destroy_data_buffer(buf) == 0
+    assert acl.rt.memset(ptr, 64, 0, 64) == 0  # and the memory survives its buffer
+
+
+def test_set_dynamic_batch_size_rules(acl, loaded_mlp, static_om):
+    m = loaded_mlp
+    assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 0) == C.ACL_ERROR_INVALID_PARAM
+    assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, 7, 2) == C.ACL_ERROR_INVALID_PARAM
+    assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 3) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+    assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 4) == 0
+    host, _ = acl.rt.malloc_host(8)
+    try:  # written at once into the dataset's buffer, no stream involved
+        assert acl.rt.memcpy(host, 8, m.buffer_ptr(m.inputs, MBATCH), 8, C.ACL_MEMCPY_DEVICE_TO_HOST) == 0
+        value = np.frombuffer(acl.util.ptr_to_bytes(host, 8), np.int64)[0]
+    finally:
+        acl.rt.free_host(host)
+    assert value == 4
+    static = LoadedModel(acl, static_om[0])
+    try:
+        assert acl.mdl.get_dynamic_batch(static.desc) == ({"batchCount": 0, "batch": []}, 0)
+        assert acl.mdl.set_dynamic_batch_size(static.model_id, static.inputs, 0, 2) == C.ACL_ERROR_MODEL_NOT_DYNAMIC
+    finally:
+        static.close()
+
+
+def test_execute_rules(acl, loaded_mlp, ctx):
+    m = loaded_mlp
+    empty = acl.mdl.create_dataset()
+    short_ds = acl.mdl.create_dataset()
+    x_size = acl.mdl.get_input_size_by_index(m.desc, 0)
+    small, _ = acl.rt.malloc(x_size, 0)
+    try:
+        assert acl.mdl.execute(m.model_id, empty, m.outputs) == C.ACL_ERROR_INVALID_PARAM
+        assert acl.mdl.execute(m.model_id, m.inputs, empty) == C.ACL_ERROR_INVALID_PARAM
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+        assert acl.mdl.execute(999_999, m.inputs, m.outputs) == C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+        too_small = acl.create_data_buffer(small, x_size - 65)
+        ok_small = acl.create_data_buffer(small, x_size - 64)
+        mbatch = acl.mdl.get_dataset_buffer(m.inputs, MBATCH)
+        for buf in (too_small, mbatch):
+            acl.mdl.add_dataset_buffer(short_ds, buf)
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, short_ds, MBATCH, 1) == 0
+        assert acl.mdl.execute(m.model_id, short_ds, m.outputs) == C.ACL_ERROR_GE_PARAM_INVALID
+        assert acl.update_data_buffer(too_small, small, x_size - 64) == 0  # within 64 bytes: accepted
+        assert acl.mdl.execute(m.model_id, short_ds, m.outputs) == 0
+        for buf in (too_small, ok_small):
+            acl.destroy_data_buffer(buf)
+    finally:
+        acl.mdl.destroy_dataset(empty)
+        acl.mdl.destroy_dataset(short_ds)
+        acl.rt.free(small)
+
+
+def test_execute_rejects_host_memory(acl, loaded_mlp):
+    m = loaded_mlp
+    x_size = acl.mdl.get_input_size_by_index(m.desc, 0)
+    host, _ = acl.rt.malloc_host(x_size)
+    ds = acl.mdl.create_dataset()
+    buf = acl.create_data_buffer(host, x_size)
+    try:
+        acl.mdl.add_dataset_buffer(ds, buf)
+        acl.mdl.add_dataset_buffer(ds, acl.mdl.get_dataset_buffer(m.inputs, MBATCH))
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, ds, MBATCH, 4) == 0
+        assert acl.mdl.execute(m.model_id, ds, m.outputs) == C.ACL_ERROR_GE_PARAM_INVALID
+    finally:
+        acl.destroy_data_buffer(buf)
+        acl.mdl.destroy_dataset(ds)
+        acl.rt.free_host(host)
+
+
+def test_execute_matches_onnxruntime_and_reports_current_dims(acl, loaded_mlp, mlp_om):
+    m = loaded_mlp
+    for batch in (1, 2, 4):
+        x = np.random.default_rng(batch).standard_normal((batch, IN_FEATURES)).astype(np.float32)
+        m.write_input(0, x)
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, batch) == 0
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == 0
+        assert acl.mdl.get_cur_output_dims(m.desc, 0) == ({"name": "y", "dimCount": 2, "dims": [batch, 3]}, 0)
+        y, idx = _reference(mlp_om[1], x)
+        np.testing.assert_allclose(m.read_output(0, np.float32, (batch, OUT_FEATURES)), y, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(m.read_output(1, np.int64, (batch,)), idx)
+
+
+def test_async_error_surfaces_at_synchronize(acl, loaded_mlp):
+    m = loaded_mlp
+    stream, _ = acl.rt.create_stream()
+    event, _ = acl.rt.create_event()
+    try:  # the mbatch buffer holds 0: not a gear, detected when the stream runs the model
+        assert acl.rt.memset(m.buffer_ptr(m.inputs, MBATCH), 8, 0, 8) == 0
+        assert acl.mdl.execute_async(m.model_id, m.inputs, m.outputs, stream) == 0
+        assert acl.rt.record_event(event, stream) == 0
+        assert acl.rt.synchronize_event(event) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+        assert acl.rt.synchronize_stream(stream) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+        assert acl.rt.synchronize_stream(stream) == 0  # cleared once reported
+        assert acl.rt.record_event(event, stream) == 0
+        assert acl.rt.synchronize_event(event) == 0
+    finally:
+        assert acl.rt.destroy_event(event) == 0
+        assert acl.rt.destroy_stream(stream) == 0
+
+
+def test_model_id_is_not_reentrant(acl, loaded_mlp, caplog):
+    m = loaded_mlp
+    assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 2) == 0
+    a, _ = acl.rt.create_stream()
+    b, _ = acl.rt.create_stream()
+    gate = threading.Event()
+    fault = faults.inject("execute", nth=1, hold=gate)  # the first execution holds the model
+    try:
+        assert acl.mdl.execute_async(m.model_id, m.inputs, m.outputs, a) == 0
+        fault.entered.wait()
+        with caplog.at_level(logging.ERROR, logger="aclserve.acl.cpu"):
+            assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == C.ACL_ERROR_RT_MODEL_EXECUTE
+            assert acl.mdl.execute_async(m.model_id, m.inputs, m.outputs, b) == 0
+            assert acl.rt.synchronize_stream(b) == C.ACL_ERROR_RT_MODEL_EXECUTE
+        assert "re-entrant" in caplog.text
+        gate.set()
+        assert acl.rt.synchronize_stream(a) == 0
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == 0
+    finally:
+        gate.set()
+        faults.clear()
+        acl.rt.destroy_stream(a)
+        acl.rt.destroy_stream(b)
+
+
+def test_fault_injection(acl, loaded_mlp, monkeypatch):
+    m = loaded_mlp
+    assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 1) == 0
+    stream, _ = acl.rt.create_stream()
+    try:
+        faults.inject("execute", nth=2, code=C.ACL_ERROR_GE_PARAM_INVALID)
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == 0
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == C.ACL_ERROR_GE_PARAM_INVALID
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == 0
+        faults.inject("execute", model_id=m.model_id)
+        assert acl.mdl.execute_async(m.model_id, m.inputs, m.outputs, stream) == 0
+        assert acl.rt.synchronize_stream(stream) == C.ACL_ERROR_RT_MODEL_EXECUTE
+        faults.clear()
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == 0
+    finally:
+        faults.clear()
+        acl.rt.destroy_stream(stream)
+    assert faults.parse("execute:nth=3,code=507011; execute:delay_ms=5") == [
+        {"kind": "execute", "nth": 3, "code": 507011}, {"kind": "execute", "delay_ms": 5.0}]
+    with pytest.raises(ValueError):
+        faults.parse("execute:bogus=1")

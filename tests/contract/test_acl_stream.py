@@ -1,0 +1,229 @@
+"""Streams (FIFO, timeouts, async errors), events and stream_wait_event, callbacks and reports.
+
+Ordering is made deterministic with blocking callbacks gated by threading.Event: no timed
+assertions (a timeout is only asserted where nothing can complete).
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from aclserve.acl import constants as C
+
+H2D, D2H = C.ACL_MEMCPY_HOST_TO_DEVICE, C.ACL_MEMCPY_DEVICE_TO_HOST
+
+
+class ReportThread:
+    """An acl.util.start_thread thread looping on process_report, subscribed to streams."""
+
+    def __init__(self, acl, context):
+        self.acl, self.stop, self.seen = acl, threading.Event(), []
+
+        def loop(args):
+            acl.rt.set_context(context)
+            while not self.stop.is_set():
+                self.seen.append(acl.rt.process_report(50))
+
+        self.tid, ret = acl.util.start_thread(loop, [])
+        assert ret == 0
+        self.streams = []
+
+    def subscribe(self, stream):
+        assert self.acl.rt.subscribe_report(self.tid, stream) == 0
+        self.streams.append(stream)
+
+    def close(self):
+        for s in self.streams:
+            assert self.acl.rt.unsubscribe_report(self.tid, s) == 0
+        self.stop.set()
+        assert self.acl.util.stop_thread(self.tid) == 0
+
+
+@pytest.fixture
+def streams(acl, ctx):
+    made = []
+
+    def make():
+        s, ret = acl.rt.create_stream()
+        assert ret == 0
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        assert acl.rt.destroy_stream(s) == 0
+
+
+@pytest.fixture
+def reports(acl, ctx):
+    thread = ReportThread(acl, ctx)
+    yield thread
+    thread.close()
+
+
+def _gate_callback(acl, stream, reports, gate, ran=None):
+    """A blocking callback on `stream` that holds it until gate.set()."""
+    def hold(user_data):
+        if ran is not None:
+            ran.set()
+        gate.wait()
+    assert acl.rt.launch_callback(hold, None, C.ACL_CALLBACK_BLOCK, stream) == 0
+
+
+def test_stream_runs_tasks_in_fifo_order(acl, ctx, streams, device_buffer):
+    s = streams()
+    dev = device_buffer(4096)
+    host, _ = acl.rt.malloc_host(4096)
+    try:
+        for value in range(1, 20):  # each fill overwrites the previous one; the last must win
+            data = bytes([value]) * 4096
+            assert acl.rt.memcpy_async(dev, 4096, acl.util.bytes_to_ptr(data), 4096, H2D, s) == 0
+            if value % 7 == 0:
+                assert acl.rt.synchronize_stream(s) == 0
+        assert acl.rt.memcpy_async(host, 4096, dev, 4096, D2H, s) == 0
+        assert acl.rt.synchronize_stream(s) == 0
+        assert acl.util.ptr_to_bytes(host, 4096) == bytes([19]) * 4096
+    finally:
+        acl.rt.free_host(host)
+
+
+def test_default_stream_is_stream_zero(acl, ctx, device_buffer):
+    dev = device_buffer(64)
+    host, _ = acl.rt.malloc_host(64)
+    data = b"\x05" * 64
+    try:
+        assert acl.rt.memcpy_async(dev, 64, acl.util.bytes_to_ptr(data), 64, H2D, 0) == 0
+        assert acl.rt.memcpy_async(host, 64, dev, 64, D2H, 0) == 0
+        assert acl.rt.synchronize_stream(0) == 0
+        assert acl.util.ptr_to_bytes(host, 64) == data
+    finally:
+        acl.rt.free_host(host)
+
+
+def test_synchronize_stream_with_timeout_expires_with_507046(acl, ctx, streams, reports):
+    s = streams()
+    reports.subscribe(s)
+    gate = threading.Event()
+    _gate_callback(acl, s, reports, gate)
+    assert acl.rt.synchronize_stream_with_timeout(s, 20) == C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+    gate.set()
+    assert acl.rt.synchronize_stream_with_timeout(s, -1) == 0
+
+
+def test_events_record_query_synchronize_and_elapsed(acl, ctx, streams, reports):
+    s = streams()
+    reports.subscribe(s)
+    start, _ = acl.rt.create_event()
+    end, _ = acl.rt.create_event()
+    never, _ = acl.rt.create_event()
+    try:
+        assert acl.rt.synchronize_event(never) == 0  # never recorded: returns at once
+        gate = threading.Event()
+        assert acl.rt.record_event(start, s) == 0
+        _gate_callback(acl, s, reports, gate)
+        assert acl.rt.record_event(end, s) == 0
+        assert acl.rt.synchronize_event(start) == 0
+        assert acl.rt.query_event_status(start) == (C.ACL_EVENT_RECORDED_STATUS_COMPLETE, 0)
+        assert acl.rt.query_event_status(end) == (C.ACL_EVENT_RECORDED_STATUS_NOT_READY, 0)
+        assert acl.rt.synchronize_event_with_timeout(end, 20) == C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT
+        gate.set()
+        assert acl.rt.synchronize_event(end) == 0
+        assert acl.rt.query_event_status(end) == (C.ACL_EVENT_RECORDED_STATUS_COMPLETE, 0)
+        ms, ret = acl.rt.event_elapsed_time(start, end)
+        assert ret == 0 and isinstance(ms, float) and ms >= 0.0
+    finally:
+        for e in (start, end, never):
+            assert acl.rt.destroy_event(e) == 0
+
+
+def test_stream_wait_event_orders_work_across_streams(acl, ctx, streams, reports, device_buffer):
+    a, b = streams(), streams()
+    reports.subscribe(a)
+    dev = device_buffer(64)
+    host, _ = acl.rt.malloc_host(64)
+    ready, done_b = acl.rt.create_event()[0], acl.rt.create_event()[0]
+    try:
+        gate = threading.Event()
+        _gate_callback(acl, a, reports, gate)
+        first = b"\x01" * 64
+        assert acl.rt.memcpy_async(dev, 64, acl.util.bytes_to_ptr(first), 64, H2D, a) == 0
+        assert acl.rt.record_event(ready, a) == 0
+        assert acl.rt.stream_wait_event(b, ready) == 0
+        assert acl.rt.memcpy_async(host, 64, dev, 64, D2H, b) == 0
+        assert acl.rt.record_event(done_b, b) == 0
+        assert acl.rt.query_event_status(done_b) == (C.ACL_EVENT_RECORDED_STATUS_NOT_READY, 0)
+        gate.set()
+        assert acl.rt.synchronize_stream(b) == 0
+        assert acl.util.ptr_to_bytes(host, 64) == first  # b copied only after a wrote
+    finally:
+        assert acl.rt.synchronize_stream(a) == 0
+        acl.rt.destroy_event(ready)
+        acl.rt.destroy_event(done_b)
+        acl.rt.free_host(host)
+
+
+def test_callback_runs_in_the_subscribed_thread(acl, ctx, streams, reports):
+    s = streams()
+    reports.subscribe(s)
+    calls = []
+    for block in (C.ACL_CALLBACK_BLOCK, C.ACL_CALLBACK_NO_BLOCK):
+        assert acl.rt.launch_callback(lambda data: calls.append((data, threading.get_ident())),
+                                      ("user", block), block, s) == 0
+    assert acl.rt.synchronize_stream(s) == 0
+    done = threading.Event()
+    assert acl.rt.launch_callback(lambda data: done.set(), None, 0, s) == 0
+    done.wait()
+    assert calls == [(("user", 1), reports.tid), (("user", 0), reports.tid)]
+
+
+def test_block_type_decides_whether_the_stream_waits(acl, ctx, streams, reports):
+    s = streams()
+    reports.subscribe(s)
+    after, _ = acl.rt.create_event()
+    try:
+        gate, ran = threading.Event(), threading.Event()
+        def hold(_):
+            ran.set()
+            gate.wait()
+        assert acl.rt.launch_callback(hold, None, C.ACL_CALLBACK_NO_BLOCK, s) == 0
+        assert acl.rt.record_event(after, s) == 0
+        assert acl.rt.synchronize_event(after) == 0  # not blocked by the running callback
+        ran.wait()
+        gate.set()
+        gate2 = threading.Event()
+        _gate_callback(acl, s, reports, gate2)
+        assert acl.rt.record_event(after, s) == 0
+        assert acl.rt.query_event_status(after) == (C.ACL_EVENT_RECORDED_STATUS_NOT_READY, 0)
+        gate2.set()
+        assert acl.rt.synchronize_event(after) == 0
+    finally:
+        assert acl.rt.synchronize_stream(s) == 0
+        acl.rt.destroy_event(after)
+
+
+def test_report_codes(acl, ctx, streams):
+    s = streams()
+    assert acl.rt.process_report(0) == C.ACL_ERROR_INVALID_PARAM
+    assert acl.rt.process_report(-2) == C.ACL_ERROR_INVALID_PARAM
+    assert acl.rt.process_report(10) == C.ACL_ERROR_RT_THREAD_SUBSCRIBE  # this thread is not subscribed
+    assert acl.rt.launch_callback(print, None, 2, s) == C.ACL_ERROR_INVALID_PARAM
+    me = threading.get_ident()
+    assert acl.rt.subscribe_report(me, s) == 0
+    try:
+        assert acl.rt.process_report(10) == C.ACL_ERROR_RT_REPORT_TIMEOUT  # nothing was launched
+        box = []
+        assert acl.rt.launch_callback(box.append, 42, C.ACL_CALLBACK_NO_BLOCK, s) == 0
+        assert acl.rt.process_report(-1) == 0
+        assert box == [42]
+    finally:
+        assert acl.rt.unsubscribe_report(me, s) == 0
+    assert acl.rt.synchronize_stream(s) == 0
+
+
+def test_start_and_stop_thread(acl):
+    seen = []
+    tid, ret = acl.util.start_thread(lambda args: seen.append((args, threading.get_ident())), ["a", 1])
+    assert ret == 0
+    assert acl.util.stop_thread(tid) == 0
+    assert seen == [(["a", 1], tid)]

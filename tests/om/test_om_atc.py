@@ -1,0 +1,172 @@
+"""The ATC path, with a stand-in `atc` (real ATC cannot be installed here): argument mapping,
+streaming, timeout, failure quoting, output checks, and never a partial output file."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from aclserve.om import atc_om
+from aclserve.om.atc import AtcFailed
+from aclserve.om.compile import compile_model
+from .conftest import run_cli
+
+# The stand-in: records argv/cwd/pid, prints like ATC, then acts per FAKE_ATC_MODE.
+FAKE_ATC = textwrap.dedent("""\
+    #!{python}
+    import json, os, struct, sys, time
+    args = sys.argv[1:]
+    mode = os.environ.get("FAKE_ATC_MODE", "ok")
+    with open(os.environ["FAKE_ATC_RECORD"], "w") as f:
+        json.dump({{"argv": args, "cwd": os.getcwd(), "pid": os.getpid()}}, f)
+    print("ATC start working now, please wait for a moment.", flush=True)
+    if mode == "sleep":
+        time.sleep(600)
+    if mode == "gate":  # finish only after the test saw the first line: proves streaming
+        print("waiting for the gate", flush=True)
+        while not os.path.exists(os.environ["FAKE_ATC_GATE"]):
+            time.sleep(0.01)
+    if mode == "fail":
+        print("[INFO] parsing model", flush=True)
+        print("E10001: Value [x:-1,4] for parameter [--input_shape] is invalid.", flush=True)
+        print("ATC run failed, Please check the detail log, Try 'atc --help' for more information", flush=True)
+        sys.exit(1)
+    out = [a.split("=", 1)[1] for a in args if a.startswith("--output=")][0]
+    if mode != "nofile":
+        payload = b"partition table and weights" * 10
+        head = bytearray(256)
+        head[0:4] = b"IMOD"
+        struct.pack_into("<II", head, 4, 256, 0x20000000)
+        struct.pack_into("<I", head, 76, len(payload) if mode != "truncated" else len(payload) + 100)
+        head[82] = 1
+        name = os.path.basename(out).encode()
+        head[84:84 + len(name)] = name
+        head[160:168] = b"7.6.0.1\\0"
+        head[193] = 1 if any(a.startswith("--dynamic_batch_size") for a in args) else 0
+        with open(out + ".om", "wb") as f:
+            f.write(bytes(head) + payload)
+    print("ATC run success, welcome to the next use.", flush=True)
+""")
+
+
+@pytest.fixture
+def fake_atc(tmp_path, monkeypatch):
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    path = folder / "atc"
+    path.write_text(FAKE_ATC.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    record = tmp_path / "record.json"
+    monkeypatch.setenv("FAKE_ATC_RECORD", str(record))
+    monkeypatch.delenv("FAKE_ATC_MODE", raising=False)
+    return path, record
+
+
+def _leftovers(folder):
+    return [p.name for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def test_argument_mapping_and_valid_output(tmp_path, fake_atc, multi_io_onnx):
+    atc, record = fake_atc
+    out = tmp_path / "net.om"
+    lines = []
+    result = compile_model(multi_io_onnx, out, batch="1,2,4", soc_version="Ascend910B3",
+                           precision_mode="allow_mix_precision", atc=str(atc), log=lines.append)
+    argv = json.loads(record.read_text())["argv"]
+    work = json.loads(record.read_text())["cwd"]
+    assert argv[0] == f"--model={os.path.abspath(multi_io_onnx)}"
+    assert argv[1] == "--framework=5"
+    assert argv[2] == f"--output={os.path.join(work, 'net')}"  # no .om: ATC appends it
+    assert argv[3:] == ["--soc_version=Ascend910B3", "--input_shape=a:-1,4;b:-1,3;c:-1,2;d:-1,5",
+                        "--dynamic_batch_size=1,2,4", "--precision_mode=allow_mix_precision", "--log=error"]
+    kind, header = atc_om.identify(out)
+    assert kind == "atc_om" and header.name == "net" and header.is_dynamic
+    assert result.target == "npu" and result.header["name"] == "net" and result.header["gears"] == [1, 2, 4]
+    assert any("ATC run success" in ln and ln.startswith("[") and "s] " in ln for ln in lines)
+    assert not os.path.exists(work) and _leftovers(tmp_path) == []
+
+
+def test_static_model_gets_no_dynamic_batch_flag(tmp_path, fake_atc, static_onnx):
+    atc, record = fake_atc
+    compile_model(static_onnx, tmp_path / "s.om", atc=str(atc), log=lambda s: None)
+    argv = json.loads(record.read_text())["argv"]
+    assert "--input_shape=x:2,3" in argv and not any(a.startswith("--dynamic_batch_size") for a in argv)
+    assert "--precision_mode=force_fp16" in argv and "--soc_version=Ascend310P3" in argv
+
+
+def test_output_is_streamed_while_atc_runs(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
+    atc, _ = fake_atc
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("FAKE_ATC_MODE", "gate")
+    monkeypatch.setenv("FAKE_ATC_GATE", str(gate))
+    seen_before_exit = threading.Event()
+
+    def log(line):
+        if "waiting for the gate" in line:  # ATC is still running: it waits for this file
+            seen_before_exit.set()
+            gate.touch()
+
+    compile_model(multi_io_onnx, tmp_path / "g.om", batch="1", atc=str(atc), timeout=120, log=log)
+    assert seen_before_exit.is_set()
+
+
+def test_timeout_kills_atc_and_leaves_nothing(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
+    atc, record = fake_atc
+    monkeypatch.setenv("FAKE_ATC_MODE", "sleep")
+    with pytest.raises(AtcFailed, match="timed out after 2 s"):
+        compile_model(multi_io_onnx, tmp_path / "t.om", batch="1", atc=str(atc), timeout=2, log=lambda s: None)
+    if record.exists():  # on a very slow machine the stand-in may not even have started
+        with pytest.raises(ProcessLookupError):
+            os.kill(json.loads(record.read_text())["pid"], 0)
+    assert not (tmp_path / "t.om").exists() and _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("mode,expected", [("nofile", "wrote no t.om"), ("truncated", "not a valid OM")])
+def test_bad_atc_output_is_refused(tmp_path, fake_atc, multi_io_onnx, mode, expected, monkeypatch):
+    atc, _ = fake_atc
+    monkeypatch.setenv("FAKE_ATC_MODE", mode)
+    with pytest.raises(AtcFailed, match=expected):
+        compile_model(multi_io_onnx, tmp_path / "t.om", batch="1", atc=str(atc), log=lambda s: None)
+    assert not (tmp_path / "t.om").exists() and _leftovers(tmp_path) == []
+
+
+def test_cli_failure_quotes_atc_errors(tmp_path, fake_atc, multi_io_onnx):
+    atc, record = fake_atc
+    proc = run_cli("compile", multi_io_onnx, "-o", tmp_path / "f.om", env={
+        "PATH": f"{atc.parent}:/usr/bin:/bin", "FAKE_ATC_MODE": "fail", "FAKE_ATC_RECORD": str(record)})
+    assert proc.returncode == 1
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in proc.stderr
+    assert "exit status 1" in err[0] and "E10001: Value [x:-1,4]" in err[0] and "ATC run failed" in err[0]
+    assert "[INFO] parsing model" not in err[0]
+    assert "ATC start working now" in proc.stdout  # streamed to stdout as it ran
+    assert not (tmp_path / "f.om").exists() and _leftovers(tmp_path) == []
+
+
+def test_cli_finds_atc_on_path_and_inspects_result(tmp_path, fake_atc, multi_io_onnx):
+    atc, record = fake_atc
+    env = {"PATH": f"{atc.parent}:/usr/bin:/bin", "FAKE_ATC_RECORD": str(record)}
+    out = tmp_path / "p.om"
+    proc = run_cli("compile", multi_io_onnx, "-o", out, "--batch", "2,4", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "ATC OM" in proc.stdout and "needs CANN" in proc.stdout
+    assert "--dynamic_batch_size=2,4" in json.loads(record.read_text())["argv"]
+    shown = run_cli("inspect", out)
+    assert shown.returncode == 0, shown.stderr
+    for text in ("atc_om", "name: p", "model type: standard", "encrypted: no", "dynamic shape: yes",
+                 "platform version: 7.6.0.1", "needs CANN"):
+        assert text in shown.stdout
+    assert json.loads(run_cli("inspect", out, "--json").stdout)["header"]["is_dynamic"] is True
+
+
+def test_target_cpu_ignores_atc_on_path(tmp_path, fake_atc, multi_io_onnx):
+    atc, record = fake_atc
+    env = {"PATH": f"{atc.parent}:/usr/bin:/bin", "FAKE_ATC_RECORD": str(record)}
+    proc = run_cli("compile", multi_io_onnx, "-o", tmp_path / "c.om", "--batch", "1", "--target", "cpu", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert not record.exists() and atc_om.identify(tmp_path / "c.om")[0] == "cpu_om"

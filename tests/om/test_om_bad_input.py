@@ -1,0 +1,95 @@
+"""Every bad input of `aclserve compile` / `inspect`: exit status 2, one stderr line, no traceback,
+and no output file left behind."""
+from __future__ import annotations
+
+import os
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from .conftest import run_cli, save
+
+GEARS_101 = ",".join(str(i) for i in range(1, 102))
+
+
+def _invalid_graph(path):
+    """A node reading a tensor nothing produces: the ONNX checker refuses it."""
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Add", ["x", "ghost"], ["y"])], "bad",
+                              [vi("x", TensorProto.FLOAT, ["n", 2])], [vi("y", TensorProto.FLOAT, ["n", 2])])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+# (case id, argv after "compile" with MODEL/STATIC/OUT placeholders, text the message must contain)
+CASES = [
+    ("missing file", ["NOFILE"], "no such file"),
+    ("not onnx", ["TEXTFILE"], "not an ONNX model"),
+    ("invalid graph", ["INVALID"], "invalid ONNX graph"),
+    ("unknown input name", ["MODEL", "--input-shape", "nope:-1,4"], "unknown input 'nope'"),
+    ("malformed shape", ["MODEL", "--input-shape", "a:-1,four"], "malformed --input-shape"),
+    ("malformed shape no colon", ["MODEL", "--input-shape", "a-1,4"], "malformed --input-shape"),
+    ("zero dim", ["MODEL", "--input-shape", "a:-1,0"], "malformed --input-shape"),
+    ("wrong rank", ["MODEL", "--input-shape", "a:-1,4,1"], "gives input 'a' 3 dims"),
+    ("non-numeric gears", ["MODEL", "--batch", "1,two"], "malformed --batch"),
+    ("zero gear", ["MODEL", "--batch", "0,2"], "must be positive"),
+    ("negative gear", ["MODEL", "--batch=-2,4"], "must be positive"),
+    ("descending gears", ["MODEL", "--batch", "4,2"], "strictly ascending"),
+    ("duplicate gears", ["MODEL", "--batch", "2,2,4"], "unique"),
+    ("too many gears", ["MODEL", "--batch", GEARS_101], "at most 100"),
+    ("gears without batch dim", ["STATIC", "--batch", "1,2"], "no batch dimension"),
+    ("unknown target", ["MODEL", "--target", "gpu"], "unknown target 'gpu'"),
+    ("npu without atc", ["MODEL", "--target", "npu"], "ATC asked for but not found"),
+    ("atc path missing", ["MODEL", "--atc", "/nonexistent/atc"], "ATC asked for but not found"),
+    ("output not .om", ["MODEL", "-o", "OUTDIR/x.bin"], "must end with .om"),
+    ("output folder missing", ["MODEL", "-o", "OUTDIR/none/x.om"], "does not exist"),
+    ("bad timeout", ["MODEL", "--timeout", "soon"], "invalid float value"),
+    ("missing argument", [], "required"),
+]
+
+
+@pytest.fixture
+def files(tmp_path, multi_io_onnx, static_onnx):
+    text = tmp_path / "notes.onnx"
+    text.write_text("this is not a protobuf\n" * 10)
+    return {"NOFILE": str(tmp_path / "absent.onnx"), "TEXTFILE": str(text), "MODEL": multi_io_onnx,
+            "STATIC": static_onnx, "INVALID": _invalid_graph(tmp_path / "invalid.onnx"), "OUTDIR": str(tmp_path)}
+
+
+def _assert_one_line_error(proc, expected):
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and expected in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("case,argv,expected", CASES, ids=[c[0] for c in CASES])
+def test_compile_bad_input(case, argv, expected, files, tmp_path):
+    argv = [_fill(a, files) for a in argv]
+    before = sorted(os.listdir(tmp_path))
+    proc = run_cli("compile", *argv, env={"PATH": "/usr/bin:/bin"})
+    _assert_one_line_error(proc, expected)
+    assert sorted(os.listdir(tmp_path)) == before  # nothing written, no temporaries left
+
+
+def _fill(arg: str, files: dict) -> str:
+    for key, value in files.items():
+        arg = arg.replace(key, value) if arg.startswith(key) else arg
+    return arg
+
+
+@pytest.mark.parametrize("content,expected", [(None, "no such file"), (b"hello world" * 30, "not an OM file"),
+                                              (b"ACLSVOM\x00" + b"\x01" * 40, "CPU OM"),
+                                              (b"IMOD" + b"\x00" * 300, "not an ATC OM header")],
+                         ids=["missing", "text", "truncated cpu om", "bad imod"])
+def test_inspect_bad_file(tmp_path, content, expected):
+    path = tmp_path / "thing.om"
+    if content is not None:
+        path.write_bytes(content)
+    _assert_one_line_error(run_cli("inspect", path), expected)
+
+
+def test_no_atc_on_path_means_cpu_for_target_auto(tmp_path, multi_io_onnx):
+    assert run_cli("compile", multi_io_onnx, "-o", tmp_path / "m.om", "--batch", "1",
+                   env={"PATH": "/usr/bin:/bin"}).returncode == 0
+    assert onnx.load(multi_io_onnx)  # the source is untouched

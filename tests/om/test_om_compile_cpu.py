@@ -1,0 +1,134 @@
+"""The CPU compile path: header contents, and outputs equal to ONNX Runtime on the source model."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from .acl_runner import acl_context, cpu_acl, run_batch
+from aclserve.om import container
+from aclserve.om.compile import CompileError, compile_model
+from .conftest import multi_io_feeds, reshape_model, run_cli, save, scalar_output_model, seq_model
+
+GEARS = [1, 3, 8]
+
+
+def _ort(model_bytes_or_path):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model_bytes_or_path, so, providers=["CPUExecutionProvider"])
+
+
+def _quiet(_line):
+    pass
+
+
+@pytest.fixture
+def multi_om(tmp_path, multi_io_onnx):
+    return compile_model(multi_io_onnx, tmp_path / "multi.om", batch="1,3,8", target="cpu", log=_quiet)
+
+
+def test_header_describes_inputs_outputs_and_gears(multi_om, multi_io_onnx):
+    h = container.read_header(multi_om.path)
+    assert multi_om.target == "cpu" and multi_om.size == multi_om.path.stat().st_size
+    assert h["name"] == "multi" and h["producer"].endswith(" cpu") and h["created"].endswith("Z")
+    with open(multi_io_onnx, "rb") as f:
+        assert h["source"] == {"path": multi_io_onnx, "sha256": hashlib.sha256(f.read()).hexdigest()}
+    assert h["gears"] == GEARS
+    assert [(t["name"], t["datatype"], t["dims"]) for t in h["inputs"]] == [
+        ("a", "FP32", [-1, 4]), ("b", "INT32", [-1, 3]), ("c", "INT64", [-1, 2]), ("d", "FP16", [-1, 5]),
+        ("ascend_mbatch_shape_data", "INT64", [1])]
+    assert h["inputs"][-1]["dynamic_batch"] is True and h["inputs"][-1]["acl_dtype"] == 9
+    assert [(t["name"], t["datatype"], t["dims"], t["format"]) for t in h["outputs"]] == [
+        ("y_f32", "FP32", [-1, 4], "ND"), ("y_i32", "INT32", [-1, 3], "ND"),
+        ("y_i64", "INT64", [-1, 1], "ND"), ("y_f16", "FP16", [-1, 9], "ND")]
+    assert h["options"]["target"] == "cpu"
+
+
+def test_payload_matches_source_for_every_gear(multi_om, multi_io_onnx):
+    """Independent of the CPU runtime: the optimised payload computes what the source does."""
+    source, compiled = _ort(multi_io_onnx), _ort(container.read(multi_om.path).payload)
+    for gear in GEARS:
+        feeds = multi_io_feeds(gear)
+        for want, got in zip(source.run(None, feeds), compiled.run(None, feeds)):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(got, want)
+
+
+def test_cpu_runtime_matches_onnxruntime_for_every_gear(multi_om, multi_io_onnx):
+    acl = cpu_acl()
+    if acl is None:
+        pytest.skip("CPU runtime (aclserve.acl.cpu) not available yet")
+    source = _ort(multi_io_onnx)
+    names = [o.name for o in source.get_outputs()]
+    with acl_context(acl):
+        for gear in GEARS:
+            feeds = multi_io_feeds(gear)
+            got = run_batch(acl, str(multi_om.path), feeds, gear)
+            for name, want in zip(names, source.run(None, feeds)):
+                assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
+                np.testing.assert_array_equal(got[name], want)
+
+
+def test_static_model_has_no_gears_and_no_dynamic_input(tmp_path, static_onnx):
+    result = compile_model(static_onnx, target="cpu", log=_quiet)
+    assert result.path == tmp_path / "static.om"
+    h = container.read_header(result.path)
+    assert h["gears"] == [] and [t["name"] for t in h["inputs"]] == ["x"]
+    assert h["inputs"][0]["dims"] == [2, 3] and h["outputs"][0]["dims"] == [2, 3]
+    x = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(_ort(container.read(result.path).payload).run(None, {"x": x})[0], np.maximum(x, 0))
+
+
+def test_input_shape_fixes_a_dynamic_dimension(tmp_path):
+    src = save(seq_model(), tmp_path / "seq.onnx")
+    with pytest.raises(CompileError, match="'x' dim 1 is dynamic"):
+        compile_model(src, target="cpu", log=_quiet)
+    result = compile_model(src, input_shape="x:-1,7", batch=[2, 4], target="cpu", log=_quiet)
+    h = result.header
+    assert h["inputs"][0]["dims"] == [-1, 7] and h["outputs"][0]["dims"] == [-1, 7] and h["gears"] == [2, 4]
+
+
+def test_fixed_first_dim_in_input_shape_makes_a_static_model(tmp_path):
+    src = save(seq_model(), tmp_path / "seq.onnx")
+    h = compile_model(src, input_shape="x:5,7", target="cpu", log=_quiet).header
+    assert h["gears"] == [] and h["inputs"][0]["dims"] == [5, 7] and len(h["inputs"]) == 1
+
+
+@pytest.mark.parametrize("gears", ["2", "1,4"])
+def test_output_shape_unknown_to_inference_is_probed(tmp_path, gears):
+    src = save(reshape_model(), tmp_path / "reshape.onnx")
+    h = compile_model(src, batch=gears, target="cpu", log=_quiet).header
+    assert h["outputs"][0]["dims"] == [-1, 8]
+
+
+def test_output_without_batch_dimension_is_refused(tmp_path):
+    src = save(scalar_output_model(), tmp_path / "scalar.onnx")
+    with pytest.raises(CompileError, match="output 'y' is not batch-major"):
+        compile_model(src, target="cpu", log=_quiet)
+    assert not (tmp_path / "scalar.om").exists()
+
+
+def test_cli_prints_summary(tmp_path, multi_io_onnx):
+    out = tmp_path / "cli.om"
+    proc = run_cli("compile", multi_io_onnx, "-o", out, "--batch", "1,2", "--target", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    for text in ("a: FP32 [N,4]", "d: FP16 [N,5]", "y_i64: INT64 [N,1]", "gears: 1,2", "KiB", " s"):
+        assert text in proc.stdout
+    assert container.read_header(out)["gears"] == [1, 2]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporaries left
+
+
+def test_inspect_cpu_om_text_and_json(multi_om):
+    text = run_cli("inspect", multi_om.path)
+    assert text.returncode == 0, text.stderr
+    for fragment in ("cpu_om", "name: multi", "y_f16: FP16 [N,9]", "ascend_mbatch_shape_data: INT64 [1]",
+                     "gears: 1,3,8", "sha256"):
+        assert fragment in text.stdout
+    as_json = run_cli("inspect", multi_om.path, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    info = json.loads(as_json.stdout)
+    assert info["kind"] == "cpu_om" and info["header"] == container.read_header(multi_om.path)

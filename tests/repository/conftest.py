@@ -1,0 +1,64 @@
+"""Real CPU OMs (y = x * scale) for the repository tests, and a repository under test.
+
+Models are compiled once per session with aclserve.om.compile and copied into each test's
+models folder; the scale tells the versions apart in the responses.
+"""
+from __future__ import annotations
+
+import pytest
+import pytest_asyncio
+from .repo_helpers import Events, scale_onnx
+
+from aclserve.config import load_server_config
+from aclserve.om.compile import compile_model
+from aclserve.repository import ModelRepository
+from aclserve.runtime import AclRuntime
+
+
+@pytest.fixture(scope="session")
+def model_files(tmp_path_factory):
+    """scale -> {"om": path, "onnx": path} for scales 1, 2, 3 (compiled once)."""
+    folder = tmp_path_factory.mktemp("om-build")
+    out = {}
+    for scale in (1, 2, 3):
+        src = scale_onnx(folder / f"scale{scale}.onnx", float(scale))
+        om = compile_model(src, folder / f"scale{scale}.om", batch="1,2,4", target="cpu", log=lambda _: None)
+        out[scale] = {"om": str(om.path), "onnx": src}
+    return out
+
+
+@pytest.fixture
+def runtime():
+    rt = AclRuntime(device="cpu").start()
+    yield rt
+    rt.close()
+
+
+@pytest.fixture
+def models_dir(tmp_path):
+    path = tmp_path / "models"
+    path.mkdir()
+    return path
+
+
+@pytest_asyncio.fixture
+async def make_repo(models_dir, runtime):
+    made = []
+
+    async def make(start: bool = True, **overrides):
+        settings = {"models_dir": str(models_dir), "settle_s": 0.3, "debounce_s": 0.05,
+                    "shutdown_timeout_s": 10, "model_defaults.batching.max_queue_delay_ms": 0.5}
+        settings.update(overrides)
+        repo = ModelRepository(load_server_config(None, settings), runtime)
+        events = Events()
+        repo.add_listener(events)
+        made.append(repo)
+        if start:
+            await repo.start()
+            # files placed just before start settle first (their mtime is fresh): wait for them
+            await events.until(lambda: repo.all_ready() or not repo._scan.models)
+        return repo, events
+
+    yield make
+    for repo in made:
+        await repo.close()

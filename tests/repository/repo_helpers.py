@@ -1,0 +1,73 @@
+"""Helpers for the repository tests: models (y = x * scale), placing files, event gates."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def scale_onnx(path, scale: float) -> str:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    node = helper.make_node("Mul", ["x", "scale"], ["y"])
+    graph = helper.make_graph([node], "scale", [x], [y],
+                              [numpy_helper.from_array(np.array(scale, np.float32), "scale")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def place(source: str, target, how: str = "rename") -> None:
+    """Put `source` at `target`: by rename (copy to a hidden .part, then os.replace) or copy."""
+    target = os.fspath(target)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if how == "rename":
+        tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.part")
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
+    else:
+        shutil.copyfile(source, target)
+
+
+class Events:
+    """Collects repository listener events; wait() gates on one arriving (no timing asserted)."""
+
+    def __init__(self):
+        self.seen: list[tuple] = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, event, name, version, **info):
+        self.seen.append((event, name, version, info))
+        self._changed.set()
+
+    async def wait(self, event: str, name: str, version: str | None = None, count: int = 1,
+                   limit_s: float = 120.0) -> tuple:
+        async def until():
+            while True:
+                hits = [e for e in self.seen if e[0] == event and e[1] == name
+                        and (version is None or e[2] == version)]
+                if len(hits) >= count:
+                    return hits[count - 1]
+                self._changed.clear()
+                await self._changed.wait()
+        return await asyncio.wait_for(until(), limit_s)  # a hang guard, not a timing check
+
+    async def until(self, predicate, limit_s: float = 120.0) -> None:
+        """Wait until predicate() holds, re-checking after every event."""
+        async def loop():
+            while not predicate():
+                self._changed.clear()
+                await self._changed.wait()
+        await asyncio.wait_for(loop(), limit_s)  # a hang guard, not a timing check
+
+    def count(self, event: str, name: str) -> int:
+        return sum(1 for e in self.seen if e[0] == event and e[1] == name)
+
+
+def x_rows(rows: int = 1, value: float = 1.0) -> dict:
+    return {"x": np.full((rows, 4), value, np.float32)}

@@ -1,0 +1,253 @@
+"""Hot reload under continuous load (poll mode, real watcher, real runtime on the CPU runtime).
+
+Clients send requests without pause while files are replaced (rename, slow in-place write),
+versions added, corrupt files dropped and models deleted: no request may fail (except for a
+deleted model), and the responses (y = x * scale) show which version answered. Ordering is
+checked causally with phases set by the test, never with durations.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import pytest
+from .repo_helpers import place, x_rows
+
+from aclserve.errors import ModelUnavailable, NotFound, ServeError, ShuttingDown
+from aclserve.repository import READY, UNAVAILABLE
+
+pytestmark = pytest.mark.asyncio
+
+
+class Clients:
+    """`n` tasks calling repo.get(name).infer in a loop; each answer is recorded with the test
+    phase at its start and at its end."""
+
+    def __init__(self, repo, name, n=4):
+        self.repo, self.name = repo, name
+        self.phase = 0
+        self.answers: list[tuple[int, int, float]] = []  # (phase at start, phase at end, scale)
+        self.failures: list[BaseException] = []
+        self._stop = False
+        self._progress = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._client(i)) for i in range(n)]
+
+    async def _client(self, i):
+        rows = 1 + i % 3
+        while not self._stop:
+            start = self.phase
+            try:
+                result = await self.repo.get(self.name).infer(x_rows(rows), rows)
+                self.answers.append((start, self.phase, float(result.outputs["y"][0, 0])))
+            except ServeError as e:
+                self.failures.append(e)
+            self._progress.set()
+            await asyncio.sleep(0)
+
+    async def wait_for_answers(self, count, phase):
+        """Wait until `count` answers were started in `phase` or later."""
+        async def until():
+            while sum(1 for a in self.answers if a[0] >= phase) < count:
+                self._progress.clear()
+                await self._progress.wait()
+        await asyncio.wait_for(until(), 120)
+
+    def scales(self, started_from=0, ended_before=None):
+        return {s for a, b, s in self.answers
+                if a >= started_from and (ended_before is None or b < ended_before)}
+
+    async def stop(self):
+        self._stop = True
+        await asyncio.gather(*self._tasks)
+
+
+async def slow_write(path, data: bytes, chunks=12):
+    step = -(-len(data) // chunks)
+    with open(path, "wb") as f:
+        for i in range(0, len(data), step):
+            f.write(data[i:i + step])
+            f.flush()
+            await asyncio.sleep(0.02)
+
+
+async def test_replace_by_rename_by_slow_write_and_new_version_fail_nothing(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, events = await make_repo()
+    clients = Clients(repo, "m")
+    await clients.wait_for_answers(20, 0)
+
+    # 1. copy + rename: the new version takes over once swapped in
+    place(model_files[2]["om"], models_dir / "m.om")
+    await events.wait("reloaded", "m", "1", count=1)
+    clients.phase = 1
+    await clients.wait_for_answers(20, 1)
+
+    # 2. slow chunked write in place: nothing changes until the file is complete
+    clients.phase = 2
+    await slow_write(models_dir / "m.om", open(model_files[3]["om"], "rb").read())
+    clients.phase = 3
+    await events.wait("reloaded", "m", "1", count=2)
+    clients.phase = 4
+    await clients.wait_for_answers(20, 4)
+    await clients.stop()
+
+    assert clients.failures == []
+    assert clients.scales(0, ended_before=1) <= {1.0, 2.0}
+    assert clients.scales(1, ended_before=3) == {2.0}  # the half-written file never answered
+    assert clients.scales(4) == {3.0}
+    assert events.count("load_failed", "m") == 0  # the partial file was never even tried
+    assert events.count("reloaded", "m") == 2
+
+
+async def test_new_version_takes_over_and_the_old_one_drains(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "v" / "1" / "model.om")
+    repo, events = await make_repo()
+    clients = Clients(repo, "v")
+    await clients.wait_for_answers(20, 0)
+    place(model_files[2]["om"], models_dir / "v" / "2" / "model.om")
+    await events.wait("loaded", "v", "2")
+    clients.phase = 1
+    await events.wait("unloaded", "v", "1")
+    await clients.wait_for_answers(20, 1)
+    await clients.stop()
+    assert clients.failures == []
+    assert clients.scales(1) == {2.0}
+    assert [r["version"] for r in repo.index(ready_only=True)] == ["2"]
+
+
+async def test_corrupt_and_truncated_files_keep_the_old_version_serving(make_repo, models_dir, model_files, caplog):
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, events = await make_repo()
+    clients = Clients(repo, "m")
+    await clients.wait_for_answers(10, 0)
+    caplog.set_level(logging.ERROR, logger="aclserve.repository.repository")
+
+    data = open(model_files[2]["om"], "rb").read()
+    truncated = models_dir / "elsewhere.bin"
+    truncated.write_bytes(data[: len(data) - 100])
+    os.replace(truncated, models_dir / "m.om")
+    await events.wait("load_failed", "m", count=1)
+    (row,) = [r for r in repo.index() if r["name"] == "m"]
+    assert row["state"] == READY and "truncated" in row["reason"]
+
+    # unrelated events make the repository rescan: the same bad file is not retried or re-logged
+    for i in range(3):
+        (models_dir / f"other{i}.txt").write_text("x")
+        await asyncio.sleep(0.1)
+    await repo.wait_idle()
+
+    corrupt = bytearray(data)
+    corrupt[-3] ^= 0xFF  # same length, bad payload checksum
+    (models_dir / "tmp.bin").write_bytes(bytes(corrupt))
+    os.replace(models_dir / "tmp.bin", models_dir / "m.om")
+    await events.wait("load_failed", "m", count=2)
+    clients.phase = 1
+    await clients.wait_for_answers(10, 1)
+    await clients.stop()
+
+    assert clients.failures == []
+    assert clients.scales() == {1.0}
+    assert events.count("load_failed", "m") == 2
+    assert len([r for r in caplog.records if "not loaded" in r.getMessage()]) == 2
+    (row,) = [r for r in repo.index() if r["name"] == "m"]
+    assert row["state"] == READY and "checksum" in row["reason"]
+
+    place(model_files[3]["om"], models_dir / "m.om")  # a good file after bad ones is taken
+    await events.wait("reloaded", "m")
+    assert float((await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0]) == 3.0
+    (row,) = [r for r in repo.index() if r["name"] == "m"]
+    assert row == {"name": "m", "version": "1", "state": READY, "reason": ""}
+
+
+async def test_new_model_with_a_bad_file_shows_unavailable(make_repo, models_dir):
+    repo, events = await make_repo()
+    (models_dir / "x.bin").write_bytes(b"IMOD" + b"\0" * 10)
+    os.replace(models_dir / "x.bin", models_dir / "bad.om")
+    await events.wait("load_failed", "bad")
+    rows = [r for r in repo.index() if r["name"] == "bad"]
+    assert rows[0]["state"] == UNAVAILABLE and rows[0]["reason"]
+
+
+async def test_delete_unloads_after_draining(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "m.om")
+    place(model_files[2]["om"], models_dir / "keep.om")
+    repo, events = await make_repo()
+    clients = Clients(repo, "m")
+    await clients.wait_for_answers(10, 0)
+    os.unlink(models_dir / "m.om")
+    await events.wait("unloaded", "m")
+    await clients.stop()
+    # requests accepted before the delete were answered; later ones hear the model is gone
+    assert {type(e) for e in clients.failures} <= {NotFound, ModelUnavailable}
+    assert clients.scales() == {1.0}
+    assert repo.model_names() == ["keep"]
+    assert not [r for r in repo.index() if r["name"] == "m"]
+
+
+async def test_delete_keeps_serving_when_unload_on_delete_is_off(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, events = await make_repo(unload_on_delete=False)
+    os.unlink(models_dir / "m.om")
+    place(model_files[2]["om"], models_dir / "n.om")  # an event after the delete, as a gate
+    await events.wait("loaded", "n")
+    assert float((await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
+
+
+async def test_dropped_onnx_is_compiled_and_served_live(make_repo, models_dir, model_files):
+    repo, events = await make_repo()
+    place(model_files[2]["onnx"], models_dir / "o" / "1" / "model.onnx")
+    await events.wait("loaded", "o", "1")
+    assert float((await repo.get("o").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
+
+
+async def test_unload_in_poll_mode_holds_until_load(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, events = await make_repo()
+    await repo.unload("m")
+    place(model_files[2]["om"], models_dir / "m.om")
+    place(model_files[3]["om"], models_dir / "gate.om")
+    await events.wait("loaded", "gate")
+    await repo.wait_idle()
+    assert repo.model_names() == ["gate"]
+    await repo.load("m")
+    assert float((await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def test_fifty_reloads_return_memory_to_baseline(make_repo, models_dir, model_files, runtime):
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, events = await make_repo()
+    baseline = runtime.memory()
+    clients = Clients(repo, "m", n=2)
+    rss_start = None
+    for i in range(50):
+        place(model_files[2 if i % 2 == 0 else 1]["om"], models_dir / "m.om")
+        await events.wait("reloaded", "m", count=i + 1)
+        await repo.wait_idle()  # the replaced version has drained and closed
+        if i == 4:
+            rss_start = rss_bytes()  # after warm-up of allocators and caches
+    await clients.stop()
+    assert clients.failures == []
+    assert runtime.memory() == baseline
+    growth = rss_bytes() - rss_start
+    assert growth < 64 * 1024 * 1024, f"RSS grew by {growth / 2**20:.1f} MiB over 45 reloads"
+
+
+async def test_a_request_holding_a_retired_version_goes_to_its_successor(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, events = await make_repo()
+    held = repo.get("m")  # as the server does, before reading the request body
+    place(model_files[2]["om"], models_dir / "m.om")
+    await events.wait("reloaded", "m")
+    await repo.wait_idle()  # the held version has drained and its batcher and pool are closed
+    result = await held.infer(x_rows(), 1)
+    assert float(result.outputs["y"][0, 0]) == 2.0
+    os.unlink(models_dir / "m.om")
+    await events.wait("unloaded", "m")
+    with pytest.raises((ModelUnavailable, ShuttingDown)):  # no successor for a deleted model
+        await held.infer(x_rows(), 1)

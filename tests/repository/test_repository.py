@@ -1,0 +1,184 @@
+"""ModelRepository on the real runtime and CPU runtime: layouts, control modes, index, errors."""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from aclserve.errors import InvalidInput, ModelUnavailable, NotFound, ShuttingDown
+from aclserve.repository import READY, UNAVAILABLE, ModelLoadFailed
+
+from .repo_helpers import place, x_rows
+
+pytestmark = pytest.mark.asyncio
+
+
+async def answer(repo, name, version=None, rows=1):
+    result = await repo.get(name, version).infer(x_rows(rows), rows)
+    return float(result.outputs["y"][0, 0])
+
+
+async def test_start_loads_both_layouts_and_serves(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "flat.om")
+    place(model_files[2]["om"], models_dir / "multi" / "1" / "model.om")
+    place(model_files[3]["om"], models_dir / "multi" / "2" / "model.om")
+    repo, events = await make_repo(model_control_mode="none")
+    assert repo.model_names() == ["flat", "multi"]
+    assert repo.all_ready()
+    assert await answer(repo, "flat") == 1.0
+    assert await answer(repo, "multi") == 3.0  # latest 1
+    served = repo.get("multi")
+    assert (served.version, served.platform, served.max_batch_size, served.gears) == ("2", "ascend_om", 4, (1, 2, 4))
+    assert [s.name for s in served.inputs] == ["x"] and [s.name for s in served.outputs] == ["y"]
+    with pytest.raises(NotFound):
+        repo.get("nope")
+    with pytest.raises(NotFound):
+        repo.get("flat", "7")
+    index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
+    assert index[("flat", "1")] == (READY, "")
+    assert index[("multi", "2")] == (READY, "")
+    assert index[("multi", "1")] == (UNAVAILABLE, "not selected by the version policy")
+    assert {(r["name"], r["version"]) for r in repo.index(ready_only=True)} == {("flat", "1"), ("multi", "2")}
+    assert {e[0] for e in events.seen} == {"loaded"}
+    assert all(e[3]["seconds"] > 0 for e in events.seen)
+
+
+async def test_version_policy_all_serves_each_version(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "m" / "1" / "model.om")
+    place(model_files[2]["om"], models_dir / "m" / "2" / "model.om")
+    (models_dir / "m" / "config.yaml").write_text("version_policy: all\nbatching: {max_queue_delay_ms: 0}\n")
+    repo, _ = await make_repo(model_control_mode="none")
+    assert await answer(repo, "m", "1") == 1.0
+    assert await answer(repo, "m", "2") == 2.0
+    assert await answer(repo, "m") == 2.0
+    assert repo.get("m", "2").config.batching.max_queue_delay_ms == 0
+
+
+async def test_control_mode_none_refuses_the_api(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, _ = await make_repo(model_control_mode="none")
+    with pytest.raises(InvalidInput, match="model_control_mode is none"):
+        await repo.load("m")
+    with pytest.raises(InvalidInput):
+        await repo.unload("m")
+
+
+async def test_explicit_mode_changes_only_through_the_api(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, events = await make_repo(model_control_mode="explicit")
+    assert await answer(repo, "m") == 1.0
+    place(model_files[2]["om"], models_dir / "m.om")
+    place(model_files[3]["om"], models_dir / "n.om")
+    assert await answer(repo, "m") == 1.0  # no watcher in explicit mode
+    with pytest.raises(NotFound):
+        repo.get("n")
+    await repo.load("m")
+    assert await answer(repo, "m") == 2.0
+    assert events.count("reloaded", "m") == 1
+    await repo.load("n")
+    assert await answer(repo, "n") == 3.0
+    await repo.unload("m")
+    with pytest.raises(ModelUnavailable):
+        repo.get("m")
+    index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
+    assert index[("m", "1")] == (UNAVAILABLE, "unloaded")
+    await repo.load("m")
+    assert await answer(repo, "m") == 2.0
+    with pytest.raises(NotFound):
+        await repo.load("absent")
+    with pytest.raises(InvalidInput):
+        await repo.load("../etc")
+
+
+async def test_api_load_of_a_corrupt_file_fails_and_keeps_serving(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    data = open(model_files[2]["om"], "rb").read()
+    (models_dir / "m.om").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadFailed, match="truncated"):
+        await repo.load("m")
+    assert await answer(repo, "m") == 1.0
+    (row,) = [r for r in repo.index() if r["name"] == "m"]
+    assert row["state"] == READY and "truncated" in row["reason"]
+
+
+async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "good.om")
+    (models_dir / "junk.om").write_bytes(b"this is not a model")
+    (models_dir / "badcfg.om").write_bytes(open(model_files[1]["om"], "rb").read())
+    (models_dir / "badcfg.yaml").write_text("slots: 0\n")
+    (models_dir / "bad name.om").write_bytes(b"x")
+    repo, events = await make_repo(model_control_mode="none")
+    assert repo.model_names() == ["good"]
+    assert repo.all_ready()  # refused files show in the index but do not hold readiness back
+    index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
+    assert index[("junk", "1")][0] == UNAVAILABLE and "not an OM file" in index[("junk", "1")][1]
+    assert "slots: must be >= 1" in index[("badcfg", "")][1]
+    assert index[("bad name.om", "")][0] == UNAVAILABLE
+    assert events.count("load_failed", "junk") == 1
+    with pytest.raises(ModelUnavailable, match="not an OM"):
+        repo.get("junk")
+
+
+async def test_symlink_outside_the_repository_is_never_loaded(make_repo, models_dir, model_files, tmp_path):
+    os.symlink(model_files[1]["om"], models_dir / "escape.om")
+    repo, events = await make_repo(model_control_mode="none")
+    assert repo.model_names() == []
+    assert not events.seen
+    assert any(r["name"] == "escape" and "outside" in r["reason"] for r in repo.index())
+
+
+async def test_dropped_onnx_is_compiled_cached_and_served(make_repo, models_dir, model_files, runtime, caplog):
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    (models_dir / "o.yaml").write_text("compile: {batch: [1, 2]}\n")
+    caplog.set_level(logging.INFO, logger="aclserve.repository.compiler")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    assert await answer(repo, "o") == 2.0
+    assert repo.get("o").gears == (1, 2)
+    cached = os.listdir(models_dir / ".cache")
+    assert len(cached) == 1 and cached[0].endswith(".om")
+    assert any("compiling" in r.getMessage() for r in caplog.records)
+    await repo.close()
+    caplog.clear()
+    repo2, _ = await make_repo(model_control_mode="explicit")  # same content + options: cache hit
+    assert await answer(repo2, "o") == 2.0
+    assert os.listdir(models_dir / ".cache") == cached
+    assert any("using cached compile" in r.getMessage() for r in caplog.records)
+    assert not any(r.getMessage().endswith("(ATC not used)") for r in caplog.records)
+
+
+async def test_om_beside_onnx_wins(make_repo, models_dir, model_files):
+    place(model_files[2]["onnx"], models_dir / "m.onnx")
+    place(model_files[3]["om"], models_dir / "m.om")
+    repo, _ = await make_repo(model_control_mode="none")
+    assert await answer(repo, "m") == 3.0
+    assert not (models_dir / ".cache").exists()
+
+
+async def test_close_is_idempotent_and_frees_device_memory(make_repo, models_dir, model_files, runtime):
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, events = await make_repo(model_control_mode="none")
+    used_loaded = runtime.memory()[0]["used"]
+    await repo.close()
+    await repo.close()
+    assert runtime.memory()[0]["used"] < used_loaded
+    assert events.count("unloaded", "m") == 1
+    with pytest.raises(ShuttingDown):
+        repo.get("m")
+
+
+async def test_missing_models_folder_fails_start(make_repo, tmp_path):
+    from aclserve.repository import RepositoryError
+    with pytest.raises(RepositoryError, match="does not exist"):
+        await make_repo(models_dir=str(tmp_path / "nope"))
+
+
+async def test_answers_are_right_for_every_gear(make_repo, models_dir, model_files):
+    place(model_files[3]["om"], models_dir / "m.om")
+    repo, _ = await make_repo(model_control_mode="none")
+    for rows in (1, 2, 3, 4):
+        x = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+        result = await repo.get("m").infer({"x": x}, rows)
+        np.testing.assert_array_equal(result.outputs["y"], x * 3)

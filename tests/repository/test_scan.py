@@ -1,0 +1,175 @@
+"""The pure scan and diff on temporary folders: layouts, configs, ignored and invalid names,
+symlinks, version policies."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from aclserve.config import ModelConfig, parse_model_config
+from aclserve.repository.layout import check_model_name, scan, select_versions
+from aclserve.repository.plan import apply_plan, desired_from_scan, diff
+
+DEFAULTS = ModelConfig()
+
+
+def touch(path, data=b"om"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def test_flat_and_versioned_layouts(tmp_path):
+    touch(tmp_path / "flat.om")
+    touch(tmp_path / "multi" / "1" / "model.om")
+    touch(tmp_path / "multi" / "10" / "model.om")
+    touch(tmp_path / "multi" / "2" / "model.om")
+    result = scan(tmp_path, DEFAULTS)
+    assert set(result.models) == {"flat", "multi"}
+    assert list(result.models["flat"].available) == ["1"]
+    assert result.models["flat"].available["1"].path == str((tmp_path / "flat.om").resolve())
+    assert sorted(result.models["multi"].available, key=int) == ["1", "2", "10"]
+    assert result.models["multi"].selected == ("10",)  # latest 1 by number, not by string
+    assert result.problems == {}
+
+
+def test_onnx_is_found_and_om_of_the_same_name_wins(tmp_path):
+    touch(tmp_path / "a.onnx")
+    touch(tmp_path / "b.onnx")
+    touch(tmp_path / "b.om")
+    touch(tmp_path / "c" / "1" / "model.onnx")
+    touch(tmp_path / "c" / "2" / "model.onnx")
+    touch(tmp_path / "c" / "2" / "model.om")
+    models = scan(tmp_path, DEFAULTS).models
+    assert models["a"].available["1"].kind == "onnx"
+    assert models["b"].available["1"].kind == "om"
+    assert models["c"].available["1"].kind == "onnx"
+    assert models["c"].available["2"].kind == "om"
+
+
+def test_ignored_names(tmp_path):
+    for name in ("x.om.tmp", "x.om.part", ".hidden.om", "notes.txt", "y.pt"):
+        touch(tmp_path / name)
+    touch(tmp_path / ".cache" / "1" / "model.om")
+    touch(tmp_path / "m" / "1" / "model.om.part")
+    touch(tmp_path / "m" / ".2" / "model.om")
+    touch(tmp_path / "m" / "v3" / "model.om")  # not an integer version
+    touch(tmp_path / "m" / "0" / "model.om")  # versions are positive
+    result = scan(tmp_path, DEFAULTS)
+    assert result.models == {}
+    assert result.problems == {}
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\\b", "a..b", ".x", "-x", "x" * 200, "sp ace"])
+def test_invalid_model_names_are_refused(name):
+    assert check_model_name(name) is not None
+
+
+@pytest.mark.parametrize("name", ["resnet50", "m_1", "a-b", "v1.2"])
+def test_valid_model_names(name):
+    assert check_model_name(name) is None
+
+
+def test_invalid_name_on_disk_is_a_problem_not_a_model(tmp_path):
+    touch(tmp_path / "bad name.om")
+    result = scan(tmp_path, DEFAULTS)
+    assert result.models == {}
+    assert "bad name.om" in result.problems
+
+
+def test_symlinks_escaping_the_repository_are_never_taken(tmp_path):
+    repo, outside = tmp_path / "repo", tmp_path / "outside"
+    touch(outside / "evil.om")
+    touch(outside / "1" / "model.om")
+    repo.mkdir()
+    os.symlink(outside / "evil.om", repo / "evil.om")
+    os.symlink(outside, repo / "evildir")
+    touch(repo / "v" / "1" / "model.om")
+    os.symlink(outside / "1", repo / "v" / "2")
+    touch(repo / "real.om")
+    os.symlink(repo / "real.om", repo / "alias.om")  # inside: allowed
+    result = scan(repo, DEFAULTS)
+    assert set(result.models) == {"v", "real", "alias"}
+    assert list(result.models["v"].available) == ["1"]
+    assert "outside the repository" in result.problems["evil"]
+    assert "outside the repository" in result.problems["evildir"]
+    assert "outside the repository" in result.problems["v"]
+
+
+def test_config_files_and_errors(tmp_path):
+    touch(tmp_path / "flat.om")
+    (tmp_path / "flat.yaml").write_text("instances: 2\n")
+    touch(tmp_path / "multi" / "1" / "model.om")
+    touch(tmp_path / "multi" / "2" / "model.om")
+    (tmp_path / "multi" / "config.yaml").write_text("version_policy: all\nslots: 3\n")
+    touch(tmp_path / "broken.om")
+    (tmp_path / "broken.yaml").write_text("batching: {max_queue_delay_ms: -1}\n")
+    result = scan(tmp_path, DEFAULTS)
+    assert result.models["flat"].config.instances == 2
+    assert result.models["multi"].config.slots == 3
+    assert result.models["multi"].selected == ("1", "2")
+    assert "broken" not in result.models
+    assert "batching.max_queue_delay_ms: must be >= 0" in result.problems["broken"]
+
+
+def test_flat_and_folder_of_the_same_name_is_a_problem(tmp_path):
+    touch(tmp_path / "dup.om")
+    touch(tmp_path / "dup" / "1" / "model.om")
+    result = scan(tmp_path, DEFAULTS)
+    assert "dup" not in result.models and "dup" in result.problems
+
+
+@pytest.mark.parametrize("policy, expected", [
+    ({"latest": 1}, ("9",)), ({"latest": 2}, ("3", "9")), ({"latest": 10}, ("1", "3", "9")),
+    ("all", ("1", "3", "9")), ({"specific": [1, 3, 7]}, ("1", "3")),
+])
+def test_version_policies(policy, expected):
+    config = parse_model_config({"version_policy": policy})
+    assert select_versions({"1": 0, "9": 0, "3": 0}, config.version_policy) == expected
+
+
+def test_missing_folder_is_a_problem(tmp_path):
+    assert scan(tmp_path / "nope", DEFAULTS).problems
+
+
+# ---- diff ------------------------------------------------------------------------------------
+
+def desired(tmp_path):
+    return desired_from_scan(scan(tmp_path, DEFAULTS))
+
+
+def test_diff_new_changed_deleted(tmp_path):
+    touch(tmp_path / "a.om")
+    touch(tmp_path / "b.om")
+    first = desired(tmp_path)
+    plans = diff({}, first)
+    assert [(p.name, list(p.load), p.unload) for p in plans] == [("a", ["1"], []), ("b", ["1"], [])]
+    assert diff(first, desired(tmp_path)) == []  # nothing changed
+
+    touch(tmp_path / "a.om", b"new content")  # size changes -> identity changes
+    (tmp_path / "b.om").unlink()
+    touch(tmp_path / "c.om")
+    plans = {p.name: p for p in diff(first, desired(tmp_path))}
+    assert list(plans["a"].load) == ["1"] and plans["a"].unload == []
+    assert plans["b"].unload == ["1"] and not plans["b"].load
+    assert list(plans["c"].load) == ["1"]
+
+    kept = {p.name for p in diff(first, desired(tmp_path), unload_missing=False)}
+    assert kept == {"a", "c"}
+
+
+def test_diff_new_version_pushes_out_old_under_latest_1(tmp_path):
+    touch(tmp_path / "m" / "1" / "model.om")
+    first = desired(tmp_path)
+    touch(tmp_path / "m" / "2" / "model.om")
+    (plan,) = diff(first, desired(tmp_path))
+    assert list(plan.load) == ["2"] and plan.unload == ["1"]
+    assert apply_plan(first, plan) == desired(tmp_path)
+
+
+def test_diff_config_change_reloads(tmp_path):
+    touch(tmp_path / "m.om")
+    first = desired(tmp_path)
+    (tmp_path / "m.yaml").write_text("slots: 4\n")
+    (plan,) = diff(first, desired(tmp_path))
+    assert list(plan.load) == ["1"] and plan.load["1"].config.slots == 4

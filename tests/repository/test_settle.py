@@ -1,0 +1,189 @@
+"""The completeness rules (rename, settle time, first-scan age) and the debouncer, on fake clocks
+and event gates: nothing here asserts a duration."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from aclserve.config import ModelConfig
+from aclserve.repository.layout import scan
+from aclserve.repository.plan import diff
+from aclserve.repository.settle import SettleGate
+from aclserve.repository.watcher import Debouncer, is_relevant
+
+
+class FakeClock:
+    def __init__(self, now=1000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def make_gate(settle=1.0, wall=None):
+    clock = FakeClock()
+    wall = wall or FakeClock(0.0)  # wall time 0: every mtime looks "in the future" (fresh)
+    return SettleGate(settle, clock, wall), clock
+
+
+def test_file_is_taken_only_after_size_and_mtime_hold_for_settle_time(tmp_path):
+    gate, clock = make_gate()
+    (tmp_path / "m.om").write_bytes(b"abc")
+    state, pending = gate.desired(scan(tmp_path, ModelConfig()), {})
+    assert state == {} and "m" in pending
+    assert gate.next_check() == 1.0
+    clock.now += 0.5
+    state, _ = gate.desired(scan(tmp_path, ModelConfig()), {})
+    assert state == {}
+    (tmp_path / "m.om").write_bytes(b"abcdef")  # still being written: the settle restarts
+    clock.now += 0.6
+    state, _ = gate.desired(scan(tmp_path, ModelConfig()), {})
+    assert state == {}
+    clock.now += 1.0
+    state, pending = gate.desired(scan(tmp_path, ModelConfig()), {})
+    assert list(state) == ["m"] and pending == {} and gate.next_check() is None
+
+
+def test_rename_makes_a_file_complete_at_once(tmp_path):
+    gate, _ = make_gate()
+    (tmp_path / ".m.om.part").write_bytes(b"abc")
+    os.replace(tmp_path / ".m.om.part", tmp_path / "m.om")
+    gate.note_event(str(tmp_path / "m.om"), moved=True)
+    state, pending = gate.desired(scan(tmp_path, ModelConfig()), {})
+    assert list(state) == ["m"] and not pending
+
+
+def test_write_after_rename_revokes_the_rename_trust(tmp_path):
+    gate, _ = make_gate()
+    (tmp_path / "m.om").write_bytes(b"abc")
+    gate.note_event(str(tmp_path / "m.om"), moved=True)
+    gate.note_event(str(tmp_path / "m.om"), moved=False)
+    state, _ = gate.desired(scan(tmp_path, ModelConfig()), {})
+    assert state == {}
+
+
+def test_changed_after_first_look_following_rename_needs_settling(tmp_path):
+    gate, _ = make_gate()
+    (tmp_path / "m.om").write_bytes(b"abc")
+    gate.note_event(str(tmp_path / "m.om"), moved=True)
+    assert gate.desired(scan(tmp_path, ModelConfig()), {})[0]
+    (tmp_path / "m.om").write_bytes(b"abcdef")  # event lost, but identity differs
+    state, pending = gate.desired(scan(tmp_path, ModelConfig()), {})
+    assert state == {} and "m" in pending
+
+
+def test_first_scan_trusts_old_mtimes_only(tmp_path):
+    (tmp_path / "old.om").write_bytes(b"a")
+    (tmp_path / "new.om").write_bytes(b"b")
+    os.utime(tmp_path / "old.om", (100.0, 100.0))
+    os.utime(tmp_path / "new.om", (200.0, 200.0))
+    gate, _ = make_gate(wall=FakeClock(200.5))
+    state, pending = gate.desired(scan(tmp_path, ModelConfig()), {}, trust="age")
+    assert list(state) == ["old"] and list(pending) == ["new"]
+
+
+def test_incomplete_replacement_holds_the_serving_file(tmp_path):
+    gate, clock = make_gate()
+    (tmp_path / "m.om").write_bytes(b"v1")
+    acted, _ = gate.desired(scan(tmp_path, ModelConfig()), {}, trust="all")
+    (tmp_path / "m.om").write_bytes(b"v2 being written")
+    state, pending = gate.desired(scan(tmp_path, ModelConfig()), acted)
+    assert state == acted and "m" in pending
+    assert diff(acted, state) == []  # nothing reloads, nothing unloads
+    clock.now += 1.0
+    state, _ = gate.desired(scan(tmp_path, ModelConfig()), acted)
+    (plan,) = diff(acted, state)
+    assert list(plan.load) == ["1"]
+
+
+def test_newer_version_being_written_does_not_push_out_the_serving_one(tmp_path):
+    gate, _ = make_gate()
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.om").write_bytes(b"v1")
+    acted, _ = gate.desired(scan(tmp_path, ModelConfig()), {}, trust="all")
+    (tmp_path / "m" / "2").mkdir()
+    (tmp_path / "m" / "2" / "model.om").write_bytes(b"half")
+    state, _ = gate.desired(scan(tmp_path, ModelConfig()), acted)
+    assert diff(acted, state) == []
+
+
+def test_rejected_file_is_skipped_and_the_serving_one_held(tmp_path):
+    gate, _ = make_gate()
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.om").write_bytes(b"v1")
+    acted, _ = gate.desired(scan(tmp_path, ModelConfig()), {}, trust="all")
+    (tmp_path / "m" / "2").mkdir()
+    (tmp_path / "m" / "2" / "model.om").write_bytes(b"corrupt")
+    (tmp_path / "m" / "1" / "model.om").write_bytes(b"corrupt too")
+    result = scan(tmp_path, ModelConfig())
+    rejected = frozenset(("m", v, f.identity) for v, f in result.models["m"].available.items())
+    state, pending = gate.desired(result, acted, trust="all", rejected=rejected)
+    assert state == acted and not pending
+
+
+def test_ignored_paths_are_not_forwarded(tmp_path):
+    root = str(tmp_path)
+    assert is_relevant(root, f"{root}/m.om")
+    assert is_relevant(root, f"{root}/m/1/model.om")
+    for path in (f"{root}/m.om.tmp", f"{root}/.m.om", f"{root}/m/1/.x.part", f"{root}/.cache/a.om",
+                 f"{root}/m/1/model.om.part", f"{tmp_path.parent}/other.om", root):
+        assert not is_relevant(root, path), path
+
+
+@pytest.mark.asyncio
+async def test_a_burst_of_events_gives_one_run():
+    runs = []
+    gate = asyncio.Event()
+
+    async def action():
+        runs.append(1)
+        gate.set()
+
+    debouncer = Debouncer(0.05, action, max_wait=60)
+    for _ in range(20):
+        debouncer.poke()
+        await asyncio.sleep(0)
+    await gate.wait()
+    await debouncer.close()
+    assert runs == [1]
+
+
+@pytest.mark.asyncio
+async def test_events_during_a_run_give_exactly_one_more_run():
+    started, release, second = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    runs = []
+
+    async def action():
+        runs.append(1)
+        if len(runs) == 1:
+            started.set()
+            await release.wait()
+        else:
+            second.set()
+
+    debouncer = Debouncer(0.0, action)
+    debouncer.poke()
+    await started.wait()
+    for _ in range(5):
+        debouncer.poke()
+        await asyncio.sleep(0.01)
+    release.set()
+    await second.wait()
+    await debouncer.close()
+    assert len(runs) == 2
+
+
+@pytest.mark.asyncio
+async def test_wake_after_does_not_postpone_an_earlier_run():
+    done = asyncio.Event()
+
+    async def action():
+        done.set()
+
+    debouncer = Debouncer(3600, action)
+    debouncer.wake_after(0)
+    debouncer.wake_after(3600)  # later: must not replace the earlier wake-up
+    await asyncio.wait_for(done.wait(), 30)
+    await debouncer.close()

@@ -1,0 +1,171 @@
+"""Model runtime on the CPU runtime: gears and padding, many batches, faults, memory, Engine."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+
+from aclserve.acl.cpu import faults
+from aclserve.errors import ExecutionFailed
+from aclserve.runtime import Engine, LoadError, open_pool
+
+from .runtime_models import affine_reference
+
+
+def _request(rows: int, first_id: int = 0) -> dict[str, np.ndarray]:
+    ids = np.arange(first_id, first_id + rows, dtype=np.int64)
+    x = np.random.default_rng(first_id).standard_normal((rows, 8)).astype(np.float32)
+    return {"x": x, "idx": np.stack([ids, ids + 1, ids + 2], axis=1)}
+
+
+@pytest.fixture(autouse=True)
+def _no_faults():
+    faults.clear()
+    yield
+    faults.clear()
+
+
+def test_every_gear_and_padding_matches_the_reference(runtime, affine_om):
+    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    try:
+        assert pool.gears == (1, 2, 4, 8)
+        assert [s.name for s in pool.inputs] == ["x", "idx"]
+        assert pool.inputs[0].shape == (-1, 8) and pool.outputs[1].datatype == "INT64"
+        for gear in pool.gears:
+            for rows in sorted({1, gear - 1 or 1, gear}):
+                req = _request(rows, first_id=gear * 100 + rows)
+                result = pool.submit([req], gear).result(timeout=30)
+                assert result.gear == gear and result.rows == rows
+                expected = affine_reference(req["x"], req["idx"])
+                np.testing.assert_allclose(result.outputs[0]["y"], expected["y"], rtol=1e-5, atol=1e-5)
+                np.testing.assert_array_equal(result.outputs[0]["s"], expected["s"])
+                assert result.timings.compute_ms > 0
+    finally:
+        pool.close()
+
+
+def test_requests_in_one_batch_get_their_own_rows(runtime, affine_om):
+    pool = open_pool(runtime, affine_om(), "affine")
+    try:
+        reqs = [_request(1, 0), _request(2, 10), _request(1, 20)]
+        result = pool.submit(reqs, 8).result(timeout=30)
+        assert len(result.outputs) == 3
+        for req, out in zip(reqs, result.outputs):
+            assert out["y"].shape == (len(req["x"]), 4)
+            np.testing.assert_array_equal(out["s"], req["idx"] * 2)
+    finally:
+        pool.close()
+
+
+def test_a_thousand_batches_across_instances_and_slots_each_answered_once(runtime, affine_om):
+    pool = open_pool(runtime, affine_om(), "affine", instances=2, slots=3)
+    rng = random.Random(3)
+    next_id = 0
+    submitted = []
+    try:
+        for _ in range(1000):
+            gear = rng.choice(pool.gears)
+            reqs, rows = [], 0
+            while rows < gear:
+                n = rng.randint(1, gear - rows)
+                reqs.append(_request(n, next_id))
+                next_id += n
+                rows += n
+                if rng.random() < 0.4:
+                    break
+            submitted.append((reqs, pool.submit(reqs, gear)))
+        seen = set()
+        instances = set()
+        for reqs, future in submitted:
+            result = future.result(timeout=60)
+            instances.add(result.instance)
+            assert len(result.outputs) == len(reqs)
+            for req, out in zip(reqs, result.outputs):
+                np.testing.assert_array_equal(out["s"], req["idx"] * 2)
+                ids = out["s"][:, 0] // 2
+                assert not seen.intersection(ids.tolist())
+                seen.update(ids.tolist())
+        assert seen == set(range(next_id))
+        assert len(instances) == 2
+    finally:
+        pool.close()
+
+
+def test_a_device_fault_fails_only_its_batch_and_the_instance_keeps_serving(runtime, affine_om):
+    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    try:
+        faults.inject("execute", nth=1)
+        with pytest.raises(ExecutionFailed, match="507011"):
+            pool.submit([_request(2)], 2).result(timeout=30)
+        result = pool.submit([_request(2, 5)], 2).result(timeout=30)
+        np.testing.assert_array_equal(result.outputs[0]["s"], _request(2, 5)["idx"] * 2)
+    finally:
+        pool.close()
+
+
+def test_a_failed_batch_is_retried_once_on_another_instance(runtime, affine_om):
+    pool = open_pool(runtime, affine_om(), "affine", instances=2, retry=True)
+    try:
+        fault = faults.inject("execute", nth=1)
+        result = pool.submit([_request(4)], 4).result(timeout=30)
+        assert fault.fired == 1
+        np.testing.assert_array_equal(result.outputs[0]["s"], _request(4)["idx"] * 2)
+    finally:
+        pool.close()
+
+
+def test_a_device_that_stops_answering_times_out_only_that_batch(runtime, affine_om):
+    pool = open_pool(runtime, affine_om(), "affine", sync_timeout_ms=100)
+    try:
+        faults.inject("execute", nth=1, delay_ms=1500)
+        with pytest.raises(ExecutionFailed, match="507047"):
+            pool.submit([_request(1)], 1).result(timeout=30)
+        result = pool.submit([_request(1, 9)], 1).result(timeout=30)
+        np.testing.assert_array_equal(result.outputs[0]["s"], _request(1, 9)["idx"] * 2)
+    finally:
+        pool.close()
+
+
+def test_fifty_load_unload_cycles_return_device_memory(runtime, affine_om):
+    path = affine_om()
+    device = runtime.device(0)
+    baseline = device.mem_info()[0]
+    for cycle in range(50):
+        pool = open_pool(runtime, path, "affine", instances=2, slots=2)
+        assert device.mem_info()[0] < baseline
+        pool.submit([_request(1, cycle)], 1).result(timeout=30)
+        pool.close()
+        pool.close()  # safe twice
+        assert device.mem_info()[0] == baseline
+
+
+def test_loading_into_the_memory_reserve_fails_with_the_figures(runtime, affine_om):
+    from aclserve.runtime import AclRuntime
+    free, total = runtime.device(0).mem_info()
+    # A reserve that leaves 64 bytes usable: less than any model needs.
+    rt = AclRuntime(device="cpu", memory_reserve_fraction=(free - 64) / total).start()
+    try:
+        with pytest.raises(LoadError, match=r"model affine.* needs [\d,]+ bytes .* only [\d,]+ of"):
+            open_pool(rt, affine_om(), "affine")
+    finally:
+        rt.close()
+
+
+def test_engine_sync_async_and_submit(affine_om):
+    path = affine_om()
+    with Engine(device="cpu") as engine:
+        model = engine.load(path)
+        req = _request(19)  # more rows than the largest gear (8): three runs
+        expected = affine_reference(req["x"], req["idx"])
+        out = model.infer(req)
+        np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(out["s"], expected["s"])
+        out2 = asyncio.run(model.infer_async(req))
+        np.testing.assert_array_equal(out2["s"], expected["s"])
+        assert model.submit(_request(3)).result(timeout=30)["y"].shape == (3, 4)
+        with pytest.raises(ValueError, match="missing input 'idx'"):
+            model.infer({"x": req["x"]})
+        with pytest.raises(ValueError, match=r"input 'x' has shape \[19, 7\], expected \['N', 8\]"):
+            model.infer({"x": req["x"][:, :7], "idx": req["idx"]})

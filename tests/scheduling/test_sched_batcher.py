@@ -1,0 +1,265 @@
+"""DynamicBatcher batching rules, on a gated fake executor and a manual clock."""
+import asyncio
+
+import numpy as np
+import pytest
+
+from aclserve.errors import InvalidInput, QueueFull, RequestTimeout
+from aclserve.scheduling import QueuePolicy
+
+pytestmark = pytest.mark.asyncio
+
+
+def check(env, task, tag, rows):
+    result = task.result()
+    np.testing.assert_array_equal(result.outputs["y"], env.expected(tag, rows))
+    return result
+
+
+async def busy(env, batcher, executor, tag=99):
+    """Occupy the single slot with a one-row run; returns (task, run)."""
+    task = env.submit(batcher, tag)
+    await env.settle()
+    assert executor.runs[-1].tags == [tag]
+    return task, executor.runs[-1]
+
+
+async def test_lone_request_exactly_filling_a_gear_runs_at_once(env):
+    batcher, executor = env.make()
+    task = env.submit(batcher, 7)
+    await env.settle()  # no clock advance: no batch window
+    assert len(executor.runs) == 1 and executor.runs[0].gear == 1
+    executor.runs[0].complete()
+    await env.settle()
+    result = check(env, task, 7, 1)
+    assert (result.gear, result.batch_rows, result.batch_requests, result.queue_ns) == (1, 1, 1, 0)
+
+
+async def test_request_that_fills_no_gear_waits_for_the_window_then_pads(env):
+    batcher, executor = env.make(env.FakeExecutor(gears=(2, 4)), max_queue_delay_ms=5)
+    task = env.submit(batcher, 1, rows=3)
+    await env.settle()
+    env.clock.advance(0.0049)
+    await env.settle()
+    assert executor.runs == []
+    env.clock.advance(0.0002)
+    await env.settle()
+    assert [run.gear for run in executor.runs] == [4]
+    executor.runs[0].complete()
+    await env.settle()
+    result = check(env, task, 1, 3)  # 3 rows back: the padding row is dropped
+    assert result.outputs["y"].shape == (3, 2) and result.gear == 4
+    assert batcher.stats.padding_rows == 1 and batcher.stats.gear_batches == {4: 1}
+
+
+async def test_arrivals_that_fill_a_gear_end_the_window_early(env):
+    batcher, executor = env.make(env.FakeExecutor(gears=(4,)), max_queue_delay_ms=100)
+    tasks = [env.submit(batcher, tag) for tag in range(3)]
+    await env.settle()
+    assert executor.runs == []
+    tasks.append(env.submit(batcher, 3))
+    await env.settle()
+    assert [run.tags for run in executor.runs] == [[0, 1, 2, 3]]
+
+
+async def test_requests_accumulate_while_busy_and_leave_as_one_full_batch(env):
+    batcher, executor = env.make()
+    first, run = await busy(env, batcher, executor)
+    tasks = [env.submit(batcher, tag) for tag in range(8)]
+    await env.settle()
+    env.clock.advance(1.0)  # windows long expired: still no one-by-one dispatch
+    await env.settle()
+    assert len(executor.runs) == 1
+    run.complete()
+    await env.settle()
+    assert [(r.gear, r.tags) for r in executor.runs[1:]] == [(8, list(range(8)))]
+    executor.runs[1].complete()
+    await env.settle()
+    for tag, task in enumerate(tasks):
+        assert check(env, task, tag, 1).batch_requests == 8
+
+
+async def test_freed_slot_takes_what_accumulated_once_its_window_passed(env):
+    batcher, executor = env.make(max_queue_delay_ms=2)
+    first, run = await busy(env, batcher, executor)
+    tasks = [env.submit(batcher, tag) for tag in range(5)]
+    await env.settle()
+    env.clock.advance(0.003)
+    await env.settle()
+    run.complete()
+    await env.settle()
+    assert [(r.gear, r.tags) for r in executor.runs[1:]] == [(8, [0, 1, 2, 3, 4])]
+
+
+async def test_two_free_slots_split_five_rows_into_four_plus_one_when_cheaper(env):
+    executor = env.FakeExecutor(slots=2, gear_cost={1: 1.0, 2: 1.2, 4: 1.5, 8: 4.0})
+    batcher, _ = env.make(executor, max_queue_delay_ms=2)
+    a, run_a = await busy(env, batcher, executor, tag=90)
+    b, run_b = await busy(env, batcher, executor, tag=91)
+    tasks = [env.submit(batcher, tag) for tag in range(5)]
+    await env.settle()
+    env.clock.advance(0.003)
+    run_a.complete()
+    run_b.complete()  # both slots free before the batcher looks
+    await env.settle()
+    assert [(r.gear, r.tags) for r in executor.runs[2:]] == [(4, [0, 1, 2, 3]), (1, [4])]
+    for run in executor.runs[2:]:
+        run.complete()
+    await env.settle()
+    for tag, task in enumerate(tasks):
+        check(env, task, tag, 1)
+
+
+async def test_priority_order_then_fifo_within_each_level(env):
+    batcher, executor = env.make(env.FakeExecutor(gears=(1,)))
+    first, run = await busy(env, batcher, executor)
+    priorities = [3, 2, 1, 2, 1, 3, 0]
+    tasks = [env.submit(batcher, tag, priority=p) for tag, p in enumerate(priorities)]
+    await env.settle()
+    run.complete()
+    for _ in priorities:
+        await env.settle()
+        executor.runs[-1].complete()
+    await env.settle()
+    assert [r.tags[0] for r in executor.runs[1:]] == [2, 4, 1, 3, 6, 0, 5]
+    assert all(task.done() for task in tasks)
+
+
+async def test_fifo_order_inside_a_batch_and_in_outputs(env):
+    batcher, executor = env.make()
+    first, run = await busy(env, batcher, executor)
+    sizes = [3, 1, 2, 2]
+    tasks = [env.submit(batcher, tag, rows=rows) for tag, rows in enumerate(sizes)]
+    await env.settle()
+    run.complete()
+    await env.settle()
+    assert [(r.gear, r.tags) for r in executor.runs[1:]] == [(8, [0, 1, 2, 3])]
+    executor.runs[1].complete()
+    await env.settle()
+    for tag, (task, rows) in enumerate(zip(tasks, sizes)):
+        check(env, task, tag, rows)
+
+
+async def test_full_level_is_rejected_at_once(env):
+    batcher, executor = env.make(priority_queue_policy={2: QueuePolicy(max_queue_size=2)})
+    first, run = await busy(env, batcher, executor)
+    queued = [env.submit(batcher, tag) for tag in range(2)]
+    await env.settle()
+    with pytest.raises(QueueFull):
+        await batcher.infer(env.make_rows(5, 1), 1)
+    urgent = env.submit(batcher, 6, priority=1)
+    await env.settle()
+    assert batcher.queue_depth() == {1: 1, 2: 2, 3: 0}
+    assert batcher.stats.levels[2].rejected == 1
+    assert not any(task.done() for task in queued + [urgent])
+
+
+async def test_timeout_rejects_at_the_deadline_while_a_long_batch_runs(env):
+    batcher, executor = env.make(default_queue_policy=QueuePolicy(default_timeout_ms=50))
+    first, run = await busy(env, batcher, executor)
+    short = env.submit(batcher, 1, timeout_us=10_000)  # own timeout, shorter: applies
+    long = env.submit(batcher, 2)  # the level default: 50 ms
+    await env.settle()
+    env.clock.advance(0.011)
+    await env.settle()
+    assert not run.future.done()  # the executor is still blocked on the long batch
+    with pytest.raises(RequestTimeout):
+        short.result()
+    assert not long.done()
+    env.clock.advance(0.040)
+    await env.settle()
+    with pytest.raises(RequestTimeout):
+        long.result()
+    run.complete()
+    await env.settle()
+    assert len(executor.runs) == 1  # the timed-out requests never ran
+    assert batcher.stats.levels[2].timed_out == 2
+
+
+async def test_delay_action_moves_a_late_request_behind_its_level(env):
+    policy = QueuePolicy(default_timeout_ms=0, timeout_action="delay")
+    batcher, executor = env.make(env.FakeExecutor(gears=(1,)), default_queue_policy=policy)
+    first, run = await busy(env, batcher, executor)
+    late = env.submit(batcher, 1, timeout_us=1000)
+    on_time = env.submit(batcher, 2)
+    await env.settle()
+    env.clock.advance(0.002)
+    await env.settle()
+    assert not late.done()
+    run.complete()
+    await env.settle()
+    executor.runs[-1].complete()
+    await env.settle()
+    executor.runs[-1].complete()
+    await env.settle()
+    assert [r.tags[0] for r in executor.runs[1:]] == [2, 1]
+    check(env, late, 1, 1)
+    check(env, on_time, 2, 1)
+    assert batcher.stats.levels[2].delayed == 1
+
+
+async def test_cancelled_request_leaves_the_queue_at_once(env):
+    policy = QueuePolicy(default_timeout_ms=100)
+    batcher, executor = env.make(default_queue_policy=policy)
+    first, run = await busy(env, batcher, executor)
+    gone = env.submit(batcher, 1)
+    stays = env.submit(batcher, 2)
+    await env.settle()
+    gone.cancel()
+    await env.settle()
+    assert batcher.queue_depth()[2] == 1 and env.clock.pending_timers == 1
+    run.complete()
+    await env.settle()
+    assert [r.tags for r in executor.runs[1:]] == [[2]]
+    assert batcher.stats.levels[2].cancelled == 1
+
+
+async def test_cancelled_running_request_is_dropped_and_its_batch_mates_answered(env):
+    batcher, executor = env.make()
+    first, run = await busy(env, batcher, executor)
+    tasks = [env.submit(batcher, tag) for tag in range(4)]
+    await env.settle()
+    run.complete()
+    await env.settle()
+    assert executor.runs[1].tags == [0, 1, 2, 3]
+    tasks[1].cancel()
+    await env.settle()
+    executor.runs[1].complete()
+    await env.settle()
+    assert tasks[1].cancelled()
+    for tag in (0, 2, 3):
+        check(env, tasks[tag], tag, 1)
+
+
+@pytest.mark.parametrize("config, rows, limit", [({}, 9, 8), ({"max_batch_size": 4}, 5, 4)])
+async def test_request_larger_than_the_maximum_batch_is_invalid(env, config, rows, limit):
+    batcher, executor = env.make(**config)
+    with pytest.raises(InvalidInput, match=f"batch of {rows} rows exceeds the model's maximum "
+                                           f"batch size {limit}"):
+        await batcher.infer(env.make_rows(1, rows), rows)
+    assert executor.runs == []
+
+
+async def test_disabled_batching_runs_one_request_per_run(env):
+    batcher, executor = env.make(enabled=False)
+    first, run = await busy(env, batcher, executor)
+    tasks = [env.submit(batcher, tag, rows=rows) for tag, rows in enumerate([1, 3, 2])]
+    await env.settle()
+    for _ in range(4):
+        executor.runs[-1].complete()
+        await env.settle()
+    assert [(r.gear, r.tags) for r in executor.runs[1:]] == [(1, [0]), (4, [1]), (2, [2])]
+    for tag, rows in enumerate([1, 3, 2]):
+        check(env, tasks[tag], tag, rows)
+
+
+async def test_static_model_runs_each_request_alone_with_no_gear(env):
+    batcher, executor = env.make(env.FakeExecutor(gears=()))
+    tasks = [env.submit(batcher, tag, rows=2) for tag in range(2)]
+    await env.settle()
+    executor.runs[0].complete()
+    await env.settle()
+    executor.runs[1].complete()
+    await env.settle()
+    assert [(r.gear, r.tags) for r in executor.runs] == [(None, [0]), (None, [1])]
+    assert check(env, tasks[1], 1, 2).gear is None

@@ -1,0 +1,60 @@
+"""GearPlanner: padding vs splitting by measured cost (pure functions)."""
+import pytest
+
+from aclserve.scheduling import BatchingConfig, GearPlanner, max_batch_size
+
+GEARS = (1, 2, 4, 8)
+
+
+def test_max_batch_size_is_the_top_gear_unless_configured_lower():
+    assert max_batch_size(GEARS, BatchingConfig()) == 8
+    assert max_batch_size(GEARS, BatchingConfig(max_batch_size=6)) == 6
+    assert max_batch_size(GEARS, BatchingConfig(max_batch_size=32)) == 8
+    assert max_batch_size((), BatchingConfig()) == 1
+
+
+def test_pads_to_the_smallest_gear_that_fits():
+    planner = GearPlanner(GEARS, {}, 8)
+    assert [planner.gear_for(rows) for rows in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    assert planner.is_exact(4) and not planner.is_exact(5)
+
+
+def test_a_configured_limit_below_a_gear_still_pads_to_that_gear():
+    planner = GearPlanner(GEARS, {}, 6)
+    assert planner.gear_for(6) == 8 and not planner.is_exact(8)
+
+
+def test_one_free_slot_never_splits():
+    planner = GearPlanner(GEARS, {}, 8)
+    assert planner.plan([1] * 5, 5, free_slots=1) == [(5, 8)]
+
+
+def test_five_rows_split_into_four_plus_one_when_cheaper():
+    planner = GearPlanner(GEARS, {1: 1.0, 2: 1.2, 4: 1.5, 8: 4.0}, 8)
+    assert planner.plan([1] * 5, 5, free_slots=2) == [(4, 4), (1, 1)]
+
+
+def test_five_rows_pad_to_eight_when_the_big_gear_is_cheap():
+    planner = GearPlanner(GEARS, {1: 1.0, 2: 1.2, 4: 1.5, 8: 2.0}, 8)
+    assert planner.plan([1] * 5, 5, free_slots=4) == [(5, 8)]
+
+
+def test_split_needs_a_clear_saving():
+    # 4 + 1 costs 2.5 vs 2.6 for one padded run: less than SPLIT_SAVING, so pad
+    planner = GearPlanner(GEARS, {1: 1.0, 2: 1.2, 4: 1.5, 8: 2.6}, 8)
+    assert planner.plan([1] * 5, 5, free_slots=2) == [(5, 8)]
+
+
+def test_split_never_cuts_a_request_keeps_order_and_respects_free_slots():
+    planner = GearPlanner(GEARS, {}, 8)  # unmeasured: cost proportional to the gear
+    # 3+1 fills gear 4, then 2 fills gear 2, then 1: cost 7 against 8 for one padded run
+    assert planner.plan([3, 1, 2, 1], 7, free_slots=3) == [(2, 4), (1, 2), (1, 1)]
+    # with two slots the best is 4 + (2+1 padded to 4) = 8: no saving, one run
+    assert planner.plan([3, 1, 2, 1], 7, free_slots=2) == [(4, 8)]
+    assert planner.plan([2, 2, 1], 5, free_slots=3) == [(2, 4), (1, 1)]
+
+
+def test_unmeasured_gears_scale_from_the_nearest_measured_one():
+    planner = GearPlanner(GEARS, {8: 8.0}, 8)
+    assert planner.cost(4) == pytest.approx(4.0)
+    assert planner.cost(8) == pytest.approx(8.0)

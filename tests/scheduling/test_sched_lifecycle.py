@@ -1,0 +1,295 @@
+"""DynamicBatcher failures, ordering, drain/close, statistics and the real loop clock."""
+import asyncio
+
+import numpy as np
+import pytest
+
+from aclserve.errors import ExecutionFailed, ModelUnavailable, RequestTimeout, ShuttingDown
+from aclserve.scheduling import BatchingConfig, DynamicBatcher, QueuePolicy
+
+pytestmark = pytest.mark.asyncio
+
+
+def check(env, task, tag, rows=1):
+    np.testing.assert_array_equal(task.result().outputs["y"], env.expected(tag, rows))
+
+
+async def complete_all(env, executor):
+    while executor.pending:
+        for run in executor.pending:
+            run.complete()
+        await env.settle()
+
+
+async def test_failed_run_fails_only_its_requests_and_batching_goes_on(env):
+    batcher, executor = env.make(env.FakeExecutor(gears=(1, 2)))
+    first = env.submit(batcher, 1)
+    await env.settle()
+    second = env.submit(batcher, 2)
+    await env.settle()
+    executor.runs[0].fail(ExecutionFailed("device fault on fake_0"))
+    await env.settle()
+    with pytest.raises(ExecutionFailed, match="device fault"):
+        first.result()
+    assert executor.runs[1].tags == [2]
+    executor.runs[1].fail(ValueError("unexpected"))  # not a ServeError: wrapped, logged
+    third = env.submit(batcher, 3)
+    await env.settle()
+    with pytest.raises(ExecutionFailed, match="ValueError"):
+        second.result()
+    await complete_all(env, executor)
+    check(env, third, 3)
+    assert batcher.stats.fail.count == 2 and batcher.stats.success.count == 1
+
+
+async def test_submit_raising_fails_that_run_only(env):
+    executor = env.FakeExecutor()
+    batcher, _ = env.make(executor)
+    real_submit = executor.submit
+    calls = []
+
+    def flaky(requests, gear):
+        calls.append(gear)
+        if len(calls) == 1:
+            raise RuntimeError("launcher thread gone")
+        return real_submit(requests, gear)
+
+    executor.submit = flaky
+    first = env.submit(batcher, 1)
+    await env.settle()
+    with pytest.raises(ExecutionFailed, match="RuntimeError"):
+        first.result()
+    second = env.submit(batcher, 2)
+    await env.settle()
+    await complete_all(env, executor)
+    check(env, second, 2)
+
+
+async def test_scheduling_error_fails_the_head_request_and_the_loop_survives(env):
+    executor = env.FakeExecutor()
+    batcher, _ = env.make(executor)
+    real_free_slots = executor.free_slots
+    broken = [True]
+
+    def free_slots():
+        if broken.pop() if broken else False:
+            raise RuntimeError("pool state corrupted")
+        return real_free_slots()
+
+    executor.free_slots = free_slots
+    first = env.submit(batcher, 1)
+    second = env.submit(batcher, 2)
+    await env.settle()
+    with pytest.raises(ExecutionFailed, match="internal batching error"):
+        first.result()
+    await complete_all(env, executor)
+    check(env, second, 2)
+
+
+async def test_a_dead_loop_task_is_logged_and_restarted(env, caplog):
+    batcher, executor = env.make()
+    batcher.start()
+    original = batcher._schedule
+    crashes = []
+
+    def crash_once():
+        if not crashes:
+            crashes.append(1)
+            raise RuntimeError("bug")
+        original()
+
+    batcher._schedule = crash_once
+    task = env.submit(batcher, 1)
+    await env.settle()
+    assert crashes and "loop task died" in caplog.text
+    batcher._wakeup.set()  # the restarted task picks up the queued request
+    await env.settle()
+    await complete_all(env, executor)
+    check(env, task, 1)
+
+
+async def test_preserve_ordering_releases_results_in_arrival_order(env):
+    executor = env.FakeExecutor(gears=(1,), slots=2)
+    batcher, _ = env.make(executor, preserve_ordering=True)
+    first, second = env.submit(batcher, 1), env.submit(batcher, 2)
+    await env.settle()
+    assert [run.tags for run in executor.runs] == [[1], [2]]
+    executor.runs[1].complete()
+    await env.settle()
+    assert not second.done()  # held until the earlier request is answered
+    executor.runs[0].complete()
+    await env.settle()
+    check(env, first, 1)
+    check(env, second, 2)
+
+
+async def test_without_preserve_ordering_results_leave_as_runs_finish(env):
+    executor = env.FakeExecutor(gears=(1,), slots=2)
+    batcher, _ = env.make(executor)
+    first, second = env.submit(batcher, 1), env.submit(batcher, 2)
+    await env.settle()
+    executor.runs[1].complete()
+    await env.settle()
+    assert second.done() and not first.done()
+
+
+async def test_preserve_ordering_does_not_hold_results_behind_a_timed_out_request(env):
+    executor = env.FakeExecutor(gears=(1,), slots=1)
+    batcher, _ = env.make(executor, preserve_ordering=True)
+    first = env.submit(batcher, 1)
+    late = env.submit(batcher, 2, timeout_us=1000)
+    after = env.submit(batcher, 3)
+    await env.settle()
+    env.clock.advance(0.002)
+    await env.settle()
+    with pytest.raises(RequestTimeout):
+        late.result()
+    await complete_all(env, executor)
+    check(env, first, 1)
+    check(env, after, 3)
+
+
+async def test_preserve_ordering_releases_held_results_when_the_head_times_out(env):
+    executor = env.FakeExecutor(gears=(1,))
+    batcher, _ = env.make(executor, preserve_ordering=True)
+    first = env.submit(batcher, 1)
+    await env.settle()
+    head = env.submit(batcher, 2, timeout_us=1000)
+    urgent = env.submit(batcher, 3, priority=1)  # arrives later, runs earlier
+    await env.settle()
+    executor.runs[0].complete()
+    await env.settle()
+    assert executor.runs[1].tags == [3]
+    executor.slots = 0  # the freed slot is not usable: the head stays queued
+    executor.runs[1].complete()
+    await env.settle()
+    assert not urgent.done()  # held behind the queued head
+    env.clock.advance(0.002)
+    await env.settle()
+    with pytest.raises(RequestTimeout):
+        head.result()
+    check(env, urgent, 3)
+    assert len(executor.runs) == 2
+
+
+async def test_preserve_ordering_releases_held_results_when_the_head_is_cancelled(env):
+    executor = env.FakeExecutor(gears=(1,), slots=2)
+    batcher, _ = env.make(executor, preserve_ordering=True)
+    head, second = env.submit(batcher, 1), env.submit(batcher, 2)
+    await env.settle()
+    executor.runs[1].complete()
+    await env.settle()
+    assert not second.done()
+    head.cancel()
+    await env.settle()
+    check(env, second, 2)
+    executor.runs[0].complete()
+    await env.settle()
+
+
+async def test_drain_refuses_new_requests_and_waits_for_queued_and_running(env):
+    batcher, executor = env.make(env.FakeExecutor(gears=(1,)))
+    running, queued = env.submit(batcher, 1), env.submit(batcher, 2)
+    await env.settle()
+    drain = asyncio.ensure_future(batcher.drain(timeout=None))
+    await env.settle()
+    with pytest.raises(ModelUnavailable, match="draining"):
+        await batcher.infer(env.make_rows(3, 1), 1)
+    assert not drain.done()
+    executor.runs[0].complete()
+    await env.settle()
+    assert not drain.done()  # the queued request still runs
+    executor.runs[1].complete()
+    await env.settle()
+    assert drain.result() is True
+    check(env, running, 1)
+    check(env, queued, 2)
+
+
+async def test_drain_timeout_returns_false_and_leaves_work_alone(env):
+    batcher, executor = env.make()
+    task = env.submit(batcher, 1)
+    await env.settle()
+    assert await batcher.drain(timeout=0.001) is False
+    await complete_all(env, executor)
+    check(env, task, 1)
+
+
+async def test_close_fails_queued_and_running_with_shutting_down(env):
+    batcher, executor = env.make(env.FakeExecutor(gears=(1,)),
+                                 default_queue_policy=QueuePolicy(default_timeout_ms=100))
+    running, queued = env.submit(batcher, 1), env.submit(batcher, 2)
+    await env.settle()
+    loop_task = batcher._task
+    await batcher.close()
+    await batcher.close()  # idempotent
+    await env.settle()
+    assert loop_task.done()
+    for task in (running, queued):
+        with pytest.raises(ShuttingDown):
+            task.result()
+    with pytest.raises(ShuttingDown):
+        await batcher.infer(env.make_rows(3, 1), 1)
+    executor.runs[0].complete()  # a late result is dropped quietly
+    await env.settle()
+    assert len(executor.runs) == 1 and env.clock.pending_timers == 0
+    assert batcher.pending == 0
+
+
+async def test_statistics_follow_the_runs(env):
+    batcher, executor = env.make()
+    seen_requests, seen_batches = [], []
+    batcher.stats.observe(lambda *a: seen_requests.append(a), lambda *a: seen_batches.append(a))
+    first = env.submit(batcher, 1)
+    await env.settle()
+    rest = [env.submit(batcher, tag, rows=rows, priority=p)
+            for tag, rows, p in [(2, 2, 1), (3, 1, 2)]]
+    await env.settle()
+    env.clock.advance(0.002)  # 3 rows fill no gear: they leave when the window ends
+    await complete_all(env, executor)
+    check(env, first, 1)
+    stats = batcher.stats
+    assert stats.gear_batches == {1: 1, 4: 1}
+    assert (stats.rows, stats.padding_rows) == (4, 1)
+    assert stats.padding_ratio() == pytest.approx(1 / 5)
+    assert stats.levels[1].queue.count == 1 and stats.levels[2].queue.count == 2
+    assert abs(stats.levels[1].queue.ns - 2_000_000) <= 1  # waited the 2 ms window
+    kserve = stats.kserve()
+    assert kserve["inference_count"] == 4 and kserve["execution_count"] == 2
+    inference = kserve["inference_stats"]
+    assert inference["success"]["count"] == 3 and inference["queue"]["count"] == 3
+    assert inference["compute_infer"] == {"count": 3, "ns": 500_000 * 3}  # 0.5 ms per request
+    assert set(inference) >= {"fail", "compute_input", "compute_output", "cache_hit", "cache_miss"}
+    assert [b["batch_size"] for b in kserve["batch_stats"]] == [1, 3]
+    assert sorted(level for level, *_ in seen_requests) == [1, 2, 2]
+    assert [(gear, rows) for gear, rows, _ in seen_batches] == [(1, 1), (4, 3)]
+    assert stats.snapshot()["levels"][2]["queue_depth"] == 0
+
+
+async def test_real_loop_clock_timeout_fires_while_the_executor_is_blocked(fakes):
+    """No manual clock: the deadline is a loop timer, answered with the run still blocked."""
+    executor = fakes.FakeExecutor(gears=(1,))
+    batcher = DynamicBatcher(executor, BatchingConfig(
+        default_queue_policy=QueuePolicy(default_timeout_ms=20)), name="m:1")
+    try:
+        blocker = asyncio.ensure_future(batcher.infer(fakes.make_rows(1, 1), 1))
+        await fakes.settle()
+        with pytest.raises(RequestTimeout):
+            await asyncio.wait_for(batcher.infer(fakes.make_rows(2, 1), 1), timeout=30)
+        assert not executor.runs[0].future.done() and len(executor.runs) == 1
+        executor.runs[0].complete()
+        await blocker
+    finally:
+        await batcher.close()
+
+
+async def test_real_loop_clock_window_dispatches_a_partial_batch(fakes):
+    executor = fakes.FakeExecutor(gears=(4,), auto=True)
+    batcher = DynamicBatcher(executor, BatchingConfig(max_queue_delay_ms=1), name="m:1")
+    try:
+        result = await asyncio.wait_for(batcher.infer(fakes.make_rows(5, 1), 1), timeout=30)
+        np.testing.assert_array_equal(result.outputs["y"], fakes.expected(5, 1))
+        assert result.gear == 4
+    finally:
+        await batcher.close()
+        executor.join()

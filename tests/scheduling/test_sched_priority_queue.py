@@ -1,0 +1,122 @@
+"""PriorityQueue alone: levels, FIFO, capacity, deadlines (manual clock, no event loop)."""
+import pytest
+
+from aclserve.errors import QueueFull
+from aclserve.scheduling import BatchingConfig, PriorityQueue, QueuedRequest, QueuePolicy
+from aclserve.scheduling.queue import timeout_seconds
+from aclserve.scheduling.request import DISPATCHED, QUEUED, REMOVED
+
+
+def make_queue(clock, **config):
+    timed_out, delayed = [], []
+    queue = PriorityQueue(BatchingConfig(**config), clock, timed_out.append, delayed.append)
+    return queue, timed_out, delayed
+
+
+def request(queue, clock, tag, rows=1, priority=None, timeout_us=None):
+    req = QueuedRequest({"tag": tag}, rows, queue.level_for(priority), clock.now(), None)
+    queue.push(req, timeout_us)
+    return req
+
+
+def tags(requests):
+    return [r.inputs["tag"] for r in requests]
+
+
+def test_levels_in_priority_order_and_fifo_within_a_level(clock):
+    queue, _, _ = make_queue(clock)
+    for tag, priority in enumerate([3, 2, 1, None, 0, 1, 9, 3]):
+        request(queue, clock, tag, priority=priority)
+    # 0, None and out of range (9) fall back to the default level 2
+    assert queue.depths() == {1: 2, 2: 4, 3: 2}
+    assert tags(queue.take(100)) == [2, 5, 1, 3, 4, 6, 0, 7]
+    assert len(queue) == 0 and queue.rows == 0
+
+
+def test_take_stops_at_the_first_request_that_does_not_fit(clock):
+    queue, _, _ = make_queue(clock)
+    for tag, rows in enumerate([3, 4, 1]):
+        request(queue, clock, tag, rows=rows)
+    taken = queue.take(6)
+    assert tags(taken) == [0]  # 1 would fit after 4 is skipped, but 4 is not starved
+    assert all(r.state == DISPATCHED for r in taken)
+    assert tags(queue.take(6, max_requests=1)) == [1]
+    assert queue.rows == 1
+
+
+def test_a_higher_level_request_that_does_not_fit_blocks_lower_levels(clock):
+    queue, _, _ = make_queue(clock)
+    request(queue, clock, 0, rows=3, priority=1)
+    request(queue, clock, 1, rows=4, priority=1)
+    request(queue, clock, 2, rows=1, priority=3)
+    assert tags(queue.take(6)) == [0]
+    assert tags(queue.take(6)) == [1, 2]
+
+
+def test_full_level_rejects_at_once_and_other_levels_still_accept(clock):
+    queue, _, _ = make_queue(clock, priority_queue_policy={2: QueuePolicy(max_queue_size=2)})
+    request(queue, clock, 0)
+    request(queue, clock, 1)
+    with pytest.raises(QueueFull, match="level 2"):
+        request(queue, clock, 2)
+    request(queue, clock, 3, priority=1)
+    assert queue.depths() == {1: 1, 2: 2, 3: 0}
+
+
+def test_reject_timeout_removes_the_request_at_its_deadline(clock):
+    queue, timed_out, _ = make_queue(clock, default_queue_policy=QueuePolicy(default_timeout_ms=10))
+    first = request(queue, clock, 0)
+    clock.advance(0.005)
+    second = request(queue, clock, 1)
+    clock.advance(0.0049)
+    assert timed_out == []
+    clock.advance(0.0002)
+    assert timed_out == [first] and first.state == REMOVED
+    assert tags(queue) == [1] and second.state == QUEUED
+    clock.advance(0.005)
+    assert timed_out == [first, second] and len(queue) == 0
+
+
+def test_delay_timeout_moves_the_request_behind_its_level(clock):
+    policy = QueuePolicy(default_timeout_ms=0, timeout_action="delay")
+    queue, timed_out, delayed = make_queue(clock, default_queue_policy=policy)
+    late = request(queue, clock, 0, timeout_us=1000)
+    request(queue, clock, 1)
+    request(queue, clock, 2, timeout_us=50_000)
+    clock.advance(0.002)
+    assert delayed == [late] and timed_out == []
+    request(queue, clock, 3)
+    request(queue, clock, 4, priority=3)
+    # delayed requests come after every on-time request of their level, before lower levels
+    assert tags(queue) == [1, 2, 3, 0, 4]
+
+
+def test_removal_cancels_the_deadline_timer(clock):
+    queue, timed_out, _ = make_queue(clock, default_queue_policy=QueuePolicy(default_timeout_ms=10))
+    req = request(queue, clock, 0)
+    assert clock.pending_timers == 1
+    assert queue.remove(req) and not queue.remove(req)
+    assert clock.pending_timers == 0 and len(queue) == 0
+    clock.advance(1)
+    assert timed_out == []
+
+
+def test_taken_requests_do_not_time_out(clock):
+    queue, timed_out, _ = make_queue(clock, default_queue_policy=QueuePolicy(default_timeout_ms=10))
+    request(queue, clock, 0)
+    queue.take(8)
+    clock.advance(1)
+    assert timed_out == []
+
+
+@pytest.mark.parametrize("default_ms, allow, own_us, expected", [
+    (0, True, None, 0),
+    (0, True, 5000, 0.005),  # QueuePolicy: with no default deadline the request's own applies
+    (10, True, 5000, 0.005),
+    (10, True, 50_000, 0.010),  # longer than the default: ignored
+    (10, False, 5000, 0.010),
+    (0, False, 5000, 0),
+])
+def test_timeout_override_semantics(default_ms, allow, own_us, expected):
+    policy = QueuePolicy(default_timeout_ms=default_ms, allow_timeout_override=allow)
+    assert timeout_seconds(policy, own_us) == pytest.approx(expected)

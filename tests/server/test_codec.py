@@ -1,0 +1,226 @@
+"""Pure codec tests: request decoding/validation and response encoding, no network."""
+import json
+
+import numpy as np
+import pytest
+
+from aclserve.errors import InvalidInput
+from aclserve.runtime.types import TensorSpec
+from aclserve.server import codec, encode
+
+
+def spec(name, datatype, shape):
+    from aclserve.acl.constants import kserve_to_numpy
+    return TensorSpec(name, datatype, kserve_to_numpy(datatype), tuple(shape))
+
+
+BATCHED = codec.Signature([spec("x", "FP32", [-1, 4])], [spec("y", "FP32", [-1, 2]), spec("z", "INT64", [-1])], 8)
+TWO_INPUTS = codec.Signature([spec("a", "FP32", [-1, 2]), spec("b", "INT32", [-1, 3])],
+                             [spec("y", "FP32", [-1, 2])], 4)
+STATIC = codec.Signature([spec("x", "FP16", [2, 2])], [spec("y", "FP16", [2])], 0)
+BOOLS = codec.Signature([spec("m", "BOOL", [3])], [spec("o", "BOOL", [3])], 0)
+
+
+def body(doc, *chunks):
+    head = json.dumps(doc).encode()
+    return head + b"".join(chunks), (len(head) if chunks else None)
+
+
+def decode(sig, doc, *chunks, header=None):
+    raw, length = body(doc, *chunks)
+    return codec.decode_request(raw, length if header is None else header, sig)
+
+
+def inp(name, datatype, shape, data=None, size=None):
+    item = {"name": name, "datatype": datatype, "shape": shape}
+    if data is not None:
+        item["data"] = data
+    if size is not None:
+        item["parameters"] = {"binary_data_size": size}
+    return item
+
+
+def bad(sig, doc, *chunks, match, header=None):
+    with pytest.raises(InvalidInput, match=match):
+        decode(sig, doc, *chunks, header=header)
+
+
+def test_json_flat_and_nested_data():
+    flat = decode(BATCHED, {"inputs": [inp("x", "FP32", [2, 4], list(range(8)))]})
+    nested = decode(BATCHED, {"inputs": [inp("x", "FP32", [2, 4], [[0, 1, 2, 3], [4, 5, 6, 7]])]})
+    for req in (flat, nested):
+        assert req.rows == 2
+        assert req.inputs["x"].dtype == np.float32
+        np.testing.assert_array_equal(req.inputs["x"], np.arange(8, dtype=np.float32).reshape(2, 4))
+
+
+def test_fp16_json_numbers_and_bools():
+    req = decode(STATIC, {"inputs": [inp("x", "FP16", [2, 2], [0.5, 1.5, 2.0, -1.0])]})
+    assert req.inputs["x"].dtype == np.float16 and req.rows == 1
+    req = decode(BOOLS, {"inputs": [inp("m", "BOOL", [3], [True, False, True])]})
+    np.testing.assert_array_equal(req.inputs["m"], [True, False, True])
+    bad(BOOLS, {"inputs": [inp("m", "BOOL", [3], [1, 0, 1])]}, match="booleans")
+
+
+def test_binary_inputs_in_order_zero_copy():
+    a = np.arange(4, dtype=np.float32).reshape(2, 2)
+    b = np.arange(6, dtype=np.int32).reshape(2, 3)
+    req = decode(TWO_INPUTS, {"inputs": [inp("a", "FP32", [2, 2], size=16), inp("b", "INT32", [2, 3], size=24)]},
+                 a.tobytes(), b.tobytes())
+    np.testing.assert_array_equal(req.inputs["a"], a)
+    np.testing.assert_array_equal(req.inputs["b"], b)
+    assert not req.inputs["a"].flags.writeable  # a view into the body, not a copy
+
+
+def test_mixed_json_and_binary_inputs():
+    b = np.arange(3, dtype=np.int32).reshape(1, 3)
+    req = decode(TWO_INPUTS, {"inputs": [inp("a", "FP32", [1, 2], [1, 2]), inp("b", "INT32", [1, 3], size=12)]},
+                 b.tobytes())
+    np.testing.assert_array_equal(req.inputs["b"], b)
+
+
+@pytest.mark.parametrize("chunks,size,match", [
+    ([b"\0" * 12], 16, "needs 16 bytes"),  # body too short
+    ([b"\0" * 20], 16, "after the last binary input"),  # trailing bytes
+    ([b"\0" * 12], 12, "binary_data_size 12 does not match"),  # size disagrees with shape
+])
+def test_binary_size_mismatch(chunks, size, match):
+    bad(BATCHED, {"inputs": [inp("x", "FP32", [1, 4], size=size)]}, *chunks, match=match)
+
+
+def test_binary_framing_header_errors():
+    raw, length = body({"inputs": [inp("x", "FP32", [1, 4], size=16)]}, b"\0" * 16)
+    with pytest.raises(InvalidInput, match="only"):
+        codec.decode_request(raw, len(raw) + 1, BATCHED)
+    with pytest.raises(InvalidInput, match="no Inference-Header-Content-Length"):
+        codec.decode_request(raw[:length], None, BATCHED)
+    with pytest.raises(InvalidInput, match="not valid JSON"):
+        codec.decode_request(raw, length - 3, BATCHED)
+    with pytest.raises(InvalidInput, match="non-negative integer"):
+        codec.parse_header_length("-4")
+    assert codec.parse_header_length(None) is None and codec.parse_header_length("12") == 12
+
+
+def test_json_only_body_with_header_equal_to_body_length():
+    raw, _ = body({"inputs": [inp("x", "FP32", [1, 4], [1, 2, 3, 4])]})
+    assert codec.decode_request(raw, len(raw), BATCHED).inputs["x"].shape == (1, 4)
+
+
+def test_raw_binary_request():
+    x = np.arange(4, dtype=np.float32)
+    req = codec.decode_request(x.tobytes(), 0, BATCHED)
+    assert req.inputs["x"].shape == (1, 4) and req.binary_output and req.rows == 1
+    with pytest.raises(InvalidInput, match="does not fit"):
+        codec.decode_request(b"\0" * 12, 0, BATCHED)
+    with pytest.raises(InvalidInput, match="single-input"):
+        codec.decode_request(b"\0" * 8, 0, TWO_INPUTS)
+
+
+@pytest.mark.parametrize("doc,match", [
+    ([1, 2], "JSON object"),
+    ({}, "inputs must be a non-empty array"),
+    ({"inputs": [inp("q", "FP32", [1, 4], [0] * 4)]}, "unknown input 'q'"),
+    ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)] * 2}, "more than once"),
+    ({"inputs": [inp("x", "FP64", [1, 4], [0] * 4)]}, "datatype 'FP64' does not match"),
+    ({"inputs": [inp("x", "BYTES", [1, 4], ["a"] * 4)]}, "BYTES is not supported"),
+    ({"inputs": [inp("x", "FP32", [1, 5], [0] * 5)]}, r"shape \[1, 5\] does not match"),
+    ({"inputs": [inp("x", "FP32", [4], [0] * 4)]}, "does not match the model's"),
+    ({"inputs": [inp("x", "FP32", [0, 4], [])]}, "at least 1"),
+    ({"inputs": [inp("x", "FP32", [9, 4], [0] * 36)]}, "exceeds the model's max_batch_size 8"),
+    ({"inputs": [inp("x", "FP32", [1, 4], [0] * 3)]}, "has 3 elements but shape"),
+    ({"inputs": [inp("x", "FP32", [1, 4], [[0, 1], [2]])]}, "rectangular"),
+    ({"inputs": [inp("x", "FP32", [1, 4], ["a", "b", "c", "d"])]}, "must be numbers"),
+    ({"inputs": [inp("x", "FP32", [1, 4], [None] * 4)]}, "must be numbers"),
+    ({"inputs": [inp("x", "FP32", [1, 4])]}, "neither data"),
+    ({"inputs": [inp("x", "FP32", [1, "4"], [0] * 4)]}, "shape must be"),
+    ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "parameters": {"priority": -1}}, "priority"),
+    ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "parameters": {"priority": 1.5}}, "priority"),
+    ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "parameters": {"timeout": "soon"}}, "timeout"),
+    ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "outputs": [{"name": "nope"}]}, "unknown output 'nope'"),
+    ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "id": 5}, "id must be a string"),
+    ({"inputs": [dict(inp("x", "FP32", [1, 4], [0] * 4), parameters={"shared_memory_region": "r"})]},
+     "shared memory is not supported"),
+])
+def test_invalid_requests_name_the_field(doc, match):
+    bad(BATCHED, doc, match=match)
+
+
+def test_missing_input_and_row_mismatch():
+    bad(TWO_INPUTS, {"inputs": [inp("a", "FP32", [1, 2], [0, 0])]}, match="missing input.*b")
+    bad(TWO_INPUTS, {"inputs": [inp("a", "FP32", [1, 2], [0, 0]), inp("b", "INT32", [2, 3], [0] * 6)]},
+        match="differs from the other inputs")
+
+
+def test_integer_inputs_refuse_floats_and_overflow():
+    bad(TWO_INPUTS, {"inputs": [inp("a", "FP32", [1, 2], [0, 0]), inp("b", "INT32", [1, 3], [1.5, 2, 3])]},
+        match="integers")
+    bad(TWO_INPUTS, {"inputs": [inp("a", "FP32", [1, 2], [0, 0]), inp("b", "INT32", [1, 3], [2**40, 2, 3])]},
+        match="out of range")
+
+
+def test_parameters_and_requested_outputs():
+    req = decode(BATCHED, {"id": "r1", "inputs": [inp("x", "FP32", [1, 4], [0] * 4)],
+                           "parameters": {"priority": 1, "timeout": 5000, "binary_data_output": True},
+                           "outputs": [{"name": "z", "parameters": {"binary_data": False}}]})
+    assert (req.id, req.priority, req.timeout_us, req.binary_output) == ("r1", 1, 5000, True)
+    assert req.outputs == (codec.RequestedOutput("z", False, 0),)
+
+
+def run_encode(req, outputs, sig=BATCHED):
+    return encode.encode_response("m", "1", req, outputs, sig, batched=sig.max_batch_size > 0)
+
+
+OUTPUTS = {"y": np.array([[1.5, 2.5]], dtype=np.float32), "z": np.array([7], dtype=np.int64)}
+
+
+def test_encode_json_response_echoes_id():
+    raw, length = run_encode(codec.InferRequest({}, 1, id="abc"), OUTPUTS)
+    assert length is None
+    doc = json.loads(raw)
+    assert doc["id"] == "abc" and doc["model_name"] == "m" and doc["model_version"] == "1"
+    assert doc["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [1, 2], "data": [1.5, 2.5]},
+                              {"name": "z", "datatype": "INT64", "shape": [1], "data": [7]}]
+
+
+def test_encode_binary_per_output_override():
+    req = codec.InferRequest({}, 1, binary_output=True,
+                             outputs=(codec.RequestedOutput("z", None), codec.RequestedOutput("y", False)))
+    raw, length = run_encode(req, OUTPUTS)
+    doc = json.loads(raw[:length])
+    assert [o["name"] for o in doc["outputs"]] == ["z", "y"]
+    assert doc["outputs"][0]["parameters"] == {"binary_data_size": 8} and "data" not in doc["outputs"][0]
+    assert doc["outputs"][1]["data"] == [1.5, 2.5]
+    assert np.frombuffer(raw[length:], np.int64).tolist() == [7]
+
+
+def test_encode_all_binary_round_trip_order():
+    req = codec.InferRequest({}, 1, binary_output=True)
+    raw, length = run_encode(req, OUTPUTS)
+    doc = json.loads(raw[:length])
+    offset = length
+    for out in doc["outputs"]:
+        size = out["parameters"]["binary_data_size"]
+        arr = np.frombuffer(raw[offset:offset + size], OUTPUTS[out["name"]].dtype).reshape(out["shape"])
+        np.testing.assert_array_equal(arr, OUTPUTS[out["name"]])
+        offset += size
+    assert offset == len(raw)
+
+
+def test_classification_top_n():
+    req = codec.InferRequest({}, 2, outputs=(codec.RequestedOutput("y", False, 1),))
+    outs = {"y": np.array([[0.1, 0.9], [0.7, 0.2]], dtype=np.float32)}
+    doc = json.loads(run_encode(req, outs)[0])
+    assert doc["outputs"][0]["datatype"] == "BYTES" and doc["outputs"][0]["shape"] == [2, 1]
+    assert [s.split(":")[1] for s in doc["outputs"][0]["data"]] == ["1", "0"]
+    req = codec.InferRequest({}, 2, outputs=(codec.RequestedOutput("y", True, 2),))
+    raw, length = run_encode(req, outs)
+    first = raw[length:]
+    n = int.from_bytes(first[:4], "little")
+    assert first[4:4 + n].decode().endswith(":1")
+
+
+def test_json_output_elements_counts_only_json_outputs():
+    assert encode.json_output_elements(codec.InferRequest({}, 1), OUTPUTS) == 3
+    assert encode.json_output_elements(codec.InferRequest({}, 1, binary_output=True), OUTPUTS) == 0
+    req = codec.InferRequest({}, 1, binary_output=True, outputs=(codec.RequestedOutput("y", False),))
+    assert encode.json_output_elements(req, OUTPUTS) == 2

@@ -1,0 +1,52 @@
+"""/metrics on the real server, parsed with prometheus-client's own parser."""
+import asyncio
+import json
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 8], "data": [0.5] * 24},
+                   {"name": "idx", "datatype": "INT64", "shape": [3, 3], "data": [1] * 9}]}
+
+
+async def _exchange(url):
+    async with aiohttp.ClientSession() as session:
+        for _ in range(3):
+            async with session.post(f"{url}/v2/models/affine/infer", json=BODY) as resp:
+                assert resp.status == 200
+        bad = dict(BODY, inputs=BODY["inputs"][:1])
+        async with session.post(f"{url}/v2/models/affine/infer", data=json.dumps(bad)) as resp:
+            assert resp.status == 400
+        async with session.get(f"{url}/metrics") as resp:
+            assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
+            return await resp.text()
+
+
+def samples(text):
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def value(found, name, **labels):
+    return sum(s.value for s in found.get(name, []) if all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_metrics_after_requests(server):
+    found = samples(asyncio.run(_exchange(f"http://{server.url}")))
+    mv = {"model": "affine", "version": "1"}
+    assert value(found, "aclserve_request_success_total", **mv) >= 3
+    assert value(found, "aclserve_request_failure_total", reason="InvalidInput", **mv) >= 1
+    assert value(found, "aclserve_request_duration_seconds_count", **mv) >= 4
+    assert value(found, "aclserve_queue_duration_seconds_count", **mv) >= 3
+    assert value(found, "aclserve_compute_duration_seconds_count", **mv) >= 1
+    # 3 rows run in gear 4: one padding row per run
+    assert value(found, "aclserve_batch_size_count", **mv) >= 1
+    assert value(found, "aclserve_padding_rows_total", **mv) >= 1
+    assert {s.labels["priority"] for s in found["aclserve_queue_depth"] if s.labels["model"] == "affine"} == {"1", "2", "3"}
+    assert any(s.labels["model"] == "affine" for s in found["aclserve_instance_busy_ratio"])
+    assert value(found, "aclserve_device_memory_total_bytes", device="0") > 0
+    assert "aclserve_device_memory_used_bytes" in found
+    assert value(found, "aclserve_model_load_duration_seconds_count", model="affine") >= 1

@@ -1,0 +1,273 @@
+"""The real server on a real port, driven by tritonclient.http and raw aiohttp requests."""
+import asyncio
+import gzip
+import json
+import zlib
+
+import aiohttp
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+
+X = np.arange(16, dtype=np.float32).reshape(2, 8) / 10
+IDX = np.arange(6, dtype=np.int64).reshape(2, 3)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    c = httpclient.InferenceServerClient(server.url)
+    yield c
+    c.close()
+
+
+def inputs(binary=True, x=X, idx=IDX):
+    a = httpclient.InferInput("x", list(x.shape), "FP32")
+    a.set_data_from_numpy(x, binary_data=binary)
+    b = httpclient.InferInput("idx", list(idx.shape), "INT64")
+    b.set_data_from_numpy(idx, binary_data=binary)
+    return [a, b]
+
+
+def test_health_and_server_metadata(client):
+    assert client.is_server_live() and client.is_server_ready()
+    meta = client.get_server_metadata()
+    assert meta["name"] == "aclserve" and isinstance(meta["extensions"], list)
+    assert "binary_tensor_data" in meta["extensions"]
+
+
+def test_model_metadata_and_config(client):
+    assert client.is_model_ready("affine") and client.is_model_ready("affine", "1")
+    meta = client.get_model_metadata("affine")
+    assert meta["platform"] == "ascend_om" and meta["versions"] == ["1"]
+    assert {i["name"]: (i["datatype"], i["shape"]) for i in meta["inputs"]} == {
+        "x": ("FP32", [-1, 8]), "idx": ("INT64", [-1, 3])}
+    config = client.get_model_config("affine")
+    assert config["max_batch_size"] == 8
+    assert {i["name"]: (i["data_type"], i["dims"]) for i in config["input"]} == {
+        "x": ("TYPE_FP32", [8]), "idx": ("TYPE_INT64", [3])}
+    assert config["dynamic_batching"]["preferred_batch_size"] == [1, 2, 4, 8]
+    assert config["version_policy"] == {"latest": {"num_versions": 1}}
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_infer_matches_reference(client, binary, reference):
+    outputs = [httpclient.InferRequestedOutput("y", binary_data=binary),
+               httpclient.InferRequestedOutput("s", binary_data=binary)]
+    result = client.infer("affine", inputs(binary), outputs=outputs, request_id="req-7")
+    want = reference(X, IDX)
+    np.testing.assert_allclose(result.as_numpy("y"), want["y"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(result.as_numpy("s"), want["s"])
+    assert result.get_response()["id"] == "req-7"
+
+
+def test_infer_default_outputs_versioned_compressed(client):
+    result = client.infer("affine", inputs(), model_version="1", priority=1, timeout=10_000_000,
+                          request_compression_algorithm="gzip", response_compression_algorithm="deflate")
+    np.testing.assert_array_equal(result.as_numpy("s"), IDX * 2)
+
+
+def test_infer_error_is_reported(client):
+    bad = httpclient.InferInput("x", [1, 7], "FP32")
+    bad.set_data_from_numpy(np.zeros((1, 7), np.float32))
+    with pytest.raises(InferenceServerException, match="shape") as info:
+        client.infer("affine", [bad, inputs()[1]])
+    assert info.value.status() == "400"
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("nosuchmodel", inputs())
+    assert info.value.status() == "404"
+
+
+def test_repository_index_unload_load(client):
+    names = {m["name"]: m for m in client.get_model_repository_index()}
+    assert names["affine"]["state"] == "READY" and names["double"]["state"] == "READY"
+    client.unload_model("double")
+    assert not client.is_model_ready("double")
+    client.load_model("double")
+    assert client.is_model_ready("double")
+
+
+def test_statistics_fields_perf_analyzer_reads(client):
+    client.infer("affine", inputs())
+    stats = client.get_inference_statistics("affine")["model_stats"]
+    entry = next(s for s in stats if s["version"] == "1")
+    assert entry["name"] == "affine" and entry["inference_count"] >= 2 and entry["execution_count"] >= 1
+    for key in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
+                "cache_hit", "cache_miss"):
+        assert set(entry["inference_stats"][key]) == {"count", "ns"}
+    assert entry["inference_stats"]["queue"]["count"] >= entry["inference_stats"]["success"]["count"] >= 1
+
+
+# -- raw protocol --------------------------------------------------------------------------------
+
+def request(server, method, path, **kwargs):
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            async with session.request(method, f"http://{server.url}{path}", **kwargs) as resp:
+                return resp.status, dict(resp.headers), await resp.read()
+    return asyncio.run(go())
+
+
+def doc(x=X, idx=IDX, **extra):
+    return {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()},
+                       {"name": "idx", "datatype": "INT64", "shape": list(idx.shape), "data": idx.ravel().tolist()}],
+            **extra}
+
+
+def infer_json(server, body, headers=None, model="affine"):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return request(server, "POST", f"/v2/models/{model}/infer", data=raw, headers=headers or {})
+
+
+def test_raw_json_infer_and_id_echo(server, reference):
+    status, headers, body = infer_json(server, doc(id="abc"))
+    assert status == 200 and headers["Content-Type"].startswith("application/json")
+    out = json.loads(body)
+    assert out["id"] == "abc" and out["model_name"] == "affine" and out["model_version"] == "1"
+    y = next(o for o in out["outputs"] if o["name"] == "y")
+    np.testing.assert_allclose(np.array(y["data"]).reshape(y["shape"]), reference(X, IDX)["y"], atol=1e-5)
+
+
+def test_raw_binary_single_input(server):
+    x = np.arange(16, dtype=np.float32)
+    status, headers, body = request(server, "POST", "/v2/models/double/infer", data=x.tobytes(),
+                                    headers={"Inference-Header-Content-Length": "0"})
+    assert status == 200
+    n = int(headers["Inference-Header-Content-Length"])
+    head = json.loads(body[:n])
+    assert head["outputs"][0]["shape"] == [1, 16]
+    np.testing.assert_array_equal(np.frombuffer(body[n:], np.float32), x * 2)
+
+
+@pytest.mark.parametrize("encoding,compress", [("gzip", gzip.compress), ("deflate", zlib.compress)])
+def test_compressed_request_body(server, encoding, compress):
+    status, _, body = infer_json(server, compress(json.dumps(doc()).encode()), {"Content-Encoding": encoding})
+    assert status == 200, body
+
+
+def test_binary_output_response_is_framed(server):
+    status, headers, body = infer_json(server, doc(parameters={"binary_data_output": True}))
+    assert status == 200 and headers["Content-Type"] == "application/octet-stream"
+    n = int(headers["Inference-Header-Content-Length"])
+    sizes = [o["parameters"]["binary_data_size"] for o in json.loads(body[:n])["outputs"]]
+    assert n + sum(sizes) == len(body)
+
+
+BAD = [
+    (b"{not json", None, 400, "not valid JSON"),
+    ({"inputs": [dict(doc()["inputs"][0], datatype="FP64"), doc()["inputs"][1]]}, None, 400, "datatype"),
+    (doc(x=np.zeros((2, 5), np.float32)), None, 400, "shape"),
+    ({"inputs": doc()["inputs"][:1]}, None, 400, "missing input"),
+    (doc(parameters={"priority": -3}), None, 400, "priority"),
+    (doc(parameters={"priority": "high"}), None, 400, "priority"),
+    (doc(outputs=[{"name": "zz"}]), None, 400, "unknown output"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8], "parameters": {"binary_data_size": 32}},
+                 doc()["inputs"][1]]}, "binary", 400, "binary_data_size 32 does not match"),
+]
+
+
+@pytest.mark.parametrize("body,mode,status,match", BAD)
+def test_bad_requests_get_400_with_message(server, body, mode, status, match):
+    headers = {}
+    if mode == "binary":
+        head = json.dumps(body).encode()
+        headers = {"Inference-Header-Content-Length": str(len(head))}
+        body = head + b"\0" * 32
+    got, resp_headers, raw = infer_json(server, body, headers)
+    assert got == status and resp_headers["Content-Type"].startswith("application/json")
+    assert match in json.loads(raw)["error"]
+
+
+def test_binary_chunk_size_mismatch(server):
+    head = json.dumps({"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [1, 8], "parameters": {"binary_data_size": 32}},
+        {"name": "idx", "datatype": "INT64", "shape": [1, 3], "parameters": {"binary_data_size": 24}}]}).encode()
+    for extra in (b"\0" * 50, b"\0" * 60):
+        status, _, raw = infer_json(server, head + extra, {"Inference-Header-Content-Length": str(len(head))})
+        assert status == 400 and "bytes" in json.loads(raw)["error"]
+
+
+def test_unknown_model_route_and_method(server):
+    status, _, raw = infer_json(server, doc(), model="ghost")
+    assert status == 404 and "ghost" in json.loads(raw)["error"]
+    status, _, raw = request(server, "GET", "/v2/nothing/here")
+    assert status == 404 and "error" in json.loads(raw)
+    status, _, raw = request(server, "DELETE", "/v2/health/live")
+    assert status == 405 and "error" in json.loads(raw)
+    status, _, raw = request(server, "GET", "/v2/models/ghost/config")
+    assert status == 404
+
+
+def test_oversize_body_413(server):
+    status, _, raw = infer_json(server, b"[" + b"0," * (600 * 1024) + b"0]")
+    assert status == 413 and "max_body_bytes" in json.loads(raw)["error"]
+    assert infer_json(server, doc())[0] == 200  # still serving
+
+
+def test_health_bodies(server):
+    status, _, raw = request(server, "GET", "/v2/health/live")
+    assert status == 200 and json.loads(raw) == {"live": True}
+    status, _, raw = request(server, "GET", "/v2/health/ready")
+    assert status == 200 and json.loads(raw) == {"ready": True}
+    status, _, raw = request(server, "POST", "/v2/repository/index", data=b"")
+    assert status == 200 and isinstance(json.loads(raw), list)
+
+
+def test_large_json_body_is_decoded_off_the_loop_correctly(server):
+    x = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [8, 16], "data": x.tolist()}]}
+    raw = json.dumps(body, indent=400).encode()  # whitespace pushes it past the 64 KiB threshold
+    assert len(raw) > 64 * 1024
+    status, _, out = infer_json(server, raw, model="double")
+    assert status == 200
+    y = json.loads(out)["outputs"][0]
+    np.testing.assert_array_equal(np.array(y["data"], np.float32).reshape(y["shape"]), x * 2)
+
+
+def test_unexpected_exception_is_a_generic_500(caplog):
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from aclserve.errors import QueueFull
+    from aclserve.server.app import error_middleware
+
+    async def boom(request):
+        raise RuntimeError("secret detail")
+
+    async def full(request):
+        raise QueueFull("queue is full")
+
+    async def go():
+        app = web.Application(middlewares=[error_middleware])
+        app.router.add_get("/boom", boom)
+        app.router.add_get("/full", full)
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.get("/boom")
+            assert resp.status == 500 and await resp.json() == {"error": "internal error"}
+            resp = await client.get("/full")
+            assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+            assert await resp.json() == {"error": "queue is full"}
+    asyncio.run(go())
+    assert "secret detail" in caplog.text
+
+
+def test_classification_and_statistics_variants(client, reference):
+    out = httpclient.InferRequestedOutput("y", binary_data=True, class_count=2)
+    result = client.infer("affine", inputs(), outputs=[out])
+    classes = result.as_numpy("y")
+    assert classes.shape == (2, 2)
+    top = [int(c.decode().split(":")[1]) for c in classes[:, 0]]
+    assert top == np.argmax(reference(X, IDX)["y"], axis=1).tolist()
+    everything = client.get_inference_statistics()["model_stats"]
+    assert {s["name"] for s in everything} >= {"affine", "double"}
+    one = client.get_inference_statistics("affine", "1")["model_stats"]
+    assert [s["version"] for s in one] == ["1"]
+
+
+def test_response_compressed_per_accept_encoding(server):
+    x = np.arange(8 * 16, dtype=np.float32).reshape(8, 16) / 3
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [8, 16], "data": x.ravel().tolist()}]}
+    status, headers, out = infer_json(server, body, {"Accept-Encoding": "gzip"}, model="double")
+    assert status == 200 and headers.get("Content-Encoding") == "gzip"
+    assert json.loads(out)["outputs"][0]["shape"] == [8, 16]  # aiohttp inflated it

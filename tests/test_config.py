@@ -1,0 +1,138 @@
+"""Config loading: defaults, merging, overrides, and every error naming its dotted path."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from aclserve.config import (DEFAULT_CONFIG_PATH, ConfigError, ModelConfig, load_model_config,
+                             load_server_config, model_config_mapping, parse_model_config)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, text: str, name="c.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_repo_root_default_is_byte_identical_to_the_embedded_one():
+    assert (REPO_ROOT / "configs" / "default.yaml").read_bytes() == DEFAULT_CONFIG_PATH.read_bytes()
+
+
+def test_embedded_default_matches_the_dataclass_defaults():
+    config = load_server_config()
+    assert config.host == "127.0.0.1" and config.port == 8000 and config.model_control_mode == "poll"
+    assert config.compile_cache_dir == str(Path("models") / ".cache")
+    assert config.model_defaults == ModelConfig()
+
+
+def test_every_default_key_is_documented_by_a_comment():
+    lines = DEFAULT_CONFIG_PATH.read_text().splitlines()
+    keys = [(i, line) for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
+    assert len(keys) > 30
+    for i, line in keys:
+        assert lines[i - 1].lstrip().startswith("#"), f"line {i + 1} has no comment above it: {line}"
+
+
+def test_file_merges_over_default_and_overrides_win(tmp_path):
+    path = write(tmp_path, "port: 9000\nmodel_defaults:\n  batching:\n    max_queue_delay_ms: 5\n")
+    config = load_server_config(path, {"port": 9100, "model_defaults.instances": 3, "host": None})
+    assert config.port == 9100
+    assert config.host == "127.0.0.1"
+    assert config.model_defaults.instances == 3
+    assert config.model_defaults.batching.max_queue_delay_ms == 5.0
+    assert config.model_defaults.batching.priority_levels == 3  # untouched default kept
+
+
+@pytest.mark.parametrize("overrides, path, fragment", [
+    ({"model_defaults.batching.max_queue_delay_ms": -1}, "model_defaults.batching.max_queue_delay_ms",
+     "must be >= 0, got -1"),
+    ({"prot": 1}, "prot", "unknown key"),
+    ({"port": 70000}, "port", "must be <= 65535"),
+    ({"port": "80"}, "port", "must be an integer"),
+    ({"port": True}, "port", "must be an integer"),
+    ({"model_control_mode": "watch"}, "model_control_mode", "must be one of poll, explicit, none"),
+    ({"unload_on_delete": "yes"}, "unload_on_delete", "must be true or false"),
+    ({"memory_reserve_fraction": 1.0}, "memory_reserve_fraction", "must be < 1"),
+    ({"model_defaults.slots": 0}, "model_defaults.slots", "must be >= 1, got 0"),
+    ({"model_defaults.devices": []}, "model_defaults.devices", "non-empty list"),
+    ({"model_defaults.devices": [0, -1]}, "model_defaults.devices[1]", "must be >= 0"),
+    ({"model_defaults.batching.colour": 1}, "model_defaults.batching.colour", "unknown key"),
+    ({"model_defaults.batching.default_priority": 4}, "model_defaults.batching.default_priority", "must be <= 3"),
+    ({"model_defaults.batching.priority_queue_policy": {5: {"max_queue_size": 1}}},
+     "model_defaults.batching.priority_queue_policy.5", "must be <= 3"),
+    ({"model_defaults.batching.priority_queue_policy": {1: {"timeout_action": "drop"}}},
+     "model_defaults.batching.priority_queue_policy.1.timeout_action", "reject, delay"),
+    ({"model_defaults.batching.default_queue_policy.max_queue_size": -2},
+     "model_defaults.batching.default_queue_policy.max_queue_size", "must be >= 0"),
+    ({"model_defaults.version_policy": {"newest": 1}}, "model_defaults.version_policy.newest", "unknown version policy"),
+    ({"model_defaults.version_policy": {"latest": 0}}, "model_defaults.version_policy.latest", "must be >= 1"),
+    ({"model_defaults.version_policy": {"specific": [1, 1]}}, "model_defaults.version_policy.specific", "duplicates"),
+    ({"model_defaults.compile.batch": [0]}, "model_defaults.compile.batch[0]", "must be >= 1"),
+    ({"model_defaults": 3}, "model_defaults", "must be a mapping"),
+])
+def test_errors_name_the_dotted_path(overrides, path, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_server_config(None, overrides)
+    assert info.value.path == path
+    assert str(info.value).startswith(f"{path}: ")
+    assert fragment in str(info.value)
+
+
+def test_file_errors_name_the_file(tmp_path):
+    path = write(tmp_path, "model_defaults:\n  batching:\n    max_queue_delay_ms: -1\n")
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path)
+    assert str(info.value) == f"{path}: model_defaults.batching.max_queue_delay_ms: must be >= 0, got -1"
+
+
+def test_invalid_yaml_and_non_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_server_config(write(tmp_path, "port: [1,\n"))
+    with pytest.raises(ConfigError, match="mapping at the top level"):
+        load_server_config(write(tmp_path, "- 1\n- 2\n"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_server_config(tmp_path / "missing.yaml")
+
+
+def test_priority_levels_inherit_from_default_queue_policy():
+    config = load_server_config(None, {"model_defaults.batching": {
+        "default_queue_policy": {"default_timeout_ms": 100, "timeout_action": "delay"},
+        "priority_queue_policy": {1: {"max_queue_size": 7}, "3": {"timeout_action": "reject"}}}})
+    batching = config.model_defaults.batching
+    assert batching.policy_for(1).max_queue_size == 7
+    assert batching.policy_for(1).default_timeout_ms == 100 and batching.policy_for(1).timeout_action == "delay"
+    assert batching.policy_for(3).timeout_action == "reject" and batching.policy_for(3).default_timeout_ms == 100
+    assert batching.policy_for(2).max_queue_size == 0
+
+
+@pytest.mark.parametrize("text, policy", [
+    ("version_policy: all\n", ("all",)),
+    ("version_policy: {all: true}\n", ("all",)),
+    ("version_policy: {latest: 2}\n", ("latest", 2)),
+    ("version_policy: {specific: [3, 1]}\n", ("specific", (1, 3))),
+])
+def test_model_file_merges_over_defaults_and_replaces_version_policy(tmp_path, text, policy):
+    defaults = load_server_config(None, {"model_defaults.instances": 2}).model_defaults
+    config = load_model_config(write(tmp_path, text + "slots: 3\n"), defaults)
+    assert config.version_policy == policy
+    assert config.slots == 3 and config.instances == 2
+
+
+def test_model_file_error_names_file_and_key(tmp_path):
+    path = write(tmp_path, "batching: {max_batch_size: -1}\n")
+    with pytest.raises(ConfigError) as info:
+        load_model_config(path, ModelConfig())
+    assert str(info.value) == f"{path}: batching.max_batch_size: must be >= 0, got -1"
+
+
+def test_model_config_mapping_round_trips():
+    config = parse_model_config(yaml.safe_load(
+        "instances: 2\ndevices: [0, 1]\nversion_policy: {specific: [2]}\n"
+        "compile: {batch: [1, 4], input_shape: 'x:-1,8'}\n"
+        "batching: {priority_queue_policy: {1: {max_queue_size: 5}}}\n"))
+    assert parse_model_config(model_config_mapping(config)) == config
+    assert parse_model_config(model_config_mapping(ModelConfig())) == ModelConfig()
