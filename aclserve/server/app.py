@@ -17,6 +17,7 @@ from aiohttp import web
 
 from ..errors import ServeError
 from .app_keys import STATE
+from .fastpath import infer_fast_path
 from .routes import add_routes
 from .state import ServerState
 
@@ -35,14 +36,22 @@ async def error_middleware(request: web.Request, handler):
     405, 413) -> the same JSON shape; anything else -> logged, generic 500."""
     try:
         return await handler(request)
+    except Exception as e:
+        return error_response(request, request.app.get(STATE), e)
+
+
+def error_response(request: web.Request, state: ServerState | None, exc: Exception) -> web.Response:
+    """The JSON error answer for `exc`; re-raises what is not an error (e.g. a 3xx HTTPException)."""
+    try:
+        raise exc
     except ServeError as e:
         return json_error(e.message, e.status, e.retry_after)
     except web.HTTPException as e:
         if e.status < 400:
             raise
         if isinstance(e, web.HTTPRequestEntityTooLarge):
-            message = (f"request body exceeds the limit of {request.app[STATE].config.max_body_bytes} bytes "
-                       f"(max_body_bytes)")
+            limit = f"{state.config.max_body_bytes} bytes" if state is not None else "the configured size"
+            message = f"request body exceeds the limit of {limit} (max_body_bytes)"
         elif isinstance(e, web.HTTPNotFound):
             message = f"no route for {request.method} {request.path}"
         elif isinstance(e, web.HTTPMethodNotAllowed):
@@ -50,8 +59,6 @@ async def error_middleware(request: web.Request, handler):
         else:
             message = e.reason
         return json_error(message, e.status)
-    except asyncio.CancelledError:
-        raise
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
         return json_error("internal error", 500)
@@ -91,11 +98,19 @@ def create_app(config, repo, runtime) -> web.Application:
     return app
 
 
+class KServeRunner(web.AppRunner):
+    """AppRunner whose server sends POST .../infer straight to the infer handler (see fastpath)."""
+
+    async def setup(self) -> None:
+        await super().setup()
+        self.server.request_handler = infer_fast_path(self.app, self.server.request_handler)
+
+
 def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner:
     # handler_cancellation: a client that disconnects cancels its handler, which removes the
     # request from the batch queue (run_app/AppRunner leave it off by default).
     kwargs = {} if access_log else {"access_log": None}
-    return web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5.0, **kwargs)
+    return KServeRunner(app, handler_cancellation=True, shutdown_timeout=5.0, **kwargs)
 
 
 async def serve(config, runtime=None, repo=None, started: asyncio.Future | None = None,

@@ -71,6 +71,7 @@ def run_serve(args) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from ..repository import RepositoryError
     try:
+        import uvloop; uvloop.install()
         asyncio.run(serve(config))
     except RepositoryError as e:
         raise UsageError(str(e)) from None

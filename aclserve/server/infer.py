@@ -23,12 +23,16 @@ COMPRESS_MIN_BYTES = 1024  # smaller answers gain nothing from compression and c
 
 
 async def infer(request: web.Request) -> web.Response:
+    """The routed handler (the fast path in fastpath.py calls handle_infer directly)."""
+    match = request.match_info
+    return await handle_infer(request, request.app[STATE], match["model"], match.get("version"))
+
+
+async def handle_infer(request: web.Request, state, model: str, version: str | None) -> web.Response:
     start = time.perf_counter()
-    state = request.app[STATE]
     state.enter()  # 503 when shutting down
     try:
-        match = request.match_info
-        served = state.repo.get(match["model"], match.get("version"))
+        served = state.repo.get(model, version)
         rec = state.record(served)
         try:
             response = await _infer(request, rec)
