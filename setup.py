@@ -15,6 +15,7 @@ setup(
         "pyyaml>=6",
         "watchdog>=4",
         "prometheus-client>=0.19",
+        "uvloop>=0.19; sys_platform != 'win32'",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-aiohttp>=1.0", "tritonclient[http]>=2.40", "hypothesis>=6"],

@@ -11,8 +11,25 @@ import os
 
 from ..acl import AclError, check, check_handle
 from ..acl import constants as C
+from ..om.atc_om import identify
+from ..om.container import OmFormatError
 from .device import Device, LoadError
 from .types import TensorSpec
+
+
+def _why_unloadable(path: str) -> str:
+    """Say what a file the ACL refused is, and what to do about it."""
+    try:
+        kind, header = identify(path)
+    except (OSError, OmFormatError) as e:
+        return f"is not a loadable OM: {e}"
+    if kind == "cpu_om":
+        return ("is a CPU OM, built for aclserve's CPU runtime; on an Ascend host rebuild it from the "
+                "ONNX model with ATC (aclserve compile MODEL.onnx --target npu)")
+    if kind == "atc_om":
+        return (f"is an ATC OM ({header.name!r}, built for an Ascend SoC) and needs CANN and an NPU; "
+                "for the CPU runtime compile the ONNX model with --target cpu")
+    return "is an OM2 archive, which aclserve does not load"
 
 
 class OmModel:
@@ -41,7 +58,7 @@ class OmModel:
         try:
             work_size, weight_size = check("mdl.query_size", acl.mdl.query_size(self.path))
         except AclError as e:
-            raise LoadError(f"model {self.name}: {self.path} is not a loadable OM ({e})") from None
+            raise LoadError(f"model {self.name}: {self.path} {_why_unloadable(self.path)} ({e})") from None
         self.work_size, self.weight_size = int(work_size), int(weight_size)
         self.device.ensure_room(f"model {self.name}", self.work_size + self.weight_size)
         work = self._malloc(self.work_size) if self.work_size else 0

@@ -71,13 +71,22 @@ def run_serve(args) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from ..repository import RepositoryError
     try:
-        import uvloop; uvloop.install()
-        asyncio.run(serve(config))
+        _run(serve(config))
     except RepositoryError as e:
         raise UsageError(str(e)) from None
     except OSError as e:  # e.g. the port is taken
         raise UsageError(f"cannot listen on {config.host}:{config.port}: {e.strerror or e}") from None
     return 0
+
+
+def _run(coro) -> None:
+    """Run on uvloop where it is installed (about 10 % more requests/s), else asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+    else:
+        uvloop.run(coro)
 
 
 # -- infer client ---------------------------------------------------------------------------------

@@ -169,3 +169,16 @@ def test_engine_sync_async_and_submit(affine_om):
             model.infer({"x": req["x"]})
         with pytest.raises(ValueError, match=r"input 'x' has shape \[19, 7\], expected \['N', 8\]"):
             model.infer({"x": req["x"][:, :7], "idx": req["idx"]})
+
+
+def test_an_atc_om_is_refused_with_what_it_is_and_what_to_do(runtime, tmp_path):
+    import struct
+    head = bytearray(256)
+    head[0:4] = b"IMOD"
+    struct.pack_into("<II", head, 4, 256, 0x20000000)
+    struct.pack_into("<I", head, 76, 16)
+    head[84:90] = b"resnet"
+    path = tmp_path / "resnet.om"
+    path.write_bytes(bytes(head) + b"x" * 16)
+    with pytest.raises(LoadError, match=r"ATC OM \('resnet'.*needs CANN.*--target cpu.*145006"):
+        open_pool(runtime, str(path), "resnet")

@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""Batching benchmark: priority latency under open-loop load, and batching on vs off, one run.
+
+In-process (no HTTP): measures the scheduler (PriorityQueue + DynamicBatcher) and the runtime
+(InstancePool on the CPU ACL implementation) on an example model, one sample per request.
+
+  1. capacity    closed loop, `--concurrency` submitters, batching on  -> capacity req/s
+  2. batch off   the same closed loop with BatchingConfig(enabled=False) (one request per run)
+  3. open loop   Poisson arrivals at `--loads` x capacity (default 0.8 and 1.2) for `--seconds`
+                 each, `--high` of them at priority 1 and the rest at the default level 2,
+                 then drain. Latency = scheduled arrival time -> result on the event loop, so
+                 queueing and any generator lag count against it.
+
+Prints a Markdown summary (p50/p99 per level, completed throughput, mean executed batch,
+padding waste, rejected / timed out per level, on/off ratio) and the two acceptance checks
+of issue 5; `--json FILE` writes the same figures.
+
+    python tools/bench_batching.py [--model medium|light] [--seconds 5] [--cpu 0] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from aclserve.errors import QueueFull, RequestTimeout, ServeError  # noqa: E402
+from aclserve.om.compile import compile_model  # noqa: E402
+from aclserve.runtime import AclRuntime, open_pool  # noqa: E402
+from aclserve.scheduling import BatchingConfig, DynamicBatcher, QueuePolicy  # noqa: E402
+
+GEARS = [1, 2, 4, 8, 16, 32]
+LEVELS = (1, 2)  # the levels this load uses: 1 = high, 2 = the default
+
+
+def pin_process(cpu: int) -> None:
+    """Pin every existing thread (and so every thread they start) to one CPU."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except ProcessLookupError:
+            pass
+
+
+def ensure_model(name: str) -> str:
+    path = os.path.join(ROOT, "out", "models", f"{name}.onnx")
+    if not os.path.exists(path):
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_example_models.py"),
+                        os.path.dirname(path), "--skip-digits"], check=True)
+    return path
+
+
+def batch_figures(batcher: DynamicBatcher) -> dict:
+    stats = batcher.stats
+    runs = sum(stats.gear_batches.values())
+    return {"runs": runs, "rows": stats.rows, "padding_rows": stats.padding_rows,
+            "mean_batch": stats.rows / runs if runs else 0.0,
+            "padding_waste": stats.padding_ratio(),
+            "gear_runs": {str(g): n for g, n in sorted(stats.gear_batches.items(), key=lambda i: i[0] or 0)}}
+
+
+def percentiles_ms(values: list[float]) -> dict:
+    if not values:
+        return {"n": 0, "p50_ms": None, "p99_ms": None}
+    a = np.asarray(values) * 1000.0
+    return {"n": len(values), "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99))}
+
+
+async def closed_loop(pool, sample, config: BatchingConfig, concurrency: int, warm: float,
+                      seconds: float) -> dict:
+    """`concurrency` submitters, each sending its next request when the previous is answered;
+    completions inside the window [warm, warm + seconds] give the throughput."""
+    loop = asyncio.get_running_loop()
+    batcher = DynamicBatcher(pool, config=config, name="closed")
+    start = loop.time()
+    window = (start + warm, start + warm + seconds)
+    done_in_window, errors = 0, 0
+
+    async def submitter():
+        nonlocal done_in_window, errors
+        while loop.time() < window[1]:
+            try:
+                await batcher.infer(sample, 1)
+            except ServeError:
+                errors += 1
+                continue
+            if window[0] <= loop.time() <= window[1]:
+                done_in_window += 1
+
+    try:
+        await asyncio.gather(*(submitter() for _ in range(concurrency)))
+    finally:
+        await batcher.close()
+    return {"req_per_s": done_in_window / seconds, "errors": errors, **batch_figures(batcher)}
+
+
+async def open_loop(pool, sample, config: BatchingConfig, rate: float, seconds: float, high: float,
+                    timeout_us: int | None, drain_timeout: float, seed: int) -> dict:
+    """Poisson arrivals at `rate` req/s for `seconds`, one task per arrival, never waiting for
+    answers; then wait up to `drain_timeout` for the rest (closing the batcher fails leftovers)."""
+    loop = asyncio.get_running_loop()
+    rng = np.random.default_rng(seed)
+    n = int(rate * seconds * 1.5) + 100
+    offsets = np.cumsum(rng.exponential(1.0 / rate, n))
+    offsets = offsets[offsets < seconds]
+    priorities = np.where(rng.random(len(offsets)) < high, 1, 2)
+    batcher = DynamicBatcher(pool, config=config, name=f"open{rate:.0f}")
+    latency = {level: [] for level in LEVELS}
+    outcome = {level: {"ok": 0, "queue_full": 0, "timed_out": 0, "other_error": 0, "unfinished": 0}
+               for level in LEVELS}
+    end_of_window = [0.0]
+    completed_in_window = [0]
+
+    async def one(arrival: float, level: int):
+        try:
+            # the default level is reached by sending no priority, as most clients do
+            await batcher.infer(sample, 1, priority=1 if level == 1 else None, timeout_us=timeout_us)
+        except QueueFull:
+            outcome[level]["queue_full"] += 1
+            return
+        except RequestTimeout:
+            outcome[level]["timed_out"] += 1
+            return
+        except ServeError:
+            outcome[level]["other_error"] += 1
+            return
+        now = loop.time()
+        latency[level].append(now - arrival)
+        outcome[level]["ok"] += 1
+        if now <= end_of_window[0]:
+            completed_in_window[0] += 1
+
+    start = loop.time() + 0.005
+    end_of_window[0] = start + seconds
+    arrivals = start + offsets
+    tasks: list[tuple[asyncio.Task, int]] = []
+    max_lag, i = 0.0, 0
+    while i < len(arrivals):
+        now = loop.time()
+        while i < len(arrivals) and arrivals[i] <= now:  # launch the burst that is due
+            level = int(priorities[i])
+            tasks.append((loop.create_task(one(float(arrivals[i]), level)), level))
+            max_lag = max(max_lag, now - arrivals[i])
+            i += 1
+        if i < len(arrivals):
+            await asyncio.sleep(max(arrivals[i] - loop.time(), 0.0))
+    done, pending = await asyncio.wait([t for t, _ in tasks], timeout=drain_timeout) if tasks else ((), ())
+    drained_at = loop.time()
+    await batcher.close()  # fails whatever is left with ShuttingDown
+    if pending:
+        await asyncio.wait(pending)
+    unfinished = {t for t in pending}
+    for task, level in tasks:
+        if task in unfinished:
+            outcome[level]["unfinished"] += 1
+            outcome[level]["other_error"] -= 1  # it ended with ShuttingDown after the drain gave up
+    levels = {}
+    for level in LEVELS:
+        stats = batcher.stats.levels[level]
+        levels[level] = {**percentiles_ms(latency[level]), **outcome[level],
+                         "sent": int((priorities == level).sum()),
+                         "batcher_rejected": stats.rejected, "batcher_timed_out": stats.timed_out}
+    completed = sum(outcome[level]["ok"] for level in LEVELS)
+    return {"offered_req_per_s": len(arrivals) / seconds, "sent": len(arrivals),
+            "completed": completed, "completed_in_window_per_s": completed_in_window[0] / seconds,
+            "completed_per_s_incl_drain": completed / max(drained_at - start, 1e-9),
+            "drain_s": max(drained_at - end_of_window[0], 0.0), "max_generator_lag_ms": max_lag * 1000,
+            "levels": levels, **batch_figures(batcher)}
+
+
+def fmt(value, spec=".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def report(result: dict) -> None:
+    cap, off = result["capacity"], result["batching_off"]
+    print(f"\nmodel {result['model']}, gears {result['gears']}, instances {result['instances']} x "
+          f"slots {result['slots']}, ORT threads {result['threads']}, cpus {result['cpus']}, "
+          f"max_queue_delay_ms {result['max_queue_delay_ms']}, concurrency {result['concurrency']}\n")
+    print("| closed loop | req/s | mean batch | padding waste | runs per gear |")
+    print("|---|---:|---:|---:|---|")
+    for label, r in (("batching on", cap), ("batching off", off)):
+        print(f"| {label} | {r['req_per_s']:.0f} | {r['mean_batch']:.2f} | {r['padding_waste']:.1%} | "
+              f"{', '.join(f'{g}:{n}' for g, n in r['gear_runs'].items())} |")
+    print(f"\nbatching on/off throughput ratio: {result['on_off_ratio']:.2f}\n")
+    print("| load | offered req/s | completed req/s | p50 / p99 ms (prio 1) | p50 / p99 ms (prio 2) "
+          "| mean batch | padding waste | rejected 1/2 | timed out 1/2 | unfinished 1/2 | drain s |")
+    print("|---|---:|---:|---|---|---:|---:|---|---|---|---:|")
+    for r in result["open_loop"]:
+        l1, l2 = r["levels"][1], r["levels"][2]
+        print(f"| {r['load']:.0%} | {r['offered_req_per_s']:.0f} | {r['completed_in_window_per_s']:.0f} | "
+              f"{fmt(l1['p50_ms'])} / {fmt(l1['p99_ms'])} | {fmt(l2['p50_ms'])} / {fmt(l2['p99_ms'])} | "
+              f"{r['mean_batch']:.2f} | {r['padding_waste']:.1%} | {l1['queue_full']}/{l2['queue_full']} | "
+              f"{l1['timed_out']}/{l2['timed_out']} | {l1['unfinished']}/{l2['unfinished']} | "
+              f"{r['drain_s']:.2f} |")
+    print("\ncompleted req/s = answered within the arrival window / window; latency = scheduled "
+          "arrival -> answer (max generator lag per load: "
+          + ", ".join(f"{r['load']:.0%} {r['max_generator_lag_ms']:.1f} ms" for r in result["open_loop"]) + ")")
+    for check in result["checks"]:
+        print(f"check: {check['name']}: {'PASS' if check['ok'] else 'FAIL'} ({check['detail']})")
+
+
+def checks(result: dict) -> list[dict]:
+    out = []
+    saturated = max(result["open_loop"], key=lambda r: r["load"])
+    l1, l2 = saturated["levels"][1], saturated["levels"][2]
+    ok = l1["p99_ms"] is not None and l2["p50_ms"] is not None and l1["p99_ms"] < l2["p50_ms"]
+    out.append({"name": f"at {saturated['load']:.0%} load, priority-1 p99 < priority-2 p50", "ok": ok,
+                "detail": f"{fmt(l1['p99_ms'])} ms vs {fmt(l2['p50_ms'])} ms"})
+    on, off = result["capacity"]["req_per_s"], result["batching_off"]["req_per_s"]
+    out.append({"name": "batching on beats batching off", "ok": on > off,
+                "detail": f"{on:.0f} vs {off:.0f} req/s, ratio {result['on_off_ratio']:.2f}"})
+    return out
+
+
+async def run(args, pool) -> dict:
+    spec = pool.inputs[0]
+    sample = {s.name: np.random.default_rng(1).standard_normal((1,) + s.sample_shape).astype(s.dtype)
+              for s in pool.inputs}
+    assert spec.batched, "the benchmark needs a model with a batch dimension"
+    base = dict(max_queue_delay_ms=args.delay_ms,
+                default_queue_policy=QueuePolicy(max_queue_size=args.max_queue))
+    on = BatchingConfig(enabled=True, **base)
+    off = BatchingConfig(enabled=False, **base)
+    print(f"closed loop, batching on, {args.concurrency} submitters, {args.capacity_seconds:g} s ...", flush=True)
+    capacity = await closed_loop(pool, sample, on, args.concurrency, args.warm, args.capacity_seconds)
+    print(f"  {capacity['req_per_s']:.0f} req/s", flush=True)
+    print("closed loop, batching off ...", flush=True)
+    batching_off = await closed_loop(pool, sample, off, args.concurrency, args.warm, args.capacity_seconds)
+    print(f"  {batching_off['req_per_s']:.0f} req/s", flush=True)
+    loads = []
+    for k, load in enumerate(float(x) for x in args.loads.split(",")):
+        rate = load * capacity["req_per_s"]
+        print(f"open loop at {load:.0%} = {rate:.0f} req/s for {args.seconds:g} s ...", flush=True)
+        r = await open_loop(pool, sample, on, rate, args.seconds, args.high,
+                            int(args.timeout_ms * 1000) or None, args.drain_timeout, args.seed + k)
+        loads.append({"load": load, "rate": rate, **r})
+    return {"capacity": capacity, "batching_off": batching_off, "open_loop": loads,
+            "on_off_ratio": capacity["req_per_s"] / max(batching_off["req_per_s"], 1e-9)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("medium", "light"), default="medium")
+    ap.add_argument("--seconds", type=float, default=5.0, help="open-loop arrival window per load")
+    ap.add_argument("--capacity-seconds", type=float, default=3.0, help="closed-loop window per mode")
+    ap.add_argument("--warm", type=float, default=0.5, help="closed-loop seconds before the window")
+    ap.add_argument("--concurrency", type=int, default=64, help="closed-loop submitters")
+    ap.add_argument("--loads", default="0.8,1.2", help="open-loop rates as fractions of capacity")
+    ap.add_argument("--high", type=float, default=0.10, help="fraction of requests at priority 1")
+    ap.add_argument("--delay-ms", type=float, default=1.0, help="max_queue_delay_ms")
+    ap.add_argument("--max-queue", type=int, default=0, help="max_queue_size per level (0 = unbounded)")
+    ap.add_argument("--timeout-ms", type=float, default=0.0, help="per-request queue timeout (0 = none)")
+    ap.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to wait for answers after a load")
+    ap.add_argument("--instances", type=int, default=1)
+    ap.add_argument("--slots", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
+    ap.add_argument("--cpu", type=int, default=None, help="pin the process to this CPU")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    args = ap.parse_args()
+    if args.cpu is not None:
+        pin_process(args.cpu)
+    onnx_path = ensure_model(args.model)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        om = os.path.join(tmp, f"{args.model}.om")
+        compile_model(onnx_path, om, batch=GEARS, target="cpu", log=lambda _: None)
+        rt = AclRuntime(device="cpu", cpu_threads=args.threads).start()
+        try:
+            pool = open_pool(rt, om, args.model, instances=args.instances, slots=args.slots)
+            try:
+                gear_cost = pool.warmup()
+                result = asyncio.run(run(args, pool))
+            finally:
+                pool.close()
+        finally:
+            rt.close()
+    result.update(model=args.model, gears=GEARS, instances=args.instances, slots=args.slots,
+                  threads=args.threads, concurrency=args.concurrency, max_queue_delay_ms=args.delay_ms,
+                  cpus=f"pinned to {args.cpu}" if args.cpu is not None else f"{os.cpu_count()} (not pinned)",
+                  warmup_gear_cost_ms={str(g): c * 1000 for g, c in gear_cost.items()},
+                  command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+                  elapsed_s=time.perf_counter() - started)
+    result["checks"] = checks(result)
+    report(result)
+    print(f"\ntotal {result['elapsed_s']:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
