@@ -78,7 +78,7 @@ def percentiles_ms(values: list[float]) -> dict:
 async def closed_loop(pool, sample, config: BatchingConfig, concurrency: int, warm: float,
                       seconds: float) -> dict:
     """`concurrency` submitters, each sending its next request when the previous is answered;
-    completions inside the window [warm, warm + seconds] give the throughput."""
+    completions inside the window [warm, warm + seconds] count. A fresh batcher per call."""
     loop = asyncio.get_running_loop()
     batcher = DynamicBatcher(pool, config=config, name="closed")
     start = loop.time()
@@ -100,7 +100,26 @@ async def closed_loop(pool, sample, config: BatchingConfig, concurrency: int, wa
         await asyncio.gather(*(submitter() for _ in range(concurrency)))
     finally:
         await batcher.close()
-    return {"req_per_s": done_in_window / seconds, "errors": errors, **batch_figures(batcher)}
+    stats = batcher.stats
+    return {"done": done_in_window, "seconds": seconds, "errors": errors, "rows": stats.rows,
+            "padding_rows": stats.padding_rows, "gear_batches": dict(stats.gear_batches)}
+
+
+def merge_closed(rounds: list[dict]) -> dict:
+    """One mode's figures over its rounds: throughput = all completions / all window time."""
+    gear_batches: dict = {}
+    for r in rounds:
+        for gear, n in r["gear_batches"].items():
+            gear_batches[gear] = gear_batches.get(gear, 0) + n
+    runs = sum(gear_batches.values())
+    rows = sum(r["rows"] for r in rounds)
+    padding = sum(r["padding_rows"] for r in rounds)
+    return {"req_per_s": sum(r["done"] for r in rounds) / sum(r["seconds"] for r in rounds),
+            "rounds_req_per_s": [r["done"] / r["seconds"] for r in rounds],
+            "errors": sum(r["errors"] for r in rounds), "runs": runs, "rows": rows,
+            "padding_rows": padding, "mean_batch": rows / runs if runs else 0.0,
+            "padding_waste": padding / (rows + padding) if rows + padding else 0.0,
+            "gear_runs": {str(g): n for g, n in sorted(gear_batches.items(), key=lambda i: i[0] or 0)}}
 
 
 async def open_loop(pool, sample, config: BatchingConfig, rate: float, seconds: float, high: float,

@@ -271,3 +271,27 @@ def test_response_compressed_per_accept_encoding(server):
     status, headers, out = infer_json(server, body, {"Accept-Encoding": "gzip"}, model="double")
     assert status == 200 and headers.get("Content-Encoding") == "gzip"
     assert json.loads(out)["outputs"][0]["shape"] == [8, 16]  # aiohttp inflated it
+
+
+def test_infer_paths_on_the_fast_path_and_the_router_agree(server):
+    from aclserve.server.fastpath import split_infer_path
+    assert split_infer_path("/v2/models/affine/infer") == ("affine", None)
+    assert split_infer_path("/v2/models/affine/versions/1/infer") == ("affine", "1")
+    assert split_infer_path("/v2/models/affine/versions/infer") is None
+    assert split_infer_path("/v2/models//infer") is None
+    ok = request(server, "POST", "/v2/models/affine/versions/1/infer", data=json.dumps(doc()).encode())
+    assert ok[0] == 200 and json.loads(ok[2])["model_version"] == "1"
+    status, _, raw = request(server, "POST", "/v2/models/affine/versions/9/infer", data=json.dumps(doc()).encode())
+    assert status == 404 and "9" in json.loads(raw)["error"]
+    # Not an infer path: it names version "infer" of the model's metadata route, which is GET only.
+    status, _, raw = request(server, "POST", "/v2/models/affine/versions/infer", data=json.dumps(doc()).encode())
+    assert status == 405 and "error" in json.loads(raw)
+    status, _, raw = request(server, "GET", "/v2/models/affine/infer")
+    assert status == 405 and "error" in json.loads(raw)
+    # An Expect header sends the request through the router, which must give the same answer.
+    status, _, raw = request(server, "POST", "/v2/models/affine/infer", data=json.dumps(doc()).encode(),
+                             headers={"Expect": "100-continue"})
+    assert status == 200 and json.loads(raw)["model_name"] == "affine"
+    status, _, raw = request(server, "POST", "/v2/models/ghost/infer", data=json.dumps(doc()).encode(),
+                             headers={"Expect": "100-continue"})
+    assert status == 404 and "ghost" in json.loads(raw)["error"]
