@@ -235,6 +235,8 @@ class DynamicBatcher:
             if self._clock.now() < window_end - _EPS:
                 self._arm_window(window_end)
                 return None
+            # The head request may be larger than the limit: then take the batch whole.
+            return queue.take(self._planner.take_limit(total)) or queue.take(self.max_batch_size)
         return queue.take(self.max_batch_size)
 
     def _plan(self, batch: list[QueuedRequest], free: int) -> list[tuple[list[QueuedRequest], int | None]]:

@@ -26,6 +26,8 @@ class GearPlanner:
     is considered only when more than one slot is free: a prefix that fills a gear exactly
     runs on that gear and the rest is planned the same way (greedy, longest exact prefix
     first); the split wins if its summed cost is at least SPLIT_SAVING below the padded run.
+    With one slot free, `take_limit()` makes the same trade by leaving the rows past the
+    largest fitting gear in the queue instead of padding them.
     Costs are `gear_cost` from warm-up; gears without a measurement cost their size scaled by
     the measured seconds per row of the nearest measured gear (or just their size).
     """
@@ -39,6 +41,7 @@ class GearPlanner:
         for rows in range(1, max_rows + 1):
             self._pad[rows] = next(g for g in self.gears if g >= rows)
         self._cost = {g: self._estimate(g, gear_cost) for g in self.gears}
+        self._measured = any(c and c > 0 for c in gear_cost.values())
 
     @staticmethod
     def _estimate(gear: int, gear_cost: Mapping[int, float]) -> float:
@@ -56,6 +59,20 @@ class GearPlanner:
 
     def cost(self, gear: int) -> float:
         return self._cost[gear]
+
+    def take_limit(self, total: int) -> int:
+        """Rows to take from a queue holding `total` (< max_rows, not a gear) once its batch
+        window has passed: all of it (padded), or only the largest gear below it when that runs
+        at least SPLIT_SAVING cheaper per row; the rest stays queued, at the head, for the next
+        free slot."""
+        below = [g for g in self._exact if g < total]
+        if not below or not self._measured:
+            return self.max_rows  # without warm-up figures, padding is the safe default
+        prefix = max(below)
+        pad = self._pad[total]
+        if self._cost[prefix] / prefix < (self._cost[pad] / total) * (1.0 - SPLIT_SAVING):
+            return prefix
+        return self.max_rows
 
     def plan(self, rows: Sequence[int], total: int, free_slots: int) -> list[tuple[int, int]]:
         """[(request count, gear), ...] covering `rows` in order; `total` = sum(rows)."""

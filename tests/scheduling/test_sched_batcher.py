@@ -263,3 +263,24 @@ async def test_static_model_runs_each_request_alone_with_no_gear(env):
     await env.settle()
     assert [(r.gear, r.tags) for r in executor.runs] == [(None, [0]), (None, [1])]
     assert check(env, tasks[1], 1, 2).gear is None
+
+
+async def test_after_the_window_rows_past_a_gear_wait_for_the_next_slot_instead_of_padding(env):
+    # Cost proportional to rows (a compute-bound model): 6 queued rows run as 4 now; the other
+    # 2 stay at the head of the queue and run when the slot is free again.
+    gears = (1, 2, 4, 8)
+    executor = env.FakeExecutor(gears=gears, gear_cost={g: 0.001 * g for g in gears})
+    batcher, executor = env.make(executor, max_queue_delay_ms=5)
+    tasks = [env.submit(batcher, tag) for tag in range(6)]
+    await env.settle()
+    env.clock.advance(0.006)
+    await env.settle()
+    assert [(run.gear, len(run.requests)) for run in executor.runs] == [(4, 4)]
+    executor.runs[0].complete()
+    await env.settle()
+    assert [(run.gear, len(run.requests)) for run in executor.runs[1:]] == [(2, 2)]
+    executor.runs[1].complete()
+    await env.settle()
+    for tag, task in enumerate(tasks):
+        check(env, task, tag, 1)
+    assert batcher.stats.padding_rows == 0

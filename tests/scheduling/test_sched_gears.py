@@ -58,3 +58,19 @@ def test_unmeasured_gears_scale_from_the_nearest_measured_one():
     planner = GearPlanner(GEARS, {8: 8.0}, 8)
     assert planner.cost(4) == pytest.approx(4.0)
     assert planner.cost(8) == pytest.approx(8.0)
+
+
+def test_take_limit_leaves_rows_past_a_gear_queued_when_rows_cost_the_same_per_gear():
+    # A compute-bound model (cost proportional to rows): padding 22 rows to 32 wastes 10 rows'
+    # compute, so only 16 are taken and 6 wait for the next slot.
+    gears = (1, 2, 4, 8, 16, 32)
+    planner = GearPlanner(gears, {g: 0.001 * g for g in gears}, 32)
+    assert planner.take_limit(22) == 16
+    assert planner.take_limit(5) == 4
+
+
+def test_take_limit_pads_when_a_run_costs_mostly_its_fixed_overhead():
+    gears = (1, 2, 4, 8, 16, 32)
+    planner = GearPlanner(gears, {g: 0.0002 + 0.000003 * g for g in gears}, 32)
+    assert planner.take_limit(22) == 32
+    assert GearPlanner(gears, {}, 32).take_limit(22) == 32  # unmeasured: pad

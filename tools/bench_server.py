@@ -1,0 +1,370 @@
+#!/usr/bin/env python3
+"""Server benchmark: closed-loop wrk load against `aclserve serve`, compared with raw ONNX Runtime.
+
+What one run does (default ~4-5 minutes):
+  1. builds out/models/{light,medium}.onnx if missing (tools/make_example_models.py), compiles
+     them to CPU OMs in a temp repository, starts `aclserve serve` pinned with taskset to the
+     server core(s), ORT on --threads threads, and waits for /v2/health/ready;
+  2. posts one sample per model and format and checks the output against ONNX Runtime on the
+     source ONNX (fails above 1e-4);
+  3. for each workload (light/medium x KServe v2 JSON/binary) and each concurrency: a wrk
+     warm-up (discarded), then the measured wrk window (wrk -t1, pinned to the client core)
+     with /v2/models/{m}/stats read just before and after it;
+  4. with the server idle: raw InferenceSession.run on the server core at every batch size the
+     server executed, giving raw@mix (ORT's own samples/s at the executed batch mix) and
+     eff = req/s / raw@mix;
+  5. stops the server (SIGTERM, wait) and measures wrk's ceiling against a trivial fixed-200
+     endpoint on the server core with the same settings;
+  6. prints Markdown tables (and --json FILE). Exit status 1 on any request error or a wrong
+     output.
+
+    python tools/bench_server.py [--duration 10] [--warmup 2] [--conc 1,16,64]
+        [--workloads light-json,light-binary,medium-json,medium-binary] [--json FILE]
+
+Errors counted per window: wrk socket errors (connect/read/write/timeout), wrk status errors
+(>= 400), and answers the server did not count as successful inferences (wrk requests minus the
+stats' success delta, when positive; catches any other non-2xx). --count-non2xx adds an exact
+per-response status check in wrk's Lua, which lowers wrk's own ceiling about 3x.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import numpy as np
+
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TOOLS)
+sys.path.insert(0, TOOLS)
+
+from bench_common import (HEADER_LENGTH, Body, RawOrt, Wrk, binary_body, decode_output,  # noqa: E402
+                          json_body, sample_for)
+
+MODELS = ("light", "medium")
+WORKLOADS = {"light-json": ("light", "json"), "light-binary": ("light", "binary"),
+             "medium-json": ("medium", "json"), "medium-binary": ("medium", "binary")}
+TOLERANCE = 1e-4
+
+
+class ManagedProcess:
+    """A child process in its own session (a terminal Ctrl-C reaches only this tool, which then
+    stops it). Owns the process and its log file; close() sends SIGTERM, waits, kills after
+    `grace_s`; idempotent."""
+
+    def __init__(self, cmd: list[str], log_path: str, grace_s: float = 30.0, **kwargs):
+        self.log_path, self.grace_s = log_path, grace_s
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=kwargs.pop("stdout", self._log), stderr=self._log,
+                                     start_new_session=True, **kwargs)
+
+    def log_tail(self, lines: int = 20) -> str:
+        with open(self.log_path, "rb") as f:
+            return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+
+    def close(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(self.grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if not self._log.closed:
+            self._log.close()
+        return self.proc.returncode
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(url: str, body: bytes | None = None, headers: dict | None = None, timeout: float = 60) -> bytes:
+    req = urllib.request.Request(url, data=body, headers=headers or {}, method="POST" if body else "GET")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.read()
+
+
+def wait_ready(server: ManagedProcess, base: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log_tail()}")
+        try:
+            if json.loads(http(base + "/v2/health/ready", timeout=2)).get("ready"):
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server not ready after {timeout_s:g} s:\n{server.log_tail()}")
+
+
+def prepare_repository(src: str, repo: str) -> dict[str, str]:
+    """Build the example ONNX models if missing, compile them into `repo`; name -> onnx path."""
+    paths = {m: os.path.join(src, f"{m}.onnx") for m in MODELS}
+    if not all(os.path.exists(p) for p in paths.values()):
+        subprocess.run([sys.executable, os.path.join(TOOLS, "make_example_models.py"), src, "--skip-digits"],
+                       check=True, cwd=ROOT)
+    for name, path in paths.items():
+        subprocess.run([sys.executable, "-m", "aclserve", "compile", path, "-o", os.path.join(repo, f"{name}.om"),
+                        "--target", "cpu"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return paths
+
+
+def model_stats(base: str, model: str) -> dict:
+    return json.loads(http(f"{base}/v2/models/{model}/stats"))["model_stats"][0]
+
+
+def batch_mix(before: dict, after: dict) -> dict[int, int]:
+    """Executions per executed batch size (real rows) between two stats snapshots."""
+    def counts(stats):
+        return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+    b0, b1 = counts(before), counts(after)
+    return {size: n - b0.get(size, 0) for size, n in sorted(b1.items()) if n - b0.get(size, 0) > 0}
+
+
+def make_bodies(raw: RawOrt) -> dict[str, tuple[np.ndarray, Body]]:
+    sample = sample_for(raw.sample_shape)
+    data, head_len = binary_body(sample, raw.input.name, raw.output_name)
+    return {"json": (sample, Body(json_body(sample, raw.input.name), "application/json")),
+            "binary": (sample, Body(data, "application/octet-stream", f"{HEADER_LENGTH}: {head_len}"))}
+
+
+def check_output(base: str, model: str, raw: RawOrt, fmt: str, sample: np.ndarray, body: Body) -> float:
+    headers = {"Content-Type": body.content_type}
+    if body.extra_header:
+        k, _, v = body.extra_header.partition(": ")
+        headers[k] = v
+    got = decode_output(http(f"{base}/v2/models/{model}/infer", body.data, headers), raw.output_name)
+    want = raw.infer(sample)
+    if got.shape != want.shape:
+        raise RuntimeError(f"{model} {fmt}: output shape {list(got.shape)}, ONNX Runtime gives {list(want.shape)}")
+    return float(np.max(np.abs(got - want)))
+
+
+def run_window(wrk: Wrk, base: str, model: str, body: Body, conc: int, args) -> dict:
+    url = f"{base}/v2/models/{model}/infer"
+    if args.warmup > 0:
+        wrk.run(url, body, conc, args.warmup)
+    before = model_stats(base, model)
+    result = wrk.run(url, body, conc, args.duration)
+    time.sleep(0.2)  # let batches in flight at the window's end be counted
+    after = model_stats(base, model)
+    ok = after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"]
+    failed = after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"]
+    unaccounted = max(0, result["requests"] - ok)
+    errors = result["socket_errors"] + result["errors"]["status"] + unaccounted + max(0, result["non2xx"])
+    return {"wrk": result, "mix": batch_mix(before, after), "server_ok": ok, "server_fail": failed,
+            "unaccounted": unaccounted, "errors": errors}
+
+
+def ms(us: float) -> str:
+    return f"{us / 1000:.2f}"
+
+
+def print_header(args, cfg: dict) -> None:
+    import onnxruntime as ort
+    wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split("\n")[0]
+    dyn = {m: c.get("dynamic_batching", {}) for m, c in cfg.items()}
+    print("# aclserve server benchmark")
+    print(f"- machine: {platform.node()}, nproc={os.cpu_count()}, {platform.processor() or platform.machine()}, "
+          f"Python {platform.python_version()}, onnxruntime {ort.__version__}, {wrk_version.strip()}")
+    print(f"- pinning: server `taskset -c {args.server_cpus}` (also the trivial endpoint and raw ORT), "
+          f"wrk -t1 `taskset -c {args.client_cpus}`; ORT intra-op threads {args.threads} (server and raw)")
+    for m, c in cfg.items():
+        print(f"- {m}: max_batch_size {c.get('max_batch_size')}, gears {dyn[m].get('preferred_batch_size')}, "
+              f"max_queue_delay {dyn[m].get('max_queue_delay_microseconds', 0) / 1000:g} ms")
+    print(f"- windows: {args.duration:g} s measured after {args.warmup:g} s warm-up (discarded), "
+          f"concurrency {','.join(map(str, args.conc))}; one sample per request; the machine may be shared "
+          f"(noisy figures)\n")
+
+
+def print_tables(rows: list[dict], ceiling: list[dict]) -> None:
+    print("| model | format | conc | req/s | p50 ms | p90 ms | p99 ms | errors | mean batch | raw@mix/s | eff |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        lat = r["wrk"]["latency_us"]
+        print(f"| {r['model']} | {r['format']} | {r['conc']} | {r['wrk']['rps']:.0f} | {ms(lat['p50'])} | "
+              f"{ms(lat['p90'])} | {ms(lat['p99'])} | {r['errors']} | {r['mean_batch']:.2f} | "
+              f"{r['raw_at_mix']:.0f} | {r['eff']:.2f} |")
+    if ceiling:
+        print("\nLoad generator ceiling (wrk, same settings, trivial fixed-200 endpoint on the server core):\n")
+        print("| body | conc | req/s | p50 ms | p99 ms | errors |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for c in ceiling:
+            lat = c["wrk"]["latency_us"]
+            print(f"| {c['body']} | {c['conc']} | {c['wrk']['rps']:.0f} | {ms(lat['p50'])} | {ms(lat['p99'])} | "
+                  f"{c['errors']} |")
+        for conc in sorted({r["conc"] for r in rows}):
+            served = max((r["wrk"]["rps"] for r in rows if r["conc"] == conc), default=0)
+            ceil = min((c["wrk"]["rps"] for c in ceiling if c["conc"] == conc), default=0)
+            if served and ceil:
+                print(f"- conc {conc}: lowest wrk ceiling {ceil:.0f} req/s = {ceil / served:.1f}x the fastest "
+                      f"server row ({served:.0f} req/s)")
+    print("\nraw@mix = samples / time of raw InferenceSession.run for the executed batch-size mix (median "
+          "per size, same threads and core); eff = req/s / raw@mix.")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=float, default=10, help="measured seconds per window (default 10)")
+    p.add_argument("--warmup", type=float, default=2, help="discarded warm-up seconds per window (default 2)")
+    p.add_argument("--conc", default="1,16,64", help="wrk connections, comma-separated (default 1,16,64)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="subset of " + ",".join(WORKLOADS))
+    p.add_argument("--server-cpus", default="1", help="taskset list for the server (default 1)")
+    p.add_argument("--client-cpus", default="0", help="taskset list for wrk (default 0)")
+    p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads, server and raw (default 1)")
+    p.add_argument("--max-batch", type=int, help="server --max-batch (default: the server's)")
+    p.add_argument("--max-delay-ms", type=float, help="server --max-delay-ms (default: the server's)")
+    p.add_argument("--models-src", default=os.path.join(ROOT, "out", "models"),
+                   help="where light.onnx/medium.onnx are (built there if missing; default out/models)")
+    p.add_argument("--ceiling-bodies", default="light-json,medium-json",
+                   help="workload bodies posted to the trivial endpoint ('' to skip; default light-json,medium-json)")
+    p.add_argument("--count-non2xx", action="store_true", help="exact non-2xx count in wrk (lowers its ceiling)")
+    p.add_argument("--start-timeout", type=float, default=120, help="seconds to wait for readiness")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = p.parse_args(argv)
+    args.conc = [int(c) for c in args.conc.split(",") if c]
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    args.ceiling_bodies = [w for w in args.ceiling_bodies.split(",") if w]
+    for w in args.workloads + args.ceiling_bodies:
+        if w not in WORKLOADS:
+            p.error(f"unknown workload {w!r} (choose from {', '.join(WORKLOADS)})")
+    return args
+
+
+def cpu_set(taskset_list: str) -> set[int]:
+    cpus = set()
+    for part in taskset_list.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def bench(args, tmp: str, closers: list) -> dict:
+    repo = os.path.join(tmp, "repo")
+    os.makedirs(repo)
+    onnx_paths = prepare_repository(args.models_src, repo)
+    models = sorted({WORKLOADS[w][0] for w in args.workloads + args.ceiling_bodies})
+    raws = {m: RawOrt(onnx_paths[m], args.threads, cpu_set(args.server_cpus)) for m in models}
+    bodies = {m: make_bodies(raws[m]) for m in models}
+    wrk = Wrk(args.client_cpus, count_non2xx=args.count_non2xx)
+    closers.append(wrk)
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = ["taskset", "-c", args.server_cpus, sys.executable, "-m", "aclserve", "serve", "--models", repo,
+           "--port", str(port), "--model-control-mode", "none", "--log-level", "warning",
+           "--cpu-threads", str(args.threads)]
+    if args.max_batch is not None:
+        cmd += ["--max-batch", str(args.max_batch)]
+    if args.max_delay_ms is not None:
+        cmd += ["--max-delay-ms", str(args.max_delay_ms)]
+    server = ManagedProcess(cmd, os.path.join(tmp, "server.log"), cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=ROOT))
+    closers.append(server)
+    wait_ready(server, base, args.start_timeout)
+    cfg = {m: json.loads(http(f"{base}/v2/models/{m}/config")) for m in models}
+    print_header(args, cfg)
+
+    checks, failed = [], False
+    for m in models:
+        for fmt, (sample, body) in bodies[m].items():
+            diff = check_output(base, m, raws[m], fmt, sample, body)
+            checks.append({"model": m, "format": fmt, "max_abs_diff": diff})
+            failed |= not diff <= TOLERANCE
+            print(f"check {m} {fmt}: max abs diff vs ONNX Runtime {diff:.2e}"
+                  f"{'' if diff <= TOLERANCE else f'  FAIL (> {TOLERANCE:g})'}")
+    if failed:
+        raise RuntimeError("server outputs differ from ONNX Runtime")
+
+    rows = []
+    for w in args.workloads:
+        m, fmt = WORKLOADS[w]
+        for conc in args.conc:
+            r = run_window(wrk, base, m, bodies[m][fmt][1], conc, args)
+            r.update(model=m, format=fmt, conc=conc)
+            rows.append(r)
+            print(f"  {w} c={conc}: {r['wrk']['rps']:.0f} req/s, errors {r['errors']}", file=sys.stderr, flush=True)
+    code = server.close()
+    if code not in (0, None):
+        print(f"warning: server exited with {code}:\n{server.log_tail()}", file=sys.stderr)
+
+    for r in rows:  # the server is stopped: raw ORT has the core to itself
+        mix = r["mix"]
+        execs = sum(mix.values())
+        r["mean_batch"] = sum(b * n for b, n in mix.items()) / execs if execs else 0.0
+        r["raw_at_mix"] = raws[r["model"]].samples_per_s_at_mix(mix)
+        r["eff"] = r["wrk"]["rps"] / r["raw_at_mix"] if r["raw_at_mix"] else 0.0
+
+    ceiling = []
+    if args.ceiling_bodies:
+        trivial = ManagedProcess(["taskset", "-c", args.server_cpus, sys.executable,
+                                  os.path.join(TOOLS, "bench_common.py"), "trivial-server"],
+                                 os.path.join(tmp, "trivial.log"), stdout=subprocess.PIPE)
+        closers.append(trivial)
+        port_line = trivial.proc.stdout.readline()
+        if not port_line.strip():
+            raise RuntimeError(f"trivial endpoint did not start:\n{trivial.log_tail()}")
+        url = f"http://127.0.0.1:{int(port_line)}/v2/models/trivial/infer"
+        for w in args.ceiling_bodies:
+            m, fmt = WORKLOADS[w]
+            for conc in args.conc:
+                if args.warmup > 0:
+                    wrk.run(url, bodies[m][fmt][1], conc, args.warmup)
+                res = wrk.run(url, bodies[m][fmt][1], conc, args.duration)
+                errors = res["socket_errors"] + res["errors"]["status"] + max(0, res["non2xx"])
+                ceiling.append({"body": w, "conc": conc, "wrk": res, "errors": errors})
+        trivial.close()
+
+    print()
+    print_tables(rows, ceiling)
+    return {"nproc": os.cpu_count(), "server_cpus": args.server_cpus, "client_cpus": args.client_cpus,
+            "threads": args.threads, "duration_s": args.duration, "warmup_s": args.warmup,
+            "model_config": cfg, "checks": checks,
+            "rows": [{k: v for k, v in r.items()} | {"mix": {str(b): n for b, n in r["mix"].items()}} for r in rows],
+            "ceiling": ceiling}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    closers: list = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
+            try:
+                report = bench(args, tmp, closers)
+            finally:
+                for c in reversed(closers):  # server and trivial endpoint first, then wrk's folder
+                    c.close()
+    except KeyboardInterrupt:
+        print("interrupted; server stopped", file=sys.stderr)
+        return 130
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        print(f"bench_server: error: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    bad = sum(r["errors"] for r in report["rows"]) + sum(c["errors"] for c in report["ceiling"])
+    if bad:
+        print(f"\nFAIL: {bad} request errors (see the errors columns)", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
