@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Helpers of tools/bench_server.py: request bodies, the wrk runner, raw ONNX Runtime timing and
-the trivial HTTP endpoint that measures the load generator's ceiling.
+"""Helpers of tools/bench_server.py: request bodies, the wrk runner, raw ONNX Runtime timing,
+child processes and HTTP, and the trivial HTTP endpoint that measures the load generator's ceiling.
 
 `python tools/bench_common.py trivial-server [--port 0]` runs the trivial endpoint in the
 foreground: it prints the bound port on one stdout line, then answers every HTTP/1.1 request
@@ -14,10 +14,12 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 
 import numpy as np
@@ -193,6 +195,72 @@ class RawOrt:
         samples = sum(b * n for b, n in mix.items())
         seconds = sum(self.seconds_per_batch(b) * n for b, n in mix.items())
         return samples / seconds if seconds else 0.0
+
+
+# -- processes and HTTP ------------------------------------------------------------------------------
+
+class ManagedProcess:
+    """A child process in its own session (a terminal Ctrl-C reaches only this tool, which then
+    stops it). Owns the process and its log file; close() sends SIGTERM, waits, kills after
+    `grace_s`; idempotent."""
+
+    def __init__(self, cmd: list[str], log_path: str, grace_s: float = 30.0, **kwargs):
+        self.log_path, self.grace_s = log_path, grace_s
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=kwargs.pop("stdout", self._log), stderr=self._log,
+                                     start_new_session=True, **kwargs)
+
+    def log_tail(self, lines: int = 20) -> str:
+        with open(self.log_path, "rb") as f:
+            return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+
+    def close(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(self.grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        if not self._log.closed:
+            self._log.close()
+        return self.proc.returncode
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(url: str, body: bytes | None = None, headers: dict | None = None, timeout: float = 60) -> bytes:
+    req = urllib.request.Request(url, data=body, headers=headers or {}, method="POST" if body else "GET")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.read()
+
+
+def wait_ready(server: ManagedProcess, base: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log_tail()}")
+        try:
+            if json.loads(http(base + "/v2/health/ready", timeout=2)).get("ready"):
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server not ready after {timeout_s:g} s:\n{server.log_tail()}")
+
+
+def cpu_set(taskset_list: str) -> set[int]:
+    cpus = set()
+    for part in taskset_list.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
 
 
 # -- the trivial endpoint -------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Server benchmark: closed-loop wrk load against `aclserve serve`, compared with raw ONNX Runtime.
 
-What one run does (default ~4-5 minutes):
+What one run does (defaults: about 4.5 minutes):
   1. builds out/models/{light,medium}.onnx if missing (tools/make_example_models.py), compiles
      them to CPU OMs in a temp repository, starts `aclserve serve` pinned with taskset to the
      server core(s), ORT on --threads threads, and waits for /v2/health/ready;
@@ -10,20 +10,20 @@ What one run does (default ~4-5 minutes):
   3. for each workload (light/medium x KServe v2 JSON/binary) and each concurrency: a wrk
      warm-up (discarded), then the measured wrk window (wrk -t1, pinned to the client core)
      with /v2/models/{m}/stats read just before and after it;
-  4. with the server idle: raw InferenceSession.run on the server core at every batch size the
-     server executed, giving raw@mix (ORT's own samples/s at the executed batch mix) and
-     eff = req/s / raw@mix;
-  5. stops the server (SIGTERM, wait) and measures wrk's ceiling against a trivial fixed-200
-     endpoint on the server core with the same settings;
+  4. stops the server (SIGTERM, wait), then times raw InferenceSession.run (same threads, this
+     process pinned to the server core) at every batch size the server executed: raw@mix =
+     samples / raw time of the executed batch mix (stats delta of the window), eff = req/s / raw@mix;
+  5. measures wrk's ceiling against a trivial fixed-200 endpoint (asyncio, uvloop if present)
+     on the server core with the same wrk settings and bodies;
   6. prints Markdown tables (and --json FILE). Exit status 1 on any request error or a wrong
      output.
 
     python tools/bench_server.py [--duration 10] [--warmup 2] [--conc 1,16,64]
         [--workloads light-json,light-binary,medium-json,medium-binary] [--json FILE]
 
-Errors counted per window: wrk socket errors (connect/read/write/timeout), wrk status errors
-(>= 400), and answers the server did not count as successful inferences (wrk requests minus the
-stats' success delta, when positive; catches any other non-2xx). --count-non2xx adds an exact
+Errors per window = wrk socket errors (connect/read/write/timeout) + bad answers, the largest of:
+wrk status errors (>= 400), and answers the server did not count as successful inferences (wrk
+requests minus the stats' success delta, when positive; catches any other non-2xx). --count-non2xx adds an exact
 per-response status check in wrk's Lua, which lowers wrk's own ceiling about 3x.
 """
 from __future__ import annotations
@@ -33,12 +33,10 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 import numpy as np
 
@@ -46,67 +44,13 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
-from bench_common import (HEADER_LENGTH, Body, RawOrt, Wrk, binary_body, decode_output,  # noqa: E402
-                          json_body, sample_for)
+from bench_common import (HEADER_LENGTH, Body, ManagedProcess, RawOrt, Wrk, binary_body,  # noqa: E402
+                          cpu_set, decode_output, free_port, http, json_body, sample_for, wait_ready)
 
 MODELS = ("light", "medium")
 WORKLOADS = {"light-json": ("light", "json"), "light-binary": ("light", "binary"),
              "medium-json": ("medium", "json"), "medium-binary": ("medium", "binary")}
 TOLERANCE = 1e-4
-
-
-class ManagedProcess:
-    """A child process in its own session (a terminal Ctrl-C reaches only this tool, which then
-    stops it). Owns the process and its log file; close() sends SIGTERM, waits, kills after
-    `grace_s`; idempotent."""
-
-    def __init__(self, cmd: list[str], log_path: str, grace_s: float = 30.0, **kwargs):
-        self.log_path, self.grace_s = log_path, grace_s
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=kwargs.pop("stdout", self._log), stderr=self._log,
-                                     start_new_session=True, **kwargs)
-
-    def log_tail(self, lines: int = 20) -> str:
-        with open(self.log_path, "rb") as f:
-            return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
-
-    def close(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(self.grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if not self._log.closed:
-            self._log.close()
-        return self.proc.returncode
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http(url: str, body: bytes | None = None, headers: dict | None = None, timeout: float = 60) -> bytes:
-    req = urllib.request.Request(url, data=body, headers=headers or {}, method="POST" if body else "GET")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return resp.read()
-
-
-def wait_ready(server: ManagedProcess, base: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log_tail()}")
-        try:
-            if json.loads(http(base + "/v2/health/ready", timeout=2)).get("ready"):
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"server not ready after {timeout_s:g} s:\n{server.log_tail()}")
 
 
 def prepare_repository(src: str, repo: str) -> dict[str, str]:
@@ -163,7 +107,9 @@ def run_window(wrk: Wrk, base: str, model: str, body: Body, conc: int, args) -> 
     ok = after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"]
     failed = after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"]
     unaccounted = max(0, result["requests"] - ok)
-    errors = result["socket_errors"] + result["errors"]["status"] + unaccounted + max(0, result["non2xx"])
+    # three views of the bad answers (they overlap): >= 400, non-2xx if counted, not a success
+    bad_answers = max(result["errors"]["status"], result["non2xx"], unaccounted)
+    errors = result["socket_errors"] + bad_answers
     return {"wrk": result, "mix": batch_mix(before, after), "server_ok": ok, "server_fail": failed,
             "unaccounted": unaccounted, "errors": errors}
 
@@ -172,12 +118,20 @@ def ms(us: float) -> str:
     return f"{us / 1000:.2f}"
 
 
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
+
+
 def print_header(args, cfg: dict) -> None:
     import onnxruntime as ort
-    wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split("\n")[0]
+    wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split(" Copyright")[0]
     dyn = {m: c.get("dynamic_batching", {}) for m, c in cfg.items()}
     print("# aclserve server benchmark")
-    print(f"- machine: {platform.node()}, nproc={os.cpu_count()}, {platform.processor() or platform.machine()}, "
+    print(f"- machine: {platform.node()}, nproc={os.cpu_count()}, {cpu_model()}, "
           f"Python {platform.python_version()}, onnxruntime {ort.__version__}, {wrk_version.strip()}")
     print(f"- pinning: server `taskset -c {args.server_cpus}` (also the trivial endpoint and raw ORT), "
           f"wrk -t1 `taskset -c {args.client_cpus}`; ORT intra-op threads {args.threads} (server and raw)")
@@ -199,18 +153,19 @@ def print_tables(rows: list[dict], ceiling: list[dict]) -> None:
               f"{r['raw_at_mix']:.0f} | {r['eff']:.2f} |")
     if ceiling:
         print("\nLoad generator ceiling (wrk, same settings, trivial fixed-200 endpoint on the server core):\n")
-        print("| body | conc | req/s | p50 ms | p99 ms | errors |")
-        print("|---|---:|---:|---:|---:|---:|")
+        print("| body | bytes | conc | req/s | p50 ms | p99 ms | errors |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
         for c in ceiling:
             lat = c["wrk"]["latency_us"]
-            print(f"| {c['body']} | {c['conc']} | {c['wrk']['rps']:.0f} | {ms(lat['p50'])} | {ms(lat['p99'])} | "
-                  f"{c['errors']} |")
+            print(f"| {c['body']} | {c['bytes']} | {c['conc']} | {c['wrk']['rps']:.0f} | {ms(lat['p50'])} | "
+                  f"{ms(lat['p99'])} | {c['errors']} |")
         for conc in sorted({r["conc"] for r in rows}):
             served = max((r["wrk"]["rps"] for r in rows if r["conc"] == conc), default=0)
             ceil = min((c["wrk"]["rps"] for c in ceiling if c["conc"] == conc), default=0)
             if served and ceil:
+                note = "" if ceil >= 2 * served else "  (under 2x: wrk may limit, or the machine was busy; rerun)"
                 print(f"- conc {conc}: lowest wrk ceiling {ceil:.0f} req/s = {ceil / served:.1f}x the fastest "
-                      f"server row ({served:.0f} req/s)")
+                      f"server row ({served:.0f} req/s){note}")
     print("\nraw@mix = samples / time of raw InferenceSession.run for the executed batch-size mix (median "
           "per size, same threads and core); eff = req/s / raw@mix.")
 
@@ -241,14 +196,6 @@ def parse_args(argv=None):
         if w not in WORKLOADS:
             p.error(f"unknown workload {w!r} (choose from {', '.join(WORKLOADS)})")
     return args
-
-
-def cpu_set(taskset_list: str) -> set[int]:
-    cpus = set()
-    for part in taskset_list.split(","):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
 
 
 def bench(args, tmp: str, closers: list) -> dict:
@@ -323,8 +270,9 @@ def bench(args, tmp: str, closers: list) -> dict:
                 if args.warmup > 0:
                     wrk.run(url, bodies[m][fmt][1], conc, args.warmup)
                 res = wrk.run(url, bodies[m][fmt][1], conc, args.duration)
-                errors = res["socket_errors"] + res["errors"]["status"] + max(0, res["non2xx"])
-                ceiling.append({"body": w, "conc": conc, "wrk": res, "errors": errors})
+                errors = res["socket_errors"] + max(res["errors"]["status"], res["non2xx"])
+                ceiling.append({"body": w, "bytes": len(bodies[m][fmt][1].data), "conc": conc, "wrk": res,
+                                "errors": errors})
         trivial.close()
 
     print()
@@ -338,6 +286,7 @@ def bench(args, tmp: str, closers: list) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # keep stdout and stderr progress in order
 
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt
