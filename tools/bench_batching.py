@@ -15,7 +15,7 @@ Prints a Markdown summary (p50/p99 per level, completed throughput, mean execute
 padding waste, rejected / timed out per level, on/off ratio) and the two acceptance checks
 of issue 5; `--json FILE` writes the same figures.
 
-    python tools/bench_batching.py [--model medium|light] [--seconds 5] [--cpu 0] [--json out.json]
+    python tools/bench_batching.py [--model medium|light] [--seconds 5] [--cpu 1 | -1] [--json out.json]
 """
 from __future__ import annotations
 
@@ -307,10 +307,13 @@ def main() -> int:
     ap.add_argument("--instances", type=int, default=1)
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
-    ap.add_argument("--cpu", type=int, default=None, help="pin the process to this CPU")
+    ap.add_argument("--cpu", type=int, default=1,
+                    help="pin the process to this CPU, like the server benchmark (-1: do not pin)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args()
+    if args.cpu < 0:
+        args.cpu = None
     if args.cpu is not None:
         pin_process(args.cpu)
     onnx_path = ensure_model(args.model)

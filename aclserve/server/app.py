@@ -14,6 +14,7 @@ import logging
 import signal
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ..errors import ServeError
 from .app_keys import STATE
@@ -59,6 +60,10 @@ def error_response(request: web.Request, state: ServerState | None, exc: Excepti
         else:
             message = e.reason
         return json_error(message, e.status)
+    except (HttpProcessingError, web.RequestPayloadError) as e:  # unreadable body, e.g. bad gzip
+        cause = e.__cause__ if isinstance(e, web.RequestPayloadError) and e.__cause__ else e
+        detail = getattr(cause, "message", "") or str(cause) or type(cause).__name__
+        return json_error(f"request body could not be read: {detail.strip()}", 400)
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
         return json_error("internal error", 500)

@@ -19,6 +19,19 @@ import numpy as np
 from ..errors import InvalidInput
 from ..runtime.types import TensorSpec
 
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON (send non-finite numbers with the binary tensor extension)")
+
+
+_decoder = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
+def _loads(raw: bytes):
+    """JSON over HTTP is UTF-8 (RFC 8259); Python's NaN/Infinity literals are refused."""
+    return _decoder.decode(raw.decode("utf-8"))
+
+
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_OFFLOAD_BYTES = 64 * 1024  # JSON text above this is decoded in a thread
 JSON_OFFLOAD_ELEMENTS = 16 * 1024  # JSON output elements above this are encoded in a thread
@@ -83,9 +96,11 @@ def decode_request(body: bytes, header_length: int | None, sig: Signature) -> In
             raise InvalidInput(f"{HEADER_LENGTH} is {header_length} but the body has only {end} bytes")
         end = header_length
     try:
-        doc = json.loads(body if end == len(body) else body[:end])
+        doc = _loads(body if end == len(body) else body[:end])
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidInput(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise InvalidInput("request body is not valid JSON: nested too deeply") from None
     if type(doc) is not dict:
         raise InvalidInput("request body must be a JSON object")
     req = InferRequest(inputs={}, rows=1)

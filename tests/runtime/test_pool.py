@@ -182,3 +182,19 @@ def test_an_atc_om_is_refused_with_what_it_is_and_what_to_do(runtime, tmp_path):
     path.write_bytes(bytes(head) + b"x" * 16)
     with pytest.raises(LoadError, match=r"ATC OM \('resnet'.*needs CANN.*--target cpu.*145006"):
         open_pool(runtime, str(path), "resnet")
+
+
+def test_instances_spread_over_several_devices_and_each_device_gets_its_memory_back(runtime, affine_om):
+    if runtime.device_count() < 2:
+        pytest.skip("needs two devices (ACLSERVE_CPU_DEVICES=2, set by tests/contract/conftest.py)")
+    path = affine_om()
+    before = [runtime.device(d).mem_info()[0] for d in (0, 1)]
+    pool = open_pool(runtime, path, "affine", instances=2, devices=(0, 1))
+    try:
+        assert [i.device.id for i in pool.instances] == [0, 1]
+        assert all(runtime.device(d).mem_info()[0] < before[d] for d in (0, 1))
+        results = [pool.submit([_request(2, 10 * k)], 2) for k in range(20)]
+        assert {f.result(timeout=30).instance for f in results} == {"affine#0", "affine#1"}
+    finally:
+        pool.close()
+    assert [runtime.device(d).mem_info()[0] for d in (0, 1)] == before

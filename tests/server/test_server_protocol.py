@@ -164,6 +164,10 @@ BAD = [
     (doc(outputs=[{"name": "zz"}]), None, 400, "unknown output"),
     ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 8], "parameters": {"binary_data_size": 32}},
                  doc()["inputs"][1]]}, "binary", 400, "binary_data_size 32 does not match"),
+    (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None, 400, "nested too deeply"),
+    (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [NaN, 0, 0, 0, 0, 0, 0, 0]}]}',
+     None, 400, "NaN is not valid JSON"),
+    (b"\xff\xfe{}", None, 400, "not valid JSON"),
 ]
 
 
@@ -177,6 +181,12 @@ def test_bad_requests_get_400_with_message(server, body, mode, status, match):
     got, resp_headers, raw = infer_json(server, body, headers)
     assert got == status and resp_headers["Content-Type"].startswith("application/json")
     assert match in json.loads(raw)["error"]
+
+
+def test_a_body_that_does_not_decompress_is_a_400(server):
+    status, _, raw = infer_json(server, b"this is not gzip", {"Content-Encoding": "gzip"})
+    assert status == 400 and "content-encoding" in json.loads(raw)["error"].lower()
+    assert infer_json(server, doc())[0] == 200  # still serving
 
 
 def test_binary_chunk_size_mismatch(server):
