@@ -38,7 +38,7 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, name: str, v
             _open_pool, runtime, om_path, name=f"{name}:{version}", instances=config.instances,
             devices=config.devices, slots=config.slots, retry=config.retry))
         try:
-            await run(pool.warmup)  # one run per gear; measures the gear costs the batcher plans with
+            await run(pool.warmup)  # three runs per gear; times the gear costs the batcher plans with
             batcher = DynamicBatcher(pool, config.batching, name=f"{name}:{version}")
             batcher.start()
         except BaseException:
