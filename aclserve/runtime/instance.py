@@ -223,7 +223,9 @@ class ModelInstance:
     def _collect(self, slot: Slot, job: Job) -> BatchResult:
         rt = self._acl.rt
         ev = slot.events
-        for name in ("exec_end", "d2h_end"):
+        # d2h_end comes after exec_end (the D2H stream waits for it), so one wake-up covers both;
+        # exec_end is then complete and only reports whether the execution itself failed.
+        for name in ("d2h_end", "exec_end"):
             check("rt.synchronize_event_with_timeout",
                   rt.synchronize_event_with_timeout(ev[name], self.sync_timeout_ms))
         timings = DeviceTimings(
