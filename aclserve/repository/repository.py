@@ -340,6 +340,8 @@ class ModelRepository:
             await asyncio.get_running_loop().run_in_executor(self._executor, sv.close_pool)
         except Exception:
             log.exception("%s:%s: close failed", sv.name, sv.version)
+        if not self._closed and (event is None or not Path(sv.source).exists()):
+            self._prune_compiled(sv)  # replaced, or its file is gone; a restart keeps the cache
         if (self._status.get(*key) or (None,))[0] == UNLOADING and sv.version not in self._serving.get(sv.name, {}):
             entry = self._scan.models.get(sv.name)
             if sv.name in self._excluded and entry is not None and sv.version in entry.available:
@@ -349,6 +351,23 @@ class ModelRepository:
         if event:
             log.info("%s: version %s unloaded", sv.name, sv.version)
             self._emit(event, sv.name, sv.version)
+
+    def _prune_compiled(self, sv: ServedVersion) -> None:
+        """Delete the cached compile of a replaced or deleted .onnx version unless a serving
+        version uses it, so replacing a dropped .onnx does not grow the cache without bound."""
+        if sv.om_path == sv.source:
+            return  # an .om from the repository itself, not a cache entry
+        in_use = {v.om_path for versions in self._serving.values() for v in versions.values()}
+        if sv.om_path in in_use:
+            return
+        try:
+            Path(sv.om_path).unlink()
+            log.info("%s: removed the compile of the retired version %s (%s)", sv.name, sv.version,
+                     Path(sv.om_path).name)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("%s: could not remove %s: %s", sv.name, sv.om_path, e)
 
     def _reject(self, name: str, version: str, wanted: Wanted, reason: str) -> None:
         self._rejected[(name, version, wanted.file.identity)] = reason

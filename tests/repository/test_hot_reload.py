@@ -201,6 +201,22 @@ async def test_dropped_onnx_is_compiled_and_served_live(make_repo, models_dir, m
     assert float((await repo.get("o").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
 
 
+async def test_replacing_a_dropped_onnx_leaves_one_compile_in_the_cache(make_repo, models_dir, model_files):
+    repo, events = await make_repo()
+    place(model_files[1]["onnx"], models_dir / "o.onnx")
+    await events.wait("loaded", "o", "1")
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    await events.wait("reloaded", "o", "1")
+    await repo.wait_idle()  # the replaced version has drained, closed and dropped its compile
+    assert float((await repo.get("o").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
+    cached = sorted(p.name for p in (models_dir / ".cache").glob("o-*.om"))
+    assert len(cached) == 1 and repo.get("o").om_path.endswith(cached[0])
+    (models_dir / "o.onnx").unlink()
+    await events.wait("unloaded", "o", "1")
+    await repo.wait_idle()
+    assert list((models_dir / ".cache").glob("o-*.om")) == []
+
+
 async def test_unload_in_poll_mode_holds_until_load(make_repo, models_dir, model_files):
     place(model_files[1]["om"], models_dir / "m.om")
     repo, events = await make_repo()
