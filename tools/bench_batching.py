@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from aclserve.errors import QueueFull, RequestTimeout, ServeError, ShuttingDown 
 from aclserve.om.compile import compile_model  # noqa: E402
 from aclserve.runtime import AclRuntime, open_pool  # noqa: E402
 from aclserve.scheduling import BatchingConfig, DynamicBatcher, QueuePolicy  # noqa: E402
+from bench_common import ensure_example_models  # noqa: E402
 
 GEARS = [1, 2, 4, 8, 16, 32]
 LEVELS = (1, 2)  # the levels this load uses: 1 = high, 2 = the default
@@ -53,11 +53,7 @@ def pin_process(cpu: int) -> None:
 
 
 def ensure_model(name: str) -> str:
-    path = os.path.join(ROOT, "out", "models", f"{name}.onnx")
-    if not os.path.exists(path):
-        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_example_models.py"),
-                        os.path.dirname(path), "--skip-digits"], check=True)
-    return path
+    return ensure_example_models(os.path.join(ROOT, "out", "models"))[name]
 
 
 def batch_figures(batcher: DynamicBatcher) -> dict:

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Helpers of tools/bench_server.py: request bodies, the wrk runner, raw ONNX Runtime timing,
-child processes and HTTP, and the trivial HTTP endpoint that measures the load generator's ceiling.
+"""Helpers of the benchmarks in tools/: the example models, raw ONNX Runtime sessions and timing,
+request bodies, the wrk runner, child processes and HTTP, and the trivial HTTP endpoint that
+measures the load generator's ceiling.
 
 `python tools/bench_common.py trivial-server [--port 0]` runs the trivial endpoint in the
 foreground: it prints the bound port on one stdout line, then answers every HTTP/1.1 request
@@ -23,6 +24,33 @@ import urllib.request
 from dataclasses import dataclass
 
 import numpy as np
+
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+MODEL_NAMES = ("light", "medium")
+
+
+# -- models and raw ONNX Runtime -------------------------------------------------------------------
+def ensure_example_models(outdir: str) -> dict[str, str]:
+    """Build the benchmark models (tools/make_example_models.py) into `outdir` unless they are
+    there; name -> ONNX path."""
+    paths = {m: os.path.join(outdir, f"{m}.onnx") for m in MODEL_NAMES}
+    if not all(os.path.exists(p) for p in paths.values()):
+        subprocess.run([sys.executable, os.path.join(TOOLS, "make_example_models.py"), outdir, "--skip-digits"],
+                       check=True, cwd=os.path.dirname(TOOLS))
+    return paths
+
+
+def raw_session(onnx_path: str, threads: int):
+    """An InferenceSession with the settings the CPU runtime uses (the raw baseline)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3
+    return ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+
 
 # -- request bodies (KServe v2) ------------------------------------------------------------------
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -131,7 +159,7 @@ class Wrk:
         env = dict(os.environ, WRK_BODY=body_path, WRK_CTYPE=body.content_type,
                    WRK_HEADER=body.extra_header, WRK_OUT=out_path)
         cmd = ["taskset", "-c", self.cpus, "wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s",
-               f"--timeout", f"{self.timeout_s:g}s", "-s", self.script, url]
+               "--timeout", f"{self.timeout_s:g}s", "-s", self.script, url]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0 or not os.path.exists(out_path):
             raise RuntimeError(f"wrk failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
@@ -154,14 +182,7 @@ class RawOrt:
     median seconds per batch size, so each size is measured once per run of the tool."""
 
     def __init__(self, onnx_path: str, threads: int, cpus: set[int], min_s: float = 0.5, min_runs: int = 20):
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.log_severity_level = 3
-        self.session = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+        self.session = raw_session(onnx_path, threads)
         self.input = self.session.get_inputs()[0]
         self.output_name = self.session.get_outputs()[0].name
         self.sample_shape = [int(d) for d in self.input.shape[1:]]

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
-import onnxruntime as ort
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -29,13 +27,7 @@ sys.path.insert(0, ROOT)
 from aclserve.om.compile import compile_model  # noqa: E402
 from aclserve.runtime import AclRuntime, open_pool  # noqa: E402
 from aclserve.runtime.instance import Job  # noqa: E402
-
-
-def ensure_model(path: str) -> str:
-    if not os.path.exists(path):
-        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_example_models.py"),
-                        os.path.dirname(path), "--skip-digits"], check=True)
-    return path
+from bench_common import ensure_example_models, raw_session  # noqa: E402
 
 
 def timed(fn, seconds: float, min_runs: int = 5) -> tuple[int, float]:
@@ -49,13 +41,9 @@ def timed(fn, seconds: float, min_runs: int = 5) -> tuple[int, float]:
 
 
 def bench_raw(onnx_path: str, gear: int, seconds: float, threads: int) -> float:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+    sess = raw_session(onnx_path, threads)
     name = sess.get_inputs()[0].name
-    x = np.random.default_rng(0).standard_normal((gear, 3, 64, 64)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((gear, *sess.get_inputs()[0].shape[1:])).astype(np.float32)
 
     def run():
         sess.run(None, {name: x})
@@ -107,7 +95,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (both sides)")
     args = ap.parse_args()
     gears = [int(g) for g in args.gears.split(",")]
-    onnx_path = ensure_model(args.model)
+    onnx_path = args.model
+    if not os.path.exists(onnx_path):
+        ensure_example_models(os.path.dirname(onnx_path))
     with tempfile.TemporaryDirectory() as tmp:
         om = os.path.join(tmp, "model.om")
         compile_model(onnx_path, om, batch=gears, target="cpu", log=lambda _: None)

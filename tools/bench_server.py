@@ -45,9 +45,9 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
 from bench_common import (HEADER_LENGTH, Body, ManagedProcess, RawOrt, Wrk, binary_body,  # noqa: E402
-                          cpu_set, decode_output, free_port, http, json_body, sample_for, wait_ready)
+                          cpu_set, decode_output, ensure_example_models, free_port, http, json_body,
+                          sample_for, wait_ready)
 
-MODELS = ("light", "medium")
 WORKLOADS = {"light-json": ("light", "json"), "light-binary": ("light", "binary"),
              "medium-json": ("medium", "json"), "medium-binary": ("medium", "binary")}
 TOLERANCE = 1e-4
@@ -55,10 +55,7 @@ TOLERANCE = 1e-4
 
 def prepare_repository(src: str, repo: str) -> dict[str, str]:
     """Build the example ONNX models if missing, compile them into `repo`; name -> onnx path."""
-    paths = {m: os.path.join(src, f"{m}.onnx") for m in MODELS}
-    if not all(os.path.exists(p) for p in paths.values()):
-        subprocess.run([sys.executable, os.path.join(TOOLS, "make_example_models.py"), src, "--skip-digits"],
-                       check=True, cwd=ROOT)
+    paths = ensure_example_models(src)
     for name, path in paths.items():
         subprocess.run([sys.executable, "-m", "aclserve", "compile", path, "-o", os.path.join(repo, f"{name}.om"),
                         "--target", "cpu"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
