@@ -84,6 +84,8 @@ class ServerConfig:
     settle_s: float = 1.0
     debounce_s: float = 0.25
     memory_reserve_fraction: float = 0.1
+    # (streams, events) per device; None for either = what the runtime knows for this device
+    device_limits: tuple[int | None, int | None] = (None, None)
     model_defaults: ModelConfig = field(default_factory=ModelConfig)
 
 
@@ -345,8 +347,17 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         settle_s=_float(get("settle_s"), "settle_s"),
         debounce_s=_float(get("debounce_s"), "debounce_s"),
         memory_reserve_fraction=_float(get("memory_reserve_fraction"), "memory_reserve_fraction", 0.0, 1.0),
+        device_limits=_device_limits(data.get("device_limits") or {}),
         model_defaults=parse_model_config(data.get("model_defaults", {}), "model_defaults"),
     )
+
+
+def _device_limits(value) -> tuple[int | None, int | None]:
+    data = _mapping(value, "device_limits")
+    _no_unknown(data, {"streams", "events"}, "device_limits")
+    streams, events = data.get("streams"), data.get("events")
+    return (None if streams is None else _int(streams, "device_limits.streams", 1),
+            None if events is None else _int(events, "device_limits.events", 1))
 
 
 def load_server_config(path: str | os.PathLike | None = None, overrides: Mapping | None = None) -> ServerConfig:

@@ -13,6 +13,7 @@ import os
 from types import ModuleType
 
 from .check import AclError, check, check_handle  # noqa: F401  (re-exported)
+from .context import current_context, restoring_context, using_context  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 

@@ -31,6 +31,9 @@ ACL_ERROR_RT_PARAM_INVALID = 107000
 ACL_ERROR_RT_INVALID_DEVICEID = 107001
 ACL_ERROR_RT_CONTEXT_NULL = 107002
 ACL_ERROR_RT_STREAM_CONTEXT = 107003
+ACL_ERROR_RT_MODEL_CONTEXT = 107004
+ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID = 107006
+ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL = 107007
 ACL_ERROR_RT_THREAD_SUBSCRIBE = 107012
 ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000
 ACL_ERROR_RT_MEMORY_ALLOCATION = 207001
@@ -73,7 +76,10 @@ ERROR_MEANINGS: dict[int, str] = {
     ACL_ERROR_RT_PARAM_INVALID: "runtime parameter invalid",
     ACL_ERROR_RT_INVALID_DEVICEID: "invalid device id",
     ACL_ERROR_RT_CONTEXT_NULL: "no current context in this thread (call acl.rt.set_context)",
-    ACL_ERROR_RT_STREAM_CONTEXT: "stream belongs to another context or device",
+    ACL_ERROR_RT_STREAM_CONTEXT: "stream not in current context",
+    ACL_ERROR_RT_MODEL_CONTEXT: "model not in current context",
+    ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID: "event has no timestamp yet (not completed)",
+    ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL: "event timestamps reversed (end before start)",
     ACL_ERROR_RT_THREAD_SUBSCRIBE: "thread is not subscribed to a stream's reports",
     ACL_ERROR_RT_FEATURE_NOT_SUPPORT: "feature not supported",
     ACL_ERROR_RT_MEMORY_ALLOCATION: "device memory allocation failed",

@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 import threading
 
-from ..acl import AclError, check, select
+from ..acl import AclError, check, compat, select
 from ..acl import constants as C
 from .device import Device
+from .limits import limits_for_soc
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +23,12 @@ _users = 0
 class AclRuntime:
     """Owns: one share of the process's acl.init, and the Devices it opened."""
 
-    def __init__(self, device: str = "auto", cpu_threads: int = 1, memory_reserve_fraction: float = 0.1):
+    def __init__(self, device: str = "auto", cpu_threads: int = 1, memory_reserve_fraction: float = 0.1,
+                 device_limits: tuple[int | None, int | None] = (None, None)):
         if cpu_threads < 1:
             raise ValueError("cpu_threads must be >= 1")
         self.requested = device
+        self.device_limits_override = device_limits
         self.cpu_threads = cpu_threads
         self.memory_reserve_fraction = memory_reserve_fraction
         self.kind: str | None = None
@@ -52,7 +55,15 @@ class AclRuntime:
         return self
 
     def soc_name(self) -> str:
-        return self.acl.get_soc_name() or "unknown"
+        """The SoC this process runs on ("unknown" when CANN is too old to say)."""
+        return compat.soc_name(self.acl) or "unknown"
+
+    def device_limits(self) -> tuple[int, int]:
+        """(streams, events) per device: configured, else what the CPU runtime enforces or the
+        documented figures of this SoC."""
+        known = self.acl.device_limits() if self.kind == "cpu" else limits_for_soc(self.soc_name())
+        streams, events = self.device_limits_override
+        return (known[0] if streams is None else streams, known[1] if events is None else events)
 
     def device_count(self) -> int:
         return check("rt.get_device_count", self.acl.rt.get_device_count())
@@ -66,16 +77,18 @@ class AclRuntime:
                 count = self.device_count()
                 if not 0 <= device_id < count:
                     raise ValueError(f"device {device_id} does not exist ({count} device(s): 0..{count - 1})")
-                dev = self._devices[device_id] = Device(self.acl, device_id, self.memory_reserve_fraction)
+                dev = self._devices[device_id] = Device(self.acl, device_id, self.memory_reserve_fraction,
+                                                        self.device_limits())
             return dev
 
-    def memory(self) -> list[dict]:
-        """Per opened device: used, free and total bytes."""
+    def memory(self, refresh: bool = False) -> list[dict]:
+        """Per opened device: used, free and total bytes. Without `refresh` these are the figures
+        cached at the last load or refresh, and no ACL call is made (safe on the event loop)."""
         with self._lock:
             devices = list(self._devices.values())
         out = []
         for dev in devices:
-            free, total = dev.mem_info()
+            free, total = dev.mem_info() if refresh else dev.cached_mem_info()
             out.append({"device": dev.id, "free": free, "total": total, "used": total - free})
         return out
 

@@ -1,16 +1,21 @@
 """One Ascend device (or CPU-runtime device): set_device, a management context, memory figures.
 
-The Device owns its set_device reference and a management context used for memory queries.
-Instances create their own contexts on it. close() resets the device; the owner (AclRuntime)
-closes devices only after every instance on them is closed.
+The Device owns its set_device reference, a management context used for memory queries, and
+the ledger of streams and events its models claim. Instances create their own contexts on it.
+Every method that switches to the management context restores the caller's context before it
+returns, so an instance building its model and buffers keeps its own context current. The last
+memory figures are cached (`cached_mem_info`) for readers on the event loop, which must not call
+into ACL. close() resets the device; the owner (AclRuntime) closes devices only after every
+instance on them is closed.
 """
 from __future__ import annotations
 
 import logging
 import threading
 
-from ..acl import check
+from ..acl import check, restoring_context, using_context
 from ..acl import constants as C
+from .limits import DeviceLedger, limits_for_soc
 
 log = logging.getLogger(__name__)
 
@@ -22,20 +27,25 @@ class LoadError(RuntimeError):
 class Device:
     """Owns: the device's set_device count and one management context."""
 
-    def __init__(self, acl, device_id: int, memory_reserve_fraction: float = 0.1):
+    def __init__(self, acl, device_id: int, memory_reserve_fraction: float = 0.1,
+                 limits: tuple[int, int] | None = None):
         if not 0.0 <= memory_reserve_fraction < 1.0:
             raise ValueError("memory_reserve_fraction must be within [0, 1)")
         self._acl = acl
         self.id = device_id
         self.memory_reserve_fraction = memory_reserve_fraction
         self._lock = threading.Lock()
-        check("rt.set_device", acl.rt.set_device(device_id))
-        try:
-            self.context = check("rt.create_context", acl.rt.create_context(device_id))
-        except Exception:
-            acl.rt.reset_device(device_id)
-            raise
-        self._mem_attr = self._pick_mem_attr()
+        with restoring_context(acl):  # set_device and create_context both switch this thread
+            check("rt.set_device", acl.rt.set_device(device_id))
+            try:
+                self.context = check("rt.create_context", acl.rt.create_context(device_id))
+            except Exception:
+                acl.rt.reset_device(device_id)
+                raise
+            self._mem_attr = self._pick_mem_attr()
+            self._last_mem = check("rt.get_mem_info", acl.rt.get_mem_info(self._mem_attr))
+        streams, events = limits or limits_for_soc(None)
+        self.ledger = DeviceLedger(device_id, streams, events)
         self._closed = False
 
     def _pick_mem_attr(self) -> int:
@@ -46,19 +56,15 @@ class Device:
                 return attr
         return C.ACL_HBM_MEM
 
-    def bind(self) -> None:
-        """Make this device's management context current in the calling thread."""
-        check("rt.set_context", self._acl.rt.set_context(self.context))
-
     def mem_info(self) -> tuple[int, int]:
-        """(free, total) bytes of device memory."""
-        with self._lock:
-            self.bind()
-            return check("rt.get_mem_info", self._acl.rt.get_mem_info(self._mem_attr))
+        """(free, total) bytes of device memory, read now (an ACL call: not on the event loop)."""
+        with self._lock, using_context(self._acl, self.context):
+            self._last_mem = check("rt.get_mem_info", self._acl.rt.get_mem_info(self._mem_attr))
+            return self._last_mem
 
-    @property
-    def reserve_bytes(self) -> int:
-        return int(self.mem_info()[1] * self.memory_reserve_fraction)
+    def cached_mem_info(self) -> tuple[int, int]:
+        """The figures of the last mem_info() (taken at open, each load and each refresh); no ACL call."""
+        return self._last_mem
 
     def ensure_room(self, what: str, needed: int) -> None:
         """Raise LoadError if allocating `needed` bytes would eat into the memory reserve."""
@@ -75,7 +81,8 @@ class Device:
             return
         self._closed = True
         acl = self._acl
-        check("rt.set_context", acl.rt.set_context(self.context))
-        check("rt.destroy_context", acl.rt.destroy_context(self.context))
+        with using_context(acl, self.context):
+            check("rt.destroy_context", acl.rt.destroy_context(self.context))
         self.context = 0
-        check("rt.reset_device", acl.rt.reset_device(self.id))
+        with restoring_context(acl):  # reset_device may unbind the default context from this thread
+            check("rt.reset_device", acl.rt.reset_device(self.id))

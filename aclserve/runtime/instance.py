@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..acl import AclError, check
+from ..acl import AclError, check, compat, restoring_context, using_context
 from ..acl import constants as C
 from ..errors import ExecutionFailed
 from .device import Device
@@ -79,7 +79,10 @@ class ModelInstance:
         self._busy_since: float | None = None
         self._busy_total = 0.0
         self._closed = False
-        with contextlib.ExitStack() as undo:
+        self._timing_failed = False
+        # Everything the instance owns is created under its own context (create_context makes it
+        # current), and the calling thread gets its previous context back afterwards.
+        with restoring_context(acl), contextlib.ExitStack() as undo:
             undo.callback(self._release)
             self.context = check("rt.create_context", acl.rt.create_context(device.id))
             self._create_streams()
@@ -138,27 +141,32 @@ class ModelInstance:
 
     def run_sync(self, job: Job) -> BatchResult:
         """The unpipelined path, one batch at a time in the calling thread (benchmark baseline):
-        pack, memcpy H2D, synchronous execute, memcpy D2H, unpack. Blocking."""
-        acl, rt = self._acl, self._acl.rt
+        pack, memcpy H2D, synchronous execute, memcpy D2H, unpack, under the instance's context
+        (the caller's is restored). Blocking."""
+        acl = self._acl
         slot = self.try_reserve()
         if slot is None:
             raise RuntimeError(f"{self.name}: no free slot for a synchronous run")
         try:
-            check("rt.set_context", rt.set_context(self.context))
-            rows = self._pack(slot, job)
-            for tensor in slot.inputs:
-                check("rt.memcpy", rt.memcpy(tensor.device, tensor.size, tensor.host,
-                                             self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
-            if job.gear is not None:
-                check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
-                    self.model.model_id, slot.input_dataset, self.model.dynamic_index, job.gear))
-            check("mdl.execute", acl.mdl.execute(self.model.model_id, slot.input_dataset, slot.output_dataset))
-            for tensor in slot.outputs:
-                check("rt.memcpy", rt.memcpy(tensor.host, tensor.size, tensor.device,
-                                             self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
-            return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows, instance=self.name)
+            with using_context(acl, self.context):
+                return self._run_sync(slot, job)
         finally:
             self._return_slot(slot)
+
+    def _run_sync(self, slot: Slot, job: Job) -> BatchResult:
+        acl, rt = self._acl, self._acl.rt
+        rows = self._pack(slot, job)
+        for tensor in slot.inputs:
+            check("rt.memcpy", rt.memcpy(tensor.device, tensor.size, tensor.host,
+                                         self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
+        if job.gear is not None:
+            check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
+                self.model.model_id, slot.input_dataset, self.model.dynamic_index, job.gear))
+        check("mdl.execute", acl.mdl.execute(self.model.model_id, slot.input_dataset, slot.output_dataset))
+        for tensor in slot.outputs:
+            check("rt.memcpy", rt.memcpy(tensor.host, tensor.size, tensor.device,
+                                         self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
+        return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows, instance=self.name)
 
     # -- launcher thread ---------------------------------------------------------------------
     def _launcher(self) -> None:
@@ -221,20 +229,30 @@ class ModelInstance:
             self._release_slot(slot)
 
     def _collect(self, slot: Slot, job: Job) -> BatchResult:
-        rt = self._acl.rt
         ev = slot.events
         # d2h_end comes after exec_end (the D2H stream waits for it), so one wake-up covers both;
         # exec_end is then complete and only reports whether the execution itself failed.
         for name in ("d2h_end", "exec_end"):
-            check("rt.synchronize_event_with_timeout",
-                  rt.synchronize_event_with_timeout(ev[name], self.sync_timeout_ms))
-        timings = DeviceTimings(
-            h2d_ms=check("rt.event_elapsed_time", rt.event_elapsed_time(ev["h2d_start"], ev["h2d_end"])),
-            compute_ms=check("rt.event_elapsed_time", rt.event_elapsed_time(ev["exec_start"], ev["exec_end"])),
-            d2h_ms=check("rt.event_elapsed_time", rt.event_elapsed_time(ev["d2h_start"], ev["d2h_end"])),
-        )
-        return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows, timings=timings,
-                           instance=self.name)
+            compat.synchronize_event(self._acl, ev[name], self.sync_timeout_ms)
+        return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows,
+                           timings=self._timings(ev), instance=self.name)
+
+    def _timings(self, ev: dict[str, int]) -> DeviceTimings:
+        """Device time of the three phases. Read only after d2h_end was synchronized (every event
+        of the slot is then complete); a timing error (107006 not completed, 107007 reversed, as
+        newer chips report completions lazily) is logged once and never fails the batch."""
+        rt = self._acl.rt
+        try:
+            return DeviceTimings(
+                h2d_ms=check("rt.event_elapsed_time", rt.event_elapsed_time(ev["h2d_start"], ev["h2d_end"])),
+                compute_ms=check("rt.event_elapsed_time", rt.event_elapsed_time(ev["exec_start"], ev["exec_end"])),
+                d2h_ms=check("rt.event_elapsed_time", rt.event_elapsed_time(ev["d2h_start"], ev["d2h_end"])),
+            )
+        except AclError as e:
+            if not self._timing_failed:
+                self._timing_failed = True
+                log.warning("%s: device timings unavailable (%s); batches run on without them", self.name, e)
+            return DeviceTimings()
 
     # -- packing -----------------------------------------------------------------------------
     @staticmethod
@@ -299,7 +317,7 @@ class ModelInstance:
         rt = self._acl.rt
         try:
             for role, stream in list(self.streams.items()):
-                ret = rt.synchronize_stream_with_timeout(stream, self.reset_timeout_ms)
+                ret = compat.synchronize_stream(self._acl, stream, self.reset_timeout_ms)
                 if ret == C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT:
                     raise AclError("rt.synchronize_stream_with_timeout", ret)
                 check("rt.destroy_stream", rt.destroy_stream(stream))
@@ -332,21 +350,23 @@ class ModelInstance:
         self._release()
 
     def _release(self) -> None:
+        """Free slots, model and streams under the instance's context, then destroy it; the
+        calling thread's context is restored."""
         acl = self._acl
         if not self.context:
             return
-        check("rt.set_context", acl.rt.set_context(self.context))
-        while self.slots:
-            self.slots.pop().close()
-        self._free = []
-        if self.model is not None:
-            self.model.close()
-            self.model = None
-        for stream in self.streams.values():
-            acl.rt.destroy_stream(stream)
-        self.streams.clear()
-        check("rt.destroy_context", acl.rt.destroy_context(self.context))
-        self.context = 0
+        with using_context(acl, self.context):
+            while self.slots:
+                self.slots.pop().close()
+            self._free = []
+            if self.model is not None:
+                self.model.close()
+                self.model = None
+            for stream in self.streams.values():
+                acl.rt.destroy_stream(stream)
+            self.streams.clear()
+            check("rt.destroy_context", acl.rt.destroy_context(self.context))
+            self.context = 0
 
 
 def _rows_of(request: Mapping[str, np.ndarray], job: Job) -> int:

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import ExecutionFailed
 from .instance import Job, ModelInstance
+from .limits import Need
 from .types import TensorSpec
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class InstancePool:
         self._pending: collections.deque = collections.deque()
         self._listeners: list[Callable[[], None]] = []
         self._closed = False
+        self._close_callbacks: list[Callable[[], None]] = []
         self._busy_mark = (time.monotonic(), 0.0)
         for instance in instances:
             instance._on_slot_free = self._slot_freed
@@ -171,13 +173,17 @@ class InstancePool:
         for attempt in pending:
             attempt.outer.set_exception(ExecutionFailed(f"model {self.name} was unloaded"))
         errors = []
-        for instance in reversed(self.instances):
+        for close in [i.close for i in reversed(self.instances)] + self._close_callbacks:
             try:
-                instance.close()
+                close()
             except Exception as e:  # keep closing the others; report at the end
                 errors.append(e)
         if errors:
             raise errors[0]
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Run `callback` at the end of close(), after the instances are closed."""
+        self._close_callbacks.append(callback)
 
 
 class _Attempt:
@@ -191,22 +197,30 @@ class _Attempt:
 
 def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequence[int] = (0,),
               slots: int = 2, retry: bool = True, sync_timeout_ms: int = 60_000) -> InstancePool:
-    """Load `instances` copies of the OM round-robin over `devices` (blocking; run off the loop)."""
+    """Load `instances` copies of the OM round-robin over `devices` (blocking; run off the loop).
+
+    The streams and events the instances need are claimed on each device first, so a
+    configuration the device cannot hold is refused (ResourceLimitError) before anything loads."""
     if instances < 1:
         raise ValueError("instances must be >= 1")
     if not devices:
         raise ValueError("devices must name at least one device")
+    placed = [runtime.device(devices[k % len(devices)]) for k in range(instances)]
     built: list[ModelInstance] = []
     with contextlib.ExitStack() as undo:
-        for k in range(instances):
-            device = runtime.device(devices[k % len(devices)])
+        for device in {d.id: d for d in placed}.values():
+            count = sum(1 for d in placed if d is device)
+            need = Need.of(count, slots)
+            device.ledger.claim(need, f"model {name} ({count} instance(s) x {slots} slots)")
+            undo.callback(device.ledger.release, need)
+        for k, device in enumerate(placed):
             instance = ModelInstance(runtime.acl, device, path, f"{name}#{k}", slots=slots,
                                      sync_timeout_ms=sync_timeout_ms)
             undo.callback(instance.close)
             built.append(instance)
         _check_same_model(built)
         pool = InstancePool(name, built, retry=retry)
-        undo.pop_all()
+        pool.on_close(undo.pop_all().close)  # closes the instances, then gives the claims back
     return pool
 
 

@@ -127,7 +127,8 @@ async def serve(config, runtime=None, repo=None, started: asyncio.Future | None 
 
     if runtime is None:
         runtime = AclRuntime(device=config.device, cpu_threads=config.cpu_threads,
-                             memory_reserve_fraction=config.memory_reserve_fraction)
+                             memory_reserve_fraction=config.memory_reserve_fraction,
+                             device_limits=config.device_limits)
     if repo is None:
         repo = ModelRepository(config, runtime)
     app = create_app(config, repo, runtime)

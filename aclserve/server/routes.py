@@ -5,6 +5,8 @@ tritonclient treats any other status as an error (reference §2).
 """
 from __future__ import annotations
 
+import asyncio
+
 import json
 
 from aiohttp import web
@@ -140,7 +142,11 @@ async def statistics(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[STATE].metrics.render()
+    state = request.app[STATE]
+    # Device memory is read through ACL, which must not run on the event loop: refresh the
+    # cached figures in a worker thread, then render from the cache.
+    await asyncio.get_running_loop().run_in_executor(None, state.refresh_memory)
+    body = state.metrics.render()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 

@@ -107,4 +107,13 @@ class ServerState:
             yield name, version, served
 
     def _memory(self) -> list[dict]:
+        """Cached device memory figures (no ACL call: this runs on the event loop)."""
         return self.runtime.memory() if self.started else []
+
+    def refresh_memory(self) -> None:
+        """Re-read device memory through ACL. Blocking: call it from a worker thread."""
+        if self.started:
+            try:
+                self.runtime.memory(refresh=True)
+            except Exception:  # a closing runtime; the scrape shows the cached figures
+                log.debug("device memory refresh failed", exc_info=True)

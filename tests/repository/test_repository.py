@@ -160,10 +160,10 @@ async def test_om_beside_onnx_wins(make_repo, models_dir, model_files):
 async def test_close_is_idempotent_and_frees_device_memory(make_repo, models_dir, model_files, runtime):
     place(model_files[1]["om"], models_dir / "m.om")
     repo, events = await make_repo(model_control_mode="none")
-    used_loaded = runtime.memory()[0]["used"]
+    used_loaded = runtime.memory(refresh=True)[0]["used"]
     await repo.close()
     await repo.close()
-    assert runtime.memory()[0]["used"] < used_loaded
+    assert runtime.memory(refresh=True)[0]["used"] < used_loaded
     assert events.count("unloaded", "m") == 1
     with pytest.raises(ShuttingDown):
         repo.get("m")

@@ -9,6 +9,7 @@ worker threads; models are CPU OM containers run by ONNX Runtime; real ATC OMs a
 
 Extras that pyACL does not have (CPU runtime only):
     memory_stats(device=0) -> dict   used/total/free, huge_advised_bytes, huge_backed_bytes, ...
+    device_limits() -> (streams, events)  per-device limits it enforces (like a 310P by default)
     set_threads(n)                   ORT intra-op threads for models loaded afterwards
     faults                           fault injection for tests (see faults.py)
     SOC_NAME                         what get_soc_name() returns
@@ -22,7 +23,7 @@ import logging
 
 from .. import constants as C
 from . import _dataset, _memory, _state, faults, mdl, rt, settings, util
-from ._args import INT, STR, api
+from ._args import INT, PTR, STR, api
 
 log = logging.getLogger("aclserve.acl.cpu")
 
@@ -32,7 +33,7 @@ VERSION = (8, 0, 0)  # the CANN pyACL release whose behaviour this runtime follo
 __all__ = ["init", "finalize", "get_version", "get_soc_name", "create_data_buffer",
            "get_data_buffer_addr", "get_data_buffer_size", "get_data_buffer_size_v2",
            "update_data_buffer", "destroy_data_buffer", "data_type_size", "rt", "mdl", "util",
-           "faults", "memory_stats", "set_threads", "SOC_NAME"]
+           "faults", "memory_stats", "device_limits", "set_threads", "SOC_NAME"]
 
 
 @api("acl.init", STR, optional=1)
@@ -67,35 +68,35 @@ def get_soc_name():
     return SOC_NAME
 
 
-@api("acl.create_data_buffer", INT, INT)
+@api("acl.create_data_buffer", PTR, PTR)
 def create_data_buffer(data, size):
     return _dataset.create_data_buffer(data, size)
 
 
-@api("acl.get_data_buffer_addr", INT)
+@api("acl.get_data_buffer_addr", PTR)
 def get_data_buffer_addr(data_buffer):
     buf = _dataset.buffers.get(data_buffer)
     return buf.addr if buf else 0
 
 
-@api("acl.get_data_buffer_size_v2", INT)
+@api("acl.get_data_buffer_size_v2", PTR)
 def get_data_buffer_size_v2(data_buffer):
     buf = _dataset.buffers.get(data_buffer)
     return buf.size if buf else 0
 
 
-@api("acl.get_data_buffer_size", INT)
+@api("acl.get_data_buffer_size", PTR)
 def get_data_buffer_size(data_buffer):
     buf = _dataset.buffers.get(data_buffer)
     return buf.size & 0xFFFFFFFF if buf else 0
 
 
-@api("acl.update_data_buffer", INT, INT, INT)
+@api("acl.update_data_buffer", PTR, PTR, PTR)
 def update_data_buffer(data_buffer, data, size):
     return _dataset.update_data_buffer(data_buffer, data, size)
 
 
-@api("acl.destroy_data_buffer", INT)
+@api("acl.destroy_data_buffer", PTR)
 def destroy_data_buffer(data_buffer):
     return _dataset.destroy_data_buffer(data_buffer)
 
@@ -111,6 +112,11 @@ def data_type_size(data_type):
 def memory_stats(device: int = 0) -> dict:
     """Device memory figures of the CPU runtime (raises ValueError before init / bad device)."""
     return _memory.stats(device)
+
+
+def device_limits() -> tuple[int, int]:
+    """(streams, events) each device allows: ACLSERVE_CPU_MAX_STREAMS / ACLSERVE_CPU_MAX_EVENTS."""
+    return settings.max_streams(), settings.max_events()
 
 
 def set_threads(n: int | None) -> None:

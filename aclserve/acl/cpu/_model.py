@@ -5,6 +5,9 @@ A LoadedModel owns its ONNX Runtime session and the device memory the runtime al
 is copied into the weight memory and the session is built from that copy, so the device memory
 figure is real. ORT's own intermediate tensors live in ORT's allocator, not in the work memory.
 
+A model belongs to the context current at load: execute, execute_async and unload under
+another context fail with 107004 ("model not in current context"), as on the device.
+
 Execution binds the data buffers' addresses with IOBinding (no copies) using the batch of the
 dynamic-batch input. A model id is not re-entrant: its lock is taken without waiting and a
 second concurrent execution fails with 507011, as on the NPU. ORT releases the GIL while running.
@@ -43,8 +46,9 @@ def _session(model_bytes: bytes):
 class LoadedModel:
     """One model id. Owns its session and runtime-allocated memory; close() is idempotent."""
 
-    def __init__(self, model_id: int, device: int, info: _om.ModelInfo, session, owned: list[int]):
-        self.id, self.device, self.info, self.session = model_id, device, info, session
+    def __init__(self, model_id: int, context, info: _om.ModelInfo, session, owned: list[int]):
+        self.id, self.info, self.session = model_id, info, session
+        self.context, self.device = context, context.device  # load, execute and unload share it
         self._owned = owned
         self.lock = threading.Lock()
         self.closed = False
@@ -197,17 +201,20 @@ def load(ctx, info: _om.ModelInfo, payload: bytes, mem: tuple[int, int, int, int
         for p in owned:
             _memory.free(p)
         return 0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
-    model = LoadedModel(next(_ids), ctx.device, info, session, owned)
+    model = LoadedModel(next(_ids), ctx, info, session, owned)
     with _state.lock:
         models[model.id] = model
     return model.id, C.ACL_SUCCESS
 
 
-def unload(model_id: int) -> int:
+def unload(ctx, model_id: int) -> int:
     with _state.lock:
-        model = models.pop(model_id, None)
-    if model is None:
-        return C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+        model = models.get(model_id)
+        if model is None:
+            return C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+        if model.context is not ctx:
+            return C.ACL_ERROR_RT_MODEL_CONTEXT
+        del models[model_id]
     model.close()
     return C.ACL_SUCCESS
 

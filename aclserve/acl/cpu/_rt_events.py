@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import constants as C
 from . import _callback, _state
-from ._args import ANY, FUNC, INT, api
+from ._args import ANY, FUNC, INT, PTR, api
 from ._stream import Event
 
 _OK = C.ACL_SUCCESS
@@ -22,8 +22,10 @@ def create_event():
     ctx, ret = _state.current()
     if ret:
         return 0, ret
-    event = Event(_state.new_handle(), ctx)
     with _state.lock:
+        if not _state.event_room(ctx.device):
+            return 0, C.ACL_ERROR_RT_NO_EVENT_RESOURCE
+        event = Event(_state.new_handle(), ctx)
         _state.events[event.handle] = event
     return event.handle, _OK
 
@@ -33,7 +35,7 @@ def create_event_with_flag(flag):
     return create_event()
 
 
-@api("acl.rt.destroy_event", INT)
+@api("acl.rt.destroy_event", PTR)
 def destroy_event(event):
     ctx, ret = _state.current()
     if ret:
@@ -57,13 +59,13 @@ def _event_and_stream(event: int, stream: int):
     return e, s, ret
 
 
-@api("acl.rt.record_event", INT, INT)
+@api("acl.rt.record_event", PTR, PTR)
 def record_event(event, stream):
     e, s, ret = _event_and_stream(event, stream)
     return ret or e.record(s)
 
 
-@api("acl.rt.stream_wait_event", INT, INT)
+@api("acl.rt.stream_wait_event", PTR, PTR)
 def stream_wait_event(stream, event):
     e, s, ret = _event_and_stream(event, stream)
     return ret or s.enqueue(e.waiter())
@@ -82,17 +84,17 @@ def _event_wait(event: int, ms: int):
     return e.error if e.wait(timeout) else C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT
 
 
-@api("acl.rt.synchronize_event", INT)
+@api("acl.rt.synchronize_event", PTR)
 def synchronize_event(event):
     return _event_wait(event, -1)
 
 
-@api("acl.rt.synchronize_event_with_timeout", INT, INT)
+@api("acl.rt.synchronize_event_with_timeout", PTR, INT)
 def synchronize_event_with_timeout(event, timeout_ms):
     return _event_wait(event, timeout_ms)
 
 
-@api("acl.rt.query_event_status", INT)
+@api("acl.rt.query_event_status", PTR)
 def query_event_status(event):
     """(ACL_EVENT_RECORDED_STATUS_COMPLETE=1 | NOT_READY=0, ret); a never-recorded event is complete."""
     ctx, ret = _state.current()
@@ -104,14 +106,14 @@ def query_event_status(event):
     return (C.ACL_EVENT_RECORDED_STATUS_COMPLETE if e.complete() else C.ACL_EVENT_RECORDED_STATUS_NOT_READY), _OK
 
 
-@api("acl.rt.query_event", INT)
+@api("acl.rt.query_event", PTR)
 def query_event(event):
     """Deprecated aclrtQueryEvent: the opposite encoding (COMPLETE=0, NOT_READY=1)."""
     status, ret = query_event_status(event)
     return (0 if status == C.ACL_EVENT_RECORDED_STATUS_COMPLETE else 1), ret
 
 
-@api("acl.rt.event_elapsed_time", INT, INT)
+@api("acl.rt.event_elapsed_time", PTR, PTR)
 def event_elapsed_time(start, end):
     ctx, ret = _state.current()
     if ret:
@@ -122,7 +124,9 @@ def event_elapsed_time(start, end):
         return 0.0, ret1 or ret2
     t1, t2 = e1.finished_timestamp(), e2.finished_timestamp()
     if t1 is None or t2 is None:
-        return 0.0, C.ACL_ERROR_RT_PARAM_INVALID  # not recorded, or not reached yet
+        return 0.0, C.ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID  # not recorded, or not completed yet
+    if t2 < t1:
+        return 0.0, C.ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL
     return (t2 - t1) * 1000.0, _OK
 
 
@@ -134,19 +138,19 @@ def _stream_for_report(stream: int):
     return _state.stream_of(stream, ctx)
 
 
-@api("acl.rt.subscribe_report", INT, INT)
+@api("acl.rt.subscribe_report", PTR, PTR)
 def subscribe_report(thread_id, stream):
     s, ret = _stream_for_report(stream)
     return ret or _callback.subscribe(thread_id, s)
 
 
-@api("acl.rt.unsubscribe_report", INT, INT)
+@api("acl.rt.unsubscribe_report", PTR, PTR)
 def unsubscribe_report(thread_id, stream):
     s, ret = _stream_for_report(stream)
     return ret or _callback.unsubscribe(thread_id, s)
 
 
-@api("acl.rt.launch_callback", FUNC, ANY, INT, INT)
+@api("acl.rt.launch_callback", FUNC, ANY, INT, PTR)
 def launch_callback(fn, user_data, block_type, stream):
     if block_type not in (C.ACL_CALLBACK_NO_BLOCK, C.ACL_CALLBACK_BLOCK):
         return C.ACL_ERROR_INVALID_PARAM

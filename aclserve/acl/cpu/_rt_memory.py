@@ -5,42 +5,42 @@ import ctypes
 
 from .. import constants as C
 from . import _copy, _memory, _state
-from ._args import INT, api
+from ._args import INT, PTR, api
 
 _OK = C.ACL_SUCCESS
 
 
 # -- memory --------------------------------------------------------------------------------------
-@api("acl.rt.malloc", INT, INT)
+@api("acl.rt.malloc", PTR, INT)
 def malloc(size, policy):
     ctx, ret = _state.current()
     return (0, ret) if ret else _memory.malloc(ctx.device, size, policy)
 
 
-@api("acl.rt.malloc_align32", INT, INT)
+@api("acl.rt.malloc_align32", PTR, INT)
 def malloc_align32(size, policy):
     return malloc(size, policy)
 
 
-@api("acl.rt.free", INT)
+@api("acl.rt.free", PTR)
 def free(dev_ptr):
     ctx, ret = _state.current()
     return ret or _memory.free(dev_ptr)
 
 
-@api("acl.rt.malloc_host", INT)
+@api("acl.rt.malloc_host", PTR)
 def malloc_host(size):
     ctx, ret = _state.current()
     return (0, ret) if ret else _memory.malloc_host(size)
 
 
-@api("acl.rt.free_host", INT)
+@api("acl.rt.free_host", PTR)
 def free_host(host_ptr):
     ctx, ret = _state.current()
     return ret or _memory.free_host(host_ptr)
 
 
-@api("acl.rt.memcpy", INT, INT, INT, INT, INT)
+@api("acl.rt.memcpy", PTR, PTR, PTR, PTR, INT)
 def memcpy(dst, dst_max, src, count, kind):
     ctx, ret = _state.current()
     if ret:
@@ -54,7 +54,7 @@ def memcpy(dst, dst_max, src, count, kind):
     return _OK
 
 
-@api("acl.rt.memcpy_async", INT, INT, INT, INT, INT, INT)
+@api("acl.rt.memcpy_async", PTR, PTR, PTR, PTR, INT, PTR)
 def memcpy_async(dst, dst_max, src, count, kind, stream):
     ctx, ret = _state.current()
     if ret:
@@ -72,7 +72,7 @@ def memcpy_async(dst, dst_max, src, count, kind, stream):
     return ret or s.enqueue(lambda: (ctypes.memmove(dst, src, count), _OK)[1])
 
 
-@api("acl.rt.memset", INT, INT, INT, INT)
+@api("acl.rt.memset", PTR, PTR, INT, PTR)
 def memset(dev_ptr, max_size, value, count):
     ctx, ret = _state.current()
     if ret:
@@ -83,7 +83,7 @@ def memset(dev_ptr, max_size, value, count):
     return ret
 
 
-@api("acl.rt.memset_async", INT, INT, INT, INT, INT)
+@api("acl.rt.memset_async", PTR, PTR, INT, PTR, PTR)
 def memset_async(dev_ptr, max_size, value, count, stream):
     ctx, ret = _state.current()
     if ret:

@@ -35,10 +35,30 @@ def new_handle() -> int:
 
 
 class Device:
-    def __init__(self, device_id: int):
+    def __init__(self, device_id: int, max_streams: int, max_events: int):
         self.id = device_id
         self.refcount = 0
         self.default_context: Context | None = None
+        self.max_streams, self.max_events = max_streams, max_events
+
+
+INTERNAL_STREAMS = 1  # the runtime's own synchronisation stream, counted against the limit
+
+
+def streams_in_use(device: int) -> int:
+    """Explicit streams + one default stream per live context + the internal one (hold `lock`)."""
+    dev = devices[device]
+    ctxs = sum(1 for c in contexts.values() if c.device == device) + (dev.default_context is not None)
+    return sum(1 for s in streams.values() if s.device == device) + ctxs + INTERNAL_STREAMS
+
+
+def stream_room(device: int, more: int = 1) -> bool:
+    """Whether `more` streams (or contexts, each bringing a default stream) still fit (hold `lock`)."""
+    return streams_in_use(device) + more <= devices[device].max_streams
+
+
+def event_room(device: int) -> bool:
+    return sum(1 for e in events.values() if e.device == device) < devices[device].max_events
 
 
 class Context:
@@ -110,13 +130,14 @@ def bind(ctx: Context | None) -> None:
 
 
 def stream_of(handle: int, ctx: Context):
-    """Resolve a stream handle (0 = the context's default stream) for use under ctx."""
+    """Resolve a stream handle (0 = the context's default stream) for use under ctx: a stream
+    created under another context is refused with 107003, as the device does."""
     if handle == 0:
         return ctx.default_stream(), C.ACL_SUCCESS
     stream = streams.get(handle)
     if stream is None:
         return None, C.ACL_ERROR_RT_PARAM_INVALID
-    if stream.device != ctx.device:
+    if stream.context is not ctx:  # another context, even of the same device: "stream not in current context"
         return None, C.ACL_ERROR_RT_STREAM_CONTEXT
     return stream, C.ACL_SUCCESS
 
@@ -140,8 +161,9 @@ def init() -> int:
         if initialized:
             return C.ACL_ERROR_REPEAT_INITIALIZE
         count, capacity = settings.device_count(), settings.device_memory()
+        max_streams, max_events = settings.max_streams(), settings.max_events()
         devices.clear()
-        devices.update({d: Device(d) for d in range(count)})
+        devices.update({d: Device(d, max_streams, max_events) for d in range(count)})
         _memory.reset(count, capacity)
         faults.load_env()
         initialized = True

@@ -1,13 +1,14 @@
 """acl.mdl for the CPU runtime: load CPU OMs, describe them, run them with ONNX Runtime.
 
-Same names, argument order and returns as pyACL. Loads and executions need a current context;
+Same names, argument order and returns as pyACL. Loads and executions need a current context,
+and a model is executed and unloaded under the context it was loaded in (107004 otherwise);
 descriptor, dataset and buffer calls are host-side bookkeeping and do not.
 """
 from __future__ import annotations
 
 from .. import constants as C
 from . import _dataset, _desc, _model, _om, _state
-from ._args import INT, STR, api
+from ._args import INT, PTR, STR, api
 
 _OK = C.ACL_SUCCESS
 
@@ -56,17 +57,17 @@ def load_from_file(model_path):
     return _load_file(model_path)
 
 
-@api("acl.mdl.load_from_mem", INT, INT)
+@api("acl.mdl.load_from_mem", PTR, PTR)
 def load_from_mem(model, model_size):
     return _load_mem(model, model_size)
 
 
-@api("acl.mdl.load_from_file_with_mem", STR, INT, INT, INT, INT)
+@api("acl.mdl.load_from_file_with_mem", STR, PTR, PTR, PTR, PTR)
 def load_from_file_with_mem(model_path, work_ptr, work_size, weight_ptr, weight_size):
     return _load_file(model_path, (work_ptr, work_size, weight_ptr, weight_size))
 
 
-@api("acl.mdl.load_from_mem_with_mem", INT, INT, INT, INT, INT, INT)
+@api("acl.mdl.load_from_mem_with_mem", PTR, PTR, PTR, PTR, PTR, PTR)
 def load_from_mem_with_mem(model, model_size, work_ptr, work_size, weight_ptr, weight_size):
     return _load_mem(model, model_size, (work_ptr, work_size, weight_ptr, weight_size))
 
@@ -74,7 +75,7 @@ def load_from_mem_with_mem(model, model_size, work_ptr, work_size, weight_ptr, w
 @api("acl.mdl.unload", INT)
 def unload(model_id):
     ctx, ret = _state.current()
-    return ret or _model.unload(model_id)
+    return ret or _model.unload(ctx, model_id)
 
 
 # -- description ---------------------------------------------------------------------------------
@@ -83,105 +84,105 @@ def create_desc():
     return _desc.create()
 
 
-@api("acl.mdl.get_desc", INT, INT)
+@api("acl.mdl.get_desc", PTR, INT)
 def get_desc(model_desc, model_id):
     return _desc.fill(model_desc, model_id)
 
 
-@api("acl.mdl.destroy_desc", INT)
+@api("acl.mdl.destroy_desc", PTR)
 def destroy_desc(model_desc):
     return _desc.destroy(model_desc)
 
 
-@api("acl.mdl.get_num_inputs", INT)
+@api("acl.mdl.get_num_inputs", PTR)
 def get_num_inputs(model_desc):
     info = _desc.info(model_desc)
     return len(info.inputs) if info else 0
 
 
-@api("acl.mdl.get_num_outputs", INT)
+@api("acl.mdl.get_num_outputs", PTR)
 def get_num_outputs(model_desc):
     info = _desc.info(model_desc)
     return len(info.outputs) if info else 0
 
 
-@api("acl.mdl.get_input_size_by_index", INT, INT)
+@api("acl.mdl.get_input_size_by_index", PTR, INT)
 def get_input_size_by_index(model_desc, index):
     return _desc.size(model_desc, index, outputs=False)
 
 
-@api("acl.mdl.get_output_size_by_index", INT, INT)
+@api("acl.mdl.get_output_size_by_index", PTR, INT)
 def get_output_size_by_index(model_desc, index):
     return _desc.size(model_desc, index, outputs=True)
 
 
-@api("acl.mdl.get_input_dims", INT, INT)
+@api("acl.mdl.get_input_dims", PTR, INT)
 def get_input_dims(model_desc, index):
     return _desc.dims(model_desc, index, outputs=False)
 
 
-@api("acl.mdl.get_input_dims_v2", INT, INT)
+@api("acl.mdl.get_input_dims_v2", PTR, INT)
 def get_input_dims_v2(model_desc, index):
     return _desc.dims(model_desc, index, outputs=False)
 
 
-@api("acl.mdl.get_output_dims", INT, INT)
+@api("acl.mdl.get_output_dims", PTR, INT)
 def get_output_dims(model_desc, index):
     return _desc.dims(model_desc, index, outputs=True)
 
 
-@api("acl.mdl.get_cur_output_dims", INT, INT)
+@api("acl.mdl.get_cur_output_dims", PTR, INT)
 def get_cur_output_dims(model_desc, index):
     return _desc.dims(model_desc, index, outputs=True, current=True)
 
 
-@api("acl.mdl.get_input_data_type", INT, INT)
+@api("acl.mdl.get_input_data_type", PTR, INT)
 def get_input_data_type(model_desc, index):
     t = _desc.tensor(model_desc, index, outputs=False)
     return t.acl_dtype if t else C.ACL_DT_UNDEFINED
 
 
-@api("acl.mdl.get_output_data_type", INT, INT)
+@api("acl.mdl.get_output_data_type", PTR, INT)
 def get_output_data_type(model_desc, index):
     t = _desc.tensor(model_desc, index, outputs=True)
     return t.acl_dtype if t else C.ACL_DT_UNDEFINED
 
 
-@api("acl.mdl.get_input_format", INT, INT)
+@api("acl.mdl.get_input_format", PTR, INT)
 def get_input_format(model_desc, index):
     t = _desc.tensor(model_desc, index, outputs=False)
     return t.format if t else C.ACL_FORMAT_UNDEFINED
 
 
-@api("acl.mdl.get_output_format", INT, INT)
+@api("acl.mdl.get_output_format", PTR, INT)
 def get_output_format(model_desc, index):
     t = _desc.tensor(model_desc, index, outputs=True)
     return t.format if t else C.ACL_FORMAT_UNDEFINED
 
 
-@api("acl.mdl.get_input_name_by_index", INT, INT)
+@api("acl.mdl.get_input_name_by_index", PTR, INT)
 def get_input_name_by_index(model_desc, index):
     t = _desc.tensor(model_desc, index, outputs=False)
     return t.name if t else ""
 
 
-@api("acl.mdl.get_output_name_by_index", INT, INT)
+@api("acl.mdl.get_output_name_by_index", PTR, INT)
 def get_output_name_by_index(model_desc, index):
     t = _desc.tensor(model_desc, index, outputs=True)
     return t.name if t else ""
 
 
-@api("acl.mdl.get_input_index_by_name", INT, STR)
+@api("acl.mdl.get_input_index_by_name", PTR, STR)
 def get_input_index_by_name(model_desc, name):
     return _desc.index_by_name(model_desc, name, outputs=False)
 
 
-@api("acl.mdl.get_output_index_by_name", INT, STR)
+@api("acl.mdl.get_output_index_by_name", PTR, STR)
 def get_output_index_by_name(model_desc, name):
     return _desc.index_by_name(model_desc, name, outputs=True)
 
 
-@api("acl.mdl.get_dynamic_batch", INT)
+@api("acl.mdl.get_dynamic_batch", PTR)
 def get_dynamic_batch(model_desc):
     return _desc.dynamic_batch(model_desc)
 
@@ -192,22 +193,22 @@ def create_dataset():
     return _dataset.create_dataset()
 
 
-@api("acl.mdl.add_dataset_buffer", INT, INT)
+@api("acl.mdl.add_dataset_buffer", PTR, PTR)
 def add_dataset_buffer(dataset, data_buffer):
     return _dataset.add_dataset_buffer(dataset, data_buffer)
 
 
-@api("acl.mdl.get_dataset_num_buffers", INT)
+@api("acl.mdl.get_dataset_num_buffers", PTR)
 def get_dataset_num_buffers(dataset):
     return _dataset.num_buffers(dataset)
 
 
-@api("acl.mdl.get_dataset_buffer", INT, INT)
+@api("acl.mdl.get_dataset_buffer", PTR, INT)
 def get_dataset_buffer(dataset, index):
     return _dataset.get_buffer(dataset, index)
 
 
-@api("acl.mdl.destroy_dataset", INT)
+@api("acl.mdl.destroy_dataset", PTR)
 def destroy_dataset(dataset):
     return _dataset.destroy_dataset(dataset)
 
@@ -220,13 +221,15 @@ def _resolve(model_id: int, input_ds: int, output_ds: int):
     model = _model.models.get(model_id)
     if model is None:
         return None, None, None, None, C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+    if model.context is not ctx:
+        return None, None, None, None, C.ACL_ERROR_RT_MODEL_CONTEXT
     ins, outs = _dataset.datasets.get(input_ds), _dataset.datasets.get(output_ds)
     if ins is None or outs is None:
         return None, None, None, None, C.ACL_ERROR_INVALID_PARAM
     return ctx, model, ins, outs, model.validate(ins, outs)
 
 
-@api("acl.mdl.set_dynamic_batch_size", INT, INT, INT, INT)
+@api("acl.mdl.set_dynamic_batch_size", INT, PTR, INT, INT)
 def set_dynamic_batch_size(model_id, dataset, index, batch_size):
     ctx, ret = _state.current()
     if ret:
@@ -240,13 +243,13 @@ def set_dynamic_batch_size(model_id, dataset, index, batch_size):
     return _model.set_dynamic_batch_size(model, ds, index, batch_size)
 
 
-@api("acl.mdl.execute", INT, INT, INT)
+@api("acl.mdl.execute", INT, PTR, PTR)
 def execute(model_id, input, output):  # noqa: A002  (pyACL's parameter names)
     ctx, model, ins, outs, ret = _resolve(model_id, input, output)
     return ret or model.run(ins, outs)
 
 
-@api("acl.mdl.execute_async", INT, INT, INT, INT)
+@api("acl.mdl.execute_async", INT, PTR, PTR, PTR)
 def execute_async(model_id, input, output, stream):  # noqa: A002
     ctx, model, ins, outs, ret = _resolve(model_id, input, output)
     if ret:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .. import constants as C
 from . import _state
-from ._args import INT, api
+from ._args import INT, PTR, api
 from ._state import Context
 from ._rt_events import _timeout_s
 from ._rt_events import (  # noqa: F401  (events and callbacks)
@@ -83,14 +83,16 @@ def create_context(device_id):
         return 0, ret
     if device_id not in _state.devices:
         return 0, C.ACL_ERROR_RT_INVALID_DEVICEID
-    ctx = Context(device_id, is_default=False)
     with _state.lock:
+        if not _state.stream_room(device_id):  # a context brings its default stream
+            return 0, C.ACL_ERROR_RT_NO_STREAM_RESOURCE
+        ctx = Context(device_id, is_default=False)
         _state.contexts[ctx.handle] = ctx
     _state.bind(ctx)
     return ctx.handle, _OK
 
 
-@api("acl.rt.destroy_context", INT)
+@api("acl.rt.destroy_context", PTR)
 def destroy_context(context):
     ret = _state.check_init()
     if ret:
@@ -113,7 +115,7 @@ def _find_context(handle: int):
     return ctx
 
 
-@api("acl.rt.set_context", INT)
+@api("acl.rt.set_context", PTR)
 def set_context(context):
     ret = _state.check_init()
     if ret:
@@ -139,13 +141,15 @@ def create_stream():
     ctx, ret = _state.current()
     if ret:
         return 0, ret
-    stream = Stream(_state.new_handle(), ctx)
     with _state.lock:
+        if not _state.stream_room(ctx.device):
+            return 0, C.ACL_ERROR_RT_NO_STREAM_RESOURCE
+        stream = Stream(_state.new_handle(), ctx)
         _state.streams[stream.handle] = stream
     return stream.handle, _OK
 
 
-@api("acl.rt.destroy_stream", INT)
+@api("acl.rt.destroy_stream", PTR)
 def destroy_stream(stream):
     ctx, ret = _state.current()
     if ret:
@@ -156,7 +160,7 @@ def destroy_stream(stream):
         s = _state.streams.get(stream)
         if s is None:
             return C.ACL_ERROR_RT_PARAM_INVALID
-        if s.device != ctx.device:
+        if s.context is not ctx:
             return C.ACL_ERROR_RT_STREAM_CONTEXT
         del _state.streams[stream]
     s.close()  # lets queued work finish, as the device would
@@ -174,12 +178,12 @@ def _sync(stream: int, ms: int):
     return ret or s.synchronize(timeout)
 
 
-@api("acl.rt.synchronize_stream", INT)
+@api("acl.rt.synchronize_stream", PTR)
 def synchronize_stream(stream):
     return _sync(stream, -1)
 
 
-@api("acl.rt.synchronize_stream_with_timeout", INT, INT)
+@api("acl.rt.synchronize_stream_with_timeout", PTR, INT)
 def synchronize_stream_with_timeout(stream, timeout_ms):
     return _sync(stream, timeout_ms)
 

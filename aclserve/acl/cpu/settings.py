@@ -5,6 +5,10 @@ ACLSERVE_CPU_DEVICE_MEMORY  capacity of each device: bytes, or a number with K/M
                             units, optional "i"/"B": "512M", "8GiB"); default 8G
 ACLSERVE_CPU_THREADS        ONNX Runtime intra-op threads per loaded model (default 1);
                             `set_threads(n)` overrides it for models loaded afterwards
+ACLSERVE_CPU_MAX_STREAMS    streams per device, default 1024 (Atlas inference series, 310P;
+                            910B: 1984, 310B: 512); every context's default stream and one
+                            internal stream count, as on the device
+ACLSERVE_CPU_MAX_EVENTS     events per device, default 1023 (310/310P; 910-class: 65535)
 ACLSERVE_CPU_FAULTS         fault injection, see faults.py
 """
 from __future__ import annotations
@@ -14,6 +18,8 @@ import re
 
 DEFAULT_DEVICES = 1
 DEFAULT_DEVICE_MEMORY = 8 << 30
+DEFAULT_MAX_STREAMS = 1024  # CANN docs, aclrtCreateStream: "Atlas inference series" (310P)
+DEFAULT_MAX_EVENTS = 1023  # CANN docs, aclrtCreateEvent: 310 / 310P
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
@@ -48,6 +54,14 @@ def device_count() -> int:
 def device_memory() -> int:
     raw = os.environ.get("ACLSERVE_CPU_DEVICE_MEMORY")
     return parse_size(raw) if raw and raw.strip() else DEFAULT_DEVICE_MEMORY
+
+
+def max_streams() -> int:
+    return _positive_int("ACLSERVE_CPU_MAX_STREAMS", DEFAULT_MAX_STREAMS)
+
+
+def max_events() -> int:
+    return _positive_int("ACLSERVE_CPU_MAX_EVENTS", DEFAULT_MAX_EVENTS)
 
 
 def set_threads(n: int) -> None:

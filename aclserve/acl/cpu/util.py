@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import constants as C
 from . import _callback
-from ._args import ANY, FUNC, INT, TUPLE, api
+from ._args import ANY, FUNC, INT, PTR, TUPLE, api
 
 
 
@@ -33,7 +33,7 @@ def bytes_to_ptr(data):
     return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
 
 
-@api("acl.util.ptr_to_bytes", INT, INT)
+@api("acl.util.ptr_to_bytes", PTR, PTR)
 def ptr_to_bytes(ptr, size):
     if ptr == 0 or size < 0:
         raise ValueError("acl.util.ptr_to_bytes: null pointer or negative size")
@@ -55,7 +55,7 @@ def numpy_contiguous_to_ptr(array):
     return contiguous.ctypes.data, contiguous
 
 
-@api("acl.util.ptr_to_numpy", INT, TUPLE, INT)
+@api("acl.util.ptr_to_numpy", PTR, TUPLE, INT)
 def ptr_to_numpy(ptr, shape, npy_type):
     """Wrap memory at `ptr` as an ndarray of `shape` and numpy type number `npy_type` (no copy)."""
     dtype = _TYPE_NUMS.get(npy_type)
@@ -72,7 +72,7 @@ def start_thread(fn, args_list):
     return _callback.start_thread(fn, args_list), C.ACL_SUCCESS
 
 
-@api("acl.util.stop_thread", INT)
+@api("acl.util.stop_thread", PTR)
 def stop_thread(thread_id):
     """Join the thread; RuntimeError if its function raised (as pyACL)."""
     return _callback.stop_thread(thread_id)

@@ -1,0 +1,76 @@
+"""Per-device stream and event limits, and the ledger that keeps a configuration inside them.
+
+A device has a fixed number of streams and events (CANN docs, aclrtCreateStream and
+aclrtCreateEvent). Past the event limit the device does not fail: a record waits for an event to
+be released, which for a server means a hang. So aclserve counts what each model needs before it
+loads anything (instances x (3 streams + the context's default stream), instances x slots x 6
+events) and refuses a model that would not fit, naming the numbers.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+# (SoC name prefix, streams, events) from the CANN documentation; first match wins.
+SOC_LIMITS: tuple[tuple[str, int, int], ...] = (
+    ("Ascend310P", 1024, 1023),   # Atlas inference series
+    ("Ascend310B", 512, 65535),   # Atlas 200I/500 A2
+    ("Ascend910B", 1984, 65535),  # Atlas A2
+    ("Ascend910_93", 1984, 65535),  # Atlas A3
+    ("Ascend910", 2048, 65535),   # Atlas training series
+    ("Ascend310", 1024, 1023),    # Atlas 200/300/500
+)
+DEFAULT_LIMITS = (1024, 1023)  # the most constrained documented inference card
+
+STREAMS_PER_INSTANCE = 4  # h2d, compute, d2h, and the default stream its context brings
+EVENTS_PER_SLOT = 6  # Slot.EVENTS
+# set_device's default context, the Device's management context, the runtime's internal stream
+DEVICE_BASE_STREAMS = 3
+
+
+def limits_for_soc(soc_name: str | None) -> tuple[int, int]:
+    """(streams, events) per device for a SoC name such as "Ascend310P3"."""
+    for prefix, streams, events in SOC_LIMITS:
+        if soc_name and soc_name.startswith(prefix):
+            return streams, events
+    return DEFAULT_LIMITS
+
+
+class ResourceLimitError(RuntimeError):
+    """A model's instances and slots need more streams or events than the device has left."""
+
+
+@dataclass(frozen=True)
+class Need:
+    streams: int
+    events: int
+
+    @staticmethod
+    def of(instances: int, slots: int) -> "Need":
+        return Need(instances * STREAMS_PER_INSTANCE, instances * slots * EVENTS_PER_SLOT)
+
+
+class DeviceLedger:
+    """Streams and events claimed on one device. Thread-safe; claims are released by their owner."""
+
+    def __init__(self, device_id: int, max_streams: int, max_events: int):
+        self.device_id = device_id
+        self.max_streams, self.max_events = max_streams, max_events
+        self._lock = threading.Lock()
+        self.streams, self.events = DEVICE_BASE_STREAMS, 0
+
+    def claim(self, need: Need, what: str) -> None:
+        with self._lock:
+            streams, events = self.streams + need.streams, self.events + need.events
+            if streams > self.max_streams or events > self.max_events:
+                raise ResourceLimitError(
+                    f"{what} needs {need.streams} streams and {need.events} events on device "
+                    f"{self.device_id}, which allows {self.max_streams} streams and {self.max_events} "
+                    f"events ({self.streams} and {self.events} already in use); lower instances or "
+                    "slots, or set device_limits if this device allows more")
+            self.streams, self.events = streams, events
+
+    def release(self, need: Need) -> None:
+        with self._lock:
+            self.streams -= need.streams
+            self.events -= need.events

@@ -1,0 +1,90 @@
+"""The serving path under the device's ownership rules, and the per-device stream/event ledger.
+
+The CPU runtime refuses a model, stream or event used under another context exactly as the
+device does, so these run the real instance code against that rule.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from aclserve.acl import current_context
+from aclserve.runtime import AclRuntime
+from aclserve.runtime.limits import ResourceLimitError, limits_for_soc
+from aclserve.runtime.instance import Job
+from aclserve.runtime.pool import open_pool
+
+from .runtime_models import affine_reference
+
+
+def _rows(n):
+    return {"x": np.arange(n * 8, dtype=np.float32).reshape(n, 8),
+            "idx": np.arange(n * 3, dtype=np.int64).reshape(n, 3)}
+
+
+def test_loading_and_memory_queries_leave_the_callers_context_in_place(runtime, affine_om):
+    acl = runtime.acl
+    caller, ret = acl.rt.create_context(0)
+    assert ret == 0
+    try:
+        pool = open_pool(runtime, affine_om(), "affine", instances=2, slots=2)
+        try:
+            assert current_context(acl) == caller
+            runtime.memory(refresh=True)
+            assert current_context(acl) == caller
+            out = pool.submit([_rows(3)], 4).result(30)
+            np.testing.assert_allclose(out.outputs[0]["y"], affine_reference(**_rows(3))["y"], rtol=1e-5)
+            for inst in pool.instances:  # the synchronous path switches, then gives the context back
+                result = inst.run_sync(Job([_rows(1)], 1, 1))
+                np.testing.assert_allclose(result.outputs[0]["y"], affine_reference(**_rows(1))["y"], rtol=1e-5)
+                assert current_context(acl) == caller
+        finally:
+            pool.close()
+        assert current_context(acl) == caller
+    finally:
+        assert acl.rt.destroy_context(caller) == 0
+
+
+def test_an_instance_built_in_a_thread_without_a_context_serves(runtime, affine_om):
+    """Loader threads start with no context; building an instance there must still work."""
+    box = {}
+
+    def load():
+        box["pool"] = open_pool(runtime, affine_om(), "affine")
+
+    t = threading.Thread(target=load)
+    t.start()
+    t.join()
+    pool = box["pool"]
+    try:
+        assert pool.submit([_rows(2)], 2).result(30).rows == 2
+    finally:
+        pool.close()
+
+
+def test_a_configuration_beyond_the_device_event_limit_is_refused_before_loading(affine_om):
+    # 3 instances x 4 slots x 6 events = 72 > 50
+    rt = AclRuntime(device="cpu", device_limits=(None, 50)).start()
+    try:
+        rt.device(0)
+        before = rt.memory(refresh=True)
+        with pytest.raises(ResourceLimitError, match=r"needs 12 streams and 72 events on device 0, "
+                                                    r"which allows \d+ streams and 50 events"):
+            open_pool(rt, affine_om(), "affine", instances=3, slots=4)
+        assert rt.memory(refresh=True) == before  # nothing was loaded
+        pool = open_pool(rt, affine_om(), "affine", instances=2, slots=4)  # 48 events fit
+        with pytest.raises(ResourceLimitError, match=r"\(11 and 48 already in use\)"):
+            open_pool(rt, affine_om(), "affine2", instances=1, slots=1)
+        pool.close()
+        open_pool(rt, affine_om(), "affine2", instances=1, slots=1).close()  # released on close
+    finally:
+        rt.close()
+
+
+def test_documented_limits_by_soc():
+    assert limits_for_soc("Ascend310P3") == (1024, 1023)
+    assert limits_for_soc("Ascend910B2") == (1984, 65535)
+    assert limits_for_soc("Ascend310B1") == (512, 65535)
+    assert limits_for_soc(None) == (1024, 1023)
