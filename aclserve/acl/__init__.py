@@ -62,5 +62,21 @@ def select(device: str | None = None) -> tuple[str, ModuleType]:
     return _selected
 
 
+def device_soc_name() -> str | None:
+    """The SoC of this machine's NPU as CANN names it (e.g. "Ascend310P3"); None without CANN or
+    a device. Initialises and finalises ACL: for tools like `aclserve compile`, not a server."""
+    real = _real_acl()
+    if real is None:
+        return None
+    from . import compat
+
+    ret = real.init()
+    try:
+        return compat.soc_name(real)
+    finally:
+        if ret == 0:
+            real.finalize()
+
+
 def get_acl() -> ModuleType:
     return select()[1]

@@ -120,7 +120,9 @@ def compile_with_atc(atc: str, onnx_path: str, output: Path, spec: ModelSpec, *,
                      precision_mode: str | None, timeout: float = DEFAULT_TIMEOUT,
                      log: Callable[[str], None] = print, log_level: str = DEFAULT_LOG_LEVEL) -> atc_om.AtcOmHeader:
     """Build `output` with ATC; returns the checked 256-byte header of the result."""
-    output = Path(output)
+    # ATC runs inside `work`, so every path it is given must be absolute (a relative --output
+    # would land under work/ and the build would fail with "No such file or directory").
+    output = Path(output).absolute()
     work = tempfile.mkdtemp(prefix=f".{output.stem}.atc-", dir=output.parent)
     try:
         base = os.path.join(work, output.stem)

@@ -34,7 +34,8 @@ def add_commands(sub) -> None:
     p.add_argument("--input-shape", metavar="SHAPES", help='"name:-1,3,224,224;name2:..." (-1 = batch dimension)')
     p.add_argument("--batch", metavar="GEARS", help="batch sizes to compile, e.g. 1,2,4,8 "
                                                     "(default 1,2,4,8,16,32 for a dynamic-batch model)")
-    p.add_argument("--soc-version", default=None, metavar="SOC", help="ATC --soc_version (default Ascend310P3)")
+    p.add_argument("--soc-version", default=None, metavar="SOC",
+                   help="ATC --soc_version (default: the SoC of this machine's NPU; required without one)")
     p.add_argument("--precision-mode", default=None, metavar="MODE",
                    help="ATC --precision_mode (default force_fp16; recorded but not applied by the CPU runtime)")
     p.add_argument("--target", default="auto", metavar="auto|npu|cpu",
@@ -63,6 +64,9 @@ def run_compile(args) -> int:
     kwargs = {}
     if args.soc_version is not None:
         kwargs["soc_version"] = args.soc_version
+    elif args.target != "cpu":
+        from ..acl import device_soc_name  # only asks CANN when it is installed
+        kwargs["soc_version"] = device_soc_name()
     if args.precision_mode is not None:
         kwargs["precision_mode"] = args.precision_mode
     if args.timeout is not None:

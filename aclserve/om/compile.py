@@ -18,7 +18,6 @@ from . import container, cpu_compile
 from .spec import CompileError, load_onnx, parse_gears, parse_input_shape, resolve
 
 TARGETS = ("auto", "npu", "cpu")
-DEFAULT_SOC_VERSION = "Ascend310P3"
 DEFAULT_PRECISION_MODE = "force_fp16"
 
 __all__ = ["CompileError", "CompileResult", "compile_model", "TARGETS"]
@@ -41,14 +40,16 @@ def default_output(onnx_path: str | os.PathLike) -> Path:
 
 def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None = None, *,
                   input_shape: str | dict | None = None, batch: str | list[int] | None = None,
-                  soc_version: str = DEFAULT_SOC_VERSION, precision_mode: str | None = DEFAULT_PRECISION_MODE,
+                  soc_version: str | None = None, precision_mode: str | None = DEFAULT_PRECISION_MODE,
                   target: str = "auto", atc: str | os.PathLike | None = None,
                   timeout: float = atc_mod.DEFAULT_TIMEOUT,
                   log: Callable[[str], None] = print) -> CompileResult:
     """Compile `onnx_path` to `output` (default: beside it with .om) and return what was built.
 
     input_shape: "name:-1,3,224,224;name2:..." or {name: dims}; batch: "1,2,4" or [1, 2, 4]
-    (default 1,2,4,8,16,32 when the model has a dynamic batch dimension). target "auto" uses
+    (default 1,2,4,8,16,32 when the model has a dynamic batch dimension; one size compiles a
+    static batch of that size, as ATC takes 2 to 100 dynamic sizes). soc_version: required when
+    ATC builds (`aclserve compile` reads it from the NPU when there is one). target "auto" uses
     ATC when `atc` is given or `atc` is on PATH, "npu" requires ATC, "cpu" writes a CPU OM.
     The output appears atomically (temporary file, then rename) or not at all.
     """
@@ -77,6 +78,9 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     spec = resolve(model, {k: list(v) for k, v in shapes.items()}, gears)
 
     if atc_path is not None:
+        if not soc_version:
+            raise CompileError("ATC needs the SoC to build for and there is no Ascend device here to read it "
+                               "from: pass --soc-version (e.g. Ascend310P3, Ascend910B1)")
         log(f"compiling {src} with ATC ({atc_path}) for {soc_version}")
         hdr = atc_mod.compile_with_atc(atc_path, src, out, spec, soc_version=soc_version,
                                        precision_mode=precision_mode, timeout=timeout, log=log)
@@ -87,8 +91,8 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         log(f"compiling {src} for the CPU runtime (ATC not used)")
         with open(src, "rb") as f:
             source_bytes = f.read()
-        options = {"input_shape": spec.atc_input_shape(), "soc_version": soc_version,
-                   "precision_mode": precision_mode}
+        options = {k: v for k, v in (("input_shape", spec.atc_input_shape()), ("soc_version", soc_version),
+                                     ("precision_mode", precision_mode)) if v is not None}
         header, payload = cpu_compile.build(spec, name=out.stem, source_path=src,
                                             source_bytes=source_bytes, options=options)
         container.write(out, header, payload)

@@ -24,6 +24,7 @@ from onnx import shape_inference
 
 from .. import __version__
 from ..acl import constants as C
+from .names import atc_output_names
 from .spec import BATCH_SYMBOL, CompileError, ModelSpec, TensorInfo, dims_of, dtype_of, one_line
 
 ORT_LEVEL = "extended"
@@ -131,13 +132,15 @@ def build(spec: ModelSpec, *, name: str, source_path: str, source_bytes: bytes, 
     inputs = [t.header_entry() for t in spec.inputs]
     if spec.dynamic_batch:
         inputs.append(dynamic_batch_input())
+    reported = atc_output_names(spec.model)  # what an ATC OM of this model would report
+    output_entries = [dict(o.header_entry(), atc_name=reported.get(o.name, o.name)) for o in outputs]
     header = {
         "name": name,
         "producer": f"aclserve {__version__} cpu",
         "created": _created(),
         "source": {"path": source_path, "sha256": hashlib.sha256(source_bytes).hexdigest()},
         "inputs": inputs,
-        "outputs": [o.header_entry() for o in outputs],
+        "outputs": output_entries,
         "gears": list(spec.gears),
         "options": dict(options, target="cpu", ort_optimization=ORT_LEVEL, onnxruntime=ort.__version__),
     }

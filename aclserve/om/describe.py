@@ -55,6 +55,8 @@ def tensor_lines(header: dict) -> list[str]:
         lines.append(f"{role} ({len(tensors)}):")
         for t in tensors:
             extra = "  (dynamic-batch input, filled by set_dynamic_batch_size)" if t.get("dynamic_batch") else ""
+            if t.get("atc_name") and t["atc_name"] != t.get("name"):
+                extra += f"  (the device reports {t['atc_name']})"
             lines.append(f"  {t.get('name')}: {t.get('datatype')} {_shape(t.get('dims', []))} "
                          f"{t.get('format', '')}{extra}")
     gears = header.get("gears") or []
@@ -79,7 +81,10 @@ def format_text(info: dict) -> str:
     elif info["kind"] == "atc_om":
         lines += [f"name: {h['name']}", f"header version: {h['version']:#x}", f"model type: {h['model_type']}",
                   f"encrypted: {'yes' if h['is_encrypt'] else 'no'}",
-                  f"dynamic shape: {'yes' if h['is_dynamic'] else 'no'}",
+                  f"dynamic shape: {'yes' if h['is_dynamic'] else 'no'}"
+                  + (" (acl.mdl.query_size refuses fully dynamic-shape OMs: aclserve loads it with "
+                     "load_from_file, so CANN allocates its memory, without huge-page control)"
+                     if h["is_dynamic"] else ""),
                   f"platform version: {h['platform_version'] or '(not set)'}",
                   f"generated: {h['gen_mode']}, ops: {h['ops']}, om_ir_version: {h['om_ir_version']}",
                   f"payload: {_size(h['model_length'] or h['length'])}"]

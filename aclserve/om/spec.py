@@ -184,6 +184,13 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
     if gears is not None and not batched:
         raise CompileError("--batch given but the model has no batch dimension "
                            "(no input has a dynamic first dimension; -1 marks it in --input-shape)")
+    if batched and gears is not None and len(gears) == 1:
+        # ATC's --dynamic_batch_size takes 2 to 100 sizes: one size compiles a static batch of it
+        fixed = gears[0]
+        _fix_symbols(model, {dims[0] for _, _, dims in resolved if dims and isinstance(dims[0], str)}, fixed)
+        resolved = [(vi, dtype, [fixed] + list(dims[1:]) if dims and not isinstance(dims[0], int) else dims)
+                    for vi, dtype, dims in resolved]
+        batched, gears = [], None
     if batched and gears is None:
         gears = list(DEFAULT_GEARS)
     dynamic = bool(batched)
@@ -204,6 +211,15 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
         _set_shape(vi, final)
         infos.append(TensorInfo(vi.name, dtype, final))
     return ModelSpec(model, infos, list(gears) if dynamic else [])
+
+
+def _fix_symbols(model: onnx.ModelProto, old: set[str], value: int) -> None:
+    """Declared output/value shapes: the batch symbols become the fixed batch size."""
+    for vi in list(model.graph.output) + list(model.graph.value_info):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            for dim in vi.type.tensor_type.shape.dim:
+                if dim.HasField("dim_param") and dim.dim_param in old:
+                    dim.dim_value = value
 
 
 def _rename_symbols(model: onnx.ModelProto, old: set[str]) -> None:

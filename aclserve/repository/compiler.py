@@ -10,7 +10,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..config import CompileOptions
@@ -29,9 +29,13 @@ def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str
 
 
 def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileOptions,
-                runtime_kind: str, cache_dir: str | os.PathLike) -> Path:
-    """Return the path of the .om for `onnx_path`, compiling it on a cache miss (blocking)."""
+                runtime_kind: str, cache_dir: str | os.PathLike, soc_name: str | None = None) -> Path:
+    """Return the path of the .om for `onnx_path`, compiling it on a cache miss (blocking).
+    `soc_name`: the NPU's SoC, used by ATC when the model's compile options name none."""
     from ..om.compile import compile_model  # heavy imports (onnx, ort) only when needed
+
+    if runtime_kind == "npu" and options.soc_version is None and soc_name:
+        options = replace(options, soc_version=soc_name)
 
     key = cache_key(onnx_path, options, runtime_kind)
     cache = Path(cache_dir)

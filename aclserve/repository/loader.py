@@ -31,8 +31,9 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, name: str, v
         om_path = wanted.file.path
         if wanted.file.kind == "onnx":
             from .compiler import compiled_om
+            soc = runtime.soc_name() if runtime.kind == "npu" else None
             om_path = str(await run(functools.partial(
-                compiled_om, om_path, name, config.compile, runtime.kind, compile_cache_dir)))
+                compiled_om, om_path, name, config.compile, runtime.kind, compile_cache_dir, soc)))
         await run(validate_om, om_path, runtime.kind)
         pool = await run(functools.partial(
             _open_pool, runtime, om_path, name=f"{name}:{version}", instances=config.instances,

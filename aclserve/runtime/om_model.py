@@ -7,14 +7,21 @@ so every instance loads its own OmModel.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 
 from ..acl import AclError, check, check_handle
 from ..acl import constants as C
 from ..om.atc_om import identify
 from ..om.container import OmFormatError
+from ..om.names import tensor_name
 from .device import Device, LoadError
 from .types import TensorSpec
+
+log = logging.getLogger(__name__)
+
+
+_NOT_AN_OM = (C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID)
 
 
 def _why_unloadable(path: str) -> str:
@@ -58,7 +65,10 @@ class OmModel:
         try:
             work_size, weight_size = check("mdl.query_size", acl.mdl.query_size(self.path))
         except AclError as e:
-            raise LoadError(f"model {self.name}: {self.path} {_why_unloadable(self.path)} ({e})") from None
+            if e.ret in _NOT_AN_OM:
+                raise LoadError(f"model {self.name}: {self.path} {_why_unloadable(self.path)} ({e})") from None
+            self._load_unsized(e)
+            return
         self.work_size, self.weight_size = int(work_size), int(weight_size)
         self.device.ensure_room(f"model {self.name}", self.work_size + self.weight_size)
         work = self._malloc(self.work_size) if self.work_size else 0
@@ -68,6 +78,16 @@ class OmModel:
                 self.path, work, self.work_size, weight, self.weight_size))
         except AclError as e:
             raise LoadError(f"model {self.name}: loading {self.path} failed ({e})") from None
+
+    def _load_unsized(self, refusal: AclError) -> None:
+        """query_size refuses fully dynamic-shape OMs: let CANN allocate with load_from_file."""
+        log.warning("model %s: %s; loading with load_from_file, so CANN allocates the model memory "
+                    "(no huge-page control, not counted against memory_reserve_fraction)", self.name, refusal)
+        self.work_size = self.weight_size = 0
+        try:
+            self.model_id = check("mdl.load_from_file", self._acl.mdl.load_from_file(self.path))
+        except AclError as e:
+            raise LoadError(f"model {self.name}: {self.path} {_why_unloadable(self.path)} ({e})") from None
 
     def _malloc(self, size: int) -> int:
         try:
@@ -104,7 +124,8 @@ class OmModel:
             fmt = mdl.get_input_format(self.desc, index)
             size = self.input_sizes[index]
         else:
-            name = mdl.get_output_name_by_index(self.desc, index)
+            # ATC reports "<node>:<index>:<tensor>"; clients know the ONNX tensor name
+            name = tensor_name(mdl.get_output_name_by_index(self.desc, index))
             dims = check("mdl.get_output_dims", mdl.get_output_dims(self.desc, index))
             acl_dtype = mdl.get_output_data_type(self.desc, index)
             fmt = mdl.get_output_format(self.desc, index)

@@ -9,6 +9,8 @@ import contextlib
 
 import numpy as np
 
+from aclserve.om.names import tensor_name
+
 from aclserve.acl import check, check_handle
 from aclserve.acl import constants as C
 
@@ -92,5 +94,6 @@ def run_batch(acl, path: str, feeds: dict[str, np.ndarray], batch: int | None) -
             dev = acl.get_data_buffer_addr(acl.mdl.get_dataset_buffer(out_ds, i))
             check("rt.memcpy", acl.rt.memcpy(host, nbytes, dev, nbytes, C.ACL_MEMCPY_DEVICE_TO_HOST))
             raw = acl.util.ptr_to_bytes(host, nbytes)
-            results[name] = np.frombuffer(raw, dtype).reshape(dims).copy()
+            results[tensor_name(name)] = np.frombuffer(raw, dtype).reshape(dims).copy()
+            results.setdefault("_reported_names", []).append(name)
         return results

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 import textwrap
 import threading
@@ -93,7 +94,7 @@ def test_argument_mapping_and_valid_output(tmp_path, fake_atc, multi_io_onnx):
 
 def test_static_model_gets_no_dynamic_batch_flag(tmp_path, fake_atc, static_onnx):
     atc, record = fake_atc
-    compile_model(static_onnx, tmp_path / "s.om", atc=str(atc), log=lambda s: None)
+    compile_model(static_onnx, tmp_path / "s.om", soc_version="Ascend310P3", atc=str(atc), log=lambda s: None)
     argv = json.loads(record.read_text())["argv"]
     assert "--input_shape=x:2,3" in argv and not any(a.startswith("--dynamic_batch_size") for a in argv)
     assert "--precision_mode=force_fp16" in argv and "--soc_version=Ascend310P3" in argv
@@ -111,7 +112,7 @@ def test_output_is_streamed_while_atc_runs(tmp_path, fake_atc, multi_io_onnx, mo
             seen_before_exit.set()
             gate.touch()
 
-    compile_model(multi_io_onnx, tmp_path / "g.om", batch="1", atc=str(atc), timeout=120, log=log)
+    compile_model(multi_io_onnx, tmp_path / "g.om", batch="1", soc_version="Ascend310P3", atc=str(atc), timeout=120, log=log)
     assert seen_before_exit.is_set()
 
 
@@ -119,7 +120,7 @@ def test_timeout_kills_atc_and_leaves_nothing(tmp_path, fake_atc, multi_io_onnx,
     atc, record = fake_atc
     monkeypatch.setenv("FAKE_ATC_MODE", "sleep")
     with pytest.raises(AtcFailed, match="timed out after 2 s"):
-        compile_model(multi_io_onnx, tmp_path / "t.om", batch="1", atc=str(atc), timeout=2, log=lambda s: None)
+        compile_model(multi_io_onnx, tmp_path / "t.om", batch="1", soc_version="Ascend310P3", atc=str(atc), timeout=2, log=lambda s: None)
     if record.exists():  # on a very slow machine the stand-in may not even have started
         with pytest.raises(ProcessLookupError):
             os.kill(json.loads(record.read_text())["pid"], 0)
@@ -131,13 +132,13 @@ def test_bad_atc_output_is_refused(tmp_path, fake_atc, multi_io_onnx, mode, expe
     atc, _ = fake_atc
     monkeypatch.setenv("FAKE_ATC_MODE", mode)
     with pytest.raises(AtcFailed, match=expected):
-        compile_model(multi_io_onnx, tmp_path / "t.om", batch="1", atc=str(atc), log=lambda s: None)
+        compile_model(multi_io_onnx, tmp_path / "t.om", batch="1", soc_version="Ascend310P3", atc=str(atc), log=lambda s: None)
     assert not (tmp_path / "t.om").exists() and _leftovers(tmp_path) == []
 
 
 def test_cli_failure_quotes_atc_errors(tmp_path, fake_atc, multi_io_onnx):
     atc, record = fake_atc
-    proc = run_cli("compile", multi_io_onnx, "-o", tmp_path / "f.om", env={
+    proc = run_cli("compile", multi_io_onnx, "-o", tmp_path / "f.om", "--soc-version", "Ascend310P3", env={
         "PATH": f"{atc.parent}:/usr/bin:/bin", "FAKE_ATC_MODE": "fail", "FAKE_ATC_RECORD": str(record)})
     assert proc.returncode == 1
     err = proc.stderr.strip().splitlines()
@@ -152,7 +153,7 @@ def test_cli_finds_atc_on_path_and_inspects_result(tmp_path, fake_atc, multi_io_
     atc, record = fake_atc
     env = {"PATH": f"{atc.parent}:/usr/bin:/bin", "FAKE_ATC_RECORD": str(record)}
     out = tmp_path / "p.om"
-    proc = run_cli("compile", multi_io_onnx, "-o", out, "--batch", "2,4", env=env)
+    proc = run_cli("compile", multi_io_onnx, "-o", out, "--batch", "2,4", "--soc-version", "Ascend310P3", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "ATC OM" in proc.stdout and "needs CANN" in proc.stdout
     assert "--dynamic_batch_size=2,4" in json.loads(record.read_text())["argv"]
@@ -170,3 +171,44 @@ def test_target_cpu_ignores_atc_on_path(tmp_path, fake_atc, multi_io_onnx):
     proc = run_cli("compile", multi_io_onnx, "-o", tmp_path / "c.om", "--batch", "1", "--target", "cpu", env=env)
     assert proc.returncode == 0, proc.stderr
     assert not record.exists() and atc_om.identify(tmp_path / "c.om")[0] == "cpu_om"
+
+
+def test_one_batch_size_compiles_a_static_batch_on_both_targets(tmp_path, fake_atc, multi_io_onnx):
+    """ATC's --dynamic_batch_size takes 2 to 100 sizes: --batch 8 is a static batch of 8."""
+    atc, record = fake_atc
+    compile_model(multi_io_onnx, tmp_path / "s8.om", batch="8", soc_version="Ascend310P3", atc=str(atc),
+                  log=lambda s: None)
+    argv = json.loads(record.read_text())["argv"]
+    assert "--input_shape=a:8,4;b:8,3;c:8,2;d:8,5" in argv
+    assert not any(a.startswith("--dynamic_batch_size") for a in argv)
+    cpu = compile_model(multi_io_onnx, tmp_path / "c8.om", batch="8", target="cpu", log=lambda s: None)
+    header = cpu.header
+    assert header["gears"] == [] and [t["dims"][0] for t in header["inputs"]] == [8, 8, 8, 8]
+    assert all(t["name"] != "ascend_mbatch_shape_data" for t in header["inputs"])
+
+
+def test_relative_output_paths_work_with_atc(tmp_path, fake_atc, multi_io_onnx):
+    """ATC runs in a work folder: -o relative to the caller's folder, and the default output
+    beside a relative input, must still be handed to it as absolute paths."""
+    atc, record = fake_atc
+    env = dict(os.environ, PATH=f"{atc.parent}:/usr/bin:/bin", FAKE_ATC_RECORD=str(record))
+    (tmp_path / "sub").mkdir()
+    os.replace(multi_io_onnx, tmp_path / "sub" / "m.onnx")
+    for args, built in ((["sub/m.onnx", "-o", "sub/rel.om"], tmp_path / "sub" / "rel.om"),
+                        (["sub/m.onnx"], tmp_path / "sub" / "m.om")):
+        proc = subprocess.run([sys.executable, "-m", "aclserve", "compile", *args, "--soc-version", "Ascend310P3"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert atc_om.identify(built)[0] == "atc_om"
+        output_arg = [a for a in json.loads(record.read_text())["argv"] if a.startswith("--output=")][0]
+        assert os.path.isabs(output_arg.split("=", 1)[1])
+
+
+def test_without_soc_version_and_without_a_device_compile_asks_for_it(tmp_path, fake_atc, multi_io_onnx):
+    atc, record = fake_atc
+    env = {"PATH": f"{atc.parent}:/usr/bin:/bin", "FAKE_ATC_RECORD": str(record)}
+    proc = run_cli("compile", multi_io_onnx, "-o", tmp_path / "n.om", env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "--soc-version" in err[0]
+    assert not record.exists() and not (tmp_path / "n.om").exists()

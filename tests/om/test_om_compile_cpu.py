@@ -68,6 +68,9 @@ def test_cpu_runtime_matches_onnxruntime_for_every_gear(multi_om, multi_io_onnx)
         for gear in GEARS:
             feeds = multi_io_feeds(gear)
             got = run_batch(acl, str(multi_om.path), feeds, gear)
+            # the descriptor reports outputs as ATC does: "<node>:<index>:<onnx tensor name>"
+            assert [n.rsplit(":", 1)[-1] for n in got["_reported_names"]] == names
+            assert all(n.count(":") >= 2 for n in got["_reported_names"])
             for name, want in zip(names, source.run(None, feeds)):
                 assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
                 np.testing.assert_array_equal(got[name], want)
@@ -98,7 +101,7 @@ def test_fixed_first_dim_in_input_shape_makes_a_static_model(tmp_path):
     assert h["gears"] == [] and h["inputs"][0]["dims"] == [5, 7] and len(h["inputs"]) == 1
 
 
-@pytest.mark.parametrize("gears", ["2", "1,4"])
+@pytest.mark.parametrize("gears", ["2,4", "1,4"])
 def test_output_shape_unknown_to_inference_is_probed(tmp_path, gears):
     src = save(reshape_model(), tmp_path / "reshape.onnx")
     h = compile_model(src, batch=gears, target="cpu", log=_quiet).header

@@ -88,3 +88,23 @@ def test_documented_limits_by_soc():
     assert limits_for_soc("Ascend910B2") == (1984, 65535)
     assert limits_for_soc("Ascend310B1") == (512, 65535)
     assert limits_for_soc(None) == (1024, 1023)
+
+
+def test_an_om_whose_size_query_is_refused_loads_with_load_from_file(runtime, affine_om, caplog):
+    """CANN's query_size refuses fully dynamic-shape OMs; aclserve then lets CANN allocate."""
+    from aclserve.acl.cpu import faults
+
+    path = affine_om()
+    faults.inject("query_size", nth=1, code=500002)
+    try:
+        pool = open_pool(runtime, path, "affine")
+    finally:
+        faults.clear()
+    try:
+        assert "loading with load_from_file" in caplog.text
+        model = pool.instances[0].model
+        assert (model.work_size, model.weight_size) == (0, 0)
+        out = pool.submit([_rows(2)], 2).result(30)
+        np.testing.assert_allclose(out.outputs[0]["y"], affine_reference(**_rows(2))["y"], rtol=1e-5)
+    finally:
+        pool.close()

@@ -118,9 +118,9 @@ class LoadedModel:
     def _binding(self, batch: int, in_addrs, out_addrs):
         binding = self.session.io_binding()
         for addr, t in zip(in_addrs, self.info.onnx_inputs):
-            binding.bind_input(t.name, "cpu", 0, t.dtype, t.shape_at(batch), addr)
+            binding.bind_input(t.onnx_name, "cpu", 0, t.dtype, t.shape_at(batch), addr)
         for addr, t in zip(out_addrs, self.info.outputs):
-            binding.bind_output(t.name, "cpu", 0, t.dtype, t.shape_at(batch), addr)
+            binding.bind_output(t.onnx_name, "cpu", 0, t.dtype, t.shape_at(batch), addr)
         if len(self._bindings) >= _BINDING_CACHE_LIMIT:
             self._bindings.clear()
         self._bindings[(batch, in_addrs, out_addrs)] = binding
@@ -193,7 +193,7 @@ def load(ctx, info: _om.ModelInfo, payload: bytes, mem: tuple[int, int, int, int
     try:
         session = _session(ctypes.string_at(weight_ptr, len(payload)))
         names = {i.name for i in session.get_inputs()}, {o.name for o in session.get_outputs()}
-        missing = ({t.name for t in info.onnx_inputs} ^ names[0]) | ({t.name for t in info.outputs} - names[1])
+        missing = ({t.onnx_name for t in info.onnx_inputs} ^ names[0]) | ({t.onnx_name for t in info.outputs} - names[1])
         if missing:
             raise ValueError(f"header and ONNX graph disagree on tensors {sorted(missing)}")
     except Exception as e:

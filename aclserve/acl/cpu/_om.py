@@ -22,10 +22,13 @@ _FORMATS = {"UNDEFINED": -1, "NCHW": 0, "NHWC": 1, "ND": 2, "NC1HWC0": 3, "FRACT
 class TensorDesc:
     """One model input or output as the descriptor reports it; -1 in dims marks the batch."""
 
-    __slots__ = ("name", "acl_dtype", "dtype", "format", "dims", "dynamic_batch", "_sample_bytes")
+    __slots__ = ("name", "onnx_name", "acl_dtype", "dtype", "format", "dims", "dynamic_batch", "_sample_bytes")
 
     def __init__(self, entry: dict):
-        self.name = str(entry["name"])
+        # `name` is what the descriptor reports (outputs: ATC's "<node>:<index>:<tensor>" where
+        # the header has it); `onnx_name` is the tensor in the ONNX graph that ORT binds.
+        self.onnx_name = str(entry["name"])
+        self.name = str(entry.get("atc_name") or self.onnx_name)
         acl_dtype = entry.get("acl_dtype")
         self.acl_dtype = int(acl_dtype) if acl_dtype is not None else C.kserve_to_acl(entry["datatype"])
         self.dtype = C.acl_to_numpy(self.acl_dtype)

@@ -4,6 +4,7 @@
     f = faults.inject("execute", nth=3)                  # the 3rd execute from now fails 507011
     faults.inject("execute", probability=0.1, code=145000)
     faults.inject("execute", delay_ms=200)               # every execute sleeps 200 ms first
+    faults.inject("query_size", nth=1, code=500002)      # the next query_size is refused
     gate = threading.Event()
     f = faults.inject("execute", nth=1, hold=gate)        # the next execute waits for gate.set()
     f.entered.wait()                                      # ... it has started (and holds the model)
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 
 from .. import constants as C
 
-KINDS = ("execute",)
+KINDS = ("execute", "query_size")  # query_size: refuse it, as CANN does for dynamic-shape OMs
 
 
 @dataclass

@@ -7,7 +7,7 @@ descriptor, dataset and buffer calls are host-side bookkeeping and do not.
 from __future__ import annotations
 
 from .. import constants as C
-from . import _dataset, _desc, _model, _om, _state
+from . import _dataset, _desc, _model, _om, _state, faults
 from ._args import INT, PTR, STR, api
 
 _OK = C.ACL_SUCCESS
@@ -19,6 +19,10 @@ def query_size(model_path):
     ret = _state.check_init()
     if ret:
         return 0, 0, ret
+    if faults.active():
+        code = faults.trigger("query_size", 0)
+        if code:
+            return 0, 0, code
     info, _, ret = _om.read_file(model_path)
     if ret:
         return 0, 0, ret
