@@ -108,3 +108,52 @@ def test_an_om_whose_size_query_is_refused_loads_with_load_from_file(runtime, af
         np.testing.assert_allclose(out.outputs[0]["y"], affine_reference(**_rows(2))["y"], rtol=1e-5)
     finally:
         pool.close()
+
+
+def test_a_timing_error_is_logged_once_and_never_fails_the_batch(runtime, affine_om, caplog):
+    """event_elapsed_time on events without a timestamp answers 107006; the timings are then
+    zero and the batch result stands."""
+    from aclserve.acl import using_context
+
+    pool = open_pool(runtime, affine_om(), "affine")
+    try:
+        inst = pool.instances[0]
+        acl = runtime.acl
+        with using_context(acl, inst.context):
+            fresh = {name: acl.rt.create_event()[0] for name in inst.slots[0].EVENTS}
+            try:
+                for _ in range(2):
+                    timings = inst._timings(fresh)
+                    assert (timings.h2d_ms, timings.compute_ms, timings.d2h_ms) == (0.0, 0.0, 0.0)
+            finally:
+                for event in fresh.values():
+                    assert acl.rt.destroy_event(event) == 0
+        assert caplog.text.count("device timings unavailable") == 1 and "107006" in caplog.text
+        assert pool.submit([_rows(2)], 2).result(30).timings.compute_ms > 0  # real timings still flow
+    finally:
+        pool.close()
+
+
+def test_older_cann_without_timed_waits_falls_back_to_the_plain_calls(runtime, caplog):
+    """The CPU runtime's own functions, minus the ones older pyACL builds lack."""
+    from types import SimpleNamespace
+
+    from aclserve.acl import compat, using_context
+
+    acl = runtime.acl
+    dev = runtime.device(0)
+    old = SimpleNamespace(rt=SimpleNamespace(synchronize_event=acl.rt.synchronize_event,
+                                             synchronize_stream=acl.rt.synchronize_stream))
+    with using_context(acl, dev.context):
+        stream, _ = acl.rt.create_stream()
+        event, _ = acl.rt.create_event()
+        try:
+            assert acl.rt.record_event(event, stream) == 0
+            compat.synchronize_event(old, event, 10)
+            assert compat.synchronize_stream(old, stream, 10) == 0
+            assert compat.soc_name(old) is None
+        finally:
+            assert acl.rt.destroy_event(event) == 0
+            assert acl.rt.destroy_stream(stream) == 0
+    assert "no acl.rt.synchronize_event_with_timeout" in caplog.text
+    assert "no acl.rt.synchronize_stream_with_timeout" in caplog.text
