@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .. import heap
 from ..config import ServerConfig
 from ..errors import InvalidInput, ModelUnavailable, NotFound, ServeError, ShuttingDown
 from . import layout
@@ -337,7 +338,7 @@ class ModelRepository:
             log.exception("%s:%s: drain failed", sv.name, sv.version)
         try:
             await sv.close_batcher()
-            await asyncio.get_running_loop().run_in_executor(self._executor, sv.close_pool)
+            await asyncio.get_running_loop().run_in_executor(self._executor, _close_and_trim, sv)
         except Exception:
             log.exception("%s:%s: close failed", sv.name, sv.version)
         if not self._closed and (event is None or not Path(sv.source).exists()):
@@ -398,3 +399,10 @@ class ModelRepository:
 def _reason(error: BaseException) -> str:
     text = str(error) or type(error).__name__
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def _close_and_trim(sv: ServedVersion) -> None:
+    """Close the pool, then give the freed heap back (see aclserve/heap.py: without it RSS grows
+    with every reload)."""
+    sv.close_pool()
+    heap.trim()

@@ -69,6 +69,8 @@ def run_serve(args) -> int:
         raise UsageError(f"bad configuration: {e}") from None
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .. import heap
+    heap.limit_arenas()  # before any worker thread: reloads then give their memory back
     from ..repository import RepositoryError
     try:
         _run(serve(config))
