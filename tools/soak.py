@@ -1,0 +1,259 @@
+"""Soak and chaos run: a real `aclserve serve` under mixed load for minutes, with hot reloads,
+injected device faults, slow clients and decompression bombs, checking every answer.
+
+    python tools/soak.py                      # 10 minutes (about 2 minutes: --minutes 2)
+
+What runs at the same time, against one server on 127.0.0.1:
+- `--clients` closed-loop clients sending 1-8 digit rows as KServe v2 JSON or binary bodies; each
+  answer is compared with ONNX Runtime on the source model (a wrong answer is counted, not ignored);
+- a reloader swapping the model file (two compiles with different gears) every `--reload-s` s;
+- device faults injected by the CPU runtime (ACLSERVE_CPU_FAULTS, `--fault-probability`);
+- slow clients that send headers a byte at a time and stall mid-body;
+- gzip bombs (1 MiB that inflates to 1 GiB) and large JSON bodies.
+At the end it prints requests answered, errors by status, latency p50/p99 of good clients, wrong
+answers, and the server's RSS at the start and the end (sampled all along). Exit status 1 when an
+answer was wrong, a 500 was seen, or the server died. Not part of the test suite.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections import Counter
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gzip_bomb(inflated: int) -> bytes:
+    """A gzip body of about 1 MiB per GiB that inflates to `inflated` bytes of a JSON array."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: gzip framing
+    chunk = b"0," * (1 << 19)
+    parts = [z.compress(b"[")]
+    for _ in range(inflated // len(chunk)):
+        parts.append(z.compress(chunk))
+    parts.append(z.compress(b"0]"))
+    parts.append(z.flush())
+    return b"".join(parts)
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Soak:
+    def __init__(self, args):
+        self.args = args
+        self.status = Counter()
+        self.latency: list[float] = []
+        self.wrong = 0
+        self.rss: list[tuple[float, float]] = []
+        data = np.load(os.path.join(ROOT, "tests", "data", "digits_test.npz"))
+        self.x = data["x"].astype(np.float32)
+        import onnxruntime as ort
+        self.reference = ort.InferenceSession(os.path.join(ROOT, "models", "digits.onnx"),
+                                              providers=["CPUExecutionProvider"])
+
+    # -- set-up ----------------------------------------------------------------------------
+    def prepare(self, folder: str) -> tuple[str, list[bytes]]:
+        from aclserve.om.compile import compile_model
+        models = os.path.join(folder, "models")
+        os.mkdir(models)
+        variants = []
+        for i, gears in enumerate(("1,2,4,8", "1,2,4,8,16,32")):
+            out = os.path.join(folder, f"v{i}.om")
+            compile_model(os.path.join(ROOT, "models", "digits.onnx"), out, batch=gears, target="cpu",
+                          log=lambda _: None)
+            with open(out, "rb") as f:
+                variants.append(f.read())
+        shutil.copy(os.path.join(folder, "v0.om"), os.path.join(models, "digits.om"))
+        return models, variants
+
+    def start(self, models: str, port: int) -> subprocess.Popen:
+        env = dict(os.environ, ACLSERVE_CPU_FAULTS=f"execute:probability={self.args.fault_probability}")
+        cmd = [sys.executable, "-m", "aclserve", "serve", "--models", models, "--port", str(port),
+               "--log-level", "warning"]
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(
+            os.path.join(os.path.dirname(models), "server.log"), "w"))
+
+    # -- load ------------------------------------------------------------------------------
+    async def client(self, session, url: str, stop: float, seed: int) -> None:
+        rng = random.Random(seed)
+        while time.monotonic() < stop:
+            n = rng.randint(1, 8)
+            start = rng.randrange(0, len(self.x) - n)
+            rows = self.x[start:start + n]
+            binary = rng.random() < 0.5
+            t0 = time.perf_counter()
+            try:
+                status, got = await self._infer(session, url, rows, binary)
+            except Exception as e:  # connection reset, timeout: counted by kind
+                self.status[f"client error {type(e).__name__}"] += 1
+                continue
+            self.status[status] += 1
+            if status == 200:
+                self.latency.append(time.perf_counter() - t0)
+                want = self.reference.run(["y"], {"x": rows})[0]
+                if got is None or got.shape != want.shape or not np.allclose(got, want, atol=1e-5):
+                    self.wrong += 1
+            elif status == 503:
+                await asyncio.sleep(0.05)
+
+    async def _infer(self, session, url, rows, binary):
+        spec = {"name": "x", "shape": list(rows.shape), "datatype": "FP32"}
+        if binary:
+            header = json.dumps({"inputs": [dict(spec, parameters={"binary_data_size": rows.nbytes})],
+                                 "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+            body = header + rows.tobytes()
+            headers = {"Inference-Header-Content-Length": str(len(header)),
+                       "Content-Type": "application/octet-stream"}
+        else:
+            body = json.dumps({"inputs": [dict(spec, data=rows.ravel().tolist())]}).encode()
+            headers = {"Content-Type": "application/json"}
+        async with session.post(url, data=body, headers=headers) as r:
+            raw = await r.read()
+            if r.status == 500 and b"failed on device" in raw:
+                return "500 device fault (injected)", None
+            if r.status != 200:
+                return r.status, None
+            length = r.headers.get("Inference-Header-Content-Length")
+            if length is not None:
+                meta = json.loads(raw[:int(length)])
+                out = meta["outputs"][0]
+                return 200, np.frombuffer(raw[int(length):], np.float32).reshape(out["shape"])
+            out = json.loads(raw)["outputs"][0]
+            return 200, np.asarray(out["data"], np.float32).reshape(out["shape"])
+
+    async def reloader(self, models: str, variants: list[bytes], stop: float) -> None:
+        target, i = os.path.join(models, "digits.om"), 0
+        while time.monotonic() < stop:
+            await asyncio.sleep(self.args.reload_s)
+            i += 1
+            tmp = target + ".part"
+            with open(tmp, "wb") as f:
+                f.write(variants[i % 2])
+            os.replace(tmp, target)
+            self.status["reloads"] += 1
+
+    async def slow_client(self, port: int, stop: float) -> None:
+        while time.monotonic() < stop:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                request = b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{"
+                for byte in request:
+                    if time.monotonic() >= stop:
+                        break
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                    await asyncio.sleep(0.2)
+                await asyncio.sleep(5)  # stall mid-body
+                writer.close()
+                self.status["slow clients done"] += 1
+            except (ConnectionError, OSError):
+                self.status["slow clients cut off"] += 1
+                await asyncio.sleep(0.5)
+
+    async def bombs(self, session, url: str, stop: float) -> None:
+        bomb = _gzip_bomb(1 << 30)
+        big = json.dumps({"inputs": [{"name": "x", "shape": [40000, 64], "datatype": "FP32",
+                                      "data": [0.5] * (40000 * 64)}]}).encode()
+        kinds = [("gzip bomb", bomb, {"Content-Encoding": "gzip", "Content-Type": "application/json"}),
+                 ("large json", big, {"Content-Type": "application/json"})]
+        while time.monotonic() < stop:
+            for kind, body, headers in kinds:
+                try:
+                    async with session.post(url, data=body, headers=headers) as r:
+                        await r.read()
+                        self.status[f"{kind} -> {r.status}"] += 1
+                except Exception as e:
+                    self.status[f"{kind} -> {type(e).__name__}"] += 1
+            await asyncio.sleep(self.args.bomb_s)
+
+    async def sample_rss(self, pid: int, stop: float, t0: float) -> None:
+        while time.monotonic() < stop:
+            self.rss.append((time.monotonic() - t0, _rss_mb(pid)))
+            await asyncio.sleep(2)
+
+    async def run(self) -> int:
+        import aiohttp
+        folder = tempfile.mkdtemp(prefix="aclserve-soak-")
+        models, variants = self.prepare(folder)
+        port = _free_port()
+        proc = self.start(models, port)
+        base = f"http://127.0.0.1:{port}"
+        url = f"{base}/v2/models/digits/infer"
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+                for _ in range(300):
+                    try:
+                        async with session.get(f"{base}/v2/health/ready") as r:
+                            if r.status == 200:
+                                break
+                    except aiohttp.ClientError:
+                        pass
+                    await asyncio.sleep(0.1)
+                t0 = time.monotonic()
+                stop = t0 + self.args.minutes * 60
+                jobs = [self.client(session, url, stop, seed) for seed in range(self.args.clients)]
+                jobs += [self.reloader(models, variants, stop), self.sample_rss(proc.pid, stop, t0)]
+                if self.args.bombs:
+                    jobs.append(self.bombs(session, url, stop))
+                jobs += [self.slow_client(port, stop) for _ in range(self.args.slow)]
+                await asyncio.gather(*jobs)
+        finally:
+            alive = proc.poll() is None
+            proc.terminate()
+            proc.wait(60)
+        return self.report(alive, folder)
+
+    def report(self, alive: bool, folder: str) -> int:
+        lat = np.array(self.latency) * 1000 if self.latency else np.zeros(1)
+        answered = sum(v for k, v in self.status.items() if isinstance(k, int) or k.startswith("500 device"))
+        print(f"soak: {self.args.minutes:g} min, {self.args.clients} clients, {self.args.slow} slow clients, "
+              f"fault probability {self.args.fault_probability}, reload every {self.args.reload_s:g} s")
+        print(f"requests answered: {answered}; good-client latency p50 {np.percentile(lat, 50):.1f} ms, "
+              f"p99 {np.percentile(lat, 99):.1f} ms; wrong answers: {self.wrong}")
+        for key, count in sorted(self.status.items(), key=lambda kv: str(kv[0])):
+            print(f"  {key}: {count}")
+        if self.rss:
+            peak = max(r for _, r in self.rss)
+            print(f"server RSS: start {self.rss[0][1]:.0f} MB, end {self.rss[-1][1]:.0f} MB, peak {peak:.0f} MB")
+        print(f"server {'still running at the end' if alive else 'DIED'}; log: {folder}/server.log")
+        failed = self.wrong or self.status.get(500) or not alive  # injected device faults are keyed apart
+        return 1 if failed else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--slow", type=int, default=20, help="slow clients (byte-at-a-time headers, stalled bodies)")
+    ap.add_argument("--reload-s", type=float, default=5.0, help="seconds between model swaps")
+    ap.add_argument("--bomb-s", type=float, default=10.0, help="seconds between bomb rounds")
+    ap.add_argument("--no-bombs", dest="bombs", action="store_false", help="leave out the bombs")
+    ap.add_argument("--fault-probability", type=float, default=0.002, help="share of executions that fail")
+    return asyncio.run(Soak(ap.parse_args()).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
