@@ -62,6 +62,7 @@ class ModelEntry:
 class ScanResult:
     models: dict[str, ModelEntry] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)  # model name (or path) -> reason
+    notes: list[str] = field(default_factory=list)  # worth a log line, not a problem
 
 
 def is_ignored_name(name: str) -> bool:
@@ -113,16 +114,21 @@ def _version_file(root: Path, path: Path, kind: str) -> VersionFile | None:
     return VersionFile(str(real), kind, st.st_size, st.st_mtime_ns)
 
 
-def _pick(root: Path, folder: Path, stem: str, problems: dict, key: str) -> VersionFile | None:
-    """The preferred model file `<folder>/<stem>.om|.onnx`, or None."""
+def _pick(root: Path, folder: Path, stem: str, result: "ScanResult", key: str) -> VersionFile | None:
+    """The preferred model file `<folder>/<stem>.om|.onnx` (the .om when both are there), or None."""
     for suffix in MODEL_SUFFIXES:
         candidate = folder / f"{stem}{suffix}"
         if not os.path.lexists(candidate):
             continue
         found = _version_file(root, candidate, suffix[1:])
         if found is None:
-            problems[key] = f"{candidate.relative_to(root)} resolves outside the repository or is not a file"
+            result.problems[key] = f"{candidate.relative_to(root)} resolves outside the repository or is not a file"
             continue
+        others = [folder / f"{stem}{s}" for s in MODEL_SUFFIXES if s != suffix]
+        shadowed = [o for o in others if os.path.lexists(o)]
+        if shadowed and suffix == MODEL_SUFFIXES[0]:
+            result.notes.append(f"{candidate.relative_to(root)} is served; {shadowed[0].relative_to(root)} "
+                                "beside it is ignored (an .om wins over an .onnx of the same name)")
         return found
     return None
 
@@ -183,13 +189,13 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
         for sub in sorted(folder.iterdir()):
             if is_ignored_name(sub.name) or not sub.is_dir() or not _VERSION_RE.match(sub.name):
                 continue
-            found = _pick(root, sub, "model", result.problems, name)
+            found = _pick(root, sub, "model", result, name)
             if found is not None:
                 available[str(int(sub.name))] = found
         if not available:
             return
     else:
-        found = _pick(root, root, name, result.problems, name)
+        found = _pick(root, root, name, result, name)
         if found is None:
             return
         available = {"1": found}

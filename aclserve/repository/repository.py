@@ -82,7 +82,8 @@ class ModelRepository:
             return
         self._started = True
         if not self.root.is_dir():
-            raise RepositoryError(f"models folder {self.root} does not exist")
+            raise RepositoryError(f"models folder {self.root} does not exist (run from the folder that holds "
+                                  "models/, or pass --models DIR)")
         self._load_sem = asyncio.Semaphore(self.config.load_concurrency)
         if self.mode == "poll":
             loop = asyncio.get_running_loop()
@@ -92,6 +93,9 @@ class ModelRepository:
             self._watcher.start()
         tasks = await self._reconcile(trust="age" if self.mode == "poll" else "all")
         await asyncio.gather(*tasks)
+        if not self._serving and not tasks:
+            log.warning("the models folder %s holds no model (<name>.om, <name>.onnx or <name>/<version>/"
+                        "model.om); the server is up but has nothing to serve", self.root)
 
     async def close(self) -> None:
         """Stop watching, drain every version (shutdown_timeout_s), close every pool. Idempotent."""
@@ -387,6 +391,10 @@ class ModelRepository:
             if ("scan", name, reason) not in self._logged:
                 self._logged.add(("scan", name, reason))
                 log.warning("models folder: %s: %s", name, reason)
+        for note in scan.notes:  # once each: a scan runs on every change in poll mode
+            if ("note", note) not in self._logged:
+                self._logged.add(("note", note))
+                log.info("models folder: %s", note)
 
     def _emit(self, event: str, name: str, version: str, **info) -> None:
         for callback in self._listeners:

@@ -51,6 +51,9 @@ def add_commands(sub) -> None:
     q.set_defaults(func=run_infer)
 
 
+QUIET_LOGGERS = ("watchdog", "asyncio", "grpc", "PIL", "urllib3")
+
+
 def serve_overrides(args) -> dict:
     return {"host": args.host, "port": args.port, "models_dir": args.models, "device": args.device,
             "log_level": args.log_level, "cpu_threads": args.cpu_threads,
@@ -69,6 +72,8 @@ def run_serve(args) -> int:
         raise UsageError(f"bad configuration: {e}") from None
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in QUIET_LOGGERS:  # --log-level debug is about aclserve, not every inotify event
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     from .. import heap
     heap.limit_arenas()  # before any worker thread: reloads then give their memory back
     from ..repository import RepositoryError
@@ -151,12 +156,41 @@ def parse_response(body: bytes, header_length: int | None) -> dict[str, np.ndarr
     return result
 
 
+def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
+    """Cast each input to the dtype the model declares where numpy calls it safe within the kind
+    (float64 -> FP32, int64 -> INT32); returns one note per cast. A cast across kinds (float data
+    for an INT64 input) is left for the server to refuse."""
+    from ..acl.constants import kserve_to_numpy
+
+    notes = []
+    declared = {t.get("name"): t.get("datatype") for t in metadata.get("inputs", [])}
+    for name, arr in inputs.items():
+        try:
+            target = kserve_to_numpy(declared[name])
+        except (KeyError, ValueError):
+            continue
+        if arr.dtype != target and np.can_cast(arr.dtype, target, casting="same_kind"):
+            inputs[name] = arr.astype(target)
+            notes.append(f"input {name}: {arr.dtype} cast to {declared[name]} as the model declares")
+    return notes
+
+
+def _metadata(url: str) -> dict:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            return json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return {}  # the infer request itself reports what is wrong
+
+
 def run_infer(args) -> int:
     inputs = _load_inputs(args.input)
-    body, header_length = build_request(inputs, args.output, args.priority)
     path = f"/v2/models/{urllib.parse.quote(args.model, safe='')}"
     if args.version:
         path += f"/versions/{urllib.parse.quote(args.version, safe='')}"
+    for note in cast_to_model(inputs, _metadata(args.url.rstrip("/") + path)):
+        print(f"aclserve infer: {note}", file=sys.stderr)
+    body, header_length = build_request(inputs, args.output, args.priority)
     req = urllib.request.Request(args.url.rstrip("/") + path + "/infer", data=body, method="POST",
                                  headers={HEADER_LENGTH: str(header_length),
                                           "Content-Type": "application/octet-stream"})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -61,6 +61,23 @@ class VersionMetrics:
         if gear is not None and gear > rows:
             self.padding_rows.inc(gear - rows)
 
+    def remove(self) -> None:
+        """Drop this version's series from every family (the version was unloaded)."""
+        o = self._owner
+        for family in (o.success, o.request_duration, o.queue_duration, o.compute_duration, o.batch_size,
+                       o.padding_rows):
+            _remove(family, *self._labels)
+        for reason in self._failures:
+            _remove(o.failure, *self._labels, reason)
+        self._failures.clear()
+
+
+def _remove(family, *labels) -> None:
+    try:
+        family.remove(*labels)
+    except KeyError:  # never observed
+        pass
+
 
 class ServerMetrics:
     """Owns the registry. `live_versions()` yields (model, version, served) for the scrape-time
@@ -68,6 +85,7 @@ class ServerMetrics:
 
     def __init__(self, live_versions: Callable[[], Iterable[tuple[str, str, object]]],
                  memory: Callable[[], list[dict]]):
+        disable_created_metrics()  # one `_created` sample per series is noise for a scraper
         self.registry = r = CollectorRegistry()
         mv = ["model", "version"]
         self.success = Counter("aclserve_request_success", "Successful infer requests", mv, registry=r)
@@ -117,6 +135,9 @@ class ServerMetrics:
             self.loads.labels(name, "failed").inc()
         elif event == "unloaded":
             self.unloads.labels(name).inc()
+            vm = self._versions.pop((name, str(version)), None)
+            if vm is not None:  # an unloaded version's series would otherwise stay forever
+                vm.remove()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -50,3 +50,35 @@ def test_metrics_after_requests(server):
     assert value(found, "aclserve_device_memory_total_bytes", device="0") > 0
     assert "aclserve_device_memory_used_bytes" in found
     assert value(found, "aclserve_model_load_duration_seconds_count", model="affine") >= 1
+
+
+def test_unloaded_versions_leave_no_series_and_no_created_samples(models_dir, tmp_path):
+    """A dedicated server: unloading a model removes its per-version series from /metrics."""
+    import shutil
+
+    from .conftest import ServerThread, server_config
+
+    own = tmp_path / "models"
+    shutil.copytree(models_dir, own)
+    srv = ServerThread(server_config(own)).start()
+
+    async def run(url):
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/v2/models/double/infer", json={
+                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}) as r:
+                assert r.status == 200
+            async with session.get(f"{url}/metrics") as r:
+                before = await r.text()
+            async with session.post(f"{url}/v2/repository/models/double/unload") as r:
+                assert r.status == 200
+            async with session.get(f"{url}/metrics") as r:
+                return before, await r.text()
+
+    try:
+        before, after = asyncio.run(run(f"http://{srv.url}"))
+    finally:
+        srv.close()
+    assert value(samples(before), "aclserve_request_success_total", model="double") == 1
+    assert 'model="double",version="1"' not in after
+    assert value(samples(after), "aclserve_model_unloads_total", model="double") == 1  # model-level counters stay
+    assert "_created" not in before + after

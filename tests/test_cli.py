@@ -1,0 +1,41 @@
+"""What a new user meets at the command line: help that describes the tool, no tracebacks."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from aclserve.server.cli import cast_to_model
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _aclserve(*args, cwd=REPO, timeout=120):
+    return subprocess.run([sys.executable, "-m", "aclserve", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_top_level_help_describes_the_tool():
+    out = _aclserve("--help").stdout
+    assert "KServe v2" in out and "aclserve serve" in out and "argparse" not in out
+
+
+def test_a_closed_pipe_ends_quietly():
+    proc = subprocess.run(f"{sys.executable} -m aclserve inspect models/digits.om | head -1", shell=True,
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.startswith("models/digits.om") and "Traceback" not in proc.stderr
+
+
+def test_serve_without_a_models_folder_says_how_to_point_at_one(tmp_path):
+    proc = _aclserve("serve", "--port", "0", "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "does not exist" in proc.stderr and "--models" in proc.stderr
+
+
+def test_infer_client_casts_within_a_kind_and_says_so():
+    inputs = {"x": np.zeros((2, 64)), "n": np.zeros(3, np.float32)}
+    notes = cast_to_model(inputs, {"inputs": [{"name": "x", "datatype": "FP32"}, {"name": "n", "datatype": "INT64"}]})
+    assert inputs["x"].dtype == np.float32 and notes == ["input x: float64 cast to FP32 as the model declares"]
+    assert inputs["n"].dtype == np.float32  # float data for an integer input is left for the server to refuse
