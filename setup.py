@@ -16,9 +16,13 @@ setup(
         "watchdog>=4",
         "prometheus-client>=0.19",
         "uvloop>=0.19; sys_platform != 'win32'",
+        # the gRPC endpoint: grpc.aio, and the KServe v2 / Triton message classes generated
+        # from grpc_service.proto that tritonclient[grpc] ships (no generated code in this repo)
+        "grpcio>=1.60",
+        "tritonclient[grpc]>=2.50",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-aiohttp>=1.0", "tritonclient[http]>=2.40", "hypothesis>=6"],
+        "test": ["pytest>=8", "pytest-aiohttp>=1.0", "tritonclient[http,grpc]>=2.50", "hypothesis>=6"],
         "tools": ["scikit-learn>=1.3"],
     },
     entry_points={"console_scripts": ["aclserve=aclserve.cli:main"]},
