@@ -22,7 +22,10 @@ setup(
         "tritonclient[grpc]>=2.50",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-aiohttp>=1.0", "tritonclient[http,grpc]>=2.50", "hypothesis>=6"],
+        # kubernetes + kserve: their models are the published schemas tests/test_deploy.py checks
+        # deploy/ against (kubernetes 37 needs pydantic>=2.13.5; <37 leaves pydantic alone)
+        "test": ["pytest>=8", "pytest-aiohttp>=1.0", "tritonclient[http,grpc]>=2.50", "hypothesis>=6",
+                 "kubernetes>=30,<37", "kserve>=0.14"],
         "tools": ["scikit-learn>=1.3"],
     },
     entry_points={"console_scripts": ["aclserve=aclserve.cli:main"]},

@@ -26,6 +26,8 @@ def add_commands(sub) -> None:
     p.add_argument("--port", type=int, help="TCP port (default 8000; 0 = any free port)")
     p.add_argument("--grpc-port", type=int, metavar="PORT",
                    help="TCP port of the KServe v2 gRPC endpoint (default 8001; 0 = no gRPC)")
+    p.add_argument("--compile-cache-dir", metavar="DIR",
+                   help="where dropped .onnx files are compiled to (default <models>/.cache)")
     p.add_argument("--device", choices=("auto", "cpu", "npu"), help="ACL to use (default auto)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error", "critical"),
                    help="logging level (default info; debug also logs every request)")
@@ -54,7 +56,8 @@ def add_commands(sub) -> None:
 
 
 def serve_overrides(args) -> dict:
-    return {"host": args.host, "port": args.port, "grpc_port": args.grpc_port, "models_dir": args.models, "device": args.device,
+    return {"host": args.host, "port": args.port, "grpc_port": args.grpc_port, "models_dir": args.models,
+            "compile_cache_dir": args.compile_cache_dir, "device": args.device,
             "log_level": args.log_level, "cpu_threads": args.cpu_threads,
             "model_control_mode": args.model_control_mode,
             "model_defaults.batching.max_batch_size": args.max_batch,
