@@ -200,7 +200,8 @@ def parse_args(argv=None):
     p.add_argument("--duration", type=float, default=10, help="measured seconds per window (default 10)")
     p.add_argument("--warmup", type=float, default=2, help="discarded warm-up seconds per window (default 2)")
     p.add_argument("--conc", default="1,16,64", help="wrk connections, comma-separated (default 1,16,64)")
-    p.add_argument("--workloads", default=DEFAULT_WORKLOADS, help="subset of " + ",".join(WORKLOADS))
+    p.add_argument("--workloads", help=f"subset of {','.join(WORKLOADS)} (default {DEFAULT_WORKLOADS}; "
+                                        "the gRPC one only when perf_analyzer is found)")
     p.add_argument("--perf-analyzer", metavar="PATH", help="perf_analyzer for the gRPC rows (default: on PATH)")
     p.add_argument("--server-cpus", default="1", help="taskset list for the server (default 1)")
     p.add_argument("--client-cpus", default="0", help="taskset list for wrk (default 0)")
@@ -216,7 +217,8 @@ def parse_args(argv=None):
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
     args.conc = [int(c) for c in args.conc.split(",") if c]
-    args.workloads = [w for w in args.workloads.split(",") if w]
+    explicit = args.workloads is not None
+    args.workloads = [w for w in (args.workloads or DEFAULT_WORKLOADS).split(",") if w]
     args.ceiling_bodies = [w for w in args.ceiling_bodies.split(",") if w]
     for w in args.workloads + args.ceiling_bodies:
         if w not in WORKLOADS:
@@ -226,9 +228,12 @@ def parse_args(argv=None):
     args.perf_analyzer_path = None
     if any(WORKLOADS[w][1] == "grpc" for w in args.workloads):
         args.perf_analyzer_path = find_perf_analyzer(args.perf_analyzer)
-        if args.perf_analyzer_path is None:
+        if args.perf_analyzer_path is None and explicit:
             p.error("gRPC workloads need perf_analyzer: put it on PATH or pass --perf-analyzer PATH "
                     "(or leave the -grpc workloads out)")
+        if args.perf_analyzer_path is None:
+            print("no perf_analyzer (PATH or --perf-analyzer): the gRPC rows are left out", file=sys.stderr)
+            args.workloads = [w for w in args.workloads if WORKLOADS[w][1] != "grpc"]
     return args
 
 
