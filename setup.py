@@ -16,9 +16,16 @@ setup(
         "watchdog>=4",
         "prometheus-client>=0.19",
         "uvloop>=0.19; sys_platform != 'win32'",
+        # the gRPC endpoint: grpc.aio, and the KServe v2 / Triton message classes generated
+        # from grpc_service.proto that tritonclient[grpc] ships (no generated code in this repo)
+        "grpcio>=1.60",
+        "tritonclient[grpc]>=2.50",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-aiohttp>=1.0", "tritonclient[http]>=2.40", "hypothesis>=6"],
+        # kubernetes + kserve: their models are the published schemas tests/test_deploy.py checks
+        # deploy/ against (kubernetes 37 needs pydantic>=2.13.5; <37 leaves pydantic alone)
+        "test": ["pytest>=8", "pytest-aiohttp>=1.0", "tritonclient[http,grpc]>=2.50", "hypothesis>=6",
+                 "kubernetes>=30,<37", "kserve>=0.14"],
         "tools": ["scikit-learn>=1.3"],
     },
     entry_points={"console_scripts": ["aclserve=aclserve.cli:main"]},

@@ -71,6 +71,7 @@ class ModelConfig:
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
+    grpc_port: int = 8001  # 0 = no gRPC endpoint
     models_dir: str = "models"
     device: str = "auto"
     log_level: str = "info"
@@ -334,6 +335,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
     return ServerConfig(
         host=_str(get("host"), "host", allow_empty=False),
         port=_int(get("port"), "port", 0, 65535),
+        grpc_port=_int(get("grpc_port"), "grpc_port", 0, 65535),
         models_dir=models_dir,
         device=_str(get("device"), "device", DEVICES),
         log_level=_str(get("log_level"), "log_level", LOG_LEVELS),

@@ -25,6 +25,7 @@ def test_repo_root_default_is_byte_identical_to_the_embedded_one():
 def test_embedded_default_matches_the_dataclass_defaults():
     config = load_server_config()
     assert config.host == "127.0.0.1" and config.port == 8000 and config.model_control_mode == "poll"
+    assert config.grpc_port == 8001
     assert config.compile_cache_dir == str(Path("models") / ".cache")
     assert config.model_defaults == ModelConfig()
 
@@ -54,6 +55,8 @@ def test_file_merges_over_default_and_overrides_win(tmp_path):
     ({"port": 70000}, "port", "must be <= 65535"),
     ({"port": "80"}, "port", "must be an integer"),
     ({"port": True}, "port", "must be an integer"),
+    ({"grpc_port": -1}, "grpc_port", "must be >= 0"),
+    ({"grpc_port": 65536}, "grpc_port", "must be <= 65535"),
     ({"model_control_mode": "watch"}, "model_control_mode", "must be one of poll, explicit, none"),
     ({"unload_on_delete": "yes"}, "unload_on_delete", "must be true or false"),
     ({"memory_reserve_fraction": 1.0}, "memory_reserve_fraction", "must be < 1"),

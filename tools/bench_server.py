@@ -7,9 +7,11 @@ What one run does (defaults: about 4.5 minutes):
      server core(s), ORT on --threads threads, and waits for /v2/health/ready;
   2. posts one sample per model and format and checks the output against ONNX Runtime on the
      source ONNX (fails above 1e-4);
-  3. for each workload (light/medium x KServe v2 JSON/binary) and each concurrency: a wrk
-     warm-up (discarded), then the measured wrk window (wrk -t1, pinned to the client core)
-     with /v2/models/{m}/stats read just before and after it;
+  3. for each workload (light/medium x KServe v2 JSON/binary over HTTP, and gRPC) and each
+     concurrency: a warm-up (discarded), then the measured window, pinned to the client core,
+     with /v2/models/{m}/stats read just before and after it. HTTP load comes from wrk -t1; gRPC
+     load from perf_analyzer (Triton's C++ client, -i grpc; on PATH or --perf-analyzer PATH),
+     since wrk speaks no HTTP/2 and a Python client would measure itself;
   4. stops the server (SIGTERM, wait), then times raw InferenceSession.run (same threads, this
      process pinned to the server core) at every batch size the server executed: raw@mix =
      samples / raw time of the executed batch mix (stats delta of the window), eff = req/s / raw@mix;
@@ -19,7 +21,8 @@ What one run does (defaults: about 4.5 minutes):
      output.
 
     python tools/bench_server.py [--duration 10] [--warmup 2] [--conc 1,16,64]
-        [--workloads light-json,light-binary,medium-json,medium-binary] [--json FILE]
+        [--workloads light-json,light-binary,medium-json,medium-binary,medium-grpc] [--json FILE]
+        [--perf-analyzer PATH]
 
 Errors per window = wrk socket errors (connect/read/write/timeout) + bad answers, the largest of:
 wrk status errors (>= 400), and answers the server did not count as successful inferences (wrk
@@ -47,9 +50,12 @@ sys.path.insert(0, TOOLS)
 from bench_common import (HEADER_LENGTH, Body, ManagedProcess, RawOrt, Wrk, binary_body,  # noqa: E402
                           cpu_set, decode_output, ensure_example_models, free_port, http, json_body,
                           sample_for, wait_ready)
+from bench_grpc import PerfAnalyzer, find_perf_analyzer, infer_grpc  # noqa: E402
 
 WORKLOADS = {"light-json": ("light", "json"), "light-binary": ("light", "binary"),
-             "medium-json": ("medium", "json"), "medium-binary": ("medium", "binary")}
+             "medium-json": ("medium", "json"), "medium-binary": ("medium", "binary"),
+             "light-grpc": ("light", "grpc"), "medium-grpc": ("medium", "grpc")}
+DEFAULT_WORKLOADS = "light-json,light-binary,medium-json,medium-binary,medium-grpc"
 TOLERANCE = 1e-4
 
 
@@ -81,12 +87,16 @@ def make_bodies(raw: RawOrt) -> dict[str, tuple[np.ndarray, Body]]:
             "binary": (sample, Body(data, "application/octet-stream", f"{HEADER_LENGTH}: {head_len}"))}
 
 
-def check_output(base: str, model: str, raw: RawOrt, fmt: str, sample: np.ndarray, body: Body) -> float:
-    headers = {"Content-Type": body.content_type}
-    if body.extra_header:
-        k, _, v = body.extra_header.partition(": ")
-        headers[k] = v
-    got = decode_output(http(f"{base}/v2/models/{model}/infer", body.data, headers), raw.output_name)
+def check_output(base: str, model: str, raw: RawOrt, fmt: str, sample: np.ndarray, body: Body | str) -> float:
+    """Max abs difference from ONNX Runtime of one answer; `body` is the gRPC address for fmt grpc."""
+    if fmt == "grpc":
+        got = infer_grpc(body, model, raw.input.name, raw.output_name, sample)
+    else:
+        headers = {"Content-Type": body.content_type}
+        if body.extra_header:
+            k, _, v = body.extra_header.partition(": ")
+            headers[k] = v
+        got = decode_output(http(f"{base}/v2/models/{model}/infer", body.data, headers), raw.output_name)
     want = raw.infer(sample)
     if got.shape != want.shape:
         raise RuntimeError(f"{model} {fmt}: output shape {list(got.shape)}, ONNX Runtime gives {list(want.shape)}")
@@ -97,13 +107,25 @@ def run_window(wrk: Wrk, base: str, model: str, body: Body, conc: int, args) -> 
     url = f"{base}/v2/models/{model}/infer"
     if args.warmup > 0:
         wrk.run(url, body, conc, args.warmup)
+    return measured(base, model, lambda: wrk.run(url, body, conc, args.duration), exact_count=True)
+
+
+def run_grpc_window(pa: PerfAnalyzer, address: str, base: str, model: str, conc: int, args) -> dict:
+    if args.warmup > 0:
+        pa.run(address, model, conc, args.warmup)
+    return measured(base, model, lambda: pa.run(address, model, conc, args.duration), exact_count=False)
+
+
+def measured(base: str, model: str, load, exact_count: bool) -> dict:
+    """Run `load()` between two stats snapshots. perf_analyzer reports a rate, not a request
+    count (and fails on any failed request), so only wrk's count is matched to the successes."""
     before = model_stats(base, model)
-    result = wrk.run(url, body, conc, args.duration)
+    result = load()
     time.sleep(0.2)  # let batches in flight at the window's end be counted
     after = model_stats(base, model)
     ok = after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"]
     failed = after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"]
-    unaccounted = max(0, result["requests"] - ok)
+    unaccounted = max(0, result["requests"] - ok) if exact_count else failed
     # three views of the bad answers (they overlap): >= 400, non-2xx if counted, not a success
     bad_answers = max(result["errors"]["status"], result["non2xx"], unaccounted)
     errors = result["socket_errors"] + bad_answers
@@ -123,7 +145,7 @@ def cpu_model() -> str:
         return platform.machine()
 
 
-def print_header(args, cfg: dict) -> None:
+def print_header(args, cfg: dict, pa: PerfAnalyzer | None) -> None:
     import onnxruntime as ort
     wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split(" Copyright")[0]
     dyn = {m: c.get("dynamic_batching", {}) for m, c in cfg.items()}
@@ -132,6 +154,9 @@ def print_header(args, cfg: dict) -> None:
           f"Python {platform.python_version()}, onnxruntime {ort.__version__}, {wrk_version.strip()}")
     print(f"- pinning: server `taskset -c {args.server_cpus}` (also the trivial endpoint and raw ORT), "
           f"wrk -t1 `taskset -c {args.client_cpus}`; ORT intra-op threads {args.threads} (server and raw)")
+    if pa is not None:
+        print(f"- gRPC rows: load from {pa.version()} (`-i grpc`, C++ client, closed loop, random data), "
+              f"`taskset -c {args.client_cpus}`; HTTP rows: wrk")
     for m, c in cfg.items():
         print(f"- {m}: max_batch_size {c.get('max_batch_size')}, gears {dyn[m].get('preferred_batch_size')}, "
               f"max_queue_delay {dyn[m].get('max_queue_delay_microseconds', 0) / 1000:g} ms")
@@ -165,6 +190,9 @@ def print_tables(rows: list[dict], ceiling: list[dict]) -> None:
                       f"server row ({served:.0f} req/s){note}")
     print("\nraw@mix = samples / time of raw InferenceSession.run for the executed batch-size mix (median "
           "per size, same threads and core); eff = req/s / raw@mix.")
+    if any(r["format"] == "grpc" for r in rows):
+        print("Load generators: wrk for the json/binary rows (HTTP/1.1), perf_analyzer -i grpc for the grpc "
+              "rows (a wrk ceiling, when measured, is an HTTP figure).")
 
 
 def parse_args(argv=None):
@@ -172,7 +200,9 @@ def parse_args(argv=None):
     p.add_argument("--duration", type=float, default=10, help="measured seconds per window (default 10)")
     p.add_argument("--warmup", type=float, default=2, help="discarded warm-up seconds per window (default 2)")
     p.add_argument("--conc", default="1,16,64", help="wrk connections, comma-separated (default 1,16,64)")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="subset of " + ",".join(WORKLOADS))
+    p.add_argument("--workloads", help=f"subset of {','.join(WORKLOADS)} (default {DEFAULT_WORKLOADS}; "
+                                        "the gRPC one only when perf_analyzer is found)")
+    p.add_argument("--perf-analyzer", metavar="PATH", help="perf_analyzer for the gRPC rows (default: on PATH)")
     p.add_argument("--server-cpus", default="1", help="taskset list for the server (default 1)")
     p.add_argument("--client-cpus", default="0", help="taskset list for wrk (default 0)")
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads, server and raw (default 1)")
@@ -187,11 +217,23 @@ def parse_args(argv=None):
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
     args.conc = [int(c) for c in args.conc.split(",") if c]
-    args.workloads = [w for w in args.workloads.split(",") if w]
+    explicit = args.workloads is not None
+    args.workloads = [w for w in (args.workloads or DEFAULT_WORKLOADS).split(",") if w]
     args.ceiling_bodies = [w for w in args.ceiling_bodies.split(",") if w]
     for w in args.workloads + args.ceiling_bodies:
         if w not in WORKLOADS:
             p.error(f"unknown workload {w!r} (choose from {', '.join(WORKLOADS)})")
+    if any(WORKLOADS[w][1] == "grpc" for w in args.ceiling_bodies):
+        p.error("--ceiling-bodies: the trivial endpoint speaks HTTP only")
+    args.perf_analyzer_path = None
+    if any(WORKLOADS[w][1] == "grpc" for w in args.workloads):
+        args.perf_analyzer_path = find_perf_analyzer(args.perf_analyzer)
+        if args.perf_analyzer_path is None and explicit:
+            p.error("gRPC workloads need perf_analyzer: put it on PATH or pass --perf-analyzer PATH "
+                    "(or leave the -grpc workloads out)")
+        if args.perf_analyzer_path is None:
+            print("no perf_analyzer (PATH or --perf-analyzer): the gRPC rows are left out", file=sys.stderr)
+            args.workloads = [w for w in args.workloads if WORKLOADS[w][1] != "grpc"]
     return args
 
 
@@ -204,11 +246,16 @@ def bench(args, tmp: str, closers: list) -> dict:
     bodies = {m: make_bodies(raws[m]) for m in models}
     wrk = Wrk(args.client_cpus, count_non2xx=args.count_non2xx)
     closers.append(wrk)
+    pa = None
+    if args.perf_analyzer_path:
+        pa = PerfAnalyzer(args.perf_analyzer_path, args.client_cpus)
+        closers.append(pa)
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
+    port, grpc_port = free_port(), free_port()
+    base, grpc_address = f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
     cmd = ["taskset", "-c", args.server_cpus, sys.executable, "-m", "aclserve", "serve", "--models", repo,
-           "--port", str(port), "--model-control-mode", "none", "--log-level", "warning",
+           "--port", str(port), "--grpc-port", str(grpc_port), "--model-control-mode", "none",
+           "--log-level", "warning",
            "--cpu-threads", str(args.threads)]
     if args.max_batch is not None:
         cmd += ["--max-batch", str(args.max_batch)]
@@ -219,11 +266,12 @@ def bench(args, tmp: str, closers: list) -> dict:
     closers.append(server)
     wait_ready(server, base, args.start_timeout)
     cfg = {m: json.loads(http(f"{base}/v2/models/{m}/config")) for m in models}
-    print_header(args, cfg)
+    print_header(args, cfg, pa)
 
     checks, failed = [], False
     for m in models:
-        for fmt, (sample, body) in bodies[m].items():
+        targets = dict(bodies[m], **({"grpc": (bodies[m]["binary"][0], grpc_address)} if pa else {}))
+        for fmt, (sample, body) in targets.items():
             diff = check_output(base, m, raws[m], fmt, sample, body)
             checks.append({"model": m, "format": fmt, "max_abs_diff": diff})
             failed |= not diff <= TOLERANCE
@@ -236,7 +284,10 @@ def bench(args, tmp: str, closers: list) -> dict:
     for w in args.workloads:
         m, fmt = WORKLOADS[w]
         for conc in args.conc:
-            r = run_window(wrk, base, m, bodies[m][fmt][1], conc, args)
+            if fmt == "grpc":
+                r = run_grpc_window(pa, grpc_address, base, m, conc, args)
+            else:
+                r = run_window(wrk, base, m, bodies[m][fmt][1], conc, args)
             r.update(model=m, format=fmt, conc=conc)
             rows.append(r)
             print(f"  {w} c={conc}: {r['wrk']['rps']:.0f} req/s, errors {r['errors']}", file=sys.stderr, flush=True)

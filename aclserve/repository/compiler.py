@@ -3,9 +3,18 @@
 The cache key is the SHA-256 of the ONNX bytes, the compile options and the target, so the
 same file with the same options is compiled once, even across restarts. Blocking (runs the
 compiler in the calling thread): call it in an executor. Progress goes to the log.
+
+Several server processes may share one models folder (replicas behind a load balancer, on one
+host or on a shared volume) and see the same dropped .onnx at once. Entries appear whole: the
+compiler writes a temporary file and renames it into place (om/container.py, om/atc.py), so
+a reader never sees a partial .om. And one process compiles while the others wait: an
+exclusive flock on `.<entry>.lock` in the cache folder; whoever gets it next finds the entry
+and uses it. The kernel drops the lock of a process that dies, so a crash leaves no stale lock.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -41,14 +50,48 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"{model_name}-{key[:32]}.om"
-    if out.is_file():
+    if out.is_file():  # entries appear by rename only: a file there is complete
         log.info("%s: using cached compile of %s (%s)", model_name, onnx_path, out.name)
         return out
-    kwargs = {k: v for k, v in asdict(options).items() if v is not None}
-    if options.batch:
-        kwargs["batch"] = list(options.batch)
-    log.info("%s: compiling %s for %s into %s", model_name, onnx_path, runtime_kind, out)
-    result = compile_model(onnx_path, out, target=runtime_kind, log=lambda line: log.info("%s: %s", model_name, line),
-                           **kwargs)
+    with exclusive(cache / f".{out.name}.lock"):
+        if out.is_file():
+            log.info("%s: using cached compile of %s (%s), made by another process",
+                     model_name, onnx_path, out.name)
+            return out
+        kwargs = {k: v for k, v in asdict(options).items() if v is not None}
+        if options.batch:
+            kwargs["batch"] = list(options.batch)
+        log.info("%s: compiling %s for %s into %s", model_name, onnx_path, runtime_kind, out)
+        result = compile_model(onnx_path, out, target=runtime_kind,
+                               log=lambda line: log.info("%s: %s", model_name, line), **kwargs)
     log.info("%s: compiled in %.1f s (%d bytes)", model_name, result.seconds, result.size)
     return Path(result.path)
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: Path):
+    """Hold an exclusive flock on `lock_path` (blocking), across processes and threads alike;
+    the file is removed on release. A waiter that wakes on a file already removed (or
+    replaced) by the previous holder retries on the current one, so two holders never meet."""
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.stat(lock_path)
+            except FileNotFoundError:
+                current = None
+            if current is not None and current.st_ino == os.fstat(fd).st_ino:
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # the holder before us removed this file: lock the new one
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(lock_path)
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # closing releases the lock

@@ -131,7 +131,8 @@ class ModelRepository:
         versions = self._serving.get(name)
         if version not in (None, ""):
             version = str(version)
-            version = str(int(version)) if version.isdigit() else version
+            if version.isdigit() and len(version) < 20:  # longer: no version of ours (and int() may refuse it)
+                version = str(int(version))
         if versions:
             if version in (None, ""):
                 return versions[max(versions, key=int)]

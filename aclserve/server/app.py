@@ -1,9 +1,10 @@
 """The aiohttp application and its ordered lifecycle.
 
 Start: runtime (acl.init, devices), then repository (scan, load, warm up, watch), then the
-caller starts listening. Stop (SIGTERM/SIGINT in `serve`): readiness turns false and new infer
-requests get 503 at once; queued and in-flight requests get `shutdown_timeout_s` to finish;
-then the listening socket closes, the repository drains and unloads every model, and the
+caller starts listening (HTTP, then gRPC in `serve`). Stop (SIGTERM/SIGINT in `serve`):
+readiness turns false and new infer requests get 503 / UNAVAILABLE at once; queued and
+in-flight requests of both transports get `shutdown_timeout_s` to finish; then the gRPC
+port and the HTTP socket close, the repository drains and unloads every model, and the
 runtime destroys contexts, resets devices and finalizes ACL, in that order.
 """
 from __future__ import annotations
@@ -142,18 +143,29 @@ async def serve(config, runtime=None, repo=None, started: asyncio.Future | None 
             handled.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
+    grpc_server = None
+    drain_deadline = None
     try:
         await runner.setup()
         site = web.TCPSite(runner, config.host, config.port)
         await site.start()
         host, port = runner.addresses[0][:2]
         log.info("aclserve listening on http://%s:%d", host, port)
+        if config.grpc_port:
+            from .grpc_server import GrpcServer  # grpc is imported only when the endpoint is on
+            grpc_server = GrpcServer(app[STATE], config.max_body_bytes)
+            grpc_port = await grpc_server.start(config.host, config.grpc_port)
+            log.info("aclserve gRPC listening on %s:%d", config.host, grpc_port)
         if started is not None and not started.done():
             started.set_result((host, port))
         await stop.wait()
         log.info("signal received: draining")
-        await app[STATE].begin_shutdown()
+        drain_deadline = loop.time() + config.shutdown_timeout_s
+        await app[STATE].begin_shutdown()  # HTTP and gRPC requests alike
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)
+        if grpc_server is not None:  # in-flight RPCs are done or out of time: close the port
+            grace = 0.0 if drain_deadline is None else max(0.0, drain_deadline - loop.time())
+            await grpc_server.stop(grace)
         await runner.cleanup()

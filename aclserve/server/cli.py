@@ -16,7 +16,7 @@ from .codec import HEADER_LENGTH
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("serve", help="run the KServe v2 HTTP server",
+    p = sub.add_parser("serve", help="run the KServe v2 HTTP and gRPC server",
                        description="Serve the models of a repository folder over the KServe v2 protocol. "
                                    "Options given here override the config file, which overrides the "
                                    "embedded default (aclserve/configs/default.yaml).")
@@ -24,6 +24,10 @@ def add_commands(sub) -> None:
     p.add_argument("--models", metavar="DIR", help="model repository folder (models_dir)")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 to expose)")
     p.add_argument("--port", type=int, help="TCP port (default 8000; 0 = any free port)")
+    p.add_argument("--grpc-port", type=int, metavar="PORT",
+                   help="TCP port of the KServe v2 gRPC endpoint (default 8001; 0 = no gRPC)")
+    p.add_argument("--compile-cache-dir", metavar="DIR",
+                   help="where dropped .onnx files are compiled to (default <models>/.cache)")
     p.add_argument("--device", choices=("auto", "cpu", "npu"), help="ACL to use (default auto)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error", "critical"),
                    help="logging level (default info; debug also logs every request)")
@@ -55,7 +59,8 @@ QUIET_LOGGERS = ("watchdog", "asyncio", "grpc", "PIL", "urllib3")
 
 
 def serve_overrides(args) -> dict:
-    return {"host": args.host, "port": args.port, "models_dir": args.models, "device": args.device,
+    return {"host": args.host, "port": args.port, "grpc_port": args.grpc_port, "models_dir": args.models,
+            "compile_cache_dir": args.compile_cache_dir, "device": args.device,
             "log_level": args.log_level, "cpu_threads": args.cpu_threads,
             "model_control_mode": args.model_control_mode,
             "model_defaults.batching.max_batch_size": args.max_batch,
@@ -82,6 +87,8 @@ def run_serve(args) -> int:
     except RepositoryError as e:
         raise UsageError(str(e)) from None
     except OSError as e:  # e.g. the port is taken
+        if e.strerror is None:  # our own message (the gRPC port names itself)
+            raise UsageError(str(e)) from None
         raise UsageError(f"cannot listen on {config.host}:{config.port}: {e.strerror or e}") from None
     return 0
 

@@ -136,30 +136,14 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
         if name in arrays:
             raise InvalidInput(f"input '{name}' is given more than once")
         datatype = item.get("datatype")
-        if datatype != spec.datatype:
-            if datatype == "BYTES":
-                raise InvalidInput(f"input '{name}': datatype BYTES is not supported (Ascend OM models "
-                                   f"take numeric tensors); the model expects {spec.datatype}")
-            raise InvalidInput(f"input '{name}': datatype {datatype!r} does not match the model's {spec.datatype}")
         shape = item.get("shape")
-        count = _check_shape(name, shape, spec)
-        if spec.batched and sig.max_batch_size:
-            r = shape[0]
-            if r < 1:
-                raise InvalidInput(f"input '{name}': batch dimension must be at least 1")
-            if r > sig.max_batch_size:
-                raise InvalidInput(f"input '{name}': batch size {r} exceeds the model's max_batch_size "
-                                   f"{sig.max_batch_size}")
-            if rows is None:
-                rows = r
-            elif r != rows:
-                raise InvalidInput(f"input '{name}': batch size {r} differs from the other inputs' {rows}")
+        count, rows = check_input(name, datatype, shape, spec, sig, rows)
         params = item.get("parameters")
         size = None
         if params:
             if type(params) is not dict:
                 raise InvalidInput(f"input '{name}': parameters must be an object")
-            _refuse_shared_memory(params, f"input '{name}'")
+            refuse_shared_memory(params, f"input '{name}'")
             size = params.get("binary_data_size")
         if size is not None:
             if type(size) is not int or size < 0:
@@ -186,10 +170,38 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
     if offset != len(body):
         raise InvalidInput(f"body has {len(body) - offset} bytes after the last binary input "
                            f"(binary_data_size values do not add up)")
+    check_complete(arrays, sig)
+    req.rows = rows if rows is not None else 1
+
+
+def check_input(name: str, datatype, shape, spec: TensorSpec, sig: Signature, rows: int | None
+                ) -> tuple[int, int | None]:
+    """Datatype, shape and batch rows of input `name` against the model (shared with the gRPC
+    codec). Returns (element count, the request's batch rows so far)."""
+    if datatype != spec.datatype:
+        if datatype == "BYTES":
+            raise InvalidInput(f"input '{name}': datatype BYTES is not supported (Ascend OM models "
+                               f"take numeric tensors); the model expects {spec.datatype}")
+        raise InvalidInput(f"input '{name}': datatype {datatype!r} does not match the model's {spec.datatype}")
+    count = _check_shape(name, shape, spec)
+    if spec.batched and sig.max_batch_size:
+        r = shape[0]
+        if r < 1:
+            raise InvalidInput(f"input '{name}': batch dimension must be at least 1")
+        if r > sig.max_batch_size:
+            raise InvalidInput(f"input '{name}': batch size {r} exceeds the model's max_batch_size "
+                               f"{sig.max_batch_size}")
+        if rows is None:
+            rows = r
+        elif r != rows:
+            raise InvalidInput(f"input '{name}': batch size {r} differs from the other inputs' {rows}")
+    return count, rows
+
+
+def check_complete(arrays: dict, sig: Signature) -> None:
     if len(arrays) != len(sig.inputs):
         missing = [n for n in sig.inputs if n not in arrays]
         raise InvalidInput(f"missing input(s): {', '.join(missing)}")
-    req.rows = rows if rows is not None else 1
 
 
 def _check_shape(name: str, shape, spec: TensorSpec) -> int:
@@ -292,7 +304,7 @@ def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
         params = item.get("parameters") or {}
         if type(params) is not dict:
             raise InvalidInput(f"output '{name}': parameters must be an object")
-        _refuse_shared_memory(params, f"output '{name}'")
+        refuse_shared_memory(params, f"output '{name}'")
         binary = params.get("binary_data")
         if binary is not None and type(binary) is not bool:
             raise InvalidInput(f"output '{name}': parameters.binary_data must be a boolean")
@@ -303,7 +315,7 @@ def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
     return tuple(result)
 
 
-def _refuse_shared_memory(params: dict, where: str) -> None:
+def refuse_shared_memory(params, where: str) -> None:
     for key in _SHM_KEYS:
         if key in params:
             raise InvalidInput(f"{where}: {key}: shared memory is not supported by this server")

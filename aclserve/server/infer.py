@@ -8,6 +8,7 @@ away aiohttp cancels this handler (handler_cancellation=True) and the CancelledE
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 from aiohttp import web
@@ -29,13 +30,20 @@ async def infer(request: web.Request) -> web.Response:
 
 
 async def handle_infer(request: web.Request, state, model: str, version: str | None) -> web.Response:
+    return await counted_infer(state, model, version, functools.partial(_infer, request))
+
+
+async def counted_infer(state, model: str, version: str | None, work):
+    """Count one infer request in flight (refused when shutting down), resolve the serving
+    version, await `work(record)` and record the outcome in the version's metrics. The one
+    infer path of both transports: HTTP passes its decode/encode, gRPC its own."""
     start = time.perf_counter()
-    state.enter()  # 503 when shutting down
+    state.enter()  # 503 / UNAVAILABLE when shutting down
     try:
         served = state.repo.get(model, version)
         rec = state.record(served)
         try:
-            response = await _infer(request, rec)
+            response = await work(rec)
         except ServeError as e:
             rec.metrics.request_failed(type(e).__name__, time.perf_counter() - start)
             raise

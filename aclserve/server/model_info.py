@@ -26,12 +26,14 @@ def model_metadata(served, versions: Sequence[str]) -> dict:
             "inputs": tensor_metadata(served.inputs), "outputs": tensor_metadata(served.outputs)}
 
 
-def _config_tensors(specs: Sequence[TensorSpec], batching: bool) -> list[dict]:
+def _config_tensors(specs: Sequence[TensorSpec], batching: bool, is_input: bool) -> list[dict]:
     out = []
     for s in specs:
         dims = list(s.shape[1:] if batching and s.batched else s.shape)
-        out.append({"name": s.name, "data_type": triton_type(s.datatype), "format": "FORMAT_NONE",
-                    "dims": dims})
+        entry = {"name": s.name, "data_type": triton_type(s.datatype), "dims": dims}
+        if is_input:  # ModelInput has a format, ModelOutput has none (model_config.proto)
+            entry["format"] = "FORMAT_NONE"
+        out.append(entry)
     return out
 
 
@@ -70,8 +72,8 @@ def model_config(served) -> dict:
         "backend": "",
         "version_policy": _version_policy(config.version_policy),
         "max_batch_size": max_batch,
-        "input": _config_tensors(served.inputs, max_batch > 0),
-        "output": _config_tensors(served.outputs, max_batch > 0),
+        "input": _config_tensors(served.inputs, max_batch > 0, True),
+        "output": _config_tensors(served.outputs, max_batch > 0, False),
         "instance_group": [{"name": f"{served.name}_0", "kind": "KIND_MODEL", "count": config.instances,
                             "gpus": list(config.devices)}],
         "parameters": {},

@@ -11,23 +11,15 @@ import json
 
 from aiohttp import web
 
-from .. import __version__
-from ..errors import InvalidInput, NotFound, ServeError
+from ..errors import InvalidInput
+from . import views
 from .app_keys import STATE
 from .infer import infer
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .model_info import model_config, model_metadata
-
-EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository",
-              "schedule_policy", "statistics"]
 
 
 def _json(doc, status: int = 200) -> web.Response:
     return web.Response(body=json.dumps(doc).encode(), status=status, content_type="application/json")
-
-
-def _version_key(version: str):
-    return (0, int(version)) if version.isdigit() else (1, version)
 
 
 async def health_live(request: web.Request) -> web.Response:
@@ -40,36 +32,26 @@ async def health_ready(request: web.Request) -> web.Response:
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return _json({"name": "aclserve", "version": __version__, "extensions": EXTENSIONS})
+    return _json(views.server_metadata())
 
 
-def _served(request: web.Request):
+def _target(request: web.Request) -> tuple[str, str | None]:
     match = request.match_info
-    return request.app[STATE].repo.get(match["model"], match.get("version"))
+    return match["model"], match.get("version")
 
 
 async def get_model_metadata(request: web.Request) -> web.Response:
-    served = _served(request)
-    versions = sorted((v for _, v in request.app[STATE].ready_versions(served.name)), key=_version_key)
-    return _json(model_metadata(served, versions or [str(served.version)]))
+    return _json(views.metadata(request.app[STATE], *_target(request)))
 
 
 async def model_ready(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    match = request.match_info
-    name = match["model"]
-    try:
-        state.repo.get(name, match.get("version"))
-    except NotFound:
-        raise
-    except ServeError:  # known but not serving (loading, failed, draining)
-        return _json({"name": name, "ready": False}, 503)
-    ready = not state.shutting_down
+    name, version = _target(request)
+    ready = views.model_ready(request.app[STATE], name, version)
     return _json({"name": name, "ready": ready}, 200 if ready else 503)
 
 
 async def get_model_config(request: web.Request) -> web.Response:
-    return _json(model_config(_served(request)))
+    return _json(views.config(request.app[STATE], *_target(request)))
 
 
 async def _body(request: web.Request) -> dict:
@@ -90,9 +72,7 @@ async def repository_index(request: web.Request) -> web.Response:
     ready_only = doc.get("ready", False)
     if not isinstance(ready_only, bool):
         raise InvalidInput("ready must be a boolean")
-    entries = request.app[STATE].repo.index(ready_only=ready_only)
-    return _json([{"name": e["name"], "version": str(e.get("version", "")), "state": e.get("state", ""),
-                   "reason": e.get("reason", "") or ""} for e in entries])
+    return _json(views.repository_index(request.app[STATE], ready_only))
 
 
 async def repository_load(request: web.Request) -> web.Response:
@@ -100,9 +80,7 @@ async def repository_load(request: web.Request) -> web.Response:
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise InvalidInput("parameters must be an object")
-    if any(k == "config" or k.startswith("file:") for k in params):
-        raise InvalidInput("loading with a config override or uploaded files is not supported; "
-                           "put the model in the repository folder")
+    views.check_load_parameters(params)
     name = request.match_info["model"]
     await request.app[STATE].repo.load(name)
     return _json({"name": name, "load": True})
@@ -116,29 +94,8 @@ async def repository_unload(request: web.Request) -> web.Response:
 
 
 async def statistics(request: web.Request) -> web.Response:
-    state = request.app[STATE]
     match = request.match_info
-    name, version = match.get("model"), match.get("version")
-    if name is None:
-        pairs = state.ready_versions()
-    elif version is None:
-        served = state.repo.get(name)  # NotFound for an unknown model
-        pairs = state.ready_versions(name) or [(name, str(served.version))]
-    else:
-        served = state.repo.get(name, version)
-        pairs = [(name, str(served.version))]
-    stats = []
-    for model, ver in sorted(pairs, key=lambda p: (p[0], _version_key(p[1]))):
-        try:
-            served = state.repo.get(model, ver)
-        except Exception:
-            continue
-        entry = {"name": model, "version": ver}
-        entry.update(served.batcher.stats.kserve())
-        entry.setdefault("response_stats", {})
-        entry.setdefault("memory_usage", [])
-        stats.append(entry)
-    return _json({"model_stats": stats})
+    return _json(views.statistics(request.app[STATE], match.get("model"), match.get("version")))
 
 
 async def metrics(request: web.Request) -> web.Response:

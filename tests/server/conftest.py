@@ -4,6 +4,7 @@ blocking clients (tritonclient) directly and aiohttp clients under asyncio.run()
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 
 import numpy as np
@@ -53,10 +54,18 @@ def build_om(onnx_path, om_path, batch="1,2,4,8") -> str:
     return str(compile_model(onnx_path, om_path, batch=batch, target="cpu", log=lambda _: None).path)
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for the gRPC endpoint, where 0 means off)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def server_config(models_dir, **overrides):
     from aclserve.config import load_server_config
-    values = {"models_dir": str(models_dir), "port": 0, "device": "cpu", "model_control_mode": "explicit",
-              "max_body_bytes": 1 << 20, "shutdown_timeout_s": 20, "log_level": "warning"}
+    values = {"models_dir": str(models_dir), "port": 0, "grpc_port": 0, "device": "cpu",
+              "model_control_mode": "explicit", "max_body_bytes": 1 << 20, "shutdown_timeout_s": 20,
+              "log_level": "warning"}
     values.update(overrides)
     return load_server_config(None, values)
 

@@ -1,0 +1,171 @@
+"""KServe v2 gRPC infer codec: ModelInferRequest -> InferRequest, outputs -> ModelInferResponse.
+
+Pure functions over the protobuf messages (no grpc, no I/O). Inputs are validated with the
+same checks as the HTTP codec (codec.check_input: names, datatypes, shapes, batch rows) and
+raise errors.InvalidInput naming the field. `raw_input_contents` entries become zero-copy
+read-only views (`np.frombuffer`); typed `contents` go through one `np.asarray`. Outputs go
+back as `raw_output_contents`, one entry per output in `outputs` order, which is what
+`tritonclient.grpc`'s `as_numpy` reads.
+
+The message classes are the ones `tritonclient[grpc]` ships, generated from Triton's
+grpc_service.proto (see grpc_service.py for why).
+"""
+from __future__ import annotations
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from ..errors import InvalidInput
+from .codec import InferRequest, RequestedOutput, Signature, check_complete, check_input, refuse_shared_memory
+from .encode import classify
+
+# KServe datatype -> (InferTensorContents field, numpy type of that field's elements)
+CONTENTS_FIELDS = {
+    "BOOL": ("bool_contents", np.bool_), "INT8": ("int_contents", np.int32),
+    "INT16": ("int_contents", np.int32), "INT32": ("int_contents", np.int32),
+    "INT64": ("int64_contents", np.int64), "UINT8": ("uint_contents", np.uint32),
+    "UINT16": ("uint_contents", np.uint32), "UINT32": ("uint_contents", np.uint32),
+    "UINT64": ("uint64_contents", np.uint64), "FP32": ("fp32_contents", np.float32),
+    "FP64": ("fp64_contents", np.float64),
+}
+
+
+def contents_elements(msg: pb.ModelInferRequest) -> int:
+    """Typed-contents elements of a request (to decide whether decoding goes to a thread)."""
+    if msg.raw_input_contents:
+        return 0
+    total = 0
+    for tensor in msg.inputs:
+        for _, values in tensor.contents.ListFields():
+            total += len(values)
+    return total
+
+
+def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature) -> InferRequest:
+    raw = msg.raw_input_contents
+    if raw and len(raw) != len(msg.inputs):
+        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(msg.inputs)} inputs "
+                           f"(one per input, in inputs order)")
+    if not msg.inputs:
+        raise InvalidInput("inputs must not be empty")
+    req = InferRequest(inputs={}, rows=1, id=msg.id or None)
+    arrays = req.inputs
+    rows = None
+    for i, tensor in enumerate(msg.inputs):
+        name = tensor.name
+        spec = sig.inputs.get(name)
+        if spec is None:
+            raise InvalidInput(f"unknown input '{name}' (model inputs: {sig.input_names})")
+        if name in arrays:
+            raise InvalidInput(f"input '{name}' is given more than once")
+        shape = list(tensor.shape)
+        count, rows = check_input(name, tensor.datatype, shape, spec, sig, rows)
+        if tensor.parameters:
+            refuse_shared_memory(tensor.parameters, f"input '{name}'")
+        if raw:
+            if tensor.HasField("contents"):
+                raise InvalidInput(f"input '{name}' has contents but the request uses raw_input_contents "
+                                   f"(use one or the other for every input)")
+            data = raw[i]
+            expected = count * spec.dtype.itemsize
+            if len(data) != expected:
+                raise InvalidInput(f"input '{name}': raw_input_contents[{i}] has {len(data)} bytes but shape "
+                                   f"{shape} of {spec.datatype} needs {expected}")
+            arrays[name] = np.frombuffer(data, spec.dtype, count).reshape(shape)
+        else:
+            arrays[name] = _from_contents(name, tensor.contents, spec, shape, count)
+    check_complete(arrays, sig)
+    req.rows = rows if rows is not None else 1
+    if msg.parameters:
+        _decode_parameters(msg.parameters, req)
+    if msg.outputs:
+        req.outputs = _decode_outputs(msg.outputs, sig)
+    return req
+
+
+def _from_contents(name: str, contents, spec, shape: list[int], count: int) -> np.ndarray:
+    entry = CONTENTS_FIELDS.get(spec.datatype)
+    if entry is None:
+        raise InvalidInput(f"input '{name}': {spec.datatype} has no typed contents field; "
+                           f"send it in raw_input_contents")
+    field, wire_type = entry
+    for other, values in contents.ListFields():
+        if other.name != field and len(values):
+            raise InvalidInput(f"input '{name}': contents.{other.name} given for {spec.datatype} "
+                               f"(expected contents.{field})")
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise InvalidInput(f"input '{name}': contents.{field} has {len(values)} elements but shape "
+                           f"{shape} needs {count}")
+    arr = np.asarray(values, dtype=wire_type)
+    if arr.dtype != spec.dtype:
+        if count and spec.dtype.kind in "iu":
+            info = np.iinfo(spec.dtype)
+            if arr.min() < info.min or arr.max() > info.max:
+                raise InvalidInput(f"input '{name}': contents values out of range for {spec.datatype}")
+        arr = arr.astype(spec.dtype)
+    return arr.reshape(shape)
+
+
+def _uint_parameter(params, key: str) -> int | None:
+    if key not in params:
+        return None
+    param = params[key]
+    kind = param.WhichOneof("parameter_choice")
+    if kind == "uint64_param":
+        value = param.uint64_param
+    elif kind == "int64_param" and param.int64_param >= 0:
+        value = param.int64_param
+    else:
+        shown = f"{kind} {getattr(param, kind)!r}" if kind else "no value"
+        raise InvalidInput(f"parameters.{key} must be a non-negative int64_param or uint64_param, got {shown}")
+    return value
+
+
+def _decode_parameters(params, req: InferRequest) -> None:
+    req.priority = _uint_parameter(params, "priority")
+    req.timeout_us = _uint_parameter(params, "timeout")
+    if "sequence_id" in params:
+        seq = params["sequence_id"]
+        kind = seq.WhichOneof("parameter_choice")
+        if kind is not None and getattr(seq, kind) not in (0, "", False):
+            raise InvalidInput("parameters.sequence_id: sequence batching is not supported")
+
+
+def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
+    result = []
+    seen = set()
+    for item in items:
+        name = item.name
+        if name not in sig.outputs:
+            raise InvalidInput(f"unknown output '{name}' (model outputs: {', '.join(sig.outputs)})")
+        if name in seen:
+            raise InvalidInput(f"output '{name}' is requested more than once")
+        seen.add(name)
+        classes = 0
+        if item.parameters:
+            refuse_shared_memory(item.parameters, f"output '{name}'")
+            classes = _uint_parameter(item.parameters, "classification") or 0
+        result.append(RequestedOutput(name, None, classes))
+    return tuple(result)
+
+
+def encode_infer_response(model_name: str, model_version: str, req: InferRequest,
+                          outputs: dict[str, np.ndarray], sig: Signature, batched: bool) -> pb.ModelInferResponse:
+    if req.outputs is None:
+        selected = [(s.name, s.datatype, 0) for s in sig.output_list]
+    else:
+        selected = [(o.name, sig.outputs[o.name].datatype, o.classification) for o in req.outputs]
+    tensors = []
+    raw = []
+    for name, datatype, classes in selected:
+        arr = outputs[name]
+        if classes:
+            arr = classify(arr, classes, batched)
+            datatype = "BYTES"
+            raw.append(b"".join(len(s).to_bytes(4, "little") + s for s in (x.encode() for x in arr.ravel())))
+        else:
+            raw.append(np.ascontiguousarray(arr).tobytes())
+        tensors.append(pb.ModelInferResponse.InferOutputTensor(name=name, datatype=datatype, shape=arr.shape))
+    return pb.ModelInferResponse(model_name=model_name, model_version=model_version, id=req.id or "",
+                                 outputs=tensors, raw_output_contents=raw)

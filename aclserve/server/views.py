@@ -1,0 +1,81 @@
+"""Protocol-neutral answers of the KServe v2 API other than infer.
+
+One implementation of metadata, readiness, config, statistics and the repository API that the
+HTTP routes (routes.py) render as JSON and the gRPC service (grpc_service.py) as protobuf
+messages, so both transports give the same answers and raise the same typed errors.
+"""
+from __future__ import annotations
+
+from .. import __version__
+from ..errors import InvalidInput, NotFound, ServeError
+from .model_info import model_config, model_metadata
+
+SERVER_NAME = "aclserve"
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository",
+              "schedule_policy", "statistics"]
+
+
+def version_key(version: str):
+    return (0, int(version)) if version.isdigit() else (1, version)
+
+
+def server_metadata() -> dict:
+    return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+
+
+def metadata(state, name: str, version: str | None) -> dict:
+    served = state.repo.get(name, version)
+    versions = sorted((v for _, v in state.ready_versions(served.name)), key=version_key)
+    return model_metadata(served, versions or [str(served.version)])
+
+
+def config(state, name: str, version: str | None) -> dict:
+    return model_config(state.repo.get(name, version))
+
+
+def model_ready(state, name: str, version: str | None) -> bool:
+    """True when the version serves and the server is not shutting down; NotFound for a model
+    or version the repository does not know."""
+    try:
+        state.repo.get(name, version)
+    except NotFound:
+        raise
+    except ServeError:  # known but not serving (loading, failed, draining)
+        return False
+    return not state.shutting_down
+
+
+def statistics(state, name: str | None, version: str | None) -> dict:
+    """Triton's statistics extension: every ready version, a model's versions, or one version."""
+    if name is None:
+        pairs = state.ready_versions()
+    elif version in (None, ""):
+        served = state.repo.get(name)  # NotFound for an unknown model
+        pairs = state.ready_versions(name) or [(name, str(served.version))]
+    else:
+        served = state.repo.get(name, version)
+        pairs = [(name, str(served.version))]
+    stats = []
+    for model, ver in sorted(pairs, key=lambda p: (p[0], version_key(p[1]))):
+        try:
+            served = state.repo.get(model, ver)
+        except Exception:
+            continue
+        entry = {"name": model, "version": ver}
+        entry.update(served.batcher.stats.kserve())
+        entry.setdefault("response_stats", {})
+        entry.setdefault("memory_usage", [])
+        stats.append(entry)
+    return {"model_stats": stats}
+
+
+def repository_index(state, ready_only: bool) -> list[dict]:
+    return [{"name": e["name"], "version": str(e.get("version", "")), "state": e.get("state", ""),
+             "reason": e.get("reason", "") or ""} for e in state.repo.index(ready_only=ready_only)]
+
+
+def check_load_parameters(keys) -> None:
+    """Loading with an uploaded config or files is refused: the repository folder is the source."""
+    if any(k == "config" or k.startswith("file:") for k in keys):
+        raise InvalidInput("loading with a config override or uploaded files is not supported; "
+                           "put the model in the repository folder")

@@ -1,0 +1,205 @@
+"""Bad gRPC requests get a status that names the problem (never INTERNAL, never a traceback), the
+server keeps serving, and shutdown drains gRPC requests like HTTP ones."""
+import asyncio
+import shutil
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pbg
+
+from aclserve.repository import ModelRepository
+from aclserve.runtime import AclRuntime
+from aclserve.server.app import create_app, make_runner
+from aclserve.server.app_keys import STATE
+from aclserve.server.grpc_server import GrpcServer
+
+from .conftest import ServerThread, free_port, server_config
+
+INVALID, NOT_FOUND = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
+X = np.ones((2, 8), np.float32)
+IDX = np.ones((2, 3), np.int64)
+
+
+@pytest.fixture(scope="module")
+def stub(models_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("grpc_hostile")
+    shutil.copy(models_dir / "affine.om", root / "affine.om")
+    srv = ServerThread(server_config(root, grpc_port=free_port(), model_control_mode="none")).start()
+    with grpc.insecure_channel(f"127.0.0.1:{srv.config.grpc_port}") as channel:
+        yield pbg.GRPCInferenceServiceStub(channel)
+    srv.close()
+    if srv.error is not None:
+        raise srv.error
+
+
+def good(**fields) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="affine", **fields)
+    request.inputs.add(name="x", datatype="FP32", shape=[2, 8])
+    request.inputs.add(name="idx", datatype="INT64", shape=[2, 3])
+    request.raw_input_contents.extend([X.tobytes(), IDX.tobytes()])
+    return request
+
+
+def edit(change):
+    def build():
+        request = good()
+        change(request)
+        return request
+    return build
+
+
+def param(request, key, **value):
+    request.parameters[key].CopyFrom(pb.InferParameter(**value))
+
+
+def typed(request):
+    del request.raw_input_contents[:]
+    request.inputs[0].contents.fp32_contents.extend([1.0] * 16)
+    request.inputs[1].contents.int64_contents.extend([1] * 6)
+
+
+HOSTILE = {
+    "no model name": (edit(lambda r: setattr(r, "model_name", "")), INVALID, "model_name"),
+    "unknown model": (edit(lambda r: setattr(r, "model_name", "nope")), NOT_FOUND, "unknown model"),
+    "unknown version": (edit(lambda r: setattr(r, "model_version", "7")), NOT_FOUND, "no version 7"),
+    "5000-digit version": (edit(lambda r: setattr(r, "model_version", "9" * 5000)), NOT_FOUND, "no version"),
+    "no inputs": (lambda: pb.ModelInferRequest(model_name="affine"), INVALID, "inputs"),
+    "unknown input": (edit(lambda r: setattr(r.inputs[0], "name", "z")), INVALID, "unknown input 'z'"),
+    "input twice": (edit(lambda r: setattr(r.inputs[1], "name", "x")), INVALID, "more than once"),
+    "wrong datatype": (edit(lambda r: setattr(r.inputs[0], "datatype", "FP16")), INVALID, "FP16"),
+    "BYTES": (edit(lambda r: setattr(r.inputs[0], "datatype", "BYTES")), INVALID, "BYTES is not supported"),
+    "negative dim": (edit(lambda r: r.inputs[0].shape.__setitem__(1, -8)), INVALID, "shape"),
+    "wrong rank": (edit(lambda r: r.inputs[0].shape.append(1)), INVALID, "does not match"),
+    "zero rows": (edit(lambda r: r.inputs[0].shape.__setitem__(0, 0)), INVALID, "at least 1"),
+    "too many rows": (edit(lambda r: r.inputs[0].shape.__setitem__(0, 2**62)), INVALID, "max_batch_size"),
+    "row mismatch": (edit(lambda r: r.inputs[1].shape.__setitem__(0, 1)), INVALID, "differs"),
+    "raw count": (edit(lambda r: r.raw_input_contents.pop()), INVALID, "raw_input_contents has 1"),
+    "raw size": (edit(lambda r: r.raw_input_contents.__setitem__(0, b"\0" * 7)), INVALID, "has 7 bytes"),
+    "raw and contents": (edit(lambda r: r.inputs[0].contents.fp32_contents.append(1.0)), INVALID, "one or the other"),
+    "missing input": (edit(lambda r: (r.inputs.pop(), r.raw_input_contents.pop())), INVALID, "missing input"),
+    "contents wrong field": (edit(lambda r: (typed(r), r.inputs[0].contents.int_contents.append(1))),
+                             INVALID, "int_contents given for FP32"),
+    "contents count": (edit(lambda r: (typed(r), r.inputs[1].contents.int64_contents.pop())), INVALID,
+                       "has 5 elements"),
+    "contents none": (edit(lambda r: (typed(r), r.inputs[0].ClearField("contents"))), INVALID, "has 0 elements"),
+    "priority string": (edit(lambda r: param(r, "priority", string_param="1")), INVALID, "priority"),
+    "priority negative": (edit(lambda r: param(r, "priority", int64_param=-1)), INVALID, "priority"),
+    "timeout double": (edit(lambda r: param(r, "timeout", double_param=1.5)), INVALID, "timeout"),
+    "timeout empty": (edit(lambda r: r.parameters["timeout"].Clear()), INVALID, "no value"),
+    "sequence id": (edit(lambda r: param(r, "sequence_id", int64_param=3)), INVALID, "sequence"),
+    "shared memory": (edit(lambda r: r.inputs[0].parameters["shared_memory_region"].CopyFrom(
+        pb.InferParameter(string_param="r"))), INVALID, "shared memory"),
+    "unknown output": (edit(lambda r: r.outputs.add(name="q")), INVALID, "unknown output 'q'"),
+    "output twice": (edit(lambda r: (r.outputs.add(name="y"), r.outputs.add(name="y"))), INVALID, "more than once"),
+    "negative classes": (edit(lambda r: r.outputs.add(name="y").parameters["classification"].CopyFrom(
+        pb.InferParameter(int64_param=-2))), INVALID, "classification"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_bad_infer_requests_get_a_status_naming_the_problem(stub, case):
+    build, code, text = HOSTILE[case]
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(build())
+    assert e.value.code() == code, e.value.details()
+    assert text in e.value.details() and "Traceback" not in e.value.details()
+
+
+def test_extreme_but_valid_parameters_are_served(stub):
+    request = good()
+    param(request, "priority", uint64_param=2**64 - 1)  # out of range: the default level
+    param(request, "timeout", uint64_param=2**64 - 1)  # a deadline far away
+    param(request, "custom", string_param="ignored")
+    response = stub.ModelInfer(request)
+    np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[1], np.int64), [2] * 6)
+
+
+def test_oversize_message_and_other_rpcs(stub):
+    huge = good()
+    huge.raw_input_contents[0] = b"\0" * (2 << 20)  # over max_body_bytes (1 MiB in tests)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(huge)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    calls = [
+        (stub.ModelReady, pb.ModelReadyRequest(name="nope"), NOT_FOUND, "unknown model"),
+        (stub.ModelMetadata, pb.ModelMetadataRequest(name="affine", version="x"), NOT_FOUND, "no version"),
+        (stub.ModelConfig, pb.ModelConfigRequest(name=""), NOT_FOUND, "unknown model"),
+        (stub.ModelStatistics, pb.ModelStatisticsRequest(name="nope"), NOT_FOUND, "unknown model"),
+        (stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name="affine"), INVALID,
+         "model_control_mode is none"),
+        (stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest(model_name=""), INVALID, "model_name"),
+        (stub.SystemSharedMemoryStatus, pb.SystemSharedMemoryStatusRequest(), grpc.StatusCode.UNIMPLEMENTED, ""),
+    ]
+    for method, request, code, text in calls:
+        with pytest.raises(grpc.RpcError) as e:
+            method(request)
+        assert e.value.code() == code and text in e.value.details(), (method, e.value.details())
+    load = pb.RepositoryModelLoadRequest(model_name="affine")
+    load.parameters["config"].CopyFrom(pb.ModelRepositoryParameter(string_param="{}"))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.RepositoryModelLoad(load)
+    assert e.value.code() == INVALID and "config override" in e.value.details()
+    # after all of that the server still serves
+    assert stub.ServerReady(pb.ServerReadyRequest()).ready
+    assert len(stub.ModelInfer(good()).raw_output_contents) == 2
+
+
+def test_shutdown_drains_grpc_requests(models_dir, tmp_path, make_config):
+    shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
+    # a partial batch (3 rows) waits 3 s for more: a request in flight without any test double
+    (tmp_path / "affine.yaml").write_text("batching: {max_queue_delay_ms: 3000}\n")
+    config = make_config(tmp_path)
+    three = pb.ModelInferRequest(model_name="affine")
+    three.inputs.add(name="x", datatype="FP32", shape=[3, 8])
+    three.inputs.add(name="idx", datatype="INT64", shape=[3, 3])
+    three.raw_input_contents.extend([np.ones((3, 8), np.float32).tobytes(), np.ones((3, 3), np.int64).tobytes()])
+
+    async def scenario():
+        runtime = AclRuntime(device="cpu")
+        app = create_app(config, ModelRepository(config, runtime), runtime)
+        runner = make_runner(app)
+        await runner.setup()
+        state = app[STATE]
+        server = GrpcServer(state, config.max_body_bytes)
+        port = await server.start("127.0.0.1", 0)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                client = pbg.GRPCInferenceServiceStub(channel)
+                inflight = asyncio.ensure_future(client.ModelInfer(three))
+                while state.inflight == 0:
+                    assert not inflight.done()
+                    await asyncio.sleep(0.005)
+                state.stop_accepting()
+                assert not (await client.ServerReady(pb.ServerReadyRequest())).ready
+                assert (await client.ServerLive(pb.ServerLiveRequest())).live
+                assert not (await client.ModelReady(pb.ModelReadyRequest(name="affine"))).ready
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await client.ModelInfer(three)
+                assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in e.value.details()
+                await state.begin_shutdown()  # returns once the queued request is answered
+                response = await inflight
+                await server.stop(grace=config.shutdown_timeout_s)
+        finally:
+            await server.stop(grace=0)
+            await runner.cleanup()
+        return response
+
+    response = asyncio.run(scenario())
+    np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[1], np.int64), [2] * 9)
+
+
+def test_serve_refuses_a_taken_grpc_port_with_one_line(models_dir, tmp_path, capsys):
+    import socket
+
+    from aclserve.cli import main
+    shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["serve", "--models", str(tmp_path), "--port", "0", "--grpc-port", str(port),
+                     "--device", "cpu", "--model-control-mode", "none", "--log-level", "error"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"gRPC cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err

@@ -1,0 +1,202 @@
+"""deploy/: the container images and the Kubernetes / KServe manifests.
+
+Each manifest is built field by field into the model class of its kind from the published API
+schemas (tests/deploy_schema.py, in its own process): the `kubernetes` client's models for
+Kubernetes kinds, the KServe SDK's models (generated from KServe's CRDs) for ServingRuntime and
+InferenceService. A field the schema lacks or a value of the wrong type fails, and the models'
+constructors check required fields.
+Then the manifests are checked against the server itself: their arguments parse with the real
+CLI, their ports are the ones those arguments open, their probes and scrape paths are real
+routes, and the termination grace covers the shutdown drain. No cluster is involved.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from aiohttp import web
+
+from aclserve.cli import build_parser
+from aclserve.config import load_server_config
+from aclserve.server.cli import serve_overrides
+from aclserve.server.routes import add_routes
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+def manifests() -> list[tuple[str, dict]]:
+    docs = []
+    for path in sorted(DEPLOY.glob("*/*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                docs.append((str(path.relative_to(ROOT)), doc))
+    return docs
+
+
+def find(kind: str, name: str | None = None) -> dict:
+    found = [d for _, d in manifests() if d["kind"] == kind and name in (None, d["metadata"]["name"])]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def get_routes() -> set[str]:
+    app = web.Application()
+    add_routes(app)
+    return {r.resource.canonical for r in app.router.routes() if r.method == "GET"}
+
+
+def server_config(args: list[str]):
+    """What `aclserve serve ARGS` would run with (the image's entrypoint is `aclserve serve`)."""
+    return load_server_config(None, serve_overrides(build_parser().parse_args(["serve", *args])))
+
+
+def port_number(container: dict, port) -> int:
+    if isinstance(port, int):
+        return port
+    return next(p["containerPort"] for p in container["ports"] if p.get("name") == port)
+
+
+def schema_errors(paths: list[Path]) -> dict[tuple[str, int], str | None]:
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "deploy_schema.py"), *map(str, paths)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return {(Path(r["source"]).name, r["index"]): r["error"] for r in json.loads(proc.stdout)}
+
+
+def test_every_manifest_fits_the_published_schema_of_its_kind():
+    paths = sorted(DEPLOY.glob("*/*.yaml"))
+    errors = schema_errors(paths)
+    assert {name for name, _ in errors} == {p.name for p in paths}
+    assert {key: e for key, e in errors.items() if e} == {}
+
+
+def test_the_schema_check_refuses_unknown_fields_wrong_types_and_missing_fields(tmp_path):
+    deployment = find("Deployment")
+    changes = {
+        "misspelt.yaml": (lambda c: c.update(readinesProbe=c.pop("readinessProbe")), "has no such field"),
+        "port-string.yaml": (lambda c: c["ports"][0].update(containerPort="8000"), "expected int"),
+        "cpu-number.yaml": (lambda c: c["resources"]["requests"].update(cpu=2), "expected str"),
+        "no-name.yaml": (lambda c: c.pop("name"), "`name`, must not be `None`"),
+    }
+    for file, (change, _) in changes.items():
+        broken = json.loads(json.dumps(deployment))
+        change(broken["spec"]["template"]["spec"]["containers"][0])
+        (tmp_path / file).write_text(yaml.safe_dump(broken))
+    runtime = json.loads(json.dumps(find("ServingRuntime")))
+    runtime["spec"]["protocolVersion"] = ["v2"]  # the field is protocolVersions
+    (tmp_path / "runtime.yaml").write_text(yaml.safe_dump(runtime))
+    errors = schema_errors(sorted(tmp_path.glob("*.yaml")))
+    for file, (_, message) in changes.items():
+        assert message in (errors[(file, 0)] or ""), (file, errors[(file, 0)])
+    assert "protocolVersion: V1alpha1ServingRuntimeSpec has no such field" in (errors[("runtime.yaml", 0)] or "")
+
+
+def check_probes(container: dict, http_port: int, routes: set[str]) -> None:
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        action = container[probe]["httpGet"]
+        assert action["path"] in routes, (probe, action["path"])
+        assert port_number(container, action["port"]) == http_port, probe
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+
+
+def test_deployment_service_and_hpa_match_the_server():
+    routes = get_routes()
+    deployment = find("Deployment", "aclserve")
+    pod = deployment["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert "command" not in container  # the image's entrypoint, `aclserve serve`, takes the args
+    config = server_config(container["args"])
+    assert config.host == "0.0.0.0" and config.models_dir == "/models"
+    assert port_number(container, "http") == config.port and port_number(container, "grpc") == config.grpc_port
+    check_probes(container, config.port, routes)
+    notes = pod["metadata"]["annotations"]
+    assert notes["prometheus.io/scrape"] == "true" and int(notes["prometheus.io/port"]) == config.port
+    assert notes["prometheus.io/path"] in routes
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= int(pre_stop[1]) + config.shutdown_timeout_s + 5
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    claim = next(v for v in pod["spec"]["volumes"] if v["name"] == mounts["/models"])
+    assert claim["persistentVolumeClaim"]["claimName"] == find("PersistentVolumeClaim")["metadata"]["name"]
+    assert "ReadWriteMany" in find("PersistentVolumeClaim")["spec"]["accessModes"]
+
+    service = find("Service", "aclserve")
+    labels = pod["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert {port_number(container, p["targetPort"]) for p in service["spec"]["ports"]} == {config.port, config.grpc_port}
+    hpa = find("HorizontalPodAutoscaler", "aclserve")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "aclserve"}
+    assert any(m.get("pods", {}).get("metric", {}).get("name") == "aclserve_queue_depth" for m in hpa["spec"]["metrics"])
+
+
+def test_kserve_runtime_and_inference_services_match_the_server():
+    routes = get_routes()
+    runtime = find("ServingRuntime", "aclserve-ascend")
+    spec = runtime["spec"]
+    container = spec["containers"][0]
+    assert container["name"] == "kserve-container" and "command" not in container
+    config = server_config(container["args"])
+    assert config.models_dir == "/mnt/models" and config.host == "0.0.0.0"
+    assert [p["containerPort"] for p in container["ports"]] == [config.port]
+    check_probes(container, config.port, routes)
+    assert int(spec["annotations"]["prometheus.kserve.io/port"]) == config.port
+    assert spec["annotations"]["prometheus.kserve.io/path"] in routes
+    assert set(spec["protocolVersions"]) == {"v2", "grpc-v2"}
+    assert {"name": "ACLSERVE_DEVICE", "value": "npu"} in container["env"]
+    for section in ("requests", "limits"):
+        assert container["resources"][section].get("huawei.com/Ascend310P") == "1"
+    cache = next(m for m in container["volumeMounts"] if m["mountPath"] == config.compile_cache_dir)
+    assert any(v["name"] == cache["name"] and "emptyDir" in v for v in spec["volumes"])
+    formats = {f["name"] for f in spec["supportedModelFormats"]}
+
+    for name, protocol in (("digits", "v2"), ("digits-grpc", "grpc-v2")):
+        predictor = find("InferenceService", name)["spec"]["predictor"]
+        model = predictor["model"]
+        assert model["runtime"] == "aclserve-ascend" and model["modelFormat"]["name"] in formats
+        assert model["protocolVersion"] == protocol
+        assert predictor["terminationGracePeriodSeconds"] >= config.shutdown_timeout_s + 5
+        if protocol == "grpc-v2":
+            assert [(p["name"], p["containerPort"]) for p in model["ports"]] == [("h2c", config.grpc_port)]
+
+
+def dockerfile(path: Path) -> dict[str, list[str]]:
+    """Instruction -> its arguments (continuation lines joined; repeated instructions appended)."""
+    text = re.sub(r"\\\n\s*", " ", "\n".join(line for line in path.read_text().splitlines()
+                                             if not line.lstrip().startswith("#")))
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if line.strip():
+            word, _, rest = line.strip().partition(" ")
+            found.setdefault(word.upper(), []).append(rest.strip())
+    return found
+
+
+def test_images_run_the_cli_on_the_server_ports_as_a_non_root_user():
+    routes = get_routes()
+    default = load_server_config()
+    setup = (ROOT / "setup.py").read_text()
+    assert '"aclserve=aclserve.cli:main"' in setup  # the console script the entrypoint runs
+    cpu = dockerfile(DEPLOY / "Dockerfile")
+    assert json.loads(cpu["ENTRYPOINT"][-1]) == ["aclserve", "serve"]
+    config = server_config(json.loads(cpu["CMD"][-1]))
+    assert config.host == "0.0.0.0" and config.models_dir == "/models"
+    assert {int(p) for p in cpu["EXPOSE"][-1].split()} == {default.port, default.grpc_port}
+    assert cpu["USER"][-1].split(":")[0] not in ("0", "root")
+    assert "ACLSERVE_DEVICE=cpu" in cpu["ENV"][-1]
+    probe = re.search(r"http://127\.0\.0\.1:(\d+)(/[^'\"]+)", cpu["HEALTHCHECK"][-1])
+    assert int(probe.group(1)) == default.port and probe.group(2) in routes
+
+    ascend = dockerfile(DEPLOY / "Dockerfile.ascend")
+    assert (DEPLOY / "Dockerfile.ascend").read_text().startswith("# UNTESTED")
+    entry = json.loads(ascend["ENTRYPOINT"][-1])
+    assert entry[:2] == ["/bin/bash", "-c"] and 'exec aclserve serve "$@"' in entry[2]
+    assert server_config(json.loads(ascend["CMD"][-1])).models_dir == "/models"
+    assert "ACLSERVE_DEVICE=npu" in ascend["ENV"][-1] and ascend["USER"][-1] not in ("0", "root")
+    ignore = (ROOT / ".dockerignore").read_text().split()
+    assert {"!setup.py", "!README.md", "!aclserve/"} <= set(ignore)
