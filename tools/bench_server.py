@@ -9,7 +9,9 @@ What one run does (defaults: about 4.5 minutes):
      source ONNX (fails above 1e-4);
   3. for each workload (light/medium x KServe v2 JSON/binary over HTTP, and gRPC) and each
      concurrency: a warm-up (discarded), then the measured window, pinned to the client core,
-     with /v2/models/{m}/stats read just before and after it. HTTP load comes from wrk -t1; gRPC
+     with /v2/models/{m}/stats and the server's CPU time (utime + stime of every thread, from
+     /proc/<pid>/stat) read just before and after it: CPU us/req = CPU time / successful
+     requests. HTTP load comes from wrk -t1; gRPC
      load from perf_analyzer (Triton's C++ client, -i grpc; on PATH or --perf-analyzer PATH),
      since wrk speaks no HTTP/2 and a Python client would measure itself;
   4. stops the server (SIGTERM, wait), then times raw InferenceSession.run (same threads, this
@@ -103,25 +105,35 @@ def check_output(base: str, model: str, raw: RawOrt, fmt: str, sample: np.ndarra
     return float(np.max(np.abs(got - want)))
 
 
-def run_window(wrk: Wrk, base: str, model: str, body: Body, conc: int, args) -> dict:
+def run_window(wrk: Wrk, base: str, model: str, body: Body, conc: int, args, pid: int) -> dict:
     url = f"{base}/v2/models/{model}/infer"
     if args.warmup > 0:
         wrk.run(url, body, conc, args.warmup)
-    return measured(base, model, lambda: wrk.run(url, body, conc, args.duration), exact_count=True)
+    return measured(base, model, lambda: wrk.run(url, body, conc, args.duration), True, pid)
 
 
-def run_grpc_window(pa: PerfAnalyzer, address: str, base: str, model: str, conc: int, args) -> dict:
+def run_grpc_window(pa: PerfAnalyzer, address: str, base: str, model: str, conc: int, args, pid: int) -> dict:
     if args.warmup > 0:
         pa.run(address, model, conc, args.warmup)
-    return measured(base, model, lambda: pa.run(address, model, conc, args.duration), exact_count=False)
+    return measured(base, model, lambda: pa.run(address, model, conc, args.duration), False, pid)
 
 
-def measured(base: str, model: str, load, exact_count: bool) -> dict:
-    """Run `load()` between two stats snapshots. perf_analyzer reports a rate, not a request
-    count (and fails on any failed request), so only wrk's count is matched to the successes."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid`, all its threads (live and exited), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after "(comm)": field 3 (state) is fields[0]
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14, 15: utime, stime
+
+
+def measured(base: str, model: str, load, exact_count: bool, pid: int) -> dict:
+    """Run `load()` between two stats snapshots and two readings of the server's CPU time.
+    perf_analyzer reports a rate, not a request count (and fails on any failed request), so
+    only wrk's count is matched to the successes."""
     before = model_stats(base, model)
+    cpu_before = cpu_seconds(pid)
     result = load()
     time.sleep(0.2)  # let batches in flight at the window's end be counted
+    cpu = cpu_seconds(pid) - cpu_before
     after = model_stats(base, model)
     ok = after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"]
     failed = after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"]
@@ -130,7 +142,8 @@ def measured(base: str, model: str, load, exact_count: bool) -> dict:
     bad_answers = max(result["errors"]["status"], result["non2xx"], unaccounted)
     errors = result["socket_errors"] + bad_answers
     return {"wrk": result, "mix": batch_mix(before, after), "server_ok": ok, "server_fail": failed,
-            "unaccounted": unaccounted, "errors": errors}
+            "unaccounted": unaccounted, "errors": errors, "cpu_s": cpu,
+            "cpu_us_per_req": cpu / ok * 1e6 if ok else 0.0}
 
 
 def ms(us: float) -> str:
@@ -166,13 +179,14 @@ def print_header(args, cfg: dict, pa: PerfAnalyzer | None) -> None:
 
 
 def print_tables(rows: list[dict], ceiling: list[dict]) -> None:
-    print("| model | format | conc | req/s | p50 ms | p90 ms | p99 ms | errors | mean batch | raw@mix/s | eff |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | format | conc | req/s | p50 ms | p90 ms | p99 ms | errors | mean batch | raw@mix/s | eff "
+          "| CPU us/req |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         lat = r["wrk"]["latency_us"]
         print(f"| {r['model']} | {r['format']} | {r['conc']} | {r['wrk']['rps']:.0f} | {ms(lat['p50'])} | "
               f"{ms(lat['p90'])} | {ms(lat['p99'])} | {r['errors']} | {r['mean_batch']:.2f} | "
-              f"{r['raw_at_mix']:.0f} | {r['eff']:.2f} |")
+              f"{r['raw_at_mix']:.0f} | {r['eff']:.2f} | {r['cpu_us_per_req']:.0f} |")
     if ceiling:
         print("\nLoad generator ceiling (wrk, same settings, trivial fixed-200 endpoint on the server core):\n")
         print("| body | bytes | conc | req/s | p50 ms | p99 ms | errors |")
@@ -189,7 +203,8 @@ def print_tables(rows: list[dict], ceiling: list[dict]) -> None:
                 print(f"- conc {conc}: lowest wrk ceiling {ceil:.0f} req/s = {ceil / served:.1f}x the fastest "
                       f"server row ({served:.0f} req/s){note}")
     print("\nraw@mix = samples / time of raw InferenceSession.run for the executed batch-size mix (median "
-          "per size, same threads and core); eff = req/s / raw@mix.")
+          "per size, same threads and core); eff = req/s / raw@mix; CPU us/req = the server process's "
+          "user + system CPU time over the window (all threads, /proc/<pid>/stat) / successful requests.")
     if any(r["format"] == "grpc" for r in rows):
         print("Load generators: wrk for the json/binary rows (HTTP/1.1), perf_analyzer -i grpc for the grpc "
               "rows (a wrk ceiling, when measured, is an HTTP figure).")
@@ -285,12 +300,13 @@ def bench(args, tmp: str, closers: list) -> dict:
         m, fmt = WORKLOADS[w]
         for conc in args.conc:
             if fmt == "grpc":
-                r = run_grpc_window(pa, grpc_address, base, m, conc, args)
+                r = run_grpc_window(pa, grpc_address, base, m, conc, args, server.proc.pid)
             else:
-                r = run_window(wrk, base, m, bodies[m][fmt][1], conc, args)
+                r = run_window(wrk, base, m, bodies[m][fmt][1], conc, args, server.proc.pid)
             r.update(model=m, format=fmt, conc=conc)
             rows.append(r)
-            print(f"  {w} c={conc}: {r['wrk']['rps']:.0f} req/s, errors {r['errors']}", file=sys.stderr, flush=True)
+            print(f"  {w} c={conc}: {r['wrk']['rps']:.0f} req/s, {r['cpu_us_per_req']:.0f} us CPU/req, "
+                  f"errors {r['errors']}", file=sys.stderr, flush=True)
     code = server.close()
     if code not in (0, None):
         print(f"warning: server exited with {code}:\n{server.log_tail()}", file=sys.stderr)
