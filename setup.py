@@ -12,6 +12,7 @@ setup(
         "onnx>=1.15",
         "onnxruntime>=1.17",
         "aiohttp>=3.9",
+        "orjson>=3.11.6",  # loads() depth limit (3.9.15) and dumps() recursion fix (3.11.6); tested 3.11.6, 3.13.0
         "pyyaml>=6",
         "watchdog>=4",
         "prometheus-client>=0.19",

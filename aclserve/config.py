@@ -77,6 +77,8 @@ class ServerConfig:
     log_level: str = "info"
     model_control_mode: str = "poll"
     max_body_bytes: int = 64 * 1024 * 1024
+    max_json_bytes: int = 16 * 1024 * 1024
+    max_json_elements: int = 2 * 1024 * 1024
     shutdown_timeout_s: float = 30.0
     load_concurrency: int = 1
     cpu_threads: int = 1
@@ -341,6 +343,8 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         log_level=_str(get("log_level"), "log_level", LOG_LEVELS),
         model_control_mode=_str(get("model_control_mode"), "model_control_mode", CONTROL_MODES),
         max_body_bytes=_int(get("max_body_bytes"), "max_body_bytes", 1),
+        max_json_bytes=_int(get("max_json_bytes"), "max_json_bytes", 1),
+        max_json_elements=_int(get("max_json_elements"), "max_json_elements", 1),
         shutdown_timeout_s=_float(get("shutdown_timeout_s"), "shutdown_timeout_s"),
         load_concurrency=_int(get("load_concurrency"), "load_concurrency", 1),
         cpu_threads=_int(get("cpu_threads"), "cpu_threads", 1),

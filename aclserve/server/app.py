@@ -10,10 +10,10 @@ runtime destroys contexts, resets devices and finalizes ACL, in that order.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 
+import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 def json_error(message: str, status: int, retry_after: float | None = None) -> web.Response:
     headers = {"Retry-After": str(max(1, int(round(retry_after))))} if retry_after else None
-    return web.Response(body=json.dumps({"error": message}).encode(), status=status,
+    return web.Response(body=orjson.dumps({"error": message}), status=status,
                         content_type="application/json", headers=headers)
 
 

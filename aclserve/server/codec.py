@@ -2,14 +2,12 @@
 
 Decoding validates everything the model can check before queueing (names, datatypes, shapes,
 batch rows, payload sizes) and raises errors.InvalidInput naming the field. Binary tensors are
-zero-copy views (`np.frombuffer`, read-only) into the request body; JSON tensors go through one
-`np.asarray` over the parsed list. Small requests are cheap enough to run on the event loop;
-the caller moves big JSON bodies to a thread (see `JSON_OFFLOAD_BYTES`). Responses are
-rendered by `encode.py`.
+zero-copy views (`np.frombuffer`, read-only) into the request body; the JSON part is parsed
+with orjson under the request's JsonLimits and JSON tensors are converted by json_tensors.py.
+Responses are rendered by `encode.py`.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -18,41 +16,28 @@ import numpy as np
 
 from ..errors import InvalidInput
 from ..runtime.types import TensorSpec
-
-
-def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON (send non-finite numbers with the binary tensor extension)")
-
-
-_decoder = json.JSONDecoder(parse_constant=_refuse_constant)
-
-
-def _loads(raw: bytes):
-    """JSON over HTTP is UTF-8 (RFC 8259); Python's NaN/Infinity literals are refused."""
-    return _decoder.decode(raw.decode("utf-8"))
-
+from .json_tensors import JsonLimits, loads, to_array
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-JSON_OFFLOAD_BYTES = 64 * 1024  # JSON text above this is decoded in a thread
-JSON_OFFLOAD_ELEMENTS = 16 * 1024  # JSON output elements above this are encoded in a thread
 
+_UINT64_MAX = 2**64 - 1  # priority and timeout are uint64 in KServe v2 / Triton
 _SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
-# numpy kinds np.asarray may infer from JSON values, accepted per target kind
-_JSON_KINDS = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}
-_KIND_WORDS = {"f": "numbers", "i": "integers", "u": "integers", "b": "booleans (true/false)"}
 
 
 class Signature:
-    """A model version's tensors indexed for decoding; built once per served version."""
+    """A model version's tensors indexed for decoding, with the JSON limits its requests are
+    decoded under; built once per served version."""
 
-    __slots__ = ("inputs", "outputs", "output_list", "max_batch_size", "input_names")
+    __slots__ = ("inputs", "outputs", "output_list", "max_batch_size", "input_names", "json_limits")
 
-    def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], max_batch_size: int):
+    def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], max_batch_size: int,
+                 json_limits: JsonLimits = JsonLimits()):
         self.inputs = {s.name: s for s in inputs}
         self.outputs = {s.name: s for s in outputs}
         self.output_list = tuple(outputs)
         self.max_batch_size = max_batch_size
         self.input_names = ", ".join(self.inputs)
+        self.json_limits = json_limits
 
 
 @dataclass(frozen=True)
@@ -95,12 +80,7 @@ def decode_request(body: bytes, header_length: int | None, sig: Signature) -> In
         if header_length > end:
             raise InvalidInput(f"{HEADER_LENGTH} is {header_length} but the body has only {end} bytes")
         end = header_length
-    try:
-        doc = _loads(body if end == len(body) else body[:end])
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidInput(f"request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise InvalidInput("request body is not valid JSON: nested too deeply") from None
+    doc = loads(body if end == len(body) else memoryview(body)[:end], sig.json_limits)
     if type(doc) is not dict:
         raise InvalidInput("request body must be a JSON object")
     req = InferRequest(inputs={}, rows=1)
@@ -166,7 +146,7 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
             data = item.get("data")
             if data is None:
                 raise InvalidInput(f"input '{name}' has neither data nor parameters.binary_data_size")
-            arrays[name] = _from_json(name, data, spec, shape, count)
+            arrays[name] = to_array(name, data, spec, shape, count)
     if offset != len(body):
         raise InvalidInput(f"body has {len(body) - offset} bytes after the last binary input "
                            f"(binary_data_size values do not add up)")
@@ -214,28 +194,6 @@ def _check_shape(name: str, shape, spec: TensorSpec) -> int:
     return math.prod(shape)
 
 
-def _from_json(name: str, data, spec: TensorSpec, shape: list[int], count: int) -> np.ndarray:
-    if type(data) is not list:
-        raise InvalidInput(f"input '{name}': data must be an array")
-    try:
-        arr = np.asarray(data)
-    except ValueError:
-        raise InvalidInput(f"input '{name}': data is not a rectangular array of numbers") from None
-    if arr.size != count:
-        raise InvalidInput(f"input '{name}': data has {arr.size} elements but shape {shape} needs {count}")
-    target = spec.dtype
-    if arr.dtype != target:
-        if count and arr.dtype.kind not in _JSON_KINDS[target.kind]:
-            raise InvalidInput(f"input '{name}': data elements must be {_KIND_WORDS[target.kind]} "
-                               f"for {spec.datatype}")
-        if count and target.kind in "iu":
-            info = np.iinfo(target)
-            if arr.min() < info.min or arr.max() > info.max:
-                raise InvalidInput(f"input '{name}': data values out of range for {spec.datatype}")
-        arr = arr.astype(target)
-    return arr.reshape(shape)
-
-
 def _decode_raw(body: bytes, sig: Signature) -> InferRequest:
     if len(sig.inputs) != 1:
         raise InvalidInput(f"a raw binary request ({HEADER_LENGTH}: 0) needs a single-input model; "
@@ -266,8 +224,8 @@ def _uint_param(params: dict, key: str) -> int | None:
     if value is None:
         return None
     if type(value) is str and value.isdigit():
-        return int(value)
-    if type(value) is not int or value < 0:
+        value = int(value)
+    if type(value) is not int or not 0 <= value <= _UINT64_MAX:
         raise InvalidInput(f"parameters.{key} must be an unsigned integer, got {value!r}")
     return value
 

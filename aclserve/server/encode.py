@@ -1,27 +1,16 @@
 """KServe v2 infer response rendering: pure functions (no aiohttp, no I/O).
 
-Outputs go JSON (`arr.tolist()` + one json encode) or binary (the array's own buffer joined
+Outputs go JSON (the array written by orjson, see json_tensors.py; non-finite values as null,
+counted in the output's `non_finite_values` parameter) or binary (the array's own buffer joined
 after the JSON header) per requested output's `binary_data`, else the request's
-`binary_data_output`. The caller moves big JSON renderings to a thread
-(see codec.JSON_OFFLOAD_ELEMENTS).
+`binary_data_output`.
 """
 from __future__ import annotations
-
-import json
 
 import numpy as np
 
 from .codec import InferRequest, Signature
-
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def json_output_elements(req: InferRequest, outputs: dict[str, np.ndarray]) -> int:
-    """Upper bound of the elements a response would render as JSON (to decide on a thread)."""
-    if req.outputs is None:
-        return 0 if req.binary_output else sum(a.size for a in outputs.values())
-    return sum(outputs[o.name].size for o in req.outputs
-               if not (o.binary if o.binary is not None else req.binary_output))
+from .json_tensors import dumps, output_entry
 
 
 def encode_response(model_name: str, model_version: str, req: InferRequest,
@@ -51,12 +40,11 @@ def encode_response(model_name: str, model_version: str, req: InferRequest,
                             "parameters": {"binary_data_size": len(raw) if datatype == "BYTES" else arr.nbytes}})
             chunks.append(raw)
         else:
-            entries.append({"name": name, "datatype": datatype, "shape": list(arr.shape),
-                            "data": arr.ravel().tolist()})
+            entries.append(output_entry(name, datatype, arr))
     doc = {"model_name": model_name, "model_version": model_version, "outputs": entries}
     if req.id is not None:
         doc["id"] = req.id
-    head = _dumps(doc).encode()
+    head = dumps(doc)
     if not chunks:
         return head, None
     return b"".join([head, *chunks]), len(head)

@@ -1,7 +1,11 @@
 """POST /v2/models/{model}[/versions/{version}]/infer: the hot path.
 
-Per request: one repository lookup, one cached VersionRecord, decode (on the loop unless the
-JSON part is large), `served.infer` (the batcher), encode. Cancellation: when the client goes
+Per request: one repository lookup, one cached VersionRecord, decode, `served.infer` (the
+batcher), encode, all on the event loop. JSON is not moved to a worker thread: orjson and the
+array conversion hold the interpreter lock, so the loop could not run meanwhile anyway
+(measured: medium-CNN JSON bodies at 16 clients, 611 req/s inline against 615 with the hop and
+the same CPU per request; the longest loop stall while a 1.9 MB body decodes, 12-20 ms inline
+against 15 ms in a thread). Cancellation: when the client goes
 away aiohttp cancels this handler (handler_cancellation=True) and the CancelledError raised in
 `served.infer` removes the request from the queue.
 """
@@ -15,8 +19,8 @@ from aiohttp import web
 
 from ..errors import ServeError
 from .app_keys import STATE
-from .codec import HEADER_LENGTH, JSON_OFFLOAD_BYTES, JSON_OFFLOAD_ELEMENTS, decode_request, parse_header_length
-from .encode import encode_response, json_output_elements
+from .codec import HEADER_LENGTH, decode_request, parse_header_length
+from .encode import encode_response
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
@@ -59,20 +63,10 @@ async def counted_infer(state, model: str, version: str | None, work):
 async def _infer(request: web.Request, rec) -> web.Response:
     body = await request.read()
     header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
-    json_size = len(body) if header_length is None else header_length
-    if json_size > JSON_OFFLOAD_BYTES:
-        loop = asyncio.get_running_loop()
-        req = await loop.run_in_executor(None, decode_request, body, header_length, rec.signature)
-    else:
-        req = decode_request(body, header_length, rec.signature)
+    req = decode_request(body, header_length, rec.signature)
     result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us)
-    outputs = result.outputs
-    args = (rec.name, rec.version, req, outputs, rec.signature, rec.batched)
-    if json_output_elements(req, outputs) > JSON_OFFLOAD_ELEMENTS:
-        loop = asyncio.get_running_loop()
-        payload, json_length = await loop.run_in_executor(None, encode_response, *args)
-    else:
-        payload, json_length = encode_response(*args)
+    payload, json_length = encode_response(rec.name, rec.version, req, result.outputs, rec.signature,
+                                           rec.batched)
     if json_length is None:
         response = web.Response(body=payload, content_type=_JSON)
     else:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-import json
-
+import orjson
 from aiohttp import web
 
 from ..errors import InvalidInput
@@ -19,7 +18,7 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 
 def _json(doc, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(doc).encode(), status=status, content_type="application/json")
+    return web.Response(body=orjson.dumps(doc), status=status, content_type="application/json")
 
 
 async def health_live(request: web.Request) -> web.Response:
@@ -59,8 +58,8 @@ async def _body(request: web.Request) -> dict:
     if not raw.strip():
         return {}
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+        doc = orjson.loads(raw)  # depth-limited: deep nesting is a JSONDecodeError, not a RecursionError
+    except orjson.JSONDecodeError as e:
         raise InvalidInput(f"request body is not valid JSON: {e}") from None
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object")

@@ -7,6 +7,7 @@ import logging
 
 from ..errors import ShuttingDown
 from .codec import Signature
+from .json_tensors import JsonLimits
 from .metrics import ServerMetrics, VersionMetrics
 from .model_info import max_batch_size
 
@@ -18,12 +19,12 @@ class VersionRecord:
 
     __slots__ = ("served", "signature", "metrics", "batched", "name", "version")
 
-    def __init__(self, served, metrics: VersionMetrics):
+    def __init__(self, served, metrics: VersionMetrics, json_limits: JsonLimits):
         self.served = served
         self.name = served.name
         self.version = str(served.version)
         limit = max_batch_size(served)
-        self.signature = Signature(served.inputs, served.outputs, limit)
+        self.signature = Signature(served.inputs, served.outputs, limit, json_limits)
         self.batched = limit > 0
         self.metrics = metrics
 
@@ -45,12 +46,13 @@ class ServerState:
         self._idle = asyncio.Event()
         self._idle.set()
         self._records: dict[tuple[str, str], VersionRecord] = {}
+        self.json_limits = JsonLimits(config.max_json_bytes, config.max_json_elements)
 
     # -- hot path ------------------------------------------------------------------------------
     def record(self, served) -> VersionRecord:
         rec = self._records.get((served.name, str(served.version)))
         if rec is None or rec.served is not served:
-            rec = VersionRecord(served, self.metrics.version(served.name, str(served.version)))
+            rec = VersionRecord(served, self.metrics.version(served.name, str(served.version)), self.json_limits)
             stats = getattr(getattr(served, "batcher", None), "stats", None)
             if stats is not None:
                 stats.observe(on_request_done=rec.metrics.on_request_done, on_batch=rec.metrics.on_batch)

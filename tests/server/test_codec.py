@@ -217,10 +217,3 @@ def test_classification_top_n():
     first = raw[length:]
     n = int.from_bytes(first[:4], "little")
     assert first[4:4 + n].decode().endswith(":1")
-
-
-def test_json_output_elements_counts_only_json_outputs():
-    assert encode.json_output_elements(codec.InferRequest({}, 1), OUTPUTS) == 3
-    assert encode.json_output_elements(codec.InferRequest({}, 1, binary_output=True), OUTPUTS) == 0
-    req = codec.InferRequest({}, 1, binary_output=True, outputs=(codec.RequestedOutput("y", False),))
-    assert encode.json_output_elements(req, OUTPUTS) == 2

@@ -168,6 +168,11 @@ BAD = [
     (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [NaN, 0, 0, 0, 0, 0, 0, 0]}]}',
      None, 400, "NaN is not valid JSON"),
     (b"\xff\xfe{}", None, 400, "not valid JSON"),
+    (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [0, 0, 1e400, 0, 0, 0, 0, 0]}]}',
+     None, 400, "input 'x': data values out of range for FP32"),
+    (doc(parameters={"pad": "a" * (800 << 10)}), None, 413, "max_json_bytes"),
+    (json.dumps(doc(parameters={"junk": [0] * 300_000}), separators=(",", ":")).encode(), None, 413,
+     "max_json_elements"),
 ]
 
 
@@ -222,17 +227,34 @@ def test_health_bodies(server):
     assert status == 200 and json.loads(raw) == {"ready": True}
     status, _, raw = request(server, "POST", "/v2/repository/index", data=b"")
     assert status == 200 and isinstance(json.loads(raw), list)
+    status, _, raw = request(server, "POST", "/v2/repository/index", data=b"[" * 100_000)
+    assert status == 400 and "not valid JSON" in json.loads(raw)["error"]
 
 
-def test_large_json_body_is_decoded_off_the_loop_correctly(server):
+def test_large_nested_json_body_is_decoded_correctly(server):
     x = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [8, 16], "data": x.tolist()}]}
-    raw = json.dumps(body, indent=400).encode()  # whitespace pushes it past the 64 KiB threshold
-    assert len(raw) > 64 * 1024
+    raw = json.dumps(body, indent=1000).encode()  # whitespace: more bytes than max_json_elements
+    assert len(raw) > 1 << 18
     status, _, out = infer_json(server, raw, model="double")
     assert status == 200
     y = json.loads(out)["outputs"][0]
     np.testing.assert_array_equal(np.array(y["data"], np.float32).reshape(y["shape"]), x * 2)
+
+
+def test_non_finite_outputs_are_sent_as_null_with_a_count(client):
+    x = np.ones((1, 16), np.float32)
+    x[0, :3] = [3e38, -3e38, np.nan]  # y = 2 * x: +inf, -inf, nan
+    a = httpclient.InferInput("x", [1, 16], "FP32")
+    a.set_data_from_numpy(x, binary_data=True)
+    json_y = httpclient.InferRequestedOutput("y", binary_data=False)
+    result = client.infer("double", [a], outputs=[json_y])
+    out = result.get_output("y")
+    assert out["data"][:4] == [None, None, None, 2.0] and out["parameters"] == {"non_finite_values": 3}
+    y = result.as_numpy("y")  # tritonclient reads null as NaN
+    assert np.isnan(y[0, :3]).all() and (y[0, 3:] == 2).all()
+    binary_y = client.infer("double", [a], outputs=[httpclient.InferRequestedOutput("y", binary_data=True)])
+    np.testing.assert_array_equal(binary_y.as_numpy("y")[0, :3], [np.inf, -np.inf, np.nan])
 
 
 def test_unexpected_exception_is_a_generic_500(caplog):

@@ -1,0 +1,187 @@
+"""KServe v2 JSON through orjson: parsing under limits, tensor data to numpy and back.
+
+Parsing. orjson builds the whole object graph before anything can be checked, and that graph
+costs up to ~37 bytes of memory per byte of JSON (`[[]],` repeated), so the JSON part of a body
+is bounded twice before it is parsed: by its size (`max_json_bytes`) and, when it is longer
+than `max_json_elements` bytes, by an upper bound of the values it holds (one per `,`, `[` and
+`{`, counted with numpy). Everything else JSON refuses is refused as the stdlib codec did, with
+the same messages: NaN/Infinity literals, nesting deeper than 1024, invalid UTF-8. A number too
+large for a double (`1e400`) is refused by orjson for the whole document; the stdlib decoder then
+re-reads it (only on that error path) so the overflow becomes inf inside the tensor it belongs
+to, and the tensor check names that input.
+
+Tensor data. A flat list of numbers becomes an array through `array.array` (one C loop that
+refuses strings, null and lists; 1.3-1.5x faster than `np.asarray` + `astype`, measured on
+12,288 numbers); nested lists, booleans and anything the fast path refuses go through
+`np.asarray`, which says precisely what is wrong. A float tensor must come out finite: a value
+beyond the datatype's range (1e39 for FP32, 70000 for FP16) is refused, not turned into inf.
+
+Responses. Arrays are written by orjson itself (OPT_SERIALIZE_NUMPY: no `tolist()`, float32
+values in their shortest float32 form). JSON has no NaN or Infinity, so non-finite outputs are
+written as `null` and the output carries `parameters.non_finite_values` (how many); the binary
+tensor extension returns them exactly.
+"""
+from __future__ import annotations
+
+import array
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from ..errors import InvalidInput, PayloadTooLarge
+from ..runtime.types import TensorSpec
+
+BINARY_HINT = "send large tensors with the binary tensor extension"
+
+
+@dataclass(frozen=True)
+class JsonLimits:
+    """What the JSON part of one request may hold (config keys max_json_bytes, max_json_elements)."""
+
+    max_bytes: int = 16 * 1024 * 1024
+    max_elements: int = 2 * 1024 * 1024
+
+
+# -- parsing ---------------------------------------------------------------------------------
+
+def loads(raw: bytes | memoryview, limits: JsonLimits):
+    """Parse the JSON part of a request; InvalidInput / PayloadTooLarge name what is wrong."""
+    size = len(raw)
+    if size > limits.max_bytes:
+        raise PayloadTooLarge(f"the JSON part of the request is {size} bytes, over the limit of "
+                              f"{limits.max_bytes} (max_json_bytes); {BINARY_HINT}")
+    if size > limits.max_elements and value_bound(raw) > limits.max_elements:
+        raise PayloadTooLarge(f"the JSON part of the request holds more than {limits.max_elements} "
+                              f"values (max_json_elements); {BINARY_HINT}")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        if e.msg.startswith("number is infinity"):
+            return _loads_keeping_overflow(raw)
+        raise InvalidInput(f"request body is not valid JSON: {_explain(e)}") from None
+
+
+def value_bound(raw: bytes | memoryview) -> int:
+    """At least the number of JSON values in `raw`: every value but the first of a container
+    follows a comma, and there is one container per bracket or brace."""
+    text = np.frombuffer(raw, np.uint8)
+    return int(np.count_nonzero(text == ord(","))) + int(np.count_nonzero(text == ord("["))) \
+        + int(np.count_nonzero(text == ord("{"))) + 1
+
+
+def _explain(e: orjson.JSONDecodeError) -> str:
+    if "depth" in e.msg:  # "depth limit exceeded" (3.13), "array and object recursion depth exceeded" (3.11)
+        return "nested too deeply"
+    rest = e.doc[e.pos:e.pos + 8] if isinstance(e.doc, str) else ""
+    for literal in ("NaN", "Infinity"):
+        if rest.startswith(literal):
+            sign = "-" if literal == "Infinity" and e.pos and e.doc[e.pos - 1] == "-" else ""
+            return f"{sign}{literal} is not valid JSON (send non-finite numbers with the binary tensor extension)"
+    return str(e)
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON (send non-finite numbers with the binary tensor extension)")
+
+
+_stdlib = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
+def _loads_keeping_overflow(raw: bytes | memoryview):
+    """The stdlib decoder reads an overflowing number as inf (which the checks of the field it
+    lands in refuse, naming the field); orjson refuses the whole document instead."""
+    try:
+        return _stdlib.decode(bytes(raw).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise InvalidInput("request body is not valid JSON: nested too deeply") from None
+
+
+# -- tensor data -> numpy ----------------------------------------------------------------------
+
+# numpy kinds np.asarray may infer from JSON values, accepted per target kind
+_JSON_KINDS = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}
+_KIND_WORDS = {"f": "numbers", "i": "integers", "u": "integers", "b": "booleans (true/false)"}
+# array.array typecode per numpy dtype (FP16 has none: read as doubles, then rounded once)
+_TYPECODES = {np.dtype(code): code for code in "bBhHiIlLqQfd"}
+_TYPECODES[np.dtype(np.float16)] = "d"
+# Python type of the first element that lets a flat list take the fast path
+_FAST_FIRST = {"f": (float, int), "i": (int,), "u": (int,)}
+
+
+def to_array(name: str, data, spec: TensorSpec, shape: list[int], count: int) -> np.ndarray:
+    """The JSON `data` of input `name` as an array of the spec's dtype and the given shape."""
+    if type(data) is not list:
+        raise InvalidInput(f"input '{name}': data must be an array")
+    target = spec.dtype
+    code = _TYPECODES.get(target)
+    if code is not None and count and len(data) == count and type(data[0]) in _FAST_FIRST[target.kind]:
+        try:
+            arr = np.frombuffer(array.array(code, data), code)
+        except (TypeError, OverflowError, ValueError):
+            pass  # a string, null, nested list, float for an integer, out of range: say which below
+        else:
+            if arr.dtype != target:
+                arr = _cast(arr, target)
+            _check_finite(name, arr, spec)
+            return arr.reshape(shape)
+    return _checked_asarray(name, data, spec, shape, count)
+
+
+def _checked_asarray(name: str, data: list, spec: TensorSpec, shape: list[int], count: int) -> np.ndarray:
+    try:
+        arr = np.asarray(data)
+    except ValueError:
+        raise InvalidInput(f"input '{name}': data is not a rectangular array of numbers") from None
+    if arr.size != count:
+        raise InvalidInput(f"input '{name}': data has {arr.size} elements but shape {shape} needs {count}")
+    target = spec.dtype
+    if arr.dtype != target:
+        if count and arr.dtype.kind not in _JSON_KINDS[target.kind]:
+            raise InvalidInput(f"input '{name}': data elements must be {_KIND_WORDS[target.kind]} "
+                               f"for {spec.datatype}")
+        if count and target.kind in "iu":
+            info = np.iinfo(target)
+            if arr.min() < info.min or arr.max() > info.max:
+                raise InvalidInput(f"input '{name}': data values out of range for {spec.datatype}")
+        arr = _cast(arr, target)
+    _check_finite(name, arr, spec)
+    return arr.reshape(shape)
+
+
+def _cast(arr: np.ndarray, target: np.dtype) -> np.ndarray:
+    with np.errstate(over="ignore"):  # an overflow becomes inf, which _check_finite refuses
+        return arr.astype(target)
+
+
+def _check_finite(name: str, arr: np.ndarray, spec: TensorSpec) -> None:
+    """JSON numbers are finite, so inf here is a value beyond the datatype's range."""
+    if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+        raise InvalidInput(f"input '{name}': data values out of range for {spec.datatype}")
+
+
+# -- numpy -> response JSON ----------------------------------------------------------------------
+
+def output_entry(name: str, datatype: str, arr: np.ndarray) -> dict:
+    """One JSON output of a response; non-finite values become null and are counted."""
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    entry = {"name": name, "datatype": datatype, "shape": list(arr.shape), "data": flat}
+    if flat.dtype.kind == "f":
+        finite = np.isfinite(flat)
+        if not finite.all():
+            entry["parameters"] = {"non_finite_values": int(flat.size - np.count_nonzero(finite))}
+    return entry
+
+
+def _fallback(value):
+    if isinstance(value, np.ndarray):  # dtypes orjson does not write itself (e.g. strings)
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def dumps(doc) -> bytes:
+    """Compact JSON; numpy arrays written by orjson (NaN and infinities as null)."""
+    return orjson.dumps(doc, default=_fallback, option=orjson.OPT_SERIALIZE_NUMPY)

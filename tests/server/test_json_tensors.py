@@ -1,0 +1,177 @@
+"""KServe v2 JSON through orjson: limits, refusals with their messages, the fast tensor path
+against np.asarray, and non-finite outputs. Pure functions, no network."""
+import json
+
+import numpy as np
+import orjson
+import pytest
+
+from aclserve.acl.constants import kserve_to_numpy
+from aclserve.errors import InvalidInput, PayloadTooLarge
+from aclserve.runtime.types import TensorSpec
+from aclserve.server import codec, encode
+from aclserve.server.json_tensors import JsonLimits, to_array, value_bound
+
+
+def spec(name, datatype, shape):
+    return TensorSpec(name, datatype, kserve_to_numpy(datatype), tuple(shape))
+
+
+def one_input(datatype, width=4, limits=JsonLimits()):
+    return codec.Signature([spec("x", datatype, [-1, width])], [spec("y", "FP32", [-1, 2])], 8, limits)
+
+
+TWO = codec.Signature([spec("a", "FP32", [-1, 2]), spec("b", "INT32", [-1, 3])], [spec("y", "FP32", [-1, 2])], 4)
+
+
+def decode(sig, raw: bytes, header=None):
+    return codec.decode_request(raw, header, sig)
+
+
+def x_body(data, datatype="FP32", shape=(1, 4), **extra) -> bytes:
+    return json.dumps({"inputs": [{"name": "x", "datatype": datatype, "shape": list(shape), "data": data}],
+                       **extra}).encode()
+
+
+@pytest.mark.parametrize("datatype,data", [
+    ("FP32", [0.1, -2.5, 3, 1e-30]),
+    ("FP32", [3.4028234663852886e38, -1.0e-45, 0, 2**70]),  # float32 max, subnormal, int, huge int
+    ("FP64", [0.1, 1e308, -5e-324, 7]),
+    ("FP16", [0.1, 65504.0, -0.0001, 3]),
+    ("INT8", [-128, 127, 0, True]),  # a bool after the first element is a number, as np.asarray has it
+    ("UINT8", [0, 255, 1, 2]),
+    ("INT32", [-2**31, 2**31 - 1, 0, 5]),
+    ("INT64", [-2**63, 2**63 - 1, 0, 5]),
+    ("UINT64", [0, 2**64 - 1, 3, 5]),
+])
+def test_flat_lists_convert_exactly_as_numpy_does(datatype, data):
+    got = decode(one_input(datatype), x_body(data, datatype)).inputs["x"]
+    want = np.array(data, kserve_to_numpy(datatype)).reshape(1, 4)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("datatype,data,match", [
+    ("FP32", [1.0, "2", 3, 4], "elements must be numbers for FP32"),
+    ("FP32", [1.0, None, 3, 4], "elements must be numbers"),
+    ("FP32", [1.0, [2.0], 3, 4], "rectangular"),
+    ("FP32", [True, False, True, False], "elements must be numbers"),
+    ("FP32", [1e39, 0, 0, 0], "values out of range for FP32"),
+    ("FP32", [0, 0, 0, -1e39], "values out of range for FP32"),
+    ("FP32", [[1e39, 0, 0, 0]], "values out of range for FP32"),  # nested: the np.asarray path
+    ("FP16", [0, 70000.0, 0, 0], "values out of range for FP16"),
+    ("INT32", [1, 2.5, 3, 4], "elements must be integers for INT32"),
+    ("INT32", [1, 2**40, 3, 4], "values out of range for INT32"),
+    ("UINT8", [1, -1, 3, 4], "values out of range for UINT8"),
+    ("BOOL", [1, 0, 1, 0], "booleans"),
+    ("FP32", [1, 2, 3], "has 3 elements but shape"),
+])
+def test_refusals_keep_their_messages(datatype, data, match):
+    with pytest.raises(InvalidInput, match=match) as info:
+        decode(one_input(datatype), x_body(data, datatype))
+    assert info.value.message.startswith("input 'x'")
+
+
+def test_a_number_too_large_for_a_double_names_its_input():
+    raw = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0, 1e400, 0, 0]}]}'
+    with pytest.raises(InvalidInput, match="input 'x': data values out of range for FP32"):
+        decode(one_input("FP32"), raw)
+    raw = (b'{"inputs": [{"name": "a", "datatype": "FP32", "shape": [1, 2], "data": [0, 0]},'
+           b' {"name": "b", "datatype": "INT32", "shape": [1, 3], "data": [1, -1e400, 3]}]}')
+    with pytest.raises(InvalidInput, match="input 'b': data elements must be integers"):
+        decode(TWO, raw)
+    raw = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]}],' \
+          b' "parameters": {"timeout": 1e400}}'
+    with pytest.raises(InvalidInput, match="parameters.timeout"):
+        decode(one_input("FP32"), raw)
+
+
+@pytest.mark.parametrize("raw,match", [
+    (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [NaN, 0, 0, 0]}]}',
+     "not valid JSON: NaN is not valid JSON"),
+    (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0, -Infinity, 0, 0]}]}',
+     "not valid JSON: -Infinity is not valid JSON"),
+    (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0, 0, Infinity, 0]}]}',
+     "not valid JSON: Infinity is not valid JSON"),
+    (b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}", "not valid JSON: nested too deeply"),
+    (b'{"inputs": [1e400, ' + b"[" * 5000 + b"]" * 5000 + b"]}", "not valid JSON: nested too deeply"),
+    (b'{"id": "\xff"}', "not valid JSON"),
+    (b'{"inputs": [] ', "not valid JSON"),
+])
+def test_invalid_json_messages(raw, match):
+    with pytest.raises(InvalidInput, match=match):
+        decode(one_input("FP32"), raw)
+
+
+def test_the_json_part_is_limited_in_bytes_not_the_binary_part():
+    sig = one_input("FP32", width=64, limits=JsonLimits(max_bytes=600))
+    small = [0.5] * 64
+    assert decode(sig, x_body(small, shape=(1, 64))).inputs["x"].shape == (1, 64)
+    big = [0.123456] * 64
+    with pytest.raises(PayloadTooLarge, match=r"over the limit of 600 \(max_json_bytes\)") as info:
+        decode(sig, x_body(big, shape=(1, 64)))
+    assert info.value.status == 413
+    head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [8, 64],
+                                   "parameters": {"binary_data_size": 8 * 64 * 4}}]}).encode()
+    binary = head + np.ones((8, 64), np.float32).tobytes()  # 2 KB body, short JSON header
+    assert decode(sig, binary, len(head)).inputs["x"].shape == (8, 64)
+
+
+def test_json_values_are_bounded_before_parsing():
+    sig = one_input("FP32", limits=JsonLimits(max_elements=100))
+    raw = x_body([0] * 4, parameters={"junk": [[]] * 200})
+    with pytest.raises(PayloadTooLarge, match=r"holds more than 100 values \(max_json_elements\)"):
+        decode(sig, raw)
+    assert decode(sig, x_body([0] * 4, parameters={"note": "," * 50})).rows == 1  # under 100 bytes of separators
+
+
+@pytest.mark.parametrize("doc", [[], {}, [[], [1, 2], {"a": [3, {"b": []}]}], [0] * 1000, "a,b[c{"])
+def test_value_bound_is_never_below_the_real_count(doc):
+    def count(v):
+        if isinstance(v, list):
+            return 1 + sum(count(x) for x in v)
+        if isinstance(v, dict):
+            return 1 + sum(1 + count(x) for x in v.values())  # keys are values too
+        return 1
+    raw = orjson.dumps(doc)
+    assert value_bound(raw) >= count(doc)
+
+
+def test_the_fast_path_and_numpy_agree_on_random_float32_text():
+    rng = np.random.default_rng(3)
+    values = (rng.standard_normal(4096) * 10.0 ** rng.integers(-30, 30, 4096)).tolist()
+    data = orjson.loads(orjson.dumps(values))
+    got = to_array("x", data, spec("x", "FP32", [-1, 4096]), [1, 4096], 4096)
+    np.testing.assert_array_equal(got[0], np.asarray(values).astype(np.float32))
+
+
+# -- responses ---------------------------------------------------------------------------------
+
+SIG = codec.Signature([spec("x", "FP32", [-1, 4])],
+                      [spec("y", "FP32", [-1, 2]), spec("h", "FP16", [-1, 2]), spec("z", "INT64", [-1]),
+                       spec("m", "BOOL", [-1])], 8)
+
+
+def test_outputs_are_written_exactly_and_non_finite_values_become_null():
+    y = np.array([[np.nan, np.inf], [-np.inf, 0.1]], np.float32)
+    outputs = {"y": y, "h": np.array([[0.1, 65504], [-2, 1e-4]], np.float16),
+               "z": np.array([2**62 + 1, -7], np.int64), "m": np.array([True, False])}
+    raw, length = encode.encode_response("m", "1", codec.InferRequest({}, 2), outputs, SIG, batched=True)
+    assert length is None
+    doc = json.loads(raw)  # strict JSON: the stdlib accepts no NaN here because there is none
+    out = {o["name"]: o for o in doc["outputs"]}
+    assert out["y"]["data"] == [None, None, None, pytest.approx(0.1)]
+    assert out["y"]["parameters"] == {"non_finite_values": 3}
+    assert np.float32(out["y"]["data"][3]) == np.float32(0.1)
+    np.testing.assert_array_equal(np.array(out["h"]["data"], np.float16), outputs["h"].ravel())
+    assert "parameters" not in out["h"] and out["h"]["shape"] == [2, 2]
+    assert out["z"]["data"] == [2**62 + 1, -7] and out["m"]["data"] == [True, False]
+
+
+def test_float32_outputs_round_trip_through_their_json_text():
+    rng = np.random.default_rng(5)
+    y = (rng.standard_normal((64, 2)) * 10.0 ** rng.integers(-38, 38, (64, 2))).astype(np.float32)
+    req = codec.InferRequest({}, 64, outputs=(codec.RequestedOutput("y"),))
+    raw, _ = encode.encode_response("m", "1", req, {"y": y}, SIG, batched=True)
+    data = json.loads(raw)["outputs"][0]["data"]
+    np.testing.assert_array_equal(np.array(data, np.float32).reshape(64, 2), y)
