@@ -113,7 +113,8 @@ class DynamicBatcher:
             self.start()
         queue = self._queue
         level = queue.level_for(priority)
-        request = QueuedRequest(inputs, rows, level, self._clock.now(), self._loop.create_future())
+        request = QueuedRequest(inputs, rows, level, self._clock.now(), self._loop.create_future(),
+                                self._clock.now_ns())
         try:
             queue.push(request, timeout_us)
         except QueueFull:
@@ -161,7 +162,7 @@ class DynamicBatcher:
         message = self._refusal[1]
         if self._queue is not None:
             for request in self._queue.take_all():
-                self.stats.rejected(request.level, SHUTDOWN, self._clock.now() - request.enqueued)
+                self.stats.rejected(request.level, SHUTDOWN, self._clock.now_ns() - request.enqueued_ns)
                 resolve(request.future, ShuttingDown(message))
         runs, self._running = self._running, set()
         for run in runs:
@@ -216,9 +217,9 @@ class DynamicBatcher:
             except Exception as exc:
                 log.exception("batcher %s: scheduling failed", self.name)
                 victims = batch or queue.take(sys.maxsize, 1)
-                now = self._clock.now()
+                now = self._clock.now_ns()
                 for request in victims:
-                    request.dispatched = now
+                    request.dispatched_ns = now
                 error = ExecutionFailed(f"internal batching error: {type(exc).__name__}")
                 self._settle(Run(victims, None, 0, now), None, error, tracked=False)
                 continue
@@ -265,7 +266,7 @@ class DynamicBatcher:
         self._wakeup.set()
 
     def _submit(self, requests: list[QueuedRequest], gear: int | None) -> None:
-        now = self._clock.now()
+        now = self._clock.now_ns()
         run = Run(requests, gear, 0, now)
         self._running.add(run)  # from here on, _settle answers these requests whatever happens
         try:
@@ -273,8 +274,8 @@ class DynamicBatcher:
             queue_stats = self.stats.queue
             for request in requests:
                 request.state = DISPATCHED
-                request.dispatched = now
-                waited = int((now - request.enqueued) * 1e9)
+                request.dispatched_ns = now
+                waited = now - request.enqueued_ns
                 levels[request.level].queue.add(waited)
                 queue_stats.add(waited)
                 run.rows += request.rows
@@ -306,7 +307,7 @@ class DynamicBatcher:
             if run not in self._running:
                 return  # close() answered it already
             self._running.discard(run)
-        self._delivery.settle(run, result, error, self._clock.now())
+        self._delivery.settle(run, result, error, self._clock.now_ns())
         if not self._closed:
             self._wakeup.set()
         if self._draining:
@@ -315,10 +316,10 @@ class DynamicBatcher:
     # -- queue events -----------------------------------------------------------------------------
 
     def _on_timeout(self, request: QueuedRequest) -> None:
-        waited = self._clock.now() - request.enqueued
+        waited = self._clock.now_ns() - request.enqueued_ns
         self.stats.rejected(request.level, TIMEOUT, waited)
         self._delivery.answer_now(request, RequestTimeout(
-            f"request timed out after {waited * 1000:.1f} ms in the queue"))
+            f"request timed out after {waited / 1e6:.1f} ms in the queue"))
         if self._draining:
             self._check_drained()
 
@@ -329,7 +330,7 @@ class DynamicBatcher:
         """The awaiting task was cancelled (client gone)."""
         if not request.future.cancelled():
             return  # it had been answered already
-        waited = self._clock.now() - request.enqueued
+        waited = self._clock.now_ns() - request.enqueued_ns
         if self._queue.remove(request) or request.state == DISPATCHED:
             self.stats.cancelled(request.level, waited)
         self._delivery.left(request)

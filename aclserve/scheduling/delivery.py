@@ -17,13 +17,13 @@ log = logging.getLogger(__name__)
 class Run:
     """One submitted run: its requests in submit order."""
 
-    __slots__ = ("requests", "gear", "rows", "dispatched")
+    __slots__ = ("requests", "gear", "rows", "dispatched_ns")
 
-    def __init__(self, requests: list[QueuedRequest], gear: int | None, rows: int, dispatched: float):
+    def __init__(self, requests: list[QueuedRequest], gear: int | None, rows: int, dispatched_ns: int):
         self.requests = requests
         self.gear = gear
         self.rows = rows
-        self.dispatched = dispatched
+        self.dispatched_ns = dispatched_ns  # duration clock (Clock.now_ns)
 
 
 def resolve(future: asyncio.Future, outcome) -> None:
@@ -51,8 +51,9 @@ class Delivery:
         if self.ordered:
             self._arrivals.append(request)
 
-    def settle(self, run: Run, result, error: BaseException | None, now: float) -> None:
-        """Answer every request of `run` with its own outputs, or all with the run's error."""
+    def settle(self, run: Run, result, error: BaseException | None, now_ns: int) -> None:
+        """Answer every request of `run` with its own outputs, or all with the run's error.
+        `now_ns` is the duration clock's reading (Clock.now_ns) when the outcome arrived."""
         requests = run.requests
         stats = self._stats
         observed = stats.has_request_observers
@@ -65,25 +66,25 @@ class Delivery:
                 log.error("batcher %s: batch failed", self._name, exc_info=error)
                 error = ExecutionFailed(f"batch execution failed: {type(error).__name__}: {error}")
             for request in requests:
-                stats.fail.add(int((now - request.enqueued) * 1e9))
+                stats.fail.add(now_ns - request.enqueued_ns)
                 if observed:
-                    stats.request_done(request.level, request.dispatched - request.enqueued, False, FAILED)
+                    stats.request_done(request.level, (request.dispatched_ns - request.enqueued_ns) / 1e9,
+                                       False, FAILED)
                 # one exception object per request: a shared one would collect every
                 # awaiting task's traceback
                 self.answer(request, type(error)(error.message))
             return
-        compute_s = now - run.dispatched
-        stats.batch_executed(run.gear, run.rows, len(requests), compute_s,
+        compute_ns = now_ns - run.dispatched_ns
+        stats.batch_executed(run.gear, run.rows, len(requests), compute_ns,
                              getattr(result, "timings", None) or DeviceTimings())
-        compute_ns = int(compute_s * 1e9)
         instance = getattr(result, "instance", "")
         success_ns = 0
         for request, request_outputs in zip(requests, outputs):
-            queue_s = request.dispatched - request.enqueued
-            success_ns += int((now - request.enqueued) * 1e9)
+            queue_ns = request.dispatched_ns - request.enqueued_ns
+            success_ns += now_ns - request.enqueued_ns
             if observed:
-                stats.request_done(request.level, queue_s, True, "")
-            self.answer(request, InferenceResult(request_outputs, int(queue_s * 1e9), compute_ns,
+                stats.request_done(request.level, queue_ns / 1e9, True, "")
+            self.answer(request, InferenceResult(request_outputs, queue_ns, compute_ns,
                                                  run.gear, run.rows, len(requests), instance))
         stats.success.add(success_ns, len(requests))
         stats.inference_count += run.rows

@@ -18,21 +18,22 @@ class QueuedRequest:
     `future` is the asyncio future the client awaits; whoever resolves it checks `done()`
     first, so a request is never answered twice. Identity-hashed: it is its own queue key."""
 
-    __slots__ = ("inputs", "rows", "level", "enqueued", "deadline", "timer", "future",
-                 "state", "delayed", "dispatched", "outcome")
+    __slots__ = ("inputs", "rows", "level", "enqueued", "enqueued_ns", "deadline", "timer", "future",
+                 "state", "delayed", "dispatched_ns", "outcome")
 
     def __init__(self, inputs: Mapping[str, np.ndarray], rows: int, level: int,
-                 enqueued: float, future: asyncio.Future):
+                 enqueued: float, future: asyncio.Future, enqueued_ns: int = 0):
         self.inputs = inputs
         self.rows = rows
         self.level = level
-        self.enqueued = enqueued  # clock seconds
-        self.deadline = 0.0  # clock seconds; 0 = none
+        self.enqueued = enqueued  # scheduling clock seconds (deadline, batch window)
+        self.enqueued_ns = enqueued_ns  # duration clock (Clock.now_ns), for statistics
+        self.deadline = 0.0  # scheduling clock seconds; 0 = none
         self.timer = None  # deadline timer handle while queued
         self.future = future
         self.state = QUEUED
         self.delayed = False  # deadline passed under the `delay` action
-        self.dispatched = 0.0
+        self.dispatched_ns = 0  # duration clock
         self.outcome = None  # result or exception held back by preserve_ordering
 
 

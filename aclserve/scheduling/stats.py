@@ -108,22 +108,23 @@ class BatcherStats:
             except Exception:
                 log.exception("statistics observer on_request_done failed")
 
-    def rejected(self, level: int, reason: str, waited_s: float = 0.0) -> None:
+    def rejected(self, level: int, reason: str, waited_ns: int = 0) -> None:
         """A request that never ran: queue full, timed out, shut down while queued."""
         stats = self.levels[level]
         if reason == QUEUE_FULL:
             stats.rejected += 1
         elif reason == TIMEOUT:
             stats.timed_out += 1
-        self.fail.add(int(waited_s * 1e9))
-        self.request_done(level, waited_s, False, reason)
+        self.fail.add(waited_ns)
+        self.request_done(level, waited_ns / 1e9, False, reason)
 
-    def cancelled(self, level: int, waited_s: float) -> None:
+    def cancelled(self, level: int, waited_ns: int) -> None:
         self.levels[level].cancelled += 1
-        self.request_done(level, waited_s, False, CANCELLED)
+        self.request_done(level, waited_ns / 1e9, False, CANCELLED)
 
-    def batch_executed(self, gear: int | None, rows: int, requests: int, compute_s: float,
+    def batch_executed(self, gear: int | None, rows: int, requests: int, compute_ns: int,
                        timings: DeviceTimings) -> None:
+        """One successful run; `compute_ns` is its dispatch-to-result wall time."""
         self.gear_batches[gear] = self.gear_batches.get(gear, 0) + 1
         self.rows += rows
         if gear is not None:
@@ -131,7 +132,7 @@ class BatcherStats:
         self.execution_count += 1
         self.last_inference_ms = int(time.time() * 1000)
         h2d = int(timings.h2d_ms * 1e6)
-        infer = int(timings.compute_ms * 1e6) or int(compute_s * 1e9)
+        infer = int(timings.compute_ms * 1e6) or compute_ns
         d2h = int(timings.d2h_ms * 1e6)
         # per request, as Triton does: every request of the run spent the run's time
         self.compute_input.add(h2d * requests, requests)
@@ -145,7 +146,7 @@ class BatcherStats:
         size.compute_output.add(d2h)
         for observer in self._batch_observers:
             try:
-                observer(gear, rows, compute_s)
+                observer(gear, rows, compute_ns / 1e9)
             except Exception:
                 log.exception("statistics observer on_batch failed")
 

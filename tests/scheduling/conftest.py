@@ -31,6 +31,9 @@ class ManualClock:
     def now(self) -> float:
         return self._now
 
+    def now_ns(self) -> int:  # the duration clock follows the same manual time
+        return round(self._now * 1e9)
+
     def call_at(self, when, callback, *args):
         handle = _Handle(callback, args)
         heapq.heappush(self._timers, (when, next(self._seq), handle))

@@ -73,14 +73,16 @@ def server_config(models_dir, **overrides):
 class ServerThread:
     """Runs aclserve.server.app.serve() on its own loop in a thread; close() stops it in order."""
 
-    def __init__(self, config):
+    def __init__(self, config, run=asyncio.run):
+        """`run` runs the server's coroutine to completion (asyncio.run, or uvloop.run as
+        `aclserve serve` does where uvloop is installed)."""
         self.config = config
         self.url = ""
         self.error: BaseException | None = None
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), daemon=True)
+        self._thread = threading.Thread(target=run, args=(self._main(),), daemon=True)
 
     async def _main(self):
         from aclserve.server.app import serve
