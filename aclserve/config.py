@@ -78,7 +78,7 @@ class ServerConfig:
     model_control_mode: str = "poll"
     max_body_bytes: int = 64 * 1024 * 1024
     max_json_bytes: int = 16 * 1024 * 1024
-    max_json_elements: int = 2 * 1024 * 1024
+    max_json_elements: int = 1024 * 1024
     shutdown_timeout_s: float = 30.0
     load_concurrency: int = 1
     cpu_threads: int = 1

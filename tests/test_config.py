@@ -26,6 +26,7 @@ def test_embedded_default_matches_the_dataclass_defaults():
     config = load_server_config()
     assert config.host == "127.0.0.1" and config.port == 8000 and config.model_control_mode == "poll"
     assert config.grpc_port == 8001
+    assert (config.max_json_bytes, config.max_json_elements) == (16 << 20, 1 << 20)
     assert config.compile_cache_dir == str(Path("models") / ".cache")
     assert config.model_defaults == ModelConfig()
 
@@ -57,6 +58,8 @@ def test_file_merges_over_default_and_overrides_win(tmp_path):
     ({"port": True}, "port", "must be an integer"),
     ({"grpc_port": -1}, "grpc_port", "must be >= 0"),
     ({"grpc_port": 65536}, "grpc_port", "must be <= 65535"),
+    ({"max_json_bytes": 0}, "max_json_bytes", "must be >= 1"),
+    ({"max_json_elements": "many"}, "max_json_elements", "must be an integer"),
     ({"model_control_mode": "watch"}, "model_control_mode", "must be one of poll, explicit, none"),
     ({"unload_on_delete": "yes"}, "unload_on_delete", "must be true or false"),
     ({"memory_reserve_fraction": 1.0}, "memory_reserve_fraction", "must be < 1"),

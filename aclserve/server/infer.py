@@ -5,9 +5,9 @@ batcher), encode, all on the event loop. JSON is not moved to a worker thread: o
 array conversion hold the interpreter lock, so the loop could not run meanwhile anyway
 (measured: medium-CNN JSON bodies at 16 clients, 611 req/s inline against 615 with the hop and
 the same CPU per request; the longest loop stall while a 1.9 MB body decodes, 12-20 ms inline
-against 15 ms in a thread). Cancellation: when the client goes
-away aiohttp cancels this handler (handler_cancellation=True) and the CancelledError raised in
-`served.infer` removes the request from the queue.
+against 15 ms in a thread). Cancellation: when the client goes away aiohttp cancels this
+handler (handler_cancellation=True) and the CancelledError raised in `served.infer` removes the
+request from the queue.
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ class JsonLimits:
     """What the JSON part of one request may hold (config keys max_json_bytes, max_json_elements)."""
 
     max_bytes: int = 16 * 1024 * 1024
-    max_elements: int = 2 * 1024 * 1024
+    max_elements: int = 1024 * 1024
 
 
 # -- parsing ---------------------------------------------------------------------------------

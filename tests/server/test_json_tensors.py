@@ -175,3 +175,9 @@ def test_float32_outputs_round_trip_through_their_json_text():
     raw, _ = encode.encode_response("m", "1", req, {"y": y}, SIG, batched=True)
     data = json.loads(raw)["outputs"][0]["data"]
     np.testing.assert_array_equal(np.array(data, np.float32).reshape(64, 2), y)
+
+
+def test_the_default_limits_are_the_configs():
+    from aclserve.config import ServerConfig
+    config = ServerConfig()
+    assert JsonLimits() == JsonLimits(config.max_json_bytes, config.max_json_elements)
