@@ -10,6 +10,11 @@ Data flow of one batch (DESIGN.md "Data flow"):
     completion thread  synchronize exec_end and d2h_end (GIL released), split rows per request,
                        time the three phases with event_elapsed_time, free the slot, resolve
 
+A batch launched while nothing else is in flight takes a shorter path: the launcher copies it in
+with a synchronous memcpy and queues only the execution; the completion thread waits for
+exec_end and copies the outputs back synchronously. Nothing is there to overlap with, and the
+two copy streams' wake-ups are saved (about 0.1 ms per batch on the CPU runtime).
+
 With two or more slots, batch N+1 is packed and copied while batch N computes. If a batch fails
 on the device (an execute error, a timed-out wait) only its future fails; the instance then
 stops taking work, lets its other batches finish, resets its streams and serves again.
@@ -175,13 +180,36 @@ class ModelInstance:
             if item is None:
                 return
             slot, job = item
+            with self._lock:  # alone in flight: nothing to overlap with, so skip the copy streams
+                direct = self._in_flight == 1
             try:
-                self._enqueue(slot, job)
+                if direct:
+                    self._enqueue_direct(slot, job)
+                else:
+                    self._enqueue(slot, job)
             except Exception as e:  # enqueue failures (bad argument, device error) fail this batch only
                 log.exception("%s: could not launch a batch", self.name)
-                self._done_q.put((slot, job, e))
+                self._done_q.put((slot, job, e, direct))
             else:
-                self._done_q.put((slot, job, None))
+                self._done_q.put((slot, job, None, direct))
+
+    def _enqueue_direct(self, slot: Slot, job: Job) -> None:
+        """A batch on an idle instance: copy in with a synchronous memcpy on this thread and queue
+        only the execution, so the batch costs two thread hand-offs fewer (the copy streams' wake-
+        ups); the completion thread copies the outputs back itself. Same calls a device takes."""
+        acl, rt = self._acl, self._acl.rt
+        rows = self._pack(slot, job)
+        compute, ev = self.streams["compute"], slot.events
+        for tensor in slot.inputs:
+            check("rt.memcpy", rt.memcpy(tensor.device, tensor.size, tensor.host,
+                                         self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
+        if job.gear is not None:
+            check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
+                self.model.model_id, slot.input_dataset, self.model.dynamic_index, job.gear))
+        check("rt.record_event", rt.record_event(ev["exec_start"], compute))
+        check("mdl.execute_async", acl.mdl.execute_async(
+            self.model.model_id, slot.input_dataset, slot.output_dataset, compute))
+        check("rt.record_event", rt.record_event(ev["exec_end"], compute))
 
     def _enqueue(self, slot: Slot, job: Job) -> None:
         acl, rt = self._acl, self._acl.rt
@@ -214,10 +242,10 @@ class ModelInstance:
             item = self._done_q.get()
             if item is None:
                 return
-            slot, job, error = item
+            slot, job, error, direct = item
             if error is None:
                 try:
-                    result = self._collect(slot, job)
+                    result = self._collect_direct(slot, job) if direct else self._collect(slot, job)
                 except Exception as e:
                     error = e
             if error is not None:
@@ -237,17 +265,31 @@ class ModelInstance:
         return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows,
                            timings=self._timings(ev), instance=self.name)
 
-    def _timings(self, ev: dict[str, int]) -> DeviceTimings:
-        """Device time of the three phases. Read only after d2h_end was synchronized (every event
-        of the slot is then complete); a timing error (107006 not completed, 107007 reversed, as
-        newer chips report completions lazily) is logged once and never fails the batch."""
+    def _collect_direct(self, slot: Slot, job: Job) -> BatchResult:
+        """Wait for a direct batch's execution, then copy its outputs back on this thread."""
+        rt, ev = self._acl.rt, slot.events
+        compat.synchronize_event(self._acl, ev["exec_end"], self.sync_timeout_ms)
+        rows = job.gear if job.gear is not None else job.rows
+        for tensor in slot.outputs:
+            check("rt.memcpy", rt.memcpy(tensor.host, tensor.size, tensor.device,
+                                         self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
+        return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows,
+                           timings=self._timings(ev, copies=False), instance=self.name)
+
+    def _timings(self, ev: dict[str, int], copies: bool = True) -> DeviceTimings:
+        """Device time of the phases that ran on streams (copies=False: compute only). Read only
+        after the batch's last event was synchronized (every event of the slot is then complete);
+        a timing error (107006 not completed, 107007 reversed, as newer chips report completions
+        lazily) is logged once and never fails the batch."""
         rt = self._acl.rt
+
+        def elapsed(start: str, end: str) -> float:
+            return check("rt.event_elapsed_time", rt.event_elapsed_time(ev[start], ev[end]))
         try:
-            return DeviceTimings(
-                h2d_ms=check("rt.event_elapsed_time", rt.event_elapsed_time(ev["h2d_start"], ev["h2d_end"])),
-                compute_ms=check("rt.event_elapsed_time", rt.event_elapsed_time(ev["exec_start"], ev["exec_end"])),
-                d2h_ms=check("rt.event_elapsed_time", rt.event_elapsed_time(ev["d2h_start"], ev["d2h_end"])),
-            )
+            if not copies:
+                return DeviceTimings(compute_ms=elapsed("exec_start", "exec_end"))
+            return DeviceTimings(h2d_ms=elapsed("h2d_start", "h2d_end"), compute_ms=elapsed("exec_start", "exec_end"),
+                                 d2h_ms=elapsed("d2h_start", "d2h_end"))
         except AclError as e:
             if not self._timing_failed:
                 self._timing_failed = True
