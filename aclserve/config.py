@@ -30,6 +30,8 @@ from .scheduling.policy import BatchingConfig, QueuePolicy
 
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("configs") / "default.yaml"
 CONTROL_MODES = ("poll", "explicit", "none")
+READINESS = ("strict", "lenient")
+AUTO = "auto"  # queue size / deadline derived from the model when it loads (repository/overload.py)
 DEVICES = ("auto", "cpu", "npu")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _REPLACED_WHOLE = {"version_policy"}
@@ -62,7 +64,8 @@ class ModelConfig:
     devices: tuple[int, ...] = (0,)
     slots: int = 2
     retry: bool = True
-    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    batching: BatchingConfig = field(default_factory=lambda: BatchingConfig(
+        default_queue_policy=QueuePolicy(max_queue_size=None, default_timeout_ms=None)))
     version_policy: tuple = ("latest", 1)  # ("latest", N) | ("all",) | ("specific", (v, ...))
     compile: CompileOptions = field(default_factory=CompileOptions)
 
@@ -79,10 +82,22 @@ class ServerConfig:
     max_body_bytes: int = 64 * 1024 * 1024
     max_json_bytes: int = 16 * 1024 * 1024
     max_json_elements: int = 1024 * 1024
+    max_request_bytes: int = 256 * 1024 * 1024
+    max_inflight_bytes: int = 512 * 1024 * 1024
+    max_connections: int = 4096
+    listen_backlog: int = 2048
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keepalive_timeout_s: float = 15.0
+    api_token: str = field(default="", repr=False)  # never printed; ACLSERVE_API_TOKEN wins
+    auth_inference: bool = False
+    readiness: str = "strict"
+    load_retry_initial_s: float = 1.0
+    load_retry_max_s: float = 60.0
     shutdown_timeout_s: float = 30.0
     load_concurrency: int = 1
     cpu_threads: int = 1
-    compile_cache_dir: str = ""  # "" = <models_dir>/.cache (filled in by the loader)
+    compile_cache_dir: str = ""  # "" = <models_dir>/.cache, else a user cache folder (repository/cache_dir.py)
     unload_on_delete: bool = True
     settle_s: float = 1.0
     debounce_s: float = 0.25
@@ -226,9 +241,9 @@ def _queue_policy(data, path: str, base: QueuePolicy) -> QueuePolicy:
     for key, value in data.items():
         kp = _p(path, key)
         if key == "max_queue_size":
-            values[key] = _int(value, kp, 0)
+            values[key] = None if value == AUTO else _int(value, kp, 0)
         elif key == "default_timeout_ms":
-            values[key] = _float(value, kp)
+            values[key] = None if value == AUTO else _float(value, kp)
         elif key == "timeout_action":
             values[key] = _str(value, kp, ("reject", "delay"))
         else:
@@ -322,6 +337,11 @@ def model_config_mapping(config: ModelConfig) -> dict:
                              {kind: list(config.version_policy[1]) if kind == "specific"
                               else config.version_policy[1]})
     out["compile"]["batch"] = None if config.compile.batch is None else list(config.compile.batch)
+    batching = out["batching"]
+    for policy in [batching["default_queue_policy"], *batching["priority_queue_policy"].values()]:
+        for key in ("max_queue_size", "default_timeout_ms"):
+            if policy[key] is None:
+                policy[key] = AUTO
     return out
 
 
@@ -332,8 +352,12 @@ def parse_server_config(data: Mapping) -> ServerConfig:
     d = ServerConfig()
     get = lambda key: data.get(key, getattr(d, key))  # noqa: E731
     models_dir = _str(get("models_dir"), "models_dir", allow_empty=False)
-    cache_dir = data.get("compile_cache_dir") or ""
-    cache_dir = _str(cache_dir, "compile_cache_dir") or os.path.join(models_dir, ".cache")
+    cache_dir = _str(data.get("compile_cache_dir") or "", "compile_cache_dir")
+    token = data.get("api_token") or ""
+    if not isinstance(token, str):
+        raise ConfigError("api_token", "must be a string")  # the value is a secret: not echoed
+    max_inflight = _int(get("max_inflight_bytes"), "max_inflight_bytes", 1)
+    initial_retry = _float(get("load_retry_initial_s"), "load_retry_initial_s")
     return ServerConfig(
         host=_str(get("host"), "host", allow_empty=False),
         port=_int(get("port"), "port", 0, 65535),
@@ -345,6 +369,18 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         max_body_bytes=_int(get("max_body_bytes"), "max_body_bytes", 1),
         max_json_bytes=_int(get("max_json_bytes"), "max_json_bytes", 1),
         max_json_elements=_int(get("max_json_elements"), "max_json_elements", 1),
+        max_request_bytes=_int(get("max_request_bytes"), "max_request_bytes", 1, max_inflight),
+        max_inflight_bytes=max_inflight,
+        max_connections=_int(get("max_connections"), "max_connections", 1),
+        listen_backlog=_int(get("listen_backlog"), "listen_backlog", 1),
+        header_timeout_s=_float(get("header_timeout_s"), "header_timeout_s", 0.001),
+        body_timeout_s=_float(get("body_timeout_s"), "body_timeout_s", 0.001),
+        keepalive_timeout_s=_float(get("keepalive_timeout_s"), "keepalive_timeout_s", 0.001),
+        api_token=token,
+        auth_inference=_bool(get("auth_inference"), "auth_inference"),
+        readiness=_str(get("readiness"), "readiness", READINESS),
+        load_retry_initial_s=initial_retry,
+        load_retry_max_s=_float(get("load_retry_max_s"), "load_retry_max_s", initial_retry),
         shutdown_timeout_s=_float(get("shutdown_timeout_s"), "shutdown_timeout_s"),
         load_concurrency=_int(get("load_concurrency"), "load_concurrency", 1),
         cpu_threads=_int(get("cpu_threads"), "cpu_threads", 1),

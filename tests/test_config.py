@@ -27,8 +27,9 @@ def test_embedded_default_matches_the_dataclass_defaults():
     assert config.host == "127.0.0.1" and config.port == 8000 and config.model_control_mode == "poll"
     assert config.grpc_port == 8001
     assert (config.max_json_bytes, config.max_json_elements) == (16 << 20, 1 << 20)
-    assert config.compile_cache_dir == str(Path("models") / ".cache")
+    assert config.compile_cache_dir == ""  # resolved when an .onnx is compiled (repository/cache_dir.py)
     assert config.model_defaults == ModelConfig()
+    assert config.readiness == "strict" and config.max_request_bytes <= config.max_inflight_bytes
 
 
 def test_every_default_key_is_documented_by_a_comment():
@@ -64,6 +65,11 @@ def test_file_merges_over_default_and_overrides_win(tmp_path):
     ({"unload_on_delete": "yes"}, "unload_on_delete", "must be true or false"),
     ({"memory_reserve_fraction": 1.0}, "memory_reserve_fraction", "must be < 1"),
     ({"model_defaults.slots": 0}, "model_defaults.slots", "must be >= 1, got 0"),
+    ({"max_request_bytes": 2 << 30}, "max_request_bytes", "must be <= 536870912"),
+    ({"readiness": "maybe"}, "readiness", "must be one of strict, lenient"),
+    ({"load_retry_max_s": 0.5}, "load_retry_max_s", "must be >= 1"),
+    ({"api_token": 12345}, "api_token", "must be a string"),
+    ({"header_timeout_s": 0}, "header_timeout_s", "must be >= 0.001"),
     ({"model_defaults.devices": []}, "model_defaults.devices", "non-empty list"),
     ({"model_defaults.devices": [0, -1]}, "model_defaults.devices[1]", "must be >= 0"),
     ({"model_defaults.batching.colour": 1}, "model_defaults.batching.colour", "unknown key"),
@@ -112,7 +118,16 @@ def test_priority_levels_inherit_from_default_queue_policy():
     assert batching.policy_for(1).max_queue_size == 7
     assert batching.policy_for(1).default_timeout_ms == 100 and batching.policy_for(1).timeout_action == "delay"
     assert batching.policy_for(3).timeout_action == "reject" and batching.policy_for(3).default_timeout_ms == 100
-    assert batching.policy_for(2).max_queue_size == 0
+    assert batching.policy_for(2).max_queue_size is None  # auto: the default, resolved at load
+
+
+def test_queue_limits_take_auto_or_numbers():
+    auto = load_server_config().model_defaults.batching.default_queue_policy
+    assert auto.max_queue_size is None and auto.default_timeout_ms is None
+    config = load_server_config(None, {"model_defaults.batching.default_queue_policy": {
+        "max_queue_size": 0, "default_timeout_ms": 0}})
+    policy = config.model_defaults.batching.default_queue_policy
+    assert policy.max_queue_size == 0 and policy.default_timeout_ms == 0.0
 
 
 @pytest.mark.parametrize("text, policy", [

@@ -14,6 +14,7 @@ import logging
 import time
 
 from ..scheduling import DynamicBatcher
+from . import cache_dir, overload
 from .plan import Wanted
 from .served import ServedVersion
 from .validate import validate_om
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 async def load_version(runtime, executor, limit: asyncio.Semaphore, name: str, version: str,
-                       wanted: Wanted, compile_cache_dir: str) -> ServedVersion:
+                       wanted: Wanted, compile_cache_dir: str, models_dir: str) -> ServedVersion:
     loop = asyncio.get_running_loop()
     run = functools.partial(loop.run_in_executor, executor)
     config = wanted.config
@@ -32,14 +33,16 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, name: str, v
         if wanted.file.kind == "onnx":
             from .compiler import compiled_om
             soc = runtime.soc_name() if runtime.kind == "npu" else None
+            cache = await run(cache_dir.resolve, compile_cache_dir, models_dir)
             om_path = str(await run(functools.partial(
-                compiled_om, om_path, name, config.compile, runtime.kind, compile_cache_dir, soc)))
+                compiled_om, om_path, name, config.compile, runtime.kind, cache, soc)))
         await run(validate_om, om_path, runtime.kind)
         pool = await run(functools.partial(
             _open_pool, runtime, om_path, name=f"{name}:{version}", instances=config.instances,
             devices=config.devices, slots=config.slots, retry=config.retry))
         try:
             await run(pool.warmup)  # three runs per gear; times the gear costs the batcher plans with
+            config = overload.resolve(config, pool.gears, pool.gear_cost, len(pool.instances))
             batcher = DynamicBatcher(pool, config.batching, name=f"{name}:{version}")
             batcher.start()
         except BaseException:

@@ -12,15 +12,15 @@ class QueuePolicy:
     applies only when `allow_timeout_override` is true and it is shorter than the default
     (or the default is 0 = no timeout)."""
 
-    max_queue_size: int = 0  # 0 = unbounded
-    default_timeout_ms: float = 0.0  # 0 = no deadline
+    max_queue_size: int | None = 0  # 0 = unbounded; None = auto, resolved when the model loads
+    default_timeout_ms: float | None = 0.0  # 0 = no deadline; None = auto, as above
     timeout_action: str = "reject"  # reject | delay
     allow_timeout_override: bool = True
 
     def __post_init__(self):
-        if self.max_queue_size < 0:
+        if self.max_queue_size is not None and self.max_queue_size < 0:
             raise ValueError("max_queue_size must be >= 0")
-        if self.default_timeout_ms < 0:
+        if self.default_timeout_ms is not None and self.default_timeout_ms < 0:
             raise ValueError("default_timeout_ms must be >= 0")
         if self.timeout_action not in TIMEOUT_ACTIONS:
             raise ValueError(f"timeout_action must be one of {', '.join(TIMEOUT_ACTIONS)}")

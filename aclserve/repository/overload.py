@@ -1,0 +1,51 @@
+"""Queue limits set to `auto`, resolved from the loaded model (after warm-up timed its gears).
+
+Shedding by default: a bounded queue answers the excess 503 at once, so what is queued is
+served soon instead of every client waiting longer and longer (and timing out, which wastes
+the work done for it). The queue holds QUEUE_BATCHES full batches per instance; the deadline
+is twice the time to run a full queue at the measured speed, never under MIN_DEADLINE_MS, so
+it only fires when the device falls far behind (a stall), not in an ordinary burst.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..config import ModelConfig
+from ..scheduling.policy import QueuePolicy
+
+QUEUE_BATCHES = 8
+MIN_QUEUE = 16
+MIN_DEADLINE_MS = 2000.0
+
+
+def auto_queue_size(largest_gear: int, instances: int) -> int:
+    return max(MIN_QUEUE, QUEUE_BATCHES * max(1, largest_gear) * instances)
+
+
+def auto_deadline_ms(queue_size: int, largest_gear: int, instances: int, gear_seconds: float | None) -> float:
+    if not gear_seconds:
+        return MIN_DEADLINE_MS
+    runs = math.ceil(queue_size / (max(1, largest_gear) * instances))
+    return max(MIN_DEADLINE_MS, 2 * 1000.0 * gear_seconds * runs)
+
+
+def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int) -> ModelConfig:
+    """`config` with every `auto` (None) queue size and deadline replaced by its figure."""
+    batching = config.batching
+    largest = max(gears) if gears else 1
+    cost = gear_cost.get(largest) if gear_cost else None
+
+    def fill(policy: QueuePolicy) -> QueuePolicy:
+        size = policy.max_queue_size
+        if size is None:
+            size = auto_queue_size(largest, instances)
+        deadline = policy.default_timeout_ms
+        if deadline is None:
+            deadline = auto_deadline_ms(size or auto_queue_size(largest, instances), largest, instances, cost)
+        return dataclasses.replace(policy, max_queue_size=size, default_timeout_ms=deadline)
+
+    resolved = dataclasses.replace(
+        batching, default_queue_policy=fill(batching.default_queue_policy),
+        priority_queue_policy={level: fill(p) for level, p in batching.priority_queue_policy.items()})
+    return dataclasses.replace(config, batching=resolved)
