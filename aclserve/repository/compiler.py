@@ -10,6 +10,10 @@ compiler writes a temporary file and renames it into place (om/container.py, om/
 a reader never sees a partial .om. And one process compiles while the others wait: an
 exclusive flock on `.<entry>.lock` in the cache folder; whoever gets it next finds the entry
 and uses it. The kernel drops the lock of a process that dies, so a crash leaves no stale lock.
+
+Each entry's manifest (cache_entry.py: key, options, the OM's SHA-256) is written under that
+lock and checked before the entry is used; an entry that fails the check (edited, truncated,
+another model's OM copied over it) is deleted and compiled again, under the lock.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..config import CompileOptions
+from . import cache_entry
 
 log = logging.getLogger(__name__)
 
@@ -50,20 +55,26 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"{model_name}-{key[:32]}.om"
-    if out.is_file():  # entries appear by rename only: a file there is complete
+    if out.is_file() and cache_entry.problem(out, key) is None:  # complete, and what it says it is
         log.info("%s: using cached compile of %s (%s)", model_name, onnx_path, out.name)
         return out
-    with exclusive(cache / f".{out.name}.lock"):
+    with exclusive(cache / f".{out.name}.lock"):  # a writer holds it until its manifest is written
         if out.is_file():
-            log.info("%s: using cached compile of %s (%s), made by another process",
-                     model_name, onnx_path, out.name)
-            return out
+            problem = cache_entry.problem(out, key)
+            if problem is None:
+                log.info("%s: using cached compile of %s (%s), made by another process",
+                         model_name, onnx_path, out.name)
+                return out
+            log.warning("%s: cached compile %s not used: %s; deleting it and compiling again",
+                        model_name, out.name, problem)
+            cache_entry.remove(out)
         kwargs = {k: v for k, v in asdict(options).items() if v is not None}
         if options.batch:
             kwargs["batch"] = list(options.batch)
         log.info("%s: compiling %s for %s into %s", model_name, onnx_path, runtime_kind, out)
         result = compile_model(onnx_path, out, target=runtime_kind,
                                log=lambda line: log.info("%s: %s", model_name, line), **kwargs)
+        cache_entry.record(result.path, key, dict(asdict(options), batch=kwargs.get("batch")), runtime_kind)
     log.info("%s: compiled in %.1f s (%d bytes)", model_name, result.seconds, result.size)
     return Path(result.path)
 

@@ -112,7 +112,7 @@ async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_
     (models_dir / "bad name.om").write_bytes(b"x")
     repo, events = await make_repo(model_control_mode="none")
     assert repo.model_names() == ["good"]
-    assert repo.all_ready()  # refused files show in the index but do not hold readiness back
+    assert repo.all_ready()  # lenient: refused files show in the index but do not hold readiness back
     index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
     assert index[("junk", "1")][0] == UNAVAILABLE and "not an OM file" in index[("junk", "1")][1]
     assert "slots: must be >= 1" in index[("badcfg", "")][1]
@@ -120,6 +120,17 @@ async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_
     assert events.count("load_failed", "junk") == 1
     with pytest.raises(ModelUnavailable, match="not an OM"):
         repo.get("junk")
+
+
+async def test_strict_readiness_waits_for_every_model_on_disk(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "good.om")
+    (models_dir / "junk.om").write_bytes(b"this is not a model")
+    repo, _ = await make_repo(start=False, model_control_mode="explicit", readiness="strict")
+    await repo.start()  # explicit mode: returns once every file has loaded or failed
+    assert repo.model_names() == ["good"] and not repo.all_ready()  # junk should be served and is not
+    assert "not an OM file" in repo.load_failures()[("junk", "1")]
+    await repo.unload("junk")  # unloaded on purpose: no longer expected
+    assert repo.all_ready()
 
 
 async def test_symlink_outside_the_repository_is_never_loaded(make_repo, models_dir, model_files, tmp_path):
@@ -137,14 +148,14 @@ async def test_dropped_onnx_is_compiled_cached_and_served(make_repo, models_dir,
     repo, _ = await make_repo(model_control_mode="explicit")
     assert await answer(repo, "o") == 2.0
     assert repo.get("o").gears == (1, 2)
-    cached = os.listdir(models_dir / ".cache")
-    assert len(cached) == 1 and cached[0].endswith(".om")
+    cached = sorted(os.listdir(models_dir / ".cache"))
+    assert len(cached) == 2 and cached[0].endswith(".om") and cached[1] == cached[0] + ".json"  # + manifest
     assert any("compiling" in r.getMessage() for r in caplog.records)
     await repo.close()
     caplog.clear()
     repo2, _ = await make_repo(model_control_mode="explicit")  # same content + options: cache hit
     assert await answer(repo2, "o") == 2.0
-    assert os.listdir(models_dir / ".cache") == cached
+    assert sorted(os.listdir(models_dir / ".cache")) == cached
     assert any("using cached compile" in r.getMessage() for r in caplog.records)
     assert not any(r.getMessage().endswith("(ATC not used)") for r in caplog.records)
 

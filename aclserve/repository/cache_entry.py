@@ -1,0 +1,79 @@
+"""Compile cache entries that prove what they are: a manifest beside each cached .om.
+
+`<entry>.om.json` records the cache key (SHA-256 of the source, the compile options and the
+target), the options and target in clear, and the SHA-256 and size of the .om itself. An entry
+is used only when its manifest is readable, names the key being looked up, and the .om's bytes
+hash to the recorded figure; anything else (a truncated or edited .om, another model's .om
+copied over it, a missing manifest from an older version) is deleted and compiled again.
+Blocking (reads the .om): call off the loop.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+MANIFEST_SUFFIX = ".json"
+FORMAT = 1
+
+
+def manifest_path(om_path: str | os.PathLike) -> Path:
+    return Path(str(om_path) + MANIFEST_SUFFIX)
+
+
+def _digest(path: Path) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def problem(om_path: str | os.PathLike, key: str) -> str | None:
+    """Why the entry at `om_path` must not be used for `key`, or None when it is sound."""
+    om = Path(om_path)
+    try:
+        record = json.loads(manifest_path(om).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "it has no manifest"
+    except (OSError, ValueError) as e:
+        return f"its manifest is unreadable ({e})"
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        return "its manifest is of an unknown format"
+    if record.get("key") != key:
+        return "its manifest is for another source or other compile options"
+    try:
+        sha, size = _digest(om)
+    except OSError as e:
+        return f"it cannot be read ({e.strerror or e})"
+    if size != record.get("om_size") or sha != record.get("om_sha256"):
+        return "its content does not match its manifest (changed or corrupted)"
+    return None
+
+
+def record(om_path: str | os.PathLike, key: str, options: dict, target: str) -> None:
+    """Write the manifest of a freshly compiled entry (atomically: temp file + rename)."""
+    om = Path(om_path)
+    sha, size = _digest(om)
+    doc = {"format": FORMAT, "key": key, "target": target, "options": options, "om_sha256": sha, "om_size": size}
+    final = manifest_path(om)
+    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, sort_keys=True)
+        os.replace(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def remove(om_path: str | os.PathLike) -> None:
+    """Delete the entry and its manifest (either may already be gone)."""
+    for path in (Path(om_path), manifest_path(om_path)):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
