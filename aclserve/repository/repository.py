@@ -26,9 +26,10 @@ from typing import Callable
 from .. import heap
 from ..config import ServerConfig
 from ..errors import InvalidInput, ModelUnavailable, NotFound, ServeError, ShuttingDown
-from . import layout
+from . import cache_entry, layout
 from .loader import load_version
 from .plan import DesiredState, ModelPlan, Wanted, diff
+from .retry import RetrySchedule, is_transient
 from .served import LOADING, READY, UNAVAILABLE, UNLOADING, ServedVersion
 from .settle import SettleGate
 from .status import StatusBoard
@@ -68,6 +69,8 @@ class ModelRepository:
         self._logged: set = set()
         self._listeners: list[Callable] = []
         self._gate = SettleGate(config.settle_s, clock, wall_clock)
+        self._retry = RetrySchedule(config.load_retry_initial_s, config.load_retry_max_s, self._retry_due)
+        self._retry_tasks: set[asyncio.Task] = set()
         self._executor = concurrent.futures.ThreadPoolExecutor(config.load_concurrency + 2, "aclserve-load")
         self._scan_lock = asyncio.Lock()
         self._load_sem: asyncio.Semaphore | None = None
@@ -106,7 +109,10 @@ class ModelRepository:
             self._watcher.close()
         if self._debouncer is not None:
             await self._debouncer.close()
-        await asyncio.gather(*list(self._busy.values()), return_exceptions=True)
+        self._retry.close()
+        for task in self._retry_tasks:
+            task.cancel()
+        await asyncio.gather(*self._retry_tasks, *list(self._busy.values()), return_exceptions=True)
         serving, self._serving = self._serving, {}
         retiring = [sv for versions in serving.values() for sv in versions.values()]
         for sv in retiring:
@@ -152,14 +158,25 @@ class ModelRepository:
         return sorted(self._serving)
 
     def all_ready(self) -> bool:
-        """Every model found on disk (and not unloaded on purpose) is serving, or its file was
-        refused (shown in the index): a bad file dropped in does not hold readiness back, but a
-        model still settling or loading does."""
+        """Every model found on disk (and not unloaded on purpose) is serving. With readiness
+        `lenient`, a model whose file was refused (shown in the index) does not hold readiness
+        back either; in both modes a model still settling, loading or retrying does."""
         if not self._started or self._closed:
             return False
-        failed = {n for n, _, _ in self._rejected}
         wanted = {n for n, e in self._scan.models.items() if e.selected} - self._excluded
+        if self.config.readiness == "strict":
+            return all(n in self._serving for n in wanted)
+        failed = {n for n, _, _ in self._rejected}
         return all(n in self._serving or (n in failed and n not in self._busy) for n in wanted)
+
+    def load_failures(self) -> dict[tuple[str, str], str]:
+        """(name, version) -> why its current file failed to load (retry plan included)."""
+        return {(n, v): reason for (n, v, _), reason in self._rejected.items()}
+
+    @property
+    def load_retries(self) -> dict[str, int]:
+        """model -> automatic load retries started (transient device errors)."""
+        return self._retry.retries
 
     def index(self, ready_only: bool = False) -> list[dict]:
         """[{"name", "version", "state", "reason"}] for every version loaded or on disk."""
@@ -273,8 +290,9 @@ class ModelRepository:
             try:
                 loaded[version] = await self._load_version(name, version, wanted)
             except Exception as e:  # any failure leaves the serving version in place
-                failed[version] = reason = _reason(e)
-                self._reject(name, version, wanted, reason)
+                failed[version] = self._reject(name, version, wanted, _reason(e), is_transient(e))
+            else:
+                self._retry.succeeded(name, version)
 
         await asyncio.gather(*(one(v, w) for v, w in plan.load.items()))
         if self._closed:
@@ -332,7 +350,7 @@ class ModelRepository:
         if version not in self._serving.get(name, {}):
             self._status.set(name, version, LOADING)
         return await load_version(self.runtime, self._executor, self._load_sem, name, version, wanted,
-                                  self.config.compile_cache_dir)
+                                  self.config.compile_cache_dir, self.config.models_dir)
 
     async def _retire(self, sv: ServedVersion, event: str | None) -> None:
         """Drain `sv` (already out of the serving map), then close its batcher and pool."""
@@ -367,15 +385,16 @@ class ModelRepository:
         if sv.om_path in in_use:
             return
         try:
-            Path(sv.om_path).unlink()
+            cache_entry.remove(sv.om_path)
             log.info("%s: removed the compile of the retired version %s (%s)", sv.name, sv.version,
                      Path(sv.om_path).name)
-        except FileNotFoundError:
-            pass
         except OSError as e:
             log.warning("%s: could not remove %s: %s", sv.name, sv.om_path, e)
 
-    def _reject(self, name: str, version: str, wanted: Wanted, reason: str) -> None:
+    def _reject(self, name: str, version: str, wanted: Wanted, reason: str, transient: bool = False) -> str:
+        if transient and self._retry.enabled and not self._closed:
+            attempt, delay = self._retry.schedule(name, version, wanted.file.identity)
+            reason = f"{reason} (transient device error: retry {attempt} in {delay:.1f} s)"
         self._rejected[(name, version, wanted.file.identity)] = reason
         serving = version in self._serving.get(name, {})
         if serving:
@@ -385,7 +404,25 @@ class ModelRepository:
         if ("load", name, version, wanted.file.identity) not in self._logged:
             self._logged.add(("load", name, version, wanted.file.identity))
             log.error("%s: version %s from %s not loaded: %s", name, version, wanted.file.path, reason)
+        elif transient:
+            log.warning("%s: version %s not loaded: %s", name, version, reason)
         self._emit("load_failed", name, version, reason=reason)
+        return reason
+
+    def _retry_due(self, name: str, version: str, identity: tuple) -> None:
+        """A transient failure's delay has passed: let the file be loaded again."""
+        if self._closed or self._rejected.pop((name, version, identity), None) is None:
+            return  # shut down, or the file changed or went away meanwhile
+        log.info("%s: retrying the load of version %s", name, version)
+        if self._debouncer is not None:
+            self._debouncer.wake_after(0)
+            return
+        task = asyncio.get_running_loop().create_task(self._reconcile_one(name))
+        self._retry_tasks.add(task)
+        task.add_done_callback(self._retry_tasks.discard)
+
+    async def _reconcile_one(self, name: str) -> None:
+        await asyncio.gather(*await self._reconcile(trust="all", only=name))
 
     def _log_problems(self, scan: layout.ScanResult) -> None:
         for name, reason in scan.problems.items():

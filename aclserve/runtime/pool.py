@@ -45,6 +45,8 @@ class InstancePool:
         self._closed = False
         self._close_callbacks: list[Callable[[], None]] = []
         self._busy_mark = (time.monotonic(), 0.0)
+        self.batches_failed = 0  # device failures of a batch run (each retry counted again)
+        self.batches_retried = 0  # ... of which were run again on another instance
         for instance in instances:
             instance._on_slot_free = self._slot_freed
 
@@ -111,7 +113,11 @@ class InstancePool:
         if error is None:
             attempt.outer.set_result(future.result())
             return
-        if self.retry and attempt.exclude is None and not self._closed:
+        retry = self.retry and attempt.exclude is None and not self._closed
+        with self._lock:  # completion threads of several instances may fail at once
+            self.batches_failed += 1
+            self.batches_retried += retry
+        if retry:
             log.warning("%s: retrying a failed batch on another instance", self.name)
             attempt.exclude, attempt.error = instance, error
             self._dispatch(attempt)

@@ -46,7 +46,8 @@ async def make_repo(models_dir, runtime):
     made = []
 
     async def make(start: bool = True, **overrides):
-        settings = {"models_dir": str(models_dir), "settle_s": 0.3, "debounce_s": 0.05,
+        # lenient readiness: the start-up wait below ends once refused files are refused too
+        settings = {"models_dir": str(models_dir), "settle_s": 0.3, "debounce_s": 0.05, "readiness": "lenient",
                     "shutdown_timeout_s": 10, "model_defaults.batching.max_queue_delay_ms": 0.5}
         settings.update(overrides)
         repo = ModelRepository(load_server_config(None, settings), runtime)

@@ -1,0 +1,77 @@
+"""Automatic load retries after transient device errors, with exponential backoff and jitter.
+
+Transient: the device failed a warm-up batch, or an ACL call failed with a resource or
+runtime code (2xxxxx: memory, streams, events; 5xxxxx: internal, execution, timeouts), which
+a later attempt may not meet. Parameter and file errors (1xxxxx), bad files and bad models
+are not retried: the same file would fail the same way.
+
+The delay doubles per attempt from `initial_s` up to `max_s`, and each is drawn uniformly from
+its upper half ("equal jitter"), so models that failed together (one device fault during a
+start-up) do not retry in lockstep, and a failure that persists costs one load per `max_s`.
+Owned by the ModelRepository; loop thread only.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Callable
+
+from ..acl.check import AclError
+from ..errors import ExecutionFailed
+
+
+def is_transient(error: BaseException) -> bool:
+    if isinstance(error, ExecutionFailed):
+        return True
+    return isinstance(error, AclError) and error.ret // 100000 in (2, 5)
+
+
+class RetrySchedule:
+    """One timer per failed (model, version, file); `on_due(name, version, identity)` runs on the loop."""
+
+    def __init__(self, initial_s: float, max_s: float, on_due: Callable[[str, str, tuple], None],
+                 rng: random.Random | None = None):
+        self.initial_s, self.max_s = initial_s, max_s
+        self._on_due = on_due
+        self._rng = rng or random.Random()
+        self._attempts: dict[tuple, int] = {}
+        self._timers: dict[tuple, asyncio.TimerHandle] = {}
+        self.retries: dict[str, int] = {}  # model -> retries started (for /metrics)
+
+    @property
+    def enabled(self) -> bool:
+        return self.initial_s > 0
+
+    def delay(self, attempt: int) -> float:
+        ceiling = min(self.max_s, self.initial_s * 2 ** attempt)
+        return self._rng.uniform(ceiling / 2, ceiling)
+
+    def schedule(self, name: str, version: str, identity: tuple) -> tuple[int, float]:
+        """Arm the next retry of this file; returns (attempt number, delay in seconds)."""
+        key = (name, version, identity)
+        attempt = self._attempts.get(key, 0)
+        self._attempts[key] = attempt + 1
+        delay = self.delay(attempt)
+        old = self._timers.pop(key, None)
+        if old is not None:
+            old.cancel()
+        self._timers[key] = asyncio.get_running_loop().call_later(delay, self._due, key)
+        return attempt + 1, delay
+
+    def _due(self, key: tuple) -> None:
+        self._timers.pop(key, None)
+        self.retries[key[0]] = self.retries.get(key[0], 0) + 1
+        self._on_due(*key)
+
+    def succeeded(self, name: str, version: str) -> None:
+        """The version loaded: forget its failures (the next failure starts from initial_s)."""
+        for key in [k for k in self._attempts if k[:2] == (name, version)]:
+            del self._attempts[key]
+            timer = self._timers.pop(key, None)
+            if timer is not None:
+                timer.cancel()
+
+    def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
