@@ -1,0 +1,138 @@
+"""Read a request body within the memory budget, the size limit and the body timeout.
+
+The server runs with aiohttp's automatic decompression off, so the bytes read here are what
+the client sent; gzip and deflate bodies are inflated here, in bounded steps, and each step is
+charged to the request's lease and checked against `max_body_bytes` before the next: a small
+body that inflates to gigabytes stops at the limit with 413, holding at most the limit. The
+declared Content-Length is charged (and checked) before anything is read. A client that has
+not sent the whole body within `body_timeout_s` gets 408 and its connection is closed.
+"""
+from __future__ import annotations
+
+import asyncio
+import zlib
+
+from aiohttp import web
+
+from ..errors import InvalidInput, PayloadTooLarge, ServeError
+from .budget import Lease
+
+try:
+    from asyncio import timeout_at
+except ImportError:  # Python 3.10: aiohttp depends on async-timeout there
+    from async_timeout import timeout_at  # type: ignore[no-redef]
+
+INFLATE_STEP = 1 << 20  # bytes inflated per step, each charged before the next
+
+
+class BodyTimeout(ServeError):
+    status = 408
+
+
+class UnsupportedEncoding(ServeError):
+    status = 415
+
+
+class _Inflater:
+    """gzip (possibly multi-member) or deflate (zlib-wrapped, or raw as some clients send)."""
+
+    def __init__(self, encoding: str):
+        self.encoding = encoding
+        self._z = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
+
+    def feed(self, data: bytes, step: int):
+        """Yield inflated pieces of at most `step` bytes."""
+        while data:
+            if self._z is None:  # deflate: pick the variant from the first byte (RFC 1950 CM)
+                self._z = zlib.decompressobj(zlib.MAX_WBITS if data[0] & 0x0F == 8 else -zlib.MAX_WBITS)
+            try:
+                piece = self._z.decompress(data, step)
+            except zlib.error as e:
+                raise InvalidInput(f"request body is not valid {self.encoding} data (Content-Encoding: "
+                                   f"{self.encoding}): {e}") from None
+            if piece:
+                yield piece
+            if self._z.eof:
+                data = self._z.unused_data
+                if data and self.encoding != "gzip":
+                    raise InvalidInput(f"request body has data after the end of its {self.encoding} stream")
+                if data:
+                    self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)  # next gzip member
+            else:
+                data = self._z.unconsumed_tail
+
+    def finish(self) -> None:
+        if self._z is None or not self._z.eof:
+            raise InvalidInput(f"request body ends before its {self.encoding} stream does")
+
+
+def _inflater(request: web.BaseRequest) -> _Inflater | None:
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    if encoding in ("gzip", "x-gzip"):
+        return _Inflater("gzip")
+    if encoding == "deflate":
+        return _Inflater("deflate")
+    raise UnsupportedEncoding(f"Content-Encoding {encoding!r} is not supported (use gzip, deflate or none)")
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"request body exceeds the limit of {limit} bytes (max_body_bytes)")
+
+
+async def read_body(request: web.BaseRequest, lease: Lease, max_bytes: int, timeout_s: float) -> bytes | bytearray:
+    """The body, decoded per Content-Encoding; every byte held is charged to `lease` first.
+    Large bodies come back as a bytearray (filled in place: one copy of the body, not two)."""
+    inflater = _inflater(request)
+    declared = request.content_length
+    if declared is not None:
+        if declared > max_bytes:
+            raise _too_large(max_bytes)
+        lease.take(declared, "request body")
+    content = request.content
+    if inflater is None and content.is_eof():  # already buffered (small bodies): no timer
+        return content.read_nowait(-1)
+    loop = asyncio.get_running_loop()
+    try:
+        async with timeout_at(loop.time() + timeout_s):
+            return await _read(content, inflater, lease, declared, max_bytes)
+    except asyncio.TimeoutError:
+        raise BodyTimeout(f"request body not received within {timeout_s:g} s (body_timeout_s)") from None
+
+
+async def _read(content, inflater: _Inflater | None, lease: Lease, declared: int | None,
+                max_bytes: int) -> bytearray:
+    """Into one bytearray: allocated whole when the length is known (no join, no second
+    copy), else grown in place (large buffers are remapped, not copied)."""
+    exact = inflater is None and declared is not None
+    body = bytearray(declared) if exact else bytearray()
+    wire = 0
+    while True:
+        chunk = await content.readany()
+        if not chunk:
+            break
+        if exact:
+            if wire + len(chunk) > declared:
+                raise InvalidInput("request body is longer than its Content-Length")
+            body[wire:wire + len(chunk)] = chunk
+            wire += len(chunk)
+            continue
+        wire += len(chunk)
+        if declared is None:  # chunked: charge the wire bytes as they come
+            if wire > max_bytes:
+                raise _too_large(max_bytes)
+            lease.take(len(chunk), "request body")
+        if inflater is None:
+            body += chunk
+            continue
+        for piece in inflater.feed(chunk, INFLATE_STEP):
+            if len(body) + len(piece) > max_bytes:
+                raise _too_large(max_bytes)
+            lease.take(len(piece), "decompressed request body")
+            body += piece
+    if inflater is not None:
+        inflater.finish()
+    elif exact and wire != declared:
+        raise InvalidInput(f"request body has {wire} bytes, its Content-Length says {declared}")
+    return body

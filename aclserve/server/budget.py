@@ -1,0 +1,97 @@
+"""The server-wide budget of memory held by requests in flight, and each request's lease on it.
+
+A request is charged before its memory is taken: its declared body size before the body is
+read, its decompressed bytes as they are inflated, and an estimate of its decoded tensors
+before decoding (see `json_tensor_estimate`). A charge that would take the total over
+`max_inflight_bytes` fails with 503 + Retry-After (others hold the memory: come back soon);
+one that would take this request alone over `max_request_bytes` fails with 413 (it can never
+fit). Event-loop thread only: no locks.
+"""
+from __future__ import annotations
+
+from ..errors import PayloadTooLarge, Unavailable
+
+# Parsing a JSON number costs a Python object and a list slot (~40 bytes), then a float64 and
+# the model dtype's array element: measured 52 bytes per number; the worst value of all
+# (nested empty lists) takes 64, which is what is charged.
+JSON_BYTES_PER_VALUE = 64
+
+
+class MemoryExhausted(Unavailable):
+    """The server's request memory budget is in use by other requests."""
+
+
+class MemoryBudget:
+    def __init__(self, max_inflight_bytes: int, max_request_bytes: int, on_release=None):
+        self.limit = max_inflight_bytes
+        self.per_request = max_request_bytes
+        self.used = 0
+        self.peak = 0
+        self.refused = {413: 0, 503: 0}
+        self._on_release = on_release  # called with the bytes a finished request held
+
+    def lease(self) -> "Lease":
+        return Lease(self)
+
+    def _take(self, lease: "Lease", nbytes: int, what: str) -> None:
+        total = lease.held + nbytes
+        if total > self.per_request:
+            self.refused[413] += 1
+            raise PayloadTooLarge(f"request needs about {_mb(total)} of server memory ({what}), over the "
+                                  f"per-request limit of {_mb(self.per_request)} (max_request_bytes); "
+                                  f"send tensors with the binary tensor extension or in smaller requests")
+        if self.used + nbytes > self.limit:
+            self.refused[503] += 1
+            raise MemoryExhausted(f"server is busy: requests in flight hold {_mb(self.used)} of its "
+                                  f"{_mb(self.limit)} request memory (max_inflight_bytes); retry later")
+        self.used += nbytes
+        lease.held = total
+        if self.used > self.peak:
+            self.peak = self.used
+
+
+class Lease:
+    """One request's charge; `release()` gives it all back (idempotent). Use as a context manager."""
+
+    __slots__ = ("budget", "held")
+
+    def __init__(self, budget: MemoryBudget):
+        self.budget = budget
+        self.held = 0
+
+    def take(self, nbytes: int, what: str) -> None:
+        """Charge `nbytes` more, or raise PayloadTooLarge (413) / MemoryExhausted (503)."""
+        if nbytes > 0:
+            self.budget._take(self, nbytes, what)
+
+    def drop(self, nbytes: int) -> None:
+        """Give back `nbytes` of this request's charge (memory it no longer holds)."""
+        nbytes = min(nbytes, self.held)
+        self.held -= nbytes
+        self.budget.used -= nbytes
+
+    def release(self) -> None:
+        held, self.held = self.held, 0
+        if held:
+            self.budget.used -= held
+            if self.budget._on_release is not None:
+                self.budget._on_release(held)
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def json_tensor_estimate(json_bytes: int, values: int | None = None) -> int:
+    """Bytes that decoding a JSON text of `json_bytes` holding at most `values` values may hold
+    at its peak: a copy of the text, plus JSON_BYTES_PER_VALUE per value (default: the most a
+    text of that size can hold, one per 2 bytes)."""
+    if values is None:
+        values = json_bytes // 2 + 1
+    return json_bytes + values * JSON_BYTES_PER_VALUE
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"

@@ -1,0 +1,76 @@
+"""Scrape-time metrics of the guards: request memory budget, connections, heap trims, and
+the repository's model states, retries and batch faults. Read from their owners when /metrics
+is scraped, so the request path pays nothing for them."""
+from __future__ import annotations
+
+import logging
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+log = logging.getLogger(__name__)
+
+
+class GuardCollector:
+    def __init__(self, state):
+        self._state = state
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        state = self._state
+        budget, conns = state.budget, state.connections
+        yield _gauge("aclserve_request_memory_bytes", "Memory charged to requests in flight", budget.used)
+        yield _gauge("aclserve_request_memory_peak_bytes", "Highest request memory charged at once", budget.peak)
+        yield _gauge("aclserve_request_memory_limit_bytes", "max_inflight_bytes", budget.limit)
+        refused = CounterMetricFamily("aclserve_request_memory_refused", "Requests refused by the memory "
+                                      "budget (413: alone over a limit, 503: budget in use)", labels=["status"])
+        for status, n in sorted(budget.refused.items()):
+            refused.add_metric([str(status)], n)
+        yield refused
+        yield _gauge("aclserve_connections", "Open connections", len(conns))
+        closed = CounterMetricFamily("aclserve_connections_closed", "Connections closed or refused by the "
+                                     "server's limits", labels=["reason"])
+        for reason, n in sorted(conns.counts.items()):
+            closed.add_metric([reason], n)
+        yield closed
+        trims = CounterMetricFamily("aclserve_heap_trims", "malloc_trim calls after large requests")
+        trims.add_metric([], state.trimmer.trims)
+        yield trims
+        yield from self._models()
+
+    def _models(self):
+        ready = GaugeMetricFamily("aclserve_model_state", "1 for each model version's current state "
+                                  "(READY, LOADING, UNAVAILABLE, UNLOADING)", labels=["model", "version", "state"])
+        failing = GaugeMetricFamily("aclserve_model_load_failure", "1 while a version's last load failed; "
+                                    "the reason is in the label", labels=["model", "version", "reason"])
+        repo = self._state.repo
+        try:
+            for row in repo.index():
+                ready.add_metric([row["name"], str(row["version"]), row["state"]], 1)
+            for (name, version), reason in sorted(repo.load_failures().items()):
+                failing.add_metric([name, version, self._state.redact(reason)], 1)
+        except Exception:
+            log.exception("collecting model states failed")
+        yield ready
+        yield failing
+        retries = CounterMetricFamily("aclserve_model_load_retries", "Automatic load retries after "
+                                      "transient device errors", labels=["model"])
+        for name, n in sorted(repo.load_retries.items()):
+            retries.add_metric([name], n)
+        yield retries
+        faults = CounterMetricFamily("aclserve_batch_faults", "Batches the device failed (retried: run again "
+                                     "on another instance)", labels=["model", "version", "outcome"])
+        for model, version, served in self._state.live_versions():
+            pool = getattr(served, "pool", None)
+            for outcome in ("failed", "retried"):
+                n = getattr(pool, f"batches_{outcome}", None)
+                if n is not None:
+                    faults.add_metric([model, version, outcome], n)
+        yield faults
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc)
+    g.add_metric([], value)
+    return g

@@ -1,0 +1,83 @@
+"""Give freed heap memory back to the system after large requests (glibc's malloc_trim).
+
+glibc keeps freed memory in its arenas, and after a large free it raises its mmap threshold,
+so later large bodies come from the heap too: a burst of big requests would leave the RSS at
+its peak for good. After requests that held at least TRIM_AFTER_BYTES finish, `malloc_trim(0)`
+returns the free pages; it runs in a worker thread (it walks every arena), at most once per
+`min_interval_s`, and never twice at once. Elsewhere than glibc this does nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+TRIM_AFTER_BYTES = 8 * 1024 * 1024
+
+
+def _load_malloc_trim():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+class HeapTrimmer:
+    """Owned by the server state; `released(nbytes)` is called on the loop when a request ends."""
+
+    def __init__(self, min_interval_s: float = 1.0):
+        self._trim = _load_malloc_trim()
+        self.min_interval_s = min_interval_s
+        self.freed_since = 0  # bytes released by large requests since the last trim
+        self.trims = 0
+        self._last = 0.0
+        self._task: asyncio.Future | None = None
+        self._later: asyncio.TimerHandle | None = None
+
+    @property
+    def available(self) -> bool:
+        return self._trim is not None
+
+    def released(self, nbytes: int) -> None:
+        if self._trim is None or nbytes < TRIM_AFTER_BYTES:
+            return
+        self.freed_since += nbytes
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._later is not None or (self._task is not None and not self._task.done()):
+            return  # one trim at a time; the one running or due covers these bytes too
+        loop = asyncio.get_running_loop()
+        wait = self._last + self.min_interval_s - time.monotonic()
+        if wait > 0:
+            self._later = loop.call_later(wait, self._start)
+        else:
+            self._start()
+
+    def _start(self) -> None:
+        self._later = None
+        if not self.freed_since:
+            return
+        self.freed_since = 0
+        self._last = time.monotonic()
+        self._task = asyncio.get_running_loop().run_in_executor(None, self._trim, 0)
+        self._task.add_done_callback(self._done)
+
+    def _done(self, future: asyncio.Future) -> None:
+        self.trims += 1
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("malloc_trim failed: %s", future.exception())
+        if self.freed_since:
+            self._schedule()
+
+    def close(self) -> None:
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None

@@ -1,0 +1,55 @@
+"""Raw-socket and metrics helpers for the hostile-client tests (bounded counts, loopback only)."""
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+
+
+def metric(url: str, name: str, labels: str = "") -> float:
+    """The value of one sample of /metrics (0 when absent)."""
+    text = urllib.request.urlopen(f"http://{url}/metrics", timeout=30).read().decode()
+    pattern = re.escape(name) + (r"\{" + re.escape(labels) + r"\}" if labels else r"(?:\{\})?") + r" (\S+)"
+    found = re.search(r"^" + pattern + r"$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+async def wait_for(predicate, limit_s: float = 30.0, step_s: float = 0.02):
+    """Poll until predicate() is truthy; the limit is a hang guard, not a timing check."""
+    async def loop():
+        while True:
+            value = predicate()
+            if value:
+                return value
+            await asyncio.sleep(step_s)
+    return await asyncio.wait_for(loop(), limit_s)
+
+
+async def open_raw(url: str):
+    host, port = url.rsplit(":", 1)
+    return await asyncio.open_connection(host, int(port))
+
+
+def head(path: str, headers: dict) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: test"] + [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def read_response(reader, limit_s: float = 30.0) -> tuple[int, bytes]:
+    """(status, whole answer) of the next response; (0, b"") when the server closed first."""
+    data = await asyncio.wait_for(reader.read(65536), limit_s)
+    if not data:
+        return 0, b""
+    return int(data.split(b" ", 2)[1]), data
+
+
+async def closed_by_server(reader, limit_s: float = 30.0) -> bool:
+    """Read until EOF (or a reset); True when that happens within the hang guard."""
+    async def drain():
+        try:
+            while await reader.read(65536):
+                pass
+        except ConnectionError:
+            pass
+    await asyncio.wait_for(drain(), limit_s)
+    return True

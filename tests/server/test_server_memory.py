@@ -1,0 +1,186 @@
+"""Request memory is bounded by the configuration: the budget, the size limits, inflating in
+steps, and the memory given back. Sizes are small (a 4 MiB budget) so the tests are fast; the
+full-size attack (16 gzip bombs of 1 GB, 16 x 40 MB JSON) is tools/attack_server.py."""
+from __future__ import annotations
+
+import asyncio
+import json
+import zlib
+
+import aiohttp
+import numpy as np
+import pytest
+
+from aclserve.errors import PayloadTooLarge
+from aclserve.server.budget import MemoryBudget, MemoryExhausted, json_tensor_estimate
+
+from .conftest import ServerThread
+from .hostile import closed_by_server, head, metric, open_raw, read_response, wait_for
+
+MiB = 1 << 20
+GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
+
+
+def gzip_of_zeros(nbytes: int) -> bytes:
+    enc = zlib.compressobj(9, zlib.DEFLATED, 31)
+    return enc.compress(bytes(nbytes)) + enc.flush()
+
+
+def test_budget_charges_refuses_and_gives_back():
+    released = []
+    budget = MemoryBudget(max_inflight_bytes=100, max_request_bytes=60, on_release=released.append)
+    a, b = budget.lease(), budget.lease()
+    a.take(50, "body")
+    with pytest.raises(MemoryExhausted) as busy:
+        b.take(60, "body")  # fits one request's limit, not what is left of the budget
+    assert busy.value.status == 503 and busy.value.retry_after and "max_inflight_bytes" in busy.value.message
+    with pytest.raises(PayloadTooLarge, match="max_request_bytes"):
+        a.take(11, "decoding")  # 61 > 60 for this request alone
+    assert budget.used == 50 and budget.refused == {413: 1, 503: 1}
+    a.drop(20)
+    a.release()
+    a.release()
+    assert budget.used == 0 and released == [30] and budget.peak == 50
+    assert json_tensor_estimate(1000, 10) == 1000 + 10 * 64 < json_tensor_estimate(1000)
+
+
+@pytest.fixture(scope="module")
+def small(models_dir, make_config):
+    srv = ServerThread(make_config(models_dir, max_body_bytes=4 * MiB, max_request_bytes=3 * MiB + MiB // 2,
+                                   max_inflight_bytes=4 * MiB, body_timeout_s=1.0)).start()
+    yield srv
+    srv.close()
+
+
+async def post(url: str, body: bytes, headers: dict | None = None, path="/v2/models/double/infer"):
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"http://{url}{path}", data=body, headers=headers or {}) as resp:
+            return resp.status, dict(resp.headers), await resp.json()
+
+
+def test_gzip_bomb_stops_at_the_body_limit_while_inflating(small):
+    bomb = gzip_of_zeros(64 * MiB)  # about 64 KB that inflate to 64 MiB
+    status, _, doc = asyncio.run(post(small.url, bomb, {"Content-Encoding": "gzip"}))
+    assert status == 413 and ("max_body_bytes" in doc["error"] or "max_request_bytes" in doc["error"])
+    # inflating stopped one step past the 4 MiB limit: the request never held more than that
+    assert metric(small.url, "aclserve_request_memory_peak_bytes") <= 4 * MiB + 2 * MiB
+    assert metric(small.url, "aclserve_request_memory_bytes") == 0
+
+
+def test_concurrent_bombs_are_refused_and_others_served(small):
+    bomb = gzip_of_zeros(16 * MiB)
+
+    async def scenario():
+        bombs = [post(small.url, bomb, {"Content-Encoding": "gzip"}) for _ in range(16)]
+        good = [post(small.url, GOOD) for _ in range(4)]
+        return await asyncio.gather(*bombs, *good)
+    results = asyncio.run(scenario())
+    assert all(status in (413, 503) for status, _, _ in results[:16])
+    assert all(status == 200 for status, _, _ in results[16:])
+    assert metric(small.url, "aclserve_request_memory_peak_bytes") <= 4 * MiB
+
+
+def test_a_request_that_would_pass_the_budget_waits_outside_it(small):
+    """A stalled upload holds 3 MiB of the 4 MiB budget: a 2 MiB request gets 503 + Retry-After
+    before its body is read, a small one is served; once the upload is gone the same 2 MiB
+    request gets past the budget (and is then judged on its content)."""
+    big = np.zeros((32768, 16), np.float32)
+    header = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": list(big.shape),
+                                     "parameters": {"binary_data_size": big.nbytes}}]}).encode()
+    binary = (header + big.tobytes(), {"Inference-Header-Content-Length": str(len(header))})
+
+    async def scenario():
+        reader, writer = await open_raw(small.url)
+        writer.write(head("/v2/models/double/infer", {"Content-Length": 3 * MiB}) + b"{")
+        await wait_for(lambda: metric(small.url, "aclserve_request_memory_bytes") >= 3 * MiB)
+        refused = await post(small.url, *binary)
+        served = await post(small.url, GOOD)
+        writer.close()
+        await wait_for(lambda: metric(small.url, "aclserve_request_memory_bytes") == 0)
+        judged = await post(small.url, *binary)
+        return refused, served, judged
+    refused, served, judged = asyncio.run(scenario())
+    assert refused[0] == 503 and "Retry-After" in refused[1] and "max_inflight_bytes" in refused[2]["error"]
+    assert served[0] == 200
+    assert judged[0] == 400 and "max_batch_size" in judged[2]["error"]
+
+
+def test_json_that_would_decode_past_the_request_limit_is_413_before_decoding(small):
+    body = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,16],"data":[' + b"0.5," * 200_000 + b"0.5]}]}"
+    status, _, doc = asyncio.run(post(small.url, body))
+    assert status == 413 and "max_request_bytes" in doc["error"] and "binary tensor extension" in doc["error"]
+
+
+def test_declared_length_over_the_limit_is_refused_before_the_body_is_sent(small):
+    async def scenario():
+        reader, writer = await open_raw(small.url)
+        writer.write(head("/v2/models/double/infer", {"Content-Length": 100 * MiB}))
+        status, answer = await read_response(reader)  # no body byte was sent
+        writer.close()
+        return status, answer
+    status, answer = asyncio.run(scenario())
+    assert status == 413 and b"max_body_bytes" in answer
+
+
+def test_chunked_body_over_the_limit_is_413(small):
+    async def chunks():
+        for _ in range(6):
+            yield bytes(MiB)
+    status, _, doc = asyncio.run(post(small.url, chunks()))
+    assert status == 413 and ("max_body_bytes" in doc["error"] or "max_request_bytes" in doc["error"])
+
+
+@pytest.mark.parametrize("wbits", [15, -15], ids=["zlib-wrapped", "raw"])
+def test_deflate_bodies_of_both_kinds_are_served(small, wbits):
+    enc = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    status, _, doc = asyncio.run(post(small.url, enc.compress(GOOD) + enc.flush(), {"Content-Encoding": "deflate"}))
+    assert status == 200 and doc["outputs"][0]["data"] == [2.0] * 16
+
+
+def test_multi_member_gzip_is_served(small):
+    half = len(GOOD) // 2
+    body = b"".join(_gzip(part) for part in (GOOD[:half], GOOD[half:]))
+    status, _, doc = asyncio.run(post(small.url, body, {"Content-Encoding": "gzip"}))
+    assert status == 200 and doc["outputs"][0]["data"] == [2.0] * 16
+
+
+def _gzip(data: bytes) -> bytes:
+    enc = zlib.compressobj(6, zlib.DEFLATED, 31)
+    return enc.compress(data) + enc.flush()
+
+
+@pytest.mark.parametrize("body, encoding, code, fragment", [
+    (_gzip(GOOD)[:-12], "gzip", 400, "ends before its gzip stream"),
+    (_gzip(GOOD), "br", 415, "Content-Encoding 'br' is not supported"),
+    (zlib.compress(GOOD) + b"junk", "deflate", 400, "data after the end"),
+])
+def test_bad_encodings_get_a_4xx_naming_the_problem(small, body, encoding, code, fragment):
+    status, _, doc = asyncio.run(post(small.url, body, {"Content-Encoding": encoding}))
+    assert status == code and fragment in doc["error"]
+
+
+def test_a_stalled_body_gets_408_and_its_connection_closed(small):
+    async def scenario():
+        reader, writer = await open_raw(small.url)
+        writer.write(head("/v2/models/double/infer", {"Content-Length": 1000}) + b'{"inputs"')
+        status, answer = await read_response(reader)
+        closed = await closed_by_server(reader)
+        writer.close()
+        return status, answer, closed
+    status, answer, closed = asyncio.run(scenario())
+    assert status == 408 and b"body_timeout_s" in answer and closed
+
+
+def test_memory_is_given_back_after_large_requests(models_dir, make_config):
+    """Requests that held >= 8 MiB trigger malloc_trim (glibc) once they end."""
+    from aclserve.server.trim import HeapTrimmer
+    if not HeapTrimmer().available:
+        pytest.skip("malloc_trim needs glibc")
+    srv = ServerThread(make_config(models_dir, max_body_bytes=32 * MiB)).start()
+    try:
+        status, _, _ = asyncio.run(post(srv.url, gzip_of_zeros(16 * MiB), {"Content-Encoding": "gzip"}))
+        assert status == 400  # zeros are not JSON; the 16 MiB were held and charged all the same
+        asyncio.run(wait_for(lambda: metric(srv.url, "aclserve_heap_trims_total") >= 1))
+        assert metric(srv.url, "aclserve_request_memory_peak_bytes") >= 16 * MiB
+    finally:
+        srv.close()
