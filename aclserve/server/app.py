@@ -2,10 +2,12 @@
 
 Start: runtime (acl.init, devices), then repository (scan, load, warm up, watch), then the
 caller starts listening (HTTP, then gRPC in `serve`). Stop (SIGTERM/SIGINT in `serve`):
-readiness turns false and new infer requests get 503 / UNAVAILABLE at once; queued and
-in-flight requests of both transports get `shutdown_timeout_s` to finish; then the gRPC
-port and the HTTP socket close, the repository drains and unloads every model, and the
-runtime destroys contexts, resets devices and finalizes ACL, in that order.
+readiness turns false, new infer requests get 503 / UNAVAILABLE at once and HTTP connections
+not running a request are closed; queued and in-flight requests of both transports get
+`shutdown_timeout_s` to finish; then every HTTP connection left is closed (a stalled client
+does not hold shutdown longer), the gRPC port and the HTTP socket close, the repository
+drains and unloads every model, and the runtime destroys contexts, resets devices and
+finalizes ACL, in that order.
 """
 from __future__ import annotations
 
@@ -19,17 +21,24 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from ..errors import ServeError
 from .app_keys import STATE
+from .auth import access_middleware
+from .body import BodyTimeout
+from .connections import GuardedSite, fit_descriptor_limit, tracked
 from .fastpath import infer_fast_path
 from .routes import add_routes
 from .state import ServerState
 
 log = logging.getLogger(__name__)
 
+LINGER_S = 2.0
 
-def json_error(message: str, status: int, retry_after: float | None = None) -> web.Response:
-    headers = {"Retry-After": str(max(1, int(round(retry_after))))} if retry_after else None
+def json_error(message: str, status: int, retry_after: float | None = None,
+               headers: dict | None = None) -> web.Response:
+    headers = dict(headers or {})
+    if retry_after:
+        headers["Retry-After"] = str(max(1, int(round(retry_after))))
     return web.Response(body=orjson.dumps({"error": message}), status=status,
-                        content_type="application/json", headers=headers)
+                        content_type="application/json", headers=headers or None)
 
 
 @web.middleware
@@ -43,31 +52,43 @@ async def error_middleware(request: web.Request, handler):
 
 
 def error_response(request: web.Request, state: ServerState | None, exc: Exception) -> web.Response:
-    """The JSON error answer for `exc`; re-raises what is not an error (e.g. a 3xx HTTPException)."""
+    """The JSON error answer for `exc`; re-raises what is not an error (e.g. a 3xx HTTPException).
+
+    Dispatches with isinstance, not by re-raising: a re-raise here would put this frame (which
+    holds `exc`) in exc's own traceback, a cycle that keeps the failed request's frames and
+    their buffers (a whole request body) alive until the cyclic GC happens to run."""
     try:
-        raise exc
-    except ServeError as e:
-        return json_error(e.message, e.status, e.retry_after)
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        if isinstance(e, web.HTTPRequestEntityTooLarge):
+        return _error_response(request, state, exc)
+    finally:
+        exc.__traceback__ = None  # answered (and logged if internal): let its frames go now
+
+
+def _error_response(request: web.Request, state: ServerState | None, exc: Exception) -> web.Response:
+    if isinstance(exc, ServeError):
+        message = state.redact(exc.message) if state is not None else exc.message
+        response = json_error(message, exc.status, exc.retry_after, getattr(exc, "headers", None))
+        if isinstance(exc, BodyTimeout):
+            response.force_close()  # the client stalled: do not wait for the rest of its body
+        return response
+    if isinstance(exc, web.HTTPException):
+        if exc.status < 400:
+            raise exc
+        if isinstance(exc, web.HTTPRequestEntityTooLarge):
             limit = f"{state.config.max_body_bytes} bytes" if state is not None else "the configured size"
             message = f"request body exceeds the limit of {limit} (max_body_bytes)"
-        elif isinstance(e, web.HTTPNotFound):
+        elif isinstance(exc, web.HTTPNotFound):
             message = f"no route for {request.method} {request.path}"
-        elif isinstance(e, web.HTTPMethodNotAllowed):
+        elif isinstance(exc, web.HTTPMethodNotAllowed):
             message = f"method {request.method} is not allowed on {request.path}"
         else:
-            message = e.reason
-        return json_error(message, e.status)
-    except (HttpProcessingError, web.RequestPayloadError) as e:  # unreadable body, e.g. bad gzip
-        cause = e.__cause__ if isinstance(e, web.RequestPayloadError) and e.__cause__ else e
+            message = exc.reason
+        return json_error(message, exc.status)
+    if isinstance(exc, (HttpProcessingError, web.RequestPayloadError)):  # unreadable body
+        cause = exc.__cause__ if isinstance(exc, web.RequestPayloadError) and exc.__cause__ else exc
         detail = getattr(cause, "message", "") or str(cause) or type(cause).__name__
         return json_error(f"request body could not be read: {detail.strip()}", 400)
-    except Exception:
-        log.exception("internal error on %s %s", request.method, request.path)
-        return json_error("internal error", 500)
+    log.error("internal error on %s %s", request.method, request.path, exc_info=exc)
+    return json_error("internal error", 500)
 
 
 async def _lifecycle(app: web.Application):
@@ -97,7 +118,8 @@ async def _lifecycle(app: web.Application):
 def create_app(config, repo, runtime) -> web.Application:
     """The KServe v2 app. Starting it (AppRunner.setup / test client) starts `runtime`, then
     `repo`; cleaning it up drains and closes them in reverse order."""
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware])
+    app = web.Application(client_max_size=config.max_body_bytes,
+                          middlewares=[error_middleware, access_middleware])
     app[STATE] = ServerState(config, repo, runtime)
     add_routes(app)
     app.cleanup_ctx.append(_lifecycle)
@@ -105,18 +127,25 @@ def create_app(config, repo, runtime) -> web.Application:
 
 
 class KServeRunner(web.AppRunner):
-    """AppRunner whose server sends POST .../infer straight to the infer handler (see fastpath)."""
+    """AppRunner whose server sends POST .../infer straight to the infer handler (see fastpath)
+    and tells the connection tracker when each request starts and ends."""
 
     async def setup(self) -> None:
         await super().setup()
-        self.server.request_handler = infer_fast_path(self.app, self.server.request_handler)
+        handler = infer_fast_path(self.app, self.server.request_handler)
+        self.server.request_handler = tracked(self.app[STATE].connections, handler)
 
 
 def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner:
     # handler_cancellation: a client that disconnects cancels its handler, which removes the
     # request from the batch queue (run_app/AppRunner leave it off by default).
+    # auto_decompress off: body.py inflates gzip/deflate itself, charging the memory as it goes.
+    # lingering_time: how long the unread rest of a refused body is read and dropped so the
+    # client sees the answer; a stalled client (408) is closed after it.
     kwargs = {} if access_log else {"access_log": None}
-    return KServeRunner(app, handler_cancellation=True, shutdown_timeout=5.0, **kwargs)
+    config = app[STATE].config
+    return KServeRunner(app, handler_cancellation=True, shutdown_timeout=1.0, auto_decompress=False,
+                        keepalive_timeout=config.keepalive_timeout_s, lingering_time=LINGER_S, **kwargs)
 
 
 async def serve(config, runtime=None, repo=None, started: asyncio.Future | None = None,
@@ -145,9 +174,12 @@ async def serve(config, runtime=None, repo=None, started: asyncio.Future | None 
             pass
     grpc_server = None
     drain_deadline = None
+    state = app[STATE]
+    state.connections.max_connections = fit_descriptor_limit(config.max_connections)
+    state.auth.log_startup()
     try:
         await runner.setup()
-        site = web.TCPSite(runner, config.host, config.port)
+        site = GuardedSite(runner, state.connections, config.host, config.port, config.listen_backlog)
         await site.start()
         host, port = runner.addresses[0][:2]
         log.info("aclserve listening on http://%s:%d", host, port)
@@ -161,10 +193,12 @@ async def serve(config, runtime=None, repo=None, started: asyncio.Future | None 
         await stop.wait()
         log.info("signal received: draining")
         drain_deadline = loop.time() + config.shutdown_timeout_s
-        await app[STATE].begin_shutdown()  # HTTP and gRPC requests alike
+        await state.begin_shutdown()  # HTTP and gRPC requests alike
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)
+        state.connections.close_all()  # what the drain left (stalled clients) goes now
+        state.trimmer.close()
         if grpc_server is not None:  # in-flight RPCs are done or out of time: close the port
             grace = 0.0 if drain_deadline is None else max(0.0, drain_deadline - loop.time())
             await grpc_server.stop(grace)

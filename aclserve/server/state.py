@@ -1,15 +1,22 @@
-"""Per-app server state: the repository/runtime handles, shutdown flag, in-flight count and the
-per-version records (codec signature + metrics children) the infer hot path needs."""
+"""Per-app server state: the repository/runtime handles, shutdown flag, in-flight count, the
+per-version records (codec signature + metrics children) the infer hot path needs, and the
+guards every request passes (access, memory budget, connection tracker)."""
 from __future__ import annotations
 
 import asyncio
 import logging
 
 from ..errors import ShuttingDown
+from .auth import Access
+from .budget import MemoryBudget
 from .codec import Signature
+from .connections import ConnectionTracker
+from .guard_metrics import GuardCollector
 from .json_tensors import JsonLimits
 from .metrics import ServerMetrics, VersionMetrics
 from .model_info import max_batch_size
+from .redact import PathRedactor
+from .trim import HeapTrimmer
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +47,13 @@ class ServerState:
         self.repo = repo
         self.runtime = runtime
         self.metrics = ServerMetrics(self.live_versions, self._memory)
+        self.auth = Access(config)
+        self.redact = PathRedactor(config.models_dir)
+        self.trimmer = HeapTrimmer()
+        self.budget = MemoryBudget(config.max_inflight_bytes, config.max_request_bytes, self.trimmer.released)
+        self.connections = ConnectionTracker(config.max_connections, config.header_timeout_s,
+                                             config.keepalive_timeout_s)
+        self.metrics.registry.register(GuardCollector(self))
         self.started = False
         self.shutting_down = False
         self.inflight = 0
@@ -79,6 +93,7 @@ class ServerState:
         """Readiness false and new infer requests refused (503), at once. Idempotent."""
         if not self.shutting_down:
             self.shutting_down = True
+            self.connections.stop_accepting()
             log.info("shutting down: %d request(s) in flight", self.inflight)
 
     async def begin_shutdown(self) -> None:

@@ -1,0 +1,257 @@
+"""Open connections: capped, timed, and closed at shutdown.
+
+aiohttp has no connection cap and no request-head timeout, so the listening socket hands each
+connection to a GuardedProtocol, a thin asyncio protocol in front of aiohttp's own (only public
+API: the runner's `server` is the protocol factory). The ConnectionTracker knows each
+connection's phase:
+
+    IDLE  no request in progress (new, or answered and kept alive)   -> keepalive_timeout_s
+    HEAD  bytes of a request head arrived, no handler yet            -> header_timeout_s
+    BUSY  a handler runs (body reads have their own body_timeout_s)  -> no limit here
+
+A sweep every second closes connections past their phase's limit. At `max_connections` a new
+connection replaces the one idle longest (or the slowest head) if it has been so for at least
+EVICT_AFTER_S, else it is answered 503 and closed. At shutdown every connection that is not
+running a request is closed at once, and the rest when the drain ends. Loop thread only.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import resource
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+IDLE, HEAD, BUSY = "idle", "head", "busy"
+EVICT_AFTER_S = 1.0  # a connection idle (or in its head) this long may make room for a new one
+FD_RESERVE = 512  # descriptors kept for model files, the watcher, logs and threads
+_LINGER_S = 1.0  # a refused connection is closed after this, so the client can read the 503
+_LINGER_MAX = 256
+
+
+def _refusal(message: str) -> bytes:
+    body = json.dumps({"error": message}).encode()
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+_FULL = _refusal("server has too many open connections (max_connections); retry later")
+_CLOSING = _refusal("server is shutting down")
+
+
+class _Conn:
+    __slots__ = ("transport", "phase", "since")
+
+    def __init__(self, transport, now: float):
+        self.transport, self.phase, self.since = transport, IDLE, now
+
+
+class GuardedProtocol(asyncio.Protocol):
+    """Forwards everything to aiohttp's RequestHandler once the tracker admits the connection."""
+
+    __slots__ = ("_tracker", "_factory", "_inner", "_conn")
+
+    def __init__(self, tracker: "ConnectionTracker", factory):
+        self._tracker, self._factory = tracker, factory
+        self._inner = self._conn = None
+
+    def connection_made(self, transport) -> None:
+        self._conn = self._tracker.admit(transport)
+        if self._conn is not None:
+            self._inner = self._factory()
+            self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        conn = self._conn
+        if conn is None:
+            return  # refused: discard until closed
+        if conn.phase == IDLE:
+            conn.phase, conn.since = HEAD, self._tracker.now()
+        self._inner.data_received(data)
+
+    def eof_received(self):
+        return self._inner.eof_received() if self._inner is not None else None
+
+    def connection_lost(self, exc) -> None:
+        self._tracker.forget(self._conn)
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+
+class ConnectionTracker:
+    """Owned by the server state. `factory(inner)` makes the listening socket's protocols."""
+
+    def __init__(self, max_connections: int, header_timeout_s: float, keepalive_timeout_s: float):
+        self.max_connections = max_connections
+        self.header_timeout_s = header_timeout_s
+        self.keepalive_timeout_s = keepalive_timeout_s
+        self.accepting = True
+        self.counts = {"refused": 0, "evicted": 0, "header_timeout": 0, "idle_timeout": 0}
+        self._conns: dict[object, _Conn] = {}
+        self._lingering = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._period = max(0.05, min(1.0, header_timeout_s / 4, keepalive_timeout_s / 4))
+
+    def __len__(self) -> int:
+        return len(self._conns)
+
+    def now(self) -> float:
+        return self._loop.time()
+
+    def factory(self, inner):
+        return lambda: GuardedProtocol(self, inner)
+
+    # -- admission ------------------------------------------------------------------------------
+    def admit(self, transport) -> _Conn | None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        now = self._loop.time()
+        if not self.accepting:
+            self._refuse(transport, _CLOSING)
+            return None
+        if len(self._conns) >= self.max_connections:
+            victim = self._evictable(now)
+            if victim is None:
+                self.counts["refused"] += 1
+                self._refuse(transport, _FULL)
+                return None
+            self.counts["evicted"] += 1
+            self._close(victim)
+        conn = self._conns[transport] = _Conn(transport, now)
+        if self._sweeper is None:
+            self._sweeper = self._loop.call_later(self._period, self._sweep)
+        return conn
+
+    def _evictable(self, now: float) -> _Conn | None:
+        best = None
+        for conn in self._conns.values():
+            if conn.phase != BUSY and now - conn.since >= EVICT_AFTER_S:
+                rank = (conn.phase == HEAD, conn.since)  # idle ones first, oldest first
+                if best is None or rank < best[0]:
+                    best = (rank, conn)
+        return best[1] if best else None
+
+    def _refuse(self, transport, answer: bytes) -> None:
+        transport.write(answer)
+        if self._lingering >= _LINGER_MAX:
+            transport.close()
+            return
+        self._lingering += 1
+        if transport.can_write_eof():
+            transport.write_eof()
+
+        def close():
+            self._lingering -= 1
+            transport.close()
+        self._loop.call_later(_LINGER_S, close)
+
+    def forget(self, conn: _Conn | None) -> None:
+        if conn is not None:
+            self._conns.pop(conn.transport, None)
+
+    # -- phases (called by the request handler wrapper) ------------------------------------------
+    def request_started(self, transport) -> None:
+        conn = self._conns.get(transport)
+        if conn is not None:
+            conn.phase = BUSY
+
+    def request_finished(self, transport) -> None:
+        conn = self._conns.get(transport)
+        if conn is not None:
+            conn.phase, conn.since = IDLE, self._loop.time()
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        now = self._loop.time()
+        for conn in list(self._conns.values()):
+            if conn.phase == IDLE and now - conn.since > self.keepalive_timeout_s:
+                self.counts["idle_timeout"] += 1
+                self._close(conn)
+            elif conn.phase == HEAD and now - conn.since > self.header_timeout_s:
+                self.counts["header_timeout"] += 1
+                self._close(conn)
+        if self._conns:
+            self._sweeper = self._loop.call_later(self._period, self._sweep)
+
+    # -- shutdown -------------------------------------------------------------------------------
+    def stop_accepting(self) -> None:
+        """New connections are refused; those not running a request are closed now."""
+        self.accepting = False
+        for conn in list(self._conns.values()):
+            if conn.phase != BUSY:
+                self._close(conn)
+
+    def close_all(self) -> None:
+        for conn in list(self._conns.values()):
+            self._close(conn)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+
+    def _close(self, conn: _Conn) -> None:
+        self._conns.pop(conn.transport, None)
+        conn.transport.close()
+
+
+def tracked(tracker: ConnectionTracker, handler):
+    """Wrap the runner's request handler so the tracker sees when requests start and end."""
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        transport = request.transport
+        tracker.request_started(transport)
+        try:
+            return await handler(request)
+        finally:
+            tracker.request_finished(transport)
+    return handle
+
+
+class GuardedSite(web.BaseSite):
+    """A TCP site whose connections go through the tracker."""
+
+    __slots__ = ("_host", "_port", "_tracker")
+
+    def __init__(self, runner: web.BaseRunner, tracker: ConnectionTracker, host: str, port: int, backlog: int):
+        super().__init__(runner, backlog=backlog)
+        self._host, self._port, self._tracker = host, port, tracker
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._tracker.factory(self._runner.server), self._host,
+                                                self._port, backlog=self._backlog, reuse_address=True)
+
+
+def fit_descriptor_limit(max_connections: int) -> int:
+    """Raise the soft descriptor limit to fit max_connections (+ refusals lingering + a reserve
+    for model files); if the hard limit is lower, return a lowered max_connections (warned)."""
+    need = max_connections + _LINGER_MAX + FD_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as e:
+            log.warning("cannot raise the descriptor limit to %d: %s", target, e)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        fitted = max(1, soft - _LINGER_MAX - FD_RESERVE)
+        log.warning("max_connections lowered from %d to %d to fit the descriptor limit of %d (ulimit -n)",
+                    max_connections, fitted, soft)
+        return fitted
+    return max_connections

@@ -1,0 +1,115 @@
+"""Connections are bounded and timed: slowloris heads and idle floods are closed by their
+timeouts while other clients are served, a full server makes room or refuses cleanly, and a
+stalled client does not hold shutdown. Loopback only, bounded counts; the limits in the loops
+are hang guards, not timing checks."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+
+from .conftest import ServerThread
+from .hostile import closed_by_server, metric, open_raw, read_response, wait_for
+
+GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
+HEAD = b"POST /v2/models/double/infer HTTP/1.1\r\nHost: test\r\nContent-Length: 10\r\n"
+
+
+async def good_request(url: str) -> int:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"http://{url}/v2/models/double/infer", data=GOOD) as resp:
+            await resp.read()
+            return resp.status
+
+
+@pytest.fixture(scope="module")
+def timed(models_dir, make_config):
+    srv = ServerThread(make_config(models_dir, header_timeout_s=0.5, keepalive_timeout_s=1.5)).start()
+    yield srv
+    srv.close()
+
+
+def test_slowloris_heads_are_closed_while_others_are_served(timed):
+    async def slow_client():
+        reader, writer = await open_raw(timed.url)
+        trickle = asyncio.ensure_future(_trickle(writer))
+        closed = await closed_by_server(reader)
+        trickle.cancel()
+        writer.close()
+        return closed
+
+    async def scenario():
+        slow = [asyncio.ensure_future(slow_client()) for _ in range(50)]
+        served = [await good_request(timed.url) for _ in range(5)]
+        return await asyncio.gather(*slow), served
+    closed, served = asyncio.run(scenario())
+    assert all(closed) and served == [200] * 5
+    assert metric(timed.url, "aclserve_connections_closed_total", 'reason="header_timeout"') >= 50
+
+
+async def _trickle(writer):
+    for i in range(len(HEAD)):  # one byte every 0.1 s: the head never completes in time
+        writer.write(HEAD[i:i + 1])
+        await asyncio.sleep(0.1)
+
+
+def test_idle_connections_are_closed_while_others_are_served(timed):
+    async def idle_client():
+        reader, writer = await open_raw(timed.url)
+        closed = await closed_by_server(reader)
+        writer.close()
+        return closed
+
+    async def scenario():
+        idle = [asyncio.ensure_future(idle_client()) for _ in range(100)]
+        served = [await good_request(timed.url) for _ in range(5)]
+        return await asyncio.gather(*idle), served
+    closed, served = asyncio.run(scenario())
+    assert all(closed) and served == [200] * 5
+    assert metric(timed.url, "aclserve_connections") <= 1  # the scrape's own connection
+
+
+def test_a_full_server_replaces_its_longest_idle_connection_or_refuses(models_dir, make_config):
+    srv = ServerThread(make_config(models_dir, max_connections=10, keepalive_timeout_s=60)).start()
+    try:
+        async def scenario():
+            held = [await open_raw(srv.url) for _ in range(10)]
+            for reader, writer in held:  # one request each: all 10 are in, and idle now
+                writer.write(HEAD.replace(b"10", str(len(GOOD)).encode()) + b"\r\n" + GOOD)
+                assert (await read_response(reader))[0] == 200
+            reader, writer = await open_raw(srv.url)  # the others are idle for less than 1 s
+            refused = await read_response(reader)
+            writer.close()
+            await asyncio.sleep(1.2)  # now the first ones have been idle long enough to give way
+            served = await good_request(srv.url)
+            for _, w in held:
+                w.close()
+            return refused, served
+        (status, answer), served = asyncio.run(scenario())
+        assert status == 503 and b"max_connections" in answer and b"Retry-After" in answer
+        assert served == 200
+        assert metric(srv.url, "aclserve_connections_closed_total", 'reason="evicted"') >= 1
+    finally:
+        srv.close()
+
+
+def test_shutdown_does_not_wait_for_a_stalled_upload(models_dir, make_config):
+    """The upload stalls mid-body (it would wait 60 s for body_timeout_s): shutdown gives it
+    shutdown_timeout_s, then closes it; idle connections are closed at once."""
+    srv = ServerThread(make_config(models_dir, shutdown_timeout_s=0.5, body_timeout_s=60)).start()
+
+    async def scenario():
+        reader, writer = await open_raw(srv.url)
+        writer.write(HEAD + b"\r\n" + b"{")
+        idle_reader, idle_writer = await open_raw(srv.url)
+        await wait_for(lambda: metric(srv.url, "aclserve_request_memory_bytes") >= 10)
+        await asyncio.get_running_loop().run_in_executor(None, srv.close)  # blocks until stopped
+        stalled = await closed_by_server(reader, limit_s=5)
+        idle = await closed_by_server(idle_reader, limit_s=5)
+        writer.close()
+        idle_writer.close()
+        return stalled, idle
+    assert asyncio.run(scenario()) == (True, True)
+    assert srv.error is None and not srv._thread.is_alive()
