@@ -38,6 +38,7 @@ from .watcher import Debouncer, RepositoryWatcher
 log = logging.getLogger(__name__)
 
 RESCAN_S = 10.0  # poll mode: rescan at least this often even without file events
+MAX_VERSION_DIGITS = 18  # versions are folder names of positive integers; longer is not one
 
 
 class ModelLoadFailed(ServeError):
@@ -137,8 +138,9 @@ class ModelRepository:
         versions = self._serving.get(name)
         if version not in (None, ""):
             version = str(version)
-            if version.isdigit() and len(version) < 20:  # longer: no version of ours (and int() may refuse it)
-                version = str(int(version))
+            if len(version) > MAX_VERSION_DIGITS:
+                raise InvalidInput(f"version must be a positive integer of at most {MAX_VERSION_DIGITS} digits")
+            version = str(int(version)) if version.isascii() and version.isdigit() else version
         if versions:
             if version in (None, ""):
                 return versions[max(versions, key=int)]

@@ -13,8 +13,11 @@ from aiohttp import web
 from ..errors import InvalidInput
 from . import views
 from .app_keys import STATE
+from .body import read_body
 from .infer import infer
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+
+CONTROL_BODY_BYTES = 1 << 20  # repository API bodies are a few bytes of JSON
 
 
 def _json(doc, status: int = 200) -> web.Response:
@@ -54,13 +57,16 @@ async def get_model_config(request: web.Request) -> web.Response:
 
 
 async def _body(request: web.Request) -> dict:
-    raw = await request.read()
-    if not raw.strip():
-        return {}
-    try:
-        doc = orjson.loads(raw)  # depth-limited: deep nesting is a JSONDecodeError, not a RecursionError
-    except orjson.JSONDecodeError as e:
-        raise InvalidInput(f"request body is not valid JSON: {e}") from None
+    state = request.app[STATE]
+    with state.budget.lease() as lease:
+        raw = await read_body(request, lease, min(CONTROL_BODY_BYTES, state.config.max_body_bytes),
+                              state.config.body_timeout_s)
+        if not raw.strip():
+            return {}
+        try:
+            doc = orjson.loads(raw)  # depth-limited: deep nesting is a JSONDecodeError, not a RecursionError
+        except orjson.JSONDecodeError as e:
+            raise InvalidInput(f"request body is not valid JSON: {e}") from None
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object")
     return doc

@@ -70,8 +70,9 @@ def statistics(state, name: str | None, version: str | None) -> dict:
 
 
 def repository_index(state, ready_only: bool) -> list[dict]:
+    """Index rows; reasons with this machine's paths redacted (redact.py)."""
     return [{"name": e["name"], "version": str(e.get("version", "")), "state": e.get("state", ""),
-             "reason": e.get("reason", "") or ""} for e in state.repo.index(ready_only=ready_only)]
+             "reason": state.redact(e.get("reason", "") or "")} for e in state.repo.index(ready_only=ready_only)]
 
 
 def check_load_parameters(keys) -> None:

@@ -1,0 +1,97 @@
+"""Bearer-token access control: the repository API always, /v2/models/... when asked.
+
+The token comes from ACLSERVE_API_TOKEN or the config's `api_token` and is never logged nor
+shown. Requests carry `Authorization: Bearer <token>`; the comparison is constant-time
+(hmac.compare_digest). Without a token the repository's load/unload routes answer 403 unless the
+server listens on a loopback address only, so nobody on the network can unload models.
+"""
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import os
+
+from aiohttp import web
+
+from ..config import ConfigError
+from ..errors import ServeError
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "ACLSERVE_API_TOKEN"
+_REPOSITORY = "/v2/repository/"
+_MODELS = "/v2/models"
+
+
+class Unauthorized(ServeError):
+    status = 401
+    headers = {"WWW-Authenticate": 'Bearer realm="aclserve"'}
+
+
+class Forbidden(ServeError):
+    status = 403
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
+
+
+class Access:
+    """Owned by the server state; built once from the config and the environment."""
+
+    def __init__(self, config, environ=os.environ):
+        self._token = (environ.get(TOKEN_ENV) or config.api_token).encode()
+        if config.auth_inference and not self._token:
+            raise ConfigError("auth_inference", f"needs a token: set api_token or {TOKEN_ENV}")
+        self.inference = config.auth_inference
+        self.host = config.host
+        self.control_open = bool(self._token) or is_loopback(config.host)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._token)
+
+    def check(self, request: web.BaseRequest) -> None:
+        """Raise Unauthorized unless the request carries the token."""
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise Unauthorized("this route needs an API token: send 'Authorization: Bearer <token>'")
+        if not hmac.compare_digest(given.strip().encode(), self._token):
+            raise Unauthorized("the API token is not valid")
+
+    def check_repository(self, request: web.BaseRequest, control: bool) -> None:
+        """The repository API: the token when one is set; else load/unload only on loopback."""
+        if self._token:
+            self.check(request)
+        elif control and not self.control_open:
+            raise Forbidden(f"model load/unload is disabled: the server listens on {self.host} without "
+                            f"an API token (set api_token in the config or {TOKEN_ENV})")
+
+    def log_startup(self) -> None:
+        if self._token:
+            log.info("API token set: the repository API%s needs it", " and inference" if self.inference else "")
+        elif not self.control_open:
+            log.warning("listening on %s without an API token: model load/unload requests are refused "
+                        "(403); set api_token in the config or %s to enable them", self.host, TOKEN_ENV)
+
+
+@web.middleware
+async def access_middleware(request: web.Request, handler):
+    """Routed requests (the infer fast path checks in handle_infer). Matches the route template,
+    not the raw path, so no spelling of a URL reaches a protected route unchecked."""
+    from .app_keys import STATE  # app_keys -> state -> this module: import at call time
+
+    resource = request.match_info.route.resource
+    template = resource.canonical if resource is not None else ""
+    access = request.app[STATE].auth
+    if template.startswith(_REPOSITORY):
+        access.check_repository(request, control=not template.endswith("/index"))
+    elif access.inference and template.startswith(_MODELS):
+        access.check(request)
+    return await handler(request)

@@ -1,0 +1,127 @@
+"""Access to the repository API (and optionally inference) with a bearer token; no token on a
+non-loopback host refuses load/unload; errors never show this machine's absolute paths; the
+repository routes answer 400, not 500, to hostile bodies and URLs."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+
+from .conftest import ServerThread
+from .test_server_lifecycle import started_app
+
+TOKEN = "s3cret-t0ken-for-tests"
+GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
+
+
+def call(url: str, path: str, body: bytes | None = None, token: str | None = None, method: str = "POST"):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(f"http://{url}{path}", data=body, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.loads(e.read() or b"null")
+
+
+@pytest.fixture(scope="module")
+def guarded(models_dir, make_config):
+    srv = ServerThread(make_config(models_dir, api_token=TOKEN)).start()
+    yield srv
+    srv.close()
+
+
+@pytest.mark.parametrize("path", ["/v2/repository/index", "/v2/repository/models/double/unload",
+                                  "/v2/repository/models/double/load"])
+def test_the_repository_api_needs_the_token(guarded, path):
+    status, headers, doc = call(guarded.url, path, b"{}")
+    assert status == 401 and "Bearer" in headers.get("WWW-Authenticate", "") and "token" in doc["error"]
+    status, _, doc = call(guarded.url, path, b"{}", token="wrong")
+    assert status == 401 and doc["error"] == "the API token is not valid"
+    status, _, _ = call(guarded.url, path, b"{}", token=TOKEN)
+    assert status == 200
+    if path.endswith("unload"):
+        assert call(guarded.url, "/v2/repository/models/double/load", b"{}", token=TOKEN)[0] == 200
+
+
+def test_inference_stays_open_unless_asked(guarded):
+    assert call(guarded.url, "/v2/models/double/infer", GOOD)[0] == 200
+
+
+def test_inference_can_require_the_token(models_dir, make_config):
+    srv = ServerThread(make_config(models_dir, api_token=TOKEN, auth_inference=True)).start()
+    try:
+        assert call(srv.url, "/v2/models/double/infer", GOOD)[0] == 401  # the fast path checks too
+        assert call(srv.url, "/v2/models/double", method="GET")[0] == 401
+        assert call(srv.url, "/v2/health/ready", method="GET")[0] == 200
+        assert urllib.request.urlopen(f"http://{srv.url}/metrics", timeout=30).status == 200
+        client = triton.InferenceServerClient(srv.url)
+        x = triton.InferInput("x", [1, 16], "FP32")
+        x.set_data_from_numpy(np.ones((1, 16), np.float32))
+        with pytest.raises(Exception, match="401|token"):
+            client.infer("double", [x])
+        y = client.infer("double", [x], headers={"Authorization": f"Bearer {TOKEN}"}).as_numpy("y")
+        assert (y == 2).all()
+        client.close()
+    finally:
+        srv.close()
+
+
+def test_token_from_the_environment_is_used_and_never_logged(models_dir, make_config, monkeypatch, caplog):
+    monkeypatch.setenv("ACLSERVE_API_TOKEN", TOKEN)
+    caplog.set_level(logging.DEBUG)
+    config = make_config(models_dir)
+    assert TOKEN not in repr(config)
+    srv = ServerThread(config).start()
+    try:
+        assert call(srv.url, "/v2/repository/index", b"{}")[0] == 401
+        assert call(srv.url, "/v2/repository/index", b"{}", token=TOKEN)[0] == 200
+    finally:
+        srv.close()
+    assert not any(TOKEN in r.getMessage() for r in caplog.records)
+
+
+def test_without_a_token_load_and_unload_are_refused_off_loopback(models_dir, make_config, caplog):
+    """host 0.0.0.0 in the config (the test still listens on 127.0.0.1 only)."""
+    caplog.set_level(logging.WARNING, logger="aclserve.server.auth")
+
+    async def scenario():
+        config = make_config(models_dir, host="0.0.0.0")
+        runner, state, url, _, _ = await started_app(config)
+        state.auth.log_startup()
+        try:
+            import aiohttp
+            async with aiohttp.ClientSession() as s:
+                async with s.post(f"{url}/v2/repository/models/double/unload") as r:
+                    unload = r.status, await r.json()
+                async with s.post(f"{url}/v2/repository/index") as r:
+                    index = r.status
+            return unload, index
+        finally:
+            await runner.cleanup()
+    (status, doc), index = asyncio.run(scenario())
+    assert status == 403 and "ACLSERVE_API_TOKEN" in doc["error"] and index == 200
+    assert any("api_token" in r.getMessage() and "refused" in r.getMessage() for r in caplog.records)
+
+
+def test_errors_do_not_show_absolute_paths(guarded, models_dir):
+    status, _, doc = call(guarded.url, "/v2/repository/models/nosuch/load", b"{}", token=TOKEN)
+    assert status == 404 and str(models_dir) not in doc["error"] and "<models>" in doc["error"]
+
+
+def test_a_deeply_nested_repository_body_is_a_400(guarded):
+    status, _, doc = call(guarded.url, "/v2/repository/index", b"[" * 100_000 + b"]" * 100_000, token=TOKEN)
+    assert status == 400 and "nested too deeply" in doc["error"]
+
+
+def test_a_5000_digit_version_is_a_400(guarded):
+    status, _, doc = call(guarded.url, f"/v2/models/double/versions/{'9' * 5000}", method="GET")
+    assert status == 400 and "version" in doc["error"]
+    status, _, doc = call(guarded.url, f"/v2/models/double/versions/{'1' * 5000}/infer", GOOD)
+    assert status == 400 and "version" in doc["error"]
