@@ -75,6 +75,7 @@ def run_serve(args) -> int:
         config = load_server_config(args.config, serve_overrides(args))
     except (ConfigError, OSError) as e:
         raise UsageError(f"bad configuration: {e}") from None
+    _check_fault_spec()
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in QUIET_LOGGERS:  # --log-level debug is about aclserve, not every inotify event
@@ -84,13 +85,25 @@ def run_serve(args) -> int:
     from ..repository import RepositoryError
     try:
         _run(serve(config))
-    except RepositoryError as e:
+    except (RepositoryError, ConfigError) as e:
         raise UsageError(str(e)) from None
     except OSError as e:  # e.g. the port is taken
         if e.strerror is None:  # our own message (the gRPC port names itself)
             raise UsageError(str(e)) from None
         raise UsageError(f"cannot listen on {config.host}:{config.port}: {e.strerror or e}") from None
     return 0
+
+
+def _check_fault_spec() -> None:
+    """A bad ACLSERVE_CPU_FAULTS is one line now, not a traceback from inside acl.init later."""
+    import os
+    spec = os.environ.get("ACLSERVE_CPU_FAULTS", "")
+    if spec.strip():
+        from ..acl.cpu import faults
+        try:
+            faults.parse(spec)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
 
 
 def _run(coro) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 
 from .. import constants as C
-from . import _copy, _memory, _state
+from . import _copy, _memory, _state, faults
 from ._args import INT, PTR, api
 
 _OK = C.ACL_SUCCESS
@@ -50,6 +50,15 @@ def memcpy(dst, dst_max, src, count, kind):
     kind, ret = _copy.check_memcpy(dst, dst_max, src, count, kind, ctx.device)
     if ret:
         return ret
+    return _copy_now(dst, src, count)
+
+
+def _copy_now(dst: int, src: int, count: int) -> int:
+    """The copy itself, unless an injected memcpy fault (faults.py) fails or delays it."""
+    if faults.active():
+        code = faults.trigger("memcpy", -1)
+        if code:
+            return code
     ctypes.memmove(dst, src, count)
     return _OK
 
@@ -69,7 +78,7 @@ def memcpy_async(dst, dst_max, src, count, kind, stream):
     if kind == C.ACL_MEMCPY_HOST_TO_HOST:
         return C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
     s, ret = _state.stream_of(stream, ctx)
-    return ret or s.enqueue(lambda: (ctypes.memmove(dst, src, count), _OK)[1])
+    return ret or s.enqueue(lambda: _copy_now(dst, src, count))
 
 
 @api("acl.rt.memset", PTR, PTR, INT, PTR)

@@ -1,7 +1,9 @@
-"""Fault injection for runtime tests: make model executions fail, slow down or hold.
+"""Fault injection for runtime tests: make model executions or memory copies fail, slow down or hold.
 
     from aclserve.acl.cpu import faults
     f = faults.inject("execute", nth=3)                  # the 3rd execute from now fails 507011
+    faults.inject("execute", count=4)                     # the next 4 executes fail
+    faults.inject("memcpy", nth=2, count=3)               # copies 2, 3 and 4 from now fail 507011
     faults.inject("execute", probability=0.1, code=145000)
     faults.inject("execute", delay_ms=200)               # every execute sleeps 200 ms first
     faults.inject("query_size", nth=1, code=500002)      # the next query_size is refused
@@ -11,14 +13,17 @@
     faults.clear()
 
 Counting starts when the fault is injected and covers the whole process, or one model with
-model_id=. A sync `execute` returns the code; an `execute_async` stores it on its stream, so it
-surfaces at the next synchronize. `code` defaults to 507011, or to 0 (no failure) when only a
+model_id= (execute only). `nth` picks the first call that fails (default: the next one) and
+`count` how many in a row from there (default 1 with nth, else every call). A sync `execute`
+or `memcpy` returns the code; an `execute_async` or `memcpy_async` stores it on its stream,
+so it surfaces at the next synchronize. `code` defaults to 507011, or to 0 (no failure) when only a
 delay or hold is asked for. Delays and holds happen while the execution owns the model, so they
 also provoke the non-re-entrancy error and stream/event timeouts.
 
-Environment (read at acl.init): ACLSERVE_CPU_FAULTS="execute:nth=3,code=507011;execute:delay_ms=50"
-- faults separated by ';', each `kind` then optional `:key=value,...` with keys nth,
-probability, code, delay_ms, model_id.
+Environment (read at acl.init): ACLSERVE_CPU_FAULTS="execute:nth=3,code=507011;memcpy:count=2"
+- faults separated by ';', each `kind` then optional `:key=value,...` with keys nth, count,
+probability, code, delay_ms, model_id. A bad spec raises ValueError with one line saying what
+is wrong (`aclserve serve` checks it before starting).
 """
 from __future__ import annotations
 
@@ -30,13 +35,16 @@ from dataclasses import dataclass, field
 
 from .. import constants as C
 
-KINDS = ("execute", "query_size")  # query_size: refuse it, as CANN does for dynamic-shape OMs
+KINDS = ("execute", "memcpy", "query_size")  # query_size: refuse it, as CANN does for dynamic-shape OMs
+_KEYS = {"nth": int, "count": int, "probability": float, "code": int, "delay_ms": float, "model_id": int}
+_FORMAT = "kind[:key=value,...][;...] with kind " + "|".join(KINDS) + " and keys " + ", ".join(_KEYS)
 
 
 @dataclass
 class Fault:
     kind: str
     nth: int | None = None
+    count: int | None = None
     probability: float | None = None
     code: int = C.ACL_ERROR_RT_MODEL_EXECUTE
     delay_ms: float | None = None
@@ -51,8 +59,14 @@ class Fault:
         if self.model_id is not None and self.model_id != model_id:
             return False
         self.seen += 1
-        if self.nth is not None:
-            return self.seen == self.nth
+        first = self.nth or 1
+        if self.seen < first:
+            return False
+        if self.count is not None:
+            if self.fired >= self.count:
+                return False
+        elif self.nth is not None and self.seen != self.nth:
+            return False
         if self.probability is not None:
             return random.random() < self.probability
         return True
@@ -64,14 +78,11 @@ _faults: list[Fault] = []
 
 def inject(kind: str = "execute", nth: int | None = None, probability: float | None = None,
            code: int | None = None, delay_ms: float | None = None, model_id: int | None = None,
-           hold: threading.Event | None = None, _from_env: bool = False) -> Fault:
-    if kind not in KINDS:
-        raise ValueError(f"fault kind must be one of {KINDS}, not {kind!r}")
-    if nth is not None and nth < 1:
-        raise ValueError("nth counts from 1")
+           hold: threading.Event | None = None, count: int | None = None, _from_env: bool = False) -> Fault:
+    inject_check(kind, nth, count, probability, delay_ms)
     if code is None:
         code = 0 if (delay_ms or hold is not None) else C.ACL_ERROR_RT_MODEL_EXECUTE
-    fault = Fault(kind, nth, probability, code, delay_ms, model_id, hold, _from_env)
+    fault = Fault(kind, nth, count, probability, code, delay_ms, model_id, hold, _from_env)
     with _lock:
         _faults.append(fault)
     return fault
@@ -104,19 +115,39 @@ def trigger(kind: str, model_id: int) -> int:
 
 
 def parse(spec: str) -> list[dict]:
-    """"execute:nth=3,code=507011;execute:delay_ms=5" -> keyword dicts for inject()."""
+    """"execute:nth=3,code=507011;memcpy:count=2" -> keyword dicts for inject(). Raises
+    ValueError with one line naming the bad part."""
     out = []
     for part in filter(None, (p.strip() for p in spec.split(";"))):
         kind, _, rest = part.partition(":")
         kwargs: dict = {"kind": kind.strip()}
-        for item in filter(None, (i.strip() for i in rest.split(","))):
-            key, eq, value = item.partition("=")
-            key = key.strip()
-            if not eq or key not in ("nth", "probability", "code", "delay_ms", "model_id"):
-                raise ValueError(f"ACLSERVE_CPU_FAULTS: bad item {item!r} in {part!r}")
-            kwargs[key] = float(value) if key in ("probability", "delay_ms") else int(value)
+        try:
+            for item in filter(None, (i.strip() for i in rest.split(","))):
+                key, eq, value = item.partition("=")
+                key = key.strip()
+                if not eq or key not in _KEYS:
+                    raise ValueError(f"unknown item {item!r}")
+                try:
+                    kwargs[key] = _KEYS[key](value.strip())
+                except ValueError:
+                    raise ValueError(f"{key} must be a{'n integer' if _KEYS[key] is int else ' number'}, "
+                                     f"got {value.strip()!r}") from None
+            inject_check(**kwargs)
+        except ValueError as e:
+            raise ValueError(f"ACLSERVE_CPU_FAULTS: {e} in {part!r} (format: {_FORMAT})") from None
         out.append(kwargs)
     return out
+
+
+def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=None, **_) -> None:
+    """The argument checks of inject(), without injecting."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r} (kinds: {', '.join(KINDS)})")
+    for name, value, low in (("nth", nth, 1), ("count", count, 1), ("delay_ms", delay_ms, 0)):
+        if value is not None and value < low:
+            raise ValueError(f"{name} must be >= {low}")
+    if probability is not None and not 0 <= probability <= 1:
+        raise ValueError("probability must be within 0..1")
 
 
 def load_env() -> None:

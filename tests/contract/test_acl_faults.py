@@ -1,0 +1,73 @@
+"""CPU-runtime fault injection: "fail the next N", memcpy faults (sync and on a stream), and a
+bad ACLSERVE_CPU_FAULTS spec reported in one line (also by `aclserve serve`, before start-up)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from aclserve.acl import constants as C
+from aclserve.acl.cpu import faults
+
+H2D = 1
+
+
+@pytest.fixture
+def clean_faults():
+    faults.clear()
+    yield
+    faults.clear()
+
+
+def test_nth_and_count_pick_a_run_of_calls(clean_faults):
+    faults.inject("execute", nth=2, count=3)
+    codes = [faults.trigger("execute", 1) for _ in range(6)]
+    assert codes == [0] + [C.ACL_ERROR_RT_MODEL_EXECUTE] * 3 + [0, 0]
+    faults.clear()
+    faults.inject("execute", count=2, code=507000)
+    assert [faults.trigger("execute", 1) for _ in range(3)] == [507000, 507000, 0]
+
+
+def test_memcpy_faults_fail_sync_copies_and_surface_at_synchronize(acl, ctx, device_buffer, cpu_only,
+                                                                  clean_faults):
+    data = bytes(64)
+    src = acl.util.bytes_to_ptr(data)
+    dev = device_buffer(64)
+    faults.inject("memcpy", count=1)
+    assert acl.rt.memcpy(dev, 64, src, 64, H2D) == C.ACL_ERROR_RT_MODEL_EXECUTE
+    assert acl.rt.memcpy(dev, 64, src, 64, H2D) == 0
+    stream, ret = acl.rt.create_stream()
+    assert ret == 0
+    try:
+        faults.inject("memcpy", count=1, code=507000)
+        assert acl.rt.memcpy_async(dev, 64, src, 64, H2D, stream) == 0  # queued; fails on the stream
+        assert acl.rt.synchronize_stream(stream) == 507000
+        assert acl.rt.memcpy_async(dev, 64, src, 64, H2D, stream) == 0
+        assert acl.rt.synchronize_stream(stream) == 0
+    finally:
+        acl.rt.destroy_stream(stream)
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("execute:nth=abc", "nth must be an integer, got 'abc'"),
+    ("gpu:nth=1", "unknown kind 'gpu'"),
+    ("execute:nth=0", "nth must be >= 1"),
+    ("execute:probability=2", "probability must be within 0..1"),
+    ("execute:nth", "unknown item 'nth'"),
+])
+def test_a_bad_spec_is_one_line_naming_the_problem(spec, fragment):
+    with pytest.raises(ValueError) as info:
+        faults.parse(spec)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("ACLSERVE_CPU_FAULTS: ") and fragment in message
+    assert "format: kind[:key=value" in message
+
+
+def test_serve_with_a_bad_spec_exits_with_one_line(tmp_path):
+    env = dict(os.environ, ACLSERVE_CPU_FAULTS="execute:nth=x")
+    proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port", "0",
+                           "--device", "cpu"], env=env, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "nth must be an integer" in lines[0], proc.stderr
