@@ -1,0 +1,93 @@
+"""Readiness tells the truth: a warm-up that fails from an injected device fault leaves the
+server not ready, the failure and the retry plan show in the index and /metrics, and after the
+automatic retry the model serves and readiness is true again. Also: overload limits default
+to `auto` figures, and retried batches are counted."""
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import urllib.error
+import urllib.request
+
+import pytest
+
+from aclserve.acl.cpu import faults
+
+from .conftest import ServerThread
+from .hostile import metric, wait_for
+
+GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
+
+
+def get(url: str, path: str, body: bytes | None = None):
+    req = urllib.request.Request(f"http://{url}{path}", data=body, method="POST" if body is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture
+def one_model(models_dir, tmp_path):
+    shutil.copy(models_dir / "double.om", tmp_path / "double.om")
+    return tmp_path
+
+
+@pytest.fixture
+def clean_faults():
+    faults.clear()
+    yield
+    faults.clear()
+
+
+def test_a_transient_warm_up_fault_is_retried_and_readiness_follows(one_model, make_config, clean_faults):
+    gate = faults.inject("execute", nth=1, count=2)  # the first two warm-up runs fail
+    srv = ServerThread(make_config(one_model, load_retry_initial_s=0.5, load_retry_max_s=1.0)).start()
+    try:
+        status, _ = get(srv.url, "/v2/health/ready")
+        assert status == 503  # the one model that should be served is not (yet)
+        index = get(srv.url, "/v2/repository/index", b"{}")[1]
+        row = next(r for r in index if r["name"] == "double")
+        assert row["state"] == "UNAVAILABLE" and "transient device error: retry 1 in" in row["reason"]
+        assert metric(srv.url, "aclserve_model_state", 'model="double",state="UNAVAILABLE",version="1"') == 1
+        assert "model execution failed" in urllib.request.urlopen(f"http://{srv.url}/metrics").read().decode()
+        asyncio.run(wait_for(lambda: get(srv.url, "/v2/health/ready")[0] == 200, limit_s=60))
+        assert gate.fired == 2
+        assert get(srv.url, "/v2/models/double/infer", GOOD)[0] == 200
+        assert metric(srv.url, "aclserve_model_load_retries_total", 'model="double"') >= 1
+        assert metric(srv.url, "aclserve_model_state", 'model="double",state="READY",version="1"') == 1
+    finally:
+        srv.close()
+
+
+def test_a_bad_file_is_not_retried_and_lenient_readiness_ignores_it(one_model, make_config):
+    (one_model / "junk.om").write_bytes(b"not a model")
+    srv = ServerThread(make_config(one_model, readiness="lenient")).start()
+    try:
+        assert get(srv.url, "/v2/health/ready")[0] == 200
+        row = next(r for r in get(srv.url, "/v2/repository/index", b"{}")[1] if r["name"] == "junk")
+        assert row["state"] == "UNAVAILABLE" and "retry" not in row["reason"]
+        assert metric(srv.url, "aclserve_model_load_retries_total", 'model="junk"') == 0
+    finally:
+        srv.close()
+
+
+def test_queue_limits_default_to_auto_figures_from_the_model(server):
+    status, config = get(server.url, "/v2/models/double/config")
+    policy = config["dynamic_batching"]["default_queue_policy"]
+    assert policy["max_queue_size"] == 8 * 8 * 1  # 8 batches of the largest gear (8) per instance
+    assert policy["default_timeout_microseconds"] >= 2_000_000
+
+
+def test_retried_batches_are_counted(one_model, make_config, clean_faults):
+    (one_model / "double.yaml").write_text("instances: 2\n")
+    srv = ServerThread(make_config(one_model)).start()
+    try:
+        faults.inject("execute", nth=1)
+        assert get(srv.url, "/v2/models/double/infer", GOOD)[0] == 200  # failed once, re-run elsewhere
+        assert metric(srv.url, "aclserve_batch_faults_total", 'model="double",outcome="retried",version="1"') == 1
+        assert metric(srv.url, "aclserve_batch_faults_total", 'model="double",outcome="failed",version="1"') == 1
+    finally:
+        srv.close()
