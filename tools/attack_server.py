@@ -171,7 +171,8 @@ async def run_attack(name: str, args, base: str, host: str, port: int, sampler: 
         outcome = {k: labels.count(k) for k in sorted(set(labels))}
     return {"attack": name, "seconds": round(seconds, 1), "rss_before_mb": before / 2**20,
             "rss_peak_mb": sampler.peak() / 2**20, "rss_after_mb": sampler.rss() / 2**20,
-            "attackers": outcome, "probes_ok": probes.count(200), "probes": len(probes)}
+            "attackers": outcome, "probes_ok": probes.count(200), "probes": len(probes),
+            "probe_failures": sorted({str(p) for p in probes if p != 200})}
 
 
 def main(argv=None) -> int:

@@ -131,6 +131,8 @@ async def _read(content, inflater: _Inflater | None, lease: Lease, declared: int
                 raise _too_large(max_bytes)
             lease.take(len(piece), "decompressed request body")
             body += piece
+            if len(piece) == INFLATE_STEP:
+                await asyncio.sleep(0)  # a compressed chunk can inflate for long: let others run
     if inflater is not None:
         inflater.finish()
     elif exact and wire != declared:
