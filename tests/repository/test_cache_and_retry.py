@@ -1,0 +1,87 @@
+"""The compile cache heals (a corrupted or swapped entry is compiled again) and finds a writable
+folder; the retry schedule backs off with jitter; auto queue limits come from the model."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from aclserve.acl.check import AclError
+from aclserve.config import ModelConfig
+from aclserve.errors import ExecutionFailed
+from aclserve.repository import cache_dir, cache_entry, overload
+from aclserve.repository.retry import RetrySchedule, is_transient
+
+from .repo_helpers import place, x_rows
+
+
+def _entry(models_dir: Path) -> Path:
+    (om,) = (models_dir / ".cache").glob("o-*.om")
+    return om
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("damage", ["truncate", "swap", "no manifest"])
+async def test_a_bad_cache_entry_is_deleted_and_compiled_again(make_repo, models_dir, model_files, damage):
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    await repo.close()
+    om = _entry(models_dir)
+    if damage == "truncate":
+        om.write_bytes(om.read_bytes()[:100])
+    elif damage == "swap":  # another model's OM under this entry's name: must not be served as "o"
+        om.write_bytes(Path(model_files[3]["om"]).read_bytes())
+    else:
+        cache_entry.manifest_path(om).unlink()
+    repo2, _ = await make_repo(model_control_mode="explicit")
+    assert float((await repo2.get("o").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
+    om = _entry(models_dir)
+    assert cache_entry.problem(om, json.loads(cache_entry.manifest_path(om).read_text())["key"]) is None
+
+
+def test_an_unwritable_models_folder_compiles_into_the_user_cache(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / ".cache").write_text("a file where the cache folder would be")  # cannot be written
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    folder = cache_dir.resolve("", str(models), env)
+    assert folder.parent == tmp_path / "xdg" / "aclserve" / "compile" and folder.name.startswith("models-")
+    assert folder.is_dir()
+    env = {"XDG_CACHE_HOME": str(models / ".cache" / "x")}  # not writable either
+    with pytest.raises(cache_dir.CacheUnavailable, match="set compile_cache_dir to a writable folder"):
+        cache_dir.resolve("", str(models), env)
+    with pytest.raises(cache_dir.CacheUnavailable, match="compile_cache_dir"):
+        cache_dir.resolve(str(models / ".cache" / "sub"), str(models), env)
+
+
+@pytest.mark.asyncio
+async def test_an_onnx_model_without_a_writable_cache_says_why(make_repo, models_dir, model_files):
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    (models_dir / "blocker").write_text("")
+    repo, _ = await make_repo(model_control_mode="explicit", compile_cache_dir=str(models_dir / "blocker" / "c"))
+    assert "cannot write the compile cache folder" in repo.load_failures()[("o", "1")]
+
+
+def test_backoff_doubles_up_to_the_ceiling_with_jitter_in_its_upper_half():
+    schedule = RetrySchedule(1.0, 8.0, lambda *a: None, rng=random.Random(3))
+    for attempt, ceiling in enumerate([1, 2, 4, 8, 8, 8]):
+        delays = {schedule.delay(attempt) for _ in range(20)}
+        assert all(ceiling / 2 <= d <= ceiling for d in delays) and len(delays) > 1
+
+
+def test_only_device_and_resource_failures_are_transient():
+    assert is_transient(ExecutionFailed("batch failed on device 0"))
+    assert is_transient(AclError("rt.malloc", 207001)) and is_transient(AclError("mdl.execute", 507011))
+    assert not is_transient(AclError("mdl.load_from_file", 145006))  # wrong kind of file
+    assert not is_transient(ValueError("not an OM file"))
+
+
+def test_auto_queue_limits_follow_gears_instances_and_speed():
+    config = overload.resolve(ModelConfig(), (1, 2, 4, 8), {8: 0.5}, instances=2)
+    policy = config.batching.default_queue_policy
+    assert policy.max_queue_size == 8 * 8 * 2
+    assert policy.default_timeout_ms == 2 * 1000 * 0.5 * 8  # twice the 8 runs of a full queue
+    fast = overload.resolve(ModelConfig(), (1,), {1: 0.001}, instances=1).batching.default_queue_policy
+    assert fast.max_queue_size == overload.MIN_QUEUE and fast.default_timeout_ms == overload.MIN_DEADLINE_MS
