@@ -42,6 +42,11 @@ def limit_arenas(arenas: int = DEFAULT_ARENAS) -> bool:
     return bool(_LIBC.mallopt(_M_ARENA_MAX, arenas))
 
 
+def available() -> bool:
+    """Whether this process runs on glibc's malloc (trim and the arena cap do something)."""
+    return _LIBC is not None
+
+
 def trim() -> bool:
     """Return free heap memory of every arena to the system (blocking, milliseconds; run it off
     the event loop). True when memory was released."""

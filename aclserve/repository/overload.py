@@ -3,8 +3,9 @@
 Shedding by default: a bounded queue answers the excess 503 at once, so what is queued is
 served soon instead of every client waiting longer and longer (and timing out, which wastes
 the work done for it). The queue holds QUEUE_BATCHES full batches per instance; the deadline
-is twice the time to run a full queue at the measured speed, never under MIN_DEADLINE_MS, so
-it only fires when the device falls far behind (a stall), not in an ordinary burst.
+is twice the longest wait a request should see (the batching window plus the time to run a
+full queue at the measured speed), never under MIN_DEADLINE_MS, so it only fires when the
+device falls far behind (a stall), not in an ordinary burst.
 """
 from __future__ import annotations
 
@@ -23,11 +24,10 @@ def auto_queue_size(largest_gear: int, instances: int) -> int:
     return max(MIN_QUEUE, QUEUE_BATCHES * max(1, largest_gear) * instances)
 
 
-def auto_deadline_ms(queue_size: int, largest_gear: int, instances: int, gear_seconds: float | None) -> float:
-    if not gear_seconds:
-        return MIN_DEADLINE_MS
+def auto_deadline_ms(queue_size: int, largest_gear: int, instances: int, gear_seconds: float | None,
+                     window_ms: float = 0.0) -> float:
     runs = math.ceil(queue_size / (max(1, largest_gear) * instances))
-    return max(MIN_DEADLINE_MS, 2 * 1000.0 * gear_seconds * runs)
+    return max(MIN_DEADLINE_MS, 2 * (window_ms + 1000.0 * (gear_seconds or 0.0) * runs))
 
 
 def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int) -> ModelConfig:
@@ -42,7 +42,8 @@ def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int) -> Mode
             size = auto_queue_size(largest, instances)
         deadline = policy.default_timeout_ms
         if deadline is None:
-            deadline = auto_deadline_ms(size or auto_queue_size(largest, instances), largest, instances, cost)
+            deadline = auto_deadline_ms(size or auto_queue_size(largest, instances), largest, instances, cost,
+                                        batching.max_queue_delay_ms)
         return dataclasses.replace(policy, max_queue_size=size, default_timeout_ms=deadline)
 
     resolved = dataclasses.replace(

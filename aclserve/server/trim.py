@@ -1,4 +1,4 @@
-"""Give freed heap memory back to the system after large requests (glibc's malloc_trim).
+"""Give freed heap memory back to the system after large requests (heap.trim: malloc_trim).
 
 glibc keeps freed memory in its arenas, and after a large free it raises its mmap threshold,
 so later large bodies come from the heap too: a burst of big requests would leave the RSS at
@@ -9,31 +9,20 @@ returns the free pages; it runs in a worker thread (it walks every arena), at mo
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import logging
 import time
+
+from .. import heap
 
 log = logging.getLogger(__name__)
 
 TRIM_AFTER_BYTES = 8 * 1024 * 1024
 
 
-def _load_malloc_trim():
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
-
-
 class HeapTrimmer:
     """Owned by the server state; `released(nbytes)` is called on the loop when a request ends."""
 
     def __init__(self, min_interval_s: float = 1.0):
-        self._trim = _load_malloc_trim()
         self.min_interval_s = min_interval_s
         self.freed_since = 0  # bytes released by large requests since the last trim
         self.trims = 0
@@ -43,10 +32,10 @@ class HeapTrimmer:
 
     @property
     def available(self) -> bool:
-        return self._trim is not None
+        return heap.available()
 
     def released(self, nbytes: int) -> None:
-        if self._trim is None or nbytes < TRIM_AFTER_BYTES:
+        if nbytes < TRIM_AFTER_BYTES or not heap.available():
             return
         self.freed_since += nbytes
         self._schedule()
@@ -67,7 +56,7 @@ class HeapTrimmer:
             return
         self.freed_since = 0
         self._last = time.monotonic()
-        self._task = asyncio.get_running_loop().run_in_executor(None, self._trim, 0)
+        self._task = asyncio.get_running_loop().run_in_executor(None, heap.trim)
         self._task.add_done_callback(self._done)
 
     def _done(self, future: asyncio.Future) -> None:

@@ -82,6 +82,6 @@ def test_auto_queue_limits_follow_gears_instances_and_speed():
     config = overload.resolve(ModelConfig(), (1, 2, 4, 8), {8: 0.5}, instances=2)
     policy = config.batching.default_queue_policy
     assert policy.max_queue_size == 8 * 8 * 2
-    assert policy.default_timeout_ms == 2 * 1000 * 0.5 * 8  # twice the 8 runs of a full queue
+    assert policy.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 8)  # twice (window + 8 runs of a full queue)
     fast = overload.resolve(ModelConfig(), (1,), {1: 0.001}, instances=1).batching.default_queue_policy
     assert fast.max_queue_size == overload.MIN_QUEUE and fast.default_timeout_ms == overload.MIN_DEADLINE_MS

@@ -129,7 +129,8 @@ def replicas(tmp_path_factory):
 def test_replicas_compile_a_dropped_onnx_once_into_one_valid_entry(replicas):
     models, group = replicas
     entries = sorted(os.listdir(models / ".cache"))
-    assert len(entries) == 1 and entries[0].startswith("m-") and entries[0].endswith(".om"), entries
+    assert len(entries) == 2 and entries[0].startswith("m-") and entries[0].endswith(".om"), entries
+    assert entries[1] == entries[0] + ".json"  # its manifest (repository/cache_entry.py)
     header = container.read_header(models / ".cache" / entries[0])  # a whole, valid CPU OM
     assert [t["name"] for t in header["inputs"]][:2] == ["x", "idx"] and header["gears"] == [1, 2, 4, 8]
     logs = [r.log() for r in group]

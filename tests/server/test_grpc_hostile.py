@@ -64,7 +64,7 @@ HOSTILE = {
     "no model name": (edit(lambda r: setattr(r, "model_name", "")), INVALID, "model_name"),
     "unknown model": (edit(lambda r: setattr(r, "model_name", "nope")), NOT_FOUND, "unknown model"),
     "unknown version": (edit(lambda r: setattr(r, "model_version", "7")), NOT_FOUND, "no version 7"),
-    "5000-digit version": (edit(lambda r: setattr(r, "model_version", "9" * 5000)), NOT_FOUND, "no version"),
+    "5000-digit version": (edit(lambda r: setattr(r, "model_version", "9" * 5000)), INVALID, "at most 18 digits"),
     "no inputs": (lambda: pb.ModelInferRequest(model_name="affine"), INVALID, "inputs"),
     "unknown input": (edit(lambda r: setattr(r.inputs[0], "name", "z")), INVALID, "unknown input 'z'"),
     "input twice": (edit(lambda r: setattr(r.inputs[1], "name", "x")), INVALID, "more than once"),

@@ -179,7 +179,7 @@ def test_memory_is_given_back_after_large_requests(models_dir, make_config):
     srv = ServerThread(make_config(models_dir, max_body_bytes=32 * MiB)).start()
     try:
         status, _, _ = asyncio.run(post(srv.url, gzip_of_zeros(16 * MiB), {"Content-Encoding": "gzip"}))
-        assert status == 400  # zeros are not JSON; the 16 MiB were held and charged all the same
+        assert status in (400, 413)  # zeros are no JSON (or too much of it); the 16 MiB were held all the same
         asyncio.run(wait_for(lambda: metric(srv.url, "aclserve_heap_trims_total") >= 1))
         assert metric(srv.url, "aclserve_request_memory_peak_bytes") >= 16 * MiB
     finally:
