@@ -1,4 +1,5 @@
-"""Bearer-token access control: the repository API always, /v2/models/... when asked.
+"""Bearer-token access control: the repository API always, /v2/models/... when asked (HTTP
+here; the gRPC service makes the same checks with its `authorization` metadata).
 
 The token comes from ACLSERVE_API_TOKEN or the config's `api_token` and is never logged nor
 shown. Requests carry `Authorization: Bearer <token>`; the comparison is constant-time
@@ -59,16 +60,23 @@ class Access:
 
     def check(self, request: web.BaseRequest) -> None:
         """Raise Unauthorized unless the request carries the token."""
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        self.check_value(request.headers.get("Authorization", ""))
+
+    def check_value(self, authorization: str) -> None:
+        """The same for an Authorization value (an HTTP header, or gRPC metadata)."""
+        scheme, _, given = authorization.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             raise Unauthorized("this route needs an API token: send 'Authorization: Bearer <token>'")
         if not hmac.compare_digest(given.strip().encode(), self._token):
             raise Unauthorized("the API token is not valid")
 
     def check_repository(self, request: web.BaseRequest, control: bool) -> None:
+        self.check_repository_value(request.headers.get("Authorization", ""), control)
+
+    def check_repository_value(self, authorization: str, control: bool) -> None:
         """The repository API: the token when one is set; else load/unload only on loopback."""
         if self._token:
-            self.check(request)
+            self.check_value(authorization)
         elif control and not self.control_open:
             raise Forbidden(f"model load/unload is disabled: the server listens on {self.host} without "
                             f"an API token (set api_token in the config or {TOKEN_ENV})")

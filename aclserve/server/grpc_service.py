@@ -33,7 +33,8 @@ from .infer import counted_infer
 
 log = logging.getLogger(__name__)
 
-STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
+STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+                403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
                 413: grpc.StatusCode.RESOURCE_EXHAUSTED, 501: grpc.StatusCode.UNIMPLEMENTED,
                 503: grpc.StatusCode.UNAVAILABLE}
 CONTENTS_OFFLOAD_ELEMENTS = 16 * 1024  # typed contents above this are decoded in a thread
@@ -62,6 +63,11 @@ def _version(value: str) -> str | None:
     return value or None
 
 
+def _authorization(context) -> str:
+    """The `authorization` metadata ("Bearer <token>"), as the HTTP header (server/auth.py)."""
+    return next((v for k, v in (context.invocation_metadata() or ()) if k == "authorization"), "")
+
+
 class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     """The RPCs of `inference.GRPCInferenceService`; event-loop thread only. Shared memory,
     trace and log settings answer UNIMPLEMENTED (the servicer base class), like the HTTP
@@ -69,6 +75,11 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
 
     def __init__(self, state):
         self.state = state
+
+    def _model_access(self, context) -> None:
+        """auth_inference: the token for every model RPC, as for /v2/models/... over HTTP."""
+        if self.state.auth.inference:
+            self.state.auth.check_value(_authorization(context))
 
     # -- health and metadata --------------------------------------------------------------------
     async def ServerLive(self, request, context):
@@ -79,6 +90,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
 
     @rpc
     async def ModelReady(self, request, context):
+        self._model_access(context)
         return pb.ModelReadyResponse(ready=views.model_ready(self.state, request.name, _version(request.version)))
 
     async def ServerMetadata(self, request, context):
@@ -86,27 +98,32 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
 
     @rpc
     async def ModelMetadata(self, request, context):
+        self._model_access(context)
         doc = views.metadata(self.state, request.name, _version(request.version))
         return json_format.ParseDict(doc, pb.ModelMetadataResponse())
 
     @rpc
     async def ModelConfig(self, request, context):
+        self._model_access(context)
         doc = views.config(self.state, request.name, _version(request.version))
         return pb.ModelConfigResponse(config=json_format.ParseDict(doc, mc.ModelConfig()))
 
     @rpc
     async def ModelStatistics(self, request, context):
+        self._model_access(context)
         doc = views.statistics(self.state, request.name or None, _version(request.version))
         return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
 
     # -- repository -----------------------------------------------------------------------------
     @rpc
     async def RepositoryIndex(self, request, context):
+        self.state.auth.check_repository_value(_authorization(context), control=False)
         entries = views.repository_index(self.state, request.ready)
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
 
     @rpc
     async def RepositoryModelLoad(self, request, context):
+        self.state.auth.check_repository_value(_authorization(context), control=True)
         views.check_load_parameters(request.parameters.keys())
         _check_model_name(request.model_name)
         await self.state.repo.load(request.model_name)
@@ -114,6 +131,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
 
     @rpc
     async def RepositoryModelUnload(self, request, context):
+        self.state.auth.check_repository_value(_authorization(context), control=True)
         _check_model_name(request.model_name)
         await self.state.repo.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
@@ -121,6 +139,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     # -- inference ------------------------------------------------------------------------------
     @rpc
     async def ModelInfer(self, request, context):
+        self._model_access(context)
         return await self.infer(request)
 
     async def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
@@ -132,6 +151,10 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of one stream run concurrently (at most STREAM_WINDOW at once); responses
         come back as they complete, a failed one as `error_message` with the request's id."""
+        try:
+            self._model_access(context)
+        except ServeError as e:
+            await context.abort(status_code(e), e.message)
         done: asyncio.Queue = asyncio.Queue()
         window = asyncio.Semaphore(STREAM_WINDOW)
         tasks: set[asyncio.Task] = set()

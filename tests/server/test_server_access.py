@@ -125,3 +125,29 @@ def test_a_5000_digit_version_is_a_400(guarded):
     assert status == 400 and "version" in doc["error"]
     status, _, doc = call(guarded.url, f"/v2/models/double/versions/{'1' * 5000}/infer", GOOD)
     assert status == 400 and "version" in doc["error"]
+
+
+def test_grpc_repository_and_model_rpcs_need_the_token_too(models_dir, make_config):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from .test_grpc import free_port
+    srv = ServerThread(make_config(models_dir, api_token=TOKEN, auth_inference=True, grpc_port=free_port())).start()
+    try:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.config.grpc_port}")
+        with pytest.raises(InferenceServerException, match="token") as refused:
+            client.unload_model("double")
+        assert refused.value.status() == "StatusCode.UNAUTHENTICATED"
+        with pytest.raises(InferenceServerException, match="not valid"):
+            client.get_model_repository_index(headers={"authorization": "Bearer wrong"})
+        x = grpcclient.InferInput("x", [1, 16], "FP32")
+        x.set_data_from_numpy(np.ones((1, 16), np.float32))
+        with pytest.raises(InferenceServerException, match="token"):
+            client.infer("double", [x])
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        client.unload_model("double", headers=auth)
+        client.load_model("double", headers=auth)
+        assert (client.infer("double", [x], headers=auth).as_numpy("y") == 2).all()
+        client.close()
+    finally:
+        srv.close()
