@@ -67,16 +67,18 @@ def test_gzip_bomb_stops_at_the_body_limit_while_inflating(small):
     assert metric(small.url, "aclserve_request_memory_bytes") == 0
 
 
-def test_concurrent_bombs_are_refused_and_others_served(small):
+def test_concurrent_bombs_and_big_json_are_refused_and_others_served(small):
     bomb = gzip_of_zeros(16 * MiB)
+    big_json = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[16384,16],"data":[' + b"0.5," * 262143 + b"0.5]}]}"
 
     async def scenario():
         bombs = [post(small.url, bomb, {"Content-Encoding": "gzip"}) for _ in range(16)]
+        jsons = [post(small.url, big_json) for _ in range(8)]
         good = [post(small.url, GOOD) for _ in range(4)]
-        return await asyncio.gather(*bombs, *good)
+        return await asyncio.gather(*bombs, *jsons, *good)
     results = asyncio.run(scenario())
-    assert all(status in (413, 503) for status, _, _ in results[:16])
-    assert all(status == 200 for status, _, _ in results[16:])
+    assert all(status in (413, 503) for status, _, _ in results[:24])
+    assert all(status == 200 for status, _, _ in results[24:])
     assert metric(small.url, "aclserve_request_memory_peak_bytes") <= 4 * MiB
 
 
