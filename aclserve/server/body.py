@@ -92,7 +92,12 @@ async def read_body(request: web.BaseRequest, lease: Lease, max_bytes: int, time
         lease.take(declared, "request body")
     content = request.content
     if inflater is None and content.is_eof():  # already buffered (small bodies): no timer
-        return content.read_nowait(-1)
+        body = content.read_nowait(-1)
+        if declared is None:  # chunked: charged (and checked) now that its size is known
+            if len(body) > max_bytes:
+                raise _too_large(max_bytes)
+            lease.take(len(body), "request body")
+        return body
     loop = asyncio.get_running_loop()
     try:
         async with timeout_at(loop.time() + timeout_s):

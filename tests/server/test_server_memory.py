@@ -186,3 +186,20 @@ def test_memory_is_given_back_after_large_requests(models_dir, make_config):
         assert metric(srv.url, "aclserve_request_memory_peak_bytes") >= 16 * MiB
     finally:
         srv.close()
+
+
+def test_a_small_chunked_body_over_the_limit_is_413_even_when_already_buffered(models_dir, make_config):
+    srv = ServerThread(make_config(models_dir, max_body_bytes=1000)).start()
+    try:
+        async def scenario():
+            reader, writer = await open_raw(srv.url)
+            chunk = b"{" + b" " * 4998 + b"}"
+            writer.write(head("/v2/models/double/infer", {"Transfer-Encoding": "chunked"})
+                         + b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk))  # the whole body in one write
+            status, answer = await read_response(reader)
+            writer.close()
+            return status, answer
+        status, answer = asyncio.run(scenario())
+        assert status == 413 and b"max_body_bytes" in answer
+    finally:
+        srv.close()
