@@ -43,7 +43,7 @@ class RetrySchedule:
         return self.initial_s > 0
 
     def delay(self, attempt: int) -> float:
-        ceiling = min(self.max_s, self.initial_s * 2 ** attempt)
+        ceiling = min(self.max_s, self.initial_s * 2.0 ** min(attempt, 64))  # a float past 2**1024 overflows
         return self._rng.uniform(ceiling / 2, ceiling)
 
     def schedule(self, name: str, version: str, identity: tuple) -> tuple[int, float]:

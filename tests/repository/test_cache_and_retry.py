@@ -69,6 +69,7 @@ def test_backoff_doubles_up_to_the_ceiling_with_jitter_in_its_upper_half():
     for attempt, ceiling in enumerate([1, 2, 4, 8, 8, 8]):
         delays = {schedule.delay(attempt) for _ in range(20)}
         assert all(ceiling / 2 <= d <= ceiling for d in delays) and len(delays) > 1
+    assert 4 <= schedule.delay(5000) <= 8  # a model that failed all week still retries at the ceiling
 
 
 def test_only_device_and_resource_failures_are_transient():
