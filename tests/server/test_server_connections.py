@@ -68,31 +68,44 @@ def test_idle_connections_are_closed_while_others_are_served(timed):
         return await asyncio.gather(*idle), served
     closed, served = asyncio.run(scenario())
     assert all(closed) and served == [200] * 5
-    assert metric(timed.url, "aclserve_connections") <= 1  # the scrape's own connection
+    asyncio.run(wait_for(lambda: metric(timed.url, "aclserve_connections") <= 1))  # 1: the scrape itself
 
 
 def test_a_full_server_replaces_its_longest_idle_connection_or_refuses(models_dir, make_config):
-    srv = ServerThread(make_config(models_dir, max_connections=10, keepalive_timeout_s=60)).start()
+    srv = ServerThread(make_config(models_dir, max_connections=11, keepalive_timeout_s=60)).start()
     try:
         async def scenario():
-            held = [await open_raw(srv.url) for _ in range(10)]
-            for reader, writer in held:  # one request each: all 10 are in, and idle now
-                writer.write(HEAD.replace(b"10", str(len(GOOD)).encode()) + b"\r\n" + GOOD)
-                assert (await read_response(reader))[0] == 200
-            reader, writer = await open_raw(srv.url)  # the others are idle for less than 1 s
+            busy = [await open_raw(srv.url) for _ in range(10)]
+            for _, writer in busy:  # each in a request (its body half sent): never given up for another
+                writer.write(HEAD + b"\r\n{")
+            await wait_for(lambda: metric(srv.url, "aclserve_request_memory_bytes") >= 10 * 10)
+            fresh = await open_raw(srv.url)  # the 11th: in, idle for far less than a second
+            reader, writer = await open_raw(srv.url)  # the 12th: nobody to make room
             refused = await read_response(reader)
             writer.close()
-            await asyncio.sleep(1.2)  # now the first ones have been idle long enough to give way
+            for _, w in busy + [fresh]:
+                w.close()
+            await wait_for(lambda: open_connections(srv.url) <= 1)  # the server saw them go (1: the scrape)
+            idle = [await open_raw(srv.url) for _ in range(11)]  # full again, every one idle
+            await asyncio.sleep(1.2)  # now they have been idle long enough to give way
             served = await good_request(srv.url)
-            for _, w in held:
+            for _, w in idle:
                 w.close()
             return refused, served
         (status, answer), served = asyncio.run(scenario())
         assert status == 503 and b"max_connections" in answer and b"Retry-After" in answer
         assert served == 200
         assert metric(srv.url, "aclserve_connections_closed_total", 'reason="evicted"') >= 1
+        assert metric(srv.url, "aclserve_connections_closed_total", 'reason="refused"') >= 1
     finally:
         srv.close()
+
+
+def open_connections(url: str) -> float:
+    try:
+        return metric(url, "aclserve_connections")
+    except OSError:  # refused: still full
+        return float("inf")
 
 
 def test_shutdown_does_not_wait_for_a_stalled_upload(models_dir, make_config):
