@@ -34,7 +34,7 @@ async def infer(request: web.Request) -> web.Response:
 
 
 async def handle_infer(request: web.Request, state, model: str, version: str | None) -> web.Response:
-    return await counted_infer(state, model, version, functools.partial(_infer, request))
+    return await counted_infer(state, model, version, functools.partial(_infer, request, state))
 
 
 async def counted_infer(state, model: str, version: str | None, work):
@@ -60,10 +60,12 @@ async def counted_infer(state, model: str, version: str | None, work):
         state.leave()
 
 
-async def _infer(request: web.Request, rec) -> web.Response:
+async def _infer(request: web.Request, state, rec) -> web.Response:
     body = await request.read()
     header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
     req = decode_request(body, header_length, rec.signature)
+    if rec.images is not None:  # decode the images in the pool: the device keeps computing meanwhile
+        await state.images.prepare(rec.images, req.inputs)
     result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us)
     payload, json_length = encode_response(rec.name, rec.version, req, result.outputs, rec.signature,
                                            rec.batched)
