@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 import warnings
 
 import numpy as np
@@ -72,7 +73,8 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
         raise
     except Image.DecompressionBombError:
         raise ImageError(f"{info.format} is too large to decode") from None
-    except (OSError, SyntaxError, ValueError, EOFError) as e:
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError, KeyError, ZeroDivisionError) as e:
+        # what Pillow's parsers raise on malformed data (struct.error & co from truncated fields)
         raise ImageError(f"{info.format} could not be decoded ({_short(e)})") from None
     pixels = np.asarray(im)
     if plan.resize == "letterbox":

@@ -98,6 +98,32 @@ def test_broken_images_say_so(mutate, message):
         decode_pixels(data, plan(8, 8), *LIMITS)
 
 
+def test_mutated_images_fail_only_with_image_error():
+    """Random byte changes and cuts in JPEGs (with EXIF) and PNGs: every failure is an
+    ImageError (a 400 with its message), never another exception (a 500)."""
+    rng = np.random.default_rng(5)
+    im = Image.fromarray(gradient(40, 50))
+    exif = im.getexif()
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", exif=exif.tobytes())
+    seeds = [buf.getvalue(), encode(gradient(40, 50)), encode(gradient(40, 50), "JPEG", progressive=True),
+             encode(gradient(30, 30, 1))]
+    outcomes = {"decoded": 0, "refused": 0}
+    for _ in range(600):
+        data = bytearray(seeds[rng.integers(len(seeds))])
+        for _ in range(rng.integers(1, 7)):
+            data[rng.integers(len(data))] = rng.integers(256)
+        if rng.random() < 0.2:
+            data = data[:rng.integers(len(data))]
+        try:
+            decode_pixels(bytes(data), plan(16, 16), *LIMITS)
+            outcomes["decoded"] += 1
+        except ImageError:
+            outcomes["refused"] += 1
+    assert outcomes["decoded"] and outcomes["refused"]
+
+
 def test_truncated_jpeg_is_refused():
     data = encode(gradient(64, 64), "JPEG")
     with pytest.raises(ImageError, match="JPEG could not be decoded"):

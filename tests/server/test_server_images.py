@@ -103,6 +103,11 @@ def test_curl_style_json_base64_and_raw_binary(image_server):
     assert top["datatype"] == "BYTES" and top["shape"] == [1, 2]
     score, index, label = top["data"][0].split(":")
     assert int(index) == int(DIGITS["y"][0]) and label == str(DIGITS["y"][0]) and 0 < float(score) <= 1
+    pngs = [digit_png(DIGITS["x"][i], 20 + i) for i in (3, 4)]  # nested data, shape [2, 1]
+    body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [2, 1], "data": [[b64(p)] for p in pngs]}],
+            "outputs": [{"name": "y", "parameters": {"classification": 1}}]}
+    status, _, out = infer(image_server, body, "digits_image")
+    assert status == 200 and [d.split(":")[2] for d in out["outputs"][0]["data"]] == [str(v) for v in DIGITS["y"][3:5]]
     status, headers, raw = request(image_server, "POST", "/v2/models/digits_image/infer", data=png,
                                    headers={"Inference-Header-Content-Length": "0"})
     assert status == 200
