@@ -2,10 +2,11 @@
 images of an image input. Pure functions over bytes, like codec.py, which calls decode_input
 for every input whose datatype is BYTES.
 
-Framing: JSON `data` is an array (flat or nested) of base64 strings, one per row; the binary
+Framing (HTTP): JSON `data` is an array (flat or nested) of base64 strings, one per row; the binary
 extension carries elements as a 4-byte little-endian length then the bytes, concatenated; a raw
 binary request (Inference-Header-Content-Length: 0) is one image. The shape is [N] or [N, 1];
-N rows, each one image. Elements are memoryviews into the body (no copy) or decoded base64.
+N rows, each one image. gRPC: the raw_input_contents entry holds length-prefixed elements, or
+contents.bytes_contents the images (grpc_input). Elements are memoryviews into the body (no copy) or decoded base64.
 """
 from __future__ import annotations
 
@@ -19,10 +20,8 @@ from ..runtime.types import TensorSpec
 _U32 = 4
 
 
-def decode_input(name: str, item: dict, spec: TensorSpec, max_batch: int, rows: int | None,
-                 body: bytes, offset: int, framed: bool) -> tuple[list, int, int | None]:
-    """One BYTES input of a request -> (elements, new binary offset, batch rows)."""
-    shape = item.get("shape")
+def check_rows(name: str, shape, spec: TensorSpec, max_batch: int, rows: int | None) -> tuple[int, int | None]:
+    """Shape [N] or [N, 1] of a BYTES input -> (N, the request's batch rows so far)."""
     if type(shape) is not list or not 1 <= len(shape) <= 2 or any(type(d) is not int or d < 0 for d in shape) \
             or (len(shape) == 2 and shape[1] != 1):
         raise InvalidInput(f"input '{name}': shape must be [N] or [N, 1] (one image per row), got {shape!r}")
@@ -38,6 +37,26 @@ def decode_input(name: str, item: dict, spec: TensorSpec, max_batch: int, rows: 
         rows = count
     elif count != fixed:
         raise InvalidInput(f"input '{name}': {count} images for a model that takes exactly {fixed}")
+    return count, rows
+
+
+def grpc_input(name: str, shape: list, raw: bytes | None, contents: list | None, spec: TensorSpec,
+               max_batch: int, rows: int | None) -> tuple[list, int | None]:
+    """A gRPC BYTES input: its raw_input_contents entry (length-prefixed elements) or its
+    contents.bytes_contents -> (elements, batch rows)."""
+    count, rows = check_rows(name, shape, spec, max_batch, rows)
+    if raw is not None:
+        return binary_elements(name, memoryview(raw), count), rows
+    if len(contents) != count:
+        raise InvalidInput(f"input '{name}': contents.bytes_contents has {len(contents)} elements but the "
+                           f"shape needs {count}")
+    return list(contents), rows
+
+
+def decode_input(name: str, item: dict, spec: TensorSpec, max_batch: int, rows: int | None,
+                 body: bytes, offset: int, framed: bool) -> tuple[list, int, int | None]:
+    """One BYTES input of a request -> (elements, new binary offset, batch rows)."""
+    count, rows = check_rows(name, item.get("shape"), spec, max_batch, rows)
     params = item.get("parameters") or {}
     if type(params) is not dict:
         raise InvalidInput(f"input '{name}': parameters must be an object")

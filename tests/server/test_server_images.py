@@ -20,7 +20,7 @@ from aclserve.om import aipp
 from aclserve.om.compile import compile_model
 from tests.images.images_data import encode, gradient, png_bomb
 from tests.om.test_om_aipp import MEAN, STD, conv_model
-from .conftest import ServerThread, server_config
+from .conftest import ServerThread, free_port, server_config
 from .test_server_protocol import request
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,7 +59,9 @@ def image_server(tmp_path_factory):
     shutil.copy(root / "digits.om", root / "bad_labels.om")
     (root / "three.txt").write_text("a\nb\nc\n")
     (root / "bad_labels.yaml").write_text("outputs:\n  y: {labels: three.txt}\n")
-    srv = ServerThread(server_config(root, images={"max_pending": MAX_PENDING, "workers": 2})).start()
+    srv = ServerThread(server_config(root, images={"max_pending": MAX_PENDING, "workers": 2},
+                                     grpc_port=free_port())).start()
+    srv.grpc_url = f"127.0.0.1:{srv.config.grpc_port}"
     yield srv
     srv.close()
     if srv.error is not None:
@@ -91,6 +93,27 @@ def test_digit_pictures_come_back_with_their_labels(image_server):
             labels = [int(a.decode().split(":")[2]) for a in answers.ravel()]
             correct += sum(int(a == b) for a, b in zip(labels, y[start:start + MAX_PENDING]))
         assert correct / len(y) >= float(DIGITS["accuracy"]) - 0.03, (size, dark, correct / len(y))
+
+
+def test_pictures_over_grpc_raw_and_typed_contents(image_server):
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(image_server.grpc_url)
+    blobs = [digit_png(DIGITS["x"][i], 24) for i in range(4)]
+    inp = grpcclient.InferInput("x", [4, 1], "BYTES")
+    inp.set_data_from_numpy(np.array(blobs, dtype=object).reshape(-1, 1))  # raw_input_contents
+    out = grpcclient.InferRequestedOutput("y", class_count=1)
+    answers = client.infer("digits_image", [inp], outputs=[out]).as_numpy("y")
+    assert [a.decode().split(":")[2] for a in answers.ravel()] == [str(v) for v in DIGITS["y"][:4]]
+    from tritonclient.grpc import service_pb2 as pb
+    request = pb.ModelInferRequest(model_name="digits_image", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="x", datatype="BYTES", shape=[2], contents=pb.InferTensorContents(bytes_contents=blobs[:2]))])
+    response = client._client_stub.ModelInfer(request)
+    probs = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(2, 10)
+    assert list(probs.argmax(1)) == list(DIGITS["y"][:2])
+    bad = grpcclient.InferInput("x", [1], "BYTES")
+    bad.set_data_from_numpy(np.array([b"not a picture"], dtype=object))
+    with pytest.raises(Exception, match="input 'x' row 0: not a JPEG or PNG image"):
+        client.infer("digits_image", [bad])
 
 
 def test_curl_style_json_base64_and_raw_binary(image_server):
