@@ -2,11 +2,13 @@
 DVPP on an Ascend host when images.decoder is dvpp), shared by every model's image inputs.
 
 Owned by ServerState; the app's lifecycle closes it after the repository (no request is left
-to decode then). The DVPP decoder needs the started runtime, so it is opened on first use.
+to decode then). The DVPP decoder needs the started runtime, so it is opened on first use, in
+a decode thread (opening makes ACL calls, which the event loop must not wait on).
 """
 from __future__ import annotations
 
 import logging
+import threading
 
 from ..config import ImageSettings
 from ..images import DecodePool
@@ -22,12 +24,17 @@ class ImageDecoding:
         self._cpu = CpuDecoder(settings.max_pixels, settings.max_side)
         self._runtime = runtime
         self._decoder = None
+        self._open_lock = threading.Lock()
 
-    @property
-    def decoder(self):
-        if self._decoder is None:
-            self._decoder = self._open_decoder()
-        return self._decoder
+    def decode(self, data, plan):
+        """The decoder's call; runs in a pool thread."""
+        decoder = self._decoder
+        if decoder is None:
+            with self._open_lock:
+                if self._decoder is None:
+                    self._decoder = self._open_decoder()
+                decoder = self._decoder
+        return decoder(data, plan)
 
     def _open_decoder(self):
         if self.settings.decoder == "dvpp":
@@ -42,10 +49,11 @@ class ImageDecoding:
         return self._cpu
 
     async def prepare(self, stage, inputs: dict) -> None:
-        await stage.prepare(inputs, self.pool, self.decoder)
+        await stage.prepare(inputs, self.pool, self.decode)
 
     def close(self) -> None:
         """Stop the pool (running decodes finish), then the decoder. Safe twice."""
         self.pool.close()
-        if self._decoder is not None:
-            self._decoder.close()
+        with self._open_lock:
+            if self._decoder is not None:
+                self._decoder.close()

@@ -234,3 +234,21 @@ def test_settings_that_do_not_fit_refuse_the_load(image_server):
     assert index["bad_labels"]["state"] == "UNAVAILABLE"
     assert "three.txt has 3 labels; output 'y' has 10 classes" in index["bad_labels"]["reason"]
     assert index["digits_image"]["state"] == "READY"
+
+
+def test_dvpp_decoder_asked_for_on_the_cpu_runtime_falls_back_to_pillow(caplog):
+    from aclserve.config import ImageInput, ImageSettings
+    from aclserve.images.plan import build_plan
+    from aclserve.runtime import AclRuntime
+    from aclserve.runtime.types import TensorSpec
+    from aclserve.server.images import ImageDecoding
+
+    plan = build_plan(ImageInput(), TensorSpec("x", "UINT8", np.dtype(np.uint8), (-1, 8, 8, 1), "NHWC"))
+    with AclRuntime(device="cpu") as runtime:
+        decoding = ImageDecoding(ImageSettings(decoder="dvpp"), runtime)
+        try:
+            pixels = decoding.decode(digit_png(DIGITS["x"][0], 16), plan)
+        finally:
+            decoding.close()
+    assert pixels.shape == (8, 8, 1)
+    assert "images.decoder is dvpp but the runtime is the CPU one" in caplog.text
