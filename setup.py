@@ -9,6 +9,7 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         "numpy>=1.24",
+        "pillow>=10",
         "onnx>=1.15",
         "onnxruntime>=1.17",
         "aiohttp>=3.9",

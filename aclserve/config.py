@@ -56,6 +56,47 @@ class CompileOptions:
     precision_mode: str | None = None  # ATC only
 
 
+COLOURS = ("rgb", "bgr", "gray")
+RESIZE_POLICIES = ("stretch", "center_crop", "letterbox")
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "area")
+LAYOUTS = ("auto", "NCHW", "NHWC")
+DECODERS = ("cpu", "dvpp")
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """An input that takes encoded images (JPEG/PNG as BYTES) and how they become its tensor."""
+
+    color: str | None = None  # rgb | bgr | gray; None = gray for 1 channel, else rgb
+    resize: str = "stretch"  # stretch | center_crop | letterbox
+    crop_fraction: float = 1.0  # center_crop: the crop is this fraction of the resized shorter side
+    interpolation: str = "bilinear"
+    pad_value: int = 0  # letterbox fill, pixel units
+    mean: tuple[float, ...] | None = None  # host normalisation (float inputs only), pixel units
+    std: tuple[float, ...] | None = None
+    layout: str = "auto"  # float inputs: NCHW | NHWC; auto = from the model's format and dims
+    invert: bool | str = False  # True: 255 - pixel; "auto": invert when the image's border is light
+
+
+@dataclass(frozen=True)
+class TensorOptions:
+    """Per-tensor settings of a model: `image` for inputs, `labels` for outputs."""
+
+    image: ImageInput | None = None
+    labels: str | None = None  # labels file, one per line; relative to the config file's folder
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """Server-wide image decoding: the worker pool and the decompression limits."""
+
+    workers: int = 2  # decode threads; 0 = decode on the event loop (for comparisons only)
+    max_pending: int = 256  # images queued or decoding at once; more -> 503
+    max_pixels: int = 40_000_000  # width x height an image header may announce
+    max_side: int = 16384
+    decoder: str = "cpu"  # cpu | dvpp (NPU hosts: JPEG decode and resize on the chip)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Serving settings of one model (all its versions)."""
@@ -68,6 +109,8 @@ class ModelConfig:
         default_queue_policy=QueuePolicy(max_queue_size=None, default_timeout_ms=None)))
     version_policy: tuple = ("latest", 1)  # ("latest", N) | ("all",) | ("specific", (v, ...))
     compile: CompileOptions = field(default_factory=CompileOptions)
+    inputs: dict[str, TensorOptions] = field(default_factory=dict)  # by input name
+    outputs: dict[str, TensorOptions] = field(default_factory=dict)  # by output name
 
 
 @dataclass(frozen=True)
@@ -104,6 +147,7 @@ class ServerConfig:
     memory_reserve_fraction: float = 0.1
     # (streams, events) per device; None for either = what the runtime knows for this device
     device_limits: tuple[int | None, int | None] = (None, None)
+    images: ImageSettings = field(default_factory=ImageSettings)
     model_defaults: ModelConfig = field(default_factory=ModelConfig)
 
 
@@ -312,6 +356,81 @@ def _compile(data, path: str) -> CompileOptions:
     )
 
 
+_IMAGE_KEYS = {f.name for f in dataclasses.fields(ImageInput)}
+_IMAGE_SETTINGS_KEYS = {f.name for f in dataclasses.fields(ImageSettings)}
+
+
+def _numbers(value, path: str) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= 4:
+        raise ConfigError(path, f"must be a number or a list of 1 to 4 numbers, got {value!r}")
+    return tuple(_float(v, f"{path}[{i}]", None) for i, v in enumerate(value))
+
+
+def _image_input(data, path: str) -> ImageInput:
+    data = _mapping(data, path)
+    _no_unknown(data, _IMAGE_KEYS, path)
+    d = ImageInput()
+    std = _numbers(data.get("std"), _p(path, "std"))
+    if std is not None and 0.0 in std:
+        raise ConfigError(_p(path, "std"), "must not contain 0")
+    crop = _float(data.get("crop_fraction", d.crop_fraction), _p(path, "crop_fraction"), 0.0)
+    if not 0 < crop <= 1:
+        raise ConfigError(_p(path, "crop_fraction"), f"must be in (0, 1], got {crop:g}")
+    color = data.get("color")
+    return ImageInput(
+        color=None if color is None else _str(color, _p(path, "color"), COLOURS),
+        resize=_str(data.get("resize", d.resize), _p(path, "resize"), RESIZE_POLICIES),
+        crop_fraction=crop,
+        interpolation=_str(data.get("interpolation", d.interpolation), _p(path, "interpolation"), INTERPOLATIONS),
+        pad_value=_int(data.get("pad_value", d.pad_value), _p(path, "pad_value"), 0, 255),
+        mean=_numbers(data.get("mean"), _p(path, "mean")),
+        std=std,
+        layout=_str(data.get("layout", d.layout), _p(path, "layout"), LAYOUTS),
+        invert=_invert(data.get("invert", d.invert), _p(path, "invert")),
+    )
+
+
+def _invert(value, path: str) -> bool | str:
+    if isinstance(value, bool) or value == "auto":
+        return value
+    raise ConfigError(path, f"must be true, false or auto, got {value!r}")
+
+
+def _tensor_options(data, path: str, role: str) -> dict[str, TensorOptions]:
+    data = _mapping(data or {}, path)
+    out = {}
+    key = "image" if role == "inputs" else "labels"
+    for name, options in data.items():
+        tp = _p(path, str(name))
+        options = _mapping(options or {}, tp)
+        _no_unknown(options, {key}, tp)
+        value = options.get(key)
+        if value is None:
+            out[str(name)] = TensorOptions()
+        elif role == "inputs":
+            out[str(name)] = TensorOptions(image=_image_input(value, _p(tp, key)))
+        else:
+            out[str(name)] = TensorOptions(labels=_str(value, _p(tp, key), allow_empty=False))
+    return out
+
+
+def _image_settings(data) -> ImageSettings:
+    data = _mapping(data or {}, "images")
+    _no_unknown(data, _IMAGE_SETTINGS_KEYS, "images")
+    d = ImageSettings()
+    return ImageSettings(
+        workers=_int(data.get("workers", d.workers), "images.workers", 0, 256),
+        max_pending=_int(data.get("max_pending", d.max_pending), "images.max_pending", 1),
+        max_pixels=_int(data.get("max_pixels", d.max_pixels), "images.max_pixels", 1),
+        max_side=_int(data.get("max_side", d.max_side), "images.max_side", 1, 65535),
+        decoder=_str(data.get("decoder", d.decoder), "images.decoder", DECODERS),
+    )
+
+
 def parse_model_config(data, path: str = "") -> ModelConfig:
     """Validate a complete model mapping (already merged over the defaults)."""
     data = _mapping(data, path)
@@ -325,6 +444,8 @@ def parse_model_config(data, path: str = "") -> ModelConfig:
         batching=_batching(data.get("batching", {}), _p(path, "batching")),
         version_policy=_version_policy(data.get("version_policy", {"latest": 1}), _p(path, "version_policy")),
         compile=_compile(data.get("compile", {}), _p(path, "compile")),
+        inputs=_tensor_options(data.get("inputs"), _p(path, "inputs"), "inputs"),
+        outputs=_tensor_options(data.get("outputs"), _p(path, "outputs"), "outputs"),
     )
 
 
@@ -342,6 +463,9 @@ def model_config_mapping(config: ModelConfig) -> dict:
         for key in ("max_queue_size", "default_timeout_ms"):
             if policy[key] is None:
                 policy[key] = AUTO
+    out["inputs"] = {n: {"image": None if o.image is None else dataclasses.asdict(o.image)}
+                     for n, o in config.inputs.items()}
+    out["outputs"] = {n: {"labels": o.labels} for n, o in config.outputs.items()}
     return out
 
 
@@ -390,6 +514,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         debounce_s=_float(get("debounce_s"), "debounce_s"),
         memory_reserve_fraction=_float(get("memory_reserve_fraction"), "memory_reserve_fraction", 0.0, 1.0),
         device_limits=_device_limits(data.get("device_limits") or {}),
+        images=_image_settings(data.get("images")),
         model_defaults=parse_model_config(data.get("model_defaults", {}), "model_defaults"),
     )
 
@@ -426,6 +551,10 @@ def load_model_config(path: str | os.PathLike | None, defaults: ModelConfig) -> 
         return defaults
     data = read_yaml(path)
     try:
-        return parse_model_config(merge(model_config_mapping(defaults), data))
+        config = parse_model_config(merge(model_config_mapping(defaults), data))
     except ConfigError as e:
         raise ConfigError(e.path, e.problem, str(path)) from None
+    folder = Path(path).parent  # labels files are named relative to the config file
+    outputs = {n: dataclasses.replace(o, labels=str(folder / o.labels)) if o.labels else o
+               for n, o in config.outputs.items()}
+    return dataclasses.replace(config, outputs=outputs)

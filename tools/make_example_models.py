@@ -11,6 +11,12 @@ Committed (run from anywhere; paths are relative to the repository root):
                               `aclserve serve` works out of the box.
   tests/data/digits_test.npz  the held-out split: x [n, 64] float32, y [n] int64, and
                               accuracy = the trained classifier's held-out accuracy.
+  models/digits_image.om      the same classifier taking images: built from digits_image.onnx
+                              (the MLP behind a Reshape, input "x" FP32 [batch, 1, 8, 8]) with
+                              static AIPP (`--image-input gray --std 15.9375`), so the OM takes
+                              uint8 grey pixels [batch, 8, 8, 1] and scales 0-255 to 0-16 itself;
+                              models/digits_image.yaml declares "x" an image input.
+Written to OUTDIR too: digits_image.onnx (the AIPP source, e.g. to build it with ATC).
 
 Benchmark models (written to OUTDIR, default out/models/, not committed). Their weights are
 seeded random numbers, not trained: they measure speed, their outputs mean nothing.
@@ -87,7 +93,34 @@ def export_digits(clf) -> onnx.ModelProto:
     return _model(graph, "aclserve tools/make_example_models.py")
 
 
-def make_digits() -> None:
+def export_digits_image(clf) -> onnx.ModelProto:
+    """The digits MLP behind a Reshape: x FP32 [batch, 1, 8, 8] (NCHW, an image input)."""
+    mlp = export_digits(clf)
+    graph = mlp.graph
+    shape = numpy_helper.from_array(np.array([-1, 64], np.int64), "flat_shape")
+    nodes = [helper.make_node("Reshape", ["x", "flat_shape"], ["x_flat"], name="flatten")]
+    for node in graph.node:
+        node.input[:] = ["x_flat" if i == "x" else i for i in node.input]
+        nodes.append(node)
+    image_graph = helper.make_graph(nodes, "digits_image_mlp",
+                                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, 8, 8])],
+                                    list(graph.output), list(graph.initializer) + [shape])
+    return _model(image_graph, "aclserve tools/make_example_models.py")
+
+
+def make_digits_image(clf, outdir: str) -> None:
+    from aclserve.om import aipp
+    from aclserve.om.compile import compile_model
+
+    src = os.path.relpath(os.path.join(outdir, "digits_image.onnx"), ROOT)  # no machine path in the header
+    _save(export_digits_image(clf), os.path.join(ROOT, src))
+    # uint8 grey pixels 0-255 in; AIPP multiplies by 16/255 to the 0-16 the MLP was trained on
+    ops = [aipp.generate("gray", None, str(255 / 16))]
+    compile_model(src, os.path.join(ROOT, "models", "digits_image.om"), target="cpu", aipp=ops, log=lambda s: None)
+    print(f"digits_image: models/digits_image.om (AIPP, uint8 [batch, 8, 8, 1]) from {src}")
+
+
+def make_digits(outdir: str) -> None:
     import onnxruntime as ort
 
     sys.path.insert(0, ROOT)  # the package is not installed in a fresh checkout
@@ -108,6 +141,7 @@ def make_digits() -> None:
     try:
         os.environ.setdefault("SOURCE_DATE_EPOCH", "1767225600")  # 2026-01-01: reproducible header
         compile_model(onnx_rel, os.path.join("models", "digits.om"), target="cpu", log=lambda s: None)
+        make_digits_image(clf, outdir)
     finally:
         os.chdir(cwd)
     print(f"digits: models/digits.onnx + models/digits.om, held-out accuracy {accuracy:.4f} on {len(y_test)} samples")
@@ -162,9 +196,9 @@ def main(argv=None) -> int:
                         help="folder for the benchmark models (default out/models/)")
     parser.add_argument("--skip-digits", action="store_true", help="only write the benchmark models")
     args = parser.parse_args(argv)
-    if not args.skip_digits:
-        make_digits()
     os.makedirs(args.outdir, exist_ok=True)
+    if not args.skip_digits:
+        make_digits(args.outdir)
     for name, model in (("light", build_light()), ("medium", build_medium())):
         path = os.path.join(args.outdir, f"{name}.onnx")
         _save(model, path)

@@ -46,8 +46,10 @@ def find_atc(explicit: str | os.PathLike | None = None) -> str | None:
 
 
 def build_argv(atc: str, model: str, output_base: str, spec: ModelSpec, *, soc_version: str,
-               precision_mode: str | None, log_level: str = DEFAULT_LOG_LEVEL) -> list[str]:
-    """ATC's argv; `output_base` is the output path without `.om` (ATC appends it)."""
+               precision_mode: str | None, log_level: str = DEFAULT_LOG_LEVEL,
+               insert_op_conf: str | None = None) -> list[str]:
+    """ATC's argv; `output_base` is the output path without `.om` (ATC appends it);
+    `insert_op_conf` the path of an AIPP config (the model's NCHW --input_shape stays)."""
     argv = [atc, f"--model={model}", "--framework=5", f"--output={output_base}", f"--soc_version={soc_version}"]
     if spec.inputs:
         argv.append(f"--input_shape={spec.atc_input_shape()}")
@@ -55,6 +57,8 @@ def build_argv(atc: str, model: str, output_base: str, spec: ModelSpec, *, soc_v
         argv.append(f"--dynamic_batch_size={','.join(str(g) for g in spec.gears)}")
     if precision_mode:
         argv.append(f"--precision_mode={precision_mode}")
+    if insert_op_conf:
+        argv.append(f"--insert_op_conf={insert_op_conf}")
     argv.append(f"--log={log_level}")
     return argv
 
@@ -118,16 +122,23 @@ def quote_errors(lines: list[str]) -> str:
 
 def compile_with_atc(atc: str, onnx_path: str, output: Path, spec: ModelSpec, *, soc_version: str,
                      precision_mode: str | None, timeout: float = DEFAULT_TIMEOUT,
-                     log: Callable[[str], None] = print, log_level: str = DEFAULT_LOG_LEVEL) -> atc_om.AtcOmHeader:
-    """Build `output` with ATC; returns the checked 256-byte header of the result."""
+                     log: Callable[[str], None] = print, log_level: str = DEFAULT_LOG_LEVEL,
+                     insert_op_conf: str | None = None) -> atc_om.AtcOmHeader:
+    """Build `output` with ATC; returns the checked 256-byte header of the result.
+    `insert_op_conf`: AIPP config text, written to the work folder and passed to ATC."""
     # ATC runs inside `work`, so every path it is given must be absolute (a relative --output
     # would land under work/ and the build would fail with "No such file or directory").
     output = Path(output).absolute()
     work = tempfile.mkdtemp(prefix=f".{output.stem}.atc-", dir=output.parent)
     try:
         base = os.path.join(work, output.stem)
+        conf = None
+        if insert_op_conf is not None:
+            conf = os.path.join(work, "aipp.cfg")
+            with open(conf, "w", encoding="utf-8") as f:
+                f.write(insert_op_conf)
         argv = build_argv(atc, os.path.abspath(onnx_path), base, spec, soc_version=soc_version,
-                          precision_mode=precision_mode, log_level=log_level)
+                          precision_mode=precision_mode, log_level=log_level, insert_op_conf=conf)
         log("running: " + " ".join(argv))
         lines = run_streaming(argv, cwd=work, timeout=timeout, log=log)
         built = _find_output(base)

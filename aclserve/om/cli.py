@@ -43,6 +43,13 @@ def add_commands(sub) -> None:
     p.add_argument("--atc", metavar="PATH", help="the ATC executable (default: `atc` on PATH)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="kill ATC after this many seconds (default 3600)")
+    a = p.add_argument_group("AIPP (static; the OM then takes uint8 NHWC images)")
+    a.add_argument("--aipp", metavar="FILE", help="an AIPP config in ATC's aipp_op syntax (ATC --insert_op_conf)")
+    a.add_argument("--image-input", metavar="[INPUT:]rgb|bgr|gray",
+                   help="generate the AIPP config: the host sends uint8 pixels in this order to INPUT "
+                        "(default the first input)")
+    a.add_argument("--mean", metavar="M[,M,M]", help="with --image-input: per-channel mean, pixel units (0-255)")
+    a.add_argument("--std", metavar="S[,S,S]", help="with --image-input: per-channel std, pixel units")
     p.set_defaults(func=run_compile)
     _one_line_errors(p)
 
@@ -72,6 +79,10 @@ def run_compile(args) -> int:
     if args.timeout is not None:
         kwargs["timeout"] = args.timeout
     try:
+        kwargs["aipp"] = _aipp_ops(args)
+    except CompileError as e:
+        raise UsageError(str(e)) from None
+    try:
         result = om_compile.compile_model(args.model, args.output, input_shape=args.input_shape, batch=args.batch,
                                           target=args.target, atc=args.atc, log=_progress, **kwargs)
     except AtcFailed as e:
@@ -81,6 +92,34 @@ def run_compile(args) -> int:
         raise UsageError(str(e)) from None
     print(format_summary(result), flush=True)
     return 0
+
+
+def _aipp_ops(args):
+    """--aipp FILE or --image-input/--mean/--std -> AippOps (None without either)."""
+    from . import aipp
+    from .spec import CompileError, graph_inputs, load_onnx
+
+    if args.aipp and args.image_input:
+        raise CompileError("give --aipp FILE or --image-input, not both")
+    if (args.mean or args.std) and not args.image_input:
+        raise CompileError("--mean/--std go with --image-input (an --aipp file carries its own values)")
+    if args.aipp:
+        try:
+            with open(args.aipp, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CompileError(f"--aipp {args.aipp}: {getattr(e, 'strerror', None) or e}") from None
+        return aipp.parse(text, args.aipp)
+    if not args.image_input:
+        return None
+    name, _, colour = args.image_input.rpartition(":")
+    rank = 0
+    if name:
+        names = [i.name for i in graph_inputs(load_onnx(args.model))]
+        if name not in names:
+            raise CompileError(f"--image-input names unknown input {name!r} (model inputs: {', '.join(names)})")
+        rank = names.index(name)
+    return [aipp.generate(colour, args.mean, args.std, rank)]
 
 
 def _progress(line: str) -> None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import aipp as aipp_mod
+from . import aipp_onnx
 from . import atc as atc_mod
 from . import container, cpu_compile
 from .spec import CompileError, load_onnx, parse_gears, parse_input_shape, resolve
@@ -42,7 +44,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
                   input_shape: str | dict | None = None, batch: str | list[int] | None = None,
                   soc_version: str | None = None, precision_mode: str | None = DEFAULT_PRECISION_MODE,
                   target: str = "auto", atc: str | os.PathLike | None = None,
-                  timeout: float = atc_mod.DEFAULT_TIMEOUT,
+                  timeout: float = atc_mod.DEFAULT_TIMEOUT, aipp: list[aipp_mod.AippOp] | None = None,
                   log: Callable[[str], None] = print) -> CompileResult:
     """Compile `onnx_path` to `output` (default: beside it with .om) and return what was built.
 
@@ -51,6 +53,8 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     static batch of that size, as ATC takes 2 to 100 dynamic sizes). soc_version: required when
     ATC builds (`aclserve compile` reads it from the NPU when there is one). target "auto" uses
     ATC when `atc` is given or `atc` is on PATH, "npu" requires ATC, "cpu" writes a CPU OM.
+    aipp: static AIPP ops (aipp.parse / aipp.generate): ATC gets them as --insert_op_conf, the
+    CPU OM gets the same arithmetic as ONNX operations in front of the graph.
     The output appears atomically (temporary file, then rename) or not at all.
     """
     start = time.monotonic()
@@ -76,6 +80,8 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         raise CompileError(f"output folder {out.parent} does not exist")
     model = load_onnx(src)
     spec = resolve(model, {k: list(v) for k, v in shapes.items()}, gears)
+    bound = aipp_mod.bind(aipp, spec) if aipp else []
+    aipp_header = {"aipp": [b.summary() for b in bound]} if bound else {}
 
     if atc_path is not None:
         if not soc_version:
@@ -83,9 +89,12 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
                                "from: pass --soc-version (e.g. Ascend310P3, Ascend910B1)")
         log(f"compiling {src} with ATC ({atc_path}) for {soc_version}")
         hdr = atc_mod.compile_with_atc(atc_path, src, out, spec, soc_version=soc_version,
-                                       precision_mode=precision_mode, timeout=timeout, log=log)
-        header = dict(hdr.as_dict(), gears=list(spec.gears),
-                      inputs=[t.header_entry() for t in spec.inputs])
+                                       precision_mode=precision_mode, timeout=timeout, log=log,
+                                       insert_op_conf=aipp_mod.render(aipp) if bound else None)
+        image = {b.input.name: b.image_dims for b in bound}
+        inputs = [dict(t.header_entry(), **({"datatype": "UINT8", "dims": image[t.name], "format": "NHWC"}
+                                            if t.name in image else {})) for t in spec.inputs]
+        header = dict(hdr.as_dict(), gears=list(spec.gears), inputs=inputs, **aipp_header)
         kind = "npu"
     else:
         log(f"compiling {src} for the CPU runtime (ATC not used)")
@@ -93,8 +102,11 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
             source_bytes = f.read()
         options = {k: v for k, v in (("input_shape", spec.atc_input_shape()), ("soc_version", soc_version),
                                      ("precision_mode", precision_mode)) if v is not None}
+        if bound:
+            spec = aipp_onnx.apply(spec, bound)
         header, payload = cpu_compile.build(spec, name=out.stem, source_path=src,
                                             source_bytes=source_bytes, options=options)
+        header.update(aipp_header)
         container.write(out, header, payload)
         header = container.read_header(out)
         kind = "cpu"

@@ -61,6 +61,25 @@ def tensor_lines(header: dict) -> list[str]:
                          f"{t.get('format', '')}{extra}")
     gears = header.get("gears") or []
     lines.append("gears: " + (",".join(map(str, gears)) + " (N = batch size)" if gears else "none (static batch)"))
+    return lines + aipp_lines(header)
+
+
+def aipp_lines(header: dict) -> list[str]:
+    """The static AIPP settings compiled in (from the header aclserve wrote)."""
+    lines = []
+    for a in header.get("aipp") or []:
+        order = "BGR" if a.get("rbuv_swap_switch") else ("RGB" if a["input_format"] == "RGB888_U8" else "grey")
+        lines.append(f"aipp on {a['input']}: static, {a['input_format']} ({order}), source "
+                     f"{a['image_input']['dims'][2]}x{a['image_input']['dims'][1]} uint8 NHWC -> "
+                     f"{a['model_input']['datatype']} NCHW {_shape(a['model_input']['dims'])}")
+        lines.append(f"  normalise: (pixel - mean_chn - min_chn) * var_reci_chn with mean_chn {a['mean_chn']}, "
+                     f"min_chn {a['min_chn']}, var_reci_chn {a['var_reci_chn']}")
+        if a.get("crop"):
+            lines.append(f"  crop: {a['crop_size_w']}x{a['crop_size_h']} at ({a['load_start_pos_w']}, "
+                         f"{a['load_start_pos_h']})")
+        if a.get("padding"):
+            lines.append(f"  padding: left {a['left_padding_size']}, right {a['right_padding_size']}, top "
+                         f"{a['top_padding_size']}, bottom {a['bottom_padding_size']}, value {a['padding_value']:g}")
     return lines
 
 
@@ -75,7 +94,8 @@ def format_text(info: dict) -> str:
         for key, value in sorted((h.get("options") or {}).items()):
             lines.append(f"option {key}: {value}")
         lines.append(f"payload sha256: {h.get('payload_sha256')}")
-        known = {"name", "producer", "created", "source", "inputs", "outputs", "gears", "options", "payload_sha256"}
+        known = {"name", "producer", "created", "source", "inputs", "outputs", "gears", "options", "payload_sha256",
+                 "aipp"}
         for key in sorted(set(h) - known):
             lines.append(f"{key}: {h[key]}")
     elif info["kind"] == "atc_om":
@@ -87,7 +107,9 @@ def format_text(info: dict) -> str:
                      if h["is_dynamic"] else ""),
                   f"platform version: {h['platform_version'] or '(not set)'}",
                   f"generated: {h['gen_mode']}, ops: {h['ops']}, om_ir_version: {h['om_ir_version']}",
-                  f"payload: {_size(h['model_length'] or h['length'])}"]
+                  f"payload: {_size(h['model_length'] or h['length'])}",
+                  "aipp: not in the 256-byte header (on an NPU, acl.mdl.get_first_aipp_info reports it; "
+                  "`aclserve compile` prints what it passed to ATC)"]
     return "\n".join(lines)
 
 

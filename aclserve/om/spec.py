@@ -31,11 +31,13 @@ class TensorInfo:
     name: str
     dtype: np.dtype
     dims: list[int]  # -1 marks the batch dimension of a dynamic-batch model
+    format: str | None = None  # None: NCHW for 4-d, else ND (AIPP inputs are NHWC)
 
     def header_entry(self) -> dict:
         acl_dtype = C.numpy_to_acl(self.dtype)
+        fmt = self.format or ("NCHW" if len(self.dims) == 4 else "ND")
         return {"name": self.name, "datatype": C.acl_to_kserve(acl_dtype), "acl_dtype": acl_dtype,
-                "format": "NCHW" if len(self.dims) == 4 else "ND", "dims": list(self.dims)}
+                "format": fmt, "dims": list(self.dims)}
 
 
 @dataclass

@@ -138,7 +138,13 @@ def _config(path: Path | None, root: Path, defaults: ModelConfig) -> ModelConfig
         return defaults
     if _inside(root, path) is None:
         raise ConfigError("", "config file resolves outside the repository", str(path))
-    return load_model_config(path, defaults)
+    config = load_model_config(path, defaults)
+    for name, options in config.outputs.items():
+        if options.labels and options.labels not in {o.labels for o in defaults.outputs.values()} \
+                and _inside(root, Path(options.labels)) is None:
+            raise ConfigError(f"outputs.{name}.labels", "the file does not exist or resolves outside the repository",
+                              str(path))
+    return config
 
 
 def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:

@@ -13,8 +13,10 @@ import functools
 import logging
 import time
 
+from ..images import ImageStage
 from ..scheduling import DynamicBatcher
 from . import cache_dir, overload
+from .labels import load_labels
 from .plan import Wanted
 from .served import ServedVersion
 from .validate import validate_om
@@ -41,6 +43,8 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, name: str, v
             _open_pool, runtime, om_path, name=f"{name}:{version}", instances=config.instances,
             devices=config.devices, slots=config.slots, retry=config.retry))
         try:
+            images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
+            labels = await run(load_labels, config.outputs, pool.outputs)
             await run(pool.warmup)  # three runs per gear; times the gear costs the batcher plans with
             config = overload.resolve(config, pool.gears, pool.gear_cost, len(pool.instances))
             batcher = DynamicBatcher(pool, config.batching, name=f"{name}:{version}")
@@ -50,7 +54,8 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, name: str, v
             raise
         seconds = time.monotonic() - start
     log.info("%s: version %s ready (%.2f s) from %s", name, version, seconds, wanted.file.path)
-    return ServedVersion(name, version, pool, batcher, config, wanted.file.path, om_path, seconds, wanted)
+    return ServedVersion(name, version, pool, batcher, config, wanted.file.path, om_path, seconds, wanted,
+                         images=images, labels=labels)
 
 
 def _open_pool(runtime, path, **kwargs):

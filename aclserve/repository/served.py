@@ -24,7 +24,7 @@ PLATFORM = "ascend_om"
 
 class ServedVersion:
     def __init__(self, name: str, version: str, pool, batcher, config: ModelConfig, source: str,
-                 om_path: str, load_seconds: float = 0.0, wanted=None):
+                 om_path: str, load_seconds: float = 0.0, wanted=None, images=None, labels=None):
         self.name = name
         self.version = version
         self.pool = pool
@@ -34,6 +34,8 @@ class ServedVersion:
         self.om_path = om_path  # what was loaded (the compiled cache file for an .onnx)
         self.load_seconds = load_seconds
         self.wanted = wanted  # the plan.Wanted (file identity + config) this version came from
+        self.images = images  # images.ImageStage for its image inputs, or None
+        self.labels = labels or {}  # output name -> class labels
         self.platform = PLATFORM
         self.state = READY
         self._successor: Callable[[], "ServedVersion | None"] | None = None
@@ -41,7 +43,8 @@ class ServedVersion:
     # what the server reads
     @property
     def inputs(self):
-        return self.pool.inputs
+        """As clients see them: image inputs are BYTES (self.pool.inputs has the model's own)."""
+        return self.images.client_inputs(self.pool.inputs) if self.images else self.pool.inputs
 
     @property
     def outputs(self):

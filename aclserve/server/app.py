@@ -111,6 +111,7 @@ async def _lifecycle(app: web.Application):
             await state.repo.close()
         finally:
             state.started = False
+            state.images.close()
             state.runtime.close()
             log.info("runtime closed")
 

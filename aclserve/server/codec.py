@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import InvalidInput
 from ..runtime.types import TensorSpec
+from .bytes_codec import decode_input as decode_bytes_input, raw_input as raw_bytes_input
 from .json_tensors import JsonLimits, loads, to_array
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -28,10 +29,11 @@ class Signature:
     """A model version's tensors indexed for decoding, with the JSON limits its requests are
     decoded under; built once per served version."""
 
-    __slots__ = ("inputs", "outputs", "output_list", "max_batch_size", "input_names", "json_limits")
+    __slots__ = ("inputs", "outputs", "output_list", "max_batch_size", "input_names", "json_limits", "labels")
 
     def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], max_batch_size: int,
-                 json_limits: JsonLimits = JsonLimits()):
+                 json_limits: JsonLimits = JsonLimits(), labels: dict[str, tuple[str, ...]] | None = None):
+        self.labels = labels or {}  # output name -> class labels (classification answers)
         self.inputs = {s.name: s for s in inputs}
         self.outputs = {s.name: s for s in outputs}
         self.output_list = tuple(outputs)
@@ -116,6 +118,10 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
         if name in arrays:
             raise InvalidInput(f"input '{name}' is given more than once")
         datatype = item.get("datatype")
+        if datatype == "BYTES" == spec.datatype:  # encoded images: framing and shape rules in bytes_codec
+            arrays[name], offset, rows = decode_bytes_input(name, item, spec, sig.max_batch_size, rows,
+                                                            body, offset, framed)
+            continue
         shape = item.get("shape")
         count, rows = check_input(name, datatype, shape, spec, sig, rows)
         params = item.get("parameters")
@@ -160,8 +166,8 @@ def check_input(name: str, datatype, shape, spec: TensorSpec, sig: Signature, ro
     codec). Returns (element count, the request's batch rows so far)."""
     if datatype != spec.datatype:
         if datatype == "BYTES":
-            raise InvalidInput(f"input '{name}': datatype BYTES is not supported (Ascend OM models "
-                               f"take numeric tensors); the model expects {spec.datatype}")
+            raise InvalidInput(f"input '{name}': datatype BYTES is not supported here (the model expects "
+                               f"{spec.datatype}; declare it an image input in the model's YAML to send images)")
         raise InvalidInput(f"input '{name}': datatype {datatype!r} does not match the model's {spec.datatype}")
     count = _check_shape(name, shape, spec)
     if spec.batched and sig.max_batch_size:
@@ -199,6 +205,8 @@ def _decode_raw(body: bytes, sig: Signature) -> InferRequest:
         raise InvalidInput(f"a raw binary request ({HEADER_LENGTH}: 0) needs a single-input model; "
                            f"this one has {len(sig.inputs)} inputs")
     spec = next(iter(sig.inputs.values()))
+    if spec.datatype == "BYTES":
+        return InferRequest(inputs={spec.name: raw_bytes_input(spec, body)}, rows=1, binary_output=True)
     shape = list(spec.shape)
     if spec.batched and sig.max_batch_size:
         shape[0] = 1

@@ -29,7 +29,7 @@ def encode_response(model_name: str, model_version: str, req: InferRequest,
     for name, datatype, binary, classes in selected:
         arr = outputs[name]
         if classes:
-            arr = classify(arr, classes, batched)
+            arr = classify(arr, classes, batched, sig.labels.get(name))
             datatype = "BYTES"
         if binary:
             if datatype == "BYTES":
@@ -50,10 +50,13 @@ def encode_response(model_name: str, model_version: str, req: InferRequest,
     return b"".join([head, *chunks]), len(head)
 
 
-def classify(arr: np.ndarray, classes: int, batched: bool) -> np.ndarray:
-    """Top-`classes` entries as "value:index" strings, per batch row when `batched`."""
+def classify(arr: np.ndarray, classes: int, batched: bool, labels: tuple[str, ...] | None = None) -> np.ndarray:
+    """Top-`classes` entries as "value:index" strings ("value:index:label" with labels), per
+    batch row when `batched`."""
     rows = arr.reshape(arr.shape[0], -1) if batched and arr.ndim > 0 else arr.reshape(1, -1)
     n = min(classes, rows.shape[1])
     top = np.argsort(-rows.astype(np.float64), axis=1, kind="stable")[:, :n]
-    out = np.array([[f"{float(row[j]):f}:{j}" for j in idx] for row, idx in zip(rows, top)], dtype=object)
+    names = labels or ()
+    out = np.array([[f"{float(row[j]):f}:{j}" + (f":{names[j]}" if j < len(names) else "") for j in idx]
+                    for row, idx in zip(rows, top)], dtype=object)
     return out if batched else out.reshape(n)

@@ -16,6 +16,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InvalidInput
+from .bytes_codec import grpc_input as decode_bytes_input
 from .codec import InferRequest, RequestedOutput, Signature, check_complete, check_input, refuse_shared_memory
 from .encode import classify
 
@@ -59,6 +60,10 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature) -> InferRequ
         if name in arrays:
             raise InvalidInput(f"input '{name}' is given more than once")
         shape = list(tensor.shape)
+        if tensor.datatype == "BYTES" == spec.datatype:  # encoded images (bytes_codec)
+            arrays[name], rows = decode_bytes_input(name, shape, raw[i] if raw else None,
+                                                    tensor.contents.bytes_contents, spec, sig.max_batch_size, rows)
+            continue
         count, rows = check_input(name, tensor.datatype, shape, spec, sig, rows)
         if tensor.parameters:
             refuse_shared_memory(tensor.parameters, f"input '{name}'")
@@ -161,7 +166,7 @@ def encode_infer_response(model_name: str, model_version: str, req: InferRequest
     for name, datatype, classes in selected:
         arr = outputs[name]
         if classes:
-            arr = classify(arr, classes, batched)
+            arr = classify(arr, classes, batched, sig.labels.get(name))
             datatype = "BYTES"
             raw.append(b"".join(len(s).to_bytes(4, "little") + s for s in (x.encode() for x in arr.ravel())))
         else:

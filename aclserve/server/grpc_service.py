@@ -146,7 +146,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         if not request.model_name:
             raise InvalidInput("model_name must not be empty")
         return await counted_infer(self.state, request.model_name, _version(request.model_version),
-                                   functools.partial(_infer, request))
+                                   functools.partial(_infer, request, self.state))
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of one stream run concurrently (at most STREAM_WINDOW at once); responses
@@ -200,11 +200,13 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                 task.cancel()
 
 
-async def _infer(request: pb.ModelInferRequest, rec) -> pb.ModelInferResponse:
+async def _infer(request: pb.ModelInferRequest, state, rec) -> pb.ModelInferResponse:
     if contents_elements(request) > CONTENTS_OFFLOAD_ELEMENTS:
         req = await asyncio.get_running_loop().run_in_executor(None, decode_infer_request, request, rec.signature)
     else:
         req = decode_infer_request(request, rec.signature)
+    if rec.images is not None:  # decode the images in the pool (as over HTTP)
+        await state.images.prepare(rec.images, req.inputs)
     result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us)
     return encode_infer_response(rec.name, rec.version, req, result.outputs, rec.signature, rec.batched)
 

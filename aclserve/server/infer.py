@@ -76,6 +76,8 @@ async def _infer(request: web.Request, state, lease, rec) -> web.Response:
     values = min(json_size // 2 + 1, rec.signature.json_limits.max_elements)
     lease.take(json_tensor_estimate(json_size, values), "decoding its JSON")
     req = decode_request(body, header_length, rec.signature)
+    if rec.images is not None:  # decode the images in the pool: the device keeps computing meanwhile
+        await state.images.prepare(rec.images, req.inputs)
     result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us)
     payload, json_length = encode_response(rec.name, rec.version, req, result.outputs, rec.signature,
                                            rec.batched)

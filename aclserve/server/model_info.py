@@ -5,6 +5,7 @@ Shapes follow reference §4/§5: metadata shapes keep the -1 batch dim of a batc
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 from ..runtime.types import TensorSpec
@@ -17,22 +18,40 @@ def triton_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
-def tensor_metadata(specs: Sequence[TensorSpec]) -> list[dict]:
-    return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
+def tensor_metadata(specs: Sequence[TensorSpec], parameters: dict[str, dict] | None = None) -> list[dict]:
+    out = []
+    for s in specs:
+        entry = {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+        if parameters and s.name in parameters:
+            entry["parameters"] = parameters[s.name]
+        out.append(entry)
+    return out
+
+
+def label_files(served) -> dict[str, str]:
+    """{output: labels file name} (Triton's label_filename) for outputs with labels."""
+    options = getattr(getattr(served, "config", None), "outputs", None) or {}
+    return {name: os.path.basename(o.labels) for name, o in options.items() if o.labels}
 
 
 def model_metadata(served, versions: Sequence[str]) -> dict:
+    images = getattr(served, "images", None)
+    labels = {name: {"label_filename": f} for name, f in label_files(served).items()}
     return {"name": served.name, "versions": list(versions), "platform": PLATFORM,
-            "inputs": tensor_metadata(served.inputs), "outputs": tensor_metadata(served.outputs)}
+            "inputs": tensor_metadata(served.inputs, images.describe() if images else None),
+            "outputs": tensor_metadata(served.outputs, labels)}
 
 
-def _config_tensors(specs: Sequence[TensorSpec], batching: bool, is_input: bool) -> list[dict]:
+def _config_tensors(specs: Sequence[TensorSpec], batching: bool, is_input: bool,
+                    labels: dict[str, str] | None = None) -> list[dict]:
     out = []
     for s in specs:
         dims = list(s.shape[1:] if batching and s.batched else s.shape)
         entry = {"name": s.name, "data_type": triton_type(s.datatype), "dims": dims}
         if is_input:  # ModelInput has a format, ModelOutput has none (model_config.proto)
             entry["format"] = "FORMAT_NONE"
+        if labels and s.name in labels:
+            entry["label_filename"] = labels[s.name]
         out.append(entry)
     return out
 
@@ -73,7 +92,7 @@ def model_config(served) -> dict:
         "version_policy": _version_policy(config.version_policy),
         "max_batch_size": max_batch,
         "input": _config_tensors(served.inputs, max_batch > 0, True),
-        "output": _config_tensors(served.outputs, max_batch > 0, False),
+        "output": _config_tensors(served.outputs, max_batch > 0, False, label_files(served)),
         "instance_group": [{"name": f"{served.name}_0", "kind": "KIND_MODEL", "count": config.instances,
                             "gpus": list(config.devices)}],
         "parameters": {},

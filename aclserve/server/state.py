@@ -12,6 +12,7 @@ from .budget import MemoryBudget
 from .codec import Signature
 from .connections import ConnectionTracker
 from .guard_metrics import GuardCollector
+from .images import ImageDecoding
 from .json_tensors import JsonLimits
 from .metrics import ServerMetrics, VersionMetrics
 from .model_info import max_batch_size
@@ -24,14 +25,15 @@ log = logging.getLogger(__name__)
 class VersionRecord:
     """What the infer route caches for one served version object (rebuilt when it changes)."""
 
-    __slots__ = ("served", "signature", "metrics", "batched", "name", "version")
+    __slots__ = ("served", "signature", "metrics", "batched", "name", "version", "images")
 
     def __init__(self, served, metrics: VersionMetrics, json_limits: JsonLimits):
         self.served = served
         self.name = served.name
         self.version = str(served.version)
         limit = max_batch_size(served)
-        self.signature = Signature(served.inputs, served.outputs, limit, json_limits)
+        self.signature = Signature(served.inputs, served.outputs, limit, json_limits, getattr(served, "labels", None))
+        self.images = getattr(served, "images", None)  # images.ImageStage, or None
         self.batched = limit > 0
         self.metrics = metrics
 
@@ -61,6 +63,7 @@ class ServerState:
         self._idle.set()
         self._records: dict[tuple[str, str], VersionRecord] = {}
         self.json_limits = JsonLimits(config.max_json_bytes, config.max_json_elements)
+        self.images = ImageDecoding(config.images, runtime)  # the decode pool, shared by every model
 
     # -- hot path ------------------------------------------------------------------------------
     def record(self, served) -> VersionRecord:

@@ -23,8 +23,10 @@ FAKE_ATC = textwrap.dedent("""\
     import json, os, struct, sys, time
     args = sys.argv[1:]
     mode = os.environ.get("FAKE_ATC_MODE", "ok")
+    conf = [a.split("=", 1)[1] for a in args if a.startswith("--insert_op_conf=")]
+    conf_text = open(conf[0]).read() if conf else None  # the work folder is gone after the run
     with open(os.environ["FAKE_ATC_RECORD"], "w") as f:
-        json.dump({{"argv": args, "cwd": os.getcwd(), "pid": os.getpid()}}, f)
+        json.dump({{"argv": args, "cwd": os.getcwd(), "pid": os.getpid(), "insert_op_conf": conf_text}}, f)
     print("ATC start working now, please wait for a moment.", flush=True)
     if mode == "sleep":
         time.sleep(600)

@@ -1,0 +1,122 @@
+"""Decode one JPEG/PNG and fit it to a plan's H x W on the CPU, with Pillow.
+
+Blocking and GIL-releasing (Pillow decodes and resizes with the interpreter lock released), so
+the worker pool runs several at once. Steps: probe the header (format and size limits, before
+any pixel is allocated); for a JPEG, let libjpeg scale by 1/2, 1/4 or 1/8 while decoding when
+the target is that much smaller (Image.draft); apply the EXIF orientation; convert to RGB or
+grey (alpha is dropped, 16-bit samples keep their high byte); resize per the plan's policy with
+an antialiasing filter. tools/bench_decoders.py measured the alternatives (README).
+"""
+from __future__ import annotations
+
+import io
+import math
+import struct
+import warnings
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from .header import ImageError, ImageInfo, check_size, probe
+from .plan import ImagePlan
+
+_FILTERS = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "area": Image.BOX}
+_ROTATED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
+_ORIENTATION = 0x0112
+
+
+def fit_box(src_w: int, src_h: int, plan: ImagePlan) -> tuple[tuple[int, int], tuple[float, float, float, float] | None]:
+    """(resized size, source box) for the plan's policy; letterbox returns the inner size."""
+    W, H = plan.width, plan.height
+    if plan.resize == "stretch":
+        return (W, H), None
+    if plan.resize == "center_crop":
+        scale = max(W / (src_w * plan.crop_fraction), H / (src_h * plan.crop_fraction))
+        bw, bh = W / scale, H / scale
+        left, top = (src_w - bw) / 2, (src_h - bh) / 2
+        return (W, H), (left, top, left + bw, top + bh)
+    scale = min(W / src_w, H / src_h)  # letterbox
+    return (max(1, round(src_w * scale)), max(1, round(src_h * scale))), None
+
+
+def _draft_size(src_w: int, src_h: int, plan: ImagePlan) -> tuple[int, int]:
+    """The smallest whole-image size the policy needs before its resize."""
+    if plan.resize == "center_crop":
+        scale = max(plan.width / (src_w * plan.crop_fraction), plan.height / (src_h * plan.crop_fraction))
+        return math.ceil(src_w * scale), math.ceil(src_h * scale)
+    return fit_box(src_w, src_h, plan)[0]
+
+
+def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, max_side: int,
+                  info: ImageInfo | None = None) -> np.ndarray:
+    """uint8 [H, W, C] in the plan's colour order. Raises ImageError (message safe to show)."""
+    info = info or probe(data)
+    check_size(info, max_pixels, max_side)
+    mode = "L" if plan.color == "gray" else "RGB"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # palette transparency and similar notes
+            im = Image.open(io.BytesIO(data), formats=(info.format,))
+            if im.size != (info.width, info.height):
+                raise ImageError(f"{info.format} header is inconsistent")
+            orientation = im.getexif().get(_ORIENTATION, 1) if info.format == "JPEG" else 1
+            if info.format == "JPEG":
+                w, h = (im.height, im.width) if orientation in _ROTATED else im.size
+                need = _draft_size(w, h, plan)
+                im.draft(mode, need[::-1] if orientation in _ROTATED else need)
+            if orientation != 1:
+                im = ImageOps.exif_transpose(im)
+            im = _to_mode(im, mode)
+            size, box = fit_box(im.width, im.height, plan)
+            im = im.resize(size, _FILTERS[plan.interpolation], box=box)
+    except ImageError:
+        raise
+    except Image.DecompressionBombError:
+        raise ImageError(f"{info.format} is too large to decode") from None
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError, KeyError, ZeroDivisionError) as e:
+        # what Pillow's parsers raise on malformed data (struct.error & co from truncated fields)
+        raise ImageError(f"{info.format} could not be decoded ({_short(e)})") from None
+    pixels = np.asarray(im)
+    if plan.resize == "letterbox":
+        pixels = _pad(pixels, plan)
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    if plan.color == "bgr":
+        pixels = pixels[:, :, ::-1]
+    return pixels
+
+
+def _to_mode(im: Image.Image, mode: str) -> Image.Image:
+    if im.mode.startswith("I;16") or im.mode == "I":
+        im = Image.fromarray((np.asarray(im, np.uint32) >> 8).clip(0, 255).astype(np.uint8))
+    if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+        im = im.convert("RGBA").convert("RGB")  # drop alpha
+    return im if im.mode == mode else im.convert(mode)
+
+
+def _pad(pixels: np.ndarray, plan: ImagePlan) -> np.ndarray:
+    h, w = pixels.shape[:2]
+    out = np.full((plan.height, plan.width) + pixels.shape[2:], plan.pad_value, np.uint8)
+    top, left = (plan.height - h) // 2, (plan.width - w) // 2
+    out[top:top + h, left:left + w] = pixels
+    return out
+
+
+def _short(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:120]
+
+
+class CpuDecoder:
+    """decode_pixels with the server's limits bound: the decoder the pool calls by default."""
+
+    kind = "cpu"
+
+    def __init__(self, max_pixels: int, max_side: int):
+        self.max_pixels, self.max_side = max_pixels, max_side
+
+    def __call__(self, data: bytes | memoryview, plan: ImagePlan) -> np.ndarray:
+        return decode_pixels(data, plan, self.max_pixels, self.max_side)
+
+    def close(self) -> None:
+        pass

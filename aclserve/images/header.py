@@ -1,0 +1,91 @@
+"""What an encoded image says about itself, read from its first bytes without decoding.
+
+Every image is probed before a decoder sees it: its format must be JPEG or PNG and the size its
+header announces must be within the limits, so a decompression bomb (a few hundred bytes whose
+header announces 60,000 x 60,000 pixels) is refused before anything of that size is allocated.
+Pure functions over bytes.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+JPEG_SOI = b"\xff\xd8"
+# Start-of-frame markers carry the size: SOF0-3, 5-7, 9-11, 13-15 (not DHT C4, JPG C8, DAC CC).
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_NO_LENGTH = {0x01, 0xD8} | set(range(0xD0, 0xD8))  # TEM, SOI, RST0-7
+_OTHER_FORMATS = ((b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
+
+
+class ImageError(ValueError):
+    """The bytes are not an acceptable image; the message is safe to show a client."""
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    format: str  # "JPEG" | "PNG"
+    width: int
+    height: int
+
+
+def probe(data: bytes | memoryview) -> ImageInfo:
+    """Format and announced size. Raises ImageError for anything but a readable JPEG/PNG header."""
+    head = bytes(data[:8])
+    if head == PNG_SIGNATURE:
+        return _png(data)
+    if head[:2] == JPEG_SOI:
+        return _jpeg(data)
+    if not head:
+        raise ImageError("empty image")
+    for magic, name in _OTHER_FORMATS:
+        if head.startswith(magic):
+            raise ImageError(f"{name} images are not accepted (send JPEG or PNG)")
+    if head[:4] == b"RIFF" and bytes(data[8:12]) == b"WEBP":
+        raise ImageError("WebP images are not accepted (send JPEG or PNG)")
+    raise ImageError("not a JPEG or PNG image")
+
+
+def check_size(info: ImageInfo, max_pixels: int, max_side: int) -> None:
+    if info.width == 0 or info.height == 0:
+        raise ImageError(f"{info.format} header announces an empty {info.width}x{info.height} image")
+    if info.width > max_side or info.height > max_side or info.width * info.height > max_pixels:
+        raise ImageError(f"{info.format} header announces {info.width}x{info.height} pixels; the limit is "
+                         f"{max_pixels:,} pixels and {max_side} a side (images.max_pixels, images.max_side)")
+
+
+def _png(data) -> ImageInfo:
+    # signature, then the IHDR chunk: length (13), b"IHDR", width, height (big-endian)
+    if len(data) < 24 or bytes(data[12:16]) != b"IHDR":
+        raise ImageError("PNG is truncated or has no IHDR header")
+    width, height = struct.unpack(">II", bytes(data[16:24]))
+    return ImageInfo("PNG", width, height)
+
+
+def _jpeg(data) -> ImageInfo:
+    n, pos = len(data), 2
+    while pos < n:
+        if data[pos] != 0xFF:
+            raise ImageError(f"JPEG is corrupt (no marker at byte {pos})")
+        while pos < n and data[pos] == 0xFF:  # fill bytes
+            pos += 1
+        if pos >= n:
+            break
+        marker = data[pos]
+        pos += 1
+        if marker in _NO_LENGTH:
+            continue
+        if pos + 2 > n:
+            break
+        (length,) = struct.unpack(">H", bytes(data[pos:pos + 2]))
+        if length < 2:
+            raise ImageError("JPEG is corrupt (bad segment length)")
+        if marker in _SOF:
+            if pos + 7 > n:
+                break
+            height, width = struct.unpack(">HH", bytes(data[pos + 3:pos + 7]))
+            return ImageInfo("JPEG", width, height)
+        if marker == 0xDA:
+            raise ImageError("JPEG is corrupt (image data before the frame header)")
+        pos += length
+    raise ImageError("JPEG is truncated before its frame header")

@@ -1,0 +1,124 @@
+"""ImagePlan: how encoded images become rows of one model input, fixed when a version loads.
+
+Built from the input's `image` settings (config.ImageInput) and the model's TensorSpec:
+  - uint8 [N, H, W, C] (an OM with AIPP, or any NHWC uint8 input): pixels as they are, in the
+    colour order given; mean/std are refused (the device normalises);
+  - float [N, C, H, W] / [N, H, W, C] / [N, H, W] (grey): (pixel - mean) / std on the host, in
+    float32, then the model's float type.
+A plan that does not fit the model raises PlanError at load, naming the input.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import ImageInput
+from ..runtime.types import TensorSpec
+
+
+class PlanError(ValueError):
+    """The image settings do not fit the model input; the message names it."""
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    input: str
+    height: int
+    width: int
+    channels: int  # 1 or 3
+    color: str  # rgb | bgr | gray
+    resize: str
+    crop_fraction: float
+    interpolation: str
+    pad_value: int
+    layout: str  # NHWC | NCHW | HW (grey without a channel axis)
+    dtype: np.dtype  # what the model input takes
+    mean: np.ndarray | None  # float32 [C], host normalisation (float inputs)
+    std: np.ndarray | None
+    rows: int  # -1: batched (any count up to the batch limit); else the fixed row count
+    invert: bool | str = False
+
+    def to_row(self, pixels: np.ndarray) -> np.ndarray:
+        """uint8 [H, W, C] in this plan's colour order -> one row of the model input."""
+        if self.invert is True or (self.invert == "auto" and _light_border(pixels)):
+            pixels = 255 - pixels
+        if self.dtype == np.uint8:
+            return pixels
+        x = pixels.astype(np.float32)
+        if self.mean is not None:
+            x -= self.mean
+        if self.std is not None:
+            x /= self.std
+        if self.layout == "NCHW":
+            x = x.transpose(2, 0, 1)
+        elif self.layout == "HW":
+            x = x[:, :, 0]
+        return np.ascontiguousarray(x, dtype=self.dtype)
+
+    def describe(self) -> dict:
+        """What model metadata shows about this input."""
+        return {"content": "image", "formats": "jpeg,png", "color": self.color, "size": f"{self.width}x{self.height}",
+                "resize": self.resize, "tensor_datatype": "UINT8" if self.dtype == np.uint8 else
+                "FP16" if self.dtype == np.float16 else "FP32"}
+
+
+def build_plan(image: ImageInput, spec: TensorSpec) -> ImagePlan:
+    name = spec.name
+    dims = list(spec.shape[1:])
+    rows = -1 if spec.batched else (spec.shape[0] if spec.shape else 0)
+    if rows == 0 or len(dims) not in (2, 3):
+        raise PlanError(f"image input {name!r}: the model input must be [N, H, W, C], [N, C, H, W] or [N, H, W]; "
+                        f"it is {list(spec.shape)}")
+    if spec.dtype == np.uint8:
+        layout = "NHWC" if len(dims) == 3 else "HW"
+        if image.mean is not None or image.std is not None:
+            raise PlanError(f"image input {name!r}: the model takes uint8 pixels (AIPP normalises on the device); "
+                            "remove mean/std")
+        if image.layout not in ("auto", "NHWC"):
+            raise PlanError(f"image input {name!r}: a uint8 input is NHWC, not {image.layout}")
+    elif spec.dtype.kind == "f" and spec.dtype.itemsize <= 4:
+        layout = _float_layout(image.layout, spec, dims)
+    else:
+        raise PlanError(f"image input {name!r}: the model input is {spec.datatype}; images feed UINT8 or float inputs")
+    if layout == "NCHW":
+        channels, height, width = dims
+    elif layout == "NHWC":
+        height, width, channels = dims
+    else:
+        (height, width), channels = dims, 1
+    if channels not in (1, 3):
+        raise PlanError(f"image input {name!r}: {channels} channels; images give 1 (gray) or 3 (rgb/bgr)")
+    color = image.color or ("gray" if channels == 1 else "rgb")
+    if (color == "gray") != (channels == 1):
+        raise PlanError(f"image input {name!r}: color {color} does not fit {channels} channel(s)")
+    mean = _per_channel(image.mean, channels, name, "mean")
+    std = _per_channel(image.std, channels, name, "std")
+    return ImagePlan(name, height, width, channels, color, image.resize, image.crop_fraction, image.interpolation,
+                     image.pad_value, layout, np.dtype(spec.dtype), mean, std, rows, image.invert)
+
+
+def _light_border(pixels: np.ndarray) -> bool:
+    """More than half of the border pixels are light: a dark figure on a light background."""
+    border = np.concatenate([pixels[0].ravel(), pixels[-1].ravel(), pixels[:, 0].ravel(), pixels[:, -1].ravel()])
+    return bool(np.median(border) > 127)
+
+
+def _float_layout(wanted: str, spec: TensorSpec, dims: list[int]) -> str:
+    if len(dims) == 2:
+        return "HW"
+    if wanted != "auto":
+        return wanted
+    if spec.format in ("NCHW", "NHWC"):
+        return spec.format
+    return "NHWC" if dims[2] in (1, 3) and dims[0] not in (1, 3) else "NCHW"
+
+
+def _per_channel(values, channels: int, name: str, what: str) -> np.ndarray | None:
+    if values is None:
+        return None
+    if len(values) == 1:
+        values = tuple(values) * channels
+    if len(values) != channels:
+        raise PlanError(f"image input {name!r}: {what} has {len(values)} values for {channels} channel(s)")
+    return np.array(values, np.float32)

@@ -1,0 +1,73 @@
+"""DecodePool: the bounded worker pool where images decode, off the event loop.
+
+Owned by the server state (one per server, shared by every model) and closed at shutdown. At
+most `max_pending` images are queued or decoding at once, counted until their thread finishes
+(also when the request that sent them was cancelled); a request that would pass the bound gets
+QueueFull (503) at once rather than holding its body in memory while it waits. workers = 0
+decodes on the calling (event loop) thread: only for measuring what the pool buys.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from typing import Callable, Sequence
+
+from ..errors import QueueFull, ShuttingDown
+
+log = logging.getLogger(__name__)
+
+
+class DecodePool:
+    def __init__(self, workers: int, max_pending: int):
+        self.workers = workers
+        self.max_pending = max_pending
+        self.pending = 0  # event-loop thread only
+        self._closed = False
+        self._executor = (concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="aclserve-decode")
+                          if workers else None)
+
+    async def map(self, fn: Callable, items: Sequence) -> list:
+        """[fn(item) for item in items], each item a separate job, in the pool's threads.
+        Raises the first job's exception (by item order) after all jobs finished."""
+        if self._closed:
+            raise ShuttingDown("server is shutting down")
+        if self._executor is None:
+            return [fn(item) for item in items]
+        n = len(items)
+        if self.pending + n > self.max_pending:
+            raise QueueFull(f"image decoding is saturated ({self.pending} images pending, limit "
+                            f"{self.max_pending}: images.max_pending); retry later")
+        loop = asyncio.get_running_loop()
+        self.pending += n
+        futures = []
+        try:
+            for item in items:
+                cf = self._executor.submit(fn, item)
+                cf.add_done_callback(lambda _f: self._release_from_thread(loop))
+                futures.append(asyncio.wrap_future(cf, loop=loop))
+        except RuntimeError:  # shut down while submitting
+            for _ in range(n - len(futures)):
+                self.pending -= 1
+            raise
+        done = await asyncio.gather(*futures, return_exceptions=True)
+        for result in done:
+            if isinstance(result, BaseException):
+                raise result
+        return done
+
+    def _release_from_thread(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            loop.call_soon_threadsafe(self._release)
+        except RuntimeError:  # the loop closed first: nobody counts any more
+            pass
+
+    def _release(self) -> None:
+        self.pending -= 1
+
+    def close(self) -> None:
+        """Wait for running decodes, drop queued ones. Safe twice."""
+        self._closed = True
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None

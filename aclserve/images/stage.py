@@ -1,0 +1,68 @@
+"""ImageStage: the image inputs of one served version, and the step that turns the encoded
+images of a request into that version's input tensors.
+
+Built when the version loads (plans checked against the model then); `prepare` runs on the
+event loop and hands each image to the decode pool as its own job, so the rows of one request
+decode in parallel and the device keeps computing other batches meanwhile. A bad image fails
+the request with 400 naming the input and the row.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..config import TensorOptions
+from ..errors import InvalidInput
+from ..runtime.types import TensorSpec
+from .header import ImageError
+from .plan import ImagePlan, PlanError, build_plan
+
+
+class ImageStage:
+    def __init__(self, plans: Mapping[str, ImagePlan]):
+        self.plans = dict(plans)
+
+    @classmethod
+    def for_model(cls, options: Mapping[str, TensorOptions], inputs: Sequence[TensorSpec]) -> "ImageStage | None":
+        """None when the model has no image input. Raises PlanError at load."""
+        specs = {s.name: s for s in inputs}
+        plans = {}
+        for name, opt in options.items():
+            if opt.image is None:
+                continue
+            if name not in specs:
+                raise PlanError(f"inputs.{name}: the model has no input {name!r} (inputs: {', '.join(specs)})")
+            plans[name] = build_plan(opt.image, specs[name])
+        return cls(plans) if plans else None
+
+    def client_inputs(self, inputs: Sequence[TensorSpec]) -> list[TensorSpec]:
+        """The inputs as clients see them: an image input is BYTES [N, 1], one image per row."""
+        out = []
+        for s in inputs:
+            plan = self.plans.get(s.name)
+            if plan is None:
+                out.append(s)
+            else:
+                out.append(TensorSpec(s.name, "BYTES", np.dtype(object), (plan.rows, 1), "ND", 0))
+        return out
+
+    def describe(self) -> dict[str, dict]:
+        return {name: plan.describe() for name, plan in self.plans.items()}
+
+    async def prepare(self, inputs: dict, pool, decoder) -> None:
+        """Replace each image input's encoded rows (a list of bytes) by the model's tensor."""
+        for name, plan in self.plans.items():
+            rows = inputs.get(name)
+            if isinstance(rows, list):
+                job = functools.partial(_decode_row, decoder, plan, name)
+                inputs[name] = np.stack(await pool.map(job, list(enumerate(rows))))
+
+
+def _decode_row(decoder, plan: ImagePlan, name: str, item: tuple[int, bytes]) -> np.ndarray:
+    row, data = item
+    try:
+        return plan.to_row(decoder(data, plan))
+    except ImageError as e:
+        raise InvalidInput(f"input '{name}' row {row}: {e}") from None

@@ -1,0 +1,152 @@
+"""DvppDecoder: JPEG decode and resize on an Ascend chip's DVPP (pyACL `acl.media`), behind the
+same call as the CPU decoder: `decoder(data, plan) -> uint8 [H, W, C]`.
+
+UNEXERCISED: written from reference/aipp.md section 6 (pyACL media API, JPEGD and VPC
+constraints); no machine of this project has an NPU, and the CPU runtime does not emulate DVPP.
+Flow per image: probe and limit-check the header; copy the JPEG to DVPP memory; JPEGD decodes to
+YUV420SP (NV12, width stride 128, height stride 16); VPC resizes to the plan's H x W (NV12,
+strides 16 / 2); the result is copied back and converted to RGB (JPEG's full-range BT.601) or
+grey (the Y plane) on the host. DVPP only stretches, so other resize policies, PNG input,
+odd target sizes and any DVPP failure go to the CPU decoder (a failure is logged once). One
+channel and stream, used under this object's own context by one thread at a time (a lock).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+from ..acl import AclError, check, check_handle
+from ..acl import constants as C
+from ..acl.context import restoring_context, using_context
+from ..images.header import check_size, probe
+from ..images.plan import ImagePlan
+
+log = logging.getLogger(__name__)
+
+PIXEL_FORMAT_YUV_SEMIPLANAR_420 = 1  # acldvppPixelFormat NV12 [unverified value]
+JPEGD_WIDTH_ALIGN, JPEGD_HEIGHT_ALIGN = 128, 16  # 128 also satisfies 310P's 64
+VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN = 16, 2
+
+
+class DvppError(RuntimeError):
+    """DVPP cannot be used (no acl.media, or opening the channel failed)."""
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+class DvppDecoder:
+    kind = "dvpp"
+
+    def __init__(self, runtime, fallback, device_id: int = 0):
+        acl = runtime.acl
+        if not hasattr(acl, "media"):
+            raise DvppError("this CANN's pyACL has no acl.media")
+        self._acl, self._media, self._fallback = acl, acl.media, fallback
+        self._lock = threading.Lock()
+        self._warned = False
+        self._ctx = self._stream = self._channel = None
+        runtime.device(device_id)  # set_device through the runtime, which resets it at close
+        try:
+            with restoring_context(acl):
+                self._ctx = check("rt.create_context", acl.rt.create_context(device_id))
+                self._stream = check("rt.create_stream", acl.rt.create_stream())
+                self._channel = check_handle("media.dvpp_create_channel_desc", self._media.dvpp_create_channel_desc())
+                check("media.dvpp_create_channel", self._media.dvpp_create_channel(self._channel))
+        except AclError as e:
+            self.close()
+            raise DvppError(str(e)) from None
+
+    def __call__(self, data, plan: ImagePlan) -> np.ndarray:
+        info = probe(data)
+        if info.format != "JPEG" or plan.resize != "stretch" or plan.width % 2 or plan.height % 2:
+            return self._fallback(data, plan)
+        check_size(info, self._fallback.max_pixels, self._fallback.max_side)
+        try:
+            with self._lock, using_context(self._acl, self._ctx):
+                return self._decode(bytes(data), plan)
+        except AclError as e:
+            if not self._warned:
+                self._warned = True
+                log.warning("DVPP decode failed (%s); this and later failures decode on the CPU", e)
+            return self._fallback(data, plan)
+
+    def _decode(self, data: bytes, plan: ImagePlan) -> np.ndarray:
+        acl, media = self._acl, self._media
+        undo = []
+        try:
+            host = acl.util.bytes_to_ptr(data)
+            w, h, _components, ret = media.dvpp_jpeg_get_image_info(host, len(data))
+            check("media.dvpp_jpeg_get_image_info", ret)
+            src = self._dvpp_malloc(len(data), undo)
+            check("rt.memcpy", acl.rt.memcpy(src, len(data), host, len(data), C.ACL_MEMCPY_HOST_TO_DEVICE))
+            dec_size = check("media.dvpp_jpeg_predict_dec_size",
+                             media.dvpp_jpeg_predict_dec_size(host, len(data), PIXEL_FORMAT_YUV_SEMIPLANAR_420))
+            dec = self._dvpp_malloc(dec_size, undo)
+            decoded = self._pic(dec, dec_size, w, h, JPEGD_WIDTH_ALIGN, JPEGD_HEIGHT_ALIGN, undo)
+            check("media.dvpp_jpeg_decode_async",
+                  media.dvpp_jpeg_decode_async(self._channel, src, len(data), decoded, self._stream))
+            check("rt.synchronize_stream", acl.rt.synchronize_stream(self._stream))
+            out_w, out_h = _align(plan.width, VPC_WIDTH_ALIGN), _align(plan.height, VPC_HEIGHT_ALIGN)
+            out_size = out_w * out_h * 3 // 2
+            out = self._dvpp_malloc(out_size, undo)
+            resized = self._pic(out, out_size, plan.width, plan.height, VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN, undo)
+            config = check_handle("media.dvpp_create_resize_config", media.dvpp_create_resize_config())
+            undo.append(lambda: media.dvpp_destroy_resize_config(config))
+            check("media.dvpp_vpc_resize_async",
+                  media.dvpp_vpc_resize_async(self._channel, decoded, resized, config, self._stream))
+            check("rt.synchronize_stream", acl.rt.synchronize_stream(self._stream))
+            nv12 = np.empty(out_size, np.uint8)
+            check("rt.memcpy", acl.rt.memcpy(nv12.ctypes.data, out_size, out, out_size, C.ACL_MEMCPY_DEVICE_TO_HOST))
+        finally:
+            for release in reversed(undo):
+                release()
+        return nv12_to_pixels(nv12, out_w, out_h, plan)
+
+    def _dvpp_malloc(self, size: int, undo: list) -> int:
+        ptr = check("media.dvpp_malloc", self._media.dvpp_malloc(size))
+        undo.append(lambda: self._media.dvpp_free(ptr))
+        return ptr
+
+    def _pic(self, ptr: int, size: int, w: int, h: int, wa: int, ha: int, undo: list) -> int:
+        media = self._media
+        pic = check_handle("media.dvpp_create_pic_desc", media.dvpp_create_pic_desc())
+        undo.append(lambda: media.dvpp_destroy_pic_desc(pic))
+        for setter, value in (("data", ptr), ("size", size), ("format", PIXEL_FORMAT_YUV_SEMIPLANAR_420),
+                              ("width", w), ("height", h), ("width_stride", _align(w, wa)),
+                              ("height_stride", _align(h, ha))):
+            check(f"media.dvpp_set_pic_desc_{setter}", getattr(media, f"dvpp_set_pic_desc_{setter}")(pic, value))
+        return pic
+
+    def close(self) -> None:
+        """Destroy the channel, stream and context, in reverse order. Safe twice."""
+        acl = self._acl
+        with restoring_context(acl):
+            if self._ctx is not None:
+                acl.rt.set_context(self._ctx)
+            if self._channel is not None:
+                self._media.dvpp_destroy_channel(self._channel)
+                self._media.dvpp_destroy_channel_desc(self._channel)
+                self._channel = None
+            if self._stream is not None:
+                acl.rt.destroy_stream(self._stream)
+                self._stream = None
+            if self._ctx is not None:
+                acl.rt.destroy_context(self._ctx)
+                self._ctx = None
+
+
+def nv12_to_pixels(nv12: np.ndarray, stride_w: int, stride_h: int, plan: ImagePlan) -> np.ndarray:
+    """NV12 (Y plane, then interleaved U/V at half resolution) -> uint8 [H, W, C] per the plan."""
+    y = nv12[:stride_w * stride_h].reshape(stride_h, stride_w)[:plan.height, :plan.width].astype(np.float32)
+    if plan.color == "gray":
+        return y.astype(np.uint8)[:, :, None]
+    uv = nv12[stride_w * stride_h:].reshape(stride_h // 2, stride_w // 2, 2).astype(np.float32) - 128.0
+    uv = uv.repeat(2, 0).repeat(2, 1)[:plan.height, :plan.width]
+    u, v = uv[..., 0], uv[..., 1]
+    rgb = np.stack([y + 1.402 * v, y - 0.344136 * u - 0.714136 * v, y + 1.772 * u], -1)
+    rgb = np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
+    return rgb[:, :, ::-1] if plan.color == "bgr" else rgb

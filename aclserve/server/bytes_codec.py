@@ -1,0 +1,125 @@
+"""BYTES tensors of a KServe v2 request (reference/kserve-v2.md sections 7, 8): the encoded
+images of an image input. Pure functions over bytes, like codec.py, which calls decode_input
+for every input whose datatype is BYTES.
+
+Framing (HTTP): JSON `data` is an array (flat or nested) of base64 strings, one per row; the binary
+extension carries elements as a 4-byte little-endian length then the bytes, concatenated; a raw
+binary request (Inference-Header-Content-Length: 0) is one image. The shape is [N] or [N, 1];
+N rows, each one image. gRPC: the raw_input_contents entry holds length-prefixed elements, or
+contents.bytes_contents the images (grpc_input). Elements are memoryviews into the body (no copy) or decoded base64.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+
+from ..errors import InvalidInput
+from ..runtime.types import TensorSpec
+
+_U32 = 4
+
+
+def check_rows(name: str, shape, spec: TensorSpec, max_batch: int, rows: int | None) -> tuple[int, int | None]:
+    """Shape [N] or [N, 1] of a BYTES input -> (N, the request's batch rows so far)."""
+    if type(shape) is not list or not 1 <= len(shape) <= 2 or any(type(d) is not int or d < 0 for d in shape) \
+            or (len(shape) == 2 and shape[1] != 1):
+        raise InvalidInput(f"input '{name}': shape must be [N] or [N, 1] (one image per row), got {shape!r}")
+    count = shape[0]
+    fixed = spec.shape[0]
+    if fixed == -1:
+        if count < 1:
+            raise InvalidInput(f"input '{name}': batch dimension must be at least 1")
+        if max_batch and count > max_batch:
+            raise InvalidInput(f"input '{name}': batch size {count} exceeds the model's max_batch_size {max_batch}")
+        if rows is not None and count != rows:
+            raise InvalidInput(f"input '{name}': batch size {count} differs from the other inputs' {rows}")
+        rows = count
+    elif count != fixed:
+        raise InvalidInput(f"input '{name}': {count} images for a model that takes exactly {fixed}")
+    return count, rows
+
+
+def grpc_input(name: str, shape: list, raw: bytes | None, contents: list | None, spec: TensorSpec,
+               max_batch: int, rows: int | None) -> tuple[list, int | None]:
+    """A gRPC BYTES input: its raw_input_contents entry (length-prefixed elements) or its
+    contents.bytes_contents -> (elements, batch rows)."""
+    count, rows = check_rows(name, shape, spec, max_batch, rows)
+    if raw is not None:
+        return binary_elements(name, memoryview(raw), count), rows
+    if len(contents) != count:
+        raise InvalidInput(f"input '{name}': contents.bytes_contents has {len(contents)} elements but the "
+                           f"shape needs {count}")
+    return list(contents), rows
+
+
+def decode_input(name: str, item: dict, spec: TensorSpec, max_batch: int, rows: int | None,
+                 body: bytes, offset: int, framed: bool) -> tuple[list, int, int | None]:
+    """One BYTES input of a request -> (elements, new binary offset, batch rows)."""
+    count, rows = check_rows(name, item.get("shape"), spec, max_batch, rows)
+    params = item.get("parameters") or {}
+    if type(params) is not dict:
+        raise InvalidInput(f"input '{name}': parameters must be an object")
+    if any(k.startswith("shared_memory_") for k in params):
+        raise InvalidInput(f"input '{name}': shared memory is not supported by this server")
+    size = params.get("binary_data_size")
+    if size is None:
+        data = item.get("data")
+        if data is None:
+            raise InvalidInput(f"input '{name}' has neither data nor parameters.binary_data_size")
+        return json_elements(name, data, count), offset, rows
+    if type(size) is not int or size < 0:
+        raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
+    if not framed:
+        raise InvalidInput(f"input '{name}' has binary_data_size but the request has no "
+                           "Inference-Header-Content-Length header")
+    if "data" in item:
+        raise InvalidInput(f"input '{name}' has both data and binary_data_size")
+    if offset + size > len(body):
+        raise InvalidInput(f"input '{name}': binary data needs {size} bytes at offset {offset} "
+                           f"but the body has {len(body)}")
+    return binary_elements(name, memoryview(body)[offset:offset + size], count), offset + size, rows
+
+
+def binary_elements(name: str, chunk: memoryview, count: int) -> list[memoryview]:
+    """`count` length-prefixed elements filling `chunk` exactly."""
+    out, pos, end = [], 0, len(chunk)
+    for row in range(count):
+        if pos + _U32 > end:
+            raise InvalidInput(f"input '{name}' row {row}: binary data ends before the element's 4-byte length")
+        n = int.from_bytes(chunk[pos:pos + _U32], "little")
+        pos += _U32
+        if pos + n > end:
+            raise InvalidInput(f"input '{name}' row {row}: element of {n} bytes overruns the "
+                               f"{end}-byte binary data")
+        out.append(chunk[pos:pos + n])
+        pos += n
+    if pos != end:
+        raise InvalidInput(f"input '{name}': {end - pos} bytes after the {count} elements its shape gives")
+    return out
+
+
+def json_elements(name: str, data, count: int) -> list[bytes]:
+    """Base64 strings (flat or nested one level, [[s], [s]]) -> raw bytes."""
+    if type(data) is not list:
+        raise InvalidInput(f"input '{name}': data must be an array of base64 strings")
+    flat = [d[0] if type(d) is list and len(d) == 1 else d for d in data]
+    if len(flat) != count:
+        raise InvalidInput(f"input '{name}': data has {len(flat)} elements but the shape needs {count}")
+    out = []
+    for row, text in enumerate(flat):
+        if type(text) is not str:
+            raise InvalidInput(f"input '{name}' row {row}: BYTES data elements must be base64 strings")
+        try:
+            out.append(base64.b64decode(text, validate=True))
+        except (binascii.Error, ValueError):
+            raise InvalidInput(f"input '{name}' row {row}: not valid base64") from None
+    return out
+
+
+def raw_input(spec: TensorSpec, body: bytes) -> list[memoryview]:
+    """A raw binary request for a single BYTES input: the whole body is one element."""
+    if spec.shape[0] not in (-1, 1):
+        raise InvalidInput(f"a raw binary request carries one image; input '{spec.name}' takes "
+                           f"{math.prod(spec.shape[:1])}")
+    return [memoryview(body)]

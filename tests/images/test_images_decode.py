@@ -1,0 +1,205 @@
+"""Decoding and fitting one image to a plan (Pillow on the CPU), the plans themselves, the DVPP
+colour conversion, and the bounded decode pool."""
+from __future__ import annotations
+
+import asyncio
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from aclserve.config import ImageInput
+from aclserve.errors import QueueFull
+from aclserve.images import DecodePool, PlanError, build_plan
+from aclserve.images.decode import decode_pixels
+from aclserve.images.header import ImageError
+from aclserve.runtime.dvpp import nv12_to_pixels
+from aclserve.runtime.types import TensorSpec
+from .images_data import encode, gradient
+
+LIMITS = (40_000_000, 16384)
+
+
+def spec(shape, datatype="UINT8", fmt="NHWC"):
+    dtype = {"UINT8": np.uint8, "FP32": np.float32, "FP16": np.float16, "INT32": np.int32}[datatype]
+    return TensorSpec("x", datatype, np.dtype(dtype), tuple(shape), fmt)
+
+
+def plan(h=8, w=8, c=3, **kw):
+    return build_plan(ImageInput(**kw), spec((-1, h, w, c)))
+
+
+def test_stretch_gives_model_size_in_colour_order():
+    pic = gradient(40, 60)
+    rgb = decode_pixels(encode(pic), plan(20, 30), *LIMITS)
+    bgr = decode_pixels(encode(pic), plan(20, 30, color="bgr"), *LIMITS)
+    assert rgb.shape == (20, 30, 3) and rgb.dtype == np.uint8
+    np.testing.assert_array_equal(bgr, rgb[:, :, ::-1])
+    # the same as Pillow's own antialiased resize of the decoded picture
+    expected = np.asarray(Image.fromarray(pic).resize((30, 20), Image.BILINEAR))
+    np.testing.assert_array_equal(rgb, expected)
+
+
+def test_center_crop_and_letterbox():
+    pic = np.zeros((40, 80, 3), np.uint8)
+    pic[:, :15] = 255  # a white band at the left edge
+    crop = decode_pixels(encode(pic), plan(20, 20, resize="center_crop"), *LIMITS)
+    assert crop.shape == (20, 20, 3) and crop.max() == 0  # the centre square misses the band
+    box = decode_pixels(encode(pic), plan(20, 20, resize="letterbox", pad_value=7), *LIMITS)
+    assert box.shape == (20, 20, 3)
+    assert (box[:5] == 7).all() and (box[15:] == 7).all()  # 80x40 fits as 20x10, padded above and below
+    assert box[5:15, :3].min() > 200 and box[5:15, 5:].max() == 0
+
+
+def test_jpeg_downscaled_while_decoding_matches_full_decode_closely():
+    pic = gradient(512, 512)
+    data = encode(pic, "JPEG", quality=95)
+    fast = decode_pixels(data, plan(64, 64), *LIMITS).astype(int)  # libjpeg scales by 1/8 here
+    full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB").resize((64, 64), Image.BILINEAR)).astype(int)
+    assert np.abs(fast - full).mean() < 3
+
+
+def test_grey_alpha_sixteen_bit_and_palette():
+    grey = decode_pixels(encode(gradient(16, 16)), plan(16, 16, 1), *LIMITS)
+    assert grey.shape == (16, 16, 1)
+    rgba = np.dstack([gradient(16, 16), np.full((16, 16), 3, np.uint8)])
+    np.testing.assert_array_equal(decode_pixels(encode(rgba), plan(16, 16, resize="stretch"), *LIMITS),
+                                  gradient(16, 16))  # alpha dropped, colours kept
+    deep = (np.arange(256, dtype=np.uint16).reshape(16, 16) * 257)
+    buf = io.BytesIO()
+    Image.fromarray(deep).save(buf, "PNG")  # 16-bit grey
+    np.testing.assert_array_equal(decode_pixels(buf.getvalue(), plan(16, 16, 1), *LIMITS)[:, :, 0],
+                                  np.arange(256).reshape(16, 16))
+    buf = io.BytesIO()
+    Image.fromarray(gradient(16, 16)).convert("P").save(buf, "PNG")
+    assert decode_pixels(buf.getvalue(), plan(16, 16), *LIMITS).shape == (16, 16, 3)
+
+
+def test_exif_orientation_is_applied():
+    pic = np.zeros((20, 40, 3), np.uint8)
+    pic[:10, :20] = 255  # stored: white top-left quadrant
+    im = Image.fromarray(pic)
+    exif = im.getexif()
+    exif[0x0112] = 6  # display rotated 90 degrees clockwise
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=95, exif=exif.tobytes())
+    out = decode_pixels(buf.getvalue(), plan(40, 20), *LIMITS)  # displayed 20 wide, 40 high
+    assert out[:20, 10:].mean() > 200 and out[:20, :10].mean() < 50  # now top-right
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d[:len(d) // 2], "PNG could not be decoded"),
+    (lambda d: d[:40] + bytes(len(d) - 40), "PNG could not be decoded"),
+])
+def test_broken_images_say_so(mutate, message):
+    data = mutate(encode(gradient(64, 64)))
+    with pytest.raises(ImageError, match=message):
+        decode_pixels(data, plan(8, 8), *LIMITS)
+
+
+def test_mutated_images_fail_only_with_image_error():
+    """Random byte changes and cuts in JPEGs (with EXIF) and PNGs: every failure is an
+    ImageError (a 400 with its message), never another exception (a 500)."""
+    rng = np.random.default_rng(5)
+    im = Image.fromarray(gradient(40, 50))
+    exif = im.getexif()
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", exif=exif.tobytes())
+    seeds = [buf.getvalue(), encode(gradient(40, 50)), encode(gradient(40, 50), "JPEG", progressive=True),
+             encode(gradient(30, 30, 1))]
+    outcomes = {"decoded": 0, "refused": 0}
+    for _ in range(600):
+        data = bytearray(seeds[rng.integers(len(seeds))])
+        for _ in range(rng.integers(1, 7)):
+            data[rng.integers(len(data))] = rng.integers(256)
+        if rng.random() < 0.2:
+            data = data[:rng.integers(len(data))]
+        try:
+            decode_pixels(bytes(data), plan(16, 16), *LIMITS)
+            outcomes["decoded"] += 1
+        except ImageError:
+            outcomes["refused"] += 1
+    assert outcomes["decoded"] and outcomes["refused"]
+
+
+def test_truncated_jpeg_is_refused():
+    data = encode(gradient(64, 64), "JPEG")
+    with pytest.raises(ImageError, match="JPEG could not be decoded"):
+        decode_pixels(data[:len(data) // 3], plan(8, 8), *LIMITS)
+
+
+def test_float_plans_normalise_on_the_host():
+    p = build_plan(ImageInput(mean=(10.0, 20.0, 30.0), std=(2.0,)), spec((-1, 3, 4, 5), "FP32", "NCHW"))
+    assert (p.layout, p.height, p.width, p.channels) == ("NCHW", 4, 5, 3)
+    pixels = np.random.default_rng(0).integers(0, 256, (4, 5, 3), dtype=np.uint8)
+    row = p.to_row(pixels)
+    np.testing.assert_allclose(row, ((pixels - np.array([10, 20, 30])) / 2.0).transpose(2, 0, 1), rtol=1e-6)
+    assert row.dtype == np.float32
+    nhwc = build_plan(ImageInput(), spec((-1, 4, 5, 3), "FP16", "ND"))
+    assert nhwc.layout == "NHWC" and nhwc.to_row(pixels).dtype == np.float16
+    grey = build_plan(ImageInput(), spec((2, 4, 5), "FP32", "ND"))
+    assert (grey.layout, grey.rows, grey.color) == ("HW", 2, "gray")
+
+
+def test_invert():
+    dark_on_light = np.full((8, 8, 1), 250, np.uint8)
+    dark_on_light[2:6, 3:5] = 0
+    auto = plan(8, 8, 1, invert="auto")
+    assert auto.to_row(dark_on_light)[0, 0, 0] == 5 and auto.to_row(255 - dark_on_light)[0, 0, 0] == 5
+    assert plan(8, 8, 1, invert=True).to_row(dark_on_light)[3, 3, 0] == 255
+
+
+@pytest.mark.parametrize("image, shape, datatype, message", [
+    (ImageInput(mean=(1.0,)), (-1, 8, 8, 3), "UINT8", "remove mean/std"),
+    (ImageInput(), (-1, 8, 8, 2), "UINT8", "2 channels"),
+    (ImageInput(color="gray"), (-1, 8, 8, 3), "UINT8", "color gray does not fit 3"),
+    (ImageInput(), (-1, 8, 8, 3), "INT32", "images feed UINT8 or float"),
+    (ImageInput(), (-1, 64), "FP32", "must be \\[N, H, W, C\\]"),
+    (ImageInput(std=(1.0, 2.0)), (-1, 3, 8, 8), "FP32", "std has 2 values for 3"),
+])
+def test_plans_that_do_not_fit_the_model_are_refused(image, shape, datatype, message):
+    with pytest.raises(PlanError, match=message):
+        build_plan(image, spec(shape, datatype, "ND"))
+
+
+def test_nv12_conversion_inverts_jpeg_colour_transform():
+    rng = np.random.default_rng(1)
+    rgb = np.repeat(np.repeat(rng.integers(40, 215, (4, 8, 3)), 2, 0), 2, 1).astype(np.float64)  # 2x2 blocks
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    y = 0.299 * r + 0.587 * g + 0.114 * b
+    u = -0.168736 * r - 0.331264 * g + 0.5 * b + 128
+    v = 0.5 * r - 0.418688 * g - 0.081312 * b + 128
+    stride_w, stride_h = 32, 8  # padded, as VPC writes it
+    nv12 = np.zeros(stride_w * stride_h * 3 // 2, np.uint8)
+    nv12[:stride_w * stride_h].reshape(stride_h, stride_w)[:8, :16] = np.rint(y)
+    uv = nv12[stride_w * stride_h:].reshape(stride_h // 2, stride_w // 2, 2)
+    uv[:4, :8, 0], uv[:4, :8, 1] = np.rint(u[::2, ::2]), np.rint(v[::2, ::2])
+    out = nv12_to_pixels(nv12, stride_w, stride_h, plan(8, 16))
+    assert out.shape == (8, 16, 3) and np.abs(out.astype(int) - rgb).max() <= 2
+    grey = nv12_to_pixels(nv12, stride_w, stride_h, plan(8, 16, 1))
+    np.testing.assert_array_equal(grey[:, :, 0], np.rint(y).astype(np.uint8))
+
+
+def test_pool_bounds_pending_images_and_keeps_order():
+    async def main():
+        pool = DecodePool(workers=2, max_pending=4)
+        try:
+            assert await pool.map(lambda i: i * i, [1, 2, 3, 4]) == [1, 4, 9, 16]
+            with pytest.raises(QueueFull, match="images.max_pending"):
+                await pool.map(lambda i: i, list(range(5)))
+            with pytest.raises(ValueError, match="row 1"):
+                await pool.map(lambda i: (_ for _ in ()).throw(ValueError(f"row {i}")) if i else i, [0, 1, 2])
+            await asyncio.sleep(0)
+            for _ in range(100):  # the done callbacks release through the loop
+                if pool.pending == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert pool.pending == 0
+        finally:
+            pool.close()
+        inline = DecodePool(workers=0, max_pending=1)
+        assert await inline.map(str, [1, 2, 3]) == ["1", "2", "3"]  # workers 0: on the loop, no bound
+        inline.close()
+    asyncio.run(main())

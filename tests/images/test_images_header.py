@@ -1,0 +1,84 @@
+"""Header probing and decompression limits: the announced size is refused before decoding, and
+nothing of that size is allocated (checked under an address-space limit in a subprocess)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from aclserve.images.header import ImageError, check_size, probe
+from .images_data import encode, gradient, jpeg_bomb, png_bomb
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_probe_reads_size_of_jpeg_and_png():
+    pic = gradient(37, 53)
+    for fmt, kw in (("PNG", {}), ("JPEG", {"quality": 80}), ("JPEG", {"progressive": True})):
+        info = probe(encode(pic, fmt, **kw))
+        assert (info.format, info.width, info.height) == (fmt, 53, 37)
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"", "empty image"),
+    (b"GIF89a" + b"\0" * 20, "GIF images are not accepted"),
+    (b"RIFF\0\0\0\0WEBPVP8 ", "WebP images are not accepted"),
+    (b"hello world, not an image", "not a JPEG or PNG image"),
+    (b"\x89PNG\r\n\x1a\n\0\0", "PNG is truncated"),
+    (b"\xff\xd8\xff\xe0\x00\x10JFIF", "JPEG is truncated before its frame header"),
+])
+def test_probe_refuses_other_things(data, message):
+    with pytest.raises(ImageError, match=message):
+        probe(data)
+
+
+def test_bombs_are_refused_by_their_header():
+    for bomb in (png_bomb(), jpeg_bomb()):
+        assert len(bomb) < 1000
+        info = probe(bomb)
+        assert (info.width, info.height) == (60000, 60000)
+        with pytest.raises(ImageError, match=r"announces 60000x60000 pixels; the limit is 40,000,000"):
+            check_size(info, 40_000_000, 16384)
+    with pytest.raises(ImageError, match="limit"):
+        check_size(probe(png_bomb(20000, 10)), 40_000_000, 16384)  # one side too long
+    check_size(probe(png_bomb(4000, 4000)), 40_000_000, 16384)  # within both limits
+
+
+def test_bomb_is_refused_without_allocating_it():
+    """Under an address-space limit of the process size + 256 MiB, the decoder refuses the
+    60,000 x 60,000 PNG and JPEG with its own message (so nothing of 10.8 GB was reserved: an
+    attempt would have raised MemoryError), while a plain allocation of that size does fail."""
+    code = textwrap.dedent("""
+        import resource, sys
+        import numpy as np
+        sys.path.insert(0, "tests/images")
+        from images_data import jpeg_bomb, png_bomb
+        from aclserve.images.decode import decode_pixels
+        from aclserve.images.header import ImageError
+        from aclserve.images.plan import build_plan
+        from aclserve.config import ImageInput
+        from aclserve.runtime.types import TensorSpec
+        plan = build_plan(ImageInput(), TensorSpec("x", "UINT8", np.dtype(np.uint8), (-1, 32, 32, 3), "NHWC"))
+        size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (size + 256 * 2**20, resource.RLIM_INFINITY))
+        for bomb in (png_bomb(), jpeg_bomb()):
+            try:
+                decode_pixels(bomb, plan, 40_000_000, 16384)
+            except ImageError as e:
+                print("refused:", e)
+        try:
+            np.empty(60000 * 60000 * 3, np.uint8)
+        except MemoryError:
+            print("a real allocation fails under the limit")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=REPO))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("refused: PNG header announces 60000x60000 pixels")
+    assert lines[1].startswith("refused: JPEG header announces 60000x60000 pixels")
+    assert lines[2] == "a real allocation fails under the limit"

@@ -1,0 +1,182 @@
+"""Static AIPP at compile time: config parsing and refusals, the CPU OM's emulation against
+host-side normalisation (run through the pyACL API on the CPU runtime), ATC's argv with
+--insert_op_conf via the stand-in atc, and inspect."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from aclserve.acl import constants as C
+from aclserve.om import aipp
+from aclserve.om.compile import compile_model
+from aclserve.om.spec import CompileError
+from .acl_runner import acl_context, cpu_acl, run_batch
+from .conftest import run_cli, save
+from .test_om_atc import fake_atc  # noqa: F401  (the stand-in atc fixture)
+
+MEAN = np.array([123.675, 116.28, 103.53], np.float32)
+STD = np.array([58.395, 57.12, 57.375], np.float32)
+
+
+def conv_model(channels: int = 3, side: int = 16) -> onnx.ModelProto:
+    """x FP32 [N, C, side, side] -> Conv 3x3 (4 filters) -> y [N, 4, side, side]."""
+    vi = helper.make_tensor_value_info
+    w = np.random.default_rng(3).standard_normal((4, channels, 3, 3)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")], "conv",
+                              [vi("x", TensorProto.FLOAT, ["N", channels, side, side])],
+                              [vi("y", TensorProto.FLOAT, ["N", 4, side, side])], [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture
+def conv_onnx(tmp_path) -> str:
+    return save(conv_model(), tmp_path / "conv.onnx")
+
+
+def reference(onnx_path: str, x: np.ndarray) -> np.ndarray:
+    return ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def run_om(path: str, image: np.ndarray, batch: int | None) -> np.ndarray:
+    acl = cpu_acl()
+    with acl_context(acl):
+        return run_batch(acl, path, {"x": image}, batch)["y"]
+
+
+@pytest.mark.parametrize("colour", ["rgb", "bgr"])
+def test_aipp_cpu_om_equals_host_normalisation(tmp_path, conv_onnx, colour):
+    ops = [aipp.generate(colour, ",".join(map(str, MEAN)), ",".join(map(str, STD)))]
+    out = compile_model(conv_onnx, tmp_path / "a.om", batch="1,2,4", target="cpu", aipp=ops, log=lambda s: None)
+    x_in = out.header["inputs"][0]
+    assert (x_in["datatype"], x_in["dims"], x_in["format"]) == ("UINT8", [-1, 16, 16, 3], "NHWC")
+    image = np.random.default_rng(7).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
+    got = run_om(str(out.path), image, 4)
+    rgb = image[..., ::-1] if colour == "bgr" else image
+    host = ((rgb.astype(np.float32) - MEAN) / STD).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(got, reference(conv_onnx, np.ascontiguousarray(host)), rtol=1e-5, atol=1e-4)
+
+
+def test_om_descriptor_reports_uint8_nhwc_and_image_size(tmp_path, conv_onnx):
+    ops = [aipp.generate("rgb")]
+    path = str(compile_model(conv_onnx, tmp_path / "a.om", batch="1,2", target="cpu", aipp=ops,
+                             log=lambda s: None).path)
+    acl = cpu_acl()
+    with acl_context(acl):
+        model_id, ret = acl.mdl.load_from_file(path)
+        assert ret == 0
+        desc = acl.mdl.create_desc()
+        assert acl.mdl.get_desc(desc, model_id) == 0
+        assert acl.mdl.get_input_data_type(desc, 0) == C.ACL_UINT8
+        assert acl.mdl.get_input_format(desc, 0) == C.ACL_FORMAT_NHWC
+        assert acl.mdl.get_input_size_by_index(desc, 0) == 2 * 16 * 16 * 3  # largest gear, one byte a pixel
+        acl.mdl.destroy_desc(desc)
+        assert acl.mdl.unload(model_id) == 0
+
+
+def test_crop_padding_and_grey_match_numpy(tmp_path):
+    src = save(conv_model(channels=1, side=16), tmp_path / "g.onnx")
+    text = """
+    # grey 20x18 source, crop 12x14 at (3, 2), pad to 16x16 with 0.5
+    aipp_op {
+      aipp_mode: static
+      input_format: YUV400_U8
+      src_image_size_w: 20
+      src_image_size_h: 18
+      crop: true
+      load_start_pos_w: 3
+      load_start_pos_h: 2
+      crop_size_w: 12
+      crop_size_h: 14
+      padding: true
+      left_padding_size: 2
+      right_padding_size: 2
+      top_padding_size: 1
+      bottom_padding_size: 1
+      padding_value: 0.5
+      mean_chn_0: 100
+      min_chn_0: 0.5
+      var_reci_chn_0: 0.01
+    }"""
+    ops = aipp.parse(text)
+    out = compile_model(src, tmp_path / "g.om", batch="1", target="cpu", aipp=ops, log=lambda s: None)
+    assert out.header["inputs"][0]["dims"] == [1, 18, 20, 1]
+    image = np.random.default_rng(2).integers(0, 256, (1, 18, 20, 1), dtype=np.uint8)
+    got = run_om(str(out.path), image, None)
+    crop = image[:, 2:16, 3:15, :].astype(np.float32)
+    norm = ((crop - 100.5) * np.float32(0.01)).transpose(0, 3, 1, 2)
+    host = np.pad(norm, ((0, 0), (0, 0), (1, 1), (2, 2)), constant_values=0.5)
+    np.testing.assert_allclose(got, reference(src, host), rtol=1e-5, atol=1e-5)
+
+
+def test_atc_gets_insert_op_conf_and_the_nchw_shape(tmp_path, fake_atc, conv_onnx):  # noqa: F811
+    atc, record = fake_atc
+    ops = [aipp.generate("bgr", "123.675,116.28,103.53", "58.395,57.12,57.375")]
+    result = compile_model(conv_onnx, tmp_path / "n.om", batch="1,2", soc_version="Ascend310P3", atc=str(atc),
+                           aipp=ops, log=lambda s: None)
+    rec = json.loads(record.read_text())
+    argv = rec["argv"]
+    conf = [a for a in argv if a.startswith("--insert_op_conf=")]
+    assert len(conf) == 1 and os.path.isabs(conf[0].split("=", 1)[1])
+    assert os.path.dirname(conf[0].split("=", 1)[1]) == rec["cwd"]  # in ATC's work folder
+    assert "--input_shape=x:-1,3,16,16" in argv  # ATC takes the model's own NCHW shape
+    assert aipp.parse(rec["insert_op_conf"]) == ops  # what ATC read is what the CPU OM emulates
+    assert "rbuv_swap_switch: true" in rec["insert_op_conf"] and "aipp_mode: static" in rec["insert_op_conf"]
+    assert result.header["inputs"][0]["datatype"] == "UINT8" and result.header["aipp"][0]["input"] == "x"
+
+
+def test_cli_aipp_file_and_inspect(tmp_path, conv_onnx):
+    cfg = tmp_path / "aipp.cfg"
+    cfg.write_text(aipp.render([aipp.generate("rgb", "127.5", "127.5")]))
+    out = tmp_path / "c.om"
+    proc = run_cli("compile", conv_onnx, "-o", out, "--batch", "1,2", "--target", "cpu", "--aipp", cfg)
+    assert proc.returncode == 0, proc.stderr
+    assert "aipp on x: static, RGB888_U8 (RGB), source 16x16 uint8 NHWC" in proc.stdout
+    shown = run_cli("inspect", out)
+    assert "x: UINT8 [N,16,16,3] NHWC" in shown.stdout and "min_chn [127.5, 127.5, 127.5]" in shown.stdout
+    info = json.loads(run_cli("inspect", out, "--json").stdout)
+    assert info["header"]["aipp"][0]["var_reci_chn"] == [1 / 127.5] * 3
+
+
+@pytest.mark.parametrize("body, message", [
+    ("aipp_mode: dynamic\n max_src_image_size: 100", "dynamic AIPP is not supported"),
+    ("aipp_mode: static\n input_format: YUV420SP_U8", "input_format YUV420SP_U8 is not supported"),
+    ("aipp_mode: static\n csc_switch: true", "csc_switch"),
+    ("aipp_mode: static\n resize: true", "resize is reserved"),
+    ("input_format: RGB888_U8", "aipp_mode is required"),
+    ("aipp_mode: static\n mean_chn_0: 300", "mean_chn_0 must be in [0, 255]"),
+    ("aipp_mode: static\n colour: red", "unknown key 'colour'"),
+    ("aipp_mode: static\n crop: maybe", "crop must be true or false"),
+])
+def test_refused_configs_say_why_in_one_line(body, message):
+    with pytest.raises(CompileError, match=message.replace("[", r"\[").replace("]", r"\]")) as e:
+        aipp.parse("aipp_op {\n " + body + "\n}")
+    assert "\n" not in str(e.value)
+
+
+def test_config_that_does_not_fit_the_model_is_refused(tmp_path, conv_onnx):
+    cases = [(aipp.generate("gray"), "gives 1 channel"),
+             (aipp.AippOp(src_image_size_w=20, src_image_size_h=16, crop=True, crop_size_w=10, crop_size_h=16),
+              "produces 10x16"),
+             (aipp.AippOp(related_input_rank=1), "related_input_rank 1")]
+    for op, message in cases:
+        with pytest.raises(CompileError, match=message):
+            compile_model(conv_onnx, tmp_path / "x.om", target="cpu", aipp=[op], log=lambda s: None)
+    assert not os.path.exists(tmp_path / "x.om")
+
+
+def test_cli_refusals_are_one_line_exit_2(tmp_path, conv_onnx):
+    cfg = tmp_path / "dyn.cfg"
+    cfg.write_text("aipp_op {\n aipp_mode: dynamic\n max_src_image_size: 1000\n}\n")
+    proc = run_cli("compile", conv_onnx, "-o", tmp_path / "d.om", "--target", "cpu", "--aipp", cfg)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "dynamic AIPP" in proc.stderr
+    proc = run_cli("compile", conv_onnx, "-o", tmp_path / "d.om", "--target", "cpu", "--image-input", "rgb",
+                   "--mean", "1,2")
+    assert proc.returncode == 2 and "--mean needs 3 value(s)" in proc.stderr
+    proc = run_cli("compile", conv_onnx, "-o", tmp_path / "d.om", "--target", "cpu", "--image-input", "y:rgb")
+    assert proc.returncode == 2 and "unknown input 'y'" in proc.stderr

@@ -1,0 +1,254 @@
+"""Images in, labels out, through a real server: the shipped image-input digits example read by
+tritonclient and by a curl-style JSON body, AIPP OM vs host normalisation, BYTES framing in
+JSON and binary, decode errors naming the row, decompression bombs, the pending-image bound,
+labels in classification and metadata, and load-time refusals."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+import pytest
+import tritonclient.http as http
+from PIL import Image
+
+from aclserve.om import aipp
+from aclserve.om.compile import compile_model
+from tests.images.images_data import encode, gradient, png_bomb
+from tests.om.test_om_aipp import MEAN, STD, conv_model
+from .conftest import ServerThread, free_port, server_config
+from .test_server_protocol import request
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DIGITS = np.load(os.path.join(REPO, "tests", "data", "digits_test.npz"))
+MAX_PENDING = 8
+
+
+def digit_png(values: np.ndarray, size: int, dark_on_light: bool = False, resample=Image.NEAREST) -> bytes:
+    """One held-out 8x8 digit (0-16) rendered as a grey PNG of size x size."""
+    pixels = (values.reshape(8, 8) * 255 / 16).round().astype(np.uint8)
+    if dark_on_light:
+        pixels = 255 - pixels
+    return encode(np.asarray(Image.fromarray(pixels).resize((size, size), resample)))
+
+
+@pytest.fixture(scope="module")
+def image_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("image_models")
+    src = tmp_path_factory.mktemp("image_src")
+    for name in ("digits_image.om", "digits_image.yaml", "digits_labels.txt", "digits.om", "digits.yaml"):
+        shutil.copy(os.path.join(REPO, "models", name), root / name)
+    onnx_path = str(src / "conv.onnx")
+    model = conv_model()
+    model.ir_version = 9
+    import onnx
+    onnx.save(model, onnx_path)
+    ops = [aipp.generate("rgb", ",".join(map(str, MEAN)), ",".join(map(str, STD)))]
+    compile_model(onnx_path, root / "conv_aipp.om", batch="1,2,4", target="cpu", aipp=ops, log=lambda s: None)
+    compile_model(onnx_path, root / "conv_host.om", batch="1,2,4", target="cpu", log=lambda s: None)
+    crop = "    image: {resize: center_crop, crop_fraction: 0.875}\n"
+    (root / "conv_aipp.yaml").write_text("inputs:\n  x:\n" + crop)
+    (root / "conv_host.yaml").write_text("inputs:\n  x:\n" + crop.replace(
+        "}", f", mean: {MEAN.tolist()}, std: {STD.tolist()}}}"))
+    shutil.copy(root / "conv_aipp.om", root / "bad_plan.om")
+    (root / "bad_plan.yaml").write_text("inputs:\n  x:\n    image: {mean: 127}\n")
+    shutil.copy(root / "digits.om", root / "bad_labels.om")
+    (root / "three.txt").write_text("a\nb\nc\n")
+    (root / "bad_labels.yaml").write_text("outputs:\n  y: {labels: three.txt}\n")
+    srv = ServerThread(server_config(root, images={"max_pending": MAX_PENDING, "workers": 2},
+                                     grpc_port=free_port())).start()
+    srv.grpc_url = f"127.0.0.1:{srv.config.grpc_port}"
+    yield srv
+    srv.close()
+    if srv.error is not None:
+        raise srv.error
+
+
+def infer(server, body: dict, model: str):
+    status, headers, raw = request(server, "POST", f"/v2/models/{model}/infer", data=json.dumps(body).encode())
+    return status, headers, json.loads(raw)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_digit_pictures_come_back_with_their_labels(image_server):
+    """Held-out digits rendered at other sizes, both polarities, sent with tritonclient (binary
+    BYTES, [N, 1]): the labels come back at the model's accuracy."""
+    client = http.InferenceServerClient(image_server.url)
+    x, y = DIGITS["x"], DIGITS["y"]
+    for size, dark, resample in ((32, False, Image.NEAREST), (24, True, Image.BILINEAR)):
+        correct = 0
+        for start in range(0, len(y), MAX_PENDING):
+            blobs = [digit_png(v, size, dark, resample) for v in x[start:start + MAX_PENDING]]
+            inp = http.InferInput("x", [len(blobs), 1], "BYTES")
+            inp.set_data_from_numpy(np.array(blobs, dtype=object).reshape(-1, 1))
+            out = http.InferRequestedOutput("y", class_count=1)
+            answers = client.infer("digits_image", [inp], outputs=[out]).as_numpy("y")
+            labels = [int(a.decode().split(":")[2]) for a in answers.ravel()]
+            correct += sum(int(a == b) for a, b in zip(labels, y[start:start + MAX_PENDING]))
+        assert correct / len(y) >= float(DIGITS["accuracy"]) - 0.03, (size, dark, correct / len(y))
+
+
+def test_pictures_over_grpc_raw_and_typed_contents(image_server):
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(image_server.grpc_url)
+    blobs = [digit_png(DIGITS["x"][i], 24) for i in range(4)]
+    inp = grpcclient.InferInput("x", [4, 1], "BYTES")
+    inp.set_data_from_numpy(np.array(blobs, dtype=object).reshape(-1, 1))  # raw_input_contents
+    out = grpcclient.InferRequestedOutput("y", class_count=1)
+    answers = client.infer("digits_image", [inp], outputs=[out]).as_numpy("y")
+    assert [a.decode().split(":")[2] for a in answers.ravel()] == [str(v) for v in DIGITS["y"][:4]]
+    from tritonclient.grpc import service_pb2 as pb
+    request = pb.ModelInferRequest(model_name="digits_image", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="x", datatype="BYTES", shape=[2], contents=pb.InferTensorContents(bytes_contents=blobs[:2]))])
+    response = client._client_stub.ModelInfer(request)
+    probs = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(2, 10)
+    assert list(probs.argmax(1)) == list(DIGITS["y"][:2])
+    bad = grpcclient.InferInput("x", [1], "BYTES")
+    bad.set_data_from_numpy(np.array([b"not a picture"], dtype=object))
+    with pytest.raises(Exception, match="input 'x' row 0: not a JPEG or PNG image"):
+        client.infer("digits_image", [bad])
+
+
+def test_curl_style_json_base64_and_raw_binary(image_server):
+    png = digit_png(DIGITS["x"][0], 40)
+    body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": [b64(png)]}],
+            "outputs": [{"name": "y", "parameters": {"classification": 2}}]}
+    status, _, out = infer(image_server, body, "digits_image")
+    assert status == 200
+    top = out["outputs"][0]
+    assert top["datatype"] == "BYTES" and top["shape"] == [1, 2]
+    score, index, label = top["data"][0].split(":")
+    assert int(index) == int(DIGITS["y"][0]) and label == str(DIGITS["y"][0]) and 0 < float(score) <= 1
+    pngs = [digit_png(DIGITS["x"][i], 20 + i) for i in (3, 4)]  # nested data, shape [2, 1]
+    body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [2, 1], "data": [[b64(p)] for p in pngs]}],
+            "outputs": [{"name": "y", "parameters": {"classification": 1}}]}
+    status, _, out = infer(image_server, body, "digits_image")
+    assert status == 200 and [d.split(":")[2] for d in out["outputs"][0]["data"]] == [str(v) for v in DIGITS["y"][3:5]]
+    status, headers, raw = request(image_server, "POST", "/v2/models/digits_image/infer", data=png,
+                                   headers={"Inference-Header-Content-Length": "0"})
+    assert status == 200
+    n = int(headers["Inference-Header-Content-Length"])
+    probs = np.frombuffer(raw[n:], np.float32)
+    assert probs.argmax() == DIGITS["y"][0]
+
+
+def test_aipp_om_answers_as_the_float_model_with_host_normalisation(image_server):
+    client = http.InferenceServerClient(image_server.url)
+    pictures = [encode(gradient(30 + 7 * i, 41, seed=i), "JPEG", quality=90) for i in range(3)]
+    pictures.append(encode(gradient(20, 20, seed=9)))
+    results = {}
+    for model in ("conv_aipp", "conv_host"):
+        inp = http.InferInput("x", [len(pictures)], "BYTES")
+        inp.set_data_from_numpy(np.array(pictures, dtype=object))
+        results[model] = client.infer(model, [inp]).as_numpy("y")
+    assert results["conv_aipp"].shape == (4, 4, 16, 16)
+    np.testing.assert_allclose(results["conv_aipp"], results["conv_host"], rtol=1e-5, atol=1e-4)
+
+
+def test_bad_images_get_400_naming_the_row(image_server):
+    good = b64(digit_png(DIGITS["x"][1], 16))
+    cases = [
+        ([good, b64(b"not a picture at all"), good], "input 'x' row 1: not a JPEG or PNG image"),
+        ([good, good, b64(encode(gradient(8, 8), "GIF"))], "input 'x' row 2: GIF images are not accepted"),
+        (["%%%", good], "input 'x' row 0: not valid base64"),
+        ([b64(encode(gradient(64, 64))[:300])], "input 'x' row 0: PNG could not be decoded"),
+        ([b64(png_bomb())], "input 'x' row 0: PNG header announces 60000x60000 pixels; the limit is 40,000,000"),
+        ([good, 5], "input 'x' row 1: BYTES data elements must be base64 strings"),
+    ]
+    for data, message in cases:
+        body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [len(data), 1], "data": data}]}
+        status, _, out = infer(image_server, body, "digits_image")
+        assert status == 400 and out["error"].startswith(message), (message, out)
+    body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": [good]}]}
+    assert infer(image_server, body, "digits_image")[0] == 200  # and the server carries on
+
+
+def _framed(elements: list[bytes], shape, declared: int | None = None, extra: bytes = b""):
+    chunk = b"".join(struct.pack("<I", len(e)) + e for e in elements) + extra
+    head = json.dumps({"inputs": [{"name": "x", "datatype": "BYTES", "shape": shape,
+                                   "parameters": {"binary_data_size": declared if declared is not None
+                                                  else len(chunk)}}]}).encode()
+    return head + chunk, {"Inference-Header-Content-Length": str(len(head))}
+
+
+def test_binary_bytes_framing(image_server):
+    png = digit_png(DIGITS["x"][2], 16)
+    body, headers = _framed([png, png], [2, 1])
+    status, _, raw = request(image_server, "POST", "/v2/models/digits_image/infer", data=body, headers=headers)
+    assert status == 200
+    cases = [
+        (_framed([png], [2]), "input 'x' row 1: binary data ends before the element's 4-byte length"),
+        (_framed([png], [1], extra=b"\x01\x02"), "input 'x': 2 bytes after the 1 elements its shape gives"),
+        (_framed([png[:10]], [1], extra=b""), "input 'x' row 0: PNG is truncated"),
+        (_framed([png, png], [2, 2]), "input 'x': shape must be [N] or [N, 1]"),
+        (_framed([png], [1], declared=10 ** 6), "input 'x': binary data needs 1000000 bytes"),
+    ]
+    oversized = struct.pack("<I", 10 ** 6) + png
+    head = json.dumps({"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1],
+                                   "parameters": {"binary_data_size": len(oversized)}}]}).encode()
+    cases.append(((head + oversized, {"Inference-Header-Content-Length": str(len(head))}),
+                  "input 'x' row 0: element of 1000000 bytes overruns"))
+    for (data, hdrs), message in cases:
+        status, _, raw = request(image_server, "POST", "/v2/models/digits_image/infer", data=data, headers=hdrs)
+        assert status == 400 and json.loads(raw)["error"].startswith(message), (message, raw)
+
+
+def test_more_pending_images_than_allowed_get_503(image_server):
+    png = b64(digit_png(DIGITS["x"][3], 16))
+    body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [MAX_PENDING + 1], "data": [png] * (MAX_PENDING + 1)}]}
+    status, headers, out = infer(image_server, body, "digits_image")
+    assert status == 503 and "images.max_pending" in out["error"] and headers.get("Retry-After")
+
+
+def test_labels_in_classification_metadata_and_config(image_server):
+    client = http.InferenceServerClient(image_server.url)
+    x = http.InferInput("x", [2, 64], "FP32")
+    x.set_data_from_numpy(DIGITS["x"][:2])
+    answers = client.infer("digits", [x], outputs=[http.InferRequestedOutput("y", class_count=3)]).as_numpy("y")
+    assert answers.shape == (2, 3)
+    for row, truth in zip(answers, DIGITS["y"][:2]):
+        score, index, label = row[0].decode().split(":")
+        assert index == label == str(truth)
+    meta = client.get_model_metadata("digits_image")
+    assert meta["inputs"] == [{"name": "x", "datatype": "BYTES", "shape": [-1, 1], "parameters": {
+        "content": "image", "formats": "jpeg,png", "color": "gray", "size": "8x8", "resize": "stretch",
+        "tensor_datatype": "UINT8"}}]
+    assert meta["outputs"][0]["parameters"] == {"label_filename": "digits_labels.txt"}
+    config = client.get_model_config("digits_image")
+    assert config["output"][0]["label_filename"] == "digits_labels.txt"
+    assert config["input"][0]["data_type"] == "TYPE_STRING" and config["input"][0]["dims"] == [1]
+
+
+def test_settings_that_do_not_fit_refuse_the_load(image_server):
+    status, _, raw = request(image_server, "POST", "/v2/repository/index", data=b"")
+    index = {e["name"]: e for e in json.loads(raw)}
+    assert index["bad_plan"]["state"] == "UNAVAILABLE"
+    assert "takes uint8 pixels (AIPP normalises on the device); remove mean/std" in index["bad_plan"]["reason"]
+    assert index["bad_labels"]["state"] == "UNAVAILABLE"
+    assert "three.txt has 3 labels; output 'y' has 10 classes" in index["bad_labels"]["reason"]
+    assert index["digits_image"]["state"] == "READY"
+
+
+def test_dvpp_decoder_asked_for_on_the_cpu_runtime_falls_back_to_pillow(caplog):
+    from aclserve.config import ImageInput, ImageSettings
+    from aclserve.images.plan import build_plan
+    from aclserve.runtime import AclRuntime
+    from aclserve.runtime.types import TensorSpec
+    from aclserve.server.images import ImageDecoding
+
+    plan = build_plan(ImageInput(), TensorSpec("x", "UINT8", np.dtype(np.uint8), (-1, 8, 8, 1), "NHWC"))
+    with AclRuntime(device="cpu") as runtime:
+        decoding = ImageDecoding(ImageSettings(decoder="dvpp"), runtime)
+        try:
+            pixels = decoding.decode(digit_png(DIGITS["x"][0], 16), plan)
+        finally:
+            decoding.close()
+    assert pixels.shape == (8, 8, 1)
+    assert "images.decoder is dvpp but the runtime is the CPU one" in caplog.text
