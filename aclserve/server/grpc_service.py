@@ -27,9 +27,11 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from ..errors import InvalidInput, ServeError
+from ..trace import now_ns
 from . import views
 from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
 from .infer import counted_infer
+from .observe import request_id
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +65,9 @@ def _version(value: str) -> str | None:
 
 
 class InferenceServicer(pbg.GRPCInferenceServiceServicer):
-    """The RPCs of `inference.GRPCInferenceService`; event-loop thread only. Shared memory,
-    trace and log settings answer UNIMPLEMENTED (the servicer base class), like the HTTP
-    server's 400 for those extensions."""
+    """The RPCs of `inference.GRPCInferenceService`; event-loop thread only. Shared memory and
+    log settings answer UNIMPLEMENTED (the servicer base class), like the HTTP server's 400 for
+    those extensions."""
 
     def __init__(self, state):
         self.state = state
@@ -118,6 +120,18 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         await self.state.repo.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
+    # -- trace extension ------------------------------------------------------------------------
+    @rpc
+    async def TraceSetting(self, request, context):
+        """Without settings: read them. A setting with no values clears it (the model's back to
+        the global value), as tritonclient sends a None."""
+        changes = {key: (list(value.value) or None) for key, value in request.settings.items()}
+        doc = views.trace_settings(self.state, request.model_name or None, changes or None)
+        response = pb.TraceSettingResponse()
+        for key, value in doc.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
+
     # -- inference ------------------------------------------------------------------------------
     @rpc
     async def ModelInfer(self, request, context):
@@ -127,7 +141,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         if not request.model_name:
             raise InvalidInput("model_name must not be empty")
         return await counted_infer(self.state, request.model_name, _version(request.model_version),
-                                   functools.partial(_infer, request))
+                                   functools.partial(_infer, request), protocol="grpc")
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of one stream run concurrently (at most STREAM_WINDOW at once); responses
@@ -177,13 +191,27 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                 task.cancel()
 
 
-async def _infer(request: pb.ModelInferRequest, rec) -> pb.ModelInferResponse:
+async def _infer(request: pb.ModelInferRequest, rec, trace) -> pb.ModelInferResponse:
+    if trace is not None:
+        trace.received_ns = now_ns()  # grpc.aio hands over a parsed message: receiving is done
     if contents_elements(request) > CONTENTS_OFFLOAD_ELEMENTS:
+        if trace is not None:
+            trace.decode_on_loop = False
         req = await asyncio.get_running_loop().run_in_executor(None, decode_infer_request, request, rec.signature)
     else:
         req = decode_infer_request(request, rec.signature)
-    result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us)
-    return encode_infer_response(rec.name, rec.version, req, result.outputs, rec.signature, rec.batched)
+    if trace is not None:
+        trace.decoded_ns = now_ns()
+        trace.request_id = request_id(request.id or None)
+    result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us,
+                                    trace=trace if trace is not None and trace.sampled else None)
+    if trace is not None:
+        trace.result_ns = trace.encode_start_ns = now_ns()
+        trace.queue_ns, trace.compute_ns = result.queue_ns, result.compute_ns
+    response = encode_infer_response(rec.name, rec.version, req, result.outputs, rec.signature, rec.batched)
+    if trace is not None:
+        trace.encoded_ns = now_ns()
+    return response
 
 
 def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:

@@ -8,6 +8,10 @@ the same CPU per request; the longest loop stall while a 1.9 MB body decodes, 12
 against 15 ms in a thread). Cancellation: when the client goes away aiohttp cancels this
 handler (handler_cancellation=True) and the CancelledError raised in `served.infer` removes the
 request from the queue.
+
+Observation (observe.py): when tracing or the request log is on, `counted_infer` asks the
+Observer for the request's RequestTrace and the transport marks its phases on it; otherwise
+the only cost is one attribute check.
 """
 from __future__ import annotations
 
@@ -18,9 +22,11 @@ import time
 from aiohttp import web
 
 from ..errors import ServeError
+from ..trace import now_ns
 from .app_keys import STATE
 from .codec import HEADER_LENGTH, decode_request, parse_header_length
 from .encode import encode_response
+from .observe import REQUEST_ID_HEADER, request_id
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
@@ -37,36 +43,67 @@ async def handle_infer(request: web.Request, state, model: str, version: str | N
     return await counted_infer(state, model, version, functools.partial(_infer, request))
 
 
-async def counted_infer(state, model: str, version: str | None, work):
+async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http"):
     """Count one infer request in flight (refused when shutting down), resolve the serving
-    version, await `work(record)` and record the outcome in the version's metrics. The one
-    infer path of both transports: HTTP passes its decode/encode, gRPC its own."""
-    start = time.perf_counter()
+    version, await `work(record, trace)` and record the outcome in the version's metrics (and,
+    when observed, its trace and request log line). The one infer path of both transports:
+    HTTP passes its decode/encode, gRPC its own. `trace` is a RequestTrace or None."""
+    start = time.perf_counter_ns()
     state.enter()  # 503 / UNAVAILABLE when shutting down
     try:
         served = state.repo.get(model, version)
         rec = state.record(served)
+        observer = state.observer
+        trace = observer.begin(rec.name, rec.version, protocol, start) if observer is not None else None
         try:
-            response = await work(rec)
+            response = await work(rec, trace)
         except ServeError as e:
-            rec.metrics.request_failed(type(e).__name__, time.perf_counter() - start)
+            rec.metrics.request_failed(type(e).__name__, (time.perf_counter_ns() - start) / 1e9)
+            if trace is not None:
+                observer.end(trace, e.status, e.message)
             raise
         except asyncio.CancelledError:
-            rec.metrics.request_failed("Cancelled", time.perf_counter() - start)
+            rec.metrics.request_failed("Cancelled", (time.perf_counter_ns() - start) / 1e9)
+            if trace is not None:
+                observer.end(trace, 499, "cancelled: the client went away")
             raise
-        rec.metrics.request_ok(time.perf_counter() - start)
+        except Exception:
+            if trace is not None:
+                observer.end(trace, 500, "internal error")
+            raise
+        rec.metrics.request_ok((time.perf_counter_ns() - start) / 1e9)
+        if trace is not None:
+            observer.end(trace, 200)
         return response
     finally:
         state.leave()
 
 
-async def _infer(request: web.Request, rec) -> web.Response:
+async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fallback_id: str | None = None):
+    """Decode a KServe v2 body, run it, encode the answer: (payload, json_length). The HTTP
+    handler's work without the HTTP (`aclserve profile` drives it in-process)."""
+    if trace is not None:
+        trace.received_ns = now_ns()
+    req = decode_request(body, header_length, rec.signature)
+    if trace is not None:
+        trace.decoded_ns = now_ns()
+        trace.request_id = request_id(req.id if req.id is not None else fallback_id)
+    result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us,
+                                    trace=trace if trace is not None and trace.sampled else None)
+    if trace is not None:
+        trace.result_ns = trace.encode_start_ns = now_ns()
+        trace.queue_ns, trace.compute_ns = result.queue_ns, result.compute_ns
+    encoded = encode_response(rec.name, rec.version, req, result.outputs, rec.signature, rec.batched)
+    if trace is not None:
+        trace.encoded_ns = now_ns()
+    return encoded
+
+
+async def _infer(request: web.Request, rec, trace) -> web.Response:
     body = await request.read()
     header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
-    req = decode_request(body, header_length, rec.signature)
-    result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us)
-    payload, json_length = encode_response(rec.name, rec.version, req, result.outputs, rec.signature,
-                                           rec.batched)
+    fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
+    payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id)
     if json_length is None:
         response = web.Response(body=payload, content_type=_JSON)
     else:

@@ -6,10 +6,12 @@ import asyncio
 import logging
 
 from ..errors import ShuttingDown
+from ..trace import Tracer
 from .codec import Signature
 from .json_tensors import JsonLimits
 from .metrics import ServerMetrics, VersionMetrics
 from .model_info import max_batch_size
+from .observe import Observer
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,14 @@ class ServerState:
         self._idle.set()
         self._records: dict[tuple[str, str], VersionRecord] = {}
         self.json_limits = JsonLimits(config.max_json_bytes, config.max_json_elements)
+        self.tracer = Tracer(config.trace, config.trace_dir)
+        self._observer = Observer(self.tracer, config.request_log)
+        self.observer: Observer | None = None  # set while tracing or the request log wants requests
+        self.tracer.on_change = self._observe_changed
+        self._observe_changed()
+
+    def _observe_changed(self) -> None:
+        self.observer = self._observer if self._observer.wanted else None
 
     # -- hot path ------------------------------------------------------------------------------
     def record(self, served) -> VersionRecord:
