@@ -2,9 +2,10 @@
 
 pyACL gives durations between two events (`event_elapsed_time`), not absolute times. The clock
 owns two anchor events: `refresh()` records the spare one on a stream, synchronizes it and takes
-`time.perf_counter_ns()` right after, so the anchor's device time is known on the host's axis
-(late by one wake-up of the waiting thread, the same for every span, so spans stay in place
-against each other). Any later event of the context is then anchor + elapsed(anchor, event);
+`time.perf_counter_ns()` right after, so the anchor's device time is known on the host's axis,
+late by at most one wake-up of the waiting thread. Each placed batch then tightens it: its last
+event completed before the completion thread woke, so an anchor that would place it later is
+moved back by the difference. Any later event of the context is then anchor + elapsed(anchor, event);
 an event before the anchor (a batch launched before a refresh) is anchor - elapsed(event,
 anchor). Two events, so a refresh never disturbs a reader of the current anchor.
 
@@ -51,25 +52,31 @@ class DeviceClock:
         with self._lock:
             self._current, self._host_ns = spare, host
 
-    def host_ns(self, event: int) -> int | None:
-        """The host time of a completed event of this context, or None (not anchored yet, or
-        the device refused the timing)."""
-        rt = self._acl.rt
+    def spans(self, pairs: list[tuple[int, int]], done_by_ns: int) -> list[tuple[int, int] | None]:
+        """Host (start, end) of each (start event, end event) pair of completed events, or None
+        for a pair the device would not time; `done_by_ns` is a host time known to be after
+        the last of them (the completion thread's wake-up), which tightens the anchor."""
         with self._lock:
             if self._current < 0:
-                return None
-            anchor, host = self._events[self._current], self._host_ns
+                return [None] * len(pairs)
+            current, anchor, host = self._current, self._events[self._current], self._host_ns
+        offsets = [(self._offset_ns(anchor, a), self._offset_ns(anchor, b)) for a, b in pairs]
+        known = [(a, b) for a, b in offsets if a is not None and b is not None]
+        latest = max((b for _, b in known), default=None)
+        if latest is not None and host + latest > done_by_ns:
+            with self._lock:
+                if self._current == current:
+                    self._host_ns = min(self._host_ns, done_by_ns - latest)
+                host = self._host_ns if self._current == current else done_by_ns - latest
+        return [(host + a, host + b) if a is not None and b is not None else None for a, b in offsets]
+
+    def _offset_ns(self, anchor: int, event: int) -> int | None:
+        rt = self._acl.rt
         ms, ret = rt.event_elapsed_time(anchor, event)
         if ret == C.ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL:
             ms, ret = rt.event_elapsed_time(event, anchor)
             ms = -ms
-        if ret != C.ACL_SUCCESS:
-            return None
-        return host + int(ms * 1e6)
-
-    def span(self, start: int, end: int) -> tuple[int, int] | None:
-        a, b = self.host_ns(start), self.host_ns(end)
-        return (a, b) if a is not None and b is not None else None
+        return int(ms * 1e6) if ret == C.ACL_SUCCESS else None
 
     def close(self) -> None:
         """Destroy the events (the instance's context current). Safe twice."""

@@ -340,11 +340,12 @@ class ModelInstance:
     def _trace_device(self, trace, ev: dict[str, int], copies: bool) -> None:
         """Completion thread, after the batch's last event: its device spans on the host's clock."""
         trace.woke_ns = now_ns()
-        clock = self.clock
-        trace.compute = clock.span(ev["exec_start"], ev["exec_end"])
         if copies:
-            trace.h2d = clock.span(ev["h2d_start"], ev["h2d_end"])
-            trace.d2h = clock.span(ev["d2h_start"], ev["d2h_end"])
+            trace.h2d, trace.compute, trace.d2h = self.clock.spans(
+                [(ev["h2d_start"], ev["h2d_end"]), (ev["exec_start"], ev["exec_end"]),
+                 (ev["d2h_start"], ev["d2h_end"])], trace.woke_ns)
+        else:
+            trace.compute, = self.clock.spans([(ev["exec_start"], ev["exec_end"])], trace.woke_ns)
 
     # -- packing -----------------------------------------------------------------------------
     @staticmethod

@@ -65,6 +65,9 @@ def add_commands(sub) -> None:
     q.add_argument("--json", action="store_true", help="print the outputs as one JSON object")
     q.set_defaults(func=run_infer)
 
+    from .profile_cli import add_command as add_profile
+    add_profile(sub)
+
 
 QUIET_LOGGERS = ("watchdog", "asyncio", "grpc", "PIL", "urllib3")
 

@@ -99,7 +99,8 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     @rpc
     async def ModelStatistics(self, request, context):
         doc = views.statistics(self.state, request.name or None, _version(request.version))
-        return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
+        # aclserve's own fields (utilisation) have no place in Triton's message
+        return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     # -- repository -----------------------------------------------------------------------------
     @rpc

@@ -84,10 +84,12 @@ async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fa
     handler's work without the HTTP (`aclserve profile` drives it in-process)."""
     if trace is not None:
         trace.received_ns = now_ns()
+        trace.request_id = request_id(fallback_id)  # named even when the body is refused
     req = decode_request(body, header_length, rec.signature)
     if trace is not None:
         trace.decoded_ns = now_ns()
-        trace.request_id = request_id(req.id if req.id is not None else fallback_id)
+        if req.id is not None:  # the KServe id wins over the header
+            trace.request_id = request_id(req.id)
     result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us,
                                     trace=trace if trace is not None and trace.sampled else None)
     if trace is not None:
