@@ -155,7 +155,8 @@ class ModelInstance:
     def run_sync(self, job: Job) -> BatchResult:
         """The unpipelined path, one batch at a time in the calling thread (benchmark baseline):
         pack, memcpy H2D, synchronous execute, memcpy D2H, unpack, under the instance's context
-        (the caller's is restored). Blocking."""
+        (the caller's is restored). Blocking. Its timings hold the execute's wall time (no events
+        on this path; the call blocks until the device is done)."""
         acl = self._acl
         slot = self.try_reserve()
         if slot is None:
@@ -175,11 +176,14 @@ class ModelInstance:
         if job.gear is not None:
             check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
                 self.model.model_id, slot.input_dataset, self.model.dynamic_index, job.gear))
+        start = time.perf_counter_ns()
         check("mdl.execute", acl.mdl.execute(self.model.model_id, slot.input_dataset, slot.output_dataset))
+        compute_ms = (time.perf_counter_ns() - start) / 1e6  # a blocking execute: its wall time
         for tensor in slot.outputs:
             check("rt.memcpy", rt.memcpy(tensor.host, tensor.size, tensor.device,
                                          self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
-        return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows, instance=self.name)
+        return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows,
+                           timings=DeviceTimings(compute_ms=compute_ms), instance=self.name)
 
     # -- launcher thread ---------------------------------------------------------------------
     def _launcher(self) -> None:

@@ -116,11 +116,22 @@ async def _in_process(args):
         await _closed_loop(args.clients, min(1.0, args.seconds / 5), lambda: counted_infer(
             state, args.model, None, work, protocol="inproc"))  # warm-up, not traced below
         state.tracer.take()
+        traces = []
+
+        async def drain():  # the tracer keeps at most MAX_PENDING: collect them as they come
+            while True:
+                await asyncio.sleep(0.2)
+                traces.extend(state.tracer.take())
+        drainer = asyncio.ensure_future(drain())
         cpu0 = time.process_time()
-        done = await _closed_loop(args.clients, args.seconds, lambda: counted_infer(
-            state, args.model, None, work, protocol="inproc"))
+        try:
+            done = await _closed_loop(args.clients, args.seconds, lambda: counted_infer(
+                state, args.model, None, work, protocol="inproc"))
+        finally:
+            drainer.cancel()
         cpu_s = time.process_time() - cpu0
-        return chrome.events(state.tracer.take()), done, cpu_s
+        traces.extend(state.tracer.take())
+        return chrome.events(traces), done, cpu_s
     finally:
         await repo.close()
         runtime.close()
