@@ -3,7 +3,8 @@
 Fed with each batch's device compute time (event_elapsed_time of exec_start/exec_end) as the
 batch completes; the span is placed ending at the moment it was reported (the completion
 thread's wake-up), which is late by the copy-out and one wake-up, so a span may straddle the
-window's start by that much. Reading costs one pass over the window's spans; adding is O(1).
+window's start by that much. It holds only the window's spans (dropped as new ones come, or at
+a read); reading costs one pass over them, adding is amortised O(1).
 Thread-safe (the completion thread adds, the metrics scrape reads).
 """
 from __future__ import annotations
@@ -26,7 +27,10 @@ class BusyWindow:
             return
         end = self._clock() if end_ns is None else end_ns
         with self._lock:
-            self._spans.append((end, busy_ns))
+            spans = self._spans
+            spans.append((end, busy_ns))
+            while spans[0][0] <= end - self.window_ns:  # bounded even if nobody reads it
+                spans.popleft()
 
     def fraction(self, now_ns: int | None = None) -> float:
         """Busy time / wall time over the window (or since creation, when younger), in [0, 1]."""

@@ -30,8 +30,7 @@ from ..errors import InvalidInput, ServeError
 from ..trace import now_ns
 from . import views
 from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
-from .infer import counted_infer
-from .observe import request_id
+from .infer import counted_infer, run_decoded
 
 log = logging.getLogger(__name__)
 
@@ -201,18 +200,7 @@ async def _infer(request: pb.ModelInferRequest, rec, trace) -> pb.ModelInferResp
         req = await asyncio.get_running_loop().run_in_executor(None, decode_infer_request, request, rec.signature)
     else:
         req = decode_infer_request(request, rec.signature)
-    if trace is not None:
-        trace.decoded_ns = now_ns()
-        trace.request_id = request_id(request.id or None)
-    result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us,
-                                    trace=trace if trace is not None and trace.sampled else None)
-    if trace is not None:
-        trace.result_ns = trace.encode_start_ns = now_ns()
-        trace.queue_ns, trace.compute_ns = result.queue_ns, result.compute_ns
-    response = encode_infer_response(rec.name, rec.version, req, result.outputs, rec.signature, rec.batched)
-    if trace is not None:
-        trace.encoded_ns = now_ns()
-    return response
+    return await run_decoded(rec, req, trace, encode_infer_response)
 
 
 def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:

@@ -86,16 +86,23 @@ async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fa
         trace.received_ns = now_ns()
         trace.request_id = request_id(fallback_id)  # named even when the body is refused
     req = decode_request(body, header_length, rec.signature)
+    return await run_decoded(rec, req, trace, encode_response)
+
+
+async def run_decoded(rec, req, trace, encode):
+    """Queue a decoded request (codec.InferRequest), wait for its outputs and render them with
+    `encode(name, version, req, outputs, signature, batched)`; both transports end here. With
+    a trace, marks decoded / result / encoded (the request's KServe id wins over a header's)."""
     if trace is not None:
         trace.decoded_ns = now_ns()
-        if req.id is not None:  # the KServe id wins over the header
+        if req.id:
             trace.request_id = request_id(req.id)
     result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us,
                                     trace=trace if trace is not None and trace.sampled else None)
     if trace is not None:
         trace.result_ns = trace.encode_start_ns = now_ns()
         trace.queue_ns, trace.compute_ns = result.queue_ns, result.compute_ns
-    encoded = encode_response(rec.name, rec.version, req, result.outputs, rec.signature, rec.batched)
+    encoded = encode(rec.name, rec.version, req, result.outputs, rec.signature, rec.batched)
     if trace is not None:
         trace.encoded_ns = now_ns()
     return encoded

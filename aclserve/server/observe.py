@@ -42,10 +42,12 @@ class Observer:
 
 
 def request_id(value) -> str | None:
-    """A request id fit for a trace or a log line (a string, at most MAX_REQUEST_ID characters)."""
+    """A request id fit for a trace or a log line: at most MAX_REQUEST_ID characters, anything
+    unprintable (a newline that would forge a text log line) replaced by '?'."""
     if value is None:
         return None
-    return str(value)[:MAX_REQUEST_ID]
+    text = str(value)[:MAX_REQUEST_ID]
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _ms(ns: int) -> float:

@@ -91,7 +91,7 @@ async def _in_process(args):
     from ..repository import ModelRepository
     from ..runtime import AclRuntime
     from ..trace import chrome
-    from .infer import counted_infer, infer_body
+    from .infer import counted_infer
     from .state import ServerState
 
     if not os.path.isdir(args.models):

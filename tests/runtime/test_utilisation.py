@@ -29,6 +29,10 @@ def test_busy_window_over_a_fake_clock():
     for k in range(30):  # more work than wall time (spans placed late) is capped at 1
         window.add(100_000_000, now[0] - k)
     assert window.fraction() == 1.0
+    for k in range(1000):  # without reads it keeps only the window's spans
+        now[0] += 10_000_000
+        window.add(1_000_000)
+    assert len(window._spans) <= 101
 
 
 def heavy_onnx(path) -> str:

@@ -52,6 +52,9 @@ def test_one_line_per_request_with_its_id_status_and_durations(logged, caplog):
         assert line["duration_ms"] >= line["decode_ms"] + line["encode_ms"]
     assert third["status"] == 400 and third["request_id"] == "h-2"  # refused, still named
     assert "input 'x'" in third["error"]
+    assert _post(logged.url, dict(BODY, id="evil\nstatus=200 " + "x" * 400)) == 200
+    forged = _fields(caplog)[-1]["request_id"]
+    assert forged.startswith("evil?status=200 ") and len(forged) == 256
 
 
 def test_json_formatter_writes_one_object_per_line_with_the_fields():

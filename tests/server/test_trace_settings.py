@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 
 import aiohttp
 import numpy as np
@@ -23,6 +24,15 @@ def srv(models_dir, tmp_path_factory):
     server.trace_dir = trace_dir
     yield server
     server.close()
+
+
+def _written(path):
+    """The JSON of a trace file the server's writer thread is writing (it appears whole)."""
+    for _ in range(200):
+        if path.exists():
+            break
+        time.sleep(0.05)
+    return json.loads(path.read_bytes())
 
 
 def _infer(client, n=1):
@@ -56,12 +66,7 @@ def test_trace_count_counts_down_and_stops_tracing(srv):
     _infer(client, 10)  # every second request: 5 candidates, 3 traced
     assert client.get_trace_settings(model_name="double")["trace_count"] == "0"
     client.update_trace_settings(model_name="double", settings={"trace_level": ["OFF"]})
-    path = srv.trace_dir / "count.json"
-    for _ in range(100):
-        if path.exists():
-            break
-        asyncio.run(asyncio.sleep(0.05))
-    doc = json.loads(path.read_bytes())
+    doc = _written(srv.trace_dir / "count.json")
     assert doc["otherData"]["requests"] == 3
     client.update_trace_settings(model_name="double", settings={})
 
@@ -120,3 +125,20 @@ def test_grpc_statistics_leave_out_the_http_only_utilisation(srv):
     _infer(http.InferenceServerClient(srv.url))
     stats = client.get_inference_statistics("double", as_json=True)["model_stats"][0]
     assert int(stats["inference_count"]) >= 1 and "utilisation" not in stats
+
+
+def test_a_grpc_request_is_traced_with_its_id(srv):
+    http_client = http.InferenceServerClient(srv.url)
+    http_client.update_trace_settings(model_name="double", settings={
+        "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": "grpc.json", "trace_format": "triton"})
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.config.grpc_port}")
+    x = grpcclient.InferInput("x", [2, 16], "FP32")
+    x.set_data_from_numpy(np.ones((2, 16), np.float32))
+    client.infer("double", [x], request_id="g-1")
+    http_client.update_trace_settings(model_name="double", settings={"trace_level": ["OFF"]})
+    http_client.update_trace_settings(model_name="double", settings={})
+    entries = _written(srv.trace_dir / "grpc.json")
+    (head,) = [e for e in entries if "model_name" in e]
+    assert head["request_id"] == "g-1"
+    names = [e["timestamps"][0]["name"] for e in entries if "timestamps" in e]
+    assert names[0] == "GRPC_WAITREAD_START" and names[-1] == "GRPC_SEND_END" and "COMPUTE_END" in names
