@@ -31,6 +31,7 @@ from ..trace import now_ns
 from . import views
 from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
 from .infer import counted_infer, run_decoded
+from .observe import request_id
 
 log = logging.getLogger(__name__)
 
@@ -135,17 +136,25 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     # -- inference ------------------------------------------------------------------------------
     @rpc
     async def ModelInfer(self, request, context):
-        return await self.infer(request)
+        return await self.infer(request, self._request_id(context))
 
-    async def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    def _request_id(self, context) -> str | None:
+        """The call's x-request-id metadata, read only while requests are observed (it names the
+        request in traces and logs when its `id` field is empty)."""
+        if self.state.observer is None:
+            return None
+        return next((value for key, value in context.invocation_metadata() or () if key == "x-request-id"), None)
+
+    async def infer(self, request: pb.ModelInferRequest, fallback_id: str | None = None) -> pb.ModelInferResponse:
         if not request.model_name:
             raise InvalidInput("model_name must not be empty")
         return await counted_infer(self.state, request.model_name, _version(request.model_version),
-                                   functools.partial(_infer, request), protocol="grpc")
+                                   functools.partial(_infer, request, fallback_id), protocol="grpc")
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of one stream run concurrently (at most STREAM_WINDOW at once); responses
         come back as they complete, a failed one as `error_message` with the request's id."""
+        stream_id = self._request_id(context)
         done: asyncio.Queue = asyncio.Queue()
         window = asyncio.Semaphore(STREAM_WINDOW)
         tasks: set[asyncio.Task] = set()
@@ -154,7 +163,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         async def one(request):
             nonlocal pending
             try:
-                response = pb.ModelStreamInferResponse(infer_response=await self.infer(request))
+                response = pb.ModelStreamInferResponse(infer_response=await self.infer(request, stream_id))
             except ServeError as e:
                 response = _stream_error(request, e.message)
             except Exception:
@@ -191,9 +200,10 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                 task.cancel()
 
 
-async def _infer(request: pb.ModelInferRequest, rec, trace) -> pb.ModelInferResponse:
+async def _infer(request: pb.ModelInferRequest, fallback_id: str | None, rec, trace) -> pb.ModelInferResponse:
     if trace is not None:
         trace.received_ns = now_ns()  # grpc.aio hands over a parsed message: receiving is done
+        trace.request_id = request_id(fallback_id)
     if contents_elements(request) > CONTENTS_OFFLOAD_ELEMENTS:
         if trace is not None:
             trace.decode_on_loop = False

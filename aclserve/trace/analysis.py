@@ -20,7 +20,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from .chrome import PID_REQUESTS, TID_COMPUTE, TID_D2H, TID_H2D
+from .chrome import REQUESTS_PROCESS, STREAM_TRACKS
 
 DEVICE_BOUND = 0.85
 REQUEST_PHASES = ("receive", "decode", "queue", "execute", "encode")
@@ -75,8 +75,9 @@ def _batch_id(name: str) -> int | None:
 
 def summarize(events: list[dict], cpu_s: float | None = None) -> Summary:
     spans = [e for e in events if e.get("ph") == "X"]
-    instance_names = {e["pid"]: e["args"]["name"] for e in events
-                      if e.get("ph") == "M" and e.get("name") == "process_name"}
+    processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
     requests, children = [], {}
     batch_parts: dict[int, dict[str, float]] = {}
     compute: dict[int, list[tuple[float, float]]] = {}
@@ -85,20 +86,18 @@ def summarize(events: list[dict], cpu_s: float | None = None) -> Summary:
     for e in spans:
         start, dur = e["ts"], e["dur"]
         name = e["name"]
-        if e["pid"] == PID_REQUESTS:
+        if processes.get(e["pid"]) == REQUESTS_PROCESS:
             if name.startswith("request "):
                 requests.append(e)
             else:
                 children.setdefault(e["tid"], []).append(e)
             continue
         bid = _batch_id(name)
-        part = None
-        if e["pid"] >= 10 and e["tid"] == TID_COMPUTE:
+        part = STREAM_TRACKS.get(threads.get((e["pid"], e["tid"]), ""))
+        if part == "compute":
             compute.setdefault(e["pid"], []).append((start, start + dur))
-            part = "compute"
-        elif e["pid"] >= 10 and e["tid"] in (TID_H2D, TID_D2H):
+        elif part is not None:
             copies.setdefault(e["pid"], []).append((start, start + dur))
-            part = "copy in" if e["tid"] == TID_H2D else "copy out"
         elif name.startswith("memcpy H2D"):
             part, host_copy = "copy in", host_copy + dur
         elif name.startswith("memcpy D2H"):
@@ -119,7 +118,7 @@ def summarize(events: list[dict], cpu_s: float | None = None) -> Summary:
     window = max(t1 - t0, 1e-9)
     s.window_s = window / 1e6
     for pid, spans_ in compute.items():
-        s.device_busy[instance_names.get(pid, str(pid))] = min(1.0, _union(spans_) / window)
+        s.device_busy[processes.get(pid, str(pid))] = min(1.0, _union(spans_) / window)
     copy_total = sum(b - a for spans_ in copies.values() for a, b in spans_) + host_copy
     if copy_total > 0:
         overlapped = sum(_overlap(c, _merge(compute.get(pid, []))) for pid, spans_ in copies.items() for c in spans_)

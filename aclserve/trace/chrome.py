@@ -7,8 +7,9 @@ Tracks (pid / tid, each named by "M" metadata events):
                      track per slot (the batch it holds, launch to result)
   requests           one lane per request in flight at once: the request, with its receive,
                      decode, queue, execute and encode phases nested inside
-Flow arrows (ph s/f) link each request's dispatch to the batch it ran in. Spans are "X"
-events (ts and dur in microseconds of perf_counter_ns); nothing is drawn for a phase whose
+Flow arrows (ph s/f) link each request's dispatch to the batch it ran in. A tid is unique in
+the file (pid * 10000 + the track's number), as some importers key threads by tid alone. Spans
+are "X" events (ts and dur in microseconds of perf_counter_ns); nothing is drawn for a phase whose
 timestamps were not reached (a request refused before its queue, a device without timings).
 """
 from __future__ import annotations
@@ -23,6 +24,12 @@ PID_HOST, PID_REQUESTS, PID_FIRST_INSTANCE = 1, 2, 10
 TID_LOOP = 1
 TID_H2D, TID_COMPUTE, TID_D2H, TID_FIRST_SLOT = 1, 2, 3, 10
 CATEGORY = "aclserve"
+STREAM_TRACKS = {"H2D stream": "copy in", "compute stream": "compute", "D2H stream": "copy out"}
+REQUESTS_PROCESS = "requests (sampled)"
+
+
+def global_tid(pid: int, tid: int) -> int:
+    return pid * 10000 + tid
 
 
 def render(traces: list[RequestTrace], dropped: int = 0) -> bytes:
@@ -53,7 +60,7 @@ class _Builder:
         event = {"name": kind, "ph": "M", "pid": pid, "args": {"name": name} if name is not None
                  else {"sort_index": sort_index}}
         if tid is not None:
-            event["tid"] = tid
+            event["tid"] = global_tid(pid, tid)
         self.out.append(event)
 
     def _thread(self, pid: int, tid: int, name: str) -> None:
@@ -65,24 +72,24 @@ class _Builder:
     def span(self, pid: int, tid: int, name: str, start: int, end: int, args: dict | None = None) -> None:
         if not start or not end or end < start:
             return
-        event = {"name": name, "cat": CATEGORY, "ph": "X", "pid": pid, "tid": tid, "ts": _us(start),
-                 "dur": _us(end - start)}
+        event = {"name": name, "cat": CATEGORY, "ph": "X", "pid": pid, "tid": global_tid(pid, tid),
+                 "ts": _us(start), "dur": _us(end - start)}
         if args:
             event["args"] = args
         self.out.append(event)
 
     def instant(self, pid: int, tid: int, name: str, at: int, args: dict | None = None) -> None:
         if at:
-            self.out.append({"name": name, "cat": CATEGORY, "ph": "i", "s": "t", "pid": pid, "tid": tid,
-                             "ts": _us(at), "args": args or {}})
+            self.out.append({"name": name, "cat": CATEGORY, "ph": "i", "s": "t", "pid": pid,
+                             "tid": global_tid(pid, tid), "ts": _us(at), "args": args or {}})
 
     def flow(self, flow_id: int, start: tuple[int, int, int], end: tuple[int, int, int]) -> None:
         (pid0, tid0, t0), (pid1, tid1, t1) = start, end
         if t0 and t1:
             self.out.append({"name": "dispatch", "cat": CATEGORY, "ph": "s", "id": flow_id, "pid": pid0,
-                             "tid": tid0, "ts": _us(t0)})
+                             "tid": global_tid(pid0, tid0), "ts": _us(t0)})
             self.out.append({"name": "dispatch", "cat": CATEGORY, "ph": "f", "bp": "e", "id": flow_id,
-                             "pid": pid1, "tid": tid1, "ts": _us(t1)})
+                             "pid": pid1, "tid": global_tid(pid1, tid1), "ts": _us(t1)})
 
     def instance_pid(self, batch: BatchTrace) -> int:
         pid = self._instances.get(batch.instance)
@@ -90,7 +97,7 @@ class _Builder:
             pid = self._instances[batch.instance] = PID_FIRST_INSTANCE + len(self._instances)
             self._meta("process_name", pid, None, f"instance {batch.instance} (device {batch.device})")
             self._meta("process_sort_index", pid, None, sort_index=pid)
-            for tid, name in ((TID_H2D, "H2D stream"), (TID_COMPUTE, "compute stream"), (TID_D2H, "D2H stream")):
+            for tid, name in zip((TID_H2D, TID_COMPUTE, TID_D2H), STREAM_TRACKS):
                 self._thread(pid, tid, name)
         return pid
 
@@ -114,7 +121,7 @@ def events(traces: list[RequestTrace]) -> list[dict]:
     for batch in sorted(batches.values(), key=lambda x: x.formed_ns):
         slot_tracks[batch.id] = _batch(b, batch)
     lanes = _lanes(ordered)
-    b._meta("process_name", PID_REQUESTS, None, "requests (sampled)")
+    b._meta("process_name", PID_REQUESTS, None, REQUESTS_PROCESS)
     b._meta("process_sort_index", PID_REQUESTS, None, sort_index=1)
     for trace, lane in zip(ordered, lanes):
         tid = lane + 1

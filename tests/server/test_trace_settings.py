@@ -135,10 +135,11 @@ def test_a_grpc_request_is_traced_with_its_id(srv):
     x = grpcclient.InferInput("x", [2, 16], "FP32")
     x.set_data_from_numpy(np.ones((2, 16), np.float32))
     client.infer("double", [x], request_id="g-1")
+    client.infer("double", [x], headers={"x-request-id": "meta-2"})  # no id field: the metadata names it
     http_client.update_trace_settings(model_name="double", settings={"trace_level": ["OFF"]})
     http_client.update_trace_settings(model_name="double", settings={})
     entries = _written(srv.trace_dir / "grpc.json")
-    (head,) = [e for e in entries if "model_name" in e]
-    assert head["request_id"] == "g-1"
-    names = [e["timestamps"][0]["name"] for e in entries if "timestamps" in e]
+    heads = [e for e in entries if "model_name" in e]
+    assert [h["request_id"] for h in heads] == ["g-1", "meta-2"]
+    names = [e["timestamps"][0]["name"] for e in entries if "timestamps" in e and e["id"] == heads[0]["id"]]
     assert names[0] == "GRPC_WAITREAD_START" and names[-1] == "GRPC_SEND_END" and "COMPUTE_END" in names

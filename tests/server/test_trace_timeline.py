@@ -79,8 +79,10 @@ def test_trace_is_chrome_json_with_one_track_per_stream_slot_and_thread(loaded_t
             assert (e["pid"], e["tid"]) in names, e
         if e["ph"] == "X":
             assert e["dur"] >= 0 and e["ts"] > 0
-    computes = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == 2 and e["pid"] == pid]
-    assert computes and all(e["name"].startswith("compute #") for e in computes)
+    computes = [e for e in doc["traceEvents"] if e["ph"] == "X" and names[(e["pid"], e["tid"])] == "compute stream"]
+    assert computes and all(e["name"].startswith("compute #") and e["pid"] == pid for e in computes)
+    # a tid is unique in the file, whatever its process
+    assert len({tid for _, tid in names}) == len(names)
 
 
 def test_spans_nest_in_time_order_on_every_track(loaded_trace):
