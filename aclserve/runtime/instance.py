@@ -221,7 +221,7 @@ class ModelInstance:
             check("rt.memcpy", rt.memcpy(tensor.device, tensor.size, tensor.host,
                                          self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
         if trace is not None:
-            trace.h2d = (trace.packed_ns, now_ns())  # a host memcpy here, not a stream's copy
+            trace.host_h2d = (trace.packed_ns, now_ns())  # a host memcpy here, not a stream's copy
         if job.gear is not None:
             check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
                 self.model.model_id, slot.input_dataset, self.model.dynamic_index, job.gear))
@@ -307,7 +307,7 @@ class ModelInstance:
             check("rt.memcpy", rt.memcpy(tensor.host, tensor.size, tensor.device,
                                          self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
         if trace is not None:
-            trace.d2h = (trace.woke_ns, now_ns())  # a host memcpy here, not a stream's copy
+            trace.host_d2h = (trace.woke_ns, now_ns())  # a host memcpy here, not a stream's copy
         return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows,
                            timings=self._timings(ev, copies=False), instance=self.name)
 
@@ -344,12 +344,10 @@ class ModelInstance:
     def _trace_device(self, trace, ev: dict[str, int], copies: bool) -> None:
         """Completion thread, after the batch's last event: its device spans on the host's clock."""
         trace.woke_ns = now_ns()
+        pairs = {"compute": (ev["exec_start"], ev["exec_end"])}
         if copies:
-            trace.h2d, trace.compute, trace.d2h = self.clock.spans(
-                [(ev["h2d_start"], ev["h2d_end"]), (ev["exec_start"], ev["exec_end"]),
-                 (ev["d2h_start"], ev["d2h_end"])], trace.woke_ns)
-        else:
-            trace.compute, = self.clock.spans([(ev["exec_start"], ev["exec_end"])], trace.woke_ns)
+            pairs.update(h2d=(ev["h2d_start"], ev["h2d_end"]), d2h=(ev["d2h_start"], ev["d2h_end"]))
+        trace.anchor, trace.device_spans = self.clock.spans(pairs, trace.woke_ns)
 
     # -- packing -----------------------------------------------------------------------------
     @staticmethod

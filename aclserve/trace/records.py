@@ -1,9 +1,11 @@
 """The timestamps of one traced request and of one traced batch.
 
 Every host timestamp is `time.perf_counter_ns()` (CLOCK_MONOTONIC on Linux, the clock Triton's
-trace timestamps use too), taken by the thread that did the work. Device timestamps come from
-the instance's DeviceClock: `event_elapsed_time` between an anchor event, whose host time is
-known, and the batch's own events, so they share the host's time axis. 0 means "not reached".
+trace timestamps use too), taken by the thread that did the work. Device times are offsets from
+an Anchor (an event of the instance whose host time is known, runtime/device_clock.py), given
+by `event_elapsed_time`; they become host times when read, with the anchor's host time as it
+stands then, so every batch measured from one anchor moves with it when it is corrected.
+0 means "not reached".
 """
 from __future__ import annotations
 
@@ -13,6 +15,16 @@ import time
 now_ns = time.perf_counter_ns
 
 _batch_ids = itertools.count(1)
+
+
+class Anchor:
+    """The host time of a device clock's anchor event; only ever lowered (corrected towards the
+    true time) by the instance's completion thread."""
+
+    __slots__ = ("host_ns",)
+
+    def __init__(self, host_ns: int):
+        self.host_ns = host_ns
 
 
 class RequestTrace:
@@ -50,8 +62,8 @@ class BatchTrace:
     futures, which order the writes)."""
 
     __slots__ = ("id", "model", "gear", "rows", "requests", "levels", "formed_ns", "instance", "device",
-                 "slot", "direct", "launched_ns", "packed_ns", "enqueued_ns", "h2d", "compute", "d2h",
-                 "woke_ns", "done_ns", "attempts")
+                 "slot", "direct", "launched_ns", "packed_ns", "enqueued_ns", "host_h2d", "host_d2h",
+                 "anchor", "device_spans", "woke_ns", "done_ns", "attempts")
 
     def __init__(self, model: str, gear: int | None, rows: int, requests: int, levels: dict[int, int],
                  formed_ns: int):
@@ -67,11 +79,10 @@ class BatchTrace:
         self.slot = -1
         self.direct = False  # ran by the direct path: copies are host memcpys on the threads
         self.launched_ns = self.packed_ns = self.enqueued_ns = 0
-        # (start_ns, end_ns) of each phase; on the device clock, or host spans for a direct batch's
-        # copies; None when unknown (the device did not report times)
-        self.h2d: tuple[int, int] | None = None
-        self.compute: tuple[int, int] | None = None
-        self.d2h: tuple[int, int] | None = None
+        self.host_h2d: tuple[int, int] | None = None  # a direct batch's memcpys (host times)
+        self.host_d2h: tuple[int, int] | None = None
+        self.anchor: Anchor | None = None
+        self.device_spans: dict[str, tuple[int, int]] = {}  # "h2d" | "compute" | "d2h" -> offsets (ns)
         self.woke_ns = self.done_ns = 0
         self.attempts = 0
 
@@ -79,12 +90,33 @@ class BatchTrace:
     def padding(self) -> int:
         return (self.gear - self.rows) if self.gear is not None else 0
 
+    def _device(self, name: str) -> tuple[int, int] | None:
+        span = self.device_spans.get(name)
+        if span is None or self.anchor is None:
+            return None
+        host = self.anchor.host_ns
+        return host + span[0], host + span[1]
+
+    # (start_ns, end_ns) of each phase on the host's axis, or None when unknown
+    @property
+    def h2d(self) -> tuple[int, int] | None:
+        return self.host_h2d or self._device("h2d")
+
+    @property
+    def compute(self) -> tuple[int, int] | None:
+        return self._device("compute")
+
+    @property
+    def d2h(self) -> tuple[int, int] | None:
+        return self.host_d2h or self._device("d2h")
+
     # -- runtime hooks (launcher and completion threads) ------------------------------------------
     def launched(self, instance: str, device: int, slot: int, direct: bool) -> None:
         self.launched_ns = now_ns()
         self.instance, self.device, self.slot, self.direct = instance, device, slot, direct
         self.attempts += 1
-        self.h2d = self.compute = self.d2h = None  # a retried batch keeps only its last attempt
+        self.host_h2d = self.host_d2h = None  # a retried batch keeps only its last attempt
+        self.anchor, self.device_spans = None, {}
 
 
 def form_batch(model: str, requests, gear: int | None, formed_ns: int) -> BatchTrace:

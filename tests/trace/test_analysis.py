@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from aclserve.trace import analysis, chrome
-from aclserve.trace.records import BatchTrace, RequestTrace
+from aclserve.trace.records import Anchor, BatchTrace, RequestTrace
 
 US = 1000  # ns per microsecond
 T0 = 1_000_000 * US
@@ -13,7 +13,8 @@ def _batch(formed, h2d, compute, d2h, slot):
     batch.launched("m#0", 0, slot, direct=False)
     batch.launched_ns = T0 + formed * US
     batch.packed_ns = batch.enqueued_ns = batch.launched_ns
-    batch.h2d, batch.compute, batch.d2h = [(T0 + a * US, T0 + b * US) for a, b in (h2d, compute, d2h)]
+    batch.anchor = Anchor(T0)
+    batch.device_spans = {name: (a * US, b * US) for name, (a, b) in zip(("h2d", "compute", "d2h"), (h2d, compute, d2h))}
     batch.woke_ns = batch.done_ns = T0 + d2h[1] * US
     return batch
 
@@ -48,6 +49,16 @@ def test_busy_overlap_stages_and_verdict():
     assert abs(s.cost_s["compute"] - 400e-6) < 1e-12  # each batch once
     text = analysis.format_summary(s)
     assert "copy overlap" in text and "verdict" in text
+
+
+def test_a_corrected_anchor_moves_every_batch_measured_from_it():
+    first = _batch(0, (0, 100), (100, 300), (300, 350), slot=0)
+    second = _batch(150, (150, 250), (300, 500), (500, 550), slot=1)
+    second.anchor = first.anchor
+    first.anchor.host_ns -= 40 * US  # what DeviceClock.spans does when a batch shows it was late
+    assert first.compute == (T0 + 60 * US, T0 + 260 * US) and second.compute == (T0 + 260 * US, T0 + 460 * US)
+    second.host_h2d = (T0, T0 + 5)  # a direct batch's memcpy is a host time, not moved
+    assert second.h2d == (T0, T0 + 5)
 
 
 def test_a_saturated_compute_stream_reads_device_bound():
