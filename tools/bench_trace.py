@@ -5,15 +5,18 @@
 The server runs pinned to one core (--server-cpus), wrk on another (--client-cpus), both as
 bench_server.py does; each round is `--seconds` of closed-loop load at `--connections`, and the
 setting flips between rounds through POST /v2/trace/setting on the running server (the same
-process, so nothing else changes). The light case is the worst one for a relative overhead: the
+process, so nothing else changes), in back-to-back pairs (OFF then ON, then ON then OFF, ...),
+compared pair by pair. The light case is the worst one for a relative overhead: the
 digits model (`models/digits.om`, 64 numbers in, 10 out) as a JSON body, where the server's
-per-request work is smallest. A third setting traces every request (rate 1), so the cost of one
-traced request is measured too. Prints req/s and the server's CPU time per request (user +
-system, all threads, /proc/<pid>/stat) per round, the ratios to OFF of the medians, and what
-the rate-1 cost implies at the chosen rate: (CPU(rate 1) - CPU(OFF)) / rate / CPU(OFF). On a
-shared machine req/s moves with the neighbours' load; CPU per request much less.
+per-request work is smallest. Pairs of OFF and rate 1 (every request traced), run after the others,
+measure the cost of one traced request. Prints req/s and the server's CPU time per request (user +
+system, all threads, /proc/<pid>/stat) per round and the ratios to OFF of the medians. On a
+shared machine these move with the neighbours' load by more than the effect, so it also times
+the sampling decision every request pays while tracing is on (Observer.begin, in this process)
+and prints the cost implied at the chosen rate: (sampling + (CPU(rate 1) - CPU(OFF)) / rate) /
+CPU(OFF).
 
-    python tools/bench_trace.py [--rounds 6] [--seconds 5] [--rate 1000] [--connections 16]
+    python tools/bench_trace.py [--rounds 10] [--seconds 3] [--rate 1000] [--connections 16]
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import os
 import statistics
 import sys
 import tempfile
+import timeit
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
@@ -31,10 +35,21 @@ sys.path.insert(0, TOOLS)
 from bench_common import Body, ManagedProcess, Wrk, cpu_seconds, free_port, http, wait_ready  # noqa: E402
 
 
+def sampling_ns(rate: int, calls: int = 500_000) -> float:
+    """What deciding whether to trace one request costs while tracing is on (not traced)."""
+    sys.path.insert(0, ROOT)
+    from aclserve.server.observe import Observer
+    from aclserve.trace import Tracer, TraceSettings
+    observer = Observer(Tracer(TraceSettings(level="TIMESTAMPS", rate=rate)), False)
+    spent = timeit.timeit(lambda: observer.begin("digits", "1", "http", 0), number=calls)
+    empty = timeit.timeit(lambda: None, number=calls)
+    return (spent - empty) / calls * 1e9
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=6, help="rounds per setting (alternating)")
-    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=10, help="pairs of OFF and rate-N rounds")
+    ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--rate", type=int, default=1000, help="trace_rate while ON")
     ap.add_argument("--server-cpus", default="1")
@@ -59,34 +74,47 @@ def main() -> int:
             off = {"trace_level": ["OFF"]}
             every = dict(on, trace_rate="1", trace_file="every.json", log_frequency="1000")
             settings = {"off": off, "on": on, "every": every}
-            rates: dict[str, list[float]] = {name: [] for name in settings}
-            cpu_us: dict[str, list[float]] = {name: [] for name in settings}
             print(f"digits JSON, {args.connections} connections, {args.seconds:g} s rounds, "
                   f"server on cpu {args.server_cpus}, wrk on cpu {args.client_cpus}, trace_rate {args.rate}")
-            for r in range(args.rounds):
-                order = list(settings)
-                for name in order[r % 3:] + order[:r % 3]:
-                    http(f"{base}/v2/trace/setting", json.dumps(settings[name]).encode(),
-                         {"Content-Type": "application/json"})
-                    cpu0 = cpu_seconds(server.proc.pid)
-                    result = wrk.run(url, body, args.connections, args.seconds)
-                    cpu_us[name].append((cpu_seconds(server.proc.pid) - cpu0) / max(result["requests"], 1) * 1e6)
-                    if result["errors"]["status"] or result["socket_errors"]:
-                        raise RuntimeError(f"errors in round {r} ({name}): {result['errors']}")
-                    rates[name].append(result["rps"])
-                    print(f"round {r + 1} {name:>5}: {result['rps']:>9,.0f} req/s  {cpu_us[name][-1]:6.1f} CPU us/req  "
-                          f"p99 {result['latency_us']['p99'] / 1000:.2f} ms", flush=True)
+
+            def measure(label: str, name: str) -> tuple[float, float]:
+                """(req/s, server CPU us per request) of one round under settings[name]."""
+                http(f"{base}/v2/trace/setting", json.dumps(settings[name]).encode(), {"Content-Type": "application/json"})
+                cpu0 = cpu_seconds(server.proc.pid)
+                result = wrk.run(url, body, args.connections, args.seconds)
+                cpu = (cpu_seconds(server.proc.pid) - cpu0) / max(result["requests"], 1) * 1e6
+                if result["errors"]["status"] or result["socket_errors"]:
+                    raise RuntimeError(f"errors in {label} ({name}): {result['errors']}")
+                print(f"{label} {name:>5}: {result['rps']:>9,.0f} req/s  {cpu:6.1f} CPU us/req  "
+                      f"p99 {result['latency_us']['p99'] / 1000:.2f} ms", flush=True)
+                return result["rps"], cpu
+
+            def pairs(other: str, rounds: int) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+                """Rounds of (OFF, other) measured back to back, the order alternating."""
+                out = []
+                for r in range(rounds):
+                    first, second = ("off", other) if r % 2 == 0 else (other, "off")
+                    a = measure(f"pair {r + 1}", first)
+                    b = measure(f"pair {r + 1}", second)
+                    out.append((a, b) if first == "off" else (b, a))
+                return out
+
+            sampled = pairs("on", args.rounds)
+            every = pairs("every", max(2, args.rounds // 3))  # after the others: its garbage stays out of them
             http(f"{base}/v2/trace/setting", json.dumps(off).encode(), {"Content-Type": "application/json"})
-            med_off, med_on = statistics.median(rates["off"]), statistics.median(rates["on"])
             traced = len(os.listdir(os.path.join(tmp, "traces"))) if os.path.isdir(os.path.join(tmp, "traces")) else 0
-            cpu_off, cpu_on = statistics.median(cpu_us["off"]), statistics.median(cpu_us["on"])
-            cpu_every = statistics.median(cpu_us["every"])
-            print(f"median req/s: OFF {med_off:,.0f}, rate {args.rate} {med_on:,.0f} (ON/OFF {med_on / med_off:.3f}), "
-                  f"rate 1 {statistics.median(rates['every']):,.0f}")
-            print(f"median CPU us/req: OFF {cpu_off:.1f}, rate {args.rate} {cpu_on:.1f} (ON/OFF {cpu_on / cpu_off:.3f}), "
-                  f"rate 1 {cpu_every:.1f}: a traced request costs {cpu_every - cpu_off:.1f} us more, so rate "
-                  f"{args.rate} adds {(cpu_every - cpu_off) / args.rate / cpu_off:.3%} of CPU per request; "
+            rate_ratio = statistics.median(on[0] / o[0] for o, on in sampled)
+            cpu_ratio = statistics.median(on[1] / o[1] for o, on in sampled)
+            cpu_off = statistics.median(o[1] for o, _ in sampled)
+            extra = statistics.median(e[1] - o[1] for o, e in every)
+            print(f"rate {args.rate} against OFF, median of {len(sampled)} back-to-back pairs: throughput "
+                  f"{rate_ratio:.3f}, CPU per request {cpu_ratio:.3f} (OFF: {cpu_off:.1f} us per request); "
                   f"{traced} trace file(s) written")
+            decide = sampling_ns(args.rate) / 1000
+            implied = decide + extra / args.rate
+            print(f"rate 1 against OFF: a traced request costs {extra:.1f} us more; the sampling decision costs "
+                  f"{decide * 1000:.0f} ns per request; so rate {args.rate} costs {implied:.2f} us per request, "
+                  f"{implied / cpu_off:.2%} of an untraced request")
         finally:
             wrk.close()
             server.close()
