@@ -1,4 +1,4 @@
-"""`aclserve serve|compile|inspect|infer`: one argparse front door; each package adds its commands.
+"""`aclserve serve|compile|inspect|infer|profile`: one argparse front door; each package adds its commands.
 
 Every command module exposes `add_commands(subparsers)`, registering parsers whose
 `func(args) -> int` does the work. Usage errors exit with status 2 and one line on stderr.

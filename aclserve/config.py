@@ -26,7 +26,9 @@ from typing import Any, Mapping
 
 import yaml
 
+from .logs import FORMATS as LOG_FORMATS
 from .scheduling.policy import BatchingConfig, QueuePolicy
+from .trace.settings import TraceSettings, TraceSettingsError
 
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("configs") / "default.yaml"
 CONTROL_MODES = ("poll", "explicit", "none")
@@ -121,6 +123,10 @@ class ServerConfig:
     models_dir: str = "models"
     device: str = "auto"
     log_level: str = "info"
+    log_format: str = "text"  # text | json (one object per line)
+    request_log: bool = False  # one log line per infer request
+    trace: TraceSettings = field(default_factory=TraceSettings)  # the global trace settings at start
+    trace_dir: str = "traces"  # where trace_file names set through the API are written
     model_control_mode: str = "poll"
     max_body_bytes: int = 64 * 1024 * 1024
     max_json_bytes: int = 16 * 1024 * 1024
@@ -489,6 +495,10 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         models_dir=models_dir,
         device=_str(get("device"), "device", DEVICES),
         log_level=_str(get("log_level"), "log_level", LOG_LEVELS),
+        log_format=_str(get("log_format"), "log_format", LOG_FORMATS),
+        request_log=_bool(get("request_log"), "request_log"),
+        trace=_trace(data.get("trace") or {}),
+        trace_dir=_str(get("trace_dir"), "trace_dir", allow_empty=False),
         model_control_mode=_str(get("model_control_mode"), "model_control_mode", CONTROL_MODES),
         max_body_bytes=_int(get("max_body_bytes"), "max_body_bytes", 1),
         max_json_bytes=_int(get("max_json_bytes"), "max_json_bytes", 1),
@@ -517,6 +527,25 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         images=_image_settings(data.get("images")),
         model_defaults=parse_model_config(data.get("model_defaults", {}), "model_defaults"),
     )
+
+
+_TRACE_KEYS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count",
+               "log_frequency": "log_frequency", "file": "trace_file", "format": "trace_format"}
+
+
+def _trace(value) -> TraceSettings:
+    data = _mapping(value, "trace")
+    _no_unknown(data, _TRACE_KEYS, "trace")
+    settings = TraceSettings()
+    for key, item in data.items():
+        if isinstance(item, bool) or item is None:
+            hint = " (write \"OFF\" in quotes: YAML reads a bare OFF as false)" if item is False else ""
+            raise ConfigError(f"trace.{key}", f"must be a string or a number, got {item!r}{hint}")
+        try:
+            settings = settings.updated({_TRACE_KEYS[key]: item})
+        except TraceSettingsError as e:
+            raise ConfigError(f"trace.{key}", str(e).split(": ", 1)[-1]) from None
+    return settings
 
 
 def _device_limits(value) -> tuple[int | None, int | None]:

@@ -157,3 +157,19 @@ def test_model_config_mapping_round_trips():
         "batching: {priority_queue_policy: {1: {max_queue_size: 5}}}\n"))
     assert parse_model_config(model_config_mapping(config)) == config
     assert parse_model_config(model_config_mapping(ModelConfig())) == ModelConfig()
+
+
+def test_trace_and_logging_keys():
+    from aclserve.config import ConfigError, load_server_config
+    config = load_server_config(None, {"trace": {"level": "TIMESTAMPS", "rate": 5, "file": "t.json",
+                                                 "format": "triton"}, "log_format": "json", "request_log": True})
+    assert (config.trace.level, config.trace.rate, config.trace.file, config.trace.format) == \
+        ("TIMESTAMPS", 5, "t.json", "triton")
+    assert config.log_format == "json" and config.request_log and config.trace_dir == "traces"
+    assert load_server_config().trace.level == "OFF"
+    for overrides, message in [({"trace": {"rate": 0}}, "trace.rate: must be between 1"),
+                               ({"trace": {"level": False}}, 'trace.level: .*YAML reads a bare OFF as false'),
+                               ({"trace": {"colour": 1}}, "trace.colour: unknown key"),
+                               ({"log_format": "xml"}, "log_format: must be one of text, json")]:
+        with pytest.raises(ConfigError, match=message):
+            load_server_config(None, overrides)

@@ -250,6 +250,13 @@ class ManagedProcess:
         return self.proc.returncode
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid`, all its threads (live and exited), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after "(comm)": field 3 (state) is fields[0]
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14, 15: utime, stime
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

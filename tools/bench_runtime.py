@@ -9,7 +9,14 @@ For each gear of the heavier example model (the medium CNN, input [N,3,64,64]):
 all with ONNX Runtime on `--threads` intra-op threads (default 1), and prints samples/s and the
 ratios pipelined/sync and pipelined/raw measured in this run.
 
+`--idle` measures instead how much of the wall time the device sat idle on each path, on a model
+whose copies are not negligible (an image model taking [N,3,512,512] FP32, 3 MiB per sample, built
+here): idle = 1 - device compute time / wall time, where compute time is the sum of the batches'
+event_elapsed_time(exec_start, exec_end) on the pipelined paths, and the blocking execute's wall
+time on the synchronous path (it has no events; the call returns when the device is done).
+
     python tools/bench_runtime.py [--model out/models/medium.onnx] [--seconds 2] [--gears 1,8,32]
+    python tools/bench_runtime.py --idle [--gears 1,4] [--seconds 3] [--chart idle.png]
 """
 from __future__ import annotations
 
@@ -87,14 +94,110 @@ def bench_pipelined(runtime, om: str, gear: int, seconds: float, slots: int) -> 
         pool.close()
 
 
+def image_onnx(path: str) -> str:
+    """x [N,3,512,512] -> conv 8x8/8 (16) -> relu -> conv 3x3/2 (32) -> relu -> mean -> fc 10."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(5)
+    w = lambda *shape: numpy_helper.from_array((rng.standard_normal(shape) * 0.05).astype(np.float32))  # noqa: E731
+    inits = [w(16, 3, 8, 8), w(32, 16, 3, 3), w(32, 10), w(10)]
+    for init, name in zip(inits, ("c1", "c2", "fc", "b")):
+        init.name = name
+    nodes = [helper.make_node("Conv", ["x", "c1"], ["a"], strides=[8, 8]), helper.make_node("Relu", ["a"], ["ra"]),
+             helper.make_node("Conv", ["ra", "c2"], ["c"], strides=[2, 2]), helper.make_node("Relu", ["c"], ["rc"]),
+             helper.make_node("GlobalAveragePool", ["rc"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "image512", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 512, 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def idle_sync(runtime, om: str, gear: int, seconds: float) -> tuple[float, float]:
+    """(samples/s, idle fraction) of the synchronous path."""
+    pool = open_pool(runtime, om, "sync", slots=1)
+    try:
+        instance = pool.instances[0]
+        request = {s.name: np.random.default_rng(1).standard_normal((gear,) + s.sample_shape).astype(s.dtype)
+                   for s in pool.inputs}
+        busy = [0.0]
+
+        def run():
+            busy[0] += instance.run_sync(Job([request], gear, gear)).timings.compute_ms / 1000
+            return gear
+        run()
+        busy[0] = 0.0
+        samples, elapsed = timed(run, seconds)
+        return samples / elapsed, 1 - busy[0] / elapsed
+    finally:
+        pool.close()
+
+
+def idle_pipelined(runtime, om: str, gear: int, seconds: float, slots: int) -> tuple[float, float]:
+    """(samples/s, idle fraction) of the serving path kept full (`slots` batches in flight)."""
+    pool = open_pool(runtime, om, f"pipe{slots}", slots=slots)
+    try:
+        request = {s.name: np.random.default_rng(1).standard_normal((gear,) + s.sample_shape).astype(s.dtype)
+                   for s in pool.inputs}
+        pool.submit([request], gear).result()
+        in_flight = [pool.submit([request], gear) for _ in range(slots)]
+        busy, samples, start = 0.0, 0, time.perf_counter()
+        while time.perf_counter() - start < seconds or samples < 5 * gear:
+            busy += in_flight.pop(0).result().timings.compute_ms / 1000
+            samples += gear
+            in_flight.append(pool.submit([request], gear))
+        elapsed = time.perf_counter() - start
+        for future in in_flight:  # they end after the window: neither their samples nor their compute count
+            future.result()
+        return samples / elapsed, max(0.0, 1 - busy / elapsed)
+    finally:
+        pool.close()
+
+
+def main_idle(args, gears: list[int]) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx_path = image_onnx(os.path.join(tmp, "image512.onnx"))
+        om = os.path.join(tmp, "image512.om")
+        compile_model(onnx_path, om, batch=gears, target="cpu", log=lambda _: None)
+        rt = AclRuntime(device="cpu", cpu_threads=args.threads).start()
+        rows = []
+        try:
+            print(f"image model [N,3,512,512] FP32 (3 MiB per sample), ORT threads {args.threads}, "
+                  f"{args.seconds:g} s per cell, cpus {os.cpu_count()}")
+            print(f"{'gear':>4} {'sync/s':>8} {'idle':>6} {'pipe2/s':>8} {'idle':>6} {'pipe3/s':>8} {'idle':>6}")
+            for gear in gears:
+                cells = [idle_sync(rt, om, gear, args.seconds)] + [
+                    idle_pipelined(rt, om, gear, args.seconds, slots) for slots in (2, 3)]
+                rows.append((gear, cells))
+                print(f"{gear:>4} " + " ".join(f"{rate:>8.1f} {idle:>6.1%}" for rate, idle in cells), flush=True)
+        finally:
+            rt.close()
+    print("idle = 1 - device compute time / wall time (events on the pipelined paths, the blocking "
+          "execute on the synchronous one)")
+    if args.chart:
+        from charts import bar_chart
+        bar_chart(args.chart, "device idle fraction, image model 3x512x512",
+                  [f"gear {g}" for g, _ in rows], {name: [cells[i][1] * 100 for _, cells in rows]
+                                                   for i, name in enumerate(("sync", "pipelined, 2 slots", "pipelined, 3 slots"))},
+                  "% of wall time the device was idle")
+        print(f"chart: {args.chart}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=os.path.join(ROOT, "out", "models", "medium.onnx"))
-    ap.add_argument("--gears", default="1,2,4,8,16,32")
+    ap.add_argument("--gears", default=None, help="default 1,2,4,8,16,32 (--idle: 1,4)")
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (both sides)")
+    ap.add_argument("--idle", action="store_true", help="device idle fraction, sync vs pipelined, image model")
+    ap.add_argument("--chart", metavar="PNG", help="with --idle: also draw the table as a bar chart (matplotlib)")
     args = ap.parse_args()
-    gears = [int(g) for g in args.gears.split(",")]
+    gears = [int(g) for g in (args.gears or ("1,4" if args.idle else "1,2,4,8,16,32")).split(",")]
+    if args.idle:
+        return main_idle(args, gears)
     onnx_path = args.model
     if not os.path.exists(onnx_path):
         ensure_example_models(os.path.dirname(onnx_path))

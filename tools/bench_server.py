@@ -50,8 +50,8 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
 from bench_common import (HEADER_LENGTH, Body, ManagedProcess, RawOrt, Wrk, binary_body,  # noqa: E402
-                          cpu_set, decode_output, ensure_example_models, free_port, http, json_body,
-                          sample_for, wait_ready)
+                          cpu_seconds, cpu_set, decode_output, ensure_example_models, free_port, http,
+                          json_body, sample_for, wait_ready)
 from bench_grpc import PerfAnalyzer, find_perf_analyzer, infer_grpc  # noqa: E402
 
 WORKLOADS = {"light-json": ("light", "json"), "light-binary": ("light", "binary"),
@@ -116,13 +116,6 @@ def run_grpc_window(pa: PerfAnalyzer, address: str, base: str, model: str, conc:
     if args.warmup > 0:
         pa.run(address, model, conc, args.warmup)
     return measured(base, model, lambda: pa.run(address, model, conc, args.duration), False, pid)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process `pid`, all its threads (live and exited), in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()  # after "(comm)": field 3 (state) is fields[0]
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14, 15: utime, stime
 
 
 def measured(base: str, model: str, load, exact_count: bool, pid: int) -> dict:

@@ -62,16 +62,18 @@ class ServedVersion:
     def stats(self):
         return self.batcher.stats
 
-    async def infer(self, inputs, rows: int, priority: int | None = None, timeout_us: int | None = None):
+    async def infer(self, inputs, rows: int, priority: int | None = None, timeout_us: int | None = None,
+                    trace=None):
         try:
-            return await self.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us)
+            return await self.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us, trace=trace)
         except (ModelUnavailable, ShuttingDown):
             # refused because this version was retired after the caller looked it up (draining,
             # or already closed): hand the request to the version that took over
             successor = self._successor() if self._successor is not None else None
             if successor is None or successor is self:
                 raise
-            return await successor.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us)
+            return await successor.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us,
+                                                 trace=trace)
 
     def retire(self, successor: Callable[[], "ServedVersion | None"]) -> None:
         """Mark as leaving service; `successor()` names where raced requests go."""

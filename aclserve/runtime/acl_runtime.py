@@ -82,14 +82,15 @@ class AclRuntime:
             return dev
 
     def memory(self, refresh: bool = False) -> list[dict]:
-        """Per opened device: used, free and total bytes. Without `refresh` these are the figures
+        """Per opened device: used, free and total bytes, and the reserve loads keep free. Without `refresh` these are the figures
         cached at the last load or refresh, and no ACL call is made (safe on the event loop)."""
         with self._lock:
             devices = list(self._devices.values())
         out = []
         for dev in devices:
             free, total = dev.mem_info() if refresh else dev.cached_mem_info()
-            out.append({"device": dev.id, "free": free, "total": total, "used": total - free})
+            out.append({"device": dev.id, "free": free, "total": total, "used": total - free,
+                        "reserve": int(total * dev.memory_reserve_fraction)})
         return out
 
     def close(self) -> None:

@@ -35,7 +35,10 @@ import numpy as np
 from ..acl import AclError, check, compat, restoring_context, using_context
 from ..acl import constants as C
 from ..errors import ExecutionFailed
+from ..trace.records import now_ns
+from .busy import BusyWindow
 from .device import Device
+from .device_clock import DeviceClock
 from .om_model import OmModel
 from .slot import Slot
 from .types import BatchResult, DeviceTimings
@@ -51,6 +54,7 @@ class Job:
     gear: int | None
     rows: int
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    trace: object = None  # a trace.BatchTrace when the batch carries a sampled request
 
 
 class ModelInstance:
@@ -85,12 +89,16 @@ class ModelInstance:
         self._busy_total = 0.0
         self._closed = False
         self._timing_failed = False
+        self.clock: DeviceClock | None = None
+        # fraction of recent wall time the compute stream executed (from events), for /metrics
+        self.compute_busy = BusyWindow()
         # Everything the instance owns is created under its own context (create_context makes it
         # current), and the calling thread gets its previous context back afterwards.
         with restoring_context(acl), contextlib.ExitStack() as undo:
             undo.callback(self._release)
             self.context = check("rt.create_context", acl.rt.create_context(device.id))
             self._create_streams()
+            self.clock = DeviceClock(acl)
             self.model = OmModel(acl, device, path, name)
             self._ensure_slot_room(slots)
             for i in range(slots):
@@ -147,7 +155,8 @@ class ModelInstance:
     def run_sync(self, job: Job) -> BatchResult:
         """The unpipelined path, one batch at a time in the calling thread (benchmark baseline):
         pack, memcpy H2D, synchronous execute, memcpy D2H, unpack, under the instance's context
-        (the caller's is restored). Blocking."""
+        (the caller's is restored). Blocking. Its timings hold the execute's wall time (no events
+        on this path; the call blocks until the device is done)."""
         acl = self._acl
         slot = self.try_reserve()
         if slot is None:
@@ -167,11 +176,14 @@ class ModelInstance:
         if job.gear is not None:
             check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
                 self.model.model_id, slot.input_dataset, self.model.dynamic_index, job.gear))
+        start = time.perf_counter_ns()
         check("mdl.execute", acl.mdl.execute(self.model.model_id, slot.input_dataset, slot.output_dataset))
+        compute_ms = (time.perf_counter_ns() - start) / 1e6  # a blocking execute: its wall time
         for tensor in slot.outputs:
             check("rt.memcpy", rt.memcpy(tensor.host, tensor.size, tensor.device,
                                          self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
-        return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows, instance=self.name)
+        return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows,
+                           timings=DeviceTimings(compute_ms=compute_ms), instance=self.name)
 
     # -- launcher thread ---------------------------------------------------------------------
     def _launcher(self) -> None:
@@ -182,6 +194,8 @@ class ModelInstance:
             slot, job = item
             with self._lock:  # alone in flight: nothing to overlap with, so skip the copy streams
                 direct = self._in_flight == 1
+            if job.trace is not None:
+                self._trace_launch(job.trace, slot, direct)
             try:
                 if direct:
                     self._enqueue_direct(slot, job)
@@ -199,10 +213,15 @@ class ModelInstance:
         ups); the completion thread copies the outputs back itself. Same calls a device takes."""
         acl, rt = self._acl, self._acl.rt
         rows = self._pack(slot, job)
+        trace = job.trace
+        if trace is not None:
+            trace.packed_ns = now_ns()
         compute, ev = self.streams["compute"], slot.events
         for tensor in slot.inputs:
             check("rt.memcpy", rt.memcpy(tensor.device, tensor.size, tensor.host,
                                          self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
+        if trace is not None:
+            trace.host_h2d = (trace.packed_ns, now_ns())  # a host memcpy here, not a stream's copy
         if job.gear is not None:
             check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
                 self.model.model_id, slot.input_dataset, self.model.dynamic_index, job.gear))
@@ -210,10 +229,14 @@ class ModelInstance:
         check("mdl.execute_async", acl.mdl.execute_async(
             self.model.model_id, slot.input_dataset, slot.output_dataset, compute))
         check("rt.record_event", rt.record_event(ev["exec_end"], compute))
+        if trace is not None:
+            trace.enqueued_ns = now_ns()
 
     def _enqueue(self, slot: Slot, job: Job) -> None:
         acl, rt = self._acl, self._acl.rt
         rows = self._pack(slot, job)
+        if job.trace is not None:
+            job.trace.packed_ns = now_ns()
         h2d, compute, d2h = self.streams["h2d"], self.streams["compute"], self.streams["d2h"]
         ev = slot.events
         check("rt.record_event", rt.record_event(ev["h2d_start"], h2d))
@@ -235,6 +258,8 @@ class ModelInstance:
             check("rt.memcpy_async", rt.memcpy_async(tensor.host, tensor.size, tensor.device,
                                                      self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST, d2h))
         check("rt.record_event", rt.record_event(ev["d2h_end"], d2h))
+        if job.trace is not None:
+            job.trace.enqueued_ns = now_ns()
 
     # -- completion thread -------------------------------------------------------------------
     def _completer(self) -> None:
@@ -252,6 +277,9 @@ class ModelInstance:
                 self._needs_reset = True
                 self._fail(job, error)
             else:
+                self.compute_busy.add(int(result.timings.compute_ms * 1e6))
+                if job.trace is not None:
+                    job.trace.done_ns = now_ns()
                 if not job.future.done():
                     job.future.set_result(result)
             self._release_slot(slot)
@@ -262,6 +290,8 @@ class ModelInstance:
         # exec_end is then complete and only reports whether the execution itself failed.
         for name in ("d2h_end", "exec_end"):
             compat.synchronize_event(self._acl, ev[name], self.sync_timeout_ms)
+        if job.trace is not None:
+            self._trace_device(job.trace, ev, copies=True)
         return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows,
                            timings=self._timings(ev), instance=self.name)
 
@@ -269,10 +299,15 @@ class ModelInstance:
         """Wait for a direct batch's execution, then copy its outputs back on this thread."""
         rt, ev = self._acl.rt, slot.events
         compat.synchronize_event(self._acl, ev["exec_end"], self.sync_timeout_ms)
+        trace = job.trace
+        if trace is not None:
+            self._trace_device(trace, ev, copies=False)
         rows = job.gear if job.gear is not None else job.rows
         for tensor in slot.outputs:
             check("rt.memcpy", rt.memcpy(tensor.host, tensor.size, tensor.device,
                                          self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
+        if trace is not None:
+            trace.host_d2h = (trace.woke_ns, now_ns())  # a host memcpy here, not a stream's copy
         return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows,
                            timings=self._timings(ev, copies=False), instance=self.name)
 
@@ -295,6 +330,24 @@ class ModelInstance:
                 self._timing_failed = True
                 log.warning("%s: device timings unavailable (%s); batches run on without them", self.name, e)
             return DeviceTimings()
+
+    # -- trace hooks (traced batches only) -----------------------------------------------------
+    def _trace_launch(self, trace, slot: Slot, direct: bool) -> None:
+        """Launcher thread: mark the launch, and anchor the device clock when it is stale (before
+        this batch records its events). Tracing never fails a batch."""
+        trace.launched(self.name, self.device.id, slot.index, direct)
+        try:
+            self.clock.refresh_if_stale(self.streams["compute"])
+        except AclError as e:
+            log.warning("%s: trace clock not anchored (%s); device spans left out", self.name, e)
+
+    def _trace_device(self, trace, ev: dict[str, int], copies: bool) -> None:
+        """Completion thread, after the batch's last event: its device spans on the host's clock."""
+        trace.woke_ns = now_ns()
+        pairs = {"compute": (ev["exec_start"], ev["exec_end"])}
+        if copies:
+            pairs.update(h2d=(ev["h2d_start"], ev["h2d_end"]), d2h=(ev["d2h_start"], ev["d2h_end"]))
+        trace.anchor, trace.device_spans = self.clock.spans(pairs, trace.woke_ns)
 
     # -- packing -----------------------------------------------------------------------------
     @staticmethod
@@ -401,6 +454,9 @@ class ModelInstance:
             while self.slots:
                 self.slots.pop().close()
             self._free = []
+            if self.clock is not None:
+                self.clock.close()
+                self.clock = None
             if self.model is not None:
                 self.model.close()
                 self.model = None

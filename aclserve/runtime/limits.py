@@ -3,8 +3,8 @@
 A device has a fixed number of streams and events (CANN docs, aclrtCreateStream and
 aclrtCreateEvent). Past the event limit the device does not fail: a record waits for an event to
 be released, which for a server means a hang. So aclserve counts what each model needs before it
-loads anything (instances x (3 streams + the context's default stream), instances x slots x 6
-events) and refuses a model that would not fit, naming the numbers.
+loads anything (instances x (3 streams + the context's default stream), instances x (slots x 6
+events + 2 for the trace clock)) and refuses a model that would not fit, naming the numbers.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ DEFAULT_LIMITS = (1024, 1023)  # the most constrained documented inference card
 
 STREAMS_PER_INSTANCE = 4  # h2d, compute, d2h, and the default stream its context brings
 EVENTS_PER_SLOT = 6  # Slot.EVENTS
+EVENTS_PER_INSTANCE = 2  # DeviceClock's anchors
 # set_device's default context, the Device's management context, the runtime's internal stream
 DEVICE_BASE_STREAMS = 3
 
@@ -47,7 +48,7 @@ class Need:
 
     @staticmethod
     def of(instances: int, slots: int) -> "Need":
-        return Need(instances * STREAMS_PER_INSTANCE, instances * slots * EVENTS_PER_SLOT)
+        return Need(instances * STREAMS_PER_INSTANCE, instances * (slots * EVENTS_PER_SLOT + EVENTS_PER_INSTANCE))
 
 
 class DeviceLedger:

@@ -59,7 +59,8 @@ class InstancePool:
     def add_slot_listener(self, callback: Callable[[], None]) -> None:
         self._listeners.append(callback)
 
-    def submit(self, requests: Sequence[Mapping[str, np.ndarray]], gear: int | None) -> concurrent.futures.Future:
+    def submit(self, requests: Sequence[Mapping[str, np.ndarray]], gear: int | None,
+               trace=None) -> concurrent.futures.Future:
         rows = sum(len(next(iter(r.values()))) for r in requests) if gear is not None else 1
         if gear is not None and (gear not in self.gears or rows > gear):
             raise ValueError(f"cannot run {rows} rows in gear {gear}; compiled gears are {list(self.gears)}")
@@ -67,7 +68,7 @@ class InstancePool:
         if self._closed:
             outer.set_exception(ExecutionFailed(f"model {self.name} is closed"))
             return outer
-        self._dispatch(_Attempt(requests, gear, rows, outer))
+        self._dispatch(_Attempt(requests, gear, rows, outer, trace))
         return outer
 
     # -- dispatch, retry -----------------------------------------------------------------------
@@ -87,7 +88,7 @@ class InstancePool:
         self._launch(attempt, *target)
 
     def _launch(self, attempt: "_Attempt", instance: ModelInstance, slot) -> None:
-        job = Job(attempt.requests, attempt.gear, attempt.rows)
+        job = Job(attempt.requests, attempt.gear, attempt.rows, trace=attempt.trace)
         job.future.add_done_callback(lambda f: self._job_done(f, attempt, instance))
         instance.launch(slot, job)
 
@@ -169,6 +170,12 @@ class InstancePool:
         self._busy_mark = (now, busy)
         return 0.0 if now <= then else min(1.0, max(0.0, (busy - busy_then) / (now - then)))
 
+    def utilisation(self) -> list[dict]:
+        """Per instance: the fraction of the last BusyWindow seconds its compute stream executed
+        (device times from events). Non-blocking."""
+        return [{"instance": i.name, "device": i.device.id, "compute_busy": round(i.compute_busy.fraction(), 4)}
+                for i in self.instances]
+
     def close(self) -> None:
         """Blocking: wait for in-flight batches, then close every instance. Safe twice."""
         if self._closed:
@@ -193,10 +200,10 @@ class InstancePool:
 
 
 class _Attempt:
-    __slots__ = ("requests", "gear", "rows", "outer", "exclude", "error")
+    __slots__ = ("requests", "gear", "rows", "outer", "trace", "exclude", "error")
 
-    def __init__(self, requests, gear, rows, outer):
-        self.requests, self.gear, self.rows, self.outer = requests, gear, rows, outer
+    def __init__(self, requests, gear, rows, outer, trace=None):
+        self.requests, self.gear, self.rows, self.outer, self.trace = requests, gear, rows, outer, trace
         self.exclude: ModelInstance | None = None
         self.error: BaseException | None = None
 

@@ -64,8 +64,9 @@ class BatchExecutor(Protocol):
     def add_slot_listener(self, callback: Callable[[], None]) -> None:
         """Call `callback()` (from any thread) whenever a slot becomes free."""
 
-    def submit(self, requests: Sequence[Mapping[str, np.ndarray]], gear: int | None
+    def submit(self, requests: Sequence[Mapping[str, np.ndarray]], gear: int | None, trace=None
                ) -> concurrent.futures.Future:
         """Run one batch; never blocks. Each request maps every input name to an array whose
         first dimension is that request's row count (rows sum <= gear). The future resolves to
-        a BatchResult, or raises errors.ExecutionFailed naming what went wrong."""
+        a BatchResult, or raises errors.ExecutionFailed naming what went wrong. `trace` (a
+        trace.BatchTrace, or None) is filled with the batch's host and device times."""

@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import (ExecutionFailed, InvalidInput, ModelUnavailable, QueueFull, RequestTimeout,
                       ServeError, ShuttingDown)
 from ..runtime.types import BatchExecutor
+from ..trace.records import form_batch
 from .clock import Clock, LoopClock
 from .delivery import Delivery, Run, resolve
 from .gears import GearPlanner, max_batch_size
@@ -96,8 +97,9 @@ class DynamicBatcher:
         self._wakeup.set()
 
     async def infer(self, inputs: Mapping[str, np.ndarray], rows: int, priority: int | None = None,
-                    timeout_us: int | None = None) -> InferenceResult:
+                    timeout_us: int | None = None, trace=None) -> InferenceResult:
         """Queue one request (`rows` = its batch dimension) and wait for its own outputs.
+        `trace` (a sampled request's trace.RequestTrace) gets its queue times and its batch.
 
         Raises QueueFull, RequestTimeout, InvalidInput, ExecutionFailed, ModelUnavailable
         (draining) or ShuttingDown."""
@@ -114,7 +116,7 @@ class DynamicBatcher:
         queue = self._queue
         level = queue.level_for(priority)
         request = QueuedRequest(inputs, rows, level, self._clock.now(), self._loop.create_future(),
-                                self._clock.now_ns())
+                                self._clock.now_ns(), trace)
         try:
             queue.push(request, timeout_us)
         except QueueFull:
@@ -272,6 +274,7 @@ class DynamicBatcher:
         try:
             levels = self.stats.levels
             queue_stats = self.stats.queue
+            traced = False
             for request in requests:
                 request.state = DISPATCHED
                 request.dispatched_ns = now
@@ -279,7 +282,12 @@ class DynamicBatcher:
                 levels[request.level].queue.add(waited)
                 queue_stats.add(waited)
                 run.rows += request.rows
-            future = self._executor.submit([request.inputs for request in requests], gear)
+                traced = traced or request.trace is not None
+            inputs = [request.inputs for request in requests]
+            if traced:  # an untraced batch keeps the executor call it always had
+                future = self._executor.submit(inputs, gear, trace=form_batch(self.name, requests, gear, now))
+            else:
+                future = self._executor.submit(inputs, gear)
         except Exception as exc:
             self._settle(run, None, exc)
             return

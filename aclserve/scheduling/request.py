@@ -19,10 +19,10 @@ class QueuedRequest:
     first, so a request is never answered twice. Identity-hashed: it is its own queue key."""
 
     __slots__ = ("inputs", "rows", "level", "enqueued", "enqueued_ns", "deadline", "timer", "future",
-                 "state", "delayed", "dispatched_ns", "outcome")
+                 "state", "delayed", "dispatched_ns", "outcome", "trace")
 
     def __init__(self, inputs: Mapping[str, np.ndarray], rows: int, level: int,
-                 enqueued: float, future: asyncio.Future, enqueued_ns: int = 0):
+                 enqueued: float, future: asyncio.Future, enqueued_ns: int = 0, trace=None):
         self.inputs = inputs
         self.rows = rows
         self.level = level
@@ -35,6 +35,7 @@ class QueuedRequest:
         self.delayed = False  # deadline passed under the `delay` action
         self.dispatched_ns = 0  # duration clock
         self.outcome = None  # result or exception held back by preserve_ordering
+        self.trace = trace  # trace.RequestTrace of a sampled request, else None
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,8 @@ async def _lifecycle(app: web.Application):
         finally:
             state.started = False
             state.images.close()
+            # the traces still waiting are written (blocking file I/O, off the loop)
+            await asyncio.get_running_loop().run_in_executor(None, state.tracer.close)
             state.runtime.close()
             log.info("runtime closed")
 

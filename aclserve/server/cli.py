@@ -38,6 +38,17 @@ def add_commands(sub) -> None:
                    help="largest batch formed for every model (model_defaults.batching.max_batch_size)")
     p.add_argument("--max-delay-ms", type=float, metavar="MS",
                    help="queue delay for partial batches (model_defaults.batching.max_queue_delay_ms)")
+    p.add_argument("--log-format", choices=("text", "json"), help="log lines as text or one JSON object per line")
+    p.add_argument("--request-log", action="store_true", default=None,
+                   help="log one line per infer request (request id, model, version, status, durations)")
+    p.add_argument("--trace", metavar="FILE",
+                   help="trace requests to FILE (Chrome trace / Perfetto JSON; written at shutdown, "
+                        "or every --trace-log-frequency traces)")
+    p.add_argument("--trace-rate", type=int, metavar="N", help="trace one request in N (default 1000)")
+    p.add_argument("--trace-count", type=int, metavar="N", help="stop after N traces (default -1: never)")
+    p.add_argument("--trace-log-frequency", type=int, metavar="N",
+                   help="write the trace file every N traces, to FILE.0, FILE.1, ... (default 0: at shutdown)")
+    p.add_argument("--trace-format", choices=("chrome", "triton"), help="trace file format (default chrome)")
     p.set_defaults(func=run_serve)
 
     q = sub.add_parser("infer", help="send one inference request to a running server",
@@ -54,6 +65,9 @@ def add_commands(sub) -> None:
     q.add_argument("--json", action="store_true", help="print the outputs as one JSON object")
     q.set_defaults(func=run_infer)
 
+    from .profile_cli import add_command as add_profile
+    add_profile(sub)
+
 
 QUIET_LOGGERS = ("watchdog", "asyncio", "grpc", "PIL", "urllib3")
 
@@ -64,7 +78,11 @@ def serve_overrides(args) -> dict:
             "log_level": args.log_level, "cpu_threads": args.cpu_threads,
             "model_control_mode": args.model_control_mode,
             "model_defaults.batching.max_batch_size": args.max_batch,
-            "model_defaults.batching.max_queue_delay_ms": args.max_delay_ms}
+            "model_defaults.batching.max_queue_delay_ms": args.max_delay_ms,
+            "log_format": args.log_format, "request_log": args.request_log,
+            "trace.file": args.trace, "trace.level": "TIMESTAMPS" if args.trace else None,
+            "trace.rate": args.trace_rate, "trace.count": args.trace_count,
+            "trace.log_frequency": args.trace_log_frequency, "trace.format": args.trace_format}
 
 
 def run_serve(args) -> int:
@@ -76,8 +94,10 @@ def run_serve(args) -> int:
     except (ConfigError, OSError) as e:
         raise UsageError(f"bad configuration: {e}") from None
     _check_fault_spec()
-    logging.basicConfig(level=config.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .. import logs
+    logs.configure(config.log_level, config.log_format)
+    if config.request_log:  # the request log speaks at info whatever the level of the rest
+        logging.getLogger("aclserve.requests").setLevel(logging.INFO)
     for noisy in QUIET_LOGGERS:  # --log-level debug is about aclserve, not every inotify event
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     from .. import heap

@@ -27,9 +27,11 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from ..errors import InvalidInput, ServeError
+from ..trace import now_ns
 from . import views
 from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
-from .infer import counted_infer
+from .infer import counted_infer, run_decoded
+from .observe import request_id
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +71,9 @@ def _authorization(context) -> str:
 
 
 class InferenceServicer(pbg.GRPCInferenceServiceServicer):
-    """The RPCs of `inference.GRPCInferenceService`; event-loop thread only. Shared memory,
-    trace and log settings answer UNIMPLEMENTED (the servicer base class), like the HTTP
-    server's 400 for those extensions."""
+    """The RPCs of `inference.GRPCInferenceService`; event-loop thread only. Shared memory and
+    log settings answer UNIMPLEMENTED (the servicer base class), like the HTTP server's 400 for
+    those extensions."""
 
     def __init__(self, state):
         self.state = state
@@ -112,7 +114,8 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     async def ModelStatistics(self, request, context):
         self._model_access(context)
         doc = views.statistics(self.state, request.name or None, _version(request.version))
-        return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
+        # aclserve's own fields (utilisation) have no place in Triton's message
+        return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     # -- repository -----------------------------------------------------------------------------
     @rpc
@@ -136,17 +139,36 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         await self.state.repo.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
+    # -- trace extension ------------------------------------------------------------------------
+    @rpc
+    async def TraceSetting(self, request, context):
+        """Without settings: read them. A setting with no values clears it (the model's back to
+        the global value), as tritonclient sends a None."""
+        changes = {key: (list(value.value) or None) for key, value in request.settings.items()}
+        doc = views.trace_settings(self.state, request.model_name or None, changes or None)
+        response = pb.TraceSettingResponse()
+        for key, value in doc.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
+
     # -- inference ------------------------------------------------------------------------------
     @rpc
     async def ModelInfer(self, request, context):
         self._model_access(context)
-        return await self.infer(request)
+        return await self.infer(request, self._request_id(context))
 
-    async def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    def _request_id(self, context) -> str | None:
+        """The call's x-request-id metadata, read only while requests are observed (it names the
+        request in traces and logs when its `id` field is empty)."""
+        if self.state.observer is None:
+            return None
+        return next((value for key, value in context.invocation_metadata() or () if key == "x-request-id"), None)
+
+    async def infer(self, request: pb.ModelInferRequest, fallback_id: str | None = None) -> pb.ModelInferResponse:
         if not request.model_name:
             raise InvalidInput("model_name must not be empty")
         return await counted_infer(self.state, request.model_name, _version(request.model_version),
-                                   functools.partial(_infer, request, self.state))
+                                   functools.partial(_infer, request, self.state, fallback_id), protocol="grpc")
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of one stream run concurrently (at most STREAM_WINDOW at once); responses
@@ -155,6 +177,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
             self._model_access(context)
         except ServeError as e:
             await context.abort(status_code(e), e.message)
+        stream_id = self._request_id(context)
         done: asyncio.Queue = asyncio.Queue()
         window = asyncio.Semaphore(STREAM_WINDOW)
         tasks: set[asyncio.Task] = set()
@@ -163,7 +186,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         async def one(request):
             nonlocal pending
             try:
-                response = pb.ModelStreamInferResponse(infer_response=await self.infer(request))
+                response = pb.ModelStreamInferResponse(infer_response=await self.infer(request, stream_id))
             except ServeError as e:
                 response = _stream_error(request, e.message)
             except Exception:
@@ -200,15 +223,17 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                 task.cancel()
 
 
-async def _infer(request: pb.ModelInferRequest, state, rec) -> pb.ModelInferResponse:
+async def _infer(request: pb.ModelInferRequest, state, fallback_id: str | None, rec, trace) -> pb.ModelInferResponse:
+    if trace is not None:
+        trace.received_ns = now_ns()  # grpc.aio hands over a parsed message: receiving is done
+        trace.request_id = request_id(fallback_id)
     if contents_elements(request) > CONTENTS_OFFLOAD_ELEMENTS:
+        if trace is not None:
+            trace.decode_on_loop = False
         req = await asyncio.get_running_loop().run_in_executor(None, decode_infer_request, request, rec.signature)
     else:
         req = decode_infer_request(request, rec.signature)
-    if rec.images is not None:  # decode the images in the pool (as over HTTP)
-        await state.images.prepare(rec.images, req.inputs)
-    result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us)
-    return encode_infer_response(rec.name, rec.version, req, result.outputs, rec.signature, rec.batched)
+    return await run_decoded(rec, req, trace, encode_infer_response, state.images)
 
 
 def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:

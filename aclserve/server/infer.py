@@ -10,6 +10,10 @@ the same CPU per request; the longest loop stall while a 1.9 MB body decodes, 12
 against 15 ms in a thread). Cancellation: when the client goes away aiohttp cancels this
 handler (handler_cancellation=True) and the CancelledError raised in `served.infer` removes the
 request from the queue.
+
+Observation (observe.py): when tracing or the request log is on, `counted_infer` asks the
+Observer for the request's RequestTrace and the transport marks its phases on it; otherwise
+the only cost is one attribute check.
 """
 from __future__ import annotations
 
@@ -20,11 +24,13 @@ import time
 from aiohttp import web
 
 from ..errors import ServeError
+from ..trace import now_ns
 from .app_keys import STATE
 from .body import read_body
 from .budget import json_tensor_estimate
 from .codec import HEADER_LENGTH, decode_request, parse_header_length
 from .encode import encode_response
+from .observe import REQUEST_ID_HEADER, request_id
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
@@ -44,30 +50,76 @@ async def handle_infer(request: web.Request, state, model: str, version: str | N
         return await counted_infer(state, model, version, functools.partial(_infer, request, state, lease))
 
 
-async def counted_infer(state, model: str, version: str | None, work):
+async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http"):
     """Count one infer request in flight (refused when shutting down), resolve the serving
-    version, await `work(record)` and record the outcome in the version's metrics. The one
-    infer path of both transports: HTTP passes its decode/encode, gRPC its own."""
-    start = time.perf_counter()
+    version, await `work(record, trace)` and record the outcome in the version's metrics (and,
+    when observed, its trace and request log line). The one infer path of both transports:
+    HTTP passes its decode/encode, gRPC its own. `trace` is a RequestTrace or None."""
+    start = time.perf_counter_ns()
     state.enter()  # 503 / UNAVAILABLE when shutting down
     try:
         served = state.repo.get(model, version)
         rec = state.record(served)
+        observer = state.observer
+        trace = observer.begin(rec.name, rec.version, protocol, start) if observer is not None else None
         try:
-            response = await work(rec)
+            response = await work(rec, trace)
         except ServeError as e:
-            rec.metrics.request_failed(type(e).__name__, time.perf_counter() - start)
+            rec.metrics.request_failed(type(e).__name__, (time.perf_counter_ns() - start) / 1e9)
+            if trace is not None:
+                observer.end(trace, e.status, e.message)
             raise
         except asyncio.CancelledError:
-            rec.metrics.request_failed("Cancelled", time.perf_counter() - start)
+            rec.metrics.request_failed("Cancelled", (time.perf_counter_ns() - start) / 1e9)
+            if trace is not None:
+                observer.end(trace, 499, "cancelled: the client went away")
             raise
-        rec.metrics.request_ok(time.perf_counter() - start)
+        except Exception:
+            if trace is not None:
+                observer.end(trace, 500, "internal error")
+            raise
+        rec.metrics.request_ok((time.perf_counter_ns() - start) / 1e9)
+        if trace is not None:
+            observer.end(trace, 200)
         return response
     finally:
         state.leave()
 
 
-async def _infer(request: web.Request, state, lease, rec) -> web.Response:
+async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fallback_id: str | None = None,
+                     images=None):
+    """Decode a KServe v2 body, run it, encode the answer: (payload, json_length). The HTTP
+    handler's work without the HTTP (`aclserve profile` drives it in-process)."""
+    if trace is not None:
+        trace.received_ns = now_ns()
+        trace.request_id = request_id(fallback_id)  # named even when the body is refused
+    req = decode_request(body, header_length, rec.signature)
+    return await run_decoded(rec, req, trace, encode_response, images)
+
+
+async def run_decoded(rec, req, trace, encode, images=None):
+    """Queue a decoded request (codec.InferRequest), wait for its outputs and render them with
+    `encode(name, version, req, outputs, signature, batched)`; both transports end here. With
+    a trace, marks decoded / result / encoded (the request's KServe id wins over a header's).
+    `images`: the server's ImageDecoding, which decodes an image input's pictures in its pool."""
+    if images is not None and rec.images is not None:  # the device keeps computing meanwhile
+        await images.prepare(rec.images, req.inputs)
+    if trace is not None:
+        trace.decoded_ns = now_ns()
+        if req.id:
+            trace.request_id = request_id(req.id)
+    result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us,
+                                    trace=trace if trace is not None and trace.sampled else None)
+    if trace is not None:
+        trace.result_ns = trace.encode_start_ns = now_ns()
+        trace.queue_ns, trace.compute_ns = result.queue_ns, result.compute_ns
+    encoded = encode(rec.name, rec.version, req, result.outputs, rec.signature, rec.batched)
+    if trace is not None:
+        trace.encoded_ns = now_ns()
+    return encoded
+
+
+async def _infer(request: web.Request, state, lease, rec, trace) -> web.Response:
     config = state.config
     body = await read_body(request, lease, config.max_body_bytes, config.body_timeout_s)
     header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
@@ -75,12 +127,8 @@ async def _infer(request: web.Request, state, lease, rec) -> web.Response:
     # what parsing it may hold at most: one value per 2 bytes, and no more than the codec allows
     values = min(json_size // 2 + 1, rec.signature.json_limits.max_elements)
     lease.take(json_tensor_estimate(json_size, values), "decoding its JSON")
-    req = decode_request(body, header_length, rec.signature)
-    if rec.images is not None:  # decode the images in the pool: the device keeps computing meanwhile
-        await state.images.prepare(rec.images, req.inputs)
-    result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us)
-    payload, json_length = encode_response(rec.name, rec.version, req, result.outputs, rec.signature,
-                                           rec.batched)
+    fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
+    payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images)
     if json_length is None:
         response = web.Response(body=payload, content_type=_JSON)
     else:

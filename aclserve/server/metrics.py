@@ -20,6 +20,11 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+COMPUTE_BUSY_HELP = ("Fraction of the last 10 s the instance's compute stream was executing; source: the "
+                     "device's event_elapsed_time between exec_start and exec_end of each batch (stream "
+                     "busy time, not the chip's own AI-core utilisation)")
+DEVICE_BUSY_HELP = ("Fraction of the last 10 s the device's compute streams were executing (sum over its "
+                    "instances, capped at 1); source: event_elapsed_time of each batch's execution")
 
 
 class VersionMetrics:
@@ -158,6 +163,9 @@ class _LiveCollector:
                                   labels=["model", "version", "priority"])
         busy = GaugeMetricFamily("aclserve_instance_busy_ratio",
                                  "Fraction of instance slots running a batch", labels=["model", "version"])
+        compute = GaugeMetricFamily(
+            "aclserve_compute_busy_ratio", COMPUTE_BUSY_HELP, labels=["model", "version", "instance", "device"])
+        per_device: dict[int, float] = {}
         try:
             for model, version, served in self._live_versions():
                 batcher = getattr(served, "batcher", None)
@@ -168,17 +176,31 @@ class _LiveCollector:
                 pool = getattr(served, "pool", None)
                 if pool is not None:
                     busy.add_metric([model, version], pool.busy_ratio())
+                for row in getattr(pool, "utilisation", list)():
+                    compute.add_metric([model, version, row["instance"], str(row["device"])], row["compute_busy"])
+                    per_device[row["device"]] = per_device.get(row["device"], 0.0) + row["compute_busy"]
         except Exception:
             log.exception("collecting model gauges failed")
         yield depth
         yield busy
+        yield compute
+        device_busy = GaugeMetricFamily("aclserve_device_compute_busy_ratio", DEVICE_BUSY_HELP, labels=["device"])
+        for device, fraction in sorted(per_device.items()):
+            device_busy.add_metric([str(device)], min(1.0, fraction))
+        yield device_busy
         used = GaugeMetricFamily("aclserve_device_memory_used_bytes", "Device memory in use", labels=["device"])
         total = GaugeMetricFamily("aclserve_device_memory_total_bytes", "Device memory size", labels=["device"])
+        reserve = GaugeMetricFamily("aclserve_device_memory_reserve_bytes",
+                                    "Device memory model loads keep free (memory_reserve_fraction of the total)",
+                                    labels=["device"])
         try:
             for row in self._memory():
                 used.add_metric([str(row["device"])], row["used"])
                 total.add_metric([str(row["device"])], row["total"])
+                if "reserve" in row:
+                    reserve.add_metric([str(row["device"])], row["reserve"])
         except Exception:
             log.exception("collecting device memory failed")
         yield used
         yield total
+        yield reserve

@@ -16,6 +16,7 @@ from .app_keys import STATE
 from .body import read_body
 from .infer import infer
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .trace_routes import add_trace_routes
 
 CONTROL_BODY_BYTES = 1 << 20  # repository API bodies are a few bytes of JSON
 
@@ -132,6 +133,7 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/v2/repository/index", repository_index)
     r.add_post("/v2/repository/models/{model}/load", repository_load)
     r.add_post("/v2/repository/models/{model}/unload", repository_unload)
-    for prefix in ("/v2/systemsharedmemory", "/v2/cudasharedmemory", "/v2/trace", "/v2/logging"):
+    add_trace_routes(app)
+    for prefix in ("/v2/systemsharedmemory", "/v2/cudasharedmemory", "/v2/logging"):
         r.add_route("*", prefix + "{tail:.*}", unsupported_extension)
     r.add_get("/metrics", metrics)

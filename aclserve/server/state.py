@@ -9,6 +9,7 @@ import logging
 from ..errors import ShuttingDown
 from .auth import Access
 from .budget import MemoryBudget
+from ..trace import Tracer
 from .codec import Signature
 from .connections import ConnectionTracker
 from .guard_metrics import GuardCollector
@@ -18,6 +19,7 @@ from .metrics import ServerMetrics, VersionMetrics
 from .model_info import max_batch_size
 from .redact import PathRedactor
 from .trim import HeapTrimmer
+from .observe import Observer
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,14 @@ class ServerState:
         self._records: dict[tuple[str, str], VersionRecord] = {}
         self.json_limits = JsonLimits(config.max_json_bytes, config.max_json_elements)
         self.images = ImageDecoding(config.images, runtime)  # the decode pool, shared by every model
+        self.tracer = Tracer(config.trace, config.trace_dir)
+        self._observer = Observer(self.tracer, config.request_log)
+        self.observer: Observer | None = None  # set while tracing or the request log wants requests
+        self.tracer.on_change = self._observe_changed
+        self._observe_changed()
+
+    def _observe_changed(self) -> None:
+        self.observer = self._observer if self._observer.wanted else None
 
     # -- hot path ------------------------------------------------------------------------------
     def record(self, served) -> VersionRecord:

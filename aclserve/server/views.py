@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from .. import __version__
 from ..errors import InvalidInput, NotFound, ServeError
+from ..trace import TraceSettingsError
 from .model_info import model_config, model_metadata
 
 SERVER_NAME = "aclserve"
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository",
-              "schedule_policy", "statistics"]
+              "schedule_policy", "statistics", "trace"]
 
 
 def version_key(version: str):
@@ -63,10 +64,26 @@ def statistics(state, name: str | None, version: str | None) -> dict:
             continue
         entry = {"name": model, "version": ver}
         entry.update(served.batcher.stats.kserve())
+        utilisation = getattr(served.pool, "utilisation", None)
+        if utilisation is not None:  # aclserve's own field: compute-stream busy fraction per instance
+            entry["utilisation"] = utilisation()
         entry.setdefault("response_stats", {})
         entry.setdefault("memory_usage", [])
         stats.append(entry)
     return {"model_stats": stats}
+
+
+def trace_settings(state, model: str | None, changes: dict | None) -> dict:
+    """Triton's trace extension: the settings in force (global, or the model's), after applying
+    `changes` when given ({} for a model: drop its own settings). NotFound for an unknown model."""
+    if model:
+        state.repo.get(model)
+    if changes is not None:
+        try:
+            state.tracer.update(changes, model)
+        except TraceSettingsError as e:
+            raise InvalidInput(str(e)) from None
+    return state.tracer.settings(model).as_triton()
 
 
 def repository_index(state, ready_only: bool) -> list[dict]:

@@ -65,17 +65,17 @@ def test_an_instance_built_in_a_thread_without_a_context_serves(runtime, affine_
 
 
 def test_a_configuration_beyond_the_device_event_limit_is_refused_before_loading(affine_om):
-    # 3 instances x 4 slots x 6 events = 72 > 50
-    rt = AclRuntime(device="cpu", device_limits=(None, 50)).start()
+    # 3 instances x (4 slots x 6 events + 2 for the trace clock) = 78 > 56
+    rt = AclRuntime(device="cpu", device_limits=(None, 56)).start()
     try:
         rt.device(0)
         before = rt.memory(refresh=True)
-        with pytest.raises(ResourceLimitError, match=r"needs 12 streams and 72 events on device 0, "
-                                                    r"which allows \d+ streams and 50 events"):
+        with pytest.raises(ResourceLimitError, match=r"needs 12 streams and 78 events on device 0, "
+                                                    r"which allows \d+ streams and 56 events"):
             open_pool(rt, affine_om(), "affine", instances=3, slots=4)
         assert rt.memory(refresh=True) == before  # nothing was loaded
-        pool = open_pool(rt, affine_om(), "affine", instances=2, slots=4)  # 48 events fit
-        with pytest.raises(ResourceLimitError, match=r"\(11 and 48 already in use\)"):
+        pool = open_pool(rt, affine_om(), "affine", instances=2, slots=4)  # 52 events fit
+        with pytest.raises(ResourceLimitError, match=r"\(11 and 52 already in use\)"):
             open_pool(rt, affine_om(), "affine2", instances=1, slots=1)
         pool.close()
         open_pool(rt, affine_om(), "affine2", instances=1, slots=1).close()  # released on close

@@ -82,3 +82,30 @@ def test_unloaded_versions_leave_no_series_and_no_created_samples(models_dir, tm
     assert 'model="double",version="1"' not in after
     assert value(samples(after), "aclserve_model_unloads_total", model="double") == 1  # model-level counters stay
     assert "_created" not in before + after
+
+
+def test_compute_busy_ratio_in_metrics_and_statistics(server):
+    """Per instance and per device, from events; the help text names the source."""
+    async def go():
+        url = f"http://{server.url}"
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/v2/models/affine/infer", json=BODY) as resp:
+                assert resp.status == 200
+            async with session.get(f"{url}/metrics") as resp:
+                text = await resp.text()
+            async with session.get(f"{url}/v2/models/affine/stats") as resp:
+                stats = await resp.json()
+        return text, stats
+    text, stats = asyncio.run(go())
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    per_instance = families["aclserve_compute_busy_ratio"]
+    assert "event_elapsed_time" in per_instance.documentation and "not the chip's own" in per_instance.documentation
+    rows = [s for s in per_instance.samples if s.labels["model"] == "affine"]
+    assert [s.labels["instance"] for s in rows] == ["affine:1#0"] and rows[0].labels["device"] == "0"
+    assert 0.0 <= rows[0].value < 0.2  # a few tiny batches: the stream is nearly idle
+    assert 0.0 <= families["aclserve_device_compute_busy_ratio"].samples[0].value <= 1.0
+    assert families["aclserve_device_memory_reserve_bytes"].samples[0].value > 0
+    (entry,) = stats["model_stats"]
+    (utilisation,) = entry["utilisation"]
+    assert utilisation["instance"] == "affine:1#0" and utilisation["device"] == 0
+    assert 0.0 <= utilisation["compute_busy"] < 0.2

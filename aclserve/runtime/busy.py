@@ -1,0 +1,47 @@
+"""How busy a stream was: the fraction of the last `window_s` seconds it spent executing.
+
+Fed with each batch's device compute time (event_elapsed_time of exec_start/exec_end) as the
+batch completes; the span is placed ending at the moment it was reported (the completion
+thread's wake-up), which is late by the copy-out and one wake-up, so a span may straddle the
+window's start by that much. It holds only the window's spans (dropped as new ones come, or at
+a read); reading costs one pass over them, adding is amortised O(1).
+Thread-safe (the completion thread adds, the metrics scrape reads).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+
+class BusyWindow:
+    def __init__(self, window_s: float = 10.0, clock=time.perf_counter_ns):
+        self.window_ns = int(window_s * 1e9)
+        self._clock = clock
+        self._created = clock()
+        self._spans: collections.deque[tuple[int, int]] = collections.deque()  # (end_ns, busy_ns)
+        self._lock = threading.Lock()
+
+    def add(self, busy_ns: int, end_ns: int | None = None) -> None:
+        if busy_ns <= 0:
+            return
+        end = self._clock() if end_ns is None else end_ns
+        with self._lock:
+            spans = self._spans
+            spans.append((end, busy_ns))
+            while spans[0][0] <= end - self.window_ns:  # bounded even if nobody reads it
+                spans.popleft()
+
+    def fraction(self, now_ns: int | None = None) -> float:
+        """Busy time / wall time over the window (or since creation, when younger), in [0, 1]."""
+        now = self._clock() if now_ns is None else now_ns
+        start = now - self.window_ns
+        with self._lock:
+            spans = self._spans
+            while spans and spans[0][0] <= start:
+                spans.popleft()
+            busy = 0
+            for end, length in spans:
+                busy += min(length, end - start) if end - length < start else length
+        wall = min(self.window_ns, now - self._created)
+        return 0.0 if wall <= 0 else max(0.0, min(1.0, busy / wall))

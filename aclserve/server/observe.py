@@ -1,0 +1,70 @@
+"""Which infer requests are followed, and what following them produces: a trace (sampled by the
+Tracer) and a request log line (every request, when `request_log` is on).
+
+The infer path checks one attribute, `ServerState.observer`, which is None unless one of them
+wants requests; `begin()` then returns the request's RequestTrace (or None: not sampled and no
+request log), which the transport fills and hands to `end()`. Event-loop thread only.
+"""
+from __future__ import annotations
+
+import logging
+
+from ..trace import RequestTrace, Tracer, now_ns
+
+REQUEST_ID_HEADER = "X-Request-Id"
+MAX_REQUEST_ID = 256  # longer ids are cut in traces and logs
+
+request_log = logging.getLogger("aclserve.requests")
+
+
+class Observer:
+    def __init__(self, tracer: Tracer, log_requests: bool):
+        self.tracer = tracer
+        self.log_requests = log_requests
+
+    @property
+    def wanted(self) -> bool:
+        return self.log_requests or self.tracer.any_on
+
+    def begin(self, model: str, version: str, protocol: str, arrival_ns: int) -> RequestTrace | None:
+        trace = self.tracer.start(model, version, protocol, arrival_ns)
+        if trace is None and self.log_requests:
+            trace = RequestTrace(model, version, protocol, arrival_ns, sampled=False)
+        return trace
+
+    def end(self, trace: RequestTrace, status: int, error: str | None = None) -> None:
+        trace.end_ns = now_ns()
+        trace.status = status
+        if trace.sampled:
+            self.tracer.finish(trace)
+        if self.log_requests:
+            _log_request(trace, error)
+
+
+def request_id(value) -> str | None:
+    """A request id fit for a trace or a log line: at most MAX_REQUEST_ID characters, anything
+    unprintable (a newline that would forge a text log line) replaced by '?'."""
+    if value is None:
+        return None
+    text = str(value)[:MAX_REQUEST_ID]
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _ms(ns: int) -> float:
+    return round(ns / 1e6, 3)
+
+
+def _log_request(t: RequestTrace, error: str | None) -> None:
+    fields = {"request_id": t.request_id, "model": t.model, "version": t.version, "protocol": t.protocol,
+              "status": t.status, "duration_ms": _ms(t.end_ns - t.arrival_ns)}
+    if t.decoded_ns and t.received_ns:
+        fields["decode_ms"] = _ms(t.decoded_ns - t.received_ns)
+    if t.result_ns:
+        fields["queue_ms"] = _ms(t.queue_ns)
+        fields["compute_ms"] = _ms(t.compute_ns)
+    if t.encoded_ns:
+        fields["encode_ms"] = _ms(t.encoded_ns - t.encode_start_ns)
+    if error:
+        fields["error"] = error
+    text = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+    request_log.info("infer %s", text, extra={"fields": fields})

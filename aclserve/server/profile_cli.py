@@ -1,0 +1,186 @@
+"""`aclserve profile MODEL`: closed-loop load for N seconds with every request traced, then the
+trace file and a summary a person reads in ten seconds (trace/analysis.py).
+
+In-process (default): the models folder is loaded as `aclserve serve` would (same repository,
+batchers, runtime) and C client tasks drive the infer path of the HTTP server without the
+socket (`infer.infer_body`: decode, queue, batch, encode), so the process CPU time is the
+server's. With --url: C aiohttp clients load a running server; its trace settings for the model
+are set to trace every request into --trace-name inside its trace folder, turned OFF at the end
+(which writes the file), read back from --trace-dir (the server must share this machine's
+filesystem), and the model's own trace settings dropped.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import time
+
+import numpy as np
+
+from ..cli import UsageError
+
+
+def add_command(sub) -> None:
+    p = sub.add_parser("profile", help="trace a closed-loop load against a model and summarise where time goes",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("--seconds", type=float, default=10.0, help="load duration (default %(default)s)")
+    p.add_argument("--clients", type=int, default=8, help="concurrent closed-loop clients (default %(default)s)")
+    p.add_argument("--rows", type=int, default=1, help="batch rows per request (default %(default)s)")
+    p.add_argument("--models", default="models", help="models folder, in-process mode (default %(default)s)")
+    p.add_argument("--device", choices=("auto", "cpu", "npu"), default="auto")
+    p.add_argument("--url", help="profile a running server instead (e.g. http://127.0.0.1:8000)")
+    p.add_argument("--trace-dir", default="traces",
+                   help="with --url: the server's trace folder, as seen from here (default %(default)s)")
+    p.add_argument("--trace", metavar="FILE", help="where to write the trace (default profile-<model>.json)")
+    p.add_argument("--png", metavar="FILE", help="also draw the timeline (a window of it) to a PNG (matplotlib)")
+    p.add_argument("--png-window-ms", type=float, default=20.0, help="width of the PNG's window (default %(default)s)")
+    p.set_defaults(func=run_profile)
+
+
+def run_profile(args) -> int:
+    from ..trace import analysis
+    if args.seconds <= 0 or args.clients < 1 or args.rows < 1:
+        raise UsageError("--seconds, --clients and --rows must be positive")
+    out = args.trace or f"profile-{args.model}.json"
+    if args.url:
+        events, done, cpu_s = asyncio.run(_remote(args))
+    else:
+        events, done, cpu_s = asyncio.run(_in_process(args))
+    import orjson
+    with open(out, "wb") as f:
+        f.write(orjson.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    summary = analysis.summarize(events, cpu_s)
+    print(f"{args.model}: {done} requests in {args.seconds:g} s ({done / args.seconds:,.0f} req/s), "
+          f"{args.clients} clients, {args.rows} row(s) each; trace: {out}")
+    print(analysis.format_summary(summary))
+    if args.png:
+        from ..trace.plot import render_png
+        render_png(events, args.png, args.png_window_ms)
+        print(f"timeline: {args.png} ({args.png_window_ms:g} ms window)")
+    return 0
+
+
+def _body(inputs_meta: list[tuple[str, str, list[int]]], rows: int) -> tuple[bytes, int]:
+    from ..acl.constants import kserve_to_numpy
+    from .cli import build_request
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for name, datatype, shape in inputs_meta:
+        dims = [rows if (i == 0 and d == -1) else max(d, 1) for i, d in enumerate(shape)]
+        arrays[name] = rng.standard_normal(dims).astype(kserve_to_numpy(datatype))
+    return build_request(arrays, [])
+
+
+async def _closed_loop(clients: int, seconds: float, one) -> int:
+    done = 0
+    end = time.monotonic() + seconds
+
+    async def client():
+        nonlocal done
+        while time.monotonic() < end:
+            await one()
+            done += 1
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return done
+
+
+async def _in_process(args):
+    from ..config import load_server_config
+    from ..repository import ModelRepository
+    from ..runtime import AclRuntime
+    from ..trace import chrome
+    from .infer import counted_infer
+    from .state import ServerState
+
+    if not os.path.isdir(args.models):
+        raise UsageError(f"models folder {args.models!r} does not exist")
+    config = load_server_config(None, {"models_dir": args.models, "device": args.device, "grpc_port": 0,
+                                       "model_control_mode": "explicit",
+                                       "trace": {"level": "TIMESTAMPS", "rate": 1}})
+    runtime = AclRuntime(device=config.device, cpu_threads=config.cpu_threads,
+                         memory_reserve_fraction=config.memory_reserve_fraction).start()
+    repo = ModelRepository(config, runtime)
+    try:
+        await repo.start()
+        state = ServerState(config, repo, runtime)
+        state.started = True
+        try:
+            served = repo.get(args.model)
+        except Exception as e:
+            raise UsageError(f"model {args.model!r}: {getattr(e, 'message', e)}") from None
+        meta = [(s.name, s.datatype, list(s.shape)) for s in served.inputs]
+        body, header_length = _body(meta, args.rows)
+        work = functools.partial(_work, body, header_length)
+        await _closed_loop(args.clients, min(1.0, args.seconds / 5), lambda: counted_infer(
+            state, args.model, None, work, protocol="inproc"))  # warm-up, not traced below
+        state.tracer.take()
+        traces = []
+
+        async def drain():  # the tracer keeps at most MAX_PENDING: collect them as they come
+            while True:
+                await asyncio.sleep(0.2)
+                traces.extend(state.tracer.take())
+        drainer = asyncio.ensure_future(drain())
+        cpu0 = time.process_time()
+        try:
+            done = await _closed_loop(args.clients, args.seconds, lambda: counted_infer(
+                state, args.model, None, work, protocol="inproc"))
+        finally:
+            drainer.cancel()
+        cpu_s = time.process_time() - cpu0
+        traces.extend(state.tracer.take())
+        return chrome.events(traces), done, cpu_s
+    finally:
+        await repo.close()
+        runtime.close()
+
+
+async def _work(body, header_length, rec, trace):
+    from .infer import infer_body
+    return await infer_body(rec, body, header_length, trace)
+
+
+async def _remote(args):
+    import aiohttp
+    import orjson
+
+    base = args.url.rstrip("/")
+    name = f"profile-{args.model}-{os.getpid()}.json"
+    setting = f"{base}/v2/models/{args.model}/trace/setting"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{base}/v2/models/{args.model}") as resp:
+            if resp.status != 200:
+                raise UsageError(f"{base}: model {args.model!r}: HTTP {resp.status}: {await resp.text()}")
+            meta = [(t["name"], t["datatype"], t["shape"]) for t in (await resp.json())["inputs"]]
+        body, header_length = _body(meta, args.rows)
+        headers = {"Inference-Header-Content-Length": str(header_length), "Content-Type": "application/octet-stream"}
+        url = f"{base}/v2/models/{args.model}/infer"
+
+        async def one():
+            async with session.post(url, data=body, headers=headers) as resp:
+                await resp.read()
+        await _closed_loop(args.clients, min(1.0, args.seconds / 5), one)  # warm-up, untraced
+        async with session.post(setting, json={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
+                                               "log_frequency": "0", "trace_file": name,
+                                               "trace_format": "chrome"}) as resp:
+            if resp.status != 200:
+                raise UsageError(f"{base}: could not turn tracing on: {await resp.text()}")
+        try:
+            done = await _closed_loop(args.clients, args.seconds, one)
+        finally:
+            async with session.post(setting, json={"trace_level": ["OFF"]}) as resp:
+                await resp.read()  # tracing OFF writes the file
+            async with session.post(setting, json={}) as resp:
+                await resp.read()  # the model follows the global settings again
+    path = os.path.join(args.trace_dir, name)
+    for _ in range(300):
+        if os.path.exists(path):
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise UsageError(f"the server did not write {path} (is --trace-dir its trace folder?)")
+    with open(path, "rb") as f:
+        events = orjson.loads(f.read())["traceEvents"]
+    return events, done, None

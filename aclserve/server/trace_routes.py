@@ -1,0 +1,43 @@
+"""Triton's trace extension over HTTP: GET/POST /v2[/models/{model}]/trace/setting.
+
+POST takes the settings to change (strings, trace_level a list; null clears a model's setting
+back to the global one; an empty body on a model drops the model's own settings) and answers
+the settings in force, as Triton does. A bad setting is a 400 naming it.
+"""
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+from ..errors import InvalidInput
+from . import views
+from .app_keys import STATE
+
+MAX_BODY = 64 * 1024
+
+
+async def get_setting(request: web.Request) -> web.Response:
+    doc = views.trace_settings(request.app[STATE], request.match_info.get("model"), None)
+    return web.Response(body=orjson.dumps(doc), content_type="application/json")
+
+
+async def post_setting(request: web.Request) -> web.Response:
+    raw = await request.content.read(MAX_BODY + 1)
+    if len(raw) > MAX_BODY:
+        raise InvalidInput(f"trace settings body exceeds {MAX_BODY} bytes")
+    changes: dict = {}
+    if raw.strip():
+        try:
+            changes = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise InvalidInput(f"request body is not valid JSON: {e}") from None
+        if not isinstance(changes, dict):
+            raise InvalidInput("request body must be a JSON object")
+    doc = views.trace_settings(request.app[STATE], request.match_info.get("model"), changes)
+    return web.Response(body=orjson.dumps(doc), content_type="application/json")
+
+
+def add_trace_routes(app: web.Application) -> None:
+    for path in ("/v2/trace/setting", "/v2/models/{model}/trace/setting"):
+        app.router.add_get(path, get_setting)
+        app.router.add_post(path, post_setting)

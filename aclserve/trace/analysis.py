@@ -1,0 +1,194 @@
+"""What a trace says, in a form a person reads in ten seconds (`aclserve profile`).
+
+Works on Chrome trace events as chrome.py writes them (so on a file from any aclserve server):
+  device busy      the union of each instance's compute-stream spans over the traced window
+  copy overlap     the share of stream copy time (H2D, D2H) spent while that instance's compute
+                   stream was executing; direct batches' host memcpys count as not overlapped
+  stages           per request: receive, decode, queue, execute (split into pack, copy in,
+                   compute, copy out, unpack, and "hand-offs": waiting between the event loop,
+                   the launcher and completion threads), encode, and the rest ("other")
+  p99              the same split, averaged over the requests at or above the 99th percentile
+  cost             each stage's total time over the run, a batch's stages counted once per batch
+  verdict          device-bound when the busiest compute stream exceeded DEVICE_BOUND, else the
+                   host stage that costs the most: against the process CPU time when known
+                   (what no traced stage explains is the event loop, batching and hand-offs),
+                   else against the traced host time
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+from .chrome import REQUESTS_PROCESS, STREAM_TRACKS
+
+DEVICE_BOUND = 0.85
+REQUEST_PHASES = ("receive", "decode", "queue", "execute", "encode")
+BATCH_PHASES = ("pack", "copy in", "compute", "copy out", "unpack")
+HOST_STAGES = ("decode", "encode", "pack", "unpack", "copy in", "copy out")
+UNTRACED = "the event loop, batching and hand-offs (no traced stage)"
+
+
+@dataclass
+class Summary:
+    requests: int = 0
+    window_s: float = 0.0
+    device_busy: dict[str, float] = field(default_factory=dict)  # instance -> fraction of the window
+    copy_overlap: float | None = None  # None: no stream copies traced
+    stages_us: dict[str, float] = field(default_factory=dict)  # mean per request
+    p99_ms: float = 0.0
+    p99_stages: dict[str, float] = field(default_factory=dict)  # share of the p99 requests' time
+    cpu_s: float | None = None  # process CPU time over the run, when known
+    cost_s: dict[str, float] = field(default_factory=dict)  # stage -> total seconds (batches once)
+    verdict: str = ""
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -math.inf
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def _overlap(span: tuple[float, float], merged: list[tuple[float, float]]) -> float:
+    a, b = span
+    return sum(max(0.0, min(b, y) - max(a, x)) for x, y in merged if x < b and y > a)
+
+
+def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _batch_id(name: str) -> int | None:
+    head, sep, tail = name.rpartition("#")
+    return int(tail) if sep and tail.isdigit() else None
+
+
+def summarize(events: list[dict], cpu_s: float | None = None) -> Summary:
+    spans = [e for e in events if e.get("ph") == "X"]
+    processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    requests, children = [], {}
+    batch_parts: dict[int, dict[str, float]] = {}
+    compute: dict[int, list[tuple[float, float]]] = {}
+    copies: dict[int, list[tuple[float, float]]] = {}
+    host_copy = 0.0
+    for e in spans:
+        start, dur = e["ts"], e["dur"]
+        name = e["name"]
+        if processes.get(e["pid"]) == REQUESTS_PROCESS:
+            if name.startswith("request "):
+                requests.append(e)
+            else:
+                children.setdefault(e["tid"], []).append(e)
+            continue
+        bid = _batch_id(name)
+        part = STREAM_TRACKS.get(threads.get((e["pid"], e["tid"]), ""))
+        if part == "compute":
+            compute.setdefault(e["pid"], []).append((start, start + dur))
+        elif part is not None:
+            copies.setdefault(e["pid"], []).append((start, start + dur))
+        elif name.startswith("memcpy H2D"):
+            part, host_copy = "copy in", host_copy + dur
+        elif name.startswith("memcpy D2H"):
+            part, host_copy = "copy out", host_copy + dur
+        elif name.startswith("pack #"):
+            part = "pack"
+        elif name.startswith("unpack #"):
+            part = "unpack"
+        if part and bid is not None:
+            parts = batch_parts.setdefault(bid, {})
+            parts[part] = parts.get(part, 0.0) + dur
+    s = Summary(requests=len(requests), cpu_s=cpu_s)
+    if not requests:
+        s.verdict = "no traced requests: nothing to say"
+        return s
+    t0 = min(r["ts"] for r in requests)
+    t1 = max(r["ts"] + r["dur"] for r in requests)
+    window = max(t1 - t0, 1e-9)
+    s.window_s = window / 1e6
+    for pid, spans_ in compute.items():
+        s.device_busy[processes.get(pid, str(pid))] = min(1.0, _union(spans_) / window)
+    copy_total = sum(b - a for spans_ in copies.values() for a, b in spans_) + host_copy
+    if copy_total > 0:
+        overlapped = sum(_overlap(c, _merge(compute.get(pid, []))) for pid, spans_ in copies.items() for c in spans_)
+        s.copy_overlap = overlapped / copy_total
+    for kids in children.values():
+        kids.sort(key=lambda e: e["ts"])
+    starts = {tid: [e["ts"] for e in kids] for tid, kids in children.items()}
+    rows = [_stages(r, children.get(r["tid"], []), starts.get(r["tid"], []), batch_parts) for r in requests]
+    keys = list(REQUEST_PHASES[:3]) + ["hand-offs"] + list(BATCH_PHASES) + ["encode", "other"]
+    s.stages_us = {k: sum(row.get(k, 0.0) for row in rows) / len(rows) for k in keys}
+    totals = sorted(row["total"] for row in rows)
+    p99 = totals[min(len(totals) - 1, math.ceil(0.99 * len(totals)) - 1)]
+    s.p99_ms = p99 / 1000.0
+    tail = [row for row in rows if row["total"] >= p99]
+    tail_total = sum(row["total"] for row in tail) or 1.0
+    s.p99_stages = {k: sum(row.get(k, 0.0) for row in tail) / tail_total for k in keys}
+    for k in ("decode", "encode"):
+        s.cost_s[k] = sum(row.get(k, 0.0) for row in rows) / 1e6
+    for k in BATCH_PHASES:
+        s.cost_s[k] = sum(parts.get(k, 0.0) for parts in batch_parts.values()) / 1e6
+    s.verdict = _verdict(s)
+    return s
+
+
+def _stages(request: dict, kids: list[dict], starts: list[float], batch_parts: dict[int, dict[str, float]]
+            ) -> dict[str, float]:
+    a, b = request["ts"], request["ts"] + request["dur"]
+    row: dict[str, float] = {"total": request["dur"]}
+    for kid in kids[bisect.bisect_left(starts, a):bisect.bisect_right(starts, b)]:
+        if kid["ts"] + kid["dur"] <= b + 1e-3 and kid["name"] in REQUEST_PHASES:
+            row[kid["name"]] = row.get(kid["name"], 0.0) + kid["dur"]
+    execute = row.pop("execute", 0.0)
+    parts = batch_parts.get(request.get("args", {}).get("batch"), {})
+    inside = 0.0
+    for part in BATCH_PHASES:
+        row[part] = min(parts.get(part, 0.0), execute - inside)
+        inside += row[part]
+    row["hand-offs"] = max(0.0, execute - inside)
+    row["other"] = max(0.0, row["total"] - sum(v for k, v in row.items() if k != "total"))
+    return row
+
+
+def _verdict(s: Summary) -> str:
+    busy = max(s.device_busy.values(), default=0.0)
+    if busy >= DEVICE_BOUND:
+        return (f"device-bound: the compute stream was busy {busy:.0%} of the time; more instances or "
+                f"devices help, host work does not")
+    host = {k: s.cost_s.get(k, 0.0) for k in HOST_STAGES}
+    if s.cpu_s:
+        host[UNTRACED] = max(0.0, s.cpu_s - sum(s.cost_s.values()))
+        total, of = s.cpu_s, "server CPU"
+    else:
+        total, of = sum(host.values()), "traced host time"
+    stage, seconds = max(host.items(), key=lambda kv: kv[1])
+    return f"host-bound: {stage} is {seconds / max(total, 1e-9):.0%} of {of}; the device was busy {busy:.0%}"
+
+
+def format_summary(s: Summary) -> str:
+    lines = [f"{s.requests} traced requests over {s.window_s:.2f} s"]
+    for name, busy in sorted(s.device_busy.items()):
+        lines.append(f"device busy   {busy:6.1%}  {name} (compute stream, from events)")
+    if s.copy_overlap is not None:
+        lines.append(f"copy overlap  {s.copy_overlap:6.1%}  of copy time ran while compute ran")
+    total = sum(s.stages_us.values())
+    lines.append(f"per request   {total / 1000:.3f} ms: " + ", ".join(
+        f"{k} {v:.0f} us" for k, v in s.stages_us.items() if v >= 0.5))
+    lines.append(f"at the p99    >= {s.p99_ms:.3f} ms: " + ", ".join(
+        f"{k} {v:.0%}" for k, v in sorted(s.p99_stages.items(), key=lambda kv: -kv[1]) if v >= 0.005))
+    if s.cpu_s is not None:
+        lines.append(f"process CPU   {s.cpu_s:.2f} s: " + ", ".join(
+            f"{k} {v / s.cpu_s:.0%}" for k, v in sorted(s.cost_s.items(), key=lambda kv: -kv[1]) if v > 0))
+    lines.append(f"verdict       {s.verdict}")
+    return "\n".join(lines)

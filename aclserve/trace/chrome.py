@@ -1,0 +1,210 @@
+"""Traces -> Chrome trace JSON ("traceEvents"), as ui.perfetto.dev and chrome://tracing read it.
+
+Tracks (pid / tid, each named by "M" metadata events):
+  host threads       the event loop (decode, encode, batch formation) and, per instance, its
+                     launcher thread (pack, copy-in) and completion thread (copy-out, unpack)
+  instance <name>    its H2D, compute and D2H streams (device times, from events) and one
+                     track per slot (the batch it holds, launch to result)
+  requests           one lane per request in flight at once: the request, with its receive,
+                     decode, queue, execute and encode phases nested inside
+Flow arrows (ph s/f) link each request's dispatch to the batch it ran in. A tid is unique in
+the file (pid * 10000 + the track's number), as some importers key threads by tid alone. Spans
+are "X" events (ts and dur in microseconds of perf_counter_ns); nothing is drawn for a phase whose
+timestamps were not reached (a request refused before its queue, a device without timings).
+"""
+from __future__ import annotations
+
+import heapq
+
+import orjson
+
+from .records import BatchTrace, RequestTrace
+
+PID_HOST, PID_REQUESTS, PID_FIRST_INSTANCE = 1, 2, 10
+TID_LOOP = 1
+TID_H2D, TID_COMPUTE, TID_D2H, TID_FIRST_SLOT = 1, 2, 3, 10
+CATEGORY = "aclserve"
+STREAM_TRACKS = {"H2D stream": "copy in", "compute stream": "compute", "D2H stream": "copy out"}
+REQUESTS_PROCESS = "requests (sampled)"
+
+
+def global_tid(pid: int, tid: int) -> int:
+    return pid * 10000 + tid
+
+
+def render(traces: list[RequestTrace], dropped: int = 0) -> bytes:
+    return orjson.dumps(document(traces, dropped))
+
+
+def document(traces: list[RequestTrace], dropped: int = 0) -> dict:
+    return {"traceEvents": events(traces), "displayTimeUnit": "ms",
+            "otherData": {"producer": "aclserve", "clock": "time.perf_counter_ns (CLOCK_MONOTONIC)",
+                          "requests": len(traces), "dropped": dropped}}
+
+
+def _us(ns: int) -> float:
+    return ns / 1000.0
+
+
+class _Builder:
+    def __init__(self):
+        self.out: list[dict] = []
+        self._named: set[tuple[int, int]] = set()
+        self._instances: dict[str, int] = {}
+        self._host_threads: dict[str, int] = {}
+        self._meta("process_name", PID_HOST, None, "host threads")
+        self._meta("process_sort_index", PID_HOST, None, sort_index=0)
+        self._thread(PID_HOST, TID_LOOP, "event loop")
+
+    def _meta(self, kind: str, pid: int, tid: int | None, name: str | None = None, sort_index: int | None = None):
+        event = {"name": kind, "ph": "M", "pid": pid, "args": {"name": name} if name is not None
+                 else {"sort_index": sort_index}}
+        if tid is not None:
+            event["tid"] = global_tid(pid, tid)
+        self.out.append(event)
+
+    def _thread(self, pid: int, tid: int, name: str) -> None:
+        if (pid, tid) not in self._named:
+            self._named.add((pid, tid))
+            self._meta("thread_name", pid, tid, name)
+            self._meta("thread_sort_index", pid, tid, sort_index=tid)
+
+    def span(self, pid: int, tid: int, name: str, start: int, end: int, args: dict | None = None) -> None:
+        if not start or not end or end < start:
+            return
+        event = {"name": name, "cat": CATEGORY, "ph": "X", "pid": pid, "tid": global_tid(pid, tid),
+                 "ts": _us(start), "dur": _us(end - start)}
+        if args:
+            event["args"] = args
+        self.out.append(event)
+
+    def instant(self, pid: int, tid: int, name: str, at: int, args: dict | None = None) -> None:
+        if at:
+            self.out.append({"name": name, "cat": CATEGORY, "ph": "i", "s": "t", "pid": pid,
+                             "tid": global_tid(pid, tid), "ts": _us(at), "args": args or {}})
+
+    def flow(self, flow_id: int, start: tuple[int, int, int], end: tuple[int, int, int]) -> None:
+        (pid0, tid0, t0), (pid1, tid1, t1) = start, end
+        if t0 and t1:
+            self.out.append({"name": "dispatch", "cat": CATEGORY, "ph": "s", "id": flow_id, "pid": pid0,
+                             "tid": global_tid(pid0, tid0), "ts": _us(t0)})
+            self.out.append({"name": "dispatch", "cat": CATEGORY, "ph": "f", "bp": "e", "id": flow_id,
+                             "pid": pid1, "tid": global_tid(pid1, tid1), "ts": _us(t1)})
+
+    def instance_pid(self, batch: BatchTrace) -> int:
+        pid = self._instances.get(batch.instance)
+        if pid is None:
+            pid = self._instances[batch.instance] = PID_FIRST_INSTANCE + len(self._instances)
+            self._meta("process_name", pid, None, f"instance {batch.instance} (device {batch.device})")
+            self._meta("process_sort_index", pid, None, sort_index=pid)
+            for tid, name in zip((TID_H2D, TID_COMPUTE, TID_D2H), STREAM_TRACKS):
+                self._thread(pid, tid, name)
+        return pid
+
+    def host_tid(self, instance: str, role: str) -> int:
+        key = f"{instance} {role}"
+        tid = self._host_threads.get(key)
+        if tid is None:
+            tid = self._host_threads[key] = TID_LOOP + 1 + len(self._host_threads)
+            self._thread(PID_HOST, tid, key)
+        return tid
+
+
+def events(traces: list[RequestTrace]) -> list[dict]:
+    b = _Builder()
+    ordered = sorted(traces, key=lambda t: t.arrival_ns)
+    batches: dict[int, BatchTrace] = {}
+    for trace in ordered:
+        if trace.batch is not None:
+            batches.setdefault(trace.batch.id, trace.batch)
+    slot_tracks: dict[int, tuple[int, int]] = {}
+    for batch in sorted(batches.values(), key=lambda x: x.formed_ns):
+        slot_tracks[batch.id] = _batch(b, batch)
+    lanes = _lanes(ordered)
+    b._meta("process_name", PID_REQUESTS, None, REQUESTS_PROCESS)
+    b._meta("process_sort_index", PID_REQUESTS, None, sort_index=1)
+    for trace, lane in zip(ordered, lanes):
+        tid = lane + 1
+        b._thread(PID_REQUESTS, tid, f"lane {lane}")
+        _request(b, trace, tid)
+        batch = trace.batch
+        if batch is not None and batch.id in slot_tracks and batch.launched_ns:
+            pid, slot_tid = slot_tracks[batch.id]
+            b.flow(trace.id, (PID_REQUESTS, tid, trace.dispatched_ns), (pid, slot_tid, batch.launched_ns))
+    return b.out
+
+
+def _lanes(ordered: list[RequestTrace]) -> list[int]:
+    """Lowest free lane per request (by arrival), so overlapping requests never share a lane."""
+    busy: list[tuple[int, int]] = []  # (end_ns, lane)
+    free: list[int] = []
+    lanes, next_lane = [], 0
+    for trace in ordered:
+        while busy and busy[0][0] <= trace.arrival_ns:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            lane = heapq.heappop(free)
+        else:
+            lane, next_lane = next_lane, next_lane + 1
+        lanes.append(lane)
+        heapq.heappush(busy, (max(trace.end_ns, trace.arrival_ns), lane))
+    return lanes
+
+
+def _request(b: _Builder, t: RequestTrace, tid: int) -> None:
+    args = {"model": t.model, "version": t.version, "protocol": t.protocol, "status": t.status,
+            "trace_id": t.id, "priority": t.level, "rows": t.rows}
+    if t.request_id is not None:
+        args["request_id"] = t.request_id
+    if t.batch is not None:
+        args["batch"] = t.batch.id
+    label = t.request_id if t.request_id is not None else f"#{t.id}"
+    b.span(PID_REQUESTS, tid, f"request {label}", t.arrival_ns, t.end_ns, args)
+    b.span(PID_REQUESTS, tid, "receive", t.arrival_ns, t.received_ns)
+    b.span(PID_REQUESTS, tid, "decode", t.received_ns, t.decoded_ns)
+    b.span(PID_REQUESTS, tid, "queue", t.enqueued_ns, t.dispatched_ns)
+    b.span(PID_REQUESTS, tid, "execute", t.dispatched_ns, t.result_ns)
+    b.span(PID_REQUESTS, tid, "encode", t.encode_start_ns, t.encoded_ns)
+    if t.decode_on_loop:
+        b.span(PID_HOST, TID_LOOP, f"decode #{t.id}", t.received_ns, t.decoded_ns)
+    b.span(PID_HOST, TID_LOOP, f"encode #{t.id}", t.encode_start_ns, t.encoded_ns)
+
+
+def _batch(b: _Builder, batch: BatchTrace) -> tuple[int, int]:
+    args = {"batch": batch.id, "model": batch.model, "gear": batch.gear, "rows": batch.rows,
+            "padding": batch.padding, "requests": batch.requests,
+            "priority_mix": {str(level): n for level, n in sorted(batch.levels.items())}}
+    b.instant(PID_HOST, TID_LOOP, f"form batch #{batch.id}", batch.formed_ns, dict(args))
+    if not batch.launched_ns:
+        return 0, 0
+    pid = b.instance_pid(batch)
+    slot_tid = TID_FIRST_SLOT + max(batch.slot, 0)
+    b._thread(pid, slot_tid, f"slot {batch.slot}")
+    args.update(instance=batch.instance, device=batch.device, slot=batch.slot, direct=batch.direct,
+                attempts=batch.attempts)
+    gear = batch.gear if batch.gear is not None else "static"
+    b.span(pid, slot_tid, f"batch #{batch.id} gear {gear} rows {batch.rows}", batch.launched_ns,
+           batch.done_ns, args)
+    launcher = b.host_tid(batch.instance, "launcher")
+    completion = b.host_tid(batch.instance, "completion")
+    b.span(PID_HOST, launcher, f"pack #{batch.id}", batch.launched_ns, batch.packed_ns)
+    if batch.direct:  # copies are synchronous memcpys on the host threads
+        if batch.h2d:
+            b.span(PID_HOST, launcher, f"memcpy H2D #{batch.id}", *batch.h2d)
+        b.span(PID_HOST, launcher, f"launch #{batch.id}", batch.h2d[1] if batch.h2d else batch.packed_ns,
+               batch.enqueued_ns)
+        if batch.d2h:
+            b.span(PID_HOST, completion, f"memcpy D2H #{batch.id}", *batch.d2h)
+        b.span(PID_HOST, completion, f"unpack #{batch.id}", batch.d2h[1] if batch.d2h else batch.woke_ns,
+               batch.done_ns)
+    else:
+        b.span(PID_HOST, launcher, f"enqueue #{batch.id}", batch.packed_ns, batch.enqueued_ns)
+        b.span(PID_HOST, completion, f"unpack #{batch.id}", batch.woke_ns, batch.done_ns)
+        if batch.h2d:
+            b.span(pid, TID_H2D, f"H2D #{batch.id}", *batch.h2d)
+        if batch.d2h:
+            b.span(pid, TID_D2H, f"D2H #{batch.id}", *batch.d2h)
+    if batch.compute:
+        b.span(pid, TID_COMPUTE, f"compute #{batch.id}", *batch.compute,
+               {"gear": batch.gear, "rows": batch.rows})
+    return pid, slot_tid

@@ -1,0 +1,139 @@
+"""The timestamps of one traced request and of one traced batch.
+
+Every host timestamp is `time.perf_counter_ns()` (CLOCK_MONOTONIC on Linux, the clock Triton's
+trace timestamps use too), taken by the thread that did the work. Device times are offsets from
+an Anchor (an event of the instance whose host time is known, runtime/device_clock.py), given
+by `event_elapsed_time`; they become host times when read, with the anchor's host time as it
+stands then, so every batch measured from one anchor moves with it when it is corrected.
+0 means "not reached".
+"""
+from __future__ import annotations
+
+import itertools
+import time
+
+now_ns = time.perf_counter_ns
+
+_batch_ids = itertools.count(1)
+
+
+class Anchor:
+    """The host time of a device clock's anchor event; only ever lowered (corrected towards the
+    true time) by the instance's completion thread."""
+
+    __slots__ = ("host_ns",)
+
+    def __init__(self, host_ns: int):
+        self.host_ns = host_ns
+
+
+class RequestTrace:
+    """One request, filled by the transport (receive, decode, encode, end), the batcher (queue,
+    batch) and the tracer (id, lane). `sampled` is False for a request followed only for the
+    request log: then the batcher never sees it."""
+
+    __slots__ = ("id", "request_id", "model", "version", "protocol", "sampled", "arrival_ns",
+                 "received_ns", "decoded_ns", "enqueued_ns", "dispatched_ns", "result_ns",
+                 "encoded_ns", "end_ns", "status", "level", "rows", "batch", "queue_ns", "compute_ns",
+                 "encode_start_ns", "decode_on_loop")
+
+    def __init__(self, model: str, version: str, protocol: str, arrival_ns: int, sampled: bool = True):
+        self.id = 0  # the tracer's number (Triton's trace "id"); 0 until it is finished
+        self.request_id = None  # KServe `id` or the X-Request-Id header
+        self.model = model
+        self.version = version
+        self.protocol = protocol  # "http" | "grpc" | "inproc"
+        self.sampled = sampled
+        self.arrival_ns = arrival_ns
+        self.received_ns = self.decoded_ns = self.enqueued_ns = self.dispatched_ns = 0
+        self.result_ns = self.encode_start_ns = self.encoded_ns = self.end_ns = 0
+        self.status = 200  # HTTP status of the answer (gRPC answers use the same numbers)
+        self.level = 0
+        self.rows = 0
+        self.batch: BatchTrace | None = None
+        self.queue_ns = self.compute_ns = 0  # from the InferenceResult, for the request log
+        self.decode_on_loop = True  # False: decoded in a worker thread (large gRPC contents)
+
+
+class BatchTrace:
+    """One batch holding at least one sampled request. The batcher fills the formation, the
+    instance's launcher thread the pack and copy-in, its completion thread the device times and
+    the unpack. Written by one thread at a time, in that order (the hand-offs are queues and
+    futures, which order the writes)."""
+
+    __slots__ = ("id", "model", "gear", "rows", "requests", "levels", "formed_ns", "instance", "device",
+                 "slot", "direct", "launched_ns", "packed_ns", "enqueued_ns", "host_h2d", "host_d2h",
+                 "anchor", "device_spans", "woke_ns", "done_ns", "attempts")
+
+    def __init__(self, model: str, gear: int | None, rows: int, requests: int, levels: dict[int, int],
+                 formed_ns: int):
+        self.id = next(_batch_ids)
+        self.model = model
+        self.gear = gear
+        self.rows = rows
+        self.requests = requests
+        self.levels = levels  # priority level -> requests of the batch at that level
+        self.formed_ns = formed_ns
+        self.instance = ""
+        self.device = -1
+        self.slot = -1
+        self.direct = False  # ran by the direct path: copies are host memcpys on the threads
+        self.launched_ns = self.packed_ns = self.enqueued_ns = 0
+        self.host_h2d: tuple[int, int] | None = None  # a direct batch's memcpys (host times)
+        self.host_d2h: tuple[int, int] | None = None
+        self.anchor: Anchor | None = None
+        self.device_spans: dict[str, tuple[int, int]] = {}  # "h2d" | "compute" | "d2h" -> offsets (ns)
+        self.woke_ns = self.done_ns = 0
+        self.attempts = 0
+
+    @property
+    def padding(self) -> int:
+        return (self.gear - self.rows) if self.gear is not None else 0
+
+    def _device(self, name: str) -> tuple[int, int] | None:
+        span = self.device_spans.get(name)
+        if span is None or self.anchor is None:
+            return None
+        host = self.anchor.host_ns
+        return host + span[0], host + span[1]
+
+    # (start_ns, end_ns) of each phase on the host's axis, or None when unknown
+    @property
+    def h2d(self) -> tuple[int, int] | None:
+        return self.host_h2d or self._device("h2d")
+
+    @property
+    def compute(self) -> tuple[int, int] | None:
+        return self._device("compute")
+
+    @property
+    def d2h(self) -> tuple[int, int] | None:
+        return self.host_d2h or self._device("d2h")
+
+    # -- runtime hooks (launcher and completion threads) ------------------------------------------
+    def launched(self, instance: str, device: int, slot: int, direct: bool) -> None:
+        self.launched_ns = now_ns()
+        self.instance, self.device, self.slot, self.direct = instance, device, slot, direct
+        self.attempts += 1
+        self.host_h2d = self.host_d2h = None  # a retried batch keeps only its last attempt
+        self.anchor, self.device_spans = None, {}
+
+
+def form_batch(model: str, requests, gear: int | None, formed_ns: int) -> BatchTrace:
+    """The BatchTrace of a batch being dispatched; `requests` are the batcher's QueuedRequests
+    (anything with `.trace`, `.rows`, `.level`, `.enqueued_ns`). Links every sampled request to it."""
+    levels: dict[int, int] = {}
+    rows = 0
+    for request in requests:
+        levels[request.level] = levels.get(request.level, 0) + 1
+        rows += request.rows
+    batch = BatchTrace(model, gear, rows, len(requests), levels, formed_ns)
+    for request in requests:
+        trace = request.trace
+        if trace is not None:
+            trace.enqueued_ns = request.enqueued_ns
+            trace.dispatched_ns = formed_ns
+            trace.level = request.level
+            trace.rows = request.rows
+            trace.batch = batch
+    return batch

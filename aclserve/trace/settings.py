@@ -1,0 +1,117 @@
+"""Trace settings as Triton's trace extension names them, global and per model.
+
+    trace_level    ["OFF"] or ["TIMESTAMPS"] (TENSORS is refused: tensors are not traced)
+    trace_rate     "N": one request in N is traced (per model)
+    trace_count    "N": traces left to collect; "-1" = no limit (counts down, like Triton's)
+    log_frequency  "N": write the file every N traces (to trace_file.0, .1, ...); "0" = when
+                   tracing stops (level OFF, a new trace_file, shutdown)
+    trace_file     where traces are written; "" = kept in memory only
+    trace_format   aclserve's own: "chrome" (Chrome trace / Perfetto JSON, the default) or
+                   "triton" (Triton's trace JSON, for tools written against it)
+
+Values travel as strings (trace_level as a list), as in Triton. A model's settings start as a
+copy of the global ones at its first update; a null value clears one setting back to the
+global value, and an update with no settings clears the model's settings entirely.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+LEVELS = ("OFF", "TIMESTAMPS")
+FORMATS = ("chrome", "triton")
+KEYS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_format")
+MAX_RATE = 1 << 31
+
+
+class TraceSettingsError(ValueError):
+    """A trace setting that cannot be applied; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    level: str = "OFF"
+    rate: int = 1000
+    count: int = -1
+    log_frequency: int = 0
+    file: str = ""
+    format: str = "chrome"
+
+    @property
+    def on(self) -> bool:
+        return self.level != "OFF" and self.count != 0
+
+    def as_triton(self) -> dict:
+        return {"trace_level": [self.level], "trace_rate": str(self.rate), "trace_count": str(self.count),
+                "log_frequency": str(self.log_frequency), "trace_file": self.file,
+                "trace_format": self.format, "trace_mode": "triton"}
+
+    def updated(self, changes: dict, base: "TraceSettings | None" = None) -> "TraceSettings":
+        """These settings with `changes` (Triton's JSON) applied; a None value takes the setting
+        from `base` (the global settings), or its default without one."""
+        if not isinstance(changes, dict):
+            raise TraceSettingsError("trace settings must be a JSON object")
+        fields = {}
+        fallback = base or TraceSettings()
+        for key, value in changes.items():
+            if key == "trace_mode":
+                if value not in (None, "triton", ["triton"]):
+                    raise TraceSettingsError("trace_mode: only 'triton' is supported")
+                continue
+            if key not in KEYS:
+                raise TraceSettingsError(f"unknown trace setting '{key}' (known: {', '.join(KEYS)})")
+            name = _FIELD[key]
+            fields[name] = getattr(fallback, name) if value is None else _parse(key, value)
+        return dataclasses.replace(self, **fields)
+
+
+_FIELD = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count",
+          "log_frequency": "log_frequency", "trace_file": "file", "trace_format": "format"}
+
+
+def _one(key: str, value) -> str:
+    if isinstance(value, list):
+        if len(value) != 1:
+            raise TraceSettingsError(f"{key}: expected one value, got {len(value)}")
+        value = value[0]
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TraceSettingsError(f"{key}: expected a string, got {type(value).__name__}")
+    return str(value)
+
+
+def _int(key: str, value, minimum: int) -> int:
+    text = _one(key, value).strip()
+    try:
+        number = int(text)
+    except ValueError:
+        raise TraceSettingsError(f"{key}: expected an integer, got {text[:40]!r}") from None
+    if number < minimum or number > MAX_RATE:
+        raise TraceSettingsError(f"{key}: must be between {minimum} and {MAX_RATE}, got {number}")
+    return number
+
+
+def _parse(key: str, value):
+    if key == "trace_level":
+        levels = value if isinstance(value, list) else [value]
+        names = {_one(key, v).upper() for v in levels}
+        if "TENSORS" in names:
+            raise TraceSettingsError("trace_level: TENSORS is not supported (timestamps only)")
+        unknown = names - set(LEVELS)
+        if unknown or not names:
+            raise TraceSettingsError(f"trace_level: expected OFF or TIMESTAMPS, got {sorted(unknown) or '[]'}")
+        return "TIMESTAMPS" if "TIMESTAMPS" in names else "OFF"
+    if key == "trace_rate":
+        return _int(key, value, 1)
+    if key == "trace_count":
+        return _int(key, value, -1)
+    if key == "log_frequency":
+        return _int(key, value, 0)
+    if key == "trace_format":
+        text = _one(key, value).lower()
+        if text not in FORMATS:
+            raise TraceSettingsError(f"trace_format: expected chrome or triton, got {text[:40]!r}")
+        return text
+    text = _one(key, value)
+    if "\x00" in text or len(text) > 4096:
+        raise TraceSettingsError("trace_file: not a usable path")
+    return text

@@ -1,0 +1,199 @@
+"""The Tracer: which requests are traced (settings, sampling, count), and where traces go.
+
+Event-loop thread only, except the file writes, which run on the tracer's own writer thread on
+traces that are complete (nothing writes to a finished trace). Traces wait in memory until their
+file is written: every `log_frequency` traces, or when tracing stops for that file (level OFF,
+another trace_file, close()). At most MAX_PENDING traces wait per file; beyond that new traces
+are counted as dropped (the next file says how many), so a forgotten trace with
+log_frequency 0 cannot exhaust memory.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+from pathlib import Path
+
+from .records import RequestTrace
+from .settings import TraceSettings, TraceSettingsError
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING = 50_000
+
+
+class _Target:
+    """Traces waiting for one (file, format)."""
+
+    __slots__ = ("path", "format", "traces", "index", "dropped", "indexed")
+
+    def __init__(self, path: str, fmt: str):
+        self.path, self.format = path, fmt
+        self.traces: list[RequestTrace] = []
+        self.index = 0
+        self.dropped = 0
+        self.indexed = False  # log_frequency > 0: files name.0, name.1, ...
+
+
+class Tracer:
+    """Owns the settings (global and per model), the sampling counters, the waiting traces and a
+    writer thread (started on the first write; close() writes what is left and stops it).
+
+    `trace_dir`: trace_file names set through the API are resolved inside it (absolute paths and
+    `..` refused), so a client cannot choose where the server writes; `set_global_file` (the
+    command line) may name any path."""
+
+    def __init__(self, settings: TraceSettings | None = None, trace_dir: str = "traces"):
+        self._global = settings or TraceSettings()
+        self._models: dict[str, TraceSettings] = {}
+        self._counters: dict[str, int] = {}
+        self._trace_dir = trace_dir
+        self._trusted_files: set[str] = set()
+        if self._global.file:
+            self._trusted_files.add(self._global.file)
+        self._targets: dict[tuple[str, str], _Target] = {}
+        self._next_id = 1
+        self._writer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._writes: list[concurrent.futures.Future] = []
+        self.on_change = None  # called after settings change (the server re-checks its hooks)
+
+    # -- settings ---------------------------------------------------------------------------------
+    def settings(self, model: str | None = None) -> TraceSettings:
+        return self._models.get(model, self._global) if model else self._global
+
+    @property
+    def any_on(self) -> bool:
+        return self._global.on or any(s.on for s in self._models.values())
+
+    def update(self, changes: dict, model: str | None = None) -> TraceSettings:
+        """Apply Triton's trace-setting JSON; returns the settings now in force. Raises
+        TraceSettingsError (the message names the setting)."""
+        if model:
+            if not changes:
+                before = self._models.pop(model, None)
+                self._settled(before, self._global)
+                return self._global
+            before = self._models.get(model)
+            new = (before or self._global).updated(changes, self._global)
+        else:
+            before = self._global
+            new = self._global.updated(changes)
+        if new.file and new.file not in self._trusted_files:
+            self._resolve(new.file)  # refuse a bad name before anything changes
+        if model:
+            self._models[model] = new
+        else:
+            self._global = new
+        self._settled(before, new)
+        return new
+
+    def _settled(self, before: TraceSettings | None, after: TraceSettings) -> None:
+        """Write what waited for the old file when tracing to it stopped or moved."""
+        if before is not None and before.file and (not after.on or (before.file, before.format)
+                                                   != (after.file, after.format)):
+            if not self._still_used(before):
+                self._flush(self._targets.get((before.file, before.format)))
+        if self.on_change is not None:
+            self.on_change()
+
+    def _still_used(self, settings: TraceSettings) -> bool:
+        key = (settings.file, settings.format)
+        return any(s.on and (s.file, s.format) == key for s in (self._global, *self._models.values()))
+
+    def _resolve(self, name: str) -> str:
+        if name in self._trusted_files:
+            return name
+        path = Path(name)
+        if path.is_absolute() or ".." in path.parts or not path.parts:
+            raise TraceSettingsError(f"trace_file: must be a relative name inside the trace folder, got {name!r}")
+        return str(Path(self._trace_dir) / path)
+
+    # -- the hot path (a sampled request only) --------------------------------------------------------
+    def start(self, model: str, version: str, protocol: str, arrival_ns: int) -> RequestTrace | None:
+        """A RequestTrace when this request is to be traced, else None."""
+        settings = self._models.get(model, self._global)
+        if not settings.on:
+            return None
+        seen = self._counters.get(model, 0) + 1
+        if seen < settings.rate:
+            self._counters[model] = seen
+            return None
+        self._counters[model] = 0
+        if settings.count > 0:
+            left = TraceSettings(settings.level, settings.rate, settings.count - 1, settings.log_frequency,
+                                 settings.file, settings.format)
+            if model in self._models:
+                self._models[model] = left
+            else:
+                self._global = left
+        return RequestTrace(model, version, protocol, arrival_ns)
+
+    def finish(self, trace: RequestTrace) -> None:
+        """A traced request was answered: number it and queue it for its file."""
+        trace.id = self._next_id
+        self._next_id += 1
+        settings = self._models.get(trace.model, self._global)
+        key = (settings.file, settings.format)
+        target = self._targets.get(key)
+        if target is None:
+            target = self._targets[key] = _Target(*key)
+        target.indexed = settings.log_frequency > 0
+        if len(target.traces) >= MAX_PENDING:
+            target.dropped += 1
+            return
+        target.traces.append(trace)
+        if settings.file and settings.log_frequency and len(target.traces) >= settings.log_frequency:
+            self._flush(target)
+
+    # -- output -----------------------------------------------------------------------------------
+    def take(self, file: str = "", fmt: str = "chrome") -> list[RequestTrace]:
+        """The traces waiting for (file, format), removed (for in-process use: `aclserve profile`)."""
+        target = self._targets.get((file, fmt))
+        if target is None:
+            return []
+        traces, target.traces = target.traces, []
+        return traces
+
+    def _flush(self, target: _Target | None) -> None:
+        if target is None or not target.path or not (target.traces or target.dropped):
+            return
+        path = self._resolve(target.path)
+        if target.indexed:  # log_frequency files: name.0, name.1, ... (a file name new to the tracer starts at 0)
+            path = f"{path}.{target.index}"
+            target.index += 1
+        traces, dropped = target.traces, target.dropped
+        target.traces, target.dropped = [], 0
+        if self._writer is None:
+            self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trace-writer")
+        self._writes = [f for f in self._writes if not f.done()]
+        self._writes.append(self._writer.submit(_write, path, target.format, traces, dropped))
+
+    def flush(self) -> list[concurrent.futures.Future]:
+        """Write every waiting trace now (as tracing stopping would); returns the pending writes."""
+        for target in list(self._targets.values()):
+            self._flush(target)
+        return list(self._writes)
+
+    def close(self) -> None:
+        """Write what waits and stop the writer thread (blocking). Safe twice."""
+        self.flush()
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.shutdown(wait=True)
+
+
+def _write(path: str, fmt: str, traces: list[RequestTrace], dropped: int) -> None:
+    from . import chrome, triton
+    try:
+        body = triton.render(traces) if fmt == "triton" else chrome.render(traces, dropped)
+        folder = os.path.dirname(path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(body)
+        os.replace(tmp, path)
+        log.info("trace: %d request(s) written to %s%s", len(traces), path,
+                 f" ({dropped} dropped: more than {MAX_PENDING} waited)" if dropped else "")
+    except Exception:
+        log.exception("trace: could not write %s", path)

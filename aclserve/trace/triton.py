@@ -1,0 +1,49 @@
+"""Traces -> Triton's trace JSON (docs/user_guide/trace.md of Triton), for tools written against it
+(Triton's trace_summary.py, dashboards).
+
+Per request: one object with id, model_name, model_version, request_id, parent_id 0, then one
+object per timestamp {"id", "timestamps": [{"name", "ns"}]}. Names map as Triton's do:
+HTTP_RECV_START/END (GRPC_WAITREAD_START/END over gRPC) = arrival and body read, REQUEST_START
+= decoded, QUEUE_START = enqueued, COMPUTE_START = the batch's launch on its instance,
+COMPUTE_INPUT_END = copy-in done, COMPUTE_OUTPUT_START = execution done, COMPUTE_END = the
+batch's result, REQUEST_END = the result back on the event loop, HTTP_SEND_START/END (GRPC_SEND_*)
+= encoding started / the answer ready to send. Values are perf_counter_ns (CLOCK_MONOTONIC, the
+clock Triton uses as well).
+"""
+from __future__ import annotations
+
+import orjson
+
+from .records import RequestTrace
+
+
+def render(traces: list[RequestTrace]) -> bytes:
+    return orjson.dumps(entries(traces))
+
+
+def entries(traces: list[RequestTrace]) -> list[dict]:
+    out: list[dict] = []
+    for t in sorted(traces, key=lambda t: t.id):
+        version = int(t.version) if str(t.version).isdigit() else t.version
+        out.append({"id": t.id, "model_name": t.model, "model_version": version,
+                    "request_id": t.request_id or "", "parent_id": 0})
+        for name, ns in _timestamps(t):
+            if ns:
+                out.append({"id": t.id, "timestamps": [{"name": name, "ns": ns}]})
+    return out
+
+
+def _timestamps(t: RequestTrace) -> list[tuple[str, int]]:
+    wire = "GRPC" if t.protocol == "grpc" else "HTTP"
+    recv = ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END") if wire == "GRPC" else ("HTTP_RECV_START", "HTTP_RECV_END")
+    batch = t.batch
+    compute_start = input_end = output_start = compute_end = 0
+    if batch is not None:
+        compute_start = batch.launched_ns
+        input_end = batch.h2d[1] if batch.h2d else (batch.compute[0] if batch.compute else 0)
+        output_start = batch.compute[1] if batch.compute else 0
+        compute_end = batch.done_ns
+    return [(recv[0], t.arrival_ns), (recv[1], t.received_ns), ("REQUEST_START", t.decoded_ns),
+            ("QUEUE_START", t.enqueued_ns), ("COMPUTE_START", compute_start), ("COMPUTE_INPUT_END", input_end),
+            ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", compute_end), ("REQUEST_END", t.result_ns),
+            (f"{wire}_SEND_START", t.encoded_ns), (f"{wire}_SEND_END", t.end_ns)]

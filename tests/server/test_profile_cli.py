@@ -1,0 +1,50 @@
+"""`aclserve profile`: in-process and against a running server; the trace it writes, its summary,
+its PNG."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aclserve.cli import main
+
+from .conftest import ServerThread, server_config
+
+
+def _check(out: str, trace_path):
+    assert "verdict" in out and "device busy" in out and "at the p99" in out
+    events = json.loads(trace_path.read_bytes())["traceEvents"]
+    assert any(e["ph"] == "X" and e["name"].startswith("compute #") for e in events)
+    assert any(e["ph"] == "s" for e in events)
+
+
+def test_profile_in_process_with_png(models_dir, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    trace, png = tmp_path / "p.json", tmp_path / "p.png"
+    assert main(["profile", "double", "--models", str(models_dir), "--device", "cpu", "--seconds", "1",
+                 "--clients", "4", "--rows", "2", "--trace", str(trace), "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    _check(out, trace)
+    assert "process CPU" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profile_against_a_url(models_dir, tmp_path, capsys):
+    srv = ServerThread(server_config(models_dir, trace_dir=str(tmp_path / "traces"))).start()
+    try:
+        trace = tmp_path / "remote.json"
+        assert main(["profile", "double", "--url", f"http://{srv.url}", "--trace-dir", str(tmp_path / "traces"),
+                     "--seconds", "1", "--clients", "3", "--trace", str(trace)]) == 0
+        _check(capsys.readouterr().out, trace)
+        import tritonclient.http as http
+        client = http.InferenceServerClient(srv.url)
+        assert client.get_trace_settings(model_name="double")["trace_level"] == ["OFF"]  # left as found
+    finally:
+        srv.close()
+
+
+def test_profile_refuses_bad_arguments(models_dir, capsys):
+    assert main(["profile", "double", "--models", str(models_dir), "--seconds", "0"]) == 2
+    assert main(["profile", "nope", "--models", str(models_dir), "--device", "cpu", "--seconds", "0.2"]) == 2
+    err = capsys.readouterr().err
+    assert "must be positive" in err and "model 'nope'" in err

@@ -1,0 +1,106 @@
+"""The request log (one line per infer request) and JSON log lines; request ids from the KServe
+`id` or the X-Request-Id header, in the log and the trace."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import aiohttp
+import pytest
+
+from aclserve.logs import JsonFormatter
+
+from .conftest import ServerThread, server_config
+
+BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}
+
+
+@pytest.fixture(scope="module")
+def logged(models_dir):
+    srv = ServerThread(server_config(models_dir, request_log=True)).start()
+    yield srv
+    srv.close()
+
+
+def _post(url, body, headers=None):
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"http://{url}/v2/models/double/infer", data=json.dumps(body),
+                                    headers=headers or {}) as resp:
+                return resp.status
+    return asyncio.run(go())
+
+
+def _fields(caplog):
+    return [r.fields for r in caplog.records if r.name == "aclserve.requests"]
+
+
+def test_one_line_per_request_with_its_id_status_and_durations(logged, caplog):
+    caplog.set_level(logging.INFO, logger="aclserve.requests")
+    assert _post(logged.url, dict(BODY, id="from-body"), {"X-Request-Id": "from-header"}) == 200
+    assert _post(logged.url, BODY, {"X-Request-Id": "h-1"}) == 200
+    bad = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}
+    assert _post(logged.url, bad, {"X-Request-Id": "h-2"}) == 400
+    first, second, third = _fields(caplog)
+    assert first["request_id"] == "from-body"  # the KServe id wins over the header
+    assert second["request_id"] == "h-1"
+    for line in (first, second):
+        assert line["model"] == "double" and line["version"] == "1" and line["status"] == 200
+        assert line["protocol"] == "http"
+        assert line["duration_ms"] >= line["queue_ms"] >= 0 and line["compute_ms"] > 0
+        assert line["duration_ms"] >= line["decode_ms"] + line["encode_ms"]
+    assert third["status"] == 400 and third["request_id"] == "h-2"  # refused, still named
+    assert "input 'x'" in third["error"]
+    assert _post(logged.url, dict(BODY, id="evil\nstatus=200 " + "x" * 400)) == 200
+    forged = _fields(caplog)[-1]["request_id"]
+    assert forged.startswith("evil?status=200 ") and len(forged) == 256
+
+
+def test_json_formatter_writes_one_object_per_line_with_the_fields():
+    record = logging.LogRecord("aclserve.requests", logging.INFO, __file__, 1, "infer %s", ("x",), None)
+    record.fields = {"request_id": "abc", "status": 200, "duration_ms": 1.5}
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    doc = json.loads(line)
+    assert doc["message"] == "infer x" and doc["level"] == "info" and doc["logger"] == "aclserve.requests"
+    assert doc["request_id"] == "abc" and doc["status"] == 200 and doc["ts"].endswith("Z")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    doc = json.loads(JsonFormatter().format(record))
+    assert "ValueError: boom" in doc["exc"]
+
+
+def test_serve_log_format_json_from_the_command_line(models_dir, tmp_path):
+    """`aclserve serve --log-format json --request-log`: every stderr line is a JSON object."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from .conftest import free_port
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models_dir), "--port", str(port),
+                             "--grpc-port", "0", "--device", "cpu", "--model-control-mode", "none",
+                             "--log-format", "json", "--request-log", "--log-level", "warning"],
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/double/infer", data=json.dumps(BODY).encode(),
+                                     headers={"X-Request-Id": "cli-1", "Content-Type": "application/json"})
+        assert urllib.request.urlopen(req, timeout=30).status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    lines = [json.loads(line) for line in err.splitlines() if line.strip()]
+    assert any(line.get("request_id") == "cli-1" and line["status"] == 200 for line in lines), err

@@ -1,0 +1,34 @@
+"""tools/charts.py: a Markdown benchmark table (the README's server table) drawn as a chart."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+import charts  # noqa: E402
+
+
+def test_reads_the_readme_server_table():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        rows = charts.parse_markdown_table(f.read(), "**Server**")
+    assert {"model", "body", "clients", "req/s", "p99 ms"} <= set(rows[0])
+    assert {r["model"] for r in rows} == {"light MLP", "medium CNN"}
+    assert charts.number("1,082") == 1082.0 and charts.number("-") is None
+
+
+def test_draws_throughput_and_p99_against_clients(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    table = tmp_path / "t.md"
+    table.write_text("| server | clients | req/s | p99 ms |\n|---|---:|---:|---:|\n"
+                     "| a | 1 | 1,000 | 1.0 |\n| a | 16 | 5,000 | 4.0 |\n| b | 1 | 900 | 2.0 |\n| b | 16 | - | 9.0 |\n")
+    out = tmp_path / "c.png"
+    assert charts.main([str(table), "--x", "clients", "--y", "req/s", "--y", "p99 ms", "--series", "server",
+                        "-o", str(out)]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    assert "7 points" in capsys.readouterr().out  # the "-" cell is skipped
+    with pytest.raises(SystemExit):
+        charts.main([str(table), "--x", "nope", "--y", "req/s", "-o", str(out)])

@@ -1,0 +1,74 @@
+"""trace/analysis.py on a hand-built timeline whose answers are known exactly."""
+from __future__ import annotations
+
+from aclserve.trace import analysis, chrome
+from aclserve.trace.records import Anchor, BatchTrace, RequestTrace
+
+US = 1000  # ns per microsecond
+T0 = 1_000_000 * US
+
+
+def _batch(formed, h2d, compute, d2h, slot):
+    batch = BatchTrace("m", 4, 3, 1, {2: 1}, T0 + formed * US)
+    batch.launched("m#0", 0, slot, direct=False)
+    batch.launched_ns = T0 + formed * US
+    batch.packed_ns = batch.enqueued_ns = batch.launched_ns
+    batch.anchor = Anchor(T0)
+    batch.device_spans = {name: (a * US, b * US) for name, (a, b) in zip(("h2d", "compute", "d2h"), (h2d, compute, d2h))}
+    batch.woke_ns = batch.done_ns = T0 + d2h[1] * US
+    return batch
+
+
+def _request(arrival, end, batch, trace_id):
+    r = RequestTrace("m", "1", "http", T0 + arrival * US)
+    r.id = trace_id
+    r.received_ns, r.decoded_ns = r.arrival_ns + 5 * US, r.arrival_ns + 25 * US
+    r.enqueued_ns = r.decoded_ns
+    r.dispatched_ns = batch.launched_ns
+    r.result_ns = batch.done_ns + 10 * US
+    r.encode_start_ns, r.encoded_ns = r.result_ns, r.result_ns + 20 * US
+    r.end_ns = T0 + end * US
+    r.batch = batch
+    return r
+
+
+def test_busy_overlap_stages_and_verdict():
+    first = _batch(0, (0, 100), (100, 300), (300, 350), slot=0)
+    second = _batch(150, (150, 250), (300, 500), (500, 550), slot=1)
+    traces = [_request(-30, 600, first, 1), _request(70, 700, second, 2)]
+    s = analysis.summarize(chrome.events(traces))
+    assert s.requests == 2
+    assert abs(s.window_s - 730e-6) < 1e-9
+    (busy,) = s.device_busy.values()
+    assert abs(busy - 400 / 730) < 1e-6  # compute [100, 500] of the [-30, 700] window
+    # copy time 300 us; D2H of the first batch (50) and H2D of the second (100) ran under compute
+    assert abs(s.copy_overlap - 0.5) < 1e-9
+    assert abs(s.stages_us["decode"] - 20) < 1e-6 and abs(s.stages_us["encode"] - 20) < 1e-6
+    assert abs(s.stages_us["compute"] - 200) < 1e-6
+    assert s.verdict.startswith("host-bound") and "device was busy 55%" in s.verdict
+    assert abs(s.cost_s["compute"] - 400e-6) < 1e-12  # each batch once
+    text = analysis.format_summary(s)
+    assert "copy overlap" in text and "verdict" in text
+
+
+def test_a_corrected_anchor_moves_every_batch_measured_from_it():
+    first = _batch(0, (0, 100), (100, 300), (300, 350), slot=0)
+    second = _batch(150, (150, 250), (300, 500), (500, 550), slot=1)
+    second.anchor = first.anchor
+    first.anchor.host_ns -= 40 * US  # what DeviceClock.spans does when a batch shows it was late
+    assert first.compute == (T0 + 60 * US, T0 + 260 * US) and second.compute == (T0 + 260 * US, T0 + 460 * US)
+    second.host_h2d = (T0, T0 + 5)  # a direct batch's memcpy is a host time, not moved
+    assert second.h2d == (T0, T0 + 5)
+
+
+def test_a_saturated_compute_stream_reads_device_bound():
+    batches = [_batch(i * 100, (i * 100, i * 100 + 5), (i * 100 + 5, i * 100 + 100), (i * 100 + 100, i * 100 + 102),
+                      slot=i % 2) for i in range(20)]
+    traces = [_request(b.launched_ns // US - T0 // US, b.done_ns // US - T0 // US + 40, b, i + 1)
+              for i, b in enumerate(batches)]
+    s = analysis.summarize(chrome.events(traces), cpu_s=1.0)
+    assert s.verdict.startswith("device-bound")
+
+
+def test_no_requests():
+    assert analysis.summarize([]).verdict.startswith("no traced requests")
