@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import yaml
 
 from .logs import FORMATS as LOG_FORMATS
-from .scheduling.policy import BatchingConfig, QueuePolicy
+from .scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
 from .trace.settings import TraceSettings, TraceSettingsError
 
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("configs") / "default.yaml"
@@ -312,6 +312,8 @@ def _batching(data, path: str) -> BatchingConfig:
         kw["max_batch_size"] = _int(data["max_batch_size"], _p(path, "max_batch_size"), 0)
     if "max_queue_delay_ms" in data:
         kw["max_queue_delay_ms"] = _float(data["max_queue_delay_ms"], _p(path, "max_queue_delay_ms"))
+    if "batch_formation" in data:
+        kw["batch_formation"] = _str(data["batch_formation"], _p(path, "batch_formation"), FORMATION_MODES)
     levels = _int(data.get("priority_levels", 3), _p(path, "priority_levels"), 1)
     kw["priority_levels"] = levels
     if "default_priority" in data:

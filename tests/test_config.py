@@ -73,6 +73,8 @@ def test_file_merges_over_default_and_overrides_win(tmp_path):
     ({"model_defaults.devices": []}, "model_defaults.devices", "non-empty list"),
     ({"model_defaults.devices": [0, -1]}, "model_defaults.devices[1]", "must be >= 0"),
     ({"model_defaults.batching.colour": 1}, "model_defaults.batching.colour", "unknown key"),
+    ({"model_defaults.batching.batch_formation": "eager"}, "model_defaults.batching.batch_formation",
+     "must be one of just_in_time, when_slot_free"),
     ({"model_defaults.batching.default_priority": 4}, "model_defaults.batching.default_priority", "must be <= 3"),
     ({"model_defaults.batching.priority_queue_policy": {5: {"max_queue_size": 1}}},
      "model_defaults.batching.priority_queue_policy.5", "must be <= 3"),

@@ -1,8 +1,9 @@
 """The instances of one model version behind one BatchExecutor, and open_pool() to build them.
 
-The pool hands each batch to the instance with the most free slots; when none is free the
-batch waits in a FIFO inside the pool (the batcher avoids that by watching free_slots()). A
-batch that fails on the device is re-run once on another instance when `retry` is on.
+The pool hands each batch to the instance the batcher names (its "lane"), else to the one with
+the most free slots; when none can take it the batch waits in a FIFO inside the pool (the
+batcher avoids that by watching lanes()). A batch that fails on the device is re-run once on
+another instance when `retry` is on.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class InstancePool:
         self.gears: tuple[int, ...] = model.gears
         self.max_batch_size = self.gears[-1] if self.gears else 0
         self.gear_cost: dict[int, float] = {}
+        self.compute_cost: dict[int, float] = {}
         self._lock = threading.Lock()
         self._pending: collections.deque = collections.deque()
         self._listeners: list[Callable[[], None]] = []
@@ -51,16 +53,19 @@ class InstancePool:
             instance._on_slot_free = self._slot_freed
 
     # -- BatchExecutor -------------------------------------------------------------------------
-    def free_slots(self) -> int:
+    def lanes(self) -> list[int]:
         with self._lock:
-            free = sum(i.free_count() for i in self.instances) - len(self._pending)
-        return max(free, 0)
+            free = [i.free_count() for i in self.instances]
+            for attempt in self._pending:
+                if attempt.lane is not None:
+                    free[attempt.lane] -= 1
+        return [max(n, 0) for n in free]
 
     def add_slot_listener(self, callback: Callable[[], None]) -> None:
         self._listeners.append(callback)
 
     def submit(self, requests: Sequence[Mapping[str, np.ndarray]], gear: int | None,
-               trace=None) -> concurrent.futures.Future:
+               trace=None, lane: int | None = None) -> concurrent.futures.Future:
         rows = sum(len(next(iter(r.values()))) for r in requests) if gear is not None else 1
         if gear is not None and (gear not in self.gears or rows > gear):
             raise ValueError(f"cannot run {rows} rows in gear {gear}; compiled gears are {list(self.gears)}")
@@ -68,13 +73,15 @@ class InstancePool:
         if self._closed:
             outer.set_exception(ExecutionFailed(f"model {self.name} is closed"))
             return outer
-        self._dispatch(_Attempt(requests, gear, rows, outer, trace))
+        if lane is not None and not 0 <= lane < len(self.instances):
+            raise ValueError(f"lane {lane} is not an instance of {self.name}")
+        self._dispatch(_Attempt(requests, gear, rows, outer, trace, lane))
         return outer
 
     # -- dispatch, retry -----------------------------------------------------------------------
     def _dispatch(self, attempt: "_Attempt") -> None:
         with self._lock:
-            target = self._pick(attempt.exclude)
+            target = self._pick(attempt)
             if target is None:
                 if not any(self._usable(i, attempt.exclude) for i in self.instances):
                     target = False
@@ -96,7 +103,15 @@ class InstancePool:
     def _usable(instance: ModelInstance, exclude) -> bool:
         return instance is not exclude and not instance.broken
 
-    def _pick(self, exclude):
+    def _pick(self, attempt: "_Attempt"):
+        """A reserved (instance, slot) for `attempt`, or None. A named lane is kept while that
+        instance is healthy: the batch then waits for its slot rather than run elsewhere."""
+        exclude = attempt.exclude
+        if attempt.lane is not None:
+            wanted = self.instances[attempt.lane]
+            if self._usable(wanted, exclude):
+                slot = wanted.try_reserve()
+                return (wanted, slot) if slot is not None else None
         best, best_free = None, 0
         for instance in self.instances:
             if instance is exclude:
@@ -120,21 +135,22 @@ class InstancePool:
             self.batches_retried += retry
         if retry:
             log.warning("%s: retrying a failed batch on another instance", self.name)
-            attempt.exclude, attempt.error = instance, error
+            attempt.exclude, attempt.error, attempt.lane = instance, error, None
             self._dispatch(attempt)
             return
         attempt.outer.set_exception(error)
 
     def _slot_freed(self, instance: ModelInstance) -> None:
-        while True:
-            with self._lock:
-                if not self._pending:
-                    break
-                attempt = self._pending[0]
-                target = self._pick(attempt.exclude)
+        ready = []
+        with self._lock:  # in FIFO order, each waiting batch that can now have a slot
+            waiting, self._pending = self._pending, collections.deque()
+            for attempt in waiting:
+                target = self._pick(attempt)
                 if target is None:
-                    break
-                self._pending.popleft()
+                    self._pending.append(attempt)
+                else:
+                    ready.append((attempt, target))
+        for attempt, target in ready:
             self._launch(attempt, *target)
         for callback in self._listeners:
             try:
@@ -146,19 +162,24 @@ class InstancePool:
     def warmup(self, runs: int = 3) -> dict[int, float]:
         """Run every gear `runs` times on zeros (blocking). The cost of a gear is the quickest
         submit-to-result time of the runs after the first: what the batcher trades padding
-        against, including the fixed host cost of a run, not only the device's."""
+        against, including the fixed host cost of a run, not only the device's. The quickest
+        device compute time of those runs goes to `compute_cost` (when the device reports it)."""
         for gear in self.gears or (None,):
             rows = gear or 1
             request = {s.name: np.zeros((rows,) + s.sample_shape if s.batched else s.shape, s.dtype)
                        for s in self.inputs}
-            best = float("inf")
+            best = compute = float("inf")
             for run in range(runs):
                 start = time.perf_counter()
-                self.submit([request], gear).result()
+                result = self.submit([request], gear).result()
                 if run:
                     best = min(best, time.perf_counter() - start)
+                    if result.timings.compute_ms > 0:
+                        compute = min(compute, result.timings.compute_ms / 1000.0)
             if gear is not None:
                 self.gear_cost[gear] = best if best < float("inf") else 1e-6
+                if compute < float("inf"):
+                    self.compute_cost[gear] = compute
         return dict(self.gear_cost)
 
     def busy_ratio(self) -> float:
@@ -200,10 +221,11 @@ class InstancePool:
 
 
 class _Attempt:
-    __slots__ = ("requests", "gear", "rows", "outer", "trace", "exclude", "error")
+    __slots__ = ("requests", "gear", "rows", "outer", "trace", "lane", "exclude", "error")
 
-    def __init__(self, requests, gear, rows, outer, trace=None):
-        self.requests, self.gear, self.rows, self.outer, self.trace = requests, gear, rows, outer, trace
+    def __init__(self, requests, gear, rows, outer, trace=None, lane=None):
+        self.requests, self.gear, self.rows, self.outer = requests, gear, rows, outer
+        self.trace, self.lane = trace, lane
         self.exclude: ModelInstance | None = None
         self.error: BaseException | None = None
 

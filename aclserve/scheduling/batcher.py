@@ -15,6 +15,7 @@ from ..runtime.types import BatchExecutor
 from ..trace.records import form_batch
 from .clock import Clock, LoopClock
 from .delivery import Delivery, Run, resolve
+from .formation import EARLY_S, Formation, GearTimes
 from .gears import GearPlanner, max_batch_size
 from .policy import BatchingConfig
 from .queue import PriorityQueue
@@ -29,18 +30,29 @@ _EPS = 1e-6  # a loop timer may fire up to the clock resolution early
 class DynamicBatcher:
     """Queues the requests of one model version and runs them in batches on its executor.
 
-    Ownership: owns the PriorityQueue, the batch-window timer and the loop task
-    ("batcher:<name>"); the executor is borrowed. Everything runs on the event loop thread,
+    Ownership: owns the PriorityQueue, the Formation bookkeeping, one timer (a batch window's
+    end or a busy instance's moment) and the loop task ("batcher:<name>"); the executor is
+    borrowed. Everything runs on the event loop thread,
     except the executor's completion and slot-free callbacks, which only hop to the loop with
     `call_soon_threadsafe` (one hop per finished run, one per freed slot).
 
-    Rules: when a slot is free, requests are taken in priority order (FIFO within a level)
-    while they fit `max_batch_size`. They run at once if they fill a gear exactly or no more
-    can fit; otherwise the batcher waits until the oldest of them has waited
-    `max_queue_delay_ms`. While every slot is busy requests accumulate, and a freed slot
-    takes the fullest batch available. GearPlanner chooses padding or a split. Requests are
-    never split: one with more rows than `max_batch_size` is refused with InvalidInput.
-    A static model (no gears) and `enabled=False` run one request per run.
+    When a batch is formed (`batch_formation`, see formation.py): a batch is committed once
+    formed, so it is formed as late as the device allows. An idle instance takes one at once.
+    A busy instance takes its next batch when its compute stream is about to need it: at the
+    predicted result time of the batch it runs (from that batch's start and its gear's
+    measured times) minus the lead (the non-compute time of a run: packing, copy-in, hand-offs),
+    so at most one batch waits behind the executing one and a request of a higher level
+    that arrives before that moment goes into that batch. `when_slot_free` forms a batch as
+    soon as any slot is free instead (the rule before; a comparison baseline).
+
+    What a batch holds: requests in priority order (FIFO within a level) while they fit
+    `max_batch_size`. For an idle instance they run at once if they fill a gear exactly or no
+    more can fit; otherwise the batcher waits until the oldest of them has waited
+    `max_queue_delay_ms`. A busy instance's batch takes what is queued at its moment (it
+    accumulated while the device was busy; waiting longer would leave the device idle).
+    GearPlanner chooses padding or a split. Requests are never split: one with more rows
+    than `max_batch_size` is refused with InvalidInput. A static model (no gears) and
+    `enabled=False` run one request per run.
 
     Cancellation: if the task awaiting `infer()` is cancelled, a queued request is removed
     at once; a running one has its result dropped. Failures of a run fail only its requests;
@@ -69,8 +81,11 @@ class DynamicBatcher:
         self._task: asyncio.Task | None = None
         self._wakeup: asyncio.Event | None = None
         self._listening = False
-        self._window_timer = None
-        self._window_at = 0.0
+        self._timer = None  # the batch window's end or a busy instance's moment
+        self._timer_at = 0.0
+        self._formation = Formation(GearTimes(self.gears, executor.gear_cost or {},
+                                              getattr(executor, "compute_cost", None) or {}),
+                                    config.batch_formation)
         self._running: set[Run] = set()
         self._delivery = Delivery(config.preserve_ordering, self.stats, name)
         self._refusal: tuple[type[ServeError], str] | None = None
@@ -154,9 +169,9 @@ class DynamicBatcher:
         self._closed = True
         if self._refusal is None or self._refusal[0] is not ShuttingDown:
             self._refusal = (ShuttingDown, "model version is shutting down")
-        if self._window_timer is not None:
-            self._window_timer.cancel()
-            self._window_timer = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -200,22 +215,25 @@ class DynamicBatcher:
         self.start()
 
     def _schedule(self) -> None:
-        """Dispatch runs while a slot is free and a batch is ready. Never raises: an error
-        fails the requests being handled (the head of the queue if none was taken yet), so
-        every error makes progress and no request hangs on a broken scheduler."""
+        """Dispatch runs while an instance takes a batch and one is ready. Never raises: an
+        error fails the requests being handled (the head of the queue if none was taken yet),
+        so every error makes progress and no request hangs on a broken scheduler."""
         queue = self._queue
         while queue.count:
             batch = None
             try:
-                free = self._executor.free_slots()
-                if free <= 0:
-                    return  # the slot listener wakes us
-                batch = self._next_batch()
+                ready, later = self._formation.choose(self._executor.lanes(), self._clock.now())
+                if not ready:
+                    if later is not None:
+                        self._arm_timer(later - EARLY_S)
+                    return  # the timer, a result or a freed slot wakes us
+                lane, capacity, idle = ready[0]
+                batch = self._next_batch(idle)
                 if batch is None:
                     return  # the window timer or an arrival wakes us
                 if not batch:
                     raise RuntimeError("the queue head does not fit in a batch")
-                runs = self._plan(batch, free)
+                runs = self._plan(batch, capacity)
             except Exception as exc:
                 log.exception("batcher %s: scheduling failed", self.name)
                 victims = batch or queue.take(sys.maxsize, 1)
@@ -226,23 +244,25 @@ class DynamicBatcher:
                 self._settle(Run(victims, None, 0, now), None, error, tracked=False)
                 continue
             for requests, gear in runs:
-                self._submit(requests, gear)
+                self._submit(requests, gear, lane)
 
-    def _next_batch(self) -> list[QueuedRequest] | None:
+    def _next_batch(self, idle: bool) -> list[QueuedRequest] | None:
+        """The requests of the next run, or None while a partial batch may wait. The batch
+        window applies only to an idle instance: a busy one needs its batch now."""
         queue = self._queue
         if not self._batching:
             return queue.take(sys.maxsize if self.static else self.max_batch_size, 1)
         total = queue.rows
         if total < self.max_batch_size and not self._planner.is_exact(total):
             window_end = queue.oldest_enqueued() + self._delay
-            if self._clock.now() < window_end - _EPS:
-                self._arm_window(window_end)
+            if idle and self._clock.now() < window_end - _EPS:
+                self._arm_timer(window_end)
                 return None
             # The head request may be larger than the limit: then take the batch whole.
             return queue.take(self._planner.take_limit(total)) or queue.take(self.max_batch_size)
         return queue.take(self.max_batch_size)
 
-    def _plan(self, batch: list[QueuedRequest], free: int) -> list[tuple[list[QueuedRequest], int | None]]:
+    def _plan(self, batch: list[QueuedRequest], capacity: int) -> list[tuple[list[QueuedRequest], int | None]]:
         if self.static:
             return [(batch, None)]
         rows = [request.rows for request in batch]
@@ -250,26 +270,28 @@ class DynamicBatcher:
         if len(batch) == 1:
             return [(batch, self._planner.gear_for(total))]
         runs, start = [], 0
-        for count, gear in self._planner.plan(rows, total, free):
+        for count, gear in self._planner.plan(rows, total, capacity):
             runs.append((batch[start:start + count], gear))
             start += count
         return runs
 
-    def _arm_window(self, at: float) -> None:
-        if self._window_timer is not None:
-            if self._window_at <= at:
+    def _arm_timer(self, at: float) -> None:
+        """Wake the loop at `at` (a batch window's end, or a busy instance's moment); the
+        earliest pending moment wins, and each wake-up re-arms what is still ahead."""
+        if self._timer is not None:
+            if self._timer_at <= at:
                 return
-            self._window_timer.cancel()
-        self._window_at = at
-        self._window_timer = self._clock.call_at(at, self._window_ended)
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self._clock.call_at(at, self._timer_fired)
 
-    def _window_ended(self) -> None:
-        self._window_timer = None
+    def _timer_fired(self) -> None:
+        self._timer = None
         self._wakeup.set()
 
-    def _submit(self, requests: list[QueuedRequest], gear: int | None) -> None:
+    def _submit(self, requests: list[QueuedRequest], gear: int | None, lane: int) -> None:
         now = self._clock.now_ns()
-        run = Run(requests, gear, 0, now)
+        run = Run(requests, gear, 0, now, lane)
         self._running.add(run)  # from here on, _settle answers these requests whatever happens
         try:
             levels = self.stats.levels
@@ -285,9 +307,11 @@ class DynamicBatcher:
                 traced = traced or request.trace is not None
             inputs = [request.inputs for request in requests]
             if traced:  # an untraced batch keeps the executor call it always had
-                future = self._executor.submit(inputs, gear, trace=form_batch(self.name, requests, gear, now))
+                future = self._executor.submit(inputs, gear, trace=form_batch(self.name, requests, gear, now),
+                                               lane=lane)
             else:
-                future = self._executor.submit(inputs, gear)
+                future = self._executor.submit(inputs, gear, lane=lane)
+            self._formation.booked(lane, run, self._clock.now())
         except Exception as exc:
             self._settle(run, None, exc)
             return
@@ -315,6 +339,9 @@ class DynamicBatcher:
             if run not in self._running:
                 return  # close() answered it already
             self._running.discard(run)
+        now = self._clock.now()
+        timings = getattr(result, "timings", None)
+        self._formation.finished(run.lane, run, now, timings.compute_ms / 1000.0 if timings else 0.0)
         self._delivery.settle(run, result, error, self._clock.now_ns())
         if not self._closed:
             self._wakeup.set()

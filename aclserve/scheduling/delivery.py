@@ -15,15 +15,18 @@ log = logging.getLogger(__name__)
 
 
 class Run:
-    """One submitted run: its requests in submit order."""
+    """One submitted run: its requests in submit order, and the instance ("lane") it was
+    booked on (None for requests failed before reaching one)."""
 
-    __slots__ = ("requests", "gear", "rows", "dispatched_ns")
+    __slots__ = ("requests", "gear", "rows", "dispatched_ns", "lane")
 
-    def __init__(self, requests: list[QueuedRequest], gear: int | None, rows: int, dispatched_ns: int):
+    def __init__(self, requests: list[QueuedRequest], gear: int | None, rows: int, dispatched_ns: int,
+                 lane: int | None = None):
         self.requests = requests
         self.gear = gear
         self.rows = rows
         self.dispatched_ns = dispatched_ns  # duration clock (Clock.now_ns)
+        self.lane = lane
 
 
 def resolve(future: asyncio.Future, outcome) -> None:

@@ -18,6 +18,20 @@ def max_batch_size(gears: Sequence[int], config: BatchingConfig) -> int:
     return min(config.max_batch_size or top, top)
 
 
+def estimate_costs(gears: Sequence[int], measured: Mapping[int, float]) -> dict[int, float]:
+    """Seconds per gear: the measured figure, else the gear's size times the measured seconds
+    per row of the nearest measured gear (or just its size when nothing was measured)."""
+    costs = {}
+    for gear in gears:
+        figure = measured.get(gear)
+        if figure is not None and figure > 0:
+            costs[gear] = float(figure)
+            continue
+        known = [(abs(g - gear), c / g) for g, c in measured.items() if c and c > 0 and g > 0]
+        costs[gear] = gear * (min(known)[1] if known else 1.0)
+    return costs
+
+
 class GearPlanner:
     """Pure decisions over the executor's gears; built once per batcher, O(1) per lookup.
 
@@ -40,16 +54,8 @@ class GearPlanner:
         self._pad = [None] * (max_rows + 1)
         for rows in range(1, max_rows + 1):
             self._pad[rows] = next(g for g in self.gears if g >= rows)
-        self._cost = {g: self._estimate(g, gear_cost) for g in self.gears}
+        self._cost = estimate_costs(self.gears, gear_cost)
         self._measured = any(c and c > 0 for c in gear_cost.values())
-
-    @staticmethod
-    def _estimate(gear: int, gear_cost: Mapping[int, float]) -> float:
-        measured = gear_cost.get(gear)
-        if measured is not None and measured > 0:
-            return float(measured)
-        known = [(abs(g - gear), c / g) for g, c in gear_cost.items() if c and c > 0 and g > 0]
-        return gear * (min(known)[1] if known else 1.0)
 
     def is_exact(self, rows: int) -> bool:
         return rows in self._exact

@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 TIMEOUT_ACTIONS = ("reject", "delay")
+# just_in_time: an instance's next batch is formed when its compute stream is about to need it
+# (scheduling/formation.py); when_slot_free: as soon as one of its slots is free.
+FORMATION_MODES = ("just_in_time", "when_slot_free")
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,11 @@ class BatchingConfig:
     default_queue_policy: QueuePolicy = field(default_factory=QueuePolicy)
     priority_queue_policy: dict[int, QueuePolicy] = field(default_factory=dict)
     preserve_ordering: bool = False
+    batch_formation: str = "just_in_time"
 
     def __post_init__(self):
+        if self.batch_formation not in FORMATION_MODES:
+            raise ValueError(f"batch_formation must be one of {', '.join(FORMATION_MODES)}")
         if self.max_batch_size < 0:
             raise ValueError("max_batch_size must be >= 0")
         if self.max_queue_delay_ms < 0:

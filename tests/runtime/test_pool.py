@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -198,3 +199,37 @@ def test_instances_spread_over_several_devices_and_each_device_gets_its_memory_b
     finally:
         pool.close()
     assert [runtime.device(d).mem_info()[0] for d in (0, 1)] == before
+
+
+def test_a_batch_waits_for_the_lane_it_names_while_another_instance_is_free(runtime, affine_om):
+    pool = open_pool(runtime, affine_om(), "affine", instances=2, slots=2)
+    gate = threading.Event()
+    try:
+        assert pool.lanes() == [2, 2]
+        held = faults.inject("execute", nth=1, hold=gate)
+        first = pool.submit([_request(1, 0)], 1, lane=0)
+        assert held.entered.wait(30)
+        queued = [pool.submit([_request(1, k)], 1, lane=0) for k in (1, 2)]
+        assert pool.lanes() == [0, 2]  # one slot holds the second batch; the third waits for lane 0
+        gate.set()
+        results = [future.result(timeout=30) for future in [first] + queued]
+        assert {r.instance for r in results} == {pool.instances[0].name}
+        for k, result in enumerate(results):
+            np.testing.assert_array_equal(result.outputs[0]["s"], _request(1, k)["idx"] * 2)
+        assert pool.submit([_request(1, 3)], 1, lane=1).result(timeout=30).instance == pool.instances[1].name
+        with pytest.raises(ValueError, match="lane 2"):
+            pool.submit([_request(1, 4)], 1, lane=2)
+    finally:
+        gate.set()
+        pool.close()
+
+
+def test_warmup_times_each_gear_and_its_device_compute(runtime, affine_om):
+    pool = open_pool(runtime, affine_om(), "affine")
+    try:
+        gear_cost = pool.warmup()
+        assert sorted(gear_cost) == sorted(pool.compute_cost) == list(pool.gears)
+        for gear in pool.gears:
+            assert 0 < pool.compute_cost[gear] <= gear_cost[gear]
+    finally:
+        pool.close()

@@ -84,7 +84,7 @@ class FakeRun:
     def tags(self) -> list[int]:
         return [int(r["x"][0, 0]) for r in self.requests]
 
-    def compute(self) -> BatchResult:
+    def compute(self, compute_ms: float = 0.5) -> BatchResult:
         x = np.concatenate([r["x"] for r in self.requests])
         size = self.gear if self.gear is not None else len(x)
         padded = np.zeros((size, 2), np.float32)
@@ -95,11 +95,12 @@ class FakeRun:
             rows = len(request["x"])
             outputs.append({"y": y[start:start + rows]})
             start += rows
-        return BatchResult(outputs, self.gear, self.rows, DeviceTimings(0.1, 0.5, 0.2), "fake_0")
+        return BatchResult(outputs, self.gear, self.rows, DeviceTimings(0.1, compute_ms, 0.2), "fake_0")
 
-    def complete(self) -> None:
+    def complete(self, compute_ms: float = 0.5) -> None:
+        """Finish the run; `compute_ms` is the device compute time it reports."""
         self.executor._release()
-        self.future.set_result(self.compute())
+        self.future.set_result(self.compute(compute_ms))
 
     def fail(self, error: BaseException) -> None:
         self.executor._release()
@@ -110,9 +111,10 @@ class FakeExecutor:
     """A BatchExecutor with `slots` slots. Runs wait until the test calls complete()/fail(),
     unless `auto` is set: then a worker thread per run completes it (real cross-thread hops)."""
 
-    def __init__(self, gears=(1, 2, 4, 8), slots=1, gear_cost=None, auto=False):
+    def __init__(self, gears=(1, 2, 4, 8), slots=1, gear_cost=None, auto=False, compute_cost=None):
         self.gears = tuple(gears)
         self.gear_cost = dict(gear_cost or {})
+        self.compute_cost = dict(compute_cost or {})
         self.slots = slots
         self.auto = auto
         self.runs: list[FakeRun] = []
@@ -121,15 +123,17 @@ class FakeExecutor:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
-    def free_slots(self) -> int:
+    def lanes(self) -> list[int]:
+        """One instance."""
         with self._lock:
-            return self.slots - self.busy
+            return [self.slots - self.busy]
 
     def add_slot_listener(self, callback) -> None:
         self._listeners.append(callback)
 
-    def submit(self, requests, gear):
+    def submit(self, requests, gear, lane=None):
         assert requests, "empty run"
+        assert lane in (None, 0), f"lane {lane} of a one-instance executor"
         if self.gears:
             assert gear in self.gears, f"gear {gear} not compiled"
         else:

@@ -48,11 +48,11 @@ async def test_submit_raising_fails_that_run_only(env):
     real_submit = executor.submit
     calls = []
 
-    def flaky(requests, gear):
+    def flaky(requests, gear, lane=None):
         calls.append(gear)
         if len(calls) == 1:
             raise RuntimeError("launcher thread gone")
-        return real_submit(requests, gear)
+        return real_submit(requests, gear, lane)
 
     executor.submit = flaky
     first = env.submit(batcher, 1)
@@ -68,15 +68,15 @@ async def test_submit_raising_fails_that_run_only(env):
 async def test_scheduling_error_fails_the_head_request_and_the_loop_survives(env):
     executor = env.FakeExecutor()
     batcher, _ = env.make(executor)
-    real_free_slots = executor.free_slots
+    real_lanes = executor.lanes
     broken = [True]
 
-    def free_slots():
+    def lanes():
         if broken.pop() if broken else False:
             raise RuntimeError("pool state corrupted")
-        return real_free_slots()
+        return real_lanes()
 
-    executor.free_slots = free_slots
+    executor.lanes = lanes
     first = env.submit(batcher, 1)
     second = env.submit(batcher, 2)
     await env.settle()

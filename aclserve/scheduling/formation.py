@@ -1,0 +1,148 @@
+"""When the next batch of each instance is formed: just in time for its compute stream.
+
+A batch that is formed is committed: its requests are packed, copied in and queued on the
+instance's compute stream, and no later request can overtake them. Forming batches as soon as
+a slot frees (`when_slot_free`) commits a whole batch behind the running one, so a request of
+a higher level that arrives meanwhile waits for both. `just_in_time` (the default) commits as
+late as the device allows:
+
+- an idle instance (nothing booked on it) takes a batch at once;
+- an instance with one batch booked takes the next one when that batch's predicted result
+  time, minus the lead, has come: the lead is the longest non-compute time of a run (pack,
+  copy in, copy out, hand-offs: a gear's warm-up run time minus its device compute time), so
+  the new batch is copied in by the time the compute stream is free;
+- an instance with two batches booked (one executing, one waiting) takes nothing until a
+  result comes back: at most one batch per instance waits behind the one executing.
+
+The predicted result time of a booked batch is its booking time plus its gear's lone run time
+when the instance was idle, otherwise the previous batch's predicted result time plus the
+gear's compute time; when a result arrives, the batches behind it are re-anchored on that
+moment. Compute times start from warm-up and follow what the device reports for every run.
+Without warm-up figures (a static model) an instance takes its next batch as soon as it has at
+most one booked, which is what `when_slot_free` does with two slots.
+
+Pure bookkeeping on the event loop thread: no threads, no ACL, no timers (the batcher arms
+one for `choose()`'s next moment).
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from .gears import estimate_costs
+from .policy import FORMATION_MODES
+
+JUST_IN_TIME, WHEN_SLOT_FREE = FORMATION_MODES
+
+# uvloop's clock and timers tick in whole milliseconds (a timer's delay is rounded to the
+# nearest one), so a batch is formed up to half a millisecond before its moment: a timer for
+# a later moment is then at least one tick away and never fires again within the same tick.
+EARLY_S = 0.0005
+# Weight of each run's reported compute time in the per-gear average.
+COMPUTE_WEIGHT = 0.2
+WAITING_MAX = 1  # batches booked behind the executing one
+
+
+class GearTimes:
+    """Seconds per gear: `cost` = a lone run, submit to result (warm-up); `compute` = the
+    device's compute time (warm-up, then a moving average of what runs report)."""
+
+    def __init__(self, gears: Sequence[int], gear_cost: Mapping[int, float],
+                 compute_cost: Mapping[int, float]):
+        measured_cost = {g: c for g, c in gear_cost.items() if c and c > 0}
+        measured_compute = {g: c for g, c in compute_cost.items() if c and c > 0}
+        self.known = bool(gears) and bool(measured_cost) and bool(measured_compute)
+        self._cost = estimate_costs(gears, measured_cost) if self.known else {}
+        self._compute = estimate_costs(gears, measured_compute) if self.known else {}
+        # The lead is taken from warm-up once: it is what a run costs besides the device.
+        self.lead = max((max(self._cost[g] - self._compute[g], 0.0) for g in gears), default=0.0) \
+            if self.known else 0.0
+
+    def cost(self, gear: int | None) -> float:
+        return self._cost.get(gear, 0.0)
+
+    def compute(self, gear: int | None) -> float:
+        return self._compute.get(gear, 0.0)
+
+    def observe(self, gear: int | None, compute_s: float) -> None:
+        if self.known and compute_s > 0 and gear in self._compute:
+            self._compute[gear] += COMPUTE_WEIGHT * (compute_s - self._compute[gear])
+
+
+class _Lane:
+    """One instance's booked batches in compute order: [run, earliest result time]."""
+
+    __slots__ = ("booked", "result_at")
+
+    def __init__(self):
+        self.booked: list[list] = []
+        self.result_at = 0.0  # predicted moment the last booked batch's result arrives
+
+
+class Formation:
+    """Per instance ("lane"): what the batcher booked there and when it needs its next batch."""
+
+    def __init__(self, times: GearTimes, mode: str = JUST_IN_TIME):
+        if mode not in FORMATION_MODES:
+            raise ValueError(f"batch formation must be one of {', '.join(FORMATION_MODES)}")
+        self.times = times
+        self.just_in_time = mode == JUST_IN_TIME
+        self._lanes: list[_Lane] = []
+
+    def choose(self, free: Sequence[int], now: float) -> tuple[list[tuple[int, int, bool]], float | None]:
+        """Lanes that take a batch now, as (lane, batches it may take, idle), idle lanes first,
+        then busy ones by their moment; and the earliest moment a busy lane will need one (None
+        when only a result or a freed slot can change anything)."""
+        while len(self._lanes) < len(free):
+            self._lanes.append(_Lane())
+        idle, busy, later = [], [], None
+        for index, slots in enumerate(free):
+            if slots <= 0:
+                continue
+            lane = self._lanes[index]
+            booked = len(lane.booked)
+            if not self.just_in_time:
+                idle.append((index, slots, True))
+            elif booked == 0:
+                idle.append((index, min(slots, WAITING_MAX + 1), True))
+            elif booked <= WAITING_MAX:
+                at = self.need_at(index)
+                if now >= at - EARLY_S:
+                    busy.append((at, index))
+                elif later is None or at < later:
+                    later = at
+        busy.sort()
+        return idle + [(index, 1, False) for _, index in busy], later
+
+    def need_at(self, index: int) -> float:
+        """When lane `index` needs its next batch formed (its last booked result minus the lead;
+        -inf without warm-up figures)."""
+        if not self.times.known:
+            return float("-inf")
+        return self._lanes[index].result_at - self.times.lead
+
+    def booked(self, index: int, run, now: float) -> None:
+        lane = self._lanes[index]
+        times = self.times
+        earliest = now + times.cost(run.gear)
+        lane.result_at = (max(lane.result_at + times.compute(run.gear), earliest) if lane.booked
+                          else earliest)
+        lane.booked.append([run, earliest])
+
+    def finished(self, index: int | None, run, now: float, compute_s: float) -> None:
+        """`run`'s outcome reached the loop at `now`; its batches behind it re-anchor on now."""
+        if index is None or index >= len(self._lanes):
+            return
+        lane = self._lanes[index]
+        position = next((k for k, entry in enumerate(lane.booked) if entry[0] is run), None)
+        if position is None:
+            return
+        del lane.booked[position]
+        self.times.observe(run.gear, compute_s)
+        if position == 0 and lane.booked:
+            at = now
+            for behind, earliest in lane.booked:
+                at = max(at + self.times.compute(behind.gear), earliest)
+            lane.result_at = at
+
+    def booked_count(self, index: int) -> int:
+        return len(self._lanes[index].booked) if index < len(self._lanes) else 0
