@@ -24,8 +24,6 @@ from .stats import QUEUE_FULL, SHUTDOWN, TIMEOUT, BatcherStats
 
 log = logging.getLogger(__name__)
 
-_EPS = 1e-6  # a loop timer may fire up to the clock resolution early
-
 
 class DynamicBatcher:
     """Queues the requests of one model version and runs them in batches on its executor.
@@ -46,11 +44,11 @@ class DynamicBatcher:
     soon as any slot is free instead (the rule before; a comparison baseline).
 
     What a batch holds: requests in priority order (FIFO within a level) while they fit
-    `max_batch_size`. For an idle instance they run at once if they fill a gear exactly or no
-    more can fit; otherwise the batcher waits until the oldest of them has waited
-    `max_queue_delay_ms`. A busy instance's batch takes what is queued at its moment (it
-    accumulated while the device was busy; waiting longer would leave the device idle).
-    GearPlanner chooses padding or a split. Requests are never split: one with more rows
+    `max_batch_size`. They run at once if they fill a gear exactly or no more can fit;
+    otherwise the batcher waits until the oldest of them has waited `max_queue_delay_ms`.
+    GearPlanner chooses padding or a split; under `just_in_time` a batch holding requests of
+    a higher level takes lower-level rows only into its padding, unless the bigger gear costs
+    little more (GearPlanner.level_cut), so they are not slowed by rows they could run without. Requests are never split: one with more rows
     than `max_batch_size` is refused with InvalidInput. A static model (no gears) and
     `enabled=False` run one request per run.
 
@@ -225,10 +223,10 @@ class DynamicBatcher:
                 ready, later = self._formation.choose(self._executor.lanes(), self._clock.now())
                 if not ready:
                     if later is not None:
-                        self._arm_timer(later - EARLY_S)
+                        self._arm_timer(later)
                     return  # the timer, a result or a freed slot wakes us
-                lane, capacity, idle = ready[0]
-                batch = self._next_batch(idle)
+                lane, capacity = ready[0]
+                batch = self._next_batch()
                 if batch is None:
                     return  # the window timer or an arrival wakes us
                 if not batch:
@@ -246,21 +244,26 @@ class DynamicBatcher:
             for requests, gear in runs:
                 self._submit(requests, gear, lane)
 
-    def _next_batch(self, idle: bool) -> list[QueuedRequest] | None:
-        """The requests of the next run, or None while a partial batch may wait. The batch
-        window applies only to an idle instance: a busy one needs its batch now."""
+    def _next_batch(self) -> list[QueuedRequest] | None:
+        """The requests of the next run, or None while a partial batch may wait."""
         queue = self._queue
         if not self._batching:
             return queue.take(sys.maxsize if self.static else self.max_batch_size, 1)
         total = queue.rows
         if total < self.max_batch_size and not self._planner.is_exact(total):
             window_end = queue.oldest_enqueued() + self._delay
-            if idle and self._clock.now() < window_end - _EPS:
+            if self._clock.now() < window_end - EARLY_S:
                 self._arm_timer(window_end)
                 return None
-            # The head request may be larger than the limit: then take the batch whole.
-            return queue.take(self._planner.take_limit(total)) or queue.take(self.max_batch_size)
-        return queue.take(self.max_batch_size)
+            return self._take(self._planner.take_limit(total))
+        return self._take(self.max_batch_size)
+
+    def _take(self, limit: int) -> list[QueuedRequest]:
+        queue = self._queue
+        if self._formation.just_in_time:  # lower levels only fill a higher level's padding
+            limit = self._planner.level_cut(queue.top_level_rows(limit), min(queue.rows, limit))
+        # The head request may be larger than the limit: then take the batch whole.
+        return queue.take(limit) or queue.take(self.max_batch_size)
 
     def _plan(self, batch: list[QueuedRequest], capacity: int) -> list[tuple[list[QueuedRequest], int | None]]:
         if self.static:
@@ -286,8 +289,11 @@ class DynamicBatcher:
         self._timer = self._clock.call_at(at, self._timer_fired)
 
     def _timer_fired(self) -> None:
+        """Schedule right here: going through the loop task would cost one more loop
+        iteration, which under load (many requests read in one) can take milliseconds."""
         self._timer = None
-        self._wakeup.set()
+        if not self._closed and self._queue is not None:
+            self._schedule()
 
     def _submit(self, requests: list[QueuedRequest], gear: int | None, lane: int) -> None:
         now = self._clock.now_ns()
@@ -341,7 +347,8 @@ class DynamicBatcher:
             self._running.discard(run)
         now = self._clock.now()
         timings = getattr(result, "timings", None)
-        self._formation.finished(run.lane, run, now, timings.compute_ms / 1000.0 if timings else 0.0)
+        self._formation.finished(run.lane, run, now, timings.compute_ms / 1000.0 if timings else 0.0,
+                                 self._queue is not None and self._queue.count > 0)
         self._delivery.settle(run, result, error, self._clock.now_ns())
         if not self._closed:
             self._wakeup.set()

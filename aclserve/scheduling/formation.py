@@ -18,6 +18,14 @@ The predicted result time of a booked batch is its booking time plus its gear's 
 when the instance was idle, otherwise the previous batch's predicted result time plus the
 gear's compute time; when a result arrives, the batches behind it are re-anchored on that
 moment. Compute times start from warm-up and follow what the device reports for every run.
+
+The lead adapts, because under load hand-offs between threads take longer than at warm-up
+and results arrive with jitter: when a result comes back before the next batch was formed
+while requests were waiting (a miss: the device falls idle), the lead grows by how early that
+result came; every result with the next batch already behind it shortens the lead by
+LEAD_DECAY, never below the warm-up figure nor above the longest gear's compute time (at
+which the rule is `when_slot_free` with one waiting batch).
+
 Without warm-up figures (a static model) an instance takes its next batch as soon as it has at
 most one booked, which is what `when_slot_free` does with two slots.
 
@@ -33,13 +41,15 @@ from .policy import FORMATION_MODES
 
 JUST_IN_TIME, WHEN_SLOT_FREE = FORMATION_MODES
 
-# uvloop's clock and timers tick in whole milliseconds (a timer's delay is rounded to the
-# nearest one), so a batch is formed up to half a millisecond before its moment: a timer for
-# a later moment is then at least one tick away and never fires again within the same tick.
+# uvloop's clock and timers tick in whole milliseconds and a timer's delay is rounded to the
+# nearest one, so a timer may fire up to half a millisecond before its moment: a moment counts
+# as come that much early. Then a timer re-armed for a moment still ahead is at least one tick
+# away, and never fires again and again within the same tick.
 EARLY_S = 0.0005
 # Weight of each run's reported compute time in the per-gear average.
 COMPUTE_WEIGHT = 0.2
 WAITING_MAX = 1  # batches booked behind the executing one
+LEAD_DECAY = 0.02  # the lead's shrink per result that found its successor already formed
 
 
 class GearTimes:
@@ -48,6 +58,7 @@ class GearTimes:
 
     def __init__(self, gears: Sequence[int], gear_cost: Mapping[int, float],
                  compute_cost: Mapping[int, float]):
+        self.gears = tuple(gears)
         measured_cost = {g: c for g, c in gear_cost.items() if c and c > 0}
         measured_compute = {g: c for g, c in compute_cost.items() if c and c > 0}
         self.known = bool(gears) and bool(measured_cost) and bool(measured_compute)
@@ -87,11 +98,12 @@ class Formation:
         self.times = times
         self.just_in_time = mode == JUST_IN_TIME
         self._lanes: list[_Lane] = []
+        self.lead = times.lead  # seconds before a busy lane's predicted result its next batch is formed
 
-    def choose(self, free: Sequence[int], now: float) -> tuple[list[tuple[int, int, bool]], float | None]:
-        """Lanes that take a batch now, as (lane, batches it may take, idle), idle lanes first,
-        then busy ones by their moment; and the earliest moment a busy lane will need one (None
-        when only a result or a freed slot can change anything)."""
+    def choose(self, free: Sequence[int], now: float) -> tuple[list[tuple[int, int]], float | None]:
+        """Lanes that take a batch now, as (lane, batches it may take), idle lanes first, then
+        busy ones by their moment; and the earliest moment a busy lane will need one (None when
+        only a result or a freed slot can change anything)."""
         while len(self._lanes) < len(free):
             self._lanes.append(_Lane())
         idle, busy, later = [], [], None
@@ -101,9 +113,9 @@ class Formation:
             lane = self._lanes[index]
             booked = len(lane.booked)
             if not self.just_in_time:
-                idle.append((index, slots, True))
+                idle.append((index, slots))
             elif booked == 0:
-                idle.append((index, min(slots, WAITING_MAX + 1), True))
+                idle.append((index, min(slots, WAITING_MAX + 1)))
             elif booked <= WAITING_MAX:
                 at = self.need_at(index)
                 if now >= at - EARLY_S:
@@ -111,14 +123,14 @@ class Formation:
                 elif later is None or at < later:
                     later = at
         busy.sort()
-        return idle + [(index, 1, False) for _, index in busy], later
+        return idle + [(index, 1) for _, index in busy], later
 
     def need_at(self, index: int) -> float:
         """When lane `index` needs its next batch formed (its last booked result minus the lead;
         -inf without warm-up figures)."""
         if not self.times.known:
             return float("-inf")
-        return self._lanes[index].result_at - self.times.lead
+        return self._lanes[index].result_at - self.lead
 
     def booked(self, index: int, run, now: float) -> None:
         lane = self._lanes[index]
@@ -128,8 +140,9 @@ class Formation:
                           else earliest)
         lane.booked.append([run, earliest])
 
-    def finished(self, index: int | None, run, now: float, compute_s: float) -> None:
-        """`run`'s outcome reached the loop at `now`; its batches behind it re-anchor on now."""
+    def finished(self, index: int | None, run, now: float, compute_s: float, waiting: bool) -> None:
+        """`run`'s outcome reached the loop at `now` (`waiting`: requests are queued); the
+        batches behind it re-anchor on now, and the lead learns whether it was long enough."""
         if index is None or index >= len(self._lanes):
             return
         lane = self._lanes[index]
@@ -138,11 +151,14 @@ class Formation:
             return
         del lane.booked[position]
         self.times.observe(run.gear, compute_s)
-        if position == 0 and lane.booked:
+        if position != 0 or not self.just_in_time or not self.times.known:
+            return
+        if lane.booked:
+            self.lead = max(self.lead * (1.0 - LEAD_DECAY), self.times.lead)
             at = now
             for behind, earliest in lane.booked:
                 at = max(at + self.times.compute(behind.gear), earliest)
             lane.result_at = at
-
-    def booked_count(self, index: int) -> int:
-        return len(self._lanes[index].booked) if index < len(self._lanes) else 0
+        elif waiting:  # a miss: the device falls idle while requests wait
+            longest = max(self.times.compute(g) for g in self.times.gears)
+            self.lead = min(self.lead + max(lane.result_at - now, EARLY_S), longest)

@@ -80,6 +80,18 @@ class GearPlanner:
             return prefix
         return self.max_rows
 
+    def level_cut(self, top_rows: int, rows: int) -> int:
+        """Rows a batch may take when its `top_rows` rows of the highest queued level would be
+        joined by lower levels up to `rows`: all of them when the bigger gear costs at most
+        SPLIT_SAVING more, else only the top level's own gear (lower levels fill its padding),
+        so higher-level requests are not slowed by rows they could run without."""
+        if top_rows >= rows or not self._measured:
+            return rows
+        own = self._pad[top_rows]
+        if self._cost[self._pad[rows]] <= self._cost[own] * (1.0 + SPLIT_SAVING):
+            return rows
+        return own
+
     def plan(self, rows: Sequence[int], total: int, free_slots: int) -> list[tuple[int, int]]:
         """[(request count, gear), ...] covering `rows` in order; `total` = sum(rows)."""
         single = [(len(rows), self._pad[total])]

@@ -116,6 +116,19 @@ class PriorityQueue:
             request.state = REMOVED
         return taken
 
+    def top_level_rows(self, cap: int) -> int:
+        """Rows queued at the highest non-empty level, counted up to `cap` (O(cap))."""
+        rows = 0
+        for level in self.levels:
+            for lane in (self._on_time[level], self._delayed[level]):
+                for request in lane:
+                    rows += request.rows
+                    if rows >= cap:
+                        return cap
+            if rows:
+                return rows
+        return rows
+
     def oldest_enqueued(self) -> float | None:
         """Enqueue time of the oldest head of any lane (each lane is in arrival order, except
         that a delayed lane is in deadline order, which is close enough for a batch window)."""

@@ -2,7 +2,9 @@
 
 Gear g computes in g ms on the device and a lone run takes g + 0.4 ms from submit to result,
 so the lead is 0.4 ms: a busy instance forms its next batch 0.4 ms before the predicted
-result of the batch it runs (and up to formation.EARLY_S sooner, the timer tolerance).
+result of the batch it runs. Its timer is armed for that moment; a wake-up up to
+formation.EARLY_S before it (uvloop rounds timers to whole milliseconds) counts as the moment,
+so each test checks "not yet" just before that tolerance and "done" just after the moment.
 """
 import pytest
 
@@ -42,15 +44,17 @@ async def test_a_busy_instance_commits_nothing_until_its_moment_and_a_later_high
     await advance(env, 8 * MS - EARLY_S - 0.1 * MS)
     assert len(executor.runs) == 1
     urgent = env.submit(batcher, 999, priority=HIGH)
-    await advance(env, 0.2 * MS)  # the moment has come
-    assert len(executor.runs) == 2
-    assert executor.runs[1].tags == [999] + list(range(100, 107))
+    await env.settle()
+    assert len(executor.runs) == 1  # queued, before the moment
+    await advance(env, EARLY_S + 0.2 * MS)  # the moment has come
+    # It runs first, alone: a gear 1 run instead of a gear 8 one (see the level-cut tests).
+    assert [(run.gear, run.tags) for run in executor.runs[1:]] == [(1, [999])]
     executor.runs[0].complete(compute_ms=8)
+    executor.runs[1].complete(compute_ms=1)
     await env.settle()
-    executor.runs[1].complete(compute_ms=8)
-    await env.settle()
-    assert urgent.done() and not waiting[7].done()
-    assert all(task.done() for task in running + waiting[:7])
+    assert urgent.done() and not any(task.done() for task in waiting)
+    assert all(task.done() for task in running)
+    assert [run.tags for run in executor.runs[2:]] == [list(range(100, 108))]
 
 
 async def test_when_slot_free_commits_at_once_and_the_high_request_waits_behind(env):
@@ -96,7 +100,7 @@ async def test_at_most_one_batch_waits_behind_the_executing_one_even_with_free_s
     assert len(executor.runs) == 2
     await advance(env, 8 * MS - LEAD - EARLY_S - 0.1 * MS)
     assert len(executor.runs) == 2
-    await advance(env, 0.2 * MS)
+    await advance(env, EARLY_S + 0.2 * MS)
     assert [run.tags[0] for run in executor.runs] == [0, 100, 200]
 
 
@@ -113,20 +117,29 @@ async def test_reported_compute_times_move_the_moment(env):
     expected = 9.6 * MS - LEAD
     await advance(env, expected - EARLY_S - 0.1 * MS)
     assert len(executor.runs) == 2
-    await advance(env, 0.2 * MS)
+    await advance(env, EARLY_S + 0.2 * MS)
     assert len(executor.runs) == 3
 
 
-async def test_a_busy_instance_takes_a_partial_batch_at_its_moment_without_a_window(env):
-    batcher, executor = env.make(timed_executor(env), max_queue_delay_ms=100)
+async def test_a_partial_batch_waits_for_the_later_of_its_window_and_the_moment(env):
+    batcher, executor = env.make(timed_executor(env), max_queue_delay_ms=5)
     await fill_gear_8(env, batcher, 0)
-    partial = env.submit(batcher, 50, rows=3)  # fills no gear; an idle instance would wait 100 ms
-    await advance(env, 8 * MS)
-    assert [(run.gear, run.tags) for run in executor.runs[1:]] == [(4, [50])]
-    executor.runs[0].complete(compute_ms=8)
-    executor.runs[1].complete(compute_ms=4)
+    early = env.submit(batcher, 50, rows=3)  # fills no gear; its window ends at +5 ms
     await env.settle()
-    assert partial.result().outputs["y"].shape == (3, 2)
+    await advance(env, 8 * MS + EARLY_S + 0.1 * MS)  # the moment, long after that window
+    assert [(run.gear, run.tags) for run in executor.runs[1:]] == [(4, [50])]
+    executor.runs[0].complete(compute_ms=8)  # the next batch is due 4 - 0.4 ms from now
+    await env.settle()
+    late = env.submit(batcher, 60, rows=3)  # its window ends 5 ms from now, after that moment
+    await env.settle()
+    await advance(env, 4 * MS + EARLY_S)
+    assert len(executor.runs) == 2
+    await advance(env, 1 * MS)
+    assert [(run.gear, run.tags) for run in executor.runs[2:]] == [(4, [60])]
+    executor.runs[1].complete(compute_ms=4)
+    executor.runs[2].complete(compute_ms=4)
+    await env.settle()
+    assert early.result().outputs["y"].shape == late.result().outputs["y"].shape == (3, 2)
 
 
 async def test_with_one_slot_the_next_batch_waits_for_the_slot(env):
@@ -138,3 +151,61 @@ async def test_with_one_slot_the_next_batch_waits_for_the_slot(env):
     executor.runs[0].complete(compute_ms=8)
     await env.settle()
     assert [run.tags[0] for run in executor.runs] == [0, 100]
+
+
+async def test_a_result_that_finds_nothing_formed_while_requests_wait_lengthens_the_lead(env):
+    batcher, executor = env.make(timed_executor(env), max_queue_delay_ms=1)
+    await fill_gear_8(env, batcher, 0)  # predicted result at +8.4 ms, next batch due at +8.0 ms
+    await fill_gear_8(env, batcher, 100)
+    await advance(env, 5 * MS)
+    executor.runs[0].complete(compute_ms=8)  # 3.4 ms earlier than predicted: a miss
+    await env.settle()
+    assert [run.tags[0] for run in executor.runs] == [0, 100]  # the idle instance takes it at once
+    await fill_gear_8(env, batcher, 200)
+    # The lead grew by those 3.4 ms to 3.8 ms: the third batch is due 8.4 - 3.8 = 4.6 ms after
+    # the second was booked (with the warm-up lead it would have been 8.0 ms).
+    await advance(env, 4.6 * MS - EARLY_S - 0.1 * MS)
+    assert len(executor.runs) == 2
+    await advance(env, EARLY_S + 0.2 * MS)
+    assert [run.tags[0] for run in executor.runs] == [0, 100, 200]
+
+
+async def test_lower_levels_only_fill_the_padding_of_a_higher_levels_batch(env):
+    batcher, executor = env.make(timed_executor(env, slots=1), max_queue_delay_ms=1)
+    await fill_gear_8(env, batcher, 0)
+    low = [env.submit(batcher, tag, priority=LOW) for tag in range(100, 105)]
+    high = [env.submit(batcher, tag, priority=HIGH) for tag in range(900, 903)]
+    await env.settle()
+    executor.runs[0].complete(compute_ms=8)
+    await env.settle()
+    # 3 high rows run on gear 4 with one low row in the padding, not on gear 8 with all five
+    assert [(run.gear, run.tags) for run in executor.runs[1:]] == [(4, [900, 901, 902, 100])]
+    executor.runs[1].complete(compute_ms=4)
+    await env.settle()
+    assert [(run.gear, run.tags) for run in executor.runs[2:]] == [(4, [101, 102, 103, 104])]
+    executor.runs[2].complete(compute_ms=4)
+    await env.settle()
+    assert all(task.done() for task in low + high)
+
+
+@pytest.mark.parametrize("formation, gear_cost", [
+    ("just_in_time", {1: 2.0 * MS, 2: 2.0 * MS, 4: 4.0 * MS, 8: 4.2 * MS}),  # gear 8 nearly free
+    ("when_slot_free", None),  # the rule before: batches always fill up
+])
+async def test_lower_levels_fill_a_higher_levels_batch_when_that_is_nearly_free_or_under_the_old_rule(
+        env, formation, gear_cost):
+    executor = timed_executor(env, slots=1)
+    if gear_cost:
+        executor.gear_cost = gear_cost
+    batcher, executor = env.make(executor, max_queue_delay_ms=1, batch_formation=formation)
+    await fill_gear_8(env, batcher, 0)
+    for tag in range(100, 105):
+        env.submit(batcher, tag, priority=LOW)
+    for tag in range(900, 903):
+        env.submit(batcher, tag, priority=HIGH)
+    await env.settle()
+    executor.runs[0].complete(compute_ms=8)
+    await env.settle()
+    assert [(run.gear, run.tags) for run in executor.runs[1:]] == [(8, [900, 901, 902, 100, 101, 102, 103, 104])]
+    executor.runs[1].complete(compute_ms=8)
+    await env.settle()
