@@ -16,6 +16,10 @@ padding waste, rejected / timed out per level, on/off ratio) and the two accepta
 of issue 5; `--json FILE` writes the same figures.
 
     python tools/bench_batching.py [--model medium|light] [--seconds 5] [--cpu 1 | -1] [--json out.json]
+
+`python tools/bench_batching.py priority [--seconds 6] [--rounds 2]` runs the closed-loop
+priority benchmark over HTTP instead (24 clients at the lowest level, 3 at the highest, a real
+server, client processes; tools/bench_priority.py has the details).
 """
 from __future__ import annotations
 
@@ -287,6 +291,9 @@ async def run(args, pool) -> dict:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["priority"]:
+        import bench_priority
+        return bench_priority.main(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=("medium", "light"), default="medium")
     ap.add_argument("--seconds", type=float, default=5.0, help="open-loop arrival window per load")

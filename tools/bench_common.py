@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
-MODEL_NAMES = ("light", "medium")
+MODEL_NAMES = ("light", "medium", "heavy")
 
 
 # -- models and raw ONNX Runtime -------------------------------------------------------------------

@@ -23,6 +23,8 @@ seeded random numbers, not trained: they measure speed, their outputs mean nothi
   medium.onnx  CNN: 3 x (Conv3x3 + Relu + MaxPool2) with 32/64/96 channels + Gemm head,
                input "x" FP32 [N, 3, 64, 64], output "y" FP32 [N, 10]
   light.onnx   MLP 64 -> 256 -> 256 -> 10, input "x" FP32 [N, 64], output "y" FP32 [N, 10]
+  heavy.onnx   the medium CNN with 36/72/108 channels (about 1 ms per row on one core here),
+               same input and output; the closed-loop priority benchmark's model
 
 Usage: python tools/make_example_models.py [OUTDIR] [--skip-digits]
 scikit-learn is needed here only (a tool dependency, not a runtime one).
@@ -199,7 +201,8 @@ def main(argv=None) -> int:
     os.makedirs(args.outdir, exist_ok=True)
     if not args.skip_digits:
         make_digits(args.outdir)
-    for name, model in (("light", build_light()), ("medium", build_medium())):
+    for name, model in (("light", build_light()), ("medium", build_medium()),
+                        ("heavy", build_medium(seed=3, channels=(36, 72, 108)))):
         path = os.path.join(args.outdir, f"{name}.onnx")
         _save(model, path)
         print(f"{name}: {path} (seeded weights, for benchmarks)")

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""Closed-loop priority benchmark over HTTP; run it as `python tools/bench_batching.py priority`.
+
+A real `aclserve serve` (pinned to one core when there are two) serves the `heavy` benchmark
+CNN (tools/make_example_models.py, about 1 ms per row on one core; gears 1,2,4,8; default
+batching) under three names that differ only in their model configuration:
+
+  jit     slots 2, batch_formation just_in_time (the default)
+  eager   slots 2, batch_formation when_slot_free (the rule before just-in-time formation)
+  slots1  slots 1 (no copy/compute overlap: nothing is ever committed behind a running batch)
+
+Its clients are closed-loop HTTP clients (aiohttp, binary tensor bodies, one sample per
+request) in separate processes, pinned to the other core:
+
+  priority     24 clients at priority 3 (the lowest level) in one process and 3 at priority 1
+               (the highest) in another, at the same time
+  throughput   64 clients at the default level in one process
+
+The modes alternate over `--rounds` rounds so drifting background load hits each alike; each
+test runs `--warm` seconds, then counts the requests answered within the next `--seconds`.
+Latency is measured by the client, send to full response. Prints a Markdown table and the
+checks of issue 12: jit high p99 / low p50 <= 0.5, and jit req/s at 64 clients >= 0.97 of
+eager's (the same figures for slots1 beside them).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TOOLS)
+sys.path.insert(0, TOOLS)
+
+from bench_common import ManagedProcess, ensure_example_models, free_port, http, wait_ready  # noqa: E402
+
+GEARS = "1,2,4,8"
+MODES = {"jit": "slots: 2\nbatching: {batch_formation: just_in_time}\n",
+         "eager": "slots: 2\nbatching: {batch_formation: when_slot_free}\n",
+         "slots1": "slots: 1\n"}
+LOW, HIGH = 3, 1  # the lowest and the highest of the default three levels
+
+
+# -- the client process ----------------------------------------------------------------------------
+def request_body(priority: int | None) -> tuple[bytes, dict]:
+    sample = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype("<f4")
+    raw = sample.tobytes()
+    head = {"inputs": [{"name": "x", "shape": [1, 3, 64, 64], "datatype": "FP32",
+                        "parameters": {"binary_data_size": len(raw)}}],
+            "outputs": [{"name": "y", "parameters": {"binary_data": False}}]}
+    if priority:
+        head["parameters"] = {"priority": priority}
+    text = json.dumps(head, separators=(",", ":")).encode()
+    return text + raw, {"Content-Type": "application/octet-stream",
+                        "Inference-Header-Content-Length": str(len(text))}
+
+
+async def closed_loop(url: str, clients: int, priority: int | None, start: float, warm: float,
+                      seconds: float) -> dict:
+    import aiohttp
+
+    body, headers = request_body(priority)
+    begin, end = start + warm, start + warm + seconds
+    latencies: list[float] = []
+    errors = 0
+
+    async def client(session):
+        nonlocal errors
+        while time.monotonic() < end:
+            sent = time.monotonic()
+            try:
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    ok = response.status == 200
+            except aiohttp.ClientError:
+                ok = False
+            done = time.monotonic()
+            if not ok:
+                errors += 1
+            elif begin <= done <= end:
+                latencies.append(done - sent)
+
+    await asyncio.sleep(max(start - time.monotonic(), 0.0))
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+    return {"latencies": latencies, "errors": errors, "seconds": seconds}
+
+
+def client_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--url", required=True)
+    p.add_argument("--clients", type=int, required=True)
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--start", type=float, required=True, help="time.monotonic() to begin at")
+    p.add_argument("--warm", type=float, required=True)
+    p.add_argument("--seconds", type=float, required=True)
+    a = p.parse_args(argv)
+    result = asyncio.run(closed_loop(a.url, a.clients, a.priority or None, a.start, a.warm, a.seconds))
+    json.dump(result, sys.stdout)
+    return 0
+
+
+# -- the orchestrator ------------------------------------------------------------------------------
+def make_repository(folder: str, onnx_path: str) -> None:
+    om = os.path.join(folder, "heavy.om")
+    subprocess.run([sys.executable, "-m", "aclserve", "compile", onnx_path, "-o", om, "--batch", GEARS,
+                    "--target", "cpu"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    for mode, config in MODES.items():
+        shutil.copy(om, os.path.join(folder, f"{mode}.om"))
+        with open(os.path.join(folder, f"{mode}.yaml"), "w") as f:
+            f.write(config)
+    os.remove(om)
+
+
+def pinned(cpus: set[int] | None):
+    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+
+
+def run_clients(base: str, model: str, sets: list[tuple[int, int | None]], args, cpus) -> tuple[list[dict], float]:
+    """One closed-loop test: a client process per (clients, priority) set; returns their results
+    and the mean executed batch (rows per run) inside the window."""
+    start = time.monotonic() + 1.0  # every process is up by then
+    url = f"{base}/v2/models/{model}/infer"
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "client", "--url", url,
+                               "--clients", str(n), "--priority", str(priority or 0), "--start", repr(start),
+                               "--warm", repr(args.warm), "--seconds", repr(args.seconds)],
+                              stdout=subprocess.PIPE, preexec_fn=pinned(cpus))
+             for n, priority in sets]
+    time.sleep(max(start + args.warm - time.monotonic(), 0.0))
+    before = model_counts(base, model)
+    time.sleep(max(start + args.warm + args.seconds - time.monotonic(), 0.0))
+    after = model_counts(base, model)
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"a client process failed ({proc.returncode})")
+        results.append(json.loads(out))
+    runs = after[1] - before[1]
+    return results, (after[0] - before[0]) / runs if runs else 0.0
+
+
+def model_counts(base: str, model: str) -> tuple[int, int]:
+    stats = json.loads(http(f"{base}/v2/models/{model}/stats"))["model_stats"][0]
+    return stats["inference_count"], stats["execution_count"]
+
+
+def summarize(rounds: list[dict]) -> dict:
+    """One mode over its rounds: latencies pooled, throughput = answers / window time."""
+    out = {}
+    for test, parts in (("priority", ("low", "high")), ("throughput", ("all",))):
+        seconds = sum(r[test]["seconds"] for r in rounds)
+        answered = 0
+        for part in parts:
+            lat = np.concatenate([np.asarray(r[test][part]["latencies"]) for r in rounds]) * 1000
+            answered += len(lat)
+            out[f"{test}_{part}"] = {"n": int(len(lat)),
+                                     "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
+                                     "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None,
+                                     "errors": sum(r[test][part]["errors"] for r in rounds)}
+        out[f"{test}_req_per_s"] = answered / seconds
+        out[f"{test}_rounds_req_per_s"] = [sum(len(r[test][p]["latencies"]) for p in parts) / r[test]["seconds"]
+                                           for r in rounds]
+        out[f"{test}_mean_batch"] = float(np.mean([r[test]["mean_batch"] for r in rounds]))
+    low, high = out["priority_low"]["p50_ms"], out["priority_high"]["p99_ms"]
+    out["high_p99_over_low_p50"] = high / low if low and high else None
+    return out
+
+
+def measure(args) -> dict:
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpus = {cpus[-1]} if len(cpus) >= 2 and not args.no_pin else None
+    client_cpus = set(cpus[:-1]) if server_cpus else None
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)
+    onnx_path = ensure_example_models(os.path.join(ROOT, "out", "models"))["heavy"]
+    with tempfile.TemporaryDirectory(prefix="bench-priority-") as tmp:
+        repo = os.path.join(tmp, "models")
+        os.makedirs(repo)
+        make_repository(repo, onnx_path)
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        server = ManagedProcess([sys.executable, "-m", "aclserve", "serve", "--models", repo, "--port", str(port),
+                                 "--model-control-mode", "none", "--log-level", "warning", "--cpu-threads", "1"],
+                                os.path.join(tmp, "server.log"), cwd=ROOT, preexec_fn=pinned(server_cpus))
+        try:
+            wait_ready(server, base, 120)
+            per_mode = {mode: [] for mode in MODES}
+            for k in range(args.rounds):
+                for mode in MODES:
+                    print(f"round {k + 1}/{args.rounds}: {mode} ...", flush=True)
+                    res, batch = run_clients(base, mode, [(args.low, LOW), (args.high, HIGH)], args, client_cpus)
+                    priority = {"low": res[0], "high": res[1], "seconds": args.seconds, "mean_batch": batch}
+                    res, batch = run_clients(base, mode, [(args.throughput_clients, None)], args, client_cpus)
+                    per_mode[mode].append({"priority": priority, "throughput": {
+                        "all": res[0], "seconds": args.seconds, "mean_batch": batch}})
+        finally:
+            server.close()
+    return {"modes": {mode: summarize(rounds) for mode, rounds in per_mode.items()},
+            "server_cpus": sorted(server_cpus) if server_cpus else "not pinned",
+            "client_cpus": sorted(client_cpus) if client_cpus else "not pinned"}
+
+
+def fmt(value, spec=".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def report(result: dict, args) -> None:
+    modes = result["modes"]
+    print(f"\nheavy CNN (gears {GEARS}), server on CPU {result['server_cpus']}, clients on "
+          f"{result['client_cpus']}, {args.rounds} rounds x {args.seconds:g} s per test\n")
+    print(f"| config | {args.low} low + {args.high} high: low p50 / p99 ms | high p50 / p99 ms "
+          f"| high p99 / low p50 | req/s | mean batch | {args.throughput_clients} clients: req/s | "
+          "p50 ms | mean batch | errors |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for mode, m in modes.items():
+        low, high, all_ = m["priority_low"], m["priority_high"], m["throughput_all"]
+        print(f"| {mode} | {fmt(low['p50_ms'])} / {fmt(low['p99_ms'])} | {fmt(high['p50_ms'])} / "
+              f"{fmt(high['p99_ms'])} | {fmt(m['high_p99_over_low_p50'], '.2f')} | "
+              f"{m['priority_req_per_s']:.0f} | {m['priority_mean_batch']:.2f} | {m['throughput_req_per_s']:.0f} | "
+              f"{fmt(all_['p50_ms'])} | {m['throughput_mean_batch']:.2f} | "
+              f"{low['errors'] + high['errors'] + all_['errors']} |")
+    eager = modes["eager"]["throughput_req_per_s"]
+    print()
+    for mode in ("jit", "slots1"):
+        m = modes[mode]
+        ratio, speed = m["high_p99_over_low_p50"], m["throughput_req_per_s"] / eager if eager else 0.0
+        rounds = " ".join(f"{x:.0f}" for x in m["throughput_rounds_req_per_s"])
+        print(f"{mode}: high p99 / low p50 = {fmt(ratio, '.2f')} (target <= 0.5: "
+              f"{'PASS' if ratio is not None and ratio <= 0.5 else 'FAIL'}); req/s at "
+              f"{args.throughput_clients} clients = {speed:.3f} x eager (target >= 0.97: "
+              f"{'PASS' if speed >= 0.97 else 'FAIL'}; rounds {rounds} vs eager "
+              + " ".join(f"{x:.0f}" for x in modes["eager"]["throughput_rounds_req_per_s"]) + ")")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["client"]:
+        return client_main(argv[1:])
+    p = argparse.ArgumentParser(prog="bench_batching.py priority", description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=6.0, help="measured window per test and round")
+    p.add_argument("--warm", type=float, default=2.0, help="seconds before each window")
+    p.add_argument("--rounds", type=int, default=2, help="alternations of the three configs")
+    p.add_argument("--low", type=int, default=24, help="clients at priority 3")
+    p.add_argument("--high", type=int, default=3, help="clients at priority 1")
+    p.add_argument("--throughput-clients", type=int, default=64)
+    p.add_argument("--no-pin", action="store_true", help="do not pin the server and the clients")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    args = p.parse_args(argv)
+    started = time.perf_counter()
+    result = measure(args)
+    report(result, args)
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
