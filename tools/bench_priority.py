@@ -40,7 +40,7 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
-from bench_common import ManagedProcess, ensure_example_models, free_port, http, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, RawOrt, ensure_example_models, free_port, http, wait_ready  # noqa: E402
 
 GEARS = "1,2,4,8"
 MODES = {"jit": "slots: 2\nbatching: {batch_formation: just_in_time}\n",
@@ -184,6 +184,9 @@ def measure(args) -> dict:
     if client_cpus:
         os.sched_setaffinity(0, client_cpus)
     onnx_path = ensure_example_models(os.path.join(ROOT, "out", "models"))["heavy"]
+    raw = RawOrt(onnx_path, threads=1, cpus=server_cpus or set(cpus))
+    ms_per_row = {b: raw.seconds_per_batch(b) * 1000 / b for b in (1, 8)}
+    del raw
     with tempfile.TemporaryDirectory(prefix="bench-priority-") as tmp:
         repo = os.path.join(tmp, "models")
         os.makedirs(repo)
@@ -207,6 +210,7 @@ def measure(args) -> dict:
         finally:
             server.close()
     return {"modes": {mode: summarize(rounds) for mode, rounds in per_mode.items()},
+            "raw_ms_per_row": ms_per_row,
             "server_cpus": sorted(server_cpus) if server_cpus else "not pinned",
             "client_cpus": sorted(client_cpus) if client_cpus else "not pinned"}
 
@@ -217,8 +221,11 @@ def fmt(value, spec=".1f") -> str:
 
 def report(result: dict, args) -> None:
     modes = result["modes"]
-    print(f"\nheavy CNN (gears {GEARS}), server on CPU {result['server_cpus']}, clients on "
-          f"{result['client_cpus']}, {args.rounds} rounds x {args.seconds:g} s per test\n")
+    cost = result["raw_ms_per_row"]
+    print(f"\nheavy CNN (gears {GEARS}; raw ONNX Runtime, one thread, on the server core: "
+          f"{cost[1]:.2f} ms per row at batch 1, {cost[8]:.2f} at batch 8), server on CPU "
+          f"{result['server_cpus']}, clients on {result['client_cpus']}, {args.rounds} rounds x "
+          f"{args.seconds:g} s per test\n")
     print(f"| config | {args.low} low + {args.high} high: low p50 / p99 ms | high p50 / p99 ms "
           f"| high p99 / low p50 | req/s | mean batch | {args.throughput_clients} clients: req/s | "
           "p50 ms | mean batch | errors |")

@@ -47,8 +47,9 @@ class DynamicBatcher:
     `max_batch_size`. They run at once if they fill a gear exactly or no more can fit;
     otherwise the batcher waits until the oldest of them has waited `max_queue_delay_ms`.
     GearPlanner chooses padding or a split; under `just_in_time` a batch holding requests of
-    a higher level takes lower-level rows only into its padding, unless the bigger gear costs
-    little more (GearPlanner.level_cut), so they are not slowed by rows they could run without. Requests are never split: one with more rows
+    a higher level takes lower-level rows only into its padding when that makes it markedly
+    shorter at little cost per row (GearPlanner.level_cut), so they are not slowed by rows
+    they could run without. Requests are never split: one with more rows
     than `max_batch_size` is refused with InvalidInput. A static model (no gears) and
     `enabled=False` run one request per run.
 

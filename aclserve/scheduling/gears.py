@@ -82,14 +82,18 @@ class GearPlanner:
 
     def level_cut(self, top_rows: int, rows: int) -> int:
         """Rows a batch may take when its `top_rows` rows of the highest queued level would be
-        joined by lower levels up to `rows`: all of them when the bigger gear costs at most
-        SPLIT_SAVING more, else only the top level's own gear (lower levels fill its padding),
-        so higher-level requests are not slowed by rows they could run without."""
-        if top_rows >= rows or not self._measured:
+        joined by lower levels up to `rows`: only the top level's own gear (lower levels fill
+        its padding) when the bigger gear costs over SPLIT_SAVING more and the own gear runs
+        within SPLIT_SAVING of the bigger one's cost per row (so cutting costs little
+        throughput); otherwise all of them."""
+        own, full = self._pad[top_rows], self._pad[rows]
+        if own == full or not self._measured:
             return rows
-        own = self._pad[top_rows]
-        if self._cost[self._pad[rows]] <= self._cost[own] * (1.0 + SPLIT_SAVING):
-            return rows
+        cost = self._cost
+        if cost[full] <= cost[own] * (1.0 + SPLIT_SAVING):
+            return rows  # filling up is nearly free
+        if cost[own] / own > cost[full] / full * (1.0 + SPLIT_SAVING):
+            return rows  # a run of the own gear would waste the device
         return own
 
     def plan(self, rows: Sequence[int], total: int, free_slots: int) -> list[tuple[int, int]]:

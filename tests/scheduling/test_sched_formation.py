@@ -47,14 +47,12 @@ async def test_a_busy_instance_commits_nothing_until_its_moment_and_a_later_high
     await env.settle()
     assert len(executor.runs) == 1  # queued, before the moment
     await advance(env, EARLY_S + 0.2 * MS)  # the moment has come
-    # It runs first, alone: a gear 1 run instead of a gear 8 one (see the level-cut tests).
-    assert [(run.gear, run.tags) for run in executor.runs[1:]] == [(1, [999])]
+    assert [(run.gear, run.tags) for run in executor.runs[1:]] == [(8, [999] + list(range(100, 107)))]
     executor.runs[0].complete(compute_ms=8)
-    executor.runs[1].complete(compute_ms=1)
+    executor.runs[1].complete(compute_ms=8)
     await env.settle()
-    assert urgent.done() and not any(task.done() for task in waiting)
-    assert all(task.done() for task in running)
-    assert [run.tags for run in executor.runs[2:]] == [list(range(100, 108))]
+    assert urgent.done() and not waiting[7].done()
+    assert all(task.done() for task in running + waiting[:7])
 
 
 async def test_when_slot_free_commits_at_once_and_the_high_request_waits_behind(env):
