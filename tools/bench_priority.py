@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -248,6 +249,7 @@ def report(result: dict, args) -> None:
               f"{args.throughput_clients} clients = {speed:.3f} x eager (target >= 0.97: "
               f"{'PASS' if speed >= 0.97 else 'FAIL'}; rounds {rounds} vs eager "
               + " ".join(f"{x:.0f}" for x in modes["eager"]["throughput_rounds_req_per_s"]) + ")")
+    print(f"\n{result['command']}: {result['elapsed_s']:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,11 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     started = time.perf_counter()
     result = measure(args)
+    result.update(elapsed_s=time.perf_counter() - started, command=" ".join(["python"] + sys.argv))
     report(result, args)
-    print(f"\ntotal {time.perf_counter() - started:.0f} s")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        pathlib.Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
 
 
