@@ -17,7 +17,8 @@ late as the device allows:
 The predicted result time of a booked batch is its booking time plus its gear's lone run time
 when the instance was idle, otherwise the previous batch's predicted result time plus the
 gear's compute time; when a result arrives, the batches behind it are re-anchored on that
-moment. Compute times start from warm-up and follow what the device reports for every run.
+moment. Compute times start from warm-up and follow what the device reports: the median of
+each gear's last COMPUTE_RUNS runs, which one slow run (the host preempted) does not move.
 
 The lead adapts, because under load hand-offs between threads take longer than at warm-up
 and results arrive with jitter: when a result comes back before the next batch was formed
@@ -34,6 +35,7 @@ one for `choose()`'s next moment).
 """
 from __future__ import annotations
 
+import collections
 from typing import Mapping, Sequence
 
 from .gears import estimate_costs
@@ -46,15 +48,14 @@ JUST_IN_TIME, WHEN_SLOT_FREE = FORMATION_MODES
 # as come that much early. Then a timer re-armed for a moment still ahead is at least one tick
 # away, and never fires again and again within the same tick.
 EARLY_S = 0.0005
-# Weight of each run's reported compute time in the per-gear average.
-COMPUTE_WEIGHT = 0.2
+COMPUTE_RUNS = 9  # reported compute times per gear whose median predicts the next
 WAITING_MAX = 1  # batches booked behind the executing one
 LEAD_DECAY = 0.02  # the lead's shrink per result that found its successor already formed
 
 
 class GearTimes:
     """Seconds per gear: `cost` = a lone run, submit to result (warm-up); `compute` = the
-    device's compute time (warm-up, then a moving average of what runs report)."""
+    device's compute time (warm-up, then the median of the last runs' reports)."""
 
     def __init__(self, gears: Sequence[int], gear_cost: Mapping[int, float],
                  compute_cost: Mapping[int, float]):
@@ -64,6 +65,7 @@ class GearTimes:
         self.known = bool(gears) and bool(measured_cost) and bool(measured_compute)
         self._cost = estimate_costs(gears, measured_cost) if self.known else {}
         self._compute = estimate_costs(gears, measured_compute) if self.known else {}
+        self._recent: dict[int, collections.deque] = {}
         # The lead is taken from warm-up once: it is what a run costs besides the device.
         self.lead = max((max(self._cost[g] - self._compute[g], 0.0) for g in gears), default=0.0) \
             if self.known else 0.0
@@ -75,8 +77,11 @@ class GearTimes:
         return self._compute.get(gear, 0.0)
 
     def observe(self, gear: int | None, compute_s: float) -> None:
-        if self.known and compute_s > 0 and gear in self._compute:
-            self._compute[gear] += COMPUTE_WEIGHT * (compute_s - self._compute[gear])
+        if not self.known or compute_s <= 0 or gear not in self._compute:
+            return
+        recent = self._recent.setdefault(gear, collections.deque([self._compute[gear]], COMPUTE_RUNS))
+        recent.append(compute_s)
+        self._compute[gear] = sorted(recent)[(len(recent) - 1) // 2]  # the lower median
 
 
 class _Lane:

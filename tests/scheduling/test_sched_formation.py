@@ -102,21 +102,28 @@ async def test_at_most_one_batch_waits_behind_the_executing_one_even_with_free_s
     assert [run.tags[0] for run in executor.runs] == [0, 100, 200]
 
 
-async def test_reported_compute_times_move_the_moment(env):
+async def test_the_median_of_reported_compute_times_moves_the_moment_one_slow_run_does_not(env):
     batcher, executor = env.make(timed_executor(env), max_queue_delay_ms=1)
     await fill_gear_8(env, batcher, 0)
     await fill_gear_8(env, batcher, 100)
     await advance(env, 8 * MS)
     assert len(executor.runs) == 2
     await fill_gear_8(env, batcher, 200)
-    executor.runs[0].complete(compute_ms=16)  # the device reports twice the warm-up figure
+    await advance(env, 1 * MS)
+    executor.runs[0].complete(compute_ms=16)  # one run reports twice the warm-up figure
     await env.settle()
-    # gear 8 now averages 8 + 0.2 * (16 - 8) = 9.6 ms: the third batch is due 9.2 ms on
-    expected = 9.6 * MS - LEAD
-    await advance(env, expected - EARLY_S - 0.1 * MS)
+    # gear 8 still predicts 8 ms (the lower median of 8 and 16): the third batch is due in 7.6
+    await advance(env, 8 * MS - LEAD - EARLY_S - 0.1 * MS)
     assert len(executor.runs) == 2
     await advance(env, EARLY_S + 0.2 * MS)
     assert len(executor.runs) == 3
+    await fill_gear_8(env, batcher, 300)
+    executor.runs[1].complete(compute_ms=16)  # a second one: the median of 8, 16, 16 is 16
+    await env.settle()
+    await advance(env, 16 * MS - LEAD - EARLY_S - 0.1 * MS)
+    assert len(executor.runs) == 3
+    await advance(env, EARLY_S + 0.2 * MS)
+    assert [run.tags[0] for run in executor.runs] == [0, 100, 200, 300]
 
 
 async def test_a_partial_batch_waits_for_the_later_of_its_window_and_the_moment(env):
