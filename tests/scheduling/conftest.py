@@ -75,8 +75,8 @@ def expected(tag: int, rows: int) -> np.ndarray:
 
 
 class FakeRun:
-    def __init__(self, executor, requests, gear):
-        self.executor, self.requests, self.gear = executor, requests, gear
+    def __init__(self, executor, requests, gear, lane=0):
+        self.executor, self.requests, self.gear, self.lane = executor, requests, gear, lane
         self.future = concurrent.futures.Future()
         self.rows = sum(len(r["x"]) for r in requests)
 
@@ -99,48 +99,52 @@ class FakeRun:
 
     def complete(self, compute_ms: float = 0.5) -> None:
         """Finish the run; `compute_ms` is the device compute time it reports."""
-        self.executor._release()
+        self.executor._release(self.lane)
         self.future.set_result(self.compute(compute_ms))
 
     def fail(self, error: BaseException) -> None:
-        self.executor._release()
+        self.executor._release(self.lane)
         self.future.set_exception(error)
 
 
 class FakeExecutor:
-    """A BatchExecutor with `slots` slots. Runs wait until the test calls complete()/fail(),
-    unless `auto` is set: then a worker thread per run completes it (real cross-thread hops)."""
+    """A BatchExecutor of `instances` instances ("lanes") with `slots` slots each. Runs wait
+    until the test calls complete()/fail(), unless `auto` is set: then a worker thread per run
+    completes it (real cross-thread hops)."""
 
-    def __init__(self, gears=(1, 2, 4, 8), slots=1, gear_cost=None, auto=False, compute_cost=None):
+    def __init__(self, gears=(1, 2, 4, 8), slots=1, gear_cost=None, auto=False, compute_cost=None,
+                 instances=1):
         self.gears = tuple(gears)
         self.gear_cost = dict(gear_cost or {})
         self.compute_cost = dict(compute_cost or {})
         self.slots = slots
         self.auto = auto
         self.runs: list[FakeRun] = []
-        self.busy = 0
+        self.busy = [0] * instances
         self._listeners = []
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
     def lanes(self) -> list[int]:
-        """One instance."""
         with self._lock:
-            return [self.slots - self.busy]
+            return [self.slots - busy for busy in self.busy]
 
     def add_slot_listener(self, callback) -> None:
         self._listeners.append(callback)
 
     def submit(self, requests, gear, lane=None):
         assert requests, "empty run"
-        assert lane in (None, 0), f"lane {lane} of a one-instance executor"
         if self.gears:
             assert gear in self.gears, f"gear {gear} not compiled"
         else:
             assert gear is None and len(requests) == 1
         with self._lock:
-            self.busy += 1
-        run = FakeRun(self, list(requests), gear)
+            if lane is None:
+                lane = min(range(len(self.busy)), key=self.busy.__getitem__)
+            assert 0 <= lane < len(self.busy), f"lane {lane} of {len(self.busy)} instances"
+            assert self.busy[lane] < self.slots, f"lane {lane} has no free slot"
+            self.busy[lane] += 1
+        run = FakeRun(self, list(requests), gear, lane)
         assert gear is None or run.rows <= gear, f"{run.rows} rows do not fit gear {gear}"
         self.runs.append(run)
         if self.auto:
@@ -149,9 +153,9 @@ class FakeExecutor:
             thread.start()
         return run.future
 
-    def _release(self) -> None:
+    def _release(self, lane: int) -> None:
         with self._lock:
-            self.busy -= 1
+            self.busy[lane] -= 1
         for listener in self._listeners:
             listener()
 

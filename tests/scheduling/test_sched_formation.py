@@ -214,3 +214,25 @@ async def test_lower_levels_fill_a_higher_levels_batch_when_that_is_nearly_free_
     assert [(run.gear, run.tags) for run in executor.runs[1:]] == [(8, [900, 901, 902, 100, 101, 102, 103, 104])]
     executor.runs[1].complete(compute_ms=8)
     await env.settle()
+
+
+async def test_idle_instances_take_batches_first_then_each_busy_one_at_its_own_moment(env):
+    executor = env.FakeExecutor(gears=GEARS, slots=2, instances=2, compute_cost={g: g * MS for g in GEARS},
+                                gear_cost={g: g * MS + LEAD for g in GEARS})
+    batcher, executor = env.make(executor, max_queue_delay_ms=1)
+    await fill_gear_8(env, batcher, 0)
+    await advance(env, 2 * MS)
+    await fill_gear_8(env, batcher, 100)  # the second instance is idle: it takes this at once
+    for first in (200, 300, 400):
+        await fill_gear_8(env, batcher, first)
+    assert [(run.lane, run.tags[0]) for run in executor.runs] == [(0, 0), (1, 100)]
+    await advance(env, 6 * MS + EARLY_S + 0.1 * MS)  # instance 0's moment: +8.0 ms
+    assert [(run.lane, run.tags[0]) for run in executor.runs[2:]] == [(0, 200)]
+    await advance(env, 2 * MS)  # instance 1's moment, 2 ms later
+    assert [(run.lane, run.tags[0]) for run in executor.runs[2:]] == [(0, 200), (1, 300)]
+    await advance(env, 50 * MS)  # each has one batch waiting: the rest waits for a result
+    assert len(executor.runs) == 4
+    executor.runs[1].complete(compute_ms=8)
+    await env.settle()
+    await advance(env, 8 * MS)
+    assert [(run.lane, run.tags[0]) for run in executor.runs[4:]] == [(1, 400)]

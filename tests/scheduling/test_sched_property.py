@@ -25,6 +25,9 @@ request_specs = st.lists(
 scenarios = st.fixed_dictionaries({
     "gears": st.sampled_from(GEAR_SETS),
     "slots": st.integers(1, 3),
+    "instances": st.integers(1, 2),
+    "formation": st.sampled_from(["just_in_time", "when_slot_free"]),
+    "timed": st.booleans(),  # warm-up gear times known: just_in_time predicts moments
     "delay_ms": st.sampled_from([0.0, 0.3, 1.0]),
     "ordered": st.booleans(),
     "enabled": st.booleans(),
@@ -39,9 +42,12 @@ async def _turns(n):
 
 
 async def run_scenario(fakes, scenario):
-    executor = fakes.FakeExecutor(gears=scenario["gears"], slots=scenario["slots"], auto=True)
+    times = {g: g * 1e-4 for g in scenario["gears"]} if scenario["timed"] else {}
+    executor = fakes.FakeExecutor(gears=scenario["gears"], slots=scenario["slots"], auto=True,
+                                  instances=scenario["instances"], compute_cost=times,
+                                  gear_cost={g: t + 5e-5 for g, t in times.items()})
     config = BatchingConfig(enabled=scenario["enabled"], max_queue_delay_ms=scenario["delay_ms"],
-                            preserve_ordering=scenario["ordered"],
+                            preserve_ordering=scenario["ordered"], batch_formation=scenario["formation"],
                             default_queue_policy=QueuePolicy(timeout_action=scenario["action"]))
     batcher = DynamicBatcher(executor, config, name="prop:1")
     limit = scenario["gears"][-1] if scenario["gears"] else 8
@@ -91,7 +97,7 @@ async def run_scenario(fakes, scenario):
             assert run.gear is None and len(run.requests) == 1
         elif not scenario["enabled"]:
             assert len(run.requests) == 1
-    assert batcher.pending == 0 and executor.busy == 0
+    assert batcher.pending == 0 and not any(executor.busy)
 
 
 @settings(max_examples=60, deadline=None)
