@@ -21,11 +21,13 @@ moment. Compute times start from warm-up and follow what the device reports: the
 each gear's last COMPUTE_RUNS runs, which one slow run (the host preempted) does not move.
 
 The lead adapts, because under load hand-offs between threads take longer than at warm-up
-and results arrive with jitter: when a result comes back before the next batch was formed
-while requests were waiting (a miss: the device falls idle), the lead grows by how early that
-result came; every result with the next batch already behind it shortens the lead by
-LEAD_DECAY, never below the warm-up figure nor above the longest gear's compute time (at
-which the rule is `when_slot_free` with one waiting batch).
+and results arrive with jitter. It grows when the compute stream sat idle: by how early a
+result came when it found nothing formed while requests were waiting (a miss), and by half
+of the idle time beyond IDLE_TOLERANCE_S when a batch booked behind another came back later
+than one compute time after it (it was formed too late). Otherwise every result with the
+next batch already behind it shortens the lead by LEAD_DECAY. It stays between the warm-up
+figure and LEAD_MAX_SHARE of the longest gear's compute time, so a busy instance never
+commits more than that ahead of the batch it runs.
 
 Without warm-up figures (a static model) an instance takes its next batch as soon as it has at
 most one booked, which is what `when_slot_free` does with two slots.
@@ -51,6 +53,10 @@ EARLY_S = 0.0005
 COMPUTE_RUNS = 9  # reported compute times per gear whose median predicts the next
 WAITING_MAX = 1  # batches booked behind the executing one
 LEAD_DECAY = 0.02  # the lead's shrink per result that found its successor already formed
+LEAD_MAX_SHARE = 0.5  # the lead's ceiling, as a share of the longest gear's compute time
+# Idle time of the compute stream that the lead tolerates before growing by half of the rest:
+# results are seen on a clock that ticks in milliseconds (uvloop).
+IDLE_TOLERANCE_S = 2 * EARLY_S
 
 
 class GearTimes:
@@ -85,13 +91,15 @@ class GearTimes:
 
 
 class _Lane:
-    """One instance's booked batches in compute order: [run, earliest result time]."""
+    """One instance's booked batches in compute order: [run, earliest result time, booked
+    behind another]."""
 
-    __slots__ = ("booked", "result_at")
+    __slots__ = ("booked", "result_at", "done_at")
 
     def __init__(self):
         self.booked: list[list] = []
         self.result_at = 0.0  # predicted moment the last booked batch's result arrives
+        self.done_at: float | None = None  # the previous result's moment, while more are booked
 
 
 class Formation:
@@ -143,7 +151,7 @@ class Formation:
         earliest = now + times.cost(run.gear)
         lane.result_at = (max(lane.result_at + times.compute(run.gear), earliest) if lane.booked
                           else earliest)
-        lane.booked.append([run, earliest])
+        lane.booked.append([run, earliest, bool(lane.booked)])
 
     def finished(self, index: int | None, run, now: float, compute_s: float, waiting: bool) -> None:
         """`run`'s outcome reached the loop at `now` (`waiting`: requests are queued); the
@@ -154,16 +162,25 @@ class Formation:
         position = next((k for k, entry in enumerate(lane.booked) if entry[0] is run), None)
         if position is None:
             return
-        del lane.booked[position]
+        _, _, was_behind = lane.booked.pop(position)
         self.times.observe(run.gear, compute_s)
         if position != 0 or not self.just_in_time or not self.times.known:
             return
-        if lane.booked:
+        longest = LEAD_MAX_SHARE * max(self.times.compute(g) for g in self.times.gears)
+        # A batch booked behind another should come back one compute time after it; more is
+        # time the device sat idle because this batch was formed too late.
+        idle = now - lane.done_at - (compute_s or self.times.compute(run.gear)) \
+            if was_behind and lane.done_at is not None else 0.0
+        if idle > IDLE_TOLERANCE_S:
+            self.lead = min(self.lead + (idle - IDLE_TOLERANCE_S) / 2, longest)
+        elif lane.booked:
             self.lead = max(self.lead * (1.0 - LEAD_DECAY), self.times.lead)
-            at = now
-            for behind, earliest in lane.booked:
+        if lane.booked:
+            lane.done_at = at = now
+            for behind, earliest, _ in lane.booked:
                 at = max(at + self.times.compute(behind.gear), earliest)
             lane.result_at = at
-        elif waiting:  # a miss: the device falls idle while requests wait
-            longest = max(self.times.compute(g) for g in self.times.gears)
-            self.lead = min(self.lead + max(lane.result_at - now, EARLY_S), longest)
+        else:
+            lane.done_at = None
+            if waiting:  # a miss: the device falls idle while requests wait
+                self.lead = min(self.lead + max(lane.result_at - now, EARLY_S), longest)

@@ -236,3 +236,40 @@ async def test_idle_instances_take_batches_first_then_each_busy_one_at_its_own_m
     await env.settle()
     await advance(env, 8 * MS)
     assert [(run.lane, run.tags[0]) for run in executor.runs[4:]] == [(1, 400)]
+
+
+async def test_a_batch_coming_back_late_behind_another_lengthens_the_lead_by_half_the_idle_time(env):
+    batcher, executor = env.make(timed_executor(env), max_queue_delay_ms=1)
+    for first in (0, 100, 200):
+        await fill_gear_8(env, batcher, first)
+    await advance(env, 8.4 * MS)  # the second batch was formed at +8.0 ms
+    executor.runs[0].complete(compute_ms=8)  # on time: the second is due back at +16.4 ms
+    await env.settle()
+    await advance(env, 7.6 * MS)  # +16.0 ms: the third batch is formed behind the second
+    assert len(executor.runs) == 3
+    await fill_gear_8(env, batcher, 300)
+    await advance(env, 3.4 * MS)
+    # The second batch computed 8 ms but comes back 11 ms after the first: the compute stream
+    # sat idle 3 ms, 2 ms beyond the tolerance, so the lead grows by 1 ms to 1.4 ms and the
+    # fourth batch is due 8 - 1.4 ms from now (8 - 0.4 ms with the warm-up lead).
+    executor.runs[1].complete(compute_ms=8)
+    await env.settle()
+    await advance(env, 6.6 * MS - EARLY_S - 0.1 * MS)
+    assert len(executor.runs) == 3
+    await advance(env, EARLY_S + 0.2 * MS)
+    assert [run.tags[0] for run in executor.runs] == [0, 100, 200, 300]
+
+
+async def test_the_lead_never_exceeds_half_the_longest_compute(env):
+    batcher, executor = env.make(timed_executor(env), max_queue_delay_ms=1)
+    await fill_gear_8(env, batcher, 0)
+    await fill_gear_8(env, batcher, 100)
+    await advance(env, 1 * MS)
+    executor.runs[0].complete(compute_ms=8)  # 7.4 ms early: the lead would grow to 7.8 ms
+    await env.settle()
+    await fill_gear_8(env, batcher, 200)
+    # ... but stops at 4 ms: the third batch is due 8.4 - 4 ms after the second was booked
+    await advance(env, 4.4 * MS - EARLY_S - 0.1 * MS)
+    assert len(executor.runs) == 2
+    await advance(env, EARLY_S + 0.2 * MS)
+    assert len(executor.runs) == 3
