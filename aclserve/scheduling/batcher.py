@@ -48,7 +48,7 @@ class DynamicBatcher:
     otherwise the batcher waits until the oldest of them has waited `max_queue_delay_ms`.
     GearPlanner chooses padding or a split; under `just_in_time` a batch holding requests of
     a higher level takes lower-level rows only into its padding when that makes it markedly
-    shorter at little cost per row (GearPlanner.level_cut), so they are not slowed by rows
+    shorter at a bounded cost per row (GearPlanner.level_cut), so they are not slowed by rows
     they could run without. Requests are never split: one with more rows
     than `max_batch_size` is refused with InvalidInput. A static model (no gears) and
     `enabled=False` run one request per run.

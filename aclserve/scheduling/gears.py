@@ -8,6 +8,10 @@ from .policy import BatchingConfig
 # Splitting takes more slots and more launches, so it must save at least this fraction of
 # the single padded run's cost to be chosen.
 SPLIT_SAVING = 0.10
+# A batch holding a higher level's requests may run on their own gear (lower levels only in
+# its padding) at up to this much more cost per row than the bigger gear: priority traded for
+# a bounded share of throughput, with room for the noise of one warm-up measurement.
+LEVEL_CUT_WASTE = 0.25
 
 
 def max_batch_size(gears: Sequence[int], config: BatchingConfig) -> int:
@@ -83,16 +87,16 @@ class GearPlanner:
     def level_cut(self, top_rows: int, rows: int) -> int:
         """Rows a batch may take when its `top_rows` rows of the highest queued level would be
         joined by lower levels up to `rows`: only the top level's own gear (lower levels fill
-        its padding) when the bigger gear costs over SPLIT_SAVING more and the own gear runs
-        within SPLIT_SAVING of the bigger one's cost per row (so cutting costs little
-        throughput); otherwise all of them."""
+        its padding) when the bigger gear costs over SPLIT_SAVING more and the own gear costs
+        at most LEVEL_CUT_WASTE more per row (so cutting costs bounded throughput); otherwise
+        all of them."""
         own, full = self._pad[top_rows], self._pad[rows]
         if own == full or not self._measured:
             return rows
         cost = self._cost
         if cost[full] <= cost[own] * (1.0 + SPLIT_SAVING):
             return rows  # filling up is nearly free
-        if cost[own] / own > cost[full] / full * (1.0 + SPLIT_SAVING):
+        if cost[own] / own > cost[full] / full * (1.0 + LEVEL_CUT_WASTE):
             return rows  # a run of the own gear would waste the device
         return own
 

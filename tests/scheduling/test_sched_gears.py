@@ -76,12 +76,13 @@ def test_take_limit_pads_when_a_run_costs_mostly_its_fixed_overhead():
     assert GearPlanner(gears, {}, 32).take_limit(22) == 32  # unmeasured: pad
 
 
-def test_level_cut_keeps_a_higher_level_on_its_own_gear_when_that_costs_little_throughput():
+def test_level_cut_keeps_a_higher_level_on_its_own_gear_when_that_costs_bounded_throughput():
     linear = GearPlanner(GEARS, {g: g + 0.4 for g in GEARS}, 8)
     assert linear.level_cut(3, 8) == 4  # gear 8 costs twice gear 4: lower levels fill 1 padding row
     assert linear.level_cut(5, 8) == 8  # the top level needs gear 8 anyway
     assert linear.level_cut(4, 4) == 4  # nothing of a lower level queued
-    assert linear.level_cut(1, 6) == 6  # gear 1 costs 1.4 per row against 1.05: not worth a run
+    assert linear.level_cut(1, 6) == 6  # gear 1 costs 1.4 per row against 1.05: > 25 % more
+    assert linear.level_cut(2, 8) == 2  # gear 2 costs 1.2 per row: < 25 % more
     flat = GearPlanner(GEARS, {1: 1.05, 2: 2.1, 4: 4.2, 8: 8.4}, 8)
     assert flat.level_cut(1, 8) == 1
     nearly_free = GearPlanner(GEARS, {1: 4.0, 2: 4.0, 4: 4.0, 8: 4.3}, 8)
