@@ -211,17 +211,24 @@ class ModelInstance:
         """A batch on an idle instance: copy in with a synchronous memcpy on this thread and queue
         only the execution, so the batch costs two thread hand-offs fewer (the copy streams' wake-
         ups); the completion thread copies the outputs back itself. Same calls a device takes."""
-        acl, rt = self._acl, self._acl.rt
+        rt = self._acl.rt
         rows = self._pack(slot, job)
         trace = job.trace
         if trace is not None:
             trace.packed_ns = now_ns()
-        compute, ev = self.streams["compute"], slot.events
         for tensor in slot.inputs:
             check("rt.memcpy", rt.memcpy(tensor.device, tensor.size, tensor.host,
                                          self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
         if trace is not None:
             trace.host_h2d = (trace.packed_ns, now_ns())  # a host memcpy here, not a stream's copy
+        self._enqueue_execution(slot, job, self.streams["compute"])
+        if trace is not None:
+            trace.enqueued_ns = now_ns()
+
+    def _enqueue_execution(self, slot: Slot, job: Job, compute: int) -> None:
+        """Set the gear (an immediate write into the slot's own dataset) and queue the execution
+        between the slot's exec_start and exec_end events on the compute stream."""
+        acl, rt, ev = self._acl, self._acl.rt, slot.events
         if job.gear is not None:
             check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
                 self.model.model_id, slot.input_dataset, self.model.dynamic_index, job.gear))
@@ -229,11 +236,9 @@ class ModelInstance:
         check("mdl.execute_async", acl.mdl.execute_async(
             self.model.model_id, slot.input_dataset, slot.output_dataset, compute))
         check("rt.record_event", rt.record_event(ev["exec_end"], compute))
-        if trace is not None:
-            trace.enqueued_ns = now_ns()
 
     def _enqueue(self, slot: Slot, job: Job) -> None:
-        acl, rt = self._acl, self._acl.rt
+        rt = self._acl.rt
         rows = self._pack(slot, job)
         if job.trace is not None:
             job.trace.packed_ns = now_ns()
@@ -245,13 +250,7 @@ class ModelInstance:
                                                      self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE, h2d))
         check("rt.record_event", rt.record_event(ev["h2d_end"], h2d))
         check("rt.stream_wait_event", rt.stream_wait_event(compute, ev["h2d_end"]))
-        if job.gear is not None:
-            check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
-                self.model.model_id, slot.input_dataset, self.model.dynamic_index, job.gear))
-        check("rt.record_event", rt.record_event(ev["exec_start"], compute))
-        check("mdl.execute_async", acl.mdl.execute_async(
-            self.model.model_id, slot.input_dataset, slot.output_dataset, compute))
-        check("rt.record_event", rt.record_event(ev["exec_end"], compute))
+        self._enqueue_execution(slot, job, compute)
         check("rt.stream_wait_event", rt.stream_wait_event(d2h, ev["exec_end"]))
         check("rt.record_event", rt.record_event(ev["d2h_start"], d2h))
         for tensor in slot.outputs:
