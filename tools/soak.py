@@ -22,7 +22,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,13 +31,11 @@ from collections import Counter
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TOOLS)
+sys.path.insert(0, TOOLS)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench_common import free_port  # noqa: E402
 
 
 def _gzip_bomb(inflated: int) -> bytes:
@@ -198,7 +195,7 @@ class Soak:
         import aiohttp
         folder = tempfile.mkdtemp(prefix="aclserve-soak-")
         models, variants = self.prepare(folder)
-        port = _free_port()
+        port = free_port()
         proc = self.start(models, port)
         base = f"http://127.0.0.1:{port}"
         url = f"{base}/v2/models/digits/infer"
