@@ -33,7 +33,8 @@ sys.path.insert(0, ROOT)
 
 from aclserve.om.compile import compile_model  # noqa: E402
 from aclserve.runtime import AclRuntime, open_pool  # noqa: E402
-from aclserve.runtime.instance import Job  # noqa: E402
+from aclserve.runtime import Batch  # noqa: E402
+from aclserve.runtime.futures import BatchFutures  # noqa: E402
 from bench_common import ensure_example_models, raw_session  # noqa: E402
 
 
@@ -67,7 +68,7 @@ def bench_sync(runtime, om: str, gear: int, seconds: float) -> float:
                    for s in pool.inputs}
 
         def run():
-            instance.run_sync(Job([request], gear, gear))
+            instance.run_sync(Batch([request], gear, gear))
             return gear
         samples, elapsed = timed(run, seconds)
         return samples / elapsed
@@ -80,12 +81,12 @@ def bench_pipelined(runtime, om: str, gear: int, seconds: float, slots: int) -> 
     try:
         request = {s.name: np.random.default_rng(1).standard_normal((gear,) + s.sample_shape).astype(s.dtype)
                    for s in pool.inputs}
-        pool.submit([request], gear).result()
+        futures = BatchFutures(pool)
+        futures.submit([request], gear).result()
         per_round = max(4 * slots, 8)
 
         def run():
-            futures = [pool.submit([request], gear) for _ in range(per_round)]
-            for f in futures:
+            for f in [futures.submit([request], gear) for _ in range(per_round)]:
                 f.result()
             return gear * per_round
         samples, elapsed = timed(run, seconds, min_runs=2)
@@ -125,7 +126,7 @@ def idle_sync(runtime, om: str, gear: int, seconds: float) -> tuple[float, float
         busy = [0.0]
 
         def run():
-            busy[0] += instance.run_sync(Job([request], gear, gear)).timings.compute_ms / 1000
+            busy[0] += instance.run_sync(Batch([request], gear, gear)).timings.compute_ms / 1000
             return gear
         run()
         busy[0] = 0.0
@@ -141,13 +142,14 @@ def idle_pipelined(runtime, om: str, gear: int, seconds: float, slots: int) -> t
     try:
         request = {s.name: np.random.default_rng(1).standard_normal((gear,) + s.sample_shape).astype(s.dtype)
                    for s in pool.inputs}
-        pool.submit([request], gear).result()
-        in_flight = [pool.submit([request], gear) for _ in range(slots)]
+        futures = BatchFutures(pool)
+        futures.submit([request], gear).result()
+        in_flight = [futures.submit([request], gear) for _ in range(slots)]
         busy, samples, start = 0.0, 0, time.perf_counter()
         while time.perf_counter() - start < seconds or samples < 5 * gear:
             busy += in_flight.pop(0).result().timings.compute_ms / 1000
             samples += gear
-            in_flight.append(pool.submit([request], gear))
+            in_flight.append(futures.submit([request], gear))
         elapsed = time.perf_counter() - start
         for future in in_flight:  # they end after the window: neither their samples nor their compute count
             future.result()

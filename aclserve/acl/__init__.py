@@ -12,7 +12,7 @@ import logging
 import os
 from types import ModuleType
 
-from .check import AclError, check, check_handle  # noqa: F401  (re-exported)
+from .check import AclError, check, check_handle, release  # noqa: F401  (re-exported)
 from .context import current_context, restoring_context, using_context  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)

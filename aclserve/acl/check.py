@@ -4,12 +4,17 @@
     free, total = check("rt.get_mem_info", acl.rt.get_mem_info(attr))
     check("rt.set_context", acl.rt.set_context(ctx))
     dataset = check_handle("mdl.create_dataset", acl.mdl.create_dataset())
+    release("rt.destroy_stream", acl.rt.destroy_stream(stream))   # teardown: log, carry on
 
 Nothing else in aclserve inspects a return code.
 """
 from __future__ import annotations
 
+import logging
+
 from .constants import ACL_SUCCESS, error_meaning
+
+log = logging.getLogger(__name__)
 
 
 class AclError(RuntimeError):
@@ -22,13 +27,14 @@ class AclError(RuntimeError):
         super().__init__(f"acl.{api} failed with {ret}: {self.meaning}")
 
 
-def check(api: str, result):
-    """Split `(values..., ret)` or a bare `ret`; return None, the value, or the tuple of values."""
+def check(api: str, result, also_ok: tuple[int, ...] = ()):
+    """Split `(values..., ret)` or a bare `ret`; return None, the value, or the tuple of values.
+    `also_ok`: codes that mean success for this call (e.g. a repeated initialize)."""
     if isinstance(result, tuple):
         *values, ret = result
     else:
         values, ret = (), result
-    if ret != ACL_SUCCESS:
+    if ret != ACL_SUCCESS and ret not in also_ok:
         raise AclError(api, ret)
     if not values:
         return None
@@ -40,3 +46,14 @@ def check_handle(api: str, handle: int) -> int:
     if not handle:
         raise AclError(api, -1, "returned a null handle")
     return handle
+
+
+def release(api: str, result) -> bool:
+    """Teardown: a failed destroy/free is logged and the caller goes on releasing the rest
+    (raising would leak everything after it). True when the call succeeded."""
+    try:
+        check(api, result)
+    except AclError as e:
+        log.warning("%s (teardown continues)", e)
+        return False
+    return True

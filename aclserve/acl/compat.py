@@ -36,11 +36,13 @@ def synchronize_event(acl, event: int, timeout_ms: int) -> None:
         check("rt.synchronize_event_with_timeout", acl.rt.synchronize_event_with_timeout(event, timeout_ms))
 
 
-def synchronize_stream(acl, stream: int, timeout_ms: int) -> int:
-    """Wait for `stream`; returns the ACL code (the caller decides which codes are fatal)."""
+def synchronize_stream(acl, stream: int, timeout_ms: int) -> None:
+    """Wait for `stream`, at most `timeout_ms` where CANN can time the wait (AclError with
+    ACL_ERROR_RT_STREAM_SYNC_TIMEOUT on expiry; the stream's own fault raises its code)."""
     if _missing(acl, "synchronize_stream_with_timeout"):
-        return acl.rt.synchronize_stream(stream)
-    return acl.rt.synchronize_stream_with_timeout(stream, timeout_ms)
+        check("rt.synchronize_stream", acl.rt.synchronize_stream(stream))
+    else:
+        check("rt.synchronize_stream_with_timeout", acl.rt.synchronize_stream_with_timeout(stream, timeout_ms))
 
 
 def soc_name(acl) -> str | None:

@@ -52,7 +52,9 @@ class ServedVersion:
 
     @property
     def max_batch_size(self) -> int:
-        return self.pool.max_batch_size
+        """The protocol's max_batch_size: the batcher's batch_limit (the largest compiled gear,
+        or the configured cap when lower); 0 for a static model."""
+        return self.batcher.batch_limit
 
     @property
     def gears(self) -> tuple[int, ...]:

@@ -5,7 +5,8 @@ from .engine import Engine, EngineModel
 from .instance import ModelInstance
 from .om_model import OmModel
 from .pool import InstancePool, open_pool
-from .types import BatchResult, DeviceTimings, TensorSpec
+from .batch import Batch, BatchExecutor, BatchListener
+from .types import DeviceTimings, TensorSpec
 
-__all__ = ["AclRuntime", "Device", "LoadError", "Engine", "EngineModel", "ModelInstance", "OmModel",
-           "InstancePool", "open_pool", "BatchResult", "DeviceTimings", "TensorSpec"]
+__all__ = ["AclRuntime", "Batch", "BatchExecutor", "BatchListener", "Device", "LoadError", "Engine",
+           "EngineModel", "ModelInstance", "OmModel", "InstancePool", "open_pool", "DeviceTimings", "TensorSpec"]

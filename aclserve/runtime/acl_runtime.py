@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from ..acl import AclError, check, compat, select
+from ..acl import check, compat, release, select
 from ..acl import constants as C
 from .device import Device
 from .limits import limits_for_soc
@@ -46,9 +46,7 @@ class AclRuntime:
             self.acl.set_threads(self.cpu_threads)
         with _process_lock:
             if _users == 0:
-                ret = self.acl.init()
-                if ret not in (C.ACL_SUCCESS, C.ACL_ERROR_REPEAT_INITIALIZE):
-                    raise AclError("init", ret)
+                check("init", self.acl.init(), also_ok=(C.ACL_ERROR_REPEAT_INITIALIZE,))
             _users += 1
         self._started = True
         log.info("ACL runtime: %s (%s), %d device(s)", self.kind, self.soc_name(), self.device_count())
@@ -107,7 +105,7 @@ class AclRuntime:
         with _process_lock:
             _users -= 1
             if _users == 0:
-                check("finalize", self.acl.finalize())
+                release("finalize", self.acl.finalize())
 
     def __enter__(self) -> "AclRuntime":
         return self.start()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from ..acl import check, restoring_context, using_context
+from ..acl import AclError, check, release, restoring_context, using_context
 from ..acl import constants as C
 from .limits import DeviceLedger, limits_for_soc
 
@@ -40,7 +40,7 @@ class Device:
             try:
                 self.context = check("rt.create_context", acl.rt.create_context(device_id))
             except Exception:
-                acl.rt.reset_device(device_id)
+                release("rt.reset_device", acl.rt.reset_device(device_id))
                 raise
             self._mem_attr = self._pick_mem_attr()
             self._last_mem = check("rt.get_mem_info", acl.rt.get_mem_info(self._mem_attr))
@@ -51,8 +51,11 @@ class Device:
     def _pick_mem_attr(self) -> int:
         # HBM on Atlas 300I Duo/910-class cards, DDR on 310-class boards: use whichever reports memory.
         for attr in (C.ACL_HBM_MEM, C.ACL_DDR_MEM):
-            free, total, ret = self._acl.rt.get_mem_info(attr)
-            if ret == 0 and total > 0:
+            try:
+                _, total = check("rt.get_mem_info", self._acl.rt.get_mem_info(attr))
+            except AclError:
+                continue  # this kind of memory is absent here
+            if total > 0:
                 return attr
         return C.ACL_HBM_MEM
 
@@ -82,7 +85,7 @@ class Device:
         self._closed = True
         acl = self._acl
         with using_context(acl, self.context):
-            check("rt.destroy_context", acl.rt.destroy_context(self.context))
+            release("rt.destroy_context", acl.rt.destroy_context(self.context))
         self.context = 0
         with restoring_context(acl):  # reset_device may unbind the default context from this thread
-            check("rt.reset_device", acl.rt.reset_device(self.id))
+            release("rt.reset_device", acl.rt.reset_device(self.id))

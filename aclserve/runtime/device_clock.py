@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ..acl import AclError, check, compat
+from ..acl import AclError, check, compat, release
 from ..acl import constants as C
 from ..trace.records import Anchor
 
@@ -75,18 +75,21 @@ class DeviceClock:
         return anchor, offsets
 
     def _offset_ns(self, anchor: int, event: int) -> int | None:
+        """Nanoseconds from `anchor` to `event`; None when the device will not time the pair."""
         rt = self._acl.rt
-        ms, ret = rt.event_elapsed_time(anchor, event)
-        if ret == C.ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL:
-            ms, ret = rt.event_elapsed_time(event, anchor)
-            ms = -ms
-        return int(ms * 1e6) if ret == C.ACL_SUCCESS else None
+        try:
+            try:
+                ms = check("rt.event_elapsed_time", rt.event_elapsed_time(anchor, event))
+            except AclError as e:
+                if e.ret != C.ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL:
+                    raise
+                ms = -check("rt.event_elapsed_time", rt.event_elapsed_time(event, anchor))
+        except AclError:
+            return None
+        return int(ms * 1e6)
 
     def close(self) -> None:
         """Destroy the events (the instance's context current). Safe twice."""
         events, self._events = self._events, []
         for event in events:
-            try:
-                check("rt.destroy_event", self._acl.rt.destroy_event(event))
-            except AclError:
-                pass
+            release("rt.destroy_event", self._acl.rt.destroy_event(event))

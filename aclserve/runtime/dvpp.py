@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 
-from ..acl import AclError, check, check_handle
+from ..acl import AclError, check, check_handle, release
 from ..acl import constants as C
 from ..acl.context import restoring_context, using_context
 from ..images.header import check_size, probe
@@ -95,26 +95,26 @@ class DvppDecoder:
             out = self._dvpp_malloc(out_size, undo)
             resized = self._pic(out, out_size, plan.width, plan.height, VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN, undo)
             config = check_handle("media.dvpp_create_resize_config", media.dvpp_create_resize_config())
-            undo.append(lambda: media.dvpp_destroy_resize_config(config))
+            undo.append(lambda: release("media.dvpp_destroy_resize_config", media.dvpp_destroy_resize_config(config)))
             check("media.dvpp_vpc_resize_async",
                   media.dvpp_vpc_resize_async(self._channel, decoded, resized, config, self._stream))
             check("rt.synchronize_stream", acl.rt.synchronize_stream(self._stream))
             nv12 = np.empty(out_size, np.uint8)
             check("rt.memcpy", acl.rt.memcpy(nv12.ctypes.data, out_size, out, out_size, C.ACL_MEMCPY_DEVICE_TO_HOST))
         finally:
-            for release in reversed(undo):
-                release()
+            for undo_step in reversed(undo):
+                undo_step()
         return nv12_to_pixels(nv12, out_w, out_h, plan)
 
     def _dvpp_malloc(self, size: int, undo: list) -> int:
         ptr = check("media.dvpp_malloc", self._media.dvpp_malloc(size))
-        undo.append(lambda: self._media.dvpp_free(ptr))
+        undo.append(lambda: release("media.dvpp_free", self._media.dvpp_free(ptr)))
         return ptr
 
     def _pic(self, ptr: int, size: int, w: int, h: int, wa: int, ha: int, undo: list) -> int:
         media = self._media
         pic = check_handle("media.dvpp_create_pic_desc", media.dvpp_create_pic_desc())
-        undo.append(lambda: media.dvpp_destroy_pic_desc(pic))
+        undo.append(lambda: release("media.dvpp_destroy_pic_desc", media.dvpp_destroy_pic_desc(pic)))
         for setter, value in (("data", ptr), ("size", size), ("format", PIXEL_FORMAT_YUV_SEMIPLANAR_420),
                               ("width", w), ("height", h), ("width_stride", _align(w, wa)),
                               ("height_stride", _align(h, ha))):
@@ -126,16 +126,16 @@ class DvppDecoder:
         acl = self._acl
         with restoring_context(acl):
             if self._ctx is not None:
-                acl.rt.set_context(self._ctx)
+                release("rt.set_context", acl.rt.set_context(self._ctx))
             if self._channel is not None:
-                self._media.dvpp_destroy_channel(self._channel)
-                self._media.dvpp_destroy_channel_desc(self._channel)
+                release("media.dvpp_destroy_channel", self._media.dvpp_destroy_channel(self._channel))
+                release("media.dvpp_destroy_channel_desc", self._media.dvpp_destroy_channel_desc(self._channel))
                 self._channel = None
             if self._stream is not None:
-                acl.rt.destroy_stream(self._stream)
+                release("rt.destroy_stream", acl.rt.destroy_stream(self._stream))
                 self._stream = None
             if self._ctx is not None:
-                acl.rt.destroy_context(self._ctx)
+                release("rt.destroy_context", acl.rt.destroy_context(self._ctx))
                 self._ctx = None
 
 

@@ -17,17 +17,20 @@ import asyncio
 import bisect
 import concurrent.futures
 import os
+import threading
 from typing import Mapping
 
 import numpy as np
 
 from .acl_runtime import AclRuntime
+from .batch import Batch
 from .pool import InstancePool, open_pool
 from .types import TensorSpec
 
 
 class EngineModel:
-    """A loaded model. Owned by its Engine; close() unloads it (blocking)."""
+    """A loaded model. Owned by its Engine; close() unloads it (blocking). The pool's listener:
+    each finished batch goes back to the call it is part of."""
 
     def __init__(self, pool: InstancePool):
         self.pool = pool
@@ -35,26 +38,39 @@ class EngineModel:
         self.inputs: list[TensorSpec] = pool.inputs
         self.outputs: list[TensorSpec] = pool.outputs
         self.gears = pool.gears
+        pool.attach(self)
 
     def submit(self, inputs: Mapping[str, np.ndarray]) -> concurrent.futures.Future:
         """Start inference; the future resolves to {output name: array}. Never blocks."""
         arrays = self._validate(inputs)
         if not self.gears:
-            return _map_future(self.pool.submit([arrays], None), lambda results: results[0])
-        rows = len(next(iter(arrays.values())))
-        parts = []
-        for start in range(0, rows, self.gears[-1]):
-            chunk = {k: v[start:start + self.gears[-1]] for k, v in arrays.items()}
-            n = len(next(iter(chunk.values())))
-            gear = self.gears[bisect.bisect_left(self.gears, n)]
-            parts.append(self.pool.submit([chunk], gear))
-        return _gather(parts, self.outputs)
+            chunks = [(arrays, None, 1)]
+        else:
+            largest = self.gears[-1]
+            rows = len(next(iter(arrays.values())))
+            chunks = []
+            for start in range(0, rows, largest):
+                chunk = {k: v[start:start + largest] for k, v in arrays.items()}
+                n = len(next(iter(chunk.values())))
+                chunks.append((chunk, self.gears[bisect.bisect_left(self.gears, n)], n))
+        call = _Call(len(chunks), [s.name for s in self.outputs])
+        for index, (chunk, gear, n) in enumerate(chunks):
+            self.pool.submit(Batch([chunk], gear, n, requests=(call, index)))
+        return call.future
 
     def infer(self, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
         return self.submit(inputs).result(timeout)
 
     async def infer_async(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return await asyncio.wrap_future(self.submit(inputs))
+
+    # -- BatchListener (the pool's threads) ----------------------------------------------------
+    def batch_done(self, batch: Batch) -> None:
+        call, index = batch.requests
+        call.part_done(index, batch)
+
+    def slot_free(self) -> None:
+        pass  # every batch was handed to the pool at submit(); nothing waits here
 
     def _validate(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         names = {s.name for s in self.inputs}
@@ -84,34 +100,35 @@ class EngineModel:
         self.pool.close()
 
 
-def _map_future(inner: concurrent.futures.Future, fn) -> concurrent.futures.Future:
-    outer: concurrent.futures.Future = concurrent.futures.Future()
+class _Call:
+    """One submit(): its batches (one per chunk of the largest gear) and the future they resolve
+    exactly once: with the first error, or with the outputs concatenated when all have run."""
 
-    def done(f):
-        if f.exception() is not None:
-            outer.set_exception(f.exception())
+    def __init__(self, parts: int, output_names: list[str]):
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self._names = output_names
+        self._parts: list[dict[str, np.ndarray] | None] = [None] * parts
+        self._left = parts
+        self._lock = threading.Lock()  # parts finish on several instances' threads
+
+    def part_done(self, index: int, batch: Batch) -> None:
+        with self._lock:
+            if self._left == 0:
+                return  # already resolved (an earlier part failed)
+            error = batch.error
+            if error is not None:
+                self._left = 0
+            else:
+                self._parts[index] = batch.outputs[0]
+                self._left -= 1
+                if self._left:
+                    return
+        if error is not None:
+            self.future.set_exception(error)
+        elif len(self._parts) == 1:
+            self.future.set_result(self._parts[0])
         else:
-            outer.set_result(fn(f.result().outputs))
-    inner.add_done_callback(done)
-    return outer
-
-
-def _gather(parts: list[concurrent.futures.Future], outputs: list[TensorSpec]) -> concurrent.futures.Future:
-    outer: concurrent.futures.Future = concurrent.futures.Future()
-    remaining = [len(parts)]
-
-    def done(_):
-        remaining[0] -= 1
-        if remaining[0] or outer.done():
-            failed = [p for p in parts if p.done() and p.exception() is not None]
-            if failed and not outer.done():
-                outer.set_exception(failed[0].exception())
-            return
-        results = [p.result().outputs[0] for p in parts]
-        outer.set_result({s.name: np.concatenate([r[s.name] for r in results]) for s in outputs})
-    for part in parts:
-        part.add_done_callback(done)
-    return outer
+            self.future.set_result({name: np.concatenate([p[name] for p in self._parts]) for name in self._names})
 
 
 class Engine:

@@ -1,6 +1,6 @@
 """A model instance: its own context, H2D/compute/D2H streams, its own model copy and slots.
 
-Data flow of one batch (DESIGN.md "Data flow"):
+Data flow of one batch:
 
     launcher thread    pack rows into the slot's host buffers (padding rows zeroed)
     H2D stream         record h2d_start, memcpy_async host->device per input, record h2d_end
@@ -16,45 +16,41 @@ exec_end and copies the outputs back synchronously. Nothing is there to overlap 
 two copy streams' wake-ups are saved (about 0.1 ms per batch on the CPU runtime).
 
 With two or more slots, batch N+1 is packed and copied while batch N computes. If a batch fails
-on the device (an execute error, a timed-out wait) only its future fails; the instance then
+on the device (an execute error, a timed-out wait) only that batch fails; the instance then
 stops taking work, lets its other batches finish, resets its streams and serves again.
+
+Every finished batch goes to the instance's listener (its pool) as `batch_done(batch)`, then its
+slot is returned and the listener hears `slot_free()`; both from the completion thread.
+
+Threads and state: the launcher thread owns packing and enqueueing; the completion thread owns
+waiting, unpacking, timings and the stream reset (which runs only when no batch is in flight,
+so the launcher is idle then). Slot accounting, health and busy time (`_free`, `_in_flight`,
+`_needs_reset`, `broken`, `_closed`, `_busy_*`) are shared and only touched under `_lock`.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 
-from ..acl import AclError, check, compat, restoring_context, using_context
+from ..acl import AclError, check, compat, release, restoring_context, using_context
 from ..acl import constants as C
 from ..errors import ExecutionFailed
 from ..trace.records import now_ns
+from .batch import Batch, BatchListener
 from .busy import BusyWindow
 from .device import Device
 from .device_clock import DeviceClock
 from .om_model import OmModel
 from .slot import Slot
-from .types import BatchResult, DeviceTimings
+from .types import DeviceTimings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Job:
-    """One batch: requests (name -> rows), the gear to run, and the future to resolve."""
-
-    requests: Sequence[Mapping[str, np.ndarray]]
-    gear: int | None
-    rows: int
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    trace: object = None  # a trace.BatchTrace when the batch carries a sampled request
 
 
 class ModelInstance:
@@ -63,7 +59,7 @@ class ModelInstance:
     batches, then releases everything in reverse order of acquisition."""
 
     def __init__(self, acl, device: Device, path: str, name: str, slots: int = 2,
-                 sync_timeout_ms: int = 60_000, on_slot_free: Callable[["ModelInstance"], None] | None = None):
+                 sync_timeout_ms: int = 60_000):
         if slots < 1:
             raise ValueError("an instance needs at least one slot")
         self._acl = acl
@@ -72,11 +68,10 @@ class ModelInstance:
         self.sync_timeout_ms = sync_timeout_ms
         # A device that missed one deadline gets longer to drain before the instance is given up.
         self.reset_timeout_ms = max(10 * sync_timeout_ms, 10_000)
-        self._on_slot_free = on_slot_free
+        self._listener: BatchListener | None = None
         self._lock = threading.Lock()
         self._launch_q: queue.SimpleQueue = queue.SimpleQueue()
         self._done_q: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
         self.context = 0
         self.streams: dict[str, int] = {}
         self.model: OmModel | None = None
@@ -105,8 +100,8 @@ class ModelInstance:
                 self.slots.append(Slot(acl, self.model, i))
             undo.pop_all()
         self._free = list(self.slots)
-        self._start_thread("launch", self._launcher)
-        self._start_thread("complete", self._completer)
+        self._launcher_thread = self._start_thread("launch", self._launcher)
+        self._completer_thread = self._start_thread("complete", self._completer)
 
     # -- set-up ----------------------------------------------------------------------------
     def _create_streams(self) -> None:
@@ -117,16 +112,20 @@ class ModelInstance:
         per_slot = sum(self.model.input_sizes) + sum(self.model.output_sizes)
         self.device.ensure_room(f"model {self.name} ({slots} slots of buffers)", per_slot * slots)
 
-    def _start_thread(self, role: str, target) -> None:
+    def _start_thread(self, role: str, target) -> threading.Thread:
         thread = threading.Thread(target=self._thread_main, args=(target,), name=f"{self.name}-{role}", daemon=True)
-        self._threads.append(thread)
         thread.start()
+        return thread
 
     def _thread_main(self, target) -> None:
         check("rt.set_context", self._acl.rt.set_context(self.context))  # contexts are per thread
         target()
 
     # -- what the pool calls -------------------------------------------------------------------
+    def attach(self, listener: BatchListener) -> None:
+        """Send finished batches and freed slots to `listener` (the pool), before any launch."""
+        self._listener = listener
+
     @property
     def gears(self) -> tuple[int, ...]:
         return self.model.gears
@@ -144,46 +143,47 @@ class ModelInstance:
             self._in_flight += 1
             return self._free.pop()
 
-    def launch(self, slot: Slot, job: Job) -> None:
-        self._launch_q.put((slot, job))
+    def launch(self, slot: Slot, batch: Batch) -> None:
+        """Run `batch` in `slot` (from try_reserve()); the outcome goes to the listener."""
+        self._launch_q.put((slot, batch))
 
     def busy_seconds(self) -> float:
         with self._lock:
             extra = time.monotonic() - self._busy_since if self._busy_since is not None else 0.0
             return self._busy_total + extra
 
-    def run_sync(self, job: Job) -> BatchResult:
+    def run_sync(self, batch: Batch) -> Batch:
         """The unpipelined path, one batch at a time in the calling thread (benchmark baseline):
         pack, memcpy H2D, synchronous execute, memcpy D2H, unpack, under the instance's context
-        (the caller's is restored). Blocking. Its timings hold the execute's wall time (no events
-        on this path; the call blocks until the device is done)."""
+        (the caller's is restored). Blocking; errors raise. Its timings hold the execute's wall
+        time (no events on this path; the call blocks until the device is done)."""
         acl = self._acl
         slot = self.try_reserve()
         if slot is None:
             raise RuntimeError(f"{self.name}: no free slot for a synchronous run")
         try:
             with using_context(acl, self.context):
-                return self._run_sync(slot, job)
+                self._run_sync(slot, batch)
+            return batch
         finally:
             self._return_slot(slot)
 
-    def _run_sync(self, slot: Slot, job: Job) -> BatchResult:
+    def _run_sync(self, slot: Slot, batch: Batch) -> None:
         acl, rt = self._acl, self._acl.rt
-        rows = self._pack(slot, job)
+        rows = self._pack(slot, batch)
         for tensor in slot.inputs:
             check("rt.memcpy", rt.memcpy(tensor.device, tensor.size, tensor.host,
                                          self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
-        if job.gear is not None:
+        if batch.gear is not None:
             check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
-                self.model.model_id, slot.input_dataset, self.model.dynamic_index, job.gear))
+                self.model.model_id, slot.input_dataset, self.model.dynamic_index, batch.gear))
         start = time.perf_counter_ns()
         check("mdl.execute", acl.mdl.execute(self.model.model_id, slot.input_dataset, slot.output_dataset))
         compute_ms = (time.perf_counter_ns() - start) / 1e6  # a blocking execute: its wall time
         for tensor in slot.outputs:
             check("rt.memcpy", rt.memcpy(tensor.host, tensor.size, tensor.device,
                                          self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
-        return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows,
-                           timings=DeviceTimings(compute_ms=compute_ms), instance=self.name)
+        self._finish(slot, batch, DeviceTimings(compute_ms=compute_ms))
 
     # -- launcher thread ---------------------------------------------------------------------
     def _launcher(self) -> None:
@@ -191,29 +191,29 @@ class ModelInstance:
             item = self._launch_q.get()
             if item is None:
                 return
-            slot, job = item
+            slot, batch = item
             with self._lock:  # alone in flight: nothing to overlap with, so skip the copy streams
                 direct = self._in_flight == 1
-            if job.trace is not None:
-                self._trace_launch(job.trace, slot, direct)
+            if batch.trace is not None:
+                self._trace_launch(batch.trace, slot, direct)
             try:
                 if direct:
-                    self._enqueue_direct(slot, job)
+                    self._enqueue_direct(slot, batch)
                 else:
-                    self._enqueue(slot, job)
+                    self._enqueue(slot, batch)
             except Exception as e:  # enqueue failures (bad argument, device error) fail this batch only
                 log.exception("%s: could not launch a batch", self.name)
-                self._done_q.put((slot, job, e, direct))
+                self._done_q.put((slot, batch, e, direct))
             else:
-                self._done_q.put((slot, job, None, direct))
+                self._done_q.put((slot, batch, None, direct))
 
-    def _enqueue_direct(self, slot: Slot, job: Job) -> None:
+    def _enqueue_direct(self, slot: Slot, batch: Batch) -> None:
         """A batch on an idle instance: copy in with a synchronous memcpy on this thread and queue
         only the execution, so the batch costs two thread hand-offs fewer (the copy streams' wake-
         ups); the completion thread copies the outputs back itself. Same calls a device takes."""
         rt = self._acl.rt
-        rows = self._pack(slot, job)
-        trace = job.trace
+        rows = self._pack(slot, batch)
+        trace = batch.trace
         if trace is not None:
             trace.packed_ns = now_ns()
         for tensor in slot.inputs:
@@ -221,27 +221,27 @@ class ModelInstance:
                                          self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
         if trace is not None:
             trace.host_h2d = (trace.packed_ns, now_ns())  # a host memcpy here, not a stream's copy
-        self._enqueue_execution(slot, job, self.streams["compute"])
+        self._enqueue_execution(slot, batch, self.streams["compute"])
         if trace is not None:
             trace.enqueued_ns = now_ns()
 
-    def _enqueue_execution(self, slot: Slot, job: Job, compute: int) -> None:
+    def _enqueue_execution(self, slot: Slot, batch: Batch, compute: int) -> None:
         """Set the gear (an immediate write into the slot's own dataset) and queue the execution
         between the slot's exec_start and exec_end events on the compute stream."""
         acl, rt, ev = self._acl, self._acl.rt, slot.events
-        if job.gear is not None:
+        if batch.gear is not None:
             check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
-                self.model.model_id, slot.input_dataset, self.model.dynamic_index, job.gear))
+                self.model.model_id, slot.input_dataset, self.model.dynamic_index, batch.gear))
         check("rt.record_event", rt.record_event(ev["exec_start"], compute))
         check("mdl.execute_async", acl.mdl.execute_async(
             self.model.model_id, slot.input_dataset, slot.output_dataset, compute))
         check("rt.record_event", rt.record_event(ev["exec_end"], compute))
 
-    def _enqueue(self, slot: Slot, job: Job) -> None:
+    def _enqueue(self, slot: Slot, batch: Batch) -> None:
         rt = self._acl.rt
-        rows = self._pack(slot, job)
-        if job.trace is not None:
-            job.trace.packed_ns = now_ns()
+        rows = self._pack(slot, batch)
+        if batch.trace is not None:
+            batch.trace.packed_ns = now_ns()
         h2d, compute, d2h = self.streams["h2d"], self.streams["compute"], self.streams["d2h"]
         ev = slot.events
         check("rt.record_event", rt.record_event(ev["h2d_start"], h2d))
@@ -250,15 +250,15 @@ class ModelInstance:
                                                      self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE, h2d))
         check("rt.record_event", rt.record_event(ev["h2d_end"], h2d))
         check("rt.stream_wait_event", rt.stream_wait_event(compute, ev["h2d_end"]))
-        self._enqueue_execution(slot, job, compute)
+        self._enqueue_execution(slot, batch, compute)
         check("rt.stream_wait_event", rt.stream_wait_event(d2h, ev["exec_end"]))
         check("rt.record_event", rt.record_event(ev["d2h_start"], d2h))
         for tensor in slot.outputs:
             check("rt.memcpy_async", rt.memcpy_async(tensor.host, tensor.size, tensor.device,
                                                      self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST, d2h))
         check("rt.record_event", rt.record_event(ev["d2h_end"], d2h))
-        if job.trace is not None:
-            job.trace.enqueued_ns = now_ns()
+        if batch.trace is not None:
+            batch.trace.enqueued_ns = now_ns()
 
     # -- completion thread -------------------------------------------------------------------
     def _completer(self) -> None:
@@ -266,49 +266,56 @@ class ModelInstance:
             item = self._done_q.get()
             if item is None:
                 return
-            slot, job, error, direct = item
+            slot, batch, error, direct = item
             if error is None:
                 try:
-                    result = self._collect_direct(slot, job) if direct else self._collect(slot, job)
+                    if direct:
+                        self._collect_direct(slot, batch)
+                    else:
+                        self._collect(slot, batch)
                 except Exception as e:
                     error = e
             if error is not None:
-                self._needs_reset = True
-                self._fail(job, error)
+                with self._lock:
+                    self._needs_reset = True
+                self._fail(batch, error)
             else:
-                self.compute_busy.add(int(result.timings.compute_ms * 1e6))
-                if job.trace is not None:
-                    job.trace.done_ns = now_ns()
-                if not job.future.done():
-                    job.future.set_result(result)
+                self.compute_busy.add(int(batch.timings.compute_ms * 1e6))
+                if batch.trace is not None:
+                    batch.trace.done_ns = now_ns()
+            self._listener.batch_done(batch)
             self._release_slot(slot)
 
-    def _collect(self, slot: Slot, job: Job) -> BatchResult:
+    def _collect(self, slot: Slot, batch: Batch) -> None:
         ev = slot.events
         # d2h_end comes after exec_end (the D2H stream waits for it), so one wake-up covers both;
         # exec_end is then complete and only reports whether the execution itself failed.
         for name in ("d2h_end", "exec_end"):
             compat.synchronize_event(self._acl, ev[name], self.sync_timeout_ms)
-        if job.trace is not None:
-            self._trace_device(job.trace, ev, copies=True)
-        return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows,
-                           timings=self._timings(ev), instance=self.name)
+        if batch.trace is not None:
+            self._trace_device(batch.trace, ev, copies=True)
+        self._finish(slot, batch, self._timings(ev))
 
-    def _collect_direct(self, slot: Slot, job: Job) -> BatchResult:
+    def _collect_direct(self, slot: Slot, batch: Batch) -> None:
         """Wait for a direct batch's execution, then copy its outputs back on this thread."""
         rt, ev = self._acl.rt, slot.events
         compat.synchronize_event(self._acl, ev["exec_end"], self.sync_timeout_ms)
-        trace = job.trace
+        trace = batch.trace
         if trace is not None:
             self._trace_device(trace, ev, copies=False)
-        rows = job.gear if job.gear is not None else job.rows
+        rows = batch.gear if batch.gear is not None else batch.rows
         for tensor in slot.outputs:
             check("rt.memcpy", rt.memcpy(tensor.host, tensor.size, tensor.device,
                                          self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
         if trace is not None:
             trace.host_d2h = (trace.woke_ns, now_ns())  # a host memcpy here, not a stream's copy
-        return BatchResult(outputs=self._unpack(slot, job), gear=job.gear, rows=job.rows,
-                           timings=self._timings(ev, copies=False), instance=self.name)
+        self._finish(slot, batch, self._timings(ev, copies=False))
+
+    def _finish(self, slot: Slot, batch: Batch, timings: DeviceTimings) -> None:
+        """Write the batch's outcome: each request's rows out of the slot, timings, who ran it."""
+        batch.outputs = self._unpack(slot, batch)
+        batch.timings = timings
+        batch.instance = self.name
 
     def _timings(self, ev: dict[str, int], copies: bool = True) -> DeviceTimings:
         """Device time of the phases that ran on streams (copies=False: compute only). Read only
@@ -350,18 +357,19 @@ class ModelInstance:
 
     # -- packing -----------------------------------------------------------------------------
     @staticmethod
-    def _pack(slot: Slot, job: Job) -> int:
+    def _pack(slot: Slot, batch: Batch) -> int:
         """Copy the requests' rows into the slot's host buffers, zero the padding; return the rows to run."""
-        rows = job.gear if job.gear is not None else job.rows
+        rows = batch.gear if batch.gear is not None else batch.rows
+        real = batch.rows
         for tensor in slot.inputs:
             name = tensor.spec.name
             view = tensor.rows_view
-            if len(job.requests) == 1:
-                view[: job.rows] = job.requests[0][name]
+            if len(batch.inputs) == 1:
+                view[:real] = batch.inputs[0][name]
             else:
-                np.concatenate([r[name] for r in job.requests], axis=0, out=view[: job.rows])
-            if job.rows < rows:
-                view[job.rows: rows] = 0
+                np.concatenate([r[name] for r in batch.inputs], axis=0, out=view[:real])
+            if real < rows:
+                view[real:rows] = 0
         return rows
 
     @staticmethod
@@ -369,26 +377,27 @@ class ModelInstance:
         return tensor.row_bytes * rows if tensor.spec.batched else tensor.size
 
     @staticmethod
-    def _unpack(slot: Slot, job: Job) -> list[dict[str, np.ndarray]]:
+    def _unpack(slot: Slot, batch: Batch) -> list[dict[str, np.ndarray]]:
         """Each request's own output rows, copied out of the slot (which is reused at once)."""
         outputs: list[dict[str, np.ndarray]] = []
         offset = 0
-        for request in job.requests:
-            n = _rows_of(request, job)
+        for request in batch.inputs:
+            n = _rows_of(request, batch)
             outputs.append({t.spec.name: (t.rows_view[offset: offset + n].copy() if t.spec.batched
                                           else t.rows_view.copy()) for t in slot.outputs})
             offset += n
         return outputs
 
-    def _fail(self, job: Job, error: BaseException) -> None:
+    def _fail(self, batch: Batch, error: BaseException) -> None:
         where = f"device {self.device.id}, instance {self.name}"
         if isinstance(error, AclError):
-            message = f"batch of {job.rows} rows (gear {job.gear}) failed on {where}: {error}"
+            message = f"batch of {batch.rows} rows (gear {batch.gear}) failed on {where}: {error}"
         else:
-            message = f"batch of {job.rows} rows (gear {job.gear}) could not run on {where}: {error}"
+            message = f"batch of {batch.rows} rows (gear {batch.gear}) could not run on {where}: {error}"
         log.error("%s", message)
-        if not job.future.done():
-            job.future.set_exception(ExecutionFailed(message))
+        batch.outputs = None
+        batch.instance = self.name
+        batch.error = ExecutionFailed(message)
 
     def _return_slot(self, slot: Slot) -> bool:
         """Put the slot back; True when a pending stream reset can run now (nothing in flight)."""
@@ -403,22 +412,25 @@ class ModelInstance:
     def _release_slot(self, slot: Slot) -> None:
         if self._return_slot(slot):
             self._reset_streams()
-        if self._on_slot_free is not None:
-            self._on_slot_free(self)
+        self._listener.slot_free()
 
     def _reset_streams(self) -> None:
         """After a device fault: drain and recreate the streams (their errors are cleared)."""
         rt = self._acl.rt
         try:
             for role, stream in list(self.streams.items()):
-                ret = compat.synchronize_stream(self._acl, stream, self.reset_timeout_ms)
-                if ret == C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT:
-                    raise AclError("rt.synchronize_stream_with_timeout", ret)
+                try:
+                    compat.synchronize_stream(self._acl, stream, self.reset_timeout_ms)
+                except AclError as e:
+                    if e.ret == C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT:
+                        raise  # still busy: the device is not coming back
+                    # else the fault that brought us here; destroying the stream clears it
                 check("rt.destroy_stream", rt.destroy_stream(stream))
                 del self.streams[role]
             self._create_streams()
         except AclError as e:
-            self.broken = f"stream reset failed after a device fault: {e}"
+            with self._lock:
+                self.broken = f"stream reset failed after a device fault: {e}"
             log.error("%s: %s; the instance stops taking work", self.name, self.broken)
             return
         log.warning("%s: streams reset after a device fault; serving again", self.name)
@@ -430,15 +442,10 @@ class ModelInstance:
         """Stop the threads (in-flight batches finish first), then free everything. Safe twice."""
         if self._closed:
             return
-        for thread in self._threads:
-            if thread.name.endswith("-launch"):
-                self._launch_q.put(None)
-        for thread in self._threads:
-            if thread.name.endswith("-launch"):
-                thread.join()
-        self._done_q.put(None)
-        for thread in self._threads:
-            thread.join()
+        self._launch_q.put(None)  # the launcher hands its last batches on, then stops
+        self._launcher_thread.join()
+        self._done_q.put(None)  # queued after those batches: they complete first
+        self._completer_thread.join()
         with self._lock:
             self._closed = True
         self._release()
@@ -460,13 +467,13 @@ class ModelInstance:
                 self.model.close()
                 self.model = None
             for stream in self.streams.values():
-                acl.rt.destroy_stream(stream)
+                release("rt.destroy_stream", acl.rt.destroy_stream(stream))
             self.streams.clear()
-            check("rt.destroy_context", acl.rt.destroy_context(self.context))
+            release("rt.destroy_context", acl.rt.destroy_context(self.context))
             self.context = 0
 
 
-def _rows_of(request: Mapping[str, np.ndarray], job: Job) -> int:
-    if job.gear is None:
-        return job.rows
+def _rows_of(request: Mapping[str, np.ndarray], batch: Batch) -> int:
+    if batch.gear is None:
+        return batch.rows
     return len(next(iter(request.values())))

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import os
 
-from ..acl import AclError, check, check_handle
+from ..acl import AclError, check, check_handle, release
 from ..acl import constants as C
 from ..om.atc_om import identify
 from ..om.container import OmFormatError
@@ -151,10 +151,10 @@ class OmModel:
         self._closed = True
         acl = self._acl
         if self.desc:
-            acl.mdl.destroy_desc(self.desc)
+            release("mdl.destroy_desc", acl.mdl.destroy_desc(self.desc))
             self.desc = 0
         if self.model_id is not None:
-            check("mdl.unload", acl.mdl.unload(self.model_id))
+            release("mdl.unload", acl.mdl.unload(self.model_id))
             self.model_id = None
         while self._memory:
-            check("rt.free", acl.rt.free(self._memory.pop()))
+            release("rt.free", acl.rt.free(self._memory.pop()))

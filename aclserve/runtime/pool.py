@@ -3,22 +3,23 @@
 The pool hands each batch to the instance the batcher names (its "lane"), else to the one with
 the most free slots; when none can take it the batch waits in a FIFO inside the pool (the
 batcher avoids that by watching lanes()). A batch that fails on the device is re-run once on
-another instance when `retry` is on.
+another instance when `retry` is on. The pool is its instances' BatchListener and passes
+finished batches and freed slots on to its own listener (the batcher).
 """
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import logging
 import threading
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ..errors import ExecutionFailed
-from .instance import Job, ModelInstance
+from .batch import Batch, BatchListener
+from .instance import ModelInstance
 from .limits import Need
 from .types import TensorSpec
 
@@ -26,7 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class InstancePool:
-    """Owns its ModelInstances; close() closes them (blocking). Implements BatchExecutor."""
+    """Owns its ModelInstances; close() closes them (blocking). A BatchExecutor to its owner,
+    a BatchListener to its instances. `_pending` and the counters are under `_lock`."""
 
     def __init__(self, name: str, instances: list[ModelInstance], retry: bool = True):
         if not instances:
@@ -38,125 +40,114 @@ class InstancePool:
         self.inputs: list[TensorSpec] = list(model.inputs)
         self.outputs: list[TensorSpec] = list(model.outputs)
         self.gears: tuple[int, ...] = model.gears
-        self.max_batch_size = self.gears[-1] if self.gears else 0
         self.gear_cost: dict[int, float] = {}
         self.compute_cost: dict[int, float] = {}
+        self._listener: BatchListener | None = None
         self._lock = threading.Lock()
-        self._pending: collections.deque = collections.deque()
-        self._listeners: list[Callable[[], None]] = []
+        self._pending: collections.deque[Batch] = collections.deque()
         self._closed = False
         self._close_callbacks: list[Callable[[], None]] = []
         self._busy_mark = (time.monotonic(), 0.0)
         self.batches_failed = 0  # device failures of a batch run (each retry counted again)
         self.batches_retried = 0  # ... of which were run again on another instance
         for instance in instances:
-            instance._on_slot_free = self._slot_freed
+            instance.attach(self)
 
     # -- BatchExecutor -------------------------------------------------------------------------
+    def attach(self, listener: BatchListener) -> None:
+        self._listener = listener
+
     def lanes(self) -> list[int]:
         with self._lock:
             free = [i.free_count() for i in self.instances]
-            for attempt in self._pending:
-                if attempt.lane is not None:
-                    free[attempt.lane] -= 1
+            for batch in self._pending:
+                if batch.lane is not None and batch.failed_lane is None:
+                    free[batch.lane] -= 1
         return [max(n, 0) for n in free]
 
-    def add_slot_listener(self, callback: Callable[[], None]) -> None:
-        self._listeners.append(callback)
-
-    def submit(self, requests: Sequence[Mapping[str, np.ndarray]], gear: int | None,
-               trace=None, lane: int | None = None) -> concurrent.futures.Future:
-        rows = sum(len(next(iter(r.values()))) for r in requests) if gear is not None else 1
-        if gear is not None and (gear not in self.gears or rows > gear):
-            raise ValueError(f"cannot run {rows} rows in gear {gear}; compiled gears are {list(self.gears)}")
-        outer: concurrent.futures.Future = concurrent.futures.Future()
+    def submit(self, batch: Batch) -> None:
+        if batch.gear is not None and (batch.gear not in self.gears or batch.rows > batch.gear):
+            raise ValueError(f"cannot run {batch.rows} rows in gear {batch.gear}; "
+                             f"compiled gears are {list(self.gears)}")
+        if batch.lane is not None and not 0 <= batch.lane < len(self.instances):
+            raise ValueError(f"lane {batch.lane} is not an instance of {self.name}")
         if self._closed:
-            outer.set_exception(ExecutionFailed(f"model {self.name} is closed"))
-            return outer
-        if lane is not None and not 0 <= lane < len(self.instances):
-            raise ValueError(f"lane {lane} is not an instance of {self.name}")
-        self._dispatch(_Attempt(requests, gear, rows, outer, trace, lane))
-        return outer
-
-    # -- dispatch, retry -----------------------------------------------------------------------
-    def _dispatch(self, attempt: "_Attempt") -> None:
-        with self._lock:
-            target = self._pick(attempt)
-            if target is None:
-                if not any(self._usable(i, attempt.exclude) for i in self.instances):
-                    target = False
-                else:
-                    self._pending.append(attempt)
-                    return
-        if target is False:
-            attempt.outer.set_exception(attempt.error or ExecutionFailed(
-                f"model {self.name}: no healthy instance can run the batch"))
+            batch.error = ExecutionFailed(f"model {self.name} is closed")
+            self._listener.batch_done(batch)
             return
-        self._launch(attempt, *target)
+        self._dispatch(batch)
 
-    def _launch(self, attempt: "_Attempt", instance: ModelInstance, slot) -> None:
-        job = Job(attempt.requests, attempt.gear, attempt.rows, trace=attempt.trace)
-        job.future.add_done_callback(lambda f: self._job_done(f, attempt, instance))
-        instance.launch(slot, job)
-
-    @staticmethod
-    def _usable(instance: ModelInstance, exclude) -> bool:
-        return instance is not exclude and not instance.broken
-
-    def _pick(self, attempt: "_Attempt"):
-        """A reserved (instance, slot) for `attempt`, or None. A named lane is kept while that
-        instance is healthy: the batch then waits for its slot rather than run elsewhere."""
-        exclude = attempt.exclude
-        if attempt.lane is not None:
-            wanted = self.instances[attempt.lane]
-            if self._usable(wanted, exclude):
-                slot = wanted.try_reserve()
-                return (wanted, slot) if slot is not None else None
-        best, best_free = None, 0
-        for instance in self.instances:
-            if instance is exclude:
-                continue
-            free = instance.free_count()
-            if free > best_free:
-                best, best_free = instance, free
-        if best is None:
-            return None
-        slot = best.try_reserve()
-        return (best, slot) if slot is not None else None
-
-    def _job_done(self, future: concurrent.futures.Future, attempt: "_Attempt", instance: ModelInstance) -> None:
-        error = future.exception()
-        if error is None:
-            attempt.outer.set_result(future.result())
+    # -- BatchListener (the instances' completion threads) ---------------------------------------
+    def batch_done(self, batch: Batch) -> None:
+        if batch.error is None:
+            self._listener.batch_done(batch)
             return
-        retry = self.retry and attempt.exclude is None and not self._closed
+        retry = self.retry and batch.failed_lane is None and not self._closed
         with self._lock:  # completion threads of several instances may fail at once
             self.batches_failed += 1
             self.batches_retried += retry
-        if retry:
-            log.warning("%s: retrying a failed batch on another instance", self.name)
-            attempt.exclude, attempt.error, attempt.lane = instance, error, None
-            self._dispatch(attempt)
+        if not retry:
+            self._listener.batch_done(batch)
             return
-        attempt.outer.set_exception(error)
+        log.warning("%s: retrying a failed batch on another instance", self.name)
+        batch.failed_lane = batch.ran_on
+        self._dispatch(batch)
 
-    def _slot_freed(self, instance: ModelInstance) -> None:
+    def slot_free(self) -> None:
         ready = []
         with self._lock:  # in FIFO order, each waiting batch that can now have a slot
             waiting, self._pending = self._pending, collections.deque()
-            for attempt in waiting:
-                target = self._pick(attempt)
+            for batch in waiting:
+                target = self._pick(batch)
                 if target is None:
-                    self._pending.append(attempt)
+                    self._pending.append(batch)
                 else:
-                    ready.append((attempt, target))
-        for attempt, target in ready:
-            self._launch(attempt, *target)
-        for callback in self._listeners:
-            try:
-                callback()
-            except Exception:
-                log.exception("%s: slot listener failed", self.name)
+                    ready.append((batch, target))
+        for batch, target in ready:
+            self._launch(batch, *target)
+        if self._listener is not None:
+            self._listener.slot_free()
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def _dispatch(self, batch: Batch) -> None:
+        with self._lock:
+            target = self._pick(batch)
+            if target is None:
+                if any(self._usable(k, batch) for k in range(len(self.instances))):
+                    self._pending.append(batch)
+                    return
+        if target is None:  # nothing healthy is left; a retry keeps its first error
+            batch.error = batch.error or ExecutionFailed(f"model {self.name}: no healthy instance can run the batch")
+            self._listener.batch_done(batch)
+            return
+        self._launch(batch, *target)
+
+    def _launch(self, batch: Batch, lane: int, slot) -> None:
+        batch.ran_on, batch.error = lane, None
+        self.instances[lane].launch(slot, batch)
+
+    def _usable(self, lane: int, batch: Batch) -> bool:
+        return lane != batch.failed_lane and not self.instances[lane].broken
+
+    def _pick(self, batch: Batch) -> tuple[int, object] | None:
+        """A reserved (lane, slot) for `batch`, or None. A named lane is kept while that
+        instance is healthy: the batch then waits for its slot rather than run elsewhere. A retry
+        goes wherever a slot is free, except where it failed."""
+        wanted = batch.lane if batch.failed_lane is None else None
+        if wanted is not None and self._usable(wanted, batch):
+            slot = self.instances[wanted].try_reserve()
+            return (wanted, slot) if slot is not None else None
+        best, best_free = None, 0
+        for lane, instance in enumerate(self.instances):
+            if lane == batch.failed_lane:
+                continue
+            free = instance.free_count()
+            if free > best_free:
+                best, best_free = lane, free
+        if best is None:
+            return None
+        slot = self.instances[best].try_reserve()
+        return (best, slot) if slot is not None else None
 
     # -- warm-up, figures, teardown ----------------------------------------------------------
     def warmup(self, runs: int = 3) -> dict[int, float]:
@@ -171,16 +162,32 @@ class InstancePool:
             best = compute = float("inf")
             for run in range(runs):
                 start = time.perf_counter()
-                result = self.submit([request], gear).result()
+                batch = self.run(Batch([request], gear, rows))
+                if batch.error is not None:
+                    raise batch.error
                 if run:
                     best = min(best, time.perf_counter() - start)
-                    if result.timings.compute_ms > 0:
-                        compute = min(compute, result.timings.compute_ms / 1000.0)
+                    if batch.timings.compute_ms > 0:
+                        compute = min(compute, batch.timings.compute_ms / 1000.0)
             if gear is not None:
                 self.gear_cost[gear] = best if best < float("inf") else 1e-6
                 if compute < float("inf"):
                     self.compute_cost[gear] = compute
         return dict(self.gear_cost)
+
+    def run(self, batch: Batch) -> Batch:
+        """Run one batch and wait for it (blocking): for warm-up and tools, before the pool
+        has its owner (the owner's listener would otherwise get this batch)."""
+        if self._listener is not None:
+            raise RuntimeError(f"{self.name}: run() is for an unattached pool")
+        waiter = _Waiter()
+        self._listener = waiter
+        try:
+            self.submit(batch)
+            waiter.done.wait()
+        finally:
+            self._listener = None
+        return batch
 
     def busy_ratio(self) -> float:
         """Fraction of wall time, since the previous call, during which instances had work in flight
@@ -204,8 +211,9 @@ class InstancePool:
         self._closed = True
         with self._lock:
             pending, self._pending = list(self._pending), collections.deque()
-        for attempt in pending:
-            attempt.outer.set_exception(ExecutionFailed(f"model {self.name} was unloaded"))
+        for batch in pending:
+            batch.error = ExecutionFailed(f"model {self.name} was unloaded")
+            self._listener.batch_done(batch)
         errors = []
         for close in [i.close for i in reversed(self.instances)] + self._close_callbacks:
             try:
@@ -220,14 +228,17 @@ class InstancePool:
         self._close_callbacks.append(callback)
 
 
-class _Attempt:
-    __slots__ = ("requests", "gear", "rows", "outer", "trace", "lane", "exclude", "error")
+class _Waiter:
+    """The listener of a blocking run(): wakes the waiting thread when its batch is done."""
 
-    def __init__(self, requests, gear, rows, outer, trace=None, lane=None):
-        self.requests, self.gear, self.rows, self.outer = requests, gear, rows, outer
-        self.trace, self.lane = trace, lane
-        self.exclude: ModelInstance | None = None
-        self.error: BaseException | None = None
+    def __init__(self):
+        self.done = threading.Event()
+
+    def batch_done(self, batch: Batch) -> None:
+        self.done.set()
+
+    def slot_free(self) -> None:
+        pass
 
 
 def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequence[int] = (0,),

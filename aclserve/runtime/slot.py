@@ -13,7 +13,7 @@ import ctypes
 
 import numpy as np
 
-from ..acl import check, check_handle
+from ..acl import check, check_handle, release
 from ..acl import constants as C
 from .om_model import OmModel
 from .types import TensorSpec
@@ -94,19 +94,19 @@ class Slot:
         self._closed = True
         acl = self._acl
         for event in self.events.values():
-            acl.rt.destroy_event(event)
+            release("rt.destroy_event", acl.rt.destroy_event(event))
         self.events.clear()
         for dataset in (self.input_dataset, self.output_dataset):
             if dataset:
-                acl.mdl.destroy_dataset(dataset)  # frees only the dataset, not its buffers
+                release("mdl.destroy_dataset", acl.mdl.destroy_dataset(dataset))  # not its buffers
         self.input_dataset = self.output_dataset = 0
         for tensor in self._tensors:
             tensor.rows_view = None
             if tensor.buffer:
-                acl.destroy_data_buffer(tensor.buffer)  # frees only the wrapper, not the memory
+                release("destroy_data_buffer", acl.destroy_data_buffer(tensor.buffer))  # not the memory
             if tensor.device:
-                check("rt.free", acl.rt.free(tensor.device))
+                release("rt.free", acl.rt.free(tensor.device))
             if tensor.host:
-                check("rt.free_host", acl.rt.free_host(tensor.host))
+                release("rt.free_host", acl.rt.free_host(tensor.host))
             tensor.buffer = tensor.device = tensor.host = 0
         self._tensors.clear()

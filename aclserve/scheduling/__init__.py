@@ -1,7 +1,7 @@
 """Priority queueing and dynamic batching in front of a model version's executor."""
 from .batcher import DynamicBatcher
 from .clock import Clock, LoopClock
-from .gears import GearPlanner, max_batch_size
+from .gears import GearPlanner, batch_limit
 from .policy import BatchingConfig, QueuePolicy
 from .queue import PriorityQueue, timeout_seconds
 from .request import InferenceResult, QueuedRequest
@@ -9,4 +9,4 @@ from .stats import BatcherStats
 
 __all__ = ["BatcherStats", "BatchingConfig", "Clock", "DynamicBatcher", "GearPlanner",
            "InferenceResult", "LoopClock", "PriorityQueue", "QueuePolicy", "QueuedRequest",
-           "max_batch_size", "timeout_seconds"]
+           "batch_limit", "timeout_seconds"]

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import sys
 from typing import Mapping
@@ -11,12 +10,12 @@ import numpy as np
 
 from ..errors import (ExecutionFailed, InvalidInput, ModelUnavailable, QueueFull, RequestTimeout,
                       ServeError, ShuttingDown)
-from ..runtime.types import BatchExecutor
+from ..runtime.batch import Batch, BatchExecutor
 from ..trace.records import form_batch
 from .clock import Clock, LoopClock
-from .delivery import Delivery, Run, resolve
+from .delivery import Delivery, resolve
 from .formation import EARLY_S, Formation, GearTimes
-from .gears import GearPlanner, max_batch_size
+from .gears import GearPlanner, batch_limit
 from .policy import BatchingConfig
 from .queue import PriorityQueue
 from .request import DISPATCHED, InferenceResult, QueuedRequest
@@ -30,9 +29,9 @@ class DynamicBatcher:
 
     Ownership: owns the PriorityQueue, the Formation bookkeeping, one timer (a batch window's
     end or a busy instance's moment) and the loop task ("batcher:<name>"); the executor is
-    borrowed. Everything runs on the event loop thread,
-    except the executor's completion and slot-free callbacks, which only hop to the loop with
-    `call_soon_threadsafe` (one hop per finished run, one per freed slot).
+    borrowed. The batcher is the executor's BatchListener: `batch_done()` and `slot_free()`
+    come from the executor's threads and only hop to the loop with `call_soon_threadsafe`
+    (one hop per finished batch, one per freed slot); everything else runs on the loop.
 
     When a batch is formed (`batch_formation`, see formation.py): a batch is committed once
     formed, so it is formed as late as the device allows. An idle instance takes one at once.
@@ -44,13 +43,14 @@ class DynamicBatcher:
     soon as any slot is free instead (the rule before; a comparison baseline).
 
     What a batch holds: requests in priority order (FIFO within a level) while they fit
-    `max_batch_size`. They run at once if they fill a gear exactly or no more can fit;
+    `batch_limit` (the largest gear, or the configured `max_batch_size` when lower). They run
+    at once if they fill a gear exactly or no more can fit;
     otherwise the batcher waits until the oldest of them has waited `max_queue_delay_ms`.
     GearPlanner chooses padding or a split; under `just_in_time` a batch holding requests of
     a higher level takes lower-level rows only into its padding when that makes it markedly
     shorter at a bounded cost per row (GearPlanner.level_cut), so they are not slowed by rows
     they could run without. Requests are never split: one with more rows
-    than `max_batch_size` is refused with InvalidInput. A static model (no gears) and
+    than `batch_limit` is refused with InvalidInput. A static model (no gears) and
     `enabled=False` run one request per run.
 
     Cancellation: if the task awaiting `infer()` is cancelled, a queued request is removed
@@ -68,8 +68,8 @@ class DynamicBatcher:
         self._executor = executor
         self.gears = tuple(executor.gears)
         self.static = not self.gears
-        self.max_batch_size = max_batch_size(self.gears, config)
-        self._planner = (GearPlanner(self.gears, executor.gear_cost or {}, self.max_batch_size)
+        self.batch_limit = batch_limit(self.gears, config)  # 0 for a static model
+        self._planner = (GearPlanner(self.gears, executor.gear_cost or {}, self.batch_limit)
                          if self.gears else None)
         self._batching = config.enabled and not self.static
         self._delay = config.max_queue_delay_ms / 1000.0
@@ -85,7 +85,7 @@ class DynamicBatcher:
         self._formation = Formation(GearTimes(self.gears, executor.gear_cost or {},
                                               getattr(executor, "compute_cost", None) or {}),
                                     config.batch_formation)
-        self._running: set[Run] = set()
+        self._running: set[Batch] = set()
         self._delivery = Delivery(config.preserve_ordering, self.stats, name)
         self._refusal: tuple[type[ServeError], str] | None = None
         self._draining = False
@@ -104,7 +104,7 @@ class DynamicBatcher:
             self._queue = PriorityQueue(self.config, self._clock, self._on_timeout, self._on_delay)
             self._wakeup = asyncio.Event()
         if not self._listening:
-            self._executor.add_slot_listener(self._slot_freed)
+            self._executor.attach(self)
             self._listening = True
         self._task = loop.create_task(self._run(), name=f"batcher:{self.name}")
         self._task.add_done_callback(self._task_ended)
@@ -120,11 +120,11 @@ class DynamicBatcher:
         if self._refusal is not None:
             error, message = self._refusal
             raise error(message)
-        if not self.static and not 1 <= rows <= self.max_batch_size:
+        if not self.static and not 1 <= rows <= self.batch_limit:
             if rows < 1:
                 raise InvalidInput(f"batch of {rows} rows: the batch dimension must be at least 1")
             raise InvalidInput(f"batch of {rows} rows exceeds the model's maximum batch size "
-                               f"{self.max_batch_size}")
+                               f"{self.batch_limit}")
         if self._task is None:
             self.start()
         queue = self._queue
@@ -180,9 +180,9 @@ class DynamicBatcher:
             for request in self._queue.take_all():
                 self.stats.rejected(request.level, SHUTDOWN, self._clock.now_ns() - request.enqueued_ns)
                 resolve(request.future, ShuttingDown(message))
-        runs, self._running = self._running, set()
-        for run in runs:
-            for request in run.requests:
+        batches, self._running = self._running, set()
+        for batch in batches:
+            for request in batch.requests:
                 resolve(request.future, ShuttingDown(message))
         self._delivery.fail_all(ShuttingDown(message))
         if self._drained is not None and not self._drained.done():
@@ -195,7 +195,7 @@ class DynamicBatcher:
     def pending(self) -> int:
         """Requests queued or running."""
         queued = self._queue.count if self._queue is not None else 0
-        return queued + sum(len(run.requests) for run in self._running)
+        return queued + sum(len(batch.requests) for batch in self._running)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -239,8 +239,9 @@ class DynamicBatcher:
                 now = self._clock.now_ns()
                 for request in victims:
                     request.dispatched_ns = now
-                error = ExecutionFailed(f"internal batching error: {type(exc).__name__}")
-                self._settle(Run(victims, None, 0, now), None, error, tracked=False)
+                failed = Batch((), None, 0, requests=victims, dispatched_ns=now)
+                failed.error = ExecutionFailed(f"internal batching error: {type(exc).__name__}")
+                self._settle(failed, tracked=False)
                 continue
             for requests, gear in runs:
                 self._submit(requests, gear, lane)
@@ -249,22 +250,22 @@ class DynamicBatcher:
         """The requests of the next run, or None while a partial batch may wait."""
         queue = self._queue
         if not self._batching:
-            return queue.take(sys.maxsize if self.static else self.max_batch_size, 1)
+            return queue.take(sys.maxsize if self.static else self.batch_limit, 1)
         total = queue.rows
-        if total < self.max_batch_size and not self._planner.is_exact(total):
+        if total < self.batch_limit and not self._planner.is_exact(total):
             window_end = queue.oldest_enqueued() + self._delay
             if self._clock.now() < window_end - EARLY_S:
                 self._arm_timer(window_end)
                 return None
             return self._take(self._planner.take_limit(total))
-        return self._take(self.max_batch_size)
+        return self._take(self.batch_limit)
 
     def _take(self, limit: int) -> list[QueuedRequest]:
         queue = self._queue
         if self._formation.just_in_time:  # lower levels only fill a higher level's padding
             limit = self._planner.level_cut(queue.top_level_rows(limit), min(queue.rows, limit))
         # The head request may be larger than the limit: then take the batch whole.
-        return queue.take(limit) or queue.take(self.max_batch_size)
+        return queue.take(limit) or queue.take(self.batch_limit)
 
     def _plan(self, batch: list[QueuedRequest], capacity: int) -> list[tuple[list[QueuedRequest], int | None]]:
         if self.static:
@@ -298,59 +299,56 @@ class DynamicBatcher:
 
     def _submit(self, requests: list[QueuedRequest], gear: int | None, lane: int) -> None:
         now = self._clock.now_ns()
-        run = Run(requests, gear, 0, now, lane)
-        self._running.add(run)  # from here on, _settle answers these requests whatever happens
+        levels = self.stats.levels
+        queue_stats = self.stats.queue
+        rows, traced = 0, False
+        for request in requests:
+            request.state = DISPATCHED
+            request.dispatched_ns = now
+            waited = now - request.enqueued_ns
+            levels[request.level].queue.add(waited)
+            queue_stats.add(waited)
+            rows += request.rows
+            traced = traced or request.trace is not None
+        trace = form_batch(self.name, requests, gear, now) if traced else None
+        batch = Batch([request.inputs for request in requests], gear, rows, lane, trace, requests, now)
+        self._running.add(batch)  # from here on, _settle answers these requests whatever happens
+        self._formation.booked(lane, batch, self._clock.now())
         try:
-            levels = self.stats.levels
-            queue_stats = self.stats.queue
-            traced = False
-            for request in requests:
-                request.state = DISPATCHED
-                request.dispatched_ns = now
-                waited = now - request.enqueued_ns
-                levels[request.level].queue.add(waited)
-                queue_stats.add(waited)
-                run.rows += request.rows
-                traced = traced or request.trace is not None
-            inputs = [request.inputs for request in requests]
-            if traced:  # an untraced batch keeps the executor call it always had
-                future = self._executor.submit(inputs, gear, trace=form_batch(self.name, requests, gear, now),
-                                               lane=lane)
-            else:
-                future = self._executor.submit(inputs, gear, lane=lane)
-            self._formation.booked(lane, run, self._clock.now())
-        except Exception as exc:
-            self._settle(run, None, exc)
-            return
-        future.add_done_callback(functools.partial(self._run_done_in_thread, run))
+            self._executor.submit(batch)
+        except Exception as exc:  # refused outright (a bug: the batcher formed what cannot run)
+            if batch in self._running:
+                batch.error = exc
+                self._settle(batch)
 
-    # -- results (executor threads hop here) ------------------------------------------------------
+    # -- BatchListener: the executor's threads hop to the loop here ---------------------------------
 
-    def _run_done_in_thread(self, run: Run, future) -> None:
+    def batch_done(self, batch: Batch) -> None:
+        """`batch` finished (outputs or error set). Any thread."""
         try:
-            self._loop.call_soon_threadsafe(self._run_done, run, future)
+            self._loop.call_soon_threadsafe(self._settle, batch)
         except RuntimeError:
             pass  # the loop is closed: nobody waits for these answers any more
 
-    def _run_done(self, run: Run, future) -> None:
-        if future.cancelled():
-            self._settle(run, None, ExecutionFailed("the runtime cancelled the batch"))
-        elif future.exception() is not None:
-            self._settle(run, None, future.exception())
-        else:
-            self._settle(run, future.result(), None)
+    def slot_free(self) -> None:
+        """The executor can take another batch. Any thread."""
+        if self._closed:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._wakeup.set)
+        except RuntimeError:
+            pass  # loop closed
 
-    def _settle(self, run: Run, result, error: BaseException | None, tracked: bool = True) -> None:
-        """Answer every request of `run` once (result or error), then look for more work."""
+    def _settle(self, batch: Batch, tracked: bool = True) -> None:
+        """Answer every request of `batch` once (result or error), then look for more work."""
         if tracked:
-            if run not in self._running:
+            if batch not in self._running:
                 return  # close() answered it already
-            self._running.discard(run)
-        now = self._clock.now()
-        timings = getattr(result, "timings", None)
-        self._formation.finished(run.lane, run, now, timings.compute_ms / 1000.0 if timings else 0.0,
-                                 self._queue is not None and self._queue.count > 0)
-        self._delivery.settle(run, result, error, self._clock.now_ns())
+            self._running.discard(batch)
+            now = self._clock.now()
+            self._formation.finished(batch.lane, batch, now, batch.timings.compute_ms / 1000.0,
+                                     self._queue is not None and self._queue.count > 0)
+        self._delivery.settle(batch, self._clock.now_ns())
         if not self._closed:
             self._wakeup.set()
         if self._draining:
@@ -379,15 +377,6 @@ class DynamicBatcher:
         self._delivery.left(request)
         if self._draining:
             self._check_drained()
-
-    def _slot_freed(self) -> None:
-        """Executor callback, from any thread."""
-        if self._closed:
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._wakeup.set)
-        except RuntimeError:
-            pass  # loop closed
 
     def _idle(self) -> bool:
         return not self._running and (self._queue is None or not self._queue.count)

@@ -1,4 +1,4 @@
-"""Answering requests: a run's outcome to each of its requests, exactly once, in arrival
+"""Answering requests: a batch's outcome to each of its requests, exactly once, in arrival
 order when preserve_ordering asks for it, with the statistics recorded on the way."""
 from __future__ import annotations
 
@@ -7,26 +7,11 @@ import collections
 import logging
 
 from ..errors import ExecutionFailed, ServeError
-from ..runtime.types import DeviceTimings
+from ..runtime.batch import Batch
 from .request import InferenceResult, QueuedRequest
 from .stats import FAILED, BatcherStats
 
 log = logging.getLogger(__name__)
-
-
-class Run:
-    """One submitted run: its requests in submit order, and the instance ("lane") it was
-    booked on (None for requests failed before reaching one)."""
-
-    __slots__ = ("requests", "gear", "rows", "dispatched_ns", "lane")
-
-    def __init__(self, requests: list[QueuedRequest], gear: int | None, rows: int, dispatched_ns: int,
-                 lane: int | None = None):
-        self.requests = requests
-        self.gear = gear
-        self.rows = rows
-        self.dispatched_ns = dispatched_ns  # duration clock (Clock.now_ns)
-        self.lane = lane
 
 
 def resolve(future: asyncio.Future, outcome) -> None:
@@ -54,13 +39,14 @@ class Delivery:
         if self.ordered:
             self._arrivals.append(request)
 
-    def settle(self, run: Run, result, error: BaseException | None, now_ns: int) -> None:
-        """Answer every request of `run` with its own outputs, or all with the run's error.
-        `now_ns` is the duration clock's reading (Clock.now_ns) when the outcome arrived."""
-        requests = run.requests
+    def settle(self, batch: Batch, now_ns: int) -> None:
+        """Answer every request of `batch` (its `requests` are QueuedRequests) with its own
+        outputs, or all with the batch's error. `now_ns` is the duration clock's reading
+        (Clock.now_ns) when the outcome arrived; `batch.dispatched_ns` is on the same clock."""
+        requests = batch.requests
         stats = self._stats
         observed = stats.has_request_observers
-        outputs = getattr(result, "outputs", None)
+        outputs, error = batch.outputs, batch.error
         if error is None and (outputs is None or len(outputs) != len(requests)):
             error = ExecutionFailed(f"the runtime returned {len(outputs or ())} outputs for a "
                                     f"batch of {len(requests)} requests")
@@ -77,10 +63,9 @@ class Delivery:
                 # awaiting task's traceback
                 self.answer(request, type(error)(error.message))
             return
-        compute_ns = now_ns - run.dispatched_ns
-        stats.batch_executed(run.gear, run.rows, len(requests), compute_ns,
-                             getattr(result, "timings", None) or DeviceTimings())
-        instance = getattr(result, "instance", "")
+        compute_ns = now_ns - batch.dispatched_ns
+        stats.batch_executed(batch.gear, batch.rows, len(requests), compute_ns, batch.timings)
+        instance = batch.instance
         success_ns = 0
         for request, request_outputs in zip(requests, outputs):
             queue_ns = request.dispatched_ns - request.enqueued_ns
@@ -88,12 +73,12 @@ class Delivery:
             if observed:
                 stats.request_done(request.level, queue_ns / 1e9, True, "")
             self.answer(request, InferenceResult(request_outputs, queue_ns, compute_ns,
-                                                 run.gear, run.rows, len(requests), instance))
+                                                 batch.gear, batch.rows, len(requests), instance))
         stats.success.add(success_ns, len(requests))
-        stats.inference_count += run.rows
+        stats.inference_count += batch.rows
 
     def answer(self, request: QueuedRequest, outcome) -> None:
-        """A run outcome: held behind earlier arrivals when ordered."""
+        """A batch's outcome: held behind earlier arrivals when ordered."""
         if not self.ordered:
             resolve(request.future, outcome)
             return

@@ -72,18 +72,10 @@ def _version_policy(policy: tuple) -> dict:
     return {"latest": {"num_versions": int(policy[1])}}
 
 
-def max_batch_size(served) -> int:
-    """The largest request batch the version takes: the batcher's limit (config-capped largest
-    gear), else the largest gear; 0 for a static model."""
-    if not int(served.max_batch_size):
-        return 0
-    return int(getattr(getattr(served, "batcher", None), "max_batch_size", served.max_batch_size))
-
-
 def model_config(served) -> dict:
     """Triton ModelConfig as JSON (field names of model_config.proto)."""
     config = served.config
-    max_batch = max_batch_size(served)
+    max_batch = served.max_batch_size
     batching = config.batching
     body = {
         "name": served.name,

@@ -16,7 +16,6 @@ from .guard_metrics import GuardCollector
 from .images import ImageDecoding
 from .json_tensors import JsonLimits
 from .metrics import ServerMetrics, VersionMetrics
-from .model_info import max_batch_size
 from .redact import PathRedactor
 from .trim import HeapTrimmer
 from .observe import Observer
@@ -33,7 +32,7 @@ class VersionRecord:
         self.served = served
         self.name = served.name
         self.version = str(served.version)
-        limit = max_batch_size(served)
+        limit = served.max_batch_size
         self.signature = Signature(served.inputs, served.outputs, limit, json_limits, getattr(served, "labels", None))
         self.images = getattr(served, "images", None)  # images.ImageStage, or None
         self.batched = limit > 0

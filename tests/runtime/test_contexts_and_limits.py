@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 
 from aclserve.acl import current_context
-from aclserve.runtime import AclRuntime
+from aclserve.runtime import AclRuntime, Batch
 from aclserve.runtime.limits import ResourceLimitError, limits_for_soc
-from aclserve.runtime.instance import Job
 from aclserve.runtime.pool import open_pool
-
+from aclserve.runtime.futures import BatchFutures
 from .runtime_models import affine_reference
 
 
@@ -30,14 +29,15 @@ def test_loading_and_memory_queries_leave_the_callers_context_in_place(runtime, 
     assert ret == 0
     try:
         pool = open_pool(runtime, affine_om(), "affine", instances=2, slots=2)
+        done = BatchFutures(pool)
         try:
             assert current_context(acl) == caller
             runtime.memory(refresh=True)
             assert current_context(acl) == caller
-            out = pool.submit([_rows(3)], 4).result(30)
+            out = done.submit([_rows(3)], 4).result(30)
             np.testing.assert_allclose(out.outputs[0]["y"], affine_reference(**_rows(3))["y"], rtol=1e-5)
             for inst in pool.instances:  # the synchronous path switches, then gives the context back
-                result = inst.run_sync(Job([_rows(1)], 1, 1))
+                result = inst.run_sync(Batch([_rows(1)], 1, 1))
                 np.testing.assert_allclose(result.outputs[0]["y"], affine_reference(**_rows(1))["y"], rtol=1e-5)
                 assert current_context(acl) == caller
         finally:
@@ -58,8 +58,9 @@ def test_an_instance_built_in_a_thread_without_a_context_serves(runtime, affine_
     t.start()
     t.join()
     pool = box["pool"]
+    done = BatchFutures(pool)
     try:
-        assert pool.submit([_rows(2)], 2).result(30).rows == 2
+        assert done.submit([_rows(2)], 2).result(30).rows == 2
     finally:
         pool.close()
 
@@ -98,13 +99,14 @@ def test_an_om_whose_size_query_is_refused_loads_with_load_from_file(runtime, af
     faults.inject("query_size", nth=1, code=500002)
     try:
         pool = open_pool(runtime, path, "affine")
+        done = BatchFutures(pool)
     finally:
         faults.clear()
     try:
         assert "loading with load_from_file" in caplog.text
         model = pool.instances[0].model
         assert (model.work_size, model.weight_size) == (0, 0)
-        out = pool.submit([_rows(2)], 2).result(30)
+        out = done.submit([_rows(2)], 2).result(30)
         np.testing.assert_allclose(out.outputs[0]["y"], affine_reference(**_rows(2))["y"], rtol=1e-5)
     finally:
         pool.close()
@@ -116,6 +118,7 @@ def test_a_timing_error_is_logged_once_and_never_fails_the_batch(runtime, affine
     from aclserve.acl import using_context
 
     pool = open_pool(runtime, affine_om(), "affine")
+    done = BatchFutures(pool)
     try:
         inst = pool.instances[0]
         acl = runtime.acl
@@ -129,7 +132,7 @@ def test_a_timing_error_is_logged_once_and_never_fails_the_batch(runtime, affine
                 for event in fresh.values():
                     assert acl.rt.destroy_event(event) == 0
         assert caplog.text.count("device timings unavailable") == 1 and "107006" in caplog.text
-        assert pool.submit([_rows(2)], 2).result(30).timings.compute_ms > 0  # real timings still flow
+        assert done.submit([_rows(2)], 2).result(30).timings.compute_ms > 0  # real timings still flow
     finally:
         pool.close()
 
@@ -150,7 +153,7 @@ def test_older_cann_without_timed_waits_falls_back_to_the_plain_calls(runtime, c
         try:
             assert acl.rt.record_event(event, stream) == 0
             compat.synchronize_event(old, event, 10)
-            assert compat.synchronize_stream(old, stream, 10) == 0
+            assert compat.synchronize_stream(old, stream, 10) is None  # waited, no error
             assert compat.soc_name(old) is None
         finally:
             assert acl.rt.destroy_event(event) == 0

@@ -11,6 +11,7 @@ import pytest
 from aclserve.acl.cpu import faults
 from aclserve.errors import ExecutionFailed
 from aclserve.runtime import Engine, LoadError, open_pool
+from aclserve.runtime.futures import BatchFutures
 
 from .runtime_models import affine_reference
 
@@ -30,6 +31,7 @@ def _no_faults():
 
 def test_every_gear_and_padding_matches_the_reference(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    done = BatchFutures(pool)
     try:
         assert pool.gears == (1, 2, 4, 8)
         assert [s.name for s in pool.inputs] == ["x", "idx"]
@@ -37,7 +39,7 @@ def test_every_gear_and_padding_matches_the_reference(runtime, affine_om):
         for gear in pool.gears:
             for rows in sorted({1, gear - 1 or 1, gear}):
                 req = _request(rows, first_id=gear * 100 + rows)
-                result = pool.submit([req], gear).result(timeout=30)
+                result = done.submit([req], gear).result(timeout=30)
                 assert result.gear == gear and result.rows == rows
                 expected = affine_reference(req["x"], req["idx"])
                 np.testing.assert_allclose(result.outputs[0]["y"], expected["y"], rtol=1e-5, atol=1e-5)
@@ -49,9 +51,10 @@ def test_every_gear_and_padding_matches_the_reference(runtime, affine_om):
 
 def test_requests_in_one_batch_get_their_own_rows(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine")
+    done = BatchFutures(pool)
     try:
         reqs = [_request(1, 0), _request(2, 10), _request(1, 20)]
-        result = pool.submit(reqs, 8).result(timeout=30)
+        result = done.submit(reqs, 8).result(timeout=30)
         assert len(result.outputs) == 3
         for req, out in zip(reqs, result.outputs):
             assert out["y"].shape == (len(req["x"]), 4)
@@ -62,6 +65,7 @@ def test_requests_in_one_batch_get_their_own_rows(runtime, affine_om):
 
 def test_a_thousand_batches_across_instances_and_slots_each_answered_once(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine", instances=2, slots=3)
+    done = BatchFutures(pool)
     rng = random.Random(3)
     next_id = 0
     submitted = []
@@ -76,7 +80,7 @@ def test_a_thousand_batches_across_instances_and_slots_each_answered_once(runtim
                 rows += n
                 if rng.random() < 0.4:
                     break
-            submitted.append((reqs, pool.submit(reqs, gear)))
+            submitted.append((reqs, done.submit(reqs, gear)))
         seen = set()
         instances = set()
         for reqs, future in submitted:
@@ -96,11 +100,12 @@ def test_a_thousand_batches_across_instances_and_slots_each_answered_once(runtim
 
 def test_a_device_fault_fails_only_its_batch_and_the_instance_keeps_serving(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    done = BatchFutures(pool)
     try:
         faults.inject("execute", nth=1)
         with pytest.raises(ExecutionFailed, match="507011"):
-            pool.submit([_request(2)], 2).result(timeout=30)
-        result = pool.submit([_request(2, 5)], 2).result(timeout=30)
+            done.submit([_request(2)], 2).result(timeout=30)
+        result = done.submit([_request(2, 5)], 2).result(timeout=30)
         np.testing.assert_array_equal(result.outputs[0]["s"], _request(2, 5)["idx"] * 2)
     finally:
         pool.close()
@@ -108,9 +113,10 @@ def test_a_device_fault_fails_only_its_batch_and_the_instance_keeps_serving(runt
 
 def test_a_failed_batch_is_retried_once_on_another_instance(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine", instances=2, retry=True)
+    done = BatchFutures(pool)
     try:
         fault = faults.inject("execute", nth=1)
-        result = pool.submit([_request(4)], 4).result(timeout=30)
+        result = done.submit([_request(4)], 4).result(timeout=30)
         assert fault.fired == 1
         np.testing.assert_array_equal(result.outputs[0]["s"], _request(4)["idx"] * 2)
     finally:
@@ -119,11 +125,12 @@ def test_a_failed_batch_is_retried_once_on_another_instance(runtime, affine_om):
 
 def test_a_device_that_stops_answering_times_out_only_that_batch(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine", sync_timeout_ms=100)
+    done = BatchFutures(pool)
     try:
         faults.inject("execute", nth=1, delay_ms=1500)
         with pytest.raises(ExecutionFailed, match="507047"):
-            pool.submit([_request(1)], 1).result(timeout=30)
-        result = pool.submit([_request(1, 9)], 1).result(timeout=30)
+            done.submit([_request(1)], 1).result(timeout=30)
+        result = done.submit([_request(1, 9)], 1).result(timeout=30)
         np.testing.assert_array_equal(result.outputs[0]["s"], _request(1, 9)["idx"] * 2)
     finally:
         pool.close()
@@ -135,8 +142,9 @@ def test_fifty_load_unload_cycles_return_device_memory(runtime, affine_om):
     baseline = device.mem_info()[0]
     for cycle in range(50):
         pool = open_pool(runtime, path, "affine", instances=2, slots=2)
+        done = BatchFutures(pool)
         assert device.mem_info()[0] < baseline
-        pool.submit([_request(1, cycle)], 1).result(timeout=30)
+        done.submit([_request(1, cycle)], 1).result(timeout=30)
         pool.close()
         pool.close()  # safe twice
         assert device.mem_info()[0] == baseline
@@ -172,6 +180,25 @@ def test_engine_sync_async_and_submit(affine_om):
             model.infer({"x": req["x"][:, :7], "idx": req["idx"]})
 
 
+@pytest.mark.parametrize("failing_part", [1, 2, 3])
+def test_an_engine_call_split_over_runs_fails_once_whichever_part_fails(affine_om, failing_part):
+    """19 rows run as 8 + 8 + 3; the call fails with that part's error, exactly once, whether
+    the failing part is the first, a middle or the last one to finish (the last once hung)."""
+    with Engine(device="cpu") as engine:
+        model = engine.load(affine_om(), slots=1)  # one slot: parts execute in submit order
+        req = _request(19)
+        fault = faults.inject("execute", nth=failing_part)
+        future = model.submit(req)
+        with pytest.raises(ExecutionFailed, match="507011"):
+            future.result(timeout=30)
+        assert fault.fired == 1
+        faults.clear()
+        resolved = []
+        future.add_done_callback(resolved.append)  # a done future calls back at once, only once
+        assert resolved == [future]
+        np.testing.assert_array_equal(model.infer(req, timeout=30)["s"], affine_reference(req["x"], req["idx"])["s"])
+
+
 def test_an_atc_om_is_refused_with_what_it_is_and_what_to_do(runtime, tmp_path):
     import struct
     head = bytearray(256)
@@ -191,10 +218,11 @@ def test_instances_spread_over_several_devices_and_each_device_gets_its_memory_b
     path = affine_om()
     before = [runtime.device(d).mem_info()[0] for d in (0, 1)]
     pool = open_pool(runtime, path, "affine", instances=2, devices=(0, 1))
+    done = BatchFutures(pool)
     try:
         assert [i.device.id for i in pool.instances] == [0, 1]
         assert all(runtime.device(d).mem_info()[0] < before[d] for d in (0, 1))
-        results = [pool.submit([_request(2, 10 * k)], 2) for k in range(20)]
+        results = [done.submit([_request(2, 10 * k)], 2) for k in range(20)]
         assert {f.result(timeout=30).instance for f in results} == {"affine#0", "affine#1"}
     finally:
         pool.close()
@@ -203,22 +231,23 @@ def test_instances_spread_over_several_devices_and_each_device_gets_its_memory_b
 
 def test_a_batch_waits_for_the_lane_it_names_while_another_instance_is_free(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine", instances=2, slots=2)
+    done = BatchFutures(pool)
     gate = threading.Event()
     try:
         assert pool.lanes() == [2, 2]
         held = faults.inject("execute", nth=1, hold=gate)
-        first = pool.submit([_request(1, 0)], 1, lane=0)
+        first = done.submit([_request(1, 0)], 1, lane=0)
         assert held.entered.wait(30)
-        queued = [pool.submit([_request(1, k)], 1, lane=0) for k in (1, 2)]
+        queued = [done.submit([_request(1, k)], 1, lane=0) for k in (1, 2)]
         assert pool.lanes() == [0, 2]  # one slot holds the second batch; the third waits for lane 0
         gate.set()
         results = [future.result(timeout=30) for future in [first] + queued]
         assert {r.instance for r in results} == {pool.instances[0].name}
         for k, result in enumerate(results):
             np.testing.assert_array_equal(result.outputs[0]["s"], _request(1, k)["idx"] * 2)
-        assert pool.submit([_request(1, 3)], 1, lane=1).result(timeout=30).instance == pool.instances[1].name
+        assert done.submit([_request(1, 3)], 1, lane=1).result(timeout=30).instance == pool.instances[1].name
         with pytest.raises(ValueError, match="lane 2"):
-            pool.submit([_request(1, 4)], 1, lane=2)
+            done.submit([_request(1, 4)], 1, lane=2)
     finally:
         gate.set()
         pool.close()

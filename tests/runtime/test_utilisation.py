@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from aclserve.om.compile import compile_model
 from aclserve.runtime import open_pool
 from aclserve.runtime.busy import BusyWindow
+from aclserve.runtime.futures import BatchFutures
 
 
 def test_busy_window_over_a_fake_clock():
@@ -57,10 +58,11 @@ def test_busy_fraction_is_near_zero_idle_and_high_at_saturation(runtime, tmp_pat
     om = str(compile_model(heavy_onnx(tmp_path / "heavy.onnx"), tmp_path / "heavy.om", batch="8,16", target="cpu",
                            log=lambda _: None).path)
     pool = open_pool(runtime, om, "heavy", slots=2)
+    done = BatchFutures(pool)
     try:
         instance = pool.instances[0]
         batch = {"x": np.ones((16, 512), np.float32)}
-        pool.submit([batch], 16).result(60)  # ran once, long before the window below
+        done.submit([batch], 16).result(60)  # ran once, long before the window below
         time.sleep(0.6)  # let that run leave a 0.5 s window: the idle state
         instance.compute_busy = BusyWindow(window_s=0.5)
         instance.compute_busy.add(1)  # a tick, so the window is not empty by construction
@@ -68,13 +70,13 @@ def test_busy_fraction_is_near_zero_idle_and_high_at_saturation(runtime, tmp_pat
         idle = instance.compute_busy.fraction()
         assert idle < 0.2
         assert pool.utilisation()[0]["compute_busy"] < 0.2
-        in_flight = [pool.submit([batch], 16) for _ in range(2)]
-        done = 0
+        in_flight = [done.submit([batch], 16) for _ in range(2)]
+        finished = 0
         start = time.monotonic()
-        while time.monotonic() - start < 1.5 or done < 20:  # keep both slots busy
+        while time.monotonic() - start < 1.5 or finished < 20:  # keep both slots busy
             in_flight.pop(0).result(60)
-            done += 1
-            in_flight.append(pool.submit([batch], 16))
+            finished += 1
+            in_flight.append(done.submit([batch], 16))
         saturated = instance.compute_busy.fraction()
         for future in in_flight:
             future.result(60)

@@ -7,7 +7,6 @@ request got back exactly its own rows (y = 2 * x, and x carries a per-row tag).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import heapq
 import itertools
 import threading
@@ -16,7 +15,8 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from aclserve.runtime.types import BatchResult, DeviceTimings
+from aclserve.runtime.batch import Batch
+from aclserve.runtime.types import DeviceTimings
 from aclserve.scheduling import BatchingConfig, DynamicBatcher
 
 
@@ -75,16 +75,20 @@ def expected(tag: int, rows: int) -> np.ndarray:
 
 
 class FakeRun:
-    def __init__(self, executor, requests, gear, lane=0):
-        self.executor, self.requests, self.gear, self.lane = executor, requests, gear, lane
-        self.future = concurrent.futures.Future()
-        self.rows = sum(len(r["x"]) for r in requests)
+    """One submitted batch as the fake executor runs it."""
+
+    def __init__(self, executor, batch: Batch, lane=0):
+        self.executor, self.batch, self.lane = executor, batch, lane
+        self.requests, self.gear = list(batch.inputs), batch.gear
+        self.rows = sum(len(r["x"]) for r in self.requests)
+        self.done = False
 
     @property
     def tags(self) -> list[int]:
         return [int(r["x"][0, 0]) for r in self.requests]
 
-    def compute(self, compute_ms: float = 0.5) -> BatchResult:
+    def compute(self, compute_ms: float = 0.5) -> None:
+        """Write the outcome into the batch, as an instance does."""
         x = np.concatenate([r["x"] for r in self.requests])
         size = self.gear if self.gear is not None else len(x)
         padded = np.zeros((size, 2), np.float32)
@@ -95,16 +99,24 @@ class FakeRun:
             rows = len(request["x"])
             outputs.append({"y": y[start:start + rows]})
             start += rows
-        return BatchResult(outputs, self.gear, self.rows, DeviceTimings(0.1, compute_ms, 0.2), "fake_0")
+        batch = self.batch
+        batch.outputs, batch.timings, batch.instance = outputs, DeviceTimings(0.1, compute_ms, 0.2), "fake_0"
 
     def complete(self, compute_ms: float = 0.5) -> None:
         """Finish the run; `compute_ms` is the device compute time it reports."""
-        self.executor._release(self.lane)
-        self.future.set_result(self.compute(compute_ms))
+        self.compute(compute_ms)
+        self._finish()
 
     def fail(self, error: BaseException) -> None:
+        self.batch.error = error
+        self._finish()
+
+    def _finish(self) -> None:
+        """As an instance does: the outcome first, then the slot."""
+        assert not self.done, "a batch finished twice"
+        self.done = True
+        self.executor.listener.batch_done(self.batch)
         self.executor._release(self.lane)
-        self.future.set_exception(error)
 
 
 class FakeExecutor:
@@ -121,7 +133,7 @@ class FakeExecutor:
         self.auto = auto
         self.runs: list[FakeRun] = []
         self.busy = [0] * instances
-        self._listeners = []
+        self.listener = None
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
@@ -129,10 +141,11 @@ class FakeExecutor:
         with self._lock:
             return [self.slots - busy for busy in self.busy]
 
-    def add_slot_listener(self, callback) -> None:
-        self._listeners.append(callback)
+    def attach(self, listener) -> None:
+        self.listener = listener
 
-    def submit(self, requests, gear, lane=None):
+    def submit(self, batch: Batch) -> None:
+        requests, gear, lane = batch.inputs, batch.gear, batch.lane
         assert requests, "empty run"
         if self.gears:
             assert gear in self.gears, f"gear {gear} not compiled"
@@ -144,20 +157,19 @@ class FakeExecutor:
             assert 0 <= lane < len(self.busy), f"lane {lane} of {len(self.busy)} instances"
             assert self.busy[lane] < self.slots, f"lane {lane} has no free slot"
             self.busy[lane] += 1
-        run = FakeRun(self, list(requests), gear, lane)
+        run = FakeRun(self, batch, lane)
         assert gear is None or run.rows <= gear, f"{run.rows} rows do not fit gear {gear}"
+        assert run.rows == batch.rows, f"batch says {batch.rows} rows, its requests hold {run.rows}"
         self.runs.append(run)
         if self.auto:
             thread = threading.Thread(target=run.complete)
             self._threads.append(thread)
             thread.start()
-        return run.future
 
     def _release(self, lane: int) -> None:
         with self._lock:
             self.busy[lane] -= 1
-        for listener in self._listeners:
-            listener()
+        self.listener.slot_free()
 
     def join(self) -> None:
         for thread in self._threads:
@@ -165,7 +177,7 @@ class FakeExecutor:
 
     @property
     def pending(self) -> list[FakeRun]:
-        return [run for run in self.runs if not run.future.done()]
+        return [run for run in self.runs if not run.done]
 
 
 async def settle(rounds: int = 20) -> None:

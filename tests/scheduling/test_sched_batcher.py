@@ -162,7 +162,7 @@ async def test_timeout_rejects_at_the_deadline_while_a_long_batch_runs(env):
     await env.settle()
     env.clock.advance(0.011)
     await env.settle()
-    assert not run.future.done()  # the executor is still blocked on the long batch
+    assert not run.done  # the executor is still blocked on the long batch
     with pytest.raises(RequestTimeout):
         short.result()
     assert not long.done()

@@ -1,16 +1,16 @@
 """GearPlanner: padding vs splitting by measured cost (pure functions)."""
 import pytest
 
-from aclserve.scheduling import BatchingConfig, GearPlanner, max_batch_size
+from aclserve.scheduling import BatchingConfig, GearPlanner, batch_limit
 
 GEARS = (1, 2, 4, 8)
 
 
-def test_max_batch_size_is_the_top_gear_unless_configured_lower():
-    assert max_batch_size(GEARS, BatchingConfig()) == 8
-    assert max_batch_size(GEARS, BatchingConfig(max_batch_size=6)) == 6
-    assert max_batch_size(GEARS, BatchingConfig(max_batch_size=32)) == 8
-    assert max_batch_size((), BatchingConfig()) == 1
+def test_batch_limit_is_the_top_gear_unless_configured_lower():
+    assert batch_limit(GEARS, BatchingConfig()) == 8
+    assert batch_limit(GEARS, BatchingConfig(max_batch_size=6)) == 6
+    assert batch_limit(GEARS, BatchingConfig(max_batch_size=32)) == 8
+    assert batch_limit((), BatchingConfig()) == 0  # static: no batch dimension
 
 
 def test_pads_to_the_smallest_gear_that_fits():

@@ -48,11 +48,11 @@ async def test_submit_raising_fails_that_run_only(env):
     real_submit = executor.submit
     calls = []
 
-    def flaky(requests, gear, lane=None):
-        calls.append(gear)
+    def flaky(batch):
+        calls.append(batch.gear)
         if len(calls) == 1:
             raise RuntimeError("launcher thread gone")
-        return real_submit(requests, gear, lane)
+        return real_submit(batch)
 
     executor.submit = flaky
     first = env.submit(batcher, 1)
@@ -276,7 +276,7 @@ async def test_real_loop_clock_timeout_fires_while_the_executor_is_blocked(fakes
         await fakes.settle()
         with pytest.raises(RequestTimeout):
             await asyncio.wait_for(batcher.infer(fakes.make_rows(2, 1), 1), timeout=30)
-        assert not executor.runs[0].future.done() and len(executor.runs) == 1
+        assert not executor.runs[0].done and len(executor.runs) == 1
         executor.runs[0].complete()
         await blocker
     finally:

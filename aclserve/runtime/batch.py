@@ -1,0 +1,71 @@
+"""A batch: what the scheduler hands the executor, and what comes back on the same object.
+
+The submitter fills the request side (`inputs`, `gear`, `rows`, `lane`, `trace`, and its own
+`requests` and `dispatched_ns`, which the runtime never reads); the instance that runs it fills
+the outcome (`outputs`, `timings`, `instance`) or `error`, then signals `batch_done(batch)` to
+its listener. One object from formation to answer: no futures, no copies of the request list.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Protocol, Sequence
+
+import numpy as np
+
+from .types import DeviceTimings
+
+
+class Batch:
+    """One run of the model: the rows of one or more requests, padded to `gear`."""
+
+    __slots__ = ("inputs", "gear", "rows", "lane", "trace", "requests", "dispatched_ns",
+                 "ran_on", "outputs", "timings", "instance", "error", "failed_lane")
+
+    def __init__(self, inputs: Sequence[Mapping[str, np.ndarray]], gear: int | None, rows: int,
+                 lane: int | None = None, trace=None, requests: Sequence = (), dispatched_ns: int = 0):
+        self.inputs = inputs  # per request: input name -> its rows (first dimension)
+        self.gear = gear  # compiled batch size to run; None for a static model
+        self.rows = rows  # real rows (sum over requests); gear - rows are padding
+        self.lane = lane  # instance index the submitter asked for (None: any); never changed
+        self.trace = trace  # a trace.BatchTrace when the batch carries a sampled request
+        self.requests = requests  # the submitter's own records, in `inputs` order (opaque here)
+        self.dispatched_ns = dispatched_ns  # the submitter's clock (opaque here)
+        self.ran_on: int | None = None  # instance index it was launched on (by the pool)
+        # the outcome, written by the instance before batch_done():
+        self.outputs: list[dict[str, np.ndarray]] | None = None  # per request, padding dropped
+        self.timings = DeviceTimings()
+        self.instance = ""  # name of the instance that ran it
+        self.error: BaseException | None = None
+        self.failed_lane: int | None = None  # set by a retry: the instance that failed it first
+
+
+class BatchListener(Protocol):
+    """Who hears from an executor. Both methods are called from the executor's threads and
+    must not block (the batcher hops to its event loop; the pool hands on or re-launches)."""
+
+    def batch_done(self, batch: Batch) -> None:
+        """`batch` finished: its outputs or its error are set. Called exactly once per batch."""
+
+    def slot_free(self) -> None:
+        """A slot became free: the executor can take another batch."""
+
+
+class BatchExecutor(Protocol):
+    """What the batcher needs from a model version's instances (runtime.InstancePool)."""
+
+    gears: tuple[int, ...]  # ascending; () for a static model (one request per run)
+    gear_cost: dict[int, float]  # seconds per lone run of each gear, submit to result (warm-up)
+    compute_cost: dict[int, float]  # seconds of device compute per gear (warm-up; may be empty)
+
+    def attach(self, listener: BatchListener) -> None:
+        """Send completions and freed slots to `listener` from now on."""
+
+    def lanes(self) -> list[int]:
+        """Per instance ("lane", by index), the slots that can take a batch now (0 when it
+        takes none: busy, resetting after a fault, broken)."""
+
+    def submit(self, batch: Batch) -> None:
+        """Run `batch`; never blocks. Each request's arrays have its row count as first
+        dimension (rows sum <= gear). With `batch.lane`, the batch runs on that instance
+        (waiting for one of its slots if needed) unless it is out of rotation. The completion
+        is the listener's batch_done(batch), with `batch.error` an ExecutionFailed naming what
+        went wrong, or the outputs set; it may come before submit() returns."""
