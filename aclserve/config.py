@@ -107,6 +107,7 @@ class ModelConfig:
     devices: tuple[int, ...] = (0,)
     slots: int = 2
     retry: bool = True
+    execution_timeout_ms: int = 0  # 0 = from the measured gear costs (pool.set_execution_timeout)
     batching: BatchingConfig = field(default_factory=lambda: BatchingConfig(
         default_queue_policy=QueuePolicy(max_queue_size=None, default_timeout_ms=None)))
     version_policy: tuple = ("latest", 1)  # ("latest", N) | ("all",) | ("specific", (v, ...))
@@ -449,6 +450,8 @@ def parse_model_config(data, path: str = "") -> ModelConfig:
         devices=_int_list(data.get("devices", list(base.devices)), _p(path, "devices"), 0),
         slots=_int(data.get("slots", base.slots), _p(path, "slots"), 1),
         retry=_bool(data.get("retry", base.retry), _p(path, "retry")),
+        execution_timeout_ms=_int(data.get("execution_timeout_ms", base.execution_timeout_ms),
+                                  _p(path, "execution_timeout_ms"), 0),
         batching=_batching(data.get("batching", {}), _p(path, "batching")),
         version_policy=_version_policy(data.get("version_policy", {"latest": 1}), _p(path, "version_policy")),
         compile=_compile(data.get("compile", {}), _p(path, "compile")),

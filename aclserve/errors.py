@@ -66,5 +66,10 @@ class ExecutionFailed(ServeError):
     status = 500
 
 
+class DeviceTimeout(Unavailable):
+    """The device did not finish the batch within the model's execution timeout; the instance
+    is being rebuilt, so a retry is likely to succeed."""
+
+
 class NotSupported(ServeError):
     status = 501

@@ -46,6 +46,7 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, name: str, v
             images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
             labels = await run(load_labels, config.outputs, pool.outputs)
             await run(pool.warmup)  # three runs per gear; times the gear costs the batcher plans with
+            pool.set_execution_timeout(config.execution_timeout_ms)
             config = overload.resolve(config, pool.gears, pool.gear_cost, len(pool.instances))
             batcher = DynamicBatcher(pool, config.batching, name=f"{name}:{version}")
             batcher.start()

@@ -24,7 +24,8 @@ import numpy as np
 
 from .acl_runtime import AclRuntime
 from .batch import Batch
-from .pool import InstancePool, open_pool
+from .builder import open_pool
+from .pool import InstancePool
 from .types import TensorSpec
 
 

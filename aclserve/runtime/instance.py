@@ -16,8 +16,11 @@ exec_end and copies the outputs back synchronously. Nothing is there to overlap 
 two copy streams' wake-ups are saved (about 0.1 ms per batch on the CPU runtime).
 
 With two or more slots, batch N+1 is packed and copied while batch N computes. If a batch fails
-on the device (an execute error, a timed-out wait) only that batch fails; the instance then
-stops taking work, lets its other batches finish, resets its streams and serves again.
+on the device (an execute error) only that batch fails; the instance then stops taking work,
+lets its other batches finish, resets its streams and serves again. A batch the device does
+not finish within `execution_timeout_ms` fails with DeviceTimeout and takes the instance out of
+rotation for good (`broken`): the batches behind it fail at once, and the pool builds a
+replacement.
 
 Every finished batch goes to the instance's listener (its pool) as `batch_done(batch)`, then its
 slot is returned and the listener hears `slot_free()`; both from the completion thread.
@@ -25,28 +28,27 @@ slot is returned and the listener hears `slot_free()`; both from the completion 
 Threads and state: the launcher thread owns packing and enqueueing; the completion thread owns
 waiting, unpacking, timings and the stream reset (which runs only when no batch is in flight,
 so the launcher is idle then). Slot accounting, health and busy time (`_free`, `_in_flight`,
-`_needs_reset`, `broken`, `_closed`, `_busy_*`) are shared and only touched under `_lock`.
+`_needs_reset`, `broken`, `_closed`, `_busy_*`, `faults`) are shared and only touched under `_lock`.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import queue
 import threading
 import time
-from typing import Mapping
-
-import numpy as np
-
 from ..acl import AclError, check, compat, release, restoring_context, using_context
 from ..acl import constants as C
-from ..errors import ExecutionFailed
+from ..errors import DeviceTimeout, ExecutionFailed
 from ..trace.records import now_ns
 from .batch import Batch, BatchListener
 from .busy import BusyWindow
 from .device import Device
 from .device_clock import DeviceClock
+from .event_times import phase_events, phase_timings
 from .om_model import OmModel
+from .packing import copy_bytes, pack, unpack
 from .slot import Slot
 from .types import DeviceTimings
 
@@ -59,15 +61,17 @@ class ModelInstance:
     batches, then releases everything in reverse order of acquisition."""
 
     def __init__(self, acl, device: Device, path: str, name: str, slots: int = 2,
-                 sync_timeout_ms: int = 60_000):
+                 execution_timeout_ms: int = 60_000):
         if slots < 1:
             raise ValueError("an instance needs at least one slot")
         self._acl = acl
         self.device = device
         self.name = name
-        self.sync_timeout_ms = sync_timeout_ms
-        # A device that missed one deadline gets longer to drain before the instance is given up.
-        self.reset_timeout_ms = max(10 * sync_timeout_ms, 10_000)
+        # Longest wait for a batch's result (queued behind the other slots' batches included);
+        # the pool sets it from the measured gear costs after warm-up.
+        self.execution_timeout_ms = execution_timeout_ms
+        # A device that failed a batch gets this long to drain before the instance is given up.
+        self.reset_timeout_ms = 10_000
         self._listener: BatchListener | None = None
         self._lock = threading.Lock()
         self._launch_q: queue.SimpleQueue = queue.SimpleQueue()
@@ -79,9 +83,11 @@ class ModelInstance:
         self._free: list[Slot] = []
         self._in_flight = 0
         self._needs_reset = False
-        self.broken: str | None = None  # reason, once the device stopped answering
+        self.broken: str | None = None  # reason, once the instance is out of rotation for good
+        self.faults: collections.Counter[int] = collections.Counter()  # failed batches by ACL code
         self._busy_since: float | None = None
         self._busy_total = 0.0
+        self._closing = False  # close() has begun (the first caller does the work)
         self._closed = False
         self._timing_failed = False
         self.clock: DeviceClock | None = None
@@ -170,10 +176,10 @@ class ModelInstance:
 
     def _run_sync(self, slot: Slot, batch: Batch) -> None:
         acl, rt = self._acl, self._acl.rt
-        rows = self._pack(slot, batch)
+        rows = pack(slot, batch)
         for tensor in slot.inputs:
             check("rt.memcpy", rt.memcpy(tensor.device, tensor.size, tensor.host,
-                                         self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
+                                         copy_bytes(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
         if batch.gear is not None:
             check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
                 self.model.model_id, slot.input_dataset, self.model.dynamic_index, batch.gear))
@@ -182,7 +188,7 @@ class ModelInstance:
         compute_ms = (time.perf_counter_ns() - start) / 1e6  # a blocking execute: its wall time
         for tensor in slot.outputs:
             check("rt.memcpy", rt.memcpy(tensor.host, tensor.size, tensor.device,
-                                         self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
+                                         copy_bytes(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
         self._finish(slot, batch, DeviceTimings(compute_ms=compute_ms))
 
     # -- launcher thread ---------------------------------------------------------------------
@@ -212,13 +218,13 @@ class ModelInstance:
         only the execution, so the batch costs two thread hand-offs fewer (the copy streams' wake-
         ups); the completion thread copies the outputs back itself. Same calls a device takes."""
         rt = self._acl.rt
-        rows = self._pack(slot, batch)
+        rows = pack(slot, batch)
         trace = batch.trace
         if trace is not None:
             trace.packed_ns = now_ns()
         for tensor in slot.inputs:
             check("rt.memcpy", rt.memcpy(tensor.device, tensor.size, tensor.host,
-                                         self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
+                                         copy_bytes(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
         if trace is not None:
             trace.host_h2d = (trace.packed_ns, now_ns())  # a host memcpy here, not a stream's copy
         self._enqueue_execution(slot, batch, self.streams["compute"])
@@ -239,7 +245,7 @@ class ModelInstance:
 
     def _enqueue(self, slot: Slot, batch: Batch) -> None:
         rt = self._acl.rt
-        rows = self._pack(slot, batch)
+        rows = pack(slot, batch)
         if batch.trace is not None:
             batch.trace.packed_ns = now_ns()
         h2d, compute, d2h = self.streams["h2d"], self.streams["compute"], self.streams["d2h"]
@@ -247,7 +253,7 @@ class ModelInstance:
         check("rt.record_event", rt.record_event(ev["h2d_start"], h2d))
         for tensor in slot.inputs:
             check("rt.memcpy_async", rt.memcpy_async(tensor.device, tensor.size, tensor.host,
-                                                     self._count(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE, h2d))
+                                                     copy_bytes(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE, h2d))
         check("rt.record_event", rt.record_event(ev["h2d_end"], h2d))
         check("rt.stream_wait_event", rt.stream_wait_event(compute, ev["h2d_end"]))
         self._enqueue_execution(slot, batch, compute)
@@ -255,7 +261,7 @@ class ModelInstance:
         check("rt.record_event", rt.record_event(ev["d2h_start"], d2h))
         for tensor in slot.outputs:
             check("rt.memcpy_async", rt.memcpy_async(tensor.host, tensor.size, tensor.device,
-                                                     self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST, d2h))
+                                                     copy_bytes(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST, d2h))
         check("rt.record_event", rt.record_event(ev["d2h_end"], d2h))
         if batch.trace is not None:
             batch.trace.enqueued_ns = now_ns()
@@ -267,6 +273,8 @@ class ModelInstance:
             if item is None:
                 return
             slot, batch, error, direct = item
+            if error is None and self.broken:  # behind a hung batch: no point in waiting again
+                error = DeviceTimeout(f"instance {self.name} was taken out of rotation ({self.broken})")
             if error is None:
                 try:
                     if direct:
@@ -276,8 +284,6 @@ class ModelInstance:
                 except Exception as e:
                     error = e
             if error is not None:
-                with self._lock:
-                    self._needs_reset = True
                 self._fail(batch, error)
             else:
                 self.compute_busy.add(int(batch.timings.compute_ms * 1e6))
@@ -291,7 +297,7 @@ class ModelInstance:
         # d2h_end comes after exec_end (the D2H stream waits for it), so one wake-up covers both;
         # exec_end is then complete and only reports whether the execution itself failed.
         for name in ("d2h_end", "exec_end"):
-            compat.synchronize_event(self._acl, ev[name], self.sync_timeout_ms)
+            self._wait(ev[name])
         if batch.trace is not None:
             self._trace_device(batch.trace, ev, copies=True)
         self._finish(slot, batch, self._timings(ev))
@@ -299,38 +305,42 @@ class ModelInstance:
     def _collect_direct(self, slot: Slot, batch: Batch) -> None:
         """Wait for a direct batch's execution, then copy its outputs back on this thread."""
         rt, ev = self._acl.rt, slot.events
-        compat.synchronize_event(self._acl, ev["exec_end"], self.sync_timeout_ms)
+        self._wait(ev["exec_end"])
         trace = batch.trace
         if trace is not None:
             self._trace_device(trace, ev, copies=False)
         rows = batch.gear if batch.gear is not None else batch.rows
         for tensor in slot.outputs:
             check("rt.memcpy", rt.memcpy(tensor.host, tensor.size, tensor.device,
-                                         self._count(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
+                                         copy_bytes(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
         if trace is not None:
             trace.host_d2h = (trace.woke_ns, now_ns())  # a host memcpy here, not a stream's copy
         self._finish(slot, batch, self._timings(ev, copies=False))
 
+    def _wait(self, event: int) -> None:
+        """Wait for a batch's event; past the execution timeout the instance gives up for good
+        (a device that hangs once is not trusted again; the pool rebuilds the instance)."""
+        try:
+            compat.synchronize_event(self._acl, event, self.execution_timeout_ms)
+        except AclError as e:
+            if e.ret != C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT:
+                raise
+            with self._lock:
+                self.broken = f"the device did not finish a batch within {self.execution_timeout_ms} ms"
+            log.error("%s: %s; the instance leaves rotation and is rebuilt", self.name, self.broken)
+            raise DeviceTimeout(f"the device did not finish the batch within the model's execution timeout "
+                                f"({self.execution_timeout_ms} ms): {e}") from e
+
     def _finish(self, slot: Slot, batch: Batch, timings: DeviceTimings) -> None:
         """Write the batch's outcome: each request's rows out of the slot, timings, who ran it."""
-        batch.outputs = self._unpack(slot, batch)
+        batch.outputs = unpack(slot, batch)
         batch.timings = timings
         batch.instance = self.name
 
     def _timings(self, ev: dict[str, int], copies: bool = True) -> DeviceTimings:
-        """Device time of the phases that ran on streams (copies=False: compute only). Read only
-        after the batch's last event was synchronized (every event of the slot is then complete);
-        a timing error (107006 not completed, 107007 reversed, as newer chips report completions
-        lazily) is logged once and never fails the batch."""
-        rt = self._acl.rt
-
-        def elapsed(start: str, end: str) -> float:
-            return check("rt.event_elapsed_time", rt.event_elapsed_time(ev[start], ev[end]))
+        """The batch's phase times; a timing error is logged once and never fails the batch."""
         try:
-            if not copies:
-                return DeviceTimings(compute_ms=elapsed("exec_start", "exec_end"))
-            return DeviceTimings(h2d_ms=elapsed("h2d_start", "h2d_end"), compute_ms=elapsed("exec_start", "exec_end"),
-                                 d2h_ms=elapsed("d2h_start", "d2h_end"))
+            return phase_timings(self._acl, ev, copies)
         except AclError as e:
             if not self._timing_failed:
                 self._timing_failed = True
@@ -350,54 +360,34 @@ class ModelInstance:
     def _trace_device(self, trace, ev: dict[str, int], copies: bool) -> None:
         """Completion thread, after the batch's last event: its device spans on the host's clock."""
         trace.woke_ns = now_ns()
-        pairs = {"compute": (ev["exec_start"], ev["exec_end"])}
-        if copies:
-            pairs.update(h2d=(ev["h2d_start"], ev["h2d_end"]), d2h=(ev["d2h_start"], ev["d2h_end"]))
-        trace.anchor, trace.device_spans = self.clock.spans(pairs, trace.woke_ns)
-
-    # -- packing -----------------------------------------------------------------------------
-    @staticmethod
-    def _pack(slot: Slot, batch: Batch) -> int:
-        """Copy the requests' rows into the slot's host buffers, zero the padding; return the rows to run."""
-        rows = batch.gear if batch.gear is not None else batch.rows
-        real = batch.rows
-        for tensor in slot.inputs:
-            name = tensor.spec.name
-            view = tensor.rows_view
-            if len(batch.inputs) == 1:
-                view[:real] = batch.inputs[0][name]
-            else:
-                np.concatenate([r[name] for r in batch.inputs], axis=0, out=view[:real])
-            if real < rows:
-                view[real:rows] = 0
-        return rows
-
-    @staticmethod
-    def _count(tensor, rows: int) -> int:
-        return tensor.row_bytes * rows if tensor.spec.batched else tensor.size
-
-    @staticmethod
-    def _unpack(slot: Slot, batch: Batch) -> list[dict[str, np.ndarray]]:
-        """Each request's own output rows, copied out of the slot (which is reused at once)."""
-        outputs: list[dict[str, np.ndarray]] = []
-        offset = 0
-        for request in batch.inputs:
-            n = _rows_of(request, batch)
-            outputs.append({t.spec.name: (t.rows_view[offset: offset + n].copy() if t.spec.batched
-                                          else t.rows_view.copy()) for t in slot.outputs})
-            offset += n
-        return outputs
+        trace.anchor, trace.device_spans = self.clock.spans(phase_events(ev, copies), trace.woke_ns)
 
     def _fail(self, batch: Batch, error: BaseException) -> None:
+        """Completion thread: the batch failed. A device error (not a timeout) makes the
+        instance reset its streams once nothing else is in flight."""
         where = f"device {self.device.id}, instance {self.name}"
-        if isinstance(error, AclError):
-            message = f"batch of {batch.rows} rows (gear {batch.gear}) failed on {where}: {error}"
+        cause = error if isinstance(error, AclError) else error.__cause__
+        code = cause.ret if isinstance(cause, AclError) else None
+        with self._lock:
+            if code is not None:
+                self.faults[code] += 1
+            if not isinstance(error, DeviceTimeout):
+                self._needs_reset = True
+        if isinstance(error, DeviceTimeout):
+            message = f"batch of {batch.rows} rows (gear {batch.gear}) on {where}: {error}"
+            batch.error = DeviceTimeout(message)
         else:
-            message = f"batch of {batch.rows} rows (gear {batch.gear}) could not run on {where}: {error}"
+            verb = "failed on" if isinstance(error, AclError) else "could not run on"
+            message = f"batch of {batch.rows} rows (gear {batch.gear}) {verb} {where}: {error}"
+            batch.error = ExecutionFailed(message)
         log.error("%s", message)
         batch.outputs = None
         batch.instance = self.name
-        batch.error = ExecutionFailed(message)
+
+    def fault_counts(self) -> dict[int, int]:
+        """Failed batches by ACL error code (timeouts included), for /metrics. Any thread."""
+        with self._lock:
+            return dict(self.faults)
 
     def _return_slot(self, slot: Slot) -> bool:
         """Put the slot back; True when a pending stream reset can run now (nothing in flight)."""
@@ -407,7 +397,7 @@ class ModelInstance:
             if self._in_flight == 0 and self._busy_since is not None:
                 self._busy_total += time.monotonic() - self._busy_since
                 self._busy_since = None
-            return self._needs_reset and self._in_flight == 0 and not self._closed
+            return self._needs_reset and self._in_flight == 0 and not self._closed and not self.broken
 
     def _release_slot(self, slot: Slot) -> None:
         if self._return_slot(slot):
@@ -439,9 +429,12 @@ class ModelInstance:
 
     # -- teardown ----------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the threads (in-flight batches finish first), then free everything. Safe twice."""
-        if self._closed:
-            return
+        """Stop the threads (in-flight batches finish first), then free everything. Safe twice,
+        and from two threads (the pool closing while it disposes of a replaced instance)."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
         self._launch_q.put(None)  # the launcher hands its last batches on, then stops
         self._launcher_thread.join()
         self._done_q.put(None)  # queued after those batches: they complete first
@@ -471,9 +464,3 @@ class ModelInstance:
             self.streams.clear()
             release("rt.destroy_context", acl.rt.destroy_context(self.context))
             self.context = 0
-
-
-def _rows_of(request: Mapping[str, np.ndarray], batch: Batch) -> int:
-    if batch.gear is None:
-        return batch.rows
-    return len(next(iter(request.values())))

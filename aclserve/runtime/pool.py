@@ -5,23 +5,38 @@ the most free slots; when none can take it the batch waits in a FIFO inside the 
 batcher avoids that by watching lanes()). A batch that fails on the device is re-run once on
 another instance when `retry` is on. The pool is its instances' BatchListener and passes
 finished batches and freed slots on to its own listener (the batcher).
+
+An instance that leaves rotation for good (a batch past the execution timeout, a stream reset
+that failed) is rebuilt in a background thread: a fresh instance (context, streams, model copy,
+slots) takes its lane, batches wait for it in the pool meanwhile (the batcher sees the lane
+busy), and the old one is closed afterwards, which may block until the device lets go of it.
 """
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
+import random
 import threading
 import time
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from ..errors import ExecutionFailed
 from .batch import Batch, BatchListener
 from .instance import ModelInstance
-from .limits import Need
 from .types import TensorSpec
+
+if TYPE_CHECKING:
+    from .builder import InstanceBuilder
+
+# Execution timeout when the configuration leaves it to the pool: this many times the largest
+# gear's lone run (warm-up), at least the floor: a batch may wait behind the other slots'
+# batches, and a busy host slows the CPU runtime by far more than a device varies.
+TIMEOUT_RUNS = 100
+TIMEOUT_FLOOR_MS = 2_000
+# How long close() waits for a rebuild (a load, or the release of a hung instance).
+REBUILD_JOIN_S = 30.0
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +45,8 @@ class InstancePool:
     """Owns its ModelInstances; close() closes them (blocking). A BatchExecutor to its owner,
     a BatchListener to its instances. `_pending` and the counters are under `_lock`."""
 
-    def __init__(self, name: str, instances: list[ModelInstance], retry: bool = True):
+    def __init__(self, name: str, instances: list[ModelInstance], retry: bool = True,
+                 builder: "InstanceBuilder | None" = None):
         if not instances:
             raise ValueError("a pool needs at least one instance")
         self.name = name
@@ -50,6 +66,12 @@ class InstancePool:
         self._busy_mark = (time.monotonic(), 0.0)
         self.batches_failed = 0  # device failures of a batch run (each retry counted again)
         self.batches_retried = 0  # ... of which were run again on another instance
+        self.rebuilds = 0  # instances replaced after leaving rotation
+        self._builder = builder  # None: a broken instance stays out of rotation
+        self._rebuilding: dict[int, threading.Thread] = {}  # lane -> its rebuild thread
+        self._retired_faults: collections.Counter[int] = collections.Counter()
+        self._closing = threading.Event()
+        self.execution_timeout_ms = instances[0].execution_timeout_ms
         for instance in instances:
             instance.attach(self)
 
@@ -82,6 +104,7 @@ class InstancePool:
         if batch.error is None:
             self._listener.batch_done(batch)
             return
+        self._rebuild_broken()
         retry = self.retry and batch.failed_lane is None and not self._closed
         with self._lock:  # completion threads of several instances may fail at once
             self.batches_failed += 1
@@ -107,14 +130,17 @@ class InstancePool:
             self._launch(batch, *target)
         if self._listener is not None:
             self._listener.slot_free()
+        if self._builder is not None and any(i.broken for i in self.instances):
+            self._rebuild_broken()  # e.g. a stream reset that failed as the slot came back
 
     # -- dispatch ---------------------------------------------------------------------------
     def _dispatch(self, batch: Batch) -> None:
         with self._lock:
             target = self._pick(batch)
             if target is None:
-                if any(self._usable(k, batch) for k in range(len(self.instances))):
-                    self._pending.append(batch)
+                if (any(self._usable(k, batch) for k in range(len(self.instances)))
+                        or any(k != batch.failed_lane for k in self._rebuilding)):
+                    self._pending.append(batch)  # a slot frees, or a rebuilt instance comes
                     return
         if target is None:  # nothing healthy is left; a retry keeps its first error
             batch.error = batch.error or ExecutionFailed(f"model {self.name}: no healthy instance can run the batch")
@@ -148,6 +174,72 @@ class InstancePool:
             return None
         slot = self.instances[best].try_reserve()
         return (best, slot) if slot is not None else None
+
+    # -- instances out of rotation -------------------------------------------------------------
+    def set_execution_timeout(self, configured_ms: int) -> int:
+        """Set every instance's execution timeout: `configured_ms`, or with 0 the largest gear's
+        warm-up cost times TIMEOUT_RUNS, at least TIMEOUT_FLOOR_MS. Returns what was set."""
+        if configured_ms > 0:
+            timeout_ms = configured_ms
+        else:
+            largest = max(self.gear_cost.values(), default=0.0)
+            timeout_ms = max(TIMEOUT_FLOOR_MS, round(largest * 1000 * TIMEOUT_RUNS))
+        self.execution_timeout_ms = timeout_ms
+        for instance in self.instances:
+            instance.execution_timeout_ms = timeout_ms
+        return timeout_ms
+
+    def fault_counts(self) -> dict[int, int]:
+        """Failed batches by ACL error code, over the pool's life (rebuilt instances included)."""
+        with self._lock:
+            total = collections.Counter(self._retired_faults)
+            instances = list(self.instances)
+        for instance in instances:
+            total.update(instance.fault_counts())
+        return dict(total)
+
+    def _rebuild_broken(self) -> None:
+        """Start a rebuild for every broken instance that has none yet (completion threads)."""
+        if self._builder is None or self._closed:
+            return
+        with self._lock:
+            lanes = [k for k, i in enumerate(self.instances) if i.broken and k not in self._rebuilding]
+            for lane in lanes:
+                self._rebuilding[lane] = threading.Thread(target=self._replace, args=(lane,), daemon=True,
+                                                          name=f"{self.name}-rebuild{lane}")
+        for lane in lanes:
+            self._rebuilding[lane].start()
+
+    def _replace(self, lane: int) -> None:
+        """Rebuild thread: build a fresh instance for `lane` (retrying with backoff and jitter
+        while the device refuses), swap it in, then dispose of the old one."""
+        old = self.instances[lane]
+        log.warning("%s: rebuilding instance %s (%s)", self.name, old.name, old.broken)
+        delay = 1.0
+        while True:
+            try:
+                new = self._builder.build(lane, self.execution_timeout_ms)
+                break
+            except Exception as e:
+                log.error("%s: rebuilding instance %s failed (%s); trying again in %.1f s", self.name,
+                          old.name, e, delay)
+                if self._closing.wait(delay * random.uniform(0.5, 1.0)):
+                    return
+                delay = min(2 * delay, 60.0)
+        new.attach(self)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self.instances[lane] = new
+                self.rebuilds += 1
+                self._retired_faults.update(old.fault_counts())
+                del self._rebuilding[lane]
+        if closed:
+            self._builder.dispose(new)
+            return
+        log.warning("%s: instance %s rebuilt; serving again", self.name, new.name)
+        self.slot_free()  # launches the batches that waited, wakes the batcher
+        self._builder.dispose(old)  # may block until the device lets go of the hung batch
 
     # -- warm-up, figures, teardown ----------------------------------------------------------
     def warmup(self, runs: int = 3) -> dict[int, float]:
@@ -209,8 +301,14 @@ class InstancePool:
         if self._closed:
             return
         self._closed = True
+        self._closing.set()
         with self._lock:
             pending, self._pending = list(self._pending), collections.deque()
+            rebuilding = list(self._rebuilding.values())
+        for thread in rebuilding:  # one building an instance finishes and disposes of it
+            thread.join(REBUILD_JOIN_S)
+            if thread.is_alive():
+                log.warning("%s: %s is still waiting for the device; closing without it", self.name, thread.name)
         for batch in pending:
             batch.error = ExecutionFailed(f"model {self.name} was unloaded")
             self._listener.batch_done(batch)
@@ -239,39 +337,3 @@ class _Waiter:
 
     def slot_free(self) -> None:
         pass
-
-
-def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequence[int] = (0,),
-              slots: int = 2, retry: bool = True, sync_timeout_ms: int = 60_000) -> InstancePool:
-    """Load `instances` copies of the OM round-robin over `devices` (blocking; run off the loop).
-
-    The streams and events the instances need are claimed on each device first, so a
-    configuration the device cannot hold is refused (ResourceLimitError) before anything loads."""
-    if instances < 1:
-        raise ValueError("instances must be >= 1")
-    if not devices:
-        raise ValueError("devices must name at least one device")
-    placed = [runtime.device(devices[k % len(devices)]) for k in range(instances)]
-    built: list[ModelInstance] = []
-    with contextlib.ExitStack() as undo:
-        for device in {d.id: d for d in placed}.values():
-            count = sum(1 for d in placed if d is device)
-            need = Need.of(count, slots)
-            device.ledger.claim(need, f"model {name} ({count} instance(s) x {slots} slots)")
-            undo.callback(device.ledger.release, need)
-        for k, device in enumerate(placed):
-            instance = ModelInstance(runtime.acl, device, path, f"{name}#{k}", slots=slots,
-                                     sync_timeout_ms=sync_timeout_ms)
-            undo.callback(instance.close)
-            built.append(instance)
-        _check_same_model(built)
-        pool = InstancePool(name, built, retry=retry)
-        pool.on_close(undo.pop_all().close)  # closes the instances, then gives the claims back
-    return pool
-
-
-def _check_same_model(instances: list[ModelInstance]) -> None:
-    first = instances[0].model
-    for other in instances[1:]:
-        if other.model.inputs != first.inputs or other.model.gears != first.gears:
-            raise RuntimeError("instances of one pool loaded different models")

@@ -61,13 +61,22 @@ class GuardCollector:
         yield retries
         faults = CounterMetricFamily("aclserve_batch_faults", "Batches the device failed (retried: run again "
                                      "on another instance)", labels=["model", "version", "outcome"])
+        rebuilds = CounterMetricFamily("aclserve_instance_rebuilds", "Instances replaced after leaving rotation "
+                                       "(execution timeout, failed stream reset)", labels=["model", "version"])
+        codes = CounterMetricFamily("aclserve_device_faults", "Batches the device failed, by ACL error code "
+                                    "(507047: past the execution timeout)", labels=["model", "version", "code"])
         for model, version, served in self._state.live_versions():
             pool = getattr(served, "pool", None)
-            for outcome in ("failed", "retried"):
-                n = getattr(pool, f"batches_{outcome}", None)
-                if n is not None:
-                    faults.add_metric([model, version, outcome], n)
+            if pool is None:
+                continue
+            faults.add_metric([model, version, "failed"], pool.batches_failed)
+            faults.add_metric([model, version, "retried"], pool.batches_retried)
+            rebuilds.add_metric([model, version], pool.rebuilds)
+            for code, n in sorted(pool.fault_counts().items()):
+                codes.add_metric([model, version, str(code)], n)
         yield faults
+        yield rebuilds
+        yield codes
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

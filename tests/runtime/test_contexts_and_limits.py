@@ -13,7 +13,7 @@ import pytest
 from aclserve.acl import current_context
 from aclserve.runtime import AclRuntime, Batch
 from aclserve.runtime.limits import ResourceLimitError, limits_for_soc
-from aclserve.runtime.pool import open_pool
+from aclserve.runtime import open_pool
 from aclserve.runtime.futures import BatchFutures
 from .runtime_models import affine_reference
 

@@ -8,10 +8,12 @@ import threading
 import numpy as np
 import pytest
 
+from aclserve.acl import constants as C
 from aclserve.acl.cpu import faults
-from aclserve.errors import ExecutionFailed
+from aclserve.errors import DeviceTimeout, ExecutionFailed
 from aclserve.runtime import Engine, LoadError, open_pool
 from aclserve.runtime.futures import BatchFutures
+from aclserve.runtime.pool import TIMEOUT_FLOOR_MS
 
 from .runtime_models import affine_reference
 
@@ -123,15 +125,47 @@ def test_a_failed_batch_is_retried_once_on_another_instance(runtime, affine_om):
         pool.close()
 
 
-def test_a_device_that_stops_answering_times_out_only_that_batch(runtime, affine_om):
-    pool = open_pool(runtime, affine_om(), "affine", sync_timeout_ms=100)
+def test_a_hung_batch_times_out_and_its_instance_is_rebuilt(runtime, affine_om):
+    pool = open_pool(runtime, affine_om(), "affine", execution_timeout_ms=100)
     done = BatchFutures(pool)
+    gate = threading.Event()
     try:
-        faults.inject("execute", nth=1, delay_ms=1500)
-        with pytest.raises(ExecutionFailed, match="507047"):
+        first = pool.instances[0]
+        held = faults.inject("execute", nth=1, hold=gate)  # the device never answers this one
+        with pytest.raises(DeviceTimeout, match="within the model's execution timeout"):
             done.submit([_request(1)], 1).result(timeout=30)
+        assert held.fired == 1 and first.broken
+        # The next batch waits for the rebuilt instance (the old one is still held) and runs there.
         result = done.submit([_request(1, 9)], 1).result(timeout=30)
         np.testing.assert_array_equal(result.outputs[0]["s"], _request(1, 9)["idx"] * 2)
+        assert pool.instances[0] is not first and pool.rebuilds == 1
+        assert pool.fault_counts() == {C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT: 1}
+    finally:
+        gate.set()
+        pool.close()
+
+
+def test_a_timed_out_batch_is_retried_on_another_instance(runtime, affine_om):
+    pool = open_pool(runtime, affine_om(), "affine", instances=2, execution_timeout_ms=100)
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        faults.inject("execute", nth=1, hold=gate)
+        result = done.submit([_request(2, 3)], 2, lane=0).result(timeout=30)
+        np.testing.assert_array_equal(result.outputs[0]["s"], _request(2, 3)["idx"] * 2)
+        assert result.instance == "affine#1" and pool.batches_retried == 1
+    finally:
+        gate.set()
+        pool.close()
+
+
+def test_the_execution_timeout_follows_the_measured_gear_cost_with_a_floor(runtime, affine_om):
+    pool = open_pool(runtime, affine_om(), "affine")
+    try:
+        pool.warmup()
+        assert pool.set_execution_timeout(0) == max(TIMEOUT_FLOOR_MS, round(max(pool.gear_cost.values()) * 1e5))
+        assert pool.set_execution_timeout(250) == 250
+        assert [i.execution_timeout_ms for i in pool.instances] == [250]
     finally:
         pool.close()
 

@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 import shutil
+import threading
 import urllib.error
 import urllib.request
 
@@ -92,4 +93,26 @@ def test_retried_batches_are_counted(one_model, make_config, clean_faults):
         assert metric(srv.url, "aclserve_batch_faults_total", 'model="double",outcome="retried",version="1"') == 1
         assert metric(srv.url, "aclserve_batch_faults_total", 'model="double",outcome="failed",version="1"') == 1
     finally:
+        srv.close()
+
+
+def test_a_hung_device_times_out_its_batch_and_the_instance_is_rebuilt(one_model, make_config, clean_faults):
+    (one_model / "double.yaml").write_text("execution_timeout_ms: 300\n")
+    srv = ServerThread(make_config(one_model)).start()
+    gate = threading.Event()
+    try:
+        held = faults.inject("execute", nth=1, hold=gate)  # this execution never ends on its own
+        req = urllib.request.Request(f"http://{srv.url}/v2/models/double/infer", data=GOOD, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=60)
+        assert refused.value.code == 503 and refused.value.headers["Retry-After"]
+        assert "execution timeout (300 ms)" in json.loads(refused.value.read())["error"]
+        assert held.entered.is_set() and not gate.is_set()  # answered while the device still held it
+        # the rebuilt instance serves while the old one is still held
+        assert get(srv.url, "/v2/models/double/infer", GOOD)[0] == 200
+        assert metric(srv.url, "aclserve_instance_rebuilds_total", 'model="double",version="1"') == 1
+        assert metric(srv.url, "aclserve_device_faults_total", 'code="507047",model="double",version="1"') == 1
+        assert get(srv.url, "/v2/health/ready")[0] == 200
+    finally:
+        gate.set()
         srv.close()

@@ -1,0 +1,85 @@
+"""open_pool(): a model version's instances loaded on their devices, and the InstanceBuilder
+that makes them (again, for a rebuild)."""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Sequence
+
+from .instance import ModelInstance
+from .limits import Need
+from .pool import InstancePool
+
+log = logging.getLogger(__name__)
+
+
+class InstanceBuilder:
+    """Builds the instance of a pool's lane on that lane's device: for open_pool, and again for
+    a rebuild, which claims its streams and events on the device's ledger until dispose()
+    closes the instance it replaced and gives that share back."""
+
+    def __init__(self, runtime, path: str, name: str, placed: list, slots: int):
+        self._acl = runtime.acl
+        self.path, self.name, self.placed, self.slots = path, name, placed, slots
+
+    def create(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
+        """An instance whose resources open_pool has claimed already."""
+        return ModelInstance(self._acl, self.placed[lane], self.path, f"{self.name}#{lane}", slots=self.slots,
+                             execution_timeout_ms=execution_timeout_ms)
+
+    def build(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
+        """A replacement for `lane`, with a claim of its own (blocking: loads the model)."""
+        device, need = self.placed[lane], Need.of(1, self.slots)
+        device.ledger.claim(need, f"a rebuilt instance of model {self.name} ({self.slots} slots)")
+        try:
+            return self.create(lane, execution_timeout_ms)
+        except BaseException:
+            device.ledger.release(need)
+            raise
+
+    def dispose(self, instance: ModelInstance) -> None:
+        """Close a replaced (or unneeded) instance and give back one instance's claim."""
+        try:
+            instance.close()
+        except Exception:
+            log.exception("%s: closing instance %s failed", self.name, instance.name)
+        finally:
+            instance.device.ledger.release(Need.of(1, self.slots))
+
+
+def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequence[int] = (0,),
+              slots: int = 2, retry: bool = True, execution_timeout_ms: int = 60_000,
+              rebuild: bool = True) -> InstancePool:
+    """Load `instances` copies of the OM round-robin over `devices` (blocking; run off the loop).
+
+    The streams and events the instances need are claimed on each device first, so a
+    configuration the device cannot hold is refused (ResourceLimitError) before anything loads.
+    `rebuild`: an instance out of rotation is replaced in the background."""
+    if instances < 1:
+        raise ValueError("instances must be >= 1")
+    if not devices:
+        raise ValueError("devices must name at least one device")
+    placed = [runtime.device(devices[k % len(devices)]) for k in range(instances)]
+    builder = InstanceBuilder(runtime, path, name, placed, slots)
+    built: list[ModelInstance] = []
+    with contextlib.ExitStack() as undo:
+        for device in {d.id: d for d in placed}.values():
+            count = sum(1 for d in placed if d is device)
+            need = Need.of(count, slots)
+            device.ledger.claim(need, f"model {name} ({count} instance(s) x {slots} slots)")
+            undo.callback(device.ledger.release, need)
+        for k in range(instances):
+            instance = builder.create(k, execution_timeout_ms)
+            undo.callback(instance.close)
+            built.append(instance)
+        _check_same_model(built)
+        pool = InstancePool(name, built, retry=retry, builder=builder if rebuild else None)
+        pool.on_close(undo.pop_all().close)  # closes the instances, then gives the claims back
+    return pool
+
+
+def _check_same_model(instances: list[ModelInstance]) -> None:
+    first = instances[0].model
+    for other in instances[1:]:
+        if other.model.inputs != first.inputs or other.model.gears != first.gears:
+            raise RuntimeError("instances of one pool loaded different models")
