@@ -155,7 +155,7 @@ def _load_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
 def build_request(inputs: dict[str, np.ndarray], outputs: list[str], priority: int | None = None
                   ) -> tuple[bytes, int]:
     """A binary-extension request body and its JSON header length."""
-    from ..acl.constants import numpy_to_kserve
+    from ..dtypes import numpy_to_kserve
 
     items = []
     for name, arr in inputs.items():
@@ -177,7 +177,7 @@ def build_request(inputs: dict[str, np.ndarray], outputs: list[str], priority: i
 
 
 def parse_response(body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
-    from ..acl.constants import kserve_to_numpy
+    from ..dtypes import kserve_to_numpy
 
     head = json.loads(body if header_length is None else body[:header_length])
     offset = header_length or 0
@@ -200,7 +200,7 @@ def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
     """Cast each input to the dtype the model declares where numpy calls it safe within the kind
     (float64 -> FP32, int64 -> INT32); returns one note per cast. A cast across kinds (float data
     for an INT64 input) is left for the server to refuse."""
-    from ..acl.constants import kserve_to_numpy
+    from ..dtypes import kserve_to_numpy
 
     notes = []
     declared = {t.get("name"): t.get("datatype") for t in metadata.get("inputs", [])}

@@ -63,7 +63,7 @@ def run_profile(args) -> int:
 
 
 def _body(inputs_meta: list[tuple[str, str, list[int]]], rows: int) -> tuple[bytes, int]:
-    from ..acl.constants import kserve_to_numpy
+    from ..dtypes import kserve_to_numpy
     from .cli import build_request
     rng = np.random.default_rng(0)
     arrays = {}

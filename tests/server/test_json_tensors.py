@@ -6,7 +6,7 @@ import numpy as np
 import orjson
 import pytest
 
-from aclserve.acl.constants import kserve_to_numpy
+from aclserve.dtypes import kserve_to_numpy
 from aclserve.errors import InvalidInput, PayloadTooLarge
 from aclserve.runtime.types import TensorSpec
 from aclserve.server import codec, encode

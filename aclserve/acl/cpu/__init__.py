@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 
+from ...dtypes import acl_to_numpy
 from .. import constants as C
 from . import _dataset, _memory, _state, faults, mdl, rt, settings, util
 from ._args import INT, PTR, STR, api
@@ -104,7 +105,7 @@ def destroy_data_buffer(data_buffer):
 @api("acl.data_type_size", INT)
 def data_type_size(data_type):
     try:
-        return C.acl_to_numpy(data_type).itemsize
+        return acl_to_numpy(data_type).itemsize
     except ValueError:
         return 0
 
