@@ -1,8 +1,15 @@
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+# the one place the version is written; read as text so building never imports the package
+VERSION = re.search(r'^__version__ = "([^"]+)"$', (Path(__file__).parent / "aclserve" / "_version.py").read_text(),
+                    re.M).group(1)
 
 setup(
     name="aclserve",
-    version="0.1.0",
+    version=VERSION,
     description="KServe v2 inference server for Huawei Ascend .om models (pyACL), with a CPU runtime",
     packages=find_packages(include=["aclserve", "aclserve.*"]),
     package_data={"aclserve": ["configs/*.yaml"]},

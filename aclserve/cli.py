@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from . import __version__
+from ._version import __version__
 
 DESCRIPTION = ("Serve Huawei Ascend .om models (compiled from ONNX by ATC) over the KServe v2 / Open "
                "Inference Protocol, on an NPU through pyACL or, without one, on the CPU runtime. "

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import shape_inference
 
-from .. import __version__
+from .._version import __version__
 from ..dtypes import ACL_INT64
 from .container import DYNAMIC_BATCH_INPUT
 from .names import atc_output_names

@@ -6,7 +6,7 @@ messages, so both transports give the same answers and raise the same typed erro
 """
 from __future__ import annotations
 
-from .. import __version__
+from .._version import __version__
 from ..errors import InvalidInput, NotFound, ServeError
 from ..trace import TraceSettingsError
 from .model_info import model_config, model_metadata
