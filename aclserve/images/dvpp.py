@@ -20,8 +20,8 @@ import numpy as np
 from ..acl import AclError, check, check_handle
 from ..acl import constants as C
 from ..acl.context import restoring_context, using_context
-from ..images.header import check_size, probe
-from ..images.plan import ImagePlan
+from .header import check_size, probe
+from .plan import ImagePlan
 
 log = logging.getLogger(__name__)
 
