@@ -1,4 +1,4 @@
-"""Run one batch of an OM through the pyACL API (reference/pyacl.md section 5), on the CPU runtime.
+"""Run one batch of an OM through the pyACL model API (acl.mdl load, datasets, execute), on the CPU runtime.
 
 Deliberately written against the documented API rather than aclserve.runtime, so the compile
 tests check that a CPU OM loads and runs the way an ATC OM would on an NPU.

@@ -4,7 +4,7 @@
     acl.init(); acl.rt.set_device(0); ...
 
 Same names, argument order, return tuples and error codes as CANN's pyACL (8.x) for the subset
-aclserve uses (see shared/reference/pyacl.md). Device memory is real process memory; streams are
+aclserve uses (CANN's pyACL API reference). Device memory is real process memory; streams are
 worker threads; models are CPU OM containers run by ONNX Runtime; real ATC OMs are refused.
 
 Extras that pyACL does not have (CPU runtime only):
