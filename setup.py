@@ -1,8 +1,15 @@
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+# the one place the version is written; read as text so building never imports the package
+VERSION = re.search(r'^__version__ = "([^"]+)"$', (Path(__file__).parent / "aclserve" / "_version.py").read_text(),
+                    re.M).group(1)
 
 setup(
     name="aclserve",
-    version="0.1.0",
+    version=VERSION,
     description="KServe v2 inference server for Huawei Ascend .om models (pyACL), with a CPU runtime",
     packages=find_packages(include=["aclserve", "aclserve.*"]),
     package_data={"aclserve": ["configs/*.yaml"]},
@@ -27,8 +34,9 @@ setup(
         # kubernetes + kserve: their models are the published schemas tests/test_deploy.py checks
         # deploy/ against (kubernetes 37 needs pydantic>=2.13.5; <37 leaves pydantic alone)
         # matplotlib: `aclserve profile --png` and the benchmarks' charts (tested: 3.11.2)
+        # import-linter: tests/test_layers.py checks the import contracts of .importlinter (tested: 2.17)
         "test": ["pytest>=8", "pytest-aiohttp>=1.0", "tritonclient[http,grpc]>=2.50", "hypothesis>=6",
-                 "kubernetes>=30,<37", "kserve>=0.14", "matplotlib>=3.7"],
+                 "kubernetes>=30,<37", "kserve>=0.14", "matplotlib>=3.7", "import-linter>=2.17"],
         "tools": ["scikit-learn>=1.3", "matplotlib>=3.7"],
         "plot": ["matplotlib>=3.7"],
     },

@@ -1,5 +1,5 @@
 """aclserve: a KServe v2 inference server for Ascend .om models, with a CPU runtime."""
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: F401
 
 
 def __getattr__(name):

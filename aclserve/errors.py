@@ -1,16 +1,15 @@
-"""Typed errors that carry their HTTP status; the server maps them to {"error": message}.
+"""Typed errors whose message is safe to show to a client; every layer raises them.
 
-Anything that is not a ServeError reaching the server is an internal fault: logged with its
-traceback and answered with a generic 500.
+They say what went wrong, not how a protocol spells it: the server maps each class to an HTTP
+status and a gRPC code at its edge (server/http_errors.py, server/grpc_service.py). Anything
+that is not a ServeError reaching the server is an internal fault: logged with its traceback
+and answered with a generic 500 / INTERNAL.
 """
 from __future__ import annotations
 
 
 class ServeError(Exception):
     """Root of errors whose message is safe to show to a client."""
-
-    status = 500
-    retry_after: float | None = None
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -20,24 +19,18 @@ class ServeError(Exception):
 class InvalidInput(ServeError):
     """The request is malformed or does not match the model (names, dtypes, shapes, sizes)."""
 
-    status = 400
-
 
 class NotFound(ServeError):
     """Unknown model, version or route."""
 
-    status = 404
-
 
 class PayloadTooLarge(ServeError):
-    status = 413
+    """The request is larger than a configured limit (body, JSON part, request memory)."""
 
 
 class Unavailable(ServeError):
-    """The request cannot be served now (queue full, not ready, shutting down, timed out)."""
-
-    status = 503
-    retry_after = 1.0
+    """The request cannot be served now (queue full, not ready, shutting down, timed out);
+    the client may try again shortly."""
 
 
 class QueueFull(Unavailable):
@@ -56,20 +49,10 @@ class ModelUnavailable(Unavailable):
     """The model version is not ready (loading, draining, failed)."""
 
 
-class Cancelled(ServeError):
-    status = 400
-
-
 class ExecutionFailed(ServeError):
     """The device failed the batch this request was in; the message says what happened."""
-
-    status = 500
 
 
 class DeviceTimeout(Unavailable):
     """The device did not finish the batch within the model's execution timeout; the instance
     is being rebuilt, so a retry is likely to succeed."""
-
-
-class NotSupported(ServeError):
-    status = 501

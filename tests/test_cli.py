@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from aclserve.server.cli import cast_to_model
+from aclserve.cli.infer import cast_to_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

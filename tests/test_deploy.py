@@ -23,7 +23,7 @@ from aiohttp import web
 
 from aclserve.cli import build_parser
 from aclserve.config import load_server_config
-from aclserve.server.cli import serve_overrides
+from aclserve.cli.serve import serve_overrides
 from aclserve.server.routes import add_routes
 
 ROOT = Path(__file__).resolve().parents[1]

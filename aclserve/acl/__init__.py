@@ -76,7 +76,3 @@ def device_soc_name() -> str | None:
     finally:
         if ret == 0:
             real.finalize()
-
-
-def get_acl() -> ModuleType:
-    return select()[1]

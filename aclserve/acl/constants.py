@@ -1,11 +1,16 @@
-"""pyACL enums and error codes (the `acl` module exports none), and dtype <-> numpy.
+"""pyACL enums and error codes (the `acl` module exports none).
 
-Values follow CANN 8.x `acl_base.h` / `acl_rt.h` / `rt_error_codes.h` / `ge_error_codes.h`;
-see shared reference/pyacl.md sections 1-6.
+Values follow CANN 8.x `acl_base.h` / `acl_rt.h` / `rt_error_codes.h` / `ge_error_codes.h`
+(CANN's pyACL API reference lists the same names). The data types (aclDataType) are defined
+with their numpy and KServe names in aclserve/dtypes.py and re-exported here with the rest of
+pyACL's enums; the dynamic-batch input name is the OM format's (om/container.py).
 """
 from __future__ import annotations
 
-import numpy as np
+from ..dtypes import (ACL_BOOL, ACL_DOUBLE, ACL_DT_UNDEFINED, ACL_FLOAT,  # noqa: F401  (pyACL's aclDataType)
+                      ACL_FLOAT16, ACL_INT8, ACL_INT16, ACL_INT32, ACL_INT64, ACL_UINT8, ACL_UINT16,
+                      ACL_UINT32, ACL_UINT64)
+from ..om.container import DYNAMIC_BATCH_INPUT
 
 ACL_SUCCESS = 0
 
@@ -140,23 +145,9 @@ ACL_EVENT_RECORDED_STATUS_COMPLETE = 1
 ACL_CALLBACK_NO_BLOCK = 0
 ACL_CALLBACK_BLOCK = 1
 
-ACL_DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
+ACL_DYNAMIC_TENSOR_NAME = DYNAMIC_BATCH_INPUT
 
-# -- data types and formats --------------------------------------------------------------------
-ACL_DT_UNDEFINED = -1
-ACL_FLOAT = 0
-ACL_FLOAT16 = 1
-ACL_INT8 = 2
-ACL_INT32 = 3
-ACL_UINT8 = 4
-ACL_INT16 = 6
-ACL_UINT16 = 7
-ACL_UINT32 = 8
-ACL_INT64 = 9
-ACL_UINT64 = 10
-ACL_DOUBLE = 11
-ACL_BOOL = 12
-
+# -- formats -----------------------------------------------------------------------------------
 ACL_FORMAT_UNDEFINED = -1
 ACL_FORMAT_NCHW = 0
 ACL_FORMAT_NHWC = 1
@@ -164,67 +155,3 @@ ACL_FORMAT_ND = 2
 
 FORMAT_NAMES = {ACL_FORMAT_UNDEFINED: "UNDEFINED", ACL_FORMAT_NCHW: "NCHW",
                 ACL_FORMAT_NHWC: "NHWC", ACL_FORMAT_ND: "ND"}
-
-_ACL_TO_NUMPY = {
-    ACL_FLOAT: np.dtype(np.float32),
-    ACL_FLOAT16: np.dtype(np.float16),
-    ACL_INT8: np.dtype(np.int8),
-    ACL_INT32: np.dtype(np.int32),
-    ACL_UINT8: np.dtype(np.uint8),
-    ACL_INT16: np.dtype(np.int16),
-    ACL_UINT16: np.dtype(np.uint16),
-    ACL_UINT32: np.dtype(np.uint32),
-    ACL_INT64: np.dtype(np.int64),
-    ACL_UINT64: np.dtype(np.uint64),
-    ACL_DOUBLE: np.dtype(np.float64),
-    ACL_BOOL: np.dtype(np.bool_),
-}
-_NUMPY_TO_ACL = {v: k for k, v in _ACL_TO_NUMPY.items()}
-
-# KServe v2 datatype names, used by the OM header, the server and the CLI.
-_ACL_TO_KSERVE = {
-    ACL_FLOAT: "FP32", ACL_FLOAT16: "FP16", ACL_DOUBLE: "FP64",
-    ACL_INT8: "INT8", ACL_INT16: "INT16", ACL_INT32: "INT32", ACL_INT64: "INT64",
-    ACL_UINT8: "UINT8", ACL_UINT16: "UINT16", ACL_UINT32: "UINT32", ACL_UINT64: "UINT64",
-    ACL_BOOL: "BOOL",
-}
-_KSERVE_TO_ACL = {v: k for k, v in _ACL_TO_KSERVE.items()}
-
-
-def acl_to_numpy(acl_dtype: int) -> np.dtype:
-    try:
-        return _ACL_TO_NUMPY[acl_dtype]
-    except KeyError:
-        raise ValueError(f"ACL data type {acl_dtype} has no numpy equivalent") from None
-
-
-def numpy_to_acl(dtype) -> int:
-    try:
-        return _NUMPY_TO_ACL[np.dtype(dtype)]
-    except KeyError:
-        raise ValueError(f"numpy dtype {np.dtype(dtype)} has no ACL equivalent") from None
-
-
-def acl_to_kserve(acl_dtype: int) -> str:
-    try:
-        return _ACL_TO_KSERVE[acl_dtype]
-    except KeyError:
-        raise ValueError(f"ACL data type {acl_dtype} has no KServe datatype") from None
-
-
-def kserve_to_acl(name: str) -> int:
-    try:
-        return _KSERVE_TO_ACL[name]
-    except KeyError:
-        raise ValueError(f"unknown datatype {name!r}") from None
-
-
-def kserve_to_numpy(name: str) -> np.dtype:
-    return acl_to_numpy(kserve_to_acl(name))
-
-
-def numpy_to_kserve(dtype) -> str:
-    return acl_to_kserve(numpy_to_acl(dtype))
-
-
-KSERVE_DATATYPES = tuple(_KSERVE_TO_ACL)

@@ -1,5 +1,6 @@
 """Static AIPP configs (ATC's `--insert_op_conf`): parse ATC's `aipp_op { ... }` text, generate
-one for the common case, check it against the model, render it back (reference/aipp.md).
+one for the common case, check it against the model, render it back (the syntax of ATC's AIPP
+configuration file template, hicann/ge docs/zh/user_guides/atc_tools/AIPP/config_file_template.md).
 
 Supported: `aipp_mode: static` with `input_format` RGB888_U8 (3 channels) or YUV400_U8
 (1 channel, grey), source size, crop, R/B swap, mean/min/var_reci normalisation and padding.

@@ -1,11 +1,12 @@
-"""Static AIPP reproduced in ONNX for the CPU OM (reference/aipp.md section 7).
+"""Static AIPP reproduced in ONNX for the CPU OM.
 
 Each bound AIPP input becomes a uint8 NHWC graph input of the same name, followed by
 Slice (crop) -> Gather (R/B swap) -> Cast -> Sub (mean + min) -> Mul (var_reci) ->
 Transpose to NCHW -> Pad (padding_value) -> Cast to the model's float type, whose result
 feeds every node that read the original input. So the CPU OM takes exactly the input an ATC
 OM with the same config takes (dtype, layout, shape, size). The arithmetic is float32: the NPU
-computes it in fp16 and differs by about 2e-3 (reference), which this does not imitate.
+computes it in fp16 and differs by about 2e-3 (a numpy simulation with ImageNet values, not
+checked on hardware), which this does not imitate.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Drive Huawei's ATC (`atc --framework=5 ...`) to build a real OM (reference/pyacl.md section 7).
+"""Drive Huawei's ATC (`atc --framework=5 ...`; its options as CANN's ATC documentation gives them)
+to build a real OM.
 
 ATC runs in a private work folder beside the output (it drops fusion_result.json and
 kernel_meta/ into its working directory), its console output is streamed line by line with

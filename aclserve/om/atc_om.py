@@ -1,4 +1,7 @@
-"""Recognise OM files built by Huawei's ATC (reference/pyacl.md section 8) and identify any file.
+"""Recognise OM files built by Huawei's ATC and identify any file.
+
+The layout is GraphEngine's ModelFileHeader (hicann/ge, `framework_types_internal.h` and
+`om_file_helper.cc`; the 2020 layout in mindspore-ai/graphengine `inc/framework/common/types.h`).
 
 Only bytes 0-155 of the 256-byte ModelFileHeader are stable across GE releases; later fields
 (platform_version, dynamic flag) moved, so they are read from the current layout and

@@ -32,6 +32,7 @@ VERSION = 1
 _PREFIX = struct.Struct("<8sIIQ")
 PREFIX_SIZE = _PREFIX.size  # 24
 MAX_HEADER_BYTES = 16 * 1024 * 1024
+DYNAMIC_BATCH_INPUT = "ascend_mbatch_shape_data"  # the input ATC adds; pyACL's ACL_DYNAMIC_TENSOR_NAME
 
 
 class OmFormatError(ValueError):

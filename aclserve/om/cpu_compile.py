@@ -22,8 +22,9 @@ import numpy as np
 import onnx
 from onnx import shape_inference
 
-from .. import __version__
-from ..acl import constants as C
+from .._version import __version__
+from ..dtypes import ACL_INT64
+from .container import DYNAMIC_BATCH_INPUT
 from .names import atc_output_names
 from .spec import BATCH_SYMBOL, CompileError, ModelSpec, TensorInfo, dims_of, dtype_of, one_line
 
@@ -33,7 +34,7 @@ _MAX_PROTO_BYTES = 2**31 - 1
 
 def dynamic_batch_input() -> dict:
     """The extra input ATC adds to a dynamic-batch model (header only, not in the ONNX graph)."""
-    return {"name": C.ACL_DYNAMIC_TENSOR_NAME, "datatype": "INT64", "acl_dtype": C.ACL_INT64,
+    return {"name": DYNAMIC_BATCH_INPUT, "datatype": "INT64", "acl_dtype": ACL_INT64,
             "format": "ND", "dims": [1], "dynamic_batch": True}
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..acl import constants as C
+from ..dtypes import acl_to_kserve, numpy_to_acl
 
 DEFAULT_GEARS = (1, 2, 4, 8, 16, 32)
 MAX_GEARS = 100
@@ -34,9 +34,9 @@ class TensorInfo:
     format: str | None = None  # None: NCHW for 4-d, else ND (AIPP inputs are NHWC)
 
     def header_entry(self) -> dict:
-        acl_dtype = C.numpy_to_acl(self.dtype)
+        acl_dtype = numpy_to_acl(self.dtype)
         fmt = self.format or ("NCHW" if len(self.dims) == 4 else "ND")
-        return {"name": self.name, "datatype": C.acl_to_kserve(acl_dtype), "acl_dtype": acl_dtype,
+        return {"name": self.name, "datatype": acl_to_kserve(acl_dtype), "acl_dtype": acl_dtype,
                 "format": fmt, "dims": list(self.dims)}
 
 
@@ -139,7 +139,7 @@ def dtype_of(vi: onnx.ValueInfoProto, what: str) -> np.dtype:
     elem = vi.type.tensor_type.elem_type
     try:
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
-        C.numpy_to_acl(dtype)
+        numpy_to_acl(dtype)
     except (KeyError, ValueError, TypeError):
         raise CompileError(f"{what} {vi.name!r} has data type "
                            f"{onnx.TensorProto.DataType.Name(elem)}, which ACL models cannot carry") from None

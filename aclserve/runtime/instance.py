@@ -444,12 +444,19 @@ class ModelInstance:
         self._release()
 
     def _release(self) -> None:
-        """Free slots, model and streams under the instance's context, then destroy it; the
-        calling thread's context is restored."""
+        """Under the instance's context: wait for the streams and destroy them, then free slots
+        and model, then destroy the context; the calling thread's context is restored. The
+        streams go first: work still queued on them (a hung batch that came back late) reads
+        and writes the slots' memory, which must not be freed under it."""
         acl = self._acl
         if not self.context:
             return
         with using_context(acl, self.context):
+            for stream in self.streams.values():
+                # untimed: a device that never lets go keeps this (rebuild or close) thread here
+                release("rt.synchronize_stream", acl.rt.synchronize_stream(stream))
+                release("rt.destroy_stream", acl.rt.destroy_stream(stream))
+            self.streams.clear()
             while self.slots:
                 self.slots.pop().close()
             self._free = []
@@ -459,8 +466,5 @@ class ModelInstance:
             if self.model is not None:
                 self.model.close()
                 self.model = None
-            for stream in self.streams.values():
-                release("rt.destroy_stream", acl.rt.destroy_stream(stream))
-            self.streams.clear()
             release("rt.destroy_context", acl.rt.destroy_context(self.context))
             self.context = 0

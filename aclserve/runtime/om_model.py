@@ -12,6 +12,7 @@ import os
 
 from ..acl import AclError, check, check_handle, release
 from ..acl import constants as C
+from ..dtypes import acl_to_kserve, acl_to_numpy
 from ..om.atc_om import identify
 from ..om.container import OmFormatError
 from ..om.names import tensor_name
@@ -135,12 +136,12 @@ class OmModel:
             # ATC reports the batch dim of a dynamic-batch model as -1; treat a fixed one the same.
             shape = (-1,) + shape[1:]
         try:
-            datatype = C.acl_to_kserve(acl_dtype)
+            datatype = acl_to_kserve(acl_dtype)
         except ValueError:
             raise LoadError(f"model {self.name}: tensor {name!r} has ACL data type {acl_dtype}, "
                             "which aclserve cannot serve") from None
         rows = self.gears[-1] if self.gears else 1
-        return TensorSpec(name=name, datatype=datatype, dtype=C.acl_to_numpy(acl_dtype), shape=shape,
+        return TensorSpec(name=name, datatype=datatype, dtype=acl_to_numpy(acl_dtype), shape=shape,
                           format=C.FORMAT_NAMES.get(fmt, str(fmt)), bytes_per_sample=size // rows)
 
     # -- teardown ----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import logging
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -26,9 +26,6 @@ from ..errors import ExecutionFailed
 from .batch import Batch, BatchListener
 from .instance import ModelInstance
 from .types import TensorSpec
-
-if TYPE_CHECKING:
-    from .builder import InstanceBuilder
 
 # Execution timeout when the configuration leaves it to the pool: this many times the largest
 # gear's lone run (warm-up), at least the floor: a batch may wait behind the other slots'
@@ -41,12 +38,22 @@ REBUILD_JOIN_S = 30.0
 log = logging.getLogger(__name__)
 
 
+class Rebuilder(Protocol):
+    """How the pool replaces an instance out of rotation (builder.InstanceBuilder)."""
+
+    def build(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
+        """A fresh instance for `lane` (blocking)."""
+
+    def dispose(self, instance: ModelInstance) -> None:
+        """Close an instance the pool no longer uses (may block until the device lets go)."""
+
+
 class InstancePool:
     """Owns its ModelInstances; close() closes them (blocking). A BatchExecutor to its owner,
     a BatchListener to its instances. `_pending` and the counters are under `_lock`."""
 
     def __init__(self, name: str, instances: list[ModelInstance], retry: bool = True,
-                 builder: "InstanceBuilder | None" = None):
+                 builder: Rebuilder | None = None):
         if not instances:
             raise ValueError("a pool needs at least one instance")
         self.name = name

@@ -1,4 +1,5 @@
-"""Counters of one batcher, shaped for Prometheus and the KServe statistics extension."""
+"""Counters of one batcher: what the Prometheus exporter and the statistics extension read
+(both in server/, which owns their shapes: server/metrics.py, server/model_stats.py)."""
 from __future__ import annotations
 
 import logging
@@ -17,7 +18,7 @@ BatchObserver = Callable[["int | None", int, float], None]  # (gear, rows, compu
 
 
 class Duration:
-    """A KServe statistics duration: how many, and their total nanoseconds."""
+    """How many, and their total nanoseconds (a statistics-extension duration)."""
 
     __slots__ = ("count", "ns")
 
@@ -28,9 +29,6 @@ class Duration:
     def add(self, ns: int, count: int = 1) -> None:
         self.count += count
         self.ns += ns
-
-    def as_dict(self) -> dict:
-        return {"count": self.count, "ns": self.ns}
 
 
 class LevelStats:
@@ -43,10 +41,6 @@ class LevelStats:
         self.delayed = 0  # deadline passed under `delay`
         self.cancelled = 0  # client went away while queued or running
         self.queue = Duration()  # enqueue -> dispatch of dispatched requests
-
-    def as_dict(self) -> dict:
-        return {"accepted": self.accepted, "rejected": self.rejected, "timed_out": self.timed_out,
-                "delayed": self.delayed, "cancelled": self.cancelled, "queue": self.queue.as_dict()}
 
 
 class BatchSizeStats:
@@ -159,33 +153,3 @@ class BatcherStats:
         """Padding rows / all executed gear rows (0 when nothing ran)."""
         total = self.rows + self.padding_rows
         return self.padding_rows / total if total else 0.0
-
-    def snapshot(self) -> dict:
-        depth = self.queue_depth()
-        return {
-            "levels": {level: dict(stats.as_dict(), queue_depth=depth.get(level, 0))
-                       for level, stats in self.levels.items()},
-            "gear_batches": dict(self.gear_batches),
-            "rows": self.rows,
-            "padding_rows": self.padding_rows,
-            "kserve": self.kserve(),
-        }
-
-    def kserve(self) -> dict:
-        """The model_stats entry of the KServe statistics extension, minus name/version."""
-        zero = {"count": 0, "ns": 0}
-        return {
-            "last_inference": self.last_inference_ms,
-            "inference_count": self.inference_count,
-            "execution_count": self.execution_count,
-            "inference_stats": {
-                "success": self.success.as_dict(), "fail": self.fail.as_dict(),
-                "queue": self.queue.as_dict(), "compute_input": self.compute_input.as_dict(),
-                "compute_infer": self.compute_infer.as_dict(),
-                "compute_output": self.compute_output.as_dict(),
-                "cache_hit": dict(zero), "cache_miss": dict(zero)},
-            "batch_stats": [
-                {"batch_size": size, "compute_input": s.compute_input.as_dict(),
-                 "compute_infer": s.compute_infer.as_dict(), "compute_output": s.compute_output.as_dict()}
-                for size, s in sorted(self.batch_sizes.items())],
-        }

@@ -25,6 +25,7 @@ from .auth import access_middleware
 from .body import BodyTimeout
 from .connections import GuardedSite, fit_descriptor_limit, tracked
 from .fastpath import infer_fast_path
+from .http_errors import error_headers, http_status, retry_after
 from .routes import add_routes
 from .state import ServerState
 
@@ -66,7 +67,7 @@ def error_response(request: web.Request, state: ServerState | None, exc: Excepti
 def _error_response(request: web.Request, state: ServerState | None, exc: Exception) -> web.Response:
     if isinstance(exc, ServeError):
         message = state.redact(exc.message) if state is not None else exc.message
-        response = json_error(message, exc.status, exc.retry_after, getattr(exc, "headers", None))
+        response = json_error(message, http_status(exc), retry_after(exc), error_headers(exc))
         if isinstance(exc, BodyTimeout):
             response.force_close()  # the client stalled: do not wait for the rest of its body
         return response

@@ -26,12 +26,11 @@ _MODELS = "/v2/models"
 
 
 class Unauthorized(ServeError):
-    status = 401
-    headers = {"WWW-Authenticate": 'Bearer realm="aclserve"'}
+    """No valid API token (401 with a Bearer challenge, http_errors.py)."""
 
 
 class Forbidden(ServeError):
-    status = 403
+    """Model load/unload refused outright: an exposed server without an API token (403)."""
 
 
 def is_loopback(host: str) -> bool:

@@ -26,11 +26,11 @@ INFLATE_STEP = 1 << 20  # bytes inflated per step, each charged before the next
 
 
 class BodyTimeout(ServeError):
-    status = 408
+    """The client stopped sending its body (408; the connection is closed)."""
 
 
 class UnsupportedEncoding(ServeError):
-    status = 415
+    """A Content-Encoding other than gzip / deflate / identity (415)."""
 
 
 class _Inflater:

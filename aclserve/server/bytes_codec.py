@@ -1,6 +1,7 @@
-"""BYTES tensors of a KServe v2 request (reference/kserve-v2.md sections 7, 8): the encoded
-images of an image input. Pure functions over bytes, like codec.py, which calls decode_input
-for every input whose datatype is BYTES.
+"""BYTES tensors of a KServe v2 request: the encoded images of an image input. Pure functions
+over bytes, like codec.py, which calls decode_input for every input whose datatype is BYTES.
+Element framing follows the KServe v2 protocol's tensor data and Triton's binary tensor data
+extension (triton-inference-server/server, docs/protocol/extension_binary_data.md).
 
 Framing (HTTP): JSON `data` is an array (flat or nested) of base64 strings, one per row; the binary
 extension carries elements as a 4-byte little-endian length then the bytes, concatenated; a raw

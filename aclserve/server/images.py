@@ -41,7 +41,7 @@ class ImageDecoding:
             if getattr(self._runtime, "kind", "cpu") != "npu":
                 log.warning("images.decoder is dvpp but the runtime is the CPU one: decoding with Pillow")
             else:
-                from ..runtime.dvpp import DvppDecoder, DvppError
+                from ..images.dvpp import DvppDecoder, DvppError
                 try:
                     return DvppDecoder(self._runtime, self._cpu)
                 except DvppError as e:

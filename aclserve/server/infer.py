@@ -30,6 +30,7 @@ from .body import read_body
 from .budget import json_tensor_estimate
 from .codec import HEADER_LENGTH, decode_request, parse_header_length
 from .encode import encode_response
+from .http_errors import http_status
 from .observe import REQUEST_ID_HEADER, request_id
 
 _JSON = "application/json"
@@ -67,7 +68,7 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
         except ServeError as e:
             rec.metrics.request_failed(type(e).__name__, (time.perf_counter_ns() - start) / 1e9)
             if trace is not None:
-                observer.end(trace, e.status, e.message)
+                observer.end(trace, http_status(e), e.message)
             raise
         except asyncio.CancelledError:
             rec.metrics.request_failed("Cancelled", (time.perf_counter_ns() - start) / 1e9)

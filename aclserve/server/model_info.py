@@ -1,6 +1,6 @@
 """Model metadata and Triton `ModelConfig` JSON for a served version (pure rendering).
 
-Shapes follow reference §4/§5: metadata shapes keep the -1 batch dim of a batching model
+Shapes as Triton gives them: metadata shapes keep the -1 batch dim of a batching model
 (perf_analyzer drops the first dim when max_batch_size > 0); config `dims` exclude it.
 """
 from __future__ import annotations

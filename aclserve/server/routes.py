@@ -1,7 +1,7 @@
 """KServe v2 routes other than infer: health, metadata, config, repository, statistics, metrics.
 
 Every answer is JSON (errors too, via the app's middleware); success is always 200 because
-tritonclient treats any other status as an error (reference §2).
+tritonclient.http treats any other status as an error (it raises InferenceServerException).
 """
 from __future__ import annotations
 

@@ -6,10 +6,11 @@ messages, so both transports give the same answers and raise the same typed erro
 """
 from __future__ import annotations
 
-from .. import __version__
+from .._version import __version__
 from ..errors import InvalidInput, NotFound, ServeError
 from ..trace import TraceSettingsError
 from .model_info import model_config, model_metadata
+from .model_stats import model_stats
 
 SERVER_NAME = "aclserve"
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository",
@@ -63,7 +64,7 @@ def statistics(state, name: str | None, version: str | None) -> dict:
         except Exception:
             continue
         entry = {"name": model, "version": ver}
-        entry.update(served.batcher.stats.kserve())
+        entry.update(model_stats(served.batcher.stats))
         utilisation = getattr(served.pool, "utilisation", None)
         if utilisation is not None:  # aclserve's own field: compute-stream busy fraction per instance
             entry["utilisation"] = utilisation()

@@ -21,6 +21,7 @@ os.environ.setdefault("ACLSERVE_CPU_DEVICES", "2")
 
 from aclserve.acl import constants as C  # noqa: E402
 from aclserve.acl import select  # noqa: E402
+from aclserve.dtypes import acl_to_kserve, numpy_to_acl  # noqa: E402
 from aclserve.om import container  # noqa: E402
 
 
@@ -106,8 +107,8 @@ def mlp_onnx(batch: int | str = "batch") -> onnx.ModelProto:
 
 
 def _entry(name: str, elem_type: int, dims: list[int]) -> dict:
-    acl_dtype = C.numpy_to_acl(helper.tensor_dtype_to_np_dtype(elem_type))
-    return {"name": name, "datatype": C.acl_to_kserve(acl_dtype), "acl_dtype": acl_dtype,
+    acl_dtype = numpy_to_acl(helper.tensor_dtype_to_np_dtype(elem_type))
+    return {"name": name, "datatype": acl_to_kserve(acl_dtype), "acl_dtype": acl_dtype,
             "format": "ND", "dims": dims}
 
 

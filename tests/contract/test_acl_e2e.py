@@ -8,6 +8,7 @@ import numpy as np
 import onnxruntime as ort
 
 from aclserve.acl import constants as C
+from aclserve.dtypes import acl_to_numpy
 
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST = 1, 2
@@ -84,7 +85,7 @@ def test_sample_style_end_to_end(acl, mlp_om):
             for i, (out_ptr, out_size, _) in enumerate(out_dev):
                 dims, ret = acl.mdl.get_cur_output_dims(desc, i) if mode == "execute" else (None, 0)
                 check(ret, "get_cur_output_dims")
-                dtype = C.acl_to_numpy(out_types[i])
+                dtype = acl_to_numpy(out_types[i])
                 shape = (batch, *((dims or acl.mdl.get_output_dims(desc, i)[0])["dims"][1:]))
                 nbytes = int(np.prod(shape)) * dtype.itemsize
                 if mode == "execute":

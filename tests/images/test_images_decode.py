@@ -14,7 +14,7 @@ from aclserve.errors import QueueFull
 from aclserve.images import DecodePool, PlanError, build_plan
 from aclserve.images.decode import decode_pixels
 from aclserve.images.header import ImageError
-from aclserve.runtime.dvpp import nv12_to_pixels
+from aclserve.images.dvpp import nv12_to_pixels
 from aclserve.runtime.types import TensorSpec
 from .images_data import encode, gradient
 

@@ -1,4 +1,4 @@
-"""Run one batch of an OM through the pyACL API (reference/pyacl.md section 5), on the CPU runtime.
+"""Run one batch of an OM through the pyACL model API (acl.mdl load, datasets, execute), on the CPU runtime.
 
 Deliberately written against the documented API rather than aclserve.runtime, so the compile
 tests check that a CPU OM loads and runs the way an ATC OM would on an NPU.
@@ -13,6 +13,7 @@ from aclserve.om.names import tensor_name
 
 from aclserve.acl import check, check_handle
 from aclserve.acl import constants as C
+from aclserve.dtypes import acl_to_numpy
 
 
 def cpu_acl():
@@ -87,7 +88,7 @@ def run_batch(acl, path: str, feeds: dict[str, np.ndarray], batch: int | None) -
         for i in range(acl.mdl.get_num_outputs(desc)):
             name = acl.mdl.get_output_name_by_index(desc, i)
             dims = check("mdl.get_cur_output_dims", acl.mdl.get_cur_output_dims(desc, i))["dims"]
-            dtype = C.acl_to_numpy(acl.mdl.get_output_data_type(desc, i))
+            dtype = acl_to_numpy(acl.mdl.get_output_data_type(desc, i))
             nbytes = int(np.prod(dims)) * dtype.itemsize
             host = check("rt.malloc_host", acl.rt.malloc_host(max(nbytes, 1)))
             stack.callback(lambda host=host: check("rt.free_host", acl.rt.free_host(host)))

@@ -254,16 +254,13 @@ async def test_statistics_follow_the_runs(env):
     assert stats.padding_ratio() == pytest.approx(1 / 5)
     assert stats.levels[1].queue.count == 1 and stats.levels[2].queue.count == 2
     assert abs(stats.levels[1].queue.ns - 2_000_000) <= 1  # waited the 2 ms window
-    kserve = stats.kserve()
-    assert kserve["inference_count"] == 4 and kserve["execution_count"] == 2
-    inference = kserve["inference_stats"]
-    assert inference["success"]["count"] == 3 and inference["queue"]["count"] == 3
-    assert inference["compute_infer"] == {"count": 3, "ns": 500_000 * 3}  # 0.5 ms per request
-    assert set(inference) >= {"fail", "compute_input", "compute_output", "cache_hit", "cache_miss"}
-    assert [b["batch_size"] for b in kserve["batch_stats"]] == [1, 3]
+    assert stats.inference_count == 4 and stats.execution_count == 2
+    assert stats.success.count == 3 and stats.queue.count == 3 and stats.fail.count == 0
+    assert (stats.compute_infer.count, stats.compute_infer.ns) == (3, 500_000 * 3)  # 0.5 ms per request
+    assert sorted(stats.batch_sizes) == [1, 3]
     assert sorted(level for level, *_ in seen_requests) == [1, 2, 2]
     assert [(gear, rows) for gear, rows, _ in seen_batches] == [(1, 1), (4, 3)]
-    assert stats.snapshot()["levels"][2]["queue_depth"] == 0
+    assert stats.queue_depth().get(2, 0) == 0
 
 
 async def test_real_loop_clock_timeout_fires_while_the_executor_is_blocked(fakes):

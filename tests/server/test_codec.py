@@ -10,7 +10,7 @@ from aclserve.server import codec, encode
 
 
 def spec(name, datatype, shape):
-    from aclserve.acl.constants import kserve_to_numpy
+    from aclserve.dtypes import kserve_to_numpy
     return TensorSpec(name, datatype, kserve_to_numpy(datatype), tuple(shape))
 
 

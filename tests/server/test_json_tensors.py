@@ -6,10 +6,11 @@ import numpy as np
 import orjson
 import pytest
 
-from aclserve.acl.constants import kserve_to_numpy
+from aclserve.dtypes import kserve_to_numpy
 from aclserve.errors import InvalidInput, PayloadTooLarge
 from aclserve.runtime.types import TensorSpec
 from aclserve.server import codec, encode
+from aclserve.server.http_errors import http_status
 from aclserve.server.json_tensors import JsonLimits, to_array, value_bound
 
 
@@ -110,7 +111,7 @@ def test_the_json_part_is_limited_in_bytes_not_the_binary_part():
     big = [0.123456] * 64
     with pytest.raises(PayloadTooLarge, match=r"over the limit of 600 \(max_json_bytes\)") as info:
         decode(sig, x_body(big, shape=(1, 64)))
-    assert info.value.status == 413
+    assert http_status(info.value) == 413
     head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [8, 64],
                                    "parameters": {"binary_data_size": 8 * 64 * 4}}]}).encode()
     binary = head + np.ones((8, 64), np.float32).tobytes()  # 2 KB body, short JSON header

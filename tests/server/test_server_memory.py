@@ -13,6 +13,7 @@ import pytest
 
 from aclserve.errors import PayloadTooLarge
 from aclserve.server.budget import MemoryBudget, MemoryExhausted, json_tensor_estimate
+from aclserve.server.http_errors import http_status, retry_after
 
 from .conftest import ServerThread
 from .hostile import closed_by_server, head, metric, open_raw, read_response, wait_for
@@ -33,7 +34,7 @@ def test_budget_charges_refuses_and_gives_back():
     a.take(50, "body")
     with pytest.raises(MemoryExhausted) as busy:
         b.take(60, "body")  # fits one request's limit, not what is left of the budget
-    assert busy.value.status == 503 and busy.value.retry_after and "max_inflight_bytes" in busy.value.message
+    assert http_status(busy.value) == 503 and retry_after(busy.value) and "max_inflight_bytes" in busy.value.message
     with pytest.raises(PayloadTooLarge, match="max_request_bytes"):
         a.take(11, "decoding")  # 61 > 60 for this request alone
     assert budget.used == 50 and budget.refused == {413: 1, 503: 1}

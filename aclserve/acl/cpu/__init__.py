@@ -4,7 +4,7 @@
     acl.init(); acl.rt.set_device(0); ...
 
 Same names, argument order, return tuples and error codes as CANN's pyACL (8.x) for the subset
-aclserve uses (see shared/reference/pyacl.md). Device memory is real process memory; streams are
+aclserve uses (CANN's pyACL API reference). Device memory is real process memory; streams are
 worker threads; models are CPU OM containers run by ONNX Runtime; real ATC OMs are refused.
 
 Extras that pyACL does not have (CPU runtime only):
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 
+from ...dtypes import acl_to_numpy
 from .. import constants as C
 from . import _dataset, _memory, _state, faults, mdl, rt, settings, util
 from ._args import INT, PTR, STR, api
@@ -104,7 +105,7 @@ def destroy_data_buffer(data_buffer):
 @api("acl.data_type_size", INT)
 def data_type_size(data_type):
     try:
-        return C.acl_to_numpy(data_type).itemsize
+        return acl_to_numpy(data_type).itemsize
     except ValueError:
         return 0
 

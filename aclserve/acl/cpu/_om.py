@@ -9,8 +9,9 @@ import logging
 import math
 import os
 
-from .. import constants as C
+from ...dtypes import acl_to_numpy, kserve_to_acl
 from ...om import atc_om, container
+from .. import constants as C
 
 log = logging.getLogger("aclserve.acl.cpu")
 
@@ -30,8 +31,8 @@ class TensorDesc:
         self.onnx_name = str(entry["name"])
         self.name = str(entry.get("atc_name") or self.onnx_name)
         acl_dtype = entry.get("acl_dtype")
-        self.acl_dtype = int(acl_dtype) if acl_dtype is not None else C.kserve_to_acl(entry["datatype"])
-        self.dtype = C.acl_to_numpy(self.acl_dtype)
+        self.acl_dtype = int(acl_dtype) if acl_dtype is not None else kserve_to_acl(entry["datatype"])
+        self.dtype = acl_to_numpy(self.acl_dtype)
         fmt = entry.get("format", "ND")
         self.format = int(fmt) if isinstance(fmt, int) else _FORMATS.get(str(fmt).upper(), C.ACL_FORMAT_UNDEFINED)
         self.dims = tuple(int(d) for d in entry["dims"])

@@ -86,10 +86,6 @@ class Stream:
             err, self._error_since_marker = self._error_since_marker, 0
             return err
 
-    def idle(self) -> bool:
-        with self._cond:
-            return self._done >= self._enqueued
-
     def close(self, timeout_s: float | None = None) -> None:
         """Let the worker finish what is queued, then stop it. Idempotent."""
         with self._cond:

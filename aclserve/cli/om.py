@@ -1,7 +1,6 @@
-"""`aclserve compile` and `aclserve inspect`.
+"""`aclserve compile` and `aclserve inspect`: the commands over the model files of om/.
 
-Exit status: 0 success; 2 bad input (one line on stderr, via aclserve.cli.UsageError or
-argparse); 1 when ATC ran and failed or timed out (its error lines quoted on one line).
+Exit status: 0 success; 2 bad input (one line on stderr, via UsageError or argparse); 1 when ATC ran and failed or timed out (its error lines quoted on one line).
 """
 from __future__ import annotations
 
@@ -9,11 +8,7 @@ import argparse
 import json
 import sys
 
-from ..cli import UsageError
-
-
-class BuildFailed(Exception):
-    """Not bad input: the build tool failed. Printed as one line, exit status 1."""
+from .usage import UsageError
 
 
 def _one_line_errors(parser: argparse.ArgumentParser) -> None:
@@ -63,10 +58,10 @@ def add_commands(sub) -> None:
 
 
 def run_compile(args) -> int:
-    from . import compile as om_compile
-    from .atc import AtcFailed
-    from .describe import format_summary
-    from .spec import CompileError
+    from ..om import compile as om_compile
+    from ..om.atc import AtcFailed
+    from ..om.describe import format_summary
+    from ..om.spec import CompileError
 
     kwargs = {}
     if args.soc_version is not None:
@@ -96,8 +91,8 @@ def run_compile(args) -> int:
 
 def _aipp_ops(args):
     """--aipp FILE or --image-input/--mean/--std -> AippOps (None without either)."""
-    from . import aipp
-    from .spec import CompileError, graph_inputs, load_onnx
+    from ..om import aipp
+    from ..om.spec import CompileError, graph_inputs, load_onnx
 
     if args.aipp and args.image_input:
         raise CompileError("give --aipp FILE or --image-input, not both")
@@ -127,7 +122,7 @@ def _progress(line: str) -> None:
 
 
 def run_inspect(args) -> int:
-    from .describe import InspectError, describe, format_text
+    from ..om.describe import InspectError, describe, format_text
 
     try:
         info = describe(args.file)

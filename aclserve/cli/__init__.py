@@ -1,7 +1,9 @@
-"""`aclserve serve|compile|inspect|infer|profile`: one argparse front door; each package adds its commands.
+"""`aclserve serve|infer|profile|compile|inspect`: one argparse front door, the top layer.
 
-Every command module exposes `add_commands(subparsers)`, registering parsers whose
-`func(args) -> int` does the work. Usage errors exit with status 2 and one line on stderr.
+Each command module of this package (serve, infer, profile, om) exposes `add_commands(subparsers)`,
+registering parsers whose `func(args) -> int` does the work; they may import any layer below,
+and nothing below imports them. Usage errors (usage.UsageError) exit with status 2 and one line
+on stderr.
 """
 
 from __future__ import annotations
@@ -10,26 +12,22 @@ import argparse
 import os
 import sys
 
-from . import __version__
+from .._version import __version__
+from .usage import UsageError
 
 DESCRIPTION = ("Serve Huawei Ascend .om models (compiled from ONNX by ATC) over the KServe v2 / Open "
                "Inference Protocol, on an NPU through pyACL or, without one, on the CPU runtime. "
                "Start with `aclserve serve` (serves ./models on http://127.0.0.1:8000).")
 
 
-class UsageError(Exception):
-    """Bad input from the command line: printed as one line, exit status 2."""
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aclserve", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"aclserve {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from .om import cli as om_cli
-    from .server import cli as server_cli
+    from . import infer, om, profile, serve
 
-    server_cli.add_commands(sub)
-    om_cli.add_commands(sub)
+    for commands in (serve, infer, profile, om):
+        commands.add_commands(sub)
     return parser
 
 
@@ -47,7 +45,3 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
         return 141
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@ trace file and a summary a person reads in ten seconds (trace/analysis.py).
 
 In-process (default): the models folder is loaded as `aclserve serve` would (same repository,
 batchers, runtime) and C client tasks drive the infer path of the HTTP server without the
-socket (`infer.infer_body`: decode, queue, batch, encode), so the process CPU time is the
+socket (`server/infer.infer_body`: decode, queue, batch, encode), so the process CPU time is the
 server's. With --url: C aiohttp clients load a running server; its trace settings for the model
 are set to trace every request into --trace-name inside its trace folder, turned OFF at the end
 (which writes the file), read back from --trace-dir (the server must share this machine's
@@ -18,10 +18,10 @@ import time
 
 import numpy as np
 
-from ..cli import UsageError
+from .usage import UsageError
 
 
-def add_command(sub) -> None:
+def add_commands(sub) -> None:
     p = sub.add_parser("profile", help="trace a closed-loop load against a model and summarise where time goes",
                        description=__doc__.splitlines()[0])
     p.add_argument("model")
@@ -63,8 +63,8 @@ def run_profile(args) -> int:
 
 
 def _body(inputs_meta: list[tuple[str, str, list[int]]], rows: int) -> tuple[bytes, int]:
-    from ..acl.constants import kserve_to_numpy
-    from .cli import build_request
+    from ..dtypes import kserve_to_numpy
+    from .infer import build_request
     rng = np.random.default_rng(0)
     arrays = {}
     for name, datatype, shape in inputs_meta:
@@ -91,8 +91,8 @@ async def _in_process(args):
     from ..repository import ModelRepository
     from ..runtime import AclRuntime
     from ..trace import chrome
-    from .infer import counted_infer
-    from .state import ServerState
+    from ..server.infer import counted_infer
+    from ..server.state import ServerState
 
     if not os.path.isdir(args.models):
         raise UsageError(f"models folder {args.models!r} does not exist")
@@ -138,7 +138,7 @@ async def _in_process(args):
 
 
 async def _work(body, header_length, rec, trace):
-    from .infer import infer_body
+    from ..server.infer import infer_body
     return await infer_body(rec, body, header_length, trace)
 
 

@@ -1,8 +1,9 @@
 """DvppDecoder: JPEG decode and resize on an Ascend chip's DVPP (pyACL `acl.media`), behind the
 same call as the CPU decoder: `decoder(data, plan) -> uint8 [H, W, C]`.
 
-UNEXERCISED: written from reference/aipp.md section 6 (pyACL media API, JPEGD and VPC
-constraints); no machine of this project has an NPU, and the CPU runtime does not emulate DVPP.
+UNEXERCISED: written from CANN's pyACL media API documentation (acl.media JPEGD and VPC, with
+their stride constraints) and Ascend/samples' acllite_imageproc.py; no machine of this project
+has an NPU, and the CPU runtime does not emulate DVPP.
 Flow per image: probe and limit-check the header; copy the JPEG to DVPP memory; JPEGD decodes to
 YUV420SP (NV12, width stride 128, height stride 16); VPC resizes to the plan's H x W (NV12,
 strides 16 / 2); the result is copied back and converted to RGB (JPEG's full-range BT.601) or
@@ -20,8 +21,8 @@ import numpy as np
 from ..acl import AclError, check, check_handle, release
 from ..acl import constants as C
 from ..acl.context import restoring_context, using_context
-from ..images.header import check_size, probe
-from ..images.plan import ImagePlan
+from .header import check_size, probe
+from .plan import ImagePlan
 
 log = logging.getLogger(__name__)
 

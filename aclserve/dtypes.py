@@ -1,0 +1,86 @@
+"""Tensor element types under their three names: the ACL data-type code (pyACL's aclDataType,
+also what an OM header stores), the numpy dtype, and the KServe v2 datatype name.
+
+Imports only numpy and sits below every package, so the file formats (om/), the ACL layer, the
+server and the CLI read one table without importing each other.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# aclDataType (CANN acl_base.h); acl/constants.py re-exports these with pyACL's other enums
+ACL_DT_UNDEFINED = -1
+ACL_FLOAT = 0
+ACL_FLOAT16 = 1
+ACL_INT8 = 2
+ACL_INT32 = 3
+ACL_UINT8 = 4
+ACL_INT16 = 6
+ACL_UINT16 = 7
+ACL_UINT32 = 8
+ACL_INT64 = 9
+ACL_UINT64 = 10
+ACL_DOUBLE = 11
+ACL_BOOL = 12
+
+_ACL_TO_NUMPY = {
+    ACL_FLOAT: np.dtype(np.float32),
+    ACL_FLOAT16: np.dtype(np.float16),
+    ACL_INT8: np.dtype(np.int8),
+    ACL_INT32: np.dtype(np.int32),
+    ACL_UINT8: np.dtype(np.uint8),
+    ACL_INT16: np.dtype(np.int16),
+    ACL_UINT16: np.dtype(np.uint16),
+    ACL_UINT32: np.dtype(np.uint32),
+    ACL_INT64: np.dtype(np.int64),
+    ACL_UINT64: np.dtype(np.uint64),
+    ACL_DOUBLE: np.dtype(np.float64),
+    ACL_BOOL: np.dtype(np.bool_),
+}
+_NUMPY_TO_ACL = {v: k for k, v in _ACL_TO_NUMPY.items()}
+
+_ACL_TO_KSERVE = {
+    ACL_FLOAT: "FP32", ACL_FLOAT16: "FP16", ACL_DOUBLE: "FP64",
+    ACL_INT8: "INT8", ACL_INT16: "INT16", ACL_INT32: "INT32", ACL_INT64: "INT64",
+    ACL_UINT8: "UINT8", ACL_UINT16: "UINT16", ACL_UINT32: "UINT32", ACL_UINT64: "UINT64",
+    ACL_BOOL: "BOOL",
+}
+_KSERVE_TO_ACL = {v: k for k, v in _ACL_TO_KSERVE.items()}
+
+
+def acl_to_numpy(acl_dtype: int) -> np.dtype:
+    try:
+        return _ACL_TO_NUMPY[acl_dtype]
+    except KeyError:
+        raise ValueError(f"ACL data type {acl_dtype} has no numpy equivalent") from None
+
+
+def numpy_to_acl(dtype) -> int:
+    try:
+        return _NUMPY_TO_ACL[np.dtype(dtype)]
+    except KeyError:
+        raise ValueError(f"numpy dtype {np.dtype(dtype)} has no ACL equivalent") from None
+
+
+def acl_to_kserve(acl_dtype: int) -> str:
+    try:
+        return _ACL_TO_KSERVE[acl_dtype]
+    except KeyError:
+        raise ValueError(f"ACL data type {acl_dtype} has no KServe datatype") from None
+
+
+def kserve_to_acl(name: str) -> int:
+    try:
+        return _KSERVE_TO_ACL[name]
+    except KeyError:
+        raise ValueError(f"unknown datatype {name!r}") from None
+
+
+def kserve_to_numpy(name: str) -> np.dtype:
+    return acl_to_numpy(kserve_to_acl(name))
+
+
+def numpy_to_kserve(dtype) -> str:
+    return acl_to_kserve(numpy_to_acl(dtype))
+
+
