@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from aclserve.errors import InvalidInput, ModelUnavailable, NotFound, ShuttingDown
-from aclserve.repository import READY, UNAVAILABLE, ModelLoadFailed
+from aclserve.repository import ModelLoadFailed, State
 
 from .repo_helpers import place, x_rows
 
@@ -37,9 +37,9 @@ async def test_start_loads_both_layouts_and_serves(make_repo, models_dir, model_
     with pytest.raises(NotFound):
         repo.get("flat", "7")
     index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
-    assert index[("flat", "1")] == (READY, "")
-    assert index[("multi", "2")] == (READY, "")
-    assert index[("multi", "1")] == (UNAVAILABLE, "not selected by the version policy")
+    assert index[("flat", "1")] == (State.READY, "")
+    assert index[("multi", "2")] == (State.READY, "")
+    assert index[("multi", "1")] == (State.UNAVAILABLE, "not selected by the version policy")
     assert {(r["name"], r["version"]) for r in repo.index(ready_only=True)} == {("flat", "1"), ("multi", "2")}
     assert {e[0] for e in events.seen} == {"loaded"}
     assert all(e[3]["seconds"] > 0 for e in events.seen)
@@ -83,7 +83,7 @@ async def test_explicit_mode_changes_only_through_the_api(make_repo, models_dir,
     with pytest.raises(ModelUnavailable):
         repo.get("m")
     index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
-    assert index[("m", "1")] == (UNAVAILABLE, "unloaded")
+    assert index[("m", "1")] == (State.UNAVAILABLE, "unloaded")
     await repo.load("m")
     assert await answer(repo, "m") == 2.0
     with pytest.raises(NotFound):
@@ -101,7 +101,7 @@ async def test_api_load_of_a_corrupt_file_fails_and_keeps_serving(make_repo, mod
         await repo.load("m")
     assert await answer(repo, "m") == 1.0
     (row,) = [r for r in repo.index() if r["name"] == "m"]
-    assert row["state"] == READY and "truncated" in row["reason"]
+    assert row["state"] == State.READY and "truncated" in row["reason"]
 
 
 async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_files):
@@ -114,9 +114,9 @@ async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_
     assert repo.model_names() == ["good"]
     assert repo.all_ready()  # lenient: refused files show in the index but do not hold readiness back
     index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
-    assert index[("junk", "1")][0] == UNAVAILABLE and "not an OM file" in index[("junk", "1")][1]
+    assert index[("junk", "1")][0] == State.UNAVAILABLE and "not an OM file" in index[("junk", "1")][1]
     assert "slots: must be >= 1" in index[("badcfg", "")][1]
-    assert index[("bad name.om", "")][0] == UNAVAILABLE
+    assert index[("bad name.om", "")][0] == State.UNAVAILABLE
     assert events.count("load_failed", "junk") == 1
     with pytest.raises(ModelUnavailable, match="not an OM"):
         repo.get("junk")
