@@ -133,9 +133,6 @@ class ModelRepository:
             raise NotFound(f"model {name} has no version {version}")
         raise NotFound(f"unknown model {name!r}")
 
-    def model_names(self) -> list[str]:
-        return sorted(self._lifecycle.serving)
-
     def all_ready(self) -> bool:
         """Every model found on disk (and not unloaded on purpose) is serving. With readiness
         `lenient`, a model whose file was refused (shown in the index) does not hold readiness

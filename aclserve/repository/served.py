@@ -32,8 +32,6 @@ from .plan import Wanted
 
 log = logging.getLogger(__name__)
 
-PLATFORM = "ascend_om"
-
 
 class ServedVersion:
     def __init__(self, name: str, version: str, pool, batcher, config: ModelConfig, source: str,
@@ -49,7 +47,6 @@ class ServedVersion:
         self.wanted = wanted  # the file identity + config this version came from
         self.images = images  # images.ImageStage for its image inputs, or None
         self.labels = labels or {}  # output name -> class labels
-        self.platform = PLATFORM
         self._successor: Callable[[], "ServedVersion | None"] | None = None
 
     # what the server reads
@@ -69,10 +66,6 @@ class ServedVersion:
     @property
     def gears(self) -> tuple[int, ...]:
         return tuple(self.pool.gears)
-
-    @property
-    def stats(self):
-        return self.batcher.stats
 
     async def infer(self, inputs, rows: int, priority: int | None = None, timeout_us: int | None = None,
                     trace=None):

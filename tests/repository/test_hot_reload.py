@@ -12,7 +12,7 @@ import logging
 import os
 
 import pytest
-from .repo_helpers import place, x_rows
+from .repo_helpers import place, serving, x_rows
 
 from aclserve.errors import ModelUnavailable, NotFound, ServeError, ShuttingDown
 from aclserve.repository import State
@@ -181,7 +181,7 @@ async def test_delete_unloads_after_draining(make_repo, models_dir, model_files)
     # requests accepted before the delete were answered; later ones hear the model is gone
     assert {type(e) for e in clients.failures} <= {NotFound, ModelUnavailable}
     assert clients.scales() == {1.0}
-    assert repo.model_names() == ["keep"]
+    assert serving(repo) == ["keep"]
     assert not [r for r in repo.index() if r["name"] == "m"]
 
 
@@ -225,7 +225,7 @@ async def test_unload_in_poll_mode_holds_until_load(make_repo, models_dir, model
     place(model_files[3]["om"], models_dir / "gate.om")
     await events.wait("loaded", "gate")
     await repo.wait_idle()
-    assert repo.model_names() == ["gate"]
+    assert serving(repo) == ["gate"]
     await repo.load("m")
     assert float((await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
 

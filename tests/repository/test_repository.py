@@ -10,7 +10,7 @@ import pytest
 from aclserve.errors import InvalidInput, ModelUnavailable, NotFound, ShuttingDown
 from aclserve.repository import ModelLoadFailed, State
 
-from .repo_helpers import place, x_rows
+from .repo_helpers import place, serving, x_rows
 
 pytestmark = pytest.mark.asyncio
 
@@ -25,12 +25,12 @@ async def test_start_loads_both_layouts_and_serves(make_repo, models_dir, model_
     place(model_files[2]["om"], models_dir / "multi" / "1" / "model.om")
     place(model_files[3]["om"], models_dir / "multi" / "2" / "model.om")
     repo, events = await make_repo(model_control_mode="none")
-    assert repo.model_names() == ["flat", "multi"]
+    assert serving(repo) == ["flat", "multi"]
     assert repo.all_ready()
     assert await answer(repo, "flat") == 1.0
     assert await answer(repo, "multi") == 3.0  # latest 1
     served = repo.get("multi")
-    assert (served.version, served.platform, served.max_batch_size, served.gears) == ("2", "ascend_om", 4, (1, 2, 4))
+    assert (served.version, served.max_batch_size, served.gears) == ("2", 4, (1, 2, 4))
     assert [s.name for s in served.inputs] == ["x"] and [s.name for s in served.outputs] == ["y"]
     with pytest.raises(NotFound):
         repo.get("nope")
@@ -111,7 +111,7 @@ async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_
     (models_dir / "badcfg.yaml").write_text("slots: 0\n")
     (models_dir / "bad name.om").write_bytes(b"x")
     repo, events = await make_repo(model_control_mode="none")
-    assert repo.model_names() == ["good"]
+    assert serving(repo) == ["good"]
     assert repo.all_ready()  # lenient: refused files show in the index but do not hold readiness back
     index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
     assert index[("junk", "1")][0] == State.UNAVAILABLE and "not an OM file" in index[("junk", "1")][1]
@@ -127,7 +127,7 @@ async def test_strict_readiness_waits_for_every_model_on_disk(make_repo, models_
     (models_dir / "junk.om").write_bytes(b"this is not a model")
     repo, _ = await make_repo(start=False, model_control_mode="explicit", readiness="strict")
     await repo.start()  # explicit mode: returns once every file has loaded or failed
-    assert repo.model_names() == ["good"] and not repo.all_ready()  # junk should be served and is not
+    assert serving(repo) == ["good"] and not repo.all_ready()  # junk should be served and is not
     assert "not an OM file" in repo.load_failures()[("junk", "1")]
     await repo.unload("junk")  # unloaded on purpose: no longer expected
     assert repo.all_ready()
@@ -136,7 +136,7 @@ async def test_strict_readiness_waits_for_every_model_on_disk(make_repo, models_
 async def test_symlink_outside_the_repository_is_never_loaded(make_repo, models_dir, model_files, tmp_path):
     os.symlink(model_files[1]["om"], models_dir / "escape.om")
     repo, events = await make_repo(model_control_mode="none")
-    assert repo.model_names() == []
+    assert serving(repo) == []
     assert not events.seen
     assert any(r["name"] == "escape" and "outside" in r["reason"] for r in repo.index())
 
