@@ -48,14 +48,9 @@ class VersionFile:
 class ModelEntry:
     """A model on disk: every version file found, the ones its version policy selects, its config."""
 
-    name: str
     config: ModelConfig
     available: dict[str, VersionFile]  # version -> file, everything found
     selected: tuple[str, ...]  # versions the policy asks to serve, ascending
-    config_path: str | None = None
-
-    def wanted(self) -> dict[str, VersionFile]:
-        return {v: self.available[v] for v in self.selected}
 
 
 @dataclass
@@ -207,5 +202,4 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
         available = {"1": found}
         config_path = parts.get(".yaml") or parts.get(".yml")
     config = _config(config_path, root, defaults)
-    result.models[name] = ModelEntry(name, config, available, select_versions(available, config.version_policy),
-                                     str(config_path) if config_path else None)
+    result.models[name] = ModelEntry(config, available, select_versions(available, config.version_policy))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import ModelConfig
-from .layout import ScanResult, VersionFile, version_sort_key
+from .layout import VersionFile, version_sort_key
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,6 @@ class ModelPlan:
         return bool(self.load or self.unload)
 
 
-def desired_from_scan(scan: ScanResult) -> DesiredState:
-    return {name: {v: Wanted(entry.available[v], entry.config) for v in entry.selected}
-            for name, entry in scan.models.items() if entry.selected}
-
-
 def diff(old: DesiredState, new: DesiredState, unload_missing: bool = True) -> list[ModelPlan]:
     """Plans turning `old` into `new`, one per model that changes, sorted by name.
 
@@ -63,14 +58,3 @@ def diff(old: DesiredState, new: DesiredState, unload_missing: bool = True) -> l
             plans.append(plan)
     return plans
 
-
-def apply_plan(state: DesiredState, plan: ModelPlan) -> DesiredState:
-    """`state` with `plan` carried out (new dict; used to track what has been acted on)."""
-    out = {name: dict(versions) for name, versions in state.items()}
-    versions = out.setdefault(plan.name, {})
-    versions.update(plan.load)
-    for version in plan.unload:
-        versions.pop(version, None)
-    if not versions:
-        del out[plan.name]
-    return out

@@ -8,7 +8,7 @@ are not retried: the same file would fail the same way.
 The delay doubles per attempt from `initial_s` up to `max_s`, and each is drawn uniformly from
 its upper half ("equal jitter"), so models that failed together (one device fault during a
 start-up) do not retry in lockstep, and a failure that persists costs one load per `max_s`.
-Owned by the ModelRepository; loop thread only.
+Owned by LoadFailures (failures.py); loop thread only.
 """
 from __future__ import annotations
 

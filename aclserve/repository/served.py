@@ -1,43 +1,52 @@
-"""One loaded model version: its InstancePool and its DynamicBatcher, with a lifecycle state.
+"""One served model version: its InstancePool and its DynamicBatcher, opened and closed here.
 
-Owned by the ModelRepository. `infer` delegates to the batcher. When the version is retired
-(replaced or unloaded), its batcher drains: it takes no new requests, and finishes the queued
-and in-flight ones; a request that raced the swap and is refused by the draining batcher is
+This module is the repository's only caller of the runtime's pool (`open_pool`, `warmup`,
+`set_execution_timeout`, `close`, its tensor specs and gears) and of the scheduling package's DynamicBatcher.
+
+`open_version` opens the pool, warms it up and starts the batcher; on failure it closes what it
+opened before the error propagates. `infer` delegates to the batcher. When the version is
+retired (replaced or unloaded) it leaves the serving map first; `close` then drains its batcher
+(no new requests; the queued and in-flight ones finish), closes the batcher and, in a worker
+thread, the pool. A request that raced the swap and is refused by the draining batcher is
 re-sent once to the successor (the same version reloaded, else the model's newest version), so
 a reload never fails a request (also when the caller held this object past the close of its
-batcher, e.g. while reading a request body). close_pool() is blocking: the repository runs it
-in an executor after the drain.
+batcher, e.g. while reading a request body). Owned by the repository's Lifecycle; used on the
+loop, blocking steps in the executor it is given.
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+import time
 from typing import Callable
 
+from .. import heap
 from ..config import ModelConfig
 from ..errors import ModelUnavailable, ShuttingDown
+from ..images import ImageStage
+from ..scheduling import DynamicBatcher
+from . import overload
+from .labels import load_labels
+from .plan import Wanted
 
 log = logging.getLogger(__name__)
-
-LOADING, READY, UNAVAILABLE, UNLOADING = "LOADING", "READY", "UNAVAILABLE", "UNLOADING"
-PLATFORM = "ascend_om"
 
 
 class ServedVersion:
     def __init__(self, name: str, version: str, pool, batcher, config: ModelConfig, source: str,
-                 om_path: str, load_seconds: float = 0.0, wanted=None, images=None, labels=None):
+                 om_path: str, load_seconds: float, wanted: Wanted, images=None, labels=None):
         self.name = name
         self.version = version
         self.pool = pool
         self.batcher = batcher
-        self.config = config
-        self.source = source  # the file in the repository (.om or .onnx)
-        self.om_path = om_path  # what was loaded (the compiled cache file for an .onnx)
+        self.config = config  # with every `auto` queue limit resolved
+        self.source = source  # the file in the models folder (.om or .onnx)
+        self.om_path = om_path  # what was loaded (the compile cache entry for an .onnx)
         self.load_seconds = load_seconds
-        self.wanted = wanted  # the plan.Wanted (file identity + config) this version came from
+        self.wanted = wanted  # the file identity + config this version came from
         self.images = images  # images.ImageStage for its image inputs, or None
         self.labels = labels or {}  # output name -> class labels
-        self.platform = PLATFORM
-        self.state = READY
         self._successor: Callable[[], "ServedVersion | None"] | None = None
 
     # what the server reads
@@ -60,10 +69,6 @@ class ServedVersion:
     def gears(self) -> tuple[int, ...]:
         return tuple(self.pool.gears)
 
-    @property
-    def stats(self):
-        return self.batcher.stats
-
     async def infer(self, inputs, rows: int, priority: int | None = None, timeout_us: int | None = None,
                     trace=None):
         try:
@@ -78,20 +83,57 @@ class ServedVersion:
                                                  trace=trace)
 
     def retire(self, successor: Callable[[], "ServedVersion | None"]) -> None:
-        """Mark as leaving service; `successor()` names where raced requests go."""
-        self.state = UNLOADING
+        """Out of the serving map: `successor()` names where raced requests go from now on."""
         self._successor = successor
 
-    async def drain(self, timeout_s: float) -> None:
-        await self.batcher.drain(timeout_s)
+    async def close(self, drain_timeout_s: float, executor) -> None:
+        """Drain (at most `drain_timeout_s`), close the batcher, then the pool in `executor`.
+        Failures are logged and closing goes on; safe twice."""
+        try:
+            await self.batcher.drain(drain_timeout_s)
+        except Exception:
+            log.exception("%s:%s: drain failed", self.name, self.version)
+        try:
+            await self.batcher.close()
+            await asyncio.get_running_loop().run_in_executor(executor, self._close_pool)
+        except Exception:
+            log.exception("%s:%s: close failed", self.name, self.version)
 
-    async def close_batcher(self) -> None:
-        await self.batcher.close()
-
-    def close_pool(self) -> None:
-        """Blocking: frees every device resource of this version. Safe twice."""
+    def _close_pool(self) -> None:
+        """Blocking: frees every device resource of this version, then gives the freed heap
+        back (heap.trim: without it RSS grows with every reload)."""
         self.pool.close()
-        self.state = UNAVAILABLE
+        heap.trim()
 
     def __repr__(self) -> str:
-        return f"<ServedVersion {self.name}:{self.version} {self.state}>"
+        return f"<ServedVersion {self.name}:{self.version}>"
+
+
+async def open_version(executor, runtime, name: str, version: str, om_path: str, wanted: Wanted,
+                       started: float) -> ServedVersion:
+    """Open `om_path` as `name:version`, warm it up and start its batcher; every blocking step
+    runs in `executor`. `started`: when its load began (time.monotonic), for load_seconds.
+    Cancellation cannot stop a step already in a thread; what it opened is then closed."""
+    run = functools.partial(asyncio.get_running_loop().run_in_executor, executor)
+    config = wanted.config
+    pool = await run(functools.partial(
+        _open_pool, runtime, om_path, name=f"{name}:{version}", instances=config.instances,
+        devices=config.devices, slots=config.slots, retry=config.retry))
+    try:
+        images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
+        labels = await run(load_labels, config.outputs, pool.outputs)
+        await run(pool.warmup)  # three runs per gear; times the gear costs the batcher plans with
+        pool.set_execution_timeout(config.execution_timeout_ms)  # 0: derived from those costs
+        config = overload.resolve(config, pool.gears, pool.gear_cost, len(pool.instances))
+        batcher = DynamicBatcher(pool, config.batching, name=f"{name}:{version}")
+        batcher.start()
+    except BaseException:
+        await run(pool.close)
+        raise
+    return ServedVersion(name, version, pool, batcher, config, wanted.file.path, om_path,
+                         time.monotonic() - started, wanted, images=images, labels=labels)
+
+
+def _open_pool(runtime, path, **kwargs):
+    from ..runtime import open_pool  # the runtime imports ACL; keep this module light to import
+    return open_pool(runtime, path, **kwargs)

@@ -12,7 +12,7 @@ A created/modified event for a path revokes the rename trust: it is being writte
 
 Files not yet complete are held back: the version keeps what was last acted on for it (so
 a file being rewritten never triggers a reload of a partial file) or stays absent. The
-caller reschedules a scan after `next_check()` seconds. Owned by the repository, used on the
+caller reschedules a scan after `next_check()` seconds. Owned by the Planner, used on the
 event loop only (not thread-safe); clocks are injectable for tests.
 """
 from __future__ import annotations

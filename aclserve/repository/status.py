@@ -1,63 +1,119 @@
-"""The repository index: each version's state and reason, merged with what is on disk.
+"""Each model version's state, named here once, and the repository index built from it.
 
-Owned by the ModelRepository and used on the loop only. Recorded states are LOADING, READY
-(reason set when a newer file for it was refused), UNAVAILABLE (reason) and UNLOADING; files on
-disk without a record show as UNAVAILABLE with why ("not loaded", "not selected by the version
-policy", "waiting for the file to be complete"); scan problems (bad names, bad configs,
-symlinks out of the repository) show with an empty version.
+    LOADING      a version not serving yet is being compiled, opened and warmed up
+    READY        serving; a reason says a newer file for it was refused (the old file serves on)
+    UNLOADING    out of service: draining its queued and in-flight requests, then closing
+    UNAVAILABLE  not serving, with why: its load failed (the reason names the retry when one is
+                 due) or it was unloaded through the API
+
+A version without a record was never loaded or is gone; the index shows its file, if any, from
+the scan. Every change goes through `VersionStates.move`, which refuses one not in TRANSITIONS
+(None stands for "no record"):
+
+    None -> LOADING -> READY -> UNLOADING -> UNAVAILABLE or None
+            LOADING -> UNAVAILABLE -> LOADING (a retry or a new file) or None (its file is gone)
+    READY -> READY        a reload swapped in, or a newer file refused (the reason says so)
+    LOADING -> LOADING    a load that was cancelled is started again
+
+A reload of a serving version keeps it READY throughout: the new file loads beside the old one.
+Owned by the repository's Lifecycle, which makes every move; loop thread only.
 """
 from __future__ import annotations
 
+import enum
+
 from .layout import ScanResult
-from .served import READY, UNAVAILABLE
 
 
-class StatusBoard:
+class State(str, enum.Enum):
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+TRANSITIONS: dict[State | None, frozenset[State | None]] = {
+    None: frozenset({State.LOADING}),
+    State.LOADING: frozenset({State.LOADING, State.READY, State.UNAVAILABLE}),
+    State.READY: frozenset({State.READY, State.UNLOADING}),
+    State.UNLOADING: frozenset({State.UNAVAILABLE, None}),
+    State.UNAVAILABLE: frozenset({State.LOADING, None}),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A move not in TRANSITIONS: a bug in the repository, never a user's error."""
+
+
+class VersionStates:
     def __init__(self):
-        self.states: dict[tuple[str, str], tuple[str, str]] = {}
+        self._records: dict[tuple[str, str], tuple[State, str]] = {}  # (name, version) -> (state, reason)
 
-    def set(self, name: str, version: str, state: str, reason: str = "") -> None:
-        self.states[(name, version)] = (state, reason)
+    def get(self, name: str, version: str) -> State | None:
+        record = self._records.get((name, version))
+        return record[0] if record else None
 
-    def get(self, name: str, version: str) -> tuple[str, str] | None:
-        return self.states.get((name, version))
+    def move(self, name: str, version: str, state: State | None, reason: str = "") -> None:
+        """Record `state` (None: forget the version) with `reason`; IllegalTransition if the
+        current state may not go there."""
+        key = (name, version)
+        current = self.get(name, version)
+        if state not in TRANSITIONS[current]:
+            raise IllegalTransition(f"{name}:{version}: {current and current.value} -> {state and state.value}")
+        if state is None:
+            del self._records[key]
+        else:
+            self._records[key] = (state, reason)
 
-    def drop(self, name: str, version: str) -> None:
-        self.states.pop((name, version), None)
+    def unloaded(self, name: str, version: str, held: bool) -> None:
+        """An UNLOADING version has closed: UNAVAILABLE "unloaded" when it is `held` out on
+        purpose (unloaded through the API, file still there), else forgotten (gone from disk
+        or out of the version policy: the scan rows tell the rest)."""
+        if self.get(name, version) is not State.UNLOADING:
+            return  # a replaced version: the same version serves on, READY
+        if held:
+            self.move(name, version, State.UNAVAILABLE, "unloaded")
+        else:
+            self.move(name, version, None)
 
-    def model_status(self, name: str, scan: ScanResult) -> tuple[str, str] | None:
-        """The latest record of any version of `name`, else what the scan knows, else None."""
-        rows = [value for (n, _), value in self.states.items() if n == name]
-        if rows:
-            return rows[-1]
-        if name in scan.models or name in scan.problems:
-            return (UNAVAILABLE, scan.problems.get(name, "not loaded"))
-        return None
+    def describe(self, name: str, version: str | None, scan: ScanResult) -> tuple[str, str] | None:
+        """(state, reason) of the version, or with version None of the model's latest record or
+        else of what the scan knows; None when nothing is known."""
+        if version:
+            record = self._records.get((name, version))
+        else:
+            record = next((value for (n, _), value in reversed(self._records.items()) if n == name), None)
+            if record is None and (name in scan.models or name in scan.problems):
+                return State.UNAVAILABLE.value, scan.problems.get(name, "not loaded")
+        return (record[0].value, record[1]) if record else None
 
     def forget_stale(self, scan: ScanResult, refused: set[tuple[str, str]]) -> None:
-        """Drop UNAVAILABLE records of files gone from disk; clear the 'new file refused'
-        reason of READY versions whose refused file is gone."""
-        for key, (state, reason) in list(self.states.items()):
-            name, version = key
+        """Forget UNAVAILABLE versions whose file is gone; clear the 'new file refused' reason of
+        READY versions whose refused file is gone."""
+        for (name, version), (state, reason) in list(self._records.items()):
             on_disk = name in scan.models and version in scan.models[name].available
-            if state == UNAVAILABLE and not on_disk:
-                del self.states[key]
-            elif state == READY and reason and key not in refused:
-                self.states[key] = (READY, "")
+            if state is State.UNAVAILABLE and not on_disk:
+                self.move(name, version, None)
+            elif state is State.READY and reason and (name, version) not in refused:
+                self.move(name, version, State.READY)
 
     def index(self, scan: ScanResult, pending: dict[str, list[str]], ready_only: bool = False) -> list[dict]:
+        """[{"name", "version", "state", "reason"}] for every version recorded or on disk, and
+        a row with an empty version for each scan problem."""
         rows: dict[tuple[str, str], tuple[str, str]] = {}
         for name, reason in scan.problems.items():
-            rows[(name, "")] = (UNAVAILABLE, reason)
+            rows[(name, "")] = (State.UNAVAILABLE.value, reason)
         for name, entry in scan.models.items():
-            for version in entry.available:
-                rows[(name, version)] = (UNAVAILABLE, "not loaded" if version in entry.selected
-                                         else "not selected by the version policy")
             waiting = set(pending.get(name, ()))
             for version, found in entry.available.items():
-                if found.path in waiting and (name, version) not in self.states:
-                    rows[(name, version)] = (UNAVAILABLE, "waiting for the file to be complete")
-        rows.update(self.states)
+                if found.path in waiting and (name, version) not in self._records:
+                    reason = "waiting for the file to be complete"
+                elif version in entry.selected:
+                    reason = "not loaded"
+                else:
+                    reason = "not selected by the version policy"
+                rows[(name, version)] = (State.UNAVAILABLE.value, reason)
+        rows.update({key: (state.value, reason) for key, (state, reason) in self._records.items()})
         out = [{"name": n, "version": v, "state": s, "reason": r} for (n, v), (s, r) in rows.items()]
         out.sort(key=lambda row: (row["name"], int(row["version"]) if row["version"].isdigit() else 0))
-        return [row for row in out if row["state"] == READY] if ready_only else out
+        return [row for row in out if row["state"] == State.READY.value] if ready_only else out

@@ -97,7 +97,6 @@ class Debouncer:
         self._task: asyncio.Task | None = None
         self._again = False
         self._closed = False
-        self.runs = 0
 
     def poke(self) -> None:
         now = self._loop.time()
@@ -130,7 +129,6 @@ class Debouncer:
         try:
             while True:
                 self._again = False
-                self.runs += 1
                 try:
                     await self._action()
                 except Exception:

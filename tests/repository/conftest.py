@@ -57,7 +57,7 @@ async def make_repo(models_dir, runtime):
         if start:
             await repo.start()
             # files placed just before start settle first (their mtime is fresh): wait for them
-            await events.until(lambda: repo.all_ready() or not repo._scan.models)
+            await events.until(repo.all_ready)
         return repo, events
 
     yield make

@@ -71,3 +71,8 @@ class Events:
 
 def x_rows(rows: int = 1, value: float = 1.0) -> dict:
     return {"x": np.full((rows, 4), value, np.float32)}
+
+
+def serving(repo) -> list[str]:
+    """Names of the models with a version READY, as the repository index shows them."""
+    return sorted({row["name"] for row in repo.index(ready_only=True)})

@@ -12,10 +12,10 @@ import logging
 import os
 
 import pytest
-from .repo_helpers import place, x_rows
+from .repo_helpers import place, serving, x_rows
 
 from aclserve.errors import ModelUnavailable, NotFound, ServeError, ShuttingDown
-from aclserve.repository import READY, UNAVAILABLE
+from aclserve.repository import State
 
 pytestmark = pytest.mark.asyncio
 
@@ -121,7 +121,7 @@ async def test_corrupt_and_truncated_files_keep_the_old_version_serving(make_rep
     repo, events = await make_repo()
     clients = Clients(repo, "m")
     await clients.wait_for_answers(10, 0)
-    caplog.set_level(logging.ERROR, logger="aclserve.repository.repository")
+    caplog.set_level(logging.ERROR, logger="aclserve.repository.failures")
 
     data = open(model_files[2]["om"], "rb").read()
     truncated = models_dir / "elsewhere.bin"
@@ -129,7 +129,7 @@ async def test_corrupt_and_truncated_files_keep_the_old_version_serving(make_rep
     os.replace(truncated, models_dir / "m.om")
     await events.wait("load_failed", "m", count=1)
     (row,) = [r for r in repo.index() if r["name"] == "m"]
-    assert row["state"] == READY and "truncated" in row["reason"]
+    assert row["state"] == State.READY and "truncated" in row["reason"]
 
     # unrelated events make the repository rescan: the same bad file is not retried or re-logged
     for i in range(3):
@@ -151,13 +151,13 @@ async def test_corrupt_and_truncated_files_keep_the_old_version_serving(make_rep
     assert events.count("load_failed", "m") == 2
     assert len([r for r in caplog.records if "not loaded" in r.getMessage()]) == 2
     (row,) = [r for r in repo.index() if r["name"] == "m"]
-    assert row["state"] == READY and "checksum" in row["reason"]
+    assert row["state"] == State.READY and "checksum" in row["reason"]
 
     place(model_files[3]["om"], models_dir / "m.om")  # a good file after bad ones is taken
     await events.wait("reloaded", "m")
     assert float((await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0]) == 3.0
     (row,) = [r for r in repo.index() if r["name"] == "m"]
-    assert row == {"name": "m", "version": "1", "state": READY, "reason": ""}
+    assert row == {"name": "m", "version": "1", "state": State.READY, "reason": ""}
 
 
 async def test_new_model_with_a_bad_file_shows_unavailable(make_repo, models_dir):
@@ -166,7 +166,7 @@ async def test_new_model_with_a_bad_file_shows_unavailable(make_repo, models_dir
     os.replace(models_dir / "x.bin", models_dir / "bad.om")
     await events.wait("load_failed", "bad")
     rows = [r for r in repo.index() if r["name"] == "bad"]
-    assert rows[0]["state"] == UNAVAILABLE and rows[0]["reason"]
+    assert rows[0]["state"] == State.UNAVAILABLE and rows[0]["reason"]
 
 
 async def test_delete_unloads_after_draining(make_repo, models_dir, model_files):
@@ -181,7 +181,7 @@ async def test_delete_unloads_after_draining(make_repo, models_dir, model_files)
     # requests accepted before the delete were answered; later ones hear the model is gone
     assert {type(e) for e in clients.failures} <= {NotFound, ModelUnavailable}
     assert clients.scales() == {1.0}
-    assert repo.model_names() == ["keep"]
+    assert serving(repo) == ["keep"]
     assert not [r for r in repo.index() if r["name"] == "m"]
 
 
@@ -225,7 +225,7 @@ async def test_unload_in_poll_mode_holds_until_load(make_repo, models_dir, model
     place(model_files[3]["om"], models_dir / "gate.om")
     await events.wait("loaded", "gate")
     await repo.wait_idle()
-    assert repo.model_names() == ["gate"]
+    assert serving(repo) == ["gate"]
     await repo.load("m")
     assert float((await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from aclserve.errors import InvalidInput, ModelUnavailable, NotFound, ShuttingDown
-from aclserve.repository import READY, UNAVAILABLE, ModelLoadFailed
+from aclserve.repository import ModelLoadFailed, State
 
-from .repo_helpers import place, x_rows
+from .repo_helpers import place, serving, x_rows
 
 pytestmark = pytest.mark.asyncio
 
@@ -25,21 +25,21 @@ async def test_start_loads_both_layouts_and_serves(make_repo, models_dir, model_
     place(model_files[2]["om"], models_dir / "multi" / "1" / "model.om")
     place(model_files[3]["om"], models_dir / "multi" / "2" / "model.om")
     repo, events = await make_repo(model_control_mode="none")
-    assert repo.model_names() == ["flat", "multi"]
+    assert serving(repo) == ["flat", "multi"]
     assert repo.all_ready()
     assert await answer(repo, "flat") == 1.0
     assert await answer(repo, "multi") == 3.0  # latest 1
     served = repo.get("multi")
-    assert (served.version, served.platform, served.max_batch_size, served.gears) == ("2", "ascend_om", 4, (1, 2, 4))
+    assert (served.version, served.max_batch_size, served.gears) == ("2", 4, (1, 2, 4))
     assert [s.name for s in served.inputs] == ["x"] and [s.name for s in served.outputs] == ["y"]
     with pytest.raises(NotFound):
         repo.get("nope")
     with pytest.raises(NotFound):
         repo.get("flat", "7")
     index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
-    assert index[("flat", "1")] == (READY, "")
-    assert index[("multi", "2")] == (READY, "")
-    assert index[("multi", "1")] == (UNAVAILABLE, "not selected by the version policy")
+    assert index[("flat", "1")] == (State.READY, "")
+    assert index[("multi", "2")] == (State.READY, "")
+    assert index[("multi", "1")] == (State.UNAVAILABLE, "not selected by the version policy")
     assert {(r["name"], r["version"]) for r in repo.index(ready_only=True)} == {("flat", "1"), ("multi", "2")}
     assert {e[0] for e in events.seen} == {"loaded"}
     assert all(e[3]["seconds"] > 0 for e in events.seen)
@@ -83,7 +83,7 @@ async def test_explicit_mode_changes_only_through_the_api(make_repo, models_dir,
     with pytest.raises(ModelUnavailable):
         repo.get("m")
     index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
-    assert index[("m", "1")] == (UNAVAILABLE, "unloaded")
+    assert index[("m", "1")] == (State.UNAVAILABLE, "unloaded")
     await repo.load("m")
     assert await answer(repo, "m") == 2.0
     with pytest.raises(NotFound):
@@ -101,7 +101,7 @@ async def test_api_load_of_a_corrupt_file_fails_and_keeps_serving(make_repo, mod
         await repo.load("m")
     assert await answer(repo, "m") == 1.0
     (row,) = [r for r in repo.index() if r["name"] == "m"]
-    assert row["state"] == READY and "truncated" in row["reason"]
+    assert row["state"] == State.READY and "truncated" in row["reason"]
 
 
 async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_files):
@@ -111,12 +111,12 @@ async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_
     (models_dir / "badcfg.yaml").write_text("slots: 0\n")
     (models_dir / "bad name.om").write_bytes(b"x")
     repo, events = await make_repo(model_control_mode="none")
-    assert repo.model_names() == ["good"]
+    assert serving(repo) == ["good"]
     assert repo.all_ready()  # lenient: refused files show in the index but do not hold readiness back
     index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
-    assert index[("junk", "1")][0] == UNAVAILABLE and "not an OM file" in index[("junk", "1")][1]
+    assert index[("junk", "1")][0] == State.UNAVAILABLE and "not an OM file" in index[("junk", "1")][1]
     assert "slots: must be >= 1" in index[("badcfg", "")][1]
-    assert index[("bad name.om", "")][0] == UNAVAILABLE
+    assert index[("bad name.om", "")][0] == State.UNAVAILABLE
     assert events.count("load_failed", "junk") == 1
     with pytest.raises(ModelUnavailable, match="not an OM"):
         repo.get("junk")
@@ -127,7 +127,7 @@ async def test_strict_readiness_waits_for_every_model_on_disk(make_repo, models_
     (models_dir / "junk.om").write_bytes(b"this is not a model")
     repo, _ = await make_repo(start=False, model_control_mode="explicit", readiness="strict")
     await repo.start()  # explicit mode: returns once every file has loaded or failed
-    assert repo.model_names() == ["good"] and not repo.all_ready()  # junk should be served and is not
+    assert serving(repo) == ["good"] and not repo.all_ready()  # junk should be served and is not
     assert "not an OM file" in repo.load_failures()[("junk", "1")]
     await repo.unload("junk")  # unloaded on purpose: no longer expected
     assert repo.all_ready()
@@ -136,7 +136,7 @@ async def test_strict_readiness_waits_for_every_model_on_disk(make_repo, models_
 async def test_symlink_outside_the_repository_is_never_loaded(make_repo, models_dir, model_files, tmp_path):
     os.symlink(model_files[1]["om"], models_dir / "escape.om")
     repo, events = await make_repo(model_control_mode="none")
-    assert repo.model_names() == []
+    assert serving(repo) == []
     assert not events.seen
     assert any(r["name"] == "escape" and "outside" in r["reason"] for r in repo.index())
 

@@ -8,7 +8,8 @@ import pytest
 
 from aclserve.config import ModelConfig, parse_model_config
 from aclserve.repository.layout import check_model_name, scan, select_versions
-from aclserve.repository.plan import apply_plan, desired_from_scan, diff
+from aclserve.repository.plan import diff
+from aclserve.repository.settle import SettleGate
 
 DEFAULTS = ModelConfig()
 
@@ -135,7 +136,8 @@ def test_missing_folder_is_a_problem(tmp_path):
 # ---- diff ------------------------------------------------------------------------------------
 
 def desired(tmp_path):
-    return desired_from_scan(scan(tmp_path, DEFAULTS))
+    """What the repository wants served from the folder, every file taken as complete."""
+    return SettleGate(0.0).desired(scan(tmp_path, DEFAULTS), {}, trust="all")[0]
 
 
 def test_diff_new_changed_deleted(tmp_path):
@@ -164,7 +166,8 @@ def test_diff_new_version_pushes_out_old_under_latest_1(tmp_path):
     touch(tmp_path / "m" / "2" / "model.om")
     (plan,) = diff(first, desired(tmp_path))
     assert list(plan.load) == ["2"] and plan.unload == ["1"]
-    assert apply_plan(first, plan) == desired(tmp_path)
+    carried_out = {v: w for v, w in first["m"].items() if v not in plan.unload} | plan.load
+    assert carried_out == desired(tmp_path)["m"]
 
 
 def test_diff_config_change_reloads(tmp_path):

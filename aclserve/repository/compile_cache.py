@@ -1,0 +1,47 @@
+"""The compile cache of one repository: what a dropped .onnx is served from, and what is kept.
+
+`compiled` finds the folder (cache_dir) and returns the entry for an .onnx, compiling it on a
+miss (compiler). `release` removes the entry of a retired version when its model file was
+replaced or deleted and no serving version uses it, so replacing a dropped .onnx again and again
+does not grow the cache without bound; entries of versions closed at shutdown stay for the next
+start. Owned by the repository's Lifecycle: `compiled` blocks (call it in a worker thread),
+`release` runs on the loop.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..config import CompileOptions
+from . import cache_dir, cache_entry
+
+log = logging.getLogger(__name__)
+
+
+class CompileCache:
+    def __init__(self, configured: str, models_dir: str):
+        self._configured = configured  # compile_cache_dir ("" = beside the models, or the user cache)
+        self._models_dir = models_dir
+
+    def compiled(self, onnx_path: str, name: str, options: CompileOptions, runtime_kind: str,
+                 soc_name: str | None) -> str:
+        """The .om to load for `onnx_path` (blocking: compiles on a cache miss)."""
+        from .compiler import compiled_om  # the compiler's imports are heavy; only .onnx models need them
+        folder = cache_dir.resolve(self._configured, self._models_dir)
+        return str(compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name))
+
+    def release(self, name: str, version: str, om_path: str, source: str, replaced: bool,
+                in_use: set[str]) -> None:
+        """Version `name:version` that loaded `om_path` (from `source`) was retired: delete the
+        entry when the version was `replaced` or its source is gone, unless it is `in_use`."""
+        if om_path == source:
+            return  # an .om from the models folder itself, not a cache entry
+        if om_path in in_use:
+            return
+        if not replaced and Path(source).exists():
+            return  # unloaded while its file stays: loading it again will use the entry
+        try:
+            cache_entry.remove(om_path)
+            log.info("%s: removed the compile of the retired version %s (%s)", name, version, Path(om_path).name)
+        except OSError as e:
+            log.warning("%s: could not remove %s: %s", name, om_path, e)

@@ -1,0 +1,87 @@
+"""Model files that failed to load: why, and when a transient failure is tried again.
+
+A failure belongs to one file (model, version, file identity). The settle gate leaves a refused
+file out of the version selection, so the same bad file is not loaded again on every scan; it
+is tried again when the file changes (a new identity), when the load API asks for another try
+(`forget_model`), or when its retry is due (transient device errors only; retry.py holds the
+backoff). Each file's failure is logged once at error level, a retry's at warning level.
+Owned by the ModelRepository; loop thread only.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from .layout import ScanResult, VersionFile
+from .retry import RetrySchedule, is_transient
+
+log = logging.getLogger(__name__)
+
+
+class LoadFailures:
+    def __init__(self, retry_initial_s: float, retry_max_s: float, on_retry: Callable[[str, str], None]):
+        """`on_retry(name, version)` runs on the loop when a retry is due (the failure is forgotten)."""
+        self._reasons: dict[tuple[str, str, tuple], str] = {}  # (name, version, identity) -> reason
+        self._retry = RetrySchedule(retry_initial_s, retry_max_s, self._due)
+        self._on_retry = on_retry
+        self._logged: set[tuple[str, str, tuple]] = set()
+        self._closed = False
+
+    def record(self, name: str, version: str, file: VersionFile, error: BaseException) -> str:
+        """Remember the failure of `file` (and arm its retry when transient); returns the reason."""
+        reason, transient = _reason(error), is_transient(error)
+        if transient and self._retry.enabled and not self._closed:
+            attempt, delay = self._retry.schedule(name, version, file.identity)
+            reason = f"{reason} (transient device error: retry {attempt} in {delay:.1f} s)"
+        key = (name, version, file.identity)
+        self._reasons[key] = reason
+        if key not in self._logged:
+            self._logged.add(key)
+            log.error("%s: version %s from %s not loaded: %s", name, version, file.path, reason)
+        elif transient:
+            log.warning("%s: version %s not loaded: %s", name, version, reason)
+        return reason
+
+    def succeeded(self, name: str, version: str) -> None:
+        """The version loaded: its next failure's retry starts from the initial delay again."""
+        self._retry.succeeded(name, version)
+
+    def forget_model(self, name: str) -> None:
+        """The load API asks for another try of every file of `name`."""
+        for key in [k for k in self._reasons if k[0] == name]:
+            del self._reasons[key]
+
+    def keep_files_of(self, scan: ScanResult) -> None:
+        """Forget the failures of files changed or gone since they failed."""
+        live = {(n, v, f.identity) for n, e in scan.models.items() for v, f in e.available.items()}
+        self._reasons = {k: r for k, r in self._reasons.items() if k in live}
+
+    @property
+    def files(self) -> frozenset[tuple[str, str, tuple]]:
+        """(name, version, identity) of every refused file, for the settle gate."""
+        return frozenset(self._reasons)
+
+    def versions(self) -> dict[tuple[str, str], str]:
+        """(name, version) -> why its current file failed to load (retry plan included)."""
+        return {(n, v): reason for (n, v, _), reason in self._reasons.items()}
+
+    @property
+    def retries(self) -> dict[str, int]:
+        """model -> automatic load retries started."""
+        return self._retry.retries
+
+    def close(self) -> None:
+        """No more retries: cancels the armed ones."""
+        self._closed = True
+        self._retry.close()
+
+    def _due(self, name: str, version: str, identity: tuple) -> None:
+        if self._closed or self._reasons.pop((name, version, identity), None) is None:
+            return  # shut down, or the file changed or went away meanwhile
+        log.info("%s: retrying the load of version %s", name, version)
+        self._on_retry(name, version)
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return text.splitlines()[0] if text else type(error).__name__

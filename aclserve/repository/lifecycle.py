@@ -1,0 +1,210 @@
+"""Per-model lifecycle: carry out a ModelPlan (load beside, swap in, retire), one model at a time.
+
+For one model, a plan's versions are loaded and warmed up beside the serving ones, put in
+service with one assignment of the name -> versions map (a request sees the old map or the new
+one, never a mix), and the replaced ones drain and are then closed. A failed load leaves the
+serving version in place. Each version's state (status.py names them and the moves allowed)
+changes only here.
+
+Who owns which state. Everything below lives on the event loop thread; nothing is locked.
+- Lifecycle.serving, .acted: replaced whole by `_swap`, run by the model's apply task (at most
+  one per model, `aclserve-apply-<model>`, in `_busy`), and by `close`. Read by
+  ModelRepository.get and the Planner's diff.
+- Lifecycle.states: moved by the apply tasks, by `close`, and by `forget_stale` during the
+  repository's reconcile. Lifecycle.held: ModelRepository.load/unload.
+- Lifecycle._busy, ._dirty: `start` and the tasks' done callbacks. A plan for a busy model is
+  dropped and the model marked dirty; the task's end asks for a rescan (`rescan_soon`).
+- Planner.scan, .pending, the SettleGate, the logged problems: the reconcile, one at a time
+  under the repository's scan lock (run by start(), the Debouncer's task in poll mode, load()
+  and, in explicit and none modes, a retry's task).
+- LoadFailures (refused files, retry timers): the apply tasks record, the reconcile and load()
+  forget; a retry timer fires as a loop callback.
+- The Debouncer's timer and task, the listeners: ModelRepository.
+- Threads hold no repository state: the watcher's thread only forwards paths to the loop
+  (call_soon_threadsafe); the default executor runs the scan; the load executor's threads
+  (`aclserve-load-*`) compile, validate, open and warm up a pool, and close it; each gets its
+  arguments and returns a result.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+from typing import Callable
+
+from ..config import ServerConfig
+from .compile_cache import CompileCache
+from .failures import LoadFailures
+from .loader import load_version
+from .plan import DesiredState, ModelPlan, Wanted
+from .planner import Planner
+from .served import ServedVersion
+from .status import State, VersionStates
+
+log = logging.getLogger(__name__)
+
+
+class Lifecycle:
+    def __init__(self, config: ServerConfig, runtime, planner: Planner, failures: LoadFailures,
+                 emit: Callable[..., None], rescan_soon: Callable[[], None]):
+        self.serving: dict[str, dict[str, ServedVersion]] = {}  # name -> version -> served; replaced whole
+        self.acted: DesiredState = {}  # what is serving, as files + configs (the diff's baseline)
+        self.states = VersionStates()
+        self.held: set[str] = set()  # models unloaded through the API: no plan touches them
+        self._config, self._runtime = config, runtime
+        self._planner, self._failures = planner, failures
+        self._emit, self._rescan_soon = emit, rescan_soon
+        self._cache = CompileCache(config.compile_cache_dir, config.models_dir)
+        self._executor = concurrent.futures.ThreadPoolExecutor(config.load_concurrency + 2, "aclserve-load")
+        self._load_limit = asyncio.Semaphore(config.load_concurrency)
+        self._busy: dict[str, asyncio.Task] = {}
+        self._dirty: set[str] = set()
+        self._closed = False
+
+    # ---- tasks ----------------------------------------------------------------------------------
+    def start(self, plan: ModelPlan) -> asyncio.Task | None:
+        """Start carrying out `plan`; None when closing, or when its model is busy (it is
+        rescanned after). The task's result: version -> reason for each version that failed."""
+        name = plan.name
+        if self._closed:
+            return None
+        if name in self._busy:
+            self._dirty.add(name)
+            return None
+        task = asyncio.get_running_loop().create_task(self._apply(plan), name=f"aclserve-apply-{name}")
+        self._busy[name] = task
+        task.add_done_callback(functools.partial(self._finished, name))
+        return task
+
+    def _finished(self, name: str, task: asyncio.Task) -> None:
+        if self._busy.get(name) is task:
+            del self._busy[name]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: applying changes failed", name, exc_info=task.exception())
+        if name in self._dirty:
+            self._dirty.discard(name)
+            self._rescan_soon()
+
+    def busy(self, name: str) -> bool:
+        return name in self._busy
+
+    async def wait_for(self, name: str) -> None:
+        """Until no task works on `name` (cancelling the caller does not cancel the task)."""
+        while name in self._busy:
+            await asyncio.shield(self._busy[name])
+
+    async def wait_idle(self) -> None:
+        """Until no model is being loaded, swapped or drained."""
+        while self._busy:
+            await asyncio.gather(*list(self._busy.values()), return_exceptions=True)
+
+    # ---- load, swap, retire ---------------------------------------------------------------------
+    async def _apply(self, plan: ModelPlan) -> dict[str, str]:
+        name = plan.name
+        loaded: dict[str, ServedVersion] = {}
+        failed: dict[str, str] = {}
+
+        async def one(version: str, wanted: Wanted) -> None:
+            if version not in self.serving.get(name, {}):
+                self.states.move(name, version, State.LOADING)
+            try:
+                loaded[version] = await load_version(self._runtime, self._executor, self._load_limit,
+                                                     self._cache, name, version, wanted)
+            except Exception as e:  # any failure leaves the serving version in place
+                failed[version] = self._refuse(name, version, wanted, e)
+            else:
+                self._failures.succeeded(name, version)
+
+        await asyncio.gather(*(one(v, w) for v, w in plan.load.items()))
+        if self._closed:
+            for sv in loaded.values():
+                await sv.close(self._config.shutdown_timeout_s, self._executor)
+            return failed
+        unload = list(plan.unload)
+        if failed:  # keep versions a failed one was meant to push out, while their files exist
+            unload = [v for v in unload if not self._planner.on_disk(name, v) or name in self.held]
+        replaced = self._swap(name, loaded, unload)
+        for version, sv in loaded.items():
+            self.states.move(name, version, State.READY)
+            self._emit("reloaded" if version in replaced else "loaded", name, version, seconds=sv.load_seconds)
+        await asyncio.gather(*(self._retire(old, replaced=v in loaded) for v, old in replaced.items()))
+        if failed:
+            self._dirty.add(name)  # the selection may change now that a file is refused
+        return failed
+
+    def _swap(self, name: str, loaded: dict[str, ServedVersion], unload: list[str]) -> dict[str, ServedVersion]:
+        """Put `loaded` in service and take `unload` out, in one assignment. Returns the retired."""
+        updated = dict(self.serving.get(name, {}))
+        retired = {}
+        for version, sv in loaded.items():
+            if version in updated:
+                retired[version] = updated[version]
+            updated[version] = sv
+        for version in unload:
+            if version in updated:
+                retired[version] = updated.pop(version)
+        serving, acted = dict(self.serving), dict(self.acted)
+        if updated:
+            serving[name] = updated
+            acted[name] = {v: sv.wanted for v, sv in updated.items()}
+        else:
+            serving.pop(name, None)
+            acted.pop(name, None)
+        self.serving, self.acted = serving, acted  # requests see the old map or the new one, never a mix
+        for version, old in retired.items():
+            old.retire(functools.partial(self._successor, name, version))
+            self.states.move(name, version, State.READY if version in loaded else State.UNLOADING)
+        return retired
+
+    def _successor(self, name: str, version: str) -> ServedVersion | None:
+        versions = self.serving.get(name)
+        if not versions:
+            return None
+        return versions.get(version) or versions[max(versions, key=int)]
+
+    async def _retire(self, sv: ServedVersion, replaced: bool) -> None:
+        """`sv` is out of the serving map: close it, drop its compile, settle its state."""
+        await sv.close(self._config.shutdown_timeout_s, self._executor)
+        if not self._closed:  # at shutdown the cache stays for the next start
+            self._cache.release(sv.name, sv.version, sv.om_path, sv.source, replaced, self._compiles_in_use())
+        if sv.version not in self.serving.get(sv.name, {}):
+            self.states.unloaded(sv.name, sv.version, held=sv.name in self.held
+                                 and self._planner.on_disk(sv.name, sv.version))
+        if not replaced:
+            log.info("%s: version %s unloaded", sv.name, sv.version)
+            self._emit("unloaded", sv.name, sv.version)
+
+    def _compiles_in_use(self) -> set[str]:
+        return {sv.om_path for versions in self.serving.values() for sv in versions.values()}
+
+    def _refuse(self, name: str, version: str, wanted: Wanted, error: Exception) -> str:
+        reason = self._failures.record(name, version, wanted.file, error)
+        if version in self.serving.get(name, {}):
+            self.states.move(name, version, State.READY, f"serving the previous file; the new one failed: {reason}")
+        else:
+            self.states.move(name, version, State.UNAVAILABLE, reason)
+        self._emit("load_failed", name, version, reason=reason)
+        return reason
+
+    def forget_stale(self) -> None:
+        """After a rescan: forget the states of versions whose files (or failures) are gone."""
+        self.states.forget_stale(self._planner.scan, set(self._failures.versions()))
+
+    # ---- shutdown -------------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Start nothing from now on (a load still running is closed, not swapped in), wait for
+        the running tasks, then drain and close every serving version (at most
+        shutdown_timeout_s each, all at once) and the load executor. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.wait_idle()
+        serving, self.serving = self.serving, {}
+        retiring = [sv for versions in serving.values() for sv in versions.values()]
+        for sv in retiring:
+            sv.retire(lambda: None)
+            self.states.move(sv.name, sv.version, State.UNLOADING)
+        await asyncio.gather(*(self._retire(sv, replaced=False) for sv in retiring), return_exceptions=True)
+        self.acted = {}
+        self._executor.shutdown(wait=True)

@@ -1,0 +1,74 @@
+"""Scan and plan: what to load, reload and unload, from the models folder and what is serving.
+
+`rescan` reads the folder (layout.scan, in a worker thread) and keeps the result as `scan`;
+`plans` turns it into the desired state (settle.SettleGate: complete files only, the version
+policy, refused files left out) and diffs that against what was acted on (plan.diff). On top:
+a model whose config broke keeps serving what it has, and models unloaded through the API are
+left alone. Each scan problem and note is logged once (a scan runs on every change in poll
+mode). Owned by the ModelRepository; loop thread only.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from ..config import ModelConfig
+from . import layout
+from .plan import DesiredState, ModelPlan, diff
+from .settle import SettleGate
+
+log = logging.getLogger(__name__)
+
+
+class Planner:
+    def __init__(self, root: Path, defaults: ModelConfig, gate: SettleGate, unload_missing: bool):
+        self.root = root
+        self.scan = layout.ScanResult()  # the latest scan
+        self.pending: dict[str, list[str]] = {}  # name -> files held back as not yet complete
+        self._gate = gate
+        self._defaults = defaults
+        self._unload_missing = unload_missing  # config.unload_on_delete
+        self._logged: set[tuple] = set()
+
+    async def rescan(self) -> layout.ScanResult:
+        self.scan = await asyncio.get_running_loop().run_in_executor(None, layout.scan, self.root, self._defaults)
+        self._log_problems()
+        return self.scan
+
+    def plans(self, acted: DesiredState, trust: str, refused: frozenset, excluded: set[str]) -> list[ModelPlan]:
+        """One plan per model to change, from the latest scan; `acted`: what is serving;
+        `trust`: as SettleGate.desired; `refused`: failed files; `excluded`: names to leave."""
+        desired, self.pending = self._gate.desired(self.scan, acted, trust, refused)
+        for name in self.scan.problems:  # a broken config must not unload a serving model
+            if name in acted and name not in desired:
+                desired[name] = acted[name]
+        for name in excluded:
+            desired.pop(name, None)
+        return diff(acted, desired, unload_missing=self._unload_missing)
+
+    def note_event(self, path: str, moved: bool) -> None:
+        """A file event (from the watcher): a rename into place makes the file complete."""
+        self._gate.note_event(path, moved)
+
+    def next_check(self) -> float | None:
+        """Seconds until a file held back may be complete (None: none is held back)."""
+        return self._gate.next_check()
+
+    def on_disk(self, name: str, version: str) -> bool:
+        entry = self.scan.models.get(name)
+        return entry is not None and version in entry.available
+
+    def wanted_models(self) -> set[str]:
+        """Models on disk with a version their policy selects."""
+        return {name for name, entry in self.scan.models.items() if entry.selected}
+
+    def _log_problems(self) -> None:
+        for name, reason in self.scan.problems.items():
+            if ("scan", name, reason) not in self._logged:
+                self._logged.add(("scan", name, reason))
+                log.warning("models folder: %s: %s", name, reason)
+        for note in self.scan.notes:
+            if ("note", note) not in self._logged:
+                self._logged.add(("note", note))
+                log.info("models folder: %s", note)
