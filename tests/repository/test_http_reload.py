@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -60,7 +61,7 @@ async def test_http_clients_see_no_failure_across_reloads(models_dir, model_file
             await events.wait("reloaded", "m")
             phase["now"] = 1
             await asyncio.wait_for(answered_in(1), 60)
-            data = open(model_files[3]["om"], "rb").read()
+            data = Path(model_files[3]["om"]).read_bytes()
             (models_dir / "x.bin").write_bytes(data[:-10])
             os.replace(models_dir / "x.bin", models_dir / "m.om")
             await events.wait("load_failed", "m")
