@@ -4,6 +4,7 @@ full-size attack (16 gzip bombs of 1 GB, 16 x 40 MB JSON) is tools/attack_server
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import zlib
 
@@ -52,7 +53,9 @@ def small(models_dir, make_config):
     srv.close()
 
 
-async def post(url: str, body: bytes, headers: dict | None = None, path="/v2/models/double/infer"):
+async def post(url: str, body, headers: dict | None = None, path="/v2/models/double/infer"):
+    if isinstance(body, bytes):
+        body = io.BytesIO(body)  # streamed: aiohttp warns that a large bytes body blocks the loop
     async with aiohttp.ClientSession() as session:
         async with session.post(f"http://{url}{path}", data=body, headers=headers or {}) as resp:
             return resp.status, dict(resp.headers), await resp.json()

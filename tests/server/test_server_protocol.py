@@ -1,6 +1,7 @@
 """The real server on a real port, driven by tritonclient.http and raw aiohttp requests."""
 import asyncio
 import gzip
+import io
 import json
 import zlib
 
@@ -102,6 +103,8 @@ def test_statistics_fields_perf_analyzer_reads(client):
 # -- raw protocol --------------------------------------------------------------------------------
 
 def request(server, method, path, **kwargs):
+    if isinstance(kwargs.get("data"), bytes):
+        kwargs["data"] = io.BytesIO(kwargs["data"])  # streamed: aiohttp warns that a large bytes body blocks the loop
     async def go():
         async with aiohttp.ClientSession() as session:
             async with session.request(method, f"http://{server.url}{path}", **kwargs) as resp:
