@@ -16,7 +16,7 @@ from aclserve.runtime.limits import ResourceLimitError, limits_for_soc
 from aclserve.runtime.instance import Job
 from aclserve.runtime.pool import open_pool
 
-from .runtime_models import affine_reference
+from tests.tiny_models import affine_reference
 
 
 def _rows(n):

@@ -15,7 +15,8 @@ import pytest
 from aclserve.errors import PayloadTooLarge
 from aclserve.server.budget import MemoryBudget, MemoryExhausted, json_tensor_estimate
 
-from .conftest import ServerThread
+from tests.serving import ServerThread
+
 from .hostile import closed_by_server, head, metric, open_raw, read_response, wait_for
 
 MiB = 1 << 20
@@ -47,10 +48,9 @@ def test_budget_charges_refuses_and_gives_back():
 
 @pytest.fixture(scope="module")
 def small(models_dir, make_config):
-    srv = ServerThread(make_config(models_dir, max_body_bytes=4 * MiB, max_request_bytes=3 * MiB + MiB // 2,
-                                   max_inflight_bytes=4 * MiB, body_timeout_s=1.0)).start()
-    yield srv
-    srv.close()
+    with ServerThread(make_config(models_dir, max_body_bytes=4 * MiB, max_request_bytes=3 * MiB + MiB // 2,
+                                  max_inflight_bytes=4 * MiB, body_timeout_s=1.0)) as srv:
+        yield srv
 
 
 async def post(url: str, body, headers: dict | None = None, path="/v2/models/double/infer"):
