@@ -34,9 +34,12 @@ setup(
         # kubernetes + kserve: their models are the published schemas tests/test_deploy.py checks
         # deploy/ against (kubernetes 37 needs pydantic>=2.13.5; <37 leaves pydantic alone)
         # matplotlib: `aclserve profile --png` and the benchmarks' charts (tested: 3.11.2)
-        # import-linter: tests/test_layers.py checks the import contracts of .importlinter (tested: 2.17)
-        "test": ["pytest>=8", "pytest-aiohttp>=1.0", "tritonclient[http,grpc]>=2.50", "hypothesis>=6",
-                 "kubernetes>=30,<37", "kserve>=0.14", "matplotlib>=3.7", "import-linter>=2.17"],
+        # pytest-asyncio 0.24 reads pytest.ini's asyncio_default_fixture_loop_scope; pytest-timeout
+        # is the per-test hang guard pytest.ini sets; import-linter: tests/test_layers.py checks
+        # the import contracts of .importlinter (tested: 2.17)
+        "test": ["pytest>=8", "pytest-aiohttp>=1.0", "pytest-asyncio>=0.24", "pytest-timeout>=2.1",
+                 "tritonclient[http,grpc]>=2.50", "hypothesis>=6", "kubernetes>=30,<37", "kserve>=0.14",
+                 "matplotlib>=3.7", "import-linter>=2.17"],
         "tools": ["scikit-learn>=1.3", "matplotlib>=3.7"],
         "plot": ["matplotlib>=3.7"],
     },

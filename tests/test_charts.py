@@ -6,14 +6,15 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+from tests import REPO
+
+sys.path.insert(0, os.path.join(REPO, "tools"))
 
 import charts  # noqa: E402
 
 
 def test_reads_the_readme_server_table():
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
         rows = charts.parse_markdown_table(f.read(), "**Server**")
     assert {"model", "body", "clients", "req/s", "p99 ms"} <= set(rows[0])
     assert {r["model"] for r in rows} == {"light MLP", "medium CNN"}

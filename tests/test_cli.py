@@ -1,7 +1,6 @@
 """What a new user meets at the command line: help that describes the tool, no tracebacks."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -9,7 +8,7 @@ import numpy as np
 
 from aclserve.cli.infer import cast_to_model
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import REPO
 
 
 def _aclserve(*args, cwd=REPO, timeout=120):

@@ -8,8 +8,7 @@ import yaml
 
 from aclserve.config import (DEFAULT_CONFIG_PATH, ConfigError, ModelConfig, load_model_config,
                              load_server_config, model_config_mapping, parse_model_config)
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests import REPO
 
 
 def write(tmp_path, text: str, name="c.yaml") -> Path:
@@ -19,7 +18,7 @@ def write(tmp_path, text: str, name="c.yaml") -> Path:
 
 
 def test_repo_root_default_is_byte_identical_to_the_embedded_one():
-    assert (REPO_ROOT / "configs" / "default.yaml").read_bytes() == DEFAULT_CONFIG_PATH.read_bytes()
+    assert (REPO / "configs" / "default.yaml").read_bytes() == DEFAULT_CONFIG_PATH.read_bytes()
 
 
 def test_embedded_default_matches_the_dataclass_defaults():

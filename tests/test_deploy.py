@@ -26,14 +26,15 @@ from aclserve.config import load_server_config
 from aclserve.cli.serve import serve_overrides
 from aclserve.server.routes import add_routes
 
-ROOT = Path(__file__).resolve().parents[1]
-DEPLOY = ROOT / "deploy"
+from tests import REPO
+
+DEPLOY = REPO / "deploy"
 def manifests() -> list[tuple[str, dict]]:
     docs = []
     for path in sorted(DEPLOY.glob("*/*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is not None:
-                docs.append((str(path.relative_to(ROOT)), doc))
+                docs.append((str(path.relative_to(REPO)), doc))
     return docs
 
 
@@ -61,8 +62,8 @@ def port_number(container: dict, port) -> int:
 
 
 def schema_errors(paths: list[Path]) -> dict[tuple[str, int], str | None]:
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "deploy_schema.py"), *map(str, paths)],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "deploy_schema.py"), *map(str, paths)],
+                          capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     return {(Path(r["source"]).name, r["index"]): r["error"] for r in json.loads(proc.stdout)}
 
@@ -180,7 +181,7 @@ def dockerfile(path: Path) -> dict[str, list[str]]:
 def test_images_run_the_cli_on_the_server_ports_as_a_non_root_user():
     routes = get_routes()
     default = load_server_config()
-    setup = (ROOT / "setup.py").read_text()
+    setup = (REPO / "setup.py").read_text()
     assert '"aclserve=aclserve.cli:main"' in setup  # the console script the entrypoint runs
     cpu = dockerfile(DEPLOY / "Dockerfile")
     assert json.loads(cpu["ENTRYPOINT"][-1]) == ["aclserve", "serve"]
@@ -198,5 +199,5 @@ def test_images_run_the_cli_on_the_server_ports_as_a_non_root_user():
     assert entry[:2] == ["/bin/bash", "-c"] and 'exec aclserve serve "$@"' in entry[2]
     assert server_config(json.loads(ascend["CMD"][-1])).models_dir == "/models"
     assert "ACLSERVE_DEVICE=npu" in ascend["ENV"][-1] and ascend["USER"][-1] not in ("0", "root")
-    ignore = (ROOT / ".dockerignore").read_text().split()
+    ignore = (REPO / ".dockerignore").read_text().split()
     assert {"!setup.py", "!README.md", "!aclserve/"} <= set(ignore)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _plt():
@@ -99,7 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--title", default="")
     ap.add_argument("-o", "--output", required=True, help="PNG file")
     args = ap.parse_args(argv)
-    text = open(args.table, encoding="utf-8").read() if args.table else sys.stdin.read()
+    text = Path(args.table).read_text(encoding="utf-8") if args.table else sys.stdin.read()
     rows = parse_markdown_table(text, args.after)
     keys = [k for k in args.series.split(",") if k]
     for column in [args.x, *args.y, *keys]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -20,6 +21,13 @@ from watchdog.observers import Observer
 from .layout import is_ignored_name
 
 log = logging.getLogger(__name__)
+
+# watchdog's recursive inotify watch registers a folder twice when a sub-folder appears in a new
+# folder between the new folder's watch and its walk (`os.makedirs("m/2")` can do it); it then
+# warns "Callback with id ... already exists ... It will be Overwritten." from its own thread. The
+# callback it overwrites is the same one and no event is lost, so only that message is silenced.
+warnings.filterwarnings("ignore", message=r"Callback with id .* already exists for watch",
+                        category=RuntimeWarning, module=r"watchdog\.observers\.inotify")
 
 _IGNORED_EVENTS = {"opened", "closed_no_write"}
 

@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import os
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
-# Two CPU devices so the cross-device rules can be tested; ignored by a real NPU.
-os.environ.setdefault("ACLSERVE_CPU_DEVICES", "2")
-
-from aclserve.acl import constants as C  # noqa: E402
-from aclserve.acl import select  # noqa: E402
-from aclserve.dtypes import acl_to_kserve, numpy_to_acl  # noqa: E402
-from aclserve.om import container  # noqa: E402
+from aclserve.acl import constants as C
+from aclserve.acl import select
+from aclserve.dtypes import acl_to_kserve, numpy_to_acl
+from aclserve.om import container
 
 
 @pytest.fixture(scope="session")

@@ -14,13 +14,6 @@ from aclserve.acl.cpu import faults
 H2D = 1
 
 
-@pytest.fixture
-def clean_faults():
-    faults.clear()
-    yield
-    faults.clear()
-
-
 def test_nth_and_count_pick_a_run_of_calls(clean_faults):
     faults.inject("execute", nth=2, count=3)
     codes = [faults.trigger("execute", 1) for _ in range(6)]

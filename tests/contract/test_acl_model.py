@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -28,7 +29,7 @@ def test_load_refusals(acl, ctx, tmp_path, mlp_om, caplog):
     garbage.write_bytes(b"\x00garbage" * 100)
     assert acl.mdl.load_from_file(str(garbage)) == (0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID)
     truncated = tmp_path / "truncated.om"
-    truncated.write_bytes(open(mlp_om[0], "rb").read()[:-10])
+    truncated.write_bytes(Path(mlp_om[0]).read_bytes()[:-10])
     assert acl.mdl.load_from_file(str(truncated)) == (0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID)
 
     atc = bytearray(256)  # an ATC "IMOD" header (reference section 8) with a consistent length
@@ -70,7 +71,7 @@ def test_load_from_file_and_mem_allocate_device_memory_until_unload(acl, ctx, ml
     model_id, ret = acl.mdl.load_from_file(mlp_om[0])
     assert ret == 0 and acl.rt.get_mem_info(C.ACL_HBM_MEM)[0] < free0
     assert acl.mdl.unload(model_id) == 0
-    data = open(mlp_om[0], "rb").read()
+    data = Path(mlp_om[0]).read_bytes()
     model_id, ret = acl.mdl.load_from_mem(acl.util.bytes_to_ptr(data), len(data))
     assert ret == 0
     assert acl.mdl.unload(model_id) == 0

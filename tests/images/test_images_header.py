@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from aclserve.images.header import ImageError, check_size, probe
-from .images_data import encode, gradient, jpeg_bomb, png_bomb
+from tests import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from .images_data import encode, gradient, jpeg_bomb, png_bomb
 
 
 def test_probe_reads_size_of_jpeg_and_png():
@@ -76,7 +76,7 @@ def test_bomb_is_refused_without_allocating_it():
             print("a real allocation fails under the limit")
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=REPO))
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("refused: PNG header announces 60000x60000 pixels")

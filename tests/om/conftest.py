@@ -1,7 +1,9 @@
-"""Small ONNX models for the compile tests, built with onnx.helper into tmp folders."""
+"""Small ONNX models for the compile tests, built with onnx.helper into tmp folders; the CLI run
+from the repository root; the stand-in `atc` (atc_stand_in.py) on a temporary folder."""
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 
@@ -10,7 +12,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import REPO
+
+from .atc_stand_in import FAKE_ATC
 
 
 def save(model: onnx.ModelProto, path) -> str:
@@ -97,3 +101,17 @@ def multi_io_onnx(tmp_path) -> str:
 @pytest.fixture
 def static_onnx(tmp_path) -> str:
     return save(static_model(), tmp_path / "static.onnx")
+
+
+@pytest.fixture
+def fake_atc(tmp_path, monkeypatch):
+    """(path of the stand-in atc, the JSON file it records its argv, cwd and pid in)."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    path = folder / "atc"
+    path.write_text(FAKE_ATC.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    record = tmp_path / "record.json"
+    monkeypatch.setenv("FAKE_ATC_RECORD", str(record))
+    monkeypatch.delenv("FAKE_ATC_MODE", raising=False)
+    return path, record

@@ -7,36 +7,23 @@ import json
 import os
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from aclserve.acl import constants as C
 from aclserve.om import aipp
 from aclserve.om.compile import compile_model
 from aclserve.om.spec import CompileError
+from tests import tiny_models
+from tests.tiny_models import MEAN, STD
+
 from .acl_runner import acl_context, cpu_acl, run_batch
-from .conftest import run_cli, save
-from .test_om_atc import fake_atc  # noqa: F401  (the stand-in atc fixture)
-
-MEAN = np.array([123.675, 116.28, 103.53], np.float32)
-STD = np.array([58.395, 57.12, 57.375], np.float32)
-
-
-def conv_model(channels: int = 3, side: int = 16) -> onnx.ModelProto:
-    """x FP32 [N, C, side, side] -> Conv 3x3 (4 filters) -> y [N, 4, side, side]."""
-    vi = helper.make_tensor_value_info
-    w = np.random.default_rng(3).standard_normal((4, channels, 3, 3)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")], "conv",
-                              [vi("x", TensorProto.FLOAT, ["N", channels, side, side])],
-                              [vi("y", TensorProto.FLOAT, ["N", 4, side, side])], [numpy_helper.from_array(w, "w")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+from .conftest import run_cli
 
 
 @pytest.fixture
 def conv_onnx(tmp_path) -> str:
-    return save(conv_model(), tmp_path / "conv.onnx")
+    return tiny_models.conv_onnx(tmp_path / "conv.onnx")
 
 
 def reference(onnx_path: str, x: np.ndarray) -> np.ndarray:
@@ -80,7 +67,7 @@ def test_om_descriptor_reports_uint8_nhwc_and_image_size(tmp_path, conv_onnx):
 
 
 def test_crop_padding_and_grey_match_numpy(tmp_path):
-    src = save(conv_model(channels=1, side=16), tmp_path / "g.onnx")
+    src = tiny_models.conv_onnx(tmp_path / "g.onnx", channels=1, side=16)
     text = """
     # grey 20x18 source, crop 12x14 at (3, 2), pad to 16x16 with 0.5
     aipp_op {
@@ -114,7 +101,7 @@ def test_crop_padding_and_grey_match_numpy(tmp_path):
     np.testing.assert_allclose(got, reference(src, host), rtol=1e-5, atol=1e-5)
 
 
-def test_atc_gets_insert_op_conf_and_the_nchw_shape(tmp_path, fake_atc, conv_onnx):  # noqa: F811
+def test_atc_gets_insert_op_conf_and_the_nchw_shape(tmp_path, fake_atc, conv_onnx):
     atc, record = fake_atc
     ops = [aipp.generate("bgr", "123.675,116.28,103.53", "58.395,57.12,57.375")]
     result = compile_model(conv_onnx, tmp_path / "n.om", batch="1,2", soc_version="Ascend310P3", atc=str(atc),

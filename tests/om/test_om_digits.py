@@ -11,7 +11,7 @@ import pytest
 
 from .acl_runner import acl_context, cpu_acl, run_batch
 from aclserve.om import container
-from .conftest import REPO
+from tests import REPO
 
 OM = os.path.join(REPO, "models", "digits.om")
 ONNX = os.path.join(REPO, "models", "digits.onnx")

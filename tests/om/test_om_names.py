@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 
 from aclserve.om import container
 from aclserve.om.names import atc_output_names, tensor_name
-from .conftest import REPO
+from tests import REPO
 
 
 def test_tensor_name_of_each_atc_form():

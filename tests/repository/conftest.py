@@ -1,4 +1,5 @@
-"""Real CPU OMs (y = x * scale) for the repository tests, and a repository under test.
+"""Real CPU OMs (y = x * scale) for the repository tests, and a repository under test (on the
+started CPU runtime of tests/conftest.py).
 
 Models are compiled once per session with aclserve.om.compile and copied into each test's
 models folder; the scale tells the versions apart in the responses.
@@ -7,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 import pytest_asyncio
-from .repo_helpers import Events, scale_onnx
 
 from aclserve.config import load_server_config
-from aclserve.om.compile import compile_model
 from aclserve.repository import ModelRepository
-from aclserve.runtime import AclRuntime
+from tests.tiny_models import compile_cpu_om, scale_onnx
+
+from .repo_helpers import Events
 
 
 @pytest.fixture(scope="session")
@@ -22,16 +23,8 @@ def model_files(tmp_path_factory):
     out = {}
     for scale in (1, 2, 3):
         src = scale_onnx(folder / f"scale{scale}.onnx", float(scale))
-        om = compile_model(src, folder / f"scale{scale}.om", batch="1,2,4", target="cpu", log=lambda _: None)
-        out[scale] = {"om": str(om.path), "onnx": src}
+        out[scale] = {"om": compile_cpu_om(src, folder / f"scale{scale}.om", batch="1,2,4"), "onnx": src}
     return out
-
-
-@pytest.fixture
-def runtime():
-    rt = AclRuntime(device="cpu").start()
-    yield rt
-    rt.close()
 
 
 @pytest.fixture

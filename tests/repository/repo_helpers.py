@@ -1,4 +1,4 @@
-"""Helpers for the repository tests: models (y = x * scale), placing files, event gates."""
+"""Helpers for the repository tests: placing files, event gates, request rows."""
 from __future__ import annotations
 
 import asyncio
@@ -6,20 +6,6 @@ import os
 import shutil
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
-
-
-def scale_onnx(path, scale: float) -> str:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
-    node = helper.make_node("Mul", ["x", "scale"], ["y"])
-    graph = helper.make_graph([node], "scale", [x], [y],
-                              [numpy_helper.from_array(np.array(scale, np.float32), "scale")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return str(path)
 
 
 def place(source: str, target, how: str = "rename") -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from pathlib import Path
 
 import pytest
 from .repo_helpers import place, serving, x_rows
@@ -85,7 +86,7 @@ async def test_replace_by_rename_by_slow_write_and_new_version_fail_nothing(make
 
     # 2. slow chunked write in place: nothing changes until the file is complete
     clients.phase = 2
-    await slow_write(models_dir / "m.om", open(model_files[3]["om"], "rb").read())
+    await slow_write(models_dir / "m.om", Path(model_files[3]["om"]).read_bytes())
     clients.phase = 3
     await events.wait("reloaded", "m", "1", count=2)
     clients.phase = 4
@@ -123,7 +124,7 @@ async def test_corrupt_and_truncated_files_keep_the_old_version_serving(make_rep
     await clients.wait_for_answers(10, 0)
     caplog.set_level(logging.ERROR, logger="aclserve.repository.failures")
 
-    data = open(model_files[2]["om"], "rb").read()
+    data = Path(model_files[2]["om"]).read_bytes()
     truncated = models_dir / "elsewhere.bin"
     truncated.write_bytes(data[: len(data) - 100])
     os.replace(truncated, models_dir / "m.om")

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import aiohttp
 import pytest
-from .repo_helpers import Events, place
 
 from aclserve.config import load_server_config
-from aclserve.repository import ModelRepository
-from aclserve.runtime import AclRuntime
-from aclserve.server.app import create_app, make_runner
+from tests.serving import started_app
+
+from .repo_helpers import Events, place
 
 pytestmark = pytest.mark.asyncio
 
@@ -24,16 +24,10 @@ async def test_http_clients_see_no_failure_across_reloads(models_dir, model_file
     os.utime(models_dir / "m.om", (1, 1))  # an old file: taken at once at start
     config = load_server_config(None, {"models_dir": str(models_dir), "port": 0, "device": "cpu",
                                        "settle_s": 0.3, "debounce_s": 0.05, "log_level": "warning"})
-    runtime = AclRuntime(device="cpu")
-    repo = ModelRepository(config, runtime)
+    runner, _, base, _, repo = await started_app(config)
     events = Events()
     repo.add_listener(events)
-    runner = make_runner(create_app(config, repo, runtime))
-    await runner.setup()
-    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    url = f"http://{host}:{port}/v2/models/m/infer"
+    url = f"{base}/v2/models/m/infer"
     phase = {"now": 0}
     answers, failures = [], []
     stop = asyncio.Event()
@@ -60,13 +54,13 @@ async def test_http_clients_see_no_failure_across_reloads(models_dir, model_file
             await events.wait("reloaded", "m")
             phase["now"] = 1
             await asyncio.wait_for(answered_in(1), 60)
-            data = open(model_files[3]["om"], "rb").read()
+            data = Path(model_files[3]["om"]).read_bytes()
             (models_dir / "x.bin").write_bytes(data[:-10])
             os.replace(models_dir / "x.bin", models_dir / "m.om")
             await events.wait("load_failed", "m")
             phase["now"] = 2
             await asyncio.wait_for(answered_in(2), 60)
-            async with session.post(f"http://{host}:{port}/v2/repository/index", json={}) as resp:
+            async with session.post(f"{base}/v2/repository/index", json={}) as resp:
                 index = await resp.json()
             stop.set()
             await asyncio.gather(*tasks)

@@ -25,7 +25,8 @@ from tritonclient.utils import InferenceServerException
 from aclserve.om import container
 from aclserve.repository.compiler import exclusive
 
-from ..server.conftest import affine_onnx, affine_reference, free_port
+from tests.serving import free_port
+from tests.tiny_models import affine_onnx, affine_reference
 
 DEADLINE_S = 120
 REPLICAS = 3

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -95,7 +96,7 @@ async def test_explicit_mode_changes_only_through_the_api(make_repo, models_dir,
 async def test_api_load_of_a_corrupt_file_fails_and_keeps_serving(make_repo, models_dir, model_files):
     place(model_files[1]["om"], models_dir / "m.om")
     repo, _ = await make_repo(model_control_mode="explicit")
-    data = open(model_files[2]["om"], "rb").read()
+    data = Path(model_files[2]["om"]).read_bytes()
     (models_dir / "m.om").write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelLoadFailed, match="truncated"):
         await repo.load("m")
@@ -107,7 +108,7 @@ async def test_api_load_of_a_corrupt_file_fails_and_keeps_serving(make_repo, mod
 async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_files):
     place(model_files[1]["om"], models_dir / "good.om")
     (models_dir / "junk.om").write_bytes(b"this is not a model")
-    (models_dir / "badcfg.om").write_bytes(open(model_files[1]["om"], "rb").read())
+    (models_dir / "badcfg.om").write_bytes(Path(model_files[1]["om"]).read_bytes())
     (models_dir / "badcfg.yaml").write_text("slots: 0\n")
     (models_dir / "bad name.om").write_bytes(b"x")
     repo, events = await make_repo(model_control_mode="none")

@@ -15,7 +15,8 @@ from aclserve.runtime import AclRuntime, Batch
 from aclserve.runtime.limits import ResourceLimitError, limits_for_soc
 from aclserve.runtime import open_pool
 from aclserve.runtime.futures import BatchFutures
-from .runtime_models import affine_reference
+
+from tests.tiny_models import affine_reference
 
 
 def _rows(n):

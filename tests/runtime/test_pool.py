@@ -15,20 +15,15 @@ from aclserve.runtime import Engine, LoadError, open_pool
 from aclserve.runtime.futures import BatchFutures
 from aclserve.runtime.pool import TIMEOUT_FLOOR_MS
 
-from .runtime_models import affine_reference
+from tests.tiny_models import affine_reference
+
+pytestmark = pytest.mark.usefixtures("clean_faults")
 
 
 def _request(rows: int, first_id: int = 0) -> dict[str, np.ndarray]:
     ids = np.arange(first_id, first_id + rows, dtype=np.int64)
     x = np.random.default_rng(first_id).standard_normal((rows, 8)).astype(np.float32)
     return {"x": x, "idx": np.stack([ids, ids + 1, ids + 2], axis=1)}
-
-
-@pytest.fixture(autouse=True)
-def _no_faults():
-    faults.clear()
-    yield
-    faults.clear()
 
 
 def test_every_gear_and_padding_matches_the_reference(runtime, affine_om):
@@ -248,7 +243,7 @@ def test_an_atc_om_is_refused_with_what_it_is_and_what_to_do(runtime, tmp_path):
 
 def test_instances_spread_over_several_devices_and_each_device_gets_its_memory_back(runtime, affine_om):
     if runtime.device_count() < 2:
-        pytest.skip("needs two devices (ACLSERVE_CPU_DEVICES=2, set by tests/contract/conftest.py)")
+        pytest.skip("needs two devices (ACLSERVE_CPU_DEVICES=2, set by tests/conftest.py)")
     path = affine_om()
     before = [runtime.device(d).mem_info()[0] for d in (0, 1)]
     pool = open_pool(runtime, path, "affine", instances=2, devices=(0, 1))

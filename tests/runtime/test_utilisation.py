@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from aclserve.om.compile import compile_model
 from aclserve.runtime import open_pool
 from aclserve.runtime.busy import BusyWindow
 from aclserve.runtime.futures import BatchFutures
+
+from tests.tiny_models import compile_cpu_om, save_graph
 
 
 def test_busy_window_over_a_fake_clock():
@@ -47,16 +47,11 @@ def heavy_onnx(path) -> str:
         nodes += [helper.make_node("MatMul", [prev, f"w{k}"], [f"m{k}"]), helper.make_node("Relu", [f"m{k}"], [f"r{k}"])]
         prev = f"r{k}"
     nodes.append(helper.make_node("Identity", [prev], ["y"]))
-    model = helper.make_model(helper.make_graph(nodes, "heavy", [x], [y], inits),
-                              opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return str(path)
+    return save_graph(helper.make_graph(nodes, "heavy", [x], [y], inits), path)
 
 
 def test_busy_fraction_is_near_zero_idle_and_high_at_saturation(runtime, tmp_path):
-    om = str(compile_model(heavy_onnx(tmp_path / "heavy.onnx"), tmp_path / "heavy.om", batch="8,16", target="cpu",
-                           log=lambda _: None).path)
+    om = compile_cpu_om(heavy_onnx(tmp_path / "heavy.onnx"), tmp_path / "heavy.om", batch="8,16")
     pool = open_pool(runtime, om, "heavy", slots=2)
     done = BatchFutures(pool)
     try:

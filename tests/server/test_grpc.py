@@ -4,7 +4,6 @@ import asyncio
 import queue
 import shutil
 import urllib.request
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -16,9 +15,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 from tritonclient.utils import InferenceServerException
 
-from .conftest import ServerThread, free_port, server_config
+from tests import REPO
+from tests.serving import ServerThread, free_port, server_config
 
-ROOT = Path(__file__).resolve().parents[2]
 X = np.arange(16, dtype=np.float32).reshape(2, 8) / 10
 IDX = np.arange(6, dtype=np.int64).reshape(2, 3)
 
@@ -28,7 +27,7 @@ def grpc_models(models_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("grpc_models")
     for name in ("affine", "double"):
         shutil.copy(models_dir / f"{name}.om", root / f"{name}.om")
-    shutil.copy(ROOT / "models" / "digits.om", root / "digits.om")
+    shutil.copy(REPO / "models" / "digits.om", root / "digits.om")
     # "slow": affine (gears 1,2,4,8) with a partial batch held for a minute: 3 or 6 queued rows
     # fill no gear, so they wait until 8 rows arrive: the test decides when a batch runs
     shutil.copy(models_dir / "affine.om", root / "slow.om")
@@ -38,12 +37,9 @@ def grpc_models(models_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def grpc_server(grpc_models):
-    srv = ServerThread(server_config(grpc_models, grpc_port=free_port())).start()
-    srv.grpc_url = f"127.0.0.1:{srv.config.grpc_port}"
-    yield srv
-    srv.close()
-    if srv.error is not None:
-        raise srv.error
+    with ServerThread(server_config(grpc_models, grpc_port=free_port())) as srv:
+        srv.grpc_url = f"127.0.0.1:{srv.config.grpc_port}"
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +84,7 @@ def test_health_metadata_and_config_match_http(client, grpc_server):
 
 
 def test_digits_accuracy_over_grpc(client):
-    data = np.load(ROOT / "tests" / "data" / "digits_test.npz")
+    data = np.load(REPO / "tests" / "data" / "digits_test.npz")
     predictions = []
     for start in range(0, len(data["x"]), 32):  # digits.om's largest gear is 32
         rows = data["x"][start:start + 32].astype(np.float32)

@@ -9,13 +9,9 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from aclserve.repository import ModelRepository
-from aclserve.runtime import AclRuntime
-from aclserve.server.app import create_app, make_runner
-from aclserve.server.app_keys import STATE
 from aclserve.server.grpc_server import GrpcServer
 
-from .conftest import ServerThread, free_port, server_config
+from tests.serving import ServerThread, free_port, server_config, started_app
 
 INVALID, NOT_FOUND = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
 X = np.ones((2, 8), np.float32)
@@ -26,12 +22,9 @@ IDX = np.ones((2, 3), np.int64)
 def stub(models_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("grpc_hostile")
     shutil.copy(models_dir / "affine.om", root / "affine.om")
-    srv = ServerThread(server_config(root, grpc_port=free_port(), model_control_mode="none")).start()
-    with grpc.insecure_channel(f"127.0.0.1:{srv.config.grpc_port}") as channel:
-        yield pbg.GRPCInferenceServiceStub(channel)
-    srv.close()
-    if srv.error is not None:
-        raise srv.error
+    with ServerThread(server_config(root, grpc_port=free_port(), model_control_mode="none")) as srv:
+        with grpc.insecure_channel(f"127.0.0.1:{srv.config.grpc_port}") as channel:
+            yield pbg.GRPCInferenceServiceStub(channel)
 
 
 def good(**fields) -> pb.ModelInferRequest:
@@ -157,11 +150,7 @@ def test_shutdown_drains_grpc_requests(models_dir, tmp_path, make_config):
     three.raw_input_contents.extend([np.ones((3, 8), np.float32).tobytes(), np.ones((3, 3), np.int64).tobytes()])
 
     async def scenario():
-        runtime = AclRuntime(device="cpu")
-        app = create_app(config, ModelRepository(config, runtime), runtime)
-        runner = make_runner(app)
-        await runner.setup()
-        state = app[STATE]
+        runner, state, _, _, _ = await started_app(config)
         server = GrpcServer(state, config.max_body_bytes)
         port = await server.start("127.0.0.1", 0)
         try:

@@ -8,7 +8,7 @@ import pytest
 
 from aclserve.cli import main
 
-from .conftest import ServerThread, server_config
+from tests.serving import ServerThread, server_config
 
 
 def _check(out: str, trace_path):

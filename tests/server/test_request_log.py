@@ -11,16 +11,15 @@ import pytest
 
 from aclserve.logs import JsonFormatter
 
-from .conftest import ServerThread, server_config
+from tests.serving import ServerThread, free_port, server_config
 
 BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}
 
 
 @pytest.fixture(scope="module")
 def logged(models_dir):
-    srv = ServerThread(server_config(models_dir, request_log=True)).start()
-    yield srv
-    srv.close()
+    with ServerThread(server_config(models_dir, request_log=True)) as srv:
+        yield srv
 
 
 def _post(url, body, headers=None):
@@ -83,7 +82,6 @@ def test_serve_log_format_json_from_the_command_line(models_dir, tmp_path):
     import time
     import urllib.request
 
-    from .conftest import free_port
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models_dir), "--port", str(port),
                              "--grpc-port", "0", "--device", "cpu", "--model-control-mode", "none",

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from .conftest import ServerThread
-from .test_server_lifecycle import started_app
+from tests.serving import ServerThread, free_port, started_app
 
 TOKEN = "s3cret-t0ken-for-tests"
 GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
@@ -32,9 +31,8 @@ def call(url: str, path: str, body: bytes | None = None, token: str | None = Non
 
 @pytest.fixture(scope="module")
 def guarded(models_dir, make_config):
-    srv = ServerThread(make_config(models_dir, api_token=TOKEN)).start()
-    yield srv
-    srv.close()
+    with ServerThread(make_config(models_dir, api_token=TOKEN)) as srv:
+        yield srv
 
 
 @pytest.mark.parametrize("path", ["/v2/repository/index", "/v2/repository/models/double/unload",
@@ -131,7 +129,6 @@ def test_grpc_repository_and_model_rpcs_need_the_token_too(models_dir, make_conf
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    from .test_grpc import free_port
     srv = ServerThread(make_config(models_dir, api_token=TOKEN, auth_inference=True, grpc_port=free_port())).start()
     try:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.config.grpc_port}")

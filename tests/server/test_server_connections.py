@@ -10,7 +10,8 @@ import json
 import aiohttp
 import pytest
 
-from .conftest import ServerThread
+from tests.serving import ServerThread
+
 from .hostile import closed_by_server, metric, open_raw, read_response, wait_for
 
 GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
@@ -26,9 +27,8 @@ async def good_request(url: str) -> int:
 
 @pytest.fixture(scope="module")
 def timed(models_dir, make_config):
-    srv = ServerThread(make_config(models_dir, header_timeout_s=0.5, keepalive_timeout_s=1.5)).start()
-    yield srv
-    srv.close()
+    with ServerThread(make_config(models_dir, header_timeout_s=0.5, keepalive_timeout_s=1.5)) as srv:
+        yield srv
 
 
 def test_slowloris_heads_are_closed_while_others_are_served(timed):

@@ -17,13 +17,11 @@ import tritonclient.http as http
 from PIL import Image
 
 from aclserve.om import aipp
-from aclserve.om.compile import compile_model
+from tests import REPO
 from tests.images.images_data import encode, gradient, png_bomb
-from tests.om.test_om_aipp import MEAN, STD, conv_model
-from .conftest import ServerThread, free_port, server_config
-from .test_server_protocol import request
+from tests.serving import ServerThread, free_port, request, server_config
+from tests.tiny_models import MEAN, STD, compile_cpu_om, conv_onnx
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIGITS = np.load(os.path.join(REPO, "tests", "data", "digits_test.npz"))
 MAX_PENDING = 8
 
@@ -42,14 +40,10 @@ def image_server(tmp_path_factory):
     src = tmp_path_factory.mktemp("image_src")
     for name in ("digits_image.om", "digits_image.yaml", "digits_labels.txt", "digits.om", "digits.yaml"):
         shutil.copy(os.path.join(REPO, "models", name), root / name)
-    onnx_path = str(src / "conv.onnx")
-    model = conv_model()
-    model.ir_version = 9
-    import onnx
-    onnx.save(model, onnx_path)
+    onnx_path = conv_onnx(src / "conv.onnx")
     ops = [aipp.generate("rgb", ",".join(map(str, MEAN)), ",".join(map(str, STD)))]
-    compile_model(onnx_path, root / "conv_aipp.om", batch="1,2,4", target="cpu", aipp=ops, log=lambda s: None)
-    compile_model(onnx_path, root / "conv_host.om", batch="1,2,4", target="cpu", log=lambda s: None)
+    compile_cpu_om(onnx_path, root / "conv_aipp.om", batch="1,2,4", aipp=ops)
+    compile_cpu_om(onnx_path, root / "conv_host.om", batch="1,2,4")
     crop = "    image: {resize: center_crop, crop_fraction: 0.875}\n"
     (root / "conv_aipp.yaml").write_text("inputs:\n  x:\n" + crop)
     (root / "conv_host.yaml").write_text("inputs:\n  x:\n" + crop.replace(
@@ -59,13 +53,10 @@ def image_server(tmp_path_factory):
     shutil.copy(root / "digits.om", root / "bad_labels.om")
     (root / "three.txt").write_text("a\nb\nc\n")
     (root / "bad_labels.yaml").write_text("outputs:\n  y: {labels: three.txt}\n")
-    srv = ServerThread(server_config(root, images={"max_pending": MAX_PENDING, "workers": 2},
-                                     grpc_port=free_port())).start()
-    srv.grpc_url = f"127.0.0.1:{srv.config.grpc_port}"
-    yield srv
-    srv.close()
-    if srv.error is not None:
-        raise srv.error
+    config = server_config(root, images={"max_pending": MAX_PENDING, "workers": 2}, grpc_port=free_port())
+    with ServerThread(config) as srv:
+        srv.grpc_url = f"127.0.0.1:{srv.config.grpc_port}"
+        yield srv
 
 
 def infer(server, body: dict, model: str):

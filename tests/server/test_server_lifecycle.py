@@ -11,10 +11,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from aclserve.repository import ModelRepository
-from aclserve.runtime import AclRuntime
-from aclserve.server.app import create_app, make_runner
-from aclserve.server.app_keys import STATE
+from tests.serving import started_app
 
 SLOW = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 8], "data": [1.0] * 24},
                    {"name": "idx", "datatype": "INT64", "shape": [3, 3], "data": [1] * 9}]}
@@ -27,18 +24,6 @@ def slow_config(models_dir, tmp_path, make_config):
     shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
     (tmp_path / "affine.yaml").write_text("batching: {max_queue_delay_ms: 1500}\n")
     return make_config(tmp_path)
-
-
-async def started_app(config):
-    runtime = AclRuntime(device="cpu")
-    repo = ModelRepository(config, runtime)
-    app = create_app(config, repo, runtime)
-    runner = make_runner(app)
-    await runner.setup()
-    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    return runner, app[STATE], f"http://{host}:{port}", runtime, repo
 
 
 async def post(session, url, body):

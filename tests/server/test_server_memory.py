@@ -4,6 +4,7 @@ full-size attack (16 gzip bombs of 1 GB, 16 x 40 MB JSON) is tools/attack_server
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import zlib
 
@@ -15,7 +16,8 @@ from aclserve.errors import PayloadTooLarge
 from aclserve.server.budget import MemoryBudget, MemoryExhausted, json_tensor_estimate
 from aclserve.server.http_errors import http_status, retry_after
 
-from .conftest import ServerThread
+from tests.serving import ServerThread
+
 from .hostile import closed_by_server, head, metric, open_raw, read_response, wait_for
 
 MiB = 1 << 20
@@ -47,13 +49,14 @@ def test_budget_charges_refuses_and_gives_back():
 
 @pytest.fixture(scope="module")
 def small(models_dir, make_config):
-    srv = ServerThread(make_config(models_dir, max_body_bytes=4 * MiB, max_request_bytes=3 * MiB + MiB // 2,
-                                   max_inflight_bytes=4 * MiB, body_timeout_s=1.0)).start()
-    yield srv
-    srv.close()
+    with ServerThread(make_config(models_dir, max_body_bytes=4 * MiB, max_request_bytes=3 * MiB + MiB // 2,
+                                  max_inflight_bytes=4 * MiB, body_timeout_s=1.0)) as srv:
+        yield srv
 
 
-async def post(url: str, body: bytes, headers: dict | None = None, path="/v2/models/double/infer"):
+async def post(url: str, body, headers: dict | None = None, path="/v2/models/double/infer"):
+    if isinstance(body, bytes):
+        body = io.BytesIO(body)  # streamed: aiohttp warns that a large bytes body blocks the loop
     async with aiohttp.ClientSession() as session:
         async with session.post(f"http://{url}{path}", data=body, headers=headers or {}) as resp:
             return resp.status, dict(resp.headers), await resp.json()

@@ -56,7 +56,7 @@ def test_unloaded_versions_leave_no_series_and_no_created_samples(models_dir, tm
     """A dedicated server: unloading a model removes its per-version series from /metrics."""
     import shutil
 
-    from .conftest import ServerThread, server_config
+    from tests.serving import ServerThread, server_config
 
     own = tmp_path / "models"
     shutil.copytree(models_dir, own)

@@ -4,11 +4,12 @@ import gzip
 import json
 import zlib
 
-import aiohttp
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+from tests.serving import request
 
 
 X = np.arange(16, dtype=np.float32).reshape(2, 8) / 10
@@ -100,14 +101,6 @@ def test_statistics_fields_perf_analyzer_reads(client):
 
 
 # -- raw protocol --------------------------------------------------------------------------------
-
-def request(server, method, path, **kwargs):
-    async def go():
-        async with aiohttp.ClientSession() as session:
-            async with session.request(method, f"http://{server.url}{path}", **kwargs) as resp:
-                return resp.status, dict(resp.headers), await resp.read()
-    return asyncio.run(go())
-
 
 def doc(x=X, idx=IDX, **extra):
     return {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()},

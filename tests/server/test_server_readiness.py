@@ -16,7 +16,8 @@ import pytest
 
 from aclserve.acl.cpu import faults
 
-from .conftest import ServerThread
+from tests.serving import ServerThread
+
 from .hostile import metric, wait_for
 
 GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
@@ -35,13 +36,6 @@ def get(url: str, path: str, body: bytes | None = None):
 def one_model(models_dir, tmp_path):
     shutil.copy(models_dir / "double.om", tmp_path / "double.om")
     return tmp_path
-
-
-@pytest.fixture
-def clean_faults():
-    faults.clear()
-    yield
-    faults.clear()
 
 
 def test_a_transient_warm_up_fault_is_retried_and_readiness_follows(one_model, make_config, clean_faults):

@@ -5,29 +5,26 @@ compute input/infer/output adds up to no more than its time in the server.
 Requests go one at a time with a statistics read between them, so every delta belongs to one
 request. Nothing here bounds a duration: only the clocks' resolution and the breakdown's
 consistency are checked."""
-import os
 import shutil
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import REPO
+from tests.serving import ServerThread
+
 KEYS = ("success", "queue", "compute_input", "compute_infer", "compute_output")
 
 
 @pytest.fixture(scope="module")
 def digits_server(tmp_path_factory, make_config):
     """On uvloop, as `aclserve serve` runs: its loop.time() advances in whole milliseconds."""
-    from .conftest import ServerThread
     uvloop = pytest.importorskip("uvloop")
     models = tmp_path_factory.mktemp("digits_models")
-    shutil.copy(os.path.join(ROOT, "models", "digits.om"), models / "digits.om")
-    srv = ServerThread(make_config(models), run=uvloop.run).start()
-    yield srv
-    srv.close()
-    if srv.error is not None:
-        raise srv.error
+    shutil.copy(REPO / "models" / "digits.om", models / "digits.om")
+    with ServerThread(make_config(models), run=uvloop.run) as srv:
+        yield srv
 
 
 def totals(client) -> dict[str, tuple[int, int]]:
@@ -44,7 +41,7 @@ def off_whole_ms(ns: int) -> bool:
 
 def test_per_request_timings_are_sub_millisecond_and_add_up(digits_server):
     client = httpclient.InferenceServerClient(digits_server.url)
-    x = np.load(os.path.join(ROOT, "tests", "data", "digits_test.npz"))["x"][:1]
+    x = np.load(REPO / "tests" / "data" / "digits_test.npz")["x"][:1]
     inp = httpclient.InferInput("x", [1, 64], "FP32")
     inp.set_data_from_numpy(x)
     client.infer("digits", [inp])  # first contact outside the measured requests

@@ -14,16 +14,15 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from .conftest import ServerThread, free_port, server_config
+from tests.serving import ServerThread, free_port, server_config
 
 
 @pytest.fixture(scope="module")
 def srv(models_dir, tmp_path_factory):
     trace_dir = tmp_path_factory.mktemp("traces")
-    server = ServerThread(server_config(models_dir, grpc_port=free_port(), trace_dir=str(trace_dir))).start()
-    server.trace_dir = trace_dir
-    yield server
-    server.close()
+    with ServerThread(server_config(models_dir, grpc_port=free_port(), trace_dir=str(trace_dir))) as server:
+        server.trace_dir = trace_dir
+        yield server
 
 
 def _written(path):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.http as http
 
-from .conftest import ServerThread, server_config
+from tests.serving import ServerThread, server_config
 
 EPS_US = 0.01  # float microseconds of integer nanoseconds
 

@@ -1,0 +1,29 @@
+"""Fixtures every test folder may use. A folder's own conftest.py keeps what only it needs;
+helpers imported by name live in tiny_models.py and serving.py beside this file."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Two CPU devices, so the cross-device rules can be tested (ignored by a real NPU). Process-wide
+# and read when the runtime starts, so it is set here, before any test, whichever subset runs.
+os.environ.setdefault("ACLSERVE_CPU_DEVICES", "2")
+
+
+@pytest.fixture
+def runtime():
+    """A started CPU AclRuntime, closed after the test."""
+    from aclserve.runtime import AclRuntime
+    rt = AclRuntime(device="cpu").start()
+    yield rt
+    rt.close()
+
+
+@pytest.fixture
+def clean_faults():
+    """The CPU runtime's fault table (process-wide) empty before and after the test."""
+    from aclserve.acl.cpu import faults
+    faults.clear()
+    yield
+    faults.clear()

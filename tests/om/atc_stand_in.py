@@ -1,0 +1,41 @@
+"""A stand-in `atc` executable for the ATC path: no CANN on these machines."""
+import textwrap
+
+# The stand-in: records argv/cwd/pid, prints like ATC, then acts per FAKE_ATC_MODE.
+FAKE_ATC = textwrap.dedent("""\
+    #!{python}
+    import json, os, struct, sys, time
+    args = sys.argv[1:]
+    mode = os.environ.get("FAKE_ATC_MODE", "ok")
+    conf = [a.split("=", 1)[1] for a in args if a.startswith("--insert_op_conf=")]
+    conf_text = open(conf[0]).read() if conf else None  # the work folder is gone after the run
+    with open(os.environ["FAKE_ATC_RECORD"], "w") as f:
+        json.dump({{"argv": args, "cwd": os.getcwd(), "pid": os.getpid(), "insert_op_conf": conf_text}}, f)
+    print("ATC start working now, please wait for a moment.", flush=True)
+    if mode == "sleep":
+        time.sleep(600)
+    if mode == "gate":  # finish only after the test saw the first line: proves streaming
+        print("waiting for the gate", flush=True)
+        while not os.path.exists(os.environ["FAKE_ATC_GATE"]):
+            time.sleep(0.01)
+    if mode == "fail":
+        print("[INFO] parsing model", flush=True)
+        print("E10001: Value [x:-1,4] for parameter [--input_shape] is invalid.", flush=True)
+        print("ATC run failed, Please check the detail log, Try 'atc --help' for more information", flush=True)
+        sys.exit(1)
+    out = [a.split("=", 1)[1] for a in args if a.startswith("--output=")][0]
+    if mode != "nofile":
+        payload = b"partition table and weights" * 10
+        head = bytearray(256)
+        head[0:4] = b"IMOD"
+        struct.pack_into("<II", head, 4, 256, 0x20000000)
+        struct.pack_into("<I", head, 76, len(payload) if mode != "truncated" else len(payload) + 100)
+        head[82] = 1
+        name = os.path.basename(out).encode()
+        head[84:84 + len(name)] = name
+        head[160:168] = b"7.6.0.1\\0"
+        head[193] = 1 if any(a.startswith("--dynamic_batch_size") for a in args) else 0
+        with open(out + ".om", "wb") as f:
+            f.write(bytes(head) + payload)
+    print("ATC run success, welcome to the next use.", flush=True)
+""")

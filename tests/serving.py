@@ -1,0 +1,117 @@
+"""The real server in tests: free ports, a test configuration, the server in a thread of its own
+(ServerThread) with a one-request client for it (request), and the app on the test's own loop
+(started_app)."""
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+import threading
+
+import aiohttp
+import aiohttp.web
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for the gRPC endpoint, where 0 means off, and for
+    `aclserve serve` subprocesses)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_config(models_dir, **overrides):
+    """A ServerConfig for tests: any port, no gRPC, CPU, explicit model control, small limits."""
+    from aclserve.config import load_server_config
+    values = {"models_dir": str(models_dir), "port": 0, "grpc_port": 0, "device": "cpu",
+              "model_control_mode": "explicit", "max_body_bytes": 1 << 20, "max_json_bytes": 768 << 10,
+              "max_json_elements": 1 << 18, "shutdown_timeout_s": 20, "log_level": "warning"}
+    values.update(overrides)
+    return load_server_config(None, values)
+
+
+class ServerThread:
+    """Runs aclserve.server.app.serve() on its own loop in a thread, so tests can use blocking
+    clients (tritonclient) directly and aiohttp clients under asyncio.run(). close() stops it in
+    order. As a context manager it starts on entry, closes on exit and then raises the error the
+    server ended with, if any."""
+
+    def __init__(self, config, run=asyncio.run):
+        """`run` runs the server's coroutine to completion (asyncio.run, or uvloop.run as
+        `aclserve serve` does where uvloop is installed)."""
+        self.config = config
+        self.url = ""
+        self.error: BaseException | None = None
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=run, args=(self._main(),), daemon=True)
+
+    async def _main(self):
+        from aclserve.server.app import serve
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        started = self._loop.create_future()
+        task = asyncio.create_task(serve(self.config, started=started, stop=self._stop))
+        await asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
+        if started.done():
+            host, port = started.result()
+            self.url = f"{host}:{port}"
+            self._ready.set()
+        try:
+            await task
+        except BaseException as e:
+            self.error = e
+        finally:
+            self._ready.set()
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+        self._ready.wait(120)
+        if not self.url:
+            raise RuntimeError(f"server did not start: {self.error!r}")
+        return self
+
+    def close(self) -> None:
+        if self._loop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+        if self.error is not None and exc_info[0] is None:
+            raise self.error
+
+
+def request(server, method: str, path: str, **kwargs) -> tuple[int, dict, bytes]:
+    """One aiohttp request to a ServerThread under asyncio.run(): (status, headers, body)."""
+    if isinstance(kwargs.get("data"), bytes):
+        kwargs["data"] = io.BytesIO(kwargs["data"])  # streamed: aiohttp warns that a large bytes body blocks the loop
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            async with session.request(method, f"http://{server.url}{path}", **kwargs) as resp:
+                return resp.status, dict(resp.headers), await resp.read()
+    return asyncio.run(go())
+
+
+async def started_app(config):
+    """The app as `aclserve serve` builds it, listening on 127.0.0.1 (any port) on the running
+    loop: (runner, state, url, runtime, repository). `await runner.cleanup()` closes the
+    repository, then the runtime."""
+    from aclserve.repository import ModelRepository
+    from aclserve.runtime import AclRuntime
+    from aclserve.server.app import create_app, make_runner
+    from aclserve.server.app_keys import STATE
+    runtime = AclRuntime(device="cpu")
+    repo = ModelRepository(config, runtime)
+    app = create_app(config, repo, runtime)
+    runner = make_runner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return runner, app[STATE], f"http://{host}:{port}", runtime, repo

@@ -1,0 +1,79 @@
+"""Tiny ONNX models built with onnx.helper, their numpy references, and compiling them to CPU OMs.
+
+Shared by the runtime, repository and server tests; models only one folder needs stay there."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from aclserve.om.compile import compile_model
+
+RNG = np.random.default_rng(7)
+W = RNG.standard_normal((8, 4)).astype(np.float32)
+B = RNG.standard_normal((4,)).astype(np.float32)
+
+
+def save_graph(graph: onnx.GraphProto, path) -> str:
+    """The graph as an opset-17 model (IR 8) at `path`; returns the path as a string."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def affine_onnx(path, scale: float = 1.0) -> str:
+    """y = (x @ W + b) * scale (FP32 [N,8] -> [N,4]); s = idx * 2 (INT64 [N,3] -> [N,3])."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])
+    idx = helper.make_tensor_value_info("idx", TensorProto.INT64, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    s = helper.make_tensor_value_info("s", TensorProto.INT64, ["batch", 3])
+    inits = [numpy_helper.from_array(W, "W"), numpy_helper.from_array(B, "B"),
+             numpy_helper.from_array(np.array(scale, np.float32), "scale"),
+             numpy_helper.from_array(np.array(2, np.int64), "two")]
+    nodes = [helper.make_node("Gemm", ["x", "W", "B"], ["g"]),
+             helper.make_node("Mul", ["g", "scale"], ["y"]),
+             helper.make_node("Mul", ["idx", "two"], ["s"])]
+    return save_graph(helper.make_graph(nodes, "affine", [x, idx], [y, s], inits), path)
+
+
+def affine_reference(x: np.ndarray, idx: np.ndarray, scale: float = 1.0) -> dict[str, np.ndarray]:
+    return {"y": (x @ W + B) * np.float32(scale), "s": idx * 2}
+
+
+def double_onnx(path) -> str:
+    """y = 2 * x (FP32 [N,16] -> [N,16]): a single-input model for raw binary requests."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])
+    inits = [numpy_helper.from_array(np.array(2, np.float32), "two")]
+    return save_graph(helper.make_graph([helper.make_node("Mul", ["x", "two"], ["y"])], "double", [x], [y], inits),
+                      path)
+
+
+def scale_onnx(path, scale: float) -> str:
+    """y = x * scale (FP32 [N,4] -> [N,4]): the scale tells model versions apart in answers."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    inits = [numpy_helper.from_array(np.array(scale, np.float32), "scale")]
+    return save_graph(helper.make_graph([helper.make_node("Mul", ["x", "scale"], ["y"])], "scale", [x], [y], inits),
+                      path)
+
+
+# ImageNet's per-channel mean and std: the normalisation the image tests compile into conv models
+MEAN = np.array([123.675, 116.28, 103.53], np.float32)
+STD = np.array([58.395, 57.12, 57.375], np.float32)
+
+
+def conv_onnx(path, channels: int = 3, side: int = 16) -> str:
+    """x FP32 [N, C, side, side] -> Conv 3x3 (4 filters) -> y [N, 4, side, side]."""
+    vi = helper.make_tensor_value_info
+    w = np.random.default_rng(3).standard_normal((4, channels, 3, 3)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")], "conv",
+                              [vi("x", TensorProto.FLOAT, ["N", channels, side, side])],
+                              [vi("y", TensorProto.FLOAT, ["N", 4, side, side])], [numpy_helper.from_array(w, "w")])
+    return save_graph(graph, path)
+
+
+def compile_cpu_om(onnx_path, om_path, batch: str = "1,2,4,8", **options) -> str:
+    """`aclserve compile --target cpu` in process, quietly; returns the OM's path."""
+    return str(compile_model(onnx_path, om_path, batch=batch, target="cpu", log=lambda _: None, **options).path)
