@@ -1,0 +1,157 @@
+"""Server memory over many hot reloads under load: does RSS come back, or grow with each reload?
+
+Starts `aclserve serve` on a temporary models folder holding the medium CNN, keeps `--clients`
+closed-loop JSON clients running, and replaces the model file `--reloads` times, alternating two
+variants so every swap is a real reload. After each reload is serving (the server's
+aclserve_model_reloads counter moved) it reads the server's RSS. `--kind onnx` drops .onnx files
+instead, so every reload also goes through the compile cache.
+
+    pip install -e '.[tools]'            # builds out/models/medium.onnx on first use
+    python tools/reload_rss.py --reloads 100 --kind om
+    python tools/reload_rss.py --reloads 20 --kind onnx
+
+Prints the RSS after every reload and: after the first reload, the last, the highest, and the
+last minus the first of the same variant (the two differ in size).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import onnx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import TOOLS, ensure_example_models, free_port  # noqa: E402
+
+BODY = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3, 64, 64],
+                               "data": [0.5] * 12288}]}).encode()
+
+
+def variants(folder: str, kind: str) -> list[bytes]:
+    """Two versions of the medium CNN: compiled with gears up to 8 and up to 16 (.om), or the
+same graph under two producer names (.onnx; compiled by the server with its default gears)."""
+    from aclserve.om.compile import compile_model
+    source = ensure_example_models(os.path.join(os.path.dirname(TOOLS), "out", "models"))["medium"]
+    out = []
+    for i, gears in enumerate(("1,2,4,8", "1,2,4,8,16")):
+        if kind == "om":
+            path = os.path.join(folder, f"v{i}.om")
+            compile_model(source, path, batch=gears, target="cpu", log=lambda _: None)
+        else:  # the same graph under another producer name: another file, another cache entry
+            model = onnx.load(source)
+            model.producer_name = f"reload-rss-{i}"
+            path = os.path.join(folder, f"v{i}.onnx")
+            onnx.save(model, path)
+        with open(path, "rb") as f:
+            out.append(f.read())
+    return out
+
+
+class Server:
+    def __init__(self, models: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "aclserve", "serve", "--models", models, "--port", str(self.port),
+             "--grpc-port", "0", "--log-level", "warning"], stdout=subprocess.DEVNULL)
+
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            return int(f.read().split("VmRSS:")[1].split()[0]) / 1024
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/v2/models/medium/ready", timeout=5) as r:
+                return r.status == 200
+        except Exception:
+            return False
+
+    def reloads(self) -> float:
+        """The server's count of versions replaced while serving (/metrics)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith('aclserve_model_reloads_total{model="medium"}'):
+                    return float(line.split()[-1])
+        return 0.0
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def clients(url: str, count: int, stop: threading.Event, counts: dict) -> list[threading.Thread]:
+    def run():
+        while not stop.is_set():
+            req = urllib.request.Request(f"{url}/v2/models/medium/infer", data=BODY)
+            try:
+                urllib.request.urlopen(req, timeout=30).read()
+                counts["ok"] += 1
+            except Exception as e:  # a reload must fail no request: count and show what did
+                counts[type(e).__name__] = counts.get(type(e).__name__, 0) + 1
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reloads", type=int, default=100)
+    ap.add_argument("--kind", choices=("om", "onnx"), default="om")
+    ap.add_argument("--clients", type=int, default=4, help="closed-loop JSON clients during the run")
+    args = ap.parse_args()
+    folder = tempfile.mkdtemp(prefix="reload-rss-")
+    try:
+        files = variants(folder, args.kind)
+        models = os.path.join(folder, "models")
+        os.mkdir(models)
+        target = os.path.join(models, f"medium.{args.kind}")
+        with open(target, "wb") as f:
+            f.write(files[0])
+        server = Server(models)
+        stop, counts = threading.Event(), {"ok": 0}
+        try:
+            deadline = time.time() + 120
+            while not server.ready():
+                if time.time() > deadline or server.proc.poll() is not None:
+                    sys.exit("the server did not become ready")
+                time.sleep(0.2)
+            threads = clients(server.url, args.clients, stop, counts)
+            rss = [server.rss_mb()]
+            for i in range(1, args.reloads + 1):
+                part = target + ".part"
+                with open(part, "wb") as f:
+                    f.write(files[i % 2])
+                os.replace(part, target)
+                deadline = time.time() + 120
+                while server.reloads() < i:
+                    if time.time() > deadline:
+                        sys.exit(f"reload {i} did not come up")
+                    time.sleep(0.05)
+                time.sleep(0.5)  # a few batches on the new version
+                rss.append(server.rss_mb())
+            stop.set()
+            for t in threads:
+                t.join(60)
+        finally:
+            server.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    same = rss[-1] if args.reloads % 2 else rss[-2]  # the last reload to the first one's variant
+    print(f"{args.reloads} .{args.kind} reloads, {args.clients} clients: answers {counts}")
+    print("RSS MB after start and each reload:", " ".join(f"{r:.0f}" for r in rss))
+    print(f"after the first reload {rss[1]:.0f} MB, last {rss[-1]:.0f} MB, highest {max(rss):.0f} MB, "
+          f"last of the same variant minus the first {same - rss[1]:+.0f} MB")
+    return 0 if set(counts) == {"ok"} else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
