@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 import grpc
+from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from .grpc_service import InferenceServicer
@@ -21,6 +22,34 @@ MAX_MESSAGE = 2**31 - 1  # what protobuf can carry at all
 
 def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _MethodTable:
+    """Catches the method table the generated add_..._to_server registers."""
+
+    def __init__(self):
+        self.service, self.handlers = "", {}
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self.service, self.handlers = service, dict(handlers)
+
+
+def method_handlers(servicer: InferenceServicer) -> tuple[str, dict]:
+    """(service name, method table): the generated one, except that ModelInfer and
+    ModelStreamInfer receive raw bytes (charged before they are parsed: grpc_intake.py)."""
+    table = _MethodTable()
+    pbg.add_GRPCInferenceServiceServicer_to_server(servicer, table)
+    if "ModelInfer" not in table.handlers:
+        raise RuntimeError("tritonclient's generated gRPC service no longer registers its methods by name")
+    handlers = table.handlers
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        servicer.ModelInfer, response_serializer=pb.ModelInferResponse.SerializeToString)
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        servicer.ModelStreamInfer, response_serializer=pb.ModelStreamInferResponse.SerializeToString)
+    return table.service, handlers
 
 
 class GrpcServer:
@@ -35,7 +64,9 @@ class GrpcServer:
             ("grpc.max_send_message_length", MAX_MESSAGE),
             ("grpc.so_reuseport", 0),  # a second server on a taken port must fail, not share it
         ])
-        pbg.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(state), self._server)
+        service, handlers = method_handlers(InferenceServicer(state))
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+        self._server.add_registered_method_handlers(service, handlers)
         self._started = self._stopped = False
 
     async def start(self, host: str, port: int) -> int:
