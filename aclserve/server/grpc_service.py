@@ -35,8 +35,9 @@ from ..repository import ModelLoadFailed
 from ..trace import now_ns
 from . import views
 from .auth import Forbidden, Unauthorized
+from .body import BodyTimeout
 from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
-from .grpc_intake import GRPC_HINT, parse
+from .grpc_intake import GRPC_HINT, parse, receive
 from .grpc_wire import names
 from .http_errors import by_class, retry_after
 from .infer import counted_infer, run_decoded
@@ -48,8 +49,8 @@ log = logging.getLogger(__name__)
 STATUS_CODES: dict[type[ServeError], grpc.StatusCode] = {
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT, ModelLoadFailed: grpc.StatusCode.INVALID_ARGUMENT,
     Unauthorized: grpc.StatusCode.UNAUTHENTICATED, Forbidden: grpc.StatusCode.PERMISSION_DENIED,
-    NotFound: grpc.StatusCode.NOT_FOUND, PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Unavailable: grpc.StatusCode.UNAVAILABLE}
+    NotFound: grpc.StatusCode.NOT_FOUND, BodyTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
+    PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED, Unavailable: grpc.StatusCode.UNAVAILABLE}
 CONTENTS_OFFLOAD_ELEMENTS = 16 * 1024  # typed contents above this are decoded in a thread
 STREAM_WINDOW = 64  # requests of one stream in flight before the server stops reading it
 
@@ -172,10 +173,17 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
 
     # -- inference ------------------------------------------------------------------------------
     @rpc
-    async def ModelInfer(self, message, context):
-        """`message`: the request's raw bytes (grpc_server.method_handlers); its lease is held
-        to the end of the call."""
+    async def ModelInfer(self, request_iterator, context):
+        """Client-streaming on the server's side (grpc_server.method_handlers), a unary call on
+        the wire: reads its one message within body_timeout_s, then holds its lease to the end."""
         self._model_access(context)
+        config = self.state.config
+        try:
+            message = await receive(context, config.body_timeout_s)
+        except BodyTimeout:
+            # grpc core frees what the call received once it ends: then give it back to the system
+            context.add_done_callback(lambda _: self.state.trimmer.released(config.max_body_bytes))
+            raise
         with self.state.budget.lease(GRPC_HINT) as lease:
             return await self.infer(message, lease, self._request_id(context))
 

@@ -1,9 +1,13 @@
-"""The HTTP guards over gRPC: the memory budget, charged before a message is parsed. A real
-server on a real port, driven by grpc.aio channels."""
+"""The HTTP guards over gRPC: the memory budget (charged before a message is parsed), the call
+and connection caps, the message, handshake and idle timeouts, and shutdown past a stalled
+client. A real server on real ports, driven by grpc.aio channels and, for what no gRPC client
+sends (half a message, a silent connection), raw HTTP/2 frames on a socket."""
 from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
+import struct
 
 import grpc
 import numpy as np
@@ -40,6 +44,15 @@ def stubs(channel):
     infer = channel.unary_unary(INFER, pb.ModelInferRequest.SerializeToString, pb.ModelInferResponse.FromString)
     live = channel.unary_unary(LIVE, pb.ServerLiveRequest.SerializeToString, pb.ServerLiveResponse.FromString)
     return infer, live
+
+
+def stalled_infer(channel):
+    """A ModelInfer call whose client sends its headers and never its message (a client-streaming
+    call on the same method is the same on the wire as a unary one that stalls)."""
+    async def nothing():
+        await asyncio.Event().wait()
+        yield b""  # pragma: no cover
+    return channel.stream_unary(INFER, None, pb.ModelInferResponse.FromString)(nothing())
 
 
 # -- the wire scan (pure) --------------------------------------------------------------------------
@@ -83,15 +96,17 @@ def test_scan_refuses_what_is_not_protobuf_and_caps_its_walk():
 
 @pytest.fixture(scope="module")
 def guarded(models_dir, tmp_path_factory):
-    """4 MiB budget, 3 MiB per request; "slow" holds a partial batch (3 rows) until 8 rows are
-    queued, so a test decides when a charged request ends."""
+    """4 MiB budget, 3 MiB per request, 4 calls and 4 connections at once, half-second
+    timeouts; "slow" holds a partial batch (3 rows) until 8 rows are queued, so a test decides
+    when a charged request ends."""
     root = tmp_path_factory.mktemp("grpc_guards")
     for name in ("affine", "double"):
         shutil.copy(models_dir / f"{name}.om", root / f"{name}.om")
     shutil.copy(models_dir / "affine.om", root / "slow.om")
     (root / "slow.yaml").write_text("batching: {max_queue_delay_ms: 60000}\n")
     srv = ServerThread(server_config(root, grpc_port=free_port(), model_control_mode="none", max_body_bytes=4 * MiB,
-                                     max_request_bytes=3 * MiB, max_inflight_bytes=4 * MiB)).start()
+                                     max_request_bytes=3 * MiB, max_inflight_bytes=4 * MiB, max_connections=4,
+                                     body_timeout_s=0.5, header_timeout_s=0.5, keepalive_timeout_s=0.5)).start()
     srv.grpc_url = f"127.0.0.1:{srv.config.grpc_port}"
     yield srv
     srv.close()
@@ -180,3 +195,176 @@ def test_a_streamed_request_is_charged_alone_and_its_refusal_names_it(guarded):
     assert first.infer_response.id == "too-big" and "max_request_bytes" in first.error_message
     assert second.infer_response.id == "fine" and not second.error_message
     assert in_use(guarded) == 0
+
+
+def test_a_call_whose_message_does_not_come_is_ended(guarded):
+    async def scenario():
+        async with grpc.aio.insecure_channel(guarded.grpc_url) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await asyncio.wait_for(stalled_infer(channel), 30)  # a hang guard
+            return e.value
+    error = asyncio.run(scenario())
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "body_timeout_s" in error.details()
+
+
+def small_server(models_dir, root, **overrides) -> ServerThread:
+    shutil.copy(models_dir / "double.om", root / "double.om")
+    return ServerThread(server_config(root, grpc_port=free_port(), model_control_mode="none",
+                                      body_timeout_s=600, **overrides)).start()
+
+
+async def fill_call_slots(channel, live, slots: int):
+    """`slots` stalled calls holding every call slot of the server, and the refusal of a call
+    made then: (the stalled calls, the refusal). A stalled call that lost the race for a slot to
+    the probing call is replaced."""
+    async def fill():
+        calls = []
+        while True:
+            calls = [call for call in calls if not call.done()]
+            calls += [stalled_infer(channel) for _ in range(slots - len(calls))]
+            try:
+                await live(pb.ServerLiveRequest())
+            except grpc.aio.AioRpcError as e:
+                return calls, e
+            await asyncio.sleep(0.01)
+    return await asyncio.wait_for(fill(), 30)  # a hang guard, not a timing check
+
+
+def test_calls_beyond_the_limit_are_refused_and_the_server_serves_again(models_dir, tmp_path):
+    """max_connections 2: two calls stalled before their message take both call slots; the
+    next call is refused at once; when one of them goes, calls are served again."""
+    srv = small_server(models_dir, tmp_path, max_connections=2)
+    try:
+        async def scenario():
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.config.grpc_port}") as channel:
+                infer, live = stubs(channel)
+                await live(pb.ServerLiveRequest())
+                stalled, refusal = await fill_call_slots(channel, live, 2)
+                stalled[0].cancel()
+                while True:  # the slot is free once the server has seen the cancellation
+                    try:
+                        await live(pb.ServerLiveRequest())
+                        break
+                    except grpc.aio.AioRpcError:
+                        await asyncio.sleep(0.01)
+                request = pb.ModelInferRequest(model_name="double")
+                request.inputs.add(name="x", datatype="FP32", shape=[1, 16])
+                request.raw_input_contents.append(np.ones((1, 16), np.float32).tobytes())
+                served = await infer(request)
+                stalled[1].cancel()
+                return refusal, served
+        refusal, served = asyncio.run(scenario())
+    finally:
+        srv.close()
+    assert refusal.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "Concurrent RPC limit" in refusal.details()
+    assert np.frombuffer(served.raw_output_contents[0], np.float32).tolist() == [2.0] * 16
+    assert srv.error is None
+
+
+# -- raw HTTP/2: half a message, silent and idle connections --------------------------------------
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY = 0, 1, 3, 4, 6, 7
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+def call_headers(path: str, authority: str) -> bytes:
+    """A HEADERS frame opening stream 1 (HPACK literals without indexing, RFC 7541 6.2.2)."""
+    block = b"".join(b"\x00" + bytes([len(k)]) + k.encode() + bytes([len(v)]) + v.encode() for k, v in [
+        (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", authority),
+        ("content-type", "application/grpc"), ("te", "trailers")])
+    return frame(HEADERS, 0x4, 1, block)
+
+
+def frames_until_closed(sock: socket.socket, answer: bool = True, limit_s: float = 30.0) -> list[tuple[int, int, int]]:
+    """(type, flags, stream) of every frame the server sends until it closes the connection;
+    with `answer`, its SETTINGS and PINGs are acknowledged as a client does (the limit is a hang
+    guard)."""
+    sock.settimeout(limit_s)
+    data, found = b"", []
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+        while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
+            length, kind, flags = int.from_bytes(data[:3], "big"), data[3], data[4]
+            stream, payload = int.from_bytes(data[5:9], "big") & 0x7FFFFFFF, data[9:9 + length]
+            data = data[9 + length:]
+            found.append((kind, flags, stream))
+            if not answer:
+                continue
+            if kind == SETTINGS and not flags & 1:
+                sock.sendall(frame(SETTINGS, 1, 0))
+            elif kind == PING and not flags & 1:
+                sock.sendall(frame(PING, 1, 0, payload))
+    return found
+
+
+def raw_connection(srv) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", srv.config.grpc_port))
+
+
+def test_a_call_that_stops_half_way_through_its_message_is_ended(guarded):
+    with raw_connection(guarded) as sock:
+        half = b"\x00" + struct.pack(">I", 1000) + b"\x00" * 400  # 400 of the 1,000 bytes announced
+        sock.sendall(PREFACE + frame(SETTINGS, 0, 0) + call_headers(INFER, guarded.grpc_url) + frame(DATA, 0, 1, half))
+        frames = frames_until_closed(sock)  # the server ends the call, then the idle connection
+    ended = [(kind, flags) for kind, flags, stream in frames if stream == 1]
+    assert (HEADERS, 0x5) in ended or (HEADERS, 0x1) in ended or (RST_STREAM, 0) in ended, frames
+    assert (GOAWAY, 0, 0) in frames
+
+
+def test_silent_and_idle_connections_are_closed(guarded):
+    with raw_connection(guarded) as silent, raw_connection(guarded) as idle:
+        idle.sendall(PREFACE + frame(SETTINGS, 0, 0))  # says hello, then nothing
+        assert (GOAWAY, 0, 0) in frames_until_closed(silent, answer=False)  # no hello within header_timeout_s
+        assert (GOAWAY, 0, 0) in frames_until_closed(idle)  # no call within keepalive_timeout_s
+    assert metric(guarded.url, "aclserve_request_memory_bytes") == 0
+
+
+def test_connections_beyond_max_connections_are_closed_at_once(guarded):
+    socks = []
+    try:
+        while len(socks) <= 5:  # connections that said hello and got the server's settings
+            sock = raw_connection(guarded)
+            socks.append(sock)
+            sock.sendall(PREFACE + frame(SETTINGS, 0, 0))
+            sock.settimeout(30)
+            if not sock.recv(9):  # closed without a word: over the cap
+                break
+        assert len(socks) <= 5  # max_connections is 4; a client of an earlier test may still count
+    finally:
+        for sock in socks:
+            sock.close()
+    async def served():
+        async with grpc.aio.insecure_channel(guarded.grpc_url) as channel:
+            return await stubs(channel)[0](affine(1))
+    assert len(asyncio.run(served()).raw_output_contents) == 2
+
+
+# -- shutdown --------------------------------------------------------------------------------------
+
+def test_shutdown_does_not_wait_for_a_stalled_call(models_dir, tmp_path):
+    """max_connections 1: the stalled call holds the only call slot (which tells the test it is
+    in); its message timeout (10 min) is far off; shutdown ends it after shutdown_timeout_s."""
+    srv = small_server(models_dir, tmp_path, max_connections=1, shutdown_timeout_s=0.5)
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.config.grpc_port}") as channel:
+            _, live = stubs(channel)
+            await live(pb.ServerLiveRequest())
+            (call,), _ = await fill_call_slots(channel, live, 1)
+            await asyncio.get_running_loop().run_in_executor(None, srv.close)
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call
+            return e.value
+    error = asyncio.run(scenario())
+    assert error.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE), error
+    assert srv.error is None and not srv._thread.is_alive()
