@@ -5,7 +5,8 @@ read, its decompressed bytes as they are inflated, and an estimate of its decode
 before decoding (see `json_tensor_estimate`). A charge that would take the total over
 `max_inflight_bytes` fails with 503 + Retry-After (others hold the memory: come back soon);
 one that would take this request alone over `max_request_bytes` fails with 413 (it can never
-fit). Event-loop thread only: no locks.
+fit). Both transports charge the same budget (gRPC: grpc_intake.py), each lease with the advice
+its transport gives a request that is too large. Event-loop thread only: no locks.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..errors import PayloadTooLarge, Unavailable
 # the model dtype's array element: measured 52 bytes per number; the worst value of all
 # (nested empty lists) takes 64, which is what is charged.
 JSON_BYTES_PER_VALUE = 64
+HTTP_HINT = "send tensors with the binary tensor extension or in smaller requests"
 
 
 class MemoryExhausted(Unavailable):
@@ -30,16 +32,16 @@ class MemoryBudget:
         self.refused = {413: 0, 503: 0}
         self._on_release = on_release  # called with the bytes a finished request held
 
-    def lease(self) -> "Lease":
-        return Lease(self)
+    def lease(self, hint: str = HTTP_HINT) -> "Lease":
+        """A new request's lease; `hint` ends the message of its 413 (how to need less)."""
+        return Lease(self, hint)
 
     def _take(self, lease: "Lease", nbytes: int, what: str) -> None:
         total = lease.held + nbytes
         if total > self.per_request:
             self.refused[413] += 1
             raise PayloadTooLarge(f"request needs about {_mb(total)} of server memory ({what}), over the "
-                                  f"per-request limit of {_mb(self.per_request)} (max_request_bytes); "
-                                  f"send tensors with the binary tensor extension or in smaller requests")
+                                  f"per-request limit of {_mb(self.per_request)} (max_request_bytes); {lease.hint}")
         if self.used + nbytes > self.limit:
             self.refused[503] += 1
             raise MemoryExhausted(f"server is busy: requests in flight hold {_mb(self.used)} of its "
@@ -53,11 +55,12 @@ class MemoryBudget:
 class Lease:
     """One request's charge; `release()` gives it all back (idempotent). Use as a context manager."""
 
-    __slots__ = ("budget", "held")
+    __slots__ = ("budget", "held", "hint")
 
-    def __init__(self, budget: MemoryBudget):
+    def __init__(self, budget: MemoryBudget, hint: str = HTTP_HINT):
         self.budget = budget
         self.held = 0
+        self.hint = hint
 
     def take(self, nbytes: int, what: str) -> None:
         """Charge `nbytes` more, or raise PayloadTooLarge (413) / MemoryExhausted (503)."""

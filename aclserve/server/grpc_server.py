@@ -2,25 +2,98 @@
 loop), serving InferenceServicer over the app's ServerState.
 
 Owned by server.app.serve(): started after the HTTP site (models are loaded by then), stopped
-before the HTTP runner is cleaned up. Messages may be as large as the HTTP body limit
-(`max_body_bytes`; gRPC's own default is 4 MiB); responses are not limited, as over HTTP.
+before the HTTP runner is cleaned up; stop(grace) cancels what is left after `grace`, stalled
+clients included. Messages may be as large as the HTTP body limit (`max_body_bytes`; gRPC's own
+default is 4 MiB); responses are not limited, as over HTTP.
+
+The HTTP limits, as grpc core spells them (server_options): at most `max_connections` calls at
+once (maximum_concurrent_rpcs: HTTP runs at most one request per connection, so both transports
+admit as many requests; the next call is answered RESOURCE_EXHAUSTED "Concurrent RPC limit
+exceeded!" by grpc itself) and at most `max_connections` connections (more are closed as they
+are accepted; the descriptor limit is raised to fit both transports), CALLS_PER_CONNECTION
+calls per connection, a connection that has not said hello within `header_timeout_s` closed,
+and one without calls closed after `keepalive_timeout_s`. A connection with calls open that
+stops answering pings is closed after PING_AFTER_S + PING_TIMEOUT_S; a call whose message
+stops half-way ends after `body_timeout_s` (grpc_intake.receive).
 """
 from __future__ import annotations
 
 import logging
 
 import grpc
+from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
+from .connections import fit_descriptor_limit
 from .grpc_service import InferenceServicer
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 2**31 - 1  # what protobuf can carry at all
+CALLS_PER_CONNECTION = 100  # HTTP/2's advised minimum; one client cannot take every call slot
+PING_AFTER_S = 60  # a connection with calls open and nothing received this long is pinged,
+PING_TIMEOUT_S = 20  # and closed when the ping is not answered in this (a dead or stalled peer)
 
 
 def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def server_options(config, max_message_bytes: int, connections: int) -> list[tuple[str, int]]:
+    def ms(seconds: float) -> int:
+        return max(1, int(seconds * 1000))
+    return [
+        ("grpc.max_receive_message_length", min(max_message_bytes, MAX_MESSAGE)),
+        ("grpc.max_send_message_length", MAX_MESSAGE),
+        ("grpc.so_reuseport", 0),  # a second server on a taken port must fail, not share it
+        ("grpc.max_allowed_incoming_connections", connections),
+        ("grpc.max_concurrent_streams", CALLS_PER_CONNECTION),
+        ("grpc.server_handshake_timeout_ms", ms(config.header_timeout_s)),
+        ("grpc.max_connection_idle_ms", ms(config.keepalive_timeout_s)),
+        ("grpc.keepalive_time_ms", ms(PING_AFTER_S)),
+        ("grpc.keepalive_timeout_ms", ms(PING_TIMEOUT_S)),
+    ]
+
+
+def fit_connections(wanted: int, http_connections: int) -> int:
+    """gRPC's connections come on top of HTTP's: raise the descriptor limit to fit both, or
+    lower gRPC's cap to what fits (warned)."""
+    fitted = fit_descriptor_limit(http_connections + wanted) - http_connections
+    if fitted < wanted:
+        fitted = max(1, fitted)
+        log.warning("gRPC connections capped at %d (max_connections is %d) to fit the descriptor limit",
+                    fitted, wanted)
+    return min(wanted, fitted)
+
+
+class _MethodTable:
+    """Catches the method table the generated add_..._to_server registers."""
+
+    def __init__(self):
+        self.service, self.handlers = "", {}
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self.service, self.handlers = service, dict(handlers)
+
+
+def method_handlers(servicer: InferenceServicer) -> tuple[str, dict]:
+    """(service name, method table): the generated one, except that ModelInfer and
+    ModelStreamInfer receive raw bytes (charged before they are parsed: grpc_intake.py) and
+    ModelInfer is client-streaming on this side, a unary call on the wire, so that its handler
+    reads the message itself, within body_timeout_s."""
+    table = _MethodTable()
+    pbg.add_GRPCInferenceServiceServicer_to_server(servicer, table)
+    if "ModelInfer" not in table.handlers:
+        raise RuntimeError("tritonclient's generated gRPC service no longer registers its methods by name")
+    handlers = table.handlers
+    handlers["ModelInfer"] = grpc.stream_unary_rpc_method_handler(
+        servicer.ModelInfer, response_serializer=pb.ModelInferResponse.SerializeToString)
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        servicer.ModelStreamInfer, response_serializer=pb.ModelStreamInferResponse.SerializeToString)
+    return table.service, handlers
 
 
 class GrpcServer:
@@ -30,12 +103,13 @@ class GrpcServer:
     def __init__(self, state, max_message_bytes: int):
         self.state = state
         self.port: int | None = None
-        self._server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", min(max_message_bytes, MAX_MESSAGE)),
-            ("grpc.max_send_message_length", MAX_MESSAGE),
-            ("grpc.so_reuseport", 0),  # a second server on a taken port must fail, not share it
-        ])
-        pbg.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(state), self._server)
+        config = state.config
+        self.max_connections = fit_connections(config.max_connections, state.connections.max_connections)
+        self._server = grpc.aio.server(options=server_options(config, max_message_bytes, self.max_connections),
+                                       maximum_concurrent_rpcs=config.max_connections)
+        service, handlers = method_handlers(InferenceServicer(state))
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+        self._server.add_registered_method_handlers(service, handlers)
         self._started = self._stopped = False
 
     async def start(self, host: str, port: int) -> int:

@@ -21,7 +21,7 @@ C = grpc.StatusCode
     (Unauthorized, 401, C.UNAUTHENTICATED),
     (Forbidden, 403, C.PERMISSION_DENIED),
     (errors.NotFound, 404, C.NOT_FOUND),
-    (BodyTimeout, 408, C.INTERNAL),
+    (BodyTimeout, 408, C.DEADLINE_EXCEEDED),  # the gRPC request message stalled too
     (errors.PayloadTooLarge, 413, C.RESOURCE_EXHAUSTED),
     (UnsupportedEncoding, 415, C.INTERNAL),
     (errors.ExecutionFailed, 500, C.INTERNAL),

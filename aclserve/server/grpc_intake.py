@@ -1,0 +1,57 @@
+"""A ModelInfer message from the wire to a parsed request: received within the body timeout,
+charged to the server's memory budget before protobuf parses it.
+
+The gRPC counterpart of body.py. ModelInfer and ModelStreamInfer take raw bytes (see
+grpc_server.method_handlers), so nothing is parsed before it is charged: first the message as
+received, then what parsing and decoding it will hold at most (grpc_wire.scan), on the same
+MemoryBudget as HTTP requests (413 / RESOURCE_EXHAUSTED when the request alone is over
+`max_request_bytes`, 503 / UNAVAILABLE while other requests hold the budget). The caller owns
+the lease and releases it when the RPC (or the streamed request) ends, however it ends.
+
+What the budget cannot see: gRPC does not announce a message's size before the message, so
+grpc core holds it while it arrives (at most `max_body_bytes`, the server's
+max_receive_message_length, per call receiving) and the charge comes when it is complete.
+ModelInfer is registered client-streaming, the same as a unary call on the wire but with the
+handler running from the call's headers on, so it reads its one message itself and a client
+that stops sending gets DEADLINE_EXCEEDED after `body_timeout_s` (408 over HTTP) instead of
+holding its call, and what it sent, until shutdown.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2 as pb
+
+from ..errors import InvalidInput
+from .body import BodyTimeout, timeout_at
+from .budget import Lease
+from .grpc_wire import scan
+
+GRPC_HINT = "send tensors in raw_input_contents rather than typed contents, or in smaller requests"
+
+
+async def receive(context, timeout_s: float) -> bytes:
+    """The call's request message, which must arrive within `timeout_s`. Cancelled with the call."""
+    try:
+        async with timeout_at(asyncio.get_running_loop().time() + timeout_s):
+            message = await context.read()
+    except asyncio.TimeoutError:
+        raise BodyTimeout(f"request message not received within {timeout_s:g} s (body_timeout_s)") from None
+    if message is grpc.aio.EOF:
+        raise InvalidInput("the call ended without a request message")
+    return message
+
+
+def parse(message: bytes, lease: Lease) -> tuple[pb.ModelInferRequest, list[memoryview] | None]:
+    """Charge `message` and what parsing and decoding it will hold to `lease`, then parse it:
+    (the request, its raw_input_contents as views of `message`, or None: see grpc_wire.Layout)."""
+    layout = scan(message)  # InvalidInput when it is no protobuf message at all
+    lease.take(len(message), "its message")
+    lease.take(layout.cost, "parsing and decoding its message")
+    try:
+        request = pb.ModelInferRequest.FromString(message)
+    except DecodeError as e:
+        raise InvalidInput(f"request message is not a valid ModelInferRequest: {e}") from None
+    return request, layout.raw_contents

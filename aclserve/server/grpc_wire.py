@@ -1,0 +1,171 @@
+"""What parsing a ModelInferRequest will cost, read from its wire bytes before protobuf parses them.
+
+Parsing is where a gRPC request can take far more memory than it was sent. upb (protobuf 6)
+keeps strings and bytes as views of the message, which costs nothing, but gives every repeated
+entry an object of its own and every packed varint an 8-byte slot: 8 MiB of empty `inputs`
+entries took 353 MiB once parsed (44x), 8 MiB of 1-byte shape values 120 MiB (15x); decoding
+typed contents adds an array per input. `scan()` walks the fields (tags and lengths only: tensor
+bytes are skipped, never read) and returns an upper bound of what parsing and decoding will
+hold beyond the message itself, so the request is charged for it before it is parsed
+(grpc_intake.py), as a JSON body is charged before orjson builds its objects.
+
+It also returns the raw_input_contents entries as views of the message: tensors decoded from
+them copy nothing, where the parsed message hands out a new bytes object (a copy) per entry.
+
+Pure functions over bytes (no grpc, no protobuf); field numbers are grpc_service.proto's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidInput
+
+# Bytes charged, set from the measurements above with headroom:
+ENTRY_BYTES = 128  # per field walked: its parsed object or slot, and a decoded element
+WORST_PER_BYTE = 64  # per byte of a part not walked (parameters, outputs, unknown fields); worst seen 44
+VARINT_PER_BYTE = 32  # packed varints: up to one element per byte, parsed (16) then decoded (16)
+FIXED_PER_BYTE = 3  # packed floats: parsed, decoded (np.fromiter), maybe cast
+MAX_FIELDS = 10_000  # fields walked at most; past it the whole message is charged WORST_PER_BYTE
+
+# ModelInferRequest: 1 model_name, 2 model_version, 3 id, 4 parameters, 5 inputs, 6 outputs,
+# 7 raw_input_contents. InferInputTensor: 1 name, 2 datatype, 3 shape, 4 parameters, 5 contents.
+# InferTensorContents: 1-5 bool/int/int64/uint/uint64 (varints), 6-7 fp32/fp64, 8 bytes.
+_NAMES, _INPUTS, _RAW = (1, 2, 3), 5, 7
+_INPUT_ALIASED, _INPUT_SHAPE, _INPUT_CONTENTS = (1, 2), 3, 5
+_VARINTS, _FIXED, _BYTES = (1, 2, 3, 4, 5), (6, 7), 8
+_LEN = 2  # wire type of length-delimited fields
+
+
+@dataclass(frozen=True)
+class Layout:
+    """`cost`: bytes parsing and decoding may hold beyond the message. `raw_contents`: the
+    raw_input_contents entries, in order, as views of the message (None when the message has
+    more than MAX_FIELDS fields: it is charged the worst case and decoded the ordinary way)."""
+
+    cost: int
+    raw_contents: list[memoryview] | None
+
+
+class _TooManyFields(Exception):
+    pass
+
+
+def scan(message: bytes) -> Layout:
+    """InvalidInput when `message` is not protobuf wire data (truncated, bad wire type)."""
+    walker = _Walker(memoryview(message))
+    try:
+        cost, raw = walker.request()
+    except _TooManyFields:
+        return Layout(WORST_PER_BYTE * len(message), None)
+    return Layout(cost, raw)
+
+
+def names(message: bytes) -> tuple[str, str, str]:
+    """(model_name, model_version, id) as far as they can be read: a refused request's stream
+    error names its request with them. Empty strings where the message does not say."""
+    found = {}
+    buf = memoryview(message)
+    try:
+        for number, wire, start, stop in _Walker(buf).fields(0, len(buf)):
+            if number in _NAMES and wire == _LEN:
+                found[number] = bytes(buf[start:stop]).decode("utf-8", "replace")
+    except (InvalidInput, _TooManyFields):
+        pass
+    return found.get(1, ""), found.get(2, ""), found.get(3, "")
+
+
+class _Walker:
+    __slots__ = ("buf", "walked")
+
+    def __init__(self, buf: memoryview):
+        self.buf = buf
+        self.walked = 0
+
+    def request(self) -> tuple[int, list[memoryview]]:
+        cost, raw = 0, []
+        for number, wire, start, stop in self.fields(0, len(self.buf)):
+            cost += ENTRY_BYTES
+            if wire != _LEN or number in _NAMES:
+                continue
+            if number == _RAW:
+                raw.append(self.buf[start:stop])
+            elif number == _INPUTS:
+                cost += self._input(start, stop)
+            else:
+                cost += WORST_PER_BYTE * (stop - start)
+        return cost, raw
+
+    def _input(self, pos: int, end: int) -> int:
+        cost = 0
+        for number, wire, start, stop in self.fields(pos, end):
+            cost += ENTRY_BYTES
+            if wire != _LEN or number in _INPUT_ALIASED:
+                continue
+            if number == _INPUT_SHAPE:
+                cost += VARINT_PER_BYTE * (stop - start)
+            elif number == _INPUT_CONTENTS:
+                cost += self._contents(start, stop)
+            else:
+                cost += WORST_PER_BYTE * (stop - start)
+        return cost
+
+    def _contents(self, pos: int, end: int) -> int:
+        cost = 0
+        for number, wire, start, stop in self.fields(pos, end):
+            cost += ENTRY_BYTES
+            if wire != _LEN:
+                continue
+            size = stop - start
+            if number in _VARINTS:
+                cost += VARINT_PER_BYTE * size
+            elif number in _FIXED:
+                cost += FIXED_PER_BYTE * size
+            elif number == _BYTES:
+                cost += size  # decoding makes each element a bytes object of its own
+            else:
+                cost += WORST_PER_BYTE * size
+        return cost
+
+    def fields(self, pos: int, end: int):
+        """(number, wire type, start, stop) of each field in buf[pos:end]; for a length-delimited
+        field start:stop is its payload."""
+        buf = self.buf
+        while pos < end:
+            self.walked += 1
+            if self.walked > MAX_FIELDS:
+                raise _TooManyFields
+            key, pos = _varint(buf, pos, end)
+            number, wire = key >> 3, key & 7
+            start = pos
+            if wire == 0:
+                _, pos = _varint(buf, pos, end)
+            elif wire == _LEN:
+                length, start = _varint(buf, pos, end)
+                pos = start + length
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            else:  # groups (3, 4) are in no field of these messages; 6 and 7 do not exist
+                raise _malformed(f"field {number} has wire type {wire}")
+            if pos > end:
+                raise _malformed(f"field {number} runs past the end of its message")
+            if number == 0:
+                raise _malformed("field number 0")
+            yield number, wire, start, pos
+
+
+def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while pos < end and shift < 64:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+    raise _malformed("a varint is truncated or longer than 10 bytes")
+
+
+def _malformed(detail: str) -> InvalidInput:
+    return InvalidInput(f"request message is not a valid ModelInferRequest: {detail}")

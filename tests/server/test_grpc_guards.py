@@ -1,0 +1,370 @@
+"""The HTTP guards over gRPC: the memory budget (charged before a message is parsed), the call
+and connection caps, the message, handshake and idle timeouts, and shutdown past a stalled
+client. A real server on real ports, driven by grpc.aio channels and, for what no gRPC client
+sends (half a message, a silent connection), raw HTTP/2 frames on a socket."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import struct
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from aclserve.errors import InvalidInput
+from aclserve.server import grpc_wire
+from aclserve.server.grpc_wire import MAX_FIELDS, WORST_PER_BYTE, names, scan
+
+from .conftest import ServerThread, free_port, server_config
+from .hostile import metric, wait_for
+
+MiB = 1 << 20
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+LIVE = "/inference.GRPCInferenceService/ServerLive"
+
+
+def affine(rows: int, model="affine", request_id="", typed=False) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=model, id=request_id)
+    x = request.inputs.add(name="x", datatype="FP32", shape=[rows, 8])
+    idx = request.inputs.add(name="idx", datatype="INT64", shape=[rows, 3])
+    if typed:
+        x.contents.fp32_contents.extend([1.0] * rows * 8)
+        idx.contents.int64_contents.extend([1] * rows * 3)
+    else:
+        request.raw_input_contents.extend([np.ones((rows, 8), np.float32).tobytes(),
+                                           np.ones((rows, 3), np.int64).tobytes()])
+    return request
+
+
+def stubs(channel):
+    infer = channel.unary_unary(INFER, pb.ModelInferRequest.SerializeToString, pb.ModelInferResponse.FromString)
+    live = channel.unary_unary(LIVE, pb.ServerLiveRequest.SerializeToString, pb.ServerLiveResponse.FromString)
+    return infer, live
+
+
+def stalled_infer(channel):
+    """A ModelInfer call whose client sends its headers and never its message (a client-streaming
+    call on the same method is the same on the wire as a unary one that stalls)."""
+    async def nothing():
+        await asyncio.Event().wait()
+        yield b""  # pragma: no cover
+    return channel.stream_unary(INFER, None, pb.ModelInferResponse.FromString)(nothing())
+
+
+# -- the wire scan (pure) --------------------------------------------------------------------------
+
+def test_scan_views_raw_contents_and_bounds_parsing():
+    request = affine(2, request_id="r1")
+    request.outputs.add(name="y")
+    message = request.SerializeToString()
+    layout = scan(message)
+    assert [bytes(v) for v in layout.raw_contents] == list(request.raw_input_contents)
+    assert all(v.obj is message for v in layout.raw_contents)  # views of the message, no copies
+    assert layout.cost < 4096  # a raw request costs little more than itself to parse
+    assert names(message) == ("affine", "", "r1")
+    typed = affine(2, typed=True).SerializeToString()
+    assert scan(typed).raw_contents == [] and scan(typed).cost > 32 * 6  # varints: 32 per byte
+
+
+@pytest.mark.parametrize("shape", [b"\x2a\x00", b"\x32\x00", b"\x3a\x00", b"\x22\x00"],
+                         ids=["empty inputs", "empty outputs", "empty raw entries", "empty parameters"])
+def test_scan_charges_messages_of_tiny_entries_more_than_parsing_takes(shape):
+    """upb takes up to 44x such a message's size to parse it (measured: 8 MiB of empty inputs
+    entries, 353 MiB): the scan's bound must be above that."""
+    message = shape * 50_000  # 100 KB, over MAX_FIELDS entries
+    assert scan(message).cost >= 44 * len(message)
+    small = shape * 100
+    assert scan(small).cost >= 44 * len(small)
+
+
+def test_scan_refuses_what_is_not_protobuf_and_caps_its_walk():
+    for bad in (b"\x0a\x05ab", b"\x0b", b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\x00\x00"):
+        with pytest.raises(InvalidInput, match="not a valid ModelInferRequest"):
+            scan(bad)
+    assert names(b"\x0a\x05ab") == ("", "", "")
+    many = b"\x0a\x01m" + b"\x1a\x00" * (MAX_FIELDS + 1)  # one name, then ids: too many fields to walk
+    layout = scan(many)
+    assert layout.raw_contents is None and layout.cost == WORST_PER_BYTE * len(many)
+    assert grpc_wire.names(many)[0] == "m"
+
+
+# -- a server with a small budget ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def guarded(models_dir, tmp_path_factory):
+    """4 MiB budget, 3 MiB per request, 4 calls and 4 connections at once, half-second
+    timeouts; "slow" holds a partial batch (3 rows) until 8 rows are queued, so a test decides
+    when a charged request ends."""
+    root = tmp_path_factory.mktemp("grpc_guards")
+    for name in ("affine", "double"):
+        shutil.copy(models_dir / f"{name}.om", root / f"{name}.om")
+    shutil.copy(models_dir / "affine.om", root / "slow.om")
+    (root / "slow.yaml").write_text("batching: {max_queue_delay_ms: 60000}\n")
+    srv = ServerThread(server_config(root, grpc_port=free_port(), model_control_mode="none", max_body_bytes=4 * MiB,
+                                     max_request_bytes=3 * MiB, max_inflight_bytes=4 * MiB, max_connections=4,
+                                     body_timeout_s=0.5, header_timeout_s=0.5, keepalive_timeout_s=0.5)).start()
+    srv.grpc_url = f"127.0.0.1:{srv.config.grpc_port}"
+    yield srv
+    srv.close()
+    if srv.error is not None:
+        raise srv.error
+
+
+def in_use(srv) -> float:
+    return metric(srv.url, "aclserve_request_memory_bytes")
+
+
+def refused(srv, status: int) -> float:
+    return metric(srv.url, "aclserve_request_memory_refused_total", f'status="{status}"')
+
+
+def test_a_request_over_max_request_bytes_alone_is_resource_exhausted(guarded):
+    big = affine(1)
+    big.raw_input_contents[0] = bytes(3 * MiB + 1)  # wrong for the shape: refused before that is looked at
+    varints = affine(1, typed=True)
+    varints.inputs[1].contents.int64_contents.extend([1] * 200_000)  # 200 KB that parse to 16x as much
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(guarded.grpc_url) as channel:
+            infer, _ = stubs(channel)
+            errors = []
+            for request in (big, varints):
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await infer(request)
+                errors.append(e.value)
+            return errors, await infer(affine(2))
+    before = refused(guarded, 413)
+    errors, served = asyncio.run(scenario())
+    assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_request_bytes" in e.details()
+               and "raw_input_contents" in e.details() for e in errors), [e.details() for e in errors]
+    assert "its message" in errors[0].details() and "parsing and decoding" in errors[1].details()
+    assert np.frombuffer(served.raw_output_contents[1], np.int64).tolist() == [2] * 6  # others are served
+    assert refused(guarded, 413) == before + 2 and in_use(guarded) == 0
+
+
+def test_requests_over_the_budget_in_use_are_unavailable_and_it_comes_back_to_zero(guarded):
+    """A 2.5 MiB request waits in "slow"'s queue holding its lease: 2 MiB requests do not fit
+    what is left (UNAVAILABLE with a retry pushback, refused before parsing), a small one does;
+    once the held request is answered the budget is back to 0."""
+    held = affine(3, model="slow", request_id="h" * (5 * MiB // 2))  # the id makes it big, not its tensors
+    large = affine(1, request_id="l" * (2 * MiB))
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(guarded.grpc_url) as channel:
+            infer, _ = stubs(channel)
+            waiting = asyncio.ensure_future(infer(held))
+            await wait_for(lambda: in_use(guarded) >= 5 * MiB // 2)
+            outcomes = await asyncio.gather(*[infer(large) for _ in range(2)], return_exceptions=True)
+            small = await infer(affine(1))
+            fill = await infer(affine(5, model="slow"))  # 8 rows: the held batch runs
+            answered = await waiting
+            await wait_for(lambda: in_use(guarded) == 0)
+            return outcomes, small, fill, answered
+    before = refused(guarded, 503)
+    outcomes, small, fill, answered = asyncio.run(scenario())
+    for e in outcomes:
+        assert isinstance(e, grpc.aio.AioRpcError) and e.code() == grpc.StatusCode.UNAVAILABLE, e
+        assert "max_inflight_bytes" in e.details()
+        assert dict(e.trailing_metadata())["grpc-retry-pushback-ms"] == "1000"
+    assert len(small.raw_output_contents) == 2 and len(fill.raw_output_contents) == 2
+    assert answered.id == held.id
+    assert refused(guarded, 503) == before + 2
+    assert metric(guarded.url, "aclserve_request_memory_peak_bytes") <= 4 * MiB
+
+
+def test_a_streamed_request_is_charged_alone_and_its_refusal_names_it(guarded):
+    big = affine(1, request_id="too-big")
+    big.raw_input_contents[0] = bytes(3 * MiB + 1)
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(guarded.grpc_url) as channel:
+            stream = channel.stream_stream(STREAM, pb.ModelInferRequest.SerializeToString,
+                                           pb.ModelStreamInferResponse.FromString)
+            call = stream()
+            await call.write(big)
+            first = await call.read()
+            await call.write(affine(2, request_id="fine"))
+            second = await call.read()
+            await call.done_writing()
+            return first, second
+    first, second = asyncio.run(scenario())
+    assert first.infer_response.id == "too-big" and "max_request_bytes" in first.error_message
+    assert second.infer_response.id == "fine" and not second.error_message
+    assert in_use(guarded) == 0
+
+
+def test_a_call_whose_message_does_not_come_is_ended(guarded):
+    async def scenario():
+        async with grpc.aio.insecure_channel(guarded.grpc_url) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await asyncio.wait_for(stalled_infer(channel), 30)  # a hang guard
+            return e.value
+    error = asyncio.run(scenario())
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "body_timeout_s" in error.details()
+
+
+def small_server(models_dir, root, **overrides) -> ServerThread:
+    shutil.copy(models_dir / "double.om", root / "double.om")
+    return ServerThread(server_config(root, grpc_port=free_port(), model_control_mode="none",
+                                      body_timeout_s=600, **overrides)).start()
+
+
+async def fill_call_slots(channel, live, slots: int):
+    """`slots` stalled calls holding every call slot of the server, and the refusal of a call
+    made then: (the stalled calls, the refusal). A stalled call that lost the race for a slot to
+    the probing call is replaced."""
+    async def fill():
+        calls = []
+        while True:
+            calls = [call for call in calls if not call.done()]
+            calls += [stalled_infer(channel) for _ in range(slots - len(calls))]
+            try:
+                await live(pb.ServerLiveRequest())
+            except grpc.aio.AioRpcError as e:
+                return calls, e
+            await asyncio.sleep(0.01)
+    return await asyncio.wait_for(fill(), 30)  # a hang guard, not a timing check
+
+
+def test_calls_beyond_the_limit_are_refused_and_the_server_serves_again(models_dir, tmp_path):
+    """max_connections 2: two calls stalled before their message take both call slots; the
+    next call is refused at once; when one of them goes, calls are served again."""
+    srv = small_server(models_dir, tmp_path, max_connections=2)
+    try:
+        async def scenario():
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.config.grpc_port}") as channel:
+                infer, live = stubs(channel)
+                await live(pb.ServerLiveRequest())
+                stalled, refusal = await fill_call_slots(channel, live, 2)
+                stalled[0].cancel()
+                while True:  # the slot is free once the server has seen the cancellation
+                    try:
+                        await live(pb.ServerLiveRequest())
+                        break
+                    except grpc.aio.AioRpcError:
+                        await asyncio.sleep(0.01)
+                request = pb.ModelInferRequest(model_name="double")
+                request.inputs.add(name="x", datatype="FP32", shape=[1, 16])
+                request.raw_input_contents.append(np.ones((1, 16), np.float32).tobytes())
+                served = await infer(request)
+                stalled[1].cancel()
+                return refusal, served
+        refusal, served = asyncio.run(scenario())
+    finally:
+        srv.close()
+    assert refusal.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "Concurrent RPC limit" in refusal.details()
+    assert np.frombuffer(served.raw_output_contents[0], np.float32).tolist() == [2.0] * 16
+    assert srv.error is None
+
+
+# -- raw HTTP/2: half a message, silent and idle connections --------------------------------------
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY = 0, 1, 3, 4, 6, 7
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+def call_headers(path: str, authority: str) -> bytes:
+    """A HEADERS frame opening stream 1 (HPACK literals without indexing, RFC 7541 6.2.2)."""
+    block = b"".join(b"\x00" + bytes([len(k)]) + k.encode() + bytes([len(v)]) + v.encode() for k, v in [
+        (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", authority),
+        ("content-type", "application/grpc"), ("te", "trailers")])
+    return frame(HEADERS, 0x4, 1, block)
+
+
+def frames_until_closed(sock: socket.socket, answer: bool = True, limit_s: float = 30.0) -> list[tuple[int, int, int]]:
+    """(type, flags, stream) of every frame the server sends until it closes the connection;
+    with `answer`, its SETTINGS and PINGs are acknowledged as a client does (the limit is a hang
+    guard)."""
+    sock.settimeout(limit_s)
+    data, found = b"", []
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+        while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
+            length, kind, flags = int.from_bytes(data[:3], "big"), data[3], data[4]
+            stream, payload = int.from_bytes(data[5:9], "big") & 0x7FFFFFFF, data[9:9 + length]
+            data = data[9 + length:]
+            found.append((kind, flags, stream))
+            if not answer:
+                continue
+            if kind == SETTINGS and not flags & 1:
+                sock.sendall(frame(SETTINGS, 1, 0))
+            elif kind == PING and not flags & 1:
+                sock.sendall(frame(PING, 1, 0, payload))
+    return found
+
+
+def raw_connection(srv) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", srv.config.grpc_port))
+
+
+def test_a_call_that_stops_half_way_through_its_message_is_ended(guarded):
+    with raw_connection(guarded) as sock:
+        half = b"\x00" + struct.pack(">I", 1000) + b"\x00" * 400  # 400 of the 1,000 bytes announced
+        sock.sendall(PREFACE + frame(SETTINGS, 0, 0) + call_headers(INFER, guarded.grpc_url) + frame(DATA, 0, 1, half))
+        frames = frames_until_closed(sock)  # the server ends the call, then the idle connection
+    ended = [(kind, flags) for kind, flags, stream in frames if stream == 1]
+    assert (HEADERS, 0x5) in ended or (HEADERS, 0x1) in ended or (RST_STREAM, 0) in ended, frames
+    assert (GOAWAY, 0, 0) in frames
+
+
+def test_silent_and_idle_connections_are_closed(guarded):
+    with raw_connection(guarded) as silent, raw_connection(guarded) as idle:
+        idle.sendall(PREFACE + frame(SETTINGS, 0, 0))  # says hello, then nothing
+        assert (GOAWAY, 0, 0) in frames_until_closed(silent, answer=False)  # no hello within header_timeout_s
+        assert (GOAWAY, 0, 0) in frames_until_closed(idle)  # no call within keepalive_timeout_s
+    assert metric(guarded.url, "aclserve_request_memory_bytes") == 0
+
+
+def test_connections_beyond_max_connections_are_closed_at_once(guarded):
+    socks = []
+    try:
+        while len(socks) <= 5:  # connections that said hello and got the server's settings
+            sock = raw_connection(guarded)
+            socks.append(sock)
+            sock.sendall(PREFACE + frame(SETTINGS, 0, 0))
+            sock.settimeout(30)
+            if not sock.recv(9):  # closed without a word: over the cap
+                break
+        assert len(socks) <= 5  # max_connections is 4; a client of an earlier test may still count
+    finally:
+        for sock in socks:
+            sock.close()
+    async def served():
+        async with grpc.aio.insecure_channel(guarded.grpc_url) as channel:
+            return await stubs(channel)[0](affine(1))
+    assert len(asyncio.run(served()).raw_output_contents) == 2
+
+
+# -- shutdown --------------------------------------------------------------------------------------
+
+def test_shutdown_does_not_wait_for_a_stalled_call(models_dir, tmp_path):
+    """max_connections 1: the stalled call holds the only call slot (which tells the test it is
+    in); its message timeout (10 min) is far off; shutdown ends it after shutdown_timeout_s."""
+    srv = small_server(models_dir, tmp_path, max_connections=1, shutdown_timeout_s=0.5)
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.config.grpc_port}") as channel:
+            _, live = stubs(channel)
+            await live(pb.ServerLiveRequest())
+            (call,), _ = await fill_call_slots(channel, live, 1)
+            await asyncio.get_running_loop().run_in_executor(None, srv.close)
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call
+            return e.value
+    error = asyncio.run(scenario())
+    assert error.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE), error
+    assert srv.error is None and not srv._thread.is_alive()
