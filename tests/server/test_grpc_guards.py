@@ -18,7 +18,7 @@ from aclserve.errors import InvalidInput
 from aclserve.server import grpc_wire
 from aclserve.server.grpc_wire import MAX_FIELDS, WORST_PER_BYTE, names, scan
 
-from .conftest import ServerThread, free_port, server_config
+from tests.serving import ServerThread, free_port, server_config
 from .hostile import metric, wait_for
 
 MiB = 1 << 20
