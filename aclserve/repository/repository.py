@@ -82,8 +82,12 @@ class ModelRepository:
         tasks = await self._reconcile(trust="age" if self.mode == "poll" else "all")
         await asyncio.gather(*tasks)
         if not self._lifecycle.serving and not tasks:
-            log.warning("the models folder %s holds no model (<name>.om, <name>.onnx or <name>/<version>/"
-                        "model.om); the server is up but has nothing to serve", self.root)
+            if self._planner.next_check() is not None:  # files too fresh to trust yet
+                log.info("the models folder %s holds files still being written; each loads once it "
+                         "has not changed for settle_s (%g s)", self.root, self.config.settle_s)
+            else:
+                log.warning("the models folder %s holds no model (<name>.om, <name>.onnx or <name>/<version>/"
+                            "model.om); the server is up but has nothing to serve", self.root)
 
     async def close(self) -> None:
         """Stop watching and retrying, drain every version (shutdown_timeout_s), close every

@@ -187,6 +187,17 @@ async def test_missing_models_folder_fails_start(make_repo, tmp_path):
         await make_repo(models_dir=str(tmp_path / "nope"))
 
 
+async def test_start_says_whether_the_folder_is_empty_or_its_files_are_still_settling(
+        make_repo, models_dir, model_files, caplog):
+    caplog.set_level(logging.INFO, logger="aclserve.repository.repository")
+    await make_repo()  # nothing in the folder
+    assert "holds no model" in caplog.text and "still being written" not in caplog.text
+    caplog.clear()
+    (models_dir / "m.om").write_bytes(Path(model_files[3]["om"]).read_bytes())  # fresh: not trusted yet
+    await make_repo()  # waits until m is served
+    assert "still being written" in caplog.text and "holds no model" not in caplog.text
+
+
 async def test_answers_are_right_for_every_gear(make_repo, models_dir, model_files):
     place(model_files[3]["om"], models_dir / "m.om")
     repo, _ = await make_repo(model_control_mode="none")
