@@ -23,8 +23,7 @@ from ..errors import ServeError
 from .app_keys import STATE
 from .auth import access_middleware
 from .body import BodyTimeout
-from .connections import GuardedSite, fit_descriptor_limit, tracked
-from .fastpath import infer_fast_path
+from .connections import GuardedSite, fit_descriptor_limit, tracking_middleware
 from .routes import add_routes
 from .state import ServerState
 
@@ -120,23 +119,18 @@ async def _lifecycle(app: web.Application):
 
 def create_app(config, repo, runtime) -> web.Application:
     """The KServe v2 app. Starting it (AppRunner.setup / test client) starts `runtime`, then
-    `repo`; cleaning it up drains and closes them in reverse order."""
+    `repo`; cleaning it up drains and closes them in reverse order.
+
+    Every route, infer included, runs inside the same middlewares, outermost first: connection
+    tracking, errors to JSON, the API token check."""
+    state = ServerState(config, repo, runtime)
     app = web.Application(client_max_size=config.max_body_bytes,
-                          middlewares=[error_middleware, access_middleware])
-    app[STATE] = ServerState(config, repo, runtime)
+                          middlewares=[tracking_middleware(state.connections), error_middleware,
+                                       access_middleware(state.auth)])
+    app[STATE] = state
     add_routes(app)
     app.cleanup_ctx.append(_lifecycle)
     return app
-
-
-class KServeRunner(web.AppRunner):
-    """AppRunner whose server sends POST .../infer straight to the infer handler (see fastpath)
-    and tells the connection tracker when each request starts and ends."""
-
-    async def setup(self) -> None:
-        await super().setup()
-        handler = infer_fast_path(self.app, self.server.request_handler)
-        self.server.request_handler = tracked(self.app[STATE].connections, handler)
 
 
 def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner:
@@ -147,8 +141,8 @@ def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner
     # client sees the answer; a stalled client (408) is closed after it.
     kwargs = {} if access_log else {"access_log": None}
     config = app[STATE].config
-    return KServeRunner(app, handler_cancellation=True, shutdown_timeout=1.0, auto_decompress=False,
-                        keepalive_timeout=config.keepalive_timeout_s, lingering_time=LINGER_S, **kwargs)
+    return web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, auto_decompress=False,
+                         keepalive_timeout=config.keepalive_timeout_s, lingering_time=LINGER_S, **kwargs)
 
 
 async def serve(config, runtime=None, repo=None, started: asyncio.Future | None = None,
