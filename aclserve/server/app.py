@@ -1,9 +1,10 @@
-"""The aiohttp application and its ordered lifecycle.
+"""The aiohttp application and its ordered lifecycle, over objects built elsewhere (the
+composition root, aclserve/app.py, builds the runtime, the repository and the gRPC server).
 
-Start: runtime (acl.init, devices), then repository (scan, load, warm up, watch), then the
-caller starts listening (HTTP, then gRPC in `serve`). Stop (SIGTERM/SIGINT in `serve`):
-readiness turns false, new infer requests get 503 / UNAVAILABLE at once and HTTP connections
-not running a request are closed; queued and in-flight requests of both transports get
+Start: runtime (acl.init, devices), then repository (scan, load, warm up, watch), then
+`serve` starts listening (HTTP, then gRPC). Stop (SIGTERM/SIGINT in `serve`): readiness
+turns false, new infer requests get 503 / UNAVAILABLE at once and HTTP connections not
+running a request are closed; queued and in-flight requests of both transports get
 `shutdown_timeout_s` to finish; then every HTTP connection left is closed (a stalled client
 does not hold shutdown longer), the gRPC port and the HTTP socket close, the repository
 drains and unloads every model, and the runtime destroys contexts, resets devices and
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
@@ -26,6 +28,9 @@ from .body import BodyTimeout
 from .connections import GuardedSite, fit_descriptor_limit, tracking_middleware
 from .routes import add_routes
 from .state import ServerState
+
+if TYPE_CHECKING:
+    from .grpc_server import GrpcServer
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +123,9 @@ async def _lifecycle(app: web.Application):
 
 
 def create_app(config, repo, runtime) -> web.Application:
-    """The KServe v2 app. Starting it (AppRunner.setup / test client) starts `runtime`, then
-    `repo`; cleaning it up drains and closes them in reverse order.
+    """The KServe v2 app over an already-built repository and runtime (aclserve/app.py builds
+    them). Starting it (AppRunner.setup / test client) starts `runtime`, then `repo`; cleaning
+    it up drains and closes them in reverse order.
 
     Every route, infer included, runs inside the same middlewares, outermost first: connection
     tracking, errors to JSON, the API token check."""
@@ -145,22 +151,16 @@ def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner
                          keepalive_timeout=config.keepalive_timeout_s, lingering_time=LINGER_S, **kwargs)
 
 
-async def serve(config, runtime=None, repo=None, started: asyncio.Future | None = None,
-                stop: asyncio.Event | None = None) -> None:
-    """Run until SIGTERM/SIGINT (or `stop` is set), then shut down in order. `started` gets the
-    bound (host, port) once listening."""
-    from ..repository import ModelRepository
-    from ..runtime import AclRuntime
-
-    if runtime is None:
-        runtime = AclRuntime(device=config.device, cpu_threads=config.cpu_threads,
-                             memory_reserve_fraction=config.memory_reserve_fraction,
-                             device_limits=config.device_limits)
-    if repo is None:
-        repo = ModelRepository(config, runtime)
-    app = create_app(config, repo, runtime)
-    runner = make_runner(app, access_log=config.log_level == "debug")
+async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
+                started: asyncio.Future | None = None, stop: asyncio.Event | None = None) -> None:
+    """Listen (HTTP, then `grpc_server` when given) until SIGTERM/SIGINT (or `stop` is set),
+    then shut down in order (module docstring). `started` gets the bound (host, port) once
+    listening. Owns the HTTP runner and stops `grpc_server`; the app's lifecycle closes the
+    repository and runtime."""
+    state = app[STATE]
+    config = state.config
     loop = asyncio.get_running_loop()
+    runner = make_runner(app, access_log=config.log_level == "debug")
     stop = stop or asyncio.Event()
     handled = []
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -169,9 +169,7 @@ async def serve(config, runtime=None, repo=None, started: asyncio.Future | None 
             handled.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
-    grpc_server = None
     drain_deadline = None
-    state = app[STATE]
     state.connections.max_connections = fit_descriptor_limit(config.max_connections)
     state.auth.log_startup()
     try:
@@ -180,9 +178,7 @@ async def serve(config, runtime=None, repo=None, started: asyncio.Future | None 
         await site.start()
         host, port = runner.addresses[0][:2]
         log.info("aclserve listening on http://%s:%d", host, port)
-        if config.grpc_port:
-            from .grpc_server import GrpcServer  # grpc is imported only when the endpoint is on
-            grpc_server = GrpcServer(app[STATE], config.max_body_bytes)
+        if grpc_server is not None:
             grpc_port = await grpc_server.start(config.host, config.grpc_port)
             log.info("aclserve gRPC listening on %s:%d", config.host, grpc_port)
         if started is not None and not started.done():

@@ -86,8 +86,8 @@ def serve_overrides(args) -> dict:
 
 
 def run_serve(args) -> int:
+    from ..app import serve  # the composition root: builds the runtime, repository and servers
     from ..config import ConfigError, load_server_config
-    from .app import serve
 
     try:
         config = load_server_config(args.config, serve_overrides(args))

@@ -43,7 +43,7 @@ class VersionRecord:
 class ServerState:
     """Owned by the app (under app_keys.STATE). Event-loop thread only.
 
-    The repository and runtime are owned by whoever built them (cli `serve` or a test); the
+    The repository and runtime are owned by whoever built them (aclserve/app.py or a test); the
     app's lifecycle starts and closes them in order."""
 
     def __init__(self, config, repo, runtime):

@@ -71,7 +71,8 @@ def server_config(models_dir, **overrides):
 
 
 class ServerThread:
-    """Runs aclserve.server.app.serve() on its own loop in a thread; close() stops it in order."""
+    """Runs aclserve.app.serve() (what `aclserve serve` runs) on its own loop in a thread; close()
+    stops it in order."""
 
     def __init__(self, config, run=asyncio.run):
         """`run` runs the server's coroutine to completion (asyncio.run, or uvloop.run as
@@ -85,7 +86,7 @@ class ServerThread:
         self._thread = threading.Thread(target=run, args=(self._main(),), daemon=True)
 
     async def _main(self):
-        from aclserve.server.app import serve
+        from aclserve.app import serve
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         started = self._loop.create_future()
