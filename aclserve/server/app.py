@@ -99,9 +99,7 @@ async def _lifecycle(app: web.Application):
     state = app[STATE]
     state.runtime.start()
     try:
-        add_listener = getattr(state.repo, "add_listener", None)
-        if add_listener is not None:
-            add_listener(state.metrics.on_repository_event)
+        state.repo.add_listener(state.metrics.on_repository_event)
         await state.repo.start()
     except BaseException:
         state.runtime.close()

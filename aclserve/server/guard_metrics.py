@@ -62,11 +62,8 @@ class GuardCollector:
         faults = CounterMetricFamily("aclserve_batch_faults", "Batches the device failed (retried: run again "
                                      "on another instance)", labels=["model", "version", "outcome"])
         for model, version, served in self._state.live_versions():
-            pool = getattr(served, "pool", None)
-            for outcome in ("failed", "retried"):
-                n = getattr(pool, f"batches_{outcome}", None)
-                if n is not None:
-                    faults.add_metric([model, version, outcome], n)
+            faults.add_metric([model, version, "failed"], served.pool.batches_failed)
+            faults.add_metric([model, version, "retried"], served.pool.batches_retried)
         yield faults
 
 
