@@ -126,8 +126,11 @@ def create_app(config, repo, runtime) -> web.Application:
     it up drains and closes them in reverse order.
 
     Every route, infer included, runs inside the same middlewares, outermost first: connection
-    tracking, errors to JSON, the API token check."""
+    tracking, errors to JSON, the API token check. Raises the process's descriptor limit to fit
+    `max_connections` (or lowers the cap, warned) here, before anything else built on the app
+    (the gRPC server) sizes itself from the cap."""
     state = ServerState(config, repo, runtime)
+    state.connections.max_connections = fit_descriptor_limit(config.max_connections)
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=[tracking_middleware(state.connections), error_middleware,
                                        access_middleware(state.auth)])
@@ -168,7 +171,6 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
     drain_deadline = None
-    state.connections.max_connections = fit_descriptor_limit(config.max_connections)
     state.auth.log_startup()
     try:
         await runner.setup()
