@@ -31,7 +31,7 @@ def server_config(models_dir, **overrides):
 
 
 class ServerThread:
-    """Runs aclserve.server.app.serve() on its own loop in a thread, so tests can use blocking
+    """Runs aclserve.app.serve() on its own loop in a thread, so tests can use blocking
     clients (tritonclient) directly and aiohttp clients under asyncio.run(). close() stops it in
     order. As a context manager it starts on entry, closes on exit and then raises the error the
     server ended with, if any."""
@@ -48,7 +48,7 @@ class ServerThread:
         self._thread = threading.Thread(target=run, args=(self._main(),), daemon=True)
 
     async def _main(self):
-        from aclserve.server.app import serve
+        from aclserve.app import serve
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         started = self._loop.create_future()
@@ -102,12 +102,12 @@ async def started_app(config):
     """The app as `aclserve serve` builds it, listening on 127.0.0.1 (any port) on the running
     loop: (runner, state, url, runtime, repository). `await runner.cleanup()` closes the
     repository, then the runtime."""
-    from aclserve.repository import ModelRepository
+    from aclserve.app import build_repository
     from aclserve.runtime import AclRuntime
     from aclserve.server.app import create_app, make_runner
     from aclserve.server.app_keys import STATE
     runtime = AclRuntime(device="cpu")
-    repo = ModelRepository(config, runtime)
+    repo = build_repository(config, runtime)
     app = create_app(config, repo, runtime)
     runner = make_runner(app)
     await runner.setup()

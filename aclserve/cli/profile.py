@@ -87,9 +87,8 @@ async def _closed_loop(clients: int, seconds: float, one) -> int:
 
 
 async def _in_process(args):
+    from ..app import build_repository, build_runtime
     from ..config import load_server_config
-    from ..repository import ModelRepository
-    from ..runtime import AclRuntime
     from ..trace import chrome
     from ..server.infer import counted_infer
     from ..server.state import ServerState
@@ -99,9 +98,8 @@ async def _in_process(args):
     config = load_server_config(None, {"models_dir": args.models, "device": args.device, "grpc_port": 0,
                                        "model_control_mode": "explicit",
                                        "trace": {"level": "TIMESTAMPS", "rate": 1}})
-    runtime = AclRuntime(device=config.device, cpu_threads=config.cpu_threads,
-                         memory_reserve_fraction=config.memory_reserve_fraction).start()
-    repo = ModelRepository(config, runtime)
+    runtime = build_runtime(config).start()
+    repo = build_repository(config, runtime)
     try:
         await repo.start()
         state = ServerState(config, repo, runtime)

@@ -62,7 +62,7 @@ def serve_overrides(args) -> dict:
 
 def run_serve(args) -> int:
     from ..config import ConfigError, load_server_config
-    from ..server.app import serve
+    from ..app import serve  # the composition root: builds the runtime, repository and servers
 
     try:
         config = load_server_config(args.config, serve_overrides(args))

@@ -1,9 +1,10 @@
-"""The aiohttp application and its ordered lifecycle.
+"""The aiohttp application and its ordered lifecycle, over objects built elsewhere (the
+composition root, aclserve/app.py, builds the runtime, the repository and the gRPC server).
 
-Start: runtime (acl.init, devices), then repository (scan, load, warm up, watch), then the
-caller starts listening (HTTP, then gRPC in `serve`). Stop (SIGTERM/SIGINT in `serve`):
-readiness turns false, new infer requests get 503 / UNAVAILABLE at once and HTTP connections
-not running a request are closed; queued and in-flight requests of both transports get
+Start: runtime (acl.init, devices), then repository (scan, load, warm up, watch), then
+`serve` starts listening (HTTP, then gRPC). Stop (SIGTERM/SIGINT in `serve`): readiness
+turns false, new infer requests get 503 / UNAVAILABLE at once and HTTP connections not
+running a request are closed; queued and in-flight requests of both transports get
 `shutdown_timeout_s` to finish; then every HTTP connection left is closed (a stalled client
 does not hold shutdown longer), the gRPC port and the HTTP socket close, the repository
 drains and unloads every model, and the runtime destroys contexts, resets devices and
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
@@ -23,11 +25,13 @@ from ..errors import ServeError
 from .app_keys import STATE
 from .auth import access_middleware
 from .body import BodyTimeout
-from .connections import GuardedSite, fit_descriptor_limit, tracked
-from .fastpath import infer_fast_path
+from .connections import GuardedSite, fit_descriptor_limit, tracking_middleware
 from .http_errors import error_headers, http_status, retry_after
 from .routes import add_routes
 from .state import ServerState
+
+if TYPE_CHECKING:
+    from .grpc_server import GrpcServer
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +100,7 @@ async def _lifecycle(app: web.Application):
     state = app[STATE]
     state.runtime.start()
     try:
-        add_listener = getattr(state.repo, "add_listener", None)
-        if add_listener is not None:
-            add_listener(state.metrics.on_repository_event)
+        state.repo.add_listener(state.metrics.on_repository_event)
         await state.repo.start()
     except BaseException:
         state.runtime.close()
@@ -120,24 +122,23 @@ async def _lifecycle(app: web.Application):
 
 
 def create_app(config, repo, runtime) -> web.Application:
-    """The KServe v2 app. Starting it (AppRunner.setup / test client) starts `runtime`, then
-    `repo`; cleaning it up drains and closes them in reverse order."""
+    """The KServe v2 app over an already-built repository and runtime (aclserve/app.py builds
+    them). Starting it (AppRunner.setup / test client) starts `runtime`, then `repo`; cleaning
+    it up drains and closes them in reverse order.
+
+    Every route, infer included, runs inside the same middlewares, outermost first: connection
+    tracking, errors to JSON, the API token check. Raises the process's descriptor limit to fit
+    `max_connections` (or lowers the cap, warned) here, before anything else built on the app
+    (the gRPC server) sizes itself from the cap."""
+    state = ServerState(config, repo, runtime)
+    state.connections.max_connections = fit_descriptor_limit(config.max_connections)
     app = web.Application(client_max_size=config.max_body_bytes,
-                          middlewares=[error_middleware, access_middleware])
-    app[STATE] = ServerState(config, repo, runtime)
+                          middlewares=[tracking_middleware(state.connections), error_middleware,
+                                       access_middleware(state.auth)])
+    app[STATE] = state
     add_routes(app)
     app.cleanup_ctx.append(_lifecycle)
     return app
-
-
-class KServeRunner(web.AppRunner):
-    """AppRunner whose server sends POST .../infer straight to the infer handler (see fastpath)
-    and tells the connection tracker when each request starts and ends."""
-
-    async def setup(self) -> None:
-        await super().setup()
-        handler = infer_fast_path(self.app, self.server.request_handler)
-        self.server.request_handler = tracked(self.app[STATE].connections, handler)
 
 
 def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner:
@@ -148,26 +149,20 @@ def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner
     # client sees the answer; a stalled client (408) is closed after it.
     kwargs = {} if access_log else {"access_log": None}
     config = app[STATE].config
-    return KServeRunner(app, handler_cancellation=True, shutdown_timeout=1.0, auto_decompress=False,
-                        keepalive_timeout=config.keepalive_timeout_s, lingering_time=LINGER_S, **kwargs)
+    return web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, auto_decompress=False,
+                         keepalive_timeout=config.keepalive_timeout_s, lingering_time=LINGER_S, **kwargs)
 
 
-async def serve(config, runtime=None, repo=None, started: asyncio.Future | None = None,
-                stop: asyncio.Event | None = None) -> None:
-    """Run until SIGTERM/SIGINT (or `stop` is set), then shut down in order. `started` gets the
-    bound (host, port) once listening."""
-    from ..repository import ModelRepository
-    from ..runtime import AclRuntime
-
-    if runtime is None:
-        runtime = AclRuntime(device=config.device, cpu_threads=config.cpu_threads,
-                             memory_reserve_fraction=config.memory_reserve_fraction,
-                             device_limits=config.device_limits)
-    if repo is None:
-        repo = ModelRepository(config, runtime)
-    app = create_app(config, repo, runtime)
-    runner = make_runner(app, access_log=config.log_level == "debug")
+async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
+                started: asyncio.Future | None = None, stop: asyncio.Event | None = None) -> None:
+    """Listen (HTTP, then `grpc_server` when given) until SIGTERM/SIGINT (or `stop` is set),
+    then shut down in order (module docstring). `started` gets the bound (host, port) once
+    listening. Owns the HTTP runner and stops `grpc_server`; the app's lifecycle closes the
+    repository and runtime."""
+    state = app[STATE]
+    config = state.config
     loop = asyncio.get_running_loop()
+    runner = make_runner(app, access_log=config.log_level == "debug")
     stop = stop or asyncio.Event()
     handled = []
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -176,10 +171,7 @@ async def serve(config, runtime=None, repo=None, started: asyncio.Future | None 
             handled.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
-    grpc_server = None
     drain_deadline = None
-    state = app[STATE]
-    state.connections.max_connections = fit_descriptor_limit(config.max_connections)
     state.auth.log_startup()
     try:
         await runner.setup()
@@ -187,9 +179,7 @@ async def serve(config, runtime=None, repo=None, started: asyncio.Future | None 
         await site.start()
         host, port = runner.addresses[0][:2]
         log.info("aclserve listening on http://%s:%d", host, port)
-        if config.grpc_port:
-            from .grpc_server import GrpcServer  # grpc is imported only when the endpoint is on
-            grpc_server = GrpcServer(app[STATE], config.max_body_bytes)
+        if grpc_server is not None:
             grpc_port = await grpc_server.start(config.host, config.grpc_port)
             log.info("aclserve gRPC listening on %s:%d", config.host, grpc_port)
         if started is not None and not started.done():

@@ -88,17 +88,16 @@ class Access:
                         "(403); set api_token in the config or %s to enable them", self.host, TOKEN_ENV)
 
 
-@web.middleware
-async def access_middleware(request: web.Request, handler):
-    """Routed requests (the infer fast path checks in handle_infer). Matches the route template,
-    not the raw path, so no spelling of a URL reaches a protected route unchecked."""
-    from .app_keys import STATE  # app_keys -> state -> this module: import at call time
-
-    resource = request.match_info.route.resource
-    template = resource.canonical if resource is not None else ""
-    access = request.app[STATE].auth
-    if template.startswith(_REPOSITORY):
-        access.check_repository(request, control=not template.endswith("/index"))
-    elif access.inference and template.startswith(_MODELS):
-        access.check(request)
-    return await handler(request)
+def access_middleware(access: Access):
+    """The app's middleware that checks `access` on every request, infer included. Matches the
+    route template, not the raw path, so no spelling of a URL reaches a protected route unchecked."""
+    @web.middleware
+    async def check_access(request: web.Request, handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        template = resource.canonical if resource is not None else ""
+        if template.startswith(_REPOSITORY):
+            access.check_repository(request, control=not template.endswith("/index"))
+        elif access.inference and template.startswith(_MODELS):
+            access.check(request)
+        return await handler(request)
+    return check_access

@@ -161,7 +161,7 @@ class ConnectionTracker:
         if conn is not None:
             self._conns.pop(conn.transport, None)
 
-    # -- phases (called by the request handler wrapper) ------------------------------------------
+    # -- phases (called by tracking_middleware) -------------------------------------------------
     def request_started(self, transport) -> None:
         conn = self._conns.get(transport)
         if conn is not None:
@@ -205,16 +205,18 @@ class ConnectionTracker:
         conn.transport.close()
 
 
-def tracked(tracker: ConnectionTracker, handler):
-    """Wrap the runner's request handler so the tracker sees when requests start and end."""
-    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+def tracking_middleware(tracker: ConnectionTracker):
+    """The app's outermost middleware: the tracker sees when each request starts and ends (a
+    connection running one is neither evicted nor timed out)."""
+    @web.middleware
+    async def track(request: web.Request, handler) -> web.StreamResponse:
         transport = request.transport
         tracker.request_started(transport)
         try:
             return await handler(request)
         finally:
             tracker.request_finished(transport)
-    return handle
+    return track
 
 
 class GuardedSite(web.BaseSite):

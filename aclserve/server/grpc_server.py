@@ -1,10 +1,11 @@
 """The gRPC endpoint's lifecycle: one grpc.aio server on the running event loop (the HTTP app's
 loop), serving InferenceServicer over the app's ServerState.
 
-Owned by server.app.serve(): started after the HTTP site (models are loaded by then), stopped
-before the HTTP runner is cleaned up; stop(grace) cancels what is left after `grace`, stalled
-clients included. Messages may be as large as the HTTP body limit (`max_body_bytes`; gRPC's own
-default is 4 MiB); responses are not limited, as over HTTP.
+Built by the composition root (aclserve/app.py), handed to server.app.serve(), which owns it
+from then on: started after the HTTP site (models are loaded by then), stopped before the HTTP
+runner is cleaned up; stop(grace) cancels what is left after `grace`, stalled clients included.
+Messages may be as large as the HTTP body limit (`max_body_bytes`; gRPC's own default is
+4 MiB); responses are not limited, as over HTTP.
 
 The HTTP limits, as grpc core spells them (server_options): at most `max_connections` calls at
 once (maximum_concurrent_rpcs: HTTP runs at most one request per connection, so both transports

@@ -66,9 +66,7 @@ class GuardCollector:
         codes = CounterMetricFamily("aclserve_device_faults", "Batches the device failed, by ACL error code "
                                     "(507047: past the execution timeout)", labels=["model", "version", "code"])
         for model, version, served in self._state.live_versions():
-            pool = getattr(served, "pool", None)
-            if pool is None:
-                continue
+            pool = served.pool
             faults.add_metric([model, version, "failed"], pool.batches_failed)
             faults.add_metric([model, version, "retried"], pool.batches_retried)
             rebuilds.add_metric([model, version], pool.rebuilds)

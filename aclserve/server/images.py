@@ -13,12 +13,13 @@ import threading
 from ..config import ImageSettings
 from ..images import DecodePool
 from ..images.decode import CpuDecoder
+from .contracts import Runtime
 
 log = logging.getLogger(__name__)
 
 
 class ImageDecoding:
-    def __init__(self, settings: ImageSettings, runtime):
+    def __init__(self, settings: ImageSettings, runtime: Runtime):
         self.settings = settings
         self.pool = DecodePool(settings.workers, settings.max_pending)
         self._cpu = CpuDecoder(settings.max_pixels, settings.max_side)
@@ -38,7 +39,7 @@ class ImageDecoding:
 
     def _open_decoder(self):
         if self.settings.decoder == "dvpp":
-            if getattr(self._runtime, "kind", "cpu") != "npu":
+            if self._runtime.kind != "npu":
                 log.warning("images.decoder is dvpp but the runtime is the CPU one: decoding with Pillow")
             else:
                 from ..images.dvpp import DvppDecoder, DvppError

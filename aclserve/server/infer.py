@@ -39,16 +39,13 @@ COMPRESS_MIN_BYTES = 1024  # smaller answers gain nothing from compression and c
 
 
 async def infer(request: web.Request) -> web.Response:
-    """The routed handler (the fast path in fastpath.py calls handle_infer directly)."""
+    """The route's handler. Like every route it runs inside the app's middlewares (connection
+    tracking, errors to JSON, the API token check when auth_inference is on)."""
+    state = request.app[STATE]
     match = request.match_info
-    return await handle_infer(request, request.app[STATE], match["model"], match.get("version"))
-
-
-async def handle_infer(request: web.Request, state, model: str, version: str | None) -> web.Response:
-    if state.auth.inference:
-        state.auth.check(request)
     with state.budget.lease() as lease:  # held until the answer is built
-        return await counted_infer(state, model, version, functools.partial(_infer, request, state, lease))
+        return await counted_infer(state, match["model"], match.get("version"),
+                                   functools.partial(_infer, request, state, lease))
 
 
 async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http"):

@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .contracts import ServedModel
+
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -88,7 +90,7 @@ class ServerMetrics:
     """Owns the registry. `live_versions()` yields (model, version, served) for the scrape-time
     gauges; `memory()` returns runtime.memory() rows."""
 
-    def __init__(self, live_versions: Callable[[], Iterable[tuple[str, str, object]]],
+    def __init__(self, live_versions: Callable[[], Iterable[tuple[str, str, ServedModel]]],
                  memory: Callable[[], list[dict]]):
         disable_created_metrics()  # one `_created` sample per series is noise for a scraper
         self.registry = r = CollectorRegistry()
@@ -128,8 +130,8 @@ class ServerMetrics:
         return vm
 
     def on_repository_event(self, event: str, name: str, version=None, **info) -> None:
-        """Listener for ModelRepository.add_listener."""
-        seconds = next((info[k] for k in ("seconds", "load_seconds", "duration_s", "load_s") if k in info), None)
+        """Listener for ModelRepository.add_listener (contracts.ModelStore)."""
+        seconds = info.get("seconds")  # a load's duration, sent with loaded / reloaded
         if event in ("loaded", "reloaded"):
             self.loads.labels(name, "ok").inc()
             if seconds is not None:
@@ -151,7 +153,8 @@ class ServerMetrics:
 class _LiveCollector:
     """Scrape-time gauges: queue depth per level, instance busy ratio, device memory."""
 
-    def __init__(self, live_versions, memory):
+    def __init__(self, live_versions: Callable[[], Iterable[tuple[str, str, ServedModel]]],
+                 memory: Callable[[], list[dict]]):
         self._live_versions = live_versions
         self._memory = memory
 
@@ -168,15 +171,10 @@ class _LiveCollector:
         per_device: dict[int, float] = {}
         try:
             for model, version, served in self._live_versions():
-                batcher = getattr(served, "batcher", None)
-                stats = getattr(batcher, "stats", None)
-                if stats is not None:
-                    for level, n in sorted(stats.queue_depth().items()):
-                        depth.add_metric([model, version, str(level)], n)
-                pool = getattr(served, "pool", None)
-                if pool is not None:
-                    busy.add_metric([model, version], pool.busy_ratio())
-                for row in getattr(pool, "utilisation", list)():
+                for level, n in sorted(served.batcher.stats.queue_depth().items()):
+                    depth.add_metric([model, version, str(level)], n)
+                busy.add_metric([model, version], served.pool.busy_ratio())
+                for row in served.pool.utilisation():
                     compute.add_metric([model, version, row["instance"], str(row["device"])], row["compute_busy"])
                     per_device[row["device"]] = per_device.get(row["device"], 0.0) + row["compute_busy"]
         except Exception:

@@ -12,6 +12,7 @@ from .budget import MemoryBudget
 from ..trace import Tracer
 from .codec import Signature
 from .connections import ConnectionTracker
+from .contracts import ModelStore, Runtime, ServedModel
 from .guard_metrics import GuardCollector
 from .images import ImageDecoding
 from .json_tensors import JsonLimits
@@ -28,13 +29,13 @@ class VersionRecord:
 
     __slots__ = ("served", "signature", "metrics", "batched", "name", "version", "images")
 
-    def __init__(self, served, metrics: VersionMetrics, json_limits: JsonLimits):
+    def __init__(self, served: ServedModel, metrics: VersionMetrics, json_limits: JsonLimits):
         self.served = served
         self.name = served.name
         self.version = str(served.version)
         limit = served.max_batch_size
-        self.signature = Signature(served.inputs, served.outputs, limit, json_limits, getattr(served, "labels", None))
-        self.images = getattr(served, "images", None)  # images.ImageStage, or None
+        self.signature = Signature(served.inputs, served.outputs, limit, json_limits, served.labels)
+        self.images = served.images  # images.ImageStage, or None
         self.batched = limit > 0
         self.metrics = metrics
 
@@ -42,10 +43,10 @@ class VersionRecord:
 class ServerState:
     """Owned by the app (under app_keys.STATE). Event-loop thread only.
 
-    The repository and runtime are owned by whoever built them (cli `serve` or a test); the
+    The repository and runtime are owned by whoever built them (aclserve/app.py or a test); the
     app's lifecycle starts and closes them in order."""
 
-    def __init__(self, config, repo, runtime):
+    def __init__(self, config, repo: ModelStore, runtime: Runtime):
         self.config = config
         self.repo = repo
         self.runtime = runtime
@@ -75,13 +76,11 @@ class ServerState:
         self.observer = self._observer if self._observer.wanted else None
 
     # -- hot path ------------------------------------------------------------------------------
-    def record(self, served) -> VersionRecord:
+    def record(self, served: ServedModel) -> VersionRecord:
         rec = self._records.get((served.name, str(served.version)))
         if rec is None or rec.served is not served:
             rec = VersionRecord(served, self.metrics.version(served.name, str(served.version)), self.json_limits)
-            stats = getattr(getattr(served, "batcher", None), "stats", None)
-            if stats is not None:
-                stats.observe(on_request_done=rec.metrics.on_request_done, on_batch=rec.metrics.on_batch)
+            served.batcher.stats.observe(on_request_done=rec.metrics.on_request_done, on_batch=rec.metrics.on_batch)
             self._records[(rec.name, rec.version)] = rec
         return rec
 

@@ -65,9 +65,8 @@ def statistics(state, name: str | None, version: str | None) -> dict:
             continue
         entry = {"name": model, "version": ver}
         entry.update(model_stats(served.batcher.stats))
-        utilisation = getattr(served.pool, "utilisation", None)
-        if utilisation is not None:  # aclserve's own field: compute-stream busy fraction per instance
-            entry["utilisation"] = utilisation()
+        # aclserve's own field: compute-stream busy fraction per instance
+        entry["utilisation"] = served.pool.utilisation()
         entry.setdefault("response_stats", {})
         entry.setdefault("memory_usage", [])
         stats.append(entry)

@@ -55,7 +55,7 @@ def test_inference_stays_open_unless_asked(guarded):
 def test_inference_can_require_the_token(models_dir, make_config):
     srv = ServerThread(make_config(models_dir, api_token=TOKEN, auth_inference=True)).start()
     try:
-        assert call(srv.url, "/v2/models/double/infer", GOOD)[0] == 401  # the fast path checks too
+        assert call(srv.url, "/v2/models/double/infer", GOOD)[0] == 401  # the access middleware covers infer too
         assert call(srv.url, "/v2/models/double", method="GET")[0] == 401
         assert call(srv.url, "/v2/health/ready", method="GET")[0] == 200
         assert urllib.request.urlopen(f"http://{srv.url}/metrics", timeout=30).status == 200

@@ -1,0 +1,46 @@
+"""The composition root: one ServerConfig in; the ACL runtime, the model repository, the HTTP
+app and the gRPC server built and wired together here, and nowhere else.
+
+`aclserve serve` (cli.py) and the tests' server thread run `serve`. The packages below only
+receive what is built here: server/ takes the repository and runtime it is handed, and its
+app's lifecycle starts and closes them in order (server/app.py).
+"""
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from .repository import ModelRepository
+from .runtime import AclRuntime
+from .server.app import create_app
+from .server.app import serve as serve_app
+from .server.app_keys import STATE
+
+
+def build_runtime(config) -> AclRuntime:
+    """The runtime `config` asks for; not started (the app's lifecycle starts it)."""
+    return AclRuntime(device=config.device, cpu_threads=config.cpu_threads,
+                      memory_reserve_fraction=config.memory_reserve_fraction,
+                      device_limits=config.device_limits)
+
+
+def build_repository(config, runtime: AclRuntime) -> ModelRepository:
+    """The repository of `config.models_dir` on `runtime`; not started."""
+    return ModelRepository(config, runtime)
+
+
+def build_grpc_server(config, app: web.Application):
+    """The gRPC endpoint over the app's state (not listening yet), or None when `grpc_port` is 0."""
+    if not config.grpc_port:
+        return None
+    from .server.grpc_server import GrpcServer  # grpc is imported only when the endpoint is on
+    return GrpcServer(app[STATE], config.max_body_bytes)
+
+
+async def serve(config, started: asyncio.Future | None = None, stop: asyncio.Event | None = None) -> None:
+    """Build everything `config` describes and serve it until SIGTERM/SIGINT (or `stop` is set),
+    then shut down in order. `started` gets the bound HTTP (host, port) once listening."""
+    runtime = build_runtime(config)
+    app = create_app(config, build_repository(config, runtime), runtime)
+    await serve_app(app, build_grpc_server(config, app), started, stop)

@@ -1,0 +1,105 @@
+"""What server/ reads from the objects it is handed: the model repository, each version it
+serves, and the ACL runtime. Written down as typing protocols so the contract is in one place
+and a type checker can hold the implementations to it; those are repository.ModelRepository,
+repository.ServedVersion (its `batcher` a scheduling.DynamicBatcher, its `pool` a
+runtime.InstancePool) and runtime.AclRuntime, all built by the composition root
+(aclserve/app.py). Every member listed is always there: the server reads them directly.
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping, Protocol, Sequence
+
+from ..images import ImageStage
+from ..runtime.types import TensorSpec
+
+
+class BatchStatistics(Protocol):
+    """A batcher's counters (scheduling.stats.BatcherStats)."""
+
+    def observe(self, on_request_done: Callable | None = None, on_batch: Callable | None = None) -> None:
+        """Call `on_request_done(level, queue_s, ok, reason)` and `on_batch(gear, rows, compute_s)`."""
+
+    def queue_depth(self) -> dict[int, int]:
+        """Requests waiting, per priority level."""
+
+
+class Batcher(Protocol):
+    stats: BatchStatistics  # server/model_stats.py renders them as Triton's statistics JSON
+
+
+class InstanceGroup(Protocol):
+    """The instances running one version's batches (runtime.InstancePool)."""
+
+    batches_failed: int  # batches the device failed (each retry counted again)
+    batches_retried: int  # ... of which were run again on another instance
+    rebuilds: int  # instances replaced after leaving rotation
+
+    def fault_counts(self) -> dict[int, int]:
+        """Failed batches by ACL error code."""
+
+    def busy_ratio(self) -> float:
+        """Fraction of the instances' slots running a batch now."""
+
+    def utilisation(self) -> list[dict]:
+        """One row per instance: {"instance", "device", "compute_busy"}."""
+
+
+class ServedModel(Protocol):
+    """One model version in service (repository.ServedVersion)."""
+
+    name: str
+    version: str
+    labels: Mapping[str, Sequence[str]]  # output name -> class labels (empty: none)
+    images: ImageStage | None  # how its image inputs are decoded, or None
+    batcher: Batcher
+    pool: InstanceGroup
+
+    @property
+    def max_batch_size(self) -> int:
+        """The protocol's max_batch_size: the batcher's batch_limit; 0 for a static model."""
+
+    @property
+    def inputs(self) -> Sequence[TensorSpec]: ...
+
+    @property
+    def outputs(self) -> Sequence[TensorSpec]: ...
+
+    async def infer(self, inputs, rows: int, priority: int | None = None, timeout_us: int | None = None,
+                    trace=None):
+        """Queue one request's rows and wait for its outputs (a batch result)."""
+
+
+class ModelStore(Protocol):
+    """The model repository, as the server drives and reads it."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def get(self, name: str, version: str | None = None) -> ServedModel:
+        """The serving version; raises NotFound / ModelUnavailable / ShuttingDown."""
+
+    def all_ready(self) -> bool: ...
+
+    def index(self, ready_only: bool = False) -> list[dict]: ...
+
+    def add_listener(self, callback: Callable) -> None:
+        """callback(event, name, version, **info) on loaded / reloaded (info: seconds, the load's
+        duration), unloaded, load_failed (info: reason)."""
+
+    async def load(self, name: str) -> None: ...
+
+    async def unload(self, name: str) -> None: ...
+
+
+class Runtime(Protocol):
+    """The ACL runtime (runtime.AclRuntime)."""
+
+    kind: str | None  # "cpu" or "npu" once started
+
+    def start(self) -> object: ...
+
+    def close(self) -> None: ...
+
+    def memory(self, refresh: bool = False) -> list[dict]:
+        """Device memory rows {"device", "used", "total", "reserve"}; refresh=True calls ACL (blocking)."""
