@@ -1,7 +1,7 @@
 """The composition root: one ServerConfig in; the ACL runtime, the model repository, the HTTP
 app and the gRPC server built and wired together here, and nowhere else.
 
-`aclserve serve` (cli.py) and the tests' server thread run `serve`. The packages below only
+`aclserve serve` (cli/serve.py) and the tests' server thread run `serve`. The packages below only
 receive what is built here: server/ takes the repository and runtime it is handed, and its
 app's lifecycle starts and closes them in order (server/app.py).
 """

@@ -75,4 +75,4 @@ def device_soc_name() -> str | None:
         return compat.soc_name(real)
     finally:
         if ret == 0:
-            real.finalize()
+            release("finalize", real.finalize())

@@ -6,7 +6,10 @@
     dataset = check_handle("mdl.create_dataset", acl.mdl.create_dataset())
     release("rt.destroy_stream", acl.rt.destroy_stream(stream))   # teardown: log, carry on
 
-Nothing else in aclserve inspects a return code.
+Every other pyACL call in aclserve goes through these, except the probes whose failure is an
+answer rather than an error, which read the code themselves: whether CANN sees a device
+(acl/__init__.py), whether the thread has a context and whether an old one can be restored
+(acl/context.py).
 """
 from __future__ import annotations
 

@@ -1,13 +1,23 @@
-"""Resources with lifetimes on the ACL API: the runtime and devices, loaded models, instances."""
-from .acl_runtime import AclRuntime
-from .batch import Batch, BatchExecutor, BatchListener
-from .builder import open_pool
-from .device import Device, LoadError
-from .engine import Engine, EngineModel
-from .instance import ModelInstance
-from .om_model import OmModel
-from .pool import InstancePool
-from .types import DeviceTimings, TensorSpec
+"""Resources with lifetimes on the ACL API: the runtime and devices, loaded models, instances.
 
-__all__ = ["AclRuntime", "Batch", "BatchExecutor", "BatchListener", "Device", "LoadError", "Engine",
-           "EngineModel", "ModelInstance", "OmModel", "InstancePool", "open_pool", "DeviceTimings", "TensorSpec"]
+The names below load on first use, so a module that needs only the plain data and protocols
+(runtime.batch, runtime.types: the scheduler, the server) does not import ACL with them.
+"""
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {
+    "AclRuntime": "acl_runtime", "Batch": "batch", "BatchExecutor": "batch", "BatchListener": "batch",
+    "open_pool": "builder", "Device": "device", "LoadError": "device", "Engine": "engine",
+    "EngineModel": "engine", "ModelInstance": "instance", "OmModel": "om_model", "InstancePool": "pool",
+    "DeviceTimings": "types", "TensorSpec": "types",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -124,12 +124,16 @@ class _Call:
                 self._left -= 1
                 if self._left:
                     return
-        if error is not None:
-            self.future.set_exception(error)
-        elif len(self._parts) == 1:
-            self.future.set_result(self._parts[0])
-        else:
-            self.future.set_result({name: np.concatenate([p[name] for p in self._parts]) for name in self._names})
+        try:
+            if error is not None:
+                self.future.set_exception(error)
+            elif len(self._parts) == 1:
+                self.future.set_result(self._parts[0])
+            else:
+                self.future.set_result({name: np.concatenate([p[name] for p in self._parts])
+                                        for name in self._names})
+        except concurrent.futures.InvalidStateError:
+            pass  # the caller cancelled the call (e.g. asyncio.wait_for around infer_async)
 
 
 class Engine:

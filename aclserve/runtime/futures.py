@@ -34,10 +34,13 @@ class BatchFutures:
     # -- BatchListener -------------------------------------------------------------------------
     def batch_done(self, batch: Batch) -> None:
         future = batch.requests[0]
-        if batch.error is not None:
-            future.set_exception(batch.error)
-        else:
-            future.set_result(batch)
+        try:
+            if batch.error is not None:
+                future.set_exception(batch.error)
+            else:
+                future.set_result(batch)
+        except concurrent.futures.InvalidStateError:
+            pass  # cancelled by the caller: nobody waits for this batch
 
     def slot_free(self) -> None:
         with self._lock:

@@ -26,9 +26,12 @@ Every finished batch goes to the instance's listener (its pool) as `batch_done(b
 slot is returned and the listener hears `slot_free()`; both from the completion thread.
 
 Threads and state: the launcher thread owns packing and enqueueing; the completion thread owns
-waiting, unpacking, timings and the stream reset (which runs only when no batch is in flight,
-so the launcher is idle then). Slot accounting, health and busy time (`_free`, `_in_flight`,
-`_needs_reset`, `broken`, `_closed`, `_busy_*`, `faults`) are shared and only touched under `_lock`.
+waiting, unpacking, timings (`_timing_failed`) and the stream reset (which runs only when no
+batch is in flight, so the launcher is idle then; `streams` is touched by nobody else meanwhile).
+Slot accounting and health (`_free`, `_in_flight`, `_needs_reset`, `broken`, `_closing`,
+`_busy_*`, `faults`) are written under `_lock`; `broken` is also read without it where a stale
+answer only delays a decision by one batch (the pool's health checks, the completion thread's
+fail-fast). `execution_timeout_ms` is set by the pool (after warm-up) and read at each wait.
 """
 from __future__ import annotations
 
@@ -87,8 +90,7 @@ class ModelInstance:
         self.faults: collections.Counter[int] = collections.Counter()  # failed batches by ACL code
         self._busy_since: float | None = None
         self._busy_total = 0.0
-        self._closing = False  # close() has begun (the first caller does the work)
-        self._closed = False
+        self._closing = False  # close() has begun (the first caller does the work): no new batch
         self._timing_failed = False
         self.clock: DeviceClock | None = None
         # fraction of recent wall time the compute stream executed (from events), for /metrics
@@ -138,11 +140,11 @@ class ModelInstance:
 
     def free_count(self) -> int:
         with self._lock:
-            return 0 if self._needs_reset or self.broken or self._closed else len(self._free)
+            return 0 if self._needs_reset or self.broken or self._closing else len(self._free)
 
     def try_reserve(self) -> Slot | None:
         with self._lock:
-            if self._needs_reset or self.broken or self._closed or not self._free:
+            if self._needs_reset or self.broken or self._closing or not self._free:
                 return None
             if self._in_flight == 0:
                 self._busy_since = time.monotonic()
@@ -289,7 +291,10 @@ class ModelInstance:
                 self.compute_busy.add(int(batch.timings.compute_ms * 1e6))
                 if batch.trace is not None:
                     batch.trace.done_ns = now_ns()
-            self._listener.batch_done(batch)
+            try:
+                self._listener.batch_done(batch)
+            except Exception:  # a listener's bug must not stop this thread: the slot comes back
+                log.exception("%s: the listener failed on a finished batch", self.name)
             self._release_slot(slot)
 
     def _collect(self, slot: Slot, batch: Batch) -> None:
@@ -397,12 +402,15 @@ class ModelInstance:
             if self._in_flight == 0 and self._busy_since is not None:
                 self._busy_total += time.monotonic() - self._busy_since
                 self._busy_since = None
-            return self._needs_reset and self._in_flight == 0 and not self._closed and not self.broken
+            return self._needs_reset and self._in_flight == 0 and not self._closing and not self.broken
 
     def _release_slot(self, slot: Slot) -> None:
         if self._return_slot(slot):
             self._reset_streams()
-        self._listener.slot_free()
+        try:
+            self._listener.slot_free()
+        except Exception:
+            log.exception("%s: the listener failed on a freed slot", self.name)
 
     def _reset_streams(self) -> None:
         """After a device fault: drain and recreate the streams (their errors are cleared)."""
@@ -439,8 +447,6 @@ class ModelInstance:
         self._launcher_thread.join()
         self._done_q.put(None)  # queued after those batches: they complete first
         self._completer_thread.join()
-        with self._lock:
-            self._closed = True
         self._release()
 
     def _release(self) -> None:

@@ -83,7 +83,7 @@ class DynamicBatcher:
         self._timer = None  # the batch window's end or a busy instance's moment
         self._timer_at = 0.0
         self._formation = Formation(GearTimes(self.gears, executor.gear_cost or {},
-                                              getattr(executor, "compute_cost", None) or {}),
+                                              executor.compute_cost or {}),
                                     config.batch_formation)
         self._running: set[Batch] = set()
         self._delivery = Delivery(config.preserve_ordering, self.stats, name)

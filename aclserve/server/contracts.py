@@ -14,7 +14,9 @@ from ..runtime.types import TensorSpec
 
 
 class BatchStatistics(Protocol):
-    """A batcher's counters (scheduling.stats.BatcherStats)."""
+    """A batcher's counters (scheduling.stats.BatcherStats); model_stats.py reads its duration
+    counters (success, fail, queue, compute_input, compute_infer, compute_output: each a count
+    and total ns), inference_count, execution_count, last_inference_ms and batch_sizes."""
 
     def observe(self, on_request_done: Callable | None = None, on_batch: Callable | None = None) -> None:
         """Call `on_request_done(level, queue_s, ok, reason)` and `on_batch(gear, rows, compute_s)`."""
@@ -53,6 +55,11 @@ class ServedModel(Protocol):
     images: ImageStage | None  # how its image inputs are decoded, or None
     batcher: Batcher
     pool: InstanceGroup
+    config: object  # config.ModelConfig: its outputs' labels files, batching and queue policy
+
+    @property
+    def gears(self) -> tuple[int, ...]:
+        """The compiled batch sizes; () for a static model."""
 
     @property
     def max_batch_size(self) -> int:
@@ -82,6 +89,11 @@ class ModelStore(Protocol):
     def all_ready(self) -> bool: ...
 
     def index(self, ready_only: bool = False) -> list[dict]: ...
+
+    load_retries: Mapping[str, int]  # model -> automatic load retries so far
+
+    def load_failures(self) -> dict[tuple[str, str], str]:
+        """(model, version) -> why its last load failed, while it is failing."""
 
     def add_listener(self, callback: Callable) -> None:
         """callback(event, name, version, **info) on loaded / reloaded (info: seconds, the load's

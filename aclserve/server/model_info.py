@@ -30,12 +30,12 @@ def tensor_metadata(specs: Sequence[TensorSpec], parameters: dict[str, dict] | N
 
 def label_files(served) -> dict[str, str]:
     """{output: labels file name} (Triton's label_filename) for outputs with labels."""
-    options = getattr(getattr(served, "config", None), "outputs", None) or {}
+    options = served.config.outputs
     return {name: os.path.basename(o.labels) for name, o in options.items() if o.labels}
 
 
 def model_metadata(served, versions: Sequence[str]) -> dict:
-    images = getattr(served, "images", None)
+    images = served.images
     labels = {name: {"label_filename": f} for name, f in label_files(served).items()}
     return {"name": served.name, "versions": list(versions), "platform": PLATFORM,
             "inputs": tensor_metadata(served.inputs, images.describe() if images else None),

@@ -228,6 +228,32 @@ def test_an_engine_call_split_over_runs_fails_once_whichever_part_fails(affine_o
         np.testing.assert_array_equal(model.infer(req, timeout=30)["s"], affine_reference(req["x"], req["idx"])["s"])
 
 
+def test_a_cancelled_engine_call_leaves_the_model_serving(affine_om):
+    """The caller gives up while its batches run (future.cancel(), or asyncio.wait_for around
+    infer_async): the batches finish unheard and the instance goes on serving."""
+    with Engine(device="cpu") as engine:
+        model = engine.load(affine_om(), slots=1)
+        req = _request(19)  # three runs
+        gate = threading.Event()
+        held = faults.inject("execute", nth=1, hold=gate)
+        future = model.submit(req)
+        assert held.entered.wait(30) and future.cancel()
+        gate.set()
+
+        async def give_up():
+            gate2 = threading.Event()
+            held2 = faults.inject("execute", nth=1, hold=gate2)
+            task = asyncio.ensure_future(asyncio.wait_for(model.infer_async(req), 0.05))
+            while not held2.entered.is_set():
+                await asyncio.sleep(0.01)
+            with pytest.raises(asyncio.TimeoutError):
+                await task
+            gate2.set()
+        asyncio.run(give_up())
+        expected = affine_reference(req["x"], req["idx"])
+        np.testing.assert_array_equal(model.infer(req, timeout=30)["s"], expected["s"])
+
+
 def test_an_atc_om_is_refused_with_what_it_is_and_what_to_do(runtime, tmp_path):
     import struct
     head = bytearray(256)
