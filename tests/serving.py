@@ -113,5 +113,6 @@ async def started_app(config):
     await runner.setup()
     site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
+    await app[STATE].loading  # bound first, then loaded
     host, port = runner.addresses[0][:2]
     return runner, app[STATE], f"http://{host}:{port}", runtime, repo

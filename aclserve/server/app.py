@@ -1,8 +1,9 @@
 """The aiohttp application and its ordered lifecycle, over objects built elsewhere (the
 composition root, aclserve/app.py, builds the runtime, the repository and the gRPC server).
 
-Start: runtime (acl.init, devices), then repository (scan, load, warm up, watch), then
-`serve` starts listening (HTTP, then gRPC). Stop (SIGTERM/SIGINT in `serve`): readiness
+Start: runtime (acl.init, devices) and the repository's loading begun as a task, then `serve`
+listens (HTTP, then gRPC; a busy port fails here, before any model has to finish loading), then
+waits for the repository (scan, load, warm up, watch); readiness is false until it is done. Stop (SIGTERM/SIGINT in `serve`): readiness
 turns false, new infer requests get 503 / UNAVAILABLE at once and HTTP connections not
 running a request are closed; queued and in-flight requests of both transports get
 `shutdown_timeout_s` to finish; then every HTTP connection left is closed (a stalled client
@@ -96,19 +97,24 @@ def _error_response(request: web.Request, state: ServerState | None, exc: Except
     return json_error("internal error", 500)
 
 
+async def _load(state: ServerState) -> None:
+    await state.repo.start()
+    state.started = True
+
+
 async def _lifecycle(app: web.Application):
+    """Start the runtime and begin loading the models (a task: serve() binds the ports first and
+    then waits for it, so a busy port is reported at once); at the end, drain and close."""
     state = app[STATE]
     state.runtime.start()
-    try:
-        state.repo.add_listener(state.metrics.on_repository_event)
-        await state.repo.start()
-    except BaseException:
-        state.runtime.close()
-        raise
-    state.started = True
+    state.repo.add_listener(state.metrics.on_repository_event)
+    state.loading = asyncio.ensure_future(_load(state))
     try:
         yield
     finally:
+        if not state.loading.done():  # stopped (or failed to bind) while models were loading
+            state.loading.cancel()
+        await asyncio.wait([state.loading])
         await state.begin_shutdown()
         try:
             await state.repo.close()
@@ -182,9 +188,18 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         if grpc_server is not None:
             grpc_port = await grpc_server.start(config.host, config.grpc_port)
             log.info("aclserve gRPC listening on %s:%d", config.host, grpc_port)
-        if started is not None and not started.done():
-            started.set_result((host, port))
-        await stop.wait()
+        # Bound first, then loaded: readiness stays false until the models are in.
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait([state.loading, stopping], return_when=asyncio.FIRST_COMPLETED)
+            if state.loading.done():
+                state.loading.result()  # a repository that cannot start (no models folder) ends here
+                log.info("aclserve ready: models loaded")
+                if started is not None and not started.done():
+                    started.set_result((host, port))
+            await stopping
+        finally:
+            stopping.cancel()
         log.info("signal received: draining")
         drain_deadline = loop.time() + config.shutdown_timeout_s
         await state.begin_shutdown()  # HTTP and gRPC requests alike

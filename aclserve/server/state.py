@@ -58,7 +58,8 @@ class ServerState:
         self.connections = ConnectionTracker(config.max_connections, config.header_timeout_s,
                                              config.keepalive_timeout_s)
         self.metrics.registry.register(GuardCollector(self))
-        self.started = False
+        self.started = False  # every model the repository found at start has been tried
+        self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
         self.shutting_down = False
         self.inflight = 0
         self._idle = asyncio.Event()

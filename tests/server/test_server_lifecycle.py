@@ -108,3 +108,27 @@ def test_infer_command_prints_outputs(server, tmp_path, capsys):
     assert code == 0 and json.loads(out)["s"]["data"] == (idx * 2).tolist()
     code = main(["infer", "affine", "--input", f"x={tmp_path / 'x.npy'}", "--url", f"http://{server.url}"])
     assert code == 1 and "missing input" in capsys.readouterr().err
+
+
+def test_a_busy_port_is_reported_before_the_models_load(models_dir, tmp_path, clean_faults):
+    """Bind first, then load: the port error comes although the model's warm-up can never end
+    (before, the server loaded first and would have waited on it for good)."""
+    import socket
+    import threading
+
+    from aclserve.acl.cpu import faults
+    from tests.serving import ServerThread, server_config
+
+    shutil.copy(models_dir / "double.om", tmp_path / "double.om")
+    gate = threading.Event()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        faults.inject("execute", nth=1, hold=gate)  # the warm-up's first run never ends
+        server = ServerThread(server_config(tmp_path, port=taken.getsockname()[1], model_control_mode="none"))
+        try:
+            with pytest.raises(RuntimeError, match="in use"):
+                server.start()
+        finally:
+            gate.set()
+            server.close()

@@ -11,6 +11,7 @@ from aiohttp import web
 from aclserve.repository import ModelRepository
 from aclserve.runtime import AclRuntime
 from aclserve.server.app import create_app, make_runner
+from aclserve.server.app_keys import STATE
 
 TOKEN = "middleware-test-token"
 GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]})
@@ -31,6 +32,7 @@ async def serve_with_spy(config, seen: list):
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
+    await app[STATE].loading  # bound first, then loaded
     host, port = runner.addresses[0][:2]
     return runner, f"http://{host}:{port}"
 
