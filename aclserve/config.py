@@ -279,7 +279,8 @@ def _int_list(value, path: str, minimum: int = 0, non_empty: bool = True) -> tup
 # ---- sections ------------------------------------------------------------------------------
 
 _QUEUE_KEYS = {f.name for f in dataclasses.fields(QueuePolicy)}
-_BATCHING_KEYS = {f.name for f in dataclasses.fields(BatchingConfig)}
+# YAML keys of `batching`: the dataclass fields, with the cap under Triton's name
+_BATCHING_KEYS = {f.name for f in dataclasses.fields(BatchingConfig)} - {"batch_cap"} | {"max_batch_size"}
 _MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
 _SERVER_KEYS = {f.name for f in dataclasses.fields(ServerConfig)}
 _COMPILE_KEYS = {f.name for f in dataclasses.fields(CompileOptions)}
@@ -310,7 +311,7 @@ def _batching(data, path: str) -> BatchingConfig:
         if key in data:
             kw[key] = _bool(data[key], _p(path, key))
     if "max_batch_size" in data:
-        kw["max_batch_size"] = _int(data["max_batch_size"], _p(path, "max_batch_size"), 0)
+        kw["batch_cap"] = _int(data["max_batch_size"], _p(path, "max_batch_size"), 0)
     if "max_queue_delay_ms" in data:
         kw["max_queue_delay_ms"] = _float(data["max_queue_delay_ms"], _p(path, "max_queue_delay_ms"))
     if "batch_formation" in data:
@@ -470,6 +471,7 @@ def model_config_mapping(config: ModelConfig) -> dict:
                               else config.version_policy[1]})
     out["compile"]["batch"] = None if config.compile.batch is None else list(config.compile.batch)
     batching = out["batching"]
+    batching["max_batch_size"] = batching.pop("batch_cap")
     for policy in [batching["default_queue_policy"], *batching["priority_queue_policy"].values()]:
         for key in ("max_queue_size", "default_timeout_ms"):
             if policy[key] is None:

@@ -16,12 +16,13 @@ LEVEL_CUT_WASTE = 0.25
 
 def batch_limit(gears: Sequence[int], config: BatchingConfig) -> int:
     """Rows one run may hold: the largest compiled gear unless the configured cap
-    (`max_batch_size`) is lower; 0 for a static model (no batch dimension, one request per run).
+    (`batch_cap`, YAML max_batch_size) is lower; 0 for a static model (no batch dimension, one
+    request per run).
     It is what the protocol reports as the model's max_batch_size."""
     if not gears:
         return 0
     largest_gear = gears[-1]
-    return min(config.max_batch_size or largest_gear, largest_gear)
+    return min(config.batch_cap or largest_gear, largest_gear)
 
 
 def estimate_costs(gears: Sequence[int], measured: Mapping[int, float]) -> dict[int, float]:

@@ -32,7 +32,9 @@ class QueuePolicy:
 @dataclass(frozen=True)
 class BatchingConfig:
     enabled: bool = True  # false: one request per run (for comparison benchmarks)
-    max_batch_size: int = 0  # 0 = the largest compiled gear
+    # the configured cap on rows per batch (YAML: batching.max_batch_size, Triton's key); 0 = the
+    # largest compiled gear. The batcher's batch_limit is the smaller of the two.
+    batch_cap: int = 0
     max_queue_delay_ms: float = 1.0
     priority_levels: int = 3  # levels 1..N, 1 is the highest
     default_priority: int = 2
@@ -44,7 +46,7 @@ class BatchingConfig:
     def __post_init__(self):
         if self.batch_formation not in FORMATION_MODES:
             raise ValueError(f"batch_formation must be one of {', '.join(FORMATION_MODES)}")
-        if self.max_batch_size < 0:
+        if self.batch_cap < 0:
             raise ValueError("max_batch_size must be >= 0")
         if self.max_queue_delay_ms < 0:
             raise ValueError("max_queue_delay_ms must be >= 0")

@@ -231,7 +231,7 @@ async def test_cancelled_running_request_is_dropped_and_its_batch_mates_answered
         check(env, tasks[tag], tag, 1)
 
 
-@pytest.mark.parametrize("config, rows, limit", [({}, 9, 8), ({"max_batch_size": 4}, 5, 4)])
+@pytest.mark.parametrize("config, rows, limit", [({}, 9, 8), ({"batch_cap": 4}, 5, 4)])
 async def test_request_larger_than_the_maximum_batch_is_invalid(env, config, rows, limit):
     batcher, executor = env.make(**config)
     with pytest.raises(InvalidInput, match=f"batch of {rows} rows exceeds the model's maximum "

@@ -8,8 +8,8 @@ GEARS = (1, 2, 4, 8)
 
 def test_batch_limit_is_the_top_gear_unless_configured_lower():
     assert batch_limit(GEARS, BatchingConfig()) == 8
-    assert batch_limit(GEARS, BatchingConfig(max_batch_size=6)) == 6
-    assert batch_limit(GEARS, BatchingConfig(max_batch_size=32)) == 8
+    assert batch_limit(GEARS, BatchingConfig(batch_cap=6)) == 6
+    assert batch_limit(GEARS, BatchingConfig(batch_cap=32)) == 8
     assert batch_limit((), BatchingConfig()) == 0  # static: no batch dimension
 
 
