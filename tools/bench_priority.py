@@ -19,7 +19,7 @@ request) in separate processes, pinned to the other core:
 The modes alternate over `--rounds` rounds so drifting background load hits each alike; each
 test runs `--warm` seconds, then counts the requests answered within the next `--seconds`.
 Latency is measured by the client, send to full response. Prints a Markdown table and the
-checks of issue 12: jit high p99 / low p50 <= 0.5, and jit req/s at 64 clients >= 0.97 of
+project's targets: jit high p99 / low p50 <= 0.5, and jit req/s at 64 clients >= 0.97 of
 eager's (the same figures for slots1 beside them).
 """
 from __future__ import annotations
