@@ -26,7 +26,7 @@ from ..errors import ServeError
 from .app_keys import STATE
 from .auth import access_middleware
 from .body import BodyTimeout
-from .connections import GuardedSite, fit_descriptor_limit, tracking_middleware
+from .connections import fit_descriptor_limit, listen, tracking_middleware
 from .http_errors import error_headers, http_status, retry_after
 from .routes import add_routes
 from .state import ServerState
@@ -178,12 +178,12 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
     drain_deadline = None
+    listener: asyncio.Server | None = None
     state.auth.log_startup()
     try:
         await runner.setup()
-        site = GuardedSite(runner, state.connections, config.host, config.port, config.listen_backlog)
-        await site.start()
-        host, port = runner.addresses[0][:2]
+        listener = await listen(runner, state.connections, config.host, config.port, config.listen_backlog)
+        host, port = listener.sockets[0].getsockname()[:2]
         log.info("aclserve listening on http://%s:%d", host, port)
         if grpc_server is not None:
             grpc_port = await grpc_server.start(config.host, config.grpc_port)
@@ -211,4 +211,6 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         if grpc_server is not None:  # in-flight RPCs are done or out of time: close the port
             grace = 0.0 if drain_deadline is None else max(0.0, drain_deadline - loop.time())
             await grpc_server.stop(grace)
+        if listener is not None:
+            listener.close()  # the HTTP socket; runner.cleanup() then shuts the connections down
         await runner.cleanup()

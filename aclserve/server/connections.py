@@ -219,24 +219,13 @@ def tracking_middleware(tracker: ConnectionTracker):
     return track
 
 
-class GuardedSite(web.BaseSite):
-    """A TCP site whose connections go through the tracker."""
-
-    __slots__ = ("_host", "_port", "_tracker")
-
-    def __init__(self, runner: web.BaseRunner, tracker: ConnectionTracker, host: str, port: int, backlog: int):
-        super().__init__(runner, backlog=backlog)
-        self._host, self._port, self._tracker = host, port, tracker
-
-    @property
-    def name(self) -> str:
-        return f"http://{self._host}:{self._port}"
-
-    async def start(self) -> None:
-        await super().start()
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._tracker.factory(self._runner.server), self._host,
-                                                self._port, backlog=self._backlog, reuse_address=True)
+async def listen(runner: web.AppRunner, tracker: ConnectionTracker, host: str, port: int,
+                 backlog: int) -> asyncio.Server:
+    """Listen on host:port with the runner's aiohttp server as the protocol (its public use as a
+    low-level server), each connection going through the tracker. The caller closes the listener
+    (before runner.cleanup(), which shuts the connections down)."""
+    return await asyncio.get_running_loop().create_server(
+        tracker.factory(runner.server), host, port, backlog=backlog, reuse_address=True)
 
 
 def fit_descriptor_limit(max_connections: int) -> int:
