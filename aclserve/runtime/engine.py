@@ -25,6 +25,7 @@ import numpy as np
 from .acl_runtime import AclRuntime
 from .batch import Batch
 from .builder import open_pool
+from .futures import settle
 from .pool import InstancePool
 from .types import TensorSpec
 
@@ -124,16 +125,10 @@ class _Call:
                 self._left -= 1
                 if self._left:
                     return
-        try:
-            if error is not None:
-                self.future.set_exception(error)
-            elif len(self._parts) == 1:
-                self.future.set_result(self._parts[0])
-            else:
-                self.future.set_result({name: np.concatenate([p[name] for p in self._parts])
-                                        for name in self._names})
-        except concurrent.futures.InvalidStateError:
-            pass  # the caller cancelled the call (e.g. asyncio.wait_for around infer_async)
+        if error is not None or len(self._parts) == 1:
+            settle(self.future, error, self._parts[0])
+        else:
+            settle(self.future, None, {name: np.concatenate([p[name] for p in self._parts]) for name in self._names})
 
 
 class Engine:

@@ -8,10 +8,21 @@
 from __future__ import annotations
 
 import concurrent.futures
-import threading
 
 from .batch import Batch
 from .pool import InstancePool
+
+
+def settle(future: concurrent.futures.Future, error: BaseException | None, result=None) -> None:
+    """Resolve `future` from an executor thread, unless its caller has cancelled it (e.g.
+    asyncio.wait_for around asyncio.wrap_future): nobody waits for the answer then."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
 
 
 class BatchFutures:
@@ -19,8 +30,6 @@ class BatchFutures:
 
     def __init__(self, pool: InstancePool):
         self.pool = pool
-        self.slots_freed = 0
-        self._lock = threading.Lock()
         pool.attach(self)
 
     def submit(self, inputs, gear: int | None, lane: int | None = None) -> concurrent.futures.Future:
@@ -33,15 +42,7 @@ class BatchFutures:
 
     # -- BatchListener -------------------------------------------------------------------------
     def batch_done(self, batch: Batch) -> None:
-        future = batch.requests[0]
-        try:
-            if batch.error is not None:
-                future.set_exception(batch.error)
-            else:
-                future.set_result(batch)
-        except concurrent.futures.InvalidStateError:
-            pass  # cancelled by the caller: nobody waits for this batch
+        settle(batch.requests[0], batch.error, batch)
 
     def slot_free(self) -> None:
-        with self._lock:
-            self.slots_freed += 1
+        pass  # every batch was handed to the pool at submit(); nothing waits here
