@@ -60,12 +60,17 @@ def bench_raw(onnx_path: str, gear: int, seconds: float, threads: int) -> float:
     return samples / elapsed
 
 
+def random_request(pool, gear: int) -> dict[str, np.ndarray]:
+    """One request of `gear` rows of seeded random data for every input of the pool's model."""
+    return {s.name: np.random.default_rng(1).standard_normal((gear,) + s.sample_shape).astype(s.dtype)
+            for s in pool.inputs}
+
+
 def bench_sync(runtime, om: str, gear: int, seconds: float) -> float:
     pool = open_pool(runtime, om, "sync", slots=1)
     try:
         instance = pool.instances[0]
-        request = {s.name: np.random.default_rng(1).standard_normal((gear,) + s.sample_shape).astype(s.dtype)
-                   for s in pool.inputs}
+        request = random_request(pool, gear)
 
         def run():
             instance.run_sync(Batch([request], gear, gear))
@@ -79,8 +84,7 @@ def bench_sync(runtime, om: str, gear: int, seconds: float) -> float:
 def bench_pipelined(runtime, om: str, gear: int, seconds: float, slots: int) -> float:
     pool = open_pool(runtime, om, f"pipe{slots}", slots=slots)
     try:
-        request = {s.name: np.random.default_rng(1).standard_normal((gear,) + s.sample_shape).astype(s.dtype)
-                   for s in pool.inputs}
+        request = random_request(pool, gear)
         futures = BatchFutures(pool)
         futures.submit([request], gear).result()
         per_round = max(4 * slots, 8)
@@ -121,8 +125,7 @@ def idle_sync(runtime, om: str, gear: int, seconds: float) -> tuple[float, float
     pool = open_pool(runtime, om, "sync", slots=1)
     try:
         instance = pool.instances[0]
-        request = {s.name: np.random.default_rng(1).standard_normal((gear,) + s.sample_shape).astype(s.dtype)
-                   for s in pool.inputs}
+        request = random_request(pool, gear)
         busy = [0.0]
 
         def run():
@@ -140,8 +143,7 @@ def idle_pipelined(runtime, om: str, gear: int, seconds: float, slots: int) -> t
     """(samples/s, idle fraction) of the serving path kept full (`slots` batches in flight)."""
     pool = open_pool(runtime, om, f"pipe{slots}", slots=slots)
     try:
-        request = {s.name: np.random.default_rng(1).standard_normal((gear,) + s.sample_shape).astype(s.dtype)
-                   for s in pool.inputs}
+        request = random_request(pool, gear)
         futures = BatchFutures(pool)
         futures.submit([request], gear).result()
         in_flight = [futures.submit([request], gear) for _ in range(slots)]
