@@ -139,6 +139,7 @@ class ServerConfig:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     keepalive_timeout_s: float = 15.0
+    hold_refused_connections: bool = True
     api_token: str = field(default="", repr=False)  # never printed; ACLSERVE_API_TOKEN wins
     auth_inference: bool = False
     readiness: str = "strict"
@@ -517,6 +518,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         header_timeout_s=_float(get("header_timeout_s"), "header_timeout_s", 0.001),
         body_timeout_s=_float(get("body_timeout_s"), "body_timeout_s", 0.001),
         keepalive_timeout_s=_float(get("keepalive_timeout_s"), "keepalive_timeout_s", 0.001),
+        hold_refused_connections=_bool(get("hold_refused_connections"), "hold_refused_connections"),
         api_token=token,
         auth_inference=_bool(get("auth_inference"), "auth_inference"),
         readiness=_str(get("readiness"), "readiness", READINESS),

@@ -33,7 +33,12 @@ class Unavailable(ServeError):
     the client may try again shortly."""
 
 
-class QueueFull(Unavailable):
+class Overloaded(Unavailable):
+    """The server has no room for the request now (a full queue, request memory in use,
+    image decoding saturated). HTTP holds the connection for the Retry-After it announces."""
+
+
+class QueueFull(Overloaded):
     pass
 
 

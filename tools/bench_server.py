@@ -61,9 +61,12 @@ DEFAULT_WORKLOADS = "light-json,light-binary,medium-json,medium-binary,medium-gr
 TOLERANCE = 1e-4
 
 
-def prepare_repository(src: str, repo: str) -> dict[str, str]:
-    """Build the example ONNX models if missing, compile them into `repo`; name -> onnx path."""
+def prepare_repository(src: str, repo: str, only: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Build the example ONNX models if missing, compile them (or those named in `only`) into
+    `repo`; name -> onnx path."""
     paths = ensure_example_models(src)
+    if only is not None:
+        paths = {name: path for name, path in paths.items() if name in only}
     for name, path in paths.items():
         subprocess.run([sys.executable, "-m", "aclserve", "compile", path, "-o", os.path.join(repo, f"{name}.om"),
                         "--target", "cpu"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)

@@ -22,7 +22,7 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from ..errors import ServeError
+from ..errors import Overloaded, ServeError
 from .app_keys import STATE
 from .auth import access_middleware
 from .body import BodyTimeout
@@ -72,7 +72,10 @@ def error_response(request: web.Request, state: ServerState | None, exc: Excepti
 def _error_response(request: web.Request, state: ServerState | None, exc: Exception) -> web.Response:
     if isinstance(exc, ServeError):
         message = state.redact(exc.message) if state is not None else exc.message
-        response = json_error(message, http_status(exc), retry_after(exc), error_headers(exc))
+        wait = retry_after(exc)
+        if isinstance(exc, Overloaded) and state is not None and request.transport is not None:
+            wait = state.connections.hold(request.transport)  # not read again before it says
+        response = json_error(message, http_status(exc), wait, error_headers(exc))
         if isinstance(exc, BodyTimeout):
             response.force_close()  # the client stalled: do not wait for the rest of its body
         return response

@@ -10,7 +10,7 @@ its transport gives a request that is too large. Event-loop thread only: no lock
 """
 from __future__ import annotations
 
-from ..errors import PayloadTooLarge, Unavailable
+from ..errors import Overloaded, PayloadTooLarge
 
 # Parsing a JSON number costs a Python object and a list slot (~40 bytes), then a float64 and
 # the model dtype's array element: measured 52 bytes per number; the worst value of all
@@ -19,7 +19,7 @@ JSON_BYTES_PER_VALUE = 64
 HTTP_HINT = "send tensors with the binary tensor extension or in smaller requests"
 
 
-class MemoryExhausted(Unavailable):
+class MemoryExhausted(Overloaded):
     """The server's request memory budget is in use by other requests."""
 
 

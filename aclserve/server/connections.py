@@ -13,12 +13,22 @@ A sweep every second closes connections past their phase's limit. At `max_connec
 connection replaces the one idle longest (or the slowest head) if it has been so for at least
 EVICT_AFTER_S, else it is answered 503 and closed. At shutdown every connection that is not
 running a request is closed at once, and the rest when the drain ends. Loop thread only.
+
+Overload holds: a request refused because the server has no room (errors.Overloaded) is
+answered at once with Retry-After: N, and its connection is then not read for those N seconds
+(`hold`). A client that honours Retry-After loses nothing; one that retries at once waits in
+its socket instead of costing the loop another refusal. Without the hold, clients that retry
+at once turn every freed moment of the server's core into more refusals: measured on one core,
+1,000 such connections left the model about a third of its capacity, the rest went to
+answering 503s. N grows with the connections held, so the refusals answered stay near
+REFUSALS_PER_S whatever the number of clients (see `hold_seconds`).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import math
 import resource
 
 from aiohttp import web
@@ -30,6 +40,19 @@ EVICT_AFTER_S = 1.0  # a connection idle (or in its head) this long may make roo
 FD_RESERVE = 512  # descriptors kept for model files, the watcher, logs and threads
 _LINGER_S = 1.0  # a refused connection is closed after this, so the client can read the 503
 _LINGER_MAX = 256
+# Refusals per second the hold aims for while overloaded: an HTTP refusal costs the loop
+# 0.1-0.2 ms (aiohttp's request and response, the body's bytes), so about 5 % of a core.
+REFUSALS_PER_S = 250
+HOLD_MAX_S = 10
+
+
+def hold_seconds(held: int, keepalive_timeout_s: float) -> int:
+    """Retry-After (whole seconds, as HTTP writes it) for a refusal while `held` connections
+    (this one included) are held: each comes back once per hold, so `held / hold` refusals a
+    second. At least 1, at most HOLD_MAX_S and below the keep-alive timeout (a held
+    connection is idle, and the sweep would close it)."""
+    cap = max(1, min(HOLD_MAX_S, math.ceil(keepalive_timeout_s) - 1))
+    return max(1, min(cap, math.ceil(held / REFUSALS_PER_S)))
 
 
 def _refusal(message: str) -> bytes:
@@ -43,10 +66,12 @@ _CLOSING = _refusal("server is shutting down")
 
 
 class _Conn:
-    __slots__ = ("transport", "phase", "since")
+    __slots__ = ("transport", "phase", "since", "hold", "stash")
 
     def __init__(self, transport, now: float):
         self.transport, self.phase, self.since = transport, IDLE, now
+        self.hold: asyncio.TimerHandle | None = None  # set while held after a refusal
+        self.stash: list[bytes] = []  # bytes that arrived anyway while held
 
 
 class GuardedProtocol(asyncio.Protocol):
@@ -68,6 +93,10 @@ class GuardedProtocol(asyncio.Protocol):
         conn = self._conn
         if conn is None:
             return  # refused: discard until closed
+        if conn.hold is not None:  # aiohttp's own flow control may resume reading: keep it for later
+            conn.stash.append(data)
+            conn.transport.pause_reading()
+            return
         if conn.phase == IDLE:
             conn.phase, conn.since = HEAD, self._tracker.now()
         self._inner.data_received(data)
@@ -92,12 +121,16 @@ class GuardedProtocol(asyncio.Protocol):
 class ConnectionTracker:
     """Owned by the server state. `factory(inner)` makes the listening socket's protocols."""
 
-    def __init__(self, max_connections: int, header_timeout_s: float, keepalive_timeout_s: float):
+    def __init__(self, max_connections: int, header_timeout_s: float, keepalive_timeout_s: float,
+                 hold_refused: bool = True):
         self.max_connections = max_connections
+        self.hold_refused = hold_refused
         self.header_timeout_s = header_timeout_s
         self.keepalive_timeout_s = keepalive_timeout_s
         self.accepting = True
         self.counts = {"refused": 0, "evicted": 0, "header_timeout": 0, "idle_timeout": 0}
+        self.held = 0  # connections held now
+        self.holds = 0  # holds since start
         self._conns: dict[object, _Conn] = {}
         self._lingering = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -160,6 +193,44 @@ class ConnectionTracker:
     def forget(self, conn: _Conn | None) -> None:
         if conn is not None:
             self._conns.pop(conn.transport, None)
+            self._unhold(conn)
+
+    # -- overload holds ---------------------------------------------------------------------------
+    def hold(self, transport) -> int:
+        """Stop reading `transport` for the seconds returned, its refusal's Retry-After. A
+        connection held again (a pipelined request refused) starts a new hold. With holds off
+        (hold_refused_connections: false) only says 1."""
+        if not self.hold_refused:
+            return 1
+        conn = self._conns.get(transport)
+        if conn is None or transport.is_closing():
+            return hold_seconds(self.held + 1, self.keepalive_timeout_s)
+        self._unhold(conn)
+        seconds = hold_seconds(self.held + 1, self.keepalive_timeout_s)
+        transport.pause_reading()
+        conn.hold = self._loop.call_later(seconds, self._release, conn)
+        self.held += 1
+        self.holds += 1
+        return seconds
+
+    def _release(self, conn: _Conn) -> None:
+        conn.hold = None
+        self.held -= 1
+        stash, conn.stash = conn.stash, []
+        transport = conn.transport
+        if transport.is_closing():
+            return
+        protocol = transport.get_protocol()
+        for data in stash:
+            protocol.data_received(data)
+        if conn.hold is None and not transport.is_closing():  # a stashed request may be held anew
+            transport.resume_reading()
+
+    def _unhold(self, conn: _Conn) -> None:
+        if conn.hold is not None:
+            conn.hold.cancel()
+            conn.hold = None
+            self.held -= 1
 
     # -- phases (called by tracking_middleware) -------------------------------------------------
     def request_started(self, transport) -> None:
@@ -202,6 +273,7 @@ class ConnectionTracker:
 
     def _close(self, conn: _Conn) -> None:
         self._conns.pop(conn.transport, None)
+        self._unhold(conn)
         conn.transport.close()
 
 

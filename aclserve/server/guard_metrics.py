@@ -34,6 +34,12 @@ class GuardCollector:
         for reason, n in sorted(conns.counts.items()):
             closed.add_metric([reason], n)
         yield closed
+        yield _gauge("aclserve_connections_held", "Connections not read until the Retry-After of their "
+                     "overload refusal (503) has passed", conns.held)
+        holds = CounterMetricFamily("aclserve_connection_holds", "Overload refusals (503) whose connection "
+                                    "was held for its Retry-After")
+        holds.add_metric([], conns.holds)
+        yield holds
         trims = CounterMetricFamily("aclserve_heap_trims", "malloc_trim calls after large requests")
         trims.add_metric([], state.trimmer.trims)
         yield trims

@@ -56,7 +56,7 @@ class ServerState:
         self.trimmer = HeapTrimmer()
         self.budget = MemoryBudget(config.max_inflight_bytes, config.max_request_bytes, self.trimmer.released)
         self.connections = ConnectionTracker(config.max_connections, config.header_timeout_s,
-                                             config.keepalive_timeout_s)
+                                             config.keepalive_timeout_s, config.hold_refused_connections)
         self.metrics.registry.register(GuardCollector(self))
         self.started = False  # every model the repository found at start has been tried
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
