@@ -18,16 +18,12 @@ import logging
 import signal
 from typing import TYPE_CHECKING
 
-import orjson
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
-from ..errors import Overloaded, ServeError
 from .app_keys import STATE
 from .auth import access_middleware
-from .body import BodyTimeout
 from .connections import fit_descriptor_limit, listen, tracking_middleware
-from .http_errors import error_headers, http_status, retry_after
+from .error_responses import error_middleware
 from .routes import add_routes
 from .state import ServerState
 
@@ -37,67 +33,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LINGER_S = 2.0
-
-def json_error(message: str, status: int, retry_after: float | None = None,
-               headers: dict | None = None) -> web.Response:
-    headers = dict(headers or {})
-    if retry_after:
-        headers["Retry-After"] = str(max(1, int(round(retry_after))))
-    return web.Response(body=orjson.dumps({"error": message}), status=status,
-                        content_type="application/json", headers=headers or None)
-
-
-@web.middleware
-async def error_middleware(request: web.Request, handler):
-    """ServeError -> {"error": message} with its status; aiohttp's own HTTP errors (404 route,
-    405, 413) -> the same JSON shape; anything else -> logged, generic 500."""
-    try:
-        return await handler(request)
-    except Exception as e:
-        return error_response(request, request.app.get(STATE), e)
-
-
-def error_response(request: web.Request, state: ServerState | None, exc: Exception) -> web.Response:
-    """The JSON error answer for `exc`; re-raises what is not an error (e.g. a 3xx HTTPException).
-
-    Dispatches with isinstance, not by re-raising: a re-raise here would put this frame (which
-    holds `exc`) in exc's own traceback, a cycle that keeps the failed request's frames and
-    their buffers (a whole request body) alive until the cyclic GC happens to run."""
-    try:
-        return _error_response(request, state, exc)
-    finally:
-        exc.__traceback__ = None  # answered (and logged if internal): let its frames go now
-
-
-def _error_response(request: web.Request, state: ServerState | None, exc: Exception) -> web.Response:
-    if isinstance(exc, ServeError):
-        message = state.redact(exc.message) if state is not None else exc.message
-        wait = retry_after(exc)
-        if isinstance(exc, Overloaded) and state is not None and request.transport is not None:
-            wait = state.connections.hold(request.transport)  # not read again before it says
-        response = json_error(message, http_status(exc), wait, error_headers(exc))
-        if isinstance(exc, BodyTimeout):
-            response.force_close()  # the client stalled: do not wait for the rest of its body
-        return response
-    if isinstance(exc, web.HTTPException):
-        if exc.status < 400:
-            raise exc
-        if isinstance(exc, web.HTTPRequestEntityTooLarge):
-            limit = f"{state.config.max_body_bytes} bytes" if state is not None else "the configured size"
-            message = f"request body exceeds the limit of {limit} (max_body_bytes)"
-        elif isinstance(exc, web.HTTPNotFound):
-            message = f"no route for {request.method} {request.path}"
-        elif isinstance(exc, web.HTTPMethodNotAllowed):
-            message = f"method {request.method} is not allowed on {request.path}"
-        else:
-            message = exc.reason
-        return json_error(message, exc.status)
-    if isinstance(exc, (HttpProcessingError, web.RequestPayloadError)):  # unreadable body
-        cause = exc.__cause__ if isinstance(exc, web.RequestPayloadError) and exc.__cause__ else exc
-        detail = getattr(cause, "message", "") or str(cause) or type(cause).__name__
-        return json_error(f"request body could not be read: {detail.strip()}", 400)
-    log.error("internal error on %s %s", request.method, request.path, exc_info=exc)
-    return json_error("internal error", 500)
 
 
 async def _load(state: ServerState) -> None:

@@ -81,15 +81,22 @@ def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"request body exceeds the limit of {limit} bytes (max_body_bytes)")
 
 
-async def read_body(request: web.BaseRequest, lease: Lease, max_bytes: int, timeout_s: float) -> bytes | bytearray:
-    """The body, decoded per Content-Encoding; every byte held is charged to `lease` first.
-    Large bodies come back as a bytearray (filled in place: one copy of the body, not two)."""
-    inflater = _inflater(request)
+def charge_declared(request: web.BaseRequest, lease: Lease, max_bytes: int) -> int | None:
+    """Check the declared body size (Content-Length) against `max_bytes` and charge it to
+    `lease`, before any of the body is read; None when the body is chunked."""
     declared = request.content_length
     if declared is not None:
         if declared > max_bytes:
             raise _too_large(max_bytes)
         lease.take(declared, "request body")
+    return declared
+
+
+async def read_body(request: web.BaseRequest, lease: Lease, max_bytes: int, timeout_s: float) -> bytes | bytearray:
+    """The body, decoded per Content-Encoding; every byte held is charged to `lease` first.
+    Large bodies come back as a bytearray (filled in place: one copy of the body, not two)."""
+    inflater = _inflater(request)
+    declared = charge_declared(request, lease, max_bytes)
     content = request.content
     if inflater is None and content.is_eof():  # already buffered (small bodies): no timer
         body = content.read_nowait(-1)

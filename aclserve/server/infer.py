@@ -21,15 +21,16 @@ import asyncio
 import functools
 import time
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from ..errors import ServeError
 from ..trace import now_ns
 from .app_keys import STATE
-from .body import read_body
+from .body import charge_declared, read_body
 from .budget import json_tensor_estimate
 from .codec import HEADER_LENGTH, decode_request, parse_header_length
 from .encode import encode_response
+from .error_responses import error_response, json_error
 from .http_errors import http_status
 from .observe import REQUEST_ID_HEADER, request_id
 
@@ -46,6 +47,29 @@ async def infer(request: web.Request) -> web.Response:
     with state.budget.lease() as lease:  # held until the answer is built
         return await counted_infer(state, match["model"], match.get("version"),
                                    functools.partial(_infer, request, state, lease))
+
+
+async def expect_body(request: web.Request) -> web.Response | None:
+    """The route's `Expect: 100-continue` handler: the body's declared size is checked against
+    max_body_bytes and what the memory budget has left before the client is told to send it
+    (aiohttp's own handler tells it at once). A refusal closes the connection, so a client that
+    sends its body anyway is not read."""
+    if request.version != HttpVersion11:
+        return None  # HTTP/1.0 has no 100 Continue: the body comes anyway
+    expect = request.headers.get("Expect", "")
+    if expect.lower() != "100-continue":
+        return json_error(f"unknown expectation: Expect: {expect[:100]}", 417)
+    state = request.app[STATE]
+    try:
+        with state.budget.lease() as probe:  # given back at once: the request charges it again
+            charge_declared(request, probe, state.config.max_body_bytes)
+    except ServeError as e:
+        response = error_response(request, state, e)
+        response.force_close()
+        return response
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # as aiohttp's own handler: the answer proper has not started
+    return None
 
 
 async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http"):

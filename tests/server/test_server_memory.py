@@ -128,6 +128,37 @@ def test_declared_length_over_the_limit_is_refused_before_the_body_is_sent(small
     assert status == 413 and b"max_body_bytes" in answer
 
 
+def test_expect_100_continue_is_answered_after_the_size_and_budget_checks(small):
+    """A client that asks before sending its body is told 413 / 503 instead of 100 Continue
+    when the body could not be taken, and 100 Continue when it could."""
+    async def ask(length: int):
+        reader, writer = await open_raw(small.url)
+        writer.write(head("/v2/models/double/infer", {"Content-Length": length, "Expect": "100-continue"}))
+        status, answer = await read_response(reader)  # no body byte was sent
+        return reader, writer, status, answer
+
+    async def scenario():
+        *_, writer, over_status, over = await ask(100 * MiB)
+        closed = await closed_by_server(_[0])
+        writer.close()
+        stall_reader, stall = await open_raw(small.url)
+        stall.write(head("/v2/models/double/infer", {"Content-Length": 3 * MiB}) + b"{")
+        await wait_for(lambda: metric(small.url, "aclserve_request_memory_bytes") >= 3 * MiB)
+        *_, busy_writer, busy_status, busy = await ask(2 * MiB)
+        busy_writer.close()
+        stall.close()
+        await wait_for(lambda: metric(small.url, "aclserve_request_memory_bytes") == 0)
+        reader, writer, go_status, _ = await ask(len(GOOD))
+        writer.write(GOOD)
+        served_status, served = await read_response(reader)
+        writer.close()
+        return over_status, over, closed, busy_status, busy, go_status, served_status, served
+    over_status, over, closed, busy_status, busy, go_status, served_status, served = asyncio.run(scenario())
+    assert over_status == 413 and b"max_body_bytes" in over and closed
+    assert busy_status == 503 and b"max_inflight_bytes" in busy and b"Retry-After" in busy
+    assert go_status == 100 and served_status == 200 and b'"outputs"' in served
+
+
 def test_chunked_body_over_the_limit_is_413(small):
     async def chunks():
         for _ in range(6):

@@ -255,7 +255,7 @@ def test_unexpected_exception_is_a_generic_500(caplog):
     from aiohttp.test_utils import TestClient, TestServer
 
     from aclserve.errors import QueueFull
-    from aclserve.server.app import error_middleware
+    from aclserve.server.error_responses import error_middleware
 
     async def boom(request):
         raise RuntimeError("secret detail")
