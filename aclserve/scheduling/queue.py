@@ -9,6 +9,10 @@ from .clock import Clock
 from .policy import BatchingConfig, QueuePolicy
 from .request import DISPATCHED, QUEUED, REMOVED, QueuedRequest
 
+# A deadline this close counts as passed when the level's timer fires: loop timers fire up to
+# one tick early (uvloop's clock counts whole milliseconds).
+DUE_EARLY_S = 0.001
+
 
 def timeout_seconds(policy: QueuePolicy, timeout_us: int | None) -> float:
     """The queueing deadline of one request in seconds (0 = none).
@@ -32,6 +36,11 @@ class PriorityQueue:
     moment: `reject` removes the request and hands it to `on_timeout` (the owner answers
     it), `delay` moves it behind the level's requests that are still within their deadline.
     Each level is two OrderedDicts (on time, delayed), so push, pop and removal are O(1).
+
+    Timers: requests with their level's default deadline arrive in deadline order, so one
+    timer per level, at the earliest of them, covers them all (a loop timer per request cost
+    about 4 % of the light MLP's throughput); a request whose own shorter `timeout` applies
+    has a timer of its own.
     """
 
     def __init__(self, config: BatchingConfig, clock: Clock,
@@ -49,6 +58,8 @@ class PriorityQueue:
         # Service order: on-time then delayed requests of level 1, then level 2, ...
         self._lanes = [lane for level in self.levels
                        for lane in (self._on_time[level], self._delayed[level])]
+        self._default_s = [p.default_timeout_ms / 1000.0 if p else 0.0 for p in self._policies]
+        self._lane_timer: list = [None] * (n + 1)  # per level: at its earliest default deadline
         self.rows = 0  # rows of every queued request
         self.count = 0
 
@@ -72,7 +83,10 @@ class PriorityQueue:
         timeout = timeout_seconds(policy, timeout_us)
         if timeout:
             request.deadline = request.enqueued + timeout
-            request.timer = self._clock.call_at(request.deadline, self._expire, request)
+            if timeout != self._default_s[level]:
+                request.timer = self._clock.call_at(request.deadline, self._expire, request)
+            elif self._lane_timer[level] is None:
+                self._lane_timer[level] = self._clock.call_at(request.deadline, self._lane_due, level)
 
     def remove(self, request: QueuedRequest) -> bool:
         """Take `request` out of the queue (cancelled, shut down); False if it was not queued."""
@@ -154,6 +168,27 @@ class PriorityQueue:
         if request.timer is not None:
             request.timer.cancel()
             request.timer = None
+        level = request.level
+        if self._lane_timer[level] is not None and not self._on_time[level]:
+            self._lane_timer[level].cancel()  # nothing left to time: no wake-up for nothing
+            self._lane_timer[level] = None
+
+    def _lane_due(self, level: int) -> None:
+        """The level's timer: expire its default-deadline requests that are due, in order, and
+        set the timer again for the first one that is not (a timer set for a request already
+        taken just fires early and moves on)."""
+        self._lane_timer[level] = None
+        due_by = self._clock.now() + DUE_EARLY_S
+        expired = []
+        for request in self._on_time[level]:
+            if request.timer is not None or not request.deadline:
+                continue  # its own deadline (or none): not in this order
+            if request.deadline > due_by:
+                self._lane_timer[level] = self._clock.call_at(request.deadline, self._lane_due, level)
+                break
+            expired.append(request)
+        for request in expired:
+            self._expire(request)
 
     def _expire(self, request: QueuedRequest) -> None:
         request.timer = None

@@ -120,3 +120,24 @@ def test_taken_requests_do_not_time_out(clock):
 def test_timeout_override_semantics(default_ms, allow, own_us, expected):
     policy = QueuePolicy(default_timeout_ms=default_ms, allow_timeout_override=allow)
     assert timeout_seconds(policy, own_us) == pytest.approx(expected)
+
+
+def test_one_timer_per_level_times_its_default_deadlines_in_order(clock):
+    """Requests with the level's default deadline share one timer; one with its own shorter
+    timeout has its own; taking the head only makes the shared timer fire early and move on."""
+    queue, timed_out, _ = make_queue(clock, default_queue_policy=QueuePolicy(default_timeout_ms=10))
+    first = request(queue, clock, 0)
+    clock.advance(0.002)
+    request(queue, clock, 1)
+    clock.advance(0.002)
+    request(queue, clock, 2)
+    short = request(queue, clock, 3, timeout_us=3000)
+    assert clock.pending_timers == 2  # the level's, and the short one's own
+    queue.take(1, 1)  # the first: the level's timer, set for it, fires at its deadline for nothing
+    assert first.state == DISPATCHED
+    clock.advance(0.0035)  # t = 7.5 ms: only the short one is due
+    assert timed_out == [short]
+    clock.advance(0.0050)  # t = 12.5 ms: the second (due at 12 ms), not the third (14 ms)
+    assert tags(timed_out) == [3, 1] and clock.pending_timers == 1
+    clock.advance(0.0020)
+    assert tags(timed_out) == [3, 1, 2] and clock.pending_timers == 0 and len(queue) == 0
