@@ -105,7 +105,7 @@ class ModelConfig:
 
     instances: int = 1
     devices: tuple[int, ...] = (0,)
-    slots: int = 2
+    slots: int = 0  # 0 = auto: AUTO_SLOTS by runtime, when the model loads (repository/served.py)
     retry: bool = True
     execution_timeout_ms: int = 0  # 0 = from the measured gear costs (pool.set_execution_timeout)
     batching: BatchingConfig = field(default_factory=lambda: BatchingConfig(
@@ -442,6 +442,11 @@ def _image_settings(data) -> ImageSettings:
     )
 
 
+def _slots(value, path: str) -> int:
+    """`auto` (0 once parsed) or at least 1."""
+    return 0 if value == AUTO else _int(value, path, 1)
+
+
 def parse_model_config(data, path: str = "") -> ModelConfig:
     """Validate a complete model mapping (already merged over the defaults)."""
     data = _mapping(data, path)
@@ -450,7 +455,7 @@ def parse_model_config(data, path: str = "") -> ModelConfig:
     return ModelConfig(
         instances=_int(data.get("instances", base.instances), _p(path, "instances"), 1),
         devices=_int_list(data.get("devices", list(base.devices)), _p(path, "devices"), 0),
-        slots=_int(data.get("slots", base.slots), _p(path, "slots"), 1),
+        slots=_slots(data.get("slots", AUTO), _p(path, "slots")),
         retry=_bool(data.get("retry", base.retry), _p(path, "retry")),
         execution_timeout_ms=_int(data.get("execution_timeout_ms", base.execution_timeout_ms),
                                   _p(path, "execution_timeout_ms"), 0),
@@ -466,6 +471,7 @@ def model_config_mapping(config: ModelConfig) -> dict:
     """The YAML-shaped mapping of a ModelConfig (inverse of parse_model_config)."""
     out = dataclasses.asdict(config)
     out["devices"] = list(config.devices)
+    out["slots"] = config.slots or AUTO
     kind = config.version_policy[0]
     out["version_policy"] = ({"all": True} if kind == "all" else
                              {kind: list(config.version_policy[1]) if kind == "specific"

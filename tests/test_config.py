@@ -144,6 +144,14 @@ def test_model_file_merges_over_defaults_and_replaces_version_policy(tmp_path, t
     assert config.slots == 3 and config.instances == 2
 
 
+def test_slots_auto_is_kept_through_a_merge(tmp_path):
+    defaults = load_server_config(None, {}).model_defaults
+    assert defaults.slots == 0  # auto: chosen by runtime when the model loads
+    assert load_model_config(write(tmp_path, "instances: 2\n"), defaults).slots == 0
+    assert load_model_config(write(tmp_path, "slots: 2\n"), defaults).slots == 2
+    assert load_server_config(None, {"model_defaults.slots": 3}).model_defaults.slots == 3
+
+
 def test_model_file_error_names_file_and_key(tmp_path):
     path = write(tmp_path, "batching: {max_batch_size: -1}\n")
     with pytest.raises(ConfigError) as info:

@@ -32,6 +32,7 @@ async def test_start_loads_both_layouts_and_serves(make_repo, models_dir, model_
     assert await answer(repo, "multi") == 3.0  # latest 1
     served = repo.get("multi")
     assert (served.version, served.max_batch_size, served.gears) == ("2", 4, (1, 2, 4))
+    assert [len(i.slots) for i in served.pool.instances] == [1]  # slots: auto on the CPU runtime
     assert [s.name for s in served.inputs] == ["x"] and [s.name for s in served.outputs] == ["y"]
     with pytest.raises(NotFound):
         repo.get("nope")
@@ -103,6 +104,14 @@ async def test_api_load_of_a_corrupt_file_fails_and_keeps_serving(make_repo, mod
     assert await answer(repo, "m") == 1.0
     (row,) = [r for r in repo.index() if r["name"] == "m"]
     assert row["state"] == State.READY and "truncated" in row["reason"]
+
+
+async def test_slots_from_a_model_file_win_over_auto(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "two.om")
+    (models_dir / "two.yaml").write_text("slots: 2\n")
+    repo, _ = await make_repo(model_control_mode="none")
+    assert [len(i.slots) for i in repo.get("two").pool.instances] == [2]
+    assert await answer(repo, "two") == 1.0
 
 
 async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_files):
