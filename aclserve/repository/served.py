@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 # slot lets the next batch be copied in meanwhile. On the CPU runtime a copy is a memcpy on
 # the cores that compute: measured on one core (medium CNN, binary, 64 clients), one slot gave
 # 1.02 x the throughput of two and the same latency at one client, and a second slot only
-# commits a batch ahead of requests of higher priority (tools/bench_priority.py).
+# commits a batch ahead of requests of higher priority (tools/bench_priority.py). The device's
+# stream/event ledger is still charged for an NPU's two, so a configuration an NPU could not
+# hold is refused on the CPU runtime too.
 AUTO_SLOTS = {"npu": 2, "cpu": 1}
 
 
@@ -125,7 +127,8 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
     config = wanted.config
     pool = await run(functools.partial(
         _open_pool, runtime, om_path, name=f"{name}:{version}", instances=config.instances,
-        devices=config.devices, slots=config.slots or AUTO_SLOTS[runtime.kind], retry=config.retry))
+        devices=config.devices, slots=config.slots or AUTO_SLOTS[runtime.kind], retry=config.retry,
+        claimed_slots=config.slots or AUTO_SLOTS["npu"]))  # the CPU refuses what an NPU would
     try:
         images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
         labels = await run(load_labels, config.outputs, pool.outputs)

@@ -18,9 +18,10 @@ class InstanceBuilder:
     a rebuild, which claims its streams and events on the device's ledger until dispose()
     closes the instance it replaced and gives that share back."""
 
-    def __init__(self, runtime, path: str, name: str, placed: list, slots: int):
+    def __init__(self, runtime, path: str, name: str, placed: list, slots: int, claimed_slots: int):
         self._acl = runtime.acl
         self.path, self.name, self.placed, self.slots = path, name, placed, slots
+        self.claimed_slots = claimed_slots  # what each instance claims on its device's ledger
 
     def create(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
         """An instance whose resources open_pool has claimed already."""
@@ -29,8 +30,8 @@ class InstanceBuilder:
 
     def build(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
         """A replacement for `lane`, with a claim of its own (blocking: loads the model)."""
-        device, need = self.placed[lane], Need.of(1, self.slots)
-        device.ledger.claim(need, f"a rebuilt instance of model {self.name} ({self.slots} slots)")
+        device, need = self.placed[lane], Need.of(1, self.claimed_slots)
+        device.ledger.claim(need, f"a rebuilt instance of model {self.name} ({self.claimed_slots} slots)")
         try:
             return self.create(lane, execution_timeout_ms)
         except BaseException:
@@ -44,29 +45,32 @@ class InstanceBuilder:
         except Exception:
             log.exception("%s: closing instance %s failed", self.name, instance.name)
         finally:
-            instance.device.ledger.release(Need.of(1, self.slots))
+            instance.device.ledger.release(Need.of(1, self.claimed_slots))
 
 
 def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequence[int] = (0,),
               slots: int = 2, retry: bool = True, execution_timeout_ms: int = 60_000,
-              rebuild: bool = True) -> InstancePool:
+              rebuild: bool = True, claimed_slots: int | None = None) -> InstancePool:
     """Load `instances` copies of the OM round-robin over `devices` (blocking; run off the loop).
 
     The streams and events the instances need are claimed on each device first, so a
     configuration the device cannot hold is refused (ResourceLimitError) before anything loads.
+    `claimed_slots` (default `slots`): the slots each instance claims there, more than it
+    builds when the CPU runtime stands in for an NPU that would build more (`slots: auto`).
     `rebuild`: an instance out of rotation is replaced in the background."""
     if instances < 1:
         raise ValueError("instances must be >= 1")
     if not devices:
         raise ValueError("devices must name at least one device")
     placed = [runtime.device(devices[k % len(devices)]) for k in range(instances)]
-    builder = InstanceBuilder(runtime, path, name, placed, slots)
+    claimed = max(slots, claimed_slots or slots)
+    builder = InstanceBuilder(runtime, path, name, placed, slots, claimed)
     built: list[ModelInstance] = []
     with contextlib.ExitStack() as undo:
         for device in {d.id: d for d in placed}.values():
             count = sum(1 for d in placed if d is device)
-            need = Need.of(count, slots)
-            device.ledger.claim(need, f"model {name} ({count} instance(s) x {slots} slots)")
+            need = Need.of(count, claimed)
+            device.ledger.claim(need, f"model {name} ({count} instance(s) x {claimed} slots)")
             undo.callback(device.ledger.release, need)
         for k in range(instances):
             instance = builder.create(k, execution_timeout_ms)

@@ -85,6 +85,21 @@ def test_a_configuration_beyond_the_device_event_limit_is_refused_before_loading
         rt.close()
 
 
+def test_a_pool_claims_the_slots_an_npu_would_build(affine_om):
+    """slots: auto builds one slot on the CPU runtime but claims an NPU's two on the ledger,
+    so a configuration an NPU could not hold is refused here as well."""
+    rt = AclRuntime(device="cpu", device_limits=(None, 10)).start()  # one instance: 8 events for 1 slot, 14 for 2
+    try:
+        rt.device(0)
+        with pytest.raises(ResourceLimitError, match=r"needs 4 streams and 14 events on device 0"):
+            open_pool(rt, affine_om(), "affine", slots=1, claimed_slots=2)
+        pool = open_pool(rt, affine_om(), "affine", slots=1)
+        assert [len(i.slots) for i in pool.instances] == [1]
+        pool.close()
+    finally:
+        rt.close()
+
+
 def test_documented_limits_by_soc():
     assert limits_for_soc("Ascend310P3") == (1024, 1023)
     assert limits_for_soc("Ascend910B2") == (1984, 65535)
