@@ -13,7 +13,9 @@ Data flow of one batch:
 A batch launched while nothing else is in flight takes a shorter path: the launcher copies it in
 with a synchronous memcpy and queues only the execution; the completion thread waits for
 exec_end and copies the outputs back synchronously. Nothing is there to overlap with, and the
-two copy streams' wake-ups are saved (about 0.1 ms per batch on the CPU runtime).
+two copy streams' wake-ups are saved (about 0.1 ms per batch on the CPU runtime). The ACL call
+sequences of both paths (and of the synchronous baseline, `run_sync`) are in enqueue.py; this
+class owns the threads that run them, the slots and the instance's health.
 
 With two or more slots, batch N+1 is packed and copied while batch N computes. If a batch fails
 on the device (an execute error) only that batch fails; the instance then stops taking work,
@@ -41,17 +43,19 @@ import logging
 import queue
 import threading
 import time
+
 from ..acl import AclError, check, compat, release, restoring_context, using_context
 from ..acl import constants as C
 from ..errors import DeviceTimeout, ExecutionFailed
 from ..trace.records import now_ns
+from . import enqueue
 from .batch import Batch, BatchListener
 from .busy import BusyWindow
 from .device import Device
 from .device_clock import DeviceClock
 from .event_times import phase_events, phase_timings
 from .om_model import OmModel
-from .packing import copy_bytes, pack, unpack
+from .packing import unpack
 from .slot import Slot
 from .types import DeviceTimings
 
@@ -177,20 +181,7 @@ class ModelInstance:
             self._return_slot(slot)
 
     def _run_sync(self, slot: Slot, batch: Batch) -> None:
-        acl, rt = self._acl, self._acl.rt
-        rows = pack(slot, batch)
-        for tensor in slot.inputs:
-            check("rt.memcpy", rt.memcpy(tensor.device, tensor.size, tensor.host,
-                                         copy_bytes(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
-        if batch.gear is not None:
-            check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
-                self.model.model_id, slot.input_dataset, self.model.dynamic_index, batch.gear))
-        start = time.perf_counter_ns()
-        check("mdl.execute", acl.mdl.execute(self.model.model_id, slot.input_dataset, slot.output_dataset))
-        compute_ms = (time.perf_counter_ns() - start) / 1e6  # a blocking execute: its wall time
-        for tensor in slot.outputs:
-            check("rt.memcpy", rt.memcpy(tensor.host, tensor.size, tensor.device,
-                                         copy_bytes(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
+        compute_ms = enqueue.synchronous(self._acl, self.model, slot, batch)
         self._finish(slot, batch, DeviceTimings(compute_ms=compute_ms))
 
     # -- launcher thread ---------------------------------------------------------------------
@@ -206,67 +197,14 @@ class ModelInstance:
                 self._trace_launch(batch.trace, slot, direct)
             try:
                 if direct:
-                    self._enqueue_direct(slot, batch)
+                    enqueue.direct(self._acl, self.model, self.streams["compute"], slot, batch)
                 else:
-                    self._enqueue(slot, batch)
+                    enqueue.piped(self._acl, self.model, self.streams, slot, batch)
             except Exception as e:  # enqueue failures (bad argument, device error) fail this batch only
                 log.exception("%s: could not launch a batch", self.name)
                 self._done_q.put((slot, batch, e, direct))
             else:
                 self._done_q.put((slot, batch, None, direct))
-
-    def _enqueue_direct(self, slot: Slot, batch: Batch) -> None:
-        """A batch on an idle instance: copy in with a synchronous memcpy on this thread and queue
-        only the execution, so the batch costs two thread hand-offs fewer (the copy streams' wake-
-        ups); the completion thread copies the outputs back itself. Same calls a device takes."""
-        rt = self._acl.rt
-        rows = pack(slot, batch)
-        trace = batch.trace
-        if trace is not None:
-            trace.packed_ns = now_ns()
-        for tensor in slot.inputs:
-            check("rt.memcpy", rt.memcpy(tensor.device, tensor.size, tensor.host,
-                                         copy_bytes(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
-        if trace is not None:
-            trace.host_h2d = (trace.packed_ns, now_ns())  # a host memcpy here, not a stream's copy
-        self._enqueue_execution(slot, batch, self.streams["compute"])
-        if trace is not None:
-            trace.enqueued_ns = now_ns()
-
-    def _enqueue_execution(self, slot: Slot, batch: Batch, compute: int) -> None:
-        """Set the gear (an immediate write into the slot's own dataset) and queue the execution
-        between the slot's exec_start and exec_end events on the compute stream."""
-        acl, rt, ev = self._acl, self._acl.rt, slot.events
-        if batch.gear is not None:
-            check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
-                self.model.model_id, slot.input_dataset, self.model.dynamic_index, batch.gear))
-        check("rt.record_event", rt.record_event(ev["exec_start"], compute))
-        check("mdl.execute_async", acl.mdl.execute_async(
-            self.model.model_id, slot.input_dataset, slot.output_dataset, compute))
-        check("rt.record_event", rt.record_event(ev["exec_end"], compute))
-
-    def _enqueue(self, slot: Slot, batch: Batch) -> None:
-        rt = self._acl.rt
-        rows = pack(slot, batch)
-        if batch.trace is not None:
-            batch.trace.packed_ns = now_ns()
-        h2d, compute, d2h = self.streams["h2d"], self.streams["compute"], self.streams["d2h"]
-        ev = slot.events
-        check("rt.record_event", rt.record_event(ev["h2d_start"], h2d))
-        for tensor in slot.inputs:
-            check("rt.memcpy_async", rt.memcpy_async(tensor.device, tensor.size, tensor.host,
-                                                     copy_bytes(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE, h2d))
-        check("rt.record_event", rt.record_event(ev["h2d_end"], h2d))
-        check("rt.stream_wait_event", rt.stream_wait_event(compute, ev["h2d_end"]))
-        self._enqueue_execution(slot, batch, compute)
-        check("rt.stream_wait_event", rt.stream_wait_event(d2h, ev["exec_end"]))
-        check("rt.record_event", rt.record_event(ev["d2h_start"], d2h))
-        for tensor in slot.outputs:
-            check("rt.memcpy_async", rt.memcpy_async(tensor.host, tensor.size, tensor.device,
-                                                     copy_bytes(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST, d2h))
-        check("rt.record_event", rt.record_event(ev["d2h_end"], d2h))
-        if batch.trace is not None:
-            batch.trace.enqueued_ns = now_ns()
 
     # -- completion thread -------------------------------------------------------------------
     def _completer(self) -> None:
@@ -309,17 +247,11 @@ class ModelInstance:
 
     def _collect_direct(self, slot: Slot, batch: Batch) -> None:
         """Wait for a direct batch's execution, then copy its outputs back on this thread."""
-        rt, ev = self._acl.rt, slot.events
+        ev = slot.events
         self._wait(ev["exec_end"])
-        trace = batch.trace
-        if trace is not None:
-            self._trace_device(trace, ev, copies=False)
-        rows = batch.gear if batch.gear is not None else batch.rows
-        for tensor in slot.outputs:
-            check("rt.memcpy", rt.memcpy(tensor.host, tensor.size, tensor.device,
-                                         copy_bytes(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
-        if trace is not None:
-            trace.host_d2h = (trace.woke_ns, now_ns())  # a host memcpy here, not a stream's copy
+        if batch.trace is not None:
+            self._trace_device(batch.trace, ev, copies=False)
+        enqueue.direct_outputs(self._acl, slot, batch)
         self._finish(slot, batch, self._timings(ev, copies=False))
 
     def _wait(self, event: int) -> None:

@@ -1,0 +1,110 @@
+"""The ACL call sequences that put one batch on the device and take its outputs off, for a
+ModelInstance's threads (under the instance's context, which those threads hold):
+
+    piped       the launcher packs, then queues everything: H2D copies on the h2d stream,
+                the execution on the compute stream (after h2d_end), D2H copies on the d2h
+                stream (after exec_end), each phase between two of the slot's events
+    direct      a batch alone in flight: the launcher copies in with a synchronous memcpy and
+                queues only the execution; the completion thread copies the outputs back with
+                a synchronous memcpy once exec_end is reached (nothing to overlap with, and
+                the copy streams' two wake-ups are saved)
+    synchronous pack, memcpy, blocking execute, memcpy (the unpipelined benchmark baseline)
+
+A traced batch gets its host marks here (packed, copies, enqueued). Every call goes through
+check(); nothing here waits on an event (the instance's completion thread does).
+"""
+from __future__ import annotations
+
+import time
+
+from ..acl import check
+from ..acl import constants as C
+from ..trace.records import now_ns
+from .batch import Batch
+from .om_model import OmModel
+from .packing import copy_bytes, pack
+from .slot import Slot
+
+
+def piped(acl, model: OmModel, streams: dict[str, int], slot: Slot, batch: Batch) -> None:
+    rt = acl.rt
+    rows = pack(slot, batch)
+    if batch.trace is not None:
+        batch.trace.packed_ns = now_ns()
+    h2d, compute, d2h = streams["h2d"], streams["compute"], streams["d2h"]
+    ev = slot.events
+    check("rt.record_event", rt.record_event(ev["h2d_start"], h2d))
+    for tensor in slot.inputs:
+        check("rt.memcpy_async", rt.memcpy_async(tensor.device, tensor.size, tensor.host,
+                                                 copy_bytes(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE, h2d))
+    check("rt.record_event", rt.record_event(ev["h2d_end"], h2d))
+    check("rt.stream_wait_event", rt.stream_wait_event(compute, ev["h2d_end"]))
+    execution(acl, model, slot, batch, compute)
+    check("rt.stream_wait_event", rt.stream_wait_event(d2h, ev["exec_end"]))
+    check("rt.record_event", rt.record_event(ev["d2h_start"], d2h))
+    for tensor in slot.outputs:
+        check("rt.memcpy_async", rt.memcpy_async(tensor.host, tensor.size, tensor.device,
+                                                 copy_bytes(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST, d2h))
+    check("rt.record_event", rt.record_event(ev["d2h_end"], d2h))
+    if batch.trace is not None:
+        batch.trace.enqueued_ns = now_ns()
+
+
+def direct(acl, model: OmModel, compute: int, slot: Slot, batch: Batch) -> None:
+    """The launcher's part of a direct batch: pack, copy in, queue the execution."""
+    trace = batch.trace
+    rows = pack(slot, batch)
+    if trace is not None:
+        trace.packed_ns = now_ns()
+    copy_in(acl, slot, rows)
+    if trace is not None:
+        trace.host_h2d = (trace.packed_ns, now_ns())  # a host memcpy here, not a stream's copy
+    execution(acl, model, slot, batch, compute)
+    if trace is not None:
+        trace.enqueued_ns = now_ns()
+
+
+def direct_outputs(acl, slot: Slot, batch: Batch) -> None:
+    """The completion thread's part of a direct batch, once exec_end is reached: copy out."""
+    copy_out(acl, slot, batch.gear if batch.gear is not None else batch.rows)
+    trace = batch.trace
+    if trace is not None:
+        trace.host_d2h = (trace.woke_ns, now_ns())  # a host memcpy here, not a stream's copy
+
+
+def execution(acl, model: OmModel, slot: Slot, batch: Batch, compute: int) -> None:
+    """Set the gear (an immediate write into the slot's own dataset) and queue the execution
+    between the slot's exec_start and exec_end events on the compute stream."""
+    rt, ev = acl.rt, slot.events
+    if batch.gear is not None:
+        check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
+            model.model_id, slot.input_dataset, model.dynamic_index, batch.gear))
+    check("rt.record_event", rt.record_event(ev["exec_start"], compute))
+    check("mdl.execute_async", acl.mdl.execute_async(model.model_id, slot.input_dataset, slot.output_dataset, compute))
+    check("rt.record_event", rt.record_event(ev["exec_end"], compute))
+
+
+def synchronous(acl, model: OmModel, slot: Slot, batch: Batch) -> float:
+    """Pack, copy in, execute (blocking), copy out; returns the execute's wall time in ms."""
+    rows = pack(slot, batch)
+    copy_in(acl, slot, rows)
+    if batch.gear is not None:
+        check("mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(
+            model.model_id, slot.input_dataset, model.dynamic_index, batch.gear))
+    start = time.perf_counter_ns()
+    check("mdl.execute", acl.mdl.execute(model.model_id, slot.input_dataset, slot.output_dataset))
+    compute_ms = (time.perf_counter_ns() - start) / 1e6  # a blocking execute: its wall time
+    copy_out(acl, slot, rows)
+    return compute_ms
+
+
+def copy_in(acl, slot: Slot, rows: int) -> None:
+    for tensor in slot.inputs:
+        check("rt.memcpy", acl.rt.memcpy(tensor.device, tensor.size, tensor.host,
+                                         copy_bytes(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE))
+
+
+def copy_out(acl, slot: Slot, rows: int) -> None:
+    for tensor in slot.outputs:
+        check("rt.memcpy", acl.rt.memcpy(tensor.host, tensor.size, tensor.device,
+                                         copy_bytes(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST))
