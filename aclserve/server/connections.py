@@ -49,9 +49,12 @@ HOLD_MAX_S = 10
 def hold_seconds(held: int, keepalive_timeout_s: float) -> int:
     """Retry-After (whole seconds, as HTTP writes it) for a refusal while `held` connections
     (this one included) are held: each comes back once per hold, so `held / hold` refusals a
-    second. At least 1, at most HOLD_MAX_S and below the keep-alive timeout (a held
-    connection is idle, and the sweep would close it)."""
-    cap = max(1, min(HOLD_MAX_S, math.ceil(keepalive_timeout_s) - 1))
+    second. At least 1, at most HOLD_MAX_S, and half a second or more below the keep-alive
+    timeout (a held connection is idle: the sweep would close it first); 0 when that leaves
+    no whole second (no hold)."""
+    cap = min(HOLD_MAX_S, math.floor(keepalive_timeout_s - 0.5))
+    if cap < 1:
+        return 0
     return max(1, min(cap, math.ceil(held / REFUSALS_PER_S)))
 
 
@@ -199,14 +202,13 @@ class ConnectionTracker:
     def hold(self, transport) -> int:
         """Stop reading `transport` for the seconds returned, its refusal's Retry-After. A
         connection held again (a pipelined request refused) starts a new hold. With holds off
-        (hold_refused_connections: false) only says 1."""
-        if not self.hold_refused:
-            return 1
+        (hold_refused_connections: false), or a keep-alive timeout too short for one, only
+        says 1."""
         conn = self._conns.get(transport)
-        if conn is None or transport.is_closing():
-            return hold_seconds(self.held + 1, self.keepalive_timeout_s)
-        self._unhold(conn)
         seconds = hold_seconds(self.held + 1, self.keepalive_timeout_s)
+        if not self.hold_refused or not seconds or conn is None or transport.is_closing():
+            return seconds or 1
+        self._unhold(conn)
         transport.pause_reading()
         conn.hold = self._loop.call_later(seconds, self._release, conn)
         self.held += 1

@@ -50,26 +50,34 @@ async def infer(request: web.Request) -> web.Response:
 
 
 async def expect_body(request: web.Request) -> web.Response | None:
-    """The route's `Expect: 100-continue` handler: the body's declared size is checked against
-    max_body_bytes and what the memory budget has left before the client is told to send it
-    (aiohttp's own handler tells it at once). A refusal closes the connection, so a client that
-    sends its body anyway is not read."""
+    """The route's `Expect: 100-continue` handler: the API token (when inference needs one), then
+    the body's declared size against max_body_bytes and what the memory budget has left, are
+    checked before the client is told to send the body (aiohttp's own handler tells it at once).
+    aiohttp runs this before the middlewares, so it does their part for what it answers: the
+    access check, and telling the connection tracker the request is over. A refusal closes the
+    connection, so a client that sends its body anyway is not read."""
     if request.version != HttpVersion11:
         return None  # HTTP/1.0 has no 100 Continue: the body comes anyway
+    state = request.app[STATE]
     expect = request.headers.get("Expect", "")
     if expect.lower() != "100-continue":
-        return json_error(f"unknown expectation: Expect: {expect[:100]}", 417)
-    state = request.app[STATE]
-    try:
-        with state.budget.lease() as probe:  # given back at once: the request charges it again
-            charge_declared(request, probe, state.config.max_body_bytes)
-    except ServeError as e:
-        response = error_response(request, state, e)
-        response.force_close()
-        return response
-    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    request.writer.output_size = 0  # as aiohttp's own handler: the answer proper has not started
-    return None
+        response = json_error(f"unknown expectation: Expect: {expect[:100]}", 417)
+    else:
+        try:
+            if state.auth.inference:
+                state.auth.check(request)
+            with state.budget.lease() as probe:
+                charge_declared(request, probe, state.config.max_body_bytes)
+                probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
+        except ServeError as e:
+            response = error_response(request, state, e)
+            response.force_close()
+        else:
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # as aiohttp's own handler: the answer proper has not started
+            return None
+    state.connections.request_finished(request.transport)
+    return response
 
 
 async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http"):

@@ -70,4 +70,5 @@ def test_the_hold_grows_with_the_connections_held():
     assert hold_seconds(4 * REFUSALS_PER_S, 15) == 4
     assert hold_seconds(1_000_000, 15) == HOLD_MAX_S
     assert hold_seconds(1_000_000, 3) == 2  # below the keep-alive timeout: the sweep would close it
-    assert hold_seconds(1_000_000, 0.5) == 1
+    assert hold_seconds(1, 1.5) == 1
+    assert hold_seconds(1, 1.2) == 0 and hold_seconds(1, 0.5) == 0  # no whole second left: no hold

@@ -1,0 +1,89 @@
+"""Regressions found in review of 288a247..HEAD (overload holds, Expect: 100-continue).
+
+Each test fails on the reviewed code and states the behaviour the change's own docs promise."""
+import asyncio
+import json
+
+import pytest
+
+from tests.serving import ServerThread
+
+from .hostile import closed_by_server, head, metric, open_raw, read_response, wait_for
+
+MiB = 1 << 20
+GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
+
+
+def post(body: bytes, extra: bytes = b"") -> bytes:
+    return (b"POST /v2/models/double/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" + extra
+            + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+@pytest.fixture
+def srv(models_dir, make_config, request):
+    values = dict(max_body_bytes=4 * MiB, max_request_bytes=3 * MiB + MiB // 2, max_inflight_bytes=4 * MiB)
+    values.update(request.param)
+    with ServerThread(make_config(models_dir, **values)) as s:
+        yield s
+
+
+async def still_open(reader, seconds: float) -> bool:
+    try:
+        await closed_by_server(reader, seconds)
+        return False
+    except asyncio.TimeoutError:
+        return True
+
+
+@pytest.mark.parametrize("srv", [dict(header_timeout_s=1.0, keepalive_timeout_s=15)], indirect=True)
+def test_a_417_answered_connection_is_idle_not_a_head(srv):
+    """expect_body's 417 is returned by aiohttp before the middlewares, so tracking_middleware
+    never moves the connection out of HEAD: the kept-alive connection is closed by the header
+    timeout (counted as header_timeout) instead of living keepalive_timeout_s."""
+    async def scenario():
+        reader, writer = await open_raw(srv.url)
+        writer.write(post(GOOD, b"Expect: something-else\r\n"))
+        status, answer = await read_response(reader)
+        alive = await still_open(reader, 2.5)
+        writer.close()
+        return status, answer, alive
+    status, answer, alive = asyncio.run(scenario())
+    assert status == 417 and b"Connection: close" not in answer  # kept alive by the server
+    assert alive, "closed after header_timeout_s although the request was answered"
+    assert metric(srv.url, "aclserve_connections_closed_total", 'reason="header_timeout"') == 0
+
+
+@pytest.mark.parametrize("srv", [dict(keepalive_timeout_s=0.5, body_timeout_s=5.0)], indirect=True)
+def test_no_hold_when_the_keepalive_timeout_leaves_no_whole_second(srv):
+    """A hold must end before the idle sweep would close the held connection; with
+    keepalive_timeout_s 0.5 no hold fits, so the refused connection is read again at once."""
+    async def scenario():
+        _, stall = await open_raw(srv.url)
+        stall.write(head("/v2/models/double/infer", {"Content-Length": 3 * MiB}) + b"{")
+        await wait_for(lambda: metric(srv.url, "aclserve_request_memory_bytes") >= 3 * MiB)
+        reader, writer = await open_raw(srv.url)
+        writer.write(post(b"{" + b" " * MiB + b"}"))
+        status, answer = await read_response(reader)
+        writer.write(post(GOOD))  # at once: answered at once, not after a hold
+        next_status, _ = await read_response(reader)
+        stall.close()
+        writer.close()
+        return status, answer, next_status
+    status, answer, next_status = asyncio.run(scenario())
+    assert status == 503 and b"\r\nRetry-After: 1\r\n" in answer
+    assert next_status == 200
+    assert metric(srv.url, "aclserve_connection_holds_total") == 0
+
+
+@pytest.mark.parametrize("srv", [dict(api_token="review-token-0123456789", auth_inference=True)], indirect=True)
+def test_expect_is_answered_401_before_any_size_or_budget_check(srv):
+    """expect_body runs before the middlewares (access_middleware included): a client without
+    the token is told 413 (or 503 with the budget's figures, and held) instead of 401."""
+    async def scenario():
+        reader, writer = await open_raw(srv.url)
+        writer.write(head("/v2/models/double/infer", {"Content-Length": 100 * MiB, "Expect": "100-continue"}))
+        status, answer = await read_response(reader)
+        writer.close()
+        return status, answer
+    status, answer = asyncio.run(scenario())
+    assert status == 401, answer
