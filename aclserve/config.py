@@ -105,7 +105,7 @@ class ModelConfig:
 
     instances: int = 1
     devices: tuple[int, ...] = (0,)
-    slots: int = 0  # 0 = auto: AUTO_SLOTS by runtime, when the model loads (repository/served.py)
+    slots: int = 0  # 0 = auto: served.auto_slots when the model loads (repository/served.py)
     retry: bool = True
     execution_timeout_ms: int = 0  # 0 = from the measured gear costs (pool.set_execution_timeout)
     batching: BatchingConfig = field(default_factory=lambda: BatchingConfig(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
 from typing import Callable
 
@@ -32,14 +33,22 @@ from .plan import Wanted
 
 log = logging.getLogger(__name__)
 
-# `slots: auto` by runtime. An NPU copies with its own engines while it computes, so a second
-# slot lets the next batch be copied in meanwhile. On the CPU runtime a copy is a memcpy on
-# the cores that compute: measured on one core (medium CNN, binary, 64 clients), one slot gave
-# 1.02 x the throughput of two and the same latency at one client, and a second slot only
-# commits a batch ahead of requests of higher priority (tools/bench_priority.py). The device's
-# stream/event ledger is still charged for an NPU's two, so a configuration an NPU could not
-# hold is refused on the CPU runtime too.
-AUTO_SLOTS = {"npu": 2, "cpu": 1}
+# `slots: auto`. A second slot lets the next batch be packed and copied in while one computes.
+# An NPU copies with its own engines beside the compute: two. The CPU runtime's "device" is the
+# host's cores: with two or more, packing and copying run beside ONNX Runtime and two slots
+# pay (measured unpinned on two cores, medium CNN binary at 64 clients: 2,182-2,304 req/s with
+# two slots against 1,741-1,816 with one); confined to one core there is nothing to overlap
+# with (pinned: 1,948-1,965 with one against 1,912-1,918 with two), and a second slot only
+# commits a batch ahead of higher-priority requests (tools/bench_priority.py): one. The
+# device's stream/event ledger is charged for an NPU's two either way, so a configuration an
+# NPU could not hold is refused on the CPU runtime too.
+NPU_SLOTS = 2
+
+
+def auto_slots(runtime_kind: str) -> int:
+    if runtime_kind == "cpu" and len(os.sched_getaffinity(0)) < 2:
+        return 1
+    return NPU_SLOTS
 
 
 class ServedVersion:
@@ -127,8 +136,8 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
     config = wanted.config
     pool = await run(functools.partial(
         _open_pool, runtime, om_path, name=f"{name}:{version}", instances=config.instances,
-        devices=config.devices, slots=config.slots or AUTO_SLOTS[runtime.kind], retry=config.retry,
-        claimed_slots=config.slots or AUTO_SLOTS["npu"]))  # the CPU refuses what an NPU would
+        devices=config.devices, slots=config.slots or auto_slots(runtime.kind), retry=config.retry,
+        claimed_slots=config.slots or NPU_SLOTS))  # the CPU runtime refuses what an NPU would
     try:
         images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
         labels = await run(load_labels, config.outputs, pool.outputs)

@@ -10,6 +10,7 @@ import pytest
 
 from aclserve.errors import InvalidInput, ModelUnavailable, NotFound, ShuttingDown
 from aclserve.repository import ModelLoadFailed, State
+from aclserve.repository.served import auto_slots
 
 from .repo_helpers import place, serving, x_rows
 
@@ -32,7 +33,7 @@ async def test_start_loads_both_layouts_and_serves(make_repo, models_dir, model_
     assert await answer(repo, "multi") == 3.0  # latest 1
     served = repo.get("multi")
     assert (served.version, served.max_batch_size, served.gears) == ("2", 4, (1, 2, 4))
-    assert [len(i.slots) for i in served.pool.instances] == [1]  # slots: auto on the CPU runtime
+    assert [len(i.slots) for i in served.pool.instances] == [auto_slots("cpu")]  # slots: auto
     assert [s.name for s in served.inputs] == ["x"] and [s.name for s in served.outputs] == ["y"]
     with pytest.raises(NotFound):
         repo.get("nope")
@@ -104,6 +105,22 @@ async def test_api_load_of_a_corrupt_file_fails_and_keeps_serving(make_repo, mod
     assert await answer(repo, "m") == 1.0
     (row,) = [r for r in repo.index() if r["name"] == "m"]
     assert row["state"] == State.READY and "truncated" in row["reason"]
+
+
+async def test_slots_auto_is_one_on_a_cpu_runtime_confined_to_one_core(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "flat.om")
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(saved)})  # as under `taskset -c N aclserve serve`
+    try:
+        repo, _ = await make_repo(model_control_mode="none")
+        slots = [len(i.slots) for i in repo.get("flat").pool.instances]
+        assert auto_slots("cpu") == 1 and auto_slots("npu") == 2
+    finally:
+        os.sched_setaffinity(0, saved)
+    assert slots == [1]
+    assert await answer(repo, "flat") == 1.0
+    if len(saved) >= 2:
+        assert auto_slots("cpu") == 2
 
 
 async def test_slots_from_a_model_file_win_over_auto(make_repo, models_dir, model_files):
