@@ -19,9 +19,9 @@ answered at once with Retry-After: N, and its connection is then not read for th
 (`hold`). A client that honours Retry-After loses nothing; one that retries at once waits in
 its socket instead of costing the loop another refusal. Without the hold, clients that retry
 at once turn every freed moment of the server's core into more refusals: measured on one core
-(tools/bench_overload.py), 1,000 such connections left the model 0.35-0.39 of its capacity
-without the hold and 0.82-0.89 with it. N grows with the connections held, so the refusals answered stay near
-REFUSALS_PER_S whatever the number of clients (see `hold_seconds`).
+(tools/bench_overload.py), 1,000 such connections left the model 0.28-0.39 of its capacity
+without the hold and 0.82-0.89 with it. N grows with the connections held, so the refusals
+answered stay near REFUSALS_PER_S whatever the number of clients (see `hold_seconds`).
 """
 from __future__ import annotations
 
