@@ -1,8 +1,9 @@
 """Prometheus metrics of one server app (its own CollectorRegistry, so tests can run several).
 
-Hot-path cost is kept low: the labelled children of a model version are looked up once and
-cached in a VersionMetrics; gauges that are cheap to read on demand (queue depth, busy ratio,
-device memory) are computed at scrape time by a collector instead of being updated per
+Hot-path cost is kept low: the per-request and per-batch series are loop_metrics families
+(plain numbers, no lock), the labelled children of a model version are looked up once and
+cached in a VersionMetrics, and gauges that are cheap to read on demand (queue depth, busy
+ratio, device memory) are computed at scrape time by a collector instead of being updated per
 request. Everything here runs on the event loop thread.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .contracts import ServedModel
+from .loop_metrics import LoopCounterFamily, LoopHistogramFamily
 
 log = logging.getLogger(__name__)
 
@@ -95,22 +97,25 @@ class ServerMetrics:
         disable_created_metrics()  # one `_created` sample per series is noise for a scraper
         self.registry = r = CollectorRegistry()
         mv = ["model", "version"]
-        self.success = Counter("aclserve_request_success", "Successful infer requests", mv, registry=r)
-        self.failure = Counter("aclserve_request_failure", "Failed infer requests by reason",
-                               mv + ["reason"], registry=r)
-        self.request_duration = Histogram("aclserve_request_duration_seconds",
-                                          "Infer request time in the server (decode to encode)", mv,
-                                          buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_duration = Histogram("aclserve_queue_duration_seconds",
-                                        "Time a request waited in the queue before its batch ran", mv,
-                                        buckets=LATENCY_BUCKETS, registry=r)
-        self.compute_duration = Histogram("aclserve_compute_duration_seconds",
-                                          "Time of one batch run (dispatch to result)", mv,
-                                          buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_size = Histogram("aclserve_batch_size", "Executed batch size (compiled gear)", mv,
-                                    buckets=BATCH_BUCKETS, registry=r)
-        self.padding_rows = Counter("aclserve_padding_rows", "Padding rows added to fill a gear", mv,
-                                    registry=r)
+        # updated per request or per batch: the loop's own cheap families (loop_metrics.py)
+        self.success = LoopCounterFamily("aclserve_request_success", "Successful infer requests", mv)
+        self.failure = LoopCounterFamily("aclserve_request_failure", "Failed infer requests by reason",
+                                         mv + ["reason"])
+        self.request_duration = LoopHistogramFamily("aclserve_request_duration_seconds",
+                                                    "Infer request time in the server (decode to encode)", mv,
+                                                    LATENCY_BUCKETS)
+        self.queue_duration = LoopHistogramFamily("aclserve_queue_duration_seconds",
+                                                  "Time a request waited in the queue before its batch ran", mv,
+                                                  LATENCY_BUCKETS)
+        self.compute_duration = LoopHistogramFamily("aclserve_compute_duration_seconds",
+                                                    "Time of one batch run (dispatch to result)", mv, LATENCY_BUCKETS)
+        self.batch_size = LoopHistogramFamily("aclserve_batch_size", "Executed batch size (compiled gear)", mv,
+                                              BATCH_BUCKETS)
+        self.padding_rows = LoopCounterFamily("aclserve_padding_rows", "Padding rows added to fill a gear", mv)
+        for family in (self.success, self.failure, self.request_duration, self.queue_duration,
+                       self.compute_duration, self.batch_size, self.padding_rows):
+            r.register(family)
+        # model loads are rare: prometheus_client's own types
         self.load_duration = Histogram("aclserve_model_load_duration_seconds",
                                        "Time to load and warm up a model version", ["model"],
                                        buckets=LOAD_BUCKETS, registry=r)

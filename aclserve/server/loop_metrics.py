@@ -1,0 +1,99 @@
+"""Counters and histograms for the request path: plain numbers updated on the event loop,
+rendered as Prometheus families when /metrics is scraped.
+
+prometheus_client's Counter and Histogram take a lock and walk Python objects on every update;
+for the three updates each infer request makes that was about 8 % of the light MLP's
+throughput on one core (bench: 10.4k against 9.6k req/s at 64 clients with them off). These
+keep a float and a list of bucket counts per label set instead. Event-loop thread only (the
+updates and the scrape both run there), so no lock.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Sequence
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+
+class LoopCounter:
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class LoopHistogram:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # the first bucket whose bound >= value
+        self.sum += value
+
+
+class _Family:
+    """One metric family: its children by label values; a collector for a CollectorRegistry."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]):
+        self.name, self.documentation, self.labelnames = name, documentation, list(labelnames)
+        self._children: dict[tuple[str, ...], object] = {}
+
+    def labels(self, *values: str):
+        key = tuple(str(v) for v in values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._new_child()
+        return child
+
+    def remove(self, *values: str) -> None:
+        self._children.pop(tuple(str(v) for v in values), None)
+
+    def describe(self):
+        return []
+
+    def _new_child(self):
+        raise NotImplementedError
+
+
+class LoopCounterFamily(_Family):
+    def _new_child(self) -> LoopCounter:
+        return LoopCounter()
+
+    def collect(self):
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for key, child in list(self._children.items()):
+            family.add_metric(list(key), child.value)
+        yield family
+
+
+class LoopHistogramFamily(_Family):
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]):
+        super().__init__(name, documentation, labelnames)
+        self.bounds = tuple(float(b) for b in buckets)
+
+    def _new_child(self) -> LoopHistogram:
+        return LoopHistogram(self.bounds)
+
+    def collect(self):
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        names = [_bound_text(b) for b in self.bounds] + ["+Inf"]
+        for key, child in list(self._children.items()):
+            total, cumulative = 0, []
+            for name, count in zip(names, child.counts):
+                total += count
+                cumulative.append((name, total))
+            family.add_metric(list(key), cumulative, sum_value=child.sum)
+        yield family
+
+
+def _bound_text(bound: float) -> str:
+    """As prometheus_client writes a bucket's `le` (floatToGoString)."""
+    from prometheus_client.utils import floatToGoString
+    return floatToGoString(bound)

@@ -1,0 +1,31 @@
+"""The request path's own counters and histograms render exactly as prometheus_client's."""
+import random
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+
+from aclserve.server.loop_metrics import LoopCounterFamily, LoopHistogramFamily
+from aclserve.server.metrics import LATENCY_BUCKETS
+
+
+def test_loop_families_render_like_prometheus_client():
+    disable_created_metrics()  # as ServerMetrics does
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    hist = LoopHistogramFamily("t_seconds", "a histogram", ["model"], LATENCY_BUCKETS)
+    count = LoopCounterFamily("t_requests", "a counter", ["model", "reason"])
+    ours.register(hist)
+    ours.register(count)
+    ref_hist = Histogram("t_seconds", "a histogram", ["model"], buckets=LATENCY_BUCKETS, registry=theirs)
+    ref_count = Counter("t_requests", "a counter", ["model", "reason"], registry=theirs)
+    rng = random.Random(7)
+    values = [rng.choice(LATENCY_BUCKETS) for _ in range(50)]  # exactly on a bound: that bucket
+    values += [rng.uniform(0, 12) for _ in range(200)] + [0.0, 99.0]
+    for v in values:
+        model = rng.choice(["a", "b"])
+        hist.labels(model).observe(v)
+        ref_hist.labels(model).observe(v)
+        reason = rng.choice(["QueueFull", "InvalidInput"])
+        count.labels(model, reason).inc()
+        ref_count.labels(model, reason).inc()
+    hist.labels("gone").observe(1.0)
+    hist.remove("gone")
+    assert generate_latest(ours) == generate_latest(theirs)
