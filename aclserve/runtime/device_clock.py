@@ -36,20 +36,20 @@ class DeviceClock:
         self._events.append(check("rt.create_event", acl.rt.create_event()))
         self._current = -1  # index of the anchored event; -1 until the first refresh
         self._anchor: Anchor | None = None
-        self._sync_timeout_ms = 60_000
 
-    def refresh_if_stale(self, stream: int) -> None:
+    def refresh_if_stale(self, stream: int, timeout_ms: int = 60_000) -> None:
         """Anchor again when never anchored or older than REFRESH_S. Blocks until `stream` has
-        run what was queued before (a batch's compute at most): call it from the launcher
-        thread, before recording the batch's events."""
+        run what was queued before (a batch's compute at most; AclError past `timeout_ms`, the
+        model's execution timeout): call it from the launcher thread, before recording the
+        batch's events."""
         if self._anchor is None or time.perf_counter_ns() - self._anchor.host_ns > REFRESH_S * 1e9:
-            self.refresh(stream)
+            self.refresh(stream, timeout_ms)
 
-    def refresh(self, stream: int) -> None:
+    def refresh(self, stream: int, timeout_ms: int = 60_000) -> None:
         spare = 1 - self._current if self._current >= 0 else 0
         event = self._events[spare]
         check("rt.record_event", self._acl.rt.record_event(event, stream))
-        compat.synchronize_event(self._acl, event, self._sync_timeout_ms)
+        compat.synchronize_event(self._acl, event, timeout_ms)
         anchor = Anchor(time.perf_counter_ns())
         with self._lock:
             self._current, self._anchor = spare, anchor

@@ -290,7 +290,7 @@ class ModelInstance:
         this batch records its events). Tracing never fails a batch."""
         trace.launched(self.name, self.device.id, slot.index, direct)
         try:
-            self.clock.refresh_if_stale(self.streams["compute"])
+            self.clock.refresh_if_stale(self.streams["compute"], self.execution_timeout_ms)
         except AclError as e:
             log.warning("%s: trace clock not anchored (%s); device spans left out", self.name, e)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import random
 import threading
 
@@ -12,8 +13,10 @@ from aclserve.acl import constants as C
 from aclserve.acl.cpu import faults
 from aclserve.errors import DeviceTimeout, ExecutionFailed
 from aclserve.runtime import Engine, LoadError, open_pool
+from aclserve.runtime.batch import Batch
 from aclserve.runtime.futures import BatchFutures
 from aclserve.runtime.pool import TIMEOUT_FLOOR_MS
+from aclserve.trace.records import BatchTrace, now_ns
 
 from tests.tiny_models import affine_reference
 
@@ -135,6 +138,30 @@ def test_a_hung_batch_times_out_and_its_instance_is_rebuilt(runtime, affine_om):
         np.testing.assert_array_equal(result.outputs[0]["s"], _request(1, 9)["idx"] * 2)
         assert pool.instances[0] is not first and pool.rebuilds == 1
         assert pool.fault_counts() == {C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT: 1}
+    finally:
+        gate.set()
+        pool.close()
+
+
+def test_a_traced_batch_behind_a_hung_one_waits_no_longer_than_the_execution_timeout(runtime, affine_om, caplog):
+    """Anchoring the trace clock waits for the compute stream; behind a hung batch that wait
+    ends at the model's execution timeout (it was a fixed 60 s), and the traced batch fails
+    with the hung one instead of holding the launcher."""
+    pool = open_pool(runtime, affine_om(), "affine", slots=2, execution_timeout_ms=300, rebuild=False)
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        faults.inject("execute", nth=1, hold=gate)
+        hung = done.submit([_request(1)], 1)
+        traced_future: concurrent.futures.Future = concurrent.futures.Future()
+        traced = Batch([_request(1, 5)], 1, 1, None, requests=(traced_future,))
+        traced.trace = BatchTrace("affine", 1, 1, 1, {2: 1}, now_ns())  # its launch anchors the clock
+        pool.submit(traced)  # BatchFutures, the pool's listener, settles its future
+        with pytest.raises(DeviceTimeout):
+            hung.result(timeout=30)
+        with pytest.raises(DeviceTimeout):
+            traced_future.result(timeout=30)  # a hang guard: it used to take 60 s
+        assert "trace clock not anchored" in caplog.text
     finally:
         gate.set()
         pool.close()
