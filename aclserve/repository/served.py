@@ -46,6 +46,7 @@ NPU_SLOTS = 2
 
 
 def auto_slots(runtime_kind: str) -> int:
+    """Slots per instance under `slots: auto` for this process's runtime and CPU affinity."""
     if runtime_kind == "cpu" and len(os.sched_getaffinity(0)) < 2:
         return 1
     return NPU_SLOTS

@@ -13,6 +13,7 @@ from bisect import bisect_left
 from typing import Sequence
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 
 class LoopCounter:
@@ -83,7 +84,7 @@ class LoopHistogramFamily(_Family):
 
     def collect(self):
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        names = [_bound_text(b) for b in self.bounds] + ["+Inf"]
+        names = [floatToGoString(b) for b in self.bounds] + ["+Inf"]  # `le` as prometheus_client writes it
         for key, child in list(self._children.items()):
             total, cumulative = 0, []
             for name, count in zip(names, child.counts):
@@ -91,9 +92,3 @@ class LoopHistogramFamily(_Family):
                 cumulative.append((name, total))
             family.add_metric(list(key), cumulative, sum_value=child.sum)
         yield family
-
-
-def _bound_text(bound: float) -> str:
-    """As prometheus_client writes a bucket's `le` (floatToGoString)."""
-    from prometheus_client.utils import floatToGoString
-    return floatToGoString(bound)
