@@ -225,7 +225,7 @@ class ConnectionTracker:
         protocol = transport.get_protocol()
         for data in stash:
             protocol.data_received(data)
-        if conn.hold is None and not transport.is_closing():  # a stashed request may be held anew
+        if not transport.is_closing():  # aiohttp may have closed it on what was stashed
             transport.resume_reading()
 
     def _unhold(self, conn: _Conn) -> None:

@@ -75,17 +75,10 @@ class VersionMetrics:
         o = self._owner
         for family in (o.success, o.request_duration, o.queue_duration, o.compute_duration, o.batch_size,
                        o.padding_rows):
-            _remove(family, *self._labels)
+            family.remove(*self._labels)  # loop_metrics: a series never observed is no error
         for reason in self._failures:
-            _remove(o.failure, *self._labels, reason)
+            o.failure.remove(*self._labels, reason)
         self._failures.clear()
-
-
-def _remove(family, *labels) -> None:
-    try:
-        family.remove(*labels)
-    except KeyError:  # never observed
-        pass
 
 
 class ServerMetrics:
