@@ -37,8 +37,8 @@ def test_profile_against_a_url(models_dir, tmp_path, capsys):
                      "--seconds", "1", "--clients", "3", "--trace", str(trace)]) == 0
         _check(capsys.readouterr().out, trace)
         import tritonclient.http as http
-        client = http.InferenceServerClient(srv.url)
-        assert client.get_trace_settings(model_name="double")["trace_level"] == ["OFF"]  # left as found
+        with http.InferenceServerClient(srv.url) as client:
+            assert client.get_trace_settings(model_name="double")["trace_level"] == ["OFF"]  # left as found
     finally:
         srv.close()
 

@@ -5,7 +5,6 @@ labels in classification and metadata, and load-time refusals."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import shutil
@@ -59,6 +58,14 @@ def image_server(tmp_path_factory):
         yield srv
 
 
+@pytest.fixture
+def http_client(image_server):
+    """tritonclient's HTTP client, closed on this thread (left to the garbage collector, its
+    gevent pool may close on another thread and fail there)."""
+    with http.InferenceServerClient(image_server.url) as client:
+        yield client
+
+
 def infer(server, body: dict, model: str):
     status, headers, raw = request(server, "POST", f"/v2/models/{model}/infer", data=json.dumps(body).encode())
     return status, headers, json.loads(raw)
@@ -68,10 +75,10 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def test_digit_pictures_come_back_with_their_labels(image_server):
+def test_digit_pictures_come_back_with_their_labels(http_client):
     """Held-out digits rendered at other sizes, both polarities, sent with tritonclient (binary
     BYTES, [N, 1]): the labels come back at the model's accuracy."""
-    client = http.InferenceServerClient(image_server.url)
+    client = http_client
     x, y = DIGITS["x"], DIGITS["y"]
     for size, dark, resample in ((32, False, Image.NEAREST), (24, True, Image.BILINEAR)):
         correct = 0
@@ -130,8 +137,8 @@ def test_curl_style_json_base64_and_raw_binary(image_server):
     assert probs.argmax() == DIGITS["y"][0]
 
 
-def test_aipp_om_answers_as_the_float_model_with_host_normalisation(image_server):
-    client = http.InferenceServerClient(image_server.url)
+def test_aipp_om_answers_as_the_float_model_with_host_normalisation(http_client):
+    client = http_client
     pictures = [encode(gradient(30 + 7 * i, 41, seed=i), "JPEG", quality=90) for i in range(3)]
     pictures.append(encode(gradient(20, 20, seed=9)))
     results = {}
@@ -198,8 +205,8 @@ def test_more_pending_images_than_allowed_get_503(image_server):
     assert status == 503 and "images.max_pending" in out["error"] and headers.get("Retry-After")
 
 
-def test_labels_in_classification_metadata_and_config(image_server):
-    client = http.InferenceServerClient(image_server.url)
+def test_labels_in_classification_metadata_and_config(http_client):
+    client = http_client
     x = http.InferInput("x", [2, 64], "FP32")
     x.set_data_from_numpy(DIGITS["x"][:2])
     answers = client.infer("digits", [x], outputs=[http.InferRequestedOutput("y", class_count=3)]).as_numpy("y")

@@ -25,6 +25,14 @@ def srv(models_dir, tmp_path_factory):
         yield server
 
 
+@pytest.fixture
+def http_client(srv):
+    """tritonclient's HTTP client, closed on this thread (left to the garbage collector, its
+    gevent pool may close on another thread and fail there)."""
+    with http.InferenceServerClient(srv.url) as client:
+        yield client
+
+
 def _written(path):
     """The JSON of a trace file the server's writer thread is writing (it appears whole)."""
     for _ in range(200):
@@ -41,8 +49,8 @@ def _infer(client, n=1):
         client.infer("double", [x])
 
 
-def test_defaults_global_and_model_settings_and_clearing(srv):
-    client = http.InferenceServerClient(srv.url)
+def test_defaults_global_and_model_settings_and_clearing(http_client):
+    client = http_client
     assert "trace" in client.get_server_metadata()["extensions"]
     assert client.get_trace_settings() == {
         "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0",
@@ -58,8 +66,8 @@ def test_defaults_global_and_model_settings_and_clearing(srv):
     client.update_trace_settings(settings={"trace_rate": "1000"})
 
 
-def test_trace_count_counts_down_and_stops_tracing(srv):
-    client = http.InferenceServerClient(srv.url)
+def test_trace_count_counts_down_and_stops_tracing(srv, http_client):
+    client = http_client
     client.update_trace_settings(model_name="double", settings={
         "trace_level": ["TIMESTAMPS"], "trace_rate": "2", "trace_count": "3", "trace_file": "count.json"})
     _infer(client, 10)  # every second request: 5 candidates, 3 traced
@@ -81,8 +89,8 @@ def test_trace_count_counts_down_and_stops_tracing(srv):
     ({"trace_file": "../escape.json"}, "trace_file: must be a relative name inside the trace folder"),
     ({"trace_colour": "red"}, "unknown trace setting 'trace_colour'"),
 ])
-def test_bad_settings_are_400_naming_the_setting_and_change_nothing(srv, settings, message):
-    client = http.InferenceServerClient(srv.url)
+def test_bad_settings_are_400_naming_the_setting_and_change_nothing(http_client, settings, message):
+    client = http_client
     before = client.get_trace_settings()
     with pytest.raises(InferenceServerException, match=message) as info:
         client.update_trace_settings(settings=settings)
@@ -106,7 +114,7 @@ def test_unknown_model_and_malformed_bodies(srv):
     asyncio.run(go())
 
 
-def test_grpc_trace_setting(srv):
+def test_grpc_trace_setting(srv, http_client):
     grpc_port = srv.config.grpc_port
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
     assert client.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["1000"]
@@ -116,18 +124,17 @@ def test_grpc_trace_setting(srv):
     assert cleared["settings"]["trace_rate"]["value"] == ["1000"]
     with pytest.raises(InferenceServerException, match="trace_rate: must be between 1"):
         client.update_trace_settings(settings={"trace_rate": "0"})
-    http.InferenceServerClient(srv.url).update_trace_settings(model_name="double", settings={})
+    http_client.update_trace_settings(model_name="double", settings={})
 
 
-def test_grpc_statistics_leave_out_the_http_only_utilisation(srv):
+def test_grpc_statistics_leave_out_the_http_only_utilisation(srv, http_client):
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.config.grpc_port}")
-    _infer(http.InferenceServerClient(srv.url))
+    _infer(http_client)
     stats = client.get_inference_statistics("double", as_json=True)["model_stats"][0]
     assert int(stats["inference_count"]) >= 1 and "utilisation" not in stats
 
 
-def test_a_grpc_request_is_traced_with_its_id(srv):
-    http_client = http.InferenceServerClient(srv.url)
+def test_a_grpc_request_is_traced_with_its_id(srv, http_client):
     http_client.update_trace_settings(model_name="double", settings={
         "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": "grpc.json", "trace_format": "triton"})
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.config.grpc_port}")

@@ -152,8 +152,8 @@ def test_triton_format_and_log_frequency_files(models_dir, tmp_path):
     srv = _traced_server(models_dir, tmp_path, format="triton", log_frequency=5)
     try:
         _load(srv.url, requests=12, clients=1)
-        client = http.InferenceServerClient(srv.url)
-        client.update_trace_settings(settings={"trace_level": ["OFF"]})  # writes the last 2
+        with http.InferenceServerClient(srv.url) as client:
+            client.update_trace_settings(settings={"trace_level": ["OFF"]})  # writes the last 2
     finally:
         srv.close()
     counts = []
