@@ -327,30 +327,60 @@ class TrivialProtocol(asyncio.Protocol):
             self.transport.write(TRIVIAL_RESPONSE)
 
 
-async def _serve_trivial(port: int) -> None:
+async def _until_signalled() -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(TrivialProtocol, "127.0.0.1", port, backlog=1024)
-    print(server.sockets[0].getsockname()[1], flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+async def _serve_trivial(port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(TrivialProtocol, "127.0.0.1", port, backlog=1024)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await _until_signalled()
     server.close()
     await server.wait_closed()
+
+
+async def _serve_aiohttp_floor(port: int) -> None:
+    """The least an aiohttp server does per request: route, read the whole body, answer the
+    fixed JSON response; no middlewares, no access log. What aclserve's HTTP front end costs
+    on top of its own work is bounded below by this."""
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=TRIVIAL_BODY, content_type="application/json")
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v2/models/{name}/infer", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024)
+    await site.start()
+    print(runner.addresses[0][1], flush=True)
+    await _until_signalled()
+    await runner.cleanup()
+
+
+ENDPOINTS = {"trivial-server": _serve_trivial, "aiohttp-floor": _serve_aiohttp_floor}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("trivial-server", help="run the trivial fixed-200 HTTP endpoint")
-    t.add_argument("--port", type=int, default=0)
+    for name, helptext in (("trivial-server", "run the trivial fixed-200 HTTP endpoint (raw asyncio)"),
+                           ("aiohttp-floor", "run the same fixed answer from a bare aiohttp app")):
+        sub.add_parser(name, help=helptext).add_argument("--port", type=int, default=0)
     args = p.parse_args(argv)
     try:
         import uvloop
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(_serve_trivial(args.port))
+    asyncio.run(ENDPOINTS[args.cmd](args.port))
     return 0
 
 

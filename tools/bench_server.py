@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Server benchmark: closed-loop wrk load against `aclserve serve`, compared with raw ONNX Runtime.
 
-What one run does (defaults: about 4.5 minutes):
+What one run does (defaults: about 5.5 minutes):
   1. builds out/models/{light,medium}.onnx if missing (tools/make_example_models.py), compiles
      them to CPU OMs in a temp repository, starts `aclserve serve` pinned with taskset to the
      server core(s), ORT on --threads threads, and waits for /v2/health/ready;
@@ -17,8 +17,10 @@ What one run does (defaults: about 4.5 minutes):
   4. stops the server (SIGTERM, wait), then times raw InferenceSession.run (same threads, this
      process pinned to the server core) at every batch size the server executed: raw@mix =
      samples / raw time of the executed batch mix (stats delta of the window), eff = req/s / raw@mix;
-  5. measures wrk's ceiling against a trivial fixed-200 endpoint (asyncio, uvloop if present)
-     on the server core with the same wrk settings and bodies;
+  5. measures two fixed-answer endpoints on the server core with the same wrk settings and
+     bodies (uvloop if present): a trivial asyncio protocol (wrk's own ceiling) and a bare
+     aiohttp app that reads the body and answers (the floor of any aiohttp front end: what
+     aclserve could at best reach in req/s, p50 and CPU per request, were its own work free);
   6. prints Markdown tables (and --json FILE). Exit status 1 on any request error or a wrong
      output.
 
@@ -184,20 +186,30 @@ def print_tables(rows: list[dict], ceiling: list[dict]) -> None:
               f"{ms(lat['p90'])} | {ms(lat['p99'])} | {r['errors']} | {r['mean_batch']:.2f} | "
               f"{r['raw_at_mix']:.0f} | {r['eff']:.2f} | {r['cpu_us_per_req']:.0f} |")
     if ceiling:
-        print("\nLoad generator ceiling (wrk, same settings, trivial fixed-200 endpoint on the server core):\n")
-        print("| body | bytes | conc | req/s | p50 ms | p99 ms | errors |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("\nFixed-answer endpoints on the server core (same wrk settings and bodies): "
+              + "; ".join(f"{name}: {what}" for name, what in CEILING_ENDPOINTS.items()) + ":\n")
+        print("| endpoint | body | bytes | conc | req/s | p50 ms | p99 ms | errors | CPU us/req |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for c in ceiling:
             lat = c["wrk"]["latency_us"]
-            print(f"| {c['body']} | {c['bytes']} | {c['conc']} | {c['wrk']['rps']:.0f} | {ms(lat['p50'])} | "
-                  f"{ms(lat['p99'])} | {c['errors']} |")
+            print(f"| {c['endpoint']} | {c['body']} | {c['bytes']} | {c['conc']} | {c['wrk']['rps']:.0f} | "
+                  f"{ms(lat['p50'])} | {ms(lat['p99'])} | {c['errors']} | {c['cpu_us_per_req']:.0f} |")
         for conc in sorted({r["conc"] for r in rows}):
             served = max((r["wrk"]["rps"] for r in rows if r["conc"] == conc), default=0)
-            ceil = min((c["wrk"]["rps"] for c in ceiling if c["conc"] == conc), default=0)
+            ceil = min((c["wrk"]["rps"] for c in ceiling if c["conc"] == conc and c["endpoint"] == "trivial-server"),
+                       default=0)
             if served and ceil:
                 note = "" if ceil >= 2 * served else "  (under 2x: wrk may limit, or the machine was busy; rerun)"
                 print(f"- conc {conc}: lowest wrk ceiling {ceil:.0f} req/s = {ceil / served:.1f}x the fastest "
                       f"server row ({served:.0f} req/s){note}")
+        for r in rows:
+            floor = next((c for c in ceiling if c["endpoint"] == "aiohttp-floor" and c["conc"] == r["conc"]
+                          and c["body"] == f"{r['model']}-{r['format']}"), None)
+            if floor is not None and r["wrk"]["rps"]:
+                print(f"- {r['model']} {r['format']} c={r['conc']}: {r['wrk']['rps'] / floor['wrk']['rps']:.2f} x "
+                      f"the bare aiohttp app's req/s, p50 {ms(r['wrk']['latency_us']['p50'])} against "
+                      f"{ms(floor['wrk']['latency_us']['p50'])} ms, CPU {r['cpu_us_per_req']:.0f} against "
+                      f"{floor['cpu_us_per_req']:.0f} us/req")
     print("\nraw@mix = samples / time of raw InferenceSession.run for the executed batch-size mix (median "
           "per size, same threads and core); eff = req/s / raw@mix; CPU us/req = the server process's "
           "user + system CPU time over the window (all threads, /proc/<pid>/stat) / successful requests.")
@@ -221,8 +233,8 @@ def parse_args(argv=None):
     p.add_argument("--max-delay-ms", type=float, help="server --max-delay-ms (default: the server's)")
     p.add_argument("--models-src", default=os.path.join(ROOT, "out", "models"),
                    help="where light.onnx/medium.onnx are (built there if missing; default out/models)")
-    p.add_argument("--ceiling-bodies", default="light-json,medium-json",
-                   help="workload bodies posted to the trivial endpoint ('' to skip; default light-json,medium-json)")
+    p.add_argument("--ceiling-bodies", default="light-json,medium-binary",
+                   help="workload bodies posted to the fixed-answer endpoints ('' to skip; default light-json,medium-binary)")
     p.add_argument("--count-non2xx", action="store_true", help="exact non-2xx count in wrk (lowers its ceiling)")
     p.add_argument("--start-timeout", type=float, default=120, help="seconds to wait for readiness")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -235,7 +247,7 @@ def parse_args(argv=None):
         if w not in WORKLOADS:
             p.error(f"unknown workload {w!r} (choose from {', '.join(WORKLOADS)})")
     if any(WORKLOADS[w][1] == "grpc" for w in args.ceiling_bodies):
-        p.error("--ceiling-bodies: the trivial endpoint speaks HTTP only")
+        p.error("--ceiling-bodies: the fixed-answer endpoints speak HTTP only")
     args.perf_analyzer_path = None
     if any(WORKLOADS[w][1] == "grpc" for w in args.workloads):
         args.perf_analyzer_path = find_perf_analyzer(args.perf_analyzer)
@@ -246,6 +258,40 @@ def parse_args(argv=None):
             print("no perf_analyzer (PATH or --perf-analyzer): the gRPC rows are left out", file=sys.stderr)
             args.workloads = [w for w in args.workloads if WORKLOADS[w][1] != "grpc"]
     return args
+
+
+CEILING_ENDPOINTS = {
+    "trivial-server": "trivial asyncio endpoint (wrk's ceiling)",
+    "aiohttp-floor": "bare aiohttp app (the HTTP front end's floor)",
+}
+
+
+def measure_endpoint(endpoint: str, args, bodies: dict, wrk: Wrk, tmp: str, closers: list) -> list[dict]:
+    """wrk against one fixed-answer endpoint (bench_common.py `endpoint`) on the server core,
+    with each --ceiling-bodies body at each concurrency; its CPU per request from /proc."""
+    server = ManagedProcess(["taskset", "-c", args.server_cpus, sys.executable,
+                             os.path.join(TOOLS, "bench_common.py"), endpoint],
+                            os.path.join(tmp, f"{endpoint}.log"), stdout=subprocess.PIPE)
+    closers.append(server)
+    port_line = server.proc.stdout.readline()
+    if not port_line.strip():
+        raise RuntimeError(f"{endpoint} did not start:\n{server.log_tail()}")
+    url = f"http://127.0.0.1:{int(port_line)}/v2/models/trivial/infer"
+    results = []
+    for w in args.ceiling_bodies:
+        m, fmt = WORKLOADS[w]
+        body = bodies[m][fmt][1]
+        for conc in args.conc:
+            if args.warmup > 0:
+                wrk.run(url, body, conc, args.warmup)
+            cpu0 = cpu_seconds(server.proc.pid)
+            res = wrk.run(url, body, conc, args.duration)
+            cpu = cpu_seconds(server.proc.pid) - cpu0
+            errors = res["socket_errors"] + max(res["errors"]["status"], res["non2xx"])
+            results.append({"endpoint": endpoint, "body": w, "bytes": len(body.data), "conc": conc, "wrk": res,
+                            "errors": errors, "cpu_us_per_req": cpu / res["requests"] * 1e6 if res["requests"] else 0.0})
+    server.close()
+    return results
 
 
 def bench(args, tmp: str, closers: list) -> dict:
@@ -315,25 +361,8 @@ def bench(args, tmp: str, closers: list) -> dict:
         r["eff"] = r["wrk"]["rps"] / r["raw_at_mix"] if r["raw_at_mix"] else 0.0
 
     ceiling = []
-    if args.ceiling_bodies:
-        trivial = ManagedProcess(["taskset", "-c", args.server_cpus, sys.executable,
-                                  os.path.join(TOOLS, "bench_common.py"), "trivial-server"],
-                                 os.path.join(tmp, "trivial.log"), stdout=subprocess.PIPE)
-        closers.append(trivial)
-        port_line = trivial.proc.stdout.readline()
-        if not port_line.strip():
-            raise RuntimeError(f"trivial endpoint did not start:\n{trivial.log_tail()}")
-        url = f"http://127.0.0.1:{int(port_line)}/v2/models/trivial/infer"
-        for w in args.ceiling_bodies:
-            m, fmt = WORKLOADS[w]
-            for conc in args.conc:
-                if args.warmup > 0:
-                    wrk.run(url, bodies[m][fmt][1], conc, args.warmup)
-                res = wrk.run(url, bodies[m][fmt][1], conc, args.duration)
-                errors = res["socket_errors"] + max(res["errors"]["status"], res["non2xx"])
-                ceiling.append({"body": w, "bytes": len(bodies[m][fmt][1].data), "conc": conc, "wrk": res,
-                                "errors": errors})
-        trivial.close()
+    for endpoint in (CEILING_ENDPOINTS if args.ceiling_bodies else ()):
+        ceiling += measure_endpoint(endpoint, args, bodies, wrk, tmp, closers)
 
     print()
     print_tables(rows, ceiling)
