@@ -22,7 +22,7 @@ from aiohttp import web
 
 from .app_keys import STATE
 from .auth import access_middleware
-from .connections import fit_descriptor_limit, listen, tracking_middleware
+from .connections import BODY_LINGER_S, fit_descriptor_limit, listen, tracking_middleware
 from .error_responses import error_middleware
 from .routes import add_routes
 from .state import ServerState
@@ -31,9 +31,6 @@ if TYPE_CHECKING:
     from .grpc_server import GrpcServer
 
 log = logging.getLogger(__name__)
-
-LINGER_S = 2.0
-
 
 async def _load(state: ServerState) -> None:
     await state.repo.start()
@@ -94,7 +91,7 @@ def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner
     kwargs = {} if access_log else {"access_log": None}
     config = app[STATE].config
     return web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, auto_decompress=False,
-                         keepalive_timeout=config.keepalive_timeout_s, lingering_time=LINGER_S, **kwargs)
+                         keepalive_timeout=config.keepalive_timeout_s, lingering_time=BODY_LINGER_S, **kwargs)
 
 
 async def serve(app: web.Application, grpc_server: GrpcServer | None = None,

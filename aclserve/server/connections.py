@@ -44,15 +44,21 @@ _LINGER_MAX = 256
 # 0.1-0.2 ms (aiohttp's request and response, the body's bytes), so about 5 % of a core.
 REFUSALS_PER_S = 250
 HOLD_MAX_S = 10
+# An answer sent before its request's body has all arrived (a refusal): aiohttp then reads and
+# drops the rest for at most this long (its lingering_time) and closes the connection if it
+# cannot. A hold stops that reading, so such a hold ends a second before.
+BODY_LINGER_S = 2.0
+PENDING_BODY_HOLD_S = math.floor(BODY_LINGER_S) - 1
 
 
-def hold_seconds(held: int, keepalive_timeout_s: float) -> int:
+def hold_seconds(held: int, keepalive_timeout_s: float, body_pending: bool = False) -> int:
     """Retry-After (whole seconds, as HTTP writes it) for a refusal while `held` connections
     (this one included) are held: each comes back once per hold, so `held / hold` refusals a
-    second. At least 1, at most HOLD_MAX_S, and half a second or more below the keep-alive
-    timeout (a held connection is idle: the sweep would close it first); 0 when that leaves
-    no whole second (no hold)."""
-    cap = min(HOLD_MAX_S, math.floor(keepalive_timeout_s - 0.5))
+    second. At least 1, at most HOLD_MAX_S (PENDING_BODY_HOLD_S while the refused request's
+    body is still arriving), and half a second or more below the keep-alive timeout (a held
+    connection is idle: the sweep would close it first); 0 when that leaves no whole second
+    (no hold)."""
+    cap = min(PENDING_BODY_HOLD_S if body_pending else HOLD_MAX_S, math.floor(keepalive_timeout_s - 0.5))
     if cap < 1:
         return 0
     return max(1, min(cap, math.ceil(held / REFUSALS_PER_S)))
@@ -199,13 +205,14 @@ class ConnectionTracker:
             self._unhold(conn)
 
     # -- overload holds ---------------------------------------------------------------------------
-    def hold(self, transport) -> int:
-        """Stop reading `transport` for the seconds returned, its refusal's Retry-After. A
-        connection held again (a pipelined request refused) starts a new hold. With holds off
+    def hold(self, transport, body_pending: bool = False) -> int:
+        """Stop reading `transport` for the seconds returned, its refusal's Retry-After
+        (`body_pending`: the refused request's body has not all arrived). A connection held
+        again (a pipelined request refused) starts a new hold. With holds off
         (hold_refused_connections: false), or a keep-alive timeout too short for one, only
         says 1."""
         conn = self._conns.get(transport)
-        seconds = hold_seconds(self.held + 1, self.keepalive_timeout_s)
+        seconds = hold_seconds(self.held + 1, self.keepalive_timeout_s, body_pending)
         if not self.hold_refused or not seconds or conn is None or transport.is_closing():
             return seconds or 1
         self._unhold(conn)
