@@ -139,7 +139,8 @@ class ServerConfig:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     keepalive_timeout_s: float = 15.0
-    hold_refused_connections: bool = True
+    hold_refused_connections: bool = False
+    shed_before_parsing: bool = True
     api_token: str = field(default="", repr=False)  # never printed; ACLSERVE_API_TOKEN wins
     auth_inference: bool = False
     readiness: str = "strict"
@@ -525,6 +526,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         body_timeout_s=_float(get("body_timeout_s"), "body_timeout_s", 0.001),
         keepalive_timeout_s=_float(get("keepalive_timeout_s"), "keepalive_timeout_s", 0.001),
         hold_refused_connections=_bool(get("hold_refused_connections"), "hold_refused_connections"),
+        shed_before_parsing=_bool(get("shed_before_parsing"), "shed_before_parsing"),
         api_token=token,
         auth_inference=_bool(get("auth_inference"), "auth_inference"),
         readiness=_str(get("readiness"), "readiness", READINESS),

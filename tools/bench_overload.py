@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
 """Overload benchmark: how much of its capacity a model keeps when far more clients hammer it
-than it can serve, with and without holding refused connections (hold_refused_connections).
+than it can serve, with the default config and with each overload guard changed alone
+(hold_refused_connections on, shed_before_parsing off).
 
-What one run does (defaults: about 2 minutes):
+What one run does (defaults: about 5 minutes):
   1. builds out/models/medium.onnx if missing (tools/make_example_models.py), compiles it to a
-     CPU OM in a temp repository and, for each setting (holds on: the default; holds off),
+     CPU OM in a temp repository and, for each setting (SETTINGS),
      starts `aclserve serve` pinned with taskset to the server core, ORT on one thread;
   2. capacity: wrk closed loop at --capacity-conc connections (binary bodies), all answers 200;
-  3. overload: wrk closed loop at each of --conc connections. wrk ignores Retry-After, so
+  3. overload, closed loop: wrk at each of --conc connections. wrk ignores Retry-After, so
      every refused client retries at once: the worst case for the server. Each answer's status
      is counted in wrk's Lua; 200/s is compared with the same server's capacity, and the
      server's CPU time (all threads, /proc) is divided by the 200s;
-  4. prints a Markdown table (and --json FILE).
+  4. overload, open loop: tools/open_loop.py on the client core sends Poisson arrivals at each
+     of --open-loads x that capacity, each on an idle keep-alive connection or a new one (at
+     most 4,000), giving up on an answer after --client-timeout s (the issue's reproduction:
+     open loop at 2x and 4x, clients with a 1 s timeout);
+  5. prints Markdown tables (and --json FILE).
 
-    python tools/bench_overload.py [--conc 256,1000] [--duration 10] [--json FILE]
+    python tools/bench_overload.py [--conc 256,1000] [--open-loads 2,4] [--duration 10] [--json FILE]
 
 Default model config: each priority level queues at most 8 x the largest gear (auto), so the
 medium CNN (gears up to 32) refuses past 256 queued requests.
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -33,12 +39,18 @@ sys.path.insert(0, TOOLS)
 from bench_common import ManagedProcess, RawOrt, Wrk, cpu_seconds, cpu_set, free_port, wait_ready  # noqa: E402
 from bench_server import make_bodies, prepare_repository  # noqa: E402
 
-SETTINGS = {"holds on": True, "holds off": False}
+# name -> server config: the default, then each overload guard changed alone
+SETTINGS = {"default": "",
+            "holds on": "hold_refused_connections: true\n",
+            "no early refusals": "shed_before_parsing: false\n"}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--conc", default="256,1000", help="overload connections, comma-separated")
+    p.add_argument("--conc", default="256,1000", help="closed-loop overload connections, comma-separated")
+    p.add_argument("--open-loads", default="2,4", help="open-loop rates as multiples of capacity ('' to skip)")
+    p.add_argument("--client-timeout", type=float, default=1.0, help="open loop: seconds a client waits")
+    p.add_argument("--settings", default=",".join(SETTINGS), help=f"subset of {','.join(SETTINGS)}")
     p.add_argument("--capacity-conc", type=int, default=64)
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
@@ -48,7 +60,12 @@ def parse_args(argv=None):
     p.add_argument("--start-timeout", type=float, default=180.0)
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
-    args.conc = [int(c) for c in args.conc.split(",")]
+    args.conc = [int(c) for c in args.conc.split(",") if c]
+    args.open_loads = [float(x) for x in args.open_loads.split(",") if x]
+    args.settings = [x for x in args.settings.split(",") if x]
+    for name in args.settings:
+        if name not in SETTINGS:
+            p.error(f"unknown setting {name!r} (choose from {', '.join(SETTINGS)})")
     return args
 
 
@@ -63,10 +80,27 @@ def window(wrk: Wrk, url: str, body, conc: int, seconds: float, pid: int) -> dic
             "latency_p50_ms": r["latency_us"]["p50"] / 1000}
 
 
-def run_setting(name: str, hold: bool, args, repo: str, body, wrk: Wrk, tmp: str, closers: list) -> list[dict]:
+def open_window(args, url: str, body_path: str, body, rate: float, pid: int) -> dict:
+    """One open-loop window of tools/open_loop.py on the client core, with the server's CPU."""
+    cmd = ["taskset", "-c", args.client_cpus, sys.executable, os.path.join(TOOLS, "open_loop.py"), url, body_path,
+           "--rate", str(rate), "--seconds", str(args.duration), "--warmup", str(args.warmup),
+           "--timeout", str(args.client_timeout), "--content-type", body.content_type]
+    if body.extra_header:
+        cmd += ["--header", body.extra_header]
+    cpu0 = cpu_seconds(pid)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    cpu = cpu_seconds(pid) - cpu0
+    result = json.loads(out.strip().splitlines()[-1])
+    ok = result["ok_per_s"] * args.duration
+    result["cpu_us_per_ok"] = cpu / ok * 1e6 if ok else 0.0  # warm-up included: an upper bound
+    return result
+
+
+def run_setting(name: str, settings: str, args, repo: str, body, body_path: str, wrk: Wrk, tmp: str,
+                closers: list) -> tuple[list[dict], list[dict]]:
     config = os.path.join(tmp, f"{name.replace(' ', '-')}.yaml")
     with open(config, "w") as f:
-        f.write(f"hold_refused_connections: {'true' if hold else 'false'}\n")
+        f.write(settings)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = ManagedProcess(["taskset", "-c", args.server_cpus, sys.executable, "-m", "aclserve", "serve",
@@ -85,11 +119,17 @@ def run_setting(name: str, hold: bool, args, repo: str, body, wrk: Wrk, tmp: str
         rows.append(row)
         print(f"  {name} c={conc}: {row['ok_per_s']:.0f} x 200/s, {row['refused_per_s']:.0f} refused/s",
               file=sys.stderr, flush=True)
-    server.close()
     capacity = rows[0]["ok_per_s"]
     for row in rows:
         row["share_of_capacity"] = row["ok_per_s"] / capacity if capacity else 0.0
-    return rows
+    open_rows = []
+    for load in args.open_loads:
+        row = open_window(args, url, body_path, body, load * capacity, pid)
+        row.update(setting=name, load=load, share_of_capacity=row["ok_per_s"] / capacity if capacity else 0.0)
+        open_rows.append(row)
+        print(f"  {name} open loop {load:g}x: {row['ok_per_s']:.0f} x 200/s, {row['per_s']}", file=sys.stderr, flush=True)
+    server.close()
+    return rows, open_rows
 
 
 def print_table(rows: list[dict]) -> None:
@@ -101,6 +141,20 @@ def print_table(rows: list[dict]) -> None:
               f"{r['refused_per_s']:,.0f} | {r['cpu_us_per_ok']:.0f} | {r['latency_p50_ms']:.1f} | {r['socket_errors']} |")
 
 
+def print_open_table(rows: list[dict], timeout_s: float) -> None:
+    print(f"\nOpen loop (Poisson arrivals, keep-alive pool of at most 4,000 connections, clients give up "
+          f"after {timeout_s:g} s):\n")
+    print("| setting | offered (x capacity) | 200/s | share of capacity | 503/s | client timeouts/s | other/s "
+          "| 200s p50 / p99 ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        per_s = r["per_s"]
+        other = sum(v for k, v in per_s.items() if k not in ("200", "503", "timeout"))
+        print(f"| {r['setting']} | {r['offered_per_s']:,.0f} ({r['load']:g}x) | {r['ok_per_s']:,.0f} | "
+              f"{r['share_of_capacity']:.2f} | {per_s.get('503', 0):,.0f} | {per_s.get('timeout', 0):,.0f} | "
+              f"{other:,.0f} | {r['p50_ms']:.0f} / {r['p99_ms']:.0f} |")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     closers: list = []
@@ -110,17 +164,25 @@ def main(argv=None) -> int:
             os.makedirs(repo)
             onnx = prepare_repository(args.models_src, repo, only=("medium",))
             body = make_bodies(RawOrt(onnx["medium"], 1, cpu_set(args.server_cpus)))["binary"][1]
+            body_path = os.path.join(tmp, "body.bin")
+            with open(body_path, "wb") as f:
+                f.write(body.data)
             wrk = Wrk(args.client_cpus, count_non2xx=True)
             closers.append(wrk)
             print(f"medium CNN, binary bodies, server on CPU {args.server_cpus}, wrk -t1 on CPU {args.client_cpus}, "
                   f"{args.duration:g} s windows; capacity = {args.capacity_conc} connections\n")
-            rows = []
-            for name, hold in SETTINGS.items():
-                rows += run_setting(name, hold, args, repo, body, wrk, tmp, closers)
+            rows, open_rows = [], []
+            for name in args.settings:
+                closed, opened = run_setting(name, SETTINGS[name], args, repo, body, body_path, wrk, tmp, closers)
+                rows += closed
+                open_rows += opened
             print_table(rows)
+            if open_rows:
+                print_open_table(open_rows, args.client_timeout)
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump({"args": {k: v for k, v in vars(args).items()}, "rows": rows}, f, indent=1)
+                    json.dump({"args": {k: v for k, v in vars(args).items()}, "rows": rows, "open_loop": open_rows},
+                              f, indent=1)
     finally:
         for c in reversed(closers):
             c.close()

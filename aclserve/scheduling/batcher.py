@@ -23,6 +23,8 @@ from .stats import QUEUE_FULL, SHUTDOWN, TIMEOUT, BatcherStats
 
 log = logging.getLogger(__name__)
 
+UNREAD_LAPSE_S = 0.05  # admitted requests arrive within a pass or two of the loop
+
 
 class DynamicBatcher:
     """Queues the requests of one model version and runs them in batches on its executor.
@@ -91,6 +93,8 @@ class DynamicBatcher:
         self._draining = False
         self._drained: asyncio.Future | None = None
         self._closed = False
+        self._unread = 0  # admitted by admit_unread() and not arrived yet
+        self._unread_at = 0.0
 
     # -- public API --------------------------------------------------------------------------
 
@@ -127,6 +131,8 @@ class DynamicBatcher:
                                f"{self.batch_limit}")
         if self._task is None:
             self.start()
+        if self._unread:
+            self._unread -= 1
         queue = self._queue
         level = queue.level_for(priority)
         request = QueuedRequest(inputs, rows, level, self._clock.now(), self._loop.create_future(),
@@ -144,6 +150,35 @@ class DynamicBatcher:
         except asyncio.CancelledError:
             self._abandon(request)
             raise
+
+    def admit_unread(self) -> bool | None:
+        """For a request seen before it is read (server/shedding.py) that would join the default
+        level: True (counted as coming) when the level has room for it and for those admitted
+        so far that have not arrived yet (they arrive when their handlers run, after the loop
+        has read what came meanwhile; each arrival, `infer()`, takes one off, and a count left
+        by requests that never arrived lapses UNREAD_LAPSE_S after the last admission); False
+        when it has none; None when the level is unbounded or the batcher takes no requests."""
+        if self._refusal is not None or self._queue is None:
+            return None
+        room = self._queue.room(self.config.default_priority)
+        if room is None:
+            return None
+        now = self._clock.now()
+        if now - self._unread_at > UNREAD_LAPSE_S:
+            self._unread = 0
+        if room <= self._unread:
+            return False
+        self._unread += 1
+        self._unread_at = now
+        return True
+
+    def refuse_default_level(self) -> QueueFull:
+        """A request that names no priority, refused before it is decoded (server/shedding.py)
+        because its level has no room for it: counted as that level's refusal, and the error
+        to answer it with."""
+        level = self.config.default_priority
+        self.stats.rejected(level, QUEUE_FULL)
+        return self._queue.full_error(level)
 
     async def drain(self, timeout: float | None = None) -> bool:
         """Refuse new requests (ModelUnavailable) and wait until every queued and running one

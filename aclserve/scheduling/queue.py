@@ -69,14 +69,22 @@ class PriorityQueue:
     def level_for(self, priority: int | None) -> int:
         return self.config.level_for(priority)
 
+    def room(self, level: int) -> int | None:
+        """Requests `level` can still take, or None when it is unbounded."""
+        limit = self._policies[level].max_queue_size
+        return max(0, limit - len(self._on_time[level]) - len(self._delayed[level])) if limit else None
+
+    def full_error(self, level: int) -> QueueFull:
+        return QueueFull(f"priority level {level} queue is full "
+                         f"(max_queue_size {self._policies[level].max_queue_size})")
+
     def push(self, request: QueuedRequest, timeout_us: int | None = None) -> None:
         """Queue `request` at the tail of its level; raises QueueFull if the level is full."""
         level = request.level
         policy = self._policies[level]
         on_time = self._on_time[level]
         if policy.max_queue_size and len(on_time) + len(self._delayed[level]) >= policy.max_queue_size:
-            raise QueueFull(f"priority level {level} queue is full "
-                            f"(max_queue_size {policy.max_queue_size})")
+            raise self.full_error(level)
         on_time[request] = None
         self.rows += request.rows
         self.count += 1

@@ -14,14 +14,18 @@ connection replaces the one idle longest (or the slowest head) if it has been so
 EVICT_AFTER_S, else it is answered 503 and closed. At shutdown every connection that is not
 running a request is closed at once, and the rest when the drain ends. Loop thread only.
 
-Overload holds: a request refused because the server has no room (errors.Overloaded) is
-answered at once with Retry-After: N, and its connection is then not read for those N seconds
-(`hold`). A client that honours Retry-After loses nothing; one that retries at once waits in
-its socket instead of costing the loop another refusal. Without the hold, clients that retry
-at once turn every freed moment of the server's core into more refusals: measured on one core
-(tools/bench_overload.py), 1,000 such connections left the model 0.28-0.39 of its capacity
-without the hold and 0.82-0.89 with it. N grows with the connections held, so the refusals
-answered stay near REFUSALS_PER_S whatever the number of clients (see `hold_seconds`).
+Overload refusals: with an EarlyRefusal set (shed_before_parsing, shedding.py), each request
+is framed (framing.py) and, for a while after an overload refusal, its head is offered to it
+first, so that the refusals of a saturated model cost the loop a quarter of what aiohttp's path
+costs. Holds (hold_refused_connections, off by default): a request refused because the server
+has no room (errors.Overloaded) is answered at once with Retry-After: N, and its connection is
+then not read for those N seconds (`hold`). A client that retries at once then waits in its
+socket instead of costing the loop another refusal (measured on one core with
+tools/bench_overload.py: 1,000 such connections kept 0.91 of the model's capacity with holds
+and 0.41 without); but a client that sends a new request on the refused connection waits too,
+and one with a timeout shorter than N times out (an open loop at 4x capacity kept 0.60 with
+holds, 0.85 without). N grows with the connections held, so the refusals answered stay near
+REFUSALS_PER_S whatever the number of clients (see `hold_seconds`).
 """
 from __future__ import annotations
 
@@ -32,6 +36,9 @@ import math
 import resource
 
 from aiohttp import web
+
+from .framing import ANSWERED, FORWARD, NEED_BODY, RequestFraming
+from .shedding import refusal
 
 log = logging.getLogger(__name__)
 
@@ -75,28 +82,34 @@ _CLOSING = _refusal("server is shutting down")
 
 
 class _Conn:
-    __slots__ = ("transport", "phase", "since", "hold", "stash")
+    __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded")
 
     def __init__(self, transport, now: float):
         self.transport, self.phase, self.since = transport, IDLE, now
         self.hold: asyncio.TimerHandle | None = None  # set while held after a refusal
         self.stash: list[bytes] = []  # bytes that arrived anyway while held
+        self.forwarded = 0  # requests handed to aiohttp and not finished yet
 
 
 class GuardedProtocol(asyncio.Protocol):
-    """Forwards everything to aiohttp's RequestHandler once the tracker admits the connection."""
+    """Forwards everything to aiohttp's RequestHandler once the tracker admits the connection;
+    with an early refusal set (shedding.py), each request framed (framing.py) is offered to it
+    first, while no request handed to aiohttp is unanswered (answers keep their order)."""
 
-    __slots__ = ("_tracker", "_factory", "_inner", "_conn")
+    __slots__ = ("_tracker", "_factory", "_inner", "_conn", "_framing")
 
     def __init__(self, tracker: "ConnectionTracker", factory):
         self._tracker, self._factory = tracker, factory
-        self._inner = self._conn = None
+        self._inner = self._conn = self._framing = None
 
     def connection_made(self, transport) -> None:
         self._conn = self._tracker.admit(transport)
         if self._conn is not None:
             self._inner = self._factory()
             self._inner.connection_made(transport)
+            if self._tracker.early is not None:
+                self._framing = RequestFraming(self._inner.data_received, self._answer, self._held,
+                                               self._tracker.early.active)
 
     def data_received(self, data: bytes) -> None:
         conn = self._conn
@@ -108,7 +121,32 @@ class GuardedProtocol(asyncio.Protocol):
             return
         if conn.phase == IDLE:
             conn.phase, conn.since = HEAD, self._tracker.now()
-        self._inner.data_received(data)
+        framing = self._framing
+        if framing is None:
+            self._inner.data_received(data)
+            return
+        rest = framing.feed(data)
+        if rest:
+            conn.stash.append(rest)  # a hold began: read when it ends
+        elif not conn.forwarded and framing.idle:
+            conn.phase, conn.since = IDLE, self._tracker.now()  # what came was answered here
+
+    def _answer(self, head, body_length: int, body: bytes | None) -> str:
+        conn = self._conn
+        if not conn.forwarded:
+            decision = self._tracker.early.check(head, body_length, body)
+            if decision == NEED_BODY:
+                return NEED_BODY
+            if decision is not None:
+                seconds = self._tracker.hold(conn.transport)
+                conn.transport.write(refusal(decision.message, seconds))
+                conn.phase, conn.since = IDLE, self._tracker.now()
+                return ANSWERED
+        conn.forwarded += 1
+        return FORWARD
+
+    def _held(self) -> bool:
+        return self._conn.hold is not None
 
     def eof_received(self):
         return self._inner.eof_received() if self._inner is not None else None
@@ -131,13 +169,14 @@ class ConnectionTracker:
     """Owned by the server state. `factory(inner)` makes the listening socket's protocols."""
 
     def __init__(self, max_connections: int, header_timeout_s: float, keepalive_timeout_s: float,
-                 hold_refused: bool = True):
+                 hold_refused: bool = False):
         self.max_connections = max_connections
         self.hold_refused = hold_refused
         self.header_timeout_s = header_timeout_s
         self.keepalive_timeout_s = keepalive_timeout_s
         self.accepting = True
         self.counts = {"refused": 0, "evicted": 0, "header_timeout": 0, "idle_timeout": 0}
+        self.early = None  # shedding.EarlyRefusal: infer requests refused before aiohttp sees them
         self.held = 0  # connections held now
         self.holds = 0  # holds since start
         self._conns: dict[object, _Conn] = {}
@@ -205,6 +244,14 @@ class ConnectionTracker:
             self._unhold(conn)
 
     # -- overload holds ---------------------------------------------------------------------------
+    def refused_for_room(self, transport, body_pending: bool = False) -> int:
+        """aiohttp's path refused a request for want of room (errors.Overloaded): the early
+        refusal checks request heads for a while, and the connection is held (when holds are
+        on). Returns the refusal's Retry-After."""
+        if self.early is not None:
+            self.early.overloaded()
+        return self.hold(transport, body_pending) if transport is not None else 1
+
     def hold(self, transport, body_pending: bool = False) -> int:
         """Stop reading `transport` for the seconds returned, its refusal's Retry-After
         (`body_pending`: the refused request's body has not all arrived). A connection held
@@ -251,6 +298,7 @@ class ConnectionTracker:
         conn = self._conns.get(transport)
         if conn is not None:
             conn.phase, conn.since = IDLE, self._loop.time()
+            conn.forwarded = max(0, conn.forwarded - 1)
 
     def _sweep(self) -> None:
         self._sweeper = None

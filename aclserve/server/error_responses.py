@@ -57,9 +57,8 @@ def _error_response(request: web.Request, state: ServerState | None, exc: Except
     if isinstance(exc, ServeError):
         message = state.redact(exc.message) if state is not None else exc.message
         wait = retry_after(exc)
-        if isinstance(exc, Overloaded) and state is not None and request.transport is not None:
-            # not read again before it says
-            wait = state.connections.hold(request.transport, body_pending=not request.content.is_eof())
+        if isinstance(exc, Overloaded) and state is not None:
+            wait = state.connections.refused_for_room(request.transport, body_pending=not request.content.is_eof())
         response = json_error(message, http_status(exc), wait, error_headers(exc))
         if isinstance(exc, BodyTimeout):
             response.force_close()  # the client stalled: do not wait for the rest of its body

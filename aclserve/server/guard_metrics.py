@@ -40,6 +40,10 @@ class GuardCollector:
                                     "was held for its Retry-After")
         holds.add_metric([], conns.holds)
         yield holds
+        early = CounterMetricFamily("aclserve_early_refusals", "Infer requests refused 503 (queue full) from "
+                                    "their head and body, before aiohttp parsed them (shed_before_parsing)")
+        early.add_metric([], conns.early.refused if conns.early is not None else 0)
+        yield early
         trims = CounterMetricFamily("aclserve_heap_trims", "malloc_trim calls after large requests")
         trims.add_metric([], state.trimmer.trims)
         yield trims

@@ -18,6 +18,7 @@ from .images import ImageDecoding
 from .json_tensors import JsonLimits
 from .metrics import ServerMetrics, VersionMetrics
 from .redact import PathRedactor
+from .shedding import EarlyRefusal
 from .trim import HeapTrimmer
 from .observe import Observer
 
@@ -57,6 +58,7 @@ class ServerState:
         self.budget = MemoryBudget(config.max_inflight_bytes, config.max_request_bytes, self.trimmer.released)
         self.connections = ConnectionTracker(config.max_connections, config.header_timeout_s,
                                              config.keepalive_timeout_s, config.hold_refused_connections)
+        self.connections.early = EarlyRefusal(self) if config.shed_before_parsing else None
         self.metrics.registry.register(GuardCollector(self))
         self.started = False  # every model the repository found at start has been tried
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle

@@ -53,7 +53,8 @@ def test_a_417_answered_connection_is_idle_not_a_head(srv):
     assert metric(srv.url, "aclserve_connections_closed_total", 'reason="header_timeout"') == 0
 
 
-@pytest.mark.parametrize("srv", [dict(keepalive_timeout_s=0.5, body_timeout_s=5.0)], indirect=True)
+@pytest.mark.parametrize("srv", [dict(keepalive_timeout_s=0.5, body_timeout_s=5.0, hold_refused_connections=True)],
+                         indirect=True)
 def test_no_hold_when_the_keepalive_timeout_leaves_no_whole_second(srv):
     """A hold must end before the idle sweep would close the held connection; with
     keepalive_timeout_s 0.5 no hold fits, so the refused connection is read again at once."""

@@ -28,41 +28,64 @@ def request(body: bytes) -> bytes:
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
-@pytest.fixture
-def one_slot(models_dir, tmp_path, make_config):
+def one_place_queue(models_dir, tmp_path, make_config, window_ms: int, **config):
     shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
     (tmp_path / "affine.yaml").write_text(
-        "batching: {max_queue_delay_ms: 600, default_queue_policy: {max_queue_size: 1}}\n")
-    with ServerThread(make_config(tmp_path, model_control_mode="none")) as srv:
+        f"batching: {{max_queue_delay_ms: {window_ms}, default_queue_policy: {{max_queue_size: 1}}}}\n")
+    return ServerThread(make_config(tmp_path, model_control_mode="none", **config))
+
+
+@pytest.fixture
+def one_slot(models_dir, tmp_path, make_config):
+    with one_place_queue(models_dir, tmp_path, make_config, 600, hold_refused_connections=True) as srv:
         yield srv
 
 
-def test_a_refused_connection_is_not_read_before_its_retry_after(one_slot):
-    async def scenario():
-        waiting_reader, waiting = await open_raw(one_slot.url)
-        waiting.write(request(WAITING))  # fills the queue for 600 ms
-        await wait_for(lambda: metric(one_slot.url, "aclserve_queue_depth",
-                                      'model="affine",priority="2",version="1"') == 1)
-        reader, writer = await open_raw(one_slot.url)
-        writer.write(request(ONE_ROW))
-        status, answer = await read_response(reader)
-        refused_at = time.monotonic()
-        held_now = metric(one_slot.url, "aclserve_connections_held")
-        writer.write(request(ONE_ROW))  # sent at once, read only after the hold
-        status_after, _ = await read_response(reader)
-        waited = time.monotonic() - refused_at
-        first_status, _ = await read_response(waiting_reader)
-        for w in (writer, waiting):
-            w.close()
-        return status, answer, held_now, status_after, waited, first_status
+@pytest.fixture
+def long_window(models_dir, tmp_path, make_config):
+    with one_place_queue(models_dir, tmp_path, make_config, 2500, hold_refused_connections=True) as srv:
+        yield srv
 
-    status, answer, held_now, status_after, waited, first_status = asyncio.run(scenario())
+
+async def refuse_then_send_again(url: str):
+    """Fill the queue's one place, have a request refused, send the next one on the same
+    connection at once: (refusal status, refusal, held then, next status, seconds until its
+    answer, the queued request's status)."""
+    waiting_reader, waiting = await open_raw(url)
+    waiting.write(request(WAITING))  # waits in the queue for the batching window
+    await wait_for(lambda: metric(url, "aclserve_queue_depth", 'model="affine",priority="2",version="1"') == 1)
+    reader, writer = await open_raw(url)
+    writer.write(request(ONE_ROW))
+    status, answer = await read_response(reader)
+    refused_at = time.monotonic()
+    held_now = metric(url, "aclserve_connections_held")
+    writer.write(request(ONE_ROW))  # sent at once: read only after the hold
+    status_after, _ = await read_response(reader)
+    waited = time.monotonic() - refused_at
+    first_status, _ = await read_response(waiting_reader)
+    for w in (writer, waiting):
+        w.close()
+    return status, answer, held_now, status_after, waited, first_status
+
+
+def test_a_held_connection_is_read_again_once_the_queue_has_room(one_slot):
+    status, answer, held_now, status_after, waited, first_status = asyncio.run(refuse_then_send_again(one_slot.url))
     assert status == 503 and b"queue is full" in answer and b"\r\nRetry-After: 1\r\n" in answer
     assert held_now == 1
-    assert status_after == 200 and first_status == 200  # the queue had room again after the hold
-    assert waited >= 0.9  # the server's own hold of 1 s (a lower bound, not a speed)
-    assert metric(one_slot.url, "aclserve_connection_holds_total") >= 1
+    # read when the queued request left for its batch (after its 600 ms window), so not refused
+    assert status_after == 200 and first_status == 200
+    assert waited >= 0.3  # the server's own batching window, less the time to the refusal (a lower bound)
+    assert metric(one_slot.url, "aclserve_connection_holds_total") == 1
     assert metric(one_slot.url, "aclserve_connections_held") == 0
+
+
+def test_a_held_connection_is_not_read_before_its_retry_after_while_the_queue_is_full(long_window):
+    status, _, held_now, status_after, waited, first_status = asyncio.run(refuse_then_send_again(long_window.url))
+    assert status == 503 and held_now == 1
+    assert status_after == 503  # read after the hold of 1 s: the queue (2.5 s window) was still full
+    assert waited >= 0.9  # the server's own hold of 1 s (a lower bound, not a speed)
+    assert first_status == 200
+    assert metric(long_window.url, "aclserve_connection_holds_total") == 2  # held again after the second
 
 
 def test_the_hold_grows_with_the_connections_held():
@@ -92,7 +115,7 @@ def small_budget(models_dir, tmp_path, make_config, monkeypatch):
     monkeypatch.setattr(connections, "REFUSALS_PER_S", 0.5)
     shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
     config = make_config(tmp_path, model_control_mode="none", max_inflight_bytes=300_000,
-                         max_request_bytes=250_000)
+                         max_request_bytes=250_000, hold_refused_connections=True)
     with ServerThread(config) as srv:
         yield srv
 
@@ -128,3 +151,110 @@ def test_a_connection_refused_before_its_body_arrived_is_kept(small_budget):
     status, answer, status_after = asyncio.run(scenario())
     assert status == 503 and b"\r\nRetry-After: %d\r\n" % PENDING_BODY_HOLD_S in answer
     assert status_after == 200
+
+
+PRIORITY_ONE = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
+                                      {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1] * 3}],
+                           "parameters": {"priority": 1}}).encode()
+HEALTH = b"GET /v2/health/ready HTTP/1.1\r\nHost: test\r\n\r\n"
+
+
+async def fill_the_queue(url: str):
+    """A request that waits in the queue's one place for 600 ms; returns its reader."""
+    reader, writer = await open_raw(url)
+    writer.write(request(WAITING))
+    await wait_for(lambda: metric(url, "aclserve_queue_depth", 'model="affine",priority="2",version="1"') == 1)
+    return reader, writer
+
+
+def test_a_plain_request_for_a_full_queue_is_refused_before_aiohttp_parses_it(one_slot):
+    """Once a refusal has shown the server overloaded, request heads are checked as they come."""
+    url = one_slot.url
+
+    async def scenario():
+        waiting_reader, waiting = await fill_the_queue(url)
+        first_reader, first_writer = await open_raw(url)
+        first_writer.write(request(ONE_ROW))  # refused through aiohttp: heads are checked from now on
+        await read_response(first_reader)
+        assert metric(url, "aclserve_early_refusals_total") == 0
+        reader, writer = await open_raw(url)
+        writer.write(request(ONE_ROW))
+        refused = await read_response(reader)
+        early = metric(url, "aclserve_early_refusals_total")
+        held = metric(url, "aclserve_connections_held")
+        # a request naming a priority is read by the codec: level 1 has room
+        named_reader, named_writer = await open_raw(url)
+        named_writer.write(request(PRIORITY_ONE))
+        named = await read_response(named_reader)
+        first = await read_response(waiting_reader)
+        for w in (waiting, first_writer, writer, named_writer):
+            w.close()
+        return refused, early, held, named, first
+
+    (status, answer), early, held, (named_status, _), (first_status, _) = asyncio.run(scenario())
+    assert status == 503 and b"priority level 2 queue is full" in answer and b"\r\nRetry-After: 1\r\n" in answer
+    assert early == 1 and held == 2  # refused by the guard, and held like the first refusal
+    assert named_status == 200 and first_status == 200
+    assert metric(url, "aclserve_request_failure_total", 'model="affine",reason="QueueFull",version="1"') == 2
+    assert metric(url, "aclserve_early_refusals_total") == 1
+
+
+def test_answers_keep_their_order_behind_a_request_aiohttp_is_answering(one_slot):
+    """Pipelined: a request behind one handed to aiohttp is handed to aiohttp too, so its
+    refusal cannot overtake the answer before it."""
+    url = one_slot.url
+
+    async def scenario():
+        waiting_reader, waiting = await fill_the_queue(url)
+        first_reader, first_writer = await open_raw(url)
+        first_writer.write(request(ONE_ROW))  # refused through aiohttp: heads are checked from now on
+        await read_response(first_reader)
+        reader, writer = await open_raw(url)
+        writer.write(HEALTH + request(ONE_ROW))
+        answers = b""
+        while answers.count(b"HTTP/1.1 ") < 2:
+            chunk = await asyncio.wait_for(reader.read(65536), 30)
+            assert chunk, "the server closed the connection"
+            answers += chunk
+        await read_response(waiting_reader)
+        for w in (waiting, first_writer, writer):
+            w.close()
+        return answers
+
+    answers = asyncio.run(scenario())
+    assert answers.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 503 " in answers[20:]
+    assert metric(url, "aclserve_early_refusals_total") == 0  # aiohttp answered both
+
+
+@pytest.fixture
+def no_early_refusals(models_dir, tmp_path, make_config):
+    with one_place_queue(models_dir, tmp_path, make_config, 600, shed_before_parsing=False) as srv:
+        yield srv
+
+
+def test_with_shed_before_parsing_off_aiohttp_refuses_every_request(no_early_refusals):
+    url = no_early_refusals.url
+
+    async def scenario():
+        waiting_reader, waiting = await fill_the_queue(url)
+        reader, writer = await open_raw(url)
+        writer.write(request(ONE_ROW))
+        refused = await read_response(reader)
+        await read_response(waiting_reader)
+        for w in (waiting, writer):
+            w.close()
+        return refused
+
+    status, answer = asyncio.run(scenario())
+    assert status == 503 and b"queue is full" in answer
+    assert metric(url, "aclserve_early_refusals_total") == 0
+
+
+def test_by_default_a_refused_connection_is_read_again_at_once(models_dir, tmp_path, make_config):
+    with one_place_queue(models_dir, tmp_path, make_config, 2500) as srv:
+        status, _, held_now, status_after, _, first_status = asyncio.run(refuse_then_send_again(srv.url))
+        assert status == 503 and held_now == 0
+        assert status_after == 503  # read at once, and the queue was still full
+        assert first_status == 200
+        assert metric(srv.url, "aclserve_connection_holds_total") == 0
+        assert metric(srv.url, "aclserve_early_refusals_total") == 1  # the second: the first showed overload

@@ -1,0 +1,172 @@
+"""Where each request of an HTTP/1.1 connection begins and ends, read from its bytes before
+aiohttp's parser sees them, so the connection guard can answer a request itself (shedding.py)
+and aiohttp never sees it.
+
+Only what framing needs is read: the request line, Content-Length, and the headers that make
+the framing unknowable here (Transfer-Encoding, Upgrade). A connection that uses them, or whose
+head is malformed or longer than MAX_HEAD_BYTES, is given up: everything from there on goes to
+aiohttp untouched, which answers (or refuses) it as before. Bytes are forwarded in as few
+pieces as possible (a chunk holding whole requests is passed on as it is).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+MAX_HEAD_BYTES = 16384  # aiohttp's own limits (8190 per line) refuse longer heads anyway
+
+
+class Head:
+    """A complete request head. `header(name)` reads a header (name in lower case) from the
+    lower-cased head: the value of its first occurrence, stripped, or None."""
+
+    __slots__ = ("method", "target", "version", "_lower")
+
+    def __init__(self, method: bytes, target: bytes, version: bytes, lower: bytes):
+        self.method, self.target, self.version, self._lower = method, target, version, lower
+
+    def header(self, name: bytes) -> bytes | None:
+        at = self._lower.find(b"\r\n" + name + b":")
+        if at < 0:
+            return None
+        at += len(name) + 3
+        end = self._lower.find(b"\r\n", at)
+        return self._lower[at:end if end >= 0 else len(self._lower)].strip()
+
+
+def _request_line(raw: bytes) -> list[bytes] | None:
+    line_end = raw.find(b"\r\n")
+    parts = (raw if line_end < 0 else raw[:line_end]).split(b" ")
+    return parts if len(parts) == 3 else None
+
+
+def _body_length(lower: bytes) -> int | None:
+    """The body length a lower-cased head declares, or None when it cannot be known here
+    (chunked, upgrade, malformed, repeated Content-Length)."""
+    if b"\r\ntransfer-encoding:" in lower or b"\r\nupgrade:" in lower or b" :" in lower:
+        return None
+    at = lower.find(b"\r\ncontent-length:")
+    if at < 0:
+        return 0
+    at += 17
+    if lower.find(b"\r\ncontent-length:", at) >= 0:
+        return None  # a repeated Content-Length is refused by aiohttp: let it say so
+    end = lower.find(b"\r\n", at)
+    value = lower[at:end if end >= 0 else len(lower)].strip()
+    if not value.isdigit() or len(value) > 18:
+        return None
+    return int(value)
+
+
+def body_length(raw: bytes) -> int | None:
+    """The body length of a head without its final blank line (see parse_head), unparsed."""
+    line_end = raw.find(b"\r\n")
+    if raw.count(b" ", 0, line_end if line_end >= 0 else len(raw)) != 2:
+        return None
+    return _body_length(raw.lower())
+
+
+def parse_head(raw: bytes) -> tuple[Head, int] | None:
+    """(head, body length) of a head without its final blank line, or None when this module
+    cannot know where the request ends (chunked, upgrade, malformed, conflicting lengths).
+    Header values are read lower-cased: only framing headers and tokens are read here."""
+    parts = _request_line(raw)
+    if parts is None:
+        return None
+    lower = raw.lower()
+    length = _body_length(lower)
+    if length is None:
+        return None
+    return Head(parts[0], parts[1], parts[2], lower + b"\r\n"), length
+
+
+FORWARD, ANSWERED, NEED_BODY = "forward", "answered", "need body"
+
+
+class RequestFraming:
+    """The framing of one connection. `feed(data)` passes the bytes on to `forward`, except
+    that, while `wanted()`, each complete head is first offered to `answer(head, body_length,
+    body)`, which says FORWARD, ANSWERED (the request was answered: its head and body are
+    dropped here) or NEED_BODY (ask again with the whole body: the request is held back until
+    it has come). Otherwise heads are only measured (no Head is built). After an answer,
+    `paused()` True stops the feed; what is left of the chunk is returned (the caller keeps it
+    and feeds it again later)."""
+
+    __slots__ = ("_forward", "_answer", "_paused", "_wanted", "_held", "_remaining", "_dropping", "lost")
+
+    def __init__(self, forward: Callable[[bytes], None], answer: Callable[[Head, int, bytes | None], str],
+                 paused: Callable[[], bool], wanted: Callable[[], bool] = lambda: True):
+        self._forward, self._answer, self._paused, self._wanted = forward, answer, paused, wanted
+        self._held = b""  # the start of a request held back: its head is incomplete, or its body wanted
+        self._remaining = 0  # body bytes of the current request still to come
+        self._dropping = False  # the current request was answered here: drop its body
+        self.lost = False  # framing given up: everything goes to aiohttp
+
+    @property
+    def idle(self) -> bool:
+        """Between requests: nothing held back, no body pending."""
+        return not self._held and not self._remaining
+
+    def feed(self, data: bytes) -> bytes:
+        if self.lost:
+            self._forward(data)
+            return b""
+        if self._held:
+            data = self._held + data
+            self._held = b""
+        pos, start, size = 0, 0, len(data)  # data[start:pos] is forwarded, not yet passed on
+        while pos < size:
+            if self._remaining:
+                n = min(self._remaining, size - pos)
+                self._remaining -= n
+                if self._dropping:
+                    self._flush(data, start, pos)
+                    start = pos + n
+                pos += n
+                continue
+            end = data.find(b"\r\n\r\n", pos, pos + MAX_HEAD_BYTES + 4)
+            if end < 0:
+                if size - pos > MAX_HEAD_BYTES:
+                    return self._give_up(data, start)
+                self._flush(data, start, pos)
+                self._held = data[pos:]
+                return b""
+            body_at = end + 4
+            if not self._wanted():
+                length = body_length(data[pos:end])
+                if length is None:
+                    return self._give_up(data, start)
+                self._remaining, self._dropping = length, False
+                pos = body_at
+                continue
+            parsed = parse_head(data[pos:end])
+            if parsed is None:
+                return self._give_up(data, start)
+            head, length = parsed
+            decision = self._answer(head, length, None)
+            if decision == NEED_BODY:
+                if body_at + length > size:  # hold the request back until its body is here
+                    self._flush(data, start, pos)
+                    self._held = data[pos:]
+                    return b""
+                decision = self._answer(head, length, data[body_at:body_at + length])
+            self._remaining, self._dropping = length, decision == ANSWERED
+            if not self._dropping:
+                pos = body_at  # forwarded: part of the run from `start`
+                continue
+            self._flush(data, start, pos)
+            pos = start = body_at
+            if self._paused():
+                n = min(length, size - pos)  # the answered body is dropped even now
+                self._remaining -= n
+                return data[pos + n:]
+        self._flush(data, start, size)
+        return b""
+
+    def _flush(self, data: bytes, start: int, end: int) -> None:
+        if end > start:
+            self._forward(data if start == 0 and end == len(data) else data[start:end])
+
+    def _give_up(self, data: bytes, start: int) -> bytes:
+        self.lost = True
+        self._flush(data, start, len(data))
+        return b""

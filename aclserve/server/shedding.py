@@ -1,0 +1,129 @@
+"""Infer requests refused before aiohttp parses them, while their queue is full.
+
+Under overload most requests are refused, and through aiohttp a refusal costs the loop's core
+about 0.1 ms (its request object, the middlewares, the response): at 4x a model's capacity in
+an open loop, refusals took most of the core and the model kept 0.37 of its capacity
+(tools/bench_overload.py). So the connection guard (connections.py, framing.py) frames every
+request, and for ACTIVE_S after any overload refusal it offers each request head here first:
+when the queue level the request would join has no room, the guard sends the same 503 with
+Retry-After itself and drops the body as it arrives; aiohttp never sees the request (a quarter
+of the cost, most of it the kernel's; the same model then kept 0.75-0.85).
+
+Only the plain case is refused here; everything else goes through aiohttp as before: a request
+that does not end its connection and sends Content-Length (no Expect, no Content-Encoding), for
+a serving version, whose level, the default one (the body names no "priority"), is full. Not
+while tracing or the request log want every request, nor when inference needs an API token
+(the 401 comes first). The body must be in hand to see whether it names a priority (in its
+JSON: the whole body, or the part before the binary tensors): one still arriving is held back
+until it has come, up to BODY_PEEK_BYTES (a connection's read buffers hold that much anyway),
+larger ones go through aiohttp; a body that may spell "priority" with an escape (\\u) goes
+there too.
+"""
+from __future__ import annotations
+
+import time
+
+import orjson
+
+from ..errors import ServeError
+from .framing import Head, NEED_BODY
+
+BODY_PEEK_BYTES = 64 * 1024
+ACTIVE_S = 2.0  # how long after an overload refusal request heads are checked here
+TARGET_TTL_S = 1.0  # how long a path's version lookup is reused (a reload changes it)
+MAX_TARGETS = 1024
+_PREFIX = b"/v2/models/"
+_SUFFIX = b"/infer"
+
+
+def infer_target(target: bytes) -> tuple[str, str | None] | None:
+    """(model, version or None) of an infer path, or None (another route, or a name that
+    needs decoding: aiohttp's router reads those)."""
+    path = target.split(b"?", 1)[0]
+    if not path.startswith(_PREFIX) or not path.endswith(_SUFFIX) or b"%" in path:
+        return None
+    parts = path[len(_PREFIX):-len(_SUFFIX)].split(b"/")
+    try:
+        if len(parts) == 1 and parts[0]:
+            return parts[0].decode(), None
+        if len(parts) == 3 and parts[0] and parts[1] == b"versions" and parts[2]:
+            return parts[0].decode(), parts[2].decode()
+    except UnicodeDecodeError:
+        pass
+    return None
+
+
+def refusal(message: str, retry_after: int) -> bytes:
+    body = orjson.dumps({"error": message})
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: %d\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (retry_after, len(body), body))
+
+
+class EarlyRefusal:
+    """Owned by the server state; `check(head, body_length, body)` is called by the
+    connection guard on the loop for every request head it frames. Most requests find room,
+    so that answer comes first and cheapest: the path's version is looked up at most once a
+    second, and the request's other headers are read only when it may be refused."""
+
+    def __init__(self, state):  # server.state.ServerState, which owns this
+        self._state = state
+        self._targets: dict[bytes, tuple[object, float]] = {}  # path -> (served version or None, until)
+        self._active_until = 0.0
+        self.refused = 0
+
+    def active(self) -> bool:
+        """Whether heads are offered to `check` now: for ACTIVE_S after any overload refusal
+        (`overloaded()`, or one made here). Otherwise the guard only frames requests, which
+        is cheaper (about 2 us a request) than asking about each."""
+        return time.monotonic() < self._active_until
+
+    def overloaded(self) -> None:
+        """A request was refused for want of room (QueueFull through aiohttp's path, or here)."""
+        self._active_until = time.monotonic() + ACTIVE_S
+
+    def check(self, head: Head, body_length: int, body: bytes | None) -> ServeError | str | None:
+        """None: aiohttp takes the request. NEED_BODY: ask again with the whole body. A
+        ServeError (QueueFull): refuse the request with it; it is counted like any refusal."""
+        if head.method != b"POST":
+            return None
+        served = self._served(head.target)
+        if served is None or served.batcher.admit_unread() is not False:
+            return None
+        state = self._state
+        if (head.version != b"HTTP/1.1" or state.observer is not None or state.auth.inference or state.shutting_down
+                or body_length > BODY_PEEK_BYTES or head.header(b"expect") is not None
+                or head.header(b"connection") == b"close"
+                or head.header(b"content-encoding") not in (None, b"identity")):
+            return None
+        if body is None:
+            return NEED_BODY
+        json_length = head.header(b"inference-header-content-length")
+        if json_length is not None:
+            if not json_length.isdigit():
+                return None
+            body = body[:int(json_length)]
+        if b"priority" in body or b"\\u" in body:  # it may name another level: the codec reads it
+            return None
+        error = served.batcher.refuse_default_level()
+        state.record(served).metrics.request_failed(type(error).__name__, 0.0)
+        self.refused += 1
+        self.overloaded()
+        return error
+
+    def _served(self, target: bytes):
+        """The version an infer path names (None: not an infer path, or not serving)."""
+        now = time.monotonic()
+        cached = self._targets.get(target)
+        if cached is not None and now < cached[1]:
+            return cached[0]
+        served = None
+        named = infer_target(target)
+        if named is not None:
+            try:
+                served = self._state.repo.get(*named)
+            except ServeError:
+                pass  # aiohttp's route says what is wrong
+        if len(self._targets) >= MAX_TARGETS:
+            self._targets.clear()
+        self._targets[target] = (served, now + TARGET_TTL_S)
+        return served

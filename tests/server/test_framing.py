@@ -1,0 +1,117 @@
+"""Request framing in front of aiohttp: bytes pass through unchanged and in order, whatever the
+chunking, and a request answered here is dropped whole."""
+import random
+
+from aclserve.server.framing import ANSWERED, FORWARD, NEED_BODY, RequestFraming, parse_head
+
+
+def post(path: bytes, body: bytes, extra: bytes = b"") -> bytes:
+    return b"POST %s HTTP/1.1\r\nHost: t\r\n%sContent-Length: %d\r\n\r\n%s" % (path, extra, len(body), body)
+
+
+GET = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
+KEEP = post(b"/keep", b"k" * 300)
+DROP = post(b"/drop", b"d" * 5000)
+
+
+class Recorder:
+    """Runs a framing whose answer drops /drop requests (optionally after seeing the body)."""
+
+    def __init__(self, want_body: bool = False, pause_after_answer: bool = False):
+        self.forwarded = bytearray()
+        self.seen: list[tuple[bytes, int, bytes | None]] = []
+        self.want_body = want_body
+        self.pause = pause_after_answer
+        self.answered = 0
+        self.framing = RequestFraming(self.forwarded.extend, self.answer, lambda: self.pause and self.answered > 0)
+
+    def answer(self, head, length, body):
+        self.seen.append((head.target, length, body))
+        if head.target != b"/drop":
+            return FORWARD
+        if self.want_body and body is None:
+            return NEED_BODY
+        self.answered += 1
+        return ANSWERED
+
+    def feed_in_chunks(self, stream: bytes, rng: random.Random) -> bytes:
+        pos, rest = 0, b""
+        while pos < len(stream):
+            n = rng.randint(1, 700)
+            rest += self.framing.feed(stream[pos:pos + n])
+            pos += n
+        return rest
+
+
+def test_parse_head_reads_framing_and_refuses_what_it_cannot_frame():
+    head, length = parse_head(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n"
+                              b"Inference-Header-Content-Length: 7")
+    assert (head.method, head.target, head.version, length) == (b"POST", b"/v2/models/m/infer", b"HTTP/1.1", 12)
+    assert head.header(b"inference-header-content-length") == b"7" and head.header(b"expect") is None
+    assert parse_head(b"GET / HTTP/1.1\r\nHost: x")[1] == 0
+    for bad in (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked",
+                b"GET / HTTP/1.1\r\nUpgrade: websocket",
+                b"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6",
+                b"POST / HTTP/1.1\r\nContent-Length: -5",
+                b"POST /\r\nHost: x",
+                b"POST / HTTP/1.1\r\nContent-Length : 5"):
+        assert parse_head(bad) is None, bad
+
+
+def test_forwarded_requests_pass_through_unchanged_whatever_the_chunks():
+    stream = b"".join([GET, KEEP, GET, KEEP, KEEP])
+    for seed in range(50):
+        rec = Recorder()
+        assert rec.feed_in_chunks(stream, random.Random(seed)) == b""
+        assert bytes(rec.forwarded) == stream
+        assert [t for t, _, _ in rec.seen] == [b"/v2/health/ready", b"/keep", b"/v2/health/ready", b"/keep", b"/keep"]
+        assert rec.framing.idle
+
+
+def test_a_whole_chunk_is_passed_on_as_it_is():
+    pieces = []
+    framing = RequestFraming(pieces.append, lambda head, n, body: FORWARD, lambda: False)
+    chunk = KEEP + GET
+    framing.feed(chunk)
+    assert pieces == [chunk] and pieces[0] is chunk
+
+
+def test_answered_requests_are_dropped_with_their_bodies():
+    stream = b"".join([KEEP, DROP, GET, DROP, DROP, KEEP])
+    for want_body in (False, True):
+        for seed in range(50):
+            rec = Recorder(want_body=want_body)
+            rec.feed_in_chunks(stream, random.Random(seed))
+            assert bytes(rec.forwarded) == KEEP + GET + KEEP
+            assert rec.answered == 3
+            if want_body:  # asked again with the whole body once it had come
+                assert [b for t, _, b in rec.seen if t == b"/drop" and b is not None] == [b"d" * 5000] * 3
+
+
+def test_after_a_pausing_answer_the_rest_of_the_chunk_is_handed_back():
+    rec = Recorder(pause_after_answer=True)
+    rest = rec.framing.feed(KEEP + DROP + GET + KEEP)
+    assert bytes(rec.forwarded) == KEEP and rest == GET + KEEP
+    rec.pause = False
+    rec.framing.feed(rest)  # fed again when the hold ends
+    assert bytes(rec.forwarded) == KEEP + GET + KEEP
+
+
+def test_a_body_that_is_still_arriving_when_paused_is_dropped_as_it_comes():
+    rec = Recorder(pause_after_answer=True)
+    half = len(DROP) // 2
+    assert rec.framing.feed(DROP[:half]) == b""
+    assert not rec.framing.idle
+    rec.pause = False
+    rec.framing.feed(DROP[half:] + GET)
+    assert bytes(rec.forwarded) == GET and rec.framing.idle
+
+
+def test_what_cannot_be_framed_goes_to_aiohttp_from_there_on():
+    chunked = b"POST /drop HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    rec = Recorder()
+    rec.framing.feed(KEEP + chunked + DROP)
+    assert rec.framing.lost and bytes(rec.forwarded) == KEEP + chunked + DROP
+    endless = Recorder()
+    endless.framing.feed(b"GET / HTTP/1.1\r\nX: " + b"a" * 20000)
+    assert endless.framing.lost and len(endless.forwarded) > 20000
