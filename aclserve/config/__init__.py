@@ -1,0 +1,26 @@
+"""Server and model configuration: YAML -> frozen dataclasses, every bad key reported by path.
+
+The one source of defaults is the embedded `aclserve/configs/default.yaml` (documented key by
+key; `configs/default.yaml` at the repository root is a byte-identical copy for readers). A
+user file is deep-merged over it, then command-line overrides over that; the merged mapping
+is validated in one pass. Unknown keys and bad values raise ConfigError whose message starts
+with the dotted path of the key, e.g.
+`model_defaults.batching.max_queue_delay_ms: must be >= 0, got -1`.
+
+Merging: mappings merge key by key, except `version_policy`, which a later layer replaces
+whole (it is a one-key choice). A per-model file (`models/<name>.yaml` or
+`models/<name>/config.yaml`) has the keys of `model_defaults` and merges over the server's
+`model_defaults` the same way. Entries of `batching.priority_queue_policy` (keyed by level
+number) inherit unset fields from `batching.default_queue_policy`.
+Relative paths (models_dir, compile_cache_dir) are relative to the working directory.
+
+Modules: schema (the dataclasses, their choices, ConfigError), checks (value checks), model and
+server (a section's mapping -> its dataclass), files (default, YAML files, overrides, merging).
+"""
+from .files import DEFAULT_CONFIG_PATH, load_model_config, load_server_config
+from .model import model_config_mapping, parse_model_config
+from .schema import CompileOptions, ConfigError, ImageInput, ImageSettings, ModelConfig, ServerConfig, TensorOptions
+
+__all__ = ["DEFAULT_CONFIG_PATH", "CompileOptions", "ConfigError", "ImageInput", "ImageSettings", "ModelConfig",
+           "ServerConfig", "TensorOptions", "load_model_config", "load_server_config", "model_config_mapping",
+           "parse_model_config"]

@@ -1,0 +1,81 @@
+"""Value checks shared by the section parsers: each returns the value or raises ConfigError
+naming the key's dotted path."""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from .schema import ConfigError
+
+
+def key_path(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def as_mapping(value, path: str) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise ConfigError(path, f"must be a mapping, got {value!r}")
+    return value
+
+
+def no_unknown(data: Mapping, known, path: str) -> None:
+    for key in data:
+        if key not in known:
+            raise ConfigError(key_path(path, str(key)), f"unknown key (known: {', '.join(sorted(known))})")
+
+
+def as_int(value, path: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(path, f"must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(path, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(path, f"must be <= {maximum}, got {value}")
+    return value
+
+
+def as_float(value, path: str, minimum: float | None = 0.0, below: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(path, f"must be a number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(path, f"must be >= {minimum:g}, got {value:g}")
+    if below is not None and value >= below:
+        raise ConfigError(path, f"must be < {below:g}, got {value:g}")
+    return float(value)
+
+
+def as_bool(value, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(path, f"must be true or false, got {value!r}")
+    return value
+
+
+def as_str(value, path: str, choices=None, allow_empty: bool = True) -> str:
+    if not isinstance(value, str) or (not allow_empty and not value):
+        raise ConfigError(path, f"must be a {'non-empty ' if not allow_empty else ''}string, got {value!r}")
+    if choices is not None and value not in choices:
+        raise ConfigError(path, f"must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def as_opt_str(value, path: str) -> str | None:
+    return None if value is None else as_str(value, path, allow_empty=False)
+
+
+def int_list(value, path: str, minimum: int = 0, non_empty: bool = True) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or (non_empty and not value):
+        raise ConfigError(path, f"must be a {'non-empty ' if non_empty else ''}list of integers, got {value!r}")
+    items = tuple(as_int(v, f"{path}[{i}]", minimum) for i, v in enumerate(value))
+    if len(set(items)) != len(items):
+        raise ConfigError(path, f"has duplicates: {list(items)}")
+    return items
+
+
+def numbers(value, path: str) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= 4:
+        raise ConfigError(path, f"must be a number or a list of 1 to 4 numbers, got {value!r}")
+    return tuple(as_float(v, f"{path}[{i}]", None) for i, v in enumerate(value))

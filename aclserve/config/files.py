@@ -1,0 +1,102 @@
+"""Where configuration comes from: the embedded default, YAML files and overrides, deep-merged
+in that order, then parsed (server.py, model.py)."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from pathlib import Path
+from typing import Mapping
+
+import yaml
+
+from .model import model_config_mapping, parse_model_config
+from .schema import ConfigError, ModelConfig, ServerConfig
+from .server import parse_server_config
+
+DEFAULT_CONFIG_PATH = Path(__file__).parent.parent / "configs" / "default.yaml"
+_REPLACED_WHOLE = {"version_policy"}  # a later layer replaces these whole (a one-key choice)
+
+
+def merge(base: Mapping, over: Mapping) -> dict:
+    """Deep-merge `over` onto `base` (new dict; inputs untouched)."""
+    out = copy.deepcopy(dict(base))
+    for key, value in over.items():
+        if key in out and isinstance(out[key], Mapping) and isinstance(value, Mapping) \
+                and key not in _REPLACED_WHOLE:
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _expand_dotted(overrides: Mapping) -> dict:
+    """{"model_defaults.instances": 2} -> {"model_defaults": {"instances": 2}}; None values dropped."""
+    nested: dict = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        parts = str(key).split(".")
+        target = nested
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ConfigError(str(key), "conflicting overrides")
+        last = parts[-1]
+        if isinstance(value, Mapping) and isinstance(target.get(last), dict):
+            target[last] = merge(target[last], value)
+        else:
+            target[last] = value
+    return nested
+
+
+def read_yaml(path: str | os.PathLike) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError("", f"cannot read config file: {e.strerror}", str(path)) from None
+    except yaml.YAMLError as e:
+        raise ConfigError("", f"invalid YAML: {e}", str(path)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("", f"must be a mapping at the top level, got {type(data).__name__}", str(path))
+    return data
+
+
+def default_mapping() -> dict:
+    return read_yaml(DEFAULT_CONFIG_PATH)
+
+
+def load_server_config(path: str | os.PathLike | None = None, overrides: Mapping | None = None) -> ServerConfig:
+    """Embedded default <- YAML file at `path` <- `overrides` (nested or dotted keys; None values
+    are ignored so argparse defaults of None fall through). Raises ConfigError."""
+    merged = default_mapping()
+    source = None
+    if path is not None:
+        source = str(path)
+        merged = merge(merged, read_yaml(path))
+    if overrides:
+        merged = merge(merged, _expand_dotted(overrides))
+    try:
+        return parse_server_config(merged)
+    except ConfigError as e:
+        if source and e.source is None:
+            raise ConfigError(e.path, e.problem, source) from None
+        raise
+
+
+def load_model_config(path: str | os.PathLike | None, defaults: ModelConfig) -> ModelConfig:
+    """A per-model YAML file merged over `defaults`; None -> `defaults`. Raises ConfigError."""
+    if path is None:
+        return defaults
+    data = read_yaml(path)
+    try:
+        config = parse_model_config(merge(model_config_mapping(defaults), data))
+    except ConfigError as e:
+        raise ConfigError(e.path, e.problem, str(path)) from None
+    folder = Path(path).parent  # labels files are named relative to the config file
+    outputs = {n: dataclasses.replace(o, labels=str(folder / o.labels)) if o.labels else o
+               for n, o in config.outputs.items()}
+    return dataclasses.replace(config, outputs=outputs)

@@ -1,0 +1,194 @@
+"""A model's settings (`model_defaults` and per-model files): mapping <-> ModelConfig."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
+from .checks import as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, key_path, no_unknown, numbers
+from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, CompileOptions, ConfigError, ImageInput,
+                     ModelConfig, TensorOptions)
+
+_QUEUE_KEYS = {f.name for f in dataclasses.fields(QueuePolicy)}
+# YAML keys of `batching`: the dataclass fields, with the cap under Triton's name
+_BATCHING_KEYS = {f.name for f in dataclasses.fields(BatchingConfig)} - {"batch_cap"} | {"max_batch_size"}
+_MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
+_COMPILE_KEYS = {f.name for f in dataclasses.fields(CompileOptions)}
+
+
+def _queue_policy(data, path: str, base: QueuePolicy) -> QueuePolicy:
+    data = as_mapping(data, path)
+    no_unknown(data, _QUEUE_KEYS, path)
+    values = dataclasses.asdict(base)
+    for key, value in data.items():
+        kp = key_path(path, key)
+        if key == "max_queue_size":
+            values[key] = None if value == AUTO else as_int(value, kp, 0)
+        elif key == "default_timeout_ms":
+            values[key] = None if value == AUTO else as_float(value, kp)
+        elif key == "timeout_action":
+            values[key] = as_str(value, kp, ("reject", "delay"))
+        else:
+            values[key] = as_bool(value, kp)
+    return QueuePolicy(**values)
+
+
+def _batching(data, path: str) -> BatchingConfig:
+    data = as_mapping(data, path)
+    no_unknown(data, _BATCHING_KEYS, path)
+    kw: dict[str, Any] = {}
+    for key in ("enabled", "preserve_ordering"):
+        if key in data:
+            kw[key] = as_bool(data[key], key_path(path, key))
+    if "max_batch_size" in data:
+        kw["batch_cap"] = as_int(data["max_batch_size"], key_path(path, "max_batch_size"), 0)
+    if "max_queue_delay_ms" in data:
+        kw["max_queue_delay_ms"] = as_float(data["max_queue_delay_ms"], key_path(path, "max_queue_delay_ms"))
+    if "batch_formation" in data:
+        kw["batch_formation"] = as_str(data["batch_formation"], key_path(path, "batch_formation"), FORMATION_MODES)
+    levels = as_int(data.get("priority_levels", 3), key_path(path, "priority_levels"), 1)
+    kw["priority_levels"] = levels
+    if "default_priority" in data:
+        kw["default_priority"] = as_int(data["default_priority"], key_path(path, "default_priority"), 1, levels)
+    default_qp = _queue_policy(data.get("default_queue_policy", {}), key_path(path, "default_queue_policy"),
+                               QueuePolicy())
+    kw["default_queue_policy"] = default_qp
+    per_level = {}
+    pq_path = key_path(path, "priority_queue_policy")
+    for level, policy in as_mapping(data.get("priority_queue_policy") or {}, pq_path).items():
+        lp = f"{pq_path}.{level}"
+        if isinstance(level, str) and level.isdigit():
+            level = int(level)
+        per_level[as_int(level, lp, 1, levels)] = _queue_policy(policy, lp, default_qp)
+    kw["priority_queue_policy"] = per_level
+    try:
+        return BatchingConfig(**kw)
+    except ValueError as e:  # cross-field rules of BatchingConfig itself
+        raise ConfigError(path, str(e)) from None
+
+
+def _version_policy(value, path: str) -> tuple:
+    if value == "all":
+        return ("all",)
+    if not isinstance(value, Mapping) or len(value) != 1:
+        raise ConfigError(path, f"must be one of {{latest: N}}, all, {{specific: [versions]}}, got {value!r}")
+    (kind, arg), = value.items()
+    if kind == "latest":
+        return ("latest", as_int(arg, key_path(path, "latest"), 1))
+    if kind == "all":
+        if arg not in (True, None, {}):
+            raise ConfigError(key_path(path, "all"), f"takes no value, got {arg!r}")
+        return ("all",)
+    if kind == "specific":
+        return ("specific", tuple(sorted(int_list(arg, key_path(path, "specific"), 1))))
+    raise ConfigError(key_path(path, str(kind)), "unknown version policy (latest | all | specific)")
+
+
+def _compile(data, path: str) -> CompileOptions:
+    data = as_mapping(data, path)
+    no_unknown(data, _COMPILE_KEYS, path)
+    batch = data.get("batch")
+    return CompileOptions(
+        input_shape=as_opt_str(data.get("input_shape"), key_path(path, "input_shape")),
+        batch=None if batch is None else int_list(batch, key_path(path, "batch"), 1),
+        soc_version=as_opt_str(data.get("soc_version"), key_path(path, "soc_version")),
+        precision_mode=as_opt_str(data.get("precision_mode"), key_path(path, "precision_mode")),
+    )
+
+
+_IMAGE_KEYS = {f.name for f in dataclasses.fields(ImageInput)}
+
+
+def _image_input(data, path: str) -> ImageInput:
+    data = as_mapping(data, path)
+    no_unknown(data, _IMAGE_KEYS, path)
+    d = ImageInput()
+    std = numbers(data.get("std"), key_path(path, "std"))
+    if std is not None and 0.0 in std:
+        raise ConfigError(key_path(path, "std"), "must not contain 0")
+    crop = as_float(data.get("crop_fraction", d.crop_fraction), key_path(path, "crop_fraction"), 0.0)
+    if not 0 < crop <= 1:
+        raise ConfigError(key_path(path, "crop_fraction"), f"must be in (0, 1], got {crop:g}")
+    color = data.get("color")
+    return ImageInput(
+        color=None if color is None else as_str(color, key_path(path, "color"), COLOURS),
+        resize=as_str(data.get("resize", d.resize), key_path(path, "resize"), RESIZE_POLICIES),
+        crop_fraction=crop,
+        interpolation=as_str(data.get("interpolation", d.interpolation), key_path(path, "interpolation"), INTERPOLATIONS),
+        pad_value=as_int(data.get("pad_value", d.pad_value), key_path(path, "pad_value"), 0, 255),
+        mean=numbers(data.get("mean"), key_path(path, "mean")),
+        std=std,
+        layout=as_str(data.get("layout", d.layout), key_path(path, "layout"), LAYOUTS),
+        invert=_invert(data.get("invert", d.invert), key_path(path, "invert")),
+    )
+
+
+def _invert(value, path: str) -> bool | str:
+    if isinstance(value, bool) or value == "auto":
+        return value
+    raise ConfigError(path, f"must be true, false or auto, got {value!r}")
+
+
+def _tensor_options(data, path: str, role: str) -> dict[str, TensorOptions]:
+    data = as_mapping(data or {}, path)
+    out = {}
+    key = "image" if role == "inputs" else "labels"
+    for name, options in data.items():
+        tp = key_path(path, str(name))
+        options = as_mapping(options or {}, tp)
+        no_unknown(options, {key}, tp)
+        value = options.get(key)
+        if value is None:
+            out[str(name)] = TensorOptions()
+        elif role == "inputs":
+            out[str(name)] = TensorOptions(image=_image_input(value, key_path(tp, key)))
+        else:
+            out[str(name)] = TensorOptions(labels=as_str(value, key_path(tp, key), allow_empty=False))
+    return out
+
+
+def _slots(value, path: str) -> int:
+    """`auto` (0 once parsed) or at least 1."""
+    return 0 if value == AUTO else as_int(value, path, 1)
+
+
+def parse_model_config(data, path: str = "") -> ModelConfig:
+    """Validate a complete model mapping (already merged over the defaults)."""
+    data = as_mapping(data, path)
+    no_unknown(data, _MODEL_KEYS, path)
+    base = ModelConfig()
+    return ModelConfig(
+        instances=as_int(data.get("instances", base.instances), key_path(path, "instances"), 1),
+        devices=int_list(data.get("devices", list(base.devices)), key_path(path, "devices"), 0),
+        slots=_slots(data.get("slots", AUTO), key_path(path, "slots")),
+        retry=as_bool(data.get("retry", base.retry), key_path(path, "retry")),
+        execution_timeout_ms=as_int(data.get("execution_timeout_ms", base.execution_timeout_ms),
+                                  key_path(path, "execution_timeout_ms"), 0),
+        batching=_batching(data.get("batching", {}), key_path(path, "batching")),
+        version_policy=_version_policy(data.get("version_policy", {"latest": 1}), key_path(path, "version_policy")),
+        compile=_compile(data.get("compile", {}), key_path(path, "compile")),
+        inputs=_tensor_options(data.get("inputs"), key_path(path, "inputs"), "inputs"),
+        outputs=_tensor_options(data.get("outputs"), key_path(path, "outputs"), "outputs"),
+    )
+
+
+def model_config_mapping(config: ModelConfig) -> dict:
+    """The YAML-shaped mapping of a ModelConfig (inverse of parse_model_config)."""
+    out = dataclasses.asdict(config)
+    out["devices"] = list(config.devices)
+    out["slots"] = config.slots or AUTO
+    kind = config.version_policy[0]
+    out["version_policy"] = ({"all": True} if kind == "all" else
+                             {kind: list(config.version_policy[1]) if kind == "specific"
+                              else config.version_policy[1]})
+    out["compile"]["batch"] = None if config.compile.batch is None else list(config.compile.batch)
+    batching = out["batching"]
+    batching["max_batch_size"] = batching.pop("batch_cap")
+    for policy in [batching["default_queue_policy"], *batching["priority_queue_policy"].values()]:
+        for key in ("max_queue_size", "default_timeout_ms"):
+            if policy[key] is None:
+                policy[key] = AUTO
+    out["inputs"] = {n: {"image": None if o.image is None else dataclasses.asdict(o.image)}
+                     for n, o in config.inputs.items()}
+    out["outputs"] = {n: {"labels": o.labels} for n, o in config.outputs.items()}
+    return out

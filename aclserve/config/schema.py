@@ -1,0 +1,135 @@
+"""The configuration's shape: frozen dataclasses with their defaults, the choices a key may take,
+and ConfigError (every bad key is reported by its dotted path)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..scheduling.policy import BatchingConfig, QueuePolicy
+from ..trace.settings import TraceSettings
+
+CONTROL_MODES = ("poll", "explicit", "none")
+READINESS = ("strict", "lenient")
+AUTO = "auto"  # queue size / deadline derived from the model when it loads (repository/overload.py)
+DEVICES = ("auto", "cpu", "npu")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class ConfigError(ValueError):
+    """A configuration key is unknown or its value is invalid; `path` is the dotted key."""
+
+    def __init__(self, path: str, problem: str, source: str | None = None):
+        self.path, self.problem, self.source = path, problem, source
+        text = f"{path}: {problem}" if path else problem
+        super().__init__(f"{source}: {text}" if source else text)
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How a dropped `.onnx` is compiled (see `aclserve compile`); None = compiler default."""
+
+    input_shape: str | None = None  # "name:-1,3,224,224;name2:..."
+    batch: tuple[int, ...] | None = None  # gears; None = the compiler's default
+    soc_version: str | None = None  # ATC only
+    precision_mode: str | None = None  # ATC only
+
+
+COLOURS = ("rgb", "bgr", "gray")
+RESIZE_POLICIES = ("stretch", "center_crop", "letterbox")
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "area")
+LAYOUTS = ("auto", "NCHW", "NHWC")
+DECODERS = ("cpu", "dvpp")
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """An input that takes encoded images (JPEG/PNG as BYTES) and how they become its tensor."""
+
+    color: str | None = None  # rgb | bgr | gray; None = gray for 1 channel, else rgb
+    resize: str = "stretch"  # stretch | center_crop | letterbox
+    crop_fraction: float = 1.0  # center_crop: the crop is this fraction of the resized shorter side
+    interpolation: str = "bilinear"
+    pad_value: int = 0  # letterbox fill, pixel units
+    mean: tuple[float, ...] | None = None  # host normalisation (float inputs only), pixel units
+    std: tuple[float, ...] | None = None
+    layout: str = "auto"  # float inputs: NCHW | NHWC; auto = from the model's format and dims
+    invert: bool | str = False  # True: 255 - pixel; "auto": invert when the image's border is light
+
+
+@dataclass(frozen=True)
+class TensorOptions:
+    """Per-tensor settings of a model: `image` for inputs, `labels` for outputs."""
+
+    image: ImageInput | None = None
+    labels: str | None = None  # labels file, one per line; relative to the config file's folder
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """Server-wide image decoding: the worker pool and the decompression limits."""
+
+    workers: int = 2  # decode threads; 0 = decode on the event loop (for comparisons only)
+    max_pending: int = 256  # images queued or decoding at once; more -> 503
+    max_pixels: int = 40_000_000  # width x height an image header may announce
+    max_side: int = 16384
+    decoder: str = "cpu"  # cpu | dvpp (NPU hosts: JPEG decode and resize on the chip)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Serving settings of one model (all its versions)."""
+
+    instances: int = 1
+    devices: tuple[int, ...] = (0,)
+    slots: int = 0  # 0 = auto: served.auto_slots when the model loads (repository/served.py)
+    retry: bool = True
+    execution_timeout_ms: int = 0  # 0 = from the measured gear costs (pool.set_execution_timeout)
+    batching: BatchingConfig = field(default_factory=lambda: BatchingConfig(
+        default_queue_policy=QueuePolicy(max_queue_size=None, default_timeout_ms=None)))
+    version_policy: tuple = ("latest", 1)  # ("latest", N) | ("all",) | ("specific", (v, ...))
+    compile: CompileOptions = field(default_factory=CompileOptions)
+    inputs: dict[str, TensorOptions] = field(default_factory=dict)  # by input name
+    outputs: dict[str, TensorOptions] = field(default_factory=dict)  # by output name
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    grpc_port: int = 8001  # 0 = no gRPC endpoint
+    models_dir: str = "models"
+    device: str = "auto"
+    log_level: str = "info"
+    log_format: str = "text"  # text | json (one object per line)
+    request_log: bool = False  # one log line per infer request
+    trace: TraceSettings = field(default_factory=TraceSettings)  # the global trace settings at start
+    trace_dir: str = "traces"  # where trace_file names set through the API are written
+    model_control_mode: str = "poll"
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_json_bytes: int = 16 * 1024 * 1024
+    max_json_elements: int = 1024 * 1024
+    max_request_bytes: int = 256 * 1024 * 1024
+    max_inflight_bytes: int = 512 * 1024 * 1024
+    max_connections: int = 4096
+    listen_backlog: int = 2048
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keepalive_timeout_s: float = 15.0
+    hold_refused_connections: bool = False
+    shed_before_parsing: bool = True
+    api_token: str = field(default="", repr=False)  # never printed; ACLSERVE_API_TOKEN wins
+    auth_inference: bool = False
+    readiness: str = "strict"
+    load_retry_initial_s: float = 1.0
+    load_retry_max_s: float = 60.0
+    shutdown_timeout_s: float = 30.0
+    load_concurrency: int = 1
+    cpu_threads: int = 1
+    compile_cache_dir: str = ""  # "" = <models_dir>/.cache, else a user cache folder (repository/cache_dir.py)
+    unload_on_delete: bool = True
+    settle_s: float = 1.0
+    debounce_s: float = 0.25
+    memory_reserve_fraction: float = 0.1
+    # (streams, events) per device; None for either = what the runtime knows for this device
+    device_limits: tuple[int | None, int | None] = (None, None)
+    images: ImageSettings = field(default_factory=ImageSettings)
+    model_defaults: ModelConfig = field(default_factory=ModelConfig)

@@ -1,0 +1,111 @@
+"""The server's settings: a merged mapping -> ServerConfig (with its trace, device limits, images
+and model defaults sections)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+from ..logs import FORMATS as LOG_FORMATS
+from ..trace.settings import TraceSettings, TraceSettingsError
+from .checks import as_bool, as_float, as_int, as_mapping, as_str, no_unknown
+from .model import parse_model_config
+from .schema import CONTROL_MODES, DECODERS, DEVICES, LOG_LEVELS, READINESS, ConfigError, ImageSettings, ServerConfig
+
+_SERVER_KEYS = {f.name for f in dataclasses.fields(ServerConfig)}
+_IMAGE_SETTINGS_KEYS = {f.name for f in dataclasses.fields(ImageSettings)}
+
+
+def parse_server_config(data: Mapping) -> ServerConfig:
+    """Validate a complete server mapping (already merged over the embedded default)."""
+    data = as_mapping(data, "")
+    no_unknown(data, _SERVER_KEYS, "")
+    d = ServerConfig()
+    get = lambda key: data.get(key, getattr(d, key))  # noqa: E731
+    models_dir = as_str(get("models_dir"), "models_dir", allow_empty=False)
+    cache_dir = as_str(data.get("compile_cache_dir") or "", "compile_cache_dir")
+    token = data.get("api_token") or ""
+    if not isinstance(token, str):
+        raise ConfigError("api_token", "must be a string")  # the value is a secret: not echoed
+    max_inflight = as_int(get("max_inflight_bytes"), "max_inflight_bytes", 1)
+    initial_retry = as_float(get("load_retry_initial_s"), "load_retry_initial_s")
+    return ServerConfig(
+        host=as_str(get("host"), "host", allow_empty=False),
+        port=as_int(get("port"), "port", 0, 65535),
+        grpc_port=as_int(get("grpc_port"), "grpc_port", 0, 65535),
+        models_dir=models_dir,
+        device=as_str(get("device"), "device", DEVICES),
+        log_level=as_str(get("log_level"), "log_level", LOG_LEVELS),
+        log_format=as_str(get("log_format"), "log_format", LOG_FORMATS),
+        request_log=as_bool(get("request_log"), "request_log"),
+        trace=_trace(data.get("trace") or {}),
+        trace_dir=as_str(get("trace_dir"), "trace_dir", allow_empty=False),
+        model_control_mode=as_str(get("model_control_mode"), "model_control_mode", CONTROL_MODES),
+        max_body_bytes=as_int(get("max_body_bytes"), "max_body_bytes", 1),
+        max_json_bytes=as_int(get("max_json_bytes"), "max_json_bytes", 1),
+        max_json_elements=as_int(get("max_json_elements"), "max_json_elements", 1),
+        max_request_bytes=as_int(get("max_request_bytes"), "max_request_bytes", 1, max_inflight),
+        max_inflight_bytes=max_inflight,
+        max_connections=as_int(get("max_connections"), "max_connections", 1),
+        listen_backlog=as_int(get("listen_backlog"), "listen_backlog", 1),
+        header_timeout_s=as_float(get("header_timeout_s"), "header_timeout_s", 0.001),
+        body_timeout_s=as_float(get("body_timeout_s"), "body_timeout_s", 0.001),
+        keepalive_timeout_s=as_float(get("keepalive_timeout_s"), "keepalive_timeout_s", 0.001),
+        hold_refused_connections=as_bool(get("hold_refused_connections"), "hold_refused_connections"),
+        shed_before_parsing=as_bool(get("shed_before_parsing"), "shed_before_parsing"),
+        api_token=token,
+        auth_inference=as_bool(get("auth_inference"), "auth_inference"),
+        readiness=as_str(get("readiness"), "readiness", READINESS),
+        load_retry_initial_s=initial_retry,
+        load_retry_max_s=as_float(get("load_retry_max_s"), "load_retry_max_s", initial_retry),
+        shutdown_timeout_s=as_float(get("shutdown_timeout_s"), "shutdown_timeout_s"),
+        load_concurrency=as_int(get("load_concurrency"), "load_concurrency", 1),
+        cpu_threads=as_int(get("cpu_threads"), "cpu_threads", 1),
+        compile_cache_dir=cache_dir,
+        unload_on_delete=as_bool(get("unload_on_delete"), "unload_on_delete"),
+        settle_s=as_float(get("settle_s"), "settle_s"),
+        debounce_s=as_float(get("debounce_s"), "debounce_s"),
+        memory_reserve_fraction=as_float(get("memory_reserve_fraction"), "memory_reserve_fraction", 0.0, 1.0),
+        device_limits=_device_limits(data.get("device_limits") or {}),
+        images=_image_settings(data.get("images")),
+        model_defaults=parse_model_config(data.get("model_defaults", {}), "model_defaults"),
+    )
+
+
+_TRACE_KEYS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count",
+               "log_frequency": "log_frequency", "file": "trace_file", "format": "trace_format"}
+
+
+def _trace(value) -> TraceSettings:
+    data = as_mapping(value, "trace")
+    no_unknown(data, _TRACE_KEYS, "trace")
+    settings = TraceSettings()
+    for key, item in data.items():
+        if isinstance(item, bool) or item is None:
+            hint = " (write \"OFF\" in quotes: YAML reads a bare OFF as false)" if item is False else ""
+            raise ConfigError(f"trace.{key}", f"must be a string or a number, got {item!r}{hint}")
+        try:
+            settings = settings.updated({_TRACE_KEYS[key]: item})
+        except TraceSettingsError as e:
+            raise ConfigError(f"trace.{key}", str(e).split(": ", 1)[-1]) from None
+    return settings
+
+
+def _device_limits(value) -> tuple[int | None, int | None]:
+    data = as_mapping(value, "device_limits")
+    no_unknown(data, {"streams", "events"}, "device_limits")
+    streams, events = data.get("streams"), data.get("events")
+    return (None if streams is None else as_int(streams, "device_limits.streams", 1),
+            None if events is None else as_int(events, "device_limits.events", 1))
+
+
+def _image_settings(data) -> ImageSettings:
+    data = as_mapping(data or {}, "images")
+    no_unknown(data, _IMAGE_SETTINGS_KEYS, "images")
+    d = ImageSettings()
+    return ImageSettings(
+        workers=as_int(data.get("workers", d.workers), "images.workers", 0, 256),
+        max_pending=as_int(data.get("max_pending", d.max_pending), "images.max_pending", 1),
+        max_pixels=as_int(data.get("max_pixels", d.max_pixels), "images.max_pixels", 1),
+        max_side=as_int(data.get("max_side", d.max_side), "images.max_side", 1, 65535),
+        decoder=as_str(data.get("decoder", d.decoder), "images.decoder", DECODERS),
+    )
