@@ -85,7 +85,7 @@ FORWARD, ANSWERED, NEED_BODY = "forward", "answered", "need body"
 class RequestFraming:
     """The framing of one connection. `feed(data)` passes the bytes on to `forward`, except
     that, while `wanted()`, each complete head is first offered to `answer(head, body_length,
-    body)`, which says FORWARD, ANSWERED (the request was answered: its head and body are
+    body)` (body None, or a memoryview of the whole body), which says FORWARD, ANSWERED (the request was answered: its head and body are
     dropped here) or NEED_BODY (ask again with the whole body: the request is held back until
     it has come). Otherwise heads are only measured (no Head is built). After an answer,
     `paused()` True stops the feed; what is left of the chunk is returned (the caller keeps it
@@ -148,7 +148,7 @@ class RequestFraming:
                     self._flush(data, start, pos)
                     self._held = data[pos:]
                     return b""
-                decision = self._answer(head, length, data[body_at:body_at + length])
+                decision = self._answer(head, length, memoryview(data)[body_at:body_at + length])
             self._remaining, self._dropping = length, decision == ANSWERED
             if not self._dropping:
                 pos = body_at  # forwarded: part of the run from `start`

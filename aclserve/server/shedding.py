@@ -21,6 +21,7 @@ there too.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import orjson
@@ -53,6 +54,7 @@ def infer_target(target: bytes) -> tuple[str, str | None] | None:
     return None
 
 
+@functools.lru_cache(maxsize=256)  # a few distinct answers (one per level and Retry-After)
 def refusal(message: str, retry_after: int) -> bytes:
     body = orjson.dumps({"error": message})
     return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: %d\r\n"
@@ -81,7 +83,7 @@ class EarlyRefusal:
         """A request was refused for want of room (QueueFull through aiohttp's path, or here)."""
         self._active_until = time.monotonic() + ACTIVE_S
 
-    def check(self, head: Head, body_length: int, body: bytes | None) -> ServeError | str | None:
+    def check(self, head: Head, body_length: int, body: memoryview | None) -> ServeError | str | None:
         """None: aiohttp takes the request. NEED_BODY: ask again with the whole body. A
         ServeError (QueueFull): refuse the request with it; it is counted like any refusal."""
         if head.method != b"POST":
@@ -101,8 +103,9 @@ class EarlyRefusal:
         if json_length is not None:
             if not json_length.isdigit():
                 return None
-            body = body[:int(json_length)]
-        if b"priority" in body or b"\\u" in body:  # it may name another level: the codec reads it
+            body = body[:int(json_length)]  # only the JSON part: the tensors' bytes are not text
+        json_text = bytes(body)
+        if b"priority" in json_text or b"\\u" in json_text:  # it may name another level: the codec reads it
             return None
         error = served.batcher.refuse_default_level()
         state.record(served).metrics.request_failed(type(error).__name__, 0.0)
