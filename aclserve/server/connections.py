@@ -109,7 +109,7 @@ class GuardedProtocol(asyncio.Protocol):
             self._inner.connection_made(transport)
             if self._tracker.early is not None:
                 self._framing = RequestFraming(self._inner.data_received, self._answer, self._held,
-                                               self._tracker.early.active)
+                                               self._tracker.early.active, self._passed)
 
     def data_received(self, data: bytes) -> None:
         conn = self._conn
@@ -144,6 +144,9 @@ class GuardedProtocol(asyncio.Protocol):
                 return ANSWERED
         conn.forwarded += 1
         return FORWARD
+
+    def _passed(self) -> None:
+        self._conn.forwarded += 1  # forwarded while heads are not offered: answered by aiohttp all the same
 
     def _held(self) -> bool:
         return self._conn.hold is not None

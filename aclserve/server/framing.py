@@ -87,15 +87,19 @@ class RequestFraming:
     that, while `wanted()`, each complete head is first offered to `answer(head, body_length,
     body)` (body None, or a memoryview of the whole body), which says FORWARD, ANSWERED (the request was answered: its head and body are
     dropped here) or NEED_BODY (ask again with the whole body: the request is held back until
-    it has come). Otherwise heads are only measured (no Head is built). After an answer,
-    `paused()` True stops the feed; what is left of the chunk is returned (the caller keeps it
-    and feeds it again later)."""
+    it has come). Otherwise heads are only measured (no Head is built) and `passed()` is called
+    for each request forwarded so (the caller counts every request aiohttp has to answer). After
+    an answer, `paused()` True stops the feed; what is left of the chunk is returned (the caller
+    keeps it and feeds it again later)."""
 
-    __slots__ = ("_forward", "_answer", "_paused", "_wanted", "_held", "_remaining", "_dropping", "lost")
+    __slots__ = ("_forward", "_answer", "_paused", "_wanted", "_passed", "_held", "_remaining", "_dropping",
+                 "lost")
 
     def __init__(self, forward: Callable[[bytes], None], answer: Callable[[Head, int, bytes | None], str],
-                 paused: Callable[[], bool], wanted: Callable[[], bool] = lambda: True):
+                 paused: Callable[[], bool], wanted: Callable[[], bool] = lambda: True,
+                 passed: Callable[[], None] = lambda: None):
         self._forward, self._answer, self._paused, self._wanted = forward, answer, paused, wanted
+        self._passed = passed
         self._held = b""  # the start of a request held back: its head is incomplete, or its body wanted
         self._remaining = 0  # body bytes of the current request still to come
         self._dropping = False  # the current request was answered here: drop its body
@@ -136,6 +140,7 @@ class RequestFraming:
                 if length is None:
                     return self._give_up(data, start)
                 self._remaining, self._dropping = length, False
+                self._passed()
                 pos = body_at
                 continue
             parsed = parse_head(data[pos:end])

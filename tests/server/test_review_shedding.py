@@ -1,0 +1,103 @@
+"""Review of the early refusals (shedding.py), the request framing in the connection guard
+(framing.py) and the batcher's count of requests admitted before they are read.
+
+Real server on a real port, raw sockets. A partial batch waits max_queue_delay_ms in a queue of
+one place, so the queue is full without any test double. Durations are only ever lower bounds
+the server or the test sets itself."""
+import asyncio
+import json
+import shutil
+
+import pytest
+
+from tests.serving import ServerThread
+
+from .hostile import metric, open_raw, read_response, wait_for
+
+WAITING = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 8], "data": [1.0] * 24},
+                                 {"name": "idx", "datatype": "INT64", "shape": [3, 3], "data": [1] * 9}]}).encode()
+ONE_ROW = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
+                                 {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1] * 3}]}).encode()
+DEPTH = 'model="affine",priority="2",version="1"'
+
+
+def head_of(body: bytes) -> bytes:
+    return (b"POST /v2/models/affine/infer HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+
+
+def request(body: bytes) -> bytes:
+    return head_of(body) + body
+
+
+def affine_server(models_dir, tmp_path, make_config, window_ms: int, queue_size: int = 1, **config):
+    shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
+    (tmp_path / "affine.yaml").write_text(
+        f"batching: {{max_queue_delay_ms: {window_ms}, default_queue_policy: {{max_queue_size: {queue_size}}}}}\n")
+    return ServerThread(make_config(tmp_path, model_control_mode="none", **config))
+
+
+async def read_answers(reader, count: int) -> bytes:
+    """At least `count` whole status lines of answers (the server closing first fails)."""
+    answers = b""
+    while answers.count(b"HTTP/1.1 ") < count:
+        chunk = await asyncio.wait_for(reader.read(65536), 30)
+        assert chunk, f"the server closed the connection after {answers[:200]!r}"
+        answers += chunk
+    return answers
+
+
+@pytest.fixture
+def long_window(models_dir, tmp_path, make_config):
+    with affine_server(models_dir, tmp_path, make_config, 2500) as srv:
+        yield srv
+
+
+def test_a_request_handed_to_aiohttp_before_any_refusal_is_answered_before_an_early_refusal(long_window):
+    """The first request of a connection went to aiohttp while no refusal had been made (heads
+    were only measured then); a refusal elsewhere turns the early refusals on; the next request
+    pipelined on the first connection must not have its 503 written before the first's answer."""
+    url = long_window.url
+
+    async def scenario():
+        reader, writer = await open_raw(url)
+        writer.write(request(WAITING))  # waits 2.5 s in the queue's one place
+        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 1)
+        other_reader, other = await open_raw(url)
+        other.write(request(ONE_ROW))  # refused through aiohttp: heads are offered from now on
+        refused_status, _ = await read_response(other_reader)
+        writer.write(request(ONE_ROW))  # pipelined behind the queued request
+        answers = await read_answers(reader, 2)
+        for w in (writer, other):
+            w.close()
+        return refused_status, answers
+
+    refused_status, answers = asyncio.run(scenario())
+    assert refused_status == 503
+    assert answers.startswith(b"HTTP/1.1 200 "), answers[:200]
+
+
+@pytest.fixture
+def short_keepalive(models_dir, tmp_path, make_config):
+    with affine_server(models_dir, tmp_path, make_config, 2500, keepalive_timeout_s=1.0) as srv:
+        yield srv
+
+
+def test_a_connection_whose_body_came_after_its_handler_started_is_not_closed_as_idle(short_keepalive):
+    """The head, then the body once the handler reads it (as clients that send them apart do):
+    the request then waits 2.5 s in its batch window, longer than the 1 s keep-alive timeout,
+    and the connection is running a request, not idle."""
+    url = short_keepalive.url
+
+    async def scenario():
+        reader, writer = await open_raw(url)
+        writer.write(head_of(WAITING))
+        await wait_for(lambda: metric(url, "aclserve_request_memory_bytes") > 0)  # its handler runs
+        writer.write(WAITING)
+        answer = await read_response(reader)
+        writer.close()
+        return answer
+
+    status, answer = asyncio.run(scenario())
+    assert status == 200, answer[:200]
+    assert metric(url, "aclserve_connections_closed_total", 'reason="idle_timeout"') == 0
