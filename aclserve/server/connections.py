@@ -128,7 +128,7 @@ class GuardedProtocol(asyncio.Protocol):
         rest = framing.feed(data)
         if rest:
             conn.stash.append(rest)  # a hold began: read when it ends
-        elif not conn.forwarded and framing.idle:
+        elif not conn.forwarded and framing.idle and not framing.lost:  # lost: requests are not counted
             conn.phase, conn.since = IDLE, self._tracker.now()  # what came was answered here
 
     def _answer(self, head, body_length: int, body: bytes | None) -> str:

@@ -101,3 +101,45 @@ def test_a_connection_whose_body_came_after_its_handler_started_is_not_closed_as
     status, answer = asyncio.run(scenario())
     assert status == 200, answer[:200]
     assert metric(url, "aclserve_connections_closed_total", 'reason="idle_timeout"') == 0
+
+
+CHUNKED = b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+
+
+@pytest.fixture
+def short_header_timeout(models_dir, tmp_path, make_config):
+    with affine_server(models_dir, tmp_path, make_config, 1, header_timeout_s=1.0) as srv:
+        yield srv
+
+
+def test_a_stalled_head_is_timed_out_after_a_request_the_guard_could_not_frame(short_header_timeout):
+    """A chunked request makes the guard give up framing the connection; a head then sent a
+    line every 0.2 s is still a head in progress, closed after header_timeout_s (1 s), not a
+    connection kept alive by its trickle for the 8 s the test sends it."""
+    url = short_header_timeout.url
+
+    async def scenario():
+        reader, writer = await open_raw(url)
+        writer.write(CHUNKED)
+        status, _ = await read_response(reader)
+        closed = asyncio.ensure_future(reader.read())  # b"" once the server closes
+        writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n")
+        for _ in range(40):
+            await asyncio.sleep(0.2)
+            if closed.done():
+                break
+            try:
+                writer.write(b"X-Slow: 1\r\n")
+                await writer.drain()
+            except ConnectionError:
+                break
+        await asyncio.wait([closed], timeout=0.5)
+        done = closed.done()
+        closed.cancel()
+        writer.close()
+        return status, done
+
+    status, closed = asyncio.run(scenario())
+    assert status == 200
+    assert closed, "a head trickled for 8 s was never timed out"
+    assert metric(url, "aclserve_connections_closed_total", 'reason="header_timeout"') >= 1
