@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import sys
 from typing import Mapping
@@ -93,8 +94,8 @@ class DynamicBatcher:
         self._draining = False
         self._drained: asyncio.Future | None = None
         self._closed = False
-        self._unread = 0  # admitted by admit_unread() and not arrived yet
-        self._unread_at = 0.0
+        # when each request admitted by admit_unread() and not arrived yet was admitted, oldest first
+        self._unread: collections.deque[float] = collections.deque()
 
     # -- public API --------------------------------------------------------------------------
 
@@ -132,7 +133,7 @@ class DynamicBatcher:
         if self._task is None:
             self.start()
         if self._unread:
-            self._unread -= 1
+            self._unread.popleft()
         queue = self._queue
         level = queue.level_for(priority)
         request = QueuedRequest(inputs, rows, level, self._clock.now(), self._loop.create_future(),
@@ -155,21 +156,22 @@ class DynamicBatcher:
         """For a request seen before it is read (server/shedding.py) that would join the default
         level: True (counted as coming) when the level has room for it and for those admitted
         so far that have not arrived yet (they arrive when their handlers run, after the loop
-        has read what came meanwhile; each arrival, `infer()`, takes one off, and a count left
-        by requests that never arrived lapses UNREAD_LAPSE_S after the last admission); False
-        when it has none; None when the level is unbounded or the batcher takes no requests."""
+        has read what came meanwhile; each arrival, `infer()`, takes one off, and each admission
+        lapses UNREAD_LAPSE_S after it was made, so one that never arrives stops counting however
+        many others follow it); False when it has none; None when the level is unbounded or the
+        batcher takes no requests."""
         if self._refusal is not None or self._queue is None:
             return None
         room = self._queue.room(self.config.default_priority)
         if room is None:
             return None
         now = self._clock.now()
-        if now - self._unread_at > UNREAD_LAPSE_S:
-            self._unread = 0
-        if room <= self._unread:
+        unread = self._unread
+        while unread and now - unread[0] > UNREAD_LAPSE_S:
+            unread.popleft()
+        if room <= len(unread):
             return False
-        self._unread += 1
-        self._unread_at = now
+        unread.append(now)
         return True
 
     def refuse_default_level(self) -> QueueFull:

@@ -143,3 +143,45 @@ def test_a_stalled_head_is_timed_out_after_a_request_the_guard_could_not_frame(s
     assert status == 200
     assert closed, "a head trickled for 8 s was never timed out"
     assert metric(url, "aclserve_connections_closed_total", 'reason="header_timeout"') >= 1
+
+
+@pytest.fixture
+def two_places(models_dir, tmp_path, make_config):
+    with affine_server(models_dir, tmp_path, make_config, 600, queue_size=2) as srv:
+        yield srv
+
+
+def test_requests_admitted_unread_that_never_arrive_stop_counting_after_the_lapse(two_places):
+    """Each infer request let through by the early refusal is counted as coming until its
+    handler queues it; one that never does (here a body the codec refuses, 400) must not keep
+    the queue's room taken longer than UNREAD_LAPSE_S (50 ms) because others followed it. Two
+    such requests at least 30 ms apart, then a valid one at least 60 ms after the first: the
+    queue is empty and at most one of them is within the lapse, so it is served."""
+    url = two_places.url
+
+    async def scenario():
+        fillers = [await open_raw(url) for _ in range(2)]
+        for _, w in fillers:
+            w.write(request(WAITING))  # 3 + 3 rows fill no gear: both wait the 600 ms window
+        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 2)
+        refused_reader, refused_writer = await open_raw(url)
+        refused_writer.write(request(ONE_ROW))  # refused through aiohttp: early refusals on for 2 s
+        refused_status, _ = await read_response(refused_reader)
+        for r, _ in fillers:
+            await read_response(r)
+        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 0)
+        reader, writer = await open_raw(url)
+        statuses = []
+        for _ in range(2):
+            writer.write(request(b"{}"))  # admitted, then refused by the codec: never queued
+            statuses.append((await read_response(reader))[0])
+            await asyncio.sleep(0.03)
+        writer.write(request(ONE_ROW))
+        status, answer = await read_response(reader)
+        for w in (writer, refused_writer, *(w for _, w in fillers)):
+            w.close()
+        return refused_status, statuses, status, answer
+
+    refused_status, statuses, status, answer = asyncio.run(scenario())
+    assert refused_status == 503 and statuses == [400, 400]
+    assert status == 200, answer[:300]
