@@ -129,8 +129,8 @@ class RequestFraming:
                 continue
             end = data.find(b"\r\n\r\n", pos, pos + MAX_HEAD_BYTES + 4)
             if end < 0:
-                if size - pos > MAX_HEAD_BYTES:
-                    return self._give_up(data, start)
+                if size - pos > MAX_HEAD_BYTES or data.count(b"\n", pos) != data.count(b"\r\n", pos):
+                    return self._give_up(data, start)  # too long, or a bare LF (aiohttp refuses it)
                 self._flush(data, start, pos)
                 self._held = data[pos:]
                 return b""

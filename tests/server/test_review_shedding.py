@@ -185,3 +185,20 @@ def test_requests_admitted_unread_that_never_arrive_stop_counting_after_the_laps
     refused_status, statuses, status, answer = asyncio.run(scenario())
     assert refused_status == 503 and statuses == [400, 400]
     assert status == 200, answer[:300]
+
+
+def test_a_head_with_bare_line_feeds_goes_to_aiohttp_which_refuses_it(short_header_timeout):
+    """The guard cannot frame a head whose lines end in a bare LF (no CRLF CRLF will come): it
+    must hand it to aiohttp, which answers 400 at once, rather than wait for more of it until
+    the header timeout closes the connection unanswered."""
+    url = short_header_timeout.url
+
+    async def scenario():
+        reader, writer = await open_raw(url)
+        writer.write(b"GET /v2/health/live HTTP/1.1\nHost: test\n\n")
+        answer = await read_response(reader)
+        writer.close()
+        return answer
+
+    status, answer = asyncio.run(scenario())
+    assert status == 400, answer[:200]
