@@ -141,6 +141,9 @@ class GuardedProtocol(asyncio.Protocol):
                 seconds = self._tracker.hold(conn.transport)
                 conn.transport.write(refusal(decision.message, seconds))
                 conn.phase, conn.since = IDLE, self._tracker.now()
+                # aiohttp, which did not see it, would close the connection keepalive_timeout_s
+                # after its own last answer: its timer is stopped, the tracker's sweep times it
+                self._inner.keep_alive(True)
                 return ANSWERED
         conn.forwarded += 1
         return FORWARD

@@ -202,3 +202,48 @@ def test_a_head_with_bare_line_feeds_goes_to_aiohttp_which_refuses_it(short_head
 
     status, answer = asyncio.run(scenario())
     assert status == 400, answer[:200]
+
+
+@pytest.fixture
+def keepalive_2s(models_dir, tmp_path, make_config):
+    with affine_server(models_dir, tmp_path, make_config, 5000, keepalive_timeout_s=2.0) as srv:
+        yield srv
+
+
+def test_a_connection_whose_requests_are_refused_early_is_not_closed_as_idle(keepalive_2s):
+    """A client sends a request every 0.3 s on one keep-alive connection while the queue stays
+    full (a 5 s batch window): each is answered 503 by the guard. aiohttp, which never sees
+    them, must not take the connection for an idle one and close it once keepalive_timeout_s
+    (2 s) has passed since it opened; the test goes on for 3.6 s at least. Idle after that,
+    it is closed by the guard's keep-alive sweep."""
+    url = keepalive_2s.url
+
+    async def scenario():
+        waiting_reader, waiting = await open_raw(url)
+        waiting.write(request(WAITING))  # the queue's one place, for 5 s
+        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 1)
+        first_reader, first = await open_raw(url)
+        first.write(request(ONE_ROW))  # refused through aiohttp: early refusals on
+        statuses = [(await read_response(first_reader))[0]]
+        reader, writer = await open_raw(url)
+        for _ in range(12):
+            try:
+                writer.write(request(ONE_ROW))
+                await writer.drain()
+                statuses.append((await read_response(reader))[0])  # 0: closed by the server
+            except ConnectionError:
+                statuses.append(0)
+            if statuses[-1] == 0:
+                break
+            await asyncio.sleep(0.3)
+        early = metric(url, "aclserve_early_refusals_total")
+        idle_then = await read_response(reader)  # once it has been idle 2 s, it is closed
+        for w in (waiting, first, writer):
+            w.close()
+        return statuses, early, idle_then
+
+    statuses, early, idle_then = asyncio.run(scenario())
+    assert statuses == [503] * 13, statuses
+    assert early == 12
+    assert idle_then == (0, b"")
+    assert metric(url, "aclserve_connections_closed_total", 'reason="idle_timeout"') >= 1
