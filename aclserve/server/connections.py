@@ -136,6 +136,7 @@ class GuardedProtocol(asyncio.Protocol):
         if not conn.forwarded:
             decision = self._tracker.early.check(head, body_length, body)
             if decision == NEED_BODY:
+                self._inner.keep_alive(True)  # aiohttp, not seeing it yet, must not close it as idle
                 return NEED_BODY
             if decision is not None:
                 seconds = self._tracker.hold(conn.transport)

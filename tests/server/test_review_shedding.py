@@ -247,3 +247,37 @@ def test_a_connection_whose_requests_are_refused_early_is_not_closed_as_idle(kee
     assert early == 12
     assert idle_then == (0, b"")
     assert metric(url, "aclserve_connections_closed_total", 'reason="idle_timeout"') >= 1
+
+
+def test_a_request_held_back_for_its_body_is_not_closed_by_aiohttp_as_idle(keepalive_2s):
+    """A connection answered once by aiohttp, then a request the guard holds back until its
+    body has come (to see whether it names a priority); the rest of the body comes 2.5 s
+    later, after the keep-alive timeout (2 s) aiohttp set with its answer. aiohttp has not seen
+    the request: it must not close the connection as idle meanwhile."""
+    url = keepalive_2s.url
+
+    async def scenario():
+        waiting_reader, waiting = await open_raw(url)
+        waiting.write(request(WAITING))  # the queue's one place, for 5 s
+        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 1)
+        reader, writer = await open_raw(url)
+        writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n")
+        live_status, _ = await read_response(reader)  # answered by aiohttp: its keep-alive timer runs
+        first_reader, first = await open_raw(url)
+        first.write(request(ONE_ROW))  # refused through aiohttp: early refusals on
+        refused_status, _ = await read_response(first_reader)
+        writer.write(head_of(ONE_ROW) + ONE_ROW[:10])  # held back for the rest of its body
+        await asyncio.sleep(2.5)
+        try:
+            writer.write(ONE_ROW[10:])
+            await writer.drain()
+            status, _ = await read_response(reader)  # 0: closed by the server
+        except ConnectionError:
+            status = 0
+        for w in (waiting, first, writer):
+            w.close()
+        return live_status, refused_status, status
+
+    live_status, refused_status, status = asyncio.run(scenario())
+    assert live_status == 200 and refused_status == 503
+    assert status == 503  # the queue is still full (whoever answers)
