@@ -349,7 +349,13 @@ def tracking_middleware(tracker: ConnectionTracker):
         transport = request.transport
         tracker.request_started(transport)
         try:
-            return await handler(request)
+            response = await handler(request)
+            if response.compression:
+                # aiohttp compresses a large body in a thread when it prepares the answer, after
+                # this: done here, the request still counts until its answer is written (the
+                # guard must not write an early refusal before it); headers are written with the body
+                await response.prepare(request)
+            return response
         finally:
             tracker.request_finished(transport)
     return track

@@ -8,9 +8,12 @@ import asyncio
 import json
 import shutil
 
+import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from tests.serving import ServerThread
+from tests.tiny_models import compile_cpu_om, save_graph
 
 from .hostile import metric, open_raw, read_response, wait_for
 
@@ -281,3 +284,55 @@ def test_a_request_held_back_for_its_body_is_not_closed_by_aiohttp_as_idle(keepa
     live_status, refused_status, status = asyncio.run(scenario())
     assert live_status == 200 and refused_status == 503
     assert status == 503  # the queue is still full (whoever answers)
+
+
+WIDE = 262144  # values a row of the wide model answers: a JSON answer of a few MB
+
+
+def wide_onnx(path) -> str:
+    """y = x * W (FP32 [N,1] -> [N,WIDE], W random): a small request with a large answer."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDE])
+    w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((1, WIDE)).astype(np.float32), "W")
+    return save_graph(helper.make_graph([helper.make_node("Mul", ["x", "W"], ["y"])], "wide", [x], [y], [w]), path)
+
+
+@pytest.fixture
+def wide_beside_affine(models_dir, tmp_path, make_config):
+    models, src = tmp_path / "models", tmp_path / "src"
+    models.mkdir()
+    src.mkdir()
+    compile_cpu_om(wide_onnx(src / "wide.onnx"), models / "wide.om", batch="1")
+    with affine_server(models_dir, models, make_config, 5000) as srv:
+        yield srv
+
+
+def test_an_early_refusal_does_not_overtake_an_answer_aiohttp_is_still_compressing(wide_beside_affine):
+    """aiohttp compresses a large answer (Accept-Encoding) in a thread after the handler has
+    returned; a request pipelined behind it meanwhile must not have its 503 written first. B is
+    sent as soon as /metrics counts A's success, i.e. while A's answer is being compressed."""
+    url = wide_beside_affine.url
+    wide = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]}).encode()
+    a = (b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: test\r\nAccept-Encoding: gzip\r\n"
+         b"Content-Length: %d\r\n\r\n%s" % (len(wide), wide))
+
+    async def scenario():
+        waiting_reader, waiting = await open_raw(url)
+        waiting.write(request(WAITING))  # affine's one place, for 5 s
+        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 1)
+        first_reader, first = await open_raw(url)
+        first.write(request(ONE_ROW))  # refused through aiohttp: early refusals on
+        refused_status, _ = await read_response(first_reader)
+        reader, writer = await open_raw(url)
+        writer.write(a)
+        while metric(url, "aclserve_request_success_total", 'model="wide",version="1"') < 1:
+            pass  # blocking polls: the server's loop is free while it compresses
+        writer.write(request(ONE_ROW))  # affine, whose queue is full
+        answers = await read_answers(reader, 2)
+        for w in (waiting, first, writer):
+            w.close()
+        return refused_status, answers
+
+    refused_status, answers = asyncio.run(scenario())
+    assert refused_status == 503
+    assert answers.startswith(b"HTTP/1.1 200 ") and b"Content-Encoding: gzip" in answers[:300], answers[:300]
