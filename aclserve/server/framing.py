@@ -92,15 +92,16 @@ class RequestFraming:
     an answer, `paused()` True stops the feed; what is left of the chunk is returned (the caller
     keeps it and feeds it again later)."""
 
-    __slots__ = ("_forward", "_answer", "_paused", "_wanted", "_passed", "_held", "_remaining", "_dropping",
-                 "lost")
+    __slots__ = ("_forward", "_answer", "_paused", "_wanted", "_passed", "_held", "_held_need", "_remaining",
+                 "_dropping", "lost")
 
     def __init__(self, forward: Callable[[bytes], None], answer: Callable[[Head, int, bytes | None], str],
                  paused: Callable[[], bool], wanted: Callable[[], bool] = lambda: True,
                  passed: Callable[[], None] = lambda: None):
         self._forward, self._answer, self._paused, self._wanted = forward, answer, paused, wanted
         self._passed = passed
-        self._held = b""  # the start of a request held back: its head is incomplete, or its body wanted
+        self._held = bytearray()  # the start of a request held back: its head is incomplete, or its body wanted
+        self._held_need = 0  # bytes that request needs in all before it is looked at again (0: head incomplete)
         self._remaining = 0  # body bytes of the current request still to come
         self._dropping = False  # the current request was answered here: drop its body
         self.lost = False  # framing given up: everything goes to aiohttp
@@ -115,8 +116,10 @@ class RequestFraming:
             self._forward(data)
             return b""
         if self._held:
-            data = self._held + data
-            self._held = b""
+            if self._still_short(data):  # appends data to what is held
+                return b""
+            data = bytes(self._held)
+            self._held, self._held_need = bytearray(), 0
         pos, start, size = 0, 0, len(data)  # data[start:pos] is forwarded, not yet passed on
         while pos < size:
             if self._remaining:
@@ -132,7 +135,7 @@ class RequestFraming:
                 if size - pos > MAX_HEAD_BYTES or data.count(b"\n", pos) != data.count(b"\r\n", pos):
                     return self._give_up(data, start)  # too long, or a bare LF (aiohttp refuses it)
                 self._flush(data, start, pos)
-                self._held = data[pos:]
+                self._held = bytearray(data[pos:])
                 return b""
             body_at = end + 4
             if not self._wanted():
@@ -151,7 +154,7 @@ class RequestFraming:
             if decision == NEED_BODY:
                 if body_at + length > size:  # hold the request back until its body is here
                     self._flush(data, start, pos)
-                    self._held = data[pos:]
+                    self._held, self._held_need = bytearray(data[pos:]), body_at + length - pos
                     return b""
                 decision = self._answer(head, length, memoryview(data)[body_at:body_at + length])
             self._remaining, self._dropping = length, decision == ANSWERED
@@ -166,6 +169,19 @@ class RequestFraming:
                 return data[pos + n:]
         self._flush(data, start, size)
         return b""
+
+    def _still_short(self, data: bytes) -> bool:
+        """Add `data` to the request held back, True while it still cannot be looked at: its
+        body has not all come, or no new byte completes its head (nor makes it one to give up
+        on). Appending, not joining, keeps a request sent in small pieces linear to hold."""
+        held = self._held
+        tail = len(held)
+        held += data
+        if self._held_need:
+            return len(held) < self._held_need
+        new = held[max(0, tail - 3):]
+        return (b"\r\n\r\n" not in new and len(held) <= MAX_HEAD_BYTES
+                and new.count(b"\n") == new.count(b"\r\n"))
 
     def _flush(self, data: bytes, start: int, end: int) -> None:
         if end > start:

@@ -4,16 +4,17 @@ Under overload most requests are refused, and through aiohttp a refusal costs th
 about 0.1 ms (its request object, the middlewares, the response): at 4x a model's capacity in
 an open loop, refusals took most of the core and the model kept 0.37 of its capacity
 (tools/bench_overload.py). So the connection guard (connections.py, framing.py) frames every
-request, and for ACTIVE_S after any overload refusal it offers each request head here first:
-when the queue level the request would join has no room, the guard sends the same 503 with
-Retry-After itself and drops the body as it arrives; aiohttp never sees the request (a quarter
-of the cost, most of it the kernel's; the same model then kept 0.75-0.85).
+request, and for ACTIVE_S after any HTTP overload refusal it offers each request head here
+first: when the queue level the request would join has no room, the guard reads the body
+(held back until it is whole, to see whether it names a priority), sends the same 503 with
+Retry-After itself and drops the request; aiohttp never sees it (a quarter of the cost, most of
+it the kernel's; the same model then kept 0.75-0.85). gRPC refusals do not turn this on.
 
-Only the plain case is refused here; everything else goes through aiohttp as before: a request
-that does not end its connection and sends Content-Length (no Expect, no Content-Encoding), for
-a serving version, whose level, the default one (the body names no "priority"), is full. Not
-while tracing or the request log want every request, nor when inference needs an API token
-(the 401 comes first). The body must be in hand to see whether it names a priority (in its
+Only the plain case is refused here; everything else goes through aiohttp as before: an
+HTTP/1.1 request that does not end its connection and sends Content-Length (no Expect, no
+Content-Encoding), for a serving version, whose level, the default one (the body names no
+"priority"), is full. Not while tracing or the request log want every request, nor when
+inference needs an API token (the 401 comes first). The body must be in hand to see whether it names a priority (in its
 JSON: the whole body, or the part before the binary tensors): one still arriving is held back
 until it has come, up to BODY_PEEK_BYTES (a connection's read buffers hold that much anyway),
 larger ones go through aiohttp; a body that may spell "priority" with an escape (\\u) goes
@@ -31,7 +32,7 @@ from .framing import Head, NEED_BODY
 
 BODY_PEEK_BYTES = 64 * 1024
 ACTIVE_S = 2.0  # how long after an overload refusal request heads are checked here
-TARGET_TTL_S = 1.0  # how long a path's version lookup is reused (a reload changes it)
+TARGET_TTL_S = 1.0  # how long the paths' version lookups are reused (a reload changes them)
 MAX_TARGETS = 1024
 _PREFIX = b"/v2/models/"
 _SUFFIX = b"/infer"
@@ -69,7 +70,8 @@ class EarlyRefusal:
 
     def __init__(self, state):  # server.state.ServerState, which owns this
         self._state = state
-        self._targets: dict[bytes, tuple[object, float]] = {}  # path -> (served version or None, until)
+        self._targets: dict[bytes, object] = {}  # path -> served version, or None
+        self._cleared_at = 0.0
         self._active_until = 0.0
         self.refused = 0
 
@@ -94,7 +96,7 @@ class EarlyRefusal:
         state = self._state
         if (head.version != b"HTTP/1.1" or state.observer is not None or state.auth.inference or state.shutting_down
                 or body_length > BODY_PEEK_BYTES or head.header(b"expect") is not None
-                or head.header(b"connection") == b"close"
+                or b"close" in (head.header(b"connection") or b"").replace(b" ", b"").split(b",")
                 or head.header(b"content-encoding") not in (None, b"identity")):
             return None
         if body is None:
@@ -114,11 +116,15 @@ class EarlyRefusal:
         return error
 
     def _served(self, target: bytes):
-        """The version an infer path names (None: not an infer path, or not serving)."""
+        """The version an infer path names (None: not an infer path, or not serving). The
+        lookups are dropped together on the first call TARGET_TTL_S after the last drop, so a
+        reload is seen within a second of traffic."""
         now = time.monotonic()
-        cached = self._targets.get(target)
-        if cached is not None and now < cached[1]:
-            return cached[0]
+        if now >= self._cleared_at + TARGET_TTL_S:
+            self._targets.clear()
+            self._cleared_at = now
+        if target in self._targets:
+            return self._targets[target]
         served = None
         named = infer_target(target)
         if named is not None:
@@ -126,7 +132,6 @@ class EarlyRefusal:
                 served = self._state.repo.get(*named)
             except ServeError:
                 pass  # aiohttp's route says what is wrong
-        if len(self._targets) >= MAX_TARGETS:
-            self._targets.clear()
-        self._targets[target] = (served, now + TARGET_TTL_S)
+        if len(self._targets) < MAX_TARGETS:
+            self._targets[target] = served
         return served
