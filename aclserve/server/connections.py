@@ -21,10 +21,10 @@ costs. Holds (hold_refused_connections, off by default): a request refused becau
 has no room (errors.Overloaded) is answered at once with Retry-After: N, and its connection is
 then not read for those N seconds (`hold`). A client that retries at once then waits in its
 socket instead of costing the loop another refusal (measured on one core with
-tools/bench_overload.py: 1,000 such connections kept 0.91 of the model's capacity with holds
-and 0.41 without); but a client that sends a new request on the refused connection waits too,
-and one with a timeout shorter than N times out (an open loop at 4x capacity kept 0.60 with
-holds, 0.85 without). N grows with the connections held, so the refusals answered stay near
+tools/bench_overload.py: 1,000 such connections kept 0.91-0.93 of the model's capacity with
+holds and 0.36-0.41 without); but a client that sends a new request on the refused connection
+waits too, and one with a timeout shorter than N times out (an open loop at 4x capacity kept
+0.60-0.62 with holds, 0.75-0.85 without). N grows with the connections held, so the refusals answered stay near
 REFUSALS_PER_S whatever the number of clients (see `hold_seconds`).
 """
 from __future__ import annotations

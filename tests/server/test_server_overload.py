@@ -167,15 +167,22 @@ async def fill_the_queue(url: str):
     return reader, writer
 
 
+async def overload(url: str):
+    """Fill the queue, then have a request refused through aiohttp, which turns the guard's
+    checks of request heads on: (the queued request's reader, the writers to close)."""
+    waiting_reader, waiting = await fill_the_queue(url)
+    first_reader, first_writer = await open_raw(url)
+    first_writer.write(request(ONE_ROW))
+    await read_response(first_reader)
+    return waiting_reader, [waiting, first_writer]
+
+
 def test_a_plain_request_for_a_full_queue_is_refused_before_aiohttp_parses_it(one_slot):
     """Once a refusal has shown the server overloaded, request heads are checked as they come."""
     url = one_slot.url
 
     async def scenario():
-        waiting_reader, waiting = await fill_the_queue(url)
-        first_reader, first_writer = await open_raw(url)
-        first_writer.write(request(ONE_ROW))  # refused through aiohttp: heads are checked from now on
-        await read_response(first_reader)
+        waiting_reader, writers = await overload(url)
         assert metric(url, "aclserve_early_refusals_total") == 0
         reader, writer = await open_raw(url)
         writer.write(request(ONE_ROW))
@@ -187,7 +194,7 @@ def test_a_plain_request_for_a_full_queue_is_refused_before_aiohttp_parses_it(on
         named_writer.write(request(PRIORITY_ONE))
         named = await read_response(named_reader)
         first = await read_response(waiting_reader)
-        for w in (waiting, first_writer, writer, named_writer):
+        for w in (*writers, writer, named_writer):
             w.close()
         return refused, early, held, named, first
 
@@ -205,10 +212,7 @@ def test_answers_keep_their_order_behind_a_request_aiohttp_is_answering(one_slot
     url = one_slot.url
 
     async def scenario():
-        waiting_reader, waiting = await fill_the_queue(url)
-        first_reader, first_writer = await open_raw(url)
-        first_writer.write(request(ONE_ROW))  # refused through aiohttp: heads are checked from now on
-        await read_response(first_reader)
+        waiting_reader, writers = await overload(url)
         reader, writer = await open_raw(url)
         writer.write(HEALTH + request(ONE_ROW))
         answers = b""
@@ -217,7 +221,7 @@ def test_answers_keep_their_order_behind_a_request_aiohttp_is_answering(one_slot
             assert chunk, "the server closed the connection"
             answers += chunk
         await read_response(waiting_reader)
-        for w in (waiting, first_writer, writer):
+        for w in (*writers, writer):
             w.close()
         return answers
 
