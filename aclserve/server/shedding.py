@@ -78,7 +78,7 @@ class EarlyRefusal:
     def active(self) -> bool:
         """Whether heads are offered to `check` now: for ACTIVE_S after any overload refusal
         (`overloaded()`, or one made here). Otherwise the guard only frames requests, which
-        is cheaper (about 2 us a request) than asking about each."""
+        is cheaper than asking about each (framing alone costs about 4 us a request)."""
         return time.monotonic() < self._active_until
 
     def overloaded(self) -> None:
