@@ -127,7 +127,8 @@ def run_setting(name: str, settings: str, args, repo: str, body, body_path: str,
         row = open_window(args, url, body_path, body, load * capacity, pid)
         row.update(setting=name, load=load, share_of_capacity=row["ok_per_s"] / capacity if capacity else 0.0)
         open_rows.append(row)
-        print(f"  {name} open loop {load:g}x: {row['ok_per_s']:.0f} x 200/s, {row['per_s']}", file=sys.stderr, flush=True)
+        print(f"  {name} open loop {load:g}x: {row['ok_per_s']:.0f} x 200/s, {row['per_s']}", file=sys.stderr,
+              flush=True)
     server.close()
     return rows, open_rows
 

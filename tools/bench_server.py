@@ -234,7 +234,8 @@ def parse_args(argv=None):
     p.add_argument("--models-src", default=os.path.join(ROOT, "out", "models"),
                    help="where light.onnx/medium.onnx are (built there if missing; default out/models)")
     p.add_argument("--ceiling-bodies", default="light-json,medium-binary",
-                   help="workload bodies posted to the fixed-answer endpoints ('' to skip; default light-json,medium-binary)")
+                   help="workload bodies posted to the fixed-answer endpoints ('' to skip; "
+                        "default light-json,medium-binary)")
     p.add_argument("--count-non2xx", action="store_true", help="exact non-2xx count in wrk (lowers its ceiling)")
     p.add_argument("--start-timeout", type=float, default=120, help="seconds to wait for readiness")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")

@@ -24,8 +24,8 @@ socket instead of costing the loop another refusal (measured on one core with
 tools/bench_overload.py: 1,000 such connections kept 0.91-0.93 of the model's capacity with
 holds and 0.36-0.41 without); but a client that sends a new request on the refused connection
 waits too, and one with a timeout shorter than N times out (an open loop at 4x capacity kept
-0.60-0.62 with holds, 0.75-0.85 without). N grows with the connections held, so the refusals answered stay near
-REFUSALS_PER_S whatever the number of clients (see `hold_seconds`).
+0.60-0.62 with holds, 0.75-0.85 without). N grows with the connections held, so the refusals
+answered stay near REFUSALS_PER_S whatever the number of clients (see `hold_seconds`).
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ class GuardedProtocol(asyncio.Protocol):
         elif not conn.forwarded and framing.idle and not framing.lost:  # lost: requests are not counted
             conn.phase, conn.since = IDLE, self._tracker.now()  # what came was answered here
 
-    def _answer(self, head, body_length: int, body: bytes | None) -> str:
+    def _answer(self, head, body_length: int, body: memoryview | None) -> str:
         conn = self._conn
         if not conn.forwarded:
             decision = self._tracker.early.check(head, body_length, body)

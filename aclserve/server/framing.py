@@ -85,9 +85,9 @@ FORWARD, ANSWERED, NEED_BODY = "forward", "answered", "need body"
 class RequestFraming:
     """The framing of one connection. `feed(data)` passes the bytes on to `forward`, except
     that, while `wanted()`, each complete head is first offered to `answer(head, body_length,
-    body)` (body None, or a memoryview of the whole body), which says FORWARD, ANSWERED (the request was answered: its head and body are
-    dropped here) or NEED_BODY (ask again with the whole body: the request is held back until
-    it has come). Otherwise heads are only measured (no Head is built) and `passed()` is called
+    body)` (body None, or a memoryview of the whole body), which says FORWARD, ANSWERED (the
+    request was answered: its head and body are dropped here) or NEED_BODY (ask again with the
+    whole body: the request is held back until it has come). Otherwise heads are only measured (no Head is built) and `passed()` is called
     for each request forwarded so (the caller counts every request aiohttp has to answer). After
     an answer, `paused()` True stops the feed; what is left of the chunk is returned (the caller
     keeps it and feeds it again later)."""
