@@ -115,10 +115,11 @@ class RequestFraming:
         if self.lost:
             self._forward(data)
             return b""
+        body_came = False  # the held request was waiting for its body (NEED_BODY), now here
         if self._held:
             if self._still_short(data):  # appends data to what is held
                 return b""
-            data = bytes(self._held)
+            data, body_came = bytes(self._held), self._held_need > 0
             self._held, self._held_need = bytearray(), 0
         pos, start, size = 0, 0, len(data)  # data[start:pos] is forwarded, not yet passed on
         while pos < size:
@@ -138,6 +139,7 @@ class RequestFraming:
                 self._held = bytearray(data[pos:])
                 return b""
             body_at = end + 4
+            asked, body_came = body_came, False
             if not self._wanted():
                 length = body_length(data[pos:end])
                 if length is None:
@@ -150,7 +152,7 @@ class RequestFraming:
             if parsed is None:
                 return self._give_up(data, start)
             head, length = parsed
-            decision = self._answer(head, length, None)
+            decision = NEED_BODY if asked else self._answer(head, length, None)
             if decision == NEED_BODY:
                 if body_at + length > size:  # hold the request back until its body is here
                     self._flush(data, start, pos)
