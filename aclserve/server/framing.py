@@ -17,7 +17,8 @@ MAX_HEAD_BYTES = 16384  # aiohttp's own limits (8190 per line) refuse longer hea
 
 class Head:
     """A complete request head. `header(name)` reads a header (name in lower case) from the
-    lower-cased head: the value of its first occurrence, stripped, or None."""
+    lower-cased head: the value of its first occurrence, stripped, or None; `tokens(name)`
+    the tokens of all its occurrences."""
 
     __slots__ = ("method", "target", "version", "_lower")
 
@@ -31,6 +32,18 @@ class Head:
         at += len(name) + 3
         end = self._lower.find(b"\r\n", at)
         return self._lower[at:end if end >= 0 else len(self._lower)].strip()
+
+    def tokens(self, name: bytes) -> list[bytes]:
+        """The comma-separated tokens of every occurrence of a list header (name in lower
+        case), OWS (spaces, tabs) stripped: `Connection` is read as aiohttp reads it."""
+        key = b"\r\n" + name + b":"
+        found, at = [], self._lower.find(key)
+        while at >= 0:
+            at += len(key)
+            end = self._lower.find(b"\r\n", at)  # the head ends with CRLF
+            found.extend(token.strip(b" \t") for token in self._lower[at:end].split(b","))
+            at = self._lower.find(key, end)
+        return found
 
 
 def _request_line(raw: bytes) -> list[bytes] | None:

@@ -96,7 +96,7 @@ class EarlyRefusal:
         state = self._state
         if (head.version != b"HTTP/1.1" or state.observer is not None or state.auth.inference or state.shutting_down
                 or body_length > BODY_PEEK_BYTES or head.header(b"expect") is not None
-                or b"close" in (head.header(b"connection") or b"").replace(b" ", b"").split(b",")
+                or b"close" in head.tokens(b"connection")
                 or head.header(b"content-encoding") not in (None, b"identity")):
             return None
         if body is None:

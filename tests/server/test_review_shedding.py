@@ -336,3 +336,38 @@ def test_an_early_refusal_does_not_overtake_an_answer_aiohttp_is_still_compressi
     refused_status, answers = asyncio.run(scenario())
     assert refused_status == 503
     assert answers.startswith(b"HTTP/1.1 200 ") and b"Content-Encoding: gzip" in answers[:300], answers[:300]
+
+
+def test_a_request_that_ends_its_connection_in_any_spelling_aiohttp_reads_goes_to_aiohttp(keepalive_2s):
+    """aiohttp ends the connection after a request whose Connection header names close, also
+    after OWS that is a tab or in a second Connection line. The guard must leave such requests
+    to aiohttp (whose 503 says Connection: close), not refuse them early with a 503 that keeps
+    the connection open and goes on reading requests after it."""
+    url = keepalive_2s.url
+    spellings = (b"Connection: keep-alive\r\nConnection: close\r\n", b"Connection: keep-alive,\tclose\r\n",
+                 b"Connection: Keep-Alive , close\r\n")
+
+    async def scenario():
+        waiting_reader, waiting = await open_raw(url)
+        waiting.write(request(WAITING))  # the queue's one place, for 5 s
+        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 1)
+        first_reader, first = await open_raw(url)
+        first.write(request(ONE_ROW))  # refused through aiohttp: early refusals on
+        statuses, answers, writers = [(await read_response(first_reader))[0]], [], []
+        for connection in spellings:
+            reader, writer = await open_raw(url)
+            head = head_of(ONE_ROW)
+            writer.write(head[:-2] + connection + b"\r\n" + ONE_ROW)
+            status, answer = await read_response(reader)
+            statuses.append(status)
+            answers.append(answer.lower())
+            writers.append(writer)
+        early = metric(url, "aclserve_early_refusals_total")
+        for w in [waiting, first] + writers:
+            w.close()
+        return statuses, answers, early
+
+    statuses, answers, early = asyncio.run(scenario())
+    assert statuses == [503] * 4, statuses
+    assert early == 0
+    assert all(b"\r\nconnection: close\r\n" in answer for answer in answers), answers
