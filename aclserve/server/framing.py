@@ -54,8 +54,9 @@ def _request_line(raw: bytes) -> list[bytes] | None:
 
 def _body_length(lower: bytes) -> int | None:
     """The body length a lower-cased head declares, or None when it cannot be known here
-    (chunked, upgrade, malformed, repeated Content-Length)."""
-    if b"\r\ntransfer-encoding:" in lower or b"\r\nupgrade:" in lower or b" :" in lower:
+    (chunked, upgrade, malformed, a bare LF, repeated Content-Length)."""
+    if (b"\r\ntransfer-encoding:" in lower or b"\r\nupgrade:" in lower or b" :" in lower
+            or lower.count(b"\n") != lower.count(b"\r\n")):  # a bare LF: aiohttp refuses the head
         return None
     at = lower.find(b"\r\ncontent-length:")
     if at < 0:

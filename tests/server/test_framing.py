@@ -54,7 +54,8 @@ def test_parse_head_reads_framing_and_refuses_what_it_cannot_frame():
                 b"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6",
                 b"POST / HTTP/1.1\r\nContent-Length: -5",
                 b"POST /\r\nHost: x",
-                b"POST / HTTP/1.1\r\nContent-Length : 5"):
+                b"POST / HTTP/1.1\r\nContent-Length : 5",
+                b"POST / HTTP/1.1\r\nHost: a\nContent-Length: 5"):  # a bare LF inside a complete head
         assert parse_head(bad) is None, bad
 
 
