@@ -207,6 +207,21 @@ def test_a_head_with_bare_line_feeds_goes_to_aiohttp_which_refuses_it(short_head
     assert status == 400, answer[:200]
 
 
+async def fill_queue(url: str):
+    """The queue's one place taken for the batching window: (its reader, its writer)."""
+    reader, writer = await open_raw(url)
+    writer.write(request(WAITING))
+    await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 1)
+    return reader, writer
+
+
+async def refused_through_aiohttp(url: str):
+    """A request refused through aiohttp, which turns the guard's checks on: (status, writer)."""
+    reader, writer = await open_raw(url)
+    writer.write(request(ONE_ROW))
+    return (await read_response(reader))[0], writer
+
+
 @pytest.fixture
 def keepalive_2s(models_dir, tmp_path, make_config):
     with affine_server(models_dir, tmp_path, make_config, 5000, keepalive_timeout_s=2.0) as srv:
@@ -222,12 +237,9 @@ def test_a_connection_whose_requests_are_refused_early_is_not_closed_as_idle(kee
     url = keepalive_2s.url
 
     async def scenario():
-        waiting_reader, waiting = await open_raw(url)
-        waiting.write(request(WAITING))  # the queue's one place, for 5 s
-        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 1)
-        first_reader, first = await open_raw(url)
-        first.write(request(ONE_ROW))  # refused through aiohttp: early refusals on
-        statuses = [(await read_response(first_reader))[0]]
+        waiting_reader, waiting = await fill_queue(url)
+        refused_first, first = await refused_through_aiohttp(url)  # early refusals on
+        statuses = [refused_first]
         reader, writer = await open_raw(url)
         for _ in range(12):
             try:
@@ -260,15 +272,12 @@ def test_a_request_held_back_for_its_body_is_not_closed_by_aiohttp_as_idle(keepa
     url = keepalive_2s.url
 
     async def scenario():
-        waiting_reader, waiting = await open_raw(url)
-        waiting.write(request(WAITING))  # the queue's one place, for 5 s
-        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 1)
+        waiting_reader, waiting = await fill_queue(url)
         reader, writer = await open_raw(url)
         writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n")
         live_status, _ = await read_response(reader)  # answered by aiohttp: its keep-alive timer runs
-        first_reader, first = await open_raw(url)
-        first.write(request(ONE_ROW))  # refused through aiohttp: early refusals on
-        refused_status, _ = await read_response(first_reader)
+        refused_first, first = await refused_through_aiohttp(url)  # early refusals on
+        refused_status = refused_first
         writer.write(head_of(ONE_ROW) + ONE_ROW[:10])  # held back for the rest of its body
         await asyncio.sleep(2.5)
         try:
@@ -317,12 +326,9 @@ def test_an_early_refusal_does_not_overtake_an_answer_aiohttp_is_still_compressi
          b"Content-Length: %d\r\n\r\n%s" % (len(wide), wide))
 
     async def scenario():
-        waiting_reader, waiting = await open_raw(url)
-        waiting.write(request(WAITING))  # affine's one place, for 5 s
-        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 1)
-        first_reader, first = await open_raw(url)
-        first.write(request(ONE_ROW))  # refused through aiohttp: early refusals on
-        refused_status, _ = await read_response(first_reader)
+        waiting_reader, waiting = await fill_queue(url)
+        refused_first, first = await refused_through_aiohttp(url)  # early refusals on
+        refused_status = refused_first
         reader, writer = await open_raw(url)
         writer.write(a)
         while metric(url, "aclserve_request_success_total", 'model="wide",version="1"') < 1:
@@ -348,12 +354,9 @@ def test_a_request_that_ends_its_connection_in_any_spelling_aiohttp_reads_goes_t
                  b"Connection: Keep-Alive , close\r\n")
 
     async def scenario():
-        waiting_reader, waiting = await open_raw(url)
-        waiting.write(request(WAITING))  # the queue's one place, for 5 s
-        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 1)
-        first_reader, first = await open_raw(url)
-        first.write(request(ONE_ROW))  # refused through aiohttp: early refusals on
-        statuses, answers, writers = [(await read_response(first_reader))[0]], [], []
+        waiting_reader, waiting = await fill_queue(url)
+        refused_first, first = await refused_through_aiohttp(url)  # early refusals on
+        statuses, answers, writers = [refused_first], [], []
         for connection in spellings:
             reader, writer = await open_raw(url)
             head = head_of(ONE_ROW)
