@@ -6,39 +6,16 @@ one place, so the queue is full without any test double. Durations are only ever
 the server or the test sets itself."""
 import asyncio
 import json
-import shutil
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.serving import ServerThread
 from tests.tiny_models import compile_cpu_om, save_graph
 
+from .full_queue import (DEPTH, ONE_ROW, WAITING, affine_server, fill_queue, head_of, refused_through_aiohttp,
+                         request)
 from .hostile import metric, open_raw, read_response, wait_for
-
-WAITING = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 8], "data": [1.0] * 24},
-                                 {"name": "idx", "datatype": "INT64", "shape": [3, 3], "data": [1] * 9}]}).encode()
-ONE_ROW = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
-                                 {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1] * 3}]}).encode()
-DEPTH = 'model="affine",priority="2",version="1"'
-
-
-def head_of(body: bytes) -> bytes:
-    return (b"POST /v2/models/affine/infer HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body))
-
-
-def request(body: bytes) -> bytes:
-    return head_of(body) + body
-
-
-def affine_server(models_dir, tmp_path, make_config, window_ms: int, queue_size: int = 1, **config):
-    shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
-    (tmp_path / "affine.yaml").write_text(
-        f"batching: {{max_queue_delay_ms: {window_ms}, default_queue_policy: {{max_queue_size: {queue_size}}}}}\n")
-    return ServerThread(make_config(tmp_path, model_control_mode="none", **config))
-
 
 async def read_answers(reader, count: int) -> bytes:
     """At least `count` whole status lines of answers (the server closing first fails)."""
@@ -205,21 +182,6 @@ def test_a_head_with_bare_line_feeds_goes_to_aiohttp_which_refuses_it(short_head
 
     status, answer = asyncio.run(scenario())
     assert status == 400, answer[:200]
-
-
-async def fill_queue(url: str):
-    """The queue's one place taken for the batching window: (its reader, its writer)."""
-    reader, writer = await open_raw(url)
-    writer.write(request(WAITING))
-    await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 1)
-    return reader, writer
-
-
-async def refused_through_aiohttp(url: str):
-    """A request refused through aiohttp, which turns the guard's checks on: (status, writer)."""
-    reader, writer = await open_raw(url)
-    writer.write(request(ONE_ROW))
-    return (await read_response(reader))[0], writer
 
 
 @pytest.fixture

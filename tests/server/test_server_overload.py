@@ -15,35 +15,18 @@ from aclserve.server.connections import (BODY_LINGER_S, HOLD_MAX_S, PENDING_BODY
                                           hold_seconds)
 from tests.serving import ServerThread
 
+from .full_queue import ONE_ROW, affine_server, fill_queue, refused_through_aiohttp, request
 from .hostile import head, metric, open_raw, read_response, wait_for
-
-WAITING = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 8], "data": [1.0] * 24},
-                                 {"name": "idx", "datatype": "INT64", "shape": [3, 3], "data": [1] * 9}]}).encode()
-ONE_ROW = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
-                                 {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1] * 3}]}).encode()
-
-
-def request(body: bytes) -> bytes:
-    return (b"POST /v2/models/affine/infer HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-
-
-def one_place_queue(models_dir, tmp_path, make_config, window_ms: int, **config):
-    shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
-    (tmp_path / "affine.yaml").write_text(
-        f"batching: {{max_queue_delay_ms: {window_ms}, default_queue_policy: {{max_queue_size: 1}}}}\n")
-    return ServerThread(make_config(tmp_path, model_control_mode="none", **config))
-
 
 @pytest.fixture
 def one_slot(models_dir, tmp_path, make_config):
-    with one_place_queue(models_dir, tmp_path, make_config, 600, hold_refused_connections=True) as srv:
+    with affine_server(models_dir, tmp_path, make_config, 600, hold_refused_connections=True) as srv:
         yield srv
 
 
 @pytest.fixture
 def long_window(models_dir, tmp_path, make_config):
-    with one_place_queue(models_dir, tmp_path, make_config, 2500, hold_refused_connections=True) as srv:
+    with affine_server(models_dir, tmp_path, make_config, 2500, hold_refused_connections=True) as srv:
         yield srv
 
 
@@ -51,9 +34,7 @@ async def refuse_then_send_again(url: str):
     """Fill the queue's one place, have a request refused, send the next one on the same
     connection at once: (refusal status, refusal, held then, next status, seconds until its
     answer, the queued request's status)."""
-    waiting_reader, waiting = await open_raw(url)
-    waiting.write(request(WAITING))  # waits in the queue for the batching window
-    await wait_for(lambda: metric(url, "aclserve_queue_depth", 'model="affine",priority="2",version="1"') == 1)
+    waiting_reader, waiting = await fill_queue(url)
     reader, writer = await open_raw(url)
     writer.write(request(ONE_ROW))
     status, answer = await read_response(reader)
@@ -159,21 +140,11 @@ PRIORITY_ONE = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape":
 HEALTH = b"GET /v2/health/ready HTTP/1.1\r\nHost: test\r\n\r\n"
 
 
-async def fill_the_queue(url: str):
-    """A request that waits in the queue's one place for 600 ms; returns its reader."""
-    reader, writer = await open_raw(url)
-    writer.write(request(WAITING))
-    await wait_for(lambda: metric(url, "aclserve_queue_depth", 'model="affine",priority="2",version="1"') == 1)
-    return reader, writer
-
-
 async def overload(url: str):
     """Fill the queue, then have a request refused through aiohttp, which turns the guard's
     checks of request heads on: (the queued request's reader, the writers to close)."""
-    waiting_reader, waiting = await fill_the_queue(url)
-    first_reader, first_writer = await open_raw(url)
-    first_writer.write(request(ONE_ROW))
-    await read_response(first_reader)
+    waiting_reader, waiting = await fill_queue(url)
+    _, first_writer = await refused_through_aiohttp(url)
     return waiting_reader, [waiting, first_writer]
 
 
@@ -232,7 +203,7 @@ def test_answers_keep_their_order_behind_a_request_aiohttp_is_answering(one_slot
 
 @pytest.fixture
 def no_early_refusals(models_dir, tmp_path, make_config):
-    with one_place_queue(models_dir, tmp_path, make_config, 600, shed_before_parsing=False) as srv:
+    with affine_server(models_dir, tmp_path, make_config, 600, shed_before_parsing=False) as srv:
         yield srv
 
 
@@ -240,7 +211,7 @@ def test_with_shed_before_parsing_off_aiohttp_refuses_every_request(no_early_ref
     url = no_early_refusals.url
 
     async def scenario():
-        waiting_reader, waiting = await fill_the_queue(url)
+        waiting_reader, waiting = await fill_queue(url)
         reader, writer = await open_raw(url)
         writer.write(request(ONE_ROW))
         refused = await read_response(reader)
@@ -255,7 +226,7 @@ def test_with_shed_before_parsing_off_aiohttp_refuses_every_request(no_early_ref
 
 
 def test_by_default_a_refused_connection_is_read_again_at_once(models_dir, tmp_path, make_config):
-    with one_place_queue(models_dir, tmp_path, make_config, 2500) as srv:
+    with affine_server(models_dir, tmp_path, make_config, 2500) as srv:
         status, _, held_now, status_after, _, first_status = asyncio.run(refuse_then_send_again(srv.url))
         assert status == 503 and held_now == 0
         assert status_after == 503  # read at once, and the queue was still full
