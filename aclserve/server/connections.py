@@ -30,7 +30,6 @@ answered stay near REFUSALS_PER_S whatever the number of clients (see `hold_seco
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import resource
@@ -71,14 +70,8 @@ def hold_seconds(held: int, keepalive_timeout_s: float, body_pending: bool = Fal
     return max(1, min(cap, math.ceil(held / REFUSALS_PER_S)))
 
 
-def _refusal(message: str) -> bytes:
-    body = json.dumps({"error": message}).encode()
-    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-
-
-_FULL = _refusal("server has too many open connections (max_connections); retry later")
-_CLOSING = _refusal("server is shutting down")
+_FULL = refusal("server has too many open connections (max_connections); retry later", 1, close=True)
+_CLOSING = refusal("server is shutting down", 1, close=True)
 
 
 class _Conn:

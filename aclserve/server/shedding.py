@@ -56,10 +56,13 @@ def infer_target(target: bytes) -> tuple[str, str | None] | None:
 
 
 @functools.lru_cache(maxsize=256)  # a few distinct answers (one per level and Retry-After)
-def refusal(message: str, retry_after: int) -> bytes:
+def refusal(message: str, retry_after: int, close: bool = False) -> bytes:
+    """A whole 503 answer with Retry-After, written by the connection guard itself (`close`:
+    it says the connection ends)."""
     body = orjson.dumps({"error": message})
     return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: %d\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (retry_after, len(body), body))
+            b"%sContent-Length: %d\r\n\r\n%s"
+            % (retry_after, b"Connection: close\r\n" if close else b"", len(body), body))
 
 
 class EarlyRefusal:
