@@ -73,8 +73,7 @@ def _body_length(lower: bytes) -> int | None:
 
 def body_length(raw: bytes) -> int | None:
     """The body length of a head without its final blank line (see parse_head), unparsed."""
-    line_end = raw.find(b"\r\n")
-    if raw.count(b" ", 0, line_end if line_end >= 0 else len(raw)) != 2:
+    if _request_line(raw) is None:
         return None
     return _body_length(raw.lower())
 
@@ -101,15 +100,15 @@ class RequestFraming:
     that, while `wanted()`, each complete head is first offered to `answer(head, body_length,
     body)` (body None, or a memoryview of the whole body), which says FORWARD, ANSWERED (the
     request was answered: its head and body are dropped here) or NEED_BODY (ask again with the
-    whole body: the request is held back until it has come). Otherwise heads are only measured (no Head is built) and `passed()` is called
-    for each request forwarded so (the caller counts every request aiohttp has to answer). After
-    an answer, `paused()` True stops the feed; what is left of the chunk is returned (the caller
-    keeps it and feeds it again later)."""
+    whole body: the request is held back until it has come). Otherwise heads are only measured
+    (no Head is built) and `passed()` is called for each request forwarded so (the caller counts
+    every request aiohttp has to answer). After an answer, `paused()` True stops the feed; what
+    is left of the chunk is returned (the caller keeps it and feeds it again later)."""
 
     __slots__ = ("_forward", "_answer", "_paused", "_wanted", "_passed", "_held", "_held_need", "_remaining",
                  "_dropping", "lost")
 
-    def __init__(self, forward: Callable[[bytes], None], answer: Callable[[Head, int, bytes | None], str],
+    def __init__(self, forward: Callable[[bytes], None], answer: Callable[[Head, int, memoryview | None], str],
                  paused: Callable[[], bool], wanted: Callable[[], bool] = lambda: True,
                  passed: Callable[[], None] = lambda: None):
         self._forward, self._answer, self._paused, self._wanted = forward, answer, paused, wanted
