@@ -81,11 +81,10 @@ class PriorityQueue:
     def push(self, request: QueuedRequest, timeout_us: int | None = None) -> None:
         """Queue `request` at the tail of its level; raises QueueFull if the level is full."""
         level = request.level
-        policy = self._policies[level]
-        on_time = self._on_time[level]
-        if policy.max_queue_size and len(on_time) + len(self._delayed[level]) >= policy.max_queue_size:
+        if self.room(level) == 0:
             raise self.full_error(level)
-        on_time[request] = None
+        policy = self._policies[level]
+        self._on_time[level][request] = None
         self.rows += request.rows
         self.count += 1
         timeout = timeout_seconds(policy, timeout_us)
