@@ -77,6 +77,8 @@ def run_serve(args) -> int:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     from .. import heap
     heap.limit_arenas()  # before any worker thread: reloads then give their memory back
+    from .. import collector
+    collector.tune_for_server()  # fewer young collections: about 10 % of a light request's CPU
     from ..repository import RepositoryError
     try:
         _run(serve(config))
