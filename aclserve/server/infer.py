@@ -30,7 +30,8 @@ from .body import charge_declared, read_body
 from .budget import json_tensor_estimate
 from .codec import HEADER_LENGTH, decode_request, parse_header_length
 from .encode import encode_response
-from .error_responses import error_response, json_error
+from .error_responses import error_response
+from .expect import answered, send_continue, unmet
 from .http_errors import http_status
 from .observe import REQUEST_ID_HEADER, request_id
 
@@ -53,31 +54,27 @@ async def expect_body(request: web.Request) -> web.Response | None:
     """The route's `Expect: 100-continue` handler: the API token (when inference needs one), then
     the body's declared size against max_body_bytes and what the memory budget has left, are
     checked before the client is told to send the body (aiohttp's own handler tells it at once).
-    aiohttp runs this before the middlewares, so it does their part for what it answers: the
-    access check, and telling the connection tracker the request is over. A refusal closes the
-    connection, so a client that sends its body anyway is not read."""
+    aiohttp runs this before the middlewares, so it does their part for what it answers
+    (expect.py): the access check, and telling the connection tracker the request is over. A
+    refusal closes the connection, so a client that sends its body anyway is not read."""
     if request.version != HttpVersion11:
         return None  # HTTP/1.0 has no 100 Continue: the body comes anyway
+    refused = unmet(request)
+    if refused is not None:
+        return answered(request, refused)
     state = request.app[STATE]
-    expect = request.headers.get("Expect", "")
-    if expect.lower() != "100-continue":
-        response = json_error(f"unknown expectation: Expect: {expect[:100]}", 417)
-    else:
-        try:
-            if state.auth.inference:
-                state.auth.check(request)
-            with state.budget.lease() as probe:
-                charge_declared(request, probe, state.config.max_body_bytes)
-                probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
-        except ServeError as e:
-            response = error_response(request, state, e)
-            response.force_close()
-        else:
-            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            request.writer.output_size = 0  # as aiohttp's own handler: the answer proper has not started
-            return None
-    state.connections.request_finished(request.transport)
-    return response
+    try:
+        if state.auth.inference:
+            state.auth.check(request)
+        with state.budget.lease() as probe:
+            charge_declared(request, probe, state.config.max_body_bytes)
+            probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
+    except ServeError as e:
+        response = error_response(request, state, e)
+        response.force_close()
+        return answered(request, response)
+    await send_continue(request)
+    return None
 
 
 async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http"):

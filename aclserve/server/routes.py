@@ -14,6 +14,7 @@ from ..errors import InvalidInput
 from . import views
 from .app_keys import STATE
 from .body import read_body
+from .expect import expect_continue
 from .infer import expect_body, infer
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .trace_routes import add_trace_routes
@@ -121,26 +122,33 @@ MODEL_BASES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
 
 
 def add_routes(app: web.Application) -> None:
-    r = app.router
+    router = app.router
+
+    def add(method: str, path: str, handler, expect_handler=expect_continue) -> None:
+        if method == "GET":  # add_get also answers HEAD
+            router.add_get(path, handler, expect_handler=expect_handler)  # expect.py says why
+        else:
+            router.add_route(method, path, handler, expect_handler=expect_handler)
+
     # Infer first: aiohttp tries the templates that share a prefix in the order they were
     # added, so the hot path matches on its first (unversioned) or second try instead of after
     # the other model routes (measured: a lookup takes 2 us instead of 4, versioned 3 instead of 8).
     for base in MODEL_BASES:
-        r.add_post(base + "/infer", infer, expect_handler=expect_body)
-    r.add_get("/v2/health/live", health_live)
-    r.add_get("/v2/health/ready", health_ready)
-    r.add_get("/v2", server_metadata)
-    r.add_get("/v2/", server_metadata)
-    r.add_get("/v2/models/stats", statistics)
+        add("POST", base + "/infer", infer, expect_body)
+    add("GET", "/v2/health/live", health_live)
+    add("GET", "/v2/health/ready", health_ready)
+    add("GET", "/v2", server_metadata)
+    add("GET", "/v2/", server_metadata)
+    add("GET", "/v2/models/stats", statistics)
     for base in MODEL_BASES:
-        r.add_get(base, get_model_metadata)
-        r.add_get(base + "/ready", model_ready)
-        r.add_get(base + "/config", get_model_config)
-        r.add_get(base + "/stats", statistics)
-    r.add_post("/v2/repository/index", repository_index)
-    r.add_post("/v2/repository/models/{model}/load", repository_load)
-    r.add_post("/v2/repository/models/{model}/unload", repository_unload)
-    add_trace_routes(app)
+        add("GET", base, get_model_metadata)
+        add("GET", base + "/ready", model_ready)
+        add("GET", base + "/config", get_model_config)
+        add("GET", base + "/stats", statistics)
+    add("POST", "/v2/repository/index", repository_index)
+    add("POST", "/v2/repository/models/{model}/load", repository_load)
+    add("POST", "/v2/repository/models/{model}/unload", repository_unload)
+    add_trace_routes(add)
     for prefix in ("/v2/systemsharedmemory", "/v2/cudasharedmemory", "/v2/logging"):
-        r.add_route("*", prefix + "{tail:.*}", unsupported_extension)
-    r.add_get("/metrics", metrics)
+        add("*", prefix + "{tail:.*}", unsupported_extension)
+    add("GET", "/metrics", metrics)

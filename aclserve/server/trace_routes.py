@@ -37,7 +37,8 @@ async def post_setting(request: web.Request) -> web.Response:
     return web.Response(body=orjson.dumps(doc), content_type="application/json")
 
 
-def add_trace_routes(app: web.Application) -> None:
+def add_trace_routes(add) -> None:
+    """Register the routes with `add(method, path, handler)` (routes.add_routes')."""
     for path in ("/v2/trace/setting", "/v2/models/{model}/trace/setting"):
-        app.router.add_get(path, get_setting)
-        app.router.add_post(path, post_setting)
+        add("GET", path, get_setting)
+        add("POST", path, post_setting)

@@ -88,3 +88,37 @@ def test_expect_is_answered_401_before_any_size_or_budget_check(srv):
         return status, answer
     status, answer = asyncio.run(scenario())
     assert status == 401, answer
+
+
+@pytest.mark.parametrize("srv", [dict(header_timeout_s=1.0, keepalive_timeout_s=15)], indirect=True)
+def test_unknown_expectation_on_another_route_is_a_json_417_and_the_connection_idle(srv):
+    """Every route has the same Expect handling (server/expect.py): aiohttp's default answered a
+    plain-text 417 outside the middlewares, and the tracker then kept the kept-alive connection
+    in its head phase until header_timeout_s closed it."""
+    async def scenario():
+        reader, writer = await open_raw(srv.url)
+        writer.write(head("/v2/repository/index", {"Content-Length": 2, "Expect": "something-else"}) + b"{}")
+        status, answer = await read_response(reader)
+        alive = await still_open(reader, 2.5)
+        writer.close()
+        return status, answer, alive
+    status, answer, alive = asyncio.run(scenario())
+    assert status == 417, answer
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"error": "unknown expectation: Expect: something-else"}
+    assert alive, "closed after header_timeout_s although the request was answered"
+    assert metric(srv.url, "aclserve_connections_closed_total", 'reason="header_timeout"') == 0
+
+
+@pytest.mark.parametrize("srv", [dict()], indirect=True)
+def test_100_continue_on_another_route_then_its_answer(srv):
+    async def scenario():
+        reader, writer = await open_raw(srv.url)
+        writer.write(head("/v2/repository/index", {"Content-Length": 2, "Expect": "100-continue"}))
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        writer.write(b"{}")
+        status, answer = await read_response(reader)
+        writer.close()
+        return interim, status, answer
+    interim, status, answer = asyncio.run(scenario())
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert status == 200 and "double" in {m["name"] for m in json.loads(answer.split(b"\r\n\r\n", 1)[1])}

@@ -1,0 +1,47 @@
+"""The `Expect` request header, answered for every route the way the middlewares answer.
+
+aiohttp runs a route's expect handler before the middlewares, and its default one raises a
+417 there: a plain-text answer, and the connection tracker, which the middlewares tell when a
+request ends, would keep that kept-alive connection in its head phase until header_timeout_s
+closed it. So every route gets an expect handler from here: `100-continue` is answered
+"100 Continue" (the infer route first checks the token and the body's size: infer.expect_body),
+anything else a JSON 417, and a request answered here is finished with the tracker.
+"""
+from __future__ import annotations
+
+from aiohttp import HttpVersion11, web
+
+from .app_keys import STATE
+from .error_responses import json_error
+
+
+def unmet(request: web.Request) -> web.Response | None:
+    """The 417 answer for an expectation other than 100-continue, or None. HTTP/1.0 has no
+    100 Continue (the body comes anyway): nothing to answer there either."""
+    if request.version != HttpVersion11:
+        return None
+    expect = request.headers.get("Expect", "")
+    if expect.lower() == "100-continue":
+        return None
+    return json_error(f"unknown expectation: Expect: {expect[:100]}", 417)
+
+
+async def send_continue(request: web.Request) -> None:
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # as aiohttp's own handler: the answer proper has not started
+
+
+def answered(request: web.Request, response: web.Response) -> web.Response:
+    """`response` answers the request here, outside the middlewares: the tracker learns it ended."""
+    request.app[STATE].connections.request_finished(request.transport)
+    return response
+
+
+async def expect_continue(request: web.Request) -> web.Response | None:
+    """The expect handler of every route but infer."""
+    refused = unmet(request)
+    if refused is not None:
+        return answered(request, refused)
+    if request.version == HttpVersion11:
+        await send_continue(request)
+    return None
