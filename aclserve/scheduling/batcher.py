@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import sys
 from typing import Mapping
@@ -21,10 +20,9 @@ from .policy import BatchingConfig
 from .queue import PriorityQueue
 from .request import DISPATCHED, InferenceResult, QueuedRequest
 from .stats import QUEUE_FULL, SHUTDOWN, TIMEOUT, BatcherStats
+from .unread import UnreadAdmissions
 
 log = logging.getLogger(__name__)
-
-UNREAD_LAPSE_S = 0.05  # admitted requests arrive within a pass or two of the loop
 
 
 class DynamicBatcher:
@@ -94,8 +92,7 @@ class DynamicBatcher:
         self._draining = False
         self._drained: asyncio.Future | None = None
         self._closed = False
-        # when each request admitted by admit_unread() and not arrived yet was admitted, oldest first
-        self._unread: collections.deque[float] = collections.deque()
+        self._unread = UnreadAdmissions()  # let in by admit_unread(), not arrived yet
 
     # -- public API --------------------------------------------------------------------------
 
@@ -132,8 +129,7 @@ class DynamicBatcher:
                                f"{self.batch_limit}")
         if self._task is None:
             self.start()
-        if self._unread:
-            self._unread.popleft()
+        self._unread.arrived()
         queue = self._queue
         level = queue.level_for(priority)
         request = QueuedRequest(inputs, rows, level, self._clock.now(), self._loop.create_future(),
@@ -154,25 +150,15 @@ class DynamicBatcher:
 
     def admit_unread(self) -> bool | None:
         """For a request seen before it is read (server/shedding.py) that would join the default
-        level: True (counted as coming) when the level has room for it and for those admitted
-        so far that have not arrived yet (they arrive when their handlers run, after the loop
-        has read what came meanwhile; each arrival, `infer()`, takes one off, and each admission
-        lapses UNREAD_LAPSE_S after it was made, so one that never arrives stops counting however
-        many others follow it); False when it has none; None when the level is unbounded or the
-        batcher takes no requests."""
+        level: True (counted as coming, unread.py) when the level has room for it and for those
+        let in so far that have not arrived yet; False when it has none; None when the level is
+        unbounded or the batcher takes no requests."""
         if self._refusal is not None or self._queue is None:
             return None
         room = self._queue.room(self.config.default_priority)
         if room is None:
             return None
-        now = self._clock.now()
-        unread = self._unread
-        while unread and now - unread[0] > UNREAD_LAPSE_S:
-            unread.popleft()
-        if room <= len(unread):
-            return False
-        unread.append(now)
-        return True
+        return self._unread.admit(room, self._clock.now())
 
     def refuse_default_level(self) -> QueueFull:
         """A request that names no priority, refused before it is decoded (server/shedding.py)

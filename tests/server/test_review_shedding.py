@@ -134,7 +134,7 @@ def two_places(models_dir, tmp_path, make_config):
 def test_requests_admitted_unread_that_never_arrive_stop_counting_after_the_lapse(two_places):
     """Each infer request let through by the early refusal is counted as coming until its
     handler queues it; one that never does (here a body the codec refuses, 400) must not keep
-    the queue's room taken longer than UNREAD_LAPSE_S (50 ms) because others followed it. Two
+    the queue's room taken longer than unread.LAPSE_S (50 ms) because others followed it. Two
     such requests at least 30 ms apart, then a valid one at least 60 ms after the first: the
     queue is empty and at most one of them is within the lapse, so it is served."""
     url = two_places.url

@@ -1,0 +1,39 @@
+"""Requests let in before they are read: what the connection guard's early refusals
+(server/shedding.py) must count against a queue level's room until the requests arrive.
+
+A request the guard lets through reaches the batcher only when its handler runs, after the loop
+has read whatever else came meanwhile; a burst read in one pass of the loop would otherwise be
+let through whole against the same free room. Each admission counts until the next arrival
+takes it off (arrivals are not matched to admissions: any arrival stands for the oldest one)
+or until LAPSE_S after it was made, so one that never arrives (refused by aiohttp's path, a
+client gone) stops counting however many others follow it.
+"""
+from __future__ import annotations
+
+import collections
+
+LAPSE_S = 0.05  # admitted requests arrive within a pass or two of the loop
+
+
+class UnreadAdmissions:
+    """Owned by a DynamicBatcher; loop thread only. Times are the batcher's clock (seconds)."""
+
+    __slots__ = ("_times",)
+
+    def __init__(self):
+        self._times: collections.deque[float] = collections.deque()  # oldest first
+
+    def admit(self, room: int, now: float) -> bool:
+        """Count one more if `room` (the level's free places) exceeds those still counted."""
+        times = self._times
+        while times and now - times[0] > LAPSE_S:
+            times.popleft()
+        if room <= len(times):
+            return False
+        times.append(now)
+        return True
+
+    def arrived(self) -> None:
+        """A request reached the queue: the oldest admission is no longer unread."""
+        if self._times:
+            self._times.popleft()
