@@ -116,6 +116,7 @@ class ServerConfig:
     keepalive_timeout_s: float = 15.0
     hold_refused_connections: bool = False
     shed_before_parsing: bool = True
+    direct_infer: bool = True
     api_token: str = field(default="", repr=False)  # never printed; ACLSERVE_API_TOKEN wins
     auth_inference: bool = False
     readiness: str = "strict"

@@ -52,6 +52,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         keepalive_timeout_s=as_float(get("keepalive_timeout_s"), "keepalive_timeout_s", 0.001),
         hold_refused_connections=as_bool(get("hold_refused_connections"), "hold_refused_connections"),
         shed_before_parsing=as_bool(get("shed_before_parsing"), "shed_before_parsing"),
+        direct_infer=as_bool(get("direct_infer"), "direct_infer"),
         api_token=token,
         auth_inference=as_bool(get("auth_inference"), "auth_inference"),
         readiness=as_str(get("readiness"), "readiness", READINESS),

@@ -23,6 +23,7 @@ from aiohttp import web
 from .app_keys import STATE
 from .auth import access_middleware
 from .connections import BODY_LINGER_S, fit_descriptor_limit, listen, tracking_middleware
+from .direct import DirectInfer
 from .error_responses import error_middleware
 from .routes import add_routes
 from .state import ServerState
@@ -67,8 +68,10 @@ def create_app(config, repo, runtime) -> web.Application:
     them). Starting it (AppRunner.setup / test client) starts `runtime`, then `repo`; cleaning
     it up drains and closes them in reverse order.
 
-    Every route, infer included, runs inside the same middlewares, outermost first: connection
-    tracking, errors to JSON, the API token check. Raises the process's descriptor limit to fit
+    Every request aiohttp answers, infer included, runs inside the same middlewares, outermost
+    first: connection tracking, errors to JSON, the API token check; plain infer requests are
+    answered by the connection guard itself, which does their part (direct.py; not when the
+    app is given middlewares of its own: `direct_answers`). Raises the process's descriptor limit to fit
     `max_connections` (or lowers the cap, warned) here, before anything else built on the app
     (the gRPC server) sizes itself from the cap."""
     state = ServerState(config, repo, runtime)
@@ -76,10 +79,20 @@ def create_app(config, repo, runtime) -> web.Application:
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=[tracking_middleware(state.connections), error_middleware,
                                        access_middleware(state.auth)])
+    state.own_middlewares = tuple(app.middlewares)
     app[STATE] = state
     add_routes(app)
     app.cleanup_ctx.append(_lifecycle)
     return app
+
+
+def direct_answers(app: web.Application) -> DirectInfer | None:
+    """The guard's direct answers (direct.py), unless the config turns them off or the app was
+    given middlewares beyond the server's own (one added to the app must see every request)."""
+    state = app[STATE]
+    if state.config.direct_infer and tuple(app.middlewares) == state.own_middlewares:
+        return DirectInfer(state)
+    return None
 
 
 def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner:
@@ -117,6 +130,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     state.auth.log_startup()
     try:
         await runner.setup()
+        state.connections.direct = direct_answers(app)
         listener = await listen(runner, state.connections, config.host, config.port, config.listen_backlog)
         host, port = listener.sockets[0].getsockname()[:2]
         log.info("aclserve listening on http://%s:%d", host, port)

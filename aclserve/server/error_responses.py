@@ -26,7 +26,7 @@ def json_error(message: str, status: int, retry_after: float | None = None,
                headers: dict | None = None) -> web.Response:
     headers = dict(headers or {})
     if retry_after:
-        headers["Retry-After"] = str(max(1, int(round(retry_after))))
+        headers["Retry-After"] = retry_after_value(retry_after)
     return web.Response(body=orjson.dumps({"error": message}), status=status,
                         content_type="application/json", headers=headers or None)
 
@@ -53,13 +53,27 @@ def error_response(request: web.Request, state: ServerState | None, exc: Excepti
         exc.__traceback__ = None  # answered (and logged if internal): let its frames go now
 
 
+def serve_error_parts(state: ServerState | None, exc: ServeError, transport, body_pending: bool
+                      ) -> tuple[int, str, float | None, dict]:
+    """(status, message, Retry-After seconds or None, extra headers) of a ServeError's answer,
+    for both HTTP paths (aiohttp's, and the guard's own: direct.py). An overload refusal tells
+    the connection tracker (early refusals, holds), which gives its Retry-After."""
+    message = state.redact(exc.message) if state is not None else exc.message
+    wait = retry_after(exc)
+    if isinstance(exc, Overloaded) and state is not None:
+        wait = state.connections.refused_for_room(transport, body_pending=body_pending)
+    return http_status(exc), message, wait, error_headers(exc)
+
+
+def retry_after_value(seconds: float) -> str:
+    return str(max(1, int(round(seconds))))
+
+
 def _error_response(request: web.Request, state: ServerState | None, exc: Exception) -> web.Response:
     if isinstance(exc, ServeError):
-        message = state.redact(exc.message) if state is not None else exc.message
-        wait = retry_after(exc)
-        if isinstance(exc, Overloaded) and state is not None:
-            wait = state.connections.refused_for_room(request.transport, body_pending=not request.content.is_eof())
-        response = json_error(message, http_status(exc), wait, error_headers(exc))
+        status, message, wait, headers = serve_error_parts(state, exc, request.transport,
+                                                           body_pending=not request.content.is_eof())
+        response = json_error(message, status, wait, headers)
         if isinstance(exc, BodyTimeout):
             response.force_close()  # the client stalled: do not wait for the rest of its body
         return response

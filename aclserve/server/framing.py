@@ -92,15 +92,16 @@ def parse_head(raw: bytes) -> tuple[Head, int] | None:
     return Head(parts[0], parts[1], parts[2], lower + b"\r\n"), length
 
 
-FORWARD, ANSWERED, NEED_BODY = "forward", "answered", "need body"
+FORWARD, ANSWERED, NEED_BODY, BODY_IF_HERE = "forward", "answered", "need body", "body if here"
 
 
 class RequestFraming:
     """The framing of one connection. `feed(data)` passes the bytes on to `forward`, except
     that, while `wanted()`, each complete head is first offered to `answer(head, body_length,
     body)` (body None, or a memoryview of the whole body), which says FORWARD, ANSWERED (the
-    request was answered: its head and body are dropped here) or NEED_BODY (ask again with the
-    whole body: the request is held back until it has come). Otherwise heads are only measured
+    request was answered: its head and body are dropped here), NEED_BODY (ask again with the
+    whole body: the request is held back until it has come) or BODY_IF_HERE (ask again with
+    the whole body if it came with the head, else forward it, counted by `passed()`). Otherwise heads are only measured
     (no Head is built) and `passed()` is called for each request forwarded so (the caller counts
     every request aiohttp has to answer). After an answer, `paused()` True stops the feed; what
     is left of the chunk is returned (the caller keeps it and feeds it again later)."""
@@ -166,6 +167,12 @@ class RequestFraming:
                 return self._give_up(data, start)
             head, length = parsed
             decision = NEED_BODY if asked else self._answer(head, length, None)
+            if decision == BODY_IF_HERE:
+                if body_at + length > size:
+                    decision = FORWARD
+                    self._passed()
+                else:
+                    decision = NEED_BODY
             if decision == NEED_BODY:
                 if body_at + length > size:  # hold the request back until its body is here
                     self._flush(data, start, pos)

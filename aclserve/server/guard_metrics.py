@@ -44,6 +44,10 @@ class GuardCollector:
                                     "their head and body, before aiohttp parsed them (shed_before_parsing)")
         early.add_metric([], conns.early.refused if conns.early is not None else 0)
         yield early
+        direct = CounterMetricFamily("aclserve_direct_infer", "Infer requests answered by the connection "
+                                     "guard itself, without aiohttp's request objects (direct_infer)")
+        direct.add_metric([], conns.direct.answered if conns.direct is not None else 0)
+        yield direct
         trims = CounterMetricFamily("aclserve_heap_trims", "malloc_trim calls after large requests")
         trims.add_metric([], state.trimmer.trims)
         yield trims

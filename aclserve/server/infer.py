@@ -146,14 +146,19 @@ async def run_decoded(rec, req, trace, encode, images=None):
     return encoded
 
 
+def charge_decoding(lease, rec, body, header_length: int | None) -> None:
+    """Charge what decoding the body's JSON may hold at most, before it is decoded: one value
+    per 2 bytes, and no more than the codec allows (both HTTP paths: here and direct.py)."""
+    json_size = min(len(body) if header_length is None else header_length, len(body))
+    values = min(json_size // 2 + 1, rec.signature.json_limits.max_elements)
+    lease.take(json_tensor_estimate(json_size, values), "decoding its JSON")
+
+
 async def _infer(request: web.Request, state, lease, rec, trace) -> web.Response:
     config = state.config
     body = await read_body(request, lease, config.max_body_bytes, config.body_timeout_s)
     header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
-    json_size = min(len(body) if header_length is None else header_length, len(body))
-    # what parsing it may hold at most: one value per 2 bytes, and no more than the codec allows
-    values = min(json_size // 2 + 1, rec.signature.json_limits.max_elements)
-    lease.take(json_tensor_estimate(json_size, values), "decoding its JSON")
+    charge_decoding(lease, rec, body, header_length)
     fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
     payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images)
     if json_length is None:

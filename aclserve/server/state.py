@@ -59,6 +59,7 @@ class ServerState:
         self.connections = ConnectionTracker(config.max_connections, config.header_timeout_s,
                                              config.keepalive_timeout_s, config.hold_refused_connections)
         self.connections.early = EarlyRefusal(self) if config.shed_before_parsing else None
+        self.own_middlewares: tuple = ()  # the app's middlewares as create_app made them
         self.metrics.registry.register(GuardCollector(self))
         self.started = False  # every model the repository found at start has been tried
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
