@@ -87,10 +87,13 @@ def create_app(config, repo, runtime) -> web.Application:
 
 
 def direct_answers(app: web.Application) -> DirectInfer | None:
-    """The guard's direct answers (direct.py), unless the config turns them off or the app was
-    given middlewares beyond the server's own (one added to the app must see every request)."""
+    """The guard's direct answers (direct.py), unless the config turns them off, aiohttp's access
+    log is on (log_level debug: it lists every request) or the app was given middlewares beyond
+    the server's own or response signal handlers (one added to the app must see every request)."""
     state = app[STATE]
-    if state.config.direct_infer and tuple(app.middlewares) == state.own_middlewares:
+    config = state.config
+    if (config.direct_infer and config.log_level != "debug" and tuple(app.middlewares) == state.own_middlewares
+            and not app.on_response_prepare):
         return DirectInfer(state)
     return None
 

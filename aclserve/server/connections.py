@@ -105,7 +105,8 @@ class GuardedProtocol(asyncio.Protocol):
         self._tracker, self._factory = tracker, factory
         self._inner = self._conn = self._framing = None
         self._serving: asyncio.Task | None = None  # the direct answer being made
-        self._direct_asked = False  # the request now framed asked for its body to be answered here
+        # the target of the request now framed, when it asked for its body to be answered here
+        self._direct_asked: tuple[str, str | None] | None = None
         self._write_paused = False  # the transport's buffer is over its limit (the client reads slowly)
         self._read_on_drain = False  # a direct answer waits in that buffer: read on when it drains
 
@@ -152,8 +153,10 @@ class GuardedProtocol(asyncio.Protocol):
             return FORWARD
         tracker = self._tracker
         early = tracker.early
-        # a request asked again with its body for direct's sake had its early check with its head
-        if not self._direct_asked and early is not None and early.active():
+        # a request asked again with its body for direct's sake had its checks with its head
+        named = self._direct_asked
+        self._direct_asked = None
+        if named is None and early is not None and early.active():
             decision = early.check(head, body_length, body)
             if decision == NEED_BODY:
                 self._inner.keep_alive(True)  # aiohttp, not seeing it yet, must not close it as idle
@@ -166,15 +169,14 @@ class GuardedProtocol(asyncio.Protocol):
                 # after its own last answer: its timer is stopped, the tracker's sweep times it
                 self._inner.keep_alive(True)
                 return ANSWERED
-        named = tracker.direct.target(head, body_length) if tracker.direct is not None else None
+        if named is None and tracker.direct is not None:
+            named = tracker.direct.target(head, body_length)
         if named is None:
-            self._direct_asked = False
             conn.forwarded += 1
             return FORWARD
-        if body is None:  # answered here only when its body came with its head (nothing is held)
-            self._direct_asked = True
+        if body is None:  # answered here only with its body in hand: nothing is held for direct's sake
+            self._direct_asked = named
             return BODY_IF_HERE
-        self._direct_asked = False
         self._inner.keep_alive(True)  # aiohttp, which does not see it, must not close it as idle
         conn.phase = BUSY  # running: neither timed out nor evicted, as in aiohttp's handlers
         self._serving = asyncio.get_running_loop().create_task(self._respond(named, head, bytes(body)))
@@ -194,28 +196,27 @@ class GuardedProtocol(asyncio.Protocol):
             return
         transport.writelines(answer)
         conn.phase, conn.since = IDLE, tracker.now()
-        if not tracker.accepting:  # shutting down: the connection ends with its answer
-            tracker.close(conn)
-        elif self._write_paused:  # a client that does not read its answers sends no more requests
+        if self._write_paused:  # a client that does not read its answers sends no more requests
             self._read_on_drain = True
             transport.pause_reading()
         elif conn.hold is None:  # a hold (an overload refusal) reads on when it ends
             self._read_on()
 
     def _read_on(self) -> None:
-        """Feed what came while a direct answer was made (or its buffer drained), then read again."""
+        """Read again, then feed what came while a direct answer was made (or its buffer
+        drained). In that order: what is fed may pause reading again (aiohttp's own flow
+        control, with requests queued; another direct answer), and that pause must stand."""
         conn = self._conn
+        if not conn.transport.is_closing():
+            conn.transport.resume_reading()
         stash, conn.stash = conn.stash, []
         for data in stash:
             self.data_received(data)  # keeps it again if another direct answer began
-        transport = conn.transport
-        if self._serving is None and conn.hold is None and not self._read_on_drain and not transport.is_closing():
-            transport.resume_reading()
 
     def _passed(self) -> None:
         """A request forwarded without a decision of `_answer`'s (heads not offered, or its body
         not in hand for a direct answer): answered by aiohttp all the same."""
-        self._direct_asked = False
+        self._direct_asked = None
         self._conn.forwarded += 1
 
     def _held(self) -> bool:
@@ -358,11 +359,10 @@ class ConnectionTracker:
         transport = conn.transport
         if transport.is_closing():
             return
+        transport.resume_reading()  # first: what is fed may pause it again (aiohttp's flow control)
         protocol = transport.get_protocol()
         for data in stash:
             protocol.data_received(data)
-        if not transport.is_closing():  # aiohttp may have closed it on what was stashed
-            transport.resume_reading()
 
     def _unhold(self, conn: _Conn) -> None:
         if conn.hold is not None:
@@ -409,9 +409,6 @@ class ConnectionTracker:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-
-    def close(self, conn: _Conn) -> None:
-        self._close(conn)
 
     def _close(self, conn: _Conn) -> None:
         self._conns.pop(conn.transport, None)

@@ -4,7 +4,7 @@ response and middleware objects.
 Through aiohttp a light request costs the server's core about twice what the infer path
 itself costs (its request and response objects, the middleware chain, its writer): measured
 side by side on one core, light MLP KServe v2 JSON at 64 clients, 10,657 req/s at 94 us of CPU a
-request through aiohttp against 19,270 at 52 us answered here (tools/bench_server.py has both).
+request through aiohttp against 18,542-19,270 at 52-54 us answered here.
 So the guard (connections.py), which frames every request anyway (framing.py), answers the
 plain ones itself through the same infer path (infer.counted_infer and infer_body: the same
 decode, batcher, encode, metrics, statistics and errors) and writes the same answer aiohttp
@@ -19,13 +19,17 @@ while the request runs (never timed out nor evicted), errors become the same JSO
 (error_responses.serve_error_parts), and the API token check is not needed because nothing is
 answered here while inference needs a token. Nothing is answered here either while tracing or
 the request log want every request (they go through aiohttp, which names the request id from
-its headers), nor when the app has middlewares of its own beyond the server's (a middleware
-added to the app sees every request: server.app.serve decides). `direct_infer: false` in the
-config turns it off.
+its headers), nor at log_level debug (aiohttp's access log lists every request), nor when the
+app has middlewares of its own beyond the server's (a middleware added to the app sees every
+request: server.app.direct_answers decides). A head aiohttp's parser would refuse is given up by
+the framing (framing.parse_head), so aiohttp answers it 400. `direct_infer: false` in the config
+turns it off.
 
-The body is held by the guard until it has all come (like an early refusal's), then charged to
-the memory budget as aiohttp's path charges it; a client that goes away cancels the request (it
-leaves the queue), as aiohttp's handler cancellation does.
+Only a request whose body is in hand is answered here: nothing is held for direct's sake (a
+body that did not come with its head in the same read goes to aiohttp: framing.BODY_IF_HERE;
+one the early refusal held back to read it, shedding.py, may be answered here once whole). The body is charged to the memory budget as aiohttp's path
+charges it; a client that goes away cancels the request (it leaves the queue), as aiohttp's
+handler cancellation does.
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ BODY_BYTES = 64 * 1024  # held by the guard until whole; larger bodies stream th
 _SERVER = SERVER_SOFTWARE.encode()
 _JSON = b"application/json"
 _BINARY = b"application/octet-stream"
+_HEADER_LENGTH = HEADER_LENGTH.lower().encode()
 
 
 class DirectInfer:
@@ -108,8 +113,8 @@ class DirectInfer:
 
     async def _run(self, lease, head: Head, body: bytes, rec, trace):
         lease.take(len(body), "request body")  # as aiohttp's path charges the body it reads
-        value = head.header(HEADER_LENGTH.lower().encode())
-        header_length = parse_header_length(None if value is None else value.decode("latin-1"))
+        value = head.header(_HEADER_LENGTH, as_sent=True)  # decoded as aiohttp decodes header values
+        header_length = parse_header_length(None if value is None else value.decode("utf-8", "surrogateescape"))
         charge_decoding(lease, rec, body, header_length)
         return await infer_body(rec, body, header_length, trace, None, self._state.images)
 

@@ -10,28 +10,39 @@ pieces as possible (a chunk holding whole requests is passed on as it is).
 """
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 MAX_HEAD_BYTES = 16384  # aiohttp's own limits (8190 per line) refuse longer heads anyway
+MAX_LINE_BYTES = 8190  # aiohttp's limits on a head's lines and on its number of headers
+MAX_HEADERS = 128
+# What aiohttp's parser (llhttp) accepts, and no more: a request line of a token method, a
+# target of visible ASCII and HTTP/1.0 or 1.1; header lines `token:value` (no space before the
+# colon, no line folding) whose values hold no control bytes but tabs. A head it would refuse
+# (400) is given up here, so that the guard never answers (nor frames by its own reading) a
+# request aiohttp would not have run.
+_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_STRICT_HEAD = re.compile(_TOKEN + rb" [\x21-\x7e]+ HTTP/1\.[01]"
+                          rb"(?:\r\n" + _TOKEN + rb":[ \t\x21-\x7e\x80-\xff]*)*")
 
 
 class Head:
     """A complete request head. `header(name)` reads a header (name in lower case) from the
-    lower-cased head: the value of its first occurrence, stripped, or None; `tokens(name)`
-    the tokens of all its occurrences."""
+    lower-cased head: the value of its first occurrence, stripped, or None (`as_sent`: the
+    value as the client wrote it); `tokens(name)` the tokens of all its occurrences."""
 
-    __slots__ = ("method", "target", "version", "_lower")
+    __slots__ = ("method", "target", "version", "_lower", "_raw")
 
-    def __init__(self, method: bytes, target: bytes, version: bytes, lower: bytes):
-        self.method, self.target, self.version, self._lower = method, target, version, lower
+    def __init__(self, method: bytes, target: bytes, version: bytes, lower: bytes, raw: bytes = b""):
+        self.method, self.target, self.version, self._lower, self._raw = method, target, version, lower, raw
 
-    def header(self, name: bytes) -> bytes | None:
+    def header(self, name: bytes, as_sent: bool = False) -> bytes | None:
         at = self._lower.find(b"\r\n" + name + b":")
         if at < 0:
             return None
         at += len(name) + 3
         end = self._lower.find(b"\r\n", at)
-        return self._lower[at:end if end >= 0 else len(self._lower)].strip()
+        return (self._raw if as_sent else self._lower)[at:end if end >= 0 else len(self._lower)].strip(b" \t")
 
     def tokens(self, name: bytes) -> list[bytes]:
         """The comma-separated tokens of every occurrence of a list header (name in lower
@@ -80,16 +91,21 @@ def body_length(raw: bytes) -> int | None:
 
 def parse_head(raw: bytes) -> tuple[Head, int] | None:
     """(head, body length) of a head without its final blank line, or None when this module
-    cannot know where the request ends (chunked, upgrade, malformed, conflicting lengths).
-    Header values are read lower-cased: only framing headers and tokens are read here."""
+    cannot know where the request ends (chunked, upgrade, conflicting lengths) or aiohttp would
+    refuse the head (_STRICT_HEAD, the line and header limits, not exactly one Host)."""
+    if (_STRICT_HEAD.fullmatch(raw) is None or raw.count(b"\r\n") >= MAX_HEADERS
+            or (len(raw) > MAX_LINE_BYTES and any(len(line) > MAX_LINE_BYTES for line in raw.split(b"\r\n")))):
+        return None
     parts = _request_line(raw)
     if parts is None:
         return None
     lower = raw.lower()
+    if lower.count(b"\r\nhost:") != 1:
+        return None
     length = _body_length(lower)
     if length is None:
         return None
-    return Head(parts[0], parts[1], parts[2], lower + b"\r\n"), length
+    return Head(parts[0], parts[1], parts[2], lower + b"\r\n", raw + b"\r\n"), length
 
 
 FORWARD, ANSWERED, NEED_BODY, BODY_IF_HERE = "forward", "answered", "need body", "body if here"
