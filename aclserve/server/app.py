@@ -71,9 +71,9 @@ def create_app(config, repo, runtime) -> web.Application:
     Every request aiohttp answers, infer included, runs inside the same middlewares, outermost
     first: connection tracking, errors to JSON, the API token check; plain infer requests are
     answered by the connection guard itself, which does their part (direct.py; not when the
-    app is given middlewares of its own: `direct_answers`). Raises the process's descriptor limit to fit
-    `max_connections` (or lowers the cap, warned) here, before anything else built on the app
-    (the gRPC server) sizes itself from the cap."""
+    app is given middlewares of its own: `direct_answers`). Raises the process's descriptor
+    limit to fit `max_connections` (or lowers the cap, warned) here, before anything else built
+    on the app (the gRPC server) sizes itself from the cap."""
     state = ServerState(config, repo, runtime)
     state.connections.max_connections = fit_descriptor_limit(config.max_connections)
     app = web.Application(client_max_size=config.max_body_bytes,

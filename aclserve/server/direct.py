@@ -51,7 +51,7 @@ from .shedding import infer_target
 
 log = logging.getLogger(__name__)
 
-BODY_BYTES = 64 * 1024  # held by the guard until whole; larger bodies stream through aiohttp
+BODY_BYTES = 64 * 1024  # larger bodies stream through aiohttp, which charges them as they come
 _SERVER = SERVER_SOFTWARE.encode()
 _JSON = b"application/json"
 _BINARY = b"application/octet-stream"

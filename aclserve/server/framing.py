@@ -117,9 +117,9 @@ class RequestFraming:
     body)` (body None, or a memoryview of the whole body), which says FORWARD, ANSWERED (the
     request was answered: its head and body are dropped here), NEED_BODY (ask again with the
     whole body: the request is held back until it has come) or BODY_IF_HERE (ask again with
-    the whole body if it came with the head, else forward it, counted by `passed()`). Otherwise heads are only measured
-    (no Head is built) and `passed()` is called for each request forwarded so (the caller counts
-    every request aiohttp has to answer). After an answer, `paused()` True stops the feed; what
+    the whole body if it came with the head, else forward it, counted by `passed()`).
+    Otherwise heads are only measured (no Head is built) and `passed()` is called for each
+    request forwarded so (the caller counts every request aiohttp has to answer). After an answer, `paused()` True stops the feed; what
     is left of the chunk is returned (the caller keeps it and feeds it again later)."""
 
     __slots__ = ("_forward", "_answer", "_paused", "_wanted", "_passed", "_held", "_held_need", "_remaining",
