@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+from aiohttp.http_parser import SINGLETON_HEADERS
+
 MAX_HEAD_BYTES = 16384  # aiohttp's own limits (8190 per line) refuse longer heads anyway
 MAX_LINE_BYTES = 8190  # aiohttp's limits on a head's lines and on its number of headers
 MAX_HEADERS = 128
@@ -24,6 +26,10 @@ MAX_HEADERS = 128
 _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
 _STRICT_HEAD = re.compile(_TOKEN + rb" [\x21-\x7e]+ HTTP/1\.[01]"
                           rb"(?:\r\n" + _TOKEN + rb":[ \t\x21-\x7e\x80-\xff]*)*")
+# aiohttp's own checks on top of llhttp's: these headers at most once (Host exactly once, below;
+# Content-Length and Transfer-Encoding make _body_length give up), and no Sec-WebSocket-Key1
+_ONCE = tuple(b"\r\n" + name.encode() + b":" for name in sorted(SINGLETON_HEADERS)
+              if name not in ("host", "content-length", "transfer-encoding"))
 
 
 class Head:
@@ -92,7 +98,8 @@ def body_length(raw: bytes) -> int | None:
 def parse_head(raw: bytes) -> tuple[Head, int] | None:
     """(head, body length) of a head without its final blank line, or None when this module
     cannot know where the request ends (chunked, upgrade, conflicting lengths) or aiohttp would
-    refuse the head (_STRICT_HEAD, the line and header limits, not exactly one Host)."""
+    refuse the head (_STRICT_HEAD, the line and header limits, not exactly one Host, a header of
+    aiohttp's SINGLETON_HEADERS twice, Sec-WebSocket-Key1)."""
     if (_STRICT_HEAD.fullmatch(raw) is None or raw.count(b"\r\n") >= MAX_HEADERS
             or (len(raw) > MAX_LINE_BYTES and any(len(line) > MAX_LINE_BYTES for line in raw.split(b"\r\n")))):
         return None
@@ -100,7 +107,8 @@ def parse_head(raw: bytes) -> tuple[Head, int] | None:
     if parts is None:
         return None
     lower = raw.lower()
-    if lower.count(b"\r\nhost:") != 1:
+    if (lower.count(b"\r\nhost:") != 1 or b"\r\nsec-websocket-key1:" in lower
+            or any(lower.count(key) > 1 for key in _ONCE)):
         return None
     length = _body_length(lower)
     if length is None:

@@ -42,8 +42,9 @@ def infer_target(target: bytes) -> tuple[str, str | None] | None:
     """(model, version or None) of an infer path, or None (another route, or a name that
     needs decoding: aiohttp's router reads those)."""
     path = target.split(b"?", 1)[0]
+    # braces: no route of aiohttp's matches them; a fragment: aiohttp drops it
     if (not path.startswith(_PREFIX) or not path.endswith(_SUFFIX) or b"%" in path
-            or b"{" in path or b"}" in path):  # braces: no route of aiohttp's matches them
+            or b"{" in path or b"}" in path or b"#" in path):
         return None
     parts = path[len(_PREFIX):-len(_SUFFIX)].split(b"/")
     try:
