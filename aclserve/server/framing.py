@@ -28,8 +28,9 @@ _STRICT_HEAD = re.compile(_TOKEN + rb" [\x21-\x7e]+ HTTP/1\.[01]"
                           rb"(?:\r\n" + _TOKEN + rb":[ \t\x21-\x7e\x80-\xff]*)*")
 # aiohttp's own checks on top of llhttp's: these headers at most once (Host exactly once, below;
 # Content-Length and Transfer-Encoding make _body_length give up), and no Sec-WebSocket-Key1
-_ONCE = tuple(b"\r\n" + name.encode() + b":" for name in sorted(SINGLETON_HEADERS)
-              if name not in ("host", "content-length", "transfer-encoding"))
+_CHECKED_NAMES = re.compile(rb"\r\n(" + b"|".join(
+    re.escape(name.encode()) for name in sorted(SINGLETON_HEADERS - {"host", "content-length", "transfer-encoding"})
+) + rb"|sec-websocket-key1):")
 
 
 class Head:
@@ -107,8 +108,10 @@ def parse_head(raw: bytes) -> tuple[Head, int] | None:
     if parts is None:
         return None
     lower = raw.lower()
-    if (lower.count(b"\r\nhost:") != 1 or b"\r\nsec-websocket-key1:" in lower
-            or any(lower.count(key) > 1 for key in _ONCE)):
+    if lower.count(b"\r\nhost:") != 1:
+        return None
+    names = _CHECKED_NAMES.findall(lower)
+    if names and (b"sec-websocket-key1" in names or len(set(names)) != len(names)):
         return None
     length = _body_length(lower)
     if length is None:
