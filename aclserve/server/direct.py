@@ -47,7 +47,7 @@ from .codec import HEADER_LENGTH, parse_header_length
 from .error_responses import retry_after_value, serve_error_parts
 from .framing import Head
 from .infer import charge_decoding, counted_infer, infer_body
-from .shedding import infer_target
+from .plain import guard_may_answer, infer_target
 
 log = logging.getLogger(__name__)
 
@@ -69,16 +69,11 @@ class DirectInfer:
 
     def target(self, head: Head, body_length: int) -> tuple[str, str | None] | None:
         """(model, version or None) when this request is answered here, else None."""
-        if head.method != b"POST" or head.version != b"HTTP/1.1" or body_length > self._body_limit:
+        if head.method != b"POST" or body_length > self._body_limit:
             return None
         named = infer_target(head.target)
-        if named is None:
-            return None
-        state = self._state
-        if state.observer is not None or state.auth.inference:
-            return None
-        if (head.header(b"expect") is not None or head.header(b"content-encoding") is not None
-                or head.header(b"accept-encoding") is not None or b"close" in head.tokens(b"connection")):
+        if (named is None or not guard_may_answer(head, self._state)
+                or head.header(b"content-encoding") is not None or head.header(b"accept-encoding") is not None):
             return None
         return named
 

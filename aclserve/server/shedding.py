@@ -29,32 +29,12 @@ import orjson
 
 from ..errors import ServeError
 from .framing import Head, NEED_BODY
+from .plain import guard_may_answer, infer_target
 
 BODY_PEEK_BYTES = 64 * 1024
 ACTIVE_S = 2.0  # how long after an overload refusal request heads are checked here
 TARGET_TTL_S = 1.0  # how long the paths' version lookups are reused (a reload changes them)
 MAX_TARGETS = 1024
-_PREFIX = b"/v2/models/"
-_SUFFIX = b"/infer"
-
-
-def infer_target(target: bytes) -> tuple[str, str | None] | None:
-    """(model, version or None) of an infer path, or None (another route, or a name that
-    needs decoding: aiohttp's router reads those)."""
-    path = target.split(b"?", 1)[0]
-    # braces: no route of aiohttp's matches them; a fragment: aiohttp drops it
-    if (not path.startswith(_PREFIX) or not path.endswith(_SUFFIX) or b"%" in path
-            or b"{" in path or b"}" in path or b"#" in path):
-        return None
-    parts = path[len(_PREFIX):-len(_SUFFIX)].split(b"/")
-    try:
-        if len(parts) == 1 and parts[0]:
-            return parts[0].decode(), None
-        if len(parts) == 3 and parts[0] and parts[1] == b"versions" and parts[2]:
-            return parts[0].decode(), parts[2].decode()
-    except UnicodeDecodeError:
-        pass
-    return None
 
 
 @functools.lru_cache(maxsize=256)  # a few distinct answers (one per level and Retry-After)
@@ -99,9 +79,7 @@ class EarlyRefusal:
         if served is None or served.batcher.admit_unread() is not False:
             return None
         state = self._state
-        if (head.version != b"HTTP/1.1" or state.observer is not None or state.auth.inference or state.shutting_down
-                or body_length > BODY_PEEK_BYTES or head.header(b"expect") is not None
-                or b"close" in head.tokens(b"connection")
+        if (state.shutting_down or body_length > BODY_PEEK_BYTES or not guard_may_answer(head, state)
                 or head.header(b"content-encoding") not in (None, b"identity")):
             return None
         if body is None:

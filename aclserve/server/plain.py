@@ -1,0 +1,40 @@
+"""Which requests the connection guard (connections.py) may answer itself, before aiohttp:
+the rules its early refusals (shedding.py) and its direct answers (direct.py) share.
+
+An infer path whose names need no decoding (aiohttp's router reads the others), over HTTP/1.1
+on a connection the client keeps, with no `Expect` (aiohttp answers those before its
+middlewares), while nothing must see every request (tracing and the request log, which name a
+request from its headers, and the API token when inference needs one).
+"""
+from __future__ import annotations
+
+from .framing import Head
+
+_PREFIX = b"/v2/models/"
+_SUFFIX = b"/infer"
+
+
+def infer_target(target: bytes) -> tuple[str, str | None] | None:
+    """(model, version or None) of an infer path, or None (another route, or a name that
+    needs decoding: aiohttp's router reads those)."""
+    path = target.split(b"?", 1)[0]
+    # braces: no route of aiohttp's matches them; a fragment: aiohttp drops it
+    if (not path.startswith(_PREFIX) or not path.endswith(_SUFFIX) or b"%" in path
+            or b"{" in path or b"}" in path or b"#" in path):
+        return None
+    parts = path[len(_PREFIX):-len(_SUFFIX)].split(b"/")
+    try:
+        if len(parts) == 1 and parts[0]:
+            return parts[0].decode(), None
+        if len(parts) == 3 and parts[0] and parts[1] == b"versions" and parts[2]:
+            return parts[0].decode(), parts[2].decode()
+    except UnicodeDecodeError:
+        pass
+    return None
+
+
+def guard_may_answer(head: Head, state) -> bool:
+    """The head and the server's state allow the guard to answer this request itself (the
+    caller checks the path with infer_target and its own limits). `state`: the ServerState."""
+    return (head.version == b"HTTP/1.1" and state.observer is None and not state.auth.inference
+            and head.header(b"expect") is None and b"close" not in head.tokens(b"connection"))
