@@ -22,8 +22,9 @@ from aiohttp import web
 
 from .app_keys import STATE
 from .auth import access_middleware
-from .connections import BODY_LINGER_S, fit_descriptor_limit, listen, tracking_middleware
+from .connections import BODY_LINGER_S, fit_descriptor_limit, tracking_middleware
 from .direct import DirectInfer
+from .guard import listen
 from .error_responses import error_middleware
 from .routes import add_routes
 from .state import ServerState

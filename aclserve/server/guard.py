@@ -1,0 +1,193 @@
+"""Each connection's protocol: the guard in front of aiohttp's own (connections.py counts,
+times and caps the connections; only public API: the runner's `server` is aiohttp's protocol
+factory, used as a low-level server).
+
+The guard forwards every byte to aiohttp's RequestHandler unless it answers a request itself.
+With an EarlyRefusal (shed_before_parsing, shedding.py) or DirectInfer (direct_infer,
+direct.py) set, each request is framed (framing.py) and its head offered to them first, while
+no request handed to aiohttp is unanswered (answers keep their order):
+
+- early refusals: for a while after an overload refusal, a plain request whose queue level is
+  full is answered 503 here, at a quarter of what aiohttp's path costs the loop;
+- direct answers: a plain infer request whose body came with its head is answered here, through
+  the same infer path, without aiohttp's request objects: the connection is BUSY while it runs,
+  nothing more is read from it until the answer is written, and a connection lost meanwhile
+  cancels it.
+
+Which requests are plain: plain.py. Loop thread only.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from .connections import BUSY, HEAD, IDLE, ConnectionTracker
+from .framing import ANSWERED, BODY_IF_HERE, FORWARD, NEED_BODY, RequestFraming
+from .shedding import refusal
+
+
+class GuardedProtocol(asyncio.Protocol):
+    """Forwards everything to aiohttp's RequestHandler once the tracker admits the connection;
+    with an early refusal (shedding.py) or direct answers (direct.py) set, each request framed
+    (framing.py) is offered to them first, while no request handed to aiohttp is unanswered
+    (answers keep their order). While a request is answered here nothing more is read from the
+    connection (what came is kept for after), and the next one is read only once the answer
+    has gone out (or the transport's buffer has drained below its limit)."""
+
+    __slots__ = ("_tracker", "_factory", "_inner", "_conn", "_framing", "_serving", "_direct_asked",
+                 "_write_paused", "_read_on_drain")
+
+    def __init__(self, tracker: ConnectionTracker, factory):
+        self._tracker, self._factory = tracker, factory
+        self._inner = self._conn = self._framing = None
+        self._serving: asyncio.Task | None = None  # the direct answer being made
+        # the target of the request now framed, when it asked for its body to be answered here
+        self._direct_asked: tuple[str, str | None] | None = None
+        self._write_paused = False  # the transport's buffer is over its limit (the client reads slowly)
+        self._read_on_drain = False  # a direct answer waits in that buffer: read on when it drains
+
+    def connection_made(self, transport) -> None:
+        self._conn = self._tracker.admit(transport)
+        if self._conn is not None:
+            self._inner = self._factory()
+            self._inner.connection_made(transport)
+            if self._tracker.early is not None or self._tracker.direct is not None:
+                self._framing = RequestFraming(self._inner.data_received, self._answer, self._held,
+                                               self._offered, self._passed)
+
+    def data_received(self, data: bytes) -> None:
+        conn = self._conn
+        if conn is None:
+            return  # refused: discard until closed
+        if conn.hold is not None or self._serving is not None or self._read_on_drain:
+            # held, or answering here: kept for later (aiohttp's flow control may resume reading)
+            conn.stash.append(data)
+            conn.transport.pause_reading()
+            return
+        if conn.phase == IDLE:
+            conn.phase, conn.since = HEAD, self._tracker.now()
+        framing = self._framing
+        if framing is None:
+            self._inner.data_received(data)
+            return
+        rest = framing.feed(data)
+        if rest:
+            conn.stash.append(rest)  # a hold began: read when it ends
+        elif (not conn.forwarded and self._serving is None and framing.idle
+              and not framing.lost):  # lost: requests are not counted
+            conn.phase, conn.since = IDLE, self._tracker.now()  # what came was answered here
+
+    def _offered(self) -> bool:
+        """Whether request heads are offered to `_answer` now (else only framed)."""
+        tracker = self._tracker
+        return tracker.direct is not None or (tracker.early is not None and tracker.early.active())
+
+    def _answer(self, head, body_length: int, body: memoryview | None) -> str:
+        conn = self._conn
+        if conn.forwarded:
+            conn.forwarded += 1
+            return FORWARD
+        tracker = self._tracker
+        early = tracker.early
+        # a request asked again with its body for direct's sake had its checks with its head
+        named = self._direct_asked
+        self._direct_asked = None
+        if named is None and early is not None and early.active():
+            decision = early.check(head, body_length, body)
+            if decision == NEED_BODY:
+                self._inner.keep_alive(True)  # aiohttp, not seeing it yet, must not close it as idle
+                return NEED_BODY
+            if decision is not None:
+                seconds = tracker.hold(conn.transport)
+                conn.transport.write(refusal(decision.message, seconds))
+                conn.phase, conn.since = IDLE, tracker.now()
+                # aiohttp, which did not see it, would close the connection keepalive_timeout_s
+                # after its own last answer: its timer is stopped, the tracker's sweep times it
+                self._inner.keep_alive(True)
+                return ANSWERED
+        if named is None and tracker.direct is not None:
+            named = tracker.direct.target(head, body_length)
+        if named is None:
+            conn.forwarded += 1
+            return FORWARD
+        if body is None:  # answered here only with its body in hand: nothing is held for direct's sake
+            self._direct_asked = named
+            return BODY_IF_HERE
+        self._inner.keep_alive(True)  # aiohttp, which does not see it, must not close it as idle
+        conn.phase = BUSY  # running: neither timed out nor evicted, as in aiohttp's handlers
+        self._serving = asyncio.get_running_loop().create_task(self._respond(named, head, bytes(body)))
+        return ANSWERED
+
+    async def _respond(self, named, head, body: bytes) -> None:
+        """Answer a request directly (direct.py), then read on. A connection lost meanwhile
+        cancels this (the request leaves the queue)."""
+        conn = self._conn
+        transport = conn.transport
+        tracker = self._tracker
+        try:
+            answer = await tracker.direct.answer(named, head, body, transport)
+        finally:
+            self._serving = None
+        if transport.is_closing():
+            return
+        transport.writelines(answer)
+        conn.phase, conn.since = IDLE, tracker.now()
+        if self._write_paused:  # a client that does not read its answers sends no more requests
+            self._read_on_drain = True
+            transport.pause_reading()
+        elif conn.hold is None:  # a hold (an overload refusal) reads on when it ends
+            self._read_on()
+
+    def _read_on(self) -> None:
+        """Read again, then feed what came while a direct answer was made (or its buffer
+        drained). In that order: what is fed may pause reading again (aiohttp's own flow
+        control, with requests queued; another direct answer), and that pause must stand."""
+        conn = self._conn
+        if not conn.transport.is_closing():
+            conn.transport.resume_reading()
+        stash, conn.stash = conn.stash, []
+        for data in stash:
+            self.data_received(data)  # keeps it again if another direct answer began
+
+    def _passed(self) -> None:
+        """A request forwarded without a decision of `_answer`'s (heads not offered, or its body
+        not in hand for a direct answer): answered by aiohttp all the same."""
+        self._direct_asked = None
+        self._conn.forwarded += 1
+
+    def _held(self) -> bool:
+        return self._conn.hold is not None or self._serving is not None
+
+    def eof_received(self):
+        return self._inner.eof_received() if self._inner is not None else None
+
+    def connection_lost(self, exc) -> None:
+        self._tracker.forget(self._conn)
+        if self._serving is not None:
+            self._serving.cancel()
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._inner is not None:
+            self._inner.resume_writing()
+        if self._read_on_drain:
+            self._read_on_drain = False
+            if self._conn.hold is None and not self._conn.transport.is_closing():
+                self._read_on()
+
+
+async def listen(runner: web.AppRunner, tracker: ConnectionTracker, host: str, port: int,
+                 backlog: int) -> asyncio.Server:
+    """Listen on host:port with the runner's aiohttp server as the protocol (its public use as a
+    low-level server), each connection going through the tracker. The caller closes the listener
+    (before runner.cleanup(), which shuts the connections down)."""
+    return await asyncio.get_running_loop().create_server(
+        lambda: GuardedProtocol(tracker, runner.server), host, port, backlog=backlog, reuse_address=True)
