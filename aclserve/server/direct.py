@@ -69,13 +69,13 @@ class DirectInfer:
 
     def target(self, head: Head, body_length: int) -> tuple[str, str | None] | None:
         """(model, version or None) when this request is answered here, else None."""
-        if head.method != b"POST" or body_length > self._body_limit:
+        if head.method != b"POST" or body_length > self._body_limit or not guard_may_answer(head, self._state):
             return None
-        named = infer_target(head.target)
-        if (named is None or not guard_may_answer(head, self._state)
-                or head.header(b"content-encoding") is not None or head.header(b"accept-encoding") is not None):
-            return None
-        return named
+        memo = head.memo
+        if "direct" not in memo:  # what the head alone says, worked out once per Head (framing's memo)
+            plain = head.header(b"content-encoding") is None and head.header(b"accept-encoding") is None
+            memo["direct"] = infer_target(head.target) if plain else None
+        return memo["direct"]
 
     async def answer(self, named: tuple[str, str | None], head: Head, body: bytes, transport
                      ) -> tuple[bytes, bytes]:

@@ -7,6 +7,13 @@ the framing unknowable here (Transfer-Encoding, Upgrade). A connection that uses
 head is malformed or longer than MAX_HEAD_BYTES, is given up: everything from there on goes to
 aiohttp untouched, which answers (or refuses) it as before. Bytes are forwarded in as few
 pieces as possible (a chunk holding whole requests is passed on as it is).
+
+A head is parsed once: clients repeat their heads byte for byte (the same path, host, type
+and, for tensors of a fixed shape, length), so parse_head keeps its last MEMO_HEADS results,
+and a repeated head is the same Head, whose `memo` keeps what its readers worked out from it
+(plain.py, direct.py). Parsing a head and reading its headers took about 5 us of a light
+request's 54 us of server CPU; measured side by side on one core (light MLP JSON, 64 clients),
+the memo took a request from 54 to 47-48 us (18,200-18,400 to 21,000-21,300 req/s).
 """
 from __future__ import annotations
 
@@ -18,6 +25,8 @@ from aiohttp.http_parser import SINGLETON_HEADERS
 MAX_HEAD_BYTES = 16384  # aiohttp's own limits (8190 per line) refuse longer heads anyway
 MAX_LINE_BYTES = 8190  # aiohttp's limits on a head's lines and on its number of headers
 MAX_HEADERS = 128
+MEMO_HEADS = 256  # parse_head results kept (a full memo is emptied: a flood of new heads only misses)
+MEMO_HEAD_BYTES = 2048  # longer heads are parsed each time (the memo holds at most 512 KB)
 # What aiohttp's parser (llhttp) accepts, and no more: a request line of a token method, a
 # target of visible ASCII and HTTP/1.0 or 1.1; header lines `token:value` (no space before the
 # colon, no line folding) whose values hold no control bytes but tabs. A head it would refuse
@@ -34,14 +43,17 @@ _CHECKED_NAMES = re.compile(rb"\r\n(" + b"|".join(
 
 
 class Head:
-    """A complete request head. `header(name)` reads a header (name in lower case) from the
-    lower-cased head: the value of its first occurrence, stripped, or None (`as_sent`: the
-    value as the client wrote it); `tokens(name)` the tokens of all its occurrences."""
+    """A complete request head, never changed once made. `header(name)` reads a header (name in
+    lower case) from the lower-cased head: the value of its first occurrence, stripped, or None
+    (`as_sent`: the value as the client wrote it); `tokens(name)` the tokens of all its
+    occurrences. `memo`: what readers worked out from the head alone, by their own keys (a
+    repeated head is the same Head, so they work it out once)."""
 
-    __slots__ = ("method", "target", "version", "_lower", "_raw")
+    __slots__ = ("method", "target", "version", "_lower", "_raw", "memo")
 
     def __init__(self, method: bytes, target: bytes, version: bytes, lower: bytes, raw: bytes = b""):
         self.method, self.target, self.version, self._lower, self._raw = method, target, version, lower, raw
+        self.memo: dict = {}
 
     def header(self, name: bytes, as_sent: bool = False) -> bytes | None:
         at = self._lower.find(b"\r\n" + name + b":")
@@ -96,11 +108,28 @@ def body_length(raw: bytes) -> int | None:
     return _body_length(raw.lower())
 
 
+_parsed: dict[bytes, tuple[Head, int] | None] = {}  # the memo; the event loop's thread only
+
+
 def parse_head(raw: bytes) -> tuple[Head, int] | None:
     """(head, body length) of a head without its final blank line, or None when this module
     cannot know where the request ends (chunked, upgrade, conflicting lengths) or aiohttp would
     refuse the head (_STRICT_HEAD, the line and header limits, not exactly one Host, a header of
-    aiohttp's SINGLETON_HEADERS twice, Sec-WebSocket-Key1)."""
+    aiohttp's SINGLETON_HEADERS twice, Sec-WebSocket-Key1). A head seen lately: the same answer
+    (the same Head), from the memo."""
+    if len(raw) > MEMO_HEAD_BYTES:
+        return _parse_head(raw)
+    try:
+        return _parsed[raw]
+    except KeyError:
+        pass
+    if len(_parsed) >= MEMO_HEADS:
+        _parsed.clear()
+    parsed = _parsed[raw] = _parse_head(raw)
+    return parsed
+
+
+def _parse_head(raw: bytes) -> tuple[Head, int] | None:
     if (_STRICT_HEAD.fullmatch(raw) is None or raw.count(b"\r\n") >= MAX_HEADERS
             or (len(raw) > MAX_LINE_BYTES and any(len(line) > MAX_LINE_BYTES for line in raw.split(b"\r\n")))):
         return None

@@ -172,6 +172,32 @@ def test_requests_that_are_not_plain_go_through_aiohttp(srv, extra):
     assert metric(srv.url, DIRECT) == before
 
 
+def test_the_same_head_follows_tracing_turned_on_and_off(models_dir, tmp_path):
+    """A repeated head is parsed once (framing's memo), but whether it may be answered here
+    still follows the server's state: with tracing on, the same bytes go through aiohttp (and
+    are traced), and after it is turned off they are answered here again."""
+    from tests.serving import server_config
+    data = post("/v2/models/double/infer", JSON_BODY)
+    setting = "/v2/trace/setting"
+    with ServerThread(server_config(models_dir, model_control_mode="none", trace_dir=str(tmp_path))) as s:
+        def send():
+            status, _, body = asyncio.run(exchange(s.url, data))[0]
+            assert status == 200 and json.loads(body)["outputs"][0]["data"] == [2 * v for v in X]
+        def trace(level: str, rate: str = "1"):
+            change = json.dumps({"trace_level": [level], "trace_rate": rate, "trace_file": "t.json"}).encode()
+            request = post(setting, change, {"Content-Type": "application/json", "Accept-Encoding": "identity"})
+            assert asyncio.run(exchange(s.url, request))[0][0] == 200
+        before = metric(s.url, DIRECT)
+        send()
+        assert metric(s.url, DIRECT) == before + 1
+        trace("TIMESTAMPS")
+        send()
+        assert metric(s.url, DIRECT) == before + 1  # traced: through aiohttp
+        trace("OFF")
+        send()
+        assert metric(s.url, DIRECT) == before + 2
+
+
 def test_a_client_gone_while_its_request_waits_cancels_it(models_dir, tmp_path, make_config):
     """The request waits in a 2.5 s batching window; its client goes: it leaves the queue at
     once (counted Cancelled), as aiohttp's handler cancellation does, and others are served."""

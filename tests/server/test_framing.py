@@ -2,6 +2,7 @@
 chunking, and a request answered here is dropped whole."""
 import random
 
+from aclserve.server import framing
 from aclserve.server.framing import ANSWERED, FORWARD, NEED_BODY, RequestFraming, parse_head
 
 
@@ -57,6 +58,23 @@ def test_parse_head_reads_framing_and_refuses_what_it_cannot_frame():
                 b"POST / HTTP/1.1\r\nContent-Length : 5",
                 b"POST / HTTP/1.1\r\nHost: a\nContent-Length: 5"):  # a bare LF inside a complete head
         assert parse_head(bad) is None, bad
+
+
+def test_a_repeated_head_is_parsed_once_and_the_memo_stays_bounded():
+    raw = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 12"
+    first = parse_head(raw)
+    assert parse_head(bytes(bytearray(raw))) is first  # equal bytes, another object: the same Head
+    assert parse_head(raw.replace(b"12", b"13"))[0] is not first[0]  # any other byte: parsed anew
+    first[0].memo["reader"] = 1
+    assert parse_head(raw)[0].memo == {"reader": 1}
+    bad = b"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6"
+    assert parse_head(bad) is None and parse_head(bad) is None  # refusals are kept too
+    for i in range(framing.MEMO_HEADS + 10):  # a flood of new heads: the memo is emptied, not grown
+        assert parse_head(b"GET /%d HTTP/1.1\r\nHost: x" % i)[0].target == b"/%d" % i
+        assert len(framing._parsed) <= framing.MEMO_HEADS
+    long = b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * framing.MEMO_HEAD_BYTES
+    assert parse_head(long)[0] is not parse_head(long)[0]  # a long head is parsed each time
+    assert long not in framing._parsed
 
 
 def test_forwarded_requests_pass_through_unchanged_whatever_the_chunks():
