@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 import numpy as np
 
@@ -192,12 +192,23 @@ def check_complete(arrays: dict, sig: Signature) -> None:
 
 def _check_shape(name: str, shape, spec: TensorSpec) -> int:
     """Validate a request shape against the spec (-1 matches any size); return the element count."""
+    want = spec.shape
+    if type(shape) is list and len(shape) == len(want):  # the usual case, in one pass
+        count = 1
+        for got, wanted in zip(shape, want):
+            if type(got) is not int or got < 0 or (wanted != -1 and got != wanted):
+                break
+            count *= got
+        else:
+            return count
+    return _shape_refused(name, shape, want)
+
+
+def _shape_refused(name: str, shape, want: tuple[int, ...]) -> NoReturn:
+    """What is wrong with a shape _check_shape did not accept: raises InvalidInput."""
     if type(shape) is not list or any(type(d) is not int or d < 0 for d in shape):
         raise InvalidInput(f"input '{name}': shape must be an array of non-negative integers")
-    want = spec.shape
-    if len(shape) != len(want) or any(w != -1 and g != w for g, w in zip(shape, want)):
-        raise InvalidInput(f"input '{name}': shape {shape} does not match the model's {list(want)}")
-    return math.prod(shape)
+    raise InvalidInput(f"input '{name}': shape {shape} does not match the model's {list(want)}")
 
 
 def _decode_raw(body: bytes, sig: Signature) -> InferRequest:
