@@ -31,16 +31,33 @@ def copy_bytes(tensor, rows: int) -> int:
     return tensor.row_bytes * rows if tensor.spec.batched else tensor.size
 
 
+SHARED_COPY_BYTES = 64 * 1024  # a batch output up to this size is copied once for all its requests
+
+
 def unpack(slot: Slot, batch: Batch) -> list[dict[str, np.ndarray]]:
-    """Each request's own output rows, copied out of the slot (which is reused at once)."""
+    """Each request's own output rows, copied out of the slot (which is reused at once). An
+    output of at most SHARED_COPY_BYTES for the batch's rows is copied once and its requests get
+    views of that copy (a batch of 32 light requests: one copy, not 32); larger ones are copied
+    per request, so that an answer kept long (a slow client) does not keep the whole batch's."""
+    real = batch.rows
+    shared = {}
+    for t in slot.outputs:
+        if t.spec.batched and t.row_bytes * real <= SHARED_COPY_BYTES:
+            shared[t.spec.name] = t.rows_view[:real].copy()
     outputs: list[dict[str, np.ndarray]] = []
     offset = 0
     for request in batch.inputs:
         n = _rows_of(request, batch)
-        outputs.append({t.spec.name: (t.rows_view[offset: offset + n].copy() if t.spec.batched
-                                      else t.rows_view.copy()) for t in slot.outputs})
+        outputs.append({t.spec.name: _rows(t, shared, offset, n) for t in slot.outputs})
         offset += n
     return outputs
+
+
+def _rows(tensor, shared: dict[str, np.ndarray], offset: int, n: int) -> np.ndarray:
+    rows = shared.get(tensor.spec.name)
+    if rows is not None:
+        return rows[offset: offset + n]
+    return tensor.rows_view[offset: offset + n].copy() if tensor.spec.batched else tensor.rows_view.copy()
 
 
 def _rows_of(request: Mapping[str, np.ndarray], batch: Batch) -> int:

@@ -12,7 +12,7 @@ import pytest
 from aclserve.acl import constants as C
 from aclserve.acl.cpu import faults
 from aclserve.errors import DeviceTimeout, ExecutionFailed
-from aclserve.runtime import Engine, LoadError, open_pool
+from aclserve.runtime import Engine, LoadError, open_pool, packing
 from aclserve.runtime.batch import Batch
 from aclserve.runtime.futures import BatchFutures
 from aclserve.runtime.pool import TIMEOUT_FLOOR_MS
@@ -59,6 +59,34 @@ def test_requests_in_one_batch_get_their_own_rows(runtime, affine_om):
         for req, out in zip(reqs, result.outputs):
             assert out["y"].shape == (len(req["x"]), 4)
             np.testing.assert_array_equal(out["s"], req["idx"] * 2)
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("shared_bytes", [packing.SHARED_COPY_BYTES, 0])
+def test_answers_outlive_the_slot_whether_a_batch_output_is_copied_once_or_per_request(
+        runtime, affine_om, monkeypatch, shared_bytes):
+    """Small outputs are copied out of the slot once per batch (each request a view of that copy),
+    larger ones per request: either way a request's rows are its own and stay as they were
+    when the slot runs the next batches."""
+    monkeypatch.setattr(packing, "SHARED_COPY_BYTES", shared_bytes)
+    pool = open_pool(runtime, affine_om(), "affine", slots=1)
+    done = BatchFutures(pool)
+    try:
+        reqs = [_request(1, 0), _request(2, 10), _request(1, 20)]
+        first = done.submit(reqs, 4).result(timeout=30).outputs
+        kept = [{name: arr.copy() for name, arr in out.items()} for out in first]
+        for i in range(5):  # the one slot runs other rows meanwhile
+            done.submit([_request(4, 100 + i)], 4).result(timeout=30)
+        for req, out, before in zip(reqs, first, kept):
+            np.testing.assert_array_equal(out["s"], req["idx"] * 2)
+            np.testing.assert_allclose(out["y"], affine_reference(**req)["y"], rtol=1e-5)
+            np.testing.assert_array_equal(out["y"], before["y"])
+        bases = [out["y"].base for out in first]
+        if shared_bytes:  # views of one copy
+            assert bases[0] is not None and all(base is bases[0] for base in bases)
+        else:  # arrays of their own
+            assert bases == [None, None, None]
     finally:
         pool.close()
 
