@@ -108,8 +108,11 @@ class DirectInfer:
 
     async def _run(self, lease, head: Head, body: bytes, rec, trace):
         lease.take(len(body), "request body")  # as aiohttp's path charges the body it reads
-        value = head.header(_HEADER_LENGTH, as_sent=True)  # decoded as aiohttp decodes header values
-        header_length = parse_header_length(None if value is None else value.decode("utf-8", "surrogateescape"))
+        memo = head.memo
+        if "header_length" not in memo:  # decoded as aiohttp decodes header values, once per Head
+            value = head.header(_HEADER_LENGTH, as_sent=True)
+            memo["header_length"] = None if value is None else value.decode("utf-8", "surrogateescape")
+        header_length = parse_header_length(memo["header_length"])
         charge_decoding(lease, rec, body, header_length)
         return await infer_body(rec, body, header_length, trace, None, self._state.images)
 
