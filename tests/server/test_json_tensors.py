@@ -169,6 +169,36 @@ def test_outputs_are_written_exactly_and_non_finite_values_become_null():
     assert out["z"]["data"] == [2**62 + 1, -7] and out["m"]["data"] == [True, False]
 
 
+@pytest.mark.parametrize("datatype,value,finite", [
+    ("FP32", 3.4028234663852886e38, True),  # the largest float32
+    ("FP32", 3.4028235677973362e38, True),  # just under the rounding edge: still the largest
+    ("FP32", 3.4028235677973366e38, False),  # rounds to inf
+    ("FP64", 1.7976931348623157e308, True),
+    ("FP32", 2.007781982421875, True),  # after a 0, the two values' bytes hold +inf's across them
+])
+def test_the_range_check_agrees_with_numpy_at_the_edges(datatype, value, finite):
+    for data in ([0.0, value, 0.0, 0.0], [0.0, -value, 0.0, 0.0]):
+        if finite:
+            got = decode(one_input(datatype), x_body(data, datatype)).inputs["x"]
+            assert np.isfinite(got).all() and got[0, 1] == np.array(data[1], got.dtype)
+        else:
+            with pytest.raises(InvalidInput, match=f"values out of range for {datatype}"):
+                decode(one_input(datatype), x_body(data, datatype))
+    raw = x_body([0, 0, 0, 0], "FP64").replace(b"[0, 0, 0, 0]", b"[0, -1e400, 0, 0]")
+    with pytest.raises(InvalidInput, match="values out of range for FP64"):  # inf through the stdlib fallback
+        decode(one_input("FP64"), raw)
+
+
+def test_a_null_elsewhere_in_the_answer_adds_no_count():
+    only_y = codec.InferRequest({}, 1, id="null", outputs=(codec.RequestedOutput("y"),))
+    outputs = {"y": np.array([[0.5, 1.5]], np.float32)}
+    raw, _ = encode.encode_response("null", "1", only_y, outputs, SIG, batched=True)
+    assert json.loads(raw)["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [1, 2], "data": [0.5, 1.5]}]
+    outputs = {"y": np.array([[0.5, np.nan]], np.float32)}
+    raw, _ = encode.encode_response("null", "1", only_y, outputs, SIG, batched=True)
+    assert json.loads(raw)["outputs"][0]["parameters"] == {"non_finite_values": 1}
+
+
 def test_float32_outputs_round_trip_through_their_json_text():
     rng = np.random.default_rng(5)
     y = (rng.standard_normal((64, 2)) * 10.0 ** rng.integers(-38, 38, (64, 2))).astype(np.float32)
