@@ -47,6 +47,23 @@ def refusal(message: str, retry_after: int, close: bool = False) -> bytes:
             % (retry_after, b"Connection: close\r\n" if close else b"", len(body), body))
 
 
+_UNREADABLE = -1
+
+
+def _json_length(head: Head) -> int | None:
+    """The length of the body's JSON part (None: all of it), or _UNREADABLE when the head says
+    what is not read here (a Content-Encoding, a malformed Inference-Header-Content-Length):
+    worked out once per Head (framing's memo)."""
+    memo = head.memo
+    if "early" not in memo:
+        value = head.header(b"inference-header-content-length")
+        if head.header(b"content-encoding") not in (None, b"identity") or (value is not None and not value.isdigit()):
+            memo["early"] = _UNREADABLE
+        else:
+            memo["early"] = None if value is None else int(value)
+    return memo["early"]
+
+
 class EarlyRefusal:
     """Owned by the server state; `check(head, body_length, body)` is called by the
     connection guard on the loop for every request head it frames. Most requests find room,
@@ -79,16 +96,14 @@ class EarlyRefusal:
         if served is None or served.batcher.admit_unread() is not False:
             return None
         state = self._state
+        json_length = _json_length(head)
         if (state.shutting_down or body_length > BODY_PEEK_BYTES or not guard_may_answer(head, state)
-                or head.header(b"content-encoding") not in (None, b"identity")):
+                or json_length == _UNREADABLE):
             return None
         if body is None:
             return NEED_BODY
-        json_length = head.header(b"inference-header-content-length")
         if json_length is not None:
-            if not json_length.isdigit():
-                return None
-            body = body[:int(json_length)]  # only the JSON part: the tensors' bytes are not text
+            body = body[:json_length]  # only the JSON part: the tensors' bytes are not text
         json_text = bytes(body)
         if b"priority" in json_text or b"\\u" in json_text:  # it may name another level: the codec reads it
             return None
