@@ -154,13 +154,14 @@ FORWARD, ANSWERED, NEED_BODY, BODY_IF_HERE = "forward", "answered", "need body",
 class RequestFraming:
     """The framing of one connection. `feed(data)` passes the bytes on to `forward`, except
     that, while `wanted()`, each complete head is first offered to `answer(head, body_length,
-    body)` (body None, or a memoryview of the whole body), which says FORWARD, ANSWERED (the
-    request was answered: its head and body are dropped here), NEED_BODY (ask again with the
-    whole body: the request is held back until it has come) or BODY_IF_HERE (ask again with
-    the whole body if it came with the head, else forward it, counted by `passed()`).
+    body)` (body: a memoryview of the whole body when it came in the same chunk as the head,
+    else None), which says FORWARD, ANSWERED (the request was answered: its head and body are
+    dropped here), NEED_BODY (ask again with the whole body: the request is held back until it
+    has come) or BODY_IF_HERE (forward it, counted by `passed()`, as the body is not here).
     Otherwise heads are only measured (no Head is built) and `passed()` is called for each
-    request forwarded so (the caller counts every request aiohttp has to answer). After an answer, `paused()` True stops the feed; what
-    is left of the chunk is returned (the caller keeps it and feeds it again later)."""
+    request forwarded so (the caller counts every request aiohttp has to answer). After an
+    answer, `paused()` True stops the feed; what is left of the chunk is returned (the caller
+    keeps it and feeds it again later)."""
 
     __slots__ = ("_forward", "_answer", "_paused", "_wanted", "_passed", "_held", "_held_need", "_remaining",
                  "_dropping", "lost")
@@ -222,15 +223,17 @@ class RequestFraming:
             if parsed is None:
                 return self._give_up(data, start)
             head, length = parsed
-            decision = NEED_BODY if asked else self._answer(head, length, None)
+            whole = body_at + length <= size  # the body came with its head: offered at once
+            decision = NEED_BODY if asked else self._answer(
+                head, length, memoryview(data)[body_at:body_at + length] if whole else None)
             if decision == BODY_IF_HERE:
-                if body_at + length > size:
+                if not whole:
                     decision = FORWARD
                     self._passed()
                 else:
                     decision = NEED_BODY
             if decision == NEED_BODY:
-                if body_at + length > size:  # hold the request back until its body is here
+                if not whole:  # hold the request back until its body is here
                     self._flush(data, start, pos)
                     self._held, self._held_need = bytearray(data[pos:]), body_at + length - pos
                     return b""

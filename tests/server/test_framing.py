@@ -77,6 +77,18 @@ def test_a_repeated_head_is_parsed_once_and_the_memo_stays_bounded():
     assert long not in framing._parsed
 
 
+def test_a_body_that_came_with_its_head_is_offered_with_it_at_once():
+    rec = Recorder(want_body=True)
+    assert rec.framing.feed(DROP + KEEP) == b""
+    assert rec.seen == [(b"/drop", 5000, b"d" * 5000), (b"/keep", 300, b"k" * 300)]  # one offer each
+    rec = Recorder(want_body=True)
+    rec.framing.feed(DROP[:-10])  # the body still arriving: offered without it, held, then with it
+    rec.framing.feed(DROP[-10:])
+    assert [(t, n, b if b is None else bytes(b)) for t, n, b in rec.seen] == [
+        (b"/drop", 5000, None), (b"/drop", 5000, b"d" * 5000)]
+    assert bytes(rec.forwarded) == b"" and rec.answered == 1
+
+
 def test_forwarded_requests_pass_through_unchanged_whatever_the_chunks():
     stream = b"".join([GET, KEEP, GET, KEEP, KEEP])
     for seed in range(50):

@@ -30,7 +30,9 @@ def run(chunks, made, want_body: bool, wanted=lambda: True, pause=None):
 
     def answer(head, length, body):
         asked.append((head.target, body is not None))
-        assert body is None or head.target in needed  # a body only for a head that asked for it
+        # a body comes whole: at once when it came with its head, else after NEED_BODY
+        assert body is None or bytes(body) == bodies[head.target]
+        assert body is not None or head.target not in needed  # asked for, it comes with the body
         if not head.target.startswith(b"/drop"):
             return FORWARD
         if want_body and body is None:
