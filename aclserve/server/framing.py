@@ -26,7 +26,8 @@ MAX_HEAD_BYTES = 16384  # aiohttp's own limits (8190 per line) refuse longer hea
 MAX_LINE_BYTES = 8190  # aiohttp's limits on a head's lines and on its number of headers
 MAX_HEADERS = 128
 MEMO_HEADS = 256  # parse_head results kept (a full memo is emptied: a flood of new heads only misses)
-MEMO_HEAD_BYTES = 2048  # longer heads are parsed each time (the memo holds at most 512 KB)
+MEMO_HEAD_BYTES = 2048  # longer heads are parsed each time (the memo holds about 1.5 MB at most:
+#                        each entry's key, and its Head's lower-cased and as-sent copies)
 # What aiohttp's parser (llhttp) accepts, and no more: a request line of a token method, a
 # target of visible ASCII and HTTP/1.0 or 1.1; header lines `token:value` (no space before the
 # colon, no line folding) whose values hold no control bytes but tabs. A head it would refuse

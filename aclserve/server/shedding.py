@@ -57,7 +57,8 @@ def _json_length(head: Head) -> int | None:
     memo = head.memo
     if "early" not in memo:
         value = head.header(b"inference-header-content-length")
-        if head.header(b"content-encoding") not in (None, b"identity") or (value is not None and not value.isdigit()):
+        if (head.header(b"content-encoding") not in (None, b"identity")
+                or (value is not None and (not value.isdigit() or len(value) > 18))):  # int() refuses 4,300 digits
             memo["early"] = _UNREADABLE
         else:
             memo["early"] = None if value is None else int(value)
