@@ -170,9 +170,11 @@ class ConnectionTracker:
         again (a pipelined request refused) starts a new hold. With holds off
         (hold_refused_connections: false), or a keep-alive timeout too short for one, only
         says 1."""
+        if not self.hold_refused:
+            return 1  # what hold_seconds says of one held connection: nothing else is held
         conn = self._conns.get(transport)
         seconds = hold_seconds(self.held + 1, self.keepalive_timeout_s, body_pending)
-        if not self.hold_refused or not seconds or conn is None or transport.is_closing():
+        if not seconds or conn is None or transport.is_closing():
             return seconds or 1
         self._unhold(conn)
         transport.pause_reading()
