@@ -26,10 +26,10 @@ the framing (framing.parse_head), so aiohttp answers it 400. `direct_infer: fals
 turns it off.
 
 Only a request whose body is in hand is answered here: nothing is held for direct's sake (a
-body that did not come with its head in the same read goes to aiohttp: framing.BODY_IF_HERE;
-one the early refusal held back to read it, shedding.py, may be answered here once whole). The body is charged to the memory budget as aiohttp's path
-charges it; a client that goes away cancels the request (it leaves the queue), as aiohttp's
-handler cancellation does.
+body that did not come with its head in the same read goes to aiohttp; one the early refusal
+held back to read it, shedding.py, may be answered here once whole). The body is charged to
+the memory budget as aiohttp's path charges it; a client that goes away cancels the request
+(it leaves the queue), as aiohttp's handler cancellation does.
 """
 from __future__ import annotations
 

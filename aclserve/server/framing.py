@@ -149,7 +149,7 @@ def _parse_head(raw: bytes) -> tuple[Head, int] | None:
     return Head(parts[0], parts[1], parts[2], lower + b"\r\n", raw + b"\r\n"), length
 
 
-FORWARD, ANSWERED, NEED_BODY, BODY_IF_HERE = "forward", "answered", "need body", "body if here"
+FORWARD, ANSWERED, NEED_BODY = "forward", "answered", "need body"
 
 
 class RequestFraming:
@@ -157,8 +157,8 @@ class RequestFraming:
     that, while `wanted()`, each complete head is first offered to `answer(head, body_length,
     body)` (body: a memoryview of the whole body when it came in the same chunk as the head,
     else None), which says FORWARD, ANSWERED (the request was answered: its head and body are
-    dropped here), NEED_BODY (ask again with the whole body: the request is held back until it
-    has come) or BODY_IF_HERE (forward it, counted by `passed()`, as the body is not here).
+    dropped here) or NEED_BODY (ask again with the whole body: the request is held back until
+    it has come).
     Otherwise heads are only measured (no Head is built) and `passed()` is called for each
     request forwarded so (the caller counts every request aiohttp has to answer). After an
     answer, `paused()` True stops the feed; what is left of the chunk is returned (the caller
@@ -227,12 +227,6 @@ class RequestFraming:
             whole = body_at + length <= size  # the body came with its head: offered at once
             decision = NEED_BODY if asked else self._answer(
                 head, length, memoryview(data)[body_at:body_at + length] if whole else None)
-            if decision == BODY_IF_HERE:
-                if not whole:
-                    decision = FORWARD
-                    self._passed()
-                else:
-                    decision = NEED_BODY
             if decision == NEED_BODY:
                 if not whole:  # hold the request back until its body is here
                     self._flush(data, start, pos)

@@ -23,7 +23,7 @@ import asyncio
 from aiohttp import web
 
 from .connections import BUSY, HEAD, IDLE, ConnectionTracker
-from .framing import ANSWERED, BODY_IF_HERE, FORWARD, NEED_BODY, RequestFraming
+from .framing import ANSWERED, FORWARD, NEED_BODY, RequestFraming
 from .shedding import refusal
 
 
@@ -35,15 +35,13 @@ class GuardedProtocol(asyncio.Protocol):
     connection (what came is kept for after), and the next one is read only once the answer
     has gone out (or the transport's buffer has drained below its limit)."""
 
-    __slots__ = ("_tracker", "_factory", "_inner", "_conn", "_framing", "_serving", "_direct_asked",
-                 "_write_paused", "_read_on_drain")
+    __slots__ = ("_tracker", "_factory", "_inner", "_conn", "_framing", "_serving", "_write_paused",
+                 "_read_on_drain")
 
     def __init__(self, tracker: ConnectionTracker, factory):
         self._tracker, self._factory = tracker, factory
         self._inner = self._conn = self._framing = None
         self._serving: asyncio.Task | None = None  # the direct answer being made
-        # the target of the request now framed, when it asked for its body to be answered here
-        self._direct_asked: tuple[str, str | None] | None = None
         self._write_paused = False  # the transport's buffer is over its limit (the client reads slowly)
         self._read_on_drain = False  # a direct answer waits in that buffer: read on when it drains
 
@@ -90,10 +88,7 @@ class GuardedProtocol(asyncio.Protocol):
             return FORWARD
         tracker = self._tracker
         early = tracker.early
-        # a request asked again with its body for direct's sake had its checks with its head
-        named = self._direct_asked
-        self._direct_asked = None
-        if named is None and early is not None and early.active():
+        if early is not None and early.active():
             decision = early.check(head, body_length, body)
             if decision == NEED_BODY:
                 self._inner.keep_alive(True)  # aiohttp, not seeing it yet, must not close it as idle
@@ -106,14 +101,12 @@ class GuardedProtocol(asyncio.Protocol):
                 # after its own last answer: its timer is stopped, the tracker's sweep times it
                 self._inner.keep_alive(True)
                 return ANSWERED
-        if named is None and tracker.direct is not None:
-            named = tracker.direct.target(head, body_length)
-        if named is None:
+        named = tracker.direct.target(head, body_length) if tracker.direct is not None else None
+        # answered here only with its body in hand (it came with its head, framing offers it
+        # then): nothing is held for direct's sake
+        if named is None or body is None:
             conn.forwarded += 1
             return FORWARD
-        if body is None:  # answered here only with its body in hand: nothing is held for direct's sake
-            self._direct_asked = named
-            return BODY_IF_HERE
         self._inner.keep_alive(True)  # aiohttp, which does not see it, must not close it as idle
         conn.phase = BUSY  # running: neither timed out nor evicted, as in aiohttp's handlers
         self._serving = asyncio.get_running_loop().create_task(self._respond(named, head, bytes(body)))
@@ -151,9 +144,8 @@ class GuardedProtocol(asyncio.Protocol):
             self.data_received(data)  # keeps it again if another direct answer began
 
     def _passed(self) -> None:
-        """A request forwarded without a decision of `_answer`'s (heads not offered, or its body
-        not in hand for a direct answer): answered by aiohttp all the same."""
-        self._direct_asked = None
+        """A request forwarded while heads are not offered to `_answer`: answered by aiohttp
+        all the same."""
         self._conn.forwarded += 1
 
     def _held(self) -> bool:

@@ -145,7 +145,7 @@ def test_a_client_that_pipelines_plain_requests_and_reads_no_answer_is_not_read_
     """direct.py / connections.py: "a client that does not read its answers is not read until
     the transport's buffer drains". Only plain infer requests, pipelined, none of the answers
     read; with direct_infer off the server stops reading after 3-6 MiB. On 4837ae2 it takes
-    all 64 MiB: a request whose body a read cut from its head goes to aiohttp (BODY_IF_HERE),
+    all 64 MiB: a request whose body a read cut from its head goes to aiohttp (it is forwarded),
     every request behind it too, aiohttp pauses the transport at 32 queued, and `_read_on`
     resumes it behind aiohttp's back; aiohttp, whose flag says paused, never pauses it again
     and keeps each request read in its parser. (A plain flood of such requests hit this on its
