@@ -71,11 +71,7 @@ class DirectInfer:
         """(model, version or None) when this request is answered here, else None."""
         if head.method != b"POST" or body_length > self._body_limit or not guard_may_answer(head, self._state):
             return None
-        memo = head.memo
-        if "direct" not in memo:  # what the head alone says, worked out once per Head (framing's memo)
-            plain = head.header(b"content-encoding") is None and head.header(b"accept-encoding") is None
-            memo["direct"] = infer_target(head.target) if plain else None
-        return memo["direct"]
+        return head.derived("direct", _plain_target)
 
     async def answer(self, named: tuple[str, str | None], head: Head, body: bytes, transport
                      ) -> tuple[bytes, bytes]:
@@ -108,13 +104,23 @@ class DirectInfer:
 
     async def _run(self, lease, head: Head, body: bytes, rec, trace):
         lease.take(len(body), "request body")  # as aiohttp's path charges the body it reads
-        memo = head.memo
-        if "header_length" not in memo:  # decoded as aiohttp decodes header values, once per Head
-            value = head.header(_HEADER_LENGTH, as_sent=True)
-            memo["header_length"] = None if value is None else value.decode("utf-8", "surrogateescape")
-        header_length = parse_header_length(memo["header_length"])
+        header_length = parse_header_length(head.derived("header_length", _header_length_text))
         charge_decoding(lease, rec, body, header_length)
         return await infer_body(rec, body, header_length, trace, None, self._state.images)
+
+
+def _plain_target(head: Head) -> tuple[str, str | None] | None:
+    """What the head alone says (once per Head: framing's memo): its infer target, unless it
+    names an encoding (aiohttp's path handles those)."""
+    if head.header(b"content-encoding") is None and head.header(b"accept-encoding") is None:
+        return infer_target(head.target)
+    return None
+
+
+def _header_length_text(head: Head) -> str | None:
+    """Inference-Header-Content-Length as sent, decoded as aiohttp decodes header values."""
+    value = head.header(_HEADER_LENGTH, as_sent=True)
+    return None if value is None else value.decode("utf-8", "surrogateescape")
 
 
 def _render(status: int, content_type: bytes, body: bytes, headers: dict | None = None) -> tuple[bytes, bytes]:

@@ -47,14 +47,22 @@ class Head:
     """A complete request head, never changed once made. `header(name)` reads a header (name in
     lower case) from the lower-cased head: the value of its first occurrence, stripped, or None
     (`as_sent`: the value as the client wrote it); `tokens(name)` the tokens of all its
-    occurrences. `memo`: what readers worked out from the head alone, by their own keys (a
-    repeated head is the same Head, so they work it out once)."""
+    occurrences. `derived(key, derive)`: what a reader works out from the head alone, kept in
+    `memo` under its own key (a repeated head is the same Head, so it is worked out once)."""
 
     __slots__ = ("method", "target", "version", "_lower", "_raw", "memo")
 
     def __init__(self, method: bytes, target: bytes, version: bytes, lower: bytes, raw: bytes = b""):
         self.method, self.target, self.version, self._lower, self._raw = method, target, version, lower, raw
         self.memo: dict = {}
+
+    def derived(self, key: str, derive: Callable[["Head"], object]):
+        """`derive(self)`, computed on the first call for `key` and kept."""
+        try:
+            return self.memo[key]
+        except KeyError:
+            value = self.memo[key] = derive(self)
+            return value
 
     def header(self, name: bytes, as_sent: bool = False) -> bytes | None:
         at = self._lower.find(b"\r\n" + name + b":")

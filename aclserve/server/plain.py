@@ -36,13 +36,10 @@ def infer_target(target: bytes) -> tuple[str, str | None] | None:
 def guard_may_answer(head: Head, state) -> bool:
     """The head and the server's state allow the guard to answer this request itself (the
     caller checks the path with infer_target and its own limits). `state`: the ServerState."""
-    return state.observer is None and not state.auth.inference and _head_allows(head)
+    return state.observer is None and not state.auth.inference and head.derived("plain", _head_allows)
 
 
 def _head_allows(head: Head) -> bool:
-    """HTTP/1.1, no Expect, the connection kept: worked out once per Head (framing's memo)."""
-    allows = head.memo.get("plain")
-    if allows is None:
-        allows = head.memo["plain"] = (head.version == b"HTTP/1.1" and head.header(b"expect") is None
-                                       and b"close" not in head.tokens(b"connection"))
-    return allows
+    """HTTP/1.1, no Expect, the connection kept (once per Head: framing's memo)."""
+    return (head.version == b"HTTP/1.1" and head.header(b"expect") is None
+            and b"close" not in head.tokens(b"connection"))

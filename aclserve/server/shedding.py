@@ -52,17 +52,13 @@ _UNREADABLE = -1
 
 def _json_length(head: Head) -> int | None:
     """The length of the body's JSON part (None: all of it), or _UNREADABLE when the head says
-    what is not read here (a Content-Encoding, a malformed Inference-Header-Content-Length):
-    worked out once per Head (framing's memo)."""
-    memo = head.memo
-    if "early" not in memo:
-        value = head.header(b"inference-header-content-length")
-        if (head.header(b"content-encoding") not in (None, b"identity")
-                or (value is not None and (not value.isdigit() or len(value) > 18))):  # int() refuses 4,300 digits
-            memo["early"] = _UNREADABLE
-        else:
-            memo["early"] = None if value is None else int(value)
-    return memo["early"]
+    what is not read here (a Content-Encoding, a malformed Inference-Header-Content-Length);
+    once per Head (framing's memo)."""
+    value = head.header(b"inference-header-content-length")
+    if (head.header(b"content-encoding") not in (None, b"identity")
+            or (value is not None and (not value.isdigit() or len(value) > 18))):  # int() refuses 4,300 digits
+        return _UNREADABLE
+    return None if value is None else int(value)
 
 
 class EarlyRefusal:
@@ -98,7 +94,7 @@ class EarlyRefusal:
         if served is None or served.batcher.admit_unread() is not False:
             return None
         state = self._state
-        json_length = _json_length(head)
+        json_length = head.derived("early", _json_length)
         if (state.shutting_down or body_length > BODY_PEEK_BYTES or not guard_may_answer(head, state)
                 or json_length == _UNREADABLE):
             return None
