@@ -32,6 +32,7 @@ import resource
 
 from aiohttp import web
 
+from .outbox import Outbox
 from .shedding import refusal
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class ConnectionTracker:
         self.counts = {"refused": 0, "evicted": 0, "header_timeout": 0, "idle_timeout": 0}
         self.early = None  # shedding.EarlyRefusal: infer requests refused before aiohttp sees them
         self.direct = None  # direct.DirectInfer: plain infer requests answered without aiohttp
+        self.outbox = Outbox()  # the guard's answers, written together at the end of a round
         self.held = 0  # connections held now
         self.holds = 0  # holds since start
         self._conns: dict[object, _Conn] = {}
@@ -242,6 +244,7 @@ class ConnectionTracker:
             self._sweeper = None
 
     def _close(self, conn: _Conn) -> None:
+        self.outbox.flush()  # an answer made for this connection goes out before it closes
         self._conns.pop(conn.transport, None)
         self._unhold(conn)
         conn.transport.close()

@@ -14,7 +14,8 @@ no request handed to aiohttp is unanswered (answers keep their order):
   nothing more is read from it until the answer is written, and a connection lost meanwhile
   cancels it.
 
-Which requests are plain: plain.py. Loop thread only.
+Both kinds of answer are written through the tracker's Outbox (outbox.py): those of one loop
+round go out together at its end. Which requests are plain: plain.py. Loop thread only.
 """
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ class GuardedProtocol(asyncio.Protocol):
                 return NEED_BODY
             if decision is not None:
                 seconds = tracker.hold(conn.transport)
-                conn.transport.write(refusal(decision.message, seconds))
+                tracker.outbox.send(conn.transport, [refusal(decision.message, seconds)])
                 conn.phase, conn.since = IDLE, tracker.now()
                 # aiohttp, which did not see it, would close the connection keepalive_timeout_s
                 # after its own last answer: its timer is stopped, the tracker's sweep times it
@@ -109,6 +110,7 @@ class GuardedProtocol(asyncio.Protocol):
             return FORWARD
         self._inner.keep_alive(True)  # aiohttp, which does not see it, must not close it as idle
         conn.phase = BUSY  # running: neither timed out nor evicted, as in aiohttp's handlers
+        tracker.outbox.begin()
         self._serving = asyncio.get_running_loop().create_task(self._respond(named, head, bytes(body)))
         return ANSWERED
 
@@ -118,13 +120,14 @@ class GuardedProtocol(asyncio.Protocol):
         conn = self._conn
         transport = conn.transport
         tracker = self._tracker
+        answer = None
         try:
             answer = await tracker.direct.answer(named, head, body, transport)
         finally:
             self._serving = None
+            tracker.outbox.end(transport, None if answer is None or transport.is_closing() else answer)
         if transport.is_closing():
             return
-        transport.writelines(answer)
         conn.phase, conn.since = IDLE, tracker.now()
         if self._write_paused:  # a client that does not read its answers sends no more requests
             self._read_on_drain = True
