@@ -181,11 +181,16 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         try:
             message = await receive(context, config.body_timeout_s)
         except BodyTimeout:
-            # grpc core frees what the call received once it ends: then give it back to the system
-            context.add_done_callback(lambda _: self.state.trimmer.released(config.max_body_bytes))
+            self._trim_when_ended(context)
             raise
         with self.state.budget.lease(GRPC_HINT) as lease:
             return await self.infer(message, lease, self._request_id(context))
+
+    def _trim_when_ended(self, context) -> None:
+        """A call ended before its message came: grpc core frees what it received of it once
+        the call ends, then give it back to the system."""
+        max_body_bytes = self.state.config.max_body_bytes
+        context.add_done_callback(lambda _: self.state.trimmer.released(max_body_bytes))
 
     def _request_id(self, context) -> str | None:
         """The call's x-request-id metadata, read only while requests are observed (it names the
@@ -206,7 +211,10 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of one stream run concurrently (at most STREAM_WINDOW at once, and the next
         message is not read before one of them is done); responses come back as they complete,
-        a failed one as `error_message` with the request's id. Each request has its own lease."""
+        a failed one as `error_message` with the request's id. Each request has its own lease.
+        A stream on which no request runs must send its next message within body_timeout_s
+        (grpc's own idle limit sees only connections without calls): else it ends with
+        DEADLINE_EXCEEDED, as a ModelInfer whose message does not come."""
         try:
             self._model_access(context)
         except ServeError as e:
@@ -216,9 +224,29 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         window = asyncio.Semaphore(STREAM_WINDOW)
         tasks: set[asyncio.Task] = set()
         pending = 0  # requests read whose response is not in `done` yet
+        loop = asyncio.get_running_loop()
+        quiet_limit = self.state.config.body_timeout_s
+        quiet_since = loop.time()  # when the last request ended, or the stream began
+
+        async def next_message():
+            """The stream's next message (or EOF); BodyTimeout once no request has run for
+            quiet_limit and none has come."""
+            reading = asyncio.ensure_future(context.read())
+            try:
+                while True:
+                    wait = quiet_limit if pending else quiet_since + quiet_limit - loop.time()
+                    if wait <= 0:
+                        self._trim_when_ended(context)
+                        raise BodyTimeout(f"no request message on the stream for {quiet_limit:g} s "
+                                          "(body_timeout_s)")
+                    await asyncio.wait([reading], timeout=wait)
+                    if reading.done():
+                        return reading.result()
+            finally:
+                reading.cancel()
 
         async def one(message):
-            nonlocal pending
+            nonlocal pending, quiet_since
             try:
                 with self.state.budget.lease(GRPC_HINT) as lease:
                     response = pb.ModelStreamInferResponse(infer_response=await self.infer(message, lease, stream_id))
@@ -230,13 +258,14 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
             finally:
                 window.release()
             pending -= 1
+            quiet_since = loop.time()
             done.put_nowait(response)
 
         async def read():
             nonlocal pending
             while True:
                 await window.acquire()  # before reading: a message is held only once it can run
-                message = await context.read()
+                message = await next_message()
                 if message is grpc.aio.EOF:
                     return
                 pending += 1
@@ -254,7 +283,10 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                     yield getter.result()
                 else:
                     getter.cancel()
-            reader.result()  # a broken request stream ends the call with its error
+            try:
+                reader.result()  # a broken request stream ends the call with its error
+            except ServeError as e:  # a stream gone quiet
+                await context.abort(status_code(e), e.message)
         finally:
             reader.cancel()
             for task in list(tasks):

@@ -208,6 +208,31 @@ def test_a_call_whose_message_does_not_come_is_ended(guarded):
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "body_timeout_s" in error.details()
 
 
+def test_a_stream_gone_quiet_is_ended_but_not_while_a_request_of_it_runs(guarded):
+    """body_timeout_s is half a second: the first request of the stream waits in "slow"'s queue
+    for longer (until a second stream's request fills its batch) and the stream is not ended;
+    once it is answered and nothing more comes, it is."""
+    async def scenario():
+        async with grpc.aio.insecure_channel(guarded.grpc_url) as channel:
+            stream = channel.stream_stream(STREAM, pb.ModelInferRequest.SerializeToString,
+                                           pb.ModelStreamInferResponse.FromString)
+            call = stream()
+            await call.write(affine(3, model="slow", request_id="waits"))
+            await asyncio.sleep(1.5)  # three times the limit with the request queued
+            filler = stream()
+            await filler.write(affine(5, model="slow", request_id="fills"))  # 8 rows: the batch runs
+            first, filled = await asyncio.wait_for(asyncio.gather(call.read(), filler.read()), 30)
+            await filler.done_writing()
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await asyncio.wait_for(call.read(), 30)  # a hang guard: nothing more is sent
+            return first, filled, e.value
+    first, filled, error = asyncio.run(scenario())
+    assert first.infer_response.id == "waits" and not first.error_message
+    assert filled.infer_response.id == "fills"
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "body_timeout_s" in error.details()
+    assert in_use(guarded) == 0
+
+
 def small_server(models_dir, root, **overrides) -> ServerThread:
     shutil.copy(models_dir / "double.om", root / "double.om")
     return ServerThread(server_config(root, grpc_port=free_port(), model_control_mode="none",
