@@ -59,10 +59,10 @@ class GuardedProtocol(asyncio.Protocol):
         conn = self._conn
         if conn is None:
             return  # refused: discard until closed
-        if conn.hold is not None or self._serving is not None or self._read_on_drain:
-            # held, or answering here: kept for later (aiohttp's flow control may resume reading)
-            conn.stash.append(data)
-            conn.transport.pause_reading()
+        if conn.hold is not None or self._serving is not None or self._read_on_drain or self._write_paused:
+            # held, answering here, or the client not reading its answers: kept for later
+            # (aiohttp's flow control may resume reading)
+            self._stash(data)
             return
         if conn.phase == IDLE:
             conn.phase, conn.since = HEAD, self._tracker.now()
@@ -72,10 +72,20 @@ class GuardedProtocol(asyncio.Protocol):
             return
         rest = framing.feed(data)
         if rest:
-            conn.stash.append(rest)  # a hold began: read when it ends
+            self._stash(rest)  # a hold began, or a direct answer, or the client reads nothing
         elif (not conn.forwarded and self._serving is None and framing.idle
               and not framing.lost):  # lost: requests are not counted
             conn.phase, conn.since = IDLE, self._tracker.now()  # what came was answered here
+
+    def _stash(self, data: bytes) -> None:
+        """Keep `data` for later and stop reading. Whatever ends the wait reads on: a hold's
+        release, a direct answer written, or (the client reading nothing, so the answers
+        written here fill the transport's buffer) that buffer drained."""
+        conn = self._conn
+        conn.stash.append(data)
+        conn.transport.pause_reading()
+        if self._write_paused:
+            self._read_on_drain = True
 
     def _offered(self) -> bool:
         """Whether request heads are offered to `_answer` now (else only framed)."""
@@ -152,7 +162,7 @@ class GuardedProtocol(asyncio.Protocol):
         self._conn.forwarded += 1
 
     def _held(self) -> bool:
-        return self._conn.hold is not None or self._serving is not None
+        return self._conn.hold is not None or self._serving is not None or self._write_paused
 
     def eof_received(self):
         return self._inner.eof_received() if self._inner is not None else None
