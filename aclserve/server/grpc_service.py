@@ -38,6 +38,7 @@ from .auth import Forbidden, Unauthorized
 from .body import BodyTimeout
 from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
 from .grpc_intake import GRPC_HINT, parse, receive
+from .grpc_stream import InferStream
 from .grpc_wire import names
 from .http_errors import by_class, retry_after
 from .infer import counted_infer, run_decoded
@@ -52,7 +53,6 @@ STATUS_CODES: dict[type[ServeError], grpc.StatusCode] = {
     NotFound: grpc.StatusCode.NOT_FOUND, BodyTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
     PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED, Unavailable: grpc.StatusCode.UNAVAILABLE}
 CONTENTS_OFFLOAD_ELEMENTS = 16 * 1024  # typed contents above this are decoded in a thread
-STREAM_WINDOW = 64  # requests of one stream in flight before the server stops reading it
 
 
 def status_code(error: ServeError) -> grpc.StatusCode:
@@ -209,88 +209,34 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                                    protocol="grpc")
 
     async def ModelStreamInfer(self, request_iterator, context):
-        """Requests of one stream run concurrently (at most STREAM_WINDOW at once, and the next
-        message is not read before one of them is done); responses come back as they complete,
-        a failed one as `error_message` with the request's id. Each request has its own lease.
-        A stream on which no request runs must send its next message within body_timeout_s
-        (grpc's own idle limit sees only connections without calls): else it ends with
-        DEADLINE_EXCEEDED, as a ModelInfer whose message does not come."""
+        """Requests of one stream run concurrently and their responses come back as they are
+        ready, a failed one as `error_message` with the request's id; each request has its own
+        lease. Its window and its limit on quiet time: grpc_stream.py."""
         try:
             self._model_access(context)
         except ServeError as e:
             await context.abort(status_code(e), e.message)
-        stream_id = self._request_id(context)
-        done: asyncio.Queue = asyncio.Queue()
-        window = asyncio.Semaphore(STREAM_WINDOW)
-        tasks: set[asyncio.Task] = set()
-        pending = 0  # requests read whose response is not in `done` yet
-        loop = asyncio.get_running_loop()
-        quiet_limit = self.state.config.body_timeout_s
-        quiet_since = loop.time()  # when the last request ended, or the stream began
-
-        async def next_message():
-            """The stream's next message (or EOF); BodyTimeout once no request has run for
-            quiet_limit and none has come."""
-            reading = asyncio.ensure_future(context.read())
-            try:
-                while True:
-                    wait = quiet_limit if pending else quiet_since + quiet_limit - loop.time()
-                    if wait <= 0:
-                        self._trim_when_ended(context)
-                        raise BodyTimeout(f"no request message on the stream for {quiet_limit:g} s "
-                                          "(body_timeout_s)")
-                    await asyncio.wait([reading], timeout=wait)
-                    if reading.done():
-                        return reading.result()
-            finally:
-                reading.cancel()
-
-        async def one(message):
-            nonlocal pending, quiet_since
-            try:
-                with self.state.budget.lease(GRPC_HINT) as lease:
-                    response = pb.ModelStreamInferResponse(infer_response=await self.infer(message, lease, stream_id))
-            except ServeError as e:
-                response = _stream_error(message, e.message)
-            except Exception:
-                log.exception("internal error in gRPC ModelStreamInfer")
-                response = _stream_error(message, "internal error")
-            finally:
-                window.release()
-            pending -= 1
-            quiet_since = loop.time()
-            done.put_nowait(response)
-
-        async def read():
-            nonlocal pending
-            while True:
-                await window.acquire()  # before reading: a message is held only once it can run
-                message = await next_message()
-                if message is grpc.aio.EOF:
-                    return
-                pending += 1
-                task = asyncio.ensure_future(one(message))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-
-        reader = asyncio.ensure_future(read())
+        stream = InferStream(context, functools.partial(self._stream_answer, self._request_id(context)),
+                             self.state.config.body_timeout_s)
         try:
-            while not (reader.done() and pending == 0 and done.empty()):
-                getter = asyncio.ensure_future(done.get())
-                await asyncio.wait([getter] if reader.done() else [getter, reader],
-                                   return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    yield getter.result()
-                else:
-                    getter.cancel()
-            try:
-                reader.result()  # a broken request stream ends the call with its error
-            except ServeError as e:  # a stream gone quiet
-                await context.abort(status_code(e), e.message)
+            async for response in stream.answers():
+                yield response
+        except BodyTimeout as e:
+            await context.abort(status_code(e), e.message)
         finally:
-            reader.cancel()
-            for task in list(tasks):
-                task.cancel()
+            if stream.quiet:
+                self._trim_when_ended(context)
+
+    async def _stream_answer(self, stream_id: str | None, message: bytes) -> pb.ModelStreamInferResponse:
+        """The response to one request message of a stream; an error is one too."""
+        try:
+            with self.state.budget.lease(GRPC_HINT) as lease:
+                return pb.ModelStreamInferResponse(infer_response=await self.infer(message, lease, stream_id))
+        except ServeError as e:
+            return _stream_error(message, e.message)
+        except Exception:
+            log.exception("internal error in gRPC ModelStreamInfer")
+            return _stream_error(message, "internal error")
 
 
 async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id: str | None, rec,

@@ -2,6 +2,15 @@
 limit, grpc_service.py). Real servers on real ports, raw sockets and grpc.aio channels; waits
 are hang guards or lower bounds the test sets itself, never a speed check."""
 import asyncio
+import json
+import shutil
+import urllib.request
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from tests.serving import ServerThread, free_port, server_config
 
 from .full_queue import ONE_ROW, affine_server, fill_queue, refused_through_aiohttp, request
 from .hostile import metric, open_raw
@@ -33,3 +42,61 @@ def test_a_client_that_pipelines_early_refused_requests_and_reads_nothing_is_not
         status, sent = asyncio.run(scenario())
         assert status == 503 and metric(srv.url, "aclserve_early_refusals_total") > 1000
         assert sent < BOUND, f"the server read {sent >> 20} MiB of requests from a client that reads nothing"
+
+
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+def double_request() -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="double")
+    request.inputs.add(name="x", datatype="FP32", shape=[8, 16])
+    request.raw_input_contents.append(np.ones((8, 16), np.float32).tobytes())
+    return request
+
+
+def inference_count(http_url: str, model: str) -> int:
+    """Rows the model has run."""
+    stats = json.loads(urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=10).read())
+    return stats["model_stats"][0]["inference_count"]
+
+
+def test_a_stream_whose_client_reads_nothing_is_not_read_on_and_ends_once_quiet(models_dir, tmp_path):
+    """A client sends 300 requests on a stream and reads none of their answers (its channel's
+    BDP probe off: a 64 KB window, about 100 answers). The stream used to read all 300, their
+    answers piling up unsent; now it holds at most STREAM_WINDOW (64) requests from read to
+    answer sent, so it stops reading the client. (The call keeps its slot meanwhile: grpc gives
+    no way to end a call whose answer waits on the client's flow control.) Once the client reads,
+    the stream goes on: it gets every answer, then, sending nothing more, the stream ends with
+    DEADLINE_EXCEEDED after body_timeout_s (0.5 s) of quiet."""
+    shutil.copy(models_dir / "double.om", tmp_path / "double.om")
+    config = server_config(tmp_path, grpc_port=free_port(), model_control_mode="none", max_connections=2,
+                           body_timeout_s=0.5)
+    with ServerThread(config) as srv:
+        url = f"127.0.0.1:{config.grpc_port}"
+
+        async def scenario():
+            async with grpc.aio.insecure_channel(url, options=[("grpc.http2.bdp_probe", 0)]) as channel:
+                call = channel.stream_stream(STREAM, pb.ModelInferRequest.SerializeToString,
+                                             pb.ModelStreamInferResponse.FromString)()
+
+                async def write_all():
+                    for _ in range(300):
+                        await call.write(double_request())
+
+                writing = asyncio.ensure_future(write_all())
+                await asyncio.sleep(3)  # six times the limit, reading nothing
+                run_unread = await asyncio.get_running_loop().run_in_executor(None, inference_count, srv.url, "double")
+                answered = 0
+                try:
+                    async for _ in call:  # now read: every answer, then the stream's end
+                        answered += 1
+                    code = grpc.StatusCode.OK
+                except grpc.aio.AioRpcError as e:
+                    code = e.code()
+                await asyncio.wait_for(writing, 30)  # a hang guard: the writes went through
+                return run_unread, answered, code
+
+        run_unread, answered, code = asyncio.run(scenario())
+        assert run_unread < 300 * 8, "the stream ran every request (8 rows each) of a client that read no answer"
+        assert answered == 300 and code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert metric(srv.url, "aclserve_request_memory_bytes") == 0
