@@ -244,7 +244,7 @@ class ConnectionTracker:
             self._sweeper = None
 
     def _close(self, conn: _Conn) -> None:
-        self.outbox.flush()  # an answer made for this connection goes out before it closes
+        self.outbox.flush()  # an answer made for this connection goes out before it closes (all go)
         self._conns.pop(conn.transport, None)
         self._unhold(conn)
         conn.transport.close()

@@ -52,7 +52,7 @@ class GuardedProtocol(asyncio.Protocol):
             self._inner = self._factory()
             self._inner.connection_made(transport)
             if self._tracker.early is not None or self._tracker.direct is not None:
-                self._framing = RequestFraming(self._inner.data_received, self._answer, self._held,
+                self._framing = RequestFraming(self._forward, self._answer, self._held,
                                                self._offered, self._passed)
 
     def data_received(self, data: bytes) -> None:
@@ -76,6 +76,13 @@ class GuardedProtocol(asyncio.Protocol):
         elif (not conn.forwarded and self._serving is None and framing.idle
               and not framing.lost):  # lost: requests are not counted
             conn.phase, conn.since = IDLE, self._tracker.now()  # what came was answered here
+
+    def _forward(self, data: bytes) -> None:
+        """Bytes for aiohttp. The answers waiting in the outbox go out first: aiohttp may answer
+        within this call (its handler tasks start eagerly on Python 3.12+), and an answer of
+        the guard's on this connection must not be overtaken."""
+        self._tracker.outbox.flush()
+        self._inner.data_received(data)
 
     def _stash(self, data: bytes) -> None:
         """Keep `data` for later and stop reading. Whatever ends the wait reads on: a hold's

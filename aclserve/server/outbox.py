@@ -18,8 +18,9 @@ Two answers go out at once, with everything waiting before them:
   then waits behind nothing, not even the batcher's own bookkeeping of that round.
 
 Answers on one connection keep their order: all of the guard's answers go through here, in
-order, and aiohttp answers a connection only while the guard answers nothing there (requests
-forwarded to it are never followed by an answer here while one is unanswered). Whoever closes a
+order; aiohttp answers a connection only while the guard answers nothing there (requests
+forwarded to it are never followed by an answer here while one is unanswered), and the guard
+flushes before it hands aiohttp any bytes (aiohttp may answer at once). Whoever closes a
 connection flushes first (connections.py). Loop thread only.
 """
 from __future__ import annotations
