@@ -11,7 +11,8 @@ ready, and a stream its client leaves quiet ends.
 - Not timed: a stream whose client stops reading its answers. grpc's flow control holds the
   answer being sent, and the handler has no way to end that call: an abort's status waits
   behind the answer (tried). The call keeps its slot and at most STREAM_WINDOW requests until
-  the client reads or goes.
+  the client reads or goes. So a client that writes all its requests before reading any
+  answer waits once the window and both sides' buffers are full (300 small requests fit).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ class InferStream:
         went quiet waiting for a message; the error of a broken request stream."""
         reader = asyncio.ensure_future(self._read())
         watchdog = asyncio.ensure_future(self._watch())
+        getter = None
         try:
             while not (reader.done() and self._running == 0 and self._ready.empty()):
                 getter = asyncio.ensure_future(self._ready.get())
@@ -66,8 +68,9 @@ class InferStream:
                                       "(body_timeout_s)")
             reader.result()  # a broken request stream ends the call with its error
         finally:
-            reader.cancel()
-            watchdog.cancel()
+            for task in (reader, watchdog, getter):
+                if task is not None:
+                    task.cancel()
             for task in list(self._tasks):
                 task.cancel()
 

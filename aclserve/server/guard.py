@@ -78,10 +78,10 @@ class GuardedProtocol(asyncio.Protocol):
             conn.phase, conn.since = IDLE, self._tracker.now()  # what came was answered here
 
     def _forward(self, data: bytes) -> None:
-        """Bytes for aiohttp. The answers waiting in the outbox go out first: aiohttp may answer
-        within this call (its handler tasks start eagerly on Python 3.12+), and an answer of
-        the guard's on this connection must not be overtaken."""
-        self._tracker.outbox.flush()
+        """Bytes for aiohttp. An answer of the guard's waiting in the outbox for this connection
+        goes out first: aiohttp may answer within this call (its handler tasks start eagerly on
+        Python 3.12+) and must not overtake it."""
+        self._tracker.outbox.flush_before(self._conn.transport)
         self._inner.data_received(data)
 
     def _stash(self, data: bytes) -> None:

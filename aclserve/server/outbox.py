@@ -20,7 +20,8 @@ Two answers go out at once, with everything waiting before them:
 Answers on one connection keep their order: all of the guard's answers go through here, in
 order; aiohttp answers a connection only while the guard answers nothing there (requests
 forwarded to it are never followed by an answer here while one is unanswered), and the guard
-flushes before it hands aiohttp any bytes (aiohttp may answer at once). Whoever closes a
+flushes what waits for a connection before it hands aiohttp that connection's bytes (aiohttp
+may answer at once). Whoever closes a
 connection flushes first (connections.py). Loop thread only.
 """
 from __future__ import annotations
@@ -34,10 +35,11 @@ LARGE = 64 * 1024
 class Outbox:
     """Owned by the ConnectionTracker; written to by every connection's guard."""
 
-    __slots__ = ("_pending", "_round", "making")
+    __slots__ = ("_pending", "_waiting", "_round", "making")
 
     def __init__(self):
         self._pending: list[tuple[object, Sequence[bytes]]] = []
+        self._waiting: set = set()  # the transports in _pending
         self._round: asyncio.Handle | None = None  # the round's flush, once something waits
         self.making = 0  # direct answers begun and not ended
 
@@ -45,6 +47,7 @@ class Outbox:
         """Write `chunks` (an early refusal) to `transport` at the end of this round, or now when
         large."""
         self._pending.append((transport, chunks))
+        self._waiting.add(transport)
         if sum(map(len, chunks)) > LARGE:
             self.flush()
         elif self._round is None:
@@ -67,11 +70,18 @@ class Outbox:
         else:
             self.send(transport, chunks)
 
+    def flush_before(self, transport) -> None:
+        """Something else is about to be written to `transport`: what waits for it goes first
+        (with everything waiting before it)."""
+        if transport in self._waiting:
+            self.flush()
+
     def flush(self) -> None:
         """Write everything waiting, in order (a transport closed meanwhile is skipped)."""
         if self._round is not None:
             self._round.cancel()
             self._round = None
+        self._waiting.clear()
         pending, self._pending = self._pending, []
         for transport, chunks in pending:
             if not transport.is_closing():

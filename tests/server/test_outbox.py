@@ -125,3 +125,19 @@ def test_a_connection_closed_by_the_tracker_gets_its_waiting_answer_first():
 
     got, closing = asyncio.run(main())
     assert got == b"HTTP/1.1 503 Service Unavailable\r\n\r\n" and closing
+
+
+def test_what_waits_for_a_connection_goes_before_anything_else_written_to_it():
+    async def main():
+        outbox = Outbox()
+        (a, peer_a), (b, peer_b) = await pair(), await pair()
+        outbox.send(a, [b"to a"])
+        outbox.flush_before(b)  # nothing waits for b: the round's batch stays together
+        kept = received(peer_a)
+        outbox.flush_before(a)
+        a.write(b", then aiohttp's")
+        got = received(peer_a)
+        a.close(), b.close()
+        return kept, got
+
+    assert asyncio.run(main()) == (b"", b"to a, then aiohttp's")
