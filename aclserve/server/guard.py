@@ -14,8 +14,8 @@ no request handed to aiohttp is unanswered (answers keep their order):
   nothing more is read from it until the answer is written, and a connection lost meanwhile
   cancels it.
 
-Both kinds of answer are written through the tracker's Outbox (outbox.py): those of one loop
-round go out together at its end. Which requests are plain: plain.py. Loop thread only.
+Early refusals are written through the tracker's Outbox (outbox.py): those of one loop round
+go out together at its end. Which requests are plain: plain.py. Loop thread only.
 """
 from __future__ import annotations
 
@@ -127,7 +127,6 @@ class GuardedProtocol(asyncio.Protocol):
             return FORWARD
         self._inner.keep_alive(True)  # aiohttp, which does not see it, must not close it as idle
         conn.phase = BUSY  # running: neither timed out nor evicted, as in aiohttp's handlers
-        tracker.outbox.begin()
         self._serving = asyncio.get_running_loop().create_task(self._respond(named, head, bytes(body)))
         return ANSWERED
 
@@ -137,14 +136,14 @@ class GuardedProtocol(asyncio.Protocol):
         conn = self._conn
         transport = conn.transport
         tracker = self._tracker
-        answer = None
         try:
             answer = await tracker.direct.answer(named, head, body, transport)
         finally:
             self._serving = None
-            tracker.outbox.end(transport, None if answer is None or transport.is_closing() else answer)
         if transport.is_closing():
             return
+        tracker.outbox.flush_before(transport)
+        transport.writelines(answer)
         conn.phase, conn.since = IDLE, tracker.now()
         if self._write_paused:  # a client that does not read its answers sends no more requests
             self._read_on_drain = True

@@ -1,28 +1,25 @@
-"""The guard's answers (direct answers, early refusals), written together at the end of the event
-loop's round.
+"""The guard's early refusals, written together at the end of the event loop's round.
 
 Writing an answer to a client asleep in epoll wakes it, and with the client on this host (the
 loopback, a veth pair: a sidecar, a gateway on the same node) the writing core pays for that
 wake-up; on a VM, where the wake-up is an interrupt sent between cores, it took a third of an
 early refusal's CPU (perf on one core: the 503's write spent its time in sock_def_readable).
-Written one by one, between the Python work of the requests around them, each answer finds its
-client asleep again. So the answers made in one round of the loop wait here until the round's
-callbacks have run (loop.call_soon), then go out back to back, in the order they were made: a
-client woken by the first finds the others while it runs (Netty's flush consolidation, for the
-same reason).
+Refusals are made one by one as the loop reads each connection, so each found its client asleep
+again. Here the refusals made in one round wait until the round's callbacks have run
+(loop.call_soon), then go out back to back, in the order they were made: a client woken by the
+first finds the others while it runs (Netty's flush consolidation, for the same reason). A
+503's latency does not matter to its client; the loop's CPU does to everyone else.
 
-Two answers go out at once, with everything waiting before them:
-- a large one (over LARGE bytes: its copy, not the wake-up, costs; and the transport's flow
-  control sees it at once, so a client that reads nothing still stops being read);
-- the last of the direct answers being made (`begin` / `end`): a lone request at one client
-  then waits behind nothing, not even the batcher's own bookkeeping of that round.
+Direct answers (the guard's 200s) are written at once, not here. Deferred the same way, light
+JSON at 64 clients gained 34-43 % where waking the client is dear, but at 16 clients it lost
+10-19 % where waking is cheap (as for clients on other hosts): answers going out after the
+round, the next batch formed before their clients could send again, and batches were smaller.
 
-Answers on one connection keep their order: all of the guard's answers go through here, in
-order; aiohttp answers a connection only while the guard answers nothing there (requests
-forwarded to it are never followed by an answer here while one is unanswered), and the guard
-flushes what waits for a connection before it hands aiohttp that connection's bytes (aiohttp
-may answer at once). Whoever closes a
-connection flushes first (connections.py). Loop thread only.
+An answer over LARGE bytes goes out at once, with everything waiting before it (its copy, not
+the wake-up, costs; and the transport's flow control sees it at once). Answers on one
+connection keep their order: whatever else the guard writes or hands to aiohttp on a connection
+first flushes what waits for it (`flush_before`), and whoever closes a connection flushes first
+(connections.py). Loop thread only.
 """
 from __future__ import annotations
 
@@ -35,40 +32,21 @@ LARGE = 64 * 1024
 class Outbox:
     """Owned by the ConnectionTracker; written to by every connection's guard."""
 
-    __slots__ = ("_pending", "_waiting", "_round", "making")
+    __slots__ = ("_pending", "_waiting", "_round")
 
     def __init__(self):
         self._pending: list[tuple[object, Sequence[bytes]]] = []
         self._waiting: set = set()  # the transports in _pending
         self._round: asyncio.Handle | None = None  # the round's flush, once something waits
-        self.making = 0  # direct answers begun and not ended
 
     def send(self, transport, chunks: Sequence[bytes]) -> None:
-        """Write `chunks` (an early refusal) to `transport` at the end of this round, or now when
-        large."""
+        """Write `chunks` to `transport` at the end of this round, or now when large."""
         self._pending.append((transport, chunks))
         self._waiting.add(transport)
         if sum(map(len, chunks)) > LARGE:
             self.flush()
         elif self._round is None:
             self._round = asyncio.get_running_loop().call_soon(self.flush)
-
-    def begin(self) -> None:
-        """A direct answer is being made: until it ends, answers wait for the round's end."""
-        self.making += 1
-
-    def end(self, transport=None, chunks: Sequence[bytes] | None = None) -> None:
-        """A direct answer begun ends, written with `chunks` (None: nothing to write, it was
-        cancelled or its connection is gone). The last one being made flushes at once."""
-        self.making -= 1
-        if chunks is None:
-            if self.making == 0 and self._pending:
-                self.flush()
-        elif self.making == 0:
-            self._pending.append((transport, chunks))
-            self.flush()
-        else:
-            self.send(transport, chunks)
 
     def flush_before(self, transport) -> None:
         """Something else is about to be written to `transport`: what waits for it goes first

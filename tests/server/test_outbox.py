@@ -1,5 +1,5 @@
-"""The guard's answers wait for the end of the loop's round, then go out together and in order
-(outbox.py); over real sockets: each answer's transport is one end of a socket pair, read at the
+"""The guard's early refusals wait for the end of the loop's round, then go out together and in
+order (outbox.py); over real sockets: each answer's transport is one end of a socket pair, read at the
 other end without blocking."""
 import asyncio
 import socket
@@ -70,28 +70,6 @@ def test_a_large_answer_goes_out_at_once_after_what_waited():
         return at_once
 
     assert asyncio.run(main()) == (b"small", LARGE + 1)
-
-
-def test_the_last_direct_answer_being_made_flushes_everything_at_once():
-    async def main():
-        outbox = Outbox()
-        (a, peer_a), (b, peer_b) = await pair(), await pair()
-        outbox.begin(), outbox.begin()
-        outbox.end(a, [b"one of two"])
-        waiting = received(peer_a)
-        outbox.end(b, [b"the last"])  # nothing else is being made: no reason to wait
-        at_once = received(peer_a), received(peer_b)
-        outbox.begin()
-        outbox.send(a, [b" refused"])
-        outbox.end()  # cancelled: nothing of its own, but what waits goes
-        after_cancel = received(peer_a)
-        a.close(), b.close()
-        return waiting, at_once, after_cancel, outbox.making
-
-    waiting, at_once, after_cancel, making = asyncio.run(main())
-    assert waiting == b""
-    assert at_once == (b"one of two", b"the last")
-    assert after_cancel == b" refused" and making == 0
 
 
 def test_an_answer_to_a_connection_closed_meanwhile_is_dropped():
