@@ -93,7 +93,7 @@ class ConnectionTracker:
         self.counts = {"refused": 0, "evicted": 0, "header_timeout": 0, "idle_timeout": 0}
         self.early = None  # shedding.EarlyRefusal: infer requests refused before aiohttp sees them
         self.direct = None  # direct.DirectInfer: plain infer requests answered without aiohttp
-        self.outbox = Outbox()  # the guard's answers, written together at the end of a round
+        self.outbox = Outbox()  # the guard's early refusals, written together at the end of a round
         self.held = 0  # connections held now
         self.holds = 0  # holds since start
         self._conns: dict[object, _Conn] = {}

@@ -15,18 +15,14 @@ JSON at 64 clients gained 34-43 % where waking the client is dear, but at 16 cli
 10-19 % where waking is cheap (as for clients on other hosts): answers going out after the
 round, the next batch formed before their clients could send again, and batches were smaller.
 
-An answer over LARGE bytes goes out at once, with everything waiting before it (its copy, not
-the wake-up, costs; and the transport's flow control sees it at once). Answers on one
-connection keep their order: whatever else the guard writes or hands to aiohttp on a connection
-first flushes what waits for it (`flush_before`), and whoever closes a connection flushes first
-(connections.py). Loop thread only.
+Answers on one connection keep their order: whatever else the guard writes or hands to aiohttp
+on a connection first flushes what waits for it (`flush_before`), and whoever closes a
+connection flushes first (connections.py). Loop thread only.
 """
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-
-LARGE = 64 * 1024
 
 
 class Outbox:
@@ -40,12 +36,11 @@ class Outbox:
         self._round: asyncio.Handle | None = None  # the round's flush, once something waits
 
     def send(self, transport, chunks: Sequence[bytes]) -> None:
-        """Write `chunks` to `transport` at the end of this round, or now when large."""
+        """Write `chunks` (a refusal: a few hundred bytes) to `transport` at the end of this
+        round."""
         self._pending.append((transport, chunks))
         self._waiting.add(transport)
-        if sum(map(len, chunks)) > LARGE:
-            self.flush()
-        elif self._round is None:
+        if self._round is None:
             self._round = asyncio.get_running_loop().call_soon(self.flush)
 
     def flush_before(self, transport) -> None:

@@ -22,8 +22,9 @@ BOUND = 32 << 20
 
 def test_a_client_that_pipelines_early_refused_requests_and_reads_nothing_is_not_read_without_bound(
         models_dir, tmp_path, make_config):
-    """outbox.py says the transport's flow control makes "a client that reads nothing still stop
-    being read"; direct answers do stop reading then (guard._respond), early refusals do not:
+    """outbox.py said (when it also deferred direct answers) that the transport's flow control
+    makes "a client that reads nothing still stop being read"; direct answers do stop reading
+    then (guard._respond), early refusals did not:
     GuardedProtocol.data_received never looks at _write_paused, so every pipelined request is
     read, refused, and its 503 kept in the transport's buffer. A client sending 64 MiB of small
     requests and reading nothing has all of it read (about 40 MB of 503s buffered; it grows with
