@@ -25,7 +25,6 @@ def encode_response(model_name: str, model_version: str, req: InferRequest,
         selected = [(o.name, sig.outputs[o.name].datatype, default if o.binary is None else o.binary,
                      o.classification) for o in req.outputs]
     entries = []
-    json_entries = []  # those whose data is written as JSON
     chunks = []
     for name, datatype, binary, classes in selected:
         arr = outputs[name]
@@ -42,11 +41,10 @@ def encode_response(model_name: str, model_version: str, req: InferRequest,
             chunks.append(raw)
         else:
             entries.append(output_entry(name, datatype, arr))
-            json_entries.append(entries[-1])
     doc = {"model_name": model_name, "model_version": model_version, "outputs": entries}
     if req.id is not None:
         doc["id"] = req.id
-    head = dumps_response(doc, json_entries)
+    head = dumps_response(doc)
     if not chunks:
         return head, None
     return b"".join([head, *chunks]), len(head)

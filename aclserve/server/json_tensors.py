@@ -191,16 +191,17 @@ def output_entry(name: str, datatype: str, arr: np.ndarray) -> dict:
             "data": np.ascontiguousarray(arr).reshape(-1)}
 
 
-def dumps_response(doc: dict, entries: list[dict]) -> bytes:
-    """The response's JSON. Non-finite values are written as null, and an output (of `entries`,
-    made by output_entry) holding any gets `parameters.non_finite_values`, their count. With no
-    `null` in the JSON there is none (a `null` elsewhere, in a name, only costs the check)."""
+def dumps_response(doc: dict) -> bytes:
+    """The response's JSON. Non-finite values are written as null, and an output of
+    `doc["outputs"]` whose data (made by output_entry) holds any gets
+    `parameters.non_finite_values`, their count. With no `null` in the JSON there is none (a
+    `null` elsewhere, in a name, only costs the check)."""
     written = dumps(doc)
     if b"null" not in written:
         return written
     counted = False
-    for entry in entries:
-        data = entry["data"]
+    for entry in doc["outputs"]:
+        data = entry.get("data")  # binary outputs have none here
         if isinstance(data, np.ndarray) and data.dtype.kind == "f":
             non_finite = data.size - int(np.count_nonzero(np.isfinite(data)))
             if non_finite:
