@@ -59,7 +59,7 @@ class GuardedProtocol(asyncio.Protocol):
         conn = self._conn
         if conn is None:
             return  # refused: discard until closed
-        if conn.hold is not None or self._serving is not None or self._read_on_drain or self._write_paused:
+        if self._read_on_drain or self._held():
             # held, answering here, or the client not reading its answers: kept for later
             # (aiohttp's flow control may resume reading)
             self._stash(data)
@@ -168,6 +168,7 @@ class GuardedProtocol(asyncio.Protocol):
         self._conn.forwarded += 1
 
     def _held(self) -> bool:
+        """Nothing more is read now: a hold, a direct answer being made, or writing paused."""
         return self._conn.hold is not None or self._serving is not None or self._write_paused
 
     def eof_received(self):
