@@ -188,14 +188,8 @@ class ConnectionTracker:
     def _release(self, conn: _Conn) -> None:
         conn.hold = None
         self.held -= 1
-        stash, conn.stash = conn.stash, []
-        transport = conn.transport
-        if transport.is_closing():
-            return
-        transport.resume_reading()  # first: what is fed may pause it again (aiohttp's flow control)
-        protocol = transport.get_protocol()
-        for data in stash:
-            protocol.data_received(data)
+        if not conn.transport.is_closing():
+            conn.transport.get_protocol().read_on()  # its guard: reads on, feeds what came meanwhile
 
     def _unhold(self, conn: _Conn) -> None:
         if conn.hold is not None:

@@ -149,12 +149,13 @@ class GuardedProtocol(asyncio.Protocol):
             self._read_on_drain = True
             transport.pause_reading()
         elif conn.hold is None:  # a hold (an overload refusal) reads on when it ends
-            self._read_on()
+            self.read_on()
 
-    def _read_on(self) -> None:
+    def read_on(self) -> None:
         """Read again, then feed what came while a direct answer was made (or its buffer
-        drained). In that order: what is fed may pause reading again (aiohttp's own flow
-        control, with requests queued; another direct answer), and that pause must stand."""
+        drained, or a hold lasted: the tracker calls this when it ends). In that order: what is
+        fed may pause reading again (aiohttp's own flow control, with requests queued; another
+        direct answer), and that pause must stand."""
         conn = self._conn
         if not conn.transport.is_closing():
             conn.transport.resume_reading()
@@ -172,6 +173,10 @@ class GuardedProtocol(asyncio.Protocol):
         return self._conn.hold is not None or self._serving is not None or self._write_paused
 
     def eof_received(self):
+        """The client half-closed or closed: taken as gone (as nginx, 499, and Go's net/http
+        do; a close cannot be told from a half-close here), so the connection closes and its
+        requests leave the queue. A client that half-closes after its request (`nc -N`) gets
+        no answer."""
         return self._inner.eof_received() if self._inner is not None else None
 
     def connection_lost(self, exc) -> None:
@@ -193,7 +198,7 @@ class GuardedProtocol(asyncio.Protocol):
         if self._read_on_drain:
             self._read_on_drain = False
             if self._conn.hold is None and not self._conn.transport.is_closing():
-                self._read_on()
+                self.read_on()
 
 
 async def listen(runner: web.AppRunner, tracker: ConnectionTracker, host: str, port: int,
