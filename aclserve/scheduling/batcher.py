@@ -14,7 +14,8 @@ from ..runtime.batch import Batch, BatchExecutor
 from ..trace.records import form_batch
 from .clock import Clock, LoopClock
 from .delivery import Delivery, resolve
-from .formation import EARLY_S, Formation, GearTimes
+from .composition import Composer
+from .formation import Formation, GearTimes
 from .gears import GearPlanner, batch_limit
 from .policy import BatchingConfig
 from .queue import PriorityQueue
@@ -43,16 +44,10 @@ class DynamicBatcher:
     that arrives before that moment goes into that batch. `when_slot_free` forms a batch as
     soon as any slot is free instead (the rule before; a comparison baseline).
 
-    What a batch holds: requests in priority order (FIFO within a level) while they fit
-    `batch_limit` (the largest gear, or the configured `max_batch_size` when lower). They run
-    at once if they fill a gear exactly or no more can fit;
-    otherwise the batcher waits until the oldest of them has waited `max_queue_delay_ms`.
-    GearPlanner chooses padding or a split; under `just_in_time` a batch holding requests of
-    a higher level takes lower-level rows only into its padding when that makes it markedly
-    shorter at a bounded cost per row (GearPlanner.level_cut), so they are not slowed by rows
-    they could run without. Requests are never split: one with more rows
-    than `batch_limit` is refused with InvalidInput. A static model (no gears) and
-    `enabled=False` run one request per run.
+    What a batch holds and on which gears it runs: composition.py (requests in priority
+    order while they fit `batch_limit`, waiting up to `max_queue_delay_ms` for a fuller one).
+    Requests are never split: one with more rows than `batch_limit` is refused with
+    InvalidInput.
 
     Cancellation: if the task awaiting `infer()` is cancelled, a queued request is removed
     at once; a running one has its result dropped. Failures of a run fail only its requests;
@@ -70,10 +65,6 @@ class DynamicBatcher:
         self.gears = tuple(executor.gears)
         self.static = not self.gears
         self.batch_limit = batch_limit(self.gears, config)  # 0 for a static model
-        self._planner = (GearPlanner(self.gears, executor.gear_cost or {}, self.batch_limit)
-                         if self.gears else None)
-        self._batching = config.enabled and not self.static
-        self._delay = config.max_queue_delay_ms / 1000.0
         self._loop = loop
         self._clock = clock
         self._queue: PriorityQueue | None = None
@@ -86,6 +77,9 @@ class DynamicBatcher:
         self._formation = Formation(GearTimes(self.gears, executor.gear_cost or {},
                                               executor.compute_cost or {}),
                                     config.batch_formation)
+        planner = GearPlanner(self.gears, executor.gear_cost or {}, self.batch_limit) if self.gears else None
+        self._composer = Composer(self.gears, planner, self.batch_limit, config.enabled and not self.static,
+                                  config.max_queue_delay_ms / 1000.0, self._formation.just_in_time)
         self._running: set[Batch] = set()
         self._delivery = Delivery(config.preserve_ordering, self.stats, name)
         self._refusal: tuple[type[ServeError], str] | None = None
@@ -250,12 +244,13 @@ class DynamicBatcher:
                         self._arm_timer(later)
                     return  # the timer, a result or a freed slot wakes us
                 lane, capacity = ready[0]
-                batch = self._next_batch()
+                batch, window_end = self._composer.next_batch(queue, self._clock.now())
                 if batch is None:
+                    self._arm_timer(window_end)
                     return  # the window timer or an arrival wakes us
                 if not batch:
                     raise RuntimeError("the queue head does not fit in a batch")
-                runs = self._plan(batch, capacity)
+                runs = self._composer.plan(batch, capacity)
             except Exception as exc:
                 log.exception("batcher %s: scheduling failed", self.name)
                 victims = batch or queue.take(sys.maxsize, 1)
@@ -268,40 +263,6 @@ class DynamicBatcher:
                 continue
             for requests, gear in runs:
                 self._submit(requests, gear, lane)
-
-    def _next_batch(self) -> list[QueuedRequest] | None:
-        """The requests of the next run, or None while a partial batch may wait."""
-        queue = self._queue
-        if not self._batching:
-            return queue.take(sys.maxsize if self.static else self.batch_limit, 1)
-        total = queue.rows
-        if total < self.batch_limit and not self._planner.is_exact(total):
-            window_end = queue.oldest_enqueued() + self._delay
-            if self._clock.now() < window_end - EARLY_S:
-                self._arm_timer(window_end)
-                return None
-            return self._take(self._planner.take_limit(total))
-        return self._take(self.batch_limit)
-
-    def _take(self, limit: int) -> list[QueuedRequest]:
-        queue = self._queue
-        if self._formation.just_in_time:  # lower levels only fill a higher level's padding
-            limit = self._planner.level_cut(queue.top_level_rows(limit), min(queue.rows, limit))
-        # The head request may be larger than the limit: then take the batch whole.
-        return queue.take(limit) or queue.take(self.batch_limit)
-
-    def _plan(self, batch: list[QueuedRequest], capacity: int) -> list[tuple[list[QueuedRequest], int | None]]:
-        if self.static:
-            return [(batch, None)]
-        rows = [request.rows for request in batch]
-        total = sum(rows)
-        if len(batch) == 1:
-            return [(batch, self._planner.gear_for(total))]
-        runs, start = [], 0
-        for count, gear in self._planner.plan(rows, total, capacity):
-            runs.append((batch[start:start + count], gear))
-            start += count
-        return runs
 
     def _arm_timer(self, at: float) -> None:
         """Wake the loop at `at` (a batch window's end, or a busy instance's moment); the
