@@ -73,9 +73,10 @@ class DirectInfer:
             return None
         return head.derived("direct", _plain_target)
 
-    async def answer(self, named: tuple[str, str | None], head: Head, body: bytes, transport
+    async def answer(self, named: tuple[str, str | None], head: Head, body: bytes | memoryview, transport
                      ) -> tuple[bytes, bytes]:
-        """The HTTP answer (its head, its body) to a request `target` accepted (its body in hand)."""
+        """The HTTP answer (its head, its body) to a request `target` accepted (its body in hand:
+        a view of the bytes read, which the codec decodes without copying)."""
         state = self._state
         self.answered += 1
         try:
@@ -102,7 +103,7 @@ class DirectInfer:
             headers["Retry-After"] = retry_after_value(wait)
         return _render(status, _JSON, orjson.dumps({"error": message}), headers)
 
-    async def _run(self, lease, head: Head, body: bytes, rec, trace):
+    async def _run(self, lease, head: Head, body: bytes | memoryview, rec, trace):
         lease.take(len(body), "request body")  # as aiohttp's path charges the body it reads
         header_length = parse_header_length(head.derived("header_length", _header_length_text))
         charge_decoding(lease, rec, body, header_length)

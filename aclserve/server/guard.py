@@ -127,10 +127,10 @@ class GuardedProtocol(asyncio.Protocol):
             return FORWARD
         self._inner.keep_alive(True)  # aiohttp, which does not see it, must not close it as idle
         conn.phase = BUSY  # running: neither timed out nor evicted, as in aiohttp's handlers
-        self._serving = asyncio.get_running_loop().create_task(self._respond(named, head, bytes(body)))
+        self._serving = asyncio.get_running_loop().create_task(self._respond(named, head, body))
         return ANSWERED
 
-    async def _respond(self, named, head, body: bytes) -> None:
+    async def _respond(self, named, head, body: memoryview) -> None:
         """Answer a request directly (direct.py), then read on. A connection lost meanwhile
         cancels this (the request leaves the queue)."""
         conn = self._conn
