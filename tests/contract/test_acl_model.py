@@ -139,6 +139,22 @@ def test_set_dynamic_batch_size_rules(acl, loaded_mlp, static_om):
         static.close()
 
 
+def test_set_dynamic_batch_size_on_a_buffer_without_address_is_invalid_param(acl, loaded_mlp):
+    """aclmdlSetDynamicBatchSize refuses a data buffer whose address is null with 100000 itself,
+    before GE sees it (hicann/ge api/acl/acl_model/model/model.cpp: "data buffer addr cannot be
+    null" -> ACL_ERROR_INVALID_PARAM); GE's own 145011 is never reached through this API."""
+    m = loaded_mlp
+    ds = acl.mdl.create_dataset()
+    null_buf = acl.create_data_buffer(0, 8)
+    try:
+        acl.mdl.add_dataset_buffer(ds, acl.mdl.get_dataset_buffer(m.inputs, 0))
+        acl.mdl.add_dataset_buffer(ds, null_buf)
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, ds, MBATCH, 2) == C.ACL_ERROR_INVALID_PARAM
+    finally:
+        acl.destroy_data_buffer(null_buf)
+        acl.mdl.destroy_dataset(ds)
+
+
 def test_execute_rules(acl, loaded_mlp, ctx):
     m = loaded_mlp
     empty = acl.mdl.create_dataset()

@@ -229,8 +229,8 @@ def set_dynamic_batch_size(model: LoadedModel, ds: Dataset, index: int, batch: i
     if not 0 <= index < len(ds.buffers) or index != info.mbatch_index:
         return C.ACL_ERROR_INVALID_PARAM
     buf = ds.buffers[index]
-    if buf.addr == 0:
-        return C.ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID
+    if buf.addr == 0:  # ACL's own check, before GE (whose 145011 this API never reaches)
+        return C.ACL_ERROR_INVALID_PARAM
     if buf.size < 4:
         return C.ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID
     if batch not in info.gears:
