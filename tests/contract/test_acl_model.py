@@ -124,6 +124,9 @@ def test_set_dynamic_batch_size_rules(acl, loaded_mlp, static_om):
     assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, 7, 2) == C.ACL_ERROR_INVALID_PARAM
     assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 3) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
     assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 4) == 0
+    # ACL's argument checks come before GE looks the model up (hicann/ge model.cpp, then ge_executor.cc)
+    assert acl.mdl.set_dynamic_batch_size(999_999, m.inputs, 7, 2) == C.ACL_ERROR_INVALID_PARAM
+    assert acl.mdl.set_dynamic_batch_size(999_999, m.inputs, MBATCH, 2) == C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
     host, _ = acl.rt.malloc_host(8)
     try:  # written at once into the dataset's buffer, no stream involved
         assert acl.rt.memcpy(host, 8, m.buffer_ptr(m.inputs, MBATCH), 8, C.ACL_MEMCPY_DEVICE_TO_HOST) == 0
@@ -134,7 +137,10 @@ def test_set_dynamic_batch_size_rules(acl, loaded_mlp, static_om):
     static = LoadedModel(acl, static_om[0])
     try:
         assert acl.mdl.get_dynamic_batch(static.desc) == ({"batchCount": 0, "batch": []}, 0)
-        assert acl.mdl.set_dynamic_batch_size(static.model_id, static.inputs, 0, 2) == C.ACL_ERROR_MODEL_NOT_DYNAMIC
+        # GE finds no gear to match in a static model (IsDynamicBatchSizeMatchModel on empty batch
+        # info): 145013, not 100019 (hicann/ge runtime/v1/executor/ge_executor.cc, SetDynamicBatchSize)
+        assert acl.mdl.set_dynamic_batch_size(static.model_id, static.inputs, 0, 2) \
+            == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
     finally:
         static.close()
 

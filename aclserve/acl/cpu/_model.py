@@ -219,22 +219,29 @@ def unload(ctx, model_id: int) -> int:
     return C.ACL_SUCCESS
 
 
-def set_dynamic_batch_size(model: LoadedModel, ds: Dataset, index: int, batch: int) -> int:
-    """Write the batch into the dynamic-batch buffer now (synchronous, not stream-ordered)."""
-    info = model.info
-    if batch <= 0:
-        return C.ACL_ERROR_INVALID_PARAM
-    if info.mbatch_index is None:
-        return C.ACL_ERROR_MODEL_NOT_DYNAMIC
-    if not 0 <= index < len(ds.buffers) or index != info.mbatch_index:
+def set_dynamic_batch_size(model_id: int, ds: Dataset, index: int, batch: int) -> int:
+    """Write the batch into the dynamic-batch buffer now (synchronous, not stream-ordered).
+
+    Checks in aclmdlSetDynamicBatchSize's order: ACL's (batch, a buffer at `index`, its
+    address: 100000), then GE's (buffer length 145012, model id 145003, a compiled gear 145013;
+    a static model has none, so it gets 145013 too)."""
+    if batch <= 0 or not 0 <= index < len(ds.buffers):
         return C.ACL_ERROR_INVALID_PARAM
     buf = ds.buffers[index]
     if buf.addr == 0:  # ACL's own check, before GE (whose 145011 this API never reaches)
         return C.ACL_ERROR_INVALID_PARAM
     if buf.size < 4:
         return C.ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID
+    model = models.get(model_id)
+    if model is None:
+        return C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+    info = model.info
     if batch not in info.gears:
         return C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+    if index != info.mbatch_index:
+        # Stricter than the device, which writes the value into whatever buffer sits at `index`
+        # (a data input then holds garbage): here that mistake is refused instead.
+        return C.ACL_ERROR_INVALID_PARAM
     nbytes = 8 if buf.size >= 8 else 4
     if _memory.find(buf.addr, nbytes) is None:
         return C.ACL_ERROR_RT_PARAM_INVALID

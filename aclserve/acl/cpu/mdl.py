@@ -238,13 +238,10 @@ def set_dynamic_batch_size(model_id, dataset, index, batch_size):
     ctx, ret = _state.current()
     if ret:
         return ret
-    model = _model.models.get(model_id)
-    if model is None:
-        return C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
     ds = _dataset.datasets.get(dataset)
     if ds is None:
         return C.ACL_ERROR_INVALID_PARAM
-    return _model.set_dynamic_batch_size(model, ds, index, batch_size)
+    return _model.set_dynamic_batch_size(model_id, ds, index, batch_size)
 
 
 @api("acl.mdl.execute", INT, PTR, PTR)
