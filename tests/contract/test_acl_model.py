@@ -219,6 +219,21 @@ def test_execute_matches_onnxruntime_and_reports_current_dims(acl, loaded_mlp, m
         np.testing.assert_array_equal(m.read_output(1, np.int64, (batch,)), idx)
 
 
+def test_current_output_dims_follow_set_dynamic_batch_size(acl, loaded_mlp):
+    """get_cur_output_dims reads the gear the model was last set to (GE keeps it per model:
+    SetDynamicBatchSize -> DavinciModel::SetDynamicSize, read back by GetCurrentShape), not the
+    gear it last ran; before any set it answers get_output_dims (hicann/ge
+    api/acl/acl_model/model/model.cpp, aclmdlGetCurOutputDims: "static or not set dynamic shape
+    info" -> GetDims of the output)."""
+    m = loaded_mlp
+    assert acl.mdl.get_cur_output_dims(m.desc, 0) == acl.mdl.get_output_dims(m.desc, 0)
+    assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 2) == 0
+    assert acl.mdl.get_cur_output_dims(m.desc, 0) == ({"name": "y", "dimCount": 2, "dims": [2, 3]}, 0)
+    assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == 0
+    assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 4) == 0  # set, not yet run
+    assert acl.mdl.get_cur_output_dims(m.desc, 0) == ({"name": "y", "dimCount": 2, "dims": [4, 3]}, 0)
+
+
 def test_async_error_surfaces_at_synchronize(acl, loaded_mlp):
     m = loaded_mlp
     stream, _ = acl.rt.create_stream()

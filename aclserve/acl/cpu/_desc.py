@@ -1,7 +1,8 @@
 """aclmdlDesc: a model's description, filled by get_desc from a loaded model.
 
-A desc keeps a reference to the model's ModelInfo (and the model, for get_cur_output_dims), so it
-stays readable after unload, as a C desc would. Value-returning calls give 0 / -1 / "" on error.
+A desc keeps a reference to the model's ModelInfo (and the model, for get_cur_output_dims: the
+gear last set by set_dynamic_batch_size), so it stays readable after unload, as a C desc would.
+Value-returning calls give 0 / -1 / "" on error.
 """
 from __future__ import annotations
 
@@ -65,9 +66,8 @@ def dims(handle: int, index: int, outputs: bool, current: bool = False) -> tuple
     if t is None:
         return {}, C.ACL_ERROR_INVALID_PARAM
     values = list(t.dims)
-    if current:
-        model = descs[handle].model
-        batch = model.cur_batch if model.cur_batch is not None else model.info.max_batch
+    batch = descs[handle].model.set_batch if current else None
+    if batch is not None:  # never set: get_output_dims, as aclmdlGetCurOutputDims answers then
         values = list(t.shape_at(batch))
     return {"name": t.name, "dimCount": len(values), "dims": values}, C.ACL_SUCCESS
 

@@ -52,7 +52,9 @@ class LoadedModel:
         self._owned = owned
         self.lock = threading.Lock()
         self.closed = False
-        self.cur_batch: int | None = None
+        # The gear last set by set_dynamic_batch_size: GE keeps it per model (not per dataset or
+        # run), and get_cur_output_dims reads it; None until a first set.
+        self.set_batch: int | None = None
         self._bindings: dict = {}
         inputs, outputs = info.inputs, info.outputs
         self._in_min = [max(t.size_at(info.max_batch) - _PAD_TOLERANCE, 0) for t in inputs]
@@ -151,7 +153,6 @@ class LoadedModel:
                 if code:
                     return code
             self.session.run_with_iobinding(binding)
-            self.cur_batch = batch
             return C.ACL_SUCCESS
         except Exception:
             log.exception("model %d: execution failed", self.id)
@@ -238,6 +239,7 @@ def set_dynamic_batch_size(model_id: int, ds: Dataset, index: int, batch: int) -
     info = model.info
     if batch not in info.gears:
         return C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+    model.set_batch = batch  # GE records it before the write (DavinciModel::SetDynamicSize)
     if index != info.mbatch_index:
         # Stricter than the device, which writes the value into whatever buffer sits at `index`
         # (a data input then holds garbage): here that mistake is refused instead.
