@@ -111,6 +111,23 @@ def test_synchronize_stream_with_timeout_expires_with_507046(acl, ctx, streams, 
     assert acl.rt.synchronize_stream_with_timeout(s, -1) == 0
 
 
+def test_a_timeout_below_minus_one_is_a_runtime_param_error(acl, ctx, streams):
+    """The *_with_timeout waits take -1 (forever) or >= 0 ms; below -1 the runtime answers
+    ACL_ERROR_RT_PARAM_INVALID (107000), not 100000 (hicann/runtime src/acl/aclrt_impl/stream.cpp
+    and event.cpp: timeout < -1 -> ACL_ERROR_RT_PARAM_INVALID, expect "[-1, INT_MAX]")."""
+    s = streams()
+    event, _ = acl.rt.create_event()
+    try:
+        assert acl.rt.record_event(event, s) == 0
+        assert acl.rt.synchronize_stream_with_timeout(s, -2) == C.ACL_ERROR_RT_PARAM_INVALID
+        assert acl.rt.synchronize_event_with_timeout(event, -2) == C.ACL_ERROR_RT_PARAM_INVALID
+        assert acl.rt.synchronize_event_with_timeout(0, -2) == C.ACL_ERROR_RT_PARAM_INVALID  # checked first
+        assert acl.rt.synchronize_stream_with_timeout(s, 0) in (0, C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT)
+        assert acl.rt.synchronize_event_with_timeout(event, -1) == 0
+    finally:
+        assert acl.rt.destroy_event(event) == 0
+
+
 def test_events_record_query_synchronize_and_elapsed(acl, ctx, streams, reports):
     s = streams()
     reports.subscribe(s)

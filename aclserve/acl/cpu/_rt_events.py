@@ -10,7 +10,8 @@ _OK = C.ACL_SUCCESS
 
 
 def _timeout_s(ms: int):
-    """-1 -> forever (None); >= 0 -> seconds; anything else -> invalid (False)."""
+    """-1 -> forever (None); >= 0 -> seconds; anything else -> invalid (False), which the
+    *_with_timeout waits answer with ACL_ERROR_RT_PARAM_INVALID, as the runtime does."""
     if ms == -1:
         return None
     return ms / 1000.0 if ms >= 0 else False
@@ -76,8 +77,8 @@ def _event_wait(event: int, ms: int):
     if ret:
         return ret
     timeout = _timeout_s(ms)
-    if timeout is False:
-        return C.ACL_ERROR_INVALID_PARAM
+    if timeout is False:  # checked before the event, as aclrtSynchronizeEventWithTimeout does
+        return C.ACL_ERROR_RT_PARAM_INVALID
     e, ret = _state.event_of(event, ctx)
     if ret:
         return ret

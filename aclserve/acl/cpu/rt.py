@@ -173,7 +173,7 @@ def _sync(stream: int, ms: int):
         return ret
     timeout = _timeout_s(ms)
     if timeout is False:
-        return C.ACL_ERROR_INVALID_PARAM
+        return C.ACL_ERROR_RT_PARAM_INVALID
     s, ret = _state.stream_of(stream, ctx)
     return ret or s.synchronize(timeout)
 
