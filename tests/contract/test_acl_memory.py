@@ -112,6 +112,24 @@ def test_memcpy_error_codes(acl, ctx, device_buffer, acl_kind):
     assert acl.rt.memset(src, 8, 0, 8) == C.ACL_ERROR_RT_PARAM_INVALID
 
 
+def test_a_zero_byte_copy_or_set_succeeds_before_any_other_check(acl, ctx, device_buffer):
+    """aclrtMemcpy, aclrtMemcpyAsync, aclrtMemset and aclrtMemsetAsync return ACL_SUCCESS for
+    count 0 before they look at the pointers or the kind (hicann/runtime
+    src/acl/aclrt_impl/memory.cpp: 'count is 0, no memory copy will be performed')."""
+    dev = device_buffer(64)
+    stream, _ = acl.rt.create_stream()
+    try:
+        assert acl.rt.memcpy(0, 0, 0, 0, H2D) == 0
+        assert acl.rt.memcpy(dev, 64, 0, 0, 99) == 0
+        assert acl.rt.memcpy_async(0, 0, 0, 0, H2H, stream) == 0
+        assert acl.rt.memcpy_async(dev, 64, dev, 0, 99, stream) == 0
+        assert acl.rt.memset(0, 0, 0, 0) == 0
+        assert acl.rt.memset_async(0, 0, 0, 0, stream) == 0
+        assert acl.rt.synchronize_stream(stream) == 0
+    finally:
+        assert acl.rt.destroy_stream(stream) == 0
+
+
 def test_memcpy_async_runs_on_the_stream(acl, ctx, device_buffer, acl_kind):
     data = np.arange(64, dtype=np.uint8).tobytes()
     src = acl.util.bytes_to_ptr(data)

@@ -45,7 +45,7 @@ def memcpy(dst, dst_max, src, count, kind):
     ctx, ret = _state.current()
     if ret:
         return ret
-    if count == 0 and dst and src and 0 <= kind <= 4:
+    if count == 0:  # a no-op before the pointers and the kind are looked at, as on the device
         return _OK
     kind, ret = _copy.check_memcpy(dst, dst_max, src, count, kind, ctx.device)
     if ret:
@@ -68,9 +68,7 @@ def memcpy_async(dst, dst_max, src, count, kind, stream):
     ctx, ret = _state.current()
     if ret:
         return ret
-    if kind == C.ACL_MEMCPY_HOST_TO_HOST:
-        return C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
-    if count == 0 and dst and src and 0 <= kind <= 4:
+    if count == 0:  # a no-op before anything else is looked at, as on the device
         return _OK
     kind, ret = _copy.check_memcpy(dst, dst_max, src, count, kind, ctx.device)
     if ret:
@@ -84,10 +82,10 @@ def memcpy_async(dst, dst_max, src, count, kind, stream):
 @api("acl.rt.memset", PTR, PTR, INT, PTR)
 def memset(dev_ptr, max_size, value, count):
     ctx, ret = _state.current()
-    if ret:
+    if ret or count == 0:  # count 0: a no-op before the pointer is looked at, as on the device
         return ret
     ret = _copy.check_memset(dev_ptr, max_size, count, ctx.device)
-    if ret == _OK and count:
+    if ret == _OK:
         ctypes.memset(dev_ptr, value & 0xFF, count)
     return ret
 
@@ -95,7 +93,7 @@ def memset(dev_ptr, max_size, value, count):
 @api("acl.rt.memset_async", PTR, PTR, INT, PTR, PTR)
 def memset_async(dev_ptr, max_size, value, count, stream):
     ctx, ret = _state.current()
-    if ret:
+    if ret or count == 0:  # count 0: a no-op, as on the device
         return ret
     ret = _copy.check_memset(dev_ptr, max_size, count, ctx.device)
     if ret:
