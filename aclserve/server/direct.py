@@ -107,7 +107,7 @@ class DirectInfer:
         lease.take(len(body), "request body")  # as aiohttp's path charges the body it reads
         header_length = parse_header_length(head.derived("header_length", _header_length_text))
         charge_decoding(lease, rec, body, header_length)
-        return await infer_body(rec, body, header_length, trace, None, self._state.images)
+        return await infer_body(rec, body, header_length, trace, None, self._state.images, lease)
 
 
 def _plain_target(head: Head) -> tuple[str, str | None] | None:

@@ -34,6 +34,7 @@ from ..errors import InvalidInput, NotFound, PayloadTooLarge, ServeError, Unavai
 from ..repository import ModelLoadFailed
 from ..trace import now_ns
 from . import views
+from .answer_size import answer_bytes
 from .auth import Forbidden, Unauthorized
 from .body import BodyTimeout
 from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
@@ -205,7 +206,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         if not request.model_name:
             raise InvalidInput("model_name must not be empty")
         return await counted_infer(self.state, request.model_name, _version(request.model_version),
-                                   functools.partial(_infer, request, raw_contents, self.state, fallback_id),
+                                   functools.partial(_infer, request, raw_contents, self.state, fallback_id, lease),
                                    protocol="grpc")
 
     async def ModelStreamInfer(self, request_iterator, context):
@@ -239,7 +240,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
             return _stream_error(message, "internal error")
 
 
-async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id: str | None, rec,
+async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id: str | None, lease, rec,
                  trace) -> pb.ModelInferResponse:
     if trace is not None:
         trace.received_ns = now_ns()  # the message is in and parsed: receiving is done
@@ -251,6 +252,8 @@ async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id
                                                                raw_contents)
     else:
         req = decode_infer_request(request, rec.signature, raw_contents)
+    # outputs are binary: each array's bytes, then the response message's copy of them
+    lease.take(answer_bytes(rec.signature, req, binary_copies=2, json_outputs=False), "its answer")
     return await run_decoded(rec, req, trace, encode_infer_response, state.images)
 
 

@@ -25,6 +25,7 @@ from aiohttp import HttpVersion11, web
 
 from ..errors import ServeError
 from ..trace import now_ns
+from .answer_size import answer_bytes
 from .app_keys import STATE
 from .body import charge_declared, read_body
 from .budget import json_tensor_estimate
@@ -114,13 +115,16 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
 
 
 async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fallback_id: str | None = None,
-                     images=None):
-    """Decode a KServe v2 body, run it, encode the answer: (payload, json_length). The HTTP
-    handler's work without the HTTP (`aclserve profile` drives it in-process)."""
+                     images=None, lease=None):
+    """Decode a KServe v2 body, charge its answer to `lease` (answer_size.py), run it, encode
+    the answer: (payload, json_length). The HTTP handler's work without the HTTP (`aclserve
+    profile` drives it in-process, without a lease)."""
     if trace is not None:
         trace.received_ns = now_ns()
         trace.request_id = request_id(fallback_id)  # named even when the body is refused
     req = decode_request(body, header_length, rec.signature)
+    if lease is not None:  # the HTTP body joins binary outputs behind the JSON: one copy more
+        lease.take(answer_bytes(rec.signature, req, binary_copies=1, json_outputs=True), "its answer")
     return await run_decoded(rec, req, trace, encode_response, images)
 
 
@@ -160,7 +164,7 @@ async def _infer(request: web.Request, state, lease, rec, trace) -> web.Response
     header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
     charge_decoding(lease, rec, body, header_length)
     fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
-    payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images)
+    payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images, lease)
     if json_length is None:
         response = web.Response(body=payload, content_type=_JSON)
     else:

@@ -1,0 +1,41 @@
+"""What an infer request's answer may hold in memory, charged to its lease (budget.py) once the
+request is decoded and before it is queued, so the budget sees a model's large outputs as it
+sees large inputs: the outputs' arrays (the request's rows of the model's output shapes) and
+their encoding (JSON text, or the binary body's copies). A 413 names the answer; asking for
+binary outputs, or fewer rows, needs less. Dimensions the model leaves open count as 1 (an
+estimate, like the rest of the budget).
+"""
+from __future__ import annotations
+
+import math
+
+from .codec import InferRequest, Signature
+
+# The longest number orjson writes (a float64's shortest repr, 24 characters) and its comma.
+JSON_BYTES_PER_VALUE = 25
+# One classification entry: its "value:index:label" text and the str objects made for it.
+CLASS_ENTRY_BYTES = 128
+
+
+def answer_bytes(sig: Signature, req: InferRequest, binary_copies: int, json_outputs: bool) -> int:
+    """Bytes the answer to `req` may hold at its peak. `binary_copies`: copies of a binary
+    output the transport makes on top of the array (the joined HTTP body; gRPC's bytes and
+    message); `json_outputs`: the transport writes JSON outputs where the request asks for them
+    (HTTP), else every output is binary (gRPC)."""
+    if req.outputs is None:
+        wanted = [(spec, req.binary_output, 0) for spec in sig.output_list]
+    else:
+        wanted = [(sig.outputs[o.name], req.binary_output if o.binary is None else o.binary, o.classification)
+                  for o in req.outputs]
+    total = 0
+    for spec, binary, classes in wanted:
+        rows = req.rows if spec.batched else 1
+        per_row = math.prod(max(d, 1) for d in spec.sample_shape)
+        array = rows * per_row * spec.dtype.itemsize
+        if classes:
+            total += array + rows * min(classes, per_row) * CLASS_ENTRY_BYTES
+        elif binary or not json_outputs:
+            total += array * (1 + binary_copies)
+        else:
+            total += array + rows * per_row * JSON_BYTES_PER_VALUE
+    return total
