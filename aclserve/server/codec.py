@@ -242,7 +242,8 @@ def _uint_param(params: dict, key: str) -> int | None:
     value = params.get(key)
     if value is None:
         return None
-    if type(value) is str and value.isdigit():
+    # ASCII and at most uint64's 20 digits: int() refuses "²" (a digit to isdigit) and 4,300+ digits
+    if type(value) is str and len(value) <= 20 and value.isascii() and value.isdigit():
         value = int(value)
     if type(value) is not int or not 0 <= value <= _UINT64_MAX:
         raise InvalidInput(f"parameters.{key} must be an unsigned integer, got {value!r}")

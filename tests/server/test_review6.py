@@ -1,0 +1,64 @@
+"""Review 6: an adversarial pass over the HTTP and gRPC servers by a tester who was not briefed.
+Real servers on real ports, raw sockets, aiohttp and grpc clients; waits are hang guards or
+lower bounds the test sets itself, never a speed check."""
+import asyncio
+import json
+
+import pytest
+
+from tests.serving import ServerThread, request
+
+from .hostile import open_raw, read_response
+
+
+@pytest.fixture(scope="module")
+def srv(models_dir):
+    from tests.serving import server_config
+    with ServerThread(server_config(models_dir, body_timeout_s=0.5)) as server:
+        yield server
+
+
+def double_doc(**parameters) -> dict:
+    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}
+    if parameters:
+        doc["parameters"] = parameters
+    return doc
+
+
+def raw_post(path: str, body: bytes, extra: bytes = b"") -> bytes:
+    """A keep-alive POST (the connection guard may answer it itself: direct.py)."""
+    return (b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+            % (path.encode(), len(body), extra)) + body
+
+
+async def one_answer(url: str, *pieces: bytes, pause_s: float = 0.0) -> tuple[int, bytes]:
+    """Send `pieces` on a new connection (`pause_s` between them), read one answer."""
+    reader, writer = await open_raw(url)
+    try:
+        for i, piece in enumerate(pieces):
+            if i and pause_s:
+                await asyncio.sleep(pause_s)
+            writer.write(piece)
+            await writer.drain()
+        return await read_response(reader, 15)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("key", ["priority", "timeout"])
+@pytest.mark.parametrize("value", ["\u00b2", "\u2460", "\u00b9\u00b2", "9" * 5000],
+                         ids=["superscript-two", "circled-one", "superscripts", "5000-digits"])
+@pytest.mark.parametrize("route", ["aiohttp", "direct"])
+def test_a_unicode_digit_string_as_priority_or_timeout_is_400(srv, key, value, route):
+    """`"priority": "²"`: str.isdigit() is True for superscripts and circled digits, which
+    int() refuses, so codec._uint_param raised ValueError: 500 "internal error" (and a traceback
+    in the log) on both the aiohttp path and the guard's direct answers. The same for a string
+    of more than 4,300 digits (int()'s limit; 4,000 digits were already a 400)."""
+    body = json.dumps(double_doc(**{key: value})).encode()
+    if route == "aiohttp":
+        status, _, answer = request(srv, "POST", "/v2/models/double/infer", data=body,
+                                    headers={"Connection": "close"})
+    else:
+        status, answer = asyncio.run(one_answer(srv.url, raw_post("/v2/models/double/infer", body)))
+    assert status == 400, answer[:300]
+    assert f"parameters.{key}".encode() in answer
