@@ -12,6 +12,7 @@ from aiohttp import web
 from ..errors import InvalidInput
 from . import views
 from .app_keys import STATE
+from .body import read_body
 
 MAX_BODY = 64 * 1024
 
@@ -22,18 +23,19 @@ async def get_setting(request: web.Request) -> web.Response:
 
 
 async def post_setting(request: web.Request) -> web.Response:
-    raw = await request.content.read(MAX_BODY + 1)
-    if len(raw) > MAX_BODY:
-        raise InvalidInput(f"trace settings body exceeds {MAX_BODY} bytes")
+    state = request.app[STATE]
+    config = state.config
     changes: dict = {}
-    if raw.strip():
-        try:
-            changes = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise InvalidInput(f"request body is not valid JSON: {e}") from None
-        if not isinstance(changes, dict):
-            raise InvalidInput("request body must be a JSON object")
-    doc = views.trace_settings(request.app[STATE], request.match_info.get("model"), changes)
+    with state.budget.lease() as lease:  # the whole body (not what has come so far), within body_timeout_s
+        raw = await read_body(request, lease, min(MAX_BODY, config.max_body_bytes), config.body_timeout_s)
+        if raw.strip():
+            try:
+                changes = orjson.loads(raw)
+            except orjson.JSONDecodeError as e:
+                raise InvalidInput(f"request body is not valid JSON: {e}") from None
+    if not isinstance(changes, dict):
+        raise InvalidInput("request body must be a JSON object")
+    doc = views.trace_settings(state, request.match_info.get("model"), changes)
     return web.Response(body=orjson.dumps(doc), content_type="application/json")
 
 

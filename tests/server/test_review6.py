@@ -62,3 +62,24 @@ def test_a_unicode_digit_string_as_priority_or_timeout_is_400(srv, key, value, r
         status, answer = asyncio.run(one_answer(srv.url, raw_post("/v2/models/double/infer", body)))
     assert status == 400, answer[:300]
     assert f"parameters.{key}".encode() in answer
+
+
+def test_a_trace_setting_body_sent_in_two_pieces_is_read_whole(srv):
+    """POST /v2/trace/setting read its body with one `content.read(64 KiB + 1)`, which returns
+    what has arrived so far: a valid body whose second half came a moment after its first was
+    refused 400 "not valid JSON" (or, cut at the right place, applied in part)."""
+    body = json.dumps({"trace_rate": "7", "trace_count": "-1"}).encode()
+    head = raw_post("/v2/trace/setting", body)[:-len(body)]
+    status, answer = asyncio.run(one_answer(srv.url, head + body[:5], body[5:], pause_s=0.3))
+    assert status == 200, answer[:300]
+    assert b'"trace_rate":"7"' in answer
+    request(srv, "POST", "/v2/trace/setting", json={"trace_rate": "1000"})
+
+
+def test_a_trace_setting_body_that_never_comes_is_timed_out(srv):
+    """A client that sends the head of POST /v2/trace/setting and none of its body held the
+    handler (and its connection, which the guard leaves alone while a handler runs) for ever:
+    no body_timeout_s there. Now 408 after body_timeout_s (0.5 s here; 15 s is the hang guard)."""
+    head = raw_post("/v2/trace/setting", b"x" * 40)[:-40]
+    status, answer = asyncio.run(one_answer(srv.url, head))
+    assert status == 408, answer[:300]

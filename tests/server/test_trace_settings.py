@@ -110,7 +110,7 @@ def test_unknown_model_and_malformed_bodies(srv):
             async with session.post(f"{base}/trace/setting", data=b"{") as resp:
                 assert resp.status == 400 and "not valid JSON" in (await resp.json())["error"]
             async with session.post(f"{base}/trace/setting", data=b" " * 70000) as resp:
-                assert resp.status == 400 and "exceeds" in (await resp.json())["error"]
+                assert resp.status == 413 and "exceeds" in (await resp.json())["error"]
     asyncio.run(go())
 
 
