@@ -164,7 +164,10 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     @rpc
     async def TraceSetting(self, request, context):
         """Without settings: read them. A setting with no values clears it (the model's back to
-        the global value), as tritonclient sends a None."""
+        the global value), as tritonclient sends a None. A model's settings need what its other
+        RPCs need (the token under auth_inference), as /v2/models/{model}/trace/setting does."""
+        if request.model_name:
+            self._model_access(context)
         changes = {key: (list(value.value) or None) for key, value in request.settings.items()}
         doc = views.trace_settings(self.state, request.model_name or None, changes or None)
         response = pb.TraceSettingResponse()

@@ -4,11 +4,16 @@ lower bounds the test sets itself, never a speed check."""
 import asyncio
 import json
 
+import grpc
 import pytest
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pbg
 
-from tests.serving import ServerThread, request
+from tests.serving import ServerThread, free_port, request
 
 from .hostile import open_raw, read_response
+
+TOKEN = "review6-token-0123456789"
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +88,23 @@ def test_a_trace_setting_body_that_never_comes_is_timed_out(srv):
     head = raw_post("/v2/trace/setting", b"x" * 40)[:-40]
     status, answer = asyncio.run(one_answer(srv.url, head))
     assert status == 408, answer[:300]
+
+
+def test_grpc_trace_setting_of_a_model_needs_the_token_as_http_does(models_dir):
+    """With auth_inference, HTTP refuses /v2/models/{model}/trace/setting without the token
+    (401), but the gRPC TraceSetting RPC checked nothing: anyone could turn on tracing of every
+    request of a model (and name the file it is written to)."""
+    from tests.serving import server_config
+    config = server_config(models_dir, grpc_port=free_port(), api_token=TOKEN, auth_inference=True)
+    with ServerThread(config) as server:
+        status, _, _ = request(server, "POST", "/v2/models/double/trace/setting", json={"trace_rate": "1"})
+        assert status == 401
+        change = pb.TraceSettingRequest(model_name="double")
+        change.settings["trace_rate"].value.append("1")
+        with grpc.insecure_channel(f"127.0.0.1:{config.grpc_port}") as channel:
+            stub = pbg.GRPCInferenceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.TraceSetting(change, timeout=30)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            granted = stub.TraceSetting(change, timeout=30, metadata=(("authorization", f"Bearer {TOKEN}"),))
+            assert list(granted.settings["trace_rate"].value) == ["1"]
