@@ -46,7 +46,11 @@ def request_id(value) -> str | None:
     unprintable (a newline that would forge a text log line) replaced by '?'."""
     if value is None:
         return None
-    text = str(value)[:MAX_REQUEST_ID]
+    return printable(str(value)[:MAX_REQUEST_ID])
+
+
+def printable(text: str) -> str:
+    """`text` with anything unprintable replaced by '?' (client text bound for a log line)."""
     return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
 
 
@@ -65,6 +69,6 @@ def _log_request(t: RequestTrace, error: str | None) -> None:
     if t.encoded_ns:
         fields["encode_ms"] = _ms(t.encoded_ns - t.encode_start_ns)
     if error:
-        fields["error"] = error
+        fields["error"] = printable(error)  # refusals quote the client's names as sent
     text = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
     request_log.info("infer %s", text, extra={"fields": fields})

@@ -3,13 +3,14 @@ Real servers on real ports, raw sockets, aiohttp and grpc clients; waits are han
 lower bounds the test sets itself, never a speed check."""
 import asyncio
 import json
+import logging
 
 import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from tests.serving import ServerThread, free_port, request
+from tests.serving import ServerThread, free_port, request, server_config
 
 from .hostile import open_raw, read_response
 
@@ -18,7 +19,6 @@ TOKEN = "review6-token-0123456789"
 
 @pytest.fixture(scope="module")
 def srv(models_dir):
-    from tests.serving import server_config
     with ServerThread(server_config(models_dir, body_timeout_s=0.5)) as server:
         yield server
 
@@ -94,7 +94,6 @@ def test_grpc_trace_setting_of_a_model_needs_the_token_as_http_does(models_dir):
     """With auth_inference, HTTP refuses /v2/models/{model}/trace/setting without the token
     (401), but the gRPC TraceSetting RPC checked nothing: anyone could turn on tracing of every
     request of a model (and name the file it is written to)."""
-    from tests.serving import server_config
     config = server_config(models_dir, grpc_port=free_port(), api_token=TOKEN, auth_inference=True)
     with ServerThread(config) as server:
         status, _, _ = request(server, "POST", "/v2/models/double/trace/setting", json={"trace_rate": "1"})
@@ -108,3 +107,19 @@ def test_grpc_trace_setting_of_a_model_needs_the_token_as_http_does(models_dir):
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
             granted = stub.TraceSetting(change, timeout=30, metadata=(("authorization", f"Bearer {TOKEN}"),))
             assert list(granted.settings["trace_rate"].value) == ["1"]
+
+
+def test_a_refused_requests_error_in_the_request_log_cannot_forge_a_line(models_dir, caplog):
+    """observe.request_id replaces unprintable characters in request ids so that a newline
+    cannot forge a text log line, but the request log's `error` field is the refusal's message,
+    which quotes the client's own names as they were sent: an input named "x\\n<a line>" put
+    that line in the log as if the server had written it."""
+    caplog.set_level(logging.INFO, logger="aclserve.requests")
+    forged = "x\nINFO aclserve.requests: infer model=double status=200"
+    body = {"inputs": [{"name": forged, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}
+    with ServerThread(server_config(models_dir, request_log=True)) as server:
+        status, _, answer = request(server, "POST", "/v2/models/double/infer", json=body)
+    assert status == 400, answer
+    [line] = [r for r in caplog.records if r.name == "aclserve.requests"]
+    assert line.getMessage().isprintable(), line.getMessage()
+    assert line.fields["error"].startswith("unknown input 'x?INFO aclserve.requests")
