@@ -20,7 +20,8 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InvalidInput
 from .bytes_codec import grpc_input as decode_bytes_input
-from .codec import InferRequest, RequestedOutput, Signature, check_complete, check_input, refuse_shared_memory
+from .codec import (InferRequest, RequestedOutput, Signature, check_classification, check_complete, check_input,
+                    refuse_shared_memory)
 from .encode import classify
 
 # KServe datatype -> (InferTensorContents field, numpy type of that field's elements)
@@ -89,6 +90,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
         _decode_parameters(msg.parameters, req)
     if msg.outputs:
         req.outputs = _decode_outputs(msg.outputs, sig)
+        check_classification(req, sig)
     return req
 
 
