@@ -1,5 +1,7 @@
-"""Bearer-token access control: the repository API always, /v2/models/... when asked (HTTP
-here; the gRPC service makes the same checks with its `authorization` metadata).
+"""Bearer-token access control: the repository API and changes of the trace settings (which
+write trace files) always, /v2/models/... when asked (HTTP here; the gRPC service makes the
+same checks with its `authorization` metadata). Without a token set, trace settings stay open,
+as in Triton.
 
 The token comes from ACLSERVE_API_TOKEN or the config's `api_token` and is never logged nor
 shown. Requests carry `Authorization: Bearer <token>`; the comparison is constant-time
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "ACLSERVE_API_TOKEN"
 _REPOSITORY = "/v2/repository/"
 _MODELS = "/v2/models"
+_TRACE_SETTING = "/trace/setting"
 
 
 class Unauthorized(ServeError):
@@ -82,7 +85,8 @@ class Access:
 
     def log_startup(self) -> None:
         if self._token:
-            log.info("API token set: the repository API%s needs it", " and inference" if self.inference else "")
+            log.info("API token set: the repository API, trace setting changes%s need it",
+                     " and inference" if self.inference else "")
         elif not self.control_open:
             log.warning("listening on %s without an API token: model load/unload requests are refused "
                         "(403); set api_token in the config or %s to enable them", self.host, TOKEN_ENV)
@@ -98,6 +102,8 @@ def access_middleware(access: Access):
         if template.startswith(_REPOSITORY):
             access.check_repository(request, control=not template.endswith("/index"))
         elif access.inference and template.startswith(_MODELS):
+            access.check(request)
+        elif access.enabled and request.method == "POST" and template.endswith(_TRACE_SETTING):
             access.check(request)
         return await handler(request)
     return check_access

@@ -112,6 +112,6 @@ def _parse(key: str, value):
             raise TraceSettingsError(f"trace_format: expected chrome or triton, got {text[:40]!r}")
         return text
     text = _one(key, value)
-    if "\x00" in text or len(text) > 4096:
+    if not text.isprintable() or len(text) > 4096:  # a control character: no file name anyone meant
         raise TraceSettingsError("trace_file: not a usable path")
     return text

@@ -148,3 +148,37 @@ def test_grpc_repository_and_model_rpcs_need_the_token_too(models_dir, make_conf
         client.close()
     finally:
         srv.close()
+
+
+@pytest.mark.parametrize("path", ["/v2/trace/setting", "/v2/models/double/trace/setting"])
+def test_changing_the_trace_settings_needs_the_token_when_one_is_set(guarded, path):
+    """They decide which requests write trace files, and where: management, like the repository
+    API (reading them stays open, as inference does)."""
+    change = json.dumps({"trace_rate": "1000"}).encode()
+    status, headers, doc = call(guarded.url, path, change)
+    assert status == 401 and "Bearer" in headers.get("WWW-Authenticate", "") and "token" in doc["error"]
+    assert call(guarded.url, path, method="GET")[0] == 200
+    status, _, doc = call(guarded.url, path, change, token=TOKEN)
+    assert status == 200 and doc["trace_rate"] == "1000"
+
+
+def test_grpc_trace_setting_changes_need_the_token_too(models_dir, make_config):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    srv = ServerThread(make_config(models_dir, api_token=TOKEN, grpc_port=free_port())).start()
+    try:
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{srv.config.grpc_port}") as client:
+            assert client.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["1000"]
+            with pytest.raises(InferenceServerException, match="token") as refused:
+                client.update_trace_settings(settings={"trace_rate": "7"})
+            assert refused.value.status() == "StatusCode.UNAUTHENTICATED"
+            client.update_trace_settings(settings={"trace_rate": "7"}, headers={"authorization": f"Bearer {TOKEN}"})
+            assert client.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["7"]
+    finally:
+        srv.close()
+
+
+def test_a_trace_file_name_with_a_control_character_is_refused(server):
+    status, _, doc = call(server.url, "/v2/trace/setting", json.dumps({"trace_file": "t\nforged"}).encode())
+    assert status == 400 and "trace_file" in doc["error"]
