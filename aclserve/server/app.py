@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from . import bad_request_log
 from .app_keys import STATE
 from .auth import access_middleware
 from .connections import BODY_LINGER_S, fit_descriptor_limit, tracking_middleware
@@ -106,6 +107,7 @@ def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner
     # lingering_time: how long the unread rest of a refused body is read and dropped so the
     # client sees the answer; a stalled client (408) is closed after it.
     kwargs = {} if access_log else {"access_log": None}
+    bad_request_log.install()  # a client's malformed request is not an ERROR with a traceback
     config = app[STATE].config
     return web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, auto_decompress=False,
                          keepalive_timeout=config.keepalive_timeout_s, lingering_time=BODY_LINGER_S, **kwargs)

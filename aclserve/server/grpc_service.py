@@ -93,8 +93,7 @@ def _authorization(context) -> str:
 
 class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     """The RPCs of `inference.GRPCInferenceService`; event-loop thread only. Shared memory and
-    log settings answer UNIMPLEMENTED (the servicer base class), like the HTTP server's 400 for
-    those extensions."""
+    log settings answer UNIMPLEMENTED, like the HTTP server's 400 for those extensions."""
 
     def __init__(self, state):
         self.state = state
@@ -159,6 +158,17 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         _check_model_name(request.model_name)
         await self.state.repo.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+    # -- extensions not offered ------------------------------------------------------------------
+    async def _not_offered(self, request, context):
+        """UNIMPLEMENTED with the reason, as HTTP's 400 for these routes says it. (The generated
+        base class raises NotImplementedError in a worker thread, which grpc logs as an
+        unexpected error with its traceback: a log line per call any client can make.)"""
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this extension is not supported by aclserve "
+                            "(no shared memory: send tensors in the request; no log settings: log_level in the config)")
+
+    SystemSharedMemoryStatus = SystemSharedMemoryRegister = SystemSharedMemoryUnregister = _not_offered
+    CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = LogSettings = _not_offered
 
     # -- trace extension ------------------------------------------------------------------------
     @rpc

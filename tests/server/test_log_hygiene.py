@@ -1,0 +1,62 @@
+"""What any client can send does not write ERROR lines with tracebacks into the server's log
+(ten lines a request, repeated at will, fill a disk): aiohttp's own 400s for malformed
+requests become one DEBUG line, and gRPC's unoffered extensions answer UNIMPLEMENTED without
+grpc's "unexpected error" traceback. Real server, raw sockets and tritonclient."""
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from tests.serving import ServerThread, free_port, server_config
+
+MALFORMED = [b"GET /x HTTP/1.1\r\nHost: a\r\nBad Header\r\n\r\n", b"GET /\x01 HTTP/1.1\r\nHost: a\r\n\r\n"]
+
+
+@pytest.fixture(scope="module")
+def srv(models_dir):
+    config = server_config(models_dir, grpc_port=free_port(), model_control_mode="none")
+    with ServerThread(config) as server:
+        server.grpc_url = f"127.0.0.1:{config.grpc_port}"
+        yield server
+
+
+def send(url: str, data: bytes) -> bytes:
+    host, port = url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(data)
+        return s.recv(4096)
+
+
+def loud(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+
+
+@pytest.mark.parametrize("request_bytes", MALFORMED, ids=["bad header", "control character in the path"])
+def test_a_malformed_request_is_answered_400_and_logged_as_one_debug_line(srv, caplog, request_bytes):
+    caplog.set_level(logging.DEBUG, logger="aiohttp.server")
+    assert send(srv.url, request_bytes).startswith(b"HTTP/1.0 400")
+    assert not loud(caplog)
+    [line] = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert line.levelno == logging.DEBUG and "\n" not in line.getMessage() and "400" in line.getMessage()
+
+
+def test_at_info_a_malformed_request_logs_nothing(srv, caplog):
+    caplog.set_level(logging.INFO)
+    assert send(srv.url, MALFORMED[0]).startswith(b"HTTP/1.0 400")
+    assert not [r for r in caplog.records if r.name == "aiohttp.server"]
+
+
+def test_grpc_extensions_not_offered_answer_unimplemented_without_a_traceback(srv, caplog):
+    caplog.set_level(logging.INFO)
+    with grpcclient.InferenceServerClient(srv.grpc_url) as client:
+        for call in (client.get_log_settings, client.get_system_shared_memory_status,
+                     client.get_cuda_shared_memory_status, lambda: client.unregister_system_shared_memory("r")):
+            with pytest.raises(InferenceServerException) as refused:
+                call()
+            assert refused.value.status() == "StatusCode.UNIMPLEMENTED"
+            assert "not supported by aclserve" in refused.value.message()
+    assert not loud(caplog)
