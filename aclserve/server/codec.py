@@ -64,15 +64,14 @@ class InferRequest:
 
 
 def parse_header_length(value: str | None) -> int | None:
+    """The header's value: ASCII digits only (int() would also take "+5", "1_0", "-0", which
+    means raw binary, and Unicode digits), at most 18 of them (beyond any body)."""
     if value is None:
         return None
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer, got {value!r}")
-    return n
+    digits = value.strip(" \t")
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 18):
+        raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer, got {value[:40]!r}")
+    return int(digits)
 
 
 def decode_request(body: bytes, header_length: int | None, sig: Signature) -> InferRequest:

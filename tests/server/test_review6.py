@@ -176,3 +176,21 @@ def test_grpc_classification_of_a_wide_output_is_bounded(wide_server):
             stub.ModelInfer(msg, timeout=120)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "classification" in refused.value.details()
+
+
+@pytest.mark.parametrize("value", ["+5", "1_0", "-0", "\u0663", " 5x", "9" * 30],
+                         ids=["plus", "underscore", "minus-zero", "arabic-indic-digit", "trailing-junk", "30-digits"])
+@pytest.mark.parametrize("route", ["aiohttp", "direct"])
+def test_an_inference_header_length_that_is_not_plain_digits_is_400(srv, value, route):
+    """Found in review 6, fixed after it: int() read "+5", "1_0" and Unicode digits, and "-0"
+    as 0, which switches the body to raw binary. Only ASCII digits are a length."""
+    body = json.dumps(double_doc()).encode()
+    header = "Inference-Header-Content-Length"
+    if route == "aiohttp":
+        status, _, answer = request(srv, "POST", "/v2/models/double/infer", data=body,
+                                    headers={"Connection": "close", header: value})
+    else:
+        extra = b"%s: %s\r\n" % (header.encode(), value.encode())
+        status, answer = asyncio.run(one_answer(srv.url, raw_post("/v2/models/double/infer", body, extra)))
+    assert status == 400, answer[:300]
+    assert header.encode() in answer

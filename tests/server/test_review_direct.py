@@ -110,13 +110,14 @@ def test_an_invalid_inference_header_length_is_quoted_as_sent(pair):
 
 def test_an_inference_header_length_aiohttp_reads_is_read_the_same(pair):
     """aiohttp decodes header values as UTF-8 and int() reads any Unicode digits; the direct
-    path decodes the bytes as latin-1: 200 through aiohttp, 400 directly."""
+    path decoded the bytes as latin-1: 200 through aiohttp, 400 directly. Both paths now read
+    the value the same way (since review 6, ASCII digits only: 400 on both)."""
     on, off = pair
     body, json_length = binary_body()
     digits = "".join(chr(0x0660 + int(d)) for d in str(json_length)).encode()  # Arabic-Indic
     data = raw_post([b"Host: t", b"Inference-Header-Content-Length: " + digits], body)
-    assert statuses(asyncio.run(everything(off.url, data))) == [200]
-    assert statuses(asyncio.run(everything(on.url, data))) == [200]
+    assert statuses(asyncio.run(everything(off.url, data))) == [400]
+    assert statuses(asyncio.run(everything(on.url, data))) == [400]
 
 
 # -- 3. aiohttp's own flow control undone by the guard's resume_reading ------------------------------
