@@ -3,11 +3,9 @@ request is decoded and before it is queued, so the budget sees a model's large o
 sees large inputs: the outputs' arrays (the request's rows of the model's output shapes) and
 their encoding (JSON text, or the binary body's copies). A 413 names the answer; asking for
 binary outputs, or fewer rows, needs less. Dimensions the model leaves open count as 1 (an
-estimate, like the rest of the budget).
+estimate, like the rest of the budget; Signature.output_rows).
 """
 from __future__ import annotations
-
-import math
 
 from .codec import InferRequest, Signature
 
@@ -22,20 +20,20 @@ def answer_bytes(sig: Signature, req: InferRequest, binary_copies: int, json_out
     output the transport makes on top of the array (the joined HTTP body; gRPC's bytes and
     message); `json_outputs`: the transport writes JSON outputs where the request asks for them
     (HTTP), else every output is binary (gRPC)."""
+    rows_of = sig.output_rows
     if req.outputs is None:
-        wanted = [(spec, req.binary_output, 0) for spec in sig.output_list]
+        wanted = [(rows_of[spec.name], req.binary_output, 0) for spec in sig.output_list]
     else:
-        wanted = [(sig.outputs[o.name], req.binary_output if o.binary is None else o.binary, o.classification)
+        wanted = [(rows_of[o.name], req.binary_output if o.binary is None else o.binary, o.classification)
                   for o in req.outputs]
     total = 0
-    for spec, binary, classes in wanted:
-        rows = req.rows if spec.batched else 1
-        per_row = math.prod(max(d, 1) for d in spec.sample_shape)
-        array = rows * per_row * spec.dtype.itemsize
+    for (batched, per_row, itemsize), binary, classes in wanted:
+        values = (req.rows if batched else 1) * per_row
+        array = values * itemsize
         if classes:
-            total += array + rows * min(classes, per_row) * CLASS_ENTRY_BYTES
+            total += array + values // per_row * min(classes, per_row) * CLASS_ENTRY_BYTES
         elif binary or not json_outputs:
             total += array * (1 + binary_copies)
         else:
-            total += array + rows * per_row * JSON_BYTES_PER_VALUE
+            total += array + values * JSON_BYTES_PER_VALUE
     return total

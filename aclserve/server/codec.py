@@ -32,7 +32,8 @@ class Signature:
     """A model version's tensors indexed for decoding, with the JSON limits its requests are
     decoded under; built once per served version."""
 
-    __slots__ = ("inputs", "outputs", "output_list", "max_batch_size", "input_names", "json_limits", "labels")
+    __slots__ = ("inputs", "outputs", "output_list", "max_batch_size", "input_names", "json_limits", "labels",
+                 "output_rows")
 
     def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], max_batch_size: int,
                  json_limits: JsonLimits = JsonLimits(), labels: dict[str, tuple[str, ...]] | None = None):
@@ -40,6 +41,10 @@ class Signature:
         self.inputs = {s.name: s for s in inputs}
         self.outputs = {s.name: s for s in outputs}
         self.output_list = tuple(outputs)
+        # name -> (batched, values a row, bytes a value): what an answer holds (answer_size.py);
+        # a dimension the model leaves open counts as 1
+        self.output_rows = {s.name: (s.batched, math.prod(max(d, 1) for d in s.sample_shape), s.dtype.itemsize)
+                            for s in outputs}
         self.max_batch_size = max_batch_size
         self.input_names = ", ".join(self.inputs)
         self.json_limits = json_limits
