@@ -7,7 +7,7 @@ Data flow of one batch:
     compute stream     wait h2d_end, record exec_start, execute_async, record exec_end
                        (set_dynamic_batch_size is an immediate write into the slot's dataset)
     D2H stream         wait exec_end, record d2h_start, memcpy_async device->host, record d2h_end
-    completion thread  synchronize exec_end and d2h_end (GIL released), split rows per request,
+    completion thread  synchronize d2h_end, h2d_end and exec_end (GIL released), split rows per request,
                        time the three phases with event_elapsed_time, free the slot, resolve
 
 A batch launched while nothing else is in flight takes a shorter path: the launcher copies it in
@@ -237,9 +237,11 @@ class ModelInstance:
 
     def _collect(self, slot: Slot, batch: Batch) -> None:
         ev = slot.events
-        # d2h_end comes after exec_end (the D2H stream waits for it), so one wake-up covers both;
-        # exec_end is then complete and only reports whether the execution itself failed.
-        for name in ("d2h_end", "exec_end"):
+        # d2h_end comes after exec_end and h2d_end (each stream waits for the one before), so one
+        # wake-up covers all three; the other two are then complete and only report whether
+        # their own phase failed (an event reports its stream's errors since the previous one:
+        # a failed input copy shows on h2d_end alone).
+        for name in ("d2h_end", "h2d_end", "exec_end"):
             self._wait(ev[name])
         if batch.trace is not None:
             self._trace_device(batch.trace, ev, copies=True)

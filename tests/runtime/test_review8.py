@@ -1,0 +1,50 @@
+"""Review 8 (scheduling and runtime): defects found by an adversarial review, each with its test.
+Real parts: the CPU runtime, tiny ONNX models compiled to CPU OMs, fault injection."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from aclserve.acl.cpu import faults
+from aclserve.errors import ExecutionFailed
+from aclserve.runtime import open_pool
+from aclserve.runtime.futures import BatchFutures
+
+from tests.tiny_models import affine_reference
+
+pytestmark = pytest.mark.usefixtures("clean_faults")
+
+
+def _request(rows: int, first_id: int = 0) -> dict[str, np.ndarray]:
+    ids = np.arange(first_id, first_id + rows, dtype=np.int64)
+    x = np.random.default_rng(first_id).standard_normal((rows, 8)).astype(np.float32)
+    return {"x": x, "idx": np.stack([ids, ids + 1, ids + 2], axis=1)}
+
+
+def test_a_failed_input_copy_fails_its_batch_instead_of_running_on_stale_rows(runtime, affine_om):
+    """A batch launched behind another is copied in on the H2D stream. Its copy's error is
+    reported by h2d_end, which nobody waited for: the batch ran on whatever the slot's device
+    buffer held (another request's rows) and was answered as a success."""
+    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        held = faults.inject("execute", nth=1, hold=gate)  # keeps the first batch in flight
+        first = done.submit([_request(1, 1)], 1)
+        assert held.entered.wait(30)
+        copy = faults.inject("memcpy", nth=1)  # the second batch's first input copy fails
+        second = done.submit([_request(1, 2)], 1)
+        assert copy.entered.wait(30)  # before the first batch copies its outputs out
+        gate.set()
+        first.result(timeout=30)
+        with pytest.raises(ExecutionFailed, match="507011"):
+            second.result(timeout=30)
+        faults.clear()
+        result = done.submit([_request(1, 3)], 1).result(timeout=30)  # the instance serves on
+        np.testing.assert_allclose(result.outputs[0]["y"], affine_reference(*_request(1, 3).values())["y"],
+                                   rtol=1e-5, atol=1e-5)
+    finally:
+        gate.set()
+        pool.close()
