@@ -4,10 +4,10 @@ ModelInstance's threads (under the instance's context, which those threads hold)
     piped       the launcher packs, then queues everything: H2D copies on the h2d stream,
                 the execution on the compute stream (after h2d_end), D2H copies on the d2h
                 stream (after exec_end), each phase between two of the slot's events
-    direct      a batch alone in flight: the launcher copies in with a synchronous memcpy and
-                queues only the execution; the completion thread copies the outputs back with
-                a synchronous memcpy once exec_end is reached (nothing to overlap with, and
-                the copy streams' two wake-ups are saved)
+    direct      a batch alone in flight: the same copies and execution, all on the compute
+                stream (nothing to overlap with, and the copy streams' two wake-ups are
+                saved); still asynchronous, so the completion thread's timed wait bounds a
+                hung copy too (a synchronous memcpy cannot be timed out)
     synchronous pack, memcpy, blocking execute, memcpy (the unpipelined benchmark baseline)
 
 A traced batch gets its host marks here (packed, copies, enqueued). Every call goes through
@@ -33,43 +33,46 @@ def piped(acl, model: OmModel, streams: dict[str, int], slot: Slot, batch: Batch
         batch.trace.packed_ns = now_ns()
     h2d, compute, d2h = streams["h2d"], streams["compute"], streams["d2h"]
     ev = slot.events
-    check("rt.record_event", rt.record_event(ev["h2d_start"], h2d))
-    for tensor in slot.inputs:
-        check("rt.memcpy_async", rt.memcpy_async(tensor.device, tensor.size, tensor.host,
-                                                 copy_bytes(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE, h2d))
-    check("rt.record_event", rt.record_event(ev["h2d_end"], h2d))
+    copies_in(acl, slot, rows, h2d)
     check("rt.stream_wait_event", rt.stream_wait_event(compute, ev["h2d_end"]))
     execution(acl, model, slot, batch, compute)
     check("rt.stream_wait_event", rt.stream_wait_event(d2h, ev["exec_end"]))
-    check("rt.record_event", rt.record_event(ev["d2h_start"], d2h))
-    for tensor in slot.outputs:
-        check("rt.memcpy_async", rt.memcpy_async(tensor.host, tensor.size, tensor.device,
-                                                 copy_bytes(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST, d2h))
-    check("rt.record_event", rt.record_event(ev["d2h_end"], d2h))
+    copies_out(acl, slot, rows, d2h)
     if batch.trace is not None:
         batch.trace.enqueued_ns = now_ns()
 
 
 def direct(acl, model: OmModel, compute: int, slot: Slot, batch: Batch) -> None:
-    """The launcher's part of a direct batch: pack, copy in, queue the execution."""
-    trace = batch.trace
+    """A batch alone in flight: pack, then copies in, execution and copies out in order on
+    the compute stream (one stream: no cross-stream waits), each phase between its events."""
     rows = pack(slot, batch)
-    if trace is not None:
-        trace.packed_ns = now_ns()
-    copy_in(acl, slot, rows)
-    if trace is not None:
-        trace.host_h2d = (trace.packed_ns, now_ns())  # a host memcpy here, not a stream's copy
+    if batch.trace is not None:
+        batch.trace.packed_ns = now_ns()
+    copies_in(acl, slot, rows, compute)
     execution(acl, model, slot, batch, compute)
-    if trace is not None:
-        trace.enqueued_ns = now_ns()
+    copies_out(acl, slot, rows, compute)
+    if batch.trace is not None:
+        batch.trace.enqueued_ns = now_ns()
 
 
-def direct_outputs(acl, slot: Slot, batch: Batch) -> None:
-    """The completion thread's part of a direct batch, once exec_end is reached: copy out."""
-    copy_out(acl, slot, batch.gear if batch.gear is not None else batch.rows)
-    trace = batch.trace
-    if trace is not None:
-        trace.host_d2h = (trace.woke_ns, now_ns())  # a host memcpy here, not a stream's copy
+def copies_in(acl, slot: Slot, rows: int, stream: int) -> None:
+    """Queue the input copies on `stream` between h2d_start and h2d_end."""
+    rt, ev = acl.rt, slot.events
+    check("rt.record_event", rt.record_event(ev["h2d_start"], stream))
+    for tensor in slot.inputs:
+        check("rt.memcpy_async", rt.memcpy_async(tensor.device, tensor.size, tensor.host,
+                                                 copy_bytes(tensor, rows), C.ACL_MEMCPY_HOST_TO_DEVICE, stream))
+    check("rt.record_event", rt.record_event(ev["h2d_end"], stream))
+
+
+def copies_out(acl, slot: Slot, rows: int, stream: int) -> None:
+    """Queue the output copies on `stream` between d2h_start and d2h_end."""
+    rt, ev = acl.rt, slot.events
+    check("rt.record_event", rt.record_event(ev["d2h_start"], stream))
+    for tensor in slot.outputs:
+        check("rt.memcpy_async", rt.memcpy_async(tensor.host, tensor.size, tensor.device,
+                                                 copy_bytes(tensor, rows), C.ACL_MEMCPY_DEVICE_TO_HOST, stream))
+    check("rt.record_event", rt.record_event(ev["d2h_end"], stream))
 
 
 def execution(acl, model: OmModel, slot: Slot, batch: Batch, compute: int) -> None:

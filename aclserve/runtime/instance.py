@@ -10,10 +10,12 @@ Data flow of one batch:
     completion thread  synchronize d2h_end, h2d_end and exec_end (GIL released), split rows per request,
                        time the three phases with event_elapsed_time, free the slot, resolve
 
-A batch launched while nothing else is in flight takes a shorter path: the launcher copies it in
-with a synchronous memcpy and queues only the execution; the completion thread waits for
-exec_end and copies the outputs back synchronously. Nothing is there to overlap with, and the
-two copy streams' wake-ups are saved (about 0.1 ms per batch on the CPU runtime). The ACL call
+A batch launched while nothing else is in flight takes a shorter path: its copies and its
+execution all go on the compute stream. Nothing is there to overlap with, and the two copy
+streams' wake-ups are saved (about 0.1 ms per batch on the CPU runtime). The copies stay
+asynchronous, so a hung copy is bounded by the execution timeout like a hung execution
+(synchronous copies on the launcher and completion threads were about 0.05 ms quicker on the
+CPU runtime, but a hung one held the batch and the instance with no timeout). The ACL call
 sequences of both paths (and of the synchronous baseline, `run_sync`) are in enqueue.py; this
 class owns the threads that run them, the slots and the instance's health.
 
@@ -202,9 +204,9 @@ class ModelInstance:
                     enqueue.piped(self._acl, self.model, self.streams, slot, batch)
             except Exception as e:  # enqueue failures (bad argument, device error) fail this batch only
                 log.exception("%s: could not launch a batch", self.name)
-                self._done_q.put((slot, batch, e, direct))
+                self._done_q.put((slot, batch, e))
             else:
-                self._done_q.put((slot, batch, None, direct))
+                self._done_q.put((slot, batch, None))
 
     # -- completion thread -------------------------------------------------------------------
     def _completer(self) -> None:
@@ -212,15 +214,12 @@ class ModelInstance:
             item = self._done_q.get()
             if item is None:
                 return
-            slot, batch, error, direct = item
+            slot, batch, error = item
             if error is None and self.broken:  # behind a hung batch: no point in waiting again
                 error = DeviceTimeout(f"instance {self.name} was taken out of rotation ({self.broken})")
             if error is None:
                 try:
-                    if direct:
-                        self._collect_direct(slot, batch)
-                    else:
-                        self._collect(slot, batch)
+                    self._collect(slot, batch)
                 except Exception as e:
                     error = e
             if error is not None:
@@ -246,15 +245,6 @@ class ModelInstance:
         if batch.trace is not None:
             self._trace_device(batch.trace, ev, copies=True)
         self._finish(slot, batch, self._timings(ev))
-
-    def _collect_direct(self, slot: Slot, batch: Batch) -> None:
-        """Wait for a direct batch's execution, then copy its outputs back on this thread."""
-        ev = slot.events
-        self._wait(ev["exec_end"])
-        if batch.trace is not None:
-            self._trace_device(batch.trace, ev, copies=False)
-        enqueue.direct_outputs(self._acl, slot, batch)
-        self._finish(slot, batch, self._timings(ev, copies=False))
 
     def _wait(self, event: int) -> None:
         """Wait for a batch's event; past the execution timeout the instance gives up for good

@@ -77,9 +77,9 @@ class BatchTrace:
         self.instance = ""
         self.device = -1
         self.slot = -1
-        self.direct = False  # ran by the direct path: copies are host memcpys on the threads
+        self.direct = False  # ran by the direct path: copies on the compute stream
         self.launched_ns = self.packed_ns = self.enqueued_ns = 0
-        self.host_h2d: tuple[int, int] | None = None  # a direct batch's memcpys (host times)
+        self.host_h2d: tuple[int, int] | None = None  # copies made on the host (no path does now)
         self.host_d2h: tuple[int, int] | None = None
         self.anchor: Anchor | None = None
         self.device_spans: dict[str, tuple[int, int]] = {}  # "h2d" | "compute" | "d2h" -> offsets (ns)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from aclserve.acl.cpu import faults
-from aclserve.errors import ExecutionFailed
+from aclserve.errors import DeviceTimeout, ExecutionFailed
 from aclserve.runtime import open_pool
 from aclserve.runtime.futures import BatchFutures
 
@@ -45,6 +45,28 @@ def test_a_failed_input_copy_fails_its_batch_instead_of_running_on_stale_rows(ru
         result = done.submit([_request(1, 3)], 1).result(timeout=30)  # the instance serves on
         np.testing.assert_allclose(result.outputs[0]["y"], affine_reference(*_request(1, 3).values())["y"],
                                    rtol=1e-5, atol=1e-5)
+    finally:
+        gate.set()
+        pool.close()
+
+
+@pytest.mark.parametrize("copy", [1, 3], ids=["copy-in", "copy-out"])
+def test_a_hung_copy_of_a_lone_batch_is_bounded_by_the_execution_timeout(runtime, affine_om, copy):
+    """A lone batch (nothing else in flight) used to be copied with synchronous memcpys on the
+    launcher and completion threads: a device that hung in one held the batch, and the
+    instance, for as long as it hung, whatever execution_timeout_ms said. The affine model has
+    two inputs and two outputs: memcpy 1 copies the first input in, 3 the first output out."""
+    pool = open_pool(runtime, affine_om(), "affine", slots=2, execution_timeout_ms=200)
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        held = faults.inject("memcpy", nth=copy, hold=gate)
+        with pytest.raises(DeviceTimeout, match="within the model's execution timeout"):
+            done.submit([_request(1)], 1).result(timeout=30)  # a hang guard: it waited for the gate
+        assert held.fired == 1
+        # the instance was rebuilt and serves (the hung copy is still held)
+        result = done.submit([_request(2, 7)], 2).result(timeout=30)
+        np.testing.assert_array_equal(result.outputs[0]["s"], affine_reference(*_request(2, 7).values())["s"])
     finally:
         gate.set()
         pool.close()
