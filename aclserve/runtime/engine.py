@@ -76,6 +76,9 @@ class EngineModel:
 
     def _validate(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         names = {s.name for s in self.inputs}
+        if not isinstance(inputs, Mapping):
+            raise TypeError(f"inputs must be a mapping of input name to array (the model takes "
+                            f"{sorted(names)}), not {type(inputs).__name__}")
         unknown = set(inputs) - names
         if unknown:
             raise ValueError(f"unknown input(s) {sorted(unknown)}; the model takes {sorted(names)}")

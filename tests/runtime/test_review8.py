@@ -70,3 +70,17 @@ def test_a_hung_copy_of_a_lone_batch_is_bounded_by_the_execution_timeout(runtime
     finally:
         gate.set()
         pool.close()
+
+
+def test_engine_inputs_that_are_not_a_mapping_are_refused_with_what_is_expected(affine_om):
+    """model.infer(array) or model.infer([x, idx]) raised "unhashable type: 'numpy.ndarray'",
+    model.infer(None) "'NoneType' object is not iterable": nothing saying what was wrong."""
+    from aclserve.runtime import Engine
+    with Engine(device="cpu") as engine:
+        model = engine.load(affine_om(), warmup=False)
+        req = _request(2)
+        for bad in (req["x"], [req["x"], req["idx"]], None):
+            with pytest.raises(TypeError, match=r"inputs must be a mapping of input name to array "
+                                                r"\(the model takes \['idx', 'x'\]\)"):
+                model.infer(bad)
+        np.testing.assert_array_equal(model.infer(req)["s"], req["idx"] * 2)
