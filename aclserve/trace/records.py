@@ -62,7 +62,7 @@ class BatchTrace:
     futures, which order the writes)."""
 
     __slots__ = ("id", "model", "gear", "rows", "requests", "levels", "formed_ns", "instance", "device",
-                 "slot", "direct", "launched_ns", "packed_ns", "enqueued_ns", "host_h2d", "host_d2h",
+                 "slot", "direct", "launched_ns", "packed_ns", "enqueued_ns",
                  "anchor", "device_spans", "woke_ns", "done_ns", "attempts")
 
     def __init__(self, model: str, gear: int | None, rows: int, requests: int, levels: dict[int, int],
@@ -79,8 +79,6 @@ class BatchTrace:
         self.slot = -1
         self.direct = False  # ran by the direct path: copies on the compute stream
         self.launched_ns = self.packed_ns = self.enqueued_ns = 0
-        self.host_h2d: tuple[int, int] | None = None  # copies made on the host (no path does now)
-        self.host_d2h: tuple[int, int] | None = None
         self.anchor: Anchor | None = None
         self.device_spans: dict[str, tuple[int, int]] = {}  # "h2d" | "compute" | "d2h" -> offsets (ns)
         self.woke_ns = self.done_ns = 0
@@ -100,7 +98,7 @@ class BatchTrace:
     # (start_ns, end_ns) of each phase on the host's axis, or None when unknown
     @property
     def h2d(self) -> tuple[int, int] | None:
-        return self.host_h2d or self._device("h2d")
+        return self._device("h2d")
 
     @property
     def compute(self) -> tuple[int, int] | None:
@@ -108,15 +106,14 @@ class BatchTrace:
 
     @property
     def d2h(self) -> tuple[int, int] | None:
-        return self.host_d2h or self._device("d2h")
+        return self._device("d2h")
 
     # -- runtime hooks (launcher and completion threads) ------------------------------------------
     def launched(self, instance: str, device: int, slot: int, direct: bool) -> None:
         self.launched_ns = now_ns()
         self.instance, self.device, self.slot, self.direct = instance, device, slot, direct
         self.attempts += 1
-        self.host_h2d = self.host_d2h = None  # a retried batch keeps only its last attempt
-        self.anchor, self.device_spans = None, {}
+        self.anchor, self.device_spans = None, {}  # a retried batch keeps only its last attempt
 
 
 def form_batch(model: str, requests, gear: int | None, formed_ns: int) -> BatchTrace:
