@@ -55,6 +55,8 @@ class Delivery:
                 log.error("batcher %s: batch failed", self._name, exc_info=error)
                 error = ExecutionFailed(f"batch execution failed: {type(error).__name__}: {error}")
             for request in requests:
+                if request.future.cancelled():
+                    continue  # counted once already: cancelled when its client went
                 stats.fail.add(now_ns - request.enqueued_ns)
                 if observed:
                     stats.request_done(request.level, (request.dispatched_ns - request.enqueued_ns) / 1e9,
@@ -66,15 +68,18 @@ class Delivery:
         compute_ns = now_ns - batch.dispatched_ns
         stats.batch_executed(batch.gear, batch.rows, len(requests), compute_ns, batch.timings)
         instance = batch.instance
-        success_ns = 0
+        success_ns, answered = 0, 0
         for request, request_outputs in zip(requests, outputs):
+            if request.future.cancelled():
+                continue  # counted once already: cancelled when its client went (it ran all the same)
+            answered += 1
             queue_ns = request.dispatched_ns - request.enqueued_ns
             success_ns += now_ns - request.enqueued_ns
             if observed:
                 stats.request_done(request.level, queue_ns / 1e9, True, "")
             self.answer(request, InferenceResult(request_outputs, queue_ns, compute_ns,
                                                  batch.gear, batch.rows, len(requests), instance))
-        stats.success.add(success_ns, len(requests))
+        stats.success.add(success_ns, answered)
         stats.inference_count += batch.rows
 
     def answer(self, request: QueuedRequest, outcome) -> None:

@@ -229,6 +229,9 @@ async def test_cancelled_running_request_is_dropped_and_its_batch_mates_answered
     assert tasks[1].cancelled()
     for tag in (0, 2, 3):
         check(env, tasks[tag], tag, 1)
+    # each request counted once: the cancelled one is not also a success (it ran all the same)
+    level = batcher.stats.levels[2]
+    assert level.cancelled == 1 and batcher.stats.success.count == 4 == level.accepted - level.cancelled
 
 
 @pytest.mark.parametrize("config, rows, limit", [({}, 9, 8), ({"batch_cap": 4}, 5, 4)])
