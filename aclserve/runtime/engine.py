@@ -86,7 +86,11 @@ class EngineModel:
         for spec in self.inputs:
             if spec.name not in inputs:
                 raise ValueError(f"missing input {spec.name!r}")
-            arr = np.ascontiguousarray(inputs[spec.name], dtype=spec.dtype)
+            given = np.asarray(inputs[spec.name])
+            if not np.can_cast(given.dtype, spec.dtype, casting="same_kind"):  # 1.7 -> 1, NaN -> any int
+                raise ValueError(f"input {spec.name!r} is {given.dtype}, the model takes {spec.dtype}: "
+                                 f"a cast would change its values; convert it first")
+            arr = np.ascontiguousarray(given, dtype=spec.dtype)
             expected = spec.sample_shape if spec.batched else spec.shape
             got = arr.shape[1:] if spec.batched else arr.shape
             if tuple(got) != tuple(expected) or (spec.batched and arr.ndim == 0):

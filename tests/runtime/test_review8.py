@@ -84,3 +84,16 @@ def test_engine_inputs_that_are_not_a_mapping_are_refused_with_what_is_expected(
                                                 r"\(the model takes \['idx', 'x'\]\)"):
                 model.infer(bad)
         np.testing.assert_array_equal(model.infer(req)["s"], req["idx"] * 2)
+
+
+def test_engine_refuses_an_input_a_cast_would_change(affine_om):
+    """From the review's notes: a float array given for an INT64 input was cast silently (1.7
+    became 1, NaN any integer). Casts within a kind (float64 -> float32, int32 -> int64) stay."""
+    from aclserve.runtime import Engine
+    with Engine(device="cpu") as engine:
+        model = engine.load(affine_om(), warmup=False)
+        req = _request(2)
+        with pytest.raises(ValueError, match="input 'idx' is float64, the model takes int64"):
+            model.infer({"x": req["x"], "idx": req["idx"] + 0.7})
+        out = model.infer({"x": req["x"].astype(np.float64), "idx": req["idx"].astype(np.int32)})
+        np.testing.assert_array_equal(out["s"], req["idx"] * 2)
