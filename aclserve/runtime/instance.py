@@ -158,8 +158,18 @@ class ModelInstance:
             return self._free.pop()
 
     def launch(self, slot: Slot, batch: Batch) -> None:
-        """Run `batch` in `slot` (from try_reserve()); the outcome goes to the listener."""
-        self._launch_q.put((slot, batch))
+        """Run `batch` in `slot` (from try_reserve()); the outcome goes to the listener. An
+        instance closed since the slot was reserved fails the batch here (its launcher has
+        stopped); the check and close()'s stop marker share the lock, so no batch is queued
+        behind the marker, where nobody would answer it."""
+        with self._lock:
+            if not self._closing:
+                self._launch_q.put((slot, batch))
+                return
+        self._return_slot(slot)
+        batch.error = ExecutionFailed(f"instance {self.name} was closed before the batch could run")
+        batch.outputs, batch.instance = None, self.name
+        self._listener.batch_done(batch)
 
     def busy_seconds(self) -> float:
         with self._lock:
@@ -367,7 +377,7 @@ class ModelInstance:
             if self._closing:
                 return
             self._closing = True
-        self._launch_q.put(None)  # the launcher hands its last batches on, then stops
+            self._launch_q.put(None)  # the launcher hands its last batches on, then stops
         self._launcher_thread.join()
         self._done_q.put(None)  # queued after those batches: they complete first
         self._completer_thread.join()

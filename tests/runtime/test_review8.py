@@ -97,3 +97,28 @@ def test_engine_refuses_an_input_a_cast_would_change(affine_om):
             model.infer({"x": req["x"], "idx": req["idx"] + 0.7})
         out = model.infer({"x": req["x"].astype(np.float64), "idx": req["idx"].astype(np.int32)})
         np.testing.assert_array_equal(out["s"], req["idx"] * 2)
+
+
+def test_a_batch_launched_on_an_instance_closed_since_its_slot_was_reserved_is_answered(runtime, affine_om):
+    """From the review's notes: the pool may reserve a slot (try_reserve) just before the
+    instance's close() queues its launcher's stop marker, then launch behind the marker, where
+    nobody answers the batch. Launched after the close, it now fails at once, to the listener."""
+    from aclserve.runtime.batch import Batch
+    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    instance = pool.instances[0]
+    answered = []
+
+    class Listener:
+        batch_done = staticmethod(answered.append)
+
+        def slot_free(self):
+            pass
+    try:
+        instance.attach(Listener())
+        slot = instance.try_reserve()
+        instance.close()
+        batch = Batch([_request(1, 1)], 1, 1)
+        instance.launch(slot, batch)
+        assert answered == [batch] and isinstance(batch.error, ExecutionFailed) and "closed" in str(batch.error)
+    finally:
+        pool.close()
