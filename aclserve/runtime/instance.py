@@ -11,11 +11,12 @@ Data flow of one batch:
                        time the three phases with event_elapsed_time, free the slot, resolve
 
 A batch launched while nothing else is in flight takes a shorter path: its copies and its
-execution all go on the compute stream. Nothing is there to overlap with, and the two copy
-streams' wake-ups are saved (about 0.1 ms per batch on the CPU runtime). The copies stay
-asynchronous, so a hung copy is bounded by the execution timeout like a hung execution
-(synchronous copies on the launcher and completion threads were about 0.05 ms quicker on the
-CPU runtime, but a hung one held the batch and the instance with no timeout). The ACL call
+execution all go on the compute stream, the copies without events of their own (so untimed).
+Nothing is there to overlap with, and the two copy streams' wake-ups are saved (about 0.1 ms
+per batch on the CPU runtime). The copies stay asynchronous, so a hung copy is bounded by the
+execution timeout like a hung execution (synchronous copies on the launcher and completion
+threads were a little quicker on the CPU runtime, but a hung one held the batch and the
+instance with no timeout). The ACL call
 sequences of both paths (and of the synchronous baseline, `run_sync`) are in enqueue.py; this
 class owns the threads that run them, the slots and the instance's health.
 
@@ -214,9 +215,9 @@ class ModelInstance:
                     enqueue.piped(self._acl, self.model, self.streams, slot, batch)
             except Exception as e:  # enqueue failures (bad argument, device error) fail this batch only
                 log.exception("%s: could not launch a batch", self.name)
-                self._done_q.put((slot, batch, e))
+                self._done_q.put((slot, batch, e, direct))
             else:
-                self._done_q.put((slot, batch, None))
+                self._done_q.put((slot, batch, None, direct))
 
     # -- completion thread -------------------------------------------------------------------
     def _completer(self) -> None:
@@ -224,12 +225,12 @@ class ModelInstance:
             item = self._done_q.get()
             if item is None:
                 return
-            slot, batch, error = item
+            slot, batch, error, direct = item
             if error is None and self.broken:  # behind a hung batch: no point in waiting again
                 error = DeviceTimeout(f"instance {self.name} was taken out of rotation ({self.broken})")
             if error is None:
                 try:
-                    self._collect(slot, batch)
+                    self._collect(slot, batch, direct)
                 except Exception as e:
                     error = e
             if error is not None:
@@ -244,17 +245,18 @@ class ModelInstance:
                 log.exception("%s: the listener failed on a finished batch", self.name)
             self._release_slot(slot)
 
-    def _collect(self, slot: Slot, batch: Batch) -> None:
+    def _collect(self, slot: Slot, batch: Batch, direct: bool) -> None:
         ev = slot.events
-        # d2h_end comes after exec_end and h2d_end (each stream waits for the one before), so one
-        # wake-up covers all three; the other two are then complete and only report whether
-        # their own phase failed (an event reports its stream's errors since the previous one:
-        # a failed input copy shows on h2d_end alone).
-        for name in ("d2h_end", "h2d_end", "exec_end"):
+        # d2h_end comes last (each stream waits for the one before; a direct batch has one
+        # stream), so one wake-up covers all; the others are then complete and only report
+        # whether their own part failed (an event reports its stream's errors since the previous
+        # one: a failed input copy shows on h2d_end alone, or on exec_start for a direct batch,
+        # whose copies have no events of their own).
+        for name in ("d2h_end", "exec_start" if direct else "h2d_end", "exec_end"):
             self._wait(ev[name])
         if batch.trace is not None:
-            self._trace_device(batch.trace, ev, copies=True)
-        self._finish(slot, batch, self._timings(ev))
+            self._trace_device(batch.trace, ev, copies=not direct)
+        self._finish(slot, batch, self._timings(ev, copies=not direct))
 
     def _wait(self, event: int) -> None:
         """Wait for a batch's event; past the execution timeout the instance gives up for good

@@ -3,8 +3,7 @@
 Works on Chrome trace events as chrome.py writes them (so on a file from any aclserve server):
   device busy      the union of each instance's compute-stream spans over the traced window
   copy overlap     the share of stream copy time (H2D, D2H) spent while that instance's compute
-                   stream was executing (a direct batch's copies, on its compute stream, overlap
-                   nothing)
+                   stream was executing (a direct batch's copies are not timed: not counted)
   stages           per request: receive, decode, queue, execute (split into pack, copy in,
                    compute, copy out, unpack, and "hand-offs": waiting between the event loop,
                    the launcher and completion threads), encode, and the rest ("other")
@@ -95,8 +94,6 @@ def summarize(events: list[dict], cpu_s: float | None = None) -> Summary:
             continue
         bid = _batch_id(name)
         part = STREAM_TRACKS.get(threads.get((e["pid"], e["tid"]), ""))
-        if part == "compute" and not name.startswith("compute #"):  # a direct batch's copies
-            part = "copy in" if name.startswith("H2D #") else "copy out"
         if part == "compute":
             compute.setdefault(e["pid"], []).append((start, start + dur))
         elif part is not None:

@@ -190,12 +190,10 @@ def _batch(b: _Builder, batch: BatchTrace) -> tuple[int, int]:
     b.span(PID_HOST, launcher, f"pack #{batch.id}", batch.launched_ns, batch.packed_ns)
     b.span(PID_HOST, launcher, f"enqueue #{batch.id}", batch.packed_ns, batch.enqueued_ns)
     b.span(PID_HOST, completion, f"unpack #{batch.id}", batch.woke_ns, batch.done_ns)
-    # a direct batch (alone in flight) copies on its compute stream, not on the copy streams
-    h2d_tid, d2h_tid = (TID_COMPUTE, TID_COMPUTE) if batch.direct else (TID_H2D, TID_D2H)
-    if batch.h2d:
-        b.span(pid, h2d_tid, f"H2D #{batch.id}", *batch.h2d)
+    if batch.h2d:  # a direct batch (alone in flight) has no copy spans: its copies are untimed
+        b.span(pid, TID_H2D, f"H2D #{batch.id}", *batch.h2d)
     if batch.d2h:
-        b.span(pid, d2h_tid, f"D2H #{batch.id}", *batch.d2h)
+        b.span(pid, TID_D2H, f"D2H #{batch.id}", *batch.d2h)
     if batch.compute:
         b.span(pid, TID_COMPUTE, f"compute #{batch.id}", *batch.compute,
                {"gear": batch.gear, "rows": batch.rows})
