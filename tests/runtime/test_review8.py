@@ -122,3 +122,22 @@ def test_a_batch_launched_on_an_instance_closed_since_its_slot_was_reserved_is_a
         assert answered == [batch] and isinstance(batch.error, ExecutionFailed) and "closed" in str(batch.error)
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("copy", [1, 3], ids=["copy-in", "copy-out"])
+def test_a_failed_copy_of_a_lone_batch_fails_it(runtime, affine_om, copy):
+    """A lone batch's copies have no events of their own: a failed copy-in is reported by
+    exec_start, a failed copy-out by d2h_end. Either fails the batch (never an answer made of
+    stale rows), and the instance serves on."""
+    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    done = BatchFutures(pool)
+    try:
+        faults.inject("memcpy", nth=copy)
+        with pytest.raises(ExecutionFailed, match="507011"):
+            done.submit([_request(1, 1)], 1).result(timeout=30)
+        faults.clear()
+        result = done.submit([_request(1, 2)], 1).result(timeout=30)
+        np.testing.assert_allclose(result.outputs[0]["y"], affine_reference(*_request(1, 2).values())["y"],
+                                   rtol=1e-5, atol=1e-5)
+    finally:
+        pool.close()
