@@ -181,11 +181,17 @@ class ModelRepository:
             raise InvalidInput(f"invalid model name {name!r}: {layout.check_model_name(name)}")
         self._lifecycle.held.discard(name)
         self._failures.forget_model(name)  # the caller asks for another try
-        await self._lifecycle.wait_for(name)
-        results = await asyncio.gather(*await self._reconcile(trust="all", only=name))
+        while True:  # an unload may start its task while this load scans: wait for it, then plan again
+            await self._lifecycle.wait_for(name)
+            tasks = await self._reconcile(trust="all", only=name)
+            if tasks or not self._lifecycle.busy(name):
+                break
+        results = await asyncio.gather(*tasks)
         if name not in self._planner.scan.models:
             raise NotFound(self._planner.scan.problems.get(name) or f"no model {name!r} in {self.root}")
         failed = [f"version {v}: {r}" for result in results for v, r in result.items()]
+        if name in self._lifecycle.held and not failed:
+            raise ModelLoadFailed(f"failed to load {name}: an unload request for it arrived during this load")
         if name not in self._lifecycle.serving or failed:
             raise ModelLoadFailed(f"failed to load {name}: " + ("; ".join(failed) or "no version loaded"))
 
