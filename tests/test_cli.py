@@ -38,3 +38,12 @@ def test_infer_client_casts_within_a_kind_and_says_so():
     notes = cast_to_model(inputs, {"inputs": [{"name": "x", "datatype": "FP32"}, {"name": "n", "datatype": "INT64"}]})
     assert inputs["x"].dtype == np.float32 and notes == ["input x: float64 cast to FP32 as the model declares"]
     assert inputs["n"].dtype == np.float32  # float data for an integer input is left for the server to refuse
+
+
+def test_infer_with_a_malformed_url_says_so(tmp_path):
+    np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
+    for url in ("localhost:8000", "http://[::1"):
+        proc = _aclserve("infer", "m", "-i", "x=x.npy", "--url", url, cwd=tmp_path)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "--url" in proc.stderr
+

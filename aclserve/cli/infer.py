@@ -111,7 +111,18 @@ def _metadata(url: str) -> dict:
         return {}  # the infer request itself reports what is wrong
 
 
+def _check_url(url: str) -> None:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # raises on a port that is not a number
+    except ValueError as e:
+        raise UsageError(f"--url {url!r}: {e}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--url {url!r}: expected http://HOST:PORT or https://HOST:PORT")
+
+
 def run_infer(args) -> int:
+    _check_url(args.url)
     inputs = _load_inputs(args.input)
     path = f"/v2/models/{urllib.parse.quote(args.model, safe='')}"
     if args.version:
