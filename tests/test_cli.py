@@ -47,3 +47,12 @@ def test_infer_with_a_malformed_url_says_so(tmp_path):
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert "--url" in proc.stderr
 
+
+def test_compile_to_an_output_that_cannot_be_written_says_why(tmp_path):
+    from tests.tiny_models import scale_onnx
+
+    scale_onnx(tmp_path / "s.onnx", 2.0)
+    (tmp_path / "taken.om").mkdir()  # a folder where the .om should go
+    proc = _aclserve("compile", "s.onnx", "-o", "taken.om", "--target", "cpu", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "taken.om" in proc.stderr

@@ -85,6 +85,8 @@ def run_compile(args) -> int:
         return 1
     except CompileError as e:
         raise UsageError(str(e)) from None
+    except OSError as e:  # e.g. the output is a folder, or its folder is read-only
+        raise UsageError(f"cannot write {e.filename2 or e.filename or args.output}: {e.strerror or e}") from None
     print(format_summary(result), flush=True)
     return 0
 
