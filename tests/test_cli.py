@@ -56,3 +56,14 @@ def test_compile_to_an_output_that_cannot_be_written_says_why(tmp_path):
     proc = _aclserve("compile", "s.onnx", "-o", "taken.om", "--target", "cpu", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "taken.om" in proc.stderr
+
+
+def test_profile_user_mistakes_are_one_line_each(tmp_path):
+    cases = [(("--url", "nonsense"), "--url"),
+             (("--url", "http://127.0.0.1:1"), "cannot reach"),  # nothing listens on port 1
+             (("--url", "http://127.0.0.1:1", "--trace", "no/such/folder/t.json"), "no/such/folder"),
+             (("--url", "http://127.0.0.1:1", "--png", "no/such/folder/t.png"), "no/such/folder")]
+    for args, said in cases:
+        proc = _aclserve("profile", "m", "--seconds", "1", *args, cwd=tmp_path)
+        assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
+        assert said in proc.stderr, proc.stderr

@@ -111,7 +111,7 @@ def _metadata(url: str) -> dict:
         return {}  # the infer request itself reports what is wrong
 
 
-def _check_url(url: str) -> None:
+def check_url(url: str) -> None:
     try:
         parts = urllib.parse.urlsplit(url)
         parts.port  # raises on a port that is not a number
@@ -122,7 +122,7 @@ def _check_url(url: str) -> None:
 
 
 def run_infer(args) -> int:
-    _check_url(args.url)
+    check_url(args.url)
     inputs = _load_inputs(args.input)
     path = f"/v2/models/{urllib.parse.quote(args.model, safe='')}"
     if args.version:

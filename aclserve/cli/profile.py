@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import sys
 import time
 
 import numpy as np
 
+from .infer import check_url
 from .usage import UsageError
 
 
@@ -44,8 +46,18 @@ def run_profile(args) -> int:
     if args.seconds <= 0 or args.clients < 1 or args.rows < 1:
         raise UsageError("--seconds, --clients and --rows must be positive")
     out = args.trace or f"profile-{args.model}.json"
+    for path in filter(None, (out, args.png)):  # found out now, not after the run
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise UsageError(f"cannot write {path}: folder {folder} does not exist")
     if args.url:
-        events, done, cpu_s = asyncio.run(_remote(args))
+        import aiohttp
+        check_url(args.url)
+        try:
+            events, done, cpu_s = asyncio.run(_remote(args))
+        except aiohttp.ClientError as e:
+            print(f"aclserve profile: error: cannot reach {args.url}: {e}", file=sys.stderr)
+            return 1
     else:
         events, done, cpu_s = asyncio.run(_in_process(args))
     import orjson
