@@ -32,16 +32,20 @@ _VERSION_RE = re.compile(r"^[1-9][0-9]{0,17}$")
 
 @dataclass(frozen=True)
 class VersionFile:
-    """One version's model file as found on disk; (path, size, mtime_ns) identify its content."""
+    """One version's model file as found on disk; its identity changes whenever its content may
+    have. Size and mtime alone miss a file replaced by one of the same size whose mtime was set
+    back (tar, cp -p, reproducible builds); the inode and ctime, which no one sets, catch it."""
 
     path: str  # absolute, resolved inside the repository
     kind: str  # "om" | "onnx"
     size: int
     mtime_ns: int
+    ctime_ns: int = 0
+    inode: int = 0
 
     @property
-    def identity(self) -> tuple[str, int, int]:
-        return (self.path, self.size, self.mtime_ns)
+    def identity(self) -> tuple[str, int, int, int, int]:
+        return (self.path, self.size, self.mtime_ns, self.ctime_ns, self.inode)
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ def _version_file(root: Path, path: Path, kind: str) -> VersionFile | None:
     if real is None or not real.is_file():
         return None
     st = real.stat()
-    return VersionFile(str(real), kind, st.st_size, st.st_mtime_ns)
+    return VersionFile(str(real), kind, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 def _pick(root: Path, folder: Path, stem: str, result: "ScanResult", key: str) -> VersionFile | None:

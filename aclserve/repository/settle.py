@@ -3,8 +3,8 @@
 A file is taken when
 - it arrived through a rename (a moved-to event for its path) and has not changed since the
   first look after the rename, or
-- its size and mtime were seen unchanged for `settle_s` (observed by this gate with its
-  clock), or
+- its identity (size, mtime, ctime, inode) was seen unchanged for `settle_s` (observed by
+  this gate with its clock), or
 - on the very first scan only (trust="age"): its mtime is at least `settle_s` old by the
   wall clock. A write updates the mtime, so an old mtime means nobody wrote for settle_s; this
   lets startup load existing files at once instead of waiting one settle period.

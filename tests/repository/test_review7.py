@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 
 import pytest
 
 from aclserve.repository.repository import ModelLoadFailed
 
-from .repo_helpers import serving
+from .repo_helpers import serving, x_rows
 
 pytestmark = pytest.mark.asyncio
 
@@ -37,3 +38,24 @@ async def test_a_load_behind_an_unload_loads_when_the_unload_is_done(make_repo, 
     await repo.wait_idle()
     assert serving(repo) == ["m"]
     assert repo.all_ready()
+
+
+async def test_a_replacement_with_the_same_size_and_mtime_is_reloaded(make_repo, models_dir, model_files):
+    """Reproducible builds and tar archives give every file the same mtime (SOURCE_DATE_EPOCH);
+    two versions of a model often have the same size. Unpacking the new one over the old must
+    serve the new one, not keep the old as if nothing changed."""
+    assert os.path.getsize(model_files[1]["om"]) == os.path.getsize(model_files[2]["om"])
+    epoch = (1_000_000_000, 1_000_000_000)
+    target = models_dir / "m.om"
+    shutil.copyfile(model_files[1]["om"], target)
+    os.utime(target, epoch)
+    repo, events = await make_repo()
+    result = await repo.get("m").infer(x_rows(), 1)
+    assert float(result.outputs["y"][0, 0]) == 1.0
+    part = models_dir / "m.om.part"  # what tar does: write beside, set the archived mtime, rename
+    shutil.copyfile(model_files[2]["om"], part)
+    os.utime(part, epoch)
+    os.replace(part, target)
+    await events.wait("reloaded", "m", limit_s=30)
+    result = await repo.get("m").infer(x_rows(), 1)
+    assert float(result.outputs["y"][0, 0]) == 2.0
