@@ -140,13 +140,15 @@ class ModelRepository:
     def all_ready(self) -> bool:
         """Every model found on disk (and not unloaded on purpose) is serving. With readiness
         `lenient`, a model whose file was refused (shown in the index) does not hold readiness
-        back either; in both modes a model still settling, loading or retrying does."""
+        back either, nor does a scan problem (a broken config, a bad name); in both modes a model
+        still settling, loading or retrying does."""
         if not self._started or self._closed:
             return False
         serving = self._lifecycle.serving
         wanted = self._planner.wanted_models() - self._lifecycle.held
         if self.config.readiness == "strict":
-            return all(n in serving for n in wanted)
+            problems = set(self._planner.scan.problems) - self._lifecycle.held
+            return all(n in serving for n in wanted | problems)
         failed = {n for n, _ in self._failures.versions()}
         return all(n in serving or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
 

@@ -59,3 +59,19 @@ async def test_a_replacement_with_the_same_size_and_mtime_is_reloaded(make_repo,
     await events.wait("reloaded", "m", limit_s=30)
     result = await repo.get("m").infer(x_rows(), 1)
     assert float(result.outputs["y"][0, 0]) == 2.0
+
+
+async def test_strict_readiness_counts_a_model_whose_config_is_broken(make_repo, models_dir, model_files):
+    """A model file with a config that does not parse is in the repository and not serving (the
+    index says UNAVAILABLE), so strict readiness is false, as for a model file that is junk."""
+    shutil.copyfile(model_files[1]["om"], models_dir / "good.om")
+    shutil.copyfile(model_files[1]["om"], models_dir / "m.om")
+    (models_dir / "m.yaml").write_text("max_batch_size: [\n")
+    repo, _ = await make_repo(start=False, model_control_mode="explicit", readiness="strict")
+    await repo.start()
+    assert serving(repo) == ["good"]
+    assert [r["state"] for r in repo.index() if r["name"] == "m"] == ["UNAVAILABLE"]
+    assert not repo.all_ready()
+    (models_dir / "m.yaml").write_text("slots: 1\n")
+    await repo.load("m")
+    assert serving(repo) == ["good", "m"] and repo.all_ready()
