@@ -132,6 +132,13 @@ def _pick(root: Path, folder: Path, stem: str, result: "ScanResult", key: str) -
     return None
 
 
+def _model_files(path: Path) -> list[Path]:
+    """Model files at `path` itself or directly in it (where a version was probably meant)."""
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.suffix in MODEL_SUFFIXES and not is_ignored_name(p.name))
+    return [path] if path.suffix in MODEL_SUFFIXES else []
+
+
 def _config(path: Path | None, root: Path, defaults: ModelConfig) -> ModelConfig:
     if path is None:
         return defaults
@@ -190,13 +197,26 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             return
         config_path = folder / "config.yaml"
         config_path = config_path if os.path.lexists(config_path) else None
-        available = {}
+        available, misplaced = {}, []
         for sub in sorted(folder.iterdir()):
-            if is_ignored_name(sub.name) or not sub.is_dir() or not _VERSION_RE.match(sub.name):
+            if is_ignored_name(sub.name):
+                continue
+            if not sub.is_dir() or not _VERSION_RE.match(sub.name):
+                if _model_files(sub):
+                    misplaced.append(f"{sub.relative_to(root)} is not a version folder")
                 continue
             found = _pick(root, sub, "model", result, name)
             if found is not None:
                 available[str(int(sub.name))] = found
+            elif _model_files(sub):
+                misplaced.append(f"{_model_files(sub)[0].relative_to(root)} is not named model.om or model.onnx")
+        if misplaced:  # an attempted version the operator would otherwise never hear of
+            why = "; ".join(misplaced) + f" (a versioned model's file goes in {name}/<version>/model.om, " \
+                "<version> a positive integer such as 1)"
+            if available:
+                result.notes.append(f"{name}: {why}")
+            else:
+                result.problems[name] = why
         if not available:
             return
     else:

@@ -75,3 +75,19 @@ async def test_strict_readiness_counts_a_model_whose_config_is_broken(make_repo,
     (models_dir / "m.yaml").write_text("slots: 1\n")
     await repo.load("m")
     assert serving(repo) == ["good", "m"] and repo.all_ready()
+
+
+async def test_a_misplaced_versioned_model_file_is_named_in_the_index(make_repo, models_dir, model_files):
+    """models/m/model.om (no version folder), models/n/v1/model.om, models/o/1/o.om: each a
+    model the operator meant to serve; each shows in the index with what to change."""
+    for path in ("m/model.om", "n/v1/model.om", "o/1/o.om", "p/1/model.om", "p/v2/model.om"):
+        (models_dir / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(model_files[1]["om"], models_dir / path)
+    repo, _ = await make_repo(model_control_mode="none")
+    assert serving(repo) == ["p"]
+    rows = {r["name"]: r for r in repo.index() if r["version"] == ""}
+    assert "m/model.om is not a version folder" in rows["m"]["reason"]
+    assert "n/v1 is not a version folder" in rows["n"]["reason"]
+    assert "o/1/o.om is not named model.om" in rows["o"]["reason"]
+    assert "p" not in rows  # it serves version 1; the stray folder is only logged
+    assert "m/<version>/model.om" in rows["m"]["reason"]

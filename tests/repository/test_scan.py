@@ -54,11 +54,17 @@ def test_ignored_names(tmp_path):
     touch(tmp_path / ".cache" / "1" / "model.om")
     touch(tmp_path / "m" / "1" / "model.om.part")
     touch(tmp_path / "m" / ".2" / "model.om")
+    result = scan(tmp_path, DEFAULTS)
+    assert result.models == {}
+    assert result.problems == {}
+
+
+def test_a_version_folder_that_is_no_version_is_a_problem(tmp_path):
     touch(tmp_path / "m" / "v3" / "model.om")  # not an integer version
     touch(tmp_path / "m" / "0" / "model.om")  # versions are positive
     result = scan(tmp_path, DEFAULTS)
     assert result.models == {}
-    assert result.problems == {}
+    assert "m/0 is not a version folder; m/v3 is not a version folder" in result.problems["m"]
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\\b", "a..b", ".x", "-x", "x" * 200, "sp ace"])
