@@ -67,3 +67,10 @@ def test_profile_user_mistakes_are_one_line_each(tmp_path):
         proc = _aclserve("profile", "m", "--seconds", "1", *args, cwd=tmp_path)
         assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
         assert said in proc.stderr, proc.stderr
+
+
+def test_serve_with_a_file_as_models_folder_says_it_is_a_file(tmp_path):
+    (tmp_path / "m.om").write_bytes(b"x")
+    proc = _aclserve("serve", "--port", "0", "--device", "cpu", "--models", "m.om", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "m.om is a file, not a folder" in proc.stderr, proc.stderr

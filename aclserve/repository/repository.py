@@ -71,6 +71,8 @@ class ModelRepository:
         if self._started:
             return
         self._started = True
+        if self.root.exists() and not self.root.is_dir():
+            raise RepositoryError(f"models folder {self.root} is a file, not a folder (pass --models DIR)")
         if not self.root.is_dir():
             raise RepositoryError(f"models folder {self.root} does not exist (run from the folder that holds "
                                   "models/, or pass --models DIR)")
