@@ -58,6 +58,8 @@ def read_yaml(path: str | os.PathLike) -> dict:
         raise ConfigError("", f"cannot read config file: {e.strerror}", str(path)) from None
     except yaml.YAMLError as e:
         raise ConfigError("", f"invalid YAML: {e}", str(path)) from None
+    except UnicodeDecodeError as e:  # e.g. saved in Latin-1
+        raise ConfigError("", f"not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})", str(path)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -91,3 +91,18 @@ async def test_a_misplaced_versioned_model_file_is_named_in_the_index(make_repo,
     assert "o/1/o.om is not named model.om" in rows["o"]["reason"]
     assert "p" not in rows  # it serves version 1; the stray folder is only logged
     assert "m/<version>/model.om" in rows["m"]["reason"]
+
+
+async def test_a_config_that_is_not_utf8_is_a_problem_of_its_model_only(make_repo, models_dir, model_files):
+    """A model config saved in Latin-1 (an accented comment) is refused with its reason; the scan
+    goes on, so the other models still reload."""
+    shutil.copyfile(model_files[1]["om"], models_dir / "a.om")
+    repo, events = await make_repo()
+    shutil.copyfile(model_files[1]["om"], models_dir / "b.om.part")
+    (models_dir / "b.yaml").write_bytes("# modèle\nslots: 1\n".encode("latin-1"))
+    os.replace(models_dir / "b.om.part", models_dir / "b.om")
+    shutil.copyfile(model_files[2]["om"], models_dir / "a.om.part")
+    os.replace(models_dir / "a.om.part", models_dir / "a.om")
+    await events.wait("reloaded", "a", limit_s=30)
+    rows = {r["name"]: r for r in repo.index() if r["version"] == ""}
+    assert "b.yaml" in rows["b"]["reason"] and "UTF-8" in rows["b"]["reason"]
