@@ -20,12 +20,15 @@ def answer_bytes(sig: Signature, req: InferRequest, binary_copies: int, json_out
     output the transport makes on top of the array (the joined HTTP body; gRPC's bytes and
     message); `json_outputs`: the transport writes JSON outputs where the request asks for them
     (HTTP), else every output is binary (gRPC)."""
+    if req.outputs is None:  # every output, all alike (the common case: worked out per Signature)
+        row_bytes, row_values, fixed_bytes, fixed_values = sig.all_outputs
+        array = req.rows * row_bytes + fixed_bytes
+        if req.binary_output or not json_outputs:
+            return array * (1 + binary_copies)
+        return array + (req.rows * row_values + fixed_values) * JSON_BYTES_PER_VALUE
     rows_of = sig.output_rows
-    if req.outputs is None:
-        wanted = [(rows_of[spec.name], req.binary_output, 0) for spec in sig.output_list]
-    else:
-        wanted = [(rows_of[o.name], req.binary_output if o.binary is None else o.binary, o.classification)
-                  for o in req.outputs]
+    wanted = [(rows_of[o.name], req.binary_output if o.binary is None else o.binary, o.classification)
+              for o in req.outputs]
     total = 0
     for (batched, per_row, itemsize), binary, classes in wanted:
         values = (req.rows if batched else 1) * per_row

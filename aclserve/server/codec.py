@@ -33,7 +33,7 @@ class Signature:
     decoded under; built once per served version."""
 
     __slots__ = ("inputs", "outputs", "output_list", "max_batch_size", "input_names", "json_limits", "labels",
-                 "output_rows")
+                 "output_rows", "all_outputs")
 
     def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], max_batch_size: int,
                  json_limits: JsonLimits = JsonLimits(), labels: dict[str, tuple[str, ...]] | None = None):
@@ -45,6 +45,11 @@ class Signature:
         # a dimension the model leaves open counts as 1
         self.output_rows = {s.name: (s.batched, math.prod(max(d, 1) for d in s.sample_shape), s.dtype.itemsize)
                             for s in outputs}
+        # all outputs together, for a request that names none: (bytes a row, values a row,
+        # bytes, values) of the batched ones, then of the others
+        rows = self.output_rows.values()
+        self.all_outputs = (sum(v * size for b, v, size in rows if b), sum(v for b, v, _ in rows if b),
+                            sum(v * size for b, v, size in rows if not b), sum(v for b, v, _ in rows if not b))
         self.max_batch_size = max_batch_size
         self.input_names = ", ".join(self.inputs)
         self.json_limits = json_limits
