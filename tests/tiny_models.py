@@ -40,6 +40,13 @@ def affine_onnx(path, scale: float = 1.0) -> str:
 def affine_reference(x: np.ndarray, idx: np.ndarray, scale: float = 1.0) -> dict[str, np.ndarray]:
     return {"y": (x @ W + B) * np.float32(scale), "s": idx * 2}
 
+def affine_request(rows: int, first_id: int = 0) -> dict[str, np.ndarray]:
+    """Inputs of the affine model: `rows` rows, tagged by their ids in idx (distinct per call)."""
+    ids = np.arange(first_id, first_id + rows, dtype=np.int64)
+    x = np.random.default_rng(first_id).standard_normal((rows, 8)).astype(np.float32)
+    return {"x": x, "idx": np.stack([ids, ids + 1, ids + 2], axis=1)}
+
+
 
 def double_onnx(path) -> str:
     """y = 2 * x (FP32 [N,16] -> [N,16]): a single-input model for raw binary requests."""

@@ -18,15 +18,10 @@ from aclserve.runtime.futures import BatchFutures
 from aclserve.runtime.pool import TIMEOUT_FLOOR_MS
 from aclserve.trace.records import BatchTrace, now_ns
 
-from tests.tiny_models import affine_reference
+from tests.tiny_models import affine_reference, affine_request
 
 pytestmark = pytest.mark.usefixtures("clean_faults")
 
-
-def _request(rows: int, first_id: int = 0) -> dict[str, np.ndarray]:
-    ids = np.arange(first_id, first_id + rows, dtype=np.int64)
-    x = np.random.default_rng(first_id).standard_normal((rows, 8)).astype(np.float32)
-    return {"x": x, "idx": np.stack([ids, ids + 1, ids + 2], axis=1)}
 
 
 def test_every_gear_and_padding_matches_the_reference(runtime, affine_om):
@@ -38,7 +33,7 @@ def test_every_gear_and_padding_matches_the_reference(runtime, affine_om):
         assert pool.inputs[0].shape == (-1, 8) and pool.outputs[1].datatype == "INT64"
         for gear in pool.gears:
             for rows in sorted({1, gear - 1 or 1, gear}):
-                req = _request(rows, first_id=gear * 100 + rows)
+                req = affine_request(rows, first_id=gear * 100 + rows)
                 result = done.submit([req], gear).result(timeout=30)
                 assert result.gear == gear and result.rows == rows
                 expected = affine_reference(req["x"], req["idx"])
@@ -53,7 +48,7 @@ def test_requests_in_one_batch_get_their_own_rows(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine")
     done = BatchFutures(pool)
     try:
-        reqs = [_request(1, 0), _request(2, 10), _request(1, 20)]
+        reqs = [affine_request(1, 0), affine_request(2, 10), affine_request(1, 20)]
         result = done.submit(reqs, 8).result(timeout=30)
         assert len(result.outputs) == 3
         for req, out in zip(reqs, result.outputs):
@@ -73,11 +68,11 @@ def test_answers_outlive_the_slot_whether_a_batch_output_is_copied_once_or_per_r
     pool = open_pool(runtime, affine_om(), "affine", slots=1)
     done = BatchFutures(pool)
     try:
-        reqs = [_request(1, 0), _request(2, 10), _request(1, 20)]
+        reqs = [affine_request(1, 0), affine_request(2, 10), affine_request(1, 20)]
         first = done.submit(reqs, 4).result(timeout=30).outputs
         kept = [{name: arr.copy() for name, arr in out.items()} for out in first]
         for i in range(5):  # the one slot runs other rows meanwhile
-            done.submit([_request(4, 100 + i)], 4).result(timeout=30)
+            done.submit([affine_request(4, 100 + i)], 4).result(timeout=30)
         for req, out, before in zip(reqs, first, kept):
             np.testing.assert_array_equal(out["s"], req["idx"] * 2)
             np.testing.assert_allclose(out["y"], affine_reference(**req)["y"], rtol=1e-5)
@@ -103,7 +98,7 @@ def test_a_thousand_batches_across_instances_and_slots_each_answered_once(runtim
             reqs, rows = [], 0
             while rows < gear:
                 n = rng.randint(1, gear - rows)
-                reqs.append(_request(n, next_id))
+                reqs.append(affine_request(n, next_id))
                 next_id += n
                 rows += n
                 if rng.random() < 0.4:
@@ -132,9 +127,9 @@ def test_a_device_fault_fails_only_its_batch_and_the_instance_keeps_serving(runt
     try:
         faults.inject("execute", nth=1)
         with pytest.raises(ExecutionFailed, match="507011"):
-            done.submit([_request(2)], 2).result(timeout=30)
-        result = done.submit([_request(2, 5)], 2).result(timeout=30)
-        np.testing.assert_array_equal(result.outputs[0]["s"], _request(2, 5)["idx"] * 2)
+            done.submit([affine_request(2)], 2).result(timeout=30)
+        result = done.submit([affine_request(2, 5)], 2).result(timeout=30)
+        np.testing.assert_array_equal(result.outputs[0]["s"], affine_request(2, 5)["idx"] * 2)
     finally:
         pool.close()
 
@@ -144,9 +139,9 @@ def test_a_failed_batch_is_retried_once_on_another_instance(runtime, affine_om):
     done = BatchFutures(pool)
     try:
         fault = faults.inject("execute", nth=1)
-        result = done.submit([_request(4)], 4).result(timeout=30)
+        result = done.submit([affine_request(4)], 4).result(timeout=30)
         assert fault.fired == 1
-        np.testing.assert_array_equal(result.outputs[0]["s"], _request(4)["idx"] * 2)
+        np.testing.assert_array_equal(result.outputs[0]["s"], affine_request(4)["idx"] * 2)
     finally:
         pool.close()
 
@@ -159,11 +154,11 @@ def test_a_hung_batch_times_out_and_its_instance_is_rebuilt(runtime, affine_om):
         first = pool.instances[0]
         held = faults.inject("execute", nth=1, hold=gate)  # the device never answers this one
         with pytest.raises(DeviceTimeout, match="within the model's execution timeout"):
-            done.submit([_request(1)], 1).result(timeout=30)
+            done.submit([affine_request(1)], 1).result(timeout=30)
         assert held.fired == 1 and first.broken
         # The next batch waits for the rebuilt instance (the old one is still held) and runs there.
-        result = done.submit([_request(1, 9)], 1).result(timeout=30)
-        np.testing.assert_array_equal(result.outputs[0]["s"], _request(1, 9)["idx"] * 2)
+        result = done.submit([affine_request(1, 9)], 1).result(timeout=30)
+        np.testing.assert_array_equal(result.outputs[0]["s"], affine_request(1, 9)["idx"] * 2)
         assert pool.instances[0] is not first and pool.rebuilds == 1
         assert pool.fault_counts() == {C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT: 1}
     finally:
@@ -180,9 +175,9 @@ def test_a_traced_batch_behind_a_hung_one_waits_no_longer_than_the_execution_tim
     gate = threading.Event()
     try:
         faults.inject("execute", nth=1, hold=gate)
-        hung = done.submit([_request(1)], 1)
+        hung = done.submit([affine_request(1)], 1)
         traced_future: concurrent.futures.Future = concurrent.futures.Future()
-        traced = Batch([_request(1, 5)], 1, 1, None, requests=(traced_future,))
+        traced = Batch([affine_request(1, 5)], 1, 1, None, requests=(traced_future,))
         traced.trace = BatchTrace("affine", 1, 1, 1, {2: 1}, now_ns())  # its launch anchors the clock
         pool.submit(traced)  # BatchFutures, the pool's listener, settles its future
         with pytest.raises(DeviceTimeout):
@@ -201,8 +196,8 @@ def test_a_timed_out_batch_is_retried_on_another_instance(runtime, affine_om):
     gate = threading.Event()
     try:
         faults.inject("execute", nth=1, hold=gate)
-        result = done.submit([_request(2, 3)], 2, lane=0).result(timeout=30)
-        np.testing.assert_array_equal(result.outputs[0]["s"], _request(2, 3)["idx"] * 2)
+        result = done.submit([affine_request(2, 3)], 2, lane=0).result(timeout=30)
+        np.testing.assert_array_equal(result.outputs[0]["s"], affine_request(2, 3)["idx"] * 2)
         assert result.instance == "affine#1" and pool.batches_retried == 1
     finally:
         gate.set()
@@ -228,7 +223,7 @@ def test_fifty_load_unload_cycles_return_device_memory(runtime, affine_om):
         pool = open_pool(runtime, path, "affine", instances=2, slots=2)
         done = BatchFutures(pool)
         assert device.mem_info()[0] < baseline
-        done.submit([_request(1, cycle)], 1).result(timeout=30)
+        done.submit([affine_request(1, cycle)], 1).result(timeout=30)
         pool.close()
         pool.close()  # safe twice
         assert device.mem_info()[0] == baseline
@@ -250,14 +245,14 @@ def test_engine_sync_async_and_submit(affine_om):
     path = affine_om()
     with Engine(device="cpu") as engine:
         model = engine.load(path)
-        req = _request(19)  # more rows than the largest gear (8): three runs
+        req = affine_request(19)  # more rows than the largest gear (8): three runs
         expected = affine_reference(req["x"], req["idx"])
         out = model.infer(req)
         np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(out["s"], expected["s"])
         out2 = asyncio.run(model.infer_async(req))
         np.testing.assert_array_equal(out2["s"], expected["s"])
-        assert model.submit(_request(3)).result(timeout=30)["y"].shape == (3, 4)
+        assert model.submit(affine_request(3)).result(timeout=30)["y"].shape == (3, 4)
         with pytest.raises(ValueError, match="missing input 'idx'"):
             model.infer({"x": req["x"]})
         with pytest.raises(ValueError, match=r"input 'x' has shape \[19, 7\], expected \['N', 8\]"):
@@ -270,7 +265,7 @@ def test_an_engine_call_split_over_runs_fails_once_whichever_part_fails(affine_o
     the failing part is the first, a middle or the last one to finish (the last once hung)."""
     with Engine(device="cpu") as engine:
         model = engine.load(affine_om(), slots=1)  # one slot: parts execute in submit order
-        req = _request(19)
+        req = affine_request(19)
         fault = faults.inject("execute", nth=failing_part)
         future = model.submit(req)
         with pytest.raises(ExecutionFailed, match="507011"):
@@ -288,7 +283,7 @@ def test_a_cancelled_engine_call_leaves_the_model_serving(affine_om):
     infer_async): the batches finish unheard and the instance goes on serving."""
     with Engine(device="cpu") as engine:
         model = engine.load(affine_om(), slots=1)
-        req = _request(19)  # three runs
+        req = affine_request(19)  # three runs
         gate = threading.Event()
         held = faults.inject("execute", nth=1, hold=gate)
         future = model.submit(req)
@@ -332,7 +327,7 @@ def test_instances_spread_over_several_devices_and_each_device_gets_its_memory_b
     try:
         assert [i.device.id for i in pool.instances] == [0, 1]
         assert all(runtime.device(d).mem_info()[0] < before[d] for d in (0, 1))
-        results = [done.submit([_request(2, 10 * k)], 2) for k in range(20)]
+        results = [done.submit([affine_request(2, 10 * k)], 2) for k in range(20)]
         assert {f.result(timeout=30).instance for f in results} == {"affine#0", "affine#1"}
     finally:
         pool.close()
@@ -346,18 +341,18 @@ def test_a_batch_waits_for_the_lane_it_names_while_another_instance_is_free(runt
     try:
         assert pool.lanes() == [2, 2]
         held = faults.inject("execute", nth=1, hold=gate)
-        first = done.submit([_request(1, 0)], 1, lane=0)
+        first = done.submit([affine_request(1, 0)], 1, lane=0)
         assert held.entered.wait(30)
-        queued = [done.submit([_request(1, k)], 1, lane=0) for k in (1, 2)]
+        queued = [done.submit([affine_request(1, k)], 1, lane=0) for k in (1, 2)]
         assert pool.lanes() == [0, 2]  # one slot holds the second batch; the third waits for lane 0
         gate.set()
         results = [future.result(timeout=30) for future in [first] + queued]
         assert {r.instance for r in results} == {pool.instances[0].name}
         for k, result in enumerate(results):
-            np.testing.assert_array_equal(result.outputs[0]["s"], _request(1, k)["idx"] * 2)
-        assert done.submit([_request(1, 3)], 1, lane=1).result(timeout=30).instance == pool.instances[1].name
+            np.testing.assert_array_equal(result.outputs[0]["s"], affine_request(1, k)["idx"] * 2)
+        assert done.submit([affine_request(1, 3)], 1, lane=1).result(timeout=30).instance == pool.instances[1].name
         with pytest.raises(ValueError, match="lane 2"):
-            done.submit([_request(1, 4)], 1, lane=2)
+            done.submit([affine_request(1, 4)], 1, lane=2)
     finally:
         gate.set()
         pool.close()

@@ -12,15 +12,10 @@ from aclserve.errors import DeviceTimeout, ExecutionFailed
 from aclserve.runtime import open_pool
 from aclserve.runtime.futures import BatchFutures
 
-from tests.tiny_models import affine_reference
+from tests.tiny_models import affine_reference, affine_request
 
 pytestmark = pytest.mark.usefixtures("clean_faults")
 
-
-def _request(rows: int, first_id: int = 0) -> dict[str, np.ndarray]:
-    ids = np.arange(first_id, first_id + rows, dtype=np.int64)
-    x = np.random.default_rng(first_id).standard_normal((rows, 8)).astype(np.float32)
-    return {"x": x, "idx": np.stack([ids, ids + 1, ids + 2], axis=1)}
 
 
 def test_a_failed_input_copy_fails_its_batch_instead_of_running_on_stale_rows(runtime, affine_om):
@@ -32,18 +27,18 @@ def test_a_failed_input_copy_fails_its_batch_instead_of_running_on_stale_rows(ru
     gate = threading.Event()
     try:
         held = faults.inject("execute", nth=1, hold=gate)  # keeps the first batch in flight
-        first = done.submit([_request(1, 1)], 1)
+        first = done.submit([affine_request(1, 1)], 1)
         assert held.entered.wait(30)
         copy = faults.inject("memcpy", nth=1)  # the second batch's first input copy fails
-        second = done.submit([_request(1, 2)], 1)
+        second = done.submit([affine_request(1, 2)], 1)
         assert copy.entered.wait(30)  # before the first batch copies its outputs out
         gate.set()
         first.result(timeout=30)
         with pytest.raises(ExecutionFailed, match="507011"):
             second.result(timeout=30)
         faults.clear()
-        result = done.submit([_request(1, 3)], 1).result(timeout=30)  # the instance serves on
-        np.testing.assert_allclose(result.outputs[0]["y"], affine_reference(*_request(1, 3).values())["y"],
+        result = done.submit([affine_request(1, 3)], 1).result(timeout=30)  # the instance serves on
+        np.testing.assert_allclose(result.outputs[0]["y"], affine_reference(*affine_request(1, 3).values())["y"],
                                    rtol=1e-5, atol=1e-5)
     finally:
         gate.set()
@@ -62,11 +57,11 @@ def test_a_hung_copy_of_a_lone_batch_is_bounded_by_the_execution_timeout(runtime
     try:
         held = faults.inject("memcpy", nth=copy, hold=gate)
         with pytest.raises(DeviceTimeout, match="within the model's execution timeout"):
-            done.submit([_request(1)], 1).result(timeout=30)  # a hang guard: it waited for the gate
+            done.submit([affine_request(1)], 1).result(timeout=30)  # a hang guard: it waited for the gate
         assert held.fired == 1
         # the instance was rebuilt and serves (the hung copy is still held)
-        result = done.submit([_request(2, 7)], 2).result(timeout=30)
-        np.testing.assert_array_equal(result.outputs[0]["s"], affine_reference(*_request(2, 7).values())["s"])
+        result = done.submit([affine_request(2, 7)], 2).result(timeout=30)
+        np.testing.assert_array_equal(result.outputs[0]["s"], affine_reference(*affine_request(2, 7).values())["s"])
     finally:
         gate.set()
         pool.close()
@@ -78,7 +73,7 @@ def test_engine_inputs_that_are_not_a_mapping_are_refused_with_what_is_expected(
     from aclserve.runtime import Engine
     with Engine(device="cpu") as engine:
         model = engine.load(affine_om(), warmup=False)
-        req = _request(2)
+        req = affine_request(2)
         for bad in (req["x"], [req["x"], req["idx"]], None):
             with pytest.raises(TypeError, match=r"inputs must be a mapping of input name to array "
                                                 r"\(the model takes \['idx', 'x'\]\)"):
@@ -92,7 +87,7 @@ def test_engine_refuses_an_input_a_cast_would_change(affine_om):
     from aclserve.runtime import Engine
     with Engine(device="cpu") as engine:
         model = engine.load(affine_om(), warmup=False)
-        req = _request(2)
+        req = affine_request(2)
         with pytest.raises(ValueError, match="input 'idx' is float64, the model takes int64"):
             model.infer({"x": req["x"], "idx": req["idx"] + 0.7})
         out = model.infer({"x": req["x"].astype(np.float64), "idx": req["idx"].astype(np.int32)})
@@ -117,7 +112,7 @@ def test_a_batch_launched_on_an_instance_closed_since_its_slot_was_reserved_is_a
         instance.attach(Listener())
         slot = instance.try_reserve()
         instance.close()
-        batch = Batch([_request(1, 1)], 1, 1)
+        batch = Batch([affine_request(1, 1)], 1, 1)
         instance.launch(slot, batch)
         assert answered == [batch] and isinstance(batch.error, ExecutionFailed) and "closed" in str(batch.error)
     finally:
@@ -134,10 +129,10 @@ def test_a_failed_copy_of_a_lone_batch_fails_it(runtime, affine_om, copy):
     try:
         faults.inject("memcpy", nth=copy)
         with pytest.raises(ExecutionFailed, match="507011"):
-            done.submit([_request(1, 1)], 1).result(timeout=30)
+            done.submit([affine_request(1, 1)], 1).result(timeout=30)
         faults.clear()
-        result = done.submit([_request(1, 2)], 1).result(timeout=30)
-        np.testing.assert_allclose(result.outputs[0]["y"], affine_reference(*_request(1, 2).values())["y"],
+        result = done.submit([affine_request(1, 2)], 1).result(timeout=30)
+        np.testing.assert_allclose(result.outputs[0]["y"], affine_reference(*affine_request(1, 2).values())["y"],
                                    rtol=1e-5, atol=1e-5)
     finally:
         pool.close()
