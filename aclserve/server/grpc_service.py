@@ -122,7 +122,9 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request, context):
         self._model_access(context)
         doc = views.metadata(self.state, request.name, _version(request.version))
-        return json_format.ParseDict(doc, pb.ModelMetadataResponse())
+        # a tensor's `parameters` (an image input's decoding, an output's label file) have no
+        # field in Triton's TensorMetadata; the labels are in ModelConfig's label_filename
+        return json_format.ParseDict(doc, pb.ModelMetadataResponse(), ignore_unknown_fields=True)
 
     @rpc
     async def ModelConfig(self, request, context):

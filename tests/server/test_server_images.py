@@ -12,6 +12,7 @@ import struct
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpc_client
 import tritonclient.http as http
 from PIL import Image
 
@@ -222,6 +223,19 @@ def test_labels_in_classification_metadata_and_config(http_client):
     config = client.get_model_config("digits_image")
     assert config["output"][0]["label_filename"] == "digits_labels.txt"
     assert config["input"][0]["data_type"] == "TYPE_STRING" and config["input"][0]["dims"] == [1]
+
+
+def test_grpc_metadata_and_config_of_models_with_labels_and_image_inputs(image_server):
+    """The tensors' parameters (image decoding, label file) have no field in Triton's gRPC
+    TensorMetadata: ModelMetadata answered INTERNAL for these models; the config carries the
+    labels."""
+    with grpc_client.InferenceServerClient(image_server.grpc_url) as client:
+        for model in ("digits", "digits_image"):
+            meta = client.get_model_metadata(model, as_json=True)
+            assert meta["name"] == model and meta["outputs"][0]["name"] == "y"
+        assert client.get_model_metadata("digits_image", as_json=True)["inputs"][0]["datatype"] == "BYTES"
+        config = client.get_model_config("digits_image", as_json=True)["config"]
+        assert config["output"][0]["label_filename"] == "digits_labels.txt"
 
 
 def test_settings_that_do_not_fit_refuse_the_load(image_server):
