@@ -208,8 +208,8 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             found = _pick(root, sub, "model", result, name)
             if found is not None:
                 available[str(int(sub.name))] = found
-            elif _model_files(sub):
-                misplaced.append(f"{_model_files(sub)[0].relative_to(root)} is not named model.om or model.onnx")
+            elif files := _model_files(sub):
+                misplaced.append(f"{files[0].relative_to(root)} is not named model.om or model.onnx")
         if misplaced:  # an attempted version the operator would otherwise never hear of
             why = "; ".join(misplaced) + f" (a versioned model's file goes in {name}/<version>/model.om, " \
                 "<version> a positive integer such as 1)"

@@ -7,8 +7,9 @@ Data flow of one batch:
     compute stream     wait h2d_end, record exec_start, execute_async, record exec_end
                        (set_dynamic_batch_size is an immediate write into the slot's dataset)
     D2H stream         wait exec_end, record d2h_start, memcpy_async device->host, record d2h_end
-    completion thread  synchronize d2h_end, h2d_end and exec_end (GIL released), split rows per request,
-                       time the three phases with event_elapsed_time, free the slot, resolve
+    completion thread  synchronize d2h_end, h2d_end and exec_end (GIL released), split rows
+                       per request, time the three phases with event_elapsed_time, free the
+                       slot, resolve
 
 A batch launched while nothing else is in flight takes a shorter path: its copies and its
 execution all go on the compute stream, the copies without events of their own (so untimed).
@@ -16,9 +17,9 @@ Nothing is there to overlap with, and the two copy streams' wake-ups are saved (
 per batch on the CPU runtime). The copies stay asynchronous, so a hung copy is bounded by the
 execution timeout like a hung execution (synchronous copies on the launcher and completion
 threads were a little quicker on the CPU runtime, but a hung one held the batch and the
-instance with no timeout). The ACL call
-sequences of both paths (and of the synchronous baseline, `run_sync`) are in enqueue.py; this
-class owns the threads that run them, the slots and the instance's health.
+instance with no timeout). The ACL call sequences of both paths (and of the synchronous
+baseline, `run_sync`) are in enqueue.py; this class owns the threads that run them, the slots
+and the instance's health.
 
 With two or more slots, batch N+1 is packed and copied while batch N computes. If a batch fails
 on the device (an execute error) only that batch fails; the instance then stops taking work,
