@@ -5,9 +5,9 @@ In-process (default): the models folder is loaded as `aclserve serve` would (sam
 batchers, runtime) and C client tasks drive the infer path of the HTTP server without the
 socket (`server/infer.infer_body`: decode, queue, batch, encode), so the process CPU time is the
 server's. With --url: C aiohttp clients load a running server; its trace settings for the model
-are set to trace every request into --trace-name inside its trace folder, turned OFF at the end
-(which writes the file), read back from --trace-dir (the server must share this machine's
-filesystem), and the model's own trace settings dropped.
+are set to trace every request into profile-MODEL-PID.json inside its trace folder, turned OFF
+at the end (which writes the file), read back from --trace-dir (the server must share this
+machine's filesystem), and the model's own trace settings dropped.
 """
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ from .usage import UsageError
 
 def add_commands(sub) -> None:
     p = sub.add_parser("profile", help="trace a closed-loop load against a model and summarise where time goes",
-                       description=__doc__.splitlines()[0])
+                       description="Run a closed-loop load against the model for --seconds with every request "
+                                   "traced, write the trace and print a summary of where the time goes. "
+                                   "In-process on the models folder by default; --url profiles a running server.")
     p.add_argument("model")
     p.add_argument("--seconds", type=float, default=10.0, help="load duration (default %(default)s)")
     p.add_argument("--clients", type=int, default=8, help="concurrent closed-loop clients (default %(default)s)")
