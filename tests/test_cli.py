@@ -28,7 +28,7 @@ def test_a_closed_pipe_ends_quietly():
 
 
 def test_serve_without_a_models_folder_says_how_to_point_at_one(tmp_path):
-    proc = _aclserve("serve", "--port", "0", "--device", "cpu", cwd=tmp_path)
+    proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", "--device", "cpu", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "does not exist" in proc.stderr and "--models" in proc.stderr
 
@@ -71,6 +71,7 @@ def test_profile_user_mistakes_are_one_line_each(tmp_path):
 
 def test_serve_with_a_file_as_models_folder_says_it_is_a_file(tmp_path):
     (tmp_path / "m.om").write_bytes(b"x")
-    proc = _aclserve("serve", "--port", "0", "--device", "cpu", "--models", "m.om", cwd=tmp_path)
+    proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", "--device", "cpu", "--models", "m.om", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "m.om is a file, not a folder" in proc.stderr, proc.stderr
+

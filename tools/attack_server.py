@@ -187,7 +187,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     port = free_port()
     cmd = [sys.executable, "-m", "aclserve", "serve", "--models", os.path.join(ROOT, "models"),
-           "--port", str(port), "--device", "cpu", "--model-control-mode", "none"]
+           "--port", str(port), "--grpc-port", "0", "--device", "cpu", "--model-control-mode", "none"]
     if args.config:
         cmd += ["--config", args.config]
     log = os.path.join(tempfile.mkdtemp(prefix="aclserve-attack-"), "server.log")

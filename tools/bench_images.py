@@ -117,7 +117,7 @@ def run_mode(workers: int, args, tmp: str, wrks: tuple[Wrk, Wrk], bodies: dict[s
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = ManagedProcess([sys.executable, "-m", "aclserve", "serve", "--config", cfg, "--models",
-                             os.path.join(tmp, "repo"), "--port", str(port), "--model-control-mode", "none",
+                             os.path.join(tmp, "repo"), "--port", str(port), "--grpc-port", "0", "--model-control-mode", "none",
                              "--log-level", "warning"], os.path.join(tmp, f"server{workers}.log"), cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=ROOT))
     try:

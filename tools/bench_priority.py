@@ -198,7 +198,7 @@ def measure(args) -> dict:
         make_repository(repo, onnx_path)
         port = free_port()
         base = f"http://127.0.0.1:{port}"
-        server = ManagedProcess([sys.executable, "-m", "aclserve", "serve", "--models", repo, "--port", str(port),
+        server = ManagedProcess([sys.executable, "-m", "aclserve", "serve", "--models", repo, "--port", str(port), "--grpc-port", "0",
                                  "--model-control-mode", "none", "--log-level", "warning", "--cpu-threads", "1"],
                                 os.path.join(tmp, "server.log"), cwd=ROOT, preexec_fn=pinned(server_cpus))
         try:

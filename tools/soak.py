@@ -89,7 +89,7 @@ class Soak:
     def start(self, models: str, port: int) -> subprocess.Popen:
         env = dict(os.environ, ACLSERVE_CPU_FAULTS=f"execute:probability={self.args.fault_probability}")
         cmd = [sys.executable, "-m", "aclserve", "serve", "--models", models, "--port", str(port),
-               "--log-level", "warning"]
+               "--grpc-port", "0", "--log-level", "warning"]
         return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(
             os.path.join(os.path.dirname(models), "server.log"), "w"))
 

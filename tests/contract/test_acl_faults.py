@@ -60,7 +60,7 @@ def test_a_bad_spec_is_one_line_naming_the_problem(spec, fragment):
 
 def test_serve_with_a_bad_spec_exits_with_one_line(tmp_path):
     env = dict(os.environ, ACLSERVE_CPU_FAULTS="execute:nth=x")
-    proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port", "0",
+    proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port", "0", "--grpc-port", "0",
                            "--device", "cpu"], env=env, capture_output=True, text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "nth must be an integer" in lines[0], proc.stderr
