@@ -75,3 +75,15 @@ def test_serve_with_a_file_as_models_folder_says_it_is_a_file(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "m.om is a file, not a folder" in proc.stderr, proc.stderr
 
+
+def test_serve_on_a_busy_grpc_port_says_so_in_one_error(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        # no models folder either: the repository's own failure must not add a traceback at exit
+        proc = _aclserve("serve", "--port", "0", "--grpc-port", str(port), "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"gRPC cannot listen on 127.0.0.1:{port}" in proc.stderr and "never retrieved" not in proc.stderr

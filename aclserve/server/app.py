@@ -53,6 +53,10 @@ async def _lifecycle(app: web.Application):
         if not state.loading.done():  # stopped (or failed to bind) while models were loading
             state.loading.cancel()
         await asyncio.wait([state.loading])
+        if not state.loading.cancelled() and state.loading.exception() is not None:
+            # serve() reports it, or a failure to bind that came first (one error line, not a
+            # "Task exception was never retrieved" traceback at exit)
+            log.debug("model loading ended with: %s", state.loading.exception())
         await state.begin_shutdown()
         try:
             await state.repo.close()
