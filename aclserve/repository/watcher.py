@@ -29,6 +29,19 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message=r"Callback with id .* already exists for watch",
                         category=RuntimeWarning, module=r"watchdog\.observers\.inotify")
 
+
+class _StoppedEmitterNoise(logging.Filter):
+    """watchdog's inotify emitter logs an ERROR, "queue_events() called when the thread is
+    inactive", when its observer is stopped while it reads (a server that stops right after
+    starting: a busy port). Nothing is lost then (the watch is being closed), so only that
+    message is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "called when the thread is inactive" not in record.getMessage()
+
+
+logging.getLogger("watchdog.observers.inotify").addFilter(_StoppedEmitterNoise())
+
 _IGNORED_EVENTS = {"opened", "closed_no_write"}
 
 
