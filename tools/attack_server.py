@@ -176,7 +176,7 @@ async def run_attack(name: str, args, base: str, host: str, port: int, sampler: 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--attacks", default="gzip,json,slowloris,idle")
     ap.add_argument("--count", type=int, default=16)
     ap.add_argument("--bomb-mb", type=int, default=1024)

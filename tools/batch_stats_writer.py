@@ -40,7 +40,7 @@ def write(path: str, snap: dict) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("url")
     ap.add_argument("model")
     ap.add_argument("path")

@@ -294,7 +294,8 @@ def main() -> int:
     if sys.argv[1:2] == ["priority"]:
         import bench_priority
         return bench_priority.main(sys.argv[2:])
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="`bench_batching.py priority --help`: the closed-loop priority benchmark over HTTP")
     ap.add_argument("--model", choices=("medium", "light"), default="medium")
     ap.add_argument("--seconds", type=float, default=5.0, help="open-loop arrival window per load")
     ap.add_argument("--capacity-seconds", type=float, default=3.0, help="closed-loop window per mode (all rounds)")

@@ -144,7 +144,7 @@ def measure(name: str, size: int, seconds: float) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=224, help="resize target (square), default 224")
     parser.add_argument("--seconds", type=float, default=1.0, help="per measurement, default 1")
     parser.add_argument("--pillow-simd", metavar="DIR", help="folder with Pillow-SIMD installed (--target)")

@@ -153,7 +153,7 @@ def median_row(rounds: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="throughput window per mode (default 10)")
     parser.add_argument("--latency-seconds", type=float, default=5.0, help="one-client window (default 5)")
     parser.add_argument("--clients", type=int, default=16, help="connections for throughput (default 16)")

@@ -46,7 +46,7 @@ SETTINGS = {"default": "",
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--conc", default="256,1000", help="closed-loop overload connections, comma-separated")
     p.add_argument("--open-loads", default="2,4", help="open-loop rates as multiples of capacity ('' to skip)")
     p.add_argument("--client-timeout", type=float, default=1.0, help="open loop: seconds a client waits")

@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["client"]:
         return client_main(argv[1:])
-    p = argparse.ArgumentParser(prog="bench_batching.py priority", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="bench_batching.py priority", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=6.0, help="measured window per test and round")
     p.add_argument("--warm", type=float, default=2.0, help="seconds before each window")
     p.add_argument("--rounds", type=int, default=2, help="alternations of the three configs")

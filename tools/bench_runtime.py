@@ -191,7 +191,7 @@ def main_idle(args, gears: list[int]) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=os.path.join(ROOT, "out", "models", "medium.onnx"))
     ap.add_argument("--gears", default=None, help="default 1,2,4,8,16,32 (--idle: 1,4)")
     ap.add_argument("--seconds", type=float, default=2.0)

@@ -47,7 +47,7 @@ def sampling_ns(rate: int, calls: int = 500_000) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=10, help="pairs of OFF and rate-N rounds")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--connections", type=int, default=16)

@@ -91,7 +91,7 @@ def number(text: str) -> float | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("table", nargs="?", help="Markdown file (default: stdin)")
     ap.add_argument("--x", required=True, help="column on the x axis")
     ap.add_argument("--y", action="append", required=True, help="column to draw (repeat: one panel each)")

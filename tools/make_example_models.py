@@ -193,7 +193,7 @@ def build_medium(seed: int = 2, channels=(32, 64, 96)) -> onnx.ModelProto:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("outdir", nargs="?", default=os.path.join(ROOT, "out", "models"),
                         help="folder for the benchmark models (default out/models/)")
     parser.add_argument("--skip-digits", action="store_true", help="only write the benchmark models")

@@ -241,7 +241,7 @@ class Soak:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--slow", type=int, default=20, help="slow clients (byte-at-a-time headers, stalled bodies)")
