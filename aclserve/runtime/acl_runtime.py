@@ -2,7 +2,9 @@
 
 ACL is initialised once per process (CANN refuses a second init and, on older releases, an
 init after finalize), so AclRuntime counts its users: the first start() initialises, the last
-close() resets the devices and finalises.
+close() resets the devices and finalises. A device still running the work of an instance
+abandoned at close (teardown.py) is not reset, and ACL is then not finalised: both would wait
+for that work or free memory under it; the process's exit gives the device back.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import threading
 
 from ..acl import check, compat, release, select
 from ..acl import constants as C
+from . import teardown
 from .device import Device
 from .limits import limits_for_soc
 
@@ -91,20 +94,29 @@ class AclRuntime:
                         "reserve": int(total * dev.memory_reserve_fraction)})
         return out
 
+    def abandoned_instances(self) -> int:
+        """Instances abandoned at close whose device work still runs (teardown.py), for /metrics."""
+        return teardown.held()
+
     def close(self) -> None:
         """Reset the devices this runtime opened; the last user finalises ACL. Safe twice.
-        Close every pool first: a device is reset only after its instances are gone."""
+        Close every pool first: a device is reset only after its instances are gone (or
+        abandoned: such a device is left as it is, see the module docstring)."""
         global _users
         if not self._started:
             return
         self._started = False
         with self._lock:
             devices, self._devices = list(self._devices.values()), {}
+        teardown.release_recovered()
         for dev in devices:
-            dev.close()
+            dev.close(reset=not teardown.held(dev.id))
         with _process_lock:
             _users -= 1
-            if _users == 0:
+            if _users == 0 and teardown.held():
+                log.warning("ACL not finalized: %d abandoned instance(s) still run on the device; the "
+                            "process's exit releases them", teardown.held())
+            elif _users == 0:
                 release("finalize", self.acl.finalize())
 
     def __enter__(self) -> "AclRuntime":

@@ -79,7 +79,9 @@ class Device:
                 f"{total:,} are free and {reserve:,} are held in reserve "
                 f"({self.memory_reserve_fraction:.0%}); unload a model or lower memory_reserve_fraction")
 
-    def close(self) -> None:
+    def close(self, reset: bool = True) -> None:
+        """Destroy the management context and reset the device; without `reset` (a device still
+        running abandoned work, runtime/teardown.py) the device is left set."""
         if self._closed:
             return
         self._closed = True
@@ -87,5 +89,8 @@ class Device:
         with using_context(acl, self.context):
             release("rt.destroy_context", acl.rt.destroy_context(self.context))
         self.context = 0
+        if not reset:
+            log.warning("device %d not reset: it still runs the work of an abandoned instance", self.id)
+            return
         with restoring_context(acl):  # reset_device may unbind the default context from this thread
             release("rt.reset_device", acl.rt.reset_device(self.id))

@@ -52,7 +52,7 @@ from ..acl import AclError, check, compat, release, restoring_context, using_con
 from ..acl import constants as C
 from ..errors import DeviceTimeout, ExecutionFailed
 from ..trace.records import now_ns
-from . import enqueue
+from . import enqueue, teardown
 from .batch import Batch, BatchListener
 from .busy import BusyWindow
 from .device import Device
@@ -69,7 +69,8 @@ log = logging.getLogger(__name__)
 class ModelInstance:
     """Owns: an ACL context, three streams, an OmModel, `slots` Slots, a launcher and a
     completion thread. `try_reserve()` + `launch()` never block; close() waits for in-flight
-    batches, then releases everything in reverse order of acquisition."""
+    batches (until a deadline: what the device still runs then is abandoned, teardown.py), then
+    releases everything in reverse order of acquisition."""
 
     def __init__(self, acl, device: Device, path: str, name: str, slots: int = 2,
                  execution_timeout_ms: int = 60_000):
@@ -81,7 +82,8 @@ class ModelInstance:
         # Longest wait for a batch's result (queued behind the other slots' batches included);
         # the pool sets it from the measured gear costs after warm-up.
         self.execution_timeout_ms = execution_timeout_ms
-        # A device that failed a batch gets this long to drain before the instance is given up.
+        # A device that failed a batch gets this long to drain before the instance is given up;
+        # and a closing instance (unload, rebuild) before it is abandoned (teardown.py).
         self.reset_timeout_ms = 10_000
         self._listener: BatchListener | None = None
         self._lock = threading.Lock()
@@ -103,10 +105,12 @@ class ModelInstance:
         self.clock: DeviceClock | None = None
         # fraction of recent wall time the compute stream executed (from events), for /metrics
         self.compute_busy = BusyWindow()
+        self._launcher_thread: threading.Thread | None = None
+        self._completer_thread: threading.Thread | None = None
         # Everything the instance owns is created under its own context (create_context makes it
         # current), and the calling thread gets its previous context back afterwards.
         with restoring_context(acl), contextlib.ExitStack() as undo:
-            undo.callback(self._release)
+            undo.callback(lambda: self.release(time.monotonic() + self.reset_timeout_ms / 1000))
             self.context = check("rt.create_context", acl.rt.create_context(device.id))
             self._create_streams()
             self.clock = DeviceClock(acl)
@@ -373,31 +377,40 @@ class ModelInstance:
             self._needs_reset = False
 
     # -- teardown ----------------------------------------------------------------------------
-    def close(self) -> None:
-        """Stop the threads (in-flight batches finish first), then free everything. Safe twice,
+    def close(self, deadline: float | None = None) -> None:
+        """Stop the threads (in-flight batches finish first), then free everything, waiting for
+        the device until `deadline` (time.monotonic(); default reset_timeout_ms from now). An
+        instance whose work still runs then is abandoned, not freed (teardown.py). Safe twice,
         and from two threads (the pool closing while it disposes of a replaced instance)."""
         with self._lock:
             if self._closing:
                 return
             self._closing = True
             self._launch_q.put(None)  # the launcher hands its last batches on, then stops
-        self._launcher_thread.join()
+        teardown.release_recovered()  # instances abandoned earlier whose device has let go since
+        if deadline is None:
+            deadline = time.monotonic() + self.reset_timeout_ms / 1000
+        self._launcher_thread.join(max(0.0, deadline - time.monotonic()))
         self._done_q.put(None)  # queued after those batches: they complete first
-        self._completer_thread.join()
-        self._release()
+        running = self.release(deadline)
+        if running is not None:
+            teardown.abandon(self, running)
 
-    def _release(self) -> None:
-        """Under the instance's context: wait for the streams and destroy them, then free slots
-        and model, then destroy the context; the calling thread's context is restored. The
-        streams go first: work still queued on them (a hung batch that came back late) reads
-        and writes the slots' memory, which must not be freed under it."""
+    def release(self, deadline: float) -> str | None:
+        """Under the instance's context: once its threads have stopped and its streams are idle
+        (waiting until `deadline`), destroy the streams, then free slots and model, then destroy
+        the context; the calling thread's context is restored. If the device still runs the
+        instance's work at `deadline`, nothing is freed and what runs is returned: that work
+        reads and writes the slots' memory, which must not be freed under it."""
         acl = self._acl
         if not self.context:
-            return
+            return None
         with using_context(acl, self.context):
+            running = teardown.still_running(acl, (self._launcher_thread, self._completer_thread),
+                                             self.streams, deadline)
+            if running is not None:
+                return running
             for stream in self.streams.values():
-                # untimed: a device that never lets go keeps this (rebuild or close) thread here
-                release("rt.synchronize_stream", acl.rt.synchronize_stream(stream))
                 release("rt.destroy_stream", acl.rt.destroy_stream(stream))
             self.streams.clear()
             while self.slots:
@@ -411,3 +424,4 @@ class ModelInstance:
                 self.model = None
             release("rt.destroy_context", acl.rt.destroy_context(self.context))
             self.context = 0
+        return None

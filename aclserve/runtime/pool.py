@@ -9,11 +9,13 @@ finished batches and freed slots on to its own listener (the batcher).
 An instance that leaves rotation for good (a batch past the execution timeout, a stream reset
 that failed) is rebuilt in a background thread: a fresh instance (context, streams, model copy,
 slots) takes its lane, batches wait for it in the pool meanwhile (the batcher sees the lane
-busy), and the old one is closed afterwards, which may block until the device lets go of it.
+busy), and the old one is closed afterwards: freed once the device lets go of it, or abandoned
+after its reset_timeout_ms (teardown.py).
 """
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import random
 import threading
@@ -24,6 +26,7 @@ import numpy as np
 
 from ..errors import ExecutionFailed
 from .batch import Batch, BatchListener
+from . import teardown
 from .instance import ModelInstance
 from .types import TensorSpec
 
@@ -32,8 +35,6 @@ from .types import TensorSpec
 # batches, and a busy host slows the CPU runtime by far more than a device varies.
 TIMEOUT_RUNS = 100
 TIMEOUT_FLOOR_MS = 2_000
-# How long close() waits for a rebuild (a load, or the release of a hung instance).
-REBUILD_JOIN_S = 30.0
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ class Rebuilder(Protocol):
         """A fresh instance for `lane` (blocking)."""
 
     def dispose(self, instance: ModelInstance) -> None:
-        """Close an instance the pool no longer uses (may block until the device lets go)."""
+        """Close an instance the pool no longer uses (blocks until the device lets go of it,
+        at most its reset_timeout_ms)."""
 
 
 class InstancePool:
@@ -246,7 +248,7 @@ class InstancePool:
             return
         log.warning("%s: instance %s rebuilt; serving again", self.name, new.name)
         self.slot_free()  # launches the batches that waited, wakes the batcher
-        self._builder.dispose(old)  # may block until the device lets go of the hung batch
+        self._builder.dispose(old)  # waits for the device to let go of the hung batch, bounded
 
     # -- warm-up, figures, teardown ----------------------------------------------------------
     def warmup(self, runs: int = 3) -> dict[int, float]:
@@ -303,24 +305,32 @@ class InstancePool:
         return [{"instance": i.name, "device": i.device.id, "compute_busy": round(i.compute_busy.fraction(), 4)}
                 for i in self.instances]
 
-    def close(self) -> None:
-        """Blocking: wait for in-flight batches, then close every instance. Safe twice."""
+    def close(self, deadline: float | None = None) -> None:
+        """Blocking: wait for in-flight batches, then close every instance, waiting for the
+        device until `deadline` (time.monotonic(); default the instances' reset_timeout_ms from
+        now; at least teardown.GRACE_S): an instance still running then is abandoned
+        (teardown.py). Safe twice."""
         if self._closed:
             return
         self._closed = True
         self._closing.set()
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + max(i.reset_timeout_ms for i in self.instances) / 1000
+        deadline = max(deadline, now + teardown.GRACE_S)
         with self._lock:
             pending, self._pending = list(self._pending), collections.deque()
             rebuilding = list(self._rebuilding.values())
         for thread in rebuilding:  # one building an instance finishes and disposes of it
-            thread.join(REBUILD_JOIN_S)
+            thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 log.warning("%s: %s is still waiting for the device; closing without it", self.name, thread.name)
         for batch in pending:
             batch.error = ExecutionFailed(f"model {self.name} was unloaded")
             self._listener.batch_done(batch)
         errors = []
-        for close in [i.close for i in reversed(self.instances)] + self._close_callbacks:
+        closes = [functools.partial(i.close, deadline) for i in reversed(self.instances)]
+        for close in closes + self._close_callbacks:
             try:
                 close()
             except Exception as e:  # keep closing the others; report at the end

@@ -115,3 +115,6 @@ class Runtime(Protocol):
 
     def memory(self, refresh: bool = False) -> list[dict]:
         """Device memory rows {"device", "used", "total", "reserve"}; refresh=True calls ACL (blocking)."""
+
+    def abandoned_instances(self) -> int:
+        """Instances left allocated at close because the device still ran their work (no ACL call)."""

@@ -51,6 +51,8 @@ class GuardCollector:
         trims = CounterMetricFamily("aclserve_heap_trims", "malloc_trim calls after large requests")
         trims.add_metric([], state.trimmer.trims)
         yield trims
+        yield _gauge("aclserve_abandoned_instances", "Model instances closed while the device still ran their work: "
+                     "their memory is left allocated, not freed under it", state.runtime.abandoned_instances())
         yield from self._models()
 
     def _models(self):

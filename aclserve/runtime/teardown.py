@@ -1,0 +1,88 @@
+"""Teardown bounded in time: an instance is freed once the device has let go of it, else abandoned.
+
+A batch the device never finishes keeps its streams busy, and that work reads the model and
+writes into a slot's memory. Destroying such a stream waits for the work (CANN: a stream with
+unfinished tasks is destroyed once they complete), so an untimed teardown waits as long as the
+device hangs; and freeing the memory under the work lets the device write into memory that is
+reused for something else, which is worse than leaking it. So a ModelInstance's close waits for
+its threads and streams only until a deadline (the shutdown's, else its reset_timeout_ms); past
+it the instance is abandoned: nothing of it is freed, one ERROR line names it, and it is held
+here (`held()`, `aclserve_abandoned_instances` in /metrics). `release_recovered()` frees the
+held instances whose device work has ended since: each instance close calls it first, and the
+runtime calls it before it resets the devices. A device with an abandoned instance still held
+is not reset and ACL is not finalized (the process's exit gives the device back).
+
+Where CANN has no `synchronize_stream_with_timeout` the wait is untimed (acl/compat.py says so
+once in the log).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Iterable, Mapping
+
+from ..acl import AclError, compat
+from ..acl import constants as C
+
+log = logging.getLogger(__name__)
+
+# What a closing pool gives its instances even past its deadline (a shutdown's drain may have used
+# all of it): an idle instance's threads stop and its streams answer within it, a hung one never.
+GRACE_S = 0.5
+
+_lock = threading.Lock()  # held while the held instances are retried, so each is freed once
+_held: list = []  # abandoned ModelInstances: `name`, `device.id`, `release(deadline)`
+
+
+def ms_left(deadline: float) -> int:
+    """Milliseconds until `deadline` (time.monotonic()) for a timed ACL wait: at least 1, the
+    smallest bound pyACL documents (-1 is forever)."""
+    return max(1, math.ceil((deadline - time.monotonic()) * 1000))
+
+
+def still_running(acl, threads: Iterable[threading.Thread | None], streams: Mapping[str, int],
+                  deadline: float) -> str | None:
+    """Join `threads`, then wait for `streams` (their context current), until `deadline`. None
+    when all are done; else what still runs. A fault a stream kept is not work: destroying the
+    stream clears it."""
+    for thread in threads:
+        if thread is not None:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                return f"its thread {thread.name} is still running"
+    for role, stream in streams.items():
+        try:
+            compat.synchronize_stream(acl, stream, ms_left(deadline))
+        except AclError as e:
+            if e.ret == C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT:
+                return f"the device is still running its {role} stream"
+    return None
+
+
+def abandon(instance, running: str) -> None:
+    """Hold `instance` unfreed, saying so once."""
+    with _lock:
+        _held.append(instance)
+    log.error("%s: %s past the close's deadline; the instance is abandoned: its context, streams, "
+              "model and slot memory stay allocated (the device may still write into them) and are "
+              "freed if the device lets go of them while the process runs", instance.name, running)
+
+
+def release_recovered() -> int:
+    """Free the held instances whose device work has ended since (a poll each). Returns how
+    many are still held."""
+    with _lock:
+        still = [i for i in _held if i.release(time.monotonic()) is not None]
+        for instance in _held:
+            if instance not in still:
+                log.warning("%s: the device has let go of the abandoned instance; it is freed", instance.name)
+        _held[:] = still
+        return len(still)
+
+
+def held(device_id: int | None = None) -> int:
+    """Abandoned instances still held (on `device_id`, or on any device)."""
+    with _lock:
+        return sum(1 for i in _held if device_id is None or i.device.id == device_id)

@@ -1,0 +1,95 @@
+"""Teardown never waits for good on a hung device: an instance whose batch the device never
+finishes is released when the device lets go, or abandoned (its memory left allocated, never
+freed under the device) once its close's bound passes. The device here is the CPU runtime with
+an execution held by a fault (faults.inject(..., hold=gate)) that the test only releases at
+the end; nothing asserts a duration."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from aclserve.acl.cpu import faults
+from aclserve.errors import DeviceTimeout
+from aclserve.runtime import open_pool, teardown
+from aclserve.runtime.futures import BatchFutures
+
+from tests.tiny_models import affine_request
+
+pytestmark = pytest.mark.usefixtures("clean_faults")
+
+
+def let_go(gate: threading.Event) -> None:
+    """Release the held execution, then wait until the abandoned instances are freed (a hang
+    guard, not a timing: the device finishes at once)."""
+    gate.set()
+    for _ in range(3000):
+        if teardown.release_recovered() == 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{teardown.held()} abandoned instance(s) never released")
+
+
+def test_a_rebuild_abandons_a_hung_instance_instead_of_waiting_for_it(runtime, affine_om, caplog):
+    """The replacement serves while the old instance is disposed of; the disposal ends once the
+    old instance's reset_timeout_ms has passed, leaving its memory allocated (the device may
+    still write into its slots), says so once, and frees it when the device lets go."""
+    pool = open_pool(runtime, affine_om(), "affine", execution_timeout_ms=100)
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        first = pool.instances[0]
+        first.reset_timeout_ms = 200
+        faults.inject("execute", nth=1, hold=gate)
+        with pytest.raises(DeviceTimeout):
+            done.submit([affine_request(1)], 1).result(timeout=30)
+        assert done.submit([affine_request(1, 4)], 1).result(timeout=30).instance == "affine#0"
+        assert pool.instances[0] is not first
+        rebuild = [t for t in threading.enumerate() if t.name == "affine-rebuild0"]
+        for thread in rebuild:
+            thread.join(60)  # a hang guard: it waited for the device for good before
+            assert not thread.is_alive()
+        assert not gate.is_set()  # the device still holds the old instance's batch
+        assert teardown.held() == 1
+        assert first.context and first.slots and first.model is not None  # nothing freed under it
+        abandoned = [r for r in caplog.records if "abandoned" in r.getMessage()]
+        assert len(abandoned) == 1 and "affine#0" in abandoned[0].getMessage()
+        let_go(gate)
+        assert not first.context and not first.slots and first.model is None
+    finally:
+        let_go(gate)
+        pool.close()
+
+
+def test_closing_a_pool_while_a_batch_hangs_ends_at_its_deadline(runtime, affine_om):
+    """Unload and shutdown: the pool's close waits for the device until the deadline it is
+    given, then abandons the instance still running (its batch fails on its own later)."""
+    device = runtime.device(0)
+    baseline = device.mem_info()[0]
+    pool = open_pool(runtime, affine_om(), "affine", execution_timeout_ms=600_000)
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        held = faults.inject("execute", nth=1, hold=gate)
+        hung = done.submit([affine_request(1)], 1)
+        assert held.entered.wait(30)
+        instance = pool.instances[0]
+        pool.close(deadline=time.monotonic() + 0.2)
+        assert not gate.is_set() and teardown.held() == 1
+        assert instance.context and instance.slots
+        let_go(gate)
+        hung.result(timeout=30)  # the batch came back late, into memory that was still there
+        assert not instance.context and device.mem_info()[0] == baseline
+    finally:
+        let_go(gate)
+        pool.close()
+
+
+def test_an_idle_pool_closes_and_frees_everything(runtime, affine_om):
+    device = runtime.device(0)
+    baseline = device.mem_info()[0]
+    pool = open_pool(runtime, affine_om(), "affine", instances=2)
+    BatchFutures(pool).submit([affine_request(2)], 2).result(timeout=30)
+    pool.close(deadline=time.monotonic())  # past already: an idle device lets go at once
+    assert teardown.held() == 0 and device.mem_info()[0] == baseline
