@@ -31,6 +31,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import time
 from typing import Callable
 
 from ..config import ServerConfig
@@ -163,9 +164,11 @@ class Lifecycle:
             return None
         return versions.get(version) or versions[max(versions, key=int)]
 
-    async def _retire(self, sv: ServedVersion, replaced: bool) -> None:
-        """`sv` is out of the serving map: close it, drop its compile, settle its state."""
-        await sv.close(self._config.shutdown_timeout_s, self._executor)
+    async def _retire(self, sv: ServedVersion, replaced: bool, deadline: float | None = None) -> None:
+        """`sv` is out of the serving map: close it (drained until `deadline`, time.monotonic(),
+        default shutdown_timeout_s from now), drop its compile, settle its state."""
+        drain_s = self._config.shutdown_timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
+        await sv.close(drain_s, self._executor, deadline)
         if not self._closed:  # at shutdown the cache stays for the next start
             self._cache.release(sv.name, sv.version, sv.om_path, sv.source, replaced, self._compiles_in_use())
         if sv.version not in self.serving.get(sv.name, {}):
@@ -192,10 +195,12 @@ class Lifecycle:
         self.states.forget_stale(self._planner.scan, set(self._failures.versions()))
 
     # ---- shutdown -------------------------------------------------------------------------------
-    async def close(self) -> None:
+    async def close(self, deadline: float | None = None) -> None:
         """Start nothing from now on (a load still running is closed, not swapped in), wait for
-        the running tasks, then drain and close every serving version (at most
-        shutdown_timeout_s each, all at once) and the load executor. Idempotent."""
+        the running tasks, then drain and close every serving version (all at once, until
+        `deadline`, time.monotonic(); default shutdown_timeout_s from now: what is left then is
+        answered 503, and a device still running is left to itself) and the load executor.
+        Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -205,6 +210,9 @@ class Lifecycle:
         for sv in retiring:
             sv.retire(lambda: None)
             self.states.move(sv.name, sv.version, State.UNLOADING)
-        await asyncio.gather(*(self._retire(sv, replaced=False) for sv in retiring), return_exceptions=True)
+        if deadline is None:
+            deadline = time.monotonic() + self._config.shutdown_timeout_s
+        await asyncio.gather(*(self._retire(sv, replaced=False, deadline=deadline) for sv in retiring),
+                             return_exceptions=True)
         self.acted = {}
         self._executor.shutdown(wait=True)

@@ -91,16 +91,17 @@ class ModelRepository:
                 log.warning("the models folder %s holds no model (<name>.om, <name>.onnx or <name>/<version>/"
                             "model.om); the server is up but has nothing to serve", self.root)
 
-    async def close(self) -> None:
-        """Stop watching and retrying, drain every version (shutdown_timeout_s), close every
-        pool. Idempotent."""
+    async def close(self, deadline: float | None = None) -> None:
+        """Stop watching and retrying, drain every version until `deadline` (time.monotonic();
+        default shutdown_timeout_s from now), answer what is left 503, close every pool (a device
+        still running then is left to itself: runtime/teardown.py). Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._failures.close()
         if self._watcher is not None:
             self._watcher.close()
-        await self._lifecycle.close()
+        await self._lifecycle.close(deadline)
         if self._debouncer is not None:
             await self._debouncer.close()
         for task in self._retry_tasks:

@@ -6,12 +6,14 @@ This module is the repository's only caller of the runtime's pool (`open_pool`, 
 `open_version` opens the pool, warms it up and starts the batcher; on failure it closes what it
 opened before the error propagates. `infer` delegates to the batcher. When the version is
 retired (replaced or unloaded) it leaves the serving map first; `close` then drains its batcher
-(no new requests; the queued and in-flight ones finish), closes the batcher and, in a worker
-thread, the pool. A request that raced the swap and is refused by the draining batcher is
-re-sent once to the successor (the same version reloaded, else the model's newest version), so
-a reload never fails a request (also when the caller held this object past the close of its
-batcher, e.g. while reading a request body). Owned by the repository's Lifecycle; used on the
-loop, blocking steps in the executor it is given.
+(no new requests; the queued and in-flight ones finish), closes the batcher (what the drain
+left is answered 503) and, in a worker thread, the pool (an instance the device has not let go
+of by the pool's deadline is abandoned, not waited for: runtime/teardown.py). A request that
+raced the swap and is refused by the draining batcher is re-sent once to the successor (the
+same version reloaded, else the model's newest version), so a reload never fails a request
+(also when the caller held this object past the close of its batcher, e.g. while reading a
+request body). Owned by the repository's Lifecycle; used on the loop, blocking steps in the
+executor it is given.
 """
 from __future__ import annotations
 
@@ -105,23 +107,24 @@ class ServedVersion:
         """Out of the serving map: `successor()` names where raced requests go from now on."""
         self._successor = successor
 
-    async def close(self, drain_timeout_s: float, executor) -> None:
-        """Drain (at most `drain_timeout_s`), close the batcher, then the pool in `executor`.
-        Failures are logged and closing goes on; safe twice."""
+    async def close(self, drain_timeout_s: float, executor, deadline: float | None = None) -> None:
+        """Drain (at most `drain_timeout_s`), close the batcher, then the pool in `executor`,
+        waiting for the device until `deadline` (time.monotonic(); default: the pool's own
+        bound). Failures are logged and closing goes on; safe twice."""
         try:
             await self.batcher.drain(drain_timeout_s)
         except Exception:
             log.exception("%s:%s: drain failed", self.name, self.version)
         try:
             await self.batcher.close()
-            await asyncio.get_running_loop().run_in_executor(executor, self._close_pool)
+            await asyncio.get_running_loop().run_in_executor(executor, self._close_pool, deadline)
         except Exception:
             log.exception("%s:%s: close failed", self.name, self.version)
 
-    def _close_pool(self) -> None:
+    def _close_pool(self, deadline: float | None) -> None:
         """Blocking: frees every device resource of this version, then gives the freed heap
         back (heap.trim: without it RSS grows with every reload)."""
-        self.pool.close()
+        self.pool.close(deadline)
         heap.trim()
 
     def __repr__(self) -> str:

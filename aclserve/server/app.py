@@ -6,10 +6,11 @@ listens (HTTP, then gRPC; a busy port fails here, before any model has to finish
 waits for the repository (scan, load, warm up, watch); readiness is false until it is done. Stop (SIGTERM/SIGINT in `serve`): readiness
 turns false, new infer requests get 503 / UNAVAILABLE at once and HTTP connections not
 running a request are closed; queued and in-flight requests of both transports get
-`shutdown_timeout_s` to finish; then every HTTP connection left is closed (a stalled client
-does not hold shutdown longer), the gRPC port and the HTTP socket close, the repository
-drains and unloads every model, and the runtime destroys contexts, resets devices and
-finalizes ACL, in that order.
+`shutdown_timeout_s` to finish; then the repository unloads every model (the requests still
+waiting on one are answered 503; a device still running a batch is left to itself, not waited
+for: runtime/teardown.py), every HTTP connection left is closed (a stalled client does not
+hold shutdown longer), the gRPC port and the HTTP socket close, and the runtime destroys
+contexts, resets devices and finalizes ACL, in that order.
 """
 from __future__ import annotations
 
@@ -50,16 +51,9 @@ async def _lifecycle(app: web.Application):
     try:
         yield
     finally:
-        if not state.loading.done():  # stopped (or failed to bind) while models were loading
-            state.loading.cancel()
-        await asyncio.wait([state.loading])
-        if not state.loading.cancelled() and state.loading.exception() is not None:
-            # serve() reports it, or a failure to bind that came first (one error line, not a
-            # "Task exception was never retrieved" traceback at exit)
-            log.debug("model loading ended with: %s", state.loading.exception())
         await state.begin_shutdown()
         try:
-            await state.repo.close()
+            await state.close_models()  # done already when `serve` drained
         finally:
             state.started = False
             state.images.close()
@@ -162,6 +156,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         log.info("signal received: draining")
         drain_deadline = loop.time() + config.shutdown_timeout_s
         await state.begin_shutdown()  # HTTP and gRPC requests alike
+        await state.close_models()  # what is left gets its 503 before the connections close
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)

@@ -81,7 +81,8 @@ class ModelStore(Protocol):
 
     async def start(self) -> None: ...
 
-    async def close(self) -> None: ...
+    async def close(self, deadline: float | None = None) -> None:
+        """Drain until `deadline` (time.monotonic()), answer what is left, unload everything."""
 
     def get(self, name: str, version: str | None = None) -> ServedModel:
         """The serving version; raises NotFound / ModelUnavailable / ShuttingDown."""

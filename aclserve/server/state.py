@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from ..errors import ShuttingDown
 from .auth import Access
@@ -23,6 +24,10 @@ from .trim import HeapTrimmer
 from .observe import Observer
 
 log = logging.getLogger(__name__)
+
+# How long the answers of the requests failed by the repository's close get to be written
+# before the connections close (they are made at once; this only lets their handlers run).
+ANSWER_GRACE_S = 0.5
 
 
 class VersionRecord:
@@ -64,6 +69,7 @@ class ServerState:
         self.started = False  # every model the repository found at start has been tried
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
         self.shutting_down = False
+        self.shutdown_deadline: float | None = None  # time.monotonic() the drain ends at, once shutting down
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -105,21 +111,40 @@ class ServerState:
         return self.started and not self.shutting_down and self.repo.all_ready()
 
     def stop_accepting(self) -> None:
-        """Readiness false and new infer requests refused (503), at once. Idempotent."""
+        """Readiness false and new infer requests refused (503), at once; the drain's deadline
+        is shutdown_timeout_s from the first call. Idempotent."""
         if not self.shutting_down:
             self.shutting_down = True
+            self.shutdown_deadline = time.monotonic() + self.config.shutdown_timeout_s
             self.connections.stop_accepting()
             log.info("shutting down: %d request(s) in flight", self.inflight)
 
     async def begin_shutdown(self) -> None:
-        """stop_accepting(), then wait (at most shutdown_timeout_s) for queued and in-flight
-        requests. Idempotent."""
+        """stop_accepting(), then wait until the shutdown deadline for queued and in-flight
+        requests. Idempotent (a later call waits no longer than the first)."""
         self.stop_accepting()
+        if self._idle.is_set():
+            return
         try:
-            await asyncio.wait_for(self._idle.wait(), self.config.shutdown_timeout_s)
+            await asyncio.wait_for(self._idle.wait(), max(0.0, self.shutdown_deadline - time.monotonic()))
         except asyncio.TimeoutError:
-            log.warning("shutdown: %d request(s) still in flight after %.1f s; they will be cancelled",
-                        self.inflight, self.config.shutdown_timeout_s)
+            log.warning("shutdown: %d request(s) still in flight after %.1f s; those waiting on a model are "
+                        "answered 503 as it closes", self.inflight, self.config.shutdown_timeout_s)
+
+    async def close_models(self) -> None:
+        """After the drain: stop loading, close the repository (what the drain left is answered
+        503; a device still running by the deadline is left to itself, runtime/teardown.py),
+        then let those answers be written (at most ANSWER_GRACE_S). Idempotent."""
+        if self.loading is not None and not self.loading.done():
+            self.loading.cancel()  # stopped (or failed to bind) while models were loading
+        if self.loading is not None:
+            await asyncio.wait([self.loading])
+        await self.repo.close(self.shutdown_deadline)
+        if not self._idle.is_set():
+            try:
+                await asyncio.wait_for(self._idle.wait(), ANSWER_GRACE_S)
+            except asyncio.TimeoutError:
+                pass  # a request not waiting on a model (a stalled body): the connection closes it
 
     # -- repository views ----------------------------------------------------------------------
     def ready_versions(self, name: str | None = None) -> list[tuple[str, str]]:

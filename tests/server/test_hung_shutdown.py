@@ -1,0 +1,139 @@
+"""Shutdown while the device hangs on a batch: the server stops within the reach of
+`shutdown_timeout_s`, not when the device lets go; the request still waiting gets a 503, not a
+closed connection; the hung instance is abandoned (memory left allocated) and ACL is not
+finalized under it. Also an unload over HTTP in the same state. The execution is held by a
+CPU-runtime fault until the test ends; the only time limits are hang guards."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+
+import aiohttp
+import pytest
+
+from aclserve.acl.cpu import faults
+from aclserve.runtime import teardown
+
+from tests.serving import ServerThread, free_port, request, started_app
+
+from .hostile import metric
+
+ONE = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
+                  {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1] * 3}]}
+
+
+def let_go(gate: threading.Event) -> None:
+    """Release the held execution and wait (hang guard) until the abandoned instance is freed."""
+    gate.set()
+    for _ in range(3000):
+        if teardown.release_recovered() == 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{teardown.held()} abandoned instance(s) never released")
+
+
+@pytest.fixture
+def hung_model(models_dir, tmp_path):
+    shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
+    # only the shutdown can end the wait: the execution timeout is far away
+    (tmp_path / "affine.yaml").write_text("execution_timeout_ms: 600000\n")
+    return tmp_path
+
+
+def test_shutdown_while_a_batch_hangs_answers_503_and_does_not_wait_for_the_device(
+        hung_model, make_config, clean_faults, caplog):
+    gate = threading.Event()
+    answer: dict = {}
+    server = ServerThread(make_config(hung_model, model_control_mode="none", shutdown_timeout_s=0.5)).start()
+    client = threading.Thread(target=lambda: answer.update(
+        r=request(server, "POST", "/v2/models/affine/infer", json=ONE)))
+    try:
+        held = faults.inject("execute", nth=1, hold=gate)
+        client.start()
+        assert held.entered.wait(30)
+        server.close()  # joins the server's thread for at most 60 s (a hang guard)
+        assert not server._thread.is_alive() and not gate.is_set()
+        client.join(30)
+        status, headers, body = answer["r"]
+        assert status == 503 and "Retry-After" in headers, body
+        assert teardown.held() == 1
+        assert "abandoned" in caplog.text and "not finalized" in caplog.text
+    finally:
+        let_go(gate)
+        server.close()
+        if client.is_alive():
+            client.join(30)
+
+
+def test_sigterm_while_a_batch_hangs_ends_the_process(hung_model, tmp_path):
+    """`aclserve serve` under SIGTERM with a device that sleeps ten minutes in every execution
+    after the warm-up's: the process exits (0) with the execution still running, and the
+    request gets its 503."""
+    port = free_port()
+    server = types.SimpleNamespace(url=f"127.0.0.1:{port}")
+    warm_up = 4 * 3  # three runs of each of the four gears (1, 2, 4, 8)
+    env = dict(os.environ, ACLSERVE_CPU_FAULTS=f"execute:delay_ms=600000,nth={warm_up + 1},count=1000")
+    (tmp_path / "serve.yaml").write_text(f"port: {port}\ngrpc_port: 0\ndevice: cpu\nshutdown_timeout_s: 0.5\n"
+                                         f"log_level: info\nmodels_dir: {hung_model}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    answer: dict = {}
+    client = threading.Thread(target=lambda: answer.update(
+        r=request(server, "POST", "/v2/models/affine/infer", json=ONE)))
+    try:
+        for _ in range(1200):  # a hang guard: until it serves
+            try:
+                if request(server, "GET", "/v2/health/ready")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        busy = 'model="affine",version="1"'
+        metric(server.url, "aclserve_instance_busy_ratio", busy)  # the ratio counts from here
+        client.start()
+        while not metric(server.url, "aclserve_instance_busy_ratio", busy):  # the batch is on the device
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)  # a hang guard: it waited for the device before
+        client.join(30)
+        assert proc.returncode == 0, out
+        assert answer["r"][0] == 503, answer
+        assert "abandoned" in out and "not finalized" in out, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if client.is_alive():
+            client.join(30)
+
+
+def test_an_unload_while_a_batch_hangs_is_answered_and_metrics_show_the_abandoned_instance(
+        hung_model, make_config, clean_faults):
+    async def scenario(gate: threading.Event):
+        runner, state, url, runtime, repo = await started_app(make_config(hung_model, shutdown_timeout_s=0.5))
+        try:
+            for instance in repo.get("affine").pool.instances:
+                instance.reset_timeout_ms = 200  # how long the close waits for the device
+            held = faults.inject("execute", nth=1, hold=gate)
+            async with aiohttp.ClientSession() as session:
+                hung = asyncio.ensure_future(session.post(f"{url}/v2/models/affine/infer", json=ONE))
+                await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, held.entered.wait), 30)
+                async with session.post(f"{url}/v2/repository/models/affine/unload") as resp:
+                    assert resp.status == 200
+                async with await asyncio.wait_for(hung, 30) as resp:
+                    assert resp.status == 503
+                async with session.get(f"{url}/metrics") as resp:
+                    assert "aclserve_abandoned_instances 1.0" in await resp.text()
+        finally:
+            await runner.cleanup()
+    gate = threading.Event()
+    try:
+        asyncio.run(scenario(gate))
+    finally:
+        let_go(gate)
