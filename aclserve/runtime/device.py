@@ -81,7 +81,7 @@ class Device:
 
     def close(self, reset: bool = True) -> None:
         """Destroy the management context and reset the device; without `reset` (a device still
-        running abandoned work, runtime/teardown.py) the device is left set."""
+        running an abandoned instance's work, runtime/teardown.py) the device is left set."""
         if self._closed:
             return
         self._closed = True
@@ -90,7 +90,8 @@ class Device:
             release("rt.destroy_context", acl.rt.destroy_context(self.context))
         self.context = 0
         if not reset:
-            log.warning("device %d not reset: it still runs the work of an abandoned instance", self.id)
+            log.warning("device %d not reset: it still runs the work of an instance abandoned (or being "
+                        "closed)", self.id)
             return
         with restoring_context(acl):  # reset_device may unbind the default context from this thread
             release("rt.reset_device", acl.rt.reset_device(self.id))

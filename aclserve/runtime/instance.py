@@ -390,11 +390,12 @@ class ModelInstance:
         teardown.release_recovered()  # instances abandoned earlier whose device has let go since
         if deadline is None:
             deadline = time.monotonic() + self.reset_timeout_ms / 1000
-        self._launcher_thread.join(max(0.0, deadline - time.monotonic()))
-        self._done_q.put(None)  # queued after those batches: they complete first
-        running = self.release(deadline)
-        if running is not None:
-            teardown.abandon(self, running)
+        with teardown.closing(self):  # the runtime resets no device under this close
+            self._launcher_thread.join(max(0.0, deadline - time.monotonic()))
+            self._done_q.put(None)  # queued after those batches: they complete first
+            running = self.release(deadline)
+            if running is not None:
+                teardown.abandon(self, running)
 
     def release(self, deadline: float) -> str | None:
         """Under the instance's context: once its threads have stopped and its streams are idle

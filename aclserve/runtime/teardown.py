@@ -9,14 +9,16 @@ its threads and streams only until a deadline (the shutdown's, else its reset_ti
 it the instance is abandoned: nothing of it is freed, one ERROR line names it, and it is held
 here (`held()`, `aclserve_abandoned_instances` in /metrics). `release_recovered()` frees the
 held instances whose device work has ended since: each instance close calls it first, and the
-runtime calls it before it resets the devices. A device with an abandoned instance still held
-is not reset and ACL is not finalized (the process's exit gives the device back).
+runtime calls it before it resets the devices. A device with an instance still held, or still
+being closed (a rebuild's disposal, in its own thread), is not reset and ACL is not finalized
+(the process's exit gives the device back).
 
 Where CANN has no `synchronize_stream_with_timeout` the wait is untimed (acl/compat.py says so
 once in the log).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -34,6 +36,7 @@ GRACE_S = 0.5
 
 _lock = threading.Lock()  # held while the held instances are retried, so each is freed once
 _held: list = []  # abandoned ModelInstances: `name`, `device.id`, `release(deadline)`
+_closing: set = set()  # ModelInstances whose close is waiting for the device now
 
 
 def ms_left(deadline: float) -> int:
@@ -82,7 +85,26 @@ def release_recovered() -> int:
         return len(still)
 
 
+@contextlib.contextmanager
+def closing(instance):
+    """Count `instance` as unreleased while the block (its close) waits for the device."""
+    with _lock:
+        _closing.add(instance)
+    try:
+        yield
+    finally:
+        with _lock:
+            _closing.discard(instance)
+
+
 def held(device_id: int | None = None) -> int:
     """Abandoned instances still held (on `device_id`, or on any device)."""
     with _lock:
         return sum(1 for i in _held if device_id is None or i.device.id == device_id)
+
+
+def unreleased(device_id: int | None = None) -> int:
+    """Instances held or being closed (on `device_id`, or on any device): while there are, the
+    device is not reset nor ACL finalized."""
+    with _lock:
+        return sum(1 for i in [*_held, *_closing] if device_id is None or i.device.id == device_id)

@@ -12,7 +12,7 @@ import pytest
 
 from aclserve.acl.cpu import faults
 from aclserve.errors import DeviceTimeout
-from aclserve.runtime import open_pool, teardown
+from aclserve.runtime import AclRuntime, open_pool, teardown
 from aclserve.runtime.futures import BatchFutures
 
 from tests.tiny_models import affine_request
@@ -93,3 +93,32 @@ def test_an_idle_pool_closes_and_frees_everything(runtime, affine_om):
     BatchFutures(pool).submit([affine_request(2)], 2).result(timeout=30)
     pool.close(deadline=time.monotonic())  # past already: an idle device lets go at once
     assert teardown.held() == 0 and device.mem_info()[0] == baseline
+
+
+def test_the_runtime_leaves_alone_a_device_that_a_rebuild_still_waits_for(affine_om, caplog):
+    """Closing the runtime while a rebuild's disposal still waits for the hung device (in its
+    own thread): the device is not reset and ACL not finalized under that close; the disposal
+    frees the old instance once the device lets go."""
+    rt = AclRuntime(device="cpu").start()
+    gate = threading.Event()
+    pool = open_pool(rt, affine_om(), "affine", execution_timeout_ms=100)
+    done = BatchFutures(pool)
+    first = pool.instances[0]
+    first.reset_timeout_ms = 600_000  # the disposal outwaits everything below
+    try:
+        faults.inject("execute", nth=1, hold=gate)
+        with pytest.raises(DeviceTimeout):
+            done.submit([affine_request(1)], 1).result(timeout=30)
+        done.submit([affine_request(1)], 1).result(timeout=30)  # on the rebuilt instance
+        pool.close(deadline=time.monotonic())  # does not wait for the rebuild thread's disposal
+        assert teardown.unreleased() == 1 and teardown.held() == 0
+        rt.close()
+        assert "device 0 not reset" in caplog.text and "ACL not finalized" in caplog.text
+    finally:
+        gate.set()
+        for thread in [t for t in threading.enumerate() if t.name == "affine-rebuild0"]:
+            thread.join(60)  # a hang guard: the device has let go
+        pool.close()
+        rt.close()
+    assert not first.context and teardown.unreleased() == 0
+    AclRuntime(device="cpu").start().close()  # now the device is reset and ACL finalized
