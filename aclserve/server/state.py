@@ -139,6 +139,10 @@ class ServerState:
             self.loading.cancel()  # stopped (or failed to bind) while models were loading
         if self.loading is not None:
             await asyncio.wait([self.loading])
+            if not self.loading.cancelled() and self.loading.exception() is not None:
+                # serve() reports it, or a failure to bind that came first (one error line, not a
+                # "Task exception was never retrieved" traceback at exit)
+                log.debug("model loading ended with: %s", self.loading.exception())
         await self.repo.close(self.shutdown_deadline)
         if not self._idle.is_set():
             try:
