@@ -10,6 +10,7 @@ from typing import Mapping
 
 import yaml
 
+from ..regular_files import open_regular
 from .model import model_config_mapping, parse_model_config
 from .schema import ConfigError, ModelConfig, ServerConfig
 from .server import parse_server_config
@@ -50,9 +51,11 @@ def _expand_dotted(overrides: Mapping) -> dict:
     return nested
 
 
-def read_yaml(path: str | os.PathLike) -> dict:
+def read_yaml(path: str | os.PathLike, regular_only: bool = False) -> dict:
+    """The mapping in the YAML file at `path`. `regular_only`: refuse a FIFO, socket or device
+    node unopened (a model's config, read by every scan); a server config may be a pipe."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_regular(path, "r", "utf-8") if regular_only else open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except OSError as e:
         raise ConfigError("", f"cannot read config file: {e.strerror}", str(path)) from None
@@ -93,7 +96,7 @@ def load_model_config(path: str | os.PathLike | None, defaults: ModelConfig) -> 
     """A per-model YAML file merged over `defaults`; None -> `defaults`. Raises ConfigError."""
     if path is None:
         return defaults
-    data = read_yaml(path)
+    data = read_yaml(path, regular_only=True)
     try:
         config = parse_model_config(merge(model_config_mapping(defaults), data))
     except ConfigError as e:

@@ -13,6 +13,7 @@ import os
 import struct
 from dataclasses import asdict, dataclass
 
+from ..regular_files import open_regular
 from . import container
 
 ATC_MAGIC = b"IMOD"  # 0x444F4D49 little-endian ("DOMI" in GE's code)
@@ -78,10 +79,11 @@ def parse_atc_header(head: bytes, file_size: int) -> AtcOmHeader | None:
 def identify(path: str | os.PathLike) -> tuple[str, object]:
     """Classify a file: ("cpu_om", header dict) | ("atc_om", AtcOmHeader) | ("om2", None).
 
-    Raises FileNotFoundError for a missing file and container.OmFormatError for anything else.
+    Raises FileNotFoundError for a missing file, regular_files.NotRegularFile (an OSError) for a
+    FIFO, socket, device node or folder, and container.OmFormatError for anything else.
     """
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO, socket or device node is refused unopened
+        size = os.fstat(f.fileno()).st_size
         head = f.read(HEADER_SIZE)
     if head[:len(container.MAGIC)] == container.MAGIC:
         return "cpu_om", container.read_header(path)

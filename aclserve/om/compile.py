@@ -17,6 +17,7 @@ from . import aipp as aipp_mod
 from . import aipp_onnx
 from . import atc as atc_mod
 from . import container, cpu_compile
+from ..regular_files import open_regular
 from .spec import CompileError, load_onnx, parse_gears, parse_input_shape, resolve
 
 TARGETS = ("auto", "npu", "cpu")
@@ -98,7 +99,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         kind = "npu"
     else:
         log(f"compiling {src} for the CPU runtime (ATC not used)")
-        with open(src, "rb") as f:
+        with open_regular(src) as f:
             source_bytes = f.read()
         options = {k: v for k, v in (("input_shape", spec.atc_input_shape()), ("soc_version", soc_version),
                                      ("precision_mode", precision_mode)) if v is not None}

@@ -27,6 +27,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..regular_files import open_regular
+
 MAGIC = b"ACLSVOM\x00"
 VERSION = 1
 _PREFIX = struct.Struct("<8sIIQ")
@@ -115,15 +117,15 @@ def decode(data: bytes, verify_payload: bool = True) -> CpuOm:
 
 
 def read(path: str | os.PathLike, verify_payload: bool = True) -> CpuOm:
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO, socket or device node is refused unopened
         data = f.read()
     return decode(data, verify_payload)
 
 
 def read_header(path: str | os.PathLike) -> dict:
     """Header only, with the prefix validated against the file size (no payload read)."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
         prefix = f.read(PREFIX_SIZE)
         hlen, _ = parse_prefix(prefix, size)
         raw = f.read(hlen)

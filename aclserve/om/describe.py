@@ -24,7 +24,7 @@ def describe(path: str | os.PathLike) -> dict:
     if os.path.isdir(path):
         raise InspectError(f"{path}: is a directory, not an OM file")
     try:
-        kind, header = atc_om.identify(path)
+        kind, header = atc_om.identify(path)  # refuses a FIFO, socket or device node unopened
     except OmFormatError as e:
         raise InspectError(f"{path}: {e}") from None
     except OSError as e:

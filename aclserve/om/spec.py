@@ -15,6 +15,7 @@ import onnx
 from onnx import helper
 
 from ..dtypes import acl_to_kserve, numpy_to_acl
+from ..regular_files import open_regular
 
 DEFAULT_GEARS = (1, 2, 4, 8, 16, 32)
 MAX_GEARS = 100
@@ -110,7 +111,12 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     if os.path.isdir(path):
         raise CompileError(f"{path}: is a directory, not an ONNX file")
     try:
-        model = onnx.load(path)
+        f = open_regular(path)  # a FIFO, socket or device node is refused unopened
+    except OSError as e:
+        raise CompileError(f"{path}: {e.strerror or e}") from None
+    try:
+        with f:
+            model = onnx.load(f)  # f.name is `path`: external data and the format as for the path
     except Exception as e:  # protobuf DecodeError and friends
         raise CompileError(f"{path}: not an ONNX model ({one_line(e)})") from None
     if not model.graph.node and not model.graph.output:

@@ -4,8 +4,8 @@
 target), the options and target in clear, and the SHA-256 and size of the .om itself. An entry
 is used only when its manifest is readable, names the key being looked up, and the .om's bytes
 hash to the recorded figure; anything else (a truncated or edited .om, another model's .om
-copied over it, a missing manifest from an older version) is deleted and compiled again.
-Blocking (reads the .om): call off the loop.
+copied over it, a missing manifest from an older version, a FIFO in place of either: read
+without opening it) is deleted and compiled again. Blocking (reads the .om): call off the loop.
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import json
 import os
 import tempfile
 from pathlib import Path
+
+from ..regular_files import open_regular
 
 MANIFEST_SUFFIX = ".json"
 FORMAT = 1
@@ -25,7 +27,7 @@ def manifest_path(om_path: str | os.PathLike) -> Path:
 
 def _digest(path: Path) -> tuple[str, int]:
     digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
             size += len(chunk)
@@ -36,7 +38,8 @@ def problem(om_path: str | os.PathLike, key: str) -> str | None:
     """Why the entry at `om_path` must not be used for `key`, or None when it is sound."""
     om = Path(om_path)
     try:
-        record = json.loads(manifest_path(om).read_text(encoding="utf-8"))
+        with open_regular(manifest_path(om), "r", "utf-8") as f:
+            record = json.loads(f.read())
     except FileNotFoundError:
         return "it has no manifest"
     except (OSError, ValueError) as e:

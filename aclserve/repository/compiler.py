@@ -27,6 +27,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..config import CompileOptions
+from ..regular_files import open_regular
 from . import cache_entry
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str) -> str:
     digest = hashlib.sha256()
-    with open(onnx_path, "rb") as f:
+    with open_regular(onnx_path) as f:  # swapped for a FIFO since the scan: refused, not waited on
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     opts = dict(asdict(options), target=target, batch=list(options.batch) if options.batch else None)

@@ -1,6 +1,7 @@
 """Class labels of a model's outputs (Triton's label_filename): one label per line, line i
-naming class i. Read when a version loads; a missing file, an unreadable one or one whose line
-count differs from the output's class count fails the load, naming the file."""
+naming class i. Read when a version loads; a missing file, an unreadable one (or a FIFO, socket
+or device node, refused unopened) or one whose line count differs from the output's class count
+fails the load, naming the file."""
 from __future__ import annotations
 
 import math
@@ -8,6 +9,7 @@ import os
 from typing import Mapping, Sequence
 
 from ..config import TensorOptions
+from ..regular_files import open_regular
 from ..runtime.types import TensorSpec
 
 MAX_LABELS_BYTES = 4 * 1024 * 1024
@@ -34,9 +36,9 @@ def load_labels(options: Mapping[str, TensorOptions], outputs: Sequence[TensorSp
 def read_labels(path: str, classes: int, output: str) -> tuple[str, ...]:
     shown = os.path.basename(path)
     try:
-        if os.path.getsize(path) > MAX_LABELS_BYTES:
-            raise LabelsError(f"labels file {shown} of output {output!r} is over {MAX_LABELS_BYTES} bytes")
-        with open(path, encoding="utf-8") as f:
+        with open_regular(path, "r", "utf-8") as f:  # a FIFO put in its place must not hold the load
+            if os.fstat(f.fileno()).st_size > MAX_LABELS_BYTES:
+                raise LabelsError(f"labels file {shown} of output {output!r} is over {MAX_LABELS_BYTES} bytes")
             text = f.read()
     except OSError as e:
         raise LabelsError(f"labels file {shown} of output {output!r}: {e.strerror or e}") from None

@@ -13,7 +13,9 @@ attempted model):
 Hidden names (`.*`) and temporary names (`*.tmp`, `*.part`) are skipped everywhere. Symlinks
 are followed only when they resolve inside the repository; anything resolving outside is
 refused. A model's config that fails to parse makes the model a problem (not loadable) with
-the ConfigError text as reason.
+the ConfigError text as reason. A FIFO, socket or device node (or a symlink to one) where a
+model file, config, labels file or version folder belongs is a problem too, found by stat and
+never opened: opening a FIFO for reading would hold the scan until someone writes to it.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ConfigError, ModelConfig, load_model_config
+from ..regular_files import node_kind
 
 MODEL_SUFFIXES = (".om", ".onnx")  # order = preference when both exist
 TEMP_SUFFIXES = (".tmp", ".part")
@@ -105,11 +108,19 @@ def _inside(root: Path, path: Path) -> Path | None:
     return real if real == root or root in real.parents else None
 
 
-def _version_file(root: Path, path: Path, kind: str) -> VersionFile | None:
+def _version_file(root: Path, path: Path, kind: str) -> VersionFile | str | None:
+    """The file at `path`, why it cannot be one (outside, a FIFO...), or None when it is gone.
+    Only stats: a FIFO, socket or device node is never opened."""
     real = _inside(root, path)
-    if real is None or not real.is_file():
-        return None
-    st = real.stat()
+    if real is None:
+        return "resolves outside the repository"
+    try:
+        st = real.stat()
+    except OSError:
+        return None  # removed since it was listed
+    special = node_kind(st.st_mode)
+    if special is not None:
+        return f"is {special}, not a regular file"
     return VersionFile(str(real), kind, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
@@ -120,8 +131,9 @@ def _pick(root: Path, folder: Path, stem: str, result: "ScanResult", key: str) -
         if not os.path.lexists(candidate):
             continue
         found = _version_file(root, candidate, suffix[1:])
-        if found is None:
-            result.problems[key] = f"{candidate.relative_to(root)} resolves outside the repository or is not a file"
+        if not isinstance(found, VersionFile):
+            if found is not None:
+                result.problems[key] = f"{candidate.relative_to(root)} {found}"
             continue
         others = [folder / f"{stem}{s}" for s in MODEL_SUFFIXES if s != suffix]
         shadowed = [o for o in others if os.path.lexists(o)]
@@ -144,13 +156,26 @@ def _config(path: Path | None, root: Path, defaults: ModelConfig) -> ModelConfig
         return defaults
     if _inside(root, path) is None:
         raise ConfigError("", "config file resolves outside the repository", str(path))
-    config = load_model_config(path, defaults)
+    config = load_model_config(path, defaults)  # refuses a FIFO, socket or device node unopened
     for name, options in config.outputs.items():
-        if options.labels and options.labels not in {o.labels for o in defaults.outputs.values()} \
-                and _inside(root, Path(options.labels)) is None:
-            raise ConfigError(f"outputs.{name}.labels", "the file does not exist or resolves outside the repository",
-                              str(path))
+        if options.labels and options.labels not in {o.labels for o in defaults.outputs.values()}:
+            real = _inside(root, Path(options.labels))
+            if real is None:
+                raise ConfigError(f"outputs.{name}.labels", "the file does not exist or resolves outside the "
+                                  "repository", str(path))
+            special = _special(real)
+            if special is not None:  # read when the version loads: a FIFO would hold that load
+                raise ConfigError(f"outputs.{name}.labels", f"{Path(options.labels).name} is {special}, "
+                                  "not a regular file", str(path))
     return config
+
+
+def _special(path: Path) -> str | None:
+    """What `path` is when not a regular file ("a FIFO", ...), else None (also when it is gone)."""
+    try:
+        return node_kind(path.stat().st_mode)
+    except OSError:
+        return None
 
 
 def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
@@ -204,11 +229,13 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             if not sub.is_dir() or not _VERSION_RE.match(sub.name):
                 if _model_files(sub):
                     misplaced.append(f"{sub.relative_to(root)} is not a version folder")
+                elif _VERSION_RE.match(sub.name) and (special := _special(sub)):
+                    misplaced.append(f"{sub.relative_to(root)} is {special}, not a version folder")
                 continue
             found = _pick(root, sub, "model", result, name)
             if found is not None:
                 available[str(int(sub.name))] = found
-            elif files := _model_files(sub):
+            elif files := [f for f in _model_files(sub) if f.stem != "model"]:  # model.*: _pick said why
                 misplaced.append(f"{files[0].relative_to(root)} is not named model.om or model.onnx")
         if misplaced:  # an attempted version the operator would otherwise never hear of
             why = "; ".join(misplaced) + f" (a versioned model's file goes in {name}/<version>/model.om, " \

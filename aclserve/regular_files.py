@@ -1,0 +1,64 @@
+"""Reading a file that must be a regular file without ever blocking on what stands in its place.
+
+The models folder and the compile cache are written by others. A FIFO opened for reading waits
+for a writer (a scan stuck there stops every reload), a socket cannot be opened, a device
+node's open may act on the device. `open_regular` stats first, so such a node is refused
+unopened; opens with O_NONBLOCK, so a FIFO swapped in after the stat cannot block the open;
+then checks that what it opened is a regular file (whose reads O_NONBLOCK does not change). The
+cost over a plain open is one stat and one fstat. NotRegularFile is an OSError: callers that report `strerror` name what was found.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import IO
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a device node"), (stat.S_ISBLK, "a device node"))
+
+
+class NotRegularFile(OSError):
+    """The path is a FIFO, socket, device node or folder; `strerror` says which."""
+
+    def __init__(self, filename: str | os.PathLike, kind: str):
+        super().__init__(errno.EINVAL, f"is {kind}, not a regular file", os.fspath(filename))
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return f"{self.filename} {self.strerror}"
+
+
+def node_kind(mode: int) -> str | None:
+    """None for a regular file, else what it is ("a FIFO", "a socket", "a device node", "a folder")."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for is_kind, kind in _KINDS if is_kind(mode)), "not a regular file")
+
+
+def check_regular(path: str | os.PathLike) -> os.stat_result:
+    """The stat of `path` (symlinks followed), or NotRegularFile / the OSError of the stat."""
+    st = os.stat(path)
+    kind = node_kind(st.st_mode)
+    if kind is not None:
+        raise NotRegularFile(path, kind)
+    return st
+
+
+def _open_nonblocking(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY)
+
+
+def open_regular(path: str | os.PathLike, mode: str = "rb", encoding: str | None = None) -> IO:
+    """`open(path, mode, encoding=...)` for reading, refusing anything but a regular file
+    (NotRegularFile) without blocking. The file object's `name` is `path`, as with open()."""
+    check_regular(path)
+    f = open(path, mode, encoding=encoding, opener=_open_nonblocking)
+    try:
+        kind = node_kind(os.fstat(f.fileno()).st_mode)  # swapped between the stat and the open
+        if kind is not None:
+            raise NotRegularFile(path, kind)
+    except BaseException:
+        f.close()
+        raise
+    return f
