@@ -11,7 +11,8 @@ explicit loads everything at start, then changes only through load()/unload(); n
 everything at start and refuses load()/unload(). In poll mode, unload(name) keeps the model
 unloaded (the watcher leaves it alone) until load(name). load(name) rescans and loads what
 changed for that model (an unchanged, loaded model is not reloaded), taking files as they are
-(no settle wait: the caller vouches).
+(no settle wait: the caller vouches); it first waits for a task already working on the model
+and tries again a file that task refused, so its answer names that file's error.
 """
 from __future__ import annotations
 
@@ -185,9 +186,12 @@ class ModelRepository:
         if layout.check_model_name(name):
             raise InvalidInput(f"invalid model name {name!r}: {layout.check_model_name(name)}")
         self._lifecycle.held.discard(name)
-        self._failures.forget_model(name)  # the caller asks for another try
         while True:  # an unload may start its task while this load scans: wait for it, then plan again
             await self._lifecycle.wait_for(name)
+            # the caller asks for another try: forgotten after the wait, as a task running until
+            # then (the watcher's, say, loading the same bad file) records its failure at its end,
+            # which would keep the file out of this plan and the answer from naming its error
+            self._failures.forget_model(name)
             tasks = await self._reconcile(trust="all", only=name)
             if tasks or not self._lifecycle.busy(name):
                 break

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from aclserve.repository import lifecycle
 from aclserve.repository.repository import ModelLoadFailed
 
 from .repo_helpers import serving, x_rows
@@ -106,3 +107,27 @@ async def test_a_config_that_is_not_utf8_is_a_problem_of_its_model_only(make_rep
     await events.wait("reloaded", "a", limit_s=30)
     rows = {r["name"]: r for r in repo.index() if r["version"] == ""}
     assert "b.yaml" in rows["b"]["reason"] and "UTF-8" in rows["b"]["reason"]
+
+
+async def test_a_load_that_meets_the_watchers_failing_load_names_the_files_error(make_repo, models_dir, monkeypatch):
+    """Poll mode: load("m") arrives while the watcher's own task loads a junk m.om. The load
+    waits for that task, and its answer says why the file does not load, not "no version
+    loaded". The watcher's load is held at its start (a gate, no timing) to meet the call."""
+    repo, _ = await make_repo()
+    started, go = asyncio.Event(), asyncio.Event()
+    real_load_version = lifecycle.load_version
+
+    async def gated(*args, **kwargs):
+        started.set()
+        await go.wait()
+        return await real_load_version(*args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "load_version", gated)
+    (models_dir / ".m.om.part").write_bytes(b"not a model at all")
+    os.replace(models_dir / ".m.om.part", models_dir / "m.om")
+    await asyncio.wait_for(started.wait(), 30)  # a hang guard, not a timing check
+    answer = asyncio.ensure_future(repo.load("m"))
+    await asyncio.sleep(0)  # the load is waiting for the watcher's task
+    go.set()
+    with pytest.raises(ModelLoadFailed, match="version 1: not an OM file"):
+        await asyncio.wait_for(answer, 30)
