@@ -4,12 +4,17 @@ Every blocking step runs in the given executor; `limit` (load_concurrency) bound
 versions load at once so the serving models' latency is not hurt. Nothing is unloaded here:
 the caller swaps the result in. On failure everything this built is closed before the error
 propagates.
+
+Servers sharing a compile cache each remove the entry of a version they retire (compile_cache
+.release), and another may have just found that entry for a file put back (a rollback): an
+entry gone between the hit and the open is a miss, compiled again once, not a failed file.
 """
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
+import os
 import time
 
 from .compile_cache import CompileCache
@@ -23,14 +28,28 @@ log = logging.getLogger(__name__)
 async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: CompileCache, name: str,
                        version: str, wanted: Wanted) -> ServedVersion:
     run = functools.partial(asyncio.get_running_loop().run_in_executor, executor)
+
+    async def om_path() -> str:
+        if wanted.file.kind != "onnx":
+            return wanted.file.path
+        soc = runtime.soc_name() if runtime.kind == "npu" else None
+        return await run(functools.partial(cache.compiled, wanted.file.path, name, wanted.config.compile,
+                                           runtime.kind, soc))
+
+    async def open_om(path: str) -> ServedVersion:
+        await run(validate_om, path, runtime.kind)
+        return await open_version(executor, runtime, name, version, path, wanted, started)
+
     async with limit:
         started = time.monotonic()
-        om_path = wanted.file.path
-        if wanted.file.kind == "onnx":
-            soc = runtime.soc_name() if runtime.kind == "npu" else None
-            om_path = await run(functools.partial(
-                cache.compiled, om_path, name, wanted.config.compile, runtime.kind, soc))
-        await run(validate_om, om_path, runtime.kind)
-        served = await open_version(executor, runtime, name, version, om_path, wanted, started)
+        path = await om_path()
+        try:
+            served = await open_om(path)
+        except Exception:
+            if path == wanted.file.path or os.path.exists(path):
+                raise
+            log.warning("%s: the compile cache entry %s was removed while version %s loaded (a server sharing "
+                        "the cache retired it); compiling again", name, os.path.basename(path), version)
+            served = await open_om(await om_path())
     log.info("%s: version %s ready (%.2f s) from %s", name, version, served.load_seconds, wanted.file.path)
     return served

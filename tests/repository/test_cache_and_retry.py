@@ -11,7 +11,7 @@ import pytest
 from aclserve.acl.check import AclError
 from aclserve.config import ModelConfig
 from aclserve.errors import ExecutionFailed
-from aclserve.repository import cache_dir, cache_entry, overload
+from aclserve.repository import cache_dir, cache_entry, loader, overload
 from aclserve.repository.retry import RetrySchedule, is_transient
 
 from .repo_helpers import place, x_rows
@@ -39,6 +39,30 @@ async def test_a_bad_cache_entry_is_deleted_and_compiled_again(make_repo, models
     assert float((await repo2.get("o").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
     om = _entry(models_dir)
     assert cache_entry.problem(om, json.loads(cache_entry.manifest_path(om).read_text())["key"]) is None
+
+
+@pytest.mark.asyncio
+async def test_an_entry_removed_by_another_replica_during_the_load_is_compiled_again(make_repo, models_dir,
+                                                                                      model_files, monkeypatch):
+    """Replicas share the cache, and one retiring a replaced version removes its entry: another
+    may have just found that entry for a file put back (a rollback). A load whose entry went
+    between the hit and the open compiles it again instead of failing the file for good.
+    The other replica's removal is made to land in that window (at the validation)."""
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    await repo.close()
+    real_validate, removed = loader.validate_om, []
+
+    def validate_while_another_replica_retires_the_entry(path, runtime_kind):
+        if not removed:
+            removed.append(path)
+            cache_entry.remove(path)
+        return real_validate(path, runtime_kind)
+
+    monkeypatch.setattr(loader, "validate_om", validate_while_another_replica_retires_the_entry)
+    repo2, _ = await make_repo(model_control_mode="explicit")
+    assert float((await repo2.get("o").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
+    assert removed == [str(_entry(models_dir))]  # compiled again under the same name
 
 
 def test_an_unwritable_models_folder_compiles_into_the_user_cache(tmp_path):
