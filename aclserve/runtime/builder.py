@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Sequence
 
 from .instance import ModelInstance
@@ -16,12 +17,18 @@ log = logging.getLogger(__name__)
 class InstanceBuilder:
     """Builds the instance of a pool's lane on that lane's device: for open_pool, and again for
     a rebuild, which claims its streams and events on the device's ledger until dispose()
-    closes the instance it replaced and gives that share back."""
+    closes the instance it replaced and gives that share back.
+
+    A rebuild reads the model by its path again, so it first checks that the file there is the
+    one the pool opened (the identity the repository watches: inode, size, mtime, ctime, taken
+    before the first load); a file replaced since belongs to the version that will replace this
+    one, and loading it here would serve another model under this version's name."""
 
     def __init__(self, runtime, path: str, name: str, placed: list, slots: int, claimed_slots: int):
         self._acl = runtime.acl
         self.path, self.name, self.placed, self.slots = path, name, placed, slots
         self.claimed_slots = claimed_slots  # what each instance claims on its device's ledger
+        self._identity = _file_identity(path)
 
     def create(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
         """An instance whose resources open_pool has claimed already."""
@@ -30,6 +37,13 @@ class InstanceBuilder:
 
     def build(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
         """A replacement for `lane`, with a claim of its own (blocking: loads the model)."""
+        try:
+            unchanged = _file_identity(self.path) == self._identity
+        except OSError as e:
+            raise RuntimeError(f"model file {self.path} cannot be read again: {e.strerror}") from None
+        if not unchanged:
+            raise RuntimeError(f"model file {self.path} changed since this version was loaded; it is not "
+                               f"loaded into this version (the repository serves it as a new one)")
         device, need = self.placed[lane], Need.of(1, self.claimed_slots)
         device.ledger.claim(need, f"a rebuilt instance of model {self.name} ({self.claimed_slots} slots)")
         try:
@@ -46,6 +60,11 @@ class InstanceBuilder:
             log.exception("%s: closing instance %s failed", self.name, instance.name)
         finally:
             instance.device.ledger.release(Need.of(1, self.claimed_slots))
+
+
+def _file_identity(path: str) -> tuple[int, int, int, int, int]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequence[int] = (0,),

@@ -166,6 +166,32 @@ def test_a_hung_batch_times_out_and_its_instance_is_rebuilt(runtime, affine_om):
         pool.close()
 
 
+def test_a_rebuild_never_loads_a_model_file_replaced_since_the_pool_opened(runtime, affine_om, tmp_path, caplog):
+    """A rebuild reads the model by its path: a file replaced there meanwhile (the repository
+    swaps in the new version soon after) must not be loaded into this version's pool."""
+    import os
+
+    path = affine_om()
+    pool = open_pool(runtime, path, "affine", execution_timeout_ms=100)
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        first = pool.instances[0]
+        os.replace(affine_om(scale=5.0, name="other"), path)  # another model (y = 5x) under the same name
+        faults.inject("execute", nth=1, hold=gate)
+        with pytest.raises(DeviceTimeout):
+            done.submit([affine_request(1)], 1).result(timeout=30)
+        assert first.broken
+        for _ in range(200):  # the rebuild's first attempt is made at once
+            if "changed since" in caplog.text:
+                break
+            threading.Event().wait(0.05)
+        assert "changed since" in caplog.text and pool.instances[0] is first and pool.rebuilds == 0
+    finally:
+        gate.set()
+        pool.close()
+
+
 def test_a_traced_batch_behind_a_hung_one_waits_no_longer_than_the_execution_timeout(runtime, affine_om, caplog):
     """Anchoring the trace clock waits for the compute stream; behind a hung batch that wait
     ends at the model's execution timeout (it was a fixed 60 s), and the traced batch fails
