@@ -15,7 +15,10 @@ are accepted; the descriptor limit is raised to fit both transports), CALLS_PER_
 calls per connection, a connection that has not said hello within `header_timeout_s` closed,
 and one without calls closed after `keepalive_timeout_s`. A connection with calls open that
 stops answering pings is closed after PING_AFTER_S + PING_TIMEOUT_S; a call whose message
-stops half-way ends after `body_timeout_s` (grpc_intake.receive).
+stops half-way ends after `body_timeout_s` (grpc_intake.receive). Every connection is asked to
+go (GOAWAY) after `grpc_max_connection_age_s` and closed `shutdown_timeout_s` later: the only end
+grpc offers for a call whose client stops reading its answers (a handler cannot cancel its call:
+its status would wait behind the answer).
 """
 from __future__ import annotations
 
@@ -53,7 +56,9 @@ def server_options(config, max_message_bytes: int, connections: int) -> list[tup
         ("grpc.max_connection_idle_ms", ms(config.keepalive_timeout_s)),
         ("grpc.keepalive_time_ms", ms(PING_AFTER_S)),
         ("grpc.keepalive_timeout_ms", ms(PING_TIMEOUT_S)),
-    ]
+    ] + ([("grpc.max_connection_age_ms", ms(config.grpc_max_connection_age_s)),
+          ("grpc.max_connection_age_grace_ms", ms(config.shutdown_timeout_s))]
+         if config.grpc_max_connection_age_s > 0 else [])
 
 
 def fit_connections(wanted: int, http_connections: int) -> int:

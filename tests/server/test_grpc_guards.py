@@ -297,12 +297,12 @@ def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
 
 
-def call_headers(path: str, authority: str) -> bytes:
-    """A HEADERS frame opening stream 1 (HPACK literals without indexing, RFC 7541 6.2.2)."""
+def call_headers(path: str, authority: str, stream: int = 1) -> bytes:
+    """A HEADERS frame opening `stream` (HPACK literals without indexing, RFC 7541 6.2.2)."""
     block = b"".join(b"\x00" + bytes([len(k)]) + k.encode() + bytes([len(v)]) + v.encode() for k, v in [
         (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", authority),
         ("content-type", "application/grpc"), ("te", "trailers")])
-    return frame(HEADERS, 0x4, 1, block)
+    return frame(HEADERS, 0x4, stream, block)
 
 
 def frames_until_closed(sock: socket.socket, answer: bool = True, limit_s: float = 30.0) -> list[tuple[int, int, int]]:

@@ -1,0 +1,128 @@
+"""gRPC clients that are slow on either side: answers a client does not take (a stream's, a
+unary call's), calls whose message never comes (every method, not only inference), and what a
+call may send before its handler reads. A real server on real ports, driven by grpc.aio
+channels and, for a client that stops reading (a zero flow-control window) or never sends,
+raw HTTP/2 frames on a socket."""
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import struct
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from tritonclient.grpc import service_pb2 as pb
+
+from aclserve.config import ConfigError
+from aclserve.server.grpc_server import server_options
+
+from tests.serving import ServerThread, free_port, server_config
+from tests.tiny_models import compile_cpu_om, save_graph
+from .hostile import metric, wait_for
+from .test_grpc_guards import (GOAWAY, INFER, LIVE, PREFACE, SETTINGS, STREAM, DATA, affine, call_headers, frame,
+                               frames_until_closed)
+
+WIDE_ROW = 16384 * 4  # bytes of one row of the wide model's output: more than a 64 KB window
+
+
+def wide_onnx(path) -> str:
+    """y = x tiled 1024 times (FP32 [N,16] -> [N,16384]): 64 KiB of answer per row."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16384])
+    reps = numpy_helper.from_array(np.array([1, 1024], np.int64), "reps")
+    return save_graph(helper.make_graph([helper.make_node("Tile", ["x", "reps"], ["y"])], "wide", [x], [y], [reps]),
+                      path)
+
+
+def wide(request_id: str) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="wide", id=request_id)
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 16])
+    request.raw_input_contents.append(np.ones((1, 16), np.float32).tobytes())
+    return request
+
+
+def grpc_message(request: pb.ModelInferRequest) -> bytes:
+    body = request.SerializeToString()
+    return b"\x00" + struct.pack(">I", len(body)) + body
+
+
+def zero_window_settings() -> bytes:
+    """The client's SETTINGS: SETTINGS_INITIAL_WINDOW_SIZE 0, so no answer can come until it
+    sends a WINDOW_UPDATE, which these clients never do (they stop reading)."""
+    return frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 0))
+
+
+@pytest.fixture(scope="module")
+def models(models_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("grpc_slow_models")
+    shutil.copy(models_dir / "affine.om", root / "affine.om")
+    compile_cpu_om(wide_onnx(tmp_path_factory.mktemp("grpc_slow_src") / "wide.onnx"), root / "wide.om", batch="1,2")
+    return root
+
+
+@pytest.fixture(scope="module")
+def slow(models):
+    """Half-second body timeout; connections live as long as their clients keep them."""
+    srv = ServerThread(server_config(models, grpc_port=free_port(), model_control_mode="none", body_timeout_s=0.5,
+                                     grpc_max_connection_age_s=0)).start()
+    srv.grpc_url = f"127.0.0.1:{srv.config.grpc_port}"
+    yield srv
+    srv.close()
+    if srv.error is not None:
+        raise srv.error
+
+
+def in_use(srv) -> float:
+    return metric(srv.url, "aclserve_request_memory_bytes")
+
+
+def rows_run(srv, model: str) -> int:
+    stats = json.loads(urllib.request.urlopen(f"http://{srv.url}/v2/models/{model}/stats", timeout=30).read())
+    return stats["model_stats"][0]["inference_count"]
+
+
+# -- answers the client does not take ---------------------------------------------------------------
+
+def test_calls_whose_answers_are_not_taken_end_with_their_connection_age(models, tmp_path):
+    """max_connections 2: a client that stops reading holds both call slots, a ModelInfer and a
+    ModelStreamInfer each with an answer grpc cannot send. grpc gives a handler no way to end
+    such a call; the connection's age does (grpc_max_connection_age_s, then shutdown_timeout_s
+    of grace): the connection is closed, the slots and the answers' memory come back."""
+    srv = ServerThread(server_config(models, grpc_port=free_port(), model_control_mode="none", max_connections=2,
+                                     grpc_max_connection_age_s=1, shutdown_timeout_s=0.5)).start()
+    url = f"127.0.0.1:{srv.config.grpc_port}"
+    try:
+        with socket.create_connection(("127.0.0.1", srv.config.grpc_port)) as sock:
+            sock.sendall(PREFACE + zero_window_settings()
+                         + call_headers(INFER, url, 1) + frame(DATA, 0x1, 1, grpc_message(affine(2)))
+                         + call_headers(STREAM, url, 3) + frame(DATA, 0, 3, grpc_message(affine(1))))
+            frames = frames_until_closed(sock)  # acknowledges pings, never opens its window
+        assert (GOAWAY, 0, 0) in frames
+
+        async def served():
+            await wait_for(lambda: in_use(srv) == 0)
+            async with grpc.aio.insecure_channel(url) as channel:
+                infer = channel.unary_unary(INFER, pb.ModelInferRequest.SerializeToString,
+                                            pb.ModelInferResponse.FromString)
+                return await infer(affine(1))
+        assert len(asyncio.run(served()).raw_output_contents) == 2
+    finally:
+        srv.close()
+    assert srv.error is None
+
+
+# -- what a call may send before its handler reads ---------------------------------------------------
+
+def test_server_options_follow_the_config(models):
+    def options(**overrides):
+        return dict(server_options(server_config(models, **overrides), 1 << 20, 10))
+    aged = options(grpc_max_connection_age_s=600, shutdown_timeout_s=30)
+    assert aged["grpc.max_connection_age_ms"] == 600_000 and aged["grpc.max_connection_age_grace_ms"] == 30_000
+    assert "grpc.max_connection_age_ms" not in options(grpc_max_connection_age_s=0)
+    with pytest.raises(ConfigError, match="grpc_max_connection_age_s"):
+        server_config(models, grpc_max_connection_age_s=-1)
