@@ -56,6 +56,9 @@ def server_options(config, max_message_bytes: int, connections: int) -> list[tup
         ("grpc.max_connection_idle_ms", ms(config.keepalive_timeout_s)),
         ("grpc.keepalive_time_ms", ms(PING_AFTER_S)),
         ("grpc.keepalive_timeout_ms", ms(PING_TIMEOUT_S)),
+        # without BDP probing a stream's window stays at grpc's 64 KB lookahead until its handler
+        # reads (with it, 4 MiB: what a client may send per call before anything reads it)
+        ("grpc.http2.bdp_probe", 0),
     ] + ([("grpc.max_connection_age_ms", ms(config.grpc_max_connection_age_s)),
           ("grpc.max_connection_age_grace_ms", ms(config.shutdown_timeout_s))]
          if config.grpc_max_connection_age_s > 0 else [])

@@ -118,11 +118,27 @@ def test_calls_whose_answers_are_not_taken_end_with_their_connection_age(models,
 
 # -- what a call may send before its handler reads ---------------------------------------------------
 
+def test_a_stream_may_send_64_kb_before_its_handler_reads(slow):
+    """grpc's BDP probing would offer every new stream a 4 MiB window, which a client may fill
+    before the handler reads (and 100 streams per connection); the server offers 64 KB."""
+    with socket.create_connection(("127.0.0.1", slow.config.grpc_port)) as sock:
+        sock.sendall(PREFACE + frame(SETTINGS, 0, 0))
+        sock.settimeout(30)
+        data = b""
+        while len(data) < 9 or len(data) < 9 + int.from_bytes(data[:3], "big"):
+            data += sock.recv(65536)
+    assert data[3] == SETTINGS
+    payload = data[9:9 + int.from_bytes(data[:3], "big")]
+    settings = dict(struct.unpack(">HI", payload[i:i + 6]) for i in range(0, len(payload), 6))
+    assert settings.get(4, 65535) <= 65536
+
+
 def test_server_options_follow_the_config(models):
     def options(**overrides):
         return dict(server_options(server_config(models, **overrides), 1 << 20, 10))
     aged = options(grpc_max_connection_age_s=600, shutdown_timeout_s=30)
     assert aged["grpc.max_connection_age_ms"] == 600_000 and aged["grpc.max_connection_age_grace_ms"] == 30_000
+    assert aged["grpc.http2.bdp_probe"] == 0
     assert "grpc.max_connection_age_ms" not in options(grpc_max_connection_age_s=0)
     with pytest.raises(ConfigError, match="grpc_max_connection_age_s"):
         server_config(models, grpc_max_connection_age_s=-1)
