@@ -15,10 +15,10 @@ are accepted; the descriptor limit is raised to fit both transports), CALLS_PER_
 calls per connection, a connection that has not said hello within `header_timeout_s` closed,
 and one without calls closed after `keepalive_timeout_s`. A connection with calls open that
 stops answering pings is closed after PING_AFTER_S + PING_TIMEOUT_S; a call whose message
-stops half-way ends after `body_timeout_s` (grpc_intake.receive). Every connection is asked to
-go (GOAWAY) after `grpc_max_connection_age_s` and closed `shutdown_timeout_s` later: the only end
-grpc offers for a call whose client stops reading its answers (a handler cannot cancel its call:
-its status would wait behind the answer).
+stops half-way ends after `body_timeout_s` (grpc_intake.receive, every method). Every
+connection is asked to go (GOAWAY) after `grpc_max_connection_age_s` and closed
+`shutdown_timeout_s` later: the only end grpc offers for a call whose client stops reading its
+answers (a handler cannot cancel its call: its status would wait behind the answer).
 """
 from __future__ import annotations
 
@@ -89,15 +89,19 @@ class _MethodTable:
 
 
 def method_handlers(servicer: InferenceServicer) -> tuple[str, dict]:
-    """(service name, method table): the generated one, except that ModelInfer and
-    ModelStreamInfer receive raw bytes (charged before they are parsed: grpc_intake.py) and
-    ModelInfer is client-streaming on this side, a unary call on the wire, so that its handler
-    reads the message itself, within body_timeout_s."""
+    """(service name, method table): the generated one, except that every unary method is
+    client-streaming on this side, a unary call on the wire, so that its handler reads the
+    message itself, within body_timeout_s (grpc's own unary handling waits for it without a
+    limit, holding the call's slot), and ModelInfer and ModelStreamInfer receive raw bytes
+    (charged before they are parsed: grpc_intake.py)."""
     table = _MethodTable()
     pbg.add_GRPCInferenceServiceServicer_to_server(servicer, table)
     if "ModelInfer" not in table.handlers:
         raise RuntimeError("tritonclient's generated gRPC service no longer registers its methods by name")
-    handlers = table.handlers
+    handlers = {name: handler if handler.request_streaming else grpc.stream_unary_rpc_method_handler(
+                    servicer.one_message(handler.unary_unary, handler.request_deserializer),
+                    response_serializer=handler.response_serializer)
+                for name, handler in table.handlers.items()}
     handlers["ModelInfer"] = grpc.stream_unary_rpc_method_handler(
         servicer.ModelInfer, response_serializer=pb.ModelInferResponse.SerializeToString)
     handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(

@@ -116,6 +116,36 @@ def test_calls_whose_answers_are_not_taken_end_with_their_connection_age(models,
     assert srv.error is None
 
 
+# -- messages that do not come -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["ServerLive", "ServerReady", "ModelMetadata", "RepositoryIndex"])
+def test_a_call_of_any_method_whose_message_does_not_come_is_ended(slow, method):
+    async def scenario():
+        async def nothing():
+            await asyncio.Event().wait()
+            yield b""  # pragma: no cover
+        async with grpc.aio.insecure_channel(slow.grpc_url) as channel:
+            call = channel.stream_unary(f"/inference.GRPCInferenceService/{method}")(nothing())
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await asyncio.wait_for(call, 30)  # a hang guard
+            return e.value
+    error = asyncio.run(scenario())
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "body_timeout_s" in error.details()
+
+
+def test_a_message_that_is_not_the_methods_request_is_invalid_argument(slow):
+    async def scenario():
+        async with grpc.aio.insecure_channel(slow.grpc_url) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await channel.unary_unary(LIVE)(b"\xff\xff")  # a varint that never ends
+            live = await channel.unary_unary(LIVE, pb.ServerLiveRequest.SerializeToString,
+                                             pb.ServerLiveResponse.FromString)(pb.ServerLiveRequest())
+            return e.value, live
+    error, live = asyncio.run(scenario())
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "ServerLiveRequest" in error.details()
+    assert live.live
+
+
 # -- what a call may send before its handler reads ---------------------------------------------------
 
 def test_a_stream_may_send_64_kb_before_its_handler_reads(slow):
