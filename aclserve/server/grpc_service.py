@@ -10,7 +10,7 @@ with its traceback and answered INTERNAL "internal error". A client that cancels
 deadline passes cancels the handler, which takes its request out of the batch queue.
 
 ModelInfer and ModelStreamInfer receive raw bytes: each request is charged to the memory budget
-before it is parsed, and holds its lease until its answer is built (grpc_intake.py). Every
+before it is parsed, and holds its lease until grpc has taken its answer (grpc_intake.py). Every
 unary method reads its own message, within body_timeout_s (one_message).
 
 Message classes: `tritonclient.grpc.service_pb2` / `service_pb2_grpc` / `model_config_pb2`,
@@ -39,6 +39,7 @@ from . import views
 from .answer_size import answer_bytes
 from .auth import Forbidden, Unauthorized
 from .body import BodyTimeout
+from .budget import Lease
 from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
 from .grpc_intake import GRPC_HINT, parse, receive
 from .grpc_stream import InferStream
@@ -196,11 +197,19 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     @rpc
     async def ModelInfer(self, request_iterator, context):
         """Client-streaming on the server's side (grpc_server.method_handlers), a unary call on
-        the wire: reads its one message within body_timeout_s, then holds its lease to the end."""
+        the wire: reads its one message within body_timeout_s, then holds its lease until the
+        call ends: grpc holds the answer until its client takes it (the client's flow control),
+        which may be never (then the connection's age ends the call: grpc_server.py)."""
         self._model_access(context)
         message = await self._receive(context)
-        with self.state.budget.lease(GRPC_HINT) as lease:
-            return await self.infer(message, lease, self._request_id(context))
+        lease = self.state.budget.lease(GRPC_HINT)
+        try:
+            response = await self.infer(message, lease, self._request_id(context))
+        except BaseException:
+            lease.release()
+            raise
+        context.add_done_callback(lambda _: lease.release())
+        return response
 
     def one_message(self, method, deserialize):
         """`method`, a unary RPC of this servicer, as the handler of a client-streaming call
@@ -254,32 +263,41 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of one stream run concurrently and their responses come back as they are
         ready, a failed one as `error_message` with the request's id; each request has its own
-        lease. Its window and its limit on quiet time: grpc_stream.py."""
+        lease, held until grpc has taken its answer. Its window and its limits on quiet time and
+        on answers not taken: grpc_stream.py."""
         try:
             self._model_access(context)
         except ServeError as e:
             await context.abort(status_code(e), e.message)
+        config = self.state.config
         stream = InferStream(context, functools.partial(self._stream_answer, self._request_id(context)),
-                             self.state.config.body_timeout_s)
+                             config.body_timeout_s, config.body_timeout_s)
+        context.add_done_callback(lambda _: stream.close())  # the call may end with the handler waiting on grpc
         try:
             async for response in stream.answers():
                 yield response
         except BodyTimeout as e:
             await context.abort(status_code(e), e.message)
         finally:
-            if stream.quiet:
+            if stream.quiet or stream.unread:
                 self._trim_when_ended(context)
 
-    async def _stream_answer(self, stream_id: str | None, message: bytes) -> pb.ModelStreamInferResponse:
-        """The response to one request message of a stream; an error is one too."""
+    async def _stream_answer(self, stream_id: str | None, message: bytes) -> tuple[pb.ModelStreamInferResponse, Lease]:
+        """The response to one request message of a stream (an error is one too) and the lease
+        its request holds, released by the caller once grpc has taken the response."""
+        lease = self.state.budget.lease(GRPC_HINT)
         try:
-            with self.state.budget.lease(GRPC_HINT) as lease:
-                return pb.ModelStreamInferResponse(infer_response=await self.infer(message, lease, stream_id))
+            return pb.ModelStreamInferResponse(infer_response=await self.infer(message, lease, stream_id)), lease
         except ServeError as e:
-            return _stream_error(message, e.message)
+            lease.release()
+            return _stream_error(message, e.message), lease
         except Exception:
+            lease.release()
             log.exception("internal error in gRPC ModelStreamInfer")
-            return _stream_error(message, "internal error")
+            return _stream_error(message, "internal error"), lease
+        except BaseException:  # cancelled: the stream ended
+            lease.release()
+            raise
 
 
 async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id: str | None, lease, rec,

@@ -1,18 +1,22 @@
 """One ModelStreamInfer call: its requests run concurrently, their answers go back as they are
-ready, and a stream its client leaves quiet ends.
+ready, and a stream its client leaves quiet, or whose answers it does not take, ends.
 
 - Window: at most STREAM_WINDOW requests of a stream are held at once, from the read of a
   request to the send of its answer. A client that reads no answers is then not read either,
   and its answers do not pile up here.
+- Memory: each request's lease (its message, parsing, its answer) is held until grpc has taken
+  its answer (sent it within the client's flow-control window), not only until it is made.
 - Quiet: while no request of the stream runs and no answer is being sent, the client's next
   message must come within `quiet_limit_s` (body_timeout_s; grpc's own idle limit sees only
   connections without calls), counted from the stream's last progress (a message read, an
   answer made or sent); else the stream ends with BodyTimeout (DEADLINE_EXCEEDED).
-- Not timed: a stream whose client stops reading its answers. grpc's flow control holds the
-  answer being sent, and the handler has no way to end that call: an abort's status waits
-  behind the answer (tried). The call keeps its slot and at most STREAM_WINDOW requests until
-  the client reads or goes. So a client that writes all its requests before reading any
-  answer waits once the window and both sides' buffers are full (300 small requests fit).
+- Unread: an answer the client has not taken within `send_limit_s` (body_timeout_s) ends the
+  stream: nothing more is read, what runs is cancelled and the answers waiting are dropped,
+  their leases given back at once. The answer grpc holds stays charged until grpc lets it go:
+  grpc gives the handler no way to end a call whose answer waits on the client's flow control
+  (an abort's status would wait behind that answer). When the client takes it, the stream ends
+  with BodyTimeout saying so; when the client goes, or the connection reaches its age
+  (grpc_max_connection_age_s), the call is cancelled and `close()` gives the rest back.
 """
 from __future__ import annotations
 
@@ -22,57 +26,88 @@ from typing import Awaitable, Callable
 import grpc
 
 from .body import BodyTimeout
+from .budget import Lease
 
 STREAM_WINDOW = 64  # requests of one stream held (read, answer not yet sent) before it is not read
 
 
 class InferStream:
-    """Owned by its ModelStreamInfer handler, which iterates `answers()` to the end; leaving the
-    iteration cancels whatever of the stream still runs. `answer(message)` makes the response
-    message for one request message and does not raise (errors are responses too)."""
+    """Owned by its ModelStreamInfer handler, which iterates `answers()` to the end and calls
+    `close()` when the call ends, however it ends (idempotent; leaving the iteration closes it
+    too): whatever of the stream still runs is cancelled and every lease it holds released.
+    `answer(message)` makes the response message for one request message with the lease it
+    holds, and does not raise (errors are responses too)."""
 
-    def __init__(self, context, answer: Callable[[bytes], Awaitable[object]], quiet_limit_s: float):
+    def __init__(self, context, answer: Callable[[bytes], Awaitable[tuple[object, Lease]]], quiet_limit_s: float,
+                 send_limit_s: float):
         self._context = context
         self._answer = answer
         self._quiet_limit_s = quiet_limit_s
+        self._send_limit_s = send_limit_s
         self._loop = asyncio.get_running_loop()
-        self._ready: asyncio.Queue = asyncio.Queue()  # answers made, not yet sent
+        self._ready: asyncio.Queue = asyncio.Queue()  # (answer, its lease): made, not yet sent
         self._window = asyncio.Semaphore(STREAM_WINDOW)
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task] = set()  # requests running, the reader and the watchdog
         self._running = 0  # requests read whose answer is not made yet
-        self._sending = False  # an answer is with grpc (the client's flow control may hold it)
+        self._sending: Lease | None = None  # the lease of the answer with grpc (the client's flow control may hold it)
+        self._sending_since = 0.0
         self._progress_at = self._loop.time()  # the last message read, answer made or answer sent
         self.quiet = False  # ended for its client's silence
+        self.unread = False  # ended for answers its client did not take
 
     async def answers(self):
         """The stream's response messages, as they are ready. Raises BodyTimeout when the stream
-        went quiet waiting for a message; the error of a broken request stream."""
-        reader = asyncio.ensure_future(self._read())
-        watchdog = asyncio.ensure_future(self._watch())
-        getter = None
+        went quiet waiting for a message or its client did not take an answer in time; the
+        error of a broken request stream."""
+        reader = self._start(self._read())
+        watchdog = self._start(self._watch())
         try:
             while not (reader.done() and self._running == 0 and self._ready.empty()):
-                getter = asyncio.ensure_future(self._ready.get())
+                getter = self._start(self._ready.get())
                 await asyncio.wait([getter, watchdog] if reader.done() else [getter, watchdog, reader],
                                    return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
-                    self._sending = True
-                    yield getter.result()
-                    self._sending = False
-                    self._progress_at = self._loop.time()
-                    self._window.release()
+                    response, self._sending = getter.result()
+                    self._sending_since = self._loop.time()
+                    yield response
+                    self._sent()
+                    if self.unread:
+                        raise BodyTimeout(f"answers not read within {self._send_limit_s:g} s (body_timeout_s)")
                     continue
                 getter.cancel()
                 if watchdog.done():
                     raise BodyTimeout(f"no request message on the stream for {self._quiet_limit_s:g} s "
                                       "(body_timeout_s)")
-            reader.result()  # a broken request stream ends the call with its error
+            if not reader.cancelled():
+                reader.result()  # a broken request stream ends the call with its error
         finally:
-            for task in (reader, watchdog, getter):
-                if task is not None:
-                    task.cancel()
-            for task in list(self._tasks):
-                task.cancel()
+            self.close()
+
+    def close(self) -> None:
+        """Cancel what still runs, drop the answers waiting, release every lease held."""
+        for task in list(self._tasks):
+            task.cancel()
+        self._drop_ready()
+        if self._sending is not None:
+            self._sent()
+
+    def _start(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _sent(self) -> None:
+        """grpc has taken the answer being sent (or the call ended): its lease goes back."""
+        lease, self._sending = self._sending, None
+        lease.release()
+        self._progress_at = self._loop.time()
+        self._window.release()
+
+    def _drop_ready(self) -> None:
+        while not self._ready.empty():
+            _, lease = self._ready.get_nowait()
+            lease.release()
 
     async def _read(self) -> None:
         while True:
@@ -82,27 +117,42 @@ class InferStream:
                 return
             self._progress_at = self._loop.time()
             self._running += 1
-            task = asyncio.ensure_future(self._run(message))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start(self._run(message))
 
     async def _run(self, message: bytes) -> None:
         try:
-            response = await self._answer(message)
+            made = await self._answer(message)
         finally:
             self._running -= 1
             self._progress_at = self._loop.time()  # quiet from here at the earliest
-        self._ready.put_nowait(response)
+        self._ready.put_nowait(made)
 
     async def _watch(self) -> None:
         """Return once the stream has been quiet for quiet_limit_s: no request running, no
-        answer being sent, no message read."""
+        answer being sent, no message read. An answer not taken within send_limit_s ends the
+        stream here (the handler waits on grpc meanwhile): see `_give_up`."""
         while True:
-            if self._running or self._sending:
+            now = self._loop.time()
+            if self._sending is not None:
+                wait = self._sending_since + self._send_limit_s - now
+                if wait <= 0:
+                    self._give_up()
+                    return
+            elif self._running:
                 wait = self._quiet_limit_s
             else:
-                wait = self._progress_at + self._quiet_limit_s - self._loop.time()
+                wait = self._progress_at + self._quiet_limit_s - now
                 if wait <= 0:
                     self.quiet = True
                     return
             await asyncio.sleep(wait)
+
+    def _give_up(self) -> None:
+        """The client has not taken an answer for send_limit_s: read nothing more, cancel the
+        requests running, drop the answers waiting. The answer with grpc stays (and its lease)."""
+        self.unread = True
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        self._drop_ready()

@@ -88,6 +88,45 @@ def rows_run(srv, model: str) -> int:
 
 # -- answers the client does not take ---------------------------------------------------------------
 
+def test_a_stream_whose_answers_are_not_taken_ends_and_gives_their_memory_back(slow):
+    """Eight requests on a stream whose client reads nothing (its window: 64 KB, less than one
+    answer). The first answer waits on the client; after body_timeout_s the stream gives up:
+    the other answers are dropped and their memory charge given back, only the answer grpc
+    holds stays charged. When the client reads at last it gets that answer, then
+    DEADLINE_EXCEEDED saying why; nothing is left charged."""
+    async def scenario():
+        async with grpc.aio.insecure_channel(slow.grpc_url, options=[("grpc.http2.bdp_probe", 0)]) as channel:
+            call = channel.stream_stream(STREAM, pb.ModelInferRequest.SerializeToString,
+                                         pb.ModelStreamInferResponse.FromString)()
+            for i in range(8):
+                await call.write(wide(f"r{i}"))
+            await asyncio.sleep(1.5)  # three times body_timeout_s, reading nothing
+            held = in_use(slow)
+            answers = []
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                while True:
+                    answers.append(await asyncio.wait_for(call.read(), 30))  # a hang guard
+            return held, answers, e.value
+    held, answers, error = asyncio.run(scenario())
+    assert 0 < held < 2 * 3 * WIDE_ROW, "more than the one answer grpc holds is still charged"
+    assert 1 <= len(answers) < 8 and all(not a.error_message for a in answers)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error
+    assert "not read" in error.details() and "body_timeout_s" in error.details()
+    assert in_use(slow) == 0
+
+
+def test_an_infer_answer_the_client_does_not_take_stays_charged_until_the_call_ends(slow):
+    """A ModelInfer whose client stops reading (a zero window): its answer is made, and grpc
+    holds it, charged to the memory budget, until the client reads or goes."""
+    before = rows_run(slow, "affine")
+    with socket.create_connection(("127.0.0.1", slow.config.grpc_port)) as sock:
+        sock.sendall(PREFACE + zero_window_settings() + call_headers(INFER, slow.grpc_url)
+                     + frame(DATA, 0x1, 1, grpc_message(affine(2))))
+        asyncio.run(wait_for(lambda: rows_run(slow, "affine") >= before + 2))  # answered, not taken
+        assert in_use(slow) > 0
+    asyncio.run(wait_for(lambda: in_use(slow) == 0))  # the client went: the call ended
+
+
 def test_calls_whose_answers_are_not_taken_end_with_their_connection_age(models, tmp_path):
     """max_connections 2: a client that stops reading holds both call slots, a ModelInfer and a
     ModelStreamInfer each with an answer grpc cannot send. grpc gives a handler no way to end
