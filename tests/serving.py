@@ -116,3 +116,14 @@ async def started_app(config):
     await app[STATE].loading  # bound first, then loaded
     host, port = runner.addresses[0][:2]
     return runner, app[STATE], f"http://{host}:{port}", runtime, repo
+
+
+def started_with_grpc(config):
+    """For a fixture: `yield from` it. A started ServerThread whose `grpc_url` is its gRPC
+    address (the config names a free grpc_port); closed after, raising the error it ended with."""
+    srv = ServerThread(config).start()
+    srv.grpc_url = f"127.0.0.1:{config.grpc_port}"
+    yield srv
+    srv.close()
+    if srv.error is not None:
+        raise srv.error

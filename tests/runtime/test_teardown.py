@@ -15,20 +15,10 @@ from aclserve.errors import DeviceTimeout
 from aclserve.runtime import AclRuntime, open_pool, teardown
 from aclserve.runtime.futures import BatchFutures
 
+from tests.hung_device import let_go
 from tests.tiny_models import affine_request
 
 pytestmark = pytest.mark.usefixtures("clean_faults")
-
-
-def let_go(gate: threading.Event) -> None:
-    """Release the held execution, then wait until the abandoned instances are freed (a hang
-    guard, not a timing: the device finishes at once)."""
-    gate.set()
-    for _ in range(3000):
-        if teardown.release_recovered() == 0:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"{teardown.held()} abandoned instance(s) never released")
 
 
 def test_a_rebuild_abandons_a_hung_instance_instead_of_waiting_for_it(runtime, affine_om, caplog):

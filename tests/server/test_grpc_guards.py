@@ -19,7 +19,7 @@ from aclserve.errors import InvalidInput
 from aclserve.server import grpc_wire
 from aclserve.server.grpc_wire import MAX_FIELDS, WORST_PER_BYTE, names, scan
 
-from tests.serving import ServerThread, free_port, server_config
+from tests.serving import ServerThread, free_port, server_config, started_with_grpc
 from .hostile import metric, wait_for
 
 MiB = 1 << 20
@@ -105,14 +105,10 @@ def guarded(models_dir, tmp_path_factory):
         shutil.copy(models_dir / f"{name}.om", root / f"{name}.om")
     shutil.copy(models_dir / "affine.om", root / "slow.om")
     (root / "slow.yaml").write_text("batching: {max_queue_delay_ms: 60000}\n")
-    srv = ServerThread(server_config(root, grpc_port=free_port(), model_control_mode="none", max_body_bytes=4 * MiB,
-                                     max_request_bytes=3 * MiB, max_inflight_bytes=4 * MiB, max_connections=4,
-                                     body_timeout_s=0.5, header_timeout_s=0.5, keepalive_timeout_s=0.5)).start()
-    srv.grpc_url = f"127.0.0.1:{srv.config.grpc_port}"
-    yield srv
-    srv.close()
-    if srv.error is not None:
-        raise srv.error
+    yield from started_with_grpc(server_config(
+        root, grpc_port=free_port(), model_control_mode="none", max_body_bytes=4 * MiB, max_request_bytes=3 * MiB,
+        max_inflight_bytes=4 * MiB, max_connections=4, body_timeout_s=0.5, header_timeout_s=0.5,
+        keepalive_timeout_s=0.5))
 
 
 def in_use(srv) -> float:

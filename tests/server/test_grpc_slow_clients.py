@@ -21,11 +21,11 @@ from tritonclient.grpc import service_pb2 as pb
 from aclserve.config import ConfigError
 from aclserve.server.grpc_server import server_options
 
-from tests.serving import ServerThread, free_port, server_config
+from tests.serving import ServerThread, free_port, server_config, started_with_grpc
 from tests.tiny_models import compile_cpu_om, save_graph
-from .hostile import metric, wait_for
+from .hostile import wait_for
 from .test_grpc_guards import (GOAWAY, INFER, LIVE, PREFACE, SETTINGS, STREAM, DATA, affine, call_headers, frame,
-                               frames_until_closed)
+                               frames_until_closed, in_use)
 
 WIDE_ROW = 16384 * 4  # bytes of one row of the wide model's output: more than a 64 KB window
 
@@ -68,17 +68,8 @@ def models(models_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def slow(models):
     """Half-second body timeout; connections live as long as their clients keep them."""
-    srv = ServerThread(server_config(models, grpc_port=free_port(), model_control_mode="none", body_timeout_s=0.5,
-                                     grpc_max_connection_age_s=0)).start()
-    srv.grpc_url = f"127.0.0.1:{srv.config.grpc_port}"
-    yield srv
-    srv.close()
-    if srv.error is not None:
-        raise srv.error
-
-
-def in_use(srv) -> float:
-    return metric(srv.url, "aclserve_request_memory_bytes")
+    yield from started_with_grpc(server_config(models, grpc_port=free_port(), model_control_mode="none",
+                                               body_timeout_s=0.5, grpc_max_connection_age_s=0))
 
 
 def rows_run(srv, model: str) -> int:

@@ -21,22 +21,13 @@ import pytest
 from aclserve.acl.cpu import faults
 from aclserve.runtime import teardown
 
+from tests.hung_device import let_go
 from tests.serving import ServerThread, free_port, request, started_app
 
 from .hostile import metric
 
 ONE = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
                   {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1] * 3}]}
-
-
-def let_go(gate: threading.Event) -> None:
-    """Release the held execution and wait (hang guard) until the abandoned instance is freed."""
-    gate.set()
-    for _ in range(3000):
-        if teardown.release_recovered() == 0:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"{teardown.held()} abandoned instance(s) never released")
 
 
 @pytest.fixture
