@@ -62,6 +62,8 @@ class Lifecycle:
         self._busy: dict[str, asyncio.Task] = {}
         self._dirty: set[str] = set()
         self._closed = False
+        self._close_deadline: float | None = None  # close()'s (time.monotonic()), once closing
+        self._retiring: set[ServedVersion] = set()  # closing now (unload, reload): close() hurries them
 
     # ---- tasks ----------------------------------------------------------------------------------
     def start(self, plan: ModelPlan) -> asyncio.Task | None:
@@ -120,7 +122,7 @@ class Lifecycle:
         await asyncio.gather(*(one(v, w) for v, w in plan.load.items()))
         if self._closed:
             for sv in loaded.values():
-                await sv.close(self._config.shutdown_timeout_s, self._executor)
+                await sv.close(self._config.shutdown_timeout_s, self._executor, self._close_deadline)
             return failed
         unload = list(plan.unload)
         if failed:  # keep versions a failed one was meant to push out, while their files exist
@@ -168,7 +170,13 @@ class Lifecycle:
         """`sv` is out of the serving map: close it (drained until `deadline`, time.monotonic(),
         default shutdown_timeout_s from now), drop its compile, settle its state."""
         drain_s = self._config.shutdown_timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
-        await sv.close(drain_s, self._executor, deadline)
+        self._retiring.add(sv)
+        if self._close_deadline is not None:  # started as the repository closes: its deadline
+            sv.hurry(self._close_deadline)
+        try:
+            await sv.close(drain_s, self._executor, deadline)
+        finally:
+            self._retiring.discard(sv)
         if not self._closed:  # at shutdown the cache stays for the next start
             self._cache.release(sv.name, sv.version, sv.om_path, sv.source, replaced, self._compiles_in_use())
         if sv.version not in self.serving.get(sv.name, {}):
@@ -197,21 +205,25 @@ class Lifecycle:
     # ---- shutdown -------------------------------------------------------------------------------
     async def close(self, deadline: float | None = None) -> None:
         """Start nothing from now on (a load still running is closed, not swapped in), wait for
-        the running tasks, then drain and close every serving version (all at once, until
+        the running tasks (an unload or reload among them waits for the device no later than
+        `deadline`), then drain and close every serving version (all at once, until
         `deadline`, time.monotonic(); default shutdown_timeout_s from now: what is left then is
         answered 503, and a device still running is left to itself) and the load executor.
         Idempotent."""
         if self._closed:
             return
         self._closed = True
+        if deadline is None:
+            deadline = time.monotonic() + self._config.shutdown_timeout_s
+        self._close_deadline = deadline
+        for sv in self._retiring:  # an unload or reload waiting for a hung device: not past this
+            sv.hurry(deadline)
         await self.wait_idle()
         serving, self.serving = self.serving, {}
         retiring = [sv for versions in serving.values() for sv in versions.values()]
         for sv in retiring:
             sv.retire(lambda: None)
             self.states.move(sv.name, sv.version, State.UNLOADING)
-        if deadline is None:
-            deadline = time.monotonic() + self._config.shutdown_timeout_s
         await asyncio.gather(*(self._retire(sv, replaced=False, deadline=deadline) for sv in retiring),
                              return_exceptions=True)
         self.acted = {}

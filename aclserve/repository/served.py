@@ -121,6 +121,11 @@ class ServedVersion:
         except Exception:
             log.exception("%s:%s: close failed", self.name, self.version)
 
+    def hurry(self, deadline: float) -> None:
+        """A close running now (or to come) waits for the device no later than `deadline`
+        (time.monotonic()): the repository is closing while this version unloads."""
+        self.pool.hurry(deadline)
+
     def _close_pool(self, deadline: float | None) -> None:
         """Blocking: frees every device resource of this version, then gives the freed heap
         back (heap.trim: without it RSS grows with every reload)."""

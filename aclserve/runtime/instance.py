@@ -44,6 +44,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import math
 import queue
 import threading
 import time
@@ -107,6 +108,7 @@ class ModelInstance:
         self.compute_busy = BusyWindow()
         self._launcher_thread: threading.Thread | None = None
         self._completer_thread: threading.Thread | None = None
+        self._close_by = math.inf  # hurry(): the latest a close may wait for the device (time.monotonic())
         # Everything the instance owns is created under its own context (create_context makes it
         # current), and the calling thread gets its previous context back afterwards.
         with restoring_context(acl), contextlib.ExitStack() as undo:
@@ -379,9 +381,10 @@ class ModelInstance:
     # -- teardown ----------------------------------------------------------------------------
     def close(self, deadline: float | None = None) -> None:
         """Stop the threads (in-flight batches finish first), then free everything, waiting for
-        the device until `deadline` (time.monotonic(); default reset_timeout_ms from now). An
-        instance whose work still runs then is abandoned, not freed (teardown.py). Safe twice,
-        and from two threads (the pool closing while it disposes of a replaced instance)."""
+        the device until `deadline` (time.monotonic(); default reset_timeout_ms from now), or
+        until the earlier one `hurry()` sets meanwhile. An instance whose work still runs then is
+        abandoned, not freed (teardown.py). Safe twice, and from two threads (the pool closing
+        while it disposes of a replaced instance)."""
         with self._lock:
             if self._closing:
                 return
@@ -391,11 +394,16 @@ class ModelInstance:
         if deadline is None:
             deadline = time.monotonic() + self.reset_timeout_ms / 1000
         with teardown.closing(self):  # the runtime resets no device under this close
-            self._launcher_thread.join(max(0.0, deadline - time.monotonic()))
+            teardown.join(self._launcher_thread, lambda: min(deadline, self._close_by))
             self._done_q.put(None)  # queued after those batches: they complete first
             running = self.release(deadline)
             if running is not None:
                 teardown.abandon(self, running)
+
+    def hurry(self, deadline: float) -> None:
+        """Wait for the device no later than `deadline` (time.monotonic()) in a close running now
+        or to come: a shutdown arriving while an unload's close waits for a hung device."""
+        self._close_by = min(self._close_by, deadline)
 
     def release(self, deadline: float) -> str | None:
         """Under the instance's context: once its threads have stopped and its streams are idle
@@ -408,7 +416,7 @@ class ModelInstance:
             return None
         with using_context(acl, self.context):
             running = teardown.still_running(acl, (self._launcher_thread, self._completer_thread),
-                                             self.streams, deadline)
+                                             self.streams, lambda: min(deadline, self._close_by))
             if running is not None:
                 return running
             for stream in self.streams.values():

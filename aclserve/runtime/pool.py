@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import math
 import random
 import threading
 import time
@@ -80,6 +81,7 @@ class InstancePool:
         self._rebuilding: dict[int, threading.Thread] = {}  # lane -> its rebuild thread
         self._retired_faults: collections.Counter[int] = collections.Counter()
         self._closing = threading.Event()
+        self._close_by = math.inf  # hurry(): the latest close() may wait for the device (time.monotonic())
         self.execution_timeout_ms = instances[0].execution_timeout_ms
         for instance in instances:
             instance.attach(self)
@@ -317,13 +319,12 @@ class InstancePool:
         now = time.monotonic()
         if deadline is None:
             deadline = now + max(i.reset_timeout_ms for i in self.instances) / 1000
-        deadline = max(deadline, now + teardown.GRACE_S)
+        deadline = min(max(deadline, now + teardown.GRACE_S), self._close_by)
         with self._lock:
             pending, self._pending = list(self._pending), collections.deque()
             rebuilding = list(self._rebuilding.values())
         for thread in rebuilding:  # one building an instance finishes and disposes of it
-            thread.join(max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
+            if not teardown.join(thread, lambda: min(deadline, self._close_by)):
                 log.warning("%s: %s is still waiting for the device; closing without it", self.name, thread.name)
         for batch in pending:
             batch.error = ExecutionFailed(f"model {self.name} was unloaded")
@@ -337,6 +338,17 @@ class InstancePool:
                 errors.append(e)
         if errors:
             raise errors[0]
+
+    def hurry(self, deadline: float) -> None:
+        """Wait for the device no later than `deadline` (time.monotonic(); at least
+        teardown.GRACE_S from now) in a close running now or to come: a shutdown arriving while
+        an unload's close waits for a hung device."""
+        deadline = max(deadline, time.monotonic() + teardown.GRACE_S)
+        with self._lock:
+            self._close_by = min(self._close_by, deadline)
+            instances = list(self.instances)
+        for instance in instances:
+            instance.hurry(deadline)
 
     def on_close(self, callback: Callable[[], None]) -> None:
         """Run `callback` at the end of close(), after the instances are closed."""

@@ -13,8 +13,10 @@ runtime calls it before it resets the devices. A device with an instance still h
 being closed (a rebuild's disposal, in its own thread), is not reset and ACL is not finalized
 (the process's exit gives the device back).
 
-Where CANN has no `synchronize_stream_with_timeout` the wait is untimed (acl/compat.py says so
-once in the log).
+A close's deadline may be brought forward while it waits (`ModelInstance.hurry`: a shutdown
+arriving while an unload waits for the device), so the waits are cut in POLL_S slices that each
+look at the deadline again. Where CANN has no `synchronize_stream_with_timeout` the wait is
+untimed (acl/compat.py says so once in the log).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import logging
 import math
 import threading
 import time
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from ..acl import AclError, compat
 from ..acl import constants as C
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 # What a closing pool gives its instances even past its deadline (a shutdown's drain may have used
 # all of it): an idle instance's threads stop and its streams answer within it, a hung one never.
 GRACE_S = 0.5
+# The longest single wait for the device: a deadline brought forward is seen within this.
+POLL_S = 0.1
 
 _lock = threading.Lock()  # held while the held instances are retried, so each is freed once
 _held: list = []  # abandoned ModelInstances: `name`, `device.id`, `release(deadline)`
@@ -45,22 +49,31 @@ def ms_left(deadline: float) -> int:
     return max(1, math.ceil((deadline - time.monotonic()) * 1000))
 
 
+def join(thread: threading.Thread, deadline: Callable[[], float]) -> bool:
+    """Join `thread` until `deadline()` (read again every POLL_S). Whether it has ended."""
+    while thread.is_alive() and (left := deadline() - time.monotonic()) > 0:
+        thread.join(min(left, POLL_S))
+    return not thread.is_alive()
+
+
 def still_running(acl, threads: Iterable[threading.Thread | None], streams: Mapping[str, int],
-                  deadline: float) -> str | None:
-    """Join `threads`, then wait for `streams` (their context current), until `deadline`. None
-    when all are done; else what still runs. A fault a stream kept is not work: destroying the
-    stream clears it."""
+                  deadline: Callable[[], float]) -> str | None:
+    """Join `threads`, then wait for `streams` (their context current), until `deadline()` (read
+    again every POLL_S: it may come forward). None when all are done; else what still runs. A
+    fault a stream kept is not work: destroying the stream clears it."""
     for thread in threads:
-        if thread is not None:
-            thread.join(max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
-                return f"its thread {thread.name} is still running"
+        if thread is not None and not join(thread, deadline):
+            return f"its thread {thread.name} is still running"
     for role, stream in streams.items():
-        try:
-            compat.synchronize_stream(acl, stream, ms_left(deadline))
-        except AclError as e:
-            if e.ret == C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT:
-                return f"the device is still running its {role} stream"
+        while True:
+            try:
+                compat.synchronize_stream(acl, stream, ms_left(min(deadline(), time.monotonic() + POLL_S)))
+                break
+            except AclError as e:
+                if e.ret != C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT:
+                    break
+                if time.monotonic() >= deadline():
+                    return f"the device is still running its {role} stream"
     return None
 
 

@@ -87,3 +87,25 @@ async def test_a_reload_while_a_batch_hangs_serves_the_new_file(hung_repo, model
         assert all(i.context and i.slots for i in instances)
     finally:
         await let_go(gate)
+
+
+async def test_a_close_during_an_unload_that_waits_for_a_hung_device_keeps_its_own_deadline(hung_repo):
+    """An unload (or reload) closing a version whose batch hangs waits for the device up to its
+    instances' reset_timeout_ms (10 s by default; ten minutes here). A shutdown arriving
+    meanwhile waits for that unload, so it must bring the unload's wait forward to the
+    shutdown's own deadline, not wait out the unload's."""
+    repo, _ = await hung_repo()
+    gate = threading.Event()
+    try:
+        request, instances = await hang_one_request(repo, gate)
+        for instance in instances:
+            instance.reset_timeout_ms = 600_000
+        unload = asyncio.ensure_future(repo.unload("m"))
+        with pytest.raises((ShuttingDown, ModelUnavailable)):
+            await asyncio.wait_for(request, 30)  # drained: the unload now waits for the device
+        await asyncio.wait_for(repo.close(), 30)  # a hang guard: it waited out the unload's ten minutes
+        await asyncio.wait_for(unload, 30)
+        assert not gate.is_set() and teardown.held() == 1
+        assert all(i.context and i.slots for i in instances)  # abandoned, not freed under the device
+    finally:
+        await let_go(gate)
