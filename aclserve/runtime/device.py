@@ -91,7 +91,7 @@ class Device:
         self.context = 0
         if not reset:
             log.warning("device %d not reset: it still runs the work of an instance abandoned (or being "
-                        "closed)", self.id)
+                        "closed or rebuilt)", self.id)
             return
         with restoring_context(acl):  # reset_device may unbind the default context from this thread
             release("rt.reset_device", acl.rt.reset_device(self.id))

@@ -393,7 +393,7 @@ class ModelInstance:
         teardown.release_recovered()  # instances abandoned earlier whose device has let go since
         if deadline is None:
             deadline = time.monotonic() + self.reset_timeout_ms / 1000
-        with teardown.closing(self):  # the runtime resets no device under this close
+        with teardown.working_on(self.device.id):  # the runtime resets no device under this close
             teardown.join(self._launcher_thread, lambda: min(deadline, self._close_by))
             self._done_q.put(None)  # queued after those batches: they complete first
             running = self.release(deadline)

@@ -223,7 +223,12 @@ class InstancePool:
 
     def _replace(self, lane: int) -> None:
         """Rebuild thread: build a fresh instance for `lane` (retrying with backoff and jitter
-        while the device refuses), swap it in, then dispose of the old one."""
+        while the device refuses), swap it in, then dispose of the old one. The runtime resets
+        no device under it (a close of the pool may stop waiting for this thread)."""
+        with teardown.working_on(self.instances[lane].device.id):
+            self._rebuild(lane)
+
+    def _rebuild(self, lane: int) -> None:
         old = self.instances[lane]
         log.warning("%s: rebuilding instance %s (%s)", self.name, old.name, old.broken)
         delay = 1.0

@@ -9,9 +9,9 @@ its threads and streams only until a deadline (the shutdown's, else its reset_ti
 it the instance is abandoned: nothing of it is freed, one ERROR line names it, and it is held
 here (`held()`, `aclserve_abandoned_instances` in /metrics). `release_recovered()` frees the
 held instances whose device work has ended since: each instance close calls it first, and the
-runtime calls it before it resets the devices. A device with an instance still held, or still
-being closed (a rebuild's disposal, in its own thread), is not reset and ACL is not finalized
-(the process's exit gives the device back).
+runtime calls it before it resets the devices. A device with an instance still held, still
+being closed (a rebuild's disposal, in its own thread) or being built by a rebuild, is not
+reset and ACL is not finalized (the process's exit gives the device back).
 
 A close's deadline may be brought forward while it waits (`ModelInstance.hurry`: a shutdown
 arriving while an unload waits for the device), so the waits are cut in POLL_S slices that each
@@ -40,7 +40,7 @@ POLL_S = 0.1
 
 _lock = threading.Lock()  # held while the held instances are retried, so each is freed once
 _held: list = []  # abandoned ModelInstances: `name`, `device.id`, `release(deadline)`
-_closing: set = set()  # ModelInstances whose close is waiting for the device now
+_working: list[int] = []  # the device of each instance close, or rebuild, running now
 
 
 def ms_left(deadline: float) -> int:
@@ -99,15 +99,16 @@ def release_recovered() -> int:
 
 
 @contextlib.contextmanager
-def closing(instance):
-    """Count `instance` as unreleased while the block (its close) waits for the device."""
+def working_on(device_id: int):
+    """Count `device_id` as in use while the block runs: an instance's close waiting for the
+    device, or a rebuild building an instance on it (its context made, its model loading)."""
     with _lock:
-        _closing.add(instance)
+        _working.append(device_id)
     try:
         yield
     finally:
         with _lock:
-            _closing.discard(instance)
+            _working.remove(device_id)
 
 
 def held(device_id: int | None = None) -> int:
@@ -117,7 +118,7 @@ def held(device_id: int | None = None) -> int:
 
 
 def unreleased(device_id: int | None = None) -> int:
-    """Instances held or being closed (on `device_id`, or on any device): while there are, the
-    device is not reset nor ACL finalized."""
+    """Instances held, being closed or being rebuilt (on `device_id`, or on any device): while
+    there are, the device is not reset nor ACL finalized."""
     with _lock:
-        return sum(1 for i in [*_held, *_closing] if device_id is None or i.device.id == device_id)
+        return sum(1 for d in [*(i.device.id for i in _held), *_working] if device_id is None or d == device_id)

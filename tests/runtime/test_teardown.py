@@ -101,7 +101,7 @@ def test_the_runtime_leaves_alone_a_device_that_a_rebuild_still_waits_for(affine
             done.submit([affine_request(1)], 1).result(timeout=30)
         done.submit([affine_request(1)], 1).result(timeout=30)  # on the rebuilt instance
         pool.close(deadline=time.monotonic())  # does not wait for the rebuild thread's disposal
-        assert teardown.unreleased() == 1 and teardown.held() == 0
+        assert teardown.unreleased() == 2 and teardown.held() == 0  # the rebuild, and its disposal
         rt.close()
         assert "device 0 not reset" in caplog.text and "ACL not finalized" in caplog.text
     finally:
@@ -111,4 +111,36 @@ def test_the_runtime_leaves_alone_a_device_that_a_rebuild_still_waits_for(affine
         pool.close()
         rt.close()
     assert not first.context and teardown.unreleased() == 0
+    AclRuntime(device="cpu").start().close()  # now the device is reset and ACL finalized
+
+
+def test_the_runtime_leaves_alone_a_device_that_a_rebuild_still_builds_on(affine_om, caplog):
+    """Closing the runtime while a rebuild still builds the replacement instance (its context
+    made, its model loading, in its own thread; the pool's close stopped waiting for it): the
+    device is not reset and ACL not finalized under that build (CANN: destroy a device's
+    contexts before resetting it)."""
+    rt = AclRuntime(device="cpu").start()
+    building = threading.Event()
+    pool = open_pool(rt, affine_om(), "affine", execution_timeout_ms=100)
+    done = BatchFutures(pool)
+    try:
+        faults.inject("execute", nth=1, delay_ms=300)  # past the timeout, then done: nothing hangs
+        load = faults.inject("query_size", nth=1, hold=building)  # the rebuild's model load
+        with pytest.raises(DeviceTimeout):
+            done.submit([affine_request(1)], 1).result(timeout=30)
+        assert load.entered.wait(30)
+        pool.close(deadline=time.monotonic())  # stops waiting for the rebuild thread
+        for _ in range(3000):  # a hang guard: the old instance's late batch ends by itself
+            if teardown.release_recovered() == 0:
+                break
+            time.sleep(0.01)
+        rt.close()
+        assert "device 0 not reset" in caplog.text and "ACL not finalized" in caplog.text
+    finally:
+        building.set()
+        for thread in [t for t in threading.enumerate() if t.name == "affine-rebuild0"]:
+            thread.join(60)  # a hang guard
+        pool.close()
+        rt.close()
+    assert teardown.unreleased() == 0
     AclRuntime(device="cpu").start().close()  # now the device is reset and ACL finalized
