@@ -391,12 +391,16 @@ class ModelInstance:
             self._closing = True
             self._launch_q.put(None)  # the launcher hands its last batches on, then stops
         teardown.release_recovered()  # instances abandoned earlier whose device has let go since
+        now = time.monotonic()
         if deadline is None:
-            deadline = time.monotonic() + self.reset_timeout_ms / 1000
+            deadline = now + self.reset_timeout_ms / 1000
+        # at least a moment of its own, however late it comes (its pool may have spent the
+        # deadline waiting for a rebuild): an idle instance's threads stop within it
+        floor = now + teardown.INSTANCE_GRACE_S
         with teardown.working_on(self.device.id):  # the runtime resets no device under this close
-            teardown.join(self._launcher_thread, lambda: min(deadline, self._close_by))
+            teardown.join(self._launcher_thread, lambda: max(min(deadline, self._close_by), floor))
             self._done_q.put(None)  # queued after those batches: they complete first
-            running = self.release(deadline)
+            running = self.release(deadline, floor)
             if running is not None:
                 teardown.abandon(self, running)
 
@@ -405,10 +409,11 @@ class ModelInstance:
         or to come: a shutdown arriving while an unload's close waits for a hung device."""
         self._close_by = min(self._close_by, deadline)
 
-    def release(self, deadline: float) -> str | None:
+    def release(self, deadline: float, floor: float = 0.0) -> str | None:
         """Under the instance's context: once its threads have stopped and its streams are idle
-        (waiting until `deadline`), destroy the streams, then free slots and model, then destroy
-        the context; the calling thread's context is restored. If the device still runs the
+        (waiting until `deadline`, or `hurry()`'s earlier one, but not before `floor`), destroy
+        the streams, then free slots and model, then destroy the context; the calling thread's
+        context is restored. If the device still runs the
         instance's work at `deadline`, nothing is freed and what runs is returned: that work
         reads and writes the slots' memory, which must not be freed under it."""
         acl = self._acl
@@ -416,7 +421,7 @@ class ModelInstance:
             return None
         with using_context(acl, self.context):
             running = teardown.still_running(acl, (self._launcher_thread, self._completer_thread),
-                                             self.streams, lambda: min(deadline, self._close_by))
+                                             self.streams, lambda: max(min(deadline, self._close_by), floor))
             if running is not None:
                 return running
             for stream in self.streams.values():

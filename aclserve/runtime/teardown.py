@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 GRACE_S = 0.5
 # The longest single wait for the device: a deadline brought forward is seen within this.
 POLL_S = 0.1
+# What each instance's close gets at least, however late it comes: an idle instance's threads
+# stop and its streams answer within it (a hung one is abandoned after it).
+INSTANCE_GRACE_S = 0.1
 
 _lock = threading.Lock()  # held while the held instances are retried, so each is freed once
 _held: list = []  # abandoned ModelInstances: `name`, `device.id`, `release(deadline)`

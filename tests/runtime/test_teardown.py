@@ -144,3 +144,31 @@ def test_the_runtime_leaves_alone_a_device_that_a_rebuild_still_builds_on(affine
         rt.close()
     assert teardown.unreleased() == 0
     AclRuntime(device="cpu").start().close()  # now the device is reset and ACL finalized
+
+
+def test_an_idle_instance_is_freed_even_when_a_rebuild_used_up_the_close_deadline(runtime, affine_om, caplog):
+    """The pool's close waits for a rebuild first; the instances it closes after that get a
+    moment of their own, so an idle one is freed, not abandoned as if the device held it."""
+    building = threading.Event()
+    pool = open_pool(runtime, affine_om(), "affine", instances=2, execution_timeout_ms=100, retry=False)
+    done = BatchFutures(pool)
+    idle = pool.instances[1]
+    try:
+        faults.inject("execute", nth=1, delay_ms=300)  # past the timeout, then done: nothing hangs
+        load = faults.inject("query_size", nth=1, hold=building)  # the rebuild's model load
+        batch = [affine_request(1)]
+        with pytest.raises(DeviceTimeout):
+            done.submit(batch, 1, lane=0).result(timeout=30)
+        assert load.entered.wait(30)
+        pool.close(deadline=time.monotonic())  # the rebuild thread takes all of it
+        assert not idle.context and "affine#1" not in "".join(
+            r.getMessage() for r in caplog.records if "abandoned" in r.getMessage())
+    finally:
+        building.set()
+        for thread in [t for t in threading.enumerate() if t.name == "affine-rebuild0"]:
+            thread.join(60)  # a hang guard
+        pool.close()
+        for _ in range(3000):  # a hang guard: the old instance's late batch ends by itself
+            if teardown.release_recovered() == 0:
+                break
+            time.sleep(0.01)
