@@ -28,7 +28,10 @@ class InstanceBuilder:
         self._acl = runtime.acl
         self.path, self.name, self.placed, self.slots = path, name, placed, slots
         self.claimed_slots = claimed_slots  # what each instance claims on its device's ledger
-        self._identity = _file_identity(path)
+        try:
+            self._identity: tuple | None = _file_identity(path)
+        except OSError:
+            self._identity = None  # create() says why it cannot be loaded
 
     def create(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
         """An instance whose resources open_pool has claimed already."""
@@ -38,7 +41,7 @@ class InstanceBuilder:
     def build(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
         """A replacement for `lane`, with a claim of its own (blocking: loads the model)."""
         try:
-            unchanged = _file_identity(self.path) == self._identity
+            unchanged = self._identity is not None and _file_identity(self.path) == self._identity
         except OSError as e:
             raise RuntimeError(f"model file {self.path} cannot be read again: {e.strerror}") from None
         if not unchanged:

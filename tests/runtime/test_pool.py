@@ -393,3 +393,8 @@ def test_warmup_times_each_gear_and_its_device_compute(runtime, affine_om):
             assert 0 < pool.compute_cost[gear] <= gear_cost[gear]
     finally:
         pool.close()
+
+
+def test_a_missing_model_file_is_a_load_error_naming_it(runtime, tmp_path):
+    with pytest.raises(LoadError, match="nope.om does not exist"):
+        open_pool(runtime, str(tmp_path / "nope.om"), "nope")
