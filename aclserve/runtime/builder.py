@@ -3,6 +3,7 @@ that makes them (again, for a rebuild)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from typing import Sequence
@@ -16,8 +17,10 @@ log = logging.getLogger(__name__)
 
 class InstanceBuilder:
     """Builds the instance of a pool's lane on that lane's device: for open_pool, and again for
-    a rebuild, which claims its streams and events on the device's ledger until dispose()
-    closes the instance it replaced and gives that share back.
+    a rebuild, which claims its streams and events on the device's ledger. An instance's share
+    goes back when the instance is freed (ModelInstance.when_freed): at its close, or for one
+    abandoned on a hung device (teardown.py) once the device lets go, since its streams and
+    events exist until then.
 
     A rebuild reads the model by its path again, so it first checks that the file there is the
     one the pool opened (the identity the repository watches: inode, size, mtime, ctime, taken
@@ -50,19 +53,20 @@ class InstanceBuilder:
         device, need = self.placed[lane], Need.of(1, self.claimed_slots)
         device.ledger.claim(need, f"a rebuilt instance of model {self.name} ({self.claimed_slots} slots)")
         try:
-            return self.create(lane, execution_timeout_ms)
+            instance = self.create(lane, execution_timeout_ms)
         except BaseException:
             device.ledger.release(need)
             raise
+        instance.when_freed(functools.partial(device.ledger.release, need))
+        return instance
 
     def dispose(self, instance: ModelInstance) -> None:
-        """Close a replaced (or unneeded) instance and give back one instance's claim."""
+        """Close a replaced (or unneeded) instance; its claim goes back once it is freed (for an
+        abandoned one, when the device lets go of it: teardown.py)."""
         try:
             instance.close()
         except Exception:
             log.exception("%s: closing instance %s failed", self.name, instance.name)
-        finally:
-            instance.device.ledger.release(Need.of(1, self.claimed_slots))
 
 
 def _file_identity(path: str) -> tuple[int, int, int, int, int]:
@@ -89,18 +93,21 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
     builder = InstanceBuilder(runtime, path, name, placed, slots, claimed)
     built: list[ModelInstance] = []
     with contextlib.ExitStack() as undo:
+        unbuilt: dict[int, int] = {}  # device -> instances claimed for, not built yet
         for device in {d.id: d for d in placed}.values():
-            count = sum(1 for d in placed if d is device)
-            need = Need.of(count, claimed)
-            device.ledger.claim(need, f"model {name} ({count} instance(s) x {claimed} slots)")
-            undo.callback(device.ledger.release, need)
+            count = unbuilt[device.id] = sum(1 for d in placed if d is device)
+            device.ledger.claim(Need.of(count, claimed), f"model {name} ({count} instance(s) x {claimed} slots)")
+            undo.callback(lambda device=device: device.ledger.release(Need.of(unbuilt[device.id], claimed)))
         for k in range(instances):
             instance = builder.create(k, execution_timeout_ms)
+            # from here on the instance's share goes back when it is freed (maybe after its close)
+            unbuilt[instance.device.id] -= 1
+            instance.when_freed(functools.partial(instance.device.ledger.release, Need.of(1, claimed)))
             undo.callback(instance.close)
             built.append(instance)
         _check_same_model(built)
         pool = InstancePool(name, built, retry=retry, builder=builder if rebuild else None)
-        pool.on_close(undo.pop_all().close)  # closes the instances, then gives the claims back
+        pool.on_close(undo.pop_all().close)  # closes the instances (each claim goes back once it is freed)
     return pool
 
 

@@ -109,6 +109,7 @@ class ModelInstance:
         self._launcher_thread: threading.Thread | None = None
         self._completer_thread: threading.Thread | None = None
         self._close_by = math.inf  # hurry(): the latest a close may wait for the device (time.monotonic())
+        self._when_freed: list = []  # callbacks run once everything the instance owns is freed
         # Everything the instance owns is created under its own context (create_context makes it
         # current), and the calling thread gets its previous context back afterwards.
         with restoring_context(acl), contextlib.ExitStack() as undo:
@@ -438,4 +439,13 @@ class ModelInstance:
                 self.model = None
             release("rt.destroy_context", acl.rt.destroy_context(self.context))
             self.context = 0
+        callbacks, self._when_freed = self._when_freed, []
+        for callback in callbacks:
+            callback()
         return None
+
+    def when_freed(self, callback) -> None:
+        """Run `callback` once everything the instance owns is freed: at its close, or later for
+        an instance abandoned then (teardown.py), whose streams and events still exist on the
+        device meanwhile (its owner gives back its share of the device's ledger here)."""
+        self._when_freed.append(callback)

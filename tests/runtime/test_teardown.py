@@ -172,3 +172,27 @@ def test_an_idle_instance_is_freed_even_when_a_rebuild_used_up_the_close_deadlin
             if teardown.release_recovered() == 0:
                 break
             time.sleep(0.01)
+
+
+def test_an_abandoned_instance_keeps_its_streams_and_events_on_the_ledger_until_freed(runtime, affine_om):
+    """Its streams and events still exist on the device, so a load meanwhile must not count on
+    them (the device would refuse it); they are given back once the instance is freed."""
+    ledger = runtime.device(0).ledger
+    before = (ledger.streams, ledger.events)
+    pool = open_pool(runtime, affine_om(), "affine", instances=2, execution_timeout_ms=600_000)
+    claimed = (ledger.streams - before[0], ledger.events - before[1])
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        held = faults.inject("execute", nth=1, hold=gate)
+        hung = done.submit([affine_request(1)], 1, lane=0)
+        assert held.entered.wait(30)
+        pool.close(deadline=time.monotonic() + 0.2)
+        assert teardown.held() == 1
+        assert (ledger.streams - before[0], ledger.events - before[1]) == (claimed[0] // 2, claimed[1] // 2)
+        let_go(gate)
+        hung.result(timeout=30)
+        assert (ledger.streams, ledger.events) == before
+    finally:
+        let_go(gate)
+        pool.close()
