@@ -5,7 +5,8 @@ for a writer (a scan stuck there stops every reload), a socket cannot be opened,
 node's open may act on the device. `open_regular` stats first, so such a node is refused
 unopened; opens with O_NONBLOCK, so a FIFO swapped in after the stat cannot block the open;
 then checks that what it opened is a regular file (whose reads O_NONBLOCK does not change). The
-cost over a plain open is one stat and one fstat. NotRegularFile is an OSError: callers that report `strerror` name what was found.
+cost over a plain open is one stat and one fstat. NotRegularFile is an OSError: callers that
+report `strerror` name what was found.
 """
 from __future__ import annotations
 

@@ -399,7 +399,7 @@ class ModelInstance:
         # deadline waiting for a rebuild): an idle instance's threads stop within it
         floor = now + teardown.INSTANCE_GRACE_S
         with teardown.working_on(self.device.id):  # the runtime resets no device under this close
-            teardown.join(self._launcher_thread, lambda: max(min(deadline, self._close_by), floor))
+            teardown.join(self._launcher_thread, self._wait_bound(deadline, floor))
             self._done_q.put(None)  # queued after those batches: they complete first
             running = self.release(deadline, floor)
             if running is not None:
@@ -410,19 +410,23 @@ class ModelInstance:
         or to come: a shutdown arriving while an unload's close waits for a hung device."""
         self._close_by = min(self._close_by, deadline)
 
+    def _wait_bound(self, deadline: float, floor: float):
+        """When a close stops waiting for the device, read again as it waits: `deadline`, or
+        hurry()'s earlier one, but not before `floor`."""
+        return lambda: max(min(deadline, self._close_by), floor)
+
     def release(self, deadline: float, floor: float = 0.0) -> str | None:
         """Under the instance's context: once its threads have stopped and its streams are idle
-        (waiting until `deadline`, or `hurry()`'s earlier one, but not before `floor`), destroy
-        the streams, then free slots and model, then destroy the context; the calling thread's
-        context is restored. If the device still runs the
-        instance's work at `deadline`, nothing is freed and what runs is returned: that work
-        reads and writes the slots' memory, which must not be freed under it."""
+        (waiting until `_wait_bound(deadline, floor)`), destroy the streams, then free slots and
+        model, then destroy the context; the calling thread's context is restored. If the device
+        still runs the instance's work then, nothing is freed and what runs is returned: that
+        work reads and writes the slots' memory, which must not be freed under it."""
         acl = self._acl
         if not self.context:
             return None
         with using_context(acl, self.context):
             running = teardown.still_running(acl, (self._launcher_thread, self._completer_thread),
-                                             self.streams, lambda: max(min(deadline, self._close_by), floor))
+                                             self.streams, self._wait_bound(deadline, floor))
             if running is not None:
                 return running
             for stream in self.streams.values():
