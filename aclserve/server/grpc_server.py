@@ -3,7 +3,8 @@ loop), serving InferenceServicer over the app's ServerState.
 
 Built by the composition root (aclserve/app.py), handed to server.app.serve(), which owns it
 from then on: started after the HTTP site (models are loaded by then), stopped before the HTTP
-runner is cleaned up; stop(grace) cancels what is left after `grace`, stalled clients included.
+runner is cleaned up; stop(grace) ends the calls still open after `grace` with UNAVAILABLE,
+stalled clients included, and cancels what is left ANSWER_GRACE_S later.
 Messages may be as large as the HTTP body limit (`max_body_bytes`; gRPC's own default is
 4 MiB); responses are not limited, as over HTTP.
 
@@ -22,6 +23,7 @@ answers (a handler cannot cancel its call: its status would wait behind the answ
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import grpc
@@ -30,6 +32,7 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 
 from .connections import fit_descriptor_limit
 from .grpc_service import InferenceServicer
+from .state import ANSWER_GRACE_S
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +113,10 @@ def method_handlers(servicer: InferenceServicer) -> tuple[str, dict]:
 
 
 class GrpcServer:
-    """Owns one grpc.aio.Server. start() binds and serves; stop() lets in-flight RPCs finish
-    within `grace` seconds, then cancels them. stop() is idempotent."""
+    """Owns one grpc.aio.Server. start() binds and serves; stop() takes no new calls, lets those
+    in flight finish within `grace` seconds, then ends those still at work with UNAVAILABLE
+    "server is shutting down" (grpc_calls.py) and gives their statuses, and answers already
+    made, ANSWER_GRACE_S to go out before grpc cancels what is left. stop() is idempotent."""
 
     def __init__(self, state, max_message_bytes: int):
         self.state = state
@@ -120,7 +125,8 @@ class GrpcServer:
         self.max_connections = fit_connections(config.max_connections, state.connections.max_connections)
         self._server = grpc.aio.server(options=server_options(config, max_message_bytes, self.max_connections),
                                        maximum_concurrent_rpcs=config.max_connections)
-        service, handlers = method_handlers(InferenceServicer(state))
+        self._servicer = InferenceServicer(state)
+        service, handlers = method_handlers(self._servicer)
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
         self._server.add_registered_method_handlers(service, handlers)
         self._started = self._stopped = False
@@ -143,5 +149,11 @@ class GrpcServer:
             return
         self._stopped = True
         if self._started:
-            await self._server.stop(grace)
+            stopping = asyncio.ensure_future(self._server.stop(grace + ANSWER_GRACE_S))
+            await asyncio.wait([stopping], timeout=grace)
+            if not stopping.done():
+                ended = self._servicer.calls.end()
+                if ended:
+                    log.info("gRPC: %d call(s) still open at the shutdown deadline answered UNAVAILABLE", ended)
+            await stopping
             log.info("gRPC endpoint stopped")

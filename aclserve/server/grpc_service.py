@@ -7,7 +7,8 @@ views.py). Errors map the way Triton maps them: a ServeError's class picks the g
 ready UNAVAILABLE, the rest INTERNAL) and its message goes to the client, with a
 `grpc-retry-pushback-ms` trailer where HTTP sends Retry-After; anything unexpected is logged
 with its traceback and answered INTERNAL "internal error". A client that cancels or whose
-deadline passes cancels the handler, which takes its request out of the batch queue.
+deadline passes cancels the handler, which takes its request out of the batch queue. A call
+still at work when the endpoint stops ends UNAVAILABLE "server is shutting down" (grpc_calls.py).
 
 ModelInfer and ModelStreamInfer receive raw bytes: each request is charged to the memory budget
 before it is parsed, and holds its lease until grpc has taken its answer (grpc_intake.py). Every
@@ -40,6 +41,7 @@ from .answer_size import answer_bytes
 from .auth import Forbidden, Unauthorized
 from .body import BodyTimeout
 from .budget import Lease
+from .grpc_calls import OpenCalls
 from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
 from .grpc_intake import GRPC_HINT, parse, receive
 from .grpc_stream import InferStream
@@ -74,7 +76,8 @@ def rpc(method):
     @functools.wraps(method)
     async def wrapper(self, request, context):
         try:
-            return await method(self, request, context)
+            with self.calls.at_work():
+                return await method(self, request, context)
         except ServeError as e:
             code, message, trailers = status_code(e), e.message, pushback(e)
             e.__traceback__ = None  # its frames hold the request's message: let them go now, not at a GC
@@ -100,6 +103,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
 
     def __init__(self, state):
         self.state = state
+        self.calls = OpenCalls()  # ended by the endpoint's stop (grpc_server.py)
 
     def _model_access(self, context) -> None:
         """auth_inference: the token for every model RPC, as for /v2/models/... over HTTP."""
@@ -219,7 +223,8 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         @functools.wraps(method)
         async def handler(request_iterator, context):
             try:
-                message = await self._receive(context)
+                with self.calls.at_work():
+                    message = await self._receive(context)
                 try:
                     request = deserialize(message)
                 except DecodeError as e:
@@ -273,10 +278,15 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         stream = InferStream(context, functools.partial(self._stream_answer, self._request_id(context)),
                              config.body_timeout_s, config.body_timeout_s)
         context.add_done_callback(lambda _: stream.close())  # the call may end with the handler waiting on grpc
+        answers = stream.answers()
         try:
-            async for response in stream.answers():
+            while True:
+                with self.calls.at_work():  # not while grpc sends an answer
+                    response = await anext(answers, None)
+                if response is None:
+                    break
                 yield response
-        except BodyTimeout as e:
+        except ServeError as e:  # BodyTimeout, or ShuttingDown at the endpoint's stop
             await context.abort(status_code(e), e.message)
         finally:
             if stream.quiet or stream.unread:

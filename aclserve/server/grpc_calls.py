@@ -1,0 +1,63 @@
+"""The gRPC calls whose handlers are at work, so that the server's stop can end them with a status.
+
+grpc's own stop cancels what is left after its grace, and a cancelled call's client sees
+grpc's "Cancelling all calls", not why: at the shutdown deadline the grace is about 0, so a call
+whose message had not come, or a stream still open, was cut. Instead the endpoint's stop
+(grpc_server.GrpcServer.stop) ends every call still at work here once its grace is over: the
+handler's task is cancelled where it waits and the cancellation turns into ShuttingDown, which
+the handler answers like any refusal (UNAVAILABLE, "server is shutting down"), then grpc gets a
+moment to send those statuses before it cancels the rest.
+
+A handler is `at_work()` only while it waits on aclserve's work (a message, a batch), never
+while grpc sends its answer: a cancellation there would hit grpc's own code, and a status
+could not go out behind an answer the client does not take anyway.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from ..errors import ShuttingDown
+
+SHUTDOWN_MESSAGE = "server is shutting down"
+
+
+class OpenCalls:
+    """Owned by the servicer; event-loop thread only. `end()` is idempotent."""
+
+    def __init__(self):
+        self._tasks: set[asyncio.Task] = set()
+        self.ending = False
+
+    def at_work(self) -> "_AtWork":
+        """A context manager for the handler's task: ShuttingDown on entry once the calls are
+        ending, and in place of the cancellation `end()` makes."""
+        return _AtWork(self)
+
+    def end(self) -> int:
+        """Cancel every handler at work (each ends its call with ShuttingDown); how many."""
+        self.ending = True
+        for task in self._tasks:
+            task.cancel()
+        return len(self._tasks)
+
+
+class _AtWork:
+    __slots__ = ("calls", "task")
+
+    def __init__(self, calls: OpenCalls):
+        self.calls = calls
+        self.task = None
+
+    def __enter__(self) -> None:
+        if self.calls.ending:
+            raise ShuttingDown(SHUTDOWN_MESSAGE)
+        self.task = asyncio.current_task()
+        self.calls._tasks.add(self.task)
+
+    def __exit__(self, kind, error, tb) -> None:
+        self.calls._tasks.discard(self.task)
+        if kind is not None and issubclass(kind, asyncio.CancelledError) and self.calls.ending:
+            uncancel = getattr(self.task, "uncancel", None)  # Python 3.11+: the task goes on
+            if uncancel is not None:
+                uncancel()
+            raise ShuttingDown(SHUTDOWN_MESSAGE) from None

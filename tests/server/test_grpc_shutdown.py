@@ -1,0 +1,113 @@
+"""Shutdown over gRPC while a batch hangs: every call still open at the shutdown deadline ends
+with UNAVAILABLE saying the server is shutting down (HTTP's 503), with the retry pushback where
+the status comes from a handler, and a call done before the deadline gets its answer.
+Executions are held by the CPU runtime's fault injection and released by the test; the only
+time limits are hang guards."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from aclserve.acl.cpu import faults
+
+from tests.hung_device import let_go
+from tests.serving import free_port, started_with_grpc
+
+from .test_grpc_guards import STREAM, affine, stalled_infer, stubs
+
+HANG_GUARD_S = 60
+READY = "/inference.GRPCInferenceService/ServerReady"
+PUSHBACK = ("grpc-retry-pushback-ms", "1000")
+
+
+@pytest.fixture
+def held_models(models_dir, tmp_path):
+    """affine and a copy of it ("other"), whose executions only the test (or the shutdown) ends."""
+    for name in ("affine", "other"):
+        shutil.copy(models_dir / "affine.om", tmp_path / f"{name}.om")
+        (tmp_path / f"{name}.yaml").write_text("execution_timeout_ms: 600000\n")
+    return tmp_path
+
+
+@pytest.fixture
+def grpc_server(held_models, make_config, clean_faults):
+    config = make_config(held_models, grpc_port=free_port(), model_control_mode="none", shutdown_timeout_s=3,
+                         body_timeout_s=600)
+    yield from started_with_grpc(config)
+
+
+async def entered(fault) -> None:
+    assert await asyncio.get_running_loop().run_in_executor(None, fault.entered.wait, HANG_GUARD_S)
+
+
+async def outcome(call):
+    """The call's answer, or the AioRpcError it ended with."""
+    try:
+        return await asyncio.wait_for(call, HANG_GUARD_S)
+    except grpc.aio.AioRpcError as e:
+        return e
+
+
+async def stream_outcome(call) -> tuple[list[str], grpc.aio.AioRpcError | None]:
+    """The error messages of a stream's answers, and the error the stream ended with."""
+    answers = []
+    try:
+        async for answer in call:
+            answers.append(answer.error_message)
+    except grpc.aio.AioRpcError as e:
+        return answers, e
+    return answers, None
+
+
+def assert_shutting_down(error, pushback=True) -> None:
+    assert isinstance(error, grpc.aio.AioRpcError), error
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in error.details(), error
+    if pushback:
+        assert PUSHBACK in tuple(error.trailing_metadata() or ()), error
+
+
+def test_calls_open_at_the_shutdown_deadline_are_unavailable_and_one_done_before_is_answered(grpc_server):
+    """"affine"'s batch hangs past the deadline: a ModelInfer in it, a stream with a request
+    queued behind it and a ModelInfer whose message never comes are still open then; "other"'s
+    batch is let go during the drain."""
+    hung, finishing = threading.Event(), threading.Event()
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(grpc_server.grpc_url) as channel:
+            infer, _ = stubs(channel)
+            ready = channel.unary_unary(READY, pb.ServerReadyRequest.SerializeToString,
+                                        pb.ServerReadyResponse.FromString)
+            silent = stalled_infer(channel)
+            first = faults.inject("execute", nth=1, hold=hung)
+            stuck = asyncio.ensure_future(outcome(infer(affine(1))))
+            await entered(first)
+            stream = channel.stream_stream(STREAM, pb.ModelInferRequest.SerializeToString,
+                                           pb.ModelStreamInferResponse.FromString)()
+            await stream.write(affine(1, request_id="queued"))
+            second = faults.inject("execute", nth=1, hold=finishing)
+            done = asyncio.ensure_future(outcome(infer(affine(2, model="other"))))
+            await entered(second)
+            closing = asyncio.get_running_loop().run_in_executor(None, grpc_server.close)
+            while (await ready(pb.ServerReadyRequest())).ready:  # until the drain has begun
+                await asyncio.sleep(0.01)
+            finishing.set()
+            answered = await done
+            results = await stuck, await outcome(silent), await stream_outcome(stream)
+            await closing
+            return answered, results
+    try:
+        answered, (stuck, silent, (stream_answers, stream_end)) = asyncio.run(scenario())
+    finally:
+        finishing.set()
+        let_go(hung)
+    assert np.frombuffer(answered.raw_output_contents[1], np.int64).shape == (6,)
+    assert_shutting_down(stuck)
+    assert_shutting_down(silent)
+    assert stream_answers == ["model version is shutting down"]
+    assert_shutting_down(stream_end, pushback=False)
