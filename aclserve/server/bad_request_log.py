@@ -9,24 +9,20 @@ import logging
 
 from aiohttp.http_exceptions import HttpProcessingError
 
+from . import client_log
+
 LOGGER = "aiohttp.server"
 MAX_MESSAGE = 200  # the error quotes the client's bytes
 
 
-class BadRequestsAsDebug(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        if not isinstance(error, HttpProcessingError):
-            return True
-        text = " ".join(str(error.message).split())[:MAX_MESSAGE]
-        record.msg, record.args = "%s: %s %s %s", (record.getMessage(), error.code, type(error).__name__, text)
-        record.exc_info = record.exc_text = None
-        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return logging.getLogger(LOGGER).isEnabledFor(logging.DEBUG)
+def bad_request(record: logging.LogRecord) -> tuple[str, tuple] | None:
+    error = record.exc_info[1] if record.exc_info else None
+    if not isinstance(error, HttpProcessingError):
+        return None
+    text = " ".join(str(error.message).split())[:MAX_MESSAGE]
+    return "%s: %s %s %s", (record.getMessage(), error.code, type(error).__name__, text)
 
 
 def install() -> None:
-    """Idempotent: one filter on aiohttp's server logger."""
-    logger = logging.getLogger(LOGGER)
-    if not any(isinstance(f, BadRequestsAsDebug) for f in logger.filters):
-        logger.addFilter(BadRequestsAsDebug())
+    """Idempotent: one filter on aiohttp's server logger (client_log.py)."""
+    client_log.install(LOGGER, bad_request)

@@ -30,6 +30,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
+from . import grpc_log
 from .connections import fit_descriptor_limit
 from .grpc_service import InferenceServicer
 from .state import ANSWER_GRACE_S
@@ -125,6 +126,7 @@ class GrpcServer:
         self.max_connections = fit_connections(config.max_connections, state.connections.max_connections)
         self._server = grpc.aio.server(options=server_options(config, max_message_bytes, self.max_connections),
                                        maximum_concurrent_rpcs=config.max_connections)
+        grpc_log.install()  # a client gone under its answer is not an ERROR with a traceback
         self._servicer = InferenceServicer(state)
         service, handlers = method_handlers(self._servicer)
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))

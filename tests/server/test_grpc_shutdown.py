@@ -1,12 +1,15 @@
-"""Shutdown over gRPC while a batch hangs: every call still open at the shutdown deadline ends
-with UNAVAILABLE saying the server is shutting down (HTTP's 503), with the retry pushback where
-the status comes from a handler, and a call done before the deadline gets its answer.
-Executions are held by the CPU runtime's fault injection and released by the test; the only
-time limits are hang guards."""
+"""gRPC calls that end by no doing of their own. Shutdown while a batch hangs: every call still
+open at the shutdown deadline ends with UNAVAILABLE saying the server is shutting down (HTTP's
+503), with the retry pushback where the status comes from a handler, and a call done before the
+deadline gets its answer. A client that goes away with its answer not taken costs the log one
+debug line, while a batch that fails still logs its error. Executions are held by the CPU
+runtime's fault injection and released by the test; the only time limits are hang guards."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
+import socket
 import threading
 
 import grpc
@@ -19,7 +22,9 @@ from aclserve.acl.cpu import faults
 from tests.hung_device import let_go
 from tests.serving import free_port, started_with_grpc
 
-from .test_grpc_guards import STREAM, affine, stalled_infer, stubs
+from .hostile import wait_for
+from .test_grpc_guards import DATA, INFER, PREFACE, STREAM, affine, call_headers, frame, in_use, stalled_infer, stubs
+from .test_grpc_slow_clients import grpc_message, rows_run, zero_window_settings
 
 HANG_GUARD_S = 60
 READY = "/inference.GRPCInferenceService/ServerReady"
@@ -111,3 +116,34 @@ def test_calls_open_at_the_shutdown_deadline_are_unavailable_and_one_done_before
     assert_shutting_down(silent)
     assert stream_answers == ["model version is shutting down"]
     assert_shutting_down(stream_end, pushback=False)
+
+
+def test_a_client_gone_before_taking_its_answer_costs_one_debug_line(grpc_server, caplog):
+    """A ModelInfer and a stream whose clients open no flow-control window, so their answers
+    wait on them, then go: one DEBUG line each, no ERROR with a traceback (grpc's own
+    "ExecuteBatchError raised in core" before). A batch that fails on the device still logs
+    its ERROR."""
+    caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="grpc")  # `aclserve serve` keeps it at WARNING (a test before may have run it)
+    for method, end_stream in ((INFER, 0x1), (STREAM, 0)):
+        answered = rows_run(grpc_server, "affine") + 2
+        with socket.create_connection(("127.0.0.1", grpc_server.config.grpc_port)) as sock:
+            sock.sendall(PREFACE + zero_window_settings() + call_headers(method, grpc_server.grpc_url)
+                         + frame(DATA, end_stream, 1, grpc_message(affine(2))))
+            asyncio.run(wait_for(lambda: rows_run(grpc_server, "affine") >= answered))
+        asyncio.run(wait_for(lambda: in_use(grpc_server) == 0))  # the call has ended
+    # (records' formats only: formatting some of grpc's DEBUG records later can crash the process)
+    grpc_lines = [r for r in caplog.records if r.name.startswith("grpc") and r.levelno > logging.DEBUG]
+    assert grpc_lines == [], [r.msg for r in grpc_lines]
+    gone = [r for r in caplog.records if "client went away" in str(r.msg)]
+    assert [(r.levelno, r.args, r.exc_info) for r in gone] == [
+        (logging.DEBUG, (INFER,), None), (logging.DEBUG, (STREAM,), None)]
+
+    faults.inject("execute", count=1)
+
+    async def failing():
+        async with grpc.aio.insecure_channel(grpc_server.grpc_url) as channel:
+            return await outcome(stubs(channel)[0](affine(1)))
+    error = asyncio.run(failing())
+    assert error.code() == grpc.StatusCode.INTERNAL and "failed" in error.details(), error
+    assert any(r.levelno == logging.ERROR and "failed on device" in r.getMessage() for r in caplog.records)
