@@ -2,11 +2,11 @@
 
 Every RPC answers from the same ServerState as the HTTP app: the repository, the batchers, the
 statistics and the Prometheus metrics (infer goes through infer.counted_infer, the rest through
-views.py). Errors map the way Triton maps them: a ServeError's class picks the gRPC code
-(STATUS_CODES: bad input INVALID_ARGUMENT, unknown model NOT_FOUND, queue full / timed out / not
-ready UNAVAILABLE, the rest INTERNAL) and its message goes to the client, with a
-`grpc-retry-pushback-ms` trailer where HTTP sends Retry-After; anything unexpected is logged
-with its traceback and answered INTERNAL "internal error". A client that cancels or whose
+views.py). Errors map the way Triton maps them, in one place (end_call): a ServeError's class
+picks the gRPC code (STATUS_CODES: bad input INVALID_ARGUMENT, unknown model NOT_FOUND, queue
+full / timed out / not ready UNAVAILABLE, the rest INTERNAL) and its message goes to the client,
+with a `grpc-retry-pushback-ms` trailer where HTTP sends Retry-After; anything unexpected is
+logged with its traceback and answered INTERNAL "internal error". A client that cancels or whose
 deadline passes cancels the handler, which takes its request out of the batch queue. A call
 still at work when the endpoint stops ends UNAVAILABLE "server is shutting down" (grpc_calls.py).
 
@@ -71,20 +71,29 @@ def pushback(error: ServeError) -> tuple:
     return (("grpc-retry-pushback-ms", str(int(seconds * 1000))),) if seconds else ()
 
 
+async def end_call(context, error: Exception, method: str) -> None:
+    """End the call with `error`'s status, the one mapping of errors to statuses: a ServeError's
+    code, message and pushback trailer; anything else logged with its traceback and INTERNAL
+    "internal error". Raises grpc's AbortError, as context.abort does."""
+    if isinstance(error, ServeError):
+        code, message, trailers = status_code(error), error.message, pushback(error)
+    else:
+        log.error("internal error in gRPC %s", method, exc_info=error)
+        code, message, trailers = grpc.StatusCode.INTERNAL, "internal error", ()
+    error.__traceback__ = None  # its frames hold the request's message: let them go now, not at a GC
+    await context.abort(code, message, trailers)
+
+
 def rpc(method):
-    """Map ServeError to its status code with its message; anything else to INTERNAL."""
+    """A unary method whose failure ends its call with the failure's status (end_call)."""
     @functools.wraps(method)
     async def wrapper(self, request, context):
         try:
             with self.calls.at_work():
                 return await method(self, request, context)
-        except ServeError as e:
-            code, message, trailers = status_code(e), e.message, pushback(e)
-            e.__traceback__ = None  # its frames hold the request's message: let them go now, not at a GC
-        except Exception:
-            log.exception("internal error in gRPC %s", method.__name__)
-            code, message, trailers = grpc.StatusCode.INTERNAL, "internal error", ()
-        await context.abort(code, message, trailers)
+        except Exception as e:
+            error = e
+        await end_call(context, error, method.__name__)
     return wrapper
 
 
@@ -230,7 +239,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                 except DecodeError as e:
                     raise InvalidInput(f"request message is not valid: {e}") from None
             except ServeError as e:
-                await context.abort(status_code(e), e.message)
+                await end_call(context, e, method.__name__)
             return await method(request, context)
         return handler
 
@@ -273,7 +282,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         try:
             self._model_access(context)
         except ServeError as e:
-            await context.abort(status_code(e), e.message)
+            await end_call(context, e, "ModelStreamInfer")
         config = self.state.config
         stream = InferStream(context, functools.partial(self._stream_answer, self._request_id(context)),
                              config.body_timeout_s, config.body_timeout_s)
@@ -287,7 +296,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                     break
                 yield response
         except ServeError as e:  # BodyTimeout, or ShuttingDown at the endpoint's stop
-            await context.abort(status_code(e), e.message)
+            await end_call(context, e, "ModelStreamInfer")
         finally:
             if stream.quiet or stream.unread:
                 self._trim_when_ended(context)

@@ -47,13 +47,14 @@ def stubs(channel):
     return infer, live
 
 
-def stalled_infer(channel):
-    """A ModelInfer call whose client sends its headers and never its message (a client-streaming
-    call on the same method is the same on the wire as a unary one that stalls)."""
+def stalled_infer(channel, method: str = INFER):
+    """A ModelInfer call (or one of `method`) whose client sends its headers and never its
+    message (a client-streaming call on the same method is the same on the wire as a unary one
+    that stalls)."""
     async def nothing():
         await asyncio.Event().wait()
         yield b""  # pragma: no cover
-    return channel.stream_unary(INFER, None, pb.ModelInferResponse.FromString)(nothing())
+    return channel.stream_unary(method, None, pb.ModelInferResponse.FromString)(nothing())
 
 
 # -- the wire scan (pure) --------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """gRPC calls that end by no doing of their own. Shutdown while a batch hangs: every call still
-open at the shutdown deadline ends with UNAVAILABLE saying the server is shutting down (HTTP's
-503), with the retry pushback where the status comes from a handler, and a call done before the
-deadline gets its answer. A client that goes away with its answer not taken costs the log one
-debug line, while a batch that fails still logs its error. Executions are held by the CPU
-runtime's fault injection and released by the test; the only time limits are hang guards."""
+open at the shutdown deadline ends with UNAVAILABLE saying the server is shutting down and the
+retry pushback (HTTP's 503 with Retry-After), whichever handler's path it ends in, and a call
+done before the deadline gets its answer. A client that goes away with its answer not taken
+costs the log one debug line, while a batch that fails still logs its error. Executions are
+held by the CPU runtime's fault injection and released by the test; the only time limits are
+hang guards."""
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +21,7 @@ from tritonclient.grpc import service_pb2 as pb
 from aclserve.acl.cpu import faults
 
 from tests.hung_device import let_go
-from tests.serving import free_port, started_with_grpc
+from tests.serving import ServerThread, free_port, started_with_grpc
 
 from .hostile import wait_for
 from .test_grpc_guards import DATA, INFER, PREFACE, STREAM, affine, call_headers, frame, in_use, stalled_infer, stubs
@@ -28,6 +29,7 @@ from .test_grpc_slow_clients import grpc_message, rows_run, zero_window_settings
 
 HANG_GUARD_S = 60
 READY = "/inference.GRPCInferenceService/ServerReady"
+MODEL_READY = "/inference.GRPCInferenceService/ModelReady"
 PUSHBACK = ("grpc-retry-pushback-ms", "1000")
 
 
@@ -63,18 +65,17 @@ async def stream_outcome(call) -> tuple[list[str], grpc.aio.AioRpcError | None]:
     """The error messages of a stream's answers, and the error the stream ended with."""
     answers = []
     try:
-        async for answer in call:
+        while (answer := await asyncio.wait_for(call.read(), HANG_GUARD_S)) is not grpc.aio.EOF:
             answers.append(answer.error_message)
     except grpc.aio.AioRpcError as e:
         return answers, e
     return answers, None
 
 
-def assert_shutting_down(error, pushback=True) -> None:
+def assert_shutting_down(error) -> None:
     assert isinstance(error, grpc.aio.AioRpcError), error
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in error.details(), error
-    if pushback:
-        assert PUSHBACK in tuple(error.trailing_metadata() or ()), error
+    assert PUSHBACK in tuple(error.trailing_metadata() or ()), error
 
 
 def test_calls_open_at_the_shutdown_deadline_are_unavailable_and_one_done_before_is_answered(grpc_server):
@@ -115,7 +116,37 @@ def test_calls_open_at_the_shutdown_deadline_are_unavailable_and_one_done_before
     assert_shutting_down(stuck)
     assert_shutting_down(silent)
     assert stream_answers == ["model version is shutting down"]
-    assert_shutting_down(stream_end, pushback=False)
+    assert_shutting_down(stream_end)
+
+
+def test_every_call_ended_at_shutdown_carries_the_pushback(held_models, make_config):
+    """The same refusal whichever handler's path it is raised in: a ModelReady whose message
+    never comes (read by one_message), a ModelInfer whose message never comes and a stream
+    without requests, all open when the drain ends."""
+    config = make_config(held_models, grpc_port=free_port(), model_control_mode="none", shutdown_timeout_s=0.5,
+                         body_timeout_s=600)
+    server = ServerThread(config).start()
+    server.grpc_url = f"127.0.0.1:{config.grpc_port}"
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(server.grpc_url) as channel:
+            silent_ready = stalled_infer(channel, MODEL_READY)
+            silent_infer = stalled_infer(channel)
+            stream = channel.stream_stream(STREAM, pb.ModelInferRequest.SerializeToString,
+                                           pb.ModelStreamInferResponse.FromString)()
+            await stream.write(affine(1, request_id="answered"))
+            assert (await asyncio.wait_for(stream.read(), HANG_GUARD_S)).error_message == ""  # the stream is in
+            await asyncio.get_running_loop().run_in_executor(None, server.close)
+            return await outcome(silent_ready), await outcome(silent_infer), await stream_outcome(stream)
+    try:
+        ready, infer, (stream_answers, stream_end) = asyncio.run(scenario())
+    finally:
+        server.close()
+    assert server.error is None
+    assert_shutting_down(ready)
+    assert_shutting_down(infer)
+    assert stream_answers == [] and stream_end is not None
+    assert_shutting_down(stream_end)
 
 
 def test_a_client_gone_before_taking_its_answer_costs_one_debug_line(grpc_server, caplog):
