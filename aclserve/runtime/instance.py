@@ -29,15 +29,19 @@ rotation for good (`broken`): the batches behind it fail at once, and the pool b
 replacement.
 
 Every finished batch goes to the instance's listener (its pool) as `batch_done(batch)`, then its
-slot is returned and the listener hears `slot_free()`; both from the completion thread.
+slot is returned and the listener hears `slot_free()`; both from the completion thread. A batch
+that will not run because the instance is closing is answered (ExecutionFailed) by the thread
+that found out: launch() on a closed instance, or close() past its deadline for the batches a
+launcher still stuck inside a launch holds (the completion thread stops without them).
 
 Threads and state: the launcher thread owns packing and enqueueing; the completion thread owns
 waiting, unpacking, timings (`_timing_failed`) and the stream reset (which runs only when no
 batch is in flight, so the launcher is idle then; `streams` is touched by nobody else meanwhile).
 Slot accounting and health (`_free`, `_in_flight`, `_needs_reset`, `broken`, `_closing`,
-`_busy_*`, `faults`) are written under `_lock`; `broken` is also read without it where a stale
-answer only delays a decision by one batch (the pool's health checks, the completion thread's
-fail-fast). `execution_timeout_ms` is set by the pool (after warm-up) and read at each wait.
+`_busy_*`, `faults`) and the launch hand-over (`_launching`, `_launches_given_up`) are written
+under `_lock`; `broken` is also read without it where a stale answer only delays a decision by
+one batch (the pool's health checks, the completion thread's fail-fast). `execution_timeout_ms`
+is set by the pool (after warm-up) and read at each wait.
 """
 from __future__ import annotations
 
@@ -108,6 +112,8 @@ class ModelInstance:
         self.compute_busy = BusyWindow()
         self._launcher_thread: threading.Thread | None = None
         self._completer_thread: threading.Thread | None = None
+        self._launching: tuple[Slot, Batch] | None = None  # what the launcher is putting on the device
+        self._launches_given_up = False  # close() answered what the launcher held: it hands nothing on
         self._close_by = math.inf  # hurry(): the latest a close may wait for the device (time.monotonic())
         self._when_freed: list = []  # callbacks run once everything the instance owns is freed
         # Everything the instance owns is created under its own context (create_context makes it
@@ -175,8 +181,12 @@ class ModelInstance:
             if not self._closing:
                 self._launch_q.put((slot, batch))
                 return
+        self._refuse(slot, batch, f"instance {self.name} was closed before the batch could run")
+
+    def _refuse(self, slot: Slot, batch: Batch, why: str) -> None:
+        """Answer a batch that will not run (ExecutionFailed `why`) and take its slot back."""
         self._return_slot(slot)
-        batch.error = ExecutionFailed(f"instance {self.name} was closed before the batch could run")
+        batch.error = ExecutionFailed(why)
         batch.outputs, batch.instance = None, self.name
         self._listener.batch_done(batch)
 
@@ -214,8 +224,10 @@ class ModelInstance:
             slot, batch = item
             with self._lock:  # alone in flight: nothing to overlap with, so skip the copy streams
                 direct = self._in_flight == 1
+                self._launching = item
             if batch.trace is not None:
                 self._trace_launch(batch.trace, slot, direct)
+            error = None
             try:
                 if direct:
                     enqueue.direct(self._acl, self.model, self.streams["compute"], slot, batch)
@@ -223,9 +235,12 @@ class ModelInstance:
                     enqueue.piped(self._acl, self.model, self.streams, slot, batch)
             except Exception as e:  # enqueue failures (bad argument, device error) fail this batch only
                 log.exception("%s: could not launch a batch", self.name)
-                self._done_q.put((slot, batch, e, direct))
-            else:
-                self._done_q.put((slot, batch, None, direct))
+                error = e
+            with self._lock:  # a close that gave up on this launch has answered the batch already
+                self._launching = None
+                if self._launches_given_up:
+                    return
+                self._done_q.put((slot, batch, error, direct))
 
     # -- completion thread -------------------------------------------------------------------
     def _completer(self) -> None:
@@ -384,8 +399,9 @@ class ModelInstance:
         """Stop the threads (in-flight batches finish first), then free everything, waiting for
         the device until `deadline` (time.monotonic(); default reset_timeout_ms from now), or
         until the earlier one `hurry()` sets meanwhile. An instance whose work still runs then is
-        abandoned, not freed (teardown.py). Safe twice, and from two threads (the pool closing
-        while it disposes of a replaced instance)."""
+        abandoned, not freed (teardown.py); a launcher still inside a launch then has its
+        batches answered here (_give_up_launches). Safe twice, and from two threads (the pool
+        closing while it disposes of a replaced instance)."""
         with self._lock:
             if self._closing:
                 return
@@ -399,11 +415,33 @@ class ModelInstance:
         # deadline waiting for a rebuild): an idle instance's threads stop within it
         floor = now + teardown.INSTANCE_GRACE_S
         with teardown.working_on(self.device.id):  # the runtime resets no device under this close
-            teardown.join(self._launcher_thread, self._wait_bound(deadline, floor))
+            if not teardown.join(self._launcher_thread, self._wait_bound(deadline, floor)):
+                self._give_up_launches()
             self._done_q.put(None)  # queued after those batches: they complete first
             running = self.release(deadline, floor)
             if running is not None:
                 teardown.abandon(self, running)
+
+    def _give_up_launches(self) -> None:
+        """close(), past its deadline with the launcher still inside a launch (a hung pack, or
+        a memcpy_async or execute_async call the device does not return from): answer that
+        batch and those queued behind it here, since the completion thread stops without them.
+        The launcher hands nothing on when it comes back, and then ends; the instance is
+        abandoned meanwhile (its thread still runs), so nothing is freed under it."""
+        with self._lock:
+            self._launches_given_up = True
+            held = [self._launching] if self._launching is not None else []
+            while True:
+                try:
+                    item = self._launch_q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    held.append(item)
+            self._launch_q.put(None)  # a launcher between two batches stops at its next look
+        for slot, batch in held:
+            self._refuse(slot, batch, f"instance {self.name} was closed while its launcher was still putting "
+                                      f"a batch on the device")
 
     def hurry(self, deadline: float) -> None:
         """Wait for the device no later than `deadline` (time.monotonic()) in a close running now

@@ -19,10 +19,12 @@ import aiohttp
 import pytest
 
 from aclserve.acl.cpu import faults
+from aclserve.errors import ShuttingDown
 from aclserve.runtime import teardown
 
-from tests.hung_device import let_go
+from tests.hung_device import HeldRows, let_go
 from tests.serving import ServerThread, free_port, request, started_app
+from tests.tiny_models import affine_request
 
 from .hostile import metric
 
@@ -123,6 +125,40 @@ def test_an_unload_while_a_batch_hangs_is_answered_and_metrics_show_the_abandone
                     assert "aclserve_abandoned_instances 1.0" in await resp.text()
         finally:
             await runner.cleanup()
+    gate = threading.Event()
+    try:
+        asyncio.run(scenario(gate))
+    finally:
+        let_go(gate)
+
+
+def test_shutdown_while_a_launch_hangs_answers_its_requests_by_the_deadline(hung_model, make_config, caplog):
+    """The instance's launcher thread stuck inside a launch (its pack held here, as a hung
+    memcpy_async or execute_async call would hold it), a second request queued behind it:
+    shutdown answers both (ShuttingDown, a 503) by its own deadline although the instance would
+    wait ten minutes for itself, abandons the instance, and leaves the device and ACL alone
+    under the launcher."""
+    (hung_model / "affine.yaml").write_text("execution_timeout_ms: 600000\nslots: 2\n")
+
+    async def scenario(gate: threading.Event):
+        runner, state, url, runtime, repo = await started_app(make_config(hung_model, shutdown_timeout_s=0.5))
+        try:
+            served = repo.get("affine")
+            for instance in served.pool.instances:
+                instance.reset_timeout_ms = 600_000  # only the shutdown's deadline can end the close
+            held = affine_request(1)
+            held["x"] = HeldRows(held["x"], gate)
+            first = asyncio.ensure_future(served.infer(held, 1))
+            await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, held["x"].entered.wait), 30)
+            second = asyncio.ensure_future(served.infer(affine_request(1, 1), 1))
+            await asyncio.sleep(0)
+        finally:
+            await asyncio.wait_for(runner.cleanup(), 30)  # a hang guard: ten minutes otherwise
+        for answer in (first, second):
+            with pytest.raises(ShuttingDown):
+                await asyncio.wait_for(answer, 30)
+        assert teardown.held() == 1 and not gate.is_set()
+        assert "abandoned" in caplog.text and "not finalized" in caplog.text
     gate = threading.Event()
     try:
         asyncio.run(scenario(gate))
