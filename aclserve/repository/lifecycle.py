@@ -12,7 +12,8 @@ Who owns which state. Everything below lives on the event loop thread; nothing i
   ModelRepository.get and the Planner's diff.
 - Lifecycle.states: moved by the apply tasks, by `close`, and by `forget_stale` during the
   repository's reconcile. Lifecycle.held: ModelRepository.load/unload.
-- Lifecycle._busy, ._dirty: `start` and the tasks' done callbacks. A plan for a busy model is
+- Lifecycle._busy, ._dirty: `start` and the tasks' done callbacks. Lifecycle._loads: the apply
+  tasks (their loads in progress, which `close` abandons). A plan for a busy model is
   dropped and the model marked dirty; the task's end asks for a rescan (`rescan_soon`).
 - Planner.scan, .pending, the SettleGate, the logged problems: the reconcile, one at a time
   under the repository's scan lock (run by start(), the Debouncer's task in poll mode, load()
@@ -22,13 +23,13 @@ Who owns which state. Everything below lives on the event loop thread; nothing i
 - The Debouncer's timer and task, the listeners: ModelRepository.
 - Threads hold no repository state: the watcher's thread only forwards paths to the loop
   (call_soon_threadsafe); the default executor runs the scan; the load executor's threads
-  (`aclserve-load-*`) compile, validate, open and warm up a pool, and close it; each gets its
-  arguments and returns a result.
+  (LoadThreads, `aclserve-load_*`: daemons) compile, validate, open and warm up a pool, and
+  close it; each gets its arguments and returns a result (a pool opened for a load abandoned
+  meanwhile is closed by its own thread: handoff.py).
 """
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
 import time
@@ -37,6 +38,7 @@ from typing import Callable
 from ..config import ServerConfig
 from .compile_cache import CompileCache
 from .failures import LoadFailures
+from .load_threads import LoadThreads
 from .loader import load_version
 from .plan import DesiredState, ModelPlan, Wanted
 from .planner import Planner
@@ -57,13 +59,14 @@ class Lifecycle:
         self._planner, self._failures = planner, failures
         self._emit, self._rescan_soon = emit, rescan_soon
         self._cache = CompileCache(config.compile_cache_dir, config.models_dir)
-        self._executor = concurrent.futures.ThreadPoolExecutor(config.load_concurrency + 2, "aclserve-load")
+        self._executor = LoadThreads(config.load_concurrency + 2, "aclserve-load")
         self._load_limit = asyncio.Semaphore(config.load_concurrency)
         self._busy: dict[str, asyncio.Task] = {}
         self._dirty: set[str] = set()
         self._closed = False
         self._close_deadline: float | None = None  # close()'s (time.monotonic()), once closing
         self._retiring: set[ServedVersion] = set()  # closing now (unload, reload): close() hurries them
+        self._loads: set[asyncio.Task] = set()  # a version loading now (apply tasks): close() abandons them
 
     # ---- tasks ----------------------------------------------------------------------------------
     def start(self, plan: ModelPlan) -> asyncio.Task | None:
@@ -119,10 +122,17 @@ class Lifecycle:
             else:
                 self._failures.succeeded(name, version)
 
-        await asyncio.gather(*(one(v, w) for v, w in plan.load.items()))
+        loads = [asyncio.ensure_future(one(v, w)) for v, w in plan.load.items()]
+        self._loads.update(loads)
+        try:
+            await asyncio.gather(*loads, return_exceptions=True)  # close() cancels the loads: abandoned
+        except asyncio.CancelledError:  # the repository's start, cancelled at shutdown: its loads too
+            await self._close_unserved(loaded)
+            raise
+        finally:
+            self._loads.difference_update(loads)
         if self._closed:
-            for sv in loaded.values():
-                await sv.close(self._config.shutdown_timeout_s, self._executor, self._close_deadline)
+            await self._close_unserved(loaded)
             return failed
         unload = list(plan.unload)
         if failed:  # keep versions a failed one was meant to push out, while their files exist
@@ -135,6 +145,11 @@ class Lifecycle:
         if failed:
             self._dirty.add(name)  # the selection may change now that a file is refused
         return failed
+
+    async def _close_unserved(self, loaded: dict[str, ServedVersion]) -> None:
+        """Close versions loaded as the repository closed, never swapped in (so never served)."""
+        for sv in loaded.values():
+            await sv.close(0.0, self._executor, self._close_deadline)
 
     def _swap(self, name: str, loaded: dict[str, ServedVersion], unload: list[str]) -> dict[str, ServedVersion]:
         """Put `loaded` in service and take `unload` out, in one assignment. Returns the retired."""
@@ -204,11 +219,13 @@ class Lifecycle:
 
     # ---- shutdown -------------------------------------------------------------------------------
     async def close(self, deadline: float | None = None) -> None:
-        """Start nothing from now on (a load still running is closed, not swapped in), wait for
-        the running tasks (an unload or reload among them waits for the device no later than
-        `deadline`), then drain and close every serving version (all at once, until
-        `deadline`, time.monotonic(); default shutdown_timeout_s from now: what is left then is
-        answered 503, and a device still running is left to itself) and the load executor.
+        """Start nothing from now on; abandon the loads still running (served.open_version: not
+        swapped in, closed by their threads when they return); wait for the running tasks (an
+        unload or reload among them waits for the device no later than `deadline`), then drain
+        and close every serving version (all at once, until `deadline`, time.monotonic();
+        default shutdown_timeout_s from now: what is left then is answered 503, and a device
+        still running is left to itself); then wait for what the load threads still run (an
+        abandoned load closing what it opened) until `deadline`, no later, and stop them.
         Idempotent."""
         if self._closed:
             return
@@ -218,6 +235,8 @@ class Lifecycle:
         self._close_deadline = deadline
         for sv in self._retiring:  # an unload or reload waiting for a hung device: not past this
             sv.hurry(deadline)
+        for load in list(self._loads):  # a load that hangs on the device would hold the close for good
+            load.cancel()
         await self.wait_idle()
         serving, self.serving = self.serving, {}
         retiring = [sv for versions in serving.values() for sv in versions.values()]
@@ -227,4 +246,9 @@ class Lifecycle:
         await asyncio.gather(*(self._retire(sv, replaced=False, deadline=deadline) for sv in retiring),
                              return_exceptions=True)
         self.acted = {}
-        self._executor.shutdown(wait=True)
+        unfinished = [asyncio.wrap_future(f) for f in self._executor.unfinished()]
+        if unfinished:  # an abandoned load closes what it opened (a hung one never returns)
+            _, late = await asyncio.wait(unfinished, timeout=max(0.0, deadline - time.monotonic()))
+            for waiter in late:
+                waiter.cancel()  # not waited for: its outcome is its thread's to handle
+        self._executor.shutdown(wait=False)  # its threads are daemons: a hung one holds no exit

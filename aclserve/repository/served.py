@@ -1,23 +1,26 @@
 """One served model version: its InstancePool and its DynamicBatcher, opened and closed here.
 
 This module is the repository's only caller of the runtime's pool (`open_pool`, `warmup`,
-`set_execution_timeout`, `close`, its tensor specs and gears) and of the scheduling package's DynamicBatcher.
+`set_execution_timeout`, `close`, its tensor specs and gears) and of the scheduling package's
+DynamicBatcher.
 
 `open_version` opens the pool, warms it up and starts the batcher; on failure it closes what it
-opened before the error propagates. `infer` delegates to the batcher. When the version is
-retired (replaced or unloaded) it leaves the serving map first; `close` then drains its batcher
-(no new requests; the queued and in-flight ones finish), closes the batcher (what the drain
-left is answered 503) and, in a worker thread, the pool (an instance the device has not let go
-of by the pool's deadline is abandoned, not waited for: runtime/teardown.py). A request that
-raced the swap and is refused by the draining batcher is re-sent once to the successor (the
-same version reloaded, else the model's newest version), so a reload never fails a request
-(also when the caller held this object past the close of its batcher, e.g. while reading a
-request body). Owned by the repository's Lifecycle; used on the loop, blocking steps in the
-executor it is given.
+opened before the error propagates; cancelled (the repository closing), it abandons the load to
+its thread, which closes what it opened once it returns (handoff.py). `infer` delegates to the
+batcher. When the version is retired (replaced or unloaded) it leaves the serving map first;
+`close` then drains its batcher (no new requests; the queued and in-flight ones finish), closes
+the batcher (what the drain left is answered 503) and, in a worker thread, the pool (an
+instance the device has not let go of by the pool's deadline is abandoned, not waited for:
+runtime/teardown.py). A request that raced the swap and is refused by the draining batcher is
+re-sent once to the successor (the same version reloaded, else the model's newest version), so
+a reload never fails a request (also when the caller held this object past the close of its
+batcher, e.g. while reading a request body). Owned by the repository's Lifecycle; used on the
+loop, blocking steps in the executor it is given.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -30,6 +33,7 @@ from ..errors import ModelUnavailable, ShuttingDown
 from ..images import ImageStage
 from ..scheduling import DynamicBatcher
 from . import overload
+from .handoff import Handoff
 from .labels import load_labels
 from .plan import Wanted
 
@@ -138,30 +142,56 @@ class ServedVersion:
 
 async def open_version(executor, runtime, name: str, version: str, om_path: str, wanted: Wanted,
                        started: float) -> ServedVersion:
-    """Open `om_path` as `name:version`, warm it up and start its batcher; every blocking step
-    runs in `executor`. `started`: when its load began (time.monotonic), for load_seconds.
-    Cancellation cannot stop a step already in a thread; what it opened is then closed."""
-    run = functools.partial(asyncio.get_running_loop().run_in_executor, executor)
+    """Open `om_path` as `name:version`, warm it up and start its batcher; the blocking part runs
+    in one thread of `executor` (_open_and_warm_up). On failure what it opened is closed before
+    the error propagates. Cancelled (the repository closes while the version loads), it returns
+    at once: the load is abandoned, said in one line; the thread, which cannot be stopped, closes
+    what it opened once it returns (a load or warm-up hung on the device never does, and its
+    device is not reset meanwhile: the process's exit ends it)."""
+    loop = asyncio.get_running_loop()
     config = wanted.config
-    pool = await run(functools.partial(
-        _open_pool, runtime, om_path, name=f"{name}:{version}", instances=config.instances,
-        devices=config.devices, slots=config.slots or auto_slots(runtime.kind), retry=config.retry,
-        claimed_slots=config.slots or NPU_SLOTS))  # the CPU runtime refuses what an NPU would
+    handoff: Handoff[tuple] = Handoff()
     try:
-        images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
-        labels = await run(load_labels, config.outputs, pool.outputs)
-        await run(pool.warmup)  # three runs per gear; times the gear costs the batcher plans with
-        pool.set_execution_timeout(config.execution_timeout_ms)  # 0: derived from those costs
+        pool, images, labels = await loop.run_in_executor(executor, functools.partial(
+            _open_and_warm_up, runtime, om_path, f"{name}:{version}", config, handoff))
+    except asyncio.CancelledError:
+        late = handoff.give_up()
+        if late is not None:  # it came back as the loop was cancelled: closed in a load thread too
+            with contextlib.suppress(RuntimeError):  # the threads are stopped: the process is ending
+                executor.submit(late[0].close)
+        log.warning("%s: version %s was still loading when the repository closed; the load is abandoned: "
+                    "what it opened is closed when it returns, the shutdown does not wait for it past its "
+                    "deadline, and its device is not reset meanwhile", name, version)
+        raise
+    try:
+        pool.set_execution_timeout(config.execution_timeout_ms)  # 0: derived from the warm-up's costs
         config = overload.resolve(config, pool.gears, pool.gear_cost, len(pool.instances))
         batcher = DynamicBatcher(pool, config.batching, name=f"{name}:{version}")
         batcher.start()
     except BaseException:
-        await run(pool.close)
+        await loop.run_in_executor(executor, pool.close)
         raise
     return ServedVersion(name, version, pool, batcher, config, wanted.file.path, om_path,
                          time.monotonic() - started, wanted, images=images, labels=labels)
 
 
-def _open_pool(runtime, path, **kwargs):
-    from ..runtime import open_pool  # the runtime imports ACL; keep this module light to import
-    return open_pool(runtime, path, **kwargs)
+def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handoff: Handoff) -> tuple | None:
+    """A load thread: open the pool, plan its image inputs, read its labels, warm it up (three
+    runs per gear; times the gear costs the batcher plans with), then hand (pool, images,
+    labels) to the loop, or close the pool when the loop has given up meanwhile. While it runs, the runtime resets none of the
+    model's devices (it is inside ACL calls, or its instances' work runs there: teardown.py)."""
+    from ..runtime import open_pool, teardown  # the runtime imports ACL; keep this module light to import
+    with contextlib.ExitStack() as on_devices:
+        for device in dict.fromkeys(config.devices):
+            on_devices.enter_context(teardown.working_on(device))
+        pool = open_pool(runtime, path, name=name, instances=config.instances, devices=config.devices,
+                         slots=config.slots or auto_slots(runtime.kind), retry=config.retry,
+                         claimed_slots=config.slots or NPU_SLOTS)  # the CPU runtime refuses what an NPU would
+        try:
+            images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
+            labels = load_labels(config.outputs, pool.outputs)
+            pool.warmup()
+        except BaseException:
+            pool.close()
+            raise
+        return handoff.deliver((pool, images, labels), lambda opened: opened[0].close())

@@ -3,8 +3,8 @@
 ACL is initialised once per process (CANN refuses a second init and, on older releases, an
 init after finalize), so AclRuntime counts its users: the first start() initialises, the last
 close() resets the devices and finalises. A device still running the work of an instance
-abandoned at close, or one being closed or rebuilt in another thread (teardown.py), is not
-reset, and ACL is then not finalised: both would wait for that work or free memory under it;
+abandoned at close, or one being closed, rebuilt or loaded in another thread (teardown.py), is
+not reset, and ACL is then not finalised: both would wait for that work or free memory under it;
 the process's exit gives the device back.
 """
 from __future__ import annotations
@@ -115,8 +115,8 @@ class AclRuntime:
         with _process_lock:
             _users -= 1
             if _users == 0 and teardown.unreleased():
-                log.warning("ACL not finalized: %d instance(s) abandoned, being closed or being rebuilt still "
-                            "run on the device; the process's exit releases them", teardown.unreleased())
+                log.warning("ACL not finalized: %d instance(s) abandoned, being closed, rebuilt or loaded "
+                            "still run on the device; the process's exit releases them", teardown.unreleased())
             elif _users == 0:
                 release("finalize", self.acl.finalize())
 

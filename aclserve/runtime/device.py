@@ -81,17 +81,19 @@ class Device:
 
     def close(self, reset: bool = True) -> None:
         """Destroy the management context and reset the device; without `reset` (a device still
-        running an abandoned instance's work, runtime/teardown.py) the device is left set."""
+        running an abandoned instance's work, or an instance being closed, rebuilt or loaded on
+        it: runtime/teardown.py) the device is left as it is, management context included (a
+        load that returns later still reads memory figures through it)."""
         if self._closed:
             return
         self._closed = True
+        if not reset:
+            log.warning("device %d not reset: it still runs the work of an instance abandoned (or being "
+                        "closed, rebuilt or loaded)", self.id)
+            return
         acl = self._acl
         with using_context(acl, self.context):
             release("rt.destroy_context", acl.rt.destroy_context(self.context))
         self.context = 0
-        if not reset:
-            log.warning("device %d not reset: it still runs the work of an instance abandoned (or being "
-                        "closed or rebuilt)", self.id)
-            return
         with restoring_context(acl):  # reset_device may unbind the default context from this thread
             release("rt.reset_device", acl.rt.reset_device(self.id))

@@ -11,9 +11,10 @@ answers the batches that thread holds, ModelInstance._give_up_launches): nothing
 freed, one ERROR line names it, and it is held here (`held()`, `aclserve_abandoned_instances`
 in /metrics). `release_recovered()` frees the held instances whose device work has ended
 since: each instance close calls it first, and the runtime calls it before it resets the
-devices. A device with an instance still held, still
-being closed (a rebuild's disposal, in its own thread) or being built by a rebuild, is not
-reset and ACL is not finalized (the process's exit gives the device back).
+devices. A device with an instance still held, still being closed (a rebuild's disposal, in
+its own thread) or being built by a rebuild, or with a model load still opening or warming up
+a pool on it (one a shutdown abandoned: it may hang there), is not reset and ACL is not
+finalized (the process's exit gives the device back).
 
 A close's deadline may be brought forward while it waits (`ModelInstance.hurry`: a shutdown
 arriving while an unload waits for the device), so the waits are cut in POLL_S slices that each
@@ -106,7 +107,8 @@ def release_recovered() -> int:
 @contextlib.contextmanager
 def working_on(device_id: int):
     """Count `device_id` as in use while the block runs: an instance's close waiting for the
-    device, or a rebuild building an instance on it (its context made, its model loading)."""
+    device, a rebuild building an instance on it (its context made, its model loading), or a
+    model load opening and warming up a pool on it."""
     with _lock:
         _working.append(device_id)
     try:
@@ -123,7 +125,7 @@ def held(device_id: int | None = None) -> int:
 
 
 def unreleased(device_id: int | None = None) -> int:
-    """Instances held, being closed or being rebuilt (on `device_id`, or on any device): while
+    """Instances held, being closed, rebuilt or loaded (on `device_id`, or on any device): while
     there are, the device is not reset nor ACL finalized."""
     with _lock:
         return sum(1 for d in [*(i.device.id for i in _held), *_working] if device_id is None or d == device_id)

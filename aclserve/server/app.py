@@ -8,7 +8,7 @@ turns false, new infer requests get 503 / UNAVAILABLE at once and HTTP connectio
 running a request are closed; queued and in-flight requests of both transports get
 `shutdown_timeout_s` to finish; then the repository unloads every model (the requests still
 waiting on one are answered 503; a device still running a batch is left to itself, not waited
-for: runtime/teardown.py), every HTTP connection left is closed (a stalled client does not
+for: runtime/teardown.py; a load or warm-up still running is abandoned: repository/served.py), every HTTP connection left is closed (a stalled client does not
 hold shutdown longer), the gRPC port and the HTTP socket close, and the runtime destroys
 contexts, resets devices and finalizes ACL, in that order.
 """

@@ -132,9 +132,11 @@ class ServerState:
                         "answered 503 as it closes", self.inflight, self.config.shutdown_timeout_s)
 
     async def close_models(self) -> None:
-        """After the drain: stop loading, close the repository (what the drain left is answered
-        503; a device still running by the deadline is left to itself, runtime/teardown.py),
-        then let those answers be written (at most ANSWER_GRACE_S). Idempotent."""
+        """After the drain: stop loading (a load still running is abandoned, not waited for past
+        the deadline: repository/served.py), close the repository (what the drain left is
+        answered 503; a device still running by the deadline is left to itself,
+        runtime/teardown.py), then let those answers be written (at most ANSWER_GRACE_S).
+        Idempotent."""
         if self.loading is not None and not self.loading.done():
             self.loading.cancel()  # stopped (or failed to bind) while models were loading
         if self.loading is not None:

@@ -1,0 +1,87 @@
+"""LoadThreads: the repository's load executor, whose threads do not hold the process's exit.
+
+Its threads compile, validate, open and warm up model versions, and close them. A load or
+warm-up waits for the device as long as the device hangs; a ThreadPoolExecutor's threads are
+joined when the interpreter exits, so one stuck there kept `aclserve serve` from exiting after
+its shutdown had ended. These threads are daemons, and the repository's close waits for what
+they still run (`unfinished()`) only until its deadline.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+
+
+class LoadThreads(concurrent.futures.Executor):
+    """Up to `workers` daemon threads named `name`-N, started as work comes, running submitted
+    calls in order. Owned by the repository's Lifecycle; shutdown() stops them once idle."""
+
+    def __init__(self, workers: int, name: str):
+        if workers < 1:
+            raise ValueError("LoadThreads needs at least one worker")
+        self._workers, self._name = workers, name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._unfinished: set[concurrent.futures.Future] = set()
+        self._shut = False
+
+    def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._unfinished.add(future)
+            self._jobs.put((future, fn, args, kwargs))
+            if len(self._threads) < self._workers:
+                thread = threading.Thread(target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        future.add_done_callback(self._finished)
+        return future
+
+    def unfinished(self) -> list[concurrent.futures.Future]:
+        """The calls submitted and not finished yet (queued or running)."""
+        with self._lock:
+            return list(self._unfinished)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No new calls; the threads end once what is queued has run (`cancel_futures`: what
+        has not started is cancelled). `wait`: join them, however long they run."""
+        with self._lock:
+            self._shut = True
+            threads = list(self._threads)
+        if cancel_futures:
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job[0].cancel()
+        for _ in threads:
+            self._jobs.put(None)
+        if wait:
+            for thread in threads:
+                thread.join()
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            future, fn, args, kwargs = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as e:  # handed to the caller, as ThreadPoolExecutor does
+                future.set_exception(e)
+            else:
+                future.set_result(result)
+            del future, fn, args, kwargs, job  # nothing of a finished call is kept while idle
+
+    def _finished(self, future: concurrent.futures.Future) -> None:
+        with self._lock:
+            self._unfinished.discard(future)

@@ -1,0 +1,119 @@
+"""Shutdown while a model's load or warm-up hangs on the device: the server stops within the
+reach of `shutdown_timeout_s` (the load's own bounds, the execution and reset timeouts, are
+ten minutes here), abandons the load with one line naming it, leaves the device and ACL alone
+under it, and `aclserve serve` exits 0. The load is held by a CPU-runtime fault (a model load
+held in query_size; a warm-up's first execution held) until the test ends; the only time
+limits are hang guards."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+
+import pytest
+
+from aclserve.acl.cpu import faults
+from aclserve.runtime import teardown
+
+from tests.serving import free_port, request
+
+# the CPU runtime's fault that holds each step: the model load asks query_size first, and the
+# warm-up's first batch is the first execution
+HOLDS = {"load": "query_size", "warm-up": "execute"}
+
+
+@pytest.fixture
+def hung_model(models_dir, tmp_path):
+    (tmp_path / "affine.om").write_bytes((models_dir / "affine.om").read_bytes())
+    (tmp_path / "affine.yaml").write_text("execution_timeout_ms: 600000\n")
+    return tmp_path
+
+
+def load_threads_done(timeout_s: float = 30) -> None:
+    """A hang guard: the abandoned load's thread has come back and closed what it opened."""
+    for _ in range(int(timeout_s * 100)):
+        if teardown.release_recovered() == 0 and teardown.unreleased() == 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{teardown.unreleased()} load(s) or instance(s) still on the device")
+
+
+@pytest.mark.parametrize("step", list(HOLDS))
+def test_shutdown_while_a_load_hangs_abandons_it_by_the_deadline(hung_model, make_config, clean_faults, caplog, step):
+    from aclserve.app import build_repository
+    from aclserve.runtime import AclRuntime
+    from aclserve.server.app import create_app, make_runner
+
+    gate, closed = threading.Event(), threading.Event()
+    held = faults.inject(HOLDS[step], nth=1, hold=gate)
+    config = make_config(hung_model, shutdown_timeout_s=0.5)
+    errors: list[BaseException] = []
+
+    async def scenario():
+        runtime = AclRuntime(device="cpu")
+        app = create_app(config, build_repository(config, runtime), runtime)
+        runner = make_runner(app)
+        await runner.setup()  # starts the runtime and the models' loading
+        await asyncio.get_running_loop().run_in_executor(None, held.entered.wait, 30)
+        await runner.cleanup()  # the shutdown: drain, close the models, close the runtime
+        closed.set()
+
+    def run():
+        try:
+            asyncio.run(scenario())
+        except BaseException as e:
+            errors.append(e)
+            closed.set()
+
+    server = threading.Thread(target=run, daemon=True)
+    server.start()
+    try:
+        assert held.entered.wait(30)
+        closed.wait(30)  # a hang guard: the shutdown waited for the load (ten minutes, or for good)
+        assert closed.is_set() and not errors, errors
+        assert not gate.is_set()
+        abandoned = [m for m in (r.getMessage() for r in caplog.records) if "affine" in m and "abandoned" in m]
+        assert len(abandoned) == 1, abandoned
+        assert "ACL not finalized" in caplog.text
+    finally:
+        gate.set()
+        server.join(30)
+    load_threads_done()  # once it comes back, the load closes what it opened
+
+
+@pytest.mark.parametrize("step", list(HOLDS))
+def test_sigterm_while_a_load_hangs_ends_the_process(hung_model, tmp_path, step):
+    """`aclserve serve` whose model load, or warm-up, sleeps ten minutes: SIGTERM ends the
+    process (exit 0) with the load still running."""
+    port = free_port()
+    server = types.SimpleNamespace(url=f"127.0.0.1:{port}")
+    env = dict(os.environ, ACLSERVE_CPU_FAULTS=f"{HOLDS[step]}:delay_ms=600000,nth=1")
+    (tmp_path / "serve.yaml").write_text(f"port: {port}\ngrpc_port: 0\ndevice: cpu\nshutdown_timeout_s: 0.5\n"
+                                         f"log_level: info\nmodels_dir: {hung_model}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(1200):  # a hang guard: until it answers (its model still loading)
+            try:
+                if request(server, "GET", "/v2/health/live")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        for _ in range(1200):  # a hang guard: until the model is loading
+            status, _, body = request(server, "POST", "/v2/repository/index")
+            if b"LOADING" in body:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)  # a hang guard: it waited for the load before
+        assert proc.returncode == 0, out
+        assert "abandoned" in out and "not finalized" in out, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
