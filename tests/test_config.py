@@ -28,6 +28,7 @@ def test_embedded_default_matches_the_dataclass_defaults():
     assert (config.max_json_bytes, config.max_json_elements) == (16 << 20, 1 << 20)
     assert config.compile_cache_dir == ""  # resolved when an .onnx is compiled (repository/cache_dir.py)
     assert config.model_defaults == ModelConfig()
+    assert config.model_defaults.reset_timeout_ms == 10_000
     assert config.readiness == "strict" and config.max_request_bytes <= config.max_inflight_bytes
 
 
@@ -64,6 +65,8 @@ def test_file_merges_over_default_and_overrides_win(tmp_path):
     ({"unload_on_delete": "yes"}, "unload_on_delete", "must be true or false"),
     ({"memory_reserve_fraction": 1.0}, "memory_reserve_fraction", "must be < 1"),
     ({"model_defaults.slots": 0}, "model_defaults.slots", "must be >= 1, got 0"),
+    ({"model_defaults.reset_timeout_ms": 0}, "model_defaults.reset_timeout_ms", "must be >= 1, got 0"),
+    ({"model_defaults.reset_timeout_ms": "10s"}, "model_defaults.reset_timeout_ms", "must be an integer"),
     ({"max_request_bytes": 2 << 30}, "max_request_bytes", "must be <= 536870912"),
     ({"readiness": "maybe"}, "readiness", "must be one of strict, lenient"),
     ({"load_retry_max_s": 0.5}, "load_retry_max_s", "must be >= 1"),

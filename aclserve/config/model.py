@@ -165,6 +165,8 @@ def parse_model_config(data, path: str = "") -> ModelConfig:
         retry=as_bool(data.get("retry", base.retry), key_path(path, "retry")),
         execution_timeout_ms=as_int(data.get("execution_timeout_ms", base.execution_timeout_ms),
                                   key_path(path, "execution_timeout_ms"), 0),
+        reset_timeout_ms=as_int(data.get("reset_timeout_ms", base.reset_timeout_ms),
+                                key_path(path, "reset_timeout_ms"), 1),
         batching=_batching(data.get("batching", {}), key_path(path, "batching")),
         version_policy=_version_policy(data.get("version_policy", {"latest": 1}), key_path(path, "version_policy")),
         compile=_compile(data.get("compile", {}), key_path(path, "compile")),

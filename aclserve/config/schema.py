@@ -83,6 +83,7 @@ class ModelConfig:
     slots: int = 0  # 0 = auto: served.auto_slots when the model loads (repository/served.py)
     retry: bool = True
     execution_timeout_ms: int = 0  # 0 = from the measured gear costs (pool.set_execution_timeout)
+    reset_timeout_ms: int = 10_000  # how long a reset or a close waits for the device (runtime/teardown.py)
     batching: BatchingConfig = field(default_factory=lambda: BatchingConfig(
         default_queue_policy=QueuePolicy(max_queue_size=None, default_timeout_ms=None)))
     version_policy: tuple = ("latest", 1)  # ("latest", N) | ("all",) | ("specific", (v, ...))

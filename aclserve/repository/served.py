@@ -186,7 +186,8 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
             on_devices.enter_context(teardown.working_on(device))
         pool = open_pool(runtime, path, name=name, instances=config.instances, devices=config.devices,
                          slots=config.slots or auto_slots(runtime.kind), retry=config.retry,
-                         claimed_slots=config.slots or NPU_SLOTS)  # the CPU runtime refuses what an NPU would
+                         claimed_slots=config.slots or NPU_SLOTS,  # the CPU runtime refuses what an NPU would
+                         reset_timeout_ms=config.reset_timeout_ms)
         try:
             images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
             labels = load_labels(config.outputs, pool.outputs)

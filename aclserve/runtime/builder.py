@@ -27,9 +27,11 @@ class InstanceBuilder:
     before the first load); a file replaced since belongs to the version that will replace this
     one, and loading it here would serve another model under this version's name."""
 
-    def __init__(self, runtime, path: str, name: str, placed: list, slots: int, claimed_slots: int):
+    def __init__(self, runtime, path: str, name: str, placed: list, slots: int, claimed_slots: int,
+                 reset_timeout_ms: int = 10_000):
         self._acl = runtime.acl
         self.path, self.name, self.placed, self.slots = path, name, placed, slots
+        self.reset_timeout_ms = reset_timeout_ms  # each instance's bound on waiting for the device
         self.claimed_slots = claimed_slots  # what each instance claims on its device's ledger
         try:
             self._identity: tuple | None = _file_identity(path)
@@ -39,7 +41,7 @@ class InstanceBuilder:
     def create(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
         """An instance whose resources open_pool has claimed already."""
         return ModelInstance(self._acl, self.placed[lane], self.path, f"{self.name}#{lane}", slots=self.slots,
-                             execution_timeout_ms=execution_timeout_ms)
+                             execution_timeout_ms=execution_timeout_ms, reset_timeout_ms=self.reset_timeout_ms)
 
     def build(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
         """A replacement for `lane`, with a claim of its own (blocking: loads the model)."""
@@ -76,21 +78,23 @@ def _file_identity(path: str) -> tuple[int, int, int, int, int]:
 
 def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequence[int] = (0,),
               slots: int = 2, retry: bool = True, execution_timeout_ms: int = 60_000,
-              rebuild: bool = True, claimed_slots: int | None = None) -> InstancePool:
+              rebuild: bool = True, claimed_slots: int | None = None,
+              reset_timeout_ms: int = 10_000) -> InstancePool:
     """Load `instances` copies of the OM round-robin over `devices` (blocking; run off the loop).
 
     The streams and events the instances need are claimed on each device first, so a
     configuration the device cannot hold is refused (ResourceLimitError) before anything loads.
     `claimed_slots` (default `slots`): the slots each instance claims there, more than it
     builds when the CPU runtime stands in for an NPU that would build more (`slots: auto`).
-    `rebuild`: an instance out of rotation is replaced in the background."""
+    `rebuild`: an instance out of rotation is replaced in the background. `reset_timeout_ms`: how
+    long each instance waits for the device after a fault, or when it closes (teardown.py)."""
     if instances < 1:
         raise ValueError("instances must be >= 1")
     if not devices:
         raise ValueError("devices must name at least one device")
     placed = [runtime.device(devices[k % len(devices)]) for k in range(instances)]
     claimed = max(slots, claimed_slots or slots)
-    builder = InstanceBuilder(runtime, path, name, placed, slots, claimed)
+    builder = InstanceBuilder(runtime, path, name, placed, slots, claimed, reset_timeout_ms)
     built: list[ModelInstance] = []
     with contextlib.ExitStack() as undo:
         unbuilt: dict[int, int] = {}  # device -> instances claimed for, not built yet

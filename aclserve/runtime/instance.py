@@ -78,7 +78,7 @@ class ModelInstance:
     releases everything in reverse order of acquisition."""
 
     def __init__(self, acl, device: Device, path: str, name: str, slots: int = 2,
-                 execution_timeout_ms: int = 60_000):
+                 execution_timeout_ms: int = 60_000, reset_timeout_ms: int = 10_000):
         if slots < 1:
             raise ValueError("an instance needs at least one slot")
         self._acl = acl
@@ -88,8 +88,9 @@ class ModelInstance:
         # the pool sets it from the measured gear costs after warm-up.
         self.execution_timeout_ms = execution_timeout_ms
         # A device that failed a batch gets this long to drain before the instance is given up;
-        # and a closing instance (unload, rebuild) before it is abandoned (teardown.py).
-        self.reset_timeout_ms = 10_000
+        # and a closing instance (unload, rebuild) before it is abandoned (teardown.py). The
+        # model's `reset_timeout_ms`.
+        self.reset_timeout_ms = reset_timeout_ms
         self._listener: BatchListener | None = None
         self._lock = threading.Lock()
         self._launch_q: queue.SimpleQueue = queue.SimpleQueue()

@@ -32,11 +32,10 @@ async def let_go(gate: threading.Event) -> None:
 
 async def hang_one_request(repo, gate: threading.Event):
     """A request whose execution the device holds, once it is running; and the instances it
-    runs on, told to wait 0.2 s for the device at close (reset_timeout_ms)."""
+    runs on, which wait 0.2 s for the device at close (the model's reset_timeout_ms)."""
     served = repo.get("m")
     instances = list(served.pool.instances)
-    for instance in instances:
-        instance.reset_timeout_ms = 200
+    assert [instance.reset_timeout_ms for instance in instances] == [200]  # from m.yaml
     held = faults.inject("execute", nth=1, hold=gate)
     request = asyncio.ensure_future(served.infer(x_rows(), 1))
     await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, held.entered.wait), 30)
@@ -47,8 +46,8 @@ async def hang_one_request(repo, gate: threading.Event):
 def hung_repo(make_repo, models_dir, model_files, clean_faults):
     shutil.copyfile(model_files[1]["om"], models_dir / "m.om")
     # the execution timeout is far away: only the drain (shutdown_timeout_s) and the close's
-    # bound can end the wait
-    (models_dir / "m.yaml").write_text("execution_timeout_ms: 600000\n")
+    # bound (reset_timeout_ms) can end the wait
+    (models_dir / "m.yaml").write_text("execution_timeout_ms: 600000\nreset_timeout_ms: 200\n")
 
     async def make():
         return await make_repo(model_control_mode="explicit", shutdown_timeout_s=0.5)
@@ -109,3 +108,4 @@ async def test_a_close_during_an_unload_that_waits_for_a_hung_device_keeps_its_o
         assert all(i.context and i.slots for i in instances)  # abandoned, not freed under the device
     finally:
         await let_go(gate)
+

@@ -196,3 +196,24 @@ def test_an_abandoned_instance_keeps_its_streams_and_events_on_the_ledger_until_
     finally:
         let_go(gate)
         pool.close()
+
+
+def test_a_rebuilt_instance_keeps_the_reset_timeout_its_pool_was_opened_with(runtime, affine_om):
+    """reset_timeout_ms is the model's (its config key): the instances the pool opens and the
+    one a rebuild makes all wait that long for the device at close."""
+    pool = open_pool(runtime, affine_om(), "affine", execution_timeout_ms=100, reset_timeout_ms=1234)
+    done = BatchFutures(pool)
+    try:
+        first = pool.instances[0]
+        assert first.reset_timeout_ms == 1234
+        faults.inject("execute", nth=1, delay_ms=300)  # past the timeout, then done: nothing hangs
+        with pytest.raises(DeviceTimeout):
+            done.submit([affine_request(1)], 1).result(timeout=30)
+        done.submit([affine_request(1)], 1).result(timeout=30)  # waits for the rebuilt instance
+        assert pool.instances[0] is not first and pool.instances[0].reset_timeout_ms == 1234
+    finally:
+        pool.close()
+        for _ in range(3000):  # a hang guard: the old instance's late batch ends by itself
+            if teardown.release_recovered() == 0:
+                break
+            time.sleep(0.01)
