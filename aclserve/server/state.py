@@ -70,6 +70,7 @@ class ServerState:
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
         self.shutting_down = False
         self.shutdown_deadline: float | None = None  # time.monotonic() the drain ends at, once shutting down
+        self._drain_reported = False  # the drain ran out of time and said so
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -121,15 +122,18 @@ class ServerState:
 
     async def begin_shutdown(self) -> None:
         """stop_accepting(), then wait until the shutdown deadline for queued and in-flight
-        requests. Idempotent (a later call waits no longer than the first)."""
+        requests. Idempotent: a later call (`serve` drains, then the app's lifecycle asks again)
+        waits no longer than the first, and a drain that ran out of time is reported once."""
         self.stop_accepting()
         if self._idle.is_set():
             return
         try:
             await asyncio.wait_for(self._idle.wait(), max(0.0, self.shutdown_deadline - time.monotonic()))
         except asyncio.TimeoutError:
-            log.warning("shutdown: %d request(s) still in flight after %.1f s; those waiting on a model are "
-                        "answered 503 as it closes", self.inflight, self.config.shutdown_timeout_s)
+            if not self._drain_reported:
+                self._drain_reported = True
+                log.warning("shutdown: %d request(s) still in flight after %.1f s; those waiting on a model are "
+                            "answered 503 as it closes", self.inflight, self.config.shutdown_timeout_s)
 
     async def close_models(self) -> None:
         """After the drain: stop loading (a load still running is abandoned, not waited for past

@@ -1,4 +1,5 @@
-"""Shutdown and client-disconnect behaviour of the real app on the test's own loop.
+"""Shutdown and client-disconnect behaviour of the real app on the test's own loop (and, for
+the drain's warning, of `serve` in a server thread).
 
 A partial batch (3 rows; gears 1,2,4,8) waits max_queue_delay_ms in the queue, which keeps a
 request in flight without any test double. Nothing here asserts a duration: the tests wait
@@ -6,12 +7,16 @@ for states (in-flight count, request outcomes)."""
 import asyncio
 import json
 import shutil
+import socket
+import time
 
 import aiohttp
 import numpy as np
 import pytest
 
-from tests.serving import started_app
+from tests.serving import ServerThread, started_app
+
+from .hostile import metric
 
 SLOW = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 8], "data": [1.0] * 24},
                    {"name": "idx", "datatype": "INT64", "shape": [3, 3], "data": [1] * 9}]}
@@ -132,3 +137,49 @@ def test_a_busy_port_is_reported_before_the_models_load(models_dir, tmp_path, cl
         finally:
             gate.set()
             server.close()
+
+
+def test_a_drain_that_times_out_says_so_once(models_dir, make_config, caplog):
+    """A request still in flight when the drain ends (its body stalls: it waits on no model, so
+    the models' close does not answer it) is reported once, although `serve` and the app's
+    lifecycle both ask for the drain."""
+    server = ServerThread(make_config(models_dir, shutdown_timeout_s=0.5)).start()
+    host, port = server.url.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=30) as stalled:
+            stalled.sendall(b"POST /v2/models/affine/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: 1000\r\n\r\n{")
+            while not metric(server.url, "aclserve_request_memory_bytes"):  # its body is being read
+                time.sleep(0.02)
+            server.close()
+        assert not server._thread.is_alive()
+    finally:
+        server.close()
+    warned = [m for m in caplog.messages if "still in flight" in m]
+    assert len(warned) == 1, warned
+
+
+def test_a_later_drain_after_one_that_timed_out_does_not_warn_again(models_dir, make_config, caplog):
+    """ServerState.begin_shutdown is called by `serve` and again by the app's lifecycle: with a
+    request still in flight at the second call (its deadline long past), the second used to log
+    the same warning again at once."""
+    async def scenario():
+        runner, state, url, runtime, repo = await started_app(make_config(models_dir, shutdown_timeout_s=0.5))
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        try:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"POST /v2/models/affine/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{")
+            await writer.drain()
+            for _ in range(1500):  # a hang guard: until its body is being read (in flight)
+                if state.inflight:
+                    break
+                await asyncio.sleep(0.02)
+            await state.begin_shutdown()  # `serve`'s drain: times out
+            await state.begin_shutdown()  # the lifecycle's, the request still in flight
+            writer.close()
+        finally:
+            await runner.cleanup()
+    asyncio.run(scenario())
+    warned = [m for m in caplog.messages if "still in flight" in m]
+    assert len(warned) == 1, warned
