@@ -1,5 +1,6 @@
 """The ACL call sequences that put one batch on the device and take its outputs off, for a
-ModelInstance's threads (under the instance's context, which those threads hold):
+ModelInstance's launcher thread (launcher.py) and its synchronous baseline (run_sync), under
+the instance's context:
 
     piped       the launcher packs, then queues everything: H2D copies on the h2d stream,
                 the execution on the compute stream (after h2d_end), D2H copies on the d2h
@@ -12,7 +13,7 @@ ModelInstance's threads (under the instance's context, which those threads hold)
     synchronous pack, memcpy, blocking execute, memcpy (the unpipelined benchmark baseline)
 
 A traced batch gets its host marks here (packed, copies, enqueued). Every call goes through
-check(); nothing here waits on an event (the instance's completion thread does).
+check(); nothing here waits on an event (the instance's completion thread does: completer.py).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ device hangs; and freeing the memory under the work lets the device write into m
 reused for something else, which is worse than leaking it. So a ModelInstance's close waits for
 its threads and streams only until a deadline (the shutdown's, else its reset_timeout_ms); past
 it the instance is abandoned (also when its launcher thread is still inside a launch: the close
-answers the batches that thread holds, ModelInstance._give_up_launches): nothing of it is
+answers the batches that thread holds, Launcher.give_up in launcher.py): nothing of it is
 freed, one ERROR line names it, and it is held here (`held()`, `aclserve_abandoned_instances`
 in /metrics). `release_recovered()` frees the held instances whose device work has ended
 since: each instance close calls it first, and the runtime calls it before it resets the

@@ -50,7 +50,7 @@ def test_a_close_answers_the_batches_a_hung_launcher_holds_and_abandons_the_inst
     answers = Answers()
     pool.attach(answers)
     instance = pool.instances[0]
-    launcher = instance._launcher_thread
+    launcher = instance._launcher.thread
     try:
         request, held = held_request(gate)
         batches = [Batch([request], 1, 1)]

@@ -1,0 +1,182 @@
+"""The completion thread of a ModelInstance: each launched batch's wait, outcome and slot.
+
+Batches come from the launcher in launch order (hand-off 2), each with the error its launch
+raised, if any. For each batch the thread waits for its events (GIL released): past
+`execution_timeout_ms` the instance leaves rotation for good (DeviceTimeout; a device that
+hangs once is not trusted again, and the pool rebuilds the instance), and the batches behind
+it then fail at once. Then it takes each request's rows out of the slot (packing.unpack),
+times the three phases (event_times.py; a timing error is logged once and never fails a
+batch) and, for a traced batch, places its device spans on the host's clock. A batch that
+fails on the device (an error, not a timeout) fails alone; the instance then takes no new
+batch, lets the others finish and resets its streams, here, when the last slot comes back:
+the launcher is idle then, and nobody else touches the streams meanwhile.
+
+Every finished batch goes to the listener (the pool) as `batch_done(batch)`, then its slot is
+returned and the listener hears `slot_free()`. A listener that raises is logged; the thread
+goes on and the slot still comes back.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+
+from ..acl import AclError, compat
+from ..acl import constants as C
+from ..errors import DeviceTimeout, ExecutionFailed
+from ..trace.records import now_ns
+from .batch import Batch, BatchListener
+from .busy import BusyWindow
+from .device import Device
+from .event_times import phase_events, phase_timings
+from .instance_resources import InstanceResources
+from .packing import unpack
+from .slot import Slot
+from .slot_book import SlotBook
+from .types import DeviceTimings
+
+log = logging.getLogger("aclserve.runtime.instance")  # one logger for all of an instance's lines
+
+
+def finish(slot: Slot, batch: Batch, timings: DeviceTimings, instance: str) -> None:
+    """Write the batch's outcome: each request's rows out of the slot, timings, who ran it."""
+    batch.outputs = unpack(slot, batch)
+    batch.timings = timings
+    batch.instance = instance
+
+
+class Completer:
+    """Owns the completion thread and its queue (`queue`: what the launcher hands on, None to
+    stop), the timeouts it waits with, the compute stream's BusyWindow it feeds, and whether
+    timings have failed once already."""
+
+    def __init__(self, acl, resources: InstanceResources, book: SlotBook, device: Device, name: str,
+                 execution_timeout_ms: int, reset_timeout_ms: int):
+        self._acl = acl
+        self._resources = resources
+        self._book = book
+        self._device = device
+        self.name = name
+        # fraction of recent wall time the compute stream executed (from events), for /metrics
+        self.compute_busy = BusyWindow()
+        # Longest wait for a batch's result (queued behind the other slots' batches included);
+        # the pool sets it from the measured gear costs after warm-up. Read at each wait.
+        self.execution_timeout_ms = execution_timeout_ms
+        # How long a device that failed a batch gets to drain before the instance is given up.
+        self.reset_timeout_ms = reset_timeout_ms
+        self.listener: BatchListener | None = None
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._timing_failed = False
+        self.thread = None
+
+    def start(self) -> None:
+        self.thread = self._resources.start_thread("complete", self._run)
+
+    def stop(self) -> None:
+        """The thread ends after the batches queued before this call."""
+        self.queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            slot, batch, error, direct = item
+            if error is None and self._book.broken:  # behind a hung batch: no point in waiting again
+                error = DeviceTimeout(f"instance {self.name} was taken out of rotation ({self._book.broken})")
+            if error is None:
+                try:
+                    self._collect(slot, batch, direct)
+                except Exception as e:
+                    error = e
+            if error is not None:
+                self._fail(batch, error)
+            else:
+                self.compute_busy.add(int(batch.timings.compute_ms * 1e6))
+                if batch.trace is not None:
+                    batch.trace.done_ns = now_ns()
+            try:
+                self.listener.batch_done(batch)
+            except Exception:  # a listener's bug must not stop this thread: the slot comes back
+                log.exception("%s: the listener failed on a finished batch", self.name)
+            self._release_slot(slot)
+
+    def _collect(self, slot: Slot, batch: Batch, direct: bool) -> None:
+        ev = slot.events
+        # d2h_end comes last (each stream waits for the one before; a direct batch has one
+        # stream), so one wake-up covers all; the others are then complete and only report
+        # whether their own part failed (an event reports its stream's errors since the previous
+        # one: a failed input copy shows on h2d_end alone, or on exec_start for a direct batch,
+        # whose copies have no events of their own).
+        for name in ("d2h_end", "exec_start" if direct else "h2d_end", "exec_end"):
+            self._wait(ev[name])
+        if batch.trace is not None:
+            self._trace_device(batch.trace, ev, copies=not direct)
+        finish(slot, batch, self.timings(ev, copies=not direct), self.name)
+
+    def _wait(self, event: int) -> None:
+        """Wait for a batch's event; past the execution timeout the instance gives up for good
+        (a device that hangs once is not trusted again; the pool rebuilds the instance)."""
+        try:
+            compat.synchronize_event(self._acl, event, self.execution_timeout_ms)
+        except AclError as e:
+            if e.ret != C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT:
+                raise
+            reason = f"the device did not finish a batch within {self.execution_timeout_ms} ms"
+            self._book.take_out_of_rotation(reason)
+            log.error("%s: %s; the instance leaves rotation and is rebuilt", self.name, reason)
+            raise DeviceTimeout(f"the device did not finish the batch within the model's execution timeout "
+                                f"({self.execution_timeout_ms} ms): {e}") from e
+
+    def timings(self, ev: dict[str, int], copies: bool = True) -> DeviceTimings:
+        """The batch's phase times; a timing error is logged once and never fails the batch."""
+        try:
+            return phase_timings(self._acl, ev, copies)
+        except AclError as e:
+            if not self._timing_failed:
+                self._timing_failed = True
+                log.warning("%s: device timings unavailable (%s); batches run on without them", self.name, e)
+            return DeviceTimings()
+
+    def _trace_device(self, trace, ev: dict[str, int], copies: bool) -> None:
+        """After the batch's last event (traced batches only): its device spans on the host's clock."""
+        trace.woke_ns = now_ns()
+        trace.anchor, trace.device_spans = self._resources.clock.spans(phase_events(ev, copies), trace.woke_ns)
+
+    def _fail(self, batch: Batch, error: BaseException) -> None:
+        """The batch failed. A device error (not a timeout) makes the instance reset its
+        streams once nothing else is in flight."""
+        where = f"device {self._device.id}, instance {self.name}"
+        cause = error if isinstance(error, AclError) else error.__cause__
+        code = cause.ret if isinstance(cause, AclError) else None
+        self._book.count_failure(code, needs_reset=not isinstance(error, DeviceTimeout))
+        if isinstance(error, DeviceTimeout):
+            message = f"batch of {batch.rows} rows (gear {batch.gear}) on {where}: {error}"
+            batch.error = DeviceTimeout(message)
+        else:
+            verb = "failed on" if isinstance(error, AclError) else "could not run on"
+            message = f"batch of {batch.rows} rows (gear {batch.gear}) {verb} {where}: {error}"
+            batch.error = ExecutionFailed(message)
+        log.error("%s", message)
+        batch.outputs = None
+        batch.instance = self.name
+
+    def _release_slot(self, slot: Slot) -> None:
+        if self._book.return_slot(slot):
+            self._reset_streams()
+        try:
+            self.listener.slot_free()
+        except Exception:
+            log.exception("%s: the listener failed on a freed slot", self.name)
+
+    def _reset_streams(self) -> None:
+        """After a device fault, nothing in flight: drain and recreate the streams (their errors
+        are cleared); an instance whose streams cannot be reset leaves rotation for good."""
+        try:
+            self._resources.reset_streams(self.reset_timeout_ms)
+        except AclError as e:
+            reason = f"stream reset failed after a device fault: {e}"
+            self._book.take_out_of_rotation(reason)
+            log.error("%s: %s; the instance stops taking work", self.name, reason)
+            return
+        log.warning("%s: streams reset after a device fault; serving again", self.name)
+        self._book.streams_were_reset()

@@ -1,0 +1,137 @@
+"""The launcher thread of a ModelInstance, and the launch hand-over to it.
+
+launch() (the pool, on any thread; it never blocks) queues a reserved slot and its batch for the
+launcher thread: hand-off 1. The launcher puts the batches on the device in launch order, with
+the ACL call sequences of enqueue.py: a batch alone in flight takes the direct path (copies and
+execution all on the compute stream: nothing to overlap with, and the copy streams' wake-ups
+are saved), any other the piped one over the three streams, so that with two or more slots
+batch N+1 is packed and copied in while batch N computes. Each batch then goes to the
+completion thread (hand-off 2) with the error its launch raised, if any: an enqueue failure
+(bad argument, device error) fails that batch only.
+
+The hand-over shares the instance's lock with its close (slot_book.py): launch() on an instance
+whose close has begun answers the batch itself (ExecutionFailed) rather than queue it behind
+the stop marker, where nobody would answer it. A close past its deadline with the launcher
+still inside a launch (a hung pack, or a memcpy_async or execute_async call the device does not
+return from) gives up on it (give_up): the batch the launcher holds and those queued behind it
+are answered there, since the completion thread stops without them, and the launcher hands
+nothing on when it comes back, then ends.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+
+from ..acl import AclError
+from ..errors import ExecutionFailed
+from . import enqueue
+from .batch import Batch, BatchListener
+from .completer import Completer
+from .device import Device
+from .instance_resources import InstanceResources
+from .slot import Slot
+from .slot_book import SlotBook
+
+log = logging.getLogger("aclserve.runtime.instance")  # one logger for all of an instance's lines
+
+
+class Launcher:
+    """Owns the launcher thread and its queue, and what the thread holds (`_launching`, under
+    the book's lock)."""
+
+    def __init__(self, acl, resources: InstanceResources, book: SlotBook, completer: Completer,
+                 device: Device, name: str):
+        self._acl = acl
+        self._resources = resources
+        self._book = book
+        self._completer = completer
+        self._done_q = completer.queue  # hand-off 2
+        self._device = device
+        self.name = name
+        self.listener: BatchListener | None = None  # answers the batches refused here
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # hand-off 1
+        self._launching: tuple[Slot, Batch] | None = None  # what the thread is putting on the device
+        self._given_up = False  # close() answered what the thread held: it hands nothing on
+        self.thread = None
+
+    def start(self) -> None:
+        self.thread = self._resources.start_thread("launch", self._run)
+
+    def launch(self, slot: Slot, batch: Batch) -> None:
+        """Run `batch` in `slot` (reserved from the book). On an instance whose close has begun
+        the batch is answered here: its launcher has stopped, or stops before it."""
+        with self._book.lock:
+            if not self._book.closing:
+                self._queue.put((slot, batch))
+                return
+        self.refuse(slot, batch, f"instance {self.name} was closed before the batch could run")
+
+    def stop(self) -> None:
+        """The thread hands on the batches queued before this call, then ends. Called under the
+        book's lock as `closing` is set, so no batch is queued behind the marker."""
+        self._queue.put(None)
+
+    def refuse(self, slot: Slot, batch: Batch, why: str) -> None:
+        """Answer a batch that will not run (ExecutionFailed `why`) and give its slot back."""
+        self._book.return_slot(slot)
+        batch.error = ExecutionFailed(why)
+        batch.outputs, batch.instance = None, self.name
+        self.listener.batch_done(batch)
+
+    def give_up(self) -> None:
+        """A close past its deadline with the thread still inside a launch: answer the batch the
+        thread holds and those queued behind it here. The thread hands nothing on when it comes
+        back, and then ends; the instance is abandoned meanwhile (its thread still runs), so
+        nothing is freed under it."""
+        with self._book.lock:
+            self._given_up = True
+            held = [self._launching] if self._launching is not None else []
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    held.append(item)
+            self._queue.put(None)  # a launcher between two batches stops at its next look
+        for slot, batch in held:
+            self.refuse(slot, batch, f"instance {self.name} was closed while its launcher was still putting "
+                                     f"a batch on the device")
+
+    def _run(self) -> None:
+        book, resources = self._book, self._resources
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            slot, batch = item
+            with book.lock:  # alone in flight: nothing to overlap with, so skip the copy streams
+                direct = book.in_flight == 1
+                self._launching = item
+            if batch.trace is not None:
+                self._trace_launch(batch.trace, slot, direct)
+            error = None
+            try:
+                if direct:
+                    enqueue.direct(self._acl, resources.model, resources.streams["compute"], slot, batch)
+                else:
+                    enqueue.piped(self._acl, resources.model, resources.streams, slot, batch)
+            except Exception as e:  # enqueue failures (bad argument, device error) fail this batch only
+                log.exception("%s: could not launch a batch", self.name)
+                error = e
+            with book.lock:  # a close that gave up on this launch has answered the batch already
+                self._launching = None
+                if self._given_up:
+                    return
+                self._done_q.put((slot, batch, error, direct))
+
+    def _trace_launch(self, trace, slot: Slot, direct: bool) -> None:
+        """Traced batches only: mark the launch, and anchor the device clock when it is stale
+        (before this batch records its events; waiting no longer than the execution timeout).
+        Tracing never fails a batch."""
+        trace.launched(self.name, self._device.id, slot.index, direct)
+        try:
+            self._resources.clock.refresh_if_stale(self._resources.streams["compute"],
+                                                   self._completer.execution_timeout_ms)
+        except AclError as e:
+            log.warning("%s: trace clock not anchored (%s); device spans left out", self.name, e)
