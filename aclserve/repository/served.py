@@ -181,11 +181,15 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
     labels) to the loop, or close the pool when the loop has given up meanwhile. While it runs, the runtime resets none of the
     model's devices (it is inside ACL calls, or its instances' work runs there: teardown.py)."""
     from ..runtime import open_pool, teardown  # the runtime imports ACL; keep this module light to import
+    from ..runtime.pool import UNMEASURED_TIMEOUT_MS
     with contextlib.ExitStack() as on_devices:
         for device in dict.fromkeys(config.devices):
             on_devices.enter_context(teardown.working_on(device))
         pool = open_pool(runtime, path, name=name, instances=config.instances, devices=config.devices,
                          slots=config.slots or auto_slots(runtime.kind), retry=config.retry,
+                         # the warm-up waits for the device as long as a served batch would (with 0 that is
+                         # derived from the warm-up's own costs, not known yet: the runtime's default)
+                         execution_timeout_ms=config.execution_timeout_ms or UNMEASURED_TIMEOUT_MS,
                          claimed_slots=config.slots or NPU_SLOTS,  # the CPU runtime refuses what an NPU would
                          reset_timeout_ms=config.reset_timeout_ms)
         try:

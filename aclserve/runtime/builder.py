@@ -10,7 +10,7 @@ from typing import Sequence
 
 from .instance import ModelInstance
 from .limits import Need
-from .pool import InstancePool
+from .pool import UNMEASURED_TIMEOUT_MS, InstancePool
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def _file_identity(path: str) -> tuple[int, int, int, int, int]:
 
 
 def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequence[int] = (0,),
-              slots: int = 2, retry: bool = True, execution_timeout_ms: int = 60_000,
+              slots: int = 2, retry: bool = True, execution_timeout_ms: int = UNMEASURED_TIMEOUT_MS,
               rebuild: bool = True, claimed_slots: int | None = None,
               reset_timeout_ms: int = 10_000) -> InstancePool:
     """Load `instances` copies of the OM round-robin over `devices` (blocking; run off the loop).

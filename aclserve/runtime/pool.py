@@ -36,6 +36,8 @@ from .types import TensorSpec
 # batches, and a busy host slows the CPU runtime by far more than a device varies.
 TIMEOUT_RUNS = 100
 TIMEOUT_FLOOR_MS = 2_000
+# ... and until then (the warm-up that measures that run): nothing is known about the model yet.
+UNMEASURED_TIMEOUT_MS = 60_000
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,43 @@
+"""A warm-up whose execution hangs on the device is bounded by the model's own
+`execution_timeout_ms`, like any batch it serves: the load fails naming that timeout, not after
+the pool's 60 s default. The execution is held by a CPU-runtime fault until the test lets go;
+the only time limit is a hang guard far above the configured timeout and far below 60 s."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from aclserve.acl.cpu import faults
+from aclserve.repository import ModelLoadFailed
+from aclserve.runtime import teardown
+
+from .repo_helpers import place
+
+pytestmark = pytest.mark.asyncio
+
+
+async def freed() -> None:
+    """A hang guard: the abandoned instance is freed once the device lets go of it."""
+    for _ in range(3000):
+        if teardown.release_recovered() == 0 and teardown.unreleased() == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{teardown.unreleased()} load(s) or instance(s) still on the device")
+
+
+async def test_a_warm_up_that_hangs_fails_at_the_models_execution_timeout(
+        make_repo, models_dir, model_files, clean_faults):
+    repo, _ = await make_repo(model_control_mode="explicit")
+    (models_dir / "m.yaml").write_text("execution_timeout_ms: 300\nreset_timeout_ms: 200\n")
+    place(model_files[1]["om"], models_dir / "m.om")
+    gate = threading.Event()
+    held = faults.inject("execute", nth=1, hold=gate)  # the warm-up's first execution never ends on its own
+    try:
+        with pytest.raises(ModelLoadFailed, match=r"execution timeout \(300 ms\)"):
+            await asyncio.wait_for(repo.load("m"), 30)  # a hang guard: the default would wait 60 s
+        assert held.entered.is_set() and not gate.is_set()  # failed while the device still held it
+    finally:
+        gate.set()
+        await freed()
