@@ -1,9 +1,10 @@
 """Automatic load retries after transient device errors, with exponential backoff and jitter.
 
-Transient: the device failed a warm-up batch, or an ACL call failed with a resource or
-runtime code (2xxxxx: memory, streams, events; 5xxxxx: internal, execution, timeouts), which
-a later attempt may not meet. Parameter and file errors (1xxxxx), bad files and bad models
-are not retried: the same file would fail the same way.
+Transient: the device failed a warm-up batch or did not finish one within the model's
+execution timeout (the hung instance is abandoned, and a later attempt builds a new one), or an
+ACL call failed with a resource or runtime code (2xxxxx: memory, streams, events; 5xxxxx:
+internal, execution, timeouts), which a later attempt may not meet. Parameter and file errors
+(1xxxxx), bad files and bad models are not retried: the same file would fail the same way.
 
 The delay doubles per attempt from `initial_s` up to `max_s`, and each is drawn uniformly from
 its upper half ("equal jitter"), so models that failed together (one device fault during a
@@ -17,11 +18,11 @@ import random
 from typing import Callable
 
 from ..acl.check import AclError
-from ..errors import ExecutionFailed
+from ..errors import DeviceTimeout, ExecutionFailed
 
 
 def is_transient(error: BaseException) -> bool:
-    if isinstance(error, ExecutionFailed):
+    if isinstance(error, (ExecutionFailed, DeviceTimeout)):
         return True
     return isinstance(error, AclError) and error.ret // 100000 in (2, 5)
 

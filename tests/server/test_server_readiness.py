@@ -110,3 +110,18 @@ def test_a_hung_device_times_out_its_batch_and_the_instance_is_rebuilt(one_model
     finally:
         gate.set()
         srv.close()
+
+
+def test_a_warm_up_that_hangs_once_is_retried_and_the_model_serves(one_model, make_config, clean_faults):
+    (one_model / "double.yaml").write_text("execution_timeout_ms: 300\nreset_timeout_ms: 200\n")
+    gate = threading.Event()
+    held = faults.inject("execute", nth=1, hold=gate)  # the warm-up's first execution never ends on its own
+    srv = ServerThread(make_config(one_model, load_retry_initial_s=0.5, load_retry_max_s=1.0)).start()
+    try:
+        asyncio.run(wait_for(lambda: get(srv.url, "/v2/health/ready")[0] == 200, limit_s=60))
+        assert held.entered.is_set() and not gate.is_set()  # served while the device still holds the first try
+        assert get(srv.url, "/v2/models/double/infer", GOOD)[0] == 200
+        assert metric(srv.url, "aclserve_model_load_retries_total", 'model="double"') >= 1
+    finally:
+        gate.set()
+        srv.close()
