@@ -5,17 +5,21 @@ target), the options and target in clear, and the SHA-256 and size of the .om it
 is used only when its manifest is readable, names the key being looked up, and the .om's bytes
 hash to the recorded figure; anything else (a truncated or edited .om, another model's .om
 copied over it, a missing manifest from an older version, a FIFO in place of either: read
-without opening it) is deleted and compiled again. Blocking (reads the .om): call off the loop.
+without opening it) is deleted and compiled again. A folder where one of an entry's files goes
+(which no rename can replace) is removed when empty; one with files in it was not made by
+aclserve, which deletes no folder it did not make: EntryBlocked says so, and the model is not
+served until it is gone. Blocking (reads the .om): call off the loop.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
 
-from ..regular_files import open_regular
+from ..regular_files import node_kind, open_regular
 
 MANIFEST_SUFFIX = ".json"
 FORMAT = 1
@@ -73,10 +77,46 @@ def record(om_path: str | os.PathLike, key: str, options: dict, target: str) -> 
         raise
 
 
+class EntryBlocked(OSError):
+    """A folder with files in it stands where a file of the compile cache goes."""
+
+
+def not_a_file(om_path: str | os.PathLike) -> str | None:
+    """What stands where the entry's .om goes when it is not a regular file ("a folder", "a
+    FIFO", "a link to nothing"...), or None (a regular file, or nothing)."""
+    try:
+        return node_kind(os.stat(om_path).st_mode)
+    except FileNotFoundError:
+        return "a link to nothing" if os.path.islink(om_path) else None
+
+
+def clear(path: str | os.PathLike) -> None:
+    """Remove what stands at `path`, one of an entry's files: a file, link or other node, or an
+    empty folder; a folder with files in it raises EntryBlocked (it may not be aclserve's to
+    delete). Nothing there is fine."""
+    path = Path(path)
+    try:
+        path.unlink()
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        if path.is_symlink() or not path.is_dir():
+            raise
+    try:
+        path.rmdir()  # only ever an empty one
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        raise EntryBlocked(f"{path} in the compile cache is a folder with files in it, where aclserve keeps a "
+                           f"file of its own; it deletes no folder it did not make: remove it, then load the model "
+                           f"again (or set compile_cache_dir to another folder)") from None
+
+
 def remove(om_path: str | os.PathLike) -> None:
-    """Delete the entry and its manifest (either may already be gone)."""
+    """Delete the entry and its manifest (either may already be gone), whatever stands there
+    (clear: EntryBlocked for a folder with files in it)."""
     for path in (Path(om_path), manifest_path(om_path)):
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
+        clear(path)

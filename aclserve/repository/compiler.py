@@ -13,7 +13,9 @@ and uses it. The kernel drops the lock of a process that dies, so a crash leaves
 
 Each entry's manifest (cache_entry.py: key, options, the OM's SHA-256) is written under that
 lock and checked before the entry is used; an entry that fails the check (edited, truncated,
-another model's OM copied over it) is deleted and compiled again, under the lock.
+another model's OM copied over it, an empty folder in place of one of its files) is deleted and
+compiled again, under the lock; a folder with files in it is left alone and named
+(cache_entry.EntryBlocked).
 """
 from __future__ import annotations
 
@@ -69,6 +71,12 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
             log.warning("%s: cached compile %s not used: %s; deleting it and compiling again",
                         model_name, out.name, problem)
             cache_entry.remove(out)
+        else:
+            blocker = cache_entry.not_a_file(out)
+            cache_entry.remove(out)  # whatever is left of the entry first (a compile's rename cannot replace a folder)
+            if blocker is not None:
+                log.warning("%s: cached compile %s not used: it was %s; removed, compiling again",
+                            model_name, out.name, blocker)
         kwargs = {k: v for k, v in asdict(options).items() if v is not None}
         if options.batch:
             kwargs["batch"] = list(options.batch)
@@ -86,7 +94,11 @@ def exclusive(lock_path: Path):
     the file is removed on release. A waiter that wakes on a file already removed (or
     replaced) by the previous holder retries on the current one, so two holders never meet."""
     while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except IsADirectoryError:  # an empty folder goes; one with files in it: EntryBlocked
+            cache_entry.clear(lock_path)
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:

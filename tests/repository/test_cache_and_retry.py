@@ -22,8 +22,14 @@ def _entry(models_dir: Path) -> Path:
     return om
 
 
+def _empty_folder_for(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    path.mkdir()
+
+
 @pytest.mark.asyncio
-@pytest.mark.parametrize("damage", ["truncate", "swap", "no manifest"])
+@pytest.mark.parametrize("damage", ["truncate", "swap", "no manifest", "om is an empty folder",
+                                    "manifest is an empty folder", "lock is an empty folder"])
 async def test_a_bad_cache_entry_is_deleted_and_compiled_again(make_repo, models_dir, model_files, damage):
     place(model_files[2]["onnx"], models_dir / "o.onnx")
     repo, _ = await make_repo(model_control_mode="explicit")
@@ -33,12 +39,42 @@ async def test_a_bad_cache_entry_is_deleted_and_compiled_again(make_repo, models
         om.write_bytes(om.read_bytes()[:100])
     elif damage == "swap":  # another model's OM under this entry's name: must not be served as "o"
         om.write_bytes(Path(model_files[3]["om"]).read_bytes())
-    else:
+    elif damage == "no manifest":
         cache_entry.manifest_path(om).unlink()
+    elif damage == "om is an empty folder":  # the compile's rename cannot replace a folder
+        _empty_folder_for(om)
+    elif damage == "manifest is an empty folder":
+        _empty_folder_for(cache_entry.manifest_path(om))
+    else:  # a miss takes the entry's lock, whose file cannot be opened where a folder is
+        om.unlink()
+        (om.parent / f".{om.name}.lock").mkdir()
     repo2, _ = await make_repo(model_control_mode="explicit")
     assert float((await repo2.get("o").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
     om = _entry(models_dir)
     assert cache_entry.problem(om, json.loads(cache_entry.manifest_path(om).read_text())["key"]) is None
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("where", ["om", "manifest"])
+async def test_a_folder_with_files_in_place_of_an_entry_is_left_alone_and_named(make_repo, models_dir, model_files,
+                                                                               where):
+    """Not made by aclserve, so maybe not its to delete: the model is not served, the index says
+    why and what to do, and once the folder is gone a load compiles the entry again."""
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    await repo.close()
+    om = _entry(models_dir)
+    blocker = om if where == "om" else cache_entry.manifest_path(om)
+    _empty_folder_for(blocker)
+    (blocker / "keep.txt").write_text("not aclserve's")
+    repo2, _ = await make_repo(model_control_mode="explicit")
+    reason = repo2.load_failures()[("o", "1")]
+    assert "is a folder with files in it" in reason and "remove it" in reason, reason
+    assert (blocker / "keep.txt").read_text() == "not aclserve's"
+    (blocker / "keep.txt").unlink()
+    blocker.rmdir()
+    await repo2.load("o")
+    assert float((await repo2.get("o").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
 
 
 @pytest.mark.asyncio
