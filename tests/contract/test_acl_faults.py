@@ -49,6 +49,13 @@ def test_memcpy_faults_fail_sync_copies_and_surface_at_synchronize(acl, ctx, dev
     ("execute:nth=0", "nth must be >= 1"),
     ("execute:probability=2", "probability must be within 0..1"),
     ("execute:nth", "unknown item 'nth'"),
+    ("execute:delay_ms=-5", "delay_ms must be >= 0"),
+    # time.sleep cannot take them: every execution failed with a traceback, the load retried for good
+    ("execute:delay_ms=1e400", "delay_ms must be a finite number of milliseconds"),
+    ("execute:delay_ms=nan", "delay_ms must be a finite number of milliseconds"),
+    ("execute:delay_ms=-inf", "delay_ms must be a finite number of milliseconds"),
+    ("execute:delay_ms=1e300", "delay_ms must be at most"),
+    ("execute:probability=nan", "probability must be within 0..1"),
 ])
 def test_a_bad_spec_is_one_line_naming_the_problem(spec, fragment):
     with pytest.raises(ValueError) as info:
@@ -58,9 +65,16 @@ def test_a_bad_spec_is_one_line_naming_the_problem(spec, fragment):
     assert "format: kind[:key=value" in message
 
 
-def test_serve_with_a_bad_spec_exits_with_one_line(tmp_path):
-    env = dict(os.environ, ACLSERVE_CPU_FAULTS="execute:nth=x")
+def test_a_delay_time_can_sleep_is_taken(clean_faults):
+    faults.inject("execute", nth=1, delay_ms=faults.MAX_DELAY_MS)  # checked, never run
+    assert faults.parse("execute:delay_ms=0.5") == [{"kind": "execute", "delay_ms": 0.5}]
+
+
+@pytest.mark.parametrize("spec, fragment", [("execute:nth=x", "nth must be an integer"),
+                                            ("execute:delay_ms=1e400", "delay_ms must be a finite number")])
+def test_serve_with_a_bad_spec_exits_with_one_line(tmp_path, spec, fragment):
+    env = dict(os.environ, ACLSERVE_CPU_FAULTS=spec)
     proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port", "0", "--grpc-port", "0",
-                           "--device", "cpu"], env=env, capture_output=True, text=True, timeout=120)
+                           "--device", "cpu"], env=env, capture_output=True, text=True, timeout=60)
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "nth must be an integer" in lines[0], proc.stderr
+    assert proc.returncode == 2 and len(lines) == 1 and fragment in lines[0], proc.stderr

@@ -22,11 +22,12 @@ also provoke the non-re-entrancy error and stream/event timeouts.
 
 Environment (read at acl.init): ACLSERVE_CPU_FAULTS="execute:nth=3,code=507011;memcpy:count=2"
 - faults separated by ';', each `kind` then optional `:key=value,...` with keys nth, count,
-probability, code, delay_ms, model_id. A bad spec raises ValueError with one line saying what
-is wrong (`aclserve serve` checks it before starting).
+probability, code, delay_ms (finite, at most MAX_DELAY_MS), model_id. A bad spec raises
+ValueError with one line saying what is wrong (`aclserve serve` checks it before starting).
 """
 from __future__ import annotations
 
+import math
 import os
 import random
 import threading
@@ -38,6 +39,9 @@ from .. import constants as C
 KINDS = ("execute", "memcpy", "query_size")  # query_size: refuse it, as CANN does for dynamic-shape OMs
 _KEYS = {"nth": int, "count": int, "probability": float, "code": int, "delay_ms": float, "model_id": int}
 _FORMAT = "kind[:key=value,...][;...] with kind " + "|".join(KINDS) + " and keys " + ", ".join(_KEYS)
+# About 31 years: as good as never returning, and within what time.sleep takes (an infinite or NaN
+# delay made every faulted call raise in time.sleep instead of sleeping).
+MAX_DELAY_MS = 1e12
 
 
 @dataclass
@@ -143,6 +147,10 @@ def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=Non
     """The argument checks of inject(), without injecting."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r} (kinds: {', '.join(KINDS)})")
+    if delay_ms is not None and not math.isfinite(delay_ms):
+        raise ValueError(f"delay_ms must be a finite number of milliseconds, got {delay_ms!r}")
+    if delay_ms is not None and delay_ms > MAX_DELAY_MS:
+        raise ValueError(f"delay_ms must be at most {MAX_DELAY_MS:.0e}")
     for name, value, low in (("nth", nth, 1), ("count", count, 1), ("delay_ms", delay_ms, 0)):
         if value is not None and value < low:
             raise ValueError(f"{name} must be >= {low}")
