@@ -3,13 +3,19 @@ composition root, aclserve/app.py, builds the runtime, the repository and the gR
 
 Start: runtime (acl.init, devices) and the repository's loading begun as a task, then `serve`
 listens (HTTP, then gRPC; a busy port fails here, before any model has to finish loading), then
-waits for the repository (scan, load, warm up, watch); readiness is false until it is done. Stop (SIGTERM/SIGINT in `serve`): readiness
-turns false, new infer requests get 503 / UNAVAILABLE at once and HTTP connections not
-running a request are closed; queued and in-flight requests of both transports get
-`shutdown_timeout_s` to finish; then the repository unloads every model (the requests still
-waiting on one are answered 503; a device still running a batch is left to itself, not waited
-for: runtime/teardown.py; a load or warm-up still running is abandoned: repository/served.py), every HTTP connection left is closed (a stalled client does not
-hold shutdown longer), the gRPC port and the HTTP socket close, and the runtime destroys
+waits for the repository (scan, load, warm up, watch); readiness is false until it is done.
+
+Stop (SIGTERM/SIGINT in `serve`), within one deadline: readiness turns false, new infer
+requests get 503 / UNAVAILABLE at once and HTTP connections not running a request are closed;
+queued and in-flight requests and calls of both transports get `shutdown_timeout_s` to finish,
+drained together (a gRPC connection without calls holds nothing); then the repository unloads
+every model (the requests still waiting on one are answered 503; a device still running a batch
+is left to itself, not waited for, ANSWER_GRACE_S after the deadline: runtime/teardown.py; a
+load or warm-up still running is abandoned: repository/served.py); then, together, the answers
+that close made are written and the gRPC calls still at work end UNAVAILABLE, and every
+connection of both transports is closed once no request or call is left, ANSWER_GRACE_S after
+the deadline at the latest (a stalled client does not hold shutdown longer, an idle one not at
+all: state.answers_by); the gRPC port and the HTTP socket close, and the runtime destroys
 contexts, resets devices and finalizes ACL, in that order.
 """
 from __future__ import annotations
@@ -129,7 +135,6 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             handled.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
-    drain_deadline = None
     listener: asyncio.Server | None = None
     state.auth.log_startup()
     try:
@@ -154,17 +159,23 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         finally:
             stopping.cancel()
         log.info("signal received: draining")
-        drain_deadline = loop.time() + config.shutdown_timeout_s
-        await state.begin_shutdown()  # HTTP and gRPC requests alike
-        await state.close_models()  # what is left gets its 503 before the connections close
+        state.stop_accepting()  # the deadline, for both transports
+        drains = [state.begin_shutdown()]  # HTTP and gRPC infer requests alike
+        if grpc_server is not None:
+            drains.append(grpc_server.drain(state.shutdown_deadline))  # every call, not connections
+        await asyncio.gather(*drains)
+        await state.close_repository()  # what is left gets its 503 before the connections close
+        closing = [state.answers_written()]
+        if grpc_server is not None:
+            closing.append(grpc_server.stop(state.answers_by))
+        await asyncio.gather(*closing)
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)
         state.connections.close_all()  # what the drain left (stalled clients) goes now
         state.trimmer.close()
-        if grpc_server is not None:  # in-flight RPCs are done or out of time: close the port
-            grace = 0.0 if drain_deadline is None else max(0.0, drain_deadline - loop.time())
-            await grpc_server.stop(grace)
+        if grpc_server is not None:  # stopped already, unless serving ended otherwise: now
+            await grpc_server.stop()
         if listener is not None:
             listener.close()  # the HTTP socket; runner.cleanup() then shuts the connections down
         await runner.cleanup()

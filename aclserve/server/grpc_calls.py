@@ -3,7 +3,7 @@
 grpc's own stop cancels what is left after its grace, and a cancelled call's client sees
 grpc's "Cancelling all calls", not why: at the shutdown deadline the grace is about 0, so a call
 whose message had not come, or a stream still open, was cut. Instead the endpoint's stop
-(grpc_server.GrpcServer.stop) ends every call still at work here once its grace is over: the
+(grpc_server.GrpcServer.stop) ends every call still at work here once the drain is over: the
 handler's task is cancelled where it waits and the cancellation turns into ShuttingDown, which
 the handler answers like any refusal (UNAVAILABLE, "server is shutting down"), then grpc gets a
 moment to send those statuses before it cancels the rest.

@@ -2,9 +2,11 @@
 loop), serving InferenceServicer over the app's ServerState.
 
 Built by the composition root (aclserve/app.py), handed to server.app.serve(), which owns it
-from then on: started after the HTTP site (models are loaded by then), stopped before the HTTP
-runner is cleaned up; stop(grace) ends the calls still open after `grace` with UNAVAILABLE,
-stalled clients included, and cancels what is left ANSWER_GRACE_S later.
+from then on: started after the HTTP site (models are loaded by then); at shutdown drained with
+the HTTP requests (drain: until no call is live, grpc_live.py, or the drain's deadline; a
+connection without calls does not count) and stopped as the models close, within the same
+deadline as the HTTP connections (stop: the calls still at work end UNAVAILABLE, stalled
+clients included, then every connection closes once no call is live, at the deadline at most).
 Messages may be as large as the HTTP body limit (`max_body_bytes`; gRPC's own default is
 4 MiB); responses are not limited, as over HTTP.
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
@@ -32,8 +35,8 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 
 from . import grpc_log
 from .connections import fit_descriptor_limit
+from .grpc_live import LiveCalls
 from .grpc_service import InferenceServicer
-from .state import ANSWER_GRACE_S
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +117,11 @@ def method_handlers(servicer: InferenceServicer) -> tuple[str, dict]:
 
 
 class GrpcServer:
-    """Owns one grpc.aio.Server. start() binds and serves; stop() takes no new calls, lets those
-    in flight finish within `grace` seconds, then ends those still at work with UNAVAILABLE
-    "server is shutting down" (grpc_calls.py) and gives their statuses, and answers already
-    made, ANSWER_GRACE_S to go out before grpc cancels what is left. stop() is idempotent."""
+    """Owns one grpc.aio.Server. start() binds and serves; drain() waits for the calls live
+    (grpc_live.py); stop() takes no new calls, ends those still at work with UNAVAILABLE
+    "server is shutting down" (grpc_calls.py) and, once every call has finished (its status
+    sent) or at its deadline, closes every connection, cancelling what is left. stop() is
+    idempotent."""
 
     def __init__(self, state, max_message_bytes: int):
         self.state = state
@@ -128,7 +132,9 @@ class GrpcServer:
                                        maximum_concurrent_rpcs=config.max_connections)
         grpc_log.install()  # a client gone under its answer is not an ERROR with a traceback
         self._servicer = InferenceServicer(state)
+        self._live = LiveCalls()
         service, handlers = method_handlers(self._servicer)
+        handlers = {name: self._live.counted(handler) for name, handler in handlers.items()}
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
         self._server.add_registered_method_handlers(service, handlers)
         self._started = self._stopped = False
@@ -146,16 +152,30 @@ class GrpcServer:
         self.port = bound
         return bound
 
-    async def stop(self, grace: float) -> None:
+    async def drain(self, deadline: float) -> None:
+        """Wait until no call is live, or until `deadline` (time.monotonic()); new calls are
+        still taken meanwhile (answered "shutting down" by the servicer). A connection without
+        calls does not hold it."""
+        await self._live.none_by(deadline)
+
+    async def stop(self, deadline: float | None = None) -> None:
+        """Take no new calls nor connections, end the calls still at work, then close every
+        connection once no call is live or at `deadline` (time.monotonic(); default: now),
+        cancelling the calls left then (an answer its client does not take)."""
         if self._stopped:
             return
         self._stopped = True
-        if self._started:
-            stopping = asyncio.ensure_future(self._server.stop(grace + ANSWER_GRACE_S))
-            await asyncio.wait([stopping], timeout=grace)
-            if not stopping.done():
-                ended = self._servicer.calls.end()
-                if ended:
-                    log.info("gRPC: %d call(s) still open at the shutdown deadline answered UNAVAILABLE", ended)
-            await stopping
-            log.info("gRPC endpoint stopped")
+        if not self._started:
+            return
+        if deadline is None:
+            deadline = time.monotonic()
+        # grpc's own stop refuses new calls from here; its grace is only a backstop (below)
+        stopping = asyncio.ensure_future(self._server.stop(max(0.0, deadline - time.monotonic())))
+        ended = self._servicer.calls.end()
+        if ended:
+            log.info("gRPC: %d call(s) still open at the shutdown deadline answered UNAVAILABLE", ended)
+        await self._live.none_by(deadline)
+        # grpc's grace would also wait for the connections without calls: close them all now
+        await self._server.stop(None)
+        await stopping
+        log.info("gRPC endpoint stopped")

@@ -25,9 +25,12 @@ from .observe import Observer
 
 log = logging.getLogger(__name__)
 
-# How long the answers of the requests failed by the repository's close get to be written
-# before the connections close (they are made at once; this only lets their handlers run).
+# The whole shutdown ends this long after the drain's deadline: the models close (a device still
+# running then is abandoned: runtime/teardown.GRACE_S), the answers their close made are written
+# and every connection of both transports is closed, all by then.
 ANSWER_GRACE_S = 0.5
+# However late the models close, the answers their close made get this long to be written.
+LAST_ANSWERS_S = 0.1
 
 
 class VersionRecord:
@@ -70,6 +73,7 @@ class ServerState:
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
         self.shutting_down = False
         self.shutdown_deadline: float | None = None  # time.monotonic() the drain ends at, once shutting down
+        self.answers_by: float | None = None  # time.monotonic() the connections close at, once the models closed
         self._drain_reported = False  # the drain ran out of time and said so
         self.inflight = 0
         self._idle = asyncio.Event()
@@ -136,11 +140,17 @@ class ServerState:
                             "answered 503 as it closes", self.inflight, self.config.shutdown_timeout_s)
 
     async def close_models(self) -> None:
-        """After the drain: stop loading (a load still running is abandoned, not waited for past
-        the deadline: repository/served.py), close the repository (what the drain left is
-        answered 503; a device still running by the deadline is left to itself,
-        runtime/teardown.py), then let those answers be written (at most ANSWER_GRACE_S).
+        """After the drain: close_repository(), then answers_written(). Idempotent."""
+        await self.close_repository()
+        await self.answers_written()
+
+    async def close_repository(self) -> None:
+        """Stop loading (a load still running is abandoned, not waited for past the deadline:
+        repository/served.py) and close the repository: what the drain left is answered 503,
+        and a device still running by the deadline is left to itself (runtime/teardown.py), so
+        this ends ANSWER_GRACE_S after the deadline at the latest. Sets `answers_by`.
         Idempotent."""
+        self.stop_accepting()  # the deadline
         if self.loading is not None and not self.loading.done():
             self.loading.cancel()  # stopped (or failed to bind) while models were loading
         if self.loading is not None:
@@ -150,11 +160,18 @@ class ServerState:
                 # "Task exception was never retrieved" traceback at exit)
                 log.debug("model loading ended with: %s", self.loading.exception())
         await self.repo.close(self.shutdown_deadline)
+        if self.answers_by is None:
+            self.answers_by = max(self.shutdown_deadline + ANSWER_GRACE_S, time.monotonic() + LAST_ANSWERS_S)
+
+    async def answers_written(self) -> None:
+        """Wait until no request is in flight (the answers the repository's close made are
+        written), or until `answers_by`: a request not waiting on a model (a stalled body) is
+        ended by its connection's close, which comes next."""
         if not self._idle.is_set():
             try:
-                await asyncio.wait_for(self._idle.wait(), ANSWER_GRACE_S)
+                await asyncio.wait_for(self._idle.wait(), max(0.0, self.answers_by - time.monotonic()))
             except asyncio.TimeoutError:
-                pass  # a request not waiting on a model (a stalled body): the connection closes it
+                pass
 
     # -- repository views ----------------------------------------------------------------------
     def ready_versions(self, name: str | None = None) -> list[tuple[str, str]]:

@@ -2,6 +2,7 @@
 server keeps serving, and shutdown drains gRPC requests like HTTP ones."""
 import asyncio
 import shutil
+import time
 
 import grpc
 import numpy as np
@@ -169,9 +170,9 @@ def test_shutdown_drains_grpc_requests(models_dir, tmp_path, make_config):
                 assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in e.value.details()
                 await state.begin_shutdown()  # returns once the queued request is answered
                 response = await inflight
-                await server.stop(grace=config.shutdown_timeout_s)
+                await server.stop(time.monotonic() + config.shutdown_timeout_s)
         finally:
-            await server.stop(grace=0)
+            await server.stop()
             await runner.cleanup()
         return response
 

@@ -1,0 +1,65 @@
+"""The gRPC calls not finished yet, counted from their handler's start until grpc has sent their
+status (or cancelled them), so that the shutdown waits for calls and never for connections.
+
+grpc's own stop cannot tell a connection without calls (one that sent only its preface, or said
+hello and called nothing) from a busy one: it waits its whole grace for such a connection to
+go. The endpoint's stop (grpc_server.GrpcServer.stop) instead waits until no call is live here,
+then has grpc close every connection at once.
+
+`counted(handler)` wraps an entry of the method table (grpc_server.method_handlers); the call
+is live from the wrapper's first line until grpc runs the done callback it registers (after
+the call's status has gone out, or the call was cancelled).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import grpc
+
+
+class LiveCalls:
+    """Owned by the endpoint (grpc_server.GrpcServer); event-loop thread only."""
+
+    def __init__(self):
+        self.count = 0
+        self._none = asyncio.Event()
+        self._none.set()
+
+    def opened(self, context) -> None:
+        self.count += 1
+        self._none.clear()
+        context.add_done_callback(self._finished)
+
+    def _finished(self, _context) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._none.set()
+
+    async def none_by(self, deadline: float) -> bool:
+        """Wait until no call is live, or until `deadline` (time.monotonic()); whether none is."""
+        if not self._none.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._none.wait(), max(0.0, deadline - time.monotonic()))
+        return self._none.is_set()
+
+    def counted(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """`handler` (client-streaming: every entry of the endpoint's table is) whose calls count
+        here. A streaming answer is written by the wrapper as grpc would write it itself."""
+        if handler.request_streaming and handler.response_streaming:
+            answers = handler.stream_stream
+
+            async def stream_stream(requests, context):
+                self.opened(context)
+                async for answer in answers(requests, context):
+                    await context.write(answer)
+            return handler._replace(stream_stream=stream_stream)
+        if handler.request_streaming:
+            answer = handler.stream_unary
+
+            async def stream_unary(requests, context):
+                self.opened(context)
+                return await answer(requests, context)
+            return handler._replace(stream_unary=stream_unary)
+        raise TypeError("the gRPC endpoint's methods are all client-streaming on its side")
