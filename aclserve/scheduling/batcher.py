@@ -13,6 +13,7 @@ from ..errors import (ExecutionFailed, InvalidInput, ModelUnavailable, QueueFull
 from ..runtime.batch import Batch, BatchExecutor
 from ..trace.records import form_batch
 from .clock import Clock, LoopClock
+from .company import Company
 from .delivery import Delivery, resolve
 from .composition import Composer
 from .formation import Formation, GearTimes
@@ -45,7 +46,8 @@ class DynamicBatcher:
     soon as any slot is free instead (the rule before; a comparison baseline).
 
     What a batch holds and on which gears it runs: composition.py (requests in priority
-    order while they fit `batch_limit`, waiting up to `max_queue_delay_ms` for a fuller one).
+    order while they fit `batch_limit`, waiting up to `max_queue_delay_ms` for a fuller one;
+    a lone request waits so too while arrivals overlap others pending: company.py).
     Requests are never split: one with more rows than `batch_limit` is refused with
     InvalidInput.
 
@@ -87,6 +89,7 @@ class DynamicBatcher:
         self._drained: asyncio.Future | None = None
         self._closed = False
         self._unread = UnreadAdmissions()  # let in by admit_unread(), not arrived yet
+        self._company = Company()  # whether a lone request waits for others
 
     # -- public API --------------------------------------------------------------------------
 
@@ -128,6 +131,7 @@ class DynamicBatcher:
         level = queue.level_for(priority)
         request = QueuedRequest(inputs, rows, level, self._clock.now(), self._loop.create_future(),
                                 self._clock.now_ns(), trace)
+        self._company.arrived(queue.count > 0 or bool(self._running))
         try:
             queue.push(request, timeout_us)
         except QueueFull:
@@ -244,7 +248,8 @@ class DynamicBatcher:
                         self._arm_timer(later)
                     return  # the timer, a result or a freed slot wakes us
                 lane, capacity = ready[0]
-                batch, window_end = self._composer.next_batch(queue, self._clock.now())
+                batch, window_end = self._composer.next_batch(queue, self._clock.now(),
+                                                              self._company.expected)
                 if batch is None:
                     self._arm_timer(window_end)
                     return  # the window timer or an arrival wakes us

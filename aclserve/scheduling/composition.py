@@ -3,12 +3,13 @@
 A batch holds requests in priority order (FIFO within a level) while they fit `batch_limit`
 (the largest gear, or the configured `max_batch_size` when lower). It runs at once if it fills
 a gear exactly or no more can fit; otherwise it waits until the oldest of its requests has
-waited `max_queue_delay_ms`. GearPlanner (gears.py) chooses padding or a split; under
-`just_in_time` formation a batch holding requests of a higher level takes lower-level rows
-only into its padding when that makes it markedly shorter at a bounded cost per row
-(GearPlanner.level_cut), so they are not slowed by rows they could run without. Requests are
-never split (the batcher refuses one with more rows than `batch_limit`). A static model (no
-gears) and `enabled=False` run one request per run.
+waited `max_queue_delay_ms`. A lone request waits so too, exact or not, while company is
+expected (company.py: requests are arriving while others are pending). GearPlanner (gears.py)
+chooses padding or a split; under `just_in_time` formation a batch holding requests of a higher
+level takes lower-level rows only into its padding when that makes it markedly shorter at a
+bounded cost per row (GearPlanner.level_cut), so they are not slowed by rows they could run
+without. Requests are never split (the batcher refuses one with more rows than `batch_limit`).
+A static model (no gears) and `enabled=False` run one request per run.
 
 Pure decisions over the batcher's queue, on the event loop thread: no timers (the batcher arms
 one for the window's end).
@@ -37,13 +38,15 @@ class Composer:
         self._delay = delay_s
         self._just_in_time = just_in_time
 
-    def next_batch(self, queue: PriorityQueue, now: float) -> tuple[list[QueuedRequest] | None, float | None]:
+    def next_batch(self, queue: PriorityQueue, now: float,
+                   company_expected: bool = False) -> tuple[list[QueuedRequest] | None, float | None]:
         """(the requests of the next run, None) or, while a partial batch may wait, (None, the
-        end of its window)."""
+        end of its window). `company_expected`: a lone request waits for company too."""
         if not self._batching:
             return queue.take(sys.maxsize if self.static else self._limit, 1), None
         total = queue.rows
-        if total < self._limit and not self._planner.is_exact(total):
+        runs_now = self._planner.is_exact(total) and not (company_expected and queue.count == 1)
+        if total < self._limit and not runs_now:
             window_end = queue.oldest_enqueued() + self._delay
             if now < window_end - EARLY_S:
                 return None, window_end

@@ -62,6 +62,7 @@ async def test_when_slot_free_commits_at_once_and_the_high_request_waits_behind(
     waiting = await fill_gear_8(env, batcher, 100)
     assert [run.tags for run in executor.runs[1:]] == [list(range(100, 108))]  # committed now
     urgent = env.submit(batcher, 999, priority=HIGH)
+    await env.settle()  # queued now (alone while arrivals overlap: it may wait its 1 ms window)
     await advance(env, 5 * MS)
     assert len(executor.runs) == 2  # both slots taken: the high request waits for a third batch
     executor.runs[0].complete(compute_ms=8)
