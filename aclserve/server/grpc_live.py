@@ -13,10 +13,10 @@ the call's status has gone out, or the call was cancelled).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 
 import grpc
+
+from .deadline_wait import set_by
 
 
 class LiveCalls:
@@ -39,10 +39,7 @@ class LiveCalls:
 
     async def none_by(self, deadline: float) -> bool:
         """Wait until no call is live, or until `deadline` (time.monotonic()); whether none is."""
-        if not self._none.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._none.wait(), max(0.0, deadline - time.monotonic()))
-        return self._none.is_set()
+        return await set_by(self._none, deadline)
 
     def counted(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """`handler` (client-streaming: every entry of the endpoint's table is) whose calls count

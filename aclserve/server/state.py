@@ -14,6 +14,7 @@ from ..trace import Tracer
 from .codec import Signature
 from .connections import ConnectionTracker
 from .contracts import ModelStore, Runtime, ServedModel
+from .deadline_wait import set_by
 from .guard_metrics import GuardCollector
 from .images import ImageDecoding
 from .json_tensors import JsonLimits
@@ -129,11 +130,7 @@ class ServerState:
         requests. Idempotent: a later call (`serve` drains, then the app's lifecycle asks again)
         waits no longer than the first, and a drain that ran out of time is reported once."""
         self.stop_accepting()
-        if self._idle.is_set():
-            return
-        try:
-            await asyncio.wait_for(self._idle.wait(), max(0.0, self.shutdown_deadline - time.monotonic()))
-        except asyncio.TimeoutError:
+        if not await set_by(self._idle, self.shutdown_deadline):
             if not self._drain_reported:
                 self._drain_reported = True
                 log.warning("shutdown: %d request(s) still in flight after %.1f s; those waiting on a model are "
@@ -167,11 +164,7 @@ class ServerState:
         """Wait until no request is in flight (the answers the repository's close made are
         written), or until `answers_by`: a request not waiting on a model (a stalled body) is
         ended by its connection's close, which comes next."""
-        if not self._idle.is_set():
-            try:
-                await asyncio.wait_for(self._idle.wait(), max(0.0, self.answers_by - time.monotonic()))
-            except asyncio.TimeoutError:
-                pass
+        await set_by(self._idle, self.answers_by)
 
     # -- repository views ----------------------------------------------------------------------
     def ready_versions(self, name: str | None = None) -> list[tuple[str, str]]:
