@@ -47,10 +47,14 @@ _LINGER_MAX = 256
 REFUSALS_PER_S = 250
 HOLD_MAX_S = 10
 # An answer sent before its request's body has all arrived (a refusal): aiohttp then reads and
-# drops the rest for at most this long (its lingering_time) and closes the connection if it
-# cannot. A hold stops that reading, so such a hold ends a second before.
-BODY_LINGER_S = 2.0
-PENDING_BODY_HOLD_S = math.floor(BODY_LINGER_S) - 1
+# drops the rest for at most this long (its lingering_time; nginx's is 30 s) and closes the
+# connection if it cannot. Most clients send their whole body before reading the answer, and
+# closing with bytes unread resets the connection, so the client's send fails and it never
+# sees the answer: long enough for a body of max_body_bytes on a slow link. The sweep's
+# header_timeout_s bounds it too (the rest of a body counts as a head to the tracker).
+BODY_LINGER_S = 10.0
+# A hold stops that reading, so a refusal whose body is still arriving is held for one second.
+PENDING_BODY_HOLD_S = 1
 
 
 def hold_seconds(held: int, keepalive_timeout_s: float, body_pending: bool = False) -> int:

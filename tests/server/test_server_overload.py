@@ -91,9 +91,9 @@ DECLARED = 200_000  # one such body fits the budget below, two do not
 
 @pytest.fixture
 def small_budget(models_dir, tmp_path, make_config, monkeypatch):
-    # Half a refusal a second: the second connection held gets a hold of 4 s (the same as the
-    # thousandth with the real figure), well past the 2 s for which aiohttp reads a dropped body.
-    monkeypatch.setattr(connections, "REFUSALS_PER_S", 0.5)
+    # A tenth of a refusal a second: the second connection held gets the longest hold, 10 s (as
+    # the 2,500th does with the real figure), as long as aiohttp reads a dropped body.
+    monkeypatch.setattr(connections, "REFUSALS_PER_S", 0.1)
     shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
     config = make_config(tmp_path, model_control_mode="none", max_inflight_bytes=300_000,
                          max_request_bytes=250_000, hold_refused_connections=True)
@@ -103,8 +103,8 @@ def small_budget(models_dir, tmp_path, make_config, monkeypatch):
 
 def test_a_connection_refused_before_its_body_arrived_is_kept(small_budget):
     """The refused request's body comes after its 503; aiohttp reads and drops it for
-    BODY_LINGER_S (2 s) and closes the connection if it cannot. A longer hold (here 4 s, the
-    second held connection) used to stop that reading, and the connection was closed."""
+    BODY_LINGER_S (10 s) and closes the connection if it cannot. A hold as long (here 10 s, the
+    second held connection) would stop that reading until then, and the connection be closed."""
     url = small_budget.url
     infer = "/v2/models/affine/infer"
     declared = head(infer, {"Content-Type": "application/json", "Content-Length": DECLARED})
