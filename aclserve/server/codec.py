@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import InvalidInput
 from ..runtime.types import TensorSpec
 from .bytes_codec import decode_input as decode_bytes_input, raw_input as raw_bytes_input
-from .json_tensors import JsonLimits, loads, to_array
+from .json_tensors import JsonLimits, bool_literals, loads, refuse_booleans_among_numbers, to_array
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -94,11 +94,15 @@ def decode_request(body: bytes, header_length: int | None, sig: Signature) -> In
         if header_length > end:
             raise InvalidInput(f"{HEADER_LENGTH} is {header_length} but the body has only {end} bytes")
         end = header_length
-    doc = loads(body if end == len(body) else memoryview(body)[:end], sig.json_limits)
+    text = body if end == len(body) else memoryview(body)[:end]
+    doc = loads(text, sig.json_limits)
     if type(doc) is not dict:
         raise InvalidInput("request body must be a JSON object")
     req = InferRequest(inputs={}, rows=1)
     _decode_inputs(doc.get("inputs"), body, end, header_length is not None, sig, req)
+    literals = bool_literals(text)
+    if literals:
+        refuse_booleans_among_numbers(doc, literals, sig.inputs)
     rid = doc.get("id")
     if rid is not None:
         if type(rid) is not str:

@@ -146,6 +146,8 @@ def _checked_asarray(name: str, data: list, spec: TensorSpec, shape: list[int], 
         raise InvalidInput(f"input '{name}': data has {arr.size} elements but shape {shape} needs {count}")
     target = spec.dtype
     if arr.dtype != target:
+        if count and arr.dtype.kind == "b":
+            raise _booleans_refused(name, spec)
         if count and arr.dtype.kind not in _JSON_KINDS[target.kind]:
             raise InvalidInput(f"input '{name}': data elements must be {_KIND_WORDS[target.kind]} "
                                f"for {spec.datatype}")
@@ -156,6 +158,79 @@ def _checked_asarray(name: str, data: list, spec: TensorSpec, shape: list[int], 
         arr = _cast(arr, target)
     _check_finite(name, arr, spec)
     return arr.reshape(shape)
+
+
+def _booleans_refused(name: str, spec: TensorSpec) -> InvalidInput:
+    return InvalidInput(f"input '{name}': data elements must be {_KIND_WORDS[spec.dtype.kind]} for "
+                        f"{spec.datatype}, not true/false")
+
+
+# -- booleans among numbers ----------------------------------------------------------------------
+# Python's bool is an int, so both conversions above read `true` as 1 where a number belongs
+# (Triton refuses it). Looking at every value's type costs about 15 ns a value, as much again as
+# the conversion, so it is done only when the JSON text holds more `true` / `false` than the
+# places booleans belong (parameters, BOOL inputs): counting them in the text is a memchr over
+# two letters numbers never hold.
+
+_LITERAL_SCAN_CAP = 4096  # letters looked at; past this the values' types are checked instead
+
+
+def bool_literals(raw: bytes | memoryview) -> int:
+    """At least the number of `true` and `false` in the JSON text `raw` (strings included),
+    found by their third letter; _LITERAL_SCAN_CAP + 1 when there are too many letters to look
+    at each."""
+    text = raw if type(raw) is bytes else bytes(raw)
+    found = seen = 0
+    for letter, word in ((b"u", b"true"), (b"l", b"false")):
+        at = text.find(letter, 2)
+        while at != -1:
+            seen += 1
+            if seen > _LITERAL_SCAN_CAP:
+                return _LITERAL_SCAN_CAP + 1
+            if text.startswith(word, at - 2):
+                found += 1
+            at = text.find(letter, at + 1)
+    return found
+
+
+def refuse_booleans_among_numbers(doc: dict, literals: int, sig_inputs: dict) -> None:
+    """InvalidInput naming the first input whose JSON data has a boolean where numbers belong,
+    when the text's `literals` (bool_literals) are more than the booleans found elsewhere."""
+    numeric = []
+    elsewhere = _count_bools([value for key, value in doc.items() if key != "inputs"])
+    for item in doc["inputs"]:
+        spec = sig_inputs[item["name"]]
+        if spec.dtype.kind in "iuf" and "data" in item:
+            numeric.append((item["name"], item["data"], spec))
+            elsewhere += _count_bools([value for key, value in item.items() if key != "data"])
+        else:
+            elsewhere += _count_bools(item)
+    if literals <= elsewhere:
+        return
+    for name, data, spec in numeric:
+        if _count_bools(data, stop_at_one=True):
+            raise _booleans_refused(name, spec)
+
+
+def _count_bools(value, stop_at_one: bool = False) -> int:
+    """Booleans in a parsed JSON value (no recursion: orjson nests 1024 deep)."""
+    found = 0
+    stack = [value]
+    while stack:
+        value = stack.pop()
+        if type(value) is dict:
+            value = list(value.values())
+        if type(value) is not list:
+            found += type(value) is bool
+            continue
+        kinds = set(map(type, value))
+        if bool in kinds:
+            found += sum(1 for v in value if type(v) is bool)
+            if stop_at_one:
+                return found
+        if list in kinds or dict in kinds:
+            stack.extend(v for v in value if type(v) is list or type(v) is dict)
+    return found
 
 
 def _cast(arr: np.ndarray, target: np.dtype) -> np.ndarray:

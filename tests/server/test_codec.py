@@ -62,6 +62,30 @@ def test_fp16_json_numbers_and_bools():
     bad(BOOLS, {"inputs": [inp("m", "BOOL", [3], [1, 0, 1])]}, match="booleans")
 
 
+@pytest.mark.parametrize("data", [
+    [1.0, True, 2.0, 3.0], [[0, 1, 2, 3], [4, 5, False, 7]], [True, True, True, True],
+    [1, 2, 3, True],  # the fast path's first element is a number
+])
+def test_a_boolean_among_numbers_is_refused(data):
+    rows = 2 if type(data[0]) is list else 1
+    bad(BATCHED, {"inputs": [inp("x", "FP32", [rows, 4], data)]}, match="input 'x'.*numbers.*true/false")
+    bad(TWO_INPUTS, {"inputs": [inp("a", "FP32", [1, 2], [1.0, 2.0]), inp("b", "INT32", [1, 3], [1, True, 3])]},
+        match="input 'b'.*integers.*true/false")
+
+
+def test_booleans_elsewhere_do_not_make_numbers_suspect():
+    doc = {"id": "true false", "parameters": {"flag": True, "nested": {"x": [False]}},
+           "inputs": [inp("x", "FP32", [1, 4], [1.0, 1, 0.0, 0])],
+           "outputs": [{"name": "y", "parameters": {"binary_data": False}}]}
+    req = decode(BATCHED, doc)
+    np.testing.assert_array_equal(req.inputs["x"], [[1.0, 1.0, 0.0, 0.0]])
+    mixed = codec.Signature([spec("m", "BOOL", [3]), spec("x", "FP32", [2])], [spec("o", "BOOL", [3])], 0)
+    req = decode(mixed, {"inputs": [inp("m", "BOOL", [3], [True, False, True]), inp("x", "FP32", [2], [1, 0])]})
+    np.testing.assert_array_equal(req.inputs["x"], [1.0, 0.0])
+    bad(mixed, {"inputs": [inp("m", "BOOL", [3], [True, False, True]), inp("x", "FP32", [2], [1, False])]},
+        match="input 'x'.*true/false")
+
+
 def test_binary_inputs_in_order_zero_copy():
     a = np.arange(4, dtype=np.float32).reshape(2, 2)
     b = np.arange(6, dtype=np.int32).reshape(2, 3)

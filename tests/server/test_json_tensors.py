@@ -39,7 +39,7 @@ def x_body(data, datatype="FP32", shape=(1, 4), **extra) -> bytes:
     ("FP32", [3.4028234663852886e38, -1.0e-45, 0, 2**70]),  # float32 max, subnormal, int, huge int
     ("FP64", [0.1, 1e308, -5e-324, 7]),
     ("FP16", [0.1, 65504.0, -0.0001, 3]),
-    ("INT8", [-128, 127, 0, True]),  # a bool after the first element is a number, as np.asarray has it
+    ("INT8", [-128, 127, 0, 1]),
     ("UINT8", [0, 255, 1, 2]),
     ("INT32", [-2**31, 2**31 - 1, 0, 5]),
     ("INT64", [-2**63, 2**63 - 1, 0, 5]),
@@ -57,6 +57,7 @@ def test_flat_lists_convert_exactly_as_numpy_does(datatype, data):
     ("FP32", [1.0, None, 3, 4], "elements must be numbers"),
     ("FP32", [1.0, [2.0], 3, 4], "rectangular"),
     ("FP32", [True, False, True, False], "elements must be numbers"),
+    ("INT8", [-128, 127, 0, True], "integers for INT8, not true/false"),  # read as 1 by both conversions
     ("FP32", [1e39, 0, 0, 0], "values out of range for FP32"),
     ("FP32", [0, 0, 0, -1e39], "values out of range for FP32"),
     ("FP32", [[1e39, 0, 0, 0]], "values out of range for FP32"),  # nested: the np.asarray path
