@@ -238,7 +238,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                     request = deserialize(message)
                 except DecodeError as e:
                     raise InvalidInput(f"request message is not valid: {e}") from None
-            except ServeError as e:
+            except Exception as e:  # as `rpc` does: grpc would answer UNKNOWN with its text
                 await end_call(context, e, method.__name__)
             return await method(request, context)
         return handler
