@@ -115,6 +115,7 @@ class ServerConfig:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     keepalive_timeout_s: float = 15.0
+    grpc_max_message_bytes: int = 8 * 1024 * 1024
     grpc_max_connection_age_s: float = 600.0  # 0 = a gRPC connection lives as long as its client keeps it
     hold_refused_connections: bool = False
     shed_before_parsing: bool = True

@@ -50,6 +50,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         header_timeout_s=as_float(get("header_timeout_s"), "header_timeout_s", 0.001),
         body_timeout_s=as_float(get("body_timeout_s"), "body_timeout_s", 0.001),
         keepalive_timeout_s=as_float(get("keepalive_timeout_s"), "keepalive_timeout_s", 0.001),
+        grpc_max_message_bytes=as_int(get("grpc_max_message_bytes"), "grpc_max_message_bytes", 1),
         grpc_max_connection_age_s=as_float(get("grpc_max_connection_age_s"), "grpc_max_connection_age_s"),
         hold_refused_connections=as_bool(get("hold_refused_connections"), "hold_refused_connections"),
         shed_before_parsing=as_bool(get("shed_before_parsing"), "shed_before_parsing"),

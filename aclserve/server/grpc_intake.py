@@ -9,8 +9,9 @@ MemoryBudget as HTTP requests (413 / RESOURCE_EXHAUSTED when the request alone i
 the lease and releases it when the RPC (or the streamed request) ends, however it ends.
 
 What the budget cannot see: gRPC does not announce a message's size before the message, so
-grpc core holds it while it arrives (at most `max_body_bytes`, the server's
-max_receive_message_length, per call receiving) and the charge comes when it is complete.
+grpc core holds it while it arrives (at most `grpc_max_message_bytes`, the server's
+max_receive_message_length, per call receiving) and the charge comes when it is complete; how
+many arrive at once is bounded instead (grpc_arrivals.py: a read waits for its place).
 ModelInfer is registered client-streaming, the same as a unary call on the wire but with the
 handler running from the call's headers on, so it reads its one message itself and a client
 that stops sending gets DEADLINE_EXCEEDED after `body_timeout_s` (408 over HTTP) instead of
@@ -19,6 +20,7 @@ holding its call, and what it sent, until shutdown.
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -27,21 +29,38 @@ from tritonclient.grpc import service_pb2 as pb
 from ..errors import InvalidInput
 from .body import BodyTimeout, timeout_at
 from .budget import Lease
+from .grpc_arrivals import EVICT_AFTER_S, Arrival, Arrivals
 from .grpc_wire import scan
 
 GRPC_HINT = "send tensors in raw_input_contents rather than typed contents, or in smaller requests"
 
 
-async def receive(context, timeout_s: float) -> bytes:
-    """The call's request message, which must arrive within `timeout_s`. Cancelled with the call."""
+async def receive(context, timeout_s: float, arrivals: Arrivals) -> bytes:
+    """The call's request message, which must arrive within `timeout_s`, read while it holds a
+    slot of `arrivals` (waiting its turn within that time). Cancelled with the call."""
+    arrival = Arrival()
     try:
-        async with timeout_at(asyncio.get_running_loop().time() + timeout_s):
-            message = await context.read()
+        async with timeout_at(asyncio.get_running_loop().time() + timeout_s) as deadline:
+            arrival.end_early = functools.partial(_now, deadline)
+            await arrivals.admit(arrival)
+            try:
+                message = await context.read()
+            finally:
+                arrivals.leave(arrival)
     except asyncio.TimeoutError:
+        if arrival.evicted:
+            raise BodyTimeout(f"request message not received {EVICT_AFTER_S:g} s after it began while other "
+                              f"calls waited to send theirs (at most {arrivals.slots} messages are received "
+                              f"at once: max_inflight_bytes / grpc_max_message_bytes)") from None
         raise BodyTimeout(f"request message not received within {timeout_s:g} s (body_timeout_s)") from None
     if message is grpc.aio.EOF:
         raise InvalidInput("the call ended without a request message")
     return message
+
+
+def _now(deadline) -> None:
+    """End the read under `deadline` now (async-timeout's Timeout, on Python 3.10, says update)."""
+    (getattr(deadline, "reschedule", None) or deadline.update)(asyncio.get_running_loop().time())
 
 
 def parse(message: bytes, lease: Lease) -> tuple[pb.ModelInferRequest, list[memoryview] | None]:

@@ -39,7 +39,7 @@ from ..trace import now_ns
 from . import views
 from .answer_size import answer_bytes
 from .auth import Forbidden, Unauthorized
-from .body import BodyTimeout
+from .body import BodyTimeout, timeout_at
 from .budget import Lease
 from .grpc_calls import OpenCalls
 from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
@@ -247,7 +247,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         """The call's one message, within body_timeout_s (BodyTimeout, and what grpc had
         received of it is given back once the call ends)."""
         try:
-            return await receive(context, self.state.config.body_timeout_s)
+            return await receive(context, self.state.config.body_timeout_s, self.state.grpc_arrivals)
         except BodyTimeout:
             self._trim_when_ended(context)
             raise
@@ -279,16 +279,20 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         ready, a failed one as `error_message` with the request's id; each request has its own
         lease, held until grpc has taken its answer. Its window and its limits on quiet time and
         on answers not taken: grpc_stream.py."""
+        config = self.state.config
+        arrivals = self.state.grpc_arrivals
         try:
             self._model_access(context)
+            arrival = arrivals.open_stream()  # it always waits for a message: grpc_arrivals.py
         except ServeError as e:
             await end_call(context, e, "ModelStreamInfer")
-        config = self.state.config
         stream = InferStream(context, functools.partial(self._stream_answer, self._request_id(context)),
                              config.body_timeout_s, config.body_timeout_s)
         context.add_done_callback(lambda _: stream.close())  # the call may end with the handler waiting on grpc
         answers = stream.answers()
         try:
+            with self.calls.at_work():
+                await self._admit_stream(arrival)
             while True:
                 with self.calls.at_work():  # not while grpc sends an answer
                     response = await anext(answers, None)
@@ -298,8 +302,20 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         except ServeError as e:  # BodyTimeout, or ShuttingDown at the endpoint's stop
             await end_call(context, e, "ModelStreamInfer")
         finally:
+            arrivals.leave(arrival)
             if stream.quiet or stream.unread:
                 self._trim_when_ended(context)
+
+    async def _admit_stream(self, arrival) -> None:
+        """A place to receive the stream's messages, waited for within body_timeout_s (unary
+        reads hold the rest of them for a moment each)."""
+        timeout_s = self.state.config.body_timeout_s
+        try:
+            async with timeout_at(asyncio.get_running_loop().time() + timeout_s):
+                await self.state.grpc_arrivals.admit(arrival)
+        except asyncio.TimeoutError:
+            raise BodyTimeout(f"no room to receive the stream's messages within {timeout_s:g} s "
+                              f"(body_timeout_s): other calls' messages held every place") from None
 
     async def _stream_answer(self, stream_id: str | None, message: bytes) -> tuple[pb.ModelStreamInferResponse, Lease]:
         """The response to one request message of a stream (an error is one too) and the lease

@@ -48,6 +48,20 @@ class GuardCollector:
                                      "guard itself, without aiohttp's request objects (direct_infer)")
         direct.add_metric([], conns.direct.answered if conns.direct is not None else 0)
         yield direct
+        arrivals = state.grpc_arrivals
+        yield _gauge("aclserve_grpc_receiving", "Places taken among the gRPC messages received at once "
+                     "(max_inflight_bytes / grpc_max_message_bytes): unary calls reading, streams", arrivals.holding)
+        yield _gauge("aclserve_grpc_streams", "ModelStreamInfer streams open, each holding one of those places",
+                     arrivals.streams)
+        evicted = CounterMetricFamily("aclserve_grpc_slow_messages_ended", "gRPC calls ended "
+                                      "DEADLINE_EXCEEDED because their message took over 1 s while others "
+                                      "waited to be received (max_inflight_bytes / grpc_max_message_bytes)")
+        evicted.add_metric([], arrivals.evicted)
+        yield evicted
+        refused_streams = CounterMetricFamily("aclserve_grpc_streams_refused", "ModelStreamInfer streams "
+                                              "refused UNAVAILABLE: streams held their half of those places")
+        refused_streams.add_metric([], arrivals.streams_refused)
+        yield refused_streams
         trims = CounterMetricFamily("aclserve_heap_trims", "malloc_trim calls after large requests")
         trims.add_metric([], state.trimmer.trims)
         yield trims

@@ -15,6 +15,7 @@ from .codec import Signature
 from .connections import ConnectionTracker
 from .contracts import ModelStore, Runtime, ServedModel
 from .deadline_wait import set_by
+from .grpc_arrivals import Arrivals
 from .guard_metrics import GuardCollector
 from .images import ImageDecoding
 from .json_tensors import JsonLimits
@@ -65,6 +66,7 @@ class ServerState:
         self.redact = PathRedactor(config.models_dir)
         self.trimmer = HeapTrimmer()
         self.budget = MemoryBudget(config.max_inflight_bytes, config.max_request_bytes, self.trimmer.released)
+        self.grpc_arrivals = Arrivals.for_config(config)  # gRPC messages received at once
         self.connections = ConnectionTracker(config.max_connections, config.header_timeout_s,
                                              config.keepalive_timeout_s, config.hold_refused_connections)
         self.connections.early = EarlyRefusal(self) if config.shed_before_parsing else None

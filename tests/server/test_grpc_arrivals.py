@@ -1,0 +1,104 @@
+"""gRPC messages received at once (server/grpc_arrivals.py): grpc keeps a message while it
+arrives, before it can be charged, so at most max_inflight_bytes / grpc_max_message_bytes of
+them arrive at once. Here that is 4: 4 MiB of budget, messages of at most 1 MiB."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import grpc
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from tests.serving import free_port, server_config, started_with_grpc
+
+from .hostile import metric, wait_for
+from .test_grpc_guards import INFER, STREAM, affine, stalled_infer, stubs
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def four_places(models_dir, tmp_path):
+    shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
+    yield from started_with_grpc(server_config(
+        tmp_path, grpc_port=free_port(), model_control_mode="none", max_body_bytes=4 * MiB,
+        grpc_max_message_bytes=MiB, max_inflight_bytes=4 * MiB, max_request_bytes=2 * MiB, body_timeout_s=60))
+
+
+def open_stream(channel):
+    return channel.stream_stream(STREAM, pb.ModelInferRequest.SerializeToString,
+                                 pb.ModelStreamInferResponse.FromString)()
+
+
+def test_a_slow_message_gives_way_to_calls_waiting_but_a_stream_keeps_its_place(four_places):
+    """One stream and three calls whose message never comes hold the four places. A fifth call
+    waits; after a second the oldest stalled call is ended (not the stream, older still), the
+    fifth is answered, and the stream still serves."""
+    url = four_places.grpc_url
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(url) as channel:
+            stream = open_stream(channel)
+            await stream.write(affine(1, request_id="before"))
+            before = await asyncio.wait_for(stream.read(), 30)
+            stalled = [asyncio.ensure_future(stalled_infer(channel)) for _ in range(3)]
+            await wait_for(lambda: metric(four_places.url, "aclserve_grpc_receiving") == 4)
+            infer, _ = stubs(channel)
+            answered = await asyncio.wait_for(infer(affine(2)), 30)  # a hang guard
+            ended = await asyncio.wait(stalled, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+            await stream.write(affine(1, request_id="after"))
+            after = await asyncio.wait_for(stream.read(), 30)
+            await stream.done_writing()
+            for s in stalled:
+                s.cancel()
+            return before, answered, ended, after
+
+    before, answered, (done, pending), after = asyncio.run(scenario())
+    assert not before.error_message and not after.error_message and after.infer_response.id == "after"
+    assert answered.outputs and len(done) == 1 and len(pending) == 2
+    error = done.pop().exception()
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "other calls waited" in error.details() and "grpc_max_message_bytes" in error.details()
+    assert metric(four_places.url, "aclserve_grpc_slow_messages_ended_total") == 1
+
+
+def test_streams_hold_at_most_half_of_the_places(four_places):
+    url = four_places.grpc_url
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(url) as channel:
+            streams = [open_stream(channel) for _ in range(2)]
+            for i, s in enumerate(streams):
+                await s.write(affine(1, request_id=str(i)))
+                await asyncio.wait_for(s.read(), 30)
+            open_now = metric(four_places.url, "aclserve_grpc_streams")
+            third = open_stream(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await asyncio.wait_for(third.read(), 30)
+            await streams[0].done_writing()
+            await wait_for(lambda: metric(four_places.url, "aclserve_grpc_streams") == 1)
+            fourth = open_stream(channel)
+            await fourth.write(affine(1, request_id="fourth"))
+            answer = await asyncio.wait_for(fourth.read(), 30)
+            for s in (streams[1], fourth):
+                await s.done_writing()
+            return open_now, refused.value, answer
+
+    open_now, refused, answer = asyncio.run(scenario())
+    assert open_now == 2
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE and "2 gRPC streams open" in refused.details()
+    assert dict(refused.trailing_metadata() or ()).get("grpc-retry-pushback-ms")
+    assert answer.infer_response.id == "fourth"
+    assert metric(four_places.url, "aclserve_grpc_streams_refused_total") == 1
+
+
+def test_a_message_over_grpc_max_message_bytes_is_refused_by_grpc(four_places):
+    async def scenario():
+        async with grpc.aio.insecure_channel(four_places.grpc_url) as channel:
+            call = channel.unary_unary(INFER, None, pb.ModelInferResponse.FromString)
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await asyncio.wait_for(call(b"\0" * (MiB + 1)), 30)
+            return e.value
+    error = asyncio.run(scenario())
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
