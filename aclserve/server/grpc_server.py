@@ -157,7 +157,9 @@ class GrpcServer:
     async def drain(self, deadline: float) -> None:
         """Wait until no call is live, or until `deadline` (time.monotonic()); new calls are
         still taken meanwhile (answered "shutting down" by the servicer). A connection without
-        calls does not hold it."""
+        calls does not hold it, nor does a stream waiting for its next request (streams end
+        once their requests running are answered)."""
+        self._servicer.drain_streams()
         await self._live.none_by(deadline)
 
     async def stop(self, deadline: float | None = None) -> None:

@@ -33,7 +33,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from ..errors import InvalidInput, NotFound, PayloadTooLarge, ServeError, Unavailable
+from ..errors import InvalidInput, NotFound, PayloadTooLarge, ServeError, ShuttingDown, Unavailable
 from ..repository import ModelLoadFailed
 from ..trace import now_ns
 from . import views
@@ -41,7 +41,7 @@ from .answer_size import answer_bytes
 from .auth import Forbidden, Unauthorized
 from .body import BodyTimeout, timeout_at
 from .budget import Lease
-from .grpc_calls import OpenCalls
+from .grpc_calls import SHUTDOWN_MESSAGE, OpenCalls
 from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
 from .grpc_intake import GRPC_HINT, parse, receive
 from .grpc_stream import InferStream
@@ -113,6 +113,15 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     def __init__(self, state):
         self.state = state
         self.calls = OpenCalls()  # ended by the endpoint's stop (grpc_server.py)
+        self.streams: set[InferStream] = set()  # open ModelStreamInfer streams, drained at shutdown
+        self.draining = False
+
+    def drain_streams(self) -> None:
+        """Shutdown begins: every stream reads nothing more and ends once its requests running
+        are answered (at once when none runs); a stream opened from now on is refused."""
+        self.draining = True
+        for stream in self.streams:
+            stream.drain()
 
     def _model_access(self, context) -> None:
         """auth_inference: the token for every model RPC, as for /v2/models/... over HTTP."""
@@ -282,6 +291,8 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         config = self.state.config
         arrivals = self.state.grpc_arrivals
         try:
+            if self.draining:
+                raise ShuttingDown(SHUTDOWN_MESSAGE)
             self._model_access(context)
             arrival = arrivals.open_stream()  # it always waits for a message: grpc_arrivals.py
         except ServeError as e:
@@ -289,6 +300,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         stream = InferStream(context, functools.partial(self._stream_answer, self._request_id(context)),
                              config.body_timeout_s, config.body_timeout_s)
         context.add_done_callback(lambda _: stream.close())  # the call may end with the handler waiting on grpc
+        self.streams.add(stream)
         answers = stream.answers()
         try:
             with self.calls.at_work():
@@ -302,6 +314,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         except ServeError as e:  # BodyTimeout, or ShuttingDown at the endpoint's stop
             await end_call(context, e, "ModelStreamInfer")
         finally:
+            self.streams.discard(stream)
             arrivals.leave(arrival)
             if stream.quiet or stream.unread:
                 self._trim_when_ended(context)

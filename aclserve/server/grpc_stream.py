@@ -10,6 +10,9 @@ ready, and a stream its client leaves quiet, or whose answers it does not take, 
   message must come within `quiet_limit_s` (body_timeout_s; grpc's own idle limit sees only
   connections without calls), counted from the stream's last progress (a message read, an
   answer made or sent); else the stream ends with BodyTimeout (DEADLINE_EXCEEDED).
+- Drain: at shutdown (`drain()`) nothing more is read; the requests running are answered,
+  then the stream ends with ShuttingDown (UNAVAILABLE), at once when none runs, so that an idle
+  stream does not hold the shutdown until its deadline.
 - Unread: an answer the client has not taken within `send_limit_s` (body_timeout_s) ends the
   stream: nothing more is read, what runs is cancelled and the answers waiting are dropped,
   their leases given back at once. The answer grpc holds stays charged until grpc lets it go:
@@ -25,8 +28,10 @@ from typing import Awaitable, Callable
 
 import grpc
 
+from ..errors import ShuttingDown
 from .body import BodyTimeout
 from .budget import Lease
+from .grpc_calls import SHUTDOWN_MESSAGE
 
 STREAM_WINDOW = 64  # requests of one stream held (read, answer not yet sent) before it is not read
 
@@ -54,12 +59,16 @@ class InferStream:
         self._progress_at = self._loop.time()  # the last message read, answer made or answer sent
         self.quiet = False  # ended for its client's silence
         self.unread = False  # ended for answers its client did not take
+        self.draining = False  # the server is shutting down: read nothing more
+        self._reader: asyncio.Task | None = None
 
     async def answers(self):
         """The stream's response messages, as they are ready. Raises BodyTimeout when the stream
         went quiet waiting for a message or its client did not take an answer in time; the
-        error of a broken request stream."""
-        reader = self._start(self._read())
+        error of a broken request stream; ShuttingDown once drained."""
+        if self.draining:
+            raise ShuttingDown(SHUTDOWN_MESSAGE)
+        reader = self._reader = self._start(self._read())
         watchdog = self._start(self._watch())
         try:
             while not (reader.done() and self._running == 0 and self._ready.empty()):
@@ -80,8 +89,18 @@ class InferStream:
                                       "(body_timeout_s)")
             if not reader.cancelled():
                 reader.result()  # a broken request stream ends the call with its error
+            if self.draining:
+                raise ShuttingDown(SHUTDOWN_MESSAGE)
         finally:
             self.close()
+
+    def drain(self) -> None:
+        """The server is shutting down: read nothing more (a request not read yet is not
+        answered: its client sees the stream end UNAVAILABLE); `answers()` ends once the
+        requests running are answered."""
+        self.draining = True
+        if self._reader is not None:
+            self._reader.cancel()
 
     def close(self) -> None:
         """Cancel what still runs, drop the answers waiting, release every lease held."""

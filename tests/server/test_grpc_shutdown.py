@@ -178,3 +178,45 @@ def test_a_client_gone_before_taking_its_answer_costs_one_debug_line(grpc_server
     error = asyncio.run(failing())
     assert error.code() == grpc.StatusCode.INTERNAL and "failed" in error.details(), error
     assert any(r.levelno == logging.ERROR and "failed on device" in r.getMessage() for r in caplog.records)
+
+
+def test_a_stream_waiting_for_its_next_request_ends_when_the_drain_begins(held_models, make_config, clean_faults):
+    """A stream answered and then idle does not hold the shutdown: it ends UNAVAILABLE while the
+    drain still waits for a ModelInfer whose batch is held (before, it stayed open until the
+    deadline, here 600 s away); the held call is answered once let go."""
+    config = make_config(held_models, grpc_port=free_port(), model_control_mode="none", shutdown_timeout_s=600,
+                         body_timeout_s=600)
+    server = ServerThread(config).start()
+    server.grpc_url = f"127.0.0.1:{config.grpc_port}"
+    hung = threading.Event()
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(server.grpc_url) as channel:
+            infer, _ = stubs(channel)
+            ready = channel.unary_unary(READY, pb.ServerReadyRequest.SerializeToString,
+                                        pb.ServerReadyResponse.FromString)
+            stream = channel.stream_stream(STREAM, pb.ModelInferRequest.SerializeToString,
+                                           pb.ModelStreamInferResponse.FromString)()
+            await stream.write(affine(1, request_id="answered"))
+            assert (await asyncio.wait_for(stream.read(), HANG_GUARD_S)).error_message == ""
+            held = faults.inject("execute", nth=1, hold=hung)
+            stuck = asyncio.ensure_future(outcome(infer(affine(1))))
+            await entered(held)
+            closing = asyncio.get_running_loop().run_in_executor(None, server.close)
+            while (await ready(pb.ServerReadyRequest())).ready:  # until the drain has begun
+                await asyncio.sleep(0.01)
+            stream_answers, stream_end = await stream_outcome(stream)
+            held_then = not stuck.done()
+            let_go(hung)
+            answered = await stuck
+            await closing
+            return stream_answers, stream_end, held_then, answered
+    try:
+        stream_answers, stream_end, held_then, answered = asyncio.run(scenario())
+    finally:
+        let_go(hung)
+        server.close()
+    assert server.error is None
+    assert stream_answers == [] and held_then
+    assert_shutting_down(stream_end)
+    assert not isinstance(answered, grpc.aio.AioRpcError), answered
