@@ -2,8 +2,8 @@
 """Closed-loop priority benchmark over HTTP; run it as `python tools/bench_batching.py priority`.
 
 A real `aclserve serve` (pinned to one core when there are two) serves the `heavy` benchmark
-CNN (tools/make_example_models.py, about 1 ms per row on one core; gears 1,2,4,8; default
-batching) under three names that differ only in their model configuration:
+CNN (tools/make_example_models.py, about 1 ms per row on one core; gears 1,2,4,8, or
+--gears; default batching) under three names that differ only in their model configuration:
 
   default no model config: `slots: auto` (1 on the CPU runtime: nothing is ever committed
           behind a running batch) and batch_formation just_in_time
@@ -44,7 +44,7 @@ sys.path.insert(0, TOOLS)
 
 from bench_common import ManagedProcess, RawOrt, ensure_example_models, free_port, http, wait_ready  # noqa: E402
 
-GEARS = "1,2,4,8"
+GEARS = "1,2,4,8"  # --gears: e.g. 1,2,4,8,16,32, the gears `aclserve compile` gives by default
 MODES = {"default": "",
          "jit": "slots: 2\nbatching: {batch_formation: just_in_time}\n",
          "eager": "slots: 2\nbatching: {batch_formation: when_slot_free}\n"}
@@ -113,9 +113,9 @@ def client_main(argv: list[str]) -> int:
 
 
 # -- the orchestrator ------------------------------------------------------------------------------
-def make_repository(folder: str, onnx_path: str) -> None:
+def make_repository(folder: str, onnx_path: str, gears: str) -> None:
     om = os.path.join(folder, "heavy.om")
-    subprocess.run([sys.executable, "-m", "aclserve", "compile", onnx_path, "-o", om, "--batch", GEARS,
+    subprocess.run([sys.executable, "-m", "aclserve", "compile", onnx_path, "-o", om, "--batch", gears,
                     "--target", "cpu"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     for mode, config in MODES.items():
         shutil.copy(om, os.path.join(folder, f"{mode}.om"))
@@ -195,7 +195,7 @@ def measure(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-priority-") as tmp:
         repo = os.path.join(tmp, "models")
         os.makedirs(repo)
-        make_repository(repo, onnx_path)
+        make_repository(repo, onnx_path, args.gears)
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         server = ManagedProcess([sys.executable, "-m", "aclserve", "serve", "--models", repo, "--port", str(port), "--grpc-port", "0",
@@ -227,7 +227,7 @@ def fmt(value, spec=".1f") -> str:
 def report(result: dict, args) -> None:
     modes = result["modes"]
     cost = result["raw_ms_per_row"]
-    print(f"\nheavy CNN (gears {GEARS}; raw ONNX Runtime, one thread, on the server core: "
+    print(f"\nheavy CNN (gears {args.gears}; raw ONNX Runtime, one thread, on the server core: "
           f"{cost[1]:.2f} ms per row at batch 1, {cost[8]:.2f} at batch 8), server on CPU "
           f"{result['server_cpus']}, clients on {result['client_cpus']}, {args.rounds} rounds x "
           f"{args.seconds:g} s per test\n")
@@ -270,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--high", type=int, default=3, help="clients at priority 1")
     p.add_argument("--throughput-clients", type=int, default=64)
     p.add_argument("--no-pin", action="store_true", help="do not pin the server and the clients")
+    p.add_argument("--gears", default=GEARS, help="batch sizes the model is compiled for")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = p.parse_args(argv)
     started = time.perf_counter()

@@ -5,10 +5,18 @@ A batch holds requests in priority order (FIFO within a level) while they fit `b
 a gear exactly or no more can fit; otherwise it waits until the oldest of its requests has
 waited `max_queue_delay_ms`. A lone request waits so too, exact or not, while company is
 expected (company.py: requests are arriving while others are pending). GearPlanner (gears.py)
-chooses padding or a split; under `just_in_time` formation a batch holding requests of a higher
-level takes lower-level rows only into its padding when that makes it markedly shorter at a
-bounded cost per row (GearPlanner.level_cut), so they are not slowed by rows they could run
-without. Requests are never split (the batcher refuses one with more rows than `batch_limit`).
+chooses padding or a split. Under `just_in_time` formation, priority also bounds what a batch
+commits the device to:
+- a batch holding requests of a higher level takes lower-level rows only into its padding when
+  that makes it markedly shorter at a bounded cost per row (GearPlanner.level_cut), so they are
+  not slowed by rows they could run without; but lower levels left out of every batch for
+  PASSED_OVER_COSTS times a full batch's cost join the next one whole (a few higher-level
+  clients that keep the device busy with small batches would starve them otherwise);
+- while a higher level is active (a batch it topped was taken within ACTIVE_S: its clients'
+  next requests are expected), a batch of lower levels holds at most the planner's efficient
+  gear (the smallest within COMMIT_WASTE of the cheapest cost per row), so a higher request
+  arriving meanwhile waits behind a short run, not behind the largest gear.
+Requests are never split (the batcher refuses one with more rows than `batch_limit`).
 A static model (no gears) and `enabled=False` run one request per run.
 
 Pure decisions over the batcher's queue, on the event loop thread: no timers (the batcher arms
@@ -25,6 +33,9 @@ from .request import QueuedRequest
 
 Run = tuple[list[QueuedRequest], int | None]  # requests and their gear (None: a static model)
 
+ACTIVE_S = 1.0  # a level whose batch was taken this recently is expected to send again
+PASSED_OVER_COSTS = 2.0  # full batches' cost lower levels may be left out of batches in a row
+
 
 class Composer:
     """Owned by a DynamicBatcher; borrows its queue for each decision."""
@@ -37,6 +48,8 @@ class Composer:
         self._batching = batching
         self._delay = delay_s
         self._just_in_time = just_in_time
+        self._served_at: dict[int, float] = {}  # level -> when a batch it topped was taken
+        self._passed_over_since: float | None = None  # lower levels left out of every batch since
 
     def next_batch(self, queue: PriorityQueue, now: float,
                    company_expected: bool = False) -> tuple[list[QueuedRequest] | None, float | None]:
@@ -44,20 +57,49 @@ class Composer:
         end of its window). `company_expected`: a lone request waits for company too."""
         if not self._batching:
             return queue.take(sys.maxsize if self.static else self._limit, 1), None
+        limit = self._commit_limit(queue, now)
         total = queue.rows
         runs_now = self._planner.is_exact(total) and not (company_expected and queue.count == 1)
-        if total < self._limit and not runs_now:
+        if total < limit and not runs_now:
             window_end = queue.oldest_enqueued() + self._delay
             if now < window_end - EARLY_S:
                 return None, window_end
-            return self._take(queue, self._planner.take_limit(total)), None
-        return self._take(queue, self._limit), None
+            return self._take(queue, min(limit, self._planner.take_limit(total)), now), None
+        return self._take(queue, limit, now), None
 
-    def _take(self, queue: PriorityQueue, limit: int) -> list[QueuedRequest]:
-        if self._just_in_time:  # lower levels only fill a higher level's padding
-            limit = self._planner.level_cut(queue.top_level_rows(limit), min(queue.rows, limit))
+    def _commit_limit(self, queue: PriorityQueue, now: float) -> int:
+        """The batch limit; while a level above every queued one is active, the efficient gear."""
+        if not self._just_in_time or not self._served_at:
+            return self._limit
+        top = queue.top_level()
+        for level, taken_at in self._served_at.items():
+            if top is not None and level < top and now - taken_at < ACTIVE_S:
+                return min(self._limit, self._planner.efficient)
+        return self._limit
+
+    def _take(self, queue: PriorityQueue, limit: int, now: float) -> list[QueuedRequest]:
+        if self._just_in_time:
+            limit = self._level_cut(queue, limit, now)
         # The head request may be larger than the limit: then take the batch whole.
-        return queue.take(limit) or queue.take(self._limit)
+        batch = queue.take(limit) or queue.take(self._limit)
+        if batch:
+            self._served_at[batch[0].level] = now
+        return batch
+
+    def _level_cut(self, queue: PriorityQueue, limit: int, now: float) -> int:
+        """Rows to take: lower levels only fill a higher level's padding, unless they have been
+        left out of every batch for PASSED_OVER_COSTS full batches' cost."""
+        rows = min(queue.rows, limit)
+        cut = self._planner.level_cut(queue.top_level_rows(limit), rows)
+        if cut >= rows:
+            self._passed_over_since = None
+            return cut
+        if self._passed_over_since is None:
+            self._passed_over_since = now
+        elif now - self._passed_over_since > PASSED_OVER_COSTS * self._planner.cost(self._planner.gear_for(rows)):
+            self._passed_over_since = None
+            return rows
+        return cut
 
     def plan(self, batch: list[QueuedRequest], capacity: int) -> list[Run]:
         """The runs `batch` makes with `capacity` slots free: one, or a split (GearPlanner)."""

@@ -12,6 +12,10 @@ SPLIT_SAVING = 0.10
 # its padding) at up to this much more cost per row than the bigger gear: priority traded for
 # a bounded share of throughput, with room for the noise of one warm-up measurement.
 LEVEL_CUT_WASTE = 0.25
+# While a higher level is active, a batch of lower levels only runs on the smallest gear that
+# costs at most this much more per row than the cheapest: a higher request arriving meanwhile
+# waits behind a short run, for a small share of throughput.
+COMMIT_WASTE = 0.10
 
 
 def batch_limit(gears: Sequence[int], config: BatchingConfig) -> int:
@@ -63,6 +67,16 @@ class GearPlanner:
             self._pad[rows] = next(g for g in self.gears if g >= rows)
         self._cost = estimate_costs(self.gears, gear_cost)
         self._measured = any(c and c > 0 for c in gear_cost.values())
+        self.efficient = self._efficient_gear()
+
+    def _efficient_gear(self) -> int:
+        """The smallest gear within COMMIT_WASTE of the cheapest cost per row (max_rows when
+        nothing was measured)."""
+        usable = sorted(self._exact)
+        if not self._measured or not usable:
+            return self.max_rows
+        cheapest = min(self._cost[g] / g for g in usable)
+        return next(g for g in usable if self._cost[g] / g <= cheapest * (1.0 + COMMIT_WASTE))
 
     def is_exact(self, rows: int) -> bool:
         return rows in self._exact

@@ -137,6 +137,13 @@ class PriorityQueue:
             request.state = REMOVED
         return taken
 
+    def top_level(self) -> int | None:
+        """The highest level with a request queued (1 is the highest), None when empty."""
+        for level in self.levels:
+            if self._on_time[level] or self._delayed[level]:
+                return level
+        return None
+
     def top_level_rows(self, cap: int) -> int:
         """Rows queued at the highest non-empty level, counted up to `cap` (O(cap))."""
         rows = 0
