@@ -106,12 +106,12 @@ class Completer:
         # stream), so one wake-up covers all; the others are then complete and only report
         # whether their own part failed (an event reports its stream's errors since the previous
         # one: a failed input copy shows on h2d_end alone, or on exec_start for a direct batch,
-        # whose copies have no events of their own).
+        # whose copies have no end events of their own).
         for name in ("d2h_end", "exec_start" if direct else "h2d_end", "exec_end"):
             self._wait(ev[name])
         if batch.trace is not None:
-            self._trace_device(batch.trace, ev, copies=not direct)
-        finish(slot, batch, self.timings(ev, copies=not direct), self.name)
+            self._trace_device(batch.trace, ev, direct)
+        finish(slot, batch, self.timings(ev, direct), self.name)
 
     def _wait(self, event: int) -> None:
         """Wait for a batch's event; past the execution timeout the instance gives up for good
@@ -127,20 +127,20 @@ class Completer:
             raise DeviceTimeout(f"the device did not finish the batch within the model's execution timeout "
                                 f"({self.execution_timeout_ms} ms): {e}") from e
 
-    def timings(self, ev: dict[str, int], copies: bool = True) -> DeviceTimings:
+    def timings(self, ev: dict[str, int], direct: bool = False) -> DeviceTimings:
         """The batch's phase times; a timing error is logged once and never fails the batch."""
         try:
-            return phase_timings(self._acl, ev, copies)
+            return phase_timings(self._acl, ev, direct)
         except AclError as e:
             if not self._timing_failed:
                 self._timing_failed = True
                 log.warning("%s: device timings unavailable (%s); batches run on without them", self.name, e)
             return DeviceTimings()
 
-    def _trace_device(self, trace, ev: dict[str, int], copies: bool) -> None:
+    def _trace_device(self, trace, ev: dict[str, int], direct: bool) -> None:
         """After the batch's last event (traced batches only): its device spans on the host's clock."""
         trace.woke_ns = now_ns()
-        trace.anchor, trace.device_spans = self._resources.clock.spans(phase_events(ev, copies), trace.woke_ns)
+        trace.anchor, trace.device_spans = self._resources.clock.spans(phase_events(ev, direct), trace.woke_ns)
 
     def _fail(self, batch: Batch, error: BaseException) -> None:
         """The batch failed. A device error (not a timeout) makes the instance reset its

@@ -3,7 +3,7 @@
 Works on Chrome trace events as chrome.py writes them (so on a file from any aclserve server):
   device busy      the union of each instance's compute-stream spans over the traced window
   copy overlap     the share of stream copy time (H2D, D2H) spent while that instance's compute
-                   stream was executing (a direct batch's copies are not timed: not counted)
+                   stream was executing (a direct batch's copies run on that stream: never)
   stages           per request: receive, decode, queue, execute (split into pack, copy in,
                    compute, copy out, unpack, and "hand-offs": waiting between the event loop,
                    the launcher and completion threads), encode, and the rest ("other")

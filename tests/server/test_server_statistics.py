@@ -59,3 +59,5 @@ def test_per_request_timings_are_sub_millisecond_and_add_up(digits_server):
         assert 0 < parts <= d["success"][1], d  # the breakdown fits inside the request's time
     for key in ("success", "queue", "compute_infer"):
         assert any(off_whole_ms(d[key][1]) for d in deltas), [d[key][1] for d in deltas]
+    for key in ("compute_input", "compute_output"):  # a lone batch's copies are timed too (they read 0)
+        assert all(d[key][1] > 0 for d in deltas), [d[key][1] for d in deltas]
