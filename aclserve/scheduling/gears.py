@@ -1,6 +1,7 @@
 """Which compiled batch gear(s) a set of taken requests runs on: pad, or split by cost."""
 from __future__ import annotations
 
+import statistics
 from typing import Mapping, Sequence
 
 from .policy import BatchingConfig
@@ -43,6 +44,18 @@ def estimate_costs(gears: Sequence[int], measured: Mapping[int, float]) -> dict[
     return costs
 
 
+def fit_line(gears: Sequence[int], cost: Mapping[int, float]) -> tuple[float, float]:
+    """(fixed, per_row) of the line cost = fixed + per_row x gear through the gears' costs,
+    Theil-Sen (the median of the slopes between every two gears, then the median intercept):
+    one gear's outlier moves neither. Neither is below 0; a single gear is all fixed cost."""
+    if len(gears) < 2:
+        return (cost[gears[0]] if gears else 0.0), 0.0
+    slopes = [(cost[b] - cost[a]) / (b - a) for i, a in enumerate(gears) for b in gears[i + 1:]]
+    per_row = max(0.0, statistics.median(slopes))
+    fixed = max(0.0, statistics.median(cost[g] - per_row * g for g in gears))
+    return fixed, per_row
+
+
 class GearPlanner:
     """Pure decisions over the executor's gears; built once per batcher, O(1) per lookup.
 
@@ -67,16 +80,25 @@ class GearPlanner:
             self._pad[rows] = next(g for g in self.gears if g >= rows)
         self._cost = estimate_costs(self.gears, gear_cost)
         self._measured = any(c and c > 0 for c in gear_cost.values())
+        # Priority's decisions (level_cut, efficient) compare gears a few percent apart, where
+        # one slow warm-up run of a gear flipped them (an independent check saw it in about one
+        # start in 14: gear 4 looked 25 % dearer per row, and priority stopped working for the
+        # whole run). They read the costs through a straight line fitted to every gear instead:
+        # a fixed cost per run plus a cost per row.
+        self._fixed, self._per_row = fit_line(self.gears, self._cost)
         self.efficient = self._efficient_gear()
 
+    def _fitted(self, gear: int) -> float:
+        return self._fixed + self._per_row * gear
+
     def _efficient_gear(self) -> int:
-        """The smallest gear within COMMIT_WASTE of the cheapest cost per row (max_rows when
-        nothing was measured)."""
+        """The smallest gear within COMMIT_WASTE of the cheapest fitted cost per row (max_rows
+        when nothing was measured)."""
         usable = sorted(self._exact)
         if not self._measured or not usable:
             return self.max_rows
-        cheapest = min(self._cost[g] / g for g in usable)
-        return next(g for g in usable if self._cost[g] / g <= cheapest * (1.0 + COMMIT_WASTE))
+        cheapest = min(self._fitted(g) / g for g in usable)
+        return next(g for g in usable if self._fitted(g) / g <= cheapest * (1.0 + COMMIT_WASTE))
 
     def is_exact(self, rows: int) -> bool:
         return rows in self._exact
@@ -110,10 +132,10 @@ class GearPlanner:
         own, full = self._pad[top_rows], self._pad[rows]
         if own == full or not self._measured:
             return rows
-        cost = self._cost
-        if cost[full] <= cost[own] * (1.0 + SPLIT_SAVING):
+        own_cost, full_cost = self._fitted(own), self._fitted(full)
+        if full_cost <= own_cost * (1.0 + SPLIT_SAVING):
             return rows  # filling up is nearly free
-        if cost[own] / own > cost[full] / full * (1.0 + LEVEL_CUT_WASTE):
+        if own_cost / own > full_cost / full * (1.0 + LEVEL_CUT_WASTE):
             return rows  # a run of the own gear would waste the device
         return own
 

@@ -88,3 +88,17 @@ def test_level_cut_keeps_a_higher_level_on_its_own_gear_when_that_costs_bounded_
     nearly_free = GearPlanner(GEARS, {1: 4.0, 2: 4.0, 4: 4.0, 8: 4.3}, 8)
     assert nearly_free.level_cut(3, 8) == 8  # gear 8 costs < 10 % more: filling it is nearly free
     assert GearPlanner(GEARS, {}, 8).level_cut(3, 8) == 8  # no warm-up figures: fill, as before
+
+
+def test_one_slow_warm_up_gear_does_not_flip_the_priority_decisions():
+    """Per-row costs alike on every gear (a CPU), but gear 4's warm-up runs came out 30 % slow:
+    read as measured, a run of gear 4 looked wasteful, so three high rows took 13 low ones
+    along (gear 16) and priority stopped working for the whole run. The decisions read a line
+    fitted to every gear."""
+    gears = (1, 2, 4, 8, 16, 32)
+    cost = {g: 0.0035 * g for g in gears}
+    cost[4] *= 1.3
+    planner = GearPlanner(gears, cost, 32)
+    assert planner.level_cut(3, 16) == 4
+    assert planner.efficient == 1
+    assert GearPlanner(gears, {g: 0.002 + 0.0001 * g for g in gears}, 32).efficient == 32  # runs cost little per row
