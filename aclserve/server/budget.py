@@ -67,6 +67,11 @@ class Lease:
         if nbytes > 0:
             self.budget._take(self, nbytes, what)
 
+    def fits(self, nbytes: int) -> bool:
+        """Whether `take(nbytes)` would succeed now."""
+        budget = self.budget
+        return self.held + nbytes <= budget.per_request and budget.used + nbytes <= budget.limit
+
     def drop(self, nbytes: int) -> None:
         """Give back `nbytes` of this request's charge (memory it no longer holds)."""
         nbytes = min(nbytes, self.held)

@@ -117,6 +117,18 @@ def test_json_that_would_decode_past_the_request_limit_is_413_before_decoding(sm
     assert status == 413 and "max_request_bytes" in doc["error"] and "binary tensor extension" in doc["error"]
 
 
+def test_json_whose_text_is_long_for_its_values_is_charged_what_its_values_can_take(small):
+    """16 numbers written with 20,000 digits each: 320 KB of text, charged as 160,000 values
+    (one per 2 bytes: 10 MiB, over max_request_bytes, so 413) before; counted from the text's
+    separators when that would not fit, it is 16 values and is served."""
+    digits = "0." + "3" * 20_000
+    body = ('{"inputs":[{"name":"x","datatype":"FP32","shape":[1,16],"data":[' + ",".join([digits] * 16)
+            + "]}]}").encode()
+    status, _, doc = asyncio.run(post(small.url, body))
+    assert status == 200, doc
+    assert np.allclose(doc["outputs"][0]["data"], [2 / 3] * 16)
+
+
 def test_declared_length_over_the_limit_is_refused_before_the_body_is_sent(small):
     async def scenario():
         reader, writer = await open_raw(small.url)
