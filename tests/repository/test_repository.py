@@ -231,3 +231,16 @@ async def test_answers_are_right_for_every_gear(make_repo, models_dir, model_fil
         x = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
         result = await repo.get("m").infer({"x": x}, rows)
         np.testing.assert_array_equal(result.outputs["y"], x * 3)
+
+
+@pytest.mark.parametrize("readiness", ["strict", "lenient"])
+async def test_a_model_still_settling_at_start_holds_readiness_back(make_repo, models_dir, model_files, readiness):
+    """A file written just before start is not trusted until it has not changed for settle_s;
+    meanwhile readiness is false, in both modes."""
+    (models_dir / "m.om").write_bytes(Path(model_files[3]["om"]).read_bytes())  # fresh: not trusted yet
+    repo, events = await make_repo(start=False, readiness=readiness)
+    await repo.start()
+    ready_at_start = repo.all_ready()
+    await events.until(repo.all_ready)
+    assert not ready_at_start
+    assert repo.get("m") is not None

@@ -81,12 +81,15 @@ def test_sigterm_while_a_batch_hangs_ends_the_process(hung_model, tmp_path):
     client = threading.Thread(target=lambda: answer.update(
         r=request(server, "POST", "/v2/models/affine/infer", json=ONE)))
     try:
-        for _ in range(1200):  # a hang guard: until it serves
+        for _ in range(1200):  # a hang guard: until it serves (it may settle its file first)
             try:
                 if request(server, "GET", "/v2/health/ready")[0] == 200:
                     break
             except OSError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)  # a 503 "not ready" came back at once: 1,200 of them ran out in a second
+        else:
+            pytest.fail("the server never became ready")
         busy = 'model="affine",version="1"'
         metric(server.url, "aclserve_instance_busy_ratio", busy)  # the ratio counts from here
         client.start()
