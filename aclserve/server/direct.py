@@ -106,8 +106,8 @@ class DirectInfer:
     async def _run(self, lease, head: Head, body: bytes | memoryview, rec, trace):
         lease.take(len(body), "request body")  # as aiohttp's path charges the body it reads
         header_length = parse_header_length(head.derived("header_length", _header_length_text))
-        charge_decoding(lease, rec, body, header_length)
-        return await infer_body(rec, body, header_length, trace, None, self._state.images, lease)
+        decoding = charge_decoding(lease, rec, body, header_length)
+        return await infer_body(rec, body, header_length, trace, None, self._state.images, lease, decoding)
 
 
 def _plain_target(head: Head) -> tuple[str, str | None] | None:

@@ -116,14 +116,17 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
 
 
 async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fallback_id: str | None = None,
-                     images=None, lease=None):
+                     images=None, lease=None, decoding: int = 0):
     """Decode a KServe v2 body, charge its answer to `lease` (answer_size.py), run it, encode
-    the answer: (payload, json_length). The HTTP handler's work without the HTTP (`aclserve
-    profile` drives it in-process, without a lease)."""
+    the answer: (payload, json_length). `decoding`: what charge_decoding took, given back once
+    decoded but for the decoded tensors (the parse's objects are gone by then). The HTTP
+    handler's work without the HTTP (`aclserve profile` drives it in-process, without a lease)."""
     if trace is not None:
         trace.received_ns = now_ns()
         trace.request_id = request_id(fallback_id)  # named even when the body is refused
     req = decode_request(body, header_length, rec.signature)
+    if lease is not None and decoding:
+        lease.drop(max(0, decoding - sum(array.nbytes for array in req.inputs.values())))
     if lease is not None:  # the HTTP body joins binary outputs behind the JSON: one copy more
         lease.take(answer_bytes(rec.signature, req, binary_copies=1, json_outputs=True), "its answer")
     return await run_decoded(rec, req, trace, encode_response, images)
@@ -151,29 +154,32 @@ async def run_decoded(rec, req, trace, encode, images=None):
     return encoded
 
 
-def charge_decoding(lease, rec, body, header_length: int | None) -> None:
+def charge_decoding(lease, rec, body, header_length: int | None) -> int:
     """Charge what decoding the body's JSON may hold at most, before it is decoded (both HTTP
     paths: here and direct.py): one value per 2 bytes of its text, and no more than the codec
     allows. When that would not fit, the values the text can hold, counted from its separators
     (json_tensors.value_bound, about 0.2 ms per MB: so only then): numbers written with their
     digits hold one value per 8-20 bytes, and a 3x96x96 image's 570 KB of JSON was charged
-    17.4 MiB for the 2.3 it can take."""
+    17.4 MiB for the 2.3 it can take. Returns the charge (infer_body gives it back once decoded:
+    it only has to fit while the one request is parsed)."""
     json_size = min(len(body) if header_length is None else header_length, len(body))
-    limit = rec.signature.json_limits.max_elements
-    estimate = json_tensor_estimate(json_size, min(json_size // 2 + 1, limit))
-    if not lease.fits(estimate):
+    values = min(json_size // 2 + 1, rec.signature.json_limits.max_elements)
+    estimate = json_tensor_estimate(json_size, values)
+    if not lease.fits(estimate):  # (separators inside strings count too: never above the first)
         text = body if json_size == len(body) else memoryview(body)[:json_size]
-        estimate = json_tensor_estimate(json_size, min(value_bound(text), limit))
+        estimate = json_tensor_estimate(json_size, min(value_bound(text), values))
     lease.take(estimate, "decoding its JSON")
+    return estimate
 
 
 async def _infer(request: web.Request, state, lease, rec, trace) -> web.Response:
     config = state.config
     body = await read_body(request, lease, config.max_body_bytes, config.body_timeout_s)
     header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
-    charge_decoding(lease, rec, body, header_length)
+    decoding = charge_decoding(lease, rec, body, header_length)
     fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
-    payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images, lease)
+    payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images, lease,
+                                            decoding)
     if json_length is None:
         response = web.Response(body=payload, content_type=_JSON)
     else:
