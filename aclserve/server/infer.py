@@ -126,7 +126,7 @@ async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fa
         trace.request_id = request_id(fallback_id)  # named even when the body is refused
     req = decode_request(body, header_length, rec.signature)
     if lease is not None and decoding:
-        lease.drop(max(0, decoding - sum(array.nbytes for array in req.inputs.values())))
+        lease.drop(max(0, decoding - sum(_held_bytes(array) for array in req.inputs.values())))
     if lease is not None:  # the HTTP body joins binary outputs behind the JSON: one copy more
         lease.take(answer_bytes(rec.signature, req, binary_copies=1, json_outputs=True), "its answer")
     return await run_decoded(rec, req, trace, encode_response, images)
@@ -152,6 +152,16 @@ async def run_decoded(rec, req, trace, encode, images=None):
     if trace is not None:
         trace.encoded_ns = now_ns()
     return encoded
+
+
+def _held_bytes(value) -> int:
+    """Memory a decoded input holds: an array's elements (and a BYTES array's strings besides),
+    or an image input's encoded pictures (a list)."""
+    if isinstance(value, list):
+        return sum(len(item) for item in value)
+    if value.dtype.kind == "O":
+        return value.nbytes + sum(len(item) for item in value.flat)
+    return value.nbytes
 
 
 def charge_decoding(lease, rec, body, header_length: int | None) -> int:
