@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import InvalidInput
 from ..runtime.types import TensorSpec
 from .bytes_codec import decode_input as decode_bytes_input, raw_input as raw_bytes_input
-from .json_tensors import JsonLimits, bool_literals, loads, refuse_booleans_among_numbers, to_array
+from .json_tensors import JsonLimits, loads, numbers_in_json, refuse_booleans_among_numbers, to_array
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -100,9 +100,9 @@ def decode_request(body: bytes, header_length: int | None, sig: Signature) -> In
         raise InvalidInput("request body must be a JSON object")
     req = InferRequest(inputs={}, rows=1)
     _decode_inputs(doc.get("inputs"), body, end, header_length is not None, sig, req)
-    literals = bool_literals(text)
-    if literals:
-        refuse_booleans_among_numbers(doc, literals, sig.inputs)
+    numeric = numbers_in_json(doc, sig.inputs)
+    if numeric:  # binary tensors hold no JSON booleans
+        refuse_booleans_among_numbers(doc, text, numeric)
     rid = doc.get("id")
     if rid is not None:
         if type(rid) is not str:

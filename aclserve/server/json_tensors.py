@@ -193,15 +193,28 @@ def bool_literals(raw: bytes | memoryview) -> int:
     return found
 
 
-def refuse_booleans_among_numbers(doc: dict, literals: int, sig_inputs: dict) -> None:
-    """InvalidInput naming the first input whose JSON data has a boolean where numbers belong,
-    when the text's `literals` (bool_literals) are more than the booleans found elsewhere."""
-    numeric = []
-    elsewhere = _count_bools([value for key, value in doc.items() if key != "inputs"])
+def numbers_in_json(doc: dict, sig_inputs: dict) -> list:
+    """(name, data, spec) of each input whose JSON data must hold numbers: the places a boolean
+    may hide (none for a request whose tensors are all binary)."""
+    found = []
     for item in doc["inputs"]:
         spec = sig_inputs[item["name"]]
-        if spec.dtype.kind in "iuf" and "data" in item:
-            numeric.append((item["name"], item["data"], spec))
+        if "data" in item and spec.dtype.kind in "iuf":
+            found.append((item["name"], item["data"], spec))
+    return found
+
+
+def refuse_booleans_among_numbers(doc: dict, text: bytes | memoryview, numeric: list) -> None:
+    """InvalidInput naming the first of `numeric` (numbers_in_json) whose data holds a boolean,
+    looked for only when the JSON `text` holds more `true` / `false` than the booleans found
+    elsewhere."""
+    literals = bool_literals(text)
+    if not literals:
+        return
+    elsewhere = _count_bools([value for key, value in doc.items() if key != "inputs"])
+    names = {name for name, _, _ in numeric}
+    for item in doc["inputs"]:
+        if item["name"] in names:
             elsewhere += _count_bools([value for key, value in item.items() if key != "data"])
         else:
             elsewhere += _count_bools(item)
