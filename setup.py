@@ -21,6 +21,7 @@ setup(
         "onnxruntime>=1.17",
         "aiohttp>=3.9",
         "orjson>=3.11.6",  # loads() depth limit (3.9.15) and dumps() recursion fix (3.11.6); tested 3.11.6, 3.13.0
+        "pysimdjson>=7.0",  # larger JSON bodies: tensor data read in C (server/json_simd.py); tested 7.0.2
         "pyyaml>=6",
         "watchdog>=4",
         "prometheus-client>=0.19",

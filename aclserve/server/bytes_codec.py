@@ -17,6 +17,7 @@ import math
 
 from ..errors import InvalidInput
 from ..runtime.types import TensorSpec
+from .json_simd import JsonNumbers
 
 _U32 = 4
 
@@ -68,6 +69,8 @@ def decode_input(name: str, item: dict, spec: TensorSpec, max_batch: int, rows: 
         data = item.get("data")
         if data is None:
             raise InvalidInput(f"input '{name}' has neither data nor parameters.binary_data_size")
+        if type(data) is JsonNumbers:  # numbers where strings belong: the list says so
+            data = data.as_list()
         return json_elements(name, data, count), offset, rows
     if type(size) is not int or size < 0:
         raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")

@@ -38,6 +38,8 @@ import orjson
 
 from ..errors import InvalidInput, PayloadTooLarge
 from ..runtime.types import TensorSpec
+from . import json_simd
+from .json_simd import JsonNumbers
 
 BINARY_HINT = "send large tensors with the binary tensor extension"
 
@@ -61,6 +63,10 @@ def loads(raw: bytes | memoryview, limits: JsonLimits):
     if size > limits.max_elements and value_bound(raw) > limits.max_elements:
         raise PayloadTooLarge(f"the JSON part of the request holds more than {limits.max_elements} "
                               f"values (max_json_elements); {BINARY_HINT}")
+    if size >= json_simd.PARSE_FROM_BYTES:
+        doc = json_simd.parse(raw)
+        if doc is not None:
+            return doc
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -120,6 +126,14 @@ _FAST_FIRST = {"f": (float, int), "i": (int,), "u": (int,)}
 
 def to_array(name: str, data, spec: TensorSpec, shape: list[int], count: int) -> np.ndarray:
     """The JSON `data` of input `name` as an array of the spec's dtype and the given shape."""
+    if type(data) is JsonNumbers:
+        arr = _read_numbers(data, spec.dtype, count)
+        if arr is not None:
+            _check_finite(name, arr, spec)
+            return arr.reshape(shape)
+        data = data.as_list()
+        if _count_bools(data, stop_at_one=True):  # a list's own path reads true as 1
+            raise _booleans_refused(name, spec)
     if type(data) is not list:
         raise InvalidInput(f"input '{name}': data must be an array")
     target = spec.dtype
@@ -135,6 +149,21 @@ def to_array(name: str, data, spec: TensorSpec, shape: list[int], count: int) ->
             _check_finite(name, arr, spec)
             return arr.reshape(shape)
     return _checked_asarray(name, data, spec, shape, count)
+
+
+def _read_numbers(data: JsonNumbers, target: np.dtype, count: int) -> np.ndarray | None:
+    """A flat array of `count` numbers of the target's kind read in C, cast and range-checked as
+    the list path does; None when that path must say what is wrong (or read nested lists)."""
+    if target.kind not in "iuf" or target not in _TYPECODES or len(data) != count:
+        return None
+    arr = data.read(target.kind)
+    if arr is None or arr.size != count:
+        return None
+    if target.kind in "iu" and count:
+        info = np.iinfo(target)
+        if arr.min() < info.min or arr.max() > info.max:
+            return None
+    return _cast(arr, target) if arr.dtype != target else arr
 
 
 def _checked_asarray(name: str, data: list, spec: TensorSpec, shape: list[int], count: int) -> np.ndarray:
