@@ -1,7 +1,8 @@
 """Automatic load retries after transient device errors, with exponential backoff and jitter.
 
-Transient: the device failed a warm-up batch or did not finish one within the model's
-execution timeout (the hung instance is abandoned, and a later attempt builds a new one), or an
+Transient: the device failed a warm-up batch (not the host code that packs and launches it) or
+did not finish one within the model's execution timeout (the hung instance is abandoned, and a
+later attempt builds a new one), or an
 ACL call failed with a resource or runtime code (2xxxxx: memory, streams, events; 5xxxxx:
 internal, execution, timeouts), which a later attempt may not meet. Parameter and file errors
 (1xxxxx), bad files and bad models are not retried: the same file would fail the same way.
@@ -22,8 +23,13 @@ from ..errors import DeviceTimeout, ExecutionFailed
 
 
 def is_transient(error: BaseException) -> bool:
-    if isinstance(error, (ExecutionFailed, DeviceTimeout)):
+    if isinstance(error, DeviceTimeout):
         return True
+    if isinstance(error, ExecutionFailed):
+        # the device failed the batch (an ACL error), or its instance closed under it (no cause);
+        # an exception of the host code that packs or launches it fails the same way again
+        cause = error.__cause__
+        return cause is None or isinstance(cause, AclError) or isinstance(cause.__cause__, AclError)
     return isinstance(error, AclError) and error.ret // 100000 in (2, 5)
 
 

@@ -156,6 +156,7 @@ class Completer:
             verb = "failed on" if isinstance(error, AclError) else "could not run on"
             message = f"batch of {batch.rows} rows (gear {batch.gear}) {verb} {where}: {error}"
             batch.error = ExecutionFailed(message)
+            batch.error.__cause__ = error  # a device's error, or the host code's (repository/retry.py)
         log.error("%s", message)
         batch.outputs = None
         batch.instance = self.name

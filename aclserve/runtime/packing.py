@@ -17,6 +17,9 @@ def pack(slot: Slot, batch: Batch) -> int:
     for tensor in slot.inputs:
         name = tensor.spec.name
         view = tensor.rows_view
+        if not tensor.spec.batched:  # no batch dimension: one request fills the whole tensor
+            view[...] = batch.inputs[0][name]
+            continue
         if len(batch.inputs) == 1:
             view[:real] = batch.inputs[0][name]
         else:
