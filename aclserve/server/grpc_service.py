@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from typing import Callable
 
 import grpc
 from google.protobuf import json_format
@@ -71,12 +72,13 @@ def pushback(error: ServeError) -> tuple:
     return (("grpc-retry-pushback-ms", str(int(seconds * 1000))),) if seconds else ()
 
 
-async def end_call(context, error: Exception, method: str) -> None:
+async def end_call(context, error: Exception, method: str, redact: Callable[[str], str]) -> None:
     """End the call with `error`'s status, the one mapping of errors to statuses: a ServeError's
-    code, message and pushback trailer; anything else logged with its traceback and INTERNAL
-    "internal error". Raises grpc's AbortError, as context.abort does."""
+    code, message (this machine's paths taken out by `redact`, the state's PathRedactor, as HTTP
+    does) and pushback trailer; anything else logged with its traceback and INTERNAL "internal
+    error". Raises grpc's AbortError, as context.abort does."""
     if isinstance(error, ServeError):
-        code, message, trailers = status_code(error), error.message, pushback(error)
+        code, message, trailers = status_code(error), redact(error.message), pushback(error)
     else:
         log.error("internal error in gRPC %s", method, exc_info=error)
         code, message, trailers = grpc.StatusCode.INTERNAL, "internal error", ()
@@ -93,7 +95,7 @@ def rpc(method):
                 return await method(self, request, context)
         except Exception as e:
             error = e
-        await end_call(context, error, method.__name__)
+        await end_call(context, error, method.__name__, self.state.redact)
     return wrapper
 
 
@@ -248,7 +250,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                 except DecodeError as e:
                     raise InvalidInput(f"request message is not valid: {e}") from None
             except Exception as e:  # as `rpc` does: grpc would answer UNKNOWN with its text
-                await end_call(context, e, method.__name__)
+                await end_call(context, e, method.__name__, self.state.redact)
             return await method(request, context)
         return handler
 
@@ -296,7 +298,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
             self._model_access(context)
             arrival = arrivals.open_stream()  # it always waits for a message: grpc_arrivals.py
         except ServeError as e:
-            await end_call(context, e, "ModelStreamInfer")
+            await end_call(context, e, "ModelStreamInfer", self.state.redact)
         stream = InferStream(context, functools.partial(self._stream_answer, self._request_id(context)),
                              config.body_timeout_s, config.body_timeout_s)
         context.add_done_callback(lambda _: stream.close())  # the call may end with the handler waiting on grpc
@@ -312,7 +314,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                     break
                 yield response
         except ServeError as e:  # BodyTimeout, or ShuttingDown at the endpoint's stop
-            await end_call(context, e, "ModelStreamInfer")
+            await end_call(context, e, "ModelStreamInfer", self.state.redact)
         finally:
             self.streams.discard(stream)
             arrivals.leave(arrival)
@@ -338,7 +340,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
             return pb.ModelStreamInferResponse(infer_response=await self.infer(message, lease, stream_id)), lease
         except ServeError as e:
             lease.release()
-            return _stream_error(message, e.message), lease
+            return _stream_error(message, self.state.redact(e.message)), lease
         except Exception:
             lease.release()
             log.exception("internal error in gRPC ModelStreamInfer")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import urllib.error
 import urllib.request
 
@@ -182,3 +183,34 @@ def test_grpc_trace_setting_changes_need_the_token_too(models_dir, make_config):
 def test_a_trace_file_name_with_a_control_character_is_refused(server):
     status, _, doc = call(server.url, "/v2/trace/setting", json.dumps({"trace_file": "t\nforged"}).encode())
     assert status == 400 and "trace_file" in doc["error"]
+
+
+def test_grpc_errors_do_not_show_absolute_paths(models_dir, make_config, tmp_path):
+    """As over HTTP: a model file that failed, or a model not in the folder, is named relative to
+    <models>, in a call's status and in a stream's error_message alike."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    shutil.copy(models_dir / "double.om", tmp_path / "double.om")
+    (tmp_path / "broken.onnx").write_bytes(b"not an onnx model")
+    srv = ServerThread(make_config(tmp_path, grpc_port=free_port(), model_control_mode="explicit")).start()
+    try:
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{srv.config.grpc_port}") as client:
+            errors = []
+            for call_it in (lambda: client.load_model("broken"), lambda: client.load_model("nosuch")):
+                with pytest.raises(InferenceServerException) as e:
+                    call_it()
+                errors.append(e.value.message())
+            answers = queue.Queue()
+            client.start_stream(lambda result, error: answers.put(error))
+            x = grpcclient.InferInput("x", [1, 16], "FP32")
+            x.set_data_from_numpy(np.ones((1, 16), np.float32))
+            client.async_stream_infer("broken", [x])
+            errors.append(answers.get(timeout=60).message())
+            client.stop_stream()
+    finally:
+        srv.close()
+    assert "<models>/broken.onnx" in errors[0] and "<models>" in errors[1] and "<models>/broken.onnx" in errors[2]
+    assert not any(str(tmp_path) in e for e in errors), errors
