@@ -197,7 +197,10 @@ class ModelRepository:
                 break
         results = await asyncio.gather(*tasks)
         if name not in self._planner.scan.models:
-            raise NotFound(self._planner.scan.problems.get(name) or f"no model {name!r} in {self.root}")
+            problem = self._planner.scan.problems.get(name)
+            if problem:  # its files are there but cannot be served as they are (a bad config, say)
+                raise ModelLoadFailed(f"failed to load {name}: {problem}")
+            raise NotFound(f"no model {name!r} in {self.root}")
         failed = [f"version {v}: {r}" for result in results for v, r in result.items()]
         if name in self._lifecycle.held and not failed:
             raise ModelLoadFailed(f"failed to load {name}: an unload request for it arrived during this load")
@@ -206,7 +209,8 @@ class ModelRepository:
 
     async def unload(self, name: str) -> None:
         self._check_control("unload")
-        if name not in self._lifecycle.serving and name not in self._planner.scan.models:
+        scan = self._planner.scan
+        if name not in self._lifecycle.serving and name not in scan.models and name not in scan.problems:
             raise NotFound(f"unknown model {name!r}")
         self._lifecycle.held.add(name)
         await self._lifecycle.wait_for(name)

@@ -107,6 +107,20 @@ async def test_api_load_of_a_corrupt_file_fails_and_keeps_serving(make_repo, mod
     assert row["state"] == State.READY and "truncated" in row["reason"]
 
 
+async def test_api_load_of_a_model_with_a_bad_config_fails_and_names_the_config(make_repo, models_dir, model_files):
+    """Its files are there (the index lists it): a load fails saying what is wrong with them (400
+    over HTTP, as Triton's INVALID_ARG), not that the model is unknown, and an unload of it, with
+    nothing serving, is done."""
+    place(model_files[1]["om"], models_dir / "m.om")
+    (models_dir / "m.yaml").write_text("instances: [oops\n")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    with pytest.raises(ModelLoadFailed, match="failed to load m: .*m.yaml"):
+        await repo.load("m")
+    await repo.unload("m")
+    with pytest.raises(NotFound, match="unknown model 'absent'"):
+        await repo.unload("absent")
+
+
 async def test_slots_auto_is_one_on_a_cpu_runtime_confined_to_one_core(make_repo, models_dir, model_files):
     place(model_files[1]["om"], models_dir / "flat.om")
     saved = os.sched_getaffinity(0)
