@@ -25,6 +25,8 @@ _UINT64_MAX = 2**64 - 1  # priority and timeout are uint64 in KServe v2 / Triton
 # "value:index" strings a request's classification answers may hold: each costs a few us of the
 # event loop and ~200 bytes outside the memory budget (65,536: about 0.2 s and 13 MB at most)
 MAX_CLASSIFICATION_ENTRIES = 65_536
+# output datatypes whose values can be ranked into classes (Triton refuses the others)
+CLASSIFIABLE = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "FP32", "FP64"})
 _SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
@@ -311,13 +313,17 @@ def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
 
 
 def check_classification(req: InferRequest, sig: Signature) -> None:
-    """Refuse classification answers of more than MAX_CLASSIFICATION_ENTRIES strings in all (a
-    top-N of rows x min(N, values per row) per output, as encode.classify renders it), before
-    the request is queued (shared with the gRPC codec)."""
+    """Refuse classification of an output whose datatype is not CLASSIFIABLE, and answers of more
+    than MAX_CLASSIFICATION_ENTRIES strings in all (a top-N of rows x min(N, values per row) per
+    output, as encode.classify renders it), before the request is queued (shared with the gRPC
+    codec)."""
     entries = 0
     for out in req.outputs or ():
         if out.classification:
             spec = sig.outputs[out.name]
+            if spec.datatype not in CLASSIFIABLE:
+                raise InvalidInput(f"output '{out.name}': classification is not available for {spec.datatype} "
+                                   f"outputs (only integer, FP32 and FP64 ones, as in Triton)")
             by_row = spec.batched and sig.max_batch_size
             dims = spec.shape[1:] if by_row else spec.shape
             per_row = math.prod(dims) if all(d >= 0 for d in dims) else out.classification

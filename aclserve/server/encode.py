@@ -52,11 +52,16 @@ def encode_response(model_name: str, model_version: str, req: InferRequest,
 
 def classify(arr: np.ndarray, classes: int, batched: bool, labels: tuple[str, ...] | None = None) -> np.ndarray:
     """Top-`classes` entries as "value:index" strings ("value:index:label" with labels), per
-    batch row when `batched`."""
+    batch row when `batched`; ties in index order. Integer values are written as integers and
+    ranked in their own type (through float64, 2**64 - 1 and 2**64 - 2 were one value), floats
+    with six decimals, as Triton does."""
     rows = arr.reshape(arr.shape[0], -1) if batched and arr.ndim > 0 else arr.reshape(1, -1)
     n = min(classes, rows.shape[1])
-    top = np.argsort(-rows.astype(np.float64), axis=1, kind="stable")[:, :n]
+    integer = rows.dtype.kind in "iu"
+    descending = ~rows if integer else -rows.astype(np.float64)  # ~x reverses an integer order, never overflows
+    top = np.argsort(descending, axis=1, kind="stable")[:, :n]
     names = labels or ()
-    out = np.array([[f"{float(row[j]):f}:{j}" + (f":{names[j]}" if j < len(names) else "") for j in idx]
+    value = (lambda v: f"{int(v)}") if integer else (lambda v: f"{float(v):f}")
+    out = np.array([[f"{value(row[j])}:{j}" + (f":{names[j]}" if j < len(names) else "") for j in idx]
                     for row, idx in zip(rows, top)], dtype=object)
     return out if batched else out.reshape(n)

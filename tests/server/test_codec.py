@@ -246,3 +246,18 @@ def test_classification_top_n():
     first = raw[length:]
     n = int.from_bytes(first[:4], "little")
     assert first[4:4 + n].decode().endswith(":1")
+
+
+def test_classification_ranks_integers_in_their_own_type_and_writes_them_as_integers():
+    huge = np.array([[2 ** 64 - 2, 2 ** 64 - 1, 5]], dtype=np.uint64)
+    assert list(encode.classify(huge, 2, True)[0]) == [f"{2 ** 64 - 1}:1", f"{2 ** 64 - 2}:0"]
+    ints = np.array([[3, -(2 ** 63), 100, 100]], dtype=np.int64)
+    assert list(encode.classify(ints, 4, True)[0]) == ["100:2", "100:3", "3:0", f"{-(2 ** 63)}:1"]
+    assert list(encode.classify(np.array([0.5, 2.0], np.float32), 1, False)) == ["2.000000:1"]
+
+
+@pytest.mark.parametrize("datatype", ["BOOL", "FP16"])
+def test_classification_of_an_output_without_an_order_is_refused(datatype):
+    sig = codec.Signature([spec("x", "FP32", [-1, 4])], [spec("o", datatype, [-1, 4])], 8)
+    doc = {"inputs": [inp("x", "FP32", [1, 4], [1.0] * 4)], "outputs": [{"name": "o", "parameters": {"classification": 2}}]}
+    bad(sig, doc, match=f"classification is not available for {datatype}")
