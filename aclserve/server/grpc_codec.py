@@ -65,17 +65,17 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
         if name in arrays:
             raise InvalidInput(f"input '{name}' is given more than once")
         shape = list(tensor.shape)
+        if tensor.parameters:
+            refuse_shared_memory(tensor.parameters, f"input '{name}'")
+        if raw and tensor.HasField("contents"):
+            raise InvalidInput(f"input '{name}' has contents but the request uses raw_input_contents "
+                               f"(use one or the other for every input)")
         if tensor.datatype == "BYTES" == spec.datatype:  # encoded images (bytes_codec)
             arrays[name], rows = decode_bytes_input(name, shape, raw[i] if raw else None,
                                                     tensor.contents.bytes_contents, spec, sig.max_batch_size, rows)
             continue
         count, rows = check_input(name, tensor.datatype, shape, spec, sig, rows)
-        if tensor.parameters:
-            refuse_shared_memory(tensor.parameters, f"input '{name}'")
         if raw:
-            if tensor.HasField("contents"):
-                raise InvalidInput(f"input '{name}' has contents but the request uses raw_input_contents "
-                                   f"(use one or the other for every input)")
             data = raw[i]
             expected = count * spec.dtype.itemsize
             if len(data) != expected:
