@@ -60,34 +60,39 @@ def parse(raw: bytes | memoryview) -> dict | None:
         return None
     if type(root) is not simdjson.Object:
         return None
-    keys = list(root.keys())
-    if len(set(keys)) != len(keys):
-        return None
-    doc = {}
-    for key in keys:
-        value = root[key]
-        if key == "inputs" and type(value) is simdjson.Array:
-            items = [value[i] for i in range(len(value))]
-            doc[key] = [_input(item) if type(item) is simdjson.Object else _python(item) for item in items]
-            if any(item is None for item in doc[key]):
-                return None
-        else:
-            doc[key] = _python(value)
-    return doc
+    doc = _object(root, "inputs", _inputs)
+    return None if doc is _REPEATED else doc
 
 
-def _input(item: simdjson.Object) -> dict | None:
-    keys = list(item.keys())
+_REPEATED = object()  # an object with a repeated key somewhere: orjson's reading is the one kept
+
+
+def _object(obj: simdjson.Object, key_of_note: str, read_it):
+    """`obj` as a dict of Python values, but for `read_it(value)` under `key_of_note`."""
+    keys = list(obj.keys())
     if len(set(keys)) != len(keys):
-        return None
-    entry = {}
+        return _REPEATED
+    out = {}
     for key in keys:
-        value = item[key]
-        if key == "data" and type(value) is simdjson.Array and len(value) and type(value[0]) in _NUMBER_TYPES:
-            entry[key] = JsonNumbers(value)
-        else:
-            entry[key] = _python(value)
-    return entry
+        value = out[key] = read_it(obj[key]) if key == key_of_note else _python(obj[key])
+        if value is _REPEATED:
+            return _REPEATED
+    return out
+
+
+def _inputs(value):
+    if type(value) is not simdjson.Array:
+        return _python(value)
+    items = [_object(item, "data", _data) if type(item) is simdjson.Object else _python(item)
+             for item in (value[i] for i in range(len(value)))]
+    return _REPEATED if any(item is _REPEATED for item in items) else items
+
+
+def _data(value):
+    """A numeric array stays in the document; anything else becomes its Python value."""
+    if type(value) is simdjson.Array and len(value) and type(value[0]) in _NUMBER_TYPES:
+        return JsonNumbers(value)
+    return _python(value)
 
 
 def _python(value):
