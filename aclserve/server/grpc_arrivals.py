@@ -21,12 +21,17 @@ Loop thread only.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections import deque
 
 from ..errors import Overloaded
 
+log = logging.getLogger(__name__)
+
 EVICT_AFTER_S = 1.0  # a message arriving slower than this keeps its slot only while none waits
 MIN_SLOTS = 4  # two streams and two unary reads, however small the budget
+REFUSAL_LOG_S = 60.0  # a stream refused is logged at most this often (the metric counts them all)
 
 
 def message_limit(config) -> int:
@@ -58,6 +63,7 @@ class Arrivals:
         self.streams = 0  # streams admitted, holding a slot or waiting for one
         self.evicted = 0  # reads ended for others waiting (/metrics)
         self.streams_refused = 0
+        self._logged_at = -REFUSAL_LOG_S  # the first refusal is logged
         self._free = self.slots
         self._holding: dict[Arrival, None] = {}  # oldest first
         self._waiting: deque[tuple[Arrival, asyncio.Future]] = deque()
@@ -73,10 +79,23 @@ class Arrivals:
         streams hold their half of the slots."""
         if self.streams >= self.stream_slots:
             self.streams_refused += 1
+            self._log_refusal()
             raise Overloaded(f"the server has {self.streams} gRPC streams open, as many as it receives "
                              f"at once (max_inflight_bytes / grpc_max_message_bytes / 2): retry later")
         self.streams += 1
         return Arrival(stream=True)
+
+    def _log_refusal(self) -> None:
+        """The operator's side of a refused stream (a load generator may not show its clients'
+        errors): once a minute at most, with how to allow more."""
+        now = time.monotonic()
+        if now < self._logged_at + REFUSAL_LOG_S:
+            return
+        self._logged_at = now
+        log.warning("gRPC ModelStreamInfer refused: %d streams open, as many as allowed (half of max_inflight_bytes "
+                    "/ grpc_max_message_bytes = %d messages received at once); %d refused so far. Lower "
+                    "grpc_max_message_bytes or raise max_inflight_bytes to allow more streams",
+                    self.streams, self.slots, self.streams_refused)
 
     async def admit(self, arrival: Arrival) -> None:
         """Wait for a slot in turn. `arrival` holds it until `leave`, whatever happens after this

@@ -4,6 +4,7 @@ them arrive at once. Here that is 4: 4 MiB of budget, messages of at most 1 MiB.
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 
 import grpc
@@ -63,8 +64,9 @@ def test_a_slow_message_gives_way_to_calls_waiting_but_a_stream_keeps_its_place(
     assert metric(four_places.url, "aclserve_grpc_slow_messages_ended_total") == 1
 
 
-def test_streams_hold_at_most_half_of_the_places(four_places):
+def test_streams_hold_at_most_half_of_the_places(four_places, caplog):
     url = four_places.grpc_url
+    caplog.set_level(logging.WARNING, logger="aclserve.server.grpc_arrivals")
 
     async def scenario():
         async with grpc.aio.insecure_channel(url) as channel:
@@ -91,6 +93,8 @@ def test_streams_hold_at_most_half_of_the_places(four_places):
     assert dict(refused.trailing_metadata() or ()).get("grpc-retry-pushback-ms")
     assert answer.infer_response.id == "fourth"
     assert metric(four_places.url, "aclserve_grpc_streams_refused_total") == 1
+    said = [r.getMessage() for r in caplog.records if r.name == "aclserve.server.grpc_arrivals"]
+    assert len(said) == 1 and "2 streams open" in said[0] and "grpc_max_message_bytes" in said[0]
 
 
 def test_a_message_over_grpc_max_message_bytes_is_refused_by_grpc(four_places):
