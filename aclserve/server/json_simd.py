@@ -5,8 +5,9 @@ it, and reading those floats back into an array costs as much again: for the med
 12,288 numbers (85 KB of JSON) about 370 us of the event loop's core, more than half of the
 request's host work. simdjson parses the text into its own document (in C++), and its
 `as_buffer` reads a whole array of numbers out of it as doubles or 64-bit integers in one C
-loop: 135 us for the same body. Below PARSE_FROM_BYTES orjson is faster (its document needs no
-walk in Python): 3.1 against 4.2 us for the light MLP's 533 bytes, 17 against 9 us at 3.6 KB.
+loop: 135 us for the same body. Small parts stay with orjson, which needs no walk of the
+document in Python (orjson / simdjson: 3.1 / 4.2 us for the light MLP's 533 bytes, 16.9 / 8.9 us
+at 3.6 KB), below PARSE_FROM_BYTES.
 
 Only an accelerator: anything simdjson refuses (invalid JSON, NaN, a number beyond a double,
 nesting past 1024, a lone surrogate, invalid UTF-8), a repeated key (orjson keeps the last,

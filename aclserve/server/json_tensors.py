@@ -8,7 +8,9 @@ than `max_json_elements` bytes, by an upper bound of the values it holds (one pe
 the same messages: NaN/Infinity literals, nesting deeper than 1024, invalid UTF-8. A number too
 large for a double (`1e400`) is refused by orjson for the whole document; the stdlib decoder then
 re-reads it (only on that error path) so the overflow becomes inf inside the tensor it belongs
-to, and the tensor check names that input.
+to, and the tensor check names that input. A JSON part of json_simd.PARSE_FROM_BYTES or more is
+parsed by simdjson instead when it can (json_simd.py): its inputs' numbers stay in C until
+to_array reads them, and anything it refuses comes back here, so the messages are these.
 
 Tensor data. A flat list of numbers becomes an array through `array.array` (one C loop that
 refuses strings, null and lists; 1.3-1.5x faster than `np.asarray` + `astype`, measured on
