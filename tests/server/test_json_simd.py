@@ -114,3 +114,17 @@ def test_numbers_sent_for_strings_are_refused_as_before(monkeypatch):
             codec.decode_request(raw, None, images)
         errors.append(e.value.message)
     assert errors[0] == errors[1] and "base64 strings" in errors[0]
+
+
+def test_a_document_of_many_keys_or_inputs_is_left_to_orjson():
+    """simdjson finds an object's key by scanning it, and its document is walked in Python: an
+    object of over MAX_KEYS keys, or over MAX_KEYS inputs (a request has a handful of each), is
+    read by orjson."""
+    def doc(keys: int, inputs: int) -> bytes:
+        return json.dumps({"id": PAD, **{f"k{i}": i for i in range(keys)},
+                           "inputs": [{"name": "f", "data": [1.0, 2.0]}] * inputs}).encode()
+    limit = json_simd.MAX_KEYS
+    assert json_simd.parse(doc(limit + 1, 1)) is None and json_simd.parse(doc(0, limit + 1)) is None
+    walked = json_simd.parse(doc(limit - 2, limit))
+    assert walked["k0"] == 0 and len(walked["inputs"]) == limit
+    assert walked["inputs"][-1]["data"].read("f").tolist() == [1.0, 2.0]
