@@ -17,7 +17,8 @@ import numpy as np
 from ..errors import InvalidInput
 from ..runtime.types import TensorSpec
 from .bytes_codec import decode_input as decode_bytes_input, raw_input as raw_bytes_input
-from .json_tensors import JsonLimits, loads, numbers_in_json, refuse_booleans_among_numbers, to_array
+from .json_simd import JsonNumbers
+from .json_tensors import JsonLimits, loads, numbers_in_json, read_numbers, refuse_booleans_among_numbers, to_array
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -171,6 +172,12 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
             data = item.get("data")
             if data is None:
                 raise InvalidInput(f"input '{name}' has neither data nor parameters.binary_data_size")
+            if type(data) is JsonNumbers:  # still in simdjson's document (json_simd.py)
+                arr = read_numbers(name, data, spec, shape, count)
+                if arr is not None:
+                    arrays[name] = arr
+                    continue
+                data = item["data"] = data.as_list()
             arrays[name] = to_array(name, data, spec, shape, count)
     if offset != len(body):
         raise InvalidInput(f"body has {len(body) - offset} bytes after the last binary input "

@@ -10,13 +10,16 @@ document in Python (orjson / simdjson: 3.1 / 4.2 us for the light MLP's 533 byte
 at 3.6 KB), below PARSE_FROM_BYTES.
 
 Only an accelerator: anything simdjson refuses (invalid JSON, NaN, a number beyond a double,
-nesting past 1024, a lone surrogate, invalid UTF-8), a repeated key (orjson keeps the last,
-simdjson's lookup the first), more than MAX_KEYS keys in an object or items in `inputs`, or a
-document that is not an object returns None, and orjson parses
-it with the messages it always gave. Every value but the inputs' `data` arrays becomes the same
-Python value orjson gives; a `data` array whose first element is a number stays in the document
-as JsonNumbers, which json_tensors.to_array reads (or turns into a list when the fast read does
-not apply, so every check and message is the list's).
+nesting past 1024, invalid UTF-8), a text with a backslash (an escape; pysimdjson cuts a key at
+a \\u0000, and a key written with escapes cannot be found in the text), a UTF-8 byte order mark
+(simdjson skips it, orjson refuses it), an array under a "data" key that holds an array
+(as_buffer would flatten a ragged one), a repeated key (orjson keeps the last, simdjson's lookup
+the first), more than MAX_KEYS keys in an object or items in `inputs`, or a document that is
+not an object returns None, and orjson parses it with the messages it always gave. Every value
+but the inputs' `data` arrays becomes the same Python value orjson gives; a `data` array whose
+first element is a number stays in the document as JsonNumbers, which json_tensors.read_numbers
+reads in C; when that read does not apply the codec puts the array's list in its place for
+to_array, so every check and message is the list's.
 """
 from __future__ import annotations
 
@@ -56,14 +59,52 @@ class JsonNumbers:
 def parse(raw: bytes | memoryview) -> dict | None:
     """The JSON object in `raw` with its inputs' numeric `data` arrays as JsonNumbers, or None
     (orjson then parses it: see the module's docstring)."""
+    text = raw if type(raw) is bytes else bytes(raw)
+    if text.startswith(_BOM) or not _data_arrays_flat(text):
+        return None
     try:
-        root = simdjson.Parser().parse(raw)
+        root = simdjson.Parser().parse(text)
     except Exception:  # any refusal: orjson's message is the one given
         return None
     if type(root) is not simdjson.Object:
         return None
     doc = _object(root, "inputs", _inputs)
     return None if doc is _TO_ORJSON else doc
+
+
+_BOM = b"\xef\xbb\xbf"  # simdjson skips a UTF-8 byte order mark, orjson refuses it
+_DATA_KEY = b'"data"'
+_SPACE = b" \t\r\n"
+
+
+def _data_arrays_flat(text: bytes) -> bool:
+    """Whether no array under a key "data" holds an array. simdjson's as_buffer flattens nested
+    arrays (a ragged [1, [], [2, 3]] would pass for three numbers) and a proxy cannot say where
+    its array lies, so the text is read: a `"data"` followed by a colon is a key (a quote inside
+    a string is escaped), and a flat array has no `[` before its first `]`. A key written with
+    escapes would not be found, so a text with any backslash is left to orjson too (tensor
+    requests have none: 2 us to look, memchr; a search for a longer needle runs at about 1
+    byte a ns, so after an array the search goes on from its end)."""
+    if text.find(b"\\") >= 0:
+        return False
+    at = text.find(_DATA_KEY)
+    while at >= 0:
+        after = pos = _skip_space(text, at + len(_DATA_KEY))
+        if text[pos:pos + 1] == b":":
+            pos = _skip_space(text, pos + 1)
+            if text[pos:pos + 1] == b"[":
+                close = text.find(b"]", pos + 1)
+                if close < 0 or text.find(b"[", pos + 1, close) >= 0:
+                    return False
+                after = close + 1
+        at = text.find(_DATA_KEY, after)
+    return True
+
+
+def _skip_space(text: bytes, pos: int) -> int:
+    while text[pos:pos + 1] and text[pos:pos + 1] in _SPACE:
+        pos += 1
+    return pos
 
 
 _TO_ORJSON = object()  # a repeated key, or too many: the document is orjson's to read

@@ -128,14 +128,6 @@ _FAST_FIRST = {"f": (float, int), "i": (int,), "u": (int,)}
 
 def to_array(name: str, data, spec: TensorSpec, shape: list[int], count: int) -> np.ndarray:
     """The JSON `data` of input `name` as an array of the spec's dtype and the given shape."""
-    if type(data) is JsonNumbers:
-        arr = _read_numbers(data, spec.dtype, count)
-        if arr is not None:
-            _check_finite(name, arr, spec)
-            return arr.reshape(shape)
-        data = data.as_list()
-        if _count_bools(data, stop_at_one=True):  # a list's own path reads true as 1
-            raise _booleans_refused(name, spec)
     if type(data) is not list:
         raise InvalidInput(f"input '{name}': data must be an array")
     target = spec.dtype
@@ -153,9 +145,19 @@ def to_array(name: str, data, spec: TensorSpec, shape: list[int], count: int) ->
     return _checked_asarray(name, data, spec, shape, count)
 
 
+def read_numbers(name: str, data: JsonNumbers, spec: TensorSpec, shape: list[int], count: int) -> np.ndarray | None:
+    """Input `name`'s data left in simdjson's document (json_simd.py) as an array of the spec's
+    dtype and the given shape, read in C, cast, range- and finiteness-checked as to_array does;
+    None when to_array must read it as a list and say what is wrong (the caller puts that list in
+    the document, where the check for booleans among numbers sees it, in the same order)."""
+    arr = _read_numbers(data, spec.dtype, count)
+    if arr is None:
+        return None
+    _check_finite(name, arr, spec)
+    return arr.reshape(shape)
+
+
 def _read_numbers(data: JsonNumbers, target: np.dtype, count: int) -> np.ndarray | None:
-    """A flat array of `count` numbers of the target's kind read in C, cast and range-checked as
-    the list path does; None when that path must say what is wrong (or read nested lists)."""
     if target.kind not in "iuf" or target not in _TYPECODES or len(data) != count:
         return None
     arr = data.read(target.kind)

@@ -128,3 +128,39 @@ def test_a_document_of_many_keys_or_inputs_is_left_to_orjson():
     walked = json_simd.parse(doc(limit - 2, limit))
     assert walked["k0"] == 0 and len(walked["inputs"]) == limit
     assert walked["inputs"][-1]["data"].read("f").tolist() == [1.0, 2.0]
+
+
+# found by differential fuzzing of the two paths: each once differed (a 500, a ragged array or a
+# byte order mark accepted, a refusal worded otherwise)
+NUMBERS = codec.Signature([spec("x", "FP32", [-1, 2])], [spec("y", "FP32", [-1, 2])], 8)
+FLAT = codec.Signature([spec("x", "FP32", [-1])], [spec("y", "FP32", [-1])], 0)
+WHOLE = codec.Signature([spec("x", "INT64", [-1, 2])], [spec("y", "FP32", [-1, 2])], 8)
+FLAGS = codec.Signature([spec("b", "BOOL", [-1])], [spec("y", "FP32", [-1])], 0)
+BOTH = codec.Signature([spec("x", "FP32", [-1, 2]), spec("b", "BOOL", [-1, 2])], [spec("y", "FP32", [-1, 2])], 8)
+X = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":%s}]%s}'
+
+
+@pytest.mark.parametrize("sig, raw", [
+    (NUMBERS, X % (b"[1,2]", b',"\\u0000":0')),
+    (NUMBERS, b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1,2],"a\\u0000":0}]}'),
+    (NUMBERS, X % (b"[1,[2]]", b"")),
+    (FLAT, b'{"inputs":[{"name":"x","datatype":"FP32","shape":[3],"data":[1,[],[2,3]]}]}'),
+    (WHOLE, b'{"inputs":[{"name":"x","datatype":"INT64","shape":[1,2],"data":[7,[[[8]]]]}]}'),
+    (NUMBERS, b"\xef\xbb\xbf" + X % (b"[1,2]", b"")),
+    (FLAGS, b'{"inputs":[{"name":"b","datatype":"BOOL","shape":[2],"data":[0,true]}]}'),
+    (NUMBERS, X % (b"[1,true,3]", b"")),
+    (NUMBERS, X % (b"[1e39,true]", b"")),
+    (WHOLE, b'{"inputs":[{"name":"x","datatype":"INT64","shape":[1,2],"data":[1.5,true]}]}'),
+    (BOTH, X % (b"[1,true]", b"")),
+])
+def test_what_fuzzing_found_is_decoded_alike(sig, raw, monkeypatch):
+    raw = raw + b" " * (json_simd.PARSE_FROM_BYTES - len(raw))  # the real threshold
+    outcomes = []
+    for threshold in (json_simd.PARSE_FROM_BYTES, len(raw) + 1):
+        monkeypatch.setattr(json_simd, "PARSE_FROM_BYTES", threshold)
+        try:
+            req = codec.decode_request(raw, None, sig)
+            outcomes.append({name: a.tolist() for name, a in req.inputs.items()})
+        except InvalidInput as e:
+            outcomes.append(e.message)
+    assert outcomes[0] == outcomes[1]
