@@ -67,6 +67,18 @@ def test_file_merges_over_default_and_overrides_win(tmp_path):
     ({"model_defaults.slots": 0}, "model_defaults.slots", "must be >= 1, got 0"),
     ({"model_defaults.reset_timeout_ms": 0}, "model_defaults.reset_timeout_ms", "must be >= 1, got 0"),
     ({"model_defaults.reset_timeout_ms": "10s"}, "model_defaults.reset_timeout_ms", "must be an integer"),
+    # found by an independent check: these were accepted, then took the server's memory (the
+    # levels), answered /config 500 (integers past 64 bits) or failed the load inside pyACL
+    ({"model_defaults.batching.priority_levels": 100_000_000}, "model_defaults.batching.priority_levels",
+     "must be <= 1000"),
+    ({"model_defaults.batching.default_queue_policy.default_timeout_ms": 99999999999999999999},
+     "model_defaults.batching.default_queue_policy.default_timeout_ms", "must be <= 2.14748e+09"),
+    ({"model_defaults.batching.max_queue_delay_ms": 1e20}, "model_defaults.batching.max_queue_delay_ms",
+     "must be <= 2.14748e+09"),
+    ({"model_defaults.execution_timeout_ms": 3_000_000_000}, "model_defaults.execution_timeout_ms",
+     "must be <= 2147483647"),
+    ({"model_defaults.batching.max_queue_delay_ms": "1e9"}, "model_defaults.batching.max_queue_delay_ms",
+     "write 1.0e9"),
     ({"max_request_bytes": 2 << 30}, "max_request_bytes", "must be <= 536870912"),
     ({"readiness": "maybe"}, "readiness", "must be one of strict, lenient"),
     ({"load_retry_max_s": 0.5}, "load_retry_max_s", "must be >= 1"),

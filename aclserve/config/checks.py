@@ -24,9 +24,13 @@ def no_unknown(data: Mapping, known, path: str) -> None:
             raise ConfigError(key_path(path, str(key)), f"unknown key (known: {', '.join(sorted(known))})")
 
 
+# the longest duration in milliseconds a setting may hold: pyACL's timeouts take a C int (24.8 days)
+MAX_MS = 2**31 - 1
+
+
 def as_int(value, path: str, minimum: int | None = None, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(path, f"must be an integer, got {value!r}")
+        raise ConfigError(path, f"must be an integer, got {value!r}{_yaml_hint(value)}")
     if minimum is not None and value < minimum:
         raise ConfigError(path, f"must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
@@ -34,14 +38,28 @@ def as_int(value, path: str, minimum: int | None = None, maximum: int | None = N
     return value
 
 
-def as_float(value, path: str, minimum: float | None = 0.0, below: float | None = None) -> float:
+def as_float(value, path: str, minimum: float | None = 0.0, below: float | None = None,
+             maximum: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(path, f"must be a number, got {value!r}")
+        raise ConfigError(path, f"must be a number, got {value!r}{_yaml_hint(value)}")
     if minimum is not None and value < minimum:
         raise ConfigError(path, f"must be >= {minimum:g}, got {value:g}")
     if below is not None and value >= below:
         raise ConfigError(path, f"must be < {below:g}, got {value:g}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(path, f"must be <= {maximum:g}, got {value:g}")
     return float(value)
+
+
+def _yaml_hint(value) -> str:
+    """YAML 1.1 (PyYAML) reads 1e9 as text: a float needs its dot (1.0e9)."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        return " (YAML reads a number like 1e9 as text: write 1.0e9)"
+    return ""
 
 
 def as_bool(value, path: str) -> bool:

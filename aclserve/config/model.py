@@ -5,10 +5,14 @@ import dataclasses
 from typing import Any, Mapping
 
 from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
-from .checks import as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, key_path, no_unknown, numbers
+from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, key_path, no_unknown,
+                     numbers)
 from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, CompileOptions, ConfigError, ImageInput,
                      ModelConfig, TensorOptions)
 
+# each level has its queues, statistics and metric series (100,000 levels took 58 MB and a 6.5 MB
+# /metrics; 100 million, the machine's memory): Triton's users name a handful
+MAX_PRIORITY_LEVELS = 1000
 _QUEUE_KEYS = {f.name for f in dataclasses.fields(QueuePolicy)}
 # YAML keys of `batching`: the dataclass fields, with the cap under Triton's name
 _BATCHING_KEYS = {f.name for f in dataclasses.fields(BatchingConfig)} - {"batch_cap"} | {"max_batch_size"}
@@ -25,7 +29,7 @@ def _queue_policy(data, path: str, base: QueuePolicy) -> QueuePolicy:
         if key == "max_queue_size":
             values[key] = None if value == AUTO else as_int(value, kp, 0)
         elif key == "default_timeout_ms":
-            values[key] = None if value == AUTO else as_float(value, kp)
+            values[key] = None if value == AUTO else as_float(value, kp, maximum=MAX_MS)
         elif key == "timeout_action":
             values[key] = as_str(value, kp, ("reject", "delay"))
         else:
@@ -43,10 +47,11 @@ def _batching(data, path: str) -> BatchingConfig:
     if "max_batch_size" in data:
         kw["batch_cap"] = as_int(data["max_batch_size"], key_path(path, "max_batch_size"), 0)
     if "max_queue_delay_ms" in data:
-        kw["max_queue_delay_ms"] = as_float(data["max_queue_delay_ms"], key_path(path, "max_queue_delay_ms"))
+        kw["max_queue_delay_ms"] = as_float(data["max_queue_delay_ms"], key_path(path, "max_queue_delay_ms"),
+                                            maximum=MAX_MS)
     if "batch_formation" in data:
         kw["batch_formation"] = as_str(data["batch_formation"], key_path(path, "batch_formation"), FORMATION_MODES)
-    levels = as_int(data.get("priority_levels", 3), key_path(path, "priority_levels"), 1)
+    levels = as_int(data.get("priority_levels", 3), key_path(path, "priority_levels"), 1, MAX_PRIORITY_LEVELS)
     kw["priority_levels"] = levels
     if "default_priority" in data:
         kw["default_priority"] = as_int(data["default_priority"], key_path(path, "default_priority"), 1, levels)
@@ -164,9 +169,9 @@ def parse_model_config(data, path: str = "") -> ModelConfig:
         slots=_slots(data.get("slots", AUTO), key_path(path, "slots")),
         retry=as_bool(data.get("retry", base.retry), key_path(path, "retry")),
         execution_timeout_ms=as_int(data.get("execution_timeout_ms", base.execution_timeout_ms),
-                                  key_path(path, "execution_timeout_ms"), 0),
+                                  key_path(path, "execution_timeout_ms"), 0, MAX_MS),
         reset_timeout_ms=as_int(data.get("reset_timeout_ms", base.reset_timeout_ms),
-                                key_path(path, "reset_timeout_ms"), 1),
+                                key_path(path, "reset_timeout_ms"), 1, MAX_MS),
         batching=_batching(data.get("batching", {}), key_path(path, "batching")),
         version_policy=_version_policy(data.get("version_policy", {"latest": 1}), key_path(path, "version_policy")),
         compile=_compile(data.get("compile", {}), key_path(path, "compile")),
