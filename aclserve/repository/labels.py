@@ -36,7 +36,8 @@ def load_labels(options: Mapping[str, TensorOptions], outputs: Sequence[TensorSp
 def read_labels(path: str, classes: int, output: str) -> tuple[str, ...]:
     shown = os.path.basename(path)
     try:
-        with open_regular(path, "r", "utf-8") as f:  # a FIFO put in its place must not hold the load
+        # utf-8-sig: a byte order mark (Notepad writes one) is not part of the first label
+        with open_regular(path, "r", "utf-8-sig") as f:  # a FIFO put in its place must not hold the load
             if os.fstat(f.fileno()).st_size > MAX_LABELS_BYTES:
                 raise LabelsError(f"labels file {shown} of output {output!r} is over {MAX_LABELS_BYTES} bytes")
             text = f.read()

@@ -19,6 +19,7 @@ never opened: opening a FIFO for reading would hold the scan until someone write
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -45,10 +46,14 @@ class VersionFile:
     mtime_ns: int
     ctime_ns: int = 0
     inode: int = 0
+    # the same of the model's config file and labels files: a version is the file served with
+    # them, so editing (or touching) one reloads it, and a fixed config is tried again after a
+    # load it made fail
+    config_stamp: tuple = ()
 
     @property
-    def identity(self) -> tuple[str, int, int, int, int]:
-        return (self.path, self.size, self.mtime_ns, self.ctime_ns, self.inode)
+    def identity(self) -> tuple:
+        return (self.path, self.size, self.mtime_ns, self.ctime_ns, self.inode) + self.config_stamp
 
 
 @dataclass(frozen=True)
@@ -253,4 +258,22 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
         available = {"1": found}
         config_path = parts.get(".yaml") or parts.get(".yml")
     config = _config(config_path, root, defaults)
+    stamp = _config_stamp(config_path, config)
+    available = {v: dataclasses.replace(f, config_stamp=stamp) for v, f in available.items()}
     result.models[name] = ModelEntry(config, available, select_versions(available, config.version_policy))
+
+
+def _config_stamp(config_path: Path | None, config: ModelConfig) -> tuple:
+    """Path, size, mtime, ctime and inode of the config file and of each labels file it names
+    (None for one gone meanwhile: the load reads it and says so)."""
+    paths = ([str(config_path)] if config_path is not None else []) + sorted(
+        {o.labels for o in config.outputs.values() if o.labels})
+    stamp = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            stamp.append((path, None))
+            continue
+        stamp.append((path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+    return tuple(stamp)

@@ -268,3 +268,28 @@ async def test_a_request_holding_a_retired_version_goes_to_its_successor(make_re
     await events.wait("unloaded", "m")
     with pytest.raises((ModelUnavailable, ShuttingDown)):  # no successor for a deleted model
         await held.infer(x_rows(), 1)
+
+
+async def test_a_fixed_config_or_labels_file_is_taken_when_the_config_is_touched(make_repo, models_dir, model_files):
+    """A version is its file served with its config and labels files: a load that failed for a
+    labels file is tried again once that is fixed and the config touched (it stayed refused until
+    the model file itself changed), and an edited labels file is taken at the next touch."""
+    repo, events = await make_repo()
+    labels = models_dir / "m_labels.txt"
+    labels.write_text("a\nb\nc\n")  # the model's output has four classes
+    (models_dir / "m.yaml").write_text("outputs: {y: {labels: m_labels.txt}}\n")
+    place(model_files[1]["om"], models_dir / "m.om")
+    await events.wait("load_failed", "m")
+
+    def touch_config():
+        stamp = (models_dir / "m.yaml").stat().st_mtime_ns + 10**9
+        os.utime(models_dir / "m.yaml", ns=(stamp, stamp))
+
+    labels.write_text("\ufeffa\nb\nc\nd\n", encoding="utf-8")  # a byte order mark, as Notepad writes
+    touch_config()
+    await events.wait("loaded", "m")
+    assert repo.get("m").labels == {"y": ("a", "b", "c", "d")}
+    labels.write_text("w\nx\ny\nz\n")
+    touch_config()
+    await events.wait("reloaded", "m")
+    assert repo.get("m").labels == {"y": ("w", "x", "y", "z")}
