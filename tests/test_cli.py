@@ -1,18 +1,21 @@
 """What a new user meets at the command line: help that describes the tool, no tracebacks."""
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from aclserve.cli.infer import cast_to_model
 
 from tests import REPO
 
 
-def _aclserve(*args, cwd=REPO, timeout=120):
-    return subprocess.run([sys.executable, "-m", "aclserve", *args], cwd=cwd, capture_output=True, text=True,
+def _aclserve(*args, cwd=REPO, timeout=120, env=None):
+    return subprocess.run([sys.executable, "-m", "aclserve", *args], cwd=cwd, capture_output=True, text=True, env=env,
                           timeout=timeout)
 
 
@@ -87,3 +90,34 @@ def test_serve_on_a_busy_grpc_port_says_so_in_one_error(tmp_path):
         proc = _aclserve("serve", "--port", "0", "--grpc-port", str(port), "--device", "cpu", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"gRPC cannot listen on 127.0.0.1:{port}" in proc.stderr and "never retrieved" not in proc.stderr
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"ACLSERVE_CPU_DEVICES": "abc"}, "ACLSERVE_CPU_DEVICES must be a positive integer, got 'abc'"),
+    ({"ACLSERVE_CPU_DEVICE_MEMORY": "lots"}, "ACLSERVE_CPU_DEVICE_MEMORY is not a size"),
+    ({"ACLSERVE_CPU_MAX_EVENTS": "-3"}, "ACLSERVE_CPU_MAX_EVENTS must be a positive integer"),
+    ({"ACLSERVE_DEVICE": "gpu"}, "ACLSERVE_DEVICE must be one of auto, npu, cpu"),
+    ({"ACLSERVE_DEVICE": "npu"}, "CANN's `acl` module is not importable"),  # no machine here has CANN
+])
+def test_serve_with_a_bad_runtime_setting_in_the_environment_says_so_in_one_line(tmp_path, env, said):
+    """Found by an independent check: each was a traceback from inside acl.init (ACLSERVE_DEVICE,
+    with the config's device at its default auto, was not read at all)."""
+    (tmp_path / "models").mkdir()
+    proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", "--models", "models", cwd=tmp_path,
+                     env={**os.environ, **env})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert said in proc.stderr, proc.stderr
+
+
+def test_profile_says_in_one_line_what_it_cannot_profile(tmp_path):
+    for name in ("digits_image.om", "digits_image.yaml", "digits_labels.txt", "digits.om"):
+        shutil.copy(REPO / "models" / name, tmp_path / name)
+    cases = [(("digits_image",), "takes encoded images (BYTES)"),
+             (("digits", "--rows", "100000"), "exceeds the model's max_batch_size"),
+             (("digits", "--device", "npu"), "CANN's `acl` module is not importable")]
+    for args, said in cases:
+        proc = _aclserve("profile", *args, "--seconds", "1", "--models", str(tmp_path), cwd=tmp_path)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert said in proc.stderr, proc.stderr
+    proc = _aclserve("profile", "digits", "--seconds", "nan", "--models", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 2 and "--seconds finite" in proc.stderr and not (tmp_path / "profile-digits.json").exists()

@@ -39,9 +39,13 @@ def _real_acl() -> ModuleType | None:
 
 
 def select(device: str | None = None) -> tuple[str, ModuleType]:
-    """Return ("npu"|"cpu", module). The first choice sticks for the process."""
+    """Return ("npu"|"cpu", module). The first choice sticks for the process. `device` npu or cpu
+    (the config's, or the CLI's) wins; auto or None defers to ACLSERVE_DEVICE."""
     global _selected
-    choice = (device or os.environ.get("ACLSERVE_DEVICE") or "auto").lower()
+    if device is not None and device.lower() != "auto":
+        choice = device.lower()
+    else:
+        choice = (os.environ.get("ACLSERVE_DEVICE") or "auto").lower()
     if choice not in DEVICE_CHOICES:
         raise ValueError(f"ACLSERVE_DEVICE must be one of {', '.join(DEVICE_CHOICES)}, not {choice!r}")
     if _selected is not None:
@@ -55,7 +59,8 @@ def select(device: str | None = None) -> tuple[str, ModuleType]:
             _selected = ("npu", real)
             return _selected
         if choice == "npu":
-            raise AclUnavailable("ACLSERVE_DEVICE=npu but CANN's `acl` module is not importable or sees no device")
+            raise AclUnavailable("device npu asked for (device, --device or ACLSERVE_DEVICE) but CANN's `acl` "
+                                 "module is not importable or sees no device")
     from . import cpu
 
     _selected = ("cpu", cpu)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import os
 import sys
 import time
 
 import numpy as np
 
+from ..errors import ServeError
 from .infer import check_url
 from .usage import UsageError
 
@@ -45,8 +47,8 @@ def add_commands(sub) -> None:
 
 def run_profile(args) -> int:
     from ..trace import analysis
-    if args.seconds <= 0 or args.clients < 1 or args.rows < 1:
-        raise UsageError("--seconds, --clients and --rows must be positive")
+    if not 0 < args.seconds < math.inf or args.clients < 1 or args.rows < 1:  # NaN fails the first
+        raise UsageError("--seconds, --clients and --rows must be positive (and --seconds finite)")
     out = args.trace or f"profile-{args.model}.json"
     for path in filter(None, (out, args.png)):  # found out now, not after the run
         folder = os.path.dirname(os.path.abspath(path))
@@ -61,7 +63,11 @@ def run_profile(args) -> int:
             print(f"aclserve profile: error: cannot reach {args.url}: {e}", file=sys.stderr)
             return 1
     else:
-        events, done, cpu_s = asyncio.run(_in_process(args))
+        from ..acl import AclUnavailable
+        try:
+            events, done, cpu_s = asyncio.run(_in_process(args))
+        except AclUnavailable as e:  # --device npu without CANN
+            raise UsageError(str(e)) from None
     import orjson
     with open(out, "wb") as f:
         f.write(orjson.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
@@ -82,6 +88,9 @@ def _body(inputs_meta: list[tuple[str, str, list[int]]], rows: int) -> tuple[byt
     rng = np.random.default_rng(0)
     arrays = {}
     for name, datatype, shape in inputs_meta:
+        if datatype == "BYTES":
+            raise UsageError(f"input {name!r} takes encoded images (BYTES): profile sends random tensors, so it "
+                             f"profiles models with numeric inputs only")
         dims = [rows if (i == 0 and d == -1) else max(d, 1) for i, d in enumerate(shape)]
         arrays[name] = rng.standard_normal(dims).astype(kserve_to_numpy(datatype))
     return build_request(arrays, [])
@@ -125,6 +134,10 @@ async def _in_process(args):
         meta = [(s.name, s.datatype, list(s.shape)) for s in served.inputs]
         body, header_length = _body(meta, args.rows)
         work = functools.partial(_work, body, header_length)
+        try:  # one request first: what the model refuses (too many rows, say) is one line
+            await counted_infer(state, args.model, None, work, protocol="inproc")
+        except ServeError as e:
+            raise UsageError(f"model {args.model!r} refused the request: {e.message}") from None
         await _closed_loop(args.clients, min(1.0, args.seconds / 5), lambda: counted_infer(
             state, args.model, None, work, protocol="inproc"))  # warm-up, not traced below
         state.tracer.take()
@@ -173,6 +186,10 @@ async def _remote(args):
         async def one():
             async with session.post(url, data=body, headers=headers) as resp:
                 await resp.read()
+        async with session.post(url, data=body, headers=headers) as resp:  # what it refuses is one line
+            if resp.status != 200:
+                raise UsageError(f"{base}: model {args.model!r} refused the request: HTTP {resp.status}: "
+                                 f"{await resp.text()}")
         await _closed_loop(args.clients, min(1.0, args.seconds / 5), one)  # warm-up, untraced
         async with session.post(setting, json={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
                                                "log_frequency": "0", "trace_file": name,

@@ -68,7 +68,7 @@ def run_serve(args) -> int:
         config = load_server_config(args.config, serve_overrides(args))
     except (ConfigError, OSError) as e:
         raise UsageError(f"bad configuration: {e}") from None
-    _check_fault_spec()
+    _check_environment()
     from .. import logs
     logs.configure(config.log_level, config.log_format)
     if config.request_log:  # the request log speaks at info whatever the level of the rest
@@ -79,10 +79,11 @@ def run_serve(args) -> int:
     heap.limit_arenas()  # before any worker thread: reloads then give their memory back
     from .. import collector
     collector.tune_for_server()  # fewer young collections: about 10 % of a light request's CPU
+    from ..acl import AclUnavailable
     from ..repository import RepositoryError
     try:
         _run(serve(config))
-    except (RepositoryError, ConfigError) as e:
+    except (RepositoryError, ConfigError, AclUnavailable) as e:  # AclUnavailable: npu asked, no CANN
         raise UsageError(str(e)) from None
     except OSError as e:  # e.g. the port is taken
         if e.strerror is None:  # our own message (the gRPC port names itself)
@@ -91,16 +92,19 @@ def run_serve(args) -> int:
     return 0
 
 
-def _check_fault_spec() -> None:
-    """A bad ACLSERVE_CPU_FAULTS is one line now, not a traceback from inside acl.init later."""
+def _check_environment() -> None:
+    """A bad ACLSERVE_DEVICE or ACLSERVE_CPU_* setting is one line now, not a traceback from
+    inside acl.init later."""
     import os
-    spec = os.environ.get("ACLSERVE_CPU_FAULTS", "")
-    if spec.strip():
-        from ..acl.cpu import faults
-        try:
-            faults.parse(spec)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+    from ..acl import DEVICE_CHOICES
+    from ..acl.cpu import settings
+    device = os.environ.get("ACLSERVE_DEVICE", "").strip().lower()
+    if device and device not in DEVICE_CHOICES:
+        raise UsageError(f"ACLSERVE_DEVICE must be one of {', '.join(DEVICE_CHOICES)}, not {device!r}")
+    try:
+        settings.check_environment()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _run(coro) -> None:

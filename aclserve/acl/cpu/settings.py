@@ -30,10 +30,11 @@ def parse_size(text: str) -> int:
     """"512M" -> 536870912, "8GiB" -> 8 << 30, "1000" -> 1000. Raises ValueError."""
     m = _SIZE.match(str(text))
     if m is None:
-        raise ValueError(f"not a size: {text!r} (expected bytes or a number with K/M/G/T)")
+        raise ValueError(f"ACLSERVE_CPU_DEVICE_MEMORY is not a size: {text!r} (expected bytes or a number with "
+                         f"K/M/G/T, e.g. 8G)")
     size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
     if size <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
+        raise ValueError(f"ACLSERVE_CPU_DEVICE_MEMORY must be positive: {text!r}")
     return size
 
 
@@ -41,9 +42,12 @@ def _positive_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
         return default
-    value = int(raw)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {raw!r}")
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
     return value
 
 
@@ -70,6 +74,17 @@ def set_threads(n: int) -> None:
     if n is not None and (not isinstance(n, int) or n < 1):
         raise ValueError(f"threads must be a positive int, got {n!r}")
     _threads_override = n
+
+
+def check_environment() -> None:
+    """Every setting above read once: ValueError naming the first that is wrong (a server checks
+    them at its start, not when acl.init meets them)."""
+    from . import faults
+    for read in (device_count, device_memory, max_streams, max_events, threads):
+        read()
+    spec = os.environ.get("ACLSERVE_CPU_FAULTS", "")
+    if spec.strip():
+        faults.parse(spec)
 
 
 def threads() -> int:
