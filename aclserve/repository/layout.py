@@ -258,9 +258,18 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
         available = {"1": found}
         config_path = parts.get(".yaml") or parts.get(".yml")
     config = _config(config_path, root, defaults)
+    selected = select_versions(available, config.version_policy)
+    if not selected:  # as Triton, which fails such a load: the model would serve nothing
+        result.problems[name] = (f"its version_policy {_policy_text(config.version_policy)} selects none of the "
+                                 f"versions found ({', '.join(sorted(available, key=version_sort_key))})")
+        return
     stamp = _config_stamp(config_path, config)
     available = {v: dataclasses.replace(f, config_stamp=stamp) for v, f in available.items()}
-    result.models[name] = ModelEntry(config, available, select_versions(available, config.version_policy))
+    result.models[name] = ModelEntry(config, available, selected)
+
+
+def _policy_text(policy: tuple) -> str:
+    return "all" if policy[0] == "all" else f"{{{policy[0]}: {list(policy[1]) if policy[0] == 'specific' else policy[1]}}}"
 
 
 def _config_stamp(config_path: Path | None, config: ModelConfig) -> tuple:

@@ -135,6 +135,19 @@ def test_version_policies(policy, expected):
     assert select_versions({"1": 0, "9": 0, "3": 0}, config.version_policy) == expected
 
 
+def test_a_version_policy_that_selects_no_version_found_is_a_problem(tmp_path):
+    """The model would serve nothing while strict readiness said ready (found by an independent
+    check); Triton fails such a load."""
+    touch(tmp_path / "flat.om")
+    (tmp_path / "flat.yaml").write_text("version_policy: {specific: [2]}\n")
+    touch(tmp_path / "multi" / "1" / "model.om")
+    (tmp_path / "multi" / "config.yaml").write_text("version_policy: {specific: [2, 3]}\n")
+    result = scan(tmp_path, DEFAULTS)
+    assert not result.models
+    assert result.problems["flat"] == "its version_policy {specific: [2]} selects none of the versions found (1)"
+    assert "{specific: [2, 3]}" in result.problems["multi"]
+
+
 def test_missing_folder_is_a_problem(tmp_path):
     assert scan(tmp_path / "nope", DEFAULTS).problems
 
