@@ -76,14 +76,15 @@ def test_grey_alpha_sixteen_bit_and_palette():
     assert decode_pixels(buf.getvalue(), plan(16, 16), *LIMITS).shape == (16, 16, 3)
 
 
-def test_exif_orientation_is_applied():
+@pytest.mark.parametrize("fmt, options", [("JPEG", {"quality": 95}), ("PNG", {})])  # PNG's was ignored
+def test_exif_orientation_is_applied(fmt, options):
     pic = np.zeros((20, 40, 3), np.uint8)
     pic[:10, :20] = 255  # stored: white top-left quadrant
     im = Image.fromarray(pic)
     exif = im.getexif()
     exif[0x0112] = 6  # display rotated 90 degrees clockwise
     buf = io.BytesIO()
-    im.save(buf, "JPEG", quality=95, exif=exif.tobytes())
+    im.save(buf, fmt, exif=exif.tobytes(), **options)
     out = decode_pixels(buf.getvalue(), plan(40, 20), *LIMITS)  # displayed 20 wide, 40 high
     assert out[:20, 10:].mean() > 200 and out[:20, :10].mean() < 50  # now top-right
 
@@ -107,8 +108,10 @@ def test_mutated_images_fail_only_with_image_error():
     exif[0x0112] = 6
     buf = io.BytesIO()
     im.save(buf, "JPEG", exif=exif.tobytes())
+    png = io.BytesIO()
+    im.save(png, "PNG", exif=exif.tobytes())
     seeds = [buf.getvalue(), encode(gradient(40, 50)), encode(gradient(40, 50), "JPEG", progressive=True),
-             encode(gradient(30, 30, 1))]
+             encode(gradient(30, 30, 1)), png.getvalue()]
     outcomes = {"decoded": 0, "refused": 0}
     for _ in range(600):
         data = bytearray(seeds[rng.integers(len(seeds))])
