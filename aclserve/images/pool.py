@@ -13,7 +13,7 @@ import concurrent.futures
 import logging
 from typing import Callable, Sequence
 
-from ..errors import QueueFull, ShuttingDown
+from ..errors import PayloadTooLarge, QueueFull, ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,9 @@ class DecodePool:
         if self._executor is None:
             return [fn(item) for item in items]
         n = len(items)
+        if n > self.max_pending:  # never fits, however long its client waits: not a retry-later
+            raise PayloadTooLarge(f"the request holds {n} images, more than are decoded at once "
+                                  f"({self.max_pending}: images.max_pending); send fewer per request")
         if self.pending + n > self.max_pending:
             raise QueueFull(f"image decoding is saturated ({self.pending} images pending, limit "
                             f"{self.max_pending}: images.max_pending); retry later")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from aclserve.config import ImageInput
-from aclserve.errors import QueueFull
+from aclserve.errors import PayloadTooLarge, QueueFull
 from aclserve.images import DecodePool, PlanError, build_plan
 from aclserve.images.decode import decode_pixels
 from aclserve.images.header import ImageError
@@ -190,7 +191,15 @@ def test_pool_bounds_pending_images_and_keeps_order():
         pool = DecodePool(workers=2, max_pending=4)
         try:
             assert await pool.map(lambda i: i * i, [1, 2, 3, 4]) == [1, 4, 9, 16]
-            with pytest.raises(QueueFull, match="images.max_pending"):
+            gate = threading.Event()
+            busy = asyncio.ensure_future(pool.map(lambda i: gate.wait(60), [1, 2, 3]))
+            await asyncio.sleep(0)  # its three jobs are in
+            with pytest.raises(QueueFull, match="images.max_pending"):  # saturated: retry later
+                await pool.map(lambda i: i, [1, 2])
+            gate.set()
+            assert await busy == [True] * 3
+            # more than the pool ever takes at once: no retry can help
+            with pytest.raises(PayloadTooLarge, match="holds 5 images, more than are decoded at once"):
                 await pool.map(lambda i: i, list(range(5)))
             with pytest.raises(ValueError, match="row 1"):
                 await pool.map(lambda i: (_ for _ in ()).throw(ValueError(f"row {i}")) if i else i, [0, 1, 2])
