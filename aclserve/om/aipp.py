@@ -11,6 +11,7 @@ Pure functions; nothing here reads the model file.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass
 
@@ -224,7 +225,9 @@ def _floats(text: str, what: str) -> list[float]:
     try:
         values = [float(v) for v in text.split(",")]
     except ValueError:
-        raise CompileError(f"--{what} must be comma-separated numbers, got {text!r}") from None
+        values = []
+    if not values or not all(math.isfinite(v) for v in values):  # float() takes nan and inf
+        raise CompileError(f"--{what} must be comma-separated finite numbers, got {text!r}")
     return values
 
 
@@ -243,8 +246,9 @@ def generate(colour: str, mean: str | None = None, std: str | None = None, rank:
             raise CompileError(f"--{what} needs {channels} value(s) for --image-input {colour}, got {len(values)}")
     if any(not 0 <= m <= 255 for m in means):
         raise CompileError("--mean values must be in [0, 255] (pixel units)")
-    if any(not s or abs(1 / s) > FP16_MAX for s in stds):
-        raise CompileError("--std values must be non-zero (pixel units, e.g. 58.395)")
+    if any(not s or abs(1 / s) > FP16_MAX for s in stds):  # the OM multiplies by 1/std, an FP16
+        raise CompileError(f"--std values must be at least 1/{FP16_MAX:g} (about 1.53e-5) in size, the "
+                           f"reciprocal being an FP16 (pixel units, e.g. 58.395); got {std!r}")
     pad = [0.0] * (4 - channels)
     return AippOp(related_input_rank=rank, input_format="YUV400_U8" if colour == "gray" else "RGB888_U8",
                   rbuv_swap_switch=colour == "bgr", mean_chn=(0, 0, 0, 0), min_chn=tuple(means + pad),

@@ -146,6 +146,17 @@ def test_refused_configs_say_why_in_one_line(body, message):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("std, message", [
+    ("nan,1,1", "finite numbers"), ("inf,1,1", "finite numbers"), ("1,x,1", "finite numbers"),
+    ("1e-5,1,1", "at least 1/65504"), ("0,1,1", "at least 1/65504"),
+])
+def test_generated_std_must_be_finite_and_its_reciprocal_an_fp16(std, message):
+    """--std nan (and inf) wrote an OM whose 1/std was nan (or 0); 1e-5 was 'must be non-zero'
+    (found by an independent check)."""
+    with pytest.raises(CompileError, match=message):
+        aipp.generate("rgb", None, std)
+
+
 def test_config_that_does_not_fit_the_model_is_refused(tmp_path, conv_onnx):
     cases = [(aipp.generate("gray"), "gives 1 channel"),
              (aipp.AippOp(src_image_size_w=20, src_image_size_h=16, crop=True, crop_size_w=10, crop_size_h=16),
