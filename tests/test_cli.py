@@ -121,3 +121,14 @@ def test_profile_says_in_one_line_what_it_cannot_profile(tmp_path):
         assert said in proc.stderr, proc.stderr
     proc = _aclserve("profile", "digits", "--seconds", "nan", "--models", str(tmp_path), cwd=tmp_path)
     assert proc.returncode == 2 and "--seconds finite" in proc.stderr and not (tmp_path / "profile-digits.json").exists()
+
+
+def test_serve_with_a_trace_file_it_cannot_write_says_so_at_start(tmp_path):
+    """The traces were written at shutdown only, so they were lost with one ERROR then (found by
+    an independent check)."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "file").write_text("")
+    proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", "--models", "models", "--trace", "file/t.json",
+                     cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "cannot write the trace file file/t.json" in proc.stderr, proc.stderr

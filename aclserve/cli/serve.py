@@ -69,6 +69,8 @@ def run_serve(args) -> int:
     except (ConfigError, OSError) as e:
         raise UsageError(f"bad configuration: {e}") from None
     _check_environment()
+    if config.trace.file:
+        _check_trace_folder(config.trace.file)
     from .. import logs
     logs.configure(config.log_level, config.log_format)
     if config.request_log:  # the request log speaks at info whatever the level of the rest
@@ -90,6 +92,20 @@ def run_serve(args) -> int:
             raise UsageError(str(e)) from None
         raise UsageError(f"cannot listen on {config.host}:{config.port}: {e.strerror or e}") from None
     return 0
+
+
+def _check_trace_folder(path: str) -> None:
+    """The trace file's folder is made and written to now: the traces are written at shutdown (or
+    every --trace-log-frequency), too late to say that they cannot be."""
+    import os
+    import tempfile
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise UsageError(f"cannot write the trace file {path}: {e.strerror or e}") from None
 
 
 def _check_environment() -> None:
