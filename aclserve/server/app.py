@@ -152,7 +152,10 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             await asyncio.wait([state.loading, stopping], return_when=asyncio.FIRST_COMPLETED)
             if state.loading.done():
                 state.loading.result()  # a repository that cannot start (no models folder) ends here
-                log.info("aclserve ready: models loaded")
+                if state.ready():
+                    log.info("aclserve ready: models loaded")
+                else:  # files still settling, loads retrying, or (strict) a model not serving
+                    log.info("aclserve started; not ready yet: see POST /v2/repository/index for each model's state")
                 if started is not None and not started.done():
                     started.set_result((host, port))
             await stopping
