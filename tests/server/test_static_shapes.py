@@ -3,14 +3,13 @@ static batch of 4 compiled with `--batch 4`): one request fills the whole tensor
 to its first row, so the warm-up failed, the model was retried as if the device had failed
 and never served. A host-code error in a warm-up batch is not retried as a device fault."""
 import numpy as np
-import onnx
 import pytest
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 
+from aclserve.acl import AclError
 from aclserve.errors import ExecutionFailed
 from aclserve.repository.retry import is_transient
-from aclserve.acl import AclError
 from tests.serving import ServerThread, server_config
 from tests.tiny_models import compile_cpu_om, save_graph, scale_onnx
 
