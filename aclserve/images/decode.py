@@ -59,7 +59,7 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
             im = Image.open(io.BytesIO(data), formats=(info.format,))
             if im.size != (info.width, info.height):
                 raise ImageError(f"{info.format} header is inconsistent")
-            orientation = im.getexif().get(_ORIENTATION, 1)  # PNG: its eXIf chunk (read with the pixels)
+            orientation = im.getexif().get(_ORIENTATION, 1)  # a PNG's eXIf chunk is read with its pixels
             if info.format == "JPEG":
                 w, h = (im.height, im.width) if orientation in _ROTATED else im.size
                 need = _draft_size(w, h, plan)

@@ -4,8 +4,8 @@ A failure belongs to one file (model, version, file identity). The settle gate l
 file out of the version selection, so the same bad file is not loaded again on every scan; it
 is tried again when the file, its config or its labels file changes (a new identity), when the
 load API asks for another try (`forget_model`), or when its retry is due (transient device
-errors only; retry.py holds the backoff). Each file's failure is logged once at error level, a retry's at warning level.
-Owned by the ModelRepository; loop thread only.
+errors only; retry.py holds the backoff). Each file's failure is logged once at error level, a
+retry's at warning level. Owned by the ModelRepository; loop thread only.
 """
 from __future__ import annotations
 

@@ -269,7 +269,11 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
 
 
 def _policy_text(policy: tuple) -> str:
-    return "all" if policy[0] == "all" else f"{{{policy[0]}: {list(policy[1]) if policy[0] == 'specific' else policy[1]}}}"
+    """A version policy as its YAML reads: all, {latest: N}, {specific: [...]}."""
+    kind = policy[0]
+    if kind == "all":
+        return "all"
+    return f"{{{kind}: {list(policy[1]) if kind == 'specific' else policy[1]}}}"
 
 
 def _config_stamp(config_path: Path | None, config: ModelConfig) -> tuple:

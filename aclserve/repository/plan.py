@@ -2,8 +2,9 @@
 
 A desired state maps model name -> version -> Wanted(file, config). Comparing the one last
 acted on with a new one gives, per model, the versions to (re)load and the versions to
-unload. A version is reloaded when its file's identity (path, size, mtime, ctime, inode; the same of
-its config and labels files: layout.VersionFile) or its model config changed. No I/O here: the repository feeds scans in and executes the plans.
+unload. A version is reloaded when its file's identity (path, size, mtime, ctime, inode; the same
+of its config and labels files: layout.VersionFile) or its model config changed. No I/O here:
+the repository feeds scans in and executes the plans.
 """
 from __future__ import annotations
 

@@ -259,5 +259,6 @@ def test_classification_ranks_integers_in_their_own_type_and_writes_them_as_inte
 @pytest.mark.parametrize("datatype", ["BOOL", "FP16"])
 def test_classification_of_an_output_without_an_order_is_refused(datatype):
     sig = codec.Signature([spec("x", "FP32", [-1, 4])], [spec("o", datatype, [-1, 4])], 8)
-    doc = {"inputs": [inp("x", "FP32", [1, 4], [1.0] * 4)], "outputs": [{"name": "o", "parameters": {"classification": 2}}]}
+    doc = {"inputs": [inp("x", "FP32", [1, 4], [1.0] * 4)],
+           "outputs": [{"name": "o", "parameters": {"classification": 2}}]}
     bad(sig, doc, match=f"classification is not available for {datatype}")
