@@ -118,8 +118,9 @@ def test_file_errors_name_the_file(tmp_path):
 
 
 def test_invalid_yaml_and_non_mapping(tmp_path):
-    with pytest.raises(ConfigError, match="invalid YAML"):
+    with pytest.raises(ConfigError, match="invalid YAML") as info:
         load_server_config(write(tmp_path, "port: [1,\n"))
+    assert "\n" not in str(info.value) and "line 2, column 1" in str(info.value)  # one line, where
     with pytest.raises(ConfigError, match="mapping at the top level"):
         load_server_config(write(tmp_path, "- 1\n- 2\n"))
     with pytest.raises(ConfigError, match="cannot read"):

@@ -60,7 +60,7 @@ def read_yaml(path: str | os.PathLike, regular_only: bool = False) -> dict:
     except OSError as e:
         raise ConfigError("", f"cannot read config file: {e.strerror}", str(path)) from None
     except yaml.YAMLError as e:
-        raise ConfigError("", f"invalid YAML: {e}", str(path)) from None
+        raise ConfigError("", f"invalid YAML: {_yaml_problem(e)}", str(path)) from None
     except UnicodeDecodeError as e:  # e.g. saved in Latin-1
         raise ConfigError("", f"not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})", str(path)) from None
     if data is None:
@@ -68,6 +68,18 @@ def read_yaml(path: str | os.PathLike, regular_only: bool = False) -> dict:
     if not isinstance(data, dict):
         raise ConfigError("", f"must be a mapping at the top level, got {type(data).__name__}", str(path))
     return data
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's error in one line (its own text spans four, naming the file twice)."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is None or problem is None:
+        return " ".join(str(e).split())
+    where = f"line {mark.line + 1}, column {mark.column + 1}"
+    context, started = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and started is not None:
+        return f"{where}: {problem} ({context} at line {started.line + 1}, column {started.column + 1})"
+    return f"{where}: {problem}"
 
 
 def default_mapping() -> dict:
