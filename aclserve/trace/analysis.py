@@ -27,6 +27,7 @@ REQUEST_PHASES = ("receive", "decode", "queue", "execute", "encode")
 BATCH_PHASES = ("pack", "copy in", "compute", "copy out", "unpack")
 HOST_STAGES = ("decode", "encode", "pack", "unpack", "copy in", "copy out")
 UNTRACED = "the event loop, batching and hand-offs (no traced stage)"
+_DIRECT_COPIES = ("H2D #", "D2H #")  # a direct batch's copies: drawn on its compute stream's track
 
 
 @dataclass
@@ -94,6 +95,8 @@ def summarize(events: list[dict], cpu_s: float | None = None) -> Summary:
             continue
         bid = _batch_id(name)
         part = STREAM_TRACKS.get(threads.get((e["pid"], e["tid"]), ""))
+        if part == "compute" and name.startswith(_DIRECT_COPIES):  # a direct batch's, on its compute stream
+            part = "copy in" if name.startswith("H2D") else "copy out"
         if part == "compute":
             compute.setdefault(e["pid"], []).append((start, start + dur))
         elif part is not None:

@@ -190,10 +190,12 @@ def _batch(b: _Builder, batch: BatchTrace) -> tuple[int, int]:
     b.span(PID_HOST, launcher, f"pack #{batch.id}", batch.launched_ns, batch.packed_ns)
     b.span(PID_HOST, launcher, f"enqueue #{batch.id}", batch.packed_ns, batch.enqueued_ns)
     b.span(PID_HOST, completion, f"unpack #{batch.id}", batch.woke_ns, batch.done_ns)
-    if batch.h2d:  # a direct batch's (alone in flight) copies ran on its compute stream: drawn here too
-        b.span(pid, TID_H2D, f"H2D #{batch.id}", *batch.h2d)
+    # a direct batch's copies (alone in flight) ran on its compute stream, before and after its
+    # execution: drawn there, where they cannot overlap a piped batch's copies on the copy streams
+    if batch.h2d:
+        b.span(pid, TID_COMPUTE if batch.direct else TID_H2D, f"H2D #{batch.id}", *batch.h2d)
     if batch.d2h:
-        b.span(pid, TID_D2H, f"D2H #{batch.id}", *batch.d2h)
+        b.span(pid, TID_COMPUTE if batch.direct else TID_D2H, f"D2H #{batch.id}", *batch.d2h)
     if batch.compute:
         b.span(pid, TID_COMPUTE, f"compute #{batch.id}", *batch.compute,
                {"gear": batch.gear, "rows": batch.rows})

@@ -80,7 +80,13 @@ def test_trace_is_chrome_json_with_one_track_per_stream_slot_and_thread(loaded_t
         if e["ph"] == "X":
             assert e["dur"] >= 0 and e["ts"] > 0
     computes = [e for e in doc["traceEvents"] if e["ph"] == "X" and names[(e["pid"], e["tid"])] == "compute stream"]
-    assert computes and all(e["name"].startswith("compute #") and e["pid"] == pid for e in computes)
+    assert any(e["name"].startswith("compute #") for e in computes) and all(e["pid"] == pid for e in computes)
+    # besides executions, the compute stream's track holds only direct batches' copies (they ran there)
+    direct = {e["name"].split()[1] for e in doc["traceEvents"]
+              if e["ph"] == "X" and e["name"].startswith("batch #") and e["args"].get("direct")}
+    copies = [e["name"].split()[1] for e in computes if not e["name"].startswith("compute #")]
+    assert all(e["name"].startswith(("compute #", "H2D #", "D2H #")) for e in computes)
+    assert set(copies) <= direct
     # a tid is unique in the file, whatever its process
     assert len({tid for _, tid in names}) == len(names)
 

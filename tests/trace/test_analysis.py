@@ -70,3 +70,19 @@ def test_a_saturated_compute_stream_reads_device_bound():
 
 def test_no_requests():
     assert analysis.summarize([]).verdict.startswith("no traced requests")
+
+
+def test_a_direct_batchs_copies_are_drawn_on_its_compute_stream_and_counted_as_copies():
+    """They ran there (alone in flight: no copy streams); drawn on the H2D track they could overlap
+    a piped batch's copy-in that ran beside them on the copy stream (a trace test failed so once)."""
+    direct = _batch(0, (0, 50), (50, 250), (250, 300), slot=0)
+    direct.direct = True
+    piped = _batch(100, (100, 200), (300, 500), (500, 550), slot=1)  # its copy-in under the direct one's compute
+    events = chrome.events([_request(-10, 400, direct, 1), _request(90, 600, piped, 2)])
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    track = {e["name"]: names[(e["pid"], e["tid"])] for e in events if e["ph"] == "X" and "#" in e["name"]}
+    assert track["H2D #%d" % direct.id] == track["D2H #%d" % direct.id] == "compute stream"
+    assert track["H2D #%d" % piped.id] == "H2D stream" and track["D2H #%d" % piped.id] == "D2H stream"
+    s = analysis.summarize(events)
+    (busy,) = s.device_busy.values()
+    assert abs(busy - 400 / 610) < 1e-6  # compute [50, 250] and [300, 500] of [-10, 600]: copies not counted
