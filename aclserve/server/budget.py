@@ -36,13 +36,21 @@ class MemoryBudget:
         """A new request's lease; `hint` ends the message of its 413 (how to need less)."""
         return Lease(self, hint)
 
+    def _over(self, lease: "Lease", nbytes: int) -> int:
+        """0 when `nbytes` more fits; 413 when the request would pass its own limit; 503 when
+        the requests in flight would pass theirs."""
+        if lease.held + nbytes > self.per_request:
+            return 413
+        return 503 if self.used + nbytes > self.limit else 0
+
     def _take(self, lease: "Lease", nbytes: int, what: str) -> None:
         total = lease.held + nbytes
-        if total > self.per_request:
+        over = self._over(lease, nbytes)
+        if over == 413:
             self.refused[413] += 1
             raise PayloadTooLarge(f"request needs about {_mb(total)} of server memory ({what}), over the "
                                   f"per-request limit of {_mb(self.per_request)} (max_request_bytes); {lease.hint}")
-        if self.used + nbytes > self.limit:
+        if over == 503:
             self.refused[503] += 1
             raise MemoryExhausted(f"server is busy: requests in flight hold {_mb(self.used)} of its "
                                   f"{_mb(self.limit)} request memory (max_inflight_bytes); retry later")
@@ -69,8 +77,7 @@ class Lease:
 
     def fits(self, nbytes: int) -> bool:
         """Whether `take(nbytes)` would succeed now."""
-        budget = self.budget
-        return self.held + nbytes <= budget.per_request and budget.used + nbytes <= budget.limit
+        return not self.budget._over(self, nbytes)
 
     def drop(self, nbytes: int) -> None:
         """Give back `nbytes` of this request's charge (memory it no longer holds)."""
