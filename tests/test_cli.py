@@ -133,3 +133,15 @@ def test_serve_with_a_trace_file_it_cannot_write_says_so_at_start(tmp_path):
                      cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "cannot write the trace file file/t.json" in proc.stderr, proc.stderr
+
+
+def test_a_device_named_in_the_config_or_cli_wins_over_aclserve_device_and_auto_defers_to_it():
+    """select() in fresh processes (its first choice sticks for a process)."""
+    code = "import sys; from aclserve.acl import select; print(select(sys.argv[1] or None)[0])"
+    for device, env, kind in (("cpu", "npu", "cpu"), ("auto", "cpu", "cpu"), ("", "cpu", "cpu")):
+        proc = subprocess.run([sys.executable, "-c", code, device], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "ACLSERVE_DEVICE": env})
+        assert proc.returncode == 0 and proc.stdout.strip() == kind, (device, env, proc.stderr)
+    proc = subprocess.run([sys.executable, "-c", code, "auto"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "ACLSERVE_DEVICE": "npu"})  # no machine here has CANN
+    assert proc.returncode == 1 and "CANN's `acl` module is not importable" in proc.stderr
