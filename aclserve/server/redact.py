@@ -1,10 +1,14 @@
 """Keep this machine's filesystem layout out of what clients read.
 
 Messages that reach a client (errors, repository index reasons, metric labels) may quote a
-path from the repository, the compile cache or a library. Every absolute path that exists on
-this machine (or whose folder does) is shown relative to the models folder when it is inside
-it, else by its last component. Request paths such as /v2/models/x (no folder /v2 here) are
-left alone.
+path from the repository, the compile cache or a library. An absolute path is shown relative
+to the models folder when it is inside it, else by its last component, when it has two or more
+components; request paths (/v2/..., /metrics) and one-component paths are left alone.
+
+The rule reads the text only, never the disk: a message may also quote a client's own value
+(an input named /etc/shadow), and a rewrite that depended on whether the path exists here
+would tell the client that it does. Such a value is misquoted (`unknown input 'shadow'`) the
+same way whether or not it exists.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import os
 import re
 
 _ABSOLUTE = re.compile(r"(?<![\w.:/~-])/(?:[^\s'\"`,;:()\[\]{}<>/]+/)*[^\s'\"`,;:()\[\]{}<>/]*")
+_ROUTES = ("v2", "metrics")  # the first components of the server's own routes
 
 
 class PathRedactor:
@@ -26,15 +31,10 @@ class PathRedactor:
     def _replace(self, match: re.Match) -> str:
         path = match.group(0).rstrip(".")
         tail = match.group(0)[len(path):]
-        if len(path) < 2 or not _on_disk(path):
-            return match.group(0)
         if path == self.root or path.startswith(self.root + os.sep):
             rel = os.path.relpath(path, self.root)
             return ("<models>" if rel == "." else f"<models>/{rel}") + tail
-        return (os.path.basename(path.rstrip("/")) or "<path>") + tail
-
-
-def _on_disk(path: str) -> bool:
-    """A path of this machine: it exists, or it has 2+ components and the first is a folder."""
-    first, sep, _ = path[1:].partition("/")
-    return os.path.lexists(path) or (bool(sep) and os.path.isdir("/" + first))
+        first, sep, rest = path[1:].partition("/")
+        if not sep or not rest.strip("/") or first in _ROUTES:
+            return match.group(0)
+        return os.path.basename(path.rstrip("/")) + tail

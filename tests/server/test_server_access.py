@@ -114,6 +114,19 @@ def test_errors_do_not_show_absolute_paths(guarded, models_dir):
     assert status == 404 and str(models_dir) not in doc["error"] and "<models>" in doc["error"]
 
 
+def test_a_client_cannot_probe_for_paths_through_error_messages(guarded, tmp_path):
+    """A client's own value that looks like a path is rewritten by the text alone: an input named
+    after a file that exists here reads the same as one under a folder that does not."""
+    (tmp_path / "secret").write_text("x")
+    answers = []
+    for name in (str(tmp_path / "secret"), "/aclserve-no-such-folder/secret"):
+        body = json.dumps({"inputs": [{"name": name, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]})
+        status, _, doc = call(guarded.url, "/v2/models/double/infer", body.encode())
+        assert status == 400 and "/" not in doc["error"].partition("(")[0]
+        answers.append(doc["error"])
+    assert answers[0] == answers[1] and "unknown input 'secret'" in answers[0]
+
+
 def test_a_deeply_nested_repository_body_is_a_400(guarded):
     status, _, doc = call(guarded.url, "/v2/repository/index", b"[" * 100_000 + b"]" * 100_000, token=TOKEN)
     assert status == 400 and "not valid JSON" in doc["error"]
