@@ -31,9 +31,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Options whose value may start with a minus sign: argparse reads `--mean -1,0,0` as an option
+# followed by another option unless the value is joined to it (`--mean=-1,0,0`).
+SIGNED_VALUES = ("--mean", "--std")
+
+
+def join_signed_values(argv: list[str]) -> list[str]:
+    """`--mean -1,0,0` as `--mean=-1,0,0`, so a negative first value reaches the option."""
+    joined: list[str] = []
+    for arg in argv:
+        negative = len(arg) > 1 and arg[0] == "-" and (arg[1].isdigit() or arg[1] == ".")
+        if negative and joined and joined[-1] in SIGNED_VALUES:
+            joined[-1] = f"{joined[-1]}={arg}"
+        else:
+            joined.append(arg)
+    return joined
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_signed_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         return int(args.func(args) or 0)
     except UsageError as e:

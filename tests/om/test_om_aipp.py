@@ -168,6 +168,17 @@ def test_config_that_does_not_fit_the_model_is_refused(tmp_path, conv_onnx):
     assert not os.path.exists(tmp_path / "x.om")
 
 
+def test_cli_takes_a_negative_first_value(tmp_path, conv_onnx):
+    """argparse read `--mean -1,0,0` as an option missing its argument (found by an independent
+    check): a value starting with a minus sign reaches --mean and --std, which judge it."""
+    proc = run_cli("compile", conv_onnx, "-o", tmp_path / "m.om", "--target", "cpu", "--image-input", "rgb",
+                   "--mean", "-1,0,0")
+    assert proc.returncode == 2 and "--mean values must be in [0, 255]" in proc.stderr, proc.stderr
+    proc = run_cli("compile", conv_onnx, "-o", tmp_path / "s.om", "--target", "cpu", "--image-input", "rgb",
+                   "--std", "-1,1,1")  # ATC's var_reci_chn may be negative
+    assert proc.returncode == 0 and os.path.exists(tmp_path / "s.om"), proc.stderr
+
+
 def test_cli_refusals_are_one_line_exit_2(tmp_path, conv_onnx):
     cfg = tmp_path / "dyn.cfg"
     cfg.write_text("aipp_op {\n aipp_mode: dynamic\n max_src_image_size: 1000\n}\n")
