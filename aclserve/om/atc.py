@@ -6,9 +6,14 @@ kernel_meta/ into its working directory), its console output is streamed line by
 the elapsed time, a timeout kills its whole process group, and the built OM is checked
 (`atc_om.identify` must say "atc_om") before it is renamed onto the output path, so a failed or
 interrupted build never leaves a partial file. Blocks the calling thread for the whole build.
+
+A build still running when the process exits (a server shut down during a compile abandons its
+daemon load thread) would go on in its own session until its timeout, its work folder left
+behind: an exit hook kills the builds in progress and removes their work folders.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
@@ -33,6 +38,39 @@ _MAX_QUOTED = 5
 
 class AtcFailed(CompileError):
     """ATC ran but did not produce a valid OM (non-zero exit, timeout, or a bad output file)."""
+
+
+class _Running:
+    """The ATC process groups and work folders of the builds in progress in this process."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.groups: set[int] = set()
+        self.folders: set[str] = set()
+
+    def add(self, kind: set, item) -> None:
+        with self._lock:
+            kind.add(item)
+
+    def discard(self, kind: set, item) -> None:
+        with self._lock:
+            kind.discard(item)
+
+    def end_all(self) -> None:
+        """At exit: kill every group, then remove every work folder (nothing writes there any more)."""
+        with self._lock:
+            groups, folders = list(self.groups), list(self.folders)
+        for group in groups:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+_RUNNING = _Running()
+atexit.register(_RUNNING.end_all)
 
 
 def find_atc(explicit: str | os.PathLike | None = None) -> str | None:
@@ -77,6 +115,7 @@ def run_streaming(argv: list[str], *, cwd: str, timeout: float, log: Callable[[s
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:
         raise AtcFailed(f"could not start ATC {argv[0]}: {e.strerror or e}") from None
+    _RUNNING.add(_RUNNING.groups, proc.pid)  # start_new_session: its pid is its group's id
     timed_out = threading.Event()
 
     def kill() -> None:
@@ -104,6 +143,7 @@ def run_streaming(argv: list[str], *, cwd: str, timeout: float, log: Callable[[s
     finally:
         timer.cancel()
         proc.stdout.close()
+        _RUNNING.discard(_RUNNING.groups, proc.pid)
     if timed_out.is_set():
         raise AtcFailed(f"ATC timed out after {timeout:g} s and was killed")
     if proc.returncode != 0:
@@ -131,6 +171,7 @@ def compile_with_atc(atc: str, onnx_path: str, output: Path, spec: ModelSpec, *,
     # would land under work/ and the build would fail with "No such file or directory").
     output = Path(output).absolute()
     work = tempfile.mkdtemp(prefix=f".{output.stem}.atc-", dir=output.parent)
+    _RUNNING.add(_RUNNING.folders, work)
     try:
         base = os.path.join(work, output.stem)
         conf = None
@@ -155,6 +196,7 @@ def compile_with_atc(atc: str, onnx_path: str, output: Path, spec: ModelSpec, *,
         return header
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        _RUNNING.discard(_RUNNING.folders, work)
 
 
 def _find_output(base: str) -> str | None:

@@ -74,6 +74,49 @@ def test_timeout_kills_atc_and_leaves_nothing(tmp_path, fake_atc, multi_io_onnx,
     assert not (tmp_path / "t.om").exists() and _leftovers(tmp_path) == []
 
 
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+ABANDONED_BUILD = """
+import sys, threading
+from aclserve.om.compile import compile_model
+onnx, out, atc = sys.argv[1:]
+started = threading.Event()  # the stand-in's first line: its record is written
+log = lambda line: started.set() if "ATC start working" in line else None
+threading.Thread(target=compile_model, args=(onnx, out), daemon=True, kwargs=dict(
+    batch="1", soc_version="Ascend310P3", atc=atc, timeout=600, log=log)).start()
+assert started.wait(60)
+"""
+
+
+def test_a_build_abandoned_at_exit_is_killed_and_its_work_folder_removed(tmp_path, fake_atc, multi_io_onnx,
+                                                                         monkeypatch):
+    """A server shut down during a compile abandons its load thread: the process exits, and the
+    ATC it started (in its own session) must not run on for up to its timeout."""
+    atc, record = fake_atc
+    monkeypatch.setenv("FAKE_ATC_MODE", "sleep")
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run([sys.executable, "-c", ABANDONED_BUILD, multi_io_onnx, out / "a.om", atc],
+                   check=True, timeout=120)
+    pid = json.loads(record.read_text())["pid"]
+    try:
+        for _ in range(500):
+            if not _alive(pid):
+                break
+            threading.Event().wait(0.01)
+        assert not _alive(pid) and _leftovers(out) == [] and not (out / "a.om").exists()
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)
+
+
 @pytest.mark.parametrize("mode,expected", [("nofile", "wrote no t.om"), ("truncated", "not a valid OM")])
 def test_bad_atc_output_is_refused(tmp_path, fake_atc, multi_io_onnx, mode, expected, monkeypatch):
     atc, _ = fake_atc
