@@ -11,6 +11,12 @@ fails on the device (an error, not a timeout) fails alone; the instance then tak
 batch, lets the others finish and resets its streams, here, when the last slot comes back:
 the launcher is idle then, and nobody else touches the streams meanwhile.
 
+While it waits for the launcher, the thread also looks, every half execution timeout, at how
+long the launcher has been inside its current launch: a launch call that does not return (an
+execute_async or memcpy_async blocking in the driver) past the execution timeout takes the
+instance out of rotation too, and its batch and those behind it fail with DeviceTimeout
+(Launcher.abandon).
+
 Every finished batch goes to the listener (the pool) as `batch_done(batch)`, then its slot is
 returned and the listener hears `slot_free()`. A listener that raises is logged; the thread
 goes on and the slot still comes back.
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 
 from ..acl import AclError, compat
 from ..acl import constants as C
@@ -65,6 +72,7 @@ class Completer:
         self.reset_timeout_ms = reset_timeout_ms
         self.listener: BatchListener | None = None
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.launcher = None  # the instance's Launcher, watched for a launch call that does not return
         self._timing_failed = False
         self.thread = None
 
@@ -75,9 +83,33 @@ class Completer:
         """The thread ends after the batches queued before this call."""
         self.queue.put(None)
 
+    def _next(self):
+        """The next item the launcher hands on; meanwhile, every half execution timeout, a look
+        at the launch it is inside (`_watch_launch`)."""
+        while True:
+            try:
+                return self.queue.get(timeout=self.execution_timeout_ms / 2000)
+            except queue.Empty:
+                self._watch_launch()
+
+    def _watch_launch(self) -> None:
+        """A launch call past the execution timeout takes the instance out of rotation, and its
+        batches fail with DeviceTimeout (a driver call that does not return is not trusted
+        again, as a batch the device does not finish; the pool rebuilds the instance)."""
+        since = self.launcher.launching_since() if self.launcher is not None else None
+        if since is None or time.monotonic() - since < self.execution_timeout_ms / 1000:
+            return
+        if not self._book.broken:
+            reason = f"a launch call did not return within {self.execution_timeout_ms} ms"
+            self._book.take_out_of_rotation(reason)
+            # counted as a timeout, the code /metrics names for one past the execution timeout
+            self._book.count_failure(C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, needs_reset=False)
+            log.error("%s: %s; the instance leaves rotation and is rebuilt", self.name, reason)
+        self.launcher.abandon(f"instance {self.name} was taken out of rotation ({self._book.broken})")
+
     def _run(self) -> None:
         while True:
-            item = self.queue.get()
+            item = self._next()
             if item is None:
                 return
             slot, batch, error, direct = item

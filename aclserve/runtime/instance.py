@@ -39,7 +39,8 @@ If a batch fails on the device (an execute error) only that batch fails; the ins
 stops taking work, lets its other batches finish, resets its streams and serves again. A batch
 the device does not finish within `execution_timeout_ms` fails with DeviceTimeout and takes the
 instance out of rotation for good (`broken`): the batches behind it fail at once, and the pool
-builds a replacement.
+builds a replacement. So does a launch call that does not return within it (the completion
+thread watches the launcher: completer.py).
 
 Every finished batch goes to the instance's listener (its pool) as `batch_done(batch)`, then its
 slot is returned and the listener hears `slot_free()`; both from the completion thread. A batch
@@ -85,6 +86,7 @@ class ModelInstance(SlotBook):
         self._close_by = math.inf  # hurry(): the latest a close may wait for the device (time.monotonic())
         self._completer = Completer(acl, self._resources, self, device, name, execution_timeout_ms, reset_timeout_ms)
         self._launcher = Launcher(acl, self._resources, self, self._completer, device, name)
+        self._completer.launcher = self._launcher  # watched for a launch call that does not return
         self._launcher.start()
         self._completer.start()
 

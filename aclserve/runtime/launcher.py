@@ -16,14 +16,20 @@ still inside a launch (a hung pack, or a memcpy_async or execute_async call the 
 return from) gives up on it (give_up): the batch the launcher holds and those queued behind it
 are answered there, since the completion thread stops without them, and the launcher hands
 nothing on when it comes back, then ends.
+
+A launch call that does not return while the instance serves is found by the completion thread
+(completer.py: `launching_since`), which takes the instance out of rotation and abandons the
+launch the same way (`abandon`): its batch and those queued behind it fail with DeviceTimeout
+(retried on another instance), as a batch the device does not finish would.
 """
 from __future__ import annotations
 
 import logging
 import queue
+import time
 
 from ..acl import AclError
-from ..errors import ExecutionFailed
+from ..errors import DeviceTimeout, ExecutionFailed
 from . import enqueue
 from .batch import Batch, BatchListener
 from .completer import Completer
@@ -51,7 +57,10 @@ class Launcher:
         self.listener: BatchListener | None = None  # answers the batches refused here
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # hand-off 1
         self._launching: tuple[Slot, Batch] | None = None  # what the thread is putting on the device
-        self._given_up = False  # close() answered what the thread held: it hands nothing on
+        self._launch_start = 0.0  # when it began (time.monotonic())
+        # close() or abandon() answered what the thread held: it hands nothing on, and takes
+        # nothing new (the reason why, for those it refuses)
+        self._given_up: str | None = None
         self.thread = None
 
     def start(self) -> None:
@@ -61,20 +70,24 @@ class Launcher:
         """Run `batch` in `slot` (reserved from the book). On an instance whose close has begun
         the batch is answered here: its launcher has stopped, or stops before it."""
         with self._book.lock:
-            if not self._book.closing:
+            given_up = self._given_up
+            if not self._book.closing and given_up is None:
                 self._queue.put((slot, batch))
                 return
-        self.refuse(slot, batch, f"instance {self.name} was closed before the batch could run")
+        if given_up is not None:  # reserved just before the instance left rotation
+            self.refuse(slot, batch, given_up, DeviceTimeout)
+        else:
+            self.refuse(slot, batch, f"instance {self.name} was closed before the batch could run")
 
     def stop(self) -> None:
         """The thread hands on the batches queued before this call, then ends. Called under the
         book's lock as `closing` is set, so no batch is queued behind the marker."""
         self._queue.put(None)
 
-    def refuse(self, slot: Slot, batch: Batch, why: str) -> None:
-        """Answer a batch that will not run (ExecutionFailed `why`) and give its slot back."""
+    def refuse(self, slot: Slot, batch: Batch, why: str, error=ExecutionFailed) -> None:
+        """Answer a batch that will not run (`error(why)`) and give its slot back."""
         self._book.return_slot(slot)
-        batch.error = ExecutionFailed(why)
+        batch.error = error(why)
         batch.outputs, batch.instance = None, self.name
         self.listener.batch_done(batch)
 
@@ -83,8 +96,25 @@ class Launcher:
         thread holds and those queued behind it here. The thread hands nothing on when it comes
         back, and then ends; the instance is abandoned meanwhile (its thread still runs), so
         nothing is freed under it."""
+        why = f"instance {self.name} was closed while its launcher was still putting a batch on the device"
+        self._answer_held(why, ExecutionFailed)
+
+    def launching_since(self) -> float | None:
+        """When the launch the thread is inside began (time.monotonic()), or None."""
         with self._book.lock:
-            self._given_up = True
+            return self._launch_start if self._launching is not None else None
+
+    def abandon(self, why: str) -> None:
+        """A launch call that does not return (the instance is out of rotation already): answer
+        the batch the thread holds, those queued behind it and any launched later with
+        DeviceTimeout `why`; the thread hands nothing on when it comes back, then ends."""
+        self._answer_held(why, DeviceTimeout)
+
+    def _answer_held(self, why: str, error) -> None:
+        with self._book.lock:
+            if self._given_up is not None:
+                return  # answered already (a hung launch abandoned, then the instance closed)
+            self._given_up = why
             held = [self._launching] if self._launching is not None else []
             while True:
                 try:
@@ -95,8 +125,7 @@ class Launcher:
                     held.append(item)
             self._queue.put(None)  # a launcher between two batches stops at its next look
         for slot, batch in held:
-            self.refuse(slot, batch, f"instance {self.name} was closed while its launcher was still putting "
-                                     f"a batch on the device")
+            self.refuse(slot, batch, why, error)
 
     def _run(self) -> None:
         book, resources = self._book, self._resources
@@ -107,7 +136,7 @@ class Launcher:
             slot, batch = item
             with book.lock:  # alone in flight: nothing to overlap with, so skip the copy streams
                 direct = book.in_flight == 1
-                self._launching = item
+                self._launching, self._launch_start = item, time.monotonic()
             if batch.trace is not None:
                 self._trace_launch(batch.trace, slot, direct)
             error = None
@@ -121,7 +150,7 @@ class Launcher:
                 error = e
             with book.lock:  # a close that gave up on this launch has answered the batch already
                 self._launching = None
-                if self._given_up:
+                if self._given_up is not None:
                     return
                 self._done_q.put((slot, batch, error, direct))
 

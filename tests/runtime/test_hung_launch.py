@@ -1,4 +1,7 @@
-"""A close whose instance's launcher thread is still inside a launch at the deadline (a hung
+"""A launcher thread stuck inside a launch (a hung pack here; a hung memcpy_async or
+execute_async call on a device is the same to the instance).
+
+A close whose instance's launcher thread is still inside a launch at the deadline (a hung
 pack here; a hung memcpy_async or execute_async call on a device is the same to the instance):
 every batch it held, and every one queued behind it, is answered once; the instance is
 abandoned, not freed under the launcher; the launcher hands nothing on when it comes back; the
@@ -10,9 +13,12 @@ import collections
 import threading
 import time
 
+import numpy as np
 import pytest
 
-from aclserve.errors import ExecutionFailed
+from aclserve.acl import constants as C
+from aclserve.acl.cpu import faults
+from aclserve.errors import DeviceTimeout, ExecutionFailed
 from aclserve.runtime import AclRuntime, open_pool, teardown
 from aclserve.runtime.batch import Batch
 
@@ -76,3 +82,52 @@ def test_a_close_answers_the_batches_a_hung_launcher_holds_and_abandons_the_inst
         pool.close()
         rt.close()
     AclRuntime(device="cpu").start().close()  # now the device is reset and ACL finalized
+
+
+def _answered(answers: Answers, batches: list[Batch]) -> bool:
+    """Wait until every batch has been answered (a hang guard: no duration is asserted)."""
+    for _ in range(3000):
+        with answers.lock:
+            if all(answers.count[id(b)] for b in batches):
+                return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_launch_call_that_does_not_return_takes_its_instance_out_of_rotation(affine_om, caplog):
+    """An execute_async call that blocks in the driver was bounded by nothing while the instance
+    served: its batch, and every one behind it, waited until an unload. Past the execution
+    timeout the instance now leaves rotation as for a batch the device does not finish: the
+    held batch and the one queued behind it fail once with DeviceTimeout, a replacement serves
+    the next, and the launcher, let go, hands nothing on."""
+    rt = AclRuntime(device="cpu").start()
+    gate = threading.Event()
+    pool = open_pool(rt, affine_om(), "affine", slots=2, execution_timeout_ms=200)
+    answers = Answers()
+    pool.attach(answers)
+    first = pool.instances[0]
+    try:
+        stuck = faults.inject("execute_call", nth=1, hold=gate)
+        batches = [Batch([affine_request(1)], 1, 1)]
+        pool.submit(batches[0])
+        assert stuck.entered.wait(30)  # the launcher is inside the call, and stays there
+        batches.append(Batch([affine_request(1, 1)], 1, 1))  # the second slot: queued behind it
+        pool.submit(batches[1])
+        assert _answered(answers, batches)
+        assert all(isinstance(b.error, DeviceTimeout) for b in batches), [b.error for b in batches]
+        assert "did not return within 200 ms" in str(batches[0].error) and first.broken
+        after = Batch([affine_request(2, 3)], 2, 2)
+        pool.submit(after)  # waits for the rebuilt instance
+        assert _answered(answers, [after]) and after.error is None
+        np.testing.assert_array_equal(after.outputs[0]["s"], affine_request(2, 3)["idx"] * 2)
+        assert pool.instances[0] is not first and pool.rebuilds == 1
+        assert pool.fault_counts() == {C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT: 1}
+        assert "a launch call did not return" in caplog.text
+        let_go(gate)  # the old launcher comes back and hands nothing on
+        first._launcher.thread.join(30)  # a hang guard
+        assert not first._launcher.thread.is_alive()
+        assert [answers.count[id(b)] for b in batches + [after]] == [1, 1, 1]
+    finally:
+        let_go(gate)
+        pool.close()
+        rt.close()

@@ -256,4 +256,10 @@ def execute_async(model_id, input, output, stream):  # noqa: A002
     if ret:
         return ret
     s, ret = _state.stream_of(stream, ctx)
-    return ret or s.enqueue(lambda: model.run(ins, outs))
+    if ret:
+        return ret
+    if faults.active():  # the call itself failing or blocking (faults.py: execute_call)
+        ret = faults.trigger("execute_call", model_id)
+        if ret:
+            return ret
+    return s.enqueue(lambda: model.run(ins, outs))
