@@ -7,21 +7,22 @@
     faults.inject("execute", probability=0.1, code=145000)
     faults.inject("execute", delay_ms=200)               # every execute sleeps 200 ms first
     faults.inject("query_size", nth=1, code=500002)      # the next query_size is refused
-    faults.inject("execute_call", nth=2, hold=gate)       # the 2nd execute_async call itself blocks
     gate = threading.Event()
     f = faults.inject("execute", nth=1, hold=gate)        # the next execute waits for gate.set()
     f.entered.wait()                                      # ... it has started (and holds the model)
+    faults.inject("execute_call", nth=2, hold=gate)       # the 2nd execute_async call itself blocks
     faults.clear()
 
 Counting starts when the fault is injected and covers the whole process, or one model with
-model_id= (execute and execute_call only). `nth` picks the first call that fails (default: the next one) and
-`count` how many in a row from there (default 1 with nth, else every call). A sync `execute`
-or `memcpy` returns the code; an `execute_async` or `memcpy_async` stores it on its stream,
-so it surfaces at the next synchronize. `execute_call` is the execute_async call itself, on the
-calling thread, before it queues the work: its code is the call's return value, and a delay or
-hold there is a driver call that does not return. `code` defaults to 507011, or to 0 (no failure) when only a
-delay or hold is asked for. Delays and holds happen while the execution owns the model, so they
-also provoke the non-re-entrancy error and stream/event timeouts.
+model_id= (execute and execute_call only). `nth` picks the first call that fails (default: the
+next one) and `count` how many in a row from there (default 1 with nth, else every call). A
+sync `execute` or `memcpy` returns the code; an `execute_async` or `memcpy_async` stores it on
+its stream, so it surfaces at the next synchronize. `execute_call` is the execute_async call
+itself, on the calling thread, before it queues the work: its code is the call's return value,
+and a delay or hold there is a driver call that does not return. `code` defaults to 507011, or
+to 0 (no failure) when only a delay or hold is asked for. Delays and holds of `execute` happen
+while the execution owns the model, so they also provoke the non-re-entrancy error and
+stream/event timeouts.
 
 Environment (read at acl.init): ACLSERVE_CPU_FAULTS="execute:nth=3,code=507011;memcpy:count=2"
 - faults separated by ';', each `kind` then optional `:key=value,...` with keys nth, count,
