@@ -1,5 +1,6 @@
 """The gRPC endpoint's lifecycle: one grpc.aio server on the running event loop (the HTTP app's
-loop), serving InferenceServicer over the app's ServerState.
+loop), serving InferenceServicer and grpc.health.v1.Health (grpc_health.py) over the app's
+ServerState.
 
 Built by the composition root (aclserve/app.py), handed to server.app.serve(), which owns it
 from then on: started after the HTTP site (models are loaded by then); at shutdown drained with
@@ -35,6 +36,7 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 
 from . import grpc_log
 from .connections import fit_descriptor_limit
+from .grpc_health import SERVICE as HEALTH_SERVICE, HealthServicer
 from .grpc_live import LiveCalls
 from .grpc_service import InferenceServicer
 
@@ -132,13 +134,15 @@ class GrpcServer:
                                        maximum_concurrent_rpcs=config.max_connections)
         grpc_log.install()  # a client gone under its answer is not an ERROR with a traceback
         self._servicer = InferenceServicer(state)
+        self._health = HealthServicer(state, self._servicer.calls)
         self._live = LiveCalls()
-        service, handlers = method_handlers(self._servicer)
-        handlers = {name: self._live.counted(handler) for name, handler in handlers.items()}
-        # A generic handler only, no registered methods: grpc.aio keeps a call request open per
+        # Generic handlers only, no registered methods: grpc.aio keeps a call request open per
         # registered method and awaits all of them (asyncio.wait) for every call it accepts; the
         # service's 26 cost each call about 12 us of the loop
-        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+        self._server.add_generic_rpc_handlers(tuple(
+            grpc.method_handlers_generic_handler(service, {name: self._live.counted(handler)
+                                                           for name, handler in handlers.items()})
+            for service, handlers in (method_handlers(self._servicer), (HEALTH_SERVICE, self._health.handlers()))))
         self._started = self._stopped = False
 
     async def start(self, host: str, port: int) -> int:
@@ -160,6 +164,7 @@ class GrpcServer:
         calls does not hold it, nor does a stream waiting for its next request (streams end
         once their requests running are answered)."""
         self._servicer.drain_streams()
+        self._health.drain()
         await self._live.none_by(deadline)
 
     async def stop(self, deadline: float | None = None) -> None:
