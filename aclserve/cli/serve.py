@@ -23,6 +23,9 @@ def add_commands(sub) -> None:
     p.add_argument("--device", choices=("auto", "cpu", "npu"), help="ACL to use (default auto)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error", "critical"),
                    help="logging level (default info; debug also logs every request)")
+    p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve HTTPS and gRPC over TLS "
+                                                      "(tls_cert_file; with --tls-key)")
+    p.add_argument("--tls-key", metavar="FILE", help="its PEM private key (tls_key_file)")
     p.add_argument("--cpu-threads", type=int, metavar="N", help="ONNX Runtime threads per instance (CPU runtime)")
     p.add_argument("--model-control-mode", choices=("poll", "explicit", "none"),
                    help="how the repository follows the models folder (default poll)")
@@ -51,6 +54,7 @@ def serve_overrides(args) -> dict:
     return {"host": args.host, "port": args.port, "grpc_port": args.grpc_port, "models_dir": args.models,
             "compile_cache_dir": args.compile_cache_dir, "device": args.device,
             "log_level": args.log_level, "cpu_threads": args.cpu_threads,
+            "tls_cert_file": args.tls_cert, "tls_key_file": args.tls_key,
             "model_control_mode": args.model_control_mode,
             "model_defaults.batching.max_batch_size": args.max_batch,
             "model_defaults.batching.max_queue_delay_ms": args.max_delay_ms,

@@ -122,6 +122,8 @@ class ServerConfig:
     direct_infer: bool = True
     api_token: str = field(default="", repr=False)  # never printed; ACLSERVE_API_TOKEN wins
     auth_inference: bool = False
+    tls_cert_file: str = ""  # PEM certificate chain: HTTPS and gRPC over TLS (server/tls.py); "" = plain
+    tls_key_file: str = ""  # its private key (PEM)
     readiness: str = "strict"
     load_retry_initial_s: float = 1.0
     load_retry_max_s: float = 60.0

@@ -27,6 +27,11 @@ def parse_server_config(data: Mapping) -> ServerConfig:
     if not isinstance(token, str):
         raise ConfigError("api_token", "must be a string")  # the value is a secret: not echoed
     max_inflight = as_int(get("max_inflight_bytes"), "max_inflight_bytes", 1)
+    tls_cert = as_str(get("tls_cert_file") or "", "tls_cert_file")
+    tls_key = as_str(get("tls_key_file") or "", "tls_key_file")
+    if bool(tls_cert) != bool(tls_key):
+        raise ConfigError("tls_key_file" if tls_cert else "tls_cert_file",
+                          "TLS needs both tls_cert_file and tls_key_file")
     initial_retry = as_float(get("load_retry_initial_s"), "load_retry_initial_s")
     return ServerConfig(
         host=as_str(get("host"), "host", allow_empty=False),
@@ -57,6 +62,8 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         direct_infer=as_bool(get("direct_infer"), "direct_infer"),
         api_token=token,
         auth_inference=as_bool(get("auth_inference"), "auth_inference"),
+        tls_cert_file=tls_cert,
+        tls_key_file=tls_key,
         readiness=as_str(get("readiness"), "readiness", READINESS),
         load_retry_initial_s=initial_retry,
         load_retry_max_s=as_float(get("load_retry_max_s"), "load_retry_max_s", initial_retry),

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from . import bad_request_log
+from . import bad_request_log, tls
 from .app_keys import STATE
 from .auth import access_middleware
 from .connections import BODY_LINGER_S, fit_descriptor_limit, tracking_middleware
@@ -137,15 +137,18 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             pass
     listener: asyncio.Server | None = None
     state.auth.log_startup()
+    ssl_context = tls.http_context(config)  # a bad certificate stops the start before anything runs
     try:
         await runner.setup()
         state.connections.direct = direct_answers(app)
-        listener = await listen(runner, state.connections, config.host, config.port, config.listen_backlog)
+        listener = await listen(runner, state.connections, config.host, config.port, config.listen_backlog,
+                                ssl_context, config.header_timeout_s)
         host, port = listener.sockets[0].getsockname()[:2]
-        log.info("aclserve listening on http://%s:%d", host, port)
+        log.info("aclserve listening on %s://%s:%d", "https" if tls.enabled(config) else "http", host, port)
         if grpc_server is not None:
             grpc_port = await grpc_server.start(config.host, config.grpc_port)
-            log.info("aclserve gRPC listening on %s:%d", config.host, grpc_port)
+            log.info("aclserve gRPC listening on %s:%d%s", config.host, grpc_port,
+                     " (TLS)" if tls.enabled(config) else "")
         # Bound first, then loaded: readiness stays false until the models are in.
         stopping = asyncio.ensure_future(stop.wait())
         try:

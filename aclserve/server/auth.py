@@ -55,6 +55,7 @@ class Access:
         self.inference = config.auth_inference
         self.host = config.host
         self.control_open = bool(self._token) or is_loopback(config.host)
+        self.in_clear = not config.tls_cert_file and not is_loopback(config.host)  # tokens readable on the wire
 
     @property
     def enabled(self) -> bool:
@@ -87,6 +88,9 @@ class Access:
         if self._token:
             log.info("API token set: the repository API, trace setting changes%s need it",
                      " and inference" if self.inference else "")
+            if self.in_clear:
+                log.warning("listening on %s without TLS: the API token crosses the network in the clear; "
+                            "set tls_cert_file and tls_key_file, or terminate TLS in a proxy in front", self.host)
         elif not self.control_open:
             log.warning("listening on %s without an API token: model load/unload requests are refused "
                         "(403); set api_token in the config or %s to enable them", self.host, TOKEN_ENV)

@@ -34,7 +34,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from . import grpc_log
+from . import grpc_log, tls
 from .connections import fit_descriptor_limit
 from .grpc_health import SERVICE as HEALTH_SERVICE, HealthServicer
 from .grpc_live import LiveCalls
@@ -143,12 +143,16 @@ class GrpcServer:
             grpc.method_handlers_generic_handler(service, {name: self._live.counted(handler)
                                                            for name, handler in handlers.items()})
             for service, handlers in (method_handlers(self._servicer), (HEALTH_SERVICE, self._health.handlers()))))
+        self._credentials = tls.grpc_credentials(config)  # read now: a bad file stops the start
         self._started = self._stopped = False
 
     async def start(self, host: str, port: int) -> int:
         """Bind host:port and serve; returns the bound port. OSError when it cannot bind."""
         try:
-            bound = self._server.add_insecure_port(address(host, port))
+            if self._credentials is None:
+                bound = self._server.add_insecure_port(address(host, port))
+            else:
+                bound = self._server.add_secure_port(address(host, port), self._credentials)
         except RuntimeError as e:  # grpcio raises RuntimeError("Failed to bind ...")
             raise OSError(f"gRPC cannot listen on {address(host, port)}: {e}") from None
         if not bound:

@@ -202,9 +202,11 @@ class GuardedProtocol(asyncio.Protocol):
 
 
 async def listen(runner: web.AppRunner, tracker: ConnectionTracker, host: str, port: int,
-                 backlog: int) -> asyncio.Server:
+                 backlog: int, ssl_context=None, handshake_timeout_s: float | None = None) -> asyncio.Server:
     """Listen on host:port with the runner's aiohttp server as the protocol (its public use as a
-    low-level server), each connection going through the tracker. The caller closes the listener
-    (before runner.cleanup(), which shuts the connections down)."""
+    low-level server), each connection going through the tracker (over TLS with `ssl_context`:
+    the guard then reads the decrypted bytes). The caller closes the listener (before
+    runner.cleanup(), which shuts the connections down)."""
     return await asyncio.get_running_loop().create_server(
-        lambda: GuardedProtocol(tracker, runner.server), host, port, backlog=backlog, reuse_address=True)
+        lambda: GuardedProtocol(tracker, runner.server), host, port, backlog=backlog, reuse_address=True,
+        ssl=ssl_context, ssl_handshake_timeout=handshake_timeout_s if ssl_context is not None else None)

@@ -1,0 +1,142 @@
+"""TLS on both endpoints (server/tls.py), with a test certificate authority (trustme): HTTPS
+infer answered by the connection guard and by aiohttp alike, a plain request to the TLS port
+refused, gRPC over TLS (tritonclient and the health service), and the configuration errors that
+stop a start with one line."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import ssl
+import subprocess
+import sys
+
+import aiohttp
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import trustme
+
+from aclserve.config import ConfigError
+from aclserve.server.auth import Access
+from aclserve.server.grpc_health import SERVING, HealthCheckRequest, HealthCheckResponse
+
+from tests import REPO
+from tests.serving import ServerThread, free_port
+
+BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}
+
+
+@pytest.fixture(scope="module")
+def authority(tmp_path_factory):
+    """(CA, certificate file, key file) for 127.0.0.1."""
+    folder = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_pem.write_to_path(str(folder / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(folder / "cert.pem"))
+    with open(folder / "cert.pem", "ab") as f:
+        for pem in cert.cert_chain_pems[1:]:
+            f.write(pem.bytes())
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    return ca, folder / "cert.pem", folder / "key.pem"
+
+
+@pytest.fixture(scope="module")
+def tls_server(models_dir, make_config, authority, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tls_models")
+    shutil.copy(models_dir / "double.om", folder / "double.om")
+    _, cert, key = authority
+    config = make_config(folder, grpc_port=free_port(), model_control_mode="none",
+                         tls_cert_file=str(cert), tls_key_file=str(key))
+    with ServerThread(config) as server:
+        server.grpc_url = f"127.0.0.1:{config.grpc_port}"
+        yield server
+
+
+def test_https_infer_through_the_guard_and_through_aiohttp(tls_server, authority):
+    ca = authority[0]
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            url = f"https://{tls_server.url}/v2/models/double"
+            async with session.post(f"{url}/infer", data=json.dumps(BODY), ssl=context,
+                                    headers={"Content-Type": "application/json"}, skip_auto_headers=["Accept-Encoding"]) as r:
+                plain = r.status, await r.json()
+            async with session.post(f"{url}/infer", json=BODY, ssl=context) as r:  # Accept-Encoding: aiohttp's path
+                compressed = r.status, await r.json()
+            async with session.get(url, ssl=context) as r:
+                metadata = r.status, await r.json()
+            return plain, compressed, metadata
+    plain, compressed, metadata = asyncio.run(scenario())
+    for status, doc in (plain, compressed):
+        assert status == 200 and doc["outputs"][0]["data"] == [2.0] * 16
+    assert metadata[0] == 200 and metadata[1]["name"] == "double"
+
+
+def test_a_plain_http_request_to_the_tls_port_gets_no_answer(tls_server):
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(aiohttp.ClientError):
+                async with session.post(f"http://{tls_server.url}/v2/models/double/infer", json=BODY) as r:
+                    await r.read()
+    asyncio.run(scenario())
+
+
+def test_grpc_over_tls(tls_server, authority):
+    _, cert, _ = authority
+    ca_file = cert.parent / "ca.pem"
+    client = grpcclient.InferenceServerClient(tls_server.grpc_url, ssl=True, root_certificates=str(ca_file))
+    try:
+        x = grpcclient.InferInput("x", [1, 16], "FP32")
+        x.set_data_from_numpy(np.ones((1, 16), np.float32))
+        result = client.infer("double", [x])
+        np.testing.assert_array_equal(result.as_numpy(result.get_response().outputs[0].name), np.full((1, 16), 2.0))
+    finally:
+        client.close()
+    credentials = grpc.ssl_channel_credentials(ca_file.read_bytes())
+    with grpc.secure_channel(tls_server.grpc_url, credentials) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check", HealthCheckRequest.SerializeToString,
+                                    HealthCheckResponse.FromString)
+        assert check(HealthCheckRequest(), timeout=60).status == SERVING
+    with grpc.insecure_channel(tls_server.grpc_url) as channel:  # plain text to the TLS port
+        check = channel.unary_unary("/grpc.health.v1.Health/Check", HealthCheckRequest.SerializeToString,
+                                    HealthCheckResponse.FromString)
+        with pytest.raises(grpc.RpcError) as refused:
+            check(HealthCheckRequest(), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_tls_needs_both_files(make_config, tmp_path, authority):
+    with pytest.raises(ConfigError, match="needs both tls_cert_file and tls_key_file"):
+        make_config(tmp_path, tls_cert_file=str(authority[1]))
+
+
+@pytest.mark.parametrize("which", ["missing", "mismatched"])
+def test_a_certificate_that_cannot_be_used_stops_the_start_with_one_line(tmp_path, authority, which):
+    _, cert, key = authority
+    if which == "missing":
+        cert_file, key_file, expected = tmp_path / "nope.pem", key, "cannot read"
+    else:
+        other = trustme.CA().issue_cert("127.0.0.1")
+        other.private_key_pem.write_to_path(str(tmp_path / "other.pem"))
+        cert_file, key_file, expected = cert, tmp_path / "other.pem", "do not make a pair"
+    proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port", "0",
+                           "--grpc-port", "0", "--device", "cpu", "--tls-cert", str(cert_file),
+                           "--tls-key", str(key_file)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_token_served_in_the_clear_beyond_loopback_is_warned_about(make_config, tmp_path, authority, caplog):
+    caplog.set_level(logging.WARNING, "aclserve")
+    Access(make_config(tmp_path, host="0.0.0.0", api_token="secret")).log_startup()
+    assert "without TLS: the API token crosses the network in the clear" in caplog.text
+    caplog.clear()
+    Access(make_config(tmp_path, host="0.0.0.0", api_token="secret", tls_cert_file=str(authority[1]),
+                       tls_key_file=str(authority[2]))).log_startup()
+    Access(make_config(tmp_path, api_token="secret")).log_startup()  # loopback
+    assert "in the clear" not in caplog.text
