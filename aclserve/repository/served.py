@@ -12,9 +12,13 @@ batcher. When the version is retired (replaced or unloaded) it leaves the servin
 the batcher (what the drain left is answered 503) and, in a worker thread, the pool (an
 instance the device has not let go of by the pool's deadline is abandoned, not waited for:
 runtime/teardown.py). A request that raced the swap and is refused by the draining batcher is
-re-sent once to the successor (the same version reloaded, else the model's newest version), so
-a reload never fails a request (also when the caller held this object past the close of its
-batcher, e.g. while reading a request body). Owned by the repository's Lifecycle; used on the
+re-sent once to the successor when that is the same version reloaded with the same signature
+(inputs, outputs, batch limit, labels, image plans: the request was decoded, and will be
+answered, by this version's), so a reload of a file in place never fails a request (also when
+the caller held this object past the close of its batcher, e.g. while reading a request body).
+Otherwise (another version took over, or the reloaded file's signature differs) it is refused
+503 with a message saying to send it again: run by a model it was not checked against, it was
+answered wrongly or failed its whole batch. Owned by the repository's Lifecycle; used on the
 loop, blocking steps in the executor it is given.
 """
 from __future__ import annotations
@@ -100,12 +104,24 @@ class ServedVersion:
             return await self.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us, trace=trace)
         except (ModelUnavailable, ShuttingDown):
             # refused because this version was retired after the caller looked it up (draining,
-            # or already closed): hand the request to the version that took over
+            # or already closed): hand the request to the version that took over, when it is
+            # this one reloaded with the same signature
             successor = self._successor() if self._successor is not None else None
             if successor is None or successor is self:
                 raise
+            if successor.version != self.version:
+                raise ModelUnavailable(f"model {self.name} version {self.version} was replaced by version "
+                                       f"{successor.version} while this request arrived; send it again") from None
+            if successor.signature_key() != self.signature_key():
+                raise ModelUnavailable(f"model {self.name} version {self.version} was reloaded with other inputs "
+                                       f"or outputs while this request arrived; send it again") from None
             return await successor.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us,
                                                  trace=trace)
+
+    def signature_key(self) -> tuple:
+        """What a request decoded for this version was checked against and is answered with."""
+        return (tuple(self.inputs), tuple(self.pool.inputs), tuple(self.outputs), self.max_batch_size,
+                self.labels, self.images.plans if self.images else None)
 
     def retire(self, successor: Callable[[], "ServedVersion | None"]) -> None:
         """Out of the serving map: `successor()` names where raced requests go from now on."""

@@ -16,6 +16,7 @@ import pytest
 from .repo_helpers import place, serving, x_rows
 
 from aclserve.errors import ModelUnavailable, NotFound, ServeError, ShuttingDown
+from tests.tiny_models import compile_cpu_om
 from aclserve.repository import State
 
 pytestmark = pytest.mark.asyncio
@@ -268,6 +269,29 @@ async def test_a_request_holding_a_retired_version_goes_to_its_successor(make_re
     await events.wait("unloaded", "m")
     with pytest.raises((ModelUnavailable, ShuttingDown)):  # no successor for a deleted model
         await held.infer(x_rows(), 1)
+
+
+async def test_a_held_request_is_refused_when_its_successor_would_not_answer_it_as_checked(
+        make_repo, models_dir, model_files, tmp_path):
+    """A request decoded for a version that was retired meanwhile goes to its successor only
+    when that is the same version with the same signature (found by an independent check: a
+    reloaded file with other input shapes answered such requests wrongly, or failed their
+    whole batch; a request pinned to version 1 was answered by version 2, labelled 1)."""
+    other_gears = compile_cpu_om(model_files[2]["onnx"], tmp_path / "gears12.om", batch="1,2")
+    place(model_files[1]["om"], models_dir / "m.om")
+    place(model_files[1]["om"], models_dir / "v" / "1" / "model.om")
+    repo, events = await make_repo()
+    held, held_v1 = repo.get("m"), repo.get("v", "1")
+    place(other_gears, models_dir / "m.om")  # the same version, another batch limit
+    place(model_files[2]["om"], models_dir / "v" / "2" / "model.om")  # version 2 takes over
+    await events.wait("reloaded", "m")
+    await events.wait("unloaded", "v", "1")
+    await repo.wait_idle()
+    with pytest.raises(ModelUnavailable, match="model m version 1 was reloaded with other inputs or outputs"):
+        await held.infer(x_rows(), 1)
+    with pytest.raises(ModelUnavailable, match="model v version 1 was replaced by version 2 .* send it again"):
+        await held_v1.infer(x_rows(), 1)
+    assert float((await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0  # sent again: served
 
 
 async def test_a_fixed_config_or_labels_file_is_taken_when_the_config_is_touched(make_repo, models_dir, model_files):
