@@ -231,14 +231,23 @@ class InstancePool:
             self._rebuild(lane)
 
     def _rebuild(self, lane: int) -> None:
+        """Build first, so that a new instance serves as soon as it can; when that fails, the old
+        instance is let go of before the next try: it may hold what the new one needs (device
+        memory that cannot hold two copies of the model), and it serves nothing any more."""
         old = self.instances[lane]
         log.warning("%s: rebuilding instance %s (%s)", self.name, old.name, old.broken)
-        delay = 1.0
+        delay, old_disposed = 1.0, False
         while True:
             try:
                 new = self._builder.build(lane, self.execution_timeout_ms)
                 break
             except Exception as e:
+                if not old_disposed:
+                    log.warning("%s: rebuilding instance %s failed (%s); closing it first, then trying again",
+                                self.name, old.name, e)
+                    self._builder.dispose(old)  # waits for the device to let go, bounded
+                    old_disposed = True
+                    continue
                 log.error("%s: rebuilding instance %s failed (%s); trying again in %.1f s", self.name,
                           old.name, e, delay)
                 if self._closing.wait(delay * random.uniform(0.5, 1.0)):
@@ -257,7 +266,8 @@ class InstancePool:
             return
         log.warning("%s: instance %s rebuilt; serving again", self.name, new.name)
         self.slot_free()  # launches the batches that waited, wakes the batcher
-        self._builder.dispose(old)  # waits for the device to let go of the hung batch, bounded
+        if not old_disposed:
+            self._builder.dispose(old)  # waits for the device to let go of the hung batch, bounded
 
     # -- warm-up, figures, teardown ----------------------------------------------------------
     def warmup(self, runs: int = 3) -> dict[int, float]:

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import random
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -18,6 +21,7 @@ from aclserve.runtime.futures import BatchFutures
 from aclserve.runtime.pool import TIMEOUT_FLOOR_MS
 from aclserve.trace.records import BatchTrace, now_ns
 
+from tests import REPO
 from tests.tiny_models import affine_reference, affine_request
 
 pytestmark = pytest.mark.usefixtures("clean_faults")
@@ -164,6 +168,43 @@ def test_a_hung_batch_times_out_and_its_instance_is_rebuilt(runtime, affine_om):
     finally:
         gate.set()
         pool.close()
+
+
+ROOM_FOR_ONE = """
+import sys, threading
+import numpy as np
+from aclserve.acl.cpu import faults
+from aclserve.errors import DeviceTimeout
+from aclserve.runtime import AclRuntime, open_pool
+from aclserve.runtime.futures import BatchFutures
+from tests.tiny_models import affine_request
+rt = AclRuntime(device="cpu", memory_reserve_fraction=0.0).start()
+pool = open_pool(rt, sys.argv[1], "affine", execution_timeout_ms=100)
+done, gate, first = BatchFutures(pool), threading.Event(), pool.instances[0]
+faults.inject("execute", nth=1, hold=gate)
+try:
+    done.submit([affine_request(1)], 1).result(timeout=60)
+except DeviceTimeout:
+    pass
+gate.set()  # the device lets go of the hung batch
+result = done.submit([affine_request(1, 9)], 1).result(timeout=60)  # waits for the rebuilt instance
+np.testing.assert_array_equal(result.outputs[0]["s"], affine_request(1, 9)["idx"] * 2)
+assert pool.instances[0] is not first and pool.rebuilds == 1, (pool.instances, pool.rebuilds)
+pool.close()
+rt.close()
+print("rebuilt")
+"""
+
+
+def test_a_rebuild_needing_the_memory_of_the_instance_it_replaces_closes_that_one_first(affine_om):
+    """A device with room for one copy of the model (found by an independent check): the rebuild
+    after a hang failed for want of memory forever, since the old instance was closed only once
+    the new one was built. A fresh process: the CPU runtime reads its capacity at acl.init."""
+    env = dict(os.environ, ACLSERVE_CPU_DEVICE_MEMORY="5000")  # one instance takes 3,392 bytes
+    proc = subprocess.run([sys.executable, "-c", ROOM_FOR_ONE, affine_om()], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "rebuilt" in proc.stdout, proc.stderr[-3000:]
+    assert "closing it first, then trying again" in proc.stderr
 
 
 def test_a_rebuild_never_loads_a_model_file_replaced_since_the_pool_opened(runtime, affine_om, tmp_path, caplog):
