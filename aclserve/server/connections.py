@@ -8,6 +8,11 @@ which reports to the ConnectionTracker here. The tracker knows each connection's
     HEAD  bytes of a request head arrived, no handler yet            -> header_timeout_s
     BUSY  a handler runs (body reads have their own body_timeout_s)  -> no limit here
 
+An IDLE connection whose client has not taken its answers (they wait in the transport's
+buffer) or whose pipelined requests wait to be read (kept while those answers go out) is not
+idle: it is closed after `send_timeout_s` (body_timeout_s) without progress instead, as
+nginx's send_timeout does; closing it at keepalive_timeout_s lost answers already counted.
+
 A sweep every second closes connections past their phase's limit. At `max_connections` a new
 connection replaces the one idle longest (or the slowest head) if it has been so for at least
 EVICT_AFTER_S, else it is answered 503 and closed. At shutdown every connection that is not
@@ -88,11 +93,12 @@ class ConnectionTracker:
     """Owned by the server state; each connection's GuardedProtocol (guard.py) reports to it."""
 
     def __init__(self, max_connections: int, header_timeout_s: float, keepalive_timeout_s: float,
-                 hold_refused: bool = False):
+                 hold_refused: bool = False, send_timeout_s: float = 60.0):
         self.max_connections = max_connections
         self.hold_refused = hold_refused
         self.header_timeout_s = header_timeout_s
         self.keepalive_timeout_s = keepalive_timeout_s
+        self.send_timeout_s = max(send_timeout_s, keepalive_timeout_s)
         self.accepting = True
         self.counts = {"refused": 0, "evicted": 0, "header_timeout": 0, "idle_timeout": 0}
         self.early = None  # shedding.EarlyRefusal: infer requests refused before aiohttp sees them
@@ -218,6 +224,8 @@ class ConnectionTracker:
         now = self._loop.time()
         for conn in list(self._conns.values()):
             if conn.phase == IDLE and now - conn.since > self.keepalive_timeout_s:
+                if now - conn.since <= self.send_timeout_s and _answers_pending(conn):
+                    continue
                 self.counts["idle_timeout"] += 1
                 self._close(conn)
             elif conn.phase == HEAD and now - conn.since > self.header_timeout_s:
@@ -246,6 +254,11 @@ class ConnectionTracker:
         self._conns.pop(conn.transport, None)
         self._unhold(conn)
         conn.transport.close()
+
+
+def _answers_pending(conn: _Conn) -> bool:
+    """Answers the client has not taken yet, or requests read and not answered yet."""
+    return bool(conn.stash or conn.forwarded or conn.transport.get_write_buffer_size())
 
 
 def tracking_middleware(tracker: ConnectionTracker):

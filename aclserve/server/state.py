@@ -68,7 +68,8 @@ class ServerState:
         self.budget = MemoryBudget(config.max_inflight_bytes, config.max_request_bytes, self.trimmer.released)
         self.grpc_arrivals = Arrivals.for_config(config)  # gRPC messages received at once
         self.connections = ConnectionTracker(config.max_connections, config.header_timeout_s,
-                                             config.keepalive_timeout_s, config.hold_refused_connections)
+                                             config.keepalive_timeout_s, config.hold_refused_connections,
+                                             send_timeout_s=config.body_timeout_s)
         self.connections.early = EarlyRefusal(self) if config.shed_before_parsing else None
         self.own_middlewares: tuple = ()  # the app's middlewares as create_app made them
         self.metrics.registry.register(GuardCollector(self))

@@ -5,11 +5,17 @@ are hang guards, not timing checks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import shutil
+import socket
+import threading
+import time
 
 import aiohttp
 import pytest
 
+from tests import REPO
 from tests.serving import ServerThread
 
 from .hostile import closed_by_server, metric, open_raw, read_response, wait_for
@@ -126,3 +132,37 @@ def test_shutdown_does_not_wait_for_a_stalled_upload(models_dir, make_config):
         return stalled, idle
     assert asyncio.run(scenario()) == (True, True)
     assert srv.error is None and not srv._thread.is_alive()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["answered by the guard", "answered by aiohttp"])
+def test_a_client_that_reads_its_answers_late_gets_every_one(make_config, tmp_path, direct):
+    """Pipelined requests whose client reads nothing for longer than keepalive_timeout_s: the
+    connection, waiting on its client with answers unread and requests queued behind them, was
+    closed as idle and the answers already counted were lost (found by an independent check).
+    Now such a connection waits up to body_timeout_s."""
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "digits.om")
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [32, 64], "data": [0.5] * 2048}]})
+    request = (b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(body), body.encode()))
+    count = 2000  # answers of about 4 KB: far more than the socket buffers hold
+    config = make_config(tmp_path, keepalive_timeout_s=1.0, header_timeout_s=1.0, direct_infer=direct,
+                         model_control_mode="none")
+    with ServerThread(config) as server:
+        host, port = server.url.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as sock:
+            sock.settimeout(60)  # a hang guard
+            threading.Thread(target=_send_all, args=(sock, request * count), daemon=True).start()
+            time.sleep(3.0)  # not reading: the server's writes stall, past keepalive_timeout_s
+            answers, received = 0, b""
+            while answers < count:
+                chunk = sock.recv(1 << 20)
+                if not chunk:
+                    break
+                received += chunk
+                answers = received.count(b"HTTP/1.1 200 OK")
+    assert answers == count
+
+
+def _send_all(sock: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # the connection reset: the assertion says so
+        sock.sendall(data)
