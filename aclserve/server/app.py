@@ -170,6 +170,9 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         if grpc_server is not None:
             drains.append(grpc_server.drain(state.shutdown_deadline))  # every call, not connections
         await asyncio.gather(*drains)
+        ended = state.body_reads.end()  # bodies still arriving: 503 "shutting down", not a bare close
+        if ended:
+            log.info("shutdown: %d request(s) whose body was still arriving answered 503", ended)
         await state.close_repository()  # what is left gets its 503 before the connections close
         closing = [state.answers_written()]
         if grpc_server is not None:

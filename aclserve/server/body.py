@@ -10,12 +10,14 @@ not sent the whole body within `body_timeout_s` gets 408 and its connection is c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import zlib
 
 from aiohttp import web
 
 from ..errors import InvalidInput, PayloadTooLarge, ServeError
 from .budget import Lease
+from .open_calls import OpenCalls
 
 try:
     from asyncio import timeout_at
@@ -92,9 +94,12 @@ def charge_declared(request: web.BaseRequest, lease: Lease, max_bytes: int) -> i
     return declared
 
 
-async def read_body(request: web.BaseRequest, lease: Lease, max_bytes: int, timeout_s: float) -> bytes | bytearray:
+async def read_body(request: web.BaseRequest, lease: Lease, max_bytes: int, timeout_s: float,
+                    reads: OpenCalls | None = None) -> bytes | bytearray:
     """The body, decoded per Content-Encoding; every byte held is charged to `lease` first.
-    Large bodies come back as a bytearray (filled in place: one copy of the body, not two)."""
+    Large bodies come back as a bytearray (filled in place: one copy of the body, not two).
+    A wait for it is at work in `reads` (the server state's), which the shutdown ends
+    (ShuttingDown: open_calls.py)."""
     inflater = _inflater(request)
     declared = charge_declared(request, lease, max_bytes)
     content = request.content
@@ -107,8 +112,9 @@ async def read_body(request: web.BaseRequest, lease: Lease, max_bytes: int, time
         return body
     loop = asyncio.get_running_loop()
     try:
-        async with timeout_at(loop.time() + timeout_s):
-            return await _read(content, inflater, lease, declared, max_bytes)
+        with reads.at_work() if reads is not None else contextlib.nullcontext():
+            async with timeout_at(loop.time() + timeout_s):
+                return await _read(content, inflater, lease, declared, max_bytes)
     except asyncio.TimeoutError:
         raise BodyTimeout(f"request body not received within {timeout_s:g} s (body_timeout_s)") from None
 

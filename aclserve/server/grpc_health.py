@@ -24,7 +24,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from ..errors import InvalidInput, NotFound
-from .grpc_calls import OpenCalls
+from .open_calls import OpenCalls
 from .grpc_intake import receive
 from .grpc_service import end_call
 

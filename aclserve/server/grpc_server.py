@@ -121,7 +121,7 @@ def method_handlers(servicer: InferenceServicer) -> tuple[str, dict]:
 class GrpcServer:
     """Owns one grpc.aio.Server. start() binds and serves; drain() waits for the calls live
     (grpc_live.py); stop() takes no new calls, ends those still at work with UNAVAILABLE
-    "server is shutting down" (grpc_calls.py) and, once every call has finished (its status
+    "server is shutting down" (open_calls.py) and, once every call has finished (its status
     sent) or at its deadline, closes every connection, cancelling what is left. stop() is
     idempotent."""
 

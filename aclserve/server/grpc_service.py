@@ -8,7 +8,7 @@ full / timed out / not ready UNAVAILABLE, the rest INTERNAL) and its message goe
 with a `grpc-retry-pushback-ms` trailer where HTTP sends Retry-After; anything unexpected is
 logged with its traceback and answered INTERNAL "internal error". A client that cancels or whose
 deadline passes cancels the handler, which takes its request out of the batch queue. A call
-still at work when the endpoint stops ends UNAVAILABLE "server is shutting down" (grpc_calls.py).
+still at work when the endpoint stops ends UNAVAILABLE "server is shutting down" (open_calls.py).
 
 ModelInfer and ModelStreamInfer receive raw bytes: each request is charged to the memory budget
 before it is parsed, and holds its lease until grpc has taken its answer (grpc_intake.py). Every
@@ -42,7 +42,7 @@ from .answer_size import answer_bytes
 from .auth import Forbidden, Unauthorized
 from .body import BodyTimeout, timeout_at
 from .budget import Lease
-from .grpc_calls import SHUTDOWN_MESSAGE, OpenCalls
+from .open_calls import SHUTDOWN_MESSAGE, OpenCalls
 from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
 from .grpc_intake import GRPC_HINT, parse, receive
 from .grpc_stream import InferStream

@@ -31,7 +31,7 @@ import grpc
 from ..errors import ShuttingDown
 from .body import BodyTimeout
 from .budget import Lease
-from .grpc_calls import SHUTDOWN_MESSAGE
+from .open_calls import SHUTDOWN_MESSAGE
 
 STREAM_WINDOW = 64  # requests of one stream held (read, answer not yet sent) before it is not read
 

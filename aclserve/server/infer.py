@@ -184,7 +184,7 @@ def charge_decoding(lease, rec, body, header_length: int | None) -> int:
 
 async def _infer(request: web.Request, state, lease, rec, trace) -> web.Response:
     config = state.config
-    body = await read_body(request, lease, config.max_body_bytes, config.body_timeout_s)
+    body = await read_body(request, lease, config.max_body_bytes, config.body_timeout_s, state.body_reads)
     header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
     decoding = charge_decoding(lease, rec, body, header_length)
     fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None

@@ -62,7 +62,7 @@ async def _body(request: web.Request) -> dict:
     state = request.app[STATE]
     with state.budget.lease() as lease:
         raw = await read_body(request, lease, min(CONTROL_BODY_BYTES, state.config.max_body_bytes),
-                              state.config.body_timeout_s)
+                              state.config.body_timeout_s, state.body_reads)
         if not raw.strip():
             return {}
         try:

@@ -20,6 +20,7 @@ from .guard_metrics import GuardCollector
 from .images import ImageDecoding
 from .json_tensors import JsonLimits
 from .metrics import ServerMetrics, VersionMetrics
+from .open_calls import OpenCalls
 from .redact import PathRedactor
 from .shedding import EarlyRefusal
 from .trim import HeapTrimmer
@@ -67,6 +68,7 @@ class ServerState:
         self.trimmer = HeapTrimmer()
         self.budget = MemoryBudget(config.max_inflight_bytes, config.max_request_bytes, self.trimmer.released)
         self.grpc_arrivals = Arrivals.for_config(config)  # gRPC messages received at once
+        self.body_reads = OpenCalls()  # HTTP bodies still arriving: ended when the drain ends (open_calls.py)
         self.connections = ConnectionTracker(config.max_connections, config.header_timeout_s,
                                              config.keepalive_timeout_s, config.hold_refused_connections,
                                              send_timeout_s=config.body_timeout_s)

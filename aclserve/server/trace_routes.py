@@ -27,7 +27,8 @@ async def post_setting(request: web.Request) -> web.Response:
     config = state.config
     changes: dict = {}
     with state.budget.lease() as lease:  # the whole body (not what has come so far), within body_timeout_s
-        raw = await read_body(request, lease, min(MAX_BODY, config.max_body_bytes), config.body_timeout_s)
+        raw = await read_body(request, lease, min(MAX_BODY, config.max_body_bytes), config.body_timeout_s,
+                              state.body_reads)
         if raw.strip():
             try:
                 changes = orjson.loads(raw)

@@ -116,7 +116,8 @@ def open_connections(url: str) -> float:
 
 def test_shutdown_does_not_wait_for_a_stalled_upload(models_dir, make_config):
     """The upload stalls mid-body (it would wait 60 s for body_timeout_s): shutdown gives it
-    shutdown_timeout_s, then closes it; idle connections are closed at once."""
+    shutdown_timeout_s, then answers it 503 "shutting down" (it was closed with no answer, found
+    by an independent check) and closes it; idle connections are closed at once."""
     srv = ServerThread(make_config(models_dir, shutdown_timeout_s=0.5, body_timeout_s=60)).start()
 
     async def scenario():
@@ -125,12 +126,15 @@ def test_shutdown_does_not_wait_for_a_stalled_upload(models_dir, make_config):
         idle_reader, idle_writer = await open_raw(srv.url)
         await wait_for(lambda: metric(srv.url, "aclserve_request_memory_bytes") >= 10)
         await asyncio.get_running_loop().run_in_executor(None, srv.close)  # blocks until stopped
+        answer = await read_response(reader, limit_s=5)
         stalled = await closed_by_server(reader, limit_s=5)
         idle = await closed_by_server(idle_reader, limit_s=5)
         writer.close()
         idle_writer.close()
-        return stalled, idle
-    assert asyncio.run(scenario()) == (True, True)
+        return answer, stalled, idle
+    (status, answer), stalled, idle = asyncio.run(scenario())
+    assert status == 503 and b"server is shutting down" in answer and b"Retry-After" in answer, answer
+    assert stalled and idle
     assert srv.error is None and not srv._thread.is_alive()
 
 

@@ -1,6 +1,6 @@
-"""The gRPC calls whose handlers are at work, so that the server's stop can end them with a status.
+"""Work that waits on a client, ended with a status when the shutdown stops waiting for it.
 
-grpc's own stop cancels what is left after its grace, and a cancelled call's client sees
+gRPC: grpc's own stop cancels what is left after its grace, and a cancelled call's client sees
 grpc's "Cancelling all calls", not why: at the shutdown deadline the grace is about 0, so a call
 whose message had not come, or a stream still open, was cut. Instead the endpoint's stop
 (grpc_server.GrpcServer.stop) ends every call still at work here once the drain is over: the
@@ -8,9 +8,13 @@ handler's task is cancelled where it waits and the cancellation turns into Shutt
 the handler answers like any refusal (UNAVAILABLE, "server is shutting down"), then grpc gets a
 moment to send those statuses before it cancels the rest.
 
-A handler is `at_work()` only while it waits on aclserve's work (a message, a batch), never
-while grpc sends its answer: a cancellation there would hit grpc's own code, and a status
-could not go out behind an answer the client does not take anyway.
+HTTP: a request whose body is still arriving when the drain ends (server.app.serve) is ended
+the same way (body.read_body): its handler answers 503 "server is shutting down" with
+Retry-After before the connections close, where the close alone left the client with nothing.
+
+A handler is `at_work()` only while it waits on the client or on aclserve's work (a message, a
+body, a batch), never while its answer is sent: a cancellation there would hit the transport's
+own code, and a status could not go out behind an answer the client does not take anyway.
 """
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ SHUTDOWN_MESSAGE = "server is shutting down"
 
 
 class OpenCalls:
-    """Owned by the servicer; event-loop thread only. `end()` is idempotent."""
+    """Owned by the gRPC servicer (its calls) and the server state (HTTP body reads); event-loop
+    thread only. `end()` is idempotent."""
 
     def __init__(self):
         self._tasks: set[asyncio.Task] = set()
