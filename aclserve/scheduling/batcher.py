@@ -289,14 +289,11 @@ class DynamicBatcher:
     def _submit(self, requests: list[QueuedRequest], gear: int | None, lane: int) -> None:
         now = self._clock.now_ns()
         levels = self.stats.levels
-        queue_stats = self.stats.queue
         rows, traced = 0, False
         for request in requests:
             request.state = DISPATCHED
             request.dispatched_ns = now
-            waited = now - request.enqueued_ns
-            levels[request.level].queue.add(waited)
-            queue_stats.add(waited)
+            levels[request.level].queue.add(now - request.enqueued_ns)
             rows += request.rows
             traced = traced or request.trace is not None
         trace = form_batch(self.name, requests, gear, now) if traced else None

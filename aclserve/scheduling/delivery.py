@@ -57,7 +57,6 @@ class Delivery:
             for request in requests:
                 if request.future.cancelled():
                     continue  # counted once already: cancelled when its client went
-                stats.fail.add(now_ns - request.enqueued_ns)
                 if observed:
                     stats.request_done(request.level, (request.dispatched_ns - request.enqueued_ns) / 1e9,
                                        False, FAILED)
@@ -66,21 +65,25 @@ class Delivery:
                 self.answer(request, type(error)(error.message))
             return
         compute_ns = now_ns - batch.dispatched_ns
-        stats.batch_executed(batch.gear, batch.rows, len(requests), compute_ns, batch.timings)
+        # a request whose client went meanwhile ran all the same, but is not answered: counted
+        # once already (cancelled), and not among the successes, their queue and compute times
+        answered = [(request, request_outputs) for request, request_outputs in zip(requests, outputs)
+                    if not request.future.cancelled()]
+        stats.batch_executed(batch.gear, batch.rows, len(answered), compute_ns, batch.timings)
         instance = batch.instance
-        success_ns, answered = 0, 0
-        for request, request_outputs in zip(requests, outputs):
-            if request.future.cancelled():
-                continue  # counted once already: cancelled when its client went (it ran all the same)
-            answered += 1
+        success_ns = queue_total_ns = rows = 0
+        for request, request_outputs in answered:
             queue_ns = request.dispatched_ns - request.enqueued_ns
+            queue_total_ns += queue_ns
             success_ns += now_ns - request.enqueued_ns
+            rows += request.rows
             if observed:
                 stats.request_done(request.level, queue_ns / 1e9, True, "")
             self.answer(request, InferenceResult(request_outputs, queue_ns, compute_ns,
                                                  batch.gear, batch.rows, len(requests), instance))
-        stats.success.add(success_ns, answered)
-        stats.inference_count += batch.rows
+        stats.success.add(success_ns, len(answered))
+        stats.queue.add(queue_total_ns, len(answered))
+        stats.inference_count += rows
 
     def answer(self, request: QueuedRequest, outcome) -> None:
         """A batch's outcome: held behind earlier arrivals when ordered."""

@@ -56,7 +56,12 @@ class BatcherStats:
     """Plain counters written by the batcher on the event loop thread; readers (the metrics
     exporter, the stats endpoint) read them on the same thread, so no locks.
 
-    Request durations are batcher-scoped: success/fail run from enqueue to the answer.
+    As Triton's statistics: `success`, `queue` and the compute durations count the requests
+    answered with outputs (one each, so their counts agree), success running from enqueue to
+    the answer; `fail` is written by the server for every failed request, whatever failed it
+    (a refusal here, a failed run, a client gone, bad input: server/infer.py counted_infer,
+    where /metrics counts failures too), from its arrival. `inference_count` is the rows of
+    the successful requests, `execution_count` every run.
     Device timings of a run map to compute_input (h2d), compute_infer, compute_output (d2h);
     a run that reports no device compute time counts its wall time (dispatch -> result) as
     compute_infer. Observers registered with `observe()` see every request outcome and every
@@ -70,7 +75,7 @@ class BatcherStats:
         self.rows = 0  # real rows executed
         self.padding_rows = 0  # gear rows that were padding
         self.success = Duration()
-        self.fail = Duration()
+        self.fail = Duration()  # written by the server (request_failed)
         self.queue = Duration()
         self.compute_input = Duration()
         self.compute_infer = Duration()
@@ -102,6 +107,10 @@ class BatcherStats:
             except Exception:
                 log.exception("statistics observer on_request_done failed")
 
+    def request_failed(self, ns: int) -> None:
+        """One failed request, `ns` from its arrival (the server's call: see the class)."""
+        self.fail.add(ns)
+
     def rejected(self, level: int, reason: str, waited_ns: int = 0) -> None:
         """A request that never ran: queue full, timed out, shut down while queued."""
         stats = self.levels[level]
@@ -109,7 +118,6 @@ class BatcherStats:
             stats.rejected += 1
         elif reason == TIMEOUT:
             stats.timed_out += 1
-        self.fail.add(waited_ns)
         self.request_done(level, waited_ns / 1e9, False, reason)
 
     def cancelled(self, level: int, waited_ns: int) -> None:
@@ -118,7 +126,8 @@ class BatcherStats:
 
     def batch_executed(self, gear: int | None, rows: int, requests: int, compute_ns: int,
                        timings: DeviceTimings) -> None:
-        """One successful run; `compute_ns` is its dispatch-to-result wall time."""
+        """One successful run; `compute_ns` is its dispatch-to-result wall time; `requests`
+        those of it answered (a client gone meanwhile is not)."""
         self.gear_batches[gear] = self.gear_batches.get(gear, 0) + 1
         self.rows += rows
         if gear is not None:

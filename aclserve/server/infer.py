@@ -94,16 +94,17 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
         try:
             response = await work(rec, trace)
         except ServeError as e:
-            rec.metrics.request_failed(type(e).__name__, (time.perf_counter_ns() - start) / 1e9)
+            rec.request_failed(type(e).__name__, time.perf_counter_ns() - start)
             if trace is not None:
                 observer.end(trace, http_status(e), e.message)
             raise
         except asyncio.CancelledError:
-            rec.metrics.request_failed("Cancelled", (time.perf_counter_ns() - start) / 1e9)
+            rec.request_failed("Cancelled", time.perf_counter_ns() - start)
             if trace is not None:
                 observer.end(trace, 499, "cancelled: the client went away")
             raise
         except Exception:
+            rec.request_failed("InternalError", time.perf_counter_ns() - start)
             if trace is not None:
                 observer.end(trace, 500, "internal error")
             raise

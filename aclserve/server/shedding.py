@@ -106,7 +106,7 @@ class EarlyRefusal:
         if b"priority" in json_text or b"\\u" in json_text:  # it may name another level: the codec reads it
             return None
         error = served.batcher.refuse_default_level()
-        state.record(served).metrics.request_failed(type(error).__name__, 0.0)
+        state.record(served).request_failed(type(error).__name__, 0)
         self.refused += 1
         self.overloaded()
         return error

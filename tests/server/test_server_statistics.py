@@ -5,11 +5,19 @@ compute input/infer/output adds up to no more than its time in the server.
 Requests go one at a time with a statistics read between them, so every delta belongs to one
 request. Nothing here bounds a duration: only the clocks' resolution and the breakdown's
 consistency are checked."""
+import json
 import shutil
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+
+from aclserve.acl.cpu import faults
 
 from tests import REPO
 from tests.serving import ServerThread
@@ -61,3 +69,57 @@ def test_per_request_timings_are_sub_millisecond_and_add_up(digits_server):
         assert any(off_whole_ms(d[key][1]) for d in deltas), [d[key][1] for d in deltas]
     for key in ("compute_input", "compute_output"):  # a lone batch's copies are timed too (they read 0)
         assert all(d[key][1] > 0 for d in deltas), [d[key][1] for d in deltas]
+
+
+def _failures(url: str, reason: str) -> float:
+    text = urllib.request.urlopen(f"http://{url}/metrics", timeout=30).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("aclserve_request_failure_total{") and f'reason="{reason}"' in line)
+
+
+def _counts(client) -> dict[str, int]:
+    stats = client.get_inference_statistics("digits")["model_stats"][0]
+    inference = stats["inference_stats"]
+    return {**{key: inference[key]["count"] for key in (*KEYS, "fail")},
+            "inference_count": stats["inference_count"], "execution_count": stats["execution_count"]}
+
+
+def test_statistics_and_metrics_count_the_same_failures(make_config, tmp_path, clean_faults):
+    """A bad input and a client gone while its batch runs are failures in both the statistics
+    extension and /metrics, and the request that ran for nobody adds no success, queue or
+    compute count (as Triton's one aggregator: found by an independent check, where the
+    statistics counted neither as a failure but counted the gone client's queue and compute)."""
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "digits.om")
+    gate = threading.Event()
+    with ServerThread(make_config(tmp_path, model_control_mode="none")) as srv:
+        client = httpclient.InferenceServerClient(srv.url)
+        before = _counts(client)
+        bad = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 3}]})
+        request = urllib.request.Request(f"http://{srv.url}/v2/models/digits/infer", data=bad.encode(), method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == 400
+        refused.value.close()  # its socket
+        held = faults.inject("execute", nth=1, hold=gate)
+        body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]})
+        host, port = srv.url.rsplit(":", 1)
+        gone = socket.create_connection((host, int(port)))
+        gone.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body.encode()))
+        assert held.entered.wait(60)  # its batch runs
+        gone.close()
+        for _ in range(3000):  # a hang guard: until the server has seen the client go
+            if _failures(srv.url, "Cancelled") == 1:
+                break
+            time.sleep(0.01)
+        gate.set()
+        for _ in range(3000):  # until the run that nobody waits for has ended
+            if _counts(client)["execution_count"] > before["execution_count"]:
+                break
+            time.sleep(0.01)
+        after = _counts(client)
+        failures = _failures(srv.url, "Cancelled"), _failures(srv.url, "InvalidInput")
+        client.close()
+    delta = {key: after[key] - before[key] for key in after}
+    assert failures == (1, 1) and delta["fail"] == 2 and delta["execution_count"] == 1, (failures, delta)
+    assert delta["success"] == delta["queue"] == delta["compute_infer"] == delta["inference_count"] == 0, delta
