@@ -9,7 +9,11 @@ from __future__ import annotations
 
 
 class ServeError(Exception):
-    """Root of errors whose message is safe to show to a client."""
+    """Root of errors whose message is safe to show to a client. `request_id`: the request's
+    own id when the refusal came after it was read (a body whose tensors do not fit its model),
+    for the request log and traces."""
+
+    request_id: str | None = None
 
     def __init__(self, message: str):
         super().__init__(message)

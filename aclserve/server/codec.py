@@ -14,7 +14,7 @@ from typing import NoReturn, Sequence
 
 import numpy as np
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, ServeError
 from ..runtime.types import TensorSpec
 from .bytes_codec import decode_input as decode_bytes_input, raw_input as raw_bytes_input
 from .json_simd import JsonNumbers
@@ -102,22 +102,26 @@ def decode_request(body: bytes, header_length: int | None, sig: Signature) -> In
     if type(doc) is not dict:
         raise InvalidInput("request body must be a JSON object")
     req = InferRequest(inputs={}, rows=1)
-    _decode_inputs(doc.get("inputs"), body, end, header_length is not None, sig, req)
-    numeric = numbers_in_json(doc, sig.inputs)
-    if numeric:  # binary tensors hold no JSON booleans
-        refuse_booleans_among_numbers(doc, text, numeric)
     rid = doc.get("id")
     if rid is not None:
         if type(rid) is not str:
             raise InvalidInput("id must be a string")
         req.id = rid
-    params = doc.get("parameters")
-    if params:
-        _decode_parameters(params, req)
-    outs = doc.get("outputs")
-    if outs:
-        req.outputs = _decode_outputs(outs, sig)
-        check_classification(req, sig)
+    try:
+        _decode_inputs(doc.get("inputs"), body, end, header_length is not None, sig, req)
+        numeric = numbers_in_json(doc, sig.inputs)
+        if numeric:  # binary tensors hold no JSON booleans
+            refuse_booleans_among_numbers(doc, text, numeric)
+        params = doc.get("parameters")
+        if params:
+            _decode_parameters(params, req)
+        outs = doc.get("outputs")
+        if outs:
+            req.outputs = _decode_outputs(outs, sig)
+            check_classification(req, sig)
+    except ServeError as e:
+        e.request_id = rid  # the request log and traces name the request refused
+        raise
     return req
 
 

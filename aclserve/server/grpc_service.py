@@ -354,7 +354,7 @@ async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id
                  trace) -> pb.ModelInferResponse:
     if trace is not None:
         trace.received_ns = now_ns()  # the message is in and parsed: receiving is done
-        trace.request_id = request_id(fallback_id)
+        trace.request_id = request_id(request.id or fallback_id)  # its own id wins, as in run_decoded
     if contents_elements(request) > CONTENTS_OFFLOAD_ELEMENTS:
         if trace is not None:
             trace.decode_on_loop = False

@@ -125,7 +125,12 @@ async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fa
     if trace is not None:
         trace.received_ns = now_ns()
         trace.request_id = request_id(fallback_id)  # named even when the body is refused
-    req = decode_request(body, header_length, rec.signature)
+    try:
+        req = decode_request(body, header_length, rec.signature)
+    except ServeError as e:
+        if trace is not None and e.request_id:  # its own id, when the body said it
+            trace.request_id = request_id(e.request_id)
+        raise
     if lease is not None and decoding:
         lease.drop(max(0, decoding - sum(_held_bytes(array) for array in req.inputs.values())))
     if lease is not None:  # the HTTP body joins binary outputs behind the JSON: one copy more

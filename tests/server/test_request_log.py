@@ -7,6 +7,7 @@ import json
 import logging
 
 import aiohttp
+import numpy as np
 import pytest
 
 from aclserve.logs import JsonFormatter
@@ -54,6 +55,32 @@ def test_one_line_per_request_with_its_id_status_and_durations(logged, caplog):
     assert _post(logged.url, dict(BODY, id="evil\nstatus=200 " + "x" * 400)) == 200
     forged = _fields(caplog)[-1]["request_id"]
     assert forged.startswith("evil?status=200 ") and len(forged) == 256
+
+
+def test_a_refused_request_is_named_by_its_own_id(logged, caplog, models_dir):
+    """A body whose tensors do not fit the model was logged without its KServe id (found by an
+    independent check: the failed requests are the ones people look for); so was a gRPC
+    request refused while decoding."""
+    caplog.set_level(logging.INFO, logger="aclserve.requests")
+    bad = {"id": "rl-bad", "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}
+    assert _post(logged.url, bad, {"X-Request-Id": "header"}) == 400
+    bad_param = dict(BODY, id="rl-param", parameters={"priority": "high"})
+    assert _post(logged.url, bad_param) == 400
+    first, second = _fields(caplog)[-2:]
+    assert (first["status"], first["request_id"]) == (400, "rl-bad")
+    assert (second["status"], second["request_id"]) == (400, "rl-param")
+    caplog.clear()
+    import tritonclient.grpc as grpcclient
+    config = server_config(models_dir, request_log=True, grpc_port=free_port())
+    with ServerThread(config):
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{config.grpc_port}")
+        x = grpcclient.InferInput("x", [1, 3], "FP32")
+        x.set_data_from_numpy(np.ones((1, 3), np.float32))
+        with pytest.raises(Exception, match="x"):
+            client.infer("double", [x], request_id="g-bad")
+        client.close()
+    line = _fields(caplog)[-1]
+    assert (line["protocol"], line["request_id"]) == ("grpc", "g-bad") and line["status"] == 400
 
 
 def test_json_formatter_writes_one_object_per_line_with_the_fields():
