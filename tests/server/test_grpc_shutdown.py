@@ -167,8 +167,11 @@ def test_a_client_gone_before_taking_its_answer_costs_one_debug_line(grpc_server
     grpc_lines = [r for r in caplog.records if r.name.startswith("grpc") and r.levelno > logging.DEBUG]
     assert grpc_lines == [], [r.msg for r in grpc_lines]
     gone = [r for r in caplog.records if "client went away" in str(r.msg)]
-    assert [(r.levelno, r.args, r.exc_info) for r in gone] == [
-        (logging.DEBUG, (INFER,), None), (logging.DEBUG, (STREAM,), None)]
+    # a stream whose client goes before its answer reached the write is cancelled by grpc
+    # instead (its own DEBUG line; which one comes depends on the timing on a loaded machine)
+    cancelled = [r for r in caplog.records if r.levelno == logging.DEBUG and f"servicer method [{STREAM}]" in str(r.msg)]
+    assert [(r.levelno, r.args, r.exc_info) for r in gone if r.args != (STREAM,)] == [(logging.DEBUG, (INFER,), None)]
+    assert len([r for r in gone if r.args == (STREAM,) and r.levelno == logging.DEBUG]) + len(cancelled) == 1
 
     faults.inject("execute", count=1)
 
