@@ -197,7 +197,9 @@ class Lifecycle:
         if sv.version not in self.serving.get(sv.name, {}):
             self.states.unloaded(sv.name, sv.version, held=sv.name in self.held
                                  and self._planner.on_disk(sv.name, sv.version))
-        if not replaced:
+        if replaced:  # its (name, version) serves on: what it counted is kept by listeners
+            self._emit("retired", sv.name, sv.version, served=sv)
+        else:
             log.info("%s: version %s unloaded", sv.name, sv.version)
             self._emit("unloaded", sv.name, sv.version)
 

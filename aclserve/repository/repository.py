@@ -170,7 +170,8 @@ class ModelRepository:
         return self._lifecycle.states.index(self._planner.scan, self._planner.pending, ready_only)
 
     def add_listener(self, callback: Callable) -> None:
-        """callback(event, name, version, **info), event in loaded | reloaded | unloaded | load_failed."""
+        """callback(event, name, version, **info), event in loaded | reloaded | unloaded |
+        load_failed | retired (a replaced version closed; info: served, the ServedVersion)."""
         self._listeners.append(callback)
 
     def _emit(self, event: str, name: str, version: str, **info) -> None:

@@ -53,6 +53,7 @@ async def _lifecycle(app: web.Application):
     state = app[STATE]
     state.runtime.start()
     state.repo.add_listener(state.metrics.on_repository_event)
+    state.repo.add_listener(state.guard_metrics.on_repository_event)
     state.loading = asyncio.ensure_future(_load(state))
     try:
         yield

@@ -98,7 +98,8 @@ class ModelStore(Protocol):
 
     def add_listener(self, callback: Callable) -> None:
         """callback(event, name, version, **info) on loaded / reloaded (info: seconds, the load's
-        duration), unloaded, load_failed (info: reason)."""
+        duration), unloaded, load_failed (info: reason), retired (a version replaced by a reload
+        has closed; info: served, the ServedModel it was)."""
 
     async def load(self, name: str) -> None: ...
 

@@ -1,8 +1,14 @@
 """Scrape-time metrics of the guards: request memory budget, connections, heap trims, and
 the repository's model states, retries and batch faults. Read from their owners when /metrics
-is scraped, so the request path pays nothing for them."""
+is scraped, so the request path pays nothing for them.
+
+A version's batch faults, rebuilds and fault codes are its pool's counts: a reload of the same
+version replaces the pool, so what the replaced pools counted is kept here (`retired` events)
+and added, and a counter never goes back (Prometheus would read a reset); an unloaded
+version's series go with it."""
 from __future__ import annotations
 
+import collections
 import logging
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -10,9 +16,34 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 log = logging.getLogger(__name__)
 
 
+class _PoolCounts:
+    """What the replaced pools of one (model, version) counted."""
+
+    __slots__ = ("failed", "retried", "rebuilds", "codes")
+
+    def __init__(self):
+        self.failed = self.retried = self.rebuilds = 0
+        self.codes: collections.Counter[int] = collections.Counter()
+
+    def add(self, pool) -> None:
+        self.failed += pool.batches_failed
+        self.retried += pool.batches_retried
+        self.rebuilds += pool.rebuilds
+        self.codes.update(pool.fault_counts())
+
+
 class GuardCollector:
     def __init__(self, state):
         self._state = state
+        self._retired: dict[tuple[str, str], _PoolCounts] = {}
+
+    def on_repository_event(self, event: str, name: str, version=None, **info) -> None:
+        """Listener for ModelRepository.add_listener: keeps replaced pools' counts."""
+        key = (name, str(version))
+        if event == "retired":
+            self._retired.setdefault(key, _PoolCounts()).add(info["served"].pool)
+        elif event == "unloaded":
+            self._retired.pop(key, None)
 
     def describe(self):
         return []
@@ -97,10 +128,11 @@ class GuardCollector:
                                     "(507047: past the execution timeout)", labels=["model", "version", "code"])
         for model, version, served in self._state.live_versions():
             pool = served.pool
-            faults.add_metric([model, version, "failed"], pool.batches_failed)
-            faults.add_metric([model, version, "retried"], pool.batches_retried)
-            rebuilds.add_metric([model, version], pool.rebuilds)
-            for code, n in sorted(pool.fault_counts().items()):
+            before = self._retired.get((model, version)) or _PoolCounts()
+            faults.add_metric([model, version, "failed"], before.failed + pool.batches_failed)
+            faults.add_metric([model, version, "retried"], before.retried + pool.batches_retried)
+            rebuilds.add_metric([model, version], before.rebuilds + pool.rebuilds)
+            for code, n in sorted((before.codes + collections.Counter(pool.fault_counts())).items()):
                 codes.add_metric([model, version, str(code)], n)
         yield faults
         yield rebuilds

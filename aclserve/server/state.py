@@ -80,7 +80,8 @@ class ServerState:
                                              send_timeout_s=config.body_timeout_s)
         self.connections.early = EarlyRefusal(self) if config.shed_before_parsing else None
         self.own_middlewares: tuple = ()  # the app's middlewares as create_app made them
-        self.metrics.registry.register(GuardCollector(self))
+        self.guard_metrics = GuardCollector(self)  # also a repository listener (app.py)
+        self.metrics.registry.register(self.guard_metrics)
         self.started = False  # every model the repository found at start has been tried
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
         self.shutting_down = False

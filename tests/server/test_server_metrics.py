@@ -1,6 +1,7 @@
 """/metrics on the real server, parsed with prometheus-client's own parser."""
 import asyncio
 import json
+import urllib.error
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -109,3 +110,57 @@ def test_compute_busy_ratio_in_metrics_and_statistics(server):
     (utilisation,) = entry["utilisation"]
     assert utilisation["instance"] == "affine:1#0" and utilisation["device"] == 0
     assert 0.0 <= utilisation["compute_busy"] < 0.2
+
+
+def test_fault_counters_survive_a_reload_of_the_same_version(models_dir, tmp_path, clean_faults):
+    """A reload replaces the version's pool, whose counts the fault counters read: they went back
+    to 0 and a code's series vanished (found by an independent check; Prometheus reads that as
+    a counter reset, and faults during the drain were never counted)."""
+    import shutil
+    import time
+    import urllib.request
+
+    from aclserve.acl.cpu import faults
+    from tests.serving import ServerThread, server_config
+
+    own = tmp_path / "models"
+    own.mkdir()
+    shutil.copy(models_dir / "double.om", own / "double.om")
+    config = server_config(own, model_control_mode="poll", settle_s=0.1, debounce_s=0.05)
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
+
+    def scrape():
+        return samples(urllib.request.urlopen(f"http://{srv.url}/metrics", timeout=30).read().decode())
+
+    def ready() -> bool:
+        try:
+            return urllib.request.urlopen(f"http://{srv.url}/v2/models/double/ready", timeout=30).status == 200
+        except urllib.error.HTTPError as e:
+            e.close()
+            return False
+
+    with ServerThread(config) as srv:
+        for _ in range(3000):  # poll mode loads after the start: a hang guard
+            if ready():
+                break
+            time.sleep(0.01)
+        faults.inject("execute", count=1)
+        request = urllib.request.Request(f"http://{srv.url}/v2/models/double/infer", data=body, method="POST")
+        try:
+            urllib.request.urlopen(request, timeout=60)
+        except urllib.error.HTTPError as e:
+            assert e.code == 500
+            e.close()
+        before = scrape()
+        shutil.copy(models_dir / "double.om", own / ".double.tmp")
+        (own / ".double.tmp").rename(own / "double.om")  # the same model, a new file: a reload
+        for _ in range(3000):  # a hang guard
+            if value(scrape(), "aclserve_model_reloads_total", model="double") >= 1:
+                break
+            time.sleep(0.01)
+        after = scrape()
+    mv = {"model": "double", "version": "1"}
+    for found in (before, after):
+        assert value(found, "aclserve_batch_faults_total", outcome="failed", **mv) == 1
+        assert value(found, "aclserve_device_faults_total", code="507011", **mv) == 1
+    assert value(after, "aclserve_model_reloads_total", model="double") == 1
