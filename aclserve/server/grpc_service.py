@@ -162,6 +162,8 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     @rpc
     async def ModelStatistics(self, request, context):
         self._model_access(context)
+        if request.version and not request.name:  # as Triton: a version of no model is no request
+            raise InvalidInput("a model version was given without a model name")
         doc = views.statistics(self.state, request.name or None, _version(request.version))
         # aclserve's own fields (utilisation) have no place in Triton's message
         return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)

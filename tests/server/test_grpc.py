@@ -83,6 +83,14 @@ def test_health_metadata_and_config_match_http(client, grpc_server):
         http.close()
 
 
+def test_statistics_of_a_version_without_a_model_is_refused(client, stub):
+    """It answered every model's statistics (found by an independent check); Triton refuses it."""
+    assert client.get_inference_statistics("affine", "1").model_stats[0].name == "affine"
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.ModelStatistics(pb.ModelStatisticsRequest(version="1"))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "without a model name" in refused.value.details()
+
+
 def test_digits_accuracy_over_grpc(client):
     data = np.load(REPO / "tests" / "data" / "digits_test.npz")
     predictions = []
