@@ -31,6 +31,7 @@ from .plan import ModelPlan
 from .planner import Planner
 from .served import ServedVersion
 from .settle import SettleGate
+from .status import State
 from .watcher import Debouncer, RepositoryWatcher
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,8 @@ class ModelRepository:
             return False
         serving = self._lifecycle.serving
         wanted = self._planner.wanted_models() - self._lifecycle.held
+        if any(all(sv.pool.out_of_service() for sv in versions.values()) for versions in serving.values()):
+            return False  # a model served by no instance (pool.out_of_service), in both modes
         if self.config.readiness == "strict":
             problems = set(self._planner.scan.problems) - self._lifecycle.held
             return all(n in serving for n in wanted | problems)
@@ -166,8 +169,15 @@ class ModelRepository:
         return self._failures.retries
 
     def index(self, ready_only: bool = False) -> list[dict]:
-        """[{"name", "version", "state", "reason"}] for every version loaded or on disk."""
-        return self._lifecycle.states.index(self._planner.scan, self._planner.pending, ready_only)
+        """[{"name", "version", "state", "reason"}] for every version loaded or on disk; a
+        serving version that no instance can run is UNAVAILABLE (pool.out_of_service)."""
+        rows = self._lifecycle.states.index(self._planner.scan, self._planner.pending, ready_only=False)
+        for row in rows:
+            served = self._lifecycle.serving.get(row["name"], {}).get(row["version"])
+            down = served.pool.out_of_service() if served is not None and row["state"] == State.READY.value else None
+            if down is not None:
+                row["state"], row["reason"] = State.UNAVAILABLE.value, down
+        return [row for row in rows if row["state"] == State.READY.value] if ready_only else rows
 
     def add_listener(self, callback: Callable) -> None:
         """callback(event, name, version, **info), event in loaded | reloaded | unloaded |

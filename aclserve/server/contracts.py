@@ -39,6 +39,9 @@ class InstanceGroup(Protocol):
     def fault_counts(self) -> dict[int, int]:
         """Failed batches by ACL error code."""
 
+    def out_of_service(self) -> str | None:
+        """Why no instance can run a batch now (all out of rotation, rebuilding failing), or None."""
+
     def busy_ratio(self) -> float:
         """Fraction of the instances' slots running a batch now."""
 

@@ -188,10 +188,15 @@ class ServerState:
         return out
 
     def live_versions(self):
-        for name, version in self.ready_versions():
+        """(model, version, served) for every version in service, one no instance can run now
+        included (its fault counters are what an operator wants then)."""
+        for entry in self.repo.index():
+            name, version = entry["name"], str(entry["version"])
+            if not version:  # a scan problem's row (get would name the newest version)
+                continue
             try:
                 served = self.repo.get(name, version)
-            except Exception:
+            except Exception:  # not serving (loading, failed, a scan problem's row)
                 continue
             yield name, version, served
 

@@ -39,12 +39,12 @@ def model_ready(state, name: str, version: str | None) -> bool:
     """True when the version serves and the server is not shutting down; NotFound for a model
     or version the repository does not know."""
     try:
-        state.repo.get(name, version)
+        served = state.repo.get(name, version)
     except NotFound:
         raise
     except ServeError:  # known but not serving (loading, failed, draining)
         return False
-    return not state.shutting_down
+    return not state.shutting_down and served.pool.out_of_service() is None  # an instance can run it
 
 
 def statistics(state, name: str | None, version: str | None) -> dict:

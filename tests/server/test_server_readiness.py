@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -16,7 +20,8 @@ import pytest
 
 from aclserve.acl.cpu import faults
 
-from tests.serving import ServerThread
+from tests import REPO
+from tests.serving import ServerThread, free_port
 
 from .hostile import metric, wait_for
 
@@ -125,3 +130,48 @@ def test_a_warm_up_that_hangs_once_is_retried_and_the_model_serves(one_model, ma
     finally:
         gate.set()
         srv.close()
+
+
+def test_a_model_no_instance_can_run_is_not_ready(tmp_path):
+    """A device with room for one copy of the model, whose hung batch never lets go: the
+    instance is abandoned, every rebuild fails for want of memory, and the model serves nothing;
+    the index and readiness said READY (found by an independent check). Now: not ready, and the
+    index says why. A server process of its own: the CPU runtime reads its capacity at start."""
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "digits.om")
+    (tmp_path / "digits.yaml").write_text("execution_timeout_ms: 300\nreset_timeout_ms: 300\n")
+    port = free_port()
+    # digits takes 48,768 bytes a copy: 80,000 less the 10 % reserve hold one; the 40th
+    # execution (after the warm-up's) hangs for good
+    env = dict(os.environ, ACLSERVE_CPU_DEVICE_MEMORY="80000", ACLSERVE_CPU_FAULTS="execute:nth=40,delay_ms=600000")
+    server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port",
+                               str(port), "--grpc-port", "0", "--device", "cpu", "--log-level", "warning"],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"127.0.0.1:{port}"
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]}).encode()
+
+    def ready() -> int:
+        try:
+            return get(url, "/v2/health/ready")[0]
+        except (urllib.error.URLError, ConnectionError, ValueError):
+            return 0
+    try:
+        for _ in range(6000):  # hang guards, all
+            if ready() == 200:
+                break
+            time.sleep(0.01)
+        statuses = []
+        while len(statuses) < 60 and 503 not in statuses:
+            statuses.append(get(url, "/v2/models/digits/infer", body)[0])
+        assert statuses[-1] == 503 and set(statuses[:-1]) <= {200}, statuses
+        for _ in range(6000):
+            if ready() == 503:
+                break
+            time.sleep(0.01)
+        index = get(url, "/v2/repository/index", b"{}")[1]
+        model_ready = get(url, "/v2/models/digits/ready")[0]
+        assert ready() == 503 and model_ready != 200
+        row = next(r for r in index if r["name"] == "digits")
+        assert row["state"] == "UNAVAILABLE" and "no instance can run a batch" in row["reason"], index
+    finally:
+        server.kill()
+        server.communicate(timeout=60)
