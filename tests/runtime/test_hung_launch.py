@@ -49,12 +49,17 @@ def held_request(gate: threading.Event) -> tuple[dict, HeldRows]:
     return {"x": held, "idx": request["idx"]}, held
 
 
-def test_a_close_answers_the_batches_a_hung_launcher_holds_and_abandons_the_instance(affine_om, caplog):
+def answered_pool(om_path: str, execution_timeout_ms: int):
+    """(runtime, gate, a pool of two slots on it, its Answers listener)."""
     rt = AclRuntime(device="cpu").start()
-    gate = threading.Event()
-    pool = open_pool(rt, affine_om(), "affine", slots=2, execution_timeout_ms=600_000)
+    pool = open_pool(rt, om_path, "affine", slots=2, execution_timeout_ms=execution_timeout_ms)
     answers = Answers()
     pool.attach(answers)
+    return rt, threading.Event(), pool, answers
+
+
+def test_a_close_answers_the_batches_a_hung_launcher_holds_and_abandons_the_instance(affine_om, caplog):
+    rt, gate, pool, answers = answered_pool(affine_om(), 600_000)
     instance = pool.instances[0]
     launcher = instance._launcher.thread
     try:
@@ -100,11 +105,7 @@ def test_a_launch_call_that_does_not_return_takes_its_instance_out_of_rotation(a
     timeout the instance now leaves rotation as for a batch the device does not finish: the
     held batch and the one queued behind it fail once with DeviceTimeout, a replacement serves
     the next, and the launcher, let go, hands nothing on."""
-    rt = AclRuntime(device="cpu").start()
-    gate = threading.Event()
-    pool = open_pool(rt, affine_om(), "affine", slots=2, execution_timeout_ms=200)
-    answers = Answers()
-    pool.attach(answers)
+    rt, gate, pool, answers = answered_pool(affine_om(), 200)
     first = pool.instances[0]
     try:
         stuck = faults.inject("execute_call", nth=1, hold=gate)
