@@ -9,7 +9,7 @@ A plan that does not fit the model raises PlanError at load, naming the input.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -38,6 +38,12 @@ class ImagePlan:
     std: np.ndarray | None
     rows: int  # -1: batched (any count up to the batch limit); else the fixed row count
     invert: bool | str = False
+
+    def key(self) -> tuple:
+        """Its fields, arrays by their bytes: two plans that prepare pixels alike have equal keys
+        (the dataclass's own == compares the arrays elementwise and cannot answer)."""
+        values = (getattr(self, f.name) for f in fields(self))
+        return tuple(v.tobytes() if isinstance(v, np.ndarray) else v for v in values)
 
     def to_row(self, pixels: np.ndarray) -> np.ndarray:
         """uint8 [H, W, C] in this plan's colour order -> one row of the model input."""

@@ -120,8 +120,9 @@ class ServedVersion:
 
     def signature_key(self) -> tuple:
         """What a request decoded for this version was checked against and is answered with."""
+        plans = sorted((name, plan.key()) for name, plan in self.images.plans.items()) if self.images else None
         return (tuple(self.inputs), tuple(self.pool.inputs), tuple(self.outputs), self.max_batch_size,
-                self.labels, self.images.plans if self.images else None)
+                self.labels, plans)
 
     def retire(self, successor: Callable[[], "ServedVersion | None"]) -> None:
         """Out of the serving map: `successor()` names where raced requests go from now on."""

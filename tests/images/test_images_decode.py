@@ -147,6 +147,15 @@ def test_float_plans_normalise_on_the_host():
     assert (grey.layout, grey.rows, grey.color) == ("HW", 2, "gray")
 
 
+def test_plans_compare_by_key_their_arrays_included():
+    """A hot reload compares the old and new versions' plans (repository/served.py): the
+    dataclass's own == raised on their mean/std arrays (found by an independent check: a 500)."""
+    def normalising(mean):
+        return build_plan(ImageInput(mean=mean, std=(2.0,)), spec((-1, 3, 4, 5), "FP32", "NCHW"))
+    assert normalising((10.0, 20.0, 30.0)).key() == normalising((10.0, 20.0, 30.0)).key()
+    assert normalising((10.0, 20.0, 30.0)).key() != normalising((10.0, 20.0, 31.0)).key()
+
+
 def test_invert():
     dark_on_light = np.full((8, 8, 1), 250, np.uint8)
     dark_on_light[2:6, 3:5] = 0
