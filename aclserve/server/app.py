@@ -126,6 +126,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     repository and runtime."""
     state = app[STATE]
     config = state.config
+    ssl_context = tls.http_context(config)  # a bad certificate stops the start before anything runs
     loop = asyncio.get_running_loop()
     runner = make_runner(app, access_log=config.log_level == "debug")
     stop = stop or asyncio.Event()
@@ -138,7 +139,6 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             pass
     listener: asyncio.Server | None = None
     state.auth.log_startup()
-    ssl_context = tls.http_context(config)  # a bad certificate stops the start before anything runs
     try:
         await runner.setup()
         state.connections.direct = direct_answers(app)

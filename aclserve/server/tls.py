@@ -4,8 +4,10 @@
 HTTP gets an ssl.SSLContext (TLS 1.2 or later) for its listener, whose handshakes are bounded
 by header_timeout_s; gRPC gets grpc.ssl_server_credentials of the same pair. Without TLS a
 bearer token (auth.py) crosses the network in the clear: serve it this way, or behind a proxy
-that terminates TLS, when the server listens beyond loopback. A file that cannot be read, or a
-key that is not the certificate's, stops the start with one line (ConfigError).
+that terminates TLS, when the server listens beyond loopback. A file that cannot be read, one
+that is not PEM, an encrypted key (OpenSSL would ask for its passphrase on the terminal, and
+grpc cannot take it), or a key that is not the certificate's stops the start with one line
+(ConfigError).
 """
 from __future__ import annotations
 
@@ -22,16 +24,29 @@ def http_context(config) -> ssl.SSLContext | None:
     """The HTTP listener's context, or None without TLS."""
     if not enabled(config):
         return None
+    key = _read(config)[1]
+    if b"ENCRYPTED" in key:
+        raise ConfigError("tls_key_file", f"{config.tls_key_file} is encrypted: give its key unencrypted "
+                                          f"(openssl pkey -in KEY -out PLAIN.key), readable by this server only")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+        context.load_cert_chain(config.tls_cert_file, config.tls_key_file, password=_no_passphrase)
     except ssl.SSLError as e:  # an OSError too: first
-        raise ConfigError("tls_key_file", f"the certificate and key do not make a pair ({e.reason or e})") from None
+        if e.reason == "KEY_VALUES_MISMATCH":
+            raise ConfigError("tls_key_file", f"{config.tls_key_file} is not the key of the certificate "
+                                              f"{config.tls_cert_file}") from None
+        raise ConfigError("tls_cert_file", f"{config.tls_cert_file} and {config.tls_key_file} must be a PEM "
+                                           f"certificate chain and its PEM key ({e.reason or e})") from None
     except OSError as e:
         raise ConfigError("tls_cert_file", f"cannot read {e.filename or 'the certificate or key'}: "
                                            f"{e.strerror or e}") from None
     return context
+
+
+def _no_passphrase() -> bytes:
+    """Never prompt on the terminal for a key's passphrase (a PEM key OpenSSL finds encrypted)."""
+    raise ConfigError("tls_key_file", "is encrypted: give its key unencrypted")
 
 
 def grpc_credentials(config):
@@ -40,11 +55,17 @@ def grpc_credentials(config):
     if not enabled(config):
         return None
     import grpc
+    cert, key = _read(config)
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+def _read(config) -> tuple[bytes, bytes]:
+    """(certificate chain, key) as their files hold them."""
     pair = []
-    for key, path in (("tls_key_file", config.tls_key_file), ("tls_cert_file", config.tls_cert_file)):
+    for name, path in (("tls_cert_file", config.tls_cert_file), ("tls_key_file", config.tls_key_file)):
         try:
             with open(path, "rb") as f:
                 pair.append(f.read())
         except OSError as e:
-            raise ConfigError(key, f"cannot read {path}: {e.strerror or e}") from None
-    return grpc.ssl_server_credentials([tuple(pair)])
+            raise ConfigError(name, f"cannot read {path}: {e.strerror or e}") from None
+    return pair[0], pair[1]

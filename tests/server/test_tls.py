@@ -116,19 +116,35 @@ def test_tls_needs_both_files(make_config, tmp_path, authority):
         make_config(tmp_path, tls_cert_file=str(authority[1]))
 
 
-@pytest.mark.parametrize("which", ["missing", "mismatched"])
-def test_a_certificate_that_cannot_be_used_stops_the_start_with_one_line(tmp_path, authority, which):
+@pytest.mark.parametrize("which", ["missing", "mismatched", "encrypted", "not PEM"])
+@pytest.mark.parametrize("grpc_port", [0, -1], ids=["http only", "with grpc"])
+def test_a_certificate_that_cannot_be_used_stops_the_start_with_one_line(tmp_path, authority, which, grpc_port):
+    """An encrypted key made OpenSSL ask for its passphrase on the terminal, and a file that is
+    not PEM was called a mismatched pair (found by an independent review)."""
     _, cert, key = authority
+    cert_file, key_file = cert, key
     if which == "missing":
-        cert_file, key_file, expected = tmp_path / "nope.pem", key, "cannot read"
-    else:
+        cert_file, expected = tmp_path / "nope.pem", "cannot read"
+    elif which == "mismatched":
         other = trustme.CA().issue_cert("127.0.0.1")
         other.private_key_pem.write_to_path(str(tmp_path / "other.pem"))
-        cert_file, key_file, expected = cert, tmp_path / "other.pem", "do not make a pair"
+        key_file, expected = tmp_path / "other.pem", "is not the key of the certificate"
+    elif which == "encrypted":
+        key_file, expected = tmp_path / "encrypted.pem", "is encrypted"
+        from cryptography.hazmat.primitives import serialization  # trustme's own dependency
+        private = serialization.load_pem_private_key(key.read_bytes(), password=None)
+        key_file.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.BestAvailableEncryption(b"passphrase")))
+    else:
+        (tmp_path / "garbage.pem").write_bytes(b"not a certificate")
+        cert_file, expected = tmp_path / "garbage.pem", "must be a PEM certificate chain"
+    port = free_port() if grpc_port else 0
     proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port", "0",
-                           "--grpc-port", "0", "--device", "cpu", "--tls-cert", str(cert_file),
-                           "--tls-key", str(key_file)], cwd=REPO, capture_output=True, text=True, timeout=120)
+                           "--grpc-port", str(port), "--device", "cpu", "--tls-cert", str(cert_file),
+                           "--tls-key", str(key_file)], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
     assert proc.returncode == 2 and expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "ACL runtime" not in proc.stderr  # refused before anything started
 
 
 def test_a_token_served_in_the_clear_beyond_loopback_is_warned_about(make_config, tmp_path, authority, caplog):
