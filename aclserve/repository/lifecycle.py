@@ -140,7 +140,10 @@ class Lifecycle:
         replaced = self._swap(name, loaded, unload)
         for version, sv in loaded.items():
             self.states.move(name, version, State.READY)
-            self._emit("reloaded" if version in replaced else "loaded", name, version, seconds=sv.load_seconds)
+            if version in replaced:  # `replaced`: the version it took over from, draining now
+                self._emit("reloaded", name, version, seconds=sv.load_seconds, replaced=replaced[version])
+            else:
+                self._emit("loaded", name, version, seconds=sv.load_seconds)
         await asyncio.gather(*(self._retire(old, replaced=v in loaded) for v, old in replaced.items()))
         if failed:
             self._dirty.add(name)  # the selection may change now that a file is refused

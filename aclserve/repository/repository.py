@@ -180,8 +180,9 @@ class ModelRepository:
         return [row for row in rows if row["state"] == State.READY.value] if ready_only else rows
 
     def add_listener(self, callback: Callable) -> None:
-        """callback(event, name, version, **info), event in loaded | reloaded | unloaded |
-        load_failed | retired (a replaced version closed; info: served, the ServedVersion)."""
+        """callback(event, name, version, **info), event in loaded | reloaded (info: replaced,
+        the ServedVersion it took over from, draining) | unloaded | load_failed | retired (a
+        replaced version closed; info: served, that ServedVersion)."""
         self._listeners.append(callback)
 
     def _emit(self, event: str, name: str, version: str, **info) -> None:

@@ -101,8 +101,9 @@ class ModelStore(Protocol):
 
     def add_listener(self, callback: Callable) -> None:
         """callback(event, name, version, **info) on loaded / reloaded (info: seconds, the load's
-        duration), unloaded, load_failed (info: reason), retired (a version replaced by a reload
-        has closed; info: served, the ServedModel it was)."""
+        duration; reloaded also replaced, the ServedModel it took over from, draining now),
+        unloaded, load_failed (info: reason), retired (that replaced version has closed; info:
+        served, the ServedModel it was)."""
 
     async def load(self, name: str) -> None: ...
 

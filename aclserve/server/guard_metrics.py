@@ -3,9 +3,10 @@ the repository's model states, retries and batch faults. Read from their owners 
 is scraped, so the request path pays nothing for them.
 
 A version's batch faults, rebuilds and fault codes are its pool's counts: a reload of the same
-version replaces the pool, so what the replaced pools counted is kept here (`retired` events)
-and added, and a counter never goes back (Prometheus would read a reset); an unloaded
-version's series go with it."""
+version replaces the pool, so the replaced pools are added to it, while they drain (from the
+`reloaded` event, which names the one replaced) and once closed (`retired`: their final counts
+kept), so a counter never goes back (Prometheus would read a reset); an unloaded version's
+series go with it."""
 from __future__ import annotations
 
 import collections
@@ -17,13 +18,15 @@ log = logging.getLogger(__name__)
 
 
 class _PoolCounts:
-    """What the replaced pools of one (model, version) counted."""
+    """What the replaced pools of one (model, version) counted: those closed (final counts)
+    and those still draining (read at each scrape)."""
 
-    __slots__ = ("failed", "retried", "rebuilds", "codes")
+    __slots__ = ("failed", "retried", "rebuilds", "codes", "draining")
 
     def __init__(self):
         self.failed = self.retried = self.rebuilds = 0
         self.codes: collections.Counter[int] = collections.Counter()
+        self.draining: list = []
 
     def add(self, pool) -> None:
         self.failed += pool.batches_failed
@@ -31,19 +34,34 @@ class _PoolCounts:
         self.rebuilds += pool.rebuilds
         self.codes.update(pool.fault_counts())
 
+    def with_pools(self, *pools) -> "_PoolCounts":
+        """These counts plus what the draining pools and `pools` count now."""
+        total = _PoolCounts()
+        total.failed, total.retried, total.rebuilds = self.failed, self.retried, self.rebuilds
+        total.codes.update(self.codes)
+        for pool in (*self.draining, *pools):
+            total.add(pool)
+        return total
+
 
 class GuardCollector:
     def __init__(self, state):
         self._state = state
-        self._retired: dict[tuple[str, str], _PoolCounts] = {}
+        self._replaced: dict[tuple[str, str], _PoolCounts] = {}
 
     def on_repository_event(self, event: str, name: str, version=None, **info) -> None:
         """Listener for ModelRepository.add_listener: keeps replaced pools' counts."""
         key = (name, str(version))
-        if event == "retired":
-            self._retired.setdefault(key, _PoolCounts()).add(info["served"].pool)
+        if event == "reloaded" and info.get("replaced") is not None:
+            self._replaced.setdefault(key, _PoolCounts()).draining.append(info["replaced"].pool)
+        elif event == "retired":
+            counts = self._replaced.get(key)
+            pool = info["served"].pool
+            if counts is not None and pool in counts.draining:  # not when unloaded meanwhile
+                counts.draining.remove(pool)
+                counts.add(pool)
         elif event == "unloaded":
-            self._retired.pop(key, None)
+            self._replaced.pop(key, None)
 
     def describe(self):
         return []
@@ -127,12 +145,11 @@ class GuardCollector:
         codes = CounterMetricFamily("aclserve_device_faults", "Batches the device failed, by ACL error code "
                                     "(507047: past the execution timeout)", labels=["model", "version", "code"])
         for model, version, served in self._state.live_versions():
-            pool = served.pool
-            before = self._retired.get((model, version)) or _PoolCounts()
-            faults.add_metric([model, version, "failed"], before.failed + pool.batches_failed)
-            faults.add_metric([model, version, "retried"], before.retried + pool.batches_retried)
-            rebuilds.add_metric([model, version], before.rebuilds + pool.rebuilds)
-            for code, n in sorted((before.codes + collections.Counter(pool.fault_counts())).items()):
+            counts = self._replaced.get((model, version), _PoolCounts()).with_pools(served.pool)
+            faults.add_metric([model, version, "failed"], counts.failed)
+            faults.add_metric([model, version, "retried"], counts.retried)
+            rebuilds.add_metric([model, version], counts.rebuilds)
+            for code, n in sorted(counts.codes.items()):
                 codes.add_metric([model, version, str(code)], n)
         yield faults
         yield rebuilds

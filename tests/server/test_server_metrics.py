@@ -115,8 +115,11 @@ def test_compute_busy_ratio_in_metrics_and_statistics(server):
 def test_fault_counters_survive_a_reload_of_the_same_version(models_dir, tmp_path, clean_faults):
     """A reload replaces the version's pool, whose counts the fault counters read: they went back
     to 0 and a code's series vanished (found by an independent check; Prometheus reads that as
-    a counter reset, and faults during the drain were never counted)."""
+    a counter reset), then, once kept at the old pool's close, they still dipped while it drained
+    (found by an independent review). Scraped while the old version drains a held batch, and
+    after it has closed."""
     import shutil
+    import threading
     import time
     import urllib.request
 
@@ -128,9 +131,25 @@ def test_fault_counters_survive_a_reload_of_the_same_version(models_dir, tmp_pat
     shutil.copy(models_dir / "double.om", own / "double.om")
     config = server_config(own, model_control_mode="poll", settle_s=0.1, debounce_s=0.05)
     body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
+    gate = threading.Event()
 
     def scrape():
         return samples(urllib.request.urlopen(f"http://{srv.url}/metrics", timeout=30).read().decode())
+
+    def infer() -> int:
+        request = urllib.request.Request(f"http://{srv.url}/v2/models/double/infer", data=body, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                return answer.status
+        except urllib.error.HTTPError as e:
+            e.close()
+            return e.code
+
+    def until(predicate) -> None:
+        for _ in range(3000):  # a hang guard
+            if predicate():
+                return
+            time.sleep(0.01)
 
     def ready() -> bool:
         try:
@@ -139,28 +158,29 @@ def test_fault_counters_survive_a_reload_of_the_same_version(models_dir, tmp_pat
             e.close()
             return False
 
-    with ServerThread(config) as srv:
-        for _ in range(3000):  # poll mode loads after the start: a hang guard
-            if ready():
-                break
-            time.sleep(0.01)
-        faults.inject("execute", count=1)
-        request = urllib.request.Request(f"http://{srv.url}/v2/models/double/infer", data=body, method="POST")
-        try:
-            urllib.request.urlopen(request, timeout=60)
-        except urllib.error.HTTPError as e:
-            assert e.code == 500
-            e.close()
-        before = scrape()
-        shutil.copy(models_dir / "double.om", own / ".double.tmp")
-        (own / ".double.tmp").rename(own / "double.om")  # the same model, a new file: a reload
-        for _ in range(3000):  # a hang guard
-            if value(scrape(), "aclserve_model_reloads_total", model="double") >= 1:
-                break
-            time.sleep(0.01)
-        after = scrape()
+    try:
+        with ServerThread(config) as srv:
+            until(ready)  # poll mode loads after the start
+            faults.inject("execute", count=1)
+            assert infer() == 500
+            before = scrape()
+            held = faults.inject("execute", nth=1, hold=gate)
+            answers = []
+            holder = threading.Thread(target=lambda: answers.append(infer()))
+            holder.start()
+            assert held.entered.wait(60)  # in flight on the old pool: its drain waits for it
+            shutil.copy(models_dir / "double.om", own / ".double.tmp")
+            (own / ".double.tmp").rename(own / "double.om")  # the same model, a new file: a reload
+            until(lambda: value(scrape(), "aclserve_model_reloads_total", model="double") >= 1)
+            draining = scrape()
+            gate.set()
+            holder.join(60)
+            until(lambda: value(scrape(), "aclserve_request_success_total", model="double") >= 1)
+            after = scrape()
+    finally:
+        gate.set()
     mv = {"model": "double", "version": "1"}
-    for found in (before, after):
+    for found in (before, draining, after):
         assert value(found, "aclserve_batch_faults_total", outcome="failed", **mv) == 1
         assert value(found, "aclserve_device_faults_total", code="507011", **mv) == 1
-    assert value(after, "aclserve_model_reloads_total", model="double") == 1
+    assert value(draining, "aclserve_model_reloads_total", model="double") == 1 and answers == [200]
