@@ -180,16 +180,12 @@ class ServerState:
 
     # -- repository views ----------------------------------------------------------------------
     def ready_versions(self, name: str | None = None) -> list[tuple[str, str]]:
-        out = []
-        for entry in self.repo.index(ready_only=True):
-            if name is None or entry["name"] == name:
-                if str(entry.get("state", "READY")) == "READY":
-                    out.append((entry["name"], str(entry["version"])))
-        return out
+        """(model, version) of the versions in service (live_versions), of `name` only if given."""
+        return [(n, v) for n, v, _ in self.live_versions() if name is None or n == name]
 
     def live_versions(self):
         """(model, version, served) for every version in service, one no instance can run now
-        included (its fault counters are what an operator wants then)."""
+        included (its statistics and fault counters are what an operator wants then)."""
         for entry in self.repo.index():
             name, version = entry["name"], str(entry["version"])
             if not version:  # a scan problem's row (get would name the newest version)

@@ -172,6 +172,8 @@ def test_a_model_no_instance_can_run_is_not_ready(tmp_path):
         assert ready() == 503 and model_ready != 200
         row = next(r for r in index if r["name"] == "digits")
         assert row["state"] == "UNAVAILABLE" and "no instance can run a batch" in row["reason"], index
+        stats = get(url, "/v2/models/stats")[1]["model_stats"]  # its failures stay in view
+        assert [(s["name"], s["inference_stats"]["fail"]["count"] >= 1) for s in stats] == [("digits", True)]
     finally:
         server.kill()
         server.communicate(timeout=60)
