@@ -10,8 +10,9 @@ which reports to the ConnectionTracker here. The tracker knows each connection's
 
 An IDLE connection whose client has not taken its answers (they wait in the transport's
 buffer) or whose pipelined requests wait to be read (kept while those answers go out) is not
-idle: it is closed after `send_timeout_s` (body_timeout_s) without progress instead, as
-nginx's send_timeout does; closing it at keepalive_timeout_s lost answers already counted.
+idle: it is closed after `send_timeout_s` (body_timeout_s) without progress instead (its
+buffer not shrinking between two sweeps), as nginx's send_timeout does; closing it at
+keepalive_timeout_s lost answers already counted.
 
 A sweep every second closes connections past their phase's limit. At `max_connections` a new
 connection replaces the one idle longest (or the slowest head) if it has been so for at least
@@ -80,13 +81,14 @@ _CLOSING = refusal("server is shutting down", 1, close=True)
 
 
 class _Conn:
-    __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded")
+    __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded", "unsent")
 
     def __init__(self, transport, now: float):
         self.transport, self.phase, self.since = transport, IDLE, now
         self.hold: asyncio.TimerHandle | None = None  # set while held after a refusal
         self.stash: list[bytes] = []  # bytes that arrived anyway while held
         self.forwarded = 0  # requests handed to aiohttp and not finished yet
+        self.unsent = 0  # its write buffer at the last sweep that found answers pending
 
 
 class ConnectionTracker:
@@ -142,7 +144,7 @@ class ConnectionTracker:
     def _evictable(self, now: float) -> _Conn | None:
         best = None
         for conn in self._conns.values():
-            if conn.phase != BUSY and now - conn.since >= EVICT_AFTER_S:
+            if conn.phase != BUSY and now - conn.since >= EVICT_AFTER_S and not _answers_pending(conn):
                 rank = (conn.phase == HEAD, conn.since)  # idle ones first, oldest first
                 if best is None or rank < best[0]:
                     best = (rank, conn)
@@ -224,8 +226,13 @@ class ConnectionTracker:
         now = self._loop.time()
         for conn in list(self._conns.values()):
             if conn.phase == IDLE and now - conn.since > self.keepalive_timeout_s:
-                if now - conn.since <= self.send_timeout_s and _answers_pending(conn):
-                    continue
+                if _answers_pending(conn):
+                    unsent = conn.transport.get_write_buffer_size()
+                    if unsent < conn.unsent:  # the client took some since the last sweep: progress
+                        conn.since = now
+                    conn.unsent = unsent
+                    if now - conn.since <= self.send_timeout_s:
+                        continue
                 self.counts["idle_timeout"] += 1
                 self._close(conn)
             elif conn.phase == HEAD and now - conn.since > self.header_timeout_s:
