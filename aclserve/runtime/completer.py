@@ -15,7 +15,8 @@ While it waits for the launcher, the thread also looks, every half execution tim
 long the launcher has been inside its current launch: a launch call that does not return (an
 execute_async or memcpy_async blocking in the driver) past the execution timeout takes the
 instance out of rotation too, and its batch and those behind it fail with DeviceTimeout
-(Launcher.abandon).
+(Launcher.abandon). It is noticed within one and a half execution timeouts of its start while
+this thread is idle, up to one more while it waits on an earlier batch's events.
 
 Every finished batch goes to the listener (the pool) as `batch_done(batch)`, then its slot is
 returned and the listener hears `slot_free()`. A listener that raises is logged; the thread
@@ -97,8 +98,8 @@ class Completer:
         batches fail with DeviceTimeout (a driver call that does not return is not trusted
         again, as a batch the device does not finish; the pool rebuilds the instance)."""
         since = self.launcher.launching_since() if self.launcher is not None else None
-        if since is None or time.monotonic() - since < self.execution_timeout_ms / 1000:
-            return
+        if since is None or time.monotonic() - since < self.execution_timeout_ms / 1000 or self._book.closing:
+            return  # (a close gives up on the launch itself, past its own deadline: Launcher.give_up)
         if not self._book.broken:
             reason = f"a launch call did not return within {self.execution_timeout_ms} ms"
             self._book.take_out_of_rotation(reason)

@@ -59,8 +59,8 @@ class Launcher:
         self._launching: tuple[Slot, Batch] | None = None  # what the thread is putting on the device
         self._launch_start = 0.0  # when it began (time.monotonic())
         # close() or abandon() answered what the thread held: it hands nothing on, and takes
-        # nothing new (the reason why, for those it refuses)
-        self._given_up: str | None = None
+        # nothing new ((the reason why, the error class), for those it refuses)
+        self._given_up: tuple[str, type] | None = None
         self.thread = None
 
     def start(self) -> None:
@@ -74,8 +74,8 @@ class Launcher:
             if not self._book.closing and given_up is None:
                 self._queue.put((slot, batch))
                 return
-        if given_up is not None:  # reserved just before the instance left rotation
-            self.refuse(slot, batch, given_up, DeviceTimeout)
+        if given_up is not None:  # reserved just before the instance left rotation, or closed
+            self.refuse(slot, batch, *given_up)
         else:
             self.refuse(slot, batch, f"instance {self.name} was closed before the batch could run")
 
@@ -114,7 +114,7 @@ class Launcher:
         with self._book.lock:
             if self._given_up is not None:
                 return  # answered already (a hung launch abandoned, then the instance closed)
-            self._given_up = why
+            self._given_up = (why, error)
             held = [self._launching] if self._launching is not None else []
             while True:
                 try:

@@ -79,7 +79,7 @@ class InstancePool:
         self.batches_failed = 0  # device failures of a batch run (each retry counted again)
         self.batches_retried = 0  # ... of which were run again on another instance
         self.rebuilds = 0  # instances replaced after leaving rotation
-        self.rebuild_failure: str | None = None  # why the last rebuild attempt failed, while one is failing
+        self._rebuild_failures: dict[int, str] = {}  # lane -> why its last rebuild attempt failed
         self._builder = builder  # None: a broken instance stays out of rotation
         self._rebuilding: dict[int, threading.Thread] = {}  # lane -> its rebuild thread
         self._retired_faults: collections.Counter[int] = collections.Counter()
@@ -204,13 +204,13 @@ class InstancePool:
         return timeout_ms
 
     def out_of_service(self) -> str | None:
-        """Why no batch can run now: every instance is out of rotation and rebuilding one has
-        failed (it is tried again, with backoff). None while any instance serves, or while a
+        """Why no batch can run now: every instance is out of rotation and rebuilding each has
+        failed (they are tried again, with backoff). None while any instance serves, or while a
         rebuild has not failed yet (requests wait for it in the queue)."""
-        failure = self.rebuild_failure
-        if failure is None or any(not instance.broken for instance in self.instances):
+        failures = dict(self._rebuild_failures)
+        if any(not instance.broken for instance in self.instances) or len(failures) < len(self.instances):
             return None
-        return f"no instance can run a batch: rebuilding one failed ({failure}); trying again"
+        return f"no instance can run a batch: rebuilding failed ({failures[min(failures)]}); trying again"
 
     def fault_counts(self) -> dict[int, int]:
         """Failed batches by ACL error code, over the pool's life (rebuilt instances included)."""
@@ -252,7 +252,7 @@ class InstancePool:
                 new = self._builder.build(lane, self.execution_timeout_ms)
                 break
             except Exception as e:
-                self.rebuild_failure = str(e)
+                self._rebuild_failures[lane] = str(e)
                 if not old_disposed:
                     log.warning("%s: rebuilding instance %s failed (%s); closing it first, then trying again",
                                 self.name, old.name, e)
@@ -270,7 +270,7 @@ class InstancePool:
             if not closed:
                 self.instances[lane] = new
                 self.rebuilds += 1
-                self.rebuild_failure = None
+                self._rebuild_failures.pop(lane, None)
                 self._retired_faults.update(old.fault_counts())
                 del self._rebuilding[lane]
         if closed:
