@@ -65,33 +65,33 @@ class Delivery:
                 self.answer(request, type(error)(error.message))
             return
         compute_ns = now_ns - batch.dispatched_ns
-        # a request whose client went meanwhile ran all the same, but is not answered: counted
-        # once already (cancelled), and not among the successes, their queue and compute times
-        answered = [(request, request_outputs) for request, request_outputs in zip(requests, outputs)
-                    if not request.future.cancelled()]
-        stats.batch_executed(batch.gear, batch.rows, len(answered), compute_ns, batch.timings)
+        h2d, infer, d2h = stats.batch_executed(batch.gear, batch.rows, compute_ns, batch.timings)
         instance = batch.instance
-        success_ns = queue_total_ns = rows = 0
-        for request, request_outputs in answered:
+        for request, request_outputs in zip(requests, outputs):
+            if request.future.cancelled():
+                continue  # counted once already: cancelled when its client went (it ran all the same)
             queue_ns = request.dispatched_ns - request.enqueued_ns
-            queue_total_ns += queue_ns
-            success_ns += now_ns - request.enqueued_ns
-            rows += request.rows
             if observed:
                 stats.request_done(request.level, queue_ns / 1e9, True, "")
+            request.answered = (queue_ns, now_ns - request.enqueued_ns, h2d, infer, d2h)
             self.answer(request, InferenceResult(request_outputs, queue_ns, compute_ns,
                                                  batch.gear, batch.rows, len(requests), instance))
-        stats.success.add(success_ns, len(answered))
-        stats.queue.add(queue_total_ns, len(answered))
-        stats.inference_count += rows
 
     def answer(self, request: QueuedRequest, outcome) -> None:
         """A batch's outcome: held behind earlier arrivals when ordered."""
         if not self.ordered:
-            resolve(request.future, outcome)
+            self._resolve(request, outcome)
             return
         request.outcome = outcome
         self._release()
+
+    def _resolve(self, request: QueuedRequest, outcome) -> None:
+        """The outcome reaches the request; outputs count as a success then (stats)."""
+        if request.future.done():
+            return
+        resolve(request.future, outcome)
+        if request.answered is not None:
+            self._stats.request_answered(request.rows, *request.answered)
 
     def answer_now(self, request: QueuedRequest, outcome) -> None:
         """An outcome from the queue (timeout): never held; it may unblock held ones."""
@@ -111,7 +111,7 @@ class Delivery:
             if not head.future.done():
                 if head.outcome is None:
                     break
-                resolve(head.future, head.outcome)
+                self._resolve(head, head.outcome)
             arrivals.popleft()
 
     def fail_all(self, error: ServeError) -> None:

@@ -57,8 +57,9 @@ class BatcherStats:
     exporter, the stats endpoint) read them on the same thread, so no locks.
 
     As Triton's statistics: `success`, `queue` and the compute durations count the requests
-    answered with outputs (one each, so their counts agree), success running from enqueue to
-    the answer; `fail` is written by the server for every failed request, whatever failed it
+    answered with outputs (one each, so their counts agree), when the outcome reaches the
+    request's future (a result held for ordering whose client leaves first is not one),
+    success running from enqueue to the run's result; `fail` is written by the server for every failed request, whatever failed it
     (a refusal here, a failed run, a client gone, bad input: server/infer.py counted_infer,
     where /metrics counts failures too), from its arrival. `inference_count` is the rows of
     the successful requests, `execution_count` every run.
@@ -124,10 +125,10 @@ class BatcherStats:
         self.levels[level].cancelled += 1
         self.request_done(level, waited_ns / 1e9, False, CANCELLED)
 
-    def batch_executed(self, gear: int | None, rows: int, requests: int, compute_ns: int,
-                       timings: DeviceTimings) -> None:
-        """One successful run; `compute_ns` is its dispatch-to-result wall time; `requests`
-        those of it answered (a client gone meanwhile is not)."""
+    def batch_executed(self, gear: int | None, rows: int, compute_ns: int,
+                       timings: DeviceTimings) -> tuple[int, int, int]:
+        """One successful run; `compute_ns` is its dispatch-to-result wall time. Returns the
+        (h2d, infer, d2h) ns that each of its requests spent in it (request_answered)."""
         self.gear_batches[gear] = self.gear_batches.get(gear, 0) + 1
         self.rows += rows
         if gear is not None:
@@ -137,10 +138,6 @@ class BatcherStats:
         h2d = int(timings.h2d_ms * 1e6)
         infer = int(timings.compute_ms * 1e6) or compute_ns
         d2h = int(timings.d2h_ms * 1e6)
-        # per request, as Triton does: every request of the run spent the run's time
-        self.compute_input.add(h2d * requests, requests)
-        self.compute_infer.add(infer * requests, requests)
-        self.compute_output.add(d2h * requests, requests)
         size = self.batch_sizes.get(rows)
         if size is None:
             size = self.batch_sizes[rows] = BatchSizeStats()
@@ -152,6 +149,17 @@ class BatcherStats:
                 observer(gear, rows, compute_ns / 1e9)
             except Exception:
                 log.exception("statistics observer on_batch failed")
+        return h2d, infer, d2h
+
+    def request_answered(self, rows: int, queue_ns: int, success_ns: int, h2d: int, infer: int, d2h: int) -> None:
+        """A request's outputs reached it: per request, as Triton does, every request of a run
+        spent the run's time."""
+        self.success.add(success_ns)
+        self.queue.add(queue_ns)
+        self.compute_input.add(h2d)
+        self.compute_infer.add(infer)
+        self.compute_output.add(d2h)
+        self.inference_count += rows
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -291,3 +291,24 @@ async def test_real_loop_clock_window_dispatches_a_partial_batch(fakes):
     finally:
         await batcher.close()
         executor.join()
+
+
+async def test_a_result_held_for_ordering_whose_client_leaves_is_no_success(env):
+    """Outputs held behind an earlier arrival (preserve_ordering) whose client goes before they
+    are released: counted as a success at the run's end, while the server counted the request
+    as failed (found by an independent review). A success is counted when it is delivered."""
+    executor = env.FakeExecutor(gears=(1,), slots=2)
+    batcher, _ = env.make(executor, preserve_ordering=True)
+    first, second = env.submit(batcher, 1), env.submit(batcher, 2)
+    await env.settle()
+    executor.runs[1].complete()  # second's outputs arrive, held behind first
+    await env.settle()
+    assert not second.done()
+    second.cancel()  # its client goes
+    await env.settle()
+    executor.runs[0].complete()
+    await env.settle()
+    check(env, first, 1)
+    stats = batcher.stats
+    assert stats.success.count == stats.queue.count == stats.compute_infer.count == 1
+    assert stats.execution_count == 2 and stats.inference_count == 1

@@ -6,10 +6,10 @@ from aclserve.server.model_stats import model_stats
 
 def test_counters_render_as_tritons_model_stats_entry():
     stats = BatcherStats(levels=(1, 2))
-    stats.batch_executed(gear=4, rows=3, requests=2, compute_ns=900_000,
-                         timings=DeviceTimings(h2d_ms=0.1, compute_ms=0.5, d2h_ms=0.2))
-    stats.inference_count += 3
-    stats.success.add(2_000_000, 2)
+    h2d, infer, d2h = stats.batch_executed(gear=4, rows=3, compute_ns=900_000,
+                                           timings=DeviceTimings(h2d_ms=0.1, compute_ms=0.5, d2h_ms=0.2))
+    stats.request_answered(2, 300_000, 1_000_000, h2d, infer, d2h)  # the run's two requests, 2 and 1 rows
+    stats.request_answered(1, 300_000, 1_000_000, h2d, infer, d2h)
     entry = model_stats(stats)
     assert entry["inference_count"] == 3 and entry["execution_count"] == 1
     assert entry["last_inference"] == stats.last_inference_ms > 0
