@@ -59,10 +59,11 @@ class BatcherStats:
     As Triton's statistics: `success`, `queue` and the compute durations count the requests
     answered with outputs (one each, so their counts agree), when the outcome reaches the
     request's future (a result held for ordering whose client leaves first is not one),
-    success running from enqueue to the run's result; `fail` is written by the server for every failed request, whatever failed it
-    (a refusal here, a failed run, a client gone, bad input: server/infer.py counted_infer,
-    where /metrics counts failures too), from its arrival. `inference_count` is the rows of
-    the successful requests, `execution_count` every run.
+    success running from enqueue to the run's result; `fail` is written by the server for
+    every failed request, whatever failed it (a refusal here, a failed run, a client gone, bad
+    input: server/infer.py counted_infer, where /metrics counts failures too), from its
+    arrival. `inference_count` is the rows of the successful requests, `execution_count`
+    every run.
     Device timings of a run map to compute_input (h2d), compute_infer, compute_output (d2h);
     a run that reports no device compute time counts its wall time (dispatch -> result) as
     compute_infer. Observers registered with `observe()` see every request outcome and every

@@ -192,7 +192,7 @@ class ServerState:
                 continue
             try:
                 served = self.repo.get(name, version)
-            except Exception:  # not serving (loading, failed, a scan problem's row)
+            except Exception:  # not serving (loading, failed, only on disk)
                 continue
             yield name, version, served
 
