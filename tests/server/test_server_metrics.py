@@ -1,7 +1,6 @@
 """/metrics on the real server, parsed with prometheus-client's own parser."""
 import asyncio
 import json
-import urllib.error
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -121,6 +120,7 @@ def test_fault_counters_survive_a_reload_of_the_same_version(models_dir, tmp_pat
     import shutil
     import threading
     import time
+    import urllib.error
     import urllib.request
 
     from aclserve.acl.cpu import faults
