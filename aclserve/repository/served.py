@@ -12,19 +12,21 @@ batcher. When the version is retired (replaced or unloaded) it leaves the servin
 the batcher (what the drain left is answered 503) and, in a worker thread, the pool (an
 instance the device has not let go of by the pool's deadline is abandoned, not waited for:
 runtime/teardown.py). A request that raced the swap and is refused by the draining batcher is
-re-sent once to the successor when that is the same version reloaded with the same signature
-(inputs, outputs, batch limit, labels, image plans: the request was decoded, and will be
-answered, by this version's), so a reload of a file in place never fails a request (also when
-the caller held this object past the close of its batcher, e.g. while reading a request body).
-Otherwise (another version took over, or the reloaded file's signature differs) it is refused
-503 with a message saying to send it again: run by a model it was not checked against, it was
-answered wrongly or failed its whole batch. Owned by the repository's Lifecycle; used on the
+re-sent once to the successor when that has the same signature (inputs, outputs, batch limit,
+labels, image plans: the request was decoded, and will be answered, by this version's) and is
+the same version reloaded, or another version while the request named none (a request to
+/versions/1 is never answered by version 2; the result names the version that ran it), so a
+reload never fails such a request (also when the caller held this object past the close of its
+batcher, e.g. while reading a request body). Otherwise it is refused 503 with a message saying
+to send it again: run by a model it was not checked against, it was answered wrongly or failed
+its whole batch. Owned by the repository's Lifecycle; used on the
 loop, blocking steps in the executor it is given.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -99,7 +101,8 @@ class ServedVersion:
         return tuple(self.pool.gears)
 
     async def infer(self, inputs, rows: int, priority: int | None = None, timeout_us: int | None = None,
-                    trace=None):
+                    trace=None, pinned: bool = False):
+        """The batcher's result; `pinned`: the request named this version (never handed to another)."""
         try:
             return await self.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us, trace=trace)
         except (ModelUnavailable, ShuttingDown):
@@ -109,14 +112,17 @@ class ServedVersion:
             successor = self._successor() if self._successor is not None else None
             if successor is None or successor is self:
                 raise
-            if successor.version != self.version:
+            if successor.version != self.version and pinned:
                 raise ModelUnavailable(f"model {self.name} version {self.version} was replaced by version "
                                        f"{successor.version} while this request arrived; send it again") from None
             if successor.signature_key() != self.signature_key():
-                raise ModelUnavailable(f"model {self.name} version {self.version} was reloaded with other inputs "
-                                       f"or outputs while this request arrived; send it again") from None
-            return await successor.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us,
-                                                 trace=trace)
+                raise ModelUnavailable(f"model {self.name} version {self.version} was replaced by one with other "
+                                       f"inputs or outputs while this request arrived; send it again") from None
+            result = await successor.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us,
+                                                   trace=trace)
+            if successor.version != self.version:
+                result = dataclasses.replace(result, version=successor.version)
+            return result
 
     def signature_key(self) -> tuple:
         """What a request decoded for this version was checked against and is answered with."""

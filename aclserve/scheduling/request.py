@@ -52,3 +52,4 @@ class InferenceResult:
     batch_rows: int  # real rows in that run (gear - batch_rows were padding)
     batch_requests: int  # requests in that run
     instance: str = ""
+    version: str | None = None  # the version that ran it, when a reload handed it to another one

@@ -81,7 +81,7 @@ class DirectInfer:
         self.answered += 1
         try:
             with state.budget.lease() as lease:
-                work = functools.partial(self._run, lease, head, body)
+                work = functools.partial(self._run, lease, head, body, named[1] is not None)
                 payload, json_length = await counted_infer(state, named[0], named[1], work)
             if json_length is None:
                 return _render(200, _JSON, payload)
@@ -103,11 +103,12 @@ class DirectInfer:
             headers["Retry-After"] = retry_after_value(wait)
         return _render(status, _JSON, orjson.dumps({"error": message}), headers)
 
-    async def _run(self, lease, head: Head, body: bytes | memoryview, rec, trace):
+    async def _run(self, lease, head: Head, body: bytes | memoryview, pinned: bool, rec, trace):
         lease.take(len(body), "request body")  # as aiohttp's path charges the body it reads
         header_length = parse_header_length(head.derived("header_length", _header_length_text))
         decoding = charge_decoding(lease, rec, body, header_length)
-        return await infer_body(rec, body, header_length, trace, None, self._state.images, lease, decoding)
+        return await infer_body(rec, body, header_length, trace, None, self._state.images, lease, decoding,
+                                pinned)
 
 
 def _plain_target(head: Head) -> tuple[str, str | None] | None:

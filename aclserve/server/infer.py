@@ -117,11 +117,12 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
 
 
 async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fallback_id: str | None = None,
-                     images=None, lease=None, decoding: int = 0):
+                     images=None, lease=None, decoding: int = 0, pinned: bool = False):
     """Decode a KServe v2 body, charge its answer to `lease` (answer_size.py), run it, encode
     the answer: (payload, json_length). `decoding`: what charge_decoding took, given back once
-    decoded but for the decoded tensors (the parse's objects are gone by then). The HTTP
-    handler's work without the HTTP (`aclserve profile` drives it in-process, without a lease)."""
+    decoded but for the decoded tensors (the parse's objects are gone by then); `pinned`: the
+    request named its version (run_decoded). The HTTP handler's work without the HTTP
+    (`aclserve profile` drives it in-process, without a lease)."""
     if trace is not None:
         trace.received_ns = now_ns()
         trace.request_id = request_id(fallback_id)  # named even when the body is refused
@@ -135,13 +136,15 @@ async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fa
         lease.drop(max(0, decoding - sum(_held_bytes(array) for array in req.inputs.values())))
     if lease is not None:  # the HTTP body joins binary outputs behind the JSON: one copy more
         lease.take(answer_bytes(rec.signature, req, binary_copies=1, json_outputs=True), "its answer")
-    return await run_decoded(rec, req, trace, encode_response, images)
+    return await run_decoded(rec, req, trace, encode_response, images, pinned)
 
 
-async def run_decoded(rec, req, trace, encode, images=None):
+async def run_decoded(rec, req, trace, encode, images=None, pinned: bool = False):
     """Queue a decoded request (codec.InferRequest), wait for its outputs and render them with
     `encode(name, version, req, outputs, signature, batched)`; both transports end here. With
     a trace, marks decoded / result / encoded (the request's KServe id wins over a header's).
+    `pinned`: the request named its version, which a reload then never hands to another
+    (repository/served.py).
     `images`: the server's ImageDecoding, which decodes an image input's pictures in its pool."""
     if images is not None and rec.images is not None:  # the device keeps computing meanwhile
         await images.prepare(rec.images, req.inputs)
@@ -150,11 +153,12 @@ async def run_decoded(rec, req, trace, encode, images=None):
         if req.id:
             trace.request_id = request_id(req.id)
     result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us,
-                                    trace=trace if trace is not None and trace.sampled else None)
+                                    trace=trace if trace is not None and trace.sampled else None, pinned=pinned)
     if trace is not None:
         trace.result_ns = trace.encode_start_ns = now_ns()
         trace.queue_ns, trace.compute_ns = result.queue_ns, result.compute_ns
-    encoded = encode(rec.name, rec.version, req, result.outputs, rec.signature, rec.batched)
+    # (a reload may have handed it to another version: the answer names the one that ran it)
+    encoded = encode(rec.name, result.version or rec.version, req, result.outputs, rec.signature, rec.batched)
     if trace is not None:
         trace.encoded_ns = now_ns()
     return encoded
@@ -195,7 +199,7 @@ async def _infer(request: web.Request, state, lease, rec, trace) -> web.Response
     decoding = charge_decoding(lease, rec, body, header_length)
     fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
     payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images, lease,
-                                            decoding)
+                                            decoding, pinned="version" in request.match_info)
     if json_length is None:
         response = web.Response(body=payload, content_type=_JSON)
     else:

@@ -274,9 +274,10 @@ async def test_a_request_holding_a_retired_version_goes_to_its_successor(make_re
 async def test_a_held_request_is_refused_when_its_successor_would_not_answer_it_as_checked(
         make_repo, models_dir, model_files, tmp_path):
     """A request decoded for a version that was retired meanwhile goes to its successor only
-    when that is the same version with the same signature (found by an independent check: a
-    reloaded file with other input shapes answered such requests wrongly, or failed their
-    whole batch; a request pinned to version 1 was answered by version 2, labelled 1)."""
+    when that has the same signature, and is the same version unless the request named none
+    (found by an independent check: a reloaded file with other input shapes answered such
+    requests wrongly, or failed their whole batch; a request pinned to version 1 was answered by
+    version 2, labelled 1). The result names the version that ran it."""
     other_gears = compile_cpu_om(model_files[2]["onnx"], tmp_path / "gears12.om", batch="1,2")
     place(model_files[1]["om"], models_dir / "m.om")
     place(model_files[1]["om"], models_dir / "v" / "1" / "model.om")
@@ -287,10 +288,12 @@ async def test_a_held_request_is_refused_when_its_successor_would_not_answer_it_
     await events.wait("reloaded", "m")
     await events.wait("unloaded", "v", "1")
     await repo.wait_idle()
-    with pytest.raises(ModelUnavailable, match="model m version 1 was reloaded with other inputs or outputs"):
+    with pytest.raises(ModelUnavailable, match="model m version 1 was replaced by one with other inputs or outputs"):
         await held.infer(x_rows(), 1)
     with pytest.raises(ModelUnavailable, match="model v version 1 was replaced by version 2 .* send it again"):
-        await held_v1.infer(x_rows(), 1)
+        await held_v1.infer(x_rows(), 1, pinned=True)
+    handed = await held_v1.infer(x_rows(), 1)  # named no version: version 2 (same signature) answers
+    assert handed.version == "2" and float(handed.outputs["y"][0, 0]) == 2.0
     assert float((await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0  # sent again: served
 
 
