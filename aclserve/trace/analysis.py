@@ -17,6 +17,7 @@ Works on Chrome trace events as chrome.py writes them (so on a file from any acl
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -54,9 +55,16 @@ def _union(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def _overlap(span: tuple[float, float], merged: list[tuple[float, float]]) -> float:
+def _overlap(span: tuple[float, float], merged: list[tuple[float, float]], ends: list[float]) -> float:
+    """How much of `span` the disjoint, sorted `merged` spans cover (`ends`: their ends), found
+    by bisection: a trace holds tens of thousands of batches."""
     a, b = span
-    return sum(max(0.0, min(b, y) - max(a, x)) for x, y in merged if x < b and y > a)
+    total = 0.0
+    for x, y in itertools.islice(merged, bisect.bisect_right(ends, a), None):
+        if x >= b:
+            break
+        total += min(b, y) - max(a, x)
+    return total
 
 
 def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -124,7 +132,11 @@ def summarize(events: list[dict], cpu_s: float | None = None) -> Summary:
         s.device_busy[processes.get(pid, str(pid))] = min(1.0, _union(spans_) / window)
     copy_total = sum(b - a for spans_ in copies.values() for a, b in spans_) + host_copy
     if copy_total > 0:
-        overlapped = sum(_overlap(c, _merge(compute.get(pid, []))) for pid, spans_ in copies.items() for c in spans_)
+        overlapped = 0.0
+        for pid, spans_ in copies.items():
+            merged = _merge(compute.get(pid, []))  # once per device: summing over each copy was quadratic
+            ends = [y for _, y in merged]
+            overlapped += sum(_overlap(c, merged, ends) for c in spans_)
         s.copy_overlap = overlapped / copy_total
     for kids in children.values():
         kids.sort(key=lambda e: e["ts"])
