@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import socket
@@ -158,7 +159,8 @@ class Wrk:
             f.write(body.data)
         env = dict(os.environ, WRK_BODY=body_path, WRK_CTYPE=body.content_type,
                    WRK_HEADER=body.extra_header, WRK_OUT=out_path)
-        cmd = ["taskset", "-c", self.cpus, "wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s",
+        # wrk takes whole seconds only: a fractional --duration or --warmup is rounded up
+        cmd = ["taskset", "-c", self.cpus, "wrk", "-t1", f"-c{connections}", f"-d{max(1, math.ceil(seconds))}s",
                "--timeout", f"{self.timeout_s:g}s", "-s", self.script, url]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0 or not os.path.exists(out_path):
