@@ -35,7 +35,7 @@ class VersionMetrics:
     """Cached labelled children of one (model, version): no label lookups per request."""
 
     __slots__ = ("_owner", "_labels", "success", "request_duration", "queue_duration",
-                 "compute_duration", "batch_size", "padding_rows", "_failures")
+                 "compute_duration", "batch_size", "padding_rows", "_failures", "_removed")
 
     def __init__(self, owner: "ServerMetrics", model: str, version: str):
         self._owner = owner
@@ -47,6 +47,7 @@ class VersionMetrics:
         self.batch_size = owner.batch_size.labels(model, version)
         self.padding_rows = owner.padding_rows.labels(model, version)
         self._failures: dict[str, Counter] = {}
+        self._removed = False  # the version was unloaded: a late request must not bring a series back
 
     def request_ok(self, seconds: float) -> None:
         self.success.inc()
@@ -55,6 +56,8 @@ class VersionMetrics:
     def request_failed(self, reason: str, seconds: float) -> None:
         child = self._failures.get(reason)
         if child is None:
+            if self._removed:  # (the other children are detached from their families already)
+                return
             child = self._failures[reason] = self._owner.failure.labels(*self._labels, reason)
         child.inc()
         self.request_duration.observe(seconds)
@@ -79,6 +82,7 @@ class VersionMetrics:
         for reason in self._failures:
             o.failure.remove(*self._labels, reason)
         self._failures.clear()
+        self._removed = True
 
 
 class ServerMetrics:

@@ -184,3 +184,20 @@ def test_fault_counters_survive_a_reload_of_the_same_version(models_dir, tmp_pat
         assert value(found, "aclserve_batch_faults_total", outcome="failed", **mv) == 1
         assert value(found, "aclserve_device_faults_total", code="507011", **mv) == 1
     assert value(draining, "aclserve_model_reloads_total", model="double") == 1 and answers == [200]
+
+
+def test_a_request_failing_after_its_version_was_unloaded_brings_no_series_back():
+    """A request still arriving when its version was unloaded fails afterwards: its failure made
+    a new series for the gone version that nothing removed, and a later load of that version
+    inherited its count (found by an independent check)."""
+    from aclserve.server.metrics import ServerMetrics
+
+    metrics = ServerMetrics(lambda: [], lambda: [])
+    late = metrics.version("m", "1")  # held by the request, as state.record hands it out
+    late.request_failed("InvalidInput", 0.001)
+    metrics.on_repository_event("unloaded", "m", "1")
+    late.request_failed("ModelUnavailable", 0.001)
+    late.request_failed("InvalidInput", 0.001)
+    assert 'version="1"' not in metrics.render().decode()
+    metrics.version("m", "1").request_failed("InvalidInput", 0.001)  # loaded again: a fresh count
+    assert value(samples(metrics.render().decode()), "aclserve_request_failure_total", model="m") == 1
