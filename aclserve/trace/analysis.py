@@ -45,16 +45,6 @@ class Summary:
     verdict: str = ""
 
 
-def _union(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, -math.inf
-    for a, b in sorted(spans):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
-
-
 def _overlap(span: tuple[float, float], merged: list[tuple[float, float]], ends: list[float]) -> float:
     """How much of `span` the disjoint, sorted `merged` spans cover (`ends`: their ends), found
     by bisection: a trace holds tens of thousands of batches."""
@@ -128,15 +118,16 @@ def summarize(events: list[dict], cpu_s: float | None = None) -> Summary:
     t1 = max(r["ts"] + r["dur"] for r in requests)
     window = max(t1 - t0, 1e-9)
     s.window_s = window / 1e6
-    for pid, spans_ in compute.items():
-        s.device_busy[processes.get(pid, str(pid))] = min(1.0, _union(spans_) / window)
+    merged = {pid: _merge(spans_) for pid, spans_ in compute.items()}  # each device's busy spans, once
+    for pid, busy in merged.items():
+        s.device_busy[processes.get(pid, str(pid))] = min(1.0, sum(b - a for a, b in busy) / window)
     copy_total = sum(b - a for spans_ in copies.values() for a, b in spans_) + host_copy
     if copy_total > 0:
         overlapped = 0.0
         for pid, spans_ in copies.items():
-            merged = _merge(compute.get(pid, []))  # once per device: summing over each copy was quadratic
-            ends = [y for _, y in merged]
-            overlapped += sum(_overlap(c, merged, ends) for c in spans_)
+            busy = merged.get(pid, [])
+            ends = [y for _, y in busy]
+            overlapped += sum(_overlap(c, busy, ends) for c in spans_)
         s.copy_overlap = overlapped / copy_total
     for kids in children.values():
         kids.sort(key=lambda e: e["ts"])
