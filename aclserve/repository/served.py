@@ -107,8 +107,8 @@ class ServedVersion:
             return await self.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us, trace=trace)
         except (ModelUnavailable, ShuttingDown):
             # refused because this version was retired after the caller looked it up (draining,
-            # or already closed): hand the request to the version that took over, when it is
-            # this one reloaded with the same signature
+            # or already closed): hand the request to the version that took over, when it has
+            # the same signature and is this one reloaded, or the request named no version
             successor = self._successor() if self._successor is not None else None
             if successor is None or successor is self:
                 raise

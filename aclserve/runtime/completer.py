@@ -101,12 +101,19 @@ class Completer:
         if since is None or time.monotonic() - since < self.execution_timeout_ms / 1000 or self._book.closing:
             return  # (a close gives up on the launch itself, past its own deadline: Launcher.give_up)
         if not self._book.broken:
-            reason = f"a launch call did not return within {self.execution_timeout_ms} ms"
-            self._book.take_out_of_rotation(reason)
+            self._leave_rotation(f"a launch call did not return within {self.execution_timeout_ms} ms")
             # counted as a timeout, the code /metrics names for one past the execution timeout
             self._book.count_failure(C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, needs_reset=False)
-            log.error("%s: %s; the instance leaves rotation and is rebuilt", self.name, reason)
-        self.launcher.abandon(f"instance {self.name} was taken out of rotation ({self._book.broken})")
+        self.launcher.abandon(self._out_of_rotation())
+
+    def _leave_rotation(self, reason: str) -> None:
+        """For good: the pool rebuilds the instance (a hung batch, a launch call that never returned)."""
+        self._book.take_out_of_rotation(reason)
+        log.error("%s: %s; the instance leaves rotation and is rebuilt", self.name, reason)
+
+    def _out_of_rotation(self) -> str:
+        """Why a batch behind the instance's leaving rotation fails."""
+        return f"instance {self.name} was taken out of rotation ({self._book.broken})"
 
     def _run(self) -> None:
         while True:
@@ -115,7 +122,7 @@ class Completer:
                 return
             slot, batch, error, direct = item
             if error is None and self._book.broken:  # behind a hung batch: no point in waiting again
-                error = DeviceTimeout(f"instance {self.name} was taken out of rotation ({self._book.broken})")
+                error = DeviceTimeout(self._out_of_rotation())
             if error is None:
                 try:
                     self._collect(slot, batch, direct)
@@ -154,9 +161,7 @@ class Completer:
         except AclError as e:
             if e.ret != C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT:
                 raise
-            reason = f"the device did not finish a batch within {self.execution_timeout_ms} ms"
-            self._book.take_out_of_rotation(reason)
-            log.error("%s: %s; the instance leaves rotation and is rebuilt", self.name, reason)
+            self._leave_rotation(f"the device did not finish a batch within {self.execution_timeout_ms} ms")
             raise DeviceTimeout(f"the device did not finish the batch within the model's execution timeout "
                                 f"({self.execution_timeout_ms} ms): {e}") from e
 
