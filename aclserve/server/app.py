@@ -143,7 +143,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         await runner.setup()
         state.connections.direct = direct_answers(app)
         listener = await listen(runner, state.connections, config.host, config.port, config.listen_backlog,
-                                ssl_context, config.header_timeout_s)
+                                ssl_context)
         host, port = listener.sockets[0].getsockname()[:2]
         log.info("aclserve listening on %s://%s:%d", "https" if tls.enabled(config) else "http", host, port)
         if grpc_server is not None:

@@ -121,18 +121,20 @@ class ConnectionTracker:
         return self._loop.time()
 
     # -- admission ------------------------------------------------------------------------------
-    def admit(self, transport) -> _Conn | None:
+    def admit(self, transport, plain: bool = True) -> _Conn | None:
+        """Track a new connection, or refuse it: with a 503 when it speaks plain HTTP, closed at
+        once when its TLS has not started (an answer in the clear is noise to its client)."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         now = self._loop.time()
         if not self.accepting:
-            self._refuse(transport, _CLOSING)
+            self._refuse(transport, _CLOSING if plain else None)
             return None
         if len(self._conns) >= self.max_connections:
             victim = self._evictable(now)
             if victim is None:
                 self.counts["refused"] += 1
-                self._refuse(transport, _FULL)
+                self._refuse(transport, _FULL if plain else None)
                 return None
             self.counts["evicted"] += 1
             self._close(victim)
@@ -150,7 +152,10 @@ class ConnectionTracker:
                     best = (rank, conn)
         return best[1] if best else None
 
-    def _refuse(self, transport, answer: bytes) -> None:
+    def _refuse(self, transport, answer: bytes | None) -> None:
+        if answer is None:
+            transport.close()
+            return
         transport.write(answer)
         if self._lingering >= _LINGER_MAX:
             transport.close()
@@ -163,6 +168,16 @@ class ConnectionTracker:
             self._lingering -= 1
             transport.close()
         self._loop.call_later(_LINGER_S, close)
+
+    def secured(self, conn: _Conn, transport) -> bool:
+        """`conn`'s TLS handshake is done: it goes on over `transport` (TLS's), idle. False
+        when it was closed meanwhile."""
+        if self._conns.pop(conn.transport, None) is None:
+            return False
+        conn.transport = transport
+        conn.phase, conn.since = IDLE, self._loop.time()
+        self._conns[transport] = conn
+        return True
 
     def forget(self, conn: _Conn | None) -> None:
         if conn is not None:

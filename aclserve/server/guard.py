@@ -16,16 +16,26 @@ no request handed to aiohttp is unanswered (answers keep their order):
 
 Early refusals are written through the tracker's Outbox (outbox.py): those of one loop round
 go out together at its end. Which requests are plain: plain.py. Loop thread only.
+
+Over TLS the listener accepts plain TCP and the guard starts TLS itself (loop.start_tls) once
+the tracker admits the connection: a handshake counts against max_connections and is timed as
+a request head (header_timeout_s), as asyncio's own TLS listener, which hands a connection over
+only once its handshake is done, could not.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
+import ssl
+from typing import Callable
 
 from aiohttp import web
 
 from .connections import BUSY, HEAD, IDLE, ConnectionTracker
 from .framing import ANSWERED, FORWARD, NEED_BODY, RequestFraming
 from .shedding import refusal
+
+log = logging.getLogger(__name__)
 
 
 class GuardedProtocol(asyncio.Protocol):
@@ -36,29 +46,59 @@ class GuardedProtocol(asyncio.Protocol):
     connection (what came is kept for after), and the next one is read only once the answer
     has gone out (or the transport's buffer has drained below its limit)."""
 
-    __slots__ = ("_tracker", "_factory", "_inner", "_conn", "_framing", "_serving", "_write_paused",
+    __slots__ = ("_tracker", "_factory", "_tls", "_inner", "_conn", "_framing", "_serving", "_write_paused",
                  "_read_on_drain")
 
-    def __init__(self, tracker: ConnectionTracker, factory):
-        self._tracker, self._factory = tracker, factory
+    def __init__(self, tracker: ConnectionTracker, factory, tls: ssl.SSLContext | None = None):
+        self._tracker, self._factory, self._tls = tracker, factory, tls
         self._inner = self._conn = self._framing = None
         self._serving: asyncio.Task | None = None  # the direct answer being made
         self._write_paused = False  # the transport's buffer is over its limit (the client reads slowly)
         self._read_on_drain = False  # a direct answer waits in that buffer: read on when it drains
 
     def connection_made(self, transport) -> None:
-        self._conn = self._tracker.admit(transport)
-        if self._conn is not None:
-            self._inner = self._factory()
-            self._inner.connection_made(transport)
-            if self._tracker.early is not None or self._tracker.direct is not None:
-                self._framing = RequestFraming(self._forward, self._answer, self._held,
-                                               self._offered, self._passed)
+        self._conn = self._tracker.admit(transport, plain=self._tls is None)
+        if self._conn is None:
+            return
+        if self._tls is None:
+            self._begin(transport)
+            return
+        self._conn.phase = HEAD  # timed as a head: header_timeout_s
+        loop = asyncio.get_running_loop()
+        # started now, in this call: start_tls takes the transport over before the loop reads
+        # it (pause_reading() here would not hold on uvloop, nor on asyncio before 3.12)
+        run_now(loop.start_tls(transport, self, self._tls, server_side=True,
+                               ssl_handshake_timeout=self._tracker.header_timeout_s), self._secured)
+
+    def _secured(self, secure, error: BaseException | None) -> None:
+        """The TLS handshake's end: aiohttp's protocol on the secure transport, or, when it
+        failed, timed out or was cut (the sweep, an eviction, shutdown), the connection forgotten
+        (asyncio closed it; connection_lost may not come for a handshake that never ended)."""
+        if error is not None and not isinstance(error, OSError):  # an OSError is the client's (ssl.SSLError,
+            log.warning("TLS handshake ended by %r", error)       # a reset, the timeout)
+        tracker = self._tracker
+        if secure is None or not tracker.secured(self._conn, secure):  # None: closed during the handshake
+            tracker.forget(self._conn)
+            return
+        self._begin(secure)
+
+    def _begin(self, transport) -> None:
+        self._inner = self._factory()
+        self._inner.connection_made(transport)
+        if self._tracker.early is not None or self._tracker.direct is not None:
+            self._framing = RequestFraming(self._forward, self._answer, self._held,
+                                           self._offered, self._passed)
+        stash, self._conn.stash = self._conn.stash, []
+        for data in stash:  # TLS: requests decrypted before start_tls returned
+            self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
         conn = self._conn
         if conn is None:
             return  # refused: discard until closed
+        if self._inner is None:  # TLS, done but start_tls has not returned yet: kept for _begin
+            conn.stash.append(data)
+            return
         if self._read_on_drain or self._held():
             # held, answering here, or the client not reading its answers: kept for later
             # (aiohttp's flow control may resume reading)
@@ -201,12 +241,27 @@ class GuardedProtocol(asyncio.Protocol):
                 self.read_on()
 
 
+def run_now(coro, done: Callable[[object, BaseException | None], None]) -> None:
+    """Run `coro` (awaiting asyncio futures only) up to its first wait in this call, then on from
+    each future it awaits once that one is done; then `done(result, None)`, or
+    `done(None, exception)`. A task's first step would wait for the loop's next round (Python
+    3.12's eager tasks do this; 3.10 and 3.11 have none)."""
+    try:
+        waited = coro.send(None)
+    except StopIteration as stop:
+        done(stop.value, None)
+    except Exception as e:  # noqa: BLE001 - handed to `done`
+        done(None, e)
+    else:
+        waited.add_done_callback(lambda _: run_now(coro, done))
+
+
 async def listen(runner: web.AppRunner, tracker: ConnectionTracker, host: str, port: int,
-                 backlog: int, ssl_context=None, handshake_timeout_s: float | None = None) -> asyncio.Server:
+                 backlog: int, ssl_context: ssl.SSLContext | None = None) -> asyncio.Server:
     """Listen on host:port with the runner's aiohttp server as the protocol (its public use as a
     low-level server), each connection going through the tracker (over TLS with `ssl_context`:
-    the guard then reads the decrypted bytes). The caller closes the listener (before
+    the guard starts it, then reads the decrypted bytes). The caller closes the listener (before
     runner.cleanup(), which shuts the connections down)."""
     return await asyncio.get_running_loop().create_server(
-        lambda: GuardedProtocol(tracker, runner.server), host, port, backlog=backlog, reuse_address=True,
-        ssl=ssl_context, ssl_handshake_timeout=handshake_timeout_s if ssl_context is not None else None)
+        lambda: GuardedProtocol(tracker, runner.server, ssl_context), host, port, backlog=backlog,
+        reuse_address=True)

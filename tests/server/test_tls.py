@@ -8,9 +8,11 @@ import asyncio
 import json
 import logging
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
+import time
 
 import aiohttp
 import grpc
@@ -20,6 +22,7 @@ import tritonclient.grpc as grpcclient
 import trustme
 
 from aclserve.config import ConfigError
+from aclserve.server import connections
 from aclserve.server.auth import Access
 from aclserve.server.grpc_health import SERVING, HealthCheckRequest, HealthCheckResponse
 
@@ -44,14 +47,19 @@ def authority(tmp_path_factory):
     return ca, folder / "cert.pem", folder / "key.pem"
 
 
-@pytest.fixture(scope="module")
-def tls_server(models_dir, make_config, authority, tmp_path_factory):
+def loop_runner(name: str):
+    """asyncio.run, or uvloop.run as `aclserve serve` runs: the guard starts TLS on each itself."""
+    return asyncio.run if name == "asyncio" else pytest.importorskip("uvloop").run
+
+
+@pytest.fixture(scope="module", params=["asyncio", "uvloop"])
+def tls_server(models_dir, make_config, authority, tmp_path_factory, request):
     folder = tmp_path_factory.mktemp("tls_models")
     shutil.copy(models_dir / "double.om", folder / "double.om")
     _, cert, key = authority
     config = make_config(folder, grpc_port=free_port(), model_control_mode="none",
                          tls_cert_file=str(cert), tls_key_file=str(key))
-    with ServerThread(config) as server:
+    with ServerThread(config, run=loop_runner(request.param)) as server:
         server.grpc_url = f"127.0.0.1:{config.grpc_port}"
         yield server
 
@@ -85,6 +93,57 @@ def test_a_plain_http_request_to_the_tls_port_gets_no_answer(tls_server):
                 async with session.post(f"http://{tls_server.url}/v2/models/double/infer", json=BODY) as r:
                     await r.read()
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_tls_handshake_counts_against_max_connections(models_dir, make_config, authority, tmp_path, loop):
+    """Connections that never send their TLS hello take the places of max_connections (timed as
+    heads): one more is closed at once (no answer in the clear), and once they have waited
+    EVICT_AFTER_S a real client evicts one of them and is answered. One that leaves in its
+    handshake is forgotten (no handshake timeout waited for)."""
+    shutil.copy(models_dir / "double.om", tmp_path / "double.om")
+    _, cert, key = authority
+    config = make_config(tmp_path, model_control_mode="none", max_connections=2, header_timeout_s=60,
+                         tls_cert_file=str(cert), tls_key_file=str(key))
+    context = ssl.create_default_context()
+    authority[0].configure_trust(context)
+    with ServerThread(config, run=loop_runner(loop)) as server:
+        host, port = server.url.rsplit(":", 1)
+        stalled = [socket.create_connection((host, port)) for _ in range(2)]
+        try:
+            third = socket.create_connection((host, port))
+            third.settimeout(20)  # without the count it would wait for the 60 s handshake timeout
+            with third:
+                try:
+                    assert third.recv(1) == b""
+                except ConnectionResetError:  # its hello unread when closed: reset, as good
+                    pass
+            time.sleep(connections.EVICT_AFTER_S + 0.2)
+
+            async def infer():
+                async with aiohttp.ClientSession() as session:
+                    async with session.post(f"https://{server.url}/v2/models/double/infer", json=BODY,
+                                            ssl=context) as r:
+                        answer = r.status, await r.json()
+                    async with session.get(f"https://{server.url}/metrics", ssl=context) as r:
+                        return answer, await r.text()
+            (status, doc), metrics = asyncio.run(infer())
+            assert status == 200 and doc["outputs"][0]["data"] == [2.0] * 16
+            assert 'aclserve_connections_closed_total{reason="refused"} 1.0' in metrics
+            assert 'aclserve_connections_closed_total{reason="evicted"} 1.0' in metrics
+        finally:
+            for sock in stalled:
+                sock.close()
+
+        async def open_connections():
+            async with aiohttp.ClientSession() as session:
+                for _ in range(100):
+                    async with session.get(f"https://{server.url}/metrics", ssl=context) as r:
+                        if "\naclserve_connections 1.0\n" in await r.text():  # this client's alone
+                            return True
+                    await asyncio.sleep(0.1)
+            return False
+        assert asyncio.run(open_connections())
 
 
 def test_grpc_over_tls(tls_server, authority):
