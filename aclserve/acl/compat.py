@@ -1,8 +1,10 @@
-"""Calls that older CANN releases lack, probed once per module, with the plain call as fallback.
+"""Calls that older CANN releases, or some SoCs, lack, decided once per `acl` module, with the
+plain call as fallback.
 
 `synchronize_event_with_timeout` / `synchronize_stream_with_timeout` (and `get_soc_name`) are
-missing from older pyACL builds. Where they are absent, waits fall back to the untimed calls and
-the log says once that a hung device can then block its instance for good.
+missing from older pyACL builds, and the Atlas 200/300/500 (Ascend310) takes only -1 (forever)
+as their timeout (CANN's API reference). There waits fall back to the untimed calls, and the
+log says once that a hung device can then block its instance for good.
 """
 from __future__ import annotations
 
@@ -13,24 +15,48 @@ from .check import check
 
 log = logging.getLogger(__name__)
 
-_said: set[str] = set()
-_said_lock = threading.Lock()
+TIMED_WAITS = ("synchronize_event_with_timeout", "synchronize_stream_with_timeout")
+
+_lock = threading.Lock()
+_forever: dict[int, tuple[object, bool]] = {}  # id(acl) -> (acl, its waits cannot be timed): probe()
 
 
-def _missing(acl, name: str) -> bool:
-    if getattr(acl.rt, name, None) is not None:
-        return False
-    with _said_lock:
-        if name not in _said:
-            _said.add(name)
-            log.warning("this CANN has no acl.rt.%s: waiting without a timeout instead "
-                        "(a hung device then blocks its instance until it answers)", name)
-    return True
+def waits_forever_only(soc: str | None) -> bool:
+    """Whether a SoC cannot time a wait: CANN's aclrtSynchronizeEventWithTimeout and
+    aclrtSynchronizeStreamWithTimeout take only -1 (forever) on the Atlas 200/300/500 (Ascend310;
+    the 310P and 310B can). The CPU runtime follows it when it presents such a SoC."""
+    return bool(soc) and soc.startswith("Ascend310") and not soc.startswith(("Ascend310P", "Ascend310B"))
+
+
+def probe(acl) -> bool:
+    """Decide (after acl.init: the SoC is known then) whether this CANN and SoC can time a wait,
+    saying once in the log when not; the runtime calls it when it starts. Returns whether waits
+    are untimed."""
+    missing = [name for name in TIMED_WAITS if getattr(acl.rt, name, None) is None]
+    soc = soc_name(acl) if not missing else None
+    if missing:
+        reason = f"this CANN has no acl.rt.{missing[0]}"
+    elif waits_forever_only(soc):
+        reason = f"the {soc} cannot time a wait (CANN: -1, forever, only)"
+    else:
+        reason = None
+    with _lock:
+        said = _forever.get(id(acl), (None, False))[1]
+        _forever[id(acl)] = (acl, reason is not None)  # acl held: its id stays its own
+    if reason is not None and not said:
+        log.warning("%s: waiting without a timeout instead (a hung device then blocks its instance "
+                    "until it answers)", reason)
+    return reason is not None
+
+
+def _untimed(acl) -> bool:
+    known = _forever.get(id(acl))
+    return known[1] if known is not None and known[0] is acl else probe(acl)
 
 
 def synchronize_event(acl, event: int, timeout_ms: int) -> None:
     """Wait for `event`, at most `timeout_ms` where CANN can time the wait (507047 on expiry)."""
-    if _missing(acl, "synchronize_event_with_timeout"):
+    if _untimed(acl):
         check("rt.synchronize_event", acl.rt.synchronize_event(event))
     else:
         check("rt.synchronize_event_with_timeout", acl.rt.synchronize_event_with_timeout(event, timeout_ms))
@@ -39,7 +65,7 @@ def synchronize_event(acl, event: int, timeout_ms: int) -> None:
 def synchronize_stream(acl, stream: int, timeout_ms: int) -> None:
     """Wait for `stream`, at most `timeout_ms` where CANN can time the wait (AclError with
     ACL_ERROR_RT_STREAM_SYNC_TIMEOUT on expiry; the stream's own fault raises its code)."""
-    if _missing(acl, "synchronize_stream_with_timeout"):
+    if _untimed(acl):
         check("rt.synchronize_stream", acl.rt.synchronize_stream(stream))
     else:
         check("rt.synchronize_stream_with_timeout", acl.rt.synchronize_stream_with_timeout(stream, timeout_ms))

@@ -53,6 +53,7 @@ class AclRuntime:
                 check("init", self.acl.init(), also_ok=(C.ACL_ERROR_REPEAT_INITIALIZE,))
             _users += 1
         self._started = True
+        compat.probe(self.acl)  # timed waits or not, decided for this SoC (it may differ from the last start's)
         log.info("ACL runtime: %s (%s), %d device(s)", self.kind, self.soc_name(), self.device_count())
         return self
 

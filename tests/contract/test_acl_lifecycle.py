@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from aclserve.acl import constants as C
@@ -64,6 +65,11 @@ def test_init_finalize_codes(acl_kind):
     lambda acl: acl.create_data_buffer(None, 4),
     lambda acl: acl.rt.launch_callback(None, 0, 0, 0),
     lambda acl: acl.util.ptr_to_numpy(1, [2], 11),
+    # size_t / uint64 parameters ("k", "K") take a real int only: a numpy integer is refused
+    lambda acl: acl.mdl.set_dynamic_batch_size(1, 1, np.int64(0), 4),
+    lambda acl: acl.mdl.set_dynamic_batch_size(1, 1, 0, np.int64(4)),
+    lambda acl: acl.mdl.get_input_size_by_index(1, np.int64(0)),
+    lambda acl: acl.mdl.get_dataset_buffer(1, np.uint64(0)),
 ])
 def test_wrong_argument_types_raise_type_error(acl, call):
     with pytest.raises(TypeError, match="args parse failed"):
@@ -84,6 +90,43 @@ def test_version_and_soc_name(acl, acl_kind):
     assert isinstance(name, str) and name
     if acl_kind == "cpu":
         assert name == acl.SOC_NAME == "CPU-ORT"
+
+
+_SOC_WAITS = textwrap.dedent("""
+    import json
+    from aclserve.acl import select
+    kind, acl = select()
+    acl.init()
+    acl.rt.set_device(0)
+    stream, _ = acl.rt.create_stream()
+    event, _ = acl.rt.create_event()
+    acl.rt.record_event(event, stream)
+    print(json.dumps({"soc": acl.get_soc_name(),
+                      "timed": [acl.rt.synchronize_event_with_timeout(event, 100),
+                                acl.rt.synchronize_stream_with_timeout(stream, 100)],
+                      "forever": [acl.rt.synchronize_event_with_timeout(event, -1),
+                                  acl.rt.synchronize_stream_with_timeout(stream, -1)]}))
+""")
+
+
+@pytest.mark.parametrize("soc", ["Ascend310", "Ascend310P3"])
+def test_the_ascend310_waits_forever_only(acl_kind, soc):
+    """CANN: the Atlas 200/300/500 (Ascend310) takes -1 (forever) only as the timeout of
+    aclrtSynchronizeEventWithTimeout / aclrtSynchronizeStreamWithTimeout; the 310P times them.
+    The CPU runtime presents the SoC of ACLSERVE_CPU_SOC (on a device: checked when it is one)."""
+    env = dict(os.environ, ACLSERVE_CPU_SOC=soc)
+    proc = subprocess.run([sys.executable, "-c", _SOC_WAITS], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if acl_kind == "cpu":
+        assert out["soc"] == soc
+    elif out["soc"] != soc:
+        pytest.skip(f"this device is a {out['soc']}")
+    assert out["forever"] == [0, 0]
+    if soc == "Ascend310":
+        assert 0 not in out["timed"]
+    else:
+        assert out["timed"] == [0, 0]
 
 
 def test_device_count_and_run_mode(acl, acl_kind):

@@ -174,5 +174,34 @@ def test_older_cann_without_timed_waits_falls_back_to_the_plain_calls(runtime, c
         finally:
             assert acl.rt.destroy_event(event) == 0
             assert acl.rt.destroy_stream(stream) == 0
-    assert "no acl.rt.synchronize_event_with_timeout" in caplog.text
-    assert "no acl.rt.synchronize_stream_with_timeout" in caplog.text
+    assert caplog.text.count("no acl.rt.synchronize_event_with_timeout: waiting without a timeout") == 1
+
+
+def test_a_soc_that_cannot_time_a_wait_gets_the_plain_calls(runtime, caplog):
+    """The Ascend310 has the timed calls but takes only -1 as their timeout (CANN): compat waits
+    with the plain calls there, and says so once."""
+    from types import SimpleNamespace
+
+    from aclserve.acl import compat, using_context
+
+    acl = runtime.acl
+
+    def refused(*args):
+        raise AssertionError("a timed wait on an Ascend310")
+    ascend310 = SimpleNamespace(get_soc_name=lambda: "Ascend310", rt=SimpleNamespace(
+        synchronize_event=acl.rt.synchronize_event, synchronize_stream=acl.rt.synchronize_stream,
+        synchronize_event_with_timeout=refused, synchronize_stream_with_timeout=refused))
+    with using_context(acl, runtime.device(0).context):
+        stream, _ = acl.rt.create_stream()
+        event, _ = acl.rt.create_event()
+        try:
+            assert acl.rt.record_event(event, stream) == 0
+            for _ in range(2):
+                compat.synchronize_event(ascend310, event, 10)
+                compat.synchronize_stream(ascend310, stream, 10)
+        finally:
+            assert acl.rt.destroy_event(event) == 0
+            assert acl.rt.destroy_stream(stream) == 0
+    assert caplog.text.count("the Ascend310 cannot time a wait") == 1
+    assert [compat.waits_forever_only(s) for s in ("Ascend310", "Ascend310P3", "Ascend310B1", "Ascend910B2", None)] \
+        == [True, False, False, False, False]

@@ -12,9 +12,9 @@ Extras that pyACL does not have (CPU runtime only):
     device_limits() -> (streams, events)  per-device limits it enforces (like a 310P by default)
     set_threads(n)                   ORT intra-op threads for models loaded afterwards
     faults                           fault injection for tests (see faults.py)
-    SOC_NAME                         what get_soc_name() returns
+    SOC_NAME                         what get_soc_name() returns by default
 Environment: ACLSERVE_CPU_DEVICES, ACLSERVE_CPU_DEVICE_MEMORY, ACLSERVE_CPU_THREADS,
-ACLSERVE_CPU_FAULTS (see settings.py and faults.py).
+ACLSERVE_CPU_SOC, ACLSERVE_CPU_FAULTS (see settings.py and faults.py).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from ._args import INT, PTR, STR, api
 
 log = logging.getLogger("aclserve.acl.cpu")
 
-SOC_NAME = "CPU-ORT"  # not an Ascend SoC: the CPU runtime over ONNX Runtime
+SOC_NAME = settings.DEFAULT_SOC
 VERSION = (8, 0, 0)  # the CANN pyACL release whose behaviour this runtime follows
 
 __all__ = ["init", "finalize", "get_version", "get_soc_name", "create_data_buffer",
@@ -66,7 +66,7 @@ def get_version():
 
 @api("acl.get_soc_name")
 def get_soc_name():
-    return SOC_NAME
+    return _state.soc_name
 
 
 @api("acl.create_data_buffer", PTR, PTR)

@@ -9,12 +9,19 @@ from ._stream import Event
 _OK = C.ACL_SUCCESS
 
 
-def _timeout_s(ms: int):
-    """-1 -> forever (None); >= 0 -> seconds; anything else -> invalid (False), which the
-    *_with_timeout waits answer with ACL_ERROR_RT_PARAM_INVALID, as the runtime does."""
+def wait_timeout(ms: int) -> tuple[float | None, int]:
+    """(seconds or None for -1: forever, ret) of a *_with_timeout wait, checked before its
+    handle as the runtime does: [-1, INT_MAX] (below, ACL_ERROR_RT_PARAM_INVALID), and a SoC
+    that only waits forever (the Ascend310: Atlas 200/300/500, settings.soc_name) refuses any
+    other timeout (ACL_ERROR_RT_FEATURE_NOT_SUPPORT here: which code the device gives is not
+    documented)."""
     if ms == -1:
-        return None
-    return ms / 1000.0 if ms >= 0 else False
+        return None, _OK
+    if ms < 0:
+        return None, C.ACL_ERROR_RT_PARAM_INVALID
+    if _state.forever_waits_only:
+        return None, C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+    return ms / 1000.0, _OK
 
 
 # -- events --------------------------------------------------------------------------------------
@@ -76,9 +83,9 @@ def _event_wait(event: int, ms: int):
     ctx, ret = _state.current()
     if ret:
         return ret
-    timeout = _timeout_s(ms)
-    if timeout is False:  # checked before the event, as aclrtSynchronizeEventWithTimeout does
-        return C.ACL_ERROR_RT_PARAM_INVALID
+    timeout, ret = wait_timeout(ms)
+    if ret:
+        return ret
     e, ret = _state.event_of(event, ctx)
     if ret:
         return ret

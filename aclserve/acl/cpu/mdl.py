@@ -110,67 +110,67 @@ def get_num_outputs(model_desc):
     return len(info.outputs) if info else 0
 
 
-@api("acl.mdl.get_input_size_by_index", PTR, INT)
+@api("acl.mdl.get_input_size_by_index", PTR, PTR)
 def get_input_size_by_index(model_desc, index):
     return _desc.size(model_desc, index, outputs=False)
 
 
-@api("acl.mdl.get_output_size_by_index", PTR, INT)
+@api("acl.mdl.get_output_size_by_index", PTR, PTR)
 def get_output_size_by_index(model_desc, index):
     return _desc.size(model_desc, index, outputs=True)
 
 
-@api("acl.mdl.get_input_dims", PTR, INT)
+@api("acl.mdl.get_input_dims", PTR, PTR)
 def get_input_dims(model_desc, index):
     return _desc.dims(model_desc, index, outputs=False)
 
 
-@api("acl.mdl.get_input_dims_v2", PTR, INT)
+@api("acl.mdl.get_input_dims_v2", PTR, PTR)
 def get_input_dims_v2(model_desc, index):
     return _desc.dims(model_desc, index, outputs=False)
 
 
-@api("acl.mdl.get_output_dims", PTR, INT)
+@api("acl.mdl.get_output_dims", PTR, PTR)
 def get_output_dims(model_desc, index):
     return _desc.dims(model_desc, index, outputs=True)
 
 
-@api("acl.mdl.get_cur_output_dims", PTR, INT)
+@api("acl.mdl.get_cur_output_dims", PTR, PTR)
 def get_cur_output_dims(model_desc, index):
     return _desc.dims(model_desc, index, outputs=True, current=True)
 
 
-@api("acl.mdl.get_input_data_type", PTR, INT)
+@api("acl.mdl.get_input_data_type", PTR, PTR)
 def get_input_data_type(model_desc, index):
     t = _desc.tensor(model_desc, index, outputs=False)
     return t.acl_dtype if t else C.ACL_DT_UNDEFINED
 
 
-@api("acl.mdl.get_output_data_type", PTR, INT)
+@api("acl.mdl.get_output_data_type", PTR, PTR)
 def get_output_data_type(model_desc, index):
     t = _desc.tensor(model_desc, index, outputs=True)
     return t.acl_dtype if t else C.ACL_DT_UNDEFINED
 
 
-@api("acl.mdl.get_input_format", PTR, INT)
+@api("acl.mdl.get_input_format", PTR, PTR)
 def get_input_format(model_desc, index):
     t = _desc.tensor(model_desc, index, outputs=False)
     return t.format if t else C.ACL_FORMAT_UNDEFINED
 
 
-@api("acl.mdl.get_output_format", PTR, INT)
+@api("acl.mdl.get_output_format", PTR, PTR)
 def get_output_format(model_desc, index):
     t = _desc.tensor(model_desc, index, outputs=True)
     return t.format if t else C.ACL_FORMAT_UNDEFINED
 
 
-@api("acl.mdl.get_input_name_by_index", PTR, INT)
+@api("acl.mdl.get_input_name_by_index", PTR, PTR)
 def get_input_name_by_index(model_desc, index):
     t = _desc.tensor(model_desc, index, outputs=False)
     return t.name if t else ""
 
 
-@api("acl.mdl.get_output_name_by_index", PTR, INT)
+@api("acl.mdl.get_output_name_by_index", PTR, PTR)
 def get_output_name_by_index(model_desc, index):
     t = _desc.tensor(model_desc, index, outputs=True)
     return t.name if t else ""
@@ -207,7 +207,7 @@ def get_dataset_num_buffers(dataset):
     return _dataset.num_buffers(dataset)
 
 
-@api("acl.mdl.get_dataset_buffer", PTR, INT)
+@api("acl.mdl.get_dataset_buffer", PTR, PTR)
 def get_dataset_buffer(dataset, index):
     return _dataset.get_buffer(dataset, index)
 
@@ -233,7 +233,7 @@ def _resolve(model_id: int, input_ds: int, output_ds: int):
     return ctx, model, ins, outs, model.validate(ins, outs)
 
 
-@api("acl.mdl.set_dynamic_batch_size", INT, PTR, INT, INT)
+@api("acl.mdl.set_dynamic_batch_size", INT, PTR, PTR, PTR)
 def set_dynamic_batch_size(model_id, dataset, index, batch_size):
     ctx, ret = _state.current()
     if ret:

@@ -10,7 +10,7 @@ from .. import constants as C
 from . import _state
 from ._args import INT, PTR, api
 from ._state import Context
-from ._rt_events import _timeout_s
+from ._rt_events import wait_timeout
 from ._rt_events import (  # noqa: F401  (events and callbacks)
     create_event, create_event_with_flag, destroy_event, record_event, stream_wait_event,
     synchronize_event, synchronize_event_with_timeout, query_event_status, query_event, event_elapsed_time,
@@ -171,9 +171,9 @@ def _sync(stream: int, ms: int):
     ctx, ret = _state.current()
     if ret:
         return ret
-    timeout = _timeout_s(ms)
-    if timeout is False:
-        return C.ACL_ERROR_RT_PARAM_INVALID
+    timeout, ret = wait_timeout(ms)
+    if ret:
+        return ret
     s, ret = _state.stream_of(stream, ctx)
     return ret or s.synchronize(timeout)
 

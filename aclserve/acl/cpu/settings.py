@@ -9,6 +9,9 @@ ACLSERVE_CPU_MAX_STREAMS    streams per device, default 1024 (Atlas inference se
                             910B: 1984, 310B: 512); every context's default stream and one
                             internal stream count, as on the device
 ACLSERVE_CPU_MAX_EVENTS     events per device, default 1023 (310/310P; 910-class: 65535)
+ACLSERVE_CPU_SOC            the SoC it presents (acl.get_soc_name) and whose rules it follows,
+                            default CPU-ORT (none); Ascend310 (Atlas 200/300/500) refuses timed
+                            waits, as that SoC does
 ACLSERVE_CPU_FAULTS         fault injection, see faults.py
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ DEFAULT_DEVICES = 1
 DEFAULT_DEVICE_MEMORY = 8 << 30
 DEFAULT_MAX_STREAMS = 1024  # CANN docs, aclrtCreateStream: "Atlas inference series" (310P)
 DEFAULT_MAX_EVENTS = 1023  # CANN docs, aclrtCreateEvent: 310 / 310P
+DEFAULT_SOC = "CPU-ORT"  # not an Ascend SoC: the CPU runtime over ONNX Runtime
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
@@ -68,6 +72,11 @@ def max_events() -> int:
     return _positive_int("ACLSERVE_CPU_MAX_EVENTS", DEFAULT_MAX_EVENTS)
 
 
+def soc_name() -> str:
+    raw = os.environ.get("ACLSERVE_CPU_SOC", "").strip()
+    return raw or DEFAULT_SOC
+
+
 def set_threads(n: int) -> None:
     """Intra-op threads for models loaded from now on (None: back to ACLSERVE_CPU_THREADS)."""
     global _threads_override
@@ -80,7 +89,7 @@ def check_environment() -> None:
     """Every setting above read once: ValueError naming the first that is wrong (a server checks
     them at its start, not when acl.init meets them)."""
     from . import faults
-    for read in (device_count, device_memory, max_streams, max_events, threads):
+    for read in (device_count, device_memory, max_streams, max_events, threads, soc_name):
         read()
     spec = os.environ.get("ACLSERVE_CPU_FAULTS", "")
     if spec.strip():
