@@ -77,6 +77,24 @@ def device_buffer(acl):
         acl.rt.free(ptr)
 
 
+@pytest.fixture
+def pinned(acl):
+    """`data` (bytes) copied into malloc_host memory, freed at teardown: memcpy_async's host side
+    (through CANN 8.x other host memory copies wrongly without an error)."""
+    ptrs = []
+
+    def make(data: bytes) -> int:
+        ptr, ret = acl.rt.malloc_host(len(data))
+        assert ret == 0
+        ptrs.append(ptr)
+        assert acl.rt.memcpy(ptr, len(data), acl.util.bytes_to_ptr(data), len(data), C.ACL_MEMCPY_HOST_TO_HOST) == 0
+        return ptr
+
+    yield make
+    for ptr in ptrs:
+        acl.rt.free_host(ptr)
+
+
 # -- tiny models as CPU OMs ------------------------------------------------------------------------
 IN_FEATURES, HIDDEN, OUT_FEATURES = 32, 8, 3
 

@@ -25,8 +25,8 @@ def test_nth_and_count_pick_a_run_of_calls(clean_faults):
 
 def test_memcpy_faults_fail_sync_copies_and_surface_at_synchronize(acl, ctx, device_buffer, cpu_only,
                                                                   clean_faults):
-    data = bytes(64)
-    src = acl.util.bytes_to_ptr(data)
+    src, ret = acl.rt.malloc_host(64)  # memcpy_async's host side is pinned memory
+    assert ret == 0
     dev = device_buffer(64)
     faults.inject("memcpy", count=1)
     assert acl.rt.memcpy(dev, 64, src, 64, H2D) == C.ACL_ERROR_RT_MODEL_EXECUTE
@@ -41,6 +41,7 @@ def test_memcpy_faults_fail_sync_copies_and_surface_at_synchronize(acl, ctx, dev
         assert acl.rt.synchronize_stream(stream) == 0
     finally:
         acl.rt.destroy_stream(stream)
+        acl.rt.free_host(src)
 
 
 @pytest.mark.parametrize("spec, fragment", [

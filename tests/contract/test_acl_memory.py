@@ -131,20 +131,30 @@ def test_a_zero_byte_copy_or_set_succeeds_before_any_other_check(acl, ctx, devic
 
 
 def test_memcpy_async_runs_on_the_stream(acl, ctx, device_buffer, acl_kind):
+    """Through CANN 8.x memcpy_async's host side is malloc_host memory and its addresses are
+    64-byte aligned; otherwise the device copies wrongly without an error (pyACL reference,
+    "memcpy_async"), which the CPU runtime refuses so that the mistake shows."""
     data = np.arange(64, dtype=np.uint8).tobytes()
-    src = acl.util.bytes_to_ptr(data)
-    dev = device_buffer(64)
+    unpinned = acl.util.bytes_to_ptr(data)
+    dev = device_buffer(128)
+    src, _ = acl.rt.malloc_host(128)
     host, _ = acl.rt.malloc_host(64)
     stream, _ = acl.rt.create_stream()
     try:
+        assert acl.rt.memcpy(src, 128, unpinned, 64, H2H) == 0  # staged into pinned memory
         assert acl.rt.memcpy_async(host, 64, src, 64, H2H, stream) == C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
         assert acl.rt.memcpy_async(dev, 64, src, 65, H2D, stream) == C.ACL_ERROR_RT_PARAM_INVALID
         if acl_kind == "cpu":
             assert acl.rt.memcpy_async(src, 64, dev, 8, H2D, stream) == C.ACL_ERROR_RT_PARAM_INVALID
-        assert acl.rt.memcpy_async(dev, 64, src, 64, H2D, stream) == 0
+            assert acl.rt.memcpy_async(dev, 64, unpinned, 64, H2D, stream) == C.ACL_ERROR_RT_PARAM_INVALID
+            assert acl.rt.memcpy_async(unpinned, 64, dev, 64, D2H, stream) == C.ACL_ERROR_RT_PARAM_INVALID
+            assert acl.rt.memcpy_async(dev + 32, 64, src, 64, H2D, stream) == C.ACL_ERROR_RT_PARAM_INVALID
+            assert acl.rt.memcpy_async(dev, 64, src + 8, 64, H2D, stream) == C.ACL_ERROR_RT_PARAM_INVALID
+        assert acl.rt.memcpy_async(dev, 128, src, 64, H2D, stream) == 0
         assert acl.rt.memcpy_async(host, 64, dev, 64, D2H, stream) == 0
         assert acl.rt.synchronize_stream(stream) == 0
         assert acl.util.ptr_to_bytes(host, 64) == data
     finally:
         assert acl.rt.destroy_stream(stream) == 0
         acl.rt.free_host(host)
+        acl.rt.free_host(src)

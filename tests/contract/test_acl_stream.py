@@ -71,14 +71,14 @@ def _gate_callback(acl, stream, reports, gate, ran=None):
     assert acl.rt.launch_callback(hold, None, C.ACL_CALLBACK_BLOCK, stream) == 0
 
 
-def test_stream_runs_tasks_in_fifo_order(acl, ctx, streams, device_buffer):
+def test_stream_runs_tasks_in_fifo_order(acl, ctx, streams, device_buffer, pinned):
     s = streams()
     dev = device_buffer(4096)
     host, _ = acl.rt.malloc_host(4096)
     try:
         for value in range(1, 20):  # each fill overwrites the previous one; the last must win
             data = bytes([value]) * 4096
-            assert acl.rt.memcpy_async(dev, 4096, acl.util.bytes_to_ptr(data), 4096, H2D, s) == 0
+            assert acl.rt.memcpy_async(dev, 4096, pinned(data), 4096, H2D, s) == 0
             if value % 7 == 0:
                 assert acl.rt.synchronize_stream(s) == 0
         assert acl.rt.memcpy_async(host, 4096, dev, 4096, D2H, s) == 0
@@ -88,12 +88,12 @@ def test_stream_runs_tasks_in_fifo_order(acl, ctx, streams, device_buffer):
         acl.rt.free_host(host)
 
 
-def test_default_stream_is_stream_zero(acl, ctx, device_buffer):
+def test_default_stream_is_stream_zero(acl, ctx, device_buffer, pinned):
     dev = device_buffer(64)
     host, _ = acl.rt.malloc_host(64)
     data = b"\x05" * 64
     try:
-        assert acl.rt.memcpy_async(dev, 64, acl.util.bytes_to_ptr(data), 64, H2D, 0) == 0
+        assert acl.rt.memcpy_async(dev, 64, pinned(data), 64, H2D, 0) == 0
         assert acl.rt.memcpy_async(host, 64, dev, 64, D2H, 0) == 0
         assert acl.rt.synchronize_stream(0) == 0
         assert acl.util.ptr_to_bytes(host, 64) == data
@@ -154,7 +154,7 @@ def test_events_record_query_synchronize_and_elapsed(acl, ctx, streams, reports)
             assert acl.rt.destroy_event(e) == 0
 
 
-def test_stream_wait_event_orders_work_across_streams(acl, ctx, streams, reports, device_buffer):
+def test_stream_wait_event_orders_work_across_streams(acl, ctx, streams, reports, device_buffer, pinned):
     a, b = streams(), streams()
     reports.subscribe(a)
     dev = device_buffer(64)
@@ -164,7 +164,7 @@ def test_stream_wait_event_orders_work_across_streams(acl, ctx, streams, reports
         gate = threading.Event()
         _gate_callback(acl, a, reports, gate)
         first = b"\x01" * 64
-        assert acl.rt.memcpy_async(dev, 64, acl.util.bytes_to_ptr(first), 64, H2D, a) == 0
+        assert acl.rt.memcpy_async(dev, 64, pinned(first), 64, H2D, a) == 0
         assert acl.rt.record_event(ready, a) == 0
         assert acl.rt.stream_wait_event(b, ready) == 0
         assert acl.rt.memcpy_async(host, 64, dev, 64, D2H, b) == 0

@@ -32,6 +32,22 @@ def check_memcpy(dst: int, dst_max: int, src: int, count: int, kind: int, device
     return kind, C.ACL_SUCCESS
 
 
+ASYNC_ALIGN = 64  # memcpy_async's addresses (CANN docs)
+
+
+def check_async_sides(dst: int, src: int, count: int, kind: int) -> int:
+    """What memcpy_async asks beyond memcpy's checks (CANN 8.x docs): both addresses 64-byte
+    aligned, and the host side in malloc_host memory. The device does not refuse either (it
+    copies wrongly, or not in stream order): refused here, so the mistake shows before a device
+    runs it."""
+    if dst % ASYNC_ALIGN or src % ASYNC_ALIGN:
+        return C.ACL_ERROR_RT_PARAM_INVALID
+    host = dst if kind == D2H else src if kind == H2D else None
+    if host is not None and not _memory.pinned(host, count):
+        return C.ACL_ERROR_RT_PARAM_INVALID
+    return C.ACL_SUCCESS
+
+
 def check_memset(dev: int, max_size: int, count: int, device: int) -> int:
     if dev == 0 or count < 0 or max_size < 0:
         return C.ACL_ERROR_INVALID_PARAM

@@ -93,6 +93,7 @@ _lock = threading.Lock()
 _starts: list[int] = []
 _device_allocs: dict[int, Allocation] = {}
 _host_allocs: dict[int, Allocation] = {}
+_host_starts: list[int] = []  # sorted keys of _host_allocs
 _devices: dict[int, DeviceMemory] = {}
 
 
@@ -109,6 +110,7 @@ def release_all() -> int:
         live = list(_device_allocs.values()) + list(_host_allocs.values())
         _device_allocs.clear()
         _host_allocs.clear()
+        _host_starts.clear()
         _starts.clear()
         for mem in _devices.values():
             mem.used = mem.huge_advised_bytes = 0
@@ -214,6 +216,13 @@ def touches_device(ptr: int, length: int) -> bool:
         return _device_allocs[_starts[i]].end > ptr
 
 
+def pinned(ptr: int, length: int) -> bool:
+    """Whether [ptr, ptr+length) lies in one malloc_host allocation."""
+    with _lock:
+        i = bisect.bisect_right(_host_starts, ptr) - 1
+        return i >= 0 and ptr + max(length, 1) <= _host_allocs[_host_starts[i]].end
+
+
 def malloc_host(size: int) -> tuple[int, int]:
     if size <= 0:
         return 0, C.ACL_ERROR_INVALID_PARAM
@@ -223,6 +232,7 @@ def malloc_host(size: int) -> tuple[int, int]:
         return 0, C.ACL_ERROR_BAD_ALLOC
     with _lock:
         _host_allocs[ptr] = Allocation(ptr, size, None, mm=mm)
+        bisect.insort(_host_starts, ptr)
     return ptr, C.ACL_SUCCESS
 
 
@@ -231,6 +241,8 @@ def free_host(ptr: int) -> int:
         return C.ACL_ERROR_INVALID_PARAM
     with _lock:
         alloc = _host_allocs.pop(ptr, None)
+        if alloc is not None:
+            del _host_starts[bisect.bisect_left(_host_starts, ptr)]
     if alloc is None:
         return C.ACL_ERROR_RT_PARAM_INVALID
     alloc.close()

@@ -75,6 +75,9 @@ def memcpy_async(dst, dst_max, src, count, kind, stream):
         return ret
     if kind == C.ACL_MEMCPY_HOST_TO_HOST:
         return C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+    ret = _copy.check_async_sides(dst, src, count, kind)
+    if ret:
+        return ret
     s, ret = _state.stream_of(stream, ctx)
     return ret or s.enqueue(lambda: _copy_now(dst, src, count))
 
