@@ -1,16 +1,18 @@
-"""Calls that older CANN releases, or some SoCs, lack, decided once per `acl` module, with the
-plain call as fallback.
+"""Calls that older CANN releases, or some SoCs, lack, with the plain call as fallback.
 
 `synchronize_event_with_timeout` / `synchronize_stream_with_timeout` (and `get_soc_name`) are
 missing from older pyACL builds, and the Atlas 200/300/500 (Ascend310) takes only -1 (forever)
 as their timeout (CANN's API reference). There waits fall back to the untimed calls, and the
-log says once that a hung device can then block its instance for good.
+log says once that a hung device can then block its instance for good. Events that streams
+wait on batch after batch come from `create_event_ex_with_flag` where there is one
+(`pipeline_event`).
 """
 from __future__ import annotations
 
 import logging
 import threading
 
+from . import constants as C
 from .check import check
 
 log = logging.getLogger(__name__)
@@ -19,6 +21,7 @@ TIMED_WAITS = ("synchronize_event_with_timeout", "synchronize_stream_with_timeou
 
 _lock = threading.Lock()
 _forever: dict[int, tuple[object, bool]] = {}  # id(acl) -> (acl, its waits cannot be timed): probe()
+_said_reasons: set[str] = set()  # pipeline_event's fallbacks, logged once each
 
 
 def waits_forever_only(soc: str | None) -> bool:
@@ -77,3 +80,29 @@ def soc_name(acl) -> str | None:
     if get is None:
         return None
     return get() or None
+
+
+def pipeline_event(acl) -> tuple[int, bool]:
+    """(event, whether another stream may wait on it batch after batch) for a slot, which
+    records its events again for every batch. create_event_ex_with_flag(SYNC | TIME_LINE) where
+    this CANN and SoC have it (CANN: each record of such an event replaces the last, and a
+    stream waits for the latest), True. Else a plain create_event, False: CANN documents a
+    plain event's cross-stream use as record, wait, reset (the Atlas 200/300/500 and older CANN
+    have no other), so the slot keeps all of a batch's work on one stream (enqueue.direct),
+    which the log says once."""
+    create = getattr(acl.rt, "create_event_ex_with_flag", None)
+    if create is not None:
+        result = create(C.ACL_EVENT_SYNC | C.ACL_EVENT_TIME_LINE)
+        ret = result[-1]
+        if ret in (C.ACL_SUCCESS, C.ACL_ERROR_RT_NO_EVENT_RESOURCE):  # the device is out of events: said as such
+            return check("rt.create_event_ex_with_flag", result), True
+        reason = f"create_event_ex_with_flag is refused here ({ret})"
+    else:
+        reason = "this CANN has no acl.rt.create_event_ex_with_flag"
+    with _lock:
+        said = reason in _said_reasons
+        _said_reasons.add(reason)
+    if not said:
+        log.warning("%s: each batch runs its copies and execution on one stream (no copy/compute "
+                    "overlap between batches)", reason)
+    return check("rt.create_event", acl.rt.create_event()), False

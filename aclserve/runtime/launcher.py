@@ -134,8 +134,10 @@ class Launcher:
             if item is None:
                 return
             slot, batch = item
-            with book.lock:  # alone in flight: nothing to overlap with, so skip the copy streams
-                direct = book.in_flight == 1
+            # alone in flight: nothing to overlap with, so skip the copy streams; and always where
+            # the slot's events cannot be waited on by another stream batch after batch
+            with book.lock:
+                direct = book.in_flight == 1 or not slot.cross_stream
                 self._launching, self._launch_start = item, time.monotonic()
             if batch.trace is not None:
                 self._trace_launch(batch.trace, slot, direct)

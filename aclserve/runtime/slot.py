@@ -13,7 +13,7 @@ import ctypes
 
 import numpy as np
 
-from ..acl import check, check_handle, release
+from ..acl import check, check_handle, compat, release
 from ..acl import constants as C
 from .om_model import OmModel
 from .types import TensorSpec
@@ -45,6 +45,9 @@ class Slot:
         self.inputs: list[_Tensor] = []
         self.outputs: list[_Tensor] = []
         self.events: dict[str, int] = {}
+        # its events may be waited on by another stream batch after batch (compat.pipeline_event);
+        # else each batch runs on one stream (enqueue.direct)
+        self.cross_stream = False
         self.input_dataset = self.output_dataset = 0
         self._tensors: list[_Tensor] = []
         self._closed = False
@@ -69,8 +72,11 @@ class Slot:
             tensor = self._tensor(spec, size, rows, host=True)
             check("mdl.add_dataset_buffer", acl.mdl.add_dataset_buffer(self.output_dataset, tensor.buffer))
             self.outputs.append(tensor)
+        shared = []
         for name in self.EVENTS:
-            self.events[name] = check("rt.create_event", acl.rt.create_event())
+            self.events[name], reusable = compat.pipeline_event(acl)
+            shared.append(reusable)
+        self.cross_stream = all(shared)
 
     def _tensor(self, spec: TensorSpec | None, size: int, rows: int, host: bool) -> _Tensor:
         acl = self._acl

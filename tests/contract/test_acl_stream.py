@@ -180,6 +180,80 @@ def test_stream_wait_event_orders_work_across_streams(acl, ctx, streams, reports
         acl.rt.free_host(host)
 
 
+def test_an_event_of_create_event_ex_with_flag_is_waited_on_batch_after_batch(acl, ctx, streams, reports,
+                                                                              device_buffer, pinned):
+    """CANN: a SYNC event of create_event_ex_with_flag may be recorded again, each record
+    replacing the last, and a stream waits for the latest: the slots' pattern (record on the
+    copy stream, wait on the next, every batch). Both rounds keep their order, and TIME_LINE
+    gives it timestamps."""
+    a, b = streams(), streams()
+    reports.subscribe(a)
+    event, ret = acl.rt.create_event_ex_with_flag(C.ACL_EVENT_SYNC | C.ACL_EVENT_TIME_LINE)
+    if ret != 0 and acl.get_soc_name() == "Ascend310":
+        pytest.skip("the Atlas 200/300/500 has no create_event_ex_with_flag")
+    assert ret == 0
+    start, _ = acl.rt.create_event()
+    dev = device_buffer(64)
+    host, _ = acl.rt.malloc_host(64)
+    try:
+        for value in (1, 2):
+            gate = threading.Event()
+            _gate_callback(acl, a, reports, gate)
+            assert acl.rt.record_event(start, a) == 0
+            assert acl.rt.memcpy_async(dev, 64, pinned(bytes([value]) * 64), 64, H2D, a) == 0
+            assert acl.rt.record_event(event, a) == 0
+            assert acl.rt.stream_wait_event(b, event) == 0
+            assert acl.rt.memcpy_async(host, 64, dev, 64, D2H, b) == 0
+            gate.set()
+            assert acl.rt.synchronize_stream(b) == 0
+            assert acl.util.ptr_to_bytes(host, 64) == bytes([value]) * 64  # b copied after a wrote
+            ms, ret = acl.rt.event_elapsed_time(start, event)
+            assert ret == 0 and ms >= 0
+        assert acl.rt.reset_event(event, b) != 0  # CANN: not for these events
+    finally:
+        acl.rt.destroy_event(event)
+        acl.rt.destroy_event(start)
+        acl.rt.free_host(host)
+
+
+def test_a_plain_event_a_stream_waited_on_is_reset_before_its_next_record(acl, ctx, streams, cpu_only):
+    """CANN documents a plain event's cross-stream use as create, record, wait, reset; only the
+    events of create_event_ex_with_flag are recorded again as they are. The device does not
+    refuse a second record (it leaks the event's resources, or lets a wait pass early): the CPU
+    runtime does (107000), so that the mistake shows."""
+    a, b = streams(), streams()
+    event, _ = acl.rt.create_event()
+    try:
+        assert acl.rt.record_event(event, a) == 0
+        assert acl.rt.record_event(event, a) == 0  # never waited on: recorded again as it is
+        assert acl.rt.stream_wait_event(b, event) == 0
+        assert acl.rt.record_event(event, a) == C.ACL_ERROR_RT_PARAM_INVALID
+        assert acl.rt.reset_event(event, b) == 0
+        assert acl.rt.record_event(event, a) == 0
+        assert acl.rt.synchronize_stream(b) == 0 and acl.rt.synchronize_stream(a) == 0
+    finally:
+        acl.rt.destroy_event(event)
+
+
+def test_what_an_event_of_create_event_ex_with_flag_is_not_for(acl, ctx, streams, cpu_only):
+    """Without ACL_EVENT_SYNC no stream waits on it, without TIME_LINE it has no time, and it is
+    never reset nor queried with the old query_event (CANN); unknown flags are refused."""
+    a, b = streams(), streams()
+    timed, _ = acl.rt.create_event_ex_with_flag(C.ACL_EVENT_TIME_LINE)
+    synced, _ = acl.rt.create_event_ex_with_flag(C.ACL_EVENT_SYNC)
+    try:
+        assert acl.rt.create_event_ex_with_flag(0x4)[1] == C.ACL_ERROR_INVALID_PARAM
+        assert acl.rt.record_event(timed, a) == 0 and acl.rt.record_event(synced, a) == 0
+        assert acl.rt.synchronize_stream(a) == 0
+        assert acl.rt.stream_wait_event(b, timed) == C.ACL_ERROR_RT_PARAM_INVALID
+        assert acl.rt.event_elapsed_time(timed, synced)[1] == C.ACL_ERROR_RT_PARAM_INVALID
+        assert acl.rt.query_event(synced)[1] == C.ACL_ERROR_RT_PARAM_INVALID
+        assert acl.rt.reset_event(synced, b) == C.ACL_ERROR_RT_PARAM_INVALID
+    finally:
+        acl.rt.destroy_event(timed)
+        acl.rt.destroy_event(synced)
+
+
 def test_callback_runs_in_the_subscribed_thread(acl, ctx, streams, reports):
     s = streams()
     reports.subscribe(s)

@@ -205,3 +205,23 @@ def test_a_soc_that_cannot_time_a_wait_gets_the_plain_calls(runtime, caplog):
     assert caplog.text.count("the Ascend310 cannot time a wait") == 1
     assert [compat.waits_forever_only(s) for s in ("Ascend310", "Ascend310P3", "Ascend310B1", "Ascend910B2", None)] \
         == [True, False, False, False, False]
+
+
+def test_slot_events_come_from_create_event_ex_with_flag_where_there_is_one(runtime, caplog):
+    """Events another stream waits on batch after batch: create_event_ex_with_flag's (CANN:
+    recorded again as they are); an older CANN without it gets plain events, and its slots keep
+    each batch on one stream (said once)."""
+    from types import SimpleNamespace
+
+    from aclserve.acl import compat, using_context
+
+    acl = runtime.acl
+    older = SimpleNamespace(rt=SimpleNamespace(create_event=acl.rt.create_event))
+    with using_context(acl, runtime.device(0).context):
+        made = [compat.pipeline_event(acl), compat.pipeline_event(older), compat.pipeline_event(older)]
+        try:
+            assert [shared for _, shared in made] == [True, False, False]
+        finally:
+            for event, _ in made:
+                assert acl.rt.destroy_event(event) == 0
+    assert caplog.text.count("no acl.rt.create_event_ex_with_flag: each batch runs") == 1

@@ -27,13 +27,32 @@ def wait_timeout(ms: int) -> tuple[float | None, int]:
 # -- events --------------------------------------------------------------------------------------
 @api("acl.rt.create_event")
 def create_event():
+    return _create(None)
+
+
+_EX_FLAGS = C.ACL_EVENT_SYNC | C.ACL_EVENT_CAPTURE_STREAM_PROGRESS | C.ACL_EVENT_TIME_LINE | C.ACL_EVENT_IPC
+
+
+@api("acl.rt.create_event_ex_with_flag", PTR)
+def create_event_ex_with_flag(flag):
+    """An event that may be recorded again, each record replacing the last (CANN). Not on the
+    Atlas 200/300/500 (Ascend310: 207000 here). Counted against the device's events as a plain
+    one (CANN takes a SYNC event's resources at its record, from the same pool)."""
+    if _state.forever_waits_only:  # the Ascend310, which has no such events either
+        return 0, C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+    if not flag or flag & ~_EX_FLAGS:
+        return 0, C.ACL_ERROR_INVALID_PARAM
+    return _create(flag)
+
+
+def _create(flags):
     ctx, ret = _state.current()
     if ret:
         return 0, ret
     with _state.lock:
         if not _state.event_room(ctx.device):
             return 0, C.ACL_ERROR_RT_NO_EVENT_RESOURCE
-        event = Event(_state.new_handle(), ctx)
+        event = Event(_state.new_handle(), ctx, flags)
         _state.events[event.handle] = event
     return event.handle, _OK
 
@@ -67,16 +86,48 @@ def _event_and_stream(event: int, stream: int):
     return e, s, ret
 
 
+# What CANN documents and the device does not refuse (it runs wrongly, or leaks the event's
+# resources): refused here with 107000, so that the mistake shows before a device runs it.
+_MISUSE = C.ACL_ERROR_RT_PARAM_INVALID
+
+
 @api("acl.rt.record_event", PTR, PTR)
 def record_event(event, stream):
+    """A plain event that a stream waited on is recorded again only after reset_event (CANN:
+    create, record, wait, reset; only create_event_ex_with_flag's events are recorded again
+    as they are)."""
     e, s, ret = _event_and_stream(event, stream)
-    return ret or e.record(s)
+    if ret:
+        return ret
+    if e.waited:
+        return _MISUSE
+    return e.record(s)
 
 
 @api("acl.rt.stream_wait_event", PTR, PTR)
 def stream_wait_event(stream, event):
+    """An event of create_event_ex_with_flag is waited on by a stream only with ACL_EVENT_SYNC."""
     e, s, ret = _event_and_stream(event, stream)
-    return ret or s.enqueue(e.waiter())
+    if ret:
+        return ret
+    if e.flags is not None and not e.flags & C.ACL_EVENT_SYNC:
+        return _MISUSE
+    if e.flags is None:
+        e.waited = True
+    return s.enqueue(e.waiter())
+
+
+@api("acl.rt.reset_event", PTR, PTR)
+def reset_event(event, stream):
+    """Reset a plain event once the stream that waited on it gets here (queued on `stream`):
+    it may then be recorded again. Refused for an event of create_event_ex_with_flag (CANN)."""
+    e, s, ret = _event_and_stream(event, stream)
+    if ret:
+        return ret
+    if e.flags is not None:
+        return _MISUSE
+    e.waited = False
+    return s.enqueue(lambda: _OK)
 
 
 def _event_wait(event: int, ms: int):
@@ -116,7 +167,11 @@ def query_event_status(event):
 
 @api("acl.rt.query_event", PTR)
 def query_event(event):
-    """Deprecated aclrtQueryEvent: the opposite encoding (COMPLETE=0, NOT_READY=1)."""
+    """Deprecated aclrtQueryEvent: the opposite encoding (COMPLETE=0, NOT_READY=1); refused for
+    an event of create_event_ex_with_flag (CANN)."""
+    e = _state.events.get(event)
+    if e is not None and e.flags is not None:
+        return 0, _MISUSE
     status, ret = query_event_status(event)
     return (0 if status == C.ACL_EVENT_RECORDED_STATUS_COMPLETE else 1), ret
 
@@ -130,6 +185,8 @@ def event_elapsed_time(start, end):
     e2, ret2 = _state.event_of(end, ctx)
     if ret1 or ret2:
         return 0.0, ret1 or ret2
+    if any(e.flags is not None and not e.flags & C.ACL_EVENT_TIME_LINE for e in (e1, e2)):
+        return 0.0, _MISUSE  # an event of create_event_ex_with_flag records a time only with TIME_LINE
     t1, t2 = e1.finished_timestamp(), e2.finished_timestamp()
     if t1 is None or t2 is None:
         return 0.0, C.ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID  # not recorded, or not completed yet

@@ -100,10 +100,15 @@ class Stream:
 class Event:
     """Completion marker recorded on streams; owned by a context, closed by destroy_event."""
 
-    def __init__(self, handle: int, context):
+    def __init__(self, handle: int, context, flags: int | None = None):
         self.handle = handle
         self.context = context
         self.device = context.device
+        # None: a plain event (create_event). Else the flags of create_event_ex_with_flag: such an
+        # event may be recorded again, each record replacing the last (CANN), while a plain one
+        # waited on by a stream must be reset before its next record (record, wait, reset)
+        self.flags = flags
+        self.waited = False  # plain: a stream waited on it since its last record, no reset since
         self._cond = threading.Condition()
         self._recorded = 0
         self._completed = 0

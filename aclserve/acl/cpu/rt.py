@@ -12,7 +12,8 @@ from ._args import INT, PTR, api
 from ._state import Context
 from ._rt_events import wait_timeout
 from ._rt_events import (  # noqa: F401  (events and callbacks)
-    create_event, create_event_with_flag, destroy_event, record_event, stream_wait_event,
+    create_event, create_event_with_flag, create_event_ex_with_flag, destroy_event, record_event,
+    stream_wait_event, reset_event,
     synchronize_event, synchronize_event_with_timeout, query_event_status, query_event, event_elapsed_time,
     subscribe_report, unsubscribe_report, launch_callback, process_report,
 )
