@@ -70,13 +70,14 @@ class InferStream:
             raise ShuttingDown(SHUTDOWN_MESSAGE)
         reader = self._reader = self._start(self._read())
         watchdog = self._start(self._watch())
+        getter = None
         try:
             while not (reader.done() and self._running == 0 and self._ready.empty()):
                 getter = self._start(self._ready.get())
                 await asyncio.wait([getter, watchdog] if reader.done() else [getter, watchdog, reader],
                                    return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
-                    response, self._sending = getter.result()
+                    (response, self._sending), getter = getter.result(), None
                     self._sending_since = self._loop.time()
                     yield response
                     self._sent()
@@ -92,6 +93,8 @@ class InferStream:
             if self.draining:
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
         finally:
+            if getter is not None and getter.done() and not getter.cancelled():
+                getter.result()[1].release()  # taken off the queue as the call was cancelled, never sent
             self.close()
 
     def drain(self) -> None:
