@@ -10,11 +10,12 @@ it the instance is abandoned (also when its launcher thread is still inside a la
 answers the batches that thread holds, Launcher.give_up in launcher.py): nothing of it is
 freed, one ERROR line names it, and it is held here (`held()`, `aclserve_abandoned_instances`
 in /metrics). `release_recovered()` frees the held instances whose device work has ended
-since: each instance close calls it first, and the runtime calls it before it resets the
-devices. A device with an instance still held, still being closed (a rebuild's disposal, in
-its own thread) or being built by a rebuild, or with a model load still opening or warming up
-a pool on it (one a shutdown abandoned: it may hang there), is not reset and ACL is not
-finalized (the process's exit gives the device back).
+since: each instance close calls it first, the runtime calls it before it resets the
+devices, and a thread calls it every RETRY_S while any are held. A device with an instance
+still held, still being closed (a rebuild's disposal, in its own thread) or being built by a
+rebuild, or with a model load still opening or warming up a pool on it (one a shutdown
+abandoned: it may hang there), is not reset and ACL is not finalized (the process's exit
+gives the device back).
 
 A close's deadline may be brought forward while it waits (`ModelInstance.hurry`: a shutdown
 arriving while an unload waits for the device), so the waits are cut in POLL_S slices that each
@@ -44,8 +45,14 @@ POLL_S = 0.1
 # stop and its streams answer within it (a hung one is abandoned after it).
 INSTANCE_GRACE_S = 0.1
 
-_lock = threading.Lock()  # held while the held instances are retried, so each is freed once
+# Held instances are retried at every instance close and, while there are any, every RETRY_S
+# (a device that lets go while nothing else closes frees them too)
+RETRY_S = 1.0
+
+_lock = threading.Lock()  # guards the lists below
+_retrying = threading.Lock()  # held while the held instances are retried, so each is freed once
 _held: list = []  # abandoned ModelInstances: `name`, `device.id`, `release(deadline)`
+_retry_thread: threading.Thread | None = None  # retries the held instances while there are any
 _working: list[int] = []  # the device of each instance close, or rebuild, running now
 
 
@@ -84,9 +91,15 @@ def still_running(acl, threads: Iterable[threading.Thread | None], streams: Mapp
 
 
 def abandon(instance, running: str) -> None:
-    """Hold `instance` unfreed, saying so once."""
+    """Hold `instance` unfreed, saying so once; the retry thread frees it once the device lets
+    go (also when no other instance closes meanwhile)."""
+    global _retry_thread
     with _lock:
         _held.append(instance)
+        start = _retry_thread is None
+        if start:
+            _retry_thread = threading.Thread(target=_retry_held, name="aclserve-abandoned-retry", daemon=True)
+            _retry_thread.start()
     log.error("%s: %s past the close's deadline; the instance is abandoned: its context, streams, "
               "model and slot memory stay allocated (the device may still write into them) and are "
               "freed if the device lets go of them while the process runs", instance.name, running)
@@ -94,14 +107,29 @@ def abandon(instance, running: str) -> None:
 
 def release_recovered() -> int:
     """Free the held instances whose device work has ended since (a poll each). Returns how
-    many are still held."""
-    with _lock:
-        still = [i for i in _held if i.release(time.monotonic()) is not None]
-        for instance in _held:
-            if instance not in still:
+    many are still held. One retry at a time, so each is freed once; `_lock` is not held
+    while the device is polled (held() answers /metrics meanwhile)."""
+    with _retrying:
+        with _lock:
+            candidates = list(_held)
+        freed = [i for i in candidates if i.release(time.monotonic()) is None]
+        with _lock:
+            for instance in freed:
+                _held.remove(instance)
                 log.warning("%s: the device has let go of the abandoned instance; it is freed", instance.name)
-        _held[:] = still
-        return len(still)
+            return len(_held)
+
+
+def _retry_held() -> None:
+    """While instances are held: retry them every RETRY_S, then end (abandon() starts another)."""
+    global _retry_thread
+    while True:
+        time.sleep(RETRY_S)
+        release_recovered()
+        with _lock:
+            if not _held:
+                _retry_thread = None
+                return
 
 
 @contextlib.contextmanager

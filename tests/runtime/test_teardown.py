@@ -217,3 +217,29 @@ def test_a_rebuilt_instance_keeps_the_reset_timeout_its_pool_was_opened_with(run
             if teardown.release_recovered() == 0:
                 break
             time.sleep(0.01)
+
+
+def test_an_abandoned_instance_is_freed_when_the_device_lets_go_with_nothing_else_closing(runtime, affine_om):
+    """Held instances were retried only when another instance closed: on a quiet server they
+    stayed held (threads, context and memory; the gauge said a hang that was over) until then
+    (found by an independent soak). A thread retries them while any are held."""
+    pool = open_pool(runtime, affine_om(), "affine", execution_timeout_ms=600_000)
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        held = faults.inject("execute", nth=1, hold=gate)
+        hung = done.submit([affine_request(1)], 1)
+        assert held.entered.wait(30)
+        instance = pool.instances[0]
+        pool.close(deadline=time.monotonic() + 0.2)
+        assert teardown.held() == 1 and instance.context
+        gate.set()  # the device lets go; nothing else closes or calls release_recovered
+        hung.result(timeout=30)
+        for _ in range(3000):  # a hang guard, not a timing
+            if teardown.held() == 0:
+                break
+            time.sleep(0.01)
+        assert teardown.held() == 0 and not instance.context
+    finally:
+        let_go(gate)
+        pool.close()
