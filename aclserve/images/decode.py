@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import struct
 import warnings
 
@@ -102,8 +103,13 @@ def _pad(pixels: np.ndarray, plan: ImagePlan) -> np.ndarray:
     return out
 
 
+_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
 def _short(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
+    """Pillow's message, short, without the reprs of its objects (Pillow names the stream it was
+    given: "cannot identify image file <_io.BytesIO object at 0x...>", an address of ours)."""
+    text = " ".join(_OBJECT_REPR.sub("", str(e)).split()) or type(e).__name__
     return text[:120]
 
 
