@@ -110,7 +110,7 @@ class AclRuntime:
         self._started = False
         with self._lock:
             devices, self._devices = list(self._devices.values()), {}
-        teardown.release_recovered()
+        teardown.release_recovered(wait=False)  # one waiting on a hung device is not waited for
         for dev in devices:
             dev.close(reset=not teardown.unreleased(dev.id))
         with _process_lock:

@@ -105,27 +105,45 @@ def abandon(instance, running: str) -> None:
               "freed if the device lets go of them while the process runs", instance.name, running)
 
 
-def release_recovered() -> int:
+def release_recovered(wait: bool = True) -> int:
     """Free the held instances whose device work has ended since (a poll each). Returns how
-    many are still held. One retry at a time, so each is freed once; `_lock` is not held
-    while the device is polled (held() answers /metrics meanwhile)."""
-    with _retrying:
+    many are still held. One retry at a time, so each is freed once (without `wait`, none
+    when another runs: a close does not queue behind a retry that waits on the device, which
+    where CANN cannot time a wait may be for good); `_lock` is not held while the device is
+    polled (held() answers /metrics meanwhile). An instance whose release fails stays held."""
+    if not _retrying.acquire(blocking=wait):
+        return held()
+    try:
         with _lock:
             candidates = list(_held)
-        freed = [i for i in candidates if i.release(time.monotonic()) is None]
+        freed = [i for i in candidates if _released(i)]
         with _lock:
             for instance in freed:
                 _held.remove(instance)
                 log.warning("%s: the device has let go of the abandoned instance; it is freed", instance.name)
             return len(_held)
+    finally:
+        _retrying.release()
+
+
+def _released(instance) -> bool:
+    try:
+        return instance.release(time.monotonic()) is None
+    except Exception:  # noqa: BLE001 - one instance's failure must not stop the retries of the others
+        log.exception("%s: freeing the abandoned instance failed; it stays held", instance.name)
+        return False
 
 
 def _retry_held() -> None:
-    """While instances are held: retry them every RETRY_S, then end (abandon() starts another)."""
+    """While instances are held: retry them every RETRY_S, then end (abandon() starts another).
+    A failed retry is logged and retried: the thread ends only with nothing held."""
     global _retry_thread
     while True:
         time.sleep(RETRY_S)
-        release_recovered()
+        try:
+            release_recovered()
+        except Exception:  # noqa: BLE001 - the thread must outlive it, or held instances wait for a close
+            log.exception("retrying the abandoned instances failed")
         with _lock:
             if not _held:
                 _retry_thread = None

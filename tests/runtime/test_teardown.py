@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -243,3 +244,38 @@ def test_an_abandoned_instance_is_freed_when_the_device_lets_go_with_nothing_els
     finally:
         let_go(gate)
         pool.close()
+
+
+def test_an_instance_whose_release_fails_stays_held_and_the_others_are_still_retried():
+    """Found by review: one release that raised skipped the rest of the retry and ended the
+    retry thread for good. Instances here are stand-ins for ModelInstances: what is tested is
+    teardown's bookkeeping, not the device."""
+    class Held:
+        def __init__(self, name, fails):
+            self.name, self.fails, self.freed = name, fails, False
+            self.device = SimpleNamespace(id=0)
+
+        def release(self, deadline):
+            if self.fails:
+                raise RuntimeError("set_context failed")
+            self.freed = True
+            return None
+
+    broken, fine = Held("broken", True), Held("fine", False)
+    teardown.abandon(broken, "its compute stream is still running")
+    teardown.abandon(fine, "its compute stream is still running")
+    try:
+        for _ in range(3000):  # a hang guard: the retry thread frees "fine" within RETRY_S
+            if fine.freed:
+                break
+            time.sleep(0.01)
+        assert fine.freed and teardown.held() == 1
+        broken.fails = False
+        for _ in range(3000):  # the same thread, still retrying
+            if teardown.held() == 0:
+                break
+            time.sleep(0.01)
+        assert broken.freed and teardown.held() == 0
+    finally:
+        broken.fails = False
+        teardown.release_recovered()
