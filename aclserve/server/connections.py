@@ -117,6 +117,12 @@ class ConnectionTracker:
     def __len__(self) -> int:
         return len(self._conns)
 
+    @property
+    def handshake_timeout_s(self) -> float:
+        """asyncio's own bound of a TLS handshake: past the sweep's (header_timeout_s, seen
+        within a period), so that the sweep closes it and counts it a header timeout."""
+        return self.header_timeout_s + 2 * self._period
+
     def now(self) -> float:
         return self._loop.time()
 

@@ -68,7 +68,7 @@ class GuardedProtocol(asyncio.Protocol):
         # started now, in this call: start_tls takes the transport over before the loop reads
         # it (pause_reading() here would not hold on uvloop, nor on asyncio before 3.12)
         run_now(loop.start_tls(transport, self, self._tls, server_side=True,
-                               ssl_handshake_timeout=self._tracker.header_timeout_s), self._secured)
+                               ssl_handshake_timeout=self._tracker.handshake_timeout_s), self._secured)
 
     def _secured(self, secure, error: BaseException | None) -> None:
         """The TLS handshake's end: aiohttp's protocol on the secure transport, or, when it
@@ -76,9 +76,11 @@ class GuardedProtocol(asyncio.Protocol):
         (asyncio closed it; connection_lost may not come for a handshake that never ended)."""
         if error is not None and not isinstance(error, OSError):  # an OSError is the client's (ssl.SSLError,
             log.warning("TLS handshake ended by %r", error)       # a reset, the timeout)
-        tracker = self._tracker
-        if secure is None or not tracker.secured(self._conn, secure):  # None: closed during the handshake
-            tracker.forget(self._conn)
+        tracker, conn = self._tracker, self._conn
+        if secure is None or not tracker.secured(conn, secure):  # None: closed during the handshake
+            tracker.forget(conn)
+            conn.transport.close()  # closed already, unless start_tls failed before it began
+            self._conn = None  # whatever still comes is dropped
             return
         self._begin(secure)
 
@@ -244,13 +246,13 @@ class GuardedProtocol(asyncio.Protocol):
 def run_now(coro, done: Callable[[object, BaseException | None], None]) -> None:
     """Run `coro` (awaiting asyncio futures only) up to its first wait in this call, then on from
     each future it awaits once that one is done; then `done(result, None)`, or
-    `done(None, exception)`. A task's first step would wait for the loop's next round (Python
-    3.12's eager tasks do this; 3.10 and 3.11 have none)."""
+    `done(None, exception)`. A task would run its first step only in the loop's next round
+    (Python 3.12's eager tasks run it at once, as this does; 3.10 and 3.11 have none)."""
     try:
         waited = coro.send(None)
     except StopIteration as stop:
         done(stop.value, None)
-    except Exception as e:  # noqa: BLE001 - handed to `done`
+    except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - handed to `done`
         done(None, e)
     else:
         waited.add_done_callback(lambda _: run_now(coro, done))

@@ -146,6 +146,32 @@ def test_a_tls_handshake_counts_against_max_connections(models_dir, make_config,
         assert asyncio.run(open_connections())
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_handshake_that_does_not_come_is_a_header_timeout(models_dir, make_config, authority, tmp_path, loop):
+    """A client silent after connecting to the TLS port is closed after header_timeout_s, by
+    the sweep, which counts it (asyncio's own handshake timer, firing first, counted nothing)."""
+    shutil.copy(models_dir / "double.om", tmp_path / "double.om")
+    _, cert, key = authority
+    config = make_config(tmp_path, model_control_mode="none", header_timeout_s=0.5,
+                         tls_cert_file=str(cert), tls_key_file=str(key))
+    context = ssl.create_default_context()
+    authority[0].configure_trust(context)
+    with ServerThread(config, run=loop_runner(loop)) as server:
+        host, port = server.url.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as silent:
+            silent.settimeout(30)  # a hang guard
+            try:
+                assert silent.recv(1) == b""
+            except ConnectionResetError:
+                pass
+
+        async def scrape():
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"https://{server.url}/metrics", ssl=context) as r:
+                    return await r.text()
+        assert 'aclserve_connections_closed_total{reason="header_timeout"} 1.0' in asyncio.run(scrape())
+
+
 def test_grpc_over_tls(tls_server, authority):
     _, cert, _ = authority
     ca_file = cert.parent / "ca.pem"
