@@ -96,6 +96,7 @@ def test_serve_on_a_busy_grpc_port_says_so_in_one_error(tmp_path):
     ({"ACLSERVE_CPU_DEVICES": "abc"}, "ACLSERVE_CPU_DEVICES must be a positive integer, got 'abc'"),
     ({"ACLSERVE_CPU_DEVICE_MEMORY": "lots"}, "ACLSERVE_CPU_DEVICE_MEMORY is not a size"),
     ({"ACLSERVE_CPU_MAX_EVENTS": "-3"}, "ACLSERVE_CPU_MAX_EVENTS must be a positive integer"),
+    ({"ACLSERVE_CPU_SOC": "ascend310"}, "ACLSERVE_CPU_SOC must be CPU-ORT or a SoC name"),
     ({"ACLSERVE_DEVICE": "gpu"}, "ACLSERVE_DEVICE must be one of auto, npu, cpu"),
     ({"ACLSERVE_DEVICE": "npu"}, "CANN's `acl` module is not importable"),  # no machine here has CANN
 ])

@@ -2,7 +2,7 @@
 
 `synchronize_event_with_timeout` / `synchronize_stream_with_timeout` (and `get_soc_name`) are
 missing from older pyACL builds, and the Atlas 200/300/500 (Ascend310) takes only -1 (forever)
-as their timeout (CANN's API reference). There waits fall back to the untimed calls, and the
+as an event wait's timeout (CANN's API reference). There waits fall back to the untimed calls, and the
 log says once that a hung device can then block its instance for good. Events that streams
 wait on batch after batch come from `create_event_ex_with_flag` where there is one
 (`pipeline_event`).
@@ -20,46 +20,55 @@ log = logging.getLogger(__name__)
 TIMED_WAITS = ("synchronize_event_with_timeout", "synchronize_stream_with_timeout")
 
 _lock = threading.Lock()
-_forever: dict[int, tuple[object, bool]] = {}  # id(acl) -> (acl, its waits cannot be timed): probe()
-_said_reasons: set[str] = set()  # pipeline_event's fallbacks, logged once each
+_forever: dict[int, tuple] = {}  # id(acl) -> (acl, event waits untimed, stream waits untimed): probe()
+_said: dict[int, tuple[object, set[str]]] = {}  # id(acl) -> (acl, the fallbacks logged for it)
 
 
-def waits_forever_only(soc: str | None) -> bool:
-    """Whether a SoC cannot time a wait: CANN's aclrtSynchronizeEventWithTimeout and
-    aclrtSynchronizeStreamWithTimeout take only -1 (forever) on the Atlas 200/300/500 (Ascend310;
-    the 310P and 310B can). The CPU runtime follows it when it presents such a SoC."""
+def event_waits_forever_only(soc: str | None) -> bool:
+    """Whether a SoC cannot time an event wait: CANN's aclrtSynchronizeEventWithTimeout takes
+    only -1 (forever) on the Atlas 200/300/500 (Ascend310; the 310P and 310B can time it; its
+    stream waits can be timed). The CPU runtime follows it when it presents such a SoC."""
     return bool(soc) and soc.startswith("Ascend310") and not soc.startswith(("Ascend310P", "Ascend310B"))
 
 
-def probe(acl) -> bool:
-    """Decide (after acl.init: the SoC is known then) whether this CANN and SoC can time a wait,
-    saying once in the log when not; the runtime calls it when it starts. Returns whether waits
-    are untimed."""
-    missing = [name for name in TIMED_WAITS if getattr(acl.rt, name, None) is None]
-    soc = soc_name(acl) if not missing else None
-    if missing:
-        reason = f"this CANN has no acl.rt.{missing[0]}"
-    elif waits_forever_only(soc):
-        reason = f"the {soc} cannot time a wait (CANN: -1, forever, only)"
-    else:
-        reason = None
+def probe(acl) -> tuple[bool, bool]:
+    """Decide (after acl.init: the SoC is known then) whether this CANN and SoC can time an
+    event wait and a stream wait, saying once in the log when not; the runtime calls it when
+    it starts. Returns (event waits untimed, stream waits untimed)."""
+    untimed = []
+    for call, what in (("synchronize_event_with_timeout", "an event"), ("synchronize_stream_with_timeout", "a stream")):
+        if getattr(acl.rt, call, None) is None:
+            reason = f"this CANN has no acl.rt.{call}"
+        elif what == "an event" and event_waits_forever_only(soc := soc_name(acl)):
+            reason = f"the {soc} cannot time {what} wait (CANN: -1, forever, only)"
+        else:
+            reason = None
+        untimed.append(reason is not None)
+        if reason is not None and _first_time(acl, reason):
+            log.warning("%s: waiting without a timeout instead (a hung device then blocks its instance "
+                        "until it answers)", reason)
     with _lock:
-        said = _forever.get(id(acl), (None, False))[1]
-        _forever[id(acl)] = (acl, reason is not None)  # acl held: its id stays its own
-    if reason is not None and not said:
-        log.warning("%s: waiting without a timeout instead (a hung device then blocks its instance "
-                    "until it answers)", reason)
-    return reason is not None
+        _forever[id(acl)] = (acl, *untimed)  # acl held: its id stays its own
+    return untimed[0], untimed[1]
 
 
-def _untimed(acl) -> bool:
+def _first_time(acl, reason: str) -> bool:
+    """Whether `reason` is new for this acl module (each is logged once)."""
+    with _lock:
+        said = _said.setdefault(id(acl), (acl, set()))[1]
+        new = reason not in said
+        said.add(reason)
+        return new
+
+
+def _untimed(acl, which: int) -> bool:
     known = _forever.get(id(acl))
-    return known[1] if known is not None and known[0] is acl else probe(acl)
+    return known[1 + which] if known is not None and known[0] is acl else probe(acl)[which]
 
 
 def synchronize_event(acl, event: int, timeout_ms: int) -> None:
     """Wait for `event`, at most `timeout_ms` where CANN can time the wait (507047 on expiry)."""
-    if _untimed(acl):
+    if _untimed(acl, 0):
         check("rt.synchronize_event", acl.rt.synchronize_event(event))
     else:
         check("rt.synchronize_event_with_timeout", acl.rt.synchronize_event_with_timeout(event, timeout_ms))
@@ -68,7 +77,7 @@ def synchronize_event(acl, event: int, timeout_ms: int) -> None:
 def synchronize_stream(acl, stream: int, timeout_ms: int) -> None:
     """Wait for `stream`, at most `timeout_ms` where CANN can time the wait (AclError with
     ACL_ERROR_RT_STREAM_SYNC_TIMEOUT on expiry; the stream's own fault raises its code)."""
-    if _untimed(acl):
+    if _untimed(acl, 1):
         check("rt.synchronize_stream", acl.rt.synchronize_stream(stream))
     else:
         check("rt.synchronize_stream_with_timeout", acl.rt.synchronize_stream_with_timeout(stream, timeout_ms))
@@ -87,8 +96,8 @@ def pipeline_event(acl) -> tuple[int, bool]:
     records its events again for every batch. create_event_ex_with_flag(SYNC | TIME_LINE) where
     this CANN and SoC have it (CANN: each record of such an event replaces the last, and a
     stream waits for the latest), True. Else a plain create_event, False: CANN documents a
-    plain event's cross-stream use as record, wait, reset (the Atlas 200/300/500 and older CANN
-    have no other), so the slot keeps all of a batch's work on one stream (enqueue.direct),
+    plain event's cross-stream use as record, wait, reset (older CANN have no other), so the
+    slot keeps all of a batch's work on one stream (enqueue.direct),
     which the log says once."""
     create = getattr(acl.rt, "create_event_ex_with_flag", None)
     if create is not None:
@@ -99,10 +108,7 @@ def pipeline_event(acl) -> tuple[int, bool]:
         reason = f"create_event_ex_with_flag is refused here ({ret})"
     else:
         reason = "this CANN has no acl.rt.create_event_ex_with_flag"
-    with _lock:
-        said = reason in _said_reasons
-        _said_reasons.add(reason)
-    if not said:
+    if _first_time(acl, reason):
         log.warning("%s: each batch runs its copies and execution on one stream (no copy/compute "
                     "overlap between batches)", reason)
     return check("rt.create_event", acl.rt.create_event()), False

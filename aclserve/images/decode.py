@@ -103,7 +103,7 @@ def _pad(pixels: np.ndarray, plan: ImagePlan) -> np.ndarray:
     return out
 
 
-_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+_OBJECT_REPR = re.compile(r"<[^<>]*\bat 0x[0-9a-fA-F]+>")
 
 
 def _short(e: BaseException) -> str:

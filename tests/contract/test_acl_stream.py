@@ -237,18 +237,44 @@ def test_a_plain_event_a_stream_waited_on_is_reset_before_its_next_record(acl, c
 
 def test_what_an_event_of_create_event_ex_with_flag_is_not_for(acl, ctx, streams, cpu_only):
     """Without ACL_EVENT_SYNC no stream waits on it, without TIME_LINE it has no time, and it is
-    never reset nor queried with the old query_event (CANN); unknown flags are refused."""
+    never reset nor queried with the old query_event (CANN); unknown flags, and IPC with
+    another, are refused."""
     a, b = streams(), streams()
     timed, _ = acl.rt.create_event_ex_with_flag(C.ACL_EVENT_TIME_LINE)
     synced, _ = acl.rt.create_event_ex_with_flag(C.ACL_EVENT_SYNC)
     try:
         assert acl.rt.create_event_ex_with_flag(0x4)[1] == C.ACL_ERROR_INVALID_PARAM
+        assert acl.rt.create_event_ex_with_flag(C.ACL_EVENT_IPC | C.ACL_EVENT_SYNC)[1] == C.ACL_ERROR_INVALID_PARAM
         assert acl.rt.record_event(timed, a) == 0 and acl.rt.record_event(synced, a) == 0
         assert acl.rt.synchronize_stream(a) == 0
         assert acl.rt.stream_wait_event(b, timed) == C.ACL_ERROR_RT_PARAM_INVALID
         assert acl.rt.event_elapsed_time(timed, synced)[1] == C.ACL_ERROR_RT_PARAM_INVALID
         assert acl.rt.query_event(synced)[1] == C.ACL_ERROR_RT_PARAM_INVALID
         assert acl.rt.reset_event(synced, b) == C.ACL_ERROR_RT_PARAM_INVALID
+    finally:
+        acl.rt.destroy_event(timed)
+        acl.rt.destroy_event(synced)
+
+
+def test_an_event_of_create_event_with_flag_is_used_as_its_flags_say(acl, ctx, streams, cpu_only):
+    """CANN: without ACL_EVENT_SYNC no stream waits on it and it is not reset; without TIME_LINE
+    it has no time; with SYNC it is recorded, waited on and reset, then recorded again."""
+    a, b = streams(), streams()
+    timed, ret = acl.rt.create_event_with_flag(C.ACL_EVENT_TIME_LINE)
+    assert ret == 0
+    synced, ret = acl.rt.create_event_with_flag(C.ACL_EVENT_SYNC)
+    assert ret == 0
+    try:
+        assert acl.rt.record_event(timed, a) == 0 and acl.rt.record_event(synced, a) == 0
+        assert acl.rt.stream_wait_event(b, timed) == C.ACL_ERROR_RT_PARAM_INVALID
+        assert acl.rt.reset_event(timed, b) == C.ACL_ERROR_RT_PARAM_INVALID
+        assert acl.rt.stream_wait_event(b, synced) == 0
+        assert acl.rt.record_event(synced, a) == C.ACL_ERROR_RT_PARAM_INVALID  # not reset yet
+        assert acl.rt.reset_event(synced, b) == 0
+        assert acl.rt.record_event(synced, a) == 0
+        assert acl.rt.synchronize_stream(a) == 0 and acl.rt.synchronize_stream(b) == 0
+        assert acl.rt.event_elapsed_time(timed, synced)[1] == C.ACL_ERROR_RT_PARAM_INVALID
+        assert acl.rt.create_event_with_flag(0x4)[1] == C.ACL_ERROR_INVALID_PARAM
     finally:
         acl.rt.destroy_event(timed)
         acl.rt.destroy_event(synced)

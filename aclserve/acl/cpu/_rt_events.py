@@ -9,17 +9,17 @@ from ._stream import Event
 _OK = C.ACL_SUCCESS
 
 
-def wait_timeout(ms: int) -> tuple[float | None, int]:
+def wait_timeout(ms: int, event: bool) -> tuple[float | None, int]:
     """(seconds or None for -1: forever, ret) of a *_with_timeout wait, checked before its
-    handle as the runtime does: [-1, INT_MAX] (below, ACL_ERROR_RT_PARAM_INVALID), and a SoC
-    that only waits forever (the Ascend310: Atlas 200/300/500, settings.soc_name) refuses any
-    other timeout (ACL_ERROR_RT_FEATURE_NOT_SUPPORT here: which code the device gives is not
-    documented)."""
+    handle as the runtime does: [-1, INT_MAX] (below, ACL_ERROR_RT_PARAM_INVALID), and, for an
+    `event` wait, a SoC that cannot time it (the Ascend310: Atlas 200/300/500,
+    settings.soc_name) refuses any other timeout than -1 (ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+    here: which code the device gives is not documented)."""
     if ms == -1:
         return None, _OK
     if ms < 0:
         return None, C.ACL_ERROR_RT_PARAM_INVALID
-    if _state.forever_waits_only:
+    if event and _state.untimed_event_waits:
         return None, C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
     return ms / 1000.0, _OK
 
@@ -33,33 +33,39 @@ def create_event():
 _EX_FLAGS = C.ACL_EVENT_SYNC | C.ACL_EVENT_CAPTURE_STREAM_PROGRESS | C.ACL_EVENT_TIME_LINE | C.ACL_EVENT_IPC
 
 
-@api("acl.rt.create_event_ex_with_flag", PTR)
+@api("acl.rt.create_event_ex_with_flag", INT)
 def create_event_ex_with_flag(flag):
-    """An event that may be recorded again, each record replacing the last (CANN). Not on the
-    Atlas 200/300/500 (Ascend310: 207000 here). Counted against the device's events as a plain
-    one (CANN takes a SYNC event's resources at its record, from the same pool)."""
-    if _state.forever_waits_only:  # the Ascend310, which has no such events either
-        return 0, C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
-    if not flag or flag & ~_EX_FLAGS:
+    """An event that may be recorded again, each record replacing the last (CANN). Counted
+    against the device's events as a plain one (CANN takes a SYNC event's resources at its
+    record, from the same pool). ACL_EVENT_IPC goes alone (CANN)."""
+    if not flag or flag & ~_EX_FLAGS or (flag & C.ACL_EVENT_IPC and flag != C.ACL_EVENT_IPC):
         return 0, C.ACL_ERROR_INVALID_PARAM
-    return _create(flag)
+    return _create(flag, reusable=True)
 
 
-def _create(flags):
+def _create(flags, reusable: bool = False):
     ctx, ret = _state.current()
     if ret:
         return 0, ret
     with _state.lock:
         if not _state.event_room(ctx.device):
             return 0, C.ACL_ERROR_RT_NO_EVENT_RESOURCE
-        event = Event(_state.new_handle(), ctx, flags)
+        event = Event(_state.new_handle(), ctx, flags, reusable)
         _state.events[event.handle] = event
     return event.handle, _OK
 
 
+_FLAGS = (C.ACL_EVENT_SYNC | C.ACL_EVENT_CAPTURE_STREAM_PROGRESS | C.ACL_EVENT_TIME_LINE
+          | C.ACL_EVENT_DEVICE_USE_ONLY | C.ACL_EVENT_EXTERNAL)
+
+
 @api("acl.rt.create_event_with_flag", INT)
 def create_event_with_flag(flag):
-    return create_event()
+    """An event for what its flags say (CANN): waited on by a stream, or reset, only with
+    ACL_EVENT_SYNC; timed only with ACL_EVENT_TIME_LINE; ACL_EVENT_EXTERNAL goes alone."""
+    if not flag or flag & ~_FLAGS or (flag & C.ACL_EVENT_EXTERNAL and flag != C.ACL_EVENT_EXTERNAL):
+        return 0, C.ACL_ERROR_INVALID_PARAM
+    return _create(flag)
 
 
 @api("acl.rt.destroy_event", PTR)
@@ -106,35 +112,36 @@ def record_event(event, stream):
 
 @api("acl.rt.stream_wait_event", PTR, PTR)
 def stream_wait_event(stream, event):
-    """An event of create_event_ex_with_flag is waited on by a stream only with ACL_EVENT_SYNC."""
+    """An event made with flags is waited on by a stream only with ACL_EVENT_SYNC."""
     e, s, ret = _event_and_stream(event, stream)
     if ret:
         return ret
     if e.flags is not None and not e.flags & C.ACL_EVENT_SYNC:
         return _MISUSE
-    if e.flags is None:
+    if not e.reusable:
         e.waited = True
     return s.enqueue(e.waiter())
 
 
 @api("acl.rt.reset_event", PTR, PTR)
 def reset_event(event, stream):
-    """Reset a plain event once the stream that waited on it gets here (queued on `stream`):
-    it may then be recorded again. Refused for an event of create_event_ex_with_flag (CANN)."""
+    """Reset an event once the stream that waited on it gets here (queued on `stream`): it may
+    then be recorded again. Refused for the events of create_event_ex_with_flag, and for those
+    of create_event_with_flag without ACL_EVENT_SYNC (CANN)."""
     e, s, ret = _event_and_stream(event, stream)
     if ret:
         return ret
-    if e.flags is not None:
+    if e.reusable or (e.flags is not None and not e.flags & C.ACL_EVENT_SYNC):
         return _MISUSE
     e.waited = False
-    return s.enqueue(lambda: _OK)
+    return s.enqueue(e.reset)
 
 
 def _event_wait(event: int, ms: int):
     ctx, ret = _state.current()
     if ret:
         return ret
-    timeout, ret = wait_timeout(ms)
+    timeout, ret = wait_timeout(ms, event=True)
     if ret:
         return ret
     e, ret = _state.event_of(event, ctx)
@@ -170,7 +177,7 @@ def query_event(event):
     """Deprecated aclrtQueryEvent: the opposite encoding (COMPLETE=0, NOT_READY=1); refused for
     an event of create_event_ex_with_flag (CANN)."""
     e = _state.events.get(event)
-    if e is not None and e.flags is not None:
+    if e is not None and e.reusable:
         return 0, _MISUSE
     status, ret = query_event_status(event)
     return (0 if status == C.ACL_EVENT_RECORDED_STATUS_COMPLETE else 1), ret
@@ -186,7 +193,7 @@ def event_elapsed_time(start, end):
     if ret1 or ret2:
         return 0.0, ret1 or ret2
     if any(e.flags is not None and not e.flags & C.ACL_EVENT_TIME_LINE for e in (e1, e2)):
-        return 0.0, _MISUSE  # an event of create_event_ex_with_flag records a time only with TIME_LINE
+        return 0.0, _MISUSE  # an event made with flags records a time only with TIME_LINE
     t1, t2 = e1.finished_timestamp(), e2.finished_timestamp()
     if t1 is None or t2 is None:
         return 0.0, C.ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID  # not recorded, or not completed yet

@@ -13,7 +13,7 @@ import logging
 import threading
 
 from .. import constants as C
-from ..compat import waits_forever_only
+from ..compat import event_waits_forever_only
 from . import _memory, faults, settings
 from ._stream import Event, Stream
 
@@ -26,7 +26,7 @@ _finalizers: list = []
 
 initialized = False
 soc_name = settings.DEFAULT_SOC  # what acl.get_soc_name() answers (settings.soc_name, at init)
-forever_waits_only = False  # the SoC cannot time a wait (the Ascend310: compat.waits_forever_only)
+untimed_event_waits = False  # the SoC cannot time an event wait (the Ascend310: compat.event_waits_forever_only)
 devices: dict[int, "Device"] = {}
 contexts: dict[int, "Context"] = {}
 streams: dict[int, Stream] = {}
@@ -159,12 +159,12 @@ def device_count() -> int:
 
 
 def init() -> int:
-    global initialized, soc_name, forever_waits_only
+    global initialized, soc_name, untimed_event_waits
     with lock:
         if initialized:
             return C.ACL_ERROR_REPEAT_INITIALIZE
         soc_name = settings.soc_name()
-        forever_waits_only = waits_forever_only(soc_name)
+        untimed_event_waits = event_waits_forever_only(soc_name)
         count, capacity = settings.device_count(), settings.device_memory()
         max_streams, max_events = settings.max_streams(), settings.max_events()
         devices.clear()

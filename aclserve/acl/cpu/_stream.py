@@ -100,15 +100,15 @@ class Stream:
 class Event:
     """Completion marker recorded on streams; owned by a context, closed by destroy_event."""
 
-    def __init__(self, handle: int, context, flags: int | None = None):
+    def __init__(self, handle: int, context, flags: int | None = None, reusable: bool = False):
         self.handle = handle
         self.context = context
         self.device = context.device
-        # None: a plain event (create_event). Else the flags of create_event_ex_with_flag: such an
-        # event may be recorded again, each record replacing the last (CANN), while a plain one
-        # waited on by a stream must be reset before its next record (record, wait, reset)
-        self.flags = flags
-        self.waited = False  # plain: a stream waited on it since its last record, no reset since
+        self.flags = flags  # those of create_event(_ex)_with_flag; None: create_event's, every use
+        # create_event_ex_with_flag's: recorded again as it is, each record replacing the last
+        # (CANN); any other waited on by a stream is reset before its next record (record, wait, reset)
+        self.reusable = reusable
+        self.waited = False  # not reusable: a stream waited on it since its last record, no reset since
         self._cond = threading.Condition()
         self._recorded = 0
         self._completed = 0
@@ -141,6 +141,13 @@ class Event:
         with self._cond:
             target = self._recorded
         return lambda: (self.wait(None, target), C.ACL_SUCCESS)[1]
+
+    def reset(self) -> int:
+        """reset_event, when its stream gets there: back to never recorded (no time, complete)."""
+        with self._cond:
+            self._completed = self._recorded
+            self.timestamp = None
+        return C.ACL_SUCCESS
 
     def complete(self) -> bool:
         with self._cond:

@@ -172,7 +172,7 @@ def _sync(stream: int, ms: int):
     ctx, ret = _state.current()
     if ret:
         return ret
-    timeout, ret = wait_timeout(ms)
+    timeout, ret = wait_timeout(ms, event=False)
     if ret:
         return ret
     s, ret = _state.stream_of(stream, ctx)

@@ -10,8 +10,8 @@ ACLSERVE_CPU_MAX_STREAMS    streams per device, default 1024 (Atlas inference se
                             internal stream count, as on the device
 ACLSERVE_CPU_MAX_EVENTS     events per device, default 1023 (310/310P; 910-class: 65535)
 ACLSERVE_CPU_SOC            the SoC it presents (acl.get_soc_name) and whose rules it follows,
-                            default CPU-ORT (none); Ascend310 (Atlas 200/300/500) refuses timed
-                            waits, as that SoC does
+                            default CPU-ORT (none); Ascend310 (Atlas 200/300/500) refuses a timed
+                            event wait, as that SoC does; CPU-ORT or an Ascend name (Ascend...)
 ACLSERVE_CPU_FAULTS         fault injection, see faults.py
 """
 from __future__ import annotations
@@ -74,6 +74,9 @@ def max_events() -> int:
 
 def soc_name() -> str:
     raw = os.environ.get("ACLSERVE_CPU_SOC", "").strip()
+    if raw and raw != DEFAULT_SOC and not re.fullmatch(r"Ascend\w+", raw):
+        raise ValueError(f"ACLSERVE_CPU_SOC must be {DEFAULT_SOC} or a SoC name as CANN gives it "
+                         f"(e.g. Ascend310P3), got {raw!r}")
     return raw or DEFAULT_SOC
 
 
