@@ -2,9 +2,9 @@
 
 `synchronize_event_with_timeout` / `synchronize_stream_with_timeout` (and `get_soc_name`) are
 missing from older pyACL builds, and the Atlas 200/300/500 (Ascend310) takes only -1 (forever)
-as an event wait's timeout (CANN's API reference). There waits fall back to the untimed calls, and the
-log says once that a hung device can then block its instance for good. Events that streams
-wait on batch after batch come from `create_event_ex_with_flag` where there is one
+as an event wait's timeout (CANN's API reference). There waits fall back to the untimed calls,
+and the log says once that a hung device can then block its instance for good. Events that
+streams wait on batch after batch come from `create_event_ex_with_flag` where there is one
 (`pipeline_event`).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ def probe(acl) -> tuple[bool, bool]:
     event wait and a stream wait, saying once in the log when not; the runtime calls it when
     it starts. Returns (event waits untimed, stream waits untimed)."""
     untimed = []
-    for call, what in (("synchronize_event_with_timeout", "an event"), ("synchronize_stream_with_timeout", "a stream")):
+    for call, what in zip(TIMED_WAITS, ("an event", "a stream")):
         if getattr(acl.rt, call, None) is None:
             reason = f"this CANN has no acl.rt.{call}"
         elif what == "an event" and event_waits_forever_only(soc := soc_name(acl)):
@@ -97,8 +97,7 @@ def pipeline_event(acl) -> tuple[int, bool]:
     this CANN and SoC have it (CANN: each record of such an event replaces the last, and a
     stream waits for the latest), True. Else a plain create_event, False: CANN documents a
     plain event's cross-stream use as record, wait, reset (older CANN have no other), so the
-    slot keeps all of a batch's work on one stream (enqueue.direct),
-    which the log says once."""
+    slot keeps all of a batch's work on one stream (enqueue.direct), which the log says once."""
     create = getattr(acl.rt, "create_event_ex_with_flag", None)
     if create is not None:
         result = create(C.ACL_EVENT_SYNC | C.ACL_EVENT_TIME_LINE)

@@ -99,9 +99,9 @@ _MISUSE = C.ACL_ERROR_RT_PARAM_INVALID
 
 @api("acl.rt.record_event", PTR, PTR)
 def record_event(event, stream):
-    """A plain event that a stream waited on is recorded again only after reset_event (CANN:
-    create, record, wait, reset; only create_event_ex_with_flag's events are recorded again
-    as they are)."""
+    """An event that a stream waited on is recorded again only after reset_event (CANN:
+    create, record, wait, reset), but for create_event_ex_with_flag's, recorded again as they
+    are."""
     e, s, ret = _event_and_stream(event, stream)
     if ret:
         return ret
