@@ -5,6 +5,7 @@ an execution held by a fault (faults.inject(..., hold=gate)) that the test only 
 the end; nothing asserts a duration."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from types import SimpleNamespace
@@ -53,11 +54,10 @@ def test_a_rebuild_abandons_a_hung_instance_instead_of_waiting_for_it(runtime, a
         pool.close()
 
 
-def test_closing_a_pool_while_a_batch_hangs_ends_at_its_deadline(runtime, affine_om):
-    """Unload and shutdown: the pool's close waits for the device until the deadline it is
-    given, then abandons the instance still running (its batch fails on its own later)."""
-    device = runtime.device(0)
-    baseline = device.mem_info()[0]
+@contextlib.contextmanager
+def abandoned_while_hung(runtime, affine_om):
+    """A pool closed (deadline 0.2 s) while its batch hangs on the device: yields (the
+    abandoned instance, the hung batch's future, the gate that lets the device go)."""
     pool = open_pool(runtime, affine_om(), "affine", execution_timeout_ms=600_000)
     done = BatchFutures(pool)
     gate = threading.Event()
@@ -67,14 +67,23 @@ def test_closing_a_pool_while_a_batch_hangs_ends_at_its_deadline(runtime, affine
         assert held.entered.wait(30)
         instance = pool.instances[0]
         pool.close(deadline=time.monotonic() + 0.2)
+        yield instance, hung, gate
+    finally:
+        let_go(gate)
+        pool.close()
+
+
+def test_closing_a_pool_while_a_batch_hangs_ends_at_its_deadline(runtime, affine_om):
+    """Unload and shutdown: the pool's close waits for the device until the deadline it is
+    given, then abandons the instance still running (its batch fails on its own later)."""
+    device = runtime.device(0)
+    baseline = device.mem_info()[0]
+    with abandoned_while_hung(runtime, affine_om) as (instance, hung, gate):
         assert not gate.is_set() and teardown.held() == 1
         assert instance.context and instance.slots
         let_go(gate)
         hung.result(timeout=30)  # the batch came back late, into memory that was still there
         assert not instance.context and device.mem_info()[0] == baseline
-    finally:
-        let_go(gate)
-        pool.close()
 
 
 def test_an_idle_pool_closes_and_frees_everything(runtime, affine_om):
@@ -224,15 +233,7 @@ def test_an_abandoned_instance_is_freed_when_the_device_lets_go_with_nothing_els
     """Held instances were retried only when another instance closed: on a quiet server they
     stayed held (threads, context and memory; the gauge said a hang that was over) until then
     (found by an independent soak). A thread retries them while any are held."""
-    pool = open_pool(runtime, affine_om(), "affine", execution_timeout_ms=600_000)
-    done = BatchFutures(pool)
-    gate = threading.Event()
-    try:
-        held = faults.inject("execute", nth=1, hold=gate)
-        hung = done.submit([affine_request(1)], 1)
-        assert held.entered.wait(30)
-        instance = pool.instances[0]
-        pool.close(deadline=time.monotonic() + 0.2)
+    with abandoned_while_hung(runtime, affine_om) as (instance, hung, gate):
         assert teardown.held() == 1 and instance.context
         gate.set()  # the device lets go; nothing else closes or calls release_recovered
         hung.result(timeout=30)
@@ -241,9 +242,6 @@ def test_an_abandoned_instance_is_freed_when_the_device_lets_go_with_nothing_els
                 break
             time.sleep(0.01)
         assert teardown.held() == 0 and not instance.context
-    finally:
-        let_go(gate)
-        pool.close()
 
 
 def test_an_instance_whose_release_fails_stays_held_and_the_others_are_still_retried():
