@@ -339,14 +339,14 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         its request holds, released by the caller once grpc has taken the response."""
         lease = self.state.budget.lease(GRPC_HINT)
         try:
-            return pb.ModelStreamInferResponse(infer_response=await self.infer(message, lease, stream_id)), lease
+            return _final(pb.ModelStreamInferResponse(infer_response=await self.infer(message, lease, stream_id))), lease
         except ServeError as e:
             lease.release()
-            return _stream_error(message, self.state.redact(e.message)), lease
+            return _final(_stream_error(message, self.state.redact(e.message))), lease
         except Exception:
             lease.release()
             log.exception("internal error in gRPC ModelStreamInfer")
-            return _stream_error(message, "internal error"), lease
+            return _final(_stream_error(message, "internal error")), lease
         except BaseException:  # cancelled: the stream ended
             lease.release()
             raise
@@ -367,6 +367,14 @@ async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id
     # outputs are binary: each array's bytes, then the response message's copy of them
     lease.take(answer_bytes(rec.signature, req, binary_copies=2, json_outputs=False), "its answer")
     return await run_decoded(rec, req, trace, encode_infer_response, state.images, pinned=bool(request.model_version))
+
+
+def _final(response: pb.ModelStreamInferResponse) -> pb.ModelStreamInferResponse:
+    """Mark a stream's response `triton_final_response`, as Triton marks each (clients that set
+    triton_enable_empty_final_response wait for it): every model here answers a request once,
+    so each response is its request's last and no empty one follows."""
+    response.infer_response.parameters["triton_final_response"].bool_param = True
+    return response
 
 
 def _stream_error(message: bytes, error: str) -> pb.ModelStreamInferResponse:

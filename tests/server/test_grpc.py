@@ -179,6 +179,26 @@ def test_sync_stream(client, reference):
     assert set(got) == {"0", "1", "2"}
 
 
+def test_each_stream_response_is_marked_final(client):
+    """Clients that set tritonclient's enable_empty_final_response wait for a response marked
+    triton_final_response, which Triton puts on every stream response (true for the last of a
+    request): every model here answers each request once, so each is marked, errors too."""
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer("affine", affine_inputs(X), request_id="flag", enable_empty_final_response=True)
+        client.async_stream_infer("affine", affine_inputs(X), request_id="plain")
+        got = {}
+        for _ in range(2):
+            result, error = answers.get(timeout=60)
+            assert error is None
+            got[result.get_response().id] = result.get_response().parameters
+    finally:
+        client.stop_stream()
+    assert got["flag"]["triton_final_response"].bool_param is True
+    assert got["plain"]["triton_final_response"].bool_param is True
+
+
 def queue_depth(server, model: str) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://{server.url}/metrics", timeout=30).read().decode()
     depth = {}
