@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 _process_lock = threading.Lock()
 _users = 0
+RETRY_WAIT_S = 2.0  # how long a close waits for a retry of abandoned instances already running
 
 
 class AclRuntime:
@@ -110,7 +111,9 @@ class AclRuntime:
         self._started = False
         with self._lock:
             devices, self._devices = list(self._devices.values()), {}
-        teardown.release_recovered(wait=False)  # one waiting on a hung device is not waited for
+        # a retry running meanwhile (the retry thread's) is waited for a moment, not for good: it
+        # may wait on a hung device
+        teardown.release_recovered(wait_s=RETRY_WAIT_S)
         for dev in devices:
             dev.close(reset=not teardown.unreleased(dev.id))
         with _process_lock:

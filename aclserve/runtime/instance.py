@@ -184,7 +184,7 @@ class ModelInstance(SlotBook):
                 return
             self.closing = True
             self._launcher.stop()  # the launcher hands its last batches on, then stops
-        teardown.release_recovered(wait=False)  # instances abandoned earlier whose device has let go since
+        teardown.release_recovered(wait_s=0)  # instances abandoned earlier whose device has let go since
         now = time.monotonic()
         if deadline is None:
             deadline = now + self.reset_timeout_ms / 1000

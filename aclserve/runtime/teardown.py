@@ -105,13 +105,14 @@ def abandon(instance, running: str) -> None:
               "freed if the device lets go of them while the process runs", instance.name, running)
 
 
-def release_recovered(wait: bool = True) -> int:
+def release_recovered(wait_s: float | None = None) -> int:
     """Free the held instances whose device work has ended since (a poll each). Returns how
-    many are still held. One retry at a time, so each is freed once (without `wait`, none
-    when another runs: a close does not queue behind a retry that waits on the device, which
-    where CANN cannot time a wait may be for good); `_lock` is not held while the device is
-    polled (held() answers /metrics meanwhile). An instance whose release fails stays held."""
-    if not _retrying.acquire(blocking=wait):
+    many are still held. One retry at a time, so each is freed once; with `wait_s`, none if
+    another one runs longer than that (a close does not queue behind a retry that waits on the
+    device, which where CANN cannot time a wait may be for good). `_lock` is not held while the
+    device is polled (held() answers /metrics meanwhile). An instance whose release fails stays
+    held."""
+    if not _retrying.acquire(timeout=-1 if wait_s is None else wait_s):
         return held()
     try:
         with _lock:

@@ -277,3 +277,27 @@ def test_an_instance_whose_release_fails_stays_held_and_the_others_are_still_ret
     finally:
         broken.fails = False
         teardown.release_recovered()
+
+
+def test_a_close_waits_a_moment_for_a_retry_already_running_not_for_good():
+    """Instance closes do not wait for a retry that runs (it may wait on a hung device for
+    good); the runtime's close waits a moment (RETRY_WAIT_S), so a retry of the retry thread
+    that meets it does not leave ACL unfinalized (found by review). A stand-in instance: what
+    is tested is the retries' bookkeeping."""
+    class Freed:
+        name, device = "freed", SimpleNamespace(id=0)
+
+        def release(self, deadline):
+            return None
+
+    teardown._retrying.acquire()  # a retry running (the retry thread's)
+    try:
+        teardown.abandon(Freed(), "its compute stream is still running")
+        assert teardown.release_recovered(wait_s=0) == 1  # an instance close: not waited for
+        done = []
+        waiter = threading.Thread(target=lambda: done.append(teardown.release_recovered(wait_s=30)))
+        waiter.start()
+    finally:
+        teardown._retrying.release()  # the running retry ends
+    waiter.join(60)  # a hang guard
+    assert done == [0] and teardown.held() == 0
