@@ -339,17 +339,18 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         its request holds, released by the caller once grpc has taken the response."""
         lease = self.state.budget.lease(GRPC_HINT)
         try:
-            return _final(pb.ModelStreamInferResponse(infer_response=await self.infer(message, lease, stream_id))), lease
+            response = pb.ModelStreamInferResponse(infer_response=await self.infer(message, lease, stream_id))
         except ServeError as e:
             lease.release()
-            return _final(_stream_error(message, self.state.redact(e.message))), lease
+            response = _stream_error(message, self.state.redact(e.message))
         except Exception:
             lease.release()
             log.exception("internal error in gRPC ModelStreamInfer")
-            return _final(_stream_error(message, "internal error")), lease
+            response = _stream_error(message, "internal error")
         except BaseException:  # cancelled: the stream ended
             lease.release()
             raise
+        return _final(response), lease
 
 
 async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id: str | None, lease, rec,

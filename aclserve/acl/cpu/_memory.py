@@ -195,16 +195,20 @@ def free(ptr: int) -> int:
     return C.ACL_SUCCESS
 
 
-def find(ptr: int, length: int) -> Allocation | None:
-    """The device allocation holding [ptr, ptr+length), or None (also when it straddles an end)."""
+def _holding(starts: list[int], allocs: dict[int, Allocation], ptr: int, length: int) -> Allocation | None:
+    """The allocation of `allocs` (`starts`: their sorted addresses) holding [ptr, ptr+length),
+    or None (also when it straddles an end)."""
     with _lock:
-        i = bisect.bisect_right(_starts, ptr) - 1
+        i = bisect.bisect_right(starts, ptr) - 1
         if i < 0:
             return None
-        alloc = _device_allocs[_starts[i]]
-    if ptr + max(length, 1) <= alloc.end:
-        return alloc
-    return None
+        alloc = allocs[starts[i]]
+    return alloc if ptr + max(length, 1) <= alloc.end else None
+
+
+def find(ptr: int, length: int) -> Allocation | None:
+    """The device allocation holding [ptr, ptr+length), or None (also when it straddles an end)."""
+    return _holding(_starts, _device_allocs, ptr, length)
 
 
 def touches_device(ptr: int, length: int) -> bool:
@@ -218,9 +222,7 @@ def touches_device(ptr: int, length: int) -> bool:
 
 def pinned(ptr: int, length: int) -> bool:
     """Whether [ptr, ptr+length) lies in one malloc_host allocation."""
-    with _lock:
-        i = bisect.bisect_right(_host_starts, ptr) - 1
-        return i >= 0 and ptr + max(length, 1) <= _host_allocs[_host_starts[i]].end
+    return _holding(_host_starts, _host_allocs, ptr, length) is not None
 
 
 def malloc_host(size: int) -> tuple[int, int]:

@@ -30,6 +30,11 @@ def create_event():
     return _create(None)
 
 
+def _flags_ok(flag: int, allowed: int, alone: int) -> bool:
+    """A non-empty set of `allowed` flags, where `alone` is not OR-ed with another."""
+    return bool(flag) and not flag & ~allowed and (not flag & alone or flag == alone)
+
+
 _EX_FLAGS = C.ACL_EVENT_SYNC | C.ACL_EVENT_CAPTURE_STREAM_PROGRESS | C.ACL_EVENT_TIME_LINE | C.ACL_EVENT_IPC
 
 
@@ -38,7 +43,7 @@ def create_event_ex_with_flag(flag):
     """An event that may be recorded again, each record replacing the last (CANN). Counted
     against the device's events as a plain one (CANN takes a SYNC event's resources at its
     record, from the same pool). ACL_EVENT_IPC goes alone (CANN)."""
-    if not flag or flag & ~_EX_FLAGS or (flag & C.ACL_EVENT_IPC and flag != C.ACL_EVENT_IPC):
+    if not _flags_ok(flag, _EX_FLAGS, C.ACL_EVENT_IPC):
         return 0, C.ACL_ERROR_INVALID_PARAM
     return _create(flag, reusable=True)
 
@@ -63,7 +68,7 @@ _FLAGS = (C.ACL_EVENT_SYNC | C.ACL_EVENT_CAPTURE_STREAM_PROGRESS | C.ACL_EVENT_T
 def create_event_with_flag(flag):
     """An event for what its flags say (CANN): waited on by a stream, or reset, only with
     ACL_EVENT_SYNC; timed only with ACL_EVENT_TIME_LINE; ACL_EVENT_EXTERNAL goes alone."""
-    if not flag or flag & ~_FLAGS or (flag & C.ACL_EVENT_EXTERNAL and flag != C.ACL_EVENT_EXTERNAL):
+    if not _flags_ok(flag, _FLAGS, C.ACL_EVENT_EXTERNAL):
         return 0, C.ACL_ERROR_INVALID_PARAM
     return _create(flag)
 
