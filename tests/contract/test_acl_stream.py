@@ -111,6 +111,41 @@ def test_synchronize_stream_with_timeout_expires_with_507046(acl, ctx, streams, 
     assert acl.rt.synchronize_stream_with_timeout(s, -1) == 0
 
 
+def test_many_waiters_on_one_event_and_one_stream(acl, ctx, streams, reports):
+    """Threads blocked on one event and one stream at once are all released when the work
+    completes; one whose timeout passes first gets its timeout code and leaves the others be."""
+    s = streams()
+    reports.subscribe(s)
+    event, _ = acl.rt.create_event()
+    gate = threading.Event()
+    results: dict[str, int] = {}
+
+    def wait(name, call):
+        def run():
+            acl.rt.set_context(ctx)
+            results[name] = call()
+        return threading.Thread(target=run)
+    try:
+        _gate_callback(acl, s, reports, gate)
+        assert acl.rt.record_event(event, s) == 0
+        waiters = [wait(f"event{i}", lambda: acl.rt.synchronize_event(event)) for i in range(4)]
+        waiters += [wait(f"stream{i}", lambda: acl.rt.synchronize_stream(s)) for i in range(2)]
+        waiters.append(wait("timed", lambda: acl.rt.synchronize_event_with_timeout(event, 30)))
+        for t in waiters:
+            t.start()
+        waiters[-1].join(10)
+        assert results == {"timed": C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT}
+        gate.set()
+        for t in waiters:
+            t.join(10)
+        assert results == {**{f"event{i}": 0 for i in range(4)}, "stream0": 0, "stream1": 0,
+                           "timed": C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT}
+        assert acl.rt.synchronize_event_with_timeout(event, 0) == 0
+    finally:
+        gate.set()
+        assert acl.rt.destroy_event(event) == 0
+
+
 def test_a_timeout_below_minus_one_is_a_runtime_param_error(acl, ctx, streams):
     """The *_with_timeout waits take -1 (forever) or >= 0 ms; below -1 the runtime answers
     ACL_ERROR_RT_PARAM_INVALID (107000), not 100000 (hicann/runtime src/acl/aclrt_impl/stream.cpp

@@ -2,8 +2,7 @@
 
 A Stream owns one daemon worker thread that runs its tasks in FIFO order. A task is a callable
 returning an ACL code; the first non-zero code is kept and handed to the next synchronize (then
-cleared), like an asynchronous device error. Waits use threading.Condition, so they release the
-GIL and never poll.
+cleared), like an asynchronous device error.
 
 An Event counts records: record() enqueues a marker on a stream, and the event is complete once
 the marker of its latest record has run (an event never recorded is complete). The marker also
@@ -11,17 +10,66 @@ takes the error of the work enqueued between the previous marker on that stream 
 synchronizing the event reports a failure of exactly that work, and a later batch on the same
 stream is not blamed for it (the stream keeps its first error too, until synchronize_stream
 reports and clears it).
+
+Waits block on a lock of their own that the worker releases (Waiters), and the tasks reach the
+worker through a queue.SimpleQueue: both are C code, which threading.Condition is not. A batch
+makes a dozen calls here (its copies, execution and events), and each one through a Condition
+cost several microseconds of the host core that an NPU's stream does not take.
 """
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
-from collections import deque
 
 from .. import constants as C
 
 log = logging.getLogger("aclserve.acl.cpu")
+
+_STOP = object()  # the worker's last task (close)
+
+
+class Waiters:
+    """Threads blocked until a count reaches their target, each on its own lock. The owner
+    holds its own lock around add(), wake() and forget()."""
+
+    __slots__ = ("_blocked",)
+
+    def __init__(self):
+        self._blocked: list[tuple[int, threading.Lock]] = []
+
+    def add(self, target: int) -> threading.Lock:
+        """A lock, held, that wake() releases once the count reaches `target`."""
+        gate = threading.Lock()
+        gate.acquire()
+        self._blocked.append((target, gate))
+        return gate
+
+    def wake(self, count: int) -> None:
+        if not self._blocked:
+            return
+        still = []
+        for target, gate in self._blocked:
+            if target <= count:
+                gate.release()
+            else:
+                still.append((target, gate))
+        self._blocked = still
+
+    def forget(self, gate: threading.Lock) -> None:
+        """A wait that timed out: wake() no longer releases its gate."""
+        self._blocked = [(t, g) for t, g in self._blocked if g is not gate]
+
+
+def block(owner_lock: threading.Lock, waiters: Waiters, gate: threading.Lock, timeout_s: float | None) -> bool:
+    """Wait on `gate` (from waiters.add, the owner's lock released): True once released, False
+    past `timeout_s` (None: forever)."""
+    if gate.acquire(timeout=-1 if timeout_s is None else timeout_s):
+        return True
+    with owner_lock:
+        waiters.forget(gate)
+    return gate.acquire(blocking=False)  # released between the timeout and forget()
 
 
 class Stream:
@@ -31,66 +79,67 @@ class Stream:
         self.handle = handle
         self.context = context
         self.device = context.device
-        self._cond = threading.Condition()
-        self._queue: deque = deque()
+        self._lock = threading.Lock()  # the counts, the first error, closing, the waiters
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiters = Waiters()  # synchronize calls
         self._enqueued = 0
         self._done = 0
         self._error = 0
-        self._error_since_marker = 0
+        self._error_since_marker = 0  # the worker's own (tasks and markers run on it)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"acl-cpu-stream-{handle:#x}", daemon=True)
         self._thread.start()
 
     def enqueue(self, task) -> int:
-        with self._cond:
+        with self._lock:
             if self._closed:
                 return C.ACL_ERROR_RT_PARAM_INVALID
-            self._queue.append(task)
             self._enqueued += 1
-            self._cond.notify_all()
+            self._tasks.put(task)
         return C.ACL_SUCCESS
 
     def _run(self) -> None:
+        get, lock = self._tasks.get, self._lock
         while True:
-            with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue:
-                    return
-                task = self._queue.popleft()
+            task = get()
+            if task is _STOP:
+                return
             try:
                 ret = task()
             except Exception:
                 log.exception("stream %#x: task failed", self.handle)
                 ret = C.ACL_ERROR_RT_INTERNAL_ERROR
-            with self._cond:
+            if ret and not self._error_since_marker:
+                self._error_since_marker = ret
+            with lock:
                 if ret and not self._error:
                     self._error = ret
-                if ret and not self._error_since_marker:
-                    self._error_since_marker = ret
                 self._done += 1
-                self._cond.notify_all()
+                self._waiters.wake(self._done)
 
     def synchronize(self, timeout_s: float | None = None) -> int:
         """Wait for the work enqueued so far; return (and clear) the first async error."""
-        with self._cond:
+        with self._lock:
             target = self._enqueued
-            if not self._cond.wait_for(lambda: self._done >= target, timeout_s):
-                return C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+            gate = self._waiters.add(target) if self._done < target else None
+        if gate is not None and not block(self._lock, self._waiters, gate, timeout_s):
+            return C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+        with self._lock:
             err, self._error = self._error, 0
             return err
 
     def take_marker_error(self) -> int:
-        """The first error since the previous event marker, cleared (called by event markers)."""
-        with self._cond:
-            err, self._error_since_marker = self._error_since_marker, 0
-            return err
+        """The first error since the previous event marker, cleared (called by event markers,
+        on this stream's worker)."""
+        err, self._error_since_marker = self._error_since_marker, 0
+        return err
 
     def close(self, timeout_s: float | None = None) -> None:
         """Let the worker finish what is queued, then stop it. Idempotent."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._tasks.put(_STOP)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
@@ -109,52 +158,57 @@ class Event:
         # (CANN); any other waited on by a stream is reset before its next record (record, wait, reset)
         self.reusable = reusable
         self.waited = False  # not reusable: a stream waited on it since its last record, no reset since
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._waiters = Waiters()
         self._recorded = 0
         self._completed = 0
         self.timestamp: float | None = None
         self.error = 0  # the error of the work between the previous marker and the latest record
 
     def record(self, stream: Stream) -> int:
-        with self._cond:
+        with self._lock:
             self._recorded += 1
             generation = self._recorded
         return stream.enqueue(lambda: self._complete(generation, stream))
 
     def _complete(self, generation: int, stream: Stream) -> int:
         error = stream.take_marker_error()
-        with self._cond:
+        with self._lock:
             if generation > self._completed:
                 self._completed = generation
                 self.timestamp = time.perf_counter()
                 self.error = error
-            self._cond.notify_all()
+                self._waiters.wake(generation)
         return C.ACL_SUCCESS
 
     def wait(self, timeout_s: float | None = None, generation: int | None = None) -> bool:
-        with self._cond:
+        with self._lock:
             target = self._recorded if generation is None else generation
-            return self._cond.wait_for(lambda: self._completed >= target, timeout_s)
+            if self._completed >= target:
+                return True
+            gate = self._waiters.add(target)
+        return block(self._lock, self._waiters, gate, timeout_s)
 
     def waiter(self):
         """A stream task that waits for the record current at this call (stream_wait_event)."""
-        with self._cond:
+        with self._lock:
             target = self._recorded
         return lambda: (self.wait(None, target), C.ACL_SUCCESS)[1]
 
     def reset(self) -> int:
         """reset_event, when its stream gets there: back to never recorded (no time, complete)."""
-        with self._cond:
+        with self._lock:
             self._completed = self._recorded
             self.timestamp = None
+            self._waiters.wake(self._completed)
         return C.ACL_SUCCESS
 
     def complete(self) -> bool:
-        with self._cond:
+        with self._lock:
             return self._completed >= self._recorded
 
     def finished_timestamp(self) -> float | None:
-        with self._cond:
+        with self._lock:
             if self._recorded == 0 or self._completed < self._recorded:
                 return None
             return self.timestamp
