@@ -26,10 +26,19 @@ def infer_grpc(address: str, model: str, input_name: str, output_name: str, samp
         return client.infer(model, [x]).as_numpy(output_name)
 
 
+INSTALLED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         "out", "perf-analyzer", "perf_analyzer")  # where install_perf_analyzer.py puts it
+
+
 def find_perf_analyzer(explicit: str | None) -> str | None:
+    """`explicit` when it runs, else perf_analyzer on PATH, else the one install_perf_analyzer.py
+    installed in this checkout."""
     if explicit:
         return explicit if os.access(explicit, os.X_OK) else None
-    return shutil.which("perf_analyzer")
+    found = shutil.which("perf_analyzer")
+    if found is None and os.access(INSTALLED, os.X_OK):
+        found = INSTALLED
+    return found
 
 
 class PerfAnalyzer:

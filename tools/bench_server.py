@@ -12,7 +12,8 @@ What one run does (defaults: about 5.5 minutes):
      with /v2/models/{m}/stats and the server's CPU time (utime + stime of every thread, from
      /proc/<pid>/stat) read just before and after it: CPU us/req = CPU time / successful
      requests. HTTP load comes from wrk -t1; gRPC
-     load from perf_analyzer (Triton's C++ client, -i grpc; on PATH or --perf-analyzer PATH),
+     load from perf_analyzer (Triton's C++ client, -i grpc; --perf-analyzer PATH, on PATH, or
+     out/perf-analyzer/ as tools/install_perf_analyzer.py installs it),
      since wrk speaks no HTTP/2 and a Python client would measure itself;
   4. stops the server (SIGTERM, wait), then times raw InferenceSession.run (same threads, this
      process pinned to the server core) at every batch size the server executed: raw@mix =
@@ -225,7 +226,8 @@ def parse_args(argv=None):
     p.add_argument("--conc", default="1,16,64", help="wrk connections, comma-separated (default 1,16,64)")
     p.add_argument("--workloads", help=f"subset of {','.join(WORKLOADS)} (default {DEFAULT_WORKLOADS}; "
                                         "the gRPC one only when perf_analyzer is found)")
-    p.add_argument("--perf-analyzer", metavar="PATH", help="perf_analyzer for the gRPC rows (default: on PATH)")
+    p.add_argument("--perf-analyzer", metavar="PATH",
+                   help="perf_analyzer for the gRPC rows (default: on PATH, else out/perf-analyzer/)")
     p.add_argument("--server-cpus", default="1", help="taskset list for the server (default 1)")
     p.add_argument("--client-cpus", default="0", help="taskset list for wrk (default 0)")
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads, server and raw (default 1)")
@@ -256,7 +258,8 @@ def parse_args(argv=None):
             p.error("gRPC workloads need perf_analyzer: put it on PATH or pass --perf-analyzer PATH "
                     "(or leave the -grpc workloads out)")
         if args.perf_analyzer_path is None:
-            print("no perf_analyzer (PATH or --perf-analyzer): the gRPC rows are left out", file=sys.stderr)
+            print("no perf_analyzer (PATH, --perf-analyzer or python tools/install_perf_analyzer.py): "
+                  "the gRPC rows are left out", file=sys.stderr)
             args.workloads = [w for w in args.workloads if WORKLOADS[w][1] != "grpc"]
     return args
 
