@@ -139,8 +139,15 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
 
     @rpc
     async def ModelReady(self, request, context):
+        """ready=false for a model or version the repository does not know, not NOT_FOUND: as
+        Triton (its ModelIsReady succeeds with ready false), so that tritonclient's
+        is_model_ready answers False over gRPC as over HTTP."""
         self._model_access(context)
-        return pb.ModelReadyResponse(ready=views.model_ready(self.state, request.name, _version(request.version)))
+        try:
+            ready = views.model_ready(self.state, request.name, _version(request.version))
+        except NotFound:
+            ready = False
+        return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, request, context):
         return pb.ServerMetadataResponse(**views.server_metadata())

@@ -9,9 +9,11 @@
     trace_format   aclserve's own: "chrome" (Chrome trace / Perfetto JSON, the default) or
                    "triton" (Triton's trace JSON, for tools written against it)
 
-Values travel as strings (trace_level as a list), as in Triton. A model's settings start as a
-copy of the global ones at its first update; a null value clears one setting back to the
-global value, and an update with no settings clears the model's settings entirely.
+Values travel as strings (trace_level as a list), as in Triton's trace extension. A model's
+settings are the global ones with those the model set itself (Tracer): a setting it never set,
+or cleared with a null value, follows the global one, also as the global one changes later; an
+update with no settings clears all of the model's own. A null in a global update restores that
+setting's value at start-up.
 """
 from __future__ import annotations
 
@@ -48,21 +50,28 @@ class TraceSettings:
 
     def updated(self, changes: dict, base: "TraceSettings | None" = None) -> "TraceSettings":
         """These settings with `changes` (Triton's JSON) applied; a None value takes the setting
-        from `base` (the global settings), or its default without one."""
-        if not isinstance(changes, dict):
-            raise TraceSettingsError("trace settings must be a JSON object")
-        fields = {}
+        from `base`, or its default without one."""
         fallback = base or TraceSettings()
-        for key, value in changes.items():
-            if key == "trace_mode":
-                if value not in (None, "triton", ["triton"]):
-                    raise TraceSettingsError("trace_mode: only 'triton' is supported")
-                continue
-            if key not in KEYS:
-                raise TraceSettingsError(f"unknown trace setting '{key}' (known: {', '.join(KEYS)})")
-            name = _FIELD[key]
-            fields[name] = getattr(fallback, name) if value is None else _parse(key, value)
+        fields = {name: getattr(fallback, name) if value is None else value
+                  for name, value in parse_changes(changes).items()}
         return dataclasses.replace(self, **fields)
+
+
+def parse_changes(changes: dict) -> dict:
+    """Triton's trace-setting JSON as {field: value}, None for a null (a setting cleared).
+    Raises TraceSettingsError naming the setting."""
+    if not isinstance(changes, dict):
+        raise TraceSettingsError("trace settings must be a JSON object")
+    fields = {}
+    for key, value in changes.items():
+        if key == "trace_mode":
+            if value not in (None, "triton", ["triton"]):
+                raise TraceSettingsError("trace_mode: only 'triton' is supported")
+            continue
+        if key not in KEYS:
+            raise TraceSettingsError(f"unknown trace setting '{key}' (known: {', '.join(KEYS)})")
+        fields[_FIELD[key]] = None if value is None else _parse(key, value)
+    return fields
 
 
 _FIELD = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count",

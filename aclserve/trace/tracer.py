@@ -10,12 +10,13 @@ log_frequency 0 cannot exhaust memory.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import os
 from pathlib import Path
 
 from .records import RequestTrace
-from .settings import TraceSettings, TraceSettingsError
+from .settings import TraceSettings, TraceSettingsError, parse_changes
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,9 @@ class Tracer:
     command line) may name any path."""
 
     def __init__(self, settings: TraceSettings | None = None, trace_dir: str = "traces"):
-        self._global = settings or TraceSettings()
-        self._models: dict[str, TraceSettings] = {}
+        self._startup = self._global = settings or TraceSettings()  # a global null restores _startup's
+        self._overrides: dict[str, dict] = {}  # model -> {field: value} it set itself
+        self._models: dict[str, TraceSettings] = {}  # model -> the global settings with its overrides
         self._counters: dict[str, int] = {}
         self._trace_dir = trace_dir
         self._trusted_files: set[str] = set()
@@ -66,26 +68,43 @@ class Tracer:
         return self._global.on or any(s.on for s in self._models.values())
 
     def update(self, changes: dict, model: str | None = None) -> TraceSettings:
-        """Apply Triton's trace-setting JSON; returns the settings now in force. Raises
-        TraceSettingsError (the message names the setting)."""
+        """Apply Triton's trace-setting JSON; returns the settings now in force (the model's,
+        or the global ones). Raises TraceSettingsError (the message names the setting). A model
+        keeps only the settings it set itself (a null clears one, no settings clear them all);
+        the others follow the global settings, now and as they change, as in Triton."""
+        fields = parse_changes(changes)
         if model:
-            if not changes:
-                before = self._models.pop(model, None)
-                self._settled(before, self._global)
-                return self._global
-            before = self._models.get(model)
-            new = (before or self._global).updated(changes, self._global)
+            own = {} if not changes else {**self._overrides.get(model, {}), **fields}
+            own = {name: value for name, value in own.items() if value is not None}
+            new = dataclasses.replace(self._global, **own)
         else:
-            before = self._global
-            new = self._global.updated(changes)
+            new = dataclasses.replace(self._global, **{name: getattr(self._startup, name) if value is None else value
+                                                       for name, value in fields.items()})
         if new.file and new.file not in self._trusted_files:
             self._resolve(new.file)  # refuse a bad name before anything changes
         if model:
-            self._models[model] = new
+            before = self._models.get(model, self._global)
+            self._set_own(model, own)
         else:
-            self._global = new
+            before = self._global
+            self._set_global(new)
         self._settled(before, new)
         return new
+
+    def _set_global(self, settings: TraceSettings) -> None:
+        """New global settings, which every model follows but for the settings it set itself."""
+        self._global = settings
+        for name, own in self._overrides.items():
+            self._models[name] = dataclasses.replace(settings, **own)
+
+    def _set_own(self, model: str, own: dict) -> None:
+        """The settings `model` set itself (none: it follows the global ones entirely)."""
+        if own:
+            self._overrides[model] = own
+            self._models[model] = dataclasses.replace(self._global, **own)
+        else:
+            self._overrides.pop(model, None)
+            self._models.pop(model, None)
 
     def _settled(self, before: TraceSettings | None, after: TraceSettings) -> None:
         """Write what waited for the old file when tracing to it stopped or moved."""
@@ -119,13 +138,12 @@ class Tracer:
             self._counters[model] = seen
             return None
         self._counters[model] = 0
-        if settings.count > 0:
-            left = TraceSettings(settings.level, settings.rate, settings.count - 1, settings.log_frequency,
-                                 settings.file, settings.format)
-            if model in self._models:
-                self._models[model] = left
+        if settings.count > 0:  # counted down where it was set: the model's own, or the global one
+            own = self._overrides.get(model)
+            if own is not None and "count" in own:
+                self._set_own(model, {**own, "count": settings.count - 1})
             else:
-                self._global = left
+                self._set_global(dataclasses.replace(self._global, count=settings.count - 1))
         return RequestTrace(model, version, protocol, arrival_ns)
 
     def finish(self, trace: RequestTrace) -> None:

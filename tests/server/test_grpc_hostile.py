@@ -117,7 +117,6 @@ def test_oversize_message_and_other_rpcs(stub):
         stub.ModelInfer(huge)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     calls = [
-        (stub.ModelReady, pb.ModelReadyRequest(name="nope"), NOT_FOUND, "unknown model"),
         (stub.ModelMetadata, pb.ModelMetadataRequest(name="affine", version="x"), NOT_FOUND, "no version"),
         (stub.ModelConfig, pb.ModelConfigRequest(name=""), NOT_FOUND, "unknown model"),
         (stub.ModelStatistics, pb.ModelStatisticsRequest(name="nope"), NOT_FOUND, "unknown model"),
@@ -135,6 +134,10 @@ def test_oversize_message_and_other_rpcs(stub):
     with pytest.raises(grpc.RpcError) as e:
         stub.RepositoryModelLoad(load)
     assert e.value.code() == INVALID and "config override" in e.value.details()
+    # ModelReady of a model or version nobody knows: false, not NOT_FOUND (as Triton answers)
+    assert stub.ModelReady(pb.ModelReadyRequest(name="nope")).ready is False
+    assert stub.ModelReady(pb.ModelReadyRequest(name="affine", version="9")).ready is False
+    assert stub.ModelReady(pb.ModelReadyRequest(name="affine")).ready is True
     # after all of that the server still serves
     assert stub.ServerReady(pb.ServerReadyRequest()).ready
     assert len(stub.ModelInfer(good()).raw_output_contents) == 2

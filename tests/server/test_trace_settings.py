@@ -66,6 +66,29 @@ def test_defaults_global_and_model_settings_and_clearing(http_client):
     client.update_trace_settings(settings={"trace_rate": "1000"})
 
 
+def test_a_model_follows_the_global_settings_it_did_not_set(http_client):
+    """Triton's rule: a model's settings are the global ones but for those it set itself, also
+    as the global ones change later; a null stops following its own value."""
+    client = http_client
+    client.update_trace_settings(model_name="double", settings={"trace_count": "5"})
+    client.update_trace_settings(settings={"trace_rate": "77", "trace_level": ["TIMESTAMPS"]})
+    got = client.get_trace_settings(model_name="double")
+    assert got["trace_rate"] == "77" and got["trace_level"] == ["TIMESTAMPS"] and got["trace_count"] == "5"
+    client.update_trace_settings(model_name="double", settings={"trace_rate": "7"})
+    client.update_trace_settings(model_name="double", settings={"trace_rate": None})
+    client.update_trace_settings(settings={"trace_rate": "88"})
+    assert client.get_trace_settings(model_name="double")["trace_rate"] == "88"  # followed again
+    # tracing turned off globally turns it off for the model that set only its count
+    client.update_trace_settings(settings={"trace_level": ["OFF"]})
+    assert client.get_trace_settings(model_name="double")["trace_level"] == ["OFF"]
+    # a null in a global update restores the value the server started with
+    client.update_trace_settings(settings={"trace_rate": None, "trace_level": None})
+    assert client.get_trace_settings()["trace_rate"] == "1000"
+    assert client.get_trace_settings(model_name="double")["trace_rate"] == "1000"
+    client.update_trace_settings(model_name="double", settings={})
+    assert client.get_trace_settings(model_name="double")["trace_count"] == "-1"
+
+
 def test_trace_count_counts_down_and_stops_tracing(srv, http_client):
     client = http_client
     client.update_trace_settings(model_name="double", settings={
