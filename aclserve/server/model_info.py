@@ -48,6 +48,8 @@ def _config_tensors(specs: Sequence[TensorSpec], batching: bool, is_input: bool,
     for s in specs:
         dims = list(s.shape[1:] if batching and s.batched else s.shape)
         entry = {"name": s.name, "data_type": triton_type(s.datatype), "dims": dims}
+        if not dims:  # Triton refuses empty dims: one element, reshaped to none (as it spells a scalar)
+            entry["dims"], entry["reshape"] = [1], {"shape": []}
         if is_input:  # ModelInput has a format, ModelOutput has none (model_config.proto)
             entry["format"] = "FORMAT_NONE"
         if labels and s.name in labels:
@@ -85,9 +87,10 @@ def model_config(served) -> dict:
         "max_batch_size": max_batch,
         "input": _config_tensors(served.inputs, max_batch > 0, True),
         "output": _config_tensors(served.outputs, max_batch > 0, False, label_files(served)),
-        "instance_group": [{"name": f"{served.name}_0", "kind": "KIND_MODEL", "count": config.instances,
-                            "gpus": list(config.devices)}],
-        "parameters": {},
+        # KIND_MODEL: the model places its instances; Triton refuses gpus beside it, so the NPUs
+        # they run on are a parameter
+        "instance_group": [{"name": f"{served.name}_0", "kind": "KIND_MODEL", "count": config.instances}],
+        "parameters": {"devices": {"string_value": ",".join(str(d) for d in config.devices)}},
     }
     if max_batch > 0 and batching.enabled:
         gears = [g for g in served.gears if g <= max_batch] or list(served.gears)
