@@ -170,7 +170,7 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
             if offset + size > len(body):
                 raise InvalidInput(f"input '{name}': binary data needs {size} bytes at offset {offset} "
                                    f"but the body has {len(body)}")
-            arrays[name] = np.frombuffer(body, spec.dtype, count, offset).reshape(shape)
+            arrays[name] = tensor_view(name, body, spec, count, shape, offset)
             offset += size
         else:
             data = item.get("data")
@@ -195,6 +195,8 @@ def check_input(name: str, datatype, shape, spec: TensorSpec, sig: Signature, ro
     """Datatype, shape and batch rows of input `name` against the model (shared with the gRPC
     codec). Returns (element count, the request's batch rows so far)."""
     if datatype != spec.datatype:
+        if datatype is None or datatype == "":
+            raise InvalidInput(f"input '{name}': datatype is missing (the model expects {spec.datatype})")
         if datatype == "BYTES":
             raise InvalidInput(f"input '{name}': datatype BYTES is not supported here (the model expects "
                                f"{spec.datatype}; declare it an image input in the model's YAML to send images)")
@@ -212,6 +214,15 @@ def check_input(name: str, datatype, shape, spec: TensorSpec, sig: Signature, ro
         elif r != rows:
             raise InvalidInput(f"input '{name}': batch size {r} differs from the other inputs' {rows}")
     return count, rows
+
+
+def tensor_view(name: str, buffer, spec: TensorSpec, count: int, shape, offset: int = 0) -> np.ndarray:
+    """Binary tensor data as a read-only view of the body (no copy). BOOL elements must be bytes
+    0 or 1: numpy takes any other byte as a bool that is neither (a model casting it reads 2)."""
+    arr = np.frombuffer(buffer, spec.dtype, count, offset)
+    if spec.dtype.kind == "b" and count and arr.view(np.uint8).max() > 1:
+        raise InvalidInput(f"input '{name}': BOOL elements must be the bytes 0 or 1")
+    return arr.reshape(shape)
 
 
 def check_complete(arrays: dict, sig: Signature) -> None:
@@ -264,7 +275,7 @@ def _decode_raw(body: bytes, sig: Signature) -> InferRequest:
     if math.prod(shape) != count or -1 in shape:
         raise InvalidInput(f"raw binary body of {len(body)} bytes does not fit input '{spec.name}' "
                            f"of shape {list(spec.shape)} ({spec.datatype})")
-    arr = np.frombuffer(body, spec.dtype, count).reshape(shape)
+    arr = tensor_view(spec.name, body, spec, count, shape)
     return InferRequest(inputs={spec.name: arr}, rows=1, binary_output=True)
 
 

@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2 as pb
 from ..errors import InvalidInput
 from .bytes_codec import grpc_input as decode_bytes_input
 from .codec import (InferRequest, RequestedOutput, Signature, check_classification, check_complete, check_input,
-                    refuse_shared_memory)
+                    refuse_shared_memory, tensor_view)
 from .encode import classify
 
 # KServe datatype -> (InferTensorContents field, numpy type of that field's elements)
@@ -81,7 +81,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
             if len(data) != expected:
                 raise InvalidInput(f"input '{name}': raw_input_contents[{i}] has {len(data)} bytes but shape "
                                    f"{shape} of {spec.datatype} needs {expected}")
-            arrays[name] = np.frombuffer(data, spec.dtype, count).reshape(shape)
+            arrays[name] = tensor_view(name, data, spec, count, shape)
         else:
             arrays[name] = _from_contents(name, tensor.contents, spec, shape, count)
     check_complete(arrays, sig)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import array
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,6 +184,8 @@ def _checked_asarray(name: str, data: list, spec: TensorSpec, shape: list[int], 
         if count and arr.dtype.kind == "b":
             raise _booleans_refused(name, spec)
         if count and arr.dtype.kind not in _JSON_KINDS[target.kind]:
+            if _whole_numbers_out_of_range(arr, target):
+                raise InvalidInput(f"input '{name}': data values out of range for {spec.datatype}")
             raise InvalidInput(f"input '{name}': data elements must be {_KIND_WORDS[target.kind]} "
                                f"for {spec.datatype}")
         if not _integers_fit(arr, target):
@@ -190,6 +193,19 @@ def _checked_asarray(name: str, data: list, spec: TensorSpec, shape: list[int], 
         arr = _cast(arr, target)
     _check_finite(name, arr, spec)
     return arr.reshape(shape)
+
+
+def _whole_numbers_out_of_range(arr: np.ndarray, target: np.dtype) -> bool:
+    """For an integer target, whether `arr` holds whole numbers some of which are out of its range:
+    integers past 64 bits (orjson makes them floats), or int64 and uint64 ones mixed (numpy makes
+    them floats), so that the client hears what is wrong rather than "must be integers"."""
+    if target.kind not in "iu" or arr.dtype.kind not in "fO":
+        return False
+    values = arr.ravel().tolist()
+    if not all(type(v) is int or (type(v) is float and math.isfinite(v) and v.is_integer()) for v in values):
+        return False
+    info = np.iinfo(target)
+    return any(not info.min <= int(v) <= info.max for v in values)
 
 
 def _booleans_refused(name: str, spec: TensorSpec) -> InvalidInput:

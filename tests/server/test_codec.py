@@ -130,6 +130,32 @@ def test_json_only_body_with_header_equal_to_body_length():
     assert codec.decode_request(raw, len(raw), BATCHED).inputs["x"].shape == (1, 4)
 
 
+def test_binary_bools_are_the_bytes_0_and_1():
+    """Any other byte would be a numpy bool that is neither: refused, framed or raw."""
+    req = decode(BOOLS, {"inputs": [inp("m", "BOOL", [3], size=3)]}, b"\x01\x00\x01")
+    np.testing.assert_array_equal(req.inputs["m"], [True, False, True])
+    bad(BOOLS, {"inputs": [inp("m", "BOOL", [3], size=3)]}, b"\x01\x02\x00", match="BOOL elements must be")
+    raw = codec.Signature([spec("m", "BOOL", [-1])], [spec("o", "BOOL", [-1])], 0)
+    assert codec.decode_request(b"\x00\x01", 0, raw).inputs["m"].tolist() == [False, True]
+    with pytest.raises(InvalidInput, match="BOOL elements must be the bytes 0 or 1"):
+        codec.decode_request(b"\x00\xff", 0, raw)
+
+
+@pytest.mark.parametrize("datatype, data", [
+    ("INT64", [2**63, 1]), ("INT64", [2**63, -1]), ("UINT64", [2**64, 1]), ("UINT64", [-1, 2**64]),
+])
+def test_integers_past_64_bits_are_out_of_range_not_non_integers(datatype, data):
+    """numpy (int64 and uint64 mixed) or orjson (past 64 bits) makes such integers floats."""
+    sig = codec.Signature([spec("x", datatype, [2])], [spec("y", datatype, [2])], 0)
+    bad(sig, {"inputs": [inp("x", datatype, [2], data)]}, match=f"data values out of range for {datatype}")
+    bad(sig, {"inputs": [inp("x", datatype, [2], [1.5, 1])]}, match="data elements must be integers")
+
+
+def test_a_missing_datatype_is_named():
+    bad(BATCHED, {"inputs": [{"name": "x", "shape": [1, 4], "data": [1, 2, 3, 4]}]},
+        match="input 'x': datatype is missing \\(the model expects FP32\\)")
+
+
 def test_raw_binary_request():
     x = np.arange(4, dtype=np.float32)
     req = codec.decode_request(x.tobytes(), 0, BATCHED)

@@ -42,3 +42,14 @@ def test_shared_memory_is_refused_for_a_bytes_input_too():
     msg.inputs[0].parameters["shared_memory_region"].string_param = "r"
     with pytest.raises(InvalidInput, match="shared memory"):
         decode_infer_request(msg, SIG)
+
+
+def test_raw_bools_are_the_bytes_0_and_1():
+    sig = codec.Signature([spec("m", "BOOL", [-1, 2])], [spec("o", "BOOL", [-1, 2])], 8)
+    msg = pb.ModelInferRequest(model_name="m")
+    msg.inputs.add(name="m", datatype="BOOL", shape=[1, 2])
+    msg.raw_input_contents.append(b"\x01\x00")
+    assert decode_infer_request(msg, sig).inputs["m"].tolist() == [[True, False]]
+    msg.raw_input_contents[0] = b"\x01\x02"
+    with pytest.raises(InvalidInput, match="input 'm': BOOL elements must be the bytes 0 or 1"):
+        decode_infer_request(msg, sig)
