@@ -5,11 +5,15 @@ UNEXERCISED: written from CANN's pyACL media API documentation (acl.media JPEGD 
 their stride constraints) and Ascend/samples' acllite_imageproc.py; no machine of this project
 has an NPU, and the CPU runtime does not emulate DVPP.
 Flow per image: probe and limit-check the header; copy the JPEG to DVPP memory; JPEGD decodes to
-YUV420SP (NV12, width stride 128, height stride 16); VPC resizes to the plan's H x W (NV12,
-strides 16 / 2); the result is copied back and converted to RGB (JPEG's full-range BT.601) or
-grey (the Y plane) on the host. DVPP only stretches, so other resize policies, PNG input,
-odd target sizes and any DVPP failure go to the CPU decoder (a failure is logged once). One
-channel and stream, used under this object's own context by one thread at a time (a lock).
+YUV420SP (NV12; width stride 128 on the Ascend310 and Ascend910, 64 on the Ascend310P, 310B
+and 910B and later, height stride 16); VPC resizes to the plan's H x W (NV12, strides 16 / 2);
+the result is copied back and converted to RGB (JPEG's full-range BT.601) or grey (the Y plane)
+on the host. What DVPP is not given, to the CPU decoder: other resize policies than stretch, PNG,
+JPEGs other than baseline (JPEGD decodes no progressive or arithmetic-coded ones), JPEGs with an
+EXIF orientation (JPEGD turns them itself, past the geometry given to it), sizes outside JPEGD's
+32-8,192 pixels a side or VPC's scaling from 1/32 to 16 times, odd target sizes, and any
+failure of DVPP (logged once). One channel and stream, used under this object's own context by
+one thread at a time (a lock).
 """
 from __future__ import annotations
 
@@ -18,17 +22,44 @@ import threading
 
 import numpy as np
 
-from ..acl import AclError, check, check_handle, release
+from ..acl import check, check_handle, release
 from ..acl import constants as C
+from ..acl.compat import soc_name
 from ..acl.context import restoring_context, using_context
-from .header import check_size, probe
+from .header import ImageInfo, check_size, probe
 from .plan import ImagePlan
 
 log = logging.getLogger(__name__)
 
-PIXEL_FORMAT_YUV_SEMIPLANAR_420 = 1  # acldvppPixelFormat NV12 [unverified value]
-JPEGD_WIDTH_ALIGN, JPEGD_HEIGHT_ALIGN = 128, 16  # 128 also satisfies 310P's 64
+PIXEL_FORMAT_YUV_SEMIPLANAR_420 = 1  # acldvppPixelFormat NV12 (acl_dvpp.h)
+JPEGD_HEIGHT_ALIGN = 16
+JPEGD_SIDES = (32, 8192)  # JPEGD's input, pixels a side
 VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN = 16, 2
+VPC_SCALE = (1 / 32, 16)  # VPC resizes by these factors at most, each way
+
+
+def jpegd_width_align(soc: str | None) -> int:
+    """JPEGD's output width stride is the width aligned to this (pyACL's JPEGD constraints): 128
+    on the Ascend310 (Atlas 200/300/500) and the first Ascend910 training series; 64 on the
+    Ascend310P (Atlas inference), 310B (200I/500 A2) and 910B (Atlas A2) and later. An unknown SoC
+    gets 128, as the first two."""
+    name = (soc or "").lower()
+    if name.startswith(("ascend310p", "ascend310b", "ascend910b", "ascend910_93")):
+        return 64
+    return 128
+
+
+def dvpp_takes(info: ImageInfo, plan: ImagePlan) -> bool:
+    """Whether DVPP decodes this image for this plan (else the CPU decoder does)."""
+    if info.format != "JPEG" or not info.baseline or info.orientation != 1 or plan.resize != "stretch":
+        return False
+    if plan.width % 2 or plan.height % 2:
+        return False
+    low, high = JPEGD_SIDES
+    if not (low <= info.width <= high and low <= info.height <= high):
+        return False
+    least, most = VPC_SCALE
+    return all(least <= target / side <= most for target, side in ((plan.width, info.width), (plan.height, info.height)))
 
 
 class DvppError(RuntimeError):
@@ -43,51 +74,58 @@ class DvppDecoder:
     kind = "dvpp"
 
     def __init__(self, runtime, fallback, device_id: int = 0):
+        """Raises DvppError whatever fails (the caller decodes on the CPU then)."""
         acl = runtime.acl
-        if not hasattr(acl, "media"):
-            raise DvppError("this CANN's pyACL has no acl.media")
+        if not hasattr(acl, "media") or not hasattr(getattr(acl, "util", None), "bytes_to_ptr"):
+            raise DvppError("this CANN's pyACL has no acl.media (or no acl.util.bytes_to_ptr)")
         self._acl, self._media, self._fallback = acl, acl.media, fallback
         self._lock = threading.Lock()
         self._warned = False
         self._ctx = self._stream = self._channel = None
-        runtime.device(device_id)  # set_device through the runtime, which resets it at close
         try:
+            runtime.device(device_id)  # set_device through the runtime, which resets it at close
+            self._width_align = jpegd_width_align(soc_name(acl))
             with restoring_context(acl):
                 self._ctx = check("rt.create_context", acl.rt.create_context(device_id))
                 self._stream = check("rt.create_stream", acl.rt.create_stream())
                 self._channel = check_handle("media.dvpp_create_channel_desc", self._media.dvpp_create_channel_desc())
                 check("media.dvpp_create_channel", self._media.dvpp_create_channel(self._channel))
-        except AclError as e:
+        except Exception as e:
             self.close()
-            raise DvppError(str(e)) from None
+            raise DvppError(f"{type(e).__name__}: {e}") from None
 
     def __call__(self, data, plan: ImagePlan) -> np.ndarray:
         info = probe(data)
-        if info.format != "JPEG" or plan.resize != "stretch" or plan.width % 2 or plan.height % 2:
+        if not dvpp_takes(info, plan):
             return self._fallback(data, plan)
         check_size(info, self._fallback.max_pixels, self._fallback.max_side)
         try:
             with self._lock, using_context(self._acl, self._ctx):
-                return self._decode(bytes(data), plan)
-        except AclError as e:
+                return self._decode(bytes(data), info, plan)
+        except Exception as e:  # anything DVPP does wrong: the CPU decodes it (README, Status)
             if not self._warned:
                 self._warned = True
-                log.warning("DVPP decode failed (%s); this and later failures decode on the CPU", e)
+                log.warning("DVPP decode failed (%s: %s); this and later failures decode on the CPU",
+                            type(e).__name__, e)
             return self._fallback(data, plan)
 
-    def _decode(self, data: bytes, plan: ImagePlan) -> np.ndarray:
+    def _decode(self, data: bytes, info: ImageInfo, plan: ImagePlan) -> np.ndarray:
         acl, media = self._acl, self._media
         undo = []
         try:
             host = acl.util.bytes_to_ptr(data)
             w, h, _components, ret = media.dvpp_jpeg_get_image_info(host, len(data))
             check("media.dvpp_jpeg_get_image_info", ret)
+            if (w, h) != (info.width, info.height):
+                raise DvppError(f"JPEGD reads {w}x{h} where the header says {info.width}x{info.height}")
             src = self._dvpp_malloc(len(data), undo)
             check("rt.memcpy", acl.rt.memcpy(src, len(data), host, len(data), C.ACL_MEMCPY_HOST_TO_DEVICE))
-            dec_size = check("media.dvpp_jpeg_predict_dec_size",
-                             media.dvpp_jpeg_predict_dec_size(host, len(data), PIXEL_FORMAT_YUV_SEMIPLANAR_420))
-            dec = self._dvpp_malloc(dec_size, undo)
-            decoded = self._pic(dec, dec_size, w, h, JPEGD_WIDTH_ALIGN, JPEGD_HEIGHT_ALIGN, undo)
+            predicted = check("media.dvpp_jpeg_predict_dec_size",
+                              media.dvpp_jpeg_predict_dec_size(host, len(data), PIXEL_FORMAT_YUV_SEMIPLANAR_420))
+            # the descriptor's size is the strides' (VPC reads it so); the buffer holds what JPEGD predicts too
+            dec_size = _align(w, self._width_align) * _align(h, JPEGD_HEIGHT_ALIGN) * 3 // 2
+            dec = self._dvpp_malloc(max(dec_size, predicted), undo)
+            decoded = self._pic(dec, dec_size, w, h, self._width_align, JPEGD_HEIGHT_ALIGN, undo)
             check("media.dvpp_jpeg_decode_async",
                   media.dvpp_jpeg_decode_async(self._channel, src, len(data), decoded, self._stream))
             check("rt.synchronize_stream", acl.rt.synchronize_stream(self._stream))

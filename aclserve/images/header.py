@@ -14,6 +14,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_SOI = b"\xff\xd8"
 # Start-of-frame markers carry the size: SOF0-3, 5-7, 9-11, 13-15 (not DHT C4, JPG C8, DAC CC).
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_SOF0, _APP1 = 0xC0, 0xE1
 _NO_LENGTH = {0x01, 0xD8} | set(range(0xD0, 0xD8))  # TEM, SOI, RST0-7
 _OTHER_FORMATS = ((b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
 
@@ -27,6 +28,8 @@ class ImageInfo:
     format: str  # "JPEG" | "PNG"
     width: int
     height: int
+    baseline: bool = False  # JPEG: a baseline frame (SOF0), the only kind a chip's JPEG decoder takes
+    orientation: int = 1  # JPEG: the EXIF Orientation tag before the frame (1: none, 2-8: flips, turns)
 
 
 def probe(data: bytes | memoryview) -> ImageInfo:
@@ -63,7 +66,7 @@ def _png(data) -> ImageInfo:
 
 
 def _jpeg(data) -> ImageInfo:
-    n, pos = len(data), 2
+    n, pos, orientation = len(data), 2, 1
     while pos < n:
         if data[pos] != 0xFF:
             raise ImageError(f"JPEG is corrupt (no marker at byte {pos})")
@@ -80,12 +83,40 @@ def _jpeg(data) -> ImageInfo:
         (length,) = struct.unpack(">H", bytes(data[pos:pos + 2]))
         if length < 2:
             raise ImageError("JPEG is corrupt (bad segment length)")
+        if marker == _APP1 and orientation == 1:
+            orientation = exif_orientation(bytes(data[pos + 2:pos + length]))
         if marker in _SOF:
             if pos + 7 > n:
                 break
             height, width = struct.unpack(">HH", bytes(data[pos + 3:pos + 7]))
-            return ImageInfo("JPEG", width, height)
+            return ImageInfo("JPEG", width, height, marker == _SOF0, orientation)
         if marker == 0xDA:
             raise ImageError("JPEG is corrupt (image data before the frame header)")
         pos += length
     raise ImageError("JPEG is truncated before its frame header")
+
+
+_ORIENTATION_TAG = 0x0112
+
+
+def exif_orientation(segment: bytes) -> int:
+    """The Orientation tag (1-8) of an APP1 segment's EXIF data (after its length), 1 when it
+    has none or is not EXIF: "Exif\\0\\0", a TIFF header (II or MM, 42, IFD0's offset), then
+    IFD0's 12-byte entries (tag, type, count, value; Orientation is one SHORT)."""
+    if not segment.startswith(b"Exif\0\0") or len(segment) < 14:
+        return 1
+    tiff = segment[6:]
+    order = {b"II": "<", b"MM": ">"}.get(tiff[:2])
+    if order is None:
+        return 1
+    (ifd,) = struct.unpack(order + "I", tiff[4:8])
+    if ifd + 2 > len(tiff):
+        return 1
+    (entries,) = struct.unpack(order + "H", tiff[ifd:ifd + 2])
+    for i in range(min(entries, (len(tiff) - ifd - 2) // 12)):
+        entry = ifd + 2 + 12 * i
+        tag, kind = struct.unpack(order + "HH", tiff[entry:entry + 4])
+        if tag == _ORIENTATION_TAG and kind == 3:  # SHORT
+            (value,) = struct.unpack(order + "H", tiff[entry + 8:entry + 10])
+            return value if 1 <= value <= 8 else 1
+    return 1

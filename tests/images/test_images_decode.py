@@ -15,7 +15,8 @@ from aclserve.errors import PayloadTooLarge, QueueFull
 from aclserve.images import DecodePool, PlanError, build_plan
 from aclserve.images.decode import decode_pixels
 from aclserve.images.header import ImageError
-from aclserve.images.dvpp import nv12_to_pixels
+from aclserve.images.dvpp import dvpp_takes, jpegd_width_align, nv12_to_pixels
+from aclserve.images.header import ImageInfo
 from aclserve.runtime.types import TensorSpec
 from .images_data import encode, gradient
 
@@ -234,3 +235,30 @@ def test_pool_bounds_pending_images_and_keeps_order():
         assert await inline.map(str, [1, 2, 3]) == ["1", "2", "3"]  # workers 0: on the loop, no bound
         inline.close()
     asyncio.run(main())
+
+
+def test_jpegd_width_stride_follows_the_soc():
+    """pyACL's JPEGD constraints: 128 on the Ascend310 and first Ascend910, 64 from the 310P on."""
+    for soc in ("Ascend310", "Ascend910A", "Ascend910ProB", None, "SomethingNew"):
+        assert jpegd_width_align(soc) == 128, soc
+    for soc in ("Ascend310P3", "Ascend310B1", "Ascend910B2", "Ascend910_9391"):
+        assert jpegd_width_align(soc) == 64, soc
+
+
+@pytest.mark.parametrize("info, size, resize, takes", [
+    (ImageInfo("JPEG", 640, 480, baseline=True), (224, 224), "stretch", True),
+    (ImageInfo("JPEG", 640, 480, baseline=False), (224, 224), "stretch", False),  # progressive
+    (ImageInfo("JPEG", 640, 480, baseline=True, orientation=6), (224, 224), "stretch", False),
+    (ImageInfo("PNG", 640, 480), (224, 224), "stretch", False),
+    (ImageInfo("JPEG", 640, 480, baseline=True), (224, 224), "letterbox", False),
+    (ImageInfo("JPEG", 640, 480, baseline=True), (223, 224), "stretch", False),  # odd target
+    (ImageInfo("JPEG", 16, 480, baseline=True), (16, 224), "stretch", False),  # under JPEGD's 32
+    (ImageInfo("JPEG", 9000, 480, baseline=True), (224, 224), "stretch", False),  # over 8,192
+    (ImageInfo("JPEG", 8000, 480, baseline=True), (224, 224), "stretch", False),  # 1/35: under VPC's 1/32
+    (ImageInfo("JPEG", 40, 40, baseline=True), (700, 700), "stretch", False),  # 17.5x: over VPC's 16
+])
+def test_what_dvpp_is_given(info, size, resize, takes):
+    h, w = size
+    kw = {} if resize == "stretch" else {"resize": resize}
+    target = build_plan(ImageInput(**kw), spec((-1, h, w, 3)))
+    assert dvpp_takes(info, target) is takes

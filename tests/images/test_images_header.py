@@ -3,6 +3,7 @@ nothing of that size is allocated (checked under an address-space limit in a sub
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -10,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from aclserve.images.header import ImageError, check_size, probe
+from aclserve.images.header import ImageError, check_size, exif_orientation, probe
 from tests import REPO
 
 from .images_data import encode, gradient, jpeg_bomb, png_bomb
@@ -21,6 +22,31 @@ def test_probe_reads_size_of_jpeg_and_png():
     for fmt, kw in (("PNG", {}), ("JPEG", {"quality": 80}), ("JPEG", {"progressive": True})):
         info = probe(encode(pic, fmt, **kw))
         assert (info.format, info.width, info.height) == (fmt, 53, 37)
+
+
+def test_probe_tells_a_baseline_jpeg_and_its_exif_orientation():
+    """What decides whether a chip's JPEG decoder may take it (images/dvpp.py)."""
+    from PIL import Image
+    pic = gradient(37, 53)
+    assert probe(encode(pic, "JPEG")).baseline and not probe(encode(pic, "JPEG", progressive=True)).baseline
+    assert not probe(encode(pic, "PNG")).baseline
+    for orientation in (1, 3, 6, 8):
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        assert probe(encode(pic, "JPEG", exif=exif.tobytes())).orientation == orientation
+    assert probe(encode(pic, "JPEG")).orientation == 1
+
+
+def test_exif_orientation_reads_both_byte_orders_and_never_fails_on_garbage():
+    tiff = b"MM" + struct.pack(">HI", 42, 8) + struct.pack(">H", 1) + struct.pack(">HHIH2x", 0x0112, 3, 1, 6)
+    assert exif_orientation(b"Exif\0\0" + tiff) == 6
+    tiff = b"II" + struct.pack("<HI", 42, 8) + struct.pack("<H", 1) + struct.pack("<HHIH2x", 0x0112, 3, 1, 9)
+    assert exif_orientation(b"Exif\0\0" + tiff) == 1  # out of 1-8
+    rng = np.random.default_rng(0)
+    for n in range(0, 64):
+        for prefix in (b"II", b"MM"):
+            assert 1 <= exif_orientation(b"Exif\0\0" + prefix + rng.bytes(n)) <= 8
+    assert exif_orientation(b"XMP data") == 1
 
 
 @pytest.mark.parametrize("data, message", [
