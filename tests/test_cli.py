@@ -92,6 +92,18 @@ def test_serve_on_a_busy_grpc_port_says_so_in_one_error(tmp_path):
     assert f"gRPC cannot listen on 127.0.0.1:{port}" in proc.stderr and "never retrieved" not in proc.stderr
 
 
+def test_serve_on_a_busy_http_port_says_so_in_one_error(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = _aclserve("serve", "--port", str(port), "--grpc-port", "0", "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("env, said", [
     ({"ACLSERVE_CPU_DEVICES": "abc"}, "ACLSERVE_CPU_DEVICES must be a positive integer, got 'abc'"),
     ({"ACLSERVE_CPU_DEVICE_MEMORY": "lots"}, "ACLSERVE_CPU_DEVICE_MEMORY is not a size"),

@@ -91,10 +91,8 @@ def run_serve(args) -> int:
         _run(serve(config))
     except (RepositoryError, ConfigError, AclUnavailable) as e:  # AclUnavailable: npu asked, no CANN
         raise UsageError(str(e)) from None
-    except OSError as e:  # e.g. the port is taken
-        if e.strerror is None:  # our own message (the gRPC port names itself)
-            raise UsageError(str(e)) from None
-        raise UsageError(f"cannot listen on {config.host}:{config.port}: {e.strerror or e}") from None
+    except OSError as e:  # a port taken (the listeners name it), a folder that cannot be read or made
+        raise UsageError(str(e)) from None
     return 0
 
 

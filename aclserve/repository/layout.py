@@ -70,6 +70,17 @@ class ScanResult:
     models: dict[str, ModelEntry] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)  # model name (or path) -> reason
     notes: list[str] = field(default_factory=list)  # worth a log line, not a problem
+    unreadable: bool = False  # the folder itself could not be listed: nothing is known of it
+
+
+def printable(text: str) -> str:
+    """A file name (or a text with one) as it can be shown, logged and encoded: bytes that are
+    not UTF-8 (os.listdir hands them over as surrogates) written as \\xNN."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def is_ignored_name(name: str) -> bool:
@@ -191,8 +202,14 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
         result.problems[str(directory)] = "the models folder does not exist"
         return result
     root = root.resolve()
+    try:
+        children = sorted(root.iterdir())
+    except OSError as e:  # e.g. its permissions changed: nothing served is touched (planner.py)
+        result.problems[str(directory)] = f"the models folder cannot be read ({e.strerror or e})"
+        result.unreadable = True
+        return result
     files: dict[str, dict] = {}  # name -> {"file": VersionFile?, "dir": Path?, "config": Path?}
-    for child in sorted(root.iterdir()):
+    for child in children:
         base = child.name
         if is_ignored_name(base):
             continue
@@ -213,7 +230,21 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
             _scan_model(root, name, parts, defaults, result)
         except ConfigError as e:
             result.problems[name] = str(e)
+        except OSError as e:  # a folder of the model that cannot be listed: that model alone
+            where = _relative(root, e.filename)
+            result.problems[name] = f"{where + ' ' if where else ''}cannot be read ({e.strerror or e})"
+    # names that are not UTF-8 reach the index, the logs and /metrics: escaped once here
+    result.problems = {printable(k): printable(v) for k, v in result.problems.items()}
+    result.notes = [printable(note) for note in result.notes]
     return result
+
+
+def _relative(root: Path, filename) -> str:
+    """`filename` (an OSError's) relative to the models folder, or "" when it is not in it."""
+    try:
+        return str(Path(os.fsdecode(filename)).relative_to(root)) if filename else ""
+    except ValueError:
+        return ""
 
 
 def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, result: ScanResult) -> None:

@@ -39,6 +39,8 @@ class Planner:
     def plans(self, acted: DesiredState, trust: str, refused: frozenset, excluded: set[str]) -> list[ModelPlan]:
         """One plan per model to change, from the latest scan; `acted`: what is serving;
         `trust`: as SettleGate.desired; `refused`: failed files; `excluded`: names to leave."""
+        if self.scan.unreadable:  # the folder could not be listed: change nothing
+            return []
         desired, self.pending = self._gate.desired(self.scan, acted, trust, refused)
         for name in self.scan.problems:  # a broken config must not unload a serving model
             if name in acted and name not in desired:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl
 from typing import Callable
 
@@ -264,6 +265,9 @@ async def listen(runner: web.AppRunner, tracker: ConnectionTracker, host: str, p
     low-level server), each connection going through the tracker (over TLS with `ssl_context`:
     the guard starts it, then reads the decrypted bytes). The caller closes the listener (before
     runner.cleanup(), which shuts the connections down)."""
-    return await asyncio.get_running_loop().create_server(
-        lambda: GuardedProtocol(tracker, runner.server, ssl_context), host, port, backlog=backlog,
-        reuse_address=True)
+    try:
+        return await asyncio.get_running_loop().create_server(
+            lambda: GuardedProtocol(tracker, runner.server, ssl_context), host, port, backlog=backlog,
+            reuse_address=True)
+    except OSError as e:  # said as the operator needs it (the CLI shows messages of our own as they are)
+        raise OSError(f"cannot listen on {host}:{port}: {os.strerror(e.errno) if e.errno else e}") from None

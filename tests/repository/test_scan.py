@@ -9,6 +9,7 @@ import pytest
 from aclserve.config import ModelConfig, parse_model_config
 from aclserve.repository.layout import check_model_name, scan, select_versions
 from aclserve.repository.plan import diff
+from aclserve.repository.planner import Planner
 from aclserve.repository.settle import SettleGate
 
 DEFAULTS = ModelConfig()
@@ -157,6 +158,61 @@ def test_missing_folder_is_a_problem(tmp_path):
 def desired(tmp_path):
     """What the repository wants served from the folder, every file taken as complete."""
     return SettleGate(0.0).desired(scan(tmp_path, DEFAULTS), {}, trust="all")[0]
+
+
+def test_a_name_that_is_not_utf8_is_a_problem_shown_escaped(tmp_path):
+    """os.listdir hands such bytes over as surrogates, which no UTF-8 encoder takes (the index,
+    the logs and /metrics encode every problem): escaped as \\xNN once, in the scan."""
+    touch(tmp_path / "ok.om")
+    touch(tmp_path / os.fsdecode(b"bad\xffname.om"))
+    os.mkdir(tmp_path / os.fsdecode(b"d\xfe"))
+    result = scan(tmp_path, DEFAULTS)
+    assert set(result.models) == {"ok"}
+    assert set(result.problems) == {"bad\\xffname.om", "d\\xfe"}
+    for key, reason in result.problems.items():
+        (key + reason).encode("utf-8")
+
+
+def test_a_model_folder_that_cannot_be_read_is_that_models_problem(tmp_path, monkeypatch):
+    """As the server's user meets a folder without read permission (the tests run as root, who
+    reads everything, so listing it fails here by hand): the model is a problem naming the folder
+    inside the repository, and the other models are scanned as ever."""
+    touch(tmp_path / "ok.om")
+    touch(tmp_path / "vm" / "1" / "model.om")
+    # no model.om to stat in it, as for the server's user, who may not stat anything there either
+    locked = touch(tmp_path / "vm" / "2" / "weights.bin").parent.resolve()
+    listdir = type(tmp_path).iterdir
+
+    def iterdir(self):
+        if self == locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return listdir(self)
+    monkeypatch.setattr(type(tmp_path), "iterdir", iterdir)
+    result = scan(tmp_path, DEFAULTS)
+    assert set(result.models) == {"ok"}
+    assert result.problems == {"vm": "vm/2 cannot be read (Permission denied)"}
+
+
+def test_a_models_folder_that_cannot_be_read_changes_nothing(tmp_path, monkeypatch):
+    touch(tmp_path / "ok.om")
+    root = tmp_path.resolve()
+    listdir = type(tmp_path).iterdir
+
+    def iterdir(self):
+        if self == root:
+            raise PermissionError(13, "Permission denied", str(self))
+        return listdir(self)
+    monkeypatch.setattr(type(tmp_path), "iterdir", iterdir)
+    result = scan(tmp_path, DEFAULTS)
+    assert result.unreadable and not result.models
+    assert result.problems == {str(tmp_path): "the models folder cannot be read (Permission denied)"}
+    # what serves stays: no plan unloads it (a folder deleted, by contrast, unloads its models)
+    acted = {"ok": {"1": object()}}
+    planner = Planner(tmp_path, DEFAULTS, SettleGate(0.0), unload_missing=True)
+    planner.scan = result
+    assert planner.plans(acted, "all", frozenset(), set()) == []
+    planner.scan = scan(tmp_path / "nope", DEFAULTS)
+    assert [plan.name for plan in planner.plans(acted, "all", frozenset(), set())] == ["ok"]
 
 
 def test_diff_new_changed_deleted(tmp_path):
