@@ -30,7 +30,7 @@ from aiohttp import web
 from . import bad_request_log, tls
 from .app_keys import STATE
 from .auth import access_middleware
-from .connections import BODY_LINGER_S, fit_descriptor_limit, tracking_middleware
+from .connections import BODY_LINGER_S, fit_connection_caps, tracking_middleware
 from .direct import DirectInfer
 from .guard import listen
 from .error_responses import error_middleware
@@ -79,10 +79,14 @@ def create_app(config, repo, runtime) -> web.Application:
     first: connection tracking, errors to JSON, the API token check; plain infer requests are
     answered by the connection guard itself, which does their part (direct.py; not when the
     app is given middlewares of its own: `direct_answers`). Raises the process's descriptor
-    limit to fit `max_connections` (or lowers the cap, warned) here, before anything else built
-    on the app (the gRPC server) sizes itself from the cap."""
+    limit to fit `max_connections` for HTTP and for gRPC (or shares what fits between them,
+    warned) here, before anything else built on the app (the gRPC server) sizes itself from
+    its cap."""
     state = ServerState(config, repo, runtime)
-    state.connections.max_connections = fit_descriptor_limit(config.max_connections)
+    http, grpc = fit_connection_caps(config.max_connections, config.max_connections if config.grpc_port else 0)
+    state.connections.max_connections = http
+    if config.grpc_port:  # (else gRPC's cap stays max_connections, for a GrpcServer made by hand)
+        state.grpc_max_connections = grpc
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=[tracking_middleware(state.connections), error_middleware,
                                        access_middleware(state.auth)])

@@ -35,7 +35,6 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from . import grpc_log, tls
-from .connections import fit_descriptor_limit
 from .grpc_health import SERVICE as HEALTH_SERVICE, HealthServicer
 from .grpc_live import LiveCalls
 from .grpc_service import InferenceServicer
@@ -71,17 +70,6 @@ def server_options(config, max_message_bytes: int, connections: int) -> list[tup
     ] + ([("grpc.max_connection_age_ms", ms(config.grpc_max_connection_age_s)),
           ("grpc.max_connection_age_grace_ms", ms(config.shutdown_timeout_s))]
          if config.grpc_max_connection_age_s > 0 else [])
-
-
-def fit_connections(wanted: int, http_connections: int) -> int:
-    """gRPC's connections come on top of HTTP's: raise the descriptor limit to fit both, or
-    lower gRPC's cap to what fits (warned)."""
-    fitted = fit_descriptor_limit(http_connections + wanted) - http_connections
-    if fitted < wanted:
-        fitted = max(1, fitted)
-        log.warning("gRPC connections capped at %d (max_connections is %d) to fit the descriptor limit",
-                    fitted, wanted)
-    return min(wanted, fitted)
 
 
 class _MethodTable:
@@ -129,7 +117,7 @@ class GrpcServer:
         self.state = state
         self.port: int | None = None
         config = state.config
-        self.max_connections = fit_connections(config.max_connections, state.connections.max_connections)
+        self.max_connections = state.grpc_max_connections  # what the descriptor limit leaves it (server/app.py)
         self._server = grpc.aio.server(options=server_options(config, max_message_bytes, self.max_connections),
                                        maximum_concurrent_rpcs=config.max_connections)
         grpc_log.install()  # a client gone under its answer is not an ERROR with a traceback

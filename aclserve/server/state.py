@@ -79,6 +79,7 @@ class ServerState:
                                              config.keepalive_timeout_s, config.hold_refused_connections,
                                              send_timeout_s=config.body_timeout_s)
         self.connections.early = EarlyRefusal(self) if config.shed_before_parsing else None
+        self.grpc_max_connections = config.max_connections  # what the descriptor limit leaves (app.py)
         self.own_middlewares: tuple = ()  # the app's middlewares as create_app made them
         self.guard_metrics = GuardCollector(self)  # also a repository listener (app.py)
         self.metrics.registry.register(self.guard_metrics)

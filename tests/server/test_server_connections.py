@@ -9,6 +9,9 @@ import contextlib
 import json
 import shutil
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -170,3 +173,20 @@ def test_a_client_that_reads_its_answers_late_gets_every_one(make_config, tmp_pa
 def _send_all(sock: socket.socket, data: bytes) -> None:
     with contextlib.suppress(OSError):  # the connection reset: the assertion says so
         sock.sendall(data)
+
+
+def test_a_low_descriptor_limit_is_shared_between_http_and_grpc():
+    """Under a hard limit that fits neither max_connections, HTTP and gRPC share what fits in
+    proportion (HTTP took it all before, leaving gRPC one connection). In a subprocess: a hard
+    limit cannot be raised again."""
+    code = textwrap.dedent("""
+        import logging, resource
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+        from aclserve.server.connections import fit_connection_caps
+        print(fit_connection_caps(4096, 4096), fit_connection_caps(4096, 0), fit_connection_caps(100, 100))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["(128,", "128)", "(256,", "0)", "(100,", "100)"], proc.stdout
+    assert "connections capped at 128 for HTTP and 128 for gRPC (max_connections 4096)" in proc.stderr
