@@ -65,6 +65,10 @@ def serve_overrides(args) -> dict:
 
 
 def run_serve(args) -> int:
+    import os
+    # grpc core logs to stderr past the server's log settings (a client's failed TLS handshake is
+    # an INFO line): its errors only, unless the environment says otherwise; set before grpc loads
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     from ..config import ConfigError, load_server_config
     from ..app import serve  # the composition root: builds the runtime, repository and servers
 

@@ -122,9 +122,18 @@ def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner
                          keepalive_timeout=config.keepalive_timeout_s, lingering_time=BODY_LINGER_S, **kwargs)
 
 
+def _on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:
+    if stop.is_set():
+        log.warning("%s received again: still draining (at most shutdown_timeout_s); SIGKILL ends it at once",
+                    sig.name)
+    else:
+        log.info("%s received: shutting down", sig.name)
+    stop.set()
+
+
 async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
                 started: asyncio.Future | None = None, stop: asyncio.Event | None = None) -> None:
-    """Listen (HTTP, then `grpc_server` when given) until SIGTERM/SIGINT (or `stop` is set),
+    """Listen (HTTP, then `grpc_server` when given) until SIGTERM/SIGINT/SIGHUP (or `stop` is set),
     then shut down in order (module docstring). `started` gets the bound (host, port) once
     listening. Owns the HTTP runner and stops `grpc_server`; the app's lifecycle closes the
     repository and runtime."""
@@ -135,9 +144,11 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     runner = make_runner(app, access_log=config.log_level == "debug")
     stop = stop or asyncio.Event()
     handled = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # SIGHUP too: a closed terminal or session (or `kill -HUP` meant as a reload) drains as
+    # SIGTERM does, rather than killing the process with its requests
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, _on_signal, sig, stop)
             handled.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
@@ -169,7 +180,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             await stopping
         finally:
             stopping.cancel()
-        log.info("signal received: draining")
+        log.info("draining")
         state.stop_accepting()  # the deadline, for both transports
         drains = [state.begin_shutdown()]  # HTTP and gRPC infer requests alike
         if grpc_server is not None:

@@ -73,3 +73,29 @@ def test_idle_connections_do_not_hold_shutdown(models_dir, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_sighup_drains_as_sigterm(models_dir, tmp_path):
+    """A closed terminal or session sends SIGHUP: the server drains and exits 0 as under SIGTERM
+    (it died at once before, dropping its requests)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(models_dir / "affine.om", models / "affine.om")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
+                             "--grpc-port", "0", "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(1200):  # a hang guard: until it serves
+            if ready(port) or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGHUP)
+        out, _ = proc.communicate(timeout=120)  # a hang guard
+        assert proc.returncode == 0, out
+        assert "SIGHUP received: shutting down" in out and "runtime closed" in out, out[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
