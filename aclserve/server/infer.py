@@ -85,9 +85,17 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
     when observed, its trace and request log line). The one infer path of both transports:
     HTTP passes its decode/encode, gRPC its own. `trace` is a RequestTrace or None."""
     start = time.perf_counter_ns()
-    state.enter()  # 503 / UNAVAILABLE when shutting down
     try:
-        served = state.repo.get(model, version)
+        state.enter()  # 503 / UNAVAILABLE when shutting down
+    except ServeError as e:
+        _refused(state, model, version, protocol, start, e)
+        raise
+    try:
+        try:
+            served = state.repo.get(model, version)
+        except ServeError as e:  # no such model or version, or none serving: logged by the name asked for
+            _refused(state, model, version, protocol, start, e)
+            raise
         rec = state.record(served)
         observer = state.observer
         trace = observer.begin(rec.name, rec.version, protocol, start) if observer is not None else None
@@ -114,6 +122,11 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
         return response
     finally:
         state.leave()
+
+
+def _refused(state, model: str, version: str | None, protocol: str, start: int, error: ServeError) -> None:
+    if state.observer is not None:
+        state.observer.refused(model, version, protocol, start, http_status(error), error.message)
 
 
 async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fallback_id: str | None = None,

@@ -32,6 +32,15 @@ class Observer:
             trace = RequestTrace(model, version, protocol, arrival_ns, sampled=False)
         return trace
 
+    def refused(self, model: str, version: str | None, protocol: str, arrival_ns: int, status: int,
+                error: str) -> None:
+        """A request refused before its model version was found (unknown, not serving, the
+        server shutting down): its request log line, as the client named the model."""
+        if self.log_requests:
+            trace = RequestTrace(printable(model), printable(version or ""), protocol, arrival_ns, sampled=False)
+            trace.end_ns, trace.status = now_ns(), status
+            _log_request(trace, error)
+
     def end(self, trace: RequestTrace, status: int, error: str | None = None) -> None:
         trace.end_ns = now_ns()
         trace.status = status

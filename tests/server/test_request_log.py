@@ -83,6 +83,24 @@ def test_a_refused_request_is_named_by_its_own_id(logged, caplog, models_dir):
     assert (line["protocol"], line["request_id"]) == ("grpc", "g-bad") and line["status"] == 400
 
 
+def test_a_request_for_a_model_or_version_nobody_serves_has_its_line(logged, caplog):
+    """Refused before any model version is found: logged by the names the client asked for."""
+    caplog.set_level(logging.INFO, logger="aclserve.requests")
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            statuses = []
+            for path in ("nosuch", "double/versions/7", "bad\u2028name"):
+                async with session.post(f"http://{logged.url}/v2/models/{path}/infer", data=json.dumps(BODY)) as resp:
+                    statuses.append(resp.status)
+            return statuses
+    assert asyncio.run(go()) == [404, 404, 404]
+    lines = _fields(caplog)[-3:]
+    assert [(line["model"], line["version"], line["status"]) for line in lines] == [
+        ("nosuch", "", 404), ("double", "7", 404), ("bad?name", "", 404)]
+    assert all(line["protocol"] == "http" and line["error"] for line in lines)
+
+
 def test_json_formatter_writes_one_object_per_line_with_the_fields():
     record = logging.LogRecord("aclserve.requests", logging.INFO, __file__, 1, "infer %s", ("x",), None)
     record.fields = {"request_id": "abc", "status": 200, "duration_ms": 1.5}
