@@ -30,6 +30,19 @@ class CompileCache:
         folder = cache_dir.resolve(self._configured, self._models_dir)
         return str(compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name))
 
+    def sweep(self) -> None:
+        """At start (blocking): remove what interrupted compiles left in the cache folder, when
+        there is one (compiler.sweep)."""
+        from .compiler import sweep
+        if self._configured:
+            folders = [Path(self._configured)]
+        else:  # either may have been compiled into (cache_dir.resolve); none is made here
+            folders = [Path(self._models_dir) / ".cache", cache_dir.user_cache_folder(self._models_dir)]
+        removed = sum(sweep(folder) for folder in folders if folder.is_dir())
+        if removed:
+            log.info("compile cache: removed %d entr%s an interrupted compile left (no manifest)",
+                     removed, "y" if removed == 1 else "ies")
+
     def release(self, name: str, version: str, om_path: str, source: str, replaced: bool,
                 in_use: set[str]) -> None:
         """Version `name:version` that loaded `om_path` (from `source`) was retired: delete the

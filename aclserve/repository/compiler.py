@@ -88,6 +88,55 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
     return Path(result.path)
 
 
+def sweep(cache_dir: str | os.PathLike) -> int:
+    """Remove what interrupted compiles left in `cache_dir` (a process that exited between an
+    entry's rename and its manifest, or killed in it): an entry's .om without its manifest, and
+    lock files, each only when no process holds that entry's lock (a replica compiling it now
+    keeps it). Returns how many entries went."""
+    folder = Path(cache_dir)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        if name.endswith(".om") and not name.startswith(".") and not cache_entry.manifest_path(folder / name).exists():
+            if _unheld(folder / f".{name}.lock", lambda entry=folder / name: cache_entry.remove(entry)):
+                removed += 1
+        elif name.startswith(".") and name.endswith(".om.lock"):
+            _unheld(folder / name, lambda: None)  # a lock left by a process killed while holding it
+    return removed
+
+
+def _unheld(lock_path: Path, action) -> bool:
+    """Run `action` under the lock at `lock_path` when nobody holds it (else False), and remove
+    the lock file, as `exclusive` does on release."""
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        if os.stat(lock_path).st_ino != os.fstat(fd).st_ino:
+            return False  # replaced meanwhile: its holder is at work
+        try:
+            action()
+        except OSError as e:
+            log.warning("compile cache: could not remove what %s guards: %s", lock_path.name, e)
+            return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock_path)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def exclusive(lock_path: Path):
     """Hold an exclusive flock on `lock_path` (blocking), across processes and threads alike;

@@ -68,6 +68,10 @@ class Lifecycle:
         self._retiring: set[ServedVersion] = set()  # closing now (unload, reload): close() hurries them
         self._loads: set[asyncio.Task] = set()  # a version loading now (apply tasks): close() abandons them
 
+    def sweep_cache(self) -> None:
+        """Before the first loads (blocking): what interrupted compiles left in the compile cache."""
+        self._cache.sweep()
+
     # ---- tasks ----------------------------------------------------------------------------------
     def start(self, plan: ModelPlan) -> asyncio.Task | None:
         """Start carrying out `plan`; None when closing, or when its model is busy (it is

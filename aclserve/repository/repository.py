@@ -78,6 +78,7 @@ class ModelRepository:
         if not self.root.is_dir():
             raise RepositoryError(f"models folder {self.root} does not exist (run from the folder that holds "
                                   "models/, or pass --models DIR)")
+        await asyncio.get_running_loop().run_in_executor(None, self._lifecycle.sweep_cache)
         if self.mode == "poll":
             self._debouncer = Debouncer(self.config.debounce_s, self._reconcile_all,
                                         max_wait=max(10 * self.config.debounce_s, self.config.settle_s))

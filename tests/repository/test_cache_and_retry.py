@@ -3,6 +3,7 @@ folder; the retry schedule backs off with jitter; auto queue limits come from th
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -146,3 +147,28 @@ def test_auto_queue_limits_follow_gears_instances_and_speed():
     assert policy.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 8)  # twice (window + 8 runs of a full queue)
     fast = overload.resolve(ModelConfig(), (1,), {1: 0.001}, instances=1).batching.default_queue_policy
     assert fast.max_queue_size == overload.MIN_QUEUE and fast.default_timeout_ms == overload.MIN_DEADLINE_MS
+
+
+def test_sweep_removes_what_interrupted_compiles_left_unless_a_compile_holds_it(tmp_path):
+    """A process gone between an entry's rename and its manifest leaves a full-size .om nobody
+    will use (its .onnx may be gone too), and a killed one its lock file: removed at start.
+    An entry whose lock is held (a replica compiling it) stays."""
+    import fcntl
+
+    from aclserve.repository.compiler import sweep
+    (tmp_path / "a-1.om").write_bytes(b"om")
+    (tmp_path / "a-1.om.json").write_text("{}")
+    (tmp_path / "b-2.om").write_bytes(b"om" * 1000)  # no manifest: interrupted
+    (tmp_path / ".b-2.om.lock").write_bytes(b"")  # its writer killed holding it
+    (tmp_path / "c-3.om").write_bytes(b"om")  # no manifest yet: a replica is writing it
+    (tmp_path / ".d-4.om.lock").write_bytes(b"")
+    held = os.open(tmp_path / ".c-3.om.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert sweep(tmp_path) == 1
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".c-3.om.lock", "a-1.om", "a-1.om.json", "c-3.om"]
+    finally:
+        os.close(held)
+    assert sweep(tmp_path) == 1  # its holder gone without a manifest: interrupted too
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-1.om", "a-1.om.json"]
+    assert sweep(tmp_path / "nope") == 0
