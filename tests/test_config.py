@@ -79,6 +79,7 @@ def test_file_merges_over_default_and_overrides_win(tmp_path):
      "must be <= 2147483647"),
     ({"model_defaults.batching.max_queue_delay_ms": "1e9"}, "model_defaults.batching.max_queue_delay_ms",
      "write 1.0e9"),
+    ({"port": "18310"}, "port", "a number in quotes is text: write it without quotes"),
     ({"max_request_bytes": 2 << 30}, "max_request_bytes", "must be <= 536870912"),
     ({"readiness": "maybe"}, "readiness", "must be one of strict, lenient"),
     ({"load_retry_max_s": 0.5}, "load_retry_max_s", "must be >= 1"),

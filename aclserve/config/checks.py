@@ -52,12 +52,15 @@ def as_float(value, path: str, minimum: float | None = 0.0, below: float | None 
 
 
 def _yaml_hint(value) -> str:
-    """YAML 1.1 (PyYAML) reads 1e9 as text: a float needs its dot (1.0e9)."""
+    """Why a number came as text: quoted (a Helm template's habit), or YAML 1.1 (PyYAML) reading
+    1e9 as text (a float needs its dot: 1.0e9)."""
     if isinstance(value, str):
         try:
             float(value)
         except ValueError:
             return ""
+        if value.strip().lstrip("+-").isdigit():
+            return " (a number in quotes is text: write it without quotes)"
         return " (YAML reads a number like 1e9 as text: write 1.0e9)"
     return ""
 

@@ -20,6 +20,7 @@ never opened: opening a FIFO for reading would hold the scan until someone write
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 from dataclasses import dataclass, field
@@ -124,12 +125,25 @@ def _inside(root: Path, path: Path) -> Path | None:
     return real if real == root or root in real.parents else None
 
 
+def _not_inside(path: Path) -> str:
+    """Why `path` is not a file inside the repository (`_inside` said None)."""
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # Python 3.11-3.12 words a loop so
+        return "is a symbolic link loop"
+    except FileNotFoundError:
+        return "is a link to nothing"
+    except OSError as e:
+        return "is a symbolic link loop" if e.errno == errno.ELOOP else f"cannot be resolved ({e.strerror or e})"
+    return "resolves outside the repository"
+
+
 def _version_file(root: Path, path: Path, kind: str) -> VersionFile | str | None:
     """The file at `path`, why it cannot be one (outside, a FIFO...), or None when it is gone.
     Only stats: a FIFO, socket or device node is never opened."""
     real = _inside(root, path)
     if real is None:
-        return "resolves outside the repository"
+        return _not_inside(path)
     try:
         st = real.stat()
     except OSError:

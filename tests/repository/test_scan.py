@@ -104,6 +104,15 @@ def test_symlinks_escaping_the_repository_are_never_taken(tmp_path):
     assert "outside the repository" in result.problems["v"]
 
 
+def test_a_link_loop_or_a_link_to_nothing_is_named_so(tmp_path):
+    os.symlink(tmp_path / "loop1.om", tmp_path / "loop2.om")
+    os.symlink(tmp_path / "loop2.om", tmp_path / "loop1.om")
+    os.symlink(tmp_path / "gone.om", tmp_path / "dangling.om")
+    problems = scan(tmp_path, DEFAULTS).problems
+    assert problems == {"loop1": "loop1.om is a symbolic link loop", "loop2": "loop2.om is a symbolic link loop",
+                        "dangling": "dangling.om is a link to nothing"}
+
+
 def test_config_files_and_errors(tmp_path):
     touch(tmp_path / "flat.om")
     (tmp_path / "flat.yaml").write_text("instances: 2\n")
