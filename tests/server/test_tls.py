@@ -241,3 +241,20 @@ def test_a_token_served_in_the_clear_beyond_loopback_is_warned_about(make_config
                        tls_key_file=str(authority[2]))).log_startup()
     Access(make_config(tmp_path, api_token="secret")).log_startup()  # loopback
     assert "in the clear" not in caplog.text
+
+
+def test_a_certificate_out_of_its_dates_is_warned_of(tmp_path, caplog):
+    """Served all the same, but said at start: every verifying client would refuse it."""
+    import datetime
+
+    from aclserve.server import tls
+    ca = trustme.CA()
+    past = ca.issue_cert("127.0.0.1", not_after=datetime.datetime(2020, 1, 2, tzinfo=datetime.timezone.utc))
+    current = ca.issue_cert("127.0.0.1")
+    for name, cert in (("past", past), ("current", current)):
+        cert.cert_chain_pems[0].write_to_path(str(tmp_path / f"{name}.pem"))
+    caplog.set_level(logging.WARNING, logger="aclserve.server.tls")
+    assert tls._warn_if_out_of_date(str(tmp_path / "past.pem")).startswith("expired on Jan  2 ")
+    assert "clients that verify it refuse every connection" in caplog.text
+    assert tls._warn_if_out_of_date(str(tmp_path / "current.pem")) is None
+    assert tls._warn_if_out_of_date(str(tmp_path / "current.pem"), now=0.0).startswith("is not valid before")
