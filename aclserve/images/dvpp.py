@@ -11,7 +11,8 @@ the result is copied back and converted to RGB (JPEG's full-range BT.601) or gre
 on the host. What DVPP is not given, to the CPU decoder: other resize policies than stretch, PNG,
 JPEGs other than baseline (JPEGD decodes no progressive or arithmetic-coded ones), JPEGs with an
 EXIF orientation (JPEGD turns them itself, past the geometry given to it), sizes outside JPEGD's
-32-8,192 pixels a side or VPC's scaling from 1/32 to 16 times, odd target sizes, and any
+32-8,192 pixels a side or VPC's scaling from 1/32 to 16 times, odd sizes (of the image or the
+target), and any
 failure of DVPP (logged once). One channel and stream, used under this object's own context by
 one thread at a time (a lock).
 """
@@ -53,8 +54,8 @@ def dvpp_takes(info: ImageInfo, plan: ImagePlan) -> bool:
     """Whether DVPP decodes this image for this plan (else the CPU decoder does)."""
     if info.format != "JPEG" or not info.baseline or info.orientation != 1 or plan.resize != "stretch":
         return False
-    if plan.width % 2 or plan.height % 2:
-        return False
+    if plan.width % 2 or plan.height % 2 or info.width % 2 or info.height % 2:
+        return False  # NV12 halves both sides (JPEGD rounds an odd one down on some SoCs: not followed)
     low, high = JPEGD_SIDES
     if not (low <= info.width <= high and low <= info.height <= high):
         return False

@@ -34,11 +34,15 @@ class CompileCache:
         """At start (blocking): remove what interrupted compiles left in the cache folder, when
         there is one (compiler.sweep)."""
         from .compiler import sweep
-        if self._configured:
-            folders = [Path(self._configured)]
-        else:  # either may have been compiled into (cache_dir.resolve); none is made here
-            folders = [Path(self._models_dir) / ".cache", cache_dir.user_cache_folder(self._models_dir)]
-        removed = sum(sweep(folder) for folder in folders if folder.is_dir())
+        try:
+            if self._configured:
+                folders = [Path(self._configured)]
+            else:  # either may have been compiled into (cache_dir.resolve); none is made here
+                folders = [Path(self._models_dir) / ".cache", cache_dir.user_cache_folder(self._models_dir)]
+            removed = sum(sweep(folder) for folder in folders if folder.is_dir())
+        except (OSError, RuntimeError) as e:  # housekeeping only (RuntimeError: no home folder found)
+            log.warning("compile cache: could not look for what interrupted compiles left: %s", e)
+            return
         if removed:
             log.info("compile cache: removed %d entr%s an interrupted compile left (no manifest)",
                      removed, "y" if removed == 1 else "ies")

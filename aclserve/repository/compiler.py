@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
 import os
+import re
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -33,6 +35,8 @@ from ..regular_files import open_regular
 from . import cache_entry
 
 log = logging.getLogger(__name__)
+
+ENTRY_NAME = re.compile(r"^[^.].*-[0-9a-f]{32}\.om$")  # compiled_om's names: <model>-<key[:32]>.om
 
 
 def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str) -> str:
@@ -92,7 +96,8 @@ def sweep(cache_dir: str | os.PathLike) -> int:
     """Remove what interrupted compiles left in `cache_dir` (a process that exited between an
     entry's rename and its manifest, or killed in it): an entry's .om without its manifest, and
     lock files, each only when no process holds that entry's lock (a replica compiling it now
-    keeps it). Returns how many entries went."""
+    keeps it) and only by the names entries have (`<model>-<32 hex digits>.om`: an OM of the
+    user's own in a configured folder is never taken for one). Returns how many entries went."""
     folder = Path(cache_dir)
     try:
         names = os.listdir(folder)
@@ -100,17 +105,26 @@ def sweep(cache_dir: str | os.PathLike) -> int:
         return 0
     removed = 0
     for name in names:
-        if name.endswith(".om") and not name.startswith(".") and not cache_entry.manifest_path(folder / name).exists():
-            if _unheld(folder / f".{name}.lock", lambda entry=folder / name: cache_entry.remove(entry)):
+        if ENTRY_NAME.match(name) and not cache_entry.manifest_path(folder / name).exists():
+            if _unheld(folder / f".{name}.lock", functools.partial(_remove_if_unfinished, folder / name)):
                 removed += 1
-        elif name.startswith(".") and name.endswith(".om.lock"):
-            _unheld(folder / name, lambda: None)  # a lock left by a process killed while holding it
+        elif name.startswith(".") and ENTRY_NAME.match(name[1:-len(".lock")]) and name.endswith(".lock"):
+            _unheld(folder / name, lambda: True)  # a lock left by a process killed while holding it
     return removed
 
 
+def _remove_if_unfinished(entry: Path) -> bool:
+    """Under the entry's lock: remove it if it still has no manifest (a compile may have
+    finished it between the listing and the lock)."""
+    if cache_entry.manifest_path(entry).exists():
+        return False
+    cache_entry.remove(entry)
+    return True
+
+
 def _unheld(lock_path: Path, action) -> bool:
-    """Run `action` under the lock at `lock_path` when nobody holds it (else False), and remove
-    the lock file, as `exclusive` does on release."""
+    """Run `action` under the lock at `lock_path` when nobody holds it, and remove the lock file,
+    as `exclusive` does on release; what `action` returns (False when the lock is held)."""
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
@@ -123,14 +137,13 @@ def _unheld(lock_path: Path, action) -> bool:
         if os.stat(lock_path).st_ino != os.fstat(fd).st_ino:
             return False  # replaced meanwhile: its holder is at work
         try:
-            action()
+            return action()
         except OSError as e:
             log.warning("compile cache: could not remove what %s guards: %s", lock_path.name, e)
             return False
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(lock_path)
-        return True
     except FileNotFoundError:
         return False
     finally:

@@ -52,9 +52,10 @@ class LoadFailures:
             del self._reasons[key]
 
     def keep_files_of(self, scan: ScanResult) -> None:
-        """Forget the failures of files changed or gone since they failed."""
+        """Forget the failures of files changed or gone since they failed; those of a model the
+        scan could not read (a problem) are kept, as it cannot tell."""
         live = {(n, v, f.identity) for n, e in scan.models.items() for v, f in e.available.items()}
-        self._reasons = {k: r for k, r in self._reasons.items() if k in live}
+        self._reasons = {k: r for k, r in self._reasons.items() if k in live or k[0] in scan.problems}
 
     @property
     def files(self) -> frozenset[tuple[str, str, tuple]]:

@@ -253,8 +253,9 @@ class ModelRepository:
             return []
         async with self._scan_lock:
             scan = await self._planner.rescan()
-            self._failures.keep_files_of(scan)
-            self._lifecycle.forget_stale()
+            if not scan.unreadable:  # (a folder that cannot be listed tells nothing: all is kept)
+                self._failures.keep_files_of(scan)
+                self._lifecycle.forget_stale()
             plans = self._planner.plans(self._lifecycle.acted, trust, self._failures.files, self._lifecycle.held)
             started = [self._lifecycle.start(plan) for plan in plans if only is None or plan.name == only]
             if self._debouncer is not None:

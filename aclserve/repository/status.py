@@ -89,8 +89,11 @@ class VersionStates:
 
     def forget_stale(self, scan: ScanResult, refused: set[tuple[str, str]]) -> None:
         """Forget UNAVAILABLE versions whose file is gone; clear the 'new file refused' reason of
-        READY versions whose refused file is gone."""
+        READY versions whose refused file is gone. A model the scan could not read (a problem:
+        its folder unreadable, its config broken) keeps what is known of it."""
         for (name, version), (state, reason) in list(self._records.items()):
+            if name in scan.problems:
+                continue
             on_disk = name in scan.models and version in scan.models[name].available
             if state is State.UNAVAILABLE and not on_disk:
                 self.move(name, version, None)

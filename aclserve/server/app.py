@@ -147,6 +147,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     # SIGHUP too: a closed terminal or session (or `kill -HUP` meant as a reload) drains as
     # SIGTERM does, rather than killing the process with its requests
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue  # started under nohup: a closed terminal is to be ignored, as asked
         try:
             loop.add_signal_handler(sig, _on_signal, sig, stop)
             handled.append(sig)

@@ -270,4 +270,7 @@ async def listen(runner: web.AppRunner, tracker: ConnectionTracker, host: str, p
             lambda: GuardedProtocol(tracker, runner.server, ssl_context), host, port, backlog=backlog,
             reuse_address=True)
     except OSError as e:  # said as the operator needs it (the CLI shows messages of our own as they are)
-        raise OSError(f"cannot listen on {host}:{port}: {os.strerror(e.errno) if e.errno else e}") from None
+        # an errno's own text (asyncio's and uvloop's words for EADDRINUSE differ); a name lookup's
+        # error (a negative errno) as it says itself
+        reason = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or e)
+        raise OSError(f"cannot listen on {host}:{port}: {reason}") from None

@@ -138,12 +138,14 @@ class Tracer:
             self._counters[model] = seen
             return None
         self._counters[model] = 0
-        if settings.count > 0:  # counted down where it was set: the model's own, or the global one
+        if settings.count > 0:  # as Triton: a model with settings of its own counts down its own copy
             own = self._overrides.get(model)
-            if own is not None and "count" in own:
-                self._set_own(model, {**own, "count": settings.count - 1})
-            else:
+            if own is None:  # it follows the global settings entirely
                 self._set_global(dataclasses.replace(self._global, count=settings.count - 1))
+            elif "count" in own:
+                self._set_own(model, {**own, "count": settings.count - 1})
+            else:  # a copy of the global count, refreshed when the global settings change
+                self._models[model] = dataclasses.replace(settings, count=settings.count - 1)
         return RequestTrace(model, version, protocol, arrival_ns)
 
     def finish(self, trace: RequestTrace) -> None:

@@ -252,6 +252,7 @@ def test_jpegd_width_stride_follows_the_soc():
     (ImageInfo("PNG", 640, 480), (224, 224), "stretch", False),
     (ImageInfo("JPEG", 640, 480, baseline=True), (224, 224), "letterbox", False),
     (ImageInfo("JPEG", 640, 480, baseline=True), (223, 224), "stretch", False),  # odd target
+    (ImageInfo("JPEG", 641, 480, baseline=True), (224, 224), "stretch", False),  # odd image
     (ImageInfo("JPEG", 16, 480, baseline=True), (16, 224), "stretch", False),  # under JPEGD's 32
     (ImageInfo("JPEG", 9000, 480, baseline=True), (224, 224), "stretch", False),  # over 8,192
     (ImageInfo("JPEG", 8000, 480, baseline=True), (224, 224), "stretch", False),  # 1/35: under VPC's 1/32

@@ -155,20 +155,27 @@ def test_sweep_removes_what_interrupted_compiles_left_unless_a_compile_holds_it(
     An entry whose lock is held (a replica compiling it) stays."""
     import fcntl
 
+    from aclserve.repository import compiler
     from aclserve.repository.compiler import sweep
-    (tmp_path / "a-1.om").write_bytes(b"om")
-    (tmp_path / "a-1.om.json").write_text("{}")
-    (tmp_path / "b-2.om").write_bytes(b"om" * 1000)  # no manifest: interrupted
-    (tmp_path / ".b-2.om.lock").write_bytes(b"")  # its writer killed holding it
-    (tmp_path / "c-3.om").write_bytes(b"om")  # no manifest yet: a replica is writing it
-    (tmp_path / ".d-4.om.lock").write_bytes(b"")
-    held = os.open(tmp_path / ".c-3.om.lock", os.O_RDWR | os.O_CREAT)
+    a, b, c, d = (f"{m}-{k * 32}.om" for m, k in (("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")))
+    (tmp_path / a).write_bytes(b"om")
+    (tmp_path / f"{a}.json").write_text("{}")
+    (tmp_path / b).write_bytes(b"om" * 1000)  # no manifest: interrupted
+    (tmp_path / f".{b}.lock").write_bytes(b"")  # its writer killed holding it
+    (tmp_path / c).write_bytes(b"om")  # no manifest yet: a replica is writing it
+    (tmp_path / f".{d}.lock").write_bytes(b"")
+    (tmp_path / "resnet50.om").write_bytes(b"om")  # the user's own, in a configured cache folder
+    held = os.open(tmp_path / f".{c}.lock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(held, fcntl.LOCK_EX)
         assert sweep(tmp_path) == 1
-        assert sorted(p.name for p in tmp_path.iterdir()) == [".c-3.om.lock", "a-1.om", "a-1.om.json", "c-3.om"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [f".{c}.lock", a, f"{a}.json", c, "resnet50.om"]
+        # the replica finishes it (its manifest) and lets go: what the listing saw is not taken on
+        (tmp_path / f"{c}.json").write_text("{}")
+        assert compiler._remove_if_unfinished(tmp_path / c) is False and (tmp_path / c).exists()
     finally:
         os.close(held)
+    (tmp_path / f"{c}.json").unlink()
     assert sweep(tmp_path) == 1  # its holder gone without a manifest: interrupted too
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-1.om", "a-1.om.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [a, f"{a}.json", "resnet50.om"]
     assert sweep(tmp_path / "nope") == 0

@@ -1,6 +1,7 @@
 """ModelRepository on the real runtime and CPU runtime: layouts, control modes, index, errors."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from pathlib import Path
@@ -161,6 +162,31 @@ async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_
     assert events.count("load_failed", "junk") == 1
     with pytest.raises(ModelUnavailable, match="not an OM"):
         repo.get("junk")
+
+
+async def test_a_models_folder_that_cannot_be_read_changes_and_forgets_nothing(make_repo, models_dir, model_files,
+                                                                             monkeypatch):
+    """Its permissions taken away under a running server (the tests run as root, who reads
+    everything: listing it fails here by hand): what serves stays, and what is known of the
+    files refused stays in the index, beside the folder's own problem."""
+    place(model_files[1]["om"], models_dir / "good.om")
+    (models_dir / "junk.om").write_bytes(b"this is not a model")
+    repo, events = await make_repo(model_control_mode="none")
+    root, listdir = models_dir.resolve(), Path.iterdir
+
+    def iterdir(self):
+        if self == root:
+            raise PermissionError(13, "Permission denied", str(self))
+        return listdir(self)
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    await asyncio.gather(*await repo._reconcile(trust="all"))
+    index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
+    assert serving(repo) == ["good"] and await answer(repo, "good") is not None
+    assert index[("junk", "1")][0] == State.UNAVAILABLE and "not an OM file" in index[("junk", "1")][1]
+    assert "the models folder cannot be read (Permission denied)" in index[(str(models_dir), "")][1]
+    monkeypatch.undo()
+    await asyncio.gather(*await repo._reconcile(trust="all"))
+    assert serving(repo) == ["good"] and events.count("load_failed", "junk") == 1  # not tried again
 
 
 async def test_strict_readiness_waits_for_every_model_on_disk(make_repo, models_dir, model_files):

@@ -99,3 +99,30 @@ def test_sighup_drains_as_sigterm(models_dir, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_sighup_is_ignored_under_nohup(models_dir, tmp_path):
+    """Started with SIGHUP ignored (nohup), the server keeps it ignored: a closed terminal is
+    what nohup is for."""
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(models_dir / "affine.om", models / "affine.om")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
+                             "--grpc-port", "0", "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        for _ in range(1200):  # a hang guard: until it serves
+            if ready(port) or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGHUP)
+        assert ready(port) and proc.poll() is None  # answered after the signal: still serving
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)  # a hang guard
+        assert proc.returncode == 0 and "SIGHUP" not in out and "SIGTERM received" in out, out[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
