@@ -60,6 +60,11 @@ def bench_raw(onnx_path: str, gear: int, seconds: float, threads: int) -> float:
     return samples / elapsed
 
 
+def gear_of(pool, gear: int) -> int | None:
+    """The batch's gear: None for a static model (--gears with one size compiles one)."""
+    return gear if pool.gears else None
+
+
 def random_request(pool, gear: int) -> dict[str, np.ndarray]:
     """One request of `gear` rows of seeded random data for every input of the pool's model."""
     return {s.name: np.random.default_rng(1).standard_normal((gear,) + s.sample_shape).astype(s.dtype)
@@ -73,7 +78,7 @@ def bench_sync(runtime, om: str, gear: int, seconds: float) -> float:
         request = random_request(pool, gear)
 
         def run():
-            instance.run_sync(Batch([request], gear, gear))
+            instance.run_sync(Batch([request], gear_of(pool, gear), gear))
             return gear
         samples, elapsed = timed(run, seconds)
         return samples / elapsed
@@ -86,11 +91,11 @@ def bench_pipelined(runtime, om: str, gear: int, seconds: float, slots: int) -> 
     try:
         request = random_request(pool, gear)
         futures = BatchFutures(pool)
-        futures.submit([request], gear).result()
+        futures.submit([request], gear_of(pool, gear)).result()
         per_round = max(4 * slots, 8)
 
         def run():
-            for f in [futures.submit([request], gear) for _ in range(per_round)]:
+            for f in [futures.submit([request], gear_of(pool, gear)) for _ in range(per_round)]:
                 f.result()
             return gear * per_round
         samples, elapsed = timed(run, seconds, min_runs=2)
@@ -129,7 +134,7 @@ def idle_sync(runtime, om: str, gear: int, seconds: float) -> tuple[float, float
         busy = [0.0]
 
         def run():
-            busy[0] += instance.run_sync(Batch([request], gear, gear)).timings.compute_ms / 1000
+            busy[0] += instance.run_sync(Batch([request], gear_of(pool, gear), gear)).timings.compute_ms / 1000
             return gear
         run()
         busy[0] = 0.0
@@ -145,13 +150,13 @@ def idle_pipelined(runtime, om: str, gear: int, seconds: float, slots: int) -> t
     try:
         request = random_request(pool, gear)
         futures = BatchFutures(pool)
-        futures.submit([request], gear).result()
-        in_flight = [futures.submit([request], gear) for _ in range(slots)]
+        futures.submit([request], gear_of(pool, gear)).result()
+        in_flight = [futures.submit([request], gear_of(pool, gear)) for _ in range(slots)]
         busy, samples, start = 0.0, 0, time.perf_counter()
         while time.perf_counter() - start < seconds or samples < 5 * gear:
             busy += in_flight.pop(0).result().timings.compute_ms / 1000
             samples += gear
-            in_flight.append(futures.submit([request], gear))
+            in_flight.append(futures.submit([request], gear_of(pool, gear)))
         elapsed = time.perf_counter() - start
         for future in in_flight:  # they end after the window: neither their samples nor their compute count
             future.result()
