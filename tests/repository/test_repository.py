@@ -14,6 +14,7 @@ from aclserve.repository import ModelLoadFailed, State
 from aclserve.repository.served import auto_slots
 
 from .repo_helpers import place, serving, x_rows
+from .test_scan import unlistable
 
 pytestmark = pytest.mark.asyncio
 
@@ -172,13 +173,7 @@ async def test_a_models_folder_that_cannot_be_read_changes_and_forgets_nothing(m
     place(model_files[1]["om"], models_dir / "good.om")
     (models_dir / "junk.om").write_bytes(b"this is not a model")
     repo, events = await make_repo(model_control_mode="none")
-    root, listdir = models_dir.resolve(), Path.iterdir
-
-    def iterdir(self):
-        if self == root:
-            raise PermissionError(13, "Permission denied", str(self))
-        return listdir(self)
-    monkeypatch.setattr(Path, "iterdir", iterdir)
+    unlistable(monkeypatch, models_dir)
     await asyncio.gather(*await repo._reconcile(trust="all"))
     index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
     assert serving(repo) == ["good"] and await answer(repo, "good") is not None

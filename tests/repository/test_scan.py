@@ -169,6 +169,18 @@ def desired(tmp_path):
     return SettleGate(0.0).desired(scan(tmp_path, DEFAULTS), {}, trust="all")[0]
 
 
+def unlistable(monkeypatch, folder) -> None:
+    """Listing `folder` fails as it does for a user without read permission on it (the tests
+    run as root, who reads everything)."""
+    folder, listdir = folder.resolve(), type(folder).iterdir
+
+    def iterdir(self):
+        if self == folder:
+            raise PermissionError(13, "Permission denied", str(self))
+        return listdir(self)
+    monkeypatch.setattr(type(folder), "iterdir", iterdir)
+
+
 def test_a_name_that_is_not_utf8_is_a_problem_shown_escaped(tmp_path):
     """os.listdir hands such bytes over as surrogates, which no UTF-8 encoder takes (the index,
     the logs and /metrics encode every problem): escaped as \\xNN once, in the scan."""
@@ -189,14 +201,7 @@ def test_a_model_folder_that_cannot_be_read_is_that_models_problem(tmp_path, mon
     touch(tmp_path / "ok.om")
     touch(tmp_path / "vm" / "1" / "model.om")
     # no model.om to stat in it, as for the server's user, who may not stat anything there either
-    locked = touch(tmp_path / "vm" / "2" / "weights.bin").parent.resolve()
-    listdir = type(tmp_path).iterdir
-
-    def iterdir(self):
-        if self == locked:
-            raise PermissionError(13, "Permission denied", str(self))
-        return listdir(self)
-    monkeypatch.setattr(type(tmp_path), "iterdir", iterdir)
+    unlistable(monkeypatch, touch(tmp_path / "vm" / "2" / "weights.bin").parent)
     result = scan(tmp_path, DEFAULTS)
     assert set(result.models) == {"ok"}
     assert result.problems == {"vm": "vm/2 cannot be read (Permission denied)"}
@@ -204,14 +209,7 @@ def test_a_model_folder_that_cannot_be_read_is_that_models_problem(tmp_path, mon
 
 def test_a_models_folder_that_cannot_be_read_changes_nothing(tmp_path, monkeypatch):
     touch(tmp_path / "ok.om")
-    root = tmp_path.resolve()
-    listdir = type(tmp_path).iterdir
-
-    def iterdir(self):
-        if self == root:
-            raise PermissionError(13, "Permission denied", str(self))
-        return listdir(self)
-    monkeypatch.setattr(type(tmp_path), "iterdir", iterdir)
+    unlistable(monkeypatch, tmp_path)
     result = scan(tmp_path, DEFAULTS)
     assert result.unreadable and not result.models
     assert result.problems == {str(tmp_path): "the models folder cannot be read (Permission denied)"}

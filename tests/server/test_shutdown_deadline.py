@@ -6,6 +6,7 @@ deadline and 0.5 s more, or until grpc's own GOAWAY ping went unanswered (PING_T
 The one time limit asserted, EXIT_WITHIN_S, is far from both; the others are hang guards."""
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
@@ -30,6 +31,14 @@ def ready(port: int) -> bool:
         return False
 
 
+def wait_serving(proc: subprocess.Popen, port: int) -> None:
+    for _ in range(1200):  # a hang guard: until it serves
+        if ready(port) or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None
+
+
 def test_idle_connections_do_not_hold_shutdown(models_dir, tmp_path):
     models = tmp_path / "models"
     models.mkdir()
@@ -43,11 +52,7 @@ def test_idle_connections_do_not_hold_shutdown(models_dir, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     held: list[socket.socket] = []
     try:
-        for _ in range(1200):  # a hang guard: until it serves
-            if ready(port) or proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert proc.poll() is None
+        wait_serving(proc, port)
         for _ in range(10):  # gRPC: the preface, then nothing
             held.append(socket.create_connection(("127.0.0.1", grpc_port)))
             held[-1].sendall(PREFACE)
@@ -75,54 +80,43 @@ def test_idle_connections_do_not_hold_shutdown(models_dir, tmp_path):
             proc.communicate()
 
 
-def test_sighup_drains_as_sigterm(models_dir, tmp_path):
-    """A closed terminal or session sends SIGHUP: the server drains and exits 0 as under SIGTERM
-    (it died at once before, dropping its requests)."""
+@contextlib.contextmanager
+def serving_affine(models_dir, tmp_path, **popen):
+    """`aclserve serve` on the affine model, HTTP only, ready: (process, port); killed if the
+    test left it running."""
     models = tmp_path / "models"
     models.mkdir()
     shutil.copy(models_dir / "affine.om", models / "affine.om")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
                              "--grpc-port", "0", "--device", "cpu"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
     try:
-        for _ in range(1200):  # a hang guard: until it serves
-            if ready(port) or proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert proc.poll() is None
-        proc.send_signal(signal.SIGHUP)
-        out, _ = proc.communicate(timeout=120)  # a hang guard
-        assert proc.returncode == 0, out
-        assert "SIGHUP received: shutting down" in out and "runtime closed" in out, out[-3000:]
+        wait_serving(proc, port)
+        yield proc, port
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_sighup_drains_as_sigterm(models_dir, tmp_path):
+    """A closed terminal or session sends SIGHUP: the server drains and exits 0 as under SIGTERM
+    (it died at once before, dropping its requests)."""
+    with serving_affine(models_dir, tmp_path) as (proc, _):
+        proc.send_signal(signal.SIGHUP)
+        out, _ = proc.communicate(timeout=120)  # a hang guard
+        assert proc.returncode == 0, out
+        assert "SIGHUP received: shutting down" in out and "runtime closed" in out, out[-3000:]
 
 
 def test_sighup_is_ignored_under_nohup(models_dir, tmp_path):
     """Started with SIGHUP ignored (nohup), the server keeps it ignored: a closed terminal is
     what nohup is for."""
-    models = tmp_path / "models"
-    models.mkdir()
-    shutil.copy(models_dir / "affine.om", models / "affine.om")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
-                             "--grpc-port", "0", "--device", "cpu"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
-    try:
-        for _ in range(1200):  # a hang guard: until it serves
-            if ready(port) or proc.poll() is not None:
-                break
-            time.sleep(0.1)
+    with serving_affine(models_dir, tmp_path, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) \
+            as (proc, port):
         proc.send_signal(signal.SIGHUP)
         assert ready(port) and proc.poll() is None  # answered after the signal: still serving
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)  # a hang guard
         assert proc.returncode == 0 and "SIGHUP" not in out and "SIGTERM received" in out, out[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
