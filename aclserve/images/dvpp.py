@@ -12,9 +12,8 @@ on the host. What DVPP is not given, to the CPU decoder: other resize policies t
 JPEGs other than baseline (JPEGD decodes no progressive or arithmetic-coded ones), JPEGs with an
 EXIF orientation (JPEGD turns them itself, past the geometry given to it), sizes outside JPEGD's
 32-8,192 pixels a side or VPC's scaling from 1/32 to 16 times, odd sizes (of the image or the
-target), and any
-failure of DVPP (logged once). One channel and stream, used under this object's own context by
-one thread at a time (a lock).
+target), and any failure of DVPP (logged once). One channel and stream, used under this
+object's own context by one thread at a time (a lock).
 """
 from __future__ import annotations
 
@@ -60,7 +59,7 @@ def dvpp_takes(info: ImageInfo, plan: ImagePlan) -> bool:
     if not (low <= info.width <= high and low <= info.height <= high):
         return False
     least, most = VPC_SCALE
-    return all(least <= target / side <= most for target, side in ((plan.width, info.width), (plan.height, info.height)))
+    return least <= plan.width / info.width <= most and least <= plan.height / info.height <= most
 
 
 class DvppError(RuntimeError):
