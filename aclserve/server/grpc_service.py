@@ -292,7 +292,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
             raise InvalidInput("model_name must not be empty")
         return await counted_infer(self.state, request.model_name, _version(request.model_version),
                                    functools.partial(_infer, request, raw_contents, self.state, fallback_id, lease),
-                                   protocol="grpc")
+                                   protocol="grpc", known_id=request.id or fallback_id)
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of one stream run concurrently and their responses come back as they are

@@ -49,7 +49,8 @@ async def infer(request: web.Request) -> web.Response:
     match = request.match_info
     with state.budget.lease() as lease:  # held until the answer is built
         return await counted_infer(state, match["model"], match.get("version"),
-                                   functools.partial(_infer, request, state, lease))
+                                   functools.partial(_infer, request, state, lease),
+                                   known_id=request.headers.get(REQUEST_ID_HEADER))
 
 
 async def expect_body(request: web.Request) -> web.Response | None:
@@ -79,22 +80,25 @@ async def expect_body(request: web.Request) -> web.Response | None:
     return None
 
 
-async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http"):
+async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http",
+                        known_id: str | None = None):
     """Count one infer request in flight (refused when shutting down), resolve the serving
     version, await `work(record, trace)` and record the outcome in the version's metrics (and,
-    when observed, its trace and request log line). The one infer path of both transports:
+    when observed, its trace and request log line; `known_id`: the request's id as far as it is
+    known before its body is decoded, for the line of one refused before that). The one infer
+    path of both transports:
     HTTP passes its decode/encode, gRPC its own. `trace` is a RequestTrace or None."""
     start = time.perf_counter_ns()
     try:
         state.enter()  # 503 / UNAVAILABLE when shutting down
     except ServeError as e:
-        _refused(state, model, version, protocol, start, e)
+        _refused(state, model, version, protocol, start, e, known_id)
         raise
     try:
         try:
             served = state.repo.get(model, version)
         except ServeError as e:  # no such model or version, or none serving: logged by the name asked for
-            _refused(state, model, version, protocol, start, e)
+            _refused(state, model, version, protocol, start, e, known_id)
             raise
         rec = state.record(served)
         observer = state.observer
@@ -124,9 +128,10 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
         state.leave()
 
 
-def _refused(state, model: str, version: str | None, protocol: str, start: int, error: ServeError) -> None:
+def _refused(state, model: str, version: str | None, protocol: str, start: int, error: ServeError,
+             known_id: str | None) -> None:
     if state.observer is not None:
-        state.observer.refused(model, version, protocol, start, http_status(error), error.message)
+        state.observer.refused(model, version, protocol, start, http_status(error), error.message, known_id)
 
 
 async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fallback_id: str | None = None,

@@ -33,12 +33,14 @@ class Observer:
         return trace
 
     def refused(self, model: str, version: str | None, protocol: str, arrival_ns: int, status: int,
-                error: str) -> None:
+                error: str, known_id: str | None = None) -> None:
         """A request refused before its model version was found (unknown, not serving, the
-        server shutting down): its request log line, as the client named the model."""
+        server shutting down): its request log line, as the client named the model, with the
+        request id known so far (a header's, or a gRPC message's)."""
         if self.log_requests:
             trace = RequestTrace(printable(model), printable(version or ""), protocol, arrival_ns, sampled=False)
             trace.end_ns, trace.status = now_ns(), status
+            trace.request_id = request_id(known_id)
             _log_request(trace, error)
 
     def end(self, trace: RequestTrace, status: int, error: str | None = None) -> None:

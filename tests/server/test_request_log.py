@@ -78,9 +78,12 @@ def test_a_refused_request_is_named_by_its_own_id(logged, caplog, models_dir):
         x.set_data_from_numpy(np.ones((1, 3), np.float32))
         with pytest.raises(Exception, match="x"):
             client.infer("double", [x], request_id="g-bad")
+        with pytest.raises(Exception, match="unknown model"):  # refused before its body is decoded
+            client.infer("nosuch", [x], request_id="g-none")
         client.close()
-    line = _fields(caplog)[-1]
+    line, unknown = _fields(caplog)[-2:]
     assert (line["protocol"], line["request_id"]) == ("grpc", "g-bad") and line["status"] == 400
+    assert (unknown["model"], unknown["request_id"], unknown["status"]) == ("nosuch", "g-none", 404)
 
 
 def test_a_request_for_a_model_or_version_nobody_serves_has_its_line(logged, caplog):
@@ -90,8 +93,9 @@ def test_a_request_for_a_model_or_version_nobody_serves_has_its_line(logged, cap
     async def go():
         async with aiohttp.ClientSession() as session:
             statuses = []
-            for path in ("nosuch", "double/versions/7", "bad\u2028name"):
-                async with session.post(f"http://{logged.url}/v2/models/{path}/infer", data=json.dumps(BODY)) as resp:
+            for i, path in enumerate(("nosuch", "double/versions/7", "bad\u2028name")):
+                async with session.post(f"http://{logged.url}/v2/models/{path}/infer", data=json.dumps(BODY),
+                                        headers={"X-Request-Id": f"r-{i}"}) as resp:
                     statuses.append(resp.status)
             return statuses
     assert asyncio.run(go()) == [404, 404, 404]
@@ -99,6 +103,7 @@ def test_a_request_for_a_model_or_version_nobody_serves_has_its_line(logged, cap
     assert [(line["model"], line["version"], line["status"]) for line in lines] == [
         ("nosuch", "", 404), ("double", "7", 404), ("bad?name", "", 404)]
     assert all(line["protocol"] == "http" and line["error"] for line in lines)
+    assert [line["request_id"] for line in lines] == ["r-0", "r-1", "r-2"]  # the header's, known before the body
 
 
 def test_json_formatter_writes_one_object_per_line_with_the_fields():
