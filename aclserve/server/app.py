@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -122,13 +123,32 @@ def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner
                          keepalive_timeout=config.keepalive_timeout_s, lingering_time=BODY_LINGER_S, **kwargs)
 
 
-def _on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:
+def _on_signal(sig: signal.Signals, stop: asyncio.Event, hurry: asyncio.Event) -> None:
+    """The first signal drains (to shutdown_timeout_s); another one ends the drain at once: what
+    is still in flight is answered 503, as at the deadline."""
     if stop.is_set():
-        log.warning("%s received again: still draining (at most shutdown_timeout_s); SIGKILL ends it at once",
-                    sig.name)
+        log.warning("%s received again: the drain ends now", sig.name)
+        hurry.set()
     else:
         log.info("%s received: shutting down", sig.name)
     stop.set()
+
+
+async def _drained(drains: list, hurry: asyncio.Event, state) -> None:
+    """Wait for the drains, or until a second signal moves the shutdown deadline to now."""
+    draining = asyncio.ensure_future(asyncio.gather(*drains))
+    hurried = asyncio.ensure_future(hurry.wait())
+    try:
+        await asyncio.wait([draining, hurried], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hurried.cancel()
+    if not draining.done():
+        draining.cancel()
+        await asyncio.wait([draining])
+        state.shutdown_deadline = min(state.shutdown_deadline, time.monotonic())
+        log.warning("shutdown hurried: %d request(s) still in flight are answered 503", state.inflight)
+    elif not draining.cancelled():
+        draining.result()
 
 
 async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
@@ -143,6 +163,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     loop = asyncio.get_running_loop()
     runner = make_runner(app, access_log=config.log_level == "debug")
     stop = stop or asyncio.Event()
+    hurry = asyncio.Event()  # a second signal: the drain ends at once
     handled = []
     # SIGHUP too: a closed terminal or session (or `kill -HUP` meant as a reload) drains as
     # SIGTERM does, rather than killing the process with its requests
@@ -150,7 +171,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
             continue  # started under nohup: a closed terminal is to be ignored, as asked
         try:
-            loop.add_signal_handler(sig, _on_signal, sig, stop)
+            loop.add_signal_handler(sig, _on_signal, sig, stop, hurry)
             handled.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
@@ -187,7 +208,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         drains = [state.begin_shutdown()]  # HTTP and gRPC infer requests alike
         if grpc_server is not None:
             drains.append(grpc_server.drain(state.shutdown_deadline))  # every call, not connections
-        await asyncio.gather(*drains)
+        await _drained(drains, hurry, state)
         ended = state.body_reads.end()  # bodies still arriving: 503 "shutting down", not a bare close
         if ended:
             log.info("shutdown: %d request(s) whose body was still arriving answered 503", ended)

@@ -81,15 +81,15 @@ def test_idle_connections_do_not_hold_shutdown(models_dir, tmp_path):
 
 
 @contextlib.contextmanager
-def serving_affine(models_dir, tmp_path, **popen):
-    """`aclserve serve` on the affine model, HTTP only, ready: (process, port); killed if the
-    test left it running."""
+def serving_affine(models_dir, tmp_path, extra=(), port=None, **popen):
+    """`aclserve serve` on the affine model (in tmp_path/models, made if missing), HTTP only,
+    ready: (process, port); killed if the test left it running. `extra`: more arguments."""
     models = tmp_path / "models"
-    models.mkdir()
+    models.mkdir(exist_ok=True)
     shutil.copy(models_dir / "affine.om", models / "affine.om")
-    port = free_port()
+    port = port or free_port()
     proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
-                             "--grpc-port", "0", "--device", "cpu"],
+                             "--grpc-port", "0", "--device", "cpu", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
     try:
         wait_serving(proc, port)
@@ -120,3 +120,47 @@ def test_sighup_is_ignored_under_nohup(models_dir, tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)  # a hang guard
         assert proc.returncode == 0 and "SIGHUP" not in out and "SIGTERM received" in out, out[-3000:]
+
+
+def test_a_second_signal_ends_the_drain_at_once(models_dir, tmp_path):
+    """SIGTERM drains for up to shutdown_timeout_s (60 s here); a second signal ends the drain
+    then and there: the request still waiting is answered 503 and the process exits, far sooner
+    than the deadline (EXIT_WITHIN_S is a hang guard, not a timing check)."""
+    import json
+    import threading
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "affine.yaml").write_text("batching: {max_queue_delay_ms: 60000}\n")  # 3 rows wait
+    port = free_port()
+    (tmp_path / "serve.yaml").write_text(f"shutdown_timeout_s: {SHUTDOWN_TIMEOUT_S}\n")
+    body = json.dumps({"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [3, 8], "data": [0.0] * 24},
+        {"name": "idx", "datatype": "INT64", "shape": [3, 3], "data": [0] * 9}]}).encode()
+    statuses: list[int] = []
+
+    def post():
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/affine/infer", data=body)
+        try:
+            statuses.append(urllib.request.urlopen(request, timeout=120).status)
+        except urllib.error.HTTPError as e:
+            statuses.append(e.code)
+
+    with serving_affine(models_dir, tmp_path, extra=["--config", str(tmp_path / "serve.yaml")], port=port) \
+            as (proc, _):
+        client = threading.Thread(target=post)
+        client.start()
+        for _ in range(1200):  # a hang guard: until the request waits in the queue
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            if 'aclserve_queue_depth{model="affine",priority="2",version="1"} 1.0' in metrics:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the request never reached the queue")
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # the drain has begun (two signals at once may arrive as one)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)  # a hang guard
+        client.join(120)
+        assert proc.returncode == 0 and time.monotonic() - signalled < EXIT_WITHIN_S, out[-3000:]
+        assert statuses == [503] and "SIGTERM received again: the drain ends now" in out, (statuses, out[-3000:])
