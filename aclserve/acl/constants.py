@@ -138,7 +138,6 @@ ACL_DDR_MEM_NORMAL = 3
 ACL_HBM_MEM_HUGE = 4
 ACL_HBM_MEM_NORMAL = 5
 
-# query_event_status (aclrtEventRecordedStatus); the deprecated query_event is the opposite.
 # aclrtCreateEventWithFlag / aclrtCreateEventExWithFlag flags
 ACL_EVENT_SYNC = 0x1  # may be waited on by another stream (aclrtStreamWaitEvent)
 ACL_EVENT_CAPTURE_STREAM_PROGRESS = 0x2
@@ -146,6 +145,8 @@ ACL_EVENT_TIME_LINE = 0x8  # records timestamps (aclrtEventElapsedTime)
 ACL_EVENT_DEVICE_USE_ONLY = 0x10
 ACL_EVENT_EXTERNAL = 0x20
 ACL_EVENT_IPC = 0x40
+
+# query_event_status (aclrtEventRecordedStatus); the deprecated query_event is the opposite.
 ACL_EVENT_RECORDED_STATUS_NOT_READY = 0
 ACL_EVENT_RECORDED_STATUS_COMPLETE = 1
 

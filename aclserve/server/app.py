@@ -147,7 +147,7 @@ async def _drained(drains: list, hurry: asyncio.Event, state) -> None:
         await asyncio.wait([draining])
         state.shutdown_deadline = min(state.shutdown_deadline, time.monotonic())
         log.warning("shutdown hurried: %d request(s) still in flight are answered 503", state.inflight)
-    elif not draining.cancelled():
+    else:
         draining.result()
 
 

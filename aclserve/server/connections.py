@@ -314,21 +314,20 @@ def fit_connection_caps(http_wanted: int, grpc_wanted: int) -> tuple[int, int]:
     (raised to fit when it can); else what fits, shared in proportion to what each wanted (at
     least one each), warned. gRPC off: grpc_wanted 0."""
     wanted = http_wanted + grpc_wanted
-    fitted = fit_descriptor_limit(wanted, warn=False)
+    fitted, soft = _fit_descriptor_limit(wanted)
     if fitted >= wanted:
         return http_wanted, grpc_wanted
     http = max(1, fitted * http_wanted // wanted)
     grpc = max(1, fitted - http) if grpc_wanted else 0
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     log.warning("connections capped at %d for HTTP%s (max_connections %d) to fit the descriptor limit "
                 "of %d (ulimit -n; raise it to serve max_connections)", http,
                 f" and {grpc} for gRPC" if grpc_wanted else "", http_wanted, soft)
     return http, grpc
 
 
-def fit_descriptor_limit(max_connections: int, warn: bool = True) -> int:
+def _fit_descriptor_limit(max_connections: int) -> tuple[int, int]:
     """Raise the soft descriptor limit to fit max_connections (+ refusals lingering + a reserve
-    for model files); if the hard limit is lower, return a lowered max_connections (warned)."""
+    for model files): (the connections that fit, at most max_connections; the soft limit)."""
     need = max_connections + _LINGER_MAX + FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
@@ -339,9 +338,5 @@ def fit_descriptor_limit(max_connections: int, warn: bool = True) -> int:
         except (ValueError, OSError) as e:
             log.warning("cannot raise the descriptor limit to %d: %s", target, e)
     if soft != resource.RLIM_INFINITY and soft < need:
-        fitted = max(1, soft - _LINGER_MAX - FD_RESERVE)
-        if warn:
-            log.warning("max_connections lowered from %d to %d to fit the descriptor limit of %d (ulimit -n)",
-                        max_connections, fitted, soft)
-        return fitted
-    return max_connections
+        return max(1, soft - _LINGER_MAX - FD_RESERVE), soft
+    return max_connections, soft

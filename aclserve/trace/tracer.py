@@ -72,14 +72,13 @@ class Tracer:
         or the global ones). Raises TraceSettingsError (the message names the setting). A model
         keeps only the settings it set itself (a null clears one, no settings clear them all);
         the others follow the global settings, now and as they change, as in Triton."""
-        fields = parse_changes(changes)
         if model:
+            fields = parse_changes(changes)  # (also refuses what is not a JSON object)
             own = {} if not changes else {**self._overrides.get(model, {}), **fields}
             own = {name: value for name, value in own.items() if value is not None}
             new = dataclasses.replace(self._global, **own)
         else:
-            new = dataclasses.replace(self._global, **{name: getattr(self._startup, name) if value is None else value
-                                                       for name, value in fields.items()})
+            new = self._global.updated(changes, self._startup)
         if new.file and new.file not in self._trusted_files:
             self._resolve(new.file)  # refuse a bad name before anything changes
         if model:
