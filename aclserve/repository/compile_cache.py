@@ -24,11 +24,12 @@ class CompileCache:
         self._models_dir = models_dir
 
     def compiled(self, onnx_path: str, name: str, options: CompileOptions, runtime_kind: str,
-                 soc_name: str | None) -> str:
-        """The .om to load for `onnx_path` (blocking: compiles on a cache miss)."""
+                 soc_name: str | None, progress=None) -> str:
+        """The .om to load for `onnx_path` (blocking: compiles on a cache miss, said to
+        `progress(step)` first)."""
         from .compiler import compiled_om  # the compiler's imports are heavy; only .onnx models need them
         folder = cache_dir.resolve(self._configured, self._models_dir)
-        return str(compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name))
+        return str(compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name, progress))
 
     def sweep(self) -> None:
         """At start (blocking): remove what interrupted compiles left in the cache folder, when

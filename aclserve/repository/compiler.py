@@ -50,9 +50,11 @@ def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str
 
 
 def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileOptions,
-                runtime_kind: str, cache_dir: str | os.PathLike, soc_name: str | None = None) -> Path:
+                runtime_kind: str, cache_dir: str | os.PathLike, soc_name: str | None = None,
+                progress=None) -> Path:
     """Return the path of the .om for `onnx_path`, compiling it on a cache miss (blocking).
-    `soc_name`: the NPU's SoC, used by ATC when the model's compile options name none."""
+    `soc_name`: the NPU's SoC, used by ATC when the model's compile options name none;
+    `progress(step)` hears a compile begin."""
     from ..om.compile import compile_model  # heavy imports (onnx, ort) only when needed
 
     if runtime_kind == "npu" and options.soc_version is None and soc_name:
@@ -85,6 +87,8 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
         if options.batch:
             kwargs["batch"] = list(options.batch)
         log.info("%s: compiling %s for %s into %s", model_name, onnx_path, runtime_kind, out)
+        if progress is not None:
+            progress(f"compiling {Path(onnx_path).name} for {runtime_kind}")
         result = compile_model(onnx_path, out, target=runtime_kind,
                                log=lambda line: log.info("%s: %s", model_name, line), **kwargs)
         cache_entry.record(result.path, key, dict(asdict(options), batch=kwargs.get("batch")), runtime_kind)

@@ -2,7 +2,8 @@
 
 A load runs in a thread (it opens a pool and warms it up) while the loop awaits it. When the
 loop stops waiting (the repository closes: the await is cancelled), the thread cannot be
-stopped, and what it makes must still be closed by someone: by the thread, when it finishes
+stopped, but it can look (`given_up`) and stop early where it may (a warm-up between runs); what
+it makes must still be closed by someone: by the thread, when it finishes
 after the loop gave up, or by the loop, when the thread had finished but the loop was cancelled
 before it took the result. The lock decides which, so it is closed exactly once.
 """
@@ -29,6 +30,11 @@ class Handoff(Generic[T]):
                 return value
         dispose(value)
         return None
+
+    @property
+    def given_up(self) -> bool:
+        """The loop has stopped waiting: the thread's work is for nothing from here on."""
+        return self._given_up
 
     def give_up(self) -> T | None:
         """The loop stops waiting: what the thread delivered already and the loop never took

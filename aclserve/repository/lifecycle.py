@@ -116,11 +116,15 @@ class Lifecycle:
         failed: dict[str, str] = {}
 
         async def one(version: str, wanted: Wanted) -> None:
+            def progress(step: str) -> None:  # shown as the reason while the version is LOADING
+                if self.states.get(name, version) is State.LOADING:
+                    self.states.move(name, version, State.LOADING, step)
+
             if version not in self.serving.get(name, {}):
                 self.states.move(name, version, State.LOADING)
             try:
                 loaded[version] = await load_version(self._runtime, self._executor, self._load_limit,
-                                                     self._cache, name, version, wanted)
+                                                     self._cache, name, version, wanted, progress)
             except Exception as e:  # any failure leaves the serving version in place
                 failed[version] = self._refuse(name, version, wanted, e)
             else:

@@ -3,7 +3,8 @@
 Every blocking step runs in the given executor; `limit` (load_concurrency) bounds how many
 versions load at once so the serving models' latency is not hurt. Nothing is unloaded here:
 the caller swaps the result in. On failure everything this built is closed before the error
-propagates.
+propagates. `progress(step)` (on the loop) hears each step as it begins: waiting for a turn,
+compiling, opening, each warm-up run, for the repository index to show.
 
 Servers sharing a compile cache each remove the entry of a version they retire (compile_cache
 .release), and another may have just found that entry for a file put back (a rollback): an
@@ -16,6 +17,7 @@ import functools
 import logging
 import os
 import time
+from typing import Callable
 
 from .compile_cache import CompileCache
 from .plan import Wanted
@@ -26,20 +28,27 @@ log = logging.getLogger(__name__)
 
 
 async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: CompileCache, name: str,
-                       version: str, wanted: Wanted) -> ServedVersion:
-    run = functools.partial(asyncio.get_running_loop().run_in_executor, executor)
+                       version: str, wanted: Wanted, progress: Callable[[str], None] = lambda step: None
+                       ) -> ServedVersion:
+    loop = asyncio.get_running_loop()
+    run = functools.partial(loop.run_in_executor, executor)
+
+    def from_thread(step: str) -> None:
+        loop.call_soon_threadsafe(progress, step)
 
     async def om_path() -> str:
         if wanted.file.kind != "onnx":
             return wanted.file.path
         soc = runtime.soc_name() if runtime.kind == "npu" else None
         return await run(functools.partial(cache.compiled, wanted.file.path, name, wanted.config.compile,
-                                           runtime.kind, soc))
+                                           runtime.kind, soc, from_thread))
 
     async def open_om(path: str) -> ServedVersion:
         await run(validate_om, path, runtime.kind)
-        return await open_version(executor, runtime, name, version, path, wanted, started)
+        return await open_version(executor, runtime, name, version, path, wanted, started, from_thread)
 
+    if limit.locked():
+        progress("waiting: other versions are loading (load_concurrency)")
     async with limit:
         started = time.monotonic()
         path = await om_path()

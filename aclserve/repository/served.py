@@ -164,19 +164,20 @@ class ServedVersion:
 
 
 async def open_version(executor, runtime, name: str, version: str, om_path: str, wanted: Wanted,
-                       started: float) -> ServedVersion:
+                       started: float, progress: Callable[[str], None] = lambda step: None) -> ServedVersion:
     """Open `om_path` as `name:version`, warm it up and start its batcher; the blocking part runs
     in one thread of `executor` (_open_and_warm_up). On failure what it opened is closed before
     the error propagates. Cancelled (the repository closes while the version loads), it returns
     at once: the load is abandoned, said in one line; the thread, which cannot be stopped, closes
     what it opened once it returns (a load or warm-up hung on the device never does, and its
-    device is not reset meanwhile: the process's exit ends it)."""
+    device is not reset meanwhile: the process's exit ends it). `progress(step)`, called from
+    that thread, hears the opening and each warm-up run begin, until the load is abandoned."""
     loop = asyncio.get_running_loop()
     config = wanted.config
     handoff: Handoff[tuple] = Handoff()
     try:
         pool, images, labels = await loop.run_in_executor(executor, functools.partial(
-            _open_and_warm_up, runtime, om_path, f"{name}:{version}", config, handoff))
+            _open_and_warm_up, runtime, om_path, f"{name}:{version}", config, handoff, progress))
     except asyncio.CancelledError:
         late = handoff.give_up()
         if late is not None:  # it came back as the loop was cancelled: closed in a load thread too
@@ -198,13 +199,22 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
                          time.monotonic() - started, wanted, images=images, labels=labels)
 
 
-def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handoff: Handoff) -> tuple | None:
+def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handoff: Handoff,
+                      progress: Callable[[str], None]) -> tuple | None:
     """A load thread: open the pool, plan its image inputs, read its labels, warm it up (three
-    runs per gear; times the gear costs the batcher plans with), then hand (pool, images,
-    labels) to the loop, or close the pool when the loop has given up meanwhile. While it runs, the runtime resets none of the
+    runs per gear; times the gear costs the batcher plans with; it stops at the next run once
+    the loop has given up, so a shutdown does not wait for a long warm-up), then hand (pool,
+    images, labels) to the loop, or close the pool when the loop has given up meanwhile. While it runs, the runtime resets none of the
     model's devices (it is inside ACL calls, or its instances' work runs there: teardown.py)."""
     from ..runtime import open_pool, teardown  # the runtime imports ACL; keep this module light to import
     from ..runtime.pool import UNMEASURED_TIMEOUT_MS
+
+    def warming(gear: int | None, run: int, runs: int) -> None:
+        if not handoff.given_up:
+            progress(f"warming up: gear {gear}, run {run + 1} of {runs}" if gear is not None
+                     else f"warming up: run {run + 1} of {runs}")
+
+    progress("opening on the device")
     with contextlib.ExitStack() as on_devices:
         for device in dict.fromkeys(config.devices):
             on_devices.enter_context(teardown.working_on(device))
@@ -218,7 +228,7 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
         try:
             images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
             labels = load_labels(config.outputs, pool.outputs)
-            pool.warmup()
+            pool.warmup(stop=lambda: handoff.given_up, progress=warming)
         except BaseException:
             pool.close()
             raise

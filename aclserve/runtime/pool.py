@@ -282,17 +282,25 @@ class InstancePool:
             self._builder.dispose(old)  # waits for the device to let go of the hung batch, bounded
 
     # -- warm-up, figures, teardown ----------------------------------------------------------
-    def warmup(self, runs: int = 3) -> dict[int, float]:
+    def warmup(self, runs: int = 3, stop: Callable[[], bool] | None = None,
+               progress: Callable[[int | None, int, int], None] | None = None) -> dict[int, float]:
         """Run every gear `runs` times on zeros (blocking). The cost of a gear is the quickest
         submit-to-result time of the runs after the first: what the batcher trades padding
         against, including the fixed host cost of a run, not only the device's. The quickest
-        device compute time of those runs goes to `compute_cost` (when the device reports it)."""
+        device compute time of those runs goes to `compute_cost` (when the device reports it).
+        `stop()` true before a run ends the warm-up there, its figures incomplete (a load
+        abandoned at shutdown: nobody will use them); `progress(gear, run, runs)` hears each
+        run begin (gear None for a model without gears)."""
         for gear in self.gears or (None,):
             rows = gear or 1
             request = {s.name: np.zeros((rows,) + s.sample_shape if s.batched else s.shape, s.dtype)
                        for s in self.inputs}
             best = compute = float("inf")
             for run in range(runs):
+                if stop is not None and stop():
+                    return dict(self.gear_cost)
+                if progress is not None:
+                    progress(gear, run, runs)
                 start = time.perf_counter()
                 batch = self.run(Batch([request], gear, rows))
                 if batch.error is not None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 
@@ -20,11 +19,12 @@ pytestmark = pytest.mark.asyncio
 
 
 class Hold:
-    """A fault holding the `nth` model load from now on until let_go() (or the watchdog)."""
+    """A fault holding the `nth` model load (or execution, the warm-up's) from now on until
+    let_go() (or the watchdog)."""
 
-    def __init__(self, nth: int = 1):
+    def __init__(self, nth: int = 1, kind: str = "query_size"):
         self.gate = threading.Event()
-        self.fault = faults.inject("query_size", nth=nth, hold=self.gate)
+        self.fault = faults.inject(kind, nth=nth, hold=self.gate)
         self.watchdog = threading.Timer(30, self.gate.set)  # a hang guard, not a timing
         self.watchdog.start()
 
@@ -89,4 +89,28 @@ async def test_a_shutdown_during_start_closes_the_version_loaded_beside_a_hung_o
         assert hold.held()
     finally:
         await hold.let_go()
+    assert ledger(runtime) == before
+
+
+async def test_a_warm_up_abandoned_at_close_stops_at_its_next_run(
+        make_repo, models_dir, model_files, runtime, clean_faults):
+    """The load's thread cannot be stopped, but its warm-up looks between runs: once the close
+    has given up on the load, no more warm-up runs start, and the thread closes the pool as
+    soon as the run it was inside ends (before, it ran every gear's runs first, holding the
+    shutdown up to its deadline)."""
+    repo, _ = await make_repo(model_control_mode="explicit", shutdown_timeout_s=0.5)
+    before = ledger(runtime)
+    place(model_files[1]["om"], models_dir / "m.om")
+    hold = Hold(kind="execute")  # the warm-up's first run holds
+    try:
+        load = asyncio.ensure_future(repo.load("m"))
+        await hold.entered()
+        await repo.close()
+        assert hold.held()
+        later = faults.inject("execute", delay_ms=0.001)  # counts the executions from here on
+        await asyncio.wait([load])
+        assert "no version loaded" in str(load.exception())
+    finally:
+        await hold.let_go()
+    assert later.seen == 0  # no warm-up run after the held one
     assert ledger(runtime) == before

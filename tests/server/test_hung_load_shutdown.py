@@ -104,9 +104,12 @@ def test_sigterm_while_a_load_hangs_ends_the_process(hung_model, tmp_path, step)
                     break
             except OSError:
                 time.sleep(0.1)
-        for _ in range(1200):  # a hang guard: until the model is loading
+        # a hang guard: until the model is loading (its warm-up's first run begun: the index says
+        # so once the warm-up can no longer stop before that run)
+        wanted = b"LOADING" if step == "load" else b"warming up"
+        for _ in range(1200):
             status, _, body = request(server, "POST", "/v2/repository/index")
-            if b"LOADING" in body:
+            if wanted in body:
                 break
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)

@@ -1,0 +1,61 @@
+"""A version loading shows its current step as its reason in the repository index: waiting for
+its turn (load_concurrency), compiling, opening, each warm-up run. The warm-up is held here by a
+CPU-runtime fault on its first execution (a watchdog lets it go after 30 s: a hang guard)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from aclserve.acl.cpu import faults
+from aclserve.config import CompileOptions
+from aclserve.repository.compiler import compiled_om
+
+from .repo_helpers import place
+
+
+def reasons(repo) -> dict[str, tuple[str, str]]:
+    return {row["name"]: (row["state"], row["reason"]) for row in repo.index() if row["version"]}
+
+
+async def until(check, what: str) -> None:
+    for _ in range(3000):  # a hang guard, not a timing
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never {what}")
+
+
+@pytest.mark.asyncio
+async def test_the_index_names_the_warm_up_run_and_the_versions_waiting_their_turn(
+        make_repo, models_dir, model_files, clean_faults):
+    repo, _ = await make_repo(model_control_mode="explicit", load_concurrency=1)
+    place(model_files[1]["om"], models_dir / "a.om")
+    place(model_files[2]["om"], models_dir / "b.om")
+    gate = threading.Event()
+    held = faults.inject("execute", nth=1, hold=gate)  # the first warm-up run of the first load
+    watchdog = threading.Timer(30, gate.set)
+    watchdog.start()
+    try:
+        first = asyncio.ensure_future(repo.load("a"))
+        await until(held.entered.is_set, "held")
+        second = asyncio.ensure_future(repo.load("b"))
+        await until(lambda: reasons(repo).get("b", ("", ""))[1].startswith("waiting"), "waiting")
+        assert reasons(repo)["a"] == ("LOADING", "warming up: gear 1, run 1 of 3")  # gears 1, 2, 4
+        assert reasons(repo)["b"] == ("LOADING", "waiting: other versions are loading (load_concurrency)")
+    finally:
+        gate.set()
+        watchdog.cancel()
+    await asyncio.gather(first, second)
+    assert reasons(repo) == {"a": ("READY", ""), "b": ("READY", "")}
+
+
+def test_a_compile_says_so_and_a_cache_hit_says_nothing(model_files, tmp_path):
+    steps: list[str] = []
+    onnx = Path(model_files[1]["onnx"])
+    first = compiled_om(onnx, "m", CompileOptions(batch=(1, 2)), "cpu", tmp_path, progress=steps.append)
+    again = compiled_om(onnx, "m", CompileOptions(batch=(1, 2)), "cpu", tmp_path, progress=steps.append)
+    assert first == again and first.is_file()
+    assert steps == [f"compiling {onnx.name} for cpu"]
