@@ -16,7 +16,7 @@ from aclserve.runtime.limits import ResourceLimitError, limits_for_soc
 from aclserve.runtime import open_pool
 from aclserve.runtime.futures import BatchFutures
 
-from tests.tiny_models import affine_reference, affine_request
+from tests.tiny_models import affine_reference
 
 
 def _rows(n):
@@ -149,104 +149,5 @@ def test_a_timing_error_is_logged_once_and_never_fails_the_batch(runtime, affine
                     assert acl.rt.destroy_event(event) == 0
         assert caplog.text.count("device timings unavailable") == 1 and "107006" in caplog.text
         assert done.submit([_rows(2)], 2).result(30).timings.compute_ms > 0  # real timings still flow
-    finally:
-        pool.close()
-
-
-def test_older_cann_without_timed_waits_falls_back_to_the_plain_calls(runtime, caplog):
-    """The CPU runtime's own functions, minus the ones older pyACL builds lack."""
-    from types import SimpleNamespace
-
-    from aclserve.acl import compat, using_context
-
-    acl = runtime.acl
-    dev = runtime.device(0)
-    old = SimpleNamespace(rt=SimpleNamespace(synchronize_event=acl.rt.synchronize_event,
-                                             synchronize_stream=acl.rt.synchronize_stream))
-    with using_context(acl, dev.context):
-        stream, _ = acl.rt.create_stream()
-        event, _ = acl.rt.create_event()
-        try:
-            assert acl.rt.record_event(event, stream) == 0
-            compat.synchronize_event(old, event, 10)
-            assert compat.synchronize_stream(old, stream, 10) is None  # waited, no error
-            assert compat.soc_name(old) is None
-        finally:
-            assert acl.rt.destroy_event(event) == 0
-            assert acl.rt.destroy_stream(stream) == 0
-    assert caplog.text.count("no acl.rt.synchronize_event_with_timeout: waiting without a timeout") == 1
-
-
-def test_a_soc_that_cannot_time_an_event_wait_gets_the_plain_call(runtime, caplog):
-    """The Ascend310 has the timed calls but takes only -1 as an event wait's timeout (CANN):
-    compat waits for events with the plain call there, and says so once; its stream waits
-    stay timed."""
-    from types import SimpleNamespace
-
-    from aclserve.acl import compat, using_context
-
-    acl = runtime.acl
-
-    def refused(*args):
-        raise AssertionError("a timed event wait on an Ascend310")
-
-    def untimed_stream(*args):
-        raise AssertionError("an untimed stream wait where it can be timed")
-    ascend310 = SimpleNamespace(get_soc_name=lambda: "Ascend310", rt=SimpleNamespace(
-        synchronize_event=acl.rt.synchronize_event, synchronize_stream=untimed_stream,
-        synchronize_event_with_timeout=refused, synchronize_stream_with_timeout=acl.rt.synchronize_stream_with_timeout))
-    with using_context(acl, runtime.device(0).context):
-        stream, _ = acl.rt.create_stream()
-        event, _ = acl.rt.create_event()
-        try:
-            assert acl.rt.record_event(event, stream) == 0
-            for _ in range(2):
-                compat.synchronize_event(ascend310, event, 10)
-                compat.synchronize_stream(ascend310, stream, 10)
-        finally:
-            assert acl.rt.destroy_event(event) == 0
-            assert acl.rt.destroy_stream(stream) == 0
-    assert caplog.text.count("the Ascend310 cannot time an event wait") == 1
-    assert [compat.event_waits_forever_only(s) for s in ("Ascend310", "Ascend310P3", "Ascend310B1", "Ascend910B2", None)] \
-        == [True, False, False, False, False]
-
-
-def test_slot_events_come_from_create_event_ex_with_flag_where_there_is_one(runtime, caplog):
-    """Events another stream waits on batch after batch: create_event_ex_with_flag's (CANN:
-    recorded again as they are); an older CANN without it gets plain events, and its slots keep
-    each batch on one stream (said once)."""
-    from types import SimpleNamespace
-
-    from aclserve.acl import compat, using_context
-
-    acl = runtime.acl
-    older = SimpleNamespace(rt=SimpleNamespace(create_event=acl.rt.create_event))
-    with using_context(acl, runtime.device(0).context):
-        made = [compat.pipeline_event(acl), compat.pipeline_event(older), compat.pipeline_event(older)]
-        try:
-            assert [shared for _, shared in made] == [True, False, False]
-        finally:
-            for event, _ in made:
-                assert acl.rt.destroy_event(event) == 0
-    assert caplog.text.count("no acl.rt.create_event_ex_with_flag: each batch runs") == 1
-
-
-def test_slots_without_reusable_events_keep_each_batch_on_one_stream(runtime, affine_om, monkeypatch):
-    """Where create_event_ex_with_flag is missing or refused, the slots get plain events, which
-    CANN lets another stream wait on only as record, wait, reset: every batch then runs its
-    copies and execution on the compute stream alone (the CPU runtime refuses a plain event's
-    second record after a wait, so a piped batch would fail here). Many batches in flight on
-    two slots, each answered with its own rows."""
-    from aclserve.acl import check, compat
-
-    monkeypatch.setattr(compat, "pipeline_event", lambda acl: (check("rt.create_event", acl.rt.create_event()), False))
-    pool = open_pool(runtime, affine_om(), "affine", slots=2)
-    done = BatchFutures(pool)
-    try:
-        assert not any(slot.cross_stream for slot in pool.instances[0].slots)
-        requests = [affine_request(rows, first_id=10 * i) for i, rows in enumerate([1, 2, 3, 4] * 8)]
-        futures = [done.submit([request], 4) for request in requests]  # gear 4: 1-4 rows
-        for request, future in zip(requests, futures):
-            np.testing.assert_allclose(future.result(30).outputs[0]["y"], affine_reference(**request)["y"], rtol=1e-5)
     finally:
         pool.close()

@@ -14,7 +14,7 @@ Extras that pyACL does not have (CPU runtime only):
     faults                           fault injection for tests (see faults.py)
     SOC_NAME                         what get_soc_name() returns by default
 Environment: ACLSERVE_CPU_DEVICES, ACLSERVE_CPU_DEVICE_MEMORY, ACLSERVE_CPU_THREADS,
-ACLSERVE_CPU_SOC, ACLSERVE_CPU_FAULTS (see settings.py and faults.py).
+ACLSERVE_CPU_SOC, ACLSERVE_CPU_LACKS, ACLSERVE_CPU_FAULTS (see settings.py and faults.py).
 """
 from __future__ import annotations
 
@@ -51,7 +51,27 @@ def init(config_path=""):
                 json.loads(text)
         except ValueError:
             return C.ACL_ERROR_PARSE_FILE
-    return _state.init()
+    ret = _state.init()
+    if ret == C.ACL_SUCCESS:
+        _present_calls(settings.lacks())
+    return ret
+
+
+_left_out: dict[str, object] = {}  # "rt.create_event_ex_with_flag" -> the function, while left out
+
+
+def _present_calls(lacking: frozenset[str]) -> None:
+    """Leave out the optional calls ACLSERVE_CPU_LACKS names (the module then has no such
+    attribute, as an older pyACL has not), and put back those it no longer names."""
+    import sys
+    for call in settings.OPTIONAL_CALLS:
+        owner_name, _, attr = call.rpartition(".")
+        owner = getattr(sys.modules[__name__], owner_name) if owner_name else sys.modules[__name__]
+        if call in lacking and call not in _left_out:
+            _left_out[call] = getattr(owner, attr)
+            delattr(owner, attr)
+        elif call not in lacking and call in _left_out:
+            setattr(owner, attr, _left_out.pop(call))
 
 
 @api("acl.finalize")

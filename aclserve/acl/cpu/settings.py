@@ -12,6 +12,9 @@ ACLSERVE_CPU_MAX_EVENTS     events per device, default 1023 (310/310P; 910-class
 ACLSERVE_CPU_SOC            the SoC it presents (acl.get_soc_name) and whose rules it follows,
                             default CPU-ORT (none); Ascend310 (Atlas 200/300/500) refuses a timed
                             event wait, as that SoC does; CPU-ORT or an Ascend name (Ascend...)
+ACLSERVE_CPU_LACKS          pyACL calls to leave out, as an older CANN release lacks them
+                            (comma-separated, of OPTIONAL_CALLS): the runtime then has no such
+                            attribute, so the server's fallbacks (acl/compat.py) run for real
 ACLSERVE_CPU_FAULTS         fault injection, see faults.py
 """
 from __future__ import annotations
@@ -26,6 +29,10 @@ DEFAULT_MAX_EVENTS = 1023  # CANN docs, aclrtCreateEvent: 310 / 310P
 DEFAULT_SOC = "CPU-ORT"  # not an Ascend SoC: the CPU runtime over ONNX Runtime
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+# Calls some CANN releases do not have (acl/compat.py falls back without them)
+OPTIONAL_CALLS = ("rt.synchronize_event_with_timeout", "rt.synchronize_stream_with_timeout",
+                  "rt.create_event_ex_with_flag", "get_soc_name")
 
 _threads_override: int | None = None
 
@@ -80,6 +87,16 @@ def soc_name() -> str:
     return raw or DEFAULT_SOC
 
 
+def lacks() -> frozenset[str]:
+    raw = os.environ.get("ACLSERVE_CPU_LACKS", "")
+    names = frozenset(filter(None, (name.strip() for name in raw.split(","))))
+    unknown = sorted(names - set(OPTIONAL_CALLS))
+    if unknown:
+        raise ValueError(f"ACLSERVE_CPU_LACKS names {', '.join(unknown)}: it may leave out "
+                         f"{', '.join(OPTIONAL_CALLS)}")
+    return names
+
+
 def set_threads(n: int) -> None:
     """Intra-op threads for models loaded from now on (None: back to ACLSERVE_CPU_THREADS)."""
     global _threads_override
@@ -92,7 +109,7 @@ def check_environment() -> None:
     """Every setting above read once: ValueError naming the first that is wrong (a server checks
     them at its start, not when acl.init meets them)."""
     from . import faults
-    for read in (device_count, device_memory, max_streams, max_events, threads, soc_name):
+    for read in (device_count, device_memory, max_streams, max_events, threads, soc_name, lacks):
         read()
     spec = os.environ.get("ACLSERVE_CPU_FAULTS", "")
     if spec.strip():

@@ -1,0 +1,130 @@
+"""The server's fallbacks for what an older CANN release or a SoC lacks (acl/compat.py), run on
+the real CPU runtime presenting that CANN: ACLSERVE_CPU_LACKS leaves calls out of its modules as
+an older pyACL has not got them, ACLSERVE_CPU_SOC=Ascend310 refuses a timed event wait as that
+SoC does. Each case in a process of its own: the CPU runtime reads both when ACL starts."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import REPO
+
+SCRIPT = r'''
+import json, logging, sys, threading
+import numpy as np
+from aclserve.acl import AclError, compat, using_context
+from aclserve.acl import constants as C
+from aclserve.acl.cpu import faults
+from aclserve.runtime import AclRuntime, open_pool
+from aclserve.runtime.futures import BatchFutures
+from tests.tiny_models import affine_reference, affine_request
+
+said = []
+handler = logging.Handler()
+handler.emit = lambda record: said.append(record.getMessage())
+logging.getLogger("aclserve").addHandler(handler)
+case, om = sys.argv[1], sys.argv[2]
+out = {}
+with AclRuntime("cpu") as runtime:
+    acl = runtime.acl
+    out["has"] = {name: hasattr(acl.rt, name) for name in ("synchronize_event_with_timeout",
+                  "synchronize_stream_with_timeout", "create_event_ex_with_flag")}
+    out["soc"] = compat.soc_name(acl)
+    with using_context(acl, runtime.device(0).context):
+        stream, _ = acl.rt.create_stream()
+        event, _ = acl.rt.create_event()
+        assert acl.rt.record_event(event, stream) == 0
+        for _ in range(2):
+            compat.synchronize_event(acl, event, 10)
+            compat.synchronize_stream(acl, stream, 10)
+        if case == "ascend310":  # its stream waits stay timed: a held stream's wait times out
+            pool = open_pool(runtime, om, "held")
+            gate = threading.Event()
+            held = faults.inject("execute", nth=1, hold=gate)
+            try:
+                future = BatchFutures(pool).submit([affine_request(1)], 1)
+                held.entered.wait(30)
+                stream_of_batch = pool.instances[0].streams["compute"]
+                with using_context(acl, pool.instances[0].context):
+                    try:
+                        compat.synchronize_stream(acl, stream_of_batch, 50)
+                        out["stream_wait"] = "returned"
+                    except AclError as e:
+                        out["stream_wait"] = e.ret
+            finally:
+                gate.set()
+                future.result(30)
+                faults.clear()
+                pool.close()
+        assert acl.rt.destroy_event(event) == 0
+        assert acl.rt.destroy_stream(stream) == 0
+    pool = open_pool(runtime, om, "affine", slots=2)
+    try:
+        out["cross_stream"] = [slot.cross_stream for slot in pool.instances[0].slots]
+        done = BatchFutures(pool)
+        requests = [affine_request(rows, first_id=10 * i) for i, rows in enumerate([1, 2, 3, 4] * 8)]
+        futures = [done.submit([request], 4) for request in requests]  # gear 4: 1-4 rows, two slots
+        out["own_rows"] = all(np.allclose(f.result(30).outputs[0]["y"], affine_reference(**r)["y"], rtol=1e-5)
+                              for r, f in zip(requests, futures))
+    finally:
+        pool.close()
+out["said"] = said
+print(json.dumps(out))
+'''
+
+
+def run(case: str, om: str, **env) -> dict:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, case, om], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, **env), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def said(out: dict, words: str) -> int:
+    return sum(words in line for line in out["said"])
+
+
+def test_a_cann_without_timed_waits_waits_untimed_and_serves(affine_om):
+    out = run("untimed", affine_om(), ACLSERVE_CPU_LACKS="rt.synchronize_event_with_timeout,"
+              "rt.synchronize_stream_with_timeout,get_soc_name")
+    assert out["has"] == {"synchronize_event_with_timeout": False, "synchronize_stream_with_timeout": False,
+                          "create_event_ex_with_flag": True}
+    assert out["soc"] is None
+    assert out["own_rows"] and out["cross_stream"] == [True, True]
+    for call in ("synchronize_event_with_timeout", "synchronize_stream_with_timeout"):
+        assert said(out, f"this CANN has no acl.rt.{call}: waiting without a timeout") == 1
+
+
+def test_an_ascend310_waits_for_events_untimed_and_for_streams_timed(affine_om):
+    """The CPU runtime presenting an Ascend310 refuses a timed event wait (CANN: -1 only), so an
+    event wait that returns took the plain call; a stream held by a fault times out, so stream
+    waits stay timed."""
+    out = run("ascend310", affine_om(), ACLSERVE_CPU_SOC="Ascend310")
+    assert out["soc"] == "Ascend310"
+    assert out["stream_wait"] == 507046  # ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+    assert out["own_rows"]
+    assert said(out, "the Ascend310 cannot time an event wait") == 1
+    assert not [line for line in out["said"] if "stream wait" in line]
+
+
+def test_a_cann_without_create_event_ex_with_flag_keeps_each_batch_on_one_stream(affine_om):
+    """The slots get plain events, which CANN lets another stream wait on only as record, wait,
+    reset: every batch then runs on the compute stream alone (the CPU runtime refuses a plain
+    event's second record after a wait, so a piped batch would fail). Many batches in flight
+    on two slots, each answered with its own rows; said once."""
+    out = run("no_flagged_events", affine_om(), ACLSERVE_CPU_LACKS="rt.create_event_ex_with_flag")
+    assert out["has"]["create_event_ex_with_flag"] is False
+    assert out["cross_stream"] == [False, False]
+    assert out["own_rows"]
+    assert said(out, "no acl.rt.create_event_ex_with_flag: each batch runs") == 1
+
+
+@pytest.mark.parametrize("soc, untimed", [("Ascend310", True), ("Ascend310P3", False), ("Ascend310B1", False),
+                                           ("Ascend910B2", False), (None, False)])
+def test_which_socs_wait_for_events_forever_only(soc, untimed):
+    from aclserve.acl import compat
+    assert compat.event_waits_forever_only(soc) is untimed
