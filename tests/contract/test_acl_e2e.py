@@ -67,6 +67,7 @@ def test_sample_style_end_to_end(acl, mlp_om):
     features = x_dims["dims"][1]
     out_types = [acl.mdl.get_output_data_type(desc, i) for i in range(len(out_dev))]
 
+    assert gears["batch"] == [1, 2, 4]  # the fixture's gears: every one is run and compared below
     for batch in gears["batch"]:
         for mode in ("execute", "execute_async"):
             x = np.random.default_rng(batch * 10 + len(mode)).standard_normal((batch, features)).astype(np.float32)

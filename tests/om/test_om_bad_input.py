@@ -3,8 +3,8 @@ and no output file left behind."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -90,6 +90,10 @@ def test_inspect_bad_file(tmp_path, content, expected):
 
 
 def test_no_atc_on_path_means_cpu_for_target_auto(tmp_path, multi_io_onnx):
-    assert run_cli("compile", multi_io_onnx, "-o", tmp_path / "m.om", "--batch", "1",
+    from aclserve.om import atc_om
+    source = Path(multi_io_onnx).read_bytes()
+    assert run_cli("compile", multi_io_onnx, "-o", tmp_path / "m.om", "--batch", "1,2",
                    env={"PATH": "/usr/bin:/bin"}).returncode == 0
-    assert onnx.load(multi_io_onnx)  # the source is untouched
+    kind, header = atc_om.identify(tmp_path / "m.om")
+    assert kind == "cpu_om" and header["gears"] == [1, 2]
+    assert Path(multi_io_onnx).read_bytes() == source  # the source is untouched

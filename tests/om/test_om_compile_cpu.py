@@ -60,8 +60,6 @@ def test_payload_matches_source_for_every_gear(multi_om, multi_io_onnx):
 
 def test_cpu_runtime_matches_onnxruntime_for_every_gear(multi_om, multi_io_onnx):
     acl = cpu_acl()
-    if acl is None:
-        pytest.skip("CPU runtime (aclserve.acl.cpu) not available yet")
     source = _ort(multi_io_onnx)
     names = [o.name for o in source.get_outputs()]
     with acl_context(acl):

@@ -53,8 +53,6 @@ def test_payload_accuracy_equals_recorded(held_out):
 
 def test_cpu_runtime_accuracy_equals_recorded(held_out):
     acl = cpu_acl()
-    if acl is None:
-        pytest.skip("CPU runtime (aclserve.acl.cpu) not available yet")
     x, y, accuracy = held_out
     gears = container.read_header(OM)["gears"]
     predictions = []

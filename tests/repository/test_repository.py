@@ -176,7 +176,7 @@ async def test_a_models_folder_that_cannot_be_read_changes_and_forgets_nothing(m
     unlistable(monkeypatch, models_dir)
     await asyncio.gather(*await repo._reconcile(trust="all"))
     index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
-    assert serving(repo) == ["good"] and await answer(repo, "good") is not None
+    assert serving(repo) == ["good"] and await answer(repo, "good") == 1.0  # scale 1
     assert index[("junk", "1")][0] == State.UNAVAILABLE and "not an OM file" in index[("junk", "1")][1]
     assert "the models folder cannot be read (Permission denied)" in index[(str(models_dir), "")][1]
     monkeypatch.undo()
@@ -278,4 +278,4 @@ async def test_a_model_still_settling_at_start_holds_readiness_back(make_repo, m
     ready_at_start = repo.all_ready()
     await events.until(repo.all_ready)
     assert not ready_at_start
-    assert repo.get("m") is not None
+    assert await answer(repo, "m") == 3.0  # the settled file (scale 3) serves

@@ -173,10 +173,12 @@ def test_sync_stream(client, reference):
         for _ in range(3):
             result, error = answers.get(timeout=60)
             assert error is None
-            got[result.get_response().id] = result.as_numpy("s")
+            got[result.get_response().id] = result.as_numpy("y")
     finally:
         client.stop_stream()
     assert set(got) == {"0", "1", "2"}
+    for i in range(3):  # each request answered with its own rows
+        np.testing.assert_allclose(got[str(i)], reference(X * i, IDX)["y"], rtol=1e-5, atol=1e-6)
 
 
 def test_each_stream_response_is_marked_final(client):

@@ -5,10 +5,12 @@ sends (half a message, a silent connection), raw HTTP/2 frames on a socket."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import socket
 import struct
 import time
+import urllib.request
 
 import grpc
 import numpy as np
@@ -116,6 +118,12 @@ def in_use(srv) -> float:
     return metric(srv.url, "aclserve_request_memory_bytes")
 
 
+def inferences(srv, model: str = "affine") -> int:
+    """Requests of `model` its versions ran (the statistics extension's inference_count)."""
+    with urllib.request.urlopen(f"http://{srv.url}/v2/models/{model}/stats", timeout=30) as answer:
+        return sum(stats["inference_count"] for stats in json.loads(answer.read())["model_stats"])
+
+
 def refused(srv, status: int) -> float:
     return metric(srv.url, "aclserve_request_memory_refused_total", f'status="{status}"')
 
@@ -202,6 +210,8 @@ def test_streams_cancelled_while_answering_give_back_every_charge(guarded):
     rng = np.random.default_rng(5)
     pauses = iter(rng.random(400) * 0.003)
 
+    sent = []
+
     async def one(channel):
         stream = channel.stream_stream(STREAM, pb.ModelInferRequest.SerializeToString,
                                        pb.ModelStreamInferResponse.FromString)
@@ -209,6 +219,7 @@ def test_streams_cancelled_while_answering_give_back_every_charge(guarded):
         try:
             for rows in (1, 2, 3):
                 await call.write(affine(rows))
+            sent.append(call)
             await asyncio.sleep(next(pauses))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             pass  # refused for want of call slots (cancelled calls free theirs a moment later)
@@ -219,8 +230,12 @@ def test_streams_cancelled_while_answering_give_back_every_charge(guarded):
             for _ in range(100):
                 await asyncio.gather(*(one(channel) for _ in range(4)))
             await wait_for(lambda: in_use(guarded) == 0)
+    ran_before = inferences(guarded)
     asyncio.run(scenario())
     assert in_use(guarded) == 0
+    # the race was run: most streams got their three requests in, and the server ran requests
+    assert len(sent) > 200, len(sent)
+    assert inferences(guarded) > ran_before, "no streamed request reached the model"
 
 
 def test_a_call_whose_message_does_not_come_is_ended(guarded):

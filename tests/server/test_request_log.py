@@ -71,13 +71,15 @@ def test_a_refused_request_is_named_by_its_own_id(logged, caplog, models_dir):
     assert (second["status"], second["request_id"]) == (400, "rl-param")
     caplog.clear()
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
     config = server_config(models_dir, request_log=True, grpc_port=free_port())
     with ServerThread(config):
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{config.grpc_port}")
         x = grpcclient.InferInput("x", [1, 3], "FP32")
         x.set_data_from_numpy(np.ones((1, 3), np.float32))
-        with pytest.raises(Exception, match="x"):
+        with pytest.raises(InferenceServerException, match=r"input 'x': shape \[1, 3\] does not match the model's \[-1, 16\]") as bad:
             client.infer("double", [x], request_id="g-bad")
+        assert bad.value.status() == "StatusCode.INVALID_ARGUMENT"
         with pytest.raises(Exception, match="unknown model"):  # refused before its body is decoded
             client.infer("nosuch", [x], request_id="g-none")
         client.close()

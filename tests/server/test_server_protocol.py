@@ -134,9 +134,13 @@ def test_raw_binary_single_input(server):
 
 
 @pytest.mark.parametrize("encoding,compress", [("gzip", gzip.compress), ("deflate", zlib.compress)])
-def test_compressed_request_body(server, encoding, compress):
+def test_compressed_request_body(server, encoding, compress, reference):
     status, _, body = infer_json(server, compress(json.dumps(doc()).encode()), {"Content-Encoding": encoding})
     assert status == 200, body
+    outputs = {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in json.loads(body)["outputs"]}
+    want = reference(X, IDX)
+    np.testing.assert_allclose(outputs["y"], want["y"], atol=1e-5)
+    np.testing.assert_array_equal(outputs["s"], want["s"])
 
 
 def test_binary_output_response_is_framed(server):

@@ -3,7 +3,8 @@ request do not hold it. HTTP keep-alive connections, gRPC connections that sent 
 preface and gRPC connections that said hello but made no call are left open by their clients;
 with shutdown_timeout_s 60 the process exits in about a second. It used to hold them until the
 deadline and 0.5 s more, or until grpc's own GOAWAY ping went unanswered (PING_TIMEOUT_S, 20 s).
-The one time limit asserted, EXIT_WITHIN_S, is far from both; the others are hang guards."""
+What is asserted of time is that the process exits before the deadline could have ended the
+drain (a minute away, against about a second); everything else is hang guards."""
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,6 @@ from tests.serving import free_port
 from .test_grpc_guards import PREFACE, SETTINGS, frame
 
 SHUTDOWN_TIMEOUT_S = 60
-EXIT_WITHIN_S = 10
 
 
 def ready(port: int) -> bool:
@@ -71,7 +71,7 @@ def test_idle_connections_do_not_hold_shutdown(models_dir, tmp_path):
         out, _ = proc.communicate(timeout=120)  # a hang guard
         took = time.monotonic() - signalled
         assert proc.returncode == 0, out
-        assert took < EXIT_WITHIN_S, (took, out[-3000:])
+        assert took < SHUTDOWN_TIMEOUT_S, (took, out[-3000:])  # not held until the deadline
     finally:
         for sock in held:
             sock.close()
@@ -125,7 +125,7 @@ def test_sighup_is_ignored_under_nohup(models_dir, tmp_path):
 def test_a_second_signal_ends_the_drain_at_once(models_dir, tmp_path):
     """SIGTERM drains for up to shutdown_timeout_s (60 s here); a second signal ends the drain
     then and there: the request still waiting is answered 503 and the process exits, far sooner
-    than the deadline (EXIT_WITHIN_S is a hang guard, not a timing check)."""
+    than the deadline."""
     import json
     import threading
 
@@ -162,5 +162,5 @@ def test_a_second_signal_ends_the_drain_at_once(models_dir, tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)  # a hang guard
         client.join(120)
-        assert proc.returncode == 0 and time.monotonic() - signalled < EXIT_WITHIN_S, out[-3000:]
+        assert proc.returncode == 0 and time.monotonic() - signalled < SHUTDOWN_TIMEOUT_S, out[-3000:]
         assert statuses == [503] and "SIGTERM received again: the drain ends now" in out, (statuses, out[-3000:])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 
 import aiohttp
@@ -119,7 +118,6 @@ def test_bad_settings_are_400_naming_the_setting_and_change_nothing(http_client,
         client.update_trace_settings(settings=settings)
     assert info.value.status() == "400"
     assert client.get_trace_settings() == before
-    assert not os.path.exists("/etc/passwd.0")
 
 
 def test_unknown_model_and_malformed_bodies(srv):
