@@ -24,12 +24,18 @@ def host_view(ptr: int, nbytes: int) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
 
 
+# memcpy_async wants both addresses 64-byte aligned (CANN); malloc_host's memory is page-aligned
+# on a host but need not be on the board (ACL_DEVICE), so each host buffer is allocated this
+# much larger and used from its first aligned byte
+COPY_ALIGN = 64
+
+
 class _Tensor:
-    __slots__ = ("spec", "size", "host", "device", "buffer", "rows_view", "row_bytes")
+    __slots__ = ("spec", "size", "host", "host_block", "device", "buffer", "rows_view", "row_bytes")
 
     def __init__(self, spec: TensorSpec | None, size: int):
         self.spec, self.size = spec, size
-        self.host = self.device = self.buffer = 0
+        self.host = self.host_block = self.device = self.buffer = 0  # host_block: what malloc_host gave
         self.rows_view: np.ndarray | None = None
         self.row_bytes = 0
 
@@ -85,7 +91,8 @@ class Slot:
         tensor.device = check("rt.malloc", acl.rt.malloc(size, C.ACL_MEM_MALLOC_HUGE_FIRST))
         tensor.buffer = check_handle("create_data_buffer", acl.create_data_buffer(tensor.device, size))
         if host:
-            tensor.host = check("rt.malloc_host", acl.rt.malloc_host(size))
+            tensor.host_block = check("rt.malloc_host", acl.rt.malloc_host(size + COPY_ALIGN - 1))
+            tensor.host = -(-tensor.host_block // COPY_ALIGN) * COPY_ALIGN
             tensor.row_bytes = size // rows
             raw = host_view(tensor.host, size)
             shape = (rows,) + tuple(spec.sample_shape) if spec.batched else tuple(spec.shape)
@@ -112,7 +119,7 @@ class Slot:
                 release("destroy_data_buffer", acl.destroy_data_buffer(tensor.buffer))  # not the memory
             if tensor.device:
                 release("rt.free", acl.rt.free(tensor.device))
-            if tensor.host:
-                release("rt.free_host", acl.rt.free_host(tensor.host))
-            tensor.buffer = tensor.device = tensor.host = 0
+            if tensor.host_block:
+                release("rt.free_host", acl.rt.free_host(tensor.host_block))
+            tensor.buffer = tensor.device = tensor.host = tensor.host_block = 0
         self._tensors.clear()

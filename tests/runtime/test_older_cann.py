@@ -1,7 +1,9 @@
-"""The server's fallbacks for what an older CANN release or a SoC lacks (acl/compat.py), run on
-the real CPU runtime presenting that CANN: ACLSERVE_CPU_LACKS leaves calls out of its modules as
-an older pyACL has not got them, ACLSERVE_CPU_SOC=Ascend310 refuses a timed event wait as that
-SoC does. Each case in a process of its own: the CPU runtime reads both when ACL starts."""
+"""The server's fallbacks for what an older CANN release or a SoC lacks (acl/compat.py), and its
+serving on the board (ACL_DEVICE), run on the real CPU runtime presenting that CANN:
+ACLSERVE_CPU_LACKS leaves calls out of its modules as an older pyACL has not got them,
+ACLSERVE_CPU_SOC=Ascend310 refuses a timed event wait as that SoC does,
+ACLSERVE_CPU_RUN_MODE=device gives host memory that is not 64-byte aligned. Each case in a
+process of its own: the CPU runtime reads them when ACL starts."""
 from __future__ import annotations
 
 import json
@@ -34,7 +36,11 @@ with AclRuntime("cpu") as runtime:
     out["has"] = {name: hasattr(acl.rt, name) for name in ("synchronize_event_with_timeout",
                   "synchronize_stream_with_timeout", "create_event_ex_with_flag")}
     out["soc"] = compat.soc_name(acl)
+    out["run_mode"] = acl.rt.get_run_mode()[0]
     with using_context(acl, runtime.device(0).context):
+        block, _ = acl.rt.malloc_host(100)
+        out["host_align"] = block % 64
+        assert acl.rt.free_host(block) == 0
         stream, _ = acl.rt.create_stream()
         event, _ = acl.rt.create_event()
         assert acl.rt.record_event(event, stream) == 0
@@ -121,6 +127,15 @@ def test_a_cann_without_create_event_ex_with_flag_keeps_each_batch_on_one_stream
     assert out["cross_stream"] == [False, False]
     assert out["own_rows"]
     assert said(out, "no acl.rt.create_event_ex_with_flag: each batch runs") == 1
+
+
+def test_on_the_board_host_buffers_are_aligned_for_the_copies(affine_om):
+    """On the board malloc_host's memory need not be 64-byte aligned (CANN), which memcpy_async
+    asks of both addresses: the slots align their staging buffers inside a larger block, so every
+    batch's copies go through (the CPU runtime refuses an unaligned memcpy_async)."""
+    out = run("board", affine_om(), ACLSERVE_CPU_RUN_MODE="device")
+    assert out["run_mode"] == 0 and out["host_align"] == 16  # ACL_DEVICE; 16-byte aligned only
+    assert out["own_rows"] and out["cross_stream"] == [True, True]
 
 
 @pytest.mark.parametrize("soc, untimed", [("Ascend310", True), ("Ascend310P3", False), ("Ascend310B1", False),

@@ -97,7 +97,12 @@ _host_starts: list[int] = []  # sorted keys of _host_allocs
 _devices: dict[int, DeviceMemory] = {}
 
 
-def reset(device_count: int, capacity: int) -> None:
+_host_offset = 0  # where malloc_host's blocks start past a page boundary (the board: not 64-aligned)
+
+
+def reset(device_count: int, capacity: int, host_offset: int = 0) -> None:
+    global _host_offset
+    _host_offset = host_offset
     with _lock:
         _devices.clear()
         for d in range(device_count):
@@ -229,9 +234,10 @@ def malloc_host(size: int) -> tuple[int, int]:
     if size <= 0:
         return 0, C.ACL_ERROR_INVALID_PARAM
     try:
-        mm, ptr = _new_mapping(_align(size, mmap.PAGESIZE))
+        mm, base = _new_mapping(_align(size + _host_offset, mmap.PAGESIZE))
     except (MemoryError, OSError):
         return 0, C.ACL_ERROR_BAD_ALLOC
+    ptr = base + _host_offset
     with _lock:
         _host_allocs[ptr] = Allocation(ptr, size, None, mm=mm)
         bisect.insort(_host_starts, ptr)

@@ -25,7 +25,11 @@ _local = threading.local()
 _finalizers: list = []
 
 initialized = False
+# On the board (ACL_DEVICE) malloc_host is the device's normal memory, not 64-byte aligned for
+# certain (CANN's malloc_host docs): its blocks start 16 bytes past an aligned address here.
+BOARD_HOST_OFFSET = 16
 soc_name = settings.DEFAULT_SOC  # what acl.get_soc_name() answers (settings.soc_name, at init)
+run_mode = C.ACL_HOST  # what acl.rt.get_run_mode() answers (settings.run_mode, at init)
 untimed_event_waits = False  # the SoC cannot time an event wait (the Ascend310: compat.event_waits_forever_only)
 devices: dict[int, "Device"] = {}
 contexts: dict[int, "Context"] = {}
@@ -159,17 +163,19 @@ def device_count() -> int:
 
 
 def init() -> int:
-    global initialized, soc_name, untimed_event_waits
+    global initialized, soc_name, untimed_event_waits, run_mode
     with lock:
         if initialized:
             return C.ACL_ERROR_REPEAT_INITIALIZE
         soc_name = settings.soc_name()
         untimed_event_waits = event_waits_forever_only(soc_name)
+        on_board = settings.run_mode() == "device"
+        run_mode = C.ACL_DEVICE if on_board else C.ACL_HOST
         count, capacity = settings.device_count(), settings.device_memory()
         max_streams, max_events = settings.max_streams(), settings.max_events()
         devices.clear()
         devices.update({d: Device(d, max_streams, max_events) for d in range(count)})
-        _memory.reset(count, capacity)
+        _memory.reset(count, capacity, host_offset=BOARD_HOST_OFFSET if on_board else 0)
         faults.load_env()
         initialized = True
     log.debug("CPU runtime initialised: %d device(s) of %d bytes", count, capacity)

@@ -74,7 +74,7 @@ def get_device_count():
 
 @api("acl.rt.get_run_mode")
 def get_run_mode():
-    return C.ACL_HOST, _OK
+    return _state.run_mode, _OK
 
 
 @api("acl.rt.create_context", INT)

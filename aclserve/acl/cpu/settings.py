@@ -12,6 +12,10 @@ ACLSERVE_CPU_MAX_EVENTS     events per device, default 1023 (310/310P; 910-class
 ACLSERVE_CPU_SOC            the SoC it presents (acl.get_soc_name) and whose rules it follows,
                             default CPU-ORT (none); Ascend310 (Atlas 200/300/500) refuses a timed
                             event wait, as that SoC does; CPU-ORT or an Ascend name (Ascend...)
+ACLSERVE_CPU_RUN_MODE       host (default: the application on a host, the card over PCIe) or
+                            device (on the board's own CPU, as an Atlas 200 DK: get_run_mode
+                            answers ACL_DEVICE and malloc_host's memory is 16-byte aligned only,
+                            as the device's normal pages need not be 64-byte aligned)
 ACLSERVE_CPU_LACKS          pyACL calls to leave out, as an older CANN release lacks them
                             (comma-separated, of OPTIONAL_CALLS): the runtime then has no such
                             attribute, so the server's fallbacks (acl/compat.py) run for real
@@ -87,6 +91,13 @@ def soc_name() -> str:
     return raw or DEFAULT_SOC
 
 
+def run_mode() -> str:
+    raw = os.environ.get("ACLSERVE_CPU_RUN_MODE", "").strip() or "host"
+    if raw not in ("host", "device"):
+        raise ValueError(f"ACLSERVE_CPU_RUN_MODE must be host or device, got {raw!r}")
+    return raw
+
+
 def lacks() -> frozenset[str]:
     raw = os.environ.get("ACLSERVE_CPU_LACKS", "")
     names = frozenset(filter(None, (name.strip() for name in raw.split(","))))
@@ -109,7 +120,7 @@ def check_environment() -> None:
     """Every setting above read once: ValueError naming the first that is wrong (a server checks
     them at its start, not when acl.init meets them)."""
     from . import faults
-    for read in (device_count, device_memory, max_streams, max_events, threads, soc_name, lacks):
+    for read in (device_count, device_memory, max_streams, max_events, threads, soc_name, run_mode, lacks):
         read()
     spec = os.environ.get("ACLSERVE_CPU_FAULTS", "")
     if spec.strip():
