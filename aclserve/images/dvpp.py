@@ -9,11 +9,14 @@ YUV420SP (NV12; width stride 128 on the Ascend310 and Ascend910, 64 on the Ascen
 and 910B and later, height stride 16); VPC resizes to the plan's H x W (NV12, strides 16 / 2);
 the result is copied back and converted to RGB (JPEG's full-range BT.601) or grey (the Y plane)
 on the host. What DVPP is not given, to the CPU decoder: other resize policies than stretch, PNG,
-JPEGs other than baseline (JPEGD decodes no progressive or arithmetic-coded ones), JPEGs with an
+JPEGs other than baseline (JPEGD decodes no progressive or arithmetic-coded ones) or not coded
+as YCbCr or grey (an RGB or CMYK JPEG: JPEGD reads YUV only), JPEGs with an
 EXIF orientation (JPEGD turns them itself, past the geometry given to it), sizes outside JPEGD's
 32-8,192 pixels a side or VPC's scaling from 1/32 to 16 times, odd sizes (of the image or the
 target), and any failure of DVPP (logged once). One channel and stream, used under this
-object's own context by one thread at a time (a lock).
+object's own context by one thread at a time (a lock); a task that does not finish within
+DVPP_WAIT_MS gives DVPP up for good (its buffers are left to the chip, which may still write
+them) and every image after it decodes on the CPU.
 """
 from __future__ import annotations
 
@@ -22,9 +25,9 @@ import threading
 
 import numpy as np
 
-from ..acl import check, check_handle, release
+from ..acl import AclError, check, check_handle, release
 from ..acl import constants as C
-from ..acl.compat import soc_name
+from ..acl.compat import soc_name, synchronize_stream
 from ..acl.context import restoring_context, using_context
 from .header import ImageInfo, check_size, probe
 from .plan import ImagePlan
@@ -36,6 +39,7 @@ JPEGD_HEIGHT_ALIGN = 16
 JPEGD_SIDES = (32, 8192)  # JPEGD's input, pixels a side
 VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN = 16, 2
 VPC_SCALE = (1 / 32, 16)  # VPC resizes by these factors at most, each way
+DVPP_WAIT_MS = 5000  # a JPEGD or VPC task takes milliseconds: past this the chip is not waited for
 
 
 def jpegd_width_align(soc: str | None) -> int:
@@ -51,7 +55,8 @@ def jpegd_width_align(soc: str | None) -> int:
 
 def dvpp_takes(info: ImageInfo, plan: ImagePlan) -> bool:
     """Whether DVPP decodes this image for this plan (else the CPU decoder does)."""
-    if info.format != "JPEG" or not info.baseline or info.orientation != 1 or plan.resize != "stretch":
+    if (info.format != "JPEG" or not info.baseline or info.orientation != 1 or not info.ycc
+            or plan.resize != "stretch"):
         return False
     if plan.width % 2 or plan.height % 2 or info.width % 2 or info.height % 2:
         return False  # NV12 halves both sides (JPEGD rounds an odd one down on some SoCs: not followed)
@@ -64,6 +69,10 @@ def dvpp_takes(info: ImageInfo, plan: ImagePlan) -> bool:
 
 class DvppError(RuntimeError):
     """DVPP cannot be used (no acl.media, or opening the channel failed)."""
+
+
+class DvppHung(DvppError):
+    """A DVPP task did not finish within DVPP_WAIT_MS."""
 
 
 def _align(n: int, a: int) -> int:
@@ -81,6 +90,7 @@ class DvppDecoder:
         self._acl, self._media, self._fallback = acl, acl.media, fallback
         self._lock = threading.Lock()
         self._warned = False
+        self._hung = False  # a task did not finish: DVPP is given up, its buffers left to it
         self._ctx = self._stream = self._channel = None
         try:
             runtime.device(device_id)  # set_device through the runtime, which resets it at close
@@ -101,17 +111,21 @@ class DvppDecoder:
         check_size(info, self._fallback.max_pixels, self._fallback.max_side)
         try:
             with self._lock, using_context(self._acl, self._ctx):
-                return self._decode(bytes(data), info, plan)
+                if not self._hung:
+                    return self._decode(bytes(data), info, plan)
+        except DvppHung as e:
+            self._hung = True
+            log.error("%s; DVPP is given up (its buffers are left to it) and images decode on the CPU", e)
         except Exception as e:  # anything DVPP does wrong: the CPU decodes it (README, Status)
             if not self._warned:
                 self._warned = True
                 log.warning("DVPP decode failed (%s: %s); this and later failures decode on the CPU",
                             type(e).__name__, e)
-            return self._fallback(data, plan)
+        return self._fallback(data, plan)
 
     def _decode(self, data: bytes, info: ImageInfo, plan: ImagePlan) -> np.ndarray:
         acl, media = self._acl, self._media
-        undo = []
+        undo = []  # what to free after the image; nothing when the chip may still use it (DvppHung)
         try:
             host = acl.util.bytes_to_ptr(data)
             w, h, _components, ret = media.dvpp_jpeg_get_image_info(host, len(data))
@@ -128,7 +142,7 @@ class DvppDecoder:
             decoded = self._pic(dec, dec_size, w, h, self._width_align, JPEGD_HEIGHT_ALIGN, undo)
             check("media.dvpp_jpeg_decode_async",
                   media.dvpp_jpeg_decode_async(self._channel, src, len(data), decoded, self._stream))
-            check("rt.synchronize_stream", acl.rt.synchronize_stream(self._stream))
+            self._wait(undo)
             out_w, out_h = _align(plan.width, VPC_WIDTH_ALIGN), _align(plan.height, VPC_HEIGHT_ALIGN)
             out_size = out_w * out_h * 3 // 2
             out = self._dvpp_malloc(out_size, undo)
@@ -137,13 +151,24 @@ class DvppDecoder:
             undo.append(lambda: release("media.dvpp_destroy_resize_config", media.dvpp_destroy_resize_config(config)))
             check("media.dvpp_vpc_resize_async",
                   media.dvpp_vpc_resize_async(self._channel, decoded, resized, config, self._stream))
-            check("rt.synchronize_stream", acl.rt.synchronize_stream(self._stream))
+            self._wait(undo)
             nv12 = np.empty(out_size, np.uint8)
             check("rt.memcpy", acl.rt.memcpy(nv12.ctypes.data, out_size, out, out_size, C.ACL_MEMCPY_DEVICE_TO_HOST))
         finally:
             for undo_step in reversed(undo):
                 undo_step()
         return nv12_to_pixels(nv12, out_w, out_h, plan)
+
+    def _wait(self, undo: list) -> None:
+        """The stream's tasks, for DVPP_WAIT_MS at most; past it DvppHung, with `undo` emptied:
+        the chip may still write the buffers, so they are not freed."""
+        try:
+            synchronize_stream(self._acl, self._stream, DVPP_WAIT_MS)
+        except AclError as e:
+            if e.ret != C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT:
+                raise
+            undo.clear()
+            raise DvppHung(f"a DVPP task did not finish within {DVPP_WAIT_MS} ms") from e
 
     def _dvpp_malloc(self, size: int, undo: list) -> int:
         ptr = check("media.dvpp_malloc", self._media.dvpp_malloc(size))

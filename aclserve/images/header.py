@@ -14,7 +14,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_SOI = b"\xff\xd8"
 # Start-of-frame markers carry the size: SOF0-3, 5-7, 9-11, 13-15 (not DHT C4, JPG C8, DAC CC).
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
-_SOF0, _APP1 = 0xC0, 0xE1
+_SOF0, _APP0, _APP1, _APP14 = 0xC0, 0xE0, 0xE1, 0xEE
 _NO_LENGTH = {0x01, 0xD8} | set(range(0xD0, 0xD8))  # TEM, SOI, RST0-7
 _OTHER_FORMATS = ((b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
 
@@ -30,6 +30,7 @@ class ImageInfo:
     height: int
     baseline: bool = False  # JPEG: a baseline frame (SOF0), the only kind a chip's JPEG decoder takes
     orientation: int = 1  # JPEG: the EXIF Orientation tag before the frame (1: none, 2-8: flips, turns)
+    ycc: bool = True  # JPEG: coded as YCbCr or grey (a chip's JPEG decoder takes no other: RGB, CMYK)
 
 
 def probe(data: bytes | memoryview) -> ImageInfo:
@@ -67,6 +68,7 @@ def _png(data) -> ImageInfo:
 
 def _jpeg(data) -> ImageInfo:
     n, pos, orientation = len(data), 2, 1
+    jfif, adobe_transform = False, None  # what says how three components are coded
     while pos < n:
         if data[pos] != 0xFF:
             raise ImageError(f"JPEG is corrupt (no marker at byte {pos})")
@@ -85,15 +87,36 @@ def _jpeg(data) -> ImageInfo:
             raise ImageError("JPEG is corrupt (bad segment length)")
         if marker == _APP1 and orientation == 1:
             orientation = exif_orientation(bytes(data[pos + 2:pos + length]))
+        elif marker == _APP0 and bytes(data[pos + 2:pos + 7]) == b"JFIF\0":
+            jfif = True
+        elif marker == _APP14 and length >= 14 and bytes(data[pos + 2:pos + 7]) == b"Adobe" and pos + 14 <= n:
+            adobe_transform = data[pos + 13]
         if marker in _SOF:
-            if pos + 7 > n:
+            if pos + 8 > n:
                 break
             height, width = struct.unpack(">HH", bytes(data[pos + 3:pos + 7]))
-            return ImageInfo("JPEG", width, height, marker == _SOF0, orientation)
+            ids = bytes(data[pos + 8:pos + 8 + 3 * data[pos + 7]:3])
+            return ImageInfo("JPEG", width, height, marker == _SOF0, orientation,
+                             _coded_ycc(ids, jfif, adobe_transform))
         if marker == 0xDA:
             raise ImageError("JPEG is corrupt (image data before the frame header)")
         pos += length
     raise ImageError("JPEG is truncated before its frame header")
+
+
+def _coded_ycc(ids: bytes, jfif: bool, adobe_transform: int | None) -> bool:
+    """Whether a JPEG's components are YCbCr or grey, as libjpeg decides it: one component is
+    grey; three are YCbCr under a JFIF marker, RGB under an Adobe marker with transform 0, else
+    RGB only when named R, G, B; four are CMYK or YCCK."""
+    if len(ids) == 1:
+        return True
+    if len(ids) != 3:
+        return False
+    if jfif:
+        return True
+    if adobe_transform is not None:
+        return adobe_transform != 0
+    return ids != b"RGB"
 
 
 _ORIENTATION_TAG = 0x0112

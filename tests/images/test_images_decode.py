@@ -249,6 +249,7 @@ def test_jpegd_width_stride_follows_the_soc():
     (ImageInfo("JPEG", 640, 480, baseline=True), (224, 224), "stretch", True),
     (ImageInfo("JPEG", 640, 480, baseline=False), (224, 224), "stretch", False),  # progressive
     (ImageInfo("JPEG", 640, 480, baseline=True, orientation=6), (224, 224), "stretch", False),
+    (ImageInfo("JPEG", 640, 480, baseline=True, ycc=False), (224, 224), "stretch", False),  # RGB, CMYK
     (ImageInfo("PNG", 640, 480), (224, 224), "stretch", False),
     (ImageInfo("JPEG", 640, 480, baseline=True), (224, 224), "letterbox", False),
     (ImageInfo("JPEG", 640, 480, baseline=True), (223, 224), "stretch", False),  # odd target

@@ -2,6 +2,7 @@
 nothing of that size is allocated (checked under an address-space limit in a subprocess)."""
 from __future__ import annotations
 
+import io
 import os
 import struct
 import subprocess
@@ -35,6 +36,19 @@ def test_probe_tells_a_baseline_jpeg_and_its_exif_orientation():
         exif[0x0112] = orientation
         assert probe(encode(pic, "JPEG", exif=exif.tobytes())).orientation == orientation
     assert probe(encode(pic, "JPEG")).orientation == 1
+
+
+def test_probe_tells_how_a_jpeg_codes_its_colours():
+    """A chip's JPEG decoder takes YCbCr or grey only (pyACL's JPEGD constraints): an RGB-coded
+    JPEG (Adobe marker, transform 0) or a CMYK one is told apart, to be decoded on the CPU."""
+    from PIL import Image
+    pic = gradient(37, 53)
+    assert probe(encode(pic, "JPEG")).ycc and probe(encode(gradient(37, 53, channels=1), "JPEG")).ycc
+    assert not probe(encode(pic, "JPEG", keep_rgb=True)).ycc  # Adobe APP14, transform 0
+    cmyk = io.BytesIO()
+    Image.fromarray(pic).convert("CMYK").save(cmyk, "JPEG")
+    assert not probe(cmyk.getvalue()).ycc
+    assert probe(encode(pic, "PNG")).ycc  # not a JPEG: nothing said
 
 
 def test_exif_orientation_reads_both_byte_orders_and_never_fails_on_garbage():
