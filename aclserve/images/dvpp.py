@@ -113,8 +113,7 @@ class DvppDecoder:
             with self._lock, using_context(self._acl, self._ctx):
                 if not self._hung:
                     return self._decode(bytes(data), info, plan)
-        except DvppHung as e:
-            self._hung = True
+        except DvppHung as e:  # (set _hung under the lock: no image waits on the chip after it)
             log.error("%s; DVPP is given up (its buffers are left to it) and images decode on the CPU", e)
         except Exception as e:  # anything DVPP does wrong: the CPU decodes it (README, Status)
             if not self._warned:
@@ -168,6 +167,7 @@ class DvppDecoder:
             if e.ret != C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT:
                 raise
             undo.clear()
+            self._hung = True
             raise DvppHung(f"a DVPP task did not finish within {DVPP_WAIT_MS} ms") from e
 
     def _dvpp_malloc(self, size: int, undo: list) -> int:

@@ -13,6 +13,7 @@ entry gone between the hit and the open is a miss, compiled again once, not a fa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -34,7 +35,8 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
     run = functools.partial(loop.run_in_executor, executor)
 
     def from_thread(step: str) -> None:
-        loop.call_soon_threadsafe(progress, step)
+        with contextlib.suppress(RuntimeError):  # the loop closed: a load abandoned at exit, nobody to tell
+            loop.call_soon_threadsafe(progress, step)
 
     async def om_path() -> str:
         if wanted.file.kind != "onnx":
