@@ -154,6 +154,7 @@ ACL_CALLBACK_NO_BLOCK = 0
 ACL_CALLBACK_BLOCK = 1
 
 ACL_DYNAMIC_TENSOR_NAME = DYNAMIC_BATCH_INPUT
+ACL_DYNAMIC_AIPP_NAME = "ascend_dynamic_aipp_data"  # the input an OM of dynamic AIPP takes its parameters in
 
 # -- formats -----------------------------------------------------------------------------------
 ACL_FORMAT_UNDEFINED = -1

@@ -115,6 +115,24 @@ class OmModel:
         self.inputs = [self._spec(i, True) for i in range(n_in) if i != self.dynamic_index]
         self.outputs = [self._spec(i, False) for i in range(n_out)]
         self.input_indices = [i for i in range(n_in) if i != self.dynamic_index]
+        self._refuse_other_dynamics()
+
+    def _refuse_other_dynamics(self) -> None:
+        """Only batch gears are served: an OM of dynamic image size, dims or shape, or of dynamic
+        AIPP, is refused here by name (its extra input, or a dimension left at -1), not left to
+        fail later as a buffer that cannot be laid out."""
+        names = {spec.name for spec in self.inputs}
+        if C.ACL_DYNAMIC_AIPP_NAME in names:
+            raise LoadError(f"model {self.name} takes dynamic AIPP ({C.ACL_DYNAMIC_AIPP_NAME}), which aclserve "
+                            "does not serve: compile it with static AIPP (aclserve compile --aipp)")
+        if C.ACL_DYNAMIC_TENSOR_NAME in names:
+            raise LoadError(f"model {self.name} has dynamic image sizes or dims, not batch gears: aclserve serves "
+                            "only a dynamic batch (ATC --dynamic_batch_size); compile it so")
+        for spec in self.inputs + self.outputs:
+            if any(d < 0 for d in (spec.shape[1:] if self.gears else spec.shape)):
+                raise LoadError(f"model {self.name}: tensor {spec.name!r} has the shape {list(spec.shape)}; only "
+                                "the batch dimension may be dynamic (with batch gears): compile it with fixed "
+                                "dimensions")
 
     def _spec(self, index: int, is_input: bool) -> TensorSpec:
         mdl = self._acl.mdl

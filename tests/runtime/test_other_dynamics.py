@@ -1,0 +1,44 @@
+"""Only batch gears are served: an OM with another kind of dynamic input (image size, dims, a
+dynamic shape, dynamic AIPP) is refused at load naming what it has, not left to fail as a slot
+buffer that cannot be laid out (a numpy error, before). The OMs are written as the CPU compiler
+would, from graphs it refuses to compile (it fixes every dimension but the batch)."""
+from __future__ import annotations
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from aclserve.runtime import open_pool
+from aclserve.runtime.device import LoadError
+
+from tests.contract.conftest import write_cpu_om
+
+
+def relu(path, dims, name="x", gears=(1, 2)):
+    x = helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", [name], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return write_cpu_om(path, model, list(gears) if gears else None)
+
+
+@pytest.mark.parametrize("dims, name, gears, message", [
+    (["N", 3, "H", "W"], "x", (1, 2), "tensor 'x' has the shape [-1, 3, -1, -1]; only the batch dimension"),
+    ([1, 3, 8, 8], "ascend_dynamic_aipp_data", None, "takes dynamic AIPP (ascend_dynamic_aipp_data)"),
+])
+def test_an_om_with_other_dynamic_inputs_is_refused_naming_them(runtime, tmp_path, dims, name, gears, message):
+    om = relu(tmp_path / "m.om", dims, name, gears)
+    ledger = runtime.device(0).ledger
+    before = (ledger.streams, ledger.events, runtime.acl.memory_stats(0)["used"])
+    with pytest.raises(LoadError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        open_pool(runtime, om, "m")
+    assert (ledger.streams, ledger.events, runtime.acl.memory_stats(0)["used"]) == before  # nothing kept
+
+
+def test_an_om_of_batch_gears_alone_still_loads(runtime, tmp_path):
+    pool = open_pool(runtime, relu(tmp_path / "m.om", ["N", 3, 8, 8]), "m")
+    try:
+        assert pool.gears == (1, 2) and pool.inputs[0].shape == (-1, 3, 8, 8)
+    finally:
+        pool.close()
