@@ -168,10 +168,13 @@ def test_a_client_gone_before_taking_its_answer_costs_one_debug_line(grpc_server
     assert grpc_lines == [], [r.msg for r in grpc_lines]
     gone = [r for r in caplog.records if "client went away" in str(r.msg)]
     # a stream whose client goes before its answer reached the write is cancelled by grpc
-    # instead (its own DEBUG line; which one comes depends on the timing on a loaded machine)
+    # instead (its own DEBUG line), or, when the stream sees the cancellation before it hands
+    # grpc the answer, ends without a word (grpc_stream.py drops it); which of the three
+    # depends on the timing on a loaded machine: at most one DEBUG line, never an ERROR
     cancelled = [r for r in caplog.records if r.levelno == logging.DEBUG and f"servicer method [{STREAM}]" in str(r.msg)]
     assert [(r.levelno, r.args, r.exc_info) for r in gone if r.args != (STREAM,)] == [(logging.DEBUG, (INFER,), None)]
-    assert len([r for r in gone if r.args == (STREAM,) and r.levelno == logging.DEBUG]) + len(cancelled) == 1
+    assert len([r for r in gone if r.args == (STREAM,) and r.levelno == logging.DEBUG]) + len(cancelled) <= 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR and STREAM in str(r.msg) + str(r.args)]
 
     faults.inject("execute", count=1)
 
