@@ -15,8 +15,10 @@ EXIF orientation (JPEGD turns them itself, past the geometry given to it), sizes
 32-8,192 pixels a side or VPC's scaling from 1/32 to 16 times, odd sizes (of the image or the
 target), and any failure of DVPP (logged once). One channel and stream, used under this
 object's own context by one thread at a time (a lock); a task that does not finish within
-DVPP_WAIT_MS gives DVPP up for good (its buffers are left to the chip, which may still write
-them) and every image after it decodes on the CPU.
+DVPP_WAIT_MS gives DVPP up for good (its buffers, channel and stream are left to the chip, which
+may still write them) and every image after it decodes on the CPU. The wait is timed only where
+the CANN has synchronize_stream_with_timeout (acl/compat.py); on an older one a hung task holds
+the decoder, and every image request behind it, for good.
 """
 from __future__ import annotations
 
@@ -186,8 +188,14 @@ class DvppDecoder:
         return pic
 
     def close(self) -> None:
-        """Destroy the channel, stream and context, in reverse order. Safe twice."""
+        """Destroy the channel, stream and context, in reverse order. Safe twice. After a task
+        that did not finish they are left as they are (destroying a channel or stream with work
+        on it may block or fail on CANN): the process's exit gives them back."""
         acl = self._acl
+        if self._hung:
+            log.warning("DVPP's channel, stream and context are left to the device: a task on them did not finish")
+            self._ctx = self._stream = self._channel = None
+            return
         with restoring_context(acl):
             if self._ctx is not None:
                 release("rt.set_context", acl.rt.set_context(self._ctx))

@@ -125,6 +125,7 @@ class Lifecycle:
             try:
                 loaded[version] = await load_version(self._runtime, self._executor, self._load_limit,
                                                      self._cache, name, version, wanted, progress)
+                progress("loaded: serves once the versions loading with it are done")
             except Exception as e:  # any failure leaves the serving version in place
                 failed[version] = self._refuse(name, version, wanted, e)
             else:

@@ -81,7 +81,8 @@ class OmModel:
             raise LoadError(f"model {self.name}: loading {self.path} failed ({e})") from None
 
     def _load_unsized(self, refusal: AclError) -> None:
-        """query_size refuses fully dynamic-shape OMs: let CANN allocate with load_from_file."""
+        """query_size refused (CANN does for fully dynamic-shape OMs): let CANN allocate with
+        load_from_file; a dynamic shape beyond the batch is then refused at _describe."""
         log.warning("model %s: %s; loading with load_from_file, so CANN allocates the model memory "
                     "(no huge-page control, not counted against memory_reserve_fraction)", self.name, refusal)
         self.work_size = self.weight_size = 0

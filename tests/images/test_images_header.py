@@ -51,6 +51,48 @@ def test_probe_tells_how_a_jpeg_codes_its_colours():
     assert probe(encode(pic, "PNG")).ycc  # not a JPEG: nothing said
 
 
+def _segments(jpeg: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
+    """The marker segments before the scan (marker, payload after the length), and the rest."""
+    pos, out = 2, []
+    while jpeg[pos + 1] != 0xDA:
+        marker, (length,) = jpeg[pos + 1], struct.unpack(">H", jpeg[pos + 2:pos + 4])
+        out.append((marker, jpeg[pos + 4:pos + 2 + length]))
+        pos += 2 + length
+    return out, jpeg[pos:]
+
+
+def _jpeg(segments: list[tuple[int, bytes]], rest: bytes) -> bytes:
+    return b"\xff\xd8" + b"".join(b"\xff" + bytes([m]) + struct.pack(">H", len(p) + 2) + p for m, p in segments) + rest
+
+
+def _with_ids(payload: bytes, ids: bytes) -> bytes:
+    """A SOF payload (P, Y, X, Nf, then Nf entries of 3 bytes) with its component ids replaced."""
+    entries = bytearray(payload)
+    for k, cid in enumerate(ids):
+        entries[6 + 3 * k] = cid
+    return bytes(entries)
+
+
+@pytest.mark.parametrize("jfif, adobe, ids, ycc", [
+    (True, None, b"\x01\x02\x03", True),
+    (True, None, b"RGB", True),  # JFIF says YCbCr whatever the ids (libjpeg)
+    (False, 0, b"\x01\x02\x03", False),  # Adobe transform 0: RGB whatever the ids
+    (False, 1, b"RGB", True),  # Adobe transform 1: YCbCr
+    (False, None, b"RGB", False),  # neither marker: the ids R, G, B say RGB
+    (False, None, b"\x01\x02\x03", True),
+])
+def test_how_three_components_are_coded_follows_libjpeg(jfif, adobe, ids, ycc):
+    segments, rest = _segments(encode(gradient(37, 53), "JPEG"))
+    segments = [(m, p) for m, p in segments if m not in (0xE0, 0xEE)]  # no JFIF, no Adobe marker
+    segments = [(m, _with_ids(p, ids) if m == 0xC0 else p) for m, p in segments]
+    if jfif:
+        segments.insert(0, (0xE0, b"JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"))
+    if adobe is not None:
+        segments.insert(0, (0xEE, b"Adobe\x00\x64\x00\x00\x00\x00" + bytes([adobe])))
+    info = probe(_jpeg(segments, rest))
+    assert (info.width, info.height, info.baseline, info.ycc) == (53, 37, True, ycc)
+
+
 def test_exif_orientation_reads_both_byte_orders_and_never_fails_on_garbage():
     tiff = b"MM" + struct.pack(">HI", 42, 8) + struct.pack(">H", 1) + struct.pack(">HHIH2x", 0x0112, 3, 1, 6)
     assert exif_orientation(b"Exif\0\0" + tiff) == 6

@@ -4,9 +4,11 @@ CPU-runtime fault on its first execution (a watchdog lets it go after 30 s: a ha
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from aclserve.acl.cpu import faults
@@ -50,6 +52,33 @@ async def test_the_index_names_the_warm_up_run_and_the_versions_waiting_their_tu
         watchdog.cancel()
     await asyncio.gather(first, second)
     assert reasons(repo) == {"a": ("READY", ""), "b": ("READY", "")}
+
+
+@pytest.mark.asyncio
+async def test_a_reload_of_a_serving_version_shows_no_steps(make_repo, models_dir, model_files, clean_faults,
+                                                            caplog):
+    """The version serves on while its new file loads: READY without a reason throughout (a step
+    shown would move a READY version back to LOADING, which the states refuse)."""
+    repo, _ = await make_repo(model_control_mode="explicit")
+    place(model_files[1]["om"], models_dir / "a.om")
+    await repo.load("a")
+    place(model_files[2]["om"], models_dir / "a.om")  # scale 2 replaces scale 1
+    gate = threading.Event()
+    held = faults.inject("execute", nth=1, hold=gate)  # the new file's first warm-up run
+    watchdog = threading.Timer(30, gate.set)
+    watchdog.start()
+    try:
+        reload = asyncio.ensure_future(repo.load("a"))
+        await until(held.entered.is_set, "held")
+        assert reasons(repo)["a"] == ("READY", "")
+    finally:
+        gate.set()
+        watchdog.cancel()
+    await reload
+    x = np.ones((1, 4), np.float32)
+    assert float((await repo.get("a").infer({"x": x}, 1)).outputs["y"][0, 0]) == 2.0  # the new file serves
+    assert reasons(repo)["a"] == ("READY", "")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def test_a_compile_says_so_and_a_cache_hit_says_nothing(model_files, tmp_path):

@@ -68,6 +68,7 @@ with AclRuntime("cpu") as runtime:
                 pool.close()
         assert acl.rt.destroy_event(event) == 0
         assert acl.rt.destroy_stream(stream) == 0
+    host_before = acl.memory_stats(0)["host_used"]
     pool = open_pool(runtime, om, "affine", slots=2)
     try:
         out["cross_stream"] = [slot.cross_stream for slot in pool.instances[0].slots]
@@ -78,6 +79,7 @@ with AclRuntime("cpu") as runtime:
                               for r, f in zip(requests, futures))
     finally:
         pool.close()
+    out["host_kept"] = acl.memory_stats(0)["host_used"] - host_before  # the slots' host blocks all freed
 out["said"] = said
 print(json.dumps(out))
 '''
@@ -136,6 +138,7 @@ def test_on_the_board_host_buffers_are_aligned_for_the_copies(affine_om):
     out = run("board", affine_om(), ACLSERVE_CPU_RUN_MODE="device")
     assert out["run_mode"] == 0 and out["host_align"] == 16  # ACL_DEVICE; 16-byte aligned only
     assert out["own_rows"] and out["cross_stream"] == [True, True]
+    assert out["host_kept"] == 0
 
 
 @pytest.mark.parametrize("soc, untimed", [("Ascend310", True), ("Ascend310P3", False), ("Ascend310B1", False),

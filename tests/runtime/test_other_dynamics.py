@@ -1,7 +1,9 @@
 """Only batch gears are served: an OM with another kind of dynamic input (image size, dims, a
 dynamic shape, dynamic AIPP) is refused at load naming what it has, not left to fail as a slot
 buffer that cannot be laid out (a numpy error, before). The OMs are written as the CPU compiler
-would, from graphs it refuses to compile (it fixes every dimension but the batch)."""
+would, from graphs it refuses to compile (it fixes every dimension but the batch). Not here: an
+OM of dynamic image size or dims (ATC's mbatch input without batch gears), which a CPU OM cannot
+be (the CPU runtime refuses the file itself); OmModel refuses it by that input's name."""
 from __future__ import annotations
 
 import onnx

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 
 import aiohttp
@@ -118,6 +119,7 @@ def test_bad_settings_are_400_naming_the_setting_and_change_nothing(http_client,
         client.update_trace_settings(settings=settings)
     assert info.value.status() == "400"
     assert client.get_trace_settings() == before
+    assert not os.path.exists("/etc/passwd.0")  # nothing written where the bad trace_file named (root may)
 
 
 def test_unknown_model_and_malformed_bodies(srv):

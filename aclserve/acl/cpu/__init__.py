@@ -51,9 +51,10 @@ def init(config_path=""):
                 json.loads(text)
         except ValueError:
             return C.ACL_ERROR_PARSE_FILE
+    lacking = settings.lacks()  # read first: a bad value leaves the runtime uninitialised
     ret = _state.init()
     if ret == C.ACL_SUCCESS:
-        _present_calls(settings.lacks())
+        _present_calls(lacking)
     return ret
 
 
