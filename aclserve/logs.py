@@ -1,5 +1,9 @@
 """Logging set-up: plain text lines, or one JSON object per line (`log_format: json`).
 
+A text line's message has its control characters escaped (a newline as \\n): a name a client
+sent, or a file dropped into the models folder, cannot start a line of its own that passes for
+the server's; a traceback follows on lines of its own as usual.
+
 A JSON line carries ts (ISO 8601, UTC, milliseconds), level, logger and message, the
 exception's traceback as `exc` when there is one, and the fields a caller passes as
 `extra={"fields": {...}}` (the request log's id, model, version, status and durations) at the
@@ -14,6 +18,16 @@ import orjson
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 FORMATS = ("text", "json")
+
+
+# C0 controls and DEL, escaped in a text line's message (a tab stays)
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F] if c != 0x09} | {0x0A: "\\n", 0x0D: "\\r"}
+
+
+class TextFormatter(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = record.message.translate(_CONTROLS)
+        return super().formatMessage(record)
 
 
 class JsonFormatter(logging.Formatter):
@@ -34,5 +48,5 @@ def configure(level: str, fmt: str = "text") -> None:
     """logging.basicConfig with a text or JSON handler: like it, a no-op when the root logger
     already has handlers (an embedding program's, or pytest's)."""
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(TEXT_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler])

@@ -1,12 +1,13 @@
 """Bearer-token access control: the repository API and changes of the trace settings (which
 write trace files) always, /v2/models/... when asked (HTTP here; the gRPC service makes the
-same checks with its `authorization` metadata). Without a token set, trace settings stay open,
-as in Triton.
+same checks with its `authorization` metadata).
 
 The token comes from ACLSERVE_API_TOKEN or the config's `api_token` and is never logged nor
 shown. Requests carry `Authorization: Bearer <token>`; the comparison is constant-time
-(hmac.compare_digest). Without a token the repository's load/unload routes answer 403 unless the
-server listens on a loopback address only, so nobody on the network can unload models.
+(hmac.compare_digest). Without a token the repository's load/unload routes and trace setting
+changes answer 403 unless the server listens on a loopback address only, so nobody on the
+network can unload models or have the server write trace files (Triton leaves trace settings
+open; here a client could fill the disk with them).
 """
 from __future__ import annotations
 
@@ -70,8 +71,21 @@ class Access:
         scheme, _, given = authorization.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             raise Unauthorized("this route needs an API token: send 'Authorization: Bearer <token>'")
-        if not hmac.compare_digest(given.strip().encode(), self._token):
+        try:  # a header's bytes that are not UTF-8 come as surrogates (aiohttp): compared as sent
+            sent = given.strip().encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raise Unauthorized("the API token is not valid") from None
+        if not hmac.compare_digest(sent, self._token):
             raise Unauthorized("the API token is not valid")
+
+    def check_trace_change(self, authorization: str) -> None:
+        """A change of trace settings (it writes files): the token when one is set; else only on
+        loopback."""
+        if self._token:
+            self.check_value(authorization)
+        elif not self.control_open:
+            raise Forbidden(f"trace setting changes are disabled: the server listens on {self.host} without "
+                            f"an API token (set api_token in the config or {TOKEN_ENV})")
 
     def check_repository(self, request: web.BaseRequest, control: bool) -> None:
         self.check_repository_value(request.headers.get("Authorization", ""), control)
@@ -92,8 +106,9 @@ class Access:
                 log.warning("listening on %s without TLS: the API token crosses the network in the clear; "
                             "set tls_cert_file and tls_key_file, or terminate TLS in a proxy in front", self.host)
         elif not self.control_open:
-            log.warning("listening on %s without an API token: model load/unload requests are refused "
-                        "(403); set api_token in the config or %s to enable them", self.host, TOKEN_ENV)
+            log.warning("listening on %s without an API token: model load/unload requests and trace setting "
+                        "changes are refused (403); set api_token in the config or %s to enable them",
+                        self.host, TOKEN_ENV)
 
 
 def access_middleware(access: Access):
@@ -107,7 +122,7 @@ def access_middleware(access: Access):
             access.check_repository(request, control=not template.endswith("/index"))
         elif access.inference and template.startswith(_MODELS):
             access.check(request)
-        elif access.enabled and request.method == "POST" and template.endswith(_TRACE_SETTING):
-            access.check(request)
+        elif request.method == "POST" and template.endswith(_TRACE_SETTING):
+            access.check_trace_change(request.headers.get("Authorization", ""))
         return await handler(request)
     return check_access

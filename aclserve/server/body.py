@@ -35,12 +35,20 @@ class UnsupportedEncoding(ServeError):
     """A Content-Encoding other than gzip / deflate / identity (415)."""
 
 
+# gzip members a body may have: clients send one (a few when they concatenate); thousands of
+# empty ones cost the loop a new decompressor and a copy of the rest of the chunk each, seconds
+# for a few MB, without inflating a byte that the body limit would count
+MAX_GZIP_MEMBERS = 64
+
+
 class _Inflater:
-    """gzip (possibly multi-member) or deflate (zlib-wrapped, or raw as some clients send)."""
+    """gzip (possibly multi-member, at most MAX_GZIP_MEMBERS) or deflate (zlib-wrapped, or raw
+    as some clients send)."""
 
     def __init__(self, encoding: str):
         self.encoding = encoding
         self._z = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
+        self._members = 1
 
     def feed(self, data: bytes, step: int):
         """Yield inflated pieces of at most `step` bytes."""
@@ -59,6 +67,9 @@ class _Inflater:
                 if data and self.encoding != "gzip":
                     raise InvalidInput(f"request body has data after the end of its {self.encoding} stream")
                 if data:
+                    self._members += 1
+                    if self._members > MAX_GZIP_MEMBERS:
+                        raise InvalidInput(f"request body has more than {MAX_GZIP_MEMBERS} gzip members")
                     self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)  # next gzip member
             else:
                 data = self._z.unconsumed_tail

@@ -214,11 +214,11 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         """Without settings: read them. A setting with no values clears it (the model's back to
         the global value), as tritonclient sends a None. A model's settings need what its other
         RPCs need (the token under auth_inference), and a change needs the token when one is set,
-        as over HTTP (server/auth.py)."""
+        else a loopback listener, as over HTTP (server/auth.py)."""
         if request.model_name:
             self._model_access(context)
-        if request.settings and self.state.auth.enabled:
-            self.state.auth.check_value(_authorization(context))
+        if request.settings:
+            self.state.auth.check_trace_change(_authorization(context))
         changes = {key: (list(value.value) or None) for key, value in request.settings.items()}
         doc = views.trace_settings(self.state, request.model_name or None, changes or None)
         response = pb.TraceSettingResponse()

@@ -81,5 +81,14 @@ def _log_request(t: RequestTrace, error: str | None) -> None:
         fields["encode_ms"] = _ms(t.encoded_ns - t.encode_start_ns)
     if error:
         fields["error"] = printable(error)  # refusals quote the client's names as sent
-    text = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+    text = " ".join(f"{k}={_logfmt(v)}" for k, v in fields.items() if v is not None)
     request_log.info("infer %s", text, extra={"fields": fields})
+
+
+def _logfmt(value) -> str:
+    """A text line's value, quoted (logfmt) when it holds a space, quote, '=' or backslash: a
+    client's id or model name cannot pass for fields of its own ("x status=200")."""
+    text = str(value)
+    if text and not any(c in text for c in ' "=\\'):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

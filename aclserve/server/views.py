@@ -75,7 +75,8 @@ def statistics(state, name: str | None, version: str | None) -> dict:
 
 def trace_settings(state, model: str | None, changes: dict | None) -> dict:
     """Triton's trace extension: the settings in force (global, or the model's), after applying
-    `changes` when given ({} for a model: drop its own settings). NotFound for an unknown model."""
+    `changes` when given ({} for a model: drop its own settings). NotFound for an unknown model.
+    The trace file as a client may see it: the operator's `--trace` may be an absolute path."""
     if model:
         state.repo.get(model)
     if changes is not None:
@@ -83,7 +84,12 @@ def trace_settings(state, model: str | None, changes: dict | None) -> dict:
             state.tracer.update(changes, model)
         except TraceSettingsError as e:
             raise InvalidInput(str(e)) from None
-    return state.tracer.settings(model).as_triton()
+    doc = state.tracer.settings(model).as_triton()
+    trace_file = doc.get("trace_file")
+    if trace_file:
+        doc["trace_file"] = [state.redact(f) for f in trace_file] if isinstance(trace_file, list) \
+            else state.redact(trace_file)
+    return doc
 
 
 def repository_index(state, ready_only: bool) -> list[dict]:

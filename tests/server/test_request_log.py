@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 
 import aiohttp
 import numpy as np
@@ -55,6 +56,24 @@ def test_one_line_per_request_with_its_id_status_and_durations(logged, caplog):
     assert _post(logged.url, dict(BODY, id="evil\nstatus=200 " + "x" * 400)) == 200
     forged = _fields(caplog)[-1]["request_id"]
     assert forged.startswith("evil?status=200 ") and len(forged) == 256
+    # in the text line the id is quoted: it cannot pass for fields of its own
+    text = [r.getMessage() for r in caplog.records if r.name == "aclserve.requests"][-1]
+    assert text.startswith('infer request_id="evil?status=200 x') and text.count(" status=") == 1, text[:80]
+
+
+def test_a_text_log_line_escapes_what_would_start_a_line_of_its_own():
+    """A name a client sent (a path) or a file dropped into the models folder, with a newline in
+    it, stays on its line in a text log; a traceback still follows on lines of its own."""
+    from aclserve.logs import TEXT_FORMAT, TextFormatter
+    record = logging.LogRecord("aclserve.x", logging.ERROR, __file__, 1, "internal error on %s %s",
+                               ("POST", "/v2/x\n2026-12-02 19:00:00,000 WARNING forged\r\x1b[31m"), None)
+    line = TextFormatter(TEXT_FORMAT).format(record)
+    assert "\n" not in line and line.endswith("/v2/x\\n2026-12-02 19:00:00,000 WARNING forged\\r\\x1b[31m")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    assert TextFormatter(TEXT_FORMAT).format(record).count("\n") >= 2  # the traceback's own lines
 
 
 def test_a_refused_request_is_named_by_its_own_id(logged, caplog, models_dir):

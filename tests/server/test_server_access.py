@@ -101,12 +101,56 @@ def test_without_a_token_load_and_unload_are_refused_off_loopback(models_dir, ma
                     unload = r.status, await r.json()
                 async with s.post(f"{url}/v2/repository/index") as r:
                     index = r.status
-            return unload, index
+                # trace settings decide how many trace files are written: changed on loopback only
+                async with s.post(f"{url}/v2/trace/setting", json={"trace_rate": "1"}) as r:
+                    trace = r.status, await r.json()
+                async with s.get(f"{url}/v2/trace/setting") as r:
+                    trace_read = r.status, (await r.json())["trace_rate"]
+            return unload, index, trace, trace_read
         finally:
             await runner.cleanup()
-    (status, doc), index = asyncio.run(scenario())
+    (status, doc), index, (trace_status, trace_doc), trace_read = asyncio.run(scenario())
     assert status == 403 and "ACLSERVE_API_TOKEN" in doc["error"] and index == 200
-    assert any("api_token" in r.getMessage() and "refused" in r.getMessage() for r in caplog.records)
+    assert trace_status == 403 and "trace setting changes are disabled" in trace_doc["error"]
+    assert trace_read == (200, "1000")  # read as ever, unchanged
+    assert any("api_token" in r.getMessage() and "trace setting" in r.getMessage() for r in caplog.records)
+
+
+def test_without_a_token_grpc_trace_changes_are_refused_off_loopback(models_dir, make_config):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    srv = ServerThread(make_config(models_dir, host="0.0.0.0", grpc_port=free_port())).start()
+    try:
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{srv.config.grpc_port}") as client:
+            with pytest.raises(InferenceServerException, match="trace setting changes are disabled") as refused:
+                client.update_trace_settings(settings={"trace_rate": "7"})
+            assert refused.value.status() == "StatusCode.PERMISSION_DENIED"
+            assert client.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["1000"]
+    finally:
+        srv.close()
+
+
+def test_a_token_that_is_not_utf8_is_refused_401_not_500(guarded):
+    """aiohttp hands a header's non-UTF-8 bytes over as surrogates; the token check compared
+    them as text and failed with a 500 (and a traceback in the log)."""
+    import socket
+    host, port = guarded.url.rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v2/repository/index HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer \xff\xfe\r\n"
+                     b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 401") and b"not valid" in answer, answer[:300]
+
+
+def test_the_trace_file_read_back_shows_no_absolute_path(models_dir, make_config, tmp_path):
+    """The operator's --trace may name any path; a client reading the settings sees its name."""
+    config = make_config(models_dir, **{"trace.file": str(tmp_path / "deep" / "boot.json")})
+    with ServerThread(config) as srv:
+        status, _, doc = call(srv.url, "/v2/trace/setting", method="GET")
+    assert status == 200 and doc["trace_file"] == "boot.json", doc
 
 
 def test_errors_do_not_show_absolute_paths(guarded, models_dir):
