@@ -88,8 +88,10 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
 
 
 def _to_mode(im: Image.Image, mode: str) -> Image.Image:
-    if im.mode.startswith("I;16") or im.mode == "I":
-        im = Image.fromarray((np.asarray(im, np.uint32) >> 8).clip(0, 255).astype(np.uint8))
+    if im.mode.startswith("I;16"):  # 16-bit grey: the high byte, without widening (a 6300x6300 PNG
+        im = Image.fromarray((np.asarray(im) >> 8).astype(np.uint8))  # took 10 bytes a pixel so)
+    elif im.mode == "I":
+        im = Image.fromarray((np.asarray(im) >> 8).clip(0, 255).astype(np.uint8))
     if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
         im = im.convert("RGBA").convert("RGB")  # drop alpha
     return im if im.mode == mode else im.convert(mode)

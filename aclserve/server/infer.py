@@ -154,18 +154,19 @@ async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fa
         lease.drop(max(0, decoding - sum(_held_bytes(array) for array in req.inputs.values())))
     if lease is not None:  # the HTTP body joins binary outputs behind the JSON: one copy more
         lease.take(answer_bytes(rec.signature, req, binary_copies=1, json_outputs=True), "its answer")
-    return await run_decoded(rec, req, trace, encode_response, images, pinned)
+    return await run_decoded(rec, req, trace, encode_response, images, pinned, lease)
 
 
-async def run_decoded(rec, req, trace, encode, images=None, pinned: bool = False):
+async def run_decoded(rec, req, trace, encode, images=None, pinned: bool = False, lease=None):
     """Queue a decoded request (codec.InferRequest), wait for its outputs and render them with
     `encode(name, version, req, outputs, signature, batched)`; both transports end here. With
     a trace, marks decoded / result / encoded (the request's KServe id wins over a header's).
     `pinned`: the request named its version, which a reload then never hands to another
     (repository/served.py).
-    `images`: the server's ImageDecoding, which decodes an image input's pictures in its pool."""
+    `images`: the server's ImageDecoding, which decodes an image input's pictures in its pool,
+    their peak memory charged to `lease` meanwhile."""
     if images is not None and rec.images is not None:  # the device keeps computing meanwhile
-        await images.prepare(rec.images, req.inputs)
+        await images.prepare(rec.images, req.inputs, lease)
     if trace is not None:
         trace.decoded_ns = now_ns()
         if req.id:

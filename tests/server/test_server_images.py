@@ -209,6 +209,27 @@ def test_a_request_of_more_images_than_are_ever_decoded_at_once_gets_413(image_s
     assert not headers.get("Retry-After")
 
 
+def test_what_decoding_pictures_holds_is_charged_to_the_request_memory(tmp_path):
+    """A small PNG may announce a huge picture (under max_pixels): what its decode holds at its
+    peak (8 bytes a pixel for a PNG, the pool's two threads at once) is charged before it is
+    decoded, so a request alone over max_request_bytes is a 413 naming it, and the decodes of
+    many could not take the server's memory past max_inflight_bytes unseen (they took 1 GB)."""
+    for name in ("digits_image.om", "digits_image.yaml", "digits_labels.txt"):
+        shutil.copy(os.path.join(REPO, "models", name), tmp_path / name)
+    config = server_config(tmp_path, images={"workers": 2}, max_request_bytes=64 << 20)
+    big = b64(encode(np.zeros((3000, 3000), np.uint8)))  # 9 M pixels in a few KB: 72 MB to decode
+    small = b64(digit_png(DIGITS["x"][3], 16))
+    with ServerThread(config) as srv:
+        status, _, out = infer(srv, {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": [big]}]},
+                               "digits_image")
+        assert status == 413 and "decoding its images" in out["error"] and "max_request_bytes" in out["error"], out
+        status, _, out = infer(srv, {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [2],
+                                                 "data": [small, small]}]}, "digits_image")
+        assert status == 200, out
+        status, _, raw = request(srv, "GET", "/metrics")
+        assert b"aclserve_request_memory_bytes 0.0" in raw  # the charge given back
+
+
 def test_labels_in_classification_metadata_and_config(http_client):
     client = http_client
     x = http.InferInput("x", [2, 64], "FP32")
