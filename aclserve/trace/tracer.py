@@ -5,7 +5,10 @@ traces that are complete (nothing writes to a finished trace). Traces wait in me
 file is written: every `log_frequency` traces, or when tracing stops for that file (level OFF,
 another trace_file, close()). At most MAX_PENDING traces wait per file; beyond that new traces
 are counted as dropped (the next file says how many), so a forgotten trace with
-log_frequency 0 cannot exhaust memory.
+log_frequency 0 cannot exhaust memory. Nor can log_frequency 1 at a high trace rate fill the
+disk or the writer's queue: a trace_file name gets at most MAX_FILES files (name.0 ...; said
+once, the rest dropped), and while MAX_QUEUED_WRITES files wait for the writer thread, traces
+wait in memory (at most MAX_PENDING) instead of making more files.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from .settings import TraceSettings, TraceSettingsError, parse_changes
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 50_000
+MAX_FILES = 10_000  # files name.0, name.1, ... of one trace_file name (log_frequency > 0)
+MAX_QUEUED_WRITES = 16  # files rendered and written by the writer thread, waiting at once
 
 
 class _Target:
@@ -162,7 +167,8 @@ class Tracer:
             return
         target.traces.append(trace)
         if settings.file and settings.log_frequency and len(target.traces) >= settings.log_frequency:
-            self._flush(target)
+            if sum(not f.done() for f in self._writes) < MAX_QUEUED_WRITES:
+                self._flush(target)  # (else the writer is behind: the traces wait, MAX_PENDING at most)
 
     # -- output -----------------------------------------------------------------------------------
     def take(self, file: str = "", fmt: str = "chrome") -> list[RequestTrace]:
@@ -176,15 +182,22 @@ class Tracer:
     def _flush(self, target: _Target | None) -> None:
         if target is None or not target.path or not (target.traces or target.dropped):
             return
+        self._writes = [f for f in self._writes if not f.done()]
         path = self._resolve(target.path)
         if target.indexed:  # log_frequency files: name.0, name.1, ... (a file name new to the tracer starts at 0)
+            if target.index >= MAX_FILES:
+                if target.index == MAX_FILES:
+                    log.warning("trace: %s has %d files (name.0 ...); further traces for it are dropped "
+                                "(set another trace_file to go on)", target.path, MAX_FILES)
+                    target.index += 1
+                target.traces, target.dropped = [], 0
+                return
             path = f"{path}.{target.index}"
             target.index += 1
         traces, dropped = target.traces, target.dropped
         target.traces, target.dropped = [], 0
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trace-writer")
-        self._writes = [f for f in self._writes if not f.done()]
         self._writes.append(self._writer.submit(_write, path, target.format, traces, dropped))
 
     def flush(self) -> list[concurrent.futures.Future]:
