@@ -209,10 +209,9 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
     from ..runtime import open_pool, teardown  # the runtime imports ACL; keep this module light to import
     from ..runtime.pool import UNMEASURED_TIMEOUT_MS
 
-    def warming(gear: int | None, run: int, runs: int) -> None:
-        if not handoff.given_up:
-            progress(f"warming up: gear {gear}, run {run + 1} of {runs}" if gear is not None
-                     else f"warming up: run {run + 1} of {runs}")
+    def warming(gear: int | None, run: int, runs: int) -> None:  # (after stop(): not given up)
+        progress(f"warming up: gear {gear}, run {run + 1} of {runs}" if gear is not None
+                 else f"warming up: run {run + 1} of {runs}")
 
     progress("opening on the device")
     with contextlib.ExitStack() as on_devices:

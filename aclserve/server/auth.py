@@ -78,25 +78,27 @@ class Access:
         if not hmac.compare_digest(sent, self._token):
             raise Unauthorized("the API token is not valid")
 
-    def check_trace_change(self, authorization: str) -> None:
-        """A change of trace settings (it writes files): the token when one is set; else only on
-        loopback."""
+    def check_control(self, authorization: str, what: str) -> None:
+        """A management action (`what` is disabled, e.g. "model load/unload is"): the token when
+        one is set; else only on loopback."""
         if self._token:
             self.check_value(authorization)
         elif not self.control_open:
-            raise Forbidden(f"trace setting changes are disabled: the server listens on {self.host} without "
+            raise Forbidden(f"{what} disabled: the server listens on {self.host} without "
                             f"an API token (set api_token in the config or {TOKEN_ENV})")
+
+    def check_trace_change(self, authorization: str) -> None:
+        """A change of trace settings (it decides how many trace files are written)."""
+        self.check_control(authorization, "trace setting changes are")
 
     def check_repository(self, request: web.BaseRequest, control: bool) -> None:
         self.check_repository_value(request.headers.get("Authorization", ""), control)
 
     def check_repository_value(self, authorization: str, control: bool) -> None:
-        """The repository API: the token when one is set; else load/unload only on loopback."""
-        if self._token:
-            self.check_value(authorization)
-        elif control and not self.control_open:
-            raise Forbidden(f"model load/unload is disabled: the server listens on {self.host} without "
-                            f"an API token (set api_token in the config or {TOKEN_ENV})")
+        """The repository API: the token when one is set (the index too); else load/unload only
+        on loopback."""
+        if control or self._token:
+            self.check_control(authorization, "model load/unload is")
 
     def log_startup(self) -> None:
         if self._token:

@@ -94,5 +94,5 @@ def _error_response(request: web.Request, state: ServerState | None, exc: Except
         cause = exc.__cause__ if isinstance(exc, web.RequestPayloadError) and exc.__cause__ else exc
         detail = getattr(cause, "message", "") or str(cause) or type(cause).__name__
         return json_error(f"request body could not be read: {detail.strip()}", 400)
-    log.error("internal error on %s %r", request.method, request.path, exc_info=exc)  # %r: a client's path on one line
+    log.error("internal error on %s %s", request.method, request.path, exc_info=exc)  # (logs.py escapes a newline)
     return json_error("internal error", 500)

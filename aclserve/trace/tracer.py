@@ -167,7 +167,7 @@ class Tracer:
             return
         target.traces.append(trace)
         if settings.file and settings.log_frequency and len(target.traces) >= settings.log_frequency:
-            if sum(not f.done() for f in self._writes) < MAX_QUEUED_WRITES:
+            if self._queued_writes() < MAX_QUEUED_WRITES:
                 self._flush(target)  # (else the writer is behind: the traces wait, MAX_PENDING at most)
 
     # -- output -----------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ class Tracer:
     def _flush(self, target: _Target | None) -> None:
         if target is None or not target.path or not (target.traces or target.dropped):
             return
-        self._writes = [f for f in self._writes if not f.done()]
+        self._queued_writes()  # the finished writes forgotten
         path = self._resolve(target.path)
         if target.indexed:  # log_frequency files: name.0, name.1, ... (a file name new to the tracer starts at 0)
             if target.index >= MAX_FILES:
@@ -199,6 +199,11 @@ class Tracer:
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trace-writer")
         self._writes.append(self._writer.submit(_write, path, target.format, traces, dropped))
+
+    def _queued_writes(self) -> int:
+        """Files waiting for the writer thread (the written ones forgotten)."""
+        self._writes = [f for f in self._writes if not f.done()]
+        return len(self._writes)
 
     def flush(self) -> list[concurrent.futures.Future]:
         """Write every waiting trace now (as tracing stopping would); returns the pending writes."""
