@@ -38,7 +38,7 @@ sys.path.insert(0, ROOT)
 
 from aclserve.errors import QueueFull, RequestTimeout, ServeError, ShuttingDown  # noqa: E402
 from aclserve.om.compile import compile_model  # noqa: E402
-from aclserve.runtime import AclRuntime, open_pool  # noqa: E402
+from aclserve.runtime import AclRuntime, open_pool, warm_up  # noqa: E402
 from aclserve.scheduling import BatchingConfig, DynamicBatcher, QueuePolicy  # noqa: E402
 from bench_common import ensure_example_models  # noqa: E402
 
@@ -329,7 +329,7 @@ def main() -> int:
         try:
             pool = open_pool(rt, om, args.model, instances=args.instances, slots=args.slots)
             try:
-                gear_cost = pool.warmup()
+                gear_cost = warm_up(pool)
                 result = asyncio.run(run(args, pool))
             finally:
                 pool.close()

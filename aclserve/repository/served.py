@@ -1,6 +1,6 @@
 """One served model version: its InstancePool and its DynamicBatcher, opened and closed here.
 
-This module is the repository's only caller of the runtime's pool (`open_pool`, `warmup`,
+This module is the repository's only caller of the runtime's pool (`open_pool`, `warm_up`,
 `set_execution_timeout`, `close`, its tensor specs and gears) and of the scheduling package's
 DynamicBatcher.
 
@@ -206,7 +206,7 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
     the loop has given up, so a shutdown does not wait for a long warm-up), then hand (pool,
     images, labels) to the loop, or close the pool when the loop has given up meanwhile. While it runs, the runtime resets none of the
     model's devices (it is inside ACL calls, or its instances' work runs there: teardown.py)."""
-    from ..runtime import open_pool, teardown  # the runtime imports ACL; keep this module light to import
+    from ..runtime import open_pool, teardown, warm_up  # the runtime imports ACL; keep this module light to import
     from ..runtime.pool import UNMEASURED_TIMEOUT_MS
 
     def warming(gear: int | None, run: int, runs: int) -> None:  # (after stop(): not given up)
@@ -227,7 +227,7 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
         try:
             images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
             labels = load_labels(config.outputs, pool.outputs)
-            pool.warmup(stop=lambda: handoff.given_up, progress=warming)
+            warm_up(pool, stop=lambda: handoff.given_up, progress=warming)
         except BaseException:
             pool.close()
             raise

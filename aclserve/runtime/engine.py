@@ -28,6 +28,7 @@ from .builder import open_pool
 from .futures import settle
 from .pool import InstancePool
 from .types import TensorSpec
+from .warmup import warm_up
 
 
 class EngineModel:
@@ -160,7 +161,7 @@ class Engine:
         name = name or os.path.splitext(os.path.basename(path))[0]
         pool = open_pool(self.runtime, path, name, instances=instances, devices=devices, slots=slots, retry=retry)
         if warmup:
-            pool.warmup()
+            warm_up(pool)
         model = EngineModel(pool)
         self.models.append(model)
         return model

@@ -23,8 +23,6 @@ import threading
 import time
 from typing import Callable, Protocol
 
-import numpy as np
-
 from ..errors import ExecutionFailed
 from .batch import Batch, BatchListener
 from . import teardown
@@ -281,42 +279,9 @@ class InstancePool:
         if not old_disposed:
             self._builder.dispose(old)  # waits for the device to let go of the hung batch, bounded
 
-    # -- warm-up, figures, teardown ----------------------------------------------------------
-    def warmup(self, runs: int = 3, stop: Callable[[], bool] | None = None,
-               progress: Callable[[int | None, int, int], None] | None = None) -> dict[int, float]:
-        """Run every gear `runs` times on zeros (blocking). The cost of a gear is the quickest
-        submit-to-result time of the runs after the first: what the batcher trades padding
-        against, including the fixed host cost of a run, not only the device's. The quickest
-        device compute time of those runs goes to `compute_cost` (when the device reports it).
-        `stop()` true before a run ends the warm-up there, its figures incomplete (a load
-        abandoned at shutdown: nobody will use them); `progress(gear, run, runs)` hears each
-        run begin (gear None for a model without gears)."""
-        for gear in self.gears or (None,):
-            rows = gear or 1
-            request = {s.name: np.zeros((rows,) + s.sample_shape if s.batched else s.shape, s.dtype)
-                       for s in self.inputs}
-            best = compute = float("inf")
-            for run in range(runs):
-                if stop is not None and stop():
-                    return dict(self.gear_cost)
-                if progress is not None:
-                    progress(gear, run, runs)
-                start = time.perf_counter()
-                batch = self.run(Batch([request], gear, rows))
-                if batch.error is not None:
-                    raise batch.error
-                if run:
-                    best = min(best, time.perf_counter() - start)
-                    if batch.timings.compute_ms > 0:
-                        compute = min(compute, batch.timings.compute_ms / 1000.0)
-            if gear is not None:
-                self.gear_cost[gear] = best if best < float("inf") else 1e-6
-                if compute < float("inf"):
-                    self.compute_cost[gear] = compute
-        return dict(self.gear_cost)
-
+    # -- runs, figures, teardown --------------------------------------------------------------
     def run(self, batch: Batch) -> Batch:
-        """Run one batch and wait for it (blocking): for warm-up and tools, before the pool
+        """Run one batch and wait for it (blocking): for warm-up (warmup.py) and tools, before the pool
         has its owner (the owner's listener would otherwise get this batch)."""
         if self._listener is not None:
             raise RuntimeError(f"{self.name}: run() is for an unattached pool")

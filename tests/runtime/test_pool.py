@@ -15,7 +15,7 @@ import pytest
 from aclserve.acl import constants as C
 from aclserve.acl.cpu import faults
 from aclserve.errors import DeviceTimeout, ExecutionFailed
-from aclserve.runtime import Engine, LoadError, open_pool, packing
+from aclserve.runtime import Engine, LoadError, open_pool, packing, warm_up
 from aclserve.runtime.batch import Batch
 from aclserve.runtime.futures import BatchFutures
 from aclserve.runtime.pool import TIMEOUT_FLOOR_MS
@@ -274,7 +274,7 @@ def test_a_timed_out_batch_is_retried_on_another_instance(runtime, affine_om):
 def test_the_execution_timeout_follows_the_measured_gear_cost_with_a_floor(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine")
     try:
-        pool.warmup()
+        warm_up(pool)
         assert pool.set_execution_timeout(0) == max(TIMEOUT_FLOOR_MS, round(max(pool.gear_cost.values()) * 1e5))
         assert pool.set_execution_timeout(250) == 250
         assert [i.execution_timeout_ms for i in pool.instances] == [250]
@@ -428,7 +428,7 @@ def test_a_batch_waits_for_the_lane_it_names_while_another_instance_is_free(runt
 def test_warmup_times_each_gear_and_its_device_compute(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine")
     try:
-        gear_cost = pool.warmup()
+        gear_cost = warm_up(pool)
         assert sorted(gear_cost) == sorted(pool.compute_cost) == list(pool.gears)
         for gear in pool.gears:
             assert 0 < pool.compute_cost[gear] <= gear_cost[gear]

@@ -1,0 +1,44 @@
+"""A pool's warm-up: every gear run a few times on zeros before the pool serves, which times what
+the batcher plans with (`InstancePool.gear_cost`, and `compute_cost` from the device's events)."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from .batch import Batch
+
+
+def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
+            progress: Callable[[int | None, int, int], None] | None = None) -> dict[int, float]:
+    """Run every gear of `pool` (an unattached InstancePool) `runs` times on zeros (blocking).
+    The cost of a gear is the quickest submit-to-result time of the runs after the first: what
+    the batcher trades padding against, including the fixed host cost of a run, not only the
+    device's. The quickest device compute time of those runs goes to `compute_cost` (when the
+    device reports it). `stop()` true before a run ends the warm-up there, its figures
+    incomplete (a load abandoned at shutdown: nobody will use them); `progress(gear, run, runs)`
+    hears each run begin (gear None for a model without gears). Returns the gear costs."""
+    for gear in pool.gears or (None,):
+        rows = gear or 1
+        request = {s.name: np.zeros((rows,) + s.sample_shape if s.batched else s.shape, s.dtype)
+                   for s in pool.inputs}
+        best = compute = float("inf")
+        for run in range(runs):
+            if stop is not None and stop():
+                return dict(pool.gear_cost)
+            if progress is not None:
+                progress(gear, run, runs)
+            start = time.perf_counter()
+            batch = pool.run(Batch([request], gear, rows))
+            if batch.error is not None:
+                raise batch.error
+            if run:
+                best = min(best, time.perf_counter() - start)
+                if batch.timings.compute_ms > 0:
+                    compute = min(compute, batch.timings.compute_ms / 1000.0)
+        if gear is not None:
+            pool.gear_cost[gear] = best if best < float("inf") else 1e-6
+            if compute < float("inf"):
+                pool.compute_cost[gear] = compute
+    return dict(pool.gear_cost)
