@@ -14,7 +14,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tests.serving import free_port, server_config, started_with_grpc
 
 from .hostile import metric, wait_for
-from .test_grpc_guards import INFER, STREAM, affine, stalled_infer, stubs
+from .grpc_raw import INFER, STREAM, affine
+from .test_grpc_guards import stalled_infer, stubs
 
 MiB = 1 << 20
 

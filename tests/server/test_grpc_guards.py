@@ -17,30 +17,14 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from aclserve.errors import InvalidInput
-from aclserve.server import grpc_wire
-from aclserve.server.grpc_wire import MAX_FIELDS, WORST_PER_BYTE, names, scan
 
 from tests.serving import ServerThread, free_port, server_config, started_with_grpc
+
+from .grpc_raw import (DATA, GOAWAY, HEADERS, INFER, LIVE, PREFACE, RST_STREAM, SETTINGS, STREAM, affine, call_headers,
+                       frame, frames_until_closed)
 from .hostile import metric, wait_for
 
 MiB = 1 << 20
-INFER = "/inference.GRPCInferenceService/ModelInfer"
-STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
-LIVE = "/inference.GRPCInferenceService/ServerLive"
-
-
-def affine(rows: int, model="affine", request_id="", typed=False) -> pb.ModelInferRequest:
-    request = pb.ModelInferRequest(model_name=model, id=request_id)
-    x = request.inputs.add(name="x", datatype="FP32", shape=[rows, 8])
-    idx = request.inputs.add(name="idx", datatype="INT64", shape=[rows, 3])
-    if typed:
-        x.contents.fp32_contents.extend([1.0] * rows * 8)
-        idx.contents.int64_contents.extend([1] * rows * 3)
-    else:
-        request.raw_input_contents.extend([np.ones((rows, 8), np.float32).tobytes(),
-                                           np.ones((rows, 3), np.int64).tobytes()])
-    return request
 
 
 def stubs(channel):
@@ -57,43 +41,6 @@ def stalled_infer(channel, method: str = INFER):
         await asyncio.Event().wait()
         yield b""  # pragma: no cover
     return channel.stream_unary(method, None, pb.ModelInferResponse.FromString)(nothing())
-
-
-# -- the wire scan (pure) --------------------------------------------------------------------------
-
-def test_scan_views_raw_contents_and_bounds_parsing():
-    request = affine(2, request_id="r1")
-    request.outputs.add(name="y")
-    message = request.SerializeToString()
-    layout = scan(message)
-    assert [bytes(v) for v in layout.raw_contents] == list(request.raw_input_contents)
-    assert all(v.obj is message for v in layout.raw_contents)  # views of the message, no copies
-    assert layout.cost < 4096  # a raw request costs little more than itself to parse
-    assert names(message) == ("affine", "", "r1")
-    typed = affine(2, typed=True).SerializeToString()
-    assert scan(typed).raw_contents == [] and scan(typed).cost > 32 * 6  # varints: 32 per byte
-
-
-@pytest.mark.parametrize("shape", [b"\x2a\x00", b"\x32\x00", b"\x3a\x00", b"\x22\x00"],
-                         ids=["empty inputs", "empty outputs", "empty raw entries", "empty parameters"])
-def test_scan_charges_messages_of_tiny_entries_more_than_parsing_takes(shape):
-    """upb takes up to 44x such a message's size to parse it (measured: 8 MiB of empty inputs
-    entries, 353 MiB): the scan's bound must be above that."""
-    message = shape * 50_000  # 100 KB, over MAX_FIELDS entries
-    assert scan(message).cost >= 44 * len(message)
-    small = shape * 100
-    assert scan(small).cost >= 44 * len(small)
-
-
-def test_scan_refuses_what_is_not_protobuf_and_caps_its_walk():
-    for bad in (b"\x0a\x05ab", b"\x0b", b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\x00\x00"):
-        with pytest.raises(InvalidInput, match="not a valid ModelInferRequest"):
-            scan(bad)
-    assert names(b"\x0a\x05ab") == ("", "", "")
-    many = b"\x0a\x01m" + b"\x1a\x00" * (MAX_FIELDS + 1)  # one name, then ids: too many fields to walk
-    layout = scan(many)
-    assert layout.raw_contents is None and layout.cost == WORST_PER_BYTE * len(many)
-    assert grpc_wire.names(many)[0] == "m"
 
 
 # -- a server with a small budget ------------------------------------------------------------------
@@ -328,50 +275,6 @@ def test_calls_beyond_the_limit_are_refused_and_the_server_serves_again(models_d
 
 
 # -- raw HTTP/2: half a message, silent and idle connections --------------------------------------
-
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY = 0, 1, 3, 4, 6, 7
-
-
-def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
-
-
-def call_headers(path: str, authority: str, stream: int = 1) -> bytes:
-    """A HEADERS frame opening `stream` (HPACK literals without indexing, RFC 7541 6.2.2)."""
-    block = b"".join(b"\x00" + bytes([len(k)]) + k.encode() + bytes([len(v)]) + v.encode() for k, v in [
-        (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", authority),
-        ("content-type", "application/grpc"), ("te", "trailers")])
-    return frame(HEADERS, 0x4, stream, block)
-
-
-def frames_until_closed(sock: socket.socket, answer: bool = True, limit_s: float = 30.0) -> list[tuple[int, int, int]]:
-    """(type, flags, stream) of every frame the server sends until it closes the connection;
-    with `answer`, its SETTINGS and PINGs are acknowledged as a client does (the limit is a hang
-    guard)."""
-    sock.settimeout(limit_s)
-    data, found = b"", []
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except ConnectionResetError:
-            break
-        if not chunk:
-            break
-        data += chunk
-        while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
-            length, kind, flags = int.from_bytes(data[:3], "big"), data[3], data[4]
-            stream, payload = int.from_bytes(data[5:9], "big") & 0x7FFFFFFF, data[9:9 + length]
-            data = data[9 + length:]
-            found.append((kind, flags, stream))
-            if not answer:
-                continue
-            if kind == SETTINGS and not flags & 1:
-                sock.sendall(frame(SETTINGS, 1, 0))
-            elif kind == PING and not flags & 1:
-                sock.sendall(frame(PING, 1, 0, payload))
-    return found
-
 
 def raw_connection(srv) -> socket.socket:
     return socket.create_connection(("127.0.0.1", srv.config.grpc_port))

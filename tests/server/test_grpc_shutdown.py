@@ -24,7 +24,8 @@ from tests.hung_device import let_go
 from tests.serving import ServerThread, free_port, started_with_grpc
 
 from .hostile import wait_for
-from .test_grpc_guards import DATA, INFER, PREFACE, STREAM, affine, call_headers, frame, in_use, stalled_infer, stubs
+from .grpc_raw import DATA, INFER, PREFACE, STREAM, affine, call_headers, frame
+from .test_grpc_guards import in_use, stalled_infer, stubs
 from .test_grpc_slow_clients import grpc_message, rows_run, zero_window_settings
 
 HANG_GUARD_S = 60

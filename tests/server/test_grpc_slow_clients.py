@@ -24,8 +24,9 @@ from aclserve.server.grpc_server import server_options
 from tests.serving import ServerThread, free_port, server_config, started_with_grpc
 from tests.tiny_models import compile_cpu_om, save_graph
 from .hostile import wait_for
-from .test_grpc_guards import (GOAWAY, INFER, LIVE, PREFACE, SETTINGS, STREAM, DATA, affine, call_headers, frame,
-                               frames_until_closed, in_use)
+from .grpc_raw import (DATA, GOAWAY, INFER, LIVE, PREFACE, SETTINGS, STREAM, affine, call_headers, frame,
+                       frames_until_closed)
+from .test_grpc_guards import in_use
 
 WIDE_ROW = 16384 * 4  # bytes of one row of the wide model's output: more than a 64 KB window
 

@@ -4,7 +4,6 @@ Inference-Header-Content-Length (shedding._json_length), the body offered with i
 Real server on a real port, raw sockets, the affine model with a queue of one place and a long
 batching window, so the queue is full without any test double."""
 import asyncio
-import json
 
 import pytest
 

@@ -19,7 +19,7 @@ import urllib.request
 
 from tests.serving import free_port
 
-from .test_grpc_guards import PREFACE, SETTINGS, frame
+from .grpc_raw import PREFACE, SETTINGS, frame
 
 SHUTDOWN_TIMEOUT_S = 60
 

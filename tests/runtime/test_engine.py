@@ -1,0 +1,80 @@
+"""The Python API's Engine on the CPU runtime: sync, async and submitted calls, a call split
+over several runs failing once, a cancelled call."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from aclserve.acl.cpu import faults
+from aclserve.errors import ExecutionFailed
+from aclserve.runtime import Engine
+
+from tests.tiny_models import affine_reference, affine_request
+
+pytestmark = pytest.mark.usefixtures("clean_faults")
+
+
+def test_engine_sync_async_and_submit(affine_om):
+    path = affine_om()
+    with Engine(device="cpu") as engine:
+        model = engine.load(path)
+        req = affine_request(19)  # more rows than the largest gear (8): three runs
+        expected = affine_reference(req["x"], req["idx"])
+        out = model.infer(req)
+        np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(out["s"], expected["s"])
+        out2 = asyncio.run(model.infer_async(req))
+        np.testing.assert_array_equal(out2["s"], expected["s"])
+        assert model.submit(affine_request(3)).result(timeout=30)["y"].shape == (3, 4)
+        with pytest.raises(ValueError, match="missing input 'idx'"):
+            model.infer({"x": req["x"]})
+        with pytest.raises(ValueError, match=r"input 'x' has shape \[19, 7\], expected \['N', 8\]"):
+            model.infer({"x": req["x"][:, :7], "idx": req["idx"]})
+
+
+@pytest.mark.parametrize("failing_part", [1, 2, 3])
+def test_an_engine_call_split_over_runs_fails_once_whichever_part_fails(affine_om, failing_part):
+    """19 rows run as 8 + 8 + 3; the call fails with that part's error, exactly once, whether
+    the failing part is the first, a middle or the last one to finish (the last once hung)."""
+    with Engine(device="cpu") as engine:
+        model = engine.load(affine_om(), slots=1)  # one slot: parts execute in submit order
+        req = affine_request(19)
+        fault = faults.inject("execute", nth=failing_part)
+        future = model.submit(req)
+        with pytest.raises(ExecutionFailed, match="507011"):
+            future.result(timeout=30)
+        assert fault.fired == 1
+        faults.clear()
+        resolved = []
+        future.add_done_callback(resolved.append)  # a done future calls back at once, only once
+        assert resolved == [future]
+        np.testing.assert_array_equal(model.infer(req, timeout=30)["s"], affine_reference(req["x"], req["idx"])["s"])
+
+
+def test_a_cancelled_engine_call_leaves_the_model_serving(affine_om):
+    """The caller gives up while its batches run (future.cancel(), or asyncio.wait_for around
+    infer_async): the batches finish unheard and the instance goes on serving."""
+    with Engine(device="cpu") as engine:
+        model = engine.load(affine_om(), slots=1)
+        req = affine_request(19)  # three runs
+        gate = threading.Event()
+        held = faults.inject("execute", nth=1, hold=gate)
+        future = model.submit(req)
+        assert held.entered.wait(30) and future.cancel()
+        gate.set()
+
+        async def give_up():
+            gate2 = threading.Event()
+            held2 = faults.inject("execute", nth=1, hold=gate2)
+            task = asyncio.ensure_future(asyncio.wait_for(model.infer_async(req), 0.05))
+            while not held2.entered.is_set():
+                await asyncio.sleep(0.01)
+            with pytest.raises(asyncio.TimeoutError):
+                await task
+            gate2.set()
+        asyncio.run(give_up())
+        expected = affine_reference(req["x"], req["idx"])
+        np.testing.assert_array_equal(model.infer(req, timeout=30)["s"], expected["s"])

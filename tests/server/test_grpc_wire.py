@@ -1,0 +1,47 @@
+"""grpc_wire.scan: what a ModelInferRequest costs to parse, read from its bytes before it is
+parsed (raw contents as views of the message, tiny entries charged above upb's cost, what is not
+protobuf refused)."""
+from __future__ import annotations
+
+import pytest
+
+from aclserve.errors import InvalidInput
+from aclserve.server import grpc_wire
+from aclserve.server.grpc_wire import MAX_FIELDS, WORST_PER_BYTE, names, scan
+
+from .grpc_raw import affine
+
+
+def test_scan_views_raw_contents_and_bounds_parsing():
+    request = affine(2, request_id="r1")
+    request.outputs.add(name="y")
+    message = request.SerializeToString()
+    layout = scan(message)
+    assert [bytes(v) for v in layout.raw_contents] == list(request.raw_input_contents)
+    assert all(v.obj is message for v in layout.raw_contents)  # views of the message, no copies
+    assert layout.cost < 4096  # a raw request costs little more than itself to parse
+    assert names(message) == ("affine", "", "r1")
+    typed = affine(2, typed=True).SerializeToString()
+    assert scan(typed).raw_contents == [] and scan(typed).cost > 32 * 6  # varints: 32 per byte
+
+
+@pytest.mark.parametrize("shape", [b"\x2a\x00", b"\x32\x00", b"\x3a\x00", b"\x22\x00"],
+                         ids=["empty inputs", "empty outputs", "empty raw entries", "empty parameters"])
+def test_scan_charges_messages_of_tiny_entries_more_than_parsing_takes(shape):
+    """upb takes up to 44x such a message's size to parse it (measured: 8 MiB of empty inputs
+    entries, 353 MiB): the scan's bound must be above that."""
+    message = shape * 50_000  # 100 KB, over MAX_FIELDS entries
+    assert scan(message).cost >= 44 * len(message)
+    small = shape * 100
+    assert scan(small).cost >= 44 * len(small)
+
+
+def test_scan_refuses_what_is_not_protobuf_and_caps_its_walk():
+    for bad in (b"\x0a\x05ab", b"\x0b", b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\x00\x00"):
+        with pytest.raises(InvalidInput, match="not a valid ModelInferRequest"):
+            scan(bad)
+    assert names(b"\x0a\x05ab") == ("", "", "")
+    many = b"\x0a\x01m" + b"\x1a\x00" * (MAX_FIELDS + 1)  # one name, then ids: too many fields to walk
+    layout = scan(many)
+    assert layout.raw_contents is None and layout.cost == WORST_PER_BYTE * len(many)
+    assert grpc_wire.names(many)[0] == "m"
