@@ -7,6 +7,7 @@ Pure functions over bytes.
 """
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 
@@ -16,6 +17,11 @@ JPEG_SOI = b"\xff\xd8"
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _SOF0, _APP0, _APP1, _APP14 = 0xC0, 0xE0, 0xE1, 0xEE
 _NO_LENGTH = {0x01, 0xD8} | set(range(0xD0, 0xD8))  # TEM, SOI, RST0-7
+# Marker segments a JPEG may have before its frame header (real ones have a few dozen at most:
+# APPn, DQT, DHT, COM): 2-byte ones packed into a body cost the probe about 1 s per 8 MB, and
+# server/images.py probes every picture on the event loop to charge its decode
+MAX_SEGMENTS = 1024
+_NOT_FILL = re.compile(rb"[^\xff]")
 _OTHER_FORMATS = ((b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
 
 
@@ -69,13 +75,15 @@ def _png(data) -> ImageInfo:
 def _jpeg(data) -> ImageInfo:
     n, pos, orientation = len(data), 2, 1
     jfif, adobe_transform = False, None  # what says how three components are coded
-    while pos < n:
-        if data[pos] != 0xFF:
-            raise ImageError(f"JPEG is corrupt (no marker at byte {pos})")
-        while pos < n and data[pos] == 0xFF:  # fill bytes
-            pos += 1
+    for _ in range(MAX_SEGMENTS):
         if pos >= n:
             break
+        if data[pos] != 0xFF:
+            raise ImageError(f"JPEG is corrupt (no marker at byte {pos})")
+        fill_end = _NOT_FILL.search(data, pos)  # fill bytes, skipped in C: a body of them took 0.3 s per 8 MB
+        if fill_end is None:
+            break
+        pos = fill_end.start()
         marker = data[pos]
         pos += 1
         if marker in _NO_LENGTH:
@@ -101,6 +109,8 @@ def _jpeg(data) -> ImageInfo:
         if marker == 0xDA:
             raise ImageError("JPEG is corrupt (image data before the frame header)")
         pos += length
+    else:
+        raise ImageError(f"JPEG has more than {MAX_SEGMENTS} segments before its frame header")
     raise ImageError("JPEG is truncated before its frame header")
 
 

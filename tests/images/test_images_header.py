@@ -93,6 +93,18 @@ def test_how_three_components_are_coded_follows_libjpeg(jfif, adobe, ids, ycc):
     assert (info.width, info.height, info.baseline, info.ycc) == (53, 37, True, ycc)
 
 
+def test_a_jpeg_of_many_segments_before_its_frame_is_refused_at_once():
+    """2-byte COM segments, or fill bytes, packed before the frame header: the probe (on the
+    server's event loop, to charge the decode) took about 1 s per 8 MB walking them."""
+    segments, rest = _segments(encode(gradient(37, 53), "JPEG"))
+    assert probe(_jpeg([(0xFE, b"")] * 1000 + segments, rest)).width == 53  # many, yet fewer than the cap
+    flood = _jpeg([(0xFE, b"")] * (2 << 20) + segments, rest)  # 8 MB
+    with pytest.raises(ImageError, match="more than 1024 segments"):
+        probe(flood)
+    fill = b"\xff\xd8" + b"\xff" * (1 << 20) + encode(gradient(37, 53), "JPEG")[2:]  # fill bytes before a marker
+    assert probe(fill).width == 53 and probe(memoryview(fill)).width == 53  # (skipped by a regex, in C)
+
+
 def test_exif_orientation_reads_both_byte_orders_and_never_fails_on_garbage():
     tiff = b"MM" + struct.pack(">HI", 42, 8) + struct.pack(">H", 1) + struct.pack(">HHIH2x", 0x0112, 3, 1, 6)
     assert exif_orientation(b"Exif\0\0" + tiff) == 6
