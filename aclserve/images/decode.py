@@ -48,6 +48,20 @@ def _draft_size(src_w: int, src_h: int, plan: ImagePlan) -> tuple[int, int]:
     return fit_box(src_w, src_h, plan)[0]
 
 
+def jpeg_draft_request(width: int, height: int, orientation: int, plan: ImagePlan) -> tuple[int, int]:
+    """The size (unrotated) a JPEG of width x height asks libjpeg for while decoding (Image.draft:
+    it then decodes at 1/2, 1/4 or 1/8 of its size when that is still at least this large)."""
+    rotated = orientation in _ROTATED
+    need = _draft_size(height, width, plan) if rotated else _draft_size(width, height, plan)
+    return need[::-1] if rotated else need
+
+
+def draft_scale(width: int, height: int, request: tuple[int, int]) -> int:
+    """The 1/scale libjpeg decodes a width x height JPEG at for a draft `request` (Pillow's rule)."""
+    fits = min(width // max(1, request[0]), height // max(1, request[1]))
+    return next(s for s in (8, 4, 2, 1) if fits >= s or s == 1)
+
+
 def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, max_side: int,
                   info: ImageInfo | None = None) -> np.ndarray:
     """uint8 [H, W, C] in the plan's colour order. Raises ImageError (message safe to show)."""
@@ -62,9 +76,7 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
                 raise ImageError(f"{info.format} header is inconsistent")
             orientation = im.getexif().get(_ORIENTATION, 1)  # a PNG's eXIf chunk is read with its pixels
             if info.format == "JPEG":
-                w, h = (im.height, im.width) if orientation in _ROTATED else im.size
-                need = _draft_size(w, h, plan)
-                im.draft(mode, need[::-1] if orientation in _ROTATED else need)
+                im.draft(mode, jpeg_draft_request(im.width, im.height, orientation, plan))
             if orientation != 1:
                 im = ImageOps.exif_transpose(im)
             im = _to_mode(im, mode)

@@ -16,6 +16,8 @@ JPEG_SOI = b"\xff\xd8"
 # Start-of-frame markers carry the size: SOF0-3, 5-7, 9-11, 13-15 (not DHT C4, JPG C8, DAC CC).
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _SOF0, _APP0, _APP1, _APP14 = 0xC0, 0xE0, 0xE1, 0xEE
+_PROGRESSIVE = {0xC2, 0xC6, 0xCA, 0xCE}
+_PNG_ALPHA_TYPES = {3, 4, 6}  # palette (its transparency is a tRNS chunk further on), grey + alpha, RGBA
 _NO_LENGTH = {0x01, 0xD8} | set(range(0xD0, 0xD8))  # TEM, SOI, RST0-7
 # Marker segments a JPEG may have before its frame header (real ones have a few dozen at most:
 # APPn, DQT, DHT, COM): 2-byte ones packed into a body cost the probe about 1 s per 8 MB, and
@@ -37,6 +39,9 @@ class ImageInfo:
     baseline: bool = False  # JPEG: a baseline frame (SOF0), the only kind a chip's JPEG decoder takes
     orientation: int = 1  # JPEG: the EXIF Orientation tag before the frame (1: none, 2-8: flips, turns)
     ycc: bool = True  # JPEG: coded as YCbCr or grey (a chip's JPEG decoder takes no other: RGB, CMYK)
+    progressive: bool = False  # JPEG: a progressive frame (libjpeg keeps every DCT coefficient while decoding)
+    samples_per_pixel: float = 3.0  # JPEG: the components' samples over a full-size pixel (4:2:0 YCbCr 1.5)
+    alpha: bool = False  # PNG: palette or alpha colour type (decoded through RGBA)
 
 
 def probe(data: bytes | memoryview) -> ImageInfo:
@@ -69,7 +74,8 @@ def _png(data) -> ImageInfo:
     if len(data) < 24 or bytes(data[12:16]) != b"IHDR":
         raise ImageError("PNG is truncated or has no IHDR header")
     width, height = struct.unpack(">II", bytes(data[16:24]))
-    return ImageInfo("PNG", width, height)
+    color_type = data[25] if len(data) > 25 else 0
+    return ImageInfo("PNG", width, height, alpha=color_type in _PNG_ALPHA_TYPES)
 
 
 def _jpeg(data) -> ImageInfo:
@@ -103,15 +109,26 @@ def _jpeg(data) -> ImageInfo:
             if pos + 8 > n:
                 break
             height, width = struct.unpack(">HH", bytes(data[pos + 3:pos + 7]))
-            ids = bytes(data[pos + 8:pos + 8 + 3 * data[pos + 7]:3])
+            specs = bytes(data[pos + 8:pos + 8 + 3 * data[pos + 7]])  # (id, sampling HV, table) each
             return ImageInfo("JPEG", width, height, marker == _SOF0, orientation,
-                             _coded_ycc(ids, jfif, adobe_transform))
+                             _coded_ycc(specs[::3], jfif, adobe_transform), marker in _PROGRESSIVE,
+                             _samples_per_pixel(specs[1::3]))
         if marker == 0xDA:
             raise ImageError("JPEG is corrupt (image data before the frame header)")
         pos += length
     else:
         raise ImageError(f"JPEG has more than {MAX_SEGMENTS} segments before its frame header")
     raise ImageError("JPEG is truncated before its frame header")
+
+
+def _samples_per_pixel(sampling: bytes) -> float:
+    """Each component's samples over a full-size pixel, added up: its sampling factors over the
+    largest ones (4:2:0 YCbCr: 1 + 0.25 + 0.25)."""
+    if not sampling:
+        return 1.0
+    h = [b >> 4 or 1 for b in sampling]  # (0 is not a sampling factor: a corrupt frame decodes as 1)
+    v = [b & 15 or 1 for b in sampling]
+    return sum(hi * vi for hi, vi in zip(h, v)) / (max(h) * max(v))
 
 
 def _coded_ycc(ids: bytes, jfif: bool, adobe_transform: int | None) -> bool:

@@ -27,9 +27,19 @@ class DecodePool:
         self._executor = (concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="aclserve-decode")
                           if workers else None)
 
-    async def map(self, fn: Callable, items: Sequence) -> list:
+    async def map(self, fn: Callable, items: Sequence, on_ended: Callable[[], None] | None = None) -> list:
         """[fn(item) for item in items], each item a separate job, in the pool's threads.
-        Raises the first job's exception (by item order) after all jobs finished."""
+        Raises the first job's exception (by item order) after all jobs finished. `on_ended`
+        is called on the loop once every job has ended (run, failed, or dropped before it
+        began), or at once when none was submitted: also when the caller was cancelled
+        meanwhile, whose jobs already running run on."""
+        ended = _Countdown(on_ended)
+        try:
+            return await self._map(fn, items, ended)
+        finally:
+            ended.submitted_all()
+
+    async def _map(self, fn: Callable, items: Sequence, ended: "_Countdown") -> list:
         if self._closed:
             raise ShuttingDown("server is shutting down")
         if self._executor is None:
@@ -47,7 +57,8 @@ class DecodePool:
         try:
             for item in items:
                 cf = self._executor.submit(fn, item)
-                cf.add_done_callback(lambda _f: self._release_from_thread(loop))
+                cf.add_done_callback(lambda _f: self._release_from_thread(loop, ended))
+                ended.began()
                 futures.append(asyncio.wrap_future(cf, loop=loop))
         except RuntimeError:  # shut down while submitting
             for _ in range(n - len(futures)):
@@ -59,14 +70,15 @@ class DecodePool:
                 raise result
         return done
 
-    def _release_from_thread(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _release_from_thread(self, loop: asyncio.AbstractEventLoop, ended: "_Countdown") -> None:
         try:
-            loop.call_soon_threadsafe(self._release)
+            loop.call_soon_threadsafe(self._release, ended)
         except RuntimeError:  # the loop closed first: nobody counts any more
             pass
 
-    def _release(self) -> None:
+    def _release(self, ended: "_Countdown") -> None:
         self.pending -= 1
+        ended.one_ended()
 
     def close(self) -> None:
         """Wait for running decodes, drop queued ones. Safe twice."""
@@ -74,3 +86,31 @@ class DecodePool:
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+
+
+class _Countdown:
+    """One map call's jobs still running; calls `on_ended` (loop thread) once the call has
+    submitted all it will and every job it submitted has ended."""
+
+    __slots__ = ("_running", "_submitting", "_on_ended")
+
+    def __init__(self, on_ended: Callable[[], None] | None):
+        self._running = 0
+        self._submitting = True
+        self._on_ended = on_ended
+
+    def began(self) -> None:
+        self._running += 1
+
+    def one_ended(self) -> None:
+        self._running -= 1
+        self._check()
+
+    def submitted_all(self) -> None:
+        self._submitting = False
+        self._check()
+
+    def _check(self) -> None:
+        if not self._submitting and self._running == 0 and self._on_ended is not None:
+            on_ended, self._on_ended = self._on_ended, None
+            on_ended()

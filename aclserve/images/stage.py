@@ -51,17 +51,24 @@ class ImageStage:
     def describe(self) -> dict[str, dict]:
         return {name: plan.describe() for name, plan in self.plans.items()}
 
-    async def prepare(self, inputs: dict, pool, decoder) -> None:
-        """Replace each image input's encoded rows (a list of bytes) by the model's tensor."""
-        for name, plan in self.plans.items():
-            rows = inputs.get(name)
-            if isinstance(rows, list):
-                job = functools.partial(_decode_row, decoder, plan, name)
-                inputs[name] = np.stack(await pool.map(job, list(enumerate(rows))))
+    def pictures(self, inputs: Mapping) -> list[tuple[str, ImagePlan, int, bytes]]:
+        """(input, plan, row, encoded picture) of every picture the request sent."""
+        return [(name, plan, row, data) for name, plan in self.plans.items()
+                if isinstance(rows := inputs.get(name), list) for row, data in enumerate(rows)]
+
+    async def prepare(self, inputs: dict, pool, decoder, on_ended=None) -> None:
+        """Replace each image input's encoded rows (a list of bytes) by the model's tensor: every
+        picture of the request a job of one pool.map (`on_ended`: called when they all ended)."""
+        pictures = self.pictures(inputs)
+        decoded = await pool.map(functools.partial(_decode_row, decoder), pictures, on_ended)
+        for name in self.plans:
+            if isinstance(inputs.get(name), list):
+                inputs[name] = np.stack([pixels for (input_name, *_), pixels in zip(pictures, decoded)
+                                         if input_name == name])
 
 
-def _decode_row(decoder, plan: ImagePlan, name: str, item: tuple[int, bytes]) -> np.ndarray:
-    row, data = item
+def _decode_row(decoder, item: tuple[str, ImagePlan, int, bytes]) -> np.ndarray:
+    name, plan, row, data = item
     try:
         return plan.to_row(decoder(data, plan))
     except ImageError as e:

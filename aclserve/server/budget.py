@@ -85,6 +85,15 @@ class Lease:
         self.held -= nbytes
         self.budget.used -= nbytes
 
+    def split(self, nbytes: int) -> "Lease":
+        """A lease of its own for `nbytes` of this one's charge (moved, not charged again): for
+        memory that may outlive the request (a cancelled request's image decodes run on)."""
+        nbytes = min(nbytes, self.held)
+        self.held -= nbytes
+        other = Lease(self.budget, self.hint)
+        other.held = nbytes
+        return other
+
     def release(self) -> None:
         held, self.held = self.held, 0
         if held:

@@ -7,6 +7,7 @@ a decode thread (opening makes ACL calls, which the event loop must not wait on)
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 
@@ -14,14 +15,10 @@ from ..config import ImageSettings
 from ..images import DecodePool
 from ..images.decode import CpuDecoder
 from ..images.header import ImageError, check_size, probe
+from ..images.peak import decode_peak_bytes
 from .contracts import Runtime
 
 log = logging.getLogger(__name__)
-
-# What decoding a picture holds at its peak, per pixel its header announces: Pillow's image and
-# the copies of mode conversion and resizing (measured: 5-8 bytes for 16-bit PNGs, the worst; a
-# JPEG decodes to 3 bytes a pixel at most, less when Pillow scales it down as it decodes)
-DECODE_BYTES_PER_PIXEL = {"PNG": 8, "JPEG": 4}
 
 
 class ImageDecoding:
@@ -57,36 +54,31 @@ class ImageDecoding:
 
     async def prepare(self, stage, inputs: dict, lease=None) -> None:
         """Decode the request's pictures into its image inputs' tensors; with `lease`, first
-        charge what the decodes may hold at their peak (decode_charge), given back after."""
+        charge what the decodes may hold at their peak (decode_charge). That charge is held
+        until every decode has ended, on a lease of its own: a request cancelled meanwhile (its
+        client gone) ends at once, while the decodes it began run on in the pool's threads."""
         charge = self.decode_charge(stage, inputs) if lease is not None else 0
-        if charge:
-            lease.take(charge, "decoding its images")
-        try:
+        if not charge:
             await stage.prepare(inputs, self.pool, self.decode)
-        finally:
-            if charge:
-                lease.drop(charge)
+            return
+        lease.take(charge, "decoding its images")
+        decoding = lease.split(charge)
+        await stage.prepare(inputs, self.pool, self.decode, on_ended=decoding.release)
 
     def decode_charge(self, stage, inputs: dict) -> int:
-        """Bytes the request's decodes may hold at once: for each image input, its largest
-        picture (by the size its header announces) times the pictures decoding at the same time
-        (the pool's threads at most). Not charged, pixels came without limit into the pool's
-        threads: two 309 KB 16-bit PNGs of 6300x6300 took the RSS to 1 GB."""
-        total = 0
-        for name in stage.plans:
-            rows = inputs.get(name)
-            if not isinstance(rows, list) or not rows:
-                continue
-            largest = 0
-            for data in rows:
-                try:
-                    info = probe(data)
-                    check_size(info, self.settings.max_pixels, self.settings.max_side)
-                except ImageError:
-                    continue  # refused by its decode (400), with the row named
-                largest = max(largest, info.width * info.height * DECODE_BYTES_PER_PIXEL[info.format])
-            total += largest * min(len(rows), max(1, self.pool.workers))
-        return total
+        """Bytes the request's decodes may hold at once: the peaks of its largest pictures (by
+        their headers, images/peak.py), as many as the pool decodes at the same time. Not
+        charged, pixels came without limit into the pool's threads: two 309 KB 16-bit PNGs of
+        6300x6300 took the RSS to 1 GB."""
+        peaks = []
+        for _, plan, _, data in stage.pictures(inputs):
+            try:
+                info = probe(data)
+                check_size(info, self.settings.max_pixels, self.settings.max_side)
+            except ImageError:
+                continue  # refused by its decode (400), with the row named
+            peaks.append(decode_peak_bytes(info, plan))
+        return sum(heapq.nlargest(max(1, self.pool.workers), peaks))
 
     def close(self) -> None:
         """Stop the pool (running decodes finish), then the decoder. Safe twice."""

@@ -4,12 +4,15 @@ JSON and binary, decode errors naming the row, decompression bombs, the pending-
 labels in classification and metadata, and load-time refusals."""
 from __future__ import annotations
 
+import asyncio
 import base64
+import io
 import json
 import os
 import shutil
 import struct
 
+import aiohttp
 import numpy as np
 import pytest
 import tritonclient.grpc as grpc_client
@@ -209,13 +212,18 @@ def test_a_request_of_more_images_than_are_ever_decoded_at_once_gets_413(image_s
     assert not headers.get("Retry-After")
 
 
+def _digits_image_repository(folder) -> None:
+    for name in ("digits_image.om", "digits_image.yaml", "digits_labels.txt"):
+        shutil.copy(os.path.join(REPO, "models", name), folder / name)
+
+
 def test_what_decoding_pictures_holds_is_charged_to_the_request_memory(tmp_path):
     """A small PNG may announce a huge picture (under max_pixels): what its decode holds at its
-    peak (8 bytes a pixel for a PNG, the pool's two threads at once) is charged before it is
-    decoded, so a request alone over max_request_bytes is a 413 naming it, and the decodes of
-    many could not take the server's memory past max_inflight_bytes unseen (they took 1 GB)."""
-    for name in ("digits_image.om", "digits_image.yaml", "digits_labels.txt"):
-        shutil.copy(os.path.join(REPO, "models", name), tmp_path / name)
+    peak (8 bytes a pixel for a grey PNG, images/peak.py) is charged before it is decoded, so a
+    request alone over max_request_bytes is a 413 naming it, and the decodes of many could not
+    take the server's memory past max_inflight_bytes unseen (they took 1 GB); the charge is
+    given back once the decodes end."""
+    _digits_image_repository(tmp_path)
     config = server_config(tmp_path, images={"workers": 2}, max_request_bytes=64 << 20)
     big = b64(encode(np.zeros((3000, 3000), np.uint8)))  # 9 M pixels in a few KB: 72 MB to decode
     small = b64(digit_png(DIGITS["x"][3], 16))
@@ -228,6 +236,28 @@ def test_what_decoding_pictures_holds_is_charged_to_the_request_memory(tmp_path)
         assert status == 200, out
         status, _, raw = request(srv, "GET", "/metrics")
         assert b"aclserve_request_memory_bytes 0.0" in raw  # the charge given back
+
+
+def test_photos_sent_at_once_are_charged_the_size_libjpeg_decodes_them_to(tmp_path):
+    """16 clients at once, each with a 12-megapixel baseline JPEG for the 8x8 digits model, under
+    the default memory limits: each decodes at 1/8 a side, and is charged so (5 of the 16 got
+    503 while a JPEG was charged 4 bytes a full-size pixel; found by an independent review)."""
+    _digits_image_repository(tmp_path)
+    y, x = np.mgrid[0:3000, 0:4000]
+    photo = encode(np.stack([(x + y) % 256] * 3, -1).astype(np.uint8), "JPEG", quality=90)
+    with ServerThread(server_config(tmp_path, max_body_bytes=64 << 20)) as srv:
+        async def one(session):
+            async with session.post(f"http://{srv.url}/v2/models/digits_image/infer", data=io.BytesIO(photo),
+                                    headers={"Inference-Header-Content-Length": "0"}) as response:
+                await response.read()
+                return response.status
+
+        async def together():
+            async with aiohttp.ClientSession() as session:
+                return await asyncio.gather(*[one(session) for _ in range(16)])
+        assert asyncio.run(together()) == [200] * 16
+        status, _, raw = request(srv, "GET", "/metrics")
+        assert b"aclserve_request_memory_bytes 0.0" in raw
 
 
 def test_labels_in_classification_metadata_and_config(http_client):

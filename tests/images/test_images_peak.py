@@ -1,0 +1,117 @@
+"""What decoding a picture is charged (images/peak.py): the size libjpeg really decodes a JPEG
+to, what a progressive JPEG and an alpha PNG hold besides; and a request's decode charge held
+until its decodes end, also when the request is cancelled while they run (server/images.py)."""
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from aclserve.config import ImageSettings
+from aclserve.images.decode import draft_scale, jpeg_draft_request
+from aclserve.images.header import probe
+from aclserve.images.peak import (COEFFICIENT_BYTES, JPEG_DRAFT_BYTES, JPEG_FULL_BYTES, PNG_ALPHA_BYTES,
+                                  PNG_BYTES, TARGET_BYTES, decode_peak_bytes)
+from aclserve.images.plan import ImagePlan
+from aclserve.images.stage import ImageStage
+from aclserve.server.budget import MemoryBudget
+from aclserve.server.images import ImageDecoding
+
+from .images_data import encode, gradient
+
+
+def plan(width: int, height: int, resize: str = "stretch") -> ImagePlan:
+    return ImagePlan("x", height, width, 3, "rgb", resize, 0.875, "bilinear", 0, "NHWC", np.dtype(np.uint8),
+                     None, None, -1)
+
+
+@pytest.mark.parametrize("size,target,resize,orientation", [
+    ((1603, 1201), (224, 224), "stretch", 1),     # 1/4: 1201 // 224 = 5
+    ((1603, 1201), (100, 90), "center_crop", 1),  # 1/8
+    ((1603, 1201), (900, 700), "stretch", 1),     # 1/1
+    ((1603, 1201), (700, 500), "letterbox", 1),   # 1/2
+    ((1603, 801), (224, 400), "stretch", 6),      # turned: the target's sides swap before the draft
+])
+def test_the_charged_draft_is_the_size_libjpeg_decodes_to(size, target, resize, orientation):
+    """Pillow's Image.draft (libjpeg's 1/1-1/8 scaling), asked as decode_pixels asks it."""
+    w, h = size
+    request = jpeg_draft_request(w, h, orientation, plan(*target, resize))
+    im = Image.open(io.BytesIO(encode(gradient(h, w), "JPEG")))
+    im.draft("RGB", request)
+    scale = draft_scale(w, h, request)
+    assert im.size == (-(-w // scale), -(-h // scale))
+
+
+def test_a_baseline_jpeg_is_charged_its_draft_and_a_progressive_one_its_coefficients():
+    pic = gradient(1200, 1600)
+    small = plan(224, 224)
+    full = 1600 * 1200
+    target = 224 * 224 * TARGET_BYTES
+    baseline = probe(encode(pic, "JPEG", quality=90))  # 4:2:0
+    drafted = 400 * 300  # 1/4 a side
+    assert decode_peak_bytes(baseline, small) == int(drafted * JPEG_DRAFT_BYTES + full * JPEG_FULL_BYTES) + target
+    for subsampling, samples in ((0, 3.0), (2, 1.5)):  # 4:4:4, 4:2:0
+        info = probe(encode(pic, "JPEG", quality=90, progressive=True, subsampling=subsampling))
+        assert info.progressive and info.samples_per_pixel == samples
+        assert (decode_peak_bytes(info, small) - decode_peak_bytes(baseline, small)
+                == int(full * samples * COEFFICIENT_BYTES))
+    grey = probe(encode(pic[:, :, 0], "JPEG", progressive=True))
+    assert grey.samples_per_pixel == 1.0
+
+
+@pytest.mark.parametrize("mode,alpha", [("L", False), ("RGB", False), ("LA", True), ("RGBA", True), ("P", True)])
+def test_a_png_is_charged_whole_and_more_when_it_decodes_through_rgba(mode, alpha):
+    pic = Image.new(mode, (300, 200))
+    buf = io.BytesIO()
+    pic.save(buf, "PNG")
+    info = probe(buf.getvalue())
+    assert info.alpha is alpha
+    per_pixel = PNG_ALPHA_BYTES if alpha else PNG_BYTES
+    assert decode_peak_bytes(info, plan(8, 8)) == 300 * 200 * per_pixel + 8 * 8 * TARGET_BYTES
+
+
+class _CpuRuntime:
+    kind = "cpu"
+
+
+def test_a_cancelled_request_keeps_its_decode_charge_until_its_decodes_end():
+    """Its client gone, the request ends at once; the decode it began runs on in the pool's
+    thread, holding its memory, which stays charged until it ends (found by an independent
+    review: it was given back at the cancellation)."""
+    png = encode(np.zeros((2000, 2000), np.uint8))
+    stage = ImageStage({"x": plan(8, 8)})
+    images = ImageDecoding(ImageSettings(workers=2), _CpuRuntime())
+    entered, release = threading.Event(), threading.Event()
+    decode = images.decode
+
+    def held_decode(data, picture_plan):  # a decode that takes as long as the test says
+        entered.set()
+        release.wait(30)
+        return decode(data, picture_plan)
+    images.decode = held_decode
+    charge = 2000 * 2000 * PNG_BYTES + 8 * 8 * TARGET_BYTES
+
+    async def main():
+        budget = MemoryBudget(1 << 30, 1 << 30)
+        with budget.lease() as lease:
+            task = asyncio.ensure_future(images.prepare(stage, {"x": [png]}, lease))
+            while not entered.is_set():
+                await asyncio.sleep(0.01)
+            assert budget.used == charge
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert task.cancelled() and images.pool.pending == 1
+        assert budget.used == charge  # the request's lease is gone, the decode's charge is not
+        release.set()
+        while images.pool.pending:
+            await asyncio.sleep(0.01)
+        assert budget.used == 0
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+        images.close()
