@@ -3,12 +3,15 @@
 Event-loop thread only, except the file writes, which run on the tracer's own writer thread on
 traces that are complete (nothing writes to a finished trace). Traces wait in memory until their
 file is written: every `log_frequency` traces, or when tracing stops for that file (level OFF,
-another trace_file, close()). At most MAX_PENDING traces wait per file; beyond that new traces
-are counted as dropped (the next file says how many), so a forgotten trace with
-log_frequency 0 cannot exhaust memory. Nor can log_frequency 1 at a high trace rate fill the
-disk or the writer's queue: a trace_file name gets at most MAX_FILES files (name.0 ...; said
-once, the rest dropped), and while MAX_QUEUED_WRITES files wait for the writer thread, traces
-wait in memory (at most MAX_PENDING) instead of making more files.
+another trace_file, close()). The bounds, all of the tracer's, whatever the names used:
+- at most MAX_PENDING traces are held in memory, waiting for their file or for the writer thread
+  (a forgotten trace with log_frequency 0 cannot exhaust memory); beyond that new traces are
+  counted as dropped (the next file of their name says how many);
+- at most MAX_FILES files are written in all (name.0 ... under log_frequency; said once, the rest
+  dropped), so log_frequency 1 at a high trace rate cannot fill the disk;
+- at most MAX_NAMES trace_file names are set through the API (a name more is refused, 400);
+- while MAX_QUEUED_WRITES files wait for the writer thread, log_frequency makes no more files
+  (the traces wait in memory instead).
 """
 from __future__ import annotations
 
@@ -23,8 +26,9 @@ from .settings import TraceSettings, TraceSettingsError, parse_changes
 
 log = logging.getLogger(__name__)
 
-MAX_PENDING = 50_000
-MAX_FILES = 10_000  # files name.0, name.1, ... of one trace_file name (log_frequency > 0)
+MAX_PENDING = 50_000  # traces held in memory, waiting for their file or for the writer thread
+MAX_FILES = 10_000  # files written, whatever their names
+MAX_NAMES = 1_024  # trace_file names set through the API
 MAX_QUEUED_WRITES = 16  # files rendered and written by the writer thread, waiting at once
 
 
@@ -59,9 +63,12 @@ class Tracer:
         if self._global.file:
             self._trusted_files.add(self._global.file)
         self._targets: dict[tuple[str, str], _Target] = {}
+        self._names: set[str] = set()  # trace_file names set through the API
+        self._waiting = 0  # traces in the targets
+        self._files = 0  # files written or being written
         self._next_id = 1
         self._writer: concurrent.futures.ThreadPoolExecutor | None = None
-        self._writes: list[concurrent.futures.Future] = []
+        self._writes: list[tuple[concurrent.futures.Future, int]] = []  # (write, its traces)
         self.on_change = None  # called after settings change (the server re-checks its hooks)
 
     # -- settings ---------------------------------------------------------------------------------
@@ -86,6 +93,11 @@ class Tracer:
             new = self._global.updated(changes, self._startup)
         if new.file and new.file not in self._trusted_files:
             self._resolve(new.file)  # refuse a bad name before anything changes
+            if new.file not in self._names:
+                if len(self._names) >= MAX_NAMES:
+                    raise TraceSettingsError(f"trace_file: this server has taken {MAX_NAMES} trace_file names "
+                                             f"already; use one of them again")
+                self._names.add(new.file)
         if model:
             before = self._models.get(model, self._global)
             self._set_own(model, own)
@@ -162,10 +174,11 @@ class Tracer:
         if target is None:
             target = self._targets[key] = _Target(*key)
         target.indexed = settings.log_frequency > 0
-        if len(target.traces) >= MAX_PENDING:
+        if self._waiting + self._queued_traces() >= MAX_PENDING:
             target.dropped += 1
             return
         target.traces.append(trace)
+        self._waiting += 1
         if settings.file and settings.log_frequency and len(target.traces) >= settings.log_frequency:
             if self._queued_writes() < MAX_QUEUED_WRITES:
                 self._flush(target)  # (else the writer is behind: the traces wait, MAX_PENDING at most)
@@ -177,39 +190,45 @@ class Tracer:
         if target is None:
             return []
         traces, target.traces = target.traces, []
+        self._waiting -= len(traces)
         return traces
 
     def _flush(self, target: _Target | None) -> None:
         if target is None or not target.path or not (target.traces or target.dropped):
             return
-        self._queued_writes()  # the finished writes forgotten
-        path = self._resolve(target.path)
-        if target.indexed:  # log_frequency files: name.0, name.1, ... (a file name new to the tracer starts at 0)
-            if target.index >= MAX_FILES:
-                if target.index == MAX_FILES:
-                    log.warning("trace: %s has %d files (name.0 ...); further traces for it are dropped "
-                                "(set another trace_file to go on)", target.path, MAX_FILES)
-                    target.index += 1
-                target.traces, target.dropped = [], 0
-                return
-            path = f"{path}.{target.index}"
-            target.index += 1
         traces, dropped = target.traces, target.dropped
         target.traces, target.dropped = [], 0
+        self._waiting -= len(traces)
+        if self._files >= MAX_FILES:
+            if self._files == MAX_FILES:
+                log.warning("trace: %d trace files written; further traces are dropped (restart the server to "
+                            "trace again)", MAX_FILES)
+                self._files += 1
+            return
+        self._files += 1
+        path = self._resolve(target.path)
+        if target.indexed:  # log_frequency files: name.0, name.1, ... (a file name new to the tracer starts at 0)
+            path = f"{path}.{target.index}"
+            target.index += 1
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trace-writer")
-        self._writes.append(self._writer.submit(_write, path, target.format, traces, dropped))
+        self._writes.append((self._writer.submit(_write, path, target.format, traces, dropped), len(traces)))
 
     def _queued_writes(self) -> int:
         """Files waiting for the writer thread (the written ones forgotten)."""
-        self._writes = [f for f in self._writes if not f.done()]
+        self._writes = [(f, n) for f, n in self._writes if not f.done()]
         return len(self._writes)
+
+    def _queued_traces(self) -> int:
+        """Traces in the files waiting for the writer thread."""
+        self._queued_writes()
+        return sum(n for _, n in self._writes)
 
     def flush(self) -> list[concurrent.futures.Future]:
         """Write every waiting trace now (as tracing stopping would); returns the pending writes."""
         for target in list(self._targets.values()):
             self._flush(target)
-        return list(self._writes)
+        return [f for f, _ in self._writes]
 
     def close(self) -> None:
         """Write what waits and stop the writer thread (blocking). Safe twice."""

@@ -1,11 +1,17 @@
-"""The Tracer's files under log_frequency 1 at every request: one trace_file name gets at most
-MAX_FILES files, and while the writer thread is behind the traces wait in memory rather than
-queueing more files (a client that may change trace settings could otherwise fill the disk or
-the writer's queue). The limits are lowered here to keep the test small."""
+"""The Tracer's bounds, whatever the trace_file names a client uses: at most MAX_FILES files in
+all, MAX_NAMES names set through the API, MAX_PENDING traces held in memory (waiting for their
+file or for the writer thread), and while the writer thread is behind, traces under
+log_frequency wait in memory rather than queueing more files (a client that may change trace
+settings could otherwise fill the disk or the memory). The limits are lowered here to keep the
+tests small."""
 import json
 import logging
+import threading
+
+import pytest
 
 from aclserve.trace import tracer as tracer_module
+from aclserve.trace.settings import TraceSettingsError
 from aclserve.trace.tracer import Tracer
 
 EVERY_REQUEST = {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "log_frequency": "1", "trace_file": "t.json"}
@@ -18,15 +24,50 @@ def trace_requests(tracer: Tracer, n: int) -> None:
         tracer.finish(trace)
 
 
-def test_a_trace_file_name_gets_at_most_max_files(tmp_path, monkeypatch, caplog):
+def test_at_most_max_files_are_written_whatever_their_names(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(tracer_module, "MAX_FILES", 3)
     tracer = Tracer(trace_dir=str(tmp_path))
     tracer.update(dict(EVERY_REQUEST))
-    trace_requests(tracer, 7)
+    trace_requests(tracer, 2)
+    tracer.update({"trace_file": "u.json"})  # another name goes on from the same count
+    trace_requests(tracer, 5)
     tracer.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json.0", "t.json.1", "t.json.2"]
-    assert [r.levelno for r in caplog.records if "further traces for it are dropped" in r.getMessage()] \
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json.0", "t.json.1", "u.json.0"]
+    assert [r.levelno for r in caplog.records if "further traces are dropped" in r.getMessage()] \
         == [logging.WARNING]
+
+
+def test_at_most_max_names_are_set_through_the_api(tmp_path, monkeypatch):
+    monkeypatch.setattr(tracer_module, "MAX_NAMES", 2)
+    tracer = Tracer(trace_dir=str(tmp_path))
+    for name in ("a.json", "b.json", "a.json"):
+        tracer.update({"trace_file": name})
+    tracer.update({"trace_file": "b.json"}, model="m")
+    with pytest.raises(TraceSettingsError, match="trace_file: this server has taken 2 trace_file names"):
+        tracer.update({"trace_file": "c.json"}, model="m")
+    assert tracer.settings("m").file == "b.json"  # nothing changed
+    tracer.close()
+
+
+def test_traces_held_in_memory_are_bounded_across_files_and_setting_changes(tmp_path, monkeypatch):
+    """Each change of trace_file queues the old file's write: traces queued for a writer that is
+    behind count against MAX_PENDING as the waiting ones do (a client changing names faster than
+    the writer wrote kept every trace of every name in memory)."""
+    monkeypatch.setattr(tracer_module, "MAX_PENDING", 4)
+    gate = threading.Event()
+    write = tracer_module._write
+    monkeypatch.setattr(tracer_module, "_write", lambda *args: (gate.wait(30), write(*args)))
+    tracer = Tracer(trace_dir=str(tmp_path))
+    tracer.update({"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": "a.json"})
+    trace_requests(tracer, 3)
+    tracer.update({"trace_file": "b.json"})  # a.json's 3 traces wait for the writer
+    trace_requests(tracer, 3)  # room for one
+    tracer.update({"trace_file": "c.json"})
+    gate.set()
+    tracer.close()
+    files = {p.name: json.loads(p.read_text())["otherData"] for p in tmp_path.iterdir()}
+    assert {name: (data["requests"], data["dropped"]) for name, data in files.items()} \
+        == {"a.json": (3, 0), "b.json": (1, 2)}
 
 
 def test_while_the_writer_is_behind_traces_wait_instead_of_making_files(tmp_path, monkeypatch):
