@@ -43,13 +43,14 @@ class MemoryBudget:
             return 413
         return 503 if self.used + nbytes > self.limit else 0
 
-    def _take(self, lease: "Lease", nbytes: int, what: str) -> None:
+    def _take(self, lease: "Lease", nbytes: int, what: str, hint: str | None = None) -> None:
         total = lease.held + nbytes
         over = self._over(lease, nbytes)
         if over == 413:
             self.refused[413] += 1
             raise PayloadTooLarge(f"request needs about {_mb(total)} of server memory ({what}), over the "
-                                  f"per-request limit of {_mb(self.per_request)} (max_request_bytes); {lease.hint}")
+                                  f"per-request limit of {_mb(self.per_request)} (max_request_bytes); "
+                                  f"{hint or lease.hint}")
         if over == 503:
             self.refused[503] += 1
             raise MemoryExhausted(f"server is busy: requests in flight hold {_mb(self.used)} of its "
@@ -70,10 +71,11 @@ class Lease:
         self.held = 0
         self.hint = hint
 
-    def take(self, nbytes: int, what: str) -> None:
-        """Charge `nbytes` more, or raise PayloadTooLarge (413) / MemoryExhausted (503)."""
+    def take(self, nbytes: int, what: str, hint: str | None = None) -> None:
+        """Charge `nbytes` more, or raise PayloadTooLarge (413, ending with `hint`, else the
+        lease's) / MemoryExhausted (503)."""
         if nbytes > 0:
-            self.budget._take(self, nbytes, what)
+            self.budget._take(self, nbytes, what, hint)
 
     def fits(self, nbytes: int) -> bool:
         """Whether `take(nbytes)` would succeed now."""

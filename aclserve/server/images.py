@@ -61,7 +61,8 @@ class ImageDecoding:
         if not charge:
             await stage.prepare(inputs, self.pool, self.decode)
             return
-        lease.take(charge, "decoding its images")
+        lease.take(charge, "decoding its images", "send fewer pictures per request, or smaller ones (their "
+                   "pixels count, not their files' bytes)")
         decoding = lease.split(charge)
         await stage.prepare(inputs, self.pool, self.decode, on_ended=decoding.release)
 

@@ -231,6 +231,8 @@ def test_what_decoding_pictures_holds_is_charged_to_the_request_memory(tmp_path)
         status, _, out = infer(srv, {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": [big]}]},
                                "digits_image")
         assert status == 413 and "decoding its images" in out["error"] and "max_request_bytes" in out["error"], out
+        assert out["error"].endswith("send fewer pictures per request, or smaller ones (their pixels count, "
+                                     "not their files' bytes)"), out
         status, _, out = infer(srv, {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [2],
                                                  "data": [small, small]}]}, "digits_image")
         assert status == 200, out
