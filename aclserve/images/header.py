@@ -17,6 +17,7 @@ JPEG_SOI = b"\xff\xd8"
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _SOF0, _APP0, _APP1, _APP14 = 0xC0, 0xE0, 0xE1, 0xEE
 _PROGRESSIVE = {0xC2, 0xC6, 0xCA, 0xCE}
+_EXIF = b"Exif\0\0"  # how an APP1 segment of EXIF data begins
 _PNG_ALPHA_TYPES = {3, 4, 6}  # palette (its transparency is a tRNS chunk further on), grey + alpha, RGBA
 _NO_LENGTH = {0x01, 0xD8} | set(range(0xD0, 0xD8))  # TEM, SOI, RST0-7
 # Marker segments a JPEG may have before its frame header (real ones have a few dozen at most:
@@ -80,6 +81,7 @@ def _png(data) -> ImageInfo:
 
 def _jpeg(data) -> ImageInfo:
     n, pos, orientation = len(data), 2, 1
+    exif_read = False  # only the first EXIF segment counts (as in Pillow, which decodes it)
     jfif, adobe_transform = False, None  # what says how three components are coded
     for _ in range(MAX_SEGMENTS):
         if pos >= n:
@@ -99,7 +101,8 @@ def _jpeg(data) -> ImageInfo:
         (length,) = struct.unpack(">H", bytes(data[pos:pos + 2]))
         if length < 2:
             raise ImageError("JPEG is corrupt (bad segment length)")
-        if marker == _APP1 and orientation == 1:
+        if marker == _APP1 and not exif_read and bytes(data[pos + 2:pos + 8]) == _EXIF:
+            exif_read = True  # (each one read would walk its entries: 1,000 took the event loop 1 s)
             orientation = exif_orientation(bytes(data[pos + 2:pos + length]))
         elif marker == _APP0 and bytes(data[pos + 2:pos + 7]) == b"JFIF\0":
             jfif = True
@@ -153,7 +156,7 @@ def exif_orientation(segment: bytes) -> int:
     """The Orientation tag (1-8) of an APP1 segment's EXIF data (after its length), 1 when it
     has none or is not EXIF: "Exif\\0\\0", a TIFF header (II or MM, 42, IFD0's offset), then
     IFD0's 12-byte entries (tag, type, count, value; Orientation is one SHORT)."""
-    if not segment.startswith(b"Exif\0\0") or len(segment) < 14:
+    if not segment.startswith(_EXIF) or len(segment) < 14:
         return 1
     tiff = segment[6:]
     order = {b"II": "<", b"MM": ">"}.get(tiff[:2])

@@ -105,6 +105,26 @@ def test_a_jpeg_of_many_segments_before_its_frame_is_refused_at_once():
     assert probe(fill).width == 53 and probe(memoryview(fill)).width == 53  # (skipped by a regex, in C)
 
 
+def test_only_the_first_exif_segment_counts_as_pillow_reads_it():
+    """A second EXIF segment's Orientation is not the picture's (Pillow, which decodes it, reads
+    the first); each one read walked its entries on the event loop (1,000 of 64 KB: 1 s)."""
+    from PIL import Image
+
+    def exif(orientation: int | None) -> bytes:
+        tags = Image.Exif()
+        tags[0x010F] = "camera"
+        if orientation is not None:
+            tags[0x0112] = orientation
+        return tags.tobytes()  # "Exif\0\0" + TIFF
+    segments, rest = _segments(encode(gradient(37, 53), "JPEG"))
+    picture = _jpeg([(0xE1, exif(None)), (0xE1, exif(6))] + segments, rest)
+    assert Image.open(io.BytesIO(picture)).getexif().get(0x0112) is None
+    assert probe(picture).orientation == 1
+    many = _jpeg([(0xE1, exif(None))] * 1000 + [(0xE1, exif(6))] + segments, rest)
+    assert probe(many).orientation == 1
+    assert probe(_jpeg([(0xE1, b"XMP data")] + [(0xE1, exif(6))] + segments, rest)).orientation == 6
+
+
 def test_exif_orientation_reads_both_byte_orders_and_never_fails_on_garbage():
     tiff = b"MM" + struct.pack(">HI", 42, 8) + struct.pack(">H", 1) + struct.pack(">HHIH2x", 0x0112, 3, 1, 6)
     assert exif_orientation(b"Exif\0\0" + tiff) == 6
