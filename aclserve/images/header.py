@@ -7,6 +7,7 @@ Pure functions over bytes.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ class ImageInfo:
     ycc: bool = True  # JPEG: coded as YCbCr or grey (a chip's JPEG decoder takes no other: RGB, CMYK)
     progressive: bool = False  # JPEG: a progressive frame (libjpeg keeps every DCT coefficient while decoding)
     samples_per_pixel: float = 3.0  # JPEG: the components' samples over a full-size pixel (4:2:0 YCbCr 1.5)
+    buffered: bool = False  # JPEG: libjpeg keeps every DCT coefficient while decoding (progressive, or
+    # a first scan of fewer components than the frame: a sequential JPEG in several scans)
     alpha: bool = False  # PNG: palette or alpha colour type (decoded through RGBA)
 
 
@@ -83,6 +86,7 @@ def _jpeg(data) -> ImageInfo:
     n, pos, orientation = len(data), 2, 1
     exif_read = False  # only the first EXIF segment counts (as in Pillow, which decodes it)
     jfif, adobe_transform = False, None  # what says how three components are coded
+    frame = None  # the ImageInfo of the frame header, read on to the first scan's header
     for _ in range(MAX_SEGMENTS):
         if pos >= n:
             break
@@ -113,14 +117,24 @@ def _jpeg(data) -> ImageInfo:
                 break
             height, width = struct.unpack(">HH", bytes(data[pos + 3:pos + 7]))
             specs = bytes(data[pos + 8:pos + 8 + 3 * data[pos + 7]])  # (id, sampling HV, table) each
-            return ImageInfo("JPEG", width, height, marker == _SOF0, orientation,
-                             _coded_ycc(specs[::3], jfif, adobe_transform), marker in _PROGRESSIVE,
-                             _samples_per_pixel(specs[1::3]))
+            progressive, components = marker in _PROGRESSIVE, data[pos + 7]
+            frame = ImageInfo("JPEG", width, height, marker == _SOF0, orientation,
+                              _coded_ycc(specs[::3], jfif, adobe_transform), progressive,
+                              _samples_per_pixel(specs[1::3]), buffered=progressive)
         if marker == 0xDA:
-            raise ImageError("JPEG is corrupt (image data before the frame header)")
+            if frame is None:
+                raise ImageError("JPEG is corrupt (image data before the frame header)")
+            # libjpeg keeps the whole image's coefficients when the first scan does not hold every
+            # component, progressive or not (jdinput.c: has_multiple_scans)
+            if pos + 2 < n and data[pos + 2] < components:
+                frame = dataclasses.replace(frame, buffered=True)
+            return frame
         pos += length
     else:
-        raise ImageError(f"JPEG has more than {MAX_SEGMENTS} segments before its frame header")
+        if frame is None:
+            raise ImageError(f"JPEG has more than {MAX_SEGMENTS} segments before its frame header")
+    if frame is not None:  # no scan header within reach: what the frame says
+        return frame
     raise ImageError("JPEG is truncated before its frame header")
 
 

@@ -6,7 +6,8 @@ Measured (peak RSS over one decode_pixels call, 3000 x 3000 pictures, targets of
 RGB ones, 8- or 16-bit, 9.1-12.1 for palette, grey + alpha and RGBA ones (converted through
 RGBA); a JPEG decodes at the draft size libjpeg scales it to (1/1 to 1/8 a side: 0.22 a pixel at
 1/8, 10.1 at 1/1, with a full-size target), and a progressive one besides holds all its DCT
-coefficients, two bytes a sample (6.2 for 4:4:4 YCbCr at 1/8, 8.2 for CMYK, 3.2 for 4:2:0).
+coefficients, two bytes a sample (6.2 for 4:4:4 YCbCr at 1/8, 8.2 for CMYK, 3.2 for 4:2:0), as
+does a sequential one coded in several scans (6.1 for 4:4:4 at 1/8, 6000 x 6000, 2026-12-02).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ PNG_BYTES = 8  # a pixel of a grey or RGB PNG, at most (its decode, conversion a
 PNG_ALPHA_BYTES = 13  # a pixel of a palette or alpha PNG (decoded through RGBA; 12.1 measured)
 JPEG_DRAFT_BYTES = 8  # a pixel of the size libjpeg decodes a JPEG to
 JPEG_FULL_BYTES = 0.25  # a full-size pixel of any JPEG: libjpeg's own buffers, whatever the draft
-COEFFICIENT_BYTES = 2  # a full-size sample of a progressive JPEG: its DCT coefficients
+COEFFICIENT_BYTES = 2  # a full-size sample of a progressive or multi-scan JPEG: its DCT coefficients
 TARGET_BYTES = 4  # a pixel of the plan's size: the resized picture and its copies
 
 
@@ -31,5 +32,5 @@ def decode_peak_bytes(info: ImageInfo, plan: ImagePlan) -> int:
     scale = draft_scale(info.width, info.height,
                         jpeg_draft_request(info.width, info.height, info.orientation, plan))
     drafted = -(-info.width // scale) * -(-info.height // scale)
-    coefficients = pixels * info.samples_per_pixel * COEFFICIENT_BYTES if info.progressive else 0
+    coefficients = pixels * info.samples_per_pixel * COEFFICIENT_BYTES if info.buffered else 0
     return int(drafted * JPEG_DRAFT_BYTES + pixels * JPEG_FULL_BYTES + coefficients) + target
