@@ -6,7 +6,8 @@ file is written: every `log_frequency` traces, or when tracing stops for that fi
 another trace_file, close()). The bounds, all of the tracer's, whatever the names used:
 - at most MAX_PENDING traces are held in memory, waiting for their file or for the writer thread
   (a forgotten trace with log_frequency 0 cannot exhaust memory); beyond that new traces are
-  counted as dropped (the next file of their name says how many);
+  counted as dropped (the next file of their name says how many); traces with no trace_file
+  (kept for take()) have a MAX_PENDING of their own;
 - at most MAX_FILES files are written in all (name.0 ... under log_frequency; said once, the rest
   dropped), so log_frequency 1 at a high trace rate cannot fill the disk;
 - at most MAX_NAMES trace_file names are set through the API (a name more is refused, 400);
@@ -64,7 +65,7 @@ class Tracer:
             self._trusted_files.add(self._global.file)
         self._targets: dict[tuple[str, str], _Target] = {}
         self._names: set[str] = set()  # trace_file names set through the API
-        self._waiting = 0  # traces in the targets
+        self._waiting = 0  # traces in the targets that have a file
         self._files = 0  # files written or being written
         self._next_id = 1
         self._writer: concurrent.futures.ThreadPoolExecutor | None = None
@@ -174,11 +175,16 @@ class Tracer:
         if target is None:
             target = self._targets[key] = _Target(*key)
         target.indexed = settings.log_frequency > 0
-        if self._waiting + self._queued_traces() >= MAX_PENDING:
+        # Memory-only traces (no trace_file) leave only by take() (aclserve profile): bounded on
+        # their own, as nothing on a server takes them, and they must not starve the files
+        full = (len(target.traces) >= MAX_PENDING if not target.path
+                else self._waiting + self._queued_traces() >= MAX_PENDING)
+        if full:
             target.dropped += 1
             return
         target.traces.append(trace)
-        self._waiting += 1
+        if target.path:
+            self._waiting += 1
         if settings.file and settings.log_frequency and len(target.traces) >= settings.log_frequency:
             if self._queued_writes() < MAX_QUEUED_WRITES:
                 self._flush(target)  # (else the writer is behind: the traces wait, MAX_PENDING at most)
@@ -190,7 +196,8 @@ class Tracer:
         if target is None:
             return []
         traces, target.traces = target.traces, []
-        self._waiting -= len(traces)
+        if target.path:
+            self._waiting -= len(traces)
         return traces
 
     def _flush(self, target: _Target | None) -> None:

@@ -79,3 +79,19 @@ def test_while_the_writer_is_behind_traces_wait_instead_of_making_files(tmp_path
     tracer.close()  # what waits is written at close, in one file
     (written,) = tmp_path.iterdir()
     assert written.name == "t.json.0" and sorted({t["id"] for t in json.loads(written.read_text())}) == [1, 2, 3, 4, 5]
+
+
+def test_traces_kept_in_memory_only_never_starve_the_files(tmp_path, monkeypatch):
+    """Tracing turned on before a trace_file was set keeps its traces for take() (nothing on a
+    server takes them): they must not use up the files' MAX_PENDING (every later trace to a file
+    was dropped until a restart; found by an independent review)."""
+    monkeypatch.setattr(tracer_module, "MAX_PENDING", 4)
+    tracer = Tracer(trace_dir=str(tmp_path))
+    tracer.update({"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})  # no trace_file: memory only
+    trace_requests(tracer, 5)
+    tracer.update({"trace_file": "t.json"})
+    trace_requests(tracer, 3)
+    tracer.update({"trace_level": ["OFF"]})
+    tracer.close()
+    assert json.loads((tmp_path / "t.json").read_text())["otherData"]["requests"] == 3
+    assert len(tracer.take()) == 4  # the memory-only ones: their own bound
