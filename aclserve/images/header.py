@@ -143,7 +143,7 @@ def _samples_per_pixel(sampling: bytes) -> float:
     largest ones (4:2:0 YCbCr: 1 + 0.25 + 0.25)."""
     if not sampling:
         return 1.0
-    h = [b >> 4 or 1 for b in sampling]  # (0 is not a sampling factor: a corrupt frame decodes as 1)
+    h = [b >> 4 or 1 for b in sampling]  # (a factor of 0 is refused by the decode, with its 400)
     v = [b & 15 or 1 for b in sampling]
     return sum(hi * vi for hi, vi in zip(h, v)) / (max(h) * max(v))
 

@@ -11,8 +11,8 @@ another trace_file, close()). The bounds, all of the tracer's, whatever the name
 - at most MAX_FILES files are written in all (name.0 ... under log_frequency; said once, the rest
   dropped), so log_frequency 1 at a high trace rate cannot fill the disk;
 - at most MAX_NAMES trace_file names are set through the API (a name more is refused, 400);
-- while MAX_QUEUED_WRITES files wait for the writer thread, log_frequency makes no more files
-  (the traces wait in memory instead).
+- while MAX_QUEUED_WRITES files wait for the writer thread, neither log_frequency nor a change of
+  trace_file queues more (the traces wait in memory instead, written as the writer catches up).
 """
 from __future__ import annotations
 
@@ -65,6 +65,7 @@ class Tracer:
             self._trusted_files.add(self._global.file)
         self._targets: dict[tuple[str, str], _Target] = {}
         self._names: set[str] = set()  # trace_file names set through the API
+        self._left: dict[tuple[str, str], None] = {}  # targets tracing left, written as the writer has room
         self._waiting = 0  # traces in the targets that have a file
         self._files = 0  # files written or being written
         self._next_id = 1
@@ -124,17 +125,29 @@ class Tracer:
             self._models.pop(model, None)
 
     def _settled(self, before: TraceSettings | None, after: TraceSettings) -> None:
-        """Write what waited for the old file when tracing to it stopped or moved."""
+        """Write what waited for the old file when tracing to it stopped or moved (once the
+        writer thread has room: `_catch_up`)."""
         if before is not None and before.file and (not after.on or (before.file, before.format)
                                                    != (after.file, after.format)):
-            if not self._still_used(before):
-                self._flush(self._targets.get((before.file, before.format)))
+            key = (before.file, before.format)
+            if key in self._targets and not self._still_used(key):
+                self._left[key] = None
+        self._catch_up()
         if self.on_change is not None:
             self.on_change()
 
-    def _still_used(self, settings: TraceSettings) -> bool:
-        key = (settings.file, settings.format)
+    def _still_used(self, key: tuple[str, str]) -> bool:
         return any(s.on and (s.file, s.format) == key for s in (self._global, *self._models.values()))
+
+    def _catch_up(self) -> None:
+        """Write the files tracing left (oldest first) while the writer thread has room: so
+        changes of trace_file faster than the writer writes queue no more than
+        MAX_QUEUED_WRITES files; their traces wait meanwhile (counted in MAX_PENDING)."""
+        while self._left and self._queued_writes() < MAX_QUEUED_WRITES:
+            key = next(iter(self._left))
+            del self._left[key]
+            if not self._still_used(key):  # (a name used again writes as its log_frequency says)
+                self._flush(self._targets.get(key))
 
     def _resolve(self, name: str) -> str:
         if name in self._trusted_files:
@@ -185,6 +198,7 @@ class Tracer:
         target.traces.append(trace)
         if target.path:
             self._waiting += 1
+        self._catch_up()
         if settings.file and settings.log_frequency and len(target.traces) >= settings.log_frequency:
             if self._queued_writes() < MAX_QUEUED_WRITES:
                 self._flush(target)  # (else the writer is behind: the traces wait, MAX_PENDING at most)
@@ -206,6 +220,7 @@ class Tracer:
         traces, dropped = target.traces, target.dropped
         target.traces, target.dropped = [], 0
         self._waiting -= len(traces)
+        self._left.pop((target.path, target.format), None)  # (flush() at close writes it now)
         if self._files >= MAX_FILES:
             if self._files == MAX_FILES:
                 log.warning("trace: %d trace files written; further traces are dropped (restart the server to "

@@ -95,3 +95,24 @@ def test_traces_kept_in_memory_only_never_starve_the_files(tmp_path, monkeypatch
     tracer.close()
     assert json.loads((tmp_path / "t.json").read_text())["otherData"]["requests"] == 3
     assert len(tracer.take()) == 4  # the memory-only ones: their own bound
+
+
+def test_changes_of_trace_file_queue_no_more_writes_than_the_bound(tmp_path, monkeypatch):
+    """A client changing trace_file faster than the writer thread writes: each name left is
+    written as the writer has room (its traces wait in memory meanwhile), not queued at once
+    (200 changes queued 207 writes; found by an independent review)."""
+    monkeypatch.setattr(tracer_module, "MAX_QUEUED_WRITES", 2)
+    gate = threading.Event()
+    write = tracer_module._write
+    monkeypatch.setattr(tracer_module, "_write", lambda *args: (gate.wait(30), write(*args)))
+    tracer = Tracer(trace_dir=str(tmp_path))
+    tracer.update({"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    names = [f"{letter}.json" for letter in "abcdef"]
+    for name in names:
+        tracer.update({"trace_file": name})
+        trace_requests(tracer, 1)
+    assert tracer._queued_writes() <= 2  # the writer's queue, while it is held
+    gate.set()
+    tracer.close()
+    assert {p.name: json.loads(p.read_text())["otherData"]["requests"] for p in tmp_path.iterdir()} \
+        == {name: 1 for name in names}
