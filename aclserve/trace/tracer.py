@@ -36,7 +36,7 @@ MAX_QUEUED_WRITES = 16  # files rendered and written by the writer thread, waiti
 class _Target:
     """Traces waiting for one (file, format)."""
 
-    __slots__ = ("path", "format", "traces", "index", "dropped", "indexed")
+    __slots__ = ("path", "format", "traces", "index", "dropped", "indexed", "written")
 
     def __init__(self, path: str, fmt: str):
         self.path, self.format = path, fmt
@@ -44,6 +44,7 @@ class _Target:
         self.index = 0
         self.dropped = 0
         self.indexed = False  # log_frequency > 0: files name.0, name.1, ...
+        self.written = False  # its file (not indexed) was written once: writing it again adds no file
 
 
 class Tracer:
@@ -221,13 +222,15 @@ class Tracer:
         target.traces, target.dropped = [], 0
         self._waiting -= len(traces)
         self._left.pop((target.path, target.format), None)  # (flush() at close writes it now)
-        if self._files >= MAX_FILES:
+        new_file = target.indexed or not target.written
+        if new_file and self._files >= MAX_FILES:
             if self._files == MAX_FILES:
                 log.warning("trace: %d trace files written; further traces are dropped (restart the server to "
                             "trace again)", MAX_FILES)
                 self._files += 1
             return
-        self._files += 1
+        self._files += new_file
+        target.written = target.written or not target.indexed
         path = self._resolve(target.path)
         if target.indexed:  # log_frequency files: name.0, name.1, ... (a file name new to the tracer starts at 0)
             path = f"{path}.{target.index}"

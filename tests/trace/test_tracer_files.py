@@ -116,3 +116,19 @@ def test_changes_of_trace_file_queue_no_more_writes_than_the_bound(tmp_path, mon
     tracer.close()
     assert {p.name: json.loads(p.read_text())["otherData"]["requests"] for p in tmp_path.iterdir()} \
         == {name: 1 for name in names}
+
+
+def test_a_file_written_again_is_not_one_more_file(tmp_path, monkeypatch):
+    """Without log_frequency a name's file is rewritten each time tracing to it stops: the same
+    file, not one more toward MAX_FILES."""
+    monkeypatch.setattr(tracer_module, "MAX_FILES", 2)
+    tracer = Tracer(trace_dir=str(tmp_path))
+    for _ in range(3):
+        tracer.update({"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": "t.json"})
+        trace_requests(tracer, 1)
+        tracer.update({"trace_level": ["OFF"]})
+    tracer.update({"trace_level": ["TIMESTAMPS"], "trace_file": "u.json"})
+    trace_requests(tracer, 2)
+    tracer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "u.json"]
+    assert json.loads((tmp_path / "u.json").read_text())["otherData"]["requests"] == 2
