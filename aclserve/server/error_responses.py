@@ -87,6 +87,8 @@ def _error_response(request: web.Request, state: ServerState | None, exc: Except
             message = f"no route for {request.method} {request.path}"
         elif isinstance(exc, web.HTTPMethodNotAllowed):
             message = f"method {request.method} is not allowed on {request.path}"
+            # RFC 9110 15.5.6: a 405 MUST carry Allow (aiohttp's exception has it; keep it)
+            return json_error(message, exc.status, headers={"Allow": exc.headers["Allow"]})
         else:
             message = exc.reason
         return json_error(message, exc.status)

@@ -310,8 +310,9 @@ def test_infer_paths_route_as_the_templates_say(server):
     # Not an infer path: it names version "infer" of the model's metadata route, which is GET only.
     status, _, raw = request(server, "POST", "/v2/models/affine/versions/infer", data=json.dumps(doc()).encode())
     assert status == 405 and "error" in json.loads(raw)
-    status, _, raw = request(server, "GET", "/v2/models/affine/infer")
+    status, headers, raw = request(server, "GET", "/v2/models/affine/infer")
     assert status == 405 and "error" in json.loads(raw)
+    assert headers.get("Allow") == "POST"  # RFC 9110: a 405 names the methods the path takes
     # An Expect header: the route's expect handler answers 100 Continue, then the same answer.
     status, _, raw = request(server, "POST", "/v2/models/affine/infer", data=json.dumps(doc()).encode(),
                              headers={"Expect": "100-continue"})
