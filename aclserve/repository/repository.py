@@ -134,6 +134,8 @@ class ModelRepository:
             served = versions.get(version)
             if served is not None:
                 return served
+        if version in (None, "") and name in self._lifecycle.held:  # unloaded on purpose: as Triton, not
+            raise NotFound(f"model {name} has no available versions (unloaded)")  # a retry-later
         known = self._lifecycle.states.describe(name, version, self._planner.scan)
         if known is not None:
             state, reason = known

@@ -85,8 +85,10 @@ async def test_explicit_mode_changes_only_through_the_api(make_repo, models_dir,
     await repo.load("n")
     assert await answer(repo, "n") == 3.0
     await repo.unload("m")
-    with pytest.raises(ModelUnavailable):
+    with pytest.raises(NotFound, match="model m has no available versions"):  # as Triton: not a retry-later
         repo.get("m")
+    with pytest.raises(ModelUnavailable, match=r"model m version 1 is not ready \(UNAVAILABLE: unloaded\)"):
+        repo.get("m", "1")
     index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
     assert index[("m", "1")] == (State.UNAVAILABLE, "unloaded")
     await repo.load("m")
