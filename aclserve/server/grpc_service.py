@@ -179,12 +179,14 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     @rpc
     async def RepositoryIndex(self, request, context):
         self.state.auth.check_repository_value(_authorization(context), control=False)
+        await _one_repository(request, context)
         entries = views.repository_index(self.state, request.ready)
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
 
     @rpc
     async def RepositoryModelLoad(self, request, context):
         self.state.auth.check_repository_value(_authorization(context), control=True)
+        await _one_repository(request, context)
         views.check_load_parameters(request.parameters.keys())
         _check_model_name(request.model_name)
         await self.state.repo.load(request.model_name)
@@ -193,6 +195,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     @rpc
     async def RepositoryModelUnload(self, request, context):
         self.state.auth.check_repository_value(_authorization(context), control=True)
+        await _one_repository(request, context)
         _check_model_name(request.model_name)
         await self.state.repo.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
@@ -392,6 +395,12 @@ def _stream_error(message: bytes, error: str) -> pb.ModelStreamInferResponse:
     name, version, ident = names(message)
     return pb.ModelStreamInferResponse(
         error_message=error, infer_response=pb.ModelInferResponse(model_name=name, model_version=version, id=ident))
+
+
+async def _one_repository(request, context) -> None:
+    """One model repository is served: a call naming one is refused as Triton refuses it."""
+    if request.repository_name:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "'repository_name' specification is not supported")
 
 
 def _check_model_name(name: str) -> None:

@@ -91,6 +91,21 @@ def test_statistics_of_a_version_without_a_model_is_refused(client, stub):
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "without a model name" in refused.value.details()
 
 
+def test_a_repository_call_naming_a_repository_is_unimplemented(stub):
+    """One repository is served: as Triton, a call naming one is refused (it was answered from
+    the one repository; found by a conformance check)."""
+    calls = (lambda: stub.RepositoryIndex(pb.RepositoryIndexRequest(repository_name="other")),
+             lambda: stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(repository_name="other", model_name="affine")),
+             lambda: stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(repository_name="other",
+                                                                                model_name="affine")))
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as refused:
+            call()
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert refused.value.details() == "'repository_name' specification is not supported"
+    assert {m.name for m in stub.RepositoryIndex(pb.RepositoryIndexRequest()).models} >= {"affine"}
+
+
 def test_digits_accuracy_over_grpc(client):
     data = np.load(REPO / "tests" / "data" / "digits_test.npz")
     predictions = []
