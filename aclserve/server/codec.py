@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import InvalidInput, ServeError
 from ..runtime.types import TensorSpec
-from .bytes_codec import decode_input as decode_bytes_input, raw_input as raw_bytes_input
+from .bytes_codec import MAX_QUOTED_DIMS, decode_input as decode_bytes_input, raw_input as raw_bytes_input
 from .json_simd import JsonNumbers
 from .json_tensors import JsonLimits, loads, numbers_in_json, read_numbers, refuse_booleans_among_numbers, to_array
 
@@ -247,9 +247,18 @@ def _check_shape(name: str, shape, spec: TensorSpec) -> int:
 
 def _shape_refused(name: str, shape, want: tuple[int, ...]) -> NoReturn:
     """What is wrong with a shape _check_shape did not accept: raises InvalidInput."""
+    if type(shape) is list:
+        check_rank(name, len(shape), want)
     if type(shape) is not list or any(type(d) is not int or d < 0 for d in shape):
         raise InvalidInput(f"input '{name}': shape must be an array of non-negative integers")
     raise InvalidInput(f"input '{name}': shape {shape} does not match the model's {list(want)}")
+
+
+def check_rank(name: str, rank: int, want: Sequence[int]) -> None:
+    """Refuse a shape of more than MAX_QUOTED_DIMS dimensions (and more than the model's) by its
+    length alone, before its values are read (shared with the gRPC codec)."""
+    if rank > max(MAX_QUOTED_DIMS, len(want)):
+        raise InvalidInput(f"input '{name}': shape has {rank:,} dimensions; the model's {list(want)} has {len(want)}")
 
 
 def _decode_raw(body: bytes, sig: Signature) -> InferRequest:

@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2 as pb
 from ..errors import InvalidInput
 from .bytes_codec import grpc_input as decode_bytes_input
 from .codec import (InferRequest, RequestedOutput, Signature, check_classification, check_complete, check_input,
-                    refuse_shared_memory, tensor_view)
+                    check_rank, refuse_shared_memory, tensor_view)
 from .encode import classify
 
 # KServe datatype -> (InferTensorContents field, numpy type of that field's elements)
@@ -35,12 +35,17 @@ CONTENTS_FIELDS = {
 }
 
 
-def contents_elements(msg: pb.ModelInferRequest) -> int:
-    """Typed-contents elements of a request (to decide whether decoding goes to a thread)."""
+def contents_elements(msg: pb.ModelInferRequest, sig: Signature) -> int:
+    """Typed-contents elements of a request (to decide whether decoding goes to a thread), in
+    the inputs decoding reads: at most one more than the model has (decode_infer_request refuses
+    an unknown or repeated input by then). Every input of the message took 0.3 us of the event
+    loop each: 2,000,000 empty ones (4 MB) held it 0.6 s."""
     if msg.raw_input_contents:
         return 0
     total = 0
-    for tensor in msg.inputs:
+    inputs = msg.inputs
+    for i in range(min(len(inputs), len(sig.inputs) + 1)):
+        tensor = inputs[i]
         for _, values in tensor.contents.ListFields():
             total += len(values)
     return total
@@ -64,6 +69,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
             raise InvalidInput(f"unknown input '{name}' (model inputs: {sig.input_names})")
         if name in arrays:
             raise InvalidInput(f"input '{name}' is given more than once")
+        check_rank(name, len(tensor.shape), spec.shape)  # before a long one is listed
         shape = list(tensor.shape)
         if tensor.parameters:
             refuse_shared_memory(tensor.parameters, f"input '{name}'")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 from typing import Callable
 
@@ -37,6 +38,7 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 from ..errors import InvalidInput, NotFound, PayloadTooLarge, ServeError, ShuttingDown, Unavailable
 from ..repository import ModelLoadFailed
 from ..trace import now_ns
+from ..trace.settings import KEYS
 from . import views
 from .answer_size import answer_bytes
 from .auth import Forbidden, Unauthorized
@@ -60,6 +62,12 @@ STATUS_CODES: dict[type[ServeError], grpc.StatusCode] = {
     NotFound: grpc.StatusCode.NOT_FOUND, BodyTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
     PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED, Unavailable: grpc.StatusCode.UNAVAILABLE}
 CONTENTS_OFFLOAD_ELEMENTS = 16 * 1024  # typed contents above this are decoded in a thread
+# Largest message of a method other than ModelInfer / ModelStreamInfer (names, a few settings),
+# as HTTP's repository API bodies (routes.CONTROL_BODY_BYTES): parsed and read on the event loop,
+# 8 MiB of tiny trace settings took it 0.15 s to parse and 1.1 s to read
+CONTROL_MESSAGE_BYTES = 1 << 20
+# settings a TraceSetting request may name: more, and one is unknown (the first of them is named)
+_TRACE_KEYS = len(KEYS) + 1  # and trace_mode
 
 
 def status_code(error: ServeError) -> grpc.StatusCode:
@@ -222,7 +230,9 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
             self._model_access(context)
         if request.settings:
             self.state.auth.check_trace_change(_authorization(context))
-        changes = {key: (list(value.value) or None) for key, value in request.settings.items()}
+        # (a map of more settings than there are holds an unknown one, among the first of them)
+        changes = {key: (list(value.value) or None)
+                   for key, value in itertools.islice(request.settings.items(), _TRACE_KEYS + 1)}
         doc = views.trace_settings(self.state, request.model_name or None, changes or None)
         response = pb.TraceSettingResponse()
         for key, value in doc.items():
@@ -257,6 +267,9 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
             try:
                 with self.calls.at_work():
                     message = await self._receive(context)
+                if len(message) > CONTROL_MESSAGE_BYTES:
+                    raise PayloadTooLarge(f"request message of {len(message):,} bytes is over the "
+                                          f"{CONTROL_MESSAGE_BYTES:,} this method takes")
                 try:
                     request = deserialize(message)
                 except DecodeError as e:
@@ -368,7 +381,7 @@ async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id
     if trace is not None:
         trace.received_ns = now_ns()  # the message is in and parsed: receiving is done
         trace.request_id = request_id(request.id or fallback_id)  # its own id wins, as in run_decoded
-    if contents_elements(request) > CONTENTS_OFFLOAD_ELEMENTS:
+    if contents_elements(request, rec.signature) > CONTENTS_OFFLOAD_ELEMENTS:
         if trace is not None:
             trace.decode_on_loop = False
         req = await asyncio.get_running_loop().run_in_executor(None, decode_infer_request, request, rec.signature,

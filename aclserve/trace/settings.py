@@ -24,6 +24,7 @@ LEVELS = ("OFF", "TIMESTAMPS")
 FORMATS = ("chrome", "triton")
 KEYS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_format")
 MAX_RATE = 1 << 31
+MAX_LEVELS = 16  # values a trace_level list may hold (Triton's levels are OFF, TIMESTAMPS, TENSORS)
 
 
 class TraceSettingsError(ValueError):
@@ -102,6 +103,8 @@ def _int(key: str, value, minimum: int) -> int:
 def _parse(key: str, value):
     if key == "trace_level":
         levels = value if isinstance(value, list) else [value]
+        if len(levels) > MAX_LEVELS:  # each is read in Python: a gRPC message holds 500,000
+            raise TraceSettingsError(f"trace_level: expected OFF or TIMESTAMPS, got {len(levels):,} values")
         names = {_one(key, v).upper() for v in levels}
         if "TENSORS" in names:
             raise TraceSettingsError("trace_level: TENSORS is not supported (timestamps only)")

@@ -1,0 +1,165 @@
+"""Work on the event loop stays bounded whatever a request holds: each guard below is checked by
+what it answers or by how many steps of Python it takes (counted, never timed)."""
+import json
+import shutil
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pbg
+
+from aclserve.errors import InvalidInput
+from aclserve.runtime.types import TensorSpec
+from aclserve.server import codec, grpc_codec, json_simd, json_tensors, redact
+from aclserve.server.bytes_codec import MAX_QUOTED_DIMS, check_rows
+from aclserve.server.grpc_service import CONTROL_MESSAGE_BYTES
+from aclserve.trace.settings import MAX_LEVELS, TraceSettingsError, parse_changes
+
+from tests.serving import ServerThread, free_port, server_config
+
+SIG = codec.Signature([TensorSpec("x", "FP32", np.dtype(np.float32), (-1, 4))],
+                      [TensorSpec("y", "FP32", np.dtype(np.float32), (-1, 2))], 8)
+X = {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1.0, 2.0, 3.0, 4.0]}
+
+
+def counting(monkeypatch, module, name):
+    calls = [0]
+    original = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return original(*args, **kwargs)
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+# -- json_simd: the scan for nested `data` arrays ----------------------------------------------
+
+def test_whitespace_after_a_data_key_is_skipped_whole():
+    text = b'{"data"' + b" \t\r\n" * 100_000 + b': \n [1, 2]}'
+    assert json_simd._skip_space(text, 7) == text.index(b":")
+    assert json_simd._data_arrays_flat(text)
+    assert not json_simd._data_arrays_flat(b'{"data"' + b" " * 100_000 + b':[[1]]}')
+
+
+def test_data_strings_are_looked_at_up_to_a_limit(monkeypatch):
+    skips = counting(monkeypatch, json_simd, "_skip_space")
+    many = b'{"x":' + b'"data"' * 100_000 + b"}"
+    assert not json_simd._data_arrays_flat(many)  # left to orjson, which refuses it
+    assert skips[0] <= 2 * json_simd.MAX_DATA_KEYS
+    with pytest.raises(InvalidInput, match="not valid JSON"):
+        codec.decode_request(many, None, SIG)
+    few = json.dumps({"inputs": [X], "p": [{"data": [i]} for i in range(json_simd.MAX_DATA_KEYS - 1)]}).encode()
+    assert json_simd._data_arrays_flat(few)
+
+
+# -- the path redactor ---------------------------------------------------------------------------
+
+def test_long_messages_are_cut_before_paths_are_looked_for(monkeypatch):
+    replaced = counting(monkeypatch, redact.PathRedactor, "_replace")
+    shown = redact.PathRedactor("/srv/models")("unknown input '" + "/a/b " * 1_000_000 + "'")
+    assert len(shown) < redact.MAX_TEXT + 50 and shown.endswith("more characters)")
+    assert replaced[0] <= redact.MAX_TEXT // 5 + 1
+    assert redact.PathRedactor("/srv/models")("in /srv/models/a/1/model.om") == "in <models>/a/1/model.om"
+
+
+# -- shapes of many dimensions ---------------------------------------------------------------------
+
+def test_a_long_shape_is_refused_by_its_length():
+    body = json.dumps({"inputs": [{**X, "shape": [1] * 100_000}]}).encode()
+    with pytest.raises(InvalidInput) as e:
+        codec.decode_request(body, None, SIG)
+    assert e.value.message == "input 'x': shape has 100,000 dimensions; the model's [-1, 4] has 2"
+    body = json.dumps({"inputs": [{**X, "shape": [1, 2, 2]}]}).encode()  # a short one is quoted as before
+    with pytest.raises(InvalidInput, match=r"shape \[1, 2, 2\] does not match the model's \[-1, 4\]"):
+        codec.decode_request(body, None, SIG)
+
+
+def test_a_long_bytes_shape_is_named_by_its_length():
+    spec = TensorSpec("img", "BYTES", np.dtype(object), (-1, 1))
+    with pytest.raises(InvalidInput) as e:
+        check_rows("img", [1] * 100_000, spec, 8, None)
+    assert e.value.message.endswith("got 100,000 dimensions")
+    with pytest.raises(InvalidInput, match=r"got \[1, 2\]"):
+        check_rows("img", [1, 2], spec, 8, None)
+
+
+def test_a_long_grpc_shape_is_refused_before_it_is_listed():
+    request = pb.ModelInferRequest(model_name="m")
+    request.inputs.add(name="x", datatype="FP32", shape=[1] * (MAX_QUOTED_DIMS + 1))
+    request.raw_input_contents.append(b"\0" * 16)
+    with pytest.raises(InvalidInput, match=f"shape has {MAX_QUOTED_DIMS + 1} dimensions"):
+        grpc_codec.decode_infer_request(request, SIG)
+
+
+# -- gRPC: inputs beyond those decoding reads ------------------------------------------------------
+
+def test_contents_are_counted_in_the_inputs_decoding_reads():
+    request = pb.ModelInferRequest(model_name="m")
+    for i in range(1000):
+        request.inputs.add(name=f"in{i}").contents.fp32_contents.extend([1.0] * 3)
+    assert grpc_codec.contents_elements(request, SIG) == 2 * 3  # the model's one input, and one more
+    with pytest.raises(InvalidInput, match="unknown input 'in0'"):
+        grpc_codec.decode_infer_request(request, SIG)
+
+
+# -- booleans among numbers ----------------------------------------------------------------------
+
+def test_booleans_elsewhere_are_counted_within_a_budget(monkeypatch):
+    walked = counting(monkeypatch, json_tensors, "_count_bools")
+    assert json_tensors._count_bools([[]] * 100_000, budget=json_tensors.ELSEWHERE_VALUES) is None
+    junk = [[]] * 100_000
+    walked[0] = 0
+    codec.decode_request(json.dumps({"inputs": [X], "junk": junk, "flag": True}).encode(), None, SIG)
+    with pytest.raises(InvalidInput, match="not true/false"):
+        codec.decode_request(json.dumps({"inputs": [{**X, "data": [1.0, True, 3.0, 4.0]}], "junk": junk,
+                                         "flag": True}).encode(), None, SIG)
+    assert walked[0] == 2 * 2  # each request: the budgeted count elsewhere, then its data
+    counts = json_tensors._count_bools([[True, 1], {"a": [False, []]}], budget=100)
+    assert counts == 2
+
+
+# -- control RPCs ----------------------------------------------------------------------------------
+
+def test_trace_levels_are_refused_past_a_handful():
+    with pytest.raises(TraceSettingsError, match="got 1,000 values"):
+        parse_changes({"trace_level": ["OFF"] * 1000})
+    assert parse_changes({"trace_level": ["OFF"] * MAX_LEVELS}) == {"level": "OFF"}
+
+
+@pytest.fixture(scope="module")
+def stub(models_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("loop_stalls")
+    shutil.copy(models_dir / "affine.om", root / "affine.om")
+    config = server_config(root, grpc_port=free_port(), model_control_mode="none", max_body_bytes=4 << 20,
+                           grpc_max_message_bytes=4 << 20)
+    with ServerThread(config) as srv:
+        with grpc.insecure_channel(f"127.0.0.1:{srv.config.grpc_port}",
+                                   options=[("grpc.max_send_message_length", 16 << 20)]) as channel:
+            yield pbg.GRPCInferenceServiceStub(channel)
+
+
+def test_control_messages_are_refused_past_their_limit(stub):
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelMetadata(pb.ModelMetadataRequest(name="/ " * CONTROL_MESSAGE_BYTES))
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"over the {CONTROL_MESSAGE_BYTES:,} this method takes" in e.value.details()
+    assert stub.ModelMetadata(pb.ModelMetadataRequest(name="affine")).name == "affine"
+
+
+def test_an_unknown_trace_setting_among_many_is_named(stub):
+    request = pb.TraceSettingRequest()
+    for i in range(20_000):
+        request.settings[f"s{i}"].value.append("1")
+    with pytest.raises(grpc.RpcError) as e:
+        stub.TraceSetting(request)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details().startswith("unknown trace setting 's")
+
+
+def test_a_long_name_is_quoted_cut(stub):
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelMetadata(pb.ModelMetadataRequest(name="/ " * 100_000))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND  # (the whole name: 16 KB of metadata at most)
+    assert e.value.details().endswith("more characters)")
