@@ -26,7 +26,7 @@ from google.protobuf.message import DecodeError
 from ..errors import InvalidInput, NotFound
 from .open_calls import OpenCalls
 from .grpc_intake import receive
-from .grpc_service import end_call
+from .grpc_status import end_call
 
 SERVICE = "grpc.health.v1.Health"
 INFERENCE_SERVICE = "inference.GRPCInferenceService"

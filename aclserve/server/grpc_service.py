@@ -2,13 +2,12 @@
 
 Every RPC answers from the same ServerState as the HTTP app: the repository, the batchers, the
 statistics and the Prometheus metrics (infer goes through infer.counted_infer, the rest through
-views.py). Errors map the way Triton maps them, in one place (end_call): a ServeError's class
-picks the gRPC code (STATUS_CODES: bad input INVALID_ARGUMENT, unknown model NOT_FOUND, queue
-full / timed out / not ready UNAVAILABLE, the rest INTERNAL) and its message goes to the client,
-with a `grpc-retry-pushback-ms` trailer where HTTP sends Retry-After; anything unexpected is
-logged with its traceback and answered INTERNAL "internal error". A client that cancels or whose
-deadline passes cancels the handler, which takes its request out of the batch queue. A call
-still at work when the endpoint stops ends UNAVAILABLE "server is shutting down" (open_calls.py).
+views.py). Errors map the way Triton maps them, in one place (grpc_status.end_call: bad input
+INVALID_ARGUMENT, unknown model NOT_FOUND, queue full / timed out / not ready UNAVAILABLE, the
+rest INTERNAL, with a `grpc-retry-pushback-ms` trailer where HTTP sends Retry-After). A client
+that cancels or whose deadline passes cancels the handler, which takes its request out of the
+batch queue. A call still at work when the endpoint stops ends UNAVAILABLE "server is shutting
+down" (open_calls.py).
 
 ModelInfer and ModelStreamInfer receive raw bytes: each request is charged to the memory budget
 before it is parsed, and holds its lease until grpc has taken its answer (grpc_intake.py). Every
@@ -26,7 +25,6 @@ import asyncio
 import functools
 import itertools
 import logging
-from typing import Callable
 
 import grpc
 from google.protobuf import json_format
@@ -35,32 +33,24 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from ..errors import InvalidInput, NotFound, PayloadTooLarge, ServeError, ShuttingDown, Unavailable
-from ..repository import ModelLoadFailed
+from ..errors import InvalidInput, NotFound, PayloadTooLarge, ServeError, ShuttingDown
 from ..trace import now_ns
 from ..trace.settings import KEYS
 from . import views
 from .answer_size import answer_bytes
-from .auth import Forbidden, Unauthorized
 from .body import BodyTimeout, timeout_at
 from .budget import Lease
 from .open_calls import SHUTDOWN_MESSAGE, OpenCalls
 from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
 from .grpc_intake import GRPC_HINT, parse, receive
+from .grpc_status import end_call
 from .grpc_stream import InferStream
 from .grpc_wire import names
-from .http_errors import by_class, retry_after
 from .infer import counted_infer, run_decoded
 from .observe import request_id
 
 log = logging.getLogger(__name__)
 
-# the classes' HTTP statuses (http_errors.py) as Triton maps them; unlisted classes are INTERNAL
-STATUS_CODES: dict[type[ServeError], grpc.StatusCode] = {
-    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT, ModelLoadFailed: grpc.StatusCode.INVALID_ARGUMENT,
-    Unauthorized: grpc.StatusCode.UNAUTHENTICATED, Forbidden: grpc.StatusCode.PERMISSION_DENIED,
-    NotFound: grpc.StatusCode.NOT_FOUND, BodyTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
-    PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED, Unavailable: grpc.StatusCode.UNAVAILABLE}
 CONTENTS_OFFLOAD_ELEMENTS = 16 * 1024  # typed contents above this are decoded in a thread
 # Largest message of a method other than ModelInfer / ModelStreamInfer (names, a few settings),
 # as HTTP's repository API bodies (routes.CONTROL_BODY_BYTES): parsed and read on the event loop,
@@ -68,30 +58,6 @@ CONTENTS_OFFLOAD_ELEMENTS = 16 * 1024  # typed contents above this are decoded i
 CONTROL_MESSAGE_BYTES = 1 << 20
 # settings a TraceSetting request may name: more, and one is unknown (the first of them is named)
 _TRACE_KEYS = len(KEYS) + 1  # and trace_mode
-
-
-def status_code(error: ServeError) -> grpc.StatusCode:
-    return by_class(STATUS_CODES, error, grpc.StatusCode.INTERNAL)
-
-
-def pushback(error: ServeError) -> tuple:
-    """gRPC's Retry-After: the `grpc-retry-pushback-ms` trailer that clients' retry policies honour."""
-    seconds = retry_after(error)
-    return (("grpc-retry-pushback-ms", str(int(seconds * 1000))),) if seconds else ()
-
-
-async def end_call(context, error: Exception, method: str, redact: Callable[[str], str]) -> None:
-    """End the call with `error`'s status, the one mapping of errors to statuses: a ServeError's
-    code, message (this machine's paths taken out by `redact`, the state's PathRedactor, as HTTP
-    does) and pushback trailer; anything else logged with its traceback and INTERNAL "internal
-    error". Raises grpc's AbortError, as context.abort does."""
-    if isinstance(error, ServeError):
-        code, message, trailers = status_code(error), redact(error.message), pushback(error)
-    else:
-        log.error("internal error in gRPC %s", method, exc_info=error)
-        code, message, trailers = grpc.StatusCode.INTERNAL, "internal error", ()
-    error.__traceback__ = None  # its frames hold the request's message: let them go now, not at a GC
-    await context.abort(code, message, trailers)
 
 
 def rpc(method):

@@ -1,5 +1,5 @@
 """The edge's one table: every error class answers the HTTP status and gRPC code it always has
-(server/http_errors.py, grpc_service.STATUS_CODES); the errors themselves carry no status."""
+(server/http_errors.py, grpc_status.STATUS_CODES); the errors themselves carry no status."""
 import grpc
 import pytest
 
@@ -8,7 +8,7 @@ from aclserve.repository import ModelLoadFailed
 from aclserve.server.auth import Forbidden, Unauthorized
 from aclserve.server.body import BodyTimeout, UnsupportedEncoding
 from aclserve.server.budget import MemoryExhausted
-from aclserve.server.grpc_service import status_code
+from aclserve.server.grpc_status import status_code
 from aclserve.server.http_errors import error_headers, http_status, retry_after
 
 C = grpc.StatusCode

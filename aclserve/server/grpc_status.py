@@ -1,0 +1,49 @@
+"""How a gRPC call ends on an error, the one mapping of errors to statuses (Triton's): a
+ServeError's class picks the code (STATUS_CODES) and its message goes to the client, with a
+`grpc-retry-pushback-ms` trailer where HTTP sends Retry-After; anything unexpected is logged with
+its traceback and answered INTERNAL "internal error". Used by the inference and health services."""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import grpc
+
+from ..errors import InvalidInput, NotFound, PayloadTooLarge, ServeError, Unavailable
+from ..repository import ModelLoadFailed
+from .auth import Forbidden, Unauthorized
+from .body import BodyTimeout
+from .http_errors import by_class, retry_after
+
+log = logging.getLogger(__name__)
+
+# the classes' HTTP statuses (http_errors.py) as Triton maps them; unlisted classes are INTERNAL
+STATUS_CODES: dict[type[ServeError], grpc.StatusCode] = {
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT, ModelLoadFailed: grpc.StatusCode.INVALID_ARGUMENT,
+    Unauthorized: grpc.StatusCode.UNAUTHENTICATED, Forbidden: grpc.StatusCode.PERMISSION_DENIED,
+    NotFound: grpc.StatusCode.NOT_FOUND, BodyTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
+    PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED, Unavailable: grpc.StatusCode.UNAVAILABLE}
+
+
+def status_code(error: ServeError) -> grpc.StatusCode:
+    return by_class(STATUS_CODES, error, grpc.StatusCode.INTERNAL)
+
+
+def pushback(error: ServeError) -> tuple:
+    """gRPC's Retry-After: the `grpc-retry-pushback-ms` trailer that clients' retry policies honour."""
+    seconds = retry_after(error)
+    return (("grpc-retry-pushback-ms", str(int(seconds * 1000))),) if seconds else ()
+
+
+async def end_call(context, error: Exception, method: str, redact: Callable[[str], str]) -> None:
+    """End the call with `error`'s status, the one mapping of errors to statuses: a ServeError's
+    code, message (this machine's paths taken out by `redact`, the state's PathRedactor, as HTTP
+    does) and pushback trailer; anything else logged with its traceback and INTERNAL "internal
+    error". Raises grpc's AbortError, as context.abort does."""
+    if isinstance(error, ServeError):
+        code, message, trailers = status_code(error), redact(error.message), pushback(error)
+    else:
+        log.error("internal error in gRPC %s", method, exc_info=error)
+        code, message, trailers = grpc.StatusCode.INTERNAL, "internal error", ()
+    error.__traceback__ = None  # its frames hold the request's message: let them go now, not at a GC
+    await context.abort(code, message, trailers)
