@@ -86,7 +86,7 @@ def decode_input(name: str, item: dict, spec: TensorSpec, max_batch: int, rows: 
         raise InvalidInput(f"input '{name}' has both data and binary_data_size")
     if offset + size > len(body):
         raise InvalidInput(f"input '{name}': binary data needs {size} bytes at offset {offset} "
-                           f"but the body has {len(body)}")
+                           f"but only {len(body) - offset} follow there (the body has {len(body)})")
     return binary_elements(name, memoryview(body)[offset:offset + size], count), offset + size, rows
 
 

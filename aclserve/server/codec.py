@@ -169,7 +169,7 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
                                    f"of {datatype} ({expected} bytes)")
             if offset + size > len(body):
                 raise InvalidInput(f"input '{name}': binary data needs {size} bytes at offset {offset} "
-                                   f"but the body has {len(body)}")
+                                   f"but only {len(body) - offset} follow there (the body has {len(body)})")
             arrays[name] = tensor_view(name, body, spec, count, shape, offset)
             offset += size
         else:

@@ -87,6 +87,9 @@ def value_bound(raw: bytes | memoryview) -> int:
 
 
 def _explain(e: orjson.JSONDecodeError) -> str:
+    if "UTF-8" in e.msg:  # binary tensor data read as JSON, most likely
+        return ("it is not UTF-8 text (binary tensor data goes after the JSON part, whose length "
+                "Inference-Header-Content-Length gives)")
     if "depth" in e.msg:  # "depth limit exceeded" (3.13), "array and object recursion depth exceeded" (3.11)
         return "nested too deeply"
     rest = e.doc[e.pos:e.pos + 8] if isinstance(e.doc, str) else ""

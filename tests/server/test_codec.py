@@ -104,7 +104,7 @@ def test_mixed_json_and_binary_inputs():
 
 
 @pytest.mark.parametrize("chunks,size,match", [
-    ([b"\0" * 12], 16, "needs 16 bytes"),  # body too short
+    ([b"\0" * 12], 16, r"needs 16 bytes at offset \d+ but only 12 follow there"),  # body too short
     ([b"\0" * 20], 16, "after the last binary input"),  # trailing bytes
     ([b"\0" * 12], 12, "binary_data_size 12 does not match"),  # size disagrees with shape
 ])
@@ -122,6 +122,11 @@ def test_binary_framing_header_errors():
         codec.decode_request(raw, length - 3, BATCHED)
     with pytest.raises(InvalidInput, match="non-negative integer"):
         codec.parse_header_length("-4")
+    tensor = np.full(4, -1.5e38, np.float32).tobytes()  # bytes no UTF-8 text holds
+    raw, length = body({"inputs": [inp("x", "FP32", [1, 4], size=16)]}, tensor)
+    with pytest.raises(InvalidInput, match="not UTF-8 text .binary tensor data goes after the JSON part, whose "
+                                           "length Inference-Header-Content-Length gives"):
+        codec.decode_request(raw, None, BATCHED)  # its header forgotten
     assert codec.parse_header_length(None) is None and codec.parse_header_length("12") == 12
 
 
