@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""How long one hostile request can hold the server's event loop: the worst `GET /v2/health/live`
+latency while it runs, against a request of the same size that costs only its reading.
+
+Starts `aclserve serve` on the repository's models/ (the digits and digits_image models) on free
+loopback ports, then for each case sends the hostile request, and then the baseline (the same
+number of bytes to a model that does not exist: read, then refused), while a prober thread asks
+/v2/health/live every 5 ms on a connection of its own. The event loop answers the probe, so a
+loop held by Python work proportional to what a client sent shows as a large worst latency.
+Prints one Markdown row per case: the hostile request's answer, its worst probe latency and the
+baseline's. README "Limits" quotes a run.
+
+    python tools/loop_stalls.py [--cases jpeg-segments,...] [--mb 15]
+
+Cases (each about --mb MB, gRPC ones 3.5-6 MB): jpeg-segments (2-byte COM segments before the
+frame), jpeg-exif (64 KB EXIF segments without an Orientation), png-chunks (empty text chunks
+before IDAT), json-spaces (a `"data"` key followed by whitespace), json-data-keys (`"data"`
+repeated), long-name (an input named "/ " repeated: its error message quotes it), many-dims (a
+shape of a million dimensions), grpc-inputs (a ModelInfer of empty inputs), grpc-trace (a
+TraceSetting of many settings).
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import struct
+import sys
+import tempfile
+import threading
+import time
+import zlib
+
+import grpc
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import ManagedProcess, free_port, wait_ready  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IMAGES = "/v2/models/digits_image/infer"
+NUMBERS = "/v2/models/digits/infer"
+
+
+class Prober:
+    """GET /v2/health/live every 5 ms in a thread; `worst()` since the last `reset()`, in ms."""
+
+    def __init__(self, port: int):
+        self._port, self._worst, self._stop = port, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self._port, timeout=60)
+        while not self._stop.is_set():
+            start = time.perf_counter()
+            conn.request("GET", "/v2/health/live")
+            conn.getresponse().read()
+            self._worst = max(self._worst, (time.perf_counter() - start) * 1000)
+            time.sleep(0.005)
+        conn.close()
+
+    def reset(self) -> None:
+        time.sleep(0.1)
+        self._worst = 0.0
+
+    def worst(self) -> float:
+        time.sleep(0.05)  # a probe sent just before the request ended
+        return self._worst
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _jpeg(segments: bytes) -> bytes:
+    """A small real JPEG with `segments` (whole marker segments) right after its SOI."""
+    import io
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(buf, "JPEG")
+    return buf.getvalue()[:2] + segments + buf.getvalue()[2:]
+
+
+def _exif_without_orientation() -> bytes:
+    entries = (0xFFFF - 2 - 6 - 8 - 2) // 12
+    tiff = b"II" + struct.pack("<HI", 42, 8) + struct.pack("<H", entries) + struct.pack("<HHII", 0x010F, 2, 1, 0) * entries
+    payload = b"Exif\0\0" + tiff
+    return b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload
+
+
+def _png_of_chunks(count: int) -> bytes:
+    import io
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(buf, "PNG")
+    png, ihdr_end = buf.getvalue(), 8 + 25
+    text = struct.pack(">I", 0) + b"tEXt" + struct.pack(">I", zlib.crc32(b"tEXt"))
+    return png[:ihdr_end] + text * count + png[ihdr_end:]
+
+
+def http_cases(mb: int) -> dict:
+    """name -> (path, body, headers) of the HTTP cases."""
+    size = mb << 20
+    raw_image = {"Inference-Header-Content-Length": "0", "Content-Type": "application/octet-stream"}
+    as_json = {"Content-Type": "application/json"}
+    return {
+        "jpeg-segments": (IMAGES, _jpeg(b"\xff\xfe\x00\x02" * (size // 4)), raw_image),
+        "jpeg-exif": (IMAGES, _jpeg(_exif_without_orientation() * (size // 0x10001)), raw_image),
+        "png-chunks": (IMAGES, _png_of_chunks(size // 12), raw_image),
+        "json-spaces": (NUMBERS, b'{"data"' + b" " * size + b":1}", as_json),
+        "json-data-keys": (NUMBERS, b'{"x":' + b'"data"' * (size // 6) + b"}", as_json),
+        "long-name": (NUMBERS, json.dumps({"inputs": [{"name": "/ " * (size // 2), "datatype": "FP32",
+                                                       "shape": [1, 64], "data": [0.0] * 64}]}).encode(), as_json),
+        "many-dims": (NUMBERS, json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1] * 1_000_000,
+                                                       "data": [0.0] * 64}]}).encode(), as_json),
+    }
+
+
+def grpc_cases() -> dict:
+    """name -> (method, serialized request) of the gRPC cases."""
+    from tritonclient.grpc import service_pb2 as pb
+    trace = pb.TraceSettingRequest()
+    for k in range(400_000):
+        trace.settings[f"k{k}"].value.append("1")
+    return {"grpc-inputs": ("/inference.GRPCInferenceService/ModelInfer",
+                            # 3.5 MB: a message past grpc_wire's walk is charged 64 bytes a byte,
+                            # and 7 MB would be over max_request_bytes
+                            pb.ModelInferRequest(model_name="digits").SerializeToString() + b"\x2a\x00" * (7 << 18)),
+            "grpc-trace": ("/inference.GRPCInferenceService/TraceSetting", trace.SerializeToString())}
+
+
+def post(port: int, path: str, body: bytes, headers: dict) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        conn.request("POST", path, body=body, headers=headers)
+        response = conn.getresponse()
+        response.read()
+        return str(response.status)
+    finally:
+        conn.close()
+
+
+def call(channel, method: str, message: bytes) -> str:
+    try:
+        channel.unary_unary(method)(message, timeout=120)
+        return "OK"
+    except grpc.RpcError as e:
+        return e.code().name
+
+
+def measured(prober: Prober, send) -> tuple[str, float]:
+    prober.reset()
+    outcome = send()
+    return outcome, prober.worst()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default="jpeg-segments,jpeg-exif,png-chunks,json-spaces,json-data-keys,long-name,"
+                                       "many-dims,grpc-inputs,grpc-trace")
+    ap.add_argument("--mb", type=int, default=15, help="size of the HTTP cases' bodies (max_json_bytes: 16 MiB)")
+    args = ap.parse_args(argv)
+    port, grpc_port = free_port(), free_port()
+    log = os.path.join(tempfile.mkdtemp(prefix="aclserve-stalls-"), "server.log")
+    server = ManagedProcess([sys.executable, "-m", "aclserve", "serve", "--models", os.path.join(ROOT, "models"),
+                             "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu",
+                             "--model-control-mode", "none", "--log-level", "warning"], log, cwd=ROOT)
+    rows = []
+    try:
+        wait_ready(server, f"http://127.0.0.1:{port}", 120)
+        prober = Prober(port)
+        wanted = args.cases.split(",")
+        cases = http_cases(args.mb)
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}",
+                                   options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
+            for name, (method, message) in grpc_cases().items():
+                if name in wanted:
+                    hostile = measured(prober, lambda: call(channel, method, message))
+                    baseline = measured(prober, lambda: call(channel, "/inference.GRPCInferenceService/ModelInfer",
+                                                             b"\x0a\x07missing" + b"\x1a\x00" * ((len(message) - 9) // 2)))
+                    rows.append((name, len(message), *hostile, baseline[1]))
+        for name, (path, body, headers) in cases.items():
+            if name in wanted:
+                hostile = measured(prober, lambda: post(port, path, body, headers))
+                baseline = measured(prober, lambda: post(port, "/v2/models/missing/infer", body, headers))
+                rows.append((name, len(body), *hostile, baseline[1]))
+        prober.close()
+    finally:
+        code = server.close()
+    print(f"server exit status {code}; log: {log}\n")
+    print("| case | bytes | answer | worst /v2/health/live ms | same size, only read: ms |")
+    print("|---|---:|---|---:|---:|")
+    for name, size, outcome, worst, baseline in rows:
+        print(f"| {name} | {size:,} | {outcome} | {worst:.0f} | {baseline:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
