@@ -279,7 +279,9 @@ def refuse_booleans_among_numbers(doc: dict, text: bytes | memoryview, numeric: 
             else:
                 values.append(item)
         elsewhere = _count_bools(values, budget=ELSEWHERE_VALUES)
-    if elsewhere is not None and literals <= elsewhere:
+    # (a count past _LITERAL_SCAN_CAP is only a floor: 4,097 booleans in a parameter hid a `true`
+    # among an FP32 input's numbers)
+    if elsewhere is not None and literals <= min(elsewhere, _LITERAL_SCAN_CAP):
         return
     for name, data, spec in numeric:
         if _count_bools(data, stop_at_one=True):

@@ -213,3 +213,17 @@ def test_the_default_limits_are_the_configs():
     from aclserve.config import ServerConfig
     config = ServerConfig()
     assert JsonLimits() == JsonLimits(config.max_json_bytes, config.max_json_elements)
+
+
+@pytest.mark.parametrize("elsewhere", [
+    {"parameters": {"flags": [False] * 5000}},  # more booleans than the text's letters are counted
+    {"inputs_note": "u" * 5000, "junk": [False] * 4097},  # letters u / l past the cap, and booleans
+])
+def test_a_boolean_among_numbers_is_refused_whatever_else_holds_booleans(elsewhere):
+    """bool_literals stops counting at _LITERAL_SCAN_CAP: a count that large is a floor, never
+    taken as all the booleans there are (else `true` passed as 1 beside 4,097 booleans)."""
+    x = {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1.0, True, 3.0, 4.0]}
+    sig = codec.Signature([TensorSpec("x", "FP32", np.dtype(np.float32), (-1, 4))],
+                          [TensorSpec("y", "FP32", np.dtype(np.float32), (-1, 2))], 8)
+    with pytest.raises(InvalidInput, match="numbers for FP32, not true/false"):
+        codec.decode_request(json.dumps({"inputs": [x], **elsewhere}).encode(), None, sig)
