@@ -40,6 +40,8 @@ async def end_call(context, error: Exception, method: str, redact: Callable[[str
     code, message (this machine's paths taken out by `redact`, the state's PathRedactor, as HTTP
     does) and pushback trailer; anything else logged with its traceback and INTERNAL "internal
     error". Raises grpc's AbortError, as context.abort does."""
+    if isinstance(error, grpc.aio.AbortError):  # the method ended the call (context.abort): that
+        raise error  # status stands (a second abort logged an internal error and grpc's UsageError)
     if isinstance(error, ServeError):
         code, message, trailers = status_code(error), redact(error.message), pushback(error)
     else:

@@ -1,6 +1,7 @@
 """The gRPC endpoint on a real port, driven by tritonclient.grpc (sync and aio) and by the raw
 generated stub for what tritonclient cannot send (typed `contents`)."""
 import asyncio
+import logging
 import queue
 import shutil
 import urllib.request
@@ -91,7 +92,7 @@ def test_statistics_of_a_version_without_a_model_is_refused(client, stub):
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "without a model name" in refused.value.details()
 
 
-def test_a_repository_call_naming_a_repository_is_unimplemented(stub):
+def test_a_repository_call_naming_a_repository_is_unimplemented(stub, caplog):
     """One repository is served: as Triton, a call naming one is refused (it was answered from
     the one repository; found by a conformance check)."""
     calls = (lambda: stub.RepositoryIndex(pb.RepositoryIndexRequest(repository_name="other")),
@@ -103,6 +104,8 @@ def test_a_repository_call_naming_a_repository_is_unimplemented(stub):
             call()
         assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
         assert refused.value.details() == "'repository_name' specification is not supported"
+    # an abort inside an @rpc method is its answer, not an internal error (nor grpc's UsageError)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert {m.name for m in stub.RepositoryIndex(pb.RepositoryIndexRequest()).models} >= {"affine"}
 
 
