@@ -22,10 +22,11 @@ _EXIF = b"Exif\0\0"  # how an APP1 segment of EXIF data begins
 _PNG_ALPHA_TYPES = {3, 4, 6}  # palette (its transparency is a tRNS chunk further on), grey + alpha, RGBA
 _NO_LENGTH = {0x01, 0xD8} | set(range(0xD0, 0xD8))  # TEM, SOI, RST0-7
 # Marker segments a JPEG may have before its frame header (real ones have a few dozen at most:
-# APPn, DQT, DHT, COM), and chunks a PNG may have before its image data: 2-byte JPEG segments
+# APPn, DQT, DHT, COM), and small chunks a PNG may have: 2-byte JPEG segments
 # packed into a body cost the probe about 1 s per 8 MB, and server/images.py probes every picture
 # on the event loop to charge its decode
 MAX_SEGMENTS = 1024
+SMALL_CHUNK = 4096  # a PNG chunk under this many bytes counts toward MAX_SEGMENTS (the walk is per chunk)
 _NOT_FILL = re.compile(rb"[^\xff]")
 _OTHER_FORMATS = ((b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
 
@@ -80,21 +81,24 @@ def _png(data) -> ImageInfo:
         raise ImageError("PNG is truncated or has no IHDR header")
     width, height = struct.unpack(">II", bytes(data[16:24]))
     color_type = data[25] if len(data) > 25 else 0
-    _png_chunks_before_data(data)
+    _png_small_chunks(data)
     return ImageInfo("PNG", width, height, alpha=color_type in _PNG_ALPHA_TYPES)
 
 
-def _png_chunks_before_data(data) -> None:
-    """Refuse a PNG of more than MAX_SEGMENTS chunks before its first IDAT (real ones have a few:
-    PLTE, tRNS, gAMA, iCCP, pHYs, some text): Pillow reads each one in Python, holding a decode
-    thread about 1 s for 500,000 empty ones (6 MB). A truncated one is left to the decode."""
-    n, pos = len(data), 8
-    for _ in range(MAX_SEGMENTS):
-        if pos + 8 > n or bytes(data[pos + 4:pos + 8]) == b"IDAT":
-            return
+def _png_small_chunks(data) -> None:
+    """Refuse a PNG of more than MAX_SEGMENTS chunks under SMALL_CHUNK bytes, wherever they are
+    (real ones have a few: PLTE, tRNS, gAMA, pHYs, some text, a last IDAT; image data comes in
+    chunks of 8 or 64 KB): Pillow reads each chunk in Python, holding a decode thread about 1 s
+    for 500,000 empty ones (6 MB), before the image data, in it or after it. A truncated PNG is
+    left to the decode."""
+    n, pos, small = len(data), 8, 0
+    while pos + 8 <= n:
         (length,) = struct.unpack(">I", bytes(data[pos:pos + 4]))
+        if length < SMALL_CHUNK:
+            small += 1
+            if small > MAX_SEGMENTS:
+                raise ImageError(f"PNG has more than {MAX_SEGMENTS} chunks of under {SMALL_CHUNK} bytes")
         pos += 12 + length  # length, type, data, CRC
-    raise ImageError(f"PNG has more than {MAX_SEGMENTS} chunks before its image data")
 
 
 def _jpeg(data) -> ImageInfo:
