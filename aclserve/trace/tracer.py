@@ -16,6 +16,7 @@ another trace_file, close()). The bounds, all of the tracer's, whatever the name
 """
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import dataclasses
 import logging
@@ -237,7 +238,26 @@ class Tracer:
             target.index += 1
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trace-writer")
-        self._writes.append((self._writer.submit(_write, path, target.format, traces, dropped), len(traces)))
+        write = self._writer.submit(_write, path, target.format, traces, dropped)
+        self._writes.append((write, len(traces)))
+        write.add_done_callback(self._catch_up_later())  # its end makes room for names left (_left)
+
+    def _catch_up_later(self):
+        """A done-callback (writer thread) that runs _catch_up on the event loop, when there is
+        one (in-process use without a loop writes what is left at close())."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return lambda _write: None
+
+        def wake(_write) -> None:
+            if not self._left:  # (read from the writer thread: at worst one call too many)
+                return
+            try:
+                loop.call_soon_threadsafe(self._catch_up)
+            except RuntimeError:  # the loop closed first: close() wrote what was left
+                pass
+        return wake
 
     def _queued_writes(self) -> int:
         """Files waiting for the writer thread (the written ones forgotten)."""

@@ -132,3 +132,31 @@ def test_a_file_written_again_is_not_one_more_file(tmp_path, monkeypatch):
     tracer.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "u.json"]
     assert json.loads((tmp_path / "u.json").read_text())["otherData"]["requests"] == 2
+
+
+def test_a_name_left_while_the_writer_was_behind_is_written_when_it_catches_up(tmp_path, monkeypatch):
+    """With no traffic and no setting change after it, a name left while the writer's queue
+    was full is written once the writer finishes (it waited for close(); found by a review)."""
+    import asyncio
+
+    monkeypatch.setattr(tracer_module, "MAX_QUEUED_WRITES", 1)
+    gate = threading.Event()
+    write = tracer_module._write
+    monkeypatch.setattr(tracer_module, "_write", lambda *args: (gate.wait(30), write(*args)))
+
+    async def main():
+        tracer = Tracer(trace_dir=str(tmp_path))
+        tracer.update({"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": "a.json"})
+        trace_requests(tracer, 1)
+        tracer.update({"trace_file": "b.json"})  # a.json queued: the queue is full
+        trace_requests(tracer, 1)
+        tracer.update({"trace_level": ["OFF"]})  # b.json left, waiting for room
+        gate.set()
+        for _ in range(3000):  # a hang guard, not a timing check
+            if (tmp_path / "b.json").exists():
+                break
+            await asyncio.sleep(0.01)
+        written = sorted(p.name for p in tmp_path.iterdir())
+        tracer.close()
+        return written
+    assert asyncio.run(main()) == ["a.json", "b.json"]
