@@ -109,6 +109,21 @@ def test_a_repository_call_naming_a_repository_is_unimplemented(stub, caplog):
     assert {m.name for m in stub.RepositoryIndex(pb.RepositoryIndexRequest()).models} >= {"affine"}
 
 
+def test_a_model_unloaded_on_purpose_is_not_found_unless_a_version_is_named(client, stub):
+    client.unload_model("double")
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelMetadata(pb.ModelMetadataRequest(name="double"))
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+        assert refused.value.details() == "model double has no available versions (unloaded)"
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelMetadata(pb.ModelMetadataRequest(name="double", version="1"))
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        client.load_model("double")
+    assert client.is_model_ready("double")
+
+
 def test_digits_accuracy_over_grpc(client):
     data = np.load(REPO / "tests" / "data" / "digits_test.npz")
     predictions = []

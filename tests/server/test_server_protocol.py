@@ -89,6 +89,22 @@ def test_repository_index_unload_load(client):
     assert client.is_model_ready("double")
 
 
+def test_a_model_unloaded_on_purpose_is_not_found_unless_a_version_is_named(client, server):
+    """As Triton: no version named, 404 "has no available versions" (it was a 503 with
+    Retry-After, inviting retries that never succeed); a version named, 503."""
+    client.unload_model("double")
+    try:
+        for path in ("/v2/models/double", "/v2/models/double/ready", "/v2/models/double/config"):
+            status, headers, raw = request(server, "GET", path)
+            assert status == 404 and "Retry-After" not in headers, (path, raw)
+            assert json.loads(raw) == {"error": "model double has no available versions (unloaded)"}
+        status, headers, raw = request(server, "GET", "/v2/models/double/versions/1/ready")
+        assert status == 503 and json.loads(raw) == {"name": "double", "ready": False}
+    finally:
+        client.load_model("double")
+    assert client.is_model_ready("double")
+
+
 def test_statistics_fields_perf_analyzer_reads(client):
     client.infer("affine", inputs())
     stats = client.get_inference_statistics("affine")["model_stats"]
