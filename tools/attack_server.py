@@ -24,26 +24,24 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 import zlib
 
 import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import ManagedProcess, free_port, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, PeakSampler, free_port, wait_ready  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]}).encode()
 
 
-class RssSampler:
+class RssSampler(PeakSampler):
     """Samples VmRSS of `pid` every 20 ms in a thread; peak() since the last reset()."""
 
     def __init__(self, pid: int):
-        self.pid, self._peak, self._stop = pid, 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self.pid = pid
+        super().__init__(self.rss, 0.02)
 
     def rss(self) -> int:
         try:
@@ -55,20 +53,8 @@ class RssSampler:
             pass
         return 0
 
-    def _run(self):
-        while not self._stop.is_set():
-            self._peak = max(self._peak, self.rss())
-            time.sleep(0.02)
-
-    def reset(self) -> None:
-        self._peak = self.rss()
-
-    def peak(self) -> int:
-        return self._peak
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
+    def reset(self, start=None) -> None:
+        super().reset(self.rss() if start is None else start)
 
 
 def gzip_bomb(megabytes: int) -> bytes:

@@ -28,7 +28,6 @@ import os
 import struct
 import sys
 import tempfile
-import threading
 import time
 import zlib
 
@@ -36,42 +35,27 @@ import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import ManagedProcess, free_port, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, PeakSampler, free_port, wait_ready  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGES = "/v2/models/digits_image/infer"
 NUMBERS = "/v2/models/digits/infer"
 
 
-class Prober:
-    """GET /v2/health/live every 5 ms in a thread; `worst()` since the last `reset()`, in ms."""
+class HealthProbe:
+    """One GET /v2/health/live on a keep-alive connection of its own: its latency in ms (called
+    by a PeakSampler's thread only)."""
 
     def __init__(self, port: int):
-        self._port, self._worst, self._stop = port, 0.0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._port, self._conn = port, None
 
-    def _run(self) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", self._port, timeout=60)
-        while not self._stop.is_set():
-            start = time.perf_counter()
-            conn.request("GET", "/v2/health/live")
-            conn.getresponse().read()
-            self._worst = max(self._worst, (time.perf_counter() - start) * 1000)
-            time.sleep(0.005)
-        conn.close()
-
-    def reset(self) -> None:
-        time.sleep(0.1)
-        self._worst = 0.0
-
-    def worst(self) -> float:
-        time.sleep(0.05)  # a probe sent just before the request ended
-        return self._worst
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
+    def __call__(self) -> float:
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection("127.0.0.1", self._port, timeout=60)
+        start = time.perf_counter()
+        self._conn.request("GET", "/v2/health/live")
+        self._conn.getresponse().read()
+        return (time.perf_counter() - start) * 1000
 
 
 def _jpeg(segments: bytes) -> bytes:
@@ -150,10 +134,14 @@ def call(channel, method: str, message: bytes) -> str:
         return e.code().name
 
 
-def measured(prober: Prober, send) -> tuple[str, float]:
+def measured(prober: PeakSampler, send) -> tuple[str, float]:
+    """`send()`'s outcome and the worst probe latency while it ran (and just after: a probe
+    sent just before it ended)."""
+    time.sleep(0.1)
     prober.reset()
     outcome = send()
-    return outcome, prober.worst()
+    time.sleep(0.05)
+    return outcome, prober.peak()
 
 
 def main(argv=None) -> int:
@@ -170,7 +158,7 @@ def main(argv=None) -> int:
     rows = []
     try:
         wait_ready(server, f"http://127.0.0.1:{port}", 120)
-        prober = Prober(port)
+        prober = PeakSampler(HealthProbe(port), 0.005)
         wanted = args.cases.split(",")
         cases = http_cases(args.mb)
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}",
