@@ -40,6 +40,9 @@ def guard_may_answer(head: Head, state) -> bool:
 
 
 def _head_allows(head: Head) -> bool:
-    """HTTP/1.1, no Expect, the connection kept (once per Head: framing's memo)."""
+    """HTTP/1.1, no Expect, the connection kept (once per Head: framing's memo). llhttp reads
+    `Proxy-Connection` as it reads `Connection`: a `close` in either ends the connection after
+    aiohttp's answer, so neither is answered here (it would keep the connection open and answer
+    what aiohttp would never read)."""
     return (head.version == b"HTTP/1.1" and head.header(b"expect") is None
-            and b"close" not in head.tokens(b"connection"))
+            and b"close" not in head.tokens(b"connection") and b"close" not in head.tokens(b"proxy-connection"))
