@@ -34,3 +34,12 @@ def models_dir(tmp_path_factory):
 def server(models_dir):
     with ServerThread(server_config(models_dir)) as srv:
         yield srv
+
+
+@pytest.fixture(scope="module")
+def pair(models_dir):
+    """(direct_infer on, direct_infer off), same models: the guard's answers and aiohttp's."""
+    with ServerThread(server_config(models_dir, model_control_mode="none")) as on, \
+         ServerThread(server_config(models_dir, model_control_mode="none", direct_infer=False)) as off:
+        yield on, off
+

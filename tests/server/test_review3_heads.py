@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from .test_direct_infer import JSON_BODY
-from .test_review_direct import INFER, everything, pair, raw_post, statuses  # noqa: F401
+from .test_review_direct import INFER, everything, raw_post, statuses
 
 H = b"Host: t"
 CASES = {

@@ -18,14 +18,6 @@ from .test_direct_infer import DIRECT, JSON_BODY, binary_body, post, read_answer
 INFER = "/v2/models/double/infer"
 
 
-@pytest.fixture(scope="module")
-def pair(models_dir):
-    """(direct_infer on, direct_infer off), same models."""
-    with ServerThread(server_config(models_dir, model_control_mode="none")) as on, \
-         ServerThread(server_config(models_dir, model_control_mode="none", direct_infer=False)) as off:
-        yield on, off
-
-
 async def everything(url: str, data: bytes) -> bytes:
     """All the server writes until it closes, or until it has been quiet for a while (a
     connection kept open ends with b"<open>")."""

@@ -8,8 +8,7 @@ import pytest
 
 from aclserve.server.framing import parse_head
 
-from .test_direct_infer import JSON_BODY
-from .test_review_direct import INFER, everything, pair, raw_post, statuses  # noqa: F401
+from .test_review_direct import everything, raw_post, statuses
 
 H = b"Host: t"
 
