@@ -30,7 +30,8 @@ import zlib
 import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import ManagedProcess, PeakSampler, free_port, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, free_port, wait_ready  # noqa: E402
+from peak_sampler import PeakSampler  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]}).encode()

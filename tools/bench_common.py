@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -251,32 +250,6 @@ class ManagedProcess:
         if not self._log.closed:
             self._log.close()
         return self.proc.returncode
-
-
-class PeakSampler:
-    """Calls `sample()` every `interval_s` in a thread of its own; peak() is the largest value
-    since the last reset(start). Owns the thread; close() stops it."""
-
-    def __init__(self, sample, interval_s: float):
-        self._sample, self._interval_s = sample, interval_s
-        self._peak, self._stop = 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._peak = max(self._peak, self._sample())
-            self._stop.wait(self._interval_s)
-
-    def reset(self, start=0) -> None:
-        self._peak = start
-
-    def peak(self):
-        return self._peak
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def cpu_seconds(pid: int) -> float:

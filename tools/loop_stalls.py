@@ -35,7 +35,8 @@ import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import ManagedProcess, PeakSampler, free_port, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, free_port, wait_ready  # noqa: E402
+from peak_sampler import PeakSampler  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGES = "/v2/models/digits_image/infer"
