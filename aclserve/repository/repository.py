@@ -127,7 +127,9 @@ class ModelRepository:
             version = str(version)
             if len(version) > MAX_VERSION_DIGITS:
                 raise InvalidInput(f"version must be a positive integer of at most {MAX_VERSION_DIGITS} digits")
-            version = str(int(version)) if version.isascii() and version.isdigit() else version
+            if not (version.isascii() and version.isdigit()):  # versions are whole numbers: as Triton,
+                raise InvalidInput(f"version must be a positive integer, got {version!r}")  # not a 404
+            version = str(int(version))
         if versions:
             if version in (None, ""):
                 return versions[max(versions, key=int)]

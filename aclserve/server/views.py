@@ -37,10 +37,10 @@ def config(state, name: str, version: str | None) -> dict:
 
 def model_ready(state, name: str, version: str | None) -> bool:
     """True when the version serves and the server is not shutting down; NotFound for a model
-    or version the repository does not know."""
+    or version the repository does not know, InvalidInput for a version that is not a number."""
     try:
         served = state.repo.get(name, version)
-    except NotFound:
+    except (NotFound, InvalidInput):
         raise
     except ServeError:  # known but not serving (loading, failed, draining)
         return False

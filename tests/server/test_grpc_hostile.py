@@ -117,7 +117,11 @@ def test_oversize_message_and_other_rpcs(stub):
         stub.ModelInfer(huge)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     calls = [
-        (stub.ModelMetadata, pb.ModelMetadataRequest(name="affine", version="x"), NOT_FOUND, "no version"),
+        # (as Triton: a version that is not a number is a bad argument, not an unknown version)
+        (stub.ModelMetadata, pb.ModelMetadataRequest(name="affine", version="x"), INVALID,
+         "version must be a positive integer, got 'x'"),
+        (stub.ModelReady, pb.ModelReadyRequest(name="affine", version="x"), INVALID, "positive integer"),
+        (stub.ModelMetadata, pb.ModelMetadataRequest(name="affine", version="7"), NOT_FOUND, "no version 7"),
         (stub.ModelConfig, pb.ModelConfigRequest(name=""), NOT_FOUND, "unknown model"),
         (stub.ModelStatistics, pb.ModelStatisticsRequest(name="nope"), NOT_FOUND, "unknown model"),
         (stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name="affine"), INVALID,

@@ -105,6 +105,15 @@ def test_a_model_unloaded_on_purpose_is_not_found_unless_a_version_is_named(clie
     assert client.is_model_ready("double")
 
 
+def test_a_version_that_is_not_a_number_is_a_bad_request(server):
+    """As Triton (GetModelVersionFromString): 400, not the 404 of a version it does not have."""
+    for path in ("/v2/models/affine/versions/abc", "/v2/models/affine/versions/abc/ready"):
+        status, _, raw = request(server, "GET", path)
+        assert status == 400 and json.loads(raw) == {"error": "version must be a positive integer, got 'abc'"}, raw
+    status, _, raw = request(server, "GET", "/v2/models/affine/versions/7")
+    assert status == 404 and "no version 7" in json.loads(raw)["error"]
+
+
 def test_statistics_fields_perf_analyzer_reads(client):
     client.infer("affine", inputs())
     stats = client.get_inference_statistics("affine")["model_stats"]
