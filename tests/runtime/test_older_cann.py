@@ -146,3 +146,22 @@ def test_on_the_board_host_buffers_are_aligned_for_the_copies(affine_om):
 def test_which_socs_wait_for_events_forever_only(soc, untimed):
     from aclserve.acl import compat
     assert compat.event_waits_forever_only(soc) is untimed
+
+
+def test_a_bad_lacks_setting_leaves_the_runtime_uninitialised():
+    """acl.init reads ACLSERVE_CPU_LACKS before it initialises anything: a bad value is refused
+    and a later init (the setting mended) starts the runtime, not a repeated init (100002)."""
+    script = r'''
+import os
+from aclserve.acl import cpu as acl
+try:
+    acl.init()
+except ValueError as e:
+    print("refused:", "ACLSERVE_CPU_LACKS names" in str(e))
+del os.environ["ACLSERVE_CPU_LACKS"]
+print("init", acl.init(), "finalize", acl.finalize())
+'''
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, ACLSERVE_CPU_LACKS="rt.no_such_call"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["refused:", "True", "init", "0", "finalize", "0"]
