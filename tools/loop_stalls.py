@@ -45,7 +45,7 @@ NUMBERS = "/v2/models/digits/infer"
 
 class HealthProbe:
     """One GET /v2/health/live on a keep-alive connection of its own: its latency in ms (called
-    by a PeakSampler's thread only)."""
+    by a PeakSampler's thread only; close() once that thread has stopped)."""
 
     def __init__(self, port: int):
         self._port, self._conn = port, None
@@ -57,6 +57,10 @@ class HealthProbe:
         self._conn.request("GET", "/v2/health/live")
         self._conn.getresponse().read()
         return (time.perf_counter() - start) * 1000
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
 
 
 def _jpeg(segments: bytes) -> bytes:
@@ -159,7 +163,8 @@ def main(argv=None) -> int:
     rows = []
     try:
         wait_ready(server, f"http://127.0.0.1:{port}", 120)
-        prober = PeakSampler(HealthProbe(port), 0.005)
+        probe = HealthProbe(port)
+        prober = PeakSampler(probe, 0.005)
         wanted = args.cases.split(",")
         cases = http_cases(args.mb)
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}",
@@ -176,6 +181,7 @@ def main(argv=None) -> int:
                 baseline = measured(prober, lambda: post(port, "/v2/models/missing/infer", body, headers))
                 rows.append((name, len(body), *hostile, baseline[1]))
         prober.close()
+        probe.close()
     finally:
         code = server.close()
     print(f"server exit status {code}; log: {log}\n")
