@@ -25,6 +25,34 @@ STATUS_CODES: dict[type[ServeError], grpc.StatusCode] = {
     PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED, Unavailable: grpc.StatusCode.UNAVAILABLE}
 
 
+# Bytes of a status message on the wire: grpc sends it in the grpc-message trailer, each byte but
+# printable ASCII percent-encoded (a '%' too); past 8 KB of metadata (grpc's soft limit) a client
+# may get RESOURCE_EXHAUSTED "Stream removed" instead of the status, at random up to the hard 16 KB
+STATUS_MESSAGE_BYTES = 4096
+_SENT_AS_IS = bytes(b for b in range(0x20, 0x7F) if b != 0x25)
+
+
+def fit_status_message(message: str) -> str:
+    """`message` cut so that it is at most STATUS_MESSAGE_BYTES once percent-encoded (messages
+    quote clients' values, cut at 8,192 characters by the redactor: an input named "/ " repeated
+    came back as "Stream removed" one time in a few)."""
+    if _wire_bytes(message) <= STATUS_MESSAGE_BYTES:
+        return message
+    low, high = 0, len(message)  # the longest prefix that fits, with room for the note after it
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _wire_bytes(message[:middle]) <= STATUS_MESSAGE_BYTES - 64:
+            low = middle
+        else:
+            high = middle - 1
+    return f"{message[:low]}... ({len(message) - low:,} more characters)"
+
+
+def _wire_bytes(text: str) -> int:
+    raw = text.encode("utf-8", "replace")
+    return len(raw) + 2 * len(raw.translate(None, _SENT_AS_IS))
+
+
 def status_code(error: ServeError) -> grpc.StatusCode:
     return by_class(STATUS_CODES, error, grpc.StatusCode.INTERNAL)
 
@@ -43,7 +71,7 @@ async def end_call(context, error: Exception, method: str, redact: Callable[[str
     if isinstance(error, grpc.aio.AbortError):  # the method ended the call (context.abort): that
         raise error  # status stands (a second abort logged an internal error and grpc's UsageError)
     if isinstance(error, ServeError):
-        code, message, trailers = status_code(error), redact(error.message), pushback(error)
+        code, message, trailers = status_code(error), fit_status_message(redact(error.message)), pushback(error)
     else:
         log.error("internal error in gRPC %s", method, exc_info=error)
         code, message, trailers = grpc.StatusCode.INTERNAL, "internal error", ()
