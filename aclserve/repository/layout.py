@@ -74,7 +74,7 @@ class ScanResult:
     unreadable: bool = False  # the folder itself could not be listed: nothing is known of it
 
 
-def printable(text: str) -> str:
+def escape_undecodable(text: str) -> str:
     """A file name (or a text with one) as it can be shown, logged and encoded: bytes that are
     not UTF-8 (os.listdir hands them over as surrogates) written as \\xNN."""
     try:
@@ -248,8 +248,8 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
             where = _relative(root, e.filename)
             result.problems[name] = f"{where + ' ' if where else ''}cannot be read ({e.strerror or e})"
     # names that are not UTF-8 reach the index, the logs and /metrics: escaped once here
-    result.problems = {printable(k): printable(v) for k, v in result.problems.items()}
-    result.notes = [printable(note) for note in result.notes]
+    result.problems = {escape_undecodable(k): escape_undecodable(v) for k, v in result.problems.items()}
+    result.notes = [escape_undecodable(note) for note in result.notes]
     return result
 
 
