@@ -7,7 +7,8 @@ What one run does (defaults: about 5 minutes):
   1. builds out/models/medium.onnx if missing (tools/make_example_models.py), compiles it to a
      CPU OM in a temp repository and, for each setting (SETTINGS),
      starts `aclserve serve` pinned with taskset to the server core, ORT on one thread;
-  2. capacity: wrk closed loop at --capacity-conc connections (binary bodies), all answers 200;
+  2. capacity: wrk closed loop at --capacity-conc connections (binary bodies, or JSON with
+     --body json), all answers 200;
   3. overload, closed loop: wrk at each of --conc connections. wrk ignores Retry-After, so
      every refused client retries at once: the worst case for the server. Each answer's status
      is counted in wrk's Lua; 200/s is compared with the same server's capacity, and the
@@ -51,6 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--open-loads", default="2,4", help="open-loop rates as multiples of capacity ('' to skip)")
     p.add_argument("--client-timeout", type=float, default=1.0, help="open loop: seconds a client waits")
     p.add_argument("--settings", default=",".join(SETTINGS), help=f"subset of {','.join(SETTINGS)}")
+    p.add_argument("--body", choices=("binary", "json"), default="binary",
+                   help="the requests' body: binary tensor extension (49 KB) or KServe v2 JSON (72 KB)")
     p.add_argument("--capacity-conc", type=int, default=64)
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
@@ -164,13 +167,13 @@ def main(argv=None) -> int:
             repo = os.path.join(tmp, "repo")
             os.makedirs(repo)
             onnx = prepare_repository(args.models_src, repo, only=("medium",))
-            body = make_bodies(RawOrt(onnx["medium"], 1, cpu_set(args.server_cpus)))["binary"][1]
+            body = make_bodies(RawOrt(onnx["medium"], 1, cpu_set(args.server_cpus)))[args.body][1]
             body_path = os.path.join(tmp, "body.bin")
             with open(body_path, "wb") as f:
                 f.write(body.data)
             wrk = Wrk(args.client_cpus, count_non2xx=True)
             closers.append(wrk)
-            print(f"medium CNN, binary bodies, server on CPU {args.server_cpus}, wrk -t1 on CPU {args.client_cpus}, "
+            print(f"medium CNN, {args.body} bodies, server on CPU {args.server_cpus}, wrk -t1 on CPU {args.client_cpus}, "
                   f"{args.duration:g} s windows; capacity = {args.capacity_conc} connections\n")
             rows, open_rows = [], []
             for name in args.settings:
