@@ -19,6 +19,7 @@ from ..runtime.types import TensorSpec
 from .bytes_codec import MAX_QUOTED_DIMS, decode_input as decode_bytes_input, raw_input as raw_bytes_input
 from .json_simd import JsonNumbers
 from .json_tensors import JsonLimits, loads, numbers_in_json, read_numbers, refuse_booleans_among_numbers, to_array
+from .quoting import quoted
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -200,7 +201,7 @@ def check_input(name: str, datatype, shape, spec: TensorSpec, sig: Signature, ro
         if datatype == "BYTES":
             raise InvalidInput(f"input '{name}': datatype BYTES is not supported here (the model expects "
                                f"{spec.datatype}; declare it an image input in the model's YAML to send images)")
-        raise InvalidInput(f"input '{name}': datatype {datatype!r} does not match the model's {spec.datatype}")
+        raise InvalidInput(f"input '{name}': datatype {quoted(datatype)} does not match the model's {spec.datatype}")
     count = _check_shape(name, shape, spec)
     if spec.batched and sig.max_batch_size:
         r = shape[0]
@@ -296,7 +297,7 @@ def _uint_param(params: dict, key: str) -> int | None:
     if type(value) is str and len(value) <= 20 and value.isascii() and value.isdigit():
         value = int(value)
     if type(value) is not int or not 0 <= value <= _UINT64_MAX:
-        raise InvalidInput(f"parameters.{key} must be an unsigned integer, got {value!r}")
+        raise InvalidInput(f"parameters.{key} must be an unsigned integer, got {quoted(value)}")
     return value
 
 

@@ -23,6 +23,7 @@ from .bytes_codec import grpc_input as decode_bytes_input
 from .codec import (InferRequest, RequestedOutput, Signature, check_classification, check_complete, check_input,
                     check_rank, refuse_shared_memory, tensor_view)
 from .encode import classify
+from .quoting import quoted
 
 # KServe datatype -> (InferTensorContents field, numpy type of that field's elements)
 CONTENTS_FIELDS = {
@@ -134,7 +135,7 @@ def _uint_parameter(params, key: str) -> int | None:
     elif kind == "int64_param" and param.int64_param >= 0:
         value = param.int64_param
     else:
-        shown = f"{kind} {getattr(param, kind)!r}" if kind else "no value"
+        shown = f"{kind} {quoted(getattr(param, kind))}" if kind else "no value"
         raise InvalidInput(f"parameters.{key} must be a non-negative int64_param or uint64_param, got {shown}")
     return value
 

@@ -176,7 +176,7 @@ def test_raw_binary_request():
     ({}, "inputs must be a non-empty array"),
     ({"inputs": [inp("q", "FP32", [1, 4], [0] * 4)]}, "unknown input 'q'"),
     ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)] * 2}, "more than once"),
-    ({"inputs": [inp("x", "FP64", [1, 4], [0] * 4)]}, "datatype 'FP64' does not match"),
+    ({"inputs": [inp("x", "FP64", [1, 4], [0] * 4)]}, 'datatype "FP64" does not match'),
     ({"inputs": [inp("x", "BYTES", [1, 4], ["a"] * 4)]}, "BYTES is not supported"),
     ({"inputs": [inp("x", "FP32", [1, 5], [0] * 5)]}, r"shape \[1, 5\] does not match"),
     ({"inputs": [inp("x", "FP32", [4], [0] * 4)]}, "does not match the model's"),

@@ -1,0 +1,34 @@
+"""A client's value as an error message quotes it: in JSON's spelling (true, null, "text"), not
+Python's (True, None, 'text'), and bounded: a string cut at MAX_QUOTED characters, an array or an
+object named by its size instead of written out (a refusal of a priority sent as an array of a
+million items spent 40 ms of the event loop writing them, and the message was then cut anyway)."""
+from __future__ import annotations
+
+import math
+
+import orjson
+
+MAX_QUOTED = 40
+
+
+def quoted(value) -> str:
+    kind = type(value)
+    if kind is list or kind is dict:
+        if not value:
+            return "[]" if kind is list else "{}"
+        return f"an array of {_count(len(value), 'item')}" if kind is list else f"an object of {_count(len(value), 'key')}"
+    if kind is str:
+        return orjson.dumps(value[:MAX_QUOTED]).decode() + ("..." if len(value) > MAX_QUOTED else "")
+    if kind is float and not math.isfinite(value):
+        return "a number beyond a double's range"  # the stdlib decoder reads 1e400 as inf
+    if kind is int and not -2**63 <= value < 2**64:
+        text = str(value)  # the decoder refuses more than 4,300 digits
+        return text if len(text) <= MAX_QUOTED else f"an integer of {len(text.lstrip('-')):,} digits"
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # not a JSON value (gRPC's parameters hand over protobuf scalars as such)
+        return repr(value)[:MAX_QUOTED]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")

@@ -1,0 +1,43 @@
+"""Client values quoted by error messages: JSON's spelling, bounded (server/quoting.py)."""
+import json
+
+import pytest
+
+from aclserve.dtypes import kserve_to_numpy
+from aclserve.errors import InvalidInput
+from aclserve.runtime.types import TensorSpec
+from aclserve.server import codec
+from aclserve.server.quoting import MAX_QUOTED, quoted
+
+SIG = codec.Signature([TensorSpec("x", "FP32", kserve_to_numpy("FP32"), (-1, 4))],
+                      [TensorSpec("y", "FP32", kserve_to_numpy("FP32"), (-1, 2))], 8)
+
+
+@pytest.mark.parametrize("value,text", [
+    (True, "true"), (None, "null"), ("abc", '"abc"'), (1.5, "1.5"), (-3, "-3"), ([], "[]"), ({}, "{}"),
+    ([1], "an array of 1 item"), ([[]] * 3, "an array of 3 items"), ({"a": 1, "b": 2}, "an object of 2 keys"),
+    (float("inf"), "a number beyond a double's range"), (2**64, str(2**64)),
+    (-10**100, "an integer of 101 digits"), ("x" * 100, '"' + "x" * MAX_QUOTED + '"...'),
+])
+def test_values_are_quoted_as_json_spells_them_and_cut(value, text):
+    assert quoted(value) == text
+
+
+def decode_error(doc) -> str:
+    raw = json.dumps(doc).encode()
+    with pytest.raises(InvalidInput) as e:
+        codec.decode_request(raw, len(raw), SIG)
+    return str(e.value)
+
+
+ONE_ROW = {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0.0] * 4}
+
+
+def test_a_parameter_of_many_items_is_named_by_its_size_not_written_out():
+    message = decode_error({"inputs": [ONE_ROW], "parameters": {"priority": [[]] * 200_000}})
+    assert message == "parameters.priority must be an unsigned integer, got an array of 200,000 items"
+
+
+def test_a_datatype_is_quoted_in_json_not_python():
+    assert 'datatype true does not match' in decode_error({"inputs": [dict(ONE_ROW, datatype=True)]})
+    assert 'got "soon"' in decode_error({"inputs": [ONE_ROW], "parameters": {"priority": "soon"}})
