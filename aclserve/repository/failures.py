@@ -66,6 +66,10 @@ class LoadFailures:
         """(name, version) -> why its current file failed to load (retry plan included)."""
         return {(n, v): reason for (n, v, _), reason in self._reasons.items()}
 
+    def retrying(self) -> set[str]:
+        """Models with a refused file whose automatic retry is still to come."""
+        return {key[0] for key in self._reasons if self._retry.armed(key)}
+
     @property
     def retries(self) -> dict[str, int]:
         """model -> automatic load retries started."""

@@ -161,7 +161,8 @@ class ModelRepository:
         if self.config.readiness == "strict":
             problems = set(self._planner.scan.problems) - self._lifecycle.held
             return all(n in serving for n in wanted | problems)
-        failed = {n for n, _ in self._failures.versions()}
+        # refused for good; one whose retry is still to come holds readiness back, as one loading does
+        failed = {n for n, _ in self._failures.versions()} - self._failures.retrying()
         return all(n in serving or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
 
     def load_failures(self) -> dict[tuple[str, str], str]:

@@ -70,6 +70,10 @@ class RetrySchedule:
         self.retries[key[0]] = self.retries.get(key[0], 0) + 1
         self._on_due(*key)
 
+    def armed(self, key: tuple) -> bool:
+        """A retry of (name, version, identity) is due later."""
+        return key in self._timers
+
     def succeeded(self, name: str, version: str) -> None:
         """The version loaded: forget its failures (the next failure starts from initial_s)."""
         for key in [k for k in self._attempts if k[:2] == (name, version)]:

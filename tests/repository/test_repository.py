@@ -167,6 +167,23 @@ async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_
         repo.get("junk")
 
 
+async def test_lenient_readiness_waits_for_a_retry_still_to_come(make_repo, models_dir, model_files, clean_faults):
+    """`readiness: lenient` lets a file refused for good stop holding readiness back, not one
+    whose automatic retry (a transient device error) is still to come: the model may serve in a
+    moment, as one still loading may (it was ready while the retry waited)."""
+    from aclserve.acl.cpu import faults
+    place(model_files[1]["om"], models_dir / "m.om")
+    faults.inject("execute", nth=1)  # the first warm-up run fails 507011: transient, retried
+    repo, events = await make_repo(start=False, model_control_mode="none", load_retry_initial_s=1.0,
+                                   load_retry_max_s=2.0)
+    await repo.start()
+    (row,) = repo.index()
+    assert row["state"] == State.UNAVAILABLE and "transient device error: retry 1 in" in row["reason"]
+    assert not repo.all_ready()
+    await events.wait("loaded", "m")
+    assert repo.all_ready()
+
+
 async def test_a_models_folder_that_cannot_be_read_changes_and_forgets_nothing(make_repo, models_dir, model_files,
                                                                              monkeypatch):
     """Its permissions taken away under a running server (the tests run as root, who reads
