@@ -250,7 +250,11 @@ class ModelRepository:
             self._debouncer.poke()
 
     async def _reconcile_all(self) -> None:
-        await asyncio.gather(*await self._reconcile(trust="settle"))
+        # the model tasks run on their own (a task's end rescans when changes were left over):
+        # waiting for them here held every other file change of the folder back while one model
+        # loaded, compiled or drained, and loaded the models dropped one after another one at a
+        # time whatever load_concurrency said
+        await self._reconcile(trust="settle")
 
     async def _reconcile(self, trust: str, only: str | None = None) -> list[asyncio.Task]:
         """Scan, diff against what is serving, start one task per changed model. Returns them."""

@@ -88,3 +88,28 @@ def test_a_compile_says_so_and_a_cache_hit_says_nothing(model_files, tmp_path):
     again = compiled_om(onnx, "m", CompileOptions(batch=(1, 2)), "cpu", tmp_path, progress=steps.append)
     assert first == again and first.is_file()
     assert steps == [f"compiling {onnx.name} for cpu"]
+
+
+@pytest.mark.asyncio
+async def test_in_poll_mode_a_file_dropped_while_another_model_loads_is_not_held_back_by_it(
+        make_repo, models_dir, model_files, clean_faults):
+    """The watcher's reconcile starts each model's task and returns: it used to wait for them,
+    so while one model loaded (a long compile, a slow warm-up) no other file change of the
+    folder was even scanned (the index did not list a model dropped meanwhile) and
+    load_concurrency above 1 served nothing dropped after the first file."""
+    repo, events = await make_repo(model_control_mode="poll", load_concurrency=2)
+    gate = threading.Event()
+    held = faults.inject("execute", nth=1, hold=gate)  # the first warm-up run of a
+    watchdog = threading.Timer(30, gate.set)
+    watchdog.start()
+    try:
+        place(model_files[1]["om"], models_dir / "a.om")
+        await until(held.entered.is_set, "held")
+        place(model_files[2]["om"], models_dir / "b.om")
+        await until(lambda: reasons(repo).get("b") == ("READY", ""), "b served while a loads")
+        assert reasons(repo)["a"] == ("LOADING", "warming up: gear 1, run 1 of 3")
+    finally:
+        gate.set()
+        watchdog.cancel()
+    await events.wait("loaded", "a")
+    assert reasons(repo) == {"a": ("READY", ""), "b": ("READY", "")}
