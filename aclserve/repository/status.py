@@ -77,10 +77,16 @@ class VersionStates:
             self.move(name, version, None)
 
     def describe(self, name: str, version: str | None, scan: ScanResult) -> tuple[str, str] | None:
-        """(state, reason) of the version, or with version None of the model's latest record or
-        else of what the scan knows; None when nothing is known."""
+        """(state, reason) of the version (a version the scan found and its policy selects is
+        UNAVAILABLE "not loaded" until it has a record), or with version None of the model's
+        latest record or else of what the scan knows; None when nothing is known."""
         if version:
             record = self._records.get((name, version))
+            entry = scan.models.get(name)
+            if record is None and entry is not None and version in entry.selected:
+                # on disk and selected, not loaded yet (settling, or between an unload and a load):
+                # the index lists it UNAVAILABLE, and so does a request for it (not "no such version")
+                return State.UNAVAILABLE.value, "not loaded"
         else:
             record = next((value for (n, _), value in reversed(self._records.items()) if n == name), None)
             if record is None and (name in scan.models or name in scan.problems):

@@ -167,6 +167,30 @@ async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_
         repo.get("junk")
 
 
+async def test_a_version_on_disk_not_loaded_yet_is_unavailable_not_unknown(make_repo, models_dir, model_files):
+    """A version folder the scan found and the policy selects, still settling: the index lists it
+    UNAVAILABLE, and a request naming it is told so (503, retry later), not 404 "no version"
+    as for a version that does not exist."""
+    place(model_files[1]["om"], models_dir / "m" / "1" / "model.om")
+    (models_dir / "m" / "config.yaml").write_text("version_policy: all\n")
+    for path in (models_dir / "m" / "1" / "model.om", models_dir / "m" / "config.yaml"):
+        os.utime(path, (1, 1))  # old files: taken at once at start
+    repo, _ = await make_repo(model_control_mode="poll", settle_s=30)
+    (models_dir / "m" / "2").mkdir()
+    (models_dir / "m" / "2" / "model.om").write_bytes(Path(model_files[2]["om"]).read_bytes())  # written in place
+    for _ in range(3000):  # a hang guard, not a timing
+        if any(r["version"] == "2" for r in repo.index()):
+            break
+        await asyncio.sleep(0.01)
+    (row,) = [r for r in repo.index() if r["version"] == "2"]
+    assert row["state"] == State.UNAVAILABLE
+    with pytest.raises(ModelUnavailable, match=r"model m version 2 is not ready \(UNAVAILABLE: not loaded\)"):
+        repo.get("m", "2")
+    with pytest.raises(NotFound, match="model m has no version 3"):
+        repo.get("m", "3")
+    assert await answer(repo, "m", "1") == 1.0
+
+
 async def test_lenient_readiness_waits_for_a_retry_still_to_come(make_repo, models_dir, model_files, clean_faults):
     """`readiness: lenient` lets a file refused for good stop holding readiness back, not one
     whose automatic retry (a transient device error) is still to come: the model may serve in a
