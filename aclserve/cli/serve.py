@@ -26,6 +26,8 @@ def add_commands(sub) -> None:
     p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve HTTPS and gRPC over TLS "
                                                       "(tls_cert_file; with --tls-key)")
     p.add_argument("--tls-key", metavar="FILE", help="its PEM private key (tls_key_file)")
+    p.add_argument("--tls-client-ca", metavar="FILE", help="PEM CA certificates: clients must show a certificate "
+                                                           "signed by one (tls_client_ca_file; with --tls-cert)")
     p.add_argument("--cpu-threads", type=int, metavar="N", help="ONNX Runtime threads per instance (CPU runtime)")
     p.add_argument("--model-control-mode", choices=("poll", "explicit", "none"),
                    help="how the repository follows the models folder (default poll)")
@@ -55,6 +57,7 @@ def serve_overrides(args) -> dict:
             "compile_cache_dir": args.compile_cache_dir, "device": args.device,
             "log_level": args.log_level, "cpu_threads": args.cpu_threads,
             "tls_cert_file": args.tls_cert, "tls_key_file": args.tls_key,
+            "tls_client_ca_file": args.tls_client_ca,
             "model_control_mode": args.model_control_mode,
             "model_defaults.batching.max_batch_size": args.max_batch,
             "model_defaults.batching.max_queue_delay_ms": args.max_delay_ms,

@@ -124,6 +124,7 @@ class ServerConfig:
     auth_inference: bool = False
     tls_cert_file: str = ""  # PEM certificate chain: HTTPS and gRPC over TLS (server/tls.py); "" = plain
     tls_key_file: str = ""  # its private key (PEM)
+    tls_client_ca_file: str = ""  # PEM CA certificates: clients must show a certificate they signed (mTLS)
     readiness: str = "strict"
     load_retry_initial_s: float = 1.0
     load_retry_max_s: float = 60.0

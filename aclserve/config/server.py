@@ -32,6 +32,9 @@ def parse_server_config(data: Mapping) -> ServerConfig:
     if bool(tls_cert) != bool(tls_key):
         raise ConfigError("tls_key_file" if tls_cert else "tls_cert_file",
                           "TLS needs both tls_cert_file and tls_key_file")
+    tls_client_ca = as_str(get("tls_client_ca_file") or "", "tls_client_ca_file")
+    if tls_client_ca and not tls_cert:
+        raise ConfigError("tls_client_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file")
     initial_retry = as_float(get("load_retry_initial_s"), "load_retry_initial_s")
     return ServerConfig(
         host=as_str(get("host"), "host", allow_empty=False),
@@ -64,6 +67,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         auth_inference=as_bool(get("auth_inference"), "auth_inference"),
         tls_cert_file=tls_cert,
         tls_key_file=tls_key,
+        tls_client_ca_file=tls_client_ca,
         readiness=as_str(get("readiness"), "readiness", READINESS),
         load_retry_initial_s=initial_retry,
         load_retry_max_s=as_float(get("load_retry_max_s"), "load_retry_max_s", initial_retry),

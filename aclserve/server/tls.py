@@ -8,6 +8,11 @@ that terminates TLS, when the server listens beyond loopback. A file that cannot
 that is not PEM, an encrypted key (OpenSSL would ask for its passphrase on the terminal, and
 grpc cannot take it), or a key that is not the certificate's stops the start with one line
 (ConfigError).
+
+With `tls_client_ca_file` (PEM CA certificates) both endpoints ask every client for a
+certificate and refuse the handshake of one that shows none, or one no CA of the file signed
+(mutual TLS): the connection ends before any request is read. It authenticates the transport
+only: the bearer token's rules (auth.py) are the same with it.
 """
 from __future__ import annotations
 
@@ -45,6 +50,16 @@ def http_context(config) -> ssl.SSLContext | None:
     except OSError as e:
         raise ConfigError("tls_cert_file", f"cannot read {e.filename or 'the certificate or key'}: "
                                            f"{e.strerror or e}") from None
+    if config.tls_client_ca_file:
+        try:
+            context.load_verify_locations(cafile=config.tls_client_ca_file)
+        except ssl.SSLError as e:  # an OSError too: first
+            raise ConfigError("tls_client_ca_file", f"{config.tls_client_ca_file} must hold PEM CA certificates "
+                                                    f"({e.reason or e})") from None
+        except OSError as e:
+            raise ConfigError("tls_client_ca_file", f"cannot read {config.tls_client_ca_file}: "
+                                                    f"{e.strerror or e}") from None
+        context.verify_mode = ssl.CERT_REQUIRED
     _warn_if_out_of_date(config.tls_cert_file)
     return context
 
@@ -85,16 +100,20 @@ def grpc_credentials(config):
         return None
     import grpc
     cert, key = _read(config)
-    return grpc.ssl_server_credentials([(key, cert)])
+    if not config.tls_client_ca_file:
+        return grpc.ssl_server_credentials([(key, cert)])
+    client_ca = _read_file("tls_client_ca_file", config.tls_client_ca_file)
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca, require_client_auth=True)
 
 
 def _read(config) -> tuple[bytes, bytes]:
     """(certificate chain, key) as their files hold them."""
-    pair = []
-    for name, path in (("tls_cert_file", config.tls_cert_file), ("tls_key_file", config.tls_key_file)):
-        try:
-            with open(path, "rb") as f:
-                pair.append(f.read())
-        except OSError as e:
-            raise ConfigError(name, f"cannot read {path}: {e.strerror or e}") from None
-    return pair[0], pair[1]
+    return _read_file("tls_cert_file", config.tls_cert_file), _read_file("tls_key_file", config.tls_key_file)
+
+
+def _read_file(key: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {path}: {e.strerror or e}") from None
