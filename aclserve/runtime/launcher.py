@@ -137,8 +137,15 @@ class Launcher:
             # alone in flight: nothing to overlap with, so skip the copy streams; and always where
             # the slot's events cannot be waited on by another stream batch after batch
             with book.lock:
-                direct = book.in_flight == 1 or not slot.cross_stream
-                self._launching, self._launch_start = item, time.monotonic()
+                # given up between get() and here: _answer_held saw this batch neither held nor
+                # queued, so it is answered here, not launched (it would be handed on to nobody)
+                given_up = self._given_up
+                if given_up is None:
+                    direct = book.in_flight == 1 or not slot.cross_stream
+                    self._launching, self._launch_start = item, time.monotonic()
+            if given_up is not None:
+                self.refuse(slot, batch, *given_up)
+                return
             if batch.trace is not None:
                 self._trace_launch(batch.trace, slot, direct)
             error = None

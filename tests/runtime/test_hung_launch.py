@@ -132,3 +132,57 @@ def test_a_launch_call_that_does_not_return_takes_its_instance_out_of_rotation(a
         let_go(gate)
         pool.close()
         rt.close()
+
+
+class _PausingQueue:
+    """The launcher's hand-off queue, pausing its thread just after get() returns `pause_on`:
+    the moment between taking a batch and marking it as the one being launched."""
+
+    def __init__(self, inner, pause_on):
+        self._inner, self._pause_on = inner, pause_on
+        self.got, self.go = threading.Event(), threading.Event()
+
+    def put(self, item):
+        self._inner.put(item)
+
+    def get_nowait(self):
+        return self._inner.get_nowait()
+
+    def get(self, *args, **kwargs):
+        item = self._inner.get(*args, **kwargs)
+        if item is not None and item[1] is self._pause_on:
+            self.got.set()
+            self.go.wait(30)
+        return item
+
+
+def test_a_batch_taken_by_the_launcher_as_its_launch_is_abandoned_is_answered(affine_om):
+    """The hung launch comes back just as it is abandoned (the completion thread read it as
+    overdue, then abandoned it; or a close gave up on it at its deadline), and the launcher has
+    already taken the next batch off its queue but not yet marked it as launching: abandon()
+    saw neither that batch held nor queued. It was launched and never handed on: its requests
+    waited for good. Now the launcher answers it (given up) instead of launching it."""
+    rt, gate, pool, answers = answered_pool(affine_om(), 600_000)
+    instance = pool.instances[0]
+    launcher = instance._launcher
+    try:
+        request, held = held_request(gate)
+        first = Batch([request], 1, 1)
+        pool.submit(first)
+        assert held.entered.wait(30)  # the launcher is packing it, and stays there
+        second = Batch([affine_request(1, 1)], 1, 1)
+        paused = _PausingQueue(launcher._queue, second)
+        launcher._queue = paused
+        pool.submit(second)  # the second slot: queued behind it
+        let_go(gate)  # the launch comes back; the launcher hands it on and takes the next
+        assert paused.got.wait(30)
+        instance.take_out_of_rotation("forced: a launch call past the execution timeout")
+        launcher.abandon("forced: a launch call past the execution timeout")
+        paused.go.set()
+        launcher.thread.join(30)  # a hang guard
+        assert _answered(answers, [first, second]), "the batch the launcher had taken was never answered"
+        assert answers.count[id(second)] == 1 and isinstance(second.error, DeviceTimeout)
+    finally:
+        let_go(gate)
+        pool.close()
+        rt.close()
