@@ -169,6 +169,25 @@ def test_slots_auto_is_kept_through_a_merge(tmp_path):
     assert load_server_config(None, {"model_defaults.slots": 3}).model_defaults.slots == 3
 
 
+@pytest.mark.parametrize("levels, level", [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3)])
+def test_fewer_priority_levels_alone_take_the_middle_one_as_default(tmp_path, levels, level):
+    """A model's `priority_levels: 1` was refused for the embedded default's default_priority 2,
+    which it never set; the default is now the middle level of the model's own."""
+    defaults = load_server_config(None, {}).model_defaults
+    batching = load_model_config(write(tmp_path, f"batching: {{priority_levels: {levels}}}\n"), defaults).batching
+    assert batching.default_level == level and batching.level_for(None) == level
+    assert load_server_config(None, {"model_defaults.batching.priority_levels": levels}
+                              ).model_defaults.batching.default_level == level
+
+
+def test_a_default_priority_set_is_kept_through_a_merge(tmp_path):
+    defaults = load_server_config(None, {"model_defaults.batching.default_priority": 3}).model_defaults
+    assert defaults.batching.default_level == 3
+    assert load_model_config(write(tmp_path, "instances: 2\n"), defaults).batching.default_level == 3
+    with pytest.raises(ConfigError, match="batching.default_priority: must be <= 1"):
+        load_model_config(write(tmp_path, "batching: {priority_levels: 1}\n"), defaults)
+
+
 def test_model_file_error_names_file_and_key(tmp_path):
     path = write(tmp_path, "batching: {max_batch_size: -1}\n")
     with pytest.raises(ConfigError) as info:

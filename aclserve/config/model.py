@@ -53,8 +53,11 @@ def _batching(data, path: str) -> BatchingConfig:
         kw["batch_formation"] = as_str(data["batch_formation"], key_path(path, "batch_formation"), FORMATION_MODES)
     levels = as_int(data.get("priority_levels", 3), key_path(path, "priority_levels"), 1, MAX_PRIORITY_LEVELS)
     kw["priority_levels"] = levels
-    if "default_priority" in data:
-        kw["default_priority"] = as_int(data["default_priority"], key_path(path, "default_priority"), 1, levels)
+    default = data.get("default_priority", AUTO)
+    # auto (None): the middle level of however many the model has (BatchingConfig.default_level):
+    # a model's `priority_levels: 1` was refused for the embedded default's default_priority 2
+    kw["default_priority"] = (None if default == AUTO
+                              else as_int(default, key_path(path, "default_priority"), 1, levels))
     default_qp = _queue_policy(data.get("default_queue_policy", {}), key_path(path, "default_queue_policy"),
                                QueuePolicy())
     kw["default_queue_policy"] = default_qp
@@ -192,6 +195,8 @@ def model_config_mapping(config: ModelConfig) -> dict:
     out["compile"]["batch"] = None if config.compile.batch is None else list(config.compile.batch)
     batching = out["batching"]
     batching["max_batch_size"] = batching.pop("batch_cap")
+    if batching["default_priority"] is None:
+        batching["default_priority"] = AUTO
     for policy in [batching["default_queue_policy"], *batching["priority_queue_policy"].values()]:
         for key in ("max_queue_size", "default_timeout_ms"):
             if policy[key] is None:

@@ -153,7 +153,7 @@ class DynamicBatcher:
         unbounded or the batcher takes no requests."""
         if self._refusal is not None or self._queue is None:
             return None
-        room = self._queue.room(self.config.default_priority)
+        room = self._queue.room(self.config.default_level)
         if room is None:
             return None
         return self._unread.admit(room, self._clock.now())
@@ -162,7 +162,7 @@ class DynamicBatcher:
         """A request that names no priority, refused before it is decoded (server/shedding.py)
         because its level has no room for it: counted as that level's refusal, and the error
         to answer it with."""
-        level = self.config.default_priority
+        level = self.config.default_level
         self.stats.rejected(level, QUEUE_FULL)
         return self._queue.full_error(level)
 

@@ -37,7 +37,7 @@ class BatchingConfig:
     batch_cap: int = 0
     max_queue_delay_ms: float = 1.0
     priority_levels: int = 3  # levels 1..N, 1 is the highest
-    default_priority: int = 2
+    default_priority: int | None = None  # None (YAML auto): the middle level, default_level
     default_queue_policy: QueuePolicy = field(default_factory=QueuePolicy)
     priority_queue_policy: dict[int, QueuePolicy] = field(default_factory=dict)
     preserve_ordering: bool = False
@@ -52,11 +52,17 @@ class BatchingConfig:
             raise ValueError("max_queue_delay_ms must be >= 0")
         if self.priority_levels < 1:
             raise ValueError("priority_levels must be >= 1")
-        if not 1 <= self.default_priority <= self.priority_levels:
+        if self.default_priority is not None and not 1 <= self.default_priority <= self.priority_levels:
             raise ValueError(f"default_priority must be within 1..{self.priority_levels}")
         for level in self.priority_queue_policy:
             if not 1 <= level <= self.priority_levels:
                 raise ValueError(f"priority_queue_policy level {level} is outside 1..{self.priority_levels}")
+
+    @property
+    def default_level(self) -> int:
+        """The level of requests without a priority: default_priority, or the middle level (2 of
+        3, 1 of 1), so that fewer levels than the default's need no default_priority of their own."""
+        return self.priority_levels // 2 + 1 if self.default_priority is None else self.default_priority
 
     def policy_for(self, level: int) -> QueuePolicy:
         return self.priority_queue_policy.get(level, self.default_queue_policy)
@@ -64,5 +70,5 @@ class BatchingConfig:
     def level_for(self, priority: int | None) -> int:
         """Priority 0, None or out of range falls back to the default level."""
         if priority is None or not 1 <= priority <= self.priority_levels:
-            return self.default_priority
+            return self.default_level
         return priority

@@ -99,7 +99,7 @@ def model_config(served) -> dict:
             "max_queue_delay_microseconds": int(batching.max_queue_delay_ms * 1000),
             "preserve_ordering": batching.preserve_ordering,
             "priority_levels": batching.priority_levels,
-            "default_priority_level": batching.default_priority,
+            "default_priority_level": batching.default_level,
             "default_queue_policy": _queue_policy(batching.default_queue_policy),
             "priority_queue_policy": {str(level): _queue_policy(p)
                                       for level, p in sorted(batching.priority_queue_policy.items())},

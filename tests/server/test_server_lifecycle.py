@@ -84,7 +84,7 @@ def test_client_disconnect_cancels_queued_request(slow_config):
                     await task
             while state.inflight:
                 await asyncio.sleep(0.005)
-            level = served.batcher.config.default_priority
+            level = served.batcher.config.default_level
             assert served.batcher.stats.levels[level].cancelled == 1
             assert served.batcher.stats.execution_count == 0  # it never ran
         finally:
