@@ -20,7 +20,7 @@ from .formation import Formation, GearTimes
 from .gears import GearPlanner, batch_limit
 from .policy import BatchingConfig
 from .queue import PriorityQueue
-from .request import DISPATCHED, InferenceResult, QueuedRequest
+from .request import DISPATCHED, InferenceResult, QueuedRequest, mark_answered
 from .stats import QUEUE_FULL, SHUTDOWN, TIMEOUT, BatcherStats
 from .unread import UnreadAdmissions
 
@@ -142,8 +142,9 @@ class DynamicBatcher:
         self._wakeup.set()
         try:
             return await request.future
-        except asyncio.CancelledError:
-            self._abandon(request)
+        except asyncio.CancelledError as cancelled:
+            if self._abandon(request):
+                mark_answered(cancelled)
             raise
 
     def admit_unread(self) -> bool | None:
@@ -353,16 +354,19 @@ class DynamicBatcher:
     def _on_delay(self, request: QueuedRequest) -> None:
         self.stats.levels[request.level].delayed += 1
 
-    def _abandon(self, request: QueuedRequest) -> None:
-        """The awaiting task was cancelled (client gone)."""
-        if not request.future.cancelled():
-            return  # it had been answered already
+    def _abandon(self, request: QueuedRequest) -> bool:
+        """The awaiting task was cancelled (client gone). True when its outputs had reached it
+        first (the statistics counted it a success: its task was cancelled before it resumed)."""
+        future = request.future
+        if not future.cancelled():
+            return future.exception() is None  # it had been answered already
         waited = self._clock.now_ns() - request.enqueued_ns
         if self._queue.remove(request) or request.state == DISPATCHED:
             self.stats.cancelled(request.level, waited)
         self._delivery.left(request)
         if self._draining:
             self._check_drained()
+        return False
 
     def _idle(self) -> bool:
         return not self._running and (self._queue is None or not self._queue.count)

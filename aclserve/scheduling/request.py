@@ -53,3 +53,14 @@ class InferenceResult:
     batch_requests: int  # requests in that run
     instance: str = ""
     version: str | None = None  # the version that ran it, when a reload handed it to another one
+
+
+def mark_answered(cancelled: BaseException) -> None:
+    """Mark the cancellation of an infer whose outputs had reached it before its task resumed
+    (its client went in that moment): the statistics counted it a success, and so should the
+    server's own counters (answered_before_cancel), not a cancelled request as well."""
+    cancelled.aclserve_answered = True
+
+
+def answered_before_cancel(cancelled: BaseException) -> bool:
+    return getattr(cancelled, "aclserve_answered", False)

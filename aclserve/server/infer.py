@@ -24,6 +24,7 @@ import time
 from aiohttp import HttpVersion11, web
 
 from ..errors import ServeError
+from ..scheduling import answered_before_cancel
 from ..trace import now_ns
 from .answer_size import answer_bytes
 from .app_keys import STATE
@@ -110,8 +111,11 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
             if trace is not None:
                 observer.end(trace, http_status(e), e.message)
             raise
-        except asyncio.CancelledError:
-            rec.request_failed("Cancelled", time.perf_counter_ns() - start)
+        except asyncio.CancelledError as e:
+            if answered_before_cancel(e):  # its outputs had come: a success, as the model's statistics count it
+                rec.metrics.request_ok((time.perf_counter_ns() - start) / 1e9)
+            else:
+                rec.request_failed("Cancelled", time.perf_counter_ns() - start)
             if trace is not None:
                 observer.end(trace, 499, "cancelled: the client went away")
             raise

@@ -312,3 +312,40 @@ async def test_a_result_held_for_ordering_whose_client_leaves_is_no_success(env)
     stats = batcher.stats
     assert stats.success.count == stats.queue.count == stats.compute_infer.count == 1
     assert stats.execution_count == 2 and stats.inference_count == 1
+
+
+async def test_a_request_cancelled_after_its_outputs_came_is_marked_answered(env):
+    """The client went after the request's outputs reached it but before its task resumed: the
+    statistics counted a success, and the cancellation says so (answered_before_cancel), so the
+    server's counters count it a success too, not also a cancelled request (a scheduling
+    review saw /stats and /metrics disagree by one)."""
+    from aclserve.scheduling import answered_before_cancel
+    batcher, executor = env.make(env.FakeExecutor(gears=(1,)))
+    loop = asyncio.get_running_loop()
+    seen = {}
+
+    async def call(tag):
+        try:
+            return await batcher.infer(env.make_rows(tag, 1), 1)
+        except asyncio.CancelledError as e:
+            seen[tag] = answered_before_cancel(e)
+            raise
+
+    first = loop.create_task(call(1))
+    # inside the answer, before its future is resolved: the cancellation comes next, ahead of
+    # the task's own wake-up
+    batcher.stats.observe(on_request_done=lambda *_: loop.call_soon(first.cancel))
+    await env.settle()
+    executor.runs[0].complete()
+    await env.settle()
+    assert first.cancelled() and seen == {1: True}
+    assert batcher.stats.success.count == 1 and batcher.stats.levels[2].cancelled == 0
+
+    second = loop.create_task(call(2))  # cancelled while it runs: not answered
+    await env.settle()
+    second.cancel()
+    await env.settle()
+    assert seen[2] is False
+    executor.runs[1].complete()
+    await env.settle()
+    assert batcher.stats.success.count == 1
