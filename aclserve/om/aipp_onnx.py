@@ -1,12 +1,19 @@
 """Static AIPP reproduced in ONNX for the CPU OM.
 
 Each bound AIPP input becomes a uint8 NHWC graph input of the same name, followed by
-Slice (crop) -> Gather (R/B swap) -> Cast -> Sub (mean + min) -> Mul (var_reci) ->
+Slice (crop) -> Gather (R/B swap) -> Cast -> Sub (mean) -> Sub (min) -> Mul (var_reci) ->
 Transpose to NCHW -> Pad (padding_value) -> Cast to the model's float type, whose result
 feeds every node that read the original input. So the CPU OM takes exactly the input an ATC
-OM with the same config takes (dtype, layout, shape, size). The arithmetic is float32: the NPU
-computes it in fp16 and differs by about 2e-3 (a numpy simulation with ImageNet values, not
-checked on hardware), which this does not imitate.
+OM with the same config takes (dtype, layout, shape, size).
+
+The arithmetic is the device's: AIPP turns uint8 into fp16 as
+`(half(pixel - mean_chn) - half(min_chn)) * half(var_reci_chn)`, each step rounded to fp16
+(hicann/ops-cv image/aipp/op_kernel/arch35/aipp_base.h DataConversion; ATC stores min_chn and
+var_reci_chn as fp16, gekowa/ascend-opp aipp_comm.py get_fp16; the template types them
+float16 and padding_value in the output's type). The constants are rounded to fp16 here and
+every step's result is rounded through a Cast to FLOAT16 and back (ONNX Runtime would compute
+FLOAT16 Sub/Mul in float32 without rounding in between), so the model sees the fp16 values the
+AIPP output holds. float32 arithmetic differed by up to 2.8e-3 (ImageNet values, pixel 255).
 """
 from __future__ import annotations
 
@@ -64,6 +71,11 @@ def _rename_uses(graph: onnx.GraphProto, old: str, new: str) -> None:
                 _rename_uses(sub, old, new)
 
 
+def fp16(values) -> np.ndarray:
+    """float32 array of `values` rounded to fp16, as AIPP holds them."""
+    return np.asarray(values, np.float32).astype(np.float16).astype(np.float32)
+
+
 def _chain(b: BoundAipp, source: str, result: str) -> tuple[list, list]:
     op, p = b.op, f"aipp_{source}_"
     nodes, inits = [], []
@@ -85,13 +97,21 @@ def _chain(b: BoundAipp, source: str, result: str) -> tuple[list, list]:
                        const("crop_axes", np.array([1, 2], np.int64))], "crop")
     if op.rbuv_swap_switch and op.channels == 3:
         step("Gather", [cur, const("swap", np.array([2, 1, 0], np.int64))], "swap", axis=3)
+    def to_fp16(name: str) -> None:  # round the current float32 result to the nearest fp16
+        step("Cast", [cur], name + "_fp16", to=TensorProto.FLOAT16)
+        step("Cast", [cur], name, to=TensorProto.FLOAT)
+
+    n = op.channels
     step("Cast", [cur], "float", to=TensorProto.FLOAT)
-    step("Sub", [cur, const("subtract", np.array(op.subtract(), np.float32))], "centred")
-    step("Mul", [cur, const("scale", np.array(op.scale(), np.float32))], "scaled")
+    step("Sub", [cur, const("mean", np.array(op.mean_chn[:n], np.float32))], "less_mean")  # integers: exact
+    step("Sub", [cur, const("min", fp16(op.min_chn[:n]))], "less_min_f32")
+    to_fp16("less_min")
+    step("Mul", [cur, const("var_reci", fp16(op.var_reci_chn[:n]))], "scaled_f32")
+    to_fp16("scaled")
     step("Transpose", [cur], "nchw", perm=[0, 3, 1, 2])
     if op.padding:
         pads = [0, 0, op.top_padding_size, op.left_padding_size, 0, 0, op.bottom_padding_size, op.right_padding_size]
         step("Pad", [cur, const("pads", np.array(pads, np.int64)),
-                     const("pad_value", np.array(op.padding_value, np.float32))], "padded", mode="constant")
+                     const("pad_value", fp16(op.padding_value))], "padded", mode="constant")
     nodes.append(helper.make_node("Cast", [cur], [result], name=p + "to_model", to=_FLOAT_TYPES[b.input.dtype]))
     return nodes, inits

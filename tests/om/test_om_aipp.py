@@ -9,6 +9,7 @@ import os
 import numpy as np
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 from aclserve.acl import constants as C
 from aclserve.om import aipp
@@ -30,6 +31,15 @@ def reference(onnx_path: str, x: np.ndarray) -> np.ndarray:
     return ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
+def device_aipp(pixels: np.ndarray, mean, min_, var) -> np.ndarray:
+    """What the AIPP hardware makes of uint8 NHWC pixels, channel by channel (last axis):
+    (half(p - mean_chn) - half(min_chn)) * half(var_reci_chn), each step in fp16 (hicann/ops-cv
+    image/aipp/op_kernel/arch35/aipp_base.h DataConversion); returned as float32 NHWC."""
+    h = np.float16
+    centred = (pixels.astype(np.int32) - np.asarray(mean, np.int32)).astype(h)
+    return ((centred - np.asarray(min_, np.float32).astype(h)) * np.asarray(var, np.float32).astype(h)).astype(np.float32)
+
+
 def run_om(path: str, image: np.ndarray, batch: int | None) -> np.ndarray:
     acl = cpu_acl()
     with acl_context(acl):
@@ -45,8 +55,10 @@ def test_aipp_cpu_om_equals_host_normalisation(tmp_path, conv_onnx, colour):
     image = np.random.default_rng(7).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
     got = run_om(str(out.path), image, 4)
     rgb = image[..., ::-1] if colour == "bgr" else image
-    host = ((rgb.astype(np.float32) - MEAN) / STD).transpose(0, 3, 1, 2)
+    host = device_aipp(rgb, 0, MEAN, 1 / STD).transpose(0, 3, 1, 2)
     np.testing.assert_allclose(got, reference(conv_onnx, np.ascontiguousarray(host)), rtol=1e-5, atol=1e-4)
+    plain = ((rgb.astype(np.float32) - MEAN) / STD).transpose(0, 3, 1, 2)  # float32 host normalisation: near
+    np.testing.assert_allclose(got, reference(conv_onnx, np.ascontiguousarray(plain)), atol=0.05)
 
 
 def test_om_descriptor_reports_uint8_nhwc_and_image_size(tmp_path, conv_onnx):
@@ -95,10 +107,43 @@ def test_crop_padding_and_grey_match_numpy(tmp_path):
     assert out.header["inputs"][0]["dims"] == [1, 18, 20, 1]
     image = np.random.default_rng(2).integers(0, 256, (1, 18, 20, 1), dtype=np.uint8)
     got = run_om(str(out.path), image, None)
-    crop = image[:, 2:16, 3:15, :].astype(np.float32)
-    norm = ((crop - 100.5) * np.float32(0.01)).transpose(0, 3, 1, 2)
+    norm = device_aipp(image[:, 2:16, 3:15, :], 100, 0.5, 0.01).transpose(0, 3, 1, 2)
     host = np.pad(norm, ((0, 0), (0, 0), (1, 1), (2, 2)), constant_values=0.5)
     np.testing.assert_allclose(got, reference(src, host), rtol=1e-5, atol=1e-5)
+
+
+def identity_onnx(path, channels: int, h: int, w: int) -> str:
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "id",
+                              [vi("x", TensorProto.FLOAT, [1, channels, h, w])],
+                              [vi("y", TensorProto.FLOAT, [1, channels, h, w])])
+    return tiny_models.save_graph(graph, path)
+
+
+def test_aipp_output_is_the_devices_fp16_arithmetic(tmp_path):
+    """Every pixel value through ImageNet AIPP gives exactly the fp16 result the device computes
+    (min/var_reci held as fp16, each step rounded), not float32 (which is up to 2.8e-3 off), and the
+    padding is padding_value as an fp16."""
+    src = identity_onnx(tmp_path / "id.onnx", 3, 18, 16)
+    text = """aipp_op {
+      aipp_mode: static
+      input_format: RGB888_U8
+      src_image_size_w: 16
+      src_image_size_h: 16
+      padding: true
+      top_padding_size: 1
+      bottom_padding_size: 1
+      padding_value: 0.1
+      mean_chn_0: 3
+      min_chn_0: 120.675  min_chn_1: 116.28  min_chn_2: 103.53
+      var_reci_chn_0: 0.0171247538  var_reci_chn_1: 0.0175070028  var_reci_chn_2: 0.0174291939
+    }"""
+    out = compile_model(src, tmp_path / "id.om", target="cpu", aipp=aipp.parse(text), log=lambda s: None)
+    image = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1).repeat(3, axis=3)
+    got = run_om(str(out.path), image, None)
+    want = device_aipp(image, [3, 0, 0], [120.675, 116.28, 103.53], [0.0171247538, 0.0175070028, 0.0174291939])
+    np.testing.assert_array_equal(got[:, :, 1:17], want.transpose(0, 3, 1, 2))
+    assert got[0, 0, 0, 0] == np.float32(np.float16(0.1)) and got[0, 2, 17, 15] == np.float32(np.float16(0.1))
 
 
 def test_atc_gets_insert_op_conf_and_the_nchw_shape(tmp_path, fake_atc, conv_onnx):

@@ -151,7 +151,9 @@ def test_aipp_om_answers_as_the_float_model_with_host_normalisation(http_client)
         inp.set_data_from_numpy(np.array(pictures, dtype=object))
         results[model] = client.infer(model, [inp]).as_numpy("y")
     assert results["conv_aipp"].shape == (4, 4, 16, 16)
-    np.testing.assert_allclose(results["conv_aipp"], results["conv_host"], rtol=1e-5, atol=1e-4)
+    # AIPP normalises in fp16 (min/var_reci held as fp16, each step rounded), the host in float32:
+    # up to ~3e-3 per input element, about 1e-2 after the 27-tap convolution
+    np.testing.assert_allclose(results["conv_aipp"], results["conv_host"], rtol=1e-5, atol=0.03)
 
 
 def test_bad_images_get_400_naming_the_row(image_server):
