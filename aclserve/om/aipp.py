@@ -309,6 +309,11 @@ def _geometry(op: AippOp, t: TensorInfo, h: int, w: int) -> BoundAipp:
     if (op.src_image_size_w == 0 or op.src_image_size_h == 0) and (op.crop or op.padding):
         raise CompileError(f"AIPP for {name!r}: src_image_size_w/h may be 0 (the model's size) only "
                            "without crop and padding")
+    # 0 takes the model's own W x H, which must then be in ATC's ranges: W [2, 4096], H [1, 4096]
+    if op.src_image_size_w == 0 and not 2 <= w <= 4096:
+        raise CompileError(f"AIPP for {name!r}: src_image_size_w 0 takes the model's W {w}, which must be in [2, 4096]")
+    if op.src_image_size_h == 0 and not 1 <= h <= 4096:
+        raise CompileError(f"AIPP for {name!r}: src_image_size_h 0 takes the model's H {h}, which must be in [1, 4096]")
     src_h, src_w = op.src_image_size_h or h, op.src_image_size_w or w
     if src_w < 2:
         raise CompileError(f"AIPP for {name!r}: src_image_size_w must be at least 2")

@@ -234,3 +234,15 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path, conv_onnx):
     assert proc.returncode == 2 and "--mean needs 3 value(s)" in proc.stderr
     proc = run_cli("compile", conv_onnx, "-o", tmp_path / "d.om", "--target", "cpu", "--image-input", "y:rgb")
     assert proc.returncode == 2 and "unknown input 'y'" in proc.stderr
+
+
+@pytest.mark.parametrize("h, w, message", [(8, 4097, "model's W 4097, which must be in [2, 4096]"),
+                                           (4097, 8, "model's H 4097, which must be in [1, 4096]")])
+def test_source_size_0_takes_the_models_size_within_atcs_range(tmp_path, h, w, message):
+    """src_image_size_w/h 0 takes the model's W/H, which ATC then wants in [2, 4096] / [1, 4096]
+    (config_file_template.md; TBE aipp_comm.py: "when src_image_size_w is 0 ... input_W of network
+    should be within [2, 4096]"); the CPU compile built an OM taking a 4097-wide image."""
+    src = identity_onnx(tmp_path / "wide.onnx", 1, h, w)
+    with pytest.raises(CompileError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        compile_model(src, tmp_path / "wide.om", target="cpu", aipp=[aipp.generate("gray")], log=lambda s: None)
+    assert not os.path.exists(tmp_path / "wide.om")
