@@ -190,8 +190,12 @@ def _op(fields: dict[str, str], where: str) -> AippOp:
             kw[key] = n
         elif key in _BOOLS:
             kw[key] = _bool(key, value, where)
-        elif key == "padding_value":
-            kw[key] = _number(key, value, where, False)
+        elif key == "padding_value":  # in the AIPP output's type, fp16 here (the model input is float)
+            n = _number(key, value, where, False)
+            if not -FP16_MAX <= n <= FP16_MAX:
+                raise CompileError(f"{where}: {key} must be in [-65504, 65504] (an fp16, the AIPP output's type), "
+                                   f"got {n}")
+            kw[key] = n
         elif m:
             kind, c = m.group(1), int(m.group(2))
             n = _number(key, value, where, kind == "mean_chn")
