@@ -286,8 +286,17 @@ def _fmt(value) -> str:
 
 # ---- checking against the model -------------------------------------------------------------
 
-def bind(ops: list[AippOp], spec: ModelSpec) -> list[BoundAipp]:
-    """Check each op against the input it feeds (4-d NCHW float, C and H x W consistent)."""
+# The widest AIPP output with padding: 1080 on Atlas inference (Ascend310P*) and Atlas training
+# (Ascend910, 910A/B, 910ProA/B, 910PremiumA; not the A2 Ascend910B1..) and the Ascend310, 4096 on
+# the others (200I/500 A2, A2, A3, 950) (config_file_template.md; TBE aipp_comm.py raises "after
+# padding, aipp output W[%d] should be less than or eaqual to 1080" on Ascend310/610/710).
+_PADDED_W_1080 = re.compile(r"^(Ascend310(P\d*)?|Ascend910(A|B|ProA|ProB|PremiumA)?)$")
+PADDED_W_MAX = 4096
+
+
+def bind(ops: list[AippOp], spec: ModelSpec, soc_version: str | None = None) -> list[BoundAipp]:
+    """Check each op against the input it feeds (4-d NCHW float, C and H x W consistent) and,
+    with padding, the output width the SoC takes (`soc_version` None: the limit of every SoC)."""
     bound = []
     for op in ops:
         if op.related_input_rank >= len(spec.inputs):
@@ -302,6 +311,11 @@ def bind(ops: list[AippOp], spec: ModelSpec) -> list[BoundAipp]:
         if c != op.channels:
             raise CompileError(f"AIPP input_format {op.input_format} gives {op.channels} channel(s); "
                                f"input {t.name!r} (NCHW {t.dims}) has {c}")
+        if op.padding:
+            limit = 1080 if soc_version and _PADDED_W_1080.match(soc_version) else PADDED_W_MAX
+            if w > limit:
+                raise CompileError(f"AIPP for {t.name!r}: with padding the AIPP output W must be at most {limit}"
+                                   f"{' on ' + soc_version if limit == 1080 else ''}; the model input is {w} wide")
         bound.append(_geometry(op, t, h, w))
     return bound
 

@@ -81,7 +81,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         raise CompileError(f"output folder {out.parent} does not exist")
     model = load_onnx(src)
     spec = resolve(model, {k: list(v) for k, v in shapes.items()}, gears)
-    bound = aipp_mod.bind(aipp, spec) if aipp else []
+    bound = aipp_mod.bind(aipp, spec, soc_version) if aipp else []
     aipp_header = {"aipp": [b.summary() for b in bound]} if bound else {}
 
     if atc_path is not None:

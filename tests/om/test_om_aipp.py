@@ -248,3 +248,24 @@ def test_source_size_0_takes_the_models_size_within_atcs_range(tmp_path, h, w, m
     with pytest.raises(CompileError, match=message.replace("[", r"\[").replace("]", r"\]")):
         compile_model(src, tmp_path / "wide.om", target="cpu", aipp=[aipp.generate("gray")], log=lambda s: None)
     assert not os.path.exists(tmp_path / "wide.om")
+
+
+@pytest.mark.parametrize("soc, w, message", [
+    ("Ascend310P3", 1082, "at most 1080 on Ascend310P3; the model input is 1082 wide"),
+    (None, 4098, "at most 4096; the model input is 4098 wide"),
+    ("Ascend910ProB", 1082, "at most 1080 on Ascend910ProB; the model input is 1082 wide"),
+    ("Ascend910B1", 4098, "at most 4096; the model input is 4098 wide")])
+def test_padded_output_width_is_within_the_socs_limit(tmp_path, soc, w, message):
+    """With padding the AIPP output W is at most 1080 on Atlas inference (310P) and training (910)
+    and at most 4096 on the others (config_file_template.md; TBE aipp_comm.py: "after padding, aipp
+    output W[%d] should be less than or eaqual to 1080" on Ascend310/610/710); the CPU compile built
+    such OMs."""
+    src = identity_onnx(tmp_path / "wide.onnx", 1, 4, w)
+    op = aipp.AippOp(input_format="YUV400_U8", src_image_size_w=w - 2, src_image_size_h=4, padding=True,
+                     left_padding_size=1, right_padding_size=1)
+    with pytest.raises(CompileError, match=message):
+        compile_model(src, tmp_path / "wide.om", target="cpu", soc_version=soc, aipp=[op], log=lambda s: None)
+    ok = identity_onnx(tmp_path / "ok.onnx", 1, 4, 1080)  # 1080 is allowed everywhere
+    op = aipp.AippOp(input_format="YUV400_U8", src_image_size_w=1078, src_image_size_h=4, padding=True,
+                     left_padding_size=1, right_padding_size=1)
+    compile_model(ok, tmp_path / "ok.om", target="cpu", soc_version=soc, aipp=[op], log=lambda s: None)
