@@ -227,3 +227,24 @@ def test_a_boolean_among_numbers_is_refused_whatever_else_holds_booleans(elsewhe
                           [TensorSpec("y", "FP32", np.dtype(np.float32), (-1, 2))], 8)
     with pytest.raises(InvalidInput, match="numbers for FP32, not true/false"):
         codec.decode_request(json.dumps({"inputs": [x], **elsewhere}).encode(), None, sig)
+
+
+@pytest.mark.parametrize("where", ['"id": "\\ud800"', '"id": "a\\udfff\\ud800"', '"\\udc00": 1',
+                                   '"outputs": [{"name": "\\ud83d"}]', '"parameters": {"p": ["\\uDBFF"]}'])
+def test_a_lone_surrogate_is_refused_when_the_stdlib_parses(where):
+    """A number too large for a double sends the document to the stdlib decoder, which takes a
+    lone surrogate escape that orjson refuses; a string holding one cannot be written back as
+    JSON, so an answer quoting it (the id echoed, an unknown name) failed as a 500."""
+    raw = ('{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0, 1e400, 0, 0]}], '
+           + where + '}').encode()
+    with pytest.raises(InvalidInput, match="lone surrogate"):
+        decode(one_input("FP32"), raw)
+    with pytest.raises(InvalidInput, match="not valid JSON"):  # as orjson refuses it without the overflow
+        decode(one_input("FP32"), raw.replace(b"1e400", b"0"))
+
+
+def test_surrogate_pairs_and_escaped_backslashes_pass_the_stdlib():
+    raw = (b'{"id": "\\ud83d\\ude00 \\\\ud800", "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],'
+           b' "data": [0, 1e400, 0, 0]}]}')
+    with pytest.raises(InvalidInput, match="input 'x': data values out of range for FP32"):
+        decode(one_input("FP32"), raw)
