@@ -90,48 +90,61 @@ def _inflater(request: web.BaseRequest) -> _Inflater | None:
     raise UnsupportedEncoding(f"Content-Encoding {encoding!r} is not supported (use gzip, deflate or none)")
 
 
-def _too_large(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(f"request body exceeds the limit of {limit} bytes (max_body_bytes)")
+MAX_BODY_BYTES = "max_body_bytes"  # what a body limit is called unless a route's own limit is lower
 
 
-def charge_declared(request: web.BaseRequest, lease: Lease, max_bytes: int) -> int | None:
+def _too_large(limit: int, name: str) -> PayloadTooLarge:
+    return PayloadTooLarge(f"request body exceeds the limit of {limit} bytes ({name})")
+
+
+def body_limit(max_body_bytes: int, route_bytes: int, route_limit: str) -> tuple[int, str]:
+    """(limit, its name) of a route that takes at most `route_bytes` (called `route_limit` in
+    its 413): max_body_bytes when that is lower, so that the answer names the setting that
+    applies (a 2 MB repository request was told to mind max_body_bytes, 64 MiB)."""
+    if max_body_bytes <= route_bytes:
+        return max_body_bytes, MAX_BODY_BYTES
+    return route_bytes, route_limit
+
+
+def charge_declared(request: web.BaseRequest, lease: Lease, max_bytes: int,
+                    limit_name: str = MAX_BODY_BYTES) -> int | None:
     """Check the declared body size (Content-Length) against `max_bytes` and charge it to
     `lease`, before any of the body is read; None when the body is chunked."""
     declared = request.content_length
     if declared is not None:
         if declared > max_bytes:
-            raise _too_large(max_bytes)
+            raise _too_large(max_bytes, limit_name)
         lease.take(declared, "request body")
     return declared
 
 
 async def read_body(request: web.BaseRequest, lease: Lease, max_bytes: int, timeout_s: float,
-                    reads: OpenCalls | None = None) -> bytes | bytearray:
+                    reads: OpenCalls | None = None, limit_name: str = MAX_BODY_BYTES) -> bytes | bytearray:
     """The body, decoded per Content-Encoding; every byte held is charged to `lease` first.
     Large bodies come back as a bytearray (filled in place: one copy of the body, not two).
     A wait for it is at work in `reads` (the server state's), which the shutdown ends
-    (ShuttingDown: open_calls.py)."""
+    (ShuttingDown: open_calls.py). `limit_name`: what a 413 calls `max_bytes` (body_limit)."""
     inflater = _inflater(request)
-    declared = charge_declared(request, lease, max_bytes)
+    declared = charge_declared(request, lease, max_bytes, limit_name)
     content = request.content
     if inflater is None and content.is_eof():  # already buffered (small bodies): no timer
         body = content.read_nowait(-1)
         if declared is None:  # chunked: charged (and checked) now that its size is known
             if len(body) > max_bytes:
-                raise _too_large(max_bytes)
+                raise _too_large(max_bytes, limit_name)
             lease.take(len(body), "request body")
         return body
     loop = asyncio.get_running_loop()
     try:
         with reads.at_work() if reads is not None else contextlib.nullcontext():
             async with timeout_at(loop.time() + timeout_s):
-                return await _read(content, inflater, lease, declared, max_bytes)
+                return await _read(content, inflater, lease, declared, max_bytes, limit_name)
     except asyncio.TimeoutError:
         raise BodyTimeout(f"request body not received within {timeout_s:g} s (body_timeout_s)") from None
 
 
 async def _read(content, inflater: _Inflater | None, lease: Lease, declared: int | None,
-                max_bytes: int) -> bytearray:
+                max_bytes: int, limit_name: str) -> bytearray:
     """Into one bytearray: allocated whole when the length is known (no join, no second
     copy), else grown in place (large buffers are remapped, not copied)."""
     exact = inflater is None and declared is not None
@@ -150,14 +163,14 @@ async def _read(content, inflater: _Inflater | None, lease: Lease, declared: int
         wire += len(chunk)
         if declared is None:  # chunked: charge the wire bytes as they come
             if wire > max_bytes:
-                raise _too_large(max_bytes)
+                raise _too_large(max_bytes, limit_name)
             lease.take(len(chunk), "request body")
         if inflater is None:
             body += chunk
             continue
         for piece in inflater.feed(chunk, INFLATE_STEP):
             if len(body) + len(piece) > max_bytes:
-                raise _too_large(max_bytes)
+                raise _too_large(max_bytes, limit_name)
             lease.take(len(piece), "decompressed request body")
             body += piece
             if len(piece) == INFLATE_STEP:

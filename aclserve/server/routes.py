@@ -13,7 +13,7 @@ from aiohttp import web
 from ..errors import InvalidInput
 from . import views
 from .app_keys import STATE
-from .body import read_body
+from .body import body_limit, read_body
 from .expect import expect_continue
 from .infer import expect_body, infer
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -61,8 +61,8 @@ async def get_model_config(request: web.Request) -> web.Response:
 async def _body(request: web.Request) -> dict:
     state = request.app[STATE]
     with state.budget.lease() as lease:
-        raw = await read_body(request, lease, min(CONTROL_BODY_BYTES, state.config.max_body_bytes),
-                              state.config.body_timeout_s, state.body_reads)
+        limit, name = body_limit(state.config.max_body_bytes, CONTROL_BODY_BYTES, "the repository API's limit")
+        raw = await read_body(request, lease, limit, state.config.body_timeout_s, state.body_reads, name)
         if not raw.strip():
             return {}
         try:

@@ -12,7 +12,7 @@ from aiohttp import web
 from ..errors import InvalidInput
 from . import views
 from .app_keys import STATE
-from .body import read_body
+from .body import body_limit, read_body
 
 MAX_BODY = 64 * 1024
 
@@ -27,8 +27,8 @@ async def post_setting(request: web.Request) -> web.Response:
     config = state.config
     changes: dict = {}
     with state.budget.lease() as lease:  # the whole body (not what has come so far), within body_timeout_s
-        raw = await read_body(request, lease, min(MAX_BODY, config.max_body_bytes), config.body_timeout_s,
-                              state.body_reads)
+        limit, name = body_limit(config.max_body_bytes, MAX_BODY, "the trace setting API's limit")
+        raw = await read_body(request, lease, limit, config.body_timeout_s, state.body_reads, name)
         if raw.strip():
             try:
                 changes = orjson.loads(raw)

@@ -242,6 +242,19 @@ def test_oversize_body_413(server):
     assert infer_json(server, doc())[0] == 200  # still serving
 
 
+def test_a_control_body_over_its_route_limit_names_that_limit(server):
+    """The trace and repository routes take at most 64 KiB and 1 MiB (or max_body_bytes when
+    lower): a 413 names the limit that applies, not max_body_bytes, which raising would not
+    help (a 100 KB trace setting was told the limit was max_body_bytes)."""
+    from aclserve.server.body import body_limit
+    status, _, raw = request(server, "POST", "/v2/trace/setting", data=b" " * (100 << 10))
+    error = json.loads(raw)["error"]
+    assert status == 413 and "65536 bytes (the trace setting API's limit)" in error and "max_body_bytes" not in error
+    assert body_limit(64 << 20, 1 << 20, "the repository API's limit") == (1 << 20, "the repository API's limit")
+    assert body_limit(1 << 19, 1 << 20, "the repository API's limit") == (1 << 19, "max_body_bytes")
+    assert request(server, "GET", "/v2/trace/setting")[0] == 200  # still serving
+
+
 def test_health_bodies(server):
     status, _, raw = request(server, "GET", "/v2/health/live")
     assert status == 200 and json.loads(raw) == {"live": True}
