@@ -44,7 +44,7 @@ from aiohttp.http import SERVER_SOFTWARE
 
 from ..errors import ServeError
 from .codec import HEADER_LENGTH, parse_header_length
-from .error_responses import retry_after_value, serve_error_parts
+from .error_responses import error_body, retry_after_value, serve_error_parts
 from .framing import Head
 from .infer import charge_decoding, counted_infer, infer_body
 from .plain import guard_may_answer, infer_target
@@ -101,7 +101,7 @@ class DirectInfer:
         headers = dict(headers or {})
         if wait:
             headers["Retry-After"] = retry_after_value(wait)
-        return _render(status, _JSON, orjson.dumps({"error": message}), headers)
+        return _render(status, _JSON, error_body(message), headers)
 
     async def _run(self, lease, head: Head, body: bytes | memoryview, pinned: bool, rec, trace):
         lease.take(len(body), "request body")  # as aiohttp's path charges the body it reads

@@ -22,12 +22,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def error_body(message: str) -> bytes:
+    """{"error": message} as JSON. A message may quote a header, which aiohttp decodes as UTF-8
+    with surrogateescape: a byte that is not UTF-8 becomes a lone surrogate, which orjson
+    refuses to write (`Expect: \\xff` was a 500 with an ERROR traceback); it is written escaped."""
+    try:
+        return orjson.dumps({"error": message})
+    except orjson.JSONEncodeError:
+        return orjson.dumps({"error": message.encode("utf-8", "backslashreplace").decode("utf-8")})
+
+
 def json_error(message: str, status: int, retry_after: float | None = None,
                headers: dict | None = None) -> web.Response:
     headers = dict(headers or {})
     if retry_after:
         headers["Retry-After"] = retry_after_value(retry_after)
-    return web.Response(body=orjson.dumps({"error": message}), status=status,
+    return web.Response(body=error_body(message), status=status,
                         content_type="application/json", headers=headers or None)
 
 

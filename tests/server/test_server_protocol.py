@@ -255,6 +255,25 @@ def test_a_control_body_over_its_route_limit_names_that_limit(server):
     assert request(server, "GET", "/v2/trace/setting")[0] == 200  # still serving
 
 
+@pytest.mark.parametrize("path", ["/v2/models/double/infer", "/v2/repository/index"])
+def test_a_header_byte_that_is_not_utf8_is_quoted_in_a_json_error_not_a_500(server, path):
+    """aiohttp decodes header values as UTF-8 with surrogateescape, so `Expect: \\xff` reached the
+    417's message as a lone surrogate, which orjson cannot write: a plain-text 500 and an ERROR
+    with a traceback instead of the JSON 417."""
+    from .hostile import open_raw, read_response
+
+    async def scenario():
+        reader, writer = await open_raw(server.url)
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n".encode()
+                     + b"Expect: \xff100-continue\r\n\r\n{}")
+        status, answer = await read_response(reader)
+        writer.close()
+        return status, answer
+    status, answer = asyncio.run(scenario())
+    assert status == 417, answer
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"error": "unknown expectation: Expect: \\udcff100-continue"}
+
+
 def test_health_bodies(server):
     status, _, raw = request(server, "GET", "/v2/health/live")
     assert status == 200 and json.loads(raw) == {"live": True}
