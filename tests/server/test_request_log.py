@@ -144,6 +144,16 @@ def test_json_formatter_writes_one_object_per_line_with_the_fields():
     assert "ValueError: boom" in doc["exc"]
 
 
+def test_json_formatter_writes_a_lone_surrogate_escaped():
+    """aiohttp decodes header values with surrogateescape: a byte that is not UTF-8 in a header
+    the access log quotes reached the JSON formatter as a lone surrogate, which orjson refuses,
+    and the line was lost ("--- Logging error ---" with a traceback on stderr instead)."""
+    record = logging.LogRecord("aiohttp.access", logging.DEBUG, __file__, 1, '"GET / HTTP/1.1" 200 "%s"', ("\udcff",), None)
+    record.fields = {"request_id": "a\udc80", "status": 200}
+    doc = json.loads(JsonFormatter().format(record))
+    assert doc["message"] == '"GET / HTTP/1.1" 200 "\\udcff"' and doc["request_id"] == "a\\udc80" and doc["status"] == 200
+
+
 def test_serve_log_format_json_from_the_command_line(models_dir, tmp_path):
     """`aclserve serve --log-format json --request-log`: every stderr line is a JSON object."""
     import os
