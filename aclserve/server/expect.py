@@ -10,6 +10,7 @@ anything else a JSON 417, and a request answered here is finished with the track
 from __future__ import annotations
 
 from aiohttp import HttpVersion11, web
+from aiohttp.web_urldispatcher import MatchInfoError, SystemRoute, UrlMappingMatchInfo
 
 from .app_keys import STATE
 from .error_responses import json_error
@@ -45,3 +46,33 @@ async def expect_continue(request: web.Request) -> web.Response | None:
     if request.version == HttpVersion11:
         await send_continue(request)
     return None
+
+
+class _UnmatchedRoute(SystemRoute):
+    """The 404 / 405 of a request no route takes, with its Expect answered as every route's is:
+    aiohttp's own handler answered a plain-text 417 outside the middlewares (the tracker kept
+    the connection in its head phase), and a 500 with an ERROR traceback when the header held a
+    byte that is not UTF-8 (aiohttp decodes it to a lone surrogate its 417 cannot encode)."""
+
+    async def handle_expect_header(self, request: web.Request) -> web.Response | None:
+        return await expect_continue(request)
+
+
+class _Unmatched(MatchInfoError):
+    __slots__ = ()
+
+    def __init__(self, exception: web.HTTPException) -> None:
+        self._exception = exception
+        UrlMappingMatchInfo.__init__(self, {}, _UnmatchedRoute(exception))
+
+
+def expect_on_unmatched(router: web.UrlDispatcher) -> None:
+    """Give the requests no route takes (404, 405) the expect handling of the routes."""
+    resolve = router.resolve
+
+    async def resolved(request: web.Request):
+        match = await resolve(request)
+        if type(match) is MatchInfoError and "Expect" in request.headers:
+            return _Unmatched(match.http_exception)
+        return match
+    router.resolve = resolved

@@ -14,7 +14,7 @@ from ..errors import InvalidInput
 from . import views
 from .app_keys import STATE
 from .body import body_limit, read_body
-from .expect import expect_continue
+from .expect import expect_continue, expect_on_unmatched
 from .infer import expect_body, infer
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .trace_routes import add_trace_routes
@@ -152,3 +152,4 @@ def add_routes(app: web.Application) -> None:
     for prefix in ("/v2/systemsharedmemory", "/v2/cudasharedmemory", "/v2/logging"):
         add("*", prefix + "{tail:.*}", unsupported_extension)
     add("GET", "/metrics", metrics)
+    expect_on_unmatched(router)  # (after the routes: a request none of them takes)

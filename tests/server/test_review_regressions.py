@@ -109,6 +109,29 @@ def test_unknown_expectation_on_another_route_is_a_json_417_and_the_connection_i
     assert metric(srv.url, "aclserve_connections_closed_total", 'reason="header_timeout"') == 0
 
 
+@pytest.mark.parametrize("srv", [dict(header_timeout_s=1.0, keepalive_timeout_s=15)], indirect=True)
+@pytest.mark.parametrize("method,path", [("GET", "/nope"), ("PUT", "/v2/health/live")])
+@pytest.mark.parametrize("expect", [b"something-else", b"\xff"])
+def test_unknown_expectation_where_no_route_matches_is_a_json_417(srv, method, path, expect):
+    """A request no route takes (404, 405) had aiohttp's own expect handler: a plain-text 417
+    outside the middlewares (the tracker kept the connection in its head phase), and for a byte
+    that is not UTF-8 a plain-text 500 with an ERROR traceback (aiohttp's 417 cannot encode
+    the lone surrogate it decoded the byte to)."""
+    async def scenario():
+        reader, writer = await open_raw(srv.url)
+        writer.write(f"{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n".encode()
+                     + b"Expect: " + expect + b"\r\n\r\n{}")
+        status, answer = await read_response(reader)
+        alive = await still_open(reader, 2.5)
+        writer.close()
+        return status, answer, alive
+    status, answer, alive = asyncio.run(scenario())
+    assert status == 417, answer
+    shown = expect.decode("utf-8", "surrogateescape").encode("utf-8", "backslashreplace").decode()
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"error": f"unknown expectation: Expect: {shown}"}
+    assert alive, "closed after header_timeout_s although the request was answered"
+
+
 @pytest.mark.parametrize("srv", [dict()], indirect=True)
 def test_100_continue_on_another_route_then_its_answer(srv):
     async def scenario():
