@@ -97,6 +97,8 @@ class Tracer:
             new = self._global.updated(changes, self._startup)
         if new.file and new.file not in self._trusted_files:
             self._resolve(new.file)  # refuse a bad name before anything changes
+            if new.file != (self._models.get(model, self._global) if model else self._global).file:
+                self._check_writable(new.file)  # (a name in force already stays, whatever the disk says now)
             if new.file not in self._names:
                 if len(self._names) >= MAX_NAMES:
                     raise TraceSettingsError(f"trace_file: this server has taken {MAX_NAMES} trace_file names "
@@ -158,6 +160,18 @@ class Tracer:
         if path.is_absolute() or ".." in path.parts or not path.parts:
             raise TraceSettingsError(f"trace_file: must be a relative name inside the trace folder, got {name!r}")
         return str(Path(self._trace_dir) / path)
+
+    def _check_writable(self, name: str) -> None:
+        """Refuse a name set through the API that what is on the disk now would stop every write
+        of (each was an ERROR with a traceback, the traces lost): a folder of it that is a file,
+        or the name a folder. Read when it is set, not at each write (the request path)."""
+        folder = Path(self._trace_dir)
+        for part in Path(name).parts[:-1]:
+            folder = folder / part
+            if folder.exists() and not folder.is_dir():
+                raise TraceSettingsError(f"trace_file: {name!r} cannot be written: {part!r} is a file, not a folder")
+        if (folder / Path(name).name).is_dir():
+            raise TraceSettingsError(f"trace_file: {name!r} cannot be written: it is a folder")
 
     # -- the hot path (a sampled request only) --------------------------------------------------------
     def start(self, model: str, version: str, protocol: str, arrival_ns: int) -> RequestTrace | None:
@@ -296,5 +310,7 @@ def _write(path: str, fmt: str, traces: list[RequestTrace], dropped: int) -> Non
         os.replace(tmp, path)
         log.info("trace: %d request(s) written to %s%s", len(traces), path,
                  f" ({dropped} dropped: more than {MAX_PENDING} waited)" if dropped else "")
+    except OSError as e:  # the disk, not a fault here: one line, no traceback
+        log.error("trace: could not write %s: %s", path, e.strerror or e)
     except Exception:
         log.exception("trace: could not write %s", path)

@@ -160,3 +160,33 @@ def test_a_name_left_while_the_writer_was_behind_is_written_when_it_catches_up(t
         tracer.close()
         return written
     assert asyncio.run(main()) == ["a.json", "b.json"]
+
+
+@pytest.mark.parametrize("name,match", [("afile/t.json", "'afile' is a file, not a folder"),
+                                        ("folder", "it is a folder"), ("folder/afile/t.json", "'afile' is a file")])
+def test_a_trace_file_that_cannot_be_written_is_refused_when_set(tmp_path, name, match, caplog):
+    """A trace_file whose folder is a file (or which is a folder) failed every write, each an
+    ERROR with a traceback, and the traces were lost; refused when set, nothing changes."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "afile").write_text("x")
+    tracer = Tracer(trace_dir=str(tmp_path))
+    tracer.update(dict(EVERY_REQUEST))
+    with pytest.raises(TraceSettingsError, match=match):
+        tracer.update({"trace_file": name})
+    assert tracer.settings().file == "t.json"
+    tracer.update({"trace_file": "sub/t.json"})  # a folder that is not there yet is made
+    trace_requests(tracer, 1)
+    tracer.close()
+    assert (tmp_path / "sub" / "t.json.0").is_file()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_write_that_fails_on_the_disk_is_one_error_line_without_a_traceback(tmp_path, caplog):
+    tracer = Tracer(trace_dir=str(tmp_path))
+    tracer.update(dict(EVERY_REQUEST, trace_file="sub/t.json"))
+    (tmp_path / "sub").write_text("made a file after the setting")  # (the check above is at setting time)
+    trace_requests(tracer, 1)
+    tracer.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "could not write" in errors[0].getMessage() and errors[0].exc_info is None
