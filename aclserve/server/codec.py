@@ -337,7 +337,8 @@ def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
         binary = params.get("binary_data")
         if binary is not None and type(binary) is not bool:
             raise InvalidInput(f"output '{name}': parameters.binary_data must be a boolean")
-        classes = params.get("classification", 0)
+        classes = params.get("classification")
+        classes = 0 if classes is None else classes  # null: none, as null is for the other parameters
         if type(classes) is not int or classes < 0:
             raise InvalidInput(f"output '{name}': parameters.classification must be a non-negative integer")
         result.append(RequestedOutput(name, binary, classes))

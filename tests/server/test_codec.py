@@ -293,3 +293,12 @@ def test_classification_of_an_output_without_an_order_is_refused(datatype):
     doc = {"inputs": [inp("x", "FP32", [1, 4], [1.0] * 4)],
            "outputs": [{"name": "o", "parameters": {"classification": 2}}]}
     bad(sig, doc, match=f"classification is not available for {datatype}")
+
+
+def test_a_null_classification_is_no_classification_as_null_is_for_the_other_parameters():
+    doc = {"inputs": [inp("x", "FP32", [1, 4], [0] * 4)],
+           "outputs": [{"name": "y", "parameters": {"classification": None, "binary_data": None}}]}
+    assert decode(BATCHED, doc).outputs == (codec.RequestedOutput("y", None, 0),)
+    for wrong in (False, -1, "2"):
+        doc["outputs"][0]["parameters"]["classification"] = wrong
+        bad(BATCHED, doc, match="classification must be a non-negative integer")
