@@ -159,6 +159,13 @@ class DynamicBatcher:
             return None
         return self._unread.admit(room, self._clock.now())
 
+    def default_level_full(self) -> bool:
+        """Whether a request naming no priority would be refused now for want of room (its
+        level is bounded and full), before it is decoded (server/shedding.refuse_undecoded)."""
+        if self._refusal is not None or self._queue is None:
+            return False
+        return self._queue.room(self.config.default_level) == 0
+
     def refuse_default_level(self) -> QueueFull:
         """A request that names no priority, refused before it is decoded (server/shedding.py)
         because its level has no room for it: counted as that level's refusal, and the error

@@ -48,6 +48,7 @@ from .error_responses import error_body, retry_after_value, serve_error_parts
 from .framing import Head
 from .infer import charge_decoding, counted_infer, infer_body
 from .plain import guard_may_answer, infer_target
+from .shedding import refuse_undecoded
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class DirectInfer:
     async def _run(self, lease, head: Head, body: bytes | memoryview, pinned: bool, rec, trace):
         lease.take(len(body), "request body")  # as aiohttp's path charges the body it reads
         header_length = parse_header_length(head.derived("header_length", _header_length_text))
+        refuse_undecoded(rec.served.batcher, body, header_length)
         decoding = charge_decoding(lease, rec, body, header_length)
         return await infer_body(rec, body, header_length, trace, None, self._state.images, lease, decoding,
                                 pinned)

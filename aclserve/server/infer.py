@@ -37,6 +37,7 @@ from .error_responses import error_response
 from .expect import answered, send_continue, unmet
 from .http_errors import http_status
 from .observe import REQUEST_ID_HEADER, request_id
+from .shedding import refuse_undecoded
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
@@ -219,6 +220,7 @@ async def _infer(request: web.Request, state, lease, rec, trace) -> web.Response
     config = state.config
     body = await read_body(request, lease, config.max_body_bytes, config.body_timeout_s, state.body_reads)
     header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
+    refuse_undecoded(rec.served.batcher, body, header_length)
     decoding = charge_decoding(lease, rec, body, header_length)
     fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
     payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images, lease,

@@ -1,0 +1,51 @@
+"""A request naming no priority, for a level that is full, is refused before its JSON is
+decoded (shedding.refuse_undecoded): on both HTTP paths (the guard's direct answers and
+aiohttp's), whether or not the guard sheds. A body that is not JSON at all shows it: refused
+503 while the queue is full (decoding it would have said 400), 400 once there is room."""
+import asyncio
+
+import pytest
+
+from .full_queue import affine_server, fill_queue, head_of
+from .hostile import metric, open_raw, read_response
+
+NOT_JSON = b'{"inputs": [' + b" " * 70_000 + b"not json"  # over the guard's BODY_PEEK_BYTES
+NAMES_PRIORITY = b'{"parameters": {"priority": 2}, "inputs": [' + b" " * 10 + b"not json"
+
+
+@pytest.fixture
+def full_affine(models_dir, tmp_path, make_config):
+    with affine_server(models_dir, tmp_path, make_config, 600, shed_before_parsing=False) as srv:
+        yield srv
+
+
+def send(body: bytes, extra: bytes = b"") -> bytes:
+    head = head_of(body)
+    return head[:-2] + extra + b"\r\n" + body
+
+
+@pytest.mark.parametrize("path, extra", [("direct", b""), ("aiohttp", b"Accept-Encoding: gzip\r\n")])
+def test_a_request_for_a_full_level_is_refused_before_its_json_is_decoded(full_affine, path, extra):
+    url = full_affine.url
+
+    async def one(body: bytes):
+        reader, writer = await open_raw(url)
+        writer.write(send(body, extra))
+        answer = await read_response(reader)
+        writer.close()
+        return answer
+
+    async def scenario():
+        waiting_reader, waiting = await fill_queue(url)
+        refused = await one(NOT_JSON)
+        named = await one(NAMES_PRIORITY)  # it may name another level: decoded, so refused as not JSON
+        await read_response(waiting_reader)
+        waiting.close()
+        with_room = await one(NOT_JSON)
+        return refused, named, with_room
+
+    (status, answer), (named_status, named_answer), (room_status, room_answer) = asyncio.run(scenario())
+    assert status == 503 and b"priority level 2 queue is full" in answer, answer
+    assert named_status == 400 and b"not valid JSON" in named_answer, named_answer
+    assert room_status == 400 and b"not valid JSON" in room_answer, room_answer
+    assert metric(url, "aclserve_request_failure_total", 'model="affine",reason="QueueFull",version="1"') == 1
