@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 CONTENTS_OFFLOAD_ELEMENTS = 16 * 1024  # typed contents above this are decoded in a thread
 # Largest message of a method other than ModelInfer / ModelStreamInfer (names, a few settings),
-# as HTTP's repository API bodies (routes.CONTROL_BODY_BYTES): parsed and read on the event loop,
+# as HTTP's repository API bodies (routes.REPOSITORY_BODY): parsed and read on the event loop,
 # 8 MiB of tiny trace settings took it 0.15 s to parse and 1.1 s to read
 CONTROL_MESSAGE_BYTES = 1 << 20
 # settings a TraceSetting request may name: more, and one is unknown (the first of them is named)

@@ -13,13 +13,13 @@ from aiohttp import web
 from ..errors import InvalidInput
 from . import views
 from .app_keys import STATE
-from .body import body_limit, read_body
+from .control_body import ControlBody
 from .expect import expect_continue, expect_on_unmatched
 from .infer import expect_body, infer
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .trace_routes import add_trace_routes
 
-CONTROL_BODY_BYTES = 1 << 20  # repository API bodies are a few bytes of JSON
+REPOSITORY_BODY = ControlBody(1 << 20, "the repository API's limit")  # a few bytes of JSON
 
 
 def _json(doc, status: int = 200) -> web.Response:
@@ -59,19 +59,7 @@ async def get_model_config(request: web.Request) -> web.Response:
 
 
 async def _body(request: web.Request) -> dict:
-    state = request.app[STATE]
-    with state.budget.lease() as lease:
-        limit, name = body_limit(state.config.max_body_bytes, CONTROL_BODY_BYTES, "the repository API's limit")
-        raw = await read_body(request, lease, limit, state.config.body_timeout_s, state.body_reads, name)
-        if not raw.strip():
-            return {}
-        try:
-            doc = orjson.loads(raw)  # depth-limited: deep nesting is a JSONDecodeError, not a RecursionError
-        except orjson.JSONDecodeError as e:
-            raise InvalidInput(f"request body is not valid JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise InvalidInput("request body must be a JSON object")
-    return doc
+    return await REPOSITORY_BODY.read_object(request)
 
 
 async def repository_index(request: web.Request) -> web.Response:
@@ -145,9 +133,9 @@ def add_routes(app: web.Application) -> None:
         add("GET", base + "/ready", model_ready)
         add("GET", base + "/config", get_model_config)
         add("GET", base + "/stats", statistics)
-    add("POST", "/v2/repository/index", repository_index)
-    add("POST", "/v2/repository/models/{model}/load", repository_load)
-    add("POST", "/v2/repository/models/{model}/unload", repository_unload)
+    add("POST", "/v2/repository/index", repository_index, REPOSITORY_BODY.expect)
+    add("POST", "/v2/repository/models/{model}/load", repository_load, REPOSITORY_BODY.expect)
+    add("POST", "/v2/repository/models/{model}/unload", repository_unload, REPOSITORY_BODY.expect)
     add_trace_routes(add)
     for prefix in ("/v2/systemsharedmemory", "/v2/cudasharedmemory", "/v2/logging"):
         add("*", prefix + "{tail:.*}", unsupported_extension)

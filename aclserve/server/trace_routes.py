@@ -9,12 +9,11 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from ..errors import InvalidInput
 from . import views
 from .app_keys import STATE
-from .body import body_limit, read_body
+from .control_body import ControlBody
 
-MAX_BODY = 64 * 1024
+SETTINGS_BODY = ControlBody(64 * 1024, "the trace setting API's limit")
 
 
 async def get_setting(request: web.Request) -> web.Response:
@@ -23,25 +22,13 @@ async def get_setting(request: web.Request) -> web.Response:
 
 
 async def post_setting(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    config = state.config
-    changes: dict = {}
-    with state.budget.lease() as lease:  # the whole body (not what has come so far), within body_timeout_s
-        limit, name = body_limit(config.max_body_bytes, MAX_BODY, "the trace setting API's limit")
-        raw = await read_body(request, lease, limit, config.body_timeout_s, state.body_reads, name)
-        if raw.strip():
-            try:
-                changes = orjson.loads(raw)
-            except orjson.JSONDecodeError as e:
-                raise InvalidInput(f"request body is not valid JSON: {e}") from None
-    if not isinstance(changes, dict):
-        raise InvalidInput("request body must be a JSON object")
-    doc = views.trace_settings(state, request.match_info.get("model"), changes)
+    changes = await SETTINGS_BODY.read_object(request)  # whole, within body_timeout_s
+    doc = views.trace_settings(request.app[STATE], request.match_info.get("model"), changes)
     return web.Response(body=orjson.dumps(doc), content_type="application/json")
 
 
 def add_trace_routes(add) -> None:
-    """Register the routes with `add(method, path, handler)` (routes.add_routes')."""
+    """Register the routes with `add(method, path, handler, expect_handler)` (routes.add_routes')."""
     for path in ("/v2/trace/setting", "/v2/models/{model}/trace/setting"):
         add("GET", path, get_setting)
-        add("POST", path, post_setting)
+        add("POST", path, post_setting, SETTINGS_BODY.expect)

@@ -1,0 +1,59 @@
+"""The body of a control route (the repository API, trace settings): a JSON object of a few
+bytes, read whole within body_timeout_s, charged to the memory budget, at most the route's own
+limit (or max_body_bytes when that is lower; a 413 names the one that applied).
+
+Its `Expect: 100-continue` is answered only when the declared length fits: the routes' common
+expect handler told the client to send a body the read then refused, unread, with a 413."""
+from __future__ import annotations
+
+import orjson
+from aiohttp import HttpVersion11, web
+
+from ..errors import InvalidInput, ServeError
+from .app_keys import STATE
+from .body import body_limit, charge_declared, read_body
+from .error_responses import error_response
+from .expect import answered, send_continue, unmet
+
+
+class ControlBody:
+    def __init__(self, max_bytes: int, limit_name: str):
+        self.max_bytes, self.limit_name = max_bytes, limit_name
+
+    def _limit(self, config) -> tuple[int, str]:
+        return body_limit(config.max_body_bytes, self.max_bytes, self.limit_name)
+
+    async def expect(self, request: web.Request) -> web.Response | None:
+        """The route's expect handler (aiohttp runs it before the middlewares: expect.py)."""
+        refused = unmet(request)
+        if refused is not None:
+            return answered(request, refused)
+        if request.version != HttpVersion11:
+            return None  # HTTP/1.0 has no 100 Continue: the body comes anyway
+        state = request.app[STATE]
+        try:
+            with state.budget.lease() as probe:
+                charge_declared(request, probe, *self._limit(state.config))
+                probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
+        except ServeError as e:  # the connection closes: a body sent anyway is not read
+            response = error_response(request, state, e)
+            response.force_close()
+            return answered(request, response)
+        await send_continue(request)
+        return None
+
+    async def read_object(self, request: web.Request) -> dict:
+        """The body's JSON object ({} for an empty body); 400 for anything else."""
+        state = request.app[STATE]
+        with state.budget.lease() as lease:
+            limit, name = self._limit(state.config)
+            raw = await read_body(request, lease, limit, state.config.body_timeout_s, state.body_reads, name)
+            if not raw.strip():
+                return {}
+            try:
+                doc = orjson.loads(raw)  # depth-limited: deep nesting is a JSONDecodeError, not a RecursionError
+            except orjson.JSONDecodeError as e:
+                raise InvalidInput(f"request body is not valid JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise InvalidInput("request body must be a JSON object")
+        return doc
