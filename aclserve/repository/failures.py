@@ -66,9 +66,11 @@ class LoadFailures:
         """(name, version) -> why its current file failed to load (retry plan included)."""
         return {(n, v): reason for (n, v, _), reason in self._reasons.items()}
 
-    def retrying(self) -> set[str]:
-        """Models with a refused file whose automatic retry is still to come."""
-        return {key[0] for key in self._reasons if self._retry.armed(key)}
+    def first_retry_pending(self) -> set[str]:
+        """Models with a refused file whose first automatic retry is still to come. Only the
+        first: retries go on until the file loads (a device too small for the model fails with
+        an out-of-memory code, transient, for good), so one that has failed again is refused."""
+        return {key[0] for key in self._reasons if self._retry.first_pending(key)}
 
     @property
     def retries(self) -> dict[str, int]:

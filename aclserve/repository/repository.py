@@ -151,7 +151,7 @@ class ModelRepository:
         """Every model found on disk (and not unloaded on purpose) is serving. With readiness
         `lenient`, a model whose file was refused (shown in the index) does not hold readiness
         back either, nor does a scan problem (a broken config, a bad name); in both modes a model
-        still settling, loading or retrying does."""
+        still settling, loading or waiting for its first retry does."""
         if not self._started or self._closed:
             return False
         serving = self._lifecycle.serving
@@ -161,8 +161,9 @@ class ModelRepository:
         if self.config.readiness == "strict":
             problems = set(self._planner.scan.problems) - self._lifecycle.held
             return all(n in serving for n in wanted | problems)
-        # refused for good; one whose retry is still to come holds readiness back, as one loading does
-        failed = {n for n, _ in self._failures.versions()} - self._failures.retrying()
+        # refused; one whose first retry is still to come holds readiness back, as one loading does
+        # (not every retry: they go on for good, and lenient readiness would never come)
+        failed = {n for n, _ in self._failures.versions()} - self._failures.first_retry_pending()
         return all(n in serving or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
 
     def load_failures(self) -> dict[tuple[str, str], str]:

@@ -70,9 +70,9 @@ class RetrySchedule:
         self.retries[key[0]] = self.retries.get(key[0], 0) + 1
         self._on_due(*key)
 
-    def armed(self, key: tuple) -> bool:
-        """A retry of (name, version, identity) is due later."""
-        return key in self._timers
+    def first_pending(self, key: tuple) -> bool:
+        """The first retry of (name, version, identity) is due later (no retry of it has failed)."""
+        return key in self._timers and self._attempts.get(key) == 1
 
     def succeeded(self, name: str, version: str) -> None:
         """The version loaded: forget its failures (the next failure starts from initial_s)."""

@@ -322,3 +322,23 @@ async def test_a_model_still_settling_at_start_holds_readiness_back(make_repo, m
     await events.until(repo.all_ready)
     assert not ready_at_start
     assert await answer(repo, "m") == 3.0  # the settled file (scale 3) serves
+
+
+async def test_lenient_readiness_comes_when_a_retry_has_failed_again(make_repo, models_dir, model_files, clean_faults):
+    """Retries go on until the file loads (a device too small for the model fails with an
+    out-of-memory code, transient, for good): lenient readiness held back for every retry was
+    never ready. Only the first retry still to come holds it back."""
+    from aclserve.acl.cpu import faults
+    place(model_files[1]["om"], models_dir / "m.om")
+    faults.inject("execute", code=207001)  # device memory allocation failed, on every run
+    repo, _ = await make_repo(start=False, model_control_mode="none", load_retry_initial_s=0.2,
+                              load_retry_max_s=0.4)
+    await repo.start()
+    assert not repo.all_ready()  # its first retry is still to come
+    for _ in range(1000):  # a hang guard, not a timing
+        if repo.all_ready():
+            break
+        await asyncio.sleep(0.01)
+    assert repo.all_ready()
+    (row,) = repo.index()
+    assert row["state"] == State.UNAVAILABLE and "transient device error: retry" in row["reason"]
