@@ -98,7 +98,7 @@ class Tracer:
         if new.file and new.file not in self._trusted_files:
             self._resolve(new.file)  # refuse a bad name before anything changes
             if new.file != (self._models.get(model, self._global) if model else self._global).file:
-                self._check_writable(new.file)  # (a name in force already stays, whatever the disk says now)
+                self._check_writable(new.file, new.log_frequency > 0)  # (a name in force stays, whatever the disk says)
             if new.file not in self._names:
                 if len(self._names) >= MAX_NAMES:
                     raise TraceSettingsError(f"trace_file: this server has taken {MAX_NAMES} trace_file names "
@@ -161,16 +161,17 @@ class Tracer:
             raise TraceSettingsError(f"trace_file: must be a relative name inside the trace folder, got {name!r}")
         return str(Path(self._trace_dir) / path)
 
-    def _check_writable(self, name: str) -> None:
+    def _check_writable(self, name: str, indexed: bool) -> None:
         """Refuse a name set through the API that what is on the disk now would stop every write
         of (each was an ERROR with a traceback, the traces lost): a folder of it that is a file,
-        or the name a folder. Read when it is set, not at each write (the request path)."""
+        or the name a folder when it is the file written (`indexed`, log_frequency > 0, writes
+        name.0, name.1, ... beside it). Read when it is set, not at each write (the request path)."""
         folder = Path(self._trace_dir)
         for part in Path(name).parts[:-1]:
             folder = folder / part
             if folder.exists() and not folder.is_dir():
                 raise TraceSettingsError(f"trace_file: {name!r} cannot be written: {part!r} is a file, not a folder")
-        if (folder / Path(name).name).is_dir():
+        if not indexed and (folder / Path(name).name).is_dir():
             raise TraceSettingsError(f"trace_file: {name!r} cannot be written: it is a folder")
 
     # -- the hot path (a sampled request only) --------------------------------------------------------

@@ -162,23 +162,24 @@ def test_a_name_left_while_the_writer_was_behind_is_written_when_it_catches_up(t
     assert asyncio.run(main()) == ["a.json", "b.json"]
 
 
-@pytest.mark.parametrize("name,match", [("afile/t.json", "'afile' is a file, not a folder"),
-                                        ("folder", "it is a folder"), ("folder/afile/t.json", "'afile' is a file")])
-def test_a_trace_file_that_cannot_be_written_is_refused_when_set(tmp_path, name, match, caplog):
+@pytest.mark.parametrize("name,frequency,match", [("afile/t.json", "1", "'afile' is a file, not a folder"),
+                                                  ("folder", "0", "it is a folder"),
+                                                  ("folder/afile/t.json", "1", "'afile' is a file")])
+def test_a_trace_file_that_cannot_be_written_is_refused_when_set(tmp_path, name, frequency, match, caplog):
     """A trace_file whose folder is a file (or which is a folder) failed every write, each an
     ERROR with a traceback, and the traces were lost; refused when set, nothing changes."""
     (tmp_path / "afile").write_text("x")
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "afile").write_text("x")
     tracer = Tracer(trace_dir=str(tmp_path))
-    tracer.update(dict(EVERY_REQUEST))
+    tracer.update(dict(EVERY_REQUEST, log_frequency=frequency))
     with pytest.raises(TraceSettingsError, match=match):
         tracer.update({"trace_file": name})
     assert tracer.settings().file == "t.json"
     tracer.update({"trace_file": "sub/t.json"})  # a folder that is not there yet is made
     trace_requests(tracer, 1)
     tracer.close()
-    assert (tmp_path / "sub" / "t.json.0").is_file()
+    assert (tmp_path / "sub" / ("t.json" if frequency == "0" else "t.json.0")).is_file()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
@@ -190,3 +191,15 @@ def test_a_write_that_fails_on_the_disk_is_one_error_line_without_a_traceback(tm
     tracer.close()
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "could not write" in errors[0].getMessage() and errors[0].exc_info is None
+
+
+def test_the_name_of_a_folder_is_taken_when_log_frequency_writes_beside_it(tmp_path, caplog):
+    """With log_frequency the files written are name.0, name.1, ...: a folder called `name`
+    does not stop them (it wrote them before the writability check, which refused it)."""
+    (tmp_path / "run").mkdir()
+    tracer = Tracer(trace_dir=str(tmp_path))
+    tracer.update(dict(EVERY_REQUEST, trace_file="run"))
+    trace_requests(tracer, 2)
+    tracer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "run.0", "run.1"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
