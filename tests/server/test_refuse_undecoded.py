@@ -49,3 +49,25 @@ def test_a_request_for_a_full_level_is_refused_before_its_json_is_decoded(full_a
     assert named_status == 400 and b"not valid JSON" in named_answer, named_answer
     assert room_status == 400 and b"not valid JSON" in room_answer, room_answer
     assert metric(url, "aclserve_request_failure_total", 'model="affine",reason="QueueFull",version="1"') == 1
+
+
+def test_a_refusal_before_the_decode_is_logged_with_the_header_request_id(models_dir, tmp_path, make_config, caplog):
+    """With the request log on (every request through aiohttp's path) a request refused before
+    its body is decoded is logged with its X-Request-Id, as the guard's early refusals are: it
+    was logged with no id at all (the id was only taken when the body was decoded)."""
+    import logging
+    caplog.set_level(logging.INFO, logger="aclserve.requests")
+    with affine_server(models_dir, tmp_path, make_config, 600, request_log=True) as srv:
+        async def scenario():
+            waiting_reader, waiting = await fill_queue(srv.url)
+            reader, writer = await open_raw(srv.url)
+            writer.write(send(NOT_JSON, b"X-Request-Id: over-1\r\n"))
+            answer = await read_response(reader)
+            writer.close()
+            await read_response(waiting_reader)
+            waiting.close()
+            return answer
+        status, answer = asyncio.run(scenario())
+    assert status == 503 and b"queue is full" in answer, answer
+    (line,) = [r.fields for r in caplog.records if r.name == "aclserve.requests" and r.fields["status"] == 503]
+    assert line["request_id"] == "over-1"
