@@ -61,13 +61,6 @@ class AippOp:
     def channels(self) -> int:
         return CHANNELS[self.input_format]
 
-    def subtract(self) -> list[float]:
-        """What is subtracted from each channel: mean_chn + min_chn."""
-        return [self.mean_chn[c] + self.min_chn[c] for c in range(self.channels)]
-
-    def scale(self) -> list[float]:
-        return [self.var_reci_chn[c] for c in range(self.channels)]
-
 
 @dataclass(frozen=True)
 class BoundAipp:
