@@ -105,6 +105,8 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
         rec = state.record(served)
         observer = state.observer
         trace = observer.begin(rec.name, rec.version, protocol, start) if observer is not None else None
+        if trace is not None and known_id is not None:  # named even when refused before its body is read
+            trace.request_id = request_id(known_id)
         try:
             response = await work(rec, trace)
         except ServeError as e:

@@ -183,3 +183,22 @@ def test_serve_log_format_json_from_the_command_line(models_dir, tmp_path):
         _, err = proc.communicate(timeout=60)
     lines = [json.loads(line) for line in err.splitlines() if line.strip()]
     assert any(line.get("request_id") == "cli-1" and line["status"] == 200 for line in lines), err
+
+
+def test_a_request_refused_before_its_body_is_decoded_keeps_its_header_id(models_dir, caplog):
+    """A request refused while its body is read (413 here; a full queue's 503 from
+    shedding.refuse_undecoded and a 408 too) was logged with request_id null although its
+    X-Request-Id header was known from the start (found under overload: every queue-full 503
+    of the request log lost its id)."""
+    caplog.set_level(logging.INFO, logger="aclserve.requests")
+
+    async def go(url):
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"http://{url}/v2/models/double/infer", data=json.dumps(BODY) + " " * 4000,
+                                    headers={"X-Request-Id": "big-1"}) as resp:
+                return resp.status
+    with ServerThread(server_config(models_dir, request_log=True, max_body_bytes=2000,
+                                    max_json_bytes=2000)) as srv:
+        assert asyncio.run(go(srv.url)) == 413
+    line = _fields(caplog)[-1]
+    assert (line["status"], line["request_id"]) == (413, "big-1")
