@@ -222,11 +222,9 @@ async def _infer(request: web.Request, state, lease, rec, trace) -> web.Response
     config = state.config
     body = await read_body(request, lease, config.max_body_bytes, config.body_timeout_s, state.body_reads)
     header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
-    fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
-    if trace is not None:  # a refusal before the decode is named by the header, as the guard's are
-        trace.request_id = request_id(fallback_id)
-    refuse_undecoded(rec.served.batcher, body, header_length)
+    refuse_undecoded(rec.served.batcher, body, header_length)  # (named by its header: counted_infer)
     decoding = charge_decoding(lease, rec, body, header_length)
+    fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
     payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images, lease,
                                             decoding, pinned="version" in request.match_info)
     if json_length is None:
