@@ -90,19 +90,23 @@ def test_expect_is_answered_401_before_any_size_or_budget_check(srv):
     assert status == 401, answer
 
 
+async def answer_then_alive(url: str, raw: bytes):
+    """(status, answer, whether the connection is still open 2.5 s after) for the request `raw`."""
+    reader, writer = await open_raw(url)
+    writer.write(raw)
+    status, answer = await read_response(reader)
+    alive = await still_open(reader, 2.5)
+    writer.close()
+    return status, answer, alive
+
+
 @pytest.mark.parametrize("srv", [dict(header_timeout_s=1.0, keepalive_timeout_s=15)], indirect=True)
 def test_unknown_expectation_on_another_route_is_a_json_417_and_the_connection_idle(srv):
     """Every route has the same Expect handling (server/expect.py): aiohttp's default answered a
     plain-text 417 outside the middlewares, and the tracker then kept the kept-alive connection
     in its head phase until header_timeout_s closed it."""
-    async def scenario():
-        reader, writer = await open_raw(srv.url)
-        writer.write(head("/v2/repository/index", {"Content-Length": 2, "Expect": "something-else"}) + b"{}")
-        status, answer = await read_response(reader)
-        alive = await still_open(reader, 2.5)
-        writer.close()
-        return status, answer, alive
-    status, answer, alive = asyncio.run(scenario())
+    raw = head("/v2/repository/index", {"Content-Length": 2, "Expect": "something-else"}) + b"{}"
+    status, answer, alive = asyncio.run(answer_then_alive(srv.url, raw))
     assert status == 417, answer
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"error": "unknown expectation: Expect: something-else"}
     assert alive, "closed after header_timeout_s although the request was answered"
@@ -117,15 +121,8 @@ def test_unknown_expectation_where_no_route_matches_is_a_json_417(srv, method, p
     outside the middlewares (the tracker kept the connection in its head phase), and for a byte
     that is not UTF-8 a plain-text 500 with an ERROR traceback (aiohttp's 417 cannot encode
     the lone surrogate it decoded the byte to)."""
-    async def scenario():
-        reader, writer = await open_raw(srv.url)
-        writer.write(f"{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n".encode()
-                     + b"Expect: " + expect + b"\r\n\r\n{}")
-        status, answer = await read_response(reader)
-        alive = await still_open(reader, 2.5)
-        writer.close()
-        return status, answer, alive
-    status, answer, alive = asyncio.run(scenario())
+    raw = f"{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n".encode() + b"Expect: " + expect + b"\r\n\r\n{}"
+    status, answer, alive = asyncio.run(answer_then_alive(srv.url, raw))
     assert status == 417, answer
     shown = expect.decode("utf-8", "surrogateescape").encode("utf-8", "backslashreplace").decode()
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"error": f"unknown expectation: Expect: {shown}"}
