@@ -7,13 +7,12 @@ expect handler told the client to send a body the read then refused, unread, wit
 from __future__ import annotations
 
 import orjson
-from aiohttp import HttpVersion11, web
+from aiohttp import web
 
-from ..errors import InvalidInput, ServeError
+from ..errors import InvalidInput
 from .app_keys import STATE
 from .body import body_limit, charge_declared, read_body
-from .error_responses import error_response
-from .expect import answered, send_continue, unmet
+from .expect import continue_unless
 
 
 class ControlBody:
@@ -25,22 +24,12 @@ class ControlBody:
 
     async def expect(self, request: web.Request) -> web.Response | None:
         """The route's expect handler (aiohttp runs it before the middlewares: expect.py)."""
-        refused = unmet(request)
-        if refused is not None:
-            return answered(request, refused)
-        if request.version != HttpVersion11:
-            return None  # HTTP/1.0 has no 100 Continue: the body comes anyway
-        state = request.app[STATE]
-        try:
-            with state.budget.lease() as probe:
-                charge_declared(request, probe, *self._limit(state.config))
-                probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
-        except ServeError as e:  # the connection closes: a body sent anyway is not read
-            response = error_response(request, state, e)
-            response.force_close()
-            return answered(request, response)
-        await send_continue(request)
-        return None
+        return await continue_unless(request, self._check_declared)
+
+    def _check_declared(self, request: web.Request, state) -> None:
+        with state.budget.lease() as probe:
+            charge_declared(request, probe, *self._limit(state.config))
+            probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
 
     async def read_object(self, request: web.Request) -> dict:
         """The body's JSON object ({} for an empty body); 400 for anything else."""

@@ -9,11 +9,14 @@ anything else a JSON 417, and a request answered here is finished with the track
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from aiohttp import HttpVersion11, web
 from aiohttp.web_urldispatcher import MatchInfoError, SystemRoute, UrlMappingMatchInfo
 
+from ..errors import ServeError
 from .app_keys import STATE
-from .error_responses import json_error
+from .error_responses import error_response, json_error
 
 
 def unmet(request: web.Request) -> web.Response | None:
@@ -36,6 +39,26 @@ def answered(request: web.Request, response: web.Response) -> web.Response:
     """`response` answers the request here, outside the middlewares: the tracker learns it ended."""
     request.app[STATE].connections.request_finished(request.transport)
     return response
+
+
+async def continue_unless(request: web.Request, check: Callable[[web.Request, object], None]) -> web.Response | None:
+    """An expect handler that checks before it tells the client to send its body (aiohttp's
+    own tells it at once): `check(request, state)` raises the ServeError to answer instead, and
+    the connection then closes, so that a client sending its body anyway is not read."""
+    if request.version != HttpVersion11:
+        return None  # HTTP/1.0 has no 100 Continue: the body comes anyway
+    refused = unmet(request)
+    if refused is not None:
+        return answered(request, refused)
+    state = request.app[STATE]
+    try:
+        check(request, state)
+    except ServeError as e:
+        response = error_response(request, state, e)
+        response.force_close()
+        return answered(request, response)
+    await send_continue(request)
+    return None
 
 
 async def expect_continue(request: web.Request) -> web.Response | None:

@@ -21,7 +21,7 @@ import asyncio
 import functools
 import time
 
-from aiohttp import HttpVersion11, web
+from aiohttp import web
 
 from ..errors import ServeError
 from ..scheduling import answered_before_cancel
@@ -33,8 +33,7 @@ from .budget import json_tensor_estimate
 from .json_tensors import value_bound
 from .codec import HEADER_LENGTH, decode_request, parse_header_length
 from .encode import encode_response
-from .error_responses import error_response
-from .expect import answered, send_continue, unmet
+from .expect import continue_unless
 from .http_errors import http_status
 from .observe import REQUEST_ID_HEADER, request_id
 from .shedding import refuse_undecoded
@@ -58,28 +57,18 @@ async def infer(request: web.Request) -> web.Response:
 async def expect_body(request: web.Request) -> web.Response | None:
     """The route's `Expect: 100-continue` handler: the API token (when inference needs one), then
     the body's declared size against max_body_bytes and what the memory budget has left, are
-    checked before the client is told to send the body (aiohttp's own handler tells it at once).
-    aiohttp runs this before the middlewares, so it does their part for what it answers
-    (expect.py): the access check, and telling the connection tracker the request is over. A
-    refusal closes the connection, so a client that sends its body anyway is not read."""
-    if request.version != HttpVersion11:
-        return None  # HTTP/1.0 has no 100 Continue: the body comes anyway
-    refused = unmet(request)
-    if refused is not None:
-        return answered(request, refused)
-    state = request.app[STATE]
-    try:
-        if state.auth.inference:
-            state.auth.check(request)
-        with state.budget.lease() as probe:
-            charge_declared(request, probe, state.config.max_body_bytes)
-            probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
-    except ServeError as e:
-        response = error_response(request, state, e)
-        response.force_close()
-        return answered(request, response)
-    await send_continue(request)
-    return None
+    checked before the client is told to send the body. aiohttp runs this before the
+    middlewares, so it does their part for what it answers (expect.py): the access check, and
+    telling the connection tracker the request is over."""
+    return await continue_unless(request, _check_before_body)
+
+
+def _check_before_body(request: web.Request, state) -> None:
+    if state.auth.inference:
+        state.auth.check(request)
+    with state.budget.lease() as probe:
+        charge_declared(request, probe, state.config.max_body_bytes)
+        probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
 
 
 async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http",
