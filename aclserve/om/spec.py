@@ -19,6 +19,7 @@ from ..regular_files import open_regular
 
 DEFAULT_GEARS = (1, 2, 4, 8, 16, 32)
 MAX_GEARS = 100
+MAX_DIM = 2**63 - 1  # ONNX (and ACL) dims are int64; a tensor's size in bytes must fit one too
 BATCH_SYMBOL = "batch"  # the one dim_param every batched input shares, so inference propagates it
 _NAME_DIMS = re.compile(r"^(?P<name>.+):(?P<dims>-?\d+(?:,-?\d+)*)$")
 
@@ -72,6 +73,8 @@ def parse_input_shape(text: str | None) -> dict[str, list[int]]:
         name, dims = m["name"], [int(d) for d in m["dims"].split(",")]
         if any(d == 0 or d < -1 for d in dims):
             raise CompileError(f"malformed --input-shape entry {part!r}: dims must be positive or -1")
+        if any(d > MAX_DIM for d in dims):
+            raise CompileError(f"--input-shape entry {part!r}: a dim is at most {MAX_DIM} (int64)")
         if name in shapes:
             raise CompileError(f"--input-shape names input {name!r} twice")
         shapes[name] = dims
@@ -100,6 +103,8 @@ def parse_gears(text) -> list[int] | None:
         raise CompileError(f"--batch sizes must be strictly ascending, got {','.join(map(str, gears))}")
     if len(gears) > MAX_GEARS:
         raise CompileError(f"--batch has {len(gears)} sizes; at most {MAX_GEARS} are allowed")
+    if gears[-1] > MAX_DIM:
+        raise CompileError(f"--batch sizes are at most {MAX_DIM} (int64), got {gears[-1]}")
     return gears
 
 
@@ -216,9 +221,22 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
                 raise CompileError(f"input {vi.name!r} dim {axis} is dynamic ({d or '?'}); "
                                    "fix it with --input-shape (only the batch dimension may be dynamic)")
         final = ([-1] + list(rest)) if dynamic else list(rest)
+        _check_size(vi.name, dtype, final, gears[-1] if dynamic else None)
         _set_shape(vi, final)
         infos.append(TensorInfo(vi.name, dtype, final))
     return ModelSpec(model, infos, list(gears) if dynamic else [])
+
+
+def _check_size(name: str, dtype: np.dtype, dims: list[int], batch: int | None) -> None:
+    """Refuse an input whose size in bytes (at the largest gear) no int64 holds: numpy, ONNX
+    Runtime and ACL could never allocate it (it ended in a traceback from the probe run)."""
+    size = dtype.itemsize
+    for d in dims:
+        size *= batch if d == -1 else d
+    if size > MAX_DIM:
+        at = f" at batch {batch}" if batch is not None else ""
+        raise CompileError(f"input {name!r} would take {size:.3g} bytes{at} (dims {_show(dims)}); "
+                           "lower --batch or --input-shape")
 
 
 def _fix_symbols(model: onnx.ModelProto, old: set[str], value: int) -> None:

@@ -38,6 +38,11 @@ CASES = [
     ("duplicate gears", ["MODEL", "--batch", "2,2,4"], "unique"),
     ("too many gears", ["MODEL", "--batch", GEARS_101], "at most 100"),
     ("gears without batch dim", ["STATIC", "--batch", "1,2"], "no batch dimension"),
+    # past int64 these were a traceback from protobuf (ValueError: Value out of range) or numpy's probe run
+    ("gear past int64", ["MODEL", "--batch", "99999999999999999999"], "at most 9223372036854775807"),
+    ("largest gear past int64", ["MODEL", "--batch", "1,99999999999999999999"], "at most 9223372036854775807"),
+    ("dim past int64", ["MODEL", "--input-shape", "a:-1,99999999999999999999"], "at most 9223372036854775807"),
+    ("input bytes past int64", ["MODEL", "--batch", "1,9223372036854775807"], "would take"),
     ("unknown target", ["MODEL", "--target", "gpu"], "unknown target 'gpu'"),
     ("npu without atc", ["MODEL", "--target", "npu"], "ATC asked for but not found"),
     ("atc path missing", ["MODEL", "--atc", "/nonexistent/atc"], "ATC asked for but not found"),
