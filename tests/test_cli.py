@@ -148,6 +148,19 @@ def test_serve_with_a_trace_file_it_cannot_write_says_so_at_start(tmp_path):
     assert "cannot write the trace file file/t.json" in proc.stderr, proc.stderr
 
 
+def test_serve_with_a_folder_as_trace_file_says_so_at_start(tmp_path):
+    """A folder passed the folder check: the server ran and lost its traces at shutdown with one
+    ERROR ("Is a directory") and exit status 0; and a file above the folder said "File exists"."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "file").write_text("")
+    for trace, said in (("traces", "traces: it is a folder"), ("file/a/t.json", "file is a file, not a folder")):
+        proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", "--models", "models", "--trace", trace,
+                         cwd=tmp_path, timeout=60)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert said in proc.stderr, proc.stderr
+
+
 def test_a_device_named_in_the_config_or_cli_wins_over_aclserve_device_and_auto_defers_to_it():
     """select() in fresh processes (its first choice sticks for a process)."""
     code = "import sys; from aclserve.acl import select; print(select(sys.argv[1] or None)[0])"

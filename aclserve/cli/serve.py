@@ -108,7 +108,15 @@ def _check_trace_folder(path: str) -> None:
     every --trace-log-frequency), too late to say that they cannot be."""
     import os
     import tempfile
+    if os.path.isdir(path):  # the write at shutdown failed "Is a directory": the traces were lost
+        raise UsageError(f"cannot write the trace file {path}: it is a folder (name a file in it, "
+                         f"e.g. {os.path.join(path, 'trace.json')})")
     folder = os.path.dirname(os.path.abspath(path))
+    above = folder
+    while not os.path.lexists(above) and os.path.dirname(above) != above:
+        above = os.path.dirname(above)
+    if os.path.lexists(above) and not os.path.isdir(above):  # makedirs said only "File exists"
+        raise UsageError(f"cannot write the trace file {path}: {above} is a file, not a folder")
     try:
         os.makedirs(folder, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
