@@ -137,6 +137,36 @@ def test_profile_says_in_one_line_what_it_cannot_profile(tmp_path):
     assert not (tmp_path / "profile-digits.json").exists()
 
 
+def test_profile_refuses_what_it_could_not_write_before_the_run(tmp_path):
+    """A folder as --trace or --png was a traceback after the whole run (or, for --png, a
+    folder.png beside it); a negative --png-window-ms drew an empty timeline."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "file").write_text("")
+    (tmp_path / "models").mkdir()
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "models" / "digits.om")
+    cases = [(("--trace", "out"), "cannot write out: it is a folder"),
+             (("--png", "out"), "cannot write out: it is a folder"),
+             (("--png", "t.png", "--png-window-ms", "-5"), "--png-window-ms must be positive"),
+             (("--models", "file"), "models folder 'file' is a file, not a folder")]
+    for args, said in cases:
+        proc = _aclserve("profile", "digits", "--seconds", "0.5", "--models", "models", *args, cwd=tmp_path,
+                         timeout=60)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert said in proc.stderr, proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["file", "models", "out"]
+
+
+def test_profile_png_is_written_to_the_name_given(tmp_path):
+    """matplotlib took the format from the name: "timeline" became timeline.png, "t.txt" a traceback."""
+    pytest.importorskip("matplotlib")
+    from aclserve.trace.plot import render_png
+    events = [{"ph": "X", "name": "compute", "pid": 1, "tid": 1, "ts": 0.0, "dur": 5000.0}]
+    for name in ("timeline", "t.txt"):
+        render_png(events, str(tmp_path / name), 20.0)
+        assert (tmp_path / name).read_bytes().startswith(b"\x89PNG"), name
+    assert sorted(os.listdir(tmp_path)) == ["t.txt", "timeline"]
+
+
 def test_serve_with_a_trace_file_it_cannot_write_says_so_at_start(tmp_path):
     """The traces were written at shutdown only, so they were lost with one ERROR then (found by
     an independent check)."""

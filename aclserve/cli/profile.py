@@ -49,11 +49,15 @@ def run_profile(args) -> int:
     from ..trace import analysis
     if not 0 < args.seconds < math.inf or args.clients < 1 or args.rows < 1:  # NaN fails the first
         raise UsageError("--seconds, --clients and --rows must be positive (and --seconds finite)")
+    if args.png and not 0 < args.png_window_ms < math.inf:
+        raise UsageError("--png-window-ms must be positive and finite")
     out = args.trace or f"profile-{args.model}.json"
     for path in filter(None, (out, args.png)):  # found out now, not after the run
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
             raise UsageError(f"cannot write {path}: folder {folder} does not exist")
+        if os.path.isdir(path):  # the write after the run was a traceback (the run's result lost)
+            raise UsageError(f"cannot write {path}: it is a folder")
     if args.url:
         import aiohttp
         check_url(args.url)
@@ -117,7 +121,8 @@ async def _in_process(args):
     from ..server.state import ServerState
 
     if not os.path.isdir(args.models):
-        raise UsageError(f"models folder {args.models!r} does not exist")
+        what = "is a file, not a folder" if os.path.exists(args.models) else "does not exist"
+        raise UsageError(f"models folder {args.models!r} {what}")
     config = load_server_config(None, {"models_dir": args.models, "device": args.device, "grpc_port": 0,
                                        "model_control_mode": "explicit",
                                        "trace": {"level": "TIMESTAMPS", "rate": 1}})

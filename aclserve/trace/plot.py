@@ -53,6 +53,6 @@ def render_png(events: list[dict], path: str, window_ms: float = 20.0, start_us:
     ax.legend(handles, COLOURS.keys(), fontsize=6, ncol=len(COLOURS), loc="upper center",
               bbox_to_anchor=(0.5, -0.08 - 1.0 / max(len(tracks), 4)))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")  # the file named, as PNG (not name.png, nor a refused "name.txt")
     plt.close(fig)
     return len(shown)
