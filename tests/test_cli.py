@@ -43,6 +43,19 @@ def test_infer_client_casts_within_a_kind_and_says_so():
     assert inputs["n"].dtype == np.float32  # float data for an integer input is left for the server to refuse
 
 
+def test_infer_client_sends_a_scalar_input_with_its_shape(tmp_path):
+    """np.ascontiguousarray turned a 0-d .npy into shape [1], which a model with a scalar input refuses."""
+    from aclserve.cli.infer import _load_inputs, build_request
+    import json
+    np.save(tmp_path / "s.npy", np.float32(-2.5))
+    np.save(tmp_path / "f.npy", np.zeros((3, 4), np.float32).T)  # not C-contiguous: still sent in C order
+    inputs = _load_inputs([f"x={tmp_path / 's.npy'}", f"t={tmp_path / 'f.npy'}"])
+    body, length = build_request(inputs, [])
+    head = json.loads(body[:length])
+    assert [i["shape"] for i in head["inputs"]] == [[], [4, 3]]
+    assert inputs["t"].flags.c_contiguous and len(body) == length + 4 + 48
+
+
 def test_infer_with_a_malformed_url_says_so(tmp_path):
     np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
     for url in ("localhost:8000", "http://[::1"):

@@ -42,7 +42,7 @@ def _load_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
             arr = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
             raise UsageError(f"cannot read {path}: {e}") from None
-        inputs[name] = np.ascontiguousarray(arr)
+        inputs[name] = arr if arr.flags.c_contiguous else np.array(arr, order="C")  # (ascontiguousarray made a 0-d input [1])
     return inputs
 
 
