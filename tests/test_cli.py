@@ -24,6 +24,20 @@ def test_top_level_help_describes_the_tool():
     assert "KServe v2" in out and "aclserve serve" in out and "argparse" not in out
 
 
+def test_ctrl_c_while_the_commands_import_ends_quietly(monkeypatch):
+    """A Ctrl-C in the first ~0.1 s (build_parser imports numpy) was a KeyboardInterrupt traceback."""
+    import aclserve.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    try:
+        status = cli.main(["serve"])
+    except KeyboardInterrupt:
+        status = "KeyboardInterrupt escaped main()"
+    assert status == 130
+
+
 def test_a_closed_pipe_ends_quietly():
     proc = subprocess.run(f"{sys.executable} -m aclserve inspect models/digits.om | head -1", shell=True,
                           cwd=REPO, capture_output=True, text=True, timeout=60)

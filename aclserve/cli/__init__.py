@@ -49,7 +49,10 @@ def join_signed_values(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:  # building the parser imports the commands (numpy: ~0.1 s), where a Ctrl-C was a traceback
+        parser = build_parser()
+    except KeyboardInterrupt:
+        return 130
     args = parser.parse_args(join_signed_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         return int(args.func(args) or 0)
