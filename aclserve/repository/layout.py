@@ -240,6 +240,7 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
             continue
         files.setdefault(stem, {})[kind] = child
     for name, parts in files.items():
+        _note_unread_config(name, parts, result)
         try:
             _scan_model(root, name, parts, defaults, result)
         except ConfigError as e:
@@ -251,6 +252,21 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
     result.problems = {escape_undecodable(k): escape_undecodable(v) for k, v in result.problems.items()}
     result.notes = [escape_undecodable(note) for note in result.notes]
     return result
+
+
+def _note_unread_config(name: str, parts: dict, result: ScanResult) -> None:
+    """A <name>.yaml/.yml the scan never reads gets a note: it was silently ignored, so a typo in
+    its name (or a versioned model's settings put beside its folder) left the defaults in force."""
+    configs = [f"{name}{k}" for k in (".yaml", ".yml") if k in parts]
+    if not configs:
+        return
+    if "dir" in parts:
+        result.notes.append(f"{' and '.join(configs)} not read: a versioned model's settings go in "
+                            f"{name}/config.yaml")
+    elif not any(k in parts for k in MODEL_SUFFIXES):
+        result.notes.append(f"{configs[0]} configures no model: there is no {name}.om or {name}.onnx beside it")
+    elif len(configs) == 2:
+        result.notes.append(f"{configs[0]} is read; {configs[1]} beside it is ignored")
 
 
 def _relative(root: Path, filename) -> str:

@@ -258,3 +258,20 @@ def test_diff_config_change_reloads(tmp_path):
     (tmp_path / "m.yaml").write_text("slots: 4\n")
     (plan,) = diff(first, desired(tmp_path))
     assert list(plan.load) == ["1"] and plan.load["1"].config.slots == 4
+
+
+def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
+    """These were ignored without a word: a misspelt name, a versioned model's settings beside its
+    folder instead of in it, a .yml beside the .yaml (the defaults stayed in force)."""
+    touch(tmp_path / "digits.om")
+    (tmp_path / "digit.yaml").write_text("instances: 2\n")
+    (tmp_path / "digits.yaml").write_text("instances: 3\n")
+    (tmp_path / "digits.yml").write_text("instances: 2\n")
+    touch(tmp_path / "v" / "1" / "model.om")
+    (tmp_path / "v.yaml").write_text("instances: 2\n")
+    result = scan(tmp_path, DEFAULTS)
+    assert sorted(result.notes) == [
+        "digit.yaml configures no model: there is no digit.om or digit.onnx beside it",
+        "digits.yaml is read; digits.yml beside it is ignored",
+        "v.yaml not read: a versioned model's settings go in v/config.yaml"]
+    assert sorted(result.models) == ["digits", "v"] and not result.problems
