@@ -70,6 +70,32 @@ def test_infer_client_sends_a_scalar_input_with_its_shape(tmp_path):
     assert inputs["t"].flags.c_contiguous and len(body) == length + 4 + 48
 
 
+@pytest.mark.parametrize("case", ["twice", "not npy", "npz", "fifo", "folder"])
+def test_infer_inputs_that_cannot_be_sent_are_named_in_one_line(tmp_path, case):
+    """A name given twice kept the second file; a file that is not a .npy got numpy's advice on
+    loading pickles, an .npz an AttributeError, a FIFO held the command until written to."""
+    import os
+    from aclserve.cli.infer import _load_inputs
+    from aclserve.cli.usage import UsageError
+    np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
+    good = f"x={tmp_path / 'x.npy'}"
+    if case == "twice":
+        pairs, expected = [good, good], "--input names 'x' twice"
+    elif case == "not npy":
+        (tmp_path / "m.onnx").write_bytes(b"\x08\x07garbage")
+        pairs, expected = [f"x={tmp_path / 'm.onnx'}"], "not a .npy file"
+    elif case == "npz":
+        np.savez(tmp_path / "a.npz", x=np.ones(2))
+        pairs, expected = [f"x={tmp_path / 'a.npz'}"], "not a .npy file"
+    elif case == "fifo":
+        os.mkfifo(tmp_path / "pipe")
+        pairs, expected = [f"x={tmp_path / 'pipe'}"], "not a regular file"
+    else:
+        pairs, expected = [f"x={tmp_path}"], "not a regular file"
+    with pytest.raises(UsageError, match=expected):
+        _load_inputs(pairs)
+
+
 def test_infer_with_a_malformed_url_says_so(tmp_path):
     np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
     for url in ("localhost:8000", "http://[::1"):

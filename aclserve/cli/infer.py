@@ -12,6 +12,7 @@ import urllib.request
 import numpy as np
 
 from ..dtypes import kserve_to_numpy, numpy_to_kserve
+from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
 from .usage import UsageError
 
@@ -32,16 +33,25 @@ def add_commands(sub) -> None:
     q.set_defaults(func=run_infer)
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+
+
 def _load_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
     inputs = {}
     for pair in pairs:
         name, sep, path = pair.partition("=")
         if not sep or not name or not path:
             raise UsageError(f"--input expects NAME=FILE.npy, got {pair!r}")
+        if name in inputs:
+            raise UsageError(f"--input names {name!r} twice")
         try:
-            arr = np.load(path, allow_pickle=False)
+            with open_regular(path) as f:  # (a FIFO held the command until written to)
+                if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:  # np.load's advice on pickles, or an .npz's archive
+                    raise UsageError(f"cannot read {path}: not a .npy file (numpy.save writes one)")
+                f.seek(0)
+                arr = np.load(f, allow_pickle=False)
         except (OSError, ValueError) as e:
-            raise UsageError(f"cannot read {path}: {e}") from None
+            raise UsageError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
         inputs[name] = arr if arr.flags.c_contiguous else np.array(arr, order="C")  # (ascontiguousarray made a 0-d input [1])
     return inputs
 
