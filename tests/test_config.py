@@ -59,6 +59,7 @@ def test_file_merges_over_default_and_overrides_win(tmp_path):
     ({"port": True}, "port", "must be an integer"),
     ({"grpc_port": -1}, "grpc_port", "must be >= 0"),
     ({"grpc_port": 65536}, "grpc_port", "must be <= 65535"),
+    ({"port": 9000, "grpc_port": 9000}, "grpc_port", "must differ from port (9000)"),  # a CLI review: found at bind
     ({"max_json_bytes": 0}, "max_json_bytes", "must be >= 1"),
     ({"max_json_elements": "many"}, "max_json_elements", "must be an integer"),
     ({"model_control_mode": "watch"}, "model_control_mode", "must be one of poll, explicit, none"),

@@ -36,10 +36,13 @@ def parse_server_config(data: Mapping) -> ServerConfig:
     if tls_client_ca and not tls_cert:
         raise ConfigError("tls_client_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file")
     initial_retry = as_float(get("load_retry_initial_s"), "load_retry_initial_s")
+    port, grpc_port = as_int(get("port"), "port", 0, 65535), as_int(get("grpc_port"), "grpc_port", 0, 65535)
+    if port and port == grpc_port:  # (found at bind time otherwise, after the models had loaded)
+        raise ConfigError("grpc_port", f"must differ from port ({port}); 0 turns gRPC off")
     return ServerConfig(
         host=as_str(get("host"), "host", allow_empty=False),
-        port=as_int(get("port"), "port", 0, 65535),
-        grpc_port=as_int(get("grpc_port"), "grpc_port", 0, 65535),
+        port=port,
+        grpc_port=grpc_port,
         models_dir=models_dir,
         device=as_str(get("device"), "device", DEVICES),
         log_level=as_str(get("log_level"), "log_level", LOG_LEVELS),
