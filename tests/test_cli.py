@@ -254,3 +254,15 @@ def test_a_device_named_in_the_config_or_cli_wins_over_aclserve_device_and_auto_
     proc = subprocess.run([sys.executable, "-c", code, "auto"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "ACLSERVE_DEVICE": "npu"})  # no machine here has CANN
     assert proc.returncode == 1 and "CANN's `acl` module is not importable" in proc.stderr
+
+
+def test_serve_takes_a_folder_as_trace_file_when_log_frequency_writes_beside_it(tmp_path):
+    """With --trace-log-frequency the files are FILE.0, FILE.1, ... beside FILE, so FILE may be a
+    folder (the tracer takes such a name through the API: fce3055); the start-up check refused
+    it as "it is a folder", a set-up that worked before."""
+    from aclserve.cli.serve import _check_trace_folder
+    from aclserve.cli.usage import UsageError
+    (tmp_path / "run").mkdir()
+    _check_trace_folder(str(tmp_path / "run"), log_frequency=100)
+    with pytest.raises(UsageError, match="it is a folder"):
+        _check_trace_folder(str(tmp_path / "run"), log_frequency=0)

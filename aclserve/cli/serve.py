@@ -81,7 +81,7 @@ def run_serve(args) -> int:
         raise UsageError(f"bad configuration: {e}") from None
     _check_environment()
     if config.trace.file:
-        _check_trace_folder(config.trace.file)
+        _check_trace_folder(config.trace.file, config.trace.log_frequency)
     from .. import logs
     logs.configure(config.log_level, config.log_format)
     if config.request_log:  # the request log speaks at info whatever the level of the rest
@@ -103,12 +103,13 @@ def run_serve(args) -> int:
     return 0
 
 
-def _check_trace_folder(path: str) -> None:
+def _check_trace_folder(path: str, log_frequency: int = 0) -> None:
     """The trace file's folder is made and written to now: the traces are written at shutdown (or
-    every --trace-log-frequency), too late to say that they cannot be."""
+    every --trace-log-frequency), too late to say that they cannot be. With a log_frequency the
+    files are path.0, path.1, ... beside `path`, which may then be a folder (as the tracer takes)."""
     import os
     import tempfile
-    if os.path.isdir(path):  # the write at shutdown failed "Is a directory": the traces were lost
+    if not log_frequency and os.path.isdir(path):  # the write at shutdown failed "Is a directory": the traces were lost
         raise UsageError(f"cannot write the trace file {path}: it is a folder (name a file in it, "
                          f"e.g. {os.path.join(path, 'trace.json')})")
     folder = os.path.dirname(os.path.abspath(path))
