@@ -235,7 +235,8 @@ def _check_size(name: str, dtype: np.dtype, dims: list[int], batch: int | None) 
         size *= batch if d == -1 else d
     if size > MAX_DIM:
         at = f" at batch {batch}" if batch is not None else ""
-        raise CompileError(f"input {name!r} would take {size:.3g} bytes{at} (dims {_show(dims)}); "
+        shown = f"{size:.3g}" if size.bit_length() <= 1000 else f"more than {MAX_DIM}"  # (a float ends at 1.8e308)
+        raise CompileError(f"input {name!r} would take {shown} bytes{at} (dims {_show(dims)}); "
                            "lower --batch or --input-shape")
 
 

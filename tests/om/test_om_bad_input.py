@@ -109,3 +109,14 @@ def test_compile_refuses_an_aipp_config_that_is_a_fifo(tmp_path, multi_io_onnx):
     os.mkfifo(tmp_path / "aipp.cfg")
     proc = run_cli("compile", multi_io_onnx, "-o", tmp_path / "m.om", "--aipp", tmp_path / "aipp.cfg", timeout=60)
     _assert_one_line_error(proc, "is a FIFO, not a regular file")
+
+
+def test_an_input_size_past_a_float_is_refused_in_one_line():
+    """_check_size formatted the size with :.3g, an OverflowError (a traceback, exit status 1)
+    once the product of the dims passed 1.8e308 (18 dims of 2**63-1 given by --input-shape)."""
+    import numpy as np
+    from aclserve.om.spec import MAX_DIM, CompileError, _check_size
+    with pytest.raises(CompileError, match="would take more than"):
+        _check_size("x", np.dtype(np.float32), [MAX_DIM] * 18, None)
+    with pytest.raises(CompileError, match=r"would take 3\.4e\+38 bytes at batch"):
+        _check_size("x", np.dtype(np.float32), [-1, MAX_DIM], MAX_DIM)
