@@ -101,9 +101,8 @@ def _aipp_ops(args):
     if (args.mean or args.std) and not args.image_input:
         raise CompileError("--mean/--std go with --image-input (an --aipp file carries its own values)")
     if args.aipp:
-        from ..regular_files import open_regular
         try:
-            with open_regular(args.aipp, "r", "utf-8") as f:  # a FIFO held the compile until written to
+            with open(args.aipp, encoding="utf-8") as f:
                 text = f.read()
         except (OSError, UnicodeDecodeError) as e:
             raise CompileError(f"--aipp {args.aipp}: {getattr(e, 'strerror', None) or e}") from None

@@ -104,13 +104,6 @@ def test_no_atc_on_path_means_cpu_for_target_auto(tmp_path, multi_io_onnx):
     assert Path(multi_io_onnx).read_bytes() == source  # the source is untouched
 
 
-def test_compile_refuses_an_aipp_config_that_is_a_fifo(tmp_path, multi_io_onnx):
-    """open() of a FIFO waits for a writer: the compile hung (the model itself was refused unopened)."""
-    os.mkfifo(tmp_path / "aipp.cfg")
-    proc = run_cli("compile", multi_io_onnx, "-o", tmp_path / "m.om", "--aipp", tmp_path / "aipp.cfg", timeout=60)
-    _assert_one_line_error(proc, "is a FIFO, not a regular file")
-
-
 def test_an_input_size_past_a_float_is_refused_in_one_line():
     """_check_size formatted the size with :.3g, an OverflowError (a traceback, exit status 1)
     once the product of the dims passed 1.8e308 (18 dims of 2**63-1 given by --input-shape)."""
