@@ -25,6 +25,7 @@ class LoadFailures:
         self._retry = RetrySchedule(retry_initial_s, retry_max_s, self._due)
         self._on_retry = on_retry
         self._logged: set[tuple[str, str, tuple]] = set()
+        self._again: set[tuple[str, str, tuple]] = set()  # loading now: a retry after one that failed
         self._closed = False
 
     def record(self, name: str, version: str, file: VersionFile, error: BaseException) -> str:
@@ -34,6 +35,7 @@ class LoadFailures:
             attempt, delay = self._retry.schedule(name, version, file.identity)
             reason = f"{reason} (transient device error: retry {attempt} in {delay:.1f} s)"
         key = (name, version, file.identity)
+        self._again.discard(key)
         self._reasons[key] = reason
         if key not in self._logged:
             self._logged.add(key)
@@ -45,17 +47,20 @@ class LoadFailures:
     def succeeded(self, name: str, version: str) -> None:
         """The version loaded: its next failure's retry starts from the initial delay again."""
         self._retry.succeeded(name, version)
+        self._again = {k for k in self._again if k[:2] != (name, version)}
 
     def forget_model(self, name: str) -> None:
         """The load API asks for another try of every file of `name`."""
         for key in [k for k in self._reasons if k[0] == name]:
             del self._reasons[key]
+        self._again = {k for k in self._again if k[0] != name}
 
     def keep_files_of(self, scan: ScanResult) -> None:
         """Forget the failures of files changed or gone since they failed; those of a model the
         scan could not read (a problem) are kept, as it cannot tell."""
         live = {(n, v, f.identity) for n, e in scan.models.items() for v, f in e.available.items()}
         self._reasons = {k: r for k, r in self._reasons.items() if k in live or k[0] in scan.problems}
+        self._again = {k for k in self._again if k in live or k[0] in scan.problems}
 
     @property
     def files(self) -> frozenset[tuple[str, str, tuple]]:
@@ -72,6 +77,11 @@ class LoadFailures:
         an out-of-memory code, transient, for good), so one that has failed again is refused."""
         return {key[0] for key in self._reasons if self._retry.first_pending(key)}
 
+    def retrying_again(self) -> set[str]:
+        """Models loading a retry after one that failed: refused for readiness while it loads
+        too, or lenient readiness went to 503 for the length of every later retry's load."""
+        return {key[0] for key in self._again}
+
     @property
     def retries(self) -> dict[str, int]:
         """model -> automatic load retries started."""
@@ -85,6 +95,8 @@ class LoadFailures:
     def _due(self, name: str, version: str, identity: tuple) -> None:
         if self._closed or self._reasons.pop((name, version, identity), None) is None:
             return  # shut down, or the file changed or went away meanwhile
+        if self._retry.attempts((name, version, identity)) >= 2:
+            self._again.add((name, version, identity))
         log.info("%s: retrying the load of version %s", name, version)
         self._on_retry(name, version)
 

@@ -164,7 +164,8 @@ class ModelRepository:
         # refused; one whose first retry is still to come holds readiness back, as one loading does
         # (not every retry: they go on for good, and lenient readiness would never come)
         failed = {n for n, _ in self._failures.versions()} - self._failures.first_retry_pending()
-        return all(n in serving or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
+        again = self._failures.retrying_again()  # refused while a later retry loads too
+        return all(n in serving or n in again or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
 
     def load_failures(self) -> dict[tuple[str, str], str]:
         """(name, version) -> why its current file failed to load (retry plan included)."""

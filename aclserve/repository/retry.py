@@ -70,6 +70,10 @@ class RetrySchedule:
         self.retries[key[0]] = self.retries.get(key[0], 0) + 1
         self._on_due(*key)
 
+    def attempts(self, key: tuple) -> int:
+        """Failures of (name, version, identity) so far, since its version last loaded."""
+        return self._attempts.get(key, 0)
+
     def first_pending(self, key: tuple) -> bool:
         """The first retry of (name, version, identity) is due later (no retry of it has failed)."""
         return key in self._timers and self._attempts.get(key) == 1

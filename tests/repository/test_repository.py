@@ -340,5 +340,18 @@ async def test_lenient_readiness_comes_when_a_retry_has_failed_again(make_repo, 
             break
         await asyncio.sleep(0.01)
     assert repo.all_ready()
-    (row,) = repo.index()
+    # and stays so while the later retries load (each went back to not ready for its load)
+    retries = repo.load_retries.get("m", 0)
+    seen = set()
+    for _ in range(1000):  # a hang guard, not a timing: until three more retries have run
+        seen.add(repo.all_ready())
+        if repo.load_retries.get("m", 0) >= retries + 3:
+            break
+        await asyncio.sleep(0.005)
+    assert seen == {True} and repo.load_retries.get("m", 0) >= retries + 3
+    for _ in range(1000):  # between two retries (one may be loading now)
+        (row,) = repo.index()
+        if row["state"] == State.UNAVAILABLE:
+            break
+        await asyncio.sleep(0.005)
     assert row["state"] == State.UNAVAILABLE and "transient device error: retry" in row["reason"]
