@@ -97,8 +97,11 @@ class Tracer:
             new = self._global.updated(changes, self._startup)
         if new.file and new.file not in self._trusted_files:
             self._resolve(new.file)  # refuse a bad name before anything changes
-            if new.file != (self._models.get(model, self._global) if model else self._global).file:
-                self._check_writable(new.file, new.log_frequency > 0)  # (a name in force stays, whatever the disk says)
+            old = self._models.get(model, self._global) if model else self._global
+            # checked when the file written changes: another name, or the name itself once
+            # log_frequency stops writing name.N beside it (a name in force stays, whatever the disk says)
+            if new.file != old.file or (new.log_frequency == 0 and old.log_frequency > 0):
+                self._check_writable(new.file, new.log_frequency > 0)
             if new.file not in self._names:
                 if len(self._names) >= MAX_NAMES:
                     raise TraceSettingsError(f"trace_file: this server has taken {MAX_NAMES} trace_file names "

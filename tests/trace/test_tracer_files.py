@@ -203,3 +203,15 @@ def test_the_name_of_a_folder_is_taken_when_log_frequency_writes_beside_it(tmp_p
     tracer.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "run.0", "run.1"]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_folder_name_in_force_is_refused_when_log_frequency_stops_writing_beside_it(tmp_path):
+    """The name itself becomes the file written when log_frequency goes to 0: a folder of that
+    name then failed every write (the check ran on a new name only; found by a review)."""
+    (tmp_path / "run").mkdir()
+    tracer = Tracer(trace_dir=str(tmp_path))
+    tracer.update(dict(EVERY_REQUEST, trace_file="run"))
+    with pytest.raises(TraceSettingsError, match="it is a folder"):
+        tracer.update({"log_frequency": "0"})
+    assert tracer.settings().log_frequency == 1
+    tracer.close()
