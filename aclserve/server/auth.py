@@ -100,6 +100,19 @@ class Access:
         if control or self._token:
             self.check_control(authorization, "model load/unload is")
 
+    def check_route(self, request: web.Request) -> None:
+        """What the route `request` matched asks of it: the middleware's check, and the expect
+        handlers', which aiohttp runs before the middlewares. Matches the route template, not
+        the raw path, so no spelling of a URL reaches a protected route unchecked."""
+        resource = request.match_info.route.resource
+        template = resource.canonical if resource is not None else ""
+        if template.startswith(_REPOSITORY):
+            self.check_repository(request, control=not template.endswith("/index"))
+        elif self.inference and template.startswith(_MODELS):
+            self.check(request)
+        elif request.method == "POST" and template.endswith(_TRACE_SETTING):
+            self.check_trace_change(request.headers.get("Authorization", ""))
+
     def log_startup(self) -> None:
         if self._token:
             log.info("API token set: the repository API, trace setting changes%s need it",
@@ -114,17 +127,9 @@ class Access:
 
 
 def access_middleware(access: Access):
-    """The app's middleware that checks `access` on every request, infer included. Matches the
-    route template, not the raw path, so no spelling of a URL reaches a protected route unchecked."""
+    """The app's middleware that checks `access` on every request, infer included (check_route)."""
     @web.middleware
     async def check_access(request: web.Request, handler) -> web.StreamResponse:
-        resource = request.match_info.route.resource
-        template = resource.canonical if resource is not None else ""
-        if template.startswith(_REPOSITORY):
-            access.check_repository(request, control=not template.endswith("/index"))
-        elif access.inference and template.startswith(_MODELS):
-            access.check(request)
-        elif request.method == "POST" and template.endswith(_TRACE_SETTING):
-            access.check_trace_change(request.headers.get("Authorization", ""))
+        access.check_route(request)
         return await handler(request)
     return check_access

@@ -27,6 +27,7 @@ class ControlBody:
         return await continue_unless(request, self._check_declared)
 
     def _check_declared(self, request: web.Request, state) -> None:
+        state.auth.check_route(request)  # first, as the middlewares would (expect.py)
         with state.budget.lease() as probe:
             charge_declared(request, probe, *self._limit(state.config))
             probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back

@@ -64,8 +64,7 @@ async def expect_body(request: web.Request) -> web.Response | None:
 
 
 def _check_before_body(request: web.Request, state) -> None:
-    if state.auth.inference:
-        state.auth.check(request)
+    state.auth.check_route(request)
     with state.budget.lease() as probe:
         charge_declared(request, probe, state.config.max_body_bytes)
         probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back

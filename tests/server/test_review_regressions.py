@@ -160,3 +160,18 @@ def test_a_control_body_declared_over_its_limit_is_refused_before_100_continue(s
     status, answer, closed = asyncio.run(scenario())
     assert status == 413 and limit.encode() in answer, answer
     assert closed  # a body sent anyway is not read
+
+
+@pytest.mark.parametrize("srv", [dict(api_token="review-token-0123456789")], indirect=True)
+@pytest.mark.parametrize("path", ["/v2/repository/index", "/v2/repository/models/double/unload", "/v2/trace/setting"])
+def test_a_control_route_asks_for_its_token_before_100_continue(srv, path):
+    """The control routes told a client without the token to send its body, then answered 401
+    (found by a review); the infer route checked the token first already."""
+    async def scenario():
+        reader, writer = await open_raw(srv.url)
+        writer.write(head(path, {"Content-Length": 2, "Expect": "100-continue"}))
+        status, answer = await read_response(reader)
+        writer.close()
+        return status, answer
+    status, answer = asyncio.run(scenario())
+    assert status == 401 and b"API token" in answer, answer
