@@ -4,8 +4,10 @@ aiohttp runs a route's expect handler before the middlewares, and its default on
 417 there: a plain-text answer, and the connection tracker, which the middlewares tell when a
 request ends, would keep that kept-alive connection in its head phase until header_timeout_s
 closed it. So every route gets an expect handler from here: `100-continue` is answered
-"100 Continue" (the infer route first checks the token and the body's size: infer.expect_body),
-anything else a JSON 417, and a request answered here is finished with the tracker.
+"100 Continue" (routes with a body first check the token and the body's size, through
+continue_unless: infer.expect_body, control_body.py), anything else a JSON 417, and a request
+answered here is finished with the tracker. Requests no route takes get the same
+(expect_on_unmatched).
 """
 from __future__ import annotations
 
