@@ -366,7 +366,7 @@ class DynamicBatcher:
         first (the statistics counted it a success: its task was cancelled before it resumed)."""
         future = request.future
         if not future.cancelled():
-            return future.exception() is None  # it had been answered already
+            return future.done() and future.exception() is None  # it had been answered already
         waited = self._clock.now_ns() - request.enqueued_ns
         if self._queue.remove(request) or request.state == DISPATCHED:
             self.stats.cancelled(request.level, waited)
