@@ -109,15 +109,16 @@ def _check_trace_folder(path: str, log_frequency: int = 0) -> None:
     files are path.0, path.1, ... beside `path`, which may then be a folder (as the tracer takes)."""
     import os
     import tempfile
-    if not log_frequency and os.path.isdir(path):  # the write at shutdown failed "Is a directory": the traces were lost
+    from pathlib import Path
+    from ..trace.tracer import blocked_by
+    target = Path(os.path.abspath(path))
+    blocker = blocked_by(target, indexed=log_frequency > 0)
+    if blocker == target:  # the write at shutdown failed "Is a directory": the traces were lost
         raise UsageError(f"cannot write the trace file {path}: it is a folder (name a file in it, "
                          f"e.g. {os.path.join(path, 'trace.json')})")
-    folder = os.path.dirname(os.path.abspath(path))
-    above = folder
-    while not os.path.lexists(above) and os.path.dirname(above) != above:
-        above = os.path.dirname(above)
-    if os.path.lexists(above) and not os.path.isdir(above):  # makedirs said only "File exists"
-        raise UsageError(f"cannot write the trace file {path}: {above} is a file, not a folder")
+    if blocker is not None:  # makedirs said only "File exists"
+        raise UsageError(f"cannot write the trace file {path}: {blocker} is a file, not a folder")
+    folder = str(target.parent)
     try:
         os.makedirs(folder, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):

@@ -169,13 +169,12 @@ class Tracer:
         of (each was an ERROR with a traceback, the traces lost): a folder of it that is a file,
         or the name a folder when it is the file written (`indexed`, log_frequency > 0, writes
         name.0, name.1, ... beside it). Read when it is set, not at each write (the request path)."""
-        folder = Path(self._trace_dir)
-        for part in Path(name).parts[:-1]:
-            folder = folder / part
-            if folder.exists() and not folder.is_dir():
-                raise TraceSettingsError(f"trace_file: {name!r} cannot be written: {part!r} is a file, not a folder")
-        if not indexed and (folder / Path(name).name).is_dir():
+        path = Path(self._trace_dir) / name
+        blocker = blocked_by(path, indexed)
+        if blocker == path:
             raise TraceSettingsError(f"trace_file: {name!r} cannot be written: it is a folder")
+        if blocker is not None:
+            raise TraceSettingsError(f"trace_file: {name!r} cannot be written: {blocker.name!r} is a file, not a folder")
 
     # -- the hot path (a sampled request only) --------------------------------------------------------
     def start(self, model: str, version: str, protocol: str, arrival_ns: int) -> RequestTrace | None:
@@ -299,6 +298,19 @@ class Tracer:
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.shutdown(wait=True)
+
+
+def blocked_by(path: Path, indexed: bool) -> Path | None:
+    """What on the disk now stops every write of the trace file `path` (with `indexed`, the
+    files path.0, path.1, ... beside it): `path` itself, a folder where the file would be; or
+    the nearest existing folder of it, which is a file; None when nothing does (folders not
+    there yet are made). The API's check of a trace_file and serve's of --trace."""
+    if not indexed and path.is_dir():
+        return path
+    above = path.parent
+    while not above.exists() and above.parent != above:
+        above = above.parent
+    return above if above.exists() and not above.is_dir() else None
 
 
 def _write(path: str, fmt: str, traces: list[RequestTrace], dropped: int) -> None:
