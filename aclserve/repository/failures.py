@@ -25,17 +25,17 @@ class LoadFailures:
         self._retry = RetrySchedule(retry_initial_s, retry_max_s, self._due)
         self._on_retry = on_retry
         self._logged: set[tuple[str, str, tuple]] = set()
-        self._again: set[tuple[str, str, tuple]] = set()  # loading now: a retry after one that failed
+        self._again: set[tuple[str, str, tuple]] = set()  # past a retry that failed; retries go on
         self._closed = False
 
     def record(self, name: str, version: str, file: VersionFile, error: BaseException) -> str:
         """Remember the failure of `file` (and arm its retry when transient); returns the reason."""
-        reason, transient = _reason(error), is_transient(error)
+        reason, transient, key = _reason(error), is_transient(error), (name, version, file.identity)
         if transient and self._retry.enabled and not self._closed:
             attempt, delay = self._retry.schedule(name, version, file.identity)
             reason = f"{reason} (transient device error: retry {attempt} in {delay:.1f} s)"
-        key = (name, version, file.identity)
-        self._again.discard(key)
+        else:  # no more retries: readiness goes by the refusal once its load task ends
+            self._again.discard(key)
         self._reasons[key] = reason
         if key not in self._logged:
             self._logged.add(key)
@@ -78,8 +78,9 @@ class LoadFailures:
         return {key[0] for key in self._reasons if self._retry.first_pending(key)}
 
     def retrying_again(self) -> set[str]:
-        """Models loading a retry after one that failed: refused for readiness while it loads
-        too, or lenient readiness went to 503 for the length of every later retry's load."""
+        """Models past a retry that failed, whose retries go on: refused for readiness while a
+        later retry loads and as it fails, or lenient readiness went to 503 for the length of
+        every later retry's load (and from its failure until its load task ended)."""
         return {key[0] for key in self._again}
 
     @property

@@ -340,15 +340,18 @@ async def test_lenient_readiness_comes_when_a_retry_has_failed_again(make_repo, 
             break
         await asyncio.sleep(0.01)
     assert repo.all_ready()
-    # and stays so while the later retries load (each went back to not ready for its load)
+    # and stays so while the later retries load (each went back to not ready for its load), also
+    # as each fails, while its load task has not ended yet (a window the polling below may miss)
     retries = repo.load_retries.get("m", 0)
-    seen = set()
+    seen, at_failure = set(), []
+    repo.add_listener(lambda event, *_, **__: event == "load_failed" and at_failure.append(repo.all_ready()))
     for _ in range(1000):  # a hang guard, not a timing: until three more retries have run
         seen.add(repo.all_ready())
         if repo.load_retries.get("m", 0) >= retries + 3:
             break
         await asyncio.sleep(0.005)
     assert seen == {True} and repo.load_retries.get("m", 0) >= retries + 3
+    assert at_failure and all(at_failure), at_failure
     for _ in range(1000):  # between two retries (one may be loading now)
         (row,) = repo.index()
         if row["state"] == State.UNAVAILABLE:
