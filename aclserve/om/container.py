@@ -34,6 +34,7 @@ VERSION = 1
 _PREFIX = struct.Struct("<8sIIQ")
 PREFIX_SIZE = _PREFIX.size  # 24
 MAX_HEADER_BYTES = 16 * 1024 * 1024
+CHECKSUM_MISMATCH = "CPU OM payload checksum mismatch (corrupt file)"
 DYNAMIC_BATCH_INPUT = "ascend_mbatch_shape_data"  # the input ATC adds; pyACL's ACL_DYNAMIC_TENSOR_NAME
 
 
@@ -112,8 +113,23 @@ def decode(data: bytes, verify_payload: bool = True) -> CpuOm:
     payload = data[PREFIX_SIZE + hlen:]
     if verify_payload and "payload_sha256" in header:
         if hashlib.sha256(payload).hexdigest() != header["payload_sha256"]:
-            raise OmFormatError("CPU OM payload checksum mismatch (corrupt file)")
+            raise OmFormatError(CHECKSUM_MISMATCH)
     return CpuOm(header, payload)
+
+
+def verify_payload_file(path: str | os.PathLike, header: dict) -> None:
+    """The payload of the file at `path` against the header's checksum, read in chunks (the
+    model is not held in memory at once); raises OmFormatError when they differ."""
+    if "payload_sha256" not in header:
+        return
+    digest = hashlib.sha256()
+    with open_regular(path) as f:
+        hlen, _ = parse_prefix(f.read(PREFIX_SIZE), os.fstat(f.fileno()).st_size)
+        f.seek(PREFIX_SIZE + hlen)
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != header["payload_sha256"]:
+        raise OmFormatError(CHECKSUM_MISMATCH)
 
 
 def read(path: str | os.PathLike, verify_payload: bool = True) -> CpuOm:

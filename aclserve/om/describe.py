@@ -1,12 +1,13 @@
 """What an .om file says about itself, as a dict (for --json) and as readable text.
 
-Used by `aclserve inspect` and by the summary `aclserve compile` prints. Reads headers only.
+Used by `aclserve inspect` and by the summary `aclserve compile` prints. Reads headers, and a
+CPU OM's payload for its checksum.
 """
 from __future__ import annotations
 
 import os
 
-from . import atc_om
+from . import atc_om, container
 from .container import OmFormatError
 
 NEEDS_CANN = "built by ATC for an Ascend NPU: loading it needs CANN and an NPU (the CPU runtime refuses it)"
@@ -25,6 +26,8 @@ def describe(path: str | os.PathLike) -> dict:
         raise InspectError(f"{path}: is a directory, not an OM file")
     try:
         kind, header = atc_om.identify(path)  # refuses a FIFO, socket or device node unopened
+        if kind == "cpu_om":  # a corrupt payload: what serve refuses, inspect says too
+            container.verify_payload_file(path, header)
     except OmFormatError as e:
         raise InspectError(f"{path}: {e}") from None
     except OSError as e:

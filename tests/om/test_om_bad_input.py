@@ -94,6 +94,17 @@ def test_inspect_bad_file(tmp_path, content, expected):
     _assert_one_line_error(run_cli("inspect", path), expected)
 
 
+def test_inspect_refuses_a_cpu_om_whose_payload_is_corrupt(tmp_path, multi_io_onnx):
+    """serve refuses it (payload checksum); inspect described it and exited 0."""
+    path = tmp_path / "m.om"
+    assert run_cli("compile", multi_io_onnx, "-o", path, env={"PATH": "/usr/bin:/bin"}).returncode == 0
+    assert run_cli("inspect", path).returncode == 0
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF  # same length, one payload byte changed
+    path.write_bytes(bytes(data))
+    _assert_one_line_error(run_cli("inspect", path), "checksum mismatch")
+
+
 def test_no_atc_on_path_means_cpu_for_target_auto(tmp_path, multi_io_onnx):
     from aclserve.om import atc_om
     source = Path(multi_io_onnx).read_bytes()
