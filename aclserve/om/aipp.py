@@ -151,6 +151,8 @@ def _bool(key: str, value: str, where: str) -> bool:
 
 def _number(key: str, value: str, where: str, integer: bool):
     try:
+        if not value.isascii() or "_" in value:  # Python reads 1_0 as 10 and other scripts' digits
+            raise ValueError(value)
         return int(value) if integer else float(value)
     except ValueError:
         raise CompileError(f"{where}: {key} must be {'an integer' if integer else 'a number'}, got {value!r}") from None

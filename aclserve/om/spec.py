@@ -21,7 +21,8 @@ DEFAULT_GEARS = (1, 2, 4, 8, 16, 32)
 MAX_GEARS = 100
 MAX_DIM = 2**63 - 1  # ONNX (and ACL) dims are int64; a tensor's size in bytes must fit one too
 BATCH_SYMBOL = "batch"  # the one dim_param every batched input shares, so inference propagates it
-_NAME_DIMS = re.compile(r"^(?P<name>.+):(?P<dims>-?\d+(?:,-?\d+)*)$")
+_NAME_DIMS = re.compile(r"^(?P<name>.+):(?P<dims>-?[0-9]+(?:,-?[0-9]+)*)$")
+_INTEGER = re.compile(r"[+-]?[0-9]+")  # what ATC reads: Python's int() also takes 1_0 and other scripts' digits
 
 
 class CompileError(ValueError):
@@ -87,10 +88,9 @@ def parse_gears(text) -> list[int] | None:
         return None
     if isinstance(text, str):
         items = [s.strip() for s in text.split(",")]
-        try:
-            gears = [int(s) for s in items]
-        except ValueError:
-            raise CompileError(f"malformed --batch {text!r}: expected comma-separated integers") from None
+        if not all(_INTEGER.fullmatch(s) for s in items):
+            raise CompileError(f"malformed --batch {text!r}: expected comma-separated integers")
+        gears = [int(s) for s in items]
     else:
         gears = [int(g) for g in text]
     if not gears:

@@ -184,6 +184,8 @@ def test_cli_aipp_file_and_inspect(tmp_path, conv_onnx):
     ("aipp_mode: static\n mean_chn_0: 300", "mean_chn_0 must be in [0, 255]"),
     ("aipp_mode: static\n colour: red", "unknown key 'colour'"),
     ("aipp_mode: static\n crop: maybe", "crop must be true or false"),
+    ("aipp_mode: static\n mean_chn_0: 1_0", "mean_chn_0 must be an integer, got '1_0'"),  # int() read 10
+    ("aipp_mode: static\n var_reci_chn_0: 0.0_1", "var_reci_chn_0 must be a number"),
     ("aipp_mode: static\n padding: true\n padding_value: 70000", "padding_value must be in [-65504, 65504]"),
     ("aipp_mode: static\n padding: true\n padding_value: nan", "padding_value must be in [-65504, 65504]"),
 ])

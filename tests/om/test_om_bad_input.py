@@ -32,6 +32,10 @@ CASES = [
     ("zero dim", ["MODEL", "--input-shape", "a:-1,0"], "malformed --input-shape"),
     ("wrong rank", ["MODEL", "--input-shape", "a:-1,4,1"], "gives input 'a' 3 dims"),
     ("non-numeric gears", ["MODEL", "--batch", "1,two"], "malformed --batch"),
+    # Python's int() reads these (as 10 and 12): ATC does not
+    ("underscore in a gear", ["MODEL", "--batch", "1_0"], "malformed --batch"),
+    ("other script's digits", ["MODEL", "--batch", "1,\u0661\u0662"], "malformed --batch"),
+    ("other script's digits in a dim", ["MODEL", "--input-shape", "a:-1,\u0664"], "malformed --input-shape"),
     ("zero gear", ["MODEL", "--batch", "0,2"], "must be positive"),
     ("negative gear", ["MODEL", "--batch=-2,4"], "must be positive"),
     ("descending gears", ["MODEL", "--batch", "4,2"], "strictly ascending"),
