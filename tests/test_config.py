@@ -129,6 +129,18 @@ def test_invalid_yaml_and_non_mapping(tmp_path):
         load_server_config(tmp_path / "missing.yaml")
 
 
+def test_a_key_given_twice_is_refused_where_it_is(tmp_path):
+    """PyYAML keeps the last of two equal keys: the first setting was dropped without a word."""
+    text = "port: 8100\nmodel_defaults:\n  instances: 2\n  instances: 1\n"
+    with pytest.raises(ConfigError, match="the key 'instances' is given twice") as info:
+        load_server_config(write(tmp_path, text))
+    assert "line 4, column 3" in str(info.value) and "\n" not in str(info.value)
+    # keys a `<<` merge brings in are meant to be overridden
+    merged = "model_defaults:\n  <<: {instances: 2, reset_timeout_ms: 900}\n  instances: 3\n"
+    defaults = load_server_config(write(tmp_path, merged)).model_defaults
+    assert (defaults.instances, defaults.reset_timeout_ms) == (3, 900)
+
+
 def test_priority_levels_inherit_from_default_queue_policy():
     config = load_server_config(None, {"model_defaults.batching": {
         "default_queue_policy": {"default_timeout_ms": 100, "timeout_action": "delay"},

@@ -56,7 +56,7 @@ def read_yaml(path: str | os.PathLike, regular_only: bool = False) -> dict:
     node unopened (a model's config, read by every scan); a server config may be a pipe."""
     try:
         with open_regular(path, "r", "utf-8") if regular_only else open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = yaml.load(f, Loader=_UniqueKeyLoader)
     except OSError as e:
         raise ConfigError("", f"cannot read config file: {e.strerror}", str(path)) from None
     except yaml.YAMLError as e:
@@ -68,6 +68,30 @@ def read_yaml(path: str | os.PathLike, regular_only: bool = False) -> dict:
     if not isinstance(data, dict):
         raise ConfigError("", f"must be a mapping at the top level, got {type(data).__name__}", str(path))
     return data
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load's loader refusing a key written twice in one mapping (PyYAML keeps the last
+    silently: a setting that looked set was not); keys brought in by a `<<` merge may be
+    overridden, as YAML means them to be."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the base refuses it in its own words
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping", node.start_mark, f"the key {key!r} is given twice",
+                        key_node.start_mark)
+        return super().construct_mapping(node, deep)
 
 
 def _yaml_problem(e: yaml.YAMLError) -> str:
