@@ -50,6 +50,15 @@ def test_serve_without_a_models_folder_says_how_to_point_at_one(tmp_path):
     assert "does not exist" in proc.stderr and "--models" in proc.stderr
 
 
+def test_serve_says_trace_settings_without_trace_trace_nothing(tmp_path):
+    proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", "--device", "cpu", "--trace-rate", "1",
+                     "--trace-format", "triton", cwd=tmp_path)  # stops at the missing models folder
+    assert "--trace-rate, --trace-format given, but tracing is off (no --trace)" in proc.stderr, proc.stderr
+    proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", "--device", "cpu", "--trace-rate", "1",
+                     "--trace", "t.json", cwd=tmp_path)
+    assert proc.returncode == 2 and "tracing is off" not in proc.stderr, proc.stderr
+
+
 def test_infer_client_casts_within_a_kind_and_says_so():
     inputs = {"x": np.zeros((2, 64)), "n": np.zeros(3, np.float32)}
     notes = cast_to_model(inputs, {"inputs": [{"name": "x", "datatype": "FP32"}, {"name": "n", "datatype": "INT64"}]})
@@ -118,7 +127,11 @@ def test_profile_user_mistakes_are_one_line_each(tmp_path):
     cases = [(("--url", "nonsense"), "--url"),
              (("--url", "http://127.0.0.1:1"), "cannot reach"),  # nothing listens on port 1
              (("--url", "http://127.0.0.1:1", "--trace", "no/such/folder/t.json"), "no/such/folder"),
-             (("--url", "http://127.0.0.1:1", "--png", "no/such/folder/t.png"), "no/such/folder")]
+             (("--url", "http://127.0.0.1:1", "--png", "no/such/folder/t.png"), "no/such/folder"),
+             # flags of the other mode did nothing
+             (("--url", "http://127.0.0.1:1", "--models", "elsewhere"), "--models apply to the in-process mode"),
+             (("--url", "http://127.0.0.1:1", "--device", "cpu"), "--device apply to the in-process mode"),
+             (("--trace-dir", "traces"), "--trace-dir applies with --url")]
     for args, said in cases:
         proc = _aclserve("profile", "m", "--seconds", "1", *args, cwd=tmp_path)
         assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr

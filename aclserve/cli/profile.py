@@ -34,15 +34,24 @@ def add_commands(sub) -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="load duration (default %(default)s)")
     p.add_argument("--clients", type=int, default=8, help="concurrent closed-loop clients (default %(default)s)")
     p.add_argument("--rows", type=int, default=1, help="batch rows per request (default %(default)s)")
-    p.add_argument("--models", default="models", help="models folder, in-process mode (default %(default)s)")
-    p.add_argument("--device", choices=("auto", "cpu", "npu"), default="auto")
+    p.add_argument("--models", help="models folder, in-process mode (default models)")
+    p.add_argument("--device", choices=("auto", "cpu", "npu"), help="in-process mode (default auto)")
     p.add_argument("--url", help="profile a running server instead (e.g. http://127.0.0.1:8000)")
-    p.add_argument("--trace-dir", default="traces",
-                   help="with --url: the server's trace folder, as seen from here (default %(default)s)")
+    p.add_argument("--trace-dir", help="with --url: the server's trace folder, as seen from here (default traces)")
     p.add_argument("--trace", metavar="FILE", help="where to write the trace (default profile-<model>.json)")
     p.add_argument("--png", metavar="FILE", help="also draw the timeline (a window of it) to a PNG (matplotlib)")
     p.add_argument("--png-window-ms", type=float, default=20.0, help="width of the PNG's window (default %(default)s)")
     p.set_defaults(func=run_profile)
+
+
+def _check_mode(args) -> None:
+    """Flags of the other mode would be taken and do nothing: refused, and the defaults filled in."""
+    local = [flag for flag, value in (("--models", args.models), ("--device", args.device)) if value is not None]
+    if args.url and local:
+        raise UsageError(f"{' and '.join(local)} apply to the in-process mode; with --url the server's own are used")
+    if not args.url and args.trace_dir is not None:
+        raise UsageError("--trace-dir applies with --url (the running server's trace folder)")
+    args.models, args.device, args.trace_dir = args.models or "models", args.device or "auto", args.trace_dir or "traces"
 
 
 def run_profile(args) -> int:
@@ -51,6 +60,7 @@ def run_profile(args) -> int:
         raise UsageError("--seconds, --clients and --rows must be positive (and --seconds finite)")
     if args.png and not 0 < args.png_window_ms < math.inf:
         raise UsageError("--png-window-ms must be positive and finite")
+    _check_mode(args)
     out = args.trace or f"profile-{args.model}.json"
     for path in filter(None, (out, args.png)):  # found out now, not after the run
         folder = os.path.dirname(os.path.abspath(path))

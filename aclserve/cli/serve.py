@@ -86,6 +86,7 @@ def run_serve(args) -> int:
     logs.configure(config.log_level, config.log_format)
     if config.request_log:  # the request log speaks at info whatever the level of the rest
         logging.getLogger("aclserve.requests").setLevel(logging.INFO)
+    _note_trace_settings_unused(args, config)
     for noisy in QUIET_LOGGERS:  # --log-level debug is about aclserve, not every inotify event
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     from .. import heap
@@ -101,6 +102,18 @@ def run_serve(args) -> int:
     except OSError as e:  # a port taken (the listeners name it), a folder that cannot be read or made
         raise UsageError(str(e)) from None
     return 0
+
+
+def _note_trace_settings_unused(args, config) -> None:
+    """--trace-rate and its kin while tracing is off at start trace nothing until the trace API
+    turns it on: said once, not silently taken."""
+    given = [flag for flag, value in (("--trace-rate", args.trace_rate), ("--trace-count", args.trace_count),
+                                      ("--trace-log-frequency", args.trace_log_frequency),
+                                      ("--trace-format", args.trace_format)) if value is not None]
+    if given and (config.trace.level == "OFF" or not config.trace.file):
+        logging.getLogger(__name__).warning(
+            "%s given, but tracing is off (no --trace): nothing is traced until the trace API turns "
+            "it on (trace_level TIMESTAMPS and a trace_file)", ", ".join(given))
 
 
 def _check_trace_folder(path: str, log_frequency: int = 0) -> None:
