@@ -43,16 +43,17 @@ class JsonFormatter(logging.Formatter):
             doc["exc"] = self.formatException(record.exc_info)
         try:
             return orjson.dumps(doc, default=str).decode()
-        except orjson.JSONEncodeError:  # a lone surrogate: see _escaped
-            return orjson.dumps({_escaped(k): _escaped(v) for k, v in doc.items()},
-                                default=lambda v: _escaped(str(v))).decode()
+        except orjson.JSONEncodeError:  # a lone surrogate: see surrogates_escaped
+            return orjson.dumps({surrogates_escaped(k): surrogates_escaped(v) for k, v in doc.items()},
+                                default=lambda v: surrogates_escaped(str(v))).decode()
 
 
-def _escaped(value):
+def surrogates_escaped(value):
     """A string with its lone surrogates written as `\\udcff`, which orjson writes (it refuses
     the surrogates themselves). aiohttp decodes header values as UTF-8 with surrogateescape,
     so a header byte that is not UTF-8 (`User-Agent: \\xff` in the access log at debug) made a
-    JSON line fail: "--- Logging error ---" and a traceback on stderr, the line lost."""
+    JSON line fail: "--- Logging error ---" and a traceback on stderr, the line lost (and an
+    error answer quoting it, a 500: server/error_responses.error_body)."""
     if type(value) is str:
         return value.encode("utf-8", "backslashreplace").decode("utf-8")
     return value

@@ -46,9 +46,8 @@ from ..errors import ServeError
 from .codec import HEADER_LENGTH, parse_header_length
 from .error_responses import error_body, retry_after_value, serve_error_parts
 from .framing import Head
-from .infer import charge_decoding, counted_infer, infer_body
+from .infer import counted_infer, infer_body
 from .plain import guard_may_answer, infer_target
-from .shedding import refuse_undecoded
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +106,7 @@ class DirectInfer:
     async def _run(self, lease, head: Head, body: bytes | memoryview, pinned: bool, rec, trace):
         lease.take(len(body), "request body")  # as aiohttp's path charges the body it reads
         header_length = parse_header_length(head.derived("header_length", _header_length_text))
-        refuse_undecoded(rec.served.batcher, body, header_length)
-        decoding = charge_decoding(lease, rec, body, header_length)
-        return await infer_body(rec, body, header_length, trace, None, self._state.images, lease, decoding,
-                                pinned)
+        return await infer_body(rec, body, header_length, trace, None, self._state.images, lease, pinned)
 
 
 def _plain_target(head: Head) -> tuple[str, str | None] | None:

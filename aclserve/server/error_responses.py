@@ -12,6 +12,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ..errors import Overloaded, ServeError
+from ..logs import surrogates_escaped
 from .app_keys import STATE
 from .body import BodyTimeout
 from .http_errors import error_headers, http_status, retry_after
@@ -29,7 +30,7 @@ def error_body(message: str) -> bytes:
     try:
         return orjson.dumps({"error": message})
     except orjson.JSONEncodeError:
-        return orjson.dumps({"error": message.encode("utf-8", "backslashreplace").decode("utf-8")})
+        return orjson.dumps({"error": surrogates_escaped(message)})
 
 
 def json_error(message: str, status: int, retry_after: float | None = None,

@@ -130,22 +130,27 @@ def _refused(state, model: str, version: str | None, protocol: str, start: int, 
 
 
 async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fallback_id: str | None = None,
-                     images=None, lease=None, decoding: int = 0, pinned: bool = False):
+                     images=None, lease=None, pinned: bool = False):
     """Decode a KServe v2 body, charge its answer to `lease` (answer_size.py), run it, encode
-    the answer: (payload, json_length). `decoding`: what charge_decoding took, given back once
-    decoded but for the decoded tensors (the parse's objects are gone by then); `pinned`: the
-    request named its version (run_decoded). The HTTP handler's work without the HTTP
-    (`aclserve profile` drives it in-process, without a lease)."""
+    the answer: (payload, json_length). With a lease, a body its level has no room for is refused
+    undecoded (shedding.refuse_undecoded), and what decoding may hold is charged first
+    (charge_decoding), given back once decoded but for the decoded tensors (the parse's objects
+    are gone by then). `pinned`: the request named its version (run_decoded). The work of both
+    HTTP paths without the HTTP (`aclserve profile` drives it in-process, without a lease)."""
     if trace is not None:
         trace.received_ns = now_ns()
         trace.request_id = request_id(fallback_id)  # named even when the body is refused
+    decoding = 0
+    if lease is not None:
+        refuse_undecoded(rec.served.batcher, body, header_length)
+        decoding = charge_decoding(lease, rec, body, header_length)
     try:
         req = decode_request(body, header_length, rec.signature)
     except ServeError as e:
         if trace is not None and e.request_id:  # its own id, when the body said it
             trace.request_id = request_id(e.request_id)
         raise
-    if lease is not None and decoding:
+    if decoding:
         lease.drop(max(0, decoding - sum(_held_bytes(array) for array in req.inputs.values())))
     if lease is not None:  # the HTTP body joins binary outputs behind the JSON: one copy more
         lease.take(answer_bytes(rec.signature, req, binary_copies=1, json_outputs=True), "its answer")
@@ -189,8 +194,8 @@ def _held_bytes(value) -> int:
 
 
 def charge_decoding(lease, rec, body, header_length: int | None) -> int:
-    """Charge what decoding the body's JSON may hold at most, before it is decoded (both HTTP
-    paths: here and direct.py): one value per 2 bytes of its text, and no more than the codec
+    """Charge what decoding the body's JSON may hold at most, before it is decoded (infer_body,
+    for both HTTP paths): one value per 2 bytes of its text, and no more than the codec
     allows. When that would not fit, the values the text can hold, counted from its separators
     (json_tensors.value_bound, about 0.2 ms per MB: so only then): numbers written with their
     digits hold one value per 8-20 bytes, and a 3x96x96 image's 570 KB of JSON was charged
@@ -210,11 +215,9 @@ async def _infer(request: web.Request, state, lease, rec, trace) -> web.Response
     config = state.config
     body = await read_body(request, lease, config.max_body_bytes, config.body_timeout_s, state.body_reads)
     header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
-    refuse_undecoded(rec.served.batcher, body, header_length)  # (named by its header: counted_infer)
-    decoding = charge_decoding(lease, rec, body, header_length)
     fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
     payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images, lease,
-                                            decoding, pinned="version" in request.match_info)
+                                            pinned="version" in request.match_info)
     if json_length is None:
         response = web.Response(body=payload, content_type=_JSON)
     else:
