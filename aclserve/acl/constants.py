@@ -59,6 +59,8 @@ ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID = 145006
 ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID = 145011
 ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID = 145012
 ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID = 145013
+ACL_ERROR_GE_AIPP_NOT_EXIST = 145015  # get_first_aipp_info on an input without static AIPP
+ACL_ERROR_NOT_STATIC_AIPP = 100038  # what older CANN returns for it (deprecated for 145015)
 ACL_ERROR_GE_MEMORY_ALLOCATION = 245000
 
 ERROR_MEANINGS: dict[int, str] = {
@@ -104,6 +106,8 @@ ERROR_MEANINGS: dict[int, str] = {
     ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID: "dynamic-batch input buffer is null",
     ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID: "dynamic-batch input buffer too small",
     ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID: "batch size is not a compiled gear",
+    ACL_ERROR_GE_AIPP_NOT_EXIST: "no static AIPP on that input",
+    ACL_ERROR_NOT_STATIC_AIPP: "no static AIPP on that input",
     ACL_ERROR_GE_MEMORY_ALLOCATION: "graph engine memory allocation failed",
 }
 
@@ -154,6 +158,9 @@ ACL_CALLBACK_NO_BLOCK = 0
 ACL_CALLBACK_BLOCK = 1
 
 ACL_DYNAMIC_TENSOR_NAME = DYNAMIC_BATCH_INPUT
+# aclAippInputFormat: the AIPP input formats aclserve compiles (get_first_aipp_info's inputFormat)
+ACL_RGB888_U8 = 3
+ACL_YUV400_U8 = 4
 ACL_DYNAMIC_AIPP_NAME = "ascend_dynamic_aipp_data"  # the input an OM of dynamic AIPP takes its parameters in
 
 # -- formats -----------------------------------------------------------------------------------

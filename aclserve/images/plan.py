@@ -95,7 +95,8 @@ def build_plan(image: ImageInput, spec: TensorSpec) -> ImagePlan:
         (height, width), channels = dims, 1
     if channels not in (1, 3):
         raise PlanError(f"image input {name!r}: {channels} channels; images give 1 (gray) or 3 (rgb/bgr)")
-    color = image.color or ("gray" if channels == 1 else "rgb")
+    # unsaid, the pixels the input's AIPP takes (an RGB888 AIPP swapping R and B takes BGR)
+    color = image.color or spec.aipp_color or ("gray" if channels == 1 else "rgb")
     if (color == "gray") != (channels == 1):
         raise PlanError(f"image input {name!r}: color {color} does not fit {channels} channel(s)")
     mean = _per_channel(image.mean, channels, name, "mean")

@@ -161,7 +161,31 @@ class OmModel:
                             "which aclserve cannot serve") from None
         rows = self.gears[-1] if self.gears else 1
         return TensorSpec(name=name, datatype=datatype, dtype=acl_to_numpy(acl_dtype), shape=shape,
-                          format=C.FORMAT_NAMES.get(fmt, str(fmt)), bytes_per_sample=size // rows)
+                          format=C.FORMAT_NAMES.get(fmt, str(fmt)), bytes_per_sample=size // rows,
+                          aipp_color=self._aipp_color(index, name) if is_input else None)
+
+    def _aipp_color(self, index: int, name: str) -> str | None:
+        """The pixels input `index`'s static AIPP takes: RGB888 is rgb, or bgr when its AIPP
+        swaps R and B (rbuv_swap_switch: the host sends BGR, as ATC's examples and
+        `aclserve compile --image-input bgr` mean it); YUV400 is gray; None without AIPP. An
+        input format aclserve does not compile, or a call that fails, is None with a note: the
+        image settings must then say the colour."""
+        if index == self.dynamic_index:
+            return None
+        info, ret = self._acl.mdl.get_first_aipp_info(self.model_id, index)
+        if ret in (C.ACL_ERROR_GE_AIPP_NOT_EXIST, C.ACL_ERROR_NOT_STATIC_AIPP):
+            return None
+        if ret != C.ACL_SUCCESS or not info:
+            log.info("model %s: input %r: acl.mdl.get_first_aipp_info failed with %s; its image colour order "
+                     "is what its settings say", self.name, name, ret)
+            return None
+        if info.get("inputFormat") == C.ACL_YUV400_U8:
+            return "gray"
+        if info.get("inputFormat") == C.ACL_RGB888_U8:
+            return "bgr" if info.get("rbuvSwapSwitch") else "rgb"
+        log.info("model %s: input %r takes AIPP input format %s, which image inputs do not feed",
+                 self.name, name, info.get("inputFormat"))
+        return None
 
     # -- teardown ----------------------------------------------------------------------------
     def close(self) -> None:

@@ -20,6 +20,9 @@ class TensorSpec:
     shape: tuple[int, ...]
     format: str = "ND"
     bytes_per_sample: int = 0
+    # an input behind static AIPP: the pixels its AIPP takes (rgb, bgr: RGB888 with R and B
+    # swapped, gray: YUV400), as acl.mdl.get_first_aipp_info reports it; None otherwise
+    aipp_color: str | None = None
 
     @property
     def batched(self) -> bool:

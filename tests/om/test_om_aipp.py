@@ -112,6 +112,35 @@ def test_crop_padding_and_grey_match_numpy(tmp_path):
     np.testing.assert_allclose(got, reference(src, host), rtol=1e-5, atol=1e-5)
 
 
+def test_first_aipp_info_reports_the_static_aipp_of_an_input(tmp_path):
+    """acl.mdl.get_first_aipp_info as pyACL returns it: (dict keyed like aclAippInfo, 0), or
+    (None, 145015) for an input without static AIPP (the gear input, a model without AIPP)."""
+    src = tiny_models.conv_onnx(tmp_path / "c.onnx")
+    text = ("aipp_op { aipp_mode: static input_format: RGB888_U8 rbuv_swap_switch: true src_image_size_w: 20 "
+            "src_image_size_h: 18 crop: true load_start_pos_w: 4 load_start_pos_h: 2 crop_size_w: 16 "
+            "crop_size_h: 16 mean_chn_0: 10 min_chn_1: 0.5 var_reci_chn_2: 0.1 }")
+    with_aipp = compile_model(src, tmp_path / "a.om", batch="1,2", target="cpu", aipp=aipp.parse(text),
+                              log=lambda s: None).path
+    plain = compile_model(src, tmp_path / "p.om", batch="1,2", target="cpu", log=lambda s: None).path
+    acl = cpu_acl()
+    with acl_context(acl):
+        model_id, ret = acl.mdl.load_from_file(str(with_aipp))
+        info, ret = acl.mdl.get_first_aipp_info(model_id, 0)
+        assert ret == 0
+        assert (info["inputFormat"], info["rbuvSwapSwitch"], info["srcImageSizeW"], info["srcImageSizeH"]) == \
+            (C.ACL_RGB888_U8, 1, 20, 18)
+        assert (info["cropSwitch"], info["loadStartPosW"], info["loadStartPosH"], info["cropSizeW"]) == (1, 4, 2, 16)
+        assert (info["meanChn0"], info["minChn1"], info["varReciChn0"]) == (10, 0.5, 1.0)
+        assert info["varReciChn2"] == np.float32(0.1)  # a C float, as pyACL builds it
+        assert acl.mdl.get_first_aipp_info(model_id, 1) == (None, C.ACL_ERROR_GE_AIPP_NOT_EXIST)  # the gears'
+        other, ret = acl.mdl.load_from_file(str(plain))
+        assert acl.mdl.get_first_aipp_info(other, 0) == (None, C.ACL_ERROR_GE_AIPP_NOT_EXIST)
+        assert acl.mdl.get_first_aipp_info(999, 0) == (None, C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID)
+        with pytest.raises(TypeError, match="args parse failed"):
+            acl.mdl.get_first_aipp_info(model_id, np.int64(0))  # "k": a numpy int is refused
+        assert acl.mdl.unload(model_id) == 0 and acl.mdl.unload(other) == 0
+
+
 def identity_onnx(path, channels: int, h: int, w: int) -> str:
     vi = helper.make_tensor_value_info
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "id",

@@ -47,8 +47,11 @@ def image_server(tmp_path_factory):
     ops = [aipp.generate("rgb", ",".join(map(str, MEAN)), ",".join(map(str, STD)))]
     compile_cpu_om(onnx_path, root / "conv_aipp.om", batch="1,2,4", aipp=ops)
     compile_cpu_om(onnx_path, root / "conv_host.om", batch="1,2,4")
+    bgr = [aipp.generate("bgr", ",".join(map(str, MEAN)), ",".join(map(str, STD)))]  # it takes BGR pixels
+    compile_cpu_om(onnx_path, root / "conv_aipp_bgr.om", batch="1,2,4", aipp=bgr)
     crop = "    image: {resize: center_crop, crop_fraction: 0.875}\n"
     (root / "conv_aipp.yaml").write_text("inputs:\n  x:\n" + crop)
+    (root / "conv_aipp_bgr.yaml").write_text("inputs:\n  x:\n" + crop)  # no colour: the OM's AIPP says it
     (root / "conv_host.yaml").write_text("inputs:\n  x:\n" + crop.replace(
         "}", f", mean: {MEAN.tolist()}, std: {STD.tolist()}}}"))
     shutil.copy(root / "conv_aipp.om", root / "bad_plan.om")
@@ -146,7 +149,7 @@ def test_aipp_om_answers_as_the_float_model_with_host_normalisation(http_client)
     pictures = [encode(gradient(30 + 7 * i, 41, seed=i), "JPEG", quality=90) for i in range(3)]
     pictures.append(encode(gradient(20, 20, seed=9)))
     results = {}
-    for model in ("conv_aipp", "conv_host"):
+    for model in ("conv_aipp", "conv_aipp_bgr", "conv_host"):
         inp = http.InferInput("x", [len(pictures)], "BYTES")
         inp.set_data_from_numpy(np.array(pictures, dtype=object))
         results[model] = client.infer(model, [inp]).as_numpy("y")
@@ -154,6 +157,11 @@ def test_aipp_om_answers_as_the_float_model_with_host_normalisation(http_client)
     # AIPP normalises in fp16 (min/var_reci held as fp16, each step rounded), the host in float32:
     # up to ~3e-3 per input element, about 1e-2 after the 27-tap convolution
     np.testing.assert_allclose(results["conv_aipp"], results["conv_host"], rtol=1e-5, atol=0.03)
+    # an AIPP that swaps R and B takes BGR pixels (acl.mdl.get_first_aipp_info's rbuvSwapSwitch):
+    # its model's settings need not say so; fed RGB, the network saw the colours swapped
+    np.testing.assert_allclose(results["conv_aipp_bgr"], results["conv_host"], rtol=1e-5, atol=0.03)
+    image = client.get_model_metadata("conv_aipp_bgr")["inputs"][0]["parameters"]
+    assert image["color"] == "bgr", image
 
 
 def test_bad_images_get_400_naming_the_row(image_server):

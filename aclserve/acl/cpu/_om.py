@@ -65,6 +65,8 @@ class ModelInfo:
             raise ValueError("model has an ascend_mbatch_shape_data input but no gears")
         self.max_batch = self.gears[-1] if self.gears else 1
         self.onnx_inputs = [t for i, t in enumerate(self.inputs) if i != self.mbatch_index]
+        # input index -> its static AIPP (the compile's summary); the gear input comes after them
+        self.aipp = {int(op["related_input_rank"]): op for op in header.get("aipp", []) or []}
         self.payload_len = payload_len
 
     @property

@@ -7,7 +7,7 @@ descriptor, dataset and buffer calls are host-side bookkeeping and do not.
 from __future__ import annotations
 
 from .. import constants as C
-from . import _dataset, _desc, _model, _om, _state, faults
+from . import _aipp, _dataset, _desc, _model, _om, _state, faults
 from ._args import INT, PTR, STR, api
 
 _OK = C.ACL_SUCCESS
@@ -189,6 +189,11 @@ def get_output_index_by_name(model_desc, name):
 @api("acl.mdl.get_dynamic_batch", PTR)
 def get_dynamic_batch(model_desc):
     return _desc.dynamic_batch(model_desc)
+
+
+@api("acl.mdl.get_first_aipp_info", INT, PTR)
+def get_first_aipp_info(model_id, index):
+    return _aipp.first_aipp_info(model_id, index)
 
 
 # -- datasets ------------------------------------------------------------------------------------
