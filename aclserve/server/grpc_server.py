@@ -27,7 +27,9 @@ answers (a handler cannot cancel its call: its status would wait behind the answ
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 import time
 
 import grpc
@@ -49,6 +51,27 @@ PING_TIMEOUT_S = 20  # and closed when the ping is not answered in this (a dead 
 
 def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def port_taken(host: str, port: int) -> OSError | None:
+    """The error binding host:port gives while another socket holds it (None when free, or for
+    port 0), found with a socket of our own set as grpc sets its own (SO_REUSEADDR, no
+    SO_REUSEPORT: server_options)."""
+    if not port:
+        return None
+    try:
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return None  # a name that does not resolve: grpc's bind says so
+    for family, kind, proto, _, sockaddr in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return e
+    return None
 
 
 def server_options(config, max_message_bytes: int, connections: int) -> list[tuple[str, int]]:
@@ -136,6 +159,9 @@ class GrpcServer:
 
     async def start(self, host: str, port: int) -> int:
         """Bind host:port and serve; returns the bound port. OSError when it cannot bind."""
+        taken = port_taken(host, port)
+        if taken is not None:  # said here: grpc core's own bind failure is an extra ERROR line on stderr
+            raise OSError(f"gRPC cannot listen on {address(host, port)}: {taken.strerror}")
         try:
             if self._credentials is None:
                 bound = self._server.add_insecure_port(address(host, port))
