@@ -170,9 +170,10 @@ class OmModel:
         `aclserve compile --image-input bgr` mean it); YUV400 is gray; None without AIPP. An
         input format aclserve does not compile, or a call that fails, is None with a note: the
         image settings must then say the colour."""
-        if index == self.dynamic_index:
+        call = getattr(self._acl.mdl, "get_first_aipp_info", None)  # (a pyACL without it: none said)
+        if index == self.dynamic_index or call is None:
             return None
-        info, ret = self._acl.mdl.get_first_aipp_info(self.model_id, index)
+        info, ret = call(self.model_id, index)
         if ret in (C.ACL_ERROR_GE_AIPP_NOT_EXIST, C.ACL_ERROR_NOT_STATIC_AIPP):
             return None
         if ret != C.ACL_SUCCESS or not info:

@@ -36,7 +36,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE
 
 # Calls some CANN releases do not have (acl/compat.py falls back without them)
 OPTIONAL_CALLS = ("rt.synchronize_event_with_timeout", "rt.synchronize_stream_with_timeout",
-                  "rt.create_event_ex_with_flag", "get_soc_name")
+                  "rt.create_event_ex_with_flag", "get_soc_name", "mdl.get_first_aipp_info")
 
 _threads_override: int | None = None
 
