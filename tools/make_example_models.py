@@ -114,12 +114,18 @@ def make_digits_image(clf, outdir: str) -> None:
     from aclserve.om import aipp
     from aclserve.om.compile import compile_model
 
-    src = os.path.relpath(os.path.join(outdir, "digits_image.onnx"), ROOT)  # no machine path in the header
-    _save(export_digits_image(clf), os.path.join(ROOT, src))
+    src = os.path.join(outdir, "digits_image.onnx")
+    _save(export_digits_image(clf), src)
     # uint8 grey pixels 0-255 in; AIPP multiplies by 16/255 to the 0-16 the MLP was trained on
     ops = [aipp.generate("gray", None, str(255 / 16))]
-    compile_model(src, os.path.join(ROOT, "models", "digits_image.om"), target="cpu", aipp=ops, log=lambda s: None)
-    print(f"digits_image: models/digits_image.om (AIPP, uint8 [batch, 8, 8, 1]) from {src}")
+    cwd = os.getcwd()
+    os.chdir(outdir)  # the header names the source by its file name alone: the same bytes whatever OUTDIR is
+    try:
+        compile_model("digits_image.onnx", os.path.join(ROOT, "models", "digits_image.om"), target="cpu", aipp=ops,
+                      log=lambda s: None)
+    finally:
+        os.chdir(cwd)
+    print(f"digits_image: models/digits_image.om (AIPP, uint8 [batch, 8, 8, 1]) from {os.path.relpath(src)}")
 
 
 def make_digits(outdir: str) -> None:
@@ -198,6 +204,7 @@ def main(argv=None) -> int:
                         help="folder for the benchmark models (default out/models/)")
     parser.add_argument("--skip-digits", action="store_true", help="only write the benchmark models")
     args = parser.parse_args(argv)
+    args.outdir = os.path.abspath(args.outdir)  # the digits step works from the repository's root
     os.makedirs(args.outdir, exist_ok=True)
     if not args.skip_digits:
         make_digits(args.outdir)
