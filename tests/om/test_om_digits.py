@@ -24,6 +24,14 @@ def held_out():
     return data["x"], data["y"], float(data["accuracy"])
 
 
+@pytest.mark.parametrize("name", ["digits.om", "digits_image.om"])
+def test_committed_oms_name_their_source_without_a_machine_path(name):
+    """The header keeps the path the compile was given: digits_image.om once named a temp
+    folder of the machine that built it (../../tmp/...)."""
+    path = container.read_header(os.path.join(REPO, "models", name))["source"]["path"]
+    assert not os.path.isabs(path) and ".." not in path.split("/"), path
+
+
 def test_committed_om_was_compiled_from_committed_onnx():
     header = container.read_header(OM)
     with open(ONNX, "rb") as f:
