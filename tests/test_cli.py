@@ -129,8 +129,8 @@ def test_profile_user_mistakes_are_one_line_each(tmp_path):
              (("--url", "http://127.0.0.1:1", "--trace", "no/such/folder/t.json"), "no/such/folder"),
              (("--url", "http://127.0.0.1:1", "--png", "no/such/folder/t.png"), "no/such/folder"),
              # flags of the other mode did nothing
-             (("--url", "http://127.0.0.1:1", "--models", "elsewhere"), "--models apply to the in-process mode"),
-             (("--url", "http://127.0.0.1:1", "--device", "cpu"), "--device apply to the in-process mode"),
+             (("--url", "http://127.0.0.1:1", "--models", "elsewhere"), "--models applies to the in-process mode"),
+             (("--url", "http://127.0.0.1:1", "--device", "cpu"), "--device applies to the in-process mode"),
              (("--trace-dir", "traces"), "--trace-dir applies with --url")]
     for args, said in cases:
         proc = _aclserve("profile", "m", "--seconds", "1", *args, cwd=tmp_path)

@@ -48,7 +48,8 @@ def _check_mode(args) -> None:
     """Flags of the other mode would be taken and do nothing: refused, and the defaults filled in."""
     local = [flag for flag, value in (("--models", args.models), ("--device", args.device)) if value is not None]
     if args.url and local:
-        raise UsageError(f"{' and '.join(local)} apply to the in-process mode; with --url the server's own are used")
+        raise UsageError(f"{' and '.join(local)} appl{'ies' if len(local) == 1 else 'y'} to the in-process mode; "
+                         "with --url the server's own are used")
     if not args.url and args.trace_dir is not None:
         raise UsageError("--trace-dir applies with --url (the running server's trace folder)")
     args.models, args.device, args.trace_dir = args.models or "models", args.device or "auto", args.trace_dir or "traces"
@@ -182,6 +183,17 @@ async def _work(body, header_length, rec, trace):
     return await infer_body(rec, body, header_length, trace)
 
 
+async def _own_trace_settings(session, base: str, setting: str) -> dict:
+    """The model's trace settings as an update that puts them back: each one that differs from
+    the global one (the model set it), and null for the rest (they follow the global ones).
+    A setting the model set to the global value comes back following it."""
+    async with session.get(setting) as resp:
+        own = await resp.json() if resp.status == 200 else {}
+    async with session.get(f"{base}/v2/trace/setting") as resp:
+        shared = await resp.json() if resp.status == 200 else {}
+    return {key: (value if value != shared.get(key) else None) for key, value in own.items()}
+
+
 async def _remote(args):
     import aiohttp
     import orjson
@@ -206,6 +218,7 @@ async def _remote(args):
                 raise UsageError(f"{base}: model {args.model!r} refused the request: HTTP {resp.status}: "
                                  f"{await resp.text()}")
         await _closed_loop(args.clients, min(1.0, args.seconds / 5), one)  # warm-up, untraced
+        restore = await _own_trace_settings(session, base, setting)
         async with session.post(setting, json={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
                                                "log_frequency": "0", "trace_file": name,
                                                "trace_format": "chrome"}) as resp:
@@ -216,8 +229,8 @@ async def _remote(args):
         finally:
             async with session.post(setting, json={"trace_level": ["OFF"]}) as resp:
                 await resp.read()  # tracing OFF writes the file
-            async with session.post(setting, json={}) as resp:
-                await resp.read()  # the model follows the global settings again
+            async with session.post(setting, json=restore) as resp:
+                await resp.read()  # the model's own settings as they were, the rest following the global ones
     path = os.path.join(args.trace_dir, name)
     for _ in range(300):
         if os.path.exists(path):

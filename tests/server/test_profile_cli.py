@@ -33,12 +33,20 @@ def test_profile_against_a_url(models_dir, tmp_path, capsys):
     srv = ServerThread(server_config(models_dir, trace_dir=str(tmp_path / "traces"))).start()
     try:
         trace = tmp_path / "remote.json"
+        import tritonclient.http as http
+        with http.InferenceServerClient(srv.url) as client:  # the model's own settings, to be kept
+            client.update_trace_settings(model_name="double", settings={"trace_rate": "7", "trace_file": "mine.json"})
+            client.update_trace_settings(settings={"trace_count": "50"})  # a global one it follows
+            before = client.get_trace_settings(model_name="double")
         assert main(["profile", "double", "--url", f"http://{srv.url}", "--trace-dir", str(tmp_path / "traces"),
                      "--seconds", "1", "--clients", "3", "--trace", str(trace)]) == 0
         _check(capsys.readouterr().out, trace)
-        import tritonclient.http as http
         with http.InferenceServerClient(srv.url) as client:
-            assert client.get_trace_settings(model_name="double")["trace_level"] == ["OFF"]  # left as found
+            # left as found (they were cleared, the model following the global settings)
+            assert client.get_trace_settings(model_name="double") == before
+            assert before["trace_level"] == ["OFF"] and before["trace_rate"] == "7"
+            client.update_trace_settings(settings={"trace_count": "60"})  # still followed, not copied
+            assert client.get_trace_settings(model_name="double")["trace_count"] == "60"
     finally:
         srv.close()
 
