@@ -166,13 +166,10 @@ class DynamicBatcher:
             return False
         return self._queue.room(self.config.default_level) == 0
 
-    def refuse_default_level(self, read: bool = False) -> QueueFull:
+    def refuse_default_level(self) -> QueueFull:
         """A request that names no priority, refused before it is decoded (server/shedding.py)
         because its level has no room for it: counted as that level's refusal, and the error
-        to answer it with. `read`: it came through its handler, so it stands for an admission
-        the guard may have made for it (which counted against the room until LAPSE_S)."""
-        if read:
-            self._unread.arrived()
+        to answer it with."""
         level = self.config.default_level
         self.stats.rejected(level, QUEUE_FULL)
         return self._queue.full_error(level)

@@ -4,8 +4,7 @@
 A request the guard lets through reaches the batcher only when its handler runs, after the loop
 has read whatever else came meanwhile; a burst read in one pass of the loop would otherwise be
 let through whole against the same free room. Each admission counts until the next arrival
-takes it off (arrivals are not matched to admissions: any arrival stands for the oldest one; a
-request read and refused before its decode, batcher.refuse_default_level(read=True), arrives too)
+takes it off (arrivals are not matched to admissions: any arrival stands for the oldest one)
 or until LAPSE_S after it was made, so one that never arrives (refused by aiohttp's path, a
 client gone) stops counting however many others follow it.
 """

@@ -91,7 +91,7 @@ def refuse_undecoded(batcher, body: bytes | memoryview, json_length: int | None)
     if batcher.default_level_full():
         text = body if json_length is None else memoryview(body)[:json_length]
         if not may_name_priority(bytes(text)):
-            raise batcher.refuse_default_level(read=True)
+            raise batcher.refuse_default_level()
 
 
 class EarlyRefusal:

@@ -154,21 +154,6 @@ async def test_full_level_is_rejected_at_once(env):
     assert not any(task.done() for task in queued + [urgent])
 
 
-async def test_a_read_request_refused_undecoded_takes_its_admission_off(env):
-    """The guard lets a request in against the level's room (admit_unread); refused once read,
-    before its decode (shedding.refuse_undecoded), it never arrives: its admission counted
-    against the room until it lapsed, and the guard refused requests there was room for."""
-    batcher, executor = env.make(priority_queue_policy={2: QueuePolicy(max_queue_size=1)})
-    first, run = await busy(env, batcher, executor)
-    assert batcher.admit_unread() is True and batcher.admit_unread() is False  # one place, taken
-    batcher.refuse_default_level(read=True)  # that request, read and refused: no longer coming
-    assert batcher.admit_unread() is True
-    batcher.refuse_default_level()  # a refusal of the guard's own: the admission still counts
-    assert batcher.admit_unread() is False
-    run.complete()
-    await env.settle()
-
-
 async def test_timeout_rejects_at_the_deadline_while_a_long_batch_runs(env):
     batcher, executor = env.make(default_queue_policy=QueuePolicy(default_timeout_ms=50))
     first, run = await busy(env, batcher, executor)
