@@ -139,6 +139,14 @@ def test_a_key_given_twice_is_refused_where_it_is(tmp_path):
     merged = "model_defaults:\n  <<: {instances: 2, reset_timeout_ms: 900}\n  instances: 3\n"
     defaults = load_server_config(write(tmp_path, merged)).model_defaults
     assert (defaults.instances, defaults.reset_timeout_ms) == (3, 900)
+    # and a mapping that overrides a merged key, itself merged elsewhere (a review found it
+    # refused: the check saw it after PyYAML had flattened it in place)
+    nested = ("model_defaults:\n  batching:\n    priority_levels: 2\n    priority_queue_policy:\n"
+              "      1: &urgent\n        <<: {timeout_action: reject, default_timeout_ms: 100}\n"
+              "        default_timeout_ms: 50\n    default_queue_policy:\n      <<: *urgent\n")
+    batching = load_server_config(write(tmp_path, nested)).model_defaults.batching
+    assert batching.default_queue_policy.default_timeout_ms == 50
+    assert batching.priority_queue_policy[1].default_timeout_ms == 50
 
 
 def test_priority_levels_inherit_from_default_queue_policy():

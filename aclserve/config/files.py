@@ -73,25 +73,34 @@ def read_yaml(path: str | os.PathLike, regular_only: bool = False) -> dict:
 class _UniqueKeyLoader(yaml.SafeLoader):
     """safe_load's loader refusing a key written twice in one mapping (PyYAML keeps the last
     silently: a setting that looked set was not); keys brought in by a `<<` merge may be
-    overridden, as YAML means them to be."""
+    overridden, as YAML means them to be. Each mapping is checked as written, the first time
+    PyYAML flattens it: flattening puts the merged keys in front of its own, in place."""
 
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen = set()
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    duplicate = key in seen
-                    seen.add(key)
-                except TypeError:  # an unhashable key: the base refuses it in its own words
-                    continue
-                if duplicate:
-                    raise yaml.constructor.ConstructorError(
-                        "while reading a mapping", node.start_mark, f"the key {key!r} is given twice",
-                        key_node.start_mark)
-        return super().construct_mapping(node, deep)
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._checked: set[int] = set()  # id() of the mapping nodes checked (they live as long as the load)
+
+    def flatten_mapping(self, node):
+        if id(node) not in self._checked:
+            self._checked.add(id(node))
+            self._refuse_twice_given(node)
+        super().flatten_mapping(node)
+
+    def _refuse_twice_given(self, node) -> None:
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base refuses it in its own words
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"the key {key!r} is given twice",
+                    key_node.start_mark)
 
 
 def _yaml_problem(e: yaml.YAMLError) -> str:
