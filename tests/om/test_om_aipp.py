@@ -141,6 +141,22 @@ def test_first_aipp_info_reports_the_static_aipp_of_an_input(tmp_path):
         assert acl.mdl.unload(model_id) == 0 and acl.mdl.unload(other) == 0
 
 
+def test_a_header_whose_aipp_entry_is_not_one_is_refused_at_load(tmp_path):
+    """get_first_aipp_info reads what the load built from the header: an entry it cannot read
+    refuses the load (145006, as a malformed OM), and never raises from the call later."""
+    from aclserve.om import container
+    src = tiny_models.conv_onnx(tmp_path / "c.onnx")
+    path = compile_model(src, tmp_path / "a.om", batch="1,2", target="cpu", aipp=[aipp.generate("rgb")],
+                         log=lambda s: None).path
+    om = container.read(path)
+    del om.header["aipp"][0]["image_input"]
+    del om.header["payload_sha256"]  # written anew
+    container.write(tmp_path / "bad.om", om.header, om.payload)
+    acl = cpu_acl()
+    with acl_context(acl):
+        assert acl.mdl.load_from_file(str(tmp_path / "bad.om")) == (0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID)
+
+
 def identity_onnx(path, channels: int, h: int, w: int) -> str:
     vi = helper.make_tensor_value_info
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "id",

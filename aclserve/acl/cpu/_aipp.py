@@ -1,4 +1,5 @@
-"""acl.mdl.get_first_aipp_info for the CPU runtime: the static AIPP a CPU OM's header records.
+"""What acl.mdl.get_first_aipp_info reports on the CPU runtime: the static AIPP a CPU OM's
+header records.
 
 pyACL returns (dict, 0), the dict keyed like aclAippInfo, or (None, ret): 145015
 (ACL_ERROR_GE_AIPP_NOT_EXIST) for an input without static AIPP. The dict holds the fields a
@@ -11,26 +12,14 @@ from __future__ import annotations
 import struct
 
 from .. import constants as C
-from ._model import models
-from ._state import check_init
 
 _INPUT_FORMATS = {"RGB888_U8": C.ACL_RGB888_U8, "YUV400_U8": C.ACL_YUV400_U8}
 
 
-def first_aipp_info(model_id: int, index: int):
-    ret = check_init()
-    if ret:
-        return None, ret
-    model = models.get(model_id)
-    if model is None:
-        return None, C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
-    op = model.info.aipp.get(index)
-    if op is None:
-        return None, C.ACL_ERROR_GE_AIPP_NOT_EXIST
-    return _info(op), C.ACL_SUCCESS
-
-
-def _info(op: dict) -> dict:
+def aipp_info(op: dict) -> dict:
+    """The aclAippInfo dict of one AIPP entry of a CPU OM's header (the compile's summary);
+    KeyError, TypeError or ValueError for an entry that is not one (the header is refused).
+    Built when the header is read, so the call itself never fails on it."""
     _, height, width, _ = op["image_input"]["dims"]
     info = {"inputFormat": _INPUT_FORMATS[op["input_format"]], "srcImageSizeW": width, "srcImageSizeH": height,
             "cropSwitch": int(op["crop"]), "loadStartPosW": op["load_start_pos_w"],

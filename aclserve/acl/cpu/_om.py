@@ -12,6 +12,7 @@ import os
 from ...dtypes import acl_to_numpy, kserve_to_acl
 from ...om import atc_om, container
 from .. import constants as C
+from ._aipp import aipp_info
 
 log = logging.getLogger("aclserve.acl.cpu")
 
@@ -65,8 +66,9 @@ class ModelInfo:
             raise ValueError("model has an ascend_mbatch_shape_data input but no gears")
         self.max_batch = self.gears[-1] if self.gears else 1
         self.onnx_inputs = [t for i, t in enumerate(self.inputs) if i != self.mbatch_index]
-        # input index -> its static AIPP (the compile's summary); the gear input comes after them
-        self.aipp = {int(op["related_input_rank"]): op for op in header.get("aipp", []) or []}
+        # input index -> its static AIPP as get_first_aipp_info reports it (from the compile's
+        # summary); the gear input comes after them
+        self.aipp = {int(op["related_input_rank"]): aipp_info(op) for op in header.get("aipp", []) or []}
         self.payload_len = payload_len
 
     @property

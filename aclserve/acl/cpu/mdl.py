@@ -7,7 +7,7 @@ descriptor, dataset and buffer calls are host-side bookkeeping and do not.
 from __future__ import annotations
 
 from .. import constants as C
-from . import _aipp, _dataset, _desc, _model, _om, _state, faults
+from . import _dataset, _desc, _model, _om, _state, faults
 from ._args import INT, PTR, STR, api
 
 _OK = C.ACL_SUCCESS
@@ -193,7 +193,16 @@ def get_dynamic_batch(model_desc):
 
 @api("acl.mdl.get_first_aipp_info", INT, PTR)
 def get_first_aipp_info(model_id, index):
-    return _aipp.first_aipp_info(model_id, index)
+    ret = _state.check_init()
+    if ret:
+        return None, ret
+    model = _model.models.get(model_id)
+    if model is None:
+        return None, C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+    info = model.info.aipp.get(index)
+    if info is None:
+        return None, C.ACL_ERROR_GE_AIPP_NOT_EXIST
+    return dict(info), _OK  # a copy: the caller may change it
 
 
 # -- datasets ------------------------------------------------------------------------------------
