@@ -25,7 +25,7 @@ class LoadFailures:
         self._retry = RetrySchedule(retry_initial_s, retry_max_s, self._due)
         self._on_retry = on_retry
         self._logged: set[tuple[str, str, tuple]] = set()
-        self._again: set[tuple[str, str, tuple]] = set()  # past a retry that failed; retries go on
+        self._again: set[tuple[str, str, tuple]] = set()  # loading a retry after one that failed
         self._closed = False
 
     def record(self, name: str, version: str, file: VersionFile, error: BaseException) -> str:
@@ -34,9 +34,7 @@ class LoadFailures:
         if transient and self._retry.enabled and not self._closed:
             attempt, delay = self._retry.schedule(name, version, file.identity)
             reason = f"{reason} (transient device error: retry {attempt} in {delay:.1f} s)"
-        else:  # no more retries: readiness goes by the refusal once its load task ends
-            self._again.discard(key)
-        self._reasons[key] = reason
+        self._reasons[key] = reason  # (still retrying again until its load task ends: load_ended)
         if key not in self._logged:
             self._logged.add(key)
             log.error("%s: version %s from %s not loaded: %s", name, version, file.path, reason)
@@ -77,10 +75,15 @@ class LoadFailures:
         an out-of-memory code, transient, for good), so one that has failed again is refused."""
         return {key[0] for key in self._reasons if self._retry.first_pending(key)}
 
+    def load_ended(self, name: str) -> None:
+        """The task that worked on `name` has ended: a later retry that failed in it stops
+        counting as loading (its refusal counts from now on)."""
+        self._again = {k for k in self._again if k[0] != name or k not in self._reasons}
+
     def retrying_again(self) -> set[str]:
-        """Models past a retry that failed, whose retries go on: refused for readiness while a
-        later retry loads and as it fails, or lenient readiness went to 503 for the length of
-        every later retry's load (and from its failure until its load task ended)."""
+        """Models loading a retry after one that failed, until its load task ends (load_ended):
+        refused for readiness meanwhile, or lenient readiness went to 503 for the length of every
+        later retry's load, and from its failure until its task ended."""
         return {key[0] for key in self._again}
 
     @property

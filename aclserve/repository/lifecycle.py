@@ -90,6 +90,7 @@ class Lifecycle:
     def _finished(self, name: str, task: asyncio.Task) -> None:
         if self._busy.get(name) is task:
             del self._busy[name]
+            self._failures.load_ended(name)
         if not task.cancelled() and task.exception() is not None:
             log.error("%s: applying changes failed", name, exc_info=task.exception())
         if name in self._dirty:
