@@ -9,12 +9,15 @@ A plan that does not fit the model raises PlanError at load, naming the input.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, fields
 
 import numpy as np
 
 from ..config import ImageInput
 from ..runtime.types import TensorSpec
+
+log = logging.getLogger(__name__)
 
 
 class PlanError(ValueError):
@@ -97,6 +100,9 @@ def build_plan(image: ImageInput, spec: TensorSpec) -> ImagePlan:
         raise PlanError(f"image input {name!r}: {channels} channels; images give 1 (gray) or 3 (rgb/bgr)")
     # unsaid, the pixels the input's AIPP takes (an RGB888 AIPP swapping R and B takes BGR)
     color = image.color or spec.aipp_color or ("gray" if channels == 1 else "rgb")
+    if image.color is None and spec.aipp_color == "bgr":  # the one order that differs from before
+        log.info("image input %r takes BGR pixels: its static AIPP swaps R and B (say color: rgb if it "
+                 "was built to give a BGR-trained network RGB pixels)", name)
     if (color == "gray") != (channels == 1):
         raise PlanError(f"image input {name!r}: color {color} does not fit {channels} channel(s)")
     mean = _per_channel(image.mean, channels, name, "mean")
