@@ -100,6 +100,11 @@ def test_descriptor(acl, loaded_mlp):
     assert acl.mdl.get_input_format(desc, 0) == C.ACL_FORMAT_ND
     assert acl.mdl.get_output_name_by_index(desc, 9) == ""
     assert acl.mdl.get_dynamic_batch(desc) == ({"batchCount": 3, "batch": [1, 2, 4]}, 0)
+    # an input without static AIPP (the model's own, the gear input): pyACL's (None, 145015), or
+    # the deprecated 100038 of an older CANN
+    for index in (0, MBATCH):
+        assert acl.mdl.get_first_aipp_info(loaded_mlp.model_id, index) in (
+            (None, C.ACL_ERROR_GE_AIPP_NOT_EXIST), (None, C.ACL_ERROR_NOT_STATIC_AIPP))
 
 
 def test_datasets_and_buffers_do_not_own_what_they_hold(acl, ctx, device_buffer):
