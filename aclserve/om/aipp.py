@@ -149,11 +149,17 @@ def _bool(key: str, value: str, where: str) -> bool:
     raise CompileError(f"{where}: {key} must be true or false, got {value!r}")
 
 
+def _plain_number(text: str, integer: bool = False):
+    """int() or float() of `text`, refusing (ValueError) what they take and ATC does not: 1_0
+    (read as 10) and other scripts' digits."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    return int(text) if integer else float(text)
+
+
 def _number(key: str, value: str, where: str, integer: bool):
     try:
-        if not value.isascii() or "_" in value:  # Python reads 1_0 as 10 and other scripts' digits
-            raise ValueError(value)
-        return int(value) if integer else float(value)
+        return _plain_number(value, integer)
     except ValueError:
         raise CompileError(f"{where}: {key} must be {'an integer' if integer else 'a number'}, got {value!r}") from None
 
@@ -222,7 +228,7 @@ def _op(fields: dict[str, str], where: str) -> AippOp:
 
 def _floats(text: str, what: str) -> list[float]:
     try:
-        values = [float(v) for v in text.split(",")]
+        values = [_plain_number(v.strip()) for v in text.split(",")]
     except ValueError:
         values = []
     if not values or not all(math.isfinite(v) for v in values):  # float() takes nan and inf

@@ -243,6 +243,7 @@ def test_refused_configs_say_why_in_one_line(body, message):
 @pytest.mark.parametrize("std, message", [
     ("nan,1,1", "finite numbers"), ("inf,1,1", "finite numbers"), ("1,x,1", "finite numbers"),
     ("1e-5,1,1", "at least 1/65504"), ("0,1,1", "at least 1/65504"),
+    ("1_0,1,1", "finite numbers"), ("\u0661\u0662,1,1", "finite numbers"),  # float() read 10 and 12
 ])
 def test_generated_std_must_be_finite_and_its_reciprocal_an_fp16(std, message):
     """--std nan (and inf) wrote an OM whose 1/std was nan (or 0); 1e-5 was 'must be non-zero'
