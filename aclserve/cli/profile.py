@@ -52,7 +52,9 @@ def _check_mode(args) -> None:
                          "with --url the server's own are used")
     if not args.url and args.trace_dir is not None:
         raise UsageError("--trace-dir applies with --url (the running server's trace folder)")
-    args.models, args.device, args.trace_dir = args.models or "models", args.device or "auto", args.trace_dir or "traces"
+    args.models = "models" if args.models is None else args.models
+    args.device = "auto" if args.device is None else args.device
+    args.trace_dir = "traces" if args.trace_dir is None else args.trace_dir
 
 
 def run_profile(args) -> int:
@@ -229,8 +231,10 @@ async def _remote(args):
         finally:
             async with session.post(setting, json={"trace_level": ["OFF"]}) as resp:
                 await resp.read()  # tracing OFF writes the file
-            async with session.post(setting, json=restore) as resp:
-                await resp.read()  # the model's own settings as they were, the rest following the global ones
+            async with session.post(setting, json=restore) as resp:  # the model's own as they were
+                if resp.status != 200:
+                    print(f"aclserve profile: warning: could not put the model's trace settings back "
+                          f"({resp.status}: {await resp.text()}); they are {restore}", file=sys.stderr)
     path = os.path.join(args.trace_dir, name)
     for _ in range(300):
         if os.path.exists(path):

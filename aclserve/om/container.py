@@ -112,9 +112,14 @@ def decode(data: bytes, verify_payload: bool = True) -> CpuOm:
         raise OmFormatError("CPU OM header lacks inputs/outputs")
     payload = data[PREFIX_SIZE + hlen:]
     if verify_payload and "payload_sha256" in header:
-        if hashlib.sha256(payload).hexdigest() != header["payload_sha256"]:
-            raise OmFormatError(CHECKSUM_MISMATCH)
+        _check_digest(hashlib.sha256(payload), header)
     return CpuOm(header, payload)
+
+
+def _check_digest(digest, header: dict) -> None:
+    """The payload's sha256 (hashlib object) against the one the header records."""
+    if digest.hexdigest() != header["payload_sha256"]:
+        raise OmFormatError(CHECKSUM_MISMATCH)
 
 
 def verify_payload_file(path: str | os.PathLike, header: dict) -> None:
@@ -128,8 +133,7 @@ def verify_payload_file(path: str | os.PathLike, header: dict) -> None:
         f.seek(PREFIX_SIZE + hlen)
         while chunk := f.read(1 << 20):
             digest.update(chunk)
-    if digest.hexdigest() != header["payload_sha256"]:
-        raise OmFormatError(CHECKSUM_MISMATCH)
+    _check_digest(digest, header)
 
 
 def read(path: str | os.PathLike, verify_payload: bool = True) -> CpuOm:

@@ -54,9 +54,9 @@ def address(host: str, port: int) -> str:
 
 
 def port_taken(host: str, port: int) -> OSError | None:
-    """The error binding host:port gives while another socket holds it (None when free, or for
-    port 0), found with a socket of our own set as grpc sets its own (SO_REUSEADDR, no
-    SO_REUSEPORT: server_options)."""
+    """The error binding host:port gives while another socket holds it, or a privileged port
+    (None when free, or for port 0), found with a socket of our own set as grpc sets its own
+    (SO_REUSEADDR, no SO_REUSEPORT: server_options)."""
     if not port:
         return None
     try:
@@ -69,7 +69,7 @@ def port_taken(host: str, port: int) -> OSError | None:
             try:
                 probe.bind(sockaddr)
             except OSError as e:
-                if e.errno == errno.EADDRINUSE:
+                if e.errno in (errno.EADDRINUSE, errno.EACCES):  # (others may be of one family grpc can skip)
                     return e
     return None
 
