@@ -36,10 +36,13 @@ PUSHBACK = ("grpc-retry-pushback-ms", "1000")
 
 @pytest.fixture
 def held_models(models_dir, tmp_path):
-    """affine and a copy of it ("other"), whose executions only the test (or the shutdown) ends."""
+    """affine and a copy of it ("other"), whose executions only the test (or the shutdown) ends.
+    Nor may a queue deadline end a request waiting behind a held batch: with one slot (`slots:
+    auto` on one core) it waits in the queue, whose auto deadline (2 s) came before the shutdown's."""
     for name in ("affine", "other"):
         shutil.copy(models_dir / "affine.om", tmp_path / f"{name}.om")
-        (tmp_path / f"{name}.yaml").write_text("execution_timeout_ms: 600000\n")
+        (tmp_path / f"{name}.yaml").write_text(
+            "execution_timeout_ms: 600000\nbatching: {default_queue_policy: {default_timeout_ms: 600000}}\n")
     return tmp_path
 
 
