@@ -38,12 +38,14 @@ def models_dir(tmp_path):
 async def make_repo(models_dir, runtime):
     made = []
 
-    async def make(start: bool = True, **overrides):
+    async def make(start: bool = True, wall_clock=None, **overrides):
+        """wall_clock: what the first scan reads to judge a file's age (time.time by default)."""
         # lenient readiness: the start-up wait below ends once refused files are refused too
         settings = {"models_dir": str(models_dir), "settle_s": 0.3, "debounce_s": 0.05, "readiness": "lenient",
                     "shutdown_timeout_s": 10, "model_defaults.batching.max_queue_delay_ms": 0.5}
         settings.update(overrides)
-        repo = ModelRepository(load_server_config(None, settings), runtime)
+        clocks = {} if wall_clock is None else {"wall_clock": wall_clock}
+        repo = ModelRepository(load_server_config(None, settings), runtime, **clocks)
         events = Events()
         repo.add_listener(events)
         made.append(repo)

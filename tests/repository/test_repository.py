@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -297,8 +298,9 @@ async def test_start_says_whether_the_folder_is_empty_or_its_files_are_still_set
     await make_repo()  # nothing in the folder
     assert "holds no model" in caplog.text and "still being written" not in caplog.text
     caplog.clear()
+    written = time.time()
     (models_dir / "m.om").write_bytes(Path(model_files[3]["om"]).read_bytes())  # fresh: not trusted yet
-    await make_repo()  # waits until m is served
+    await make_repo(wall_clock=lambda: written)  # (fresh however late it starts) waits until m is served
     assert "still being written" in caplog.text and "holds no model" not in caplog.text
 
 
@@ -315,8 +317,11 @@ async def test_answers_are_right_for_every_gear(make_repo, models_dir, model_fil
 async def test_a_model_still_settling_at_start_holds_readiness_back(make_repo, models_dir, model_files, readiness):
     """A file written just before start is not trusted until it has not changed for settle_s;
     meanwhile readiness is false, in both modes."""
+    written = time.time()
     (models_dir / "m.om").write_bytes(Path(model_files[3]["om"]).read_bytes())  # fresh: not trusted yet
-    repo, events = await make_repo(start=False, readiness=readiness)
+    # the first scan's wall clock stays at the write: a loaded machine may start settle_s after
+    # it, and the file, old enough by then, was taken at once
+    repo, events = await make_repo(start=False, readiness=readiness, wall_clock=lambda: written)
     await repo.start()
     ready_at_start = repo.all_ready()
     await events.until(repo.all_ready)
