@@ -8,8 +8,10 @@ checked causally with phases set by the test, never with durations.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -64,18 +66,55 @@ class Clients:
         await asyncio.gather(*self._tasks)
 
 
-async def slow_write(path, data: bytes, chunks=12):
+class WriterClock:
+    """The settle gate's clock: time.monotonic, except that during `writing(pause_s)` it runs at
+    most pause_s past the last chunk written. A loaded machine may stall the writer past settle_s
+    between two chunks, and the gate rightly takes a file unchanged that long: the partial file
+    was loaded. With this clock the gate sees the pauses the writer means, never longer."""
+
+    def __init__(self):
+        self._behind = 0.0  # how far this clock is behind time.monotonic
+        self._limit: float | None = None  # while writing: the reading it stops at
+        self._pause_s = 0.0
+
+    def __call__(self) -> float:
+        now = time.monotonic() - self._behind
+        return now if self._limit is None else min(now, self._limit)
+
+    @contextlib.contextmanager
+    def writing(self, pause_s: float):
+        self._pause_s = pause_s
+        self.wrote()
+        try:
+            yield
+        finally:
+            self._stop_at(None)
+
+    def wrote(self) -> None:
+        """A chunk was written: the clock may run pause_s from here."""
+        self._stop_at(self() + self._pause_s)
+
+    def _stop_at(self, limit: float | None) -> None:
+        if self._limit is not None:  # the time it stood still is not made up
+            self._behind += max(0.0, time.monotonic() - self._behind - self._limit)
+        self._limit = limit
+
+
+async def slow_write(path, data: bytes, clock: WriterClock, chunks=12, pause_s=0.02):
+    """`chunks` writes `pause_s` apart, as `clock` sees them (12 x 20 ms: under settle_s, 0.3 s)."""
     step = -(-len(data) // chunks)
-    with open(path, "wb") as f:
+    with clock.writing(pause_s), open(path, "wb") as f:
         for i in range(0, len(data), step):
             f.write(data[i:i + step])
             f.flush()
-            await asyncio.sleep(0.02)
+            clock.wrote()
+            await asyncio.sleep(pause_s)
 
 
 async def test_replace_by_rename_by_slow_write_and_new_version_fail_nothing(make_repo, models_dir, model_files):
     place(model_files[1]["om"], models_dir / "m.om")
-    repo, events = await make_repo()
+    clock = WriterClock()
+    repo, events = await make_repo(clock=clock)
     clients = Clients(repo, "m")
     await clients.wait_for_answers(20, 0)
 
@@ -87,7 +126,7 @@ async def test_replace_by_rename_by_slow_write_and_new_version_fail_nothing(make
 
     # 2. slow chunked write in place: nothing changes until the file is complete
     clients.phase = 2
-    await slow_write(models_dir / "m.om", Path(model_files[3]["om"]).read_bytes())
+    await slow_write(models_dir / "m.om", Path(model_files[3]["om"]).read_bytes(), clock)
     clients.phase = 3
     await events.wait("reloaded", "m", "1", count=2)
     clients.phase = 4
