@@ -15,7 +15,7 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-from .spec import CompileError, ModelSpec, TensorInfo
+from .spec import CompileError, ModelSpec, TensorInfo, plain_number
 
 CHANNELS = {"RGB888_U8": 3, "YUV400_U8": 1}
 _REFUSED_FORMATS = ("YUV420SP_U8", "XRGB8888_U8", "ARGB8888_U8", "YUYV_U8", "YUV422SP_U8", "AYUV444_U8",
@@ -149,17 +149,9 @@ def _bool(key: str, value: str, where: str) -> bool:
     raise CompileError(f"{where}: {key} must be true or false, got {value!r}")
 
 
-def _plain_number(text: str, integer: bool = False):
-    """int() or float() of `text`, refusing (ValueError) what they take and ATC does not: 1_0
-    (read as 10) and other scripts' digits."""
-    if not text.isascii() or "_" in text:
-        raise ValueError(text)
-    return int(text) if integer else float(text)
-
-
 def _number(key: str, value: str, where: str, integer: bool):
     try:
-        return _plain_number(value, integer)
+        return plain_number(value, integer)
     except ValueError:
         raise CompileError(f"{where}: {key} must be {'an integer' if integer else 'a number'}, got {value!r}") from None
 
@@ -228,7 +220,7 @@ def _op(fields: dict[str, str], where: str) -> AippOp:
 
 def _floats(text: str, what: str) -> list[float]:
     try:
-        values = [_plain_number(v.strip()) for v in text.split(",")]
+        values = [plain_number(v.strip()) for v in text.split(",")]
     except ValueError:
         values = []
     if not values or not all(math.isfinite(v) for v in values):  # float() takes nan and inf

@@ -22,7 +22,14 @@ MAX_GEARS = 100
 MAX_DIM = 2**63 - 1  # ONNX (and ACL) dims are int64; a tensor's size in bytes must fit one too
 BATCH_SYMBOL = "batch"  # the one dim_param every batched input shares, so inference propagates it
 _NAME_DIMS = re.compile(r"^(?P<name>.+):(?P<dims>-?[0-9]+(?:,-?[0-9]+)*)$")
-_INTEGER = re.compile(r"[+-]?[0-9]+")  # what ATC reads: Python's int() also takes 1_0 and other scripts' digits
+
+
+def plain_number(text: str, integer: bool = False):
+    """int() or float() of `text`, refusing (ValueError) what they take and ATC does not: 1_0
+    (read as 10) and other scripts' digits. For --batch and the AIPP numbers alike."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    return int(text) if integer else float(text)
 
 
 class CompileError(ValueError):
@@ -87,10 +94,10 @@ def parse_gears(text) -> list[int] | None:
     if text is None:
         return None
     if isinstance(text, str):
-        items = [s.strip() for s in text.split(",")]
-        if not all(_INTEGER.fullmatch(s) for s in items):
-            raise CompileError(f"malformed --batch {text!r}: expected comma-separated integers")
-        gears = [int(s) for s in items]
+        try:
+            gears = [plain_number(s.strip(), integer=True) for s in text.split(",")]
+        except ValueError:
+            raise CompileError(f"malformed --batch {text!r}: expected comma-separated integers") from None
     else:
         gears = [int(g) for g in text]
     if not gears:
