@@ -11,8 +11,8 @@ from aiohttp import web
 
 from ..errors import InvalidInput
 from .app_keys import STATE
-from .body import body_limit, charge_declared, read_body
-from .expect import continue_unless
+from .body import body_limit, read_body
+from .expect import continue_within
 
 
 class ControlBody:
@@ -24,13 +24,7 @@ class ControlBody:
 
     async def expect(self, request: web.Request) -> web.Response | None:
         """The route's expect handler (aiohttp runs it before the middlewares: expect.py)."""
-        return await continue_unless(request, self._check_declared)
-
-    def _check_declared(self, request: web.Request, state) -> None:
-        state.auth.check_route(request)  # first, as the middlewares would (expect.py)
-        with state.budget.lease() as probe:
-            charge_declared(request, probe, *self._limit(state.config))
-            probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
+        return await continue_within(request, self._limit)
 
     async def read_object(self, request: web.Request) -> dict:
         """The body's JSON object ({} for an empty body); 400 for anything else."""

@@ -5,7 +5,7 @@ aiohttp runs a route's expect handler before the middlewares, and its default on
 request ends, would keep that kept-alive connection in its head phase until header_timeout_s
 closed it. So every route gets an expect handler from here: `100-continue` is answered
 "100 Continue" (routes with a body first check the token and the body's size, through
-continue_unless: infer.expect_body, control_body.py), anything else a JSON 417, and a request
+continue_within: infer.expect_body, control_body.py), anything else a JSON 417, and a request
 answered here is finished with the tracker. Requests no route takes get the same
 (expect_on_unmatched).
 """
@@ -18,6 +18,7 @@ from aiohttp.web_urldispatcher import MatchInfoError, SystemRoute, UrlMappingMat
 
 from ..errors import ServeError
 from .app_keys import STATE
+from .body import charge_declared
 from .error_responses import error_response, json_error
 
 
@@ -43,9 +44,11 @@ def answered(request: web.Request, response: web.Response) -> web.Response:
     return response
 
 
-async def continue_unless(request: web.Request, check: Callable[[web.Request, object], None]) -> web.Response | None:
+async def continue_within(request: web.Request, limit: Callable[[object], tuple[int, str]]) -> web.Response | None:
     """An expect handler that checks before it tells the client to send its body (aiohttp's
-    own tells it at once): `check(request, state)` raises the ServeError to answer instead, and
+    own tells it at once): the route's access rule (auth.check_route: the middlewares run after
+    this), then the body's declared size against `limit(config)` ((bytes, the name a 413 gives
+    it): body.body_limit) and what the memory budget has left. A refusal is answered here and
     the connection then closes, so that a client sending its body anyway is not read."""
     if request.version != HttpVersion11:
         return None  # HTTP/1.0 has no 100 Continue: the body comes anyway
@@ -54,7 +57,10 @@ async def continue_unless(request: web.Request, check: Callable[[web.Request, ob
         return answered(request, refused)
     state = request.app[STATE]
     try:
-        check(request, state)
+        state.auth.check_route(request)
+        with state.budget.lease() as probe:
+            charge_declared(request, probe, *limit(state.config))
+            probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
     except ServeError as e:
         response = error_response(request, state, e)
         response.force_close()

@@ -28,12 +28,12 @@ from ..scheduling import answered_before_cancel
 from ..trace import now_ns
 from .answer_size import answer_bytes
 from .app_keys import STATE
-from .body import charge_declared, read_body
+from .body import MAX_BODY_BYTES, read_body
 from .budget import json_tensor_estimate
 from .json_tensors import value_bound
 from .codec import HEADER_LENGTH, decode_request, parse_header_length
 from .encode import encode_response
-from .expect import continue_unless
+from .expect import continue_within
 from .http_errors import http_status
 from .observe import REQUEST_ID_HEADER, request_id
 from .shedding import refuse_undecoded
@@ -60,14 +60,11 @@ async def expect_body(request: web.Request) -> web.Response | None:
     checked before the client is told to send the body. aiohttp runs this before the
     middlewares, so it does their part for what it answers (expect.py): the access check, and
     telling the connection tracker the request is over."""
-    return await continue_unless(request, _check_before_body)
+    return await continue_within(request, _body_limit)
 
 
-def _check_before_body(request: web.Request, state) -> None:
-    state.auth.check_route(request)
-    with state.budget.lease() as probe:
-        charge_declared(request, probe, state.config.max_body_bytes)
-        probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
+def _body_limit(config) -> tuple[int, str]:
+    return config.max_body_bytes, MAX_BODY_BYTES
 
 
 async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http",
