@@ -1,5 +1,8 @@
 """A full queue without any test double, for the overload tests: the affine model with a queue
-of one place and a long batching window, so that one waiting request fills it (raw sockets)."""
+of one place and a batching window no test outlasts (HELD_WINDOW_MS), so that one waiting
+request fills it until the test ends the wait (raw sockets): `release` sends the rows that fill
+its batch, which then runs at once, or the test closes the waiting connection (the request is
+cancelled). A window that ended on its own made the tests depend on the machine's speed."""
 from __future__ import annotations
 
 import json
@@ -13,7 +16,14 @@ WAITING = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 
                                  {"name": "idx", "datatype": "INT64", "shape": [3, 3], "data": [1] * 9}]}).encode()
 ONE_ROW = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
                                  {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1] * 3}]}).encode()
+# Priority 1 (a queue of its own, with room) and 5 rows: with WAITING's 3 they fill the largest
+# gear (8), so the batch runs at once and holds both whatever the measured gear costs (a
+# smaller top-level request may be run alone on its own gear: composition.py, level_cut).
+RELEASE = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [5, 8], "data": [1.0] * 40},
+                                 {"name": "idx", "datatype": "INT64", "shape": [5, 3], "data": [1] * 15}],
+                      "parameters": {"priority": 1}}).encode()
 DEPTH = 'model="affine",priority="2",version="1"'  # the default level's queue depth labels
+HELD_WINDOW_MS = 60_000  # far longer than any test: only the test ends a partial batch's wait
 
 
 def head_of(body: bytes) -> bytes:
@@ -25,17 +35,21 @@ def request(body: bytes) -> bytes:
     return head_of(body) + body
 
 
-def affine_server(models_dir, tmp_path, make_config, window_ms: int, queue_size: int = 1, **config) -> ServerThread:
+def affine_server(models_dir, tmp_path, make_config, window_ms: int = HELD_WINDOW_MS, queue_size: int = 1,
+                  execution_timeout_ms: int = 0, **config) -> ServerThread:
     """The affine model alone, its default level `queue_size` places, a partial batch waiting
-    `window_ms`; `config` overrides server keys."""
+    `window_ms`, executions timed out after `execution_timeout_ms` (0: the model's default);
+    `config` overrides server keys."""
     shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
+    timeout = f"execution_timeout_ms: {execution_timeout_ms}\n" if execution_timeout_ms else ""
     (tmp_path / "affine.yaml").write_text(
-        f"batching: {{max_queue_delay_ms: {window_ms}, default_queue_policy: {{max_queue_size: {queue_size}}}}}\n")
+        f"batching: {{max_queue_delay_ms: {window_ms}, default_queue_policy: {{max_queue_size: {queue_size}}}}}\n"
+        + timeout)
     return ServerThread(make_config(tmp_path, model_control_mode="none", **config))
 
 
 async def fill_queue(url: str):
-    """The queue's one place taken for the batching window: (its reader, its writer)."""
+    """The queue's one place taken until `release` or the writer's close: (its reader, its writer)."""
     reader, writer = await open_raw(url)
     writer.write(request(WAITING))
     await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 1)
@@ -47,3 +61,13 @@ async def refused_through_aiohttp(url: str):
     reader, writer = await open_raw(url)
     writer.write(request(ONE_ROW))
     return (await read_response(reader))[0], writer
+
+
+async def release(url: str) -> None:
+    """End the wait of the request `fill_queue` queued: RELEASE fills its batch, which runs at
+    once; both are answered 200 (the waiting one on its own connection)."""
+    reader, writer = await open_raw(url)
+    writer.write(request(RELEASE))
+    status, answer = await read_response(reader)
+    writer.close()
+    assert status == 200, answer[:300]

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from .full_queue import affine_server, fill_queue, head_of
+from .full_queue import affine_server, fill_queue, head_of, release
 from .hostile import metric, open_raw, read_response
 
 NOT_JSON = b'{"inputs": [' + b" " * 70_000 + b"not json"  # over the guard's BODY_PEEK_BYTES
@@ -15,7 +15,7 @@ NAMES_PRIORITY = b'{"parameters": {"priority": 2}, "inputs": [' + b" " * 10 + b"
 
 @pytest.fixture
 def full_affine(models_dir, tmp_path, make_config):
-    with affine_server(models_dir, tmp_path, make_config, 600, shed_before_parsing=False) as srv:
+    with affine_server(models_dir, tmp_path, make_config, shed_before_parsing=False) as srv:
         yield srv
 
 
@@ -39,6 +39,7 @@ def test_a_request_for_a_full_level_is_refused_before_its_json_is_decoded(full_a
         waiting_reader, waiting = await fill_queue(url)
         refused = await one(NOT_JSON)
         named = await one(NAMES_PRIORITY)  # it may name another level: decoded, so refused as not JSON
+        await release(url)
         await read_response(waiting_reader)
         waiting.close()
         with_room = await one(NOT_JSON)
@@ -57,13 +58,14 @@ def test_a_refusal_before_the_decode_is_logged_with_the_header_request_id(models
     was logged with no id at all (the id was only taken when the body was decoded)."""
     import logging
     caplog.set_level(logging.INFO, logger="aclserve.requests")
-    with affine_server(models_dir, tmp_path, make_config, 600, request_log=True) as srv:
+    with affine_server(models_dir, tmp_path, make_config, request_log=True) as srv:
         async def scenario():
             waiting_reader, waiting = await fill_queue(srv.url)
             reader, writer = await open_raw(srv.url)
             writer.write(send(NOT_JSON, b"X-Request-Id: over-1\r\n"))
             answer = await read_response(reader)
             writer.close()
+            await release(srv.url)
             await read_response(waiting_reader)
             waiting.close()
             return answer

@@ -1,8 +1,8 @@
 """Review 4: the head memo (framing.parse_head), the early refusal's Head-memo reading of
 Inference-Header-Content-Length (shedding._json_length), the body offered with its head.
 
-Real server on a real port, raw sockets, the affine model with a queue of one place and a long
-batching window, so the queue is full without any test double."""
+Real server on a real port, raw sockets, the affine model with a queue of one place and a
+batching window no test outlasts, so the queue is full without any test double (full_queue.py)."""
 import asyncio
 
 import pytest
@@ -20,7 +20,7 @@ def infer_head(body: bytes, extra: bytes = b"") -> bytes:
 
 @pytest.fixture
 def long_window(models_dir, tmp_path, make_config):
-    with affine_server(models_dir, tmp_path, make_config, 2500) as srv:
+    with affine_server(models_dir, tmp_path, make_config) as srv:
         yield srv
 
 

@@ -30,7 +30,7 @@ def test_a_client_that_pipelines_early_refused_requests_and_reads_nothing_is_not
     requests and reading nothing has all of it read (about 40 MB of 503s buffered; it grows with
     what the client sends). Not new in 896b4f0 (its parent does the same), but the invariant
     the Outbox relies on does not hold."""
-    with affine_server(models_dir, tmp_path, make_config, 20000) as srv:
+    with affine_server(models_dir, tmp_path, make_config) as srv:
         async def scenario():
             _, filler = await fill_queue(srv.url)
             status, other = await refused_through_aiohttp(srv.url)  # early refusals on from now

@@ -6,13 +6,15 @@ import asyncio
 import logging
 import re
 import shutil
+import threading
 
 import pytest
 
+from aclserve.acl.cpu import faults
 from tests.serving import ServerThread, server_config
 
 from .full_queue import ONE_ROW, WAITING, affine_server, head_of, request
-from .hostile import metric, open_raw, wait_for
+from .hostile import closed_by_server, metric, open_raw, wait_for
 from .test_direct_infer import DIRECT, JSON_BODY, binary_body, post, read_answer
 
 INFER = "/v2/models/double/infer"
@@ -195,25 +197,39 @@ def test_after_a_direct_answer_aiohttps_pause_holds(models_dir, tmp_path, direct
 
 # -- 4. shutdown: a request pipelined behind a direct one -----------------------------------------------
 @pytest.mark.parametrize("direct", [False, True])
-def test_a_request_pipelined_behind_one_in_flight_at_shutdown_is_answered(models_dir, tmp_path, make_config, direct):
+def test_a_request_pipelined_behind_one_in_flight_at_shutdown_is_answered(models_dir, tmp_path, make_config, direct,
+                                                                            clean_faults):
     """aiohttp's path answers the pipelined request 503 "server is shutting down" (Retry-After);
     the direct path closes the connection after the first answer, which said nothing of it
-    (no Connection: close): the client cannot tell whether its second POST ran."""
-    s = affine_server(models_dir, tmp_path, make_config, 1500, queue_size=4, direct_infer=direct)
+    (no Connection: close): the client cannot tell whether its second POST ran. The first
+    request's execution is held until the shutdown has begun (a batching window that ended
+    before it let both be answered 200 on a slow machine)."""
+    s = affine_server(models_dir, tmp_path, make_config, window_ms=0, queue_size=4, direct_infer=direct,
+                      execution_timeout_ms=600_000)  # only the gate ends the held execution
     s.__enter__()
+    gate = threading.Event()
 
     async def scenario():
+        idle_reader, idle = await open_raw(s.url)  # closed by the server once its shutdown begins
+        held = faults.inject("execute", nth=1, hold=gate)
         reader, writer = await open_raw(s.url)
         writer.write(request(WAITING) + request(ONE_ROW))
-        await wait_for(lambda: metric(s.url, "aclserve_queue_depth", 'model="affine",priority="2",version="1"') >= 1)
+        await wait_for(held.entered.is_set)
         stopping = asyncio.get_running_loop().run_in_executor(None, s.close)
+        await closed_by_server(idle_reader)
+        gate.set()  # the first request is answered within the drain
         out = b""
         while chunk := await asyncio.wait_for(reader.read(65536), 30):
             out += chunk
         await stopping
-        writer.close()
+        for w in (writer, idle):
+            w.close()
         return out
-    out = asyncio.run(scenario())
+    try:
+        out = asyncio.run(scenario())
+    finally:
+        gate.set()
+        s.close()
     assert statuses(out)[0] == 200
     assert statuses(out) == [200, 503] or b"Connection: close" in out.split(b"\r\n\r\n")[0], out
 

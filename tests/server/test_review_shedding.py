@@ -1,9 +1,9 @@
 """Review of the early refusals (shedding.py), the request framing in the connection guard
 (framing.py) and the batcher's count of requests admitted before they are read.
 
-Real server on a real port, raw sockets. A partial batch waits max_queue_delay_ms in a queue of
-one place, so the queue is full without any test double. Durations are only ever lower bounds
-the server or the test sets itself."""
+Real server on a real port, raw sockets. A partial batch waits in a queue of one place until the
+test ends its wait (full_queue.py), so the queue is full without any test double. Durations are
+only ever lower bounds the server or the test sets itself."""
 import asyncio
 import json
 
@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.tiny_models import compile_cpu_om, save_graph
 
 from .full_queue import (DEPTH, ONE_ROW, WAITING, affine_server, fill_queue, head_of, refused_through_aiohttp,
-                         request)
+                         release, request)
 from .hostile import metric, open_raw, read_response, wait_for
 
 async def read_answers(reader, count: int) -> bytes:
@@ -29,7 +29,7 @@ async def read_answers(reader, count: int) -> bytes:
 
 @pytest.fixture
 def long_window(models_dir, tmp_path, make_config):
-    with affine_server(models_dir, tmp_path, make_config, 2500) as srv:
+    with affine_server(models_dir, tmp_path, make_config) as srv:
         yield srv
 
 
@@ -41,12 +41,13 @@ def test_a_request_handed_to_aiohttp_before_any_refusal_is_answered_before_an_ea
 
     async def scenario():
         reader, writer = await open_raw(url)
-        writer.write(request(WAITING))  # waits 2.5 s in the queue's one place
+        writer.write(request(WAITING))  # waits in the queue's one place until released
         await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 1)
         other_reader, other = await open_raw(url)
         other.write(request(ONE_ROW))  # refused through aiohttp: heads are offered from now on
         refused_status, _ = await read_response(other_reader)
         writer.write(request(ONE_ROW))  # pipelined behind the queued request
+        await release(url)  # sent after the pipelined request, so read after it
         answers = await read_answers(reader, 2)
         for w in (writer, other):
             w.close()
@@ -127,7 +128,7 @@ def test_a_stalled_head_is_timed_out_after_a_request_the_guard_could_not_frame(s
 
 @pytest.fixture
 def two_places(models_dir, tmp_path, make_config):
-    with affine_server(models_dir, tmp_path, make_config, 600, queue_size=2) as srv:
+    with affine_server(models_dir, tmp_path, make_config, queue_size=2) as srv:
         yield srv
 
 
@@ -142,13 +143,13 @@ def test_requests_admitted_unread_that_never_arrive_stop_counting_after_the_laps
     async def scenario():
         fillers = [await open_raw(url) for _ in range(2)]
         for _, w in fillers:
-            w.write(request(WAITING))  # 3 + 3 rows fill no gear: both wait the 600 ms window
+            w.write(request(WAITING))  # 3 + 3 rows fill no gear: both wait until their clients go
         await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 2)
         refused_reader, refused_writer = await open_raw(url)
         refused_writer.write(request(ONE_ROW))  # refused through aiohttp: early refusals on for 2 s
         refused_status, _ = await read_response(refused_reader)
-        for r, _ in fillers:
-            await read_response(r)
+        for _, w in fillers:
+            w.close()  # cancelled: the queue is empty
         await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 0)
         reader, writer = await open_raw(url)
         statuses = []
@@ -158,7 +159,7 @@ def test_requests_admitted_unread_that_never_arrive_stop_counting_after_the_laps
             await asyncio.sleep(0.03)
         writer.write(request(ONE_ROW))
         status, answer = await read_response(reader)
-        for w in (writer, refused_writer, *(w for _, w in fillers)):
+        for w in (writer, refused_writer):
             w.close()
         return refused_status, statuses, status, answer
 
@@ -186,13 +187,13 @@ def test_a_head_with_bare_line_feeds_goes_to_aiohttp_which_refuses_it(short_head
 
 @pytest.fixture
 def keepalive_2s(models_dir, tmp_path, make_config):
-    with affine_server(models_dir, tmp_path, make_config, 5000, keepalive_timeout_s=2.0) as srv:
+    with affine_server(models_dir, tmp_path, make_config, keepalive_timeout_s=2.0) as srv:
         yield srv
 
 
 def test_a_connection_whose_requests_are_refused_early_is_not_closed_as_idle(keepalive_2s):
     """A client sends a request every 0.3 s on one keep-alive connection while the queue stays
-    full (a 5 s batch window): each is answered 503 by the guard. aiohttp, which never sees
+    full (its batch window outlasts the test): each is answered 503 by the guard. aiohttp, which never sees
     them, must not take the connection for an idle one and close it once keepalive_timeout_s
     (2 s) has passed since it opened; the test goes on for 3.6 s at least. Idle after that,
     it is closed by the guard's keep-alive sweep."""
@@ -274,7 +275,7 @@ def wide_beside_affine(models_dir, tmp_path, make_config):
     models.mkdir()
     src.mkdir()
     compile_cpu_om(wide_onnx(src / "wide.onnx"), models / "wide.om", batch="1")
-    with affine_server(models_dir, models, make_config, 5000) as srv:
+    with affine_server(models_dir, models, make_config) as srv:
         yield srv
 
 

@@ -1,10 +1,9 @@
 """Overload refusals hold their connection for the Retry-After they announce.
 
-A partial batch waits max_queue_delay_ms in a queue of one, so a second request finds the
-queue full without any test double. The one duration checked is a lower bound the server
-sets itself (the hold), never a speed."""
+A partial batch waits in a queue of one until the test releases it (full_queue.py), so a second
+request finds the queue full without any test double. The one duration checked is a lower
+bound the server sets itself (the hold), never a speed."""
 import asyncio
-import json
 import shutil
 
 import pytest
@@ -14,35 +13,34 @@ from aclserve.server.connections import (BODY_LINGER_S, HOLD_MAX_S, PENDING_BODY
                                           hold_seconds)
 from tests.serving import ServerThread
 
-from .full_queue import ONE_ROW, affine_server, fill_queue, refused_through_aiohttp, request
+from .full_queue import ONE_ROW, affine_server, fill_queue, refused_through_aiohttp, release, request
 from .hostile import head, metric, open_raw, read_response, wait_for
 
 @pytest.fixture
 def one_slot(models_dir, tmp_path, make_config):
-    with affine_server(models_dir, tmp_path, make_config, 600, hold_refused_connections=True) as srv:
+    with affine_server(models_dir, tmp_path, make_config, hold_refused_connections=True) as srv:
         yield srv
 
 
-@pytest.fixture
-def long_window(models_dir, tmp_path, make_config):
-    with affine_server(models_dir, tmp_path, make_config, 2500, hold_refused_connections=True) as srv:
-        yield srv
-
-
-async def refuse_then_send_again(url: str):
+async def refuse_then_send_again(url: str, room_first: bool = False):
     """Fill the queue's one place, have a request refused, send the next one on the same
-    connection at once: (refusal status, refusal, held then, next status, whether it was
-    answered within 0.3 s of its sending, the queued request's status)."""
+    connection at once (`room_first`: once the queue is released, else while it is still full):
+    (refusal status, refusal, held then, next status, whether it was answered within 0.3 s of
+    its sending, the queued request's status)."""
     waiting_reader, waiting = await fill_queue(url)
     reader, writer = await open_raw(url)
     writer.write(request(ONE_ROW))
     status, answer = await read_response(reader)
     held_now = metric(url, "aclserve_connections_held")
+    if room_first:
+        await release(url)
     writer.write(request(ONE_ROW))  # sent at once: read only after the hold
     next_answer = asyncio.ensure_future(read_response(reader))
     await asyncio.sleep(0.3)
     answered_early = next_answer.done()  # within 0.3 s of its sending, the hold being 1 s
     status_after, _ = await next_answer
+    if not room_first:
+        await release(url)
     first_status, _ = await read_response(waiting_reader)
     for w in (writer, waiting):
         w.close()
@@ -50,24 +48,25 @@ async def refuse_then_send_again(url: str):
 
 
 def test_a_held_connection_is_read_again_once_the_queue_has_room(one_slot):
-    status, answer, held_now, status_after, _, first_status = asyncio.run(refuse_then_send_again(one_slot.url))
+    status, answer, held_now, status_after, _, first_status = asyncio.run(
+        refuse_then_send_again(one_slot.url, room_first=True))
     assert status == 503 and b"queue is full" in answer and b"\r\nRetry-After: 1\r\n" in answer
     assert held_now == 1
-    # read only when the queued request left for its batch (after its 600 ms window): had it been
-    # read at once, the full queue would have refused it
+    # read again after its hold, the queue released meanwhile (that a held connection is not
+    # read while the queue is full: the next test)
     assert status_after == 200 and first_status == 200
     assert metric(one_slot.url, "aclserve_connection_holds_total") == 1
     assert metric(one_slot.url, "aclserve_connections_held") == 0
 
 
-def test_a_held_connection_is_not_read_before_its_retry_after_while_the_queue_is_full(long_window):
+def test_a_held_connection_is_not_read_before_its_retry_after_while_the_queue_is_full(one_slot):
     status, _, held_now, status_after, answered_early, first_status = asyncio.run(
-        refuse_then_send_again(long_window.url))
+        refuse_then_send_again(one_slot.url))
     assert status == 503 and held_now == 1
-    assert status_after == 503  # read after the hold of 1 s: the queue (2.5 s window) was still full
+    assert status_after == 503  # read after the hold of 1 s: the queue was still full (not released yet)
     assert not answered_early  # not read (so not refused again at once) while the server held it
     assert first_status == 200
-    assert metric(long_window.url, "aclserve_connection_holds_total") == 2  # held again after the second
+    assert metric(one_slot.url, "aclserve_connection_holds_total") == 2  # held again after the second
 
 
 def test_the_hold_grows_with_the_connections_held():
@@ -135,9 +134,6 @@ def test_a_connection_refused_before_its_body_arrived_is_kept(small_budget):
     assert status_after == 200
 
 
-PRIORITY_ONE = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
-                                      {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1] * 3}],
-                           "parameters": {"priority": 1}}).encode()
 HEALTH = b"GET /v2/health/ready HTTP/1.1\r\nHost: test\r\n\r\n"
 
 
@@ -161,19 +157,17 @@ def test_a_plain_request_for_a_full_queue_is_refused_before_aiohttp_parses_it(on
         refused = await read_response(reader)
         early = metric(url, "aclserve_early_refusals_total")
         held = metric(url, "aclserve_connections_held")
-        # a request naming a priority is read by the codec: level 1 has room
-        named_reader, named_writer = await open_raw(url)
-        named_writer.write(request(PRIORITY_ONE))
-        named = await read_response(named_reader)
+        # a request naming a priority is read by the codec: level 1 has room (answered 200)
+        await release(url)
         first = await read_response(waiting_reader)
-        for w in (*writers, writer, named_writer):
+        for w in (*writers, writer):
             w.close()
-        return refused, early, held, named, first
+        return refused, early, held, first
 
-    (status, answer), early, held, (named_status, _), (first_status, _) = asyncio.run(scenario())
+    (status, answer), early, held, (first_status, _) = asyncio.run(scenario())
     assert status == 503 and b"priority level 2 queue is full" in answer and b"\r\nRetry-After: 1\r\n" in answer
     assert early == 1 and held == 2  # refused by the guard, and held like the first refusal
-    assert named_status == 200 and first_status == 200
+    assert first_status == 200
     assert metric(url, "aclserve_request_failure_total", 'model="affine",reason="QueueFull",version="1"') == 2
     assert metric(url, "aclserve_early_refusals_total") == 1
 
@@ -192,6 +186,7 @@ def test_answers_keep_their_order_behind_a_request_aiohttp_is_answering(one_slot
             chunk = await asyncio.wait_for(reader.read(65536), 30)
             assert chunk, "the server closed the connection"
             answers += chunk
+        await release(url)
         await read_response(waiting_reader)
         for w in (*writers, writer):
             w.close()
@@ -204,7 +199,7 @@ def test_answers_keep_their_order_behind_a_request_aiohttp_is_answering(one_slot
 
 @pytest.fixture
 def no_early_refusals(models_dir, tmp_path, make_config):
-    with affine_server(models_dir, tmp_path, make_config, 600, shed_before_parsing=False) as srv:
+    with affine_server(models_dir, tmp_path, make_config, shed_before_parsing=False) as srv:
         yield srv
 
 
@@ -216,6 +211,7 @@ def test_with_shed_before_parsing_off_aiohttp_refuses_every_request(no_early_ref
         reader, writer = await open_raw(url)
         writer.write(request(ONE_ROW))
         refused = await read_response(reader)
+        await release(url)
         await read_response(waiting_reader)
         for w in (waiting, writer):
             w.close()
@@ -227,7 +223,7 @@ def test_with_shed_before_parsing_off_aiohttp_refuses_every_request(no_early_ref
 
 
 def test_by_default_a_refused_connection_is_read_again_at_once(models_dir, tmp_path, make_config):
-    with affine_server(models_dir, tmp_path, make_config, 2500) as srv:
+    with affine_server(models_dir, tmp_path, make_config) as srv:
         status, _, held_now, status_after, _, first_status = asyncio.run(refuse_then_send_again(srv.url))
         assert status == 503 and held_now == 0
         assert status_after == 503  # read at once, and the queue was still full
