@@ -18,6 +18,7 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 
+from aclserve.server.grpc_arrivals import MIN_SLOTS
 from tests.serving import ServerThread, free_port, server_config, started_with_grpc
 
 from .grpc_raw import (DATA, GOAWAY, HEADERS, INFER, LIVE, PREFACE, RST_STREAM, SETTINGS, STREAM, affine, call_headers,
@@ -150,6 +151,10 @@ def test_a_streamed_request_is_charged_alone_and_its_refusal_names_it(guarded):
     assert in_use(guarded) == 0
 
 
+# The streams the guarded server takes at once (half its slots; its budget is below one message).
+STREAMS_AT_ONCE = MIN_SLOTS // 2
+
+
 def test_streams_cancelled_while_answering_give_back_every_charge(guarded):
     """Streams cancelled by their clients 0-3 ms after sending three requests: an answer taken
     off the stream's queue just as the call was cancelled kept its lease for good (found by an
@@ -174,8 +179,11 @@ def test_streams_cancelled_while_answering_give_back_every_charge(guarded):
 
     async def scenario():
         async with grpc.aio.insecure_channel(guarded.grpc_url) as channel:
-            for _ in range(100):
-                await asyncio.gather(*(one(channel) for _ in range(4)))
+            for _ in range(200):
+                # as many streams at once as the server takes (the last round's gone first): on a
+                # slow machine more of them overlapped and were refused, so fewer ran the race
+                await wait_for(lambda: metric(guarded.url, "aclserve_grpc_streams") == 0)
+                await asyncio.gather(*(one(channel) for _ in range(STREAMS_AT_ONCE)))
             await wait_for(lambda: in_use(guarded) == 0)
     ran_before = inferences(guarded)
     asyncio.run(scenario())
