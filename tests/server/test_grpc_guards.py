@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-
 from aclserve.server.grpc_arrivals import MIN_SLOTS
 from tests.serving import ServerThread, free_port, server_config, started_with_grpc
 
