@@ -1,5 +1,6 @@
 """A device hang held by the CPU runtime's fault injection, or a launch held in its pack
-(HeldRows), ended by the test."""
+(HeldRows), ended by the test; and the short execution timeout that only the held batch's
+instance waits with (short_timeout_only_on)."""
 from __future__ import annotations
 
 import threading
@@ -8,6 +9,10 @@ import time
 import numpy as np
 
 from aclserve.runtime import teardown
+
+# The execution timeout of every batch not meant to time out: no ordinary batch comes near it,
+# however loaded the machine (with a short one, a retry or a rebuilt instance's batch could time out).
+GENEROUS_TIMEOUT_MS = 60_000
 
 
 def let_go(gate: threading.Event) -> None:
@@ -19,6 +24,18 @@ def let_go(gate: threading.Event) -> None:
             return
         time.sleep(0.01)
     raise AssertionError(f"{teardown.held()} abandoned instance(s) never released")
+
+
+def short_timeout_only_on(pool, lane: int = 0) -> None:
+    """Keep the short execution timeout `pool` was opened with on instance `lane` alone, the one
+    whose held batch is meant to run into it; the other instances and every instance a rebuild
+    makes (given the pool's value) wait GENEROUS_TIMEOUT_MS. Call it right after open_pool, before
+    the hang (set_execution_timeout() cannot: it sets every instance, the held one's too). Opened
+    with the short value, that instance's completion thread also watches launches at its pace."""
+    pool.execution_timeout_ms = GENEROUS_TIMEOUT_MS
+    for k, instance in enumerate(pool.instances):
+        if k != lane:
+            instance.execution_timeout_ms = GENEROUS_TIMEOUT_MS
 
 
 class HeldRows:

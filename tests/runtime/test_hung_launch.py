@@ -22,7 +22,7 @@ from aclserve.errors import DeviceTimeout, ExecutionFailed
 from aclserve.runtime import AclRuntime, open_pool, teardown
 from aclserve.runtime.batch import Batch
 
-from tests.hung_device import HeldRows, let_go
+from tests.hung_device import HeldRows, let_go, short_timeout_only_on
 from tests.tiny_models import affine_request
 
 pytestmark = pytest.mark.usefixtures("clean_faults")
@@ -106,6 +106,7 @@ def test_a_launch_call_that_does_not_return_takes_its_instance_out_of_rotation(a
     held batch and the one queued behind it fail once with DeviceTimeout, a replacement serves
     the next, and the launcher, let go, hands nothing on."""
     rt, gate, pool, answers = answered_pool(affine_om(), 200)
+    short_timeout_only_on(pool)  # the rebuilt instance's batch gets a generous one
     first = pool.instances[0]
     try:
         stuck = faults.inject("execute_call", nth=1, hold=gate)

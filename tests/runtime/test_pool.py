@@ -21,6 +21,7 @@ from aclserve.runtime.pool import TIMEOUT_FLOOR_MS
 from aclserve.trace.records import BatchTrace, now_ns
 
 from tests import REPO
+from tests.hung_device import short_timeout_only_on
 from tests.tiny_models import affine_reference, affine_request
 
 pytestmark = pytest.mark.usefixtures("clean_faults")
@@ -151,6 +152,7 @@ def test_a_failed_batch_is_retried_once_on_another_instance(runtime, affine_om):
 
 def test_a_hung_batch_times_out_and_its_instance_is_rebuilt(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine", execution_timeout_ms=100)
+    short_timeout_only_on(pool)  # the rebuilt instance's batch gets a generous one
     done = BatchFutures(pool)
     gate = threading.Event()
     try:
@@ -176,9 +178,11 @@ from aclserve.acl.cpu import faults
 from aclserve.errors import DeviceTimeout
 from aclserve.runtime import AclRuntime, open_pool
 from aclserve.runtime.futures import BatchFutures
+from tests.hung_device import short_timeout_only_on
 from tests.tiny_models import affine_request
 rt = AclRuntime(device="cpu", memory_reserve_fraction=0.0).start()
 pool = open_pool(rt, sys.argv[1], "affine", execution_timeout_ms=100)
+short_timeout_only_on(pool)  # the rebuilt instance's batch gets a generous one
 done, gate, first = BatchFutures(pool), threading.Event(), pool.instances[0]
 faults.inject("execute", nth=1, hold=gate)
 try:
@@ -258,6 +262,7 @@ def test_a_traced_batch_behind_a_hung_one_waits_no_longer_than_the_execution_tim
 
 def test_a_timed_out_batch_is_retried_on_another_instance(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine", instances=2, execution_timeout_ms=100)
+    short_timeout_only_on(pool, lane=0)  # the retry on affine#1 gets a generous one
     done = BatchFutures(pool)
     gate = threading.Event()
     try:

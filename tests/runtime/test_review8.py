@@ -12,6 +12,7 @@ from aclserve.errors import DeviceTimeout, ExecutionFailed
 from aclserve.runtime import open_pool
 from aclserve.runtime.futures import BatchFutures
 
+from tests.hung_device import short_timeout_only_on
 from tests.tiny_models import affine_reference, affine_request
 
 pytestmark = pytest.mark.usefixtures("clean_faults")
@@ -52,6 +53,7 @@ def test_a_hung_copy_of_a_lone_batch_is_bounded_by_the_execution_timeout(runtime
     instance, for as long as it hung, whatever execution_timeout_ms said. The affine model has
     two inputs and two outputs: memcpy 1 copies the first input in, 3 the first output out."""
     pool = open_pool(runtime, affine_om(), "affine", slots=2, execution_timeout_ms=200)
+    short_timeout_only_on(pool)  # the rebuilt instance's batch gets a generous one
     done = BatchFutures(pool)
     gate = threading.Event()
     try:

@@ -17,10 +17,24 @@ from aclserve.errors import DeviceTimeout
 from aclserve.runtime import AclRuntime, open_pool, teardown
 from aclserve.runtime.futures import BatchFutures
 
-from tests.hung_device import let_go
+from tests.hung_device import let_go, short_timeout_only_on
 from tests.tiny_models import affine_request
 
 pytestmark = pytest.mark.usefixtures("clean_faults")
+
+
+@contextlib.contextmanager
+def timed_out_then_done():
+    """The batch run in the block times out; its execution is held until then and let go
+    after, so it ends late by itself and nothing hangs. (A fixed delay past the timeout was
+    not enough: a completion thread stalled that long would find the batch done.)"""
+    gate = threading.Event()
+    faults.inject("execute", nth=1, hold=gate)
+    try:
+        with pytest.raises(DeviceTimeout):
+            yield
+    finally:
+        gate.set()
 
 
 def test_a_rebuild_abandons_a_hung_instance_instead_of_waiting_for_it(runtime, affine_om, caplog):
@@ -28,6 +42,7 @@ def test_a_rebuild_abandons_a_hung_instance_instead_of_waiting_for_it(runtime, a
     old instance's reset_timeout_ms has passed, leaving its memory allocated (the device may
     still write into its slots), says so once, and frees it when the device lets go."""
     pool = open_pool(runtime, affine_om(), "affine", execution_timeout_ms=100)
+    short_timeout_only_on(pool)  # the rebuilt instance's batch gets a generous one
     done = BatchFutures(pool)
     gate = threading.Event()
     try:
@@ -102,6 +117,7 @@ def test_the_runtime_leaves_alone_a_device_that_a_rebuild_still_waits_for(affine
     rt = AclRuntime(device="cpu").start()
     gate = threading.Event()
     pool = open_pool(rt, affine_om(), "affine", execution_timeout_ms=100)
+    short_timeout_only_on(pool)  # the rebuilt instance's batch gets a generous one
     done = BatchFutures(pool)
     first = pool.instances[0]
     first.reset_timeout_ms = 600_000  # the disposal outwaits everything below
@@ -134,9 +150,8 @@ def test_the_runtime_leaves_alone_a_device_that_a_rebuild_still_builds_on(affine
     pool = open_pool(rt, affine_om(), "affine", execution_timeout_ms=100)
     done = BatchFutures(pool)
     try:
-        faults.inject("execute", nth=1, delay_ms=300)  # past the timeout, then done: nothing hangs
         load = faults.inject("query_size", nth=1, hold=building)  # the rebuild's model load
-        with pytest.raises(DeviceTimeout):
+        with timed_out_then_done():
             done.submit([affine_request(1)], 1).result(timeout=30)
         assert load.entered.wait(30)
         pool.close(deadline=time.monotonic())  # stops waiting for the rebuild thread
@@ -164,11 +179,9 @@ def test_an_idle_instance_is_freed_even_when_a_rebuild_used_up_the_close_deadlin
     done = BatchFutures(pool)
     idle = pool.instances[1]
     try:
-        faults.inject("execute", nth=1, delay_ms=300)  # past the timeout, then done: nothing hangs
         load = faults.inject("query_size", nth=1, hold=building)  # the rebuild's model load
-        batch = [affine_request(1)]
-        with pytest.raises(DeviceTimeout):
-            done.submit(batch, 1, lane=0).result(timeout=30)
+        with timed_out_then_done():
+            done.submit([affine_request(1)], 1, lane=0).result(timeout=30)
         assert load.entered.wait(30)
         pool.close(deadline=time.monotonic())  # the rebuild thread takes all of it
         assert not idle.context and "affine#1" not in "".join(
@@ -212,12 +225,12 @@ def test_a_rebuilt_instance_keeps_the_reset_timeout_its_pool_was_opened_with(run
     """reset_timeout_ms is the model's (its config key): the instances the pool opens and the
     one a rebuild makes all wait that long for the device at close."""
     pool = open_pool(runtime, affine_om(), "affine", execution_timeout_ms=100, reset_timeout_ms=1234)
+    short_timeout_only_on(pool)  # the rebuilt instance's batch gets a generous one
     done = BatchFutures(pool)
     try:
         first = pool.instances[0]
         assert first.reset_timeout_ms == 1234
-        faults.inject("execute", nth=1, delay_ms=300)  # past the timeout, then done: nothing hangs
-        with pytest.raises(DeviceTimeout):
+        with timed_out_then_done():
             done.submit([affine_request(1)], 1).result(timeout=30)
         done.submit([affine_request(1)], 1).result(timeout=30)  # waits for the rebuilt instance
         assert pool.instances[0] is not first and pool.instances[0].reset_timeout_ms == 1234
