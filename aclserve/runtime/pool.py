@@ -196,9 +196,10 @@ class InstancePool:
         else:
             largest = max(self.gear_cost.values(), default=0.0)
             timeout_ms = max(TIMEOUT_FLOOR_MS, round(largest * 1000 * TIMEOUT_RUNS))
-        self.execution_timeout_ms = timeout_ms
-        for instance in self.instances:
-            instance.execution_timeout_ms = timeout_ms
+        with self._lock:  # an instance a rebuild swaps in takes the value then (_rebuild)
+            self.execution_timeout_ms = timeout_ms
+            for instance in self.instances:
+                instance.execution_timeout_ms = timeout_ms
         return timeout_ms
 
     def out_of_service(self) -> str | None:
@@ -266,6 +267,8 @@ class InstancePool:
         with self._lock:
             closed = self._closed
             if not closed:
+                # built with the value when the build began: set_execution_timeout() may have run since
+                new.execution_timeout_ms = self.execution_timeout_ms
                 self.instances[lane] = new
                 self.rebuilds += 1
                 self._rebuild_failures.pop(lane, None)

@@ -21,7 +21,7 @@ from aclserve.runtime.pool import TIMEOUT_FLOOR_MS
 from aclserve.trace.records import BatchTrace, now_ns
 
 from tests import REPO
-from tests.hung_device import short_timeout_only_on
+from tests.hung_device import GENEROUS_TIMEOUT_MS, short_timeout_only_on
 from tests.tiny_models import affine_reference, affine_request
 
 pytestmark = pytest.mark.usefixtures("clean_faults")
@@ -283,6 +283,28 @@ def test_the_execution_timeout_follows_the_measured_gear_cost_with_a_floor(runti
         assert pool.set_execution_timeout(250) == 250
         assert [i.execution_timeout_ms for i in pool.instances] == [250]
     finally:
+        pool.close()
+
+
+def test_an_execution_timeout_set_while_an_instance_is_rebuilt_reaches_the_rebuilt_instance(runtime, affine_om):
+    """set_execution_timeout() (the repository's, after warm-up) while a rebuild builds: the
+    rebuilt instance kept the value its build had started with, missed by the instances set."""
+    pool = open_pool(runtime, affine_om(), "affine", execution_timeout_ms=100)
+    done = BatchFutures(pool)
+    gate, building = threading.Event(), threading.Event()
+    try:
+        faults.inject("execute", nth=1, hold=gate)
+        load = faults.inject("query_size", nth=1, hold=building)  # the rebuild's model load
+        with pytest.raises(DeviceTimeout):
+            done.submit([affine_request(1)], 1).result(timeout=30)
+        assert load.entered.wait(30)  # building, with the pool's 100 ms
+        pool.set_execution_timeout(GENEROUS_TIMEOUT_MS)
+        building.set()
+        assert done.submit([affine_request(1, 2)], 1).result(timeout=30).instance == "affine#0"  # the rebuilt one
+        assert [i.execution_timeout_ms for i in pool.instances] == [GENEROUS_TIMEOUT_MS]
+    finally:
+        gate.set()
+        building.set()
         pool.close()
 
 
