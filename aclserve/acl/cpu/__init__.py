@@ -5,10 +5,12 @@
 
 Same names, argument order, return tuples and error codes as CANN's pyACL (8.x) for the subset
 aclserve uses (CANN's pyACL API reference). Device memory is real process memory; streams are
-worker threads; models are CPU OM containers run by ONNX Runtime; real ATC OMs are refused.
+worker threads; models are CPU OM containers run by ONNX Runtime; real ATC OMs are refused. `acl.media` emulates
+DVPP's JPEG decode (JPEGD) and resize (VPC) to NV12 with Pillow (media.py).
 
 Extras that pyACL does not have (CPU runtime only):
     memory_stats(device=0) -> dict   used/total/free, huge_advised_bytes, huge_backed_bytes, ...
+    media_stats() -> dict            live DVPP buffers, channels, picture descs, resize configs
     device_limits() -> (streams, events)  per-device limits it enforces (like a 310P by default)
     set_threads(n)                   ORT intra-op threads for models loaded afterwards
     faults                           fault injection for tests (see faults.py)
@@ -23,7 +25,7 @@ import logging
 
 from ...dtypes import acl_to_numpy
 from .. import constants as C
-from . import _dataset, _memory, _state, faults, mdl, rt, settings, util
+from . import _dataset, _memory, _state, faults, mdl, media, rt, settings, util
 from ._args import INT, PTR, STR, api
 
 log = logging.getLogger("aclserve.acl.cpu")
@@ -33,8 +35,8 @@ VERSION = (8, 0, 0)  # the CANN pyACL release whose behaviour this runtime follo
 
 __all__ = ["init", "finalize", "get_version", "get_soc_name", "create_data_buffer",
            "get_data_buffer_addr", "get_data_buffer_size", "get_data_buffer_size_v2",
-           "update_data_buffer", "destroy_data_buffer", "data_type_size", "rt", "mdl", "util",
-           "faults", "memory_stats", "device_limits", "set_threads", "SOC_NAME"]
+           "update_data_buffer", "destroy_data_buffer", "data_type_size", "rt", "mdl", "media", "util",
+           "faults", "memory_stats", "media_stats", "device_limits", "set_threads", "SOC_NAME"]
 
 
 @api("acl.init", STR, optional=1)
@@ -134,6 +136,11 @@ def data_type_size(data_type):
 def memory_stats(device: int = 0) -> dict:
     """Device memory figures of the CPU runtime (raises ValueError before init / bad device)."""
     return _memory.stats(device)
+
+
+def media_stats() -> dict:
+    """Live DVPP objects of acl.media: buffers, channel descs, channels, pic descs, resize configs."""
+    return media.stats()
 
 
 def device_limits() -> tuple[int, int]:

@@ -6,6 +6,9 @@ pyACL parses with PyArg_ParseTuple, and the format letter decides what passes:
   wrapped to 64 bits, as PyLong_AsUnsignedLongMask does (-1 becomes 2**64 - 1).
 - INT ("i", C int): enums, indices, ids, timeouts. Anything with __index__ passes (numpy ints,
   bool), floats and None do not; a value outside the C int range raises OverflowError.
+- U32 ("I", C unsigned int): widths, heights, strides and sizes of acl.media. Anything with
+  __index__ passes, floats and None do not; the value is wrapped to 32 bits, not refused, as
+  PyLong_AsUnsignedLongMask does for "I".
 Strings must be str, and keyword arguments are not accepted.
 """
 from __future__ import annotations
@@ -15,12 +18,14 @@ import operator
 
 INT = "int"
 PTR = "ptr"
+U32 = "uint32"
 STR = "str"
 FUNC = "callable"
 ANY = "any"
 TUPLE = "tuple"
 
 _U64 = (1 << 64) - 1
+_U32 = (1 << 32) - 1
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -37,6 +42,11 @@ def _convert(kind, value, msg):
         if not _INT_MIN <= value <= _INT_MAX:
             raise OverflowError(f"{msg}: signed integer {value} out of the C int range")
         return value
+    if kind is U32:
+        try:
+            return operator.index(value) & _U32
+        except TypeError:
+            raise TypeError(msg) from None
     if kind is STR:
         if isinstance(value, str):
             return value
@@ -60,6 +70,9 @@ def _plain_ok(kinds, args) -> bool:
         if kind is PTR:
             if a < 0 or a > _U64:
                 return False
+        elif kind is U32:
+            if a < 0 or a > _U32:
+                return False
         elif not _INT_MIN <= a <= _INT_MAX:
             return False
     return True
@@ -69,7 +82,7 @@ def api(name: str, *kinds: str, optional: int = 0):
     """Decorate a pyACL function taking positional arguments of the given kinds."""
     count, least = len(kinds), len(kinds) - optional
     msg = f"{name} args parse failed"
-    numeric = all(k is INT or k is PTR for k in kinds)
+    numeric = all(k is INT or k is PTR or k is U32 for k in kinds)
 
     def wrap(fn):
         if numeric:

@@ -11,13 +11,15 @@
     f = faults.inject("execute", nth=1, hold=gate)        # the next execute waits for gate.set()
     f.entered.wait()                                      # ... it has started (and holds the model)
     faults.inject("execute_call", nth=2, hold=gate)       # the 2nd execute_async call itself blocks
+    faults.inject("dvpp", nth=1, hold=gate)               # the next JPEGD/VPC task hangs on its stream
     faults.clear()
 
 Counting starts when the fault is injected and covers the whole process, or one model with
 model_id= (execute and execute_call only). `nth` picks the first call that fails (default: the
 next one) and `count` how many in a row from there (default 1 with nth, else every call). A
 sync `execute` or `memcpy` returns the code; an `execute_async` or `memcpy_async` stores it on
-its stream, so it surfaces at the next synchronize. `execute_call` is the execute_async call
+its stream, so it surfaces at the next synchronize, as does a `dvpp` task's (acl.media's JPEGD
+and VPC tasks). `execute_call` is the execute_async call
 itself, on the calling thread, before it queues the work: its code is the call's return value,
 and a delay or hold there is a driver call that does not return. `code` defaults to 507011, or
 to 0 (no failure) when only a delay or hold is asked for. Delays and holds of `execute` happen
@@ -41,7 +43,8 @@ from dataclasses import dataclass, field
 from .. import constants as C
 
 # query_size: refuse it, as CANN does for dynamic-shape OMs; execute_call: the call, not the work
-KINDS = ("execute", "execute_call", "memcpy", "query_size")
+# dvpp: a JPEGD or VPC task of acl.media, when it runs on its stream
+KINDS = ("execute", "execute_call", "memcpy", "query_size", "dvpp")
 _KEYS = {"nth": int, "count": int, "probability": float, "code": int, "delay_ms": float, "model_id": int}
 _FORMAT = "kind[:key=value,...][;...] with kind " + "|".join(KINDS) + " and keys " + ", ".join(_KEYS)
 # About 31 years: as good as never returning, and within what time.sleep takes (an infinite or NaN
