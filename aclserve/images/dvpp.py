@@ -1,9 +1,15 @@
 """DvppDecoder: JPEG decode and resize on an Ascend chip's DVPP (pyACL `acl.media`), behind the
 same call as the CPU decoder: `decoder(data, plan) -> uint8 [H, W, C]`.
 
-UNEXERCISED: written from CANN's pyACL media API documentation (acl.media JPEGD and VPC, with
-their stride constraints) and Ascend/samples' acllite_imageproc.py; no machine of this project
-has an NPU, and the CPU runtime does not emulate DVPP.
+Written from CANN's pyACL media API documentation (acl.media JPEGD and VPC, with their stride
+constraints), checked against pyACL's own media wrappers (CANN's python/pyACL/media: argument
+kinds and return tuples) and Ascend/samples' acllite_imageproc.py. It RUNS ON THE CPU RUNTIME:
+its acl.media (acl/cpu/media.py) emulates JPEGD and VPC to NV12 with Pillow and refuses what the
+documentation says the chip refuses, so every call, return shape, buffer size, stride and
+teardown here is exercised by the tests. STILL UNVERIFIED ON HARDWARE (no machine of this
+project has an NPU): the chip's pixels (its chroma filter and its VPC scaler: the emulation's
+are 2x2 averaging and bilinear), the error codes a failed JPEGD or VPC task gives at
+synchronize, and whether a channel or buffer left by a hung task is reclaimed at exit.
 Flow per image: probe and limit-check the header; copy the JPEG to DVPP memory; JPEGD decodes to
 YUV420SP (NV12; width stride 128 on the Ascend310 and Ascend910, 64 on the Ascend310P, 310B
 and 910B and later, height stride 16); VPC resizes to the plan's H x W (NV12, strides 16 / 2);
@@ -12,8 +18,9 @@ on the host. What DVPP is not given, to the CPU decoder: other resize policies t
 JPEGs other than baseline (JPEGD decodes no progressive or arithmetic-coded ones) or not coded
 as YCbCr or grey (an RGB or CMYK JPEG: JPEGD reads YUV only), JPEGs with an
 EXIF orientation (JPEGD turns them itself, past the geometry given to it), sizes outside JPEGD's
-32-8,192 pixels a side or VPC's scaling from 1/32 to 16 times, odd sizes (of the image or the
-target), and any failure of DVPP (logged once). One channel and stream, used under this
+32-8,192 pixels a side or VPC's scaling from 1/32 to 16 times, targets under VPC's smallest
+output (10 x 6) or over its largest (4,096 x 8,192), odd sizes (of the image or the target),
+and any failure of DVPP (logged once). One channel and stream, used under this
 object's own context by one thread at a time (a lock); a task that does not finish within
 DVPP_WAIT_MS gives DVPP up for good (its buffers, channel and stream are left to the chip, which
 may still write them) and every image after it decodes on the CPU. The wait is timed only where
@@ -41,6 +48,7 @@ JPEGD_HEIGHT_ALIGN = 16
 JPEGD_SIDES = (32, 8192)  # JPEGD's input, pixels a side
 VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN = 16, 2
 VPC_SCALE = (1 / 32, 16)  # VPC resizes by these factors at most, each way
+VPC_OUTPUT = ((10, 4096), (6, 8192))  # VPC's output width and height ranges (200I/500 A2 docs)
 DVPP_WAIT_MS = 5000  # a JPEGD or VPC task takes milliseconds: past this the chip is not waited for
 
 
@@ -65,6 +73,9 @@ def dvpp_takes(info: ImageInfo, plan: ImagePlan) -> bool:
     low, high = JPEGD_SIDES
     if not (low <= info.width <= high and low <= info.height <= high):
         return False
+    (wlow, whigh), (hlow, hhigh) = VPC_OUTPUT
+    if not (wlow <= plan.width <= whigh and hlow <= plan.height <= hhigh):
+        return False  # VPC refuses the call: the CPU decodes it, without a warning
     least, most = VPC_SCALE
     return least <= plan.width / info.width <= most and least <= plan.height / info.height <= most
 

@@ -1,5 +1,6 @@
 """The server's image decoding: one bounded DecodePool and one decoder (Pillow on the CPU, or
-DVPP on an Ascend host when images.decoder is dvpp), shared by every model's image inputs.
+DVPP when images.decoder is dvpp: the chip's on an Ascend host, the CPU runtime's emulation of it
+otherwise), shared by every model's image inputs.
 
 Owned by ServerState; the app's lifecycle closes it after the repository (no request is left
 to decode then). The DVPP decoder needs the started runtime, so it is opened on first use, in
@@ -41,15 +42,12 @@ class ImageDecoding:
         return decoder(data, plan)
 
     def _open_decoder(self):
-        if self.settings.decoder == "dvpp":
-            if self._runtime.kind != "npu":
-                log.warning("images.decoder is dvpp but the runtime is the CPU one: decoding with Pillow")
-            else:
-                from ..images.dvpp import DvppDecoder, DvppError
-                try:
-                    return DvppDecoder(self._runtime, self._cpu)
-                except DvppError as e:
-                    log.warning("DVPP unavailable (%s): decoding with Pillow", e)
+        if self.settings.decoder == "dvpp":  # the CPU runtime's acl.media emulates DVPP: the same code runs
+            from ..images.dvpp import DvppDecoder, DvppError
+            try:
+                return DvppDecoder(self._runtime, self._cpu)
+            except DvppError as e:
+                log.warning("DVPP unavailable (%s): decoding with Pillow", e)
         return self._cpu
 
     async def prepare(self, stage, inputs: dict, lease=None) -> None:

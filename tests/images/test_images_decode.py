@@ -258,6 +258,7 @@ def test_jpegd_width_stride_follows_the_soc():
     (ImageInfo("JPEG", 9000, 480, baseline=True), (224, 224), "stretch", False),  # over 8,192
     (ImageInfo("JPEG", 8000, 480, baseline=True), (224, 224), "stretch", False),  # 1/35: under VPC's 1/32
     (ImageInfo("JPEG", 40, 40, baseline=True), (700, 700), "stretch", False),  # 17.5x: over VPC's 16
+    (ImageInfo("JPEG", 64, 64, baseline=True), (8, 8), "stretch", False),  # under VPC's output 10 x 6
 ])
 def test_what_dvpp_is_given(info, size, resize, takes):
     h, w = size

@@ -1,0 +1,153 @@
+"""DvppDecoder (images/dvpp.py) run for real on the CPU runtime's DVPP emulation (acl.media):
+its pictures against Pillow's, its buffers and descriptors given back after every image, what
+it leaves to the CPU decoder (what DVPP does not take, a failed task, a hung one), and a pyACL
+without acl.media."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from aclserve.config import ImageInput
+from aclserve.images import dvpp
+from aclserve.images.decode import CpuDecoder
+from aclserve.images.plan import build_plan
+from aclserve.runtime import AclRuntime
+from aclserve.runtime.types import TensorSpec
+from tests import REPO
+from tests.images.images_data import encode, gradient
+
+# NV12 keeps one U,V pair per 2x2 pixels and VPC's filter is not Pillow's: pictures agree with
+# Pillow's decode + resize to within these (measured: mean 2.2, max 8 on the 320x240 gradient)
+MEAN_TOLERANCE, MAX_TOLERANCE = 4.0, 24
+
+
+def plan(h: int, w: int, color: str = "rgb"):
+    channels = 1 if color == "gray" else 3
+    return build_plan(ImageInput(color=color), TensorSpec("x", "UINT8", np.dtype(np.uint8), (-1, h, w, channels), "NHWC"))
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    with AclRuntime(device="cpu") as rt:
+        yield rt
+
+
+@pytest.fixture
+def decoder(runtime):
+    cpu = CpuDecoder(1 << 26, 8192)
+    d = dvpp.DvppDecoder(runtime, cpu)
+    yield d
+    d.close()
+    runtime.acl.faults.clear()
+
+
+def tasks_run(acl):
+    """A fault that only counts: how many JPEGD/VPC tasks run from now on (fired)."""
+    return acl.faults.inject("dvpp", delay_ms=0.001)
+
+
+@pytest.mark.parametrize("color", ["rgb", "bgr", "gray"])
+def test_a_jpeg_decodes_and_resizes_as_pillow_does(runtime, decoder, color):
+    data = encode(gradient(240, 320), "JPEG", quality=95)
+    counted = tasks_run(runtime.acl)
+    got = decoder(data, plan(62, 100, color))  # VPC output stride 112: not the width
+    want = decoder._fallback(data, plan(62, 100, color))
+    assert counted.fired == 2  # JPEGD and VPC ran: not the fallback
+    assert got.shape == want.shape and got.dtype == np.uint8
+    diff = np.abs(got.astype(int) - want)
+    assert diff.mean() < MEAN_TOLERANCE and diff.max() <= MAX_TOLERANCE, (diff.mean(), diff.max())
+    if color == "bgr":
+        assert np.abs(got[..., ::-1].astype(int) - decoder(data, plan(62, 100, "rgb"))).max() == 0
+
+
+def test_every_buffer_and_descriptor_is_given_back_after_each_image(runtime, decoder):
+    acl = runtime.acl
+    before, media_before = acl.memory_stats(0), acl.media_stats()
+    for i, (h, w) in enumerate(((240, 320), (480, 640), (64, 64))):
+        decoder(encode(gradient(h, w, seed=i), "JPEG"), plan(32, 48))
+        after = acl.memory_stats(0)
+        assert (after["used"], after["allocations"]) == (before["used"], before["allocations"])
+        assert acl.media_stats() == media_before
+    assert media_before["buffers"] == media_before["pic_descs"] == media_before["resize_configs"] == 0
+    assert media_before["channels"] == 1
+
+
+@pytest.mark.parametrize("data, target", [
+    (encode(gradient(240, 320), "JPEG", progressive=True), (64, 96)),  # JPEGD decodes no progressive JPEG
+    (encode(gradient(240, 320)), (64, 96)),  # PNG
+    (encode(gradient(64, 64), "JPEG"), (8, 8)),  # under VPC's smallest output (10 x 6), at 1/8
+    (encode(gradient(16, 16), "JPEG"), (16, 16)),  # under JPEGD's 32 a side
+], ids=["progressive", "png", "under_vpc_output", "under_jpegd"])
+def test_what_dvpp_does_not_take_decodes_on_the_cpu(runtime, decoder, data, target, caplog):
+    counted = tasks_run(runtime.acl)
+    got = decoder(data, plan(*target))
+    assert counted.fired == 0
+    np.testing.assert_array_equal(got, decoder._fallback(data, plan(*target)))
+    assert "DVPP decode failed" not in caplog.text
+
+
+def test_a_failed_dvpp_task_decodes_on_the_cpu(runtime, decoder, caplog):
+    data = encode(gradient(240, 320), "JPEG")
+    runtime.acl.faults.inject("dvpp", nth=1, code=507000)
+    with caplog.at_level(logging.WARNING):
+        got = decoder(data, plan(64, 96))
+    np.testing.assert_array_equal(got, decoder._fallback(data, plan(64, 96)))
+    assert "DVPP decode failed (AclError: acl.rt.synchronize_stream_with_timeout failed with 507000" in caplog.text
+    counted = tasks_run(runtime.acl)
+    decoder(data, plan(64, 96))  # not given up: the next image is DVPP's again
+    assert counted.fired == 2
+
+
+def test_a_hung_dvpp_task_gives_dvpp_up_for_the_cpu(runtime, monkeypatch, caplog):
+    monkeypatch.setattr(dvpp, "DVPP_WAIT_MS", 200)
+    d = dvpp.DvppDecoder(runtime, CpuDecoder(1 << 26, 8192))
+    gate = threading.Event()
+    data = encode(gradient(240, 320), "JPEG")
+    try:
+        runtime.acl.faults.inject("dvpp", nth=1, hold=gate)
+        with caplog.at_level(logging.ERROR):
+            got = d(data, plan(64, 96))
+        np.testing.assert_array_equal(got, d._fallback(data, plan(64, 96)))
+        assert "a DVPP task did not finish within 200 ms; DVPP is given up" in caplog.text
+        assert d._hung
+        counted = tasks_run(runtime.acl)
+        np.testing.assert_array_equal(d(data, plan(64, 96)), got)
+        assert counted.fired == 0  # every image after it decodes on the CPU
+    finally:
+        gate.set()
+        d.close()
+        runtime.acl.faults.clear()
+
+
+NO_MEDIA = r'''
+import json, sys
+from aclserve.images.dvpp import DvppDecoder, DvppError
+from aclserve.images.decode import CpuDecoder
+from aclserve.runtime import AclRuntime
+with AclRuntime("cpu") as rt:
+    has = hasattr(rt.acl, "media")
+    try:
+        DvppDecoder(rt, CpuDecoder(1 << 26, 8192))
+        said = None
+    except DvppError as e:
+        said = str(e)
+print(json.dumps({"has": has, "said": said}))
+'''
+
+
+@pytest.mark.parametrize("lacks", ["media", "util.bytes_to_ptr"])
+def test_a_pyacl_without_media_makes_the_decoder_refuse(lacks):
+    env = dict(os.environ, ACLSERVE_CPU_LACKS=lacks, PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", NO_MEDIA], env=env, cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["has"] is (lacks != "media")
+    assert result["said"] == "this CANN's pyACL has no acl.media (or no acl.util.bytes_to_ptr)"

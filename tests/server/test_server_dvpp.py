@@ -1,0 +1,42 @@
+"""A real server with `images.decoder: dvpp` on the CPU runtime: DvppDecoder decodes and resizes
+the JPEGs on the runtime's DVPP emulation, and the model answers as it does for the same
+pictures decoded by Pillow (NV12's halved chroma and VPC's bilinear filter: within a tolerance)."""
+from __future__ import annotations
+
+import numpy as np
+import tritonclient.http as http
+
+from aclserve.acl.cpu import faults
+from tests.images.images_data import encode, gradient
+from tests.serving import ServerThread, server_config
+from tests.tiny_models import MEAN, STD, compile_cpu_om, conv_onnx
+
+
+def answers(models_dir, decoder: str, pictures: list[bytes]) -> np.ndarray:
+    config = server_config(models_dir, images={"decoder": decoder, "workers": 2})
+    with ServerThread(config) as srv, http.InferenceServerClient(srv.url) as client:
+        inp = http.InferInput("x", [len(pictures)], "BYTES")
+        inp.set_data_from_numpy(np.array(pictures, dtype=object))
+        return client.infer("conv", [inp]).as_numpy("y")
+
+
+def test_a_server_decoding_with_dvpp_answers_as_with_pillow(tmp_path):
+    root = tmp_path / "models"
+    root.mkdir()
+    compile_cpu_om(conv_onnx(tmp_path / "conv.onnx", side=32), root / "conv.om", batch="1,2,4")
+    (root / "conv.yaml").write_text("inputs:\n  x:\n    image: {resize: stretch, mean: %s, std: %s}\n"
+                                    % (MEAN.tolist(), STD.tolist()))
+    pictures = [encode(gradient(96 + 16 * i, 128, seed=i), "JPEG", quality=95) for i in range(3)]
+    counted = faults.inject("dvpp", delay_ms=0.001)  # counts the JPEGD and VPC tasks that run
+    try:
+        by_dvpp = answers(root, "dvpp", pictures)
+        assert counted.fired == 2 * len(pictures)
+        by_pillow = answers(root, "cpu", pictures)
+    finally:
+        faults.clear()
+    assert by_dvpp.shape == by_pillow.shape == (3, 4, 32, 32)
+    # pixels within a few levels of Pillow's (tests/images/test_images_dvpp.py) move the 27-tap
+    # convolution's outputs by 0.13 on average, 0.76 at most (measured); answers average 2.6
+    diff = np.abs(by_dvpp - by_pillow)
+    assert diff.mean() < 0.25 and diff.max() < 2.0, (diff.mean(), diff.max())
+    assert np.abs(by_pillow).mean() > 1  # the answers are not all near zero
