@@ -71,7 +71,7 @@ class ImageSettings:
     max_pending: int = 256  # images queued or decoding at once; more -> 503
     max_pixels: int = 40_000_000  # width x height an image header may announce
     max_side: int = 16384
-    decoder: str = "cpu"  # cpu | dvpp (NPU hosts: JPEG decode and resize on the chip)
+    decoder: str = "cpu"  # cpu | dvpp (JPEG decode and resize on DVPP: the chip, or the CPU runtime's emulation)
 
 
 @dataclass(frozen=True)
