@@ -35,6 +35,8 @@ from ._args import INT, PTR, U32, api
 
 log = logging.getLogger("aclserve.acl.cpu")
 
+# The chip's limits, stated here on their own although images/dvpp.py states them for the host
+# side too: the emulation must not take them from the code it checks.
 PIXEL_FORMAT_YUV_SEMIPLANAR_420 = 1  # acldvppPixelFormat: NV12
 JPEGD_SIDES = (32, 8192)
 JPEGD_HEIGHT_ALIGN = 16
