@@ -19,7 +19,7 @@ JPEGs other than baseline (JPEGD decodes no progressive or arithmetic-coded ones
 as YCbCr or grey (an RGB or CMYK JPEG: JPEGD reads YUV only), JPEGs with an
 EXIF orientation (JPEGD turns them itself, past the geometry given to it), sizes outside JPEGD's
 32-8,192 pixels a side or VPC's scaling from 1/32 to 16 times, targets under VPC's smallest
-output (10 x 6) or over its largest (4,096 x 8,192), odd sizes (of the image or the target),
+output (10 x 6) or over its largest (4,096 x 4,096; x 8,192 from the 310B and 910B on), odd sizes (of the image or the target),
 and any failure of DVPP (logged once). One channel and stream, used under this
 object's own context by one thread at a time (a lock); a task that does not finish within
 DVPP_WAIT_MS gives DVPP up for good (its buffers, channel and stream are left to the chip, which
@@ -48,7 +48,7 @@ JPEGD_HEIGHT_ALIGN = 16
 JPEGD_SIDES = (32, 8192)  # JPEGD's input, pixels a side
 VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN = 16, 2
 VPC_SCALE = (1 / 32, 16)  # VPC resizes by these factors at most, each way
-VPC_OUTPUT = ((10, 4096), (6, 8192))  # VPC's output width and height ranges (200I/500 A2 docs)
+VPC_OUTPUT = ((10, 4096), (6, 4096))  # VPC's output width and height ranges: vpc_output(soc)
 DVPP_WAIT_MS = 5000  # a JPEGD or VPC task takes milliseconds: past this the chip is not waited for
 
 
@@ -63,8 +63,17 @@ def jpegd_width_align(soc: str | None) -> int:
     return 128
 
 
-def dvpp_takes(info: ImageInfo, plan: ImagePlan) -> bool:
-    """Whether DVPP decodes this image for this plan (else the CPU decoder does)."""
+def vpc_output(soc: str | None):
+    """VPC's output (width range, height range) (CANN's VPC constraints): up to 4096 x 8192 on the
+    Ascend310B, 910B and later; 4096 x 4096 on the Ascend310P, 310 and first 910, and an unknown SoC."""
+    if (soc or "").lower().startswith(("ascend310b", "ascend910b", "ascend910_93")):
+        return (10, 4096), (6, 8192)
+    return VPC_OUTPUT
+
+
+def dvpp_takes(info: ImageInfo, plan: ImagePlan, output=VPC_OUTPUT) -> bool:
+    """Whether DVPP decodes this image for this plan (else the CPU decoder does); `output`: the
+    SoC's vpc_output."""
     if (info.format != "JPEG" or not info.baseline or info.orientation != 1 or not info.ycc
             or plan.resize != "stretch"):
         return False
@@ -73,7 +82,7 @@ def dvpp_takes(info: ImageInfo, plan: ImagePlan) -> bool:
     low, high = JPEGD_SIDES
     if not (low <= info.width <= high and low <= info.height <= high):
         return False
-    (wlow, whigh), (hlow, hhigh) = VPC_OUTPUT
+    (wlow, whigh), (hlow, hhigh) = output
     if not (wlow <= plan.width <= whigh and hlow <= plan.height <= hhigh):
         return False  # VPC refuses the call: the CPU decodes it, without a warning
     least, most = VPC_SCALE
@@ -107,7 +116,8 @@ class DvppDecoder:
         self._ctx = self._stream = self._channel = None
         try:
             runtime.device(device_id)  # set_device through the runtime, which resets it at close
-            self._width_align = jpegd_width_align(soc_name(acl))
+            soc = soc_name(acl)
+            self._width_align, self._vpc_output = jpegd_width_align(soc), vpc_output(soc)
             with restoring_context(acl):
                 self._ctx = check("rt.create_context", acl.rt.create_context(device_id))
                 self._stream = check("rt.create_stream", acl.rt.create_stream())
@@ -119,7 +129,7 @@ class DvppDecoder:
 
     def __call__(self, data, plan: ImagePlan) -> np.ndarray:
         info = probe(data)
-        if not dvpp_takes(info, plan):
+        if not dvpp_takes(info, plan, self._vpc_output):
             return self._fallback(data, plan)
         check_size(info, self._fallback.max_pixels, self._fallback.max_side)
         try:

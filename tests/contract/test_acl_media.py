@@ -153,3 +153,15 @@ def test_vpc_refusals(acl, dv):
     assert dv.resize(small, dv.out(1040, 64, 1040, 64)) == BAD  # 16.25x: over VPC's 16
     big = nv12_in(dv, 4000, 64)
     assert dv.resize(big, dv.out(112, 64, 112, 64)) == BAD  # 1/35.7: under VPC's 1/32
+
+
+def test_vpc_output_height_follows_the_soc(acl, dv, monkeypatch):
+    """CANN's VPC constraints: output up to 4096 x 4096 on the Ascend310P (and 310, first 910),
+    4096 x 8192 on the 310B, 910B and later."""
+    from aclserve.acl.cpu import _state
+    src = nv12_in(dv, 320, 480)
+    for soc, ret in (("CPU-ORT", BAD), ("Ascend310P3", BAD), ("Ascend310", BAD), ("Ascend910B2", 0),
+                     ("Ascend310B1", 0)):
+        monkeypatch.setattr(_state, "soc_name", soc)
+        assert dv.resize(src, dv.out(64, 4224, 64, 4224)) == ret, soc
+        assert dv.resize(src, dv.out(64, 4096, 64, 4096)) == 0, soc

@@ -15,7 +15,7 @@ from aclserve.errors import PayloadTooLarge, QueueFull
 from aclserve.images import DecodePool, PlanError, build_plan
 from aclserve.images.decode import decode_pixels
 from aclserve.images.header import ImageError
-from aclserve.images.dvpp import dvpp_takes, jpegd_width_align, nv12_to_pixels
+from aclserve.images.dvpp import dvpp_takes, jpegd_width_align, nv12_to_pixels, vpc_output
 from aclserve.images.header import ImageInfo
 from aclserve.runtime.types import TensorSpec
 from .images_data import encode, gradient
@@ -235,6 +235,19 @@ def test_pool_bounds_pending_images_and_keeps_order():
         assert await inline.map(str, [1, 2, 3]) == ["1", "2", "3"]  # workers 0: on the loop, no bound
         inline.close()
     asyncio.run(main())
+
+
+def test_vpc_output_follows_the_soc():
+    """CANN's VPC constraints: output up to 4096 x 4096 on the Ascend310P, 310 and first 910 (and
+    an unknown SoC), 4096 x 8192 on the 310B, 910B and later; a taller target decodes on the CPU."""
+    info, tall = ImageInfo("JPEG", 640, 480, baseline=True), build_plan(ImageInput(), spec((-1, 4224, 224, 3)))
+    for soc in ("Ascend310P3", "Ascend310", "Ascend910A", None, "CPU-ORT"):
+        assert vpc_output(soc) == ((10, 4096), (6, 4096)), soc
+        assert not dvpp_takes(info, tall, vpc_output(soc)), soc
+    for soc in ("Ascend310B1", "Ascend910B2", "Ascend910_9391"):
+        assert vpc_output(soc) == ((10, 4096), (6, 8192)), soc
+        assert dvpp_takes(info, tall, vpc_output(soc)), soc
+    assert not dvpp_takes(info, tall)  # without the SoC's: the narrowest
 
 
 def test_jpegd_width_stride_follows_the_soc():

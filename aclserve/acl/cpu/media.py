@@ -14,7 +14,7 @@ What is refused, as CANN's JPEGD/VPC constraints state it:
   does not), a JPEGD output stride set but not aligned (width: 128, or 64 from the 310P on;
   height: 16), a VPC picture whose strides are not aligned (16 / 2), below its sides or its
   buffer under stride_w * stride_h * 3/2, sizes outside VPC's (input 10x6..8192x8192, output
-  10x6..4096x8192, even), a scale outside 1/32..16 each way;
+  10x6..4096x4096, or 4096x8192 from the 310B and 910B on, even), a scale outside 1/32..16 each way;
 - when the task runs (the stream's error at synchronize, ACL_ERROR_RT_INTERNAL_ERROR: the code
   the chip gives is not documented; and the output descriptor's ret_code 1): no JPEG, a
   progressive, arithmetic-coded or lossless one, not YUV (CMYK, RGB), sides outside JPEGD's
@@ -41,7 +41,7 @@ PIXEL_FORMAT_YUV_SEMIPLANAR_420 = 1  # acldvppPixelFormat: NV12
 JPEGD_SIDES = (32, 8192)
 JPEGD_HEIGHT_ALIGN = 16
 VPC_INPUT = ((10, 8192), (6, 8192))  # (width range, height range)
-VPC_OUTPUT = ((10, 4096), (6, 8192))
+VPC_OUTPUT = ((10, 4096), (6, 4096))  # the Ascend310, 310P and first 910's: vpc_output() gives each SoC's
 VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN = 16, 2
 VPC_SCALE = (1 / 32, 16)
 _OK, _BAD = C.ACL_SUCCESS, C.ACL_ERROR_INVALID_PARAM
@@ -52,6 +52,14 @@ def jpegd_width_align(soc: str) -> int:
     """JPEGD's output width stride alignment (CANN's JPEGD constraints): 64 on the Ascend310P,
     310B, 910B and later, 128 on the Ascend310, the first Ascend910 and anything else."""
     return 64 if soc.lower().startswith(("ascend310p", "ascend310b", "ascend910b", "ascend910_93")) else 128
+
+
+def vpc_output(soc: str):
+    """VPC's output (width range, height range) (CANN's VPC constraints): 4096 x 8192 at most on the
+    Ascend310B, 910B and later, 4096 x 4096 on the Ascend310P, 310, first Ascend910 and anything else."""
+    if soc.lower().startswith(("ascend310b", "ascend910b", "ascend910_93")):
+        return (10, 4096), (6, 8192)
+    return VPC_OUTPUT
 
 
 @dataclass
@@ -328,7 +336,7 @@ def dvpp_vpc_resize_async(channel_desc, input_desc, output_desc, resize_config, 
     src, dst = _pics.get(input_desc), _pics.get(output_desc)
     if src is None or dst is None or resize_config not in _resize_configs:
         return _BAD
-    ret = _vpc_pic_ret(src, VPC_INPUT, ctx.device, False) or _vpc_pic_ret(dst, VPC_OUTPUT, ctx.device, True)
+    ret = _vpc_pic_ret(src, VPC_INPUT, ctx.device, False) or _vpc_pic_ret(dst, vpc_output(_state.soc_name), ctx.device, True)
     if ret:
         return ret
     least, most = VPC_SCALE
