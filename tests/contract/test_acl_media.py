@@ -109,6 +109,24 @@ def test_jpegd_writes_nv12_at_its_strides_and_sets_the_desc(acl, dv):
     assert got == [200, 100, 256, 112, 0]
 
 
+def test_a_task_takes_the_descriptors_buffer_as_it_was_at_the_call(acl, dv):
+    """JPEGD, as VPC: a set_pic_desc_data after the call is not the queued task's."""
+    import threading
+    size = 384 * 240 * 3 // 2
+    first, second = dv.buffer(size), dv.buffer(size)
+    out = dv.pic(first, size, 320, 240, 384, 240)
+    gate = threading.Event()
+    acl.faults.inject("dvpp", nth=1, hold=gate, code=0)
+    try:
+        assert dv.decode(JPEG, out) == 0
+        assert acl.media.dvpp_set_pic_desc_data(out, second) == 0
+    finally:
+        gate.set()
+        acl.faults.clear()
+    assert dv.sync() == 0
+    assert any(ctypes.string_at(first, 384 * 240)) and not any(ctypes.string_at(second, size))
+
+
 def test_input_not_in_dvpp_memory_is_refused(acl, dv, device_buffer):
     plain = device_buffer(len(JPEG))
     assert acl.rt.memcpy(plain, len(JPEG), acl.util.bytes_to_ptr(JPEG), len(JPEG), H2D) == 0

@@ -283,11 +283,13 @@ def dvpp_jpeg_decode_async(channel_desc, data, size, output_desc, stream):
     wa = jpegd_width_align(_state.soc_name)
     if pic.width_stride % wa or pic.height_stride % JPEGD_HEIGHT_ALIGN or not _in_dvpp(pic.data, pic.size, ctx.device):
         return _BAD
-    return s.enqueue(lambda: _jpegd(data, size, pic, wa, ctx.device))
+    out, out_size = pic.data, pic.size  # as given now (a later set_* is not this task's), as VPC's
+    return s.enqueue(lambda: _jpegd(data, size, pic, out, out_size, wa, ctx.device))
 
 
-def _jpegd(data: int, size: int, pic: PicDesc, wa: int, device: int) -> int:
-    """The JPEGD task, on the stream's worker."""
+def _jpegd(data: int, size: int, pic: PicDesc, out: int, out_size: int, wa: int, device: int) -> int:
+    """The JPEGD task, on the stream's worker: decodes to `out` (the descriptor's buffer when the
+    call was made) and sets the descriptor's sides, strides and ret_code."""
     code = faults.trigger("dvpp", -1) if faults.active() else _OK
     try:
         if code:
@@ -300,10 +302,10 @@ def _jpegd(data: int, size: int, pic: PicDesc, wa: int, device: int) -> int:
         w, h = frame.width // 2 * 2, frame.height // 2 * 2
         sw, sh = _align(w, wa), _align(h, JPEGD_HEIGHT_ALIGN)
         need = _dvpp.nv12_bytes(sw, sh)
-        if pic.size < need or not _in_dvpp(pic.data, need, device):
-            raise _dvpp.Refused(f"the output buffer holds {pic.size} bytes, the {w}x{h} NV12 picture takes {need}")
+        if out_size < need or not _in_dvpp(out, need, device):
+            raise _dvpp.Refused(f"the output buffer holds {out_size} bytes, the {w}x{h} NV12 picture takes {need}")
         y, uv = _dvpp.decode_nv12(raw, frame)
-        _dvpp.write_nv12(pic.data, sw, sh, y, uv)
+        _dvpp.write_nv12(out, sw, sh, y, uv)
     except _dvpp.Refused as e:
         log.info("JPEGD task failed: %s", e)
         pic.ret_code = 1
