@@ -167,6 +167,10 @@ def test_vpc_refusals(acl, dv):
     assert dv.resize(src, dv.out(8, 8, 16, 8)) == BAD  # under the smallest output, 10 x 6
     assert dv.resize(src, dv.out(4608, 240, 4608, 240)) == BAD  # over 4096 wide
     assert dv.resize(src, dv.out(160, 120, 160, 120, fmt=NV21)) == UNSUPPORTED
+    assert dv.resize(src, dv.out(161, 120, 176, 120)) == BAD  # odd output width (NV12)
+    assert dv.resize(src, dv.out(160, 119, 160, 120)) == BAD  # odd output height
+    odd = dv.pic(acl.media.dvpp_get_pic_desc_data(src), 384 * 240 * 3 // 2, 319, 239, 384, 240)
+    assert dv.resize(odd, dv.out(160, 120, 160, 120)) == BAD  # odd input sides (NV12 input: even)
     small = nv12_in(dv, 64, 64)
     assert dv.resize(small, dv.out(1040, 64, 1040, 64)) == BAD  # 16.25x: over VPC's 16
     big = nv12_in(dv, 4000, 64)

@@ -12,7 +12,7 @@ What is refused, as CANN's JPEGD/VPC constraints state it:
   (107003), input or output not in DVPP memory (dvpp_malloc's, of the context's device), a pixel
   format other than NV12 (ACL_ERROR_API_NOT_SUPPORT: the device takes others, this emulation
   does not), a JPEGD output stride set but not aligned (width: 128, or 64 from the 310P on;
-  height: 16), a VPC picture whose strides are not aligned (16 / 2), below its sides or its
+  height: 16), a VPC picture (input or output) with an odd side or strides not aligned (16 / 2), below its sides or its
   buffer under stride_w * stride_h * 3/2, sizes outside VPC's (input 10x6..8192x8192, output
   10x6..4096x4096, or 4096x8192 from the 310B and 910B on, even), a scale outside 1/32..16 each way;
 - when the task runs (the stream's error at synchronize, ACL_ERROR_RT_INTERNAL_ERROR: the code
@@ -315,13 +315,13 @@ def _jpegd(data: int, size: int, pic: PicDesc, out: int, out_size: int, wa: int,
 
 
 # -- VPC --------------------------------------------------------------------------------------
-def _vpc_pic_ret(pic: PicDesc, sides, device: int, output: bool) -> int:
+def _vpc_pic_ret(pic: PicDesc, sides, device: int) -> int:
     if pic.format != PIXEL_FORMAT_YUV_SEMIPLANAR_420:
         return C.ACL_ERROR_API_NOT_SUPPORT
     (wlow, whigh), (hlow, hhigh) = sides
     if not (wlow <= pic.width <= whigh and hlow <= pic.height <= hhigh):
         return _BAD
-    if output and (pic.width % 2 or pic.height % 2):  # YUV420SP output: even sides
+    if pic.width % 2 or pic.height % 2:  # YUV420SP in and out: even sides (VPC's format constraints)
         return _BAD
     if (pic.width_stride % VPC_WIDTH_ALIGN or pic.height_stride % VPC_HEIGHT_ALIGN
             or pic.width_stride < pic.width or pic.height_stride < pic.height):
@@ -338,7 +338,7 @@ def dvpp_vpc_resize_async(channel_desc, input_desc, output_desc, resize_config, 
     src, dst = _pics.get(input_desc), _pics.get(output_desc)
     if src is None or dst is None or resize_config not in _resize_configs:
         return _BAD
-    ret = _vpc_pic_ret(src, VPC_INPUT, ctx.device, False) or _vpc_pic_ret(dst, vpc_output(_state.soc_name), ctx.device, True)
+    ret = _vpc_pic_ret(src, VPC_INPUT, ctx.device) or _vpc_pic_ret(dst, vpc_output(_state.soc_name), ctx.device)
     if ret:
         return ret
     least, most = VPC_SCALE
@@ -349,12 +349,12 @@ def dvpp_vpc_resize_async(channel_desc, input_desc, output_desc, resize_config, 
 
 
 def _vpc(src: PicDesc, dst: PicDesc) -> int:
-    """The VPC resize task, on the stream's worker (the input's odd sides rounded down, as VPC does)."""
+    """The VPC resize task, on the stream's worker."""
     code = faults.trigger("dvpp", -1) if faults.active() else _OK
     if code:
         log.info("VPC task failed: injected fault %d", code)
         return code
-    y, uv = _dvpp.read_nv12(src.data, src.width // 2 * 2, src.height // 2 * 2, src.width_stride, src.height_stride)
+    y, uv = _dvpp.read_nv12(src.data, src.width, src.height, src.width_stride, src.height_stride)
     y, uv = _dvpp.resize_nv12(y, uv, dst.width, dst.height)
     _dvpp.write_nv12(dst.data, dst.width_stride, dst.height_stride, y, uv)
     return _OK
