@@ -29,6 +29,7 @@ the decoder, and every image request behind it, for good.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 
@@ -89,6 +90,12 @@ def dvpp_takes(info: ImageInfo, plan: ImagePlan, output=VPC_OUTPUT) -> bool:
     return least <= plan.width / info.width <= most and least <= plan.height / info.height <= most
 
 
+# What became of an image given to DvppDecoder: decoded on DVPP, or on the CPU because DVPP does
+# not take it (dvpp_takes), because DVPP failed on it, or because DVPP was given up (a hung task)
+DECODED, NOT_TAKEN, FAILED, GIVEN_UP = "dvpp", "not_taken", "failed", "given_up"
+OUTCOMES = (DECODED, NOT_TAKEN, FAILED, GIVEN_UP)
+
+
 class DvppError(RuntimeError):
     """DVPP cannot be used (no acl.media, or opening the channel failed)."""
 
@@ -110,7 +117,11 @@ class DvppDecoder:
         if not hasattr(acl, "media") or not hasattr(getattr(acl, "util", None), "bytes_to_ptr"):
             raise DvppError("this CANN's pyACL has no acl.media (or no acl.util.bytes_to_ptr)")
         self._acl, self._media, self._fallback = acl, acl.media, fallback
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # DVPP's channel and stream
+        # images by what decoded them (OUTCOMES), for /metrics (aclserve_dvpp_decodes); a lock
+        # of their own: an image for the CPU must not wait on DVPP's to be counted
+        self.outcomes: collections.Counter[str] = collections.Counter()
+        self._counts_lock = threading.Lock()
         self._warned = False
         self._hung = False  # a task did not finish: DVPP is given up, its buffers left to it
         self._ctx = self._stream = self._channel = None
@@ -130,20 +141,30 @@ class DvppDecoder:
     def __call__(self, data, plan: ImagePlan) -> np.ndarray:
         info = probe(data)
         if not dvpp_takes(info, plan, self._vpc_output):
+            self._count(NOT_TAKEN)
             return self._fallback(data, plan)
         check_size(info, self._fallback.max_pixels, self._fallback.max_side)
+        outcome = GIVEN_UP
         try:
             with self._lock, using_context(self._acl, self._ctx):
                 if not self._hung:
-                    return self._decode(bytes(data), info, plan)
+                    pixels = self._decode(bytes(data), info, plan)
+                    self._count(DECODED)
+                    return pixels
         except DvppHung as e:  # (set _hung under the lock: no image waits on the chip after it)
             log.error("%s; DVPP is given up (its buffers are left to it) and images decode on the CPU", e)
         except Exception as e:  # anything DVPP does wrong: the CPU decodes it (README, Status)
+            outcome = FAILED
             if not self._warned:
                 self._warned = True
                 log.warning("DVPP decode failed (%s: %s); this and later failures decode on the CPU",
                             type(e).__name__, e)
+        self._count(outcome)
         return self._fallback(data, plan)
+
+    def _count(self, outcome: str) -> None:
+        with self._counts_lock:  # decodes run in several pool threads
+            self.outcomes[outcome] += 1
 
     def _decode(self, data: bytes, info: ImageInfo, plan: ImagePlan) -> np.ndarray:
         acl, media = self._acl, self._media

@@ -1,5 +1,5 @@
-"""Scrape-time metrics of the guards: request memory budget, connections, heap trims, and
-the repository's model states, retries and batch faults. Read from their owners when /metrics
+"""Scrape-time metrics of the guards: request memory budget, connections, heap trims, the DVPP
+decoder's outcomes, and the repository's model states, retries and batch faults. Read from their owners when /metrics
 is scraped, so the request path pays nothing for them.
 
 A version's batch faults, rebuilds and fault codes are its pool's counts: a reload of the same
@@ -13,6 +13,8 @@ import collections
 import logging
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..images.dvpp import OUTCOMES
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +118,20 @@ class GuardCollector:
         yield trims
         yield _gauge("aclserve_abandoned_instances", "Model instances closed while the device still ran their work: "
                      "their memory is left allocated, not freed under it", state.runtime.abandoned_instances())
+        yield from self._dvpp(state.images.dvpp_outcomes())
         yield from self._models()
+
+    @staticmethod
+    def _dvpp(outcomes: dict[str, int] | None):
+        if outcomes is None:
+            return
+        decodes = CounterMetricFamily("aclserve_dvpp_decodes", "Images given to the DVPP decoder, by outcome: dvpp "
+                                      "(decoded on DVPP), or decoded on the CPU because DVPP does not take them "
+                                      "(not_taken), failed on them (failed) or was given up after a hung task "
+                                      "(given_up)", labels=["outcome"])
+        for outcome in OUTCOMES:
+            decodes.add_metric([outcome], outcomes.get(outcome, 0))
+        yield decodes
 
     def _models(self):
         ready = GaugeMetricFamily("aclserve_model_state", "1 for each model version's current state "

@@ -60,6 +60,7 @@ def test_a_jpeg_decodes_and_resizes_as_pillow_does(runtime, decoder, color):
     got = decoder(data, plan(62, 100, color))  # VPC output stride 112: not the width
     want = decoder._fallback(data, plan(62, 100, color))
     assert counted.fired == 2  # JPEGD and VPC ran: not the fallback
+    assert decoder.outcomes == {dvpp.DECODED: 1}
     assert got.shape == want.shape and got.dtype == np.uint8
     diff = np.abs(got.astype(int) - want)
     assert diff.mean() < MEAN_TOLERANCE and diff.max() <= MAX_TOLERANCE, (diff.mean(), diff.max())
@@ -91,6 +92,7 @@ def test_what_dvpp_does_not_take_decodes_on_the_cpu(runtime, decoder, data, targ
     assert counted.fired == 0
     np.testing.assert_array_equal(got, decoder._fallback(data, plan(*target)))
     assert "DVPP decode failed" not in caplog.text
+    assert decoder.outcomes == {dvpp.NOT_TAKEN: 1}  # what /metrics reports (aclserve_dvpp_decodes)
 
 
 def test_a_failed_dvpp_task_decodes_on_the_cpu(runtime, decoder, caplog):
@@ -103,6 +105,7 @@ def test_a_failed_dvpp_task_decodes_on_the_cpu(runtime, decoder, caplog):
     counted = tasks_run(runtime.acl)
     decoder(data, plan(64, 96))  # not given up: the next image is DVPP's again
     assert counted.fired == 2
+    assert decoder.outcomes == {dvpp.FAILED: 1, dvpp.DECODED: 1}
 
 
 def test_a_hung_dvpp_task_gives_dvpp_up_for_the_cpu(runtime, monkeypatch, caplog):
@@ -120,6 +123,7 @@ def test_a_hung_dvpp_task_gives_dvpp_up_for_the_cpu(runtime, monkeypatch, caplog
         counted = tasks_run(runtime.acl)
         np.testing.assert_array_equal(d(data, plan(64, 96)), got)
         assert counted.fired == 0  # every image after it decodes on the CPU
+        assert d.outcomes == {dvpp.GIVEN_UP: 2}
     finally:
         gate.set()
         d.close()

@@ -3,6 +3,8 @@ the JPEGs on the runtime's DVPP emulation, and the model answers as it does for 
 pictures decoded by Pillow (NV12's halved chroma and VPC's bilinear filter: within a tolerance)."""
 from __future__ import annotations
 
+import urllib.request
+
 import numpy as np
 import tritonclient.http as http
 
@@ -12,12 +14,15 @@ from tests.serving import ServerThread, server_config
 from tests.tiny_models import MEAN, STD, compile_cpu_om, conv_onnx
 
 
-def answers(models_dir, decoder: str, pictures: list[bytes]) -> np.ndarray:
+def answers(models_dir, decoder: str, pictures: list[bytes]) -> tuple[np.ndarray, str]:
+    """The model's answer to `pictures` decoded by `decoder`, and the server's /metrics after it."""
     config = server_config(models_dir, images={"decoder": decoder, "workers": 2})
     with ServerThread(config) as srv, http.InferenceServerClient(srv.url) as client:
         inp = http.InferInput("x", [len(pictures)], "BYTES")
         inp.set_data_from_numpy(np.array(pictures, dtype=object))
-        return client.infer("conv", [inp]).as_numpy("y")
+        answer = client.infer("conv", [inp]).as_numpy("y")
+        with urllib.request.urlopen(f"http://{srv.url}/metrics", timeout=30) as r:
+            return answer, r.read().decode()
 
 
 def test_a_server_decoding_with_dvpp_answers_as_with_pillow(tmp_path):
@@ -27,14 +32,19 @@ def test_a_server_decoding_with_dvpp_answers_as_with_pillow(tmp_path):
     (root / "conv.yaml").write_text("inputs:\n  x:\n    image: {resize: stretch, mean: %s, std: %s}\n"
                                     % (MEAN.tolist(), STD.tolist()))
     pictures = [encode(gradient(96 + 16 * i, 128, seed=i), "JPEG", quality=95) for i in range(3)]
+    png = encode(gradient(96, 128, seed=3))  # not DVPP's: decoded on the CPU, counted so
     counted = faults.inject("dvpp", delay_ms=0.001)  # counts the JPEGD and VPC tasks that run
     try:
-        by_dvpp = answers(root, "dvpp", pictures)
+        by_dvpp, dvpp_metrics = answers(root, "dvpp", pictures + [png])
         assert counted.fired == 2 * len(pictures)
-        by_pillow = answers(root, "cpu", pictures)
+        by_pillow, cpu_metrics = answers(root, "cpu", pictures + [png])
     finally:
         faults.clear()
-    assert by_dvpp.shape == by_pillow.shape == (3, 4, 32, 32)
+    assert by_dvpp.shape == by_pillow.shape == (4, 4, 32, 32)
+    assert 'aclserve_dvpp_decodes_total{outcome="dvpp"} 3.0' in dvpp_metrics
+    assert 'aclserve_dvpp_decodes_total{outcome="not_taken"} 1.0' in dvpp_metrics
+    assert 'aclserve_dvpp_decodes_total{outcome="failed"} 0.0' in dvpp_metrics
+    assert "aclserve_dvpp_decodes" not in cpu_metrics
     # pixels within a few levels of Pillow's (tests/images/test_images_dvpp.py) move the 27-tap
     # convolution's outputs by 0.13 on average, 0.76 at most (measured); answers average 2.6
     diff = np.abs(by_dvpp - by_pillow)
