@@ -3,7 +3,7 @@ same call as the CPU decoder: `decoder(data, plan) -> uint8 [H, W, C]`.
 
 Written from CANN's pyACL media API documentation (acl.media JPEGD and VPC, with their stride
 constraints), checked against pyACL's own media wrappers (CANN's python/pyACL/media: argument
-kinds and return tuples) and Ascend/samples' acllite_imageproc.py. It RUNS ON THE CPU RUNTIME:
+kinds and return tuples) and Ascend/samples' acllite_imageproc.py. It runs on the CPU runtime:
 its acl.media (acl/cpu/media.py) emulates JPEGD and VPC to NV12 with Pillow and refuses what the
 documentation says the chip refuses, so every call, return shape, buffer size, stride and
 teardown here is exercised by the tests. STILL UNVERIFIED ON HARDWARE (no machine of this
