@@ -88,6 +88,7 @@ def test_file_merges_over_default_and_overrides_win(tmp_path):
     ({"header_timeout_s": 0}, "header_timeout_s", "must be >= 0.001"),
     ({"model_defaults.devices": []}, "model_defaults.devices", "non-empty list"),
     ({"model_defaults.devices": [0, -1]}, "model_defaults.devices[1]", "must be >= 0"),
+    ({"images.dvpp_device": -1}, "images.dvpp_device", "must be >= 0"),
     ({"model_defaults.batching.colour": 1}, "model_defaults.batching.colour", "unknown key"),
     ({"model_defaults.batching.batch_formation": "eager"}, "model_defaults.batching.batch_formation",
      "must be one of just_in_time, when_slot_free"),

@@ -72,6 +72,7 @@ class ImageSettings:
     max_pixels: int = 40_000_000  # width x height an image header may announce
     max_side: int = 16384
     decoder: str = "cpu"  # cpu | dvpp (JPEG decode and resize on DVPP: the chip, or the CPU runtime's emulation)
+    dvpp_device: int = 0  # the device whose DVPP decodes (decoder dvpp)
 
 
 @dataclass(frozen=True)

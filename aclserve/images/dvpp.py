@@ -112,8 +112,10 @@ class DvppDecoder:
     kind = "dvpp"
 
     def __init__(self, runtime, fallback, device_id: int = 0):
-        """Raises DvppError whatever fails (the caller decodes on the CPU then)."""
+        """DVPP of device `device_id`. Raises DvppError whatever fails (the caller decodes on the
+        CPU then), a device that does not exist included."""
         acl = runtime.acl
+        self.device_id = device_id
         if not hasattr(acl, "media") or not hasattr(getattr(acl, "util", None), "bytes_to_ptr"):
             raise DvppError("this CANN's pyACL has no acl.media (or no acl.util.bytes_to_ptr)")
         self._acl, self._media, self._fallback = acl, acl.media, fallback

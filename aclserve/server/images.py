@@ -45,7 +45,7 @@ class ImageDecoding:
         if self.settings.decoder == "dvpp":  # the CPU runtime's acl.media emulates DVPP: the same code runs
             from ..images.dvpp import DvppDecoder, DvppError
             try:
-                return DvppDecoder(self._runtime, self._cpu)
+                return DvppDecoder(self._runtime, self._cpu, self.settings.dvpp_device)
             except DvppError as e:
                 log.warning("DVPP unavailable (%s): decoding with Pillow", e)
         return self._cpu

@@ -155,3 +155,31 @@ def test_a_pyacl_without_media_makes_the_decoder_refuse(lacks):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["has"] is (lacks != "media")
     assert result["said"] == "this CANN's pyACL has no acl.media (or no acl.util.bytes_to_ptr)"
+
+
+def test_the_decoder_uses_the_dvpp_of_the_device_it_was_given(runtime):
+    """images.dvpp_device: the DVPP buffers of an image are on that device while its task runs."""
+    if runtime.device_count() < 2:
+        pytest.skip("needs two devices (ACLSERVE_CPU_DEVICES=2, set by tests/conftest.py)")
+    acl = runtime.acl
+    d = dvpp.DvppDecoder(runtime, CpuDecoder(1 << 26, 8192), device_id=1)
+    gate = threading.Event()
+    held = acl.faults.inject("dvpp", nth=1, hold=gate)
+    data = encode(gradient(240, 320), "JPEG")
+    before = {k: acl.memory_stats(k)["used"] for k in (0, 1)}
+    decoding = threading.Thread(target=d, args=(data, plan(64, 96)))
+    try:
+        decoding.start()
+        assert held.entered.wait(30)  # JPEGD's task runs: the JPEG and its output are allocated
+        assert acl.memory_stats(1)["used"] > before[1] and acl.memory_stats(0)["used"] == before[0]
+    finally:
+        gate.set()
+        decoding.join(30)
+        d.close()
+        acl.faults.clear()
+    assert d.outcomes == {dvpp.DECODED: 1}
+
+
+def test_a_device_that_does_not_exist_refuses_the_decoder(runtime):
+    with pytest.raises(dvpp.DvppError, match="device 7 does not exist"):
+        dvpp.DvppDecoder(runtime, CpuDecoder(1 << 26, 8192), device_id=7)
