@@ -109,6 +109,14 @@ def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
+def _jpegd_output(frame, width_align: int) -> tuple[int, int, int, int]:
+    """(width, height, width stride, height stride) of the NV12 picture JPEGD makes of `frame`:
+    its sides rounded down to even, its strides aligned (what predict_dec_size sizes, and the
+    decode writes)."""
+    w, h = frame.width // 2 * 2, frame.height // 2 * 2
+    return w, h, _align(w, width_align), _align(h, JPEGD_HEIGHT_ALIGN)
+
+
 # -- memory -----------------------------------------------------------------------------------
 @api("acl.media.dvpp_malloc", PTR)
 def dvpp_malloc(size):
@@ -255,8 +263,8 @@ def dvpp_jpeg_predict_dec_size(data, data_size, output_pixel_format):
         return 0, ret
     if output_pixel_format != PIXEL_FORMAT_YUV_SEMIPLANAR_420:
         return 0, C.ACL_ERROR_API_NOT_SUPPORT
-    wa = jpegd_width_align(_state.soc_name)
-    return _dvpp.nv12_bytes(_align(frame.width // 2 * 2, wa), _align(frame.height // 2 * 2, JPEGD_HEIGHT_ALIGN)), _OK
+    _, _, sw, sh = _jpegd_output(frame, jpegd_width_align(_state.soc_name))
+    return _dvpp.nv12_bytes(sw, sh), _OK
 
 
 def _enqueue_on(channel_desc: int, stream: int):
@@ -299,8 +307,7 @@ def _jpegd(data: int, size: int, pic: PicDesc, out: int, out_size: int, wa: int,
         low, high = JPEGD_SIDES
         if not (low <= frame.width <= high and low <= frame.height <= high):
             raise _dvpp.Refused(f"{frame.width}x{frame.height} is outside JPEGD's {low}..{high} a side")
-        w, h = frame.width // 2 * 2, frame.height // 2 * 2
-        sw, sh = _align(w, wa), _align(h, JPEGD_HEIGHT_ALIGN)
+        w, h, sw, sh = _jpegd_output(frame, wa)
         need = _dvpp.nv12_bytes(sw, sh)
         if out_size < need or not _in_dvpp(out, need, device):
             raise _dvpp.Refused(f"the output buffer holds {out_size} bytes, the {w}x{h} NV12 picture takes {need}")
