@@ -21,8 +21,9 @@ EXIF orientation (JPEGD turns them itself, past the geometry given to it), sizes
 32-8,192 pixels a side or VPC's scaling from 1/32 to 16 times, targets under VPC's smallest
 output (10 x 6) or over its largest (4,096 x 4,096; x 8,192 from the 310B and 910B on), odd sizes (of the image or the target),
 and any failure of DVPP (logged once). One channel and stream, used under this
-object's own context by one thread at a time (a lock); a task that does not finish within
-DVPP_WAIT_MS gives DVPP up for good (its buffers, channel and stream are left to the chip, which
+object's own context by one thread at a time (a lock), and three DVPP buffers kept from one
+image to the next (KeptBuffer: CANN advises against a malloc and free per image); a task that
+does not finish within DVPP_WAIT_MS gives DVPP up for good (its buffers, channel and stream are left to the chip, which
 may still write them) and every image after it decodes on the CPU. The wait is timed only where
 the CANN has synchronize_stream_with_timeout (acl/compat.py); on an older one a hung task holds
 the decoder, and every image request behind it, for good.
@@ -51,6 +52,10 @@ VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN = 16, 2
 VPC_SCALE = (1 / 32, 16)  # VPC resizes by these factors at most, each way
 VPC_OUTPUT = ((10, 4096), (6, 4096))  # VPC's output width and height ranges: vpc_output(soc)
 DVPP_WAIT_MS = 5000  # a JPEGD or VPC task takes milliseconds: past this the chip is not waited for
+# DVPP buffers are kept between images up to this size (a larger one is freed after its image:
+# an 8,192 x 4,096 picture's NV12 is 48 MiB), grown in powers of two from KEPT_MIN_BYTES
+KEPT_MAX_BYTES = 32 << 20
+KEPT_MIN_BYTES = 64 << 10
 
 
 def jpegd_width_align(soc: str | None) -> int:
@@ -127,6 +132,8 @@ class DvppDecoder:
         self._warned = False
         self._hung = False  # a task did not finish: DVPP is given up, its buffers left to it
         self._ctx = self._stream = self._channel = None
+        # the JPEG, JPEGD's picture and VPC's, kept from one image to the next
+        self._jpeg, self._decoded, self._resized = self._kept = tuple(KeptBuffer(self._media) for _ in range(3))
         try:
             runtime.device(device_id)  # set_device through the runtime, which resets it at close
             soc = soc_name(acl)
@@ -177,20 +184,20 @@ class DvppDecoder:
             check("media.dvpp_jpeg_get_image_info", ret)
             if (w, h) != (info.width, info.height):
                 raise DvppError(f"JPEGD reads {w}x{h} where the header says {info.width}x{info.height}")
-            src = self._dvpp_malloc(len(data), undo)
+            src = self._jpeg.take(len(data), undo)
             check("rt.memcpy", acl.rt.memcpy(src, len(data), host, len(data), C.ACL_MEMCPY_HOST_TO_DEVICE))
             predicted = check("media.dvpp_jpeg_predict_dec_size",
                               media.dvpp_jpeg_predict_dec_size(host, len(data), PIXEL_FORMAT_YUV_SEMIPLANAR_420))
             # the descriptor's size is the strides' (VPC reads it so); the buffer holds what JPEGD predicts too
             dec_size = _align(w, self._width_align) * _align(h, JPEGD_HEIGHT_ALIGN) * 3 // 2
-            dec = self._dvpp_malloc(max(dec_size, predicted), undo)
+            dec = self._decoded.take(max(dec_size, predicted), undo)
             decoded = self._pic(dec, dec_size, w, h, self._width_align, JPEGD_HEIGHT_ALIGN, undo)
             check("media.dvpp_jpeg_decode_async",
                   media.dvpp_jpeg_decode_async(self._channel, src, len(data), decoded, self._stream))
             self._wait(undo)
             out_w, out_h = _align(plan.width, VPC_WIDTH_ALIGN), _align(plan.height, VPC_HEIGHT_ALIGN)
             out_size = out_w * out_h * 3 // 2
-            out = self._dvpp_malloc(out_size, undo)
+            out = self._resized.take(out_size, undo)
             resized = self._pic(out, out_size, plan.width, plan.height, VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN, undo)
             config = check_handle("media.dvpp_create_resize_config", media.dvpp_create_resize_config())
             undo.append(lambda: release("media.dvpp_destroy_resize_config", media.dvpp_destroy_resize_config(config)))
@@ -213,13 +220,10 @@ class DvppDecoder:
             if e.ret != C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT:
                 raise
             undo.clear()
+            for kept in self._kept:
+                kept.leave()
             self._hung = True
             raise DvppHung(f"a DVPP task did not finish within {DVPP_WAIT_MS} ms") from e
-
-    def _dvpp_malloc(self, size: int, undo: list) -> int:
-        ptr = check("media.dvpp_malloc", self._media.dvpp_malloc(size))
-        undo.append(lambda: release("media.dvpp_free", self._media.dvpp_free(ptr)))
-        return ptr
 
     def _pic(self, ptr: int, size: int, w: int, h: int, wa: int, ha: int, undo: list) -> int:
         media = self._media
@@ -232,9 +236,9 @@ class DvppDecoder:
         return pic
 
     def close(self) -> None:
-        """Destroy the channel, stream and context, in reverse order. Safe twice. After a task
-        that did not finish they are left as they are (destroying a channel or stream with work
-        on it may block or fail on CANN): the process's exit gives them back."""
+        """Free the kept buffers, destroy the channel, stream and context, in reverse order. Safe
+        twice. After a task that did not finish they are left as they are (destroying a channel
+        or stream with work on it may block or fail on CANN): the process's exit gives them back."""
         acl = self._acl
         if self._hung:
             log.warning("DVPP's channel, stream and context are left to the device: a task on them did not finish")
@@ -243,6 +247,8 @@ class DvppDecoder:
         with restoring_context(acl):
             if self._ctx is not None:
                 release("rt.set_context", acl.rt.set_context(self._ctx))
+                for kept in self._kept:
+                    kept.free()
             if self._channel is not None:
                 release("media.dvpp_destroy_channel", self._media.dvpp_destroy_channel(self._channel))
                 release("media.dvpp_destroy_channel_desc", self._media.dvpp_destroy_channel_desc(self._channel))
@@ -253,6 +259,40 @@ class DvppDecoder:
             if self._ctx is not None:
                 release("rt.destroy_context", acl.rt.destroy_context(self._ctx))
                 self._ctx = None
+
+
+class KeptBuffer:
+    """One of DvppDecoder's DVPP buffers, kept from one image to the next: CANN's acldvppMalloc
+    page advises against allocating and freeing per image (it costs time, and the huge pages it
+    takes may run short). It grows to the next power of two of the largest size asked, from
+    KEPT_MIN_BYTES; a size over KEPT_MAX_BYTES gets a buffer of its own, freed after its image
+    (`undo`). Used under the decoder's lock and context."""
+
+    def __init__(self, media):
+        self._media = media
+        self.ptr, self.capacity = None, 0
+
+    def take(self, size: int, undo: list) -> int:
+        if size <= self.capacity:
+            return self.ptr
+        if size > KEPT_MAX_BYTES:
+            ptr = check("media.dvpp_malloc", self._media.dvpp_malloc(size))
+            undo.append(lambda: release("media.dvpp_free", self._media.dvpp_free(ptr)))
+            return ptr
+        self.free()
+        capacity = min(max(KEPT_MIN_BYTES, 1 << (size - 1).bit_length()), KEPT_MAX_BYTES)
+        self.ptr = check("media.dvpp_malloc", self._media.dvpp_malloc(capacity))
+        self.capacity = capacity
+        return self.ptr
+
+    def free(self) -> None:
+        if self.ptr is not None:
+            release("media.dvpp_free", self._media.dvpp_free(self.ptr))
+            self.ptr, self.capacity = None, 0
+
+    def leave(self) -> None:
+        """Forget the buffer without freeing it: a task that did not finish may still write it."""
+        self.ptr, self.capacity = None, 0
 
 
 def nv12_to_pixels(nv12: np.ndarray, stride_w: int, stride_h: int, plan: ImagePlan) -> np.ndarray:

@@ -1,6 +1,6 @@
 """DvppDecoder (images/dvpp.py) run for real on the CPU runtime's DVPP emulation (acl.media):
-its pictures against Pillow's, its buffers and descriptors given back after every image, what
-it leaves to the CPU decoder (what DVPP does not take, a failed task, a hung one), and a pyACL
+its pictures against Pillow's, its descriptors given back after every image and its buffers at
+close, what it leaves to the CPU decoder (what DVPP does not take, a failed task, a hung one), and a pyACL
 without acl.media."""
 from __future__ import annotations
 
@@ -68,16 +68,34 @@ def test_a_jpeg_decodes_and_resizes_as_pillow_does(runtime, decoder, color):
         assert np.abs(got[..., ::-1].astype(int) - decoder(data, plan(62, 100, "rgb"))).max() == 0
 
 
-def test_every_buffer_and_descriptor_is_given_back_after_each_image(runtime, decoder):
+def test_descriptors_go_back_after_each_image_and_buffers_are_kept_until_close(runtime, monkeypatch):
+    # CANN's acldvppMalloc page advises against a malloc and free per image: the decoder keeps
+    # its three buffers (the JPEG, JPEGD's picture, VPC's), grown to the largest image so far
+    monkeypatch.setattr(dvpp, "KEPT_MAX_BYTES", 256 << 10)
     acl = runtime.acl
     before, media_before = acl.memory_stats(0), acl.media_stats()
-    for i, (h, w) in enumerate(((240, 320), (480, 640), (64, 64))):
-        decoder(encode(gradient(h, w, seed=i), "JPEG"), plan(32, 48))
-        after = acl.memory_stats(0)
-        assert (after["used"], after["allocations"]) == (before["used"], before["allocations"])
-        assert acl.media_stats() == media_before
-    assert media_before["buffers"] == media_before["pic_descs"] == media_before["resize_configs"] == 0
-    assert media_before["channels"] == 1
+    d = dvpp.DvppDecoder(runtime, CpuDecoder(1 << 26, 8192))
+    kept = (d._jpeg, d._decoded, d._resized)
+    try:
+        sizes = []
+        for i, (h, w) in enumerate(((240, 320), (64, 64), (240, 320), (480, 640), (64, 64))):
+            counted = tasks_run(acl)
+            d(encode(gradient(h, w, seed=i), "JPEG"), plan(32, 48))
+            assert counted.fired == 2  # decoded on DVPP
+            stats = acl.media_stats()
+            assert stats["buffers"] == media_before["buffers"] + 3  # one-off buffers are gone too
+            assert (stats["pic_descs"], stats["resize_configs"]) == (media_before["pic_descs"], 0)
+            sizes.append([(k.ptr, k.capacity) for k in kept])
+        assert sizes[1] == sizes[0] == sizes[2]  # a smaller image and the same again: no new buffer
+        # 480 x 640: JPEGD's 460,800 bytes are over KEPT_MAX_BYTES (a buffer for that image
+        # alone); the kept one stays as it was
+        assert sizes[3][1] == sizes[0][1] and sizes[4] == sizes[3]
+        assert all(capacity >= dvpp.KEPT_MIN_BYTES and capacity & (capacity - 1) == 0 for _, capacity in sizes[0])
+    finally:
+        d.close()
+    after = acl.memory_stats(0)
+    assert (after["used"], after["allocations"]) == (before["used"], before["allocations"])
+    assert acl.media_stats() == media_before
 
 
 @pytest.mark.parametrize("data, target", [
@@ -113,6 +131,7 @@ def test_a_hung_dvpp_task_gives_dvpp_up_for_the_cpu(runtime, monkeypatch, caplog
     d = dvpp.DvppDecoder(runtime, CpuDecoder(1 << 26, 8192))
     gate = threading.Event()
     data = encode(gradient(240, 320), "JPEG")
+    buffers = runtime.acl.media_stats()["buffers"]
     try:
         runtime.acl.faults.inject("dvpp", nth=1, hold=gate)
         with caplog.at_level(logging.ERROR):
@@ -124,6 +143,8 @@ def test_a_hung_dvpp_task_gives_dvpp_up_for_the_cpu(runtime, monkeypatch, caplog
         np.testing.assert_array_equal(d(data, plan(64, 96)), got)
         assert counted.fired == 0  # every image after it decodes on the CPU
         assert d.outcomes == {dvpp.GIVEN_UP: 2}
+        d.close()  # the JPEG's and JPEGD's buffers (the hung task's) are left to the chip
+        assert runtime.acl.media_stats()["buffers"] == buffers + 2
     finally:
         gate.set()
         d.close()
