@@ -16,6 +16,7 @@ from ..dtypes import acl_to_kserve, acl_to_numpy
 from ..om.atc_om import identify
 from ..om.container import OmFormatError
 from ..om.names import tensor_name
+from .batch_axes import refuse_outputs_not_batch_first
 from .device import Device, LoadError
 from .types import TensorSpec
 
@@ -56,6 +57,8 @@ class OmModel:
             undo.callback(self.close)
             self._load()
             self._describe()
+            if self.gears:
+                refuse_outputs_not_batch_first(acl, self)
             undo.pop_all()
 
     # -- loading ---------------------------------------------------------------------------
@@ -152,7 +155,8 @@ class OmModel:
             size = self.output_sizes[index]
         shape = tuple(int(d) for d in dims["dims"])
         if self.gears and shape and shape[0] > 0:
-            # ATC reports the batch dim of a dynamic-batch model as -1; treat a fixed one the same.
+            # an input's batch is reported as -1, an output's as the largest gear: dimension 0
+            # is the batch (batch_axes.py checks the outputs' at load)
             shape = (-1,) + shape[1:]
         try:
             datatype = acl_to_kserve(acl_dtype)

@@ -88,7 +88,10 @@ def test_descriptor(acl, loaded_mlp):
     assert acl.mdl.get_output_index_by_name(desc, "idx") == (1, 0)
     assert acl.mdl.get_input_dims(desc, 0) == ({"name": "x", "dimCount": 2, "dims": [-1, IN_FEATURES]}, 0)
     assert acl.mdl.get_input_dims(desc, MBATCH)[0]["dims"] == [1]
-    assert acl.mdl.get_output_dims(desc, 1) == ({"name": "idx", "dimCount": 1, "dims": [-1]}, 0)
+    # an input's batch is -1, an output is at the largest gear (CANN's aclmdlGetInputDims and
+    # aclmdlGetOutputDims pages): the CPU runtime must not show the server a -1 the device never sends
+    assert acl.mdl.get_output_dims(desc, 1) == ({"name": "idx", "dimCount": 1, "dims": [4]}, 0)
+    assert acl.mdl.get_output_dims(desc, 0)[0]["dims"] == [4, OUT_FEATURES]
     assert acl.mdl.get_input_dims(desc, 5) == ({}, C.ACL_ERROR_INVALID_PARAM)
     assert acl.mdl.get_input_size_by_index(desc, 0) == 4 * IN_FEATURES * 4  # largest gear (4)
     assert acl.mdl.get_input_size_by_index(desc, MBATCH) == 8
@@ -232,6 +235,7 @@ def test_current_output_dims_follow_set_dynamic_batch_size(acl, loaded_mlp):
     info" -> GetDims of the output)."""
     m = loaded_mlp
     assert acl.mdl.get_cur_output_dims(m.desc, 0) == acl.mdl.get_output_dims(m.desc, 0)
+    assert acl.mdl.get_cur_output_dims(m.desc, 0)[0]["dims"] == [4, 3]  # the largest gear until one is set
     assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 2) == 0
     assert acl.mdl.get_cur_output_dims(m.desc, 0) == ({"name": "y", "dimCount": 2, "dims": [2, 3]}, 0)
     assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == 0

@@ -3,7 +3,11 @@ dynamic shape, dynamic AIPP) is refused at load naming what it has, not left to 
 buffer that cannot be laid out (a numpy error, before). The OMs are written as the CPU compiler
 would, from graphs it refuses to compile (it fixes every dimension but the batch). Not here: an
 OM of dynamic image size or dims (ATC's mbatch input without batch gears), which a CPU OM cannot
-be (the CPU runtime refuses the file itself); OmModel refuses it by that input's name."""
+be (the CPU runtime refuses the file itself); OmModel refuses it by that input's name.
+
+And every output of a gear model must keep its batch first: the device reports an output at the
+largest gear, not with -1 (batch_axes.py), so a sequence-first output or one without a batch
+was taken as batch-major and split by rows (other rows' values in an answer, no error)."""
 from __future__ import annotations
 
 import onnx
@@ -44,3 +48,32 @@ def test_an_om_of_batch_gears_alone_still_loads(runtime, tmp_path):
         assert pool.gears == (1, 2) and pool.inputs[0].shape == (-1, 3, 8, 8)
     finally:
         pool.close()
+
+
+def output_of(path, kind, gears=(1, 2)):
+    """x [N, 3, 4] -> y: sequence-first [3, N, 4] (transposed) or without a batch [3, 4] (summed
+    over it), as a CPU OM would describe them (the CPU compiler refuses both)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4])
+    if kind == "transposed":
+        node = helper.make_node("Transpose", ["x"], ["y"], perm=[1, 0, 2])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, "N", 4])
+    else:
+        node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])
+    inits = [helper.make_tensor("axes", TensorProto.INT64, [1], [0])] if kind == "summed" else []
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return write_cpu_om(path, model, list(gears))
+
+
+@pytest.mark.parametrize("kind, dims", [("transposed", "[[3, 1, 4], [3, 2, 4]]"), ("summed", "[[3, 4], [3, 4]]")])
+def test_an_output_without_its_batch_first_is_refused_at_load(runtime, tmp_path, kind, dims):
+    om = output_of(tmp_path / "m.om", kind)
+    ledger = runtime.device(0).ledger
+    before = (ledger.streams, ledger.events, runtime.acl.memory_stats(0)["used"], runtime.acl.memory_stats(0)["allocations"])
+    message = f"output 'y' is not batch-major (dims {dims} at batch sizes [1, 2])"
+    with pytest.raises(LoadError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        open_pool(runtime, om, "m")
+    after = (ledger.streams, ledger.events, runtime.acl.memory_stats(0)["used"], runtime.acl.memory_stats(0)["allocations"])
+    assert after == before  # nothing kept, the probe's dataset and memory included

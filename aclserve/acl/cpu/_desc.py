@@ -66,8 +66,13 @@ def dims(handle: int, index: int, outputs: bool, current: bool = False) -> tuple
     if t is None:
         return {}, C.ACL_ERROR_INVALID_PARAM
     values = list(t.dims)
-    batch = descs[handle].model.set_batch if current else None
-    if batch is not None:  # never set: get_output_dims, as aclmdlGetCurOutputDims answers then
+    if outputs and -1 in values:
+        # An output is reported at a gear, never with -1 (an input is: [-1, 3, 224, 224]). CANN's
+        # aclmdlGetOutputDims page: with dynamic batch, the largest gear's dims; its
+        # aclmdlGetCurOutputDims page: the gear set_dynamic_batch_size set (GE keeps it per
+        # model), the largest before any
+        model = descs[handle].model
+        batch = model.set_batch if current and model.set_batch is not None else model.info.max_batch
         values = list(t.shape_at(batch))
     return {"name": t.name, "dimCount": len(values), "dims": values}, C.ACL_SUCCESS
 
