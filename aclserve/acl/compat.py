@@ -5,7 +5,8 @@ missing from older pyACL builds, and the Atlas 200/300/500 (Ascend310) takes onl
 as an event wait's timeout (CANN's API reference). There waits fall back to the untimed calls,
 and the log says once that a hung device can then block its instance for good. Events that
 streams wait on batch after batch come from `create_event_ex_with_flag` where there is one
-(`pipeline_event`).
+(`pipeline_event`), and streams stop on a failed task where `set_stream_failure_mode` is taken
+(`stop_on_failure`).
 """
 from __future__ import annotations
 
@@ -24,11 +25,16 @@ _forever: dict[int, tuple] = {}  # id(acl) -> (acl, event waits untimed, stream 
 _said: dict[int, tuple[object, set[str]]] = {}  # id(acl) -> (acl, the fallbacks logged for it)
 
 
+def atlas_200_300_500(soc: str | None) -> bool:
+    """Whether a SoC is the Atlas 200/300/500's Ascend310 (not the 310P or 310B)."""
+    return bool(soc) and soc.startswith("Ascend310") and not soc.startswith(("Ascend310P", "Ascend310B"))
+
+
 def event_waits_forever_only(soc: str | None) -> bool:
     """Whether a SoC cannot time an event wait: CANN's aclrtSynchronizeEventWithTimeout takes
     only -1 (forever) on the Atlas 200/300/500 (Ascend310; the 310P and 310B can time it; its
     stream waits can be timed). The CPU runtime follows it when it presents such a SoC."""
-    return bool(soc) and soc.startswith("Ascend310") and not soc.startswith(("Ascend310P", "Ascend310B"))
+    return atlas_200_300_500(soc)
 
 
 def probe(acl) -> tuple[bool, bool]:
@@ -99,15 +105,39 @@ def pipeline_event(acl) -> tuple[int, bool]:
     plain event's cross-stream use as record, wait, reset (older CANN have no other), so the
     slot keeps all of a batch's work on one stream (enqueue.direct), which the log says once."""
     create = getattr(acl.rt, "create_event_ex_with_flag", None)
+    ret = None
     if create is not None:
         result = create(C.ACL_EVENT_SYNC | C.ACL_EVENT_TIME_LINE)
         ret = result[-1]
         if ret in (C.ACL_SUCCESS, C.ACL_ERROR_RT_NO_EVENT_RESOURCE):  # the device is out of events: said as such
             return check("rt.create_event_ex_with_flag", result), True
-        reason = f"create_event_ex_with_flag is refused here ({ret})"
-    else:
-        reason = "this CANN has no acl.rt.create_event_ex_with_flag"
-    if _first_time(acl, reason):
-        log.warning("%s: each batch runs its copies and execution on one stream (no copy/compute "
-                    "overlap between batches)", reason)
+    _fall_back(acl, "create_event_ex_with_flag", ret,
+               "each batch runs its copies and execution on one stream (no copy/compute overlap between batches)")
     return check("rt.create_event", acl.rt.create_event()), False
+
+
+def stop_on_failure(acl, stream: int) -> bool:
+    """Set `stream` to ACL_STOP_ON_FAILURE: True where this CANN and SoC take it. In CANN's
+    default mode a failed task does not fail the synchronize of an event recorded after it (the
+    stream runs on: hicann/runtime's event synchronize checks only the context's stop state), so
+    a batch's events alone cannot tell a failed execution from a good one; in stop mode they
+    report it, and the context takes no task again. False, said once in the log, where there is
+    no acl.rt.set_stream_failure_mode (older CANN) or it is refused (the Atlas 200/300/500): a
+    batch's streams are then synchronized after its events, which reports their failures, one
+    batch at a time (runtime/instance_resources.py)."""
+    call = getattr(acl.rt, "set_stream_failure_mode", None)
+    ret = None
+    if call is not None:
+        ret = call(stream, C.ACL_STOP_ON_FAILURE)
+        if ret == C.ACL_SUCCESS:
+            return True
+    _fall_back(acl, "set_stream_failure_mode", ret, "a failed batch shows only in its streams' synchronize, so "
+               "each instance runs one batch at a time (one slot: no copy/compute overlap between batches)")
+    return False
+
+
+def _fall_back(acl, call: str, ret: int | None, consequence: str) -> None:
+    """Say once that acl.rt.`call` is missing (`ret` None) or refused with `ret`, and what follows."""
+    reason = f"this CANN has no acl.rt.{call}" if ret is None else f"{call} is refused here ({ret})"
+    if _first_time(acl, reason):
+        log.warning("%s: %s", reason, consequence)

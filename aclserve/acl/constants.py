@@ -142,6 +142,10 @@ ACL_DDR_MEM_NORMAL = 3
 ACL_HBM_MEM_HUGE = 4
 ACL_HBM_MEM_NORMAL = 5
 
+# aclrtSetStreamFailureMode's modes (pyACL: acl.rt.set_stream_failure_mode); CONTINUE is the default
+ACL_CONTINUE_ON_FAILURE = 0
+ACL_STOP_ON_FAILURE = 1
+
 # aclrtCreateEventWithFlag / aclrtCreateEventExWithFlag flags
 ACL_EVENT_SYNC = 0x1  # may be waited on by another stream (aclrtStreamWaitEvent)
 ACL_EVENT_CAPTURE_STREAM_PROGRESS = 0x2

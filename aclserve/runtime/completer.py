@@ -1,15 +1,21 @@
 """The completion thread of a ModelInstance: each launched batch's wait, outcome and slot.
 
 Batches come from the launcher in launch order (hand-off 2), each with the error its launch
-raised, if any. For each batch the thread waits for its events (GIL released): past
+raised, if any. For each batch the thread waits for its last event (GIL released): past
 `execution_timeout_ms` the instance leaves rotation for good (DeviceTimeout; a device that
 hangs once is not trusted again, and the pool rebuilds the instance), and the batches behind
 it then fail at once. Then it takes each request's rows out of the slot (packing.unpack),
 times the three phases (event_times.py; a timing error is logged once and never fails a
-batch) and, for a traced batch, places its device spans on the host's clock. A batch that
-fails on the device (an error, not a timeout) fails alone; the instance then takes no new
-batch, lets the others finish and resets its streams, here, when the last slot comes back:
-the launcher is idle then, and nobody else touches the streams meanwhile.
+batch) and, for a traced batch, places its device spans on the host's clock.
+
+How a failed execution or copy shows: in CANN's default mode an event recorded after a failed
+task completes all the same, and its synchronize returns 0 (compat.stop_on_failure). So the
+instance's streams stop on a failure where the CANN and SoC can: the batch's event then reports
+it, the whole context stops (it takes no task again), and the instance leaves rotation to be
+rebuilt, failing the batches in flight. Where they cannot, the instance has one slot, and after
+a batch's event this thread synchronizes its streams, idle by then, which reports (and clears)
+their failures: such a batch fails alone, and the instance takes no new batch until it has reset
+its streams, here, when the slot comes back (the launcher is idle then).
 
 While it waits for the launcher, the thread also looks, every half execution timeout, at how
 long the launcher has been inside its current launch: a launch call that does not return (an
@@ -75,6 +81,7 @@ class Completer:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.launcher = None  # the instance's Launcher, watched for a launch call that does not return
         self._timing_failed = False
+        self._stopped = False  # out of rotation because its context stopped on a failed batch
         self.thread = None
 
     def start(self) -> None:
@@ -121,8 +128,8 @@ class Completer:
             if item is None:
                 return
             slot, batch, error, direct = item
-            if error is None and self._book.broken:  # behind a hung batch: no point in waiting again
-                error = DeviceTimeout(self._out_of_rotation())
+            if error is None and self._book.broken:  # behind a hung or stopped batch: no point in waiting
+                error = (ExecutionFailed if self._stopped else DeviceTimeout)(self._out_of_rotation())
             if error is None:
                 try:
                     self._collect(slot, batch, direct)
@@ -143,12 +150,10 @@ class Completer:
     def _collect(self, slot: Slot, batch: Batch, direct: bool) -> None:
         ev = slot.events
         # d2h_end comes last (each stream waits for the one before; a direct batch has one
-        # stream), so one wake-up covers all; the others are then complete and only report
-        # whether their own part failed (an event reports its stream's errors since the previous
-        # one: a failed input copy shows on h2d_end alone, or on exec_start for a direct batch,
-        # whose copies have no end events of their own).
-        for name in ("d2h_end", "exec_start" if direct else "h2d_end", "exec_end"):
-            self._wait(ev[name])
+        # stream): the batch is done once it is
+        self._wait(ev["d2h_end"])
+        if not self._resources.stops_on_failure:
+            self._check_streams()
         if batch.trace is not None:
             self._trace_device(batch.trace, ev, direct)
         finish(slot, batch, self.timings(ev, direct), self.name)
@@ -164,6 +169,19 @@ class Completer:
             self._leave_rotation(f"the device did not finish a batch within {self.execution_timeout_ms} ms")
             raise DeviceTimeout(f"the device did not finish the batch within the model's execution timeout "
                                 f"({self.execution_timeout_ms} ms): {e}") from e
+
+    def _check_streams(self) -> None:
+        """Where streams do not stop on a failure: whether the batch's work failed, from its
+        streams' synchronize (one slot: nothing else runs on them; an error is cleared once told)."""
+        for stream in self._resources.streams.values():
+            try:
+                compat.synchronize_stream(self._acl, stream, self.execution_timeout_ms)
+            except AclError as e:
+                if e.ret == C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT:  # not idle after the batch's last event
+                    self._leave_rotation(f"a stream was still busy {self.execution_timeout_ms} ms after its batch")
+                    raise DeviceTimeout(f"a stream of the batch did not finish within the model's execution "
+                                        f"timeout ({self.execution_timeout_ms} ms): {e}") from e
+                raise
 
     def timings(self, ev: dict[str, int], direct: bool = False) -> DeviceTimings:
         """The batch's phase times; a timing error is logged once and never fails the batch."""
@@ -182,16 +200,23 @@ class Completer:
 
     def _fail(self, batch: Batch, error: BaseException) -> None:
         """The batch failed. A device error (not a timeout) makes the instance reset its
-        streams once nothing else is in flight."""
+        streams once nothing else is in flight, or, where its streams stop on a failure (their
+        context then takes no task again), leave rotation to be rebuilt."""
         where = f"device {self._device.id}, instance {self.name}"
         cause = error if isinstance(error, AclError) else error.__cause__
         code = cause.ret if isinstance(cause, AclError) else None
-        self._book.count_failure(code, needs_reset=not isinstance(error, DeviceTimeout))
+        timeout = isinstance(error, DeviceTimeout)
+        stopped = self._resources.stops_on_failure and code is not None and not timeout
+        if stopped and not self._book.broken:
+            self._stopped = True
+            self._leave_rotation(f"a batch failed on the device ({code}) and its context stopped on it")
+        self._book.count_failure(code, needs_reset=not timeout and not stopped)
         if isinstance(error, DeviceTimeout):
             message = f"batch of {batch.rows} rows (gear {batch.gear}) on {where}: {error}"
             batch.error = DeviceTimeout(message)
         else:
-            verb = "failed on" if isinstance(error, AclError) else "could not run on"
+            # (an ExecutionFailed here: in flight when its context stopped on another batch's failure)
+            verb = "failed on" if isinstance(error, (AclError, ExecutionFailed)) else "could not run on"
             message = f"batch of {batch.rows} rows (gear {batch.gear}) {verb} {where}: {error}"
             batch.error = ExecutionFailed(message)
             batch.error.__cause__ = error  # a device's error, or the host code's (repository/retry.py)

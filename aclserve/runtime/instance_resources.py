@@ -2,7 +2,9 @@
 
     context    made first; everything below is created under it (create_context makes it
                current, and the calling thread gets its previous context back afterwards)
-    streams    h2d, compute, d2h
+    streams    h2d, compute, d2h, set to stop on a failed task where the CANN and SoC can
+               (`stops_on_failure`; compat.stop_on_failure): else the instance has one slot,
+               and the completion thread synchronizes the streams after each batch
     clock      a DeviceClock (device event times on the host clock, for traces)
     model      the instance's own OmModel copy (a model id is not re-entrant)
     slots      `slots` Slots, once the device has room for their buffers
@@ -43,11 +45,14 @@ class InstanceResources:
         self.clock: DeviceClock | None = None
         self.model: OmModel | None = None
         self.slots: list[Slot] = []
+        self.stops_on_failure = False  # its streams stop on a failed task (_create_streams)
         self._when_freed: list = []  # callbacks run once everything here is freed
         with restoring_context(acl), contextlib.ExitStack() as undo:
             undo.callback(self._release_unfinished, reset_timeout_ms)
             self.context = check("rt.create_context", acl.rt.create_context(device.id))
             self._create_streams()
+            if not self.stops_on_failure:
+                slots = 1  # a failure is told from its streams only once nothing else runs on them
             self.clock = DeviceClock(acl)
             self.model = OmModel(acl, device, path, name)
             self._ensure_slot_room(slots)
@@ -63,6 +68,7 @@ class InstanceResources:
     def _create_streams(self) -> None:
         for role in ("h2d", "compute", "d2h"):
             self.streams[role] = check("rt.create_stream", self._acl.rt.create_stream())
+        self.stops_on_failure = all(compat.stop_on_failure(self._acl, s) for s in self.streams.values())
 
     def _ensure_slot_room(self, slots: int) -> None:
         per_slot = sum(self.model.input_sizes) + sum(self.model.output_sizes)

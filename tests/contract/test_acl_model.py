@@ -243,7 +243,11 @@ def test_current_output_dims_follow_set_dynamic_batch_size(acl, loaded_mlp):
     assert acl.mdl.get_cur_output_dims(m.desc, 0) == ({"name": "y", "dimCount": 2, "dims": [4, 3]}, 0)
 
 
-def test_async_error_surfaces_at_synchronize(acl, loaded_mlp):
+def test_an_async_failure_shows_at_the_streams_synchronize_not_at_an_events(acl, loaded_mlp):
+    """In CANN's default mode (ACL_CONTINUE_ON_FAILURE) the stream runs on after a failed task
+    and an event recorded after it completes: its synchronize returns 0 (hicann/runtime: an
+    event's synchronize checks only the context's stop-on-failure state, Context::CheckStatus;
+    the stream's error is read, and cleared, by the stream's synchronize, GetSynchronizeError)."""
     m = loaded_mlp
     stream, _ = acl.rt.create_stream()
     event, _ = acl.rt.create_event()
@@ -251,14 +255,42 @@ def test_async_error_surfaces_at_synchronize(acl, loaded_mlp):
         assert acl.rt.memset(m.buffer_ptr(m.inputs, MBATCH), 8, 0, 8) == 0
         assert acl.mdl.execute_async(m.model_id, m.inputs, m.outputs, stream) == 0
         assert acl.rt.record_event(event, stream) == 0
-        assert acl.rt.synchronize_event(event) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+        assert acl.rt.synchronize_event(event) == 0  # the failure is not the event's
         assert acl.rt.synchronize_stream(stream) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
         assert acl.rt.synchronize_stream(stream) == 0  # cleared once reported
-        assert acl.rt.record_event(event, stream) == 0
-        assert acl.rt.synchronize_event(event) == 0
     finally:
         assert acl.rt.destroy_event(event) == 0
         assert acl.rt.destroy_stream(stream) == 0
+
+
+def test_a_context_set_to_stop_on_failure_stops_its_streams_and_reports_it_everywhere(acl, loaded_mlp):
+    """ACL_STOP_ON_FAILURE on one stream stops every stream of its context on a failed task
+    (CANN's aclrtSetStreamFailureMode page): an event's synchronize then returns the failure,
+    the work queued behind it does not run, and no new task is taken."""
+    m = loaded_mlp
+    a, _ = acl.rt.create_stream()
+    b, _ = acl.rt.create_stream()
+    event, _ = acl.rt.create_event()
+    host, _ = acl.rt.malloc_host(64)
+    try:
+        assert acl.rt.set_stream_failure_mode(a, C.ACL_STOP_ON_FAILURE) == 0
+        assert acl.rt.set_stream_failure_mode(a, C.ACL_STOP_ON_FAILURE) == C.ACL_ERROR_RT_PARAM_INVALID  # once
+        assert acl.rt.set_stream_failure_mode(0, C.ACL_STOP_ON_FAILURE) == C.ACL_ERROR_INVALID_PARAM
+        assert acl.rt.set_stream_failure_mode(b, 2) == C.ACL_ERROR_INVALID_PARAM
+        assert acl.rt.memset(m.buffer_ptr(m.inputs, MBATCH), 8, 0, 8) == 0  # not a gear: fails when run
+        assert acl.mdl.execute_async(m.model_id, m.inputs, m.outputs, a) == 0
+        assert acl.rt.record_event(event, a) == 0
+        assert acl.rt.synchronize_event(event) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+        # the other stream of the context is stopped too: no new task, its waits report it
+        assert acl.rt.memcpy_async(host, 64, m.buffer_ptr(m.outputs, 0), 64, C.ACL_MEMCPY_DEVICE_TO_HOST, b) \
+            == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+        assert acl.rt.synchronize_stream(b) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+        assert acl.rt.synchronize_stream(a) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID  # kept, not cleared
+    finally:
+        assert acl.rt.free_host(host) == 0
+        assert acl.rt.destroy_event(event) == 0
+        assert acl.rt.destroy_stream(a) == 0
+        assert acl.rt.destroy_stream(b) == 0
 
 
 def test_model_id_is_not_reentrant(acl, loaded_mlp, caplog):

@@ -1,7 +1,7 @@
 """The server's fallbacks for what an older CANN release or a SoC lacks (acl/compat.py), and its
 serving on the board (ACL_DEVICE), run on the real CPU runtime presenting that CANN:
 ACLSERVE_CPU_LACKS leaves calls out of its modules as an older pyACL has not got them,
-ACLSERVE_CPU_SOC=Ascend310 refuses a timed event wait as that SoC does,
+ACLSERVE_CPU_SOC=Ascend310 refuses a timed event wait and set_stream_failure_mode as that SoC does,
 ACLSERVE_CPU_RUN_MODE=device gives host memory that is not 64-byte aligned. Each case in a
 process of its own: the CPU runtime reads them when ACL starts."""
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 from aclserve.acl import AclError, compat, using_context
 from aclserve.acl import constants as C
 from aclserve.acl.cpu import faults
+from aclserve.errors import ExecutionFailed
 from aclserve.runtime import AclRuntime, open_pool
 from aclserve.runtime.futures import BatchFutures
 from tests.tiny_models import affine_reference, affine_request
@@ -68,6 +69,23 @@ with AclRuntime("cpu") as runtime:
                 pool.close()
         assert acl.rt.destroy_event(event) == 0
         assert acl.rt.destroy_stream(stream) == 0
+    pool = open_pool(runtime, om, "failing", slots=2)  # a failed execution, answered how?
+    try:
+        out["slots"] = len(pool.instances[0].slots)
+        done = BatchFutures(pool)
+        faults.inject("execute", nth=1)
+        try:
+            done.submit([affine_request(1)], 1).result(30)
+            out["failed_batch"] = "answered as a success"
+        except ExecutionFailed as e:
+            out["failed_batch"] = str(e)
+        faults.clear()
+        request = affine_request(2, first_id=7)
+        result = done.submit([request], 2).result(30)
+        out["after"] = bool(np.allclose(result.outputs[0]["y"], affine_reference(**request)["y"], rtol=1e-5))
+        out["rebuilds"] = pool.rebuilds
+    finally:
+        pool.close()
     host_before = acl.memory_stats(0)["host_used"]
     pool = open_pool(runtime, om, "affine", slots=2)
     try:
@@ -165,3 +183,25 @@ print("init", acl.init(), "finalize", acl.finalize())
                           env=dict(os.environ, ACLSERVE_CPU_LACKS="rt.no_such_call"), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["refused:", "True", "init", "0", "finalize", "0"]
+
+
+@pytest.mark.parametrize("env, stops", [
+    ({}, True),
+    ({"ACLSERVE_CPU_LACKS": "rt.set_stream_failure_mode"}, False),
+    ({"ACLSERVE_CPU_SOC": "Ascend310"}, False),
+], ids=["stop-on-failure", "no-failure-mode", "ascend310"])
+def test_a_failed_execution_is_never_answered_as_a_success(affine_om, env, stops):
+    """In CANN's default mode an event recorded after a failed execution completes and its
+    synchronize returns 0 (the CPU runtime does the same), so a batch's events alone answered a
+    failed execution with whatever its output buffers held. Where streams can stop on a failure
+    (compat.stop_on_failure) the event reports it, and the instance, whose context takes no task
+    again, is rebuilt; where they cannot (an older CANN, the Atlas 200/300/500) the instance has
+    one slot and its streams are synchronized after each batch. Either way the batch fails with
+    the device's code and the model serves on."""
+    out = run("failures", affine_om(), **env)
+    assert "507011" in out["failed_batch"], out["failed_batch"]
+    assert out["after"]
+    assert out["slots"] == (2 if stops else 1)
+    assert out["rebuilds"] == (1 if stops else 0)
+    if not stops:
+        assert said(out, "set_stream_failure_mode") == 1  # said once, for all the instances

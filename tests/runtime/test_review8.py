@@ -22,7 +22,9 @@ pytestmark = pytest.mark.usefixtures("clean_faults")
 def test_a_failed_input_copy_fails_its_batch_instead_of_running_on_stale_rows(runtime, affine_om):
     """A batch launched behind another is copied in on the H2D stream. Its copy's error is
     reported by h2d_end, which nobody waited for: the batch ran on whatever the slot's device
-    buffer held (another request's rows) and was answered as a success."""
+    buffer held (another request's rows) and was answered as a success. Now the instance's
+    streams stop on a failure (compat.stop_on_failure): the first batch, whose copy out is not
+    run after it, fails as well, and the rebuilt instance serves on."""
     pool = open_pool(runtime, affine_om(), "affine", slots=2)
     done = BatchFutures(pool)
     gate = threading.Event()
@@ -34,9 +36,9 @@ def test_a_failed_input_copy_fails_its_batch_instead_of_running_on_stale_rows(ru
         second = done.submit([affine_request(1, 2)], 1)
         assert copy.entered.wait(30)  # before the first batch copies its outputs out
         gate.set()
-        first.result(timeout=30)
-        with pytest.raises(ExecutionFailed, match="507011"):
-            second.result(timeout=30)
+        for batch in (first, second):
+            with pytest.raises(ExecutionFailed, match="507011"):
+                batch.result(timeout=30)
         faults.clear()
         result = done.submit([affine_request(1, 3)], 1).result(timeout=30)  # the instance serves on
         np.testing.assert_allclose(result.outputs[0]["y"], affine_reference(*affine_request(1, 3).values())["y"],

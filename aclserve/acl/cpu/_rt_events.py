@@ -125,7 +125,7 @@ def stream_wait_event(stream, event):
         return _MISUSE
     if not e.reusable:
         e.waited = True
-    return s.enqueue(e.waiter())
+    return s.enqueue(e.waiter(), marker=True)
 
 
 @api("acl.rt.reset_event", PTR, PTR)
@@ -139,7 +139,7 @@ def reset_event(event, stream):
     if e.reusable or (e.flags is not None and not e.flags & C.ACL_EVENT_SYNC):
         return _MISUSE
     e.waited = False
-    return s.enqueue(e.reset)
+    return s.enqueue(e.reset, marker=True)
 
 
 def _event_wait(event: int, ms: int):
@@ -152,7 +152,12 @@ def _event_wait(event: int, ms: int):
     e, ret = _state.event_of(event, ctx)
     if ret:
         return ret
-    return e.error if e.wait(timeout) else C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT
+    if e.context.failure:  # its context stopped on a failure (CANN checks that first, and while waiting)
+        return e.context.failure
+    if not e.wait(timeout):
+        return C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT
+    # a failure of the work before it is not reported here, but in stop-on-failure mode
+    return e.context.failure
 
 
 @api("acl.rt.synchronize_event", PTR)

@@ -13,7 +13,7 @@ import logging
 import threading
 
 from .. import constants as C
-from ..compat import event_waits_forever_only
+from ..compat import atlas_200_300_500, event_waits_forever_only
 from . import _memory, faults, settings
 from ._stream import Event, Stream
 
@@ -31,6 +31,7 @@ BOARD_HOST_OFFSET = 16
 soc_name = settings.DEFAULT_SOC  # what acl.get_soc_name() answers (settings.soc_name, at init)
 run_mode = C.ACL_HOST  # what acl.rt.get_run_mode() answers (settings.run_mode, at init)
 untimed_event_waits = False  # the SoC cannot time an event wait (the Ascend310: compat.event_waits_forever_only)
+no_failure_mode = False  # the SoC has no set_stream_failure_mode (the Ascend310 too: compat.atlas_200_300_500)
 devices: dict[int, "Device"] = {}
 contexts: dict[int, "Context"] = {}
 streams: dict[int, Stream] = {}
@@ -77,6 +78,16 @@ class Context:
         self.is_default = is_default
         self.alive = True
         self._default_stream: Stream | None = None
+        # set_stream_failure_mode(ACL_STOP_ON_FAILURE) on one of its streams: the first failure
+        # of its streams' work stops them all (failure, then kept; _stream.py)
+        self.stop_on_failure = False
+        self.failure = 0
+
+    def stopped(self, code: int) -> None:
+        """A task of its streams failed in stop-on-failure mode: the first code stays."""
+        with lock:
+            if not self.failure:
+                self.failure = code
 
     def default_stream(self) -> Stream:
         if self._default_stream is None:
@@ -163,12 +174,13 @@ def device_count() -> int:
 
 
 def init() -> int:
-    global initialized, soc_name, untimed_event_waits, run_mode
+    global initialized, soc_name, untimed_event_waits, no_failure_mode, run_mode
     with lock:
         if initialized:
             return C.ACL_ERROR_REPEAT_INITIALIZE
         soc_name = settings.soc_name()
         untimed_event_waits = event_waits_forever_only(soc_name)
+        no_failure_mode = atlas_200_300_500(soc_name)
         on_board = settings.run_mode() == "device"
         run_mode = C.ACL_DEVICE if on_board else C.ACL_HOST
         count, capacity = settings.device_count(), settings.device_memory()

@@ -5,11 +5,15 @@ returning an ACL code; the first non-zero code is kept and handed to the next sy
 cleared), like an asynchronous device error.
 
 An Event counts records: record() enqueues a marker on a stream, and the event is complete once
-the marker of its latest record has run (an event never recorded is complete). The marker also
-takes the error of the work enqueued between the previous marker on that stream and itself, so
-synchronizing the event reports a failure of exactly that work, and a later batch on the same
-stream is not blamed for it (the stream keeps its first error too, until synchronize_stream
-reports and clears it).
+the marker of its latest record has run (an event never recorded is complete). Synchronizing an
+event does not report a failure of the work before it, as on the device in its default mode
+(ACL_CONTINUE_ON_FAILURE: the stream runs on, and CANN's runtime checks only the context's
+stop-on-failure state in an event's synchronize, hicann/runtime Context::CheckStatus): only
+synchronize_stream does. A context whose stream was set to ACL_STOP_ON_FAILURE
+(set_stream_failure_mode) keeps the first failure of any of its streams' work instead: its
+streams then skip the work queued (events still complete, so waits end), every synchronize of
+its streams and events returns that failure, and it takes no new task (CANN: "no new task after
+a stop on failure").
 
 Waits block on a lock of their own that the worker releases (Waiters), and the tasks reach the
 worker through a queue.SimpleQueue: both are C code, which threading.Condition is not. A batch
@@ -85,32 +89,41 @@ class Stream:
         self._enqueued = 0
         self._done = 0
         self._error = 0
-        self._error_since_marker = 0  # the worker's own (tasks and markers run on it)
+        self.failure_mode_set = False  # set_stream_failure_mode is taken once a stream (CANN)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"acl-cpu-stream-{handle:#x}", daemon=True)
         self._thread.start()
 
-    def enqueue(self, task) -> int:
+    def enqueue(self, task, marker: bool = False) -> int:
+        """Queue `task`: work (a copy, an execution, a host callback) or, `marker`, an event's
+        record, wait or reset, which runs even after its context stopped on a failure."""
+        failure = self.context.failure
+        if failure:  # stopped on a failure: no new task (CANN)
+            return failure
         with self._lock:
             if self._closed:
                 return C.ACL_ERROR_RT_PARAM_INVALID
             self._enqueued += 1
-            self._tasks.put(task)
+            self._tasks.put((task, marker))
         return C.ACL_SUCCESS
 
     def _run(self) -> None:
-        get, lock = self._tasks.get, self._lock
+        get, lock, context = self._tasks.get, self._lock, self.context
         while True:
-            task = get()
-            if task is _STOP:
+            item = get()
+            if item is _STOP:
                 return
-            try:
-                ret = task()
-            except Exception:
-                log.exception("stream %#x: task failed", self.handle)
-                ret = C.ACL_ERROR_RT_INTERNAL_ERROR
-            if ret and not self._error_since_marker:
-                self._error_since_marker = ret
+            task, marker = item
+            if context.failure and not marker:
+                ret = C.ACL_SUCCESS  # stopped on a failure: the work queued is not run
+            else:
+                try:
+                    ret = task()
+                except Exception:
+                    log.exception("stream %#x: task failed", self.handle)
+                    ret = C.ACL_ERROR_RT_INTERNAL_ERROR
+                if ret and context.stop_on_failure:
+                    context.stopped(ret)
             with lock:
                 if ret and not self._error:
                     self._error = ret
@@ -118,7 +131,8 @@ class Stream:
                 self._waiters.wake(self._done)
 
     def synchronize(self, timeout_s: float | None = None) -> int:
-        """Wait for the work enqueued so far; return (and clear) the first async error."""
+        """Wait for the work enqueued so far; return (and clear) the first async error, or the
+        failure its context stopped on."""
         with self._lock:
             target = self._enqueued
             gate = self._waiters.add(target) if self._done < target else None
@@ -126,13 +140,18 @@ class Stream:
             return C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
         with self._lock:
             err, self._error = self._error, 0
-            return err
+            return self.context.failure or err
 
-    def take_marker_error(self) -> int:
-        """The first error since the previous event marker, cleared (called by event markers,
-        on this stream's worker)."""
-        err, self._error_since_marker = self._error_since_marker, 0
-        return err
+    def set_failure_mode(self, mode: int) -> int:
+        """set_stream_failure_mode: once a stream; ACL_STOP_ON_FAILURE stops its whole context
+        (CANN: the other streams of the context stop on a failure too)."""
+        with self._lock:
+            if self.failure_mode_set:
+                return C.ACL_ERROR_RT_PARAM_INVALID
+            self.failure_mode_set = True
+        if mode == C.ACL_STOP_ON_FAILURE:
+            self.context.stop_on_failure = True
+        return C.ACL_SUCCESS
 
     def close(self, timeout_s: float | None = None) -> None:
         """Let the worker finish what is queued, then stop it. Idempotent."""
@@ -163,21 +182,18 @@ class Event:
         self._recorded = 0
         self._completed = 0
         self.timestamp: float | None = None
-        self.error = 0  # the error of the work between the previous marker and the latest record
 
     def record(self, stream: Stream) -> int:
         with self._lock:
             self._recorded += 1
             generation = self._recorded
-        return stream.enqueue(lambda: self._complete(generation, stream))
+        return stream.enqueue(lambda: self._complete(generation), marker=True)
 
-    def _complete(self, generation: int, stream: Stream) -> int:
-        error = stream.take_marker_error()
+    def _complete(self, generation: int) -> int:
         with self._lock:
             if generation > self._completed:
                 self._completed = generation
                 self.timestamp = time.perf_counter()
-                self.error = error
                 self._waiters.wake(generation)
         return C.ACL_SUCCESS
 

@@ -168,6 +168,21 @@ def destroy_stream(stream):
     return _OK
 
 
+@api("acl.rt.set_stream_failure_mode", PTR, INT)
+def set_stream_failure_mode(stream, mode):
+    """Once a stream (CANN); not for the default stream (0), nor on the Atlas 200/300/500 (CANN:
+    not supported; which code it gives is not documented: 207000 here)."""
+    ctx, ret = _state.current()
+    if ret:
+        return ret
+    if _state.no_failure_mode:
+        return C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+    if stream == 0 or mode not in (C.ACL_CONTINUE_ON_FAILURE, C.ACL_STOP_ON_FAILURE):
+        return C.ACL_ERROR_INVALID_PARAM
+    s, ret = _state.stream_of(stream, ctx)
+    return ret or s.set_failure_mode(mode)
+
+
 def _sync(stream: int, ms: int):
     ctx, ret = _state.current()
     if ret:
