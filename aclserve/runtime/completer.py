@@ -150,8 +150,11 @@ class Completer:
     def _collect(self, slot: Slot, batch: Batch, direct: bool) -> None:
         ev = slot.events
         # d2h_end comes last (each stream waits for the one before; a direct batch has one
-        # stream): the batch is done once it is
-        self._wait(ev["d2h_end"])
+        # stream): the batch is done once it is. The other two are synchronized too (complete by
+        # then: no wait) before event_elapsed_time reads them: some chips fill an event's
+        # timestamp in only when it is synchronized or queried (hicann/runtime Event::ElapsedTime)
+        for name in ("d2h_end", "exec_start" if direct else "h2d_end", "exec_end"):
+            self._wait(ev[name])
         if not self._resources.stops_on_failure:
             self._check_streams()
         if batch.trace is not None:
