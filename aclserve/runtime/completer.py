@@ -1,7 +1,7 @@
 """The completion thread of a ModelInstance: each launched batch's wait, outcome and slot.
 
 Batches come from the launcher in launch order (hand-off 2), each with the error its launch
-raised, if any. For each batch the thread waits for its last event (GIL released): past
+raised, if any. For each batch the thread waits for its events (GIL released): past
 `execution_timeout_ms` the instance leaves rotation for good (DeviceTimeout; a device that
 hangs once is not trusted again, and the pool rebuilds the instance), and the batches behind
 it then fail at once. Then it takes each request's rows out of the slot (packing.unpack),

@@ -7,9 +7,10 @@ Data flow of one batch:
     compute stream     wait h2d_end, record exec_start, execute_async, record exec_end
                        (set_dynamic_batch_size is an immediate write into the slot's dataset)
     D2H stream         wait exec_end, record d2h_start, memcpy_async device->host, record d2h_end
-    completion thread  synchronize d2h_end (GIL released; where the streams do not stop on a
-                       failure, then the streams: completer.py), split rows per request, time
-                       the three phases with event_elapsed_time, free the slot, resolve
+    completion thread  synchronize d2h_end, h2d_end and exec_end (GIL released; where the
+                       streams do not stop on a failure, then the streams: completer.py), split
+                       rows per request, time the three phases with event_elapsed_time, free
+                       the slot, resolve
 
 A batch launched while nothing else is in flight takes a shorter path: its copies and its
 execution all go on the compute stream, the copies without events of their own (so untimed).
