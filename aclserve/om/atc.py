@@ -33,6 +33,10 @@ DEFAULT_TIMEOUT = 3600.0
 DEFAULT_LOG_LEVEL = "error"
 # ATC error codes look like E10001, EZ3002, E19999; plus its closing failure sentence.
 _ERROR_LINE = re.compile(r"\bE[0-9A-Z]\d{4}\b|ATC run failed|\[ERROR\]|\bERROR\b")
+# What ATC accepts in the paths it is given, once symlinks are resolved (hicann/ge
+# CheckInputPathValid / CheckOutputPathWithSuffix: "The path can only contain 'a-z' 'A-Z' '0-9'
+# '-' '.' '_' and Chinese characters", E10001)
+_NOT_IN_ATC_PATH = re.compile(r"[^A-Za-z0-9./_\-\u4e00-\u9fa5]")
 _MAX_QUOTED = 5
 
 
@@ -170,7 +174,11 @@ def compile_with_atc(atc: str, onnx_path: str, output: Path, spec: ModelSpec, *,
     # ATC runs inside `work`, so every path it is given must be absolute (a relative --output
     # would land under work/ and the build would fail with "No such file or directory").
     output = Path(output).absolute()
-    work = tempfile.mkdtemp(prefix=f".{output.stem}.atc-", dir=output.parent)
+    atc_path(onnx_path, "model")
+    atc_path(output.parent, "output folder")
+    # (no model name in the folder's: ATC inserts its _<os>_<arch> at the first ".om" of the
+    # whole output path when it packs custom operators, so a name beginning "om" moved its file)
+    work = tempfile.mkdtemp(prefix=".atc-", dir=output.parent)
     _RUNNING.add(_RUNNING.folders, work)
     try:
         base = os.path.join(work, output.stem)
@@ -192,11 +200,22 @@ def compile_with_atc(atc: str, onnx_path: str, output: Path, spec: ModelSpec, *,
             raise AtcFailed(f"ATC wrote {os.path.basename(built)} but it is not a valid OM: {e}") from None
         if kind != "atc_om":
             raise AtcFailed(f"ATC wrote {os.path.basename(built)} but it is a {kind} file, not an ATC OM")
+        os.chmod(built, 0o644)  # ATC makes it 0600; a model file is meant to be shared (replicas, the server's user)
         os.replace(built, output)
         return header
     finally:
         shutil.rmtree(work, ignore_errors=True)
         _RUNNING.discard(_RUNNING.folders, work)
+
+
+def atc_path(path, what: str) -> None:
+    """Raise CompileError when ATC would refuse `path` (symlinks resolved) for a character, before
+    it runs (it would fail with E10001; the CPU target has no such limit)."""
+    real = os.path.realpath(path)
+    bad = _NOT_IN_ATC_PATH.search(real)
+    if bad is not None:
+        raise CompileError(f"ATC accepts only letters, digits, '.', '/', '_', '-' and Chinese characters in a "
+                           f"file path: the {what} path {real!r} has {bad.group()!r}; rename or move it")
 
 
 def _find_output(base: str) -> str | None:

@@ -4,9 +4,15 @@ import textwrap
 # The stand-in: records argv/cwd/pid, prints like ATC, then acts per FAKE_ATC_MODE.
 FAKE_ATC = textwrap.dedent("""\
     #!{python}
-    import json, os, struct, sys, time
+    import json, os, re, struct, sys, time
     args = sys.argv[1:]
     mode = os.environ.get("FAKE_ATC_MODE", "ok")
+    for a in args:  # ATC checks its paths, symlinks resolved, for characters (E10001)
+        if a.startswith(("--model=", "--output=")):
+            if re.search(r"[^A-Za-z0-9./_\\-\u4e00-\u9fa5]", os.path.realpath(a.split("=", 1)[1])):
+                print("E10001: Value for parameter is invalid. The path can only contain 'a-z' 'A-Z' '0-9' "
+                      "'-' '.' '_' and Chinese characters.", flush=True)
+                sys.exit(1)
     conf = [a.split("=", 1)[1] for a in args if a.startswith("--insert_op_conf=")]
     conf_text = open(conf[0]).read() if conf else None  # the work folder is gone after the run
     with open(os.environ["FAKE_ATC_RECORD"], "w") as f:
@@ -34,8 +40,8 @@ FAKE_ATC = textwrap.dedent("""\
         name = os.path.basename(out).encode()
         head[84:84 + len(name)] = name
         head[160:168] = b"7.6.0.1\\0"
-        head[193] = 1 if any(a.startswith("--dynamic_batch_size") for a in args) else 0
-        with open(out + ".om", "wb") as f:
+        head[193] = 0  # is_unknow_model: batch gears are not an unknown shape (ATC: set only for those)
+        with open(os.open(out + ".om", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:  # ATC: 0600
             f.write(bytes(head) + payload)
     print("ATC run success, welcome to the next use.", flush=True)
 """)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -12,6 +13,7 @@ import pytest
 
 from aclserve.om import atc_om
 from aclserve.om.atc import AtcFailed
+from aclserve.om.spec import CompileError
 from aclserve.om.compile import compile_model
 from .conftest import run_cli
 
@@ -33,10 +35,29 @@ def test_argument_mapping_and_valid_output(tmp_path, fake_atc, multi_io_onnx):
     assert argv[3:] == ["--soc_version=Ascend910B3", "--input_shape=a:-1,4;b:-1,3;c:-1,2;d:-1,5",
                         "--dynamic_batch_size=1,2,4", "--precision_mode=allow_mix_precision", "--log=error"]
     kind, header = atc_om.identify(out)
-    assert kind == "atc_om" and header.name == "net" and header.is_dynamic
+    assert kind == "atc_om" and header.name == "net" and not header.is_dynamic  # gears: not an unknown shape
+    assert os.stat(out).st_mode & 0o777 == 0o644  # ATC writes 0600: shared with replicas and the server's user
     assert result.target == "npu" and result.header["name"] == "net" and result.header["gears"] == [1, 2, 4]
     assert any("ATC run success" in ln and ln.startswith("[") and "s] " in ln for ln in lines)
     assert not os.path.exists(work) and _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("where", ["model", "output"])
+def test_a_path_atc_would_refuse_for_a_character_is_refused_before_it_runs(tmp_path, fake_atc, static_onnx, where):
+    """ATC accepts only a-z A-Z 0-9 . / _ - and Chinese characters in its paths (E10001): a
+    space in the model's or the output's folder is said plainly, naming it, before ATC runs."""
+    atc, record = fake_atc
+    spaced = tmp_path / "my models"
+    spaced.mkdir()
+    model = static_onnx
+    if where == "model":
+        model = spaced / "s.onnx"
+        shutil.copyfile(static_onnx, model)
+    out = (spaced if where == "output" else tmp_path) / "s.om"
+    with pytest.raises(CompileError, match=f"the {where}( folder)? path .*my models.* has ' '; rename or move it"):
+        compile_model(model, out, soc_version="Ascend310P3", atc=str(atc), log=lambda s: None)
+    assert not record.exists()  # ATC never ran
+    assert not out.exists() and _leftovers(out.parent) == []
 
 
 def test_static_model_gets_no_dynamic_batch_flag(tmp_path, fake_atc, static_onnx):
@@ -149,10 +170,10 @@ def test_cli_finds_atc_on_path_and_inspects_result(tmp_path, fake_atc, multi_io_
     assert "--dynamic_batch_size=2,4" in json.loads(record.read_text())["argv"]
     shown = run_cli("inspect", out)
     assert shown.returncode == 0, shown.stderr
-    for text in ("atc_om", "name: p", "model type: standard", "encrypted: no", "dynamic shape: yes",
+    for text in ("atc_om", "name: p", "model type: standard", "encrypted: no", "dynamic shape: no",
                  "platform version: 7.6.0.1", "needs CANN"):
         assert text in shown.stdout
-    assert json.loads(run_cli("inspect", out, "--json").stdout)["header"]["is_dynamic"] is True
+    assert json.loads(run_cli("inspect", out, "--json").stdout)["header"]["is_dynamic"] is False
 
 
 def test_target_cpu_ignores_atc_on_path(tmp_path, fake_atc, multi_io_onnx):
