@@ -114,7 +114,8 @@ class Completer:
         self.launcher.abandon(self._out_of_rotation())
 
     def _leave_rotation(self, reason: str) -> None:
-        """For good: the pool rebuilds the instance (a hung batch, a launch call that never returned)."""
+        """For good: the pool rebuilds the instance (a hung batch, a launch call that never
+        returned, a context stopped on a failure)."""
         self._book.take_out_of_rotation(reason)
         log.error("%s: %s; the instance leaves rotation and is rebuilt", self.name, reason)
 
@@ -210,9 +211,12 @@ class Completer:
         code = cause.ret if isinstance(cause, AclError) else None
         timeout = isinstance(error, DeviceTimeout)
         stopped = self._resources.stops_on_failure and code is not None and not timeout
-        if stopped and not self._book.broken:
+        if self._stopped:
+            code = None  # (the stop is counted once, with the first batch it failed)
+        elif stopped and not self._book.broken:
+            # which batch in flight faulted is not known: the first one waited on reports it
             self._stopped = True
-            self._leave_rotation(f"a batch failed on the device ({code}) and its context stopped on it")
+            self._leave_rotation(f"the device failed a task ({code}) and the instance's context stopped on it")
         self._book.count_failure(code, needs_reset=not timeout and not stopped)
         if isinstance(error, DeviceTimeout):
             message = f"batch of {batch.rows} rows (gear {batch.gear}) on {where}: {error}"

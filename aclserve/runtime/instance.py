@@ -36,12 +36,14 @@ ModelInstance puts together one part per concept, each in its own module:
 and keeps here what ties them: construction, the pool's surface, the synchronous baseline
 (run_sync) and close(), which stops the threads in order and releases the resources.
 
-If a batch fails on the device (an execute error) only that batch fails; the instance then
-stops taking work, lets its other batches finish, resets its streams and serves again. A batch
-the device does not finish within `execution_timeout_ms` fails with DeviceTimeout and takes the
-instance out of rotation for good (`broken`): the batches behind it fail at once, and the pool
-builds a replacement. So does a launch call that does not return within it (the completion
-thread watches the launcher: completer.py).
+If a batch fails on the device (an execute or copy error), where its streams stop on a failure
+(compat.stop_on_failure) its context takes no task again: the batches in flight fail and the
+instance leaves rotation for good (`broken`), and the pool builds a replacement; where they
+cannot, the instance has one slot, only that batch fails, and the instance resets its streams
+and serves again (completer.py). A batch the device does not finish within
+`execution_timeout_ms` fails with DeviceTimeout and takes the instance out of rotation for good:
+the batches behind it fail at once, and the pool builds a replacement. So does a launch call
+that does not return within it (the completion thread watches the launcher: completer.py).
 
 Every finished batch goes to the instance's listener (its pool) as `batch_done(batch)`, then its
 slot is returned and the listener hears `slot_free()`; both from the completion thread. A batch

@@ -154,7 +154,10 @@ class Launcher:
                     enqueue.direct(self._acl, resources.model, resources.streams["compute"], slot, batch)
                 else:
                     enqueue.piped(self._acl, resources.model, resources.streams, slot, batch)
-            except Exception as e:  # enqueue failures (bad argument, device error) fail this batch only
+            except AclError as e:  # the device refused a call (e.g. its context stopped on a failure)
+                log.error("%s: could not launch a batch: %s", self.name, e)
+                error = e
+            except Exception as e:  # a bug in the launch: this batch fails, with the traceback logged
                 log.exception("%s: could not launch a batch", self.name)
                 error = e
             with book.lock:  # a close that gave up on this launch has answered the batch already

@@ -6,8 +6,8 @@ batcher avoids that by watching lanes()). A batch that fails on the device is re
 another instance when `retry` is on. The pool is its instances' BatchListener and passes
 finished batches and freed slots on to its own listener (the batcher).
 
-An instance that leaves rotation for good (a batch past the execution timeout, a stream reset
-that failed) is rebuilt in a background thread: a fresh instance (context, streams, model copy,
+An instance that leaves rotation for good (a batch past the execution timeout, a context stopped
+on a failed batch, a stream reset that failed) is rebuilt in a background thread: a fresh instance (context, streams, model copy,
 slots) takes its lane, batches wait for it in the pool meanwhile (the batcher sees the lane
 busy), and the old one is closed afterwards: freed once the device lets go of it, or abandoned
 after its reset_timeout_ms (teardown.py).

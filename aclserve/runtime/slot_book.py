@@ -3,8 +3,9 @@
 The pool reserves a slot (`try_reserve`, never blocking) before it launches a batch there; the
 completion thread returns it once the batch is answered (`return_slot`). The instance takes no
 new batch while it must reset its streams after a device fault (until nothing else is in
-flight), once it is out of rotation for good (`broken`: a batch past the execution timeout, or
-a stream reset that failed; the pool builds a replacement), or once its close has begun
+flight), once it is out of rotation for good (`broken`: a batch past the execution timeout, a
+context stopped on a failed batch, or a stream reset that failed; the pool builds a
+replacement), or once its close has begun
 (`closing`). Also kept here, for /metrics: the wall time with work in flight (`busy_seconds`)
 and the failed batches by ACL error code (`faults`).
 

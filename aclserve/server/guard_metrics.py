@@ -156,7 +156,7 @@ class GuardCollector:
         faults = CounterMetricFamily("aclserve_batch_faults", "Batches the device failed (retried: run again "
                                      "on another instance)", labels=["model", "version", "outcome"])
         rebuilds = CounterMetricFamily("aclserve_instance_rebuilds", "Instances replaced after leaving rotation "
-                                       "(execution timeout, failed stream reset)", labels=["model", "version"])
+                                       "(execution timeout, device fault, failed stream reset)", labels=["model", "version"])
         codes = CounterMetricFamily("aclserve_device_faults", "Batches the device failed, by ACL error code "
                                     "(507047: past the execution timeout)", labels=["model", "version", "code"])
         for model, version, served in self._state.live_versions():

@@ -152,7 +152,9 @@ def _event_wait(event: int, ms: int):
     e, ret = _state.event_of(event, ctx)
     if ret:
         return ret
-    if e.context.failure:  # its context stopped on a failure (CANN checks that first, and while waiting)
+    # its context stopped on a failure: CANN checks that before the wait and while it waits;
+    # here before and after it (a wait behind a hung task ends at its timeout)
+    if e.context.failure:
         return e.context.failure
     if not e.wait(timeout):
         return C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT

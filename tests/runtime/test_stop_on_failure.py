@@ -1,0 +1,61 @@
+"""An instance whose streams stop on a failed task (compat.stop_on_failure): what its batches in
+flight get, what /metrics counts, and the rebuilt instance. Real parts: the CPU runtime (whose
+contexts stop as CANN's do), tiny ONNX models compiled to CPU OMs, fault injection."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from aclserve.acl.cpu import faults
+from aclserve.errors import ExecutionFailed
+from aclserve.runtime import open_pool, teardown
+from aclserve.runtime.futures import BatchFutures
+
+from tests.tiny_models import affine_reference, affine_request
+
+pytestmark = pytest.mark.usefixtures("clean_faults")
+
+
+def test_a_stop_fails_the_batches_in_flight_counts_once_and_the_rebuilt_instance_serves(runtime, affine_om, caplog):
+    """Batch 1's execution fails while batch 2's launch is inside its execute call: batch 2 is
+    refused by the stopped context. Both fail as device failures (500), the stop is counted once
+    (it was counted once per refused launch, and a late count was lost at the instance's swap),
+    a refused launch is one log line (no traceback), and the stopped instance is freed, not
+    abandoned, once the rebuilt one serves."""
+    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    done = BatchFutures(pool)
+    try:
+        gate1, gate2 = threading.Event(), threading.Event()
+        failing = faults.inject("execute", nth=1, hold=gate1, code=507011)
+        launching = faults.inject("execute_call", nth=2, hold=gate2)
+        old = pool.instances[0]
+        first = done.submit([affine_request(1)], 1)
+        assert failing.entered.wait(30)
+        second = done.submit([affine_request(1, 3)], 1)
+        assert launching.entered.wait(30)
+        with caplog.at_level(logging.ERROR):
+            gate1.set()  # batch 1 fails: the context stops ...
+            deadline = time.monotonic() + 30
+            while not old.broken and time.monotonic() < deadline:
+                time.sleep(0.01)
+            gate2.set()  # ... before batch 2's execute call goes on
+            for batch in (first, second):
+                with pytest.raises(ExecutionFailed, match="failed on device 0"):
+                    batch.result(timeout=30)
+        faults.clear()
+        request = affine_request(2, first_id=5)
+        result = done.submit([request], 2).result(timeout=30)  # the rebuilt instance
+        np.testing.assert_allclose(result.outputs[0]["y"], affine_reference(**request)["y"], rtol=1e-5, atol=1e-5)
+        assert pool.rebuilds == 1
+        assert pool.fault_counts() == old.fault_counts() == {507011: 1}
+        assert not [r for r in caplog.records if r.exc_info]
+        assert "could not launch a batch: acl.mdl.execute_async failed with 507011" in caplog.text
+        assert teardown.held() == 0  # the stopped instance was freed (nothing runs on it), not abandoned
+    finally:
+        gate1.set()
+        gate2.set()
+        pool.close()
