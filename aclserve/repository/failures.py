@@ -69,6 +69,12 @@ class LoadFailures:
         """(name, version) -> why its current file failed to load (retry plan included)."""
         return {(n, v): reason for (n, v, _), reason in self._reasons.items()}
 
+    def refused_for_good(self, name: str, version: str | None = None) -> bool:
+        """`name` (or its `version`) has a refused file and no retry of any is due: it is not
+        served until its file, config or labels change or the load API asks again."""
+        keys = [k for k in self._reasons if k[0] == name and version in (None, k[1])]
+        return bool(keys) and not any(self._retry.pending(k) for k in keys)
+
     def first_retry_pending(self) -> set[str]:
         """Models with a refused file whose first automatic retry is still to come. Only the
         first: retries go on until the file loads (a device too small for the model fails with

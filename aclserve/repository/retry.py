@@ -74,6 +74,10 @@ class RetrySchedule:
         """Failures of (name, version, identity) so far, since its version last loaded."""
         return self._attempts.get(key, 0)
 
+    def pending(self, key: tuple) -> bool:
+        """A retry of (name, version, identity) is due later."""
+        return key in self._timers
+
     def first_pending(self, key: tuple) -> bool:
         """The first retry of (name, version, identity) is due later (no retry of it has failed)."""
         return key in self._timers and self._attempts.get(key) == 1

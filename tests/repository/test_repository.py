@@ -164,8 +164,12 @@ async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_
     assert "slots: must be >= 1" in index[("badcfg", "")][1]
     assert index[("bad name.om", "")][0] == State.UNAVAILABLE
     assert events.count("load_failed", "junk") == 1
-    with pytest.raises(ModelUnavailable, match="not an OM"):
+    # refused for good (no retry is due): 404, as Triton's "has no available versions", not a
+    # 503 a client would retry forever
+    with pytest.raises(NotFound, match=r"model junk has no available versions \(.*not an OM"):
         repo.get("junk")
+    with pytest.raises(NotFound, match=r"model junk version 1 is not available \(.*not an OM"):
+        repo.get("junk", "1")
 
 
 async def test_a_version_on_disk_not_loaded_yet_is_unavailable_not_unknown(make_repo, models_dir, model_files):
@@ -205,6 +209,8 @@ async def test_lenient_readiness_waits_for_a_retry_still_to_come(make_repo, mode
     (row,) = repo.index()
     assert row["state"] == State.UNAVAILABLE and "transient device error: retry 1 in" in row["reason"]
     assert not repo.all_ready()
+    with pytest.raises(ModelUnavailable, match="transient device error"):  # a retry is due: 503, retry later
+        repo.get("m")
     await events.wait("loaded", "m")
     assert repo.all_ready()
 
