@@ -147,8 +147,7 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
             arrays[name], offset, rows = decode_bytes_input(name, item, spec, sig.max_batch_size, rows,
                                                             body, offset, framed)
             continue
-        shape = item.get("shape")
-        count, rows = check_input(name, datatype, shape, spec, sig, rows)
+        count, rows, shape = check_input(name, datatype, item.get("shape"), spec, sig, rows)
         params = item.get("parameters")
         size = None
         if params:
@@ -192,9 +191,11 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
 
 
 def check_input(name: str, datatype, shape, spec: TensorSpec, sig: Signature, rows: int | None
-                ) -> tuple[int, int | None]:
+                ) -> tuple[int, int | None, list]:
     """Datatype, shape and batch rows of input `name` against the model (shared with the gRPC
-    codec). Returns (element count, the request's batch rows so far)."""
+    codec). Returns (element count, the request's batch rows so far, the shape in the model's
+    rank: a tensor of no dimension but the batch may come as Triton's config spells it, with a
+    trailing 1, `dims: [1]` and `reshape: []`)."""
     if datatype != spec.datatype:
         if datatype is None or datatype == "":
             raise InvalidInput(f"input '{name}': datatype is missing (the model expects {spec.datatype})")
@@ -202,6 +203,8 @@ def check_input(name: str, datatype, shape, spec: TensorSpec, sig: Signature, ro
             raise InvalidInput(f"input '{name}': datatype BYTES is not supported here (the model expects "
                                f"{spec.datatype}; declare it an image input in the model's YAML to send images)")
         raise InvalidInput(f"input '{name}': datatype {quoted(datatype)} does not match the model's {spec.datatype}")
+    if type(shape) is list and len(shape) == len(spec.shape) + 1 and shape[-1] == 1 and spec.shape in ((), (-1,)):
+        shape = shape[:-1]  # [N, 1] for [N], [1] for a scalar: model_info.py writes them so
     count = _check_shape(name, shape, spec)
     if spec.batched and sig.max_batch_size:
         r = shape[0]
@@ -214,7 +217,7 @@ def check_input(name: str, datatype, shape, spec: TensorSpec, sig: Signature, ro
             rows = r
         elif r != rows:
             raise InvalidInput(f"input '{name}': batch size {r} differs from the other inputs' {rows}")
-    return count, rows
+    return count, rows, shape
 
 
 def tensor_view(name: str, buffer, spec: TensorSpec, count: int, shape, offset: int = 0) -> np.ndarray:

@@ -81,7 +81,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
             arrays[name], rows = decode_bytes_input(name, shape, raw[i] if raw else None,
                                                     tensor.contents.bytes_contents, spec, sig.max_batch_size, rows)
             continue
-        count, rows = check_input(name, tensor.datatype, shape, spec, sig, rows)
+        count, rows, shape = check_input(name, tensor.datatype, shape, spec, sig, rows)
         if raw:
             data = raw[i]
             expected = count * spec.dtype.itemsize

@@ -54,3 +54,28 @@ def test_grpc_model_config_carries_the_same(srv):
         assert config.parameters["devices"].string_value == "0"
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_batch_only_inputs_are_taken_as_the_config_spells_them_too(srv, binary):
+    """A client that builds its inputs from /config (dims [1] after the batch) sends [N, 1], as
+    Triton takes it: taken as [N] (the answer keeps the metadata's [N]). Over gRPC too, and a
+    trailing dimension other than 1 is still refused."""
+    client = httpclient.InferenceServerClient(srv.url)
+    try:
+        x = httpclient.InferInput("x", [3, 1], "FP32")
+        x.set_data_from_numpy(np.array([[-1], [0], [2]], np.float32), binary_data=binary)
+        np.testing.assert_array_equal(client.infer("vec", [x]).as_numpy("y"), [0, 0, 2])
+        bad = httpclient.InferInput("x", [3, 2], "FP32")
+        bad.set_data_from_numpy(np.zeros((3, 2), np.float32), binary_data=binary)
+        with pytest.raises(Exception, match=r"shape \[3, 2\] does not match the model's \[-1\]"):
+            client.infer("vec", [bad])
+    finally:
+        client.close()
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.config.grpc_port}")
+    try:
+        x = grpcclient.InferInput("x", [3, 1], "FP32")
+        x.set_data_from_numpy(np.array([[-1], [0], [2]], np.float32))
+        np.testing.assert_array_equal(grpc.infer("vec", [x]).as_numpy("y"), [0, 0, 2])
+    finally:
+        grpc.close()
