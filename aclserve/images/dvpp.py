@@ -175,6 +175,12 @@ class DvppDecoder:
         with self._counts_lock:  # decodes run in several pool threads
             self.outcomes[outcome] += 1
 
+    def outcome_counts(self) -> dict[str, int]:
+        """A copy of `outcomes`, taken under their lock (a decode adding an outcome meanwhile
+        would change the dict under a copy made without it)."""
+        with self._counts_lock:
+            return dict(self.outcomes)
+
     def _decode(self, data: bytes, info: ImageInfo, plan: ImagePlan) -> np.ndarray:
         acl, media = self._acl, self._media
         undo = []  # what to free after the image; nothing when the chip may still use it (DvppHung)

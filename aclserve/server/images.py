@@ -53,8 +53,8 @@ class ImageDecoding:
     def dvpp_outcomes(self) -> dict[str, int] | None:
         """Images given to the DVPP decoder by what became of them (images/dvpp.py OUTCOMES), or
         None while no DVPP decoder is open (images.decoder cpu, DVPP unavailable, none decoded yet)."""
-        outcomes = getattr(self._decoder, "outcomes", None)
-        return dict(outcomes) if outcomes is not None else None
+        counts = getattr(self._decoder, "outcome_counts", None)
+        return counts() if counts is not None else None
 
     async def prepare(self, stage, inputs: dict, lease=None) -> None:
         """Decode the request's pictures into its image inputs' tensors; with `lease`, first
