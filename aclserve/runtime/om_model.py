@@ -154,10 +154,8 @@ class OmModel:
             fmt = mdl.get_output_format(self.desc, index)
             size = self.output_sizes[index]
         shape = tuple(int(d) for d in dims["dims"])
-        if self.gears and shape and shape[0] > 0:
-            # an input's batch is reported as -1, an output's as the largest gear: dimension 0
-            # is the batch (batch_axes.py checks the outputs' at load)
-            shape = (-1,) + shape[1:]
+        if self.gears:
+            shape = self._batch_first(name, shape, is_input)
         try:
             datatype = acl_to_kserve(acl_dtype)
         except ValueError:
@@ -167,6 +165,17 @@ class OmModel:
         return TensorSpec(name=name, datatype=datatype, dtype=acl_to_numpy(acl_dtype), shape=shape,
                           format=C.FORMAT_NAMES.get(fmt, str(fmt)), bytes_per_sample=size // rows,
                           aipp_color=self._aipp_color(index, name) if is_input else None)
+
+    def _batch_first(self, name: str, shape: tuple[int, ...], is_input: bool) -> tuple[int, ...]:
+        """A gear model's tensor with dimension 0 as its batch (-1). An input's batch is
+        reported as -1: ATC leaves an input it has no -1 for fixed, and one fixed input is
+        refused here, since the batcher fills dimension 0 of every input with the requests'
+        rows. An output's batch is reported as the largest gear (batch_axes.py checks it)."""
+        if is_input and (not shape or shape[0] != -1):
+            raise LoadError(f"model {self.name}: input {name!r} has the fixed shape {list(shape)} in a model of "
+                            "batch gears, where aclserve takes dimension 0 of every input as the batch: compile "
+                            "it with -1 as that input's first dimension, or without gears")
+        return (-1,) + shape[1:] if shape and shape[0] > 0 else shape
 
     def _aipp_color(self, index: int, name: str) -> str | None:
         """The pixels input `index`'s static AIPP takes: RGB888 is rgb, or bgr when its AIPP

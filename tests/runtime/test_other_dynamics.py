@@ -7,7 +7,10 @@ be (the CPU runtime refuses the file itself); OmModel refuses it by that input's
 
 And every output of a gear model must keep its batch first: the device reports an output at the
 largest gear, not with -1 (batch_axes.py), so a sequence-first output or one without a batch
-was taken as batch-major and split by rows (other rows' values in an answer, no error)."""
+was taken as batch-major and split by rows (other rows' values in an answer, no error). Nor
+may an input of a gear model be fixed: ATC compiles `--dynamic_batch_size` with an input that
+has no -1 left as it is, and the batcher filled its dimension 0 with the requests' rows (wrong
+answers when its fixed size was the largest gear, a numpy error at load otherwise)."""
 from __future__ import annotations
 
 import onnx
@@ -77,3 +80,25 @@ def test_an_output_without_its_batch_first_is_refused_at_load(runtime, tmp_path,
         open_pool(runtime, om, "m")
     after = (ledger.streams, ledger.events, runtime.acl.memory_stats(0)["used"], runtime.acl.memory_stats(0)["allocations"])
     assert after == before  # nothing kept, the probe's dataset and memory included
+
+
+def with_fixed_input(path, fixed_rows, gears):
+    """x [N, 4] + the sum of s [fixed_rows, 4] over its rows -> y [N, 4], as ATC would describe
+    it (s keeps its fixed dims; the CPU compiler refuses such a model)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, [fixed_rows, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    nodes = [helper.make_node("ReduceSum", ["s"], ["t"], keepdims=1), helper.make_node("Add", ["x", "t"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x, s], [y]), opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    return write_cpu_om(path, model, list(gears))
+
+
+@pytest.mark.parametrize("gears", [(1, 2), (1, 2, 4)])  # its rows the largest gear (was served wrongly), or not
+def test_a_fixed_input_of_a_gear_model_is_refused_at_load(runtime, tmp_path, gears):
+    om = with_fixed_input(tmp_path / "m.om", 2, gears)
+    ledger = runtime.device(0).ledger
+    before = (ledger.streams, ledger.events, runtime.acl.memory_stats(0)["used"])
+    with pytest.raises(LoadError, match=r"input 's' has the fixed shape \[2, 4\] in a model of batch gears"):
+        open_pool(runtime, om, "m")
+    assert (ledger.streams, ledger.events, runtime.acl.memory_stats(0)["used"]) == before
