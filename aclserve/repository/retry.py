@@ -4,7 +4,8 @@ Transient: the device failed a warm-up batch (not the host code that packs and l
 did not finish one within the model's execution timeout (the hung instance is abandoned, and a
 later attempt builds a new one), or an
 ACL call failed with a resource or runtime code (2xxxxx: memory, streams, events; 5xxxxx:
-internal, execution, timeouts), which a later attempt may not meet. Parameter and file errors
+internal, execution, timeouts: AclError.transient), which a later attempt may not meet, the
+calls that allocate and load the model's own memory among them (a LoadError caused by one). Parameter and file errors
 (1xxxxx), bad files and bad models are not retried: the same file would fail the same way.
 
 The delay doubles per attempt from `initial_s` up to `max_s`, and each is drawn uniformly from
@@ -20,6 +21,7 @@ from typing import Callable
 
 from ..acl.check import AclError
 from ..errors import DeviceTimeout, ExecutionFailed
+from ..runtime.device import LoadError
 
 
 def is_transient(error: BaseException) -> bool:
@@ -30,7 +32,9 @@ def is_transient(error: BaseException) -> bool:
         # an exception of the host code that packs or launches it fails the same way again
         cause = error.__cause__
         return cause is None or isinstance(cause, AclError) or isinstance(cause.__cause__, AclError)
-    return isinstance(error, AclError) and error.ret // 100000 in (2, 5)
+    if isinstance(error, LoadError):  # a load's own ACL call (the model's memory, its load) failed
+        error = error.__cause__
+    return isinstance(error, AclError) and error.transient
 
 
 class RetrySchedule:

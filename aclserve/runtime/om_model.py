@@ -80,8 +80,8 @@ class OmModel:
         try:
             self.model_id = check("mdl.load_from_file_with_mem", acl.mdl.load_from_file_with_mem(
                 self.path, work, self.work_size, weight, self.weight_size))
-        except AclError as e:
-            raise LoadError(f"model {self.name}: loading {self.path} failed ({e})") from None
+        except AclError as e:  # its cause kept: a device code is retried (repository/retry.py)
+            raise LoadError(f"model {self.name}: loading {self.path} failed ({e})") from e
 
     def _load_unsized(self, refusal: AclError) -> None:
         """query_size refused (CANN does for fully dynamic-shape OMs): let CANN allocate with
@@ -92,13 +92,15 @@ class OmModel:
         try:
             self.model_id = check("mdl.load_from_file", self._acl.mdl.load_from_file(self.path))
         except AclError as e:
+            if e.transient:  # the device's trouble, not the file's: retried (repository/retry.py)
+                raise LoadError(f"model {self.name}: loading {self.path} failed ({e})") from e
             raise LoadError(f"model {self.name}: {self.path} {_why_unloadable(self.path)} ({e})") from None
 
     def _malloc(self, size: int) -> int:
         try:
             ptr = check("rt.malloc", self._acl.rt.malloc(size, C.ACL_MEM_MALLOC_HUGE_FIRST))
         except AclError as e:
-            raise LoadError(f"model {self.name}: allocating {size:,} bytes of device memory failed ({e})") from None
+            raise LoadError(f"model {self.name}: allocating {size:,} bytes of device memory failed ({e})") from e
         self._memory.append(ptr)
         return ptr
 

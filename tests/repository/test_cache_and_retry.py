@@ -14,6 +14,7 @@ from aclserve.config import ModelConfig
 from aclserve.errors import ExecutionFailed
 from aclserve.repository import cache_dir, cache_entry, loader, overload
 from aclserve.repository.retry import RetrySchedule, is_transient
+from aclserve.runtime.device import LoadError
 
 from .repo_helpers import place, x_rows
 
@@ -138,6 +139,35 @@ def test_only_device_and_resource_failures_are_transient():
     assert is_transient(AclError("rt.malloc", 207001)) and is_transient(AclError("mdl.execute", 507011))
     assert not is_transient(AclError("mdl.load_from_file", 145006))  # wrong kind of file
     assert not is_transient(ValueError("not an OM file"))
+    # a load's own call (the model's memory, its load): the cause decides (om_model.py keeps it)
+    for ret, transient in ((207001, True), (245000, True), (507899, True), (145000, False)):
+        try:
+            try:
+                raise AclError("mdl.load_from_file_with_mem", ret)
+            except AclError as e:
+                raise LoadError(f"model m: loading m.om failed ({e})") from e
+        except LoadError as load_error:
+            assert is_transient(load_error) is transient, ret
+    assert not is_transient(LoadError("model m: 2,000,000 bytes would leave less than the reserve"))
+
+
+@pytest.mark.asyncio
+async def test_a_device_error_of_the_model_load_itself_is_retried(make_repo, models_dir, model_files, clean_faults):
+    """Out of device memory where the model's load runs (GE allocates more than query_size
+    counts): retried as a device error is one step later (a slot's buffer), not refused for
+    good as a bad file (OmModel wrapped the code away)."""
+    from aclserve.acl.cpu import faults
+    place(model_files[1]["om"], models_dir / "m.om")
+    faults.inject("load", nth=1, code=207001)
+    repo, events = await make_repo(start=False, model_control_mode="none", load_retry_initial_s=0.2,
+                                   load_retry_max_s=0.4)
+    await repo.start()
+    (row,) = repo.index()
+    assert row["state"] == "UNAVAILABLE" and "transient device error: retry 1 in" in row["reason"], row
+    assert "207001" in row["reason"]
+    await events.wait("loaded", "m")
+    result = await repo.get("m").infer(x_rows(), 1)
+    assert float(result.outputs["y"][0, 0]) == 1.0  # model_files[1]: y = x * 1
 
 
 def test_auto_queue_limits_follow_gears_instances_and_speed():

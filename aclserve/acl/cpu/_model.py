@@ -171,6 +171,10 @@ def _device_region_ok(ptr: int, size: int, device: int) -> bool:
 def load(ctx, info: _om.ModelInfo, payload: bytes, mem: tuple[int, int, int, int] | None = None):
     """(model_id, ret). mem = (work_ptr, work_size, weight_ptr, weight_size); 0 pointers mean
     the runtime allocates that part itself, as aclmdlLoadFromFileWithMem allows."""
+    if faults.active():
+        code = faults.trigger("load", 0)
+        if code:
+            return 0, code
     work_need, weight_need = _om.query_size(info)
     work_ptr, work_size, weight_ptr, weight_size = mem or (0, 0, 0, 0)
     for ptr, size, need in ((work_ptr, work_size, work_need), (weight_ptr, weight_size, weight_need)):
