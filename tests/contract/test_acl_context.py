@@ -36,7 +36,6 @@ def test_thread_without_context_gets_107002(acl, ctx, device_buffer):
             "get_context": acl.rt.get_context()[1],
             "malloc": acl.rt.malloc(64, 0)[1],
             "malloc_host": acl.rt.malloc_host(64)[1],
-            "free": acl.rt.free(dev),
             "create_stream": acl.rt.create_stream()[1],
             "create_event": acl.rt.create_event()[1],
             "synchronize_stream": acl.rt.synchronize_stream(stream),
@@ -54,6 +53,38 @@ def test_thread_without_context_gets_107002(acl, ctx, device_buffer):
         return acl.rt.get_context(), acl.rt.synchronize_stream(stream)
 
     assert _in_thread(with_context) == ((ctx, 0), 0)
+    assert acl.rt.destroy_stream(stream) == 0
+
+
+def test_event_waits_queries_timings_destroys_and_free_need_no_context(acl, ctx):
+    """CANN's EventSynchronize, EventQueryStatus, EventElapsedTime and EventDestroy look at the
+    event alone, and DevFree falls back to the driver in a thread without a context: these
+    succeed there (record and stream waits do need the context)."""
+    stream, _ = acl.rt.create_stream()
+    start, _ = acl.rt.create_event()
+    end, _ = acl.rt.create_event()
+    ptr, ret = acl.rt.malloc(64, 0)
+    assert ret == 0
+    assert acl.rt.record_event(start, stream) == 0
+    assert acl.rt.record_event(end, stream) == 0
+    assert acl.rt.synchronize_stream(stream) == 0
+
+    def no_context():
+        return {
+            "synchronize_event": acl.rt.synchronize_event(end),
+            "query_event_status": acl.rt.query_event_status(end),
+            "event_elapsed_time": acl.rt.event_elapsed_time(start, end)[1],
+            "destroy_event": acl.rt.destroy_event(start),
+            "free": acl.rt.free(ptr),
+            "record_event": acl.rt.record_event(end, stream),
+        }
+
+    ok = C.ACL_SUCCESS
+    assert _in_thread(no_context) == {
+        "synchronize_event": ok, "query_event_status": (C.ACL_EVENT_RECORDED_STATUS_COMPLETE, ok),
+        "event_elapsed_time": ok, "destroy_event": ok, "free": ok,
+        "record_event": C.ACL_ERROR_RT_CONTEXT_NULL}
+    assert acl.rt.destroy_event(end) == 0
     assert acl.rt.destroy_stream(stream) == 0
 
 
@@ -107,7 +138,7 @@ def test_invalid_device_id(acl, ctx):
     assert acl.rt.get_context() == (ctx, 0)
 
 
-def test_stream_of_another_device_gets_107003(acl, ctx):
+def test_stream_of_another_device_is_synchronized_but_takes_no_work(acl, ctx):
     count, _ = acl.rt.get_device_count()
     if count < 2:
         pytest.skip("needs two devices")
@@ -116,7 +147,8 @@ def test_stream_of_another_device_gets_107003(acl, ctx):
     ctx1, ret = acl.rt.create_context(1)
     assert ret == 0
     try:
-        assert acl.rt.synchronize_stream(stream0) == C.ACL_ERROR_RT_STREAM_CONTEXT
+        assert acl.rt.synchronize_stream(stream0) == 0  # switched to its context and back (CANN)
+        assert acl.rt.get_context() == (ctx1, 0)
         event, _ = acl.rt.create_event()
         assert acl.rt.record_event(event, stream0) == C.ACL_ERROR_RT_STREAM_CONTEXT
         assert acl.rt.destroy_event(event) == 0

@@ -2,7 +2,8 @@
 
 Streams and model ids belong to the context current when they were created or loaded: work on
 them under another context of the same device fails with 107003 ("stream not in current
-context") or 107004 ("model not in current context"). Pointer and size arguments are C unsigned
+context") or 107004 ("model not in current context"); a stream's synchronize does not (CANN's
+StreamSynchronize switches to the stream's context and back). Pointer and size arguments are C unsigned
 longs ("k"/"K"): only a real int passes. These run on a real Ascend host too.
 """
 from __future__ import annotations
@@ -38,7 +39,10 @@ def test_stream_used_under_another_context_of_the_same_device_gets_107003(acl, c
     assert ret == 0
     try:
         assert acl.rt.set_context(other_ctx) == 0
-        assert acl.rt.synchronize_stream(stream) == C.ACL_ERROR_RT_STREAM_CONTEXT
+        # a synchronize is not refused: CANN switches to the stream's context and back
+        assert acl.rt.synchronize_stream(stream) == 0
+        assert acl.rt.synchronize_stream_with_timeout(stream, 1000) == 0
+        assert acl.rt.get_context() == (other_ctx, 0)
         assert acl.rt.memcpy_async(dev, 64, host, 64, C.ACL_MEMCPY_HOST_TO_DEVICE, stream) \
             == C.ACL_ERROR_RT_STREAM_CONTEXT
         assert acl.rt.record_event(event, stream) == C.ACL_ERROR_RT_STREAM_CONTEXT

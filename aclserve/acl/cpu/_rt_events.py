@@ -73,12 +73,11 @@ def create_event_with_flag(flag):
     return _create(flag)
 
 
+# Waiting on, querying, timing and destroying an event need no current context (CANN looks at
+# the event alone: _state.event_anywhere); recording and waiting on it from a stream do.
 @api("acl.rt.destroy_event", PTR)
 def destroy_event(event):
-    ctx, ret = _state.current()
-    if ret:
-        return ret
-    e, ret = _state.event_of(event, ctx)
+    e, ret = _state.event_anywhere(event)
     if ret:
         return ret
     with _state.lock:
@@ -143,13 +142,13 @@ def reset_event(event, stream):
 
 
 def _event_wait(event: int, ms: int):
-    ctx, ret = _state.current()
+    ret = _state.check_init()
     if ret:
         return ret
     timeout, ret = wait_timeout(ms, event=True)
     if ret:
         return ret
-    e, ret = _state.event_of(event, ctx)
+    e, ret = _state.event_anywhere(event)
     if ret:
         return ret
     # its context stopped on a failure: CANN checks that before the wait and while it waits;
@@ -175,10 +174,7 @@ def synchronize_event_with_timeout(event, timeout_ms):
 @api("acl.rt.query_event_status", PTR)
 def query_event_status(event):
     """(ACL_EVENT_RECORDED_STATUS_COMPLETE=1 | NOT_READY=0, ret); a never-recorded event is complete."""
-    ctx, ret = _state.current()
-    if ret:
-        return 0, ret
-    e, ret = _state.event_of(event, ctx)
+    e, ret = _state.event_anywhere(event)
     if ret:
         return 0, ret
     return (C.ACL_EVENT_RECORDED_STATUS_COMPLETE if e.complete() else C.ACL_EVENT_RECORDED_STATUS_NOT_READY), _OK
@@ -197,11 +193,8 @@ def query_event(event):
 
 @api("acl.rt.event_elapsed_time", PTR, PTR)
 def event_elapsed_time(start, end):
-    ctx, ret = _state.current()
-    if ret:
-        return 0.0, ret
-    e1, ret1 = _state.event_of(start, ctx)
-    e2, ret2 = _state.event_of(end, ctx)
+    e1, ret1 = _state.event_anywhere(start)
+    e2, ret2 = _state.event_anywhere(end)
     if ret1 or ret2:
         return 0.0, ret1 or ret2
     if any(e.flags is not None and not e.flags & C.ACL_EVENT_TIME_LINE for e in (e1, e2)):

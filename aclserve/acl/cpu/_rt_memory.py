@@ -24,8 +24,8 @@ def malloc_align32(size, policy):
 
 @api("acl.rt.free", PTR)
 def free(dev_ptr):
-    ctx, ret = _state.current()
-    return ret or _memory.free(dev_ptr)
+    """Needs no current context (CANN's DevFree falls back to the driver without one)."""
+    return _state.check_init() or _memory.free(dev_ptr)
 
 
 @api("acl.rt.malloc_host", PTR)

@@ -160,10 +160,30 @@ def stream_of(handle: int, ctx: Context):
     return stream, C.ACL_SUCCESS
 
 
-def event_of(handle: int, ctx: Context):
+def stream_to_sync(handle: int, ctx: Context):
+    """Resolve a stream handle for a synchronize: one of another context is synchronized all the
+    same (CANN's StreamSynchronize switches to the stream's context and back)."""
+    stream = streams.get(handle) if handle else None
+    return (stream, C.ACL_SUCCESS) if stream is not None else stream_of(handle, ctx)
+
+
+def event_anywhere(handle: int):
+    """Resolve an event handle for the calls that look at the event alone, whatever context the
+    calling thread has, or none (CANN's EventSynchronize, EventQueryStatus, EventElapsedTime and
+    EventDestroy do not read the current context)."""
+    if not initialized:
+        return None, C.ACL_ERROR_UNINITIALIZE
     event = events.get(handle) if handle else None
     if event is None:
         return None, C.ACL_ERROR_INVALID_PARAM if handle == 0 else C.ACL_ERROR_RT_PARAM_INVALID
+    return event, C.ACL_SUCCESS
+
+
+def event_of(handle: int, ctx: Context):
+    """Resolve an event handle for work queued under ctx: one of another device is refused."""
+    event, ret = event_anywhere(handle)
+    if ret:
+        return None, ret
     if event.device != ctx.device:
         return None, C.ACL_ERROR_RT_STREAM_CONTEXT
     return event, C.ACL_SUCCESS

@@ -190,7 +190,7 @@ def _sync(stream: int, ms: int):
     timeout, ret = wait_timeout(ms, event=False)
     if ret:
         return ret
-    s, ret = _state.stream_of(stream, ctx)
+    s, ret = _state.stream_to_sync(stream, ctx)
     return ret or s.synchronize(timeout)
 
 
