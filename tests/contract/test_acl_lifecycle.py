@@ -22,7 +22,8 @@ _LIFECYCLE = textwrap.dedent("""
     out["init"] = [acl.init(), acl.init()]
     acl.rt.set_device(0)
     out["mem"] = list(acl.rt.get_mem_info(1))
-    # finalize releases what the application left behind: a stream with work, an event, memory
+    # the CPU runtime's finalize releases what the application left behind (a stream with work,
+    # an event, memory), saying so; CANN's leaves them until the process exits
     stream, _ = acl.rt.create_stream()
     event, _ = acl.rt.create_event()
     acl.rt.record_event(event, stream)
@@ -43,12 +44,15 @@ def test_init_finalize_codes(acl_kind):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["before"] == [C.ACL_ERROR_UNINITIALIZE] * 4
     assert out["init"] == [0, C.ACL_ERROR_REPEAT_INITIALIZE]
     assert out["finalize"] == [0, C.ACL_ERROR_REPEAT_FINALIZE]
-    assert out["after"] == [C.ACL_ERROR_UNINITIALIZE] * 2
     assert out["mem"][2] == 0
     if acl_kind == "cpu":  # capacity from ACLSERVE_CPU_DEVICE_MEMORY; re-init after finalize works
+        # stricter than the device, on purpose: CANN's aclrt* calls go to the runtime unchecked
+        # before init and after finalize (aclrtSetDevice -> rtSetDevice); the CPU runtime refuses
+        # them, so a call outside init..finalize fails where the tests run
+        assert out["before"] == [C.ACL_ERROR_UNINITIALIZE] * 4
+        assert out["after"] == [C.ACL_ERROR_UNINITIALIZE] * 2
         assert out["mem"][1] == 64 << 20
         assert out["reinit"] == [0, 0, 0, 0]
         assert out["reinit_used"] == 0

@@ -60,7 +60,7 @@ def test_stream_used_under_another_context_of_the_same_device_gets_107003(acl, c
         assert acl.rt.free_host(host) == 0
 
 
-def test_model_executed_or_unloaded_under_another_context_gets_107004(acl, ctx, other_ctx, loaded_mlp):
+def test_model_executed_under_another_context_gets_107004(acl, ctx, other_ctx, loaded_mlp):
     m = loaded_mlp
     idx = acl.mdl.get_input_index_by_name(m.desc, C.ACL_DYNAMIC_TENSOR_NAME)[0]
     assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, idx, 1) == 0
@@ -70,11 +70,28 @@ def test_model_executed_or_unloaded_under_another_context_gets_107004(acl, ctx, 
         assert ret == 0
         assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == C.ACL_ERROR_RT_MODEL_CONTEXT
         assert acl.mdl.execute_async(m.model_id, m.inputs, m.outputs, stream) == C.ACL_ERROR_RT_MODEL_CONTEXT
-        assert acl.mdl.unload(m.model_id) == C.ACL_ERROR_RT_MODEL_CONTEXT
         assert acl.rt.destroy_stream(stream) == 0
     finally:
         assert acl.rt.set_context(ctx) == 0
     assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == 0  # the loading context still works
+
+
+def test_model_unloaded_under_another_context_is_refused_on_the_cpu_runtime(acl, ctx, other_ctx, loaded_mlp,
+                                                                            cpu_only):
+    """Stricter than the device, on purpose: GE's unload under another context (or none) reports
+    success but leaves the model's own streams, events and rtModel undestroyed (DavinciModel's
+    destructor destroys them only under a current context, and a stream destroy under another
+    fails and is only logged): a leak no test would see. The CPU runtime refuses it (107004), so
+    an unload in the wrong context fails where the tests run."""
+    assert acl.rt.set_context(other_ctx) == 0
+    try:
+        assert acl.mdl.unload(loaded_mlp.model_id) == C.ACL_ERROR_RT_MODEL_CONTEXT
+    finally:
+        assert acl.rt.set_context(ctx) == 0
+    m = loaded_mlp
+    idx = acl.mdl.get_input_index_by_name(m.desc, C.ACL_DYNAMIC_TENSOR_NAME)[0]
+    assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, idx, 1) == 0
+    assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == 0  # still loaded, in its context
 
 
 def test_a_thread_with_another_context_cannot_run_the_model(acl, ctx, other_ctx, loaded_mlp):
