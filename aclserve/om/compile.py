@@ -93,7 +93,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
                                        precision_mode=precision_mode, timeout=timeout, log=log,
                                        insert_op_conf=aipp_mod.render(aipp) if bound else None)
         image = {b.input.name: b.image_dims for b in bound}
-        inputs = [dict(t.header_entry(), **({"datatype": "UINT8", "dims": image[t.name], "format": "NHWC"}
+        inputs = [dict(t.header_entry(is_input=True), **({"datatype": "UINT8", "dims": image[t.name], "format": "NHWC"}
                                             if t.name in image else {})) for t in spec.inputs]
         header = dict(hdr.as_dict(), gears=list(spec.gears), inputs=inputs, **aipp_header)
         kind = "npu"

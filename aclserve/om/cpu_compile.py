@@ -130,7 +130,7 @@ def build(spec: ModelSpec, *, name: str, source_path: str, source_bytes: bytes, 
     payload = optimise(spec.model)
     if unknown:
         outputs = probe_outputs(payload, spec, outputs)
-    inputs = [t.header_entry() for t in spec.inputs]
+    inputs = [t.header_entry(is_input=True) for t in spec.inputs]
     if spec.dynamic_batch:
         inputs.append(dynamic_batch_input())
     reported = atc_output_names(spec.model)  # what an ATC OM of this model would report

@@ -25,12 +25,22 @@ def tensor_name(reported: str) -> str:
 
 
 def atc_output_names(model: onnx.ModelProto) -> dict[str, str]:
-    """{graph output tensor: ATC-style name} from the node that produces each output. A graph
-    output that is a graph input or initializer has no producer and keeps its plain name."""
+    """{graph output tensor: ATC-style name} from the node that produces each output. ATC's ONNX
+    parser names an unnamed node `<op type>_<k>`, k counting the unnamed nodes only
+    (AdaptAndFindAllOnnxGraph), and a graph input by its own name (its Data node), so an input
+    passed through as an output is `x:0:x`. An initializer passed through keeps its plain name
+    here (ATC makes a Const node of it, named otherwise)."""
     out: dict[str, str] = {}
     wanted = {o.name for o in model.graph.output}
-    for i, node in enumerate(model.graph.node):
+    unnamed = 0
+    for node in model.graph.node:
+        name = node.name
+        if not name:
+            name, unnamed = f"{node.op_type}_{unnamed}", unnamed + 1
         for index, tensor in enumerate(node.output):
             if tensor in wanted and tensor not in out:
-                out[tensor] = atc_output_name(node.name or f"{node.op_type}_{i}", index, tensor)
+                out[tensor] = atc_output_name(name, index, tensor)
+    for graph_input in model.graph.input:
+        if graph_input.name in wanted and graph_input.name not in out:
+            out[graph_input.name] = atc_output_name(graph_input.name, 0, graph_input.name)
     return out

@@ -41,11 +41,14 @@ class TensorInfo:
     name: str
     dtype: np.dtype
     dims: list[int]  # -1 marks the batch dimension of a dynamic-batch model
-    format: str | None = None  # None: NCHW for 4-d, else ND (AIPP inputs are NHWC)
+    format: str | None = None  # None: see header_entry (AIPP inputs are NHWC)
 
-    def header_entry(self) -> dict:
+    def header_entry(self, is_input: bool = False) -> dict:
+        """Its entry in a CPU OM's header. Without a format of its own, an input is reported in
+        ATC's --input_format, NCHW for ONNX, whatever its rank (ATC's ONNX parser gives every
+        Data node that format: UpdateDataFormat); an output NCHW at 4-d, else ND."""
         acl_dtype = numpy_to_acl(self.dtype)
-        fmt = self.format or ("NCHW" if len(self.dims) == 4 else "ND")
+        fmt = self.format or ("NCHW" if is_input or len(self.dims) == 4 else "ND")
         return {"name": self.name, "datatype": acl_to_kserve(acl_dtype), "acl_dtype": acl_dtype,
                 "format": fmt, "dims": list(self.dims)}
 
@@ -160,7 +163,7 @@ def dtype_of(vi: onnx.ValueInfoProto, what: str) -> np.dtype:
         numpy_to_acl(dtype)
     except (KeyError, ValueError, TypeError):
         raise CompileError(f"{what} {vi.name!r} has data type "
-                           f"{onnx.TensorProto.DataType.Name(elem)}, which ACL models cannot carry") from None
+                           f"{onnx.TensorProto.DataType.Name(elem)}, which aclserve does not serve") from None
     return dtype
 
 

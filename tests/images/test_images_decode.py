@@ -154,6 +154,9 @@ def test_float_plans_normalise_on_the_host():
     assert row.dtype == np.float32
     nhwc = build_plan(ImageInput(), spec((-1, 4, 5, 3), "FP16", "ND"))
     assert nhwc.layout == "NHWC" and nhwc.to_row(pixels).dtype == np.float16
+    # an ONNX input is NCHW to ATC whatever its layout: where that axis cannot be the channels,
+    # the dims decide (it was refused as an image of 4 channels)
+    assert build_plan(ImageInput(), spec((-1, 4, 5, 3), "FP32", "NCHW")).layout == "NHWC"
     grey = build_plan(ImageInput(), spec((2, 4, 5), "FP32", "ND"))
     assert (grey.layout, grey.rows, grey.color) == ("HW", 2, "gray")
 

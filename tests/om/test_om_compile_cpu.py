@@ -38,9 +38,11 @@ def test_header_describes_inputs_outputs_and_gears(multi_om, multi_io_onnx):
     with open(multi_io_onnx, "rb") as f:
         assert h["source"] == {"path": multi_io_onnx, "sha256": hashlib.sha256(f.read()).hexdigest()}
     assert h["gears"] == GEARS
-    assert [(t["name"], t["datatype"], t["dims"]) for t in h["inputs"]] == [
-        ("a", "FP32", [-1, 4]), ("b", "INT32", [-1, 3]), ("c", "INT64", [-1, 2]), ("d", "FP16", [-1, 5]),
-        ("ascend_mbatch_shape_data", "INT64", [1])]
+    # an input is reported in ATC's --input_format, NCHW for ONNX, whatever its rank (GE's ONNX
+    # parser, UpdateDataFormat); the mbatch input ND
+    assert [(t["name"], t["datatype"], t["dims"], t["format"]) for t in h["inputs"]] == [
+        ("a", "FP32", [-1, 4], "NCHW"), ("b", "INT32", [-1, 3], "NCHW"), ("c", "INT64", [-1, 2], "NCHW"),
+        ("d", "FP16", [-1, 5], "NCHW"), ("ascend_mbatch_shape_data", "INT64", [1], "ND")]
     assert h["inputs"][-1]["dynamic_batch"] is True and h["inputs"][-1]["acl_dtype"] == 9
     assert [(t["name"], t["datatype"], t["dims"], t["format"]) for t in h["outputs"]] == [
         ("y_f32", "FP32", [-1, 4], "ND"), ("y_i32", "INT32", [-1, 3], "ND"),

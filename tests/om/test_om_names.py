@@ -22,9 +22,11 @@ def test_names_come_from_the_producing_node():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])
     outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2]) for n in ("a", "b", "x")]
     nodes = [helper.make_node("Split", ["x"], ["p", "a"], name="split", axis=0, num_outputs=2),
-             helper.make_node("Relu", ["x"], ["b"])]  # unnamed node: named by op type and position
+             helper.make_node("Relu", ["x"], ["b"])]  # unnamed: op type and its rank among the unnamed
     model = helper.make_model(helper.make_graph(nodes, "g", [x], outs))
-    assert atc_output_names(model) == {"a": "split:1:a", "b": "Relu_1:0:b"}  # "x" has no producer
+    # (ATC's ONNX parser, AdaptAndFindAllOnnxGraph: the counter moves on unnamed nodes only; a
+    # graph input passed through is named after its Data node, the input itself)
+    assert atc_output_names(model) == {"a": "split:1:a", "b": "Relu_0:0:b", "x": "x:0:x"}
 
 
 def test_the_shipped_digits_om_reports_the_atc_name():
