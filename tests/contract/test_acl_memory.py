@@ -53,18 +53,21 @@ def test_huge_first_allocations_are_advised_for_huge_pages(acl, ctx, cpu_only):
     assert acl.memory_stats(0)["huge_advised_bytes"] == stats0["huge_advised_bytes"]
 
 
-def test_free_rules(acl, ctx):
+def test_free_rules(acl, ctx, acl_kind):
     ptr, _ = acl.rt.malloc(128, 0)
     assert acl.rt.free(0) == C.ACL_ERROR_INVALID_PARAM
-    assert acl.rt.free(ptr + 64) == C.ACL_ERROR_RT_PARAM_INVALID
+    if acl_kind == "cpu":  # what a driver answers to these is not documented: not tried on a device
+        assert acl.rt.free(ptr + 64) == C.ACL_ERROR_RT_PARAM_INVALID
     assert acl.rt.free(ptr) == 0
-    assert acl.rt.free(ptr) == C.ACL_ERROR_RT_PARAM_INVALID
+    if acl_kind == "cpu":
+        assert acl.rt.free(ptr) == C.ACL_ERROR_RT_PARAM_INVALID
 
 
 def test_host_memory_is_page_aligned_and_separate(acl, ctx, acl_kind):
     before = _free(acl)
     host, ret = acl.rt.malloc_host(100)
-    assert ret == 0 and host % 4096 == 0
+    on_board = acl.rt.get_run_mode()[0] == C.ACL_DEVICE  # there the device's normal memory, not page-aligned
+    assert ret == 0 and (host % 4096 == 0 or on_board)
     assert _free(acl) == before
     assert acl.rt.free(host) == C.ACL_ERROR_RT_PARAM_INVALID or acl_kind != "cpu"
     assert acl.rt.free_host(host) == 0
@@ -137,8 +140,11 @@ def test_memcpy_async_runs_on_the_stream(acl, ctx, device_buffer, acl_kind):
     data = np.arange(64, dtype=np.uint8).tobytes()
     unpinned = acl.util.bytes_to_ptr(data)
     dev = device_buffer(128)
-    src, _ = acl.rt.malloc_host(128)
-    host, _ = acl.rt.malloc_host(64)
+    # each used from its first 64-byte aligned byte: on the board (run mode ACL_DEVICE)
+    # malloc_host's memory is not aligned so, as the slots do it
+    src_block, _ = acl.rt.malloc_host(128 + 63)
+    host_block, _ = acl.rt.malloc_host(64 + 63)
+    src, host = (src_block + 63) & ~63, (host_block + 63) & ~63
     stream, _ = acl.rt.create_stream()
     try:
         assert acl.rt.memcpy(src, 128, unpinned, 64, H2H) == 0  # staged into pinned memory
@@ -156,5 +162,5 @@ def test_memcpy_async_runs_on_the_stream(acl, ctx, device_buffer, acl_kind):
         assert acl.util.ptr_to_bytes(host, 64) == data
     finally:
         assert acl.rt.destroy_stream(stream) == 0
-        acl.rt.free_host(host)
-        acl.rt.free_host(src)
+        acl.rt.free_host(host_block)
+        acl.rt.free_host(src_block)
