@@ -145,6 +145,8 @@ def test_kserve_runtime_and_inference_services_match_the_server():
     config = server_config(container["args"])
     assert config.models_dir == "/mnt/models" and config.host == "0.0.0.0"
     assert [p["containerPort"] for p in container["ports"]] == [config.port]
+    # named: merged with an InferenceService's own port (h2c), a Service of two unnamed is refused
+    assert all(p.get("name") for p in container["ports"])
     check_probes(container, config.port, routes)
     assert int(spec["annotations"]["prometheus.kserve.io/port"]) == config.port
     assert spec["annotations"]["prometheus.kserve.io/path"] in routes
@@ -161,7 +163,12 @@ def test_kserve_runtime_and_inference_services_match_the_server():
         model = predictor["model"]
         assert model["runtime"] == "aclserve-ascend" and model["modelFormat"]["name"] in formats
         assert model["protocolVersion"] == protocol
-        assert predictor["terminationGracePeriodSeconds"] >= config.shutdown_timeout_s + 5
+        if protocol == "v2":  # Knative: it refuses terminationGracePeriodSeconds (its revision timeout, 300 s)
+            assert "terminationGracePeriodSeconds" not in predictor
+            assert find("InferenceService", name)["metadata"]["annotations"][
+                "serving.kserve.io/deploymentMode"] == "Serverless"
+        else:
+            assert predictor["terminationGracePeriodSeconds"] >= config.shutdown_timeout_s + 5
         if protocol == "grpc-v2":
             assert [(p["name"], p["containerPort"]) for p in model["ports"]] == [("h2c", config.grpc_port)]
 
