@@ -1,7 +1,7 @@
 """Typed errors whose message is safe to show to a client; every layer raises them.
 
 They say what went wrong, not how a protocol spells it: the server maps each class to an HTTP
-status and a gRPC code at its edge (server/http_errors.py, server/grpc_service.py). Anything
+status and a gRPC code at its edge (server/http_errors.py, server/grpc_status.py). Anything
 that is not a ServeError reaching the server is an internal fault: logged with its traceback
 and answered with a generic 500 / INTERNAL.
 """

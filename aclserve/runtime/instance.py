@@ -13,7 +13,7 @@ Data flow of one batch:
                        the slot, resolve
 
 A batch launched while nothing else is in flight takes a shorter path: its copies and its
-execution all go on the compute stream, the copies without events of their own (so untimed).
+execution all go on the compute stream, the copies without events of their own (timed by the events around them).
 Nothing is there to overlap with, and the two copy streams' wake-ups are saved (about 0.1 ms
 per batch on the CPU runtime). The copies stay asynchronous, so a hung copy is bounded by the
 execution timeout like a hung execution (synchronous copies on the launcher and completion
@@ -75,7 +75,7 @@ class ModelInstance(SlotBook):
     """Owns: an ACL context, three streams, an OmModel, `slots` Slots, a launcher and a
     completion thread. `try_reserve()` + `launch()` never block; close() waits for in-flight
     batches (until a deadline: what the device still runs then is abandoned, teardown.py), then
-    releases everything in reverse order of acquisition."""
+    releases everything it owns (instance_resources.py: streams first, the context last)."""
 
     def __init__(self, acl, device: Device, path: str, name: str, slots: int = 2,
                  execution_timeout_ms: int = 60_000, reset_timeout_ms: int = 10_000):
@@ -214,8 +214,8 @@ class ModelInstance(SlotBook):
 
     def release(self, deadline: float, floor: float = 0.0) -> str | None:
         """Once the threads have stopped and the streams are idle (waiting until
-        `_wait_bound(deadline, floor)`), free everything the instance owns in reverse order
-        (instance_resources.py). If the device still runs the instance's work then, nothing is
+        `_wait_bound(deadline, floor)`), free everything the instance owns (instance_resources.py:
+        streams first, the context last). If the device still runs the instance's work then, nothing is
         freed and what runs is returned: that work reads and writes the slots' memory, which
         must not be freed under it. teardown.py calls it again for an abandoned instance."""
         running = self._resources.release((self._launcher.thread, self._completer.thread),

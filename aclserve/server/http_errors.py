@@ -1,7 +1,7 @@
 """How HTTP spells each ServeError: its status, Retry-After and extra headers, in one table.
 
 The errors themselves (aclserve/errors.py and the server's own in auth.py, body.py, budget.py)
-carry only a message; this edge gives them their status, and grpc_service.py gives the same
+carry only a message; this edge gives them their status, and grpc_status.py gives the same
 classes their gRPC codes. A class not listed takes the entry of its nearest listed base, so a
 new subclass of Unavailable answers 503 with Retry-After like the others.
 """
