@@ -125,7 +125,10 @@ def _check_trace_folder(path: str, log_frequency: int = 0) -> None:
     from pathlib import Path
     from ..trace.tracer import blocked_by
     target = Path(os.path.abspath(path))
-    blocker = blocked_by(target, indexed=log_frequency > 0)
+    try:
+        blocker = blocked_by(target, indexed=log_frequency > 0)
+    except OSError as e:  # a name too long, a folder of it unreadable
+        raise UsageError(f"cannot write the trace file {path}: {e.strerror or e}") from None
     if blocker == target:  # the write at shutdown failed "Is a directory": the traces were lost
         raise UsageError(f"cannot write the trace file {path}: it is a folder (name a file in it, "
                          f"e.g. {os.path.join(path, 'trace.json')})")

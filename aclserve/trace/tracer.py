@@ -170,7 +170,10 @@ class Tracer:
         or the name a folder when it is the file written (`indexed`, log_frequency > 0, writes
         name.0, name.1, ... beside it). Read when it is set, not at each write (the request path)."""
         path = Path(self._trace_dir) / name
-        blocker = blocked_by(path, indexed)
+        try:
+            blocker = blocked_by(path, indexed)
+        except OSError as e:  # a folder of it unreadable, say
+            raise TraceSettingsError(f"trace_file: {name!r} cannot be written: {e.strerror or e}") from None
         if blocker == path:
             raise TraceSettingsError(f"trace_file: {name!r} cannot be written: it is a folder")
         if blocker is not None:

@@ -111,6 +111,7 @@ def test_trace_count_counts_down_and_stops_tracing(srv, http_client):
     ({"trace_file": "/etc/passwd"}, "trace_file: must be a relative name inside the trace folder"),
     ({"trace_file": "../escape.json"}, "trace_file: must be a relative name inside the trace folder"),
     ({"trace_colour": "red"}, "unknown trace setting 'trace_colour'"),
+    ({"trace_file": "c" * 256 + "/x.json"}, "trace_file: longer than 1024 bytes, or a folder or file name"),  # was 500
 ])
 def test_bad_settings_are_400_naming_the_setting_and_change_nothing(http_client, settings, message):
     client = http_client

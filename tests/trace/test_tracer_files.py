@@ -183,6 +183,24 @@ def test_a_trace_file_that_cannot_be_written_is_refused_when_set(tmp_path, name,
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+@pytest.mark.parametrize("name", ["c" * 256 + "/x.json", "c" * 256, "b" * 254, "\u00e9" * 128, "d/" * 600 + "t.json"])
+@pytest.mark.parametrize("frequency", ["0", "1"])
+def test_a_trace_file_name_too_long_for_the_filesystem_is_refused_when_set(tmp_path, name, frequency, caplog):
+    """A name past the filesystem's 255 bytes a component raised ENAMETOOLONG out of the check
+    (500 / INTERNAL), or was taken and failed every write (a 254-byte name: the writer adds
+    ".tmp"); refused when set, in bytes, whatever the log frequency (a fuzzer's finding)."""
+    tracer = Tracer(trace_dir=str(tmp_path))
+    tracer.update(dict(EVERY_REQUEST, log_frequency=frequency))
+    with pytest.raises(TraceSettingsError, match="trace_file: longer than 1024 bytes, or a folder or file name"):
+        tracer.update({"trace_file": name})
+    assert tracer.settings().file == "t.json"
+    tracer.update({"trace_file": "a" * 200})  # the longest name taken, written with what the writer adds
+    trace_requests(tracer, 1)
+    tracer.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["a" * 200 + (".0" if frequency == "1" else "")]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 def test_a_write_that_fails_on_the_disk_is_one_error_line_without_a_traceback(tmp_path, caplog):
     tracer = Tracer(trace_dir=str(tmp_path))
     tracer.update(dict(EVERY_REQUEST, trace_file="sub/t.json"))
