@@ -20,6 +20,8 @@ def quoted(value) -> str:
     if kind is str:
         return orjson.dumps(value[:MAX_QUOTED]).decode() + ("..." if len(value) > MAX_QUOTED else "")
     if kind is float and not math.isfinite(value):
+        if math.isnan(value):  # (gRPC: a double parameter may carry one)
+            return "NaN"
         return "a number beyond a double's range"  # the stdlib decoder reads 1e400 as inf
     if kind is int and not -2**63 <= value < 2**64:
         text = str(value)  # the decoder refuses more than 4,300 digits

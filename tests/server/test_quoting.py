@@ -16,7 +16,7 @@ SIG = codec.Signature([TensorSpec("x", "FP32", kserve_to_numpy("FP32"), (-1, 4))
 @pytest.mark.parametrize("value,text", [
     (True, "true"), (None, "null"), ("abc", '"abc"'), (1.5, "1.5"), (-3, "-3"), ([], "[]"), ({}, "{}"),
     ([1], "an array of 1 item"), ([[]] * 3, "an array of 3 items"), ({"a": 1, "b": 2}, "an object of 2 keys"),
-    (float("inf"), "a number beyond a double's range"), (2**64, str(2**64)),
+    (float("inf"), "a number beyond a double's range"), (float("nan"), "NaN"), (2**64, str(2**64)),
     (-10**100, "an integer of 101 digits"), ("x" * 100, '"' + "x" * MAX_QUOTED + '"...'),
 ])
 def test_values_are_quoted_as_json_spells_them_and_cut(value, text):
