@@ -122,10 +122,10 @@ def _float_layout(wanted: str, spec: TensorSpec, dims: list[int]) -> str:
         return "HW"
     if wanted != "auto":
         return wanted
-    # the OM's format is ATC's --input_format (NCHW for every ONNX input, whatever its layout):
-    # taken where its channel axis holds 1 or 3, else the dims decide
-    if spec.format == "NCHW" and dims[0] in (1, 3) or spec.format == "NHWC" and dims[2] in (1, 3):
-        return spec.format
+    # the OM's format is ATC's --input_format: NHWC only where it was asked for (a TF or Caffe
+    # model); NCHW for every ONNX input whatever its layout, so then the dims decide
+    if spec.format == "NHWC":
+        return "NHWC"
     return "NHWC" if dims[2] in (1, 3) and dims[0] not in (1, 3) else "NCHW"
 
 

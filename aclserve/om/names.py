@@ -11,6 +11,8 @@ import re
 
 import onnx
 
+from .spec import graph_inputs
+
 _ATC_NAME = re.compile(r"^(?P<node>.*?):(?P<index>\d+):(?P<tensor>.+)$")
 
 
@@ -40,7 +42,7 @@ def atc_output_names(model: onnx.ModelProto) -> dict[str, str]:
         for index, tensor in enumerate(node.output):
             if tensor in wanted and tensor not in out:
                 out[tensor] = atc_output_name(name, index, tensor)
-    for graph_input in model.graph.input:
+    for graph_input in graph_inputs(model):
         if graph_input.name in wanted and graph_input.name not in out:
             out[graph_input.name] = atc_output_name(graph_input.name, 0, graph_input.name)
     return out

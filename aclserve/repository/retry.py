@@ -33,8 +33,17 @@ def is_transient(error: BaseException) -> bool:
         cause = error.__cause__
         return cause is None or isinstance(cause, AclError) or isinstance(cause.__cause__, AclError)
     if isinstance(error, LoadError):  # a load's own ACL call (the model's memory, its load) failed
-        error = error.__cause__
+        cause = error.__cause__
+        return isinstance(cause, AclError) and _short_of_something(cause.ret)
     return isinstance(error, AclError) and error.transient
+
+
+def _short_of_something(code: int) -> bool:
+    """A load's own code that a later attempt may not meet: out of memory or of another device
+    resource (200000, 207xxx but 207000 "not supported", GE's allocation 245000) or a runtime
+    fault (507xxx). GE's catch-all 500002 and "not supported" are the file's (an operator
+    package, another SoC): it would fail the same way again."""
+    return code in (200000, 245000) or code // 1000 == 507 or (code // 1000 == 207 and code != 207000)
 
 
 class RetrySchedule:

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 
 _NOT_AN_OM = (C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID)
+# inputs whose name says what the model is (_refuse_other_dynamics), whatever their shape
+_REFUSED_BY_NAME = (C.ACL_DYNAMIC_AIPP_NAME, C.ACL_DYNAMIC_TENSOR_NAME)
 
 
 def _why_unloadable(path: str) -> str:
@@ -173,10 +175,10 @@ class OmModel:
         reported as -1: ATC leaves an input it has no -1 for fixed, and one fixed input is
         refused here, since the batcher fills dimension 0 of every input with the requests'
         rows. An output's batch is reported as the largest gear (batch_axes.py checks it)."""
-        if is_input and (not shape or shape[0] != -1):
-            raise LoadError(f"model {self.name}: input {name!r} has the fixed shape {list(shape)} in a model of "
-                            "batch gears, where aclserve takes dimension 0 of every input as the batch: compile "
-                            "it with -1 as that input's first dimension, or without gears")
+        if is_input and (not shape or shape[0] != -1) and name not in _REFUSED_BY_NAME:
+            raise LoadError(f"model {self.name}: input {name!r} has the shape {list(shape)} in a model of batch "
+                            "gears, where aclserve takes dimension 0 of every input as the batch (-1 there): "
+                            "compile it with -1 as that input's first dimension, or without gears")
         return (-1,) + shape[1:] if shape and shape[0] > 0 else shape
 
     def _aipp_color(self, index: int, name: str) -> str | None:

@@ -1,4 +1,4 @@
-"""The instances of one model version behind one BatchExecutor, (builder.open_pool() builds them).
+"""The instances of one model version behind one BatchExecutor (builder.open_pool() builds them).
 
 The pool hands each batch to the instance the batcher names (its "lane"), else to the one with
 the most free slots; when none can take it the batch waits in a FIFO inside the pool (the

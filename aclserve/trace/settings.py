@@ -25,11 +25,6 @@ FORMATS = ("chrome", "triton")
 KEYS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_format")
 MAX_RATE = 1 << 31
 MAX_LEVELS = 16  # values a trace_level list may hold (Triton's levels are OFF, TIMESTAMPS, TENSORS)
-# a trace_file's bytes, and each folder's or file's name in it: within the filesystems' 4,096
-# and 255 (ENAMETOOLONG stopped every write), with room for what the writer adds to the name
-# (".<index>" with a log_frequency, ".tmp" while it writes)
-MAX_FILE_BYTES = 1024
-MAX_PART_BYTES = 200
 
 
 class TraceSettingsError(ValueError):
@@ -129,9 +124,6 @@ def _parse(key: str, value):
             raise TraceSettingsError(f"trace_format: expected chrome or triton, got {text[:40]!r}")
         return text
     text = _one(key, value)
-    if not text.isprintable():  # a control character: no file name anyone meant
+    if not text.isprintable() or len(text) > 4096:  # a control character: no file name anyone meant
         raise TraceSettingsError("trace_file: not a usable path")
-    if len(text.encode()) > MAX_FILE_BYTES or any(len(part.encode()) > MAX_PART_BYTES for part in text.split("/")):
-        raise TraceSettingsError(f"trace_file: longer than {MAX_FILE_BYTES} bytes, or a folder or file name in it "
-                                 f"longer than {MAX_PART_BYTES} (UTF-8)")
     return text

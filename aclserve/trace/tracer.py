@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 MAX_PENDING = 50_000  # traces held in memory, waiting for their file or for the writer thread
 MAX_FILES = 10_000  # files written, whatever their names
 MAX_NAMES = 1_024  # trace_file names set through the API
+# a trace_file set through the API, and each folder's or file's name in it, in bytes: within the
+# filesystems' 4,096 and 255 (ENAMETOOLONG stopped every write), with room for what the writer
+# adds to the name (".<index>" with a log_frequency, ".tmp" while it writes)
+MAX_NAME_BYTES = 1_024
+MAX_PART_BYTES = 200
 MAX_QUEUED_WRITES = 16  # files rendered and written by the writer thread, waiting at once
 
 
@@ -162,6 +167,9 @@ class Tracer:
         path = Path(name)
         if path.is_absolute() or ".." in path.parts or not path.parts:
             raise TraceSettingsError(f"trace_file: must be a relative name inside the trace folder, got {name!r}")
+        if len(name.encode()) > MAX_NAME_BYTES or any(len(part.encode()) > MAX_PART_BYTES for part in path.parts):
+            raise TraceSettingsError(f"trace_file: longer than {MAX_NAME_BYTES} bytes, or a folder or file name in it "
+                                     f"longer than {MAX_PART_BYTES} (UTF-8)")
         return str(Path(self._trace_dir) / path)
 
     def _check_writable(self, name: str, indexed: bool) -> None:

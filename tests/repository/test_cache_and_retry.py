@@ -140,7 +140,8 @@ def test_only_device_and_resource_failures_are_transient():
     assert not is_transient(AclError("mdl.load_from_file", 145006))  # wrong kind of file
     assert not is_transient(ValueError("not an OM file"))
     # a load's own call (the model's memory, its load): the cause decides (om_model.py keeps it)
-    for ret, transient in ((207001, True), (245000, True), (507899, True), (145000, False)):
+    for ret, transient in ((207001, True), (245000, True), (507899, True), (145000, False), (500002, False),
+                           (207000, False), (200001, False)):
         try:
             try:
                 raise AclError("mdl.load_from_file_with_mem", ret)

@@ -201,6 +201,17 @@ def test_a_trace_file_name_too_long_for_the_filesystem_is_refused_when_set(tmp_p
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+def test_the_operators_trace_file_is_not_held_to_the_apis_name_limits(tmp_path):
+    """--trace and the config file may name any path the disk takes: a 220-byte folder name."""
+    from aclserve.config import load_server_config
+    folder = tmp_path / ("f" * 220)
+    settings = load_server_config(None, {"trace": {"level": "TIMESTAMPS", "rate": 1, "file": str(folder / "t.json")}}).trace
+    tracer = Tracer(settings, trace_dir=str(tmp_path))
+    trace_requests(tracer, 1)
+    tracer.close()
+    assert (folder / "t.json").is_file()
+
+
 def test_a_write_that_fails_on_the_disk_is_one_error_line_without_a_traceback(tmp_path, caplog):
     tracer = Tracer(trace_dir=str(tmp_path))
     tracer.update(dict(EVERY_REQUEST, trace_file="sub/t.json"))
