@@ -29,13 +29,6 @@ class AclError(RuntimeError):
         self.meaning = meaning if meaning is not None else error_meaning(ret)
         super().__init__(f"acl.{api} failed with {ret}: {self.meaning}")
 
-    @property
-    def transient(self) -> bool:
-        """A resource or runtime code (2xxxxx: memory, streams, events; 5xxxxx: internal,
-        execution, timeouts), which a later attempt may not meet; parameter and file codes
-        (1xxxxx) would fail the same way again."""
-        return self.ret // 100000 in (2, 5)
-
 
 def check(api: str, result, also_ok: tuple[int, ...] = ()):
     """Split `(values..., ret)` or a bare `ret`; return None, the value, or the tuple of values.

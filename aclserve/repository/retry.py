@@ -4,9 +4,11 @@ Transient: the device failed a warm-up batch (not the host code that packs and l
 did not finish one within the model's execution timeout (the hung instance is abandoned, and a
 later attempt builds a new one), or an
 ACL call failed with a resource or runtime code (2xxxxx: memory, streams, events; 5xxxxx:
-internal, execution, timeouts: AclError.transient), which a later attempt may not meet, the
-calls that allocate and load the model's own memory among them (a LoadError caused by one). Parameter and file errors
-(1xxxxx), bad files and bad models are not retried: the same file would fail the same way.
+internal, execution, timeouts), which a later attempt may not meet; where the model's own
+memory is taken or its load runs (a LoadError caused by the code), only memory, resource and
+runtime codes are (GE answers a file it cannot build with its catch-all 500002). Parameter and
+file errors (1xxxxx), bad files and bad models are not retried: the same file would fail the
+same way.
 
 The delay doubles per attempt from `initial_s` up to `max_s`, and each is drawn uniformly from
 its upper half ("equal jitter"), so models that failed together (one device fault during a
@@ -35,7 +37,7 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, LoadError):  # a load's own ACL call (the model's memory, its load) failed
         cause = error.__cause__
         return isinstance(cause, AclError) and _short_of_something(cause.ret)
-    return isinstance(error, AclError) and error.transient
+    return isinstance(error, AclError) and error.ret // 100000 in (2, 5)
 
 
 def _short_of_something(code: int) -> bool:

@@ -93,10 +93,10 @@ class OmModel:
         self.work_size = self.weight_size = 0
         try:
             self.model_id = check("mdl.load_from_file", self._acl.mdl.load_from_file(self.path))
-        except AclError as e:
-            if e.transient:  # the device's trouble, not the file's: retried (repository/retry.py)
-                raise LoadError(f"model {self.name}: loading {self.path} failed ({e})") from e
-            raise LoadError(f"model {self.name}: {self.path} {_why_unloadable(self.path)} ({e})") from None
+        except AclError as e:  # its cause kept: a device code is retried (repository/retry.py)
+            if e.ret // 100000 == 1:  # a parameter or file code: say what the file is
+                raise LoadError(f"model {self.name}: {self.path} {_why_unloadable(self.path)} ({e})") from e
+            raise LoadError(f"model {self.name}: loading {self.path} failed ({e})") from e
 
     def _malloc(self, size: int) -> int:
         try:
