@@ -78,21 +78,33 @@ def device_buffer(acl):
 
 
 @pytest.fixture
-def pinned(acl):
-    """`data` (bytes) copied into malloc_host memory, freed at teardown: memcpy_async's host side
-    (through CANN 8.x other host memory copies wrongly without an error)."""
-    ptrs = []
+def host_buffer(acl):
+    """`size` bytes of malloc_host memory, from its first 64-byte aligned byte, freed at teardown:
+    memcpy_async's host side (through CANN 8.x other host memory, or unaligned addresses, copy
+    wrongly without an error; on a board, run mode ACL_DEVICE, malloc_host's memory is not
+    64-byte aligned, so it is used from there, as the server's slots do)."""
+    blocks = []
 
-    def make(data: bytes) -> int:
-        ptr, ret = acl.rt.malloc_host(len(data))
+    def make(size: int) -> int:
+        block, ret = acl.rt.malloc_host(size + 63)
         assert ret == 0
-        ptrs.append(ptr)
+        blocks.append(block)
+        return (block + 63) & ~63
+
+    yield make
+    for block in blocks:
+        acl.rt.free_host(block)
+
+
+@pytest.fixture
+def pinned(acl, host_buffer):
+    """`data` (bytes) copied into host_buffer memory: memcpy_async's host side."""
+    def make(data: bytes) -> int:
+        ptr = host_buffer(len(data))
         assert acl.rt.memcpy(ptr, len(data), acl.util.bytes_to_ptr(data), len(data), C.ACL_MEMCPY_HOST_TO_HOST) == 0
         return ptr
 
-    yield make
-    for ptr in ptrs:
-        acl.rt.free_host(ptr)
+    return make
 
 
 # -- tiny models as CPU OMs ------------------------------------------------------------------------

@@ -23,10 +23,9 @@ def test_nth_and_count_pick_a_run_of_calls(clean_faults):
     assert [faults.trigger("execute", 1) for _ in range(3)] == [507000, 507000, 0]
 
 
-def test_memcpy_faults_fail_sync_copies_and_surface_at_synchronize(acl, ctx, device_buffer, cpu_only,
+def test_memcpy_faults_fail_sync_copies_and_surface_at_synchronize(acl, ctx, device_buffer, host_buffer, cpu_only,
                                                                   clean_faults):
-    src, ret = acl.rt.malloc_host(64)  # memcpy_async's host side is pinned memory
-    assert ret == 0
+    src = host_buffer(64)  # memcpy_async's host side is pinned memory
     dev = device_buffer(64)
     faults.inject("memcpy", count=1)
     assert acl.rt.memcpy(dev, 64, src, 64, H2D) == C.ACL_ERROR_RT_MODEL_EXECUTE
@@ -41,7 +40,6 @@ def test_memcpy_faults_fail_sync_copies_and_surface_at_synchronize(acl, ctx, dev
         assert acl.rt.synchronize_stream(stream) == 0
     finally:
         acl.rt.destroy_stream(stream)
-        acl.rt.free_host(src)
 
 
 @pytest.mark.parametrize("spec, fragment", [

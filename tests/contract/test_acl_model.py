@@ -263,7 +263,7 @@ def test_an_async_failure_shows_at_the_streams_synchronize_not_at_an_events(acl,
         assert acl.rt.destroy_stream(stream) == 0
 
 
-def test_a_context_set_to_stop_on_failure_stops_its_streams_and_reports_it_everywhere(acl, loaded_mlp):
+def test_a_context_set_to_stop_on_failure_stops_its_streams_and_reports_it_everywhere(acl, loaded_mlp, host_buffer):
     """ACL_STOP_ON_FAILURE on one stream stops every stream of its context on a failed task
     (CANN's aclrtSetStreamFailureMode page): an event's synchronize then returns the failure,
     the work queued behind it does not run, and no new task is taken."""
@@ -271,7 +271,7 @@ def test_a_context_set_to_stop_on_failure_stops_its_streams_and_reports_it_every
     a, _ = acl.rt.create_stream()
     b, _ = acl.rt.create_stream()
     event, _ = acl.rt.create_event()
-    host, _ = acl.rt.malloc_host(64)
+    host = host_buffer(64)
     try:
         assert acl.rt.set_stream_failure_mode(a, C.ACL_STOP_ON_FAILURE) == 0
         assert acl.rt.set_stream_failure_mode(a, C.ACL_STOP_ON_FAILURE) == C.ACL_ERROR_RT_PARAM_INVALID  # once
@@ -287,7 +287,6 @@ def test_a_context_set_to_stop_on_failure_stops_its_streams_and_reports_it_every
         assert acl.rt.synchronize_stream(b) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
         assert acl.rt.synchronize_stream(a) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID  # kept, not cleared
     finally:
-        assert acl.rt.free_host(host) == 0
         assert acl.rt.destroy_event(event) == 0
         assert acl.rt.destroy_stream(a) == 0
         assert acl.rt.destroy_stream(b) == 0

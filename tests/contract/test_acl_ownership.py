@@ -29,14 +29,14 @@ def other_ctx(acl, ctx):
     assert acl.rt.set_context(ctx) == 0
 
 
-def test_stream_used_under_another_context_of_the_same_device_gets_107003(acl, ctx, other_ctx, device_buffer):
+def test_stream_used_under_another_context_of_the_same_device_gets_107003(acl, ctx, other_ctx, device_buffer,
+                                                                          host_buffer):
     stream, ret = acl.rt.create_stream()
     assert ret == 0
     event, ret = acl.rt.create_event()
     assert ret == 0
     dev = device_buffer(64)
-    host, ret = acl.rt.malloc_host(64)
-    assert ret == 0
+    host = host_buffer(64)
     try:
         assert acl.rt.set_context(other_ctx) == 0
         # a synchronize is not refused: CANN switches to the stream's context and back
@@ -57,7 +57,6 @@ def test_stream_used_under_another_context_of_the_same_device_gets_107003(acl, c
         assert acl.rt.set_context(ctx) == 0
         assert acl.rt.destroy_event(event) == 0
         assert acl.rt.destroy_stream(stream) == 0
-        assert acl.rt.free_host(host) == 0
 
 
 def test_model_executed_under_another_context_gets_107004(acl, ctx, other_ctx, loaded_mlp):

@@ -71,34 +71,28 @@ def _gate_callback(acl, stream, reports, gate, ran=None):
     assert acl.rt.launch_callback(hold, None, C.ACL_CALLBACK_BLOCK, stream) == 0
 
 
-def test_stream_runs_tasks_in_fifo_order(acl, ctx, streams, device_buffer, pinned):
+def test_stream_runs_tasks_in_fifo_order(acl, ctx, streams, device_buffer, host_buffer, pinned):
     s = streams()
     dev = device_buffer(4096)
-    host, _ = acl.rt.malloc_host(4096)
-    try:
-        for value in range(1, 20):  # each fill overwrites the previous one; the last must win
-            data = bytes([value]) * 4096
-            assert acl.rt.memcpy_async(dev, 4096, pinned(data), 4096, H2D, s) == 0
-            if value % 7 == 0:
-                assert acl.rt.synchronize_stream(s) == 0
-        assert acl.rt.memcpy_async(host, 4096, dev, 4096, D2H, s) == 0
-        assert acl.rt.synchronize_stream(s) == 0
-        assert acl.util.ptr_to_bytes(host, 4096) == bytes([19]) * 4096
-    finally:
-        acl.rt.free_host(host)
+    host = host_buffer(4096)
+    for value in range(1, 20):  # each fill overwrites the previous one; the last must win
+        data = bytes([value]) * 4096
+        assert acl.rt.memcpy_async(dev, 4096, pinned(data), 4096, H2D, s) == 0
+        if value % 7 == 0:
+            assert acl.rt.synchronize_stream(s) == 0
+    assert acl.rt.memcpy_async(host, 4096, dev, 4096, D2H, s) == 0
+    assert acl.rt.synchronize_stream(s) == 0
+    assert acl.util.ptr_to_bytes(host, 4096) == bytes([19]) * 4096
 
 
-def test_default_stream_is_stream_zero(acl, ctx, device_buffer, pinned):
+def test_default_stream_is_stream_zero(acl, ctx, device_buffer, host_buffer, pinned):
     dev = device_buffer(64)
-    host, _ = acl.rt.malloc_host(64)
+    host = host_buffer(64)
     data = b"\x05" * 64
-    try:
-        assert acl.rt.memcpy_async(dev, 64, pinned(data), 64, H2D, 0) == 0
-        assert acl.rt.memcpy_async(host, 64, dev, 64, D2H, 0) == 0
-        assert acl.rt.synchronize_stream(0) == 0
-        assert acl.util.ptr_to_bytes(host, 64) == data
-    finally:
-        acl.rt.free_host(host)
+    assert acl.rt.memcpy_async(dev, 64, pinned(data), 64, H2D, 0) == 0
+    assert acl.rt.memcpy_async(host, 64, dev, 64, D2H, 0) == 0
+    assert acl.rt.synchronize_stream(0) == 0
+    assert acl.util.ptr_to_bytes(host, 64) == data
 
 
 def test_synchronize_stream_with_timeout_expires_with_507046(acl, ctx, streams, reports):
@@ -189,11 +183,12 @@ def test_events_record_query_synchronize_and_elapsed(acl, ctx, streams, reports)
             assert acl.rt.destroy_event(e) == 0
 
 
-def test_stream_wait_event_orders_work_across_streams(acl, ctx, streams, reports, device_buffer, pinned):
+def test_stream_wait_event_orders_work_across_streams(acl, ctx, streams, reports, device_buffer, host_buffer,
+                                                      pinned):
     a, b = streams(), streams()
     reports.subscribe(a)
     dev = device_buffer(64)
-    host, _ = acl.rt.malloc_host(64)
+    host = host_buffer(64)
     ready, done_b = acl.rt.create_event()[0], acl.rt.create_event()[0]
     try:
         gate = threading.Event()
@@ -212,11 +207,10 @@ def test_stream_wait_event_orders_work_across_streams(acl, ctx, streams, reports
         assert acl.rt.synchronize_stream(a) == 0
         acl.rt.destroy_event(ready)
         acl.rt.destroy_event(done_b)
-        acl.rt.free_host(host)
 
 
 def test_an_event_of_create_event_ex_with_flag_is_waited_on_batch_after_batch(acl, ctx, streams, reports,
-                                                                              device_buffer, pinned):
+                                                                              device_buffer, host_buffer, pinned):
     """CANN: a SYNC event of create_event_ex_with_flag may be recorded again, each record
     replacing the last, and a stream waits for the latest: the slots' pattern (record on the
     copy stream, wait on the next, every batch). Both rounds keep their order, and TIME_LINE
@@ -229,7 +223,7 @@ def test_an_event_of_create_event_ex_with_flag_is_waited_on_batch_after_batch(ac
     assert ret == 0
     start, _ = acl.rt.create_event()
     dev = device_buffer(64)
-    host, _ = acl.rt.malloc_host(64)
+    host = host_buffer(64)
     try:
         for value in (1, 2):
             gate = threading.Event()
@@ -248,7 +242,6 @@ def test_an_event_of_create_event_ex_with_flag_is_waited_on_batch_after_batch(ac
     finally:
         acl.rt.destroy_event(event)
         acl.rt.destroy_event(start)
-        acl.rt.free_host(host)
 
 
 def test_a_plain_event_a_stream_waited_on_is_reset_before_its_next_record(acl, ctx, streams, cpu_only):
