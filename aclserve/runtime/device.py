@@ -10,8 +10,10 @@ instance on them is closed.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from typing import Iterable
 
 from ..acl import AclError, check, release, restoring_context, using_context
 from ..acl import constants as C
@@ -22,6 +24,19 @@ log = logging.getLogger(__name__)
 
 class LoadError(RuntimeError):
     """A model could not be loaded (unreadable or unsupported OM, out of device memory, ...)."""
+
+
+HUGE_PAGE = 2 << 20
+HUGE_PAGES_ABOVE = 1 << 20  # a HUGE_FIRST allocation past this takes huge pages
+
+
+def device_bytes(size: int) -> int:
+    """What a HUGE_FIRST malloc of `size` bytes takes of the device: aclrtMalloc rounds it to 32
+    bytes and pads 32 more, and past 1 MiB the driver gives whole 2 MiB huge pages (CANN's
+    aclrtMalloc page: "内存申请粒度为2M，不足2M的倍数，向上2M对齐"), which get_mem_info's free
+    figure loses. A 4 MiB tensor takes 6 MiB."""
+    padded = -(-size // 32) * 32 + 32
+    return -(-padded // HUGE_PAGE) * HUGE_PAGE if padded > HUGE_PAGES_ABOVE else padded
 
 
 class Device:
@@ -35,15 +50,16 @@ class Device:
         self.id = device_id
         self.memory_reserve_fraction = memory_reserve_fraction
         self._lock = threading.Lock()
-        with restoring_context(acl):  # set_device and create_context both switch this thread
+        # set_device and create_context both switch this thread; a failure on the way undoes what
+        # was done (a failed memory query left the context and a count of the device behind)
+        with restoring_context(acl), contextlib.ExitStack() as undo:
             check("rt.set_device", acl.rt.set_device(device_id))
-            try:
-                self.context = check("rt.create_context", acl.rt.create_context(device_id))
-            except Exception:
-                release("rt.reset_device", acl.rt.reset_device(device_id))
-                raise
+            undo.callback(lambda: release("rt.reset_device", acl.rt.reset_device(device_id)))
+            self.context = check("rt.create_context", acl.rt.create_context(device_id))
+            undo.callback(lambda: release("rt.destroy_context", acl.rt.destroy_context(self.context)))
             self._mem_attr = self._pick_mem_attr()
             self._last_mem = check("rt.get_mem_info", acl.rt.get_mem_info(self._mem_attr))
+            undo.pop_all()
         streams, events = limits or limits_for_soc(None)
         self.ledger = DeviceLedger(device_id, streams, events)
         self._closed = False
@@ -69,8 +85,10 @@ class Device:
         """The figures of the last mem_info() (taken at open, each load and each refresh); no ACL call."""
         return self._last_mem
 
-    def ensure_room(self, what: str, needed: int) -> None:
-        """Raise LoadError if allocating `needed` bytes would eat into the memory reserve."""
+    def ensure_room(self, what: str, sizes: Iterable[int]) -> None:
+        """Raise LoadError if HUGE_FIRST allocations of these sizes would eat into the memory
+        reserve (each counted as the device takes it: device_bytes)."""
+        needed = sum(device_bytes(size) for size in sizes if size)
         free, total = self.mem_info()
         reserve = int(total * self.memory_reserve_fraction)
         if needed > free - reserve:

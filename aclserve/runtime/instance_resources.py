@@ -71,7 +71,7 @@ class InstanceResources:
         self.stops_on_failure = all(compat.stop_on_failure(self._acl, s) for s in self.streams.values())
 
     def _ensure_slot_room(self, slots: int) -> None:
-        per_slot = sum(self.model.input_sizes) + sum(self.model.output_sizes)
+        per_slot = [*self.model.input_sizes, *self.model.output_sizes]  # a malloc each
         self.device.ensure_room(f"model {self.name} ({slots} slots of buffers)", per_slot * slots)
 
     def start_thread(self, role: str, target: Callable[[], None]) -> threading.Thread:

@@ -48,6 +48,41 @@ def test_loading_and_memory_queries_leave_the_callers_context_in_place(runtime, 
         assert acl.rt.destroy_context(caller) == 0
 
 
+def test_a_device_that_fails_to_open_leaves_no_context_and_no_count_behind(runtime, clean_faults):
+    """A memory query failing while a Device opens left its management context and a set_device
+    count behind (the device then never reset), once a try (from a device-memory audit)."""
+    from aclserve.acl import AclError
+    from aclserve.acl.cpu import _state, faults
+    from aclserve.runtime.device import Device
+    before = (len(_state.contexts), _state.devices[0].refcount)
+    faults.inject("mem_info", count=6, code=507899)  # each try: both attributes' probes and the reading
+    for _ in range(2):
+        with pytest.raises(AclError, match="507899"):
+            Device(runtime.acl, 0)
+    assert (len(_state.contexts), _state.devices[0].refcount) == before
+
+
+def test_room_is_counted_as_the_device_takes_it_huge_pages_included(runtime):
+    """aclrtMalloc rounds to 32 and pads 32; a HUGE_FIRST allocation past 1 MiB takes whole 2 MiB
+    huge pages (CANN): a load whose plain sum of sizes fits the room left above the reserve but
+    whose pages do not is refused before it allocates (it passed, then ate into the reserve or
+    failed with 207001; from a device-memory audit)."""
+    from aclserve.runtime.device import Device, LoadError, device_bytes
+    mib = 1 << 20
+    assert [device_bytes(n) for n in (1, 32, 1000, mib - 64, mib, 4 * mib)] == [64, 64, 1056, mib - 32, 2 * mib, 6 * mib]
+    device = Device(runtime.acl, 0, memory_reserve_fraction=0.5)
+    try:
+        free, total = device.mem_info()
+        room = free - int(total * 0.5)
+        sizes = [mib + 1] * (room // (2 * mib) + 1)  # half the room in plain bytes, past it in pages
+        assert sum(sizes) < room
+        with pytest.raises(LoadError, match="held in reserve"):
+            device.ensure_room("model m", sizes)
+        device.ensure_room("model m", sizes[:-2])  # within it
+    finally:
+        device.close()
+
+
 def test_an_instance_built_in_a_thread_without_a_context_serves(runtime, affine_om):
     """Loader threads start with no context; building an instance there must still work."""
     box = {}

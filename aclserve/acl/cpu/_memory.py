@@ -65,10 +65,11 @@ def _mmap_address(mm: mmap.mmap) -> int:
 class Allocation:
     """One block of memory; owns its mapping or ctypes buffer until close()."""
 
-    __slots__ = ("ptr", "size", "device", "huge_advised", "_mm", "_buf", "map_start", "map_len")
+    __slots__ = ("ptr", "size", "device", "huge_advised", "_mm", "_buf", "map_start", "map_len", "charged")
 
     def __init__(self, ptr, size, device, mm=None, buf=None, map_start=0, map_len=0, huge_advised=0):
         self.ptr, self.size, self.device = ptr, size, device
+        self.charged = size  # what it takes of the device's capacity (malloc: whole huge pages)
         self._mm, self._buf = mm, buf
         self.map_start, self.map_len, self.huge_advised = map_start, map_len, huge_advised
 
@@ -159,14 +160,18 @@ def malloc(device: int, size: int, policy: int) -> tuple[int, int]:
         return 0, C.ACL_ERROR_INVALID_PARAM
     base_policy = policy & 0xff
     size = alloc_size(size)
+    huge = base_policy in _HUGE_POLICIES and size > HUGE_THRESHOLD
+    # past 1 MiB a huge-page policy takes whole 2 MiB pages of the device, THP here or not
+    # (CANN: "内存申请粒度为2M，不足2M的倍数，向上2M对齐"; get_mem_info's free loses them)
+    charge = _align(size, HUGE_PAGE) if huge else size
     mem = _devices[device]
     with _lock:
-        if mem.used + size > mem.total:
+        if mem.used + charge > mem.total:
             return 0, C.ACL_ERROR_RT_MEMORY_ALLOCATION
-        mem.used += size  # reserve before mapping so concurrent mallocs respect the capacity
+        mem.used += charge  # reserve before mapping so concurrent mallocs respect the capacity
     try:
         alloc = None
-        if base_policy in _HUGE_POLICIES and size > HUGE_THRESHOLD:
+        if huge:
             alloc = _allocate_huge(size, device, base_policy in _HUGE_ONLY_POLICIES)
             if alloc is None and base_policy in _HUGE_ONLY_POLICIES:
                 raise MemoryError("no transparent huge pages for a HUGE_ONLY allocation")
@@ -175,8 +180,9 @@ def malloc(device: int, size: int, policy: int) -> tuple[int, int]:
     except (MemoryError, OSError) as e:
         log.warning("device %d: malloc of %d bytes failed: %s", device, size, e)
         with _lock:
-            mem.used -= size
+            mem.used -= charge
         return 0, C.ACL_ERROR_RT_MEMORY_ALLOCATION
+    alloc.charged = charge
     with _lock:
         mem.huge_advised_bytes += alloc.huge_advised
         _device_allocs[alloc.ptr] = alloc
@@ -194,7 +200,7 @@ def free(ptr: int) -> int:
         del _starts[bisect.bisect_left(_starts, ptr)]
         mem = _devices.get(alloc.device)
         if mem is not None:
-            mem.used -= alloc.size
+            mem.used -= alloc.charged
             mem.huge_advised_bytes -= alloc.huge_advised
     alloc.close()
     return C.ACL_SUCCESS

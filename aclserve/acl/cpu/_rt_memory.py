@@ -112,5 +112,9 @@ def get_mem_info(attr):
         return 0, 0, ret
     if not 0 <= attr <= 10:
         return 0, 0, C.ACL_ERROR_INVALID_PARAM
+    if faults.active():
+        code = faults.trigger("mem_info", 0)
+        if code:
+            return 0, 0, code
     free_bytes, total = _memory.mem_info(ctx.device)
     return free_bytes, total, _OK

@@ -8,6 +8,7 @@
     faults.inject("execute", delay_ms=200)               # every execute sleeps 200 ms first
     faults.inject("query_size", nth=1, code=500002)      # the next query_size is refused
     faults.inject("load", nth=1, code=207001)            # the next model load fails (device memory)
+    faults.inject("mem_info", count=3, code=507899)      # the next 3 get_mem_info calls fail
     gate = threading.Event()
     f = faults.inject("execute", nth=1, hold=gate)        # the next execute waits for gate.set()
     f.entered.wait()                                      # ... it has started (and holds the model)
@@ -44,9 +45,9 @@ from dataclasses import dataclass, field
 from .. import constants as C
 
 # query_size: refuse it, as CANN does for dynamic-shape OMs; load: a model's load_from_* (GE
-# allocating what query_size does not count, say); execute_call: the call, not the work
-# dvpp: a JPEGD or VPC task of acl.media, when it runs on its stream
-KINDS = ("execute", "execute_call", "memcpy", "query_size", "load", "dvpp")
+# allocating what query_size does not count, say); mem_info: get_mem_info; execute_call: the
+# call, not the work; dvpp: a JPEGD or VPC task of acl.media, when it runs on its stream
+KINDS = ("execute", "execute_call", "memcpy", "query_size", "load", "mem_info", "dvpp")
 _KEYS = {"nth": int, "count": int, "probability": float, "code": int, "delay_ms": float, "model_id": int}
 _FORMAT = "kind[:key=value,...][;...] with kind " + "|".join(KINDS) + " and keys " + ", ".join(_KEYS)
 # About 31 years: as good as never returning, and within what time.sleep takes (an infinite or NaN
