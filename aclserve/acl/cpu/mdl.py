@@ -19,10 +19,9 @@ def query_size(model_path):
     ret = _state.check_init()
     if ret:
         return 0, 0, ret
-    if faults.active():
-        code = faults.trigger("query_size", 0)
-        if code:
-            return 0, 0, code
+    code = faults.trigger("query_size", 0)
+    if code:
+        return 0, 0, code
     info, _, ret = _om.read_file(model_path)
     if ret:
         return 0, 0, ret
@@ -272,8 +271,7 @@ def execute_async(model_id, input, output, stream):  # noqa: A002
     s, ret = _state.stream_of(stream, ctx)
     if ret:
         return ret
-    if faults.active():  # the call itself failing or blocking (faults.py: execute_call)
-        ret = faults.trigger("execute_call", model_id)
-        if ret:
-            return ret
+    ret = faults.trigger("execute_call", model_id)  # the call itself failing or blocking
+    if ret:
+        return ret
     return s.enqueue(lambda: model.run(ins, outs))
