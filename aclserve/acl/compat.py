@@ -5,8 +5,9 @@ missing from older pyACL builds, and the Atlas 200/300/500 (Ascend310) takes onl
 as an event wait's timeout (CANN's API reference). There waits fall back to the untimed calls,
 and the log says once that a hung device can then block its instance for good. Events that
 streams wait on batch after batch come from `create_event_ex_with_flag` where there is one
-(`pipeline_event`), and streams stop on a failed task where `set_stream_failure_mode` is taken
-(`stop_on_failure`).
+(`pipeline_event`), streams stop on a failed task where `set_stream_failure_mode` is taken
+(`stop_on_failure`), and a stopped context's streams are aborted where `stream_abort` is
+(`abort_stream`).
 """
 from __future__ import annotations
 
@@ -133,6 +134,28 @@ def stop_on_failure(acl, stream: int) -> bool:
             return True
     _fall_back(acl, "set_stream_failure_mode", ret, "a failed batch shows only in its streams' synchronize, so "
                "each instance runs one batch at a time (one slot: no copy/compute overlap between batches)")
+    return False
+
+
+def abort_stream(acl, stream: int) -> bool:
+    """Drop what `stream` still runs or holds queued (aclrtStreamAbort): True when it did. In a
+    context stopped on a failure a stream's synchronize returns the failure at once, while the
+    device may still run the copies or execution its streams held (hicann/runtime: the
+    synchronize checks the context before it waits), so a close aborts them before it frees
+    the memory they use. False, said once, where this CANN has no acl.rt.stream_abort or the
+    SoC refuses it (CANN 8: A2/A3 only): the close then frees after the synchronize alone."""
+    call = getattr(acl.rt, "stream_abort", None)
+    ret = None
+    if call is not None:
+        ret = call(stream)
+        if ret == C.ACL_SUCCESS:
+            return True
+        if ret != C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT:
+            log.warning("stream_abort failed (%d): the instance's memory is freed after its streams' "
+                        "synchronize alone", ret)
+            return False
+    _fall_back(acl, "stream_abort", ret, "after a failed batch stops an instance's context, its memory "
+               "is freed once its streams' synchronize returns (the device may still be finishing a copy)")
     return False
 
 

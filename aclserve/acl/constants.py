@@ -40,6 +40,7 @@ ACL_ERROR_RT_MODEL_CONTEXT = 107004
 ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID = 107006
 ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL = 107007
 ACL_ERROR_RT_THREAD_SUBSCRIBE = 107012
+ACL_ERROR_RT_STREAM_ABORT = 107023  # a stream's tasks were dropped by stream_abort
 ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000
 ACL_ERROR_RT_MEMORY_ALLOCATION = 207001
 ACL_ERROR_RT_NO_DEVICE = 207004
@@ -88,6 +89,7 @@ ERROR_MEANINGS: dict[int, str] = {
     ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID: "event has no timestamp yet (not completed)",
     ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL: "event timestamps reversed (end before start)",
     ACL_ERROR_RT_THREAD_SUBSCRIBE: "thread is not subscribed to a stream's reports",
+    ACL_ERROR_RT_STREAM_ABORT: "the stream's tasks were dropped (stream_abort)",
     ACL_ERROR_RT_FEATURE_NOT_SUPPORT: "feature not supported",
     ACL_ERROR_RT_MEMORY_ALLOCATION: "device memory allocation failed",
     ACL_ERROR_RT_NO_DEVICE: "no device",

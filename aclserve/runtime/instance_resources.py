@@ -109,7 +109,7 @@ class InstanceResources:
         if not self.context:
             return None
         with using_context(acl, self.context):
-            running = teardown.still_running(acl, threads, self.streams, deadline)
+            running = teardown.still_running(acl, threads, self.streams, deadline, self.stops_on_failure)
             if running is not None:
                 return running
             for stream in self.streams.values():

@@ -70,13 +70,16 @@ def join(thread: threading.Thread, deadline: Callable[[], float]) -> bool:
 
 
 def still_running(acl, threads: Iterable[threading.Thread | None], streams: Mapping[str, int],
-                  deadline: Callable[[], float]) -> str | None:
+                  deadline: Callable[[], float], stops_on_failure: bool = False) -> str | None:
     """Join `threads`, then wait for `streams` (their context current), until `deadline()` (read
     again every POLL_S: it may come forward). None when all are done; else what still runs. A
-    fault a stream kept is not work: destroying the stream clears it."""
+    fault a stream kept is not work: destroying the stream clears it. But where the streams
+    stop on a failure (`stops_on_failure`), a synchronize reports the stopped context's failure
+    at once, not once the device is done, so the streams are then aborted (compat.abort_stream)."""
     for thread in threads:
         if thread is not None and not join(thread, deadline):
             return f"its thread {thread.name} is still running"
+    failed = False
     for role, stream in streams.items():
         while True:
             try:
@@ -84,9 +87,14 @@ def still_running(acl, threads: Iterable[threading.Thread | None], streams: Mapp
                 break
             except AclError as e:
                 if e.ret != C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT:
+                    failed = True
                     break
                 if time.monotonic() >= deadline():
                     return f"the device is still running its {role} stream"
+    if failed and stops_on_failure:
+        for stream in streams.values():
+            if not compat.abort_stream(acl, stream):
+                break  # not taken here (said once): the same for the others
     return None
 
 

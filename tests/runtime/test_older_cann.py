@@ -199,7 +199,8 @@ print("init", acl.init(), "finalize", acl.finalize())
     ({}, True),
     ({"ACLSERVE_CPU_LACKS": "rt.set_stream_failure_mode"}, False),
     ({"ACLSERVE_CPU_SOC": "Ascend310"}, False),
-], ids=["stop-on-failure", "no-failure-mode", "ascend310"])
+    ({"ACLSERVE_CPU_LACKS": "rt.stream_abort"}, True),
+], ids=["stop-on-failure", "no-failure-mode", "ascend310", "no-stream-abort"])
 def test_a_failed_execution_is_never_answered_as_a_success(affine_om, env, stops):
     """In CANN's default mode an event recorded after a failed execution completes and its
     synchronize returns 0 (the CPU runtime does the same), so a batch's events alone answered a
@@ -213,5 +214,7 @@ def test_a_failed_execution_is_never_answered_as_a_success(affine_om, env, stops
     assert out["after"]
     assert out["slots"] == (2 if stops else 1)
     assert out["rebuilds"] == (1 if stops else 0)
+    # the stopped instance's close aborts its streams, or says once that it cannot
+    assert said(out, "stream_abort") == (env.get("ACLSERVE_CPU_LACKS") == "rt.stream_abort")
     if not stops:
         assert said(out, "set_stream_failure_mode") == 1  # said once, for all the instances

@@ -59,3 +59,38 @@ def test_a_stop_fails_the_batches_in_flight_counts_once_and_the_rebuilt_instance
         gate1.set()
         gate2.set()
         pool.close()
+
+
+def test_a_stopped_instance_aborts_its_streams_before_it_frees_what_they_use(runtime, affine_om, caplog):
+    """Batch 1's execution runs (held) when batch 2's copy in fails: the context stops, and its
+    streams' synchronize then returns at once (CANN checks the context before it waits), while
+    the device still runs batch 1. The stopped instance's close aborts its streams, which waits
+    for that execution, before it frees the slots' memory; then the rebuilt instance serves."""
+    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        running = faults.inject("execute", nth=1, hold=gate)
+        first = done.submit([affine_request(1)], 1)
+        assert running.entered.wait(30)
+        faults.inject("memcpy", nth=1)  # batch 2's copy in, beside batch 1's execution
+        with caplog.at_level(logging.DEBUG, logger="aclserve.acl.cpu"):
+            second = done.submit([affine_request(1, 3)], 1)
+            for batch in (first, second):  # both answered while batch 1 still runs
+                with pytest.raises(ExecutionFailed, match="failed on device 0"):
+                    batch.result(timeout=30)
+            assert not gate.is_set()
+            threading.Timer(0.3, gate.set).start()  # the abort waits for it
+            faults.clear()
+            request = affine_request(2, first_id=5)
+            result = done.submit([request], 2).result(timeout=30)  # the rebuilt instance
+            deadline = time.monotonic() + 30
+            while caplog.text.count(": aborted") < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        np.testing.assert_allclose(result.outputs[0]["y"], affine_reference(**request)["y"], rtol=1e-5, atol=1e-5)
+        assert caplog.text.count(": aborted") == 3  # h2d, compute and d2h
+        assert gate.is_set()
+        assert teardown.held() == 0
+    finally:
+        gate.set()
+        pool.close()

@@ -173,10 +173,13 @@ def synchronize_event_with_timeout(event, timeout_ms):
 
 @api("acl.rt.query_event_status", PTR)
 def query_event_status(event):
-    """(ACL_EVENT_RECORDED_STATUS_COMPLETE=1 | NOT_READY=0, ret); a never-recorded event is complete."""
+    """(ACL_EVENT_RECORDED_STATUS_COMPLETE=1 | NOT_READY=0, ret); a never-recorded event is
+    complete. In a context stopped on a failure, that failure (CANN checks the context first)."""
     e, ret = _state.event_anywhere(event)
     if ret:
         return 0, ret
+    if e.context.failure:
+        return 0, e.context.failure
     return (C.ACL_EVENT_RECORDED_STATUS_COMPLETE if e.complete() else C.ACL_EVENT_RECORDED_STATUS_NOT_READY), _OK
 
 

@@ -84,10 +84,18 @@ class Context:
         self.failure = 0
 
     def stopped(self, code: int) -> None:
-        """A task of its streams failed in stop-on-failure mode: the first code stays."""
+        """A task of its streams failed in stop-on-failure mode: the first code stays, and the
+        waits on its streams and events under way end with it (CANN: they check the context)."""
         with lock:
-            if not self.failure:
-                self.failure = code
+            if self.failure:
+                return
+            self.failure = code
+            waiting = [s for s in streams.values() if s.context is self]
+            waiting += [e for e in events.values() if e.context is self]
+        if self._default_stream is not None:
+            waiting.append(self._default_stream)
+        for stream_or_event in waiting:
+            stream_or_event.wake_waits()
 
     def default_stream(self) -> Stream:
         if self._default_stream is None:

@@ -12,8 +12,11 @@ stop-on-failure state in an event's synchronize, hicann/runtime Context::CheckSt
 synchronize_stream does. A context whose stream was set to ACL_STOP_ON_FAILURE
 (set_stream_failure_mode) keeps the first failure of any of its streams' work instead: its
 streams then skip the work queued (events still complete, so waits end), every synchronize of
-its streams and events returns that failure, and it takes no new task (CANN: "no new task after
-a stop on failure").
+its streams and events returns that failure at once (CANN checks the context before and while
+it waits: the waits under way end when it stops), as does an event's query, and it takes no new
+task (CANN: "no new task after a stop on failure"). abort() (acl.rt.stream_abort) drops a
+stream's queued work and waits for the task running, which a CPU thread cannot stop midway
+(ABORT_WAIT_S at most: past it, 507000).
 
 Waits block on a lock of their own that the worker releases (Waiters), and the tasks reach the
 worker through a queue.SimpleQueue: both are C code, which threading.Condition is not. A batch
@@ -32,6 +35,9 @@ from .. import constants as C
 log = logging.getLogger("aclserve.acl.cpu")
 
 _STOP = object()  # the worker's last task (close)
+# How long stream_abort waits for the task running to end (the device stops it; a CPU thread
+# cannot be stopped midway, so a task held past this makes the abort fail)
+ABORT_WAIT_S = 5.0
 
 
 class Waiters:
@@ -61,6 +67,12 @@ class Waiters:
                 still.append((target, gate))
         self._blocked = still
 
+    def wake_all(self) -> None:
+        """Their context stopped on a failure: every wait ends (and reads the failure)."""
+        for _, gate in self._blocked:
+            gate.release()
+        self._blocked = []
+
     def forget(self, gate: threading.Lock) -> None:
         """A wait that timed out: wake() no longer releases its gate."""
         self._blocked = [(t, g) for t, g in self._blocked if g is not gate]
@@ -89,7 +101,8 @@ class Stream:
         self._enqueued = 0
         self._done = 0
         self._error = 0
-        self.failure_mode_set = False  # set_stream_failure_mode is taken once a stream (CANN)
+        self._dropped = 0  # abort(): the work among the first `_dropped` tasks is not run
+        self.failure_mode = C.ACL_CONTINUE_ON_FAILURE  # set_stream_failure_mode's
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"acl-cpu-stream-{handle:#x}", daemon=True)
         self._thread.start()
@@ -114,8 +127,8 @@ class Stream:
             if item is _STOP:
                 return
             task, marker = item
-            if context.failure and not marker:
-                ret = C.ACL_SUCCESS  # stopped on a failure: the work queued is not run
+            if not marker and (context.failure or self._done < self._dropped):
+                ret = C.ACL_SUCCESS  # stopped on a failure, or aborted: the work queued is not run
             else:
                 try:
                     ret = task()
@@ -132,8 +145,11 @@ class Stream:
 
     def synchronize(self, timeout_s: float | None = None) -> int:
         """Wait for the work enqueued so far; return (and clear) the first async error, or the
-        failure its context stopped on."""
+        failure its context stopped on (at once: CANN checks the context before and while it
+        waits)."""
         with self._lock:
+            if self.context.failure:  # (set before its waits are woken, under this lock)
+                return self.context.failure
             target = self._enqueued
             gate = self._waiters.add(target) if self._done < target else None
         if gate is not None and not block(self._lock, self._waiters, gate, timeout_s):
@@ -143,15 +159,42 @@ class Stream:
             return self.context.failure or err
 
     def set_failure_mode(self, mode: int) -> int:
-        """set_stream_failure_mode: once a stream; ACL_STOP_ON_FAILURE stops its whole context
-        (CANN: the other streams of the context stop on a failure too)."""
+        """set_stream_failure_mode: the mode it has already is taken again, stop back to continue
+        is refused (hicann/runtime ApiImpl::StreamSetMode); ACL_STOP_ON_FAILURE stops its whole
+        context (CANN: the other streams of the context stop on a failure too)."""
         with self._lock:
-            if self.failure_mode_set:
-                return C.ACL_ERROR_RT_PARAM_INVALID
-            self.failure_mode_set = True
-        if mode == C.ACL_STOP_ON_FAILURE:
-            self.context.stop_on_failure = True
+            if mode == self.failure_mode:
+                return C.ACL_SUCCESS
+            if self.failure_mode == C.ACL_STOP_ON_FAILURE:
+                return C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+            self.failure_mode = mode
+        self.context.stop_on_failure = True
         return C.ACL_SUCCESS
+
+    def abort(self) -> int:
+        """stream_abort: the work queued is dropped (its event records still run, so waits
+        end) and the task running is waited for (ABORT_WAIT_S at most); the next synchronize
+        reports 107023 (ACL_ERROR_RT_STREAM_ABORT) once, where no other error comes first."""
+        with self._lock:
+            target = self._dropped = self._enqueued
+        deadline = time.monotonic() + ABORT_WAIT_S
+        while True:  # (a stop of the context wakes the waits too: the count is read again)
+            with self._lock:
+                if self._done >= target:
+                    break
+                gate = self._waiters.add(target)
+            if not block(self._lock, self._waiters, gate, max(0.0, deadline - time.monotonic())):
+                log.error("stream %#x: abort: the task running did not end within %.0f s (a CPU "
+                          "thread cannot be stopped midway)", self.handle, ABORT_WAIT_S)
+                return C.ACL_ERROR_RT_INTERNAL_ERROR
+        with self._lock:
+            self._error = self._error or C.ACL_ERROR_RT_STREAM_ABORT
+        log.debug("stream %#x: aborted", self.handle)
+        return C.ACL_SUCCESS
+
+    def wake_waits(self) -> None:
+        with self._lock:
+            self._waiters.wake_all()
 
     def close(self, timeout_s: float | None = None) -> None:
         """Let the worker finish what is queued, then stop it. Idempotent."""
@@ -200,10 +243,14 @@ class Event:
     def wait(self, timeout_s: float | None = None, generation: int | None = None) -> bool:
         with self._lock:
             target = self._recorded if generation is None else generation
-            if self._completed >= target:
+            if self._completed >= target or self.context.failure:  # (a stopped context's waits end)
                 return True
             gate = self._waiters.add(target)
         return block(self._lock, self._waiters, gate, timeout_s)
+
+    def wake_waits(self) -> None:
+        with self._lock:
+            self._waiters.wake_all()
 
     def waiter(self):
         """A stream task that waits for the record current at this call (stream_wait_event)."""

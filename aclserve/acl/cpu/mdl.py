@@ -259,8 +259,17 @@ def set_dynamic_batch_size(model_id, dataset, index, batch_size):
 
 @api("acl.mdl.execute", INT, PTR, PTR)
 def execute(model_id, input, output):  # noqa: A002  (pyACL's parameter names)
+    """Run now. CANN runs it on a stream of the context's own: a context stopped on a failure
+    takes it no more, and in stop-on-failure mode its failure stops the context."""
     ctx, model, ins, outs, ret = _resolve(model_id, input, output)
-    return ret or model.run(ins, outs)
+    if ret:
+        return ret
+    if ctx.failure:
+        return ctx.failure
+    ret = model.run(ins, outs)
+    if ret and ctx.stop_on_failure:
+        ctx.stopped(ret)
+    return ret
 
 
 @api("acl.mdl.execute_async", INT, PTR, PTR, PTR)

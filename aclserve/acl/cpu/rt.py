@@ -183,6 +183,22 @@ def set_stream_failure_mode(stream, mode):
     return ret or s.set_failure_mode(mode)
 
 
+@api("acl.rt.stream_abort", PTR)
+def stream_abort(stream):
+    """Drop a stream's queued work, wait for its running task (_stream.Stream.abort). Not for
+    the default stream (0); not on the Atlas 200/300/500, as set_stream_failure_mode (CANN's
+    aclrtStreamAbort page: A2/A3 first, every product from CANN 9)."""
+    ctx, ret = _state.current()
+    if ret:
+        return ret
+    if _state.no_failure_mode:
+        return C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+    if stream == 0:
+        return C.ACL_ERROR_INVALID_PARAM
+    s, ret = _state.stream_of(stream, ctx)
+    return ret or s.abort()
+
+
 def _sync(stream: int, ms: int):
     ctx, ret = _state.current()
     if ret:

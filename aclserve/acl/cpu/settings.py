@@ -37,7 +37,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE
 # Calls some CANN releases do not have (acl/compat.py falls back without them)
 # ("media": the whole acl.media, which a pyACL built without DVPP lacks)
 OPTIONAL_CALLS = ("rt.synchronize_event_with_timeout", "rt.synchronize_stream_with_timeout",
-                  "rt.create_event_ex_with_flag", "rt.set_stream_failure_mode", "get_soc_name",
+                  "rt.create_event_ex_with_flag", "rt.set_stream_failure_mode", "rt.stream_abort", "get_soc_name",
                   "mdl.get_first_aipp_info", "media", "util.bytes_to_ptr")
 
 _threads_override: int | None = None
