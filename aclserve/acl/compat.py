@@ -137,26 +137,29 @@ def stop_on_failure(acl, stream: int) -> bool:
     return False
 
 
-def abort_stream(acl, stream: int) -> bool:
-    """Drop what `stream` still runs or holds queued (aclrtStreamAbort): True when it did. In a
-    context stopped on a failure a stream's synchronize returns the failure at once, while the
-    device may still run the copies or execution its streams held (hicann/runtime: the
-    synchronize checks the context before it waits), so a close aborts them before it frees
-    the memory they use. False, said once, where this CANN has no acl.rt.stream_abort or the
-    SoC refuses it (CANN 8: A2/A3 only): the close then frees after the synchronize alone."""
+ABORTED, NO_ABORT, ABORT_FAILED = "aborted", "no abort", "abort failed"  # abort_stream's answers
+
+
+def abort_stream(acl, stream: int) -> str:
+    """Drop what `stream` still runs or holds queued (aclrtStreamAbort). In a context stopped on
+    a failure a stream's synchronize returns the failure at once, while the device may still run
+    the copies or execution its streams held (hicann/runtime: the synchronize checks the context
+    before and while it waits), so a close aborts them before it frees the memory they use.
+    ABORTED; ABORT_FAILED (logged): what the stream runs may still run; NO_ABORT, said once,
+    where this CANN has no acl.rt.stream_abort or the SoC refuses it (CANN 8.x: the A2/A3 series
+    only): the close then relies on destroying the streams, which waits for their tasks."""
     call = getattr(acl.rt, "stream_abort", None)
     ret = None
     if call is not None:
         ret = call(stream)
         if ret == C.ACL_SUCCESS:
-            return True
+            return ABORTED
         if ret != C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT:
-            log.warning("stream_abort failed (%d): the instance's memory is freed after its streams' "
-                        "synchronize alone", ret)
-            return False
+            log.warning("stream_abort failed (%d)", ret)
+            return ABORT_FAILED
     _fall_back(acl, "stream_abort", ret, "after a failed batch stops an instance's context, its memory "
-               "is freed once its streams' synchronize returns (the device may still be finishing a copy)")
-    return False
+               "is freed once its streams are destroyed (which waits for their tasks)")
+    return NO_ABORT
 
 
 def _fall_back(acl, call: str, ret: int | None, consequence: str) -> None:

@@ -75,7 +75,8 @@ def still_running(acl, threads: Iterable[threading.Thread | None], streams: Mapp
     again every POLL_S: it may come forward). None when all are done; else what still runs. A
     fault a stream kept is not work: destroying the stream clears it. But where the streams
     stop on a failure (`stops_on_failure`), a synchronize reports the stopped context's failure
-    at once, not once the device is done, so the streams are then aborted (compat.abort_stream)."""
+    at once, not once the device is done, so the streams are then aborted (compat.abort_stream;
+    one that cannot be, what still runs)."""
     for thread in threads:
         if thread is not None and not join(thread, deadline):
             return f"its thread {thread.name} is still running"
@@ -92,8 +93,11 @@ def still_running(acl, threads: Iterable[threading.Thread | None], streams: Mapp
                 if time.monotonic() >= deadline():
                     return f"the device is still running its {role} stream"
     if failed and stops_on_failure:
-        for stream in streams.values():
-            if not compat.abort_stream(acl, stream):
+        for role, stream in streams.items():
+            outcome = compat.abort_stream(acl, stream)
+            if outcome == compat.ABORT_FAILED:
+                return f"its {role} stream could not be aborted after its context stopped on a failure"
+            if outcome == compat.NO_ABORT:
                 break  # not taken here (said once): the same for the others
     return None
 

@@ -340,13 +340,29 @@ def test_a_stop_ends_the_waits_under_way(acl, loaded_mlp, host_buffer):
                                                     waits.update(stream=acl.rt.synchronize_stream(a))))]
         for thread in waiters:
             thread.start()
-        time.sleep(0.1)  # both waiting behind the held execution
+        time.sleep(0.3)  # both waiting behind the held execution
         faults.inject("memcpy", nth=1)
         assert acl.rt.memcpy_async(host, 64, m.buffer_ptr(m.outputs, 0), 64, C.ACL_MEMCPY_DEVICE_TO_HOST, b) == 0
         for thread in waiters:
             thread.join(10)
         assert waits == {"event": C.ACL_ERROR_RT_MODEL_EXECUTE, "stream": C.ACL_ERROR_RT_MODEL_EXECUTE}
         assert not gate.is_set()  # the execution still runs
+        # a stream of another context waiting for the stopped stream's event stays stalled (on
+        # the device it waits for good: CANN's aclrtStreamAbort page), not woken by the stop
+        other, _ = acl.rt.create_context(0)
+        try:
+            c, _ = acl.rt.create_stream()
+            after, _ = acl.rt.create_event()
+            assert acl.rt.stream_wait_event(c, event) == 0
+            assert acl.rt.record_event(after, c) == 0
+            assert acl.rt.synchronize_event_with_timeout(after, 200) == C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT
+            gate.set()  # the held execution ends: the event's record runs, the wait is over
+            assert acl.rt.synchronize_event_with_timeout(after, 10_000) == 0
+            assert acl.rt.destroy_event(after) == 0
+            assert acl.rt.destroy_stream(c) == 0
+        finally:
+            assert acl.rt.set_context(context) == 0
+            assert acl.rt.destroy_context(other) == 0
     finally:
         gate.set()
         faults.clear()

@@ -218,3 +218,26 @@ def test_a_failed_execution_is_never_answered_as_a_success(affine_om, env, stops
     assert said(out, "stream_abort") == (env.get("ACLSERVE_CPU_LACKS") == "rt.stream_abort")
     if not stops:
         assert said(out, "set_stream_failure_mode") == 1  # said once, for all the instances
+
+
+@pytest.mark.parametrize("soc, code", [("Ascend910B1", 0), ("Ascend910_9391", 0), ("Ascend310P3", 207000),
+                                       ("Ascend910", 207000)])
+def test_stream_abort_is_taken_on_the_a2_and_a3_series_only(soc, code):
+    """CANN's aclrtStreamAbort page: the A2/A3 series take it, the Atlas inference (310P) and
+    training (910) series do not."""
+    script = r'''
+from aclserve.acl import cpu as acl
+acl.init()
+assert acl.rt.set_device(0) == 0
+context, _ = acl.rt.create_context(0)
+stream, _ = acl.rt.create_stream()
+print(acl.rt.stream_abort(stream))
+acl.rt.destroy_stream(stream)
+acl.rt.destroy_context(context)
+acl.rt.reset_device(0)
+acl.finalize()
+'''
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, ACLSERVE_CPU_SOC=soc), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.split()[-1]) == code

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from aclserve.acl.cpu import faults
+from aclserve.acl.cpu import _stream, faults
 from aclserve.errors import ExecutionFailed
 from aclserve.runtime import open_pool, teardown
 from aclserve.runtime.futures import BatchFutures
@@ -91,6 +91,41 @@ def test_a_stopped_instance_aborts_its_streams_before_it_frees_what_they_use(run
         assert caplog.text.count(": aborted") == 3  # h2d, compute and d2h
         assert gate.is_set()
         assert teardown.held() == 0
+    finally:
+        gate.set()
+        pool.close()
+
+
+def test_a_stopped_instance_whose_stream_cannot_be_aborted_is_abandoned_until_it_can(runtime, affine_om,
+                                                                                     monkeypatch):
+    """The abort of the stopped instance's compute stream fails (its task still runs past the
+    CPU runtime's abort wait): the instance is abandoned, not freed under that task, and freed
+    once the task has ended."""
+    monkeypatch.setattr(_stream, "ABORT_WAIT_S", 0.2)
+    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        running = faults.inject("execute", nth=1, hold=gate)
+        first = done.submit([affine_request(1)], 1)
+        assert running.entered.wait(30)
+        faults.inject("memcpy", nth=1)
+        second = done.submit([affine_request(1, 3)], 1)
+        for batch in (first, second):
+            with pytest.raises(ExecutionFailed):
+                batch.result(timeout=30)
+        faults.clear()
+        request = affine_request(2, first_id=5)
+        done.submit([request], 2).result(timeout=30)  # the rebuilt instance serves
+        deadline = time.monotonic() + 30
+        while teardown.held() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert teardown.held() == 1  # abandoned: its compute stream still runs the held execution
+        gate.set()
+        deadline = time.monotonic() + 30
+        while teardown.held() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert teardown.held() == 0  # freed by the retries once the device let go
     finally:
         gate.set()
         pool.close()

@@ -37,7 +37,7 @@ log = logging.getLogger("aclserve.acl.cpu")
 _STOP = object()  # the worker's last task (close)
 # How long stream_abort waits for the task running to end (the device stops it; a CPU thread
 # cannot be stopped midway, so a task held past this makes the abort fail)
-ABORT_WAIT_S = 5.0
+ABORT_WAIT_S = 2.0
 
 
 class Waiters:
@@ -177,6 +177,7 @@ class Stream:
         reports 107023 (ACL_ERROR_RT_STREAM_ABORT) once, where no other error comes first."""
         with self._lock:
             target = self._dropped = self._enqueued
+            self._error = self._error or C.ACL_ERROR_RT_STREAM_ABORT  # (a synchronize under way reads it)
         deadline = time.monotonic() + ABORT_WAIT_S
         while True:  # (a stop of the context wakes the waits too: the count is read again)
             with self._lock:
@@ -187,8 +188,6 @@ class Stream:
                 log.error("stream %#x: abort: the task running did not end within %.0f s (a CPU "
                           "thread cannot be stopped midway)", self.handle, ABORT_WAIT_S)
                 return C.ACL_ERROR_RT_INTERNAL_ERROR
-        with self._lock:
-            self._error = self._error or C.ACL_ERROR_RT_STREAM_ABORT
         log.debug("stream %#x: aborted", self.handle)
         return C.ACL_SUCCESS
 
@@ -240,13 +239,20 @@ class Event:
                 self._waiters.wake(generation)
         return C.ACL_SUCCESS
 
-    def wait(self, timeout_s: float | None = None, generation: int | None = None) -> bool:
-        with self._lock:
-            target = self._recorded if generation is None else generation
-            if self._completed >= target or self.context.failure:  # (a stopped context's waits end)
+    def wait(self, timeout_s: float | None = None, generation: int | None = None, host: bool = True) -> bool:
+        """Until the record (`generation`, default the latest) has run. A host's wait also ends
+        when the context stops on a failure (its caller reports it); a stream's does not: on the
+        device a stream waiting for a stopped stream's event stays stalled."""
+        while True:
+            with self._lock:
+                target = self._recorded if generation is None else generation
+                if self._completed >= target or (host and self.context.failure):
+                    return True
+                gate = self._waiters.add(target)
+            if not block(self._lock, self._waiters, gate, timeout_s):
+                return False
+            if host:
                 return True
-            gate = self._waiters.add(target)
-        return block(self._lock, self._waiters, gate, timeout_s)
 
     def wake_waits(self) -> None:
         with self._lock:
@@ -256,7 +262,7 @@ class Event:
         """A stream task that waits for the record current at this call (stream_wait_event)."""
         with self._lock:
             target = self._recorded
-        return lambda: (self.wait(None, target), C.ACL_SUCCESS)[1]
+        return lambda: (self.wait(None, target, host=False), C.ACL_SUCCESS)[1]
 
     def reset(self) -> int:
         """reset_event, when its stream gets there: back to never recorded (no time, complete)."""

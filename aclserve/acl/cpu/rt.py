@@ -7,7 +7,7 @@ GIL and do not poll.
 from __future__ import annotations
 
 from .. import constants as C
-from . import _state
+from . import _state, settings
 from ._args import INT, PTR, api
 from ._state import Context
 from ._rt_events import wait_timeout
@@ -170,8 +170,8 @@ def destroy_stream(stream):
 
 @api("acl.rt.set_stream_failure_mode", PTR, INT)
 def set_stream_failure_mode(stream, mode):
-    """Once a stream (CANN); not for the default stream (0), nor on the Atlas 200/300/500 (CANN:
-    not supported; which code it gives is not documented: 207000 here)."""
+    """Not for the default stream (0), nor on the Atlas 200/300/500 (CANN: not supported;
+    which code it gives is not documented: 207000 here)."""
     ctx, ret = _state.current()
     if ret:
         return ret
@@ -186,12 +186,13 @@ def set_stream_failure_mode(stream, mode):
 @api("acl.rt.stream_abort", PTR)
 def stream_abort(stream):
     """Drop a stream's queued work, wait for its running task (_stream.Stream.abort). Not for
-    the default stream (0); not on the Atlas 200/300/500, as set_stream_failure_mode (CANN's
-    aclrtStreamAbort page: A2/A3 first, every product from CANN 9)."""
+    the default stream (0); on the A2/A3 series only (CANN's aclrtStreamAbort page: not the
+    200I/500 A2, the Atlas inference series nor the training series; which code they give is
+    not documented: 207000 here)."""
     ctx, ret = _state.current()
     if ret:
         return ret
-    if _state.no_failure_mode:
+    if _state.soc_name != settings.DEFAULT_SOC and not _state.soc_name.startswith(("Ascend910B", "Ascend910_93")):
         return C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
     if stream == 0:
         return C.ACL_ERROR_INVALID_PARAM
