@@ -61,27 +61,33 @@ def test_a_stop_fails_the_batches_in_flight_counts_once_and_the_rebuilt_instance
         pool.close()
 
 
+def stop_beside_a_running_execution(done: BatchFutures, gate: threading.Event) -> None:
+    """Batch 1's execution runs (held until `gate`) when batch 2's copy in fails: the context
+    stops, and both batches fail while batch 1 still runs."""
+    running = faults.inject("execute", nth=1, hold=gate)
+    first = done.submit([affine_request(1)], 1)
+    assert running.entered.wait(30)
+    faults.inject("memcpy", nth=1)  # batch 2's copy in, beside batch 1's execution
+    second = done.submit([affine_request(1, 3)], 1)
+    for batch in (first, second):
+        with pytest.raises(ExecutionFailed, match="failed on device 0"):
+            batch.result(timeout=30)
+    assert not gate.is_set()
+    faults.clear()
+
+
 def test_a_stopped_instance_aborts_its_streams_before_it_frees_what_they_use(runtime, affine_om, caplog):
-    """Batch 1's execution runs (held) when batch 2's copy in fails: the context stops, and its
-    streams' synchronize then returns at once (CANN checks the context before it waits), while
-    the device still runs batch 1. The stopped instance's close aborts its streams, which waits
-    for that execution, before it frees the slots' memory; then the rebuilt instance serves."""
+    """The context stops while the device still runs batch 1, and its streams' synchronize then
+    returns at once (CANN checks the context before it waits). The stopped instance's close
+    aborts its streams, which waits for that execution, before it frees the slots' memory; then
+    the rebuilt instance serves."""
     pool = open_pool(runtime, affine_om(), "affine", slots=2)
     done = BatchFutures(pool)
     gate = threading.Event()
     try:
-        running = faults.inject("execute", nth=1, hold=gate)
-        first = done.submit([affine_request(1)], 1)
-        assert running.entered.wait(30)
-        faults.inject("memcpy", nth=1)  # batch 2's copy in, beside batch 1's execution
         with caplog.at_level(logging.DEBUG, logger="aclserve.acl.cpu"):
-            second = done.submit([affine_request(1, 3)], 1)
-            for batch in (first, second):  # both answered while batch 1 still runs
-                with pytest.raises(ExecutionFailed, match="failed on device 0"):
-                    batch.result(timeout=30)
-            assert not gate.is_set()
+            stop_beside_a_running_execution(done, gate)
             threading.Timer(0.3, gate.set).start()  # the abort waits for it
-            faults.clear()
             request = affine_request(2, first_id=5)
             result = done.submit([request], 2).result(timeout=30)  # the rebuilt instance
             deadline = time.monotonic() + 30
@@ -106,17 +112,8 @@ def test_a_stopped_instance_whose_stream_cannot_be_aborted_is_abandoned_until_it
     done = BatchFutures(pool)
     gate = threading.Event()
     try:
-        running = faults.inject("execute", nth=1, hold=gate)
-        first = done.submit([affine_request(1)], 1)
-        assert running.entered.wait(30)
-        faults.inject("memcpy", nth=1)
-        second = done.submit([affine_request(1, 3)], 1)
-        for batch in (first, second):
-            with pytest.raises(ExecutionFailed):
-                batch.result(timeout=30)
-        faults.clear()
-        request = affine_request(2, first_id=5)
-        done.submit([request], 2).result(timeout=30)  # the rebuilt instance serves
+        stop_beside_a_running_execution(done, gate)
+        done.submit([affine_request(2, first_id=5)], 2).result(timeout=30)  # the rebuilt instance serves
         deadline = time.monotonic() + 30
         while teardown.held() == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
