@@ -17,6 +17,10 @@ rebuild, or with a model load still opening or warming up a pool on it (one a sh
 abandoned: it may hang there), is not reset and ACL is not finalized (the process's exit
 gives the device back).
 
+An instance whose context stopped on a failure cannot learn from its streams' synchronize
+whether the device is done (it answers the failure at once): its streams are aborted first
+(`still_running`), and one whose abort fails counts as still running.
+
 A close's deadline may be brought forward while it waits (`ModelInstance.hurry`: a shutdown
 arriving while an unload waits for the device), so the waits are cut in POLL_S slices that each
 look at the deadline again. Where CANN has no `synchronize_stream_with_timeout` the wait is
