@@ -80,6 +80,7 @@ class InstancePool:
         self._rebuild_failures: dict[int, str] = {}  # lane -> why its last rebuild attempt failed
         self._builder = builder  # None: a broken instance stays out of rotation
         self._rebuilding: dict[int, threading.Thread] = {}  # lane -> its rebuild thread
+        self._disposing: set[threading.Thread] = set()  # rebuild threads closing the instance they replaced
         self._retired_faults: collections.Counter[int] = collections.Counter()
         self._closing = threading.Event()
         self._close_by = math.inf  # hurry(): the latest close() may wait for the device (time.monotonic())
@@ -274,13 +275,19 @@ class InstancePool:
                 self._rebuild_failures.pop(lane, None)
                 self._retired_faults.update(old.fault_counts())
                 del self._rebuilding[lane]
+                if not old_disposed:  # close() waits for this thread until the old one is closed
+                    self._disposing.add(threading.current_thread())
         if closed:
             self._builder.dispose(new)
             return
         log.warning("%s: instance %s rebuilt; serving again", self.name, new.name)
         self.slot_free()  # launches the batches that waited, wakes the batcher
         if not old_disposed:
-            self._builder.dispose(old)  # waits for the device to let go of the hung batch, bounded
+            try:
+                self._builder.dispose(old)  # waits for the device to let go of the hung batch, bounded
+            finally:
+                with self._lock:
+                    self._disposing.discard(threading.current_thread())
 
     # -- runs, figures, teardown --------------------------------------------------------------
     def run(self, batch: Batch) -> Batch:
@@ -327,8 +334,8 @@ class InstancePool:
         deadline = min(max(deadline, now + teardown.GRACE_S), self._close_by)
         with self._lock:
             pending, self._pending = list(self._pending), collections.deque()
-            rebuilding = list(self._rebuilding.values())
-        for thread in rebuilding:  # one building an instance finishes and disposes of it
+            rebuilding = [*self._rebuilding.values(), *self._disposing]
+        for thread in rebuilding:  # one building an instance finishes and disposes of it, or the one it replaced
             if not teardown.join(thread, lambda: min(deadline, self._close_by)):
                 log.warning("%s: %s is still waiting for the device; closing without it", self.name, thread.name)
         for batch in pending:

@@ -126,3 +126,23 @@ def test_a_stopped_instance_whose_stream_cannot_be_aborted_is_abandoned_until_it
     finally:
         gate.set()
         pool.close()
+
+
+def test_a_pool_closed_while_a_replaced_instance_is_still_being_closed_waits_for_it(runtime, affine_om):
+    """The rebuild thread closes the instance it replaced after the new one serves (here it
+    waits for the abort of a running execution): the pool's close waits for that too, so when it
+    returns everything of the pool is freed (it returned with the old instance still open)."""
+    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        old = pool.instances[0]
+        stop_beside_a_running_execution(done, gate)
+        done.submit([affine_request(2, first_id=5)], 2).result(timeout=30)  # the rebuilt instance
+        assert old.context  # still being closed: its abort waits for the held execution
+        threading.Timer(0.5, gate.set).start()
+        pool.close()
+        assert gate.is_set() and old.context == 0 and teardown.held() == 0
+    finally:
+        gate.set()
+        pool.close()
