@@ -223,15 +223,16 @@ class InstancePool:
 
     def _rebuild_broken(self) -> None:
         """Start a rebuild for every broken instance that has none yet (completion threads)."""
-        if self._builder is None or self._closed:
+        if self._builder is None:
             return
-        with self._lock:
+        with self._lock:  # (started under it: close() never sees one that has not started)
+            if self._closed:
+                return
             lanes = [k for k, i in enumerate(self.instances) if i.broken and k not in self._rebuilding]
             for lane in lanes:
                 self._rebuilding[lane] = threading.Thread(target=self._replace, args=(lane,), daemon=True,
                                                           name=f"{self.name}-rebuild{lane}")
-        for lane in lanes:
-            self._rebuilding[lane].start()
+                self._rebuilding[lane].start()
 
     def _replace(self, lane: int) -> None:
         """Rebuild thread: build a fresh instance for `lane` (retrying with backoff and jitter
@@ -281,13 +282,13 @@ class InstancePool:
             self._builder.dispose(new)
             return
         log.warning("%s: instance %s rebuilt; serving again", self.name, new.name)
-        self.slot_free()  # launches the batches that waited, wakes the batcher
-        if not old_disposed:
-            try:
+        try:
+            self.slot_free()  # launches the batches that waited, wakes the batcher
+            if not old_disposed:
                 self._builder.dispose(old)  # waits for the device to let go of the hung batch, bounded
-            finally:
-                with self._lock:
-                    self._disposing.discard(threading.current_thread())
+        finally:
+            with self._lock:
+                self._disposing.discard(threading.current_thread())
 
     # -- runs, figures, teardown --------------------------------------------------------------
     def run(self, batch: Batch) -> Batch:
@@ -335,12 +336,12 @@ class InstancePool:
         with self._lock:
             pending, self._pending = list(self._pending), collections.deque()
             rebuilding = [*self._rebuilding.values(), *self._disposing]
+        for batch in pending:  # answered before any wait for the device
+            batch.error = ExecutionFailed(f"model {self.name} was unloaded")
+            self._listener.batch_done(batch)
         for thread in rebuilding:  # one building an instance finishes and disposes of it, or the one it replaced
             if not teardown.join(thread, lambda: min(deadline, self._close_by)):
                 log.warning("%s: %s is still waiting for the device; closing without it", self.name, thread.name)
-        for batch in pending:
-            batch.error = ExecutionFailed(f"model {self.name} was unloaded")
-            self._listener.batch_done(batch)
         errors = []
         closes = [functools.partial(i.close, deadline) for i in reversed(self.instances)]
         for close in closes + self._close_callbacks:

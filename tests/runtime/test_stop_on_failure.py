@@ -128,10 +128,12 @@ def test_a_stopped_instance_whose_stream_cannot_be_aborted_is_abandoned_until_it
         pool.close()
 
 
-def test_a_pool_closed_while_a_replaced_instance_is_still_being_closed_waits_for_it(runtime, affine_om):
+def test_a_pool_closed_while_a_replaced_instance_is_still_being_closed_waits_for_it(runtime, affine_om,
+                                                                                    monkeypatch):
     """The rebuild thread closes the instance it replaced after the new one serves (here it
     waits for the abort of a running execution): the pool's close waits for that too, so when it
     returns everything of the pool is freed (it returned with the old instance still open)."""
+    monkeypatch.setattr(_stream, "ABORT_WAIT_S", 60.0)  # the abort waits for the gate, however slow the machine
     pool = open_pool(runtime, affine_om(), "affine", slots=2)
     done = BatchFutures(pool)
     gate = threading.Event()
@@ -142,7 +144,9 @@ def test_a_pool_closed_while_a_replaced_instance_is_still_being_closed_waits_for
         assert old.context  # still being closed: its abort waits for the held execution
         threading.Timer(0.5, gate.set).start()
         pool.close()
-        assert gate.is_set() and old.context == 0 and teardown.held() == 0
+        assert gate.is_set()  # close() returned after the abort, which waited for the gate
+        assert old.context == 0  # the replaced instance is freed ...
+        assert teardown.held() == 0  # ... not abandoned
     finally:
         gate.set()
         pool.close()
