@@ -34,6 +34,12 @@ from .types import TensorSpec
 # batches, and a busy host slows the CPU runtime by far more than a device varies.
 TIMEOUT_RUNS = 100
 TIMEOUT_FLOOR_MS = 2_000
+# ... and at most this, below the device's default AI CPU op timeout (28-30 s, CANN's
+# aclrtSetOpExecuteTimeOut page): on the A2/A3 series a model's AI CPU op that times out sets
+# its stream's error without stopping the context, so the batch's events would report success
+# and its answer be whatever the output buffers held; past this the batch has failed first.
+# (A model whose largest gear runs longer than a third of it gets 3 runs.)
+TIMEOUT_CEILING_MS = 25_000
 # ... and until then (the warm-up that measures that run): nothing is known about the model yet.
 UNMEASURED_TIMEOUT_MS = 60_000
 
@@ -191,12 +197,14 @@ class InstancePool:
     # -- instances out of rotation -------------------------------------------------------------
     def set_execution_timeout(self, configured_ms: int) -> int:
         """Set every instance's execution timeout: `configured_ms`, or with 0 the largest gear's
-        warm-up cost times TIMEOUT_RUNS, at least TIMEOUT_FLOOR_MS. Returns what was set."""
+        warm-up cost times TIMEOUT_RUNS, at least TIMEOUT_FLOOR_MS and at most TIMEOUT_CEILING_MS
+        (or three runs, if more). Returns what was set."""
         if configured_ms > 0:
             timeout_ms = configured_ms
         else:
-            largest = max(self.gear_cost.values(), default=0.0)
-            timeout_ms = max(TIMEOUT_FLOOR_MS, round(largest * 1000 * TIMEOUT_RUNS))
+            largest_ms = max(self.gear_cost.values(), default=0.0) * 1000
+            timeout_ms = max(round(3 * largest_ms),
+                             min(TIMEOUT_CEILING_MS, max(TIMEOUT_FLOOR_MS, round(largest_ms * TIMEOUT_RUNS))))
         with self._lock:  # an instance a rebuild swaps in takes the value then (_rebuild)
             self.execution_timeout_ms = timeout_ms
             for instance in self.instances:

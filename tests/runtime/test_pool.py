@@ -17,7 +17,7 @@ from aclserve.errors import DeviceTimeout, ExecutionFailed
 from aclserve.runtime import LoadError, open_pool, packing, warm_up
 from aclserve.runtime.batch import Batch
 from aclserve.runtime.futures import BatchFutures
-from aclserve.runtime.pool import TIMEOUT_FLOOR_MS
+from aclserve.runtime.pool import TIMEOUT_CEILING_MS, TIMEOUT_FLOOR_MS
 from aclserve.trace.records import BatchTrace, now_ns
 
 from tests import REPO
@@ -275,11 +275,16 @@ def test_a_timed_out_batch_is_retried_on_another_instance(runtime, affine_om):
         pool.close()
 
 
-def test_the_execution_timeout_follows_the_measured_gear_cost_with_a_floor(runtime, affine_om):
+def test_the_execution_timeout_follows_the_measured_gear_cost_between_a_floor_and_a_ceiling(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine")
     try:
         warm_up(pool)
         assert pool.set_execution_timeout(0) == max(TIMEOUT_FLOOR_MS, round(max(pool.gear_cost.values()) * 1e5))
+        # at most the ceiling, under the device's AI CPU op timeout; a gear slower than a third of it gets 3 runs
+        pool.gear_cost[max(pool.gear_cost)] = 0.5
+        assert pool.set_execution_timeout(0) == TIMEOUT_CEILING_MS
+        pool.gear_cost[max(pool.gear_cost)] = 10.0
+        assert pool.set_execution_timeout(0) == 30_000
         assert pool.set_execution_timeout(250) == 250
         assert [i.execution_timeout_ms for i in pool.instances] == [250]
     finally:
