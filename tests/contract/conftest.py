@@ -109,6 +109,7 @@ def pinned(acl, host_buffer):
 
 # -- tiny models as CPU OMs ------------------------------------------------------------------------
 IN_FEATURES, HIDDEN, OUT_FEATURES = 32, 8, 3
+MBATCH = 1  # index of ascend_mbatch_shape_data in the MLP (listed last among the inputs)
 
 
 def mlp_onnx(batch: int | str = "batch") -> onnx.ModelProto:
