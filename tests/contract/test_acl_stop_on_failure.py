@@ -165,3 +165,69 @@ def test_stream_abort_drops_the_queued_work_after_the_task_running(acl, loaded_m
         gate.set()
         faults.clear()
         assert acl.rt.destroy_stream(stream) == 0
+
+
+def _stop(acl, stream, host, device) -> None:
+    """Stop `stream`'s context (stop mode) with a failed copy."""
+    assert acl.rt.set_stream_failure_mode(stream, C.ACL_STOP_ON_FAILURE) == 0
+    faults.inject("memcpy", nth=1)
+    assert acl.rt.memcpy_async(host, 64, device, 64, C.ACL_MEMCPY_DEVICE_TO_HOST, stream) == 0
+    assert acl.rt.synchronize_stream(stream) == C.ACL_ERROR_RT_MODEL_EXECUTE
+
+
+def test_a_record_or_wait_a_stopped_context_refuses_leaves_the_event_as_it_was(acl, ctx, host_buffer,
+                                                                            device_buffer):
+    """A stopped context refuses a record and a stream's wait: the event is not left waiting for
+    a record that never runs (another context's stream waiting on it stalled, and destroying that
+    stream blocked), nor marked waited (a plain event's next record was refused with 107000).
+    Found by an API-sequence fuzzer of the CPU runtime."""
+    recorded, _ = acl.rt.create_event()  # events of the healthy context
+    waited, _ = acl.rt.create_event()
+    healthy, _ = acl.rt.create_stream()
+    other, _ = acl.rt.create_context(0)
+    try:
+        stopped, _ = acl.rt.create_stream()
+        _stop(acl, stopped, host_buffer(64), device_buffer(64))
+        assert acl.rt.record_event(recorded, stopped) == C.ACL_ERROR_RT_MODEL_EXECUTE
+        assert acl.rt.stream_wait_event(stopped, waited) == C.ACL_ERROR_RT_MODEL_EXECUTE
+        assert acl.rt.destroy_stream(stopped) == 0
+    finally:
+        faults.clear()
+        assert acl.rt.set_context(ctx) == 0
+        assert acl.rt.destroy_context(other) == 0
+    assert acl.rt.query_event_status(recorded) == (C.ACL_EVENT_RECORDED_STATUS_COMPLETE, 0)  # never recorded
+    assert acl.rt.stream_wait_event(healthy, recorded) == 0
+    assert acl.rt.synchronize_stream_with_timeout(healthy, 2000) == 0  # nothing to wait for
+    assert acl.rt.record_event(waited, healthy) == 0  # not "waited on since its last record"
+    assert acl.rt.synchronize_event_with_timeout(waited, 2000) == 0
+    assert acl.rt.destroy_stream(healthy) == 0
+    for event in (recorded, waited):
+        assert acl.rt.destroy_event(event) == 0
+
+
+def test_stream_abort_drops_a_wait_for_an_event_at_once(acl, ctx, host_buffer, device_buffer):
+    """A stream whose running task waits for an event (of a stream held by a hung copy) is
+    aborted at once, as the device drops wait tasks: it waited for the wait's end (2 s, then
+    507000). Found by an API-sequence fuzzer of the CPU runtime."""
+    s1, _ = acl.rt.create_stream()
+    s2, _ = acl.rt.create_stream()
+    event, _ = acl.rt.create_event()
+    host, device = host_buffer(64), device_buffer(64)
+    gate = threading.Event()
+    hung = faults.inject("memcpy", nth=1, hold=gate)
+    try:
+        assert acl.rt.memcpy_async(host, 64, device, 64, C.ACL_MEMCPY_DEVICE_TO_HOST, s1) == 0
+        assert acl.rt.record_event(event, s1) == 0
+        assert acl.rt.stream_wait_event(s2, event) == 0
+        assert acl.rt.memcpy_async(host, 64, device, 64, C.ACL_MEMCPY_DEVICE_TO_HOST, s2) == 0
+        assert hung.entered.wait(10)
+        assert acl.rt.stream_abort(s2) == 0
+        assert acl.rt.synchronize_stream_with_timeout(s2, 1000) == C.ACL_ERROR_RT_STREAM_ABORT
+        assert hung.seen == 1  # s2's copy was dropped
+    finally:
+        gate.set()
+        faults.clear()
+    assert acl.rt.synchronize_stream(s1) == 0
+    for stream in (s1, s2):
+        assert acl.rt.destroy_stream(stream) == 0
+    assert acl.rt.destroy_event(event) == 0

@@ -122,9 +122,10 @@ def stream_wait_event(stream, event):
         return ret
     if e.flags is not None and not e.flags & C.ACL_EVENT_SYNC:
         return _MISUSE
-    if not e.reusable:
+    ret = s.enqueue(e.waiter(s), marker=True)
+    if ret == _OK and not e.reusable:  # (a wait the stream refused has not waited)
         e.waited = True
-    return s.enqueue(e.waiter(), marker=True)
+    return ret
 
 
 @api("acl.rt.reset_event", PTR, PTR)

@@ -15,8 +15,8 @@ streams then skip the work queued (events still complete, so waits end), every s
 its streams and events returns that failure at once (CANN checks the context before and while
 it waits: the waits under way end when it stops), as does an event's query, and it takes no new
 task (CANN: "no new task after a stop on failure"). abort() (acl.rt.stream_abort) drops a
-stream's queued work and waits for the task running, which a CPU thread cannot stop midway
-(ABORT_WAIT_S at most: past it, 507000).
+stream's queued work and its waits for events, and waits for the task running, which a CPU
+thread cannot stop midway (ABORT_WAIT_S at most: past it, 507000).
 
 Waits block on a lock of their own that the worker releases (Waiters), and the tasks reach the
 worker through a queue.SimpleQueue: both are C code, which threading.Condition is not. A batch
@@ -102,6 +102,7 @@ class Stream:
         self._done = 0
         self._error = 0
         self._dropped = 0  # abort(): the work among the first `_dropped` tasks is not run
+        self.waiting_on: Event | None = None  # the event its running task waits for (stream_wait_event)
         self.failure_mode = C.ACL_CONTINUE_ON_FAILURE  # set_stream_failure_mode's
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"acl-cpu-stream-{handle:#x}", daemon=True)
@@ -127,7 +128,7 @@ class Stream:
             if item is _STOP:
                 return
             task, marker = item
-            if not marker and (context.failure or self._done < self._dropped):
+            if not marker and (context.failure or self.dropping()):
                 ret = C.ACL_SUCCESS  # stopped on a failure, or aborted: the work queued is not run
             else:
                 try:
@@ -172,12 +173,16 @@ class Stream:
         return C.ACL_SUCCESS
 
     def abort(self) -> int:
-        """stream_abort: the work queued is dropped (its event records still run, so waits
-        end) and the task running is waited for (ABORT_WAIT_S at most); the next synchronize
+        """stream_abort: the work and the event waits queued are dropped, a wait running too
+        (its event records still run, so others' waits end), and the task running is waited for
+        (ABORT_WAIT_S at most); the next synchronize
         reports 107023 (ACL_ERROR_RT_STREAM_ABORT) once, where no other error comes first."""
         with self._lock:
             target = self._dropped = self._enqueued
             self._error = self._error or C.ACL_ERROR_RT_STREAM_ABORT  # (a synchronize under way reads it)
+        waited = self.waiting_on
+        if waited is not None:  # a wait task is dropped too (it looks at dropping() when woken)
+            waited.wake_waits()
         deadline = time.monotonic() + ABORT_WAIT_S
         while True:  # (a stop of the context wakes the waits too: the count is read again)
             with self._lock:
@@ -190,6 +195,10 @@ class Stream:
                 return C.ACL_ERROR_RT_INTERNAL_ERROR
         log.debug("stream %#x: aborted", self.handle)
         return C.ACL_SUCCESS
+
+    def dropping(self) -> bool:
+        """Whether the task running now is one an abort dropped."""
+        return self._done < self._dropped
 
     def wake_waits(self) -> None:
         with self._lock:
@@ -226,10 +235,15 @@ class Event:
         self.timestamp: float | None = None
 
     def record(self, stream: Stream) -> int:
+        """Queue a record; one the stream refuses (its context stopped) is not counted, so no
+        wait is left for a record that never runs. (The event's lock, then the stream's: no
+        path takes them the other way.)"""
         with self._lock:
-            self._recorded += 1
-            generation = self._recorded
-        return stream.enqueue(lambda: self._complete(generation), marker=True)
+            generation = self._recorded + 1
+            ret = stream.enqueue(lambda: self._complete(generation), marker=True)
+            if ret == C.ACL_SUCCESS:
+                self._recorded = generation
+        return ret
 
     def _complete(self, generation: int) -> int:
         with self._lock:
@@ -239,30 +253,39 @@ class Event:
                 self._waiters.wake(generation)
         return C.ACL_SUCCESS
 
-    def wait(self, timeout_s: float | None = None, generation: int | None = None, host: bool = True) -> bool:
-        """Until the record (`generation`, default the latest) has run. A host's wait also ends
-        when the context stops on a failure (its caller reports it); a stream's does not: on the
-        device a stream waiting for a stopped stream's event stays stalled."""
-        while True:
-            with self._lock:
-                target = self._recorded if generation is None else generation
-                if self._completed >= target or (host and self.context.failure):
-                    return True
-                gate = self._waiters.add(target)
-            if not block(self._lock, self._waiters, gate, timeout_s):
-                return False
-            if host:
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """A host's wait for the latest record; it also ends when the context stops on a failure
+        (its caller reports it). A stream's wait (waiter) does not: on the device a stream
+        waiting for a stopped stream's event stays stalled."""
+        with self._lock:
+            target = self._recorded
+            if self._completed >= target or self.context.failure:
                 return True
+            gate = self._waiters.add(target)
+        return block(self._lock, self._waiters, gate, timeout_s)
 
     def wake_waits(self) -> None:
         with self._lock:
             self._waiters.wake_all()
 
-    def waiter(self):
-        """A stream task that waits for the record current at this call (stream_wait_event)."""
+    def waiter(self, stream: Stream):
+        """A task of `stream` that waits for the record current at this call (stream_wait_event),
+        unless the stream's abort drops it meanwhile (as the device drops a wait task)."""
         with self._lock:
             target = self._recorded
-        return lambda: (self.wait(None, target, host=False), C.ACL_SUCCESS)[1]
+
+        def wait() -> int:
+            stream.waiting_on = self
+            try:
+                while True:
+                    with self._lock:
+                        if self._completed >= target or stream.dropping():
+                            return C.ACL_SUCCESS
+                        gate = self._waiters.add(target)
+                    block(self._lock, self._waiters, gate, None)
+            finally:
+                stream.waiting_on = None
+        return wait
 
     def reset(self) -> int:
         """reset_event, when its stream gets there: back to never recorded (no time, complete)."""
