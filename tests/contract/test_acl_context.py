@@ -156,3 +156,22 @@ def test_stream_of_another_device_is_synchronized_but_takes_no_work(acl, ctx):
         assert acl.rt.destroy_context(ctx1) == 0
         assert acl.rt.set_context(ctx) == 0
     assert acl.rt.destroy_stream(stream0) == 0
+
+
+def test_a_stream_or_event_made_while_another_thread_destroys_the_context_is_refused(acl, ctx, cpu_only,
+                                                                                     monkeypatch):
+    """A create_stream / create_event that found its context current and registers after another
+    thread destroyed that context is refused as if the destroy had come first (it registered a
+    stream or event of a destroyed context, which nothing could destroy: found by an API-sequence
+    fuzzer of the CPU runtime, 1 race in 300). The interleaving is made here by handing the calls
+    the context as current() saw it before the destroy."""
+    from aclserve.acl.cpu import _state
+    other, _ = acl.rt.create_context(0)
+    seen = _state.current()
+    assert acl.rt.destroy_context(other) == 0
+    monkeypatch.setattr(_state, "current", lambda: seen)
+    assert acl.rt.create_stream() == (0, C.ACL_ERROR_RT_CONTEXT_NULL)
+    assert acl.rt.create_event() == (0, C.ACL_ERROR_RT_CONTEXT_NULL)
+    monkeypatch.undo()
+    assert acl.rt.set_context(ctx) == 0
+    assert not [s for s in _state.streams.values() if s.context is seen[0]]

@@ -53,6 +53,8 @@ def _create(flags, reusable: bool = False):
     if ret:
         return 0, ret
     with _state.lock:
+        if not ctx.alive:  # destroyed by another thread since current(): as if it had been first
+            return 0, C.ACL_ERROR_RT_CONTEXT_NULL
         if not _state.event_room(ctx.device):
             return 0, C.ACL_ERROR_RT_NO_EVENT_RESOURCE
         event = Event(_state.new_handle(), ctx, flags, reusable)

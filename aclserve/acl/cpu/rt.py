@@ -143,6 +143,8 @@ def create_stream():
     if ret:
         return 0, ret
     with _state.lock:
+        if not ctx.alive:  # destroyed by another thread since current(): as if it had been first
+            return 0, C.ACL_ERROR_RT_CONTEXT_NULL
         if not _state.stream_room(ctx.device):
             return 0, C.ACL_ERROR_RT_NO_STREAM_RESOURCE
         stream = Stream(_state.new_handle(), ctx)
