@@ -74,6 +74,10 @@ def test_host_memory_is_page_aligned_and_separate(acl, ctx, acl_kind):
     assert acl.rt.free_host(host) == 0
     assert acl.rt.free_host(0) == C.ACL_ERROR_INVALID_PARAM
     assert acl.rt.malloc_host(0)[1] == C.ACL_ERROR_INVALID_PARAM
+    # more than any host has, up to a size_t's largest: refused, never an exception (2**63 raised
+    # OverflowError: found by an API-sequence fuzzer of the CPU runtime)
+    for size in (2**62, 2**63, 2**64 - 1):
+        assert acl.rt.malloc_host(size) == (0, C.ACL_ERROR_BAD_ALLOC)
 
 
 def test_memcpy_round_trip_and_kinds(acl, ctx, device_buffer):

@@ -241,7 +241,7 @@ def malloc_host(size: int) -> tuple[int, int]:
         return 0, C.ACL_ERROR_INVALID_PARAM
     try:
         mm, base = _new_mapping(_align(size + _host_offset, mmap.PAGESIZE))
-    except (MemoryError, OSError):
+    except (MemoryError, OSError, OverflowError):  # (past 2**63 bytes mmap cannot even be asked)
         return 0, C.ACL_ERROR_BAD_ALLOC
     ptr = base + _host_offset
     with _lock:
