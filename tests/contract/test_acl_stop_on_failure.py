@@ -221,9 +221,17 @@ def test_stream_abort_drops_a_wait_for_an_event_at_once(acl, ctx, host_buffer, d
         assert acl.rt.stream_wait_event(s2, event) == 0
         assert acl.rt.memcpy_async(host, 64, device, 64, C.ACL_MEMCPY_DEVICE_TO_HOST, s2) == 0
         assert hung.entered.wait(10)
+        host_wait = {}
+        waiter = threading.Thread(
+            target=lambda: host_wait.update(ret=acl.rt.synchronize_event_with_timeout(event, 1500)))
+        waiter.start()
+        time.sleep(0.2)  # waiting on the event too
         assert acl.rt.stream_abort(s2) == 0
         assert acl.rt.synchronize_stream_with_timeout(s2, 1000) == C.ACL_ERROR_RT_STREAM_ABORT
         assert hung.seen == 1  # s2's copy was dropped
+        waiter.join(10)
+        # the host's wait on the event is not ended by the abort of another stream's wait on it
+        assert host_wait == {"ret": C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT}
     finally:
         gate.set()
         faults.clear()

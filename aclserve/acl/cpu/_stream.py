@@ -257,12 +257,17 @@ class Event:
         """A host's wait for the latest record; it also ends when the context stops on a failure
         (its caller reports it). A stream's wait (waiter) does not: on the device a stream
         waiting for a stopped stream's event stays stalled."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
             target = self._recorded
-            if self._completed >= target or self.context.failure:
-                return True
-            gate = self._waiters.add(target)
-        return block(self._lock, self._waiters, gate, timeout_s)
+        while True:  # (woken for another wait, an abort's, too: the state is read again)
+            with self._lock:
+                if self._completed >= target or self.context.failure:
+                    return True
+                gate = self._waiters.add(target)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not block(self._lock, self._waiters, gate, left):
+                return False
 
     def wake_waits(self) -> None:
         with self._lock:
