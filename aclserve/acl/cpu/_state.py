@@ -83,19 +83,27 @@ class Context:
         self.stop_on_failure = False
         self.failure = 0
 
-    def stopped(self, code: int) -> None:
-        """A task of its streams failed in stop-on-failure mode: the first code stays, and the
-        waits on its streams and events under way end with it (CANN: they check the context)."""
+    def task_failed(self, code: int) -> None:
+        """A task of its streams (or a synchronous execute) failed with `code`: in stop-on-failure
+        mode the context stops, the first code stays, and the waits on its streams and events
+        under way end with it (CANN: they check the context)."""
+        if not self.stop_on_failure:
+            return
         with lock:
             if self.failure:
                 return
             self.failure = code
-            waiting = [s for s in streams.values() if s.context is self]
-            waiting += [e for e in events.values() if e.context is self]
+            own_streams, own_events = self._owned()
+            waiting = own_streams + own_events
         if self._default_stream is not None:
             waiting.append(self._default_stream)
         for stream_or_event in waiting:
             stream_or_event.wake_waits()
+
+    def _owned(self) -> tuple[list[Stream], list]:
+        """The streams (not the default one) and events made under it (hold `lock`)."""
+        return ([s for s in streams.values() if s.context is self],
+                [e for e in events.values() if e.context is self])
 
     def default_stream(self) -> Stream:
         if self._default_stream is None:
@@ -108,10 +116,10 @@ class Context:
         """Close its streams (draining them) and drop its events. Idempotent."""
         with lock:
             self.alive = False
-            owned = [s for s in streams.values() if s.context is self]
+            owned, own_events = self._owned()
             for s in owned:
                 del streams[s.handle]
-            for e in [e for e in events.values() if e.context is self]:
+            for e in own_events:
                 del events[e.handle]
             if self._default_stream is not None:
                 owned.append(self._default_stream)

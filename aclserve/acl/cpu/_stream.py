@@ -29,6 +29,7 @@ import logging
 import queue
 import threading
 import time
+from typing import Callable
 
 from .. import constants as C
 
@@ -68,7 +69,8 @@ class Waiters:
         self._blocked = still
 
     def wake_all(self) -> None:
-        """Their context stopped on a failure: every wait ends (and reads the failure)."""
+        """Every wait wakes (its context stopped on a failure, or an abort drops a stream's
+        wait): each reads its owner's state again (wait_until)."""
         for _, gate in self._blocked:
             gate.release()
         self._blocked = []
@@ -86,6 +88,21 @@ def block(owner_lock: threading.Lock, waiters: Waiters, gate: threading.Lock, ti
     with owner_lock:
         waiters.forget(gate)
     return gate.acquire(blocking=False)  # released between the timeout and forget()
+
+
+def wait_until(owner_lock: threading.Lock, waiters: Waiters, target: int, ready: Callable[[], bool],
+               timeout_s: float | None) -> bool:
+    """Block until `ready()` (read under the owner's lock, again at each wake-up: wake_all wakes
+    waits whose count has not come) or past `timeout_s` (None: forever). Whether it is ready."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        with owner_lock:
+            if ready():
+                return True
+            gate = waiters.add(target)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not block(owner_lock, waiters, gate, left):
+            return False
 
 
 class Stream:
@@ -136,8 +153,8 @@ class Stream:
                 except Exception:
                     log.exception("stream %#x: task failed", self.handle)
                     ret = C.ACL_ERROR_RT_INTERNAL_ERROR
-                if ret and context.stop_on_failure:
-                    context.stopped(ret)
+                if ret:
+                    context.task_failed(ret)
             with lock:
                 if ret and not self._error:
                     self._error = ret
@@ -183,16 +200,10 @@ class Stream:
         waited = self.waiting_on
         if waited is not None:  # a wait task is dropped too (it looks at dropping() when woken)
             waited.wake_waits()
-        deadline = time.monotonic() + ABORT_WAIT_S
-        while True:  # (a stop of the context wakes the waits too: the count is read again)
-            with self._lock:
-                if self._done >= target:
-                    break
-                gate = self._waiters.add(target)
-            if not block(self._lock, self._waiters, gate, max(0.0, deadline - time.monotonic())):
-                log.error("stream %#x: abort: the task running did not end within %.0f s (a CPU "
-                          "thread cannot be stopped midway)", self.handle, ABORT_WAIT_S)
-                return C.ACL_ERROR_RT_INTERNAL_ERROR
+        if not wait_until(self._lock, self._waiters, target, lambda: self._done >= target, ABORT_WAIT_S):
+            log.error("stream %#x: abort: the task running did not end within %.0f s (a CPU "
+                      "thread cannot be stopped midway)", self.handle, ABORT_WAIT_S)
+            return C.ACL_ERROR_RT_INTERNAL_ERROR
         log.debug("stream %#x: aborted", self.handle)
         return C.ACL_SUCCESS
 
@@ -257,17 +268,10 @@ class Event:
         """A host's wait for the latest record; it also ends when the context stops on a failure
         (its caller reports it). A stream's wait (waiter) does not: on the device a stream
         waiting for a stopped stream's event stays stalled."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
             target = self._recorded
-        while True:  # (woken for another wait, an abort's, too: the state is read again)
-            with self._lock:
-                if self._completed >= target or self.context.failure:
-                    return True
-                gate = self._waiters.add(target)
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not block(self._lock, self._waiters, gate, left):
-                return False
+        return wait_until(self._lock, self._waiters, target,
+                          lambda: self._completed >= target or bool(self.context.failure), timeout_s)
 
     def wake_waits(self) -> None:
         with self._lock:
@@ -282,14 +286,11 @@ class Event:
         def wait() -> int:
             stream.waiting_on = self
             try:
-                while True:
-                    with self._lock:
-                        if self._completed >= target or stream.dropping():
-                            return C.ACL_SUCCESS
-                        gate = self._waiters.add(target)
-                    block(self._lock, self._waiters, gate, None)
+                wait_until(self._lock, self._waiters, target,
+                           lambda: self._completed >= target or stream.dropping(), None)
             finally:
                 stream.waiting_on = None
+            return C.ACL_SUCCESS
         return wait
 
     def reset(self) -> int:

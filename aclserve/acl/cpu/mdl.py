@@ -267,8 +267,8 @@ def execute(model_id, input, output):  # noqa: A002  (pyACL's parameter names)
     if ctx.failure:
         return ctx.failure
     ret = model.run(ins, outs)
-    if ret and ctx.stop_on_failure:
-        ctx.stopped(ret)
+    if ret:
+        ctx.task_failed(ret)
     return ret
 
 
