@@ -62,6 +62,7 @@ class Device:
             undo.pop_all()
         streams, events = limits or limits_for_soc(None)
         self.ledger = DeviceLedger(device_id, streams, events)
+        self._promised = 0  # bytes that room() holds for allocations not made yet (under _lock)
         self._closed = False
 
     def _pick_mem_attr(self) -> int:
@@ -77,7 +78,11 @@ class Device:
 
     def mem_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory, read now (an ACL call: not on the event loop)."""
-        with self._lock, using_context(self._acl, self.context):
+        with self._lock:
+            return self._read_mem_info()
+
+    def _read_mem_info(self) -> tuple[int, int]:
+        with using_context(self._acl, self.context):
             self._last_mem = check("rt.get_mem_info", self._acl.rt.get_mem_info(self._mem_attr))
             return self._last_mem
 
@@ -85,17 +90,30 @@ class Device:
         """The figures of the last mem_info() (taken at open, each load and each refresh); no ACL call."""
         return self._last_mem
 
-    def ensure_room(self, what: str, sizes: Iterable[int]) -> None:
-        """Raise LoadError if HUGE_FIRST allocations of these sizes would eat into the memory
-        reserve (each counted as the device takes it: device_bytes)."""
+    @contextlib.contextmanager
+    def room(self, what: str, sizes: Iterable[int]):
+        """Room for HUGE_FIRST allocations of these sizes (each counted as the device takes it:
+        device_bytes), held while the block makes them: LoadError if they would eat into the
+        memory reserve. Loads run in parallel (load_threads): the free figure still shows what
+        another load, past its check, has yet to allocate, so the room promised to loads under
+        way is taken off it."""
         needed = sum(device_bytes(size) for size in sizes if size)
-        free, total = self.mem_info()
-        reserve = int(total * self.memory_reserve_fraction)
-        if needed > free - reserve:
-            raise LoadError(
-                f"{what} needs {needed:,} bytes of device {self.id} memory but only {free:,} of "
-                f"{total:,} are free and {reserve:,} are held in reserve "
-                f"({self.memory_reserve_fraction:.0%}); unload a model or lower memory_reserve_fraction")
+        with self._lock:  # read under it: a load ending its block in between would be missed
+            free, total = self._read_mem_info()
+            reserve = int(total * self.memory_reserve_fraction)
+            promised = self._promised
+            if needed > free - reserve - promised:
+                held = f", {promised:,} promised to loads under way" if promised else ""
+                raise LoadError(
+                    f"{what} needs {needed:,} bytes of device {self.id} memory but only {free:,} of "
+                    f"{total:,} are free{held} and {reserve:,} are held in reserve "
+                    f"({self.memory_reserve_fraction:.0%}); unload a model or lower memory_reserve_fraction")
+            self._promised += needed
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._promised -= needed
 
     def close(self, reset: bool = True) -> None:
         """Destroy the management context and reset the device; without `reset` (a device still

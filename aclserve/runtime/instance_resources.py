@@ -55,9 +55,10 @@ class InstanceResources:
                 slots = 1  # a failure is told from its streams only once nothing else runs on them
             self.clock = DeviceClock(acl)
             self.model = OmModel(acl, device, path, name)
-            self._ensure_slot_room(slots)
-            for i in range(slots):
-                self.slots.append(Slot(acl, self.model, i))
+            per_slot = [*self.model.input_sizes, *self.model.output_sizes]  # a malloc each
+            with device.room(f"model {name} ({slots} slots of buffers)", per_slot * slots):
+                for i in range(slots):
+                    self.slots.append(Slot(acl, self.model, i))
             undo.pop_all()
 
     def _release_unfinished(self, reset_timeout_ms: int) -> None:
@@ -69,10 +70,6 @@ class InstanceResources:
         for role in ("h2d", "compute", "d2h"):
             self.streams[role] = check("rt.create_stream", self._acl.rt.create_stream())
         self.stops_on_failure = all(compat.stop_on_failure(self._acl, s) for s in self.streams.values())
-
-    def _ensure_slot_room(self, slots: int) -> None:
-        per_slot = [*self.model.input_sizes, *self.model.output_sizes]  # a malloc each
-        self.device.ensure_room(f"model {self.name} ({slots} slots of buffers)", per_slot * slots)
 
     def start_thread(self, role: str, target: Callable[[], None]) -> threading.Thread:
         """A daemon thread named after the instance and `role`, running `target` under the context."""

@@ -76,9 +76,9 @@ class OmModel:
             self._load_unsized(e)
             return
         self.work_size, self.weight_size = int(work_size), int(weight_size)
-        self.device.ensure_room(f"model {self.name}", (self.work_size, self.weight_size))
-        work = self._malloc(self.work_size) if self.work_size else 0
-        weight = self._malloc(self.weight_size) if self.weight_size else 0
+        with self.device.room(f"model {self.name}", (self.work_size, self.weight_size)):
+            work = self._malloc(self.work_size) if self.work_size else 0
+            weight = self._malloc(self.weight_size) if self.weight_size else 0
         try:
             self.model_id = check("mdl.load_from_file_with_mem", acl.mdl.load_from_file_with_mem(
                 self.path, work, self.work_size, weight, self.weight_size))

@@ -77,8 +77,34 @@ def test_room_is_counted_as_the_device_takes_it_huge_pages_included(runtime):
         sizes = [mib + 1] * (room // (2 * mib) + 1)  # half the room in plain bytes, past it in pages
         assert sum(sizes) < room
         with pytest.raises(LoadError, match="held in reserve"):
-            device.ensure_room("model m", sizes)
-        device.ensure_room("model m", sizes[:-2])  # within it
+            with device.room("model m", sizes):
+                pass
+        with device.room("model m", sizes[:-2]):  # within it
+            pass
+    finally:
+        device.close()
+
+
+def test_room_promised_to_a_load_under_way_is_not_offered_to_another(runtime):
+    """Loads run in parallel (load_threads): between a load's check and its allocations the free
+    figure still shows the memory it is about to take, so a second load's check must count the
+    room promised to the first, and get it back once the first has made its allocations (or
+    failed)."""
+    from aclserve.runtime.device import Device, LoadError
+    device = Device(runtime.acl, 0, memory_reserve_fraction=0.5)
+    try:
+        free, total = device.mem_info()
+        half_room = (free - int(total * 0.5)) // 2 - 4096
+        with device.room("model a", [half_room]):
+            with device.room("model b", [half_room]):  # both halves fit
+                with pytest.raises(LoadError, match="promised to loads under way"):
+                    with device.room("model c", [half_room]):
+                        pass
+        with pytest.raises(RuntimeError):
+            with device.room("model a", [2 * half_room]):
+                raise RuntimeError("its allocation failed")
+        with device.room("model d", [2 * half_room]):  # all of it again: nothing left promised
+            pass
     finally:
         device.close()
 
