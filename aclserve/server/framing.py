@@ -110,6 +110,19 @@ def _body_length(lower: bytes) -> int | None:
     return int(value)
 
 
+def _no_request_start(data: bytes | bytearray, pos: int) -> bool:
+    """The bytes at `pos`, short of a whole head, cannot begin a request aiohttp takes: its
+    parser (llhttp) refuses at the first byte that cannot, and knows only upper-case methods,
+    so garbage, or a body sent past its Content-Length, is answered 400 at once there instead
+    of being held here until the header timeout. Also true for what aiohttp would take but
+    this module frames no more (empty lines before a request, a request line it would not
+    parse): given up, aiohttp answers those as before."""
+    if not 0x41 <= data[pos] <= 0x5A:  # A-Z
+        return True
+    line_end = data.find(b"\r\n", pos)
+    return line_end >= 0 and _STRICT_HEAD.fullmatch(data, pos, line_end) is None
+
+
 def body_length(raw: bytes) -> int | None:
     """The body length of a head without its final blank line (see parse_head), unparsed."""
     if _request_line(raw) is None:
@@ -225,8 +238,9 @@ class RequestFraming:
                 continue
             end = data.find(b"\r\n\r\n", pos, pos + MAX_HEAD_BYTES + 4)
             if end < 0:
-                if size - pos > MAX_HEAD_BYTES or data.count(b"\n", pos) != data.count(b"\r\n", pos):
-                    return self._give_up(data, start)  # too long, or a bare LF (aiohttp refuses it)
+                if (size - pos > MAX_HEAD_BYTES or data.count(b"\n", pos) != data.count(b"\r\n", pos)
+                        or _no_request_start(data, pos)):
+                    return self._give_up(data, start, pos)  # too long, a bare LF, not a request
                 self._flush(data, start, pos)
                 self._held = bytearray(data[pos:])
                 return b""
@@ -235,14 +249,14 @@ class RequestFraming:
             if not self._wanted():
                 length = body_length(data[pos:end])
                 if length is None:
-                    return self._give_up(data, start)
+                    return self._give_up(data, start, pos)
                 self._remaining, self._dropping = length, False
                 self._passed()
                 pos = body_at
                 continue
             parsed = parse_head(data[pos:end])
             if parsed is None:
-                return self._give_up(data, start)
+                return self._give_up(data, start, pos)
             head, length = parsed
             whole = body_at + length <= size  # the body came with its head: offered at once
             decision = NEED_BODY if asked else self._answer(
@@ -277,13 +291,17 @@ class RequestFraming:
             return len(held) < self._held_need
         new = held[max(0, tail - 3):]
         return (b"\r\n\r\n" not in new and len(held) <= MAX_HEAD_BYTES
-                and new.count(b"\n") == new.count(b"\r\n"))
+                and new.count(b"\n") == new.count(b"\r\n") and not _no_request_start(held, 0))
 
     def _flush(self, data: bytes, start: int, end: int) -> None:
         if end > start:
             self._forward(data if start == 0 and end == len(data) else data[start:end])
 
-    def _give_up(self, data: bytes, start: int) -> bytes:
+    def _give_up(self, data: bytes, start: int, pos: int) -> bytes:
+        """Everything from here on goes to aiohttp: the requests before `pos` in a call of their
+        own (its parser drops every request it read in a call that then fails: those before a
+        bad one must still be answered)."""
         self.lost = True
-        self._flush(data, start, len(data))
+        self._flush(data, start, pos)
+        self._flush(data, pos, len(data))
         return b""

@@ -147,3 +147,32 @@ def test_what_cannot_be_framed_goes_to_aiohttp_from_there_on():
     endless = Recorder()
     endless.framing.feed(b"GET / HTTP/1.1\r\nX: " + b"a" * 20000)
     assert endless.framing.lost and len(endless.forwarded) > 20000
+
+
+def test_bytes_that_cannot_begin_a_request_go_to_aiohttp_at_once():
+    """aiohttp's parser refuses at the first byte that cannot begin a request (its methods are
+    upper case), so garbage, or a body sent past its Content-Length, is answered 400 at once
+    there. Framing held such bytes until a blank line came, and the client waited for the
+    header timeout (from a differential fuzz against aiohttp alone). A request before them is
+    passed on in a call of its own: aiohttp drops the requests it read in a call that fails."""
+    for garbage in (b"x", b"{\"inputs\": []}", b"GARBAGE\r\n", b"post / HTTP/1.1\r\n", b"\x16\x03\x01"):
+        rec = Recorder()
+        rec.framing.feed(KEEP + garbage)
+        assert rec.framing.lost, garbage
+        assert bytes(rec.forwarded) == KEEP + garbage
+        pieces = []
+        split = RequestFraming(pieces.append, lambda *a: FORWARD, lambda: False)
+        split.feed(KEEP + garbage)
+        assert pieces == [KEEP, garbage]
+    for byte_by_byte in (b"x", b"GARBAGE\r\nHost: t"):
+        rec = Recorder()
+        rec.framing.feed(KEEP[:10])
+        rec.framing.feed(KEEP[10:])
+        for i in range(len(byte_by_byte)):
+            rec.framing.feed(byte_by_byte[i:i + 1])
+        assert rec.framing.lost and bytes(rec.forwarded) == KEEP + byte_by_byte
+    for start in (b"P", b"POST /v2/mod", b"POST /keep HTTP/1.1\r\nHost: t\r\nContent-Le"):  # a request begun
+        rec = Recorder()
+        for i in range(len(start)):
+            rec.framing.feed(start[i:i + 1])
+        assert not rec.framing.lost and not rec.forwarded, start
