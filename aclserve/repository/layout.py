@@ -71,6 +71,9 @@ class ScanResult:
     models: dict[str, ModelEntry] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)  # model name (or path) -> reason
     notes: list[str] = field(default_factory=list)  # worth a log line, not a problem
+    # model name -> the versions whose files were found, a model with a problem included (its
+    # files listed before its config was read; absent when even they could not be)
+    versions_found: dict[str, set[str]] = field(default_factory=dict)
     unreadable: bool = False  # the folder itself could not be listed: nothing is known of it
 
 
@@ -303,6 +306,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
                 available[str(int(sub.name))] = found
             elif files := [f for f in _model_files(sub) if f.stem != "model"]:  # model.*: _pick said why
                 misplaced.append(f"{files[0].relative_to(root)} is not named model.om or model.onnx")
+        result.versions_found[name] = set(available)
         if misplaced:  # an attempted version the operator would otherwise never hear of
             why = "; ".join(misplaced) + f" (a versioned model's file goes in {name}/<version>/model.om, " \
                 "<version> a positive integer such as 1)"
@@ -314,6 +318,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             return
     else:
         found = _pick(root, root, name, result, name)
+        result.versions_found[name] = set() if found is None else {"1"}
         if found is None:
             return
         available = {"1": found}

@@ -42,9 +42,12 @@ class Planner:
         if self.scan.unreadable:  # the folder could not be listed: change nothing
             return []
         desired, self.pending = self._gate.desired(self.scan, acted, trust, refused)
-        for name in self.scan.problems:  # a broken config must not unload a serving model
+        for name in self.scan.problems:  # a broken config must not unload a serving model...
             if name in acted and name not in desired:
-                desired[name] = acted[name]
+                found = self.scan.versions_found.get(name)  # ...but a version whose file is gone goes
+                kept = acted[name] if found is None else {v: w for v, w in acted[name].items() if v in found}
+                if kept:
+                    desired[name] = kept
         for name in excluded:
             desired.pop(name, None)
         return diff(acted, desired, unload_missing=self._unload_missing)
