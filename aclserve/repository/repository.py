@@ -269,6 +269,8 @@ class ModelRepository:
             return []
         async with self._scan_lock:
             scan = await self._planner.rescan()
+            if self._watcher is not None:
+                self._watcher.follow()  # (the scan read the folder where the path leads now)
             if not scan.unreadable:  # (a folder that cannot be listed tells nothing: all is kept)
                 self._failures.keep_files_of(scan)
                 self._lifecycle.forget_stale()

@@ -57,8 +57,11 @@ def is_relevant(root: str, path: str) -> bool:
 
 
 class _Forwarder(FileSystemEventHandler):
-    def __init__(self, root: str, loop: asyncio.AbstractEventLoop, on_path: Callable[[str, bool], None]):
-        self._root, self._loop, self._on_path = root, loop, on_path
+    """Hands the paths `wanted` takes to `on_path` on the loop."""
+
+    def __init__(self, wanted: Callable[[str], bool], loop: asyncio.AbstractEventLoop,
+                 on_path: Callable[[str, bool], None]):
+        self._wanted, self._loop, self._on_path = wanted, loop, on_path
 
     def on_any_event(self, event) -> None:  # watchdog's thread
         if event.event_type in _IGNORED_EVENTS:
@@ -67,7 +70,7 @@ class _Forwarder(FileSystemEventHandler):
         if event.event_type == "moved":
             found.append((os.fsdecode(event.dest_path), True))
         for path, moved in found:
-            if is_relevant(self._root, path):
+            if self._wanted(path):
                 try:
                     self._loop.call_soon_threadsafe(self._on_path, path, moved)
                 except RuntimeError:  # loop closed during shutdown
@@ -75,21 +78,50 @@ class _Forwarder(FileSystemEventHandler):
 
 
 class RepositoryWatcher:
-    """Owns the Observer thread. start() and close() are called on the loop; close() joins the
-    thread (brief) and is idempotent."""
+    """Owns the Observer thread. start(), follow() and close() are called on the loop; close()
+    joins the thread (brief) and is idempotent.
+
+    The folder is watched where it really is. A models path that is a link swapped for another
+    (git-sync, a release switch: `models -> gen2`) is followed: the folder holding the link is
+    watched for the link itself (its swap is an event), and follow(), which the repository calls
+    after each scan, moves the watch to the folder the path now leads to. Before, the old target
+    stayed watched for the life of the process, and only the safety rescan saw any change."""
 
     def __init__(self, root: str | os.PathLike, loop: asyncio.AbstractEventLoop,
                  on_path: Callable[[str, bool], None]):
+        self._given = os.path.abspath(root)
         self.root = os.path.realpath(root)
         self._observer = Observer()
         self._observer.daemon = True
-        self._observer.schedule(_Forwarder(self.root, loop, on_path), self.root, recursive=True)
+        self._forwarder = _Forwarder(lambda path: is_relevant(self.root, path), loop, on_path)
+        self._watch = self._observer.schedule(self._forwarder, self.root, recursive=True)
+        if os.path.islink(self._given):
+            link = self._given
+            self._observer.schedule(_Forwarder(lambda path: path == link, loop, on_path),
+                                    os.path.dirname(link), recursive=False)
         self._started = False
         self._closed = False
 
     def start(self) -> None:
         self._observer.start()
         self._started = True
+
+    def follow(self) -> None:
+        """Watch the folder the models path leads to now, if a link on the way was swapped."""
+        real = os.path.realpath(self._given)
+        if real == self.root or self._closed or not os.path.isdir(real):
+            return
+        try:
+            watch = self._observer.schedule(self._forwarder, real, recursive=True)
+        except OSError as e:  # (gone again, or no watch left): the safety rescan still runs
+            log.warning("models folder: cannot watch %s, where %s now leads (%s)", real, self._given, e)
+            return
+        old, self._watch, self.root = self._watch, watch, real
+        try:
+            self._observer.unschedule(old)
+        except KeyError:  # its folder was removed: watchdog dropped the watch already
+            pass
+        log.info("models folder: %s now leads to %s; watching it", self._given, real)
 
     def close(self) -> None:
         if self._closed:

@@ -359,35 +359,3 @@ async def test_a_fixed_config_or_labels_file_is_taken_when_the_config_is_touched
     touch_config()
     await events.wait("reloaded", "m")
     assert repo.get("m").labels == {"y": ("w", "x", "y", "z")}
-
-
-async def test_a_broken_config_keeps_the_versions_on_disk_serving_not_the_deleted_ones(
-        make_repo, models_dir, model_files):
-    """A config that breaks (here a version policy selecting none) keeps a serving model as it
-    is; but a version whose file is then deleted is unloaded (unload_on_delete), and a model
-    whose files are all gone (a flat file through a link left dangling) is unloaded whole. Both
-    kept serving while the config or the link was broken (from a fuzz of the models folder)."""
-    place(model_files[1]["om"], models_dir / "vm" / "1" / "model.om")
-    place(model_files[2]["om"], models_dir / "vm" / "2" / "model.om")
-    (models_dir / "vm" / "config.yaml").write_text("version_policy: all\n")
-    place(model_files[1]["om"], models_dir / "target.om")
-    os.symlink("target.om", models_dir / "link.om")
-    repo, events = await make_repo()
-
-    def ready_versions(name):
-        return [r["version"] for r in repo.index(ready_only=True) if r["name"] == name]
-
-    assert ready_versions("vm") == ["1", "2"] and ready_versions("link") == ["1"]
-    (models_dir / "vm" / "config.yaml").write_text("version_policy: {specific: [7]}\n")
-    place(model_files[2]["om"], models_dir / "gate1.om")  # an event after the edit, as a gate
-    await events.wait("loaded", "gate1")
-    assert ready_versions("vm") == ["1", "2"]  # broken config: kept as it was
-    (models_dir / "vm" / "2" / "model.om").unlink()
-    (models_dir / "vm" / "2").rmdir()
-    await events.wait("unloaded", "vm")
-    assert ready_versions("vm") == ["1"]
-    assert float((await repo.get("vm").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
-    (models_dir / "target.om").unlink()
-    await events.wait("unloaded", "link")
-    assert "link" not in serving(repo)
-    assert any(r["name"] == "link" and "link to nothing" in r["reason"] for r in repo.index())

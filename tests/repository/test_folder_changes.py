@@ -1,0 +1,66 @@
+"""How the server follows a models folder whose config, links or own path change under it
+(from a fuzz of the models folder): what a broken config keeps, and a models path that is a
+link swapped for another."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .repo_helpers import place, serving, x_rows
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_a_broken_config_keeps_the_versions_on_disk_serving_not_the_deleted_ones(
+        make_repo, models_dir, model_files):
+    """A config that breaks (here a version policy selecting none) keeps a serving model as it
+    is; but a version whose file is then deleted is unloaded (unload_on_delete), and a model
+    whose files are all gone (a flat file through a link left dangling) is unloaded whole. Both
+    kept serving while the config or the link was broken (from a fuzz of the models folder)."""
+    place(model_files[1]["om"], models_dir / "vm" / "1" / "model.om")
+    place(model_files[2]["om"], models_dir / "vm" / "2" / "model.om")
+    (models_dir / "vm" / "config.yaml").write_text("version_policy: all\n")
+    place(model_files[1]["om"], models_dir / "target.om")
+    os.symlink("target.om", models_dir / "link.om")
+    repo, events = await make_repo()
+
+    def ready_versions(name):
+        return [r["version"] for r in repo.index(ready_only=True) if r["name"] == name]
+
+    assert ready_versions("vm") == ["1", "2"] and ready_versions("link") == ["1"]
+    (models_dir / "vm" / "config.yaml").write_text("version_policy: {specific: [7]}\n")
+    place(model_files[2]["om"], models_dir / "gate1.om")  # an event after the edit, as a gate
+    await events.wait("loaded", "gate1")
+    assert ready_versions("vm") == ["1", "2"]  # broken config: kept as it was
+    (models_dir / "vm" / "2" / "model.om").unlink()
+    (models_dir / "vm" / "2").rmdir()
+    await events.wait("unloaded", "vm")
+    assert ready_versions("vm") == ["1"]
+    assert float((await repo.get("vm").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
+    (models_dir / "target.om").unlink()
+    await events.wait("unloaded", "link")
+    assert "link" not in serving(repo)
+    assert any(r["name"] == "link" and "link to nothing" in r["reason"] for r in repo.index())
+
+
+async def test_a_models_path_that_is_a_swapped_link_is_followed(make_repo, models_dir, model_files, monkeypatch):
+    """`models -> gen1` swapped for `models -> gen2` (git-sync, a release switch): the swap is
+    seen at once (the folder holding the link is watched for it) and the watch moves to gen2, so
+    a file dropped there later is seen by its event. The old target stayed watched, and only
+    the safety rescan (every 10 s, turned off here) saw any change."""
+    import aclserve.repository.repository as repository_module
+    monkeypatch.setattr(repository_module, "RESCAN_S", 3600.0)
+    gen1, gen2, link = models_dir / "gen1", models_dir / "gen2", models_dir / "current"
+    place(model_files[1]["om"], gen1 / "a.om")
+    place(model_files[2]["om"], gen2 / "a.om")
+    os.symlink("gen1", link)
+    repo, events = await make_repo(models_dir=str(link))
+    assert float((await repo.get("a").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
+    os.symlink("gen2", models_dir / "current.new")
+    os.replace(models_dir / "current.new", link)  # the swap, as git-sync makes it
+    await events.wait("reloaded", "a")
+    assert float((await repo.get("a").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
+    place(model_files[3]["om"], gen2 / "b.om")
+    await events.wait("loaded", "b")
+    assert float((await repo.get("b").infer(x_rows(), 1)).outputs["y"][0, 0]) == 3.0
