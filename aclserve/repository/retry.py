@@ -23,7 +23,7 @@ from typing import Callable
 
 from ..acl.check import AclError
 from ..errors import DeviceTimeout, ExecutionFailed
-from ..runtime.device import LoadError
+from ..runtime.device import LoadError, RoomPromised
 
 
 def is_transient(error: BaseException) -> bool:
@@ -34,6 +34,8 @@ def is_transient(error: BaseException) -> bool:
         # an exception of the host code that packs or launches it fails the same way again
         cause = error.__cause__
         return cause is None or isinstance(cause, AclError) or isinstance(cause.__cause__, AclError)
+    if isinstance(error, RoomPromised):  # room other loads under way may not take in the end
+        return True
     if isinstance(error, LoadError):  # a load's own ACL call (the model's memory, its load) failed
         cause = error.__cause__
         return isinstance(cause, AclError) and _short_of_something(cause.ret)

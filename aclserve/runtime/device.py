@@ -26,6 +26,11 @@ class LoadError(RuntimeError):
     """A model could not be loaded (unreadable or unsupported OM, out of device memory, ...)."""
 
 
+class RoomPromised(LoadError):
+    """The room a load needs is free but promised to other loads under way: a later attempt
+    may find it (repository/retry.py takes it as transient)."""
+
+
 HUGE_PAGE = 2 << 20
 HUGE_PAGES_ABOVE = 1 << 20  # a HUGE_FIRST allocation past this takes huge pages
 
@@ -93,27 +98,39 @@ class Device:
     @contextlib.contextmanager
     def room(self, what: str, sizes: Iterable[int]):
         """Room for HUGE_FIRST allocations of these sizes (each counted as the device takes it:
-        device_bytes), held while the block makes them: LoadError if they would eat into the
-        memory reserve. Loads run in parallel (load_threads): the free figure still shows what
-        another load, past its check, has yet to allocate, so the room promised to loads under
-        way is taken off it."""
+        device_bytes), promised to the block that makes them: LoadError if they would eat into
+        the memory reserve. Loads run in parallel (load_threads): the free figure still shows
+        what another load, past its check, has yet to allocate, so what is promised is taken off
+        it. The block says `took(size)` after each allocation (the free figure shows it from
+        then on); what it did not take is given back when it ends."""
         needed = sum(device_bytes(size) for size in sizes if size)
         with self._lock:  # read under it: a load ending its block in between would be missed
             free, total = self._read_mem_info()
             reserve = int(total * self.memory_reserve_fraction)
             promised = self._promised
             if needed > free - reserve - promised:
+                error = RoomPromised if needed <= free - reserve else LoadError
                 held = f", {promised:,} promised to loads under way" if promised else ""
-                raise LoadError(
+                raise error(
                     f"{what} needs {needed:,} bytes of device {self.id} memory but only {free:,} of "
                     f"{total:,} are free{held} and {reserve:,} are held in reserve "
-                    f"({self.memory_reserve_fraction:.0%}); unload a model or lower memory_reserve_fraction")
+                    f"({self.memory_reserve_fraction:.0%}); "
+                    + ("tried again later" if error is RoomPromised else
+                       "unload a model or lower memory_reserve_fraction"))
             self._promised += needed
+        left = [needed]
+
+        def took(size: int) -> None:
+            taken = min(device_bytes(size), left[0])
+            with self._lock:
+                left[0] -= taken
+                self._promised -= taken
+
         try:
-            yield
+            yield took
         finally:
             with self._lock:
-                self._promised -= needed
+                self._promised -= left[0]
 
     def close(self, reset: bool = True) -> None:
         """Destroy the management context and reset the device; without `reset` (a device still

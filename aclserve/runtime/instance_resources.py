@@ -56,9 +56,11 @@ class InstanceResources:
             self.clock = DeviceClock(acl)
             self.model = OmModel(acl, device, path, name)
             per_slot = [*self.model.input_sizes, *self.model.output_sizes]  # a malloc each
-            with device.room(f"model {name} ({slots} slots of buffers)", per_slot * slots):
+            with device.room(f"model {name} ({slots} slots of buffers)", per_slot * slots) as took:
                 for i in range(slots):
                     self.slots.append(Slot(acl, self.model, i))
+                    for size in per_slot:
+                        took(size)
             undo.pop_all()
 
     def _release_unfinished(self, reset_timeout_ms: int) -> None:

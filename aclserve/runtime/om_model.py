@@ -76,9 +76,9 @@ class OmModel:
             self._load_unsized(e)
             return
         self.work_size, self.weight_size = int(work_size), int(weight_size)
-        with self.device.room(f"model {self.name}", (self.work_size, self.weight_size)):
-            work = self._malloc(self.work_size) if self.work_size else 0
-            weight = self._malloc(self.weight_size) if self.weight_size else 0
+        with self.device.room(f"model {self.name}", (self.work_size, self.weight_size)) as took:
+            work = self._malloc(self.work_size, took) if self.work_size else 0
+            weight = self._malloc(self.weight_size, took) if self.weight_size else 0
         try:
             self.model_id = check("mdl.load_from_file_with_mem", acl.mdl.load_from_file_with_mem(
                 self.path, work, self.work_size, weight, self.weight_size))
@@ -98,12 +98,13 @@ class OmModel:
                 raise LoadError(f"model {self.name}: {self.path} {_why_unloadable(self.path)} ({e})") from e
             raise LoadError(f"model {self.name}: loading {self.path} failed ({e})") from e
 
-    def _malloc(self, size: int) -> int:
+    def _malloc(self, size: int, took) -> int:
         try:
             ptr = check("rt.malloc", self._acl.rt.malloc(size, C.ACL_MEM_MALLOC_HUGE_FIRST))
         except AclError as e:
             raise LoadError(f"model {self.name}: allocating {size:,} bytes of device memory failed ({e})") from e
         self._memory.append(ptr)
+        took(size)
         return ptr
 
     def _describe(self) -> None:

@@ -87,23 +87,40 @@ def test_room_is_counted_as_the_device_takes_it_huge_pages_included(runtime):
 
 def test_room_promised_to_a_load_under_way_is_not_offered_to_another(runtime):
     """Loads run in parallel (load_threads): between a load's check and its allocations the free
-    figure still shows the memory it is about to take, so a second load's check must count the
-    room promised to the first, and get it back once the first has made its allocations (or
-    failed)."""
-    from aclserve.runtime.device import Device, LoadError
-    device = Device(runtime.acl, 0, memory_reserve_fraction=0.5)
+    figure still shows the memory it is about to take, so a second load's check counts the
+    room promised to the first (a refusal then is tried again later: only the promise stood in
+    its way), the first gives back what it allocated (`took`: the free figure shows it from
+    then on, and it was counted twice) and, at its end, what it did not."""
+    from aclserve.acl import check, using_context
+    from aclserve.acl import constants as C
+    from aclserve.repository.retry import is_transient
+    from aclserve.runtime.device import Device, LoadError, RoomPromised
+    acl = runtime.acl
+    device = Device(acl, 0, memory_reserve_fraction=0.5)
     try:
         free, total = device.mem_info()
         half_room = (free - int(total * 0.5)) // 2 - 4096
-        with device.room("model a", [half_room]):
-            with device.room("model b", [half_room]):  # both halves fit
-                with pytest.raises(LoadError, match="promised to loads under way"):
-                    with device.room("model c", [half_room]):
-                        pass
+        with device.room("model a", [half_room]) as took:
+            with using_context(acl, device.context):
+                block = check("rt.malloc", acl.rt.malloc(half_room, C.ACL_MEM_MALLOC_HUGE_FIRST))
+            try:
+                took(half_room)
+                with device.room("model b", [half_room]):  # the other half: fits
+                    with pytest.raises(RoomPromised, match="promised to loads under way") as refused:
+                        with device.room("model c", [half_room]):
+                            pass
+                    assert is_transient(refused.value)
+            finally:
+                with using_context(acl, device.context):
+                    check("rt.free", acl.rt.free(block))
+        with pytest.raises(LoadError) as over:
+            with device.room("model d", [4 * half_room]):  # more than the room: not for later
+                pass
+        assert not isinstance(over.value, RoomPromised) and not is_transient(over.value)
         with pytest.raises(RuntimeError):
             with device.room("model a", [2 * half_room]):
                 raise RuntimeError("its allocation failed")
-        with device.room("model d", [2 * half_room]):  # all of it again: nothing left promised
+        with device.room("model e", [2 * half_room]):  # all of it again: nothing left promised
             pass
     finally:
         device.close()
