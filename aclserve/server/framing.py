@@ -110,17 +110,32 @@ def _body_length(lower: bytes) -> int | None:
     return int(value)
 
 
-def _no_request_start(data: bytes | bytearray, pos: int) -> bool:
-    """The bytes at `pos`, short of a whole head, cannot begin a request aiohttp takes: its
-    parser (llhttp) refuses at the first byte that cannot, and knows only upper-case methods,
-    so garbage, or a body sent past its Content-Length, is answered 400 at once there instead
-    of being held here until the header timeout. Also true for what aiohttp would take but
-    this module frames no more (empty lines before a request, a request line it would not
-    parse): given up, aiohttp answers those as before."""
-    if not 0x41 <= data[pos] <= 0x5A:  # A-Z
-        return True
-    line_end = data.find(b"\r\n", pos)
-    return line_end >= 0 and _STRICT_HEAD.fullmatch(data, pos, line_end) is None
+# The methods aiohttp's parser (llhttp) knows, and every start of one: bytes that begin no
+# request it takes are handed to it at once (_request_start)
+_METHODS = frozenset(b"GET HEAD POST PUT DELETE CONNECT OPTIONS TRACE PATCH COPY LOCK MKCOL MOVE PROPFIND "
+                     b"PROPPATCH SEARCH UNLOCK BIND REBIND UNBIND ACL REPORT MKACTIVITY CHECKOUT MERGE M-SEARCH "
+                     b"NOTIFY SUBSCRIBE UNSUBSCRIBE PURGE MKCALENDAR LINK UNLINK SOURCE QUERY PRI".split())
+_METHOD_STARTS = frozenset(m[:i] for m in _METHODS for i in range(1, len(m) + 1))
+_LONGEST_METHOD = max(map(len, _METHODS))
+
+
+def _request_start(data: bytes | bytearray, pos: int, seen: int = 0) -> bool | None:
+    """Whether the bytes at `pos`, short of a whole head, begin a request aiohttp takes: False
+    when they cannot (its parser refuses at once, so garbage, or a body sent past its
+    Content-Length, is answered 400 there rather than held here until the header timeout;
+    also empty lines before a request, which this module does not frame), True when its
+    request line is whole and sound, None while that line is still coming. `seen`: bytes at
+    `pos` already looked at (they hold no line end), so a head sent in pieces is read once."""
+    space = data.find(b" ", pos, pos + _LONGEST_METHOD + 1)
+    if space >= 0:
+        if bytes(data[pos:space]) not in _METHODS:
+            return False
+    elif bytes(data[pos:pos + _LONGEST_METHOD + 1]) not in _METHOD_STARTS:
+        return False
+    line_end = data.find(b"\r\n", pos + max(0, seen - 1))
+    if line_end < 0:
+        return None
+    return _STRICT_HEAD.fullmatch(data, pos, line_end) is not None
 
 
 def body_length(raw: bytes) -> int | None:
@@ -197,8 +212,8 @@ class RequestFraming:
     answer, `paused()` True stops the feed; what is left of the chunk is returned (the caller
     keeps it and feeds it again later)."""
 
-    __slots__ = ("_forward", "_answer", "_paused", "_wanted", "_passed", "_held", "_held_need", "_remaining",
-                 "_dropping", "lost")
+    __slots__ = ("_forward", "_answer", "_paused", "_wanted", "_passed", "_held", "_held_need", "_line_ok",
+                 "_remaining", "_dropping", "lost")
 
     def __init__(self, forward: Callable[[bytes], None], answer: Callable[[Head, int, memoryview | None], str],
                  paused: Callable[[], bool], wanted: Callable[[], bool] = lambda: True,
@@ -207,6 +222,7 @@ class RequestFraming:
         self._passed = passed
         self._held = bytearray()  # the start of a request held back: its head is incomplete, or its body wanted
         self._held_need = 0  # bytes that request needs in all before it is looked at again (0: head incomplete)
+        self._line_ok = False  # the held head's request line is whole and sound (_request_start)
         self._remaining = 0  # body bytes of the current request still to come
         self._dropping = False  # the current request was answered here: drop its body
         self.lost = False  # framing given up: everything goes to aiohttp
@@ -238,11 +254,11 @@ class RequestFraming:
                 continue
             end = data.find(b"\r\n\r\n", pos, pos + MAX_HEAD_BYTES + 4)
             if end < 0:
-                if (size - pos > MAX_HEAD_BYTES or data.count(b"\n", pos) != data.count(b"\r\n", pos)
-                        or _no_request_start(data, pos)):
+                line = _request_start(data, pos)
+                if size - pos > MAX_HEAD_BYTES or data.count(b"\n", pos) != data.count(b"\r\n", pos) or line is False:
                     return self._give_up(data, start, pos)  # too long, a bare LF, not a request
                 self._flush(data, start, pos)
-                self._held = bytearray(data[pos:])
+                self._held, self._line_ok = bytearray(data[pos:]), line is True
                 return b""
             body_at = end + 4
             asked, body_came = body_came, False
@@ -290,8 +306,14 @@ class RequestFraming:
         if self._held_need:
             return len(held) < self._held_need
         new = held[max(0, tail - 3):]
-        return (b"\r\n\r\n" not in new and len(held) <= MAX_HEAD_BYTES
-                and new.count(b"\n") == new.count(b"\r\n") and not _no_request_start(held, 0))
+        if b"\r\n\r\n" in new or len(held) > MAX_HEAD_BYTES or new.count(b"\n") != new.count(b"\r\n"):
+            return False
+        if not self._line_ok:  # its request line still coming: read the new bytes only
+            line = _request_start(held, 0, tail)
+            if line is False:
+                return False
+            self._line_ok = line is True
+        return True
 
     def _flush(self, data: bytes, start: int, end: int) -> None:
         if end > start:

@@ -155,7 +155,8 @@ def test_bytes_that_cannot_begin_a_request_go_to_aiohttp_at_once():
     there. Framing held such bytes until a blank line came, and the client waited for the
     header timeout (from a differential fuzz against aiohttp alone). A request before them is
     passed on in a call of its own: aiohttp drops the requests it read in a call that fails."""
-    for garbage in (b"x", b"{\"inputs\": []}", b"GARBAGE\r\n", b"post / HTTP/1.1\r\n", b"\x16\x03\x01"):
+    for garbage in (b"x", b"{\"inputs\": []}", b"GARBAGE\r\n", b"post / HTTP/1.1\r\n", b"\x16\x03\x01",
+                    b"DEADBEEF", b"HELLO", b"GET\t/ HTTP/1.1\r\n", b"GET / HTTP/2\r\n"):
         rec = Recorder()
         rec.framing.feed(KEEP + garbage)
         assert rec.framing.lost, garbage
@@ -164,14 +165,14 @@ def test_bytes_that_cannot_begin_a_request_go_to_aiohttp_at_once():
         split = RequestFraming(pieces.append, lambda *a: FORWARD, lambda: False)
         split.feed(KEEP + garbage)
         assert pieces == [KEEP, garbage]
-    for byte_by_byte in (b"x", b"GARBAGE\r\nHost: t"):
+    for byte_by_byte in (b"x", b"GARBAGE\r\nHost: t", b"POSTAL", b"POST / HTTP/1.1 x\r\n"):
         rec = Recorder()
         rec.framing.feed(KEEP[:10])
         rec.framing.feed(KEEP[10:])
         for i in range(len(byte_by_byte)):
             rec.framing.feed(byte_by_byte[i:i + 1])
         assert rec.framing.lost and bytes(rec.forwarded) == KEEP + byte_by_byte
-    for start in (b"P", b"POST /v2/mod", b"POST /keep HTTP/1.1\r\nHost: t\r\nContent-Le"):  # a request begun
+    for start in (b"P", b"M-SEA", b"POST /v2/mod", b"POST /keep HTTP/1.1\r\nHost: t\r\nContent-Le"):  # begun
         rec = Recorder()
         for i in range(len(start)):
             rec.framing.feed(start[i:i + 1])
