@@ -268,9 +268,9 @@ class ModelRepository:
         if self._closed:
             return []
         async with self._scan_lock:
+            if self._watcher is not None:  # watch first, then scan: nothing falls in between
+                await asyncio.get_running_loop().run_in_executor(None, self._watcher.follow)
             scan = await self._planner.rescan()
-            if self._watcher is not None:
-                self._watcher.follow()  # (the scan read the folder where the path leads now)
             if not scan.unreadable:  # (a folder that cannot be listed tells nothing: all is kept)
                 self._failures.keep_files_of(scan)
                 self._lifecycle.forget_stale()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -77,56 +78,105 @@ class _Forwarder(FileSystemEventHandler):
                     return
 
 
-class RepositoryWatcher:
-    """Owns the Observer thread. start(), follow() and close() are called on the loop; close()
-    joins the thread (brief) and is idempotent.
+def links_on_the_way(path: str, limit: int = 40) -> list[str]:
+    """The links `path` passes through to where it really leads, its own components and those
+    the links point through (`models -> current`, `current -> gen2`), in order; at most `limit`
+    (a loop of links ends there)."""
+    links: list[str] = []
+    done, todo = "/", [part for part in os.path.abspath(path).split("/") if part]
+    while todo and len(links) < limit:
+        part = todo.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        here = os.path.join(done, part)
+        if not os.path.islink(here):
+            done = here
+            continue
+        links.append(here)
+        try:
+            target = os.readlink(here)
+        except OSError:
+            break
+        if target.startswith("/"):
+            done = "/"
+        todo[:0] = [p for p in target.split("/") if p]
+    return links
 
-    The folder is watched where it really is. A models path that is a link swapped for another
-    (git-sync, a release switch: `models -> gen2`) is followed: the folder holding the link is
-    watched for the link itself (its swap is an event), and follow(), which the repository calls
-    after each scan, moves the watch to the folder the path now leads to. Before, the old target
-    stayed watched for the life of the process, and only the safety rescan saw any change."""
+
+class RepositoryWatcher:
+    """Owns the Observer thread. start() and close() are called on the loop, follow() in a
+    worker thread (a new watch walks the folder tree); close() joins the thread (brief) and
+    is idempotent.
+
+    The folder is watched where it really is. A models path reached through links swapped for
+    others (git-sync, a release switch: `models -> gen2`, or `app/current/models`) is followed:
+    the folder holding each link on the way is watched for that link (its swap is an event), and
+    follow(), which the repository calls before each scan, moves the watches to where the path
+    leads now."""
 
     def __init__(self, root: str | os.PathLike, loop: asyncio.AbstractEventLoop,
                  on_path: Callable[[str, bool], None]):
         self._given = os.path.abspath(root)
-        self.root = os.path.realpath(root)
+        self._loop, self._on_path = loop, on_path
+        self._lock = threading.Lock()  # follow() against close()
         self._observer = Observer()
         self._observer.daemon = True
+        self.root = os.path.realpath(root)
         self._forwarder = _Forwarder(lambda path: is_relevant(self.root, path), loop, on_path)
         self._watch = self._observer.schedule(self._forwarder, self.root, recursive=True)
-        if os.path.islink(self._given):
-            link = self._given
-            self._observer.schedule(_Forwarder(lambda path: path == link, loop, on_path),
-                                    os.path.dirname(link), recursive=False)
+        self._links: list[str] = []
+        self._link_watches: list = []
+        self._watch_links()
         self._started = False
         self._closed = False
+
+    def _watch_links(self) -> None:
+        """Watch the folder of each link on the way for that link (a swap pokes a scan only: it
+        completes no file)."""
+        links = links_on_the_way(self._given)
+        if links == self._links:
+            return
+        for watch in self._link_watches:
+            self._observer.unschedule(watch)
+        self._links, self._link_watches = links, []
+        wanted = set(links)
+        for folder in sorted({os.path.dirname(link) for link in links}):
+            try:
+                self._link_watches.append(self._observer.schedule(
+                    _Forwarder(lambda path: path in wanted, self._loop, lambda path, moved: self._on_path(path, False)),
+                    folder, recursive=False))
+            except OSError as e:  # the safety rescan still runs
+                log.warning("models folder: cannot watch %s for the link in it (%s)", folder, e)
 
     def start(self) -> None:
         self._observer.start()
         self._started = True
 
     def follow(self) -> None:
-        """Watch the folder the models path leads to now, if a link on the way was swapped."""
-        real = os.path.realpath(self._given)
-        if real == self.root or self._closed or not os.path.isdir(real):
-            return
-        try:
-            watch = self._observer.schedule(self._forwarder, real, recursive=True)
-        except OSError as e:  # (gone again, or no watch left): the safety rescan still runs
-            log.warning("models folder: cannot watch %s, where %s now leads (%s)", real, self._given, e)
-            return
-        old, self._watch, self.root = self._watch, watch, real
-        try:
-            self._observer.unschedule(old)
-        except KeyError:  # its folder was removed: watchdog dropped the watch already
-            pass
-        log.info("models folder: %s now leads to %s; watching it", self._given, real)
+        """Watch where the models path leads now, if a link on the way was swapped."""
+        with self._lock:
+            if self._closed:
+                return
+            real = os.path.realpath(self._given)
+            if real != self.root and os.path.isdir(real):
+                try:
+                    watch = self._observer.schedule(self._forwarder, real, recursive=True)
+                except OSError as e:  # (gone again, or no watch left): the safety rescan still runs
+                    log.warning("models folder: cannot watch %s, where %s now leads (%s)", real, self._given, e)
+                else:
+                    old, self._watch, self.root = self._watch, watch, real
+                    self._observer.unschedule(old)
+                    log.info("models folder: %s now leads to %s; watching it", self._given, real)
+            self._watch_links()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         if self._started:
             self._observer.stop()
             self._observer.join(timeout=5)

@@ -35,11 +35,11 @@ async def test_a_broken_config_keeps_the_versions_on_disk_serving_not_the_delete
     assert ready_versions("vm") == ["1", "2"]  # broken config: kept as it was
     (models_dir / "vm" / "2" / "model.om").unlink()
     (models_dir / "vm" / "2").rmdir()
-    await events.wait("unloaded", "vm")
+    await events.wait("unloaded", "vm", limit_s=20)
     assert ready_versions("vm") == ["1"]
     assert float((await repo.get("vm").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
     (models_dir / "target.om").unlink()
-    await events.wait("unloaded", "link")
+    await events.wait("unloaded", "link", limit_s=20)
     assert "link" not in serving(repo)
     assert any(r["name"] == "link" and "link to nothing" in r["reason"] for r in repo.index())
 
@@ -59,8 +59,28 @@ async def test_a_models_path_that_is_a_swapped_link_is_followed(make_repo, model
     assert float((await repo.get("a").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
     os.symlink("gen2", models_dir / "current.new")
     os.replace(models_dir / "current.new", link)  # the swap, as git-sync makes it
-    await events.wait("reloaded", "a")
+    await events.wait("reloaded", "a", limit_s=20)
     assert float((await repo.get("a").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
     place(model_files[3]["om"], gen2 / "b.om")
-    await events.wait("loaded", "b")
+    await events.wait("loaded", "b", limit_s=20)
     assert float((await repo.get("b").infer(x_rows(), 1)).outputs["y"][0, 0]) == 3.0
+
+
+async def test_a_link_swapped_further_up_the_models_path_is_followed(make_repo, models_dir, model_files, monkeypatch):
+    """`current -> rel1` with the server on `current/models` (git-sync's worktree link, a
+    release switch), and a chain of links (`models -> current -> rel1`): the swap of a link on
+    the way is seen at once as well."""
+    import aclserve.repository.repository as repository_module
+    monkeypatch.setattr(repository_module, "RESCAN_S", 3600.0)
+    place(model_files[1]["om"], models_dir / "rel1" / "models" / "a.om")
+    place(model_files[2]["om"], models_dir / "rel2" / "models" / "a.om")
+    os.symlink("rel1", models_dir / "current")
+    os.symlink("current/models", models_dir / "served")
+    repo, events = await make_repo(models_dir=str(models_dir / "served"))
+    assert float((await repo.get("a").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
+    os.symlink("rel2", models_dir / "current.new")
+    os.replace(models_dir / "current.new", models_dir / "current")
+    await events.wait("reloaded", "a", limit_s=20)
+    assert float((await repo.get("a").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
+    place(model_files[3]["om"], models_dir / "rel2" / "models" / "b.om")
+    await events.wait("loaded", "b", limit_s=20)

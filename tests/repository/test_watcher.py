@@ -1,10 +1,12 @@
-"""The repository watcher's own thread stays quiet when the server stops right after starting."""
+"""The repository watcher's own thread stays quiet when the server stops right after starting;
+the links it watches on the way to the models folder."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
-from aclserve.repository.watcher import RepositoryWatcher
+from aclserve.repository.watcher import RepositoryWatcher, links_on_the_way
 
 
 def test_a_watcher_stopped_at_once_logs_no_error(tmp_path, caplog):
@@ -22,3 +24,15 @@ def test_a_watcher_stopped_at_once_logs_no_error(tmp_path, caplog):
         logging.getLogger("watchdog.observers.inotify").error("another watchdog error")
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert said == ["another watchdog error"]
+
+
+def test_links_on_the_way_follow_components_and_chains(tmp_path):
+    (tmp_path / "rel" / "models").mkdir(parents=True)
+    os.symlink("rel", tmp_path / "current")
+    os.symlink(str(tmp_path / "current"), tmp_path / "abs")
+    os.symlink("abs/models", tmp_path / "served")
+    os.symlink("loop", tmp_path / "loop")
+    assert links_on_the_way(str(tmp_path / "rel" / "models")) == []
+    assert links_on_the_way(str(tmp_path / "current" / "models")) == [str(tmp_path / "current")]
+    assert links_on_the_way(str(tmp_path / "served")) == [str(tmp_path / p) for p in ("served", "abs", "current")]
+    assert len(links_on_the_way(str(tmp_path / "loop"))) == 40
