@@ -165,6 +165,8 @@ def _checked_asarray(name: str, data: list, spec: TensorSpec, shape: list[int], 
     if arr.size != count:
         raise InvalidInput(f"input '{name}': data has {arr.size} elements but shape {shape} needs {count}")
     target = spec.dtype
+    if target.kind in "iu" and arr.dtype.kind == "f" and count:
+        arr = _exact_integers(data, target, arr)
     if arr.dtype != target:
         if count and arr.dtype.kind == "b":
             raise _booleans_refused(name, spec)
@@ -178,6 +180,18 @@ def _checked_asarray(name: str, data: list, spec: TensorSpec, shape: list[int], 
         arr = _cast(arr, target)
     _check_finite(name, arr, spec)
     return arr.reshape(shape)
+
+
+def _exact_integers(data: list, target: np.dtype, inferred: np.ndarray) -> np.ndarray:
+    """Nested integers numpy read as floats, for an integer target: int64 and uint64 ones mixed
+    (2**63 beside 1) make floats, which lose the last digits of the large ones and are then
+    refused, where the same integers written flat pass (array.array keeps them). Kept exact when
+    they are all integers in the target's range; else `inferred`, whose checks say what is wrong."""
+    values = np.array(data, dtype=object).ravel().tolist()
+    info = np.iinfo(target)
+    if len(values) != inferred.size or not all(type(v) is int and info.min <= v <= info.max for v in values):
+        return inferred
+    return np.array(values, dtype=target).reshape(inferred.shape)
 
 
 def _whole_numbers_out_of_range(arr: np.ndarray, target: np.dtype) -> bool:

@@ -248,3 +248,22 @@ def test_surrogate_pairs_and_escaped_backslashes_pass_the_stdlib():
            b' "data": [0, 1e400, 0, 0]}]}')
     with pytest.raises(InvalidInput, match="input 'x': data values out of range for FP32"):
         decode(one_input("FP32"), raw)
+
+
+@pytest.mark.parametrize("datatype,row", [
+    ("UINT64", [2**63, 1, 2, 3]),  # int64 and uint64 mixed: numpy reads floats
+    ("UINT64", [2**64 - 1, 0, 0, 0]),
+    ("INT64", [-2**63, 2**62 + 1, 0, 1]),
+])
+def test_nested_integers_are_exact_as_flat_ones(datatype, row):
+    """Written nested, 2**63 beside 1 became a float64 array (numpy's inference): refused as
+    "must be integers", or 2**64-1 as out of range, where the same values flat passed (from a
+    differential fuzz of the JSON codec)."""
+    flat = decode(one_input(datatype), x_body(row, datatype)).inputs["x"]
+    nested = decode(one_input(datatype), x_body([row], datatype)).inputs["x"]
+    assert nested.dtype == flat.dtype == kserve_to_numpy(datatype)
+    assert nested.tolist() == flat.tolist() == [row]
+    for bad, match in (([[2**64, 0, 0, 0]], "out of range"), ([[2**63, 1.5, 0, 0]], "must be integers")):
+        if datatype == "UINT64":
+            with pytest.raises(InvalidInput, match=match):
+                decode(one_input(datatype), x_body(bad, datatype))
