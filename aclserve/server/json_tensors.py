@@ -87,11 +87,15 @@ def value_bound(raw: bytes | memoryview) -> int:
 
 
 def _explain(e: orjson.JSONDecodeError) -> str:
+    if "(BOM)" in e.msg:  # an editor's byte order mark: say so, not "binary data"
+        return "it begins with a UTF-8 byte order mark, which JSON does not allow"
     if "UTF-8" in e.msg:  # binary tensor data read as JSON, most likely
         return ("it is not UTF-8 text (binary tensor data goes after the JSON part, whose length "
                 "Inference-Header-Content-Length gives)")
     if "depth" in e.msg:  # "depth limit exceeded" (3.13), "array and object recursion depth exceeded" (3.11)
         return "nested too deeply"
+    if e.msg == "failed to allocate memory":  # orjson's word for a document cut short inside deep nesting
+        return "unexpected end of data"
     rest = e.doc[e.pos:e.pos + 8] if isinstance(e.doc, str) else ""
     for literal in ("NaN", "Infinity"):
         if rest.startswith(literal):

@@ -99,6 +99,8 @@ def test_a_number_too_large_for_a_double_names_its_input():
     (b'{"inputs": [1e400, ' + b"[" * 5000 + b"]" * 5000 + b"]}", "not valid JSON: nested too deeply"),
     (b'{"id": "\xff"}', "not valid JSON"),
     (b'{"inputs": [] ', "not valid JSON"),
+    (b'\xef\xbb\xbf{"inputs": []}', "not valid JSON: it begins with a UTF-8 byte order mark"),
+    (b'{"inputs": ' + b"[" * 300, "not valid JSON: unexpected end of data$"),  # orjson: "failed to allocate"
 ])
 def test_invalid_json_messages(raw, match):
     with pytest.raises(InvalidInput, match=match):
@@ -267,3 +269,27 @@ def test_nested_integers_are_exact_as_flat_ones(datatype, row):
         if datatype == "UINT64":
             with pytest.raises(InvalidInput, match=match):
                 decode(one_input(datatype), x_body(bad, datatype))
+
+
+def test_a_number_beyond_a_double_keeps_orjsons_depth_and_integers_wherever_it_is_decoded():
+    """A body with 1e400 is read again by the stdlib's parser, which nested only as deep as the
+    interpreter's recursion limit less its caller's depth: one HTTP path refused at 974 levels,
+    the other at 979, where orjson takes 1,024 (from a differential fuzz of the two paths). It
+    also kept integers beyond 64 bits, which orjson makes floats (FP32 data refused), and quoted
+    Python's own advice for 5,000 digits."""
+    row = b'"data": [[1, 2, 3, 4]]}], '
+    def body(depth):
+        return (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], ' + row
+                + b'"zz": ' + b"[" * (depth - 1) + b"1e400" + b"]" * (depth - 1) + b"}")
+
+    def decode_from_depth(frames, raw):
+        return decode(one_input("FP32"), raw) if frames == 0 else decode_from_depth(frames - 1, raw)
+
+    for frames in (0, 600):
+        assert decode_from_depth(frames, body(1024)).inputs["x"].tolist() == [[1, 2, 3, 4]]
+        with pytest.raises(InvalidInput, match="nested too deeply"):
+            decode_from_depth(frames, body(1025))
+    huge = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [[-9223372036854775809, 1, 2, 3]]}]'
+    assert decode(one_input("FP32"), huge + b', "zz": 1e400}').inputs["x"][0, 0] == np.float32(-2**63)
+    with pytest.raises(InvalidInput, match="an integer of 5,000 digits$"):
+        decode(one_input("FP32"), b'{"zz": [1e400, ' + b"7" * 5000 + b"]}")
