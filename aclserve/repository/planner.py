@@ -4,8 +4,9 @@
 `plans` turns it into the desired state (settle.SettleGate: complete files only, the version
 policy, refused files left out) and diffs that against what was acted on (plan.diff). On top:
 a model whose config broke keeps serving what it has (its versions whose files are still
-there), and models unloaded through the API are left alone. Each scan problem and note is logged once (a scan runs on every change in poll
-mode). Owned by the ModelRepository; loop thread only.
+there), and models unloaded through the API are left alone. Each scan problem and note is
+logged once (a scan runs on every change in poll mode). Owned by the ModelRepository; loop
+thread only.
 """
 from __future__ import annotations
 

@@ -118,19 +118,20 @@ class Device:
                     + ("tried again later" if error is RoomPromised else
                        "unload a model or lower memory_reserve_fraction"))
             self._promised += needed
-        left = [needed]
+        left = needed
 
         def took(size: int) -> None:
-            taken = min(device_bytes(size), left[0])
+            nonlocal left
             with self._lock:
-                left[0] -= taken
+                taken = min(device_bytes(size), left)
+                left -= taken
                 self._promised -= taken
 
         try:
             yield took
         finally:
             with self._lock:
-                self._promised -= left[0]
+                self._promised -= left
 
     def close(self, reset: bool = True) -> None:
         """Destroy the management context and reset the device; without `reset` (a device still
