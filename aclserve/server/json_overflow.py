@@ -41,54 +41,60 @@ def loads_keeping_overflow(raw: bytes | memoryview):
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidInput(f"request body is not valid JSON: {e}") from None
     except RecursionError:
-        raise InvalidInput("request body is not valid JSON: nested too deeply") from None
-    if _SURROGATE_ESCAPE.search(text):  # (raw surrogate bytes are invalid UTF-8: refused above)
-        _refuse_lone_surrogates(doc)
+        raise InvalidInput(_TOO_DEEP) from None
+    # (raw surrogate bytes are invalid UTF-8: refused above)
+    _check_parsed(doc, strings=_SURROGATE_ESCAPE.search(text) is not None)
     return doc
 
 
 def _decode_nested(text: str):
     """The stdlib parses as deep as the interpreter's recursion limit less its caller's own depth,
     which differs from one HTTP path to the other: it is given room for MAX_DEPTH levels
-    wherever it is called from, and deeper documents are refused as orjson refuses them."""
+    wherever it is called from (_check_parsed refuses deeper documents as orjson does)."""
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(limit + MAX_DEPTH + 64)
     try:
-        doc = _stdlib.decode(text)
+        return _stdlib.decode(text)
     finally:
         sys.setrecursionlimit(limit)
-    stack = [(doc, 1)] if type(doc) in (list, dict) else []
-    while stack:
-        value, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise RecursionError
-        children = value.values() if type(value) is dict else value
-        if type(value) is dict or not _NUMBERS.issuperset(map(type, value)):  # (numbers passed over in C)
-            stack.extend((v, depth + 1) for v in children if type(v) in (list, dict))
-    return doc
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a \ud800-\udfff escape, or text that looks like one
 
 
 _NUMBERS = frozenset({int, float, bool, type(None)})
+_TOO_DEEP = "request body is not valid JSON: nested too deeply"
 
 
-def _refuse_lone_surrogates(doc) -> None:
-    """InvalidInput when a key or string of the parsed `doc` holds a lone surrogate (no
-    recursion: the stdlib parses up to the interpreter's recursion limit)."""
-    stack = [doc]
+def _check_parsed(doc, strings: bool) -> None:
+    """One walk of the parsed `doc` (no recursion), a list of numbers passed over in C:
+    InvalidInput past MAX_DEPTH levels, and with `strings` when a key or string holds a lone
+    surrogate (said only once the depth has passed, as orjson would refuse the depth first)."""
+    walked = (str, list, dict) if strings else (list, dict)
+    lone = False
+    stack = [(doc, 1)] if type(doc) in walked else []
     while stack:
-        value = stack.pop()
+        value, depth = stack.pop()
+        if type(value) is str:
+            lone = lone or (not value.isascii() and not _encodes(value))
+            continue
+        if depth > MAX_DEPTH:
+            raise InvalidInput(_TOO_DEEP)
         if type(value) is dict:
-            stack.extend(value)
-            stack.extend(value.values())
-        elif type(value) is list:
-            if not _NUMBERS.issuperset(map(type, value)):  # (a list of numbers is passed over in C)
-                stack.extend(v for v in value if type(v) in (str, list, dict))
-        elif type(value) is str and not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidInput("request body is not valid JSON: a string holds a lone surrogate "
-                                   "(a \\ud800-\\udfff escape without its pair)") from None
+            children = [*value, *value.values()] if strings else value.values()
+        elif _NUMBERS.issuperset(map(type, value)):
+            continue
+        else:
+            children = value
+        stack.extend((v, depth + 1) for v in children if type(v) in walked)
+    if lone:
+        raise InvalidInput("request body is not valid JSON: a string holds a lone surrogate "
+                           "(a \\ud800-\\udfff escape without its pair)")
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
