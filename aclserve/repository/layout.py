@@ -314,6 +314,12 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
                 result.notes.append(f"{name}: {why}")
             else:
                 result.problems[name] = why
+        elif not available and name.endswith(MODEL_SUFFIXES):
+            # a model file's name given to a folder (an exporter's output folder, an unpacked
+            # archive): said, where an empty model folder (being filled) is passed over quietly
+            result.problems[name] = (f"{name}/ is a folder with no version folder in it: a model file "
+                                     f"{name} is a file, and a versioned model's folder holds "
+                                     f"<version>/model.om or <version>/model.onnx")
         if not available:
             return
     else:
