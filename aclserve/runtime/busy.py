@@ -1,6 +1,7 @@
-"""How busy a stream was: the fraction of the last `window_s` seconds it spent executing.
+"""How busy a stream (or an instance) was: the fraction of the last `window_s` seconds it spent
+executing (or with a batch in flight).
 
-Fed with each batch's device compute time (event_elapsed_time of exec_start/exec_end) as the
+For a stream: fed with each batch's device compute time (event_elapsed_time of exec_start/exec_end) as the
 batch completes; the span is placed ending at the moment it was reported (the completion
 thread's wake-up), which is late by the copy-out and one wake-up, so a span may straddle the
 window's start by that much. It holds only the window's spans (dropped as new ones come, or at
@@ -32,15 +33,16 @@ class BusyWindow:
             while spans[0][0] <= end - self.window_ns:  # bounded even if nobody reads it
                 spans.popleft()
 
-    def fraction(self, now_ns: int | None = None) -> float:
-        """Busy time / wall time over the window (or since creation, when younger), in [0, 1]."""
+    def fraction(self, now_ns: int | None = None, busy_since_ns: int | None = None) -> float:
+        """Busy time / wall time over the window (or since creation, when younger), in [0, 1];
+        `busy_since_ns`: a span still going on, begun then, counts too."""
         now = self._clock() if now_ns is None else now_ns
         start = now - self.window_ns
         with self._lock:
             spans = self._spans
             while spans and spans[0][0] <= start:
                 spans.popleft()
-            busy = 0
+            busy = 0 if busy_since_ns is None else now - max(busy_since_ns, start)
             for end, length in spans:
                 busy += min(length, end - start) if end - length < start else length
         wall = min(self.window_ns, now - self._created)

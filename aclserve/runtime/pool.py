@@ -79,7 +79,6 @@ class InstancePool:
         self._pending: collections.deque[Batch] = collections.deque()
         self._closed = False
         self._close_callbacks: list[Callable[[], None]] = []
-        self._busy_mark = (time.monotonic(), 0.0)
         self.batches_failed = 0  # device failures of a batch run (each retry counted again)
         self.batches_retried = 0  # ... of which were run again on another instance
         self.rebuilds = 0  # instances replaced after leaving rotation
@@ -314,13 +313,9 @@ class InstancePool:
         return batch
 
     def busy_ratio(self) -> float:
-        """Fraction of wall time, since the previous call, during which instances had work in flight
-        (averaged over instances)."""
-        now = time.monotonic()
-        busy = sum(i.busy_seconds() for i in self.instances) / len(self.instances)
-        then, busy_then = self._busy_mark
-        self._busy_mark = (now, busy)
-        return 0.0 if now <= then else min(1.0, max(0.0, (busy - busy_then) / (now - then)))
+        """Fraction of the last 10 s the instances had work in flight (averaged over instances)."""
+        instances = self.instances
+        return sum(i.busy_fraction() for i in instances) / len(instances)
 
     def utilisation(self) -> list[dict]:
         """Per instance: the fraction of the last BusyWindow seconds its compute stream executed

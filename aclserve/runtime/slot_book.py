@@ -6,8 +6,8 @@ new batch while it must reset its streams after a device fault (until nothing el
 flight), once it is out of rotation for good (`broken`: a batch past the execution timeout, a
 context stopped on a failed batch, or a stream reset that failed; the pool builds a
 replacement), or once its close has begun
-(`closing`). Also kept here, for /metrics: the wall time with work in flight (`busy_seconds`)
-and the failed batches by ACL error code (`faults`).
+(`closing`). Also kept here, for /metrics: the fraction of the last 10 s with work in flight
+(`busy_fraction`) and the failed batches by ACL error code (`faults`).
 
 ModelInstance is a SlotBook, so the pool's per-batch calls (free_count, try_reserve, reads of
 `broken`) reach it without a forwarding call. Everything here is written under `lock`, the
@@ -21,6 +21,7 @@ import collections
 import threading
 import time
 
+from .busy import BusyWindow
 from .slot import Slot
 
 
@@ -37,8 +38,8 @@ class SlotBook:
         self.broken: str | None = None  # reason, once the instance is out of rotation for good
         self.faults: collections.Counter[int] = collections.Counter()  # failed batches by ACL code
         self.closing = False  # close() has begun (the first caller does the work): no new batch
-        self._busy_since: float | None = None
-        self._busy_total = 0.0
+        self._busy_since: int | None = None  # perf_counter_ns() when in_flight left 0
+        self._busy = BusyWindow()  # the spans with work in flight, as they end
 
     def free_count(self) -> int:
         with self.lock:
@@ -49,7 +50,7 @@ class SlotBook:
             if self._needs_reset or self.broken or self.closing or not self._free:
                 return None
             if self.in_flight == 0:
-                self._busy_since = time.monotonic()
+                self._busy_since = time.perf_counter_ns()
             self.in_flight += 1
             return self._free.pop()
 
@@ -59,14 +60,17 @@ class SlotBook:
             self.in_flight -= 1
             self._free.append(slot)
             if self.in_flight == 0 and self._busy_since is not None:
-                self._busy_total += time.monotonic() - self._busy_since
+                now = time.perf_counter_ns()
+                self._busy.add(now - self._busy_since, now)
                 self._busy_since = None
             return self._needs_reset and self.in_flight == 0 and not self.closing and not self.broken
 
-    def busy_seconds(self) -> float:
+    def busy_fraction(self) -> float:
+        """The fraction of the last 10 s with a batch in flight. Read-only: scrapes do not
+        shorten each other's window."""
         with self.lock:
-            extra = time.monotonic() - self._busy_since if self._busy_since is not None else 0.0
-            return self._busy_total + extra
+            since = self._busy_since
+        return self._busy.fraction(busy_since_ns=since)
 
     def count_failure(self, code: int | None, needs_reset: bool) -> None:
         """A batch failed, with ACL error `code` when the device named one; `needs_reset`: the

@@ -43,7 +43,7 @@ class InstanceGroup(Protocol):
         """Why no instance can run a batch now (all out of rotation, rebuilding failing), or None."""
 
     def busy_ratio(self) -> float:
-        """Fraction of the instances' slots running a batch now."""
+        """Fraction of the last 10 s the instances had a batch in flight (averaged over them)."""
 
     def utilisation(self) -> list[dict]:
         """One row per instance: {"instance", "device", "compute_busy"}."""

@@ -167,7 +167,8 @@ class _LiveCollector:
         depth = GaugeMetricFamily("aclserve_queue_depth", "Requests waiting, per priority level",
                                   labels=["model", "version", "priority"])
         busy = GaugeMetricFamily("aclserve_instance_busy_ratio",
-                                 "Fraction of instance slots running a batch", labels=["model", "version"])
+                                 "Fraction of the last 10 s the model's instances had a batch in flight "
+                                 "(averaged over instances)", labels=["model", "version"])
         compute = GaugeMetricFamily(
             "aclserve_compute_busy_ratio", COMPUTE_BUSY_HELP, labels=["model", "version", "instance", "device"])
         per_device: dict[int, float] = {}

@@ -1,11 +1,14 @@
 """The compute-stream busy fraction: a sliding window over device times from events (the
-batches' compute spans over the window's wall time)."""
+batches' compute spans over the window's wall time); the instances' in-flight fraction."""
 from __future__ import annotations
 
+import threading
+
+from aclserve.acl.cpu import faults
 from aclserve.runtime import open_pool
 from aclserve.runtime.busy import BusyWindow
 from aclserve.runtime.futures import BatchFutures
-
+from tests.tiny_models import affine_request
 
 
 def test_busy_window_over_a_fake_clock():
@@ -30,10 +33,42 @@ def test_busy_window_over_a_fake_clock():
     assert len(window._spans) <= 101
 
 
+def test_a_span_still_going_on_counts_from_its_start_or_the_windows():
+    now = [0]
+    window = BusyWindow(window_s=1.0, clock=lambda: now[0])
+    now[0] = 5_000_000_000
+    window.add(200_000_000)  # [4.8, 5.0]
+    now[0] = 5_400_000_000
+    assert abs(window.fraction(busy_since_ns=5_300_000_000) - 0.3) < 1e-9  # 0.2 + [5.3, 5.4]
+    assert window.fraction(busy_since_ns=1_000_000_000) == 1.0  # busy for longer than the window
+
+
+def test_the_instances_in_flight_fraction_is_read_without_restarting_its_window(runtime, affine_om, clean_faults):
+    """/metrics' aclserve_instance_busy_ratio counted from the previous scrape, so two scrapers
+    (or a person's curl beside Prometheus) shortened each other's window to nothing: found by an
+    accounting audit. A batch held on the device keeps the instance busy at every read."""
+    pool = open_pool(runtime, affine_om(), "affine")
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        assert pool.busy_ratio() == 0.0
+        held = faults.inject("execute", nth=1, hold=gate)
+        future = done.submit([affine_request(1)], 1)
+        while not held.fired:
+            gate.wait(0.01)
+        assert 0.0 < pool.busy_ratio() <= pool.busy_ratio()  # while it runs, growing
+        gate.set()
+        future.result(30)
+        pool.busy_ratio()  # one scraper
+        assert pool.busy_ratio() > 0.0  # the next: the span, ended, is still in its window
+    finally:
+        gate.set()
+        pool.close()
+
+
 def test_the_compute_stream_window_gets_each_batchs_compute_time_from_its_events(runtime, affine_om):
     """The instance's window (over a clock the test holds still) gets each batch's compute time
     as its events measured it, once per batch, and the pool reports that window's fraction."""
-    from tests.tiny_models import affine_request
     pool = open_pool(runtime, affine_om(), "affine", slots=2)
     done = BatchFutures(pool)
     try:

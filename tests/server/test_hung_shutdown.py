@@ -91,7 +91,6 @@ def test_sigterm_while_a_batch_hangs_ends_the_process(hung_model, tmp_path):
         else:
             pytest.fail("the server never became ready")
         busy = 'model="affine",version="1"'
-        metric(server.url, "aclserve_instance_busy_ratio", busy)  # the ratio counts from here
         client.start()
         while not metric(server.url, "aclserve_instance_busy_ratio", busy):  # the batch is on the device
             time.sleep(0.02)
