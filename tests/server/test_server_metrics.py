@@ -1,6 +1,7 @@
 """/metrics on the real server, parsed with prometheus-client's own parser."""
 import asyncio
 import json
+import threading
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -50,6 +51,27 @@ def test_metrics_after_requests(server):
     assert value(found, "aclserve_device_memory_total_bytes", device="0") > 0
     assert "aclserve_device_memory_used_bytes" in found
     assert value(found, "aclserve_model_load_duration_seconds_count", model="affine") >= 1
+
+
+def test_requests_in_flight_while_a_batch_is_held_on_the_device_and_after(server, clean_faults):
+    from aclserve.acl.cpu import faults
+    from tests.serving import request
+    from tests.server.hostile import metric
+
+    gate = threading.Event()
+    held = faults.inject("execute", nth=1, hold=gate)
+    answer = {}
+    client = threading.Thread(target=lambda: answer.update(r=request(server, "POST", "/v2/models/affine/infer", json=BODY)))
+    client.start()
+    try:
+        while not held.fired:
+            gate.wait(0.01)
+        assert metric(server.url, "aclserve_requests_in_flight") == 1
+    finally:
+        gate.set()
+        client.join(30)
+    assert answer["r"][0] == 200
+    assert metric(server.url, "aclserve_requests_in_flight") == 0
 
 
 def test_unloaded_versions_leave_no_series_and_no_created_samples(models_dir, tmp_path):
