@@ -15,8 +15,11 @@ The HTTP limits, as grpc core spells them (server_options): at most `max_connect
 once (maximum_concurrent_rpcs: HTTP runs at most one request per connection, so both transports
 admit as many requests; the next call is answered RESOURCE_EXHAUSTED "Concurrent RPC limit
 exceeded!" by grpc itself) and at most `max_connections` connections (more are closed as they
-are accepted; the descriptor limit is raised to fit both transports), CALLS_PER_CONNECTION
-calls per connection, a connection that has not said hello within `header_timeout_s` closed,
+are accepted; the descriptor limit is raised to fit both transports), with no cap of calls per
+connection but that one, as in Triton (grpc.max_concurrent_streams at HTTP/2's advised 100 failed
+calls below it: grpc core counts a finished call against that cap until its cleanup, so a client
+keeping 150 calls in flight on one channel, as tritonclient's async_infer does, had one in ten
+refused "Stream removed", where it should have waited), a connection that has not said hello within `header_timeout_s` closed,
 and one without calls closed after `keepalive_timeout_s`. A connection with calls open that
 stops answering pings is closed after PING_AFTER_S + PING_TIMEOUT_S; a call whose message
 stops half-way ends after `body_timeout_s` (grpc_intake.receive, every method). Every
@@ -44,7 +47,6 @@ from .grpc_service import InferenceServicer
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 2**31 - 1  # what protobuf can carry at all
-CALLS_PER_CONNECTION = 100  # HTTP/2's advised minimum; one client cannot take every call slot
 PING_AFTER_S = 60  # a connection with calls open and nothing received this long is pinged,
 PING_TIMEOUT_S = 20  # and closed when the ping is not answered in this (a dead or stalled peer)
 
@@ -82,7 +84,6 @@ def server_options(config, max_message_bytes: int, connections: int) -> list[tup
         ("grpc.max_send_message_length", MAX_MESSAGE),
         ("grpc.so_reuseport", 0),  # a second server on a taken port must fail, not share it
         ("grpc.max_allowed_incoming_connections", connections),
-        ("grpc.max_concurrent_streams", CALLS_PER_CONNECTION),
         ("grpc.server_handshake_timeout_ms", ms(config.header_timeout_s)),
         ("grpc.max_connection_idle_ms", ms(config.keepalive_timeout_s)),
         ("grpc.keepalive_time_ms", ms(PING_AFTER_S)),

@@ -33,6 +33,8 @@ def grpc_models(models_dir, tmp_path_factory):
     # fill no gear, so they wait until 8 rows arrive: the test decides when a batch runs
     shutil.copy(models_dir / "affine.om", root / "slow.om")
     (root / "slow.yaml").write_text("batching: {max_queue_delay_ms: 60000}\n")
+    shutil.copy(models_dir / "affine.om", root / "roomy.om")  # a queue for 150 calls at once
+    (root / "roomy.yaml").write_text("batching: {default_queue_policy: {max_queue_size: 200}}\n")
     return root
 
 
@@ -194,6 +196,25 @@ def test_aio_client_concurrent_requests_and_stream(grpc_server, reference):
             for i in range(4):
                 np.testing.assert_allclose(seen[f"s{i}"], reference(xs[i], IDX)["y"], rtol=1e-5)
     asyncio.run(scenario())
+
+
+def test_a_client_keeping_150_calls_in_flight_on_one_channel_gets_every_answer(grpc_server, reference):
+    """A per-connection cap of 100 calls (grpc.max_concurrent_streams) failed about one call in
+    ten "Stream removed" (RST_STREAM REFUSED_STREAM) for such a client: grpc core counts a
+    finished call against the cap until its cleanup, so the client, waiting for its own count
+    to drop, still went over (found by a differential fuzz of gRPC against HTTP)."""
+    client = grpcclient.InferenceServerClient(grpc_server.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    try:
+        for _ in range(3):
+            for i in range(150):
+                client.async_infer("roomy", affine_inputs(X + i), lambda result, error, i=i: answers.put((i, result, error)))
+            for _ in range(150):
+                i, result, error = answers.get(timeout=60)
+                assert error is None, f"{error.status()} {error.message()}"
+                np.testing.assert_allclose(result.as_numpy("y"), reference(X + i, IDX)["y"], rtol=1e-5)
+    finally:
+        client.close()
 
 
 def test_sync_stream(client, reference):
