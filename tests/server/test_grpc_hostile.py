@@ -12,6 +12,7 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 
 from aclserve.server.grpc_server import GrpcServer
 
+from tests.server.grpc_raw import INFER
 from tests.serving import ServerThread, free_port, server_config, started_app
 
 INVALID, NOT_FOUND = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
@@ -20,12 +21,17 @@ IDX = np.ones((2, 3), np.int64)
 
 
 @pytest.fixture(scope="module")
-def stub(models_dir, tmp_path_factory):
+def channel(models_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("grpc_hostile")
     shutil.copy(models_dir / "affine.om", root / "affine.om")
     with ServerThread(server_config(root, grpc_port=free_port(), model_control_mode="none")) as srv:
         with grpc.insecure_channel(f"127.0.0.1:{srv.config.grpc_port}") as channel:
-            yield pbg.GRPCInferenceServiceStub(channel)
+            yield channel
+
+
+@pytest.fixture(scope="module")
+def stub(channel):
+    return pbg.GRPCInferenceServiceStub(channel)
 
 
 def good(**fields) -> pb.ModelInferRequest:
@@ -99,6 +105,25 @@ def test_bad_infer_requests_get_a_status_naming_the_problem(stub, case):
         stub.ModelInfer(build())
     assert e.value.code() == code, e.value.details()
     assert text in e.value.details() and "Traceback" not in e.value.details()
+
+
+def test_a_message_refused_before_it_is_parsed_counts_as_a_failure_of_the_model_it_names(channel, stub):
+    """As an HTTP body refused while decoded counts on the model of its URL (found by a
+    differential fuzz of gRPC against HTTP: the statistics and /metrics left these out)."""
+    def failures():
+        stats = stub.ModelStatistics(pb.ModelStatisticsRequest(name="affine")).model_stats[0]
+        return stats.inference_stats.fail.count
+
+    raw = channel.unary_unary(INFER, request_serializer=None, response_deserializer=None)
+    before = failures()
+    whole = good().SerializeToString()
+    with pytest.raises(grpc.RpcError) as e:
+        raw(whole[:-5])  # the last raw_input_contents cut short: not protobuf wire data
+    assert e.value.code() == INVALID, e.value.details()
+    assert failures() == before + 1
+    with pytest.raises(grpc.RpcError) as e:  # names no model that is served: counted nowhere
+        raw(pb.ModelInferRequest(model_name="nope").SerializeToString() + whole[-5:])
+    assert e.value.code() == INVALID and failures() == before + 1
 
 
 def test_extreme_but_valid_parameters_are_served(stub):
