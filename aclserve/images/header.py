@@ -26,6 +26,11 @@ _NO_LENGTH = {0x01, 0xD8} | set(range(0xD0, 0xD8))  # TEM, SOI, RST0-7
 # packed into a body cost the probe about 1 s per 8 MB, and server/images.py probes every picture
 # on the event loop to charge its decode
 MAX_SEGMENTS = 1024
+# Scans a JPEG coded in several (progressive) may have: libjpeg's progressive script writes 10,
+# optimisers a few more; each is a pass over the coefficients of the whole picture, so a few KB
+# of repeated scans held a decode thread for seconds (4000 x 4000, 1,000 scans: 11 s)
+MAX_SCANS = 64
+_SOS = re.compile(rb"\xff\xda")  # in entropy-coded data a 0xFF is followed by 0x00: markers only
 SMALL_CHUNK = 4096  # a PNG chunk under this many bytes counts toward MAX_SEGMENTS (the walk is per chunk)
 _NOT_FILL = re.compile(rb"[^\xff]")
 _OTHER_FORMATS = ((b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
@@ -147,6 +152,8 @@ def _jpeg(data) -> ImageInfo:
             # component, progressive or not (jdinput.c: has_multiple_scans)
             if pos + 2 < n and data[pos + 2] < components:
                 frame = dataclasses.replace(frame, buffered=True)
+            if frame.buffered:
+                _check_scans(data, pos)
             return frame
         pos += length
     else:
@@ -155,6 +162,14 @@ def _jpeg(data) -> ImageInfo:
     if frame is not None:  # no scan header within reach: what the frame says
         return frame
     raise ImageError("JPEG is truncated before its frame header")
+
+
+def _check_scans(data, pos: int) -> None:
+    """Refuse a JPEG of more than MAX_SCANS scans (its first one at `pos`), counted in C."""
+    for count, _ in enumerate(_SOS.finditer(data, pos), start=2):
+        if count > MAX_SCANS:
+            raise ImageError(f"JPEG has more than {MAX_SCANS} scans (a progressive JPEG has about 10; "
+                             f"each one is a pass over the whole picture)")
 
 
 def _samples_per_pixel(sampling: bytes) -> float:

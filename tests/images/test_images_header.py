@@ -106,6 +106,24 @@ def test_a_jpeg_of_many_segments_before_its_frame_is_refused_at_once():
     assert probe(fill).width == 53 and probe(memoryview(fill)).width == 53  # (skipped by a regex, in C)
 
 
+def test_a_jpeg_of_more_than_64_scans_is_refused_by_the_probe():
+    """The last scan of a progressive JPEG repeated: 94 KB of them (4000 x 4000, 1,000 scans)
+    held a decode thread for 11 s and every image request behind it (found by a fuzz of the
+    image inputs). Sequential multi-scan JPEGs are counted too; a one-scan baseline is not walked."""
+    progressive = encode(gradient(40, 48), "JPEG", progressive=True)
+    scans = progressive.count(b"\xff\xda")
+    assert 1 < scans < 64 and probe(progressive).progressive
+    last = progressive.rindex(b"\xff\xda")
+
+    def with_scans(total: int) -> bytes:
+        return progressive[:-2] + progressive[last:-2] * (total - scans) + b"\xff\xd9"
+    assert probe(with_scans(64)).width == 48 and probe(memoryview(with_scans(64))).width == 48
+    with pytest.raises(ImageError, match="more than 64 scans"):
+        probe(with_scans(65))
+    baseline = encode(gradient(40, 48), "JPEG")
+    assert probe(baseline + b"\xff\xda" * 100).baseline  # bytes after the first scan are not read
+
+
 def test_only_the_first_exif_segment_counts_as_pillow_reads_it():
     """A second EXIF segment's Orientation is not the picture's (Pillow, which decodes it, reads
     the first); each one read walked its entries on the event loop (1,000 of 64 KB: 1 s)."""
