@@ -12,6 +12,8 @@ import re
 import struct
 from dataclasses import dataclass
 
+from PIL import PngImagePlugin
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_SOI = b"\xff\xd8"
 # Start-of-frame markers carry the size: SOF0-3, 5-7, 9-11, 13-15 (not DHT C4, JPG C8, DAC CC).
@@ -33,6 +35,10 @@ MAX_SCANS = 64
 _SOS = re.compile(rb"\xff\xda")  # in entropy-coded data a 0xFF is followed by 0x00: markers only
 SMALL_CHUNK = 4096  # a PNG chunk under this many bytes counts toward MAX_SEGMENTS (the walk is per chunk)
 _NOT_FILL = re.compile(rb"[^\xff]")
+# Text chunks Pillow reads into the image's info, by how much larger they may grow (deflate
+# inflates at most 1,032-fold), and its caps on them (PIL.PngImagePlugin)
+_PNG_TEXT = {b"tEXt": 1, b"zTXt": 1032, b"iTXt": 1032}
+MAX_TEXT_CHUNK, MAX_TEXT_MEMORY = PngImagePlugin.MAX_TEXT_CHUNK, PngImagePlugin.MAX_TEXT_MEMORY
 _OTHER_FORMATS = ((b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
 
 
@@ -53,6 +59,7 @@ class ImageInfo:
     buffered: bool = False  # JPEG: libjpeg keeps every DCT coefficient while decoding (progressive, or
     # a first scan of fewer components than the frame: a sequential JPEG in several scans)
     alpha: bool = False  # PNG: palette or alpha colour type (decoded through RGBA)
+    text_bytes: int = 0  # PNG: what Pillow may hold of its text chunks once read (inflated), at most
 
 
 def probe(data: bytes | memoryview) -> ImageInfo:
@@ -86,24 +93,29 @@ def _png(data) -> ImageInfo:
         raise ImageError("PNG is truncated or has no IHDR header")
     width, height = struct.unpack(">II", bytes(data[16:24]))
     color_type = data[25] if len(data) > 25 else 0
-    _png_small_chunks(data)
-    return ImageInfo("PNG", width, height, alpha=color_type in _PNG_ALPHA_TYPES)
+    return ImageInfo("PNG", width, height, alpha=color_type in _PNG_ALPHA_TYPES, text_bytes=_png_chunks(data))
 
 
-def _png_small_chunks(data) -> None:
+def _png_chunks(data) -> int:
     """Refuse a PNG of more than MAX_SEGMENTS chunks under SMALL_CHUNK bytes, wherever they are
     (real ones have a few: PLTE, tRNS, gAMA, pHYs, some text, a last IDAT; image data comes in
     chunks of 8 or 64 KB): Pillow reads each chunk in Python, holding a decode thread about 1 s
     for 500,000 empty ones (6 MB), before the image data, in it or after it. A truncated PNG is
-    left to the decode."""
-    n, pos, small = len(data), 8, 0
+    left to the decode. Returns what its text chunks may hold once Pillow has read them: each
+    inflated (zTXt, iTXt) to at most its MAX_TEXT_CHUNK, all of them kept up to its
+    MAX_TEXT_MEMORY (60 zTXt chunks of 1 MB each in a 63 KB picture held 60 MB)."""
+    n, pos, small, text = len(data), 8, 0, 0
     while pos + 8 <= n:
         (length,) = struct.unpack(">I", bytes(data[pos:pos + 4]))
         if length < SMALL_CHUNK:
             small += 1
             if small > MAX_SEGMENTS:
                 raise ImageError(f"PNG has more than {MAX_SEGMENTS} chunks of under {SMALL_CHUNK} bytes")
+        kind = bytes(data[pos + 4:pos + 8])
+        if kind in _PNG_TEXT:
+            text += min(MAX_TEXT_CHUNK, length * _PNG_TEXT[kind])
         pos += 12 + length  # length, type, data, CRC
+    return min(text, MAX_TEXT_MEMORY + MAX_TEXT_CHUNK)  # (Pillow stops once past MAX_TEXT_MEMORY)
 
 
 def _jpeg(data) -> ImageInfo:

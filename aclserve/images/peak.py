@@ -8,6 +8,7 @@ RGBA); a JPEG decodes at the draft size libjpeg scales it to (1/1 to 1/8 a side:
 1/8, 10.1 at 1/1, with a full-size target), and a progressive one besides holds all its DCT
 coefficients, two bytes a sample (6.2 for 4:4:4 YCbCr at 1/8, 8.2 for CMYK, 3.2 for 4:2:0), as
 does a sequential one coded in several scans (6.1 for 4:4:4 at 1/8, 6000 x 6000, 2026-12-02).
+A PNG's text chunks add what Pillow may keep of them once inflated (header.ImageInfo.text_bytes).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def decode_peak_bytes(info: ImageInfo, plan: ImagePlan) -> int:
     pixels = info.width * info.height
     target = plan.width * plan.height * TARGET_BYTES
     if info.format == "PNG":
-        return int(pixels * (PNG_ALPHA_BYTES if info.alpha else PNG_BYTES)) + target
+        return int(pixels * (PNG_ALPHA_BYTES if info.alpha else PNG_BYTES)) + info.text_bytes + target
     scale = draft_scale(info.width, info.height,
                         jpeg_draft_request(info.width, info.height, info.orientation, plan))
     drafted = -(-info.width // scale) * -(-info.height // scale)
