@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import re
 
 from ..errors import InvalidInput
 from ..runtime.types import TensorSpec
@@ -122,8 +123,24 @@ def json_elements(name: str, data, count: int) -> list[bytes]:
         try:
             out.append(base64.b64decode(text, validate=True))
         except (binascii.Error, ValueError):
-            raise InvalidInput(f"input '{name}' row {row}: not valid base64") from None
+            raise InvalidInput(f"input '{name}' row {row}: not valid base64{_base64_hint(text)}") from None
     return out
+
+
+_BASE64_HINTS = ((re.compile(r"\s"), "a space or line break (base64 tools wrap lines: `base64 -w0`)"),
+                 (re.compile(r"^data:"), "a data: URI prefix (send what follows the comma)"),
+                 (re.compile(r"[-_]"), "'-' or '_' (the URL-safe alphabet; standard base64 uses '+' and '/')"),
+                 (re.compile(r"[^A-Za-z0-9+/=]"), "a character outside the base64 alphabet"))
+
+
+def _base64_hint(text: str) -> str:
+    """What a string refused as base64 holds that the standard alphabet does not (checked only
+    once it was refused), or what else is wrong with it."""
+    for pattern, what in _BASE64_HINTS:
+        found = pattern.search(text, 0, 1 << 20)  # a bounded look: the message is a courtesy
+        if found is not None:
+            return f": it has {what} at character {found.start()}"
+    return ": its length is not a multiple of 4 (padding '=' missing?)" if len(text) % 4 else ""
 
 
 def raw_input(spec: TensorSpec, body: bytes) -> list[memoryview]:
