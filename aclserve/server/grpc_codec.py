@@ -78,6 +78,8 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
             raise InvalidInput(f"input '{name}' has contents but the request uses raw_input_contents "
                                f"(use one or the other for every input)")
         if tensor.datatype == "BYTES" == spec.datatype:  # encoded images (bytes_codec)
+            if not raw:
+                _only_field(name, tensor.contents, "bytes_contents", spec.datatype)
             arrays[name], rows = decode_bytes_input(name, shape, raw[i] if raw else None,
                                                     tensor.contents.bytes_contents, spec, sig.max_batch_size, rows)
             continue
@@ -101,16 +103,21 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
     return req
 
 
+def _only_field(name: str, contents, field: str, datatype: str) -> None:
+    """Refuse typed contents in another field than `datatype`'s (they would be read as none)."""
+    for other, values in contents.ListFields():
+        if other.name != field and len(values):
+            raise InvalidInput(f"input '{name}': contents.{other.name} given for {datatype} "
+                               f"(expected contents.{field})")
+
+
 def _from_contents(name: str, contents, spec, shape: list[int], count: int) -> np.ndarray:
     entry = CONTENTS_FIELDS.get(spec.datatype)
     if entry is None:
         raise InvalidInput(f"input '{name}': {spec.datatype} has no typed contents field; "
                            f"send it in raw_input_contents")
     field, wire_type = entry
-    for other, values in contents.ListFields():
-        if other.name != field and len(values):
-            raise InvalidInput(f"input '{name}': contents.{other.name} given for {spec.datatype} "
-                               f"(expected contents.{field})")
+    _only_field(name, contents, field, spec.datatype)
     values = getattr(contents, field)
     if len(values) != count:
         raise InvalidInput(f"input '{name}': contents.{field} has {len(values)} elements but shape "

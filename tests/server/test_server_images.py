@@ -119,6 +119,10 @@ def test_pictures_over_grpc_raw_and_typed_contents(image_server):
     bad.set_data_from_numpy(np.array([b"not a picture"], dtype=object))
     with pytest.raises(Exception, match="input 'x' row 0: not a JPEG or PNG image"):
         client.infer("digits_image", [bad])
+    wrong_field = pb.ModelInferRequest(model_name="digits_image", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="x", datatype="BYTES", shape=[1], contents=pb.InferTensorContents(int_contents=[1]))])
+    with pytest.raises(Exception, match=r"contents.int_contents given for BYTES \(expected contents.bytes_contents\)"):
+        client._client_stub.ModelInfer(wrong_field)  # (it said bytes_contents had 0 elements)
 
 
 def test_curl_style_json_base64_and_raw_binary(image_server):
