@@ -64,7 +64,8 @@ def draft_scale(width: int, height: int, request: tuple[int, int]) -> int:
 
 def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, max_side: int,
                   info: ImageInfo | None = None) -> np.ndarray:
-    """uint8 [H, W, C] in the plan's colour order. Raises ImageError (message safe to show)."""
+    """uint8 [H, W, C] in the plan's colour order, fitted to its size (letterbox: the picture
+    inside, which the plan's to_row pads). Raises ImageError (message safe to show)."""
     info = info or probe(data)
     check_size(info, max_pixels, max_side)
     mode = "L" if plan.color == "gray" else "RGB"
@@ -90,8 +91,6 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
         # what Pillow's parsers raise on malformed data (struct.error & co from truncated fields)
         raise ImageError(f"{info.format} could not be decoded ({_short(e)})") from None
     pixels = np.asarray(im)
-    if plan.resize == "letterbox":
-        pixels = _pad(pixels, plan)
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     if plan.color == "bgr":
@@ -107,14 +106,6 @@ def _to_mode(im: Image.Image, mode: str) -> Image.Image:
     if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
         im = im.convert("RGBA").convert("RGB")  # drop alpha
     return im if im.mode == mode else im.convert(mode)
-
-
-def _pad(pixels: np.ndarray, plan: ImagePlan) -> np.ndarray:
-    h, w = pixels.shape[:2]
-    out = np.full((plan.height, plan.width) + pixels.shape[2:], plan.pad_value, np.uint8)
-    top, left = (plan.height - h) // 2, (plan.width - w) // 2
-    out[top:top + h, left:left + w] = pixels
-    return out
 
 
 _OBJECT_REPR = re.compile(r"<[^<>]*\bat 0x[0-9a-fA-F]+>")

@@ -49,9 +49,13 @@ class ImagePlan:
         return tuple(v.tobytes() if isinstance(v, np.ndarray) else v for v in values)
 
     def to_row(self, pixels: np.ndarray) -> np.ndarray:
-        """uint8 [H, W, C] in this plan's colour order -> one row of the model input."""
+        """uint8 [H, W, C] in this plan's colour order, fitted (letterbox: the picture inside) ->
+        one row of the model input. A letterbox is padded after `invert`: auto judges the
+        picture's own border (the padding was most of it), and the model sees pad_value as set."""
         if self.invert is True or (self.invert == "auto" and _light_border(pixels)):
             pixels = 255 - pixels
+        if self.resize == "letterbox":
+            pixels = self._pad(pixels)
         if self.dtype == np.uint8:
             return pixels
         x = pixels.astype(np.float32)
@@ -64,6 +68,13 @@ class ImagePlan:
         elif self.layout == "HW":
             x = x[:, :, 0]
         return np.ascontiguousarray(x, dtype=self.dtype)
+
+    def _pad(self, pixels: np.ndarray) -> np.ndarray:
+        h, w = pixels.shape[:2]
+        out = np.full((self.height, self.width) + pixels.shape[2:], self.pad_value, np.uint8)
+        top, left = (self.height - h) // 2, (self.width - w) // 2
+        out[top:top + h, left:left + w] = pixels
+        return out
 
     def describe(self) -> dict:
         """What model metadata shows about this input."""

@@ -48,8 +48,10 @@ def test_center_crop_and_letterbox():
     pic[:, :15] = 255  # a white band at the left edge
     crop = decode_pixels(encode(pic), plan(20, 20, resize="center_crop"), *LIMITS)
     assert crop.shape == (20, 20, 3) and crop.max() == 0  # the centre square misses the band
-    box = decode_pixels(encode(pic), plan(20, 20, resize="letterbox", pad_value=7), *LIMITS)
-    assert box.shape == (20, 20, 3)
+    boxed = plan(20, 20, resize="letterbox", pad_value=7)
+    inside = decode_pixels(encode(pic), boxed, *LIMITS)
+    box = boxed.to_row(inside)
+    assert inside.shape == (10, 20, 3) and box.shape == (20, 20, 3)
     assert (box[:5] == 7).all() and (box[15:] == 7).all()  # 80x40 fits as 20x10, padded above and below
     assert box[5:15, :3].min() > 200 and box[5:15, 5:].max() == 0
 
@@ -176,6 +178,19 @@ def test_invert():
     auto = plan(8, 8, 1, invert="auto")
     assert auto.to_row(dark_on_light)[0, 0, 0] == 5 and auto.to_row(255 - dark_on_light)[0, 0, 0] == 5
     assert plan(8, 8, 1, invert=True).to_row(dark_on_light)[3, 3, 0] == 255
+
+
+def test_a_letterbox_is_padded_after_invert_which_judges_the_picture_alone():
+    """The padding was most of a letterboxed picture's border: with pad_value 0, auto never
+    inverted a dark figure on light ground fitted into a wider box (found by a fuzz of the image
+    inputs), and `invert: true` turned the fill the model was to see into 255 - pad_value."""
+    dark_on_light = np.full((8, 4, 1), 250, np.uint8)
+    dark_on_light[2:6, 1:3] = 0
+    auto = plan(8, 8, 1, invert="auto", resize="letterbox", pad_value=0)
+    row = auto.to_row(dark_on_light)
+    assert row.shape == (8, 8, 1) and (row[:, :2] == 0).all() and (row[:, 6:] == 0).all()  # the fill as set
+    assert row[0, 2, 0] == 5 and row[3, 3, 0] == 255  # the picture inverted
+    assert plan(8, 8, 1, invert=True, resize="letterbox", pad_value=9).to_row(dark_on_light)[0, 0, 0] == 9
 
 
 @pytest.mark.parametrize("image, shape, datatype, message", [
