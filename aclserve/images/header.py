@@ -215,7 +215,10 @@ _ORIENTATION_TAG = 0x0112
 def exif_orientation(segment: bytes) -> int:
     """The Orientation tag (1-8) of an APP1 segment's EXIF data (after its length), 1 when it
     has none or is not EXIF: "Exif\\0\\0", a TIFF header (II or MM, 42, IFD0's offset), then
-    IFD0's 12-byte entries (tag, type, count, value; Orientation is one SHORT)."""
+    IFD0's 12-byte entries (tag, type, count, value or its offset). Orientation is one SHORT,
+    but Pillow, which turns the picture, takes the first value of any number type (a LONG, a
+    RATIONAL 6/1), so this reads them as it does: the DVPP decoder, which leaves turned
+    pictures to the CPU, and the decode's charge go by this."""
     if not segment.startswith(_EXIF) or len(segment) < 14:
         return 1
     tiff = segment[6:]
@@ -228,8 +231,29 @@ def exif_orientation(segment: bytes) -> int:
     (entries,) = struct.unpack(order + "H", tiff[ifd:ifd + 2])
     for i in range(min(entries, (len(tiff) - ifd - 2) // 12)):
         entry = ifd + 2 + 12 * i
-        tag, kind = struct.unpack(order + "HH", tiff[entry:entry + 4])
-        if tag == _ORIENTATION_TAG and kind == 3:  # SHORT
-            (value,) = struct.unpack(order + "H", tiff[entry + 8:entry + 10])
-            return value if 1 <= value <= 8 else 1
+        tag, kind, count = struct.unpack(order + "HHI", tiff[entry:entry + 8])
+        if tag == _ORIENTATION_TAG:
+            return _first_number(tiff, order, kind, count, entry + 8)
     return 1
+
+
+# TIFF number types Pillow reads an Orientation from: (struct format, parts: a rational's two)
+_NUMBER_TYPES = {3: ("H", 1), 4: ("I", 1), 5: ("II", 2), 6: ("b", 1), 8: ("h", 1), 9: ("i", 1),
+                 10: ("ii", 2), 11: ("f", 1), 12: ("d", 1)}
+
+
+def _first_number(tiff: bytes, order: str, kind: int, count: int, at: int) -> int:
+    """The first value of an IFD entry whose value (or its offset) is at `at`, as an orientation:
+    a whole number 1-8, else 1."""
+    number = _NUMBER_TYPES.get(kind)
+    if number is None or count < 1:
+        return 1
+    fmt = order + number[0]
+    size = struct.calcsize(fmt)
+    if size * count > 4:  # not inline: an offset from the TIFF header
+        (at,) = struct.unpack(order + "I", tiff[at:at + 4])
+    if at + size > len(tiff):
+        return 1
+    parts = struct.unpack(fmt, tiff[at:at + size])
+    value = parts[0] / parts[1] if len(parts) == 2 and parts[1] else parts[0] if len(parts) == 1 else 0
+    return int(value) if 1 <= value <= 8 and value == int(value) else 1  # (NaN and inf fail the range)

@@ -8,10 +8,12 @@ import struct
 import subprocess
 import sys
 import textwrap
+import warnings
 import zlib
 
 import numpy as np
 import pytest
+from PIL import Image, ImageOps
 
 from aclserve.images.header import ImageError, check_size, exif_orientation, probe
 from tests import REPO
@@ -154,6 +156,30 @@ def test_exif_orientation_reads_both_byte_orders_and_never_fails_on_garbage():
         for prefix in (b"II", b"MM"):
             assert 1 <= exif_orientation(b"Exif\0\0" + prefix + rng.bytes(n)) <= 8
     assert exif_orientation(b"XMP data") == 1
+
+
+@pytest.mark.parametrize("kind, count, value", [
+    (3, 1, struct.pack("<H", 6)), (3, 2, struct.pack("<HH", 5, 3)), (3, 3, struct.pack("<HHH", 7, 1, 1)),
+    (4, 1, struct.pack("<I", 8)), (4, 2, struct.pack("<II", 5, 5)), (6, 1, b"\x06"), (8, 1, struct.pack("<h", 6)),
+    (9, 1, struct.pack("<i", -6)), (5, 1, struct.pack("<II", 12, 2)), (5, 1, struct.pack("<II", 13, 2)),
+    (5, 1, struct.pack("<II", 6, 0)), (10, 1, struct.pack("<ii", -6, -1)), (11, 1, struct.pack("<f", 6.0)),
+    (11, 1, struct.pack("<f", float("nan"))), (12, 1, struct.pack("<d", 7.0)), (1, 1, b"\x06"), (7, 1, b"\x06"),
+    (2, 2, b"6\0"),
+])
+def test_exif_orientation_of_any_type_is_read_as_pillow_turns_the_picture(kind, count, value):
+    """Pillow turns a picture by the first value of an Orientation of any number type (a LONG,
+    a RATIONAL 6/1); the probe read a SHORT only (found by a fuzz of the image inputs), so the DVPP
+    decoder, which leaves turned pictures to the CPU, would have taken such a picture unturned."""
+    inline = value.ljust(4, b"\0") if len(value) <= 4 else struct.pack("<I", 26)
+    tiff = (b"II*\0" + struct.pack("<I", 8) + struct.pack("<H", 1) + struct.pack("<HHI", 0x0112, kind, count)
+            + inline + struct.pack("<I", 0) + (value if len(value) > 4 else b""))
+    data = encode(gradient(10, 20), "JPEG", exif=b"Exif\0\0" + tiff)
+    with warnings.catch_warnings(), Image.open(io.BytesIO(data)) as im:
+        warnings.simplefilter("ignore")  # Pillow warns of a tag of more entries than one
+        pillow = np.asarray(ImageOps.exif_transpose(im))
+        unturned = Image.fromarray(np.asarray(im))
+    unturned.getexif()[0x0112] = probe(data).orientation  # turned by what the probe read
+    assert np.array_equal(np.asarray(ImageOps.exif_transpose(unturned)), pillow)
 
 
 @pytest.mark.parametrize("data, message", [
