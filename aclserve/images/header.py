@@ -32,13 +32,18 @@ MAX_SEGMENTS = 1024
 # optimisers a few more; each is a pass over the coefficients of the whole picture, so a few KB
 # of repeated scans held a decode thread for seconds (4000 x 4000, 1,000 scans: 11 s)
 MAX_SCANS = 64
-_SOS = re.compile(rb"\xff\xda")  # in entropy-coded data a 0xFF is followed by 0x00: markers only
+# a scan's header, or the end of the picture (bytes after it, a phone's video or an appended
+# picture, are not its scans); in entropy-coded data a 0xFF is followed by 0x00: markers only
+_SOS_OR_EOI = re.compile(rb"\xff[\xd9\xda]")
 SMALL_CHUNK = 4096  # a PNG chunk under this many bytes counts toward MAX_SEGMENTS (the walk is per chunk)
 _NOT_FILL = re.compile(rb"[^\xff]")
-# Text chunks Pillow reads into the image's info, by how much larger they may grow (deflate
-# inflates at most 1,032-fold), and its caps on them (PIL.PngImagePlugin)
-_PNG_TEXT = {b"tEXt": 1, b"zTXt": 1032, b"iTXt": 1032}
+# Text chunks Pillow reads into the image's info: its caps on them (PIL.PngImagePlugin: a
+# compressed one inflates to at most MAX_TEXT_CHUNK, deflate at most 1,032-fold; all it keeps,
+# MAX_TEXT_MEMORY, past which it refuses the picture), and what reading one holds besides what
+# it keeps: up to 5 times its text (an uncompressed iTXt, measured; a tEXt 3 times)
+_PNG_TEXT = (b"tEXt", b"zTXt", b"iTXt")
 MAX_TEXT_CHUNK, MAX_TEXT_MEMORY = PngImagePlugin.MAX_TEXT_CHUNK, PngImagePlugin.MAX_TEXT_MEMORY
+TEXT_READING = 5
 _OTHER_FORMATS = ((b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
 
 
@@ -101,10 +106,10 @@ def _png_chunks(data) -> int:
     (real ones have a few: PLTE, tRNS, gAMA, pHYs, some text, a last IDAT; image data comes in
     chunks of 8 or 64 KB): Pillow reads each chunk in Python, holding a decode thread about 1 s
     for 500,000 empty ones (6 MB), before the image data, in it or after it. A truncated PNG is
-    left to the decode. Returns what its text chunks may hold once Pillow has read them: each
-    inflated (zTXt, iTXt) to at most its MAX_TEXT_CHUNK, all of them kept up to its
-    MAX_TEXT_MEMORY (60 zTXt chunks of 1 MB each in a 63 KB picture held 60 MB)."""
-    n, pos, small, text = len(data), 8, 0, 0
+    left to the decode. Returns what Pillow may hold of its text chunks at the peak of reading
+    them (60 zTXt chunks of 1 MB each in a 63 KB picture kept 60 MB; one tEXt of 40 MB took 120
+    MB to read)."""
+    n, pos, small, kept, largest = len(data), 8, 0, 0, 0
     while pos + 8 <= n:
         (length,) = struct.unpack(">I", bytes(data[pos:pos + 4]))
         if length < SMALL_CHUNK:
@@ -113,9 +118,12 @@ def _png_chunks(data) -> int:
                 raise ImageError(f"PNG has more than {MAX_SEGMENTS} chunks of under {SMALL_CHUNK} bytes")
         kind = bytes(data[pos + 4:pos + 8])
         if kind in _PNG_TEXT:
-            text += min(MAX_TEXT_CHUNK, length * _PNG_TEXT[kind])
+            # tEXt as it is; zTXt inflated; iTXt either (its flag is not read here)
+            text = length if kind == b"tEXt" else min(MAX_TEXT_CHUNK, 1032 * length)
+            text = max(text, length) if kind == b"iTXt" else text
+            kept, largest = kept + text, max(largest, text)
         pos += 12 + length  # length, type, data, CRC
-    return min(text, MAX_TEXT_MEMORY + MAX_TEXT_CHUNK)  # (Pillow stops once past MAX_TEXT_MEMORY)
+    return min(kept, MAX_TEXT_MEMORY + largest) + TEXT_READING * largest
 
 
 def _jpeg(data) -> ImageInfo:
@@ -177,8 +185,11 @@ def _jpeg(data) -> ImageInfo:
 
 
 def _check_scans(data, pos: int) -> None:
-    """Refuse a JPEG of more than MAX_SCANS scans (its first one at `pos`), counted in C."""
-    for count, _ in enumerate(_SOS.finditer(data, pos), start=2):
+    """Refuse a JPEG of more than MAX_SCANS scans (its first one at `pos`), counted in C up to
+    its end of image."""
+    for count, marker in enumerate(_SOS_OR_EOI.finditer(data, pos), start=2):
+        if marker.group() == b"\xff\xd9":
+            return
         if count > MAX_SCANS:
             raise ImageError(f"JPEG has more than {MAX_SCANS} scans (a progressive JPEG has about 10; "
                              f"each one is a pass over the whole picture)")
@@ -237,22 +248,24 @@ def exif_orientation(segment: bytes) -> int:
     return 1
 
 
-# TIFF number types Pillow reads an Orientation from: (struct format, parts: a rational's two)
-_NUMBER_TYPES = {3: ("H", 1), 4: ("I", 1), 5: ("II", 2), 6: ("b", 1), 8: ("h", 1), 9: ("i", 1),
-                 10: ("ii", 2), 11: ("f", 1), 12: ("d", 1)}
+# TIFF number types Pillow reads an Orientation from (struct format; a rational has two parts):
+# SHORT, LONG, RATIONAL, SBYTE, SSHORT, SLONG, SRATIONAL, FLOAT, DOUBLE, IFD, LONG8 (not SLONG8
+# nor IFD8: Pillow gives no value for those)
+_NUMBER_TYPES = {3: "H", 4: "I", 5: "II", 6: "b", 8: "h", 9: "i", 10: "ii", 11: "f", 12: "d", 13: "I",
+                 16: "Q"}
 
 
 def _first_number(tiff: bytes, order: str, kind: int, count: int, at: int) -> int:
     """The first value of an IFD entry whose value (or its offset) is at `at`, as an orientation:
-    a whole number 1-8, else 1."""
+    a whole number 1-8, else 1 (also when its values run past the data: Pillow skips the tag)."""
     number = _NUMBER_TYPES.get(kind)
     if number is None or count < 1:
         return 1
-    fmt = order + number[0]
+    fmt = order + number
     size = struct.calcsize(fmt)
     if size * count > 4:  # not inline: an offset from the TIFF header
         (at,) = struct.unpack(order + "I", tiff[at:at + 4])
-    if at + size > len(tiff):
+    if at + size * count > len(tiff):
         return 1
     parts = struct.unpack(fmt, tiff[at:at + size])
     value = parts[0] / parts[1] if len(parts) == 2 and parts[1] else parts[0] if len(parts) == 1 else 0

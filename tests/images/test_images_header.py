@@ -124,6 +124,8 @@ def test_a_jpeg_of_more_than_64_scans_is_refused_by_the_probe():
         probe(with_scans(65))
     baseline = encode(gradient(40, 48), "JPEG")
     assert probe(baseline + b"\xff\xda" * 100).baseline  # bytes after the first scan are not read
+    # bytes after the end of the picture (a phone's video, an appended picture) are not its scans
+    assert probe(progressive + b"\xff\xda\x00" * 100).progressive  # (refused as 106 scans: a review)
 
 
 def test_only_the_first_exif_segment_counts_as_pillow_reads_it():
@@ -164,7 +166,8 @@ def test_exif_orientation_reads_both_byte_orders_and_never_fails_on_garbage():
     (9, 1, struct.pack("<i", -6)), (5, 1, struct.pack("<II", 12, 2)), (5, 1, struct.pack("<II", 13, 2)),
     (5, 1, struct.pack("<II", 6, 0)), (10, 1, struct.pack("<ii", -6, -1)), (11, 1, struct.pack("<f", 6.0)),
     (11, 1, struct.pack("<f", float("nan"))), (12, 1, struct.pack("<d", 7.0)), (1, 1, b"\x06"), (7, 1, b"\x06"),
-    (2, 2, b"6\0"),
+    (2, 2, b"6\0"), (13, 1, struct.pack("<I", 6)), (16, 1, struct.pack("<Q", 5)), (17, 1, struct.pack("<q", 6)),
+    (18, 1, struct.pack("<Q", 6)), (3, 1000, struct.pack("<HHH", 6, 6, 6)),  # (values past the data)
 ])
 def test_exif_orientation_of_any_type_is_read_as_pillow_turns_the_picture(kind, count, value):
     """Pillow turns a picture by the first value of an Orientation of any number type (a LONG,
@@ -174,10 +177,11 @@ def test_exif_orientation_of_any_type_is_read_as_pillow_turns_the_picture(kind, 
     tiff = (b"II*\0" + struct.pack("<I", 8) + struct.pack("<H", 1) + struct.pack("<HHI", 0x0112, kind, count)
             + inline + struct.pack("<I", 0) + (value if len(value) > 4 else b""))
     data = encode(gradient(10, 20), "JPEG", exif=b"Exif\0\0" + tiff)
-    with warnings.catch_warnings(), Image.open(io.BytesIO(data)) as im:
-        warnings.simplefilter("ignore")  # Pillow warns of a tag of more entries than one
-        pillow = np.asarray(ImageOps.exif_transpose(im))
-        unturned = Image.fromarray(np.asarray(im))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Pillow warns of a tag of more entries than one, or past the data
+        with Image.open(io.BytesIO(data)) as im:
+            pillow = np.asarray(ImageOps.exif_transpose(im))
+            unturned = Image.fromarray(np.asarray(im))
     unturned.getexif()[0x0112] = probe(data).orientation  # turned by what the probe read
     assert np.array_equal(np.asarray(ImageOps.exif_transpose(unturned)), pillow)
 
