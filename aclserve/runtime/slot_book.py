@@ -68,9 +68,8 @@ class SlotBook:
     def busy_fraction(self) -> float:
         """The fraction of the last 10 s with a batch in flight. Read-only: scrapes do not
         shorten each other's window."""
-        with self.lock:
-            since = self._busy_since
-        return self._busy.fraction(busy_since_ns=since)
+        with self.lock:  # (a span ending between two reads would count twice)
+            return self._busy.fraction(busy_since_ns=self._busy_since)
 
     def count_failure(self, code: int | None, needs_reset: bool) -> None:
         """A batch failed, with ACL error `code` when the device named one; `needs_reset`: the

@@ -130,7 +130,9 @@ def json_elements(name: str, data, count: int) -> list[bytes]:
 _BASE64_HINTS = ((re.compile(r"\s"), "a space or line break (base64 tools wrap lines: `base64 -w0`)"),
                  (re.compile(r"^data:"), "a data: URI prefix (send what follows the comma)"),
                  (re.compile(r"[-_]"), "'-' or '_' (the URL-safe alphabet; standard base64 uses '+' and '/')"),
-                 (re.compile(r"[^A-Za-z0-9+/=]"), "a character outside the base64 alphabet"))
+                 (re.compile(r"[^A-Za-z0-9+/=]"), "a character outside the base64 alphabet"),
+                 (re.compile(r"=[^=]"), "'=' before its end (padding closes the string: several pictures "
+                                        "joined into one?)"))
 
 
 def _base64_hint(text: str) -> str:

@@ -297,11 +297,12 @@ def _uint_param(params: dict, key: str) -> int | None:
     if value is None:
         return None
     # ASCII and at most uint64's 20 digits: int() refuses "²" (a digit to isdigit) and 4,300+ digits
+    number = value
     if type(value) is str and len(value) <= 20 and value.isascii() and value.isdigit():
-        value = int(value)
-    if type(value) is not int or not 0 <= value <= _UINT64_MAX:
+        number = int(value)
+    if type(number) is not int or not 0 <= number <= _UINT64_MAX:
         raise InvalidInput(f"parameters.{key} must be an unsigned integer, got {quoted(value)}")
-    return value
+    return number
 
 
 def _decode_parameters(params, req: InferRequest) -> None:

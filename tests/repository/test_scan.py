@@ -68,17 +68,18 @@ def test_a_version_folder_that_is_no_version_is_a_problem(tmp_path):
     assert "m/0 is not a version folder; m/v3 is not a version folder" in result.problems["m"]
 
 
-def test_a_folder_named_as_a_model_file_is_a_problem_an_empty_model_folder_is_not(tmp_path):
+def test_a_folder_named_like_a_model_file_is_named_in_a_note(tmp_path):
     """A folder `a.onnx` (an exporter's output folder, an unpacked archive) was read as an empty
-    versioned model and passed over without a word."""
-    touch(tmp_path / "a.onnx" / "model.onnx")
+    versioned model and passed over without a word; it is passed over still (an empty model
+    folder is too), but said."""
+    touch(tmp_path / "a.onnx" / "README.txt")
     (tmp_path / "b.om").mkdir()
     (tmp_path / "empty").mkdir()  # a model folder being filled
     touch(tmp_path / "c.onnx" / "1" / "model.om")  # a versioned model named c.onnx
     result = scan(tmp_path, DEFAULTS)
-    assert set(result.models) == {"c.onnx"}
-    assert set(result.problems) == {"a.onnx", "b.om"}
-    assert result.problems["b.om"].startswith("b.om/ is a folder with no version folder in it")
+    assert set(result.models) == {"c.onnx"} and result.problems == {}
+    assert [note.split("/")[0] for note in result.notes] == ["a.onnx", "b.om"]
+    assert result.notes[1].startswith("b.om/ is a folder with no version folder in it, passed over")
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\\b", "a..b", ".x", "-x", "x" * 200, "sp ace"])

@@ -181,7 +181,7 @@ def test_a_message_that_is_not_the_methods_request_is_invalid_argument(slow):
 
 def test_a_stream_may_send_64_kb_before_its_handler_reads(slow):
     """grpc's BDP probing would offer every new stream a 4 MiB window, which a client may fill
-    before the handler reads (and 100 streams per connection); the server offers 64 KB."""
+    before the handler reads (on each of the streams of a connection); the server offers 64 KB."""
     with socket.create_connection(("127.0.0.1", slow.config.grpc_port)) as sock:
         sock.sendall(PREFACE + frame(SETTINGS, 0, 0))
         sock.settimeout(30)
