@@ -41,3 +41,5 @@ def test_a_parameter_of_many_items_is_named_by_its_size_not_written_out():
 def test_a_datatype_is_quoted_in_json_not_python():
     assert 'datatype true does not match' in decode_error({"inputs": [dict(ONE_ROW, datatype=True)]})
     assert 'got "soon"' in decode_error({"inputs": [ONE_ROW], "parameters": {"priority": "soon"}})
+    # a string of digits out of range is quoted as the string it was (it read as a number)
+    assert decode_error({"inputs": [ONE_ROW], "parameters": {"timeout": "9" * 20}}).endswith(f'got "{"9" * 20}"')

@@ -176,6 +176,7 @@ def test_bad_images_get_400_naming_the_row(image_server):
         (["%%%", good], "input 'x' row 0: not valid base64: it has a character outside the base64 alphabet at character 0"),
         ([good[:76] + "\n" + good[76:]], "input 'x' row 0: not valid base64: it has a space or line break "
                                          "(base64 tools wrap lines: `base64 -w0`) at character 76"),
+        (["QUI=" + good], "input 'x' row 0: not valid base64: it has '=' before its end"),
         ([good + "A"], "input 'x' row 0: not valid base64: its length is not a multiple of 4"),
         ([b64(encode(gradient(64, 64))[:300])], "input 'x' row 0: PNG could not be decoded"),
         ([b64(png_bomb())], "input 'x' row 0: PNG header announces 60000x60000 pixels; the limit is 40,000,000"),
