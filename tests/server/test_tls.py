@@ -172,6 +172,40 @@ def test_a_handshake_that_does_not_come_is_a_header_timeout(models_dir, make_con
         assert 'aclserve_connections_closed_total{reason="header_timeout"} 1.0' in asyncio.run(scrape())
 
 
+def _established(port: int) -> int:
+    """Server-side TCP connections of `port` still established (/proc/net/tcp, IPv4)."""
+    with open("/proc/net/tcp") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return sum(1 for row in rows if row[1].endswith(f":{port:04X}") and row[3] == "01")
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_tls_connection_the_server_closes_lets_its_socket_go_soon(models_dir, make_config, authority, tmp_path, loop):
+    """Closed for idling, a TLS connection whose client never answers the close_notify kept its
+    socket for asyncio's 30 s, outside max_connections, once the tracker had let it go (found by
+    a differential fuzz of TLS against plain HTTP): now guard.TLS_SHUTDOWN_S."""
+    shutil.copy(models_dir / "double.om", tmp_path / "double.om")
+    ca, cert, key = authority
+    config = make_config(tmp_path, model_control_mode="none", keepalive_timeout_s=0.3,
+                         tls_cert_file=str(cert), tls_key_file=str(key))
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    with ServerThread(config, run=loop_runner(loop)) as server:
+        host, port = server.url.rsplit(":", 1)
+        clients = [context.wrap_socket(socket.create_connection((host, int(port))), server_hostname=host)
+                   for _ in range(5)]  # handshakes done, then silent: nothing read, nothing sent
+        try:
+            assert _established(int(port)) >= 5
+            for _ in range(200):  # the sweep closes them after 0.3 s idle; each waits 1 s for its client
+                if _established(int(port)) == 0:
+                    break
+                time.sleep(0.1)
+            assert _established(int(port)) == 0  # (20 s at most here: they were held 30 s)
+        finally:
+            for client in clients:
+                client.close()
+
+
 def test_grpc_over_tls(tls_server, authority):
     _, cert, _ = authority
     ca_file = cert.parent / "ca.pem"
