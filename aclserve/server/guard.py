@@ -28,6 +28,7 @@ import asyncio
 import logging
 import os
 import ssl
+import sys
 from typing import Callable
 
 from aiohttp import web
@@ -43,6 +44,14 @@ log = logging.getLogger(__name__)
 # already let go (outside max_connections), 4096 connections closed idle every 15 s held three
 # times as many; a client that never answers loses nothing it had not been sent
 TLS_SHUTDOWN_S = 1.0
+
+
+def _shutdown_timeout(loop) -> dict:
+    """start_tls's argument for TLS_SHUTDOWN_S: uvloop's takes it, asyncio's own from Python 3.11
+    (on 3.10 its 30 s stand)."""
+    if sys.version_info < (3, 11) and isinstance(loop, asyncio.BaseEventLoop):
+        return {}
+    return {"ssl_shutdown_timeout": TLS_SHUTDOWN_S}
 
 
 class GuardedProtocol(asyncio.Protocol):
@@ -76,7 +85,7 @@ class GuardedProtocol(asyncio.Protocol):
         # it (pause_reading() here would not hold on uvloop, nor on asyncio before 3.12)
         run_now(loop.start_tls(transport, self, self._tls, server_side=True,
                                ssl_handshake_timeout=self._tracker.handshake_timeout_s,
-                               ssl_shutdown_timeout=TLS_SHUTDOWN_S), self._secured)
+                               **_shutdown_timeout(loop)), self._secured)
 
     def _secured(self, secure, error: BaseException | None) -> None:
         """The TLS handshake's end: aiohttp's protocol on the secure transport, or, when it
