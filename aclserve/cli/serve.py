@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 
 from .usage import UsageError
 
@@ -97,6 +98,7 @@ def run_serve(args) -> int:
     from ..repository import RepositoryError
     try:
         _run(serve(config))
+        _exiting()
     except (RepositoryError, ConfigError, AclUnavailable) as e:  # AclUnavailable: npu asked, no CANN
         raise UsageError(str(e)) from None
     except OSError as e:  # a port taken (the listeners name it), a folder that cannot be read or made
@@ -156,6 +158,13 @@ def _check_environment() -> None:
         settings.check_environment()
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def _exiting() -> None:
+    """Shut down already (the loop closed, which put the signals' default actions back): a
+    signal more is ignored, not a kill that turns a clean exit into -15 while the interpreter ends."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _run(coro) -> None:

@@ -221,6 +221,8 @@ class ModelRepository:
             if tasks or not self._lifecycle.busy(name):
                 break
         results = await asyncio.gather(*tasks)
+        if self._closed:  # the shutdown abandoned the load: not the model's failure, and no 4xx
+            raise ShuttingDown(f"the model repository shut down before {name} was loaded")
         if name not in self._planner.scan.models:
             problem = self._planner.scan.problems.get(name)
             if problem:  # its files are there but cannot be served as they are (a bad config, say)

@@ -126,7 +126,9 @@ def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner
 def _on_signal(sig: signal.Signals, stop: asyncio.Event, hurry: asyncio.Event) -> None:
     """The first signal drains (to shutdown_timeout_s); another one ends the drain at once: what
     is still in flight is answered 503, as at the deadline."""
-    if stop.is_set():
+    if hurry.is_set():
+        log.warning("%s received again: the server is exiting", sig.name)
+    elif stop.is_set():
         log.warning("%s received again: the drain ends now", sig.name)
         hurry.set()
     else:
@@ -145,6 +147,8 @@ async def _drained(drains: list, hurry: asyncio.Event, state) -> None:
     if not draining.done():
         draining.cancel()
         await asyncio.wait([draining])
+        if not draining.cancelled():  # a gather cancelled through its drains holds their CancelledError:
+            draining.exception()  # read, or asyncio logs an ERROR "exception was never retrieved"
         state.shutdown_deadline = min(state.shutdown_deadline, time.monotonic())
         log.warning("shutdown hurried: %d request(s) still in flight are answered 503", state.inflight)
     else:
@@ -164,7 +168,6 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     runner = make_runner(app, access_log=config.log_level == "debug")
     stop = stop or asyncio.Event()
     hurry = asyncio.Event()  # a second signal: the drain ends at once
-    handled = []
     # SIGHUP too: a closed terminal or session (or `kill -HUP` meant as a reload) drains as
     # SIGTERM does, rather than killing the process with its requests
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -172,7 +175,6 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             continue  # started under nohup: a closed terminal is to be ignored, as asked
         try:
             loop.add_signal_handler(sig, _on_signal, sig, stop, hurry)
-            handled.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
     listener: asyncio.Server | None = None
@@ -218,8 +220,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             closing.append(grpc_server.stop(state.answers_by))
         await asyncio.gather(*closing)
     finally:
-        for sig in handled:
-            loop.remove_signal_handler(sig)
+        # the signal handlers stay until the loop closes (which removes them): removed here, a
+        # signal more while the models, runtime and traces closed below killed the process
         state.connections.close_all()  # what the drain left (stalled clients) goes now
         state.trimmer.close()
         if grpc_server is not None:  # stopped already, unless serving ended otherwise: now
