@@ -64,7 +64,7 @@ class ImageInfo:
     buffered: bool = False  # JPEG: libjpeg keeps every DCT coefficient while decoding (progressive, or
     # a first scan of fewer components than the frame: a sequential JPEG in several scans)
     alpha: bool = False  # PNG: palette or alpha colour type (decoded through RGBA)
-    text_bytes: int = 0  # PNG: what Pillow may hold of its text chunks once read (inflated), at most
+    text_bytes: int = 0  # PNG: what Pillow may hold at the peak of reading its text chunks, at most
 
 
 def probe(data: bytes | memoryview) -> ImageInfo:
@@ -118,9 +118,9 @@ def _png_chunks(data) -> int:
                 raise ImageError(f"PNG has more than {MAX_SEGMENTS} chunks of under {SMALL_CHUNK} bytes")
         kind = bytes(data[pos + 4:pos + 8])
         if kind in _PNG_TEXT:
-            # tEXt as it is; zTXt inflated; iTXt either (its flag is not read here)
-            text = length if kind == b"tEXt" else min(MAX_TEXT_CHUNK, 1032 * length)
-            text = max(text, length) if kind == b"iTXt" else text
+            inflated = min(MAX_TEXT_CHUNK, 1032 * length)
+            # tEXt as it is; zTXt inflated; iTXt either (its compression flag is not read here)
+            text = length if kind == b"tEXt" else inflated if kind == b"zTXt" else max(length, inflated)
             kept, largest = kept + text, max(largest, text)
         pos += 12 + length  # length, type, data, CRC
     return min(kept, MAX_TEXT_MEMORY + largest) + TEXT_READING * largest

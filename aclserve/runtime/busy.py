@@ -1,12 +1,13 @@
 """How busy a stream (or an instance) was: the fraction of the last `window_s` seconds it spent
 executing (or with a batch in flight).
 
-For a stream: fed with each batch's device compute time (event_elapsed_time of exec_start/exec_end) as the
-batch completes; the span is placed ending at the moment it was reported (the completion
-thread's wake-up), which is late by the copy-out and one wake-up, so a span may straddle the
-window's start by that much. It holds only the window's spans (dropped as new ones come, or at
-a read); reading costs one pass over them, adding is amortised O(1).
-Thread-safe (the completion thread adds, the metrics scrape reads).
+For a stream: fed with each batch's device compute time (event_elapsed_time of
+exec_start/exec_end) as the batch completes; the span is placed ending at the moment it was
+reported (the completion thread's wake-up), which is late by the copy-out and one wake-up, so a
+span may straddle the window's start by that much. For an instance (slot_book.py): fed with each
+span that had a batch in flight as it ends, the span going on passed to `fraction`. It holds
+only the window's spans (dropped as new ones come, or at a read); reading costs one pass over
+them, adding is amortised O(1). Thread-safe (the completion thread adds, the metrics scrape reads).
 """
 from __future__ import annotations
 
