@@ -1,5 +1,6 @@
 """A ModelInfer message from the wire to a parsed request: received within the body timeout,
-charged to the server's memory budget before protobuf parses it.
+charged to the server's memory budget before protobuf parses it (one refused then is counted on
+the model it names: count_unparsed).
 
 The gRPC counterpart of body.py. ModelInfer and ModelStreamInfer take raw bytes (see
 grpc_server.method_handlers), so nothing is parsed before it is charged: first the message as
@@ -26,11 +27,12 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, ServeError
 from .body import BodyTimeout, timeout_at
 from .budget import Lease
 from .grpc_arrivals import EVICT_AFTER_S, Arrival, Arrivals
-from .grpc_wire import scan
+from .grpc_wire import names, scan
+from .infer import counted_infer
 
 GRPC_HINT = "send tensors in raw_input_contents rather than typed contents, or in smaller requests"
 
@@ -74,3 +76,22 @@ def parse(message: bytes, lease: Lease) -> tuple[pb.ModelInferRequest, list[memo
     except DecodeError as e:
         raise InvalidInput(f"request message is not a valid ModelInferRequest: {e}") from None
     return request, layout.raw_contents
+
+
+async def count_unparsed(state, message: bytes, refusal: ServeError, fallback_id: str | None) -> None:
+    """A message `parse` refused (not protobuf, over the memory budget) counts as a failure of
+    the model it names, as far as it can be read, like an HTTP body refused while decoded (its
+    model is in its URL): statistics, /metrics and the request log alike. Nothing when it names
+    no model that is served."""
+    model, version, known_id = names(message)
+    try:
+        state.repo.get(model, version or None)
+    except ServeError:
+        return
+
+    async def refused(rec, trace):
+        raise refusal
+    try:
+        await counted_infer(state, model, version or None, refused, protocol="grpc", known_id=known_id or fallback_id)
+    except ServeError:
+        pass  # the refusal: the caller raises it

@@ -42,7 +42,7 @@ from .body import BodyTimeout, timeout_at
 from .budget import Lease
 from .open_calls import SHUTDOWN_MESSAGE, OpenCalls
 from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
-from .grpc_intake import GRPC_HINT, parse, receive
+from .grpc_intake import GRPC_HINT, count_unparsed, parse, receive
 from .grpc_status import end_call
 from .grpc_stream import InferStream
 from .grpc_wire import names
@@ -272,32 +272,13 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         try:
             request, raw_contents = parse(message, lease)
         except ServeError as refusal:
-            await self._count_unparsed(message, refusal, fallback_id)
+            await count_unparsed(self.state, message, refusal, fallback_id)
             raise
         if not request.model_name:
             raise InvalidInput("model_name must not be empty")
         return await counted_infer(self.state, request.model_name, _version(request.model_version),
                                    functools.partial(_infer, request, raw_contents, self.state, fallback_id, lease),
                                    protocol="grpc", known_id=request.id or fallback_id)
-
-    async def _count_unparsed(self, message: bytes, refusal: ServeError, fallback_id: str | None) -> None:
-        """A message refused before it was parsed (not protobuf, over the memory budget) counts
-        as a failure of the model it names, as far as it can be read, like an HTTP body refused
-        while decoded (its model is in its URL): statistics, /metrics and the request log alike.
-        Nothing when it names no model that is served."""
-        model, version, known_id = names(message)
-        version = _version(version)
-        try:
-            self.state.repo.get(model, version)
-        except ServeError:
-            return
-
-        async def refused(rec, trace):
-            raise refusal
-        try:
-            await counted_infer(self.state, model, version, refused, protocol="grpc", known_id=known_id or fallback_id)
-        except ServeError:
-            pass  # the refusal: the caller raises it
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of one stream run concurrently and their responses come back as they are
