@@ -4,8 +4,8 @@ executing (or with a batch in flight).
 For a stream: fed with each batch's device compute time (event_elapsed_time of
 exec_start/exec_end) as the batch completes; the span is placed ending at the moment it was
 reported (the completion thread's wake-up), which is late by the copy-out and one wake-up, so a
-span may straddle the window's start by that much. For an instance (slot_book.py): fed with each
-span that had a batch in flight as it ends, the span going on passed to `fraction`. It holds
+span may straddle the window's start by that much. For an instance (slot_book.py): told when a
+batch in flight begins a span and when the last one ends it (begin/end). It holds
 only the window's spans (dropped as new ones come, or at a read); reading costs one pass over
 them, adding is amortised O(1). Thread-safe (the completion thread adds, the metrics scrape reads).
 """
@@ -22,28 +22,45 @@ class BusyWindow:
         self._clock = clock
         self._created = clock()
         self._spans: collections.deque[tuple[int, int]] = collections.deque()  # (end_ns, busy_ns)
+        self._since: int | None = None  # the start of a span going on (begin/end), counted by reads
         self._lock = threading.Lock()
 
     def add(self, busy_ns: int, end_ns: int | None = None) -> None:
-        if busy_ns <= 0:
-            return
         end = self._clock() if end_ns is None else end_ns
         with self._lock:
-            spans = self._spans
-            spans.append((end, busy_ns))
-            while spans[0][0] <= end - self.window_ns:  # bounded even if nobody reads it
-                spans.popleft()
+            self._add(busy_ns, end)
 
-    def fraction(self, now_ns: int | None = None, busy_since_ns: int | None = None) -> float:
+    def _add(self, busy_ns: int, end: int) -> None:
+        if busy_ns <= 0:
+            return
+        spans = self._spans
+        spans.append((end, busy_ns))
+        while spans[0][0] <= end - self.window_ns:  # bounded even if nobody reads it
+            spans.popleft()
+
+    def begin(self, at_ns: int | None = None) -> None:
+        """A span begins (an instance's first batch in flight); `end` closes it."""
+        with self._lock:
+            self._since = self._clock() if at_ns is None else at_ns
+
+    def end(self) -> None:
+        with self._lock:
+            if self._since is not None:
+                now = self._clock()
+                self._add(now - self._since, now)
+                self._since = None
+
+    def fraction(self, now_ns: int | None = None) -> float:
         """Busy time / wall time over the window (or since creation, when younger), in [0, 1];
-        `busy_since_ns`: a span still going on, begun then, counts too."""
+        a span begun and not ended counts up to now (read under the same lock as its end, so
+        it is never counted twice)."""
         now = self._clock() if now_ns is None else now_ns
         start = now - self.window_ns
         with self._lock:
             spans = self._spans
             while spans and spans[0][0] <= start:
                 spans.popleft()
-            busy = 0 if busy_since_ns is None else now - max(busy_since_ns, start)
+            busy = 0 if self._since is None else now - max(self._since, start)
             for end, length in spans:
                 busy += min(length, end - start) if end - length < start else length
         wall = min(self.window_ns, now - self._created)

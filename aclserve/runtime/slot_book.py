@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 
 from .busy import BusyWindow
 from .slot import Slot
@@ -38,8 +37,7 @@ class SlotBook:
         self.broken: str | None = None  # reason, once the instance is out of rotation for good
         self.faults: collections.Counter[int] = collections.Counter()  # failed batches by ACL code
         self.closing = False  # close() has begun (the first caller does the work): no new batch
-        self._busy_since: int | None = None  # perf_counter_ns() when in_flight left 0
-        self._busy = BusyWindow()  # the spans with work in flight, as they end
+        self._busy = BusyWindow()  # the spans with work in flight
 
     def free_count(self) -> int:
         with self.lock:
@@ -50,7 +48,7 @@ class SlotBook:
             if self._needs_reset or self.broken or self.closing or not self._free:
                 return None
             if self.in_flight == 0:
-                self._busy_since = time.perf_counter_ns()
+                self._busy.begin()
             self.in_flight += 1
             return self._free.pop()
 
@@ -59,17 +57,14 @@ class SlotBook:
         with self.lock:
             self.in_flight -= 1
             self._free.append(slot)
-            if self.in_flight == 0 and self._busy_since is not None:
-                now = time.perf_counter_ns()
-                self._busy.add(now - self._busy_since, now)
-                self._busy_since = None
+            if self.in_flight == 0:
+                self._busy.end()
             return self._needs_reset and self.in_flight == 0 and not self.closing and not self.broken
 
     def busy_fraction(self) -> float:
         """The fraction of the last 10 s with a batch in flight. Read-only: scrapes do not
         shorten each other's window."""
-        with self.lock:  # (a span ending between two reads would count twice)
-            return self._busy.fraction(busy_since_ns=self._busy_since)
+        return self._busy.fraction()  # (not under the instance's lock: a scrape holds no batch up)
 
     def count_failure(self, code: int | None, needs_reset: bool) -> None:
         """A batch failed, with ACL error `code` when the device named one; `needs_reset`: the

@@ -39,8 +39,10 @@ def test_a_span_still_going_on_counts_from_its_start_or_the_windows():
     now[0] = 5_000_000_000
     window.add(200_000_000)  # [4.8, 5.0]
     now[0] = 5_400_000_000
-    assert abs(window.fraction(busy_since_ns=5_300_000_000) - 0.3) < 1e-9  # 0.2 + [5.3, 5.4]
-    assert window.fraction(busy_since_ns=1_000_000_000) == 1.0  # busy for longer than the window
+    window.begin(5_300_000_000)
+    assert abs(window.fraction() - 0.3) < 1e-9  # 0.2 + [5.3, 5.4]
+    window.begin(1_000_000_000)
+    assert window.fraction() == 1.0  # busy for longer than the window
 
 
 def test_the_instances_in_flight_fraction_is_read_without_restarting_its_window(runtime, affine_om, clean_faults):
