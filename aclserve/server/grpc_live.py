@@ -8,7 +8,9 @@ then has grpc close every connection at once.
 
 `counted(handler)` wraps an entry of the method table (grpc_server.method_handlers); the call
 is live from the wrapper's first line until grpc runs the done callback it registers (after
-the call's status has gone out, or the call was cancelled).
+the call's status has gone out, or the call was cancelled). A repository load or unload is live
+but does not hold the drain, as over HTTP, where the drain waits for inference alone: a load can
+compile and warm up for minutes, and the shutdown abandons it anyway (answered UNAVAILABLE).
 """
 from __future__ import annotations
 
@@ -21,6 +23,40 @@ from .deadline_wait import set_by
 
 class LiveCalls:
     """Owned by the endpoint (grpc_server.GrpcServer); event-loop thread only."""
+
+    def __init__(self):
+        self.all = _Count()
+        self.holding_drain = _Count()  # all but repository control
+
+    def counted(self, handler: grpc.RpcMethodHandler, holds_drain: bool = True) -> grpc.RpcMethodHandler:
+        """`handler` (client-streaming: every entry of the endpoint's table is) whose calls count
+        here. A streaming answer is written by the wrapper as grpc would write it itself."""
+        counts = (self.all, self.holding_drain) if holds_drain else (self.all,)
+
+        def opened(context) -> None:
+            for count in counts:
+                count.opened(context)
+
+        if handler.request_streaming and handler.response_streaming:
+            answers = handler.stream_stream
+
+            async def stream_stream(requests, context):
+                opened(context)
+                async for answer in answers(requests, context):
+                    await context.write(answer)
+            return handler._replace(stream_stream=stream_stream)
+        if handler.request_streaming:
+            answer = handler.stream_unary
+
+            async def stream_unary(requests, context):
+                opened(context)
+                return await answer(requests, context)
+            return handler._replace(stream_unary=stream_unary)
+        raise TypeError("the gRPC endpoint's methods are all client-streaming on its side")
+
+
+class _Count:
+    """Calls live of one kind; event-loop thread only."""
 
     def __init__(self):
         self.count = 0
@@ -38,25 +74,5 @@ class LiveCalls:
             self._none.set()
 
     async def none_by(self, deadline: float) -> bool:
-        """Wait until no call is live, or until `deadline` (time.monotonic()); whether none is."""
+        """Wait until none is live, or until `deadline` (time.monotonic()); whether none is."""
         return await set_by(self._none, deadline)
-
-    def counted(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """`handler` (client-streaming: every entry of the endpoint's table is) whose calls count
-        here. A streaming answer is written by the wrapper as grpc would write it itself."""
-        if handler.request_streaming and handler.response_streaming:
-            answers = handler.stream_stream
-
-            async def stream_stream(requests, context):
-                self.opened(context)
-                async for answer in answers(requests, context):
-                    await context.write(answer)
-            return handler._replace(stream_stream=stream_stream)
-        if handler.request_streaming:
-            answer = handler.stream_unary
-
-            async def stream_unary(requests, context):
-                self.opened(context)
-                return await answer(requests, context)
-            return handler._replace(stream_unary=stream_unary)
-        raise TypeError("the gRPC endpoint's methods are all client-streaming on its side")

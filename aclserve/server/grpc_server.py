@@ -46,6 +46,8 @@ from .grpc_service import InferenceServicer
 
 log = logging.getLogger(__name__)
 
+# live, but not held by the drain (grpc_live.py): what the shutdown abandons, as over HTTP
+REPOSITORY_CONTROL = frozenset({"RepositoryModelLoad", "RepositoryModelUnload"})
 MAX_MESSAGE = 2**31 - 1  # what protobuf can carry at all
 PING_AFTER_S = 60  # a connection with calls open and nothing received this long is pinged,
 PING_TIMEOUT_S = 20  # and closed when the ping is not answered in this (a dead or stalled peer)
@@ -152,8 +154,9 @@ class GrpcServer:
         # registered method and awaits all of them (asyncio.wait) for every call it accepts; the
         # 22 methods served cost each call about 12 us of the loop
         self._server.add_generic_rpc_handlers(tuple(
-            grpc.method_handlers_generic_handler(service, {name: self._live.counted(handler)
-                                                           for name, handler in handlers.items()})
+            grpc.method_handlers_generic_handler(service, {
+                name: self._live.counted(handler, holds_drain=name not in REPOSITORY_CONTROL)
+                for name, handler in handlers.items()})
             for service, handlers in (method_handlers(self._servicer), (HEALTH_SERVICE, self._health.handlers()))))
         self._credentials = tls.grpc_credentials(config)  # read now: a bad file stops the start
         self._started = self._stopped = False
@@ -178,13 +181,13 @@ class GrpcServer:
         return bound
 
     async def drain(self, deadline: float) -> None:
-        """Wait until no call is live, or until `deadline` (time.monotonic()); new calls are
-        still taken meanwhile (answered "shutting down" by the servicer). A connection without
+        """Wait until no call is live but repository loads and unloads, or until `deadline`
+        (time.monotonic()); new calls are still taken meanwhile (answered "shutting down" by the servicer). A connection without
         calls does not hold it, nor does a stream waiting for its next request (streams end
         once their requests running are answered)."""
         self._servicer.drain_streams()
         self._health.drain()
-        await self._live.none_by(deadline)
+        await self._live.holding_drain.none_by(deadline)
 
     async def stop(self, deadline: float | None = None) -> None:
         """Take no new calls nor connections, end the calls still at work, then close every
@@ -202,7 +205,7 @@ class GrpcServer:
         ended = self._servicer.calls.end()
         if ended:
             log.info("gRPC: %d call(s) still open at the shutdown deadline answered UNAVAILABLE", ended)
-        await self._live.none_by(deadline)
+        await self._live.all.none_by(deadline)
         # grpc's grace would also wait for the connections without calls: close them all now
         await self._server.stop(None)
         await stopping

@@ -209,3 +209,40 @@ def test_a_load_under_way_at_shutdown_is_answered_503(models_dir, tmp_path):
         out, _ = proc.communicate(timeout=120)  # a hang guard
         client.join(120)
     assert answer["r"][0] == 503 and b"shut down before affine was loaded" in answer["r"][1], (answer, out[-3000:])
+
+
+def test_a_grpc_load_under_way_does_not_hold_the_drain(models_dir, tmp_path):
+    """The gRPC drain waited for every call, a RepositoryModelLoad too, so a load compiling or
+    warming up held the shutdown until it was done (or to the deadline) and then answered OK,
+    where the HTTP drain waits for inference alone and the load is abandoned (found by a fuzz of
+    the shutdown). Now as over HTTP: abandoned at once, UNAVAILABLE."""
+    import os
+    import threading
+
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb, service_pb2_grpc as pbg
+
+    env = dict(os.environ, ACLSERVE_CPU_FAULTS="execute:delay_ms=150")  # warm-up runs: a load of seconds
+    grpc_port = free_port()
+    answer = {}
+
+    def load():
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            try:
+                pbg.GRPCInferenceServiceStub(channel).RepositoryModelLoad(
+                    pb.RepositoryModelLoadRequest(model_name="affine"), timeout=120)
+                answer["r"] = "OK", ""
+            except grpc.RpcError as e:
+                answer["r"] = e.code().name, e.details()
+
+    with serving_affine(models_dir, tmp_path, extra=("--grpc-port", str(grpc_port)), env=env) as (proc, port):
+        unload = urllib.request.Request(f"http://127.0.0.1:{port}/v2/repository/models/affine/unload", data=b"")
+        assert urllib.request.urlopen(unload, timeout=120).status == 200
+        client = threading.Thread(target=load)
+        client.start()
+        time.sleep(0.5)  # the load is warming up
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)  # a hang guard
+        client.join(120)
+    assert answer["r"][0] == "UNAVAILABLE" and "shut down before affine was loaded" in answer["r"][1], \
+        (answer, out[-3000:])
