@@ -26,6 +26,7 @@ from aiohttp import web
 from ..errors import ServeError
 from ..scheduling import answered_before_cancel
 from ..trace import now_ns
+from .answer_coding import answer_coding
 from .answer_size import answer_bytes
 from .app_keys import STATE
 from .body import MAX_BODY_BYTES, read_body
@@ -220,6 +221,9 @@ async def _infer(request: web.Request, state, lease, rec, trace) -> web.Response
     else:
         response = web.Response(body=payload, content_type=_BINARY,
                                 headers={HEADER_LENGTH: str(json_length)})
-    if len(payload) >= COMPRESS_MIN_BYTES and "Accept-Encoding" in request.headers:
-        response.enable_compression()  # honours Accept-Encoding; deflate is zlib-wrapped
+    accepted = request.headers.get("Accept-Encoding")
+    if len(payload) >= COMPRESS_MIN_BYTES and accepted:
+        coding = answer_coding(accepted)
+        if coding is not None:
+            response.enable_compression(coding)  # deflate is zlib-wrapped
     return response

@@ -357,6 +357,12 @@ def test_response_compressed_per_accept_encoding(server):
     status, headers, out = infer_json(server, body, {"Accept-Encoding": "gzip"}, model="double")
     assert status == 200 and headers.get("Content-Encoding") == "gzip"
     assert json.loads(out)["outputs"][0]["shape"] == [8, 16]  # aiohttp inflated it
+    # weights honoured (aiohttp alone took the first of deflate / gzip named, even at q=0)
+    for accepted, coding in (("gzip;q=0", None), ("identity;q=1, gzip;q=0.001", None),
+                             ("deflate;q=0.1, gzip;q=1", "gzip"), ("gzip, deflate", "deflate"), ("br", None)):
+        status, headers, out = infer_json(server, body, {"Accept-Encoding": accepted}, model="double")
+        assert status == 200 and headers.get("Content-Encoding") == coding, accepted
+        assert json.loads(out)["outputs"][0]["shape"] == [8, 16]
 
 
 def test_infer_paths_route_as_the_templates_say(server):
