@@ -26,7 +26,7 @@ from .._version import __version__
 from ..dtypes import ACL_INT64
 from .container import DYNAMIC_BATCH_INPUT
 from .names import atc_output_names
-from .spec import BATCH_SYMBOL, CompileError, ModelSpec, TensorInfo, dims_of, dtype_of, one_line
+from .spec import BATCH_SYMBOL, CompileError, ModelSpec, TensorInfo, dims_of, dtype_of, one_line, refuse_empty
 
 ORT_LEVEL = "extended"
 _MAX_PROTO_BYTES = 2**31 - 1
@@ -130,6 +130,8 @@ def build(spec: ModelSpec, *, name: str, source_path: str, source_bytes: bytes, 
     payload = optimise(spec.model)
     if unknown:
         outputs = probe_outputs(payload, spec, outputs)
+    for output in outputs:
+        refuse_empty("output", output.name, output.dims)
     inputs = [t.header_entry(is_input=True) for t in spec.inputs]
     if spec.dynamic_batch:
         inputs.append(dynamic_batch_input())

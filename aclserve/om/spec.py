@@ -231,10 +231,20 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
                 raise CompileError(f"input {vi.name!r} dim {axis} is dynamic ({d or '?'}); "
                                    "fix it with --input-shape (only the batch dimension may be dynamic)")
         final = ([-1] + list(rest)) if dynamic else list(rest)
+        refuse_empty("input", vi.name, final)
         _check_size(vi.name, dtype, final, gears[-1] if dynamic else None)
         _set_shape(vi, final)
         infos.append(TensorInfo(vi.name, dtype, final))
     return ModelSpec(model, infos, list(gears) if dynamic else [])
+
+
+def refuse_empty(what: str, name: str, dims: list[int]) -> None:
+    """A fixed dimension of 0 is a tensor without elements: the runtime refused the OM at load
+    (the index then blamed the host: "a CPU OM ... rebuild it with ATC"), and no device buffer
+    of no bytes is allocated for it; said at compile time instead."""
+    if 0 in dims:
+        raise CompileError(f"{what} {name!r} has a dimension of 0 (dims {_show(dims)}): a tensor without "
+                           "elements, which aclserve cannot serve; give it at least one element")
 
 
 def _check_size(name: str, dtype: np.dtype, dims: list[int], batch: int | None) -> None:

@@ -35,8 +35,10 @@ def _why_unloadable(path: str) -> str:
     except (OSError, OmFormatError) as e:
         return f"is not a loadable OM: {e}"
     if kind == "cpu_om":
-        return ("is a CPU OM, built for aclserve's CPU runtime; on an Ascend host rebuild it from the "
-                "ONNX model with ATC (aclserve compile MODEL.onnx --target npu)")
+        # (either host: an Ascend one cannot load it, the CPU runtime refuses a malformed one)
+        return ("is a CPU OM, built for aclserve's CPU runtime, and was refused: on an Ascend host rebuild it "
+                "from the ONNX model with ATC (aclserve compile MODEL.onnx --target npu); on the CPU runtime "
+                "the server log says what is wrong with it")
     if kind == "atc_om":
         return (f"is an ATC OM ({header.name!r}, built for an Ascend SoC) and needs CANN and an NPU; "
                 "for the CPU runtime compile the ONNX model with --target cpu")

@@ -21,6 +21,21 @@ def _invalid_graph(path):
     return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
+def _empty_tensor(path, where: str):
+    """A fixed dimension of 0 in the model's input or (by a Slice of nothing) its output: the
+    CPU runtime refused the OM at load, and the index blamed the host."""
+    vi, node = helper.make_tensor_value_info, helper.make_node
+    if where == "input":
+        nodes, x_dims = [node("Identity", ["x"], ["y"])], ["n", 0]
+    else:
+        nodes, x_dims = [node("Constant", [], ["z"], value=helper.make_tensor("z", TensorProto.INT64, [1], [0])),
+                         node("Constant", [], ["a"], value=helper.make_tensor("a", TensorProto.INT64, [1], [1])),
+                         node("Slice", ["x", "z", "z", "a"], ["y"])], ["n", 2]
+    graph = helper.make_graph(nodes, "empty", [vi("x", TensorProto.FLOAT, x_dims)],
+                              [vi("y", TensorProto.FLOAT, ["n", 0])])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
 # (case id, argv after "compile" with MODEL/STATIC/OUT placeholders, text the message must contain)
 CASES = [
     ("missing file", ["NOFILE"], "no such file"),
@@ -47,6 +62,8 @@ CASES = [
     ("largest gear past int64", ["MODEL", "--batch", "1,99999999999999999999"], "at most 9223372036854775807"),
     ("dim past int64", ["MODEL", "--input-shape", "a:-1,99999999999999999999"], "at most 9223372036854775807"),
     ("input bytes past int64", ["MODEL", "--batch", "1,9223372036854775807"], "would take"),
+    ("static 0 dim in an input", ["EMPTYIN"], "input 'x' has a dimension of 0"),
+    ("static 0 dim in an output", ["EMPTYOUT"], "output 'y' has a dimension of 0"),
     ("unknown target", ["MODEL", "--target", "gpu"], "unknown target 'gpu'"),
     ("npu without atc", ["MODEL", "--target", "npu"], "ATC asked for but not found"),
     ("atc path missing", ["MODEL", "--atc", "/nonexistent/atc"], "ATC asked for but not found"),
@@ -62,7 +79,9 @@ def files(tmp_path, multi_io_onnx, static_onnx):
     text = tmp_path / "notes.onnx"
     text.write_text("this is not a protobuf\n" * 10)
     return {"NOFILE": str(tmp_path / "absent.onnx"), "TEXTFILE": str(text), "MODEL": multi_io_onnx,
-            "STATIC": static_onnx, "INVALID": _invalid_graph(tmp_path / "invalid.onnx"), "OUTDIR": str(tmp_path)}
+            "STATIC": static_onnx, "INVALID": _invalid_graph(tmp_path / "invalid.onnx"), "OUTDIR": str(tmp_path),
+            "EMPTYIN": _empty_tensor(tmp_path / "empty_in.onnx", "input"),
+            "EMPTYOUT": _empty_tensor(tmp_path / "empty_out.onnx", "output")}
 
 
 def _assert_one_line_error(proc, expected):
