@@ -126,7 +126,6 @@ class DynamicBatcher:
                                f"{self.batch_limit}")
         if self._task is None:
             self.start()
-        self._unread.arrived()
         queue = self._queue
         level = queue.level_for(priority)
         request = QueuedRequest(inputs, rows, level, self._clock.now(), self._loop.create_future(),
@@ -147,17 +146,21 @@ class DynamicBatcher:
                 mark_answered(cancelled)
             raise
 
-    def admit_unread(self) -> bool | None:
-        """For a request seen before it is read (server/shedding.py) that would join the default
-        level: True (counted as coming, unread.py) when the level has room for it and for those
-        let in so far that have not arrived yet; False when it has none; None when the level is
-        unbounded or the batcher takes no requests."""
-        if self._refusal is not None or self._queue is None:
-            return None
-        room = self._queue.room(self.config.default_level)
-        if room is None:
-            return None
-        return self._unread.admit(room, self._clock.now())
+    def default_level_bounded(self) -> bool:
+        """Whether a request naming no priority can find its level full (server/shedding.py)."""
+        return (self._refusal is None and self._queue is not None
+                and self._queue.room(self.config.default_level) is not None)
+
+    def admit_unread(self) -> bool:
+        """For a request seen before it is read (server/shedding.py) that names no priority:
+        True (counted as coming, unread.py) when its level has room for it and for those let
+        in so far that have not been read yet; False when it has none. The level is bounded."""
+        return self._unread.admit(self._queue.room(self.config.default_level), self._clock.now())
+
+    def request_read(self) -> None:
+        """A request's body has been read (server/infer.py: from here to the queue or its
+        refusal nothing waits, but for an image input's decode): it is no longer coming."""
+        self._unread.arrived()
 
     def default_level_full(self) -> bool:
         """Whether a request naming no priority would be refused now for want of room (its

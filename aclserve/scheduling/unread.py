@@ -1,12 +1,15 @@
 """Requests let in before they are read: what the connection guard's early refusals
-(server/shedding.py) must count against a queue level's room until the requests arrive.
+(server/shedding.py) must count against the default level's room until the requests are read.
 
 A request the guard lets through reaches the batcher only when its handler runs, after the loop
 has read whatever else came meanwhile; a burst read in one pass of the loop would otherwise be
-let through whole against the same free room. Each admission counts until the next arrival
-takes it off (arrivals are not matched to admissions: any arrival stands for the oldest one)
-or until LAPSE_S after it was made, so one that never arrives (refused by aiohttp's path, a
-client gone) stops counting however many others follow it.
+let through whole against the same free room. Only requests naming no priority are admitted
+(the guard sees the body first). Each admission counts until the next request read takes it
+off (DynamicBatcher.request_read, from server/infer.py: reads are not matched to admissions,
+any read stands for the oldest one, so the count errs low, never high) or until LAPSE_S after
+it was made, so one that is never read (a client gone) stops counting however many follow it.
+A burst read in one pass still counts its invalid requests until they are read: the guard
+cannot tell them from valid ones.
 """
 from __future__ import annotations
 
@@ -34,6 +37,6 @@ class UnreadAdmissions:
         return True
 
     def arrived(self) -> None:
-        """A request reached the queue: the oldest admission is no longer unread."""
+        """A request was read: the oldest admission is no longer unread."""
         if self._times:
             self._times.popleft()

@@ -140,6 +140,7 @@ async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fa
         trace.request_id = request_id(fallback_id)  # named even when the body is refused
     decoding = 0
     if lease is not None:
+        rec.served.batcher.request_read()  # (HTTP: the early refusals count it until here)
         refuse_undecoded(rec.served.batcher, body, header_length)
         decoding = charge_decoding(lease, rec, body, header_length)
     try:

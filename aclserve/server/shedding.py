@@ -124,18 +124,21 @@ class EarlyRefusal:
         if head.method != b"POST":
             return None
         served = self._served(head.target)
-        if served is None or served.batcher.admit_unread() is not False:
+        if served is None or not served.batcher.default_level_bounded():
             return None
         state = self._state
         json_length = head.derived("early", _json_length)
         if (state.shutting_down or body_length > BODY_PEEK_BYTES or not guard_may_answer(head, state)
                 or json_length == _UNREADABLE):
-            return None
-        if body is None:
-            return NEED_BODY
+            return None  # not counted either: the queue itself judges it (its room is what counts)
+        if body is None:  # held back for its body only when it would be refused now
+            return NEED_BODY if served.batcher.default_level_full() else None
         if json_length is not None:
             body = body[:json_length]  # only the JSON part: the tensors' bytes are not text
-        if may_name_priority(bytes(body)):  # it may name another level: the codec reads it
+        # Only a request known to join the default level counts against its room: one naming
+        # another level counted too, and refused others of that level, 503 "queue is full"
+        # with the level empty, when a burst was read in one pass of the loop
+        if may_name_priority(bytes(body)) or served.batcher.admit_unread():
             return None
         error = served.batcher.refuse_default_level()
         state.record(served).request_failed(type(error).__name__, 0)

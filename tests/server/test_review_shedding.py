@@ -6,6 +6,7 @@ test ends its wait (full_queue.py), so the queue is full without any test double
 only ever lower bounds the server or the test sets itself."""
 import asyncio
 import json
+import re
 
 import numpy as np
 import pytest
@@ -166,6 +167,39 @@ def test_requests_admitted_unread_that_never_arrive_stop_counting_after_the_laps
     refused_status, statuses, status, answer = asyncio.run(scenario())
     assert refused_status == 503 and statuses == [400, 400]
     assert status == 200, answer[:300]
+
+
+def test_requests_naming_another_level_do_not_count_against_the_default_levels_room(two_places):
+    """The early refusals counted every request they let through against the default level's
+    room until it was queued (or for unread.LAPSE_S), those naming another priority too: two
+    requests at priority 1 that the codec then refused (400) made the next request of the
+    default level, its level empty, 503 "priority level 2 queue is full" (found by a helper:
+    a burst of priority-1 requests read in one pass of the loop did it to valid requests too).
+    Only requests known to join the default level count now."""
+    url = two_places.url
+    other_level = json.dumps({"inputs": [], "parameters": {"priority": 1}}).encode()
+
+    async def scenario():
+        fillers = [await open_raw(url) for _ in range(2)]
+        for _, w in fillers:
+            w.write(request(WAITING))
+        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 2)
+        refused_reader, refused_writer = await open_raw(url)
+        refused_writer.write(request(ONE_ROW))  # refused through aiohttp: early refusals on for 2 s
+        refused_status, _ = await read_response(refused_reader)
+        for _, w in fillers:
+            w.close()
+        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 0)
+        reader, writer = await open_raw(url)
+        writer.write(request(other_level) * 2 + request(ONE_ROW))  # at once, well within the lapse
+        answers = await read_answers(reader, 3)
+        for w in (writer, refused_writer):
+            w.close()
+        return refused_status, answers
+
+    refused_status, answers = asyncio.run(scenario())
+    assert refused_status == 503
+    assert re.findall(rb"HTTP/1.1 (\d+)", answers) == [b"400", b"400", b"200"], answers[-600:]
 
 
 def test_a_head_with_bare_line_feeds_goes_to_aiohttp_which_refuses_it(short_header_timeout):
