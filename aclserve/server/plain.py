@@ -3,8 +3,8 @@ the rules its early refusals (shedding.py) and its direct answers (direct.py) sh
 
 An infer path whose names need no decoding (aiohttp's router reads the others), over HTTP/1.1
 on a connection the client keeps, with no `Expect` (aiohttp answers those before its
-middlewares), while nothing must see every request (tracing and the request log, which name a
-request from its headers, and the API token when inference needs one).
+middlewares), while inference needs no API token; the early refusals, which are not observed,
+not while tracing or the request log want every request either.
 """
 from __future__ import annotations
 
@@ -35,8 +35,16 @@ def infer_target(target: bytes) -> tuple[str, str | None] | None:
 
 def guard_may_answer(head: Head, state) -> bool:
     """The head and the server's state allow the guard to answer this request itself (the
-    caller checks the path with infer_target and its own limits). `state`: the ServerState."""
-    return state.observer is None and not state.auth.inference and head.derived("plain", _head_allows)
+    caller checks the path with infer_target and its own limits). `state`: the ServerState.
+    Traced and logged requests too: the infer path (infer.counted_infer) observes them as it
+    does on aiohttp's path, their id read from the head."""
+    return not state.auth.inference and head.derived("plain", _head_allows)
+
+
+def guard_may_refuse(head: Head, state) -> bool:
+    """guard_may_answer, for the early refusals (shedding.py), which are not observed: not
+    while tracing or the request log want every request (a refusal there has no log line)."""
+    return state.observer is None and guard_may_answer(head, state)
 
 
 def _head_allows(head: Head) -> bool:

@@ -29,7 +29,7 @@ import orjson
 
 from ..errors import ServeError
 from .framing import Head, NEED_BODY
-from .plain import guard_may_answer, infer_target
+from .plain import guard_may_refuse, infer_target
 
 BODY_PEEK_BYTES = 64 * 1024
 ACTIVE_S = 2.0  # how long after an overload refusal request heads are checked here
@@ -128,7 +128,7 @@ class EarlyRefusal:
             return None
         state = self._state
         json_length = head.derived("early", _json_length)
-        if (state.shutting_down or body_length > BODY_PEEK_BYTES or not guard_may_answer(head, state)
+        if (state.shutting_down or body_length > BODY_PEEK_BYTES or not guard_may_refuse(head, state)
                 or json_length == _UNREADABLE):
             return None  # not counted either: the queue itself judges it (its room is what counts)
         if body is None:  # held back for its body only when it would be refused now
