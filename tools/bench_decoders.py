@@ -54,6 +54,16 @@ def sample_images() -> dict[str, list[bytes]]:
     return out
 
 
+def _check_simd() -> None:
+    """--pillow-simd DIR only puts DIR first on the path: a DIR without Pillow-SIMD (a failed
+    `pip install --target`) measured the ordinary Pillow under its name."""
+    import PIL
+    where = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0]
+    if not where or not os.path.abspath(PIL.__file__).startswith(os.path.abspath(where) + os.sep):
+        raise SystemExit(f"Pillow-SIMD is not installed in {where or '(no folder)'}: PIL {PIL.__version__} "
+                         f"came from {os.path.dirname(os.path.dirname(PIL.__file__))}")
+
+
 def make_decoder(name: str, size: int):
     """A function bytes -> uint8 [size, size, 3] RGB for `name`."""
     from PIL import Image
@@ -64,6 +74,8 @@ def make_decoder(name: str, size: int):
     def pil(data):
         return pil_resize(Image.open(io.BytesIO(data)))
 
+    if name == "pillow-simd":
+        _check_simd()
     if name in ("pillow", "pillow-simd"):
         return pil
     if name == "pillow-draft":
