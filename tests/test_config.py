@@ -79,8 +79,25 @@ def test_file_merges_over_default_and_overrides_win(tmp_path):
     ({"model_defaults.execution_timeout_ms": 3_000_000_000}, "model_defaults.execution_timeout_ms",
      "must be <= 2147483647"),
     ({"model_defaults.batching.max_queue_delay_ms": "1e9"}, "model_defaults.batching.max_queue_delay_ms",
-     "write 1.0e9"),
+     "write 1000000000, or 1.0e+9"),
     ({"port": "18310"}, "port", "a number in quotes is text: write it without quotes"),
+    # found by a helper's fuzz of the config: accepted, then a traceback from grpc or uvloop (C
+    # ints), or a load that never ended (instances built one after another)
+    ({"grpc_max_connection_age_s": 2_592_000}, "grpc_max_connection_age_s", "must be <= 2.14748e+06"),
+    ({"keepalive_timeout_s": 1e300}, "keepalive_timeout_s", "must be <= 2.14748e+06"),
+    ({"shutdown_timeout_s": 10**400}, "shutdown_timeout_s", "must be a number (at most 1.8e+308)"),
+    ({"listen_backlog": 2**31}, "listen_backlog", "must be <= 2147483647"),
+    ({"tls_cert_file": "a\x00b"}, "tls_cert_file", "must not contain a NUL character"),
+    ({"compile_cache_dir": "\x00"}, "compile_cache_dir", "must not contain a NUL character"),
+    ({"max_connections": 10**19}, "max_connections", "must be <= 2147483647"),
+    ({"cpu_threads": 10**19}, "cpu_threads", "must be <= 1024"),
+    ({"model_defaults.instances": 10**12}, "model_defaults.instances", "must be <= 1024"),
+    ({"model_defaults.batching.priority_queue_policy": {"\u00b2": {"max_queue_size": 5}}},
+     "model_defaults.batching.priority_queue_policy.\u00b2", "must be an integer"),
+    ({"model_defaults.batching.priority_queue_policy": {1: {"max_queue_size": 5}, "1": {"max_queue_size": 6}}},
+     "model_defaults.batching.priority_queue_policy.1", "gives level 1 a second time"),
+    ({"model_defaults.batching.priority_queue_policy": []}, "model_defaults.batching.priority_queue_policy",
+     "must be a mapping"),
     ({"max_request_bytes": 2 << 30}, "max_request_bytes", "must be <= 536870912"),
     ({"readiness": "maybe"}, "readiness", "must be one of strict, lenient"),
     ({"load_retry_max_s": 0.5}, "load_retry_max_s", "must be >= 1"),
@@ -118,6 +135,20 @@ def test_file_errors_name_the_file(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_server_config(path)
     assert str(info.value) == f"{path}: model_defaults.batching.max_queue_delay_ms: must be >= 0, got -1"
+
+
+def test_yaml_that_explodes_or_recurses_is_one_short_line(tmp_path):
+    """Found by a helper's fuzz of the config: a 420-byte alias bomb quoted whole in the message
+    (a billion strings: the memory ran out), 100,000 nested lists (RecursionError) and a
+    5,000-digit integer (ValueError) were tracebacks."""
+    levels = ["&k0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    levels += [f"&k{i} [" + ", ".join([f"*k{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    for text, fragment in (("host: [" + ", ".join(levels) + "]\n", "host: must be a non-empty string"),
+                           ("host: " + "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+                           ("port: " + "9" * 5000, "Exceeds the limit (4300 digits)")):
+        with pytest.raises(ConfigError, match=None) as info:
+            load_server_config(write(tmp_path, text))
+        assert fragment in str(info.value) and len(str(info.value)) < 500, str(info.value)[:600]
 
 
 def test_invalid_yaml_and_non_mapping(tmp_path):

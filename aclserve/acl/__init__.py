@@ -45,7 +45,7 @@ def select(device: str | None = None) -> tuple[str, ModuleType]:
     if device is not None and device.lower() != "auto":
         choice = device.lower()
     else:
-        choice = (os.environ.get("ACLSERVE_DEVICE") or "auto").lower()
+        choice = (os.environ.get("ACLSERVE_DEVICE") or "auto").strip().lower() or "auto"
     if choice not in DEVICE_CHOICES:
         raise ValueError(f"ACLSERVE_DEVICE must be one of {', '.join(DEVICE_CHOICES)}, not {choice!r}")
     if _selected is not None:

@@ -3,9 +3,20 @@ naming the key's dotted path."""
 from __future__ import annotations
 
 import math
+import reprlib
 from typing import Mapping
 
 from .schema import ConfigError
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 2, 4, 4, 80, 80, 40
+
+
+def shown(value) -> str:
+    """A value as a message quotes it: bounded in length and depth. Its plain repr() walked a
+    YAML alias bomb (a 420-byte file whose list holds a billion strings through aliases)."""
+    return _SHOWN.repr(value)
 
 
 def key_path(path: str, key: str) -> str:
@@ -14,7 +25,7 @@ def key_path(path: str, key: str) -> str:
 
 def as_mapping(value, path: str) -> Mapping:
     if not isinstance(value, Mapping):
-        raise ConfigError(path, f"must be a mapping, got {value!r}")
+        raise ConfigError(path, f"must be a mapping, got {shown(value)}")
     return value
 
 
@@ -30,7 +41,7 @@ MAX_MS = 2**31 - 1
 
 def as_int(value, path: str, minimum: int | None = None, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(path, f"must be an integer, got {value!r}{_yaml_hint(value)}")
+        raise ConfigError(path, f"must be an integer, got {shown(value)}{_yaml_hint(value)}")
     if minimum is not None and value < minimum:
         raise ConfigError(path, f"must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
@@ -40,8 +51,10 @@ def as_int(value, path: str, minimum: int | None = None, maximum: int | None = N
 
 def as_float(value, path: str, minimum: float | None = 0.0, below: float | None = None,
              maximum: float | None = None) -> float:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1024:
+        raise ConfigError(path, f"must be a number (at most 1.8e+308), got {shown(value)}")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(path, f"must be a number, got {value!r}{_yaml_hint(value)}")
+        raise ConfigError(path, f"must be a number, got {shown(value)}{_yaml_hint(value)}")
     if minimum is not None and value < minimum:
         raise ConfigError(path, f"must be >= {minimum:g}, got {value:g}")
     if below is not None and value >= below:
@@ -53,7 +66,7 @@ def as_float(value, path: str, minimum: float | None = 0.0, below: float | None 
 
 def _yaml_hint(value) -> str:
     """Why a number came as text: quoted (a Helm template's habit), or YAML 1.1 (PyYAML) reading
-    1e9 as text (a float needs its dot: 1.0e9)."""
+    1e9 as text (a float needs its dot and the exponent's sign: 1.0e+9)."""
     if isinstance(value, str):
         try:
             float(value)
@@ -61,21 +74,23 @@ def _yaml_hint(value) -> str:
             return ""
         if value.strip().lstrip("+-").isdigit():
             return " (a number in quotes is text: write it without quotes)"
-        return " (YAML reads a number like 1e9 as text: write 1.0e9)"
+        return " (YAML reads a number like 1e9 as text: write 1000000000, or 1.0e+9 for a non-integer)"
     return ""
 
 
 def as_bool(value, path: str) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(path, f"must be true or false, got {value!r}")
+        raise ConfigError(path, f"must be true or false, got {shown(value)}")
     return value
 
 
 def as_str(value, path: str, choices=None, allow_empty: bool = True) -> str:
     if not isinstance(value, str) or (not allow_empty and not value):
-        raise ConfigError(path, f"must be a {'non-empty ' if not allow_empty else ''}string, got {value!r}")
+        raise ConfigError(path, f"must be a {'non-empty ' if not allow_empty else ''}string, got {shown(value)}")
     if choices is not None and value not in choices:
-        raise ConfigError(path, f"must be one of {', '.join(choices)}, got {value!r}")
+        raise ConfigError(path, f"must be one of {', '.join(choices)}, got {shown(value)}")
+    if "\x00" in value:  # no path or name holds one (TLS files: a ValueError traceback at start)
+        raise ConfigError(path, "must not contain a NUL character")
     return value
 
 
@@ -85,7 +100,7 @@ def as_opt_str(value, path: str) -> str | None:
 
 def int_list(value, path: str, minimum: int = 0, non_empty: bool = True) -> tuple[int, ...]:
     if not isinstance(value, (list, tuple)) or (non_empty and not value):
-        raise ConfigError(path, f"must be a {'non-empty ' if non_empty else ''}list of integers, got {value!r}")
+        raise ConfigError(path, f"must be a {'non-empty ' if non_empty else ''}list of integers, got {shown(value)}")
     items = tuple(as_int(v, f"{path}[{i}]", minimum) for i, v in enumerate(value))
     if len(set(items)) != len(items):
         raise ConfigError(path, f"has duplicates: {list(items)}")
@@ -98,5 +113,5 @@ def numbers(value, path: str) -> tuple[float, ...] | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= 4:
-        raise ConfigError(path, f"must be a number or a list of 1 to 4 numbers, got {value!r}")
+        raise ConfigError(path, f"must be a number or a list of 1 to 4 numbers, got {shown(value)}")
     return tuple(as_float(v, f"{path}[{i}]", None) for i, v in enumerate(value))

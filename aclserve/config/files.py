@@ -63,6 +63,10 @@ def read_yaml(path: str | os.PathLike, regular_only: bool = False) -> dict:
         raise ConfigError("", f"invalid YAML: {_yaml_problem(e)}", str(path)) from None
     except UnicodeDecodeError as e:  # e.g. saved in Latin-1
         raise ConfigError("", f"not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})", str(path)) from None
+    except RecursionError:  # PyYAML's composer recurses once per level
+        raise ConfigError("", "invalid YAML: nested too deeply", str(path)) from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts (4300)
+        raise ConfigError("", f"invalid YAML: {' '.join(str(e).split(';')[0].split())[:200]}", str(path)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):

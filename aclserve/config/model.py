@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
 from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, key_path, no_unknown,
-                     numbers)
+                     numbers, shown)
 from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, CompileOptions, ConfigError, ImageInput,
                      ModelConfig, TensorOptions)
 
@@ -63,11 +63,15 @@ def _batching(data, path: str) -> BatchingConfig:
     kw["default_queue_policy"] = default_qp
     per_level = {}
     pq_path = key_path(path, "priority_queue_policy")
-    for level, policy in as_mapping(data.get("priority_queue_policy") or {}, pq_path).items():
+    levels_given = data.get("priority_queue_policy")
+    for level, policy in as_mapping({} if levels_given is None else levels_given, pq_path).items():
         lp = f"{pq_path}.{level}"
-        if isinstance(level, str) and level.isdigit():
+        if isinstance(level, str) and level.isascii() and level.isdigit():  # ('²'.isdigit(), not int())
             level = int(level)
-        per_level[as_int(level, lp, 1, levels)] = _queue_policy(policy, lp, default_qp)
+        level = as_int(level, lp, 1, levels)
+        if level in per_level:  # 1 and '1' (YAML's unique keys see two keys)
+            raise ConfigError(lp, f"gives level {level} a second time")
+        per_level[level] = _queue_policy(policy, lp, default_qp)
     kw["priority_queue_policy"] = per_level
     try:
         return BatchingConfig(**kw)
@@ -79,13 +83,13 @@ def _version_policy(value, path: str) -> tuple:
     if value == "all":
         return ("all",)
     if not isinstance(value, Mapping) or len(value) != 1:
-        raise ConfigError(path, f"must be one of {{latest: N}}, all, {{specific: [versions]}}, got {value!r}")
+        raise ConfigError(path, f"must be one of {{latest: N}}, all, {{specific: [versions]}}, got {shown(value)}")
     (kind, arg), = value.items()
     if kind == "latest":
         return ("latest", as_int(arg, key_path(path, "latest"), 1))
     if kind == "all":
         if arg not in (True, None, {}):
-            raise ConfigError(key_path(path, "all"), f"takes no value, got {arg!r}")
+            raise ConfigError(key_path(path, "all"), f"takes no value, got {shown(arg)}")
         return ("all",)
     if kind == "specific":
         return ("specific", tuple(sorted(int_list(arg, key_path(path, "specific"), 1))))
@@ -135,7 +139,7 @@ def _image_input(data, path: str) -> ImageInput:
 def _invert(value, path: str) -> bool | str:
     if isinstance(value, bool) or value == "auto":
         return value
-    raise ConfigError(path, f"must be true, false or auto, got {value!r}")
+    raise ConfigError(path, f"must be true, false or auto, got {shown(value)}")
 
 
 def _tensor_options(data, path: str, role: str) -> dict[str, TensorOptions]:
@@ -167,7 +171,9 @@ def parse_model_config(data, path: str = "") -> ModelConfig:
     no_unknown(data, _MODEL_KEYS, path)
     base = ModelConfig()
     return ModelConfig(
-        instances=as_int(data.get("instances", base.instances), key_path(path, "instances"), 1),
+        # (each instance takes streams, and no device has more than 1,024: a huge count was built
+        # one placement after another, for good, before that was checked)
+        instances=as_int(data.get("instances", base.instances), key_path(path, "instances"), 1, 1024),
         devices=int_list(data.get("devices", list(base.devices)), key_path(path, "devices"), 0),
         slots=_slots(data.get("slots", AUTO), key_path(path, "slots")),
         retry=as_bool(data.get("retry", base.retry), key_path(path, "retry")),

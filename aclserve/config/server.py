@@ -7,11 +7,13 @@ from typing import Mapping
 
 from ..logs import FORMATS as LOG_FORMATS
 from ..trace.settings import TraceSettings, TraceSettingsError
-from .checks import as_bool, as_float, as_int, as_mapping, as_str, no_unknown
+from .checks import MAX_MS, as_bool, as_float, as_int, as_mapping, as_str, no_unknown, shown
 from .model import parse_model_config
 from .schema import CONTROL_MODES, DECODERS, DEVICES, LOG_LEVELS, READINESS, ConfigError, ImageSettings, ServerConfig
 
 _SERVER_KEYS = {f.name for f in dataclasses.fields(ServerConfig)}
+C_INT = 2**31 - 1  # what uvloop's listen() and grpc's maximum_concurrent_rpcs take
+MAX_S = MAX_MS / 1000  # grpc takes these in milliseconds, in a C int (24.8 days)
 _IMAGE_SETTINGS_KEYS = {f.name for f in dataclasses.fields(ImageSettings)}
 
 
@@ -56,13 +58,14 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         max_json_elements=as_int(get("max_json_elements"), "max_json_elements", 1),
         max_request_bytes=as_int(get("max_request_bytes"), "max_request_bytes", 1, max_inflight),
         max_inflight_bytes=max_inflight,
-        max_connections=as_int(get("max_connections"), "max_connections", 1),
-        listen_backlog=as_int(get("listen_backlog"), "listen_backlog", 1),
-        header_timeout_s=as_float(get("header_timeout_s"), "header_timeout_s", 0.001),
-        body_timeout_s=as_float(get("body_timeout_s"), "body_timeout_s", 0.001),
-        keepalive_timeout_s=as_float(get("keepalive_timeout_s"), "keepalive_timeout_s", 0.001),
+        max_connections=as_int(get("max_connections"), "max_connections", 1, C_INT),
+        listen_backlog=as_int(get("listen_backlog"), "listen_backlog", 1, C_INT),
+        header_timeout_s=as_float(get("header_timeout_s"), "header_timeout_s", 0.001, maximum=MAX_S),
+        body_timeout_s=as_float(get("body_timeout_s"), "body_timeout_s", 0.001, maximum=MAX_S),
+        keepalive_timeout_s=as_float(get("keepalive_timeout_s"), "keepalive_timeout_s", 0.001, maximum=MAX_S),
         grpc_max_message_bytes=as_int(get("grpc_max_message_bytes"), "grpc_max_message_bytes", 1),
-        grpc_max_connection_age_s=as_float(get("grpc_max_connection_age_s"), "grpc_max_connection_age_s"),
+        grpc_max_connection_age_s=as_float(get("grpc_max_connection_age_s"), "grpc_max_connection_age_s",
+                                           maximum=MAX_S),
         hold_refused_connections=as_bool(get("hold_refused_connections"), "hold_refused_connections"),
         shed_before_parsing=as_bool(get("shed_before_parsing"), "shed_before_parsing"),
         direct_infer=as_bool(get("direct_infer"), "direct_infer"),
@@ -74,9 +77,9 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         readiness=as_str(get("readiness"), "readiness", READINESS),
         load_retry_initial_s=initial_retry,
         load_retry_max_s=as_float(get("load_retry_max_s"), "load_retry_max_s", initial_retry),
-        shutdown_timeout_s=as_float(get("shutdown_timeout_s"), "shutdown_timeout_s"),
+        shutdown_timeout_s=as_float(get("shutdown_timeout_s"), "shutdown_timeout_s", maximum=MAX_S),
         load_concurrency=as_int(get("load_concurrency"), "load_concurrency", 1),
-        cpu_threads=as_int(get("cpu_threads"), "cpu_threads", 1),
+        cpu_threads=as_int(get("cpu_threads"), "cpu_threads", 1, 1024),
         compile_cache_dir=cache_dir,
         unload_on_delete=as_bool(get("unload_on_delete"), "unload_on_delete"),
         settle_s=as_float(get("settle_s"), "settle_s"),
@@ -99,7 +102,7 @@ def _trace(value) -> TraceSettings:
     for key, item in data.items():
         if isinstance(item, bool) or item is None:
             hint = " (write \"OFF\" in quotes: YAML reads a bare OFF as false)" if item is False else ""
-            raise ConfigError(f"trace.{key}", f"must be a string or a number, got {item!r}{hint}")
+            raise ConfigError(f"trace.{key}", f"must be a string or a number, got {shown(item)}{hint}")
         try:
             settings = settings.updated({_TRACE_KEYS[key]: item})
         except TraceSettingsError as e:

@@ -74,6 +74,8 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         raise CompileError("--atc given with --target cpu; drop one of them")
 
     src = os.fspath(onnx_path)
+    if not src:  # Path('') is '.': the default output below had no name to take (a traceback)
+        raise CompileError("no model file given (an empty path)")
     out = Path(output) if output is not None else default_output(src)
     if out.suffix != ".om":
         raise CompileError(f"output {out} must end with .om")

@@ -16,6 +16,7 @@ from onnx import helper
 
 from ..dtypes import acl_to_kserve, numpy_to_acl
 from ..regular_files import open_regular
+from .container import DYNAMIC_BATCH_INPUT
 
 DEFAULT_GEARS = (1, 2, 4, 8, 16, 32)
 MAX_GEARS = 100
@@ -184,6 +185,13 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
     """
     inputs = graph_inputs(model)
     names = [i.name for i in inputs]
+    if DYNAMIC_BATCH_INPUT in names:  # the OM would list it twice, and serving refuses that OM
+        raise CompileError(f"input {DYNAMIC_BATCH_INPUT!r} has the name of the input ATC adds for dynamic "
+                           "batch; rename it in the model")
+    outputs = [o.name for o in model.graph.output]
+    twice = sorted({name for name in outputs if outputs.count(name) > 1})
+    if twice:  # (served, its metadata listed it twice)
+        raise CompileError(f"output {twice[0]!r} is listed twice among the model's outputs")
     for name in input_shape:
         if name not in names:
             raise CompileError(f"--input-shape names unknown input {name!r} (model inputs: {', '.join(names)})")

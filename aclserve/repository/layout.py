@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from pathlib import Path
 
 from ..config import ConfigError, ModelConfig, load_model_config
 from ..regular_files import node_kind
+
+log = logging.getLogger(__name__)
 
 MODEL_SUFFIXES = (".om", ".onnx")  # order = preference when both exist
 TEMP_SUFFIXES = (".tmp", ".part")
@@ -251,6 +254,9 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
         except OSError as e:  # a folder of the model that cannot be listed: that model alone
             where = _relative(root, e.filename)
             result.problems[name] = f"{where + ' ' if where else ''}cannot be read ({e.strerror or e})"
+        except Exception:  # a bug of the scan: that model alone (it stopped every scan, hot reload with it)
+            log.exception("model %s: scanning its files failed", name)
+            result.problems[name] = "its files could not be scanned (internal error; see the server log)"
     # names that are not UTF-8 reach the index, the logs and /metrics: escaped once here
     result.problems = {escape_undecodable(k): escape_undecodable(v) for k, v in result.problems.items()}
     result.notes = [escape_undecodable(note) for note in result.notes]

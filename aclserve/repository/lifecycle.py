@@ -263,7 +263,10 @@ class Lifecycle:
         self.acted = {}
         unfinished = [asyncio.wrap_future(f) for f in self._executor.unfinished()]
         if unfinished:  # an abandoned load closes what it opened (a hung one never returns)
-            _, late = await asyncio.wait(unfinished, timeout=max(0.0, deadline - time.monotonic()))
+            ended, late = await asyncio.wait(unfinished, timeout=max(0.0, deadline - time.monotonic()))
+            for waiter in ended:  # read: a failed load's error (said by its task) was an asyncio
+                if not waiter.cancelled():  # ERROR "Future exception was never retrieved" at exit
+                    waiter.exception()
             for waiter in late:
                 waiter.cancel()  # not waited for: its outcome is its thread's to handle
         self._executor.shutdown(wait=False)  # its threads are daemons: a hung one holds no exit

@@ -36,6 +36,16 @@ def _empty_tensor(path, where: str):
     return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
+def _odd_names(path, what: str):
+    """An input named as ATC's own dynamic-batch input, or an output listed twice: compiled,
+    then refused at load with a reason about image sizes, or served with its output twice."""
+    vi, node = helper.make_tensor_value_info, helper.make_node
+    x = "ascend_mbatch_shape_data" if what == "reserved" else "x"
+    outputs = [vi("y", TensorProto.FLOAT, ["n", 2])] * (2 if what == "twice" else 1)
+    graph = helper.make_graph([node("Identity", [x], ["y"])], "odd", [vi(x, TensorProto.FLOAT, ["n", 2])], outputs)
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
 # (case id, argv after "compile" with MODEL/STATIC/OUT placeholders, text the message must contain)
 CASES = [
     ("missing file", ["NOFILE"], "no such file"),
@@ -64,6 +74,9 @@ CASES = [
     ("input bytes past int64", ["MODEL", "--batch", "1,9223372036854775807"], "would take"),
     ("static 0 dim in an input", ["EMPTYIN"], "input 'x' has a dimension of 0"),
     ("static 0 dim in an output", ["EMPTYOUT"], "output 'y' has a dimension of 0"),
+    ("reserved input name", ["RESERVED"], "has the name of the input ATC adds"),
+    ("output listed twice", ["TWICE"], "output 'y' is listed twice"),
+    ("empty path", [""], "no model file given"),  # a traceback from pathlib
     ("unknown target", ["MODEL", "--target", "gpu"], "unknown target 'gpu'"),
     ("npu without atc", ["MODEL", "--target", "npu"], "ATC asked for but not found"),
     ("atc path missing", ["MODEL", "--atc", "/nonexistent/atc"], "ATC asked for but not found"),
@@ -81,7 +94,9 @@ def files(tmp_path, multi_io_onnx, static_onnx):
     return {"NOFILE": str(tmp_path / "absent.onnx"), "TEXTFILE": str(text), "MODEL": multi_io_onnx,
             "STATIC": static_onnx, "INVALID": _invalid_graph(tmp_path / "invalid.onnx"), "OUTDIR": str(tmp_path),
             "EMPTYIN": _empty_tensor(tmp_path / "empty_in.onnx", "input"),
-            "EMPTYOUT": _empty_tensor(tmp_path / "empty_out.onnx", "output")}
+            "EMPTYOUT": _empty_tensor(tmp_path / "empty_out.onnx", "output"),
+            "RESERVED": _odd_names(tmp_path / "reserved.onnx", "reserved"),
+            "TWICE": _odd_names(tmp_path / "twice.onnx", "twice")}
 
 
 def _assert_one_line_error(proc, expected):

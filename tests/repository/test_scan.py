@@ -49,6 +49,21 @@ def test_onnx_is_found_and_om_of_the_same_name_wins(tmp_path):
     assert models["c"].available["2"].kind == "om"
 
 
+def test_a_model_config_yaml_cannot_build_is_that_models_problem_alone(tmp_path):
+    """100,000 nested lists (RecursionError) or a 5,000-digit integer (ValueError) in one model's
+    YAML escaped the scan: every rescan failed, a model added later was never loaded, and the
+    index showed nothing wrong (found by a helper's fuzz of the config)."""
+    touch(tmp_path / "deep.om")
+    touch(tmp_path / "deep.yaml", b"instances: " + b"[" * 100_000 + b"]" * 100_000)
+    touch(tmp_path / "digits.om")
+    touch(tmp_path / "digits.yaml", b"instances: " + b"9" * 5000)
+    touch(tmp_path / "added.om")
+    result = scan(tmp_path, DEFAULTS)
+    assert set(result.models) == {"added"}
+    assert "nested too deeply" in result.problems["deep"]
+    assert "Exceeds the limit (4300 digits)" in result.problems["digits"]
+
+
 def test_ignored_names(tmp_path):
     for name in ("x.om.tmp", "x.om.part", ".hidden.om", "notes.txt", "y.pt"):
         touch(tmp_path / name)

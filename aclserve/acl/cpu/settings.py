@@ -27,6 +27,8 @@ import os
 import re
 
 DEFAULT_DEVICES = 1
+MAX_DEVICES = 64  # more than any Ascend host has (8 or 16 NPUs): each is a device the runtime builds
+MAX_THREADS = 1024  # ONNX Runtime threads per session, as cpu_threads
 DEFAULT_DEVICE_MEMORY = 8 << 30
 DEFAULT_MAX_STREAMS = 1024  # CANN docs, aclrtCreateStream: "Atlas inference series" (310P)
 DEFAULT_MAX_EVENTS = 1023  # CANN docs, aclrtCreateEvent: 310 / 310P
@@ -55,7 +57,9 @@ def parse_size(text: str) -> int:
     return size
 
 
-def _positive_int(name: str, default: int) -> int:
+def _positive_int(name: str, default: int, maximum: int = 2**31 - 1) -> int:
+    """A positive integer of at most `maximum` (a C int, as the values they stand for in CANN):
+    a huge ACLSERVE_CPU_DEVICES made one device after another until the memory ran out."""
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
         return default
@@ -63,13 +67,13 @@ def _positive_int(name: str, default: int) -> int:
         value = int(raw)
     except ValueError:
         value = 0
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    if not 1 <= value <= maximum:
+        raise ValueError(f"{name} must be an integer from 1 to {maximum}, got {raw[:40]!r}")
     return value
 
 
 def device_count() -> int:
-    return _positive_int("ACLSERVE_CPU_DEVICES", DEFAULT_DEVICES)
+    return _positive_int("ACLSERVE_CPU_DEVICES", DEFAULT_DEVICES, MAX_DEVICES)
 
 
 def device_memory() -> int:
@@ -132,4 +136,4 @@ def check_environment() -> None:
 def threads() -> int:
     if _threads_override is not None:
         return _threads_override
-    return _positive_int("ACLSERVE_CPU_THREADS", 1)
+    return _positive_int("ACLSERVE_CPU_THREADS", 1, MAX_THREADS)
