@@ -101,9 +101,15 @@ class Lifecycle:
         return name in self._busy
 
     async def wait_for(self, name: str) -> None:
-        """Until no task works on `name` (cancelling the caller does not cancel the task)."""
-        while name in self._busy:
-            await asyncio.shield(self._busy[name])
+        """Until no task works on `name` (cancelling the caller does not cancel the task). A
+        task that has ended but whose done callback (`_finished`) has not run yet is still in
+        `_busy`, and awaiting it (shield hands back a done task as it is) does not yield: the
+        loop spun there for good, the server hung (a helper's storm of load / unload calls)."""
+        while (task := self._busy.get(name)) is not None:
+            if task.done():
+                await asyncio.sleep(0)  # its done callback, queued already, runs first
+            else:
+                await asyncio.shield(task)
 
     async def wait_idle(self) -> None:
         """Until no model is being loaded, swapped or drained."""

@@ -131,3 +131,29 @@ async def test_a_load_that_meets_the_watchers_failing_load_names_the_files_error
     go.set()
     with pytest.raises(ModelLoadFailed, match="version 1: not an OM file"):
         await asyncio.wait_for(answer, 30)
+
+
+@pytest.mark.timeout(60)  # the old code spun the event loop for good here: the alarm ends it
+async def test_waiting_for_a_model_whose_task_just_ended_yields_to_its_done_callback(make_repo, models_dir,
+                                                                                       model_files):
+    """A model's apply task had ended but its done callback, which takes it out of the busy
+    set, had not run yet: wait_for awaited the ended task (shield hands it back as it is,
+    without yielding) over and over, and the server hung, answering nothing (found by a
+    helper's storm of load / unload calls). Here the task ends and its callback is queued
+    behind the waiter, the moment that storm hit."""
+    shutil.copyfile(model_files[1]["om"], models_dir / "m.om")
+    repo, _ = await make_repo()
+    life = repo._lifecycle
+
+    async def nothing():
+        return {}
+
+    task = asyncio.get_running_loop().create_task(nothing())
+    life._busy["ghost"] = task
+    task.add_done_callback(lambda t: life._finished("ghost", t))
+    await asyncio.sleep(0)  # the task runs to its end; its done callback is queued behind us
+    assert task.done() and "ghost" in life._busy
+    await life.wait_for("ghost")
+    assert "ghost" not in life._busy
+    await repo.unload("m")  # the unload path waits the same way: still answered
+    assert "m" not in serving(repo)
