@@ -141,9 +141,11 @@ class ModelRepository:
         known = self._lifecycle.states.describe(name, version, self._planner.scan)
         if known is not None:
             state, reason = known
-            if state == State.UNAVAILABLE.value and self._failures.refused_for_good(name, version):
-                # its file was refused and no retry is due: not a retry-later (Triton: 404, "has no
-                # available versions"); a client retrying a 503 would loop on it
+            if state == State.UNAVAILABLE.value and (self._failures.refused_for_good(name, version)
+                                                     or (not versions and name in self._planner.scan.problems)):
+                # its file was refused and no retry is due, or its files are (a broken config, a
+                # version folder that is no version): not a retry-later (Triton: 404, "has no
+                # available versions"); a client retrying a 503 would loop on it until they change
                 raise NotFound(f"model {name} version {version} is not available ({reason})" if version
                                else f"model {name} has no available versions ({reason})")
             raise ModelUnavailable(f"model {name}{' version ' + version if version else ''} is not ready"

@@ -170,6 +170,12 @@ async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_
         repo.get("junk")
     with pytest.raises(NotFound, match=r"model junk version 1 is not available \(.*not an OM"):
         repo.get("junk", "1")
+    # so is a model whose files cannot be served as they are (its config broken): it was a 503
+    # without a version, and "unknown model" with one, though the index lists it (a helper)
+    with pytest.raises(NotFound, match=r"model badcfg has no available versions \(.*slots: must be >= 1"):
+        repo.get("badcfg")
+    with pytest.raises(NotFound, match=r"model badcfg version 1 is not available \(.*slots: must be >= 1"):
+        repo.get("badcfg", "1")
 
 
 async def test_a_version_on_disk_not_loaded_yet_is_unavailable_not_unknown(make_repo, models_dir, model_files):
