@@ -130,5 +130,10 @@ def run_inspect(args) -> int:
         info = describe(args.file)
     except InspectError as e:
         raise UsageError(str(e)) from None
-    print(json.dumps(info, indent=2, sort_keys=True) if args.json else format_text(info))
+    try:
+        text = json.dumps(info, indent=2, sort_keys=True) if args.json else format_text(info)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:  # a field of another shape than written
+        raise UsageError(f"{args.file}: the OM header is malformed ({type(e).__name__}: {e}); "
+                         "aclserve serve refuses it too") from None
+    print(text)
     return 0

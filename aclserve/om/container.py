@@ -108,6 +108,8 @@ def decode(data: bytes, verify_payload: bool = True) -> CpuOm:
         header = json.loads(data[PREFIX_SIZE:PREFIX_SIZE + hlen])
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise OmFormatError(f"CPU OM header is not valid JSON: {e}") from None
+    except RecursionError:  # json's decoder recurses once per level
+        raise OmFormatError("CPU OM header is nested too deeply") from None
     if not isinstance(header, dict) or "inputs" not in header or "outputs" not in header:
         raise OmFormatError("CPU OM header lacks inputs/outputs")
     payload = data[PREFIX_SIZE + hlen:]
@@ -153,6 +155,8 @@ def read_header(path: str | os.PathLike) -> dict:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise OmFormatError(f"CPU OM header is not valid JSON: {e}") from None
+    except RecursionError:  # json's decoder recurses once per level
+        raise OmFormatError("CPU OM header is nested too deeply") from None
     if not isinstance(header, dict):
         raise OmFormatError("CPU OM header is not a JSON object")
     return header

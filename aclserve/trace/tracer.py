@@ -186,6 +186,15 @@ class Tracer:
             raise TraceSettingsError(f"trace_file: {name!r} cannot be written: it is a folder")
         if blocker is not None:
             raise TraceSettingsError(f"trace_file: {name!r} cannot be written: {blocker.name!r} is a file, not a folder")
+        folder = path.parent  # (indexed: name.0, name.1, ... are written beside the name)
+        try:  # made now: a trace folder that cannot be (trace_dir unwritable) lost every trace, said only in the log
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TraceSettingsError(f"trace_file: {name!r} cannot be written: its folder cannot be made "
+                                     f"({e.strerror or e}; see trace_dir in the config)") from None
+        if not os.access(folder, os.W_OK):
+            raise TraceSettingsError(f"trace_file: {name!r} cannot be written: its folder is not writable "
+                                     "(see trace_dir in the config)")
 
     # -- the hot path (a sampled request only) --------------------------------------------------------
     def start(self, model: str, version: str, protocol: str, arrival_ns: int) -> RequestTrace | None:

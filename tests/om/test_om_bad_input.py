@@ -162,3 +162,21 @@ def test_an_input_size_past_a_float_is_refused_in_one_line():
         _check_size("x", np.dtype(np.float32), [MAX_DIM] * 18, None)
     with pytest.raises(CompileError, match=r"would take 3\.4e\+38 bytes at batch"):
         _check_size("x", np.dtype(np.float32), [-1, MAX_DIM], MAX_DIM)
+
+
+def test_inspect_refuses_a_cpu_om_header_of_another_shape_in_one_line(tmp_path, multi_io_onnx):
+    """Tracebacks found by a helper's fuzz: a header nested 100,000 deep (RecursionError, both
+    modes) and one whose aipp is a list of empty settings (KeyError in the text mode); serve
+    refuses both."""
+    import struct
+    from aclserve.om import container
+    deep = b"[" * 100_000 + b"]" * 100_000
+    (tmp_path / "deep.om").write_bytes(struct.pack("<8sIIQ", b"ACLSVOM\x00", 1, len(deep), 0) + deep)
+    assert run_cli("compile", multi_io_onnx, "-o", tmp_path / "m.om", env={"PATH": "/usr/bin:/bin"}).returncode == 0
+    good = container.read(tmp_path / "m.om")
+    header = dict(good.header, aipp=[{}])
+    header.pop("payload_sha256", None)
+    (tmp_path / "aipp.om").write_bytes(container.encode(header, good.payload))
+    for args, said in ((("deep.om",), "nested too deeply"), (("deep.om", "--json"), "nested too deeply"),
+                       (("aipp.om",), "the OM header is malformed")):
+        _assert_one_line_error(run_cli("inspect", tmp_path / args[0], *args[1:]), said)

@@ -49,6 +49,20 @@ def test_at_most_max_names_are_set_through_the_api(tmp_path, monkeypatch):
     tracer.close()
 
 
+def test_a_trace_file_whose_folder_cannot_be_made_is_refused_when_set(tmp_path):
+    """trace_dir under /proc (or any folder that cannot be made): the API answered 200, every
+    trace was lost and only the log said so (found by a helper's fuzz of the config). Refused
+    when set now, its folder made then."""
+    tracer = Tracer(trace_dir="/proc/aclserve-no-such-folder")
+    with pytest.raises(TraceSettingsError, match="trace_file: 't.json' cannot be written: its folder cannot be made"):
+        tracer.update({"trace_file": "t.json"})
+    tracer.close()
+    tracer = Tracer(trace_dir=str(tmp_path / "new"))
+    tracer.update({"trace_file": "sub/t.json"})
+    assert (tmp_path / "new" / "sub").is_dir()
+    tracer.close()
+
+
 def test_traces_held_in_memory_are_bounded_across_files_and_setting_changes(tmp_path, monkeypatch):
     """Each change of trace_file queues the old file's write: traces queued for a writer that is
     behind count against MAX_PENDING as the waiting ones do (a client changing names faster than
@@ -215,6 +229,7 @@ def test_the_operators_trace_file_is_not_held_to_the_apis_name_limits(tmp_path):
 def test_a_write_that_fails_on_the_disk_is_one_error_line_without_a_traceback(tmp_path, caplog):
     tracer = Tracer(trace_dir=str(tmp_path))
     tracer.update(dict(EVERY_REQUEST, trace_file="sub/t.json"))
+    (tmp_path / "sub").rmdir()  # made by the setting, which checks the folder can be
     (tmp_path / "sub").write_text("made a file after the setting")  # (the check above is at setting time)
     trace_requests(tracer, 1)
     tracer.close()
