@@ -88,6 +88,11 @@ def test_file_merges_over_default_and_overrides_win(tmp_path):
     ({"shutdown_timeout_s": 10**400}, "shutdown_timeout_s", "must be a number (at most 1.8e+308)"),
     ({"listen_backlog": 2**31}, "listen_backlog", "must be <= 2147483647"),
     ({"tls_cert_file": "a\x00b"}, "tls_cert_file", "must not contain a NUL character"),
+    # a wrong type's false value was taken for none: no token, TLS off (a helper's fuzz)
+    ({"api_token": False}, "api_token", "must be a string"),
+    ({"tls_cert_file": []}, "tls_cert_file", "must be a string, got []"),
+    ({"images": []}, "images", "must be a mapping, got []"),
+    ({"model_defaults.outputs": {"y": []}}, "model_defaults.outputs.y", "must be a mapping, got []"),
     ({"compile_cache_dir": "\x00"}, "compile_cache_dir", "must not contain a NUL character"),
     ({"max_connections": 10**19}, "max_connections", "must be <= 2147483647"),
     ({"cpu_threads": 10**19}, "cpu_threads", "must be <= 1024"),

@@ -19,6 +19,12 @@ def shown(value) -> str:
     return _SHOWN.repr(value)
 
 
+def unless_none(value, default):
+    """`value`, or `default` when the key is absent or null: not `value or default`, which took
+    a wrong type's false value (api_token: false, tls_cert_file: [], images: []) for none."""
+    return default if value is None else value
+
+
 def key_path(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
 from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, key_path, no_unknown,
-                     numbers, shown)
+                     numbers, shown, unless_none)
 from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, CompileOptions, ConfigError, ImageInput,
                      ModelConfig, TensorOptions)
 
@@ -143,12 +143,12 @@ def _invert(value, path: str) -> bool | str:
 
 
 def _tensor_options(data, path: str, role: str) -> dict[str, TensorOptions]:
-    data = as_mapping(data or {}, path)
+    data = as_mapping(unless_none(data, {}), path)
     out = {}
     key = "image" if role == "inputs" else "labels"
     for name, options in data.items():
         tp = key_path(path, str(name))
-        options = as_mapping(options or {}, tp)
+        options = as_mapping(unless_none(options, {}), tp)
         no_unknown(options, {key}, tp)
         value = options.get(key)
         if value is None:

@@ -7,7 +7,7 @@ from typing import Mapping
 
 from ..logs import FORMATS as LOG_FORMATS
 from ..trace.settings import TraceSettings, TraceSettingsError
-from .checks import MAX_MS, as_bool, as_float, as_int, as_mapping, as_str, no_unknown, shown
+from .checks import MAX_MS, as_bool, as_float, as_int, as_mapping, as_str, no_unknown, shown, unless_none
 from .model import parse_model_config
 from .schema import CONTROL_MODES, DECODERS, DEVICES, LOG_LEVELS, READINESS, ConfigError, ImageSettings, ServerConfig
 
@@ -24,17 +24,17 @@ def parse_server_config(data: Mapping) -> ServerConfig:
     d = ServerConfig()
     get = lambda key: data.get(key, getattr(d, key))  # noqa: E731
     models_dir = as_str(get("models_dir"), "models_dir", allow_empty=False)
-    cache_dir = as_str(data.get("compile_cache_dir") or "", "compile_cache_dir")
-    token = data.get("api_token") or ""
+    cache_dir = as_str(unless_none(data.get("compile_cache_dir"), ""), "compile_cache_dir")
+    token = unless_none(data.get("api_token"), "")  # (api_token: false or 0 read as no token)
     if not isinstance(token, str):
         raise ConfigError("api_token", "must be a string")  # the value is a secret: not echoed
     max_inflight = as_int(get("max_inflight_bytes"), "max_inflight_bytes", 1)
-    tls_cert = as_str(get("tls_cert_file") or "", "tls_cert_file")
-    tls_key = as_str(get("tls_key_file") or "", "tls_key_file")
+    tls_cert = as_str(unless_none(get("tls_cert_file"), ""), "tls_cert_file")
+    tls_key = as_str(unless_none(get("tls_key_file"), ""), "tls_key_file")
     if bool(tls_cert) != bool(tls_key):
         raise ConfigError("tls_key_file" if tls_cert else "tls_cert_file",
                           "TLS needs both tls_cert_file and tls_key_file")
-    tls_client_ca = as_str(get("tls_client_ca_file") or "", "tls_client_ca_file")
+    tls_client_ca = as_str(unless_none(get("tls_client_ca_file"), ""), "tls_client_ca_file")
     if tls_client_ca and not tls_cert:
         raise ConfigError("tls_client_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file")
     initial_retry = as_float(get("load_retry_initial_s"), "load_retry_initial_s")
@@ -50,7 +50,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         log_level=as_str(get("log_level"), "log_level", LOG_LEVELS),
         log_format=as_str(get("log_format"), "log_format", LOG_FORMATS),
         request_log=as_bool(get("request_log"), "request_log"),
-        trace=_trace(data.get("trace") or {}),
+        trace=_trace(unless_none(data.get("trace"), {})),
         trace_dir=as_str(get("trace_dir"), "trace_dir", allow_empty=False),
         model_control_mode=as_str(get("model_control_mode"), "model_control_mode", CONTROL_MODES),
         max_body_bytes=as_int(get("max_body_bytes"), "max_body_bytes", 1),
@@ -85,7 +85,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         settle_s=as_float(get("settle_s"), "settle_s"),
         debounce_s=as_float(get("debounce_s"), "debounce_s"),
         memory_reserve_fraction=as_float(get("memory_reserve_fraction"), "memory_reserve_fraction", 0.0, 1.0),
-        device_limits=_device_limits(data.get("device_limits") or {}),
+        device_limits=_device_limits(unless_none(data.get("device_limits"), {})),
         images=_image_settings(data.get("images")),
         model_defaults=parse_model_config(data.get("model_defaults", {}), "model_defaults"),
     )
@@ -119,7 +119,7 @@ def _device_limits(value) -> tuple[int | None, int | None]:
 
 
 def _image_settings(data) -> ImageSettings:
-    data = as_mapping(data or {}, "images")
+    data = as_mapping(unless_none(data, {}), "images")
     no_unknown(data, _IMAGE_SETTINGS_KEYS, "images")
     d = ImageSettings()
     return ImageSettings(
