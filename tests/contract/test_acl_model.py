@@ -29,6 +29,12 @@ def test_load_refusals(acl, ctx, tmp_path, mlp_om, caplog):
     truncated = tmp_path / "truncated.om"
     truncated.write_bytes(Path(mlp_om[0]).read_bytes()[:-10])
     assert acl.mdl.load_from_file(str(truncated)) == (0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID)
+    from aclserve.om import container
+    good = container.read(mlp_om[0])  # a header listing no outputs: loaded, then every run failed
+    header = {k: v for k, v in good.header.items() if k != "payload_sha256"}
+    no_outputs = tmp_path / "no_outputs.om"
+    no_outputs.write_bytes(container.encode(dict(header, outputs=[]), good.payload))
+    assert acl.mdl.load_from_file(str(no_outputs)) == (0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID)
 
     atc = bytearray(256)  # an ATC "IMOD" header (reference section 8) with a consistent length
     struct.pack_into("<4sII", atc, 0, b"IMOD", 256, 0x20000000)
