@@ -283,3 +283,13 @@ def test_serve_takes_a_folder_as_trace_file_when_log_frequency_writes_beside_it(
     _check_trace_folder(str(tmp_path / "run"), log_frequency=100)
     with pytest.raises(UsageError, match="it is a folder"):
         _check_trace_folder(str(tmp_path / "run"), log_frequency=0)
+
+
+def test_a_bad_flag_of_any_command_is_one_line(tmp_path):
+    """serve, infer and profile printed argparse's 13-line usage block before the error, where
+    compile and inspect (and every UsageError) print one line (found by a helper's fuzz)."""
+    for args, said in ((("serve", "--port", "abc"), "argument --port: invalid int value: 'abc'"),
+                       (("infer",), "the following arguments are required"),
+                       (("profile", "--seconds", "soon"), "argument --seconds")):
+        proc = _aclserve(*args, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and said in proc.stderr, proc.stderr

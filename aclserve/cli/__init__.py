@@ -28,7 +28,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     for commands in (serve, infer, profile, om):
         commands.add_commands(sub)
+    for command in sub.choices.values():  # every command's usage errors in one line, as UsageError's
+        _one_line_errors(command)
     return parser
+
+
+def _one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """argparse prints the usage block before its error; keep it to the single error line."""
+
+    def error(message: str):
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+    parser.error = error  # type: ignore[method-assign]
 
 
 # Options whose value may start with a minus sign: argparse reads `--mean -1,0,0` as an option

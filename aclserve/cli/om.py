@@ -4,20 +4,10 @@ Exit status: 0 success; 2 bad input (one line on stderr, via UsageError or argpa
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from .usage import UsageError
-
-
-def _one_line_errors(parser: argparse.ArgumentParser) -> None:
-    """argparse prints the usage block before its error; keep it to the single error line."""
-
-    def error(message: str):
-        parser.exit(2, f"{parser.prog}: error: {message}\n")
-
-    parser.error = error  # type: ignore[method-assign]
 
 
 def add_commands(sub) -> None:
@@ -46,7 +36,6 @@ def add_commands(sub) -> None:
     a.add_argument("--mean", metavar="M[,M,M]", help="with --image-input: per-channel mean, pixel units (0-255)")
     a.add_argument("--std", metavar="S[,S,S]", help="with --image-input: per-channel std, pixel units")
     p.set_defaults(func=run_compile)
-    _one_line_errors(p)
 
     q = sub.add_parser("inspect", help="show what an .om file contains",
                        description="Show an .om file's header: everything for a CPU OM, the 256-byte "
@@ -54,7 +43,6 @@ def add_commands(sub) -> None:
     q.add_argument("file", metavar="FILE.om")
     q.add_argument("--json", action="store_true", help="print the header as JSON")
     q.set_defaults(func=run_inspect)
-    _one_line_errors(q)
 
 
 def run_compile(args) -> int:
