@@ -54,6 +54,8 @@ def _expand_dotted(overrides: Mapping) -> dict:
 def read_yaml(path: str | os.PathLike, regular_only: bool = False) -> dict:
     """The mapping in the YAML file at `path`. `regular_only`: refuse a FIFO, socket or device
     node unopened (a model's config, read by every scan); a server config may be a pipe."""
+    if not os.fspath(path):
+        raise ConfigError("", "no config file given (an empty path)")
     try:
         with open_regular(path, "r", "utf-8") if regular_only else open(path, encoding="utf-8") as f:
             data = yaml.load(f, Loader=_UniqueKeyLoader)
