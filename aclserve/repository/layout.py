@@ -103,7 +103,7 @@ def check_model_name(name: str) -> str | None:
     if name.startswith("."):
         return "model names may not start with '.'"
     if not _NAME_RE.match(name):
-        return "model names use letters, digits, '_', '-', '.' (at most 128, not starting with '-' or '.')"
+        return "model names use ASCII letters, digits, '_', '-', '.' (at most 128, not starting with '-' or '.')"
     return None
 
 
