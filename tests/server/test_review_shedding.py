@@ -133,6 +133,22 @@ def two_places(models_dir, tmp_path, make_config):
         yield srv
 
 
+async def refusing_with_room(url: str):
+    """The early refusals on (a request refused through aiohttp while the two places were taken),
+    then the queue empty again: (the refused request's status, its writer, to close)."""
+    fillers = [await open_raw(url) for _ in range(2)]
+    for _, w in fillers:
+        w.write(request(WAITING))  # 3 + 3 rows fill no gear: both wait until their clients go
+    await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 2)
+    refused_reader, refused_writer = await open_raw(url)
+    refused_writer.write(request(ONE_ROW))  # refused through aiohttp: early refusals on for 2 s
+    refused_status, _ = await read_response(refused_reader)
+    for _, w in fillers:
+        w.close()  # cancelled: the queue is empty
+    await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 0)
+    return refused_status, refused_writer
+
+
 def test_requests_admitted_unread_that_never_arrive_stop_counting_after_the_lapse(two_places):
     """Each infer request let through by the early refusal is counted as coming until its
     handler queues it; one that never does (here a body the codec refuses, 400) must not keep
@@ -142,16 +158,7 @@ def test_requests_admitted_unread_that_never_arrive_stop_counting_after_the_laps
     url = two_places.url
 
     async def scenario():
-        fillers = [await open_raw(url) for _ in range(2)]
-        for _, w in fillers:
-            w.write(request(WAITING))  # 3 + 3 rows fill no gear: both wait until their clients go
-        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 2)
-        refused_reader, refused_writer = await open_raw(url)
-        refused_writer.write(request(ONE_ROW))  # refused through aiohttp: early refusals on for 2 s
-        refused_status, _ = await read_response(refused_reader)
-        for _, w in fillers:
-            w.close()  # cancelled: the queue is empty
-        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 0)
+        refused_status, refused_writer = await refusing_with_room(url)
         reader, writer = await open_raw(url)
         statuses = []
         for _ in range(2):
@@ -180,16 +187,7 @@ def test_requests_naming_another_level_do_not_count_against_the_default_levels_r
     other_level = json.dumps({"inputs": [], "parameters": {"priority": 1}}).encode()
 
     async def scenario():
-        fillers = [await open_raw(url) for _ in range(2)]
-        for _, w in fillers:
-            w.write(request(WAITING))
-        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 2)
-        refused_reader, refused_writer = await open_raw(url)
-        refused_writer.write(request(ONE_ROW))  # refused through aiohttp: early refusals on for 2 s
-        refused_status, _ = await read_response(refused_reader)
-        for _, w in fillers:
-            w.close()
-        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 0)
+        refused_status, refused_writer = await refusing_with_room(url)
         reader, writer = await open_raw(url)
         writer.write(request(other_level) * 2 + request(ONE_ROW))  # at once, well within the lapse
         answers = await read_answers(reader, 3)
