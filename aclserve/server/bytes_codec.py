@@ -65,7 +65,8 @@ def decode_input(name: str, item: dict, spec: TensorSpec, max_batch: int, rows: 
                  body: bytes, offset: int, framed: bool) -> tuple[list, int, int | None]:
     """One BYTES input of a request -> (elements, new binary offset, batch rows)."""
     count, rows = check_rows(name, item.get("shape"), spec, max_batch, rows)
-    params = item.get("parameters") or {}
+    params = item.get("parameters")
+    params = {} if params is None else params
     if type(params) is not dict:
         raise InvalidInput(f"input '{name}': parameters must be an object")
     if any(k.startswith("shared_memory_") for k in params):

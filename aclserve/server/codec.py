@@ -114,10 +114,10 @@ def decode_request(body: bytes, header_length: int | None, sig: Signature) -> In
         if numeric:  # binary tensors hold no JSON booleans
             refuse_booleans_among_numbers(doc, text, numeric)
         params = doc.get("parameters")
-        if params:
+        if params is not None:  # (not `if params`: 0, false or "" were taken for none)
             _decode_parameters(params, req)
         outs = doc.get("outputs")
-        if outs:
+        if outs is not None and (outs or type(outs) is not list):  # [] asks for every output
             req.outputs = _decode_outputs(outs, sig)
             check_classification(req, sig)
     except ServeError as e:
@@ -150,7 +150,7 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
         count, rows, shape = check_input(name, datatype, item.get("shape"), spec, sig, rows)
         params = item.get("parameters")
         size = None
-        if params:
+        if params is not None:
             if type(params) is not dict:
                 raise InvalidInput(f"input '{name}': parameters must be an object")
             refuse_shared_memory(params, f"input '{name}'")
@@ -334,7 +334,8 @@ def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
         if name in seen:
             raise InvalidInput(f"output '{name}' is requested more than once")
         seen.add(name)
-        params = item.get("parameters") or {}
+        params = item.get("parameters")
+        params = {} if params is None else params
         if type(params) is not dict:
             raise InvalidInput(f"output '{name}': parameters must be an object")
         refuse_shared_memory(params, f"output '{name}'")

@@ -198,6 +198,11 @@ def test_raw_binary_request():
     ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "parameters": {"timeout": "soon"}}, "timeout"),
     ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "outputs": [{"name": "nope"}]}, "unknown output 'nope'"),
     ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "id": 5}, "id must be a string"),
+    # a false value of another type was taken for none (a helper's fuzz of the HTTP corners)
+    ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "parameters": 0}, "parameters must be an object"),
+    ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "outputs": 0}, "outputs must be an array"),
+    ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "outputs": ""}, "outputs must be an array"),
+    ({"inputs": [dict(inp("x", "FP32", [1, 4], [0] * 4), parameters=[])]}, "parameters must be an object"),
     ({"inputs": [dict(inp("x", "FP32", [1, 4], [0] * 4), parameters={"shared_memory_region": "r"})]},
      "shared memory is not supported"),
 ])
