@@ -73,9 +73,9 @@ def test_file_merges_over_default_and_overrides_win(tmp_path):
     ({"model_defaults.batching.priority_levels": 100_000_000}, "model_defaults.batching.priority_levels",
      "must be <= 1000"),
     ({"model_defaults.batching.default_queue_policy.default_timeout_ms": 99999999999999999999},
-     "model_defaults.batching.default_queue_policy.default_timeout_ms", "must be <= 2.14748e+09"),
+     "model_defaults.batching.default_queue_policy.default_timeout_ms", "must be <= 2147483647"),
     ({"model_defaults.batching.max_queue_delay_ms": 1e20}, "model_defaults.batching.max_queue_delay_ms",
-     "must be <= 2.14748e+09"),
+     "must be <= 2147483647"),
     ({"model_defaults.execution_timeout_ms": 3_000_000_000}, "model_defaults.execution_timeout_ms",
      "must be <= 2147483647"),
     ({"model_defaults.batching.max_queue_delay_ms": "1e9"}, "model_defaults.batching.max_queue_delay_ms",
@@ -83,8 +83,11 @@ def test_file_merges_over_default_and_overrides_win(tmp_path):
     ({"port": "18310"}, "port", "a number in quotes is text: write it without quotes"),
     # found by a helper's fuzz of the config: accepted, then a traceback from grpc or uvloop (C
     # ints), or a load that never ended (instances built one after another)
-    ({"grpc_max_connection_age_s": 2_592_000}, "grpc_max_connection_age_s", "must be <= 2.14748e+06"),
-    ({"keepalive_timeout_s": 1e300}, "keepalive_timeout_s", "must be <= 2.14748e+06"),
+    ({"grpc_max_connection_age_s": 2_592_000}, "grpc_max_connection_age_s", "must be <= 2147483.647"),
+    ({"keepalive_timeout_s": 1e300}, "keepalive_timeout_s", "must be <= 2147483.647"),
+    ({"shutdown_timeout_s": 2147484}, "shutdown_timeout_s", "must be <= 2147483.647, got 2147484"),  # (not both 2.14748e+06)
+    ({"settle_s": 1e300}, "settle_s", "must be <= 2147483.647"),  # (files never picked up)
+    ({"settle_s": 2**1024 - 1}, "settle_s", "must be a number (at most 1.8e+308)"),  # (past float, bit_length 1024)
     ({"shutdown_timeout_s": 10**400}, "shutdown_timeout_s", "must be a number (at most 1.8e+308)"),
     ({"listen_backlog": 2**31}, "listen_backlog", "must be <= 2147483647"),
     ({"tls_cert_file": "a\x00b"}, "tls_cert_file", "must not contain a NUL character"),

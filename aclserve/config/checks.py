@@ -57,17 +57,22 @@ def as_int(value, path: str, minimum: int | None = None, maximum: int | None = N
 
 def as_float(value, path: str, minimum: float | None = 0.0, below: float | None = None,
              maximum: float | None = None) -> float:
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1024:
-        raise ConfigError(path, f"must be a number (at most 1.8e+308), got {shown(value)}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(path, f"must be a number, got {shown(value)}{_yaml_hint(value)}")
-    if minimum is not None and value < minimum:
-        raise ConfigError(path, f"must be >= {minimum:g}, got {value:g}")
-    if below is not None and value >= below:
-        raise ConfigError(path, f"must be < {below:g}, got {value:g}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(path, f"must be <= {maximum:g}, got {value:g}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past the largest float
+        raise ConfigError(path, f"must be a number (at most 1.8e+308), got {shown(value)}") from None
+    if not math.isfinite(number):
+        raise ConfigError(path, f"must be a number, got {shown(value)}")
+    # (:.10g: a bound and a value just past it read the same at :g's 6 digits)
+    if minimum is not None and number < minimum:
+        raise ConfigError(path, f"must be >= {minimum:.10g}, got {number:.10g}")
+    if below is not None and number >= below:
+        raise ConfigError(path, f"must be < {below:.10g}, got {number:.10g}")
+    if maximum is not None and number > maximum:
+        raise ConfigError(path, f"must be <= {maximum:.10g}, got {number:.10g}")
+    return number
 
 
 def _yaml_hint(value) -> str:

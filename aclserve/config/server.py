@@ -13,7 +13,7 @@ from .schema import CONTROL_MODES, DECODERS, DEVICES, LOG_LEVELS, READINESS, Con
 
 _SERVER_KEYS = {f.name for f in dataclasses.fields(ServerConfig)}
 C_INT = 2**31 - 1  # what uvloop's listen() and grpc's maximum_concurrent_rpcs take
-MAX_S = MAX_MS / 1000  # grpc takes these in milliseconds, in a C int (24.8 days)
+MAX_S = MAX_MS / 1000  # the longest duration in seconds (grpc takes some in milliseconds, in a C int: 24.8 days)
 _IMAGE_SETTINGS_KEYS = {f.name for f in dataclasses.fields(ImageSettings)}
 
 
@@ -37,7 +37,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
     tls_client_ca = as_str(unless_none(get("tls_client_ca_file"), ""), "tls_client_ca_file")
     if tls_client_ca and not tls_cert:
         raise ConfigError("tls_client_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file")
-    initial_retry = as_float(get("load_retry_initial_s"), "load_retry_initial_s")
+    initial_retry = as_float(get("load_retry_initial_s"), "load_retry_initial_s", maximum=MAX_S)
     port, grpc_port = as_int(get("port"), "port", 0, 65535), as_int(get("grpc_port"), "grpc_port", 0, 65535)
     if port and port == grpc_port:  # (found at bind time otherwise, after the models had loaded)
         raise ConfigError("grpc_port", f"must differ from port ({port}); 0 turns gRPC off")
@@ -76,14 +76,14 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         tls_client_ca_file=tls_client_ca,
         readiness=as_str(get("readiness"), "readiness", READINESS),
         load_retry_initial_s=initial_retry,
-        load_retry_max_s=as_float(get("load_retry_max_s"), "load_retry_max_s", initial_retry),
+        load_retry_max_s=as_float(get("load_retry_max_s"), "load_retry_max_s", initial_retry, maximum=MAX_S),
         shutdown_timeout_s=as_float(get("shutdown_timeout_s"), "shutdown_timeout_s", maximum=MAX_S),
         load_concurrency=as_int(get("load_concurrency"), "load_concurrency", 1),
         cpu_threads=as_int(get("cpu_threads"), "cpu_threads", 1, 1024),
         compile_cache_dir=cache_dir,
         unload_on_delete=as_bool(get("unload_on_delete"), "unload_on_delete"),
-        settle_s=as_float(get("settle_s"), "settle_s"),
-        debounce_s=as_float(get("debounce_s"), "debounce_s"),
+        settle_s=as_float(get("settle_s"), "settle_s", maximum=MAX_S),
+        debounce_s=as_float(get("debounce_s"), "debounce_s", maximum=MAX_S),
         memory_reserve_fraction=as_float(get("memory_reserve_fraction"), "memory_reserve_fraction", 0.0, 1.0),
         device_limits=_device_limits(unless_none(data.get("device_limits"), {})),
         images=_image_settings(data.get("images")),

@@ -87,7 +87,9 @@ class VersionStates:
                 # on disk and selected, not loaded yet (settling, or between an unload and a load):
                 # the index lists it UNAVAILABLE, and so does a request for it (not "no such version")
                 return State.UNAVAILABLE.value, "not loaded"
-            if record is None and name in scan.problems:  # (the index lists it: not "unknown model")
+            if record is None and name in scan.problems and not any(n == name for n, _ in self._records):
+                # a model known only as a problem (the index lists it: not "unknown model"); one
+                # with versions recorded still has no version that is not among them
                 return State.UNAVAILABLE.value, scan.problems[name]
         else:
             record = next((value for (n, _), value in reversed(self._records.items()) if n == name), None)

@@ -2,20 +2,23 @@
 
 aiohttp's own choice (`enable_compression()` without a coding) takes the first of deflate and
 gzip named anywhere in the header, so `gzip;q=0` (gzip refused) got gzip and
-`deflate;q=0.1, gzip;q=1` got deflate. Here, as RFC 9110 12.5.3 and Triton: the coding of the
-highest weight above 0 among those offered (gzip, deflate), `*` standing for one not named;
-none when `identity`, named (or by `*`), weighs more than it. On a tie deflate, as aiohttp chose before.
+`deflate;q=0.1, gzip;q=1` got deflate. Here, as Triton (http_server.cc, CompressionTypeUsed):
+the first entry of the strictly highest weight above 0 among identity, gzip and deflate wins
+(`gzip, deflate`: gzip; `identity;q=0.5, gzip;q=0.5`: none). Unlike Triton, `*` (RFC 9110
+12.5.3: any coding not named) stands for gzip, else deflate, at its weight, when it weighs
+more than every entry named.
 """
 from __future__ import annotations
 
 from aiohttp.web import ContentCoding
 
-OFFERED = (ContentCoding.deflate, ContentCoding.gzip)  # in the order a tie is settled
-ALIASES = {"x-gzip": "gzip"}
+CODINGS = {"gzip": ContentCoding.gzip, "x-gzip": ContentCoding.gzip, "deflate": ContentCoding.deflate,
+           "identity": None}
 
 
 def weights(header: str) -> dict[str, float]:
-    """Coding (lower case) -> weight; an entry whose weight cannot be read is left out."""
+    """Coding (lower case) -> weight, in the header's order; an entry whose weight cannot be
+    read is left out."""
     found: dict[str, float] = {}
     for entry in header.split(","):
         coding, _, params = entry.partition(";")
@@ -30,19 +33,19 @@ def weights(header: str) -> dict[str, float]:
                     weight = float(value.strip())
                 except ValueError:
                     weight = -1.0
-        if 0.0 <= weight <= 1.0:
-            found[ALIASES.get(coding, coding)] = weight
+        if 0.0 <= weight <= 1.0 and coding not in found:
+            found[coding] = weight
     return found
 
 
 def answer_coding(header: str) -> ContentCoding | None:
     """The coding to compress an answer with, or None: send it as it is."""
     given = weights(header)
-    anything = given.get("*", 0.0)
     best, best_weight = None, 0.0
-    for coding in OFFERED:
-        weight = given.get(coding.value, anything)
-        if weight > best_weight:
-            best, best_weight = coding, weight
-    identity = given.get("identity", anything)  # weighed only when named (or by `*`)
-    return best if best is not None and best_weight >= identity else None
+    for coding, weight in given.items():
+        if coding in CODINGS and weight > best_weight:
+            best, best_weight = CODINGS[coding], weight
+    if given.get("*", 0.0) > best_weight:
+        named = {CODINGS[coding] for coding in given if coding in CODINGS}
+        return next((c for c in (ContentCoding.gzip, ContentCoding.deflate) if c not in named), best)
+    return best

@@ -84,3 +84,21 @@ async def test_a_link_swapped_further_up_the_models_path_is_followed(make_repo, 
     assert float((await repo.get("a").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
     place(model_files[3]["om"], models_dir / "rel2" / "models" / "b.om")
     await events.wait("loaded", "b", limit_s=20)
+
+
+async def test_a_version_that_does_not_exist_of_a_serving_model_with_a_broken_config_is_404(
+        make_repo, models_dir, model_files):
+    """A model known only as a problem (its config broken from the start) answers 404 with why;
+    the review of that change found that it also made a version that does not exist of a model
+    still serving (its config broken later) a 503 to retry, where it is a 404 "no version"."""
+    from aclserve.errors import NotFound
+    place(model_files[1]["om"], models_dir / "m" / "1" / "model.om")
+    repo, events = await make_repo()
+    assert serving(repo) == ["m"]
+    (models_dir / "m" / "config.yaml").write_text("instances: [\n")
+    place(model_files[2]["om"], models_dir / "gate.om")  # an event after the edit, as a gate
+    await events.wait("loaded", "gate")
+    assert any(r["name"] == "m" and "invalid YAML" in r["reason"] for r in repo.index())
+    assert "m" in serving(repo)  # kept as it was
+    with pytest.raises(NotFound, match="model m has no version 999"):
+        repo.get("m", "999")

@@ -200,6 +200,31 @@ def test_requests_naming_another_level_do_not_count_against_the_default_levels_r
     assert re.findall(rb"HTTP/1.1 (\d+)", answers) == [b"400", b"400", b"200"], answers[-600:]
 
 
+def test_a_burst_whose_bodies_come_after_their_heads_is_refused_early_beyond_the_room(two_places):
+    """Five requests for two places, each body sent after its head: the change that counts
+    only requests known to join the default level let them all through uncounted (their
+    bodies not in hand), and aiohttp refused the three (found by the review of that change).
+    Each is held back until its body has come, then counted: three early refusals."""
+    url = two_places.url
+
+    async def scenario():
+        refused_status, refused_writer = await refusing_with_room(url)
+        early = metric(url, "aclserve_early_refusals_total")
+        clients = [await open_raw(url) for _ in range(5)]
+        for _, w in clients:
+            w.write(head_of(WAITING))
+        await asyncio.sleep(0.02)
+        for _, w in clients:
+            w.write(WAITING)  # 3 rows each: two wait in the queue's two places, for good
+        await wait_for(lambda: metric(url, "aclserve_early_refusals_total") - early == 3)
+        await wait_for(lambda: metric(url, "aclserve_queue_depth", DEPTH) == 2)
+        for w in [w for _, w in clients] + [refused_writer]:
+            w.close()
+        return refused_status
+
+    assert asyncio.run(scenario()) == 503
+
+
 def test_a_head_with_bare_line_feeds_goes_to_aiohttp_which_refuses_it(short_header_timeout):
     """The guard cannot frame a head whose lines end in a bare LF (no CRLF CRLF will come): it
     must hand it to aiohttp, which answers 400 at once, rather than wait for more of it until

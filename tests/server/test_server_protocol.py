@@ -357,9 +357,12 @@ def test_response_compressed_per_accept_encoding(server):
     status, headers, out = infer_json(server, body, {"Accept-Encoding": "gzip"}, model="double")
     assert status == 200 and headers.get("Content-Encoding") == "gzip"
     assert json.loads(out)["outputs"][0]["shape"] == [8, 16]  # aiohttp inflated it
-    # weights honoured (aiohttp alone took the first of deflate / gzip named, even at q=0)
+    # weights honoured as Triton does (aiohttp alone took the first of deflate / gzip named, even
+    # at q=0): the first of the highest weight; `*` for a coding not named
     for accepted, coding in (("gzip;q=0", None), ("identity;q=1, gzip;q=0.001", None),
-                             ("deflate;q=0.1, gzip;q=1", "gzip"), ("gzip, deflate", "deflate"), ("br", None)):
+                             ("deflate;q=0.1, gzip;q=1", "gzip"), ("gzip, deflate", "gzip"),
+                             ("deflate, gzip", "deflate"), ("identity;q=0.5, gzip;q=0.5", None),
+                             ("gzip;q=0.2, *", "deflate"), ("br", None)):
         status, headers, out = infer_json(server, body, {"Accept-Encoding": accepted}, model="double")
         assert status == 200 and headers.get("Content-Encoding") == coding, accepted
         assert json.loads(out)["outputs"][0]["shape"] == [8, 16]
