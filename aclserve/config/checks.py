@@ -10,7 +10,8 @@ from .schema import ConfigError
 
 
 _SHOWN = reprlib.Repr()
-_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 2, 4, 4, 80, 80, 40
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 2, 4, 4
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 80, 80, 40
 
 
 def shown(value) -> str:
@@ -49,9 +50,9 @@ def as_int(value, path: str, minimum: int | None = None, maximum: int | None = N
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(path, f"must be an integer, got {shown(value)}{_yaml_hint(value)}")
     if minimum is not None and value < minimum:
-        raise ConfigError(path, f"must be >= {minimum}, got {value}")
+        raise ConfigError(path, f"must be >= {minimum}, got {shown(value)}")
     if maximum is not None and value > maximum:
-        raise ConfigError(path, f"must be <= {maximum}, got {value}")
+        raise ConfigError(path, f"must be <= {maximum}, got {shown(value)}")
     return value
 
 

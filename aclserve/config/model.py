@@ -63,8 +63,7 @@ def _batching(data, path: str) -> BatchingConfig:
     kw["default_queue_policy"] = default_qp
     per_level = {}
     pq_path = key_path(path, "priority_queue_policy")
-    levels_given = data.get("priority_queue_policy")
-    for level, policy in as_mapping({} if levels_given is None else levels_given, pq_path).items():
+    for level, policy in as_mapping(unless_none(data.get("priority_queue_policy"), {}), pq_path).items():
         lp = f"{pq_path}.{level}"
         if isinstance(level, str) and level.isascii() and level.isdigit():  # ('²'.isdigit(), not int())
             level = int(level)

@@ -12,9 +12,9 @@ from .model import parse_model_config
 from .schema import CONTROL_MODES, DECODERS, DEVICES, LOG_LEVELS, READINESS, ConfigError, ImageSettings, ServerConfig
 
 _SERVER_KEYS = {f.name for f in dataclasses.fields(ServerConfig)}
+_IMAGE_SETTINGS_KEYS = {f.name for f in dataclasses.fields(ImageSettings)}
 C_INT = 2**31 - 1  # what uvloop's listen() and grpc's maximum_concurrent_rpcs take
 MAX_S = MAX_MS / 1000  # the longest duration in seconds (grpc takes some in milliseconds, in a C int: 24.8 days)
-_IMAGE_SETTINGS_KEYS = {f.name for f in dataclasses.fields(ImageSettings)}
 
 
 def parse_server_config(data: Mapping) -> ServerConfig:

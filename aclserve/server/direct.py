@@ -17,14 +17,14 @@ connection that aiohttp has not answered yet (answers keep their order). Everyth
 to aiohttp as before. The guard's work stands in for the middlewares': the connection is BUSY
 while the request runs (never timed out nor evicted), errors become the same JSON answers
 (error_responses.serve_error_parts), and the API token check is not needed because nothing is
-answered here while inference needs a token. Traced and logged requests are answered here too
-(the infer path observes them; their X-Request-Id read from the head: until sampled requests
-were, tracing one request in a thousand sent every request through aiohttp, 1.8 times the
-server's CPU a request). Nothing is answered here at log_level debug (aiohttp's access log lists every request), nor when the
-app has middlewares of its own beyond the server's (a middleware added to the app sees every
-request: server.app.direct_answers decides). A head aiohttp's parser would refuse is given up by
-the framing (framing.parse_head), so aiohttp answers it 400. `direct_infer: false` in the config
-turns it off.
+answered here while inference needs a token. Traced and logged requests are answered here too,
+observed by the infer path as on aiohttp's (their X-Request-Id read from the head): when they
+went through aiohttp, tracing one request in a thousand sent every request there, at 1.8 times
+the server's CPU a request. Nothing is answered here at log_level debug (aiohttp's access log
+lists every request), nor when the app has middlewares of its own beyond the server's (a
+middleware added to the app sees every request: server.app.direct_answers decides). A head
+aiohttp's parser would refuse is given up by the framing (framing.parse_head), so aiohttp
+answers it 400. `direct_infer: false` in the config turns it off.
 
 Only a request whose body is in hand is answered here: nothing is held for direct's sake (a
 body that did not come with its head in the same read goes to aiohttp; one the early refusal

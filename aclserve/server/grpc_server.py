@@ -182,9 +182,9 @@ class GrpcServer:
 
     async def drain(self, deadline: float) -> None:
         """Wait until no call is live but repository loads and unloads, or until `deadline`
-        (time.monotonic()); new calls are still taken meanwhile (answered "shutting down" by the servicer). A connection without
-        calls does not hold it, nor does a stream waiting for its next request (streams end
-        once their requests running are answered)."""
+        (time.monotonic()); new calls are still taken meanwhile (answered "shutting down" by
+        the servicer). A connection without calls does not hold it, nor does a stream waiting
+        for its next request (streams end once their requests running are answered)."""
         self._servicer.drain_streams()
         self._health.drain()
         await self._live.holding_drain.none_by(deadline)

@@ -3,8 +3,8 @@ the rules its early refusals (shedding.py) and its direct answers (direct.py) sh
 
 An infer path whose names need no decoding (aiohttp's router reads the others), over HTTP/1.1
 on a connection the client keeps, with no `Expect` (aiohttp answers those before its
-middlewares), while inference needs no API token; the early refusals, which are not observed,
-not while tracing or the request log want every request either.
+middlewares), while inference needs no API token; and for the early refusals, which are not
+observed, while neither tracing nor the request log wants every request.
 """
 from __future__ import annotations
 

@@ -187,7 +187,7 @@ class Tracer:
         if blocker is not None:
             raise TraceSettingsError(f"trace_file: {name!r} cannot be written: {blocker.name!r} is a file, not a folder")
         folder = path.parent  # (indexed: name.0, name.1, ... are written beside the name)
-        try:  # made now: a trace folder that cannot be (trace_dir unwritable) lost every trace, said only in the log
+        try:  # made now: one that could not be (trace_dir unwritable) lost every trace, said only in the log
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise TraceSettingsError(f"trace_file: {name!r} cannot be written: its folder cannot be made "
