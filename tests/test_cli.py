@@ -290,6 +290,7 @@ def test_a_bad_flag_of_any_command_is_one_line(tmp_path):
     compile and inspect (and every UsageError) print one line (found by a helper's fuzz)."""
     for args, said in ((("serve", "--port", "abc"), "argument --port: invalid int value: 'abc'"),
                        (("infer",), "the following arguments are required"),
-                       (("profile", "--seconds", "soon"), "argument --seconds")):
+                       (("profile", "--seconds", "soon"), "argument --seconds"),
+                       (("serve", "--bogus"), "unrecognized arguments: --bogus")):
         proc = _aclserve(*args, cwd=tmp_path)
         assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and said in proc.stderr, proc.stderr

@@ -28,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for commands in (serve, infer, profile, om):
         commands.add_commands(sub)
-    for command in sub.choices.values():  # every command's usage errors in one line, as UsageError's
-        _one_line_errors(command)
+    for command in (parser, *sub.choices.values()):  # usage errors in one line, as UsageError's
+        _one_line_errors(command)  # (the top parser reports a command's unknown options)
     return parser
 
 

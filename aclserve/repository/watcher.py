@@ -140,7 +140,7 @@ class RepositoryWatcher:
         if links == self._links:
             return
         for watch in self._link_watches:
-            self._observer.unschedule(watch)
+            self._unschedule(watch)
         self._links, self._link_watches = links, []
         wanted = set(links)
         for folder in sorted({os.path.dirname(link) for link in links}):
@@ -168,7 +168,7 @@ class RepositoryWatcher:
                     log.warning("models folder: cannot watch %s, where %s now leads (%s)", real, self._given, e)
                 else:
                     old, self._watch, self.root = self._watch, watch, real
-                    self._observer.unschedule(old)
+                    self._unschedule(old)
                     log.info("models folder: %s now leads to %s; watching it", self._given, real)
             self._watch_links()
 
@@ -178,8 +178,21 @@ class RepositoryWatcher:
                 return
             self._closed = True
         if self._started:
-            self._observer.stop()
+            try:
+                self._observer.stop()
+            except KeyError:  # (see _unschedule): the shutdown goes on, the threads end below
+                log.debug("models folder: watchdog lost track of a watch while stopping", exc_info=True)
             self._observer.join(timeout=5)
+
+    def _unschedule(self, watch) -> None:
+        """watchdog's inotify raises KeyError removing a watch whose folders were moved out and
+        back or deleted (its own table of subfolder watches is stale): that failed following a
+        swapped link (the old folder kept serving) and, at close, ended serve with exit 1 and a
+        traceback before the models were drained (a helper's fuzz of the models folder)."""
+        try:
+            self._observer.unschedule(watch)
+        except (KeyError, OSError):
+            log.debug("models folder: watchdog lost track of a watch while removing it", exc_info=True)
 
 
 class Debouncer:
