@@ -3,8 +3,9 @@
 
 A request the guard lets through reaches the batcher only when its handler runs, after the loop
 has read whatever else came meanwhile; a burst read in one pass of the loop would otherwise be
-let through whole against the same free room. Only requests naming no priority are admitted
-(the guard sees the body first). Each admission counts until the next request read takes it
+let through whole against the same free room. Requests naming no priority are admitted, and
+those whose body is still coming (counted as of the default level, an estimate that errs high
+for them only). Each admission counts until the next request read takes it
 off (DynamicBatcher.request_read, from server/infer.py: reads are not matched to admissions,
 any read stands for the oldest one, so the count errs low, never high) or until LAPSE_S after
 it was made, so one that is never read (a client gone) stops counting however many follow it.

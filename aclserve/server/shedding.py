@@ -131,8 +131,10 @@ class EarlyRefusal:
         if (state.shutting_down or body_length > BODY_PEEK_BYTES or not guard_may_refuse(head, state)
                 or json_length == _UNREADABLE):
             return None  # not counted either: the queue itself judges it (its room is what counts)
-        if body is None:  # held back until it has come: whether it counts is read in it
-            return NEED_BODY
+        if body is None:  # still coming: counted as of the default level while there is room (a
+            # burst of them is refused early beyond it), held back to be read only when it would be
+            # refused (one held back whose body stalls gets no 408: the header timeout ends it)
+            return None if served.batcher.admit_unread() else NEED_BODY
         if json_length is not None:
             body = body[:json_length]  # only the JSON part: the tensors' bytes are not text
         # Only a request known to join the default level counts against its room: one naming
