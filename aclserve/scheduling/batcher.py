@@ -146,16 +146,22 @@ class DynamicBatcher:
                 mark_answered(cancelled)
             raise
 
+    def _default_room(self) -> int | None:
+        """Places left in the level of a request naming no priority; None when that level is
+        unbounded or the batcher takes no requests."""
+        if self._refusal is not None or self._queue is None:
+            return None
+        return self._queue.room(self.config.default_level)
+
     def default_level_bounded(self) -> bool:
         """Whether a request naming no priority can find its level full (server/shedding.py)."""
-        return (self._refusal is None and self._queue is not None
-                and self._queue.room(self.config.default_level) is not None)
+        return self._default_room() is not None
 
     def admit_unread(self) -> bool:
         """For a request seen before it is read (server/shedding.py) that names no priority:
         True (counted as coming, unread.py) when its level has room for it and for those let
         in so far that have not been read yet; False when it has none. The level is bounded."""
-        return self._unread.admit(self._queue.room(self.config.default_level), self._clock.now())
+        return self._unread.admit(self._default_room(), self._clock.now())
 
     def request_read(self) -> None:
         """A request's body has been read (server/infer.py: from here to the queue or its
@@ -165,9 +171,7 @@ class DynamicBatcher:
     def default_level_full(self) -> bool:
         """Whether a request naming no priority would be refused now for want of room (its
         level is bounded and full), before it is decoded (server/shedding.refuse_undecoded)."""
-        if self._refusal is not None or self._queue is None:
-            return False
-        return self._queue.room(self.config.default_level) == 0
+        return self._default_room() == 0
 
     def refuse_default_level(self) -> QueueFull:
         """A request that names no priority, refused before it is decoded (server/shedding.py)

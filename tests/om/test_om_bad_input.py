@@ -13,12 +13,16 @@ from .conftest import run_cli, save
 GEARS_101 = ",".join(str(i) for i in range(1, 102))
 
 
+def _saved(graph, path):
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
 def _invalid_graph(path):
     """A node reading a tensor nothing produces: the ONNX checker refuses it."""
     vi = helper.make_tensor_value_info
     graph = helper.make_graph([helper.make_node("Add", ["x", "ghost"], ["y"])], "bad",
                               [vi("x", TensorProto.FLOAT, ["n", 2])], [vi("y", TensorProto.FLOAT, ["n", 2])])
-    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return _saved(graph, path)
 
 
 def _empty_tensor(path, where: str):
@@ -33,7 +37,7 @@ def _empty_tensor(path, where: str):
                          node("Slice", ["x", "z", "z", "a"], ["y"])], ["n", 2]
     graph = helper.make_graph(nodes, "empty", [vi("x", TensorProto.FLOAT, x_dims)],
                               [vi("y", TensorProto.FLOAT, ["n", 0])])
-    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return _saved(graph, path)
 
 
 def _odd_names(path, what: str):
@@ -43,7 +47,7 @@ def _odd_names(path, what: str):
     x = "ascend_mbatch_shape_data" if what == "reserved" else "x"
     outputs = [vi("y", TensorProto.FLOAT, ["n", 2])] * (2 if what == "twice" else 1)
     graph = helper.make_graph([node("Identity", [x], ["y"])], "odd", [vi(x, TensorProto.FLOAT, ["n", 2])], outputs)
-    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return _saved(graph, path)
 
 
 # (case id, argv after "compile" with MODEL/STATIC/OUT placeholders, text the message must contain)
