@@ -104,14 +104,7 @@ def parse_prefix(prefix: bytes, file_size: int) -> tuple[int, int]:
 
 def decode(data: bytes, verify_payload: bool = True) -> CpuOm:
     hlen, plen = parse_prefix(data[:PREFIX_SIZE], len(data))
-    try:
-        header = json.loads(data[PREFIX_SIZE:PREFIX_SIZE + hlen])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise OmFormatError(f"CPU OM header is not valid JSON: {e}") from None
-    except RecursionError:  # json's decoder recurses once per level
-        raise OmFormatError("CPU OM header is nested too deeply") from None
-    if not isinstance(header, dict) or "inputs" not in header or "outputs" not in header:
-        raise OmFormatError("CPU OM header lacks inputs/outputs")
+    header = _header(data[PREFIX_SIZE:PREFIX_SIZE + hlen])
     payload = data[PREFIX_SIZE + hlen:]
     if verify_payload and "payload_sha256" in header:
         _check_digest(hashlib.sha256(payload), header)
@@ -151,12 +144,20 @@ def read_header(path: str | os.PathLike) -> dict:
         prefix = f.read(PREFIX_SIZE)
         hlen, _ = parse_prefix(prefix, size)
         raw = f.read(hlen)
+    return _header(raw)
+
+
+def _header(raw: bytes) -> dict:
+    """The header's JSON, refused when it is no object listing inputs and at least one output
+    (an OM with none loaded, then failed every run, retried for good as a device fault)."""
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise OmFormatError(f"CPU OM header is not valid JSON: {e}") from None
     except RecursionError:  # json's decoder recurses once per level
         raise OmFormatError("CPU OM header is nested too deeply") from None
-    if not isinstance(header, dict):
-        raise OmFormatError("CPU OM header is not a JSON object")
+    if not isinstance(header, dict) or "inputs" not in header or "outputs" not in header:
+        raise OmFormatError("CPU OM header lacks inputs/outputs")
+    if header["outputs"] == []:
+        raise OmFormatError("CPU OM header lists no outputs")
     return header

@@ -18,6 +18,7 @@ import pytest
 from .repo_helpers import place, serving, x_rows
 
 from aclserve.errors import ModelUnavailable, NotFound, ServeError, ShuttingDown
+from aclserve.om import container
 from tests.tiny_models import compile_cpu_om
 from aclserve.repository import State
 
@@ -208,6 +209,18 @@ async def test_new_model_with_a_bad_file_shows_unavailable(make_repo, models_dir
     await events.wait("load_failed", "bad")
     rows = [r for r in repo.index() if r["name"] == "bad"]
     assert rows[0]["state"] == State.UNAVAILABLE and rows[0]["reason"]
+
+
+async def test_an_om_listing_no_outputs_says_so_in_the_index(make_repo, models_dir, model_files):
+    """The reason was 145006's generic words; the cause was only in the log."""
+    good = container.read(model_files[1]["om"])
+    header = {k: v for k, v in good.header.items() if k != "payload_sha256"}
+    (models_dir / "x.bin").write_bytes(container.encode(dict(header, outputs=[]), good.payload))
+    repo, events = await make_repo()
+    os.replace(models_dir / "x.bin", models_dir / "none.om")
+    await events.wait("load_failed", "none")
+    (row,) = [r for r in repo.index() if r["name"] == "none"]
+    assert row["state"] == State.UNAVAILABLE and "CPU OM header lists no outputs" in row["reason"], row
 
 
 async def test_delete_unloads_after_draining(make_repo, models_dir, model_files):
