@@ -50,6 +50,19 @@ def test_serve_without_a_models_folder_says_how_to_point_at_one(tmp_path):
     assert "does not exist" in proc.stderr and "--models" in proc.stderr
 
 
+@pytest.mark.parametrize("where", ["config", "environment"])
+def test_serve_refuses_an_api_token_no_client_could_send(tmp_path, where):
+    """A header value holds no control character and loses its surrounding blanks: such a token
+    answered 401 to every request it guarded."""
+    (tmp_path / "c.yaml").write_text('api_token: "s3cret\\n"\n')
+    args = ["--config", "c.yaml"] if where == "config" else []
+    env = dict(os.environ, ACLSERVE_API_TOKEN=" s3cret") if where == "environment" else None
+    proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", "--device", "cpu", *args, cwd=tmp_path, env=env)
+    name = "api_token" if where == "config" else "ACLSERVE_API_TOKEN"
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "s3cret" not in proc.stderr
+    assert f"{name}: must not begin or end with blanks nor hold a control character" in proc.stderr, proc.stderr
+
+
 def test_serve_says_trace_settings_without_trace_trace_nothing(tmp_path):
     proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", "--device", "cpu", "--trace-rate", "1",
                      "--trace-format", "triton", cwd=tmp_path)  # stops at the missing models folder

@@ -37,7 +37,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
     tls_client_ca = as_str(unless_none(get("tls_client_ca_file"), ""), "tls_client_ca_file")
     if tls_client_ca and not tls_cert:
         raise ConfigError("tls_client_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file")
-    initial_retry = as_float(get("load_retry_initial_s"), "load_retry_initial_s", maximum=MAX_S)
+    initial_retry, max_retry = _load_retry(get)
     port, grpc_port = as_int(get("port"), "port", 0, 65535), as_int(get("grpc_port"), "grpc_port", 0, 65535)
     if port and port == grpc_port:  # (found at bind time otherwise, after the models had loaded)
         raise ConfigError("grpc_port", f"must differ from port ({port}); 0 turns gRPC off")
@@ -76,7 +76,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         tls_client_ca_file=tls_client_ca,
         readiness=as_str(get("readiness"), "readiness", READINESS),
         load_retry_initial_s=initial_retry,
-        load_retry_max_s=as_float(get("load_retry_max_s"), "load_retry_max_s", initial_retry, maximum=MAX_S),
+        load_retry_max_s=max_retry,
         shutdown_timeout_s=as_float(get("shutdown_timeout_s"), "shutdown_timeout_s", maximum=MAX_S),
         load_concurrency=as_int(get("load_concurrency"), "load_concurrency", 1),
         cpu_threads=as_int(get("cpu_threads"), "cpu_threads", 1, 1024),
@@ -89,6 +89,16 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         images=_image_settings(data.get("images")),
         model_defaults=parse_model_config(data.get("model_defaults", {}), "model_defaults"),
     )
+
+
+def _load_retry(get) -> tuple[float, float]:
+    """The first and the longest wait between load retries. The merged mapping always holds both
+    (the default's), so a refusal names both keys: the user may have set either."""
+    initial = as_float(get("load_retry_initial_s"), "load_retry_initial_s", maximum=MAX_S)
+    longest = as_float(get("load_retry_max_s"), "load_retry_max_s", maximum=MAX_S)
+    if initial > longest:
+        raise ConfigError("load_retry_max_s", f"must be >= load_retry_initial_s ({initial:.10g}), got {longest:.10g}")
+    return initial, longest
 
 
 _TRACE_KEYS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count",

@@ -20,6 +20,8 @@ class InspectError(ValueError):
 def describe(path: str | os.PathLike) -> dict:
     """{"path", "size", "kind": "cpu_om"|"atc_om"|"om2", "header": {...}, "note"?}."""
     path = os.fspath(path)
+    if not path:
+        raise InspectError("no OM file given (an empty path)")
     if not os.path.exists(path):
         raise InspectError(f"{path}: no such file")
     if os.path.isdir(path):

@@ -191,7 +191,7 @@ def _config(path: Path | None, root: Path, defaults: ModelConfig) -> ModelConfig
     if path is None:
         return defaults
     if _inside(root, path) is None:
-        raise ConfigError("", "config file resolves outside the repository", str(path))
+        raise ConfigError("", f"config file {_not_inside(path)}", str(path))
     config = load_model_config(path, defaults)  # refuses a FIFO, socket or device node unopened
     for name, options in config.outputs.items():
         if options.labels and options.labels not in {o.labels for o in defaults.outputs.values()}:

@@ -46,11 +46,21 @@ def is_loopback(host: str) -> bool:
         return False  # a name other than localhost may resolve anywhere
 
 
+def _refuse_unsendable(token: str, source: str) -> None:
+    """A token no client can send is refused at start, not by a 401 to every request: a header
+    value has no control character (NUL, CR, LF...), and its surrounding blanks are dropped."""
+    if token != token.strip() or not token.isprintable():
+        raise ConfigError(source, "must not begin or end with blanks nor hold a control character: "
+                          "no client could send it")  # the value is a secret: not echoed
+
+
 class Access:
     """Owned by the server state; built once from the config and the environment."""
 
     def __init__(self, config, environ=os.environ):
-        self._token = (environ.get(TOKEN_ENV) or config.api_token).encode()
+        token, source = (environ[TOKEN_ENV], TOKEN_ENV) if environ.get(TOKEN_ENV) else (config.api_token, "api_token")
+        _refuse_unsendable(token, source)
+        self._token = token.encode()
         if config.auth_inference and not self._token:
             raise ConfigError("auth_inference", f"needs a token: set api_token or {TOKEN_ENV}")
         self.inference = config.auth_inference

@@ -136,6 +136,10 @@ def test_inspect_bad_file(tmp_path, content, expected):
     _assert_one_line_error(run_cli("inspect", path), expected)
 
 
+def test_inspect_of_an_empty_path_says_so():
+    _assert_one_line_error(run_cli("inspect", ""), "no OM file given (an empty path)")
+
+
 def test_inspect_refuses_a_cpu_om_whose_payload_is_corrupt(tmp_path, multi_io_onnx):
     """serve refuses it (payload checksum); inspect described it and exited 0."""
     path = tmp_path / "m.om"

@@ -142,6 +142,16 @@ def test_a_link_loop_or_a_link_to_nothing_is_named_so(tmp_path):
                         "dangling": "dangling.om is a link to nothing"}
 
 
+def test_a_config_file_that_is_a_link_loop_is_named_so(tmp_path):
+    touch(tmp_path / "m.om")
+    os.symlink(tmp_path / "m.yaml", tmp_path / "m.yaml")
+    touch(tmp_path / "n.om")
+    os.symlink(tmp_path / "gone.yaml", tmp_path / "n.yaml")
+    problems = scan(tmp_path, DEFAULTS).problems
+    assert "config file is a symbolic link loop" in problems["m"], problems
+    assert "config file is a link to nothing" in problems["n"], problems
+
+
 def test_config_files_and_errors(tmp_path):
     touch(tmp_path / "flat.om")
     (tmp_path / "flat.yaml").write_text("instances: 2\n")
