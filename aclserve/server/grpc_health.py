@@ -99,15 +99,18 @@ class HealthServicer:
             service = await self._service(context)
             sent = None
             while True:
+                # (read once: a drain that begins while a status is being sent is seen on the
+                # next round, which sends NOT_SERVING, instead of ending the watch without it)
+                draining = self._draining.is_set()
                 status = self.status(service)
                 if status is None:
                     status = SERVICE_UNKNOWN
-                elif self._draining.is_set():
+                elif draining:
                     status = NOT_SERVING
                 if status != sent:
                     yield HealthCheckResponse(status=status)
                     sent = status
-                if self._draining.is_set():
+                if draining:
                     return
                 with self.calls.at_work(), contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._draining.wait(), WATCH_POLL_S)
