@@ -16,7 +16,7 @@ import struct
 import warnings
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
 
 from .header import ImageError, ImageInfo, check_size, probe
 from .plan import ImagePlan
@@ -24,6 +24,9 @@ from .plan import ImagePlan
 _FILTERS = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "area": Image.BOX}
 _ROTATED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
 _ORIENTATION = 0x0112
+_TURNS = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+          5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+          8: Image.Transpose.ROTATE_90}  # what each EXIF orientation asks, as Pillow's exif_transpose
 
 
 def fit_box(src_w: int, src_h: int, plan: ImagePlan) -> tuple[tuple[int, int], tuple[float, float, float, float] | None]:
@@ -75,11 +78,11 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
             im = Image.open(io.BytesIO(data), formats=(info.format,))
             if im.size != (info.width, info.height):
                 raise ImageError(f"{info.format} header is inconsistent")
-            orientation = im.getexif().get(_ORIENTATION, 1)  # a PNG's eXIf chunk is read with its pixels
+            orientation = _orientation(im.getexif().get(_ORIENTATION, 1))  # (a PNG's eXIf chunk too)
             if info.format == "JPEG":
                 im.draft(mode, jpeg_draft_request(im.width, im.height, orientation, plan))
-            if orientation != 1:
-                im = ImageOps.exif_transpose(im)
+            if orientation != 1:  # (not ImageOps.exif_transpose: it writes the whole EXIF block
+                im = im.transpose(_TURNS[orientation])  # back, and a malformed one raised TypeError)
             im = _to_mode(im, mode)
             size, box = fit_box(im.width, im.height, plan)
             im = im.resize(size, _FILTERS[plan.interpolation], box=box)
@@ -96,6 +99,15 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
     if plan.color == "bgr":
         pixels = pixels[:, :, ::-1]
     return pixels
+
+
+def _orientation(value) -> int:
+    """An EXIF orientation value as Pillow gives it (an int, a rational 6/1, text...) as 1-8,
+    matched by equality as exif_transpose matches it: anything else means upright."""
+    try:
+        return next((turn for turn in _TURNS if turn == value), 1)
+    except (TypeError, ValueError):  # a value that cannot be compared with a number
+        return 1
 
 
 def _to_mode(im: Image.Image, mode: str) -> Image.Image:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import struct
 import threading
 
 import numpy as np
@@ -89,6 +90,21 @@ def test_exif_orientation_is_applied(fmt, options):
     exif[0x0112] = 6  # display rotated 90 degrees clockwise
     buf = io.BytesIO()
     im.save(buf, fmt, exif=exif.tobytes(), **options)
+    out = decode_pixels(buf.getvalue(), plan(40, 20), *LIMITS)  # displayed 20 wide, 40 high
+    assert out[:20, 10:].mean() > 200 and out[:20, :10].mean() < 50  # now top-right
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_a_malformed_exif_block_still_turns_the_picture(fmt):
+    """Orientation 6 beside a Make tag (ASCII in TIFF) stored as a RATIONAL: Pillow's
+    exif_transpose writes the block back and raised AttributeError (a 500 to the client)."""
+    ifd = struct.pack("<H", 2) + struct.pack("<HHII", 0x010F, 5, 1, 8 + 2 + 24 + 4)
+    ifd += struct.pack("<HHIHH", 0x0112, 3, 1, 6, 0) + struct.pack("<I", 0)
+    exif = b"Exif\0\0" + b"II*\0" + struct.pack("<I", 8) + ifd + struct.pack("<II", 1, 1)
+    pic = np.zeros((20, 40, 3), np.uint8)
+    pic[:10, :20] = 255  # stored: white top-left quadrant
+    buf = io.BytesIO()
+    Image.fromarray(pic).save(buf, fmt, exif=exif if fmt == "JPEG" else exif[6:])
     out = decode_pixels(buf.getvalue(), plan(40, 20), *LIMITS)  # displayed 20 wide, 40 high
     assert out[:20, 10:].mean() > 200 and out[:20, :10].mean() < 50  # now top-right
 
