@@ -84,3 +84,26 @@ def numpy_to_kserve(dtype) -> str:
     return acl_to_kserve(numpy_to_acl(dtype))
 
 
+
+
+def cast_keeping_values(arr: np.ndarray, target: np.dtype) -> np.ndarray:
+    """`arr` as `target` where numpy's same_kind rule allows (float64 -> float32, int64 -> int32,
+    integers -> a float), refused with ValueError when the cast would change what a value is
+    rather than round it: floats to integers, an integer past the target's range (it wrapped),
+    a finite number past the target float's largest (it became inf)."""
+    target = np.dtype(target)
+    if arr.dtype == target:
+        return arr
+    if not np.can_cast(arr.dtype, target, casting="same_kind"):  # 1.7 -> 1, NaN -> any int
+        raise ValueError(f"is {arr.dtype}, the model takes {target}: a cast would change its values; convert it first")
+    if target.kind in "iu" and arr.size:
+        limits = np.iinfo(target)
+        low, high = arr.min(), arr.max()
+        if low < limits.min or high > limits.max:
+            raise ValueError(f"holds {low if low < limits.min else high}, outside {target}'s range "
+                             f"[{limits.min}, {limits.max}]: convert it first")
+    with np.errstate(over="ignore"):
+        cast = arr.astype(target)
+    if target.kind == "f" and arr.size and bool((np.isinf(cast) & np.isfinite(arr)).any()):
+        raise ValueError(f"holds values past {target}'s largest ({np.finfo(target).max:g}): convert it first")
+    return cast

@@ -3,7 +3,9 @@ extension) to a running server and prints the outputs. Standard library and nump
 shares the header name and the dtype table with the server, nothing else."""
 from __future__ import annotations
 
+import http.client
 import json
+import math
 import sys
 import urllib.error
 import urllib.parse
@@ -11,7 +13,7 @@ import urllib.request
 
 import numpy as np
 
-from ..dtypes import kserve_to_numpy, numpy_to_kserve
+from ..dtypes import cast_keeping_values, kserve_to_numpy, numpy_to_kserve
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
 from .usage import UsageError
@@ -30,6 +32,8 @@ def add_commands(sub) -> None:
                    help="an output to return (repeat; default all)")
     q.add_argument("--priority", type=int, help="request priority level (1 = highest)")
     q.add_argument("--json", action="store_true", help="print the outputs as one JSON object")
+    q.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds to wait for each answer (metadata, then the inference; default %(default)s)")
     q.set_defaults(func=run_infer)
 
 
@@ -52,6 +56,8 @@ def _load_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
                 arr = np.load(f, allow_pickle=False)
         except (OSError, ValueError) as e:
             raise UsageError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+        except MemoryError:  # a header claiming a huge shape: np.load allocates it before reading
+            raise UsageError(f"cannot read {path}: its header's shape needs more memory than there is") from None
         inputs[name] = arr if arr.flags.c_contiguous else np.array(arr, order="C")  # (ascontiguousarray made a 0-d input [1])
     return inputs
 
@@ -78,7 +84,20 @@ def build_request(inputs: dict[str, np.ndarray], outputs: list[str], priority: i
     return b"".join([head, *(a.tobytes() for a in inputs.values())]), len(head)
 
 
+class NotKServe(ValueError):
+    """The server's answer is not a KServe v2 one (another kind of server at that URL)."""
+
+
 def parse_response(body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
+    """The outputs of an infer answer; NotKServe when it is not one."""
+    try:
+        return _outputs(body, header_length)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        raise NotKServe(f"its answer is not a KServe v2 inference response ({type(e).__name__}: "
+                        f"{str(e)[:120]})") from None
+
+
+def _outputs(body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
     head = json.loads(body if header_length is None else body[:header_length])
     offset = header_length or 0
     result = {}
@@ -101,24 +120,41 @@ def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
     (float64 -> FP32, int64 -> INT32); returns one note per cast. A cast across kinds (float data
     for an INT64 input) is left for the server to refuse."""
     notes = []
-    declared = {t.get("name"): t.get("datatype") for t in metadata.get("inputs", [])}
+    described = metadata.get("inputs") if isinstance(metadata, dict) else None
+    declared = {t.get("name"): t.get("datatype") for t in described if isinstance(t, dict)} \
+        if isinstance(described, list) else {}
     for name, arr in inputs.items():
         try:
             target = kserve_to_numpy(declared[name])
-        except (KeyError, ValueError):
+        except (KeyError, ValueError, TypeError):
             continue
         if arr.dtype != target and np.can_cast(arr.dtype, target, casting="same_kind"):
-            inputs[name] = arr.astype(target)
+            try:  # (a value it would wrap or make inf is refused: the server would run another input)
+                inputs[name] = cast_keeping_values(arr, target)
+            except ValueError as e:
+                raise UsageError(f"input {name} {e}") from None
             notes.append(f"input {name}: {arr.dtype} cast to {declared[name]} as the model declares")
     return notes
 
 
-def _metadata(url: str) -> dict:
+class NoAnswer(OSError):
+    """The server took the connection and gave no answer within the timeout."""
+
+
+def _metadata(url: str, timeout: float) -> dict:
+    """The model's metadata, or {} when there is none to read (the infer request itself then
+    reports what is wrong); NoAnswer when the server does not answer in time."""
     try:
-        with urllib.request.urlopen(url, timeout=30) as resp:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
             return json.loads(resp.read())
-    except (urllib.error.URLError, OSError, ValueError):
-        return {}  # the infer request itself reports what is wrong
+    except TimeoutError:
+        raise NoAnswer from None
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, TimeoutError):
+            raise NoAnswer from None
+        return {}
+    except (OSError, ValueError, http.client.HTTPException):
+        return {}
 
 
 def check_url(url: str) -> None:
@@ -133,32 +169,31 @@ def check_url(url: str) -> None:
 
 def run_infer(args) -> int:
     check_url(args.url)
+    if not 0 < args.timeout < math.inf:  # (NaN fails it too)
+        raise UsageError("--timeout must be a positive number of seconds")
     inputs = _load_inputs(args.input)
     path = f"/v2/models/{urllib.parse.quote(args.model, safe='')}"
     if args.version:
         path += f"/versions/{urllib.parse.quote(args.version, safe='')}"
-    for note in cast_to_model(inputs, _metadata(args.url.rstrip("/") + path)):
-        print(f"aclserve infer: {note}", file=sys.stderr)
-    body, header_length = build_request(inputs, args.output, args.priority)
-    req = urllib.request.Request(args.url.rstrip("/") + path + "/infer", data=body, method="POST",
-                                 headers={HEADER_LENGTH: str(header_length),
-                                          "Content-Type": "application/octet-stream"})
     try:
-        with urllib.request.urlopen(req, timeout=300) as resp:
-            data = resp.read()
-            length = resp.headers.get(HEADER_LENGTH)
+        outputs = _ask(args, path, inputs)
     except urllib.error.HTTPError as e:
         raw = e.read()
         try:
             message = json.loads(raw)["error"]
         except (ValueError, KeyError, TypeError):
-            message = raw.decode(errors="replace") or e.reason
-        print(f"aclserve infer: error: HTTP {e.code}: {message}", file=sys.stderr)
-        return 1
-    except (urllib.error.URLError, OSError) as e:
-        print(f"aclserve infer: error: cannot reach {args.url}: {getattr(e, 'reason', e)}", file=sys.stderr)
-        return 1
-    outputs = parse_response(data, int(length) if length is not None else None)
+            message = raw.decode(errors="replace")[:200] or e.reason
+        return _failed(f"HTTP {e.code}: {message}")
+    except NoAnswer:
+        return _failed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)")
+    except (http.client.HTTPException, NotKServe) as e:  # (a gRPC port, or another kind of server)
+        return _failed(f"{args.url} did not answer as a KServe v2 HTTP server: {_first_line(e)}")
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, TimeoutError):
+            return _failed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)")
+        return _failed(f"cannot reach {args.url}: {e.reason}")
+    except OSError as e:  # (the connection reset or closed mid-answer)
+        return _failed(f"{args.url} broke off the exchange: {e.strerror or e}")
     if args.json:
         print(json.dumps({n: {"shape": list(a.shape), "dtype": str(a.dtype), "data": a.tolist()}
                           for n, a in outputs.items()}))
@@ -168,3 +203,35 @@ def run_infer(args) -> int:
                 print(f"{name} {arr.dtype} {list(arr.shape)}")
                 print(arr)
     return 0
+
+
+def _ask(args, path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Metadata (for the casts), then the inference; the outputs."""
+    for note in cast_to_model(inputs, _metadata(args.url.rstrip("/") + path, args.timeout)):
+        print(f"aclserve infer: {note}", file=sys.stderr)
+    body, header_length = build_request(inputs, args.output, args.priority)
+    req = urllib.request.Request(args.url.rstrip("/") + path + "/infer", data=body, method="POST",
+                                 headers={HEADER_LENGTH: str(header_length),
+                                          "Content-Type": "application/octet-stream"})
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout) as resp:
+            data = resp.read()
+            length = resp.headers.get(HEADER_LENGTH)
+    except TimeoutError:
+        raise NoAnswer from None
+    try:
+        header_length = None if length is None else int(length)
+    except ValueError:
+        raise NotKServe(f"its {HEADER_LENGTH} header is not a number") from None
+    return parse_response(data, header_length)
+
+
+def _first_line(error: Exception) -> str:
+    """The error's first line, printable (a gRPC port answers binary frames)."""
+    text = str(error).strip() or type(error).__name__
+    return "".join(c if c.isprintable() else "?" for c in text.splitlines()[0][:200])
+
+
+def _failed(message: str) -> int:
+    print(f"aclserve infer: error: {message}", file=sys.stderr)
+    return 1

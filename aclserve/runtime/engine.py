@@ -22,6 +22,7 @@ from typing import Mapping
 
 import numpy as np
 
+from ..dtypes import cast_keeping_values
 from .acl_runtime import AclRuntime
 from .batch import Batch
 from .builder import open_pool
@@ -87,11 +88,10 @@ class EngineModel:
         for spec in self.inputs:
             if spec.name not in inputs:
                 raise ValueError(f"missing input {spec.name!r}")
-            given = np.asarray(inputs[spec.name])
-            if not np.can_cast(given.dtype, spec.dtype, casting="same_kind"):  # 1.7 -> 1, NaN -> any int
-                raise ValueError(f"input {spec.name!r} is {given.dtype}, the model takes {spec.dtype}: "
-                                 f"a cast would change its values; convert it first")
-            arr = np.ascontiguousarray(given, dtype=spec.dtype)
+            try:
+                arr = np.ascontiguousarray(cast_keeping_values(np.asarray(inputs[spec.name]), spec.dtype))
+            except ValueError as e:
+                raise ValueError(f"input {spec.name!r} {e}") from None
             expected = spec.sample_shape if spec.batched else spec.shape
             got = arr.shape[1:] if spec.batched else arr.shape
             if tuple(got) != tuple(expected) or (spec.batched and arr.ndim == 0):

@@ -33,6 +33,15 @@ def test_engine_sync_async_and_submit(affine_om):
             model.infer({"x": req["x"]})
         with pytest.raises(ValueError, match=r"input 'x' has shape \[19, 7\], expected \['N', 8\]"):
             model.infer({"x": req["x"][:, :7], "idx": req["idx"]})
+        # a cast numpy calls same_kind that would wrap an integer or make a finite float inf
+        with pytest.raises(ValueError, match=r"input 'idx' holds 92233720368547758\d\d, outside int64's range"):
+            model.infer({"x": req["x"], "idx": req["idx"].astype(np.uint64) + np.uint64(2**63)})
+        with pytest.raises(ValueError, match=r"input 'x' holds values past float32's largest"):
+            model.infer({"x": req["x"].astype(np.float64) * 1e300, "idx": req["idx"]})
+        with pytest.raises(ValueError, match=r"input 'idx' is float64, the model takes int64"):
+            model.infer({"x": req["x"], "idx": req["idx"].astype(np.float64)})
+        np.testing.assert_array_equal(model.infer({"x": req["x"].astype(np.float64), "idx": req["idx"]})["s"],
+                                      expected["s"])  # a cast that only rounds is made
 
 
 @pytest.mark.parametrize("failing_part", [1, 2, 3])

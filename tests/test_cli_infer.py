@@ -1,0 +1,100 @@
+"""`aclserve infer` against what is not a healthy KServe v2 server (one that never answers,
+another protocol on the port, a wrong answer) and with inputs it cannot send as they are: one
+line each, no traceback, and no wait past --timeout."""
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from aclserve.cli.infer import cast_to_model
+from aclserve.cli.usage import UsageError
+
+# what each fake server answers once it has read a request's head (None: nothing, ever)
+ANSWERS = {
+    "silent": None,
+    "grpc port": b"\x00\x00\x12\x04\x00\x00\x00\x00\x00garbage\r\n\r\n",
+    "html": b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nConnection: close\r\n\r\n<html/>\r\n",
+    "bad header length": b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: abc\r\nContent-Length: 2\r\n"
+                         b"Connection: close\r\n\r\n{}",
+    "outputs not a list": b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\nConnection: close\r\n\r\n{\"outputs\": \"y\"}"[:-1],
+}
+
+
+@contextlib.contextmanager
+def fake_server(answer: bytes | None):
+    listener = socket.create_server(("127.0.0.1", 0))
+    held, done = [], threading.Event()
+
+    def serve():
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+            with contextlib.suppress(OSError):
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    head += chunk
+                if answer is not None:
+                    conn.sendall(answer)
+                    conn.close()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        done.set()
+        listener.close()
+        for conn in held:
+            conn.close()
+        thread.join(5)
+
+
+@pytest.mark.parametrize("case", list(ANSWERS))
+def test_infer_against_what_is_not_a_kserve_server_is_one_line(tmp_path, case):
+    """A gRPC port was http.client's BadStatusLine traceback, HTML a JSONDecodeError, a server that
+    never answered held the command 330 s (30 s of metadata, then 300 s)."""
+    np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
+    with fake_server(ANSWERS[case]) as url:
+        proc = subprocess.run([sys.executable, "-m", "aclserve", "infer", "m", "-i", "x=x.npy", "--url", url,
+                               "--timeout", "0.5"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.endswith("\n") and proc.stderr[:-1].isprintable()  # one printable line
+    expected = "no answer from" if case == "silent" else "did not answer as a KServe v2 HTTP server"
+    assert expected in proc.stderr, proc.stderr
+
+
+def test_infer_refuses_a_npy_whose_header_asks_for_more_memory_than_there_is(tmp_path):
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000000, 64), }".ljust(117).encode() + b"\n"
+    (tmp_path / "huge.npy").write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header)
+    proc = subprocess.run([sys.executable, "-m", "aclserve", "infer", "m", "-i", "x=huge.npy", "--url",
+                           "http://127.0.0.1:1"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "huge.npy: its header's shape needs more memory than there is" in proc.stderr
+
+
+@pytest.mark.parametrize("given, datatype, expected", [
+    (np.array([[2**40 + 5, -2**33]]), "INT32", "input x holds -8589934592, outside int32's range"),
+    (np.array([[1e6, 1.0]], np.float32), "FP16", "input x holds values past float16's largest"),
+])
+def test_infer_refuses_a_cast_that_would_change_values(given, datatype, expected):
+    """int64 [[2**40+5, -2**33]] went to an INT32 model as [[5, 0]]; 1e6 to FP16 as inf."""
+    inputs = {"x": given}
+    with pytest.raises(UsageError, match=expected):
+        cast_to_model(inputs, {"inputs": [{"name": "x", "datatype": datatype}]})
+
+
+def test_infer_ignores_metadata_of_another_shape():
+    inputs = {"x": np.zeros(2)}
+    assert cast_to_model(inputs, {"inputs": 5}) == [] and cast_to_model(inputs, [1]) == []
+    assert cast_to_model(inputs, {"inputs": [5, {"name": "x", "datatype": 3}]}) == []
