@@ -207,7 +207,7 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
     images, labels) to the loop, or close the pool when the loop has given up meanwhile. While it runs, the runtime resets none of the
     model's devices (it is inside ACL calls, or its instances' work runs there: teardown.py)."""
     from ..runtime import open_pool, teardown, warm_up  # the runtime imports ACL; keep this module light to import
-    from ..runtime.pool import UNMEASURED_TIMEOUT_MS
+    from ..runtime.execution_timeout import UNMEASURED_TIMEOUT_MS
 
     def warming(gear: int | None, run: int, runs: int) -> None:  # (after stop(): not given up)
         progress(f"warming up: gear {gear}, run {run + 1} of {runs}" if gear is not None

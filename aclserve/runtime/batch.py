@@ -35,7 +35,8 @@ class Batch:
         self.timings = DeviceTimings()
         self.instance = ""  # name of the instance that ran it
         self.error: BaseException | None = None
-        self.failed_lane: int | None = None  # set by a retry: the instance that failed it first
+        # set by a retry: the instance that failed it first (pool.REPLACED once that one is rebuilt)
+        self.failed_lane: int | None = None
 
 
 class BatchListener(Protocol):

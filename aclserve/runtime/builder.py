@@ -10,7 +10,8 @@ from typing import Sequence
 
 from .instance import ModelInstance
 from .limits import Need
-from .pool import UNMEASURED_TIMEOUT_MS, InstancePool
+from .execution_timeout import UNMEASURED_TIMEOUT_MS
+from .pool import InstancePool
 
 log = logging.getLogger(__name__)
 

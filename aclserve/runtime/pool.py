@@ -26,24 +26,12 @@ from typing import Callable, Protocol
 from ..errors import ExecutionFailed
 from .batch import Batch, BatchListener
 from . import teardown
+from .execution_timeout import derived_timeout_ms
 from .instance import ModelInstance
 from .types import TensorSpec
 
-# Execution timeout when the configuration leaves it to the pool: this many times the largest
-# gear's lone run (warm-up), at least the floor: a batch may wait behind the other slots'
-# batches, and a busy host slows the CPU runtime by far more than a device varies.
-TIMEOUT_RUNS = 100
-TIMEOUT_FLOOR_MS = 2_000
-# ... and at most this, below the device's default AI CPU op timeout (28-30 s, CANN's
-# aclrtSetOpExecuteTimeOut page): on the A2/A3 series a model's AI CPU op that times out sets
-# its stream's error without stopping the context, so the batch's events would report success
-# and its answer be whatever the output buffers held; past this the batch has failed first.
-# (A model whose largest gear runs longer than a third of it gets 3 runs.)
-TIMEOUT_CEILING_MS = 25_000
-# ... and until then (the warm-up that measures that run): nothing is known about the model yet.
-UNMEASURED_TIMEOUT_MS = 60_000
-
 log = logging.getLogger(__name__)
+REPLACED = -1  # Batch.failed_lane of a retry whose failed instance was rebuilt: any lane may run it
 
 
 class Rebuilder(Protocol):
@@ -85,6 +73,7 @@ class InstancePool:
         self._rebuild_failures: dict[int, str] = {}  # lane -> why its last rebuild attempt failed
         self._builder = builder  # None: a broken instance stays out of rotation
         self._rebuilding: dict[int, threading.Thread] = {}  # lane -> its rebuild thread
+        self._backing_off: set[int] = set()  # lanes whose rebuild failed and waits to try again
         self._disposing: set[threading.Thread] = set()  # rebuild threads closing the instance they replaced
         self._retired_faults: collections.Counter[int] = collections.Counter()
         self._closing = threading.Event()
@@ -126,7 +115,6 @@ class InstancePool:
         retry = self.retry and batch.failed_lane is None and not self._closed
         with self._lock:  # completion threads of several instances may fail at once
             self.batches_failed += 1
-            self.batches_retried += retry
         if not retry:
             self._listener.batch_done(batch)
             return
@@ -155,18 +143,37 @@ class InstancePool:
     def _dispatch(self, batch: Batch) -> None:
         with self._lock:
             target = self._pick(batch)
-            if target is None:
-                if (any(self._usable(k, batch) for k in range(len(self.instances)))
-                        or any(k != batch.failed_lane for k in self._rebuilding)):
-                    self._pending.append(batch)  # a slot frees, or a rebuilt instance comes
-                    return
+            if target is None and self._may_wait(batch):
+                self._pending.append(batch)  # a slot frees, or a rebuilt instance comes
+                return
         if target is None:  # nothing healthy is left; a retry keeps its first error
-            batch.error = batch.error or ExecutionFailed(f"model {self.name}: no healthy instance can run the batch")
-            self._listener.batch_done(batch)
+            self._answer_unrunnable([batch], "no healthy instance can run the batch")
             return
         self._launch(batch, *target)
 
+    def _may_wait(self, batch: Batch) -> bool:
+        """Whether an instance but the one `batch` failed on may yet take it: a healthy one, or
+        a broken one being rebuilt (its thread may not be registered yet), unless _futile()."""
+        others = [k for k in range(len(self.instances)) if k != batch.failed_lane]
+        if any(self._usable(k, batch) for k in others):
+            return True
+        return self._builder is not None and bool(others) and not self._futile()
+
+    def _futile(self) -> bool:
+        """Every instance is broken and every rebuild waits out a backoff after failing (the
+        first failure is retried at once, once the old instance is closed: not yet futile)."""
+        return len(self._backing_off) == len(self.instances) and all(i.broken for i in self.instances)
+
+    def _answer_unrunnable(self, batches: list[Batch], why: str) -> None:
+        """Answer batches no instance can run: a retry with its first error."""
+        for batch in batches:
+            batch.error = batch.error or ExecutionFailed(f"model {self.name}: {why}")
+            self._listener.batch_done(batch)
+
     def _launch(self, batch: Batch, lane: int, slot) -> None:
+        if batch.failed_lane is not None:  # counted once it runs again, not when it is meant to
+            with self._lock:
+                self.batches_retried += 1
         batch.ran_on, batch.error = lane, None
         self.instances[lane].launch(slot, batch)
 
@@ -195,15 +202,9 @@ class InstancePool:
 
     # -- instances out of rotation -------------------------------------------------------------
     def set_execution_timeout(self, configured_ms: int) -> int:
-        """Set every instance's execution timeout: `configured_ms`, or with 0 the largest gear's
-        warm-up cost times TIMEOUT_RUNS, at least TIMEOUT_FLOOR_MS and at most TIMEOUT_CEILING_MS
-        (or three runs, if more). Returns what was set."""
-        if configured_ms > 0:
-            timeout_ms = configured_ms
-        else:
-            largest_ms = max(self.gear_cost.values(), default=0.0) * 1000
-            timeout_ms = max(round(3 * largest_ms),
-                             min(TIMEOUT_CEILING_MS, max(TIMEOUT_FLOOR_MS, round(largest_ms * TIMEOUT_RUNS))))
+        """Set every instance's execution timeout: `configured_ms`, or with 0 one derived from
+        the gears' warm-up costs (execution_timeout.py). Returns what was set."""
+        timeout_ms = configured_ms if configured_ms > 0 else derived_timeout_ms(self.gear_cost)
         with self._lock:  # an instance a rebuild swaps in takes the value then (_rebuild)
             self.execution_timeout_ms = timeout_ms
             for instance in self.instances:
@@ -269,6 +270,9 @@ class InstancePool:
                     continue
                 log.error("%s: rebuilding instance %s failed (%s); trying again in %.1f s", self.name,
                           old.name, e, delay)
+                with self._lock:
+                    self._backing_off.add(lane)
+                self._answer_pending_if_futile()
                 if self._closing.wait(delay * random.uniform(0.5, 1.0)):
                     return
                 delay = min(2 * delay, 60.0)
@@ -279,8 +283,12 @@ class InstancePool:
                 # built with the value when the build began: set_execution_timeout() may have run since
                 new.execution_timeout_ms = self.execution_timeout_ms
                 self.instances[lane] = new
+                for batch in self._pending:  # the instance it failed on is gone: the new one may run it
+                    if batch.failed_lane == lane:
+                        batch.failed_lane = REPLACED
                 self.rebuilds += 1
                 self._rebuild_failures.pop(lane, None)
+                self._backing_off.discard(lane)
                 self._retired_faults.update(old.fault_counts())
                 del self._rebuilding[lane]
                 if not old_disposed:  # close() waits for this thread until the old one is closed
@@ -296,6 +304,15 @@ class InstancePool:
         finally:
             with self._lock:
                 self._disposing.discard(threading.current_thread())
+
+    def _answer_pending_if_futile(self) -> None:
+        """The batches waiting in the pool are answered once _futile() (they waited for good);
+        requests not yet in a batch wait in the batcher's queue, within their deadlines."""
+        with self._lock:
+            if not self._futile() or self._closed:
+                return
+            waiting, self._pending = list(self._pending), collections.deque()
+        self._answer_unrunnable(waiting, self.out_of_service() or "no instance can run a batch")
 
     # -- runs, figures, teardown --------------------------------------------------------------
     def run(self, batch: Batch) -> Batch:
@@ -345,11 +362,10 @@ class InstancePool:
         for thread in rebuilding:  # one building an instance finishes and disposes of it, or the one it replaced
             if not teardown.join(thread, lambda: min(deadline, self._close_by)):
                 log.warning("%s: %s is still waiting for the device; closing without it", self.name, thread.name)
-        errors = []
-        closes = [functools.partial(i.close, deadline) for i in reversed(self.instances)]
-        for close in closes + self._close_callbacks:
+        errors = teardown.close_at_once([functools.partial(i.close, deadline) for i in self.instances])
+        for callback in self._close_callbacks:
             try:
-                close()
+                callback()
             except Exception as e:  # keep closing the others; report at the end
                 errors.append(e)
         if errors:

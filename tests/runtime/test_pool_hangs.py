@@ -16,7 +16,7 @@ from aclserve.errors import DeviceTimeout
 from aclserve.runtime import open_pool, warm_up
 from aclserve.runtime.batch import Batch
 from aclserve.runtime.futures import BatchFutures
-from aclserve.runtime.pool import TIMEOUT_CEILING_MS, TIMEOUT_FLOOR_MS
+from aclserve.runtime.execution_timeout import TIMEOUT_CEILING_MS, TIMEOUT_FLOOR_MS
 from aclserve.trace.records import BatchTrace, now_ns
 
 from tests import REPO

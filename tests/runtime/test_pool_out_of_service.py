@@ -1,0 +1,44 @@
+"""Batches that wait inside the pool for an instance, when every instance is broken and every
+rebuild fails (they go on trying, with backoff of up to a minute): answered, not kept."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from aclserve.acl.cpu import faults
+from aclserve.errors import ExecutionFailed
+from aclserve.runtime import open_pool
+from aclserve.runtime.futures import BatchFutures
+
+from tests.tiny_models import affine_request
+
+pytestmark = pytest.mark.usefixtures("clean_faults")
+
+
+def test_retries_waiting_for_rebuilds_that_keep_failing_are_answered(runtime, affine_om):
+    """Two instances fail a batch each at once: each retry waited in the pool for the other
+    instance's rebuild, and with every rebuild failing (a device out of memory) it waited for
+    good, its client never answered (found by an independent check)."""
+    pool = open_pool(runtime, affine_om(), "affine", instances=2, devices=(0, 1))
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        faults.inject("load", nth=1, count=1_000_000, code=207001)  # every rebuild fails
+        failing = faults.inject("execute", nth=1, count=2, hold=gate, code=507011)  # both runs fail
+        first = done.submit([affine_request(1)], 1, lane=0)
+        second = done.submit([affine_request(1, 1)], 1, lane=1)
+        for _ in range(200):  # both batches are held in the device, one on each instance
+            if failing.fired == 2:
+                break
+            threading.Event().wait(0.01)
+        gate.set()
+        for future in (first, second):  # each keeps its first error (hang guard: 30 s)
+            with pytest.raises(ExecutionFailed, match="507011"):
+                future.result(timeout=30)
+        assert failing.fired == 2 and pool.batches_failed == 2
+        assert pool.batches_retried == 0  # no other instance ever ran them
+        assert pool.out_of_service() is not None
+    finally:
+        gate.set()
+        pool.close()
