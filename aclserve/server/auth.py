@@ -46,12 +46,16 @@ def is_loopback(host: str) -> bool:
         return False  # a name other than localhost may resolve anywhere
 
 
+MAX_TOKEN = 4096  # aiohttp reads header lines of 8190 bytes; gRPC's metadata, 8 KB in all
+
+
 def _refuse_unsendable(token: str, source: str) -> None:
-    """A token no client can send is refused at start, not by a 401 to every request: a header
-    value has no control character (NUL, CR, LF...), and its surrounding blanks are dropped."""
-    if token != token.strip() or not token.isprintable():
-        raise ConfigError(source, "must not begin or end with blanks nor hold a control character: "
-                          "no client could send it")  # the value is a secret: not echoed
+    """A token no client can send is refused at start, not by a 401 (or 400) to every request:
+    gRPC metadata values are printable ASCII, a header value loses its surrounding blanks, and
+    both have a size limit."""
+    if token != token.strip() or not (token.isascii() and token.isprintable()) or len(token) > MAX_TOKEN:
+        raise ConfigError(source, f"must be printable ASCII, at most {MAX_TOKEN} characters, without blanks "
+                          "at its ends: no client could send it")  # the value is a secret: not echoed
 
 
 class Access:

@@ -6,6 +6,7 @@ there keep their level and traceback."""
 from __future__ import annotations
 
 import logging
+import re
 
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -13,13 +14,17 @@ from . import client_log
 
 LOGGER = "aiohttp.server"
 MAX_MESSAGE = 200  # the error quotes the client's bytes
+# ... an Authorization header among them: its value (the API token, say) is never logged,
+# whether the quote holds the header's name or its value alone (a line too long)
+_CREDENTIALS = re.compile(r"(?i)((?:proxy-)?authorization\s*:\s*|\b(?:bearer|basic)\s+)[^\r\n'\"]*")
 
 
 def bad_request(record: logging.LogRecord) -> tuple[str, tuple] | None:
     error = record.exc_info[1] if record.exc_info else None
     if not isinstance(error, HttpProcessingError):
         return None
-    text = " ".join(str(error.message).split())[:MAX_MESSAGE]
+    text = _CREDENTIALS.sub(r"\1<hidden>", str(error.message))
+    text = " ".join(text.split())[:MAX_MESSAGE]
     return "%s: %s %s %s", (record.getMessage(), error.code, type(error).__name__, text)
 
 
