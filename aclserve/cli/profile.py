@@ -4,10 +4,9 @@ trace file and a summary a person reads in ten seconds (trace/analysis.py).
 In-process (default): the models folder is loaded as `aclserve serve` would (same repository,
 batchers, runtime) and C client tasks drive the infer path of the HTTP server without the
 socket (`server/infer.infer_body`: decode, queue, batch, encode), so the process CPU time is the
-server's. With --url: C aiohttp clients load a running server; its trace settings for the model
-are set to trace every request into profile-MODEL-PID.json inside its trace folder, turned OFF
-at the end (which writes the file), read back from --trace-dir (the server must share this
-machine's filesystem), and the model's own trace settings dropped.
+server's. With --url: C aiohttp clients load a running server (profile_remote.py). Every
+request's outcome is counted (load.py): the rate is of the requests answered, the refused are
+counted by reason.
 """
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ import numpy as np
 
 from ..errors import ServeError
 from .infer import check_url
+from .load import closed_loop
 from .usage import UsageError
 
 
@@ -38,6 +38,8 @@ def add_commands(sub) -> None:
     p.add_argument("--device", choices=("auto", "cpu", "npu"), help="in-process mode (default auto)")
     p.add_argument("--url", help="profile a running server instead (e.g. http://127.0.0.1:8000)")
     p.add_argument("--trace-dir", help="with --url: the server's trace folder, as seen from here (default traces)")
+    p.add_argument("--timeout", type=float,
+                   help="with --url: seconds to wait to connect and for each answer (default 60)")
     p.add_argument("--trace", metavar="FILE", help="where to write the trace (default profile-<model>.json)")
     p.add_argument("--png", metavar="FILE", help="also draw the timeline (a window of it) to a PNG (matplotlib)")
     p.add_argument("--png-window-ms", type=float, default=20.0, help="width of the PNG's window (default %(default)s)")
@@ -52,50 +54,127 @@ def _check_mode(args) -> None:
                          "with --url the server's own are used")
     if not args.url and args.trace_dir is not None:
         raise UsageError("--trace-dir applies with --url (the running server's trace folder)")
+    if not args.url and args.timeout is not None:
+        raise UsageError("--timeout applies with --url (the running server's answers)")
+    if args.timeout is not None and not 0 < args.timeout < math.inf:  # (NaN fails it too)
+        raise UsageError("--timeout must be a positive number of seconds")
+    args.timeout = 60.0 if args.timeout is None else args.timeout
     args.models = "models" if args.models is None else args.models
     args.device = "auto" if args.device is None else args.device
     args.trace_dir = "traces" if args.trace_dir is None else args.trace_dir
 
 
+def _check_writable(path: str) -> None:
+    """Found out now, not after the run: create the file (removed again if it was not there)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"cannot write {path}: folder {folder} does not exist")
+    if os.path.isdir(path):  # the write after the run was a traceback (the run's result lost)
+        raise UsageError(f"cannot write {path}: it is a folder")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "ab"):  # (appending nothing: a file that exists keeps its content)
+            pass
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+    if not existed:
+        os.remove(path)
+
+
+def _check_outputs(args, out: str) -> None:
+    for path in filter(None, (out, args.png)):
+        _check_writable(path)
+    if args.png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--png needs matplotlib: pip install -e '.[plot]'") from None
+
+
 def run_profile(args) -> int:
-    from ..trace import analysis
     if not 0 < args.seconds < math.inf or args.clients < 1 or args.rows < 1:  # NaN fails the first
         raise UsageError("--seconds, --clients and --rows must be positive (and --seconds finite)")
     if args.png and not 0 < args.png_window_ms < math.inf:
         raise UsageError("--png-window-ms must be positive and finite")
     _check_mode(args)
     out = args.trace or f"profile-{args.model}.json"
-    for path in filter(None, (out, args.png)):  # found out now, not after the run
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise UsageError(f"cannot write {path}: folder {folder} does not exist")
-        if os.path.isdir(path):  # the write after the run was a traceback (the run's result lost)
-            raise UsageError(f"cannot write {path}: it is a folder")
-    if args.url:
-        import aiohttp
-        check_url(args.url)
-        try:
-            events, done, cpu_s = asyncio.run(_remote(args))
-        except aiohttp.ClientError as e:
-            print(f"aclserve profile: error: cannot reach {args.url}: {e}", file=sys.stderr)
-            return 1
-    else:
+    _check_outputs(args, out)
+    try:
+        events, outcomes, cpu_s = _run(args)
+    except RemoteFailed as e:
+        print(f"aclserve profile: error: {e}", file=sys.stderr)
+        return 1
+    return _report(args, out, events, outcomes, cpu_s)
+
+
+class RemoteFailed(Exception):
+    """--url: the server could not be profiled (not reached, no answer, not KServe, bad trace)."""
+
+
+def _run(args):
+    if not args.url:
         from ..acl import AclUnavailable
         try:
-            events, done, cpu_s = asyncio.run(_in_process(args))
+            return asyncio.run(_in_process(args))
         except AclUnavailable as e:  # --device npu without CANN
             raise UsageError(str(e)) from None
+    import aiohttp
+    from .profile_remote import NotKServe, TraceUnreadable, one_line, run_remote
+    check_url(args.url)
+    try:
+        return asyncio.run(run_remote(args, _body))
+    except asyncio.TimeoutError:  # (before ClientError: aiohttp's timeouts are both)
+        raise RemoteFailed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)") from None
+    except aiohttp.ClientConnectorError as e:
+        raise RemoteFailed(f"cannot reach {args.url}: {one_line(e)}") from None
+    except (aiohttp.ClientResponseError, NotKServe) as e:  # (a gRPC port: "Bad status line", HTML, ...)
+        said = one_line(getattr(e, "message", e)).rstrip(":")  # (aiohttp's own is a multi-line repr)
+        raise RemoteFailed(f"{args.url} did not answer as a KServe v2 HTTP server: {said}") from None
+    except aiohttp.ClientError as e:  # (the connection closed mid-answer)
+        raise RemoteFailed(f"{args.url} broke off the exchange: {one_line(e) or type(e).__name__}") from None
+    except TraceUnreadable as e:
+        raise RemoteFailed(str(e)) from None
+
+
+def _report(args, out: str, events: list[dict], outcomes, cpu_s) -> int:
+    """The summary, the trace file and the PNG; status 1 when nothing was answered or a write failed."""
+    from ..trace import analysis
+    status = 0 if outcomes.answered else 1
+    try:
+        _write_trace(out, events)
+    except OSError as e:  # (disk full)
+        print(f"aclserve profile: error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
+        out, status = "not written", 1
+    print(f"{args.model}: {outcomes.answered} requests answered in {args.seconds:g} s "
+          f"({outcomes.answered / args.seconds:,.0f} req/s), {args.clients} clients, {args.rows} row(s) each; "
+          f"trace: {out}")
+    if outcomes.refused:
+        print(f"refused: {outcomes.refusals()}")
+    print(analysis.format_summary(analysis.summarize(events, cpu_s)))
+    if args.png:
+        status = max(status, _draw(args, events))
+    if not outcomes.answered:
+        print("aclserve profile: error: no request was answered", file=sys.stderr)
+    return status
+
+
+def _write_trace(out: str, events: list[dict]) -> None:
     import orjson
     with open(out, "wb") as f:
         f.write(orjson.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
-    summary = analysis.summarize(events, cpu_s)
-    print(f"{args.model}: {done} requests in {args.seconds:g} s ({done / args.seconds:,.0f} req/s), "
-          f"{args.clients} clients, {args.rows} row(s) each; trace: {out}")
-    print(analysis.format_summary(summary))
-    if args.png:
-        from ..trace.plot import render_png
+
+
+def _draw(args, events: list[dict]) -> int:
+    from ..trace.plot import render_png
+    if not any(e.get("ph") == "X" for e in events):
+        print("timeline: not drawn (the trace has no spans)")
+        return 0
+    try:
         render_png(events, args.png, args.png_window_ms)
-        print(f"timeline: {args.png} ({args.png_window_ms:g} ms window)")
+    except OSError as e:
+        print(f"aclserve profile: error: cannot write {args.png}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    print(f"timeline: {args.png} ({args.png_window_ms:g} ms window)")
     return 0
 
 
@@ -108,22 +187,13 @@ def _body(inputs_meta: list[tuple[str, str, list[int]]], rows: int) -> tuple[byt
         if datatype == "BYTES":
             raise UsageError(f"input {name!r} takes encoded images (BYTES): profile sends random tensors, so it "
                              f"profiles models with numeric inputs only")
+        if rows > 1 and (not shape or shape[0] != -1):  # (the rows were ignored, yet reported)
+            first = shape[0] if shape else "none (a scalar)"
+            raise UsageError(f"--rows {rows}: input {name!r} has a fixed first dimension, {first} (a static batch); "
+                             f"profile it with --rows 1")
         dims = [rows if (i == 0 and d == -1) else max(d, 1) for i, d in enumerate(shape)]
         arrays[name] = rng.standard_normal(dims).astype(kserve_to_numpy(datatype))
     return build_request(arrays, [])
-
-
-async def _closed_loop(clients: int, seconds: float, one) -> int:
-    done = 0
-    end = time.monotonic() + seconds
-
-    async def client():
-        nonlocal done
-        while time.monotonic() < end:
-            await one()
-            done += 1
-    await asyncio.gather(*(client() for _ in range(clients)))
-    return done
 
 
 async def _in_process(args):
@@ -152,12 +222,18 @@ async def _in_process(args):
         meta = [(s.name, s.datatype, list(s.shape)) for s in served.inputs]
         body, header_length = _body(meta, args.rows)
         work = functools.partial(_work, body, header_length)
+
+        async def one() -> str | None:
+            try:
+                await counted_infer(state, args.model, None, work, protocol="inproc")
+            except ServeError as e:  # (more clients than the queue holds: QueueFull)
+                return type(e).__name__
+            return None
         try:  # one request first: what the model refuses (too many rows, say) is one line
             await counted_infer(state, args.model, None, work, protocol="inproc")
         except ServeError as e:
             raise UsageError(f"model {args.model!r} refused the request: {e.message}") from None
-        await _closed_loop(args.clients, min(1.0, args.seconds / 5), lambda: counted_infer(
-            state, args.model, None, work, protocol="inproc"))  # warm-up, not traced below
+        await closed_loop(args.clients, min(1.0, args.seconds / 5), one)  # warm-up, not traced below
         state.tracer.take()
         traces = []
 
@@ -168,13 +244,12 @@ async def _in_process(args):
         drainer = asyncio.ensure_future(drain())
         cpu0 = time.process_time()
         try:
-            done = await _closed_loop(args.clients, args.seconds, lambda: counted_infer(
-                state, args.model, None, work, protocol="inproc"))
+            outcomes = await closed_loop(args.clients, args.seconds, one)
         finally:
             drainer.cancel()
         cpu_s = time.process_time() - cpu0
         traces.extend(state.tracer.take())
-        return chrome.events(traces), done, cpu_s
+        return chrome.events(traces), outcomes, cpu_s
     finally:
         await repo.close()
         runtime.close()
@@ -183,65 +258,3 @@ async def _in_process(args):
 async def _work(body, header_length, rec, trace):
     from ..server.infer import infer_body
     return await infer_body(rec, body, header_length, trace)
-
-
-async def _own_trace_settings(session, base: str, setting: str) -> dict:
-    """The model's trace settings as an update that puts them back: each one that differs from
-    the global one (the model set it), and null for the rest (they follow the global ones).
-    A setting the model set to the global value comes back following it."""
-    async with session.get(setting) as resp:
-        own = await resp.json() if resp.status == 200 else {}
-    async with session.get(f"{base}/v2/trace/setting") as resp:
-        shared = await resp.json() if resp.status == 200 else {}
-    return {key: (value if value != shared.get(key) else None) for key, value in own.items()}
-
-
-async def _remote(args):
-    import aiohttp
-    import orjson
-
-    base = args.url.rstrip("/")
-    name = f"profile-{args.model}-{os.getpid()}.json"
-    setting = f"{base}/v2/models/{args.model}/trace/setting"
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"{base}/v2/models/{args.model}") as resp:
-            if resp.status != 200:
-                raise UsageError(f"{base}: model {args.model!r}: HTTP {resp.status}: {await resp.text()}")
-            meta = [(t["name"], t["datatype"], t["shape"]) for t in (await resp.json())["inputs"]]
-        body, header_length = _body(meta, args.rows)
-        headers = {"Inference-Header-Content-Length": str(header_length), "Content-Type": "application/octet-stream"}
-        url = f"{base}/v2/models/{args.model}/infer"
-
-        async def one():
-            async with session.post(url, data=body, headers=headers) as resp:
-                await resp.read()
-        async with session.post(url, data=body, headers=headers) as resp:  # what it refuses is one line
-            if resp.status != 200:
-                raise UsageError(f"{base}: model {args.model!r} refused the request: HTTP {resp.status}: "
-                                 f"{await resp.text()}")
-        await _closed_loop(args.clients, min(1.0, args.seconds / 5), one)  # warm-up, untraced
-        restore = await _own_trace_settings(session, base, setting)
-        async with session.post(setting, json={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
-                                               "log_frequency": "0", "trace_file": name,
-                                               "trace_format": "chrome"}) as resp:
-            if resp.status != 200:
-                raise UsageError(f"{base}: could not turn tracing on: {await resp.text()}")
-        try:
-            done = await _closed_loop(args.clients, args.seconds, one)
-        finally:
-            async with session.post(setting, json={"trace_level": ["OFF"]}) as resp:
-                await resp.read()  # tracing OFF writes the file
-            async with session.post(setting, json=restore) as resp:  # the model's own as they were
-                if resp.status != 200:
-                    print(f"aclserve profile: warning: could not put the model's trace settings back "
-                          f"({resp.status}: {await resp.text()}); they are {restore}", file=sys.stderr)
-    path = os.path.join(args.trace_dir, name)
-    for _ in range(300):
-        if os.path.exists(path):
-            break
-        await asyncio.sleep(0.1)
-    else:
-        raise UsageError(f"the server did not write {path} (is --trace-dir its trace folder?)")
-    with open(path, "rb") as f:
-        events = orjson.loads(f.read())["traceEvents"]
-    return events, done, None

@@ -72,6 +72,34 @@ def _batch_id(name: str) -> int | None:
     return int(tail) if sep and tail.isdigit() else None
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _id(value) -> bool:
+    return isinstance(value, (int, str)) and not isinstance(value, bool)
+
+
+def malformed(events: list) -> str | None:
+    """What makes `events` unreadable to summarize() and the PNG (a file written by another tool,
+    or damaged), naming the first such event; None when they read."""
+    for i, e in enumerate(events):
+        if not isinstance(e, dict):
+            return f"event {i} is not an object"
+        args = e.get("args", {})
+        if not isinstance(args, dict):
+            return f"event {i}: args is not an object"
+        if e.get("ph") == "X":
+            if not (isinstance(e.get("name"), str) and _number(e.get("ts")) and _number(e.get("dur"))
+                    and _id(e.get("pid")) and _id(e.get("tid")) and (args.get("batch") is None or _id(args["batch"]))):
+                return f"event {i}: a span needs name, ts, dur, pid and tid (and args.batch an id)"
+        elif e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name"):
+            if not (isinstance(args.get("name"), str) and _id(e.get("pid"))
+                    and (e["name"] == "process_name" or _id(e.get("tid")))):
+                return f"event {i}: a {e['name']} needs pid, tid and args.name"
+    return None
+
+
 def summarize(events: list[dict], cpu_s: float | None = None) -> Summary:
     spans = [e for e in events if e.get("ph") == "X"]
     processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}

@@ -1,0 +1,41 @@
+"""The closed loop `aclserve profile` drives: C clients, each sending its next request when the
+last one is answered or refused, with every outcome counted (a refusal is not a request served)."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+# one request: None when answered, else why it was refused ("HTTP 503", "QueueFull", ...)
+Request = Callable[[], Awaitable["str | None"]]
+
+
+@dataclass
+class Outcomes:
+    answered: int = 0
+    refused: collections.Counter = field(default_factory=collections.Counter)  # reason -> count
+
+    def refusals(self) -> str:
+        """'12,928 (HTTP 503)': how many were refused, and why, the commonest reason first."""
+        reasons = self.refused.most_common()
+        if len(reasons) == 1:
+            return f"{reasons[0][1]:,} ({reasons[0][0]})"
+        return f"{sum(self.refused.values()):,} (" + ", ".join(f"{why}: {n:,}" for why, n in reasons) + ")"
+
+
+async def closed_loop(clients: int, seconds: float, one: Request) -> Outcomes:
+    outcomes = Outcomes()
+    end = time.monotonic() + seconds
+
+    async def client():
+        while time.monotonic() < end:
+            refused = await one()
+            if refused is None:
+                outcomes.answered += 1
+            else:
+                outcomes.refused[refused] += 1
+                await asyncio.sleep(0)  # a refusal comes back at once: let the others run
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return outcomes

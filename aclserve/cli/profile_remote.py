@@ -1,0 +1,166 @@
+"""`aclserve profile --url`: the closed loop against a running server, with the model's tracing
+turned on into profile-MODEL.json inside the server's trace folder for the run, read back from
+--trace-dir (the server must share this machine's filesystem) and removed there, and the model's
+own trace settings put back. One name per model: the server takes a bounded number of trace_file
+names (tracer.MAX_NAMES), so a name per run stopped every profile after 1,024 runs."""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+from .load import Outcomes, closed_loop
+from .usage import UsageError
+
+CONTROL_CONNECTIONS = 4  # metadata and trace settings, beside the clients' own connections
+WRITE_WAIT_S = 30.0  # for the server to write the trace file once tracing is off
+
+
+class NotKServe(ValueError):
+    """The URL answered, but not as a KServe v2 HTTP server."""
+
+
+class TraceUnreadable(ValueError):
+    """The trace file the server wrote cannot be read as a Chrome trace."""
+
+
+def one_line(text: str) -> str:
+    """The first line of an answer or error, printable (a gRPC port answers binary frames)."""
+    lines = str(text).strip().splitlines() or [""]
+    return "".join(c if c.isprintable() else "?" for c in lines[0][:200])
+
+
+async def _said(resp) -> str:
+    """What an answer that is not 200 says, in one line: its JSON error, else its first line."""
+    text = await resp.text(errors="replace")
+    try:
+        import json
+        text = json.loads(text)["error"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return f"HTTP {resp.status}: {one_line(text)}"
+
+
+def _inputs(doc) -> list[tuple[str, str, list[int]]]:
+    """The (name, datatype, shape) of each input the metadata lists; NotKServe when it lists none."""
+    inputs = doc.get("inputs") if isinstance(doc, dict) else None
+    try:
+        meta = [(t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in inputs]
+    except (KeyError, TypeError, ValueError):
+        meta = None
+    if not meta or not all(isinstance(n, str) and isinstance(d, str) for n, d, _ in meta):
+        raise NotKServe("its model metadata has no list of inputs (name, datatype, shape)")
+    return meta
+
+
+async def _own_trace_settings(session, base: str, setting: str) -> dict:
+    """The model's trace settings as an update that puts them back: each one that differs from
+    the global one (the model set it), and null for the rest (they follow the global ones).
+    A setting the model set to the global value comes back following it."""
+    async with session.get(setting) as resp:
+        own = await resp.json() if resp.status == 200 else {}
+    async with session.get(f"{base}/v2/trace/setting") as resp:
+        shared = await resp.json() if resp.status == 200 else {}
+    own, shared = (d if isinstance(d, dict) else {} for d in (own, shared))
+    return {key: (value if value != shared.get(key) else None) for key, value in own.items()}
+
+
+def _remove_stale(path: str) -> None:
+    """A file left by an earlier run must not pass for this run's (found again by mtime below)."""
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+async def run_remote(args, make_body):
+    """(trace events, outcomes, None): the process CPU time of a remote server is not known."""
+    import aiohttp
+
+    base = args.url.rstrip("/")
+    name = f"profile-{args.model}.json"
+    path = os.path.join(args.trace_dir, name)
+    setting = f"{base}/v2/models/{args.model}/trace/setting"
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=args.timeout, sock_read=args.timeout)
+    connector = aiohttp.TCPConnector(limit=args.clients + CONTROL_CONNECTIONS)  # (the default 100 capped --clients)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async with session.get(f"{base}/v2/models/{args.model}") as resp:
+            if resp.status != 200:
+                raise UsageError(f"{base}: model {args.model!r}: {await _said(resp)}")
+            try:
+                doc = await resp.json(content_type=None)
+            except ValueError as e:  # (HTML, say)
+                raise NotKServe(f"its model metadata is not JSON ({one_line(e)})") from None
+        meta = _inputs(doc)
+        body, header_length = make_body(meta, args.rows)
+        headers = {"Inference-Header-Content-Length": str(header_length), "Content-Type": "application/octet-stream"}
+        url = f"{base}/v2/models/{args.model}/infer"
+
+        async def one() -> str | None:
+            try:
+                async with session.post(url, data=body, headers=headers) as resp:
+                    await resp.read()
+                    return None if resp.status == 200 else f"HTTP {resp.status}"
+            except asyncio.TimeoutError:  # (aiohttp's timeouts are ClientErrors too)
+                return f"no answer within {args.timeout:g} s"
+            except aiohttp.ClientError as e:
+                return type(e).__name__
+        async with session.post(url, data=body, headers=headers) as resp:  # what it refuses is one line
+            if resp.status != 200:
+                raise UsageError(f"{base}: model {args.model!r} refused the request: {await _said(resp)}")
+        await closed_loop(args.clients, min(1.0, args.seconds / 5), one)  # warm-up, untraced
+        restore = await _own_trace_settings(session, base, setting)
+        _remove_stale(path)
+        async with session.post(setting, json={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
+                                               "log_frequency": "0", "trace_file": name,
+                                               "trace_format": "chrome"}) as resp:
+            if resp.status != 200:
+                raise UsageError(f"{base}: could not turn tracing on: {await _said(resp)}")
+        traced_from = time.time()
+        try:
+            outcomes = await closed_loop(args.clients, args.seconds, one)
+        finally:
+            async with session.post(setting, json={"trace_level": ["OFF"]}) as resp:
+                await resp.read()  # tracing OFF writes the file
+            async with session.post(setting, json=restore) as resp:  # the model's own as they were
+                if resp.status != 200:
+                    print(f"aclserve profile: warning: could not put the model's trace settings back "
+                          f"({await _said(resp)}); they are {restore}", file=sys.stderr)
+    await _written_since(path, traced_from)
+    events = read_trace(path)
+    _remove_stale(path)  # read: the client writes its own copy (--trace); each run left up to 24 MB
+    return events, outcomes, None
+
+
+async def _written_since(path: str, since: float) -> None:
+    deadline = time.monotonic() + WRITE_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            if os.stat(path).st_mtime >= since:
+                return
+        except OSError:
+            pass
+        await asyncio.sleep(0.1)
+    raise UsageError(f"the server did not write {path} (is --trace-dir its trace folder?)")
+
+
+def read_trace(path: str) -> list[dict]:
+    """The events of a Chrome trace file; TraceUnreadable naming the file when it is not one."""
+    import orjson
+    from ..trace.analysis import malformed
+
+    try:
+        with open(path, "rb") as f:
+            doc = orjson.loads(f.read())
+    except OSError as e:
+        raise TraceUnreadable(f"cannot read the trace file {path}: {e.strerror or e}") from None
+    except orjson.JSONDecodeError as e:
+        raise TraceUnreadable(f"the trace file {path} is not JSON ({one_line(e)})") from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list):
+        raise TraceUnreadable(f"the trace file {path} is not a Chrome trace (no traceEvents list)")
+    problem = malformed(events)
+    if problem:
+        raise TraceUnreadable(f"the trace file {path} is not a trace aclserve reads: {problem}")
+    return events

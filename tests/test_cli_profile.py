@@ -1,0 +1,203 @@
+"""`aclserve profile` against what it meets: more clients than the queue holds, refusals, servers
+that hang or are not KServe, trace files it cannot read, outputs it cannot write."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from aclserve.cli.profile import _body
+from aclserve.cli.profile_remote import TraceUnreadable, read_trace
+from aclserve.cli.usage import UsageError
+from tests import REPO
+from tests.serving import ServerThread, server_config
+
+
+def _profile(*args, cwd, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "aclserve", "profile", *args], cwd=cwd, capture_output=True,
+                          text=True, env=env, timeout=timeout)
+
+
+def _models(tmp_path):
+    (tmp_path / "models").mkdir()
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "models" / "digits.om")
+    return tmp_path / "models"
+
+
+def _answered_and_rate(stdout: str) -> tuple[int, float]:
+    m = re.search(r"digits: (\d+) requests answered in ([\d.]+) s \(([\d,]+) req/s\)", stdout)
+    assert m, stdout
+    return int(m.group(1)), float(m.group(3).replace(",", "")) / (int(m.group(1)) / float(m.group(2)) or 1)
+
+
+def test_more_clients_than_the_queue_holds_are_counted_as_refused_in_process(tmp_path):
+    """Each client's QueueFull ended the run with a traceback after the warm-up."""
+    _models(tmp_path)
+    proc = _profile("digits", "--seconds", "1", "--clients", "400", "--models", "models", cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.search(r"^refused: [\d,]+ \(QueueFull\)$", proc.stdout, re.M), proc.stdout
+    assert "verdict" in proc.stdout
+
+
+def _small_queue_server(tmp_path):
+    batching = {"max_batch_size": 1, "default_queue_policy": {"max_queue_size": 1}}
+    return ServerThread(server_config(_models(tmp_path), model_control_mode="none", trace_dir=str(tmp_path / "traces"),
+                                      model_defaults={"batching": batching}))
+
+
+def test_url_counts_what_the_server_refused_and_rates_the_answered_only(tmp_path):
+    """Refused requests (503: the queue was full) were counted as served: "10748 requests ...
+    5,374 req/s" while the server failed 12,928 of them. The server's trace file is one name per
+    model (a name per run used up the server's 1,024 names), removed once read; a stale one from an
+    earlier run is not taken for this run's."""
+    (tmp_path / "traces").mkdir()
+    stale = tmp_path / "traces" / "profile-digits.json"
+    stale.write_text("[]")
+    with _small_queue_server(tmp_path) as server:
+        proc = _profile("digits", "--url", f"http://{server.url}", "--trace-dir", "traces", "--seconds", "1",
+                        "--clients", "32", "--trace", "out.json", cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.search(r"^refused: [\d,]+ \(HTTP 503\)$", proc.stdout, re.M), proc.stdout
+    answered, rate_over_answered = _answered_and_rate(proc.stdout)
+    assert answered > 0 and rate_over_answered == pytest.approx(1.0, rel=0.02)
+    assert os.listdir(tmp_path / "traces") == []
+    assert (tmp_path / "out.json").stat().st_size > 100
+
+
+def test_url_opens_a_connection_for_each_client(tmp_path):
+    """aiohttp's default connector limit held --clients 300 to 100 connections, silently."""
+    peak = [0.0]
+    with ServerThread(server_config(_models(tmp_path), model_control_mode="none",
+                                    trace_dir=str(tmp_path / "traces"))) as server:
+        def watch():
+            for _ in range(40):
+                metrics = urllib.request.urlopen(f"http://{server.url}/metrics", timeout=10).read()
+                peak[0] = max(peak[0], float(re.search(rb"^aclserve_connections ([0-9.]+)", metrics, re.M).group(1)))
+                time.sleep(0.05)
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        proc = _profile("digits", "--url", f"http://{server.url}", "--trace-dir", "traces", "--seconds", "2",
+                        "--clients", "150", "--trace", "out.json", cwd=tmp_path)
+        watcher.join()
+    assert proc.returncode == 0, proc.stderr
+    assert peak[0] > 140, peak[0]
+
+
+class _CannedServer:
+    """Accepts connections on 127.0.0.1, reads a request's head and answers `reply` (None: never)."""
+
+    def __init__(self, reply: bytes | None):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.reply, self.conns = reply, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            if self.reply is not None:
+                conn.sendall(self.reply)
+                conn.close()
+
+    def close(self):
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+def _http(body: bytes, content_type: str) -> bytes:
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+            % (content_type.encode(), len(body)) + body)
+
+
+@pytest.mark.parametrize("reply, said", [
+    (None, "no answer from {url} within 1 s (--timeout)"),  # (300 s, then a TimeoutError traceback)
+    (b"\x00\x00\x12\x04\x00\x00\x00\x00\x00\r\n\r\n", "{url} did not answer as a KServe v2 HTTP server: "
+                                                      "Bad status line"),  # (a gRPC port: multi-line)
+    (_http(b"<html>hi</html>", "text/html"), "{url} did not answer as a KServe v2 HTTP server: its model "
+                                             "metadata is not JSON"),
+    (_http(b'{"inputs": 5}', "application/json"), "{url} did not answer as a KServe v2 HTTP server: its model "
+                                                  "metadata has no list of inputs"),
+], ids=["hangs", "grpc-port", "html", "json-without-inputs"])
+def test_url_that_hangs_or_is_not_kserve_is_one_line(tmp_path, reply, said):
+    server = _CannedServer(reply)
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        started = time.monotonic()
+        proc = _profile("digits", "--url", url, "--seconds", "1", "--timeout", "1", cwd=tmp_path, timeout=60)
+    finally:
+        server.close()
+    assert time.monotonic() - started < 30
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert said.format(url=url) in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"", "is not JSON"),
+    (b"[]", "is not a Chrome trace (no traceEvents list)"),  # (Triton's format)
+    (b'{"traceEvents": {"a": 1}}', "is not a Chrome trace (no traceEvents list)"),
+    (b'{"traceEvents": [{"ph": "X"}]}', "event 0: a span needs name, ts, dur, pid and tid"),
+    (b'{"traceEvents": [5]}', "event 0 is not an object"),
+    (b'{"traceEvents": [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": "x"}]}',
+     "event 0: args is not an object"),
+    (b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1}]}', "needs pid, tid and args.name"),
+], ids=["empty", "triton-list", "events-dict", "span-missing-keys", "event-not-dict", "args-not-dict",
+        "metadata-without-name"])
+def test_a_malformed_trace_file_read_back_is_one_line_naming_it(tmp_path, content, said):
+    """orjson, KeyError, TypeError and AttributeError tracebacks after the run."""
+    path = tmp_path / "profile-m.json"
+    path.write_bytes(content)
+    with pytest.raises(TraceUnreadable, match=re.escape(said)) as raised:
+        read_trace(str(path))
+    assert str(path) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_run(tmp_path):
+    """Both were a traceback after the whole run (its results lost)."""
+    _models(tmp_path)
+    proc = _profile("digits", "--seconds", "0.3", "--models", "models", "--trace", "/proc/x.json", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "cannot write /proc/x.json" in proc.stderr and "verdict" not in proc.stdout
+    (tmp_path / "nompl" / "matplotlib").mkdir(parents=True)
+    (tmp_path / "nompl" / "matplotlib" / "__init__.py").write_text("raise ImportError('no matplotlib (test)')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "nompl"),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    proc = _profile("digits", "--seconds", "0.3", "--models", "models", "--png", "t.png", cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--png needs matplotlib: pip install -e '.[plot]'" in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["models", "nompl"]  # (the check's files removed again)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_trace_write_that_fails_after_the_run_is_one_line_and_the_summary_is_printed(tmp_path):
+    _models(tmp_path)
+    proc = _profile("digits", "--seconds", "0.3", "--models", "models", "--trace", "/dev/full", cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "aclserve profile: error: cannot write /dev/full: No space left on device" in proc.stderr
+    assert "trace: not written" in proc.stdout and "verdict" in proc.stdout
+
+
+def test_rows_on_a_model_of_fixed_first_dimension_are_refused():
+    """--rows 4 on a static batch was ignored (one row sent) but reported as 4 rows each."""
+    with pytest.raises(UsageError, match=r"--rows 4: input 'x' has a fixed first dimension, 1 \(a static batch\)"):
+        _body([("x", "FP32", [1, 64])], 4)
+    _body([("x", "FP32", [1, 64])], 1)
+    _body([("x", "FP32", [-1, 64])], 4)
