@@ -16,7 +16,7 @@ import numpy as np
 from ..dtypes import cast_keeping_values, kserve_to_numpy, numpy_to_kserve
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
-from .usage import UsageError
+from .usage import NotKServe, UsageError, one_line
 
 
 def add_commands(sub) -> None:
@@ -82,10 +82,6 @@ def build_request(inputs: dict[str, np.ndarray], outputs: list[str], priority: i
         doc.setdefault("parameters", {})["priority"] = priority
     head = json.dumps(doc).encode()
     return b"".join([head, *(a.tobytes() for a in inputs.values())]), len(head)
-
-
-class NotKServe(ValueError):
-    """The server's answer is not a KServe v2 one (another kind of server at that URL)."""
 
 
 def parse_response(body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
@@ -187,7 +183,7 @@ def run_infer(args) -> int:
     except NoAnswer:
         return _failed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)")
     except (http.client.HTTPException, NotKServe) as e:  # (a gRPC port, or another kind of server)
-        return _failed(f"{args.url} did not answer as a KServe v2 HTTP server: {_first_line(e)}")
+        return _failed(f"{args.url} did not answer as a KServe v2 HTTP server: {one_line(e) or type(e).__name__}")
     except urllib.error.URLError as e:
         if isinstance(e.reason, TimeoutError):
             return _failed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)")
@@ -224,12 +220,6 @@ def _ask(args, path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray
     except ValueError:
         raise NotKServe(f"its {HEADER_LENGTH} header is not a number") from None
     return parse_response(data, header_length)
-
-
-def _first_line(error: Exception) -> str:
-    """The error's first line, printable (a gRPC port answers binary frames)."""
-    text = str(error).strip() or type(error).__name__
-    return "".join(c if c.isprintable() else "?" for c in text.splitlines()[0][:200])
 
 
 def _failed(message: str) -> int:

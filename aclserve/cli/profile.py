@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import math
 import os
 import sys
@@ -86,7 +87,7 @@ def _check_outputs(args, out: str) -> None:
         _check_writable(path)
     if args.png:
         try:
-            import matplotlib  # noqa: F401
+            importlib.import_module("matplotlib")
         except ImportError:
             raise UsageError("--png needs matplotlib: pip install -e '.[plot]'") from None
 
@@ -119,7 +120,8 @@ def _run(args):
         except AclUnavailable as e:  # --device npu without CANN
             raise UsageError(str(e)) from None
     import aiohttp
-    from .profile_remote import NotKServe, TraceUnreadable, one_line, run_remote
+    from .profile_remote import TraceUnreadable, run_remote
+    from .usage import NotKServe, one_line
     check_url(args.url)
     try:
         return asyncio.run(run_remote(args, _body))

@@ -6,36 +6,26 @@ names (tracer.MAX_NAMES), so a name per run stopped every profile after 1,024 ru
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
 
-from .load import Outcomes, closed_loop
-from .usage import UsageError
+from .load import closed_loop
+from .usage import NotKServe, UsageError, one_line
 
 CONTROL_CONNECTIONS = 4  # metadata and trace settings, beside the clients' own connections
 WRITE_WAIT_S = 30.0  # for the server to write the trace file once tracing is off
-
-
-class NotKServe(ValueError):
-    """The URL answered, but not as a KServe v2 HTTP server."""
 
 
 class TraceUnreadable(ValueError):
     """The trace file the server wrote cannot be read as a Chrome trace."""
 
 
-def one_line(text: str) -> str:
-    """The first line of an answer or error, printable (a gRPC port answers binary frames)."""
-    lines = str(text).strip().splitlines() or [""]
-    return "".join(c if c.isprintable() else "?" for c in lines[0][:200])
-
-
 async def _said(resp) -> str:
     """What an answer that is not 200 says, in one line: its JSON error, else its first line."""
     text = await resp.text(errors="replace")
     try:
-        import json
         text = json.loads(text)["error"]
     except (ValueError, KeyError, TypeError):
         pass
