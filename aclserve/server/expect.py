@@ -11,7 +11,7 @@ answered here is finished with the tracker. Requests no route takes get the same
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Awaitable, Callable
 
 from aiohttp import HttpVersion11, web
 from aiohttp.web_urldispatcher import MatchInfoError, SystemRoute, UrlMappingMatchInfo
@@ -44,12 +44,16 @@ def answered(request: web.Request, response: web.Response) -> web.Response:
     return response
 
 
-async def continue_within(request: web.Request, limit: Callable[[object], tuple[int, str]]) -> web.Response | None:
+async def continue_within(request: web.Request, limit: Callable[[object], tuple[int, str]],
+                          counted: Callable[[web.Request, ServeError], Awaitable[ServeError]] | None = None
+                          ) -> web.Response | None:
     """An expect handler that checks before it tells the client to send its body (aiohttp's
     own tells it at once): the route's access rule (auth.check_route: the middlewares run after
     this), then the body's declared size against `limit(config)` ((bytes, the name a 413 gives
-    it): body.body_limit) and what the memory budget has left. A refusal is answered here and
-    the connection then closes, so that a client sending its body anyway is not read."""
+    it): body.body_limit) and what the memory budget has left; a refusal of those is passed to
+    `counted` (the infer route counts it as its handler would, and answers what that says: 404
+    for an unknown model). A refusal is answered here and the connection then closes, so that a
+    client sending its body anyway is not read."""
     if request.version != HttpVersion11:
         return None  # HTTP/1.0 has no 100 Continue: the body comes anyway
     refused = unmet(request)
@@ -58,15 +62,22 @@ async def continue_within(request: web.Request, limit: Callable[[object], tuple[
     state = request.app[STATE]
     try:
         state.auth.check_route(request)
+    except ServeError as e:  # (not counted: the handler does not count a 401 either)
+        return _refuse(request, state, e)
+    try:
         with state.budget.lease() as probe:
             charge_declared(request, probe, *limit(state.config))
             probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
     except ServeError as e:
-        response = error_response(request, state, e)
-        response.force_close()
-        return answered(request, response)
+        return _refuse(request, state, e if counted is None else await counted(request, e))
     await send_continue(request)
     return None
+
+
+def _refuse(request: web.Request, state, error: ServeError) -> web.Response:
+    response = error_response(request, state, error)
+    response.force_close()
+    return answered(request, response)
 
 
 async def expect_continue(request: web.Request) -> web.Response | None:

@@ -61,7 +61,22 @@ async def expect_body(request: web.Request) -> web.Response | None:
     checked before the client is told to send the body. aiohttp runs this before the
     middlewares, so it does their part for what it answers (expect.py): the access check, and
     telling the connection tracker the request is over."""
-    return await continue_within(request, _body_limit)
+    return await continue_within(request, _body_limit, _counted_refusal)
+
+
+async def _counted_refusal(request: web.Request, error: ServeError) -> ServeError:
+    """A request refused before its body is sent, counted as the handler counts one (statistics,
+    metrics, request log): through counted_infer, so an unknown model is a 404 first. The
+    error the request is answered with."""
+    async def refuse(rec, trace):
+        raise error
+    match = request.match_info
+    try:
+        await counted_infer(request.app[STATE], match["model"], match.get("version"), refuse,
+                            known_id=request.headers.get(REQUEST_ID_HEADER))
+    except ServeError as e:
+        return e
+    return error  # (not reached: refuse raises)
 
 
 def _body_limit(config) -> tuple[int, str]:

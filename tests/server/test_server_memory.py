@@ -186,6 +186,24 @@ def test_expect_100_continue_is_answered_after_the_size_and_budget_checks(small)
     assert go_status == 100 and served_status == 200 and b'"outputs"' in served
 
 
+def test_a_request_refused_at_its_expect_is_counted_and_an_unknown_model_is_404_first(small):
+    """Answered in the expect handler, a refusal reached neither the statistics nor /metrics nor
+    the request log, and an unknown model got 413 for its size where without Expect it got 404."""
+    async def ask(model: str):
+        reader, writer = await open_raw(small.url)
+        writer.write(head(f"/v2/models/{model}/infer", {"Content-Length": 100 * MiB, "Expect": "100-continue"}))
+        status, answer = await read_response(reader)
+        writer.close()
+        return status, answer
+    labels = 'model="double",reason="PayloadTooLarge",version="1"'
+    before = metric(small.url, "aclserve_request_failure_total", labels)
+    status, answer = asyncio.run(ask("double"))
+    assert status == 413 and b"max_body_bytes" in answer
+    assert metric(small.url, "aclserve_request_failure_total", labels) == before + 1
+    status, answer = asyncio.run(ask("nosuchmodel"))
+    assert status == 404 and b"unknown model" in answer, answer
+
+
 def test_chunked_body_over_the_limit_is_413(small):
     async def chunks():
         for _ in range(6):
