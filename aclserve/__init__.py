@@ -1,5 +1,12 @@
 """aclserve: a KServe v2 inference server for Ascend .om models, with a CPU runtime."""
+import os
+
 from ._version import __version__  # noqa: F401
+
+# ONNX Runtime (1.29 on) sends telemetry from Linux unless told not to before it loads: a server
+# makes no call home, and its warning when it cannot persist a device id (a read-only HOME, as in
+# the container) broke --log-format json. ORT_DISABLE_TELEMETRY=0 in the environment keeps it on.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 
 def __getattr__(name):

@@ -67,6 +67,16 @@ def test_serve_refuses_an_api_token_no_client_could_send(tmp_path, where, token)
     assert f"{name}: must be printable ASCII, at most 4096 characters, without blanks" in proc.stderr, proc.stderr
 
 
+def test_onnx_runtime_telemetry_is_off_and_says_nothing():
+    """ONNX Runtime 1.29+ sends telemetry from Linux, and where HOME cannot be written (the
+    container's) printed a coloured warning at import that broke --log-format json."""
+    env = dict(os.environ, HOME="/proc/no-home")
+    env.pop("ORT_DISABLE_TELEMETRY", None)
+    proc = subprocess.run([sys.executable, "-c", "import os, aclserve, onnxruntime; print(os.environ['ORT_DISABLE_TELEMETRY'])"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.stdout.strip() == "1" and "telemetry" not in proc.stderr, proc.stderr
+
+
 def test_serve_says_trace_settings_without_trace_trace_nothing(tmp_path):
     proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", "--device", "cpu", "--trace-rate", "1",
                      "--trace-format", "triton", cwd=tmp_path)  # stops at the missing models folder

@@ -34,7 +34,7 @@ _PAD_TOLERANCE = 64  # GE accepts a buffer up to 64 bytes smaller than the tenso
 def _session(model_bytes: bytes):
     import onnxruntime as ort  # deferred: importing ORT costs time the rest of the API does not need
 
-    # ORT's own environment warns past the sessions' severity (its telemetry, on a read-only HOME)
+    # ORT's own environment warns past the sessions' severity (its telemetry is off: aclserve/__init__.py)
     ort.set_default_logger_severity(3)
     so = ort.SessionOptions()
     so.intra_op_num_threads = settings.threads()
