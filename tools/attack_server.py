@@ -23,14 +23,13 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 import zlib
 
 import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import ManagedProcess, free_port, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, free_port, keep_if_failed, run_folder, wait_ready  # noqa: E402
 from peak_sampler import PeakSampler  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,7 +176,8 @@ def main(argv=None) -> int:
            "--port", str(port), "--grpc-port", "0", "--device", "cpu", "--model-control-mode", "none"]
     if args.config:
         cmd += ["--config", args.config]
-    log = os.path.join(tempfile.mkdtemp(prefix="aclserve-attack-"), "server.log")
+    folder = run_folder("aclserve-attack-")
+    log = os.path.join(folder, "server.log")
     server = ManagedProcess(cmd, log, cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
     rows = []
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
         sampler.close()
     finally:
         code = server.close()
-    print(f"server exit status {code}; log: {log}")
+    print(f"server exit status {code}; {keep_if_failed(folder, code != 0)}")
     print("| attack | s | RSS before MB | RSS peak MB | RSS after MB | attackers | probes 200/sent |")
     print("|---|---:|---:|---:|---:|---|---:|")
     for r in rows:

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import signal
+import shutil
 import socket
 import subprocess
 import sys
@@ -250,6 +251,19 @@ class ManagedProcess:
         if not self._log.closed:
             self._log.close()
         return self.proc.returncode
+
+
+def run_folder(prefix: str) -> str:
+    """A fresh folder in /tmp for one run's server log (and copies of models)."""
+    return tempfile.mkdtemp(prefix=prefix)
+
+
+def keep_if_failed(folder: str, failed: bool) -> str:
+    """Remove the run's folder unless the run failed (each run left one in /tmp); what to print."""
+    if failed:
+        return f"log kept: {folder}/server.log"
+    shutil.rmtree(folder, ignore_errors=True)
+    return "log removed (the run passed)"
 
 
 def cpu_seconds(pid: int) -> float:

@@ -25,7 +25,6 @@ import json
 import os
 import struct
 import sys
-import tempfile
 import time
 
 import grpc
@@ -34,7 +33,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attack_server import RssSampler  # noqa: E402
-from bench_common import ManagedProcess, free_port, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, free_port, keep_if_failed, run_folder, wait_ready  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVICE = "/inference.GRPCInferenceService/"
@@ -210,7 +209,8 @@ def main(argv=None) -> int:
            "--grpc-port", str(grpc_port), "--device", "cpu", "--model-control-mode", "none"]
     if args.config:
         cmd += ["--config", os.path.abspath(args.config)]
-    log = os.path.join(tempfile.mkdtemp(prefix="aclserve-grpc-slow-"), "server.log")
+    folder = run_folder("aclserve-grpc-slow-")
+    log = os.path.join(folder, "server.log")
     env = dict(os.environ, PYTHONPATH=source)  # `-m aclserve` from `source` imports its package
     server = ManagedProcess(cmd, log, cwd=source, env=env)
     try:
@@ -221,7 +221,8 @@ def main(argv=None) -> int:
         finally:
             sampler.close()
     finally:
-        server.close()
+        code = server.close()
+    print(f"server exit status {code}; {keep_if_failed(folder, code != 0)}")
     return 0
 
 

@@ -27,7 +27,6 @@ import json
 import os
 import struct
 import sys
-import tempfile
 import time
 import zlib
 
@@ -35,7 +34,7 @@ import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import ManagedProcess, free_port, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, free_port, keep_if_failed, run_folder, wait_ready  # noqa: E402
 from peak_sampler import PeakSampler  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -156,7 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mb", type=int, default=15, help="size of the HTTP cases' bodies (max_json_bytes: 16 MiB)")
     args = ap.parse_args(argv)
     port, grpc_port = free_port(), free_port()
-    log = os.path.join(tempfile.mkdtemp(prefix="aclserve-stalls-"), "server.log")
+    folder = run_folder("aclserve-stalls-")
+    log = os.path.join(folder, "server.log")
     server = ManagedProcess([sys.executable, "-m", "aclserve", "serve", "--models", os.path.join(ROOT, "models"),
                              "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu",
                              "--model-control-mode", "none", "--log-level", "warning"], log, cwd=ROOT)
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
         probe.close()
     finally:
         code = server.close()
-    print(f"server exit status {code}; log: {log}\n")
+    print(f"server exit status {code}; {keep_if_failed(folder, code != 0)}\n")
     print("| case | bytes | answer | worst /v2/health/live ms | same size, only read: ms |")
     print("|---|---:|---|---:|---:|")
     for name, size, outcome, worst, baseline in rows:

@@ -24,7 +24,6 @@ import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import zlib
 from collections import Counter
@@ -35,7 +34,7 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
-from bench_common import free_port  # noqa: E402
+from bench_common import free_port, keep_if_failed, run_folder  # noqa: E402
 
 
 def _gzip_bomb(inflated: int) -> bytes:
@@ -193,7 +192,7 @@ class Soak:
 
     async def run(self) -> int:
         import aiohttp
-        folder = tempfile.mkdtemp(prefix="aclserve-soak-")
+        folder = run_folder("aclserve-soak-")
         models, variants = self.prepare(folder)
         port = free_port()
         proc = self.start(models, port)
@@ -235,8 +234,8 @@ class Soak:
         if self.rss:
             peak = max(r for _, r in self.rss)
             print(f"server RSS: start {self.rss[0][1]:.0f} MB, end {self.rss[-1][1]:.0f} MB, peak {peak:.0f} MB")
-        print(f"server {'still running at the end' if alive else 'DIED'}; log: {folder}/server.log")
         failed = self.wrong or self.status.get(500) or not alive  # injected device faults are keyed apart
+        print(f"server {'still running at the end' if alive else 'DIED'}; {keep_if_failed(folder, bool(failed))}")
         return 1 if failed else 0
 
 
