@@ -84,7 +84,8 @@ class Access:
         """The same for an Authorization value (an HTTP header, or gRPC metadata)."""
         scheme, _, given = authorization.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
-            raise Unauthorized("this route needs an API token: send 'Authorization: Bearer <token>'")
+            raise Unauthorized("this route needs an API token: send 'authorization: Bearer <token>' (an HTTP "
+                               "header, or gRPC metadata, whose keys are lower case)")
         try:  # a header's bytes that are not UTF-8 come as surrogates (aiohttp): compared as sent
             sent = given.strip().encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
