@@ -3,17 +3,16 @@ another protocol on the port, a wrong answer) and with inputs it cannot send as 
 line each, no traceback, and no wait past --timeout."""
 from __future__ import annotations
 
-import contextlib
-import socket
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
 
 from aclserve.cli.infer import cast_to_model
 from aclserve.cli.usage import UsageError
+
+from tests.canned_server import canned_server
 
 # what each fake server answers once it has read a request's head (None: nothing, ever)
 ANSWERS = {
@@ -26,46 +25,12 @@ ANSWERS = {
 }
 
 
-@contextlib.contextmanager
-def fake_server(answer: bytes | None):
-    listener = socket.create_server(("127.0.0.1", 0))
-    held, done = [], threading.Event()
-
-    def serve():
-        while not done.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            held.append(conn)
-            with contextlib.suppress(OSError):
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    head += chunk
-                if answer is not None:
-                    conn.sendall(answer)
-                    conn.close()
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        done.set()
-        listener.close()
-        for conn in held:
-            conn.close()
-        thread.join(5)
-
-
 @pytest.mark.parametrize("case", list(ANSWERS))
 def test_infer_against_what_is_not_a_kserve_server_is_one_line(tmp_path, case):
     """A gRPC port was http.client's BadStatusLine traceback, HTML a JSONDecodeError, a server that
     never answered held the command 330 s (30 s of metadata, then 300 s)."""
     np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
-    with fake_server(ANSWERS[case]) as url:
+    with canned_server(ANSWERS[case]) as url:
         proc = subprocess.run([sys.executable, "-m", "aclserve", "infer", "m", "-i", "x=x.npy", "--url", url,
                                "--timeout", "0.5"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr

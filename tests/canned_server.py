@@ -1,0 +1,41 @@
+"""A stand-in for what is not a KServe server (a gRPC port, HTML, a server that never answers):
+accepts connections on 127.0.0.1, reads each request's head and answers canned bytes."""
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+@contextlib.contextmanager
+def canned_server(answer: bytes | None):
+    """Yields the server's URL; `answer` None: the connection is held and never answered."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            held.append(conn)
+            with contextlib.suppress(OSError):
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    head += chunk
+                if answer is not None:
+                    conn.sendall(answer)
+                    conn.close()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+        thread.join(5)
