@@ -207,3 +207,30 @@ def test_images_run_the_cli_on_the_server_ports_as_a_non_root_user():
     assert "ACLSERVE_DEVICE=npu" in ascend["ENV"][-1] and ascend["USER"][-1] not in ("0", "root")
     ignore = (REPO / ".dockerignore").read_text().split()
     assert {"!setup.py", "!README.md", "!aclserve/"} <= set(ignore)
+
+
+def mount_covering(path: str, container: dict, volumes: list[dict]) -> dict | None:
+    """The volume mounted at `path` or at a folder above it, or None."""
+    above = [m for m in container.get("volumeMounts", [])
+             if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+    if not above:
+        return None
+    deepest = max(above, key=lambda m: len(m["mountPath"]))
+    return next(v for v in volumes if v["name"] == deepest["name"])
+
+
+def test_trace_files_named_through_the_api_land_in_a_writable_folder():
+    # trace_dir is relative to the working directory: / (no WORKDIR) is not writable by the
+    # image's user, and the Deployment's root filesystem is read-only
+    for name in ("Dockerfile", "Dockerfile.ascend"):
+        image = dockerfile(DEPLOY / name)
+        workdir = image["WORKDIR"][-1]
+        assert workdir != "/" and any(f"chown aclserve:aclserve" in run and workdir in run.split()
+                                      for run in image["RUN"]), (name, workdir)
+    workdir = dockerfile(DEPLOY / "Dockerfile")["WORKDIR"][-1]
+    pod = find("Deployment", "aclserve")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    trace_dir = str(Path(workdir) / server_config(container["args"]).trace_dir)
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    volume = mount_covering(trace_dir, container, pod["volumes"])
+    assert volume is not None and "emptyDir" in volume, trace_dir
