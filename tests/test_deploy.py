@@ -234,3 +234,16 @@ def test_trace_files_named_through_the_api_land_in_a_writable_folder():
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     volume = mount_covering(trace_dir, container, pod["volumes"])
     assert volume is not None and "emptyDir" in volume, trace_dir
+
+
+def test_the_cpu_image_bakes_the_example_model_with_its_config_and_labels():
+    copies = [c.split() for c in dockerfile(DEPLOY / "Dockerfile")["COPY"] if "/models/" in c]
+    assert len(copies) == 1
+    sources = [s for s in copies[0][:-1] if not s.startswith("--")]
+    assert copies[0][-1] == "/models/"
+    config = yaml.safe_load((REPO / "models" / "digits.yaml").read_text())
+    labels = {f"models/{o['labels']}" for o in config["outputs"].values() if "labels" in o}
+    assert {"models/digits.om", "models/digits.yaml"} | labels <= set(sources)
+    # the build context holds only what .dockerignore lets through
+    ignore = (REPO / ".dockerignore").read_text().split()
+    assert all(f"!{s}" in ignore and (REPO / s).is_file() for s in sources), sources
