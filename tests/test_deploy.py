@@ -247,3 +247,28 @@ def test_the_cpu_image_bakes_the_example_model_with_its_config_and_labels():
     # the build context holds only what .dockerignore lets through
     ignore = (REPO / ".dockerignore").read_text().split()
     assert all(f"!{s}" in ignore and (REPO / s).is_file() for s in sources), sources
+
+
+def test_the_deployment_and_the_inference_services_read_separate_folders_of_the_claim(tmp_path):
+    """A folder of digits.om inside the Deployment's models root is not a version folder: with
+    the InferenceServices' folder there, every replica stayed unready."""
+    from aclserve.config import ModelConfig
+    from aclserve.repository.layout import scan
+
+    pod = find("Deployment", "aclserve")["spec"]["template"]["spec"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/models")
+    claim = next(v for v in pod["volumes"] if v["name"] == mount["name"])["persistentVolumeClaim"]["claimName"]
+    deployment_root = Path(mount.get("subPath", "."))
+    kserve_roots = []
+    for name in ("digits", "digits-grpc"):
+        uri = find("InferenceService", name)["spec"]["predictor"]["model"]["storageUri"]
+        assert uri.startswith(f"pvc://{claim}/"), uri
+        kserve_roots.append(Path(uri.removeprefix(f"pvc://{claim}/")))
+    # the claim as the manifests lay it out: each model folder holding digits.om (the
+    # InferenceServices' /mnt/models), the Deployment's root the same model beside others
+    for root in {deployment_root, *kserve_roots}:
+        (tmp_path / root).mkdir(parents=True, exist_ok=True)
+        (tmp_path / root / "digits.om").write_bytes(b"")
+    for root in {deployment_root, *kserve_roots}:
+        found = scan(tmp_path / root, ModelConfig())
+        assert found.problems == {} and set(found.models) == {"digits"}, (root, found.problems)
