@@ -50,7 +50,7 @@ def get_routes() -> set[str]:
 
 
 def server_config(args: list[str]):
-    """What `aclserve serve ARGS` would run with (the image's entrypoint is `aclserve serve`)."""
+    """What `aclserve serve ARGS` would run with (the image's entrypoint runs `aclserve serve`, under tini)."""
     return load_server_config(None, serve_overrides(build_parser().parse_args(["serve", *args])))
 
 
@@ -108,7 +108,7 @@ def test_deployment_service_and_hpa_match_the_server():
     deployment = find("Deployment", "aclserve")
     pod = deployment["spec"]["template"]
     container = pod["spec"]["containers"][0]
-    assert "command" not in container  # the image's entrypoint, `aclserve serve`, takes the args
+    assert "command" not in container  # the image's entrypoint (tini, `aclserve serve`) takes the args
     config = server_config(container["args"])
     assert config.host == "0.0.0.0" and config.models_dir == "/models"
     assert port_number(container, "http") == config.port and port_number(container, "grpc") == config.grpc_port
@@ -190,7 +190,9 @@ def test_images_run_the_cli_on_the_server_ports_as_a_non_root_user():
     setup = (REPO / "setup.py").read_text()
     assert '"aclserve=aclserve.cli:main"' in setup  # the console script the entrypoint runs
     cpu = dockerfile(DEPLOY / "Dockerfile")
-    assert json.loads(cpu["ENTRYPOINT"][-1]) == ["aclserve", "serve"]
+    # an init as PID 1: Python there ignores SIGTERM until the server sets its handler
+    assert json.loads(cpu["ENTRYPOINT"][-1]) == ["tini", "--", "aclserve", "serve"]
+    assert any("apt-get install" in run and " tini " in f"{run} " for run in cpu["RUN"])
     config = server_config(json.loads(cpu["CMD"][-1]))
     assert config.host == "0.0.0.0" and config.models_dir == "/models"
     assert {int(p) for p in cpu["EXPOSE"][-1].split()} == {default.port, default.grpc_port}
@@ -202,7 +204,8 @@ def test_images_run_the_cli_on_the_server_ports_as_a_non_root_user():
     ascend = dockerfile(DEPLOY / "Dockerfile.ascend")
     assert (DEPLOY / "Dockerfile.ascend").read_text().startswith("# UNTESTED")
     entry = json.loads(ascend["ENTRYPOINT"][-1])
-    assert entry[:2] == ["/bin/bash", "-c"] and 'exec aclserve serve "$@"' in entry[2]
+    assert entry[:4] == ["/usr/bin/tini", "--", "/bin/bash", "-c"] and 'exec aclserve serve "$@"' in entry[4]
+    assert "--from=tini /usr/bin/tini-static /usr/bin/tini" in ascend["COPY"]
     assert server_config(json.loads(ascend["CMD"][-1])).models_dir == "/models"
     assert "ACLSERVE_DEVICE=npu" in ascend["ENV"][-1] and ascend["USER"][-1] not in ("0", "root")
     ignore = (REPO / ".dockerignore").read_text().split()
