@@ -275,3 +275,20 @@ def test_the_deployment_and_the_inference_services_read_separate_folders_of_the_
     for root in {deployment_root, *kserve_roots}:
         found = scan(tmp_path / root, ModelConfig())
         assert found.problems == {} and set(found.models) == {"digits"}, (root, found.problems)
+
+
+def test_the_cpu_runtime_memory_stays_under_the_container_memory_limit():
+    """With its 8G default against the runtime's 8Gi limit, a model too large for the pod was
+    loaded and the pod OOM-killed instead of the load refused."""
+    from kubernetes.utils import parse_quantity
+
+    from aclserve.acl.cpu import settings
+
+    for container in (find("Deployment", "aclserve")["spec"]["template"]["spec"]["containers"][0],
+                      find("ServingRuntime", "aclserve-ascend")["spec"]["containers"][0]):
+        env = {e["name"]: e["value"] for e in container["env"]}
+        # the runtime's container is set for the NPU; its CPU instructions change the device only
+        budget = settings.parse_size(env.get("ACLSERVE_CPU_DEVICE_MEMORY", "8G")) \
+            * int(env.get("ACLSERVE_CPU_DEVICES", settings.DEFAULT_DEVICES))
+        limit = parse_quantity(container["resources"]["limits"]["memory"])
+        assert budget < limit, (container["name"], budget, limit)
