@@ -63,3 +63,10 @@ def test_infer_ignores_metadata_of_another_shape():
     inputs = {"x": np.zeros(2)}
     assert cast_to_model(inputs, {"inputs": 5}) == [] and cast_to_model(inputs, [1]) == []
     assert cast_to_model(inputs, {"inputs": [5, {"name": "x", "datatype": 3}]}) == []
+
+
+def test_infer_json_writes_non_finite_outputs_as_null_like_the_server():
+    """--json wrote bare NaN / Infinity tokens, which strict JSON parsers refuse."""
+    from aclserve.cli.infer import _json_data
+    assert _json_data(np.array([[1.0, np.nan], [np.inf, -2.0]], np.float32)) == [[1.0, None], [None, -2.0]]
+    assert _json_data(np.array([3, 4], np.int64)) == [3, 4]

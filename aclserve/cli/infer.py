@@ -190,8 +190,8 @@ def run_infer(args) -> int:
         return _failed(f"cannot reach {args.url}: {e.reason}")
     except OSError as e:  # (the connection reset or closed mid-answer)
         return _failed(f"{args.url} broke off the exchange: {e.strerror or e}")
-    if args.json:
-        print(json.dumps({n: {"shape": list(a.shape), "dtype": str(a.dtype), "data": a.tolist()}
+    if args.json:  # (as the server's JSON outputs: NaN and infinities, no JSON numbers, as null)
+        print(json.dumps({n: {"shape": list(a.shape), "dtype": str(a.dtype), "data": _json_data(a)}
                           for n, a in outputs.items()}))
     else:
         with np.printoptions(threshold=200, edgeitems=4):
@@ -199,6 +199,12 @@ def run_infer(args) -> int:
                 print(f"{name} {arr.dtype} {list(arr.shape)}")
                 print(arr)
     return 0
+
+
+def _json_data(arr: np.ndarray) -> list:
+    if arr.dtype.kind != "f" or np.isfinite(arr).all():
+        return arr.tolist()
+    return np.where(np.isfinite(arr), arr, None).tolist()
 
 
 def _ask(args, path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
