@@ -13,9 +13,12 @@ from aiohttp.http_exceptions import HttpProcessingError
 from . import client_log
 
 LOGGER = "aiohttp.server"
-MAX_MESSAGE = 200  # the error quotes the client's bytes
-# ... an Authorization header among them: its value (the API token, say) is never logged,
-# whether the quote holds the header's name or its value alone (a line too long)
+MAX_MESSAGE = 200
+# The error quotes the client's bytes (b'...'): an Authorization header's may be among them,
+# whole, folded or as its value alone (a line too long), so none are logged: the API token,
+# say, never is; the error's words say what was wrong
+_CLIENT_BYTES = re.compile(r"""b'(?:[^'\\]|\\.)*'?|b"(?:[^"\\]|\\.)*"?""")
+# ... and, quoted otherwise, what follows a credentials header's name or scheme
 _CREDENTIALS = re.compile(r"(?i)((?:proxy-)?authorization\s*:\s*|\b(?:bearer|basic)\s+)[^\r\n'\"]*")
 
 
@@ -23,7 +26,8 @@ def bad_request(record: logging.LogRecord) -> tuple[str, tuple] | None:
     error = record.exc_info[1] if record.exc_info else None
     if not isinstance(error, HttpProcessingError):
         return None
-    text = _CREDENTIALS.sub(r"\1<hidden>", str(error.message))
+    text = _CLIENT_BYTES.sub("<the client's bytes>", str(error.message))
+    text = _CREDENTIALS.sub(r"\1<hidden>", text)
     text = " ".join(text.split())[:MAX_MESSAGE]
     return "%s: %s %s %s", (record.getMessage(), error.code, type(error).__name__, text)
 

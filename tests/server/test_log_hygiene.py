@@ -44,15 +44,17 @@ def test_a_malformed_request_is_answered_400_and_logged_as_one_debug_line(srv, c
     assert line.levelno == logging.DEBUG and "\n" not in line.getMessage() and "400" in line.getMessage()
 
 
-@pytest.mark.parametrize("header", [b"Authorization: Bearer s3cret-t0ken\x01", b"authorization: Bearer s3cret-t0ken" +
-                                    b" " * 9000 + b"x"], ids=["control character", "longer than aiohttp reads"])
+@pytest.mark.parametrize("header", [
+    b"Authorization: Bearer s3cret-t0ken\x01", b"authorization: Bearer s3cret-t0ken" + b" " * 9000 + b"x",
+    b"Authorization: s3cret-t0ken" + b" " * 9000 + b"x", b"Authorization: Bearer\r\n s3cret-t0ken",
+], ids=["control character", "longer than aiohttp reads", "no scheme, too long", "folded"])
 def test_a_malformed_request_carrying_a_token_does_not_log_it(srv, caplog, header):
     """aiohttp's error quotes the header's bytes: the DEBUG line wrote the API token."""
     caplog.set_level(logging.DEBUG, logger="aiohttp.server")
     assert send(srv.url, b"GET /v2/models/affine HTTP/1.1\r\nHost: a\r\n" + header + b"\r\n\r\n")[:12] in (
         b"HTTP/1.0 400", b"HTTP/1.1 400")
     [line] = [r.getMessage() for r in caplog.records if r.name == "aiohttp.server"]
-    assert "s3cret" not in line and "<hidden>" in line, line
+    assert "s3cret" not in line and "400" in line, line
 
 
 def test_at_info_a_malformed_request_logs_nothing(srv, caplog):
