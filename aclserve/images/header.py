@@ -21,6 +21,9 @@ _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 
 _SOF0, _APP0, _APP1, _APP14 = 0xC0, 0xE0, 0xE1, 0xEE
 _PROGRESSIVE = {0xC2, 0xC6, 0xCA, 0xCE}
 _EXIF = b"Exif\0\0"  # how an APP1 segment of EXIF data begins
+_XMP = b"http://ns.adobe.com/xap/1.0/\0"  # ... and one of XMP data
+# Pillow takes an orientation from XMP when EXIF has none (Image.getexif), and so turns the picture
+_XMP_ORIENTATION = re.compile(rb'tiff:Orientation(?:="|>)([0-9])')
 _PNG_ALPHA_TYPES = {3, 4, 6}  # palette (its transparency is a tRNS chunk further on), grey + alpha, RGBA
 _NO_LENGTH = {0x01, 0xD8} | set(range(0xD0, 0xD8))  # TEM, SOI, RST0-7
 # Marker segments a JPEG may have before its frame header (real ones have a few dozen at most:
@@ -127,7 +130,7 @@ def _png_chunks(data) -> int:
 
 
 def _jpeg(data) -> ImageInfo:
-    n, pos, orientation = len(data), 2, 1
+    n, pos, orientation, xmp_orientation = len(data), 2, 1, 1
     exif_read = False  # only the first EXIF segment counts (as in Pillow, which decodes it)
     jfif, adobe_transform = False, None  # what says how three components are coded
     frame = None  # the ImageInfo of the frame header, read on to the first scan's header
@@ -152,6 +155,9 @@ def _jpeg(data) -> ImageInfo:
         if marker == _APP1 and not exif_read and bytes(data[pos + 2:pos + 8]) == _EXIF:
             exif_read = True  # (each one read would walk its entries: 1,000 took the event loop 1 s)
             orientation = exif_orientation(bytes(data[pos + 2:pos + length]))
+        elif marker == _APP1 and bytes(data[pos + 2:pos + 2 + len(_XMP)]) == _XMP:
+            found = _XMP_ORIENTATION.search(data, pos + 2 + len(_XMP), pos + length)  # (the last one counts)
+            xmp_orientation = int(found[1]) if found and 2 <= int(found[1]) <= 8 else 1
         elif marker == _APP0 and bytes(data[pos + 2:pos + 7]) == b"JFIF\0":
             jfif = True
         elif marker == _APP14 and length >= 14 and bytes(data[pos + 2:pos + 7]) == b"Adobe" and pos + 14 <= n:
@@ -162,7 +168,10 @@ def _jpeg(data) -> ImageInfo:
             height, width = struct.unpack(">HH", bytes(data[pos + 3:pos + 7]))
             specs = bytes(data[pos + 8:pos + 8 + 3 * data[pos + 7]])  # (id, sampling HV, table) each
             progressive, components = marker in _PROGRESSIVE, data[pos + 7]
-            frame = ImageInfo("JPEG", width, height, marker == _SOF0, orientation,
+            # (XMP's only when EXIF says nothing else: when EXIF says 1, Pillow keeps it upright and
+            # this errs towards a turned picture, which sends it to the CPU decoder, not DVPP's)
+            turned = orientation if orientation != 1 else xmp_orientation
+            frame = ImageInfo("JPEG", width, height, marker == _SOF0, turned,
                               _coded_ycc(specs[::3], jfif, adobe_transform), progressive,
                               _samples_per_pixel(specs[1::3]), buffered=progressive)
         if marker == 0xDA:

@@ -41,6 +41,25 @@ def test_probe_tells_a_baseline_jpeg_and_its_exif_orientation():
     assert probe(encode(pic, "JPEG")).orientation == 1
 
 
+@pytest.mark.parametrize("xmp, exif_orientation, expected", [
+    (b'<x:xmpmeta><rdf:Description tiff:Orientation="6"/></x:xmpmeta>', None, 6),
+    (b"<tiff:Orientation>8</tiff:Orientation>", None, 8),
+    (b'<rdf:Description tiff:Orientation="6"/>', 3, 3),  # EXIF's comes first
+    (b"<rdf:Description/>", None, 1),
+])
+def test_probe_reads_an_orientation_from_xmp_when_exif_has_none(xmp, exif_orientation, expected):
+    """Pillow turns a picture by XMP's tiff:Orientation when EXIF has none; the probe (by which a
+    chip's decoder, which would not turn it, is passed over) read EXIF only."""
+    from PIL import Image
+    exif = Image.Exif()
+    if exif_orientation is not None:
+        exif[0x0112] = exif_orientation
+    kw = {"exif": exif.tobytes()} if exif_orientation is not None else {}
+    data = encode(gradient(37, 53), "JPEG", xmp=xmp, **kw)
+    assert probe(data).orientation == expected
+    assert Image.open(io.BytesIO(data)).getexif().get(0x0112, 1) == expected  # as Pillow reads it
+
+
 def test_probe_tells_how_a_jpeg_codes_its_colours():
     """A chip's JPEG decoder takes YCbCr or grey only (pyACL's JPEGD constraints): an RGB-coded
     JPEG (Adobe marker, transform 0) or a CMYK one is told apart, to be decoded on the CPU."""
