@@ -3,7 +3,7 @@
 The pool hands each batch to the instance the batcher names (its "lane"), else to the one with
 the most free slots; when none can take it the batch waits in a FIFO inside the pool (the
 batcher avoids that by watching lanes()). A batch that fails on the device is re-run once on
-another instance when `retry` is on. The pool is its instances' BatchListener and passes
+another instance (or on the one it failed on, once rebuilt) when `retry` is on. The pool is its instances' BatchListener and passes
 finished batches and freed slots on to its own listener (the batcher).
 
 An instance that leaves rotation for good (a batch past the execution timeout, a context stopped
@@ -68,7 +68,7 @@ class InstancePool:
         self._closed = False
         self._close_callbacks: list[Callable[[], None]] = []
         self.batches_failed = 0  # device failures of a batch run (each retry counted again)
-        self.batches_retried = 0  # ... of which were run again on another instance
+        self.batches_retried = 0  # ... of which were run again (another instance, or the failed one rebuilt)
         self.rebuilds = 0  # instances replaced after leaving rotation
         self._rebuild_failures: dict[int, str] = {}  # lane -> why its last rebuild attempt failed
         self._builder = builder  # None: a broken instance stays out of rotation
