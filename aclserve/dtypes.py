@@ -84,8 +84,6 @@ def numpy_to_kserve(dtype) -> str:
     return acl_to_kserve(numpy_to_acl(dtype))
 
 
-
-
 def cast_keeping_values(arr: np.ndarray, target: np.dtype) -> np.ndarray:
     """`arr` as `target` where numpy's same_kind rule allows (float64 -> float32, int64 -> int32,
     integers -> a float), refused with ValueError when the cast would change what a value is

@@ -112,9 +112,10 @@ def _outputs(body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
 
 
 def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
-    """Cast each input to the dtype the model declares where numpy calls it safe within the kind
-    (float64 -> FP32, int64 -> INT32); returns one note per cast. A cast across kinds (float data
-    for an INT64 input) is left for the server to refuse."""
+    """Cast each input to the dtype the model declares where numpy's same_kind rule allows
+    (float64 -> FP32, int64 -> INT32, integers -> a float; UsageError when a value would change:
+    dtypes.cast_keeping_values); returns one note per cast. Float data for an integer input is
+    sent as it is, for the server to refuse."""
     notes = []
     described = metadata.get("inputs") if isinstance(metadata, dict) else None
     declared = {t.get("name"): t.get("datatype") for t in described if isinstance(t, dict)} \
