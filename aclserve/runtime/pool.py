@@ -3,8 +3,8 @@
 The pool hands each batch to the instance the batcher names (its "lane"), else to the one with
 the most free slots; when none can take it the batch waits in a FIFO inside the pool (the
 batcher avoids that by watching lanes()). A batch that fails on the device is re-run once on
-another instance (or on the one it failed on, once rebuilt) when `retry` is on. The pool is its instances' BatchListener and passes
-finished batches and freed slots on to its own listener (the batcher).
+another instance (or on the one it failed on, once rebuilt) when `retry` is on. The pool is its
+instances' BatchListener and passes finished batches and freed slots on to its own listener.
 
 An instance that leaves rotation for good (a batch past the execution timeout, a context stopped
 on a failed batch, a stream reset that failed) is rebuilt in a background thread: a fresh instance (context, streams, model copy,
