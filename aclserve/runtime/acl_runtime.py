@@ -28,9 +28,11 @@ RETRY_WAIT_S = 2.0  # how long a close waits for a retry of abandoned instances 
 class AclRuntime:
     """Owns: one share of the process's acl.init, and the Devices it opened."""
 
-    def __init__(self, device: str = "auto", cpu_threads: int = 1, memory_reserve_fraction: float = 0.1,
+    def __init__(self, device: str = "auto", cpu_threads: int | None = 1, memory_reserve_fraction: float = 0.1,
                  device_limits: tuple[int | None, int | None] = (None, None)):
-        if cpu_threads < 1:
+        """cpu_threads: ONNX Runtime threads per model on the CPU runtime; None: its own default
+        (ACLSERVE_CPU_THREADS, else 1)."""
+        if cpu_threads is not None and cpu_threads < 1:
             raise ValueError("cpu_threads must be >= 1")
         self.requested = device
         self.device_limits_override = device_limits

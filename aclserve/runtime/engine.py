@@ -26,6 +26,7 @@ from ..dtypes import cast_keeping_values
 from .acl_runtime import AclRuntime
 from .batch import Batch
 from .builder import open_pool
+from .engine_options import check_options
 from .futures import settle
 from .pool import InstancePool
 from .types import TensorSpec
@@ -71,7 +72,11 @@ class EngineModel:
     # -- BatchListener (the pool's threads) ----------------------------------------------------
     def batch_done(self, batch: Batch) -> None:
         call, index = batch.requests
-        call.part_done(index, batch)
+        _callbacks.running = True  # the future's done-callbacks run from here (Engine.close)
+        try:
+            call.part_done(index, batch)
+        finally:
+            _callbacks.running = False
 
     def slot_free(self) -> None:
         pass  # every batch was handed to the pool at submit(); nothing waits here
@@ -82,21 +87,23 @@ class EngineModel:
             raise TypeError(f"inputs must be a mapping of input name to array (the model takes "
                             f"{sorted(names)}), not {type(inputs).__name__}")
         unknown = set(inputs) - names
-        if unknown:
-            raise ValueError(f"unknown input(s) {sorted(unknown)}; the model takes {sorted(names)}")
+        if unknown:  # (key=repr: keys of mixed types do not sort)
+            raise ValueError(f"unknown input(s) {sorted(unknown, key=repr)}; the model takes {sorted(names)}")
         arrays, rows = {}, None
         for spec in self.inputs:
             if spec.name not in inputs:
                 raise ValueError(f"missing input {spec.name!r}")
-            try:
-                arr = np.ascontiguousarray(cast_keeping_values(np.asarray(inputs[spec.name]), spec.dtype))
+            given = np.asarray(inputs[spec.name])
+            expected = spec.sample_shape if spec.batched else spec.shape
+            got = given.shape[1:] if spec.batched else given.shape
+            if tuple(got) != tuple(expected) or (spec.batched and given.ndim == 0):  # (before any copy)
+                want = ["N", *expected] if spec.batched else list(expected)
+                raise ValueError(f"input {spec.name!r} has shape {list(given.shape)}, expected {want}")
+            try:  # a copy of its own, in C order: submit() returns before the rows are packed, and
+                # the caller may reuse its buffer (np.ascontiguousarray shared it, and made a scalar [1])
+                arr = np.array(cast_keeping_values(given, spec.dtype), order="C")
             except ValueError as e:
                 raise ValueError(f"input {spec.name!r} {e}") from None
-            expected = spec.sample_shape if spec.batched else spec.shape
-            got = arr.shape[1:] if spec.batched else arr.shape
-            if tuple(got) != tuple(expected) or (spec.batched and arr.ndim == 0):
-                want = ["N", *expected] if spec.batched else list(expected)
-                raise ValueError(f"input {spec.name!r} has shape {list(arr.shape)}, expected {want}")
             if spec.batched:
                 if rows is not None and len(arr) != rows:
                     raise ValueError("all inputs must have the same number of rows")
@@ -139,14 +146,25 @@ class _Call:
             settle(self.future, None, {name: np.concatenate([p[name] for p in self._parts]) for name in self._names})
 
 
-class Engine:
-    """Owns an AclRuntime and the models loaded through it; closing it unloads them all."""
+_callbacks = threading.local()  # .running: this thread is resolving an Engine call's future
 
-    def __init__(self, device: str = "auto", cpu_threads: int = 1, memory_reserve_fraction: float = 0.1):
+
+class Engine:
+    """Owns an AclRuntime and the models loaded through it; closing it unloads them all, once
+    the loads under way have ended, and for good (a load afterwards is refused)."""
+
+    def __init__(self, device: str = "auto", cpu_threads: int | None = None, memory_reserve_fraction: float = 0.1):
+        """cpu_threads: ONNX Runtime threads per model on the CPU runtime (None:
+        ACLSERVE_CPU_THREADS, else 1)."""
+        check_options(device=device, cpu_threads=cpu_threads, memory_reserve_fraction=memory_reserve_fraction)
         self.runtime = AclRuntime(device, cpu_threads, memory_reserve_fraction)
         self.models: list[EngineModel] = []
+        self._state = threading.Condition()  # guards _loading and _closed
+        self._loading = 0
+        self._closed = False
 
     def __enter__(self) -> "Engine":
+        self._refuse_if_closed()
         self.runtime.start()
         return self
 
@@ -155,18 +173,49 @@ class Engine:
 
     def load(self, path: str | os.PathLike, name: str | None = None, instances: int = 1,
              devices: tuple[int, ...] = (0,), slots: int = 2, retry: bool = True, warmup: bool = True) -> EngineModel:
-        """Load an OM (blocking) and, by default, run every gear once to warm it up."""
+        """Load an OM (blocking) and, by default, run every gear once to warm it up, which also
+        sets the model's execution timeout from what a run costs (without it: 60 s)."""
+        check_options(path=path, name=name, instances=instances, devices=devices, slots=slots)
+        with self._state:
+            self._refuse_if_closed()
+            self._loading += 1
+        try:
+            return self._load(os.fspath(path), name, instances, tuple(devices), slots, bool(retry), warmup)
+        finally:
+            with self._state:
+                self._loading -= 1
+                self._state.notify_all()
+
+    def _load(self, path, name, instances, devices, slots, retry, warmup) -> EngineModel:
         self.runtime.start()
-        path = os.fspath(path)
         name = name or os.path.splitext(os.path.basename(path))[0]
         pool = open_pool(self.runtime, path, name, instances=instances, devices=devices, slots=slots, retry=retry)
-        if warmup:
-            warm_up(pool)
-        model = EngineModel(pool)
-        self.models.append(model)
+        try:
+            if warmup:
+                warm_up(pool)
+                pool.set_execution_timeout(0)  # as the server: derived from the warm-up's runs
+            model = EngineModel(pool)
+        except BaseException:  # (a failed warm-up, Ctrl-C): its instances closed, not left running
+            pool.close()
+            raise
+        with self._state:
+            self.models.append(model)
         return model
 
     def close(self) -> None:
-        while self.models:
-            self.models.pop().close()
+        """Unload every model and let go of the runtime (blocking), once the loads under way have
+        ended. Not from a future's done-callback: that runs on the engine's own thread."""
+        if getattr(_callbacks, "running", False):
+            raise RuntimeError("Engine.close() cannot run in a done-callback of its calls (it runs on the "
+                               "engine's own thread, which close waits for): close it from another thread")
+        with self._state:
+            self._closed = True
+            self._state.wait_for(lambda: self._loading == 0)
+            models, self.models = self.models, []
+        while models:
+            models.pop().close()
         self.runtime.close()
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise RuntimeError("the engine is closed: make a new Engine")

@@ -68,8 +68,9 @@ class OmModel:
     # -- loading ---------------------------------------------------------------------------
     def _load(self) -> None:
         acl = self._acl
-        if not os.path.isfile(self.path):
-            raise LoadError(f"model {self.name}: file {self.path} does not exist")
+        if not os.path.isfile(self.path):  # (a folder, a FIFO, a device node: not "does not exist")
+            what = "is not a regular file" if os.path.exists(self.path) else "does not exist"
+            raise LoadError(f"model {self.name}: file {self.path} {what}")
         try:
             work_size, weight_size = check("mdl.query_size", acl.mdl.query_size(self.path))
         except AclError as e:

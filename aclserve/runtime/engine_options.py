@@ -1,0 +1,68 @@
+"""The Python API's arguments checked before anything is built: a wrong type or value is one
+ValueError / TypeError naming the argument (they failed deep inside, as "can't multiply sequence
+by non-int" for slots=1.5, some after claiming device memory)."""
+from __future__ import annotations
+
+import numbers
+import os
+
+DEVICES = ("auto", "cpu", "npu")
+MAX_COUNT = 1024  # instances, slots, threads: as the server's configuration bounds them
+
+
+def check_options(**given) -> None:
+    for name, value in given.items():
+        _CHECKS[name](name, value)
+
+
+def _whole(name: str, value, minimum: int = 1, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if not minimum <= value <= MAX_COUNT:
+        raise ValueError(f"{name} must be from {minimum} to {MAX_COUNT}, got {value}")
+
+
+def _device(name: str, value) -> None:
+    if value not in DEVICES or not isinstance(value, str):
+        raise ValueError(f"{name} must be one of {', '.join(DEVICES)}, got {value!r}")
+
+
+def _fraction(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if not 0 <= value < 1:  # (NaN fails it too)
+        raise ValueError(f"{name} must be at least 0 and below 1, got {value}")
+
+
+def _path(name: str, value) -> None:
+    if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
+        raise TypeError(f"{name} must be a str or os.PathLike naming an OM file, got {value!r}")
+    text = os.fspath(value)
+    if not text or "\0" in text:
+        raise ValueError(f"{name} must name an OM file, got {text!r}")
+
+
+def _name(name: str, value) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"{name} must be a non-empty str or None, got {value!r}")
+
+
+def _devices(name: str, value) -> None:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+        raise TypeError(f"{name} must be a non-empty list or tuple of device ids, got {value!r}")
+    for device in value:
+        _whole(f"{name} entry", device, minimum=0)
+
+
+_CHECKS = {
+    "device": _device,
+    "cpu_threads": lambda name, value: _whole(name, value, optional=True),
+    "memory_reserve_fraction": _fraction,
+    "path": _path,
+    "name": _name,
+    "instances": _whole,
+    "devices": _devices,
+    "slots": _whole,
+}

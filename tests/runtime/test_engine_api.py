@@ -1,0 +1,160 @@
+"""The Python API's contract with its caller (found by an independent check of Engine): a call
+owns a copy of its inputs, a scalar input stays a scalar, a failed load leaves nothing running,
+a closed engine stays closed, arguments are checked where they are given."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from aclserve.acl.cpu import faults
+from aclserve.errors import ExecutionFailed
+from aclserve.runtime import Engine
+from aclserve.runtime.execution_timeout import UNMEASURED_TIMEOUT_MS
+
+from tests.tiny_models import affine_reference, affine_request, compile_cpu_om, save_graph
+
+pytestmark = pytest.mark.usefixtures("clean_faults")
+
+
+def test_a_submitted_call_is_not_changed_by_the_caller_reusing_its_buffer(affine_om):
+    """submit() returns before the rows are packed: the inputs were read from the caller's own
+    array then (no copy when the dtype already matched)."""
+    with Engine(device="cpu") as engine:
+        model = engine.load(affine_om(), slots=1)
+        gate = threading.Event()
+        faults.inject("execute", nth=1, hold=gate, code=0)  # the first run waits: the second is still queued
+        req = affine_request(2)
+        first = model.submit(affine_request(1))
+        second = model.submit(req)
+        expected = affine_reference(req["x"].copy(), req["idx"].copy())
+        req["x"][:] = -1
+        req["idx"][:] = -1
+        gate.set()
+        first.result(timeout=30)
+        np.testing.assert_array_equal(second.result(timeout=30)["s"], expected["s"])
+
+
+def test_a_scalar_input_stays_a_scalar(tmp_path):
+    """np.ascontiguousarray made a 0-d input [1]: a model with a scalar input could not be called."""
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "s"], ["y"])], "sc",
+                              [vi("x", TensorProto.FLOAT, [2, 3]), vi("s", TensorProto.FLOAT, [])],
+                              [vi("y", TensorProto.FLOAT, [2, 3])])
+    save_graph(graph, tmp_path / "scalar.onnx")
+    compile_cpu_om(tmp_path / "scalar.onnx", tmp_path / "scalar.om", None)
+    with Engine(device="cpu") as engine:
+        model = engine.load(tmp_path / "scalar.om")
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        np.testing.assert_array_equal(model.infer({"x": x, "s": np.float32(3)})["y"], x * 3)
+        with pytest.raises(ValueError, match=r"input 's' has shape \[1\], expected \[\]"):
+            model.infer({"x": x, "s": np.ones(1, np.float32)})
+
+
+def test_a_scalar_for_a_batched_input_is_refused_by_its_own_shape(affine_om):
+    with Engine(device="cpu") as engine:
+        model = engine.load(affine_om())
+        with pytest.raises(ValueError, match=r"input 'x' has shape \[\], expected \['N', 8\]"):
+            model.infer({"x": np.float32(1), "idx": affine_request(1)["idx"]})
+
+
+def test_a_load_whose_warm_up_fails_leaves_no_instance_running(affine_om):
+    """The pool was neither closed nor kept: its threads ran on, and a rebuild brought the
+    instance back after the engine's close."""
+    before = {t.ident for t in threading.enumerate()}
+    with Engine(device="cpu") as engine:
+        faults.inject("execute", nth=1)
+        with pytest.raises(ExecutionFailed):
+            engine.load(affine_om())
+        faults.clear()
+        assert engine.models == []
+    left = [t.name for t in threading.enumerate() if t.ident not in before and t.name != "aclserve-abandoned-retry"]
+    assert left == []
+
+
+def test_warm_up_sets_the_execution_timeout_as_the_server_does(affine_om):
+    with Engine(device="cpu") as engine:
+        assert engine.load(affine_om()).pool.execution_timeout_ms < UNMEASURED_TIMEOUT_MS
+        assert engine.load(affine_om(), warmup=False).pool.execution_timeout_ms == UNMEASURED_TIMEOUT_MS
+
+
+def test_a_closed_engine_refuses_loads(affine_om):
+    """A load after close() restarted the runtime quietly (models listed after close, their
+    threads running)."""
+    engine = Engine(device="cpu")
+    engine.load(affine_om())
+    engine.close()
+    with pytest.raises(RuntimeError, match="the engine is closed"):
+        engine.load(affine_om())
+
+
+def test_close_from_a_done_callback_says_why_it_cannot(affine_om):
+    """It raised 'cannot join current thread' halfway, leaving stream threads behind."""
+    said = []
+    with Engine(device="cpu") as engine:
+        model = engine.load(affine_om())
+
+        def close_here(_future):
+            try:
+                engine.close()
+            except RuntimeError as e:
+                said.append(str(e))
+        done = threading.Event()
+        future = model.submit(affine_request(1))
+        future.add_done_callback(close_here)
+        future.add_done_callback(lambda _f: done.set())
+        assert done.wait(30)
+        assert model.infer(affine_request(1), timeout=30)["s"].shape == (1, 3)  # the engine still serves
+    assert len(said) == 1 and "done-callback" in said[0]
+
+
+@pytest.mark.parametrize("where, kwargs, error, words", [
+    ("engine", {"device": 0}, ValueError, "device must be one of auto, cpu, npu"),
+    ("engine", {"cpu_threads": "2"}, TypeError, "cpu_threads must be an int"),
+    ("engine", {"memory_reserve_fraction": 1.5}, ValueError, "memory_reserve_fraction must be at least 0"),
+    ("load", {"slots": 1.5}, TypeError, "slots must be an int"),
+    ("load", {"instances": 0}, ValueError, "instances must be from 1"),
+    ("load", {"devices": "0"}, TypeError, "devices must be a non-empty list or tuple"),
+    ("load", {"devices": [0, -1]}, ValueError, "devices entry must be from 0"),
+    ("load", {"path": b"m.om"}, TypeError, "path must be a str or os.PathLike"),
+])
+def test_arguments_are_checked_where_they_are_given(affine_om, where, kwargs, error, words):
+    """slots=1.5 failed with "can't multiply sequence by non-int" after claiming device memory."""
+    if where == "engine":
+        with pytest.raises(error, match=words):
+            Engine(**kwargs)
+        return
+    with Engine(device="cpu") as engine:
+        with pytest.raises(error, match=words):
+            engine.load(**{"path": affine_om(), **kwargs})
+        assert engine.models == []
+
+
+def test_engine_threads_follow_the_environment_unless_given(monkeypatch, affine_om):
+    """Engine's cpu_threads=1 default overrode ACLSERVE_CPU_THREADS, which the README gives the
+    Python API."""
+    from aclserve.acl.cpu import settings
+    monkeypatch.setenv("ACLSERVE_CPU_THREADS", "3")
+    with Engine(device="cpu"):
+        assert settings.threads() == 3
+    with Engine(device="cpu", cpu_threads=2):
+        assert settings.threads() == 2
+
+
+def test_a_call_split_into_many_runs_looks_at_each_waiting_run_a_bounded_number_of_times(affine_om, monkeypatch):
+    """Each freed slot looked at every run still waiting: a call of 16,000 runs took 51 s
+    against 4 s as separate calls (quadratic); now a freed slot looks until the slots are taken."""
+    with Engine(device="cpu") as engine:
+        model = engine.load(affine_om())
+        picks = [0]
+        pick = model.pool._pick
+
+        def counted(batch):
+            picks[0] += 1
+            return pick(batch)
+        monkeypatch.setattr(model.pool, "_pick", counted)
+        req = affine_request(8 * 1000)  # 1,000 runs of the largest gear
+        np.testing.assert_array_equal(model.infer(req, timeout=120)["s"], req["idx"] * 2)
+        assert picks[0] < 10 * 1000, picks[0]  # (before: about 1000 * 1000 / 2)
