@@ -322,11 +322,9 @@ class InstancePool:
             raise RuntimeError(f"{self.name}: run() is for an unattached pool")
         waiter = _Waiter()
         self._listener = waiter
-        try:
-            self.submit(batch)
-            waiter.done.wait()
-        finally:
-            self._listener = None
+        self.submit(batch)
+        waiter.done.wait()  # (interrupted, Ctrl-C: the waiter stays to hear the batch end, not None)
+        self._listener = None
         return batch
 
     def busy_ratio(self) -> float:
