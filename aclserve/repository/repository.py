@@ -62,6 +62,8 @@ class ModelRepository:
         self._lifecycle = Lifecycle(config, runtime, self._planner, self._failures, self._emit, self._rescan_soon)
         self._listeners: list[Callable] = []
         self._scan_lock = asyncio.Lock()  # one reconcile at a time: each sees what the last one started
+        self._scans_started = 0  # ... numbered, so that a load may use a scan begun after it was asked
+        self._last_scan = 0  # the number of the last scan done
         self._retry_tasks: set[asyncio.Task] = set()  # explicit and none modes: rescans for a retry
         self._watcher: RepositoryWatcher | None = None
         self._debouncer: Debouncer | None = None
@@ -268,16 +270,16 @@ class ModelRepository:
         await self._reconcile(trust="settle")
 
     async def _reconcile(self, trust: str, only: str | None = None) -> list[asyncio.Task]:
-        """Scan, diff against what is serving, start one task per changed model. Returns them."""
+        """Scan, diff against what is serving, start one task per changed model. Returns them.
+        A call for one model (`only`: a load) uses a scan begun after it was made, if one is done
+        by the time it has the lock (each load rescanned the folder: 300 loads of a 300-model
+        folder took 44 s, whatever load_concurrency said)."""
         if self._closed:
             return []
+        asked_after = self._scans_started
         async with self._scan_lock:
-            if self._watcher is not None:  # watch first, then scan: nothing falls in between
-                await asyncio.get_running_loop().run_in_executor(None, self._watcher.follow)
-            scan = await self._planner.rescan()
-            if not scan.unreadable:  # (a folder that cannot be listed tells nothing: all is kept)
-                self._failures.keep_files_of(scan)
-                self._lifecycle.forget_stale()
+            if only is None or self._last_scan <= asked_after:
+                await self._scan()
             plans = self._planner.plans(self._lifecycle.acted, trust, self._failures.files, self._lifecycle.held)
             started = [self._lifecycle.start(plan) for plan in plans if only is None or plan.name == only]
             if self._debouncer is not None:
@@ -285,6 +287,18 @@ class ModelRepository:
                 # a missed file event (inotify races with new folders) is caught by the next rescan
                 self._debouncer.wake_after(RESCAN_S if wait is None else min(wait + 0.01, RESCAN_S))
             return [task for task in started if task is not None]
+
+    async def _scan(self) -> None:
+        """The scan of a reconcile (under its lock)."""
+        self._scans_started += 1
+        number = self._scans_started
+        if self._watcher is not None:  # watch first, then scan: nothing falls in between
+            await asyncio.get_running_loop().run_in_executor(None, self._watcher.follow)
+        scan = await self._planner.rescan()
+        if not scan.unreadable:  # (a folder that cannot be listed tells nothing: all is kept)
+            self._failures.keep_files_of(scan)
+            self._lifecycle.forget_stale()
+        self._last_scan = number
 
     def _rescan_soon(self) -> None:
         """A model's task ended with changes left over (a plan arrived while it was busy, or a
