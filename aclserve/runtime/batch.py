@@ -18,7 +18,7 @@ class Batch:
     """One run of the model: the rows of one or more requests, padded to `gear`."""
 
     __slots__ = ("inputs", "gear", "rows", "lane", "trace", "requests", "dispatched_ns",
-                 "ran_on", "outputs", "timings", "instance", "error", "failed_lane")
+                 "ran_on", "ran_by", "outputs", "timings", "instance", "error", "failed_lane", "failed_by")
 
     def __init__(self, inputs: Sequence[Mapping[str, np.ndarray]], gear: int | None, rows: int,
                  lane: int | None = None, trace=None, requests: Sequence = (), dispatched_ns: int = 0):
@@ -30,13 +30,16 @@ class Batch:
         self.requests = requests  # the submitter's own records, in `inputs` order (opaque here)
         self.dispatched_ns = dispatched_ns  # the submitter's clock (opaque here)
         self.ran_on: int | None = None  # instance index it was launched on (by the pool)
+        self.ran_by = None  # ... and the ModelInstance there then (a lane's instance is replaced by a rebuild)
         # the outcome, written by the instance before batch_done():
         self.outputs: list[dict[str, np.ndarray]] | None = None  # per request, padding dropped
         self.timings = DeviceTimings()
         self.instance = ""  # name of the instance that ran it
         self.error: BaseException | None = None
-        # set by a retry: the instance that failed it first (pool.REPLACED once that one is rebuilt)
+        # set by a retry: the lane and the instance that failed it first (the retry may run on
+        # any other instance, that lane's once rebuilt included)
         self.failed_lane: int | None = None
+        self.failed_by = None
 
 
 class BatchListener(Protocol):

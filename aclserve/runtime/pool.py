@@ -30,7 +30,6 @@ from .instance import ModelInstance
 from .types import TensorSpec
 
 log = logging.getLogger(__name__)
-REPLACED = -1  # Batch.failed_lane of a retry whose failed instance was rebuilt: any lane may run it
 
 
 class Rebuilder(Protocol):
@@ -118,7 +117,7 @@ class InstancePool:
             self._listener.batch_done(batch)
             return
         log.warning("%s: retrying a failed batch on another instance", self.name)
-        batch.failed_lane = batch.ran_on
+        batch.failed_lane, batch.failed_by = batch.ran_on, batch.ran_by
         self._dispatch(batch)
 
     def slot_free(self) -> None:
@@ -156,15 +155,19 @@ class InstancePool:
     def _may_wait(self, batch: Batch) -> bool:
         """Whether an instance but the one `batch` failed on may yet take it: a healthy one, or
         a broken one being rebuilt (its thread may not be registered yet), unless _futile()."""
-        others = [k for k in range(len(self.instances)) if k != batch.failed_lane]
-        if any(self._usable(k, batch) for k in others):
+        others = self._candidates(batch)
+        if any(not self.instances[k].broken for k in others):
             return True
-        return self._builder is not None and bool(others) and not self._futile()
+        return self._builder is not None and bool(others) and not self._futile(batch)
 
-    def _futile(self) -> bool:
-        """Every instance is broken and every rebuild waits out a backoff after failing (the
-        first failure is retried at once, once the old instance is closed: not yet futile)."""
-        return len(self._backing_off) == len(self.instances) and all(i.broken for i in self.instances)
+    def _candidates(self, batch: Batch) -> list[int]:
+        """The lanes that may run `batch`: all but the instance it failed on (rebuilt, it may)."""
+        return [k for k, instance in enumerate(self.instances) if instance is not batch.failed_by]
+
+    def _futile(self, batch: Batch) -> bool:
+        """Every instance that may run `batch` is broken and its rebuild waits out a backoff
+        after failing (the first failure is retried at once, the old instance closed: not yet)."""
+        return all(self.instances[k].broken and k in self._backing_off for k in self._candidates(batch))
 
     def _answer_unrunnable(self, batches: list[Batch], why: str) -> None:
         for batch in batches:  # (a retry with its first error)
@@ -175,11 +178,12 @@ class InstancePool:
         if batch.failed_lane is not None:  # counted once it runs again, not when it is meant to
             with self._lock:
                 self.batches_retried += 1
-        batch.ran_on, batch.error = lane, None
+        batch.ran_on, batch.ran_by, batch.error = lane, self.instances[lane], None
         self.instances[lane].launch(slot, batch)
 
     def _usable(self, lane: int, batch: Batch) -> bool:
-        return lane != batch.failed_lane and not self.instances[lane].broken
+        instance = self.instances[lane]
+        return instance is not batch.failed_by and not instance.broken
 
     def _pick(self, batch: Batch) -> tuple[int, object] | None:
         """A reserved (lane, slot) for `batch`, or None. A named lane is kept while that
@@ -191,7 +195,7 @@ class InstancePool:
             return (wanted, slot) if slot is not None else None
         best, best_free = None, 0
         for lane, instance in enumerate(self.instances):
-            if lane == batch.failed_lane:
+            if instance is batch.failed_by:
                 continue
             free = instance.free_count()
             if free > best_free:
@@ -284,9 +288,6 @@ class InstancePool:
                 # built with the value when the build began: set_execution_timeout() may have run since
                 new.execution_timeout_ms = self.execution_timeout_ms
                 self.instances[lane] = new
-                for batch in self._pending:  # the instance it failed on is gone: the new one may run it
-                    if batch.failed_lane == lane:
-                        batch.failed_lane = REPLACED
                 self.rebuilds += 1
                 self._rebuild_failures.pop(lane, None)
                 self._backing_off.discard(lane)
@@ -309,10 +310,11 @@ class InstancePool:
     def _answer_pending_if_futile(self) -> None:
         """The batches waiting in the pool are answered once _futile() (they waited for good)."""
         with self._lock:
-            if not self._futile() or self._closed:
+            if self._closed:
                 return
-            waiting, self._pending = list(self._pending), collections.deque()
-        self._answer_unrunnable(waiting, self.out_of_service() or "no instance can run a batch")
+            futile = [batch for batch in self._pending if self._futile(batch)]
+            self._pending = collections.deque(b for b in self._pending if not self._futile(b))
+        self._answer_unrunnable(futile, self.out_of_service() or "no instance can run a batch")
 
     # -- runs, figures, teardown --------------------------------------------------------------
     def run(self, batch: Batch) -> Batch:

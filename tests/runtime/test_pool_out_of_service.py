@@ -2,6 +2,9 @@
 rebuild fails (they go on trying, with backoff of up to a minute): answered, not kept."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -11,6 +14,7 @@ from aclserve.errors import ExecutionFailed
 from aclserve.runtime import open_pool
 from aclserve.runtime.futures import BatchFutures
 
+from tests import REPO
 from tests.tiny_models import affine_request
 
 pytestmark = pytest.mark.usefixtures("clean_faults")
@@ -42,3 +46,38 @@ def test_retries_waiting_for_rebuilds_that_keep_failing_are_answered(runtime, af
     finally:
         gate.set()
         pool.close()
+
+
+HEALTHY_AFTER_A_FAILURE = """
+import sys, time
+from aclserve.acl.cpu import faults
+from aclserve.runtime import AclRuntime, open_pool
+from aclserve.runtime.futures import BatchFutures
+from tests.tiny_models import affine_request
+with AclRuntime("cpu") as runtime:
+    pool = open_pool(runtime, sys.argv[1], "affine", instances=2, devices=(0, 1))
+    done = BatchFutures(pool)
+    faults.inject("load", nth=1, count=1_000_000, code=207001)  # every rebuild fails
+    pool.instances[1].take_out_of_rotation("a batch past the execution timeout")
+    pool._rebuild_broken()  # as its completion thread does
+    while 1 not in pool._backing_off:
+        time.sleep(0.02)
+    faults.inject("execute", nth=1, count=1, code=507011)  # fails on lane 0, which stays in rotation
+    try:
+        done.submit([affine_request(1)], 1, lane=0).result(timeout=60)
+        print("answered")
+    except Exception as e:
+        print("refused", type(e).__name__)
+    print("serves", done.submit([affine_request(1)], 1, lane=0).result(timeout=60) is not None)
+    pool.close()
+"""
+
+
+def test_a_retry_whose_only_other_instance_cannot_be_rebuilt_is_answered(affine_om):
+    """On an Ascend310 (streams that do not stop on a failure) a failed batch leaves its instance
+    serving; its retry, barred from it, waited for good for the other instance, whose rebuilds
+    all failed (found by the session's reviewer). A fresh process: the SoC is read at start."""
+    env = dict(os.environ, ACLSERVE_CPU_SOC="Ascend310", ACLSERVE_CPU_DEVICES="2")
+    proc = subprocess.run([sys.executable, "-c", HEALTHY_AFTER_A_FAILURE, affine_om()], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["refused", "ExecutionFailed", "serves", "True"], proc.stdout + proc.stderr[-2000:]
