@@ -46,16 +46,21 @@ def is_loopback(host: str) -> bool:
         return False  # a name other than localhost may resolve anywhere
 
 
-MAX_TOKEN = 4096  # aiohttp reads header lines of 8190 bytes; gRPC's metadata, 8 KB in all
+MAX_HTTP_TOKEN = 8000  # aiohttp reads header lines of 8190 bytes
+MAX_GRPC_TOKEN = 4096  # gRPC's metadata: 8 KB in all, printable ASCII
 
 
-def _refuse_unsendable(token: str, source: str) -> None:
-    """A token no client can send is refused at start, not by a 401 (or 400) to every request:
-    gRPC metadata values are printable ASCII, a header value loses its surrounding blanks, and
-    both have a size limit."""
-    if token != token.strip() or not (token.isascii() and token.isprintable()) or len(token) > MAX_TOKEN:
-        raise ConfigError(source, f"must be printable ASCII, at most {MAX_TOKEN} characters, without blanks "
-                          "at its ends: no client could send it")  # the value is a secret: not echoed
+def _refuse_unsendable(token: str, source: str, grpc: bool) -> None:
+    """A token a client cannot send is refused at start, not by a 401 (or 400) to every request
+    it guards: a header value holds no control character and loses its blanks at its ends, and
+    an HTTP header line or (with gRPC on) a metadata value has its limits."""
+    # (the value is a secret: never echoed)
+    if token != token.strip() or not token.isprintable() or len(token) > MAX_HTTP_TOKEN:
+        raise ConfigError(source, f"must be at most {MAX_HTTP_TOKEN} printable characters without blanks at "
+                          "its ends: no client could send it")
+    if grpc and (not token.isascii() or len(token) > MAX_GRPC_TOKEN):
+        raise ConfigError(source, f"must be printable ASCII of at most {MAX_GRPC_TOKEN} characters for gRPC "
+                          "clients to send it (metadata), or turn gRPC off (grpc_port: 0)")
 
 
 class Access:
@@ -63,7 +68,7 @@ class Access:
 
     def __init__(self, config, environ=os.environ):
         token, source = (environ[TOKEN_ENV], TOKEN_ENV) if environ.get(TOKEN_ENV) else (config.api_token, "api_token")
-        _refuse_unsendable(token, source)
+        _refuse_unsendable(token, source, grpc=bool(config.grpc_port))
         self._token = token.encode()
         if config.auth_inference and not self._token:
             raise ConfigError("auth_inference", f"needs a token: set api_token or {TOKEN_ENV}")
