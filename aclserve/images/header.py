@@ -168,10 +168,7 @@ def _jpeg(data) -> ImageInfo:
             height, width = struct.unpack(">HH", bytes(data[pos + 3:pos + 7]))
             specs = bytes(data[pos + 8:pos + 8 + 3 * data[pos + 7]])  # (id, sampling HV, table) each
             progressive, components = marker in _PROGRESSIVE, data[pos + 7]
-            # (XMP's only when EXIF says nothing else: when EXIF says 1, Pillow keeps it upright and
-            # this errs towards a turned picture, which sends it to the CPU decoder, not DVPP's)
-            turned = orientation if orientation != 1 else xmp_orientation
-            frame = ImageInfo("JPEG", width, height, marker == _SOF0, turned,
+            frame = ImageInfo("JPEG", width, height, marker == _SOF0, 1,
                               _coded_ycc(specs[::3], jfif, adobe_transform), progressive,
                               _samples_per_pixel(specs[1::3]), buffered=progressive)
         if marker == 0xDA:
@@ -183,13 +180,16 @@ def _jpeg(data) -> ImageInfo:
                 frame = dataclasses.replace(frame, buffered=True)
             if frame.buffered:
                 _check_scans(data, pos)
-            return frame
+            # the segments up to the scan, as Pillow reads them (EXIF or XMP may follow the frame
+            # header); XMP's only when EXIF says nothing else: when EXIF says 1, Pillow keeps it
+            # upright and this errs towards turned, which sends it to the CPU decoder, not DVPP's
+            return dataclasses.replace(frame, orientation=orientation if orientation != 1 else xmp_orientation)
         pos += length
     else:
         if frame is None:
             raise ImageError(f"JPEG has more than {MAX_SEGMENTS} segments before its frame header")
     if frame is not None:  # no scan header within reach: what the frame says
-        return frame
+        return dataclasses.replace(frame, orientation=orientation if orientation != 1 else xmp_orientation)
     raise ImageError("JPEG is truncated before its frame header")
 
 

@@ -60,6 +60,21 @@ def test_probe_reads_an_orientation_from_xmp_when_exif_has_none(xmp, exif_orient
     assert Image.open(io.BytesIO(data)).getexif().get(0x0112, 1) == expected  # as Pillow reads it
 
 
+def test_probe_reads_an_orientation_placed_after_the_frame_header():
+    """Pillow reads the segments up to the scan; the probe stopped at the frame header."""
+    from PIL import Image
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    data = encode(gradient(37, 53), "JPEG")
+    segment = exif.tobytes()  # "Exif\0\0" and the TIFF data
+    assert segment.startswith(b"Exif\0\0")
+    app1 = b"\xff\xe1" + struct.pack(">H", len(segment) + 2) + segment
+    sos = data.index(b"\xff\xda")
+    moved = data[:sos] + app1 + data[sos:]
+    assert Image.open(io.BytesIO(moved)).getexif().get(0x0112) == 6
+    assert probe(moved).orientation == 6
+
+
 def test_probe_tells_how_a_jpeg_codes_its_colours():
     """A chip's JPEG decoder takes YCbCr or grey only (pyACL's JPEGD constraints): an RGB-coded
     JPEG (Adobe marker, transform 0) or a CMYK one is told apart, to be decoded on the CPU."""
