@@ -37,8 +37,9 @@ class EngineModel:
     """A loaded model. Owned by its Engine; close() unloads it (blocking). The pool's listener:
     each finished batch goes back to the call it is part of."""
 
-    def __init__(self, pool: InstancePool):
+    def __init__(self, pool: InstancePool, owner=None):
         self.pool = pool
+        self.owner = owner  # the Engine (its close() refuses to run in a done-callback of its calls)
         self.name = pool.name
         self.inputs: list[TensorSpec] = pool.inputs
         self.outputs: list[TensorSpec] = pool.outputs
@@ -72,11 +73,11 @@ class EngineModel:
     # -- BatchListener (the pool's threads) ----------------------------------------------------
     def batch_done(self, batch: Batch) -> None:
         call, index = batch.requests
-        _callbacks.running = True  # the future's done-callbacks run from here (Engine.close)
+        _callbacks.engine = self.owner  # the future's done-callbacks run from here (Engine.close)
         try:
             call.part_done(index, batch)
         finally:
-            _callbacks.running = False
+            _callbacks.engine = None
 
     def slot_free(self) -> None:
         pass  # every batch was handed to the pool at submit(); nothing waits here
@@ -146,7 +147,7 @@ class _Call:
             settle(self.future, None, {name: np.concatenate([p[name] for p in self._parts]) for name in self._names})
 
 
-_callbacks = threading.local()  # .running: this thread is resolving an Engine call's future
+_callbacks = threading.local()  # .engine: the Engine whose call's future this thread is resolving
 
 
 class Engine:
@@ -157,7 +158,8 @@ class Engine:
         """cpu_threads: ONNX Runtime threads per model on the CPU runtime (None:
         ACLSERVE_CPU_THREADS, else 1)."""
         check_options(device=device, cpu_threads=cpu_threads, memory_reserve_fraction=memory_reserve_fraction)
-        self.runtime = AclRuntime(device, cpu_threads, memory_reserve_fraction)
+        threads = None if cpu_threads is None else int(cpu_threads)  # (a numpy int: the CPU runtime takes int)
+        self.runtime = AclRuntime(device, threads, float(memory_reserve_fraction))
         self.models: list[EngineModel] = []
         self._state = threading.Condition()  # guards _loading and _closed
         self._loading = 0
@@ -180,7 +182,8 @@ class Engine:
             self._refuse_if_closed()
             self._loading += 1
         try:
-            return self._load(os.fspath(path), name, instances, tuple(devices), slots, bool(retry), warmup)
+            return self._load(os.fspath(path), name, int(instances), tuple(int(d) for d in devices), int(slots),
+                              bool(retry), warmup)
         finally:
             with self._state:
                 self._loading -= 1
@@ -194,7 +197,7 @@ class Engine:
             if warmup:
                 warm_up(pool)
                 pool.set_execution_timeout(0)  # as the server: derived from the warm-up's runs
-            model = EngineModel(pool)
+            model = EngineModel(pool, self)
         except BaseException:  # (a failed warm-up, Ctrl-C): its instances closed, not left running
             pool.close()
             raise
@@ -205,7 +208,7 @@ class Engine:
     def close(self) -> None:
         """Unload every model and let go of the runtime (blocking), once the loads under way have
         ended. Not from a future's done-callback: that runs on the engine's own thread."""
-        if getattr(_callbacks, "running", False):
+        if getattr(_callbacks, "engine", None) is self:
             raise RuntimeError("Engine.close() cannot run in a done-callback of its calls (it runs on the "
                                "engine's own thread, which close waits for): close it from another thread")
         with self._state:

@@ -101,10 +101,12 @@ def test_close_from_a_done_callback_says_why_it_cannot(affine_om):
                 engine.close()
             except RuntimeError as e:
                 said.append(str(e))
-        done = threading.Event()
+        done, gate = threading.Event(), threading.Event()
+        faults.inject("execute", nth=1, hold=gate, code=0)  # the call ends once its callbacks are added
         future = model.submit(affine_request(1))
         future.add_done_callback(close_here)
         future.add_done_callback(lambda _f: done.set())
+        gate.set()
         assert done.wait(30)
         assert model.infer(affine_request(1), timeout=30)["s"].shape == (1, 3)  # the engine still serves
     assert len(said) == 1 and "done-callback" in said[0]
@@ -114,6 +116,7 @@ def test_close_from_a_done_callback_says_why_it_cannot(affine_om):
     ("engine", {"device": 0}, ValueError, "device must be one of auto, cpu, npu"),
     ("engine", {"cpu_threads": "2"}, TypeError, "cpu_threads must be an int"),
     ("engine", {"memory_reserve_fraction": 1.5}, ValueError, "memory_reserve_fraction must be at least 0"),
+    ("engine", {"cpu_threads": np.int64(0)}, ValueError, "cpu_threads must be from 1"),
     ("load", {"slots": 1.5}, TypeError, "slots must be an int"),
     ("load", {"instances": 0}, ValueError, "instances must be from 1"),
     ("load", {"devices": "0"}, TypeError, "devices must be a non-empty list or tuple"),
@@ -158,3 +161,10 @@ def test_a_call_split_into_many_runs_looks_at_each_waiting_run_a_bounded_number_
         req = affine_request(8 * 1000)  # 1,000 runs of the largest gear
         np.testing.assert_array_equal(model.infer(req, timeout=120)["s"], req["idx"] * 2)
         assert picks[0] < 10 * 1000, picks[0]  # (before: about 1000 * 1000 / 2)
+
+
+def test_numpy_integers_are_taken_as_arguments(affine_om):
+    """cpu_threads=np.int64(2) passed the argument check, then failed at start naming no argument."""
+    with Engine(device="cpu", cpu_threads=np.int64(2)) as engine:
+        model = engine.load(affine_om(), instances=np.int64(1), slots=np.int64(2), devices=[np.int64(0)])
+        assert model.infer(affine_request(1), timeout=30)["s"].shape == (1, 3)
