@@ -23,13 +23,14 @@ import asyncio
 import json
 import os
 import sys
+import tempfile
 import time
 import zlib
 
 import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import ManagedProcess, free_port, keep_if_failed, run_folder, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, free_port, keep_if_failed, wait_ready  # noqa: E402
 from peak_sampler import PeakSampler  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -176,7 +177,7 @@ def main(argv=None) -> int:
            "--port", str(port), "--grpc-port", "0", "--device", "cpu", "--model-control-mode", "none"]
     if args.config:
         cmd += ["--config", args.config]
-    folder = run_folder("aclserve-attack-")
+    folder = tempfile.mkdtemp(prefix="aclserve-attack-")
     log = os.path.join(folder, "server.log")
     server = ManagedProcess(cmd, log, cwd=ROOT)
     base = f"http://127.0.0.1:{port}"

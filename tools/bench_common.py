@@ -253,13 +253,9 @@ class ManagedProcess:
         return self.proc.returncode
 
 
-def run_folder(prefix: str) -> str:
-    """A fresh folder in /tmp for one run's server log (and copies of models)."""
-    return tempfile.mkdtemp(prefix=prefix)
-
-
 def keep_if_failed(folder: str, failed: bool) -> str:
-    """Remove the run's folder unless the run failed (each run left one in /tmp); what to print."""
+    """Remove the run's folder (tempfile.mkdtemp: its server log, copies of models) unless the
+    run failed (each run left one in /tmp); what to print."""
     if failed:
         return f"log kept: {folder}/server.log"
     shutil.rmtree(folder, ignore_errors=True)

@@ -25,6 +25,7 @@ import json
 import os
 import struct
 import sys
+import tempfile
 import time
 
 import grpc
@@ -33,7 +34,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attack_server import RssSampler  # noqa: E402
-from bench_common import ManagedProcess, free_port, keep_if_failed, run_folder, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, free_port, keep_if_failed, wait_ready  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVICE = "/inference.GRPCInferenceService/"
@@ -209,7 +210,7 @@ def main(argv=None) -> int:
            "--grpc-port", str(grpc_port), "--device", "cpu", "--model-control-mode", "none"]
     if args.config:
         cmd += ["--config", os.path.abspath(args.config)]
-    folder = run_folder("aclserve-grpc-slow-")
+    folder = tempfile.mkdtemp(prefix="aclserve-grpc-slow-")
     log = os.path.join(folder, "server.log")
     env = dict(os.environ, PYTHONPATH=source)  # `-m aclserve` from `source` imports its package
     server = ManagedProcess(cmd, log, cwd=source, env=env)

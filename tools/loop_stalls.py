@@ -27,6 +27,7 @@ import json
 import os
 import struct
 import sys
+import tempfile
 import time
 import zlib
 
@@ -34,7 +35,7 @@ import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import ManagedProcess, free_port, keep_if_failed, run_folder, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, free_port, keep_if_failed, wait_ready  # noqa: E402
 from peak_sampler import PeakSampler  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,7 +156,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mb", type=int, default=15, help="size of the HTTP cases' bodies (max_json_bytes: 16 MiB)")
     args = ap.parse_args(argv)
     port, grpc_port = free_port(), free_port()
-    folder = run_folder("aclserve-stalls-")
+    folder = tempfile.mkdtemp(prefix="aclserve-stalls-")
     log = os.path.join(folder, "server.log")
     server = ManagedProcess([sys.executable, "-m", "aclserve", "serve", "--models", os.path.join(ROOT, "models"),
                              "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu",

@@ -24,6 +24,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from collections import Counter
@@ -34,7 +35,7 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
-from bench_common import free_port, keep_if_failed, run_folder  # noqa: E402
+from bench_common import free_port, keep_if_failed  # noqa: E402
 
 
 def _gzip_bomb(inflated: int) -> bytes:
@@ -192,7 +193,7 @@ class Soak:
 
     async def run(self) -> int:
         import aiohttp
-        folder = run_folder("aclserve-soak-")
+        folder = tempfile.mkdtemp(prefix="aclserve-soak-")
         models, variants = self.prepare(folder)
         port = free_port()
         proc = self.start(models, port)
