@@ -138,19 +138,28 @@ class NoAnswer(OSError):
     """The server took the connection and gave no answer within the timeout."""
 
 
-def _metadata(url: str, timeout: float) -> dict:
-    """The model's metadata, or {} when there is none to read (the infer request itself then
-    reports what is wrong); NoAnswer when the server does not answer in time."""
+def _fetch(request, timeout: float):
+    """(body, headers) of an answer; NoAnswer for a timeout, whether it came while connecting
+    (urllib's URLError wraps it) or while reading."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return json.loads(resp.read())
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.read(), resp.headers
     except TimeoutError:
         raise NoAnswer from None
     except urllib.error.URLError as e:
         if isinstance(e.reason, TimeoutError):
             raise NoAnswer from None
-        return {}
-    except (OSError, ValueError, http.client.HTTPException):
+        raise
+
+
+def _metadata(url: str, timeout: float) -> dict:
+    """The model's metadata, or {} when there is none to read (the infer request itself then
+    reports what is wrong); NoAnswer when the server does not answer in time."""
+    try:
+        return json.loads(_fetch(url, timeout)[0])
+    except NoAnswer:
+        raise
+    except (OSError, ValueError, http.client.HTTPException):  # (URLError is an OSError)
         return {}
 
 
@@ -186,8 +195,6 @@ def run_infer(args) -> int:
     except (http.client.HTTPException, NotKServe) as e:  # (a gRPC port, or another kind of server)
         return _failed(f"{args.url} did not answer as a KServe v2 HTTP server: {one_line(e) or type(e).__name__}")
     except urllib.error.URLError as e:
-        if isinstance(e.reason, TimeoutError):
-            return _failed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)")
         return _failed(f"cannot reach {args.url}: {e.reason}")
     except OSError as e:  # (the connection reset or closed mid-answer)
         return _failed(f"{args.url} broke off the exchange: {e.strerror or e}")
@@ -216,12 +223,8 @@ def _ask(args, path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray
     req = urllib.request.Request(args.url.rstrip("/") + path + "/infer", data=body, method="POST",
                                  headers={HEADER_LENGTH: str(header_length),
                                           "Content-Type": "application/octet-stream"})
-    try:
-        with urllib.request.urlopen(req, timeout=args.timeout) as resp:
-            data = resp.read()
-            length = resp.headers.get(HEADER_LENGTH)
-    except TimeoutError:
-        raise NoAnswer from None
+    data, headers = _fetch(req, args.timeout)
+    length = headers.get(HEADER_LENGTH)
     try:
         header_length = None if length is None else int(length)
     except ValueError:
