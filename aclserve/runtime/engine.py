@@ -100,11 +100,14 @@ class EngineModel:
             if tuple(got) != tuple(expected) or (spec.batched and given.ndim == 0):  # (before any copy)
                 want = ["N", *expected] if spec.batched else list(expected)
                 raise ValueError(f"input {spec.name!r} has shape {list(given.shape)}, expected {want}")
-            try:  # a copy of its own, in C order: submit() returns before the rows are packed, and
-                # the caller may reuse its buffer (np.ascontiguousarray shared it, and made a scalar [1])
-                arr = np.array(cast_keeping_values(given, spec.dtype), order="C")
+            try:
+                cast = cast_keeping_values(given, spec.dtype)
             except ValueError as e:
                 raise ValueError(f"input {spec.name!r} {e}") from None
+            # a copy of its own, in C order: submit() returns before the rows are packed, and the
+            # caller may reuse its buffer (np.ascontiguousarray shared it, and made a scalar [1]);
+            # a cast made one already
+            arr = cast if cast is not given and cast.flags.c_contiguous else np.array(cast, order="C")
             if spec.batched:
                 if rows is not None and len(arr) != rows:
                     raise ValueError("all inputs must have the same number of rows")
