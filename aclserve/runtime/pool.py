@@ -153,12 +153,10 @@ class InstancePool:
         self._launch(batch, *target)
 
     def _may_wait(self, batch: Batch) -> bool:
-        """Whether an instance but the one `batch` failed on may yet take it: a healthy one, or
-        a broken one being rebuilt (its thread may not be registered yet), unless _futile()."""
-        others = self._candidates(batch)
-        if any(not self.instances[k].broken for k in others):
+        """Whether an instance but the one `batch` failed on may take it, now or rebuilt (_futile)."""
+        if any(self._usable(k, batch) for k in range(len(self.instances))):
             return True
-        return self._builder is not None and bool(others) and not self._futile(batch)
+        return self._builder is not None and bool(self._candidates(batch)) and not self._futile(batch)
 
     def _candidates(self, batch: Batch) -> list[int]:
         """The lanes that may run `batch`: all but the instance it failed on (rebuilt, it may)."""
@@ -312,8 +310,10 @@ class InstancePool:
         with self._lock:
             if self._closed:
                 return
-            futile = [batch for batch in self._pending if self._futile(batch)]
-            self._pending = collections.deque(b for b in self._pending if not self._futile(b))
+            futile, kept = [], collections.deque()
+            for batch in self._pending:
+                (futile if self._futile(batch) else kept).append(batch)
+            self._pending = kept
         self._answer_unrunnable(futile, self.out_of_service() or "no instance can run a batch")
 
     # -- runs, figures, teardown --------------------------------------------------------------
