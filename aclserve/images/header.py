@@ -134,6 +134,13 @@ def _jpeg(data) -> ImageInfo:
     exif_read = False  # only the first EXIF segment counts (as in Pillow, which decodes it)
     jfif, adobe_transform = False, None  # what says how three components are coded
     frame = None  # the ImageInfo of the frame header, read on to the first scan's header
+
+    def oriented(frame: ImageInfo) -> ImageInfo:
+        """The frame turned as the segments read so far say (Pillow reads them up to the scan:
+        EXIF or XMP may follow the frame header); XMP's only when EXIF says nothing else (when
+        EXIF says 1, Pillow keeps it upright and this errs towards turned, which sends it to
+        the CPU decoder, not DVPP's)."""
+        return dataclasses.replace(frame, orientation=orientation if orientation != 1 else xmp_orientation)
     for _ in range(MAX_SEGMENTS):
         if pos >= n:
             break
@@ -180,16 +187,13 @@ def _jpeg(data) -> ImageInfo:
                 frame = dataclasses.replace(frame, buffered=True)
             if frame.buffered:
                 _check_scans(data, pos)
-            # the segments up to the scan, as Pillow reads them (EXIF or XMP may follow the frame
-            # header); XMP's only when EXIF says nothing else: when EXIF says 1, Pillow keeps it
-            # upright and this errs towards turned, which sends it to the CPU decoder, not DVPP's
-            return dataclasses.replace(frame, orientation=orientation if orientation != 1 else xmp_orientation)
+            return oriented(frame)
         pos += length
     else:
         if frame is None:
             raise ImageError(f"JPEG has more than {MAX_SEGMENTS} segments before its frame header")
     if frame is not None:  # no scan header within reach: what the frame says
-        return dataclasses.replace(frame, orientation=orientation if orientation != 1 else xmp_orientation)
+        return oriented(frame)
     raise ImageError("JPEG is truncated before its frame header")
 
 
