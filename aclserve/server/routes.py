@@ -96,9 +96,11 @@ async def statistics(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
     # Device memory is read through ACL, which must not run on the event loop: refresh the
-    # cached figures in a worker thread, then render from the cache.
-    await asyncio.get_running_loop().run_in_executor(None, state.refresh_memory)
-    body = state.metrics.render()
+    # cached figures in a worker thread, copy every figure on the loop, write the text in a
+    # worker thread again (metrics.py says why).
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, state.refresh_memory)
+    body = await loop.run_in_executor(None, state.metrics.render, state.metrics.snapshot())
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 

@@ -82,7 +82,7 @@ class ServerState:
         self.grpc_max_connections = config.max_connections  # what the descriptor limit leaves (app.py)
         self.own_middlewares: tuple = ()  # the app's middlewares as create_app made them
         self.guard_metrics = GuardCollector(self)  # also a repository listener (app.py)
-        self.metrics.registry.register(self.guard_metrics)
+        self.metrics.register(self.guard_metrics)
         self.started = False  # every model the repository found at start has been tried
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
         self.shutting_down = False

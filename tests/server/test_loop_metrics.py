@@ -29,3 +29,25 @@ def test_loop_families_render_like_prometheus_client():
     hist.labels("gone").observe(1.0)
     hist.remove("gone")
     assert generate_latest(ours) == generate_latest(theirs)
+
+
+def test_a_scrape_writes_the_figures_of_its_snapshot():
+    """/metrics copies the figures on the event loop and writes the text in a worker thread: what
+    the loop counts meanwhile must not reach that text, nor a series added or removed after."""
+    from aclserve.server.metrics import ServerMetrics
+
+    metrics = ServerMetrics(lambda: [], lambda: [])
+    kept = metrics.version("m", "1")
+    kept.request_ok(0.001)
+    kept.on_batch(4, 3, 0.002)
+    gone = metrics.version("m", "2")
+    gone.request_failed("InvalidInput", 0.001)
+    before = metrics.render().decode()
+    snapshot = metrics.snapshot()
+    kept.request_ok(0.5)  # after the snapshot: in-place updates of the copied numbers
+    kept.on_batch(8, 8, 0.004)
+    metrics.on_repository_event("unloaded", "m", "2")
+    metrics.version("m", "3").request_ok(0.001)
+    assert metrics.render(snapshot).decode() == before
+    now = metrics.render().decode()
+    assert now != before and 'version="2"' not in now and 'version="3"' in now
