@@ -156,6 +156,11 @@ class ModelRepository:
             raise NotFound(f"model {name} has no version {version}")
         raise NotFound(f"unknown model {name!r}")
 
+    def serving_versions(self, name: str) -> list[str]:
+        """The versions of `name` in service, one no instance can run now included (a per-model
+        statistics poll reads this, not the whole index)."""
+        return list(self._lifecycle.serving.get(name, ()))
+
     def all_ready(self) -> bool:
         """Every model found on disk (and not unloaded on purpose) is serving. With readiness
         `lenient`, a model whose file was refused (shown in the index) does not hold readiness

@@ -92,6 +92,9 @@ class ModelStore(Protocol):
 
     def all_ready(self) -> bool: ...
 
+    def serving_versions(self, name: str) -> list[str]:
+        """The versions of `name` in service (as `index` lists them, without building it)."""
+
     def index(self, ready_only: bool = False) -> list[dict]: ...
 
     load_retries: Mapping[str, int]  # model -> automatic load retries so far

@@ -182,7 +182,9 @@ class ServerState:
     # -- repository views ----------------------------------------------------------------------
     def ready_versions(self, name: str | None = None) -> list[tuple[str, str]]:
         """(model, version) of the versions in service (live_versions), of `name` only if given."""
-        return [(n, v) for n, v, _ in self.live_versions() if name is None or n == name]
+        if name is not None:
+            return [(name, v) for v in self.repo.serving_versions(name)]
+        return [(n, v) for n, v, _ in self.live_versions()]
 
     def live_versions(self):
         """(model, version, served) for every version in service, one no instance can run now
