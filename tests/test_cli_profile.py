@@ -165,3 +165,17 @@ def test_rows_on_a_model_of_fixed_first_dimension_are_refused():
         _body([("x", "FP32", [1, 64])], 4)
     _body([("x", "FP32", [1, 64])], 1)
     _body([("x", "FP32", [-1, 64])], 4)
+
+
+def test_the_rate_is_over_the_time_the_answers_took_not_the_time_asked_for():
+    """A run lasts until the requests sent before its end are answered: on a server taking 0.3 s
+    an answer, a 0.05 s run reported its answers over 0.05 s, six times the real rate."""
+    import asyncio
+
+    from aclserve.cli.load import closed_loop
+
+    async def slow():
+        await asyncio.sleep(0.3)
+
+    outcomes = asyncio.run(closed_loop(2, 0.05, slow))
+    assert outcomes.answered == 2 and outcomes.seconds >= 0.3

@@ -16,6 +16,7 @@ Request = Callable[[], Awaitable["str | None"]]
 class Outcomes:
     answered: int = 0
     refused: collections.Counter = field(default_factory=collections.Counter)  # reason -> count
+    seconds: float = 0.0  # from the first request sent to the last answer (past the run's end on a slow server)
 
     def refusals(self) -> str:
         """'12,928 (HTTP 503)': how many were refused, and why, the commonest reason first."""
@@ -27,7 +28,8 @@ class Outcomes:
 
 async def closed_loop(clients: int, seconds: float, one: Request) -> Outcomes:
     outcomes = Outcomes()
-    end = time.monotonic() + seconds
+    start = time.monotonic()
+    end = start + seconds
 
     async def client():
         while time.monotonic() < end:
@@ -38,4 +40,5 @@ async def closed_loop(clients: int, seconds: float, one: Request) -> Outcomes:
                 outcomes.refused[refused] += 1
                 await asyncio.sleep(0)  # a refusal comes back at once: let the others run
     await asyncio.gather(*(client() for _ in range(clients)))
+    outcomes.seconds = time.monotonic() - start
     return outcomes

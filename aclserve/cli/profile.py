@@ -147,8 +147,8 @@ def _report(args, out: str, events: list[dict], outcomes, cpu_s) -> int:
     except OSError as e:  # (disk full)
         print(f"aclserve profile: error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
         out, status = "not written", 1
-    print(f"{args.model}: {outcomes.answered} requests answered in {args.seconds:g} s "
-          f"({outcomes.answered / args.seconds:,.0f} req/s), {args.clients} clients, {args.rows} row(s) each; "
+    print(f"{args.model}: {outcomes.answered} requests answered in {outcomes.seconds:.1f} s "
+          f"({outcomes.answered / outcomes.seconds:,.0f} req/s), {args.clients} clients, {args.rows} row(s) each; "
           f"trace: {out}")
     if outcomes.refused:
         print(f"refused: {outcomes.refusals()}")
