@@ -16,6 +16,7 @@ import numpy as np
 from ..dtypes import cast_keeping_values, kserve_to_numpy, numpy_to_kserve
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
+from .remote import auth_headers, check_url, token_hint
 from .usage import NotKServe, UsageError, one_line
 
 
@@ -152,29 +153,21 @@ def _fetch(request, timeout: float):
         raise
 
 
-def _metadata(url: str, timeout: float) -> dict:
+def _metadata(url: str, timeout: float, headers: dict) -> dict:
     """The model's metadata, or {} when there is none to read (the infer request itself then
     reports what is wrong); NoAnswer when the server does not answer in time."""
     try:
-        return json.loads(_fetch(url, timeout)[0])
+        return json.loads(_fetch(urllib.request.Request(url, headers=headers), timeout)[0])
     except NoAnswer:
         raise
     except (OSError, ValueError, http.client.HTTPException):  # (URLError is an OSError)
         return {}
 
 
-def check_url(url: str) -> None:
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # raises on a port that is not a number
-    except ValueError as e:
-        raise UsageError(f"--url {url!r}: {e}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"--url {url!r}: expected http://HOST:PORT or https://HOST:PORT")
-
-
 def run_infer(args) -> int:
     check_url(args.url)
+    # (UTF-8 bytes, as aiohttp reads a header: http.client would encode a str as Latin-1)
+    headers = {name: value.encode() for name, value in auth_headers().items()}
     if not 0 < args.timeout < math.inf:  # (NaN fails it too)
         raise UsageError("--timeout must be a positive number of seconds")
     inputs = _load_inputs(args.input)
@@ -182,14 +175,14 @@ def run_infer(args) -> int:
     if args.version:
         path += f"/versions/{urllib.parse.quote(args.version, safe='')}"
     try:
-        outputs = _ask(args, path, inputs)
+        outputs = _ask(args, path, inputs, headers)
     except urllib.error.HTTPError as e:
         raw = e.read()
         try:
             message = json.loads(raw)["error"]
         except (ValueError, KeyError, TypeError):
             message = raw.decode(errors="replace")[:200] or e.reason
-        return _failed(f"HTTP {e.code}: {message}")
+        return _failed(f"HTTP {e.code}: {message}{token_hint(e.code)}")
     except NoAnswer:
         return _failed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)")
     except (http.client.HTTPException, NotKServe) as e:  # (a gRPC port, or another kind of server)
@@ -215,14 +208,14 @@ def _json_data(arr: np.ndarray) -> list:
     return np.where(np.isfinite(arr), arr, None).tolist()
 
 
-def _ask(args, path: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _ask(args, path: str, inputs: dict[str, np.ndarray], headers: dict) -> dict[str, np.ndarray]:
     """Metadata (for the casts), then the inference; the outputs."""
-    for note in cast_to_model(inputs, _metadata(args.url.rstrip("/") + path, args.timeout)):
+    for note in cast_to_model(inputs, _metadata(args.url.rstrip("/") + path, args.timeout, headers)):
         print(f"aclserve infer: {note}", file=sys.stderr)
     body, header_length = build_request(inputs, args.output, args.priority)
     req = urllib.request.Request(args.url.rstrip("/") + path + "/infer", data=body, method="POST",
                                  headers={HEADER_LENGTH: str(header_length),
-                                          "Content-Type": "application/octet-stream"})
+                                          "Content-Type": "application/octet-stream", **headers})
     data, headers = _fetch(req, args.timeout)
     length = headers.get(HEADER_LENGTH)
     try:

@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 from ..errors import ServeError
-from .infer import check_url
 from .load import closed_loop
+from .remote import auth_headers, check_url
 from .usage import UsageError
 
 
@@ -123,6 +123,7 @@ def _run(args):
     from .profile_remote import TraceUnreadable, run_remote
     from .usage import NotKServe, one_line
     check_url(args.url)
+    auth_headers()  # (checked before the run)
     try:
         return asyncio.run(run_remote(args, _body))
     except asyncio.TimeoutError:  # (before ClientError: aiohttp's timeouts are both)

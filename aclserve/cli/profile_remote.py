@@ -12,6 +12,7 @@ import sys
 import time
 
 from .load import closed_loop
+from .remote import auth_headers, token_hint
 from .usage import NotKServe, UsageError, one_line
 
 CONTROL_CONNECTIONS = 4  # metadata and trace settings, beside the clients' own connections
@@ -29,7 +30,7 @@ async def _said(resp) -> str:
         text = json.loads(text)["error"]
     except (ValueError, KeyError, TypeError):
         pass
-    return f"HTTP {resp.status}: {one_line(text)}"
+    return f"HTTP {resp.status}: {one_line(text)}{token_hint(resp.status)}"
 
 
 def _inputs(doc) -> list[tuple[str, str, list[int]]]:
@@ -74,7 +75,7 @@ async def run_remote(args, make_body):
     setting = f"{base}/v2/models/{args.model}/trace/setting"
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=args.timeout, sock_read=args.timeout)
     connector = aiohttp.TCPConnector(limit=args.clients + CONTROL_CONNECTIONS)  # (the default 100 capped --clients)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=auth_headers()) as session:
         async with session.get(f"{base}/v2/models/{args.model}") as resp:
             if resp.status != 200:
                 raise UsageError(f"{base}: model {args.model!r}: {await _said(resp)}")

@@ -12,6 +12,7 @@ READINESS = ("strict", "lenient")
 AUTO = "auto"  # queue size / deadline derived from the model when it loads (repository/overload.py)
 DEVICES = ("auto", "cpu", "npu")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+TOKEN_ENV = "ACLSERVE_API_TOKEN"  # the API token, used instead of api_token (server/auth.py; client commands send it)
 
 
 class ConfigError(ValueError):

@@ -19,11 +19,11 @@ import os
 from aiohttp import web
 
 from ..config import ConfigError
+from ..config.schema import TOKEN_ENV
 from ..errors import ServeError
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "ACLSERVE_API_TOKEN"
 _REPOSITORY = "/v2/repository/"
 _MODELS = "/v2/models"
 _TRACE_SETTING = "/trace/setting"

@@ -1,0 +1,42 @@
+"""The running server a client command (`infer`, `profile --url`) talks to: its URL, checked
+before anything is sent, and the API token it is sent with (ACLSERVE_API_TOKEN, the server's
+own variable: kept out of the command line, which other users of the machine can read)."""
+from __future__ import annotations
+
+import os
+import urllib.parse
+
+from ..config.schema import TOKEN_ENV
+from .usage import UsageError
+
+
+def check_url(url: str) -> None:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # raises on a port that is not a number
+    except ValueError as e:
+        raise UsageError(f"--url {url!r}: {e}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--url {url!r}: expected http://HOST:PORT or https://HOST:PORT")
+    if parts.username is not None or parts.password is not None:  # (not echoed: a password may be in it)
+        raise UsageError(f"--url: credentials in the URL are not sent (aclserve takes a bearer token): "
+                         f"set {TOKEN_ENV} instead")
+
+
+def auth_headers() -> dict[str, str]:
+    """{"Authorization": "Bearer <token>"} when ACLSERVE_API_TOKEN is set, else {}."""
+    token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        return {}
+    if token != token.strip() or not token.isprintable():  # (the value is a secret: never echoed)
+        raise UsageError(f"{TOKEN_ENV} cannot be sent in a header: it has a control character or blanks "
+                         "at its ends")
+    return {"Authorization": f"Bearer {token}"}
+
+
+def token_hint(status: int) -> str:
+    """What to add to a 401's message: where this command takes the token from."""
+    if status != 401:
+        return ""
+    said = "is not the server's token" if os.environ.get(TOKEN_ENV) else "is not set"
+    return f" ({TOKEN_ENV} {said})"
