@@ -180,9 +180,9 @@ def run_infer(args) -> int:
         raw = e.read()
         try:
             message = json.loads(raw)["error"]
-        except (ValueError, KeyError, TypeError):
-            message = raw.decode(errors="replace")[:200] or e.reason
-        return _failed(f"HTTP {e.code}: {message}{token_hint(e.code)}")
+        except (ValueError, KeyError, TypeError):  # (not KServe's error JSON: its first line, as profile says it)
+            message = raw.decode(errors="replace")
+        return _failed(f"HTTP {e.code}: {one_line(message) or e.reason}{token_hint(e.code)}")
     except NoAnswer:
         return _failed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)")
     except (http.client.HTTPException, NotKServe) as e:  # (a gRPC port, or another kind of server)
