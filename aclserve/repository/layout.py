@@ -56,8 +56,13 @@ class VersionFile:
     config_stamp: tuple = ()
 
     @property
+    def model_identity(self) -> tuple:
+        """The model file's own, without its config and labels files'."""
+        return (self.path, self.size, self.mtime_ns, self.ctime_ns, self.inode)
+
+    @property
     def identity(self) -> tuple:
-        return (self.path, self.size, self.mtime_ns, self.ctime_ns, self.inode) + self.config_stamp
+        return self.model_identity + self.config_stamp
 
 
 @dataclass(frozen=True)

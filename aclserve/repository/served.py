@@ -12,14 +12,16 @@ batcher. When the version is retired (replaced or unloaded) it leaves the servin
 the batcher (what the drain left is answered 503) and, in a worker thread, the pool (an
 instance the device has not let go of by the pool's deadline is abandoned, not waited for:
 runtime/teardown.py). A request that raced the swap and is refused by the draining batcher is
-re-sent once to the successor when that has the same signature (inputs, outputs, batch limit,
-labels, image plans: the request was decoded, and will be answered, by this version's) and is
-the same version reloaded, or another version while the request named none (a request to
-/versions/1 is never answered by version 2; the result names the version that ran it), so a
-reload never fails such a request (also when the caller held this object past the close of its
-batcher, e.g. while reading a request body). Otherwise it is refused 503 with a message saying
-to send it again: run by a model it was not checked against, it was answered wrongly or failed
-its whole batch. Owned by the repository's Lifecycle; used on the
+re-sent once to the successor when that takes the same tensors (inputs, outputs, batch limit)
+and, unless it runs the same model file, has the same labels and image plans (the request was
+decoded, and will be answered, by this version's: with the same model that is what this version
+would have answered, so a config-only edit of image settings fails nothing), and is the same
+version reloaded, or another version while the request named none (a request to /versions/1 is
+never answered by version 2; the result names the version that ran it), so a reload never fails
+such a request (also when the caller held this object past the close of its batcher, e.g. while
+reading a request body). Otherwise it is refused 503 with a message saying why and to send it
+again: run by a model it was not checked against, it was answered wrongly or failed its whole
+batch. Owned by the repository's Lifecycle; used on the
 loop, blocking steps in the executor it is given.
 """
 from __future__ import annotations
@@ -115,20 +117,37 @@ class ServedVersion:
             if successor.version != self.version and pinned:
                 raise ModelUnavailable(f"model {self.name} version {self.version} was replaced by version "
                                        f"{successor.version} while this request arrived; send it again") from None
-            if successor.signature_key() != self.signature_key():
-                raise ModelUnavailable(f"model {self.name} version {self.version} was replaced by one with other "
-                                       f"inputs or outputs while this request arrived; send it again") from None
+            refusal = self._handover_refusal(successor)
+            if refusal is not None:
+                raise ModelUnavailable(f"model {self.name} version {self.version} was replaced by {refusal} "
+                                       f"while this request arrived; send it again") from None
             result = await successor.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us,
                                                    trace=trace)
             if successor.version != self.version:
                 result = dataclasses.replace(result, version=successor.version)
             return result
 
-    def signature_key(self) -> tuple:
-        """What a request decoded for this version was checked against and is answered with."""
+    def _handover_refusal(self, successor: "ServedVersion") -> str | None:
+        """Why `successor` cannot answer a request decoded for this version (what it was
+        replaced by, in words), or None when it can."""
+        if successor.tensor_key() != self.tensor_key():
+            return "one with other inputs or outputs"
+        if successor.model_key() != self.model_key() and successor.settings_key() != self.settings_key():
+            return "another model file with other image or labels settings"
+        return None
+
+    def tensor_key(self) -> tuple:
+        """The tensors a request decoded for this version holds and its answer is made of."""
+        return (tuple(self.inputs), tuple(self.pool.inputs), tuple(self.outputs), self.max_batch_size)
+
+    def model_key(self) -> tuple:
+        """The model that runs: the file in the models folder and what was loaded from it."""
+        return (self.wanted.file.model_identity, self.om_path)
+
+    def settings_key(self) -> tuple:
+        """How a request's images became tensors and its classes are named."""
         plans = sorted((name, plan.key()) for name, plan in self.images.plans.items()) if self.images else None
-        return (tuple(self.inputs), tuple(self.pool.inputs), tuple(self.outputs), self.max_batch_size,
-                self.labels, plans)
+        return (self.labels, plans)
 
     def retire(self, successor: Callable[[], "ServedVersion | None"]) -> None:
         """Out of the serving map: `successor()` names where raced requests go from now on."""
