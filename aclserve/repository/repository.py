@@ -222,11 +222,7 @@ class ModelRepository:
         self._lifecycle.held.discard(name)
         while True:  # an unload may start its task while this load scans: wait for it, then plan again
             await self._lifecycle.wait_for(name)
-            # the caller asks for another try: forgotten after the wait, as a task running until
-            # then (the watcher's, say, loading the same bad file) records its failure at its end,
-            # which would keep the file out of this plan and the answer from naming its error
-            self._failures.forget_model(name)
-            tasks = await self._reconcile(trust="all", only=name)
+            tasks = await self._reconcile(trust="all", only=name, again=True)
             if tasks or not self._lifecycle.busy(name):
                 break
         results = await asyncio.gather(*tasks)
@@ -274,17 +270,22 @@ class ModelRepository:
         # time whatever load_concurrency said
         await self._reconcile(trust="settle")
 
-    async def _reconcile(self, trust: str, only: str | None = None) -> list[asyncio.Task]:
+    async def _reconcile(self, trust: str, only: str | None = None, again: bool = False) -> list[asyncio.Task]:
         """Scan, diff against what is serving, start one task per changed model. Returns them.
         A call for one model (`only`: a load) uses a scan begun after it was made, if one is done
         by the time it has the lock (each load rescanned the folder: 300 loads of a 300-model
-        folder took 44 s, whatever load_concurrency said)."""
+        folder took 44 s, whatever load_concurrency said). `again`: the load API asks for another
+        try of that model's refused files; they are forgotten under the lock, just before the plan
+        (forgotten earlier, a task ending while this call waited for the lock, another load call's
+        say, recorded its failure again, and this call planned nothing and could not say why)."""
         if self._closed:
             return []
         asked_after = self._scans_started
         async with self._scan_lock:
             if only is None or self._last_scan <= asked_after:
                 await self._scan()
+            if again:
+                self._failures.forget_model(only)
             plans = self._planner.plans(self._lifecycle.acted, trust, self._failures.files, self._lifecycle.held)
             started = [self._lifecycle.start(plan) for plan in plans if only is None or plan.name == only]
             if self._debouncer is not None:
