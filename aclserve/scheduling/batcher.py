@@ -185,7 +185,7 @@ class DynamicBatcher:
         """Refuse new requests (ModelUnavailable) and wait until every queued and running one
         is answered. True when drained, False on timeout (nothing is cancelled then)."""
         if self._refusal is None:
-            self._refusal = (ModelUnavailable, "model version is draining")
+            self._refusal = (ModelUnavailable, f"model version {self.name} is draining")
         self._draining = True
         if self._idle():
             return True
@@ -203,7 +203,7 @@ class DynamicBatcher:
             return
         self._closed = True
         if self._refusal is None or self._refusal[0] is not ShuttingDown:
-            self._refusal = (ShuttingDown, "model version is shutting down")
+            self._refusal = (ShuttingDown, f"model version {self.name} is shutting down")
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
