@@ -8,7 +8,10 @@ A file is taken when
 - on the very first scan only (trust="age"): its mtime is at least `settle_s` old by the
   wall clock. A write updates the mtime, so an old mtime means nobody wrote for settle_s; this
   lets startup load existing files at once instead of waiting one settle period.
-A created/modified event for a path revokes the rename trust: it is being written again.
+A created/modified event for a path revokes the rename trust: it is being written again. A
+version is complete when its model file and each config or labels file it is served with are,
+each judged on its own (a config renamed into place is taken at once). A file that changes more
+often than every `settle_s` is still being written: it is not taken until it rests.
 
 Files not yet complete are held back: the version keeps what was last acted on for it (so
 a file being rewritten never triggers a reload of a partial file) or stays absent. The
@@ -43,21 +46,27 @@ class SettleGate:
             self._moved.pop(path, None)
 
     def is_complete(self, vf: VersionFile, trust_age: bool = False) -> bool:
+        """The model file and each config or labels file it is served with are complete, each by
+        the rules above on its own: a config renamed into place is taken at once, as a model file
+        is (judged with the model file's identity, it waited settle_s)."""
+        complete = [self._part_complete(path, ident, mtime_ns, trust_age) for path, ident, mtime_ns in _parts(vf)]
+        return all(complete)  # (each part judged: every one not complete counts for next_check)
+
+    def _part_complete(self, path: str, ident: tuple, mtime_ns: int, trust_age: bool) -> bool:
         now = self._clock()
-        ident = vf.identity
-        if vf.path in self._moved:
-            first = self._moved[vf.path]
+        if path in self._moved:
+            first = self._moved[path]
             if first is None or first == ident:
-                self._moved[vf.path] = ident
-                self._seen[vf.path] = (ident, now - self.settle_s)
+                self._moved[path] = ident
+                self._seen[path] = (ident, now - self.settle_s)
                 return True
-            del self._moved[vf.path]  # changed after the rename: fall back to settling
-        seen = self._seen.get(vf.path)
+            del self._moved[path]  # changed after the rename: fall back to settling
+        seen = self._seen.get(path)
         if seen is None or seen[0] != ident:
-            if trust_age and self._wall() - vf.mtime_ns / 1e9 >= self.settle_s:
-                self._seen[vf.path] = (ident, now - self.settle_s)
+            if trust_age and self._wall() - mtime_ns / 1e9 >= self.settle_s:
+                self._seen[path] = (ident, now - self.settle_s)
                 return True
-            self._seen[vf.path] = (ident, now)
+            self._seen[path] = (ident, now)
             self._pending_since.append(now)
             return self.settle_s <= 0
         if now - seen[1] >= self.settle_s:
@@ -84,7 +93,7 @@ class SettleGate:
         for name, entry in scan.models.items():
             usable: dict[str, Wanted] = {}
             for version, vf in entry.available.items():
-                live_paths.add(vf.path)
+                live_paths.update(path for path, _, _ in _parts(vf))
                 refused = (name, version, vf.identity) in rejected
                 if not refused and (trust == "all" or self.is_complete(vf, trust == "age")):
                     usable[version] = Wanted(vf, entry.config)
@@ -109,3 +118,11 @@ class SettleGate:
         if not self._pending_since:
             return None
         return max(0.0, min(self._pending_since) + self.settle_s - self._clock())
+
+
+def _parts(vf: VersionFile) -> list[tuple[str, tuple, int]]:
+    """(path, identity, mtime_ns) of the model file and of each config or labels file it is
+    served with that exists (one gone is no write in progress: the load says it is missing)."""
+    parts = [(vf.path, vf.model_identity, vf.mtime_ns)]
+    parts += [(os.path.realpath(entry[0]), entry, entry[2]) for entry in vf.config_stamp if entry[1] is not None]
+    return parts

@@ -74,6 +74,32 @@ def test_changed_after_first_look_following_rename_needs_settling(tmp_path):
     assert state == {} and "m" in pending
 
 
+def test_a_config_renamed_into_place_is_taken_at_once_and_one_written_in_place_settles(tmp_path):
+    """Each file a version is served with is judged on its own: a config renamed in is complete
+    at once (judged with the model file's identity it waited settle_s, found by an independent
+    check), one written in place settles, and the model file's rename trust is not lost to it."""
+    gate, clock = make_gate()
+    (tmp_path / "m.om").write_bytes(b"v1")
+    gate.note_event(str(tmp_path / "m.om"), moved=True)
+    acted, pending = gate.desired(scan(tmp_path, ModelConfig()), {})
+    assert list(acted) == ["m"] and not pending
+    (tmp_path / ".m.yaml.part").write_text("instances: 2\n")
+    os.replace(tmp_path / ".m.yaml.part", tmp_path / "m.yaml")
+    gate.note_event(str(tmp_path / "m.yaml"), moved=True)
+    state, pending = gate.desired(scan(tmp_path, ModelConfig()), acted)
+    (plan,) = diff(acted, state)
+    assert plan.load["1"].config.instances == 2 and not pending
+    acted = state
+    (tmp_path / "m.yaml").write_text("instances: 3\n")
+    gate.note_event(str(tmp_path / "m.yaml"), moved=False)
+    state, pending = gate.desired(scan(tmp_path, ModelConfig()), acted)
+    assert diff(acted, state) == [] and "m" in pending and gate.next_check() == 1.0
+    clock.now += 1.0
+    state, _ = gate.desired(scan(tmp_path, ModelConfig()), acted)
+    (plan,) = diff(acted, state)
+    assert plan.load["1"].config.instances == 3
+
+
 def test_first_scan_trusts_old_mtimes_only(tmp_path):
     (tmp_path / "old.om").write_bytes(b"a")
     (tmp_path / "new.om").write_bytes(b"b")
