@@ -82,6 +82,9 @@ class ScanResult:
     # model name -> the versions whose files were found, a model with a problem included (its
     # files listed before its config was read; absent when even they could not be)
     versions_found: dict[str, set[str]] = field(default_factory=dict)
+    # model name -> (its config file, the problem) for problems found reading that file: one
+    # still being written is not yet a problem (planner.Planner holds it back until it rests)
+    config_problems: dict[str, tuple[str, str]] = field(default_factory=dict)
     unreadable: bool = False  # the folder itself could not be listed: nothing is known of it
 
 
@@ -256,6 +259,8 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
             _scan_model(root, name, parts, defaults, result)
         except ConfigError as e:
             result.problems[name] = str(e)
+            if e.source:
+                result.config_problems[name] = (e.source, str(e))
         except OSError as e:  # a folder of the model that cannot be listed: that model alone
             where = _relative(root, e.filename)
             result.problems[name] = f"{where + ' ' if where else ''}cannot be read ({e.strerror or e})"

@@ -5,7 +5,8 @@
 policy, refused files left out) and diffs that against what was acted on (plan.diff). On top:
 a model whose config broke keeps serving what it has (its versions whose files are still
 there), and models unloaded through the API are left alone. Each scan problem and note is
-logged once (a scan runs on every change in poll mode). Owned by the ModelRepository; loop
+logged once while it lasts (a scan runs on every change in poll mode); a config file that does
+not read while it is still being written is not a problem yet. Owned by the ModelRepository; loop
 thread only.
 """
 from __future__ import annotations
@@ -21,6 +22,8 @@ from .settle import SettleGate
 
 log = logging.getLogger(__name__)
 
+WAITING_FOR_CONFIG = "waiting for its config file to be complete"
+
 
 class Planner:
     def __init__(self, root: Path, defaults: ModelConfig, gate: SettleGate, unload_missing: bool):
@@ -34,15 +37,17 @@ class Planner:
 
     async def rescan(self) -> layout.ScanResult:
         self.scan = await asyncio.get_running_loop().run_in_executor(None, layout.scan, self.root, self._defaults)
-        self._log_problems()
         return self.scan
 
     def plans(self, acted: DesiredState, trust: str, refused: frozenset, excluded: set[str]) -> list[ModelPlan]:
         """One plan per model to change, from the latest scan; `acted`: what is serving;
         `trust`: as SettleGate.desired; `refused`: failed files; `excluded`: names to leave."""
         if self.scan.unreadable:  # the folder could not be listed: change nothing
+            self._log_problems()
             return []
         desired, self.pending = self._gate.desired(self.scan, acted, trust, refused)
+        self._hold_configs_being_written(trust)
+        self._log_problems()
         for name in self.scan.problems:  # a broken config must not unload a serving model...
             if name in acted and name not in desired:
                 found = self.scan.versions_found.get(name)  # ...but a version whose file is gone goes
@@ -69,12 +74,23 @@ class Planner:
         """Models on disk with a version their policy selects."""
         return {name for name, entry in self.scan.models.items() if entry.selected}
 
+    def _hold_configs_being_written(self, trust: str) -> None:
+        """A config file that does not read, while it has not rested (SettleGate rules), is
+        probably being written: its model's problem says it waits for it, unlogged, until it
+        rests (a half-written YAML was logged and indexed as invalid). Its model is a problem
+        meanwhile all the same: what it serves is kept, nothing new of it loads."""
+        for name, (path, problem) in self.scan.config_problems.items():
+            if trust != "all" and not self._gate.file_complete(path, trust == "age"):
+                problem = WAITING_FOR_CONFIG
+            self.scan.problems[name] = problem
+
     def _log_problems(self) -> None:
-        for name, reason in self.scan.problems.items():
-            if ("scan", name, reason) not in self._logged:
-                self._logged.add(("scan", name, reason))
-                log.warning("models folder: %s: %s", name, reason)
-        for note in self.scan.notes:
-            if ("note", note) not in self._logged:
-                self._logged.add(("note", note))
-                log.info("models folder: %s", note)
+        """Each problem and note once while it lasts: one that goes away and comes back is logged again."""
+        current = {("scan", name, reason) for name, reason in self.scan.problems.items() if reason != WAITING_FOR_CONFIG}
+        current |= {("note", note) for note in self.scan.notes}
+        for key in sorted(current - self._logged):
+            if key[0] == "scan":
+                log.warning("models folder: %s: %s", key[1], key[2])
+            else:
+                log.info("models folder: %s", key[1])
+        self._logged = current

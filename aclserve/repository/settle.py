@@ -52,6 +52,15 @@ class SettleGate:
         complete = [self._part_complete(path, ident, mtime_ns, trust_age) for path, ident, mtime_ns in _parts(vf)]
         return all(complete)  # (each part judged: every one not complete counts for next_check)
 
+    def file_complete(self, path: str, trust_age: bool = False) -> bool:
+        """Any one file by the same rules (a config file that did not read); one gone is."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return True
+        ident = (path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+        return self._part_complete(os.path.realpath(path), ident, st.st_mtime_ns, trust_age)
+
     def _part_complete(self, path: str, ident: tuple, mtime_ns: int, trust_age: bool) -> bool:
         now = self._clock()
         if path in self._moved:
@@ -106,9 +115,10 @@ class SettleGate:
             chosen = select_versions(usable, entry.config.version_policy)
             if chosen:
                 desired[name] = {v: usable[v] for v in chosen}
-        # forget files that are gone so the maps do not grow
+        # forget files that are gone so the maps do not grow (a file the scan did not list, as
+        # its model is a problem now, is kept: forgotten, it settled again once the problem was fixed)
         for table in (self._seen, self._moved):
-            for path in [p for p in table if p not in live_paths]:
+            for path in [p for p in table if p not in live_paths and not os.path.lexists(p)]:
                 if table is self._seen or self._moved[path] is not None:
                     del table[path]
         return desired, pending

@@ -95,10 +95,60 @@ async def test_a_version_that_does_not_exist_of_a_serving_model_with_a_broken_co
     place(model_files[1]["om"], models_dir / "m" / "1" / "model.om")
     repo, events = await make_repo()
     assert serving(repo) == ["m"]
-    (models_dir / "m" / "config.yaml").write_text("instances: [\n")
+    (models_dir / "m" / ".config.yaml.part").write_text("instances: [\n")
+    os.replace(models_dir / "m" / ".config.yaml.part", models_dir / "m" / "config.yaml")  # complete at once
     place(model_files[2]["om"], models_dir / "gate.om")  # an event after the edit, as a gate
     await events.wait("loaded", "gate")
     assert any(r["name"] == "m" and "invalid YAML" in r["reason"] for r in repo.index())
     assert "m" in serving(repo)  # kept as it was
     with pytest.raises(NotFound, match="model m has no version 999"):
         repo.get("m", "999")
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_config_being_written_waits_and_a_problem_that_comes_back_is_logged_again(
+        make_repo, models_dir, model_files, caplog):
+    """A config that does not read while it has not rested is being written: its model waits for
+    it (the index says so, nothing is logged) and serves on; once it rests it is the problem it
+    is, logged. A problem fixed and then made again is logged again (each was logged once for the
+    server's life). Found by an independent check. The settle gate's clock is a fake one here,
+    moved on by the test; file renames are the gates."""
+    clock = FakeClock()
+    place(model_files[1]["om"], models_dir / "m.om")
+    os.utime(models_dir / "m.om", (100, 100))  # old: taken by the first scan
+    repo, events = await make_repo(clock=clock)
+    gates = iter(range(100))
+
+    async def rescan():
+        name = f"gate{next(gates)}"
+        place(model_files[1]["om"], models_dir / f"{name}.om")
+        await events.wait("loaded", name)
+
+    def reason():
+        return next(r["reason"] for r in repo.index() if r["name"] == "m" and r["version"] == "")
+
+    def logged():
+        return [r.getMessage() for r in caplog.records if "invalid YAML" in r.getMessage()]
+
+    caplog.set_level("INFO", logger="aclserve.repository.planner")
+    (models_dir / "m.yaml").write_text("instances: [\n")  # still being written
+    await rescan()
+    assert reason() == "waiting for its config file to be complete" and logged() == []
+    assert serving(repo) == ["gate0", "m"]
+    clock.now += 1.0  # it has rested
+    await rescan()
+    assert "invalid YAML" in reason() and len(logged()) == 1
+    (models_dir / ".m.yaml.part").write_text("instances: 1\n")
+    os.replace(models_dir / ".m.yaml.part", models_dir / "m.yaml")
+    await events.wait("reloaded", "m")
+    (models_dir / ".m.yaml.part").write_text("instances: [\n")
+    os.replace(models_dir / ".m.yaml.part", models_dir / "m.yaml")  # renamed in: complete at once
+    await rescan()
+    assert "invalid YAML" in reason() and len(logged()) == 2

@@ -100,7 +100,8 @@ async def test_a_config_that_is_not_utf8_is_a_problem_of_its_model_only(make_rep
     shutil.copyfile(model_files[1]["om"], models_dir / "a.om")
     repo, events = await make_repo()
     shutil.copyfile(model_files[1]["om"], models_dir / "b.om.part")
-    (models_dir / "b.yaml").write_bytes("# modèle\nslots: 1\n".encode("latin-1"))
+    (models_dir / "b.yaml.part").write_bytes("# modèle\nslots: 1\n".encode("latin-1"))
+    os.replace(models_dir / "b.yaml.part", models_dir / "b.yaml")  # in place, it would still be settling
     os.replace(models_dir / "b.om.part", models_dir / "b.om")
     shutil.copyfile(model_files[2]["om"], models_dir / "a.om.part")
     os.replace(models_dir / "a.om.part", models_dir / "a.om")
