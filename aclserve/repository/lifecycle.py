@@ -235,8 +235,14 @@ class Lifecycle:
         return reason
 
     def forget_stale(self) -> None:
-        """After a rescan: forget the states of versions whose files (or failures) are gone."""
-        self.states.forget_stale(self._planner.scan, set(self._failures.versions()))
+        """After a rescan: forget the states of versions whose files (or failures) are gone. A
+        model whose config does not read now was loaded with another one: its failures are
+        forgotten with their reasons (the index kept one of an earlier bad config)."""
+        scan = self._planner.scan
+        superseded = {(n, v) for n, v in self._failures.versions() if n in scan.config_problems}
+        for name in {n for n, _ in superseded}:
+            self._failures.forget_model(name)
+        self.states.forget_stale(scan, set(self._failures.versions()), superseded)
 
     # ---- shutdown -------------------------------------------------------------------------------
     async def close(self, deadline: float | None = None) -> None:

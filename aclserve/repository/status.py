@@ -97,12 +97,17 @@ class VersionStates:
                 return State.UNAVAILABLE.value, scan.problems.get(name, "not loaded")
         return (record[0].value, record[1]) if record else None
 
-    def forget_stale(self, scan: ScanResult, refused: set[tuple[str, str]]) -> None:
+    def forget_stale(self, scan: ScanResult, refused: set[tuple[str, str]],
+                     superseded: set[tuple[str, str]] = frozenset()) -> None:
         """Forget UNAVAILABLE versions whose file is gone; clear the 'new file refused' reason of
         READY versions whose refused file is gone. A model the scan could not read (a problem:
-        its folder unreadable, its config broken) keeps what is known of it."""
+        its folder unreadable, its config broken) keeps what is known of it, but for the load
+        failures in `superseded` (made with a config that has changed since: the problem says
+        what is wrong now)."""
         for (name, version), (state, reason) in list(self._records.items()):
             if name in scan.problems:
+                if (name, version) in superseded and state in (State.UNAVAILABLE, State.READY):
+                    self.move(name, version, None if state is State.UNAVAILABLE else State.READY)
                 continue
             on_disk = name in scan.models and version in scan.models[name].available
             if state is State.UNAVAILABLE and not on_disk:

@@ -152,3 +152,31 @@ async def test_a_config_being_written_waits_and_a_problem_that_comes_back_is_log
     os.replace(models_dir / ".m.yaml.part", models_dir / "m.yaml")  # renamed in: complete at once
     await rescan()
     assert "invalid YAML" in reason() and len(logged()) == 2
+
+
+async def test_a_load_failure_of_an_earlier_config_is_not_shown_once_the_config_breaks(
+        make_repo, models_dir, model_files):
+    """A version refused for its config's labels file, then a config that does not read: the
+    index says what is wrong now, once, not the earlier failure beside it (found by an
+    independent check); the next config that reads is loaded and judged afresh."""
+    def put(name, text):  # renamed in: complete at once
+        (models_dir / f".{name}.part").write_text(text)
+        os.replace(models_dir / f".{name}.part", models_dir / name)
+
+    def rows():
+        return [(r["version"], r["reason"]) for r in repo.index() if r["name"] == "m"]
+
+    repo, events = await make_repo()
+    (models_dir / "three.txt").write_text("a\nb\nc\n")
+    put("m.yaml", "outputs: {y: {labels: three.txt}}\n")
+    place(model_files[1]["om"], models_dir / "m.om")
+    await events.wait("load_failed", "m")
+    assert rows() == [("1", "labels file three.txt has 3 labels; output 'y' has 4 classes")]
+    put("m.yaml", "instances: 0\n")
+    place(model_files[1]["om"], models_dir / "gate.om")
+    await events.wait("loaded", "gate")
+    ((version, reason),) = rows()
+    assert version == "" and reason.endswith("m.yaml: instances: must be >= 1, got 0")
+    put("m.yaml", "instances: 1\n")
+    await events.wait("loaded", "m")
+    assert rows() == [("1", "")]
