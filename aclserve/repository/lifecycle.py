@@ -227,8 +227,11 @@ class Lifecycle:
 
     def _refuse(self, name: str, version: str, wanted: Wanted, error: Exception) -> str:
         reason = self._failures.record(name, version, wanted.file, error)
-        if version in self.serving.get(name, {}):
-            self.states.move(name, version, State.READY, f"serving the previous file; the new one failed: {reason}")
+        serving = self.serving.get(name, {}).get(version)
+        if serving is not None:
+            # a config (or labels file) edited alone is not "the new file"
+            what = "config" if serving.wanted.file.model_identity == wanted.file.model_identity else "file"
+            self.states.move(name, version, State.READY, f"serving the previous {what}; the new one failed: {reason}")
         else:
             self.states.move(name, version, State.UNAVAILABLE, reason)
         self._emit("load_failed", name, version, reason=reason)

@@ -216,6 +216,8 @@ def test_a_letterbox_is_padded_after_invert_which_judges_the_picture_alone():
     (ImageInput(), (-1, 8, 8, 3), "INT32", "images feed UINT8 or float"),
     (ImageInput(), (-1, 64), "FP32", "must be \\[N, H, W, C\\]"),
     (ImageInput(std=(1.0, 2.0)), (-1, 3, 8, 8), "FP32", "std has 2 values for 3"),
+    (ImageInput(layout="NHWC"), (-1, 3, 8, 8), "FP32",  # the layout set is the mistake: say it
+     "8 channels, as layout NHWC reads its dims \\[3, 8, 8\\] \\(is that its layout\\?\\)"),
 ])
 def test_plans_that_do_not_fit_the_model_are_refused(image, shape, datatype, message):
     with pytest.raises(PlanError, match=message):

@@ -180,3 +180,17 @@ async def test_a_load_failure_of_an_earlier_config_is_not_shown_once_the_config_
     put("m.yaml", "instances: 1\n")
     await events.wait("loaded", "m")
     assert rows() == [("1", "")]
+
+
+async def test_a_refused_config_edit_is_said_to_be_one(make_repo, models_dir, model_files):
+    """A serving version whose config alone changed and failed says it serves the previous
+    config, not "the previous file" (found by an independent check)."""
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, events = await make_repo()
+    (models_dir / "three.txt").write_text("a\nb\nc\n")
+    (models_dir / ".m.yaml.part").write_text("outputs: {y: {labels: three.txt}}\n")
+    os.replace(models_dir / ".m.yaml.part", models_dir / "m.yaml")
+    await events.wait("load_failed", "m")
+    assert [(r["state"], r["reason"]) for r in repo.index() if r["name"] == "m"] == [
+        ("READY", "serving the previous config; the new one failed: labels file three.txt has 3 labels; "
+                  "output 'y' has 4 classes")]

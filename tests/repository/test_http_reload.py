@@ -69,4 +69,5 @@ async def test_http_clients_see_no_failure_across_reloads(models_dir, model_file
     assert failures == []
     assert {v for p, v in answers if p >= 1} == {2.0}
     (row,) = [r for r in index if r["name"] == "m"]
-    assert row["state"] == "READY" and "truncated" in row["reason"]
+    assert row["state"] == "READY" and row["reason"].startswith("serving the previous file; the new one failed: ")
+    assert "truncated" in row["reason"]
