@@ -36,6 +36,7 @@ import time
 from typing import Callable
 
 from ..config import ServerConfig
+from ..runtime.limits import ResourceLimitError
 from .compile_cache import CompileCache
 from .failures import LoadFailures
 from .load_threads import LoadThreads
@@ -226,8 +227,11 @@ class Lifecycle:
         return {sv.om_path for versions in self.serving.values() for sv in versions.values()}
 
     def _refuse(self, name: str, version: str, wanted: Wanted, error: Exception) -> str:
-        reason = self._failures.record(name, version, wanted.file, error)
         serving = self.serving.get(name, {}).get(version)
+        if serving is not None and isinstance(error, ResourceLimitError):
+            error = ResourceLimitError(f"{error}; a reload loads beside the version it replaces, whose instances "
+                                       "hold theirs until the swap: unload the model first to change this much")
+        reason = self._failures.record(name, version, wanted.file, error)
         if serving is not None:
             # a config (or labels file) edited alone is not "the new file"
             what = "config" if serving.wanted.file.model_identity == wanted.file.model_identity else "file"

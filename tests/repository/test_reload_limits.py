@@ -1,0 +1,37 @@
+"""A reload loads beside the version it replaces, so on a device near its stream limit raising
+`instances` is refused though the new configuration alone would fit: the refusal says why and
+what to do (it advised "lower instances or slots", found by an independent check)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .repo_helpers import place
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+def runtime():
+    """A CPU runtime whose device allows 12 streams: 3 of its own, 4 per instance."""
+    from aclserve.runtime import AclRuntime
+    rt = AclRuntime(device="cpu", device_limits=(12, None)).start()
+    yield rt
+    rt.close()
+
+
+async def test_a_reload_that_fits_alone_but_not_beside_its_predecessor_says_so(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, events = await make_repo()
+    (models_dir / ".m.yaml.part").write_text("instances: 2\n")
+    os.replace(models_dir / ".m.yaml.part", models_dir / "m.yaml")
+    await events.wait("load_failed", "m")
+    ((state, reason),) = [(r["state"], r["reason"]) for r in repo.index() if r["name"] == "m"]
+    assert state == "READY" and reason.startswith("serving the previous config; the new one failed: model m:1 "
+                                                  "(2 instance(s) x 2 slots) needs 8 streams")
+    assert reason.endswith("; a reload loads beside the version it replaces, whose instances hold theirs until "
+                           "the swap: unload the model first to change this much")
+    await repo.unload("m")
+    await repo.load("m")  # alone it fits
+    assert len(repo.get("m").pool.instances) == 2
