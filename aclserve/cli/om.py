@@ -30,9 +30,9 @@ def add_commands(sub) -> None:
                    help="kill ATC after this many seconds (default 3600)")
     a = p.add_argument_group("AIPP (static; the OM then takes uint8 NHWC images)")
     a.add_argument("--aipp", metavar="FILE", help="an AIPP config in ATC's aipp_op syntax (ATC --insert_op_conf)")
-    a.add_argument("--image-input", metavar="[INPUT:]rgb|bgr|gray",
+    a.add_argument("--image-input", metavar="[INPUT:]rgb|bgr|gray", action="append",
                    help="generate the AIPP config: the host sends uint8 pixels in this order to INPUT "
-                        "(default the first input)")
+                        "(default the first input); once")
     a.add_argument("--mean", metavar="M[,M,M]", help="with --image-input: per-channel mean, pixel units (0-255)")
     a.add_argument("--std", metavar="S[,S,S]", help="with --image-input: per-channel std, pixel units")
     p.set_defaults(func=run_compile)
@@ -97,7 +97,10 @@ def _aipp_ops(args):
         return aipp.parse(text, args.aipp)
     if not args.image_input:
         return None
-    name, _, colour = args.image_input.rpartition(":")
+    if len(args.image_input) > 1:  # (one --mean/--std could not say whose they are)
+        raise CompileError("--image-input is given once; for several image inputs write an --aipp file "
+                           "with an aipp_op per input")
+    name, _, colour = args.image_input[0].rpartition(":")
     rank = 0
     if name:
         names = [i.name for i in graph_inputs(load_onnx(args.model))]

@@ -284,6 +284,9 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path, conv_onnx):
     assert proc.returncode == 2 and "--mean needs 3 value(s)" in proc.stderr
     proc = run_cli("compile", conv_onnx, "-o", tmp_path / "d.om", "--target", "cpu", "--image-input", "y:rgb")
     assert proc.returncode == 2 and "unknown input 'y'" in proc.stderr
+    proc = run_cli("compile", conv_onnx, "-o", tmp_path / "d.om", "--target", "cpu", "--image-input", "rgb",
+                   "--image-input", "bgr")  # the second one was taken, the first dropped unsaid
+    assert proc.returncode == 2 and "--image-input is given once" in proc.stderr and not os.path.exists(tmp_path / "d.om")
 
 
 @pytest.mark.parametrize("h, w, message", [(8, 4097, "model's W 4097, which must be in [2, 4096]"),
