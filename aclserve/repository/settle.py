@@ -52,6 +52,13 @@ class SettleGate:
         complete = [self._part_complete(path, ident, mtime_ns, trust_age) for path, ident, mtime_ns in _parts(vf)]
         return all(complete)  # (each part judged: every one not complete counts for next_check)
 
+    def _config_complete(self, entry, trust: str) -> bool:
+        """The model's config and labels files (the same for all its versions) are complete."""
+        if trust == "all" or not entry.available:
+            return True
+        parts = _parts(next(iter(entry.available.values())))[1:]
+        return all([self._part_complete(path, ident, mtime_ns, trust == "age") for path, ident, mtime_ns in parts])
+
     def file_complete(self, path: str, trust_age: bool = False) -> bool:
         """Any one file by the same rules (a config file that did not read); one gone is."""
         try:
@@ -112,6 +119,13 @@ class SettleGate:
                 held = acted.get(name, {}).get(version)
                 if held is not None:
                     usable[version] = held
+            if not self._config_complete(entry, trust):
+                # its version policy is not known yet (a half-saved switch unloaded the serving
+                # version for settle_s): what was acted on stays, as far as its files are there
+                kept = {v: w for v, w in acted.get(name, {}).items() if v in entry.available}
+                if kept:
+                    desired[name] = kept
+                continue
             chosen = select_versions(usable, entry.config.version_policy)
             if chosen:
                 desired[name] = {v: usable[v] for v in chosen}

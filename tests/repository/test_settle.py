@@ -213,3 +213,22 @@ async def test_wake_after_does_not_postpone_an_earlier_run():
     debouncer.wake_after(3600)  # later: must not replace the earlier wake-up
     await asyncio.wait_for(done.wait(), 30)
     await debouncer.close()
+
+
+def test_a_version_policy_being_written_changes_nothing_until_it_rests(tmp_path):
+    """A switch of version_policy saved in place was acted on at once: the serving version was
+    unloaded while the new one waited for the config to rest (found by an independent check)."""
+    gate, clock = make_gate()
+    for version in ("1", "3"):
+        (tmp_path / "vm" / version).mkdir(parents=True)
+        (tmp_path / "vm" / version / "model.om").write_bytes(b"v" + version.encode())
+    (tmp_path / "vm" / "config.yaml").write_text("version_policy: {specific: [3]}\n")
+    acted, _ = gate.desired(scan(tmp_path, ModelConfig()), {}, trust="all")
+    assert list(acted["vm"]) == ["3"]
+    (tmp_path / "vm" / "config.yaml").write_text("version_policy: {specific: [1]}\n")
+    state, pending = gate.desired(scan(tmp_path, ModelConfig()), acted)
+    assert diff(acted, state) == [] and "vm" in pending
+    clock.now += 1.0
+    state, _ = gate.desired(scan(tmp_path, ModelConfig()), acted)
+    (plan,) = diff(acted, state)
+    assert list(plan.load) == ["1"] and plan.unload == ["3"]
