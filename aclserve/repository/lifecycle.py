@@ -230,7 +230,7 @@ class Lifecycle:
         serving = self.serving.get(name, {}).get(version)
         if serving is not None and isinstance(error, ResourceLimitError):
             error = ResourceLimitError(f"{error}; a reload loads beside the version it replaces, whose instances "
-                                       "hold theirs until the swap: unload the model first to change this much")
+                                       "hold theirs until the swap: if the new configuration fits alone, unload the model first")
         reason = self._failures.record(name, version, wanted.file, error)
         if serving is not None:
             # a config (or labels file) edited alone is not "the new file"

@@ -28,7 +28,7 @@ from . import layout
 from .failures import LoadFailures
 from .lifecycle import Lifecycle
 from .plan import ModelPlan
-from .planner import Planner
+from .planner import WAITING_FOR_CONFIG, Planner
 from .served import ServedVersion
 from .settle import SettleGate
 from .status import State
@@ -144,7 +144,8 @@ class ModelRepository:
         if known is not None:
             state, reason = known
             if state == State.UNAVAILABLE.value and (self._failures.refused_for_good(name, version)
-                                                     or (not versions and name in self._planner.scan.problems)):
+                                                     or (not versions and name in self._planner.scan.problems
+                                                         and reason != WAITING_FOR_CONFIG)):
                 # its file was refused and no retry is due, or its files are (a broken config, a
                 # version folder that is no version): not a retry-later (Triton: 404, "has no
                 # available versions"); a client retrying a 503 would loop on it until they change
@@ -179,7 +180,9 @@ class ModelRepository:
         # (not every retry: they go on for good, and lenient readiness would never come)
         failed = {n for n, _ in self._failures.versions()} - self._failures.first_retry_pending()
         again = self._failures.retrying_again()  # refused while a later retry loads too
-        return all(n in serving or n in again or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
+        waiting = {n for n, reason in self._planner.scan.problems.items() if reason == WAITING_FOR_CONFIG}
+        return not (waiting - set(serving) - self._lifecycle.held) and all(
+            n in serving or n in again or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
 
     def load_failures(self) -> dict[tuple[str, str], str]:
         """(name, version) -> why its current file failed to load (retry plan included)."""

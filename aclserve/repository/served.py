@@ -131,7 +131,7 @@ class ServedVersion:
         """Why `successor` cannot answer a request decoded for this version (what it was
         replaced by, in words), or None when it can."""
         if successor.tensor_key() != self.tensor_key():
-            return "one with other inputs or outputs"
+            return "one with other inputs, outputs or batch limit"
         if successor.model_key() != self.model_key() and successor.settings_key() != self.settings_key():
             return "another model file with other image or labels settings"
         return None

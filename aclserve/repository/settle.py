@@ -65,8 +65,9 @@ class SettleGate:
             st = os.stat(path)
         except OSError:
             return True
-        ident = (path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-        return self._part_complete(os.path.realpath(path), ident, st.st_mtime_ns, trust_age)
+        real = os.path.realpath(path)
+        return self._part_complete(real, (real, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino),
+                                   st.st_mtime_ns, trust_age)
 
     def _part_complete(self, path: str, ident: tuple, mtime_ns: int, trust_age: bool) -> bool:
         now = self._clock()
@@ -148,5 +149,8 @@ def _parts(vf: VersionFile) -> list[tuple[str, tuple, int]]:
     """(path, identity, mtime_ns) of the model file and of each config or labels file it is
     served with that exists (one gone is no write in progress: the load says it is missing)."""
     parts = [(vf.path, vf.model_identity, vf.mtime_ns)]
-    parts += [(os.path.realpath(entry[0]), entry, entry[2]) for entry in vf.config_stamp if entry[1] is not None]
+    # keyed and identified by the real path: two configs naming one labels file by other paths
+    # (../labels.txt from two folders) reset each other's first look on every scan, for good
+    parts += [(real, (real,) + entry[1:], entry[2]) for entry in vf.config_stamp if entry[1] is not None
+              for real in (os.path.realpath(entry[0]),)]
     return parts

@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+from aclserve.errors import ModelUnavailable
+
 from .repo_helpers import place, serving, x_rows
 
 pytestmark = pytest.mark.asyncio
@@ -142,6 +144,14 @@ async def test_a_config_being_written_waits_and_a_problem_that_comes_back_is_log
     await rescan()
     assert reason() == "waiting for its config file to be complete" and logged() == []
     assert serving(repo) == ["gate0", "m"]
+    (models_dir / "n.yaml").write_text("instances: [\n")  # a new model whose config is being written
+    place(model_files[1]["om"], models_dir / "n.om")
+    await rescan()
+    with pytest.raises(ModelUnavailable, match="waiting for its config file to be complete"):
+        repo.get("n")  # 503, to retry: it was a 404 "no available versions" (found by an independent review)
+    assert not repo.all_ready()  # lenient readiness counted it as a problem and said ready
+    os.unlink(models_dir / "n.yaml")
+    os.unlink(models_dir / "n.om")
     clock.now += 1.0  # it has rested
     await rescan()
     assert "invalid YAML" in reason() and len(logged()) == 1

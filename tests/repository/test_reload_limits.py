@@ -31,7 +31,7 @@ async def test_a_reload_that_fits_alone_but_not_beside_its_predecessor_says_so(m
     assert state == "READY" and reason.startswith("serving the previous config; the new one failed: model m:1 "
                                                   "(2 instance(s) x 2 slots) needs 8 streams")
     assert reason.endswith("; a reload loads beside the version it replaces, whose instances hold theirs until "
-                           "the swap: unload the model first to change this much")
+                           "the swap: if the new configuration fits alone, unload the model first")
     await repo.unload("m")
     await repo.load("m")  # alone it fits
     assert len(repo.get("m").pool.instances) == 2

@@ -232,3 +232,20 @@ def test_a_version_policy_being_written_changes_nothing_until_it_rests(tmp_path)
     state, _ = gate.desired(scan(tmp_path, ModelConfig()), acted)
     (plan,) = diff(acted, state)
     assert list(plan.load) == ["1"] and plan.unload == ["3"]
+
+
+def test_a_labels_file_two_configs_name_by_other_paths_settles_once(tmp_path):
+    """m1 and m2 name ../labels.txt: keyed by its real path but identified by the path as each
+    config spelled it, each model reset the other's first look on every scan and neither ever
+    loaded (found by an independent review)."""
+    gate, clock = make_gate()
+    (tmp_path / "labels.txt").write_text("a\nb\n")
+    for name in ("m1", "m2"):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.om").write_bytes(b"v1")
+        (tmp_path / name / "config.yaml").write_text("outputs: {y: {labels: ../labels.txt}}\n")
+    state, pending = gate.desired(scan(tmp_path, ModelConfig()), {})
+    assert state == {} and set(pending) == {"m1", "m2"}
+    clock.now += 1.0
+    state, pending = gate.desired(scan(tmp_path, ModelConfig()), {})
+    assert set(state) == {"m1", "m2"} and not pending
