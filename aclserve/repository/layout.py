@@ -85,6 +85,7 @@ class ScanResult:
     # model name -> (its config file, the problem) for problems found reading that file: one
     # still being written is not yet a problem (planner.Planner holds it back until it rests)
     config_problems: dict[str, tuple[str, str]] = field(default_factory=dict)
+    selects_none: set[str] = field(default_factory=set)  # models whose version policy selects no version found
     unreadable: bool = False  # the folder itself could not be listed: nothing is known of it
 
 
@@ -351,6 +352,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
     if not selected:  # as Triton, which fails such a load: the model would serve nothing
         result.problems[name] = (f"its version_policy {_policy_text(config.version_policy)} selects none of the "
                                  f"versions found ({', '.join(sorted(available, key=version_sort_key))})")
+        result.selects_none.add(name)
         return
     stamp = _config_stamp(config_path, config)
     available = {v: dataclasses.replace(f, config_stamp=stamp) for v, f in available.items()}

@@ -228,13 +228,13 @@ class Lifecycle:
 
     def _refuse(self, name: str, version: str, wanted: Wanted, error: Exception) -> str:
         serving = self.serving.get(name, {}).get(version)
-        if serving is not None and isinstance(error, ResourceLimitError):
-            error = ResourceLimitError(f"{error}; a reload loads beside the version it replaces, whose instances "
-                                       "hold theirs until the swap: if the new configuration fits alone, unload the model first")
+        if self.serving.get(name) and isinstance(error, ResourceLimitError):
+            error = ResourceLimitError(f"{error}; {'a reload' if serving else 'a new version'} loads beside the "
+                                       "serving version it replaces, whose instances hold theirs until the swap: "
+                                       "if the new configuration fits alone, unload the model first")
         reason = self._failures.record(name, version, wanted.file, error)
         if serving is not None:
-            # a config (or labels file) edited alone is not "the new file"
-            what = "config" if serving.wanted.file.model_identity == wanted.file.model_identity else "file"
+            what = _changed_part(serving.wanted, wanted)
             self.states.move(name, version, State.READY, f"serving the previous {what}; the new one failed: {reason}")
         else:
             self.states.move(name, version, State.UNAVAILABLE, reason)
@@ -243,10 +243,12 @@ class Lifecycle:
 
     def forget_stale(self) -> None:
         """After a rescan: forget the states of versions whose files (or failures) are gone. A
-        model whose config does not read now was loaded with another one: its failures are
-        forgotten with their reasons (the index kept one of an earlier bad config)."""
+        model whose config does not read now, or selects none of its versions, was loaded with
+        another one: its failures are forgotten with their reasons (the index kept one of an
+        earlier config beside what is wrong now)."""
         scan = self._planner.scan
-        superseded = {(n, v) for n, v in self._failures.versions() if n in scan.config_problems}
+        superseded = {(n, v) for n, v in self._failures.versions()
+                      if n in scan.config_problems or n in scan.selects_none}
         for name in {n for n, _ in superseded}:
             self._failures.forget_model(name)
         self.states.forget_stale(scan, set(self._failures.versions()), superseded)
@@ -289,3 +291,13 @@ class Lifecycle:
             for waiter in late:
                 waiter.cancel()  # not waited for: its outcome is its thread's to handle
         self._executor.shutdown(wait=False)  # its threads are daemons: a hung one holds no exit
+
+
+def _changed_part(old: Wanted, new: Wanted) -> str:
+    """What a reload changed, as its refusal names it: a config or labels file edited alone is
+    not "the new file" (nor a labels file "the new config")."""
+    if old.file.model_identity != new.file.model_identity:
+        return "file"
+    if old.config == new.config and old.labels_stamp() != new.labels_stamp():
+        return "labels file"
+    return "config"

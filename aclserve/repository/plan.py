@@ -22,6 +22,19 @@ class Wanted:
     def same_as(self, other: "Wanted | None") -> bool:
         return other is not None and self.file.identity == other.file.identity and self.config == other.config
 
+    def config_path(self) -> str | None:
+        """The config file it was read from (None: the defaults alone)."""
+        labels = self._labels()
+        return next((entry[0] for entry in self.file.config_stamp if entry[0] not in labels), None)
+
+    def labels_stamp(self) -> frozenset:
+        """The identities of the labels files its config names."""
+        labels = self._labels()
+        return frozenset(entry for entry in self.file.config_stamp if entry[0] in labels)
+
+    def _labels(self) -> set[str]:
+        return {o.labels for o in self.config.outputs.values() if o.labels}
+
 
 DesiredState = dict[str, dict[str, Wanted]]
 

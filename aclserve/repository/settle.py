@@ -59,6 +59,20 @@ class SettleGate:
         parts = _parts(next(iter(entry.available.values())))[1:]
         return all([self._part_complete(path, ident, mtime_ns, trust == "age") for path, ident, mtime_ns in parts])
 
+    def _config_just_gone(self, acted: dict[str, Wanted] | None, entry, trust: str, live_paths: set) -> bool:
+        """The config file a model serves with is gone, for less than `settle_s`: an editor that
+        renames the file away and then writes a new one (vim) would have the model reloaded with
+        the defaults (its labels lost), then again with the config back. Its absence settles as
+        a write does; then a config deleted is acted on."""
+        if trust == "all" or not acted:
+            return False
+        path = next(iter(acted.values())).config_path()
+        if path is None or os.path.lexists(path):
+            return False
+        real = os.path.realpath(path)
+        live_paths.add(real)  # its record of absence is kept while it settles
+        return not self._part_complete(real, (real, None), 0, False)
+
     def file_complete(self, path: str, trust_age: bool = False) -> bool:
         """Any one file by the same rules (a config file that did not read); one gone is."""
         try:
@@ -120,7 +134,7 @@ class SettleGate:
                 held = acted.get(name, {}).get(version)
                 if held is not None:
                     usable[version] = held
-            if not self._config_complete(entry, trust):
+            if not self._config_complete(entry, trust) or self._config_just_gone(acted.get(name), entry, trust, live_paths):
                 # its version policy is not known yet (a half-saved switch unloaded the serving
                 # version for settle_s): what was acted on stays, as far as its files are there
                 kept = {v: w for v, w in acted.get(name, {}).items() if v in entry.available}
@@ -128,8 +142,14 @@ class SettleGate:
                     desired[name] = kept
                 continue
             chosen = select_versions(usable, entry.config.version_policy)
-            if chosen:
-                desired[name] = {v: usable[v] for v in chosen}
+            wanted = {v: usable[v] for v in chosen}
+            if any((name, v, entry.available[v].identity) in rejected
+                   for v in select_versions(entry.available, entry.config.version_policy)):
+                # a version the policy selects failed to load: what serves stays beside what
+                # the selection keeps (`specific: [2]` with 2 refused unloaded the serving 1)
+                wanted = {v: w for v, w in acted.get(name, {}).items() if v in entry.available} | wanted
+            if wanted:
+                desired[name] = wanted
         # forget files that are gone so the maps do not grow (a file the scan did not list, as
         # its model is a problem now, is kept: forgotten, it settled again once the problem was fixed)
         for table in (self._seen, self._moved):

@@ -192,6 +192,27 @@ async def test_a_load_failure_of_an_earlier_config_is_not_shown_once_the_config_
     assert rows() == [("1", "")]
 
 
+async def test_a_load_failure_is_not_shown_once_the_version_policy_selects_none(
+        make_repo, models_dir, model_files):
+    """As above for a config that reads but selects none of the versions: the failure of the
+    earlier config stayed in the index and in load_failures (the aclserve_model_load_failure
+    metric) beside the problem (found by an independent check)."""
+    repo, events = await make_repo()
+    (models_dir / "three.txt").write_text("a\nb\nc\n")
+    (models_dir / ".m.yaml.part").write_text("outputs: {y: {labels: three.txt}}\n")
+    os.replace(models_dir / ".m.yaml.part", models_dir / "m.yaml")
+    place(model_files[1]["om"], models_dir / "m.om")
+    await events.wait("load_failed", "m")
+    assert list(repo.load_failures()) == [("m", "1")]
+    (models_dir / ".m.yaml.part").write_text("version_policy: {specific: [5]}\n")
+    os.replace(models_dir / ".m.yaml.part", models_dir / "m.yaml")
+    place(model_files[1]["om"], models_dir / "gate.om")
+    await events.wait("loaded", "gate")
+    assert [(r["version"], r["reason"]) for r in repo.index() if r["name"] == "m"] == [
+        ("", "its version_policy {specific: [5]} selects none of the versions found (1)")]
+    assert repo.load_failures() == {}
+
+
 async def test_a_refused_config_edit_is_said_to_be_one(make_repo, models_dir, model_files):
     """A serving version whose config alone changed and failed says it serves the previous
     config, not "the previous file" (found by an independent check)."""
@@ -203,4 +224,48 @@ async def test_a_refused_config_edit_is_said_to_be_one(make_repo, models_dir, mo
     await events.wait("load_failed", "m")
     assert [(r["state"], r["reason"]) for r in repo.index() if r["name"] == "m"] == [
         ("READY", "serving the previous config; the new one failed: labels file three.txt has 3 labels; "
+                  "output 'y' has 4 classes")]
+
+
+async def test_a_policy_selecting_only_a_version_that_fails_keeps_the_serving_one(
+        make_repo, models_dir, model_files):
+    """`{specific: [2]}` over a serving version 1, with a version 2 that does not load: version 1
+    serves on, as any failed file leaves the serving version in place. The replan after the
+    failure selected nothing and unloaded it: every request 404 until the config changed back
+    (found by an independent check)."""
+    place(model_files[1]["om"], models_dir / "vm" / "1" / "model.om")
+    repo, events = await make_repo()
+    (models_dir / "vm" / "2").mkdir()
+    (models_dir / "vm" / "2" / ".model.om.part").write_bytes(b"garbage" * 100)
+    os.replace(models_dir / "vm" / "2" / ".model.om.part", models_dir / "vm" / "2" / "model.om")
+    await events.wait("load_failed", "vm")
+    (models_dir / "vm" / ".config.yaml.part").write_text("version_policy: {specific: [2]}\n")
+    os.replace(models_dir / "vm" / ".config.yaml.part", models_dir / "vm" / "config.yaml")
+    await events.wait("load_failed", "vm", count=2)
+    place(model_files[1]["om"], models_dir / "gate.om")  # scans after the failure's replan
+    await events.wait("loaded", "gate")
+    place(model_files[1]["om"], models_dir / "gate2.om")
+    await events.wait("loaded", "gate2")
+    assert events.count("unloaded", "vm") == 0
+    assert float((await repo.get("vm").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
+    (models_dir / "vm" / ".config.yaml.part").write_text("version_policy: {specific: [1]}\n")
+    os.replace(models_dir / "vm" / ".config.yaml.part", models_dir / "vm" / "config.yaml")
+    await events.wait("reloaded", "vm")  # its config changed: reloaded with it, served throughout
+    assert [r["version"] for r in repo.index(ready_only=True) if r["name"] == "vm"] == ["1"]
+
+
+async def test_a_refused_labels_edit_is_said_to_be_one(make_repo, models_dir, model_files):
+    """A labels file edited alone to the wrong count names the labels file, not the config
+    (found by an independent check)."""
+    (models_dir / "four.txt").write_text("a\nb\nc\nd\n")
+    (models_dir / "m.yaml").write_text("outputs: {y: {labels: four.txt}}\n")
+    place(model_files[1]["om"], models_dir / "m.om")
+    os.utime(models_dir / "four.txt", (100, 100))
+    os.utime(models_dir / "m.yaml", (100, 100))
+    repo, events = await make_repo()
+    (models_dir / ".four.txt.part").write_text("a\nb\nc\n")
+    os.replace(models_dir / ".four.txt.part", models_dir / "four.txt")
+    await events.wait("load_failed", "m")
+    assert [(r["state"], r["reason"]) for r in repo.index() if r["name"] == "m"] == [
+        ("READY", "serving the previous labels file; the new one failed: labels file four.txt has 3 labels; "
                   "output 'y' has 4 classes")]

@@ -30,8 +30,22 @@ async def test_a_reload_that_fits_alone_but_not_beside_its_predecessor_says_so(m
     ((state, reason),) = [(r["state"], r["reason"]) for r in repo.index() if r["name"] == "m"]
     assert state == "READY" and reason.startswith("serving the previous config; the new one failed: model m:1 "
                                                   "(2 instance(s) x 2 slots) needs 8 streams")
-    assert reason.endswith("; a reload loads beside the version it replaces, whose instances hold theirs until "
-                           "the swap: if the new configuration fits alone, unload the model first")
+    assert reason.endswith("; a reload loads beside the serving version it replaces, whose instances hold theirs "
+                           "until the swap: if the new configuration fits alone, unload the model first")
     await repo.unload("m")
     await repo.load("m")  # alone it fits
     assert len(repo.get("m").pool.instances) == 2
+
+
+async def test_a_new_version_that_fits_alone_but_not_beside_the_serving_one_says_so(make_repo, models_dir, model_files):
+    """The same for a new version number (found by an independent check: no hint then)."""
+    place(model_files[1]["om"], models_dir / "vm" / "1" / "model.om")
+    (models_dir / "vm" / "config.yaml").write_text("instances: 2\n")
+    repo, events = await make_repo()
+    place(model_files[2]["om"], models_dir / "vm" / "2" / "model.om")
+    await events.wait("load_failed", "vm")
+    rows = {r["version"]: (r["state"], r["reason"]) for r in repo.index() if r["name"] == "vm"}
+    assert rows["1"] == ("READY", "")
+    assert rows["2"][0] == "UNAVAILABLE" and rows["2"][1].endswith(
+        "; a new version loads beside the serving version it replaces, whose instances hold theirs until the "
+        "swap: if the new configuration fits alone, unload the model first")

@@ -249,3 +249,31 @@ def test_a_labels_file_two_configs_name_by_other_paths_settles_once(tmp_path):
     clock.now += 1.0
     state, pending = gate.desired(scan(tmp_path, ModelConfig()), {})
     assert set(state) == {"m1", "m2"} and not pending
+
+
+def test_a_config_renamed_away_and_written_again_changes_nothing_until_its_absence_rests(tmp_path):
+    """vim saves by renaming the file away and writing a new one: a scan between the two saw
+    no config and reloaded the model with the defaults (its labels lost), then again with the
+    config back (found by an independent check). A config that is gone is acted on once its
+    absence has rested for settle_s, as a write is."""
+    gate, clock = make_gate()
+    (tmp_path / "m.om").write_bytes(b"v1")
+    (tmp_path / "m.yaml").write_text("instances: 2\n")
+    gate.desired(scan(tmp_path, ModelConfig()), {})
+    clock.now += 1.0
+    acted, _ = gate.desired(scan(tmp_path, ModelConfig()), {})
+    assert acted["m"]["1"].config.instances == 2
+    os.replace(tmp_path / "m.yaml", tmp_path / "m.yaml~")
+    state, _ = gate.desired(scan(tmp_path, ModelConfig()), acted)
+    assert diff(acted, state) == [] and gate.next_check() == 1.0
+    (tmp_path / "m.yaml").write_text("instances: 2\n")  # written again: it settles as any write
+    clock.now += 0.5
+    state, _ = gate.desired(scan(tmp_path, ModelConfig()), acted)
+    assert diff(acted, state) == []
+    (tmp_path / "m.yaml").unlink()  # deleted for good: the defaults once the absence rests
+    state, _ = gate.desired(scan(tmp_path, ModelConfig()), acted)
+    assert diff(acted, state) == []
+    clock.now += 1.0
+    state, _ = gate.desired(scan(tmp_path, ModelConfig()), acted)
+    (plan,) = diff(acted, state)
+    assert plan.load["1"].config.instances == 1
