@@ -11,7 +11,9 @@ A file is taken when
 A created/modified event for a path revokes the rename trust: it is being written again. A
 version is complete when its model file and each config or labels file it is served with are,
 each judged on its own (a config renamed into place is taken at once). A file that changes more
-often than every `settle_s` is still being written: it is not taken until it rests.
+often than every `settle_s` is still being written: it is not taken until it rests; so is the
+absence of a config file a serving model was read from (an editor may rename it away to write
+a new one).
 
 Files not yet complete are held back: the version keeps what was last acted on for it (so
 a file being rewritten never triggers a reload of a partial file) or stays absent. The
@@ -59,7 +61,7 @@ class SettleGate:
         parts = _parts(next(iter(entry.available.values())))[1:]
         return all([self._part_complete(path, ident, mtime_ns, trust == "age") for path, ident, mtime_ns in parts])
 
-    def _config_just_gone(self, acted: dict[str, Wanted] | None, entry, trust: str, live_paths: set) -> bool:
+    def _config_just_gone(self, acted: dict[str, Wanted] | None, trust: str, live_paths: set) -> bool:
         """The config file a model serves with is gone, for less than `settle_s`: an editor that
         renames the file away and then writes a new one (vim) would have the model reloaded with
         the defaults (its labels lost), then again with the config back. Its absence settles as
@@ -113,7 +115,8 @@ class SettleGate:
         file and config both, so nothing reloads until the file is complete; versions are
         selected by the model's policy among complete (or held) files only, so a newer
         version still being written never pushes out the serving one. Files in `rejected`
-        ((name, version, identity) that failed to load) are left out of the selection too.
+        ((name, version, identity) that failed to load) are left out of the selection too, and
+        when the policy selects one of them what serves stays beside the selection.
         trust: "settle" (the rules above), "age" (also accept an old mtime: the first scan),
         "all" (every file is complete: explicit loads, where the operator vouches for them).
         """
@@ -134,7 +137,7 @@ class SettleGate:
                 held = acted.get(name, {}).get(version)
                 if held is not None:
                     usable[version] = held
-            if not self._config_complete(entry, trust) or self._config_just_gone(acted.get(name), entry, trust, live_paths):
+            if not self._config_complete(entry, trust) or self._config_just_gone(acted.get(name), trust, live_paths):
                 # its version policy is not known yet (a half-saved switch unloaded the serving
                 # version for settle_s): what was acted on stays, as far as its files are there
                 kept = {v: w for v, w in acted.get(name, {}).items() if v in entry.available}
