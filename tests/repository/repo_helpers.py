@@ -20,6 +20,16 @@ def place(source: str, target, how: str = "rename") -> None:
         shutil.copyfile(source, target)
 
 
+def write_in(target, content: str | bytes) -> None:
+    """Write `content` to `target` as a careful writer does: into a hidden .part beside it, then
+    renamed into place (complete at once for the settle gate)."""
+    target = os.fspath(target)
+    tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.part")
+    with open(tmp, "wb") as f:
+        f.write(content.encode() if isinstance(content, str) else content)
+    os.replace(tmp, target)
+
+
 class Events:
     """Collects repository listener events; wait() gates on one arriving (no timing asserted)."""
 

@@ -9,7 +9,7 @@ import pytest
 
 from aclserve.errors import ModelUnavailable
 
-from .repo_helpers import place, serving, x_rows
+from .repo_helpers import place, serving, write_in, x_rows
 
 pytestmark = pytest.mark.asyncio
 
@@ -97,8 +97,7 @@ async def test_a_version_that_does_not_exist_of_a_serving_model_with_a_broken_co
     place(model_files[1]["om"], models_dir / "m" / "1" / "model.om")
     repo, events = await make_repo()
     assert serving(repo) == ["m"]
-    (models_dir / "m" / ".config.yaml.part").write_text("instances: [\n")
-    os.replace(models_dir / "m" / ".config.yaml.part", models_dir / "m" / "config.yaml")  # complete at once
+    write_in(models_dir / "m" / "config.yaml", "instances: [\n")  # complete at once
     place(model_files[2]["om"], models_dir / "gate.om")  # an event after the edit, as a gate
     await events.wait("loaded", "gate")
     assert any(r["name"] == "m" and "invalid YAML" in r["reason"] for r in repo.index())
@@ -155,11 +154,9 @@ async def test_a_config_being_written_waits_and_a_problem_that_comes_back_is_log
     clock.now += 1.0  # it has rested
     await rescan()
     assert "invalid YAML" in reason() and len(logged()) == 1
-    (models_dir / ".m.yaml.part").write_text("instances: 1\n")
-    os.replace(models_dir / ".m.yaml.part", models_dir / "m.yaml")
+    write_in(models_dir / "m.yaml", "instances: 1\n")
     await events.wait("reloaded", "m")
-    (models_dir / ".m.yaml.part").write_text("instances: [\n")
-    os.replace(models_dir / ".m.yaml.part", models_dir / "m.yaml")  # renamed in: complete at once
+    write_in(models_dir / "m.yaml", "instances: [\n")  # renamed in: complete at once
     await rescan()
     assert "invalid YAML" in reason() and len(logged()) == 2
 
@@ -169,25 +166,21 @@ async def test_a_load_failure_of_an_earlier_config_is_not_shown_once_the_config_
     """A version refused for its config's labels file, then a config that does not read: the
     index says what is wrong now, once, not the earlier failure beside it (found by an
     independent check); the next config that reads is loaded and judged afresh."""
-    def put(name, text):  # renamed in: complete at once
-        (models_dir / f".{name}.part").write_text(text)
-        os.replace(models_dir / f".{name}.part", models_dir / name)
-
     def rows():
         return [(r["version"], r["reason"]) for r in repo.index() if r["name"] == "m"]
 
     repo, events = await make_repo()
     (models_dir / "three.txt").write_text("a\nb\nc\n")
-    put("m.yaml", "outputs: {y: {labels: three.txt}}\n")
+    write_in(models_dir / "m.yaml", "outputs: {y: {labels: three.txt}}\n")
     place(model_files[1]["om"], models_dir / "m.om")
     await events.wait("load_failed", "m")
     assert rows() == [("1", "labels file three.txt has 3 labels; output 'y' has 4 classes")]
-    put("m.yaml", "instances: 0\n")
+    write_in(models_dir / "m.yaml", "instances: 0\n")
     place(model_files[1]["om"], models_dir / "gate.om")
     await events.wait("loaded", "gate")
     ((version, reason),) = rows()
     assert version == "" and reason.endswith("m.yaml: instances: must be >= 1, got 0")
-    put("m.yaml", "instances: 1\n")
+    write_in(models_dir / "m.yaml", "instances: 1\n")
     await events.wait("loaded", "m")
     assert rows() == [("1", "")]
 
@@ -199,13 +192,11 @@ async def test_a_load_failure_is_not_shown_once_the_version_policy_selects_none(
     metric) beside the problem (found by an independent check)."""
     repo, events = await make_repo()
     (models_dir / "three.txt").write_text("a\nb\nc\n")
-    (models_dir / ".m.yaml.part").write_text("outputs: {y: {labels: three.txt}}\n")
-    os.replace(models_dir / ".m.yaml.part", models_dir / "m.yaml")
+    write_in(models_dir / "m.yaml", "outputs: {y: {labels: three.txt}}\n")
     place(model_files[1]["om"], models_dir / "m.om")
     await events.wait("load_failed", "m")
     assert list(repo.load_failures()) == [("m", "1")]
-    (models_dir / ".m.yaml.part").write_text("version_policy: {specific: [5]}\n")
-    os.replace(models_dir / ".m.yaml.part", models_dir / "m.yaml")
+    write_in(models_dir / "m.yaml", "version_policy: {specific: [5]}\n")
     place(model_files[1]["om"], models_dir / "gate.om")
     await events.wait("loaded", "gate")
     assert [(r["version"], r["reason"]) for r in repo.index() if r["name"] == "m"] == [
@@ -219,8 +210,7 @@ async def test_a_refused_config_edit_is_said_to_be_one(make_repo, models_dir, mo
     place(model_files[1]["om"], models_dir / "m.om")
     repo, events = await make_repo()
     (models_dir / "three.txt").write_text("a\nb\nc\n")
-    (models_dir / ".m.yaml.part").write_text("outputs: {y: {labels: three.txt}}\n")
-    os.replace(models_dir / ".m.yaml.part", models_dir / "m.yaml")
+    write_in(models_dir / "m.yaml", "outputs: {y: {labels: three.txt}}\n")
     await events.wait("load_failed", "m")
     assert [(r["state"], r["reason"]) for r in repo.index() if r["name"] == "m"] == [
         ("READY", "serving the previous config; the new one failed: labels file three.txt has 3 labels; "
@@ -236,11 +226,9 @@ async def test_a_policy_selecting_only_a_version_that_fails_keeps_the_serving_on
     place(model_files[1]["om"], models_dir / "vm" / "1" / "model.om")
     repo, events = await make_repo()
     (models_dir / "vm" / "2").mkdir()
-    (models_dir / "vm" / "2" / ".model.om.part").write_bytes(b"garbage" * 100)
-    os.replace(models_dir / "vm" / "2" / ".model.om.part", models_dir / "vm" / "2" / "model.om")
+    write_in(models_dir / "vm" / "2" / "model.om", b"garbage" * 100)
     await events.wait("load_failed", "vm")
-    (models_dir / "vm" / ".config.yaml.part").write_text("version_policy: {specific: [2]}\n")
-    os.replace(models_dir / "vm" / ".config.yaml.part", models_dir / "vm" / "config.yaml")
+    write_in(models_dir / "vm" / "config.yaml", "version_policy: {specific: [2]}\n")
     await events.wait("load_failed", "vm", count=2)
     place(model_files[1]["om"], models_dir / "gate.om")  # scans after the failure's replan
     await events.wait("loaded", "gate")
@@ -248,8 +236,7 @@ async def test_a_policy_selecting_only_a_version_that_fails_keeps_the_serving_on
     await events.wait("loaded", "gate2")
     assert events.count("unloaded", "vm") == 0
     assert float((await repo.get("vm").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
-    (models_dir / "vm" / ".config.yaml.part").write_text("version_policy: {specific: [1]}\n")
-    os.replace(models_dir / "vm" / ".config.yaml.part", models_dir / "vm" / "config.yaml")
+    write_in(models_dir / "vm" / "config.yaml", "version_policy: {specific: [1]}\n")
     await events.wait("reloaded", "vm")  # its config changed: reloaded with it, served throughout
     assert [r["version"] for r in repo.index(ready_only=True) if r["name"] == "vm"] == ["1"]
 
@@ -263,8 +250,7 @@ async def test_a_refused_labels_edit_is_said_to_be_one(make_repo, models_dir, mo
     os.utime(models_dir / "four.txt", (100, 100))
     os.utime(models_dir / "m.yaml", (100, 100))
     repo, events = await make_repo()
-    (models_dir / ".four.txt.part").write_text("a\nb\nc\n")
-    os.replace(models_dir / ".four.txt.part", models_dir / "four.txt")
+    write_in(models_dir / "four.txt", "a\nb\nc\n")
     await events.wait("load_failed", "m")
     assert [(r["state"], r["reason"]) for r in repo.index() if r["name"] == "m"] == [
         ("READY", "serving the previous labels file; the new one failed: labels file four.txt has 3 labels; "

@@ -3,11 +3,9 @@
 what to do (it advised "lower instances or slots", found by an independent check)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from .repo_helpers import place
+from .repo_helpers import place, write_in
 
 pytestmark = pytest.mark.asyncio
 
@@ -24,8 +22,7 @@ def runtime():
 async def test_a_reload_that_fits_alone_but_not_beside_its_predecessor_says_so(make_repo, models_dir, model_files):
     place(model_files[1]["om"], models_dir / "m.om")
     repo, events = await make_repo()
-    (models_dir / ".m.yaml.part").write_text("instances: 2\n")
-    os.replace(models_dir / ".m.yaml.part", models_dir / "m.yaml")
+    write_in(models_dir / "m.yaml", "instances: 2\n")
     await events.wait("load_failed", "m")
     ((state, reason),) = [(r["state"], r["reason"]) for r in repo.index() if r["name"] == "m"]
     assert state == "READY" and reason.startswith("serving the previous config; the new one failed: model m:1 "
