@@ -9,6 +9,9 @@ import pytest
 # Two CPU devices, so the cross-device rules can be tested (ignored by a real NPU). Process-wide
 # and read when the runtime starts, so it is set here, before any test, whichever subset runs.
 os.environ.setdefault("ACLSERVE_CPU_DEVICES", "2")
+# as aclserve/__init__.py: a test module that imports onnxruntime before any aclserve module
+# (run alone) turned ONNX Runtime's telemetry on
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 
 @pytest.fixture

@@ -27,6 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# ONNX Runtime reads it when first imported (raw runs import it before any aclserve module,
+# which sets the same: aclserve/__init__.py); ORT_DISABLE_TELEMETRY=0 keeps telemetry on
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 MODEL_NAMES = ("light", "medium", "heavy")
 

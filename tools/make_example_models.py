@@ -129,10 +129,10 @@ def make_digits_image(clf, outdir: str) -> None:
 
 
 def make_digits(outdir: str) -> None:
-    import onnxruntime as ort
-
     sys.path.insert(0, ROOT)  # the package is not installed in a fresh checkout
-    from aclserve.om.compile import compile_model
+    from aclserve.om.compile import compile_model  # first: aclserve turns ONNX Runtime's telemetry off
+
+    import onnxruntime as ort
 
     clf, x_test, y_test, accuracy = train_digits()
     os.makedirs(os.path.join(ROOT, "models"), exist_ok=True)
