@@ -146,6 +146,18 @@ def test_engine_threads_follow_the_environment_unless_given(monkeypatch, affine_
         assert settings.threads() == 2
 
 
+def test_a_bad_thread_count_in_the_environment_is_named_at_start(monkeypatch, affine_om):
+    """It was read at the first load, whose error said the model was not a loadable OM file
+    (found by an independent check); `aclserve serve` checked it at its start already."""
+    monkeypatch.setenv("ACLSERVE_CPU_THREADS", "abc")
+    engine = Engine(device="cpu")
+    with pytest.raises(ValueError, match="ACLSERVE_CPU_THREADS must be an integer from 1 to 1024, got 'abc'"):
+        engine.load(affine_om())
+    monkeypatch.setenv("ACLSERVE_CPU_THREADS", "2")  # put right: the same engine starts
+    with engine:
+        assert engine.load(affine_om()).infer(affine_request(1))
+
+
 def test_a_call_split_into_many_runs_looks_at_each_waiting_run_a_bounded_number_of_times(affine_om, monkeypatch):
     """Each freed slot looked at every run still waiting: a call of 16,000 runs took 51 s
     against 4 s as separate calls (quadratic); now a freed slot looks until the slots are taken."""

@@ -214,6 +214,7 @@ def init() -> int:
     with lock:
         if initialized:
             return C.ACL_ERROR_REPEAT_INITIALIZE
+        settings.check_environment()  # ValueError naming a bad one (threads were read at a load: an "invalid OM")
         soc_name = settings.soc_name()
         untimed_event_waits = event_waits_forever_only(soc_name)
         no_failure_mode = atlas_200_300_500(soc_name)
