@@ -37,6 +37,8 @@ def test_infer_against_what_is_not_a_kserve_server_is_one_line(tmp_path, case):
     assert proc.stderr.endswith("\n") and proc.stderr[:-1].isprintable()  # one printable line
     expected = "no answer from" if case == "silent" else "did not answer as a KServe v2 HTTP server"
     assert expected in proc.stderr, proc.stderr
+    if case == "grpc port":  # (its frames were printed as "??????ÿÿ????@?þ")
+        assert proc.stderr.endswith(": binary data, not HTTP/1.1 text (an HTTP/2 or gRPC port?)\n"), proc.stderr
 
 
 def test_infer_refuses_a_npy_whose_header_asks_for_more_memory_than_there_is(tmp_path):

@@ -10,6 +10,11 @@ class NotKServe(ValueError):
 
 
 def one_line(text) -> str:
-    """The first line of an answer or an error, printable (a gRPC port answers binary frames)."""
+    """The first line of an answer or an error, printable: one that is mostly not text is said to
+    be binary (a gRPC port answers HTTP/2 frames: "??????ÿÿ????@?þ" was printed)."""
     lines = str(text).strip().splitlines() or [""]
-    return "".join(c if c.isprintable() else "?" for c in lines[0][:200])
+    line = lines[0][:200]
+    unprintable = sum(not c.isprintable() for c in line)
+    if unprintable and unprintable * 10 >= len(line):
+        return "binary data, not HTTP/1.1 text (an HTTP/2 or gRPC port?)"
+    return "".join(c if c.isprintable() else "?" for c in line)
