@@ -165,7 +165,9 @@ class Tracer:
         if name in self._trusted_files:
             return name
         path = Path(name)
-        if path.is_absolute() or ".." in path.parts or not path.parts:
+        if path.is_absolute():  # (not quoted: shown to a client, it would lose its folders, redact.py)
+            raise TraceSettingsError("trace_file: must be a relative name inside the trace folder, not an absolute path")
+        if ".." in path.parts or not path.parts:
             raise TraceSettingsError(f"trace_file: must be a relative name inside the trace folder, got {name!r}")
         if len(name.encode()) > MAX_NAME_BYTES or any(len(part.encode()) > MAX_PART_BYTES for part in path.parts):
             raise TraceSettingsError(f"trace_file: longer than {MAX_NAME_BYTES} bytes, or a folder or file name in it "
