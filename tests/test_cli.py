@@ -188,7 +188,8 @@ def test_serve_on_a_busy_grpc_port_says_so_in_one_error(tmp_path):
         # no models folder either: the repository's own failure must not add a traceback at exit
         proc = _aclserve("serve", "--port", "0", "--grpc-port", str(port), "--device", "cpu", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert f"gRPC cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr, proc.stderr
+    assert (f"gRPC cannot listen on 127.0.0.1:{port}: Address already in use (--grpc-port PORT moves it, "
+            "--grpc-port 0 turns gRPC off)") in proc.stderr, proc.stderr
     assert "never retrieved" not in proc.stderr and "add_port.cc" not in proc.stderr  # grpc core's own line
 
 

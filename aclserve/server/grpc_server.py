@@ -165,7 +165,8 @@ class GrpcServer:
         """Bind host:port and serve; returns the bound port. OSError when it cannot bind."""
         taken = port_taken(host, port)
         if taken is not None:  # said here: grpc core's own bind failure is an extra ERROR line on stderr
-            raise OSError(f"gRPC cannot listen on {address(host, port)}: {taken.strerror}")
+            raise OSError(f"gRPC cannot listen on {address(host, port)}: {taken.strerror} "
+                          "(--grpc-port PORT moves it, --grpc-port 0 turns gRPC off)")
         try:
             if self._credentials is None:
                 bound = self._server.add_insecure_port(address(host, port))
