@@ -153,7 +153,10 @@ class ModelRepository:
                                else f"model {name} has no available versions ({reason})")
             raise ModelUnavailable(f"model {name}{' version ' + version if version else ''} is not ready"
                                    f" ({state}{': ' + reason if reason else ''})")
-        if versions or name in self._planner.scan.models:
+        entry = self._planner.scan.models.get(name)
+        if entry is not None and version in entry.available:  # (as the index says)
+            raise NotFound(f"model {name} version {version} is not selected by its version_policy")
+        if versions or entry is not None:
             raise NotFound(f"model {name} has no version {version}")
         raise NotFound(f"unknown model {name!r}")
 

@@ -46,6 +46,8 @@ async def test_start_loads_both_layouts_and_serves(make_repo, models_dir, model_
     assert index[("flat", "1")] == (State.READY, "")
     assert index[("multi", "2")] == (State.READY, "")
     assert index[("multi", "1")] == (State.UNAVAILABLE, "not selected by the version policy")
+    with pytest.raises(NotFound, match="^model multi version 1 is not selected by its version_policy$"):
+        repo.get("multi", "1")  # (it said "has no version 1", the index "not selected")
     assert {(r["name"], r["version"]) for r in repo.index(ready_only=True)} == {("flat", "1"), ("multi", "2")}
     assert {e[0] for e in events.seen} == {"loaded"}
     assert all(e[3]["seconds"] > 0 for e in events.seen)
