@@ -72,3 +72,11 @@ def test_infer_json_writes_non_finite_outputs_as_null_like_the_server():
     from aclserve.cli.infer import _json_data
     assert _json_data(np.array([[1.0, np.nan], [np.inf, -2.0]], np.float32)) == [[1.0, None], [None, -2.0]]
     assert _json_data(np.array([3, 4], np.int64)) == [3, 4]
+
+
+def test_a_line_with_tabs_or_colours_is_text_not_binary():
+    """(the review of the binary rule: tabs and ESC counted as binary bytes)"""
+    from aclserve.cli.usage import one_line
+    assert one_line("error:\tbad value\tx") == "error: bad value x"
+    assert one_line("\x1b[31mred\x1b[0m") == "?[31mred?[0m"
+    assert one_line("\x00\x00\x12\x04\x00\x00\x00\x00\x00garbage").startswith("binary data")

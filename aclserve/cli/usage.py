@@ -13,8 +13,8 @@ def one_line(text) -> str:
     """The first line of an answer or an error, printable: one that is mostly not text is said to
     be binary (a gRPC port answers HTTP/2 frames: "??????ÿÿ????@?þ" was printed)."""
     lines = str(text).strip().splitlines() or [""]
-    line = lines[0][:200]
-    unprintable = sum(not c.isprintable() for c in line)
+    line = lines[0][:200].replace("\t", " ")
+    unprintable = sum(not c.isprintable() and c != "\x1b" for c in line)  # (ESC: a coloured message)
     if unprintable and unprintable * 10 >= len(line):
         return "binary data, not HTTP/1.1 text (an HTTP/2 or gRPC port?)"
     return "".join(c if c.isprintable() else "?" for c in line)

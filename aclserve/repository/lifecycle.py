@@ -135,7 +135,7 @@ class Lifecycle:
                                                      self._cache, name, version, wanted, progress)
                 progress("loaded: serves once the versions loading with it are done")
             except Exception as e:  # any failure leaves the serving version in place
-                failed[version] = self._refuse(name, version, wanted, e)
+                failed[version] = self._refuse(name, version, wanted, e, replaces=bool(plan.unload))
             else:
                 self._failures.succeeded(name, version)
 
@@ -226,9 +226,11 @@ class Lifecycle:
     def _compiles_in_use(self) -> set[str]:
         return {sv.om_path for versions in self.serving.values() for sv in versions.values()}
 
-    def _refuse(self, name: str, version: str, wanted: Wanted, error: Exception) -> str:
+    def _refuse(self, name: str, version: str, wanted: Wanted, error: Exception, replaces: bool) -> str:
+        """Record a failed load; `replaces`: its plan unloads versions once it is in (a new version
+        taking over; one loaded beside those that serve on replaces none: unloading first is no help)."""
         serving = self.serving.get(name, {}).get(version)
-        if self.serving.get(name) and isinstance(error, ResourceLimitError):
+        if (serving or (replaces and self.serving.get(name))) and isinstance(error, ResourceLimitError):
             error = ResourceLimitError(f"{error}; {'a reload' if serving else 'a new version'} loads beside the "
                                        "serving version it replaces, whose instances hold theirs until the swap: "
                                        "if the new configuration fits alone, unload the model first")

@@ -153,10 +153,11 @@ class ModelRepository:
                                else f"model {name} has no available versions ({reason})")
             raise ModelUnavailable(f"model {name}{' version ' + version if version else ''} is not ready"
                                    f" ({state}{': ' + reason if reason else ''})")
-        entry = self._planner.scan.models.get(name)
-        if entry is not None and version in entry.available:  # (as the index says)
+        scan = self._planner.scan
+        if version in scan.versions_found.get(name, ()) and (name in scan.models or name in scan.selects_none):
+            # on disk, and its policy (which reads) does not select it: as the index says
             raise NotFound(f"model {name} version {version} is not selected by its version_policy")
-        if versions or entry is not None:
+        if versions or name in scan.models:
             raise NotFound(f"model {name} has no version {version}")
         raise NotFound(f"unknown model {name!r}")
 

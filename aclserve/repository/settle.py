@@ -80,7 +80,12 @@ class SettleGate:
         try:
             st = os.stat(path)
         except OSError:
-            return True
+            if not os.path.islink(path):
+                return True
+            # a link to nothing: its target may be being saved (vim renames it away first), so
+            # its absence settles as a write does; keyed by the link, which the scans still list
+            link = os.path.abspath(path)
+            return self._part_complete(link, (link, None), 0, trust_age)
         real = os.path.realpath(path)
         return self._part_complete(real, (real, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino),
                                    st.st_mtime_ns, trust_age)
@@ -115,8 +120,8 @@ class SettleGate:
         file and config both, so nothing reloads until the file is complete; versions are
         selected by the model's policy among complete (or held) files only, so a newer
         version still being written never pushes out the serving one. Files in `rejected`
-        ((name, version, identity) that failed to load) are left out of the selection too, and
-        when the policy selects one of them what serves stays beside the selection.
+        ((name, version, identity) that failed to load) are left out of the selection too; when
+        the policy selects none but such files, what was acted on stays.
         trust: "settle" (the rules above), "age" (also accept an old mtime: the first scan),
         "all" (every file is complete: explicit loads, where the operator vouches for them).
         """
@@ -146,11 +151,11 @@ class SettleGate:
                 continue
             chosen = select_versions(usable, entry.config.version_policy)
             wanted = {v: usable[v] for v in chosen}
-            if any((name, v, entry.available[v].identity) in rejected
-                   for v in select_versions(entry.available, entry.config.version_policy)):
-                # a version the policy selects failed to load: what serves stays beside what
-                # the selection keeps (`specific: [2]` with 2 refused unloaded the serving 1)
-                wanted = {v: w for v, w in acted.get(name, {}).items() if v in entry.available} | wanted
+            if not wanted:
+                # the policy selects only files that failed to load or are still being written
+                # (it selects some: else the model is a scan problem): what serves stays
+                # (`specific: [2]` with 2 refused, or 2 being fixed, unloaded the serving 1)
+                wanted = {v: w for v, w in acted.get(name, {}).items() if v in entry.available}
             if wanted:
                 desired[name] = wanted
         # forget files that are gone so the maps do not grow (a file the scan did not list, as

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from aclserve.errors import ModelUnavailable
+from aclserve.errors import ModelUnavailable, NotFound
 
 from .repo_helpers import place, serving, write_in, x_rows
 
@@ -93,7 +93,6 @@ async def test_a_version_that_does_not_exist_of_a_serving_model_with_a_broken_co
     """A model known only as a problem (its config broken from the start) answers 404 with why;
     the review of that change found that it also made a version that does not exist of a model
     still serving (its config broken later) a 503 to retry, where it is a 404 "no version"."""
-    from aclserve.errors import NotFound
     place(model_files[1]["om"], models_dir / "m" / "1" / "model.om")
     repo, events = await make_repo()
     assert serving(repo) == ["m"]
@@ -236,9 +235,30 @@ async def test_a_policy_selecting_only_a_version_that_fails_keeps_the_serving_on
     await events.wait("loaded", "gate2")
     assert events.count("unloaded", "vm") == 0
     assert float((await repo.get("vm").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
-    write_in(models_dir / "vm" / "config.yaml", "version_policy: {specific: [1]}\n")
-    await events.wait("reloaded", "vm")  # its config changed: reloaded with it, served throughout
-    assert [r["version"] for r in repo.index(ready_only=True) if r["name"] == "vm"] == ["1"]
+    place(model_files[2]["om"], models_dir / "vm" / "2" / "model.om", how="copy")  # fixed in place: it settles
+    await events.wait("unloaded", "vm", "1")
+    assert [e[:3] for e in events.seen if e[1] == "vm" and e[0] in ("loaded", "unloaded")] == [
+        ("loaded", "vm", "1"), ("loaded", "vm", "2"), ("unloaded", "vm", "1")]  # 1 served until 2 was in
+    assert float((await repo.get("vm").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
+
+
+async def test_a_version_on_disk_that_the_policy_does_not_select_is_said_to_be_one(
+        make_repo, models_dir, model_files):
+    """Also while the policy selects none of the versions (the serving one kept): it said "has
+    no version 2", as of a version that does not exist (found by an independent check)."""
+    place(model_files[1]["om"], models_dir / "vm" / "1" / "model.om")
+    place(model_files[2]["om"], models_dir / "vm" / "2" / "model.om")
+    (models_dir / "vm" / "config.yaml").write_text("version_policy: {specific: [1]}\n")
+    repo, events = await make_repo()
+    for gate, policy in (("gate1", "{specific: [1]}"), ("gate2", "{specific: [5]}")):
+        write_in(models_dir / "vm" / "config.yaml", f"version_policy: {policy}\n")
+        place(model_files[1]["om"], models_dir / f"{gate}.om")
+        await events.wait("loaded", gate)
+        assert serving(repo)[-1] == "vm" and repo.get("vm").version == "1"
+        with pytest.raises(NotFound, match="^model vm version 2 is not selected by its version_policy$"):
+            repo.get("vm", "2")
+        with pytest.raises(NotFound, match="^model vm has no version 3$"):
+            repo.get("vm", "3")
 
 
 async def test_a_refused_labels_edit_is_said_to_be_one(make_repo, models_dir, model_files):

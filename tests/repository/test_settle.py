@@ -9,7 +9,7 @@ import pytest
 
 from aclserve.config import ModelConfig
 from aclserve.repository.layout import scan
-from aclserve.repository.plan import diff
+from aclserve.repository.plan import Wanted, diff
 from aclserve.repository.settle import SettleGate
 from aclserve.repository.watcher import Debouncer, is_relevant
 
@@ -277,3 +277,42 @@ def test_a_config_renamed_away_and_written_again_changes_nothing_until_its_absen
     state, _ = gate.desired(scan(tmp_path, ModelConfig()), acted)
     (plan,) = diff(acted, state)
     assert plan.load["1"].config.instances == 1
+
+
+def test_a_policy_with_a_refused_version_keeps_only_what_it_selects_of_the_rest(tmp_path):
+    """`latest: 2` over serving 2 and 3, with 4 refused and 5 good: 3 and 5 serve, not 2 as well
+    (a version the policy selects refused kept every serving one; found by an independent
+    review). Only when it selects nothing else does what serves stay."""
+    gate, _ = make_gate()
+    for version in ("2", "3", "4", "5"):
+        (tmp_path / "vm" / version).mkdir(parents=True)
+        (tmp_path / "vm" / version / "model.om").write_bytes(b"v" + version.encode())
+    (tmp_path / "vm" / "config.yaml").write_text("version_policy: {latest: 2}\n")
+    found = scan(tmp_path, ModelConfig())
+    acted = {"vm": {v: w for v, w in gate.desired(found, {}, trust="all")[0]["vm"].items()}}
+    assert list(acted["vm"]) == ["4", "5"]
+    acted = {"vm": {v: Wanted(found.models["vm"].available[v], found.models["vm"].config) for v in ("2", "3")}}
+    refused = frozenset({("vm", "4", found.models["vm"].available["4"].identity)})
+    state, _ = gate.desired(found, acted, trust="all", rejected=refused)
+    assert sorted(state["vm"]) == ["3", "5"]
+    refused |= {("vm", "5", found.models["vm"].available["5"].identity)}
+    (tmp_path / "vm" / "config.yaml").write_text("version_policy: {specific: [4, 5]}\n")
+    found = scan(tmp_path, ModelConfig())
+    refused = frozenset((n, v, found.models["vm"].available[v].identity) for n, v, _ in refused)
+    state, _ = gate.desired(found, acted, trust="all", rejected=refused)
+    assert sorted(state["vm"]) == ["2", "3"]  # selects nothing that loads: what serves stays
+
+
+def test_a_config_that_is_a_link_to_nothing_settles_before_it_is_a_problem(tmp_path):
+    """vim saving a linked config's target renames the target away first: the link to nothing
+    was logged and indexed as a problem for that moment (found by an independent review)."""
+    gate, clock = make_gate()
+    os.symlink("target.yaml", tmp_path / "m.yaml")
+    assert not gate.file_complete(str(tmp_path / "m.yaml"))
+    clock.now += 0.5
+    assert not gate.file_complete(str(tmp_path / "m.yaml"))
+    clock.now += 0.5
+    assert gate.file_complete(str(tmp_path / "m.yaml"))
+    (tmp_path / "plain.yaml").write_text("x: 1\n")
+    (tmp_path / "plain.yaml").unlink()
+    assert gate.file_complete(str(tmp_path / "plain.yaml"))  # gone, not a link: nothing is being written
