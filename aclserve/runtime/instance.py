@@ -90,8 +90,12 @@ class ModelInstance(SlotBook):
         self._completer = Completer(acl, self._resources, self, device, name, execution_timeout_ms, reset_timeout_ms)
         self._launcher = Launcher(acl, self._resources, self, self._completer, device, name)
         self._completer.launcher = self._launcher  # watched for a launch call that does not return
-        self._launcher.start()
-        self._completer.start()
+        try:
+            self._launcher.start()
+            self._completer.start()
+        except BaseException:  # ("can't start new thread" at the process's limit): free what was made
+            self.close(time.monotonic())
+            raise
 
     # -- what the pool calls (and SlotBook's free_count, try_reserve, broken, faults) ------------
     def attach(self, listener: BatchListener) -> None:
@@ -195,7 +199,8 @@ class ModelInstance(SlotBook):
         # deadline waiting for a rebuild): an idle instance's threads stop within it
         floor = now + teardown.INSTANCE_GRACE_S
         with teardown.working_on(self.device.id):  # the runtime resets no device under this close
-            if not teardown.join(self._launcher.thread, self._wait_bound(deadline, floor)):
+            launcher = self._launcher.thread  # (None: its start failed)
+            if launcher is not None and not teardown.join(launcher, self._wait_bound(deadline, floor)):
                 self._launcher.give_up()
             self._completer.stop()  # queued after those batches: they complete first
             running = self.release(deadline, floor)

@@ -314,3 +314,29 @@ def test_a_close_waits_a_moment_for_a_retry_already_running_not_for_good():
         teardown._retrying.release()  # the running retry ends
     waiter.join(60)  # a hang guard
     assert done == [0] and teardown.held() == 0
+
+
+def test_an_instance_whose_thread_cannot_start_frees_what_it_made(runtime, affine_om, monkeypatch):
+    """At the process's thread limit a load failed with "can't start new thread" after the
+    instance had made its context, streams, model and slots, and its launcher thread ran on:
+    all held until exit (found by running the server under `ulimit -u`)."""
+    from aclserve.acl.cpu import _state
+    from aclserve.runtime.instance_resources import InstanceResources
+    device = runtime.device(0)
+    baseline = (device.mem_info()[0], len(_state.contexts), len(_state.streams), len(_state.events))
+    threads = threading.active_count()
+    start_thread = InstanceResources.start_thread
+
+    def no_completion_thread(self, role, target):
+        if role == "complete":
+            raise RuntimeError("can't start new thread")
+        return start_thread(self, role, target)
+
+    monkeypatch.setattr(InstanceResources, "start_thread", no_completion_thread)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        open_pool(runtime, affine_om(), "affine", instances=1)
+    assert (device.mem_info()[0], len(_state.contexts), len(_state.streams), len(_state.events)) == baseline
+    assert threading.active_count() == threads and teardown.held() == 0
+    monkeypatch.undo()
+    pool = open_pool(runtime, affine_om(), "affine", instances=1)  # its claim on the device went back too
+    pool.close()
