@@ -71,6 +71,7 @@ def record(om_path: str | os.PathLike, key: str, options: dict, target: str) -> 
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(doc, f, sort_keys=True)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600: replicas running as other users read it (as the .om)
         os.replace(tmp, final)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

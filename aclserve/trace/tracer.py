@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import os
@@ -337,18 +338,21 @@ def blocked_by(path: Path, indexed: bool) -> Path | None:
 
 def _write(path: str, fmt: str, traces: list[RequestTrace], dropped: int) -> None:
     from . import chrome, triton
+    tmp = f"{path}.tmp"
     try:
         body = triton.render(traces) if fmt == "triton" else chrome.render(traces, dropped)
         folder = os.path.dirname(path)
         if folder:
             os.makedirs(folder, exist_ok=True)
-        tmp = f"{path}.tmp"
         with open(tmp, "wb") as f:
             f.write(body)
         os.replace(tmp, path)
         log.info("trace: %d request(s) written to %s%s", len(traces), path,
                  f" ({dropped} dropped: more than {MAX_PENDING} waited)" if dropped else "")
-    except OSError as e:  # the disk, not a fault here: one line, no traceback
-        log.error("trace: could not write %s: %s", path, e.strerror or e)
-    except Exception:
-        log.exception("trace: could not write %s", path)
+    except Exception as e:
+        with contextlib.suppress(OSError):  # a part written to a full disk is not left behind
+            os.unlink(tmp)
+        if isinstance(e, OSError):  # the disk, not a fault here: one line, no traceback
+            log.error("trace: could not write %s: %s", path, e.strerror or e)
+        else:
+            log.exception("trace: could not write %s", path)

@@ -54,6 +54,9 @@ async def test_a_bad_cache_entry_is_deleted_and_compiled_again(make_repo, models
     assert float((await repo2.get("o").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
     om = _entry(models_dir)
     assert cache_entry.problem(om, json.loads(cache_entry.manifest_path(om).read_text())["key"]) is None
+    # readable by replicas running as other users, as the OM is (the manifest was 0600: such a
+    # replica deleted the entry as unreadable and compiled it again)
+    assert (om.stat().st_mode & 0o777, cache_entry.manifest_path(om).stat().st_mode & 0o777) == (0o644, 0o644)
 
 
 @pytest.mark.asyncio

@@ -259,3 +259,16 @@ def test_a_folder_name_in_force_is_refused_when_log_frequency_stops_writing_besi
         tracer.update({"log_frequency": "0"})
     assert tracer.settings().log_frequency == 1
     tracer.close()
+
+
+def test_a_write_that_fails_leaves_no_part_behind(tmp_path, caplog):
+    """A full disk left a t.json.tmp of what it could write for each failed file (found by
+    running the server with its trace folder on a full file system): here the rename fails."""
+    tracer = Tracer(trace_dir=str(tmp_path))
+    tracer.update(dict(EVERY_REQUEST, trace_file="t.json"))
+    (tmp_path / "t.json.0").mkdir()  # (after the setting, which checks the name can be written)
+    (tmp_path / "t.json.0" / "kept").write_text("a folder with something in it: the rename fails")
+    trace_requests(tracer, 1)
+    tracer.close()
+    assert [r for r in caplog.records if "could not write" in r.getMessage()]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json.0"]
