@@ -13,7 +13,7 @@ import concurrent.futures
 import logging
 from typing import Callable, Sequence
 
-from ..errors import PayloadTooLarge, QueueFull, ShuttingDown
+from ..errors import Overloaded, PayloadTooLarge, QueueFull, ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,14 @@ class DecodePool:
                 cf.add_done_callback(lambda _f: self._release_from_thread(loop, ended))
                 ended.began()
                 futures.append(asyncio.wrap_future(cf, loop=loop))
-        except RuntimeError:  # shut down while submitting
+        except RuntimeError as e:  # shut down while submitting, or a thread that cannot start
             for _ in range(n - len(futures)):
                 self.pending -= 1
-            raise
+            if self._closed:
+                raise
+            # ("can't start new thread": the process's limit; what was queued runs on the
+            # threads there are, for nothing)
+            raise Overloaded(f"image decoding cannot start a thread ({e}); retry later") from None
         done = await asyncio.gather(*futures, return_exceptions=True)
         for result in done:
             if isinstance(result, BaseException):

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from aclserve.config import ImageInput
-from aclserve.errors import PayloadTooLarge, QueueFull
+from aclserve.errors import Overloaded, PayloadTooLarge, QueueFull
 from aclserve.images import DecodePool, PlanError, build_plan
 from aclserve.images.decode import decode_pixels
 from aclserve.images.header import ImageError
@@ -270,6 +270,28 @@ def test_pool_bounds_pending_images_and_keeps_order():
         inline = DecodePool(workers=0, max_pending=1)
         assert await inline.map(str, [1, 2, 3]) == ["1", "2", "3"]  # workers 0: on the loop, no bound
         inline.close()
+    asyncio.run(main())
+
+
+def test_a_decoding_thread_that_cannot_start_is_a_retry_later(monkeypatch):
+    """At the process's thread limit the executor's submit raised "can't start new thread", which
+    was taken for a shutdown: a 500 and a traceback (found by running the server under `ulimit -u`)."""
+    import concurrent.futures
+
+    def no_thread(*args, **kwargs):
+        raise RuntimeError("can't start new thread")
+
+    async def main():
+        pool = DecodePool(workers=2, max_pending=4)
+        try:
+            monkeypatch.setattr(concurrent.futures.ThreadPoolExecutor, "submit", no_thread)
+            with pytest.raises(Overloaded, match=r"image decoding cannot start a thread \(can't start new thread\)"):
+                await pool.map(lambda i: i, [1, 2])
+            assert pool.pending == 0
+            monkeypatch.undo()
+            assert await pool.map(lambda i: i * i, [1, 2]) == [1, 4]
+        finally:
+            pool.close()
     asyncio.run(main())
 
 
