@@ -13,7 +13,7 @@ import logging
 from typing import Callable
 
 from .layout import ScanResult, VersionFile
-from .retry import RetrySchedule, is_transient
+from .retry import RetrySchedule, host_short, is_transient
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,8 @@ class LoadFailures:
         reason, transient, key = _reason(error), is_transient(error), (name, version, file.identity)
         if transient and self._retry.enabled and not self._closed:
             attempt, delay = self._retry.schedule(name, version, file.identity)
-            reason = f"{reason} (transient device error: retry {attempt} in {delay:.1f} s)"
+            what = "the host short of resources" if host_short(error) else "transient device error"
+            reason = f"{reason} ({what}: retry {attempt} in {delay:.1f} s)"
         self._reasons[key] = reason  # (still retrying again until its load task ends: load_ended)
         if key not in self._logged:
             self._logged.add(key)
@@ -112,5 +113,7 @@ class LoadFailures:
 
 
 def _reason(error: BaseException) -> str:
+    if isinstance(error, MemoryError):  # (its text is empty, or a size)
+        return "out of host memory (MemoryError)"
     text = str(error) or type(error).__name__
     return text.splitlines()[0] if text else type(error).__name__

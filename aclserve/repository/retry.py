@@ -8,7 +8,8 @@ internal, execution, timeouts), which a later attempt may not meet; where the mo
 memory is taken or its load runs (a LoadError caused by the code), only memory, resource and
 runtime codes are (GE answers a file it cannot build with its catch-all 500002). Parameter and
 file errors (1xxxxx), bad files and bad models are not retried: the same file would fail the
-same way.
+same way. The host running short is transient too (host_short: its memory, the disk a compile
+writes to, threads or descriptors): it fails any file, and passes.
 
 The delay doubles per attempt from `initial_s` up to `max_s`, and each is drawn uniformly from
 its upper half ("equal jitter"), so models that failed together (one device fault during a
@@ -18,6 +19,7 @@ Owned by LoadFailures (failures.py); loop thread only.
 from __future__ import annotations
 
 import asyncio
+import errno
 import random
 from typing import Callable
 
@@ -26,7 +28,25 @@ from ..errors import DeviceTimeout, ExecutionFailed
 from ..runtime.device import LoadError, RoomPromised
 
 
+# the host short of memory, disk space or quota, descriptors, or processes and threads
+_SHORT_ERRNOS = {errno.ENOMEM, errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.EAGAIN}
+
+
+def host_short(error: BaseException) -> bool:
+    """The error, or one it was raised from, is the host running short of something."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, MemoryError) or (isinstance(error, OSError) and error.errno in _SHORT_ERRNOS):
+            return True
+        if isinstance(error, RuntimeError) and "can't start new thread" in str(error):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
 def is_transient(error: BaseException) -> bool:
+    if host_short(error):
+        return True
     if isinstance(error, DeviceTimeout):
         return True
     if isinstance(error, ExecutionFailed):

@@ -155,6 +155,45 @@ def test_only_device_and_resource_failures_are_transient():
     assert not is_transient(LoadError("model m: 2,000,000 bytes would leave less than the reserve"))
 
 
+def test_the_host_running_short_is_transient():
+    """A full disk under the compile cache, no thread to be had, host memory: each failed the
+    model for good, though nothing was wrong with its file (found by running the server short
+    of each); freed, nothing loaded it until the file was touched."""
+    import errno
+    for error in (OSError(errno.ENOSPC, "No space left on device"), MemoryError(),
+                  RuntimeError("can't start new thread"), OSError(errno.EMFILE, "Too many open files")):
+        try:
+            try:
+                raise error
+            except BaseException as e:
+                raise LoadError("model m: loading failed") from e
+        except LoadError as wrapped:
+            assert is_transient(error) and is_transient(wrapped), error
+    assert not is_transient(OSError(errno.EACCES, "Permission denied"))
+    assert not is_transient(RuntimeError("instances of one pool loaded different models"))
+
+
+@pytest.mark.asyncio
+async def test_a_compile_that_runs_out_of_disk_is_retried(make_repo, models_dir, model_files, monkeypatch):
+    """The compile cache's disk full, then room again: the model loads with no one touching it."""
+    import errno
+    from aclserve.repository import compiler
+    real, calls = compiler.compiled_om, []
+
+    def full_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compiler, "compiled_om", full_once)  # (the disk, not the compile: as a full one fails)
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    repo, events = await make_repo(start=False, load_retry_initial_s=0.2, load_retry_max_s=0.4)
+    await repo.start()
+    await events.wait("loaded", "o", limit_s=30)  # (a hang guard: it waited for good)
+    assert len(calls) == 2 and float((await repo.get("o").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
+
+
 @pytest.mark.asyncio
 async def test_a_device_error_of_the_model_load_itself_is_retried(make_repo, models_dir, model_files, clean_faults):
     """Out of device memory where the model's load runs (GE allocates more than query_size
