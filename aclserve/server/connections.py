@@ -45,9 +45,12 @@ log = logging.getLogger(__name__)
 
 IDLE, HEAD, BUSY = "idle", "head", "busy"
 EVICT_AFTER_S = 1.0  # a connection idle (or in its head) this long may make room for a new one
-FD_RESERVE = 512  # descriptors kept for model files, the watcher, logs and threads
+# descriptors kept for model files, the watcher, logs and threads: at most this, at most half the
+# limit (a fixed 512 left one connection under `ulimit -n` 768 or less; the server itself holds ~30)
+FD_RESERVE = 512
 _LINGER_S = 1.0  # a refused connection is closed after this, so the client can read the 503
-_LINGER_MAX = 256
+_LINGER_MAX = 256  # refused connections lingering at once: at most this, at most an eighth of the limit
+_lingering_cap = _LINGER_MAX  # the process's, set with its descriptor limit (_fit_descriptor_limit)
 # Refusals per second the hold aims for while overloaded: an HTTP refusal costs the loop
 # 0.1-0.2 ms (aiohttp's request and response, the body's bytes), so about 5 % of a core.
 REFUSALS_PER_S = 250
@@ -163,7 +166,7 @@ class ConnectionTracker:
             transport.close()
             return
         transport.write(answer)
-        if self._lingering >= _LINGER_MAX:
+        if self._lingering >= _lingering_cap:
             transport.close()
             return
         self._lingering += 1
@@ -328,6 +331,7 @@ def fit_connection_caps(http_wanted: int, grpc_wanted: int) -> tuple[int, int]:
 def _fit_descriptor_limit(max_connections: int) -> tuple[int, int]:
     """Raise the soft descriptor limit to fit max_connections (+ refusals lingering + a reserve
     for model files): (the connections that fit, at most max_connections; the soft limit)."""
+    global _lingering_cap
     need = max_connections + _LINGER_MAX + FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
@@ -338,5 +342,7 @@ def _fit_descriptor_limit(max_connections: int) -> tuple[int, int]:
         except (ValueError, OSError) as e:
             log.warning("cannot raise the descriptor limit to %d: %s", target, e)
     if soft != resource.RLIM_INFINITY and soft < need:
-        return max(1, soft - _LINGER_MAX - FD_RESERVE), soft
+        _lingering_cap = min(_LINGER_MAX, max(1, soft // 8))
+        return max(1, soft - _lingering_cap - min(FD_RESERVE, soft // 2)), soft
+    _lingering_cap = _LINGER_MAX
     return max_connections, soft
