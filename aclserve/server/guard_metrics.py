@@ -143,7 +143,7 @@ class GuardCollector:
         repo = self._state.repo
         try:
             for row in repo.index():
-                ready.add_metric([row["name"], str(row["version"]), row["state"]], 1)
+                ready.add_metric([self._state.redact(row["name"]), str(row["version"]), row["state"]], 1)
             for (name, version), reason in sorted(repo.load_failures().items()):
                 failing.add_metric([name, version, self._state.redact(reason)], 1)
         except Exception:

@@ -93,8 +93,9 @@ def trace_settings(state, model: str | None, changes: dict | None) -> dict:
 
 
 def repository_index(state, ready_only: bool) -> list[dict]:
-    """Index rows; reasons with this machine's paths redacted (redact.py)."""
-    return [{"name": e["name"], "version": str(e.get("version", "")), "state": e.get("state", ""),
+    """Index rows; names (a models folder that cannot be read is named by its path) and reasons
+    with this machine's paths redacted (redact.py)."""
+    return [{"name": state.redact(e["name"]), "version": str(e.get("version", "")), "state": e.get("state", ""),
              "reason": state.redact(e.get("reason", "") or "")} for e in state.repo.index(ready_only=ready_only)]
 
 
