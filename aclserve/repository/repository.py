@@ -178,7 +178,9 @@ class ModelRepository:
         if any(all(sv.pool.out_of_service() for sv in versions.values()) for versions in serving.values()):
             return False  # a model served by no instance (pool.out_of_service), in both modes
         if self.config.readiness == "strict":
-            problems = set(self._planner.scan.problems) - self._lifecycle.held
+            # (a folder that cannot be listed tells nothing: what serves is kept, and so is readiness)
+            scan = self._planner.scan
+            problems = set() if scan.unreadable else set(scan.problems) - self._lifecycle.held
             return all(n in serving for n in wanted | problems)
         # refused; one whose first retry is still to come holds readiness back, as one loading does
         # (not every retry: they go on for good, and lenient readiness would never come)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -237,6 +238,9 @@ async def test_a_models_folder_that_cannot_be_read_changes_and_forgets_nothing(m
     assert serving(repo) == ["good"] and await answer(repo, "good") == 1.0  # scale 1
     assert index[("junk", "1")][0] == State.UNAVAILABLE and "not an OM file" in index[("junk", "1")][1]
     assert "the models folder cannot be read (Permission denied)" in index[(str(models_dir), "")][1]
+    # strict readiness too stays as it was: every model still serves (the folder's problem held it back)
+    repo.config = dataclasses.replace(repo.config, readiness="strict")
+    assert repo.all_ready()
     monkeypatch.undo()
     await asyncio.gather(*await repo._reconcile(trust="all"))
     assert serving(repo) == ["good"] and events.count("load_failed", "junk") == 1  # not tried again
