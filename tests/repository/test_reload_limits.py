@@ -34,28 +34,24 @@ async def test_a_reload_that_fits_alone_but_not_beside_its_predecessor_says_so(m
     assert len(repo.get("m").pool.instances) == 2
 
 
-async def test_a_new_version_that_fits_alone_but_not_beside_the_serving_one_says_so(make_repo, models_dir, model_files):
-    """The same for a new version number (found by an independent check: no hint then)."""
+@pytest.mark.parametrize("policy, advice", [
+    # a new version number taking over: as a reload (no hint was given; found by an independent check)
+    ("{latest: 1}", "; a new version loads beside the serving version it replaces, whose instances hold theirs "
+                  "until the swap: if the new configuration fits alone, unload the model first"),
+    # served beside the others, it replaces none: unloading first would not make both fit (the
+    # advice was given all the same; found by an independent review)
+    ("all", None),
+])
+async def test_a_new_version_that_does_not_fit_beside_the_serving_one_says_what_helps(
+        make_repo, models_dir, model_files, policy, advice):
     place(model_files[1]["om"], models_dir / "vm" / "1" / "model.om")
-    (models_dir / "vm" / "config.yaml").write_text("instances: 2\n")
+    (models_dir / "vm" / "config.yaml").write_text(f"instances: 2\nversion_policy: {policy}\n")
     repo, events = await make_repo()
     place(model_files[2]["om"], models_dir / "vm" / "2" / "model.om")
     await events.wait("load_failed", "vm")
     rows = {r["version"]: (r["state"], r["reason"]) for r in repo.index() if r["name"] == "vm"}
-    assert rows["1"] == ("READY", "")
-    assert rows["2"][0] == "UNAVAILABLE" and rows["2"][1].endswith(
-        "; a new version loads beside the serving version it replaces, whose instances hold theirs until the "
-        "swap: if the new configuration fits alone, unload the model first")
-
-
-async def test_a_new_version_served_beside_the_others_gets_no_advice_to_unload_first(make_repo, models_dir, model_files):
-    """With `version_policy: all` the new version replaces none: unloading first would not make
-    both fit (the advice was given all the same; found by an independent check)."""
-    place(model_files[1]["om"], models_dir / "vm" / "1" / "model.om")
-    (models_dir / "vm" / "config.yaml").write_text("instances: 2\nversion_policy: all\n")
-    repo, events = await make_repo()
-    place(model_files[2]["om"], models_dir / "vm" / "2" / "model.om")
-    await events.wait("load_failed", "vm")
-    rows = {r["version"]: (r["state"], r["reason"]) for r in repo.index() if r["name"] == "vm"}
-    assert rows["2"][0] == "UNAVAILABLE" and "needs 8 streams" in rows["2"][1]
-    assert "unload" not in rows["2"][1] and rows["1"] == ("READY", "")
+    assert rows["1"] == ("READY", "") and rows["2"][0] == "UNAVAILABLE" and "needs 8 streams" in rows["2"][1]
+    if advice:
+        assert rows["2"][1].endswith(advice)
+    else:
+        assert "unload" not in rows["2"][1]
