@@ -29,6 +29,7 @@ class Planner:
     def __init__(self, root: Path, defaults: ModelConfig, gate: SettleGate, unload_missing: bool):
         self.root = root
         self.scan = layout.ScanResult()  # the latest scan
+        self.listed: layout.ScanResult | None = None  # the latest that could list the folder
         self.pending: dict[str, list[str]] = {}  # name -> files held back as not yet complete
         self._gate = gate
         self._defaults = defaults
@@ -37,6 +38,8 @@ class Planner:
 
     async def rescan(self) -> layout.ScanResult:
         self.scan = await asyncio.get_running_loop().run_in_executor(None, layout.scan, self.root, self._defaults)
+        if not self.scan.unreadable:
+            self.listed = self.scan
         return self.scan
 
     def plans(self, acted: DesiredState, trust: str, refused: frozenset, excluded: set[str]) -> list[ModelPlan]:
@@ -71,8 +74,8 @@ class Planner:
         return entry is not None and version in entry.available
 
     def wanted_models(self) -> set[str]:
-        """Models on disk with a version their policy selects."""
-        return {name for name, entry in self.scan.models.items() if entry.selected}
+        """Models on disk with a version their policy selects, as the folder was last listed."""
+        return {name for name, entry in (self.listed or self.scan).models.items() if entry.selected}
 
     def _hold_configs_being_written(self, trust: str) -> None:
         """A config file that does not read, while it has not rested (SettleGate rules), is

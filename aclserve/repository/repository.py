@@ -92,7 +92,7 @@ class ModelRepository:
             if self._planner.next_check() is not None:  # files too fresh to trust yet
                 log.info("the models folder %s holds files still being written; each loads once it "
                          "has not changed for settle_s (%g s)", self.root, self.config.settle_s)
-            else:
+            elif not self._planner.scan.unreadable:  # (one that cannot be listed is logged as a problem)
                 log.warning("the models folder %s holds no model (<name>.om, <name>.onnx or <name>/<version>/"
                             "model.om); the server is up but has nothing to serve", self.root)
 
@@ -174,19 +174,21 @@ class ModelRepository:
         if not self._started or self._closed:
             return False
         serving = self._lifecycle.serving
+        # judged by the folder as last listed: one that cannot be listed now tells nothing (what
+        # serves is kept, and so is readiness); one never listed, nothing is ready
+        listed = self._planner.listed
+        if listed is None:
+            return False
         wanted = self._planner.wanted_models() - self._lifecycle.held
         if any(all(sv.pool.out_of_service() for sv in versions.values()) for versions in serving.values()):
             return False  # a model served by no instance (pool.out_of_service), in both modes
         if self.config.readiness == "strict":
-            # (a folder that cannot be listed tells nothing: what serves is kept, and so is readiness)
-            scan = self._planner.scan
-            problems = set() if scan.unreadable else set(scan.problems) - self._lifecycle.held
-            return all(n in serving for n in wanted | problems)
+            return all(n in serving for n in wanted | (set(listed.problems) - self._lifecycle.held))
         # refused; one whose first retry is still to come holds readiness back, as one loading does
         # (not every retry: they go on for good, and lenient readiness would never come)
         failed = {n for n, _ in self._failures.versions()} - self._failures.first_retry_pending()
         again = self._failures.retrying_again()  # refused while a later retry loads too
-        waiting = {n for n, reason in self._planner.scan.problems.items() if reason == WAITING_FOR_CONFIG}
+        waiting = {n for n, reason in listed.problems.items() if reason == WAITING_FOR_CONFIG}
         return not (waiting - set(serving) - self._lifecycle.held) and all(
             n in serving or n in again or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
 

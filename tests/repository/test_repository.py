@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
@@ -238,12 +237,37 @@ async def test_a_models_folder_that_cannot_be_read_changes_and_forgets_nothing(m
     assert serving(repo) == ["good"] and await answer(repo, "good") == 1.0  # scale 1
     assert index[("junk", "1")][0] == State.UNAVAILABLE and "not an OM file" in index[("junk", "1")][1]
     assert "the models folder cannot be read (Permission denied)" in index[(str(models_dir), "")][1]
-    # strict readiness too stays as it was: every model still serves (the folder's problem held it back)
-    repo.config = dataclasses.replace(repo.config, readiness="strict")
-    assert repo.all_ready()
     monkeypatch.undo()
     await asyncio.gather(*await repo._reconcile(trust="all"))
     assert serving(repo) == ["good"] and events.count("load_failed", "junk") == 1  # not tried again
+
+
+@pytest.mark.parametrize("readiness", ["strict", "lenient"])
+async def test_readiness_is_what_it_was_while_the_models_folder_cannot_be_listed(
+        make_repo, models_dir, model_files, monkeypatch, readiness):
+    """Strict readiness said 503 while every model served on (the folder's own problem held it
+    back); then, judged by a scan that lists nothing, it said 200 whatever held it back before,
+    and for a folder never listed (found by an independent review)."""
+    place(model_files[1]["om"], models_dir / "good.om")
+    repo, _ = await make_repo(model_control_mode="none", readiness=readiness)
+
+    async def ready_after_a_scan(listable: bool) -> bool:
+        if not listable:
+            unlistable(monkeypatch, models_dir)
+        await asyncio.gather(*await repo._reconcile(trust="all"))
+        monkeypatch.undo()
+        return repo.all_ready()
+
+    assert await ready_after_a_scan(True) and await ready_after_a_scan(False)
+    place(model_files[1]["om"], models_dir / "broken.om")
+    (models_dir / "broken.yaml").write_text("instances: [\n")  # a problem: holds strict readiness back
+    held_back = readiness == "strict"
+    assert await ready_after_a_scan(True) is not held_back
+    assert await ready_after_a_scan(False) is not held_back
+    unlistable(monkeypatch, models_dir)
+    never, _ = await make_repo(start=False, model_control_mode="none", readiness=readiness)
+    await never.start()
+    assert not never.all_ready()  # never listed: nothing is known to be served
 
 
 async def test_strict_readiness_waits_for_every_model_on_disk(make_repo, models_dir, model_files):

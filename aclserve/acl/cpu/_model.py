@@ -205,11 +205,19 @@ def load(ctx, info: _om.ModelInfo, payload: bytes, mem: tuple[int, int, int, int
         log.error("model %r cannot be loaded into ONNX Runtime: %s", info.name, e)
         for p in owned:
             _memory.free(p)
-        return 0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+        # the host out of memory or threads is not the file's fault (a device's load says so too)
+        return 0, C.ACL_ERROR_BAD_ALLOC if _host_short(e) else C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
     model = LoadedModel(next(_ids), ctx, info, session, owned)
     with _state.lock:
         models[model.id] = model
     return model.id, C.ACL_SUCCESS
+
+
+def _host_short(error: Exception) -> bool:
+    """ONNX Runtime failed for want of host memory (std::bad_alloc) or a thread."""
+    text = str(error)
+    return isinstance(error, MemoryError) or any(
+        words in text for words in ("bad_alloc", "can't start new thread", "Resource temporarily unavailable"))
 
 
 def unload(ctx, model_id: int) -> int:
