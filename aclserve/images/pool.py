@@ -54,19 +54,22 @@ class DecodePool:
         loop = asyncio.get_running_loop()
         self.pending += n
         futures = []
+        job = None
         try:
             for item in items:
-                cf = self._executor.submit(fn, item)
+                job = _Job(fn, item)
+                cf = self._executor.submit(job)
                 cf.add_done_callback(lambda _f: self._release_from_thread(loop, ended))
                 ended.began()
                 futures.append(asyncio.wrap_future(cf, loop=loop))
         except RuntimeError as e:  # shut down while submitting, or a thread that cannot start
             for _ in range(n - len(futures)):
                 self.pending -= 1
+            if job is not None:  # queued by the submit that failed: it runs later, as nothing
+                job.drop()
             if self._closed:
                 raise
-            # ("can't start new thread": the process's limit; what was queued runs on the
-            # threads there are, for nothing)
+            # ("can't start new thread": the process's limit)
             raise Overloaded(f"image decoding cannot start a thread ({e}); retry later") from None
         done = await asyncio.gather(*futures, return_exceptions=True)
         for result in done:
@@ -118,3 +121,20 @@ class _Countdown:
         if not self._submitting and self._running == 0 and self._on_ended is not None:
             on_ended, self._on_ended = self._on_ended, None
             on_ended()
+
+
+class _Job:
+    """One item's decode as the executor runs it; dropped (its image let go) when the submit
+    that queued it failed: nobody waits for it, and with no thread ever started it stayed queued."""
+
+    __slots__ = ("fn", "item")
+
+    def __init__(self, fn: Callable, item):
+        self.fn, self.item = fn, item
+
+    def __call__(self):
+        fn, item = self.fn, self.item
+        return None if fn is None else fn(item)
+
+    def drop(self) -> None:
+        self.fn = self.item = None

@@ -9,6 +9,7 @@ start. Owned by the repository's Lifecycle: `compiled` blocks (call it in a work
 """
 from __future__ import annotations
 
+import errno
 import logging
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from ..config import CompileOptions
 from . import cache_dir, cache_entry
 
 log = logging.getLogger(__name__)
+FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class CompileCache:
@@ -29,7 +31,13 @@ class CompileCache:
         `progress(step)` first)."""
         from .compiler import compiled_om  # the compiler's imports are heavy; only .onnx models need them
         folder = cache_dir.resolve(self._configured, self._models_dir)
-        return str(compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name, progress))
+        try:
+            return str(compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name, progress))
+        except OSError as e:
+            if e.errno not in FULL or e.filename is not None:
+                raise
+            # a write says no file: the folder that is full is what an operator needs to know
+            raise OSError(e.errno, f"{e.strerror}: the compile cache {folder}") from e
 
     def sweep(self) -> None:
         """At start (blocking): remove what interrupted compiles left in the cache folder, when

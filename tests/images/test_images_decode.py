@@ -278,7 +278,10 @@ def test_a_decoding_thread_that_cannot_start_is_a_retry_later(monkeypatch):
     was taken for a shutdown: a 500 and a traceback (found by running the server under `ulimit -u`)."""
     import concurrent.futures
 
-    def no_thread(*args, **kwargs):
+    queued = []
+
+    def no_thread(executor, job):  # as ThreadPoolExecutor.submit fails: the job queued, no thread for it
+        queued.append(job)
         raise RuntimeError("can't start new thread")
 
     async def main():
@@ -288,6 +291,8 @@ def test_a_decoding_thread_that_cannot_start_is_a_retry_later(monkeypatch):
             with pytest.raises(Overloaded, match=r"image decoding cannot start a thread \(can't start new thread\)"):
                 await pool.map(lambda i: i, [1, 2])
             assert pool.pending == 0
+            # the job that stayed queued holds no image (with no thread ever started it stayed for good)
+            assert len(queued) == 1 and queued[0]() is None and queued[0].item is None
             monkeypatch.undo()
             assert await pool.map(lambda i: i * i, [1, 2]) == [1, 4]
         finally:

@@ -171,6 +171,13 @@ def test_the_host_running_short_is_transient():
         except LoadError as wrapped:
             assert is_transient(error) and is_transient(wrapped), error
     assert not is_transient(OSError(errno.EACCES, "Permission denied"))
+    try:  # raised `from None`: what it hid is not what failed
+        try:
+            raise MemoryError()
+        except MemoryError:
+            raise ValueError("not an OM file") from None
+    except ValueError as hidden:
+        assert not is_transient(hidden)
     assert not is_transient(RuntimeError("instances of one pool loaded different models"))
 
 
@@ -191,6 +198,9 @@ async def test_a_compile_that_runs_out_of_disk_is_retried(make_repo, models_dir,
     place(model_files[2]["onnx"], models_dir / "o.onnx")
     repo, events = await make_repo(start=False, load_retry_initial_s=0.2, load_retry_max_s=0.4)
     await repo.start()
+    await events.wait("load_failed", "o")
+    (failed,) = [e for e in events.seen if e[0] == "load_failed"]  # names the folder that is full
+    assert f"No space left on device: the compile cache {models_dir / '.cache'}" in failed[3]["reason"], failed
     await events.wait("loaded", "o", limit_s=30)  # (a hang guard: it waited for good)
     assert len(calls) == 2 and float((await repo.get("o").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
 
