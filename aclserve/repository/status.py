@@ -41,6 +41,9 @@ TRANSITIONS: dict[State | None, frozenset[State | None]] = {
 }
 
 
+UNLOADED = "unloaded"  # the reason of a version unloaded through the API, its file still there
+
+
 class IllegalTransition(RuntimeError):
     """A move not in TRANSITIONS: a bug in the repository, never a user's error."""
 
@@ -72,7 +75,7 @@ class VersionStates:
         if self.get(name, version) is not State.UNLOADING:
             return  # a replaced version: the same version serves on, READY
         if held:
-            self.move(name, version, State.UNAVAILABLE, "unloaded")
+            self.move(name, version, State.UNAVAILABLE, UNLOADED)
         else:
             self.move(name, version, None)
 
@@ -99,8 +102,9 @@ class VersionStates:
 
     def forget_stale(self, scan: ScanResult, refused: set[tuple[str, str]],
                      superseded: set[tuple[str, str]] = frozenset()) -> None:
-        """Forget UNAVAILABLE versions whose file is gone; clear the 'new file refused' reason of
-        READY versions whose refused file is gone. A model the scan could not read (a problem:
+        """Forget UNAVAILABLE versions whose file is gone, or whose failed file is (replaced:
+        the failure of the file it was stayed shown while the new one settled); clear the 'new
+        file refused' reason of READY versions whose refused file is gone. A model the scan could not read (a problem:
         its folder unreadable, its config broken) keeps what is known of it, but for the load
         failures in `superseded` (made with a config that has changed since: the problem says
         what is wrong now)."""
@@ -110,7 +114,7 @@ class VersionStates:
                     self.move(name, version, None if state is State.UNAVAILABLE else State.READY)
                 continue
             on_disk = name in scan.models and version in scan.models[name].available
-            if state is State.UNAVAILABLE and not on_disk:
+            if state is State.UNAVAILABLE and (not on_disk or (reason != UNLOADED and (name, version) not in refused)):
                 self.move(name, version, None)
             elif state is State.READY and reason and (name, version) not in refused:
                 self.move(name, version, State.READY)

@@ -275,3 +275,23 @@ async def test_a_refused_labels_edit_is_said_to_be_one(make_repo, models_dir, mo
     assert [(r["state"], r["reason"]) for r in repo.index() if r["name"] == "m"] == [
         ("READY", "serving the previous labels file; the new one failed: labels file four.txt has 3 labels; "
                   "output 'y' has 4 classes")]
+
+
+async def test_a_refused_file_replaced_in_place_no_longer_shows_its_failure(make_repo, models_dir, model_files):
+    """The failure of the file it was stayed in the index (and a request's 404) while the new
+    file settled (found by an independent review). The settle gate's clock is a fake one here:
+    the new file is complete only when the test says."""
+    clock = FakeClock()
+    repo, events = await make_repo(clock=clock)
+    write_in(models_dir / "m.om", b"garbage" * 100)
+    await events.wait("load_failed", "m")
+    place(model_files[1]["om"], models_dir / "m.om", how="copy")  # in place: it settles
+    place(model_files[1]["om"], models_dir / "gate.om")
+    await events.wait("loaded", "gate")
+    assert [(r["state"], r["reason"]) for r in repo.index() if r["name"] == "m"] == [
+        ("UNAVAILABLE", "waiting for the file to be complete")]
+    with pytest.raises(ModelUnavailable):  # a 503 to retry, not the old file's 404
+        repo.get("m")
+    clock.now += 1.0
+    place(model_files[1]["om"], models_dir / "gate2.om")
+    await events.wait("loaded", "m")
