@@ -37,6 +37,7 @@ from .watcher import Debouncer, RepositoryWatcher
 log = logging.getLogger(__name__)
 
 RESCAN_S = 10.0  # poll mode: rescan at least this often even without file events
+UNREADABLE_RESCAN_S = 1.0  # ... and this often while the folder cannot be listed (a chmod back sends no event)
 MAX_VERSION_DIGITS = 18  # versions are folder names of positive integers; longer is not one
 
 
@@ -302,7 +303,8 @@ class ModelRepository:
             if self._debouncer is not None:
                 wait = self._planner.next_check()
                 # a missed file event (inotify races with new folders) is caught by the next rescan
-                self._debouncer.wake_after(RESCAN_S if wait is None else min(wait + 0.01, RESCAN_S))
+                every = UNREADABLE_RESCAN_S if self._planner.scan.unreadable else RESCAN_S
+                self._debouncer.wake_after(every if wait is None else min(wait + 0.01, every))
             return [task for task in started if task is not None]
 
     async def _scan(self) -> None:

@@ -270,6 +270,25 @@ async def test_readiness_is_what_it_was_while_the_models_folder_cannot_be_listed
     assert not never.all_ready()  # never listed: nothing is known to be served
 
 
+async def test_a_models_folder_that_can_be_listed_again_is_seen_at_once(make_repo, models_dir, model_files,
+                                                                       monkeypatch):
+    """Its permissions given back send no file event: only the safety rescan (every 10 s) saw it
+    (found by running the server on a folder chmod 000 and back). While a folder cannot be
+    listed it is read again every second. The safety rescan is turned off here."""
+    import aclserve.repository.repository as repository_module
+    monkeypatch.setattr(repository_module, "RESCAN_S", 3600.0)
+    repo, events = await make_repo()
+    with monkeypatch.context() as patch:
+        unlistable(patch, models_dir)
+        place(model_files[1]["om"], models_dir / "late.om")  # its event's scan cannot list the folder
+        for _ in range(600):  # (a hang guard)
+            if any(r["name"] == str(models_dir) for r in repo.index()):
+                break
+            await asyncio.sleep(0.05)
+        assert [r["reason"] for r in repo.index()] == ["the models folder cannot be read (Permission denied)"]
+    await events.wait("loaded", "late", limit_s=30)  # (it waited for the safety rescan: an hour here)
+
+
 async def test_strict_readiness_waits_for_every_model_on_disk(make_repo, models_dir, model_files):
     place(model_files[1]["om"], models_dir / "good.om")
     (models_dir / "junk.om").write_bytes(b"this is not a model")
