@@ -227,11 +227,11 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
     """Read `directory` and return what should be served. Pure apart from reading the disk."""
     result = ScanResult()
     root = Path(directory)
-    if not root.is_dir():
-        result.problems[str(directory)] = "the models folder does not exist"
-        return result
-    root = root.resolve()
     try:
+        if not root.is_dir():  # (raises, not False, where a folder above cannot be searched)
+            result.problems[str(directory)] = "the models folder does not exist"
+            return result
+        root = root.resolve()
         children = sorted(root.iterdir())
     except OSError as e:  # e.g. its permissions changed: nothing served is touched (planner.py)
         result.problems[str(directory)] = f"the models folder cannot be read ({e.strerror or e})"

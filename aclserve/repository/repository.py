@@ -240,6 +240,8 @@ class ModelRepository:
         results = await asyncio.gather(*tasks)
         if self._closed:  # the shutdown abandoned the load: not the model's failure, and no 4xx
             raise ShuttingDown(f"the model repository shut down before {name} was loaded")
+        if self._planner.scan.unreadable:  # it tells nothing of the model: not a 404
+            raise ModelUnavailable(f"cannot load {name}: {next(iter(self._planner.scan.problems.values()))}")
         if name not in self._planner.scan.models:
             problem = self._planner.scan.problems.get(name)
             if problem:  # its files are there but cannot be served as they are (a bad config, say)
@@ -253,7 +255,7 @@ class ModelRepository:
 
     async def unload(self, name: str) -> None:
         self._check_control("unload")
-        scan = self._planner.scan
+        scan = self._planner.listed or self._planner.scan  # (one that cannot be listed names nothing)
         if name not in self._lifecycle.serving and name not in scan.models and name not in scan.problems:
             raise NotFound(f"unknown model {name!r}")
         self._lifecycle.held.add(name)
@@ -294,17 +296,19 @@ class ModelRepository:
             return []
         asked_after = self._scans_started
         async with self._scan_lock:
-            if only is None or self._last_scan <= asked_after:
-                await self._scan()
-            if again:
-                self._failures.forget_model(only)
-            plans = self._planner.plans(self._lifecycle.acted, trust, self._failures.files, self._lifecycle.held)
-            started = [self._lifecycle.start(plan) for plan in plans if only is None or plan.name == only]
-            if self._debouncer is not None:
-                wait = self._planner.next_check()
-                # a missed file event (inotify races with new folders) is caught by the next rescan
-                every = UNREADABLE_RESCAN_S if self._planner.scan.unreadable else RESCAN_S
-                self._debouncer.wake_after(every if wait is None else min(wait + 0.01, every))
+            try:
+                if only is None or self._last_scan <= asked_after:
+                    await self._scan()
+                if again:
+                    self._failures.forget_model(only)
+                plans = self._planner.plans(self._lifecycle.acted, trust, self._failures.files, self._lifecycle.held)
+                started = [self._lifecycle.start(plan) for plan in plans if only is None or plan.name == only]
+            finally:  # (a scan that raised stopped the safety rescan too: hot reload waited for a file event)
+                if self._debouncer is not None:
+                    wait = self._planner.next_check()
+                    # a missed file event (inotify races with new folders) is caught by the next rescan
+                    every = UNREADABLE_RESCAN_S if self._planner.scan.unreadable else RESCAN_S
+                    self._debouncer.wake_after(every if wait is None else min(wait + 0.01, every))
             return [task for task in started if task is not None]
 
     async def _scan(self) -> None:
@@ -332,9 +336,12 @@ class ModelRepository:
         if self._debouncer is not None:
             self._debouncer.wake_after(0)
             return
-        task = asyncio.get_running_loop().create_task(self._reconcile_only(name))
+        task = asyncio.get_running_loop().create_task(self._reconcile_only(name, version))
         self._retry_tasks.add(task)
         task.add_done_callback(self._retry_tasks.discard)
 
-    async def _reconcile_only(self, name: str) -> None:
+    async def _reconcile_only(self, name: str, version: str) -> None:
         await asyncio.gather(*await self._reconcile(trust="all", only=name))
+        if self._planner.scan.unreadable and not self._closed:  # nothing planned: try again later
+            # (explicit and none modes: nothing else reads the folder; the retry was lost for good)
+            asyncio.get_running_loop().call_later(UNREADABLE_RESCAN_S, self._retry_due, name, version)

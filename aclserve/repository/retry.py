@@ -40,8 +40,9 @@ def host_short(error: BaseException) -> bool:
             return True
         if isinstance(error, RuntimeError) and "can't start new thread" in str(error):
             return True
-        # (one raised `from None` hid its context on purpose: that is not what failed)
-        error, seen = error.__cause__ or (None if error.__suppress_context__ else error.__context__), seen + 1
+        # (a context hidden with `from None` counts too: the file checks hide the OSError they
+        # turn into "cannot read the file", EMFILE included)
+        error, seen = error.__cause__ or error.__context__, seen + 1
     return False
 
 

@@ -289,6 +289,40 @@ async def test_a_models_folder_that_can_be_listed_again_is_seen_at_once(make_rep
     await events.wait("loaded", "late", limit_s=30)  # (it waited for the safety rescan: an hour here)
 
 
+@pytest.mark.parametrize("mode", ["explicit", "none"])
+async def test_a_retry_due_while_the_models_folder_cannot_be_listed_is_not_lost(
+        make_repo, models_dir, model_files, monkeypatch, clean_faults, mode):
+    """Explicit and none modes read the folder only for a load or a retry: a retry whose scan
+    could not list the folder planned nothing, and nothing tried again (found by an independent
+    review)."""
+    from aclserve.acl.cpu import faults
+    place(model_files[1]["om"], models_dir / "m.om")
+    faults.inject("load", nth=1, code=207001)  # the first load fails: retried
+    repo, events = await make_repo(start=False, model_control_mode=mode, load_retry_initial_s=0.2,
+                                   load_retry_max_s=0.4)
+    with monkeypatch.context() as patch:
+        await repo.start()
+        assert events.count("load_failed", "m") == 1
+        unlistable(patch, models_dir)
+        await asyncio.sleep(1.0)  # (an arrangement, not a check: the retry falls due meanwhile)
+    await events.wait("loaded", "m", limit_s=30)  # (it waited for good)
+
+
+async def test_the_load_api_while_the_models_folder_cannot_be_listed(make_repo, models_dir, model_files,
+                                                                    monkeypatch):
+    """A load said "no model 'good'" of a model serving; an unload of a refused model "unknown
+    model" (found by an independent review): the folder cannot be read, which the load says;
+    an unload goes by the folder as last listed."""
+    place(model_files[1]["om"], models_dir / "good.om")
+    (models_dir / "junk.om").write_bytes(b"this is not a model")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    unlistable(monkeypatch, models_dir)
+    with pytest.raises(ModelUnavailable, match=r"^cannot load good: the models folder cannot be read"):
+        await repo.load("good")
+    await repo.unload("junk")  # held out: readiness no longer waits for it
+    assert serving(repo) == ["good"] and repo.all_ready()
+
+
 async def test_strict_readiness_waits_for_every_model_on_disk(make_repo, models_dir, model_files):
     place(model_files[1]["om"], models_dir / "good.om")
     (models_dir / "junk.om").write_bytes(b"this is not a model")

@@ -314,3 +314,19 @@ def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
         "digits.yaml is read; digits.yml beside it is ignored",
         "v.yaml not read: a versioned model's settings go in v/config.yaml"]
     assert sorted(result.models) == ["digits", "v"] and not result.problems
+
+
+def test_a_models_folder_under_one_that_cannot_be_searched_cannot_be_read(tmp_path, monkeypatch):
+    """`chmod 000` on the folder above: Path.is_dir raises (EACCES), not False, and the scan
+    raised, which also stopped the safety rescan (found by running the server so)."""
+    models = tmp_path / "m"
+    models.mkdir()
+    is_dir = type(models).is_dir
+
+    def unsearchable(self):
+        if self == models:
+            raise PermissionError(13, "Permission denied", str(self))
+        return is_dir(self)
+    monkeypatch.setattr(type(models), "is_dir", unsearchable)
+    result = scan(models, DEFAULTS)
+    assert result.unreadable and result.problems == {str(models): "the models folder cannot be read (Permission denied)"}

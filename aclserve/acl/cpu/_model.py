@@ -214,10 +214,12 @@ def load(ctx, info: _om.ModelInfo, payload: bytes, mem: tuple[int, int, int, int
 
 
 def _host_short(error: Exception) -> bool:
-    """ONNX Runtime failed for want of host memory (std::bad_alloc) or a thread."""
+    """ONNX Runtime failed for want of host memory (std::bad_alloc; its library not mapped as it
+    was imported) or a thread."""
     text = str(error)
     return isinstance(error, MemoryError) or any(
-        words in text for words in ("bad_alloc", "can't start new thread", "Resource temporarily unavailable"))
+        words in text for words in ("bad_alloc", "can't start new thread", "Resource temporarily unavailable",
+                                    "failed to map segment", "Cannot allocate memory"))
 
 
 def unload(ctx, model_id: int) -> int:
