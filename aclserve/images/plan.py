@@ -108,7 +108,8 @@ def build_plan(image: ImageInput, spec: TensorSpec) -> ImagePlan:
     else:
         (height, width), channels = dims, 1
     if channels not in (1, 3):
-        said = f", as layout {image.layout} reads its dims {dims} (is that its layout?)" if image.layout != "auto" else ""
+        said = (f", as layout {image.layout} reads its dims {dims} (is that its layout?)"
+                if image.layout != "auto" else "")
         raise PlanError(f"image input {name!r}: {channels} channels{said}; images give 1 (gray) or 3 (rgb/bgr)")
     # unsaid, the pixels the input's AIPP takes (an RGB888 AIPP swapping R and B takes BGR)
     color = image.color or spec.aipp_color or ("gray" if channels == 1 else "rgb")

@@ -73,7 +73,7 @@ class SettleGate:
             return False
         real = os.path.realpath(path)
         live_paths.add(real)  # its record of absence is kept while it settles
-        return not self._part_complete(real, (real, None), 0, False)
+        return not self._absence_complete(real, False)
 
     def file_complete(self, path: str, trust_age: bool = False) -> bool:
         """Any one file by the same rules (a config file that did not read); one gone is."""
@@ -84,11 +84,14 @@ class SettleGate:
                 return True
             # a link to nothing: its target may be being saved (vim renames it away first), so
             # its absence settles as a write does; keyed by the link, which the scans still list
-            link = os.path.abspath(path)
-            return self._part_complete(link, (link, None), 0, trust_age)
+            return self._absence_complete(os.path.abspath(path), trust_age)
         real = os.path.realpath(path)
         return self._part_complete(real, (real, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino),
                                    st.st_mtime_ns, trust_age)
+
+    def _absence_complete(self, key: str, trust_age: bool) -> bool:
+        """A file's absence, settled as a write is (it may be coming back)."""
+        return self._part_complete(key, (key, None), 0, trust_age)
 
     def _part_complete(self, path: str, ident: tuple, mtime_ns: int, trust_age: bool) -> bool:
         now = self._clock()
@@ -142,19 +145,15 @@ class SettleGate:
                 held = acted.get(name, {}).get(version)
                 if held is not None:
                     usable[version] = held
-            if not self._config_complete(entry, trust) or self._config_just_gone(acted.get(name), trust, live_paths):
-                # its version policy is not known yet (a half-saved switch unloaded the serving
-                # version for settle_s): what was acted on stays, as far as its files are there
-                kept = {v: w for v, w in acted.get(name, {}).items() if v in entry.available}
-                if kept:
-                    desired[name] = kept
-                continue
-            chosen = select_versions(usable, entry.config.version_policy)
-            wanted = {v: usable[v] for v in chosen}
+            wanted = {}
+            if self._config_complete(entry, trust) and not self._config_just_gone(acted.get(name), trust, live_paths):
+                wanted = {v: usable[v] for v in select_versions(usable, entry.config.version_policy)}
             if not wanted:
-                # the policy selects only files that failed to load or are still being written
-                # (it selects some: else the model is a scan problem): what serves stays
-                # (`specific: [2]` with 2 refused, or 2 being fixed, unloaded the serving 1)
+                # its version policy is not known yet (a half-saved switch unloaded the serving
+                # version for settle_s), or it selects only files that failed to load or are
+                # still being written (it selects some: else the model is a scan problem;
+                # `specific: [2]` with 2 refused, or 2 being fixed, unloaded the serving 1):
+                # what was acted on stays, as far as its files are there
                 wanted = {v: w for v, w in acted.get(name, {}).items() if v in entry.available}
             if wanted:
                 desired[name] = wanted

@@ -104,10 +104,10 @@ class VersionStates:
                      superseded: set[tuple[str, str]] = frozenset()) -> None:
         """Forget UNAVAILABLE versions whose file is gone, or whose failed file is (replaced:
         the failure of the file it was stayed shown while the new one settled); clear the 'new
-        file refused' reason of READY versions whose refused file is gone. A model the scan could not read (a problem:
-        its folder unreadable, its config broken) keeps what is known of it, but for the load
-        failures in `superseded` (made with a config that has changed since: the problem says
-        what is wrong now)."""
+        file refused' reason of READY versions whose refused file is gone. A model the scan
+        could not read (a problem: its folder unreadable, its config broken) keeps what is known
+        of it, but for the load failures in `superseded` (made with a config that has changed
+        since: the problem says what is wrong now)."""
         for (name, version), (state, reason) in list(self._records.items()):
             if name in scan.problems:
                 if (name, version) in superseded and state in (State.UNAVAILABLE, State.READY):
