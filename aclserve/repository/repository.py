@@ -251,7 +251,10 @@ class ModelRepository:
         if name in self._lifecycle.held and not failed:
             raise ModelLoadFailed(f"failed to load {name}: an unload request for it arrived during this load")
         if name not in self._lifecycle.serving or failed:
-            raise ModelLoadFailed(f"failed to load {name}: " + ("; ".join(failed) or "no version loaded"))
+            message = f"failed to load {name}: " + ("; ".join(failed) or "no version loaded")
+            if failed and not self._failures.refused_for_good(name):  # its retry is due: 503, not the model's fault
+                raise ModelUnavailable(message)
+            raise ModelLoadFailed(message)
 
     async def unload(self, name: str) -> None:
         self._check_control("unload")

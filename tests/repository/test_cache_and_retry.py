@@ -12,7 +12,7 @@ import pytest
 
 from aclserve.acl.check import AclError
 from aclserve.config import ModelConfig
-from aclserve.errors import ExecutionFailed
+from aclserve.errors import ExecutionFailed, ModelUnavailable
 from aclserve.repository import cache_dir, cache_entry, loader, overload
 from aclserve.repository.retry import RetrySchedule, is_transient
 from aclserve.runtime.device import LoadError
@@ -222,6 +222,22 @@ async def test_a_device_error_of_the_model_load_itself_is_retried(make_repo, mod
     await events.wait("loaded", "m")
     result = await repo.get("m").infer(x_rows(), 1)
     assert float(result.outputs["y"][0, 0]) == 1.0  # model_files[1]: y = x * 1
+
+
+@pytest.mark.asyncio
+async def test_the_load_api_answers_a_failure_that_is_retried_as_unavailable(make_repo, models_dir, model_files,
+                                                                            clean_faults):
+    """A load the device refused for want of memory is retried by the repository: the load API
+    says so as 503 (try again later), not as the 400 of a file that cannot be served, and the
+    model serves once the retry loads it."""
+    from aclserve.acl.cpu import faults
+    repo, events = await make_repo(model_control_mode="explicit", load_retry_initial_s=0.2, load_retry_max_s=0.4)
+    place(model_files[1]["om"], models_dir / "m.om")
+    faults.inject("load", nth=1, code=207001)
+    with pytest.raises(ModelUnavailable, match=r"failed to load m: version 1: .*207001.*retry 1 in"):
+        await repo.load("m")
+    await events.wait("loaded", "m")
+    assert float((await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
 
 
 def test_auto_queue_limits_follow_gears_instances_and_speed():
