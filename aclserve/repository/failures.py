@@ -76,6 +76,10 @@ class LoadFailures:
         keys = [k for k in self._reasons if k[0] == name and version in (None, k[1])]
         return bool(keys) and not any(self._retry.pending(k) for k in keys)
 
+    def retry_pending(self, name: str) -> bool:
+        """A refused file of `name` is to be tried again by itself later."""
+        return any(self._retry.pending(k) for k in self._reasons if k[0] == name)
+
     def first_retry_pending(self) -> set[str]:
         """Models with a refused file whose first automatic retry is still to come. Only the
         first: retries go on until the file loads (a device too small for the model fails with

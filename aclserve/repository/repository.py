@@ -252,7 +252,7 @@ class ModelRepository:
             raise ModelLoadFailed(f"failed to load {name}: an unload request for it arrived during this load")
         if name not in self._lifecycle.serving or failed:
             message = f"failed to load {name}: " + ("; ".join(failed) or "no version loaded")
-            if failed and not self._failures.refused_for_good(name):  # its retry is due: 503, not the model's fault
+            if failed and self._failures.retry_pending(name):  # tried again by itself: 503, not a file's fault
                 raise ModelUnavailable(message)
             raise ModelLoadFailed(message)
 
