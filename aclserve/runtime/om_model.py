@@ -60,9 +60,12 @@ class OmModel:
         with contextlib.ExitStack() as undo:
             undo.callback(self.close)
             self._load()
-            self._describe()
-            if self.gears:
-                refuse_outputs_not_batch_first(acl, self)
+            try:
+                self._describe()
+                if self.gears:
+                    refuse_outputs_not_batch_first(acl, self)
+            except AclError as e:  # a LoadError with its cause: retried only if the device ran short
+                raise LoadError(f"model {self.name}: reading the description of {self.path} failed ({e})") from e
             undo.pop_all()
 
     # -- loading ---------------------------------------------------------------------------

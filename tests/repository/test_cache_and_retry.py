@@ -225,6 +225,31 @@ async def test_a_device_error_of_the_model_load_itself_is_retried(make_repo, mod
 
 
 @pytest.mark.asyncio
+async def test_a_model_whose_description_cannot_be_read_is_refused_not_retried(make_repo, models_dir, model_files,
+                                                                              clean_faults):
+    """GE failing to read a loaded model's description (500002) fails the same way on every
+    attempt: refused for good, naming the step, and not retried for ever as a bare device
+    error was; a device short of memory there (207001) is retried."""
+    from aclserve.acl.cpu import faults
+    place(model_files[1]["om"], models_dir / "m.om")
+    faults.inject("describe", count=1, code=500002)
+    repo, events = await make_repo(start=False, model_control_mode="poll", load_retry_initial_s=0.2,
+                                   load_retry_max_s=0.4)
+    await repo.start()
+    await events.wait("load_failed", "m")
+    (row,) = repo.index()
+    assert row["state"] == "UNAVAILABLE" and "reading the description of" in row["reason"], row
+    assert "500002" in row["reason"] and "retry" not in row["reason"] and repo.load_retries.get("m", 0) == 0
+    faults.inject("describe", count=1, code=207001)
+    place(model_files[2]["om"], models_dir / "m.om")  # a new file: tried again
+    await events.wait("load_failed", "m", count=2)
+    (row,) = repo.index()
+    assert "207001" in row["reason"] and "transient device error: retry 1 in" in row["reason"], row
+    await events.wait("loaded", "m")
+    assert float((await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
+
+
+@pytest.mark.asyncio
 async def test_the_load_api_answers_a_failure_that_is_retried_as_unavailable(make_repo, models_dir, model_files,
                                                                             clean_faults):
     """A load the device refused for want of memory is retried by the repository: the load API

@@ -45,9 +45,10 @@ from dataclasses import dataclass, field
 from .. import constants as C
 
 # query_size: refuse it, as CANN does for dynamic-shape OMs; load: a model's load_from_* (GE
-# allocating what query_size does not count, say); mem_info: get_mem_info; execute_call: the
+# allocating what query_size does not count, say); describe: a loaded model's mdl.get_desc (GE
+# failing to read its description, 500002 on a device); mem_info: get_mem_info; execute_call: the
 # call, not the work; dvpp: a JPEGD or VPC task of acl.media, when it runs on its stream
-KINDS = ("execute", "execute_call", "memcpy", "query_size", "load", "mem_info", "dvpp")
+KINDS = ("execute", "execute_call", "memcpy", "query_size", "load", "describe", "mem_info", "dvpp")
 _KEYS = {"nth": int, "count": int, "probability": float, "code": int, "delay_ms": float, "model_id": int}
 _FORMAT = "kind[:key=value,...][;...] with kind " + "|".join(KINDS) + " and keys " + ", ".join(_KEYS)
 # About 31 years: as good as never returning, and within what time.sleep takes (an infinite or NaN

@@ -89,7 +89,8 @@ def create_desc():
 
 @api("acl.mdl.get_desc", PTR, INT)
 def get_desc(model_desc, model_id):
-    return _desc.fill(model_desc, model_id)
+    code = faults.trigger("describe", model_id)
+    return code or _desc.fill(model_desc, model_id)
 
 
 @api("acl.mdl.destroy_desc", PTR)
