@@ -22,7 +22,9 @@ def _int_as_orjson_reads_it(text: str):
     if len(text) > 4300:
         raise ValueError(f"an integer of {len(text):,} digits")
     value = int(text)
-    return value if -2**63 <= value < 2**64 else float(value)
+    # (from the text: float() of an int beyond a double raises OverflowError; of the text it is
+    # inf, as the stdlib reads 1e400)
+    return value if -2**63 <= value < 2**64 else float(text)
 
 
 _stdlib = json.JSONDecoder(parse_constant=_refuse_constant, parse_int=_int_as_orjson_reads_it)

@@ -110,6 +110,7 @@ def test_json_and_binary_answers_are_aiohttp_s(srv):
     ("/v2/models/double/infer", b"{not json"),  # 400
     ("/v2/models/double/infer", JSON_BODY.replace(b"[1, 16]", b"[1, 15]")),  # 400: shape
     ("/v2/models/double/infer", b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1e400]}]}'),
+    ("/v2/models/double/infer", JSON_BODY.replace(b"[1, 16]", b"[1, %s]" % (b"9" * 400))),  # was a 500
 ])
 def test_errors_are_aiohttp_s(srv, path, body):
     direct, via = both_ways(srv.url, post(path, body), post(path, body, VIA_AIOHTTP))

@@ -88,6 +88,22 @@ def test_a_number_too_large_for_a_double_names_its_input():
         decode(one_input("FP32"), raw)
 
 
+@pytest.mark.parametrize("sign", ["", "-"])
+def test_an_integer_too_large_for_a_double_names_its_field(sign):
+    """400 digits: beyond 64 bits and beyond a double (float() of it raised OverflowError: a 500)."""
+    huge = (sign + "9" * 400).encode()
+    raw = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0, %s, 0, 0]}]}' % huge
+    with pytest.raises(InvalidInput, match="input 'x': data values out of range for FP32"):
+        decode(one_input("FP32"), raw)
+    raw = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, %s], "data": [0]}]}' % huge
+    with pytest.raises(InvalidInput, match="input 'x'.*shape"):
+        decode(one_input("FP32"), raw)
+    raw = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]}],' \
+          b' "parameters": {"timeout": %s}}' % huge
+    with pytest.raises(InvalidInput, match="parameters.timeout"):
+        decode(one_input("FP32"), raw)
+
+
 @pytest.mark.parametrize("raw,match", [
     (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [NaN, 0, 0, 0]}]}',
      "not valid JSON: NaN is not valid JSON"),
