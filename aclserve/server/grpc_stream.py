@@ -1,5 +1,9 @@
-"""One ModelStreamInfer call: its requests run concurrently, their answers go back as they are
-ready, and a stream its client leaves quiet, or whose answers it does not take, ends.
+"""One ModelStreamInfer call: its requests run concurrently, their answers go back in the order
+the requests came, and a stream its client leaves quiet, or whose answers it does not take, ends.
+
+- Order: as Triton answers a stream of a model that is not decoupled, so that a client may pair
+  answers with requests by position (tritonclient drops the id of an error answer): an answer
+  made early waits for those of the requests before it, within the window.
 
 - Window: at most STREAM_WINDOW requests of a stream are held at once, from the read of a
   request to the send of its answer. A client that reads no answers is then not read either,
@@ -50,7 +54,11 @@ class InferStream:
         self._quiet_limit_s = quiet_limit_s
         self._send_limit_s = send_limit_s
         self._loop = asyncio.get_running_loop()
-        self._ready: asyncio.Queue = asyncio.Queue()  # (answer, its lease): made, not yet sent
+        self._ready: asyncio.Queue = asyncio.Queue()  # (answer, its lease): made, in order, not yet sent
+        self._made: dict[int, tuple | None] = {}  # request number -> its answer, made before an earlier one's
+        self._read_count = 0  # requests read: the next one's number
+        self._queued_count = 0  # requests whose answer went to _ready (or was dropped): the next one in order
+        self._dropped = False  # answers not sent any more (the stream ends): an answer made now is let go
         self._window = asyncio.Semaphore(STREAM_WINDOW)
         self._tasks: set[asyncio.Task] = set()  # requests running, the reader and the watchdog
         self._running = 0  # requests read whose answer is not made yet
@@ -63,7 +71,7 @@ class InferStream:
         self._reader: asyncio.Task | None = None
 
     async def answers(self):
-        """The stream's response messages, as they are ready. Raises BodyTimeout when the stream
+        """The stream's response messages, in the order of the requests. Raises BodyTimeout when the stream
         went quiet waiting for a message or its client did not take an answer in time; the
         error of a broken request stream; ShuttingDown once drained."""
         if self.draining:
@@ -127,9 +135,30 @@ class InferStream:
         self._window.release()
 
     def _drop_ready(self) -> None:
+        self._dropped = True
         while not self._ready.empty():
             _, lease = self._ready.get_nowait()
             lease.release()
+        for made in self._made.values():
+            if made is not None:
+                made[1].release()
+        self._made.clear()
+
+    def _in_order(self, number: int, made: tuple | None) -> None:
+        """Request `number`'s answer is made (None: it was cancelled): queue it, and the answers
+        made before it that waited for it, once every earlier request's answer is queued."""
+        if self._dropped:
+            if made is not None:
+                made[1].release()
+            return
+        self._made[number] = made
+        while self._queued_count in self._made:
+            ready = self._made.pop(self._queued_count)
+            self._queued_count += 1
+            if ready is not None:
+                self._ready.put_nowait(ready)
+            else:  # no answer will be sent for it: its place in the window goes back
+                self._window.release()
 
     async def _read(self) -> None:
         while True:
@@ -139,15 +168,17 @@ class InferStream:
                 return
             self._progress_at = self._loop.time()
             self._running += 1
-            self._start(self._run(message))
+            self._start(self._run(message, self._read_count))
+            self._read_count += 1
 
-    async def _run(self, message: bytes) -> None:
+    async def _run(self, message: bytes, number: int) -> None:
+        made = None
         try:
             made = await self._answer(message)
         finally:
             self._running -= 1
             self._progress_at = self._loop.time()  # quiet from here at the earliest
-        self._ready.put_nowait(made)
+            self._in_order(number, made)
 
     async def _watch(self) -> None:
         """Return once the stream has been quiet for quiet_limit_s: no request running, no

@@ -1,9 +1,11 @@
 """The gRPC endpoint on a real port, driven by tritonclient.grpc (sync and aio) and by the raw
 generated stub for what tritonclient cannot send (typed `contents`)."""
 import asyncio
+import json
 import logging
 import queue
 import shutil
+import time
 import urllib.request
 
 import grpc
@@ -233,6 +235,39 @@ def test_sync_stream(client, reference):
     assert set(got) == {"0", "1", "2"}
     for i in range(3):  # each request answered with its own rows
         np.testing.assert_allclose(got[str(i)], reference(X * i, IDX)["y"], rtol=1e-5, atol=1e-6)
+
+
+def successes(server, model: str) -> int:
+    url = f"http://{server.url}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        return json.loads(answer.read())["model_stats"][0]["inference_stats"]["success"]["count"]
+
+
+def test_stream_answers_come_in_the_order_of_the_requests(grpc_server, client):
+    """As Triton's: a request held in its queue holds back the answers of the requests after
+    it, though they were made first (an error among them too, whose id tritonclient drops):
+    a client pairs answers with requests by position."""
+    held = affine_inputs(np.ones((3, 8), np.float32), np.ones((3, 3), np.int64))  # 3 rows fill no gear
+    fill = affine_inputs(np.ones((5, 8), np.float32), np.ones((5, 3), np.int64))  # 8 in all: runs at once
+    answers = queue.Queue()
+    before = successes(grpc_server, "affine")
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer("slow", held, request_id="held")
+        client.async_stream_infer("affine", affine_inputs(X), request_id="fast")
+        client.async_stream_infer("nope", affine_inputs(X), request_id="bad")
+        for _ in range(3000):  # a hang guard: until "fast" has been answered by the model
+            if successes(grpc_server, "affine") > before:
+                break
+            time.sleep(0.01)
+        assert answers.empty()  # made, but behind "held"
+        client.async_stream_infer("slow", fill, request_id="fill")
+        got = [answers.get(timeout=60) for _ in range(4)]
+    finally:
+        client.stop_stream()
+    assert [result.get_response().id if error is None else "error" for result, error in got] == \
+        ["held", "fast", "error", "fill"]
+    assert "unknown model" in str(got[2][1])
 
 
 def test_each_stream_response_is_marked_final(client):
