@@ -318,6 +318,9 @@ def _decode_parameters(params, req: InferRequest) -> None:
     seq = params.get("sequence_id")
     if seq not in (None, 0, ""):
         raise InvalidInput("parameters.sequence_id: sequence batching is not supported")
+    for key, value in params.items():  # the protocol's values: a string, number or boolean, as Triton checks
+        if type(value) in (list, dict):
+            raise InvalidInput(f"parameter {quoted(key)} must be a string, number or boolean, got {quoted(value)}")
 
 
 def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:

@@ -74,7 +74,7 @@ def test_a_boolean_among_numbers_is_refused(data):
 
 
 def test_booleans_elsewhere_do_not_make_numbers_suspect():
-    doc = {"id": "true false", "parameters": {"flag": True, "nested": {"x": [False]}},
+    doc = {"id": "true false", "parameters": {"flag": True}, "nested": {"x": [False]},
            "inputs": [inp("x", "FP32", [1, 4], [1.0, 1, 0.0, 0])],
            "outputs": [{"name": "y", "parameters": {"binary_data": False}}]}
     req = decode(BATCHED, doc)
@@ -196,6 +196,10 @@ def test_raw_binary_request():
     ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "parameters": {"priority": -1}}, "priority"),
     ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "parameters": {"priority": 1.5}}, "priority"),
     ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "parameters": {"timeout": "soon"}}, "timeout"),
+    # the protocol's parameter values are strings, numbers and booleans (Triton refuses others)
+    ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "parameters": {"foo": [1]}},
+     r'parameter "foo" must be a string, number or boolean, got an array of 1 item'),
+    ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "parameters": {"foo": {"a": 1}}}, "got an object of 1 key"),
     ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "outputs": [{"name": "nope"}]}, "unknown output 'nope'"),
     ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "id": 5}, "id must be a string"),
     # a false value of another type was taken for none (a helper's fuzz of the HTTP corners)
