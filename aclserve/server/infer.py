@@ -29,9 +29,9 @@ from ..trace import now_ns
 from .answer_coding import answer_coding
 from .answer_size import answer_bytes
 from .app_keys import STATE
-from .body import MAX_BODY_BYTES, read_body
+from .body import MAX_BODY_BYTES, body_limit, read_body
 from .budget import json_tensor_estimate
-from .json_tensors import value_bound
+from .json_tensors import BINARY_HINT, value_bound
 from .codec import HEADER_LENGTH, decode_request, parse_header_length
 from .encode import encode_response
 from .expect import continue_within
@@ -61,7 +61,7 @@ async def expect_body(request: web.Request) -> web.Response | None:
     checked before the client is told to send the body. aiohttp runs this before the
     middlewares, so it does their part for what it answers (expect.py): the access check, and
     telling the connection tracker the request is over."""
-    return await continue_within(request, _body_limit, _counted_refusal)
+    return await continue_within(request, lambda config: _body_limit(request, config), _counted_refusal)
 
 
 async def _counted_refusal(request: web.Request, error: ServeError) -> ServeError:
@@ -79,8 +79,13 @@ async def _counted_refusal(request: web.Request, error: ServeError) -> ServeErro
     return error  # (not reached: refuse raises)
 
 
-def _body_limit(config) -> tuple[int, str]:
-    return config.max_body_bytes, MAX_BODY_BYTES
+def _body_limit(request: web.Request, config) -> tuple[int, str]:
+    """A body that is all JSON (no Inference-Header-Content-Length) is held to max_json_bytes
+    from its Content-Length, before it is read and charged: 16 bodies of 40 MB, to be refused
+    once read, held the memory budget meanwhile and other clients got 503."""
+    if HEADER_LENGTH in request.headers:
+        return config.max_body_bytes, MAX_BODY_BYTES
+    return body_limit(config.max_body_bytes, config.max_json_bytes, f"max_json_bytes; {BINARY_HINT}")
 
 
 async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http",
@@ -227,7 +232,8 @@ def charge_decoding(lease, rec, body, header_length: int | None) -> int:
 
 async def _infer(request: web.Request, state, lease, rec, trace) -> web.Response:
     config = state.config
-    body = await read_body(request, lease, config.max_body_bytes, config.body_timeout_s, state.body_reads)
+    limit, limit_name = _body_limit(request, config)
+    body = await read_body(request, lease, limit, config.body_timeout_s, state.body_reads, limit_name)
     header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
     fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
     payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images, lease,

@@ -237,9 +237,27 @@ def test_unknown_model_route_and_method(server):
 
 
 def test_oversize_body_413(server):
-    status, _, raw = infer_json(server, b"[" + b"0," * (600 * 1024) + b"0]")
+    status, _, raw = infer_json(server, b"[" + b"0," * (600 * 1024) + b"0]")  # all JSON: max_json_bytes is lower
+    assert status == 413 and "786432 bytes (max_json_bytes; send large tensors with the binary" in json.loads(raw)["error"]
+    status, _, raw = infer_json(server, b"{}" + b"\0" * (1100 << 10), {"Inference-Header-Content-Length": "2"})
     assert status == 413 and "max_body_bytes" in json.loads(raw)["error"]
     assert infer_json(server, doc())[0] == 200  # still serving
+
+
+def test_a_json_body_over_max_json_bytes_is_refused_before_it_is_sent(server):
+    """900 KB declared (max_json_bytes 768 KiB, max_body_bytes 1 MiB), nothing of it sent: a body
+    that is all JSON (no Inference-Header-Content-Length) is refused from its Content-Length at
+    once, not read and charged to the memory budget to be refused then (waiting for it, the
+    server's body timeout answered 408)."""
+    async def exchange():
+        reader, writer = await asyncio.open_connection(*server.url.split(":"))
+        writer.write(f"POST /v2/models/double/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {900 << 10}\r\n\r\n"
+                     .encode())
+        try:
+            return await asyncio.wait_for(reader.readline(), 120)  # a hang guard
+        finally:
+            writer.close()
+    assert b" 413 " in asyncio.run(exchange())
 
 
 def test_a_control_body_over_its_route_limit_names_that_limit(server):
