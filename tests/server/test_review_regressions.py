@@ -21,7 +21,8 @@ def post(body: bytes, extra: bytes = b"") -> bytes:
 
 @pytest.fixture
 def srv(models_dir, make_config, request):
-    values = dict(max_body_bytes=4 * MiB, max_request_bytes=3 * MiB + MiB // 2, max_inflight_bytes=4 * MiB)
+    values = dict(max_body_bytes=4 * MiB, max_request_bytes=3 * MiB + MiB // 2, max_inflight_bytes=4 * MiB,
+                  max_json_bytes=4 * MiB)  # a body all JSON is not refused from its length first
     values.update(request.param)
     with ServerThread(make_config(models_dir, **values)) as s:
         yield s

@@ -49,8 +49,9 @@ def test_budget_charges_refuses_and_gives_back():
 
 @pytest.fixture(scope="module")
 def small(models_dir, make_config):
+    # max_json_bytes as max_body_bytes: bodies all JSON are not refused from their length first
     with ServerThread(make_config(models_dir, max_body_bytes=4 * MiB, max_request_bytes=3 * MiB + MiB // 2,
-                                  max_inflight_bytes=4 * MiB, body_timeout_s=1.0)) as srv:
+                                  max_json_bytes=4 * MiB, max_inflight_bytes=4 * MiB, body_timeout_s=1.0)) as srv:
         yield srv
 
 
@@ -258,7 +259,7 @@ def test_memory_is_given_back_after_large_requests(models_dir, make_config):
     from aclserve.server.trim import HeapTrimmer
     if not HeapTrimmer().available:
         pytest.skip("malloc_trim needs glibc")
-    srv = ServerThread(make_config(models_dir, max_body_bytes=32 * MiB)).start()
+    srv = ServerThread(make_config(models_dir, max_body_bytes=32 * MiB, max_json_bytes=32 * MiB)).start()
     try:
         status, _, _ = asyncio.run(post(srv.url, gzip_of_zeros(16 * MiB), {"Content-Encoding": "gzip"}))
         assert status in (400, 413)  # zeros are no JSON (or too much of it); the 16 MiB were held all the same
