@@ -26,15 +26,19 @@ class LoadFailures:
         self._on_retry = on_retry
         self._logged: set[tuple[str, str, tuple]] = set()
         self._again: set[tuple[str, str, tuple]] = set()  # loading a retry after one that failed
+        self._first_failed: set[tuple[str, str]] = set()  # (name, version) last failed a first transient time
         self._closed = False
 
     def record(self, name: str, version: str, file: VersionFile, error: BaseException) -> str:
         """Remember the failure of `file` (and arm its retry when transient); returns the reason."""
         reason, transient, key = _reason(error), is_transient(error), (name, version, file.identity)
+        self._first_failed.discard((name, version))
         if transient and self._retry.enabled and not self._closed:
             attempt, delay = self._retry.schedule(name, version, file.identity)
             what = "the host short of resources" if host_short(error) else "transient device error"
             reason = f"{reason} ({what}: retry {attempt} in {delay:.1f} s)"
+            if attempt == 1:
+                self._first_failed.add((name, version))
         self._reasons[key] = reason  # (still retrying again until its load task ends: load_ended)
         if key not in self._logged:
             self._logged.add(key)
@@ -46,6 +50,7 @@ class LoadFailures:
     def succeeded(self, name: str, version: str) -> None:
         """The version loaded: its next failure's retry starts from the initial delay again."""
         self._retry.succeeded(name, version)
+        self._first_failed.discard((name, version))
         self._again = {k for k in self._again if k[:2] != (name, version)}
 
     def forget_model(self, name: str) -> None:
@@ -60,6 +65,8 @@ class LoadFailures:
         live = {(n, v, f.identity) for n, e in scan.models.items() for v, f in e.available.items()}
         self._reasons = {k: r for k, r in self._reasons.items() if k in live or k[0] in scan.problems}
         self._again = {k for k in self._again if k in live or k[0] in scan.problems}
+        versions = {key[:2] for key in live}
+        self._first_failed = {k for k in self._first_failed if k in versions or k[0] in scan.problems}
 
     @property
     def files(self) -> frozenset[tuple[str, str, tuple]]:
@@ -76,9 +83,12 @@ class LoadFailures:
         keys = [k for k in self._reasons if k[0] == name and version in (None, k[1])]
         return bool(keys) and not any(self._retry.pending(k) for k in keys)
 
-    def retry_pending(self, name: str) -> bool:
-        """A refused file of `name` is to be tried again by itself later."""
-        return any(self._retry.pending(k) for k in self._reasons if k[0] == name)
+    def first_failure(self, name: str, versions) -> bool:
+        """One of `versions` of `name` failed its first load for want of something that may come
+        back (its first automatic retry is armed, or was when it failed: a retry may be due
+        already). A version that failed again is not counted: a device too small for the model
+        fails with an out-of-memory code, transient, for good."""
+        return any((name, v) in self._first_failed for v in versions)
 
     def first_retry_pending(self) -> set[str]:
         """Models with a refused file whose first automatic retry is still to come. Only the

@@ -247,12 +247,13 @@ class ModelRepository:
             if problem:  # its files are there but cannot be served as they are (a bad config, say)
                 raise ModelLoadFailed(f"failed to load {name}: {problem}")
             raise NotFound(f"no model {name!r} in {self.root}")
+        failed_versions = [v for result in results for v in result]
         failed = [f"version {v}: {r}" for result in results for v, r in result.items()]
         if name in self._lifecycle.held and not failed:
             raise ModelLoadFailed(f"failed to load {name}: an unload request for it arrived during this load")
         if name not in self._lifecycle.serving or failed:
             message = f"failed to load {name}: " + ("; ".join(failed) or "no version loaded")
-            if failed and self._failures.retry_pending(name):  # tried again by itself: 503, not a file's fault
+            if self._failures.first_failure(name, failed_versions):  # tried again by itself: 503, try later
                 raise ModelUnavailable(message)
             raise ModelLoadFailed(message)
 
@@ -326,13 +327,13 @@ class ModelRepository:
             self._lifecycle.forget_stale()
         self._last_scan = number
 
-    def _rescan_soon(self) -> None:
-        """A model's task ended with changes left over (a plan arrived while it was busy, or a
-        file was refused): reconcile again at once (poll mode)."""
-        if self._debouncer is not None and not self._closed:
-            self._debouncer.wake_after(0)
+    def _rescan_soon(self, name: str) -> None:
+        """A model's task ended with changes left over (a plan arrived while it was busy: a file
+        changed, or a retry came due while it loaded another version): reconcile again at once,
+        that model in explicit and none modes (there the retry was lost for good)."""
+        self._retry_due(name, None)
 
-    def _retry_due(self, name: str, version: str) -> None:
+    def _retry_due(self, name: str, version: str | None) -> None:
         """A transient failure's delay has passed (the file may be loaded again): rescan."""
         if self._closed:
             return
@@ -343,7 +344,7 @@ class ModelRepository:
         self._retry_tasks.add(task)
         task.add_done_callback(self._retry_tasks.discard)
 
-    async def _reconcile_only(self, name: str, version: str) -> None:
+    async def _reconcile_only(self, name: str, version: str | None) -> None:
         await asyncio.gather(*await self._reconcile(trust="all", only=name))
         if self._planner.scan.unreadable and not self._closed:  # nothing planned: try again later
             # (explicit and none modes: nothing else reads the folder; the retry was lost for good)

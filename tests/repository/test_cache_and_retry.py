@@ -13,6 +13,7 @@ import pytest
 from aclserve.acl.check import AclError
 from aclserve.config import ModelConfig
 from aclserve.errors import ExecutionFailed, ModelUnavailable
+from aclserve.repository import ModelLoadFailed
 from aclserve.repository import cache_dir, cache_entry, loader, overload
 from aclserve.repository.retry import RetrySchedule, is_transient
 from aclserve.runtime.device import LoadError
@@ -263,6 +264,39 @@ async def test_the_load_api_answers_a_failure_that_is_retried_as_unavailable(mak
         await repo.load("m")
     await events.wait("loaded", "m")
     assert float((await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
+
+
+@pytest.mark.asyncio
+async def test_a_load_failing_again_for_want_of_memory_is_a_400(make_repo, models_dir, model_files, clean_faults):
+    """A device too small for the model fails with an out-of-memory code every time: after its
+    first failure the load API no longer says "try later" (each call loaded it at once, past the
+    backoff, and a client honouring Retry-After did so every second for ever)."""
+    from aclserve.acl.cpu import faults
+    repo, _ = await make_repo(model_control_mode="explicit", load_retry_initial_s=60.0, load_retry_max_s=60.0)
+    place(model_files[1]["om"], models_dir / "big.om")
+    faults.inject("load", code=207001)  # every load
+    with pytest.raises(ModelUnavailable, match="retry 1 in"):
+        await repo.load("big")
+    with pytest.raises(ModelLoadFailed, match="retry 2 in"):
+        await repo.load("big")
+
+
+@pytest.mark.asyncio
+async def test_a_retry_due_while_another_version_loads_is_not_lost(make_repo, models_dir, model_files, clean_faults):
+    """Explicit mode: version 1 fails for want of device memory, and its retry comes due while
+    version 2 still loads; the model's task was busy, so the retry planned nothing, and nothing
+    asked again once the task ended (poll mode rescans then): version 1 was never loaded."""
+    from aclserve.acl.cpu import faults
+    repo, events = await make_repo(model_control_mode="explicit", load_retry_initial_s=0.1, load_retry_max_s=0.2)
+    place(model_files[1]["om"], models_dir / "vm" / "1" / "model.om")
+    place(model_files[2]["om"], models_dir / "vm" / "2" / "model.om")
+    (models_dir / "vm" / "config.yaml").write_text("version_policy: all\n")
+    faults.inject("load", nth=1, code=207001)  # the first version's load
+    faults.inject("load", nth=2, delay_ms=1000)  # the second's: far longer than the first's retry delay
+    with pytest.raises(ModelUnavailable, match="version 1: .*retry 1 in"):
+        await repo.load("vm")
+    await events.wait("loaded", "vm", "1")  # a hang guard, not a timing check
+    assert sorted(r["version"] for r in repo.index(ready_only=True)) == ["1", "2"]
 
 
 def test_auto_queue_limits_follow_gears_instances_and_speed():
