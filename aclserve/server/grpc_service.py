@@ -281,8 +281,8 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                                    protocol="grpc", known_id=request.id or fallback_id)
 
     async def ModelStreamInfer(self, request_iterator, context):
-        """Requests of one stream run concurrently and their responses come back as they are
-        ready, a failed one as `error_message` with the request's id; each request has its own
+        """Requests of one stream run concurrently and their responses come back in the order of
+        the requests, a failed one as `error_message` with the request's id; each request has its own
         lease, held until grpc has taken its answer. Its window and its limits on quiet time and
         on answers not taken: grpc_stream.py."""
         config = self.state.config

@@ -3,7 +3,9 @@ the requests came, and a stream its client leaves quiet, or whose answers it doe
 
 - Order: as Triton answers a stream of a model that is not decoupled, so that a client may pair
   answers with requests by position (tritonclient drops the id of an error answer): an answer
-  made early waits for those of the requests before it, within the window.
+  made early waits for those of the requests before it, and holds its place in the window
+  meanwhile (a request waiting in its model's queue for company may then hold the stream's
+  reading until its max_queue_delay_ms has passed).
 
 - Window: at most STREAM_WINDOW requests of a stream are held at once, from the read of a
   request to the send of its answer. A client that reads no answers is then not read either,

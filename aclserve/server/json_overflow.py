@@ -19,8 +19,9 @@ def _refuse_constant(name: str):
 def _int_as_orjson_reads_it(text: str):
     """An integer beyond 64 bits becomes a float in orjson (refused or rounded by the tensor's
     checks as on its path); the stdlib's own limit, 4,300 digits, is said in our words."""
-    if len(text) > 4300:
-        raise ValueError(f"an integer of {len(text):,} digits")
+    digits = len(text) - text.startswith("-")
+    if digits > 4300:
+        raise ValueError(f"an integer of {digits:,} digits")
     value = int(text)
     # (from the text: float() of an int beyond a double raises OverflowError; of the text it is
     # inf, as the stdlib reads 1e400)

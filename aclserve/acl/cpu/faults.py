@@ -17,7 +17,7 @@
     faults.clear()
 
 Counting starts when the fault is injected and covers the whole process, or one model with
-model_id= (execute and execute_call only). `nth` picks the first call that fails (default: the
+model_id= (execute, execute_call and describe only). `nth` picks the first call that fails (default: the
 next one) and `count` how many in a row from there (default 1 with nth, else every call). A
 sync `execute` or `memcpy` returns the code; an `execute_async` or `memcpy_async` stores it on
 its stream, so it surfaces at the next synchronize, as does a `dvpp` task's (acl.media's JPEGD
