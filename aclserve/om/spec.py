@@ -192,6 +192,12 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
     twice = sorted({name for name in outputs if outputs.count(name) > 1})
     if twice:  # (served, its metadata listed it twice)
         raise CompileError(f"output {twice[0]!r} is listed twice among the model's outputs")
+    if not names:  # (served READY, every request was refused: inputs must be a non-empty array)
+        raise CompileError("the model has no inputs: a served model computes its outputs from a request's inputs")
+    passed = sorted(set(outputs) & set(names))
+    if passed:  # (ONNX Runtime never writes the output buffer bound to it: every answer was zeros)
+        raise CompileError(f"output {passed[0]!r} is the model's input itself, computed by no node; give it "
+                           "an Identity node in the model")
     for name in input_shape:
         if name not in names:
             raise CompileError(f"--input-shape names unknown input {name!r} (model inputs: {', '.join(names)})")

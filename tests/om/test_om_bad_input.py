@@ -47,6 +47,12 @@ def _odd_names(path, what: str):
     x = "ascend_mbatch_shape_data" if what == "reserved" else "x"
     outputs = [vi("y", TensorProto.FLOAT, ["n", 2])] * (2 if what == "twice" else 1)
     graph = helper.make_graph([node("Identity", [x], ["y"])], "odd", [vi(x, TensorProto.FLOAT, ["n", 2])], outputs)
+    if what == "passthrough":  # no node: the output is the input itself
+        graph = helper.make_graph([], "odd", [vi("x", TensorProto.FLOAT, ["n", 2])], [vi("x", TensorProto.FLOAT, ["n", 2])])
+    if what == "no inputs":  # a constant, computed from no request
+        graph = helper.make_graph([node("Constant", [], ["y"], value=helper.make_tensor("c", TensorProto.FLOAT, [1, 2],
+                                                                                        [1.0, 2.0]))],
+                                  "odd", [], [vi("y", TensorProto.FLOAT, [1, 2])])
     return _saved(graph, path)
 
 
@@ -80,6 +86,9 @@ CASES = [
     ("static 0 dim in an output", ["EMPTYOUT"], "output 'y' has a dimension of 0"),
     ("reserved input name", ["RESERVED"], "has the name of the input ATC adds"),
     ("output listed twice", ["TWICE"], "output 'y' is listed twice"),
+    # served, they answered zeros / refused every request (a new user's walk through the CLI)
+    ("output is the input", ["PASSTHROUGH"], "output 'x' is the model's input itself"),
+    ("no inputs", ["NOINPUTS"], "the model has no inputs"),
     ("empty path", [""], "no model file given"),  # a traceback from pathlib
     ("unknown target", ["MODEL", "--target", "gpu"], "unknown target 'gpu'"),
     ("npu without atc", ["MODEL", "--target", "npu"], "ATC asked for but not found"),
@@ -100,7 +109,9 @@ def files(tmp_path, multi_io_onnx, static_onnx):
             "EMPTYIN": _empty_tensor(tmp_path / "empty_in.onnx", "input"),
             "EMPTYOUT": _empty_tensor(tmp_path / "empty_out.onnx", "output"),
             "RESERVED": _odd_names(tmp_path / "reserved.onnx", "reserved"),
-            "TWICE": _odd_names(tmp_path / "twice.onnx", "twice")}
+            "TWICE": _odd_names(tmp_path / "twice.onnx", "twice"),
+            "PASSTHROUGH": _odd_names(tmp_path / "passthrough.onnx", "passthrough"),
+            "NOINPUTS": _odd_names(tmp_path / "noinputs.onnx", "no inputs")}
 
 
 def _assert_one_line_error(proc, expected):
