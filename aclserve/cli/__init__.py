@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 from .._version import __version__
 from .usage import UsageError
@@ -59,20 +61,44 @@ def join_signed_values(argv: list[str]) -> list[str]:
     return joined
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: a command ends as at a Ctrl-C, what it made removed (a compile's
+    partial .om and work folders, the ATC it started), and exits 128 + the signal's number.
+    Without it the signal's default action ended the process at once and left them."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _end_on_termination() -> dict:
+    """Install the handlers (main thread only); returns the ones they replace."""
+    def end(signum, _frame):
+        raise Terminated(signum)
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, end) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+
 def main(argv: list[str] | None = None) -> int:
     try:  # building the parser imports the commands (numpy: ~0.1 s), where a Ctrl-C was a traceback
         parser = build_parser()
     except KeyboardInterrupt:
         return 130
     args = parser.parse_args(join_signed_values(sys.argv[1:] if argv is None else list(argv)))
+    # (serve drains on these signals: its loop handles them)
+    replaced = _end_on_termination() if args.command != "serve" else {}
     try:
         return int(args.func(args) or 0)
     except UsageError as e:
         print(f"aclserve {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as e:
+        return 128 + e.signum if isinstance(e, Terminated) else 130
     except BrokenPipeError:  # `aclserve compile ... | head`: the reader left; no traceback
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
         return 141
+    finally:
+        for sig, handler in replaced.items():  # (main() called in-process, by the tests say)
+            signal.signal(sig, handler)

@@ -223,3 +223,36 @@ def test_without_soc_version_and_without_a_device_compile_asks_for_it(tmp_path, 
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "--soc-version" in err[0]
     assert not record.exists() and not (tmp_path / "n.om").exists()
+
+
+@pytest.mark.parametrize("signum", [15, 1])
+def test_a_compile_ended_by_sigterm_or_sighup_leaves_nothing(tmp_path, fake_atc, multi_io_onnx, monkeypatch,
+                                                             signum):
+    """`kill` (or a closed terminal) in the middle of an ATC build: ended as a Ctrl-C is, exit 128
+    + the signal; the ATC it started (in its own session) killed and its work folder removed. The
+    signal's default action left both (and a CPU compile's partial .om)."""
+    atc, record = fake_atc
+    monkeypatch.setenv("FAKE_ATC_MODE", "sleep")
+    monkeypatch.setenv("PATH", f"{atc.parent}:/usr/bin:/bin")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "compile", multi_io_onnx, "-o", out / "s.om",
+                             "--soc-version", "Ascend310P3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        for line in proc.stdout:  # until ATC runs (a hang guard: the stand-in sleeps 600 s)
+            if "ATC start working" in line:
+                break
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+        pid = json.loads(record.read_text())["pid"]
+        for _ in range(500):
+            if not _alive(pid):
+                break
+            threading.Event().wait(0.01)
+        assert proc.returncode == 128 + signum and "Traceback" not in err, err
+        assert not _alive(pid) and _leftovers(out) == [] and not (out / "s.om").exists()
+    finally:
+        proc.kill()
+        if record.exists() and _alive(json.loads(record.read_text())["pid"]):
+            os.kill(json.loads(record.read_text())["pid"], 9)
