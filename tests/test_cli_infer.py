@@ -22,6 +22,8 @@ ANSWERS = {
     "bad header length": b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: abc\r\nContent-Length: 2\r\n"
                          b"Connection: close\r\n\r\n{}",
     "outputs not a list": b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\nConnection: close\r\n\r\n{\"outputs\": \"y\"}"[:-1],
+    # (taken for an answer of no outputs: nothing printed, exit 0)
+    "no outputs": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
 }
 
 
@@ -39,6 +41,17 @@ def test_infer_against_what_is_not_a_kserve_server_is_one_line(tmp_path, case):
     assert expected in proc.stderr, proc.stderr
     if case == "grpc port":  # (its frames were printed as "??????ÿÿ????@?þ")
         assert proc.stderr.endswith(": binary data, not HTTP/1.1 text (an HTTP/2 or gRPC port?)\n"), proc.stderr
+
+
+def test_a_model_name_of_bytes_that_are_not_utf8_is_sent_for_the_server_to_judge(tmp_path):
+    """It was a UnicodeEncodeError traceback (quoting a str holding surrogate escapes)."""
+    np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
+    with canned_server(ANSWERS["html"]) as url:
+        proc = subprocess.run([sys.executable.encode(), b"-m", b"aclserve", b"infer", b"m\xff", b"-i", b"x=x.npy",
+                               b"--url", url.encode(), b"--timeout", b"5"], cwd=tmp_path, capture_output=True,
+                              timeout=60)
+    assert proc.returncode == 1 and b"Traceback" not in proc.stderr, proc.stderr
+    assert b"did not answer as a KServe v2 HTTP server" in proc.stderr, proc.stderr
 
 
 def test_infer_refuses_a_npy_whose_header_asks_for_more_memory_than_there_is(tmp_path):

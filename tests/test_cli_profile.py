@@ -167,6 +167,12 @@ def test_rows_on_a_model_of_fixed_first_dimension_are_refused():
     _body([("x", "FP32", [-1, 64])], 4)
 
 
+def test_rows_past_what_can_be_made_are_refused_before_anything_is_allocated():
+    """--rows 1000000000: numpy's MemoryError traceback, after 30 GB were asked for."""
+    with pytest.raises(UsageError, match=r"--rows 1000000000: input 'x' would take 512,000,000,000 bytes"):
+        _body([("x", "FP32", [-1, 64])], 1_000_000_000)
+
+
 def test_the_rate_is_over_the_time_the_answers_took_not_the_time_asked_for():
     """A run lasts until the requests sent before its end are answered: on a server taking 0.3 s
     an answer, a 0.05 s run reported its answers over 0.05 s, six times the real rate."""

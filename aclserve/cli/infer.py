@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import os
 import sys
 import urllib.error
 import urllib.parse
@@ -98,7 +99,7 @@ def _outputs(body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
     head = json.loads(body if header_length is None else body[:header_length])
     offset = header_length or 0
     result = {}
-    for out in head.get("outputs", []):
+    for out in head["outputs"]:  # (a server answering {} was taken for one answering no outputs)
         size = (out.get("parameters") or {}).get("binary_data_size")
         if out["datatype"] == "BYTES":
             raise UsageError(f"output {out['name']}: BYTES outputs are not supported by this client")
@@ -169,11 +170,12 @@ def run_infer(args) -> int:
     # (UTF-8 bytes, as aiohttp reads a header: http.client would encode a str as Latin-1)
     headers = {name: value.encode() for name, value in auth_headers().items()}
     if not 0 < args.timeout < math.inf:  # (NaN fails it too)
-        raise UsageError("--timeout must be a positive number of seconds")
+        raise UsageError("--timeout must be a positive, finite number of seconds")
     inputs = _load_inputs(args.input)
-    path = f"/v2/models/{urllib.parse.quote(args.model, safe='')}"
+    # (os.fsencode: a name of bytes that are not UTF-8 goes as they are, for the server to refuse)
+    path = f"/v2/models/{urllib.parse.quote(os.fsencode(args.model), safe='')}"
     if args.version:
-        path += f"/versions/{urllib.parse.quote(args.version, safe='')}"
+        path += f"/versions/{urllib.parse.quote(os.fsencode(args.version), safe='')}"
     try:
         outputs = _ask(args, path, inputs, headers)
     except urllib.error.HTTPError as e:

@@ -58,7 +58,7 @@ def _check_mode(args) -> None:
     if not args.url and args.timeout is not None:
         raise UsageError("--timeout applies with --url (the running server's answers)")
     if args.timeout is not None and not 0 < args.timeout < math.inf:  # (NaN fails it too)
-        raise UsageError("--timeout must be a positive number of seconds")
+        raise UsageError("--timeout must be a positive, finite number of seconds")
     args.timeout = 60.0 if args.timeout is None else args.timeout
     args.models = "models" if args.models is None else args.models
     args.device = "auto" if args.device is None else args.device
@@ -181,6 +181,9 @@ def _draw(args, events: list[dict]) -> int:
     return 0
 
 
+MAX_INPUT_BYTES = 1 << 30  # one input's random values; a model's largest gear is far below
+
+
 def _body(inputs_meta: list[tuple[str, str, list[int]]], rows: int) -> tuple[bytes, int]:
     from ..dtypes import kserve_to_numpy
     from .infer import build_request
@@ -195,6 +198,10 @@ def _body(inputs_meta: list[tuple[str, str, list[int]]], rows: int) -> tuple[byt
             raise UsageError(f"--rows {rows}: input {name!r} has a fixed first dimension, {first} (a static batch); "
                              f"profile it with --rows 1")
         dims = [rows if (i == 0 and d == -1) else max(d, 1) for i, d in enumerate(shape)]
+        size = math.prod(dims) * 8  # (drawn as float64 first)
+        if size > MAX_INPUT_BYTES:  # (a traceback of numpy's MemoryError, after allocating what it could)
+            raise UsageError(f"--rows {rows}: input {name!r} would take {size:,} bytes to make; at most "
+                             f"{MAX_INPUT_BYTES:,} (ask for fewer rows)")
         arrays[name] = rng.standard_normal(dims).astype(kserve_to_numpy(datatype))
     return build_request(arrays, [])
 

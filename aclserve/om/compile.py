@@ -22,6 +22,7 @@ from .spec import CompileError, load_onnx, parse_gears, parse_input_shape, resol
 
 TARGETS = ("auto", "npu", "cpu")
 DEFAULT_PRECISION_MODE = "force_fp16"
+MAX_TIMEOUT_S = 30 * 24 * 3600
 
 __all__ = ["CompileError", "CompileResult", "compile_model", "TARGETS"]
 
@@ -61,8 +62,9 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     start = time.monotonic()
     if target not in TARGETS:
         raise CompileError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
-    if timeout is None or not timeout > 0:
-        raise CompileError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if timeout is None or not 0 < timeout <= MAX_TIMEOUT_S:  # (NaN fails it; inf was a Timer's OverflowError)
+        raise CompileError(f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:,} (30 days), "
+                           f"got {timeout!r}")
     shapes = input_shape if isinstance(input_shape, dict) else parse_input_shape(input_shape)
     gears = parse_gears(batch)
     atc_path = None

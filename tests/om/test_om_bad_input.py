@@ -96,6 +96,8 @@ CASES = [
     ("output not .om", ["MODEL", "-o", "OUTDIR/x.bin"], "must end with .om"),
     ("output folder missing", ["MODEL", "-o", "OUTDIR/none/x.om"], "does not exist"),
     ("bad timeout", ["MODEL", "--timeout", "soon"], "invalid float value"),
+    ("infinite timeout", ["MODEL", "--timeout", "inf"], "at most 2,592,000"),  # a Timer's traceback
+    ("nan timeout", ["MODEL", "--timeout", "nan"], "timeout must be a positive number"),
     ("missing argument", [], "required"),
 ]
 
