@@ -32,7 +32,7 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
             start = time.perf_counter()
             batch = pool.run(Batch([request], gear, rows))
             if batch.error is not None:
-                raise batch.error
+                raise _in_warm_up(batch.error)
             if run:
                 best = min(best, time.perf_counter() - start)
                 if batch.timings.compute_ms > 0:
@@ -42,3 +42,14 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
             if compute < float("inf"):
                 pool.compute_cost[gear] = compute
     return dict(pool.gear_cost)
+
+
+def _in_warm_up(error: BaseException) -> BaseException:
+    """The error, its message saying it came of the warm-up's zeros (a model that fails on them,
+    an integer division say, never serves: the reason should say why), its type and cause kept
+    (they decide whether the load is retried)."""
+    message = getattr(error, "message", None)
+    if isinstance(message, str):
+        error.message = f"the warm-up run on zeros failed: {message}"
+        error.args = (error.message,)
+    return error

@@ -267,6 +267,23 @@ async def test_the_load_api_answers_a_failure_that_is_retried_as_unavailable(mak
 
 
 @pytest.mark.asyncio
+async def test_a_model_that_fails_on_the_warm_ups_zeros_says_so(make_repo, models_dir):
+    """An integer division by its input: the warm-up's zeros fail it. The reason named neither the
+    warm-up nor the model's own message, and the CPU runtime logged a traceback of its own code."""
+    import onnx
+    from onnx import TensorProto, helper
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Div", ["x", "x"], ["y"])], "idiv",
+                              [vi("x", TensorProto.INT32, ["n", 2])], [vi("y", TensorProto.INT32, ["n", 2])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), models_dir / "idiv.onnx")
+    repo, events = await make_repo(start=False, model_control_mode="none", load_retry_initial_s=60.0,
+                                   load_retry_max_s=60.0)
+    await repo.start()
+    (row,) = repo.index()
+    assert row["state"] == "UNAVAILABLE" and "the warm-up run on zeros failed" in row["reason"], row
+
+
+@pytest.mark.asyncio
 async def test_a_load_failing_again_for_want_of_memory_is_a_400(make_repo, models_dir, model_files, clean_faults):
     """A device too small for the model fails with an out-of-memory code every time: after its
     first failure the load API no longer says "try later" (each call loaded it at once, past the

@@ -153,7 +153,11 @@ class LoadedModel:
             code = faults.trigger("execute", self.id)
             if code:
                 return code
-            self.session.run_with_iobinding(binding)
+            try:
+                self.session.run_with_iobinding(binding)
+            except Exception as e:  # the model's own failure (an integer division by zero, say): its message says it
+                log.error("model %d: execution failed: %s", self.id, " ".join(str(e).split())[:1000])
+                return C.ACL_ERROR_RT_MODEL_EXECUTE
             return C.ACL_SUCCESS
         except Exception:
             log.exception("model %d: execution failed", self.id)
