@@ -48,7 +48,8 @@ def _odd_names(path, what: str):
     outputs = [vi("y", TensorProto.FLOAT, ["n", 2])] * (2 if what == "twice" else 1)
     graph = helper.make_graph([node("Identity", [x], ["y"])], "odd", [vi(x, TensorProto.FLOAT, ["n", 2])], outputs)
     if what == "passthrough":  # no node: the output is the input itself
-        graph = helper.make_graph([], "odd", [vi("x", TensorProto.FLOAT, ["n", 2])], [vi("x", TensorProto.FLOAT, ["n", 2])])
+        x_info = vi("x", TensorProto.FLOAT, ["n", 2])
+        graph = helper.make_graph([], "odd", [x_info], [x_info])
     if what == "no inputs":  # a constant, computed from no request
         graph = helper.make_graph([node("Constant", [], ["y"], value=helper.make_tensor("c", TensorProto.FLOAT, [1, 2],
                                                                                         [1.0, 2.0]))],

@@ -238,7 +238,8 @@ def test_unknown_model_route_and_method(server):
 
 def test_oversize_body_413(server):
     status, _, raw = infer_json(server, b"[" + b"0," * (600 * 1024) + b"0]")  # all JSON: max_json_bytes is lower
-    assert status == 413 and "786432 bytes (max_json_bytes; send large tensors with the binary" in json.loads(raw)["error"]
+    error = json.loads(raw)["error"]
+    assert status == 413 and "786432 bytes (max_json_bytes; send large tensors with the binary" in error
     status, _, raw = infer_json(server, b"{}" + b"\0" * (1100 << 10), {"Inference-Header-Content-Length": "2"})
     assert status == 413 and "max_body_bytes" in json.loads(raw)["error"]
     assert infer_json(server, doc())[0] == 200  # still serving
