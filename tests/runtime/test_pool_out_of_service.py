@@ -40,8 +40,9 @@ def test_retries_waiting_for_rebuilds_that_keep_failing_are_answered(runtime, af
         for future in (first, second):  # each keeps its first error (hang guard: 30 s)
             with pytest.raises(ExecutionFailed, match="507011"):
                 future.result(timeout=30)
-        assert failing.fired == 2 and pool.batches_failed == 2
-        assert pool.batches_retried == 0  # no other instance ever ran them
+        # a retry may reach the other instance before its own failure has been seen (both are
+        # let go at once): it fails there too, its context stopped (one CI run did so)
+        assert failing.fired == 2 and pool.batches_failed == 2 + pool.batches_retried
         assert pool.out_of_service() is not None
     finally:
         gate.set()
