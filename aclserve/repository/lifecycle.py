@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 class Lifecycle:
     def __init__(self, config: ServerConfig, runtime, planner: Planner, failures: LoadFailures,
-                 emit: Callable[..., None], rescan_soon: Callable[[str], None]):
+                 emit: Callable[..., None], rescan_soon: Callable[[], None]):
         self.serving: dict[str, dict[str, ServedVersion]] = {}  # name -> version -> served; replaced whole
         self.acted: DesiredState = {}  # what is serving, as files + configs (the diff's baseline)
         self.states = VersionStates()
@@ -96,7 +96,7 @@ class Lifecycle:
             log.error("%s: applying changes failed", name, exc_info=task.exception())
         if name in self._dirty:
             self._dirty.discard(name)
-            self._rescan_soon(name)
+            self._rescan_soon()
 
     def busy(self, name: str) -> bool:
         return name in self._busy

@@ -17,6 +17,7 @@ and tries again a file that task refused, so its answer names that file's error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -327,13 +328,13 @@ class ModelRepository:
             self._lifecycle.forget_stale()
         self._last_scan = number
 
-    def _rescan_soon(self, name: str) -> None:
-        """A model's task ended with changes left over (a plan arrived while it was busy: a file
-        changed, or a retry came due while it loaded another version): reconcile again at once,
-        that model in explicit and none modes (there the retry was lost for good)."""
-        self._retry_due(name, None)
+    def _rescan_soon(self) -> None:
+        """A model's task ended with changes left over (a plan arrived while it was busy, or a
+        file was refused): reconcile again at once (poll mode)."""
+        if self._debouncer is not None and not self._closed:
+            self._debouncer.wake_after(0)
 
-    def _retry_due(self, name: str, version: str | None) -> None:
+    def _retry_due(self, name: str, version: str) -> None:
         """A transient failure's delay has passed (the file may be loaded again): rescan."""
         if self._closed:
             return
@@ -344,7 +345,11 @@ class ModelRepository:
         self._retry_tasks.add(task)
         task.add_done_callback(self._retry_tasks.discard)
 
-    async def _reconcile_only(self, name: str, version: str | None) -> None:
+    async def _reconcile_only(self, name: str, version: str) -> None:
+        # after the task working on the model, if one is (it loads another version, say): planned
+        # while it ran, the retry planned nothing, and in these modes nothing asked again after it
+        with contextlib.suppress(Exception):
+            await self._lifecycle.wait_for(name)
         await asyncio.gather(*await self._reconcile(trust="all", only=name))
         if self._planner.scan.unreadable and not self._closed:  # nothing planned: try again later
             # (explicit and none modes: nothing else reads the folder; the retry was lost for good)

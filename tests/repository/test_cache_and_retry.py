@@ -2,6 +2,7 @@
 folder; the retry schedule backs off with jitter; auto queue limits come from the model."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -264,6 +265,33 @@ async def test_the_load_api_answers_a_failure_that_is_retried_as_unavailable(mak
         await repo.load("m")
     await events.wait("loaded", "m")
     assert float((await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
+
+
+@pytest.mark.asyncio
+async def test_none_mode_does_not_load_a_version_added_while_a_failing_load_ran(make_repo, models_dir, model_files,
+                                                                               clean_faults):
+    """A load task with a failure (version 2 is not a model) left its model marked for another
+    look; answering that look in none mode (to keep a retry that came due meanwhile) loaded
+    what had changed on disk: version 3, added while version 1 warmed up."""
+    import threading
+    from aclserve.acl.cpu import faults
+    place(model_files[1]["om"], models_dir / "vm" / "1" / "model.om")
+    (models_dir / "vm" / "2").mkdir(parents=True)
+    (models_dir / "vm" / "2" / "model.om").write_bytes(b"garbage" * 100)
+    (models_dir / "vm" / "config.yaml").write_text("version_policy: all\n")
+    gate = threading.Event()
+    held = faults.inject("execute", nth=1, hold=gate)  # version 1's warm-up waits for the test
+    repo, events = await make_repo(start=False, model_control_mode="none")
+    starting = asyncio.ensure_future(repo.start())
+    while not held.entered.is_set():  # a hang guard follows: the start's own
+        await asyncio.sleep(0.01)
+    place(model_files[3]["om"], models_dir / "vm" / "3" / "model.om")
+    gate.set()
+    await asyncio.wait_for(starting, 120)
+    await repo._lifecycle.wait_idle()
+    await asyncio.gather(*repo._retry_tasks)  # what a task's end started, if anything
+    await repo._lifecycle.wait_idle()
+    assert sorted(r["version"] for r in repo.index(ready_only=True)) == ["1"]
 
 
 @pytest.mark.asyncio
