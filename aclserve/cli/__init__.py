@@ -61,23 +61,22 @@ def join_signed_values(argv: list[str]) -> list[str]:
     return joined
 
 
-class Terminated(KeyboardInterrupt):
+def _end_on_termination(received: list[int]) -> dict:
     """SIGTERM or SIGHUP: a command ends as at a Ctrl-C, what it made removed (a compile's
-    partial .om and work folders, the ATC it started), and exits 128 + the signal's number.
-    Without it the signal's default action ended the process at once and left them."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _end_on_termination() -> dict:
-    """Install the handlers (main thread only); returns the ones they replace."""
+    partial .om and work folders, the ATC it started), and exits 128 + the signal's number
+    (appended to `received`); their default action ended the process at once and left them. It
+    is Ctrl-C's own path (SIGINT raised: asyncio.run cancels its main task for it, where an
+    exception raised in the handler broke into whatever loop callback ran). A signal ignored
+    as the process started (nohup) stays ignored. Main thread only; returns the handlers replaced."""
     def end(signum, _frame):
-        raise Terminated(signum)
+        received.append(signum)
+        if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+            raise KeyboardInterrupt  # (SIGINT ignored, as in a background job of a script)
+        signal.raise_signal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.signal(sig, end) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    return {sig: signal.signal(sig, end) for sig in (signal.SIGTERM, signal.SIGHUP)
+            if signal.getsignal(sig) is not signal.SIG_IGN}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,14 +86,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     args = parser.parse_args(join_signed_values(sys.argv[1:] if argv is None else list(argv)))
     # (serve drains on these signals: its loop handles them)
-    replaced = _end_on_termination() if args.command != "serve" else {}
+    received: list[int] = []
+    replaced = _end_on_termination(received) if args.command != "serve" else {}
     try:
         return int(args.func(args) or 0)
     except UsageError as e:
         print(f"aclserve {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as e:
-        return 128 + e.signum if isinstance(e, Terminated) else 130
+    except KeyboardInterrupt:
+        return 128 + received[-1] if received else 130
     except BrokenPipeError:  # `aclserve compile ... | head`: the reader left; no traceback
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again

@@ -256,3 +256,30 @@ def test_a_compile_ended_by_sigterm_or_sighup_leaves_nothing(tmp_path, fake_atc,
         proc.kill()
         if record.exists() and _alive(json.loads(record.read_text())["pid"]):
             os.kill(json.loads(record.read_text())["pid"], 9)
+
+
+def test_a_compile_under_nohup_keeps_running_when_the_terminal_closes(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
+    """SIGHUP ignored as the process starts (nohup) stays ignored: the handler that ends a
+    compile cleanly on SIGHUP ended this one, the long build nohup was there to keep."""
+    import signal
+    atc, record = fake_atc
+    monkeypatch.setenv("FAKE_ATC_MODE", "sleep")
+    monkeypatch.setenv("PATH", f"{atc.parent}:/usr/bin:/bin")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "compile", multi_io_onnx, "-o", out / "s.om",
+                             "--soc-version", "Ascend310P3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        for line in proc.stdout:  # until ATC runs (a hang guard: the stand-in sleeps 600 s)
+            if "ATC start working" in line:
+                break
+        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(signal.SIGTERM)  # (delivered after the SIGHUP: the exit says which ended it)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert _leftovers(out) == []
+    finally:
+        proc.kill()
+        if record.exists() and _alive(json.loads(record.read_text())["pid"]):
+            os.kill(json.loads(record.read_text())["pid"], 9)
