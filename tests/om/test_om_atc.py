@@ -225,6 +225,24 @@ def test_without_soc_version_and_without_a_device_compile_asks_for_it(tmp_path, 
     assert not record.exists() and not (tmp_path / "n.om").exists()
 
 
+def _compile_until_atc_runs(multi_io_onnx, out, **popen_args) -> subprocess.Popen:
+    """`aclserve compile` with the sleeping stand-in, returned once ATC runs (a hang guard: the
+    stand-in sleeps 600 s, the caller's communicate() timeout)."""
+    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "compile", multi_io_onnx, "-o", out / "s.om",
+                             "--soc-version", "Ascend310P3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen_args)
+    for line in proc.stdout:
+        if "ATC start working" in line:
+            break
+    return proc
+
+
+def _kill_leftovers(proc, record) -> None:
+    proc.kill()
+    if record.exists() and _alive(json.loads(record.read_text())["pid"]):
+        os.kill(json.loads(record.read_text())["pid"], 9)
+
+
 @pytest.mark.parametrize("signum", [15, 1])
 def test_a_compile_ended_by_sigterm_or_sighup_leaves_nothing(tmp_path, fake_atc, multi_io_onnx, monkeypatch,
                                                              signum):
@@ -236,13 +254,8 @@ def test_a_compile_ended_by_sigterm_or_sighup_leaves_nothing(tmp_path, fake_atc,
     monkeypatch.setenv("PATH", f"{atc.parent}:/usr/bin:/bin")
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "compile", multi_io_onnx, "-o", out / "s.om",
-                             "--soc-version", "Ascend310P3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = _compile_until_atc_runs(multi_io_onnx, out)
     try:
-        for line in proc.stdout:  # until ATC runs (a hang guard: the stand-in sleeps 600 s)
-            if "ATC start working" in line:
-                break
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=120)
         pid = json.loads(record.read_text())["pid"]
@@ -253,9 +266,7 @@ def test_a_compile_ended_by_sigterm_or_sighup_leaves_nothing(tmp_path, fake_atc,
         assert proc.returncode == 128 + signum and "Traceback" not in err, err
         assert not _alive(pid) and _leftovers(out) == [] and not (out / "s.om").exists()
     finally:
-        proc.kill()
-        if record.exists() and _alive(json.loads(record.read_text())["pid"]):
-            os.kill(json.loads(record.read_text())["pid"], 9)
+        _kill_leftovers(proc, record)
 
 
 def test_a_compile_under_nohup_keeps_running_when_the_terminal_closes(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
@@ -267,19 +278,12 @@ def test_a_compile_under_nohup_keeps_running_when_the_terminal_closes(tmp_path, 
     monkeypatch.setenv("PATH", f"{atc.parent}:/usr/bin:/bin")
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "compile", multi_io_onnx, "-o", out / "s.om",
-                             "--soc-version", "Ascend310P3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    proc = _compile_until_atc_runs(multi_io_onnx, out, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     try:
-        for line in proc.stdout:  # until ATC runs (a hang guard: the stand-in sleeps 600 s)
-            if "ATC start working" in line:
-                break
         proc.send_signal(signal.SIGHUP)
         proc.send_signal(signal.SIGTERM)  # (delivered after the SIGHUP: the exit says which ended it)
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 128 + signal.SIGTERM, err
         assert _leftovers(out) == []
     finally:
-        proc.kill()
-        if record.exists() and _alive(json.loads(record.read_text())["pid"]):
-            os.kill(json.loads(record.read_text())["pid"], 9)
+        _kill_leftovers(proc, record)
