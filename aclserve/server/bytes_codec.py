@@ -19,6 +19,7 @@ import re
 from ..errors import InvalidInput
 from ..runtime.types import TensorSpec
 from .json_simd import JsonNumbers
+from .parameters import refuse_compound_values
 
 _U32 = 4
 # Dimensions of a refused shape that are read and quoted: a longer shape is refused by its length
@@ -71,6 +72,7 @@ def decode_input(name: str, item: dict, spec: TensorSpec, max_batch: int, rows: 
         raise InvalidInput(f"input '{name}': parameters must be an object")
     if any(k.startswith("shared_memory_") for k in params):
         raise InvalidInput(f"input '{name}': shared memory is not supported by this server")
+    refuse_compound_values(params, f"input '{name}'")
     size = params.get("binary_data_size")
     if size is None:
         data = item.get("data")

@@ -19,6 +19,7 @@ from ..runtime.types import TensorSpec
 from .bytes_codec import MAX_QUOTED_DIMS, decode_input as decode_bytes_input, raw_input as raw_bytes_input
 from .json_simd import JsonNumbers
 from .json_tensors import JsonLimits, loads, numbers_in_json, read_numbers, refuse_booleans_among_numbers, to_array
+from .parameters import refuse_compound_values, refuse_shared_memory
 from .quoting import quoted
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -29,7 +30,6 @@ _UINT64_MAX = 2**64 - 1  # priority and timeout are uint64 in KServe v2 / Triton
 MAX_CLASSIFICATION_ENTRIES = 65_536
 # output datatypes whose values can be ranked into classes (Triton refuses the others)
 CLASSIFIABLE = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "FP32", "FP64"})
-_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
 class Signature:
@@ -154,6 +154,7 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
             if type(params) is not dict:
                 raise InvalidInput(f"input '{name}': parameters must be an object")
             refuse_shared_memory(params, f"input '{name}'")
+            refuse_compound_values(params, f"input '{name}'")
             size = params.get("binary_data_size")
         if size is not None:
             if type(size) is not int or size < 0:
@@ -318,9 +319,7 @@ def _decode_parameters(params, req: InferRequest) -> None:
     seq = params.get("sequence_id")
     if seq not in (None, 0, ""):
         raise InvalidInput("parameters.sequence_id: sequence batching is not supported")
-    for key, value in params.items():  # the protocol's values: a string, number or boolean, as Triton checks
-        if type(value) in (list, dict):
-            raise InvalidInput(f"parameter {quoted(key)} must be a string, number or boolean, got {quoted(value)}")
+    refuse_compound_values(params)
 
 
 def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
@@ -342,6 +341,7 @@ def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
         if type(params) is not dict:
             raise InvalidInput(f"output '{name}': parameters must be an object")
         refuse_shared_memory(params, f"output '{name}'")
+        refuse_compound_values(params, f"output '{name}'")
         binary = params.get("binary_data")
         if binary is not None and type(binary) is not bool:
             raise InvalidInput(f"output '{name}': parameters.binary_data must be a boolean")
@@ -374,8 +374,3 @@ def check_classification(req: InferRequest, sig: Signature) -> None:
                                    f"{entries:,} class strings in all; at most {MAX_CLASSIFICATION_ENTRIES:,} "
                                    f"per request (ask for fewer classes or rows)")
 
-
-def refuse_shared_memory(params, where: str) -> None:
-    for key in _SHM_KEYS:
-        if key in params:
-            raise InvalidInput(f"{where}: {key}: shared memory is not supported by this server")

@@ -21,8 +21,9 @@ from tritonclient.grpc import service_pb2 as pb
 from ..errors import InvalidInput
 from .bytes_codec import grpc_input as decode_bytes_input
 from .codec import (InferRequest, RequestedOutput, Signature, check_classification, check_complete, check_input,
-                    check_rank, refuse_shared_memory, tensor_view)
+                    check_rank, tensor_view)
 from .encode import classify
+from .parameters import refuse_shared_memory
 from .quoting import quoted
 
 # KServe datatype -> (InferTensorContents field, numpy type of that field's elements)

@@ -200,6 +200,10 @@ def test_raw_binary_request():
     ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "parameters": {"foo": [1]}},
      r'parameter "foo" must be a string, number or boolean, got an array of 1 item'),
     ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "parameters": {"foo": {"a": 1}}}, "got an object of 1 key"),
+    ({"inputs": [dict(inp("x", "FP32", [1, 4], [0] * 4), parameters={"foo": [1, 2]})]},
+     r'input \'x\': parameter "foo" must be a string, number or boolean, got an array of 2 items'),
+    ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "outputs": [{"name": "y", "parameters": {"foo": {}}}]},
+     r'output \'y\': parameter "foo" must be a string, number or boolean, got \{\}'),
     ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "outputs": [{"name": "nope"}]}, "unknown output 'nope'"),
     ({"inputs": [inp("x", "FP32", [1, 4], [0] * 4)], "id": 5}, "id must be a string"),
     # a false value of another type was taken for none (a helper's fuzz of the HTTP corners)

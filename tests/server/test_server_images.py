@@ -186,6 +186,10 @@ def test_bad_images_get_400_naming_the_row(image_server):
         body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [len(data), 1], "data": data}]}
         status, _, out = infer(image_server, body, "digits_image")
         assert status == 400 and out["error"].startswith(message), (message, out)
+    body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": [good], "parameters": {"p": [1]}}]}
+    status, _, out = infer(image_server, body, "digits_image")
+    assert status == 400 and out["error"] == ('input \'x\': parameter "p" must be a string, number or boolean, '
+                                              'got an array of 1 item'), out
     body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": [good]}]}
     assert infer(image_server, body, "digits_image")[0] == 200  # and the server carries on
 
