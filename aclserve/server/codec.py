@@ -77,11 +77,15 @@ class InferRequest:
     binary_output: bool = False
 
 
-def parse_header_length(value: str | None) -> int | None:
-    """The header's value: ASCII digits only (int() would also take "+5", "1_0", "-0", which
-    means raw binary, and Unicode digits), at most 18 of them (beyond any body)."""
-    if value is None:
+def parse_header_length(values: Sequence[str]) -> int | None:
+    """The header's value, from every occurrence of it (two could frame the body two ways, so
+    they are refused): ASCII digits only (int() would also take "+5", "1_0", "-0", which means
+    raw binary, and Unicode digits), at most 18 of them (beyond any body)."""
+    if not values:
         return None
+    if len(values) > 1:
+        raise InvalidInput(f"{HEADER_LENGTH} is given {len(values)} times; send it once")
+    value = values[0]
     digits = value.strip(" \t")
     if not (digits.isascii() and digits.isdigit() and len(digits) <= 18):
         raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer, got {value[:40]!r}")

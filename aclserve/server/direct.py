@@ -128,10 +128,10 @@ def _plain_target(head: Head) -> tuple[str, str | None] | None:
     return None
 
 
-def _header_length_text(head: Head) -> str | None:
-    """Inference-Header-Content-Length as sent, decoded as aiohttp decodes header values."""
-    value = head.header(_HEADER_LENGTH, as_sent=True)
-    return None if value is None else value.decode("utf-8", "surrogateescape")
+def _header_length_text(head: Head) -> list[str]:
+    """Inference-Header-Content-Length as sent, every occurrence, decoded as aiohttp decodes
+    header values."""
+    return [value.decode("utf-8", "surrogateescape") for value in head.header_all(_HEADER_LENGTH, as_sent=True)]
 
 
 def _render(status: int, content_type: bytes, body: bytes, headers: dict | None = None) -> tuple[bytes, bytes]:

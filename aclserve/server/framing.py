@@ -46,9 +46,10 @@ _CHECKED_NAMES = re.compile(rb"\r\n(" + b"|".join(
 class Head:
     """A complete request head, never changed once made. `header(name)` reads a header (name in
     lower case) from the lower-cased head: the value of its first occurrence, stripped, or None
-    (`as_sent`: the value as the client wrote it); `tokens(name)` the tokens of all its
-    occurrences. `derived(key, derive)`: what a reader works out from the head alone, kept in
-    `memo` under its own key (a repeated head is the same Head, so it is worked out once)."""
+    (`as_sent`: the value as the client wrote it); `header_all(name)` the values of all its
+    occurrences, `tokens(name)` their tokens. `derived(key, derive)`: what a reader works out
+    from the head alone, kept in `memo` under its own key (a repeated head is the same Head, so
+    it is worked out once)."""
 
     __slots__ = ("method", "target", "version", "_lower", "_raw", "memo")
 
@@ -72,17 +73,22 @@ class Head:
         end = self._lower.find(b"\r\n", at)
         return (self._raw if as_sent else self._lower)[at:end if end >= 0 else len(self._lower)].strip(b" \t")
 
-    def tokens(self, name: bytes) -> list[bytes]:
-        """The comma-separated tokens of every occurrence of a list header (name in lower
-        case), OWS (spaces, tabs) stripped: `Connection` is read as aiohttp reads it."""
+    def header_all(self, name: bytes, as_sent: bool = False) -> list[bytes]:
+        """The values of every occurrence of a header, stripped, as `header` reads the first."""
         key = b"\r\n" + name + b":"
         found, at = [], self._lower.find(key)
         while at >= 0:
             at += len(key)
-            end = self._lower.find(b"\r\n", at)  # the head ends with CRLF
-            found.extend(token.strip(b" \t") for token in self._lower[at:end].split(b","))
+            end = self._lower.find(b"\r\n", at)
+            end = len(self._lower) if end < 0 else end
+            found.append((self._raw if as_sent else self._lower)[at:end].strip(b" \t"))
             at = self._lower.find(key, end)
         return found
+
+    def tokens(self, name: bytes) -> list[bytes]:
+        """The comma-separated tokens of every occurrence of a list header (name in lower
+        case), OWS (spaces, tabs) stripped: `Connection` is read as aiohttp reads it."""
+        return [token.strip(b" \t") for value in self.header_all(name) for token in value.split(b",")]
 
 
 def _request_line(raw: bytes) -> list[bytes] | None:

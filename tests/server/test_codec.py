@@ -121,13 +121,13 @@ def test_binary_framing_header_errors():
     with pytest.raises(InvalidInput, match="not valid JSON"):
         codec.decode_request(raw, length - 3, BATCHED)
     with pytest.raises(InvalidInput, match="non-negative integer"):
-        codec.parse_header_length("-4")
+        codec.parse_header_length(["-4"])
     tensor = np.full(4, -1.5e38, np.float32).tobytes()  # bytes no UTF-8 text holds
     raw, length = body({"inputs": [inp("x", "FP32", [1, 4], size=16)]}, tensor)
     with pytest.raises(InvalidInput, match="not UTF-8 text .binary tensor data goes after the JSON part, whose "
                                            "length Inference-Header-Content-Length gives"):
         codec.decode_request(raw, None, BATCHED)  # its header forgotten
-    assert codec.parse_header_length(None) is None and codec.parse_header_length("12") == 12
+    assert codec.parse_header_length([]) is None and codec.parse_header_length(["12"]) == 12
 
 
 def test_json_only_body_with_header_equal_to_body_length():

@@ -104,6 +104,22 @@ def test_json_and_binary_answers_are_aiohttp_s(srv):
     same_answer(direct, via)
 
 
+def test_an_inference_header_content_length_given_twice_is_refused_both_ways(srv):
+    """Two values could frame the body two ways (aiohttp's headers.get took the first)."""
+    path = "/v2/models/double/infer"
+    body, json_length = binary_body()
+    line = b"Inference-Header-Content-Length: %d\r\n" % json_length
+    for second in (json_length, 0):
+        twice = {"Inference-Header-Content-Length": json_length}
+        direct_data, via_data = (post(path, body, extra).replace(line, line + line.replace(b"%d" % json_length,
+                                                                                             b"%d" % second))
+                                 for extra in (twice, dict(twice, **VIA_AIOHTTP)))
+        direct, via = both_ways(srv.url, direct_data, via_data)
+        same_answer(direct, via)
+        assert direct[0] == 400 and json.loads(direct[2])["error"] == (
+            "Inference-Header-Content-Length is given 2 times; send it once")
+
+
 @pytest.mark.parametrize("path,body", [
     ("/v2/models/ghost/infer", JSON_BODY),  # 404
     ("/v2/models/double/versions/7/infer", JSON_BODY),  # 404: no such version
