@@ -93,6 +93,14 @@ def test_url_opens_a_connection_for_each_client(tmp_path):
     assert peak > 140, peak
 
 
+def test_url_refuses_rows_past_the_model_s_max_batch_size_before_the_run(tmp_path):
+    with ServerThread(server_config(_models(tmp_path), model_control_mode="none")) as server:
+        proc = _profile("digits", "--url", f"http://{server.url}", "--rows", "100000", "--seconds", "1",
+                        cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--rows 100000 exceeds the model's max_batch_size, " in proc.stderr, proc.stderr
+
+
 def _http(body: bytes, content_type: str) -> bytes:
     return (b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
             % (content_type.encode(), len(body)) + body)
@@ -171,6 +179,14 @@ def test_rows_past_what_can_be_made_are_refused_before_anything_is_allocated():
     """--rows 1000000000: numpy's MemoryError traceback, after 30 GB were asked for."""
     with pytest.raises(UsageError, match=r"--rows 1000000000: input 'x' would take 512,000,000,000 bytes"):
         _body([("x", "FP32", [-1, 64])], 1_000_000_000)
+
+
+def test_rows_past_the_max_batch_size_are_refused_before_anything_is_made():
+    """--rows 1000000 on a model of max_batch_size 32 made 850 MB of values before the server
+    refused them."""
+    with pytest.raises(UsageError, match=r"^--rows 1000000 exceeds the model's max_batch_size, 32$"):
+        _body([("x", "FP32", [-1, 1 << 20])], 1_000_000, 32)
+    assert _body([("x", "FP32", [-1, 4])], 32, 32)[1] > 0
 
 
 def test_the_rate_is_over_the_time_the_answers_took_not_the_time_asked_for():

@@ -184,9 +184,13 @@ def _draw(args, events: list[dict]) -> int:
 MAX_INPUT_BYTES = 1 << 30  # one input's random values; a model's largest gear is far below
 
 
-def _body(inputs_meta: list[tuple[str, str, list[int]]], rows: int) -> tuple[bytes, int]:
+def _body(inputs_meta: list[tuple[str, str, list[int]]], rows: int, max_rows: int = 0) -> tuple[bytes, int]:
+    """Random values for every input, `rows` rows; `max_rows`: the model's max_batch_size when
+    known (0: a static batch or not known), checked before anything is made."""
     from ..dtypes import kserve_to_numpy
     from .infer import build_request
+    if 0 < max_rows < rows:  # (the server refuses it too, after up to 1 GiB an input was made)
+        raise UsageError(f"--rows {rows} exceeds the model's max_batch_size, {max_rows}")
     rng = np.random.default_rng(0)
     arrays = {}
     for name, datatype, shape in inputs_meta:
@@ -230,7 +234,7 @@ async def _in_process(args):
         except Exception as e:
             raise UsageError(f"model {args.model!r}: {getattr(e, 'message', e)}") from None
         meta = [(s.name, s.datatype, list(s.shape)) for s in served.inputs]
-        body, header_length = _body(meta, args.rows)
+        body, header_length = _body(meta, args.rows, served.max_batch_size)
         work = functools.partial(_work, body, header_length)
 
         async def one() -> str | None:

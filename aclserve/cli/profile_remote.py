@@ -45,6 +45,17 @@ def _inputs(doc) -> list[tuple[str, str, list[int]]]:
     return meta
 
 
+async def _max_batch_size(session, base: str, model: str) -> int:
+    """The model configuration's max_batch_size, or 0 when it cannot be read (the server then
+    judges the rows itself)."""
+    async with session.get(f"{base}/v2/models/{model}/config") as resp:
+        try:
+            value = (await resp.json(content_type=None)).get("max_batch_size") if resp.status == 200 else 0
+        except (ValueError, AttributeError):
+            value = 0
+    return value if type(value) is int and value > 0 else 0
+
+
 async def _own_trace_settings(session, base: str, setting: str) -> dict:
     """The model's trace settings as an update that puts them back: each one that differs from
     the global one (the model set it), and null for the rest (they follow the global ones).
@@ -84,7 +95,7 @@ async def run_remote(args, make_body):
             except ValueError as e:  # (HTML, say)
                 raise NotKServe(f"its model metadata is not JSON ({one_line(e)})") from None
         meta = _inputs(doc)
-        body, header_length = make_body(meta, args.rows)
+        body, header_length = make_body(meta, args.rows, await _max_batch_size(session, base, args.model))
         headers = {"Inference-Header-Content-Length": str(header_length), "Content-Type": "application/octet-stream"}
         url = f"{base}/v2/models/{args.model}/infer"
 
