@@ -11,9 +11,11 @@ from __future__ import annotations
 class ServeError(Exception):
     """Root of errors whose message is safe to show to a client. `request_id`: the request's
     own id when the refusal came after it was read (a body whose tensors do not fit its model),
-    for the request log and traces."""
+    for the request log and traces. `retry_after_s`: when a refusal knows when to come back (a
+    load whose automatic retry is armed), else the protocol edge's table decides."""
 
     request_id: str | None = None
+    retry_after_s: float | None = None
 
     def __init__(self, message: str):
         super().__init__(message)

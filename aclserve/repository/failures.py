@@ -90,6 +90,12 @@ class LoadFailures:
         fails with an out-of-memory code, transient, for good."""
         return any((name, v) in self._first_failed for v in versions)
 
+    def retry_due_in(self, name: str, versions) -> float | None:
+        """Seconds until the soonest automatic retry of one of `versions` of `name`, or None."""
+        due = [self._retry.due_in(key) for key in self._reasons if key[0] == name and key[1] in versions]
+        due = [seconds for seconds in due if seconds is not None]
+        return min(due) if due else None
+
     def first_retry_pending(self) -> set[str]:
         """Models with a refused file whose first automatic retry is still to come. Only the
         first: retries go on until the file loads (a device too small for the model fails with

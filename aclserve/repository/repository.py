@@ -255,7 +255,9 @@ class ModelRepository:
         if name not in self._lifecycle.serving or failed:
             message = f"failed to load {name}: " + ("; ".join(failed) or "no version loaded")
             if self._failures.first_failure(name, failed_versions):  # tried again by itself: 503, try later
-                raise ModelUnavailable(message)
+                error = ModelUnavailable(message)
+                error.retry_after_s = self._failures.retry_due_in(name, failed_versions)  # (None: 1 s)
+                raise error
             raise ModelLoadFailed(message)
 
     async def unload(self, name: str) -> None:

@@ -117,6 +117,11 @@ class RetrySchedule:
         """A retry of (name, version, identity) is due later."""
         return key in self._timers
 
+    def due_in(self, key: tuple) -> float | None:
+        """Seconds until the retry of (name, version, identity) is due, or None: none pending."""
+        timer = self._timers.get(key)
+        return None if timer is None else max(0.0, timer.when() - asyncio.get_running_loop().time())
+
     def first_pending(self, key: tuple) -> bool:
         """The first retry of (name, version, identity) is due later (no retry of it has failed)."""
         return key in self._timers and self._attempts.get(key) == 1

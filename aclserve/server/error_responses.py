@@ -5,6 +5,7 @@ holds its connection for its Retry-After (connections.py)."""
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING
 
 import orjson
@@ -77,7 +78,8 @@ def serve_error_parts(state: ServerState | None, exc: ServeError, transport, bod
 
 
 def retry_after_value(seconds: float) -> str:
-    return str(max(1, int(round(seconds))))
+    """Whole seconds, rounded up (a load's retry due in 1.4 s is not there after 1 s)."""
+    return str(max(1, math.ceil(seconds)))
 
 
 def _error_response(request: web.Request, state: ServerState | None, exc: Exception) -> web.Response:

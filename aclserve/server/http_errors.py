@@ -47,7 +47,10 @@ def http_status(error: ServeError) -> int:
 
 
 def retry_after(error: ServeError) -> float | None:
-    """Seconds a client should wait before retrying (the Retry-After header), or None."""
+    """Seconds a client should wait before retrying (the Retry-After header), or None: the
+    error's own when it knows, else its class's."""
+    if error.retry_after_s is not None:
+        return error.retry_after_s
     return by_class(RETRY_AFTER_S, error, None)
 
 

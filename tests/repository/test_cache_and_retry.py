@@ -320,8 +320,9 @@ async def test_a_load_failing_again_for_want_of_memory_is_a_400(make_repo, model
     repo, _ = await make_repo(model_control_mode="explicit", load_retry_initial_s=60.0, load_retry_max_s=60.0)
     place(model_files[1]["om"], models_dir / "big.om")
     faults.inject("load", code=207001)  # every load
-    with pytest.raises(ModelUnavailable, match="retry 1 in"):
+    with pytest.raises(ModelUnavailable, match="retry 1 in") as refused:
         await repo.load("big")
+    assert 29.0 < refused.value.retry_after_s <= 60.0  # when that retry is due (a draw in 30-60 s), not 1 s
     with pytest.raises(ModelLoadFailed, match="retry 2 in"):
         await repo.load("big")
 

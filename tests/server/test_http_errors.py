@@ -46,3 +46,14 @@ def test_the_errors_every_layer_raises_know_no_protocol():
 def test_only_unauthorized_adds_a_header():
     assert error_headers(Unauthorized("no token")) == {"WWW-Authenticate": 'Bearer realm="aclserve"'}
     assert error_headers(Forbidden("no")) is None and error_headers(errors.QueueFull("full")) is None
+
+
+def test_an_error_that_knows_when_to_come_back_says_so_over_both_transports():
+    """A load whose automatic retry is due in 42.3 s: Retry-After 43 (rounded up), pushback 42300 ms."""
+    from aclserve.server.error_responses import retry_after_value
+    from aclserve.server.grpc_status import pushback
+    error = errors.ModelUnavailable("failed to load m")
+    error.retry_after_s = 42.3
+    assert retry_after(error) == 42.3 and retry_after_value(retry_after(error)) == "43"
+    assert pushback(error) == (("grpc-retry-pushback-ms", "42300"),)
+    assert retry_after_value(0.2) == "1" and retry_after(errors.ModelUnavailable("x")) == 1.0
