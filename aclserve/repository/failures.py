@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 class LoadFailures:
     def __init__(self, retry_initial_s: float, retry_max_s: float, on_retry: Callable[[str, str], None]):
         """`on_retry(name, version)` runs on the loop when a retry is due (the failure is forgotten)."""
-        self._reasons: dict[tuple[str, str, tuple], str] = {}  # (name, version, identity) -> reason
+        # (name, version, identity) -> reason, without the retry plan, which is said in the message
+        # record() returns (a reason that changed with every retry made a new /metrics series each time)
+        self._reasons: dict[tuple[str, str, tuple], str] = {}
         self._retry = RetrySchedule(retry_initial_s, retry_max_s, self._due)
         self._on_retry = on_retry
         self._logged: set[tuple[str, str, tuple]] = set()
@@ -36,10 +38,12 @@ class LoadFailures:
         if transient and self._retry.enabled and not self._closed:
             attempt, delay = self._retry.schedule(name, version, file.identity)
             what = "the host short of resources" if host_short(error) else "transient device error"
+            self._reasons[key] = f"{reason} ({what})"  # (still retrying again until its task ends: load_ended)
             reason = f"{reason} ({what}: retry {attempt} in {delay:.1f} s)"
             if attempt == 1:
                 self._first_failed.add((name, version))
-        self._reasons[key] = reason  # (still retrying again until its load task ends: load_ended)
+        else:
+            self._reasons[key] = reason
         if key not in self._logged:
             self._logged.add(key)
             log.error("%s: version %s from %s not loaded: %s", name, version, file.path, reason)
@@ -74,7 +78,8 @@ class LoadFailures:
         return frozenset(self._reasons)
 
     def versions(self) -> dict[tuple[str, str], str]:
-        """(name, version) -> why its current file failed to load (retry plan included)."""
+        """(name, version) -> why its current file failed to load (not when it is retried: the
+        same failure keeps the same text)."""
         return {(n, v): reason for (n, v, _), reason in self._reasons.items()}
 
     def refused_for_good(self, name: str, version: str | None = None) -> bool:

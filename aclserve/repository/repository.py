@@ -195,7 +195,8 @@ class ModelRepository:
             n in serving or n in again or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
 
     def load_failures(self) -> dict[tuple[str, str], str]:
-        """(name, version) -> why its current file failed to load (retry plan included)."""
+        """(name, version) -> why its current file failed to load, the same text for the same
+        failure (the index reason says when it is retried)."""
         return self._failures.versions()
 
     @property

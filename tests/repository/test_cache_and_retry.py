@@ -268,6 +268,31 @@ async def test_the_load_api_answers_a_failure_that_is_retried_as_unavailable(mak
 
 
 @pytest.mark.asyncio
+async def test_a_failure_retried_keeps_one_reason_and_the_index_says_when(make_repo, models_dir, model_files,
+                                                                         clean_faults):
+    """aclserve_model_load_failure took the reason as a label, retry plan and all: every retry
+    made a new series, so an alert on one never held."""
+    from aclserve.acl.cpu import faults
+    repo, events = await make_repo(model_control_mode="explicit", load_retry_initial_s=0.2, load_retry_max_s=0.4)
+    place(model_files[1]["om"], models_dir / "m.om")
+    faults.inject("load", count=2, code=207001)  # the first load and its first retry
+    with pytest.raises(ModelUnavailable, match=r"207001.*\(transient device error: retry 1 in"):
+        await repo.load("m")
+    reason = repo.load_failures()[("m", "1")]
+    assert reason.endswith("(transient device error)") and "retry" not in reason, reason
+    (row,) = repo.index()
+    assert "(transient device error: retry 1 in" in row["reason"], row
+
+    async def second_failure():
+        while "retry 2 in" not in repo.index()[0]["reason"]:
+            await asyncio.sleep(0.005)
+    await asyncio.wait_for(second_failure(), 60)  # a hang guard: the retry is due within 0.2 s
+    assert repo.load_failures()[("m", "1")] == reason
+    await events.wait("loaded", "m")
+    assert repo.load_failures() == {}
+
+
+@pytest.mark.asyncio
 async def test_none_mode_does_not_load_a_version_added_while_a_failing_load_ran(make_repo, models_dir, model_files,
                                                                                clean_faults):
     """A load task with a failure (version 2 is not a model) left its model marked for another
