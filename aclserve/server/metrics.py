@@ -55,14 +55,15 @@ class VersionMetrics:
         self.success.inc()
         self.request_duration.observe(seconds)
 
-    def request_failed(self, reason: str, seconds: float) -> None:
+    def request_failed(self, reason: str) -> None:
+        """Counted by reason only: in the duration histogram a burst of refusals, answered in
+        microseconds (the early ones at 0), passed for latency falling under overload."""
         child = self._failures.get(reason)
         if child is None:
             if self._removed:  # (the other children are detached from their families already)
                 return
             child = self._failures[reason] = self._owner.failure.labels(*self._labels, reason)
         child.inc()
-        self.request_duration.observe(seconds)
 
     # observers registered on the batcher's stats (scheduling.stats.BatcherStats.observe)
     def on_request_done(self, level: int, queue_s: float, ok: bool, reason: str) -> None:
@@ -101,7 +102,8 @@ class ServerMetrics:
         self.failure = LoopCounterFamily("aclserve_request_failure", "Failed infer requests by reason",
                                          mv + ["reason"])
         self.request_duration = LoopHistogramFamily("aclserve_request_duration_seconds",
-                                                    "Infer request time in the server (decode to encode)", mv,
+                                                    "Time in the server of a successful infer request (decode to encode;"
+                                                    " failures: aclserve_request_failure_total)", mv,
                                                     LATENCY_BUCKETS)
         self.queue_duration = LoopHistogramFamily("aclserve_queue_duration_seconds",
                                                   "Time a request waited in the queue before its batch ran", mv,

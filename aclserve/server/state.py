@@ -54,7 +54,7 @@ class VersionRecord:
     def request_failed(self, reason: str, elapsed_ns: int) -> None:
         """One failed request, counted alike by /metrics and the statistics extension (as
         Triton's one aggregator feeds both: a client gone or a bad input fails in both)."""
-        self.metrics.request_failed(reason, elapsed_ns / 1e9)
+        self.metrics.request_failed(reason)
         self.served.batcher.stats.request_failed(elapsed_ns)
 
 

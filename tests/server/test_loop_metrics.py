@@ -41,7 +41,7 @@ def test_a_scrape_writes_the_figures_of_its_snapshot():
     kept.request_ok(0.001)
     kept.on_batch(4, 3, 0.002)
     gone = metrics.version("m", "2")
-    gone.request_failed("InvalidInput", 0.001)
+    gone.request_failed("InvalidInput")
     before = metrics.render().decode()
     snapshot = metrics.snapshot()
     kept.request_ok(0.5)  # after the snapshot: in-place updates of the copied numbers

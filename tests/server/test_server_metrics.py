@@ -40,7 +40,9 @@ def test_metrics_after_requests(server):
     mv = {"model": "affine", "version": "1"}
     assert value(found, "aclserve_request_success_total", **mv) >= 3
     assert value(found, "aclserve_request_failure_total", reason="InvalidInput", **mv) >= 1
-    assert value(found, "aclserve_request_duration_seconds_count", **mv) >= 4
+    # successes only: refusals answered at once passed for latency falling under overload
+    assert value(found, "aclserve_request_duration_seconds_count", **mv) == value(
+        found, "aclserve_request_success_total", **mv)
     assert value(found, "aclserve_queue_duration_seconds_count", **mv) >= 3
     assert value(found, "aclserve_compute_duration_seconds_count", **mv) >= 1
     # 3 rows run in gear 4: one padding row per run
@@ -218,10 +220,10 @@ def test_a_request_failing_after_its_version_was_unloaded_brings_no_series_back(
 
     metrics = ServerMetrics(lambda: [], lambda: [])
     late = metrics.version("m", "1")  # held by the request, as state.record hands it out
-    late.request_failed("InvalidInput", 0.001)
+    late.request_failed("InvalidInput")
     metrics.on_repository_event("unloaded", "m", "1")
-    late.request_failed("ModelUnavailable", 0.001)
-    late.request_failed("InvalidInput", 0.001)
+    late.request_failed("ModelUnavailable")
+    late.request_failed("InvalidInput")
     assert 'version="1"' not in metrics.render().decode()
-    metrics.version("m", "1").request_failed("InvalidInput", 0.001)  # loaded again: a fresh count
+    metrics.version("m", "1").request_failed("InvalidInput")  # loaded again: a fresh count
     assert value(samples(metrics.render().decode()), "aclserve_request_failure_total", model="m") == 1
