@@ -32,6 +32,8 @@ def _models(tmp_path):
 
 
 def _answered_and_rate(stdout: str) -> tuple[int, float]:
+    """(answers, the printed rate over answers / the printed seconds): 1 give or take the
+    seconds' rounding to a tenth (a run of 1.04 s printed as 1.0 reads 0.96)."""
     m = re.search(r"digits: (\d+) requests answered in ([\d.]+) s \(([\d,]+) req/s\)", stdout)
     assert m, stdout
     return int(m.group(1)), float(m.group(3).replace(",", "")) / (int(m.group(1)) / float(m.group(2)) or 1)
@@ -66,7 +68,9 @@ def test_url_counts_what_the_server_refused_and_rates_the_answered_only(tmp_path
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert re.search(r"^refused: [\d,]+ \(HTTP 503\)$", proc.stdout, re.M), proc.stdout
     answered, rate_over_answered = _answered_and_rate(proc.stdout)
-    assert answered > 0 and rate_over_answered == pytest.approx(1.0, rel=0.02)
+    assert answered > 0 and rate_over_answered == pytest.approx(1.0, rel=0.1)  # (over all: 2 x and more)
+    assert re.search(r"^\d+ traced requests over [\d.]+ s \([\d,]+ more failed: left out of the figures below\)$",
+                     proc.stdout, re.M), proc.stdout  # (their microseconds were averaged in)
     assert os.listdir(tmp_path / "traces") == []
     assert (tmp_path / "out.json").stat().st_size > 100
 

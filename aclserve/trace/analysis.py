@@ -33,7 +33,8 @@ _DIRECT_COPIES = ("H2D #", "D2H #")  # a direct batch's copies: drawn on its com
 
 @dataclass
 class Summary:
-    requests: int = 0
+    requests: int = 0  # answered (status 200, or none recorded): the figures below are theirs
+    failed: int = 0  # traced with another status (refused, timed out): left out of the figures
     window_s: float = 0.0
     device_busy: dict[str, float] = field(default_factory=dict)  # instance -> fraction of the window
     copy_overlap: float | None = None  # None: no stream copies traced
@@ -105,7 +106,7 @@ def summarize(events: list[dict], cpu_s: float | None = None) -> Summary:
     processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
                if e.get("ph") == "M" and e.get("name") == "thread_name"}
-    requests, children = [], {}
+    requests, failed, children = [], [], {}
     batch_parts: dict[int, dict[str, float]] = {}
     compute: dict[int, list[tuple[float, float]]] = {}
     copies: dict[int, list[tuple[float, float]]] = {}
@@ -115,7 +116,7 @@ def summarize(events: list[dict], cpu_s: float | None = None) -> Summary:
         name = e["name"]
         if processes.get(e["pid"]) == REQUESTS_PROCESS:
             if name.startswith("request "):
-                requests.append(e)
+                (requests if e.get("args", {}).get("status", 200) == 200 else failed).append(e)
             else:
                 children.setdefault(e["tid"], []).append(e)
             continue
@@ -138,9 +139,10 @@ def summarize(events: list[dict], cpu_s: float | None = None) -> Summary:
         if part and bid is not None:
             parts = batch_parts.setdefault(bid, {})
             parts[part] = parts.get(part, 0.0) + dur
-    s = Summary(requests=len(requests), cpu_s=cpu_s)
-    if not requests:
-        s.verdict = "no traced requests: nothing to say"
+    s = Summary(requests=len(requests), failed=len(failed), cpu_s=cpu_s)
+    if not requests:  # (a refusal's few microseconds averaged in made "per request" and its p99 theirs)
+        s.verdict = f"no answered requests among {len(failed)} traced: nothing to say" if failed else \
+            "no traced requests: nothing to say"
         return s
     t0 = min(r["ts"] for r in requests)
     t1 = max(r["ts"] + r["dur"] for r in requests)
@@ -211,7 +213,8 @@ def _verdict(s: Summary) -> str:
 
 
 def format_summary(s: Summary) -> str:
-    lines = [f"{s.requests} traced requests over {s.window_s:.2f} s"]
+    lines = [f"{s.requests} traced requests over {s.window_s:.2f} s"
+             + (f" ({s.failed:,} more failed: left out of the figures below)" if s.failed else "")]
     for name, busy in sorted(s.device_busy.items()):
         lines.append(f"device busy   {busy:6.1%}  {name} (compute stream, from events)")
     if s.copy_overlap is not None:
