@@ -50,6 +50,15 @@ class BusyWindow:
                 self._add(now - self._since, now)
                 self._since = None
 
+    def restart(self) -> None:
+        """Forget the spans so far and count the window from now (a warm-up's runs are not load:
+        a new or reloaded version read half busy before any request)."""
+        with self._lock:
+            self._spans.clear()
+            self._created = self._clock()
+            if self._since is not None:
+                self._since = self._created
+
     def fraction(self, now_ns: int | None = None) -> float:
         """Busy time / wall time over the window (or since creation, when younger), in [0, 1];
         a span begun and not ended counts up to now (read under the same lock as its end, so

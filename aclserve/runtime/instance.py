@@ -137,6 +137,11 @@ class ModelInstance(SlotBook):
     def compute_busy(self, window: BusyWindow) -> None:
         self._completer.compute_busy = window
 
+    def restart_busy(self) -> None:
+        """The busy time so far, in flight and on the compute stream, is not load: count from now."""
+        super().restart_busy()
+        self.compute_busy.restart()
+
     @property
     def context(self) -> int:
         return self._resources.context

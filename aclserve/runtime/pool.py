@@ -329,6 +329,11 @@ class InstancePool:
         self._listener = None
         return batch
 
+    def restart_busy(self) -> None:
+        """Busy figures count from now (after the warm-up)."""
+        for instance in self.instances:
+            instance.restart_busy()
+
     def busy_ratio(self) -> float:
         """Fraction of the last 10 s the instances had work in flight (averaged over instances)."""
         instances = self.instances

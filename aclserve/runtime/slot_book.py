@@ -66,6 +66,10 @@ class SlotBook:
         shorten each other's window."""
         return self._busy.fraction()  # (not under the instance's lock: a scrape holds no batch up)
 
+    def restart_busy(self) -> None:
+        """The busy time so far is not load (a warm-up's): count from now."""
+        self._busy.restart()
+
     def count_failure(self, code: int | None, needs_reset: bool) -> None:
         """A batch failed, with ACL error `code` when the device named one; `needs_reset`: the
         streams are reset once nothing else is in flight (no new batch until then)."""

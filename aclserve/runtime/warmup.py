@@ -41,6 +41,7 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
             pool.gear_cost[gear] = best if best < float("inf") else 1e-6
             if compute < float("inf"):
                 pool.compute_cost[gear] = compute
+    pool.restart_busy()  # (the warm-up's runs read as utilisation: a fresh version half busy, idle)
     return dict(pool.gear_cost)
 
 

@@ -86,3 +86,31 @@ def test_the_compute_stream_window_gets_each_batchs_compute_time_from_its_events
         assert pool.utilisation()[0]["compute_busy"] == round(busy_ns / 10_000_000_000, 4)
     finally:
         pool.close()
+
+
+def test_a_restarted_window_counts_from_then():
+    now = [0]
+    window = BusyWindow(window_s=10.0, clock=lambda: now[0])
+    now[0] = 1_000_000_000
+    window.add(500_000_000)  # half of the one second since creation
+    assert abs(window.fraction() - 0.5) < 1e-9
+    window.restart()
+    now[0] = 2_000_000_000
+    assert window.fraction() == 0.0
+    window.begin(1_500_000_000)  # a span going on at the restart counts from then only
+    window.restart()
+    now[0] = 3_000_000_000
+    assert abs(window.fraction() - 1.0) < 1e-9
+
+
+def test_the_warm_up_does_not_read_as_utilisation(runtime, affine_om, clean_faults):
+    """A new or reloaded version read about half busy for the next 10 s with no request (its
+    warm-up runs in the window): an autoscaler saw every fresh replica as loaded."""
+    from aclserve.runtime.warmup import warm_up
+    pool = open_pool(runtime, affine_om(), "affine")
+    try:
+        faults.inject("execute", probability=1.0, delay_ms=20)  # runs long enough to show
+        warm_up(pool)
+        assert pool.busy_ratio() < 0.05 and all(row["compute_busy"] < 0.05 for row in pool.utilisation())
+    finally:
+        pool.close()
