@@ -10,7 +10,11 @@ more than every entry named.
 """
 from __future__ import annotations
 
+import zlib
+
 from aiohttp.web import ContentCoding
+
+COMPRESS_MIN_BYTES = 1024  # smaller answers gain nothing from compression and cost CPU
 
 CODINGS = {"gzip": ContentCoding.gzip, "x-gzip": ContentCoding.gzip, "deflate": ContentCoding.deflate,
            "identity": None}
@@ -49,3 +53,10 @@ def answer_coding(header: str) -> ContentCoding | None:
         named = {CODINGS[coding] for coding in given if coding in CODINGS}
         return next((c for c in (ContentCoding.gzip, ContentCoding.deflate) if c not in named), best)
     return best
+
+
+def encoded(body: bytes, coding: ContentCoding) -> bytes:
+    """`body` in `coding` (deflate zlib-wrapped, as aiohttp writes it), for an answer compressed
+    in a worker thread rather than on the event loop."""
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 31 if coding is ContentCoding.gzip else 15)
+    return compressor.compress(body) + compressor.flush()

@@ -26,7 +26,7 @@ from aiohttp import web
 from ..errors import ServeError
 from ..scheduling import answered_before_cancel
 from ..trace import now_ns
-from .answer_coding import answer_coding
+from .answer_coding import COMPRESS_MIN_BYTES, answer_coding
 from .answer_size import answer_bytes
 from .app_keys import STATE
 from .body import MAX_BODY_BYTES, body_limit, read_body
@@ -41,7 +41,6 @@ from .shedding import refuse_undecoded
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
-COMPRESS_MIN_BYTES = 1024  # smaller answers gain nothing from compression and cost CPU
 
 
 async def infer(request: web.Request) -> web.Response:

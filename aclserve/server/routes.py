@@ -12,6 +12,7 @@ from aiohttp import web
 
 from ..errors import InvalidInput
 from . import views
+from .answer_coding import COMPRESS_MIN_BYTES, answer_coding, encoded
 from .app_keys import STATE
 from .control_body import ControlBody
 from .expect import expect_continue, expect_on_unmatched
@@ -100,8 +101,17 @@ async def metrics(request: web.Request) -> web.Response:
     # worker thread again (metrics.py says why).
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, state.refresh_memory)
-    body = await loop.run_in_executor(None, state.metrics.render, state.metrics.snapshot())
-    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+    snapshot = state.metrics.snapshot()
+    accepted = request.headers.get("Accept-Encoding")
+    coding = answer_coding(accepted) if accepted else None  # (Prometheus asks for gzip)
+
+    def text() -> tuple[bytes, dict]:
+        body = state.metrics.render(snapshot)
+        if coding is None or len(body) < COMPRESS_MIN_BYTES:
+            return body, {"Content-Type": METRICS_CONTENT_TYPE}
+        return encoded(body, coding), {"Content-Type": METRICS_CONTENT_TYPE, "Content-Encoding": coding.value}
+    body, headers = await loop.run_in_executor(None, text)
+    return web.Response(body=body, headers=headers)
 
 
 async def unsupported_extension(request: web.Request) -> web.Response:
