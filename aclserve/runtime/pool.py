@@ -3,7 +3,8 @@
 The pool hands each batch to the instance the batcher names (its "lane"), else to the one with
 the most free slots; when none can take it the batch waits in a FIFO inside the pool (the
 batcher avoids that by watching lanes()). A batch that fails on the device is re-run once on
-another instance (or on the one it failed on, once rebuilt) when `retry` is on. The pool is its
+another instance, or on the one it failed on once rebuilt, when `retry` is on and the pool has
+two instances or more (with one, the failure is the answer: no retry). The pool is its
 instances' BatchListener and passes finished batches and freed slots on to its own listener.
 
 An instance that leaves rotation for good (a batch past the execution timeout, a context stopped

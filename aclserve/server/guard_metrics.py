@@ -156,7 +156,8 @@ class GuardCollector:
             retries.add_metric([name], n)
         yield retries
         faults = CounterMetricFamily("aclserve_batch_faults", "Batches the device failed (retried: run again "
-                                     "on another instance, or on the failed one rebuilt)", labels=["model", "version", "outcome"])
+                                     "on another instance, or on the failed one rebuilt; with two or more instances "
+                                     "only)", labels=["model", "version", "outcome"])
         rebuilds = CounterMetricFamily("aclserve_instance_rebuilds", "Instances replaced after leaving rotation "
                                        "(execution timeout, device fault, failed stream reset)", labels=["model", "version"])
         codes = CounterMetricFamily("aclserve_device_faults", "Batches the device failed, by ACL error code "
