@@ -94,7 +94,10 @@ class GuardedProtocol(asyncio.Protocol):
         if error is not None and not isinstance(error, OSError):  # an OSError is the client's (ssl.SSLError,
             log.warning("TLS handshake ended by %r", error)       # a reset, the timeout)
         tracker, conn = self._tracker, self._conn
-        if secure is None or not tracker.secured(conn, secure):  # None: closed during the handshake
+        # closed during the handshake: None (asyncio), or a transport closing already (uvloop hands
+        # one back for a client gone before its hello, and no connection_lost follows: aiohttp
+        # kept a handler for each, 51 KB a connection for good)
+        if secure is None or secure.is_closing() or not tracker.secured(conn, secure):
             tracker.forget(conn)
             conn.transport.close()  # closed already, unless start_tls failed before it began
             self._conn = None  # whatever still comes is dropped
