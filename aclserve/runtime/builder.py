@@ -6,6 +6,7 @@ import contextlib
 import functools
 import logging
 import os
+import threading
 from typing import Sequence
 
 from .instance import ModelInstance
@@ -23,13 +24,17 @@ class InstanceBuilder:
     abandoned on a hung device (teardown.py) once the device lets go, since its streams and
     events exist until then.
 
-    A rebuild reads the model by its path again, so it first checks that the file there is the
-    one the pool opened (the identity the repository watches: inode, size, mtime, ctime, taken
-    before the first load); a file replaced since belongs to the version that will replace this
-    one, and loading it here would serve another model under this version's name."""
+    A rebuild reads the model by its path again when the file there is the one the pool opened
+    (the identity the repository watches: inode, size, mtime, ctime, taken before the first
+    load); a file replaced since belongs to the version that will replace this one, and loading
+    it here would serve another model under this version's name. The file the pool opened is
+    then read through a descriptor kept open for that (`keep_open`; /proc/self/fd), as long as
+    it is unchanged: a version still serving after its replacement failed to load (garbage
+    renamed over the file) could not rebuild an instance, and one device fault per instance
+    took it down for good. `close()` lets the descriptor go (the pool's close)."""
 
     def __init__(self, runtime, path: str, name: str, placed: list, slots: int, claimed_slots: int,
-                 reset_timeout_ms: int = 10_000):
+                 reset_timeout_ms: int = 10_000, keep_open: bool = True):
         self._acl = runtime.acl
         self.path, self.name, self.placed, self.slots = path, name, placed, slots
         self.reset_timeout_ms = reset_timeout_ms  # each instance's bound on waiting for the device
@@ -38,30 +43,88 @@ class InstanceBuilder:
             self._identity: tuple | None = _file_identity(path)
         except OSError:
             self._identity = None  # create() says why it cannot be loaded
+        self._lock = threading.Lock()  # the descriptor: dup() in a rebuild against close()
+        self._fd = self._opened() if keep_open else None
 
-    def create(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
-        """An instance whose resources open_pool has claimed already."""
-        return ModelInstance(self._acl, self.placed[lane], self.path, f"{self.name}#{lane}", slots=self.slots,
-                             execution_timeout_ms=execution_timeout_ms, reset_timeout_ms=self.reset_timeout_ms)
+    def _opened(self) -> int | None:
+        """A descriptor of the file whose identity was taken, or None (gone or changed since,
+        out of descriptors, no /proc: a rebuild then needs the file at its path)."""
+        if self._identity is None or not os.path.isdir(_PROC_FDS):
+            return None
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return None
+        if not self._kept_unchanged(fd):
+            os.close(fd)
+            return None
+        return fd
+
+    def _kept_unchanged(self, fd: int) -> bool:
+        """The descriptor's file is the one whose identity was taken. Its ctime moves when it is
+        unlinked (a rename over it does that), which changes nothing in it: a file in no folder
+        any more (st_nlink 0) is judged without its ctime."""
+        st = os.fstat(fd)
+        identity = _identity_of(st)
+        return identity == self._identity or (st.st_nlink == 0 and identity[:4] == self._identity[:4])
+
+    def confirm(self) -> None:
+        """After the first loads: if the file changed meanwhile, the descriptor may not hold what
+        the instances loaded, so it is let go."""
+        try:
+            unchanged = _file_identity(self.path) == self._identity
+        except OSError:
+            unchanged = False
+        if not unchanged:
+            self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def create(self, lane: int, execution_timeout_ms: int, path: str | None = None) -> ModelInstance:
+        """An instance whose resources are claimed already, loaded from `path` (default: the
+        model's own)."""
+        return ModelInstance(self._acl, self.placed[lane], path or self.path, f"{self.name}#{lane}",
+                             slots=self.slots, execution_timeout_ms=execution_timeout_ms,
+                             reset_timeout_ms=self.reset_timeout_ms)
 
     def build(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
         """A replacement for `lane`, with a claim of its own (blocking: loads the model)."""
+        copy = self._kept_copy()  # a descriptor of this call's own, or None: the file at its path
         try:
-            unchanged = self._identity is not None and _file_identity(self.path) == self._identity
-        except OSError as e:
-            raise RuntimeError(f"model file {self.path} cannot be read again: {e.strerror}") from None
-        if not unchanged:
-            raise RuntimeError(f"model file {self.path} changed since this version was loaded; it is not "
-                               f"loaded into this version (the repository serves it as a new one)")
-        device, need = self.placed[lane], Need.of(1, self.claimed_slots)
-        device.ledger.claim(need, f"a rebuilt instance of model {self.name} ({self.claimed_slots} slots)")
-        try:
-            instance = self.create(lane, execution_timeout_ms)
-        except BaseException:
-            device.ledger.release(need)
-            raise
+            device, need = self.placed[lane], Need.of(1, self.claimed_slots)
+            device.ledger.claim(need, f"a rebuilt instance of model {self.name} ({self.claimed_slots} slots)")
+            try:
+                instance = self.create(lane, execution_timeout_ms, None if copy is None else f"{_PROC_FDS}/{copy}")
+            except BaseException:
+                device.ledger.release(need)
+                raise
+        finally:
+            if copy is not None:
+                os.close(copy)
         instance.when_freed(functools.partial(device.ledger.release, need))
         return instance
+
+    def _kept_copy(self) -> int | None:
+        """None when the file at the path is the one the pool opened; else a dup() of the kept
+        descriptor, when that file is unchanged; else why not (RuntimeError)."""
+        try:
+            if self._identity is not None and _file_identity(self.path) == self._identity:
+                return None
+            error = None
+        except OSError as e:
+            error = e
+        with self._lock:
+            fd = self._fd
+            if fd is not None and self._kept_unchanged(fd):
+                return os.dup(fd)
+        if error is not None:
+            raise RuntimeError(f"model file {self.path} cannot be read again: {error.strerror}") from None
+        raise RuntimeError(f"model file {self.path} changed since this version was loaded; it is not "
+                           f"loaded into this version (the repository serves it as a new one)")
 
     def dispose(self, instance: ModelInstance) -> None:
         """Close a replaced (or unneeded) instance; its claim goes back once it is freed (for an
@@ -72,8 +135,14 @@ class InstanceBuilder:
             log.exception("%s: closing instance %s failed", self.name, instance.name)
 
 
+_PROC_FDS = "/proc/self/fd"  # a kept descriptor's file, by a path the ACL's loaders can open
+
+
 def _file_identity(path: str) -> tuple[int, int, int, int, int]:
-    st = os.stat(path)
+    return _identity_of(os.stat(path))
+
+
+def _identity_of(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
@@ -95,9 +164,10 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
         raise ValueError("devices must name at least one device")
     placed = [runtime.device(devices[k % len(devices)]) for k in range(instances)]
     claimed = max(slots, claimed_slots or slots)
-    builder = InstanceBuilder(runtime, path, name, placed, slots, claimed, reset_timeout_ms)
+    builder = InstanceBuilder(runtime, path, name, placed, slots, claimed, reset_timeout_ms, keep_open=rebuild)
     built: list[ModelInstance] = []
     with contextlib.ExitStack() as undo:
+        undo.callback(builder.close)  # (the last thing a pool's close or a failed open does)
         unbuilt: dict[int, int] = {}  # device -> instances claimed for, not built yet
         for device in {d.id: d for d in placed}.values():
             count = unbuilt[device.id] = sum(1 for d in placed if d is device)
@@ -111,6 +181,7 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
             undo.callback(instance.close)
             built.append(instance)
         _check_same_model(built)
+        builder.confirm()
         pool = InstancePool(name, built, retry=retry, builder=builder if rebuild else None)
         pool.on_close(undo.pop_all().close)  # closes the instances (each claim goes back once it is freed)
     return pool

@@ -86,18 +86,45 @@ def test_a_rebuild_needing_the_memory_of_the_instance_it_replaces_closes_that_on
     assert "closing it first, then trying again" in proc.stderr
 
 
-def test_a_rebuild_never_loads_a_model_file_replaced_since_the_pool_opened(runtime, affine_om, tmp_path, caplog):
-    """A rebuild reads the model by its path: a file replaced there meanwhile (the repository
-    swaps in the new version soon after) must not be loaded into this version's pool."""
-    import os
+def test_a_rebuild_loads_the_file_the_pool_opened_not_one_replaced_since(runtime, affine_om):
+    """A rebuild must not load a file replaced at the model's path meanwhile (the repository
+    serves it as a new version): it reads the one the pool opened, through the descriptor kept
+    for that. It refused instead, so a version still serving after its replacement failed to
+    load (garbage renamed over it) lost an instance for good to each device fault (found by a
+    helper's fault matrix: one fault per instance, the model down until a good file came)."""
+    from tests.tiny_models import affine_reference
+    path = affine_om()
+    pool = open_pool(runtime, path, "affine", execution_timeout_ms=100)
+    short_timeout_only_on(pool)
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        first = pool.instances[0]
+        os.replace(affine_om(scale=5.0, name="other"), path)  # another model (y = 5x) under the same name
+        faults.inject("execute", nth=1, hold=gate)
+        with pytest.raises(DeviceTimeout):
+            done.submit([affine_request(1)], 1).result(timeout=30)
+        assert first.broken
+        request = affine_request(2, first_id=7)
+        answer = done.submit([request], 2).result(timeout=60)  # waits for the rebuilt instance
+        assert pool.instances[0] is not first and pool.rebuilds == 1
+        np.testing.assert_allclose(answer.outputs[0]["y"], affine_reference(**request)["y"], rtol=1e-5)
+    finally:
+        gate.set()
+        pool.close()
 
+
+def test_a_rebuild_never_loads_a_file_rewritten_in_place(runtime, affine_om, tmp_path, caplog):
+    """Rewritten in place (the same inode), the kept descriptor reads the new bytes too: refused."""
     path = affine_om()
     pool = open_pool(runtime, path, "affine", execution_timeout_ms=100)
     done = BatchFutures(pool)
     gate = threading.Event()
     try:
         first = pool.instances[0]
-        os.replace(affine_om(scale=5.0, name="other"), path)  # another model (y = 5x) under the same name
+        with open(affine_om(scale=5.0, name="other"), "rb") as other, open(path, "r+b") as same_inode:
+            same_inode.write(other.read())
+            same_inode.truncate()
         faults.inject("execute", nth=1, hold=gate)
         with pytest.raises(DeviceTimeout):
             done.submit([affine_request(1)], 1).result(timeout=30)
