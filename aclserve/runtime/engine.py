@@ -167,6 +167,9 @@ class Engine:
         self._state = threading.Condition()  # guards _loading and _closed
         self._loading = 0
         self._closed = False
+        # one close at a time: a second closer found no model left and closed the runtime while
+        # the first still closed an instance (the device not reset, ACL not finalized, a context kept)
+        self._close_lock = threading.Lock()
 
     def __enter__(self) -> "Engine":
         self._refuse_if_closed()
@@ -210,17 +213,19 @@ class Engine:
 
     def close(self) -> None:
         """Unload every model and let go of the runtime (blocking), once the loads under way have
-        ended. Not from a future's done-callback: that runs on the engine's own thread."""
+        ended; a close from another thread meanwhile waits for it. Not from a future's
+        done-callback: that runs on the engine's own thread."""
         if getattr(_callbacks, "engine", None) is self:
             raise RuntimeError("Engine.close() cannot run in a done-callback of its calls (it runs on the "
                                "engine's own thread, which close waits for): close it from another thread")
-        with self._state:
-            self._closed = True
-            self._state.wait_for(lambda: self._loading == 0)
-            models, self.models = self.models, []
-        while models:
-            models.pop().close()
-        self.runtime.close()
+        with self._close_lock:  # (a second close returns once the first is done)
+            with self._state:
+                self._closed = True
+                self._state.wait_for(lambda: self._loading == 0)
+                models, self.models = self.models, []
+            while models:
+                models.pop().close()
+            self.runtime.close()
 
     def _refuse_if_closed(self) -> None:
         if self._closed:

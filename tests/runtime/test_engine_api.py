@@ -90,6 +90,23 @@ def test_a_closed_engine_refuses_loads(affine_om):
         engine.load(affine_om())
 
 
+def test_two_threads_closing_at_once_leave_the_runtime_finalized(affine_om, caplog):
+    """The second closer found no model left and closed the runtime while the first still
+    closed an instance: the device was not reset, ACL not finalized and a context kept, once
+    per such close (found by a helper's leak hunt)."""
+    for _ in range(3):
+        engine = Engine(device="cpu")
+        model = engine.load(affine_om())
+        calls = [model.submit(affine_request(2, first_id=k)) for k in range(50)]
+        closers = [threading.Thread(target=engine.close) for _ in range(2)]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join(60)
+        assert all(call.done() for call in calls)
+    assert "not finalized" not in caplog.text and "not reset" not in caplog.text, caplog.text
+
+
 def test_close_from_a_done_callback_says_why_it_cannot(affine_om):
     """It raised 'cannot join current thread' halfway, leaving stream threads behind."""
     said = []
