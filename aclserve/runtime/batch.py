@@ -67,6 +67,9 @@ class BatchExecutor(Protocol):
         """Per instance ("lane", by index), the slots that can take a batch now (0 when it
         takes none: busy, resetting after a fault, broken)."""
 
+    def out_of_service(self) -> str | None:
+        """Why no batch can run now (every instance out of rotation, each rebuild failed), or None."""
+
     def submit(self, batch: Batch) -> None:
         """Run `batch`; never blocks. Each request's arrays have its row count as first
         dimension (rows sum <= gear). With `batch.lane`, the batch runs on that instance

@@ -360,8 +360,9 @@ class DynamicBatcher:
     def _on_timeout(self, request: QueuedRequest) -> None:
         waited = self._clock.now_ns() - request.enqueued_ns
         self.stats.rejected(request.level, TIMEOUT, waited)
+        why = self._executor.out_of_service()  # (a timeout said nothing of the device fault behind it)
         self._delivery.answer_now(request, RequestTimeout(
-            f"request timed out after {waited / 1e6:.1f} ms in the queue"))
+            f"request timed out after {waited / 1e6:.1f} ms in the queue" + (f" ({why})" if why else "")))
         if self._draining:
             self._check_drained()
 

@@ -134,12 +134,16 @@ class FakeExecutor:
         self.runs: list[FakeRun] = []
         self.busy = [0] * instances
         self.listener = None
+        self.out_of_service_reason: str | None = None
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
     def lanes(self) -> list[int]:
         with self._lock:
             return [self.slots - busy for busy in self.busy]
+
+    def out_of_service(self) -> str | None:
+        return self.out_of_service_reason
 
     def attach(self, listener) -> None:
         self.listener = listener

@@ -150,6 +150,22 @@ async def test_preserve_ordering_does_not_hold_results_behind_a_timed_out_reques
     check(env, after, 3)
 
 
+async def test_a_timeout_while_no_instance_can_run_names_why(env):
+    """Every instance out of rotation, each rebuild failing: queued requests were told only that
+    they timed out in the queue, while the index knew the device fault behind it."""
+    executor = env.FakeExecutor(gears=(1,), slots=1)
+    batcher, _ = env.make(executor)
+    executor.slots = 0
+    executor.out_of_service_reason = "no instance can run a batch: rebuilding failed (507011); trying again"
+    late = env.submit(batcher, 1, timeout_us=1000)
+    await env.settle()
+    env.clock.advance(0.002)
+    await env.settle()
+    with pytest.raises(RequestTimeout, match=r"in the queue \(no instance can run a batch: rebuilding failed "
+                                             r"\(507011\); trying again\)$"):
+        late.result()
+
+
 async def test_preserve_ordering_releases_held_results_when_the_head_times_out(env):
     executor = env.FakeExecutor(gears=(1,))
     batcher, _ = env.make(executor, preserve_ordering=True)
