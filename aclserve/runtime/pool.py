@@ -266,6 +266,8 @@ class InstancePool:
                 break
             except Exception as e:
                 self._rebuild_failures[lane] = str(e)
+                if self._closing.is_set():  # (closed meanwhile: no "trying again" after the close)
+                    return
                 if not old_disposed:
                     log.warning("%s: rebuilding instance %s failed (%s); closing it first, then trying again",
                                 self.name, old.name, e)
