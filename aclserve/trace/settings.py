@@ -111,7 +111,7 @@ def _parse(key: str, value):
         unknown = names - set(LEVELS)
         if unknown or not names:
             raise TraceSettingsError(f"trace_level: expected OFF or TIMESTAMPS, got {sorted(unknown) or '[]'}")
-        if "OFF" in names and len(levels) > 1:  # (it was taken as TIMESTAMPS; Triton refuses it too)
+        if "OFF" in names and len(names) > 1:  # (it was taken as TIMESTAMPS; Triton refuses it too)
             raise TraceSettingsError("trace_level: OFF must be the only level given")
         return "TIMESTAMPS" if "TIMESTAMPS" in names else "OFF"
     if key == "trace_rate":
