@@ -6,10 +6,10 @@ import contextlib
 import functools
 import logging
 import os
-import threading
 from typing import Sequence
 
 from .instance import ModelInstance
+from .kept_file import KeptFile, identity_of
 from .limits import Need
 from .execution_timeout import UNMEASURED_TIMEOUT_MS
 from .pool import InstancePool
@@ -28,10 +28,10 @@ class InstanceBuilder:
     (the identity the repository watches: inode, size, mtime, ctime, taken before the first
     load); a file replaced since belongs to the version that will replace this one, and loading
     it here would serve another model under this version's name. The file the pool opened is
-    then read through a descriptor kept open for that (`keep_open`; /proc/self/fd), as long as
-    it is unchanged: a version still serving after its replacement failed to load (garbage
-    renamed over the file) could not rebuild an instance, and one device fault per instance
-    took it down for good. `close()` lets the descriptor go (the pool's close)."""
+    then read through the KeptFile (kept_file.py; `keep_open`), as long as it is unchanged: a
+    version still serving after its replacement failed to load (garbage renamed over the file)
+    could not rebuild an instance, and one device fault per instance took it down for good.
+    `close()` lets the kept file go (the pool's close)."""
 
     def __init__(self, runtime, path: str, name: str, placed: list, slots: int, claimed_slots: int,
                  reset_timeout_ms: int = 10_000, keep_open: bool = True):
@@ -43,33 +43,10 @@ class InstanceBuilder:
             self._identity: tuple | None = _file_identity(path)
         except OSError:
             self._identity = None  # create() says why it cannot be loaded
-        self._lock = threading.Lock()  # the descriptor: dup() in a rebuild against close()
-        self._fd = self._opened() if keep_open else None
-
-    def _opened(self) -> int | None:
-        """A descriptor of the file whose identity was taken, or None (gone or changed since,
-        out of descriptors, no /proc: a rebuild then needs the file at its path)."""
-        if self._identity is None or not os.path.isdir(_PROC_FDS):
-            return None
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError:
-            return None
-        if not self._kept_unchanged(fd):
-            os.close(fd)
-            return None
-        return fd
-
-    def _kept_unchanged(self, fd: int) -> bool:
-        """The descriptor's file is the one whose identity was taken. Its ctime moves when it is
-        unlinked (a rename over it does that), which changes nothing in it: a file in no folder
-        any more (st_nlink 0) is judged without its ctime."""
-        st = os.fstat(fd)
-        identity = _identity_of(st)
-        return identity == self._identity or (st.st_nlink == 0 and identity[:4] == self._identity[:4])
+        self._kept = KeptFile.open(path, self._identity) if keep_open and self._identity else None
 
     def confirm(self) -> None:
-        """After the first loads: if the file changed meanwhile, the descriptor may not hold what
+        """After the first loads: if the file changed meanwhile, the kept file may not hold what
         the instances loaded, so it is let go."""
         try:
             unchanged = _file_identity(self.path) == self._identity
@@ -79,10 +56,9 @@ class InstanceBuilder:
             self.close()
 
     def close(self) -> None:
-        with self._lock:
-            fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.close()
 
     def create(self, lane: int, execution_timeout_ms: int, path: str | None = None) -> ModelInstance:
         """An instance whose resources are claimed already, loaded from `path` (default: the
@@ -93,34 +69,33 @@ class InstanceBuilder:
 
     def build(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
         """A replacement for `lane`, with a claim of its own (blocking: loads the model)."""
-        copy = self._kept_copy()  # a descriptor of this call's own, or None: the file at its path
+        copy = self._kept_copy()  # a temp copy of the file the pool opened, or None: the file at its path
         try:
             device, need = self.placed[lane], Need.of(1, self.claimed_slots)
             device.ledger.claim(need, f"a rebuilt instance of model {self.name} ({self.claimed_slots} slots)")
             try:
-                instance = self.create(lane, execution_timeout_ms, None if copy is None else f"{_PROC_FDS}/{copy}")
+                instance = self.create(lane, execution_timeout_ms, copy)
             except BaseException:
                 device.ledger.release(need)
                 raise
         finally:
             if copy is not None:
-                os.close(copy)
+                os.unlink(copy)  # (loaded: the model is in memory)
         instance.when_freed(functools.partial(device.ledger.release, need))
         return instance
 
-    def _kept_copy(self) -> int | None:
-        """None when the file at the path is the one the pool opened; else a dup() of the kept
-        descriptor, when that file is unchanged; else why not (RuntimeError)."""
+    def _kept_copy(self) -> str | None:
+        """None when the file at the path is the one the pool opened; else a temp copy of the
+        kept file, when that is unchanged; else why not (RuntimeError)."""
         try:
             if self._identity is not None and _file_identity(self.path) == self._identity:
                 return None
             error = None
         except OSError as e:
             error = e
-        with self._lock:
-            fd = self._fd
-            if fd is not None and self._kept_unchanged(fd):
-                return os.dup(fd)
+        kept = self._kept
+        if kept is not None and kept.unchanged():
+            return kept.copy_out(prefix=f"aclserve-rebuild-{_safe(self.name)}-")
         if error is not None:
             raise RuntimeError(f"model file {self.path} cannot be read again: {error.strerror}") from None
         raise RuntimeError(f"model file {self.path} changed since this version was loaded; it is not "
@@ -135,15 +110,13 @@ class InstanceBuilder:
             log.exception("%s: closing instance %s failed", self.name, instance.name)
 
 
-_PROC_FDS = "/proc/self/fd"  # a kept descriptor's file, by a path the ACL's loaders can open
-
-
 def _file_identity(path: str) -> tuple[int, int, int, int, int]:
-    return _identity_of(os.stat(path))
+    return identity_of(os.stat(path))
 
 
-def _identity_of(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+def _safe(name: str) -> str:
+    """A model name as part of a temp file's name."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40]
 
 
 def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequence[int] = (0,),

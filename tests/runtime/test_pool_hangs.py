@@ -5,6 +5,7 @@ import concurrent.futures
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 
 import numpy as np
@@ -112,6 +113,61 @@ def test_a_rebuild_loads_the_file_the_pool_opened_not_one_replaced_since(runtime
     finally:
         gate.set()
         pool.close()
+
+
+@pytest.mark.parametrize("how", ["hard link", "moved away"])
+def test_a_rebuild_reads_the_kept_file_when_its_other_name_remains_or_it_was_moved(runtime, affine_om, tmp_path,
+                                                                                    how):
+    """Its ctime moves when it is renamed or one of its links goes, which changes nothing in it:
+    judged by the ctime too, a hard-linked release (rsync --link-dest) with garbage renamed over
+    it, or a file moved out of the folder, could not rebuild (found by a review)."""
+    from tests.tiny_models import affine_reference
+    path = affine_om()
+    if how == "hard link":
+        os.link(path, tmp_path / "release-v1.om")
+    pool = open_pool(runtime, path, "affine", execution_timeout_ms=100)
+    short_timeout_only_on(pool)
+    done = BatchFutures(pool)
+    gate = threading.Event()
+    try:
+        if how == "hard link":
+            (tmp_path / "garbage").write_bytes(b"not a model" * 10)
+            os.replace(tmp_path / "garbage", path)
+        else:
+            os.replace(path, tmp_path / "elsewhere.om")
+        faults.inject("execute", nth=1, hold=gate)
+        with pytest.raises(DeviceTimeout):
+            done.submit([affine_request(1)], 1).result(timeout=30)
+        request = affine_request(2, first_id=3)
+        answer = done.submit([request], 2).result(timeout=60)  # waits for the rebuilt instance
+        assert pool.rebuilds == 1
+        np.testing.assert_allclose(answer.outputs[0]["y"], affine_reference(**request)["y"], rtol=1e-5)
+        assert not [name for name in os.listdir(tempfile.gettempdir()) if name.startswith("aclserve-rebuild-affine")]
+    finally:
+        gate.set()
+        pool.close()
+
+
+def test_a_fifo_in_place_of_the_model_is_refused_without_waiting_for_a_writer(runtime, tmp_path):
+    """The kept file was opened plainly, before the load refused what is not a regular file: a
+    FIFO held open_pool (and Engine.load, and so Engine.close) until a writer came."""
+    from aclserve.runtime.device import LoadError
+    os.mkfifo(tmp_path / "m.om")
+    with pytest.raises(LoadError, match="is not a regular file"):
+        open_pool(runtime, str(tmp_path / "m.om"), "m")
+
+
+def test_the_cpu_runtime_refuses_a_path_that_does_not_resolve_as_cann_does(runtime, affine_om):
+    """GE resolves a model path first (RealPath): /proc/self/fd/N of a file no folder holds any
+    more does not resolve, though open() follows it; the CPU runtime followed it."""
+    path = affine_om()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.unlink(path)
+        work, weight, ret = runtime.acl.mdl.query_size(f"/proc/self/fd/{fd}")
+        assert ret == C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
+    finally:
+        os.close(fd)
 
 
 def test_a_rebuild_never_loads_a_file_rewritten_in_place(runtime, affine_om, tmp_path, caplog):

@@ -105,6 +105,9 @@ def parse(data: bytes, where: str):
 
 def read_file(path: str):
     try:
+        # GE resolves the path first (RealPath) and refuses one that does not resolve: so does
+        # this, e.g. /proc/self/fd/N of a file no folder holds any more, which open() would follow
+        os.path.realpath(path, strict=True)
         if not os.path.isfile(path):
             raise FileNotFoundError(path)
         with open(path, "rb") as f:
