@@ -14,10 +14,13 @@ into one batch (the HTTP server's dynamic batcher does that).
 from __future__ import annotations
 
 import asyncio
+import atexit
+import logging
 import bisect
 import concurrent.futures
 import os
 import threading
+import weakref
 from typing import Mapping
 
 import numpy as np
@@ -31,6 +34,8 @@ from .futures import settle
 from .pool import InstancePool
 from .types import TensorSpec
 from .warmup import warm_up
+
+log = logging.getLogger(__name__)
 
 
 class EngineModel:
@@ -65,6 +70,8 @@ class EngineModel:
         return call.future
 
     def infer(self, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
+        _refuse_in_callback(self.owner, "EngineModel.infer()", "it waits for its call, which this thread may have "
+                                        "to finish: use submit() here")
         return self.submit(inputs).result(timeout)
 
     async def infer_async(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -76,6 +83,8 @@ class EngineModel:
         _callbacks.engine = self.owner  # the future's done-callbacks run from here (Engine.close)
         try:
             call.part_done(index, batch)
+        except BaseException:  # a callback's SystemExit or KeyboardInterrupt, which concurrent.futures
+            log.exception("%s: a done-callback failed", self.name)  # lets through: it stopped this thread
         finally:
             _callbacks.engine = None
 
@@ -118,7 +127,19 @@ class EngineModel:
         return arrays
 
     def close(self) -> None:
-        self.pool.close()
+        """Unload the model (blocking); with its Engine's closes, one at a time."""
+        _refuse_in_callback(self.owner, "EngineModel.close()", "it waits for the engine's own threads, this one "
+                                        "among them")
+        if self.owner is None:
+            self.pool.close()
+        else:
+            self.owner._close_model(self)
+
+
+def _refuse_in_callback(engine, what: str, why: str) -> None:
+    if engine is not None and getattr(_callbacks, "engine", None) is engine:
+        raise RuntimeError(f"{what} cannot run in a done-callback of the engine's calls ({why}); "
+                           f"call it from another thread")
 
 
 class _Call:
@@ -170,6 +191,7 @@ class Engine:
         # one close at a time: a second closer found no model left and closed the runtime while
         # the first still closed an instance (the device not reset, ACL not finalized, a context kept)
         self._close_lock = threading.Lock()
+        _open_engines.add(self)
 
     def __enter__(self) -> "Engine":
         self._refuse_if_closed()
@@ -215,18 +237,41 @@ class Engine:
         """Unload every model and let go of the runtime (blocking), once the loads under way have
         ended; a close from another thread meanwhile waits for it. Not from a future's
         done-callback: that runs on the engine's own thread."""
-        if getattr(_callbacks, "engine", None) is self:
-            raise RuntimeError("Engine.close() cannot run in a done-callback of its calls (it runs on the "
-                               "engine's own thread, which close waits for): close it from another thread")
+        _refuse_in_callback(self, "Engine.close()", "it runs on the engine's own thread, which close waits for")
         with self._close_lock:  # (a second close returns once the first is done)
             with self._state:
                 self._closed = True
                 self._state.wait_for(lambda: self._loading == 0)
                 models, self.models = self.models, []
             while models:
-                models.pop().close()
+                models.pop().pool.close()
             self.runtime.close()
+            _open_engines.discard(self)
+
+    def _close_model(self, model: EngineModel) -> None:
+        """EngineModel.close(): under the engine's close lock, so that an Engine.close() meanwhile
+        waits for it (it returned while the model's instance still closed: the device not reset)."""
+        with self._close_lock:
+            with self._state:
+                if model in self.models:
+                    self.models.remove(model)
+            model.pool.close()
 
     def _refuse_if_closed(self) -> None:
         if self._closed:
             raise RuntimeError("the engine is closed: make a new Engine")
+
+
+# Engines not closed when the interpreter exits: closed then (their calls in flight finish
+# first). Without it a run of ONNX Runtime still going in a daemon thread met the interpreter's
+# end, and the process died of SIGABRT ("terminate called without an active exception").
+_open_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    for engine in list(_open_engines):
+        try:
+            engine.close()
+        except Exception:  # (the others still close)
+            log.exception("closing an Engine left open at exit failed")

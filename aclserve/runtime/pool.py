@@ -144,10 +144,15 @@ class InstancePool:
     # -- dispatch ---------------------------------------------------------------------------
     def _dispatch(self, batch: Batch) -> None:
         with self._lock:
-            target = self._pick(batch)
-            if target is None and self._may_wait(batch):
+            closed = self._closed  # (close() drains the pending batches under this lock: none after)
+            target = None if closed else self._pick(batch)
+            if target is None and not closed and self._may_wait(batch):
                 self._pending.append(batch)  # a slot frees, or a rebuilt instance comes
                 return
+        if closed:  # closed since submit() looked: a batch waiting now would wait for good
+            batch.error = batch.error or ExecutionFailed(f"model {self.name} is closed")
+            self._listener.batch_done(batch)
+            return
         if target is None:  # nothing healthy is left; a retry keeps its first error
             self._answer_unrunnable([batch], "no healthy instance can run the batch")
             return
