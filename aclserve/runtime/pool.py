@@ -4,7 +4,7 @@ The pool hands each batch to the instance the batcher names (its "lane"), else t
 the most free slots; when none can take it the batch waits in a FIFO inside the pool (the
 batcher avoids that by watching lanes()). A batch that fails on the device is re-run once on
 another instance, or on the one it failed on once rebuilt, when `retry` is on and the pool has
-two instances or more (with one, the failure is the answer: no retry). The pool is its
+two instances or more (with one, no retry). The pool is its
 instances' BatchListener and passes finished batches and freed slots on to its own listener.
 
 An instance that leaves rotation for good (a batch past the execution timeout, a context stopped
@@ -99,10 +99,6 @@ class InstancePool:
                              f"compiled gears are {list(self.gears)}")
         if batch.lane is not None and not 0 <= batch.lane < len(self.instances):
             raise ValueError(f"lane {batch.lane} is not an instance of {self.name}")
-        if self._closed:
-            batch.error = ExecutionFailed(f"model {self.name} is closed")
-            self._listener.batch_done(batch)
-            return
         self._dispatch(batch)
 
     # -- BatchListener (the instances' completion threads) ---------------------------------------
@@ -149,14 +145,13 @@ class InstancePool:
             if target is None and not closed and self._may_wait(batch):
                 self._pending.append(batch)  # a slot frees, or a rebuilt instance comes
                 return
-        if closed:  # closed since submit() looked: a batch waiting now would wait for good
+        if closed:  # (checked under the lock: a batch put in _pending after close() drained it waited for good)
             batch.error = batch.error or ExecutionFailed(f"model {self.name} is closed")
             self._listener.batch_done(batch)
-            return
-        if target is None:  # nothing healthy is left; a retry keeps its first error
+        elif target is None:  # nothing healthy is left; a retry keeps its first error
             self._answer_unrunnable([batch], "no healthy instance can run the batch")
-            return
-        self._launch(batch, *target)
+        else:
+            self._launch(batch, *target)
 
     def _may_wait(self, batch: Batch) -> bool:
         """Whether an instance but the one `batch` failed on may take it, now or rebuilt (_futile)."""
@@ -204,9 +199,7 @@ class InstancePool:
             free = instance.free_count()
             if free > best_free:
                 best, best_free = lane, free
-        if best is None:
-            return None
-        slot = self.instances[best].try_reserve()
+        slot = self.instances[best].try_reserve() if best is not None else None
         return (best, slot) if slot is not None else None
 
     # -- instances out of rotation -------------------------------------------------------------
@@ -221,9 +214,8 @@ class InstancePool:
         return timeout_ms
 
     def out_of_service(self) -> str | None:
-        """Why no batch can run now: every instance is out of rotation and rebuilding each has
-        failed (they are tried again, with backoff). None while any instance serves, or while a
-        rebuild has not failed yet (requests wait for it in the queue)."""
+        """Why no batch can run now: every instance out of rotation and each rebuild failed (tried
+        again, with backoff). None while any serves or a rebuild has not failed yet (requests wait)."""
         failures = dict(self._rebuild_failures)
         if any(not instance.broken for instance in self.instances) or len(failures) < len(self.instances):
             return None
@@ -336,11 +328,6 @@ class InstancePool:
         waiter.done.wait()  # (interrupted, Ctrl-C: the waiter stays to hear the batch end, not None)
         self._listener = None
         return batch
-
-    def restart_busy(self) -> None:
-        """Busy figures count from now (after the warm-up)."""
-        for instance in self.instances:
-            instance.restart_busy()
 
     def busy_ratio(self) -> float:
         """Fraction of the last 10 s the instances had work in flight (averaged over instances)."""

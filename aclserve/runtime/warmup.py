@@ -41,7 +41,8 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
             pool.gear_cost[gear] = best if best < float("inf") else 1e-6
             if compute < float("inf"):
                 pool.compute_cost[gear] = compute
-    pool.restart_busy()  # (the warm-up's runs read as utilisation: a fresh version half busy, idle)
+    for instance in pool.instances:  # (the warm-up's runs read as utilisation: a fresh version half busy)
+        instance.restart_busy()
     return dict(pool.gear_cost)
 
 

@@ -102,8 +102,9 @@ class ServerMetrics:
         self.failure = LoopCounterFamily("aclserve_request_failure", "Failed infer requests by reason",
                                          mv + ["reason"])
         self.request_duration = LoopHistogramFamily("aclserve_request_duration_seconds",
-                                                    "Time in the server of a successful infer request (decode to encode;"
-                                                    " failures: aclserve_request_failure_total)", mv,
+                                                    "Time in the server of a successful infer request "
+                                                    "(decode to encode; failures: "
+                                                    "aclserve_request_failure_total)", mv,
                                                     LATENCY_BUCKETS)
         self.queue_duration = LoopHistogramFamily("aclserve_queue_duration_seconds",
                                                   "Time a request waited in the queue before its batch ran", mv,
