@@ -111,6 +111,7 @@ class ConnectionTracker:
         self.outbox = Outbox()  # the guard's early refusals, written together at the end of a round
         self.held = 0  # connections held now
         self.holds = 0  # holds since start
+        self.tls_refused = 0  # TLS handshakes refused (no or a bad client certificate, an old protocol)
         self._conns: dict[object, _Conn] = {}
         self._lingering = 0
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -93,6 +93,9 @@ class GuardedProtocol(asyncio.Protocol):
         (asyncio closed it; connection_lost may not come for a handshake that never ended)."""
         if error is not None and not isinstance(error, OSError):  # an OSError is the client's (ssl.SSLError,
             log.warning("TLS handshake ended by %r", error)       # a reset, the timeout)
+        elif isinstance(error, ssl.SSLError):  # refused by TLS itself: counted, where it left no trace
+            self._tracker.tls_refused += 1
+            log.debug("TLS handshake refused: %s", error)
         tracker, conn = self._tracker, self._conn
         # closed during the handshake: None (asyncio), or a transport closing already (uvloop hands
         # one back for a client gone before its hello, and no connection_lost follows: aiohttp

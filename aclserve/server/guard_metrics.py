@@ -87,6 +87,10 @@ class GuardCollector:
         for reason, n in sorted(conns.counts.items()):
             closed.add_metric([reason], n)
         yield closed
+        tls = CounterMetricFamily("aclserve_tls_handshakes_refused", "TLS handshakes of the HTTP endpoint that "
+                                  "TLS refused (no or a bad client certificate, an old protocol version, not TLS)")
+        tls.add_metric([], conns.tls_refused)
+        yield tls
         yield _gauge("aclserve_connections_held", "Connections not read until the Retry-After of their "
                      "overload refusal (503) has passed", conns.held)
         holds = CounterMetricFamily("aclserve_connection_holds", "Overload refusals (503) whose connection "

@@ -86,13 +86,31 @@ def test_https_infer_through_the_guard_and_through_aiohttp(tls_server, authority
     assert metadata[0] == 200 and metadata[1]["name"] == "double"
 
 
-def test_a_plain_http_request_to_the_tls_port_gets_no_answer(tls_server):
+def test_a_plain_http_request_to_the_tls_port_gets_no_answer_and_is_counted(tls_server, authority):
+    """Refused by TLS itself, it left no trace an operator could see (nor did a missing or bad
+    client certificate): aclserve_tls_handshakes_refused_total counts them."""
+    context = ssl.create_default_context()
+    authority[0].configure_trust(context)
+
+    async def refused() -> float:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"https://{tls_server.url}/metrics", ssl=context) as r:
+                text = await r.text()
+        return float(next(line.split()[1] for line in text.splitlines()
+                          if line.startswith("aclserve_tls_handshakes_refused_total ")))
+
     async def scenario():
         async with aiohttp.ClientSession() as session:
             with pytest.raises(aiohttp.ClientError):
                 async with session.post(f"http://{tls_server.url}/v2/models/double/infer", json=BODY) as r:
                     await r.read()
+    before = asyncio.run(refused())
     asyncio.run(scenario())
+    for _ in range(300):  # a hang guard: counted when the server's handshake fails, after the client gave up
+        if asyncio.run(refused()) == before + 1:
+            break
+        time.sleep(0.1)
+    assert asyncio.run(refused()) == before + 1
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
