@@ -95,7 +95,7 @@ class InstanceBuilder:
             error = e
         kept = self._kept
         if kept is not None and kept.unchanged():
-            return kept.copy_out(prefix=f"aclserve-rebuild-{_safe(self.name)}-")
+            return kept.copy_out(_safe(self.name))
         if error is not None:
             raise RuntimeError(f"model file {self.path} cannot be read again: {error.strerror}") from None
         raise RuntimeError(f"model file {self.path} changed since this version was loaded; it is not "

@@ -80,13 +80,13 @@ class EngineModel:
     # -- BatchListener (the pool's threads) ----------------------------------------------------
     def batch_done(self, batch: Batch) -> None:
         call, index = batch.requests
-        _callbacks.engine = self.owner  # the future's done-callbacks run from here (Engine.close)
-        try:
+        outer, _callbacks.engine = getattr(_callbacks, "engine", None), self.owner  # the future's
+        try:  # done-callbacks run from here (Engine.close); `outer`: a callback's own call answered at once
             call.part_done(index, batch)
         except BaseException:  # a callback's SystemExit or KeyboardInterrupt, which concurrent.futures
             log.exception("%s: a done-callback failed", self.name)  # lets through: it stopped this thread
         finally:
-            _callbacks.engine = None
+            _callbacks.engine = outer
 
     def slot_free(self) -> None:
         pass  # every batch was handed to the pool at submit(); nothing waits here
@@ -238,15 +238,22 @@ class Engine:
         ended; a close from another thread meanwhile waits for it. Not from a future's
         done-callback: that runs on the engine's own thread."""
         _refuse_in_callback(self, "Engine.close()", "it runs on the engine's own thread, which close waits for")
+        self._close()
+
+    def _close(self, loads_wait_s: float | None = None) -> bool:
+        """close(), waiting at most `loads_wait_s` for the loads under way (None: for them all);
+        False, with nothing closed, when they have not ended by then."""
         with self._close_lock:  # (a second close returns once the first is done)
             with self._state:
                 self._closed = True
-                self._state.wait_for(lambda: self._loading == 0)
+                if not self._state.wait_for(lambda: self._loading == 0, loads_wait_s):
+                    return False
                 models, self.models = self.models, []
             while models:
                 models.pop().pool.close()
             self.runtime.close()
             _open_engines.discard(self)
+        return True
 
     def _close_model(self, model: EngineModel) -> None:
         """EngineModel.close(): under the engine's close lock, so that an Engine.close() meanwhile
@@ -264,14 +271,17 @@ class Engine:
 
 # Engines not closed when the interpreter exits: closed then (their calls in flight finish
 # first). Without it a run of ONNX Runtime still going in a daemon thread met the interpreter's
-# end, and the process died of SIGABRT ("terminate called without an active exception").
+# end, and the process died of SIGABRT ("terminate called without an active exception"). One
+# still loading a model after EXIT_LOAD_WAIT_S is left as it is (a hung load held the exit).
 _open_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+EXIT_LOAD_WAIT_S = 10.0
 
 
 @atexit.register
 def _close_open_engines() -> None:
     for engine in list(_open_engines):
         try:
-            engine.close()
+            if not engine._close(EXIT_LOAD_WAIT_S):
+                log.warning("an Engine still loading a model %.0f s into the exit was not closed", EXIT_LOAD_WAIT_S)
         except Exception:  # (the others still close)
             log.exception("closing an Engine left open at exit failed")

@@ -4,26 +4,33 @@ retired, the file moved away).
 
 The ACL loads models by path, and CANN resolves that path first (GE's RealPath), which fails
 for /proc/self/fd/N of a file no folder holds any more: so a rebuild gets a private copy, made
-through the descriptor into the temp folder, loaded from there and deleted (`copy_out`). The
-kept file is judged unchanged by device, inode, size and mtime (ns): its ctime moves when it is
-renamed, linked or unlinked, which changes nothing in it; a rewrite in place that keeps the size
-and sets the mtime back to the nanosecond is not told. At most MAX_KEPT are kept in a process
-(each one a descriptor of the reserve connections.FD_RESERVE leaves for model files); past
-that a version rebuilds from its path only, as before. Owned by its InstanceBuilder; close()
+through the descriptor into the temp folder, loaded from there and deleted (`copy_out`; a copy
+a process left behind, killed during a rebuild, is deleted by the next copy made on the machine).
+The kept file is judged unchanged by its whole identity while its path still holds it; once the
+path holds another file or none, by device, inode, size and mtime (ns): its ctime moved when it
+was renamed or unlinked, which changes nothing in it (a rewrite in place that keeps the size and
+sets the mtime back to the nanosecond, then a rename over it, is not told). At most MAX_KEPT are
+kept in a process (each one a descriptor of the reserve connections.FD_RESERVE leaves for model
+files); past that a version rebuilds from its path only. Owned by its InstanceBuilder; close()
 lets it go (the pool's close).
 """
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
 
 from ..regular_files import open_regular
 
+log = logging.getLogger(__name__)
+
 MAX_KEPT = 256  # half of connections.FD_RESERVE
 _COPY_CHUNK = 1 << 20
+_PREFIX = "aclserve-rebuild-"  # then the pid of the process that made the copy
 _count_lock = threading.Lock()
 _kept = 0
+_warned = False
 
 
 def identity_of(st: os.stat_result) -> tuple[int, int, int, int, int]:
@@ -32,24 +39,28 @@ def identity_of(st: os.stat_result) -> tuple[int, int, int, int, int]:
 
 
 class KeptFile:
-    def __init__(self, file, identity: tuple):
-        self._file, self._identity = file, identity
+    def __init__(self, file, path: str, identity: tuple):
+        self._file, self._path, self._identity = file, path, identity
         self._lock = threading.Lock()  # copy_out against close()
 
     @classmethod
     def open(cls, path: str, identity: tuple) -> "KeptFile | None":
         """The file at `path` kept open when it is the one of `identity` (else, or past MAX_KEPT,
         or on any OSError: None). Never blocks on a FIFO swapped in (regular_files)."""
-        global _kept
+        global _kept, _warned
         with _count_lock:
             if _kept >= MAX_KEPT:
+                if not _warned:
+                    _warned = True
+                    log.warning("%d model files kept open for rebuilds already: versions loaded from now on "
+                                "rebuild an instance from their file's path only", MAX_KEPT)
                 return None
             _kept += 1
         try:
             file = open_regular(path, "rb")
         except OSError:
             file = None
-        kept = cls(file, identity) if file is not None else None
+        kept = cls(file, path, identity) if file is not None else None
         if kept is None or not kept.unchanged():
             if kept is not None:
                 kept.close()
@@ -63,24 +74,36 @@ class KeptFile:
             return self._file is not None and self._same()
 
     def _same(self) -> bool:
-        return identity_of(os.fstat(self._file.fileno()))[:4] == self._identity[:4]
+        kept = identity_of(os.fstat(self._file.fileno()))
+        if kept == self._identity:
+            return True
+        if kept[:4] != self._identity[:4]:
+            return False
+        try:  # only the ctime moved: told apart from a rewrite in place that set the mtime back
+            at_path = identity_of(os.stat(self._path))
+        except OSError:
+            return True  # unlinked, moved away
+        return at_path[:2] != kept[:2]  # the path holds another file: renamed over, not rewritten
 
-    def copy_out(self, prefix: str) -> str:
+    def copy_out(self, name: str) -> str:
         """A temp file holding the kept file's bytes (the caller deletes it), or RuntimeError:
         closed, changed before or while it was copied, or the copy failed (a full disk)."""
+        _delete_stale_copies()
         with self._lock:
             if self._file is None or not self._same():
                 raise RuntimeError("the file this version loaded changed since")
             fd = os.dup(self._file.fileno())  # (read with pread: no shared offset to disturb)
         try:
-            handle, temp = tempfile.mkstemp(prefix=prefix, suffix=".om")
+            handle, temp = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-{name}-", suffix=".om")
             try:
                 with os.fdopen(handle, "wb") as out:
                     offset = 0
                     while chunk := os.pread(fd, _COPY_CHUNK, offset):
                         out.write(chunk)
                         offset += len(chunk)
-                if identity_of(os.fstat(fd))[:4] != self._identity[:4]:
+                with self._lock:
+                    same = self._file is not None and self._same()
+                if not same:
                     raise RuntimeError("the file this version loaded changed while it was copied")
             except BaseException:
                 os.unlink(temp)
@@ -104,3 +127,30 @@ def _release() -> None:
     global _kept
     with _count_lock:
         _kept -= 1
+
+
+def _delete_stale_copies() -> None:
+    """Copies left by processes that no longer run (killed while a rebuild loaded one)."""
+    folder = tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(_PREFIX) and n.endswith(".om")]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _running(int(pid)):
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+        except OSError:
+            pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (another user's: it runs)
+        return True
+    return True

@@ -266,3 +266,54 @@ def test_an_engine_left_open_with_calls_in_flight_lets_the_process_exit_cleanly(
                               text=True, timeout=300)
         assert proc.returncode == 0 and "leaving" in proc.stdout, (proc.returncode, proc.stderr[-2000:])
         assert "terminate called" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+EXIT_WHILE_A_LOAD_HANGS = """
+import sys, threading, time
+import aclserve
+from aclserve.acl.cpu import faults
+from aclserve.runtime import engine as engine_module
+engine_module.EXIT_LOAD_WAIT_S = 0.5
+engine = aclserve.Engine(device="cpu")
+faults.inject("load", nth=1, delay_ms=600_000)
+threading.Thread(target=engine.load, args=(sys.argv[1],), daemon=True).start()
+time.sleep(0.5)
+print("leaving", flush=True)
+"""
+
+
+def test_an_engine_whose_load_hangs_at_exit_does_not_hold_the_exit(affine_om):
+    """Closing open engines at exit waited for their loads under way: a hung load held the
+    process for good (found by a review)."""
+    import subprocess
+    import sys
+    from tests import REPO
+    proc = subprocess.run([sys.executable, "-c", EXIT_WHILE_A_LOAD_HANGS, affine_om()], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr[-2000:]
+    assert "was not closed" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_callback_s_own_call_answered_at_once_keeps_the_refusals(affine_om):
+    """A callback's submit() on a closed model is answered at once on the same thread: its
+    answer cleared the thread's mark, and a blocking infer() after it waited for good (found
+    by a review)."""
+    said = []
+    with Engine(device="cpu") as engine:
+        model, closed = engine.load(affine_om()), engine.load(affine_om(), name="gone")
+        closed.close()
+
+        def nested(_future):
+            closed.submit(affine_request(1))  # "is closed", answered here
+            try:
+                model.infer(affine_request(1), timeout=30)
+            except RuntimeError as e:
+                said.append(str(e))
+        done, gate = threading.Event(), threading.Event()
+        faults.inject("execute", nth=1, hold=gate, code=0)  # the call ends once its callbacks are added
+        future = model.submit(affine_request(1))
+        future.add_done_callback(nested)
+        future.add_done_callback(lambda _f: done.set())
+        gate.set()
+        assert done.wait(60)
+    assert said and "cannot run in a done-callback" in said[0], said

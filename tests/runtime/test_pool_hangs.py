@@ -117,11 +117,13 @@ def test_a_rebuild_loads_the_file_the_pool_opened_not_one_replaced_since(runtime
 
 @pytest.mark.parametrize("how", ["hard link", "moved away"])
 def test_a_rebuild_reads_the_kept_file_when_its_other_name_remains_or_it_was_moved(runtime, affine_om, tmp_path,
-                                                                                    how):
+                                                                                    how, monkeypatch):
     """Its ctime moves when it is renamed or one of its links goes, which changes nothing in it:
     judged by the ctime too, a hard-linked release (rsync --link-dest) with garbage renamed over
     it, or a file moved out of the folder, could not rebuild (found by a review)."""
     from tests.tiny_models import affine_reference
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))  # where the rebuild's copy goes
+    os.mkdir(tmp_path / "temp")
     path = affine_om()
     if how == "hard link":
         os.link(path, tmp_path / "release-v1.om")
@@ -142,7 +144,7 @@ def test_a_rebuild_reads_the_kept_file_when_its_other_name_remains_or_it_was_mov
         answer = done.submit([request], 2).result(timeout=60)  # waits for the rebuilt instance
         assert pool.rebuilds == 1
         np.testing.assert_allclose(answer.outputs[0]["y"], affine_reference(**request)["y"], rtol=1e-5)
-        assert not [name for name in os.listdir(tempfile.gettempdir()) if name.startswith("aclserve-rebuild-affine")]
+        assert os.listdir(tmp_path / "temp") == []  # the copy, deleted once loaded
     finally:
         gate.set()
         pool.close()
@@ -171,16 +173,23 @@ def test_the_cpu_runtime_refuses_a_path_that_does_not_resolve_as_cann_does(runti
 
 
 def test_a_rebuild_never_loads_a_file_rewritten_in_place(runtime, affine_om, tmp_path, caplog):
-    """Rewritten in place (the same inode), the kept descriptor reads the new bytes too: refused."""
+    """Rewritten in place (the same inode), the kept descriptor reads the new bytes too: refused,
+    also when the size is the same and the mtime is set back (`cp -p` between builds of fixed
+    mtimes: judged without the ctime, the other model was loaded; found by a review)."""
     path = affine_om()
+    before = os.stat(path)
     pool = open_pool(runtime, path, "affine", execution_timeout_ms=100)
     done = BatchFutures(pool)
     gate = threading.Event()
     try:
         first = pool.instances[0]
-        with open(affine_om(scale=5.0, name="other"), "rb") as other, open(path, "r+b") as same_inode:
-            same_inode.write(other.read())
-            same_inode.truncate()
+        with open(path, "r+b") as same_inode:  # other bytes, the same size
+            middle = before.st_size // 2
+            same_inode.seek(middle)
+            byte = same_inode.read(1)
+            same_inode.seek(middle)
+            same_inode.write(bytes([byte[0] ^ 0xFF]))
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # and the mtime set back
         faults.inject("execute", nth=1, hold=gate)
         with pytest.raises(DeviceTimeout):
             done.submit([affine_request(1)], 1).result(timeout=30)
