@@ -69,33 +69,33 @@ class InstanceBuilder:
 
     def build(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
         """A replacement for `lane`, with a claim of its own (blocking: loads the model)."""
-        copy = self._kept_copy()  # a temp copy of the file the pool opened, or None: the file at its path
-        try:
+        with self._source() as path:  # the model's own path, or a temp copy of the file the pool opened
             device, need = self.placed[lane], Need.of(1, self.claimed_slots)
             device.ledger.claim(need, f"a rebuilt instance of model {self.name} ({self.claimed_slots} slots)")
             try:
-                instance = self.create(lane, execution_timeout_ms, copy)
+                instance = self.create(lane, execution_timeout_ms, path)
             except BaseException:
                 device.ledger.release(need)
                 raise
-        finally:
-            if copy is not None:
-                os.unlink(copy)  # (loaded: the model is in memory)
         instance.when_freed(functools.partial(device.ledger.release, need))
         return instance
 
-    def _kept_copy(self) -> str | None:
-        """None when the file at the path is the one the pool opened; else a temp copy of the
-        kept file, when that is unchanged; else why not (RuntimeError)."""
-        try:
-            if self._identity is not None and _file_identity(self.path) == self._identity:
-                return None
-            error = None
+    @contextlib.contextmanager
+    def _source(self):
+        """The path to load: the model's own when the file there is the one the pool opened;
+        else a temp copy of the kept file, when that is unchanged; else why not (RuntimeError)."""
+        try:  # (decided before any yield: an error of the with-block must not land in this try)
+            same, error = self._identity is not None and _file_identity(self.path) == self._identity, None
         except OSError as e:
-            error = e
+            same, error = False, e
+        if same:
+            yield self.path
+            return
         kept = self._kept
         if kept is not None and kept.unchanged():
-            return kept.copy_out(_safe(self.name))
+            with kept.copy_out(_safe(self.name)) as copy:
+                yield copy
+            return
         if error is not None:
             raise RuntimeError(f"model file {self.path} cannot be read again: {error.strerror}") from None
         raise RuntimeError(f"model file {self.path} changed since this version was loaded; it is not "

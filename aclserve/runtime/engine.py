@@ -242,18 +242,19 @@ class Engine:
 
     def _close(self, loads_wait_s: float | None = None) -> bool:
         """close(), waiting at most `loads_wait_s` for the loads under way (None: for them all);
-        False, with nothing closed, when they have not ended by then."""
+        when they have not ended by then, the loaded models are closed all the same and the
+        runtime is left to the loads: False."""
         with self._close_lock:  # (a second close returns once the first is done)
             with self._state:
                 self._closed = True
-                if not self._state.wait_for(lambda: self._loading == 0, loads_wait_s):
-                    return False
+                loads_ended = self._state.wait_for(lambda: self._loading == 0, loads_wait_s)
                 models, self.models = self.models, []
             while models:
                 models.pop().pool.close()
-            self.runtime.close()
-            _open_engines.discard(self)
-        return True
+            if loads_ended:
+                self.runtime.close()
+                _open_engines.discard(self)
+        return loads_ended
 
     def _close_model(self, model: EngineModel) -> None:
         """EngineModel.close(): under the engine's close lock, so that an Engine.close() meanwhile
@@ -282,6 +283,7 @@ def _close_open_engines() -> None:
     for engine in list(_open_engines):
         try:
             if not engine._close(EXIT_LOAD_WAIT_S):
-                log.warning("an Engine still loading a model %.0f s into the exit was not closed", EXIT_LOAD_WAIT_S)
+                log.warning("an Engine still loading a model %.0f s into the exit: its loaded models are closed, "
+                            "its runtime is not", EXIT_LOAD_WAIT_S)
         except Exception:  # (the others still close)
             log.exception("closing an Engine left open at exit failed")

@@ -5,17 +5,20 @@ retired, the file moved away).
 The ACL loads models by path, and CANN resolves that path first (GE's RealPath), which fails
 for /proc/self/fd/N of a file no folder holds any more: so a rebuild gets a private copy, made
 through the descriptor into the temp folder, loaded from there and deleted (`copy_out`; a copy
-a process left behind, killed during a rebuild, is deleted by the next copy made on the machine).
+a process left behind, killed during a rebuild, is deleted by the next copy made there).
 The kept file is judged unchanged by its whole identity while its path still holds it; once the
 path holds another file or none, by device, inode, size and mtime (ns): its ctime moved when it
 was renamed or unlinked, which changes nothing in it (a rewrite in place that keeps the size and
-sets the mtime back to the nanosecond, then a rename over it, is not told). At most MAX_KEPT are
+sets the mtime back to the nanosecond, then a rename over it or a delete, is not told; a chmod
+or a new hard link while the path holds it fails the rebuild, as a rewrite would). At most MAX_KEPT are
 kept in a process (each one a descriptor of the reserve connections.FD_RESERVE leaves for model
 files); past that a version rebuilds from its path only. Owned by its InstanceBuilder; close()
 lets it go (the pool's close).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import tempfile
@@ -27,7 +30,7 @@ log = logging.getLogger(__name__)
 
 MAX_KEPT = 256  # half of connections.FD_RESERVE
 _COPY_CHUNK = 1 << 20
-_PREFIX = "aclserve-rebuild-"  # then the pid of the process that made the copy
+_PREFIX = "aclserve-rebuild-"
 _count_lock = threading.Lock()
 _kept = 0
 _warned = False
@@ -85,35 +88,43 @@ class KeptFile:
             return True  # unlinked, moved away
         return at_path[:2] != kept[:2]  # the path holds another file: renamed over, not rewritten
 
-    def copy_out(self, name: str) -> str:
-        """A temp file holding the kept file's bytes (the caller deletes it), or RuntimeError:
-        closed, changed before or while it was copied, or the copy failed (a full disk)."""
+    @contextlib.contextmanager
+    def copy_out(self, name: str):
+        """A temp file holding the kept file's bytes, for the with-block (deleted after it), or
+        RuntimeError: closed, changed before or while it was copied, or the copy failed (a full
+        disk). The copy is locked (flock) while it lives: another process sweeping stale copies
+        (_delete_stale_copies) leaves it, whatever its pid means there."""
         _delete_stale_copies()
         with self._lock:
             if self._file is None or not self._same():
                 raise RuntimeError("the file this version loaded changed since")
             fd = os.dup(self._file.fileno())  # (read with pread: no shared offset to disturb)
         try:
-            handle, temp = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-{name}-", suffix=".om")
-            try:
-                with os.fdopen(handle, "wb") as out:
-                    offset = 0
-                    while chunk := os.pread(fd, _COPY_CHUNK, offset):
-                        out.write(chunk)
-                        offset += len(chunk)
-                with self._lock:
-                    same = self._file is not None and self._same()
-                if not same:
-                    raise RuntimeError("the file this version loaded changed while it was copied")
-            except BaseException:
-                os.unlink(temp)
-                raise
+            handle, temp = tempfile.mkstemp(prefix=f"{_PREFIX}{name}-", suffix=".om")
         except OSError as e:
-            raise RuntimeError(f"copying the file this version loaded for a rebuild failed: "
-                               f"{e.strerror or e}") from None
-        finally:
             os.close(fd)
-        return temp
+            raise RuntimeError(f"copying the file this version loaded for a rebuild failed: {e.strerror or e}") from None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                offset = 0
+                while chunk := os.pread(fd, _COPY_CHUNK, offset):
+                    _write_all(handle, chunk)
+                    offset += len(chunk)
+            except OSError as e:
+                raise RuntimeError(f"copying the file this version loaded for a rebuild failed: "
+                                   f"{e.strerror or e}") from None
+            finally:
+                os.close(fd)
+            with self._lock:
+                if self._file is None or not self._same():
+                    raise RuntimeError("the file this version loaded changed while it was copied")
+            yield temp
+        finally:
+            try:
+                os.unlink(temp)
+            finally:
+                os.close(handle)  # (the lock goes with it)
 
     def close(self) -> None:
         with self._lock:
@@ -129,28 +140,30 @@ def _release() -> None:
         _kept -= 1
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _delete_stale_copies() -> None:
-    """Copies left by processes that no longer run (killed while a rebuild loaded one)."""
+    """Copies left by processes killed while a rebuild loaded one: those no process holds locked
+    (flock is the kernel's, seen across PID namespaces sharing the folder; a pid is not)."""
     folder = tempfile.gettempdir()
     try:
         names = [n for n in os.listdir(folder) if n.startswith(_PREFIX) and n.endswith(".om")]
     except OSError:
         return
     for name in names:
-        pid = name[len(_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or _running(int(pid)):
+        path = os.path.join(folder, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError:
             continue
         try:
-            os.unlink(os.path.join(folder, name))
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: a live copy
+            os.unlink(path)
         except OSError:
             pass
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # (another user's: it runs)
-        return True
-    return True
+        finally:
+            os.close(fd)

@@ -88,7 +88,8 @@ class GuardCollector:
             closed.add_metric([reason], n)
         yield closed
         tls = CounterMetricFamily("aclserve_tls_handshakes_refused", "TLS handshakes of the HTTP endpoint that "
-                                  "TLS refused (no or a bad client certificate, an old protocol version, not TLS)")
+                                  "TLS refused, on either side (no or a bad client certificate, an old protocol "
+                                  "version, not TLS; a client not trusting the server's certificate)")
         tls.add_metric([], conns.tls_refused)
         yield tls
         yield _gauge("aclserve_connections_held", "Connections not read until the Retry-After of their "

@@ -281,3 +281,19 @@ def test_an_execution_timeout_set_while_an_instance_is_rebuilt_reaches_the_rebui
         gate.set()
         building.set()
         pool.close()
+
+
+def test_stale_rebuild_copies_go_and_live_ones_stay(tmp_path, monkeypatch):
+    """A copy a process left behind, killed during a rebuild, goes with the next copy made; one
+    another process is loading (it holds its lock) stays, whatever its pid means here (a pid
+    check took a live copy of another PID namespace sharing the folder for a dead one)."""
+    import fcntl
+    from aclserve.runtime import kept_file
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    stale, live = tmp_path / "aclserve-rebuild-m-1.om", tmp_path / "aclserve-rebuild-m-2.om"
+    stale.write_bytes(b"x" * 100)
+    live.write_bytes(b"y" * 100)
+    with open(live, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        kept_file._delete_stale_copies()
+        assert not stale.exists() and live.exists()
