@@ -103,7 +103,8 @@ class KeptFile:
             handle, temp = tempfile.mkstemp(prefix=f"{_PREFIX}{name}-", suffix=".om")
         except OSError as e:
             os.close(fd)
-            raise RuntimeError(f"copying the file this version loaded for a rebuild failed: {e.strerror or e}") from None
+            raise RuntimeError(f"copying the file this version loaded for a rebuild failed: "
+                               f"{e.strerror or e}") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
