@@ -107,6 +107,8 @@ class KeptFile:
                                f"{e.strerror or e}") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX)
+            if os.fstat(handle).st_nlink == 0:  # swept by another process before it was locked
+                raise RuntimeError("the rebuild's copy was deleted as it was made; trying again")
             try:
                 offset = 0
                 while chunk := os.pread(fd, _COPY_CHUNK, offset):
@@ -122,10 +124,9 @@ class KeptFile:
                     raise RuntimeError("the file this version loaded changed while it was copied")
             yield temp
         finally:
-            try:
+            with contextlib.suppress(OSError):  # (gone already: a loaded instance must not fail for it)
                 os.unlink(temp)
-            finally:
-                os.close(handle)  # (the lock goes with it)
+            os.close(handle)  # (the lock goes with it)
 
     def close(self) -> None:
         with self._lock:
