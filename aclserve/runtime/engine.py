@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import logging
 import bisect
 import concurrent.futures
+import logging
 import os
 import threading
 import weakref
@@ -273,7 +273,8 @@ class Engine:
 # Engines not closed when the interpreter exits: closed then (their calls in flight finish
 # first). Without it a run of ONNX Runtime still going in a daemon thread met the interpreter's
 # end, and the process died of SIGABRT ("terminate called without an active exception"). One
-# still loading a model after EXIT_LOAD_WAIT_S is left as it is (a hung load held the exit).
+# still loading a model after EXIT_LOAD_WAIT_S has its loaded models closed and its runtime left
+# to the load (a hung load held the exit).
 _open_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 EXIT_LOAD_WAIT_S = 10.0
 
