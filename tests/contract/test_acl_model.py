@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import struct
 import threading
 from pathlib import Path
@@ -46,6 +47,21 @@ def test_load_refusals(acl, ctx, tmp_path, mlp_om, caplog):
         assert acl.mdl.load_from_file(str(atc_path)) == (0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID)
     message = " ".join(r.getMessage() for r in caplog.records)
     assert "ATC" in message and "CANN" in message and "resnet50" in message and "Ascend" in message
+
+
+def test_a_model_path_that_does_not_resolve_is_refused(acl, ctx, tmp_path):
+    """GE resolves a model path first (RealPath): /proc/self/fd/N of a file no folder holds any
+    more does not resolve, though open() follows it (the CPU runtime followed it). Whatever the
+    file holds: the path is refused before it is read."""
+    path = tmp_path / "gone.om"
+    path.write_bytes(b"\x00garbage" * 100)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.unlink(path)
+        assert acl.mdl.query_size(f"/proc/self/fd/{fd}")[2] == C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
+        assert acl.mdl.load_from_file(f"/proc/self/fd/{fd}") == (0, C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID)
+    finally:
+        os.close(fd)
 
 
 def test_query_size_and_load_with_caller_memory(acl, ctx, mlp_om, acl_kind):

@@ -159,19 +159,6 @@ def test_a_fifo_in_place_of_the_model_is_refused_without_waiting_for_a_writer(ru
         open_pool(runtime, str(tmp_path / "m.om"), "m")
 
 
-def test_the_cpu_runtime_refuses_a_path_that_does_not_resolve_as_cann_does(runtime, affine_om):
-    """GE resolves a model path first (RealPath): /proc/self/fd/N of a file no folder holds any
-    more does not resolve, though open() follows it; the CPU runtime followed it."""
-    path = affine_om()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.unlink(path)
-        work, weight, ret = runtime.acl.mdl.query_size(f"/proc/self/fd/{fd}")
-        assert ret == C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
-    finally:
-        os.close(fd)
-
-
 def test_a_rebuild_never_loads_a_file_rewritten_in_place(runtime, affine_om, tmp_path, caplog):
     """Rewritten in place (the same inode), the kept descriptor reads the new bytes too: refused,
     also when the size is the same and the mtime is set back (`cp -p` between builds of fixed
