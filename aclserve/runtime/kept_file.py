@@ -62,13 +62,11 @@ class KeptFile:
         try:
             file = open_regular(path, "rb")
         except OSError:
-            file = None
-        kept = cls(file, path, identity) if file is not None else None
-        if kept is None or not kept.unchanged():
-            if kept is not None:
-                kept.close()
-            else:
-                _release()
+            _release()
+            return None
+        kept = cls(file, path, identity)
+        if not kept.unchanged():
+            kept.close()  # (gives its place back)
             return None
         return kept
 
@@ -98,7 +96,7 @@ class KeptFile:
         with self._lock:
             if self._file is None or not self._same():
                 raise RuntimeError("the file this version loaded changed since")
-            fd = os.dup(self._file.fileno())  # (read with pread: no shared offset to disturb)
+            fd = os.dup(self._file.fileno())  # (sendfile from an offset: no shared offset disturbed)
         try:
             handle, temp = tempfile.mkstemp(prefix=f"{_PREFIX}{name}-", suffix=".om")
         except OSError as e:
@@ -111,9 +109,8 @@ class KeptFile:
                 raise RuntimeError("the rebuild's copy was deleted as it was made; trying again")
             try:
                 offset = 0
-                while chunk := os.pread(fd, _COPY_CHUNK, offset):
-                    _write_all(handle, chunk)
-                    offset += len(chunk)
+                while sent := os.sendfile(handle, fd, offset, _COPY_CHUNK):
+                    offset += sent
             except OSError as e:
                 raise RuntimeError(f"copying the file this version loaded for a rebuild failed: "
                                    f"{e.strerror or e}") from None
@@ -140,12 +137,6 @@ def _release() -> None:
     global _kept
     with _count_lock:
         _kept -= 1
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _delete_stale_copies() -> None:
