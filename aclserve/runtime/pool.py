@@ -69,6 +69,7 @@ class InstancePool:
         self.batches_failed = 0  # device failures of a batch run (each retry counted again)
         self.batches_retried = 0  # ... of which were run again (another instance, or the failed one rebuilt)
         self.rebuilds = 0  # instances replaced after leaving rotation
+        self.rebuilds_failed = 0  # rebuild attempts that failed (each tried again)
         self._rebuild_failures: dict[int, str] = {}  # lane -> why its last rebuild attempt failed
         self._builder = builder  # None: a broken instance stays out of rotation
         self._rebuilding: dict[int, threading.Thread] = {}  # lane -> its rebuild thread
@@ -181,8 +182,7 @@ class InstancePool:
         self.instances[lane].launch(slot, batch)
 
     def _usable(self, lane: int, batch: Batch) -> bool:
-        instance = self.instances[lane]
-        return instance is not batch.failed_by and not instance.broken
+        return self.instances[lane] is not batch.failed_by and not self.instances[lane].broken
 
     def _pick(self, batch: Batch) -> tuple[int, object] | None:
         """A reserved (lane, slot) for `batch`, or None. A named lane is kept while that
@@ -262,7 +262,11 @@ class InstancePool:
                 new = self._builder.build(lane, self.execution_timeout_ms)
                 break
             except Exception as e:
-                self._rebuild_failures[lane] = str(e)
+                with self._lock:  # (the rebuild threads of several lanes may fail at once)
+                    self._rebuild_failures[lane] = str(e)
+                    self.rebuilds_failed += 1
+                    if old_disposed:  # (a first failure is tried again at once, the old instance closed)
+                        self._backing_off.add(lane)
                 if self._closing.is_set():  # (closed meanwhile: no "trying again" after the close)
                     return
                 if not old_disposed:
@@ -271,10 +275,7 @@ class InstancePool:
                     self._builder.dispose(old)  # waits for the device to let go, bounded
                     old_disposed = True
                     continue
-                log.error("%s: rebuilding instance %s failed (%s); trying again in %.1f s", self.name,
-                          old.name, e, delay)
-                with self._lock:
-                    self._backing_off.add(lane)
+                log.error("%s: rebuilding %s failed (%s); trying again in %.1f s", self.name, old.name, e, delay)
                 self._answer_pending_if_futile()
                 if self._closing.wait(delay * random.uniform(0.5, 1.0)):
                     return
@@ -331,8 +332,7 @@ class InstancePool:
 
     def busy_ratio(self) -> float:
         """Fraction of the last 10 s the instances had work in flight (averaged over instances)."""
-        instances = self.instances
-        return sum(i.busy_fraction() for i in instances) / len(instances)
+        return sum(i.busy_fraction() for i in self.instances) / len(self.instances)
 
     def utilisation(self) -> list[dict]:
         """Per instance: the fraction of the last BusyWindow seconds its compute stream executed

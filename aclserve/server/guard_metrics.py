@@ -15,6 +15,7 @@ import logging
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..images.dvpp import OUTCOMES
+from ..repository.planner import WAITING_FOR_CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +24,10 @@ class _PoolCounts:
     """What the replaced pools of one (model, version) counted: those closed (final counts)
     and those still draining (read at each scrape)."""
 
-    __slots__ = ("failed", "retried", "rebuilds", "codes", "draining")
+    __slots__ = ("failed", "retried", "rebuilds", "rebuilds_failed", "codes", "draining")
 
     def __init__(self):
-        self.failed = self.retried = self.rebuilds = 0
+        self.failed = self.retried = self.rebuilds = self.rebuilds_failed = 0
         self.codes: collections.Counter[int] = collections.Counter()
         self.draining: list = []
 
@@ -34,12 +35,14 @@ class _PoolCounts:
         self.failed += pool.batches_failed
         self.retried += pool.batches_retried
         self.rebuilds += pool.rebuilds
+        self.rebuilds_failed += pool.rebuilds_failed
         self.codes.update(pool.fault_counts())
 
     def with_pools(self, *pools) -> "_PoolCounts":
         """These counts plus what the draining pools and `pools` count now."""
         total = _PoolCounts()
         total.failed, total.retried, total.rebuilds = self.failed, self.retried, self.rebuilds
+        total.rebuilds_failed = self.rebuilds_failed
         total.codes.update(self.codes)
         for pool in (*self.draining, *pools):
             total.add(pool)
@@ -143,12 +146,15 @@ class GuardCollector:
     def _models(self):
         ready = GaugeMetricFamily("aclserve_model_state", "1 for each model version's current state "
                                   "(READY, LOADING, UNAVAILABLE, UNLOADING)", labels=["model", "version", "state"])
-        failing = GaugeMetricFamily("aclserve_model_load_failure", "1 while a version's last load failed; "
-                                    "the reason is in the label", labels=["model", "version", "reason"])
+        failing = GaugeMetricFamily("aclserve_model_load_failure", "1 while a version's last load failed, or "
+                                    "(version empty) while the model's config or files cannot be used; the "
+                                    "reason is in the label", labels=["model", "version", "reason"])
         repo = self._state.repo
         try:
             for row in repo.index():
                 ready.add_metric([self._state.redact(row["name"]), str(row["version"]), row["state"]], 1)
+                if row["version"] == "" and row["reason"] != WAITING_FOR_CONFIG:  # a broken config, say
+                    failing.add_metric([self._state.redact(row["name"]), "", self._state.redact(row["reason"])], 1)
             for (name, version), reason in sorted(repo.load_failures().items()):
                 failing.add_metric([name, version, self._state.redact(reason)], 1)
         except Exception:
@@ -165,6 +171,9 @@ class GuardCollector:
                                      "only)", labels=["model", "version", "outcome"])
         rebuilds = CounterMetricFamily("aclserve_instance_rebuilds", "Instances replaced after leaving rotation "
                                        "(execution timeout, device fault, failed stream reset)", labels=["model", "version"])
+        rebuilds_failed = CounterMetricFamily("aclserve_instance_rebuild_failures", "Attempts to rebuild an "
+                                              "instance that failed (each tried again, with backoff)",
+                                              labels=["model", "version"])
         codes = CounterMetricFamily("aclserve_device_faults", "Batches the device failed, by ACL error code "
                                     "(507047: past the execution timeout)", labels=["model", "version", "code"])
         for model, version, served in self._state.live_versions():
@@ -172,10 +181,12 @@ class GuardCollector:
             faults.add_metric([model, version, "failed"], counts.failed)
             faults.add_metric([model, version, "retried"], counts.retried)
             rebuilds.add_metric([model, version], counts.rebuilds)
+            rebuilds_failed.add_metric([model, version], counts.rebuilds_failed)
             for code, n in sorted(counts.codes.items()):
                 codes.add_metric([model, version, str(code)], n)
         yield faults
         yield rebuilds
+        yield rebuilds_failed
         yield codes
 
 

@@ -107,9 +107,10 @@ async def metrics(request: web.Request) -> web.Response:
 
     def text() -> tuple[bytes, dict]:
         body = state.metrics.render(snapshot)
+        headers = {"Content-Type": METRICS_CONTENT_TYPE, "Vary": "Accept-Encoding"}  # (for a cache between)
         if coding is None or len(body) < COMPRESS_MIN_BYTES:
-            return body, {"Content-Type": METRICS_CONTENT_TYPE}
-        return encoded(body, coding), {"Content-Type": METRICS_CONTENT_TYPE, "Content-Encoding": coding.value}
+            return body, headers
+        return encoded(body, coding), dict(headers, **{"Content-Encoding": coding.value})
     body, headers = await loop.run_in_executor(None, text)
     return web.Response(body=body, headers=headers)
 

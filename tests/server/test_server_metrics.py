@@ -237,13 +237,50 @@ def test_metrics_are_compressed_for_a_scraper_that_asks(server):
     import zlib
     url = f"http://{server.url}/metrics"
     plain = urllib.request.urlopen(url, timeout=30)
-    assert plain.headers.get("Content-Encoding") is None
+    assert plain.headers.get("Content-Encoding") is None and plain.headers["Vary"] == "Accept-Encoding"
     text = plain.read().decode()
     for asked, coding, inflate in (("gzip", "gzip", gzip.decompress), ("deflate;q=1, gzip;q=0.5", "deflate",
                                                                         zlib.decompress)):
         answer = urllib.request.urlopen(urllib.request.Request(url, headers={"Accept-Encoding": asked}), timeout=30)
-        assert answer.headers["Content-Encoding"] == coding
+        assert answer.headers["Content-Encoding"] == coding and answer.headers["Vary"] == "Accept-Encoding"
         body = answer.read()
         assert len(body) < len(text) / 3
         families = {f.name for f in text_string_to_metric_families(inflate(body).decode())}
         assert families == {f.name for f in text_string_to_metric_families(text)}
+
+
+def test_a_model_whose_config_cannot_be_used_shows_a_load_failure(models_dir, tmp_path):
+    """A broken config showed the model UNAVAILABLE in aclserve_model_state but no
+    aclserve_model_load_failure series, so an alert on that metric missed it; the series has
+    the version empty, as the repository index row does, and goes once the config is mended."""
+    import shutil
+    import time
+    import urllib.request
+
+    from tests.serving import ServerThread, server_config
+
+    own = tmp_path / "models"
+    own.mkdir()
+    shutil.copy(models_dir / "double.om", own / "double.om")
+    (own / "double.yaml").write_text("instances: 0\n")
+    config = server_config(own, model_control_mode="poll", settle_s=0.1, debounce_s=0.05, readiness="lenient")
+
+    def failures():
+        found = samples(urllib.request.urlopen(f"http://{srv.url}/metrics", timeout=30).read().decode())
+        return [(s.labels["model"], s.labels["version"], s.labels["reason"], s.value)
+                for s in found.get("aclserve_model_load_failure", [])]
+
+    with ServerThread(config) as srv:
+        for _ in range(3000):  # a hang guard: a config just written is awaited first (and shown as no failure)
+            if failures():
+                break
+            time.sleep(0.01)
+        ((model, version, reason, one),) = failures()
+        assert (model, version, one) == ("double", "", 1) and reason.endswith("instances: must be >= 1, got 0")
+        (own / ".double.tmp").write_text("instances: 1\n")
+        (own / ".double.tmp").rename(own / "double.yaml")
+        for _ in range(3000):  # a hang guard: poll mode loads it once the config settles
+            if not failures():
+                break
+            time.sleep(0.01)
+        assert failures() == []

@@ -117,6 +117,26 @@ def test_a_hung_device_times_out_its_batch_and_the_instance_is_rebuilt(one_model
         srv.close()
 
 
+def test_failed_rebuild_attempts_are_counted(one_model, make_config, clean_faults):
+    """A rebuild attempt that fails (here the model's load, once) was counted nowhere: only the
+    rebuilds that succeeded were, so a model rebuilding in vain showed nothing in /metrics."""
+    (one_model / "double.yaml").write_text("execution_timeout_ms: 300\nreset_timeout_ms: 200\n")
+    srv = ServerThread(make_config(one_model)).start()
+    gate = threading.Event()
+    try:
+        labels = 'model="double",version="1"'
+        assert metric(srv.url, "aclserve_instance_rebuild_failures_total", labels) == 0
+        faults.inject("load", nth=1, count=1, code=207001)  # the rebuild's first load fails
+        faults.inject("execute", nth=1, hold=gate)  # this execution never ends on its own
+        assert get(srv.url, "/v2/models/double/infer", GOOD)[0] == 503  # past the execution timeout
+        asyncio.run(wait_for(lambda: metric(srv.url, "aclserve_instance_rebuilds_total", labels) == 1, limit_s=60))
+        assert metric(srv.url, "aclserve_instance_rebuild_failures_total", labels) == 1
+        assert get(srv.url, "/v2/models/double/infer", GOOD)[0] == 200
+    finally:
+        gate.set()
+        srv.close()
+
+
 def test_a_warm_up_that_hangs_once_is_retried_and_the_model_serves(one_model, make_config, clean_faults):
     (one_model / "double.yaml").write_text("execution_timeout_ms: 300\nreset_timeout_ms: 200\n")
     gate = threading.Event()
