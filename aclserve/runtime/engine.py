@@ -53,6 +53,8 @@ class EngineModel:
 
     def submit(self, inputs: Mapping[str, np.ndarray]) -> concurrent.futures.Future:
         """Start inference; the future resolves to {output name: array}. Never blocks."""
+        if self.owner is not None:  # (its models are closed too: "model m is closed" said less)
+            self.owner._refuse_if_closed()
         arrays = self._validate(inputs)
         if not self.gears:
             chunks = [(arrays, None, 1)]
@@ -72,6 +74,7 @@ class EngineModel:
     def infer(self, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
         _refuse_in_callback(self.owner, "EngineModel.infer()", "it waits for its call, which this thread may have "
                                         "to finish: use submit() here")
+        check_options(timeout=timeout)
         return self.submit(inputs).result(timeout)
 
     async def infer_async(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -36,6 +36,15 @@ def _fraction(name: str, value) -> None:
         raise ValueError(f"{name} must be at least 0 and below 1, got {value}")
 
 
+def _seconds(name: str, value) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
+    if not 0 <= value < float("inf"):  # (NaN fails it too; threading takes neither)
+        raise ValueError(f"{name} must be a finite number of seconds, at least 0, or None, got {value}")
+
+
 def _path(name: str, value) -> None:
     if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
         raise TypeError(f"{name} must be a str or os.PathLike naming an OM file, got {value!r}")
@@ -65,4 +74,5 @@ _CHECKS = {
     "instances": _whole,
     "devices": _devices,
     "slots": _whole,
+    "timeout": _seconds,
 }

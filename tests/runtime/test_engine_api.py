@@ -90,6 +90,34 @@ def test_a_closed_engine_refuses_loads(affine_om):
         engine.load(affine_om())
 
 
+def test_a_closed_engine_refuses_calls_saying_so(affine_om):
+    """A call on a model of a closed engine failed with "model affine is closed", which the
+    caller had not closed; it is refused at once, as a load is."""
+    engine = Engine(device="cpu")
+    model = engine.load(affine_om())
+    engine.close()
+    for call in (model.submit, model.infer):
+        with pytest.raises(RuntimeError, match="the engine is closed: make a new Engine"):
+            call(affine_request(1))
+
+
+@pytest.mark.parametrize("timeout, error, words", [
+    ("1", TypeError, "timeout must be a number of seconds or None, got '1'"),
+    (True, TypeError, "timeout must be a number of seconds or None"),
+    (-1, ValueError, "timeout must be a finite number of seconds, at least 0, or None, got -1"),
+    (float("nan"), ValueError, "got nan"),
+    (float("inf"), ValueError, "got inf"),
+])
+def test_a_bad_infer_timeout_is_named(affine_om, timeout, error, words):
+    """timeout="1" failed in threading ("'<' not supported between instances of 'str' and
+    'int'") after the call had been submitted."""
+    with Engine(device="cpu") as engine:
+        model = engine.load(affine_om(), warmup=False)
+        with pytest.raises(error, match=words):
+            model.infer(affine_request(1), timeout=timeout)
+        assert model.infer(affine_request(1), timeout=30)["y"].shape == (1, 4)
+
+
 def test_two_threads_closing_at_once_leave_the_runtime_finalized(affine_om, caplog):
     """The second closer found no model left and closed the runtime while the first still
     closed an instance: the device was not reset, ACL not finalized and a context kept, once
