@@ -113,7 +113,7 @@ def _http(body: bytes, content_type: str) -> bytes:
 @pytest.mark.parametrize("reply, said", [
     (None, "no answer from {url} within 1 s (--timeout)"),  # (300 s, then a TimeoutError traceback)
     (b"\x00\x00\x12\x04\x00\x00\x00\x00\x00\r\n\r\n", "{url} did not answer as a KServe v2 HTTP server: "
-                                                      "Bad status line"),  # (a gRPC port: multi-line)
+                                                      "Bad status line, not HTTP/1.1 (an HTTP/2 or gRPC port?)"),
     (_http(b"<html>hi</html>", "text/html"), "{url} did not answer as a KServe v2 HTTP server: its model "
                                              "metadata is not JSON"),
     (_http(b'{"inputs": 5}', "application/json"), "{url} did not answer as a KServe v2 HTTP server: its model "

@@ -132,6 +132,8 @@ def _run(args):
         raise RemoteFailed(f"cannot reach {args.url}: {one_line(e)}") from None
     except (aiohttp.ClientResponseError, NotKServe) as e:  # (a gRPC port: "Bad status line", HTML, ...)
         said = one_line(getattr(e, "message", e)).rstrip(":")  # (aiohttp's own is a multi-line repr)
+        if said.startswith("Bad status line"):  # (what aiohttp says of HTTP/2 frames, without them)
+            said = f"{said}, not HTTP/1.1 (an HTTP/2 or gRPC port?)"
         raise RemoteFailed(f"{args.url} did not answer as a KServe v2 HTTP server: {said}") from None
     except aiohttp.ClientError as e:  # (the connection closed mid-answer)
         raise RemoteFailed(f"{args.url} broke off the exchange: {one_line(e) or type(e).__name__}") from None

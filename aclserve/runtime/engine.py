@@ -208,13 +208,14 @@ class Engine:
              devices: tuple[int, ...] = (0,), slots: int = 2, retry: bool = True, warmup: bool = True) -> EngineModel:
         """Load an OM (blocking) and, by default, run every gear once to warm it up, which also
         sets the model's execution timeout from what a run costs (without it: 60 s)."""
-        check_options(path=path, name=name, instances=instances, devices=devices, slots=slots)
+        check_options(path=path, name=name, instances=instances, devices=devices, slots=slots, retry=retry,
+                      warmup=warmup)
         with self._state:
             self._refuse_if_closed()
             self._loading += 1
         try:
             return self._load(os.fspath(path), name, int(instances), tuple(int(d) for d in devices), int(slots),
-                              bool(retry), warmup)
+                              bool(retry), bool(warmup))
         finally:
             with self._state:
                 self._loading -= 1

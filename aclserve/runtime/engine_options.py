@@ -6,6 +6,8 @@ from __future__ import annotations
 import numbers
 import os
 
+import numpy as np
+
 DEVICES = ("auto", "cpu", "npu")
 MAX_COUNT = 1024  # instances, slots, threads: as the server's configuration bounds them
 
@@ -45,6 +47,11 @@ def _seconds(name: str, value) -> None:
         raise ValueError(f"{name} must be a finite number of seconds, at least 0, or None, got {value}")
 
 
+def _flag(name: str, value) -> None:
+    if not isinstance(value, (bool, np.bool_)):  # ("no" is true: a warm-up asked off ran)
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
 def _path(name: str, value) -> None:
     if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
         raise TypeError(f"{name} must be a str or os.PathLike naming an OM file, got {value!r}")
@@ -75,4 +82,6 @@ _CHECKS = {
     "devices": _devices,
     "slots": _whole,
     "timeout": _seconds,
+    "retry": _flag,
+    "warmup": _flag,
 }

@@ -209,6 +209,8 @@ def test_a_model_closed_while_the_engine_closes_is_waited_for(affine_om, caplog)
     ("load", {"devices": "0"}, TypeError, "devices must be a non-empty list or tuple"),
     ("load", {"devices": [0, -1]}, ValueError, "devices entry must be from 0"),
     ("load", {"path": b"m.om"}, TypeError, "path must be a str or os.PathLike"),
+    ("load", {"warmup": "no"}, TypeError, "warmup must be True or False, got 'no'"),
+    ("load", {"retry": None}, TypeError, "retry must be True or False, got None"),
 ])
 def test_arguments_are_checked_where_they_are_given(affine_om, where, kwargs, error, words):
     """slots=1.5 failed with "can't multiply sequence by non-int" after claiming device memory."""

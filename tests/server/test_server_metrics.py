@@ -284,3 +284,18 @@ def test_a_model_whose_config_cannot_be_used_shows_a_load_failure(models_dir, tm
                 break
             time.sleep(0.01)
         assert failures() == []
+
+
+def test_the_readme_names_every_metric_family(server):
+    """Sixteen families the server writes were named nowhere in the README (found by an
+    independent walk through it); its table of families must list each one."""
+    import re
+    import urllib.request
+
+    from tests import REPO
+    text = urllib.request.urlopen(f"http://{server.url}/metrics", timeout=30).read().decode()
+    written = {f.name + ("_total" if f.type == "counter" else "") for f in text_string_to_metric_families(text)}
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("### Every `/metrics` family", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `(aclserve_[a-z_]+)` \|", table, re.MULTILINE))
+    assert len(written) > 40 and written <= listed, sorted(written - listed)
