@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pathlib
 import signal
 
 from .usage import UsageError
@@ -95,8 +96,9 @@ def run_serve(args) -> int:
     from .. import collector
     collector.tune_for_server()  # fewer young collections: about 10 % of a light request's CPU
     from ..acl import AclUnavailable
-    from ..repository import RepositoryError
+    from ..repository import RepositoryError, check_models_folder
     try:
+        check_models_folder(pathlib.Path(config.models_dir))  # (before the endpoints listen, not after)
         _run(serve(config))
         _exiting()
     except (RepositoryError, ConfigError, AclUnavailable) as e:  # AclUnavailable: npu asked, no CANN

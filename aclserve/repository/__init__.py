@@ -1,6 +1,6 @@
 """The model repository: layout scan, settle rules, hot reload without failed requests."""
-from .repository import ModelLoadFailed, ModelRepository, RepositoryError
+from .repository import ModelLoadFailed, ModelRepository, RepositoryError, check_models_folder
 from .served import ServedVersion
 from .status import State
 
-__all__ = ["ModelRepository", "ModelLoadFailed", "RepositoryError", "ServedVersion", "State"]
+__all__ = ["ModelRepository", "ModelLoadFailed", "RepositoryError", "ServedVersion", "State", "check_models_folder"]

@@ -52,6 +52,15 @@ class RepositoryError(RuntimeError):
     """The repository cannot start (e.g. the models folder is missing)."""
 
 
+def check_models_folder(root: Path) -> None:
+    """RepositoryError unless `root` is a folder (`aclserve serve` asks before it listens)."""
+    if root.exists() and not root.is_dir():
+        raise RepositoryError(f"models folder {root} is a file, not a folder (pass --models DIR)")
+    if not root.is_dir():
+        raise RepositoryError(f"models folder {root} does not exist (run from the folder that holds "
+                              "models/, or pass --models DIR)")
+
+
 class ModelRepository:
     def __init__(self, config: ServerConfig, runtime, *, clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time):
@@ -77,11 +86,7 @@ class ModelRepository:
         if self._started:
             return
         self._started = True
-        if self.root.exists() and not self.root.is_dir():
-            raise RepositoryError(f"models folder {self.root} is a file, not a folder (pass --models DIR)")
-        if not self.root.is_dir():
-            raise RepositoryError(f"models folder {self.root} does not exist (run from the folder that holds "
-                                  "models/, or pass --models DIR)")
+        check_models_folder(self.root)
         await asyncio.get_running_loop().run_in_executor(None, self._lifecycle.sweep_cache)
         if self.mode == "poll":
             self._debouncer = Debouncer(self.config.debounce_s, self._reconcile_all,
