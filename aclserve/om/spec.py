@@ -145,8 +145,12 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
 
 
 def one_line(e: BaseException) -> str:
+    """`e` in one line of at most about 400 characters: its start and its end, where ONNX
+    Runtime and onnx put what went wrong (a cut at 300 kept the path and lost the reason)."""
     text = " ".join(str(e).split())
-    return text[:300] + ("..." if len(text) > 300 else "") if text else type(e).__name__
+    if len(text) > 400:
+        text = f"{text[:100]} ... {text[-300:]}"
+    return text or type(e).__name__
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:

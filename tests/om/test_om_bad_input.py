@@ -202,3 +202,14 @@ def test_inspect_refuses_a_cpu_om_header_of_another_shape_in_one_line(tmp_path, 
     for args, said in ((("deep.om",), "nested too deeply"), (("deep.om", "--json"), "nested too deeply"),
                        (("aipp.om",), "the OM header is malformed")):
         _assert_one_line_error(run_cli("inspect", tmp_path / args[0], *args[1:]), said)
+
+
+def test_a_long_error_keeps_its_end_where_the_reason_is():
+    """ONNX Runtime names the file first and what went wrong last: a cut at 300 characters
+    kept the path and lost the reason."""
+    from aclserve.om.spec import one_line
+    said = one_line(RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Load model from " + "d/" * 300
+                                 + "m.onnx failed:\n Node (conv) Op (Conv) [ShapeInferenceError] kernel rank"))
+    assert said.startswith("[ONNXRuntimeError] : 1 : FAIL") and said.endswith("[ShapeInferenceError] kernel rank")
+    assert " ... " in said and len(said) <= 410 and "\n" not in said
+    assert one_line(RuntimeError("short")) == "short" and one_line(RuntimeError()) == "RuntimeError"
