@@ -83,6 +83,8 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         raise CompileError(f"output {out} must end with .om")
     if not out.parent.is_dir():
         raise CompileError(f"output folder {out.parent} does not exist")
+    if out.is_dir():  # (said before the compile, not after it: ATC may take minutes)
+        raise CompileError(f"cannot write {out}: it is a folder")
     model = load_onnx(src)
     spec = resolve(model, {k: list(v) for k, v in shapes.items()}, gears)
     bound = aipp_mod.bind(aipp, spec, soc_version) if aipp else []

@@ -96,6 +96,7 @@ CASES = [
     ("atc path missing", ["MODEL", "--atc", "/nonexistent/atc"], "ATC asked for but not found"),
     ("output not .om", ["MODEL", "-o", "OUTDIR/x.bin"], "must end with .om"),
     ("output folder missing", ["MODEL", "-o", "OUTDIR/none/x.om"], "does not exist"),
+    ("output is a folder", ["MODEL", "-o", "OUTDIR/folder.om"], "cannot write"),  # (said after the compile)
     ("bad timeout", ["MODEL", "--timeout", "soon"], "invalid float value"),
     ("infinite timeout", ["MODEL", "--timeout", "inf"], "at most 2,592,000"),  # a Timer's traceback
     ("nan timeout", ["MODEL", "--timeout", "nan"], "timeout must be a positive number"),
@@ -107,6 +108,7 @@ CASES = [
 def files(tmp_path, multi_io_onnx, static_onnx):
     text = tmp_path / "notes.onnx"
     text.write_text("this is not a protobuf\n" * 10)
+    (tmp_path / "folder.om").mkdir()
     return {"NOFILE": str(tmp_path / "absent.onnx"), "TEXTFILE": str(text), "MODEL": multi_io_onnx,
             "STATIC": static_onnx, "INVALID": _invalid_graph(tmp_path / "invalid.onnx"), "OUTDIR": str(tmp_path),
             "EMPTYIN": _empty_tensor(tmp_path / "empty_in.onnx", "input"),
@@ -130,6 +132,8 @@ def test_compile_bad_input(case, argv, expected, files, tmp_path):
     before = sorted(os.listdir(tmp_path))
     proc = run_cli("compile", *argv, env={"PATH": "/usr/bin:/bin"})
     _assert_one_line_error(proc, expected)
+    if case != "static 0 dim in an output":  # (that one is known once the compile has run the graph)
+        assert "compiling" not in proc.stdout  # refused before any compile began
     assert sorted(os.listdir(tmp_path)) == before  # nothing written, no temporaries left
 
 
