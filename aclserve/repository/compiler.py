@@ -55,7 +55,7 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
     """Return the path of the .om for `onnx_path`, compiling it on a cache miss (blocking).
     `soc_name`: the NPU's SoC, used by ATC when the model's compile options name none;
     `progress(step)` hears a compile begin."""
-    from ..om.compile import compile_model  # heavy imports (onnx, ort) only when needed
+    from ..om.compile import CompileError, compile_model  # heavy imports (onnx, ort) only when needed
 
     if runtime_kind == "npu" and options.soc_version is None and soc_name:
         options = replace(options, soc_version=soc_name)
@@ -89,11 +89,25 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
         log.info("%s: compiling %s for %s into %s", model_name, onnx_path, runtime_kind, out)
         if progress is not None:
             progress(f"compiling {Path(onnx_path).name} for {runtime_kind}")
-        result = compile_model(onnx_path, out, target=runtime_kind,
-                               log=lambda line: log.info("%s: %s", model_name, line), **kwargs)
+        try:
+            result = compile_model(onnx_path, out, target=runtime_kind,
+                                   log=lambda line: log.info("%s: %s", model_name, line), **kwargs)
+        except CompileError as e:  # (said in the command's words: here the model's YAML gives them)
+            raise CompileError(_in_config_words(str(e))) from None
         cache_entry.record(result.path, key, dict(asdict(options), batch=kwargs.get("batch")), runtime_kind)
     log.info("%s: compiled in %.1f s (%d bytes)", model_name, result.seconds, result.size)
     return Path(result.path)
+
+
+# `aclserve compile`'s flags and the model YAML's keys for the same options
+_CONFIG_WORDS = {"--input-shape": "compile.input_shape", "--batch": "compile.batch",
+                 "--soc-version": "compile.soc_version", "--precision-mode": "compile.precision_mode"}
+
+
+def _in_config_words(message: str) -> str:
+    for flag, key in _CONFIG_WORDS.items():
+        message = re.sub(rf"{flag}\b(?!-)", key, message)
+    return message
 
 
 def sweep(cache_dir: str | os.PathLike) -> int:

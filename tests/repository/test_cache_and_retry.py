@@ -337,6 +337,28 @@ async def test_a_model_that_fails_on_the_warm_ups_zeros_says_so(make_repo, model
 
 
 @pytest.mark.asyncio
+async def test_a_dropped_onnx_that_needs_a_shape_is_told_the_yaml_key(make_repo, models_dir):
+    """A sequence dimension the compile cannot fix alone: the reason said "fix it with
+    --input-shape", a flag of `aclserve compile`, where a dropped model's YAML takes
+    compile.input_shape."""
+    import onnx
+    from onnx import TensorProto, helper
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "seq",
+                              [vi("x", TensorProto.FLOAT, ["n", "s"])], [vi("y", TensorProto.FLOAT, ["n", "s"])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), models_dir / "seq.onnx")
+    repo, events = await make_repo(start=False, model_control_mode="explicit")
+    await repo.start()
+    with pytest.raises(ModelLoadFailed):
+        await repo.load("seq")
+    (row,) = repo.index()
+    assert "fix it with compile.input_shape" in row["reason"] and "--input-shape" not in row["reason"], row
+    (models_dir / "seq.yaml").write_text("compile:\n  input_shape: 'x:-1,5'\n")
+    await repo.load("seq")
+    assert [r["state"] for r in repo.index()] == ["READY"]
+
+
+@pytest.mark.asyncio
 async def test_a_load_failing_again_for_want_of_memory_is_a_400(make_repo, models_dir, model_files, clean_faults):
     """A device too small for the model fails with an out-of-memory code every time: after its
     first failure the load API no longer says "try later" (each call loaded it at once, past the
