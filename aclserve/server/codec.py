@@ -87,8 +87,10 @@ def parse_header_length(values: Sequence[str]) -> int | None:
         raise InvalidInput(f"{HEADER_LENGTH} is given {len(values)} times; send it once")
     value = values[0]
     digits = value.strip(" \t")
-    if not (digits.isascii() and digits.isdigit() and len(digits) <= 18):
+    if not (digits.isascii() and digits.isdigit()):
         raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer, got {value[:40]!r}")
+    if len(digits) > 18:
+        raise InvalidInput(f"{HEADER_LENGTH} {value[:40]!r} is larger than any body")
     return int(digits)
 
 

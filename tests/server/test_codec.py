@@ -122,6 +122,8 @@ def test_binary_framing_header_errors():
         codec.decode_request(raw, length - 3, BATCHED)
     with pytest.raises(InvalidInput, match="non-negative integer"):
         codec.parse_header_length(["-4"])
+    with pytest.raises(InvalidInput, match="'9{23}' is larger than any body"):  # (it is a non-negative integer)
+        codec.parse_header_length(["9" * 23])
     tensor = np.full(4, -1.5e38, np.float32).tobytes()  # bytes no UTF-8 text holds
     raw, length = body({"inputs": [inp("x", "FP32", [1, 4], size=16)]}, tensor)
     with pytest.raises(InvalidInput, match="not UTF-8 text .binary tensor data goes after the JSON part, whose "
