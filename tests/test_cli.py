@@ -63,6 +63,7 @@ def test_serve_refuses_an_api_token_no_client_could_send(tmp_path, where, token,
     """Such a token answered 401 (or a 400 that quoted it back) to every request it guarded. Over
     HTTP alone a 5 KB or non-ASCII token works and is kept (gRPC off)."""
     (tmp_path / "c.yaml").write_text(f"api_token: {json.dumps(token)}\n")
+    (tmp_path / "models").mkdir()  # (a missing one is refused first)
     args = ["--config", "c.yaml"] if where == "config" else []
     env = dict(os.environ, ACLSERVE_API_TOKEN=token) if where == "environment" else None
     grpc_port = "8001" if grpc else "0"  # (refused before anything binds)
@@ -172,6 +173,23 @@ def test_profile_user_mistakes_are_one_line_each(tmp_path):
         assert said in proc.stderr, proc.stderr
 
 
+def test_a_models_folder_that_cannot_be_reached_is_said_so(tmp_path, monkeypatch):
+    """A folder on the way that cannot be searched (EACCES; simulated: the tests run as root)
+    was a bare "[Errno 13] Permission denied: 'locked/inner'"."""
+    from pathlib import Path
+
+    from aclserve.repository import RepositoryError, check_models_folder
+    real_stat = Path.stat
+
+    def stat(self, *args, **kwargs):
+        if self.name == "inner":
+            raise PermissionError(13, "Permission denied")
+        return real_stat(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "stat", stat)
+    with pytest.raises(RepositoryError, match="models folder .*inner cannot be reached .Permission denied."):
+        check_models_folder(tmp_path / "locked" / "inner")
+
+
 def test_serve_with_a_file_as_models_folder_says_it_is_a_file(tmp_path):
     (tmp_path / "m.om").write_bytes(b"x")
     proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", "--device", "cpu", "--models", "m.om", cwd=tmp_path)
@@ -186,7 +204,7 @@ def test_serve_on_a_busy_grpc_port_says_so_in_one_error(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        # no models folder either: the repository's own failure must not add a traceback at exit
+        (tmp_path / "models").mkdir()  # (a missing one is refused before anything listens)
         proc = _aclserve("serve", "--port", "0", "--grpc-port", str(port), "--device", "cpu", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert (f"gRPC cannot listen on 127.0.0.1:{port}: Address already in use (--grpc-port PORT moves it, "
@@ -201,6 +219,7 @@ def test_serve_on_a_busy_http_port_says_so_in_one_error(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        (tmp_path / "models").mkdir()  # (a missing one is refused before anything listens)
         proc = _aclserve("serve", "--port", str(port), "--grpc-port", "0", "--device", "cpu", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr, proc.stderr

@@ -54,9 +54,13 @@ class RepositoryError(RuntimeError):
 
 def check_models_folder(root: Path) -> None:
     """RepositoryError unless `root` is a folder (`aclserve serve` asks before it listens)."""
-    if root.exists() and not root.is_dir():
+    try:
+        exists, folder = root.exists(), root.is_dir()
+    except OSError as e:  # (a folder on the way that cannot be searched: EACCES)
+        raise RepositoryError(f"models folder {root} cannot be reached ({e.strerror or e})") from None
+    if exists and not folder:
         raise RepositoryError(f"models folder {root} is a file, not a folder (pass --models DIR)")
-    if not root.is_dir():
+    if not folder:
         raise RepositoryError(f"models folder {root} does not exist (run from the folder that holds "
                               "models/, or pass --models DIR)")
 

@@ -53,8 +53,8 @@ class EngineModel:
 
     def submit(self, inputs: Mapping[str, np.ndarray]) -> concurrent.futures.Future:
         """Start inference; the future resolves to {output name: array}. Never blocks."""
-        if self.owner is not None:  # (its models are closed too: "model m is closed" said less)
-            self.owner._refuse_if_closed()
+        if self.owner is not None and self.owner.closed:  # ("model m is closed" said less; a future, not a
+            return _failed(RuntimeError(_ENGINE_CLOSED))    # raise: a done-callback chaining calls gets its answer)
         arrays = self._validate(inputs)
         if not self.gears:
             chunks = [(arrays, None, 1)]
@@ -269,9 +269,23 @@ class Engine:
                     self.models.remove(model)
             model.pool.close()
 
+    @property
+    def closed(self) -> bool:
+        """close() has begun: loads are refused, calls answered with that."""
+        return self._closed
+
     def _refuse_if_closed(self) -> None:
         if self._closed:
-            raise RuntimeError("the engine is closed: make a new Engine")
+            raise RuntimeError(_ENGINE_CLOSED)
+
+
+_ENGINE_CLOSED = "the engine is closed: make a new Engine"
+
+
+def _failed(error: BaseException) -> concurrent.futures.Future:
+    future = concurrent.futures.Future()
+    future.set_exception(error)
+    return future
 
 
 # Engines not closed when the interpreter exits: closed then (their calls in flight finish

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import threading
 
 import numpy as np
 
@@ -43,13 +44,14 @@ def _seconds(name: str, value) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
-    if not 0 <= value < float("inf"):  # (NaN fails it too; threading takes neither)
-        raise ValueError(f"{name} must be a finite number of seconds, at least 0, or None, got {value}")
+    if not 0 <= value <= threading.TIMEOUT_MAX:  # (NaN fails it too; threading's waits take no more)
+        raise ValueError(f"{name} must be a number of seconds from 0 to {threading.TIMEOUT_MAX:.0f}, or None, "
+                         f"got {value}")
 
 
 def _flag(name: str, value) -> None:
-    if not isinstance(value, (bool, np.bool_)):  # ("no" is true: a warm-up asked off ran)
-        raise TypeError(f"{name} must be True or False, got {value!r}")
+    if not isinstance(value, (bool, np.bool_, numbers.Integral)) or value not in (0, 1):  # ("no" is true:
+        raise TypeError(f"{name} must be True or False, got {value!r}")                  # the warm-up ran)
 
 
 def _path(name: str, value) -> None:

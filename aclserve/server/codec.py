@@ -89,7 +89,7 @@ def parse_header_length(values: Sequence[str]) -> int | None:
     digits = value.strip(" \t")
     if not (digits.isascii() and digits.isdigit()):
         raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer, got {value[:40]!r}")
-    if len(digits) > 18:
+    if len(digits.lstrip("0")) > 18:
         raise InvalidInput(f"{HEADER_LENGTH} {value[:40]!r} is larger than any body")
     return int(digits)
 

@@ -172,7 +172,7 @@ class GuardCollector:
         rebuilds = CounterMetricFamily("aclserve_instance_rebuilds", "Instances replaced after leaving rotation "
                                        "(execution timeout, device fault, failed stream reset)", labels=["model", "version"])
         rebuilds_failed = CounterMetricFamily("aclserve_instance_rebuild_failures", "Attempts to rebuild an "
-                                              "instance that failed (each tried again, with backoff)",
+                                              "instance that failed (tried again: at once, then with backoff)",
                                               labels=["model", "version"])
         codes = CounterMetricFamily("aclserve_device_faults", "Batches the device failed, by ACL error code "
                                     "(507047: past the execution timeout)", labels=["model", "version", "code"])

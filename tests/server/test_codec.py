@@ -124,6 +124,7 @@ def test_binary_framing_header_errors():
         codec.parse_header_length(["-4"])
     with pytest.raises(InvalidInput, match="'9{23}' is larger than any body"):  # (it is a non-negative integer)
         codec.parse_header_length(["9" * 23])
+    assert codec.parse_header_length(["0" * 20 + "12"]) == 12  # (leading zeros make it no larger)
     tensor = np.full(4, -1.5e38, np.float32).tobytes()  # bytes no UTF-8 text holds
     raw, length = body({"inputs": [inp("x", "FP32", [1, 4], size=16)]}, tensor)
     with pytest.raises(InvalidInput, match="not UTF-8 text .binary tensor data goes after the JSON part, whose "

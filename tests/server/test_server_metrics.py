@@ -294,8 +294,10 @@ def test_the_readme_names_every_metric_family(server):
 
     from tests import REPO
     text = urllib.request.urlopen(f"http://{server.url}/metrics", timeout=30).read().decode()
-    written = {f.name + ("_total" if f.type == "counter" else "") for f in text_string_to_metric_families(text)}
+    written = {f.name + ("_total" if f.type == "counter" else ""): f.documentation
+               for f in text_string_to_metric_families(text)}
     readme = (REPO / "README.md").read_text()
     table = readme.split("### Every `/metrics` family", 1)[1].split("\n## ", 1)[0]
-    listed = set(re.findall(r"^\| `(aclserve_[a-z_]+)` \|", table, re.MULTILINE))
-    assert len(written) > 40 and written <= listed, sorted(written - listed)
+    listed = dict(re.findall(r"^\| `(aclserve_[a-z_]+)` \| [a-z]+ \| [a-z, ]* \| (.*) \|$", table, re.MULTILINE))
+    assert len(written) > 40 and set(written) <= set(listed), sorted(set(written) - set(listed))
+    assert [name for name, doc in written.items() if not listed[name].startswith(doc)] == []  # its help text
