@@ -132,9 +132,13 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
         raise CompileError(f"{path}: {e.strerror or e}") from None
     try:
         with f:
-            model = onnx.load(f)  # f.name is `path`: external data and the format as for the path
+            model = onnx.load(f, load_external_data=False)  # (the format as for f.name, `path`)
     except Exception as e:  # protobuf DecodeError and friends
         raise CompileError(f"{path}: not an ONNX model ({one_line(e)})") from None
+    try:  # weights kept in files beside it (models over 2 GB), named relative to its folder
+        onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+    except Exception as e:
+        raise CompileError(f"{path}: its external data cannot be read ({one_line(e)})") from None
     if not model.graph.node and not model.graph.output:
         raise CompileError(f"{path}: not an ONNX model (no graph)")
     try:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..config import ConfigError, ModelConfig, load_model_config
 from ..regular_files import node_kind
+from . import external_data
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +55,12 @@ class VersionFile:
     # them, so editing (or touching) one reloads it, and a fixed config is tried again after a
     # load it made fail
     config_stamp: tuple = ()
+    data_stamp: tuple = ()  # the same of an .onnx's external data files (external_data.py)
 
     @property
     def model_identity(self) -> tuple:
-        """The model file's own, without its config and labels files'."""
-        return (self.path, self.size, self.mtime_ns, self.ctime_ns, self.inode)
+        """The model file's own (its external data's with it), without its config and labels files'."""
+        return (self.path, self.size, self.mtime_ns, self.ctime_ns, self.inode) + self.data_stamp
 
     @property
     def identity(self) -> tuple:
@@ -166,7 +168,8 @@ def _version_file(root: Path, path: Path, kind: str) -> VersionFile | str | None
     special = node_kind(st.st_mode)
     if special is not None:
         return f"is {special}, not a regular file"
-    return VersionFile(str(real), kind, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    data = external_data.stamp(str(real)) if kind == "onnx" else ()
+    return VersionFile(str(real), kind, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, data_stamp=data)
 
 
 def _pick(root: Path, folder: Path, stem: str, result: "ScanResult", key: str) -> VersionFile | None:

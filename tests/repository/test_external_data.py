@@ -1,0 +1,89 @@
+"""A dropped .onnx whose weights are in an external data file (as exporters write models over
+2 GB): the weights are part of the model. Found by an independent check: the compile cache's key
+hashed the .onnx alone, so a re-export that changed only its .data was served with the old
+weights (after a restart too), and a second version with the same graph and other weights was
+served with the first one's; a .data file that came after its .onnx was never tried again."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from aclserve.repository import external_data
+
+from .repo_helpers import x_rows
+
+
+def _export(folder, stem: str, scale: float, data_name: str | None = None) -> None:
+    """y = x * scale with `scale` an initializer kept in `<data_name>` beside `<stem>.onnx`:
+    written to hidden names first, the .data, then the .onnx renamed into place."""
+    data_name = data_name or f"{stem}.onnx.data"
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    init = numpy_helper.from_array(np.full(4, scale, np.float32), "scale")
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "scale"], ["y"])], "g", [x], [y], [init])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    stage = folder / ".stage"
+    stage.mkdir(exist_ok=True)
+    onnx.save(model, str(stage / f"{stem}.onnx"), save_as_external_data=True, location=data_name,
+              size_threshold=0)
+    os.replace(stage / data_name, folder / data_name)
+    os.replace(stage / f"{stem}.onnx", folder / f"{stem}.onnx")
+
+
+async def _answer(repo, name: str, version: str | None = None) -> float:
+    return float((await repo.get(name, version).infer(x_rows(), 1)).outputs["y"][0, 0])
+
+
+def test_the_files_named_are_found_and_a_plain_model_is_not_parsed(tmp_path, monkeypatch):
+    _export(tmp_path, "m", 2.0, "weights.bin")
+    assert external_data.named_files(str(tmp_path / "m.onnx")) == (str((tmp_path / "weights.bin").resolve()),)
+    plain = tmp_path / "plain.onnx"
+    onnx.save(helper.make_model(helper.make_graph([], "g", [], [])), str(plain))
+    monkeypatch.setattr(onnx, "load", lambda *a, **k: pytest.fail("parsed a file that names no external data"))
+    assert external_data.named_files(str(plain)) == ()
+
+
+@pytest.mark.asyncio
+async def test_versions_that_differ_in_their_external_data_alone_serve_their_own_weights(make_repo, models_dir):
+    for version, scale in (("1", 2.0), ("2", 3.0)):
+        (models_dir / "m" / version).mkdir(parents=True)
+        _export(models_dir / "m" / version, "model", scale)
+    assert (models_dir / "m" / "1" / "model.onnx").read_bytes() == (models_dir / "m" / "2" / "model.onnx").read_bytes()
+    (models_dir / "m" / "config.yaml").write_text("version_policy: all\n")
+    repo, _ = await make_repo(model_control_mode="none")
+    assert (await _answer(repo, "m", "1"), await _answer(repo, "m", "2")) == (2.0, 3.0)
+
+
+@pytest.mark.asyncio
+async def test_new_weights_in_the_external_data_alone_are_reloaded_and_survive_a_restart(make_repo, models_dir):
+    _export(models_dir, "m", 2.0)
+    repo, events = await make_repo(model_control_mode="poll")
+    assert await _answer(repo, "m") == 2.0
+    before = (models_dir / "m.onnx").read_bytes()
+    stage = models_dir / ".stage"
+    _export(stage, "m", 5.0)  # the same graph, other weights: only the .data differs
+    assert (stage / "m.onnx").read_bytes() == before
+    os.replace(stage / "m.onnx.data", models_dir / "m.onnx.data")
+    await events.wait("reloaded", "m")
+    assert await _answer(repo, "m") == 5.0
+    await repo.close()
+    again, _ = await make_repo(model_control_mode="none")  # the compile cache is keyed by the weights too
+    assert await _answer(again, "m") == 5.0
+
+
+@pytest.mark.asyncio
+async def test_an_external_data_file_that_comes_after_its_model_is_loaded_then(make_repo, models_dir):
+    _export(models_dir, "m", 2.0)
+    os.replace(models_dir / "m.onnx.data", models_dir / ".m.onnx.data.part")  # not there yet
+    repo, events = await make_repo(start=False, model_control_mode="poll")
+    await repo.start()
+    await events.wait("load_failed", "m")
+    (row,) = repo.index()
+    assert row["state"] == "UNAVAILABLE" and "its external data cannot be read" in row["reason"], row
+    os.replace(models_dir / ".m.onnx.data.part", models_dir / "m.onnx.data")
+    await events.wait("loaded", "m")
+    assert await _answer(repo, "m") == 2.0
