@@ -108,6 +108,31 @@ def test_output_shape_unknown_to_inference_is_probed(tmp_path, gears):
     assert h["outputs"][0]["dims"] == [-1, 8]
 
 
+@pytest.mark.parametrize("declared, input_shape", [
+    ([1, 3], None),  # a fixed-batch export's declared output beside a dynamic input
+    (["N", 5], None),  # a declared shape the graph does not compute
+    ([1, 3], "x:-1,3"),  # a fixed-batch export made dynamic with --input-shape, as the README says
+], ids=["fixed-batch-output", "wrong-declared", "made-dynamic"])
+def test_declared_output_shapes_give_way_to_what_the_graph_computes(tmp_path, declared, input_shape):
+    """Each compiled (its header taking the declared shape) and then failed every run on the CPU
+    runtime ("Got invalid dimensions for output: y"), the model retried for good as a device
+    fault (found by an independent check)."""
+    from onnx import TensorProto, helper
+    first = 1 if input_shape else "N"
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [first, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, declared)])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    result = compile_model(src, batch=[1, 2, 4], input_shape=input_shape, target="cpu", log=_quiet)
+    assert result.header["outputs"][0]["dims"] == [-1, 3]
+    acl = cpu_acl()
+    x = np.arange(-6, 6, dtype=np.float32).reshape(4, 3)
+    with acl_context(acl):
+        for gear in (2, 4):
+            np.testing.assert_array_equal(run_batch(acl, str(result.path), {"x": x[:gear]}, gear)["y"],
+                                          np.maximum(x[:gear], 0))
+
+
 def test_output_without_batch_dimension_is_refused(tmp_path):
     src = save(scalar_output_model(), tmp_path / "scalar.onnx")
     with pytest.raises(CompileError, match="output 'y' is not batch-major"):
