@@ -115,8 +115,9 @@ def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) ->
         shapes = [s[i] for s in seen]
         if spec.dynamic_batch:
             if any(len(s) == 0 or s[0] != b for s, b in zip(shapes, batches)) or len({s[1:] for s in shapes}) != 1:
-                raise CompileError(f"output {o.name!r} is not batch-major (shapes {shapes} for batch sizes "
-                                   f"{batches}); every output of a dynamic-batch model needs the batch first")
+                raise CompileError(f"output {o.name!r} is not batch-major (shapes {[list(s) for s in shapes]} for "
+                                   f"batch sizes {batches}); every output of a dynamic-batch model needs the "
+                                   "batch first (or compile it for one batch size: --batch 1)")
             fixed.append(TensorInfo(o.name, o.dtype, [-1] + list(shapes[0][1:])))
         else:
             fixed.append(TensorInfo(o.name, o.dtype, list(shapes[0])))

@@ -220,6 +220,10 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
             for axis, (old, new) in enumerate(zip(dims or given, given)):
                 if isinstance(old, int) and new != -1 and old != new:
                     raise CompileError(f"--input-shape sets input {vi.name!r} dim {axis} to {new}; the model fixes it at {old}")
+            if -1 in given[1:]:  # (the only dimension that may be dynamic: said here, not as "dim 1 is dynamic")
+                raise CompileError(f"--input-shape gives input {vi.name!r} -1 past its first dimension: -1 marks "
+                                   "the batch, which must come first (a sequence-first model needs its batch "
+                                   "moved to dimension 0)")
             dims = [None if d == -1 else d for d in given]
         if dims is None:
             raise CompileError(f"input {vi.name!r} has no shape in the model; give it with --input-shape")
@@ -246,7 +250,8 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
     for vi, dtype, dims in resolved:
         if dynamic and (not dims or isinstance(dims[0], int)):
             raise CompileError(f"input {vi.name!r} has no batch dimension first (shape {_show(dims)}); "
-                               "with dynamic batch every input's first dimension must be the batch")
+                               "with dynamic batch every input's first dimension must be the batch (or "
+                               "compile it for one batch size: --batch 1)")
         rest = dims[1:] if dynamic else dims
         for axis, d in enumerate(rest, start=1 if dynamic else 0):
             if not isinstance(d, int):

@@ -217,3 +217,7 @@ def test_a_long_error_keeps_its_end_where_the_reason_is():
     assert said.startswith("[ONNXRuntimeError] : 1 : FAIL") and said.endswith("[ShapeInferenceError] kernel rank")
     assert " ... " in said and len(said) <= 410 and "\n" not in said
     assert one_line(RuntimeError("short")) == "short" and one_line(RuntimeError()) == "RuntimeError"
+
+
+def test_inspect_of_an_onnx_file_says_to_compile_it(multi_io_onnx):
+    _assert_one_line_error(run_cli("inspect", multi_io_onnx), "makes an OM of it")

@@ -95,6 +95,14 @@ def test_input_shape_fixes_a_dynamic_dimension(tmp_path):
     assert h["inputs"][0]["dims"] == [-1, 7] and h["outputs"][0]["dims"] == [-1, 7] and h["gears"] == [2, 4]
 
 
+def test_a_batch_marked_past_the_first_dimension_is_said_so(tmp_path):
+    """A sequence-first model given -1 where its batch is was told "dim 1 is dynamic; fix it with
+    --input-shape", the flag the user had just used (found by an independent check)."""
+    src = save(seq_model(), tmp_path / "seq.onnx")
+    with pytest.raises(CompileError, match="-1 past its first dimension: -1 marks the batch, which must come first"):
+        compile_model(src, input_shape="x:7,-1", target="cpu", log=_quiet)
+
+
 def test_fixed_first_dim_in_input_shape_makes_a_static_model(tmp_path):
     src = save(seq_model(), tmp_path / "seq.onnx")
     h = compile_model(src, input_shape="x:5,7", target="cpu", log=_quiet).header
@@ -135,7 +143,8 @@ def test_declared_output_shapes_give_way_to_what_the_graph_computes(tmp_path, de
 
 def test_output_without_batch_dimension_is_refused(tmp_path):
     src = save(scalar_output_model(), tmp_path / "scalar.onnx")
-    with pytest.raises(CompileError, match="output 'y' is not batch-major"):
+    with pytest.raises(CompileError, match=r"output 'y' is not batch-major \(shapes \[\[\], \[\]\] .*"
+                                           r"\(or compile it for one batch size: --batch 1\)"):
         compile_model(src, target="cpu", log=_quiet)
     assert not (tmp_path / "scalar.om").exists()
 
