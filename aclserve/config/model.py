@@ -7,8 +7,8 @@ from typing import Any, Mapping
 from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
 from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, key_path, no_unknown,
                      numbers, shown, unless_none)
-from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, CompileOptions, ConfigError, ImageInput,
-                     ModelConfig, TensorOptions)
+from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, WARMUP_DATA, CompileOptions, ConfigError,
+                     ImageInput, ModelConfig, TensorOptions)
 
 # each level has its queues, statistics and metric series (100,000 levels took 58 MB and a 6.5 MB
 # /metrics; 100 million, the machine's memory): Triton's users name a handful
@@ -180,6 +180,7 @@ def parse_model_config(data, path: str = "") -> ModelConfig:
                                   key_path(path, "execution_timeout_ms"), 0, MAX_MS),
         reset_timeout_ms=as_int(data.get("reset_timeout_ms", base.reset_timeout_ms),
                                 key_path(path, "reset_timeout_ms"), 1, MAX_MS),
+        warmup_data=as_str(data.get("warmup_data", base.warmup_data), key_path(path, "warmup_data"), WARMUP_DATA),
         batching=_batching(data.get("batching", {}), key_path(path, "batching")),
         version_policy=_version_policy(data.get("version_policy", {"latest": 1}), key_path(path, "version_policy")),
         compile=_compile(data.get("compile", {}), key_path(path, "compile")),

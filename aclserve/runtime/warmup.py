@@ -1,5 +1,6 @@
-"""A pool's warm-up: every gear run a few times on zeros before the pool serves, which times what
-the batcher plans with (`InstancePool.gear_cost`, and `compute_cost` from the device's events)."""
+"""A pool's warm-up: every gear run a few times on zeros (or ones: a model's `warmup_data`) before
+the pool serves, which times what the batcher plans with (`InstancePool.gear_cost`, and
+`compute_cost` from the device's events)."""
 from __future__ import annotations
 
 import time
@@ -11,8 +12,9 @@ from .batch import Batch
 
 
 def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
-            progress: Callable[[int | None, int, int], None] | None = None) -> dict[int, float]:
-    """Run every gear of `pool` (an unattached InstancePool) `runs` times on zeros (blocking).
+            progress: Callable[[int | None, int, int], None] | None = None, data: str = "zeros") -> dict[int, float]:
+    """Run every gear of `pool` (an unattached InstancePool) `runs` times on `data`, zeros or
+    ones (blocking).
     The cost of a gear is the quickest submit-to-result time of the runs after the first: what
     the batcher trades padding against, including the fixed host cost of a run, not only the
     device's. The quickest device compute time of those runs goes to `compute_cost` (when the
@@ -21,8 +23,8 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
     hears each run begin (gear None for a model without gears). Returns the gear costs."""
     for gear in pool.gears or (None,):
         rows = gear or 1
-        request = {s.name: np.zeros((rows,) + s.sample_shape if s.batched else s.shape, s.dtype)
-                   for s in pool.inputs}
+        fill = np.ones if data == "ones" else np.zeros
+        request = {s.name: fill((rows,) + s.sample_shape if s.batched else s.shape, s.dtype) for s in pool.inputs}
         best = compute = float("inf")
         for run in range(runs):
             if stop is not None and stop():
@@ -32,7 +34,7 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
             start = time.perf_counter()
             batch = pool.run(Batch([request], gear, rows))
             if batch.error is not None:
-                raise _in_warm_up(batch.error)
+                raise _in_warm_up(batch.error, data)
             if run:
                 best = min(best, time.perf_counter() - start)
                 if batch.timings.compute_ms > 0:
@@ -46,12 +48,13 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
     return dict(pool.gear_cost)
 
 
-def _in_warm_up(error: BaseException) -> BaseException:
-    """The error, its message saying it came of the warm-up's zeros (a model that fails on them,
-    an integer division say, never serves: the reason should say why), its type and cause kept
-    (they decide whether the load is retried)."""
+def _in_warm_up(error: BaseException, data: str) -> BaseException:
+    """The error, its message saying it came of the warm-up's data (a model that fails on zeros,
+    an integer division say, never serves: the reason says why and what to set), its type and
+    cause kept (they decide whether the load is retried)."""
     message = getattr(error, "message", None)
     if isinstance(message, str):
-        error.message = f"the warm-up run on zeros failed: {message}"
+        remedy = " (a model that cannot run on zeros: warmup_data: ones in its config)" if data == "zeros" else ""
+        error.message = f"the warm-up run on {data} failed: {message}{remedy}"
         error.args = (error.message,)
     return error

@@ -334,6 +334,24 @@ async def test_a_model_that_fails_on_the_warm_ups_zeros_says_so(make_repo, model
     await repo.start()
     (row,) = repo.index()
     assert row["state"] == "UNAVAILABLE" and "the warm-up run on zeros failed" in row["reason"], row
+    assert "warmup_data: ones in its config" in row["reason"], row
+
+
+@pytest.mark.asyncio
+async def test_a_model_that_cannot_run_on_zeros_warms_up_on_ones(make_repo, models_dir):
+    """Such a model could never load (retried for good as a device fault, every request 503):
+    with `warmup_data: ones` it serves (found by an independent check)."""
+    import onnx
+    from onnx import TensorProto, helper
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Div", ["a", "b"], ["y"])], "idiv",
+                              [vi("a", TensorProto.INT64, ["n", 2]), vi("b", TensorProto.INT64, ["n", 2])],
+                              [vi("y", TensorProto.INT64, ["n", 2])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), models_dir / "idiv.onnx")
+    (models_dir / "idiv.yaml").write_text("warmup_data: ones\n")
+    repo, _ = await make_repo(model_control_mode="none")
+    result = await repo.get("idiv").infer({"a": np.array([[7, 9]]), "b": np.array([[2, 3]])}, 1)
+    assert result.outputs["y"].tolist() == [[3, 3]]
 
 
 @pytest.mark.asyncio
