@@ -17,7 +17,7 @@ import numpy as np
 from ..dtypes import cast_keeping_values, kserve_to_numpy, numpy_to_kserve
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
-from .remote import auth_headers, check_url, token_hint
+from .remote import auth_headers, check_url, scheme_hint, token_hint
 from .usage import NotKServe, UsageError, one_line
 
 
@@ -188,9 +188,10 @@ def run_infer(args) -> int:
     except NoAnswer:
         return _failed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)")
     except (http.client.HTTPException, NotKServe) as e:  # (a gRPC port, or another kind of server)
-        return _failed(f"{args.url} did not answer as a KServe v2 HTTP server: {one_line(e) or type(e).__name__}")
+        said = one_line(e) or type(e).__name__
+        return _failed(f"{args.url} did not answer as a KServe v2 HTTP server: {said}{scheme_hint(args.url, said)}")
     except urllib.error.URLError as e:
-        return _failed(f"cannot reach {args.url}: {e.reason}")
+        return _failed(f"cannot reach {args.url}: {e.reason}{scheme_hint(args.url, str(e.reason))}")
     except OSError as e:  # (the connection reset or closed mid-answer)
         return _failed(f"{args.url} broke off the exchange: {e.strerror or e}")
     if args.json:  # (as the server's JSON outputs: NaN and infinities, no JSON numbers, as null)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ServeError
 from .load import closed_loop
-from .remote import auth_headers, check_url
+from .remote import auth_headers, check_url, scheme_hint
 from .usage import UsageError
 
 
@@ -129,14 +129,15 @@ def _run(args):
     except asyncio.TimeoutError:  # (before ClientError: aiohttp's timeouts are both)
         raise RemoteFailed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)") from None
     except aiohttp.ClientConnectorError as e:
-        raise RemoteFailed(f"cannot reach {args.url}: {one_line(e)}") from None
+        raise RemoteFailed(f"cannot reach {args.url}: {one_line(e)}{scheme_hint(args.url, str(e))}") from None
     except (aiohttp.ClientResponseError, NotKServe) as e:  # (a gRPC port: "Bad status line", HTML, ...)
         said = one_line(getattr(e, "message", e)).rstrip(":")  # (aiohttp's own is a multi-line repr)
         if said.startswith("Bad status line"):  # (what aiohttp says of HTTP/2 frames, without them)
             said = f"{said}, not HTTP/1.1 (an HTTP/2 or gRPC port?)"
         raise RemoteFailed(f"{args.url} did not answer as a KServe v2 HTTP server: {said}") from None
     except aiohttp.ClientError as e:  # (the connection closed mid-answer)
-        raise RemoteFailed(f"{args.url} broke off the exchange: {one_line(e) or type(e).__name__}") from None
+        said = one_line(e) or type(e).__name__
+        raise RemoteFailed(f"{args.url} broke off the exchange: {said}{scheme_hint(args.url, said)}") from None
     except TraceUnreadable as e:
         raise RemoteFailed(str(e)) from None
 

@@ -23,6 +23,19 @@ def check_url(url: str) -> None:
                          f"set {TOKEN_ENV} instead")
 
 
+def scheme_hint(url: str, said: str) -> str:
+    """What to add to a failed exchange's message when the URL's scheme looks wrong for the
+    port, or the server's certificate is not trusted here."""
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme == "http" and ("closed connection without response" in said or "Server disconnected" in said):
+        return " (a TLS port? try https://)"
+    if scheme == "https" and "WRONG_VERSION_NUMBER" in said:
+        return " (not a TLS port? try http://)"
+    if "CERTIFICATE_VERIFY_FAILED" in said:
+        return " (the server's certificate is not trusted here: SSL_CERT_FILE=<the CA that signed it>)"
+    return ""
+
+
 def auth_headers() -> dict[str, str]:
     """{"Authorization": "Bearer <token>"} when ACLSERVE_API_TOKEN is set, else {}."""
     token = os.environ.get(TOKEN_ENV, "")
