@@ -1,6 +1,7 @@
 """Compile a dropped .onnx into a cached .om (content-addressed, so unchanged models are reused).
 
-The cache key is the SHA-256 of the ONNX bytes, the compile options and the target, so the
+The cache key is the SHA-256 of the ONNX bytes (its external data files' too: external_data.py),
+the compile options and the target, so the
 same file with the same options is compiled once, even across restarts. Blocking (runs the
 compiler in the calling thread): call it in an executor. Progress goes to the log.
 
