@@ -1,9 +1,9 @@
 """Compile a dropped .onnx into a cached .om (content-addressed, so unchanged models are reused).
 
 The cache key is the SHA-256 of the ONNX bytes (its external data files' too: external_data.py),
-the compile options and the target, so the
-same file with the same options is compiled once, even across restarts. Blocking (runs the
-compiler in the calling thread): call it in an executor. Progress goes to the log.
+the compile options and the target, so the same file with the same options is compiled once,
+even across restarts. Blocking (runs the compiler in the calling thread): call it in an
+executor. Progress goes to the log.
 
 Several server processes may share one models folder (replicas behind a load balancer, on one
 host or on a shared volume) and see the same dropped .onnx at once. Entries appear whole: the
