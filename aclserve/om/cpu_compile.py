@@ -40,13 +40,15 @@ def dynamic_batch_input() -> dict:
 
 def infer_outputs(spec: ModelSpec) -> tuple[list[TensorInfo], list[str]]:
     """Output TensorInfos from shape inference; second value: names whose shape is incomplete.
-    The outputs' declared shapes are dropped first (from spec.model: the OM's graph then checks
-    none): they are the exporter's word, and a fixed-batch export's [1, 3] made dynamic, or a
-    shape the graph does not compute, compiled and then failed every run ("invalid dimensions
-    for output"), the model retried for good as a device fault."""
+    The outputs' declared shapes, and those the graph declares for its intermediate values, are
+    dropped first (from spec.model: the OM's graph then checks none): they are the exporter's
+    word, and a fixed-batch export's [1, 3] made dynamic, or a shape the graph does not compute,
+    compiled and then failed every run ("invalid dimensions for output"), the model retried for
+    good as a device fault."""
     for vi in spec.model.graph.output:
         if vi.type.HasField("tensor_type"):
             vi.type.tensor_type.ClearField("shape")
+    del spec.model.graph.value_info[:]  # (a torch export's fixed-batch [1, 3] for each one)
     try:
         inferred = shape_inference.infer_shapes(spec.model, strict_mode=False, data_prop=True)
     except Exception as e:

@@ -135,10 +135,13 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
             model = onnx.load(f, load_external_data=False)  # (the format as for f.name, `path`)
     except Exception as e:  # protobuf DecodeError and friends
         raise CompileError(f"{path}: not an ONNX model ({one_line(e)})") from None
+    folder = os.path.dirname(os.path.abspath(path))
     try:  # weights kept in files beside it (models over 2 GB), named relative to its folder
-        onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+        onnx.load_external_data_for_model(model, folder)
     except Exception as e:
-        raise CompileError(f"{path}: its external data cannot be read ({one_line(e)})") from None
+        missing = _missing_external_file(model, folder)
+        said = f"{missing} does not exist" if missing else one_line(e)  # (onnx: "it is not regular file")
+        raise CompileError(f"{path}: its external data cannot be read ({said})") from None
     if not model.graph.node and not model.graph.output:
         raise CompileError(f"{path}: not an ONNX model (no graph)")
     try:
@@ -146,6 +149,17 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     except Exception as e:
         raise CompileError(f"{path}: invalid ONNX graph: {one_line(e)}") from None
     return model
+
+
+def _missing_external_file(model: onnx.ModelProto, folder: str) -> str | None:
+    """The first external data file `model` names that is not there, or None."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+    for tensor in model.graph.initializer:
+        if uses_external_data(tensor):
+            location = ExternalDataInfo(tensor).location
+            if "\0" not in location and not os.path.lexists(os.path.join(folder, location)):
+                return location
+    return None
 
 
 def one_line(e: BaseException) -> str:

@@ -5,20 +5,25 @@ stamps them (layout.VersionFile), so a re-export that changes only the weights i
 served anew, and a .data file that comes after its .onnx is tried again. Without them a second
 version with the same graph and other weights was served with the first one's.
 
-A file is read once per identity (memoized) to look for the bytes an external tensor's
-`location` entry is written as; only a file that has them is parsed (without its data). Files
-named outside the model's folder are left out: the compile refuses them itself (onnx does).
+A file is read once per identity (kept by path, so a folder of any size is not read again at
+every scan) to look for the bytes an external tensor's `location` entry is written as; only a
+file that has them is parsed (without its data). Files named outside the model's folder are
+left out: the compile refuses them itself (onnx does).
 """
 from __future__ import annotations
 
-import functools
 import os
+import threading
 
 from ..regular_files import open_regular
 
 # a StringStringEntryProto whose key is "location", as onnx writes an external tensor's entry
 _MARKER = b"\n\x08location"
 _CHUNK = 1 << 20
+MAX_KNOWN = 65_536  # paths remembered (each: its identity and the files it names); past it, forgotten all
+
+_known: dict[str, tuple[tuple, tuple[str, ...]]] = {}  # path -> (identity, files): scans run in worker threads
+_known_lock = threading.Lock()
 
 
 def named_files(onnx_path: str) -> tuple[str, ...]:
@@ -27,7 +32,17 @@ def named_files(onnx_path: str) -> tuple[str, ...]:
         st = os.stat(onnx_path)
     except OSError:
         return ()
-    return _named(onnx_path, (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+    identity = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    with _known_lock:
+        known = _known.get(onnx_path)
+    if known is not None and known[0] == identity:
+        return known[1]
+    files = _named(onnx_path)
+    with _known_lock:
+        if len(_known) >= MAX_KNOWN:
+            _known.clear()
+        _known[onnx_path] = (identity, files)
+    return files
 
 
 def stamp(onnx_path: str) -> tuple:
@@ -42,8 +57,7 @@ def stamp(onnx_path: str) -> tuple:
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=512)
-def _named(onnx_path: str, identity: tuple) -> tuple[str, ...]:
+def _named(onnx_path: str) -> tuple[str, ...]:
     if not _has_marker(onnx_path):
         return ()
     import onnx  # (heavy: only for a model that names external data)
@@ -56,7 +70,10 @@ def _named(onnx_path: str, identity: tuple) -> tuple[str, ...]:
     found = set()
     for tensor in _tensors(model.graph):
         if uses_external_data(tensor):
-            path = os.path.realpath(os.path.join(folder, ExternalDataInfo(tensor).location))
+            try:
+                path = os.path.realpath(os.path.join(folder, ExternalDataInfo(tensor).location))
+            except ValueError:  # (a NUL in the name: the compile says why)
+                continue
             if os.path.dirname(path) == folder or path.startswith(folder + os.sep):
                 found.add(path)
     return tuple(sorted(found))

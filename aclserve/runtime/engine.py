@@ -227,7 +227,7 @@ class Engine:
         pool = open_pool(self.runtime, path, name, instances=instances, devices=devices, slots=slots, retry=retry)
         try:
             if warmup:
-                warm_up(pool)
+                warm_up(pool, remedy=" (if the model cannot run on zeros, load it with warmup=False)")
                 pool.set_execution_timeout(0)  # as the server: derived from the warm-up's runs
             model = EngineModel(pool, self)
         except BaseException:  # (a failed warm-up, Ctrl-C): its instances closed, not left running

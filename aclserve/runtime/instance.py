@@ -2,7 +2,7 @@
 
 Data flow of one batch:
 
-    launcher thread    pack rows into the slot's host buffers (padding rows zeroed)
+    launcher thread    pack rows into the slot's host buffers (padding: the last real row again)
     H2D stream         record h2d_start, memcpy_async host->device per input, record h2d_end
     compute stream     wait h2d_end, record exec_start, execute_async, record exec_end
                        (set_dynamic_batch_size is an immediate write into the slot's dataset)

@@ -1,5 +1,5 @@
 """Rows in and out of a slot's host buffers: the requests of a batch packed one after another
-(padding rows zeroed), and each request's own output rows copied back out."""
+(padding rows copies of the last real row), and each request's own output rows copied back out."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -11,7 +11,9 @@ from .slot import Slot
 
 
 def pack(slot: Slot, batch: Batch) -> int:
-    """Copy the requests' rows into the slot's host buffers, zero the padding; return the rows to run."""
+    """Copy the requests' rows into the slot's host buffers and fill the padding; return the rows to run.
+    Padding repeats the last real row, not zeros: a row the model can run for sure (a model dividing
+    by an input failed every padded batch on zeros; its answers are dropped either way)."""
     rows = batch.gear if batch.gear is not None else batch.rows
     real = batch.rows
     for tensor in slot.inputs:
@@ -25,7 +27,7 @@ def pack(slot: Slot, batch: Batch) -> int:
         else:
             np.concatenate([r[name] for r in batch.inputs], axis=0, out=view[:real])
         if real < rows:
-            view[real:rows] = 0
+            view[real:rows] = view[real - 1]
     return rows
 
 

@@ -12,7 +12,8 @@ from .batch import Batch
 
 
 def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
-            progress: Callable[[int | None, int, int], None] | None = None, data: str = "zeros") -> dict[int, float]:
+            progress: Callable[[int | None, int, int], None] | None = None, data: str = "zeros",
+            remedy: str = "") -> dict[int, float]:
     """Run every gear of `pool` (an unattached InstancePool) `runs` times on `data`, zeros or
     ones (blocking).
     The cost of a gear is the quickest submit-to-result time of the runs after the first: what
@@ -20,7 +21,8 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
     device's. The quickest device compute time of those runs goes to `compute_cost` (when the
     device reports it). `stop()` true before a run ends the warm-up there, its figures
     incomplete (a load abandoned at shutdown: nobody will use them); `progress(gear, run, runs)`
-    hears each run begin (gear None for a model without gears). Returns the gear costs."""
+    hears each run begin (gear None for a model without gears); `remedy` ends the message of a
+    failed run (what the caller offers a model that cannot run on zeros). Returns the gear costs."""
     for gear in pool.gears or (None,):
         rows = gear or 1
         fill = np.ones if data == "ones" else np.zeros
@@ -34,7 +36,7 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
             start = time.perf_counter()
             batch = pool.run(Batch([request], gear, rows))
             if batch.error is not None:
-                raise _in_warm_up(batch.error, data)
+                raise _in_warm_up(batch.error, data, remedy)
             if run:
                 best = min(best, time.perf_counter() - start)
                 if batch.timings.compute_ms > 0:
@@ -48,13 +50,12 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
     return dict(pool.gear_cost)
 
 
-def _in_warm_up(error: BaseException, data: str) -> BaseException:
+def _in_warm_up(error: BaseException, data: str, remedy: str) -> BaseException:
     """The error, its message saying it came of the warm-up's data (a model that fails on zeros,
     an integer division say, never serves: the reason says why and what to set), its type and
     cause kept (they decide whether the load is retried)."""
     message = getattr(error, "message", None)
     if isinstance(message, str):
-        remedy = " (a model that cannot run on zeros: warmup_data: ones in its config)" if data == "zeros" else ""
-        error.message = f"the warm-up run on {data} failed: {message}{remedy}"
+        error.message = f"the warm-up run on {data} failed: {message}{remedy if data == 'zeros' else ''}"
         error.args = (error.message,)
     return error

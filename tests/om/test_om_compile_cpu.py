@@ -116,20 +116,23 @@ def test_output_shape_unknown_to_inference_is_probed(tmp_path, gears):
     assert h["outputs"][0]["dims"] == [-1, 8]
 
 
-@pytest.mark.parametrize("declared, input_shape", [
-    ([1, 3], None),  # a fixed-batch export's declared output beside a dynamic input
-    (["N", 5], None),  # a declared shape the graph does not compute
-    ([1, 3], "x:-1,3"),  # a fixed-batch export made dynamic with --input-shape, as the README says
-], ids=["fixed-batch-output", "wrong-declared", "made-dynamic"])
-def test_declared_output_shapes_give_way_to_what_the_graph_computes(tmp_path, declared, input_shape):
+@pytest.mark.parametrize("declared, input_shape, between", [
+    ([1, 3], None, False),  # a fixed-batch export's declared output beside a dynamic input
+    (["N", 5], None, False),  # a declared shape the graph does not compute
+    ([1, 3], "x:-1,3", False),  # a fixed-batch export made dynamic with --input-shape, as the README says
+    ([1, 3], "x:-1,3", True),  # ... with its intermediate values declared [1, 3] too, as torch exports them
+], ids=["fixed-batch-output", "wrong-declared", "made-dynamic", "made-dynamic-value-info"])
+def test_declared_output_shapes_give_way_to_what_the_graph_computes(tmp_path, declared, input_shape, between):
     """Each compiled (its header taking the declared shape) and then failed every run on the CPU
     runtime ("Got invalid dimensions for output: y"), the model retried for good as a device
     fault (found by an independent check)."""
     from onnx import TensorProto, helper
     first = 1 if input_shape else "N"
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [first, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, declared)])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Identity", ["h"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [first, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, declared)],
+                              value_info=[helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 3])] if between
+                              else None)
     src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
     result = compile_model(src, batch=[1, 2, 4], input_shape=input_shape, target="cpu", log=_quiet)
     assert result.header["outputs"][0]["dims"] == [-1, 3]

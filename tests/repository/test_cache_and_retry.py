@@ -334,7 +334,7 @@ async def test_a_model_that_fails_on_the_warm_ups_zeros_says_so(make_repo, model
     await repo.start()
     (row,) = repo.index()
     assert row["state"] == "UNAVAILABLE" and "the warm-up run on zeros failed" in row["reason"], row
-    assert "warmup_data: ones in its config" in row["reason"], row
+    assert "if the model cannot run on zeros, warmup_data: ones in its config" in row["reason"], row
 
 
 @pytest.mark.asyncio
@@ -352,6 +352,9 @@ async def test_a_model_that_cannot_run_on_zeros_warms_up_on_ones(make_repo, mode
     repo, _ = await make_repo(model_control_mode="none")
     result = await repo.get("idiv").infer({"a": np.array([[7, 9]]), "b": np.array([[2, 3]])}, 1)
     assert result.outputs["y"].tolist() == [[3, 3]]
+    # 3 rows run in gear 4: its padding row was zeros, and every padded batch failed (found by a review)
+    result = await repo.get("idiv").infer({"a": np.array([[7, 9]] * 3), "b": np.array([[2, 3]] * 3)}, 3)
+    assert result.outputs["y"].tolist() == [[3, 3]] * 3
 
 
 @pytest.mark.asyncio

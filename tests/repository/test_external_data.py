@@ -38,6 +38,28 @@ async def _answer(repo, name: str, version: str | None = None) -> float:
     return float((await repo.get(name, version).infer(x_rows(), 1)).outputs["y"][0, 0])
 
 
+def test_a_file_is_read_once_while_it_is_unchanged(tmp_path, monkeypatch):
+    """Kept by path: with more files than an LRU of 512 held, every scan read them all again
+    (found by a review)."""
+    _export(tmp_path, "m", 2.0)
+    plain = helper.make_model(helper.make_graph([], "g", [], [])).SerializeToString()
+    paths = [str(tmp_path / f"p{i}.onnx") for i in range(600)]
+    for path in paths:
+        with open(path, "wb") as f:
+            f.write(plain)
+    reads = []
+    real = external_data._has_marker
+    monkeypatch.setattr(external_data, "_has_marker", lambda path: reads.append(path) or real(path))
+    for _ in range(2):  # two scans of a folder of 601 models
+        assert len(external_data.named_files(str(tmp_path / "m.onnx"))) == 1
+        assert all(external_data.named_files(path) == () for path in paths)
+    assert len(reads) == 601
+    reads.clear()
+    _export(tmp_path, "m", 3.0, "other.bin")  # a new file: read again
+    assert external_data.named_files(str(tmp_path / "m.onnx")) == (str((tmp_path / "other.bin").resolve()),)
+    assert reads == [str(tmp_path / "m.onnx")]
+
+
 def test_the_files_named_are_found_and_a_plain_model_is_not_parsed(tmp_path, monkeypatch):
     _export(tmp_path, "m", 2.0, "weights.bin")
     assert external_data.named_files(str(tmp_path / "m.onnx")) == (str((tmp_path / "weights.bin").resolve()),)
@@ -83,7 +105,8 @@ async def test_an_external_data_file_that_comes_after_its_model_is_loaded_then(m
     await repo.start()
     await events.wait("load_failed", "m")
     (row,) = repo.index()
-    assert row["state"] == "UNAVAILABLE" and "its external data cannot be read" in row["reason"], row
+    assert row["state"] == "UNAVAILABLE" and "its external data cannot be read (m.onnx.data does not exist)" \
+        in row["reason"], row
     os.replace(models_dir / ".m.onnx.data.part", models_dir / "m.onnx.data")
     await events.wait("loaded", "m")
     assert await _answer(repo, "m") == 2.0
