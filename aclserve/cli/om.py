@@ -103,7 +103,7 @@ def _aipp_ops(args):
     name, _, colour = args.image_input[0].rpartition(":")
     rank = 0
     if name:
-        names = [i.name for i in graph_inputs(load_onnx(args.model))]
+        names = [i.name for i in graph_inputs(load_onnx(args.model, weights=False))]
         if name not in names:
             raise CompileError(f"--image-input names unknown input {name!r} (model inputs: {', '.join(names)})")
         rank = names.index(name)

@@ -85,7 +85,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         raise CompileError(f"output folder {out.parent} does not exist")
     if out.is_dir():  # (said before the compile, not after it: ATC may take minutes)
         raise CompileError(f"cannot write {out}: it is a folder")
-    model = load_onnx(src)
+    model = load_onnx(src, weights=atc_path is None)  # (ATC reads the weights from the model's path)
     spec = resolve(model, {k: list(v) for k, v in shapes.items()}, gears)
     bound = aipp_mod.bind(aipp, spec, soc_version) if aipp else []
     aipp_header = {"aipp": [b.summary() for b in bound]} if bound else {}

@@ -119,8 +119,14 @@ def parse_gears(text) -> list[int] | None:
     return gears
 
 
-def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
-    """Load and run the ONNX checker; every failure becomes a one-line CompileError."""
+MAX_INLINE_BYTES = 2**31 - 1  # protobuf's bound on one message: a model with its weights in it
+
+
+def load_onnx(path: str | os.PathLike, weights: bool = True) -> onnx.ModelProto:
+    """Load and run the ONNX checker; every failure becomes a one-line CompileError. The checker
+    runs before the external data is read (a model and its weights over 2 GB are no message it
+    takes: refused after every weight was read, 22 s and 6.4 GB for 2.2 GB). `weights` False: the
+    external data is checked to be there, not read (ATC reads the model from its path)."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise CompileError(f"{path}: no such file")
@@ -135,31 +141,51 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
             model = onnx.load(f, load_external_data=False)  # (the format as for f.name, `path`)
     except Exception as e:  # protobuf DecodeError and friends
         raise CompileError(f"{path}: not an ONNX model ({one_line(e)})") from None
+    if not model.graph.node and not model.graph.output:
+        raise CompileError(f"{path}: not an ONNX model (no graph)")
     folder = os.path.dirname(os.path.abspath(path))
+    missing = _missing_external_file(model, folder)
+    if missing is not None:  # (onnx says "it is not regular file")
+        raise CompileError(f"{path}: its external data cannot be read ({missing} does not exist)")
+    try:  # (by path when it names external data: the checker finds those files from the model's folder)
+        onnx.checker.check_model(path if _external_locations(model) else model, full_check=False)
+    except Exception as e:
+        raise CompileError(f"{path}: invalid ONNX graph: {one_line(e)}") from None
+    if not weights:
+        return model
+    inline = model.ByteSize() + _external_bytes(model, folder)
+    if inline > MAX_INLINE_BYTES:  # (what the CPU runtime's OM embeds: the model with its weights)
+        raise CompileError(f"{path}: the model with its external data is {inline / 2**30:.1f} GiB; the CPU "
+                           "compiler takes models up to 2 GiB (an NPU's, through ATC, may be larger)")
     try:  # weights kept in files beside it (models over 2 GB), named relative to its folder
         onnx.load_external_data_for_model(model, folder)
     except Exception as e:
-        missing = _missing_external_file(model, folder)
-        said = f"{missing} does not exist" if missing else one_line(e)  # (onnx: "it is not regular file")
-        raise CompileError(f"{path}: its external data cannot be read ({said})") from None
-    if not model.graph.node and not model.graph.output:
-        raise CompileError(f"{path}: not an ONNX model (no graph)")
-    try:
-        onnx.checker.check_model(model, full_check=False)
-    except Exception as e:
-        raise CompileError(f"{path}: invalid ONNX graph: {one_line(e)}") from None
+        raise CompileError(f"{path}: its external data cannot be read ({one_line(e)})") from None
     return model
+
+
+def _external_locations(model: onnx.ModelProto) -> set[str]:
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+    return {ExternalDataInfo(t).location for t in model.graph.initializer if uses_external_data(t)}
 
 
 def _missing_external_file(model: onnx.ModelProto, folder: str) -> str | None:
     """The first external data file `model` names that is not there, or None."""
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-    for tensor in model.graph.initializer:
-        if uses_external_data(tensor):
-            location = ExternalDataInfo(tensor).location
-            if "\0" not in location and not os.path.lexists(os.path.join(folder, location)):
-                return location
+    for location in sorted(_external_locations(model)):
+        if "\0" not in location and not os.path.lexists(os.path.join(folder, location)):
+            return location
     return None
+
+
+def _external_bytes(model: onnx.ModelProto, folder: str) -> int:
+    """The sizes of the external data files `model` names (those that can be read)."""
+    total = 0
+    for location in _external_locations(model):
+        try:
+            total += os.path.getsize(os.path.join(folder, location))
+        except (OSError, ValueError):  # (onnx's own read says why)
+            pass
+    return total
 
 
 def one_line(e: BaseException) -> str:

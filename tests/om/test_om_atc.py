@@ -287,3 +287,38 @@ def test_a_compile_under_nohup_keeps_running_when_the_terminal_closes(tmp_path, 
         assert _leftovers(out) == []
     finally:
         _kill_leftovers(proc, record)
+
+
+def _over_2gb_model(tmp_path) -> str:
+    """A model whose external data file is 2.2 GB (sparse: nothing on disk), its one tensor small."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(np.ones(4, np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"])], "big",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "big.onnx"), save_as_external_data=True, location="big.data", size_threshold=0)
+    with open(tmp_path / "big.data", "r+b") as f:
+        f.truncate(2_200_000_000)
+    return str(tmp_path / "big.onnx")
+
+
+def test_a_model_over_2gb_reaches_atc_without_its_weights_read(tmp_path, fake_atc, monkeypatch):
+    """Its weights were read and the checker then refused the 2.2 GB message ("protobuf ... too
+    large"): 22 s and 6.4 GB, and no such model could reach ATC (found by a review). ATC reads
+    the model from its path: the weights are not read here at all."""
+    import onnx
+    atc, record = fake_atc
+    src = _over_2gb_model(tmp_path)
+    monkeypatch.setattr(onnx, "load_external_data_for_model", lambda *a: pytest.fail("read the weights"))
+    compile_model(src, tmp_path / "big.om", batch="1,2", soc_version="Ascend910B3", atc=str(atc), log=lambda s: None)
+    assert json.loads(record.read_text())["argv"][0] == f"--model={os.path.abspath(src)}"
+
+
+def test_a_model_over_2gb_is_refused_by_the_cpu_compiler_before_its_weights_are_read(tmp_path):
+    src = _over_2gb_model(tmp_path)
+    with pytest.raises(CompileError, match="the model with its external data is 2.0 GiB; the CPU compiler takes "
+                                           "models up to 2 GiB"):
+        compile_model(src, tmp_path / "big.om", target="cpu", log=lambda s: None)
