@@ -148,7 +148,7 @@ def load_onnx(path: str | os.PathLike, weights: bool = True) -> onnx.ModelProto:
     if missing is not None:  # (onnx says "it is not regular file")
         raise CompileError(f"{path}: its external data cannot be read ({missing} does not exist)")
     try:  # (by path when it names external data: the checker finds those files from the model's folder)
-        onnx.checker.check_model(path if _external_locations(model) else model, full_check=False)
+        onnx.checker.check_model(path if external_locations(model) else model, full_check=False)
     except Exception as e:
         raise CompileError(f"{path}: invalid ONNX graph: {one_line(e)}") from None
     if not weights:
@@ -164,14 +164,33 @@ def load_onnx(path: str | os.PathLike, weights: bool = True) -> onnx.ModelProto:
     return model
 
 
-def _external_locations(model: onnx.ModelProto) -> set[str]:
+def external_locations(model: onnx.ModelProto) -> set[str]:
+    """The external data files `model` names (as written: relative to its folder), from every
+    tensor of its graph and subgraphs, as onnx reads them."""
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-    return {ExternalDataInfo(t).location for t in model.graph.initializer if uses_external_data(t)}
+    return {ExternalDataInfo(t).location for t in _tensors(model.graph) if uses_external_data(t)}
+
+
+def _tensors(graph: onnx.GraphProto):
+    """Every tensor of `graph` and its subgraphs: initializers and node attributes."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.HasField("g"):
+                yield from _tensors(attribute.g)
+            for sub in attribute.graphs:
+                yield from _tensors(sub)
 
 
 def _missing_external_file(model: onnx.ModelProto, folder: str) -> str | None:
     """The first external data file `model` names that is not there, or None."""
-    for location in sorted(_external_locations(model)):
+    for location in sorted(external_locations(model)):
         if "\0" not in location and not os.path.lexists(os.path.join(folder, location)):
             return location
     return None
@@ -180,7 +199,7 @@ def _missing_external_file(model: onnx.ModelProto, folder: str) -> str | None:
 def _external_bytes(model: onnx.ModelProto, folder: str) -> int:
     """The sizes of the external data files `model` names (those that can be read)."""
     total = 0
-    for location in _external_locations(model):
+    for location in external_locations(model):
         try:
             total += os.path.getsize(os.path.join(folder, location))
         except (OSError, ValueError):  # (onnx's own read says why)

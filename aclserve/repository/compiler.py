@@ -42,22 +42,21 @@ ENTRY_NAME = re.compile(r"^[^.].*-[0-9a-f]{32}\.om$")  # compiled_om's names: <m
 
 def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str) -> str:
     """The ONNX file's bytes, its external data files' (names and bytes), the options, the target."""
-    digest = hashlib.sha256()
-    for path in (os.fspath(onnx_path), *external_data.named_files(os.fspath(onnx_path))):
-        if path != os.fspath(onnx_path):
-            digest.update(f"\0{os.path.basename(path)}\0".encode("utf-8", "surrogateescape"))
-        try:
-            f = open_regular(path)  # swapped for a FIFO since the scan: refused, not waited on
-        except FileNotFoundError:
-            if path == os.fspath(onnx_path):
-                raise
-            continue  # an external data file missing: the compile says so
-        with f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
+    digest, source = hashlib.sha256(), os.fspath(onnx_path)
+    _hash_file(digest, source)
+    for path in external_data.named_files(source):
+        digest.update(f"\0{os.path.basename(path)}\0".encode("utf-8", "surrogateescape"))
+        with contextlib.suppress(FileNotFoundError):  # (one missing: the compile says so)
+            _hash_file(digest, path)
     opts = dict(asdict(options), target=target, batch=list(options.batch) if options.batch else None)
     digest.update(json.dumps(opts, sort_keys=True).encode())
     return digest.hexdigest()
+
+
+def _hash_file(digest, path: str) -> None:
+    with open_regular(path) as f:  # swapped for a FIFO since the scan: refused, not waited on
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
 
 
 def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileOptions,

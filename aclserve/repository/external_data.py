@@ -61,21 +61,20 @@ def _named(onnx_path: str) -> tuple[str, ...]:
     if not _has_marker(onnx_path):
         return ()
     import onnx  # (heavy: only for a model that names external data)
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+    from ..om.spec import external_locations
     try:
         model = onnx.load(onnx_path, load_external_data=False)
     except Exception:  # not an ONNX model after all: the compile says why
         return ()
     folder = os.path.realpath(os.path.dirname(onnx_path))
     found = set()
-    for tensor in _tensors(model.graph):
-        if uses_external_data(tensor):
-            try:
-                path = os.path.realpath(os.path.join(folder, ExternalDataInfo(tensor).location))
-            except ValueError:  # (a NUL in the name: the compile says why)
-                continue
-            if os.path.dirname(path) == folder or path.startswith(folder + os.sep):
-                found.add(path)
+    for location in external_locations(model):
+        try:
+            path = os.path.realpath(os.path.join(folder, location))
+        except ValueError:  # (a NUL in the name: the compile says why)
+            continue
+        if os.path.dirname(path) == folder or path.startswith(folder + os.sep):
+            found.add(path)
     return tuple(sorted(found))
 
 
@@ -90,20 +89,3 @@ def _has_marker(onnx_path: str) -> bool:
     except OSError:
         return False
     return False
-
-
-def _tensors(graph):
-    """Every tensor of `graph` and its subgraphs: initializers and node attributes."""
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield sparse.values
-        yield sparse.indices
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            if attribute.HasField("g"):
-                yield from _tensors(attribute.g)
-            for sub in attribute.graphs:
-                yield from _tensors(sub)
