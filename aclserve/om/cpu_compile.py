@@ -7,9 +7,9 @@ the layout level (ORT_ENABLE_ALL, NCHWc) is left out because it bakes in the vec
 the compiling machine, which would make the file unportable.
 
 Output shapes come from ONNX shape inference. When inference leaves an output dim unknown, the
-optimised model is run once per probe batch on zero inputs to read the shapes; an output that
-is still not [batch, fixed...] (or fully fixed for a static model) is refused, since the
-runtime must size output buffers per gear.
+optimised model is run once per probe batch on zero inputs (on ones if that fails: a division by
+an input) to read the shapes; an output that is still not [batch, fixed...] (or fully fixed for a
+static model) is refused, since the runtime must size output buffers per gear.
 """
 from __future__ import annotations
 
@@ -96,7 +96,8 @@ def optimise(model: onnx.ModelProto) -> bytes:
 
 
 def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) -> list[TensorInfo]:
-    """Read output shapes by running the model on zeros (one or two batch sizes)."""
+    """Read output shapes by running the model (one or two batch sizes) on zeros, else on ones:
+    a model dividing by an input cannot run on zeros (what `warmup_data: ones` is for)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -104,14 +105,16 @@ def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) ->
     so.log_severity_level = 3
     sess = ort.InferenceSession(payload, so, providers=["CPUExecutionProvider"])
     batches = spec.gears[:2] if len(spec.gears) >= 2 else ([spec.gears[0], spec.gears[0] + 1] if spec.gears else [None])
-    seen: list[list[tuple]] = []
-    for b in batches:
-        feeds = {t.name: np.zeros([b if d == -1 else d for d in t.dims], t.dtype) for t in spec.inputs}
+    failure = None
+    for fill in (np.zeros, np.ones):
         try:
-            results = sess.run([o.name for o in outputs], feeds)
+            seen = [[r.shape for r in sess.run([o.name for o in outputs], _probe_feeds(spec, b, fill))]
+                    for b in batches]
+            break
         except Exception as e:
-            raise CompileError(f"output shapes could not be inferred and a probe run failed: {one_line(e)}") from None
-        seen.append([r.shape for r in results])
+            failure = failure or e
+    else:
+        raise CompileError(f"output shapes could not be inferred and a probe run (on zeros, then ones) failed: {one_line(failure)}")
     fixed = []
     for i, o in enumerate(outputs):
         shapes = [s[i] for s in seen]
@@ -124,6 +127,10 @@ def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) ->
         else:
             fixed.append(TensorInfo(o.name, o.dtype, list(shapes[0])))
     return fixed
+
+
+def _probe_feeds(spec: ModelSpec, batch: int | None, fill) -> dict:
+    return {t.name: fill([batch if d == -1 else d for d in t.dims], t.dtype) for t in spec.inputs}
 
 
 def _created() -> str:

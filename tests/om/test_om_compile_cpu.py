@@ -116,6 +116,21 @@ def test_output_shape_unknown_to_inference_is_probed(tmp_path, gears):
     assert h["outputs"][0]["dims"] == [-1, 8]
 
 
+def test_a_model_dividing_by_an_input_is_probed_on_ones(tmp_path):
+    """An output inference cannot type beside an integer division by an input: the probe run on
+    zeros fails ("Integer division by zero") and the model was refused; ones run."""
+    from onnx import TensorProto, helper, numpy_helper
+    model = reshape_model()
+    graph = model.graph
+    graph.input.append(helper.make_tensor_value_info("d", TensorProto.INT32, ["batch", 1]))
+    graph.initializer.append(numpy_helper.from_array(np.array([[8]], np.int32), "eight"))
+    graph.node.append(helper.make_node("Div", ["eight", "d"], ["q"]))
+    graph.output.append(helper.make_tensor_value_info("q", TensorProto.INT32, ["batch", 1]))
+    src = save(model, tmp_path / "divides.onnx")
+    h = compile_model(src, batch="2,4", target="cpu", log=_quiet).header
+    assert [o["dims"] for o in h["outputs"]] == [[-1, 8], [-1, 1]]
+
+
 @pytest.mark.parametrize("declared, input_shape, between", [
     ([1, 3], None, False),  # a fixed-batch export's declared output beside a dynamic input
     (["N", 5], None, False),  # a declared shape the graph does not compute
