@@ -4,10 +4,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from ..runtime.warmup import WARMUP_DATA
 from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
 from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, key_path, no_unknown,
                      numbers, shown, unless_none)
-from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, WARMUP_DATA, CompileOptions, ConfigError,
+from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, CompileOptions, ConfigError,
                      ImageInput, ModelConfig, TensorOptions)
 
 # each level has its queues, statistics and metric series (100,000 levels took 58 MB and a 6.5 MB

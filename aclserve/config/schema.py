@@ -35,7 +35,6 @@ class CompileOptions:
 
 
 COLOURS = ("rgb", "bgr", "gray")
-WARMUP_DATA = ("zeros", "ones")  # what the warm-up runs every gear on (runtime/warmup.py)
 RESIZE_POLICIES = ("stretch", "center_crop", "letterbox")
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "area")
 LAYOUTS = ("auto", "NCHW", "NHWC")
@@ -87,7 +86,7 @@ class ModelConfig:
     retry: bool = True
     execution_timeout_ms: int = 0  # 0 = from the measured gear costs (pool.set_execution_timeout)
     reset_timeout_ms: int = 10_000  # how long a reset or a close waits for the device (runtime/teardown.py)
-    warmup_data: str = "zeros"  # WARMUP_DATA: ones for a model that cannot run on zeros (an integer division)
+    warmup_data: str = "zeros"  # WARMUP_DATA (runtime/warmup.py): ones for a model dividing by an input
     batching: BatchingConfig = field(default_factory=lambda: BatchingConfig(
         default_queue_policy=QueuePolicy(max_queue_size=None, default_timeout_ms=None)))
     version_policy: tuple = ("latest", 1)  # ("latest", N) | ("all",) | ("specific", (v, ...))

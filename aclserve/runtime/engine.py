@@ -205,29 +205,32 @@ class Engine:
         self.close()
 
     def load(self, path: str | os.PathLike, name: str | None = None, instances: int = 1,
-             devices: tuple[int, ...] = (0,), slots: int = 2, retry: bool = True, warmup: bool = True) -> EngineModel:
-        """Load an OM (blocking) and, by default, run every gear once to warm it up, which also
-        sets the model's execution timeout from what a run costs (without it: 60 s)."""
+             devices: tuple[int, ...] = (0,), slots: int = 2, retry: bool = True, warmup: bool = True,
+             warmup_data: str = "zeros") -> EngineModel:
+        """Load an OM (blocking) and, by default, run every gear on `warmup_data` (zeros or ones)
+        to warm it up, which also sets the model's execution timeout from what a run costs
+        (without it: 60 s)."""
         check_options(path=path, name=name, instances=instances, devices=devices, slots=slots, retry=retry,
-                      warmup=warmup)
+                      warmup=warmup, warmup_data=warmup_data)
         with self._state:
             self._refuse_if_closed()
             self._loading += 1
         try:
             return self._load(os.fspath(path), name, int(instances), tuple(int(d) for d in devices), int(slots),
-                              bool(retry), bool(warmup))
+                              bool(retry), bool(warmup) and warmup_data)
         finally:
             with self._state:
                 self._loading -= 1
                 self._state.notify_all()
 
-    def _load(self, path, name, instances, devices, slots, retry, warmup) -> EngineModel:
+    def _load(self, path, name, instances, devices, slots, retry, warmup_data) -> EngineModel:
         self.runtime.start()
         name = name or os.path.splitext(os.path.basename(path))[0]
         pool = open_pool(self.runtime, path, name, instances=instances, devices=devices, slots=slots, retry=retry)
         try:
-            if warmup:
-                warm_up(pool, remedy=" (if the model cannot run on zeros, load it with warmup=False)")
+            if warmup_data:
+                warm_up(pool, data=warmup_data, remedy=f" (if the model cannot run on {warmup_data}, load it with "
+                        + ("warmup_data='ones' or " if warmup_data == "zeros" else "") + "warmup=False)")
                 pool.set_execution_timeout(0)  # as the server: derived from the warm-up's runs
             model = EngineModel(pool, self)
         except BaseException:  # (a failed warm-up, Ctrl-C): its instances closed, not left running

@@ -9,6 +9,8 @@ import threading
 
 import numpy as np
 
+from .warmup import WARMUP_DATA
+
 DEVICES = ("auto", "cpu", "npu")
 MAX_COUNT = 1024  # instances, slots, threads: as the server's configuration bounds them
 
@@ -54,6 +56,11 @@ def _flag(name: str, value) -> None:
         raise TypeError(f"{name} must be True or False, got {value!r}")                  # the warm-up ran)
 
 
+def _warmup_data(name: str, value) -> None:
+    if not isinstance(value, str) or value not in WARMUP_DATA:
+        raise ValueError(f"{name} must be one of {', '.join(WARMUP_DATA)}, got {value!r}")
+
+
 def _path(name: str, value) -> None:
     if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
         raise TypeError(f"{name} must be a str or os.PathLike naming an OM file, got {value!r}")
@@ -86,4 +93,5 @@ _CHECKS = {
     "timeout": _seconds,
     "retry": _flag,
     "warmup": _flag,
+    "warmup_data": _warmup_data,
 }

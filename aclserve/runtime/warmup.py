@@ -10,6 +10,8 @@ import numpy as np
 
 from .batch import Batch
 
+WARMUP_DATA = ("zeros", "ones")  # what the warm-up can run every gear on
+
 
 def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
             progress: Callable[[int | None, int, int], None] | None = None, data: str = "zeros",

@@ -80,6 +80,23 @@ def test_warm_up_sets_the_execution_timeout_as_the_server_does(affine_om):
         assert engine.load(affine_om(), warmup=False).pool.execution_timeout_ms == UNMEASURED_TIMEOUT_MS
 
 
+def test_a_model_that_cannot_run_on_zeros_loads_with_warmup_data_ones(tmp_path):
+    """The server's `warmup_data: ones`: the Engine had only warmup=False, which also leaves the
+    execution timeout unmeasured."""
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Div", ["a", "b"], ["y"])], "idiv",
+                              [vi("a", TensorProto.INT64, ["n", 2]), vi("b", TensorProto.INT64, ["n", 2])],
+                              [vi("y", TensorProto.INT64, ["n", 2])])
+    save_graph(graph, tmp_path / "idiv.onnx")
+    compile_cpu_om(tmp_path / "idiv.onnx", tmp_path / "idiv.om", "1,2")
+    with Engine(device="cpu") as engine:
+        with pytest.raises(ExecutionFailed, match=r"load it with warmup_data='ones' or warmup=False\)"):
+            engine.load(tmp_path / "idiv.om")
+        model = engine.load(tmp_path / "idiv.om", warmup_data="ones")
+        assert model.pool.execution_timeout_ms < UNMEASURED_TIMEOUT_MS
+        assert model.infer({"a": np.array([[7, 9]]), "b": np.array([[2, 3]])})["y"].tolist() == [[3, 3]]
+
+
 def test_a_closed_engine_refuses_loads(affine_om):
     """A load after close() restarted the runtime quietly (models listed after close, their
     threads running)."""
@@ -213,6 +230,7 @@ def test_a_model_closed_while_the_engine_closes_is_waited_for(affine_om, caplog)
     ("load", {"path": b"m.om"}, TypeError, "path must be a str or os.PathLike"),
     ("load", {"warmup": "no"}, TypeError, "warmup must be True or False, got 'no'"),
     ("load", {"warmup": 2}, TypeError, "warmup must be True or False, got 2"),
+    ("load", {"warmup_data": "random"}, ValueError, "warmup_data must be one of zeros, ones, got 'random'"),
     ("load", {"retry": None}, TypeError, "retry must be True or False, got None"),
 ])
 def test_arguments_are_checked_where_they_are_given(affine_om, where, kwargs, error, words):
