@@ -2,10 +2,12 @@
 
 The pool hands each batch to the instance the batcher names (its "lane"), else to the one with
 the most free slots; when none can take it the batch waits in a FIFO inside the pool (the
-batcher avoids that by watching lanes()). A batch that fails on the device is re-run once on
-another instance, or on the one it failed on once rebuilt, when `retry` is on and the pool has
-two instances or more (with one, no retry). The pool is its
-instances' BatchListener and passes finished batches and freed slots on to its own listener.
+batcher avoids that by watching lanes()). With `retry`, a batch that fails on the device is run
+once more: holding several requests (not past the execution timeout), one run per request, on
+any instance that can take it (isolation.py: a request the model cannot run fails alone); else
+on another instance, or on the one it failed on once rebuilt, when the pool has two instances or
+more. The pool is its instances' BatchListener and passes finished batches and freed slots on to
+its own listener.
 
 An instance that leaves rotation for good (a batch past the execution timeout, a context stopped
 on a failed batch, a stream reset that failed) is rebuilt in a background thread: a fresh
@@ -25,7 +27,7 @@ from typing import Callable, Protocol
 
 from ..errors import ExecutionFailed
 from .batch import Batch, BatchListener
-from . import teardown
+from . import isolation, teardown
 from .execution_timeout import derived_timeout_ms
 from .instance import ModelInstance
 from .types import TensorSpec
@@ -54,7 +56,9 @@ class InstancePool:
             raise ValueError("a pool needs at least one instance")
         self.name = name
         self.instances = instances
-        self.retry = retry and len(instances) > 1
+        self.retry = retry and len(instances) > 1  # a failed batch re-run on another instance
+        self.isolate = retry  # ... or, holding several requests, one request per run (isolation.py)
+        self._isolation = isolation.Isolation()
         model = instances[0].model
         self.inputs: list[TensorSpec] = list(model.inputs)
         self.outputs: list[TensorSpec] = list(model.outputs)
@@ -67,7 +71,7 @@ class InstancePool:
         self._closed = False
         self._close_callbacks: list[Callable[[], None]] = []
         self.batches_failed = 0  # device failures of a batch run (each retry counted again)
-        self.batches_retried = 0  # ... of which were run again (another instance, or the failed one rebuilt)
+        self.batches_retried = 0  # re-runs of a failed batch (elsewhere, rebuilt, or one per request)
         self.rebuilds = 0  # instances replaced after leaving rotation
         self.rebuilds_failed = 0  # rebuild attempts that failed (each tried again)
         self._rebuild_failures: dict[int, str] = {}  # lane -> why its last rebuild attempt failed
@@ -83,7 +87,9 @@ class InstancePool:
             instance.attach(self)
 
     # -- BatchExecutor -------------------------------------------------------------------------
-    def attach(self, listener: BatchListener) -> None:
+    def attach(self, listener: BatchListener | None) -> None:
+        if listener is not None and self._listener is not None:  # (a warm-up of a pool its owner has)
+            raise RuntimeError(f"{self.name}: the pool has its listener already")
         self._listener = listener
 
     def lanes(self) -> list[int]:
@@ -104,19 +110,39 @@ class InstancePool:
 
     # -- BatchListener (the instances' completion threads) ---------------------------------------
     def batch_done(self, batch: Batch) -> None:
-        if batch.error is None:
+        if batch.error is None and batch.failed_lane is None:
             self._listener.batch_done(batch)
             return
-        self._rebuild_broken()
-        retry = self.retry and batch.failed_lane is None and not self._closed
-        with self._lock:  # completion threads of several instances may fail at once
-            self.batches_failed += 1
-        if not retry:
-            self._listener.batch_done(batch)
-            return
+        if batch.error is not None:
+            self._rebuild_broken()
+            with self._lock:  # completion threads of several instances may fail at once
+                self.batches_failed += 1
+            if self._rerun(batch):
+                return
+        self._answer(batch)
+
+    def _answer(self, batch: Batch) -> None:  # (a part of a batch re-run per request: its whole, once whole)
+        whole = self._isolation.finished(batch)
+        if whole is not None:
+            self._listener.batch_done(whole)
+        for part in self._isolation.to_run():
+            self._dispatch(part)
+
+    def _rerun(self, batch: Batch) -> bool:
+        """Whether failed `batch` runs again (retry): one run per request of several (isolation.py), or elsewhere."""
+        if not self.isolate or batch.failed_lane is not None or self._closed:
+            return False
+        if len(batch.inputs) > 1 and self.gears and isinstance(batch.error, ExecutionFailed):
+            log.warning("%s: re-running the %d requests of a failed batch one per run", self.name, len(batch.inputs))
+            for part in self._isolation.add(batch, self.gears):
+                self._dispatch(part)
+            return True
+        if not self.retry:
+            return False
         log.warning("%s: retrying a failed batch on another instance", self.name)
         batch.failed_lane, batch.failed_by = batch.ran_on, batch.ran_by
         self._dispatch(batch)
+        return True
 
     def slot_free(self) -> None:
         ready, passed = [], []  # in FIFO order, each waiting batch that can now have a slot, while
@@ -148,7 +174,7 @@ class InstancePool:
                 return
         if closed:  # (checked under the lock: a batch put in _pending after close() drained it waited for good)
             batch.error = batch.error or ExecutionFailed(f"model {self.name} is closed")
-            self._listener.batch_done(batch)
+            self._answer(batch)
         elif target is None:  # nothing healthy is left; a retry keeps its first error
             self._answer_unrunnable([batch], "no healthy instance can run the batch")
         else:
@@ -172,7 +198,7 @@ class InstancePool:
     def _answer_unrunnable(self, batches: list[Batch], why: str) -> None:
         for batch in batches:  # (a retry with its first error)
             batch.error = batch.error or ExecutionFailed(f"model {self.name}: {why}")
-            self._listener.batch_done(batch)
+            self._answer(batch)
 
     def _launch(self, batch: Batch, lane: int, slot) -> None:
         if batch.failed_lane is not None:  # counted once it runs again, not when it is meant to
@@ -318,25 +344,12 @@ class InstancePool:
         self._answer_unrunnable(futile, self.out_of_service() or "no instance can run a batch")
 
     # -- runs, figures, teardown --------------------------------------------------------------
-    def run(self, batch: Batch) -> Batch:
-        """Run one batch and wait for it (blocking): for warm-up (warmup.py) and tools, before the pool
-        has its owner (the owner's listener would otherwise get this batch)."""
-        if self._listener is not None:
-            raise RuntimeError(f"{self.name}: run() is for an unattached pool")
-        waiter = _Waiter()
-        self._listener = waiter
-        self.submit(batch)
-        waiter.done.wait()  # (interrupted, Ctrl-C: the waiter stays to hear the batch end, not None)
-        self._listener = None
-        return batch
-
     def busy_ratio(self) -> float:
         """Fraction of the last 10 s the instances had work in flight (averaged over instances)."""
         return sum(i.busy_fraction() for i in self.instances) / len(self.instances)
 
     def utilisation(self) -> list[dict]:
-        """Per instance: the fraction of the last BusyWindow seconds its compute stream executed
-        (device times from events). Non-blocking."""
+        """Per instance: the share of the last BusyWindow its compute stream executed (device events)."""
         return [{"instance": i.name, "device": i.device.id, "compute_busy": round(i.compute_busy.fraction(), 4)}
                 for i in self.instances]
 
@@ -356,9 +369,9 @@ class InstancePool:
         with self._lock:
             pending, self._pending = list(self._pending), collections.deque()
             rebuilding = [*self._rebuilding.values(), *self._disposing]
-        for batch in pending:  # answered before any wait for the device
+        for batch in pending + self._isolation.drain():  # answered before any wait for the device
             batch.error = ExecutionFailed(f"model {self.name} was unloaded")
-            self._listener.batch_done(batch)
+            self._answer(batch)
         for thread in rebuilding:  # one building an instance finishes and disposes of it, or the one it replaced
             if not teardown.join(thread, lambda: min(deadline, self._close_by)):
                 log.warning("%s: %s is still waiting for the device; closing without it", self.name, thread.name)
@@ -385,16 +398,3 @@ class InstancePool:
     def on_close(self, callback: Callable[[], None]) -> None:
         """Run `callback` at the end of close(), after the instances are closed."""
         self._close_callbacks.append(callback)
-
-
-class _Waiter:
-    """The listener of a blocking run(): wakes the waiting thread when its batch is done."""
-
-    def __init__(self):
-        self.done = threading.Event()
-
-    def batch_done(self, batch: Batch) -> None:
-        self.done.set()
-
-    def slot_free(self) -> None:
-        pass

@@ -3,6 +3,7 @@ the pool serves, which times what the batcher plans with (`InstancePool.gear_cos
 `compute_cost` from the device's events)."""
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable
 
@@ -36,7 +37,7 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
             if progress is not None:
                 progress(gear, run, runs)
             start = time.perf_counter()
-            batch = pool.run(Batch([request], gear, rows))
+            batch = _run_alone(pool, Batch([request], gear, rows))
             if batch.error is not None:
                 raise _in_warm_up(batch.error, data, remedy)
             if run:
@@ -50,6 +51,30 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
     for instance in pool.instances:  # (the warm-up's runs read as utilisation: a fresh version half busy)
         instance.restart_busy()
     return dict(pool.gear_cost)
+
+
+def _run_alone(pool, batch: Batch) -> Batch:
+    """Run one batch and wait for it (blocking), before the pool has its owner (whose listener
+    would otherwise get this batch: attach refuses a second one)."""
+    waiter = _Waiter()
+    pool.attach(waiter)
+    pool.submit(batch)
+    waiter.done.wait()  # (interrupted, Ctrl-C: the waiter stays to hear the batch end)
+    pool.attach(None)
+    return batch
+
+
+class _Waiter:
+    """The listener of a blocking run: wakes the waiting thread when its batch is done."""
+
+    def __init__(self):
+        self.done = threading.Event()
+
+    def batch_done(self, batch: Batch) -> None:
+        self.done.set()
+
+    def slot_free(self) -> None:
+        pass
 
 
 def _in_warm_up(error: BaseException, data: str, remedy: str) -> BaseException:

@@ -41,8 +41,9 @@ class Delivery:
 
     def settle(self, batch: Batch, now_ns: int) -> None:
         """Answer every request of `batch` (its `requests` are QueuedRequests) with its own
-        outputs, or all with the batch's error. `now_ns` is the duration clock's reading
-        (Clock.now_ns) when the outcome arrived; `batch.dispatched_ns` is on the same clock."""
+        outputs or error (`batch.errors`), or all with the batch's error. `now_ns` is the
+        duration clock's reading (Clock.now_ns) when the outcome arrived;
+        `batch.dispatched_ns` is on the same clock."""
         requests = batch.requests
         stats = self._stats
         observed = stats.has_request_observers
@@ -51,23 +52,18 @@ class Delivery:
             error = ExecutionFailed(f"the runtime returned {len(outputs or ())} outputs for a "
                                     f"batch of {len(requests)} requests")
         if error is not None:
-            if not isinstance(error, ServeError):
-                log.error("batcher %s: batch failed", self._name, exc_info=error)
-                error = ExecutionFailed(f"batch execution failed: {type(error).__name__}: {error}")
+            error = self._served(error)
             for request in requests:
-                if request.future.cancelled():
-                    continue  # counted once already: cancelled when its client went
-                if observed:
-                    stats.request_done(request.level, (request.dispatched_ns - request.enqueued_ns) / 1e9,
-                                       False, FAILED)
-                # one exception object per request: a shared one would collect every
-                # awaiting task's traceback
-                self.answer(request, type(error)(error.message))
+                self._fail(request, error)
             return
         compute_ns = now_ns - batch.dispatched_ns
         h2d, infer, d2h = stats.batch_executed(batch.gear, batch.rows, compute_ns, batch.timings)
         instance = batch.instance
-        for request, request_outputs in zip(requests, outputs):
+        errors = batch.errors  # (set when a failed batch re-run one request per run had some fail)
+        for index, (request, request_outputs) in enumerate(zip(requests, outputs)):
+            if errors is not None and errors[index] is not None:
+                self._fail(request, self._served(errors[index]))
+                continue
             if request.future.cancelled():
                 continue  # counted once already: cancelled when its client went (it ran all the same)
             queue_ns = request.dispatched_ns - request.enqueued_ns
@@ -76,6 +72,20 @@ class Delivery:
             request.answered = (queue_ns, now_ns - request.enqueued_ns, h2d, infer, d2h)
             self.answer(request, InferenceResult(request_outputs, queue_ns, compute_ns,
                                                  batch.gear, batch.rows, len(requests), instance))
+
+    def _served(self, error: BaseException) -> ServeError:
+        if not isinstance(error, ServeError):
+            log.error("batcher %s: batch failed", self._name, exc_info=error)
+            error = ExecutionFailed(f"batch execution failed: {type(error).__name__}: {error}")
+        return error
+
+    def _fail(self, request: QueuedRequest, error: ServeError) -> None:
+        if request.future.cancelled():
+            return  # counted once already: cancelled when its client went
+        if self._stats.has_request_observers:
+            self._stats.request_done(request.level, (request.dispatched_ns - request.enqueued_ns) / 1e9, False, FAILED)
+        # one exception object per request: a shared one would collect every awaiting task's traceback
+        self.answer(request, type(error)(error.message))
 
     def answer(self, request: QueuedRequest, outcome) -> None:
         """A batch's outcome: held behind earlier arrivals when ordered."""

@@ -33,7 +33,7 @@ class InstanceGroup(Protocol):
     """The instances running one version's batches (runtime.InstancePool)."""
 
     batches_failed: int  # batches the device failed (each retry counted again)
-    batches_retried: int  # ... of which were run again (another instance, or the failed one rebuilt)
+    batches_retried: int  # re-runs of a failed batch (another instance, the failed one rebuilt, or one per request)
     rebuilds: int  # instances replaced after leaving rotation
 
     def fault_counts(self) -> dict[int, int]:

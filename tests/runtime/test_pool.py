@@ -234,3 +234,33 @@ def test_warmup_times_each_gear_and_its_device_compute(runtime, affine_om):
 def test_a_missing_model_file_is_a_load_error_naming_it(runtime, tmp_path):
     with pytest.raises(LoadError, match="nope.om does not exist"):
         open_pool(runtime, str(tmp_path / "nope.om"), "nope")
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_a_failed_batch_of_several_requests_is_rerun_one_request_per_run(runtime, tmp_path, instances):
+    """A request the model cannot run (an id past a Gather's table) failed every request batched
+    with it; re-run one request per run, one run at a time (with two slots, a part failing beside
+    another would stop that one too), only it fails."""
+    from onnx import TensorProto, helper, numpy_helper
+    from tests.tiny_models import compile_cpu_om, save_graph
+    table = np.arange(30, dtype=np.float32).reshape(10, 3)
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["emb"])], "embed",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 2])],
+                              [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["N", 2, 3])],
+                              [numpy_helper.from_array(table, "table")])
+    om = compile_cpu_om(save_graph(graph, tmp_path / "embed.onnx"), tmp_path / "embed.om")
+    pool = open_pool(runtime, om, "embed", instances=instances, slots=2, retry=True)
+    done = BatchFutures(pool)
+    try:
+        ids = [np.array([[1, 2]]), np.array([[3, 40]]), np.array([[5, 6], [7, 8]]), np.array([[9, 0]])]
+        result = done.submit([{"ids": i} for i in ids], 8).result(timeout=60)
+        assert result.error is None and [e is not None for e in result.errors] == [False, True, False, False]
+        assert isinstance(result.errors[1], ExecutionFailed) and "gear 1" in str(result.errors[1])
+        for k in (0, 2, 3):
+            np.testing.assert_array_equal(result.outputs[k]["emb"], table[ids[k]])
+        assert pool.batches_failed == 2 and pool.batches_retried == 4
+        bad = done.submit([{"ids": ids[1]}, {"ids": np.array([[10, 10]])}], 2)  # every part fails: one error
+        with pytest.raises(ExecutionFailed):
+            bad.result(timeout=60)
+    finally:
+        pool.close()
