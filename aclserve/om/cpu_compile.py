@@ -6,10 +6,11 @@ Optimisation level: ORT_ENABLE_EXTENDED. Extended fusions may emit ONNX Runtime 
 the layout level (ORT_ENABLE_ALL, NCHWc) is left out because it bakes in the vector width of
 the compiling machine, which would make the file unportable.
 
-Output shapes come from ONNX shape inference. When inference leaves an output dim unknown, the
-optimised model is run once per probe batch on zero inputs (on ones if that fails: a division by
-an input) to read the shapes; an output that is still not [batch, fixed...] (or fully fixed for a
-static model) is refused, since the runtime must size output buffers per gear.
+Output shapes come from running the optimised model once per probe batch (the two smallest
+gears) on zero inputs (on ones if that fails: a division by an input), what ONNX Runtime will
+compute, not what the exporter declared nor what shape inference guesses; an output that is not
+[batch, fixed...] (or fully fixed for a static model) is refused, since the runtime must size
+output buffers per gear, and so is a model that cannot run at all.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from .._version import __version__
 from ..dtypes import ACL_INT64
 from .container import DYNAMIC_BATCH_INPUT
 from .names import atc_output_names
-from .spec import BATCH_SYMBOL, CompileError, ModelSpec, TensorInfo, dims_of, dtype_of, one_line, refuse_empty
+from .spec import CompileError, ModelSpec, TensorInfo, dtype_of, one_line, refuse_empty
 
 ORT_LEVEL = "extended"
 _MAX_PROTO_BYTES = 2**31 - 1
@@ -38,13 +39,13 @@ def dynamic_batch_input() -> dict:
             "format": "ND", "dims": [1], "dynamic_batch": True}
 
 
-def infer_outputs(spec: ModelSpec) -> tuple[list[TensorInfo], list[str]]:
-    """Output TensorInfos from shape inference; second value: names whose shape is incomplete.
-    The outputs' declared shapes, and those the graph declares for its intermediate values, are
-    dropped first (from spec.model: the OM's graph then checks none): they are the exporter's
-    word, and a fixed-batch export's [1, 3] made dynamic, or a shape the graph does not compute,
-    compiled and then failed every run ("invalid dimensions for output"), the model retried for
-    good as a device fault."""
+def output_types(spec: ModelSpec) -> list[TensorInfo]:
+    """The outputs' names and dtypes (shape inference's, for an output that declares none); their
+    shapes are left to probe_outputs. The outputs' declared shapes, and those the graph declares
+    for its intermediate values, are dropped first (from spec.model: the OM's graph then checks
+    none): they are the exporter's word, and a fixed-batch export's [1, 3] made dynamic, or a
+    shape the graph does not compute, compiled and then failed every run ("invalid dimensions for
+    output"), the model retried for good as a device fault."""
     for vi in spec.model.graph.output:
         if vi.type.HasField("tensor_type"):
             vi.type.tensor_type.ClearField("shape")
@@ -53,24 +54,7 @@ def infer_outputs(spec: ModelSpec) -> tuple[list[TensorInfo], list[str]]:
         inferred = shape_inference.infer_shapes(spec.model, strict_mode=False, data_prop=True)
     except Exception as e:
         raise CompileError(f"ONNX shape inference failed: {one_line(e)}") from None
-    outputs, unknown = [], []
-    for vi in inferred.graph.output:
-        dtype = dtype_of(vi, "output")
-        dims = dims_of(vi)
-        if dims is None:
-            unknown.append(vi.name)
-            outputs.append(TensorInfo(vi.name, dtype, []))
-            continue
-        if spec.dynamic_batch:
-            ok = bool(dims) and dims[0] == BATCH_SYMBOL and all(isinstance(d, int) for d in dims[1:])
-            final = [-1] + [d if isinstance(d, int) else 0 for d in dims[1:]]
-        else:
-            ok = all(isinstance(d, int) for d in dims)
-            final = [d if isinstance(d, int) else 0 for d in dims]
-        if not ok:
-            unknown.append(vi.name)
-        outputs.append(TensorInfo(vi.name, dtype, final))
-    return outputs, unknown
+    return [TensorInfo(vi.name, dtype_of(vi, "output"), []) for vi in inferred.graph.output]
 
 
 def optimise(model: onnx.ModelProto) -> bytes:
@@ -97,12 +81,15 @@ def optimise(model: onnx.ModelProto) -> bytes:
 
 def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) -> list[TensorInfo]:
     """Read output shapes by running the model (one or two batch sizes) on zeros, else on ones:
-    a model dividing by an input cannot run on zeros (what `warmup_data: ones` is for)."""
+    a model dividing by an input cannot run on zeros (what `warmup_data: ones` is for). A model
+    that cannot run at all (a sequence longer than its position table: a broadcast that fails)
+    is refused here, as ATC's own shape checks refuse it, not retried for good as a device
+    fault at its warm-up."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # (a failed run is said in the CompileError, not also on stderr)
     sess = ort.InferenceSession(payload, so, providers=["CPUExecutionProvider"])
     batches = spec.gears[:2] if len(spec.gears) >= 2 else ([spec.gears[0], spec.gears[0] + 1] if spec.gears else [None])
     failure = None
@@ -114,7 +101,7 @@ def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) ->
         except Exception as e:
             failure = failure or e
     else:
-        raise CompileError(f"output shapes could not be inferred and a probe run (on zeros, then ones) failed: {one_line(failure)}")
+        raise CompileError(f"a test run of the model (on zeros, then ones) failed: {one_line(failure)}")
     fixed = []
     for i, o in enumerate(outputs):
         shapes = [s[i] for s in seen]
@@ -143,10 +130,9 @@ def build(spec: ModelSpec, *, name: str, source_path: str, source_bytes: bytes, 
     """Return (header, payload) for a CPU OM of `spec`."""
     import onnxruntime as ort
 
-    outputs, unknown = infer_outputs(spec)
+    types = output_types(spec)  # (first: it drops the declared shapes the optimised graph would check)
     payload = optimise(spec.model)
-    if unknown:
-        outputs = probe_outputs(payload, spec, outputs)
+    outputs = probe_outputs(payload, spec, types)
     for output in outputs:
         refuse_empty("output", output.name, output.dims)
     inputs = [t.header_entry(is_input=True) for t in spec.inputs]

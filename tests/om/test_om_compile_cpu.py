@@ -131,6 +131,26 @@ def test_a_model_dividing_by_an_input_is_probed_on_ones(tmp_path):
     assert [o["dims"] for o in h["outputs"]] == [[-1, 8], [-1, 1]]
 
 
+def test_a_model_that_cannot_run_at_all_is_refused_at_compile(tmp_path):
+    """A sequence set longer than the model's position table (x [N, 10, 4] + the rows 0..9 of an
+    [8, 4] table):
+    inference let it through, the compile succeeded, and every warm-up run failed, the model
+    retried for good as a transient device error (found by a helper; ATC refuses it at compile)."""
+    from onnx import TensorProto, helper, numpy_helper
+    inits = [numpy_helper.from_array(np.zeros((8, 4), np.float32), "positions"),
+             numpy_helper.from_array(np.array(1, np.int64), "one"), numpy_helper.from_array(np.array(0, np.int64), "zero")]
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Gather", ["shape", "one"], ["seq"]),
+             helper.make_node("Range", ["zero", "seq", "one"], ["ids"]),
+             helper.make_node("Gather", ["positions", "ids"], ["pos"]), helper.make_node("Add", ["x", "pos"], ["y"])]
+    graph = helper.make_graph(nodes, "pos", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "seq", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "seq", 4])], inits)
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "pos.onnx")
+    with pytest.raises(CompileError, match=r"a test run of the model \(on zeros, then ones\) failed: .*broadcast"):
+        compile_model(src, batch="1,2", input_shape="x:-1,10,4", target="cpu", log=_quiet)
+    h = compile_model(src, batch="1,2", input_shape="x:-1,8,4", target="cpu", log=_quiet).header
+    assert h["outputs"][0]["dims"] == [-1, 8, 4]
+
+
 @pytest.mark.parametrize("declared, input_shape, between", [
     ([1, 3], None, False),  # a fixed-batch export's declared output beside a dynamic input
     (["N", 5], None, False),  # a declared shape the graph does not compute
