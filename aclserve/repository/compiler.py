@@ -115,6 +115,7 @@ _CONFIG_WORDS = {"--input-shape": "compile.input_shape", "--batch": "compile.bat
 
 
 def _in_config_words(message: str) -> str:
+    message = re.sub(r"--batch (\d+)\b", r"compile.batch: [\1]", message)  # (a YAML list: `batch: 1` is refused)
     for flag, key in _CONFIG_WORDS.items():
         message = re.sub(rf"{flag}\b(?!-)", key, message)
     return message

@@ -380,6 +380,29 @@ async def test_a_dropped_onnx_that_needs_a_shape_is_told_the_yaml_key(make_repo,
 
 
 @pytest.mark.asyncio
+async def test_a_dropped_onnx_told_to_compile_for_one_batch_size_is_given_valid_yaml(make_repo, models_dir):
+    """An output that is not batch-major: the reason said "compile.batch 1", and `batch: 1` is
+    refused (a list of integers): it says `compile.batch: [1]`, which serves (found by a helper)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    vi = helper.make_tensor_value_info
+    shape = numpy_helper.from_array(np.array([-1, 6], np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "flat",
+                              [vi("x", TensorProto.FLOAT, ["n", 10, 6])], [vi("y", TensorProto.FLOAT, ["m", 6])],
+                              [shape])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), models_dir / "flat.onnx")
+    repo, events = await make_repo(start=False, model_control_mode="explicit")
+    await repo.start()
+    with pytest.raises(ModelLoadFailed):
+        await repo.load("flat")
+    (row,) = repo.index()
+    assert "(or compile it for one batch size: compile.batch: [1])" in row["reason"], row
+    (models_dir / "flat.yaml").write_text("compile:\n  batch: [1]\n")
+    await repo.load("flat")
+    assert [r["state"] for r in repo.index()] == ["READY"]
+
+
+@pytest.mark.asyncio
 async def test_a_load_failing_again_for_want_of_memory_is_a_400(make_repo, models_dir, model_files, clean_faults):
     """A device too small for the model fails with an out-of-memory code every time: after its
     first failure the load API no longer says "try later" (each call loaded it at once, past the
