@@ -33,9 +33,17 @@ def unmet(request: web.Request) -> web.Response | None:
     return json_error(f"unknown expectation: Expect: {expect[:100]}", 417)
 
 
-async def send_continue(request: web.Request) -> None:
-    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+async def send_continue(request: web.Request) -> web.Response | None:
+    """None once "100 Continue" is written; a closing answer where the client has gone (raised
+    from here, aiohttp logged a traceback for each such client and answered 500)."""
+    try:
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    except ConnectionError:
+        response = json_error("the client closed the connection", 400)  # (nobody reads it)
+        response.force_close()
+        return answered(request, response)
     request.writer.output_size = 0  # as aiohttp's own handler: the answer proper has not started
+    return None
 
 
 def answered(request: web.Request, response: web.Response) -> web.Response:
@@ -70,8 +78,7 @@ async def continue_within(request: web.Request, limit: Callable[[object], tuple[
             probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
     except ServeError as e:
         return _refuse(request, state, e if counted is None else await counted(request, e))
-    await send_continue(request)
-    return None
+    return await send_continue(request)
 
 
 def _refuse(request: web.Request, state, error: ServeError) -> web.Response:
@@ -85,9 +92,7 @@ async def expect_continue(request: web.Request) -> web.Response | None:
     refused = unmet(request)
     if refused is not None:
         return answered(request, refused)
-    if request.version == HttpVersion11:
-        await send_continue(request)
-    return None
+    return await send_continue(request) if request.version == HttpVersion11 else None
 
 
 class _UnmatchedRoute(SystemRoute):

@@ -2,6 +2,7 @@
 import asyncio
 import gzip
 import json
+import socket
 import zlib
 
 import numpy as np
@@ -405,3 +406,20 @@ def test_infer_paths_route_as_the_templates_say(server):
     status, _, raw = request(server, "POST", "/v2/models/ghost/infer", data=json.dumps(doc()).encode(),
                              headers={"Expect": "100-continue"})
     assert status == 404 and "ghost" in json.loads(raw)["error"]
+
+
+@pytest.mark.parametrize("path", ["/v2/models/double/infer", "/v2/repository/index"])
+def test_a_client_gone_before_its_100_continue_leaves_no_traceback(server, path, caplog):
+    """Head, `Expect: 100-continue` and body sent at once, then the connection closed: writing
+    "100 Continue" to the closed transport raised out of the expect handler, and aiohttp logged an
+    ERROR with a 20-line traceback for each such client (found by an attacker's re-test)."""
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0.0] * 4}]}).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    host, port = server.url.rsplit(":", 1)
+    for _ in range(20):
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(head + body)
+    status, _, _ = request(server, "GET", "/v2/health/live")  # after the 20 were handled
+    assert status == 200
+    assert "Error handling request" not in caplog.text and "Traceback" not in caplog.text
