@@ -362,44 +362,43 @@ async def test_a_dropped_onnx_that_needs_a_shape_is_told_the_yaml_key(make_repo,
     """A sequence dimension the compile cannot fix alone: the reason said "fix it with
     --input-shape", a flag of `aclserve compile`, where a dropped model's YAML takes
     compile.input_shape."""
-    import onnx
     from onnx import TensorProto, helper
     vi = helper.make_tensor_value_info
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "seq",
                               [vi("x", TensorProto.FLOAT, ["n", "s"])], [vi("y", TensorProto.FLOAT, ["n", "s"])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), models_dir / "seq.onnx")
-    repo, events = await make_repo(start=False, model_control_mode="explicit")
-    await repo.start()
-    with pytest.raises(ModelLoadFailed):
-        await repo.load("seq")
-    (row,) = repo.index()
-    assert "fix it with compile.input_shape" in row["reason"] and "--input-shape" not in row["reason"], row
-    (models_dir / "seq.yaml").write_text("compile:\n  input_shape: 'x:-1,5'\n")
-    await repo.load("seq")
-    assert [r["state"] for r in repo.index()] == ["READY"]
+    reason = await _refused_then_served(make_repo, models_dir, "seq", graph, "compile:\n  input_shape: 'x:-1,5'\n")
+    assert "fix it with compile.input_shape" in reason and "--input-shape" not in reason, reason
 
 
 @pytest.mark.asyncio
 async def test_a_dropped_onnx_told_to_compile_for_one_batch_size_is_given_valid_yaml(make_repo, models_dir):
     """An output that is not batch-major: the reason said "compile.batch 1", and `batch: 1` is
     refused (a list of integers): it says `compile.batch: [1]`, which serves (found by a helper)."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
     vi = helper.make_tensor_value_info
     shape = numpy_helper.from_array(np.array([-1, 6], np.int64), "shape")
     graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "flat",
                               [vi("x", TensorProto.FLOAT, ["n", 10, 6])], [vi("y", TensorProto.FLOAT, ["m", 6])],
                               [shape])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), models_dir / "flat.onnx")
+    reason = await _refused_then_served(make_repo, models_dir, "flat", graph, "compile:\n  batch: [1]\n")
+    assert "(or compile it for one batch size: compile.batch: [1])" in reason, reason
+
+
+async def _refused_then_served(make_repo, models_dir, name: str, graph, remedy: str) -> str:
+    """Drop `graph` as NAME.onnx, see its load refused, write the `remedy` YAML the reason names,
+    see it serve. Returns the reason."""
+    import onnx
+    from onnx import helper
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), models_dir / f"{name}.onnx")
     repo, events = await make_repo(start=False, model_control_mode="explicit")
     await repo.start()
     with pytest.raises(ModelLoadFailed):
-        await repo.load("flat")
+        await repo.load(name)
     (row,) = repo.index()
-    assert "(or compile it for one batch size: compile.batch: [1])" in row["reason"], row
-    (models_dir / "flat.yaml").write_text("compile:\n  batch: [1]\n")
-    await repo.load("flat")
+    (models_dir / f"{name}.yaml").write_text(remedy)
+    await repo.load(name)
     assert [r["state"] for r in repo.index()] == ["READY"]
+    return row["reason"]
 
 
 @pytest.mark.asyncio
