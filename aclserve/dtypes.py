@@ -84,22 +84,29 @@ def numpy_to_kserve(dtype) -> str:
     return acl_to_kserve(numpy_to_acl(dtype))
 
 
+def castable(source: np.dtype, target: np.dtype) -> bool:
+    """Whether cast_keeping_values takes `source` to `target`: numpy's same_kind rule, and integers
+    of either sign to integers or to bool (numpy calls int64 -> uint8 unsafe; the values decide)."""
+    return np.can_cast(source, target, casting="same_kind") or (source.kind in "iu" and target.kind in "iub")
+
+
 def cast_keeping_values(arr: np.ndarray, target: np.dtype) -> np.ndarray:
-    """`arr` as `target` where numpy's same_kind rule allows (float64 -> float32, int64 -> int32,
-    integers -> a float), refused with ValueError when the cast would change what a value is
-    rather than round it: floats to integers, an integer past the target's range (it wrapped),
+    """`arr` as `target` where `castable` (float64 -> float32, int64 -> int32 or uint8, integers
+    -> a float, 0 and 1 -> bool), refused with ValueError when the cast would change what a value
+    is rather than round it: floats to integers, an integer past the target's range (it wrapped),
     a finite number past the target float's largest (it became inf)."""
     target = np.dtype(target)
     if arr.dtype == target:
         return arr
-    if not np.can_cast(arr.dtype, target, casting="same_kind"):  # 1.7 -> 1, NaN -> any int
+    if not castable(arr.dtype, target):  # 1.7 -> 1, NaN -> any int
         raise ValueError(f"is {arr.dtype}, the model takes {target}: a cast would change its values; convert it first")
-    if target.kind in "iu" and arr.size:
-        limits = np.iinfo(target)
+    if target.kind in "iub" and arr.dtype.kind in "iub" and arr.size:
+        limits = np.iinfo(target) if target.kind != "b" else np.iinfo(np.uint8)
         low, high = arr.min(), arr.max()
-        if low < limits.min or high > limits.max:
+        top = 1 if target.kind == "b" else limits.max
+        if low < limits.min or high > top:
             raise ValueError(f"holds {low if low < limits.min else high}, outside {target}'s range "
-                             f"[{limits.min}, {limits.max}]: convert it first")
+                             f"[{limits.min}, {top}]: convert it first")
     with np.errstate(over="ignore"):
         cast = arr.astype(target)
     if target.kind == "f" and arr.size and bool((np.isinf(cast) & np.isfinite(arr)).any()):

@@ -66,12 +66,23 @@ def test_infer_refuses_a_npy_whose_header_asks_for_more_memory_than_there_is(tmp
 @pytest.mark.parametrize("given, datatype, expected", [
     (np.array([[2**40 + 5, -2**33]]), "INT32", "input x holds -8589934592, outside int32's range"),
     (np.array([[1e6, 1.0]], np.float32), "FP16", "input x holds values past float16's largest"),
+    (np.array([[-1, 2]]), "UINT8", r"input x holds -1, outside uint8's range \[0, 255\]"),
+    (np.array([[0, 2]]), "BOOL", r"input x holds 2, outside bool's range \[0, 1\]"),
 ])
 def test_infer_refuses_a_cast_that_would_change_values(given, datatype, expected):
     """int64 [[2**40+5, -2**33]] went to an INT32 model as [[5, 0]]; 1e6 to FP16 as inf."""
     inputs = {"x": given}
     with pytest.raises(UsageError, match=expected):
         cast_to_model(inputs, {"inputs": [{"name": "x", "datatype": datatype}]})
+
+
+def test_infer_casts_integers_of_either_sign_whose_values_fit():
+    """int64 data (numpy's default) for a UINT8 or BOOL input was sent as it was and refused by
+    the server (numpy calls int64 -> uint8 unsafe); the values decide (found by a helper)."""
+    inputs = {"u": np.array([[0, 255]]), "b": np.array([[1, 0]])}
+    notes = cast_to_model(inputs, {"inputs": [{"name": "u", "datatype": "UINT8"}, {"name": "b", "datatype": "BOOL"}]})
+    assert inputs["u"].dtype == np.uint8 and inputs["u"].tolist() == [[0, 255]]
+    assert inputs["b"].dtype == np.bool_ and inputs["b"].tolist() == [[True, False]] and len(notes) == 2
 
 
 def test_infer_ignores_metadata_of_another_shape():

@@ -14,7 +14,7 @@ import urllib.request
 
 import numpy as np
 
-from ..dtypes import cast_keeping_values, kserve_to_numpy, numpy_to_kserve
+from ..dtypes import cast_keeping_values, castable, kserve_to_numpy, numpy_to_kserve
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
 from .remote import auth_headers, check_url, scheme_hint, token_hint
@@ -114,9 +114,9 @@ def _outputs(body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
 
 
 def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
-    """Cast each input to the dtype the model declares where numpy's same_kind rule allows
-    (float64 -> FP32, int64 -> INT32, integers -> a float; UsageError when a value would change:
-    dtypes.cast_keeping_values); returns one note per cast. Float data for an integer input is
+    """Cast each input to the dtype the model declares where dtypes.castable allows (float64 ->
+    FP32, int64 -> INT32 or UINT8, integers -> a float, 0 and 1 -> BOOL; UsageError when a value
+    would change: dtypes.cast_keeping_values); returns one note per cast. Float data for an integer input is
     sent as it is, for the server to refuse."""
     notes = []
     described = metadata.get("inputs") if isinstance(metadata, dict) else None
@@ -127,7 +127,7 @@ def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
             target = kserve_to_numpy(declared[name])
         except (KeyError, ValueError, TypeError):
             continue
-        if arr.dtype != target and np.can_cast(arr.dtype, target, casting="same_kind"):
+        if arr.dtype != target and castable(arr.dtype, target):
             try:  # (a value it would wrap or make inf is refused: the server would run another input)
                 inputs[name] = cast_keeping_values(arr, target)
             except ValueError as e:
