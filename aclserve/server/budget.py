@@ -30,7 +30,7 @@ class MemoryBudget:
         self.used = 0
         self.peak = 0
         self.refused = {413: 0, 503: 0}
-        self._on_release = on_release  # called with the bytes a finished request held
+        self._on_release = on_release  # called with the bytes a finished request held, and those still held
 
     def lease(self, hint: str = HTTP_HINT) -> "Lease":
         """A new request's lease; `hint` ends the message of its 413 (how to need less)."""
@@ -101,7 +101,7 @@ class Lease:
         if held:
             self.budget.used -= held
             if self.budget._on_release is not None:
-                self.budget._on_release(held)
+                self.budget._on_release(held, self.budget.used)
 
     def __enter__(self) -> "Lease":
         return self

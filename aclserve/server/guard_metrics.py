@@ -123,7 +123,7 @@ class GuardCollector:
                                               "refused UNAVAILABLE: streams held their half of those places")
         refused_streams.add_metric([], arrivals.streams_refused)
         yield refused_streams
-        trims = CounterMetricFamily("aclserve_heap_trims", "malloc_trim calls after large requests")
+        trims = CounterMetricFamily("aclserve_heap_trims", "malloc_trim calls after large requests or a burst")
         trims.add_metric([], state.trimmer.trims)
         yield trims
         yield _gauge("aclserve_abandoned_instances", "Model instances closed while the device still ran their work: "

@@ -31,7 +31,8 @@ def gzip_of_zeros(nbytes: int) -> bytes:
 
 def test_budget_charges_refuses_and_gives_back():
     released = []
-    budget = MemoryBudget(max_inflight_bytes=100, max_request_bytes=60, on_release=released.append)
+    budget = MemoryBudget(max_inflight_bytes=100, max_request_bytes=60,
+                          on_release=lambda held, in_use: released.append((held, in_use)))
     a, b = budget.lease(), budget.lease()
     a.take(50, "body")
     with pytest.raises(MemoryExhausted) as busy:
@@ -43,7 +44,7 @@ def test_budget_charges_refuses_and_gives_back():
     a.drop(20)
     a.release()
     a.release()
-    assert budget.used == 0 and released == [30] and budget.peak == 50
+    assert budget.used == 0 and released == [(30, 0)] and budget.peak == 50
     assert json_tensor_estimate(1000, 10) == 1000 + 10 * 64 < json_tensor_estimate(1000)
 
 
@@ -267,6 +268,39 @@ def test_memory_is_given_back_after_large_requests(models_dir, make_config):
         assert metric(srv.url, "aclserve_request_memory_peak_bytes") >= 16 * MiB
     finally:
         srv.close()
+
+
+def test_memory_is_given_back_after_a_burst_of_small_requests(monkeypatch):
+    """3,000 abandoned uploads of 100 KB each left the RSS 300 MB up for good: none held the
+    8 MiB that triggered a trim (found by an attacker's re-test). A burst that held BURST_BYTES
+    together is trimmed once it has mostly gone; steady load holding less triggers nothing."""
+    from aclserve.server import trim
+    trims = []
+    monkeypatch.setattr(trim.heap, "trim", lambda: trims.append(1))
+    monkeypatch.setattr(trim.heap, "available", lambda: True)
+
+    async def scenario():
+        trimmer = trim.HeapTrimmer(min_interval_s=0)
+        budget = MemoryBudget(1 << 40, 1 << 40, on_release=trimmer.released)
+        steady = [budget.lease() for _ in range(64)]
+        for _ in range(20):  # 64 requests of 100 KB in flight, over and over: no trim
+            for lease in steady:
+                lease.take(100_000, "body")
+            for lease in steady:
+                lease.release()
+            await asyncio.sleep(0)
+        assert trims == []
+        burst = [budget.lease() for _ in range(1000)]  # 100 MB together
+        for lease in burst:
+            lease.take(100_000, "body")
+        for lease in burst[:700]:
+            lease.release()
+        await asyncio.sleep(0.05)
+        assert trims == []  # 30 MB still held: not yet
+        for lease in burst[700:]:
+            lease.release()
+        await wait_for(lambda: trims == [1], limit_s=10)
+    asyncio.run(scenario())
 
 
 def test_a_small_chunked_body_over_the_limit_is_413_even_when_already_buffered(models_dir, make_config):
