@@ -3,6 +3,7 @@ another protocol on the port, a wrong answer) and with inputs it cannot send as 
 line each, no traceback, and no wait past --timeout."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -135,3 +136,31 @@ def test_a_url_of_the_wrong_scheme_gets_a_hint(tmp_path, scheme, said):
     finally:
         listener.close()
     assert proc.returncode == 1 and proc.stderr.rstrip("\n").endswith(said), proc.stderr
+
+
+def test_infer_sends_an_image_and_asks_for_its_classes(tmp_path):
+    """`-i x=digit.png` was "not a .npy file", and a classification's BYTES output "not
+    supported by this client": the README's image model could not be used from the CLI (found
+    by a helper)."""
+    import shutil
+    from PIL import Image
+    from tests import REPO
+    from tests.serving import ServerThread, server_config
+    (tmp_path / "models").mkdir()
+    for name in ("digits_image.om", "digits_image.yaml", "digits_labels.txt"):
+        shutil.copy(REPO / "models" / name, tmp_path / "models" / name)
+    x = np.load(REPO / "tests" / "data" / "digits_test.npz")["x"][0]
+    Image.fromarray((x.reshape(8, 8) * 255 / 16).astype("uint8")).resize((32, 32)).save(tmp_path / "digit.png")
+    with ServerThread(server_config(tmp_path / "models")) as server:
+        def infer(*more):
+            return subprocess.run([sys.executable, "-m", "aclserve", "infer", "digits_image", "-i", "x=digit.png",
+                                   "--url", f"http://{server.url}", "--json", *more], cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=120)
+        scores, top = infer(), infer("--classification", "2")
+    assert scores.returncode == 0 and top.returncode == 0, scores.stderr + top.stderr
+    y = json.loads(scores.stdout)["y"]
+    assert y["shape"] == [1, 10] and y["dtype"] == "float32"
+    best = np.argsort(y["data"][0])[::-1][:2]
+    classes = json.loads(top.stdout)["y"]
+    assert classes["shape"] == [1, 2] and classes["dtype"] == "BYTES"
+    assert [c.split(":")[1:] for c in classes["data"][0]] == [[str(i), str(i)] for i in best]

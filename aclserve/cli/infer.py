@@ -1,5 +1,6 @@
-"""`aclserve infer`: a small KServe v2 HTTP client that sends .npy inputs (binary tensor
-extension) to a running server and prints the outputs. Standard library and numpy only; it
+"""`aclserve infer`: a small KServe v2 HTTP client that sends .npy inputs, or a JPEG / PNG file
+as one image of a BYTES input (binary tensor extension), to a running server and prints the
+outputs (a classification's labels too). Standard library and numpy only; it
 shares the header name and the dtype table with the server, nothing else."""
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import http.client
 import json
 import math
 import os
+import struct
 import sys
 import urllib.error
 import urllib.parse
@@ -23,15 +25,19 @@ from .usage import NotKServe, UsageError, one_line
 
 def add_commands(sub) -> None:
     q = sub.add_parser("infer", help="send one inference request to a running server",
-                       description="Send .npy inputs to a KServe v2 server (binary tensor extension) "
-                                   "and print the outputs.")
+                       description="Send .npy inputs (or a JPEG or PNG file for an image input) to a "
+                                   "KServe v2 server (binary tensor extension) and print the outputs.")
     q.add_argument("model")
-    q.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy", required=True,
-                   help="an input tensor (repeat for several inputs)")
+    q.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE", required=True,
+                   help="an input tensor from a .npy file, or one image from a JPEG or PNG file for a BYTES "
+                        "(image) input (repeat for several inputs)")
     q.add_argument("--url", default="http://127.0.0.1:8000", help="server URL (default %(default)s)")
     q.add_argument("--version", help="model version (default: the server's choice)")
     q.add_argument("--output", "-o", action="append", default=[], metavar="NAME",
                    help="an output to return (repeat; default all)")
+    q.add_argument("--classification", type=int, metavar="N",
+                   help="the top N classes of each output (or of those named with --output), as "
+                        "score:index[:label] strings")
     q.add_argument("--priority", type=int, help="request priority level (1 = highest)")
     q.add_argument("--json", action="store_true", help="print the outputs as one JSON object")
     q.add_argument("--timeout", type=float, default=60.0,
@@ -40,6 +46,7 @@ def add_commands(sub) -> None:
 
 
 _NPY_MAGIC = b"\x93NUMPY"
+_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")  # JPEG, PNG: sent as they are, one image
 
 
 def _load_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
@@ -47,14 +54,18 @@ def _load_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
     for pair in pairs:
         name, sep, path = pair.partition("=")
         if not sep or not name or not path:
-            raise UsageError(f"--input expects NAME=FILE.npy, got {pair!r}")
+            raise UsageError(f"--input expects NAME=FILE (.npy, JPEG or PNG), got {pair!r}")
         if name in inputs:
             raise UsageError(f"--input names {name!r} twice")
         try:
             with open_regular(path) as f:  # (a FIFO held the command until written to)
-                if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:  # np.load's advice on pickles, or an .npz's archive
-                    raise UsageError(f"cannot read {path}: not a .npy file (numpy.save writes one)")
+                start = f.read(8)
                 f.seek(0)
+                if start.startswith(_IMAGE_MAGIC):
+                    inputs[name] = np.array([f.read()], dtype=object)  # one image, [1]
+                    continue
+                if not start.startswith(_NPY_MAGIC):  # np.load's advice on pickles, or an .npz's archive
+                    raise UsageError(f"cannot read {path}: not a .npy file (numpy.save writes one), a JPEG or a PNG")
                 arr = np.load(f, allow_pickle=False)
         except (OSError, ValueError) as e:
             raise UsageError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
@@ -64,26 +75,32 @@ def _load_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
     return inputs
 
 
-def build_request(inputs: dict[str, np.ndarray], outputs: list[str], priority: int | None = None
-                  ) -> tuple[bytes, int]:
-    """A binary-extension request body and its JSON header length."""
-    items = []
+def build_request(inputs: dict[str, np.ndarray], outputs: list[str], priority: int | None = None,
+                  classification: int | None = None) -> tuple[bytes, int]:
+    """A binary-extension request body and its JSON header length. `classification`: of each of
+    `outputs` (named: the caller lists them)."""
+    items, blobs = [], []
     for name, arr in inputs.items():
-        try:
-            datatype = numpy_to_kserve(arr.dtype)
-        except ValueError:
-            raise UsageError(f"input {name}: dtype {arr.dtype} is not supported") from None
+        if arr.dtype == object:  # images: BYTES elements, each a 4-byte little-endian length and its bytes
+            datatype, blob = "BYTES", b"".join(struct.pack("<I", len(e)) + e for e in arr.ravel())
+        else:
+            try:
+                datatype, blob = numpy_to_kserve(arr.dtype), arr.tobytes()
+            except ValueError:
+                raise UsageError(f"input {name}: dtype {arr.dtype} is not supported") from None
         items.append({"name": name, "datatype": datatype, "shape": list(arr.shape),
-                      "parameters": {"binary_data_size": arr.nbytes}})
+                      "parameters": {"binary_data_size": len(blob)}})
+        blobs.append(blob)
     doc: dict = {"inputs": items}
     if outputs:
-        doc["outputs"] = [{"name": n, "parameters": {"binary_data": True}} for n in outputs]
+        extra = {"classification": classification} if classification else {}
+        doc["outputs"] = [{"name": n, "parameters": {"binary_data": True, **extra}} for n in outputs]
     else:
         doc["parameters"] = {"binary_data_output": True}
     if priority:
         doc.setdefault("parameters", {})["priority"] = priority
     head = json.dumps(doc).encode()
-    return b"".join([head, *(a.tobytes() for a in inputs.values())]), len(head)
+    return b"".join([head, *blobs]), len(head)
 
 
 def parse_response(body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
@@ -101,16 +118,29 @@ def _outputs(body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
     result = {}
     for out in head["outputs"]:  # (a server answering {} was taken for one answering no outputs)
         size = (out.get("parameters") or {}).get("binary_data_size")
-        if out["datatype"] == "BYTES":
-            raise UsageError(f"output {out['name']}: BYTES outputs are not supported by this client")
-        dtype = kserve_to_numpy(out["datatype"])
-        if size is not None:
+        if out["datatype"] == "BYTES":  # (a classification's score:index:label strings)
+            arr = _strings(body[offset:offset + size]) if size is not None else np.array(out["data"], object)
+            offset += size or 0
+        elif size is not None:
+            dtype = kserve_to_numpy(out["datatype"])
             arr = np.frombuffer(body, dtype, size // dtype.itemsize, offset)
             offset += size
         else:
-            arr = np.asarray(out["data"], dtype=dtype)
+            arr = np.asarray(out["data"], dtype=kserve_to_numpy(out["datatype"]))
         result[out["name"]] = arr.reshape(out["shape"])
     return result
+
+
+def _strings(blob: bytes) -> np.ndarray:
+    """The elements of a binary BYTES tensor (4-byte little-endian length, then the bytes), as str."""
+    items, at = [], 0
+    while at < len(blob):
+        if at + 4 > len(blob):
+            raise ValueError("a BYTES output ends inside an element's length")
+        (length,) = struct.unpack_from("<I", blob, at)
+        items.append(blob[at + 4:at + 4 + length].decode(errors="replace"))
+        at += 4 + length
+    return np.array(items, dtype=object)
 
 
 def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
@@ -176,6 +206,8 @@ def run_infer(args) -> int:
     path = f"/v2/models/{urllib.parse.quote(os.fsencode(args.model), safe='')}"
     if args.version:
         path += f"/versions/{urllib.parse.quote(os.fsencode(args.version), safe='')}"
+    if args.classification is not None and args.classification < 1:
+        raise UsageError("--classification must be a positive number of classes")
     try:
         outputs = _ask(args, path, inputs, headers)
     except urllib.error.HTTPError as e:
@@ -195,27 +227,37 @@ def run_infer(args) -> int:
     except OSError as e:  # (the connection reset or closed mid-answer)
         return _failed(f"{args.url} broke off the exchange: {e.strerror or e}")
     if args.json:  # (as the server's JSON outputs: NaN and infinities, no JSON numbers, as null)
-        print(json.dumps({n: {"shape": list(a.shape), "dtype": str(a.dtype), "data": _json_data(a)}
+        print(json.dumps({n: {"shape": list(a.shape), "dtype": _dtype_name(a), "data": _json_data(a)}
                           for n, a in outputs.items()}))
     else:
         with np.printoptions(threshold=200, edgeitems=4):
             for name, arr in outputs.items():
-                print(f"{name} {arr.dtype} {list(arr.shape)}")
+                print(f"{name} {_dtype_name(arr)} {list(arr.shape)}")
                 print(arr)
     return 0
 
 
+def _dtype_name(arr: np.ndarray) -> str:
+    return "BYTES" if arr.dtype == object else str(arr.dtype)
+
+
 def _json_data(arr: np.ndarray) -> list:
-    if arr.dtype.kind != "f" or np.isfinite(arr).all():
+    if arr.dtype.kind != "f" or np.isfinite(arr).all():  # (BYTES outputs are str already)
         return arr.tolist()
     return np.where(np.isfinite(arr), arr, None).tolist()
 
 
 def _ask(args, path: str, inputs: dict[str, np.ndarray], headers: dict) -> dict[str, np.ndarray]:
-    """Metadata (for the casts), then the inference; the outputs."""
-    for note in cast_to_model(inputs, _metadata(args.url.rstrip("/") + path, args.timeout, headers)):
+    """Metadata (for the casts, and the outputs to classify), then the inference; the outputs."""
+    metadata = _metadata(args.url.rstrip("/") + path, args.timeout, headers)
+    for note in cast_to_model(inputs, metadata):
         print(f"aclserve infer: {note}", file=sys.stderr)
-    body, header_length = build_request(inputs, args.output, args.priority)
+    outputs = args.output
+    if args.classification and not outputs:  # (the request names each output it classifies)
+        described = metadata.get("outputs") if isinstance(metadata, dict) else None
+        outputs = [o["name"] for o in described if isinstance(o, dict) and isinstance(o.get("name"), str)] \
+            if isinstance(described, list) else []
+    body, header_length = build_request(inputs, outputs, args.priority, args.classification)
     req = urllib.request.Request(args.url.rstrip("/") + path + "/infer", data=body, method="POST",
                                  headers={HEADER_LENGTH: str(header_length),
                                           "Content-Type": "application/octet-stream", **headers})
