@@ -34,7 +34,9 @@ class BatchFutures:
 
     def submit(self, inputs, gear: int | None, lane: int | None = None) -> concurrent.futures.Future:
         """Run one batch of `inputs` (one mapping per request); the future resolves to the
-        finished Batch or raises its error."""
+        finished Batch or raises its error (a batch re-run one request per run after failing
+        comes back with each request's own error in `errors` when only some failed:
+        isolation.py)."""
         rows = sum(len(next(iter(r.values()))) for r in inputs) if gear is not None else 1
         future: concurrent.futures.Future = concurrent.futures.Future()
         self.pool.submit(Batch(inputs, gear, rows, lane, requests=(future,)))

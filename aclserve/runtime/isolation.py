@@ -3,17 +3,20 @@
 The device cannot say which request made a batch fault: one whose data the model cannot run
 (token ids past an embedding's rows, indices out of a gather's range) fails the batch it shares
 with others. So a batch of several requests that fails (not a timeout) is split into parts, one
-request each, run one at a time on any instance that can take them (the failed one once rebuilt
-or reset); a part that fails is not run again. Their outcomes are gathered back into the batch,
-which goes to the pool's listener once, as any batch does: its `errors` holds each request's own
-failure when some of its requests failed and others did not; when all failed, `error` is the
-first one.
+request each, run one at a time, each alone on an instance that can take it (the failed one once
+rebuilt or reset), the pool running nothing else meanwhile: a part then fails for its own
+request only, and is not run again. Their outcomes are gathered back into the batch, which goes
+to the pool's listener once, as any batch does: its `errors` holds each request's own failure
+when some of its requests failed and others did not; when all failed, `error` is the first one.
+What a stopped context fails beside the faulting batch is split too when it holds several
+requests; a batch of one request is re-run only on another instance (`retry` with two or more).
 """
 from __future__ import annotations
 
 import bisect
 import collections
 import threading
+from typing import Callable
 
 from .batch import Batch
 
@@ -59,28 +62,41 @@ class Part:
 
 
 class Isolation:
-    """A pool's parts, run one at a time: where the streams stop on a failure, a failure fails
-    every batch in flight on that context, so a part run beside another could fail it too."""
+    """A pool's parts, run one at a time, each alone on its instance (the pool runs nothing else
+    while any waits: `active`): where the streams stop on a failure, a failure fails every batch
+    in flight on that context, so a part run beside another batch could fail for it, and the
+    request it holds would not be run again."""
 
-    def __init__(self):
+    def __init__(self, dispatch: Callable[[Batch], None]):
+        self._dispatch = dispatch  # the pool's: launches a part, keeps it waiting, or answers it
         self._lock = threading.Lock()
         self._waiting: collections.deque[Batch] = collections.deque()
         self._running: Batch | None = None
+        self._on_stack = threading.local()  # a dispatch answering a part at once: the loop above runs the next
 
-    def add(self, batch: Batch, gears: tuple[int, ...]) -> tuple[Batch, ...]:
-        """Split failed `batch` into parts; returns what to run now (to_run)."""
+    @property
+    def active(self) -> bool:
+        return self._running is not None or bool(self._waiting)
+
+    def add(self, batch: Batch, gears: tuple[int, ...]) -> None:
+        """Split failed `batch` into parts and run the first (if none runs)."""
         parts = split(batch, gears)
         with self._lock:
             self._waiting.extend(parts)
-        return self.to_run()
+        self._run_next()
 
-    def to_run(self) -> tuple[Batch, ...]:
-        """The part to run now, if none runs and one waits (the caller dispatches it)."""
+    def finished(self, batch: Batch) -> Batch | None:
+        """What the pool's listener gets for finished `batch`: itself, unless it is a part; for a
+        part, its whole once every part is done (None before). The next part runs."""
+        part = batch.requests
+        if type(part) is not Part:
+            return batch
         with self._lock:
-            if self._running is not None or not self._waiting:
-                return ()
-            self._running = self._waiting.popleft()
-            return (self._running,)
+            if self._running is batch:
+                self._running = None
+        whole = part.gathering.done(part.index, batch)
+        self._run_next()
+        return whole
 
     def drain(self) -> list[Batch]:
         """The parts still waiting (a pool closing answers them)."""
@@ -88,16 +104,23 @@ class Isolation:
             waiting, self._waiting = list(self._waiting), collections.deque()
         return waiting
 
-    def finished(self, batch: Batch) -> Batch | None:
-        """What the pool's listener gets for finished `batch`: itself, unless it is a part; for a
-        part, its whole once every part is done (None before)."""
-        part = batch.requests
-        if type(part) is not Part:
-            return batch
-        with self._lock:
-            if self._running is batch:
-                self._running = None
-        return part.gathering.done(part.index, batch)
+    def _run_next(self) -> None:
+        if getattr(self._on_stack, "running", False):
+            return
+        self._on_stack.running = True
+        try:
+            while True:
+                with self._lock:
+                    if self._running is not None or not self._waiting:
+                        return
+                    part = self._running = self._waiting.popleft()
+                self._dispatch(part)
+        finally:
+            self._on_stack.running = False
+
+
+def is_part(batch: Batch) -> bool:
+    return type(batch.requests) is Part
 
 
 def split(batch: Batch, gears: tuple[int, ...]) -> list[Batch]:

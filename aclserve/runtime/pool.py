@@ -58,7 +58,7 @@ class InstancePool:
         self.instances = instances
         self.retry = retry and len(instances) > 1  # a failed batch re-run on another instance
         self.isolate = retry  # ... or, holding several requests, one request per run (isolation.py)
-        self._isolation = isolation.Isolation()
+        self._isolation = isolation.Isolation(self._dispatch)
         model = instances[0].model
         self.inputs: list[TensorSpec] = list(model.inputs)
         self.outputs: list[TensorSpec] = list(model.outputs)
@@ -93,6 +93,8 @@ class InstancePool:
         self._listener = listener
 
     def lanes(self) -> list[int]:
+        if self._isolation.active:  # (parts of a failed batch run alone: nothing else takes a slot)
+            return [0] * len(self.instances)
         with self._lock:
             free = [i.free_count() for i in self.instances]
             for batch in self._pending:
@@ -125,8 +127,6 @@ class InstancePool:
         whole = self._isolation.finished(batch)
         if whole is not None:
             self._listener.batch_done(whole)
-        for part in self._isolation.to_run():
-            self._dispatch(part)
 
     def _rerun(self, batch: Batch) -> bool:
         """Whether failed `batch` runs again (retry): one run per request of several (isolation.py), or elsewhere."""
@@ -134,8 +134,7 @@ class InstancePool:
             return False
         if len(batch.inputs) > 1 and self.gears and isinstance(batch.error, ExecutionFailed):
             log.warning("%s: re-running the %d requests of a failed batch one per run", self.name, len(batch.inputs))
-            for part in self._isolation.add(batch, self.gears):
-                self._dispatch(part)
+            self._isolation.add(batch, self.gears)
             return True
         if not self.retry:
             return False
@@ -191,8 +190,7 @@ class InstancePool:
         return [k for k, instance in enumerate(self.instances) if instance is not batch.failed_by]
 
     def _futile(self, batch: Batch) -> bool:
-        """Every instance that may run `batch` is broken and its rebuild waits out a backoff
-        after failing (the first failure is retried at once, the old instance closed: not yet)."""
+        """Every instance that may run `batch` is broken, its rebuild failed again and backing off."""
         return all(self.instances[k].broken and k in self._backing_off for k in self._candidates(batch))
 
     def _answer_unrunnable(self, batches: list[Batch], why: str) -> None:
@@ -213,7 +211,11 @@ class InstancePool:
     def _pick(self, batch: Batch) -> tuple[int, object] | None:
         """A reserved (lane, slot) for `batch`, or None. A named lane is kept while that
         instance is healthy: the batch then waits for its slot rather than run elsewhere. A retry
-        goes wherever a slot is free, except where it failed."""
+        goes wherever a slot is free, except where it failed. While parts of a failed batch wait or
+        run, only they get one, on an instance with nothing in flight (isolation.py)."""
+        if self._isolation.active:
+            lanes = enumerate(self.instances) if isolation.is_part(batch) else ()
+            return next(((k, slot) for k, i in lanes if (slot := i.try_reserve(alone=True)) is not None), None)
         wanted = batch.lane if batch.failed_lane is None else None
         if wanted is not None and self._usable(wanted, batch):
             slot = self.instances[wanted].try_reserve()
@@ -230,8 +232,7 @@ class InstancePool:
 
     # -- instances out of rotation -------------------------------------------------------------
     def set_execution_timeout(self, configured_ms: int) -> int:
-        """Set every instance's execution timeout: `configured_ms`, or with 0 one derived from
-        the gears' warm-up costs (execution_timeout.py). Returns what was set."""
+        """Set every instance's execution timeout: `configured_ms`, or with 0 one derived from the gears' costs."""
         timeout_ms = configured_ms if configured_ms > 0 else derived_timeout_ms(self.gear_cost)
         with self._lock:  # an instance a rebuild swaps in takes the value then (_rebuild)
             self.execution_timeout_ms = timeout_ms
@@ -240,8 +241,7 @@ class InstancePool:
         return timeout_ms
 
     def out_of_service(self) -> str | None:
-        """Why no batch can run now: every instance out of rotation and each rebuild failed (tried
-        again, with backoff). None while any serves or a rebuild has not failed yet (requests wait)."""
+        """Why no batch can run now (every instance out, each rebuild failed), or None (requests wait)."""
         failures = dict(self._rebuild_failures)
         if any(not instance.broken for instance in self.instances) or len(failures) < len(self.instances):
             return None

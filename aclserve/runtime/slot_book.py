@@ -43,9 +43,10 @@ class SlotBook:
         with self.lock:
             return 0 if self._needs_reset or self.broken or self.closing else len(self._free)
 
-    def try_reserve(self) -> Slot | None:
+    def try_reserve(self, alone: bool = False) -> Slot | None:
+        """A free slot, or None; `alone`: only while nothing is in flight (isolation.py)."""
         with self.lock:
-            if self._needs_reset or self.broken or self.closing or not self._free:
+            if self._needs_reset or self.broken or self.closing or not self._free or (alone and self.in_flight):
                 return None
             if self.in_flight == 0:
                 self._busy.begin()
