@@ -147,16 +147,18 @@ def test_infer_sends_an_image_and_asks_for_its_classes(tmp_path):
     from tests import REPO
     from tests.serving import ServerThread, server_config
     (tmp_path / "models").mkdir()
-    for name in ("digits_image.om", "digits_image.yaml", "digits_labels.txt"):
+    for name in ("digits_image.om", "digits_image.yaml", "digits_labels.txt", "digits.om"):
         shutil.copy(REPO / "models" / name, tmp_path / "models" / name)
     x = np.load(REPO / "tests" / "data" / "digits_test.npz")["x"][0]
     Image.fromarray((x.reshape(8, 8) * 255 / 16).astype("uint8")).resize((32, 32)).save(tmp_path / "digit.png")
     with ServerThread(server_config(tmp_path / "models")) as server:
-        def infer(*more):
-            return subprocess.run([sys.executable, "-m", "aclserve", "infer", "digits_image", "-i", "x=digit.png",
+        def infer(*more, model="digits_image"):
+            return subprocess.run([sys.executable, "-m", "aclserve", "infer", model, "-i", "x=digit.png",
                                    "--url", f"http://{server.url}", "--json", *more], cwd=tmp_path,
                                   capture_output=True, text=True, timeout=120)
-        scores, top = infer(), infer("--classification", "2")
+        scores, top, not_an_image_input = infer(), infer("--classification", "2"), infer(model="digits")
+    assert not_an_image_input.returncode == 2 and "input x takes FP32 tensors: an image (JPEG, PNG) goes to " \
+        "an image input (BYTES)" in not_an_image_input.stderr, not_an_image_input.stderr
     assert scores.returncode == 0 and top.returncode == 0, scores.stderr + top.stderr
     y = json.loads(scores.stdout)["y"]
     assert y["shape"] == [1, 10] and y["dtype"] == "float32"

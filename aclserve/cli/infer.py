@@ -146,13 +146,16 @@ def _strings(blob: bytes) -> np.ndarray:
 def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
     """Cast each input to the dtype the model declares where dtypes.castable allows (float64 ->
     FP32, int64 -> INT32 or UINT8, integers -> a float, 0 and 1 -> BOOL; UsageError when a value
-    would change: dtypes.cast_keeping_values); returns one note per cast. Float data for an integer input is
-    sent as it is, for the server to refuse."""
+    would change: dtypes.cast_keeping_values); returns one note per cast. Float data for an
+    integer input is sent as it is, for the server to refuse; an image for another input is refused."""
     notes = []
     described = metadata.get("inputs") if isinstance(metadata, dict) else None
     declared = {t.get("name"): t.get("datatype") for t in described if isinstance(t, dict)} \
         if isinstance(described, list) else {}
     for name, arr in inputs.items():
+        if arr.dtype == object and declared.get(name, "BYTES") != "BYTES":  # (the server would say it too)
+            raise UsageError(f"input {name} takes {declared[name]} tensors: an image (JPEG, PNG) goes to an "
+                             "image input (BYTES); give a .npy file here")
         try:
             target = kserve_to_numpy(declared[name])
         except (KeyError, ValueError, TypeError):

@@ -258,7 +258,8 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         """A call ended before its message came: grpc core frees what it received of it once
         the call ends, then give it back to the system."""
         max_body_bytes = self.state.config.max_body_bytes
-        context.add_done_callback(lambda _: self.state.trimmer.released(max_body_bytes))
+        state = self.state  # (what requests in flight hold: this is no burst's end)
+        context.add_done_callback(lambda _: state.trimmer.released(max_body_bytes, state.budget.used))
 
     def _request_id(self, context) -> str | None:
         """The call's x-request-id metadata, read only while requests are observed (it names the
