@@ -18,7 +18,8 @@ class Batch:
     """One run of the model: the rows of one or more requests, padded to `gear`."""
 
     __slots__ = ("inputs", "gear", "rows", "lane", "trace", "requests", "dispatched_ns",
-                 "ran_on", "ran_by", "outputs", "timings", "instance", "error", "errors", "failed_lane", "failed_by")
+                 "ran_on", "ran_by", "outputs", "timings", "instance", "error", "errors", "beside", "failed_lane",
+                 "failed_by")
 
     def __init__(self, inputs: Sequence[Mapping[str, np.ndarray]], gear: int | None, rows: int,
                  lane: int | None = None, trace=None, requests: Sequence = (), dispatched_ns: int = 0):
@@ -39,6 +40,7 @@ class Batch:
         # per request, when a failed batch re-run one request per run (isolation.py) had some of
         # its requests fail and others not: each one's error, None for those answered
         self.errors: list[BaseException | None] | None = None
+        self.beside = False  # failed while other batches were in flight on its instance (one may have faulted)
         # set by a retry: the lane and the instance that failed it first (the retry may run on
         # any other instance, that lane's once rebuilt included)
         self.failed_lane: int | None = None

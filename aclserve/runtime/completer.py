@@ -207,6 +207,7 @@ class Completer:
         streams once nothing else is in flight, or, where its streams stop on a failure (their
         context then takes no task again), leave rotation to be rebuilt."""
         where = f"device {self._device.id}, instance {self.name}"
+        batch.beside = self._book.overlapped  # (which batch in flight faulted is not known)
         cause = error if isinstance(error, AclError) else error.__cause__
         code = cause.ret if isinstance(cause, AclError) else None
         timeout = isinstance(error, DeviceTimeout)

@@ -1,15 +1,15 @@
-"""A failed batch of several requests re-run one request per run (InstancePool, with `retry`).
+"""A failed batch re-run one request per run, each run alone (InstancePool, with `retry`).
 
 The device cannot say which request made a batch fault: one whose data the model cannot run
 (token ids past an embedding's rows, indices out of a gather's range) fails the batch it shares
-with others. So a batch of several requests that fails (not a timeout) is split into parts, one
-request each, run one at a time, each alone on an instance that can take it (the failed one once
-rebuilt or reset), the pool running nothing else meanwhile: a part then fails for its own
-request only, and is not run again. Their outcomes are gathered back into the batch, which goes
+with others, and a stopped context fails every batch in flight with it. So a batch that fails
+on the device (not a timeout) holding several requests, or with other batches in flight on its
+instance (`Batch.beside`), is split into parts, one request each, run one at a time, each alone
+on the instance the batch failed on (once rebuilt or reset), which runs nothing else meanwhile
+while the model's other instances serve on: a part then fails for its own request only, and is
+not run again. Their outcomes are gathered back into the batch, which goes
 to the pool's listener once, as any batch does: its `errors` holds each request's own failure
 when some of its requests failed and others did not; when all failed, `error` is the first one.
-What a stopped context fails beside the faulting batch is split too when it holds several
-requests; a batch of one request is re-run only on another instance (`retry` with two or more).
 """
 from __future__ import annotations
 
@@ -62,27 +62,33 @@ class Part:
 
 
 class Isolation:
-    """A pool's parts, run one at a time, each alone on its instance (the pool runs nothing else
-    while any waits: `active`): where the streams stop on a failure, a failure fails every batch
-    in flight on that context, so a part run beside another batch could fail for it, and the
-    request it holds would not be run again."""
+    """A pool's parts, run one at a time, each alone on one instance, `lane` (the failed batch's,
+    once rebuilt), which takes nothing else while any part is left (`active`); the other
+    instances serve on. Where the streams stop on a failure, a failure fails every batch in flight
+    on that context, so a part run beside another batch could fail for it, and the request it
+    holds would not be run again."""
 
     def __init__(self, dispatch: Callable[[Batch], None]):
         self._dispatch = dispatch  # the pool's: launches a part, keeps it waiting, or answers it
         self._lock = threading.Lock()
         self._waiting: collections.deque[Batch] = collections.deque()
         self._running: Batch | None = None
+        self._left = 0  # parts not finished yet (one int: read without the lock)
+        self.lane = 0  # the instance the parts run on, while `active`
         self._on_stack = threading.local()  # a dispatch answering a part at once: the loop above runs the next
 
     @property
     def active(self) -> bool:
-        return self._running is not None or bool(self._waiting)
+        return self._left > 0
 
     def add(self, batch: Batch, gears: tuple[int, ...]) -> None:
         """Split failed `batch` into parts and run the first (if none runs)."""
         parts = split(batch, gears)
         with self._lock:
+            if not self._left:
+                self.lane = batch.ran_on or 0
             self._waiting.extend(parts)
+            self._left += len(parts)
         self._run_next()
 
     def finished(self, batch: Batch) -> Batch | None:
@@ -94,6 +100,7 @@ class Isolation:
         with self._lock:
             if self._running is batch:
                 self._running = None
+            self._left -= 1
         whole = part.gathering.done(part.index, batch)
         self._run_next()
         return whole
@@ -124,15 +131,16 @@ def is_part(batch: Batch) -> bool:
 
 
 def split(batch: Batch, gears: tuple[int, ...]) -> list[Batch]:
-    """One part per request of the failed `batch` (of a model with gears: a static model runs
-    one request per batch), each in the smallest gear that holds it, marked as a re-run of the
+    """One part per request of the failed `batch` (a static model's holds one), each in the
+    smallest gear that holds it, marked as a re-run of the
     lane it failed on (run once more at most; counted as retried)."""
     gathering = _Gathering(batch)
     parts = []
     for index, inputs in enumerate(batch.inputs):
-        rows = len(next(iter(inputs.values())))  # every input of a gear model has the batch first
-        part = Batch([inputs], gears[bisect.bisect_left(gears, rows)], rows, requests=Part(gathering, index),
-                     dispatched_ns=batch.dispatched_ns)
+        rows = len(next(iter(inputs.values()))) if gears else batch.rows  # (a gear model's inputs: batch first)
+        gear = gears[bisect.bisect_left(gears, rows)] if gears else None
+        part = Batch([inputs], gear, rows, requests=Part(gathering, index), dispatched_ns=batch.dispatched_ns)
         part.failed_lane = batch.ran_on  # (failed_by stays None: the failed instance may run it once healthy)
+        part.error = batch.error  # kept if it never runs (no instance can), as a retry keeps its first
         parts.append(part)
     return parts

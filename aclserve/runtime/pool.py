@@ -2,12 +2,11 @@
 
 The pool hands each batch to the instance the batcher names (its "lane"), else to the one with
 the most free slots; when none can take it the batch waits in a FIFO inside the pool (the
-batcher avoids that by watching lanes()). With `retry`, a batch that fails on the device is run
-once more: holding several requests (not past the execution timeout), one run per request, on
-any instance that can take it (isolation.py: a request the model cannot run fails alone); else
-on another instance, or on the one it failed on once rebuilt, when the pool has two instances or
-more. The pool is its instances' BatchListener and passes finished batches and freed slots on to
-its own listener.
+batcher avoids that by watching lanes()). With `retry`, a batch the device fails runs again:
+holding several requests or failed beside other batches, one request per run, each alone on the
+instance it failed on once rebuilt (isolation.py: a request the model cannot run fails alone);
+else (or past the execution timeout) whole on another instance, if there is one. The pool is its
+instances' BatchListener and passes finished batches and freed slots on to its own listener.
 
 An instance that leaves rotation for good (a batch past the execution timeout, a context stopped
 on a failed batch, a stream reset that failed) is rebuilt in a background thread: a fresh
@@ -56,8 +55,7 @@ class InstancePool:
             raise ValueError("a pool needs at least one instance")
         self.name = name
         self.instances = instances
-        self.retry = retry and len(instances) > 1  # a failed batch re-run on another instance
-        self.isolate = retry  # ... or, holding several requests, one request per run (isolation.py)
+        self.retry = retry  # a failed batch re-run alone per request (isolation.py), or past a timeout elsewhere
         self._isolation = isolation.Isolation(self._dispatch)
         model = instances[0].model
         self.inputs: list[TensorSpec] = list(model.inputs)
@@ -93,13 +91,13 @@ class InstancePool:
         self._listener = listener
 
     def lanes(self) -> list[int]:
-        if self._isolation.active:  # (parts of a failed batch run alone: nothing else takes a slot)
-            return [0] * len(self.instances)
         with self._lock:
             free = [i.free_count() for i in self.instances]
             for batch in self._pending:
                 if batch.lane is not None and batch.failed_lane is None:
                     free[batch.lane] -= 1
+        if self._isolation.active:  # (the parts of a failed batch run alone there: no room for others)
+            free[self._isolation.lane] = 0
         return [max(n, 0) for n in free]
 
     def submit(self, batch: Batch) -> None:
@@ -124,19 +122,18 @@ class InstancePool:
         self._answer(batch)
 
     def _answer(self, batch: Batch) -> None:  # (a part of a batch re-run per request: its whole, once whole)
-        whole = self._isolation.finished(batch)
-        if whole is not None:
+        if (whole := self._isolation.finished(batch)) is not None:
             self._listener.batch_done(whole)
 
     def _rerun(self, batch: Batch) -> bool:
-        """Whether failed `batch` runs again (retry): one run per request of several (isolation.py), or elsewhere."""
-        if not self.isolate or batch.failed_lane is not None or self._closed:
+        """Whether failed `batch` runs again (retry): alone per request (isolation.py), or elsewhere."""
+        if not self.retry or isolation.is_part(batch) or self._closed:
             return False
-        if len(batch.inputs) > 1 and self.gears and isinstance(batch.error, ExecutionFailed):
-            log.warning("%s: re-running the %d requests of a failed batch one per run", self.name, len(batch.inputs))
+        if isinstance(batch.error, ExecutionFailed) and (len(batch.inputs) > 1 or batch.beside):  # (not a timeout)
+            log.warning("%s: re-running the %d request(s) of a failed batch alone", self.name, len(batch.inputs))
             self._isolation.add(batch, self.gears)
             return True
-        if not self.retry:
+        if len(self.instances) < 2 or batch.failed_lane is not None:
             return False
         log.warning("%s: retrying a failed batch on another instance", self.name)
         batch.failed_lane, batch.failed_by = batch.ran_on, batch.ran_by
@@ -181,12 +178,14 @@ class InstancePool:
 
     def _may_wait(self, batch: Batch) -> bool:
         """Whether an instance but the one `batch` failed on may take it, now or rebuilt (_futile)."""
-        if any(self._usable(k, batch) for k in range(len(self.instances))):
+        if any(self._usable(k, batch) for k in self._candidates(batch)):
             return True
         return self._builder is not None and bool(self._candidates(batch)) and not self._futile(batch)
 
     def _candidates(self, batch: Batch) -> list[int]:
-        """The lanes that may run `batch`: all but the instance it failed on (rebuilt, it may)."""
+        """The lanes that may run `batch`: all but the instance it failed on (rebuilt, it may); a part, its own."""
+        if isolation.is_part(batch):
+            return [self._isolation.lane]
         return [k for k, instance in enumerate(self.instances) if instance is not batch.failed_by]
 
     def _futile(self, batch: Batch) -> bool:
@@ -211,18 +210,19 @@ class InstancePool:
     def _pick(self, batch: Batch) -> tuple[int, object] | None:
         """A reserved (lane, slot) for `batch`, or None. A named lane is kept while that
         instance is healthy: the batch then waits for its slot rather than run elsewhere. A retry
-        goes wherever a slot is free, except where it failed. While parts of a failed batch wait or
-        run, only they get one, on an instance with nothing in flight (isolation.py)."""
-        if self._isolation.active:
-            lanes = enumerate(self.instances) if isolation.is_part(batch) else ()
-            return next(((k, slot) for k, i in lanes if (slot := i.try_reserve(alone=True)) is not None), None)
-        wanted = batch.lane if batch.failed_lane is None else None
+        goes wherever a slot is free, except where it failed. While parts of a failed batch are
+        left, their instance runs only them, one with nothing else in flight (isolation.py)."""
+        held = self._isolation.lane if self._isolation.active else None
+        if held is not None and isolation.is_part(batch):
+            slot = self.instances[held].try_reserve(alone=True)
+            return (held, slot) if slot is not None else None
+        wanted = batch.lane if batch.failed_lane is None and batch.lane != held else None
         if wanted is not None and self._usable(wanted, batch):
             slot = self.instances[wanted].try_reserve()
             return (wanted, slot) if slot is not None else None
         best, best_free = None, 0
         for lane, instance in enumerate(self.instances):
-            if instance is batch.failed_by:
+            if instance is batch.failed_by or lane == held:
                 continue
             free = instance.free_count()
             if free > best_free:

@@ -33,6 +33,7 @@ class SlotBook:
         self.lock = threading.Lock()
         self._free: list[Slot] = list(slots)
         self.in_flight = 0
+        self.overlapped = False  # two batches or more were in flight since it last had none
         self._needs_reset = False  # a device fault: reset the streams once nothing is in flight
         self.broken: str | None = None  # reason, once the instance is out of rotation for good
         self.faults: collections.Counter[int] = collections.Counter()  # failed batches by ACL code
@@ -50,6 +51,8 @@ class SlotBook:
                 return None
             if self.in_flight == 0:
                 self._busy.begin()
+            else:
+                self.overlapped = True
             self.in_flight += 1
             return self._free.pop()
 
@@ -60,6 +63,7 @@ class SlotBook:
             self._free.append(slot)
             if self.in_flight == 0:
                 self._busy.end()
+                self.overlapped = False
             return self._needs_reset and self.in_flight == 0 and not self.closing and not self.broken
 
     def busy_fraction(self) -> float:

@@ -167,8 +167,8 @@ class GuardCollector:
             retries.add_metric([name], n)
         yield retries
         faults = CounterMetricFamily("aclserve_batch_faults", "Batches the device failed (retried: runs again, "
-                                     "on another instance or the failed one rebuilt, or one per request of a failed "
-                                     "batch of several)", labels=["model", "version", "outcome"])
+                                     "each request alone on the instance it failed on once rebuilt, or whole on "
+                                     "another)", labels=["model", "version", "outcome"])
         rebuilds = CounterMetricFamily("aclserve_instance_rebuilds", "Instances replaced after leaving rotation "
                                        "(execution timeout, device fault, failed stream reset)", labels=["model", "version"])
         rebuilds_failed = CounterMetricFamily("aclserve_instance_rebuild_failures", "Attempts to rebuild an "

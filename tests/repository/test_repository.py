@@ -210,7 +210,7 @@ async def test_lenient_readiness_waits_for_a_retry_still_to_come(make_repo, mode
     moment, as one still loading may (it was ready while the retry waited)."""
     from aclserve.acl.cpu import faults
     place(model_files[1]["om"], models_dir / "m.om")
-    faults.inject("execute", nth=1)  # the first warm-up run fails 507011: transient, retried
+    faults.inject("execute", nth=1, count=2)  # the first warm-up run and its re-run fail 507011: transient, retried
     repo, events = await make_repo(start=False, model_control_mode="none", load_retry_initial_s=1.0,
                                    load_retry_max_s=2.0)
     await repo.start()

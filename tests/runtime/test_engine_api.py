@@ -67,7 +67,7 @@ def test_a_load_whose_warm_up_fails_leaves_no_instance_running(affine_om):
     with Engine(device="cpu") as engine:
         faults.inject("execute", nth=1)
         with pytest.raises(ExecutionFailed):
-            engine.load(affine_om())
+            engine.load(affine_om(), retry=False)
         faults.clear()
         assert engine.models == []
     left = [t.name for t in threading.enumerate() if t.ident not in before and t.name != "aclserve-abandoned-retry"]

@@ -25,7 +25,7 @@ def test_a_failed_input_copy_fails_its_batch_instead_of_running_on_stale_rows(ru
     buffer held (another request's rows) and was answered as a success. Now the instance's
     streams stop on a failure (compat.stop_on_failure): the first batch, whose copy out is not
     run after it, fails as well, and the rebuilt instance serves on."""
-    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    pool = open_pool(runtime, affine_om(), "affine", slots=2, retry=False)
     done = BatchFutures(pool)
     gate = threading.Event()
     try:
@@ -76,7 +76,7 @@ def test_engine_inputs_that_are_not_a_mapping_are_refused_with_what_is_expected(
     model.infer(None) "'NoneType' object is not iterable": nothing saying what was wrong."""
     from aclserve.runtime import Engine
     with Engine(device="cpu") as engine:
-        model = engine.load(affine_om(), warmup=False)
+        model = engine.load(affine_om(), warmup=False, retry=False)
         req = affine_request(2)
         for bad in (req["x"], [req["x"], req["idx"]], None):
             with pytest.raises(TypeError, match=r"inputs must be a mapping of input name to array "
@@ -90,7 +90,7 @@ def test_engine_refuses_an_input_a_cast_would_change(affine_om):
     became 1, NaN any integer). Casts within a kind (float64 -> float32, int32 -> int64) stay."""
     from aclserve.runtime import Engine
     with Engine(device="cpu") as engine:
-        model = engine.load(affine_om(), warmup=False)
+        model = engine.load(affine_om(), warmup=False, retry=False)
         req = affine_request(2)
         with pytest.raises(ValueError, match="input 'idx' is float64, the model takes int64"):
             model.infer({"x": req["x"], "idx": req["idx"] + 0.7})
@@ -103,7 +103,7 @@ def test_a_batch_launched_on_an_instance_closed_since_its_slot_was_reserved_is_a
     instance's close() queues its launcher's stop marker, then launch behind the marker, where
     nobody answers the batch. Launched after the close, it now fails at once, to the listener."""
     from aclserve.runtime.batch import Batch
-    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    pool = open_pool(runtime, affine_om(), "affine", slots=2, retry=False)
     instance = pool.instances[0]
     answered = []
 
@@ -128,7 +128,7 @@ def test_a_failed_copy_of_a_lone_batch_fails_it(runtime, affine_om, copy):
     """A lone batch's copies have no events of their own: a failed copy-in is reported by
     exec_start, a failed copy-out by d2h_end. Either fails the batch (never an answer made of
     stale rows), and the instance serves on."""
-    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    pool = open_pool(runtime, affine_om(), "affine", slots=2, retry=False)
     done = BatchFutures(pool)
     try:
         faults.inject("memcpy", nth=copy)

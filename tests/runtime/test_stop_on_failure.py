@@ -26,7 +26,7 @@ def test_a_stop_fails_the_batches_in_flight_counts_once_and_the_rebuilt_instance
     (it was counted once per refused launch, and a late count was lost at the instance's swap),
     a refused launch is one log line (no traceback), and the stopped instance is freed, not
     abandoned, once the rebuilt one serves."""
-    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    pool = open_pool(runtime, affine_om(), "affine", slots=2, retry=False)
     done = BatchFutures(pool)
     try:
         gate1, gate2 = threading.Event(), threading.Event()
@@ -81,7 +81,7 @@ def test_a_stopped_instance_aborts_its_streams_before_it_frees_what_they_use(run
     returns at once (CANN checks the context before it waits). The stopped instance's close
     aborts its streams, which waits for that execution, before it frees the slots' memory; then
     the rebuilt instance serves."""
-    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    pool = open_pool(runtime, affine_om(), "affine", slots=2, retry=False)
     done = BatchFutures(pool)
     gate = threading.Event()
     try:
@@ -108,7 +108,7 @@ def test_a_stopped_instance_whose_stream_cannot_be_aborted_is_abandoned_until_it
     CPU runtime's abort wait): the instance is abandoned, not freed under that task, and freed
     once the task has ended."""
     monkeypatch.setattr(_stream, "ABORT_WAIT_S", 0.2)
-    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    pool = open_pool(runtime, affine_om(), "affine", slots=2, retry=False)
     done = BatchFutures(pool)
     gate = threading.Event()
     try:
@@ -134,7 +134,7 @@ def test_a_pool_closed_while_a_replaced_instance_is_still_being_closed_waits_for
     waits for the abort of a running execution): the pool's close waits for that too, so when it
     returns everything of the pool is freed (it returned with the old instance still open)."""
     monkeypatch.setattr(_stream, "ABORT_WAIT_S", 60.0)  # the abort waits for the gate, however slow the machine
-    pool = open_pool(runtime, affine_om(), "affine", slots=2)
+    pool = open_pool(runtime, affine_om(), "affine", slots=2, retry=False)
     done = BatchFutures(pool)
     gate = threading.Event()
     try:

@@ -180,7 +180,7 @@ def test_a_client_gone_before_taking_its_answer_costs_one_debug_line(grpc_server
     assert len([r for r in gone if r.args == (STREAM,) and r.levelno == logging.DEBUG]) + len(cancelled) <= 1
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR and STREAM in str(r.msg) + str(r.args)]
 
-    faults.inject("execute", count=1)
+    faults.inject("execute", count=2)  # the run and its re-run (retry)
 
     async def failing():
         async with grpc.aio.insecure_channel(grpc_server.grpc_url) as channel:

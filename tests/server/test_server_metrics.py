@@ -155,6 +155,7 @@ def test_fault_counters_survive_a_reload_of_the_same_version(models_dir, tmp_pat
     own = tmp_path / "models"
     own.mkdir()
     shutil.copy(models_dir / "double.om", own / "double.om")
+    (own / "double.yaml").write_text("retry: false\n")  # the fault fails its batch: no re-run
     config = server_config(own, model_control_mode="poll", settle_s=0.1, debounce_s=0.05)
     body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
     gate = threading.Event()
