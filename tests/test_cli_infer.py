@@ -109,13 +109,15 @@ def test_a_line_with_tabs_or_colours_is_text_not_binary():
 
 @pytest.mark.parametrize("scheme, said", [
     ("http", "(a TLS port? try https://)"),  # the server closes without a word: a TLS port's way
+    ("http-reset", "(a TLS port? try https://)"),  # ... or resets, closing with bytes unread (a CI run met it)
     ("https", "(not a TLS port? try http://)"),  # a plain HTTP answer to the TLS hello
 ])
 def test_a_url_of_the_wrong_scheme_gets_a_hint(tmp_path, scheme, said):
-    """Plain HTTP to the TLS port ended in "Remote end closed connection without response", TLS
-    to a plain port in "[SSL: WRONG_VERSION_NUMBER]", neither saying what to change."""
+    """Plain HTTP to the TLS port ended in "Remote end closed connection without response" (or a
+    reset), TLS to a plain port in "[SSL: WRONG_VERSION_NUMBER]", neither saying what to change."""
     import contextlib
     import socket
+    import struct
     import threading
     np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
     listener = socket.create_server(("127.0.0.1", 0))
@@ -126,11 +128,13 @@ def test_a_url_of_the_wrong_scheme_gets_a_hint(tmp_path, scheme, said):
                 conn, _ = listener.accept()
                 with conn:
                     conn.recv(65536)
+                    if scheme == "http-reset":  # closed with an RST, as with bytes unread
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     if scheme == "https":
                         conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
     threading.Thread(target=serve, daemon=True).start()
     try:
-        url = f"{scheme}://127.0.0.1:{listener.getsockname()[1]}"
+        url = f"{scheme.split('-')[0]}://127.0.0.1:{listener.getsockname()[1]}"
         proc = subprocess.run([sys.executable, "-m", "aclserve", "infer", "m", "-i", "x=x.npy", "--url", url,
                                "--timeout", "5"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     finally:

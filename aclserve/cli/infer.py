@@ -228,7 +228,8 @@ def run_infer(args) -> int:
     except urllib.error.URLError as e:
         return _failed(f"cannot reach {args.url}: {e.reason}{scheme_hint(args.url, str(e.reason))}")
     except OSError as e:  # (the connection reset or closed mid-answer)
-        return _failed(f"{args.url} broke off the exchange: {e.strerror or e}")
+        said = str(e.strerror or e)
+        return _failed(f"{args.url} broke off the exchange: {said}{scheme_hint(args.url, said)}")
     if args.json:  # (as the server's JSON outputs: NaN and infinities, no JSON numbers, as null)
         print(json.dumps({n: {"shape": list(a.shape), "dtype": _dtype_name(a), "data": _json_data(a)}
                           for n, a in outputs.items()}))

@@ -23,11 +23,15 @@ def check_url(url: str) -> None:
                          f"set {TOKEN_ENV} instead")
 
 
+# how a TLS port met with plain HTTP ends the exchange (a reset when it closes with bytes unread)
+_CLOSED_UNANSWERED = ("closed connection without response", "Server disconnected", "Connection reset by peer")
+
+
 def scheme_hint(url: str, said: str) -> str:
     """What to add to a failed exchange's message when the URL's scheme looks wrong for the
     port, or the server's certificate is not trusted here."""
     scheme = urllib.parse.urlsplit(url).scheme
-    if scheme == "http" and ("closed connection without response" in said or "Server disconnected" in said):
+    if scheme == "http" and any(words in said for words in _CLOSED_UNANSWERED):
         return " (a TLS port? try https://)"
     if scheme == "https" and "WRONG_VERSION_NUMBER" in said:
         return " (not a TLS port? try http://)"
