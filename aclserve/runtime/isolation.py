@@ -5,9 +5,10 @@ The device cannot say which request made a batch fault: one whose data the model
 with others, and a stopped context fails every batch in flight with it. So a batch that fails
 on the device (not a timeout) holding several requests, or with other batches in flight on its
 instance (`Batch.beside`), is split into parts, one request each, run one at a time, each alone
-on the instance the batch failed on (once rebuilt or reset), which runs nothing else meanwhile
-while the model's other instances serve on: a part then fails for its own request only, and is
-not run again. Their outcomes are gathered back into the batch, which goes
+on one instance (`Isolation.lane`: the one the first such batch failed on, once rebuilt or reset,
+or a healthy one once that rebuild fails: pool.py), which runs nothing else meanwhile while the
+model's other instances serve on: a part then fails for its own request only, and is not run
+again. Their outcomes are gathered back into the batch, which goes
 to the pool's listener once, as any batch does: its `errors` holds each request's own failure
 when some of its requests failed and others did not; when all failed, `error` is the first one.
 """
@@ -62,11 +63,10 @@ class Part:
 
 
 class Isolation:
-    """A pool's parts, run one at a time, each alone on one instance, `lane` (the failed batch's,
-    once rebuilt), which takes nothing else while any part is left (`active`); the other
-    instances serve on. Where the streams stop on a failure, a failure fails every batch in flight
-    on that context, so a part run beside another batch could fail for it, and the request it
-    holds would not be run again."""
+    """A pool's parts, run one at a time, each alone on one instance, `lane` (the pool chooses it),
+    which takes nothing else while any part is left (`active`); the other instances serve on.
+    Where the streams stop on a failure, a failure fails every batch in flight on that context,
+    so a part run beside another batch could fail for it, and its request would not run again."""
 
     def __init__(self, dispatch: Callable[[Batch], None]):
         self._dispatch = dispatch  # the pool's: launches a part, keeps it waiting, or answers it

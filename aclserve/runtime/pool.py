@@ -4,9 +4,9 @@ The pool hands each batch to the instance the batcher names (its "lane"), else t
 the most free slots; when none can take it the batch waits in a FIFO inside the pool (the
 batcher avoids that by watching lanes()). With `retry`, a batch the device fails runs again:
 holding several requests or failed beside other batches, one request per run, each alone on the
-instance it failed on once rebuilt (isolation.py: a request the model cannot run fails alone);
-else (or past the execution timeout) whole on another instance, if there is one. The pool is its
-instances' BatchListener and passes finished batches and freed slots on to its own listener.
+instance it failed on once rebuilt, or a healthy one if that rebuild fails (isolation.py: a
+request the model cannot run fails alone); else (or past the execution timeout) whole on another
+instance, if any. The pool is its instances' BatchListener: finished batches and freed slots go on.
 
 An instance that leaves rotation for good (a batch past the execution timeout, a context stopped
 on a failed batch, a stream reset that failed) is rebuilt in a background thread: a fresh
@@ -96,8 +96,8 @@ class InstancePool:
             for batch in self._pending:
                 if batch.lane is not None and batch.failed_lane is None:
                     free[batch.lane] -= 1
-        if self._isolation.active:  # (the parts of a failed batch run alone there: no room for others)
-            free[self._isolation.lane] = 0
+            if self._isolation.active:  # (the parts of a failed batch run alone there: no room for others)
+                free[self._isolation.lane] = 0
         return [max(n, 0) for n in free]
 
     def submit(self, batch: Batch) -> None:
@@ -183,9 +183,7 @@ class InstancePool:
         return self._builder is not None and bool(self._candidates(batch)) and not self._futile(batch)
 
     def _candidates(self, batch: Batch) -> list[int]:
-        """The lanes that may run `batch`: all but the instance it failed on (rebuilt, it may); a part, its own."""
-        if isolation.is_part(batch):
-            return [self._isolation.lane]
+        """The lanes that may run `batch`: all but the instance it failed on (rebuilt, it may)."""
         return [k for k, instance in enumerate(self.instances) if instance is not batch.failed_by]
 
     def _futile(self, batch: Batch) -> bool:
@@ -208,12 +206,14 @@ class InstancePool:
         return self.instances[lane] is not batch.failed_by and not self.instances[lane].broken
 
     def _pick(self, batch: Batch) -> tuple[int, object] | None:
-        """A reserved (lane, slot) for `batch`, or None. A named lane is kept while that
-        instance is healthy: the batch then waits for its slot rather than run elsewhere. A retry
-        goes wherever a slot is free, except where it failed. While parts of a failed batch are
-        left, their instance runs only them, one with nothing else in flight (isolation.py)."""
+        """A reserved (lane, slot) for `batch`, or None. A named lane is kept while healthy (the batch
+        waits for its slot); a retry goes wherever a slot is free, but where it failed. While parts
+        of a failed batch are left, one instance runs only them, one with nothing else in flight
+        (isolation.py): the one it failed on (rebuilt), or, its rebuild backing off, a healthy one."""
         held = self._isolation.lane if self._isolation.active else None
         if held is not None and isolation.is_part(batch):
+            if held in self._backing_off:
+                self._isolation.lane = held = next((k for k, i in enumerate(self.instances) if not i.broken), held)
             slot = self.instances[held].try_reserve(alone=True)
             return (held, slot) if slot is not None else None
         wanted = batch.lane if batch.failed_lane is None and batch.lane != held else None
@@ -303,6 +303,7 @@ class InstancePool:
                     continue
                 log.error("%s: rebuilding %s failed (%s); trying again in %.1f s", self.name, old.name, e, delay)
                 self._answer_pending_if_futile()
+                self.slot_free()  # (parts waiting for this lane may now go to a healthy one: _pick)
                 if self._closing.wait(delay * random.uniform(0.5, 1.0)):
                     return
                 delay = min(2 * delay, 60.0)
@@ -385,9 +386,8 @@ class InstancePool:
             raise errors[0]
 
     def hurry(self, deadline: float) -> None:
-        """Wait for the device no later than `deadline` (time.monotonic(); at least
-        teardown.GRACE_S from now) in a close running now or to come: a shutdown arriving while
-        an unload's close waits for a hung device."""
+        """Wait for the device no later than `deadline` (time.monotonic(); at least teardown.GRACE_S
+        from now) in a close running now or to come (a shutdown during an unload's close)."""
         deadline = max(deadline, time.monotonic() + teardown.GRACE_S)
         with self._lock:
             self._close_by = min(self._close_by, deadline)

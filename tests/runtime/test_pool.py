@@ -346,3 +346,19 @@ def test_batches_failed_beside_another_are_run_again_alone(runtime, affine_om):
     finally:
         gate.set()
         pool.close()
+
+
+def test_parts_move_to_a_healthy_instance_when_theirs_cannot_be_rebuilt(runtime, tmp_path):
+    """The parts waited for the instance the batch failed on, and once its rebuild failed and
+    backed off they were answered with their first error while the other instance served (found
+    by a review: good requests answered 500)."""
+    pool = open_pool(runtime, embed_om(tmp_path), "embed", instances=2, devices=(0, 1), slots=2, retry=True)
+    done = BatchFutures(pool)
+    try:
+        faults.inject("load", nth=1, count=1_000_000, code=207001)  # every rebuild fails
+        whole = done.submit([{"ids": np.array([[1, 2]])}, {"ids": np.array([[3, 40]])}], 2, lane=0)
+        result = whole.result(timeout=60)
+        assert [e is not None for e in result.errors] == [False, True]
+        np.testing.assert_array_equal(result.outputs[0]["emb"], TABLE[[[1, 2]]])
+    finally:
+        pool.close()
