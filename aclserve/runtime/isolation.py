@@ -132,8 +132,8 @@ def is_part(batch: Batch) -> bool:
 
 def split(batch: Batch, gears: tuple[int, ...]) -> list[Batch]:
     """One part per request of the failed `batch` (a static model's holds one), each in the
-    smallest gear that holds it, marked as a re-run of the
-    lane it failed on (run once more at most; counted as retried)."""
+    smallest gear that holds it, marked as a re-run of the lane it failed on (not run again if it
+    fails; counted as retried)."""
     gathering = _Gathering(batch)
     parts = []
     for index, inputs in enumerate(batch.inputs):

@@ -55,7 +55,7 @@ class InstancePool:
             raise ValueError("a pool needs at least one instance")
         self.name = name
         self.instances = instances
-        self.retry = retry  # a failed batch re-run alone per request (isolation.py), or past a timeout elsewhere
+        self.retry = retry  # a failed batch re-run alone per request (isolation.py), or whole elsewhere
         self._isolation = isolation.Isolation(self._dispatch)
         model = instances[0].model
         self.inputs: list[TensorSpec] = list(model.inputs)
