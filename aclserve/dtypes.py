@@ -101,12 +101,11 @@ def cast_keeping_values(arr: np.ndarray, target: np.dtype) -> np.ndarray:
     if not castable(arr.dtype, target):  # 1.7 -> 1, NaN -> any int
         raise ValueError(f"is {arr.dtype}, the model takes {target}: a cast would change its values; convert it first")
     if target.kind in "iub" and arr.dtype.kind in "iub" and arr.size:
-        limits = np.iinfo(target) if target.kind != "b" else np.iinfo(np.uint8)
+        bottom, top = (0, 1) if target.kind == "b" else (np.iinfo(target).min, np.iinfo(target).max)
         low, high = arr.min(), arr.max()
-        top = 1 if target.kind == "b" else limits.max
-        if low < limits.min or high > top:
-            raise ValueError(f"holds {low if low < limits.min else high}, outside {target}'s range "
-                             f"[{limits.min}, {top}]: convert it first")
+        if low < bottom or high > top:
+            raise ValueError(f"holds {low if low < bottom else high}, outside {target}'s range "
+                             f"[{bottom}, {top}]: convert it first")
     with np.errstate(over="ignore"):
         cast = arr.astype(target)
     if target.kind == "f" and arr.size and bool((np.isinf(cast) & np.isfinite(arr)).any()):

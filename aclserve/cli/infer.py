@@ -149,9 +149,7 @@ def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
     would change: dtypes.cast_keeping_values); returns one note per cast. Float data for an
     integer input is sent as it is, for the server to refuse; an image for another input is refused."""
     notes = []
-    described = metadata.get("inputs") if isinstance(metadata, dict) else None
-    declared = {t.get("name"): t.get("datatype") for t in described if isinstance(t, dict)} \
-        if isinstance(described, list) else {}
+    declared = {t.get("name"): t.get("datatype") for t in _described(metadata, "inputs")}
     for name, arr in inputs.items():
         if arr.dtype == object and declared.get(name, "BYTES") != "BYTES":  # (the server would say it too)
             raise UsageError(f"input {name} takes {declared[name]} tensors: an image (JPEG, PNG) goes to an "
@@ -167,6 +165,12 @@ def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
                 raise UsageError(f"input {name} {e}") from None
             notes.append(f"input {name}: {arr.dtype} cast to {declared[name]} as the model declares")
     return notes
+
+
+def _described(metadata, key: str) -> list[dict]:
+    """The tensors metadata lists under `key` ("inputs", "outputs"), whatever shape it has."""
+    listed = metadata.get(key) if isinstance(metadata, dict) else None
+    return [t for t in listed if isinstance(t, dict)] if isinstance(listed, list) else []
 
 
 class NoAnswer(OSError):
@@ -258,9 +262,7 @@ def _ask(args, path: str, inputs: dict[str, np.ndarray], headers: dict) -> dict[
         print(f"aclserve infer: {note}", file=sys.stderr)
     outputs = args.output
     if args.classification and not outputs:  # (the request names each output it classifies)
-        described = metadata.get("outputs") if isinstance(metadata, dict) else None
-        outputs = [o["name"] for o in described if isinstance(o, dict) and isinstance(o.get("name"), str)] \
-            if isinstance(described, list) else []
+        outputs = [o["name"] for o in _described(metadata, "outputs") if isinstance(o.get("name"), str)]
     body, header_length = build_request(inputs, outputs, args.priority, args.classification)
     req = urllib.request.Request(args.url.rstrip("/") + path + "/infer", data=body, method="POST",
                                  headers={HEADER_LENGTH: str(header_length),

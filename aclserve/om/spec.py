@@ -144,16 +144,17 @@ def load_onnx(path: str | os.PathLike, weights: bool = True) -> onnx.ModelProto:
     if not model.graph.node and not model.graph.output:
         raise CompileError(f"{path}: not an ONNX model (no graph)")
     folder = os.path.dirname(os.path.abspath(path))
-    missing = _missing_external_file(model, folder)
+    locations = external_locations(model)
+    missing = _missing_external_file(locations, folder)
     if missing is not None:  # (onnx says "it is not regular file")
         raise CompileError(f"{path}: its external data cannot be read ({missing} does not exist)")
     try:  # (by path when it names external data: the checker finds those files from the model's folder)
-        onnx.checker.check_model(path if external_locations(model) else model, full_check=False)
+        onnx.checker.check_model(path if locations else model, full_check=False)
     except Exception as e:
         raise CompileError(f"{path}: invalid ONNX graph: {one_line(e)}") from None
     if not weights:
         return model
-    inline = model.ByteSize() + _external_bytes(model, folder)
+    inline = model.ByteSize() + _external_bytes(locations, folder)
     if inline > MAX_INLINE_BYTES:  # (what the CPU runtime's OM embeds: the model with its weights)
         raise CompileError(f"{path}: the model with its external data is {inline / 2**30:.1f} GiB; the CPU "
                            "compiler takes models up to 2 GiB (an NPU's, through ATC, may be larger)")
@@ -188,18 +189,18 @@ def _tensors(graph: onnx.GraphProto):
                 yield from _tensors(sub)
 
 
-def _missing_external_file(model: onnx.ModelProto, folder: str) -> str | None:
-    """The first external data file `model` names that is not there, or None."""
-    for location in sorted(external_locations(model)):
+def _missing_external_file(locations: set[str], folder: str) -> str | None:
+    """The first of the external data files `locations` that is not there, or None."""
+    for location in sorted(locations):
         if "\0" not in location and not os.path.lexists(os.path.join(folder, location)):
             return location
     return None
 
 
-def _external_bytes(model: onnx.ModelProto, folder: str) -> int:
-    """The sizes of the external data files `model` names (those that can be read)."""
+def _external_bytes(locations: set[str], folder: str) -> int:
+    """The sizes of the external data files `locations` (those that can be read)."""
     total = 0
-    for location in external_locations(model):
+    for location in locations:
         try:
             total += os.path.getsize(os.path.join(folder, location))
         except (OSError, ValueError):  # (onnx's own read says why)

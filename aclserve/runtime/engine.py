@@ -228,9 +228,9 @@ class Engine:
         name = name or os.path.splitext(os.path.basename(path))[0]
         pool = open_pool(self.runtime, path, name, instances=instances, devices=devices, slots=slots, retry=retry)
         try:
-            if warmup_data:
-                warm_up(pool, data=warmup_data, remedy=f" (if the model cannot run on {warmup_data}, load it with "
-                        + ("warmup_data='ones' or " if warmup_data == "zeros" else "") + "warmup=False)")
+            if warmup_data:  # (the remedy is said after a failure on zeros only: warm_up)
+                warm_up(pool, data=warmup_data,
+                        remedy=" (if the model cannot run on zeros, load it with warmup_data='ones' or warmup=False)")
                 pool.set_execution_timeout(0)  # as the server: derived from the warm-up's runs
             model = EngineModel(pool, self)
         except BaseException:  # (a failed warm-up, Ctrl-C): its instances closed, not left running

@@ -26,9 +26,9 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
     incomplete (a load abandoned at shutdown: nobody will use them); `progress(gear, run, runs)`
     hears each run begin (gear None for a model without gears); `remedy` ends the message of a
     failed run (what the caller offers a model that cannot run on zeros). Returns the gear costs."""
+    fill = np.ones if data == "ones" else np.zeros
     for gear in pool.gears or (None,):
         rows = gear or 1
-        fill = np.ones if data == "ones" else np.zeros
         request = {s.name: fill((rows,) + s.sample_shape if s.batched else s.shape, s.dtype) for s in pool.inputs}
         best = compute = float("inf")
         for run in range(runs):

@@ -10,6 +10,7 @@ series go with it."""
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -40,10 +41,8 @@ class _PoolCounts:
 
     def with_pools(self, *pools) -> "_PoolCounts":
         """These counts plus what the draining pools and `pools` count now."""
-        total = _PoolCounts()
-        total.failed, total.retried, total.rebuilds = self.failed, self.retried, self.rebuilds
-        total.rebuilds_failed = self.rebuilds_failed
-        total.codes.update(self.codes)
+        total = copy.copy(self)  # (its numbers; a Counter and a list of its own)
+        total.codes, total.draining = collections.Counter(self.codes), []
         for pool in (*self.draining, *pools):
             total.add(pool)
         return total
