@@ -121,7 +121,7 @@ def _run(args):
             raise UsageError(str(e)) from None
     import aiohttp
     from .profile_remote import TraceUnreadable, run_remote
-    from .usage import NotKServe, one_line
+    from .usage import NOT_HTTP1_HINT, NotKServe, one_line
     check_url(args.url)
     auth_headers()  # (checked before the run)
     try:
@@ -133,7 +133,7 @@ def _run(args):
     except (aiohttp.ClientResponseError, NotKServe) as e:  # (a gRPC port: "Bad status line", HTML, ...)
         said = one_line(getattr(e, "message", e)).rstrip(":")  # (aiohttp's own is a multi-line repr)
         if said.startswith("Bad status line"):  # (what aiohttp says of HTTP/2 frames, without them)
-            said = f"{said}, not HTTP/1.1 (an HTTP/2 or gRPC port?)"
+            said = f"{said}, not HTTP/1.1 {NOT_HTTP1_HINT}"
         raise RemoteFailed(f"{args.url} did not answer as a KServe v2 HTTP server: {said}") from None
     except aiohttp.ClientError as e:  # (the connection closed mid-answer)
         said = one_line(e) or type(e).__name__

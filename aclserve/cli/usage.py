@@ -1,6 +1,10 @@
 """What the commands say when something is wrong: one line each."""
 
 
+# what a reply that is not HTTP/1.1 most likely means (said by one_line and `aclserve profile`)
+NOT_HTTP1_HINT = "(an HTTP/2 or gRPC port?)"
+
+
 class UsageError(Exception):
     """Bad input from the command line: printed as one line, exit status 2."""
 
@@ -16,5 +20,5 @@ def one_line(text) -> str:
     line = lines[0][:200].replace("\t", " ")
     unprintable = sum(not c.isprintable() and c != "\x1b" for c in line)  # (ESC: a coloured message)
     if unprintable and unprintable * 10 >= len(line):
-        return "binary data, not HTTP/1.1 text (an HTTP/2 or gRPC port?)"
+        return f"binary data, not HTTP/1.1 text {NOT_HTTP1_HINT}"
     return "".join(c if c.isprintable() else "?" for c in line)
