@@ -135,11 +135,19 @@ def _float_layout(wanted: str, spec: TensorSpec, dims: list[int]) -> str:
         return "HW"
     if wanted != "auto":
         return wanted
-    # the OM's format is ATC's --input_format: NHWC only where it was asked for (a TF or Caffe
-    # model); NCHW for every ONNX input whatever its layout, so then the dims decide
-    if spec.format == "NHWC":
+    return picture_layout(spec.format, dims) or "NCHW"
+
+
+def picture_layout(om_format: str, dims) -> str | None:
+    """The layout of a tensor of three dimensions besides the batch laid out as a picture (1 or 3
+    channels first, or last): "NCHW" or "NHWC"; None for any other. The OM's format is ATC's
+    --input_format: NHWC only where it was asked for (a TF or Caffe model); NCHW for every ONNX
+    input whatever its layout, so then the dims decide."""
+    if len(dims) != 3:
+        return None
+    if om_format == "NHWC" or (dims[2] in (1, 3) and dims[0] not in (1, 3)):
         return "NHWC"
-    return "NHWC" if dims[2] in (1, 3) and dims[0] not in (1, 3) else "NCHW"
+    return "NCHW" if dims[0] in (1, 3) else None
 
 
 def _per_channel(values, channels: int, name: str, what: str) -> np.ndarray | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from ..images.plan import picture_layout
 from ..runtime.types import TensorSpec
 from ..scheduling.policy import QueuePolicy
 
@@ -51,7 +52,8 @@ def _config_tensors(specs: Sequence[TensorSpec], batching: bool, is_input: bool,
         if not dims:  # Triton refuses empty dims: one element, reshaped to none (as it spells a scalar)
             entry["dims"], entry["reshape"] = [1], {"shape": []}
         if is_input:  # ModelInput has a format, ModelOutput has none (model_config.proto)
-            entry["format"] = "FORMAT_NONE"
+            layout = picture_layout(s.format, dims) if s.datatype != "BYTES" else None
+            entry["format"] = f"FORMAT_{layout or 'NONE'}"  # (Triton's image_client needs one of the two)
         if labels and s.name in labels:
             entry["label_filename"] = labels[s.name]
         out.append(entry)

@@ -79,3 +79,46 @@ def test_batch_only_inputs_are_taken_as_the_config_spells_them_too(srv, binary):
         np.testing.assert_array_equal(grpc.infer("vec", [x]).as_numpy("y"), [0, 0, 2])
     finally:
         grpc.close()
+
+
+def pictures_onnx(path) -> str:
+    """Relu of each input: `nchw` FP32 [N, 3, 8, 8], `nhwc` UINT8 [N, 8, 8, 3] (through a Cast),
+    `grid` FP32 [N, 5, 4, 4] (no picture: 5 channels)."""
+    def tensor(name, elem, dims):
+        return helper.make_tensor_value_info(name, elem, ["batch", *dims])
+    inputs = [tensor("nchw", TensorProto.FLOAT, [3, 8, 8]), tensor("nhwc", TensorProto.UINT8, [8, 8, 3]),
+              tensor("grid", TensorProto.FLOAT, [5, 4, 4])]
+    outputs = [tensor("y_nchw", TensorProto.FLOAT, [3, 8, 8]), tensor("y_nhwc", TensorProto.FLOAT, [8, 8, 3]),
+               tensor("y_grid", TensorProto.FLOAT, [5, 4, 4])]
+    nodes = [helper.make_node("Relu", ["nchw"], ["y_nchw"]),
+             helper.make_node("Cast", ["nhwc"], ["nhwc_f"], to=TensorProto.FLOAT),
+             helper.make_node("Relu", ["nhwc_f"], ["y_nhwc"]),
+             helper.make_node("Relu", ["grid"], ["y_grid"])]
+    return save_graph(helper.make_graph(nodes, "pictures", inputs, outputs), path)
+
+
+def test_picture_inputs_name_their_layout_as_triton_image_client_needs(tmp_path):
+    """An input of three dimensions besides the batch with 1 or 3 channels first or last says
+    FORMAT_NCHW / FORMAT_NHWC in its config (Triton's image_client refuses FORMAT_NONE); any
+    other input, and a static model's (four dims), FORMAT_NONE, over HTTP and gRPC."""
+    compile_cpu_om(pictures_onnx(tmp_path / "pictures.onnx"), tmp_path / "pictures.om")
+    compile_cpu_om(tmp_path / "pictures.onnx", tmp_path / "fixed.om", batch="1")
+    (tmp_path / "pictures.onnx").unlink()
+    wanted = {"nchw": "FORMAT_NCHW", "nhwc": "FORMAT_NHWC", "grid": "FORMAT_NONE"}
+    with ServerThread(server_config(tmp_path, grpc_port=free_port())) as server:
+        http = httpclient.InferenceServerClient(server.url)
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.config.grpc_port}")
+        try:
+            config = http.get_model_config("pictures")
+            assert {t["name"]: t["format"] for t in config["input"]} == wanted
+            assert all("format" not in t for t in config["output"])
+            from_grpc = grpc.get_model_config("pictures", as_json=True)["config"]  # (JSON leaves out FORMAT_NONE)
+            assert {t["name"]: t.get("format", "FORMAT_NONE") for t in from_grpc["input"]} == wanted
+            fixed = http.get_model_config("fixed")
+            assert fixed["max_batch_size"] == 0
+            assert {t["name"]: (t["dims"], t["format"]) for t in fixed["input"]} == {
+                "nchw": ([1, 3, 8, 8], "FORMAT_NONE"), "nhwc": ([1, 8, 8, 3], "FORMAT_NONE"),
+                "grid": ([1, 5, 4, 4], "FORMAT_NONE")}
+        finally:
+            http.close()
+            grpc.close()
