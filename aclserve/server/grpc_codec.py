@@ -1,4 +1,5 @@
-"""KServe v2 gRPC infer codec: ModelInferRequest -> InferRequest, outputs -> ModelInferResponse.
+"""KServe v2 gRPC infer codec: ModelInferRequest -> InferRequest, outputs -> ModelInferResponse,
+and a stream's responses (marked final; an error's named after its request).
 
 Pure functions over the protobuf messages (no grpc, no I/O). Inputs are validated with the
 same checks as the HTTP codec (codec.check_input: names, datatypes, shapes, batch rows) and
@@ -23,6 +24,7 @@ from .bytes_codec import grpc_input as decode_bytes_input
 from .codec import (InferRequest, RequestedOutput, Signature, check_classification, check_complete, check_input,
                     check_rank, tensor_view)
 from .encode import classify
+from .grpc_wire import names
 from .parameters import refuse_shared_memory
 from .quoting import quoted
 
@@ -195,3 +197,19 @@ def encode_infer_response(model_name: str, model_version: str, req: InferRequest
         tensors.append(pb.ModelInferResponse.InferOutputTensor(name=name, datatype=datatype, shape=arr.shape))
     return pb.ModelInferResponse(model_name=model_name, model_version=model_version, id=req.id or "",
                                  outputs=tensors, raw_output_contents=raw)
+
+
+def final_stream_response(response: pb.ModelStreamInferResponse) -> pb.ModelStreamInferResponse:
+    """Mark a stream's response `triton_final_response`, as Triton marks each (clients that set
+    triton_enable_empty_final_response wait for it): every model here answers a request once,
+    so each response is its request's last and no empty one follows."""
+    response.infer_response.parameters["triton_final_response"].bool_param = True
+    return response
+
+
+def stream_error_response(message: bytes, error: str) -> pb.ModelStreamInferResponse:
+    """The error answer of a streamed request, named as far as its message can be read (it may
+    have been refused before it was parsed)."""
+    name, version, ident = names(message)
+    return pb.ModelStreamInferResponse(
+        error_message=error, infer_response=pb.ModelInferResponse(model_name=name, model_version=version, id=ident))

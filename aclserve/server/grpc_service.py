@@ -41,11 +41,11 @@ from .answer_size import answer_bytes
 from .body import BodyTimeout, timeout_at
 from .budget import Lease
 from .open_calls import SHUTDOWN_MESSAGE, OpenCalls
-from .grpc_codec import contents_elements, decode_infer_request, encode_infer_response
+from .grpc_codec import (contents_elements, decode_infer_request, encode_infer_response, final_stream_response,
+                         stream_error_response)
 from .grpc_intake import GRPC_HINT, count_unparsed, parse, receive
 from .grpc_status import end_call
 from .grpc_stream import InferStream
-from .grpc_wire import names
 from .infer import counted_infer, run_decoded
 from .observe import request_id
 
@@ -77,9 +77,14 @@ def _version(value: str) -> str | None:
     return value or None
 
 
+def _metadata(context, key: str) -> str | None:
+    """The call's metadata `key` (lower case, as grpc passes keys), None without it."""
+    return next((v for k, v in (context.invocation_metadata() or ()) if k == key), None)
+
+
 def _authorization(context) -> str:
     """The `authorization` metadata ("Bearer <token>"), as the HTTP header (server/auth.py)."""
-    return next((v for k, v in (context.invocation_metadata() or ()) if k == "authorization"), "")
+    return _metadata(context, "authorization") or ""
 
 
 class InferenceServicer(pbg.GRPCInferenceServiceServicer):
@@ -266,7 +271,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         request in traces and logs when its `id` field is empty)."""
         if self.state.observer is None:
             return None
-        return next((value for key, value in context.invocation_metadata() or () if key == "x-request-id"), None)
+        return _metadata(context, "x-request-id")
 
     async def infer(self, message: bytes, lease, fallback_id: str | None = None) -> pb.ModelInferResponse:
         """Run one ModelInferRequest `message` (raw bytes), charging it to `lease` first."""
@@ -284,8 +289,9 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of one stream run concurrently and their responses come back in the order of
         the requests, a failed one as `error_message` with the request's id; each request has its own
-        lease, held until grpc has taken its answer. Its window and its limits on quiet time and
-        on answers not taken: grpc_stream.py."""
+        lease, held until grpc has taken its answer; with the metadata `triton_grpc_error: true`
+        (Triton's), the first failed request ends the stream with its status instead. Its window
+        and its limits on quiet time and on answers not taken: grpc_stream.py."""
         config = self.state.config
         arrivals = self.state.grpc_arrivals
         try:
@@ -297,6 +303,8 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
             await end_call(context, e, "ModelStreamInfer", self.state.redact)
         stream = InferStream(context, functools.partial(self._stream_answer, self._request_id(context)),
                              config.body_timeout_s, config.body_timeout_s)
+        # Triton's opt-in: the first failed request ends the stream with its status, not an error_message
+        ends_on_error = _metadata(context, "triton_grpc_error") == "true"
         context.add_done_callback(lambda _: stream.close())  # the call may end with the handler waiting on grpc
         self.streams.add(stream)
         answers = stream.answers()
@@ -305,9 +313,12 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                 await self._admit_stream(arrival)
             while True:
                 with self.calls.at_work():  # not while grpc sends an answer
-                    response = await anext(answers, None)
-                if response is None:
+                    answer = await anext(answers, None)
+                if answer is None:
                     break
+                response, error = answer
+                if error is not None and ends_on_error:
+                    await end_call(context, error, "ModelStreamInfer", self.state.redact)
                 yield response
         except ServeError as e:  # BodyTimeout, or ShuttingDown at the endpoint's stop
             await end_call(context, e, "ModelStreamInfer", self.state.redact)
@@ -328,23 +339,26 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
             raise BodyTimeout(f"no room to receive the stream's messages within {timeout_s:g} s "
                               f"(body_timeout_s): other calls' messages held every place") from None
 
-    async def _stream_answer(self, stream_id: str | None, message: bytes) -> tuple[pb.ModelStreamInferResponse, Lease]:
-        """The response to one request message of a stream (an error is one too) and the lease
-        its request holds, released by the caller once grpc has taken the response."""
+    async def _stream_answer(self, stream_id: str | None, message: bytes) -> tuple[tuple, Lease]:
+        """The response to one request message of a stream (an error is one too) with the
+        request's ServeError, if it failed, and the lease its request holds, released by the
+        caller once grpc has taken the response."""
         lease = self.state.budget.lease(GRPC_HINT)
+        error = None
         try:
             response = pb.ModelStreamInferResponse(infer_response=await self.infer(message, lease, stream_id))
         except ServeError as e:
             lease.release()
-            response = _stream_error(message, self.state.redact(e.message))
+            error, response = e, stream_error_response(message, self.state.redact(e.message))
         except Exception:
             lease.release()
             log.exception("internal error in gRPC ModelStreamInfer")
-            response = _stream_error(message, "internal error")
+            error = ServeError("internal error")  # (its class: INTERNAL)
+            response = stream_error_response(message, error.message)
         except BaseException:  # cancelled: the stream ended
             lease.release()
             raise
-        return _final(response), lease
+        return (final_stream_response(response), error), lease
 
 
 async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id: str | None, lease, rec,
@@ -363,22 +377,6 @@ async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id
     lease.take(answer_bytes(rec.signature, req, binary_copies=2, json_outputs=False), "its answer")
     return await run_decoded(rec, req, trace, encode_infer_response, state.images, pinned=bool(request.model_version),
                              lease=lease)
-
-
-def _final(response: pb.ModelStreamInferResponse) -> pb.ModelStreamInferResponse:
-    """Mark a stream's response `triton_final_response`, as Triton marks each (clients that set
-    triton_enable_empty_final_response wait for it): every model here answers a request once,
-    so each response is its request's last and no empty one follows."""
-    response.infer_response.parameters["triton_final_response"].bool_param = True
-    return response
-
-
-def _stream_error(message: bytes, error: str) -> pb.ModelStreamInferResponse:
-    """The error answer of a streamed request, named as far as its message can be read (it may
-    have been refused before it was parsed)."""
-    name, version, ident = names(message)
-    return pb.ModelStreamInferResponse(
-        error_message=error, infer_response=pb.ModelInferResponse(model_name=name, model_version=version, id=ident))
 
 
 async def _one_repository(request, context) -> None:

@@ -290,6 +290,35 @@ def test_each_stream_response_is_marked_final(client):
     assert got["plain"]["triton_final_response"].bool_param is True
 
 
+def typed_affine_request(request_id: str, model: str = "affine", rows: int = 2) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=model, id=request_id)
+    x = request.inputs.add(name="x", datatype="FP32", shape=[rows, 8])
+    x.contents.fp32_contents.extend(X[:1].ravel().tolist() * rows)
+    idx = request.inputs.add(name="idx", datatype="INT64", shape=[rows, 3])
+    idx.contents.int64_contents.extend([0, 1, 2] * rows)
+    return request
+
+
+@pytest.mark.parametrize("bad, code", [(dict(model="nope"), grpc.StatusCode.NOT_FOUND),
+                                       (dict(rows=99), grpc.StatusCode.INVALID_ARGUMENT)], ids=["unknown", "rows"])
+def test_triton_grpc_error_ends_the_stream_with_the_first_error_status(stub, bad, code):
+    """Triton's opt-in (metadata `triton_grpc_error: true`): the answers before the first failed
+    request come as usual, then the stream ends with that request's status and message; the
+    request after it is not answered. Without the metadata the error is an answer (above)."""
+    requests = [typed_affine_request("first"), typed_affine_request("bad", **bad), typed_affine_request("after")]
+    call = stub.ModelStreamInfer(iter(requests), metadata=(("triton_grpc_error", "true"),), timeout=60)
+    answers = []
+    with pytest.raises(grpc.RpcError) as ended:
+        for response in call:
+            answers.append(response)
+    assert [(a.error_message, a.infer_response.id) for a in answers] == [("", "first")]
+    assert ended.value.code() == code
+    assert ("unknown model" if code == grpc.StatusCode.NOT_FOUND else "99") in ended.value.details()
+    # the same requests without the metadata: three answers, the second an error
+    plain = list(stub.ModelStreamInfer(iter(requests), timeout=60))
+    assert [bool(a.error_message) for a in plain] == [False, True, False]
+
+
 def queue_depth(server, model: str) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://{server.url}/metrics", timeout=30).read().decode()
     depth = {}
