@@ -44,6 +44,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPSET = 17
 IR_VERSION = 9  # loadable by onnxruntime >= 1.15
 DIGITS_SEED = 0
+SOURCE_DATE_EPOCH = "1767225600"  # 2026-01-01: the committed OMs' headers are reproducible
+DIGITS_IMAGE_OM = os.path.join(ROOT, "models", "digits_image.om")
 
 
 def _save(model: onnx.ModelProto, path: str) -> None:
@@ -95,10 +97,11 @@ def export_digits(clf) -> onnx.ModelProto:
     return _model(graph, "aclserve tools/make_example_models.py")
 
 
-def export_digits_image(clf) -> onnx.ModelProto:
-    """The digits MLP behind a Reshape: x FP32 [batch, 1, 8, 8] (NCHW, an image input)."""
-    mlp = export_digits(clf)
-    graph = mlp.graph
+def export_digits_image(mlp: onnx.ModelProto) -> onnx.ModelProto:
+    """The digits MLP (export_digits) behind a Reshape: x FP32 [batch, 1, 8, 8] (NCHW, an image
+    input)."""
+    graph = onnx.GraphProto()
+    graph.CopyFrom(mlp.graph)
     shape = numpy_helper.from_array(np.array([-1, 64], np.int64), "flat_shape")
     nodes = [helper.make_node("Reshape", ["x", "flat_shape"], ["x_flat"], name="flatten")]
     for node in graph.node:
@@ -110,22 +113,23 @@ def export_digits_image(clf) -> onnx.ModelProto:
     return _model(image_graph, "aclserve tools/make_example_models.py")
 
 
-def make_digits_image(clf, outdir: str) -> None:
+def make_digits_image(mlp: onnx.ModelProto, outdir: str, om_path: str = DIGITS_IMAGE_OM) -> None:
+    """Write digits_image.onnx to `outdir` and compile it to `om_path` (tests compare a fresh
+    build with the committed file)."""
     from aclserve.om import aipp
     from aclserve.om.compile import compile_model
 
     src = os.path.join(outdir, "digits_image.onnx")
-    _save(export_digits_image(clf), src)
+    _save(export_digits_image(mlp), src)
     # uint8 grey pixels 0-255 in; AIPP multiplies by 16/255 to the 0-16 the MLP was trained on
     ops = [aipp.generate("gray", None, str(255 / 16))]
     cwd = os.getcwd()
     os.chdir(outdir)  # the header names the source by its file name alone: the same bytes whatever OUTDIR is
     try:
-        compile_model("digits_image.onnx", os.path.join(ROOT, "models", "digits_image.om"), target="cpu", aipp=ops,
-                      log=lambda s: None)
+        compile_model("digits_image.onnx", om_path, target="cpu", aipp=ops, log=lambda s: None)
     finally:
         os.chdir(cwd)
-    print(f"digits_image: models/digits_image.om (AIPP, uint8 [batch, 8, 8, 1]) from {os.path.relpath(src)}")
+    print(f"digits_image: {os.path.relpath(om_path, ROOT)} (AIPP, uint8 [batch, 8, 8, 1]) from {os.path.relpath(src)}")
 
 
 def make_digits(outdir: str) -> None:
@@ -138,7 +142,8 @@ def make_digits(outdir: str) -> None:
     os.makedirs(os.path.join(ROOT, "models"), exist_ok=True)
     os.makedirs(os.path.join(ROOT, "tests", "data"), exist_ok=True)
     onnx_rel = os.path.join("models", "digits.onnx")
-    _save(export_digits(clf), os.path.join(ROOT, onnx_rel))
+    mlp = export_digits(clf)
+    _save(mlp, os.path.join(ROOT, onnx_rel))
     sess = ort.InferenceSession(os.path.join(ROOT, onnx_rel), providers=["CPUExecutionProvider"])
     onnx_acc = float(np.mean(sess.run(["y"], {"x": x_test})[0].argmax(1) == y_test))
     if onnx_acc != accuracy:  # the export must be the classifier, not an approximation of it
@@ -147,9 +152,9 @@ def make_digits(outdir: str) -> None:
     cwd = os.getcwd()
     os.chdir(ROOT)  # keep the source path in the committed header relative
     try:
-        os.environ.setdefault("SOURCE_DATE_EPOCH", "1767225600")  # 2026-01-01: reproducible header
+        os.environ.setdefault("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH)
         compile_model(onnx_rel, os.path.join("models", "digits.om"), target="cpu", log=lambda s: None)
-        make_digits_image(clf, outdir)
+        make_digits_image(mlp, outdir)
     finally:
         os.chdir(cwd)
     print(f"digits: models/digits.onnx + models/digits.om, held-out accuracy {accuracy:.4f} on {len(y_test)} samples")

@@ -1,17 +1,24 @@
-"""The committed example model: models/digits.om is up to date with models/digits.onnx and keeps
-the trained classifier's held-out accuracy (recorded by tools/make_example_models.py)."""
+"""The committed example models: models/digits.om and models/digits_image.om are what compiling
+models/digits.onnx gives today, and keep the trained classifier's held-out accuracy (recorded by
+tools/make_example_models.py)."""
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
 from .acl_runner import acl_context, cpu_acl, run_batch
 from aclserve.om import container
+from aclserve.om.compile import compile_model
 from tests import REPO
+
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import make_example_models  # noqa: E402
 
 OM = os.path.join(REPO, "models", "digits.om")
 ONNX = os.path.join(REPO, "models", "digits.onnx")
@@ -39,6 +46,20 @@ def test_committed_om_was_compiled_from_committed_onnx():
     assert header["gears"] == [1, 2, 4, 8, 16, 32]
     assert [(t["name"], t["dims"]) for t in header["inputs"]] == [("x", [-1, 64]), ("ascend_mbatch_shape_data", [1])]
     assert [(t["name"], t["datatype"], t["dims"]) for t in header["outputs"]] == [("y", "FP32", [-1, 10])]
+
+
+def test_committed_oms_are_what_compiling_their_source_gives_today(tmp_path, monkeypatch):
+    """A change of the compiler must come with the committed OMs rebuilt (tools/make_example_models.py):
+    digits_image.om once kept an output shape the compiler no longer wrote, and a running
+    server reloaded it when a user ran the tool."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", make_example_models.SOURCE_DATE_EPOCH)
+    monkeypatch.chdir(REPO)  # as the tool compiles: the header names the source relative to it
+    compile_model(os.path.relpath(ONNX, REPO), tmp_path / "digits.om", target="cpu", log=lambda _: None)
+    mlp = onnx.load(ONNX)
+    make_example_models.make_digits_image(mlp, str(tmp_path), om_path=str(tmp_path / "digits_image.om"))
+    for name in ("digits.om", "digits_image.om"):
+        with open(os.path.join(REPO, "models", name), "rb") as committed, open(tmp_path / name, "rb") as fresh:
+            assert committed.read() == fresh.read(), f"models/{name} is stale: run tools/make_example_models.py"
 
 
 def _chunks(n, gears):
