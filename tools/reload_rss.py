@@ -87,7 +87,9 @@ class Server:
         self.proc.wait(60)
 
 
-def clients(url: str, count: int, stop: threading.Event, counts: dict) -> list[threading.Thread]:
+def clients(url: str, count: int, stop: threading.Event, counts: dict, failures: list) -> list[threading.Thread]:
+    """`count` closed-loop clients until `stop`: answers counted by outcome ("ok", an error's type
+    and HTTP status), the first few failures' messages (with the time) kept in `failures`."""
     def run():
         while not stop.is_set():
             req = urllib.request.Request(f"{url}/v2/models/medium/infer", data=BODY)
@@ -95,7 +97,12 @@ def clients(url: str, count: int, stop: threading.Event, counts: dict) -> list[t
                 urllib.request.urlopen(req, timeout=30).read()
                 counts["ok"] += 1
             except Exception as e:  # a reload must fail no request: count and show what did
-                counts[type(e).__name__] = counts.get(type(e).__name__, 0) + 1
+                status = getattr(e, "code", None)
+                key = type(e).__name__ + (f" {status}" if status else "")
+                counts[key] = counts.get(key, 0) + 1
+                if len(failures) < 10:
+                    said = e.read()[:300].decode(errors="replace") if status else str(e)
+                    failures.append(f"{time.strftime('%H:%M:%S')} {key}: {said}")
     threads = [threading.Thread(target=run, daemon=True) for _ in range(count)]
     for t in threads:
         t.start()
@@ -117,14 +124,14 @@ def main() -> int:
         with open(target, "wb") as f:
             f.write(files[0])
         server = Server(models)
-        stop, counts = threading.Event(), {"ok": 0}
+        stop, counts, failures = threading.Event(), {"ok": 0}, []
         try:
             deadline = time.time() + 120
             while not server.ready():
                 if time.time() > deadline or server.proc.poll() is not None:
                     sys.exit("the server did not become ready")
                 time.sleep(0.2)
-            threads = clients(server.url, args.clients, stop, counts)
+            threads = clients(server.url, args.clients, stop, counts, failures)
             rss = [server.rss_mb()]
             for i in range(1, args.reloads + 1):
                 part = target + ".part"
@@ -147,6 +154,8 @@ def main() -> int:
         shutil.rmtree(folder, ignore_errors=True)
     same = rss[-1] if args.reloads % 2 else rss[-2]  # the last reload to the first one's variant
     print(f"{args.reloads} .{args.kind} reloads, {args.clients} clients: answers {counts}")
+    for failure in failures:
+        print("  failed:", failure)
     print("RSS MB after start and each reload:", " ".join(f"{r:.0f}" for r in rss))
     print(f"after the first reload {rss[1]:.0f} MB, last {rss[-1]:.0f} MB, highest {max(rss):.0f} MB, "
           f"last of the same variant minus the first {same - rss[1]:+.0f} MB")
