@@ -111,6 +111,8 @@ def test_deployment_service_and_hpa_match_the_server():
     assert "command" not in container  # the image's entrypoint (tini, `aclserve serve`) takes the args
     config = server_config(container["args"])
     assert config.host == "0.0.0.0" and config.models_dir == "/models"
+    # replicas share the folder: one stray file in it must not turn every one unready (README)
+    assert config.readiness == "lenient"
     assert port_number(container, "http") == config.port and port_number(container, "grpc") == config.grpc_port
     check_probes(container, config.port, routes)
     notes = pod["metadata"]["annotations"]

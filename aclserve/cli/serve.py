@@ -33,10 +33,15 @@ def add_commands(sub) -> None:
     p.add_argument("--cpu-threads", type=int, metavar="N", help="ONNX Runtime threads per instance (CPU runtime)")
     p.add_argument("--model-control-mode", choices=("poll", "explicit", "none"),
                    help="how the repository follows the models folder (default poll)")
+    p.add_argument("--readiness", choices=("strict", "lenient"),
+                   help="/v2/health/ready: strict (default) waits for every model in the folder, "
+                        "lenient ignores refused ones and, once ready, models added later")
     p.add_argument("--max-batch", type=int, metavar="N",
-                   help="largest batch formed for every model (model_defaults.batching.max_batch_size)")
+                   help="largest batch formed for a model without its own setting "
+                        "(model_defaults.batching.max_batch_size)")
     p.add_argument("--max-delay-ms", type=float, metavar="MS",
-                   help="queue delay for partial batches (model_defaults.batching.max_queue_delay_ms)")
+                   help="queue delay for partial batches of a model without its own setting "
+                        "(model_defaults.batching.max_queue_delay_ms)")
     p.add_argument("--log-format", choices=("text", "json"), help="log lines as text or one JSON object per line")
     p.add_argument("--request-log", action="store_true", default=None,
                    help="log one line per infer request (request id, model, version, status, durations)")
@@ -60,7 +65,7 @@ def serve_overrides(args) -> dict:
             "log_level": args.log_level, "cpu_threads": args.cpu_threads,
             "tls_cert_file": args.tls_cert, "tls_key_file": args.tls_key,
             "tls_client_ca_file": args.tls_client_ca,
-            "model_control_mode": args.model_control_mode,
+            "model_control_mode": args.model_control_mode, "readiness": args.readiness,
             "model_defaults.batching.max_batch_size": args.max_batch,
             "model_defaults.batching.max_queue_delay_ms": args.max_delay_ms,
             "log_format": args.log_format, "request_log": args.request_log,

@@ -83,6 +83,7 @@ class ModelRepository:
         self._watcher: RepositoryWatcher | None = None
         self._debouncer: Debouncer | None = None
         self._started = self._closed = False
+        self._said_ready = False  # lenient readiness has said ready once: later loads do not undo it
 
     # ---- start and stop -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -180,8 +181,10 @@ class ModelRepository:
     def all_ready(self) -> bool:
         """Every model found on disk (and not unloaded on purpose) is serving. With readiness
         `lenient`, a model whose file was refused (shown in the index) does not hold readiness
-        back either, nor does a scan problem (a broken config, a bad name); in both modes a model
-        still settling, loading or waiting for its first retry does."""
+        back either, nor does a scan problem (a broken config, a bad name); a model still
+        settling, loading or waiting for its first retry does, in lenient mode only until
+        readiness has been said once: replicas sharing a folder would all leave their balancer
+        while a model dropped into it loads (an ATC compile: minutes)."""
         if not self._started or self._closed:
             return False
         serving = self._lifecycle.serving
@@ -195,8 +198,14 @@ class ModelRepository:
             return False  # a model served by no instance (pool.out_of_service), in both modes
         if self.config.readiness == "strict":
             return all(n in serving for n in wanted | (set(listed.problems) - self._lifecycle.held))
-        # refused; one whose first retry is still to come holds readiness back, as one loading does
-        # (not every retry: they go on for good, and lenient readiness would never come)
+        self._said_ready = self._said_ready or self._lenient_ready(listed, wanted)
+        return self._said_ready
+
+    def _lenient_ready(self, listed, wanted: set[str]) -> bool:
+        """Every wanted model serves or was refused, and no config is still being written."""
+        serving = self._lifecycle.serving
+        # a model refused does not hold it back; one whose first retry is still to come does, as
+        # one loading does (not every retry: they go on for good, and readiness would never come)
         failed = {n for n, _ in self._failures.versions()} - self._failures.first_retry_pending()
         again = self._failures.retrying_again()  # refused while a later retry loads too
         waiting = {n for n, reason in listed.problems.items() if reason == WAITING_FOR_CONFIG}

@@ -334,6 +334,34 @@ async def test_strict_readiness_waits_for_every_model_on_disk(make_repo, models_
     assert repo.all_ready()
 
 
+@pytest.mark.parametrize("readiness", ["strict", "lenient"])
+async def test_a_model_added_later_holds_back_strict_readiness_only(make_repo, models_dir, model_files, clean_faults,
+                                                                  readiness):
+    """Replicas sharing a folder all see a model dropped into it: lenient readiness, once said,
+    stays while it loads (an ATC compile takes minutes; every replica would leave its balancer);
+    strict readiness waits for it, as Triton's. A model no instance can run still turns both off
+    (tests/server/test_server_readiness.py)."""
+    import threading
+    from aclserve.acl.cpu import faults
+    place(model_files[1]["om"], models_dir / "good.om")
+    repo, events = await make_repo(readiness=readiness)
+    assert repo.all_ready()
+    release = threading.Event()
+    faults.inject("load", hold=release, count=1)  # the next model load waits for the test
+    try:
+        place(model_files[1]["om"], models_dir / "late.om")
+        for _ in range(12000):  # a hang guard: until its load has begun (no event says so)
+            if any(r["name"] == "late" and r["state"] == State.LOADING for r in repo.index()):
+                break
+            await asyncio.sleep(0.01)
+        assert [r["state"] for r in repo.index() if r["name"] == "late"] == [State.LOADING]
+        assert repo.all_ready() is (readiness == "lenient")
+    finally:
+        release.set()
+    await events.wait("loaded", "late")
+    assert serving(repo) == ["good", "late"] and repo.all_ready()
+
+
 async def test_symlink_outside_the_repository_is_never_loaded(make_repo, models_dir, model_files, tmp_path):
     os.symlink(model_files[1]["om"], models_dir / "escape.om")
     repo, events = await make_repo(model_control_mode="none")
