@@ -311,6 +311,9 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             return
         config_path = folder / "config.yaml"
         config_path = config_path if os.path.lexists(config_path) else None
+        if os.path.lexists(folder / "config.pbtxt"):  # a Triton model folder: its settings were silently lost
+            result.notes.append(f"{name}/config.pbtxt not read: a model's settings go in {name}/config.yaml "
+                                "(configs/default.yaml names the keys)")
         available, misplaced = {}, []
         for sub in sorted(folder.iterdir()):
             if is_ignored_name(sub.name):

@@ -301,8 +301,11 @@ def test_diff_config_change_reloads(tmp_path):
 
 def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
     """These were ignored without a word: a misspelt name, a versioned model's settings beside its
-    folder instead of in it, a .yml beside the .yaml (the defaults stayed in force)."""
+    folder instead of in it, a .yml beside the .yaml, a Triton model folder's config.pbtxt (the
+    defaults stayed in force)."""
     touch(tmp_path / "digits.om")
+    touch(tmp_path / "t" / "1" / "model.om")
+    (tmp_path / "t" / "config.pbtxt").write_text("max_batch_size: 1\n")
     (tmp_path / "digit.yaml").write_text("instances: 2\n")
     (tmp_path / "digits.yaml").write_text("instances: 3\n")
     (tmp_path / "digits.yml").write_text("instances: 2\n")
@@ -312,8 +315,9 @@ def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
     assert sorted(result.notes) == [
         "digit.yaml configures no model: there is no digit.om or digit.onnx beside it",
         "digits.yaml is read; digits.yml beside it is ignored",
+        "t/config.pbtxt not read: a model's settings go in t/config.yaml (configs/default.yaml names the keys)",
         "v.yaml not read: a versioned model's settings go in v/config.yaml"]
-    assert sorted(result.models) == ["digits", "v"] and not result.problems
+    assert sorted(result.models) == ["digits", "t", "v"] and not result.problems
 
 
 def test_a_models_folder_under_one_that_cannot_be_searched_cannot_be_read(tmp_path, monkeypatch):
