@@ -65,3 +65,9 @@ def configure(level: str, fmt: str = "text") -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(TEXT_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler])
+
+
+def writes_json() -> bool:
+    """Whether the root logger writes JSON lines (`configure(..., "json")` ran): a line a command
+    prints at its end then goes through it, so that a log shipper reads it too."""
+    return any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)

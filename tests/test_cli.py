@@ -221,8 +221,15 @@ def test_serve_on_a_busy_http_port_says_so_in_one_error(tmp_path):
         port = busy.getsockname()[1]
         (tmp_path / "models").mkdir()  # (a missing one is refused before anything listens)
         proc = _aclserve("serve", "--port", str(port), "--grpc-port", "0", "--device", "cpu", cwd=tmp_path)
+        as_json = _aclserve("serve", "--port", str(port), "--grpc-port", "0", "--device", "cpu", "--log-format", "json",
+                            cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr, proc.stderr
+    said = f"cannot listen on 127.0.0.1:{port}: Address already in use (--port PORT moves it)"
+    assert said in proc.stderr.splitlines()[-1], proc.stderr
+    # with JSON logs the line saying why it stopped is a JSON line too (a log shipper reads only those)
+    assert as_json.returncode == 2
+    last = json.loads(as_json.stderr.splitlines()[-1])
+    assert last["level"] == "critical" and last["message"] == f"aclserve serve: error: {said}", as_json.stderr
 
 
 @pytest.mark.parametrize("env, said", [

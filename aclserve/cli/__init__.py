@@ -9,11 +9,13 @@ on stderr.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
 import threading
 
+from .. import logs
 from .._version import __version__
 from .usage import UsageError
 
@@ -91,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UsageError as e:
-        print(f"aclserve {args.command}: error: {e}", file=sys.stderr)
+        said = f"aclserve {args.command}: error: {e}"
+        if logs.writes_json():  # (serve --log-format json: the reason it stopped, as a JSON line too)
+            logging.getLogger("aclserve").critical(said)
+        else:
+            print(said, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 128 + received[-1] if received else 130

@@ -25,6 +25,7 @@ only once its handshake is done, could not.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import ssl
@@ -295,4 +296,5 @@ async def listen(runner: web.AppRunner, tracker: ConnectionTracker, host: str, p
         # an errno's own text (asyncio's and uvloop's words for EADDRINUSE differ); a name lookup's
         # error (a negative errno) as it says itself
         reason = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or e)
-        raise OSError(f"cannot listen on {host}:{port}: {reason}") from None
+        hint = " (--port PORT moves it)" if e.errno == errno.EADDRINUSE else ""
+        raise OSError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
