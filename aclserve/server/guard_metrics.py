@@ -144,7 +144,9 @@ class GuardCollector:
 
     def _models(self):
         ready = GaugeMetricFamily("aclserve_model_state", "1 for each model version's current state "
-                                  "(READY, LOADING, UNAVAILABLE, UNLOADING)", labels=["model", "version", "state"])
+                                  "(READY, LOADING, UNAVAILABLE, UNLOADING); version empty: the model's own "
+                                  "problem (its config), its versions may serve on",
+                                  labels=["model", "version", "state"])
         failing = GaugeMetricFamily("aclserve_model_load_failure", "1 while a version's last load failed, or "
                                     "(version empty) while the model's config or files cannot be used; the "
                                     "reason is in the label", labels=["model", "version", "reason"])
