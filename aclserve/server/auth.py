@@ -15,6 +15,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import time
 
 from aiohttp import web
 
@@ -46,6 +47,9 @@ def is_loopback(host: str) -> bool:
         return False  # a name other than localhost may resolve anywhere
 
 
+REFUSAL_REASONS = ("no_token", "invalid_token", "no_token_configured")  # /metrics labels
+LOG_EVERY_S = 60.0  # at most one line a minute about invalid tokens: a client trying many is not a log flood
+
 MAX_HTTP_TOKEN = 8000  # aiohttp reads header lines of 8190 bytes
 MAX_GRPC_TOKEN = 4096  # gRPC's metadata: 8 KB in all, printable ASCII
 
@@ -76,6 +80,9 @@ class Access:
         self.host = config.host
         self.control_open = bool(self._token) or is_loopback(config.host)
         self.in_clear = not config.tls_cert_file and not is_loopback(config.host)  # tokens readable on the wire
+        self.refused = dict.fromkeys(REFUSAL_REASONS, 0)  # requests refused, by reason (/metrics)
+        self._invalid_unlogged = 0  # invalid tokens since the last line about them
+        self._logged_at: float | None = None  # when the last line about them was written
 
     @property
     def enabled(self) -> bool:
@@ -89,14 +96,28 @@ class Access:
         """The same for an Authorization value (an HTTP header, or gRPC metadata)."""
         scheme, _, given = authorization.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
+            self.refused["no_token"] += 1
             raise Unauthorized("this route needs an API token: send 'authorization: Bearer <token>' (an HTTP "
                                "header, or gRPC metadata, whose keys are lower case)")
         try:  # a header's bytes that are not UTF-8 come as surrogates (aiohttp): compared as sent
             sent = given.strip().encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
-            raise Unauthorized("the API token is not valid") from None
-        if not hmac.compare_digest(sent, self._token):
+            sent = None
+        if sent is None or not hmac.compare_digest(sent, self._token):
+            self._invalid()
             raise Unauthorized("the API token is not valid")
+
+    def _invalid(self) -> None:
+        """Count a wrong token, and say so in the log at most once every LOG_EVERY_S (never the
+        token itself): a misconfigured client, or someone guessing."""
+        self.refused["invalid_token"] += 1
+        self._invalid_unlogged += 1
+        now = time.monotonic()
+        if self._logged_at is None or now - self._logged_at >= LOG_EVERY_S:
+            log.warning("refused %d request(s) with an invalid API token%s (/metrics "
+                        "aclserve_auth_refusals_total counts them all)", self._invalid_unlogged,
+                        "" if self._logged_at is None else f" in the last {now - self._logged_at:.0f} s")
+            self._invalid_unlogged, self._logged_at = 0, now
 
     def check_control(self, authorization: str, what: str) -> None:
         """A management action (`what` is disabled, e.g. "model load/unload is"): the token when
@@ -104,6 +125,7 @@ class Access:
         if self._token:
             self.check_value(authorization)
         elif not self.control_open:
+            self.refused["no_token_configured"] += 1
             raise Forbidden(f"{what} disabled: the server listens on {self.host} without "
                             f"an API token (set api_token in the config or {TOKEN_ENV})")
 

@@ -83,6 +83,11 @@ class GuardCollector:
         for status, n in sorted(budget.refused.items()):
             refused.add_metric([str(status)], n)
         yield refused
+        auth = CounterMetricFamily("aclserve_auth_refusals", "Requests refused by the API token check "
+                                   "(no_token, invalid_token: 401; no_token_configured: 403)", labels=["reason"])
+        for reason, n in state.auth.refused.items():
+            auth.add_metric([reason], n)
+        yield auth
         yield _gauge("aclserve_connections", "Open connections", len(conns))
         closed = CounterMetricFamily("aclserve_connections_closed", "Connections closed or refused by the "
                                      "server's limits", labels=["reason"])

@@ -49,6 +49,31 @@ def test_the_repository_api_needs_the_token(guarded, path):
         assert call(guarded.url, "/v2/repository/models/double/load", b"{}", token=TOKEN)[0] == 200
 
 
+def auth_refusals(url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://{url}/metrics", timeout=60).read().decode()
+    return {line.split('reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("aclserve_auth_refusals_total{")}
+
+
+def test_refused_tokens_are_counted_and_a_wrong_one_logged_once_a_minute(models_dir, make_config, caplog):
+    """200 calls with a wrong token left no trace in the log or /metrics (an operator's check):
+    each refusal is counted by reason, and wrong tokens are said in one WARNING line a minute,
+    never the token."""
+    caplog.set_level(logging.WARNING, logger="aclserve.server.auth")
+    with ServerThread(make_config(models_dir, api_token=TOKEN)) as srv:
+        assert auth_refusals(srv.url) == {"no_token": 0, "invalid_token": 0, "no_token_configured": 0}
+        for _ in range(3):
+            assert call(srv.url, "/v2/repository/index", b"{}", token="guess-1234")[0] == 401
+        for _ in range(2):
+            assert call(srv.url, "/v2/repository/index", b"{}")[0] == 401
+        assert call(srv.url, "/v2/repository/index", b"{}", token=TOKEN)[0] == 200
+        assert auth_refusals(srv.url) == {"no_token": 2, "invalid_token": 3, "no_token_configured": 0}
+    lines = [r.getMessage() for r in caplog.records if "invalid API token" in r.getMessage()]
+    assert lines == ["refused 1 request(s) with an invalid API token (/metrics aclserve_auth_refusals_total "
+                     "counts them all)"]
+    assert not any("guess-1234" in r.getMessage() or TOKEN in r.getMessage() for r in caplog.records)
+
+
 def test_inference_stays_open_unless_asked(guarded):
     assert call(guarded.url, "/v2/models/double/infer", GOOD)[0] == 200
 
@@ -106,12 +131,13 @@ def test_without_a_token_load_and_unload_are_refused_off_loopback(models_dir, ma
                     trace = r.status, await r.json()
                 async with s.get(f"{url}/v2/trace/setting") as r:
                     trace_read = r.status, (await r.json())["trace_rate"]
-            return unload, index, trace, trace_read
+            return unload, index, trace, trace_read, dict(state.auth.refused)
         finally:
             await runner.cleanup()
-    (status, doc), index, (trace_status, trace_doc), trace_read = asyncio.run(scenario())
+    (status, doc), index, (trace_status, trace_doc), trace_read, refused = asyncio.run(scenario())
     assert status == 403 and "ACLSERVE_API_TOKEN" in doc["error"] and index == 200
     assert trace_status == 403 and "trace setting changes are disabled" in trace_doc["error"]
+    assert refused == {"no_token": 0, "invalid_token": 0, "no_token_configured": 2}  # (/metrics)
     assert trace_read == (200, "1000")  # read as ever, unchanged
     assert any("api_token" in r.getMessage() and "trace setting" in r.getMessage() for r in caplog.records)
 
