@@ -251,6 +251,7 @@ class ModelRepository:
         self._check_control("load")
         if layout.check_model_name(name):
             raise InvalidInput(f"invalid model name {name!r}: {layout.check_model_name(name)}")
+        log.info("%s: load asked through the repository API", name)  # (the log says who did what)
         self._lifecycle.held.discard(name)
         while True:  # an unload may start its task while this load scans: wait for it, then plan again
             await self._lifecycle.wait_for(name)
@@ -284,6 +285,7 @@ class ModelRepository:
         scan = self._planner.listed or self._planner.scan  # (one that cannot be listed names nothing)
         if name not in self._lifecycle.serving and name not in scan.models and name not in scan.problems:
             raise NotFound(f"unknown model {name!r}")
+        log.info("%s: unload asked through the repository API", name)
         self._lifecycle.held.add(name)
         await self._lifecycle.wait_for(name)
         if name in self._lifecycle.acted:

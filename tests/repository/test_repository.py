@@ -73,7 +73,8 @@ async def test_control_mode_none_refuses_the_api(make_repo, models_dir, model_fi
         await repo.unload("m")
 
 
-async def test_explicit_mode_changes_only_through_the_api(make_repo, models_dir, model_files):
+async def test_explicit_mode_changes_only_through_the_api(make_repo, models_dir, model_files, caplog):
+    caplog.set_level(logging.INFO, logger="aclserve.repository.repository")
     place(model_files[1]["om"], models_dir / "m.om")
     repo, events = await make_repo(model_control_mode="explicit")
     assert await answer(repo, "m") == 1.0
@@ -100,6 +101,10 @@ async def test_explicit_mode_changes_only_through_the_api(make_repo, models_dir,
         await repo.load("absent")
     with pytest.raises(InvalidInput):
         await repo.load("../etc")
+    # the log says what the API asked (it said "version 1 unloaded" as for a deleted file)
+    asked = [r.getMessage() for r in caplog.records if "through the repository API" in r.getMessage()]
+    assert asked == [f"{name}: {what} asked through the repository API"
+                     for name, what in (("m", "load"), ("n", "load"), ("m", "unload"), ("m", "load"), ("absent", "load"))]
 
 
 async def test_api_load_of_a_corrupt_file_fails_and_keeps_serving(make_repo, models_dir, model_files):
