@@ -50,6 +50,17 @@ def test_file_merges_over_default_and_overrides_win(tmp_path):
     assert config.model_defaults.batching.priority_levels == 3  # untouched default kept
 
 
+@pytest.mark.parametrize("text", ["model_defaults:\n", "model_defaults: {compile: null, batching: null}\n",
+                                  "images:\ntrace:\ndevice_limits:\n",
+                                  "model_defaults:\n  # instances: 2 (every line of the section commented out)\n"])
+def test_a_section_left_empty_keeps_the_defaults(tmp_path, text):
+    """`model_defaults:` with every line under it commented out is null: it was refused ("must be
+    a mapping, got None") where `images:` and `trace:` were taken as empty (an operator's check)."""
+    assert load_server_config(write(tmp_path, text)) == load_server_config(None)
+    defaults = load_server_config(None).model_defaults
+    assert load_model_config(write(tmp_path, "batching:\ninputs:\n", "m.yaml"), defaults) == defaults
+
+
 @pytest.mark.parametrize("overrides, path, fragment", [
     ({"model_defaults.batching.max_queue_delay_ms": -1}, "model_defaults.batching.max_queue_delay_ms",
      "must be >= 0, got -1"),

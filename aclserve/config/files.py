@@ -23,6 +23,8 @@ def merge(base: Mapping, over: Mapping) -> dict:
     """Deep-merge `over` onto `base` (new dict; inputs untouched)."""
     out = copy.deepcopy(dict(base))
     for key, value in over.items():
+        if value is None and isinstance(out.get(key), Mapping):
+            continue  # a section left empty (its lines commented out) keeps what it would override
         if key in out and isinstance(out[key], Mapping) and isinstance(value, Mapping) \
                 and key not in _REPLACED_WHOLE:
             out[key] = merge(out[key], value)
