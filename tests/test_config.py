@@ -61,6 +61,14 @@ def test_a_section_left_empty_keeps_the_defaults(tmp_path, text):
     assert load_model_config(write(tmp_path, "batching:\ninputs:\n", "m.yaml"), defaults) == defaults
 
 
+def test_a_choice_is_taken_in_any_case():
+    """log_level: INFO and readiness: Strict were refused where ACLSERVE_DEVICE=CPU was taken."""
+    config = load_server_config(None, {"log_level": "INFO", "readiness": "Strict", "model_control_mode": "POLL",
+                                       "model_defaults.inputs": {"x": {"image": {"layout": "nchw"}}}})
+    assert (config.log_level, config.readiness, config.model_control_mode) == ("info", "strict", "poll")
+    assert config.model_defaults.inputs["x"].image.layout == "NCHW"
+
+
 @pytest.mark.parametrize("overrides, path, fragment", [
     ({"model_defaults.batching.max_queue_delay_ms": -1}, "model_defaults.batching.max_queue_delay_ms",
      "must be >= 0, got -1"),

@@ -100,7 +100,10 @@ def as_str(value, path: str, choices=None, allow_empty: bool = True) -> str:
     if not isinstance(value, str) or (not allow_empty and not value):
         raise ConfigError(path, f"must be a {'non-empty ' if not allow_empty else ''}string, got {shown(value)}")
     if choices is not None and value not in choices:
-        raise ConfigError(path, f"must be one of {', '.join(choices)}, got {shown(value)}")
+        same = [c for c in choices if c.lower() == value.lower()]  # any case, as ACLSERVE_DEVICE (log_level: INFO)
+        if not same:
+            raise ConfigError(path, f"must be one of {', '.join(choices)}, got {shown(value)}")
+        value = same[0]
     if "\x00" in value:  # no path or name holds one (TLS files: a ValueError traceback at start)
         raise ConfigError(path, "must not contain a NUL character")
     return value
