@@ -70,7 +70,7 @@ def test_serve_refuses_an_api_token_no_client_could_send(tmp_path, where, token,
     proc = _aclserve("serve", "--port", "0", "--grpc-port", grpc_port, "--device", "cpu", *args, cwd=tmp_path, env=env)
     name = "api_token" if where == "config" else "ACLSERVE_API_TOKEN"
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "s3cret" not in proc.stderr
-    assert f"{name}: must be" in proc.stderr and said in proc.stderr, proc.stderr
+    assert f"error: bad configuration: {name}: must be" in proc.stderr and said in proc.stderr, proc.stderr
 
 
 def test_onnx_runtime_telemetry_is_off_and_says_nothing():

@@ -106,7 +106,9 @@ def run_serve(args) -> int:
         check_models_folder(pathlib.Path(config.models_dir))  # (before the endpoints listen, not after)
         _run(serve(config))
         _exiting()
-    except (RepositoryError, ConfigError, AclUnavailable) as e:  # AclUnavailable: npu asked, no CANN
+    except ConfigError as e:  # read as the server is built (the API token): said as a file's problem is
+        raise UsageError(f"bad configuration: {e}") from None
+    except (RepositoryError, AclUnavailable) as e:  # AclUnavailable: npu asked, no CANN
         raise UsageError(str(e)) from None
     except OSError as e:  # a port taken (the listeners name it), a folder that cannot be read or made
         raise UsageError(str(e)) from None
