@@ -34,6 +34,9 @@ def error_body(message: str) -> bytes:
         return orjson.dumps({"error": surrogates_escaped(message)})
 
 
+V2_HINT = "use /v2/models/{model}/infer, with the KServe SDK RESTConfig(protocol='v2')"
+
+
 def json_error(message: str, status: int, retry_after: float | None = None,
                headers: dict | None = None) -> web.Response:
     headers = dict(headers or {})
@@ -98,6 +101,8 @@ def _error_response(request: web.Request, state: ServerState | None, exc: Except
             message = f"request body exceeds the limit of {limit} (max_body_bytes)"
         elif isinstance(exc, web.HTTPNotFound):
             message = f"no route for {request.method} {request.path}"
+            if request.path.startswith("/v1/") or request.path == "/":  # (the KServe SDK's default protocol)
+                message += f" (the KServe v1 protocol is not served: {V2_HINT})"
         elif isinstance(exc, web.HTTPMethodNotAllowed):
             message = f"method {request.method} is not allowed on {request.path}"
             # RFC 9110 15.5.6: a 405 MUST carry Allow (aiohttp's exception has it; keep it)
