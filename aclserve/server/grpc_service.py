@@ -382,7 +382,11 @@ async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id
 async def _one_repository(request, context) -> None:
     """One model repository is served: a call naming one is refused as Triton refuses it."""
     if request.repository_name:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "'repository_name' specification is not supported")
+        # a load or unload naming no model: KServe's own proto puts model_name where Triton's has this
+        kserve = getattr(request, "model_name", None) == ""
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "'repository_name' specification is not supported" + (
+            " (from a client built on KServe's grpc_predict_v2.proto? Its model_name is this field: use Triton's "
+            "grpc_service.proto, as tritonclient does)" if kserve else ""))
 
 
 def _check_model_name(name: str) -> None:

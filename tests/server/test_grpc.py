@@ -108,6 +108,11 @@ def test_a_repository_call_naming_a_repository_is_unimplemented(stub, caplog):
             call()
         assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
         assert refused.value.details() == "'repository_name' specification is not supported"
+    # what a client on KServe's proto sends (its model_name is field 1, Triton's repository_name)
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(repository_name="affine"))
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "Its model_name is this field: use Triton's grpc_service.proto" in refused.value.details()
     # an abort inside an @rpc method is its answer, not an internal error (nor grpc's UsageError)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert {m.name for m in stub.RepositoryIndex(pb.RepositoryIndexRequest()).models} >= {"affine"}
