@@ -230,7 +230,7 @@ def test_trace_files_named_through_the_api_land_in_a_writable_folder():
     for name in ("Dockerfile", "Dockerfile.ascend"):
         image = dockerfile(DEPLOY / name)
         workdir = image["WORKDIR"][-1]
-        assert workdir != "/" and any(f"chown aclserve:aclserve" in run and workdir in run.split()
+        assert workdir != "/" and any("chown aclserve:aclserve" in run and workdir in run.split()
                                       for run in image["RUN"]), (name, workdir)
     workdir = dockerfile(DEPLOY / "Dockerfile")["WORKDIR"][-1]
     pod = find("Deployment", "aclserve")["spec"]["template"]["spec"]

@@ -103,8 +103,8 @@ async def test_explicit_mode_changes_only_through_the_api(make_repo, models_dir,
         await repo.load("../etc")
     # the log says what the API asked (it said "version 1 unloaded" as for a deleted file)
     asked = [r.getMessage() for r in caplog.records if "through the repository API" in r.getMessage()]
-    assert asked == [f"{name}: {what} asked through the repository API"
-                     for name, what in (("m", "load"), ("n", "load"), ("m", "unload"), ("m", "load"), ("absent", "load"))]
+    calls = (("m", "load"), ("n", "load"), ("m", "unload"), ("m", "load"), ("absent", "load"))
+    assert asked == [f"{name}: {what} asked through the repository API" for name, what in calls]
 
 
 async def test_api_load_of_a_corrupt_file_fails_and_keeps_serving(make_repo, models_dir, model_files):
