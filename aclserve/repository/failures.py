@@ -27,7 +27,6 @@ class LoadFailures:
         self._retry = RetrySchedule(retry_initial_s, retry_max_s, self._due)
         self._on_retry = on_retry
         self._logged: set[tuple[str, str, tuple]] = set()
-        self._again: set[tuple[str, str, tuple]] = set()  # loading a retry after one that failed
         self._first_failed: set[tuple[str, str]] = set()  # (name, version) last failed a first transient time
         self._closed = False
 
@@ -38,7 +37,7 @@ class LoadFailures:
         if transient and self._retry.enabled and not self._closed:
             attempt, delay = self._retry.schedule(name, version, file.identity)
             what = "the host short of resources" if host_short(error) else "transient device error"
-            self._reasons[key] = f"{reason} ({what})"  # (still retrying again until its task ends: load_ended)
+            self._reasons[key] = f"{reason} ({what})"
             reason = f"{reason} ({what}: retry {attempt} in {delay:.1f} s)"
             if attempt == 1:
                 self._first_failed.add((name, version))
@@ -55,20 +54,17 @@ class LoadFailures:
         """The version loaded: its next failure's retry starts from the initial delay again."""
         self._retry.succeeded(name, version)
         self._first_failed.discard((name, version))
-        self._again = {k for k in self._again if k[:2] != (name, version)}
 
     def forget_model(self, name: str) -> None:
         """The load API asks for another try of every file of `name`."""
         for key in [k for k in self._reasons if k[0] == name]:
             del self._reasons[key]
-        self._again = {k for k in self._again if k[0] != name}
 
     def keep_files_of(self, scan: ScanResult) -> None:
         """Forget the failures of files changed or gone since they failed; those of a model the
         scan could not read (a problem) are kept, as it cannot tell."""
         live = {(n, v, f.identity) for n, e in scan.models.items() for v, f in e.available.items()}
         self._reasons = {k: r for k, r in self._reasons.items() if k in live or k[0] in scan.problems}
-        self._again = {k for k in self._again if k in live or k[0] in scan.problems}
         versions = {key[:2] for key in live}
         self._first_failed = {k for k in self._first_failed if k in versions or k[0] in scan.problems}
 
@@ -107,17 +103,6 @@ class LoadFailures:
         an out-of-memory code, transient, for good), so one that has failed again is refused."""
         return {key[0] for key in self._reasons if self._retry.first_pending(key)}
 
-    def load_ended(self, name: str) -> None:
-        """The task that worked on `name` has ended: a later retry that failed in it stops
-        counting as loading (its refusal counts from now on)."""
-        self._again = {k for k in self._again if k[0] != name or k not in self._reasons}
-
-    def retrying_again(self) -> set[str]:
-        """Models loading a retry after one that failed, until its load task ends (load_ended):
-        refused for readiness meanwhile, or lenient readiness went to 503 for the length of every
-        later retry's load, and from its failure until its task ended."""
-        return {key[0] for key in self._again}
-
     @property
     def retries(self) -> dict[str, int]:
         """model -> automatic load retries started."""
@@ -131,8 +116,6 @@ class LoadFailures:
     def _due(self, name: str, version: str, identity: tuple) -> None:
         if self._closed or self._reasons.pop((name, version, identity), None) is None:
             return  # shut down, or the file changed or went away meanwhile
-        if self._retry.attempts((name, version, identity)) >= 2:
-            self._again.add((name, version, identity))
         log.info("%s: retrying the load of version %s", name, version)
         self._on_retry(name, version)
 

@@ -51,14 +51,14 @@ log = logging.getLogger(__name__)
 
 class Lifecycle:
     def __init__(self, config: ServerConfig, runtime, planner: Planner, failures: LoadFailures,
-                 emit: Callable[..., None], rescan_soon: Callable[[], None]):
+                 emit: Callable[..., None], rescan_soon: Callable[[], None], task_ended: Callable[[], None]):
         self.serving: dict[str, dict[str, ServedVersion]] = {}  # name -> version -> served; replaced whole
         self.acted: DesiredState = {}  # what is serving, as files + configs (the diff's baseline)
         self.states = VersionStates()
         self.held: set[str] = set()  # models unloaded through the API: no plan touches them
         self._config, self._runtime = config, runtime
         self._planner, self._failures = planner, failures
-        self._emit, self._rescan_soon = emit, rescan_soon
+        self._emit, self._rescan_soon, self._task_ended = emit, rescan_soon, task_ended
         self._cache = CompileCache(config.compile_cache_dir, config.models_dir)
         self._executor = LoadThreads(config.load_concurrency + 2, "aclserve-load")
         self._load_limit = asyncio.Semaphore(config.load_concurrency)
@@ -91,12 +91,12 @@ class Lifecycle:
     def _finished(self, name: str, task: asyncio.Task) -> None:
         if self._busy.get(name) is task:
             del self._busy[name]
-            self._failures.load_ended(name)
         if not task.cancelled() and task.exception() is not None:
             log.error("%s: applying changes failed", name, exc_info=task.exception())
         if name in self._dirty:
             self._dirty.discard(name)
             self._rescan_soon()
+        self._task_ended()
 
     def busy(self, name: str) -> bool:
         return name in self._busy

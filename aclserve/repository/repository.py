@@ -74,7 +74,8 @@ class ModelRepository:
         self._planner = Planner(self.root, config.model_defaults, SettleGate(config.settle_s, clock, wall_clock),
                                 unload_missing=config.unload_on_delete)
         self._failures = LoadFailures(config.load_retry_initial_s, config.load_retry_max_s, self._retry_due)
-        self._lifecycle = Lifecycle(config, runtime, self._planner, self._failures, self._emit, self._rescan_soon)
+        self._lifecycle = Lifecycle(config, runtime, self._planner, self._failures, self._emit, self._rescan_soon,
+                                    self._note_readiness)
         self._listeners: list[Callable] = []
         self._scan_lock = asyncio.Lock()  # one reconcile at a time: each sees what the last one started
         self._scans_started = 0  # ... numbered, so that a load may use a scan begun after it was asked
@@ -83,7 +84,7 @@ class ModelRepository:
         self._watcher: RepositoryWatcher | None = None
         self._debouncer: Debouncer | None = None
         self._started = self._closed = False
-        self._said_ready = False  # lenient readiness has said ready once: later loads do not undo it
+        self._said_ready = False  # lenient readiness was reached once: later loads do not undo it
 
     # ---- start and stop -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -183,8 +184,9 @@ class ModelRepository:
         `lenient`, a model whose file was refused (shown in the index) does not hold readiness
         back either, nor does a scan problem (a broken config, a bad name); a model still
         settling, loading or waiting for its first retry does, in lenient mode only until
-        readiness has been said once: replicas sharing a folder would all leave their balancer
-        while a model dropped into it loads (an ATC compile: minutes)."""
+        readiness has been reached once (`_note_readiness`, asked or not): replicas sharing a
+        folder would all leave their balancer while a model dropped into it loads (an ATC
+        compile: minutes)."""
         if not self._started or self._closed:
             return False
         serving = self._lifecycle.serving
@@ -201,16 +203,23 @@ class ModelRepository:
         self._said_ready = self._said_ready or self._lenient_ready(listed, wanted)
         return self._said_ready
 
+    def _note_readiness(self) -> None:
+        """Whether lenient readiness is reached, looked at whenever a model's task ends or a scan
+        is planned, not only when a probe asks: whether a replica stays ready while a model
+        dropped in later loads must not depend on when its probe came."""
+        if self.config.readiness == "lenient" and not self._said_ready:
+            self.all_ready()  # (latches)
+
     def _lenient_ready(self, listed, wanted: set[str]) -> bool:
         """Every wanted model serves or was refused, and no config is still being written."""
         serving = self._lifecycle.serving
         # a model refused does not hold it back; one whose first retry is still to come does, as
-        # one loading does (not every retry: they go on for good, and readiness would never come)
+        # one loading does (not every retry: they go on for good, and readiness would never come;
+        # a later retry's load comes after readiness was reached, between two retries)
         failed = {n for n, _ in self._failures.versions()} - self._failures.first_retry_pending()
-        again = self._failures.retrying_again()  # refused while a later retry loads too
         waiting = {n for n, reason in listed.problems.items() if reason == WAITING_FOR_CONFIG}
         return not (waiting - set(serving) - self._lifecycle.held) and all(
-            n in serving or n in again or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
+            n in serving or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
 
     def load_failures(self) -> dict[tuple[str, str], str]:
         """(name, version) -> why its current file failed to load, the same text for the same
@@ -331,6 +340,7 @@ class ModelRepository:
                     self._failures.forget_model(only)
                 plans = self._planner.plans(self._lifecycle.acted, trust, self._failures.files, self._lifecycle.held)
                 started = [self._lifecycle.start(plan) for plan in plans if only is None or plan.name == only]
+                self._note_readiness()  # (a scan alone may end a wait: a config no longer being written)
             finally:  # (a scan that raised stopped the safety rescan too: hot reload waited for a file event)
                 if self._debouncer is not None:
                     wait = self._planner.next_check()

@@ -342,15 +342,19 @@ async def test_strict_readiness_waits_for_every_model_on_disk(make_repo, models_
 @pytest.mark.parametrize("readiness", ["strict", "lenient"])
 async def test_a_model_added_later_holds_back_strict_readiness_only(make_repo, models_dir, model_files, clean_faults,
                                                                   readiness):
-    """Replicas sharing a folder all see a model dropped into it: lenient readiness, once said,
+    """Replicas sharing a folder all see a model dropped into it: lenient readiness, once reached,
     stays while it loads (an ATC compile takes minutes; every replica would leave its balancer);
-    strict readiness waits for it, as Triton's. A model no instance can run still turns both off
-    (tests/server/test_server_readiness.py)."""
+    strict readiness waits for it, as Triton's. Reached whether or not anyone asked meanwhile
+    (it was latched by a probe's question: a replica not asked between its start and the drop
+    left its balancer; a review). A model no instance can run still turns both off
+    (tests/server/test_server_readiness.py), and so does closing."""
     import threading
     from aclserve.acl.cpu import faults
     place(model_files[1]["om"], models_dir / "good.om")
-    repo, events = await make_repo(readiness=readiness)
-    assert repo.all_ready()
+    os.utime(models_dir / "good.om", (100, 100))  # old: loaded by the start
+    repo, events = await make_repo(start=False, readiness=readiness)
+    await repo.start()  # (readiness not asked here before the drop)
+    assert serving(repo) == ["good"]
     release = threading.Event()
     faults.inject("load", hold=release, count=1)  # the next model load waits for the test
     try:
@@ -365,6 +369,8 @@ async def test_a_model_added_later_holds_back_strict_readiness_only(make_repo, m
         release.set()
     await events.wait("loaded", "late")
     assert serving(repo) == ["good", "late"] and repo.all_ready()
+    await repo.close()
+    assert not repo.all_ready()
 
 
 async def test_symlink_outside_the_repository_is_never_loaded(make_repo, models_dir, model_files, tmp_path):

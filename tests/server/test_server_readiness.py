@@ -152,11 +152,14 @@ def test_a_warm_up_that_hangs_once_is_retried_and_the_model_serves(one_model, ma
         srv.close()
 
 
-def test_a_model_no_instance_can_run_is_not_ready(tmp_path):
+@pytest.mark.parametrize("readiness", ["strict", "lenient"])
+def test_a_model_no_instance_can_run_is_not_ready(tmp_path, readiness):
     """A device with room for one copy of the model, whose hung batch never lets go: the
     instance is abandoned, every rebuild fails for want of memory, and the model serves nothing;
     the index and readiness said READY (found by an independent check). Now: not ready, and the
-    index says why. A server process of its own: the CPU runtime reads its capacity at start."""
+    index says why, in both modes (lenient readiness, once reached, is kept while models added
+    later load, not through this). A server process of its own: the CPU runtime reads its
+    capacity at start."""
     shutil.copy(REPO / "models" / "digits.om", tmp_path / "digits.om")
     (tmp_path / "digits.yaml").write_text("execution_timeout_ms: 300\nreset_timeout_ms: 300\n")
     port = free_port()
@@ -164,7 +167,8 @@ def test_a_model_no_instance_can_run_is_not_ready(tmp_path):
     # execution (after the warm-up's) hangs for good
     env = dict(os.environ, ACLSERVE_CPU_DEVICE_MEMORY="80000", ACLSERVE_CPU_FAULTS="execute:nth=40,delay_ms=600000")
     server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port",
-                               str(port), "--grpc-port", "0", "--device", "cpu", "--log-level", "warning"],
+                               str(port), "--grpc-port", "0", "--device", "cpu", "--log-level", "warning",
+                               "--readiness", readiness],
                               cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"127.0.0.1:{port}"
     body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]}).encode()
