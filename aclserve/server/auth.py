@@ -11,6 +11,7 @@ open; here a client could fill the disk with them).
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import logging
@@ -109,15 +110,25 @@ class Access:
 
     def _invalid(self) -> None:
         """Count a wrong token, and say so in the log at most once every LOG_EVERY_S (never the
-        token itself): a misconfigured client, or someone guessing."""
+        token itself): a misconfigured client, or someone guessing. Those refused meanwhile are
+        said when that time is up (on the event loop, where every check runs)."""
         self.refused["invalid_token"] += 1
         self._invalid_unlogged += 1
+        if self._logged_at is None:
+            self._say_invalid()
+        elif self._invalid_unlogged == 1:  # the first one held back: its line comes when the time is up
+            wait = self._logged_at + LOG_EVERY_S - time.monotonic()
+            try:
+                asyncio.get_running_loop().call_later(max(0.0, wait), self._say_invalid)
+            except RuntimeError:  # no loop (a check outside the server): said with the next one
+                pass
+
+    def _say_invalid(self) -> None:
         now = time.monotonic()
-        if self._logged_at is None or now - self._logged_at >= LOG_EVERY_S:
-            log.warning("refused %d request(s) with an invalid API token%s (/metrics "
-                        "aclserve_auth_refusals_total counts them all)", self._invalid_unlogged,
-                        "" if self._logged_at is None else f" in the last {now - self._logged_at:.0f} s")
-            self._invalid_unlogged, self._logged_at = 0, now
+        log.warning("refused %d request(s) with an invalid API token%s (/metrics aclserve_auth_refusals_total "
+                    "counts them all)", self._invalid_unlogged,
+                    "" if self._logged_at is None else f" in the last {now - self._logged_at:.0f} s")
+        self._invalid_unlogged, self._logged_at = 0, now
 
     def check_control(self, authorization: str, what: str) -> None:
         """A management action (`what` is disabled, e.g. "model load/unload is"): the token when
