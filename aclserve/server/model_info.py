@@ -52,12 +52,22 @@ def _config_tensors(specs: Sequence[TensorSpec], batching: bool, is_input: bool,
         if not dims:  # Triton refuses empty dims: one element, reshaped to none (as it spells a scalar)
             entry["dims"], entry["reshape"] = [1], {"shape": []}
         if is_input:  # ModelInput has a format, ModelOutput has none (model_config.proto)
-            layout = picture_layout(s.format, dims) if s.datatype != "BYTES" else None
-            entry["format"] = f"FORMAT_{layout or 'NONE'}"  # (Triton's image_client needs one of the two)
+            entry["format"] = _input_format(s, dims)
         if labels and s.name in labels:
             entry["label_filename"] = labels[s.name]
         out.append(entry)
     return out
+
+
+def _input_format(spec: TensorSpec, dims: list[int]) -> str:
+    """FORMAT_NCHW / FORMAT_NHWC for an input laid out as a picture of a fixed size with 1 or 3
+    channels (Triton's image_client needs one of the two), FORMAT_NONE for any other: image_client
+    would resize to a size of -1, or feed a 4-channel tensor as RGB."""
+    if len(dims) != 3 or min(dims) < 1 or spec.datatype == "BYTES":  # (an ATC OM may have dynamic H and W)
+        return "FORMAT_NONE"
+    layout = picture_layout(spec.format, dims)
+    channels = dims[0] if layout == "NCHW" else dims[-1] if layout == "NHWC" else None
+    return f"FORMAT_{layout}" if channels in (1, 3) else "FORMAT_NONE"
 
 
 def _queue_policy(policy: QueuePolicy) -> dict:

@@ -122,3 +122,19 @@ def test_picture_inputs_name_their_layout_as_triton_image_client_needs(tmp_path)
         finally:
             http.close()
             grpc.close()
+
+
+@pytest.mark.parametrize("om_format, dims, datatype, said", [
+    ("NCHW", [3, 224, 224], "FP32", "FORMAT_NCHW"), ("NCHW", [224, 224, 3], "FP32", "FORMAT_NHWC"),
+    ("NHWC", [224, 224, 1], "UINT8", "FORMAT_NHWC"),
+    ("NHWC", [224, 224, 4], "UINT8", "FORMAT_NONE"),  # (image_client would feed 4 channels as RGB)
+    ("NCHW", [3, -1, -1], "FP32", "FORMAT_NONE"),  # (an ATC OM with dynamic H and W: a resize to -1)
+    ("NCHW", [16, 32, 32], "FP32", "FORMAT_NONE"), ("ND", [8, 8], "FP32", "FORMAT_NONE"),
+    ("ND", [1], "BYTES", "FORMAT_NONE"), ("ND", [], "FP32", "FORMAT_NONE")])
+def test_an_input_format_is_named_only_for_a_picture_of_fixed_size(om_format, dims, datatype, said):
+    from aclserve.dtypes import kserve_to_numpy
+    from aclserve.runtime.types import TensorSpec
+    from aclserve.server.model_info import _input_format
+    dtype = np.dtype(object) if datatype == "BYTES" else kserve_to_numpy(datatype)
+    spec = TensorSpec("x", datatype, dtype, (-1, *dims), om_format)
+    assert _input_format(spec, dims) == said
