@@ -61,6 +61,19 @@ def test_a_section_left_empty_keeps_the_defaults(tmp_path, text):
     assert load_model_config(write(tmp_path, "batching:\ninputs:\n", "m.yaml"), defaults) == defaults
 
 
+def test_a_null_that_is_a_value_still_turns_an_inherited_setting_off(tmp_path):
+    """Only sections of settings keep their defaults when null: a model's `image:` null turns
+    off the image input model_defaults gives it, and `priority_queue_policy:` null clears the
+    inherited per-level policies (both were lost for a while: a review)."""
+    defaults = load_server_config(None, {"model_defaults.inputs": {"x": {"image": {"color": "gray"}}},
+                                         "model_defaults.batching.priority_queue_policy": {
+                                             "3": {"max_queue_size": 4}}}).model_defaults
+    assert defaults.inputs["x"].image is not None and 3 in defaults.batching.priority_queue_policy
+    config = load_model_config(write(tmp_path, "inputs: {x: {image: }}\nbatching:\n  priority_levels: 2\n"
+                                               "  priority_queue_policy:\n", "m.yaml"), defaults)
+    assert config.inputs["x"].image is None and config.batching.priority_queue_policy == {}
+
+
 def test_a_choice_is_taken_in_any_case():
     """log_level: INFO and readiness: Strict were refused where ACLSERVE_DEVICE=CPU was taken."""
     config = load_server_config(None, {"log_level": "INFO", "readiness": "Strict", "model_control_mode": "POLL",

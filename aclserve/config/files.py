@@ -17,13 +17,16 @@ from .server import parse_server_config
 
 DEFAULT_CONFIG_PATH = Path(__file__).parent.parent / "configs" / "default.yaml"
 _REPLACED_WHOLE = {"version_policy"}  # a later layer replaces these whole (a one-key choice)
+# sections of settings, where null (every line under the key commented out) keeps what is there;
+# elsewhere null is a value (`inputs: {x: {image: }}` turns an inherited image input off)
+_SECTIONS = {"model_defaults", "images", "trace", "device_limits", "batching", "compile", "default_queue_policy"}
 
 
 def merge(base: Mapping, over: Mapping) -> dict:
     """Deep-merge `over` onto `base` (new dict; inputs untouched)."""
     out = copy.deepcopy(dict(base))
     for key, value in over.items():
-        if value is None and isinstance(out.get(key), Mapping):
+        if value is None and key in _SECTIONS and isinstance(out.get(key), Mapping):
             continue  # a section left empty (its lines commented out) keeps what it would override
         if key in out and isinstance(out[key], Mapping) and isinstance(value, Mapping) \
                 and key not in _REPLACED_WHOLE:

@@ -120,10 +120,18 @@ class Access:
             wait = self._logged_at + LOG_EVERY_S - time.monotonic()
             try:
                 asyncio.get_running_loop().call_later(max(0.0, wait), self._say_invalid)
-            except RuntimeError:  # no loop (a check outside the server): said with the next one
+            except RuntimeError:  # no loop (a check outside the server): close() says them
                 pass
 
+    def close(self) -> None:
+        """The server stops: the wrong tokens held back are said now (their counter goes with
+        the process). Idempotent."""
+        if self._invalid_unlogged:
+            self._say_invalid()
+
     def _say_invalid(self) -> None:
+        if not self._invalid_unlogged:
+            return  # (said by close() before the scheduled line came)
         now = time.monotonic()
         log.warning("refused %d request(s) with an invalid API token%s (/metrics aclserve_auth_refusals_total "
                     "counts them all)", self._invalid_unlogged,

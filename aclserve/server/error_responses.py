@@ -101,7 +101,7 @@ def _error_response(request: web.Request, state: ServerState | None, exc: Except
             message = f"request body exceeds the limit of {limit} (max_body_bytes)"
         elif isinstance(exc, web.HTTPNotFound):
             message = f"no route for {request.method} {request.path}"
-            if request.path.startswith("/v1/") or request.path == "/":  # (the KServe SDK's default protocol)
+            if request.path.startswith("/v1/") or request.path in ("/", "/v1"):  # (the KServe SDK's default)
                 message += f" (the KServe v1 protocol is not served: {V2_HINT})"
         elif isinstance(exc, web.HTTPMethodNotAllowed):
             message = f"method {request.method} is not allowed on {request.path}"

@@ -170,6 +170,7 @@ class ServerState:
                 # "Task exception was never retrieved" traceback at exit)
                 log.debug("model loading ended with: %s", self.loading.exception())
         await self.repo.close(self.shutdown_deadline)
+        self.auth.close()
         if self.answers_by is None:
             self.answers_by = max(self.shutdown_deadline + ANSWER_GRACE_S, time.monotonic() + LAST_ANSWERS_S)
 

@@ -87,6 +87,18 @@ def test_refused_tokens_are_counted_and_a_wrong_one_logged_once_a_minute(models_
     assert not any("guess-1234" in r.getMessage() or TOKEN in r.getMessage() for r in caplog.records)
 
 
+def test_wrong_tokens_held_back_are_said_at_shutdown(models_dir, make_config, caplog):
+    """Their counter goes with the process: those held back for the minute were never said when
+    the server stopped within it (a review)."""
+    caplog.set_level(logging.WARNING, logger="aclserve.server.auth")
+    with ServerThread(make_config(models_dir, api_token=TOKEN)) as srv:
+        for _ in range(3):
+            assert call(srv.url, "/v2/repository/index", b"{}", token="guess-5678")[0] == 401
+    lines = [r.getMessage() for r in caplog.records if "invalid API token" in r.getMessage()]
+    assert len(lines) == 2 and lines[0].startswith("refused 1 request(s) ") and \
+        lines[1].startswith("refused 2 request(s) with an invalid API token in the last "), lines
+
+
 def test_inference_stays_open_unless_asked(guarded):
     assert call(guarded.url, "/v2/models/double/infer", GOOD)[0] == 200
 

@@ -118,7 +118,8 @@ def test_a_version_that_is_not_a_number_is_a_bad_request(server):
 def test_the_kserve_v1_protocol_is_refused_saying_to_use_v2(server):
     """The KServe SDK's InferenceRESTClient speaks v1 unless told (its is_server_live is GET /):
     a bare "no route" left a KServe user guessing (a KServe user's check)."""
-    for method, path in (("POST", "/v1/models/affine:predict"), ("GET", "/v1/models/affine"), ("GET", "/")):
+    for method, path in (("POST", "/v1/models/affine:predict"), ("GET", "/v1/models/affine"), ("GET", "/"),
+                         ("GET", "/v1")):
         status, _, raw = request(server, method, path)
         said = json.loads(raw)["error"]
         assert status == 404 and said == (f"no route for {method} {path} (the KServe v1 protocol is not served: "
