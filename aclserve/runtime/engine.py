@@ -217,7 +217,7 @@ class Engine:
             self._loading += 1
         try:
             return self._load(os.fspath(path), name, int(instances), tuple(int(d) for d in devices), int(slots),
-                              bool(retry), bool(warmup) and warmup_data)
+                              bool(retry), warmup_data if warmup else None)
         finally:
             with self._state:
                 self._loading -= 1
@@ -228,7 +228,7 @@ class Engine:
         name = name or os.path.splitext(os.path.basename(path))[0]
         pool = open_pool(self.runtime, path, name, instances=instances, devices=devices, slots=slots, retry=retry)
         try:
-            if warmup_data:  # (the remedy is said after a failure on zeros only: warm_up)
+            if warmup_data is not None:  # (the remedy is said after a failure on zeros only: warm_up)
                 warm_up(pool, data=warmup_data,
                         remedy=" (if the model cannot run on zeros, load it with warmup_data='ones' or warmup=False)")
                 pool.set_execution_timeout(0)  # as the server: derived from the warm-up's runs

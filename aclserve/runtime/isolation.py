@@ -94,9 +94,9 @@ class Isolation:
     def finished(self, batch: Batch) -> Batch | None:
         """What the pool's listener gets for finished `batch`: itself, unless it is a part; for a
         part, its whole once every part is done (None before). The next part runs."""
-        part = batch.requests
-        if type(part) is not Part:
+        if not is_part(batch):
             return batch
+        part = batch.requests
         with self._lock:
             if self._running is batch:
                 self._running = None
