@@ -30,6 +30,7 @@ def test_embedded_default_matches_the_dataclass_defaults():
     assert config.model_defaults == ModelConfig()
     assert config.model_defaults.reset_timeout_ms == 10_000
     assert config.readiness == "strict" and config.max_request_bytes <= config.max_inflight_bytes
+    assert config.thread_scheduling == "batch"
 
 
 def test_every_default_key_is_documented_by_a_comment():
@@ -77,8 +78,10 @@ def test_a_null_that_is_a_value_still_turns_an_inherited_setting_off(tmp_path):
 def test_a_choice_is_taken_in_any_case():
     """log_level: INFO and readiness: Strict were refused where ACLSERVE_DEVICE=CPU was taken."""
     config = load_server_config(None, {"log_level": "INFO", "readiness": "Strict", "model_control_mode": "POLL",
+                                       "thread_scheduling": "Inherited",
                                        "model_defaults.inputs": {"x": {"image": {"layout": "nchw"}}}})
     assert (config.log_level, config.readiness, config.model_control_mode) == ("info", "strict", "poll")
+    assert config.thread_scheduling == "inherited"
     assert config.model_defaults.inputs["x"].image.layout == "NCHW"
 
 
@@ -140,6 +143,7 @@ def test_a_choice_is_taken_in_any_case():
      "must be a mapping"),
     ({"max_request_bytes": 2 << 30}, "max_request_bytes", "must be <= 536870912"),
     ({"readiness": "maybe"}, "readiness", "must be one of strict, lenient"),
+    ({"thread_scheduling": "fifo"}, "thread_scheduling", "must be one of batch, inherited"),
     ({"load_retry_max_s": 0.5}, "load_retry_max_s", "must be >= load_retry_initial_s (1), got 0.5"),
     ({"load_retry_initial_s": 100}, "load_retry_max_s", "must be >= load_retry_initial_s (100), got 60"),
     ({"api_token": 12345}, "api_token", "must be a string"),

@@ -100,6 +100,8 @@ def run_serve(args) -> int:
     heap.limit_arenas()  # before any worker thread: reloads then give their memory back
     from .. import collector
     collector.tune_for_server()  # fewer young collections: about 10 % of a light request's CPU
+    from .. import thread_policy
+    thread_policy.apply(config.thread_scheduling)  # before any other thread: they inherit it
     from ..acl import AclUnavailable
     from ..repository import RepositoryError, check_models_folder
     try:

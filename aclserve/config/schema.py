@@ -9,6 +9,7 @@ from ..trace.settings import TraceSettings
 
 CONTROL_MODES = ("poll", "explicit", "none")
 READINESS = ("strict", "lenient")
+THREAD_SCHEDULING = ("batch", "inherited")  # thread_policy.py
 AUTO = "auto"  # queue size / deadline derived from the model when it loads (repository/overload.py)
 DEVICES = ("auto", "cpu", "npu")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -134,6 +135,7 @@ class ServerConfig:
     shutdown_timeout_s: float = 30.0
     load_concurrency: int = 1
     cpu_threads: int = 1
+    thread_scheduling: str = "batch"  # thread_policy.py: SCHED_BATCH for the server's threads, or as started
     compile_cache_dir: str = ""  # "" = <models_dir>/.cache, else a user cache folder (repository/cache_dir.py)
     unload_on_delete: bool = True
     settle_s: float = 1.0

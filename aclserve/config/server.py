@@ -9,7 +9,8 @@ from ..logs import FORMATS as LOG_FORMATS
 from ..trace.settings import TraceSettings, TraceSettingsError
 from .checks import MAX_MS, as_bool, as_float, as_int, as_mapping, as_str, no_unknown, shown, unless_none
 from .model import parse_model_config
-from .schema import CONTROL_MODES, DECODERS, DEVICES, LOG_LEVELS, READINESS, ConfigError, ImageSettings, ServerConfig
+from .schema import (CONTROL_MODES, DECODERS, DEVICES, LOG_LEVELS, READINESS, THREAD_SCHEDULING, ConfigError,
+                     ImageSettings, ServerConfig)
 
 _SERVER_KEYS = {f.name for f in dataclasses.fields(ServerConfig)}
 _IMAGE_SETTINGS_KEYS = {f.name for f in dataclasses.fields(ImageSettings)}
@@ -80,6 +81,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         shutdown_timeout_s=as_float(get("shutdown_timeout_s"), "shutdown_timeout_s", maximum=MAX_S),
         load_concurrency=as_int(get("load_concurrency"), "load_concurrency", 1),
         cpu_threads=as_int(get("cpu_threads"), "cpu_threads", 1, 1024),
+        thread_scheduling=as_str(get("thread_scheduling"), "thread_scheduling", THREAD_SCHEDULING),
         compile_cache_dir=cache_dir,
         unload_on_delete=as_bool(get("unload_on_delete"), "unload_on_delete"),
         settle_s=as_float(get("settle_s"), "settle_s", maximum=MAX_S),
