@@ -52,6 +52,14 @@ def test_serve_without_a_models_folder_says_how_to_point_at_one(tmp_path):
     assert "listening" not in proc.stderr, proc.stderr  # (it said so first, then exited)
 
 
+def test_serve_takes_its_named_choices_in_any_case(tmp_path):
+    """--log-level INFO was "invalid choice" while log_level: INFO in a file was taken."""
+    proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", "--device", "CPU", "--log-level", "INFO",
+                     "--readiness", "Lenient", "--model-control-mode", "None", "--log-format", "JSON",
+                     "--trace-format", "Triton", cwd=tmp_path)
+    assert "invalid choice" not in proc.stderr and "does not exist" in proc.stderr, proc.stderr  # (no models/)
+
+
 @pytest.mark.parametrize("where, token, grpc, said", [
     ("config", "s3cret\n", False, "no client could send it"),
     ("environment", " s3cret", False, "no client could send it"),

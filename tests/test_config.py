@@ -79,10 +79,18 @@ def test_a_choice_is_taken_in_any_case():
     """log_level: INFO and readiness: Strict were refused where ACLSERVE_DEVICE=CPU was taken."""
     config = load_server_config(None, {"log_level": "INFO", "readiness": "Strict", "model_control_mode": "POLL",
                                        "thread_scheduling": "Inherited",
-                                       "model_defaults.inputs": {"x": {"image": {"layout": "nchw"}}}})
+                                       "model_defaults.inputs": {"x": {"image": {"layout": "nchw", "invert": "AUTO"}}},
+                                       "model_defaults.slots": "Auto",
+                                       "model_defaults.batching": {"default_priority": "AUTO", "default_queue_policy": {
+                                           "max_queue_size": "Auto", "default_timeout_ms": "AUTO"}}})
     assert (config.log_level, config.readiness, config.model_control_mode) == ("info", "strict", "poll")
     assert config.thread_scheduling == "inherited"
     assert config.model_defaults.inputs["x"].image.layout == "NCHW"
+    image, defaults = config.model_defaults.inputs["x"].image, config.model_defaults
+    assert image.invert == "auto" and defaults.slots == 0  # (auto, once parsed)
+    assert defaults.batching.default_priority is None
+    assert (defaults.batching.default_queue_policy.max_queue_size,
+            defaults.batching.default_queue_policy.default_timeout_ms) == (None, None)
 
 
 @pytest.mark.parametrize("overrides, path, fragment", [

@@ -36,7 +36,7 @@ def add_commands(sub) -> None:
     p.add_argument("--clients", type=int, default=8, help="concurrent closed-loop clients (default %(default)s)")
     p.add_argument("--rows", type=int, default=1, help="batch rows per request (default %(default)s)")
     p.add_argument("--models", help="models folder, in-process mode (default models)")
-    p.add_argument("--device", choices=("auto", "cpu", "npu"), help="in-process mode (default auto)")
+    p.add_argument("--device", type=str.lower, choices=("auto", "cpu", "npu"), help="in-process mode (default auto)")
     p.add_argument("--url", help="profile a running server instead (e.g. http://127.0.0.1:8000)")
     p.add_argument("--trace-dir", help="with --url: the server's trace folder, as seen from here (default traces)")
     p.add_argument("--timeout", type=float,

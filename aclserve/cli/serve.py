@@ -22,8 +22,8 @@ def add_commands(sub) -> None:
                    help="TCP port of the KServe v2 gRPC endpoint (default 8001; 0 = no gRPC)")
     p.add_argument("--compile-cache-dir", metavar="DIR",
                    help="where dropped .onnx files are compiled to (default <models>/.cache)")
-    p.add_argument("--device", choices=("auto", "cpu", "npu"), help="ACL to use (default auto)")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error", "critical"),
+    p.add_argument("--device", type=str.lower, choices=("auto", "cpu", "npu"), help="ACL to use (default auto)")
+    p.add_argument("--log-level", type=str.lower, choices=("debug", "info", "warning", "error", "critical"),
                    help="logging level (default info; debug also logs every request)")
     p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve HTTPS and gRPC over TLS "
                                                       "(tls_cert_file; with --tls-key)")
@@ -31,9 +31,9 @@ def add_commands(sub) -> None:
     p.add_argument("--tls-client-ca", metavar="FILE", help="PEM CA certificates: clients must show a certificate "
                                                            "signed by one (tls_client_ca_file; with --tls-cert)")
     p.add_argument("--cpu-threads", type=int, metavar="N", help="ONNX Runtime threads per instance (CPU runtime)")
-    p.add_argument("--model-control-mode", choices=("poll", "explicit", "none"),
+    p.add_argument("--model-control-mode", type=str.lower, choices=("poll", "explicit", "none"),
                    help="how the repository follows the models folder (default poll)")
-    p.add_argument("--readiness", choices=("strict", "lenient"),
+    p.add_argument("--readiness", type=str.lower, choices=("strict", "lenient"),
                    help="/v2/health/ready: strict (default) waits for every model in the folder, "
                         "lenient ignores refused ones and, once ready, models added later")
     p.add_argument("--max-batch", type=int, metavar="N",
@@ -42,7 +42,8 @@ def add_commands(sub) -> None:
     p.add_argument("--max-delay-ms", type=float, metavar="MS",
                    help="queue delay for partial batches of a model without its own setting "
                         "(model_defaults.batching.max_queue_delay_ms)")
-    p.add_argument("--log-format", choices=("text", "json"), help="log lines as text or one JSON object per line")
+    p.add_argument("--log-format", type=str.lower, choices=("text", "json"),
+                   help="log lines as text or one JSON object per line")
     p.add_argument("--request-log", action="store_true", default=None,
                    help="log one line per infer request (request id, model, version, status, durations)")
     p.add_argument("--trace", metavar="FILE",
@@ -52,7 +53,8 @@ def add_commands(sub) -> None:
     p.add_argument("--trace-count", type=int, metavar="N", help="stop after N traces (default -1: never)")
     p.add_argument("--trace-log-frequency", type=int, metavar="N",
                    help="write the trace file every N traces, to FILE.0, FILE.1, ... (default 0: at shutdown)")
-    p.add_argument("--trace-format", choices=("chrome", "triton"), help="trace file format (default chrome)")
+    p.add_argument("--trace-format", type=str.lower, choices=("chrome", "triton"),
+                   help="trace file format (default chrome)")
     p.set_defaults(func=run_serve)
 
 

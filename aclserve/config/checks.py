@@ -6,7 +6,7 @@ import math
 import reprlib
 from typing import Mapping
 
-from .schema import ConfigError
+from .schema import AUTO, ConfigError
 
 
 _SHOWN = reprlib.Repr()
@@ -28,6 +28,11 @@ def unless_none(value, default):
 
 def key_path(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+def is_auto(value) -> bool:
+    """`auto` in any case, as a named choice is taken (`max_queue_size: AUTO`)."""
+    return isinstance(value, str) and value.lower() == AUTO
 
 
 def as_mapping(value, path: str) -> Mapping:

@@ -6,8 +6,8 @@ from typing import Any, Mapping
 
 from ..runtime.warmup import WARMUP_DATA
 from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
-from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, key_path, no_unknown,
-                     numbers, shown, unless_none)
+from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, is_auto, key_path,
+                     no_unknown, numbers, shown, unless_none)
 from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, CompileOptions, ConfigError,
                      ImageInput, ModelConfig, TensorOptions)
 
@@ -28,9 +28,9 @@ def _queue_policy(data, path: str, base: QueuePolicy) -> QueuePolicy:
     for key, value in data.items():
         kp = key_path(path, key)
         if key == "max_queue_size":
-            values[key] = None if value == AUTO else as_int(value, kp, 0)
+            values[key] = None if is_auto(value) else as_int(value, kp, 0)
         elif key == "default_timeout_ms":
-            values[key] = None if value == AUTO else as_float(value, kp, maximum=MAX_MS)
+            values[key] = None if is_auto(value) else as_float(value, kp, maximum=MAX_MS)
         elif key == "timeout_action":
             values[key] = as_str(value, kp, ("reject", "delay"))
         else:
@@ -57,7 +57,7 @@ def _batching(data, path: str) -> BatchingConfig:
     default = data.get("default_priority", AUTO)
     # auto (None): the middle level of however many the model has (BatchingConfig.default_level):
     # a model's `priority_levels: 1` was refused for the embedded default's default_priority 2
-    kw["default_priority"] = (None if default == AUTO
+    kw["default_priority"] = (None if is_auto(default)
                               else as_int(default, key_path(path, "default_priority"), 1, levels))
     default_qp = _queue_policy(data.get("default_queue_policy", {}), key_path(path, "default_queue_policy"),
                                QueuePolicy())
@@ -137,8 +137,10 @@ def _image_input(data, path: str) -> ImageInput:
 
 
 def _invert(value, path: str) -> bool | str:
-    if isinstance(value, bool) or value == "auto":
+    if isinstance(value, bool):
         return value
+    if is_auto(value):
+        return AUTO
     raise ConfigError(path, f"must be true, false or auto, got {shown(value)}")
 
 
@@ -162,7 +164,7 @@ def _tensor_options(data, path: str, role: str) -> dict[str, TensorOptions]:
 
 def _slots(value, path: str) -> int:
     """`auto` (0 once parsed) or at least 1."""
-    return 0 if value == AUTO else as_int(value, path, 1)
+    return 0 if is_auto(value) else as_int(value, path, 1)
 
 
 def parse_model_config(data, path: str = "") -> ModelConfig:
