@@ -136,6 +136,10 @@ def _on_signal(sig: signal.Signals, stop: asyncio.Event, hurry: asyncio.Event) -
     stop.set()
 
 
+def _on_ignored_hangup() -> None:
+    log.warning("SIGHUP received: ignored, as the server was started with it ignored (nohup); SIGTERM stops it")
+
+
 async def _drained(drains: list, hurry: asyncio.Event, state) -> None:
     """Wait for the drains, or until a second signal moves the shutdown deadline to now."""
     draining = asyncio.ensure_future(asyncio.gather(*drains))
@@ -171,10 +175,13 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     # SIGHUP too: a closed terminal or session (or `kill -HUP` meant as a reload) drains as
     # SIGTERM does, rather than killing the process with its requests
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
-            continue  # started under nohup: a closed terminal is to be ignored, as asked
+        # started under nohup: a closed terminal is to be ignored, as asked; said, for a `kill -HUP`
+        ignored = sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN
         try:
-            loop.add_signal_handler(sig, _on_signal, sig, stop, hurry)
+            if ignored:
+                loop.add_signal_handler(sig, _on_ignored_hangup)
+            else:
+                loop.add_signal_handler(sig, _on_signal, sig, stop, hurry)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
     listener: asyncio.Server | None = None
