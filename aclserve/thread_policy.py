@@ -4,13 +4,15 @@ A request crosses threads that share Python's GIL: the event loop hands a batch 
 instance's launcher, the device (the CPU runtime's stream threads) to the completion thread,
 that thread back to the loop. Under SCHED_OTHER a thread woken by another on the same core
 preempts its waker at once, only to wait for the GIL the waker still holds: each hand-off
-switches back and forth. Under SCHED_BATCH a woken thread does not preempt (the tick still
-shares the core fairly), so the waker runs on to its next blocking call, which lets the GIL go,
-and the woken thread takes it at once. Measured with `tools/bench_server.py`, server on one
-core: 5 context switches a light request at one client instead of 12, p50 0.33-0.34 ms
-instead of 0.40-0.41; within noise at 64 clients, and for the medium CNN (its compute
-dominates). `aclserve serve` sets it at start, for the threads there (numpy's BLAS starts some
-at import) and so for every thread started after: a thread inherits its creator's policy.
+switches back and forth. Under SCHED_BATCH a woken thread preempts nothing (the tick still
+shares the core fairly), so the waker runs on to its next blocking call, which lets the GIL go.
+On a core of its own, one model: 5 context switches a light request at one client instead of
+12, p50 0.33-0.34 ms instead of 0.40-0.41 (`tools/bench_server.py`). But a thread woken then
+waits for any CPU-bound thread on its core to use up its slice, about a tick (4 ms): another
+model's compute, a neighbour even at nice 19, ONNX Runtime on every core. So `batch` is a choice
+for a server alone on its cores with one model, not the default. `aclserve serve` sets it at
+start, for the threads there (numpy's BLAS starts some at import) and so for every thread and
+process started after: a thread inherits its creator's policy.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def apply(choice: str) -> str | None:
     calling thread's policy now in force, by name; None where the platform has no such call."""
     if not hasattr(os, "sched_setscheduler") or not hasattr(os, "SCHED_BATCH"):
         return None
-    current = os.sched_getscheduler(0)
+    current = os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)  # (chrt -R sets that flag)
     if choice != BATCH:
         return name(current)
     if current != os.SCHED_OTHER:
@@ -45,7 +47,7 @@ def apply(choice: str) -> str | None:
         return name(current)
     for tid in _other_threads():
         try:
-            if os.sched_getscheduler(tid) == os.SCHED_OTHER:
+            if os.sched_getscheduler(tid) == os.SCHED_OTHER:  # (one with the reset-on-fork flag is kept)
                 os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
         except OSError:
             pass  # ended meanwhile

@@ -52,6 +52,12 @@ def test_serve_without_a_models_folder_says_how_to_point_at_one(tmp_path):
     assert "listening" not in proc.stderr, proc.stderr  # (it said so first, then exited)
 
 
+def test_compile_takes_its_target_in_any_case(tmp_path):
+    """--target CPU was "unknown target 'CPU'"."""
+    proc = _aclserve("compile", str(REPO / "models" / "digits.onnx"), "-o", str(tmp_path / "d.om"), "--target", "CPU")
+    assert proc.returncode == 0 and (tmp_path / "d.om").exists(), proc.stderr
+
+
 def test_serve_takes_its_named_choices_in_any_case(tmp_path):
     """--log-level INFO was "invalid choice" while log_level: INFO in a file was taken."""
     proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", "--device", "CPU", "--log-level", "INFO",

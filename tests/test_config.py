@@ -30,7 +30,7 @@ def test_embedded_default_matches_the_dataclass_defaults():
     assert config.model_defaults == ModelConfig()
     assert config.model_defaults.reset_timeout_ms == 10_000
     assert config.readiness == "strict" and config.max_request_bytes <= config.max_inflight_bytes
-    assert config.thread_scheduling == "batch"
+    assert config.thread_scheduling == "inherited"
 
 
 def test_every_default_key_is_documented_by_a_comment():
@@ -78,13 +78,13 @@ def test_a_null_that_is_a_value_still_turns_an_inherited_setting_off(tmp_path):
 def test_a_choice_is_taken_in_any_case():
     """log_level: INFO and readiness: Strict were refused where ACLSERVE_DEVICE=CPU was taken."""
     config = load_server_config(None, {"log_level": "INFO", "readiness": "Strict", "model_control_mode": "POLL",
-                                       "thread_scheduling": "Inherited",
+                                       "thread_scheduling": "Batch",
                                        "model_defaults.inputs": {"x": {"image": {"layout": "nchw", "invert": "AUTO"}}},
                                        "model_defaults.slots": "Auto",
                                        "model_defaults.batching": {"default_priority": "AUTO", "default_queue_policy": {
                                            "max_queue_size": "Auto", "default_timeout_ms": "AUTO"}}})
     assert (config.log_level, config.readiness, config.model_control_mode) == ("info", "strict", "poll")
-    assert config.thread_scheduling == "inherited"
+    assert config.thread_scheduling == "batch"
     assert config.model_defaults.inputs["x"].image.layout == "NCHW"
     image, defaults = config.model_defaults.inputs["x"].image, config.model_defaults
     assert image.invert == "auto" and defaults.slots == 0  # (auto, once parsed)

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux sc
 CHILD = """
 import json, logging, os, sys, threading
 logging.basicConfig(level=logging.INFO)
-os.sched_setscheduler(0, getattr(os, sys.argv[2]), os.sched_param(0))  # (pytest's may be anything)
+policy, _, flag = sys.argv[2].partition("|")  # (pytest's own policy may be anything)
+os.sched_setscheduler(0, getattr(os, policy) | (os.SCHED_RESET_ON_FORK if flag else 0), os.sched_param(0))
 from aclserve import thread_policy
 stop, seen = threading.Event(), {}
 before = threading.Thread(target=lambda: (stop.wait(), seen.update(before=os.sched_getscheduler(0))))
@@ -54,6 +55,12 @@ def test_inherited_leaves_the_policy_alone():
                     "after": os.SCHED_OTHER}
 
 
+def test_batch_with_the_reset_on_fork_flag_is_named_as_batch():
+    """`chrt -R -b 0`: the flag came back with the policy, which was said as "policy 1073741827"."""
+    seen, log = _apply_in_a_child("batch", "SCHED_BATCH|RESET_ON_FORK")
+    assert seen["result"] == "SCHED_BATCH" and "policy 1073" not in log and "was started under" not in log, log
+
+
 def test_a_policy_set_before_is_kept_and_said():
     seen, log = _apply_in_a_child("batch", "SCHED_IDLE")
     assert seen == {"result": "SCHED_IDLE", "main": os.SCHED_IDLE, "before": os.SCHED_IDLE,
@@ -61,8 +68,8 @@ def test_a_policy_set_before_is_kept_and_said():
     assert "started under SCHED_IDLE, which is kept" in log
 
 
-@pytest.mark.parametrize("setting, policy", [(None, os.SCHED_BATCH), ("inherited", os.SCHED_OTHER)],
-                         ids=["default", "inherited"])
+@pytest.mark.parametrize("setting, policy", [(None, os.SCHED_OTHER), ("batch", os.SCHED_BATCH)],
+                         ids=["default", "batch"])
 def test_every_thread_of_a_serving_server_has_the_policy(tmp_path, setting, policy):
     """Read once the model serves: its instance's threads, the CPU runtime's stream threads, the
     loaders and the event loop."""

@@ -23,7 +23,7 @@ def add_commands(sub) -> None:
                    help="ATC --soc_version (default: the SoC of this machine's NPU; required without one)")
     p.add_argument("--precision-mode", default=None, metavar="MODE",
                    help="ATC --precision_mode (default force_fp16; recorded but not applied by the CPU runtime)")
-    p.add_argument("--target", default="auto", metavar="auto|npu|cpu",
+    p.add_argument("--target", default="auto", type=str.lower, metavar="auto|npu|cpu",
                    help="auto: ATC if found, else CPU OM (default); npu: require ATC; cpu: CPU OM")
     p.add_argument("--atc", metavar="PATH", help="the ATC executable (default: `atc` on PATH)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",

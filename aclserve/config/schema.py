@@ -135,7 +135,7 @@ class ServerConfig:
     shutdown_timeout_s: float = 30.0
     load_concurrency: int = 1
     cpu_threads: int = 1
-    thread_scheduling: str = "batch"  # thread_policy.py: SCHED_BATCH for the server's threads, or as started
+    thread_scheduling: str = "inherited"  # thread_policy.py: as started, or SCHED_BATCH (batch)
     compile_cache_dir: str = ""  # "" = <models_dir>/.cache, else a user cache folder (repository/cache_dir.py)
     unload_on_delete: bool = True
     settle_s: float = 1.0

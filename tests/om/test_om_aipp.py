@@ -61,6 +61,12 @@ def test_aipp_cpu_om_equals_host_normalisation(tmp_path, conv_onnx, colour):
     np.testing.assert_allclose(got, reference(conv_onnx, np.ascontiguousarray(plain)), atol=0.05)
 
 
+def test_the_colour_order_is_taken_in_any_case():
+    """--image-input RGB was "must be rgb, bgr or gray, got 'RGB'"."""
+    assert aipp.generate("RGB", "1,2,3") == aipp.generate("rgb", "1,2,3")
+    assert aipp.generate("Gray") == aipp.generate("gray")
+
+
 def test_om_descriptor_reports_uint8_nhwc_and_image_size(tmp_path, conv_onnx):
     ops = [aipp.generate("rgb")]
     path = str(compile_model(conv_onnx, tmp_path / "a.om", batch="1,2", target="cpu", aipp=ops,
