@@ -158,6 +158,8 @@ class Lifecycle:
         for version, sv in loaded.items():
             self.states.move(name, version, State.READY)
             if version in replaced:  # `replaced`: the version it took over from, draining now
+                log.info("%s: version %s reloaded (its new %s), the one before drains", name, version,
+                         _changed_part(replaced[version].wanted, sv.wanted))
                 self._emit("reloaded", name, version, seconds=sv.load_seconds, replaced=replaced[version])
             else:
                 self._emit("loaded", name, version, seconds=sv.load_seconds)

@@ -402,3 +402,17 @@ async def test_a_fixed_config_or_labels_file_is_taken_when_the_config_is_touched
     touch_config()
     await events.wait("reloaded", "m")
     assert repo.get("m").labels == {"y": ("w", "x", "y", "z")}
+
+
+async def test_a_reload_says_what_changed(make_repo, models_dir, model_files, caplog):
+    """A reload was logged as "version 1 ready", as a first load: an operator who edited the
+    config could not tell from the log that it was taken."""
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, events = await make_repo()
+    with caplog.at_level(logging.INFO, logger="aclserve.repository"):
+        (models_dir / "m.yaml").write_text("batching: {max_queue_delay_ms: 2}\n")
+        await events.wait("reloaded", "m", "1", count=1)
+        place(model_files[2]["om"], models_dir / "m.om")
+        await events.wait("reloaded", "m", "1", count=2)
+    assert "m: version 1 reloaded (its new config), the one before drains" in caplog.text
+    assert "m: version 1 reloaded (its new file), the one before drains" in caplog.text
