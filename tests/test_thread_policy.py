@@ -80,9 +80,11 @@ def test_every_thread_of_a_serving_server_has_the_policy(tmp_path, setting, poli
     if setting is not None:
         config += f"thread_scheduling: {setting}\n"
     (tmp_path / "serve.yaml").write_text(config)
+    log = open(tmp_path / "serve.log", "w")  # (not a pipe nobody reads while it serves)
     proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", "serve.yaml"], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            stdout=log, stderr=subprocess.STDOUT,
                             preexec_fn=lambda: os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0)))
+    log.close()  # (the server has its own copy)
     server = type("Server", (), {"url": f"127.0.0.1:{port}"})
     try:
         for _ in range(600):  # a hang guard
@@ -91,7 +93,7 @@ def test_every_thread_of_a_serving_server_has_the_policy(tmp_path, setting, poli
                     break
             except OSError:
                 pass
-            assert proc.poll() is None, proc.stderr.read()
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
             time.sleep(0.1)
         else:
             pytest.fail("the server never became ready")

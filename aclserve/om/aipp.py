@@ -231,9 +231,9 @@ def _floats(text: str, what: str) -> list[float]:
 def generate(colour: str, mean: str | None = None, std: str | None = None, rank: int = 0) -> AippOp:
     """`--image-input rgb|bgr|gray --mean M,.. --std S,..` (pixel units, 0-255): host sends
     uint8 pixels in that order (any case); the OM computes (pixel - mean) / std per channel."""
-    colour = colour.lower()
-    if colour not in ("rgb", "bgr", "gray"):
+    if colour.lower() not in ("rgb", "bgr", "gray"):
         raise CompileError(f"--image-input must be rgb, bgr or gray, got {colour!r}")
+    colour = colour.lower()
     channels = 1 if colour == "gray" else 3
     means = _floats(mean, "mean") if mean else [0.0] * channels
     stds = _floats(std, "std") if std else [1.0] * channels
