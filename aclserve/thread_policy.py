@@ -28,11 +28,12 @@ BATCH = "batch"  # (the other choice, "inherited", leaves the policy as started)
 def apply(choice: str) -> str | None:
     """For `batch`: SCHED_BATCH for the calling thread, so for the threads started after, and for
     those the process has already (numpy's BLAS starts some at import), each taken from
-    SCHED_OTHER only: a policy someone chose (chrt: real-time, idle) is kept and said. The
-    calling thread's policy now in force, by name; None where the platform has no such call."""
+    SCHED_OTHER only (with or without the reset-on-fork flag, which is dropped): a policy someone
+    chose (chrt: batch, real-time, idle) is kept, and said. The calling thread's policy now in
+    force, by name; None where the platform has no such call."""
     if not hasattr(os, "sched_setscheduler") or not hasattr(os, "SCHED_BATCH"):
         return None
-    current = os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)  # (chrt -R sets that flag)
+    current = _policy(0)
     if choice != BATCH:
         return name(current)
     if current != os.SCHED_OTHER:
@@ -47,11 +48,17 @@ def apply(choice: str) -> str | None:
         return name(current)
     for tid in _other_threads():
         try:
-            if os.sched_getscheduler(tid) == os.SCHED_OTHER:  # (one with the reset-on-fork flag is kept)
+            if _policy(tid) == os.SCHED_OTHER:
                 os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
         except OSError:
             pass  # ended meanwhile
+    log.info("thread_scheduling: batch: the server's threads run under SCHED_BATCH")
     return name(os.SCHED_BATCH)
+
+
+def _policy(tid: int) -> int:
+    """A thread's policy without the reset-on-fork flag (`chrt -R` sets it)."""
+    return os.sched_getscheduler(tid) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
 
 
 def _other_threads() -> list[int]:

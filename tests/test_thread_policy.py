@@ -26,9 +26,13 @@ logging.basicConfig(level=logging.INFO)
 policy, _, flag = sys.argv[2].partition("|")  # (pytest's own policy may be anything)
 os.sched_setscheduler(0, getattr(os, policy) | (os.SCHED_RESET_ON_FORK if flag else 0), os.sched_param(0))
 from aclserve import thread_policy
-stop, seen = threading.Event(), {}
-before = threading.Thread(target=lambda: (stop.wait(), seen.update(before=os.sched_getscheduler(0))))
-before.start()
+stop, ready, seen = threading.Event(), threading.Event(), {}
+def before_apply():
+    if flag:  # (a thread's own flag: the threads a flagged one starts do not inherit it)
+        os.sched_setscheduler(0, os.SCHED_OTHER | os.SCHED_RESET_ON_FORK, os.sched_param(0))
+    ready.set(); stop.wait(); seen.update(before=os.sched_getscheduler(0))
+before = threading.Thread(target=before_apply)
+before.start(); ready.wait()
 result = thread_policy.apply(sys.argv[1])
 after = threading.Thread(target=lambda: seen.update(after=os.sched_getscheduler(0)))
 after.start(); after.join(); stop.set(); before.join()
@@ -59,6 +63,14 @@ def test_batch_with_the_reset_on_fork_flag_is_named_as_batch():
     """`chrt -R -b 0`: the flag came back with the policy, which was said as "policy 1073741827"."""
     seen, log = _apply_in_a_child("batch", "SCHED_BATCH|RESET_ON_FORK")
     assert seen["result"] == "SCHED_BATCH" and "policy 1073" not in log and "was started under" not in log, log
+
+
+def test_other_with_the_reset_on_fork_flag_is_taken_as_other():
+    """`chrt -R -o 0`: the main thread went to batch, a thread carrying the flag did not."""
+    seen, log = _apply_in_a_child("batch", "SCHED_OTHER|RESET_ON_FORK")
+    assert seen == {"result": "SCHED_BATCH", "main": os.SCHED_BATCH, "before": os.SCHED_BATCH,
+                    "after": os.SCHED_BATCH}
+    assert "the server's threads run under SCHED_BATCH" in log
 
 
 def test_a_policy_set_before_is_kept_and_said():
