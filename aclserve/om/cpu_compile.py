@@ -10,7 +10,8 @@ Output shapes come from running the optimised model once per probe batch (the tw
 gears) on zero inputs (on ones if that fails: a division by an input), what ONNX Runtime will
 compute, not what the exporter declared nor what shape inference guesses; an output that is not
 [batch, fixed...] (or fully fixed for a static model) is refused, since the runtime must size
-output buffers per gear, and so is a model that cannot run at all.
+output buffers per gear, and so is a model that cannot run at all, and one whose output sizes
+change with the input's values (a second probe run on other values).
 """
 from __future__ import annotations
 
@@ -102,6 +103,7 @@ def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) ->
             failure = failure or e
     else:
         raise CompileError(f"a test run of the model (on zeros, then ones) failed: {one_line(failure)}")
+    _refuse_data_dependent(sess, spec, outputs, batches[0], fill, seen[0])
     fixed = []
     for i, o in enumerate(outputs):
         shapes = [s[i] for s in seen]
@@ -114,6 +116,37 @@ def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) ->
         else:
             fixed.append(TensorInfo(o.name, o.dtype, list(shapes[0])))
     return fixed
+
+
+def _refuse_data_dependent(sess, spec: ModelSpec, outputs: list[TensorInfo], batch: int | None, used,
+                           shapes: list[tuple]) -> None:
+    """Run the model again on other values (those it cannot run on are skipped): an output whose
+    size follows the data (NonZero, NonMaxSuppression: a detection model's boxes) compiled with
+    the size of one probe run, and every request finding another count failed as a device
+    fault (found by a helper). An OM's outputs have the sizes fixed at compile."""
+    at = "" if batch is None else f", batch size {batch}"
+    for fill in (np.zeros, np.ones, _seeded_values):
+        if fill is used:
+            continue
+        try:
+            other = [r.shape for r in sess.run([o.name for o in outputs], _probe_feeds(spec, batch, fill))]
+        except Exception:
+            continue
+        for o, a, b in zip(outputs, shapes, other):
+            if a != b:
+                raise CompileError(
+                    f"output {o.name!r} changes size with the input's values (shape {list(a)} on {used.__name__}, "
+                    f"{list(b)} on {fill.__name__.strip('_').replace('_', ' ')}{at}): an OM's outputs "
+                    "have the sizes fixed when it is compiled; bound the output in the graph (e.g. pad it to a "
+                    "fixed count with TopK)")
+
+
+def _seeded_values(shape, dtype) -> np.ndarray:
+    """Values of a fixed seed, small enough for an index input (0 or 1) or a float (normal)."""
+    rng = np.random.default_rng(0)
+    if np.issubdtype(dtype, np.floating):
+        return rng.standard_normal(shape).astype(dtype)
+    return rng.integers(0, 2, shape).astype(dtype)
 
 
 def _probe_feeds(spec: ModelSpec, batch: int | None, fill) -> dict:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import numpy as np
 import onnxruntime as ort
@@ -177,6 +178,26 @@ def test_declared_output_shapes_give_way_to_what_the_graph_computes(tmp_path, de
         for gear in (2, 4):
             np.testing.assert_array_equal(run_batch(acl, str(result.path), {"x": x[:gear]}, gear)["y"],
                                           np.maximum(x[:gear], 0))
+
+
+@pytest.mark.parametrize("batch, input_shape, at", [("1,2", None, ", batch size 1"), (None, "x:1,4", "")],
+                         ids=["gears", "static"])
+def test_an_output_whose_size_follows_the_data_is_refused(tmp_path, batch, input_shape, at):
+    """A detection model's boxes (NonZero of the scores over a threshold, as NMS gives them):
+    the count on zeros (none: "not batch-major", then "give it at least one element") or the
+    count of one probe run was compiled in, and every request finding another count failed as
+    a device fault, 500 (found by a helper)."""
+    from onnx import TensorProto, helper, numpy_helper
+    nodes = [helper.make_node("Greater", ["x", "half"], ["hit"]), helper.make_node("NonZero", ["hit"], ["where"]),
+             helper.make_node("Transpose", ["where"], ["keep"])]
+    graph = helper.make_graph(nodes, "det", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("keep", TensorProto.INT64, ["K", 2])],
+                              [numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "det.onnx")
+    with pytest.raises(CompileError, match=r"output 'keep' changes size with the input's values \(shape \[0, 2\] on "
+                                           r"zeros, \[\d+, 2\] on ones" + re.escape(at) + r"\): .*TopK"):
+        compile_model(src, batch=batch, input_shape=input_shape, target="cpu", log=_quiet)
+    assert not (tmp_path / "det.om").exists()
 
 
 def test_output_without_batch_dimension_is_refused(tmp_path):
