@@ -99,3 +99,8 @@ def identify(path: str | os.PathLike) -> tuple[str, object]:
     if head[:4] == OM2_MAGIC:
         return "om2", None
     raise container.OmFormatError("not an OM file (neither a CPU OM nor an ATC 'IMOD' header)")
+
+
+def compile_hint(path: str) -> str:
+    """What to do with a file `identify` refused, when its name says it is an ONNX model."""
+    return f" (an ONNX model: `aclserve compile {path}` makes an OM of it)" if path.endswith(".onnx") else ""

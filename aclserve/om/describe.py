@@ -31,8 +31,7 @@ def describe(path: str | os.PathLike) -> dict:
         if kind == "cpu_om":  # a corrupt payload: what serve refuses, inspect says too
             container.verify_payload_file(path, header)
     except OmFormatError as e:
-        hint = f" (an ONNX model: `aclserve compile {path}` makes an OM of it)" if path.endswith(".onnx") else ""
-        raise InspectError(f"{path}: {e}{hint}") from None
+        raise InspectError(f"{path}: {e}{atc_om.compile_hint(path)}") from None
     except OSError as e:
         raise InspectError(f"{path}: {e.strerror or e}") from None
     info = {"path": path, "size": os.path.getsize(path), "kind": kind}

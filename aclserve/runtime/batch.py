@@ -46,6 +46,11 @@ class Batch:
         self.failed_lane: int | None = None
         self.failed_by = None
 
+    def describe(self) -> str:
+        """"batch of 3 rows (gear 4)" for the log and errors; a static model's has no gear."""
+        rows = f"batch of {self.rows} row{'' if self.rows == 1 else 's'}"
+        return rows if self.gear is None else f"{rows} (gear {self.gear})"
+
 
 class BatchListener(Protocol):
     """Who hears from an executor. Both methods are called from the executor's threads and

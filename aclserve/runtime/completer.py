@@ -220,12 +220,12 @@ class Completer:
             self._leave_rotation(f"the device failed a task ({code}) and the instance's context stopped on it")
         self._book.count_failure(code, needs_reset=not timeout and not stopped)
         if isinstance(error, DeviceTimeout):
-            message = f"batch of {batch.rows} rows (gear {batch.gear}) on {where}: {error}"
+            message = f"{batch.describe()} on {where}: {error}"
             batch.error = DeviceTimeout(message)
         else:
             # (an ExecutionFailed here: in flight when its context stopped on another batch's failure)
             verb = "failed on" if isinstance(error, (AclError, ExecutionFailed)) else "could not run on"
-            message = f"batch of {batch.rows} rows (gear {batch.gear}) {verb} {where}: {error}"
+            message = f"{batch.describe()} {verb} {where}: {error}"
             batch.error = ExecutionFailed(message)
             batch.error.__cause__ = error  # a device's error, or the host code's (repository/retry.py)
         log.error("%s", message)

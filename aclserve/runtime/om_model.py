@@ -13,7 +13,7 @@ import os
 from ..acl import AclError, check, check_handle, release
 from ..acl import constants as C
 from ..dtypes import acl_to_kserve, acl_to_numpy
-from ..om.atc_om import identify
+from ..om.atc_om import compile_hint, identify
 from ..om.container import OmFormatError
 from ..om.names import tensor_name
 from .batch_axes import refuse_outputs_not_batch_first
@@ -33,7 +33,7 @@ def _why_unloadable(path: str) -> str:
     try:
         kind, header = identify(path)
     except (OSError, OmFormatError) as e:
-        return f"is not a loadable OM: {e}"
+        return f"is not a loadable OM: {e}{compile_hint(path)}"  # (the Engine takes OMs only)
     if kind == "cpu_om":
         # (either host: an Ascend one cannot load it, the CPU runtime refuses a malformed one)
         return ("is a CPU OM, built for aclserve's CPU runtime, and was refused: on an Ascend host rebuild it "

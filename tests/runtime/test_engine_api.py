@@ -3,6 +3,7 @@ owns a copy of its inputs, a scalar input stays a scalar, a failed load leaves n
 a closed engine stays closed, arguments are checked where they are given."""
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -266,6 +267,18 @@ def test_a_bad_thread_count_in_the_environment_is_named_at_start(monkeypatch, af
     monkeypatch.setenv("ACLSERVE_CPU_THREADS", "2")  # put right: the same engine starts
     with engine:
         assert engine.load(affine_om()).infer(affine_request(1))
+
+
+def test_loading_an_onnx_model_says_to_compile_it(tmp_path):
+    """Engine.load takes OMs; an .onnx was refused as "not an OM file" with no word of what to
+    do, where `aclserve inspect` says it (found by a helper)."""
+    from aclserve.runtime import LoadError
+    from tests.tiny_models import affine_onnx
+    src = affine_onnx(tmp_path / "affine.onnx")
+    with Engine(device="cpu") as engine:
+        with pytest.raises(LoadError, match=r"is not a loadable OM: not an OM file .*\(an ONNX model: "
+                                            rf"`aclserve compile {re.escape(src)}` makes an OM of it\)"):
+            engine.load(src)
 
 
 def test_a_call_split_into_many_runs_looks_at_each_waiting_run_a_bounded_number_of_times(affine_om, monkeypatch):

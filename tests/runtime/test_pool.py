@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import re
 import threading
 
 import numpy as np
@@ -360,5 +361,19 @@ def test_parts_move_to_a_healthy_instance_when_theirs_cannot_be_rebuilt(runtime,
         result = whole.result(timeout=60)
         assert [e is not None for e in result.errors] == [False, True]
         np.testing.assert_array_equal(result.outputs[0]["emb"], TABLE[[[1, 2]]])
+    finally:
+        pool.close()
+
+
+@pytest.mark.usefixtures("clean_faults")
+@pytest.mark.parametrize("batch, gear, described", [("1", None, "batch of 1 row"), ("2,4", 4, "batch of 3 rows (gear 4)")])
+def test_a_failed_batch_says_its_rows_and_gear_where_it_has_one(runtime, affine_om, batch, gear, described):
+    """A static model's failed batch said "batch of 1 rows (gear None)" (found by a helper)."""
+    pool = open_pool(runtime, affine_om(batch=batch), "affine", retry=False)
+    done = BatchFutures(pool)
+    try:
+        faults.inject("execute", nth=1, code=507011)
+        with pytest.raises(ExecutionFailed, match=rf"^{re.escape(described)} failed on device 0, instance "):
+            done.submit([affine_request(1 if gear is None else 3)], gear).result(timeout=30)
     finally:
         pool.close()

@@ -54,9 +54,9 @@ def test_a_fixed_shape_model_is_served(server, binary):
 
 
 def test_a_host_code_error_in_a_batch_is_not_a_transient_device_fault():
-    bug = ExecutionFailed("batch of 1 rows could not run on device 0")
+    bug = ExecutionFailed("batch of 1 row could not run on device 0")
     bug.__cause__ = ValueError("could not broadcast input array from shape (4,4) into shape (1,4)")
-    device = ExecutionFailed("batch of 1 rows failed on device 0")
+    device = ExecutionFailed("batch of 1 row failed on device 0")
     device.__cause__ = AclError("mdl.execute_async", 507011)
     assert not is_transient(bug)
     assert is_transient(device) and is_transient(ExecutionFailed("instance closed before the batch could run"))
