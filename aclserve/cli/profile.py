@@ -101,11 +101,11 @@ def run_profile(args) -> int:
     out = args.trace or f"profile-{args.model}.json"
     _check_outputs(args, out)
     try:
-        events, outcomes, cpu_s = _run(args)
+        events, outcomes, cpu = _run(args)
     except RemoteFailed as e:
         print(f"aclserve profile: error: {e}", file=sys.stderr)
         return 1
-    return _report(args, out, events, outcomes, cpu_s)
+    return _report(args, out, events, outcomes, cpu)
 
 
 class RemoteFailed(Exception):
@@ -142,8 +142,9 @@ def _run(args):
         raise RemoteFailed(str(e)) from None
 
 
-def _report(args, out: str, events: list[dict], outcomes, cpu_s) -> int:
-    """The summary, the trace file and the PNG; status 1 when nothing was answered or a write failed."""
+def _report(args, out: str, events: list[dict], outcomes, cpu) -> int:
+    """The summary, the trace file and the PNG; status 1 when nothing was answered or a write
+    failed. `cpu`: (process CPU seconds, whether the compute ran on the host), or None."""
     from ..trace import analysis
     status = 0 if outcomes.answered else 1
     try:
@@ -156,7 +157,7 @@ def _report(args, out: str, events: list[dict], outcomes, cpu_s) -> int:
           f"trace: {out}")
     if outcomes.refused:
         print(f"refused: {outcomes.refusals()}")
-    print(analysis.format_summary(analysis.summarize(events, cpu_s)))
+    print(analysis.format_summary(analysis.summarize(events, *(cpu or ()))))
     if args.png:
         status = max(status, _draw(args, events))
     if not outcomes.answered:
@@ -266,7 +267,7 @@ async def _in_process(args):
             drainer.cancel()
         cpu_s = time.process_time() - cpu0
         traces.extend(state.tracer.take())
-        return chrome.events(traces), outcomes, cpu_s
+        return chrome.events(traces), outcomes, (cpu_s, runtime.kind == "cpu")
     finally:
         await repo.close()
         runtime.close()

@@ -12,7 +12,8 @@ Works on Chrome trace events as chrome.py writes them (so on a file from any acl
   verdict          device-bound when the busiest compute stream exceeded DEVICE_BOUND, else the
                    host stage that costs the most: against the process CPU time when known
                    (what no traced stage explains is the event loop, batching and hand-offs),
-                   else against the traced host time
+                   else against the traced host time; on the CPU runtime its compute runs on
+                   the host's cores, a host stage of its own (compute-bound on the host)
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ REQUEST_PHASES = ("receive", "decode", "queue", "execute", "encode")
 BATCH_PHASES = ("pack", "copy in", "compute", "copy out", "unpack")
 HOST_STAGES = ("decode", "encode", "pack", "unpack", "copy in", "copy out")
 UNTRACED = "the event loop, batching and hand-offs (no traced stage)"
+HOST_COMPUTE = "the CPU runtime's compute"
 _DIRECT_COPIES = ("H2D #", "D2H #")  # a direct batch's copies: drawn on its compute stream's track
 
 
@@ -42,6 +44,7 @@ class Summary:
     p99_ms: float = 0.0
     p99_stages: dict[str, float] = field(default_factory=dict)  # share of the p99 requests' time
     cpu_s: float | None = None  # process CPU time over the run, when known
+    compute_on_host: bool = False  # the CPU runtime's: its compute is part of cpu_s
     cost_s: dict[str, float] = field(default_factory=dict)  # stage -> total seconds (batches once)
     verdict: str = ""
 
@@ -101,7 +104,7 @@ def malformed(events: list) -> str | None:
     return None
 
 
-def summarize(events: list[dict], cpu_s: float | None = None) -> Summary:
+def summarize(events: list[dict], cpu_s: float | None = None, compute_on_host: bool = False) -> Summary:
     spans = [e for e in events if e.get("ph") == "X"]
     processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
@@ -139,7 +142,7 @@ def summarize(events: list[dict], cpu_s: float | None = None) -> Summary:
         if part and bid is not None:
             parts = batch_parts.setdefault(bid, {})
             parts[part] = parts.get(part, 0.0) + dur
-    s = Summary(requests=len(requests), failed=len(failed), cpu_s=cpu_s)
+    s = Summary(requests=len(requests), failed=len(failed), cpu_s=cpu_s, compute_on_host=compute_on_host)
     if not requests:  # (a refusal's few microseconds averaged in made "per request" and its p99 theirs)
         s.verdict = f"no answered requests among {len(failed)} traced: nothing to say" if failed else \
             "no traced requests: nothing to say"
@@ -203,13 +206,18 @@ def _verdict(s: Summary) -> str:
         return (f"device-bound: the compute stream was busy {busy:.0%} of the time; more instances or "
                 f"devices help, host work does not")
     host = {k: s.cost_s.get(k, 0.0) for k in HOST_STAGES}
+    if s.compute_on_host:  # (an NPU's compute is not the server's CPU: left out of it there)
+        host[HOST_COMPUTE] = s.cost_s.get("compute", 0.0)
     if s.cpu_s:
-        host[UNTRACED] = max(0.0, s.cpu_s - sum(s.cost_s.values()))
+        host[UNTRACED] = max(0.0, s.cpu_s - sum(host.values()))
         total, of = s.cpu_s, "server CPU"
     else:
         total, of = sum(host.values()), "traced host time"
     stage, seconds = max(host.items(), key=lambda kv: kv[1])
-    return f"host-bound: {stage} is {seconds / max(total, 1e-9):.0%} of {of}; the device was busy {busy:.0%}"
+    share = f"{stage} is {seconds / max(total, 1e-9):.0%} of {of}; the device was busy {busy:.0%}"
+    if stage == HOST_COMPUTE:
+        return f"compute-bound on the host's cores (an NPU takes the compute off them): {share}"
+    return f"host-bound: {share}"
 
 
 def format_summary(s: Summary) -> str:
@@ -225,7 +233,8 @@ def format_summary(s: Summary) -> str:
     lines.append(f"at the p99    >= {s.p99_ms:.3f} ms: " + ", ".join(
         f"{k} {v:.0%}" for k, v in sorted(s.p99_stages.items(), key=lambda kv: -kv[1]) if v >= 0.005))
     if s.cpu_s is not None:
-        lines.append(f"process CPU   {s.cpu_s:.2f} s: " + ", ".join(
-            f"{k} {v / s.cpu_s:.0%}" for k, v in sorted(s.cost_s.items(), key=lambda kv: -kv[1]) if v > 0))
+        lines.append(f"process CPU   {s.cpu_s:.2f} s: " + ", ".join(  # (an NPU's compute is not in it)
+            f"{k} {v / s.cpu_s:.0%}" for k, v in sorted(s.cost_s.items(), key=lambda kv: -kv[1])
+            if v > 0 and (k != "compute" or s.compute_on_host)))
     lines.append(f"verdict       {s.verdict}")
     return "\n".join(lines)

@@ -1,6 +1,8 @@
 """trace/analysis.py on a hand-built timeline whose answers are known exactly."""
 from __future__ import annotations
 
+import pytest
+
 from aclserve.trace import analysis, chrome
 from aclserve.trace.records import Anchor, BatchTrace, RequestTrace
 
@@ -57,6 +59,25 @@ def test_a_corrected_anchor_moves_every_batch_measured_from_it():
     second.anchor = first.anchor
     first.anchor.host_ns -= 40 * US  # what DeviceClock.spans does when a batch shows it was late
     assert first.compute == (T0 + 60 * US, T0 + 260 * US) and second.compute == (T0 + 260 * US, T0 + 460 * US)
+
+
+@pytest.mark.parametrize("compute_on_host, verdict", [
+    (False, "host-bound: the event loop, batching and hand-offs (no traced stage) is 62% of server CPU"),
+    (True, "compute-bound on the host's cores (an NPU takes the compute off them): the CPU runtime's compute is "
+           "40% of server CPU"),
+], ids=["npu", "cpu-runtime"])
+def test_the_verdict_counts_the_compute_as_host_cpu_only_where_it_runs_on_the_host(compute_on_host, verdict):
+    """The device's compute time was taken out of the server's CPU time on an NPU too (what no
+    stage explains came out smaller, or 0), and on the CPU runtime, whose compute is the host's
+    CPU, a tiny host stage was named the bottleneck of a compute-heavy model ("host-bound:
+    unpack is 2%"; found by a helper)."""
+    first = _batch(0, (0, 100), (100, 300), (300, 350), slot=0)
+    second = _batch(150, (150, 250), (300, 500), (500, 550), slot=1)
+    traces = [_request(-30, 600, first, 1), _request(70, 700, second, 2)]
+    s = analysis.summarize(chrome.events(traces), cpu_s=1000e-6, compute_on_host=compute_on_host)
+    assert s.verdict.startswith(verdict) and s.verdict.endswith("; the device was busy 55%")
+    cpu_line = next(line for line in analysis.format_summary(s).splitlines() if line.startswith("process CPU"))
+    assert ("compute 40%" in cpu_line) == compute_on_host
 
 
 def test_a_saturated_compute_stream_reads_device_bound():
