@@ -209,7 +209,9 @@ def check_input(name: str, datatype, shape, spec: TensorSpec, sig: Signature, ro
         if datatype == "BYTES":
             raise InvalidInput(f"input '{name}': datatype BYTES is not supported here (the model expects "
                                f"{spec.datatype}; declare it an image input in the model's YAML to send images)")
-        raise InvalidInput(f"input '{name}': datatype {quoted(datatype)} does not match the model's {spec.datatype}")
+        hint = " (an image input: it takes JPEG or PNG files, each one element)" if spec.datatype == "BYTES" else ""
+        raise InvalidInput(f"input '{name}': datatype {quoted(datatype)} does not match the model's {spec.datatype}"
+                           + hint)
     if type(shape) is list and len(shape) == len(spec.shape) + 1 and shape[-1] == 1 and spec.shape in ((), (-1,)):
         shape = shape[:-1]  # [N, 1] for [N], [1] for a scalar: model_info.py writes them so
     count = _check_shape(name, shape, spec)

@@ -190,6 +190,11 @@ def test_bad_images_get_400_naming_the_row(image_server):
     status, _, out = infer(image_server, body, "digits_image")
     assert status == 400 and out["error"] == ('input \'x\': parameter "p" must be a string, number or boolean, '
                                               'got an array of 1 item'), out
+    # numbers for an image input (a .npy through `aclserve infer`): said to be one (a helper's find)
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]}
+    status, _, out = infer(image_server, body, "digits_image")
+    assert status == 400 and out["error"] == ('input \'x\': datatype "FP32" does not match the model\'s BYTES (an '
+                                              'image input: it takes JPEG or PNG files, each one element)'), out
     body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": [good]}]}
     assert infer(image_server, body, "digits_image")[0] == 200  # and the server carries on
 
