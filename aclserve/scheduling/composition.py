@@ -17,7 +17,10 @@ commits the device to:
   gear (the smallest within COMMIT_WASTE of the cheapest cost per row), so a higher request
   arriving meanwhile waits behind a short run, not behind the largest gear.
 Requests are never split (the batcher refuses one with more rows than `batch_limit`).
-A static model (no gears) and `enabled=False` run one request per run.
+A static model (no gears) and `enabled=False` run one request per run, in priority order; lower
+levels passed over PASSED_OVER_RUNS runs in a row get the next one (their longest-waiting
+request), under any formation: a few higher-level clients keeping the device busy starved them
+until their deadlines (found by an independent check).
 
 Pure decisions over the batcher's queue, on the event loop thread: no timers (the batcher arms
 one for the window's end).
@@ -35,6 +38,7 @@ Run = tuple[list[QueuedRequest], int | None]  # requests and their gear (None: a
 
 ACTIVE_S = 1.0  # a level whose batch was taken this recently is expected to send again
 PASSED_OVER_COSTS = 2.0  # full batches' cost lower levels may be left out of batches in a row
+PASSED_OVER_RUNS = 2  # one request per run: runs lower levels may be passed over in a row
 
 
 class Composer:
@@ -50,13 +54,14 @@ class Composer:
         self._just_in_time = just_in_time
         self._served_at: dict[int, float] = {}  # level -> when a batch it topped was taken
         self._passed_over_since: float | None = None  # lower levels left out of every batch since
+        self._runs_passed_over = 0  # one request per run: runs in a row that lower levels waited through
 
     def next_batch(self, queue: PriorityQueue, now: float,
                    company_expected: bool = False) -> tuple[list[QueuedRequest] | None, float | None]:
         """(the requests of the next run, None) or, while a partial batch may wait, (None, the
         end of its window). `company_expected`: a lone request waits for company too."""
         if not self._batching:
-            return queue.take(sys.maxsize if self.static else self._limit, 1), None
+            return self._take_one(queue), None
         limit = self._commit_limit(queue, now)
         total = queue.rows
         runs_now = self._planner.is_exact(total) and not (company_expected and queue.count == 1)
@@ -66,6 +71,19 @@ class Composer:
                 return None, window_end
             return self._take(queue, min(limit, self._planner.take_limit(total)), now), None
         return self._take(queue, limit, now), None
+
+    def _take_one(self, queue: PriorityQueue) -> list[QueuedRequest]:
+        """One request: the highest level's head, unless lower levels have waited through
+        PASSED_OVER_RUNS runs in a row."""
+        top = queue.top_level()
+        if top is not None and queue.waiting_below(top):
+            self._runs_passed_over += 1
+            if self._runs_passed_over > PASSED_OVER_RUNS:
+                self._runs_passed_over = 0
+                return queue.take_oldest_below(top)
+        else:
+            self._runs_passed_over = 0
+        return queue.take(sys.maxsize if self.static else self._limit, 1)
 
     def _commit_limit(self, queue: PriorityQueue, now: float) -> int:
         """The batch limit; while a level above every queued one is active, the efficient gear."""

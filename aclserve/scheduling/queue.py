@@ -144,6 +144,22 @@ class PriorityQueue:
                 return level
         return None
 
+    def waiting_below(self, level: int) -> bool:
+        """Whether a request of a lower level (a larger number) than `level` is queued."""
+        return any(self._on_time[lower] or self._delayed[lower] for lower in self.levels[level:])
+
+    def take_oldest_below(self, level: int) -> list[QueuedRequest]:
+        """Pop the longest-waiting head among the levels below `level` (it becomes DISPATCHED);
+        [] when none is queued."""
+        heads = [lane for i, lane in enumerate(self._lanes) if lane and self.levels[i // 2] > level]
+        if not heads:
+            return []
+        lane = min(heads, key=lambda lane: next(iter(lane)).enqueued)
+        request, _ = lane.popitem(last=False)
+        self._forget(request)
+        request.state = DISPATCHED
+        return [request]
+
     def top_level_rows(self, cap: int) -> int:
         """Rows queued at the highest non-empty level, counted up to `cap` (O(cap))."""
         rows = 0

@@ -67,3 +67,28 @@ def test_lower_levels_left_out_of_every_batch_join_one_in_time(clock):
     joined_after = clock.now() - FLAT[1] - started
     assert len(batches) > 2 and batches[-1][0] == HIGH and LOW in batches[-1]
     assert bound < joined_after <= bound + 2 * FLAT[1]
+
+
+def test_one_request_per_run_lower_levels_get_a_run_after_being_passed_over(clock):
+    """A static model (or batching off) ran the highest level's head every time: three high
+    clients keeping the device busy starved 24 low ones until their deadlines (found by an
+    independent check). Now lower levels get every (PASSED_OVER_RUNS + 1)-th run while they
+    wait, their longest-waiting request first, and the highs the rest, in order."""
+    from aclserve.scheduling.composition import PASSED_OVER_RUNS
+    queue = PriorityQueue(BatchingConfig(), clock, lambda r: None)
+    composer = Composer((), None, 1, batching=False, delay_s=0.0, just_in_time=True)
+    push(queue, clock, 1, 2)
+    clock.advance(0.001)
+    push(queue, clock, 1, LOW)  # a level lower still, but it came later
+    clock.advance(0.001)
+    oldest_low = next(r for r in queue if r.level == 2)
+    runs = []
+    for _ in range(2 * (PASSED_OVER_RUNS + 1)):
+        push(queue, clock, 1, HIGH)  # a high client sends again as soon as it is answered
+        batch, _ = composer.next_batch(queue, clock.now())
+        runs.append(batch)
+    assert [levels(b) for b in runs] == ([[HIGH]] * PASSED_OVER_RUNS + [[2]] + [[HIGH]] * PASSED_OVER_RUNS + [[LOW]])
+    assert runs[PASSED_OVER_RUNS] == [oldest_low]
+    push(queue, clock, 2, HIGH)  # nothing lower waits (two highs were left): the highs, with no count kept
+    assert [levels(composer.next_batch(queue, clock.now())[0]) for _ in range(4)] == [[HIGH]] * 4
+    assert len(queue) == 0
