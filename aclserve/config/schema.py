@@ -110,6 +110,7 @@ class ServerConfig:
     trace_dir: str = "traces"  # where trace_file names set through the API are written
     model_control_mode: str = "poll"
     max_body_bytes: int = 64 * 1024 * 1024
+    max_inflate_ratio: int = 100  # 0: none
     max_json_bytes: int = 16 * 1024 * 1024
     max_json_elements: int = 1024 * 1024
     max_request_bytes: int = 256 * 1024 * 1024

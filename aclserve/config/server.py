@@ -55,6 +55,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         trace_dir=as_str(get("trace_dir"), "trace_dir", allow_empty=False),
         model_control_mode=as_str(get("model_control_mode"), "model_control_mode", CONTROL_MODES),
         max_body_bytes=as_int(get("max_body_bytes"), "max_body_bytes", 1),
+        max_inflate_ratio=as_int(get("max_inflate_ratio"), "max_inflate_ratio", 0),
         max_json_bytes=as_int(get("max_json_bytes"), "max_json_bytes", 1),
         max_json_elements=as_int(get("max_json_elements"), "max_json_elements", 1),
         max_request_bytes=as_int(get("max_request_bytes"), "max_request_bytes", 1, max_inflight),

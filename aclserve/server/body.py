@@ -2,7 +2,8 @@
 
 The server runs with aiohttp's automatic decompression off, so the bytes read here are what
 the client sent; gzip and deflate bodies are inflated here, in bounded steps, and each step is
-charged to the request's lease and checked against `max_body_bytes` before the next: a small
+charged to the request's lease and checked against `max_body_bytes` (and, past INFLATE_GRACE, the
+ratio to the compressed bytes, `max_inflate_ratio`) before the next: a small
 body that inflates to gigabytes stops at the limit with 413, holding at most the limit. The
 declared Content-Length is charged (and checked) before anything is read. A client that has
 not sent the whole body within `body_timeout_s` gets 408 and its connection is closed.
@@ -25,6 +26,7 @@ except ImportError:  # Python 3.10: aiohttp depends on async-timeout there
     from async_timeout import timeout_at  # type: ignore[no-redef]
 
 INFLATE_STEP = 1 << 20  # bytes inflated per step, each charged before the next
+INFLATE_GRACE = 4 << 20  # bytes a body may inflate to whatever its ratio (max_inflate_ratio)
 
 
 class BodyTimeout(ServeError):
@@ -43,12 +45,16 @@ MAX_GZIP_MEMBERS = 64
 
 class _Inflater:
     """gzip (possibly multi-member, at most MAX_GZIP_MEMBERS) or deflate (zlib-wrapped, or raw
-    as some clients send)."""
+    as some clients send), inflating to at most `max_ratio` times the compressed bytes once past
+    INFLATE_GRACE (0: any ratio)."""
 
-    def __init__(self, encoding: str):
+    def __init__(self, encoding: str, max_ratio: int = 0):
         self.encoding = encoding
+        self._max_ratio = max_ratio
+        self._inflated = 0
         self._z = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
         self._members = 1
+        self.consumed = 0  # compressed bytes inflated so far
 
     def feed(self, data: bytes, step: int):
         """Yield inflated pieces of at most `step` bytes."""
@@ -60,6 +66,12 @@ class _Inflater:
             except zlib.error as e:
                 raise InvalidInput(f"request body is not valid {self.encoding} data (Content-Encoding: "
                                    f"{self.encoding}): {e}") from None
+            self.consumed += len(data) - len(self._z.unused_data if self._z.eof else self._z.unconsumed_tail)
+            self._inflated += len(piece)
+            if self._max_ratio and self._inflated > max(INFLATE_GRACE, self._max_ratio * self.consumed):
+                raise PayloadTooLarge(f"request body inflates to more than {self._max_ratio} times its compressed "
+                                      f"size (Content-Encoding: {self.encoding}; max_inflate_ratio): send it "
+                                      "uncompressed")
             if piece:
                 yield piece
             if self._z.eof:
@@ -79,14 +91,14 @@ class _Inflater:
             raise InvalidInput(f"request body ends before its {self.encoding} stream does")
 
 
-def _inflater(request: web.BaseRequest) -> _Inflater | None:
+def _inflater(request: web.BaseRequest, max_ratio: int) -> _Inflater | None:
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding in ("", "identity"):
         return None
     if encoding in ("gzip", "x-gzip"):
-        return _Inflater("gzip")
+        return _Inflater("gzip", max_ratio)
     if encoding == "deflate":
-        return _Inflater("deflate")
+        return _Inflater("deflate", max_ratio)
     raise UnsupportedEncoding(f"Content-Encoding {encoding!r} is not supported (use gzip, deflate or none)")
 
 
@@ -119,12 +131,14 @@ def charge_declared(request: web.BaseRequest, lease: Lease, max_bytes: int,
 
 
 async def read_body(request: web.BaseRequest, lease: Lease, max_bytes: int, timeout_s: float,
-                    reads: OpenCalls | None = None, limit_name: str = MAX_BODY_BYTES) -> bytes | bytearray:
-    """The body, decoded per Content-Encoding; every byte held is charged to `lease` first.
+                    reads: OpenCalls | None = None, limit_name: str = MAX_BODY_BYTES,
+                    max_inflate_ratio: int = 0) -> bytes | bytearray:
+    """The body, decoded per Content-Encoding (inflating to at most `max_inflate_ratio` times
+    the compressed size past INFLATE_GRACE); every byte held is charged to `lease` first.
     Large bodies come back as a bytearray (filled in place: one copy of the body, not two).
     A wait for it is at work in `reads` (the server state's), which the shutdown ends
     (ShuttingDown: open_calls.py). `limit_name`: what a 413 calls `max_bytes` (body_limit)."""
-    inflater = _inflater(request)
+    inflater = _inflater(request, max_inflate_ratio)
     declared = charge_declared(request, lease, max_bytes, limit_name)
     content = request.content
     if inflater is None and content.is_eof():  # already buffered (small bodies): no timer

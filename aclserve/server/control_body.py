@@ -31,7 +31,8 @@ class ControlBody:
         state = request.app[STATE]
         with state.budget.lease() as lease:
             limit, name = self._limit(state.config)
-            raw = await read_body(request, lease, limit, state.config.body_timeout_s, state.body_reads, name)
+            raw = await read_body(request, lease, limit, state.config.body_timeout_s, state.body_reads, name,
+                                  state.config.max_inflate_ratio)
             if not raw.strip():
                 return {}
             try:

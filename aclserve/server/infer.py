@@ -232,7 +232,8 @@ def charge_decoding(lease, rec, body, header_length: int | None) -> int:
 async def _infer(request: web.Request, state, lease, rec, trace) -> web.Response:
     config = state.config
     limit, limit_name = _body_limit(request, config)
-    body = await read_body(request, lease, limit, config.body_timeout_s, state.body_reads, limit_name)
+    body = await read_body(request, lease, limit, config.body_timeout_s, state.body_reads, limit_name,
+                           config.max_inflate_ratio)
     header_length = parse_header_length(request.headers.getall(HEADER_LENGTH, ()))
     fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
     payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images, lease,

@@ -51,8 +51,10 @@ def test_budget_charges_refuses_and_gives_back():
 @pytest.fixture(scope="module")
 def small(models_dir, make_config):
     # max_json_bytes as max_body_bytes: bodies all JSON are not refused from their length first
+    # (no inflate ratio: these bombs stop at the body limit; the ratio's own test is below)
     with ServerThread(make_config(models_dir, max_body_bytes=4 * MiB, max_request_bytes=3 * MiB + MiB // 2,
-                                  max_json_bytes=4 * MiB, max_inflight_bytes=4 * MiB, body_timeout_s=1.0)) as srv:
+                                  max_json_bytes=4 * MiB, max_inflight_bytes=4 * MiB, body_timeout_s=1.0,
+                                  max_inflate_ratio=0)) as srv:
         yield srv
 
 
@@ -71,6 +73,30 @@ def test_gzip_bomb_stops_at_the_body_limit_while_inflating(small):
     # inflating stopped one step past the 4 MiB limit: the request never held more than that
     assert metric(small.url, "aclserve_request_memory_peak_bytes") <= 4 * MiB + 2 * MiB
     assert metric(small.url, "aclserve_request_memory_bytes") == 0
+
+
+def test_a_body_inflating_past_the_ratio_stops_after_the_grace(models_dir, make_config):
+    """64 gzip bombs of 1 MB (1 GB each) took the loop 0.2 s each, up to max_body_bytes (64 MiB)
+    of inflating before their 413, and new connections waited 6-9 s (an attacker's re-test): a
+    body past max_inflate_ratio (100) times its compressed size stops once past INFLATE_GRACE.
+    Bodies of an ordinary ratio, and small ones of any, are read whole and judged on content."""
+    from aclserve.server.body import INFLATE_GRACE, INFLATE_STEP
+    rng = np.random.default_rng(0)
+    # the default body limit and ratio (64 MiB, 100), and JSON bodies as large (these are JSON)
+    with ServerThread(make_config(models_dir, max_body_bytes=64 * MiB, max_json_bytes=64 * MiB,
+                                  max_request_bytes=256 * MiB)) as srv:
+        status, _, doc = asyncio.run(post(srv.url, gzip_of_zeros(64 * MiB), {"Content-Encoding": "gzip"}))
+        assert status == 413 and doc["error"] == ("request body inflates to more than 100 times its compressed size "
+                                                  "(Content-Encoding: gzip; max_inflate_ratio): send it uncompressed")
+        assert metric(srv.url, "aclserve_request_memory_peak_bytes") <= INFLATE_GRACE + 2 * INFLATE_STEP
+        digits = rng.integers(0, 10, 8 * MiB, dtype=np.uint8) + ord("0")  # about 2.4 times: text
+        for body in (gzip_of_zeros(INFLATE_GRACE - MiB), zlib.compress(digits.tobytes())):
+            encoding = "gzip" if body[:2] == b"\x1f\x8b" else "deflate"
+            status, _, doc = asyncio.run(post(srv.url, body, {"Content-Encoding": encoding}))
+            assert status == 400 and "not valid JSON" in doc["error"], doc  # read whole: its content refused
+        assert metric(srv.url, "aclserve_request_memory_peak_bytes") >= 8 * MiB
+        compressed = zlib.compress(GOOD)
+        assert asyncio.run(post(srv.url, compressed, {"Content-Encoding": "deflate"}))[0] == 200
 
 
 def test_a_body_of_many_gzip_members_is_refused_and_a_few_are_inflated(small):
@@ -260,7 +286,8 @@ def test_memory_is_given_back_after_large_requests(models_dir, make_config):
     from aclserve.server.trim import HeapTrimmer
     if not HeapTrimmer().available:
         pytest.skip("malloc_trim needs glibc")
-    srv = ServerThread(make_config(models_dir, max_body_bytes=32 * MiB, max_json_bytes=32 * MiB)).start()
+    srv = ServerThread(make_config(models_dir, max_body_bytes=32 * MiB, max_json_bytes=32 * MiB,
+                                   max_inflate_ratio=0)).start()
     try:
         status, _, _ = asyncio.run(post(srv.url, gzip_of_zeros(16 * MiB), {"Content-Encoding": "gzip"}))
         assert status in (400, 413)  # zeros are no JSON (or too much of it); the 16 MiB were held all the same
