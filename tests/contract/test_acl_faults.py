@@ -42,6 +42,10 @@ def test_memcpy_faults_fail_sync_copies_and_surface_at_synchronize(acl, ctx, dev
         acl.rt.destroy_stream(stream)
 
 
+def test_a_delay_may_keep_code_0():
+    assert faults.parse("execute:nth=2,delay_ms=5,code=0") == [{"kind": "execute", "nth": 2, "delay_ms": 5.0, "code": 0}]
+
+
 @pytest.mark.parametrize("spec, fragment", [
     ("execute:nth=abc", "nth must be an integer, got 'abc'"),
     ("gpu:nth=1", "unknown kind 'gpu'"),
@@ -55,6 +59,10 @@ def test_memcpy_faults_fail_sync_copies_and_surface_at_synchronize(acl, ctx, dev
     ("execute:delay_ms=-inf", "delay_ms must be a finite number of milliseconds"),
     ("execute:delay_ms=1e300", "delay_ms must be at most"),
     ("execute:probability=nan", "probability must be within 0..1"),
+    # accepted in silence (an attacker's re-test): the second nth won, code 0 injected nothing
+    ("execute:nth=1,nth=2", "nth given twice"),
+    ("execute:code=0", "code must be an ACL error code (a positive number; 0 only with a delay_ms), got 0"),
+    ("execute:code=-1", "code must be an ACL error code"),
 ])
 def test_a_bad_spec_is_one_line_naming_the_problem(spec, fragment):
     with pytest.raises(ValueError) as info:

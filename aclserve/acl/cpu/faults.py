@@ -95,7 +95,7 @@ _faults: list[Fault] = []
 def inject(kind: str = "execute", nth: int | None = None, probability: float | None = None,
            code: int | None = None, delay_ms: float | None = None, model_id: int | None = None,
            hold: threading.Event | None = None, count: int | None = None, _from_env: bool = False) -> Fault:
-    inject_check(kind, nth, count, probability, delay_ms)
+    inject_check(kind, nth, count, probability, delay_ms, code, hold)
     if code is None:
         code = 0 if (delay_ms or hold is not None) else C.ACL_ERROR_RT_MODEL_EXECUTE
     fault = Fault(kind, nth, count, probability, code, delay_ms, model_id, hold, _from_env)
@@ -142,6 +142,8 @@ def parse(spec: str) -> list[dict]:
                 key = key.strip()
                 if not eq or key not in _KEYS:
                     raise ValueError(f"unknown item {item!r}")
+                if key in kwargs:
+                    raise ValueError(f"{key} given twice")
                 try:
                     kwargs[key] = _KEYS[key](value.strip())
                 except ValueError:
@@ -154,10 +156,13 @@ def parse(spec: str) -> list[dict]:
     return out
 
 
-def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=None, **_) -> None:
+def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=None, code=None, hold=None,
+                 **_) -> None:
     """The argument checks of inject(), without injecting."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r} (kinds: {', '.join(KINDS)})")
+    if code is not None and (code < 0 or (code == 0 and not delay_ms and hold is None)):
+        raise ValueError(f"code must be an ACL error code (a positive number; 0 only with a delay_ms), got {code}")
     if delay_ms is not None and not math.isfinite(delay_ms):
         raise ValueError(f"delay_ms must be a finite number of milliseconds, got {delay_ms!r}")
     if delay_ms is not None and delay_ms > MAX_DELAY_MS:
