@@ -17,10 +17,10 @@ commits the device to:
   gear (the smallest within COMMIT_WASTE of the cheapest cost per row), so a higher request
   arriving meanwhile waits behind a short run, not behind the largest gear.
 Requests are never split (the batcher refuses one with more rows than `batch_limit`).
-A static model (no gears) and `enabled=False` run one request per run, in priority order; lower
-levels passed over PASSED_OVER_RUNS runs in a row get the next one (their longest-waiting
-request), under any formation: a few higher-level clients keeping the device busy starved them
-until their deadlines (found by an independent check).
+A static model (no gears), `enabled=False` and a batch limit of one row run one request per run,
+in priority order; lower levels passed over PASSED_OVER_RUNS runs in a row get the next one
+(their longest-waiting request), under any formation: a few higher-level clients keeping the
+device busy starved them until their deadlines (found by independent checks).
 
 Pure decisions over the batcher's queue, on the event loop thread: no timers (the batcher arms
 one for the window's end).
@@ -60,7 +60,7 @@ class Composer:
                    company_expected: bool = False) -> tuple[list[QueuedRequest] | None, float | None]:
         """(the requests of the next run, None) or, while a partial batch may wait, (None, the
         end of its window). `company_expected`: a lone request waits for company too."""
-        if not self._batching:
+        if not self._batching or self._limit == 1:  # (a batch of one row is always full)
             return self._take_one(queue), None
         limit = self._commit_limit(queue, now)
         total = queue.rows

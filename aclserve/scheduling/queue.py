@@ -149,9 +149,12 @@ class PriorityQueue:
         return any(self._on_time[lower] or self._delayed[lower] for lower in self.levels[level:])
 
     def take_oldest_below(self, level: int) -> list[QueuedRequest]:
-        """Pop the longest-waiting head among the levels below `level` (it becomes DISPATCHED);
+        """Pop the longest-waiting head among the levels below `level`, a request still within
+        its deadline before a delayed one (as each level serves them); it becomes DISPATCHED.
         [] when none is queued."""
-        heads = [lane for i, lane in enumerate(self._lanes) if lane and self.levels[i // 2] > level]
+        lower = self.levels[level:]
+        heads = [lane for lane in (self._on_time[n] for n in lower) if lane] or \
+            [lane for lane in (self._delayed[n] for n in lower) if lane]
         if not heads:
             return []
         lane = min(heads, key=lambda lane: next(iter(lane)).enqueued)

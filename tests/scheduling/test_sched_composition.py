@@ -92,3 +92,39 @@ def test_one_request_per_run_lower_levels_get_a_run_after_being_passed_over(cloc
     push(queue, clock, 2, HIGH)  # nothing lower waits (two highs were left): the highs, with no count kept
     assert [levels(composer.next_batch(queue, clock.now())[0]) for _ in range(4)] == [[HIGH]] * 4
     assert len(queue) == 0
+
+
+def test_a_batch_limit_of_one_row_runs_one_request_per_run_with_the_same_guard(clock):
+    """Gears up to 8 and max_batch_size 1 (or the gear 1 alone): every batch of one high row is
+    full, so the batched guard never saw the lows passed over: 30 runs, 30 highs (a review)."""
+    from aclserve.scheduling.composition import PASSED_OVER_RUNS
+    queue = PriorityQueue(BatchingConfig(), clock, lambda r: None)
+    composer = Composer((1, 2, 4, 8), GearPlanner((1, 2, 4, 8), FLAT, 1), 1, batching=True, delay_s=0.0,
+                        just_in_time=True)
+    push(queue, clock, 3, LOW)
+    runs = []
+    for _ in range(3 * (PASSED_OVER_RUNS + 1)):
+        push(queue, clock, 1, HIGH)
+        runs.append(levels(composer.next_batch(queue, clock.now())[0]))
+    assert runs.count([LOW]) == 3 and runs.count([HIGH]) == 3 * PASSED_OVER_RUNS
+
+
+def test_a_lower_level_serves_its_requests_within_their_deadline_before_its_delayed_ones(clock):
+    """The lower level's oldest request, delayed past its deadline (timeout_action: delay), went
+    ahead of one of its level still within its deadline (a review): each level's own order is kept."""
+    from aclserve.scheduling import QueuePolicy
+    from aclserve.scheduling.composition import PASSED_OVER_RUNS
+    config = BatchingConfig(priority_queue_policy={LOW: QueuePolicy(default_timeout_ms=10, timeout_action="delay")})
+    queue = PriorityQueue(config, clock, lambda r: None)
+    composer = Composer((), None, 1, batching=False, delay_s=0.0, just_in_time=True)
+    push(queue, clock, 1, LOW)
+    delayed = next(iter(queue))
+    clock.advance(0.02)  # its deadline passes: delayed
+    push(queue, clock, 1, LOW)
+    on_time = next(r for r in queue if r is not delayed)
+    assert delayed.delayed and not on_time.delayed
+    lows = []
+    for _ in range(2 * (PASSED_OVER_RUNS + 1)):
+        push(queue, clock, 1, HIGH)
+        lows += [r for r in composer.next_batch(queue, clock.now())[0] if r.level == LOW]
+    assert lows == [on_time, delayed]
