@@ -10,6 +10,7 @@ reported as such.
 from __future__ import annotations
 
 import os
+import shlex
 import struct
 from dataclasses import asdict, dataclass
 
@@ -103,4 +104,6 @@ def identify(path: str | os.PathLike) -> tuple[str, object]:
 
 def compile_hint(path: str) -> str:
     """What to do with a file `identify` refused, when its name says it is an ONNX model."""
-    return f" (an ONNX model: `aclserve compile {path}` makes an OM of it)" if path.endswith(".onnx") else ""
+    if not path.lower().endswith(".onnx"):
+        return ""
+    return f" (an ONNX model: `aclserve compile {shlex.quote(path)}` makes an OM of it)"

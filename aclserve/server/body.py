@@ -69,9 +69,9 @@ class _Inflater:
             self.consumed += len(data) - len(self._z.unused_data if self._z.eof else self._z.unconsumed_tail)
             self._inflated += len(piece)
             if self._max_ratio and self._inflated > max(INFLATE_GRACE, self._max_ratio * self.consumed):
-                raise PayloadTooLarge(f"request body inflates to more than {self._max_ratio} times its compressed "
-                                      f"size (Content-Encoding: {self.encoding}; max_inflate_ratio): send it "
-                                      "uncompressed")
+                raise PayloadTooLarge(f"request body inflates to more than {self._max_ratio} times the compressed "
+                                      f"bytes read so far ({self._inflated:,} from {self.consumed:,}; Content-Encoding: "
+                                      f"{self.encoding}; max_inflate_ratio): send it uncompressed")
             if piece:
                 yield piece
             if self._z.eof:
