@@ -12,6 +12,10 @@ import numpy as np
 from .batch import Batch
 
 WARMUP_DATA = ("zeros", "ones")  # what the warm-up can run every gear on
+# The key of a static model's run in gear_cost (one request a run, as the queue limits count it):
+# without it the execution timeout and the queue deadline took their 2 s floors, and a static
+# model running longer failed every request (found by a review)
+STATIC_RUN = 1
 
 
 def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
@@ -25,7 +29,8 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
     device reports it). `stop()` true before a run ends the warm-up there, its figures
     incomplete (a load abandoned at shutdown: nobody will use them); `progress(gear, run, runs)`
     hears each run begin (gear None for a model without gears); `remedy` ends the message of a
-    failed run (what the caller offers a model that cannot run on zeros). Returns the gear costs."""
+    failed run (what the caller offers a model that cannot run on zeros). A static model's one
+    run is costed under STATIC_RUN. Returns the gear costs."""
     fill = np.ones if data == "ones" else np.zeros
     for gear in pool.gears or (None,):
         rows = gear or 1
@@ -44,10 +49,10 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
                 best = min(best, time.perf_counter() - start)
                 if batch.timings.compute_ms > 0:
                     compute = min(compute, batch.timings.compute_ms / 1000.0)
-        if gear is not None:
-            pool.gear_cost[gear] = best if best < float("inf") else 1e-6
-            if compute < float("inf"):
-                pool.compute_cost[gear] = compute
+        key = STATIC_RUN if gear is None else gear
+        pool.gear_cost[key] = best if best < float("inf") else 1e-6
+        if compute < float("inf"):
+            pool.compute_cost[key] = compute
     for instance in pool.instances:  # (the warm-up's runs read as utilisation: a fresh version half busy)
         instance.restart_busy()
     return dict(pool.gear_cost)

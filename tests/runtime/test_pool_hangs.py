@@ -232,6 +232,29 @@ def test_a_timed_out_batch_is_retried_on_another_instance(runtime, affine_om):
         pool.close()
 
 
+@pytest.mark.usefixtures("clean_faults")
+def test_a_static_models_run_is_timed_too(runtime, affine_om):
+    """A static model's warm-up recorded no cost: its execution timeout took the 2 s floor (a
+    model running 2.7 s a batch failed every request, its instance rebuilt each time) and its
+    auto queue deadline too (a 194 ms model's queued requests 503 after 2 s). Found by a review."""
+    from aclserve.config import ModelConfig
+    from aclserve.repository import overload
+    from aclserve.runtime.warmup import STATIC_RUN
+    pool = open_pool(runtime, affine_om(batch="1"), "affine")
+    try:
+        assert pool.gears == ()
+        faults.inject("execute", delay_ms=40)  # a slow model: every warm-up run takes 40 ms or more
+        warm_up(pool)
+        faults.clear()
+        assert list(pool.gear_cost) == [STATIC_RUN] and pool.gear_cost[STATIC_RUN] >= 0.04
+        assert pool.set_execution_timeout(0) == round(pool.gear_cost[STATIC_RUN] * 1e5) >= 4000
+        policy = overload.resolve(ModelConfig(), pool.gears, pool.gear_cost, 1).batching.default_queue_policy
+        assert policy.max_queue_size == overload.MIN_QUEUE
+        assert policy.default_timeout_ms >= 2 * overload.MIN_QUEUE * 40  # the full queue's 64 runs, twice
+    finally:
+        pool.close()
+
+
 def test_the_execution_timeout_follows_the_measured_gear_cost_between_a_floor_and_a_ceiling(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine")
     try:
