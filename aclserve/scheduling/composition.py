@@ -96,28 +96,35 @@ class Composer:
         return self._limit
 
     def _take(self, queue: PriorityQueue, limit: int, now: float) -> list[QueuedRequest]:
+        lower_first = False
         if self._just_in_time:
-            limit = self._level_cut(queue, limit, now)
+            limit, lower_first = self._level_cut(queue, limit, now)
+        top = queue.top_level()
+        batch = queue.take_oldest_below(top) if lower_first else []
         # The head request may be larger than the limit: then take the batch whole.
-        batch = queue.take(limit) or queue.take(self._limit)
+        batch += queue.take(limit - sum(r.rows for r in batch)) or ([] if batch else queue.take(self._limit))
         if batch:
-            self._served_at[batch[0].level] = now
+            self._served_at[top] = now
         return batch
 
-    def _level_cut(self, queue: PriorityQueue, limit: int, now: float) -> int:
-        """Rows to take: lower levels only fill a higher level's padding, unless they have been
-        left out of every batch for PASSED_OVER_COSTS full batches' cost."""
+    def _level_cut(self, queue: PriorityQueue, limit: int, now: float) -> tuple[int, bool]:
+        """(rows to take, whether a lower level's request goes first): lower levels only fill a
+        higher level's padding, unless they have been left out of every batch for
+        PASSED_OVER_COSTS full batches' cost; then they join the next batch whole, or, where
+        the higher level fills it alone, their longest-waiting request goes first (two high
+        clients sending full batches starved them: a review)."""
         rows = min(queue.rows, limit)
-        cut = self._planner.level_cut(queue.top_level_rows(limit), rows)
-        if cut >= rows:
+        top_rows = queue.top_level_rows(limit)
+        cut = self._planner.level_cut(top_rows, rows)
+        if cut > top_rows or not queue.waiting_below(queue.top_level()):  # they ride along, or none wait
             self._passed_over_since = None
-            return cut
+            return cut, False
         if self._passed_over_since is None:
             self._passed_over_since = now
         elif now - self._passed_over_since > PASSED_OVER_COSTS * self._planner.cost(self._planner.gear_for(rows)):
             self._passed_over_since = None
-            return rows
-        return cut
+            return rows, top_rows >= rows
+        return cut, False
 
     def plan(self, batch: list[QueuedRequest], capacity: int) -> list[Run]:
         """The runs `batch` makes with `capacity` slots free: one, or a split (GearPlanner)."""

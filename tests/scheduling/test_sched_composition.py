@@ -128,3 +128,22 @@ def test_a_lower_level_serves_its_requests_within_their_deadline_before_its_dela
         push(queue, clock, 1, HIGH)
         lows += [r for r in composer.next_batch(queue, clock.now())[0] if r.level == LOW]
     assert lows == [on_time, delayed]
+
+
+def test_lower_levels_get_in_where_higher_ones_fill_every_batch_alone(clock):
+    """Two high clients sending full batches (32 rows each, one running, one queued): the
+    batched guard saw nothing passed over, since each batch held only high rows, and a low
+    request waited for good (a review). Past the same bound it now goes first in a batch."""
+    queue, composer = setup(clock)
+    push(queue, clock, 1, LOW)
+    bound = PASSED_OVER_COSTS * FLAT[32]
+    started, batches = clock.now(), []
+    while not batches or LOW not in batches[-1]:
+        assert len(batches) < 100  # a hang guard
+        queue.push(QueuedRequest({}, 32, queue.level_for(HIGH), clock.now(), None))
+        batch, _ = composer.next_batch(queue, clock.now())
+        batches.append(levels(batch))
+        clock.advance(FLAT[32])
+    assert batches[-1][0] == LOW and sum(1 for level in batches[-1] if level == HIGH) == 0  # 32 rows: no room
+    assert len(batches) > 2 and bound < clock.now() - FLAT[32] - started <= bound + 2 * FLAT[32]
+    assert queue.top_level() == HIGH  # the high request it went before is the next batch
