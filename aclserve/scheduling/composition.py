@@ -19,7 +19,7 @@ commits the device to:
 Requests are never split (the batcher refuses one with more rows than `batch_limit`).
 A static model (no gears), `enabled=False` and a batch limit of one row run one request per run,
 in priority order; lower levels passed over PASSED_OVER_RUNS runs in a row get the next one
-(their longest-waiting request), under any formation: a few higher-level clients keeping the
+(the first request of the highest of them), under any formation: a few higher-level clients keeping the
 device busy starved them until their deadlines (found by independent checks).
 
 Pure decisions over the batcher's queue, on the event loop thread: no timers (the batcher arms
@@ -80,7 +80,7 @@ class Composer:
             self._runs_passed_over += 1
             if self._runs_passed_over > PASSED_OVER_RUNS:
                 self._runs_passed_over = 0
-                return queue.take_oldest_below(top)
+                return queue.take_first_below(top)
         else:
             self._runs_passed_over = 0
         return queue.take(sys.maxsize if self.static else self._limit, 1)
@@ -100,7 +100,7 @@ class Composer:
         if self._just_in_time:
             limit, lower_first = self._level_cut(queue, limit, now)
         top = queue.top_level()
-        batch = queue.take_oldest_below(top) if lower_first else []
+        batch = queue.take_first_below(top) if lower_first else []
         # The head request may be larger than the limit: then take the batch whole.
         batch += queue.take(limit - sum(r.rows for r in batch)) or ([] if batch else queue.take(self._limit))
         if batch:
@@ -111,7 +111,7 @@ class Composer:
         """(rows to take, whether a lower level's request goes first): lower levels only fill a
         higher level's padding, unless they have been left out of every batch for
         PASSED_OVER_COSTS full batches' cost; then they join the next batch whole, or, where
-        the higher level fills it alone, their longest-waiting request goes first (two high
+        the higher level fills it alone, the first request of the highest of them goes first (two high
         clients sending full batches starved them: a review)."""
         rows = min(queue.rows, limit)
         top_rows = queue.top_level_rows(limit)

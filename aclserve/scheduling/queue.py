@@ -148,16 +148,13 @@ class PriorityQueue:
         """Whether a request of a lower level (a larger number) than `level` is queued."""
         return any(self._on_time[lower] or self._delayed[lower] for lower in self.levels[level:])
 
-    def take_oldest_below(self, level: int) -> list[QueuedRequest]:
-        """Pop the longest-waiting head among the levels below `level`, a request still within
-        its deadline before a delayed one (as each level serves them); it becomes DISPATCHED.
-        [] when none is queued."""
-        lower = self.levels[level:]
-        heads = [lane for lane in (self._on_time[n] for n in lower) if lane] or \
-            [lane for lane in (self._delayed[n] for n in lower) if lane]
-        if not heads:
+    def take_first_below(self, level: int) -> list[QueuedRequest]:
+        """Pop the first request in service order among the levels below `level` (the highest
+        of them first; within it, on time before delayed); it becomes DISPATCHED. [] when none
+        is queued."""
+        lane = next((lane for lane in self._lanes[2 * level:] if lane), None)
+        if lane is None:
             return []
-        lane = min(heads, key=lambda lane: next(iter(lane)).enqueued)
         request, _ = lane.popitem(last=False)
         self._forget(request)
         request.state = DISPATCHED

@@ -110,7 +110,7 @@ async def test_two_free_slots_split_five_rows_into_four_plus_one_when_cheaper(en
         check(env, task, tag, 1)
 
 
-async def test_priority_order_then_fifo_within_each_level(env):
+async def test_priority_order_fifo_within_each_level_and_a_passed_over_level_every_third_run(env):
     batcher, executor = env.make(env.FakeExecutor(gears=(1,)))
     first, run = await busy(env, batcher, executor)
     priorities = [3, 2, 1, 2, 1, 3, 0]

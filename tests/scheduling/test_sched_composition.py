@@ -73,7 +73,7 @@ def test_one_request_per_run_lower_levels_get_a_run_after_being_passed_over(cloc
     """A static model (or batching off) ran the highest level's head every time: three high
     clients keeping the device busy starved 24 low ones until their deadlines (found by an
     independent check). Now lower levels get every (PASSED_OVER_RUNS + 1)-th run while they
-    wait, their longest-waiting request first, and the highs the rest, in order."""
+    wait (the highest of them first), and the highs the rest, in order."""
     from aclserve.scheduling.composition import PASSED_OVER_RUNS
     queue = PriorityQueue(BatchingConfig(), clock, lambda r: None)
     composer = Composer((), None, 1, batching=False, delay_s=0.0, just_in_time=True)
@@ -81,14 +81,14 @@ def test_one_request_per_run_lower_levels_get_a_run_after_being_passed_over(cloc
     clock.advance(0.001)
     push(queue, clock, 1, LOW)  # a level lower still, but it came later
     clock.advance(0.001)
-    oldest_low = next(r for r in queue if r.level == 2)
+    first_lower = next(r for r in queue if r.level == 2)
     runs = []
     for _ in range(2 * (PASSED_OVER_RUNS + 1)):
         push(queue, clock, 1, HIGH)  # a high client sends again as soon as it is answered
         batch, _ = composer.next_batch(queue, clock.now())
         runs.append(batch)
     assert [levels(b) for b in runs] == ([[HIGH]] * PASSED_OVER_RUNS + [[2]] + [[HIGH]] * PASSED_OVER_RUNS + [[LOW]])
-    assert runs[PASSED_OVER_RUNS] == [oldest_low]
+    assert runs[PASSED_OVER_RUNS] == [first_lower]
     push(queue, clock, 2, HIGH)  # nothing lower waits (two highs were left): the highs, with no count kept
     assert [levels(composer.next_batch(queue, clock.now())[0]) for _ in range(4)] == [[HIGH]] * 4
     assert len(queue) == 0
@@ -147,3 +147,19 @@ def test_lower_levels_get_in_where_higher_ones_fill_every_batch_alone(clock):
     assert batches[-1][0] == LOW and sum(1 for level in batches[-1] if level == HIGH) == 0  # 32 rows: no room
     assert len(batches) > 2 and bound < clock.now() - FLAT[32] - started <= bound + 2 * FLAT[32]
     assert queue.top_level() == HIGH  # the high request it went before is the next batch
+
+
+def test_the_guard_keeps_priority_among_the_lower_levels(clock):
+    """Levels 1, 2 and 3 backlogged, level 3 queued first: the guard's runs went to level 3 by
+    age and level 2 got none of 30 (a review). The highest level below goes first."""
+    from aclserve.scheduling.composition import PASSED_OVER_RUNS
+    queue = PriorityQueue(BatchingConfig(), clock, lambda r: None)
+    composer = Composer((), None, 1, batching=False, delay_s=0.0, just_in_time=True)
+    push(queue, clock, 10, LOW)
+    clock.advance(0.001)
+    push(queue, clock, 10, 2)
+    runs = []
+    for _ in range(3 * (PASSED_OVER_RUNS + 1)):
+        push(queue, clock, 1, HIGH)
+        runs += levels(composer.next_batch(queue, clock.now())[0])
+    assert runs == ([HIGH] * PASSED_OVER_RUNS + [2]) * 3
