@@ -9,9 +9,10 @@ chooses padding or a split. Under `just_in_time` formation, priority also bounds
 commits the device to:
 - a batch holding requests of a higher level takes lower-level rows only into its padding when
   that makes it markedly shorter at a bounded cost per row (GearPlanner.level_cut), so they are
-  not slowed by rows they could run without; but lower levels left out of every batch for
-  PASSED_OVER_COSTS times a full batch's cost join the next one whole (a few higher-level
-  clients that keep the device busy with small batches would starve them otherwise);
+  not slowed by rows they could run without; but lower levels left out of every batch taken
+  for PASSED_OVER_COSTS times a full batch's cost get in: the first request of the highest of
+  them goes first in the next batch, the others join as they fit (a few higher-level clients
+  that keep the device busy would starve them otherwise);
 - while a higher level is active (a batch it topped was taken within ACTIVE_S: its clients'
   next requests are expected), a batch of lower levels holds at most the planner's efficient
   gear (the smallest within COMMIT_WASTE of the cheapest cost per row), so a higher request
@@ -103,6 +104,8 @@ class Composer:
         batch = queue.take_first_below(top) if lower_first else []
         # The head request may be larger than the limit: then take the batch whole.
         batch += queue.take(limit - sum(r.rows for r in batch)) or ([] if batch else queue.take(self._limit))
+        if self._just_in_time:
+            self._note_passed_over(queue, top, batch, now)
         if batch:
             self._served_at[top] = now
         return batch
@@ -110,21 +113,24 @@ class Composer:
     def _level_cut(self, queue: PriorityQueue, limit: int, now: float) -> tuple[int, bool]:
         """(rows to take, whether a lower level's request goes first): lower levels only fill a
         higher level's padding, unless they have been left out of every batch for
-        PASSED_OVER_COSTS full batches' cost; then they join the next batch whole, or, where
-        the higher level fills it alone, the first request of the highest of them goes first (two high
-        clients sending full batches starved them: a review)."""
+        PASSED_OVER_COSTS full batches' cost; then the first request of the highest of them
+        goes first in the next batch, and the rest join it as they fit (after the higher
+        level's rows, they did not fit whenever those filled it, or left less room than the
+        next lower request's rows: a review saw them wait for good)."""
         rows = min(queue.rows, limit)
-        top_rows = queue.top_level_rows(limit)
-        cut = self._planner.level_cut(top_rows, rows)
-        if cut > top_rows or not queue.waiting_below(queue.top_level()):  # they ride along, or none wait
+        since = self._passed_over_since
+        if since is not None and now - since > PASSED_OVER_COSTS * self._planner.cost(self._planner.gear_for(rows)):
+            return rows, True
+        return self._planner.level_cut(queue.top_level_rows(limit), rows), False
+
+    def _note_passed_over(self, queue: PriorityQueue, top: int | None, batch: list[QueuedRequest],
+                          now: float) -> None:
+        """Judged on the batch taken: lower levels wait on and none of their requests is in it."""
+        if top is not None and queue.waiting_below(top) and all(r.level == top for r in batch):
+            if self._passed_over_since is None:
+                self._passed_over_since = now
+        else:
             self._passed_over_since = None
-            return cut, False
-        if self._passed_over_since is None:
-            self._passed_over_since = now
-        elif now - self._passed_over_since > PASSED_OVER_COSTS * self._planner.cost(self._planner.gear_for(rows)):
-            self._passed_over_since = None
-            return rows, top_rows >= rows
-        return cut, False
 
     def plan(self, batch: list[QueuedRequest], capacity: int) -> list[Run]:
         """The runs `batch` makes with `capacity` slots free: one, or a split (GearPlanner)."""

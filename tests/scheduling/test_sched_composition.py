@@ -1,5 +1,7 @@
 """Composer under just-in-time formation: what priority lets a batch commit the device to
 (a real PriorityQueue and GearPlanner, a manual clock, no event loop)."""
+import pytest
+
 from aclserve.scheduling import BatchingConfig, GearPlanner, PriorityQueue, QueuedRequest
 from aclserve.scheduling.composition import ACTIVE_S, PASSED_OVER_COSTS, Composer
 
@@ -65,7 +67,8 @@ def test_lower_levels_left_out_of_every_batch_join_one_in_time(clock):
         batches.append(levels(batch))
         clock.advance(FLAT[1])
     joined_after = clock.now() - FLAT[1] - started
-    assert len(batches) > 2 and batches[-1][0] == HIGH and LOW in batches[-1]
+    # the first low goes first, then the high, then the other lows as they fit (16 rows in all)
+    assert len(batches) > 2 and batches[-1][:2] == [LOW, HIGH] and batches[-1].count(LOW) == 15
     assert bound < joined_after <= bound + 2 * FLAT[1]
 
 
@@ -163,3 +166,21 @@ def test_the_guard_keeps_priority_among_the_lower_levels(clock):
         push(queue, clock, 1, HIGH)
         runs += levels(composer.next_batch(queue, clock.now())[0])
     assert runs == ([HIGH] * PASSED_OVER_RUNS + [2]) * 3
+
+
+@pytest.mark.parametrize("high_rows, low_rows", [(3, 5), (5, 4), (30, 5), (16, 20)])
+def test_a_lower_request_that_does_not_fit_beside_the_higher_rows_still_gets_in(clock, high_rows, low_rows):
+    """The guard was reset whenever the higher level's gear had padding, though a lower request
+    larger than that padding never got into the batch (a 5-row low behind 3-row highs waited
+    for good), and near-full batches of highs (30 of 32 rows) starved a 5-row low before that
+    too (a review). Judged on the batch taken, the low now goes first past the bound."""
+    queue, composer = setup(clock)
+    queue.push(QueuedRequest({}, low_rows, queue.level_for(LOW), clock.now(), None))
+    batches = []
+    while not batches or LOW not in batches[-1]:
+        assert len(batches) < 100  # a hang guard
+        queue.push(QueuedRequest({}, high_rows, queue.level_for(HIGH), clock.now(), None))
+        batch, _ = composer.next_batch(queue, clock.now())
+        batches.append(levels(batch))
+        clock.advance(FLAT[32])
+    assert batches[-1][0] == LOW and len(batches) >= 2  # passed over first, then in
