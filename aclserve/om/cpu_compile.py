@@ -31,6 +31,7 @@ from .names import atc_output_names
 from .spec import CompileError, ModelSpec, TensorInfo, dtype_of, one_line, refuse_empty
 
 ORT_LEVEL = "extended"
+PROBE_FILLS = (np.zeros, np.ones)  # what output shapes are read on: ones where zeros cannot run
 _MAX_PROTO_BYTES = 2**31 - 1
 
 
@@ -94,7 +95,7 @@ def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) ->
     sess = ort.InferenceSession(payload, so, providers=["CPUExecutionProvider"])
     batches = spec.gears[:2] if len(spec.gears) >= 2 else ([spec.gears[0], spec.gears[0] + 1] if spec.gears else [None])
     failure = None
-    for fill in (np.zeros, np.ones):
+    for fill in PROBE_FILLS:
         try:
             seen = [[r.shape for r in sess.run([o.name for o in outputs], _probe_feeds(spec, b, fill))]
                     for b in batches]
@@ -125,7 +126,7 @@ def _refuse_data_dependent(sess, spec: ModelSpec, outputs: list[TensorInfo], bat
     the size of one probe run, and every request finding another count failed as a device
     fault (found by a helper). An OM's outputs have the sizes fixed at compile."""
     at = "" if batch is None else f", batch size {batch}"
-    for fill in (np.zeros, np.ones, _seeded_values):
+    for fill in PROBE_FILLS + (_seeded_values,):
         if fill is used:
             continue
         try:

@@ -118,9 +118,7 @@ class PriorityQueue:
                 request = next(iter(lane))
                 if rows + request.rows > max_rows:
                     return taken
-                lane.popitem(last=False)
-                self._forget(request)
-                request.state = DISPATCHED
+                self._dispatch(lane)
                 rows += request.rows
                 taken.append(request)
                 if len(taken) == max_requests:
@@ -153,12 +151,14 @@ class PriorityQueue:
         of them first; within it, on time before delayed); it becomes DISPATCHED. [] when none
         is queued."""
         lane = next((lane for lane in self._lanes[2 * level:] if lane), None)
-        if lane is None:
-            return []
+        return [] if lane is None else [self._dispatch(lane)]
+
+    def _dispatch(self, lane: OrderedDict) -> QueuedRequest:
+        """Pop `lane`'s head: it becomes DISPATCHED, the caller's."""
         request, _ = lane.popitem(last=False)
         self._forget(request)
         request.state = DISPATCHED
-        return [request]
+        return request
 
     def top_level_rows(self, cap: int) -> int:
         """Rows queued at the highest non-empty level, counted up to `cap` (O(cap))."""

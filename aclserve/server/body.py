@@ -54,7 +54,7 @@ class _Inflater:
         self._inflated = 0
         self._z = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
         self._members = 1
-        self.consumed = 0  # compressed bytes inflated so far
+        self._consumed = 0  # compressed bytes inflated so far
 
     def feed(self, data: bytes, step: int):
         """Yield inflated pieces of at most `step` bytes."""
@@ -66,16 +66,18 @@ class _Inflater:
             except zlib.error as e:
                 raise InvalidInput(f"request body is not valid {self.encoding} data (Content-Encoding: "
                                    f"{self.encoding}): {e}") from None
-            self.consumed += len(data) - len(self._z.unused_data if self._z.eof else self._z.unconsumed_tail)
+            ended = self._z.eof
+            rest = self._z.unused_data if ended else self._z.unconsumed_tail
+            self._consumed += len(data) - len(rest)
             self._inflated += len(piece)
-            if self._max_ratio and self._inflated > max(INFLATE_GRACE, self._max_ratio * self.consumed):
+            if self._max_ratio and self._inflated > max(INFLATE_GRACE, self._max_ratio * self._consumed):
                 raise PayloadTooLarge(f"request body inflates to more than {self._max_ratio} times the compressed "
-                                      f"bytes read so far ({self._inflated:,} from {self.consumed:,}; Content-Encoding: "
-                                      f"{self.encoding}; max_inflate_ratio): send it uncompressed")
+                                      f"bytes read so far ({self._inflated:,} from {self._consumed:,}; "
+                                      f"Content-Encoding: {self.encoding}; max_inflate_ratio): send it uncompressed")
             if piece:
                 yield piece
-            if self._z.eof:
-                data = self._z.unused_data
+            data = rest
+            if ended:
                 if data and self.encoding != "gzip":
                     raise InvalidInput(f"request body has data after the end of its {self.encoding} stream")
                 if data:
@@ -83,8 +85,6 @@ class _Inflater:
                     if self._members > MAX_GZIP_MEMBERS:
                         raise InvalidInput(f"request body has more than {MAX_GZIP_MEMBERS} gzip members")
                     self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)  # next gzip member
-            else:
-                data = self._z.unconsumed_tail
 
     def finish(self) -> None:
         if self._z is None or not self._z.eof:
