@@ -2,7 +2,8 @@
 
 Shedding by default: a bounded queue answers the excess 503 at once, so what is queued is
 served soon instead of every client waiting longer and longer (and timing out, which wastes
-the work done for it). The queue holds QUEUE_BATCHES full batches per instance; the deadline
+the work done for it). The queue holds QUEUE_BATCHES full batches per instance (a full batch:
+the batcher's limit, the largest gear or a lower max_batch_size); the deadline
 is twice the longest wait a request should see (the batching window plus the time to run a
 full queue at the measured speed), never under MIN_DEADLINE_MS, so it only fires when the
 device falls far behind (a stall), not in an ordinary burst.
@@ -13,6 +14,7 @@ import dataclasses
 import math
 
 from ..config import ModelConfig
+from ..scheduling.gears import batch_limit
 from ..scheduling.policy import QueuePolicy
 
 QUEUE_BATCHES = 8
@@ -24,29 +26,32 @@ MIN_QUEUE = 64
 MIN_DEADLINE_MS = 2000.0
 
 
-def auto_queue_size(largest_gear: int, instances: int) -> int:
-    return max(MIN_QUEUE, QUEUE_BATCHES * max(1, largest_gear) * instances)
+def auto_queue_size(full_batch: int, instances: int) -> int:
+    return max(MIN_QUEUE, QUEUE_BATCHES * max(1, full_batch) * instances)
 
 
-def auto_deadline_ms(queue_size: int, largest_gear: int, instances: int, gear_seconds: float | None,
+def auto_deadline_ms(queue_size: int, full_batch: int, instances: int, gear_seconds: float | None,
                      window_ms: float = 0.0) -> float:
-    runs = math.ceil(queue_size / (max(1, largest_gear) * instances))
+    runs = math.ceil(queue_size / (max(1, full_batch) * instances))
     return max(MIN_DEADLINE_MS, 2 * (window_ms + 1000.0 * (gear_seconds or 0.0) * runs))
 
 
 def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int) -> ModelConfig:
     """`config` with every `auto` (None) queue size and deadline replaced by its figure."""
     batching = config.batching
-    largest = max(gears) if gears else 1
-    cost = gear_cost.get(largest) if gear_cost else None
+    gears = sorted(gears)
+    # a full batch: the batch limit (a max_batch_size under the largest gear lowers it), run on
+    # the smallest gear that holds it; a static model's one request per run is costed as 1 row
+    full = batch_limit(gears, batching) or 1
+    cost = gear_cost.get(min((g for g in gears if g >= full), default=full)) if gear_cost else None
 
     def fill(policy: QueuePolicy) -> QueuePolicy:
         size = policy.max_queue_size
         if size is None:
-            size = auto_queue_size(largest, instances)
+            size = auto_queue_size(full, instances)
         deadline = policy.default_timeout_ms
         if deadline is None:
-            deadline = auto_deadline_ms(size or auto_queue_size(largest, instances), largest, instances, cost,
+            deadline = auto_deadline_ms(size or auto_queue_size(full, instances), full, instances, cost,
                                         batching.max_queue_delay_ms)
         return dataclasses.replace(policy, max_queue_size=size, default_timeout_ms=deadline)
 
