@@ -250,6 +250,9 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
         else:
             stem, suffix = os.path.splitext(base)
             if suffix not in MODEL_SUFFIXES + (".yaml", ".yml"):
+                if suffix.lower() in MODEL_SUFFIXES + (".yaml", ".yml"):  # a Model.ONNX was ignored without a word
+                    result.notes.append(f"{base} not read: file suffixes are lower case (rename it "
+                                        f"{stem}{suffix.lower()})")
                 continue
             kind = suffix
         reason = check_model_name(stem)

@@ -302,7 +302,7 @@ def test_diff_config_change_reloads(tmp_path):
 def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
     """These were ignored without a word: a misspelt name, a versioned model's settings beside its
     folder instead of in it, a .yml beside the .yaml, a Triton model folder's config.pbtxt (the
-    defaults stayed in force)."""
+    defaults stayed in force), a suffix in capitals (the model was not served)."""
     touch(tmp_path / "digits.om")
     touch(tmp_path / "t" / "1" / "model.om")
     (tmp_path / "t" / "config.pbtxt").write_text("max_batch_size: 1\n")
@@ -311,9 +311,13 @@ def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
     (tmp_path / "digits.yml").write_text("instances: 2\n")
     touch(tmp_path / "v" / "1" / "model.om")
     (tmp_path / "v.yaml").write_text("instances: 2\n")
+    touch(tmp_path / "Upper.ONNX")
+    (tmp_path / "digits.YAML").write_text("instances: 2\n")
     result = scan(tmp_path, DEFAULTS)
     assert sorted(result.notes) == [
+        "Upper.ONNX not read: file suffixes are lower case (rename it Upper.onnx)",
         "digit.yaml configures no model: there is no digit.om or digit.onnx beside it",
+        "digits.YAML not read: file suffixes are lower case (rename it digits.yaml)",
         "digits.yaml is read; digits.yml beside it is ignored",
         "t/config.pbtxt not read: a model's settings go in t/config.yaml (configs/default.yaml names the keys)",
         "v.yaml not read: a versioned model's settings go in v/config.yaml"]
