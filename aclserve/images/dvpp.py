@@ -49,6 +49,9 @@ PIXEL_FORMAT_YUV_SEMIPLANAR_420 = 1  # acldvppPixelFormat NV12 (acl_dvpp.h)
 JPEGD_HEIGHT_ALIGN = 16
 JPEGD_SIDES = (32, 8192)  # JPEGD's input, pixels a side
 VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN = 16, 2
+# a VPC picture's width stride is at least this (CANN's acl.media VPC constraints: "宽Stride最小32"
+# on the Atlas 200/300/500 inference products; himpi VPC the same on the 310P series)
+VPC_MIN_WIDTH_STRIDE = 32
 VPC_SCALE = (1 / 32, 16)  # VPC resizes by these factors at most, each way
 VPC_OUTPUT = ((10, 4096), (6, 4096))  # VPC's output width and height ranges: vpc_output(soc)
 DVPP_WAIT_MS = 5000  # a JPEGD or VPC task takes milliseconds: past this the chip is not waited for
@@ -195,16 +198,18 @@ class DvppDecoder:
             predicted = check("media.dvpp_jpeg_predict_dec_size",
                               media.dvpp_jpeg_predict_dec_size(host, len(data), PIXEL_FORMAT_YUV_SEMIPLANAR_420))
             # the descriptor's size is the strides' (VPC reads it so); the buffer holds what JPEGD predicts too
-            dec_size = _align(w, self._width_align) * _align(h, JPEGD_HEIGHT_ALIGN) * 3 // 2
+            dec_w, dec_h = _align(w, self._width_align), _align(h, JPEGD_HEIGHT_ALIGN)
+            dec_size = dec_w * dec_h * 3 // 2
             dec = self._decoded.take(max(dec_size, predicted), undo)
-            decoded = self._pic(dec, dec_size, w, h, self._width_align, JPEGD_HEIGHT_ALIGN, undo)
+            decoded = self._pic(dec, dec_size, w, h, dec_w, dec_h, undo)
             check("media.dvpp_jpeg_decode_async",
                   media.dvpp_jpeg_decode_async(self._channel, src, len(data), decoded, self._stream))
             self._wait(undo)
-            out_w, out_h = _align(plan.width, VPC_WIDTH_ALIGN), _align(plan.height, VPC_HEIGHT_ALIGN)
+            out_w = max(VPC_MIN_WIDTH_STRIDE, _align(plan.width, VPC_WIDTH_ALIGN))
+            out_h = _align(plan.height, VPC_HEIGHT_ALIGN)
             out_size = out_w * out_h * 3 // 2
             out = self._resized.take(out_size, undo)
-            resized = self._pic(out, out_size, plan.width, plan.height, VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN, undo)
+            resized = self._pic(out, out_size, plan.width, plan.height, out_w, out_h, undo)
             config = check_handle("media.dvpp_create_resize_config", media.dvpp_create_resize_config())
             undo.append(lambda: release("media.dvpp_destroy_resize_config", media.dvpp_destroy_resize_config(config)))
             check("media.dvpp_vpc_resize_async",
@@ -231,13 +236,13 @@ class DvppDecoder:
             self._hung = True
             raise DvppHung(f"a DVPP task did not finish within {DVPP_WAIT_MS} ms") from e
 
-    def _pic(self, ptr: int, size: int, w: int, h: int, wa: int, ha: int, undo: list) -> int:
+    def _pic(self, ptr: int, size: int, w: int, h: int, width_stride: int, height_stride: int, undo: list) -> int:
         media = self._media
         pic = check_handle("media.dvpp_create_pic_desc", media.dvpp_create_pic_desc())
         undo.append(lambda: release("media.dvpp_destroy_pic_desc", media.dvpp_destroy_pic_desc(pic)))
         for setter, value in (("data", ptr), ("size", size), ("format", PIXEL_FORMAT_YUV_SEMIPLANAR_420),
-                              ("width", w), ("height", h), ("width_stride", _align(w, wa)),
-                              ("height_stride", _align(h, ha))):
+                              ("width", w), ("height", h), ("width_stride", width_stride),
+                              ("height_stride", height_stride)):
             check(f"media.dvpp_set_pic_desc_{setter}", getattr(media, f"dvpp_set_pic_desc_{setter}")(pic, value))
         return pic
 

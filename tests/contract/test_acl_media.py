@@ -165,6 +165,8 @@ def test_vpc_refusals(acl, dv):
     assert dv.resize(src, dv.out(160, 120, 160, 121)) == BAD  # height stride odd
     assert dv.resize(src, dv.out(160, 120, 160, 120, size=160 * 120 * 3 // 2 - 1)) == BAD
     assert dv.resize(src, dv.out(8, 8, 16, 8)) == BAD  # under the smallest output, 10 x 6
+    assert dv.resize(src, dv.out(12, 12, 16, 12)) == BAD  # width stride under VPC's 32 (CANN's constraints)
+    assert dv.resize(src, dv.out(12, 12, 32, 12)) == 0 and dv.sync() == 0
     assert dv.resize(src, dv.out(4608, 240, 4608, 240)) == BAD  # over 4096 wide
     assert dv.resize(src, dv.out(160, 120, 160, 120, fmt=NV21)) == UNSUPPORTED
     assert dv.resize(src, dv.out(161, 120, 176, 120)) == BAD  # odd output width (NV12)

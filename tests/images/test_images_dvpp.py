@@ -68,6 +68,16 @@ def test_a_jpeg_decodes_and_resizes_as_pillow_does(runtime, decoder, color):
         assert np.abs(got[..., ::-1].astype(int) - decoder(data, plan(62, 100, "rgb"))).max() == 0
 
 
+def test_a_picture_narrower_than_vpcs_least_stride_resizes_on_dvpp(runtime, decoder):
+    """A 12-pixel-wide target had a width stride of 16 (aligned to 16): CANN's VPC takes 32 at
+    least, so on a device it fell back to the CPU decoder (an independent check)."""
+    data = encode(gradient(240, 320), "JPEG", quality=95)
+    got = decoder(data, plan(12, 12))
+    assert decoder.outcomes == {dvpp.DECODED: 1}
+    diff = np.abs(got.astype(int) - decoder._fallback(data, plan(12, 12)))
+    assert diff.mean() < MEAN_TOLERANCE and diff.max() <= MAX_TOLERANCE, (diff.mean(), diff.max())
+
+
 def test_descriptors_go_back_after_each_image_and_buffers_are_kept_until_close(runtime, monkeypatch):
     # CANN's acldvppMalloc page advises against a malloc and free per image: the decoder keeps
     # its three buffers (the JPEG, JPEGD's picture, VPC's), grown to the largest image so far

@@ -43,6 +43,7 @@ JPEGD_HEIGHT_ALIGN = 16
 VPC_INPUT = ((10, 8192), (6, 8192))  # (width range, height range)
 VPC_OUTPUT = ((10, 4096), (6, 4096))  # the Ascend310, 310P and first 910's: vpc_output() gives each SoC's
 VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN = 16, 2
+VPC_MIN_WIDTH_STRIDE = 32  # CANN's VPC constraints: "宽Stride最小32" (a 16 was taken here)
 VPC_SCALE = (1 / 32, 16)
 _OK, _BAD = C.ACL_SUCCESS, C.ACL_ERROR_INVALID_PARAM
 _TASK_FAILED = C.ACL_ERROR_RT_INTERNAL_ERROR
@@ -331,7 +332,7 @@ def _vpc_pic_ret(pic: PicDesc, sides, device: int) -> int:
     if pic.width % 2 or pic.height % 2:  # YUV420SP in and out: even sides (VPC's format constraints)
         return _BAD
     if (pic.width_stride % VPC_WIDTH_ALIGN or pic.height_stride % VPC_HEIGHT_ALIGN
-            or pic.width_stride < pic.width or pic.height_stride < pic.height):
+            or pic.width_stride < max(pic.width, VPC_MIN_WIDTH_STRIDE) or pic.height_stride < pic.height):
         return _BAD
     need = _dvpp.nv12_bytes(pic.width_stride, pic.height_stride)
     return _OK if pic.size >= need and _in_dvpp(pic.data, need, device) else _BAD
