@@ -1,6 +1,7 @@
 """Config loading: defaults, merging, overrides, and every error naming its dotted path."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -324,3 +325,19 @@ def test_trace_and_logging_keys():
                                ({"log_format": "xml"}, "log_format: must be one of text, json")]:
         with pytest.raises(ConfigError, match=message):
             load_server_config(None, overrides)
+
+
+def test_an_integer_inputs_value_range_is_two_integers_smallest_first(tmp_path):
+    defaults = load_server_config(None, {"model_defaults.inputs": {"n": {"value_range": [0, 5]}}}).model_defaults
+    assert defaults.inputs["n"].value_range == (0, 5)
+    config = load_model_config(write(tmp_path, "inputs: {n: {value_range: [-3, 3]}}\n", "m.yaml"), defaults)
+    assert config.inputs["n"].value_range == (-3, 3)  # the model's own replaces the default's
+    for text, problem in [("[1]", "must be [smallest, largest], two integers, got [1]"),
+                          ("[0, 2.5]", "inputs.n.value_range[1]: must be an integer, got 2.5"),
+                          ("[4, 3]", "smallest 4 is above largest 3"),
+                          ("7", "must be [smallest, largest], two integers, got 7")]:
+        with pytest.raises(ConfigError, match=re.escape(problem)):
+            load_model_config(write(tmp_path, f"inputs: {{n: {{value_range: {text}}}}}\n", "m.yaml"), defaults)
+    with pytest.raises(ConfigError, match="set image or value_range, not both"):
+        load_model_config(write(tmp_path, "inputs: {n: {value_range: [0, 1], image: {color: gray}}}\n", "m.yaml"),
+                          defaults)

@@ -147,19 +147,34 @@ def _invert(value, path: str) -> bool | str:
 def _tensor_options(data, path: str, role: str) -> dict[str, TensorOptions]:
     data = as_mapping(unless_none(data, {}), path)
     out = {}
-    key = "image" if role == "inputs" else "labels"
     for name, options in data.items():
         tp = key_path(path, str(name))
         options = as_mapping(unless_none(options, {}), tp)
-        no_unknown(options, {key}, tp)
-        value = options.get(key)
-        if value is None:
-            out[str(name)] = TensorOptions()
-        elif role == "inputs":
-            out[str(name)] = TensorOptions(image=_image_input(value, key_path(tp, key)))
-        else:
-            out[str(name)] = TensorOptions(labels=as_str(value, key_path(tp, key), allow_empty=False))
+        if role == "outputs":
+            no_unknown(options, {"labels"}, tp)
+            labels = options.get("labels")
+            out[str(name)] = TensorOptions(labels=None if labels is None else
+                                           as_str(labels, key_path(tp, "labels"), allow_empty=False))
+            continue
+        no_unknown(options, {"image", "value_range"}, tp)
+        image, value_range = options.get("image"), options.get("value_range")
+        if image is not None and value_range is not None:
+            raise ConfigError(key_path(tp, "value_range"), "an image input takes pictures, not numbers: "
+                                                           "set image or value_range, not both")
+        out[str(name)] = TensorOptions(image=None if image is None else _image_input(image, key_path(tp, "image")),
+                                       value_range=None if value_range is None else
+                                       _value_range(value_range, key_path(tp, "value_range")))
     return out
+
+
+def _value_range(value, path: str) -> tuple[int, int]:
+    """[smallest, largest], both integers, smallest first."""
+    if not isinstance(value, list) or len(value) != 2:
+        raise ConfigError(path, f"must be [smallest, largest], two integers, got {shown(value)}")
+    low, high = as_int(value[0], f"{path}[0]"), as_int(value[1], f"{path}[1]")
+    if low > high:
+        raise ConfigError(path, f"smallest {low} is above largest {high}")
+    return low, high
 
 
 def _slots(value, path: str) -> int:
@@ -210,7 +225,8 @@ def model_config_mapping(config: ModelConfig) -> dict:
         for key in ("max_queue_size", "default_timeout_ms"):
             if policy[key] is None:
                 policy[key] = AUTO
-    out["inputs"] = {n: {"image": None if o.image is None else dataclasses.asdict(o.image)}
+    out["inputs"] = {n: {"image": None if o.image is None else dataclasses.asdict(o.image),
+                         "value_range": None if o.value_range is None else list(o.value_range)}
                      for n, o in config.inputs.items()}
     out["outputs"] = {n: {"labels": o.labels} for n, o in config.outputs.items()}
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -17,6 +17,7 @@ from . import aipp as aipp_mod
 from . import aipp_onnx
 from . import atc as atc_mod
 from . import container, cpu_compile
+from .index_bounds import index_bounds
 from ..regular_files import open_regular
 from .spec import CompileError, load_onnx, parse_gears, parse_input_shape, resolve
 
@@ -34,6 +35,9 @@ class CompileResult:
     header: dict  # the CPU OM header, or the ATC OM's 256-byte header facts
     seconds: float
     size: int  # bytes on disk
+    # integer inputs indexing a table of the model: {name: entries} (index_bounds.py); the
+    # server refuses values outside [0, entries)
+    index_bounds: dict = field(default_factory=dict)
 
 
 def default_output(onnx_path: str | os.PathLike) -> Path:
@@ -87,6 +91,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         raise CompileError(f"cannot write {out}: it is a folder")
     model = load_onnx(src, weights=atc_path is None)  # (ATC reads the weights from the model's path)
     spec = resolve(model, {k: list(v) for k, v in shapes.items()}, gears)
+    bounds = index_bounds(model.graph)
     bound = aipp_mod.bind(aipp, spec, soc_version) if aipp else []
     aipp_header = {"aipp": [b.summary() for b in bound]} if bound else {}
 
@@ -117,4 +122,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         container.write(out, header, payload)
         header = container.read_header(out)
         kind = "cpu"
-    return CompileResult(out, kind, header, time.monotonic() - start, out.stat().st_size)
+    for name, entries in bounds.items():  # (the server's compile keeps them; an .om served later needs its YAML)
+        log(f"input {name} indexes a table of {entries} entries: it takes 0..{entries - 1} "
+            f"(value_range: [0, {entries - 1}])")
+    return CompileResult(out, kind, header, time.monotonic() - start, out.stat().st_size, bounds)

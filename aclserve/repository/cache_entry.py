@@ -61,11 +61,14 @@ def problem(om_path: str | os.PathLike, key: str) -> str | None:
     return None
 
 
-def record(om_path: str | os.PathLike, key: str, options: dict, target: str) -> None:
-    """Write the manifest of a freshly compiled entry (atomically: temp file + rename)."""
+def record(om_path: str | os.PathLike, key: str, options: dict, target: str,
+           index_bounds: dict[str, int] | None = None) -> None:
+    """Write the manifest of a freshly compiled entry (atomically: temp file + rename), with
+    what the compile read from the source for the server (om/index_bounds.py)."""
     om = Path(om_path)
     sha, size = _digest(om)
-    doc = {"format": FORMAT, "key": key, "target": target, "options": options, "om_sha256": sha, "om_size": size}
+    doc = {"format": FORMAT, "key": key, "target": target, "options": options, "om_sha256": sha, "om_size": size,
+           "index_bounds": index_bounds or {}}
     final = manifest_path(om)
     fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
     try:
@@ -76,6 +79,16 @@ def record(om_path: str | os.PathLike, key: str, options: dict, target: str) -> 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def index_bounds(om_path: str | os.PathLike) -> dict[str, int]:
+    """The integer inputs of a sound entry that index a table, {name: entries}; {} for an entry
+    written before the manifest recorded them (or by hand)."""
+    with open_regular(manifest_path(om_path), "r", "utf-8") as f:
+        found = json.loads(f.read()).get("index_bounds")
+    if not isinstance(found, dict):
+        return {}
+    return {k: v for k, v in found.items() if isinstance(k, str) and type(v) is int and v >= 0}
 
 
 class EntryBlocked(OSError):

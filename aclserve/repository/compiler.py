@@ -104,7 +104,8 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
                                    log=lambda line: log.info("%s: %s", model_name, line), **kwargs)
         except CompileError as e:  # (said in the command's words: here the model's YAML gives them)
             raise CompileError(_in_config_words(str(e))) from None
-        cache_entry.record(result.path, key, dict(asdict(options), batch=kwargs.get("batch")), runtime_kind)
+        cache_entry.record(result.path, key, dict(asdict(options), batch=kwargs.get("batch")), runtime_kind,
+                           result.index_bounds)
     log.info("%s: compiled in %.1f s (%d bytes)", model_name, result.seconds, result.size)
     return Path(result.path)
 

@@ -20,6 +20,7 @@ import os
 import time
 from typing import Callable
 
+from . import cache_entry
 from .compile_cache import CompileCache
 from .plan import Wanted
 from .served import ServedVersion, open_version
@@ -47,7 +48,9 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
 
     async def open_om(path: str) -> ServedVersion:
         await run(validate_om, path, runtime.kind)
-        return await open_version(executor, runtime, name, version, path, wanted, started, from_thread)
+        # what the compile of an .onnx read from it: the inputs indexing a table
+        tables = await run(cache_entry.index_bounds, path) if path != wanted.file.path else {}
+        return await open_version(executor, runtime, name, version, path, wanted, started, from_thread, tables)
 
     if limit.locked():
         progress("waiting: other versions are loading (load_concurrency)")

@@ -33,7 +33,7 @@ import functools
 import logging
 import os
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 from .. import heap
 from ..config import ModelConfig
@@ -43,6 +43,7 @@ from ..scheduling import DynamicBatcher
 from . import overload
 from .handoff import Handoff
 from .labels import load_labels
+from .value_ranges import input_ranges
 from .plan import Wanted
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def auto_slots(runtime_kind: str) -> int:
 
 class ServedVersion:
     def __init__(self, name: str, version: str, pool, batcher, config: ModelConfig, source: str,
-                 om_path: str, load_seconds: float, wanted: Wanted, images=None, labels=None):
+                 om_path: str, load_seconds: float, wanted: Wanted, images=None, labels=None, value_ranges=None):
         self.name = name
         self.version = version
         self.pool = pool
@@ -80,6 +81,7 @@ class ServedVersion:
         self.wanted = wanted  # the file identity + config this version came from
         self.images = images  # images.ImageStage for its image inputs, or None
         self.labels = labels or {}  # output name -> class labels
+        self.value_ranges = value_ranges or {}  # integer input name -> value_ranges.ValueRange
         self._successor: Callable[[], "ServedVersion | None"] | None = None
 
     # what the server reads
@@ -131,14 +133,16 @@ class ServedVersion:
         """Why `successor` cannot answer a request decoded for this version (what it was
         replaced by, in words), or None when it can."""
         if successor.tensor_key() != self.tensor_key():
-            return "one with other inputs, outputs or batch limit"
+            return "one with other inputs, input value ranges, outputs or batch limit"
         if successor.model_key() != self.model_key() and successor.settings_key() != self.settings_key():
             return "another model file with other image or labels settings"
         return None
 
     def tensor_key(self) -> tuple:
-        """The tensors a request decoded for this version holds and its answer is made of."""
-        return (tuple(self.inputs), tuple(self.pool.inputs), tuple(self.outputs), self.max_batch_size)
+        """The tensors a request decoded for this version holds (its values checked against the
+        ranges) and its answer is made of."""
+        return (tuple(self.inputs), tuple(self.pool.inputs), tuple(self.outputs), self.max_batch_size,
+                tuple(sorted(self.value_ranges.items())))
 
     def model_key(self) -> tuple:
         """The model that runs: the file in the models folder and what was loaded from it."""
@@ -183,7 +187,8 @@ class ServedVersion:
 
 
 async def open_version(executor, runtime, name: str, version: str, om_path: str, wanted: Wanted,
-                       started: float, progress: Callable[[str], None] = lambda step: None) -> ServedVersion:
+                       started: float, progress: Callable[[str], None] = lambda step: None,
+                       table_sizes: Mapping[str, int] | None = None) -> ServedVersion:
     """Open `om_path` as `name:version`, warm it up and start its batcher; the blocking part runs
     in one thread of `executor` (_open_and_warm_up). On failure what it opened is closed before
     the error propagates. Cancelled (the repository closes while the version loads), it returns
@@ -195,8 +200,8 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
     config = wanted.config
     handoff: Handoff[tuple] = Handoff()
     try:
-        pool, images, labels = await loop.run_in_executor(executor, functools.partial(
-            _open_and_warm_up, runtime, om_path, f"{name}:{version}", config, handoff, progress))
+        pool, images, labels, ranges = await loop.run_in_executor(executor, functools.partial(
+            _open_and_warm_up, runtime, om_path, f"{name}:{version}", config, handoff, progress, table_sizes or {}))
     except asyncio.CancelledError:
         late = handoff.give_up()
         if late is not None:  # it came back as the loop was cancelled: closed in a load thread too
@@ -215,15 +220,15 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
         await loop.run_in_executor(executor, pool.close)
         raise
     return ServedVersion(name, version, pool, batcher, config, wanted.file.path, om_path,
-                         time.monotonic() - started, wanted, images=images, labels=labels)
+                         time.monotonic() - started, wanted, images=images, labels=labels, value_ranges=ranges)
 
 
 def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handoff: Handoff,
-                      progress: Callable[[str], None]) -> tuple | None:
-    """A load thread: open the pool, plan its image inputs, read its labels, warm it up (three
-    runs per gear; times the gear costs the batcher plans with; it stops at the next run once
-    the loop has given up, so a shutdown does not wait for a long warm-up), then hand (pool,
-    images, labels) to the loop, or close the pool when the loop has given up meanwhile. While it runs, the runtime resets none of the
+                      progress: Callable[[str], None], table_sizes: Mapping[str, int]) -> tuple | None:
+    """A load thread: open the pool, plan its image inputs, read its labels, settle its inputs'
+    value ranges, warm it up (three runs per gear; times the gear costs the batcher plans with;
+    it stops at the next run once the loop has given up, so a shutdown does not wait for a long
+    warm-up), then hand (pool, images, labels, ranges) to the loop, or close the pool when the loop has given up meanwhile. While it runs, the runtime resets none of the
     model's devices (it is inside ACL calls, or its instances' work runs there: teardown.py)."""
     from ..runtime import open_pool, teardown, warm_up  # the runtime imports ACL; keep this module light to import
     from ..runtime.execution_timeout import UNMEASURED_TIMEOUT_MS
@@ -246,9 +251,10 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
         try:
             images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
             labels = load_labels(config.outputs, pool.outputs)
+            ranges = input_ranges(config.inputs, pool.inputs, table_sizes)
             warm_up(pool, stop=lambda: handoff.given_up, progress=warming, data=config.warmup_data,
                     remedy=" (if the model cannot run on zeros, warmup_data: ones in its config warms it up on ones)")
         except BaseException:
             pool.close()
             raise
-        return handoff.deliver((pool, images, labels), lambda opened: opened[0].close())
+        return handoff.deliver((pool, images, labels, ranges), lambda opened: opened[0].close())

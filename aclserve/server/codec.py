@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NoReturn, Sequence
+from typing import Mapping, NoReturn, Sequence
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from .json_simd import JsonNumbers
 from .json_tensors import JsonLimits, loads, numbers_in_json, read_numbers, refuse_booleans_among_numbers, to_array
 from .parameters import refuse_compound_values, refuse_shared_memory
 from .quoting import quoted
+from .values import check_values
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -37,11 +38,13 @@ class Signature:
     decoded under; built once per served version."""
 
     __slots__ = ("inputs", "outputs", "output_list", "max_batch_size", "input_names", "json_limits", "labels",
-                 "output_rows", "all_outputs")
+                 "output_rows", "all_outputs", "value_ranges")
 
     def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], max_batch_size: int,
-                 json_limits: JsonLimits = JsonLimits(), labels: dict[str, tuple[str, ...]] | None = None):
+                 json_limits: JsonLimits = JsonLimits(), labels: dict[str, tuple[str, ...]] | None = None,
+                 value_ranges: Mapping | None = None):
         self.labels = labels or {}  # output name -> class labels (classification answers)
+        self.value_ranges = value_ranges or {}  # integer input name -> the values it takes (values.py)
         self.inputs = {s.name: s for s in inputs}
         self.outputs = {s.name: s for s in outputs}
         self.output_list = tuple(outputs)
@@ -194,6 +197,7 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
         raise InvalidInput(f"body has {len(body) - offset} bytes after the last binary input "
                            f"(binary_data_size values do not add up)")
     check_complete(arrays, sig)
+    check_values(arrays, sig.value_ranges)
     req.rows = rows if rows is not None else 1
 
 

@@ -55,6 +55,8 @@ class ServedModel(Protocol):
     name: str
     version: str
     labels: Mapping[str, Sequence[str]]  # output name -> class labels (empty: none)
+    # integer input name -> the values it takes (.low, .high, .why: repository/value_ranges.py)
+    value_ranges: Mapping[str, object]
     images: ImageStage | None  # how its image inputs are decoded, or None
     batcher: Batcher
     pool: InstanceGroup

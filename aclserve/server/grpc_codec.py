@@ -27,6 +27,7 @@ from .encode import classify
 from .grpc_wire import names
 from .parameters import refuse_shared_memory
 from .quoting import quoted
+from .values import check_values
 
 # KServe datatype -> (InferTensorContents field, numpy type of that field's elements)
 CONTENTS_FIELDS = {
@@ -97,6 +98,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
         else:
             arrays[name] = _from_contents(name, tensor.contents, spec, shape, count)
     check_complete(arrays, sig)
+    check_values(arrays, sig.value_ranges)
     req.rows = rows if rows is not None else 1
     if msg.parameters:
         _decode_parameters(msg.parameters, req)

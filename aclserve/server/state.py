@@ -46,7 +46,8 @@ class VersionRecord:
         self.name = served.name
         self.version = str(served.version)
         limit = served.max_batch_size
-        self.signature = Signature(served.inputs, served.outputs, limit, json_limits, served.labels)
+        self.signature = Signature(served.inputs, served.outputs, limit, json_limits, served.labels,
+                                   served.value_ranges)
         self.images = served.images  # images.ImageStage, or None
         self.batched = limit > 0
         self.metrics = metrics

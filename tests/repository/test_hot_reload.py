@@ -342,7 +342,7 @@ async def test_a_held_request_is_refused_when_its_successor_would_not_answer_it_
     await events.wait("reloaded", "m")
     await events.wait("unloaded", "v", "1")
     await repo.wait_idle()
-    with pytest.raises(ModelUnavailable, match="model m version 1 was replaced by one with other inputs, outputs or batch limit"):
+    with pytest.raises(ModelUnavailable, match="model m version 1 was replaced by one with other inputs, input value ranges, outputs or batch limit"):
         await held.infer(x_rows(), 1)
     with pytest.raises(ModelUnavailable, match="model v version 1 was replaced by version 2 .* send it again"):
         await held_v1.infer(x_rows(), 1, pinned=True)

@@ -1,0 +1,132 @@
+"""An integer input's values outside what the model takes are the client's mistake, answered 400
+before the device sees them. A token id past its embedding table was a device fault (500, the
+instance rebuilt each time; on CANN's AI Core kernels zeros, a wrong answer): the compile of a
+dropped .onnx now finds the inputs that index a table, and a model's YAML can give any integer
+input a `value_range`."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from onnx import TensorProto, helper, numpy_helper
+from tritonclient.utils import InferenceServerException
+
+from tests.serving import ServerThread, free_port, request, server_config
+from tests.tiny_models import compile_cpu_om, save_graph
+
+from .hostile import metric
+
+ROWS = 50
+TABLE = np.arange(ROWS * 2, dtype=np.float32).reshape(ROWS, 2)
+
+
+def token_graph():
+    """ids INT32 [N, 3], cast to INT64 and unsqueezed before the Gather of a [50, 2] table
+    (the values reach the indices through ops that keep them) -> [N, 3, 2]."""
+    nodes = [helper.make_node("Cast", ["ids"], ["ids64"], to=TensorProto.INT64),
+             helper.make_node("Unsqueeze", ["ids64", "axes"], ["ids4"]),
+             helper.make_node("Squeeze", ["ids4", "axes"], ["ids3"]),
+             helper.make_node("Gather", ["table", "ids3"], ["emb"], axis=0)]
+    return helper.make_graph(nodes, "tokens", [helper.make_tensor_value_info("ids", TensorProto.INT32, ["N", 3])],
+                             [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["N", 3, 2])],
+                             [numpy_helper.from_array(TABLE, "table"),
+                              numpy_helper.from_array(np.array([-1], dtype=np.int64), "axes")])
+
+
+def counts_graph():
+    """n INT64 [N, 2] + 1 (no table: only a configured value_range bounds it), x FP32 [N, 2] * 2."""
+    nodes = [helper.make_node("Add", ["n", "one"], ["m"]), helper.make_node("Mul", ["x", "two"], ["y"])]
+    return helper.make_graph(nodes, "counts", [helper.make_tensor_value_info("n", TensorProto.INT64, ["N", 2]),
+                                               helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+                             [helper.make_tensor_value_info("m", TensorProto.INT64, ["N", 2]),
+                              helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+                             [numpy_helper.from_array(np.array(1, dtype=np.int64), "one"),
+                              numpy_helper.from_array(np.array(2, dtype=np.float32), "two")])
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """tokens.onnx dropped into the folder (compiled there), counts.om compiled elsewhere with a
+    value_range in its YAML; both protocols."""
+    src, models = tmp_path_factory.mktemp("ranges_src"), tmp_path_factory.mktemp("ranges_models")
+    save_graph(token_graph(), models / "tokens.onnx")
+    compile_cpu_om(save_graph(counts_graph(), src / "counts.onnx"), models / "counts.om")
+    (models / "counts.yaml").write_text("inputs:\n  n: {value_range: [-5, 9]}\n")
+    config = server_config(models, model_control_mode="none", grpc_port=free_port())
+    with ServerThread(config) as srv:
+        srv.grpc_url = f"127.0.0.1:{config.grpc_port}"
+        srv.source = os.fspath(models / "tokens.onnx")
+        yield srv
+
+
+def post(srv, model: str, inputs: list) -> tuple[int, dict]:
+    status, _, body = request(srv, "POST", f"/v2/models/{model}/infer", data=json.dumps({"inputs": inputs}).encode())
+    return status, json.loads(body)
+
+
+def ids_input(values):
+    return {"name": "ids", "datatype": "INT32", "shape": [len(values) // 3, 3], "data": values}
+
+
+def test_a_token_past_the_table_is_a_400_naming_the_value_and_the_table(served):
+    before = metric(served.url, "aclserve_instance_rebuilds_total", 'model="tokens",version="1"')
+    for bad in (ROWS, -1, 2**31 - 1):
+        status, body = post(served, "tokens", [ids_input([0, 1, bad])])
+        assert status == 400, body
+        assert body["error"] == (f"input 'ids': value {bad} is outside 0..{ROWS - 1}, the values the model takes "
+                                 f"(it indexes a table of {ROWS} entries)")
+    ids = np.array([[0, 7, ROWS - 1], [3, 3, 3]], dtype=np.int32)
+    status, body = post(served, "tokens", [ids_input(ids.ravel().tolist())])
+    assert status == 200, body
+    expected = ort.InferenceSession(served.source).run(None, {"ids": ids})[0]
+    assert np.array_equal(np.array(body["outputs"][0]["data"], dtype=np.float32).reshape(2, 3, 2), expected)
+    # refused before the device: no batch failed, no instance was rebuilt
+    assert metric(served.url, "aclserve_instance_rebuilds_total", 'model="tokens",version="1"') == before
+
+
+def test_binary_and_grpc_requests_are_checked_alike(served):
+    ids = np.array([[1, 2, ROWS + 7]], dtype=np.int32)
+    message = f"input 'ids': value {ROWS + 7} is outside 0..{ROWS - 1}"
+    with httpclient.InferenceServerClient(served.url) as client:
+        tensor = httpclient.InferInput("ids", [1, 3], "INT32")
+        tensor.set_data_from_numpy(ids, binary_data=True)
+        with pytest.raises(InferenceServerException, match=message) as refused:
+            client.infer("tokens", [tensor])
+        assert refused.value.status() == "400"
+    with grpcclient.InferenceServerClient(served.grpc_url) as client:
+        tensor = grpcclient.InferInput("ids", [1, 3], "INT32")
+        tensor.set_data_from_numpy(ids)
+        with pytest.raises(InferenceServerException, match=message) as refused:
+            client.infer("tokens", [tensor])
+        assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_a_configured_range_bounds_an_om_compiled_elsewhere(served):
+    x = {"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}
+    status, body = post(served, "counts", [{"name": "n", "datatype": "INT64", "shape": [1, 2], "data": [-5, 10]}, x])
+    assert status == 400
+    assert body["error"] == "input 'n': value 10 is outside -5..9, the values the model takes (the model's value_range)"
+    status, body = post(served, "counts", [{"name": "n", "datatype": "INT64", "shape": [1, 2], "data": [-5, 9]}, x])
+    assert status == 200 and body["outputs"][0]["data"] == [-4, 10]
+
+
+def test_a_range_the_model_cannot_take_fails_the_load_naming_it(tmp_path):
+    src, models = tmp_path / "src", tmp_path / "models"
+    src.mkdir()
+    models.mkdir()
+    compile_cpu_om(save_graph(counts_graph(), src / "counts.onnx"), models / "counts.om")
+    compile_cpu_om(save_graph(counts_graph(), src / "other.onnx"), models / "other.om")
+    (models / "counts.yaml").write_text("inputs:\n  x: {value_range: [0, 1]}\n")
+    (models / "other.yaml").write_text("inputs:\n  z: {value_range: [0, 1]}\n")
+    with ServerThread(server_config(models, model_control_mode="none")) as srv:
+        status, _, body = request(srv, "POST", "/v2/repository/index")
+    index = {entry["name"]: entry for entry in json.loads(body)}
+    assert status == 200
+    assert index["counts"]["state"] == "UNAVAILABLE"
+    assert "inputs.x.value_range: input x is FP32; a value range applies to integer inputs" in index["counts"]["reason"]
+    assert "inputs.z.value_range: the model has no input 'z' (inputs: n, x)" in index["other"]["reason"]
