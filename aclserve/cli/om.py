@@ -32,7 +32,7 @@ def add_commands(sub) -> None:
     a.add_argument("--aipp", metavar="FILE", help="an AIPP config in ATC's aipp_op syntax (ATC --insert_op_conf)")
     a.add_argument("--image-input", metavar="[INPUT:]rgb|bgr|gray", action="append",
                    help="generate the AIPP config: the host sends uint8 pixels in this order to INPUT "
-                        "(default the first input); once")
+                        "(default the first input); given once")
     a.add_argument("--mean", metavar="M[,M,M]", help="with --image-input: per-channel mean, pixel units (0-255)")
     a.add_argument("--std", metavar="S[,S,S]", help="with --image-input: per-channel std, pixel units")
     p.set_defaults(func=run_compile)
