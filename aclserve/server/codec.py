@@ -18,7 +18,8 @@ from ..errors import InvalidInput, ServeError
 from ..runtime.types import TensorSpec
 from .bytes_codec import MAX_QUOTED_DIMS, decode_input as decode_bytes_input, raw_input as raw_bytes_input
 from .json_simd import JsonNumbers
-from .json_tensors import JsonLimits, loads, numbers_in_json, read_numbers, refuse_booleans_among_numbers, to_array
+from .json_tensors import (NOT_JSON, JsonLimits, loads, numbers_in_json, read_numbers, refuse_booleans_among_numbers,
+                           to_array)
 from .parameters import refuse_compound_values, refuse_shared_memory
 from .quoting import quoted
 from .values import check_values
@@ -108,7 +109,15 @@ def decode_request(body: bytes, header_length: int | None, sig: Signature) -> In
             raise InvalidInput(f"{HEADER_LENGTH} is {header_length} but the body has only {end} bytes")
         end = header_length
     text = body if end == len(body) else memoryview(body)[:end]
-    doc = loads(text, sig.json_limits)
+    try:
+        doc = loads(text, sig.json_limits)
+    except InvalidInput as e:
+        why = str(e).removeprefix(NOT_JSON)
+        if header_length is None or why == str(e):
+            raise
+        # a header off by a few bytes (a hand-made client's usual mistake) cuts or overruns the JSON
+        raise InvalidInput(f"the JSON part of the body (its first {end} bytes, as {HEADER_LENGTH} gives) is not "
+                           f"valid JSON: {why}; the header is the JSON's length in bytes, UTF-8 encoded") from None
     if type(doc) is not dict:
         raise InvalidInput("request body must be a JSON object")
     req = InferRequest(inputs={}, rows=1)

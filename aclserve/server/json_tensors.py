@@ -57,6 +57,9 @@ class JsonLimits:
 
 # -- parsing ---------------------------------------------------------------------------------
 
+NOT_JSON = "request body is not valid JSON: "  # how loads() begins its refusal of a body that does not parse
+
+
 def loads(raw: bytes | memoryview, limits: JsonLimits):
     """Parse the JSON part of a request; InvalidInput / PayloadTooLarge name what is wrong."""
     size = len(raw)
@@ -75,7 +78,7 @@ def loads(raw: bytes | memoryview, limits: JsonLimits):
     except orjson.JSONDecodeError as e:
         if e.msg.startswith("number is infinity"):
             return loads_keeping_overflow(raw)
-        raise InvalidInput(f"request body is not valid JSON: {_explain(e)}") from None
+        raise InvalidInput(f"{NOT_JSON}{_explain(e)}") from None
 
 
 def value_bound(raw: bytes | memoryview) -> int:
