@@ -71,19 +71,27 @@ async def repository_index(request: web.Request) -> web.Response:
     return _json(views.repository_index(request.app[STATE], ready_only))
 
 
-async def repository_load(request: web.Request) -> web.Response:
-    doc = await _body(request)
-    params = doc.get("parameters") or {}
+def _parameters(doc: dict) -> dict:
+    """A repository request's "parameters": an object, or absent (null: absent); `[]` was taken."""
+    params = doc.get("parameters")
+    if params is None:
+        return {}
     if not isinstance(params, dict):
         raise InvalidInput("parameters must be an object")
-    views.check_load_parameters(params)
+    return params
+
+
+async def repository_load(request: web.Request) -> web.Response:
+    views.check_load_parameters(_parameters(await _body(request)))
     name = request.match_info["model"]
     await request.app[STATE].repo.load(name)
     return _json({"name": name, "load": True})
 
 
 async def repository_unload(request: web.Request) -> web.Response:
-    await _body(request)  # {"parameters": {"unload_dependents": false}}: no dependents here
+    dependents = _parameters(await _body(request)).get("unload_dependents", False)
+    if not isinstance(dependents, bool):  # (no dependents here: its value changes nothing)
+        raise InvalidInput("parameters.unload_dependents must be a boolean")
     name = request.match_info["model"]
     await request.app[STATE].repo.unload(name)
     return _json({"name": name, "unload": True})

@@ -163,6 +163,11 @@ def test_oversize_message_and_other_rpcs(stub):
     with pytest.raises(grpc.RpcError) as e:
         stub.RepositoryModelLoad(load)
     assert e.value.code() == INVALID and "config override" in e.value.details()
+    unload = pb.RepositoryModelUnloadRequest(model_name="affine")
+    unload.parameters["unload_dependents"].CopyFrom(pb.ModelRepositoryParameter(string_param="yes"))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.RepositoryModelUnload(unload)
+    assert e.value.code() == INVALID and "unload_dependents must be a bool_param" in e.value.details()
     # ModelReady of a model or version nobody knows: false, not NOT_FOUND (as Triton answers)
     assert stub.ModelReady(pb.ModelReadyRequest(name="nope")).ready is False
     assert stub.ModelReady(pb.ModelReadyRequest(name="affine", version="9")).ready is False

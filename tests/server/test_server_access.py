@@ -227,6 +227,17 @@ def test_a_deeply_nested_repository_body_is_a_400(guarded):
     assert status == 400 and "not valid JSON" in doc["error"]
 
 
+@pytest.mark.parametrize("path,body,error", [
+    ("load", {"parameters": []}, "parameters must be an object"),  # ([] was taken as none)
+    ("unload", {"parameters": "x"}, "parameters must be an object"),  # (the unload body went unread)
+    ("unload", {"parameters": {"unload_dependents": "yes"}}, "parameters.unload_dependents must be a boolean"),
+])
+def test_repository_parameters_that_are_not_what_triton_takes_are_a_400(guarded, path, body, error):
+    status, _, doc = call(guarded.url, f"/v2/repository/models/double/{path}", json.dumps(body).encode(), token=TOKEN)
+    assert (status, doc["error"]) == (400, error)
+    assert call(guarded.url, "/v2/models/double/ready", method="GET")[0] == 200  # (nothing unloaded)
+
+
 def test_a_5000_digit_version_is_a_400(guarded):
     status, _, doc = call(guarded.url, f"/v2/models/double/versions/{'9' * 5000}", method="GET")
     assert status == 400 and "version" in doc["error"]
