@@ -16,6 +16,8 @@ from PIL import PngImagePlugin
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_SOI = b"\xff\xd8"
+# how base64 text of a JPEG (FF D8 FF) or a PNG file begins, and a data URL
+BASE64_STARTS = (b"/9j/", b"iVBORw0K", b"data:image/")
 # Start-of-frame markers carry the size: SOF0-3, 5-7, 9-11, 13-15 (not DHT C4, JPG C8, DAC CC).
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _SOF0, _APP0, _APP1, _APP14 = 0xC0, 0xE0, 0xE1, 0xEE
@@ -84,6 +86,9 @@ def probe(data: bytes | memoryview) -> ImageInfo:
             raise ImageError(f"{name} images are not accepted (send JPEG or PNG)")
     if head[:4] == b"RIFF" and bytes(data[8:12]) == b"WEBP":
         raise ImageError("WebP images are not accepted (send JPEG or PNG)")
+    if bytes(data[:12]).startswith(BASE64_STARTS):  # tritonclient sends BYTES binary by default: a base64 string goes as text
+        raise ImageError("base64 text of an image, not its file's bytes: an element in binary form (or over gRPC) "
+                         "carries the file itself; base64 is for JSON")
     raise ImageError("not a JPEG or PNG image")
 
 

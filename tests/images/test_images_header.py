@@ -2,6 +2,7 @@
 nothing of that size is allocated (checked under an address-space limit in a subprocess)."""
 from __future__ import annotations
 
+import base64
 import io
 import os
 import struct
@@ -225,6 +226,10 @@ def test_exif_orientation_of_any_type_is_read_as_pillow_turns_the_picture(kind, 
     (b"GIF89a" + b"\0" * 20, "GIF images are not accepted"),
     (b"RIFF\0\0\0\0WEBPVP8 ", "WebP images are not accepted"),
     (b"hello world, not an image", "not a JPEG or PNG image"),
+    # base64 text sent where the file's bytes go (tritonclient sends BYTES binary by default)
+    (base64.b64encode(b"\xff\xd8\xff\xe0\x00\x10JFIF"), "base64 text of an image, not its file's bytes"),
+    (base64.b64encode(b"\x89PNG\r\n\x1a\n\0\0"), "base64 text of an image"),
+    (b"data:image/png;base64,iVBORw0KGgo=", "base64 text of an image"),
     (b"\x89PNG\r\n\x1a\n\0\0", "PNG is truncated"),
     (b"\xff\xd8\xff\xe0\x00\x10JFIF", "JPEG is truncated before its frame header"),
 ])
