@@ -142,8 +142,9 @@ class ModelRepository:
             version = str(version)
             if len(version) > MAX_VERSION_DIGITS:
                 raise InvalidInput(f"version must be a positive integer of at most {MAX_VERSION_DIGITS} digits")
-            if not (version.isascii() and version.isdigit()):  # versions are whole numbers: as Triton,
-                raise InvalidInput(f"version must be a positive integer, got {version!r}")  # not a 404
+            # versions are positive whole numbers (version folders are: layout.py): as Triton, not a 404
+            if not (version.isascii() and version.isdigit()) or int(version) == 0:
+                raise InvalidInput(f"version must be a positive integer, got {version!r}")
             version = str(int(version))
         if versions:
             if version in (None, ""):

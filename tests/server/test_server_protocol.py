@@ -111,6 +111,9 @@ def test_a_version_that_is_not_a_number_is_a_bad_request(server):
     for path in ("/v2/models/affine/versions/abc", "/v2/models/affine/versions/abc/ready"):
         status, _, raw = request(server, "GET", path)
         assert status == 400 and json.loads(raw) == {"error": "version must be a positive integer, got 'abc'"}, raw
+    for zero in ("0", "00"):  # (no version folder is 0: it was a 404 beside -1's 400)
+        status, _, raw = request(server, "GET", f"/v2/models/affine/versions/{zero}")
+        assert status == 400 and json.loads(raw) == {"error": f"version must be a positive integer, got '{zero}'"}
     status, _, raw = request(server, "GET", "/v2/models/affine/versions/7")
     assert status == 404 and "no version 7" in json.loads(raw)["error"]
 
