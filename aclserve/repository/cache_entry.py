@@ -1,7 +1,8 @@
 """Compile cache entries that prove what they are: a manifest beside each cached .om.
 
 `<entry>.om.json` records the cache key (SHA-256 of the source, the compile options and the
-target), the options and target in clear, and the SHA-256 and size of the .om itself. An entry
+target), the options and target in clear, the SHA-256 and size of the .om itself, and what the
+compile read from the source for the server (the integer inputs indexing a table). An entry
 is used only when its manifest is readable, names the key being looked up, and the .om's bytes
 hash to the recorded figure; anything else (a truncated or edited .om, another model's .om
 copied over it, a missing manifest from an older version, a FIFO in place of either: read
@@ -67,8 +68,11 @@ def record(om_path: str | os.PathLike, key: str, options: dict, target: str,
     what the compile read from the source for the server (om/index_bounds.py)."""
     om = Path(om_path)
     sha, size = _digest(om)
-    doc = {"format": FORMAT, "key": key, "target": target, "options": options, "om_sha256": sha, "om_size": size,
-           "index_bounds": index_bounds or {}}
+    _write(om, {"format": FORMAT, "key": key, "target": target, "options": options, "om_sha256": sha,
+                "om_size": size, "index_bounds": index_bounds or {}})
+
+
+def _write(om: Path, doc: dict) -> None:
     final = manifest_path(om)
     fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
     try:
@@ -81,14 +85,23 @@ def record(om_path: str | os.PathLike, key: str, options: dict, target: str,
         raise
 
 
-def index_bounds(om_path: str | os.PathLike) -> dict[str, int]:
-    """The integer inputs of a sound entry that index a table, {name: entries}; {} for an entry
-    written before the manifest recorded them (or by hand)."""
-    with open_regular(manifest_path(om_path), "r", "utf-8") as f:
-        found = json.loads(f.read()).get("index_bounds")
+def index_bounds(om_path: str | os.PathLike) -> dict[str, int] | None:
+    """The integer inputs of a sound entry that index a table, {name: entries}; None for an
+    entry whose manifest does not say (written before manifests kept them: keep_index_bounds)."""
+    found = _read(om_path).get("index_bounds")
     if not isinstance(found, dict):
-        return {}
+        return None
     return {k: v for k, v in found.items() if isinstance(k, str) and type(v) is int and v >= 0}
+
+
+def keep_index_bounds(om_path: str | os.PathLike, bounds: dict[str, int]) -> None:
+    """Add `bounds` to the manifest of a sound entry that lacked them (atomically)."""
+    _write(Path(om_path), dict(_read(om_path), index_bounds=bounds))
+
+
+def _read(om_path: str | os.PathLike) -> dict:
+    with open_regular(manifest_path(om_path), "r", "utf-8") as f:
+        return json.loads(f.read())
 
 
 class EntryBlocked(OSError):

@@ -39,6 +39,21 @@ class CompileCache:
             # a write says no file: the folder that is full is what an operator needs to know
             raise OSError(e.errno, f"{e.strerror}: the compile cache {folder}") from e
 
+    def index_bounds(self, onnx_path: str, om_path: str) -> dict[str, int]:
+        """The integer inputs of the compile at `om_path` that index a table (its manifest's), or
+        for an entry made before manifests kept them, read from the .onnx now and kept for the
+        next load where the cache folder can be written. Blocking."""
+        found = cache_entry.index_bounds(om_path)
+        if found is not None:
+            return found
+        from .compiler import source_index_bounds
+        found = source_index_bounds(onnx_path)
+        try:
+            cache_entry.keep_index_bounds(om_path, found)
+        except OSError as e:
+            log.info("compile cache: could not add the input bounds to %s's manifest: %s", Path(om_path).name, e)
+        return found
+
     def sweep(self) -> None:
         """At start (blocking): remove what interrupted compiles left in the cache folder, when
         there is one (compiler.sweep)."""

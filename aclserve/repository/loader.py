@@ -20,7 +20,6 @@ import os
 import time
 from typing import Callable
 
-from . import cache_entry
 from .compile_cache import CompileCache
 from .plan import Wanted
 from .served import ServedVersion, open_version
@@ -49,8 +48,8 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
     async def open_om(path: str) -> ServedVersion:
         await run(validate_om, path, runtime.kind)
         # what the compile of an .onnx read from it: the inputs indexing a table
-        tables = await run(cache_entry.index_bounds, path) if path != wanted.file.path else {}
-        return await open_version(executor, runtime, name, version, path, wanted, started, from_thread, tables)
+        bounds = await run(cache.index_bounds, wanted.file.path, path) if wanted.file.kind == "onnx" else {}
+        return await open_version(executor, runtime, name, version, path, wanted, started, from_thread, bounds)
 
     if limit.locked():
         progress("waiting: other versions are loading (load_concurrency)")

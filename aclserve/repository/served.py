@@ -188,7 +188,7 @@ class ServedVersion:
 
 async def open_version(executor, runtime, name: str, version: str, om_path: str, wanted: Wanted,
                        started: float, progress: Callable[[str], None] = lambda step: None,
-                       table_sizes: Mapping[str, int] | None = None) -> ServedVersion:
+                       index_bounds: Mapping[str, int] | None = None) -> ServedVersion:
     """Open `om_path` as `name:version`, warm it up and start its batcher; the blocking part runs
     in one thread of `executor` (_open_and_warm_up). On failure what it opened is closed before
     the error propagates. Cancelled (the repository closes while the version loads), it returns
@@ -201,7 +201,7 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
     handoff: Handoff[tuple] = Handoff()
     try:
         pool, images, labels, ranges = await loop.run_in_executor(executor, functools.partial(
-            _open_and_warm_up, runtime, om_path, f"{name}:{version}", config, handoff, progress, table_sizes or {}))
+            _open_and_warm_up, runtime, om_path, f"{name}:{version}", config, handoff, progress, index_bounds or {}))
     except asyncio.CancelledError:
         late = handoff.give_up()
         if late is not None:  # it came back as the loop was cancelled: closed in a load thread too
@@ -224,7 +224,7 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
 
 
 def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handoff: Handoff,
-                      progress: Callable[[str], None], table_sizes: Mapping[str, int]) -> tuple | None:
+                      progress: Callable[[str], None], index_bounds: Mapping[str, int]) -> tuple | None:
     """A load thread: open the pool, plan its image inputs, read its labels, settle its inputs'
     value ranges, warm it up (three runs per gear; times the gear costs the batcher plans with;
     it stops at the next run once the loop has given up, so a shutdown does not wait for a long
@@ -251,7 +251,7 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
         try:
             images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
             labels = load_labels(config.outputs, pool.outputs)
-            ranges = input_ranges(config.inputs, pool.inputs, table_sizes)
+            ranges = input_ranges(config.inputs, pool.inputs, index_bounds)
             warm_up(pool, stop=lambda: handoff.given_up, progress=warming, data=config.warmup_data,
                     remedy=" (if the model cannot run on zeros, warmup_data: ones in its config warms it up on ones)")
         except BaseException:

@@ -311,6 +311,7 @@ def _decode_raw(body: bytes, sig: Signature) -> InferRequest:
         raise InvalidInput(f"raw binary body of {len(body)} bytes does not fit input '{spec.name}' "
                            f"of shape {list(spec.shape)} ({spec.datatype})")
     arr = tensor_view(spec.name, body, spec, count, shape)
+    check_values({spec.name: arr}, sig.value_ranges)
     return InferRequest(inputs={spec.name: arr}, rows=1, binary_output=True)
 
 

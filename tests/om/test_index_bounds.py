@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from aclserve.om.index_bounds import index_bounds
@@ -34,13 +35,27 @@ def test_the_smallest_of_several_tables_bounds_it():
 
 
 def test_the_values_are_followed_through_ops_that_keep_them():
-    nodes = [helper.make_node("Cast", ["ids"], ["c"], to=TensorProto.INT32),
+    nodes = [helper.make_node("Cast", ["ids"], ["c"], to=TensorProto.INT64),
              helper.make_node("Reshape", ["c", "shape"], ["r"]),
              helper.make_node("Flatten", ["r"], ["f"]),
              helper.make_node("Identity", ["f"], ["i"]), gather("t", "i")]
-    g = graph(nodes, [("ids", TensorProto.INT64)], [("t", (64, 8))])
+    g = graph(nodes, [("ids", TensorProto.INT32)], [("t", (64, 8))])
     g.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), "shape"))
     assert index_bounds(g) == {"ids": 64}
+    widen = [helper.make_node("Cast", ["ids"], ["c"], to=TensorProto.INT16), gather("t", "c")]
+    assert index_bounds(graph(widen, [("ids", TensorProto.UINT8)], [("t", (64, 8))])) == {"ids": 64}
+
+
+@pytest.mark.parametrize("source, target", [
+    (TensorProto.INT32, TensorProto.UINT8),  # 300 wraps to 44: a valid index (a review)
+    (TensorProto.INT8, TensorProto.UINT8),  # -1 becomes 255
+    (TensorProto.INT64, TensorProto.INT32),
+    (TensorProto.UINT64, TensorProto.INT64),
+])
+def test_a_cast_that_narrows_the_values_ends_the_path(source, target):
+    nodes = [helper.make_node("Cast", ["ids"], ["c"], to=target),
+             helper.make_node("Cast", ["c"], ["w"], to=TensorProto.INT64), gather("t", "w")]
+    assert index_bounds(graph(nodes, [("ids", source)], [("t", (256, 2))])) == {}
 
 
 def test_inputs_that_do_not_index_a_constant_table_have_no_bound():
@@ -77,12 +92,12 @@ def test_the_compile_reports_the_bounds_and_says_the_yaml_key(tmp_path):
 
 
 def test_the_compile_caches_manifest_keeps_the_bounds(tmp_path):
-    """The server's compile of a dropped .onnx records them; an entry of an older manifest (or
-    an edited one) reads as none, not as an error."""
+    """The server's compile of a dropped .onnx records them in the cache entry's manifest."""
     import json
 
     from aclserve.config import CompileOptions
     from aclserve.repository import cache_entry, compiler
+    from aclserve.repository.compile_cache import CompileCache
     from tests.tiny_models import save_graph
     g = graph([gather("t", "ids")], [("ids", TensorProto.INT32)], [("t", (9, 3))])
     g.input[0].CopyFrom(helper.make_tensor_value_info("ids", TensorProto.INT32, ["N", 2]))
@@ -91,9 +106,14 @@ def test_the_compile_caches_manifest_keeps_the_bounds(tmp_path):
     assert cache_entry.index_bounds(om) == {"ids": 9}
     manifest = cache_entry.manifest_path(om)
     record = json.loads(manifest.read_text())
-    del record["index_bounds"]
-    manifest.write_text(json.dumps(record))
-    assert cache_entry.index_bounds(om) == {}
-    record["index_bounds"] = {"ids": "9", "x": -1, "y": 4}
+    record["index_bounds"] = {"ids": "9", "x": -1, "y": 4}  # (edited by hand: what is not a count is dropped)
     manifest.write_text(json.dumps(record))
     assert cache_entry.index_bounds(om) == {"y": 4}
+    # an entry compiled before manifests kept them: read from the .onnx at its next load, and kept
+    del record["index_bounds"]
+    manifest.write_text(json.dumps(record))
+    assert cache_entry.index_bounds(om) is None
+    cache = CompileCache(str(tmp_path / "cache"), str(tmp_path))
+    assert cache.index_bounds(str(tmp_path / "m.onnx"), str(om)) == {"ids": 9}
+    assert json.loads(manifest.read_text())["index_bounds"] == {"ids": 9}
+    assert cache_entry.problem(om, record["key"]) is None  # (still a sound entry)

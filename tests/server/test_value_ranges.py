@@ -5,6 +5,7 @@ dropped .onnx now finds the inputs that index a table, and a model's YAML can gi
 input a `value_range`."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 
@@ -49,14 +50,25 @@ def counts_graph():
                               numpy_helper.from_array(np.array(2, dtype=np.float32), "two")])
 
 
+def lut_graph():
+    """x UINT8 [N, 4, 4, 1], cast and looked up in a table of 256 (a pixel's curve): an image input."""
+    nodes = [helper.make_node("Cast", ["x"], ["wide"], to=TensorProto.INT64),
+             helper.make_node("Gather", ["lut", "wide"], ["y"], axis=0)]
+    return helper.make_graph(nodes, "lut", [helper.make_tensor_value_info("x", TensorProto.UINT8, ["N", 4, 4, 1])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 4, 1])],
+                             [numpy_helper.from_array(np.linspace(0, 1, 256, dtype=np.float32), "lut")])
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """tokens.onnx dropped into the folder (compiled there), counts.om compiled elsewhere with a
-    value_range in its YAML; both protocols."""
+    value_range in its YAML, lut.onnx an image input; both protocols."""
     src, models = tmp_path_factory.mktemp("ranges_src"), tmp_path_factory.mktemp("ranges_models")
     save_graph(token_graph(), models / "tokens.onnx")
     compile_cpu_om(save_graph(counts_graph(), src / "counts.onnx"), models / "counts.om")
     (models / "counts.yaml").write_text("inputs:\n  n: {value_range: [-5, 9]}\n")
+    save_graph(lut_graph(), models / "lut.onnx")
+    (models / "lut.yaml").write_text("inputs:\n  x: {image: {color: gray}}\n")
     config = server_config(models, model_control_mode="none", grpc_port=free_port())
     with ServerThread(config) as srv:
         srv.grpc_url = f"127.0.0.1:{config.grpc_port}"
@@ -87,6 +99,24 @@ def test_a_token_past_the_table_is_a_400_naming_the_value_and_the_table(served):
     assert np.array_equal(np.array(body["outputs"][0]["data"], dtype=np.float32).reshape(2, 3, 2), expected)
     # refused before the device: no batch failed, no instance was rebuilt
     assert metric(served.url, "aclserve_instance_rebuilds_total", 'model="tokens",version="1"') == before
+
+
+def test_a_raw_binary_request_is_checked_too(served):
+    """Inference-Header-Content-Length: 0, the body the one input's bytes (a review found it unchecked)."""
+    status, _, body = request(served, "POST", "/v2/models/tokens/infer",
+                              data=np.array([[1, 2, ROWS]], dtype=np.int32).tobytes(),
+                              headers={"Inference-Header-Content-Length": "0"})
+    assert status == 400 and json.loads(body)["error"].startswith(f"input 'ids': value {ROWS} is outside 0..{ROWS - 1}")
+
+
+def test_an_image_input_indexing_a_table_takes_pictures(served):
+    """Its compile finds the table, but the input takes encoded pictures the server decodes: no
+    range (the encoded bytes reached the check: 500 for every request, a review's finding)."""
+    from tests.images.images_data import encode
+    picture = base64.b64encode(encode(np.full((4, 4), 255, np.uint8))).decode()
+    status, body = post(served, "lut", [{"name": "x", "datatype": "BYTES", "shape": [1], "data": [picture]}])
+    assert status == 200, body
+    assert body["outputs"][0]["data"] == [1.0] * 16
 
 
 def test_binary_and_grpc_requests_are_checked_alike(served):
@@ -123,6 +153,8 @@ def test_a_range_the_model_cannot_take_fails_the_load_naming_it(tmp_path):
     compile_cpu_om(save_graph(counts_graph(), src / "other.onnx"), models / "other.om")
     (models / "counts.yaml").write_text("inputs:\n  x: {value_range: [0, 1]}\n")
     (models / "other.yaml").write_text("inputs:\n  z: {value_range: [0, 1]}\n")
+    compile_cpu_om(save_graph(counts_graph(), src / "none.onnx"), models / "none.om")
+    (models / "none.yaml").write_text("inputs:\n  n: {value_range: [-9300000000000000000, -9223372036854775809]}\n")
     with ServerThread(server_config(models, model_control_mode="none")) as srv:
         status, _, body = request(srv, "POST", "/v2/repository/index")
     index = {entry["name"]: entry for entry in json.loads(body)}
@@ -130,3 +162,5 @@ def test_a_range_the_model_cannot_take_fails_the_load_naming_it(tmp_path):
     assert index["counts"]["state"] == "UNAVAILABLE"
     assert "inputs.x.value_range: input x is FP32; a value range applies to integer inputs" in index["counts"]["reason"]
     assert "inputs.z.value_range: the model has no input 'z' (inputs: n, x)" in index["other"]["reason"]
+    assert ("inputs.n.value_range: [-9300000000000000000, -9223372036854775809] holds no INT64 value "
+            "(-9223372036854775808..9223372036854775807)") in index["none"]["reason"]
