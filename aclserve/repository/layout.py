@@ -29,11 +29,12 @@ from pathlib import Path
 
 from ..config import ConfigError, ModelConfig, load_model_config
 from ..regular_files import node_kind
-from . import external_data
+from . import external_data, unread
 
 log = logging.getLogger(__name__)
 
 MODEL_SUFFIXES = (".om", ".onnx")  # order = preference when both exist
+KNOWN_SUFFIXES = MODEL_SUFFIXES + (".yaml", ".yml")
 TEMP_SUFFIXES = (".tmp", ".part")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 _VERSION_RE = re.compile(r"^[1-9][0-9]{0,17}$")
@@ -249,10 +250,8 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
             stem, kind = base, "dir"
         else:
             stem, suffix = os.path.splitext(base)
-            if suffix not in MODEL_SUFFIXES + (".yaml", ".yml"):
-                if suffix.lower() in MODEL_SUFFIXES + (".yaml", ".yml"):  # a Model.ONNX was ignored without a word
-                    result.notes.append(f"{base} not read: file suffixes are lower case (rename it "
-                                        f"{stem}{suffix.lower()})")
+            if suffix not in KNOWN_SUFFIXES:
+                result.notes.extend(unread.capitals_note(child, root, KNOWN_SUFFIXES))
                 continue
             kind = suffix
         reason = check_model_name(stem)
@@ -261,7 +260,7 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
             continue
         files.setdefault(stem, {})[kind] = child
     for name, parts in files.items():
-        _note_unread_config(name, parts, result)
+        result.notes.extend(unread.config_notes(name, parts))
         try:
             _scan_model(root, name, parts, defaults, result)
         except ConfigError as e:
@@ -278,21 +277,6 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
     result.problems = {escape_undecodable(k): escape_undecodable(v) for k, v in result.problems.items()}
     result.notes = [escape_undecodable(note) for note in result.notes]
     return result
-
-
-def _note_unread_config(name: str, parts: dict, result: ScanResult) -> None:
-    """A <name>.yaml/.yml the scan never reads gets a note: it was silently ignored, so a typo in
-    its name (or a versioned model's settings put beside its folder) left the defaults in force."""
-    configs = [f"{name}{k}" for k in (".yaml", ".yml") if k in parts]
-    if not configs:
-        return
-    if "dir" in parts:
-        result.notes.append(f"{' and '.join(configs)} not read: a versioned model's settings go in "
-                            f"{name}/config.yaml")
-    elif not any(k in parts for k in MODEL_SUFFIXES):
-        result.notes.append(f"{configs[0]} configures no model: there is no {name}.om or {name}.onnx beside it")
-    elif len(configs) == 2:
-        result.notes.append(f"{configs[0]} is read; {configs[1]} beside it is ignored")
 
 
 def _relative(root: Path, filename) -> str:
@@ -322,7 +306,9 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             if is_ignored_name(sub.name):
                 continue
             if not sub.is_dir() or not _VERSION_RE.match(sub.name):
-                if _model_files(sub):
+                if not sub.is_dir() and (said := unread.capitals_note(sub, root, KNOWN_SUFFIXES)):  # config.YAML
+                    result.notes.extend(said)
+                elif _model_files(sub):
                     misplaced.append(f"{sub.relative_to(root)} is not a version folder")
                 elif _VERSION_RE.match(sub.name) and (special := _special(sub)):
                     misplaced.append(f"{sub.relative_to(root)} is {special}, not a version folder")
@@ -332,6 +318,8 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
                 available[str(int(sub.name))] = found
             elif files := [f for f in _model_files(sub) if f.stem != "model"]:  # model.*: _pick said why
                 misplaced.append(f"{files[0].relative_to(root)} is not named model.om or model.onnx")
+            elif said := [n for f in sorted(sub.iterdir()) for n in unread.capitals_note(f, root, MODEL_SUFFIXES)]:
+                misplaced.append(said[0])  # model.OM
         result.versions_found[name] = set(available)
         if misplaced:  # an attempted version the operator would otherwise never hear of
             why = "; ".join(misplaced) + f" (a versioned model's file goes in {name}/<version>/model.om, " \

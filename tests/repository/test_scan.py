@@ -313,14 +313,21 @@ def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
     (tmp_path / "v.yaml").write_text("instances: 2\n")
     touch(tmp_path / "Upper.ONNX")
     (tmp_path / "digits.YAML").write_text("instances: 2\n")
+    (tmp_path / "v" / "config.YAML").write_text("instances: 2\n")
+    touch(tmp_path / "w" / "1" / "model.OM")  # (w alone: its only version not read)
     result = scan(tmp_path, DEFAULTS)
+    assert result.problems == {"w": "w/1/model.OM not read: file suffixes are lower case (rename it model.om) (a "
+                                    "versioned model's file goes in w/<version>/model.om, <version> a positive "
+                                    "integer such as 1)"}
+    del result.problems["w"]
     assert sorted(result.notes) == [
         "Upper.ONNX not read: file suffixes are lower case (rename it Upper.onnx)",
         "digit.yaml configures no model: there is no digit.om or digit.onnx beside it",
         "digits.YAML not read: file suffixes are lower case (rename it digits.yaml)",
         "digits.yaml is read; digits.yml beside it is ignored",
         "t/config.pbtxt not read: a model's settings go in t/config.yaml (configs/default.yaml names the keys)",
-        "v.yaml not read: a versioned model's settings go in v/config.yaml"]
+        "v.yaml not read: a versioned model's settings go in v/config.yaml",
+        "v/config.YAML not read: file suffixes are lower case (rename it config.yaml)"]
     assert sorted(result.models) == ["digits", "t", "v"] and not result.problems
 
 

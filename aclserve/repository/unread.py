@@ -1,0 +1,30 @@
+"""Files the models folder's scan passes over, said in notes: each was ignored without a word
+once, and left the defaults in force or a model unserved."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+def config_notes(name: str, parts: dict) -> list[str]:
+    """A <name>.yaml/.yml the scan never reads: a typo in its name, a versioned model's settings
+    put beside its folder, a .yml beside the .yaml. `parts`: the scan's kinds of files named so
+    (a suffix, or "dir")."""
+    configs = [f"{name}{k}" for k in (".yaml", ".yml") if k in parts]
+    if not configs:
+        return []
+    if "dir" in parts:
+        return [f"{' and '.join(configs)} not read: a versioned model's settings go in {name}/config.yaml"]
+    if not any(k in parts for k in (".om", ".onnx")):
+        return [f"{configs[0]} configures no model: there is no {name}.om or {name}.onnx beside it"]
+    if len(configs) == 2:
+        return [f"{configs[0]} is read; {configs[1]} beside it is ignored"]
+    return []
+
+
+def capitals_note(path: Path, root: Path, known: tuple[str, ...]) -> list[str]:
+    """A file whose suffix is one of `known` in capitals (Model.ONNX, config.YAML): suffixes are
+    matched as written, as Triton's file names are."""
+    stem, suffix = os.path.splitext(path.name)
+    if suffix in known or suffix.lower() not in known:
+        return []
+    return [f"{path.relative_to(root)} not read: file suffixes are lower case (rename it {stem}{suffix.lower()})"]
