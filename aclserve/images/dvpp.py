@@ -12,7 +12,7 @@ are 2x2 averaging and bilinear), the error codes a failed JPEGD or VPC task give
 synchronize, and whether a channel or buffer left by a hung task is reclaimed at exit.
 Flow per image: probe and limit-check the header; copy the JPEG to DVPP memory; JPEGD decodes to
 YUV420SP (NV12; width stride 128 on the Ascend310 and Ascend910, 64 on the Ascend310P, 310B
-and 910B and later, height stride 16); VPC resizes to the plan's H x W (NV12, strides 16 / 2);
+and 910B and later, height stride 16); VPC resizes to the plan's H x W (NV12, strides 16 / 2, the width's 32 at least);
 the result is copied back and converted to RGB (JPEG's full-range BT.601) or grey (the Y plane)
 on the host. What DVPP is not given, to the CPU decoder: other resize policies than stretch, PNG,
 JPEGs other than baseline (JPEGD decodes no progressive or arithmetic-coded ones) or not coded

@@ -87,8 +87,8 @@ def probe(data: bytes | memoryview) -> ImageInfo:
     if head[:4] == b"RIFF" and bytes(data[8:12]) == b"WEBP":
         raise ImageError("WebP images are not accepted (send JPEG or PNG)")
     if bytes(data[:12]).startswith(BASE64_STARTS):  # tritonclient sends BYTES binary by default: a base64 string goes as text
-        raise ImageError("base64 text of an image, not its file's bytes: an element in binary form (or over gRPC) "
-                         "carries the file itself; base64 is for JSON")
+        raise ImageError("base64 text of an image, not its file's bytes (a JSON element is the file in base64 "
+                         "once; an element in binary form or over gRPC is the file itself)")
     raise ImageError("not a JPEG or PNG image")
 
 

@@ -113,7 +113,7 @@ def decode_request(body: bytes, header_length: int | None, sig: Signature) -> In
         doc = loads(text, sig.json_limits)
     except InvalidInput as e:
         why = str(e).removeprefix(NOT_JSON)
-        if header_length is None or why == str(e):
+        if end == len(body) or why == str(e):  # (no binary part: the header, if any, is not in doubt)
             raise
         # a header off by a few bytes (a hand-made client's usual mistake) cuts or overruns the JSON
         raise InvalidInput(f"the JSON part of the body (its first {end} bytes, as {HEADER_LENGTH} gives) is not "

@@ -123,6 +123,9 @@ def test_binary_framing_header_errors():
                                                r"Inference-Header-Content-Length gives\) is not valid JSON: .+; the "
                                                r"header is the JSON's length in bytes, UTF-8 encoded$"):
             codec.decode_request(raw, length + off, BATCHED)
+    whole = b'{"inputs": [],}'  # the header right (the whole body), the JSON wrong: no word on the header
+    with pytest.raises(InvalidInput, match=r"^request body is not valid JSON: .*(?<!UTF-8 encoded)$"):
+        codec.decode_request(whole, len(whole), BATCHED)
     with pytest.raises(InvalidInput, match="non-negative integer"):
         codec.parse_header_length(["-4"])
     with pytest.raises(InvalidInput, match="'9{23}' is larger than any body"):  # (it is a non-negative integer)
