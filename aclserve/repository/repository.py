@@ -85,6 +85,10 @@ class ModelRepository:
         self._debouncer: Debouncer | None = None
         self._started = self._closed = False
         self._said_ready = False  # lenient readiness was reached once: later loads do not undo it
+        # explicit mode: the models readiness waits for, those the start loaded and the load API
+        # named since (a load call rescans the folder: a model staged in it is no reason to
+        # leave the balancer); None: every model the folder holds
+        self._asked: set[str] | None = None
 
     # ---- start and stop -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -100,6 +104,8 @@ class ModelRepository:
             self._watcher = RepositoryWatcher(self.root, asyncio.get_running_loop(), self._on_path)
             self._watcher.start()
         tasks = await self._reconcile(trust="age" if self.mode == "poll" else "all")
+        if self.mode == "explicit":
+            self._asked = self._planner.wanted_models() | set(self._planner.scan.problems)
         await asyncio.gather(*tasks)
         if not self._lifecycle.serving and not tasks:
             if self._planner.next_check() is not None:  # files too fresh to trust yet
@@ -181,7 +187,8 @@ class ModelRepository:
         return list(self._lifecycle.serving.get(name, ()))
 
     def all_ready(self) -> bool:
-        """Every model found on disk (and not unloaded on purpose) is serving. With readiness
+        """Every model found on disk (and not unloaded on purpose) is serving; in explicit mode,
+        every one the start loaded or the load API named since (Triton's). With readiness
         `lenient`, a model whose file was refused (shown in the index) does not hold readiness
         back either, nor does a scan problem (a broken config, a bad name); a model still
         settling, loading or waiting for its first retry does, in lenient mode only until
@@ -197,10 +204,13 @@ class ModelRepository:
         if listed is None:
             return False
         wanted = self._planner.wanted_models() - self._lifecycle.held
+        problems = set(listed.problems) - self._lifecycle.held
+        if self._asked is not None:
+            wanted, problems = wanted & self._asked, problems & self._asked
         if any(all(sv.pool.out_of_service() for sv in versions.values()) for versions in serving.values()):
             return False  # a model served by no instance (pool.out_of_service), in both modes
         if self.config.readiness == "strict":
-            return all(n in serving for n in wanted | (set(listed.problems) - self._lifecycle.held))
+            return all(n in serving for n in wanted | problems)
         self._said_ready = self._said_ready or self._lenient_ready(listed, wanted)
         return self._said_ready
 
@@ -219,6 +229,8 @@ class ModelRepository:
         # a later retry's load comes after readiness was reached, between two retries)
         failed = {n for n, _ in self._failures.versions()} - self._failures.first_retry_pending()
         waiting = {n for n, reason in listed.problems.items() if reason == WAITING_FOR_CONFIG}
+        if self._asked is not None:
+            waiting &= self._asked
         return not (waiting - set(serving) - self._lifecycle.held) and all(
             n in serving or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
 
@@ -263,6 +275,8 @@ class ModelRepository:
             raise InvalidInput(f"invalid model name {name!r}: {layout.check_model_name(name)}")
         log.info("%s: load asked through the repository API", name)  # (the log says who did what)
         self._lifecycle.held.discard(name)
+        if self._asked is not None:
+            self._asked.add(name)
         while True:  # an unload may start its task while this load scans: wait for it, then plan again
             await self._lifecycle.wait_for(name)
             tasks = await self._reconcile(trust="all", only=name, again=True)

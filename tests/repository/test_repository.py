@@ -107,6 +107,28 @@ async def test_explicit_mode_changes_only_through_the_api(make_repo, models_dir,
     assert asked == [f"{name}: {what} asked through the repository API" for name, what in calls]
 
 
+@pytest.mark.parametrize("readiness", ["strict", "lenient"])
+async def test_explicit_mode_is_ready_with_what_it_was_asked_to_serve(make_repo, models_dir, model_files, readiness):
+    """A load call rescans the folder: a model staged in it (or a broken one) made the server
+    not ready for good, though nothing would load it unless asked (an operator's check). As
+    Triton: readiness counts the models loaded at start and those the API named since."""
+    place(model_files[1]["om"], models_dir / "m.om")
+    place(model_files[2]["om"], models_dir / "d.om")
+    repo, _ = await make_repo(model_control_mode="explicit", readiness=readiness)
+    assert repo.all_ready()
+    place(model_files[3]["om"], models_dir / "staged.om")
+    (models_dir / "broken.yaml").write_text("instances: [\n")
+    place(model_files[1]["om"], models_dir / "broken.om")
+    await repo.load("d")
+    assert {r["name"] for r in repo.index()} >= {"staged", "broken"}  # (the load rescanned the folder)
+    assert repo.all_ready()
+    await repo.load("staged")
+    assert repo.all_ready() and await answer(repo, "staged") == 3.0
+    with pytest.raises(ModelLoadFailed):
+        await repo.load("broken")  # named now: its problem holds readiness back in strict mode
+    assert repo.all_ready() == (readiness == "lenient")
+
+
 async def test_api_load_of_a_corrupt_file_fails_and_keeps_serving(make_repo, models_dir, model_files):
     place(model_files[1]["om"], models_dir / "m.om")
     repo, _ = await make_repo(model_control_mode="explicit")
