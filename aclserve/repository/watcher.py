@@ -106,6 +106,14 @@ def links_on_the_way(path: str, limit: int = 40) -> list[str]:
     return links
 
 
+def _identity(folder: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 class RepositoryWatcher:
     """Owns the Observer thread. start() and close() are called on the loop, follow() in a
     worker thread (a new watch walks the folder tree); close() joins the thread (brief) and
@@ -125,6 +133,7 @@ class RepositoryWatcher:
         self._observer = Observer()
         self._observer.daemon = True
         self.root = os.path.realpath(root)
+        self._identity = _identity(self.root)  # which folder the watch is on: one put in its place is another
         self._forwarder = _Forwarder(lambda path: is_relevant(self.root, path), loop, on_path)
         self._watch = self._observer.schedule(self._forwarder, self.root, recursive=True)
         self._links: list[str] = []
@@ -134,9 +143,10 @@ class RepositoryWatcher:
         self._closed = False
 
     def _watch_links(self) -> None:
-        """Watch the folder of each link on the way for that link (a swap pokes a scan only: it
-        completes no file)."""
-        links = links_on_the_way(self._given)
+        """Watch the folder of each link on the way for that link, and the folder above the
+        models folder for the models folder itself (a swap, or a folder made in its place after
+        `mv` or `rm -r`, pokes a scan only: it completes no file)."""
+        links = links_on_the_way(self._given) + [self.root]
         if links == self._links:
             return
         for watch in self._link_watches:
@@ -156,20 +166,29 @@ class RepositoryWatcher:
         self._started = True
 
     def follow(self) -> None:
-        """Watch where the models path leads now, if a link on the way was swapped."""
+        """Watch where the models path leads now, if a link on the way was swapped or another
+        folder was put at its place (the watch stayed on the old one, or on none: every change
+        then waited for the safety rescan)."""
         with self._lock:
             if self._closed:
                 return
             real = os.path.realpath(self._given)
-            if real != self.root and os.path.isdir(real):
+            identity = _identity(real)
+            if (real != self.root or identity != self._identity) and os.path.isdir(real):
+                replaced = real == self.root
+                if replaced:  # (watchdog keeps one watch per path: scheduled again, it would be the old one)
+                    self._unschedule(self._watch)
                 try:
                     watch = self._observer.schedule(self._forwarder, real, recursive=True)
                 except OSError as e:  # (gone again, or no watch left): the safety rescan still runs
                     log.warning("models folder: cannot watch %s, where %s now leads (%s)", real, self._given, e)
                 else:
-                    old, self._watch, self.root = self._watch, watch, real
-                    self._unschedule(old)
-                    log.info("models folder: %s now leads to %s; watching it", self._given, real)
+                    old, self._watch, self.root, self._identity = self._watch, watch, real, identity
+                    if replaced:
+                        log.info("models folder: %s is another folder now; watching it", real)
+                    else:
+                        self._unschedule(old)
+                        log.info("models folder: %s now leads to %s; watching it", self._given, real)
             self._watch_links()
 
     def close(self) -> None:

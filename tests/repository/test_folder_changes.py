@@ -88,6 +88,30 @@ async def test_a_link_swapped_further_up_the_models_path_is_followed(make_repo, 
     await events.wait("loaded", "b", limit_s=20)
 
 
+@pytest.mark.parametrize("how", ["moved away", "deleted"])
+async def test_a_models_folder_replaced_at_its_path_is_watched_again(make_repo, models_dir, model_files, monkeypatch,
+                                                                     how):
+    """`mv models models.old && mkdir models` (or `rm -r models && mkdir models`): the watch
+    stayed on the old folder (or on none), and every change after it waited for the safety
+    rescan (an operator's check; turned off here), the log silent."""
+    import aclserve.repository.repository as repository_module
+    monkeypatch.setattr(repository_module, "RESCAN_S", 3600.0)
+    folder = models_dir / "models"
+    place(model_files[1]["om"], folder / "a.om")
+    repo, events = await make_repo(models_dir=str(folder))
+    assert float((await repo.get("a").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
+    if how == "moved away":
+        folder.rename(models_dir / "models.old")
+    else:
+        (folder / "a.om").unlink()
+        folder.rmdir()
+    folder.mkdir()  # the folder made at its place is an event where the models folder's parent is watched
+    await events.wait("unloaded", "a", limit_s=20)
+    place(model_files[2]["om"], folder / "b.om")  # seen by the new folder's own watch
+    await events.wait("loaded", "b", limit_s=20)
+    assert float((await repo.get("b").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
+
+
 async def test_a_version_that_does_not_exist_of_a_serving_model_with_a_broken_config_is_404(
         make_repo, models_dir, model_files):
     """A model known only as a problem (its config broken from the start) answers 404 with why;
