@@ -203,7 +203,8 @@ class DynamicBatcher:
             return
         self._closed = True
         if self._refusal is None or self._refusal[0] is not ShuttingDown:
-            self._refusal = (ShuttingDown, f"model version {self.name} is shutting down")
+            self._refusal = (ShuttingDown, f"model version {self.name} is shutting down (unloaded, replaced, "
+                                           "or the server is stopping)")
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -119,7 +119,7 @@ def test_calls_open_at_the_shutdown_deadline_are_unavailable_and_one_done_before
     assert np.frombuffer(answered.raw_output_contents[1], np.int64).shape == (6,)
     assert_shutting_down(stuck)
     assert_shutting_down(silent)
-    assert stream_answers == ["model version affine:1 is shutting down"]
+    assert stream_answers == ["model version affine:1 is shutting down (unloaded, replaced, or the server is stopping)"]
     assert_shutting_down(stream_end)
 
 
