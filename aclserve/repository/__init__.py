@@ -1,5 +1,6 @@
 """The model repository: layout scan, settle rules, hot reload without failed requests."""
-from .repository import ModelLoadFailed, ModelRepository, RepositoryError, check_models_folder
+from .models_folder import RepositoryError, check_models_folder
+from .repository import ModelLoadFailed, ModelRepository
 from .served import ServedVersion
 from .status import State
 

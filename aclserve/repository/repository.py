@@ -28,6 +28,7 @@ from ..errors import InvalidInput, ModelUnavailable, NotFound, ServeError, Shutt
 from . import layout
 from .failures import LoadFailures
 from .lifecycle import Lifecycle
+from .models_folder import check_models_folder
 from .plan import ModelPlan
 from .planner import WAITING_FOR_CONFIG, Planner
 from .served import ServedVersion
@@ -46,23 +47,6 @@ class ModelLoadFailed(ServeError):
     """A load asked through the API failed; the message gives each version's reason."""
 
     status = 400
-
-
-class RepositoryError(RuntimeError):
-    """The repository cannot start (e.g. the models folder is missing)."""
-
-
-def check_models_folder(root: Path) -> None:
-    """RepositoryError unless `root` is a folder (`aclserve serve` asks before it listens)."""
-    try:
-        exists, folder = root.exists(), root.is_dir()
-    except OSError as e:  # (a folder on the way that cannot be searched: EACCES)
-        raise RepositoryError(f"models folder {root} cannot be reached ({e.strerror or e})") from None
-    if exists and not folder:
-        raise RepositoryError(f"models folder {root} is a file, not a folder (pass --models DIR)")
-    if not folder:
-        raise RepositoryError(f"models folder {root} does not exist (run from the folder that holds "
-                              "models/, or pass --models DIR)")
 
 
 class ModelRepository:

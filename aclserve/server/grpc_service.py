@@ -175,9 +175,8 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(self, request, context):
         self.state.auth.check_repository_value(_authorization(context), control=True)
         await _one_repository(request, context)
-        dependents = request.parameters.get("unload_dependents")
-        if dependents is not None and dependents.WhichOneof("parameter_choice") != "bool_param":
-            raise InvalidInput("parameters.unload_dependents must be a bool_param")
+        if request.parameters["unload_dependents"].WhichOneof("parameter_choice") not in (None, "bool_param"):
+            raise InvalidInput("parameters.unload_dependents must be a bool_param")  # (absent: an empty one)
         _check_model_name(request.model_name)
         await self.state.repo.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
