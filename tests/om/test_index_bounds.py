@@ -35,27 +35,28 @@ def test_the_smallest_of_several_tables_bounds_it():
 
 
 def test_the_values_are_followed_through_ops_that_keep_them():
-    nodes = [helper.make_node("Cast", ["ids"], ["c"], to=TensorProto.INT64),
+    nodes = [helper.make_node("Cast", ["ids"], ["c"], to=TensorProto.INT32),
              helper.make_node("Reshape", ["c", "shape"], ["r"]),
              helper.make_node("Flatten", ["r"], ["f"]),
              helper.make_node("Identity", ["f"], ["i"]), gather("t", "i")]
-    g = graph(nodes, [("ids", TensorProto.INT32)], [("t", (64, 8))])
+    g = graph(nodes, [("ids", TensorProto.INT64)], [("t", (64, 8))])
     g.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), "shape"))
     assert index_bounds(g) == {"ids": 64}
     widen = [helper.make_node("Cast", ["ids"], ["c"], to=TensorProto.INT16), gather("t", "c")]
     assert index_bounds(graph(widen, [("ids", TensorProto.UINT8)], [("t", (64, 8))])) == {"ids": 64}
 
 
-@pytest.mark.parametrize("source, target", [
-    (TensorProto.INT32, TensorProto.UINT8),  # 300 wraps to 44: a valid index (a review)
-    (TensorProto.INT8, TensorProto.UINT8),  # -1 becomes 255
-    (TensorProto.INT64, TensorProto.INT32),
-    (TensorProto.UINT64, TensorProto.INT64),
+@pytest.mark.parametrize("source, target, table, bound", [
+    (TensorProto.INT64, TensorProto.INT32, 256, 256),  # the usual export: a second review found it unchecked
+    (TensorProto.INT32, TensorProto.UINT8, 256, 256),  # 300 would wrap to a valid 44: refused all the same
+    (TensorProto.INT8, TensorProto.UINT8, 256, 256),  # -1 would become 255: negative, refused
+    (TensorProto.UINT64, TensorProto.INT64, 256, 256),
+    (TensorProto.INT64, TensorProto.INT8, 200, 128),  # 128..199 wrap to negative indices: not the rows asked
 ])
-def test_a_cast_that_narrows_the_values_ends_the_path(source, target):
+def test_through_a_narrowing_cast_the_bound_is_what_the_cast_keeps(source, target, table, bound):
     nodes = [helper.make_node("Cast", ["ids"], ["c"], to=target),
              helper.make_node("Cast", ["c"], ["w"], to=TensorProto.INT64), gather("t", "w")]
-    assert index_bounds(graph(nodes, [("ids", source)], [("t", (256, 2))])) == {}
+    assert index_bounds(graph(nodes, [("ids", source)], [("t", (table, 2))])) == {"ids": bound}
 
 
 def test_inputs_that_do_not_index_a_constant_table_have_no_bound():
