@@ -69,9 +69,9 @@ class ModelRepository:
         self._debouncer: Debouncer | None = None
         self._started = self._closed = False
         self._said_ready = False  # lenient readiness was reached once: later loads do not undo it
-        # explicit mode: the models readiness waits for, those the start loaded and the load API
-        # named since (a load call rescans the folder: a model staged in it is no reason to
-        # leave the balancer); None: every model the folder holds
+        # explicit and none modes: the models readiness waits for, those the start loaded and the
+        # load API named since (a load call or a retry rescans the folder: a model staged in it
+        # is no reason to leave the balancer); None: every model the folder holds
         self._asked: set[str] | None = None
 
     # ---- start and stop -------------------------------------------------------------------------
@@ -88,7 +88,7 @@ class ModelRepository:
             self._watcher = RepositoryWatcher(self.root, asyncio.get_running_loop(), self._on_path)
             self._watcher.start()
         tasks = await self._reconcile(trust="age" if self.mode == "poll" else "all")
-        if self.mode == "explicit":
+        if self.mode != "poll":  # (a load call, or a retry's, rescans the folder: what it finds is not asked)
             self._asked = self._planner.wanted_models() | set(self._planner.scan.problems)
         await asyncio.gather(*tasks)
         if not self._lifecycle.serving and not tasks:
@@ -171,8 +171,8 @@ class ModelRepository:
         return list(self._lifecycle.serving.get(name, ()))
 
     def all_ready(self) -> bool:
-        """Every model found on disk (and not unloaded on purpose) is serving; in explicit mode,
-        every one the start loaded or the load API named since (Triton's). With readiness
+        """Every model found on disk (and not unloaded on purpose) is serving; in explicit and
+        none modes, every one the start loaded or the load API named since (Triton's). With readiness
         `lenient`, a model whose file was refused (shown in the index) does not hold readiness
         back either, nor does a scan problem (a broken config, a bad name); a model still
         settling, loading or waiting for its first retry does, in lenient mode only until
@@ -259,8 +259,6 @@ class ModelRepository:
             raise InvalidInput(f"invalid model name {name!r}: {layout.check_model_name(name)}")
         log.info("%s: load asked through the repository API", name)  # (the log says who did what)
         self._lifecycle.held.discard(name)
-        if self._asked is not None:
-            self._asked.add(name)
         while True:  # an unload may start its task while this load scans: wait for it, then plan again
             await self._lifecycle.wait_for(name)
             tasks = await self._reconcile(trust="all", only=name, again=True)
@@ -271,6 +269,8 @@ class ModelRepository:
             raise ShuttingDown(f"the model repository shut down before {name} was loaded")
         if self._planner.scan.unreadable:  # it tells nothing of the model: not a 404
             raise ModelUnavailable(f"cannot load {name}: {next(iter(self._planner.scan.problems.values()))}")
+        if self._asked is not None and (name in self._planner.scan.models or name in self._planner.scan.problems):
+            self._asked.add(name)  # (a 404 is not: its file may come later, unasked)
         if name not in self._planner.scan.models:
             problem = self._planner.scan.problems.get(name)
             if problem:  # its files are there but cannot be served as they are (a bad config, say)

@@ -129,6 +129,30 @@ async def test_explicit_mode_is_ready_with_what_it_was_asked_to_serve(make_repo,
     assert repo.all_ready() == (readiness == "lenient")
 
 
+async def test_none_mode_is_ready_with_what_it_loaded_at_start(make_repo, models_dir, model_files, clean_faults):
+    """A transient load failure's retry rescans the folder: a model staged meanwhile held strict
+    readiness back for good, though none mode never loads it (a second review)."""
+    from aclserve.acl.cpu import faults
+    place(model_files[1]["om"], models_dir / "m.om")
+    faults.inject("execute", nth=1, count=2)  # the warm-up fails: retried, and the retry rescans
+    repo, events = await make_repo(start=False, model_control_mode="none", readiness="strict",
+                                   load_retry_initial_s=0.2, load_retry_max_s=0.5)
+    await repo.start()
+    place(model_files[2]["om"], models_dir / "staged.om")
+    await events.wait("loaded", "m", limit_s=30)
+    assert {r["name"] for r in repo.index()} >= {"m", "staged"} and repo.all_ready()
+
+
+async def test_explicit_mode_counts_no_load_that_was_a_404(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, _ = await make_repo(model_control_mode="explicit", readiness="strict")
+    with pytest.raises(NotFound):
+        await repo.load("ghost")
+    place(model_files[2]["om"], models_dir / "ghost.om")  # staged later: nobody asked for it since
+    await repo.load("m")
+    assert repo.all_ready()
+
+
 async def test_api_load_of_a_corrupt_file_fails_and_keeps_serving(make_repo, models_dir, model_files):
     place(model_files[1]["om"], models_dir / "m.om")
     repo, _ = await make_repo(model_control_mode="explicit")
@@ -278,19 +302,21 @@ async def test_readiness_is_what_it_was_while_the_models_folder_cannot_be_listed
     place(model_files[1]["om"], models_dir / "good.om")
     repo, _ = await make_repo(model_control_mode="none", readiness=readiness)
 
-    async def ready_after_a_scan(listable: bool) -> bool:
+    async def ready_after_a_scan(repo, listable: bool) -> bool:
         if not listable:
             unlistable(monkeypatch, models_dir)
         await asyncio.gather(*await repo._reconcile(trust="all"))
         monkeypatch.undo()
         return repo.all_ready()
 
-    assert await ready_after_a_scan(True) and await ready_after_a_scan(False)
+    assert await ready_after_a_scan(repo, True) and await ready_after_a_scan(repo, False)
     place(model_files[1]["om"], models_dir / "broken.om")
     (models_dir / "broken.yaml").write_text("instances: [\n")  # a problem: holds strict readiness back
+    broken, _ = await make_repo(start=False, model_control_mode="none", readiness=readiness)
+    await broken.start()  # (none mode counts what its start found: a model added later is never loaded)
     held_back = readiness == "strict"
-    assert await ready_after_a_scan(True) is not held_back
-    assert await ready_after_a_scan(False) is not held_back
+    assert await ready_after_a_scan(broken, True) is not held_back
+    assert await ready_after_a_scan(broken, False) is not held_back
     unlistable(monkeypatch, models_dir)
     never, _ = await make_repo(start=False, model_control_mode="none", readiness=readiness)
     await never.start()
