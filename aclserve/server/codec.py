@@ -18,8 +18,8 @@ from ..errors import InvalidInput, ServeError
 from ..runtime.types import TensorSpec
 from .bytes_codec import MAX_QUOTED_DIMS, decode_input as decode_bytes_input, raw_input as raw_bytes_input
 from .json_simd import JsonNumbers
-from .json_tensors import (NOT_JSON, JsonLimits, loads, numbers_in_json, read_numbers, refuse_booleans_among_numbers,
-                           to_array)
+from .json_tensors import (AFTER_JSON, NOT_JSON, JsonLimits, loads, numbers_in_json, read_numbers,
+                           refuse_booleans_among_numbers, to_array)
 from .parameters import refuse_compound_values, refuse_shared_memory
 from .quoting import quoted
 from .values import check_values
@@ -113,7 +113,9 @@ def decode_request(body: bytes, header_length: int | None, sig: Signature) -> In
         doc = loads(text, sig.json_limits)
     except InvalidInput as e:
         why = str(e).removeprefix(NOT_JSON)
-        if end == len(body) or why == str(e):  # (no binary part: the header, if any, is not in doubt)
+        # the header is in doubt where it cuts the body, or where it spans it and the JSON is
+        # followed by more (the binary part swallowed: the header given the body's length)
+        if header_length is None or why == str(e) or (end == len(body) and not why.startswith(AFTER_JSON)):
             raise
         # a header off by a few bytes (a hand-made client's usual mistake) cuts or overruns the JSON
         raise InvalidInput(f"the JSON part of the body (its first {end} bytes, as {HEADER_LENGTH} gives) is not "

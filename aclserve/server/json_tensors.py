@@ -58,6 +58,7 @@ class JsonLimits:
 # -- parsing ---------------------------------------------------------------------------------
 
 NOT_JSON = "request body is not valid JSON: "  # how loads() begins its refusal of a body that does not parse
+AFTER_JSON = "unexpected content after document"  # orjson's words for a document followed by more
 
 
 def loads(raw: bytes | memoryview, limits: JsonLimits):

@@ -126,6 +126,9 @@ def test_binary_framing_header_errors():
     whole = b'{"inputs": [],}'  # the header right (the whole body), the JSON wrong: no word on the header
     with pytest.raises(InvalidInput, match=r"^request body is not valid JSON: .*(?<!UTF-8 encoded)$"):
         codec.decode_request(whole, len(whole), BATCHED)
+    ascii_tail = raw[:length] + b"0" * 16  # the header given the body's length (a second review): named
+    with pytest.raises(InvalidInput, match=r"^the JSON part of the body \(its first \d+ bytes, as Inference-"):
+        codec.decode_request(ascii_tail, len(ascii_tail), BATCHED)
     with pytest.raises(InvalidInput, match="non-negative integer"):
         codec.parse_header_length(["-4"])
     with pytest.raises(InvalidInput, match="'9{23}' is larger than any body"):  # (it is a non-negative integer)
