@@ -78,6 +78,30 @@ class _Forwarder(FileSystemEventHandler):
                     return
 
 
+class _Around(FileSystemEventHandler):
+    """The folders around the models folder: a link on the way swapped, or the models folder
+    made, moved or deleted (`root_moved` set: follow() watches it again), each poking a scan."""
+
+    def __init__(self, links: set[str], root: str, loop: asyncio.AbstractEventLoop,
+                 on_path: Callable[[str, bool], None], root_moved: threading.Event):
+        self._links, self._root, self._loop, self._on_path = links, root, loop, on_path
+        self._root_moved = root_moved
+
+    def on_any_event(self, event) -> None:  # watchdog's thread (holding the observer's lock)
+        if event.event_type in _IGNORED_EVENTS:
+            return
+        paths = [os.fsdecode(event.src_path)] + ([os.fsdecode(event.dest_path)] if event.event_type == "moved" else [])
+        for path in paths:
+            if path == self._root and event.event_type in ("created", "deleted", "moved"):
+                self._root_moved.set()
+            elif path not in self._links:
+                continue
+            try:
+                self._loop.call_soon_threadsafe(self._on_path, path, False)
+            except RuntimeError:  # loop closed during shutdown
+                return
+
+
 def links_on_the_way(path: str, limit: int = 40) -> list[str]:
     """The links `path` passes through to where it really leads, its own components and those
     the links point through (`models -> current`, `current -> gen2`), in order; at most `limit`
@@ -136,30 +160,34 @@ class RepositoryWatcher:
         self._identity = _identity(self.root)  # which folder the watch is on: one put in its place is another
         self._forwarder = _Forwarder(lambda path: is_relevant(self.root, path), loop, on_path)
         self._watch = self._observer.schedule(self._forwarder, self.root, recursive=True)
-        self._links: list[str] = []
-        self._link_watches: list = []
-        self._watch_links()
+        # the models folder itself made, moved or deleted (seen from the folder above): another
+        # folder may be at its place with the same inode number (ext4 reuses a freed one)
+        self._root_moved = threading.Event()
+        self._around: tuple = ()  # what the watches around the models folder were made for
+        self._around_watches: list = []
+        self._watch_around()
         self._started = False
         self._closed = False
 
-    def _watch_links(self) -> None:
+    def _watch_around(self) -> None:
         """Watch the folder of each link on the way for that link, and the folder above the
         models folder for the models folder itself (a swap, or a folder made in its place after
-        `mv` or `rm -r`, pokes a scan only: it completes no file)."""
-        links = links_on_the_way(self._given) + [self.root]
-        if links == self._links:
+        `mv` or `rm -r`, pokes a scan only: it completes no file). Made again when one of those
+        folders is another (its own folder replaced: the watch stayed on the old one)."""
+        links = links_on_the_way(self._given)
+        folders = sorted({os.path.dirname(path) for path in links + [self.root]})
+        around = (links, self.root, [_identity(folder) for folder in folders])
+        if around == self._around:
             return
-        for watch in self._link_watches:
+        for watch in self._around_watches:
             self._unschedule(watch)
-        self._links, self._link_watches = links, []
-        wanted = set(links)
-        for folder in sorted({os.path.dirname(link) for link in links}):
+        self._around, self._around_watches = around, []
+        handler = _Around(set(links), self.root, self._loop, self._on_path, self._root_moved)
+        for folder in folders:
             try:
-                self._link_watches.append(self._observer.schedule(
-                    _Forwarder(lambda path: path in wanted, self._loop, lambda path, moved: self._on_path(path, False)),
-                    folder, recursive=False))
+                self._around_watches.append(self._observer.schedule(handler, folder, recursive=False))
             except OSError as e:  # the safety rescan still runs
-                log.warning("models folder: cannot watch %s for the link in it (%s)", folder, e)
+                log.warning("models folder: cannot watch %s for the models folder or a link in it (%s)", folder, e)
 
     def start(self) -> None:
         self._observer.start()
@@ -174,7 +202,9 @@ class RepositoryWatcher:
                 return
             real = os.path.realpath(self._given)
             identity = _identity(real)
-            if (real != self.root or identity != self._identity) and os.path.isdir(real):
+            moved = self._root_moved.is_set()
+            if (real != self.root or identity != self._identity or moved) and os.path.isdir(real):
+                self._root_moved.clear()
                 replaced = real == self.root
                 if replaced:  # (watchdog keeps one watch per path: scheduled again, it would be the old one)
                     self._unschedule(self._watch)
@@ -189,7 +219,7 @@ class RepositoryWatcher:
                     else:
                         self._unschedule(old)
                         log.info("models folder: %s now leads to %s; watching it", self._given, real)
-            self._watch_links()
+            self._watch_around()
 
     def close(self) -> None:
         with self._lock:

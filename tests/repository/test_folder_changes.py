@@ -112,6 +112,29 @@ async def test_a_models_folder_replaced_at_its_path_is_watched_again(make_repo, 
     assert float((await repo.get("b").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
 
 
+async def test_the_folder_above_replaced_then_the_models_folder_is_still_followed(make_repo, models_dir, model_files,
+                                                                                 monkeypatch):
+    """`mv current old && mkdir -p current/models`: the watch for the models folder's own
+    replacement stayed on the old `current`, so a later `mv models models.old && mkdir models`
+    in the new one went unseen (a second review). The first replacement is seen by a scan (the
+    safety rescan's, called here), which moves that watch too."""
+    import aclserve.repository.repository as repository_module
+    monkeypatch.setattr(repository_module, "RESCAN_S", 3600.0)
+    folder = models_dir / "current" / "models"
+    place(model_files[1]["om"], folder / "a.om")
+    repo, events = await make_repo(models_dir=str(folder))
+    (models_dir / "current").rename(models_dir / "old")
+    folder.mkdir(parents=True)
+    place(model_files[2]["om"], folder / "b.om")
+    await repo._reconcile(trust="settle")  # (what the safety rescan does)
+    await events.wait("loaded", "b", limit_s=20)
+    folder.rename(models_dir / "current" / "models.old")
+    folder.mkdir()
+    place(model_files[3]["om"], folder / "c.om")  # seen by events alone now
+    await events.wait("loaded", "c", limit_s=20)
+    assert float((await repo.get("c").infer(x_rows(), 1)).outputs["y"][0, 0]) == 3.0
+
+
 async def test_a_version_that_does_not_exist_of_a_serving_model_with_a_broken_config_is_404(
         make_repo, models_dir, model_files):
     """A model known only as a problem (its config broken from the start) answers 404 with why;

@@ -36,3 +36,37 @@ def test_links_on_the_way_follow_components_and_chains(tmp_path):
     assert links_on_the_way(str(tmp_path / "current" / "models")) == [str(tmp_path / "current")]
     assert links_on_the_way(str(tmp_path / "served")) == [str(tmp_path / p) for p in ("served", "abs", "current")]
     assert len(links_on_the_way(str(tmp_path / "loop"))) == 40
+
+
+def test_a_models_folder_made_again_at_its_path_is_watched_even_with_its_old_inode(tmp_path):
+    """`rm -r models && mkdir models`: ext4 gives the new folder the freed inode number, so its
+    identity alone did not tell it from the old one (a second review); the folder above saw it
+    deleted and made, and follow() watches it again."""
+    import shutil
+
+    async def scenario():
+        folder, seen = tmp_path / "models", []
+        folder.mkdir()
+        loop = asyncio.get_running_loop()
+        watcher = RepositoryWatcher(folder, loop, lambda path, moved: seen.append(path))
+        watcher.start()
+        try:
+            async def until_seen(path) -> None:
+                for _ in range(500):  # a hang guard, not a timing check
+                    if str(path) in seen:
+                        return
+                    await asyncio.sleep(0.01)
+                raise AssertionError(f"no event for {path}: {seen}")
+
+            for _ in range(3):
+                seen.clear()
+                shutil.rmtree(folder)
+                folder.mkdir()
+                await until_seen(folder)  # the poke of a scan, from the folder above
+                await loop.run_in_executor(None, watcher.follow)  # (the scan calls it first)
+                (folder / "b.om").write_bytes(b"")
+                await until_seen(folder / "b.om")
+        finally:
+            watcher.close()
+
+    asyncio.run(scenario())
