@@ -48,6 +48,8 @@ class CompileCache:
             return found
         from .compiler import source_index_bounds
         found = source_index_bounds(onnx_path)
+        if found is None:  # (not kept: read again at the next load)
+            return {}
         try:
             cache_entry.keep_index_bounds(om_path, found)
         except OSError as e:

@@ -110,9 +110,9 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
     return Path(result.path)
 
 
-def source_index_bounds(onnx_path: str | os.PathLike) -> dict[str, int]:
+def source_index_bounds(onnx_path: str | os.PathLike) -> dict[str, int] | None:
     """The integer inputs of an .onnx indexing a table (om/index_bounds.py), its weights unread;
-    {} when it no longer reads (its compile stands: the bounds are a check, not the model)."""
+    None when it no longer reads (its compile stands: the bounds are a check, not the model)."""
     from ..om.index_bounds import index_bounds
     from ..om.spec import CompileError, load_onnx
     try:
@@ -120,7 +120,7 @@ def source_index_bounds(onnx_path: str | os.PathLike) -> dict[str, int]:
     except (CompileError, OSError) as e:
         log.warning("%s: its integer inputs' bounds could not be read (%s); their values are not checked",
                     onnx_path, e)
-        return {}
+        return None
 
 
 # `aclserve compile`'s flags and the model YAML's keys for the same options

@@ -306,8 +306,8 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             if is_ignored_name(sub.name):
                 continue
             if not sub.is_dir() or not _VERSION_RE.match(sub.name):
-                if not sub.is_dir() and (said := unread.capitals_note(sub, root, KNOWN_SUFFIXES)):  # config.YAML
-                    result.notes.extend(said)
+                if not sub.is_dir() and (said := unread.capitals_note(sub, root, (".yaml", ".yml"), "config")):
+                    result.notes.extend(said)  # config.YAML
                 elif _model_files(sub):
                     misplaced.append(f"{sub.relative_to(root)} is not a version folder")
                 elif _VERSION_RE.match(sub.name) and (special := _special(sub)):
@@ -318,7 +318,8 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
                 available[str(int(sub.name))] = found
             elif files := [f for f in _model_files(sub) if f.stem != "model"]:  # model.*: _pick said why
                 misplaced.append(f"{files[0].relative_to(root)} is not named model.om or model.onnx")
-            elif said := [n for f in sorted(sub.iterdir()) for n in unread.capitals_note(f, root, MODEL_SUFFIXES)]:
+            elif said := [n for f in sorted(sub.iterdir()) if not is_ignored_name(f.name)
+                          for n in unread.capitals_note(f, root, MODEL_SUFFIXES, "model")]:
                 misplaced.append(said[0])  # model.OM
         result.versions_found[name] = set(available)
         if misplaced:  # an attempted version the operator would otherwise never hear of

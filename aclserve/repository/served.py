@@ -216,9 +216,9 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
         config = overload.resolve(config, pool.gears, pool.gear_cost, len(pool.instances))
         batcher = DynamicBatcher(pool, config.batching, name=f"{name}:{version}")
         if pool.gears and config.batching.batch_cap > max(pool.gears):  # (it was taken in silence)
-            log.warning("%s:%s: batching.max_batch_size %d is above the largest compiled batch size %d: a batch "
-                        "holds %d rows at most (compile.batch sets the sizes)", name, version,
-                        config.batching.batch_cap, max(pool.gears), max(pool.gears))
+            log.info("%s:%s: batching.max_batch_size %d (or --max-batch) is above the largest compiled batch size "
+                     "%d: a batch holds %d rows at most (compile.batch sets the sizes)", name, version,
+                     config.batching.batch_cap, max(pool.gears), max(pool.gears))
         batcher.start()
     except BaseException:
         await loop.run_in_executor(executor, pool.close)

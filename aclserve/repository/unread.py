@@ -21,10 +21,12 @@ def config_notes(name: str, parts: dict) -> list[str]:
     return []
 
 
-def capitals_note(path: Path, root: Path, known: tuple[str, ...]) -> list[str]:
+def capitals_note(path: Path, root: Path, known: tuple[str, ...], stem: str | None = None) -> list[str]:
     """A file whose suffix is one of `known` in capitals (Model.ONNX, config.YAML): suffixes are
-    matched as written, as Triton's file names are."""
-    stem, suffix = os.path.splitext(path.name)
+    matched as written, as Triton's file names are. `stem`: the name it must have there (model
+    in a version folder, config in a model's folder), else its own."""
+    own, suffix = os.path.splitext(path.name)
     if suffix in known or suffix.lower() not in known:
         return []
-    return [f"{path.relative_to(root)} not read: file suffixes are lower case (rename it {stem}{suffix.lower()})"]
+    return [f"{path.relative_to(root)} not read: file suffixes are lower case (rename it "
+            f"{stem or own}{suffix.lower()})"]

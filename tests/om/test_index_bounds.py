@@ -115,6 +115,8 @@ def test_the_compile_caches_manifest_keeps_the_bounds(tmp_path):
     manifest.write_text(json.dumps(record))
     assert cache_entry.index_bounds(om) is None
     cache = CompileCache(str(tmp_path / "cache"), str(tmp_path))
+    assert cache.index_bounds(str(tmp_path / "gone.onnx"), str(om)) == {}  # no source to read: none, not kept
+    assert "index_bounds" not in json.loads(manifest.read_text())
     assert cache.index_bounds(str(tmp_path / "m.onnx"), str(om)) == {"ids": 9}
     assert json.loads(manifest.read_text())["index_bounds"] == {"ids": 9}
     assert cache_entry.problem(om, record["key"]) is None  # (still a sound entry)

@@ -549,9 +549,10 @@ async def test_lenient_readiness_comes_when_a_retry_has_failed_again(make_repo, 
 
 async def test_a_max_batch_size_above_the_largest_gear_is_said(make_repo, models_dir, model_files, caplog):
     """Served as the largest gear (4 here), as before, but no longer in silence (an operator's check)."""
+    caplog.set_level(logging.INFO, logger="aclserve.repository.served")
     place(model_files[1]["om"], models_dir / "m.om")
     (models_dir / "m.yaml").write_text("batching:\n  max_batch_size: 100\n")
     repo, _ = await make_repo(model_control_mode="none")
     assert repo.get("m").max_batch_size == 4
-    assert ("m:1: batching.max_batch_size 100 is above the largest compiled batch size 4: a batch holds 4 rows "
-            "at most (compile.batch sets the sizes)") in [r.getMessage() for r in caplog.records]
+    assert ("m:1: batching.max_batch_size 100 (or --max-batch) is above the largest compiled batch size 4: a "
+            "batch holds 4 rows at most (compile.batch sets the sizes)") in [r.getMessage() for r in caplog.records]

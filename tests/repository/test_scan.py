@@ -314,9 +314,10 @@ def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
     touch(tmp_path / "Upper.ONNX")
     (tmp_path / "digits.YAML").write_text("instances: 2\n")
     (tmp_path / "v" / "config.YAML").write_text("instances: 2\n")
-    touch(tmp_path / "w" / "1" / "model.OM")  # (w alone: its only version not read)
+    touch(tmp_path / "w" / "1" / "MODEL.OM")  # (w alone: its only version not read)
+    touch(tmp_path / "w" / "1" / ".model.OM")  # (a hidden name: passed over, as everywhere)
     result = scan(tmp_path, DEFAULTS)
-    assert result.problems == {"w": "w/1/model.OM not read: file suffixes are lower case (rename it model.om) (a "
+    assert result.problems == {"w": "w/1/MODEL.OM not read: file suffixes are lower case (rename it model.om) (a "
                                     "versioned model's file goes in w/<version>/model.om, <version> a positive "
                                     "integer such as 1)"}
     del result.problems["w"]
