@@ -16,7 +16,8 @@ import warnings
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from watchdog.events import FileSystemEventHandler
+from watchdog.events import (DirCreatedEvent, DirDeletedEvent, DirMovedEvent, FileCreatedEvent, FileDeletedEvent,
+                             FileMovedEvent, FileSystemEventHandler)
 from watchdog.observers import Observer
 
 from .layout import is_ignored_name
@@ -78,21 +79,29 @@ class _Forwarder(FileSystemEventHandler):
                     return
 
 
-class _Around(FileSystemEventHandler):
-    """The folders around the models folder: a link on the way swapped, or the models folder
-    made, moved or deleted (`root_moved` set: follow() watches it again), each poking a scan."""
+# what the watches around the models folder hear: a name made, deleted or renamed (a storm of
+# writes in the folder above cost the server seconds of CPU when every event reached Python)
+AROUND_EVENTS = [FileCreatedEvent, FileDeletedEvent, FileMovedEvent, DirCreatedEvent, DirDeletedEvent, DirMovedEvent]
 
-    def __init__(self, links: set[str], root: str, loop: asyncio.AbstractEventLoop,
-                 on_path: Callable[[str, bool], None], root_moved: threading.Event):
-        self._links, self._root, self._loop, self._on_path = links, root, loop, on_path
-        self._root_moved = root_moved
+
+class _Around(FileSystemEventHandler):
+    """The folders around the models folder: a link on the way swapped, the models folder made,
+    moved or deleted (`root_moved` set: follow() watches it again), or one of these folders
+    itself deleted (`stale` set too: the watches around are made again), each poking a scan."""
+
+    def __init__(self, links: set[str], root: str, folders: set[str], loop: asyncio.AbstractEventLoop,
+                 on_path: Callable[[str, bool], None], root_moved: threading.Event, stale: threading.Event):
+        self._links, self._root, self._folders = links, root, folders
+        self._loop, self._on_path = loop, on_path
+        self._root_moved, self._stale = root_moved, stale
 
     def on_any_event(self, event) -> None:  # watchdog's thread (holding the observer's lock)
-        if event.event_type in _IGNORED_EVENTS:
-            return
         paths = [os.fsdecode(event.src_path)] + ([os.fsdecode(event.dest_path)] if event.event_type == "moved" else [])
         for path in paths:
-            if path == self._root and event.event_type in ("created", "deleted", "moved"):
+            if path in self._folders:  # (its own deletion: one made again may have its inode number)
+                self._stale.set()
+                self._root_moved.set()
+            elif path == self._root:
                 self._root_moved.set()
             elif path not in self._links:
                 continue
@@ -163,8 +172,10 @@ class RepositoryWatcher:
         # the models folder itself made, moved or deleted (seen from the folder above): another
         # folder may be at its place with the same inode number (ext4 reuses a freed one)
         self._root_moved = threading.Event()
+        self._around_stale = threading.Event()  # a folder around it deleted: its watch is gone
         self._around: tuple = ()  # what the watches around the models folder were made for
         self._around_watches: list = []
+        self._unwatchable: set[str] = set()  # said once each
         self._watch_around()
         self._started = False
         self._closed = False
@@ -177,17 +188,23 @@ class RepositoryWatcher:
         links = links_on_the_way(self._given)
         folders = sorted({os.path.dirname(path) for path in links + [self.root]})
         around = (links, self.root, [_identity(folder) for folder in folders])
-        if around == self._around:
+        if around == self._around and not self._around_stale.is_set():
             return
+        self._around_stale.clear()
         for watch in self._around_watches:
             self._unschedule(watch)
         self._around, self._around_watches = around, []
-        handler = _Around(set(links), self.root, self._loop, self._on_path, self._root_moved)
+        handler = _Around(set(links), self.root, set(folders), self._loop, self._on_path, self._root_moved,
+                          self._around_stale)
         for folder in folders:
             try:
-                self._around_watches.append(self._observer.schedule(handler, folder, recursive=False))
-            except OSError as e:  # the safety rescan still runs
-                log.warning("models folder: cannot watch %s for the models folder or a link in it (%s)", folder, e)
+                self._around_watches.append(self._observer.schedule(handler, folder, recursive=False,
+                                                                    event_filter=AROUND_EVENTS))
+            except OSError as e:  # the safety rescan still runs (and tries again: stale)
+                self._around_stale.set()
+                (log.warning if folder not in self._unwatchable else log.debug)(
+                    "models folder: cannot watch %s for the models folder or a link in it (%s)", folder, e)
+                self._unwatchable.add(folder)
 
     def start(self) -> None:
         self._observer.start()

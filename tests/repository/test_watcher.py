@@ -70,3 +70,44 @@ def test_a_models_folder_made_again_at_its_path_is_watched_even_with_its_old_ino
             watcher.close()
 
     asyncio.run(scenario())
+
+
+def test_the_folder_above_made_again_with_its_old_inode_is_watched_again(tmp_path):
+    """`rm -r current && mkdir -p current/models`, ext4 giving both folders their old inode
+    numbers: the watch on the old `current` ended with it and was not made again (its identity
+    looked the same), so every later change waited for the safety rescan (a third review)."""
+    import shutil
+
+    async def scenario():
+        above = tmp_path / "current"
+        folder, seen = above / "models", []
+        folder.mkdir(parents=True)
+        loop = asyncio.get_running_loop()
+        watcher = RepositoryWatcher(folder, loop, lambda path, moved: seen.append(path))
+        watcher.start()
+
+        async def until_seen(path) -> None:
+            for _ in range(500):  # a hang guard, not a timing check
+                if str(path) in seen:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError(f"no event for {path}: {seen}")
+
+        try:
+            for round_ in range(3):
+                seen.clear()
+                shutil.rmtree(above)
+                folder.mkdir(parents=True)
+                await until_seen(folder)  # its deletion, seen from the old `current`: a scan is poked
+                await loop.run_in_executor(None, watcher.follow)
+                seen.clear()
+                shutil.rmtree(folder)  # the models folder replaced again: seen from the new `current`
+                folder.mkdir()
+                await until_seen(folder)
+                await loop.run_in_executor(None, watcher.follow)
+                (folder / f"b{round_}.om").write_bytes(b"")
+                await until_seen(folder / f"b{round_}.om")
+        finally:
+            watcher.close()
+
+    asyncio.run(scenario())
