@@ -123,6 +123,6 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         header = container.read_header(out)
         kind = "cpu"
     for name, entries in bounds.items():  # (the server's compile keeps them; an .om served later needs its YAML)
-        log(f"input {name} indexes a table of {entries} entries: it takes 0..{entries - 1} "
+        log(f"input {name} indexes a table of the model: it takes 0..{entries - 1} "
             f"(value_range: [0, {entries - 1}])")
     return CompileResult(out, kind, header, time.monotonic() - start, out.stat().st_size, bounds)

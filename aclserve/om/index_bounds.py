@@ -23,6 +23,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+# the rules' edition: a compile cache entry whose bounds were read under another is read again
+RULES = 2
 INTEGER_TYPES = frozenset({TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
                            TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64})
 # ops whose first input's values reach their output unchanged (a Cast: those its type holds)

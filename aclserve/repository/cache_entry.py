@@ -24,6 +24,7 @@ from ..regular_files import node_kind, open_regular
 
 MANIFEST_SUFFIX = ".json"
 FORMAT = 1
+BOUNDS_RULES = 2  # om/index_bounds.RULES (not imported: onnx is a heavy import the server may not need)
 
 
 def manifest_path(om_path: str | os.PathLike) -> Path:
@@ -69,7 +70,7 @@ def record(om_path: str | os.PathLike, key: str, options: dict, target: str,
     om = Path(om_path)
     sha, size = _digest(om)
     _write(om, {"format": FORMAT, "key": key, "target": target, "options": options, "om_sha256": sha,
-                "om_size": size, "index_bounds": index_bounds or {}})
+                "om_size": size, "index_bounds": index_bounds or {}, "index_bounds_rules": BOUNDS_RULES})
 
 
 def _write(om: Path, doc: dict) -> None:
@@ -87,16 +88,18 @@ def _write(om: Path, doc: dict) -> None:
 
 def index_bounds(om_path: str | os.PathLike) -> dict[str, int] | None:
     """The integer inputs of a sound entry that index a table, {name: entries}; None for an
-    entry whose manifest does not say (written before manifests kept them: keep_index_bounds)."""
-    found = _read(om_path).get("index_bounds")
-    if not isinstance(found, dict):
+    entry whose manifest does not say, or says under other rules (written before manifests
+    kept them, or by an earlier edition of om/index_bounds.py: keep_index_bounds)."""
+    record = _read(om_path)
+    found = record.get("index_bounds")
+    if not isinstance(found, dict) or record.get("index_bounds_rules") != BOUNDS_RULES:
         return None
     return {k: v for k, v in found.items() if isinstance(k, str) and type(v) is int and v >= 0}
 
 
 def keep_index_bounds(om_path: str | os.PathLike, bounds: dict[str, int]) -> None:
     """Add `bounds` to the manifest of a sound entry that lacked them (atomically)."""
-    _write(Path(om_path), dict(_read(om_path), index_bounds=bounds))
+    _write(Path(om_path), dict(_read(om_path), index_bounds=bounds, index_bounds_rules=BOUNDS_RULES))
 
 
 def _read(om_path: str | os.PathLike) -> dict:

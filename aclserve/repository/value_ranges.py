@@ -34,7 +34,7 @@ def input_ranges(options: Mapping[str, TensorOptions], inputs: Sequence[TensorSp
     """{input name: range} from the compile's table sizes, then the config's ranges over them."""
     specs = {s.name: s for s in inputs}
     images = {name for name, opt in options.items() if opt.image is not None}  # pictures in, decoded here
-    ranges = {name: ValueRange(0, entries - 1, f"it indexes a table of {entries} entries")
+    ranges = {name: ValueRange(0, entries - 1, "it indexes a table of the model")
               for name, entries in index_bounds.items()
               if name in specs and specs[name].dtype.kind in "iu" and name not in images}
     for name, opt in options.items():

@@ -89,7 +89,7 @@ def test_the_compile_reports_the_bounds_and_says_the_yaml_key(tmp_path):
     lines = []
     result = compile_model(save_graph(g, tmp_path / "m.onnx"), tmp_path / "m.om", target="cpu", log=lines.append)
     assert result.index_bounds == {"ids": 20}
-    assert "input ids indexes a table of 20 entries: it takes 0..19 (value_range: [0, 19])" in lines
+    assert "input ids indexes a table of the model: it takes 0..19 (value_range: [0, 19])" in lines
 
 
 def test_the_compile_caches_manifest_keeps_the_bounds(tmp_path):
@@ -97,6 +97,7 @@ def test_the_compile_caches_manifest_keeps_the_bounds(tmp_path):
     import json
 
     from aclserve.config import CompileOptions
+    from aclserve.om import index_bounds as index_bounds_module
     from aclserve.repository import cache_entry, compiler
     from aclserve.repository.compile_cache import CompileCache
     from tests.tiny_models import save_graph
@@ -114,9 +115,12 @@ def test_the_compile_caches_manifest_keeps_the_bounds(tmp_path):
     del record["index_bounds"]
     manifest.write_text(json.dumps(record))
     assert cache_entry.index_bounds(om) is None
+    record["index_bounds"], record["index_bounds_rules"] = {}, 1  # read by an earlier edition of the rules
+    manifest.write_text(json.dumps(record))
+    assert cache_entry.index_bounds(om) is None and cache_entry.BOUNDS_RULES == index_bounds_module.RULES
     cache = CompileCache(str(tmp_path / "cache"), str(tmp_path))
     assert cache.index_bounds(str(tmp_path / "gone.onnx"), str(om)) == {}  # no source to read: none, not kept
-    assert "index_bounds" not in json.loads(manifest.read_text())
+    assert json.loads(manifest.read_text())["index_bounds_rules"] == 1
     assert cache.index_bounds(str(tmp_path / "m.onnx"), str(om)) == {"ids": 9}
     assert json.loads(manifest.read_text())["index_bounds"] == {"ids": 9}
     assert cache_entry.problem(om, record["key"]) is None  # (still a sound entry)
