@@ -259,6 +259,8 @@ class ModelRepository:
             raise InvalidInput(f"invalid model name {name!r}: {layout.check_model_name(name)}")
         log.info("%s: load asked through the repository API", name)  # (the log says who did what)
         self._lifecycle.held.discard(name)
+        if self._asked is not None:  # (loading, it holds readiness back, as Triton's does)
+            self._asked.add(name)
         while True:  # an unload may start its task while this load scans: wait for it, then plan again
             await self._lifecycle.wait_for(name)
             tasks = await self._reconcile(trust="all", only=name, again=True)
@@ -269,12 +271,12 @@ class ModelRepository:
             raise ShuttingDown(f"the model repository shut down before {name} was loaded")
         if self._planner.scan.unreadable:  # it tells nothing of the model: not a 404
             raise ModelUnavailable(f"cannot load {name}: {next(iter(self._planner.scan.problems.values()))}")
-        if self._asked is not None and (name in self._planner.scan.models or name in self._planner.scan.problems):
-            self._asked.add(name)  # (a 404 is not: its file may come later, unasked)
         if name not in self._planner.scan.models:
             problem = self._planner.scan.problems.get(name)
             if problem:  # its files are there but cannot be served as they are (a bad config, say)
                 raise ModelLoadFailed(f"failed to load {name}: {problem}")
+            if self._asked is not None:  # a 404 is no model to wait for: its file may come later, unasked
+                self._asked.discard(name)
             raise NotFound(f"no model {name!r} in {self.root}")
         failed_versions = [v for result in results for v in result]
         failed = [f"version {v}: {r}" for result in results for v, r in result.items()]

@@ -143,6 +143,28 @@ async def test_none_mode_is_ready_with_what_it_loaded_at_start(make_repo, models
     assert {r["name"] for r in repo.index()} >= {"m", "staged"} and repo.all_ready()
 
 
+async def test_explicit_mode_a_model_loading_through_the_api_holds_strict_readiness(make_repo, models_dir,
+                                                                                   model_files, clean_faults):
+    """As Triton's: a model asked for and still loading is not ready yet (a third review found
+    it counted only once loaded: an ATC compile of minutes said ready throughout)."""
+    import threading
+
+    from aclserve.acl.cpu import faults
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, _ = await make_repo(model_control_mode="explicit", readiness="strict")
+    place(model_files[2]["om"], models_dir / "n.om")
+    gate = threading.Event()
+    fault = faults.inject("execute", nth=1, hold=gate)  # n's warm-up waits
+    load = asyncio.create_task(repo.load("n"))
+    try:
+        assert await asyncio.get_running_loop().run_in_executor(None, fault.entered.wait, 30)
+        assert not repo.all_ready()
+    finally:
+        gate.set()
+        await load
+    assert repo.all_ready()
+
+
 async def test_explicit_mode_counts_no_load_that_was_a_404(make_repo, models_dir, model_files):
     place(model_files[1]["om"], models_dir / "m.om")
     repo, _ = await make_repo(model_control_mode="explicit", readiness="strict")
@@ -151,6 +173,12 @@ async def test_explicit_mode_counts_no_load_that_was_a_404(make_repo, models_dir
     place(model_files[2]["om"], models_dir / "ghost.om")  # staged later: nobody asked for it since
     await repo.load("m")
     assert repo.all_ready()
+    os.unlink(models_dir / "m.om")  # a model the start loaded, gone: its load is a 404, and it is no longer waited for
+    with pytest.raises(NotFound):
+        await repo.load("m")
+    place(model_files[1]["om"], models_dir / "m.om")
+    await repo.load("ghost")  # (any load rescans)
+    assert repo.all_ready() and "m" not in serving(repo)
 
 
 async def test_api_load_of_a_corrupt_file_fails_and_keeps_serving(make_repo, models_dir, model_files):
