@@ -194,10 +194,11 @@ def _pick(root: Path, folder: Path, stem: str, result: "ScanResult", key: str) -
 
 
 def _model_files(path: Path) -> list[Path]:
-    """Model files at `path` itself or directly in it (where a version was probably meant)."""
+    """Model files at `path` itself or directly in it (where a version was probably meant), a
+    suffix in capitals too (Model.OM: misplaced all the same)."""
     if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.suffix in MODEL_SUFFIXES and not is_ignored_name(p.name))
-    return [path] if path.suffix in MODEL_SUFFIXES else []
+        return sorted(p for p in path.iterdir() if p.suffix.lower() in MODEL_SUFFIXES and not is_ignored_name(p.name))
+    return [path] if path.suffix.lower() in MODEL_SUFFIXES else []
 
 
 def _config(path: Path | None, root: Path, defaults: ModelConfig) -> ModelConfig:
@@ -306,8 +307,8 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             if is_ignored_name(sub.name):
                 continue
             if not sub.is_dir() or not _VERSION_RE.match(sub.name):
-                if not sub.is_dir() and (said := unread.capitals_note(sub, root, (".yaml", ".yml"), "config")):
-                    result.notes.extend(said)  # config.YAML
+                if sub.name.lower() == "config.yaml" and not sub.is_dir():  # (config.yaml itself: read above)
+                    result.notes.extend(unread.capitals_note(sub, root, (".yaml",), "config"))  # config.YAML
                 elif _model_files(sub):
                     misplaced.append(f"{sub.relative_to(root)} is not a version folder")
                 elif _VERSION_RE.match(sub.name) and (special := _special(sub)):

@@ -315,12 +315,18 @@ def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
     (tmp_path / "digits.YAML").write_text("instances: 2\n")
     (tmp_path / "v" / "config.YAML").write_text("instances: 2\n")
     touch(tmp_path / "w" / "1" / "MODEL.OM")  # (w alone: its only version not read)
+    touch(tmp_path / "w" / "Model.OM")  # beside the version folders: misplaced (a third review)
+    touch(tmp_path / "x" / "1" / "model.OM")
+    (tmp_path / "v" / "notes.YAML").write_text("")  # not a config: no word on it
     touch(tmp_path / "w" / "1" / ".model.OM")  # (a hidden name: passed over, as everywhere)
     result = scan(tmp_path, DEFAULTS)
-    assert result.problems == {"w": "w/1/MODEL.OM not read: file suffixes are lower case (rename it model.om) (a "
-                                    "versioned model's file goes in w/<version>/model.om, <version> a positive "
+    assert result.problems == {"w": "w/1/MODEL.OM is not named model.om or model.onnx; w/Model.OM is not a version "
+                                    "folder (a versioned model's file goes in w/<version>/model.om, <version> a "
+                                    "positive integer such as 1)",
+                               "x": "x/1/model.OM not read: file suffixes are lower case (rename it model.om) (a "
+                                    "versioned model's file goes in x/<version>/model.om, <version> a positive "
                                     "integer such as 1)"}
-    del result.problems["w"]
+    del result.problems["w"], result.problems["x"]
     assert sorted(result.notes) == [
         "Upper.ONNX not read: file suffixes are lower case (rename it Upper.onnx)",
         "digit.yaml configures no model: there is no digit.om or digit.onnx beside it",
