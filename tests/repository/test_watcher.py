@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 
 from aclserve.repository.watcher import RepositoryWatcher, links_on_the_way
 
@@ -38,76 +39,67 @@ def test_links_on_the_way_follow_components_and_chains(tmp_path):
     assert len(links_on_the_way(str(tmp_path / "loop"))) == 40
 
 
+async def until_seen(seen: list, path) -> None:
+    """Until the watcher has reported `path` (its events come from watchdog's thread)."""
+    for _ in range(500):  # a hang guard, not a timing check
+        if str(path) in seen:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no event for {path}: {seen}")
+
+
+async def replace_and_follow(watcher, seen: list, doomed, folder) -> None:
+    """`rm -r doomed`, the models folder made again, its poke of a scan from the folder above
+    awaited, then follow() as that scan calls it."""
+    seen.clear()
+    shutil.rmtree(doomed)
+    folder.mkdir(parents=True)
+    await until_seen(seen, folder)
+    await asyncio.get_running_loop().run_in_executor(None, watcher.follow)
+
+
+def watched(folder, rounds):
+    """Run `rounds(watcher, seen)` against a started watcher of `folder`, then close it."""
+    async def scenario():
+        seen = []
+        watcher = RepositoryWatcher(folder, asyncio.get_running_loop(), lambda path, moved: seen.append(path))
+        watcher.start()
+        try:
+            await rounds(watcher, seen)
+        finally:
+            watcher.close()
+    asyncio.run(scenario())
+
+
 def test_a_models_folder_made_again_at_its_path_is_watched_even_with_its_old_inode(tmp_path):
     """`rm -r models && mkdir models`: ext4 gives the new folder the freed inode number, so its
     identity alone did not tell it from the old one (a second review); the folder above saw it
     deleted and made, and follow() watches it again."""
-    import shutil
+    folder = tmp_path / "models"
+    folder.mkdir()
 
-    async def scenario():
-        folder, seen = tmp_path / "models", []
-        folder.mkdir()
-        loop = asyncio.get_running_loop()
-        watcher = RepositoryWatcher(folder, loop, lambda path, moved: seen.append(path))
-        watcher.start()
-        try:
-            async def until_seen(path) -> None:
-                for _ in range(500):  # a hang guard, not a timing check
-                    if str(path) in seen:
-                        return
-                    await asyncio.sleep(0.01)
-                raise AssertionError(f"no event for {path}: {seen}")
+    async def rounds(watcher, seen):
+        for round_ in range(3):
+            await replace_and_follow(watcher, seen, folder, folder)
+            (folder / f"b{round_}.om").write_bytes(b"")
+            await until_seen(seen, folder / f"b{round_}.om")
 
-            for _ in range(3):
-                seen.clear()
-                shutil.rmtree(folder)
-                folder.mkdir()
-                await until_seen(folder)  # the poke of a scan, from the folder above
-                await loop.run_in_executor(None, watcher.follow)  # (the scan calls it first)
-                (folder / "b.om").write_bytes(b"")
-                await until_seen(folder / "b.om")
-        finally:
-            watcher.close()
-
-    asyncio.run(scenario())
+    watched(folder, rounds)
 
 
 def test_the_folder_above_made_again_with_its_old_inode_is_watched_again(tmp_path):
     """`rm -r current && mkdir -p current/models`, ext4 giving both folders their old inode
     numbers: the watch on the old `current` ended with it and was not made again (its identity
     looked the same), so every later change waited for the safety rescan (a third review)."""
-    import shutil
+    above = tmp_path / "current"
+    folder = above / "models"
+    folder.mkdir(parents=True)
 
-    async def scenario():
-        above = tmp_path / "current"
-        folder, seen = above / "models", []
-        folder.mkdir(parents=True)
-        loop = asyncio.get_running_loop()
-        watcher = RepositoryWatcher(folder, loop, lambda path, moved: seen.append(path))
-        watcher.start()
+    async def rounds(watcher, seen):
+        for round_ in range(3):
+            await replace_and_follow(watcher, seen, above, folder)  # seen from the old `current`
+            await replace_and_follow(watcher, seen, folder, folder)  # seen from the new one
+            (folder / f"b{round_}.om").write_bytes(b"")
+            await until_seen(seen, folder / f"b{round_}.om")
 
-        async def until_seen(path) -> None:
-            for _ in range(500):  # a hang guard, not a timing check
-                if str(path) in seen:
-                    return
-                await asyncio.sleep(0.01)
-            raise AssertionError(f"no event for {path}: {seen}")
-
-        try:
-            for round_ in range(3):
-                seen.clear()
-                shutil.rmtree(above)
-                folder.mkdir(parents=True)
-                await until_seen(folder)  # its deletion, seen from the old `current`: a scan is poked
-                await loop.run_in_executor(None, watcher.follow)
-                seen.clear()
-                shutil.rmtree(folder)  # the models folder replaced again: seen from the new `current`
-                folder.mkdir()
-                await until_seen(folder)
-                await loop.run_in_executor(None, watcher.follow)
-                (folder / f"b{round_}.om").write_bytes(b"")
-                await until_seen(folder / f"b{round_}.om")
-        finally:
-            watcher.close()
-
-    asyncio.run(scenario())
+    watched(folder, rounds)
