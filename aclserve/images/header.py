@@ -86,7 +86,8 @@ def probe(data: bytes | memoryview) -> ImageInfo:
             raise ImageError(f"{name} images are not accepted (send JPEG or PNG)")
     if head[:4] == b"RIFF" and bytes(data[8:12]) == b"WEBP":
         raise ImageError("WebP images are not accepted (send JPEG or PNG)")
-    if bytes(data[:12]).startswith(BASE64_STARTS):  # tritonclient sends BYTES binary by default: a base64 string goes as text
+    # tritonclient sends BYTES in binary form by default: a base64 string goes as its text
+    if bytes(data[:12]).startswith(BASE64_STARTS):
         raise ImageError("base64 text of an image, not its file's bytes (a JSON element is the file in base64 "
                          "once; an element in binary form or over gRPC is the file itself)")
     raise ImageError("not a JPEG or PNG image")

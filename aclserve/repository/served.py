@@ -232,8 +232,9 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
     """A load thread: open the pool, plan its image inputs, read its labels, settle its inputs'
     value ranges, warm it up (three runs per gear; times the gear costs the batcher plans with;
     it stops at the next run once the loop has given up, so a shutdown does not wait for a long
-    warm-up), then hand (pool, images, labels, ranges) to the loop, or close the pool when the loop has given up meanwhile. While it runs, the runtime resets none of the
-    model's devices (it is inside ACL calls, or its instances' work runs there: teardown.py)."""
+    warm-up), then hand (pool, images, labels, ranges) to the loop, or close the pool when the
+    loop has given up meanwhile. While it runs, the runtime resets none of the model's devices
+    (it is inside ACL calls, or its instances' work runs there: teardown.py)."""
     from ..runtime import open_pool, teardown, warm_up  # the runtime imports ACL; keep this module light to import
     from ..runtime.execution_timeout import UNMEASURED_TIMEOUT_MS
 

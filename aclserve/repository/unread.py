@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+
 def config_notes(name: str, parts: dict) -> list[str]:
     """A <name>.yaml/.yml the scan never reads: a typo in its name, a versioned model's settings
     put beside its folder, a .yml beside the .yaml. `parts`: the scan's kinds of files named so
