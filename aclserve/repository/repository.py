@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -345,8 +346,10 @@ class ModelRepository:
             finally:  # (a scan that raised stopped the safety rescan too: hot reload waited for a file event)
                 if self._debouncer is not None:
                     wait = self._planner.next_check()
-                    # a missed file event (inotify races with new folders) is caught by the next rescan
-                    every = UNREADABLE_RESCAN_S if self._planner.scan.unreadable else RESCAN_S
+                    # a missed file event (inotify races with new folders) is caught by the next rescan,
+                    # sooner while the folder cannot be listed or is missing (made again after `rm -r`)
+                    soon = self._planner.scan.unreadable or not os.path.isdir(self.root)
+                    every = UNREADABLE_RESCAN_S if soon else RESCAN_S
                     self._debouncer.wake_after(every if wait is None else min(wait + 0.01, every))
             return [task for task in started if task is not None]
 

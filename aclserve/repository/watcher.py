@@ -59,24 +59,32 @@ def is_relevant(root: str, path: str) -> bool:
 
 
 class _Forwarder(FileSystemEventHandler):
-    """Hands the paths `wanted` takes to `on_path` on the loop."""
+    """Hands the paths `wanted` takes to `on_path` on the loop; on the models folder's own watch
+    (`root`, `gone`), its own deletion sets `gone` and pokes a scan."""
 
     def __init__(self, wanted: Callable[[str], bool], loop: asyncio.AbstractEventLoop,
-                 on_path: Callable[[str, bool], None]):
+                 on_path: Callable[[str, bool], None], root: str = "", gone: threading.Event | None = None):
         self._wanted, self._loop, self._on_path = wanted, loop, on_path
+        self._root, self._gone = root, gone
 
     def on_any_event(self, event) -> None:  # watchdog's thread
         if event.event_type in _IGNORED_EVENTS:
             return
+        if self._gone is not None and event.event_type == "deleted" and os.fsdecode(event.src_path) == self._root:
+            self._gone.set()  # the models folder itself (another made in its place may have its inode number)
+            return self._post(self._root, False)
         found = [(os.fsdecode(event.src_path), False)]
         if event.event_type == "moved":
             found.append((os.fsdecode(event.dest_path), True))
         for path, moved in found:
             if self._wanted(path):
-                try:
-                    self._loop.call_soon_threadsafe(self._on_path, path, moved)
-                except RuntimeError:  # loop closed during shutdown
-                    return
+                self._post(path, moved)
+
+    def _post(self, path: str, moved: bool) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._on_path, path, moved)
+        except RuntimeError:  # loop closed during shutdown
+            pass
 
 
 # what the watches around the models folder hear: a name made, deleted or renamed (a storm of
@@ -95,7 +103,7 @@ class _Around(FileSystemEventHandler):
         self._loop, self._on_path = loop, on_path
         self._root_moved, self._stale = root_moved, stale
 
-    def on_any_event(self, event) -> None:  # watchdog's thread (holding the observer's lock)
+    def on_any_event(self, event) -> None:  # watchdog's thread
         paths = [os.fsdecode(event.src_path)] + ([os.fsdecode(event.dest_path)] if event.event_type == "moved" else [])
         for path in paths:
             if path in self._folders:  # (its own deletion: one made again may have its inode number)
@@ -167,11 +175,11 @@ class RepositoryWatcher:
         self._observer.daemon = True
         self.root = os.path.realpath(root)
         self._identity = _identity(self.root)  # which folder the watch is on: one put in its place is another
-        self._forwarder = _Forwarder(lambda path: is_relevant(self.root, path), loop, on_path)
-        self._watch = self._observer.schedule(self._forwarder, self.root, recursive=True)
-        # the models folder itself made, moved or deleted (seen from the folder above): another
-        # folder may be at its place with the same inode number (ext4 reuses a freed one)
+        # the models folder itself made, moved or deleted (seen from the folder above, or its
+        # deletion from its own watch): another folder may be at its place with the same inode
+        # number (ext4 reuses a freed one)
         self._root_moved = threading.Event()
+        self._watch = self._observer.schedule(self._root_forwarder(self.root), self.root, recursive=True)
         self._around_stale = threading.Event()  # a folder around it deleted: its watch is gone
         self._around: tuple = ()  # what the watches around the models folder were made for
         self._around_watches: list = []
@@ -179,6 +187,10 @@ class RepositoryWatcher:
         self._watch_around()
         self._started = False
         self._closed = False
+
+    def _root_forwarder(self, root: str) -> _Forwarder:
+        """The handler of the models folder's own watch, on `root` (where the path leads)."""
+        return _Forwarder(lambda path: is_relevant(root, path), self._loop, self._on_path, root, self._root_moved)
 
     def _watch_around(self) -> None:
         """Watch the folder of each link on the way for that link, and the folder above the
@@ -198,12 +210,15 @@ class RepositoryWatcher:
                           self._around_stale)
         for folder in folders:
             try:
+                if os.path.isdir(folder) and not os.access(folder, os.R_OK):  # (watchdog drops this EACCES unsaid)
+                    raise PermissionError(f"{folder} cannot be listed")
                 self._around_watches.append(self._observer.schedule(handler, folder, recursive=False,
                                                                     event_filter=AROUND_EVENTS))
             except OSError as e:  # the safety rescan still runs (and tries again: stale)
                 self._around_stale.set()
                 (log.warning if folder not in self._unwatchable else log.debug)(
-                    "models folder: cannot watch %s for the models folder or a link in it (%s)", folder, e)
+                    "models folder: cannot watch %s for the models folder or a link in it (%s); a folder put "
+                    "in the models folder's place is seen by the rescan every 10 s", folder, e)
                 self._unwatchable.add(folder)
 
     def start(self) -> None:
@@ -226,7 +241,7 @@ class RepositoryWatcher:
                 if replaced:  # (watchdog keeps one watch per path: scheduled again, it would be the old one)
                     self._unschedule(self._watch)
                 try:
-                    watch = self._observer.schedule(self._forwarder, real, recursive=True)
+                    watch = self._observer.schedule(self._root_forwarder(real), real, recursive=True)
                 except OSError as e:  # (gone again, or no watch left): the safety rescan still runs
                     log.warning("models folder: cannot watch %s, where %s now leads (%s)", real, self._given, e)
                 else:

@@ -3,6 +3,7 @@
 link swapped for another."""
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -133,6 +134,58 @@ async def test_the_folder_above_replaced_then_the_models_folder_is_still_followe
     place(model_files[3]["om"], folder / "c.om")  # seen by events alone now
     await events.wait("loaded", "c", limit_s=20)
     assert float((await repo.get("c").infer(x_rows(), 1)).outputs["y"][0, 0]) == 3.0
+
+
+async def test_a_models_folder_made_again_later_under_an_unlistable_folder_is_followed(
+        make_repo, models_dir, model_files, monkeypatch, caplog):
+    """The folder above cannot be listed (a service user passing through it): watchdog dropped
+    that watch in silence, the models folder made again with its old inode number looked like
+    the old one, and every change waited for the 10 s rescan for good (a fourth review). Now
+    the folder's own watch marks its deletion, rescans come soon while it is missing, and the
+    unwatchable folder is said once."""
+    import aclserve.repository.repository as repository_module
+    import aclserve.repository.watcher as watcher_module
+    monkeypatch.setattr(repository_module, "RESCAN_S", 3600.0)
+    monkeypatch.setattr(repository_module, "UNREADABLE_RESCAN_S", 0.05)
+    folder = models_dir / "models"
+    listable = os.access
+
+    def access(path, mode, *args, **kwargs):
+        return False if os.fspath(path) == str(models_dir) else listable(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(watcher_module.os, "access", access)
+    place(model_files[1]["om"], folder / "a.om")
+    repo, events = await make_repo(models_dir=str(folder))
+    assert any(f"cannot watch {models_dir} for the models folder" in r.getMessage() for r in caplog.records)
+    (folder / "a.om").unlink()
+    folder.rmdir()
+    await events.wait("unloaded", "a", limit_s=20)  # its own watch saw it go
+    folder.mkdir()  # (no event reaches the server: the folder above is not watched)
+    place(model_files[2]["om"], folder / "b.om")
+    await events.wait("loaded", "b", limit_s=20)
+    place(model_files[3]["om"], folder / "c.om")  # and the new folder is watched
+    await events.wait("loaded", "c", limit_s=20)
+
+
+async def test_the_folder_above_made_again_after_a_scan_is_followed(make_repo, models_dir, model_files, monkeypatch):
+    """`rm -r b`, a scan, then `mkdir -p b/models`: nothing watched `b`'s parent, and the models
+    folder made again waited for the 10 s rescan (a fourth review); while the models folder is
+    missing the rescans come as often as while it cannot be listed."""
+    import aclserve.repository.repository as repository_module
+    monkeypatch.setattr(repository_module, "RESCAN_S", 3600.0)
+    monkeypatch.setattr(repository_module, "UNREADABLE_RESCAN_S", 0.05)
+    above = models_dir / "b"
+    folder = above / "models"
+    place(model_files[1]["om"], folder / "a.om")
+    repo, events = await make_repo(models_dir=str(folder))
+    (folder / "a.om").unlink()
+    folder.rmdir()
+    above.rmdir()
+    await events.wait("unloaded", "a", limit_s=20)
+    await asyncio.sleep(0.5)  # the scans its deletion poked are over: the folder comes back later
+    folder.mkdir(parents=True)
+    place(model_files[2]["om"], folder / "b.om")
+    await events.wait("loaded", "b", limit_s=20)
 
 
 async def test_a_version_that_does_not_exist_of_a_serving_model_with_a_broken_config_is_404(
