@@ -38,8 +38,10 @@ def label_files(served) -> dict[str, str]:
 def model_metadata(served, versions: Sequence[str]) -> dict:
     images = served.images
     labels = {name: {"label_filename": f} for name, f in label_files(served).items()}
+    inputs = dict(images.describe()) if images else {}  # (an image input has no value range)
+    inputs.update({name: {"value_range": [r.low, r.high]} for name, r in served.value_ranges.items()})
     return {"name": served.name, "versions": list(versions), "platform": PLATFORM,
-            "inputs": tensor_metadata(served.inputs, images.describe() if images else None),
+            "inputs": tensor_metadata(served.inputs, inputs),
             "outputs": tensor_metadata(served.outputs, labels)}
 
 

@@ -101,6 +101,17 @@ def test_a_token_past_the_table_is_a_400_naming_the_value_and_the_table(served):
     assert metric(served.url, "aclserve_instance_rebuilds_total", 'model="tokens",version="1"') == before
 
 
+def test_the_models_metadata_gives_each_range(served):
+    """A client can read what it may send: the input's `value_range` parameter (HTTP; gRPC's
+    TensorMetadata has no parameters)."""
+    for model, name, wanted in (("tokens", "ids", [0, ROWS - 1]), ("counts", "n", [-5, 9])):
+        status, _, body = request(served, "GET", f"/v2/models/{model}")
+        inputs = {i["name"]: i for i in json.loads(body)["inputs"]}
+        assert status == 200 and inputs[name]["parameters"] == {"value_range": wanted}
+    status, _, body = request(served, "GET", "/v2/models/counts")
+    assert "parameters" not in {i["name"]: i for i in json.loads(body)["inputs"]}["x"]
+
+
 def test_a_raw_binary_request_is_checked_too(served):
     """Inference-Header-Content-Length: 0, the body the one input's bytes (a review found it unchecked)."""
     status, _, body = request(served, "POST", "/v2/models/tokens/infer",
