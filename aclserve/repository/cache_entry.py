@@ -44,8 +44,7 @@ def problem(om_path: str | os.PathLike, key: str) -> str | None:
     """Why the entry at `om_path` must not be used for `key`, or None when it is sound."""
     om = Path(om_path)
     try:
-        with open_regular(manifest_path(om), "r", "utf-8") as f:
-            record = json.loads(f.read())
+        record = _read(om)
     except FileNotFoundError:
         return "it has no manifest"
     except (OSError, ValueError) as e:

@@ -261,7 +261,7 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
             continue
         files.setdefault(stem, {})[kind] = child
     for name, parts in files.items():
-        result.notes.extend(unread.config_notes(name, parts))
+        result.notes.extend(unread.config_notes(name, parts, MODEL_SUFFIXES))
         try:
             _scan_model(root, name, parts, defaults, result)
         except ConfigError as e:

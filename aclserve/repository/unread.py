@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 
-def config_notes(name: str, parts: dict) -> list[str]:
+def config_notes(name: str, parts: dict, model_suffixes: tuple[str, ...]) -> list[str]:
     """A <name>.yaml/.yml the scan never reads: a typo in its name, a versioned model's settings
     put beside its folder, a .yml beside the .yaml. `parts`: the scan's kinds of files named so
     (a suffix, or "dir")."""
@@ -15,7 +15,7 @@ def config_notes(name: str, parts: dict) -> list[str]:
         return []
     if "dir" in parts:
         return [f"{' and '.join(configs)} not read: a versioned model's settings go in {name}/config.yaml"]
-    if not any(k in parts for k in (".om", ".onnx")):
+    if not any(k in parts for k in model_suffixes):
         return [f"{configs[0]} configures no model: there is no {name}.om or {name}.onnx beside it"]
     if len(configs) == 2:
         return [f"{configs[0]} is read; {configs[1]} beside it is ignored"]

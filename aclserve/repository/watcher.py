@@ -73,18 +73,28 @@ class _Forwarder(FileSystemEventHandler):
         if self._gone is not None and event.event_type == "deleted" and os.fsdecode(event.src_path) == self._root:
             self._gone.set()  # the models folder itself (another made in its place may have its inode number)
             return self._post(self._root, False)
-        found = [(os.fsdecode(event.src_path), False)]
-        if event.event_type == "moved":
-            found.append((os.fsdecode(event.dest_path), True))
-        for path, moved in found:
+        for path, moved in _event_paths(event):
             if self._wanted(path):
                 self._post(path, moved)
 
     def _post(self, path: str, moved: bool) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._on_path, path, moved)
-        except RuntimeError:  # loop closed during shutdown
-            pass
+        _post(self._loop, self._on_path, path, moved)
+
+
+def _event_paths(event) -> list[tuple[str, bool]]:
+    """(path, whether it is a rename's destination) of each path an event names."""
+    found = [(os.fsdecode(event.src_path), False)]
+    if event.event_type == "moved":
+        found.append((os.fsdecode(event.dest_path), True))
+    return found
+
+
+def _post(loop: asyncio.AbstractEventLoop, on_path: Callable[[str, bool], None], path: str, moved: bool) -> None:
+    """Hand `path` to `on_path` on the loop, from watchdog's thread."""
+    try:
+        loop.call_soon_threadsafe(on_path, path, moved)
+    except RuntimeError:  # loop closed during shutdown
+        pass
 
 
 # what the watches around the models folder hear: a name made, deleted or renamed (a storm of
@@ -104,8 +114,7 @@ class _Around(FileSystemEventHandler):
         self._root_moved, self._stale = root_moved, stale
 
     def on_any_event(self, event) -> None:  # watchdog's thread
-        paths = [os.fsdecode(event.src_path)] + ([os.fsdecode(event.dest_path)] if event.event_type == "moved" else [])
-        for path in paths:
+        for path, _ in _event_paths(event):
             if path in self._folders:  # (its own deletion: one made again may have its inode number)
                 self._stale.set()
                 self._root_moved.set()
@@ -113,10 +122,7 @@ class _Around(FileSystemEventHandler):
                 self._root_moved.set()
             elif path not in self._links:
                 continue
-            try:
-                self._loop.call_soon_threadsafe(self._on_path, path, False)
-            except RuntimeError:  # loop closed during shutdown
-                return
+            _post(self._loop, self._on_path, path, False)  # (a poke only: it completes no file)
 
 
 def links_on_the_way(path: str, limit: int = 40) -> list[str]:
