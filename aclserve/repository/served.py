@@ -215,10 +215,10 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
         pool.set_execution_timeout(config.execution_timeout_ms)  # 0: derived from the warm-up's costs
         config = overload.resolve(config, pool.gears, pool.gear_cost, len(pool.instances))
         batcher = DynamicBatcher(pool, config.batching, name=f"{name}:{version}")
-        if pool.gears and config.batching.batch_cap > max(pool.gears):  # (it was taken in silence)
+        if pool.gears and config.batching.batch_cap > batcher.batch_limit:  # (it was taken in silence)
             log.info("%s:%s: batching.max_batch_size %d (or --max-batch) is above the largest compiled batch size "
                      "%d: a batch holds %d rows at most (compile.batch sets the sizes)", name, version,
-                     config.batching.batch_cap, max(pool.gears), max(pool.gears))
+                     config.batching.batch_cap, batcher.batch_limit, batcher.batch_limit)
         batcher.start()
     except BaseException:
         await loop.run_in_executor(executor, pool.close)
