@@ -2,9 +2,10 @@
 
 For one model, a plan's versions are loaded and warmed up beside the serving ones, put in
 service with one assignment of the name -> versions map (a request sees the old map or the new
-one, never a mix), and the replaced ones drain and are then closed. A failed load leaves the
-serving version in place. Each version's state (status.py names them and the moves allowed)
-changes only here.
+one, never a mix), and the replaced ones drain and are then closed; versions that a change of
+the version_policy alone keeps (plan.keep) take the new config in that swap, not reloaded. A
+failed load leaves the serving version in place. Each version's state (status.py names them
+and the moves allowed) changes only here.
 
 Who owns which state. Everything below lives on the event loop thread; nothing is locked.
 - Lifecycle.serving, .acted: replaced whole by `_swap`, run by the model's apply task (at most
@@ -154,7 +155,7 @@ class Lifecycle:
         unload = list(plan.unload)
         if failed:  # keep versions a failed one was meant to push out, while their files exist
             unload = [v for v in unload if not self._planner.on_disk(name, v) or name in self.held]
-        replaced = self._swap(name, loaded, unload)
+        replaced = self._swap(name, loaded, unload, plan.keep)
         for version, sv in loaded.items():
             self.states.move(name, version, State.READY)
             if version in replaced:  # `replaced`: the version it took over from, draining now
@@ -173,9 +174,17 @@ class Lifecycle:
         for sv in loaded.values():
             await sv.close(0.0, self._executor, self._close_deadline)
 
-    def _swap(self, name: str, loaded: dict[str, ServedVersion], unload: list[str]) -> dict[str, ServedVersion]:
-        """Put `loaded` in service and take `unload` out, in one assignment. Returns the retired."""
+    def _swap(self, name: str, loaded: dict[str, ServedVersion], unload: list[str],
+              keep: dict[str, Wanted]) -> dict[str, ServedVersion]:
+        """Put `loaded` in service and take `unload` out, in one assignment; the versions in
+        `keep` serve on as they are, under their new version_policy. Returns the retired."""
         updated = dict(self.serving.get(name, {}))
+        kept = [v for v in keep if v in updated and v not in loaded]
+        for version in kept:
+            updated[version].reselected(keep[version])
+        if kept:
+            log.info("%s: its new version_policy keeps version %s serving as it is (not reloaded)",
+                     name, ", ".join(kept))
         retired = {}
         for version, sv in loaded.items():
             if version in updated:

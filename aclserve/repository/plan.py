@@ -3,12 +3,14 @@
 A desired state maps model name -> version -> Wanted(file, config). Comparing the one last
 acted on with a new one gives, per model, the versions to (re)load and the versions to
 unload. A version is reloaded when its file's identity (path, size, mtime, ctime, inode; the same
-of its config and labels files: layout.VersionFile) or its model config changed. No I/O here:
-the repository feeds scans in and executes the plans.
+of its config and labels files: layout.VersionFile) or its model config changed, except when the
+config's version_policy is all that changed: that only chooses which versions serve, so a
+version it keeps serves on as it is (kept), and only the versions it adds or drops load or
+unload. No I/O here: the repository feeds scans in and executes the plans.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..config import ModelConfig
 from .layout import VersionFile, version_sort_key
@@ -21,6 +23,14 @@ class Wanted:
 
     def same_as(self, other: "Wanted | None") -> bool:
         return other is not None and self.file.identity == other.file.identity and self.config == other.config
+
+    def reselects(self, other: "Wanted | None") -> bool:
+        """The same model file, labels files and config as `other` but for the config's
+        version_policy (so its config file's identity differs too): nothing it serves with changed."""
+        return (other is not None and self.config.version_policy != other.config.version_policy
+                and self.file.model_identity == other.file.model_identity
+                and self.labels_stamp() == other.labels_stamp()
+                and replace(self.config, version_policy=other.config.version_policy) == other.config)
 
     def config_path(self) -> str | None:
         """The config file it was read from (None: the defaults alone)."""
@@ -46,9 +56,11 @@ class ModelPlan:
     name: str
     load: dict[str, Wanted] = field(default_factory=dict)  # version -> what to load
     unload: list[str] = field(default_factory=list)  # versions to drain and unload
+    # version -> what it now serves as: only the version_policy changed (Wanted.reselects), no reload
+    keep: dict[str, Wanted] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.load or self.unload)
+        return bool(self.load or self.unload or self.keep)
 
 
 def diff(old: DesiredState, new: DesiredState, unload_missing: bool = True) -> list[ModelPlan]:
@@ -65,8 +77,11 @@ def diff(old: DesiredState, new: DesiredState, unload_missing: bool = True) -> l
         after = after or {}
         plan = ModelPlan(name)
         for version in sorted(after, key=version_sort_key):
-            if not after[version].same_as(before.get(version)):
-                plan.load[version] = after[version]
+            wanted, was = after[version], before.get(version)
+            if wanted.reselects(was):
+                plan.keep[version] = wanted
+            elif not wanted.same_as(was):
+                plan.load[version] = wanted
         plan.unload = sorted((v for v in before if v not in after), key=version_sort_key)
         if plan:
             plans.append(plan)

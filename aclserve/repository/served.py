@@ -84,6 +84,13 @@ class ServedVersion:
         self.value_ranges = value_ranges or {}  # integer input name -> value_ranges.ValueRange
         self._successor: Callable[[], "ServedVersion | None"] | None = None
 
+    def reselected(self, wanted: Wanted) -> None:
+        """Kept in service by a config whose version_policy alone changed (plan.Wanted.reselects):
+        it now comes from that config (the diff's baseline, and its /config shows the new
+        policy); nothing it runs with changes, so nothing reloads."""
+        self.wanted = wanted
+        self.config = dataclasses.replace(self.config, version_policy=wanted.config.version_policy)
+
     # what the server reads
     @property
     def inputs(self):

@@ -299,6 +299,20 @@ def test_diff_config_change_reloads(tmp_path):
     assert list(plan.load) == ["1"] and plan.load["1"].config.slots == 4
 
 
+def test_diff_a_version_policy_change_loads_and_unloads_only_the_difference(tmp_path):
+    for v in (1, 2, 3):
+        touch(tmp_path / "m" / str(v) / "model.om")
+    (tmp_path / "m" / "config.yaml").write_text("version_policy: {latest: 2}\n")
+    first = desired(tmp_path)
+    (tmp_path / "m" / "config.yaml").write_text("version_policy: {specific: [1, 3]}\n")
+    (plan,) = diff(first, desired(tmp_path))
+    assert list(plan.load) == ["1"] and plan.unload == ["2"] and list(plan.keep) == ["3"]
+    assert plan.keep["3"].config.version_policy == ("specific", (1, 3))
+    (tmp_path / "m" / "config.yaml").write_text("version_policy: {specific: [1, 3]}\nslots: 4\n")
+    (plan,) = diff(first, desired(tmp_path))  # another setting changed with it: a reload, as ever
+    assert list(plan.load) == ["1", "3"] and plan.unload == ["2"] and not plan.keep
+
+
 def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
     """These were ignored without a word: a misspelt name, a versioned model's settings beside its
     folder instead of in it, a .yml beside the .yaml, a Triton model folder's config.pbtxt (the
