@@ -81,6 +81,23 @@ def conv_onnx(path, channels: int = 3, side: int = 16) -> str:
     return save_graph(graph, path)
 
 
+TOKEN_ROWS = 50
+TOKEN_TABLE = np.arange(TOKEN_ROWS * 2, dtype=np.float32).reshape(TOKEN_ROWS, 2)
+
+
+def token_graph():
+    """ids INT32 [N, 3], cast to INT64 and unsqueezed before the Gather of a [50, 2] table
+    (the values reach the indices through ops that keep them) -> [N, 3, 2]."""
+    nodes = [helper.make_node("Cast", ["ids"], ["ids64"], to=TensorProto.INT64),
+             helper.make_node("Unsqueeze", ["ids64", "axes"], ["ids4"]),
+             helper.make_node("Squeeze", ["ids4", "axes"], ["ids3"]),
+             helper.make_node("Gather", ["table", "ids3"], ["emb"], axis=0)]
+    return helper.make_graph(nodes, "tokens", [helper.make_tensor_value_info("ids", TensorProto.INT32, ["N", 3])],
+                             [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["N", 3, 2])],
+                             [numpy_helper.from_array(TOKEN_TABLE, "table"),
+                              numpy_helper.from_array(np.array([-1], dtype=np.int64), "axes")])
+
+
 def compile_cpu_om(onnx_path, om_path, batch: str = "1,2,4,8", **options) -> str:
     """`aclserve compile --target cpu` in process, quietly; returns the OM's path."""
     return str(compile_model(onnx_path, om_path, batch=batch, target="cpu", log=lambda _: None, **options).path)

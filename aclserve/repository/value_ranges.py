@@ -5,28 +5,15 @@ Two sources: the compile of a dropped .onnx finds the inputs that index a table 
 model's YAML sets or overrides a range (an .om compiled elsewhere has only that). An image
 input takes pictures, decoded by the server: no range. Checked when the version loads: a range
 for an input the model does not have, for a non-integer one, or holding no value of the
-input's type fails the load, naming it.
+input's type fails the load, naming it. The range and the check itself: ../value_ranges.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping, Sequence
-
-import numpy as np
 
 from ..config import TensorOptions
 from ..runtime.types import TensorSpec
-
-
-class ValueRangeError(ValueError):
-    """A configured value_range the model cannot take; the message names the input."""
-
-
-@dataclass(frozen=True)
-class ValueRange:
-    low: int
-    high: int
-    why: str  # what a refusal adds: where the range comes from
+from ..value_ranges import ValueRange, ValueRangeError, value_range
 
 
 def input_ranges(options: Mapping[str, TensorOptions], inputs: Sequence[TensorSpec],
@@ -38,19 +25,9 @@ def input_ranges(options: Mapping[str, TensorOptions], inputs: Sequence[TensorSp
               for name, entries in index_bounds.items()
               if name in specs and specs[name].dtype.kind in "iu" and name not in images}
     for name, opt in options.items():
-        if opt.value_range is None:
-            continue
-        spec = specs.get(name)
-        if spec is None:
-            raise ValueRangeError(f"inputs.{name}.value_range: the model has no input {name!r} "
-                                  f"(inputs: {', '.join(specs)})")
-        if spec.dtype.kind not in "iu":
-            raise ValueRangeError(f"inputs.{name}.value_range: input {name} is {spec.datatype}; a value range "
-                                  f"applies to integer inputs")
-        low, high = opt.value_range
-        held = np.iinfo(spec.dtype)
-        if high < held.min or low > held.max:  # every request would be refused
-            raise ValueRangeError(f"inputs.{name}.value_range: [{low}, {high}] holds no {spec.datatype} value "
-                                  f"({held.min}..{held.max})")
-        ranges[name] = ValueRange(low, high, "the model's value_range")
+        if opt.value_range is not None:
+            try:
+                ranges[name] = value_range(name, *opt.value_range, inputs, "the model's value_range")
+            except ValueRangeError as e:
+                raise ValueRangeError(f"inputs.{name}.value_range: {e}") from None
     return ranges

@@ -26,6 +26,7 @@ from typing import Mapping
 import numpy as np
 
 from ..dtypes import cast_keeping_values
+from ..value_ranges import ValueRange, ValueRangeError, out_of_range, value_range
 from .acl_runtime import AclRuntime
 from .batch import Batch
 from .builder import open_pool
@@ -40,15 +41,17 @@ log = logging.getLogger(__name__)
 
 class EngineModel:
     """A loaded model. Owned by its Engine; close() unloads it (blocking). The pool's listener:
-    each finished batch goes back to the call it is part of."""
+    each finished batch goes back to the call it is part of. `value_ranges`: {integer input
+    name: ValueRange} its calls are checked against (Engine.load's value_ranges)."""
 
-    def __init__(self, pool: InstancePool, owner=None):
+    def __init__(self, pool: InstancePool, owner=None, value_ranges: Mapping[str, ValueRange] | None = None):
         self.pool = pool
         self.owner = owner  # the Engine (its close() refuses to run in a done-callback of its calls)
         self.name = pool.name
         self.inputs: list[TensorSpec] = pool.inputs
         self.outputs: list[TensorSpec] = pool.outputs
         self.gears = pool.gears
+        self.value_ranges: dict[str, ValueRange] = dict(value_ranges or {})
         pool.attach(self)
 
     def submit(self, inputs: Mapping[str, np.ndarray]) -> concurrent.futures.Future:
@@ -127,6 +130,9 @@ class EngineModel:
             arrays[spec.name] = arr
         if rows == 0:
             raise ValueError("inputs have no rows")
+        refusal = out_of_range(arrays, self.value_ranges)  # (an index past a table: a device fault, or zeros)
+        if refusal is not None:
+            raise ValueError(refusal)
         return arrays
 
     def close(self) -> None:
@@ -206,33 +212,36 @@ class Engine:
 
     def load(self, path: str | os.PathLike, name: str | None = None, instances: int = 1,
              devices: tuple[int, ...] = (0,), slots: int = 2, retry: bool = True, warmup: bool = True,
-             warmup_data: str = "zeros") -> EngineModel:
+             warmup_data: str = "zeros", value_ranges: Mapping[str, tuple[int, int]] | None = None) -> EngineModel:
         """Load an OM (blocking) and, by default, run every gear on `warmup_data` (zeros or ones)
         to warm it up, which also sets the model's execution timeout from what a run costs
-        (without it: 60 s)."""
+        (without it: 60 s). value_ranges: {integer input name: (smallest, largest)}, as a
+        model's YAML gives `value_range` (an OM carries none): a call holding any other value
+        is refused with a ValueError before it runs."""
         check_options(path=path, name=name, instances=instances, devices=devices, slots=slots, retry=retry,
-                      warmup=warmup, warmup_data=warmup_data)
+                      warmup=warmup, warmup_data=warmup_data, value_ranges=value_ranges)
         with self._state:
             self._refuse_if_closed()
             self._loading += 1
         try:
             return self._load(os.fspath(path), name, int(instances), tuple(int(d) for d in devices), int(slots),
-                              bool(retry), warmup_data if warmup else None)
+                              bool(retry), warmup_data if warmup else None, dict(value_ranges or {}))
         finally:
             with self._state:
                 self._loading -= 1
                 self._state.notify_all()
 
-    def _load(self, path, name, instances, devices, slots, retry, warmup_data) -> EngineModel:
+    def _load(self, path, name, instances, devices, slots, retry, warmup_data, given_ranges) -> EngineModel:
         self.runtime.start()
         name = name or os.path.splitext(os.path.basename(path))[0]
         pool = open_pool(self.runtime, path, name, instances=instances, devices=devices, slots=slots, retry=retry)
         try:
+            ranges = _ranges(given_ranges, pool.inputs)  # (checked against the model before its warm-up)
             if warmup_data is not None:  # (the remedy is said after a failure on zeros only: warm_up)
                 warm_up(pool, data=warmup_data,
                         remedy=" (if the model cannot run on zeros, load it with warmup_data='ones' or warmup=False)")
                 pool.set_execution_timeout(0)  # as the server: derived from the warm-up's runs
-            model = EngineModel(pool, self)
+            model = EngineModel(pool, self, ranges)
         except BaseException:  # (a failed warm-up, Ctrl-C): its instances closed, not left running
             pool.close()
             raise
@@ -283,6 +292,17 @@ class Engine:
 
 
 _ENGINE_CLOSED = "the engine is closed: make a new Engine"
+
+
+def _ranges(given: Mapping[str, tuple[int, int]], inputs: list[TensorSpec]) -> dict[str, ValueRange]:
+    """Engine.load's value_ranges checked against the model, as the server checks a YAML's."""
+    ranges = {}
+    for name, (low, high) in given.items():
+        try:
+            ranges[name] = value_range(name, int(low), int(high), inputs, "value_ranges given to Engine.load")
+        except ValueRangeError as e:
+            raise ValueRangeError(f"value_ranges[{name!r}]: {e}") from None
+    return ranges
 
 
 def _failed(error: BaseException) -> concurrent.futures.Future:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numbers
 import os
 import threading
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -81,6 +82,25 @@ def _devices(name: str, value) -> None:
         _whole(f"{name} entry", device, minimum=0)
 
 
+def _value_ranges(name: str, value) -> None:
+    """None, or {input name: (smallest, largest)}: as a model's YAML gives `value_range`."""
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of input name to (smallest, largest), got {value!r}")
+    for key, pair in value.items():
+        where = f"{name}[{key!r}]"
+        if not isinstance(key, str):
+            raise TypeError(f"{name} keys must be input names (str), got {key!r}")
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise TypeError(f"{where} must be (smallest, largest), two ints, got {pair!r}")
+        for bound in pair:
+            if isinstance(bound, (bool, np.bool_)) or not isinstance(bound, numbers.Integral):
+                raise TypeError(f"{where} must be (smallest, largest), two ints, got {pair!r}")
+        if pair[0] > pair[1]:
+            raise ValueError(f"{where}: smallest {pair[0]} is above largest {pair[1]}")
+
+
 _CHECKS = {
     "device": _device,
     "cpu_threads": lambda name, value: _whole(name, value, optional=True),
@@ -94,4 +114,5 @@ _CHECKS = {
     "retry": _flag,
     "warmup": _flag,
     "warmup_data": _warmup_data,
+    "value_ranges": _value_ranges,
 }

@@ -18,25 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
 from tests.serving import ServerThread, free_port, request, server_config
-from tests.tiny_models import compile_cpu_om, save_graph
+from tests.tiny_models import TOKEN_ROWS as ROWS, compile_cpu_om, save_graph, token_graph
 
 from .hostile import metric
-
-ROWS = 50
-TABLE = np.arange(ROWS * 2, dtype=np.float32).reshape(ROWS, 2)
-
-
-def token_graph():
-    """ids INT32 [N, 3], cast to INT64 and unsqueezed before the Gather of a [50, 2] table
-    (the values reach the indices through ops that keep them) -> [N, 3, 2]."""
-    nodes = [helper.make_node("Cast", ["ids"], ["ids64"], to=TensorProto.INT64),
-             helper.make_node("Unsqueeze", ["ids64", "axes"], ["ids4"]),
-             helper.make_node("Squeeze", ["ids4", "axes"], ["ids3"]),
-             helper.make_node("Gather", ["table", "ids3"], ["emb"], axis=0)]
-    return helper.make_graph(nodes, "tokens", [helper.make_tensor_value_info("ids", TensorProto.INT32, ["N", 3])],
-                             [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["N", 3, 2])],
-                             [numpy_helper.from_array(TABLE, "table"),
-                              numpy_helper.from_array(np.array([-1], dtype=np.int64), "axes")])
 
 
 def counts_graph():
