@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from . import bad_request_log, tls
+from . import bad_request_log, malformed, tls
 from .app_keys import STATE
 from .auth import access_middleware
 from .connections import BODY_LINGER_S, fit_connection_caps, tracking_middleware
@@ -110,17 +110,25 @@ def direct_answers(app: web.Application) -> DirectInfer | None:
     return None
 
 
+def handler_options(config, access_log: bool = False) -> dict:
+    """aiohttp's options for each connection's handler: the runner's, and the guard's handlers
+    (malformed.py) take the same.
+    auto_decompress off: body.py inflates gzip/deflate itself, charging the memory as it goes.
+    lingering_time: how long the unread rest of a refused body is read and dropped so the
+    client sees the answer; a stalled client (408) is closed after it."""
+    options = {"auto_decompress": False, "keepalive_timeout": config.keepalive_timeout_s,
+               "lingering_time": BODY_LINGER_S}
+    if not access_log:
+        options["access_log"] = None
+    return options
+
+
 def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner:
     # handler_cancellation: a client that disconnects cancels its handler, which removes the
     # request from the batch queue (run_app/AppRunner leave it off by default).
-    # auto_decompress off: body.py inflates gzip/deflate itself, charging the memory as it goes.
-    # lingering_time: how long the unread rest of a refused body is read and dropped so the
-    # client sees the answer; a stalled client (408) is closed after it.
-    kwargs = {} if access_log else {"access_log": None}
     bad_request_log.install()  # a client's malformed request is not an ERROR with a traceback
-    config = app[STATE].config
-    return web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, auto_decompress=False,
-                         keepalive_timeout=config.keepalive_timeout_s, lingering_time=BODY_LINGER_S, **kwargs)
+    return web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0,
+                         **handler_options(app[STATE].config, access_log))
 
 
 def _on_signal(sig: signal.Signals, stop: asyncio.Event, hurry: asyncio.Event) -> None:
@@ -169,7 +177,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     config = state.config
     ssl_context = tls.http_context(config)  # a bad certificate stops the start before anything runs
     loop = asyncio.get_running_loop()
-    runner = make_runner(app, access_log=config.log_level == "debug")
+    access_log = config.log_level == "debug"
+    runner = make_runner(app, access_log)
     stop = stop or asyncio.Event()
     hurry = asyncio.Event()  # a second signal: the drain ends at once
     # SIGHUP too: a closed terminal or session (or `kill -HUP` meant as a reload) drains as
@@ -189,7 +198,9 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     try:
         await runner.setup()
         state.connections.direct = direct_answers(app)
-        listener = await listen(runner, state.connections, config.host, config.port, config.listen_backlog,
+        # each connection's aiohttp handler answers what its parser refuses in JSON (malformed.py)
+        handlers = malformed.handlers(runner.server, handler_options(config, access_log))
+        listener = await listen(handlers, state.connections, config.host, config.port, config.listen_backlog,
                                 ssl_context)
         host, port = listener.sockets[0].getsockname()[:2]
         log.info("aclserve listening on %s://%s:%d", "https" if tls.enabled(config) else "http", host, port)

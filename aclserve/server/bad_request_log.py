@@ -17,7 +17,7 @@ MAX_MESSAGE = 200
 # The error quotes the client's bytes (b'...'): an Authorization header's may be among them,
 # whole, folded or as its value alone (a line too long), so none are logged: the API token,
 # say, never is; the error's words say what was wrong
-_CLIENT_BYTES = re.compile(r"""b'(?:[^'\\]|\\.)*'?|b"(?:[^"\\]|\\.)*"?""")
+CLIENT_BYTES = re.compile(r"""b'(?:[^'\\]|\\.)*'?|b"(?:[^"\\]|\\.)*"?""")
 # ... and, quoted otherwise, what follows a credentials header's name or scheme
 _CREDENTIALS = re.compile(r"(?i)((?:proxy-)?authorization\s*:\s*|\b(?:bearer|basic)\s+)[^\r\n'\"]*")
 
@@ -26,7 +26,7 @@ def bad_request(record: logging.LogRecord) -> tuple[str, tuple] | None:
     error = record.exc_info[1] if record.exc_info else None
     if not isinstance(error, HttpProcessingError):
         return None
-    text = _CLIENT_BYTES.sub("<the client's bytes>", str(error.message))
+    text = CLIENT_BYTES.sub("<the client's bytes>", str(error.message))
     text = _CREDENTIALS.sub(r"\1<hidden>", text)
     text = " ".join(text.split())[:MAX_MESSAGE]
     return "%s: %s %s %s", (record.getMessage(), error.code, type(error).__name__, text)

@@ -1,6 +1,6 @@
 """Each connection's protocol: the guard in front of aiohttp's own (connections.py counts,
-times and caps the connections; only public API: the runner's `server` is aiohttp's protocol
-factory, used as a low-level server).
+times and caps the connections; only public API: each connection's aiohttp protocol is a
+web.RequestHandler of the runner's `server`, made by malformed.py's factory).
 
 The guard forwards every byte to aiohttp's RequestHandler unless it answers a request itself.
 With an EarlyRefusal (shed_before_parsing, shedding.py) or DirectInfer (direct_infer,
@@ -31,8 +31,6 @@ import os
 import ssl
 import sys
 from typing import Callable
-
-from aiohttp import web
 
 from .connections import BUSY, HEAD, IDLE, ConnectionTracker
 from .framing import ANSWERED, FORWARD, NEED_BODY, RequestFraming
@@ -282,15 +280,15 @@ def run_now(coro, done: Callable[[object, BaseException | None], None]) -> None:
         waited.add_done_callback(lambda _: run_now(coro, done))
 
 
-async def listen(runner: web.AppRunner, tracker: ConnectionTracker, host: str, port: int,
+async def listen(handlers: Callable[[], asyncio.Protocol], tracker: ConnectionTracker, host: str, port: int,
                  backlog: int, ssl_context: ssl.SSLContext | None = None) -> asyncio.Server:
-    """Listen on host:port with the runner's aiohttp server as the protocol (its public use as a
-    low-level server), each connection going through the tracker (over TLS with `ssl_context`:
-    the guard starts it, then reads the decrypted bytes). The caller closes the listener (before
-    runner.cleanup(), which shuts the connections down)."""
+    """Listen on host:port with aiohttp's protocol (`handlers` makes one per connection: a
+    RequestHandler of the runner's server, malformed.py), each connection going through the
+    tracker (over TLS with `ssl_context`: the guard starts it, then reads the decrypted bytes).
+    The caller closes the listener (before runner.cleanup(), which shuts the connections down)."""
     try:
         return await asyncio.get_running_loop().create_server(
-            lambda: GuardedProtocol(tracker, runner.server, ssl_context), host, port, backlog=backlog,
+            lambda: GuardedProtocol(tracker, handlers, ssl_context), host, port, backlog=backlog,
             reuse_address=True)
     except OSError as e:  # said as the operator needs it (the CLI shows messages of our own as they are)
         # an errno's own text (asyncio's and uvloop's words for EADDRINUSE differ); a name lookup's

@@ -1,0 +1,64 @@
+"""JSON answers for the requests aiohttp's parser refuses (a line over 8,190 bytes, a bad or
+repeated Content-Length, a malformed request line, bytes that are not HTTP): aiohttp answers
+those itself, before any request object reaches the app and its middlewares, through its
+connection handler's `handle_error` (a plain-text 400 quoting the client's bytes). Each HTTP
+connection's handler is aiohttp's public `web.RequestHandler` with that one method given the
+server's shape, `{"error": ...}` naming the problem, the status kept, the connection closed
+after it as before (a framing error leaves nothing on the connection to trust). The answer
+costs what aiohttp's did: the parser refuses at the first bad byte, and the message is its own
+words, bounded."""
+from __future__ import annotations
+
+import asyncio
+import re
+from http import HTTPStatus
+from typing import Callable
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
+
+from .bad_request_log import CLIENT_BYTES, MAX_MESSAGE
+from .error_responses import json_error
+
+# the name of the header a quoted line of the client's begins with (`b'Content-Length: x'`)
+_HEADER_NAME = re.compile(r"""^b['"]([!#$%&*+\-.^_`|~0-9A-Za-z]{1,64})[ \t]*:""")
+
+
+class JsonErrorHandler(web.RequestHandler):
+    """aiohttp's handler of one connection; only its error answers differ (module docstring)."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        # aiohttp's own first: it logs (bad_request_log.py makes a client's mistake one DEBUG
+        # line) and raises when an answer has begun already; its plain-text answer is dropped
+        super().handle_error(request, status, exc, message)
+        response = json_error(problem(status, exc), status)
+        response.force_close()
+        return response
+
+
+def handlers(server: web.Server, options: dict) -> Callable[[], web.RequestHandler]:
+    """The protocol factory for the HTTP listener: a JsonErrorHandler for `server` (the runner's)
+    per connection, with aiohttp's handler options (`options`: those the runner was given)."""
+    def handler() -> web.RequestHandler:
+        return JsonErrorHandler(server, loop=asyncio.get_running_loop(), **options)
+    return handler
+
+
+def problem(status: int, exc: BaseException | None) -> str:
+    """What a refused request is told: aiohttp's words for what it could not parse, without the
+    client's bytes it quotes (it may be a token) but with the header's name when the quote
+    gives it; a fault of the server's own is "internal error" (details in the log only)."""
+    if status == HTTPStatus.INTERNAL_SERVER_ERROR:
+        return "internal error"
+    if isinstance(exc, LineTooLong):  # its message quotes only the line's first 100 bytes
+        return f"malformed HTTP request: the request line or a header is over {exc.args[1]} bytes"
+    if not isinstance(exc, HttpProcessingError):
+        return HTTPStatus(status).phrase
+    names = {m.group(1) for m in map(_HEADER_NAME.match, CLIENT_BYTES.findall(exc.message)) if m}
+    words = " ".join(CLIENT_BYTES.sub(" ", exc.message).replace("^", " ").split()).rstrip(" :.")
+    if len(names) == 1 and next(iter(names)).lower() not in words.lower():
+        words += f" (header '{names.pop()}')"
+    return f"malformed HTTP request: {words or 'Bad Request'}"[:MAX_MESSAGE]
