@@ -13,7 +13,8 @@ class TimerHandle(Protocol):
 class Clock(Protocol):
     """Monotonic seconds plus one-shot timers for scheduling (deadlines, batch windows), and
     monotonic nanoseconds for measuring durations (statistics, metrics, log messages); all used
-    on the event loop thread only. The two need not share an origin: never mix them."""
+    on the event loop thread only. The two need not share an origin: never mix their
+    readings (a timer is set from a duration: queue.py's deadlines)."""
 
     def now(self) -> float: ...
 

@@ -9,9 +9,12 @@ from .clock import Clock
 from .policy import BatchingConfig, QueuePolicy
 from .request import DISPATCHED, QUEUED, REMOVED, QueuedRequest
 
-# A deadline this close counts as passed when the level's timer fires: loop timers fire up to
-# one tick early (uvloop's clock counts whole milliseconds).
-DUE_EARLY_S = 0.001
+# A deadline is measured on the clock its timeout message reports (Clock.now_ns, from the push), never
+# the loop's: uvloop's loop.time() counts whole milliseconds and is read once a loop round, so a timer
+# set on it fired up to a round plus a millisecond early (a 1 ms timeout "timed out after 0.1 ms").
+# A timer found early is set again for what is left, at least this: uvloop rounds a timer's delay to
+# whole milliseconds, and a shorter one, rounded to 0, would spin through loop rounds until the deadline.
+TIMER_TICK_S = 0.001
 
 
 def timeout_seconds(policy: QueuePolicy, timeout_us: int | None) -> float:
@@ -35,6 +38,7 @@ class PriorityQueue:
     A full level rejects at once (QueueFull). When a deadline passes the timer acts at that
     moment: `reject` removes the request and hands it to `on_timeout` (the owner answers
     it), `delay` moves it behind the level's requests that are still within their deadline.
+    A deadline passes by the duration clock (Clock.now_ns, TIMER_TICK_S), never before.
     Each level is two OrderedDicts (on time, delayed), so push, pop and removal are O(1).
 
     Timers: requests with their level's default deadline arrive in deadline order, so one
@@ -89,11 +93,12 @@ class PriorityQueue:
         self.count += 1
         timeout = timeout_seconds(policy, timeout_us)
         if timeout:
-            request.deadline = request.enqueued + timeout
+            request.deadline_ns = request.enqueued_ns + round(timeout * 1e9)
+            due = request.enqueued + timeout  # on the loop's clock: the timer may fire early, then checks
             if timeout != self._default_s[level]:
-                request.timer = self._clock.call_at(request.deadline, self._expire, request)
+                request.timer = self._clock.call_at(due, self._own_due, request)
             elif self._lane_timer[level] is None:
-                self._lane_timer[level] = self._clock.call_at(request.deadline, self._lane_due, level)
+                self._lane_timer[level] = self._clock.call_at(due, self._lane_due, level)
 
     def remove(self, request: QueuedRequest) -> bool:
         """Take `request` out of the queue (cancelled, shut down); False if it was not queued."""
@@ -208,19 +213,32 @@ class PriorityQueue:
         set the timer again for the first one that is not (a timer set for a request already
         taken just fires early and moves on)."""
         self._lane_timer[level] = None
-        due_by = self._clock.now() + DUE_EARLY_S
+        now_ns = self._clock.now_ns()
         expired = []
         for request in self._on_time[level]:
-            if request.timer is not None or not request.deadline:
+            if request.timer is not None or not request.deadline_ns:
                 continue  # its own deadline (or none): not in this order
-            if request.deadline > due_by:
-                self._lane_timer[level] = self._clock.call_at(request.deadline, self._lane_due, level)
+            if request.deadline_ns > now_ns:
+                self._lane_timer[level] = self._clock.call_at(self._when(request, now_ns), self._lane_due, level)
                 break
             expired.append(request)
         for request in expired:
             self._expire(request)
 
+    def _own_due(self, request: QueuedRequest) -> None:
+        """A request's own timer: expire it, unless its deadline has not passed yet."""
+        now_ns = self._clock.now_ns()
+        if request.state == QUEUED and request.deadline_ns > now_ns:
+            request.timer = self._clock.call_at(self._when(request, now_ns), self._own_due, request)
+            return
+        self._expire(request)
+
+    def _when(self, request: QueuedRequest, now_ns: int) -> float:
+        """The loop time for a timer at `request`'s deadline, which has not passed by `now_ns`."""
+        return self._clock.now() + max((request.deadline_ns - now_ns) / 1e9, TIMER_TICK_S)
+
     def _expire(self, request: QueuedRequest) -> None:
+        """The deadline has passed (by Clock.now_ns): reject or delay `request`."""
         request.timer = None
         if request.state != QUEUED or request.delayed:
             return

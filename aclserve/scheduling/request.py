@@ -18,7 +18,7 @@ class QueuedRequest:
     `future` is the asyncio future the client awaits; whoever resolves it checks `done()`
     first, so a request is never answered twice. Identity-hashed: it is its own queue key."""
 
-    __slots__ = ("inputs", "rows", "level", "enqueued", "enqueued_ns", "deadline", "timer", "future",
+    __slots__ = ("inputs", "rows", "level", "enqueued", "enqueued_ns", "deadline_ns", "timer", "future",
                  "state", "delayed", "dispatched_ns", "outcome", "trace", "answered")
 
     def __init__(self, inputs: Mapping[str, np.ndarray], rows: int, level: int,
@@ -26,9 +26,9 @@ class QueuedRequest:
         self.inputs = inputs
         self.rows = rows
         self.level = level
-        self.enqueued = enqueued  # scheduling clock seconds (deadline, batch window)
-        self.enqueued_ns = enqueued_ns  # duration clock (Clock.now_ns), for statistics
-        self.deadline = 0.0  # scheduling clock seconds; 0 = none
+        self.enqueued = enqueued  # scheduling clock seconds (the deadline's timer, batch window)
+        self.enqueued_ns = enqueued_ns  # duration clock (Clock.now_ns): statistics, the deadline
+        self.deadline_ns = 0  # duration clock (the timeout message's); 0 = none
         self.timer = None  # deadline timer handle while queued
         self.future = future
         self.state = QUEUED

@@ -1,10 +1,14 @@
 """PriorityQueue alone: levels, FIFO, capacity, deadlines (manual clock, no event loop)."""
+import math
+
 import pytest
 
 from aclserve.errors import QueueFull
 from aclserve.scheduling import BatchingConfig, PriorityQueue, QueuedRequest, QueuePolicy
 from aclserve.scheduling.queue import timeout_seconds
 from aclserve.scheduling.request import DISPATCHED, QUEUED, REMOVED
+
+from .conftest import ManualClock
 
 
 def make_queue(clock, **config):
@@ -14,7 +18,7 @@ def make_queue(clock, **config):
 
 
 def request(queue, clock, tag, rows=1, priority=None, timeout_us=None):
-    req = QueuedRequest({"tag": tag}, rows, queue.level_for(priority), clock.now(), None)
+    req = QueuedRequest({"tag": tag}, rows, queue.level_for(priority), clock.now(), None, clock.now_ns())
     queue.push(req, timeout_us)
     return req
 
@@ -141,3 +145,50 @@ def test_one_timer_per_level_times_its_default_deadlines_in_order(clock):
     assert tags(timed_out) == [3, 1] and clock.pending_timers == 1
     clock.advance(0.0020)
     assert tags(timed_out) == [3, 1, 2] and clock.pending_timers == 0 and len(queue) == 0
+
+
+def waited_at_expiry(clock, **config):
+    """A queue whose timed-out requests are recorded with how long they had waited then, by the
+    duration clock (what the batcher's message reports)."""
+    waited = {}
+    queue = PriorityQueue(BatchingConfig(**config), clock,
+                          lambda req: waited.setdefault(req.inputs["tag"], clock.now_ns() - req.enqueued_ns))
+    return queue, waited
+
+
+def test_a_default_deadline_is_not_expired_before_it_has_passed(clock):
+    """The level's timer expired every request due within the next millisecond: with a 1 ms
+    default deadline, one queued 0.5 ms after another timed out with it "after 0.5 ms", and
+    one queued in the round its timer fired "after 0.0 ms"."""
+    queue, waited = waited_at_expiry(clock, default_queue_policy=QueuePolicy(default_timeout_ms=1))
+    request(queue, clock, 0)
+    clock.advance(0.0005)
+    request(queue, clock, 1)
+    clock.advance(0.0005)
+    request(queue, clock, 2)  # queued at the moment the level's timer is due
+    clock.advance(0)
+    assert waited == {0: 1_000_000}
+    clock.advance(0.0015)
+    assert sorted(waited) == [0, 1, 2] and min(waited.values()) >= 1_000_000 and len(queue) == 0
+
+
+class CoarseLoopClock(ManualClock):
+    """uvloop's loop clock: whole milliseconds, so it lags the duration clock by up to one."""
+
+    def now(self) -> float:
+        return math.floor(round(self._now * 1e6) / 1000) / 1000
+
+
+@pytest.mark.parametrize("default_ms, timeout_us", [(1, None), (0, 1000)], ids=["level's timer", "own timer"])
+def test_a_deadline_passes_by_the_clock_its_message_reports(default_ms, timeout_us):
+    """A 1 ms deadline counted from the loop's coarse clock (a request queued at 100.0007 s
+    read 100.000 there) fired 0.3 ms after its push: "timed out after 0.3 ms". It is measured
+    on the duration clock: a timer that fires early is set again for the rest."""
+    clock = CoarseLoopClock()
+    queue, waited = waited_at_expiry(clock, default_queue_policy=QueuePolicy(default_timeout_ms=default_ms))
+    clock.advance(0.0007)
+    request(queue, clock, 0, timeout_us=timeout_us)
+    clock.advance(0.0009)  # 0.9 ms later: the loop clock's deadline (100.001) is past, the request's is not
+    assert waited == {} and len(queue) == 1
+    clock.advance(0.0011)
+    assert waited[0] >= 1_000_000 and len(queue) == 0 and clock.pending_timers == 0
