@@ -260,6 +260,11 @@ def test_queue_limits_take_auto_or_numbers():
     ("version_policy: {all: true}\n", ("all",)),
     ("version_policy: {latest: 2}\n", ("latest", 2)),
     ("version_policy: {specific: [3, 1]}\n", ("specific", (1, 3))),
+    # named choices in any case, as the README says of every one (ALL and Latest were refused)
+    ("version_policy: ALL\n", ("all",)),
+    ("version_policy: {All: true}\n", ("all",)),
+    ("version_policy: {Latest: 2}\n", ("latest", 2)),
+    ("version_policy: {SPECIFIC: [3, 1]}\n", ("specific", (1, 3))),
 ])
 def test_model_file_merges_over_defaults_and_replaces_version_policy(tmp_path, text, policy):
     defaults = load_server_config(None, {"model_defaults.instances": 2}).model_defaults

@@ -80,11 +80,13 @@ def _batching(data, path: str) -> BatchingConfig:
 
 
 def _version_policy(value, path: str) -> tuple:
-    if value == "all":
+    # named choices in any case, as every other (`ALL`, `{Latest: 2}`)
+    if isinstance(value, str) and value.lower() == "all":
         return ("all",)
     if not isinstance(value, Mapping) or len(value) != 1:
         raise ConfigError(path, f"must be one of {{latest: N}}, all, {{specific: [versions]}}, got {shown(value)}")
-    (kind, arg), = value.items()
+    (given, arg), = value.items()
+    kind = given.lower() if isinstance(given, str) else given
     if kind == "latest":
         return ("latest", as_int(arg, key_path(path, "latest"), 1))
     if kind == "all":
@@ -93,7 +95,7 @@ def _version_policy(value, path: str) -> tuple:
         return ("all",)
     if kind == "specific":
         return ("specific", tuple(sorted(int_list(arg, key_path(path, "specific"), 1))))
-    raise ConfigError(key_path(path, str(kind)), "unknown version policy (latest | all | specific)")
+    raise ConfigError(key_path(path, str(given)), "unknown version policy (latest | all | specific)")
 
 
 def _compile(data, path: str) -> CompileOptions:
