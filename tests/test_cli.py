@@ -87,6 +87,14 @@ def test_serve_refuses_an_api_token_no_client_could_send(tmp_path, where, token,
     assert f"error: bad configuration: {name}: must be" in proc.stderr and said in proc.stderr, proc.stderr
 
 
+def test_serve_names_the_command_line_for_a_bad_flag_not_the_config_file(tmp_path):
+    """`serve --config c.yaml --cpu-threads 0` said "bad configuration: .../c.yaml: cpu_threads: ..."."""
+    (tmp_path / "c.yaml").write_text("port: 0\ngrpc_port: 0\n")
+    proc = _aclserve("serve", "--config", "c.yaml", "--cpu-threads", "0", cwd=tmp_path)
+    assert proc.returncode == 2 and "c.yaml" not in proc.stderr, proc.stderr
+    assert "error: bad configuration: command line: cpu_threads: must be >= 1, got 0" in proc.stderr, proc.stderr
+
+
 def test_onnx_runtime_telemetry_is_off_and_says_nothing():
     """ONNX Runtime 1.29+ sends telemetry from Linux, and where HOME cannot be written (the
     container's) printed a coloured warning at import that broke --log-format json."""

@@ -191,6 +191,22 @@ def test_file_errors_name_the_file(tmp_path):
     assert str(info.value) == f"{path}: model_defaults.batching.max_queue_delay_ms: must be >= 0, got -1"
 
 
+@pytest.mark.parametrize("overrides, said", [
+    ({"cpu_threads": 0}, "cpu_threads: must be >= 1, got 0"),
+    ({"port": 9000, "grpc_port": 9000}, "grpc_port: must differ from port (9000)"),
+    ({"model_defaults.batching.max_batch_size": -1}, "model_defaults.batching.max_batch_size: must be >= 0"),
+])
+def test_a_bad_override_is_not_blamed_on_the_file(tmp_path, overrides, said):
+    """`aclserve serve --config p.yaml --cpu-threads 0` said "p.yaml: cpu_threads: must be >= 1":
+    the value came from the command line."""
+    path = write(tmp_path, "port: 8100\n")
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path, overrides)
+    assert str(info.value).startswith(f"command line: {said}") and str(path) not in str(info.value)
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: cpu_threads"):  # the file's own: the file
+        load_server_config(write(tmp_path, "cpu_threads: 0\n"), {"port": 9000})
+
+
 def test_yaml_that_explodes_or_recurses_is_one_short_line(tmp_path):
     """Found by a helper's fuzz of the config: a 420-byte alias bomb quoted whole in the message
     (a billion strings: the memory ran out), 100,000 nested lists (RecursionError) and a

@@ -17,6 +17,7 @@ from .server import parse_server_config
 
 DEFAULT_CONFIG_PATH = Path(__file__).parent.parent / "configs" / "default.yaml"
 _REPLACED_WHOLE = {"version_policy"}  # a later layer replaces these whole (a one-key choice)
+COMMAND_LINE = "command line"  # the source a bad override is blamed on (ConfigError.source)
 # sections of settings, where null (every line under the key commented out) keeps what is there;
 # elsewhere null is a value (`inputs: {x: {image: }}` turns an inherited image input off)
 _SECTIONS = {"model_defaults", "images", "trace", "device_limits", "batching", "compile", "default_queue_policy"}
@@ -144,8 +145,15 @@ def load_server_config(path: str | os.PathLike | None = None, overrides: Mapping
         return parse_server_config(merged)
     except ConfigError as e:
         if source and e.source is None:
-            raise ConfigError(e.path, e.problem, source) from None
+            # a flag's bad value is not the file's (`--cpu-threads 0` was blamed on it)
+            raise ConfigError(e.path, e.problem, COMMAND_LINE if _overridden(e.path, overrides) else source) from None
         raise
+
+
+def _overridden(path: str, overrides: Mapping | None) -> bool:
+    """Whether the key at dotted `path` is one the overrides set (or lies under one)."""
+    return any(value is not None and (path == key or path.startswith((f"{key}.", f"{key}[")))
+               for key, value in (overrides or {}).items())
 
 
 def load_model_config(path: str | os.PathLike | None, defaults: ModelConfig) -> ModelConfig:
