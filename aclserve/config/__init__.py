@@ -12,8 +12,9 @@ whole (it is a one-key choice). A per-model file (`models/<name>.yaml` or
 `models/<name>/config.yaml`) has the keys of `model_defaults` and merges over the server's
 `model_defaults` the same way. Entries of `batching.priority_queue_policy` (keyed by level
 number) inherit unset fields from `batching.default_queue_policy`.
-Relative paths (models_dir, compile_cache_dir) are relative to the working directory. An error
-in a key given as an override is blamed on the `command line`, not the file.
+Relative paths (models_dir, compile_cache_dir, model_defaults' labels files) are relative to the
+working directory; labels files a model's own file names, to its folder. An error in a key given
+as an override is blamed on the `command line`, not the file.
 
 Modules: schema (the dataclasses, their choices, ConfigError), checks (value checks), model and
 server (a section's mapping -> its dataclass), files (default, YAML files, overrides, merging).

@@ -165,7 +165,17 @@ def load_model_config(path: str | os.PathLike | None, defaults: ModelConfig) -> 
         config = parse_model_config(merge(model_config_mapping(defaults), data))
     except ConfigError as e:
         raise ConfigError(e.path, e.problem, str(path)) from None
-    folder = Path(path).parent  # labels files are named relative to the config file
-    outputs = {n: dataclasses.replace(o, labels=str(folder / o.labels)) if o.labels else o
+    # a labels file the model's file names is relative to that file; one model_defaults names
+    # stays as the server config gives it, relative to the working directory as its other paths
+    folder, own = Path(path).parent, _labels_named(data)
+    outputs = {n: dataclasses.replace(o, labels=str(folder / o.labels)) if o.labels and n in own else o
                for n, o in config.outputs.items()}
     return dataclasses.replace(config, outputs=outputs)
+
+
+def _labels_named(data: Mapping) -> set[str]:
+    """The outputs whose labels file a model's file names itself."""
+    outputs = data.get("outputs")
+    if not isinstance(outputs, Mapping):
+        return set()
+    return {str(n) for n, o in outputs.items() if isinstance(o, Mapping) and o.get("labels") is not None}

@@ -62,7 +62,7 @@ class TensorOptions:
     """Per-tensor settings of a model: `image` and `value_range` for inputs, `labels` for outputs."""
 
     image: ImageInput | None = None
-    labels: str | None = None  # labels file, one per line; relative to the config file's folder
+    labels: str | None = None  # labels file, one per line; a model file's: relative to its folder
     # an integer input's smallest and largest value (both taken); others are refused (400)
     value_range: tuple[int, int] | None = None
 

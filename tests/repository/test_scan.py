@@ -366,3 +366,23 @@ def test_a_models_folder_under_one_that_cannot_be_searched_cannot_be_read(tmp_pa
     monkeypatch.setattr(type(models), "is_dir", unsearchable)
     result = scan(models, DEFAULTS)
     assert result.unreadable and result.problems == {str(models): "the models folder cannot be read (Permission denied)"}
+
+def test_a_labels_file_model_defaults_names_is_the_same_file_for_every_model(tmp_path, monkeypatch):
+    """model_defaults' `outputs: {y: {labels: labels.txt}}` was the working directory's file for a
+    model without a config and its config's folder's for one with (a.om failed, b.om loaded: an
+    operator's audit). Relative to the working directory, as every path of the server config;
+    a labels file a model's own config names is relative to that config."""
+    monkeypatch.chdir(tmp_path)
+    models = tmp_path / "models"
+    touch(tmp_path / "labels.txt", b"zero\none\n")
+    for name in ("a.om", "b.om", "c.om"):
+        touch(models / name)
+    touch(models / "b.yaml", b"instances: 1\n")
+    touch(models / "c.yaml", b"outputs: {y: {labels: c_labels.txt}}\n")
+    touch(models / "c_labels.txt", b"zero\none\n")
+    defaults = parse_model_config({"outputs": {"y": {"labels": "labels.txt"}}})
+    result = scan(models, defaults)
+    assert result.problems == {}
+    labels = {name: entry.config.outputs["y"].labels for name, entry in result.models.items()}
+    assert labels == {"a": "labels.txt", "b": "labels.txt", "c": str(models.resolve() / "c_labels.txt")}
+
