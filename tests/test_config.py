@@ -9,6 +9,7 @@ import yaml
 
 from aclserve.config import (DEFAULT_CONFIG_PATH, ConfigError, ModelConfig, load_model_config,
                              load_server_config, model_config_mapping, parse_model_config)
+from aclserve.scheduling.policy import QueuePolicy
 from tests import REPO
 
 
@@ -260,6 +261,45 @@ def test_priority_levels_inherit_from_default_queue_policy():
     assert batching.policy_for(1).default_timeout_ms == 100 and batching.policy_for(1).timeout_action == "delay"
     assert batching.policy_for(3).timeout_action == "reject" and batching.policy_for(3).default_timeout_ms == 100
     assert batching.policy_for(2).max_queue_size is None  # auto: the default, resolved at load
+
+
+def test_a_models_default_queue_policy_reaches_the_levels_model_defaults_gives(tmp_path):
+    """A level's unset fields come from the default_queue_policy of all layers merged: a model's
+    own default timeout reached its levels but not those of model_defaults, whose unset fields
+    were fixed at the server's (an operator's audit). What a level sets stays its own."""
+    defaults = load_server_config(None, {"model_defaults.batching.priority_queue_policy": {
+        2: {"max_queue_size": 100}, 3: {"default_timeout_ms": 7}}}).model_defaults
+    path = write(tmp_path, "batching: {max_batch_size: 1, default_queue_policy: "
+                           "{default_timeout_ms: 100, timeout_action: delay}}\n", "m.yaml")
+    batching = load_model_config(path, defaults).batching
+    assert batching.policy_for(2) == QueuePolicy(max_queue_size=100, default_timeout_ms=100, timeout_action="delay")
+    assert batching.policy_for(3) == QueuePolicy(max_queue_size=None, default_timeout_ms=7, timeout_action="delay")
+    assert batching.policy_for(1) == batching.default_queue_policy
+    # a level both give merges field by field ('2', quoted, is level 2 too: it was "given twice")
+    path = write(tmp_path, "batching:\n  priority_queue_policy: {'2': {allow_timeout_override: false}}\n", "m.yaml")
+    assert load_model_config(path, defaults).batching.policy_for(2) == QueuePolicy(
+        max_queue_size=100, default_timeout_ms=None, allow_timeout_override=False)
+
+
+def test_levels_only_model_defaults_gives_past_a_models_priority_levels_are_left_out(tmp_path):
+    """`priority_levels: 1` in a model's file was refused with "batching.priority_queue_policy.2:
+    must be <= 1", a key not in that file: model_defaults' level 2 has no queue in that model. It
+    is left out, said in a note; a level the file gives itself past its levels is still refused."""
+    defaults = load_server_config(None, {"model_defaults.batching.priority_queue_policy": {
+        1: {"max_queue_size": 5}, 2: {"max_queue_size": 100}, 3: {"max_queue_size": 9}}}).model_defaults
+    notes: list[str] = []
+    batching = load_model_config(write(tmp_path, "batching: {priority_levels: 1}\n", "m.yaml"), defaults,
+                                 notes).batching
+    assert batching.priority_levels == 1 and batching.priority_queue_policy == {
+        1: QueuePolicy(max_queue_size=5, default_timeout_ms=None)}
+    assert notes == ["model_defaults' batching.priority_queue_policy levels 2, 3 left out: "
+                     "the model has 1 priority level"]
+    notes.clear()
+    assert load_model_config(write(tmp_path, "instances: 2\n", "m.yaml"), defaults, notes).batching == \
+        defaults.batching and notes == []
+    with pytest.raises(ConfigError, match=re.escape("batching.priority_queue_policy.2: must be <= 1, got 2")):
+        load_model_config(write(tmp_path, "batching: {priority_levels: 1, priority_queue_policy: "
+                                          "{2: {max_queue_size: 1}}}\n", "m.yaml"), defaults)
 
 
 def test_queue_limits_take_auto_or_numbers():

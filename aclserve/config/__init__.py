@@ -11,7 +11,9 @@ Merging: mappings merge key by key, except `version_policy`, which a later layer
 whole (it is a one-key choice). A per-model file (`models/<name>.yaml` or
 `models/<name>/config.yaml`) has the keys of `model_defaults` and merges over the server's
 `model_defaults` the same way. Entries of `batching.priority_queue_policy` (keyed by level
-number) inherit unset fields from `batching.default_queue_policy`.
+number) inherit unset fields from `batching.default_queue_policy` of the layers merged (each
+level keeps the fields it set: BatchingConfig.priority_queue_fields); levels of model_defaults
+past a model's own priority_levels are left out for it, in a note.
 Relative paths (models_dir, compile_cache_dir, model_defaults' labels files) are relative to the
 working directory; labels files a model's own file names, to its folder. An error in a key given
 as an override is blamed on the `command line`, not the file.

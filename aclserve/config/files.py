@@ -156,21 +156,64 @@ def _overridden(path: str, overrides: Mapping | None) -> bool:
                for key, value in (overrides or {}).items())
 
 
-def load_model_config(path: str | os.PathLike | None, defaults: ModelConfig) -> ModelConfig:
-    """A per-model YAML file merged over `defaults`; None -> `defaults`. Raises ConfigError."""
+def load_model_config(path: str | os.PathLike | None, defaults: ModelConfig,
+                      notes: list[str] | None = None) -> ModelConfig:
+    """A per-model YAML file merged over `defaults`; None -> `defaults`. Raises ConfigError.
+    `notes` (when given) gets a line for each setting of `defaults` that does not apply to the model."""
     if path is None:
         return defaults
-    data = read_yaml(path, regular_only=True)
+    data = _levels_as_numbers(read_yaml(path, regular_only=True))
+    merged = merge(model_config_mapping(defaults), data)
+    left_out = _drop_inherited_levels(merged, data)
     try:
-        config = parse_model_config(merge(model_config_mapping(defaults), data))
+        config = parse_model_config(merged)
     except ConfigError as e:
         raise ConfigError(e.path, e.problem, str(path)) from None
+    if left_out and notes is not None:
+        levels = config.batching.priority_levels
+        notes.append(f"model_defaults' batching.priority_queue_policy {'levels' if len(left_out) > 1 else 'level'} "
+                     f"{', '.join(map(str, left_out))} left out: the model has {levels} priority "
+                     f"level{'s' if levels > 1 else ''}")
     # a labels file the model's file names is relative to that file; one model_defaults names
     # stays as the server config gives it, relative to the working directory as its other paths
     folder, own = Path(path).parent, _labels_named(data)
     outputs = {n: dataclasses.replace(o, labels=str(folder / o.labels)) if o.labels and n in own else o
                for n, o in config.outputs.items()}
     return dataclasses.replace(config, outputs=outputs)
+
+
+def _own_levels(data: Mapping) -> Mapping:
+    """The batching.priority_queue_policy mapping a model's file gives (empty if none or not a mapping)."""
+    batching = data.get("batching")
+    levels = batching.get("priority_queue_policy") if isinstance(batching, Mapping) else None
+    return levels if isinstance(levels, Mapping) else {}
+
+
+def _levels_as_numbers(data: dict) -> dict:
+    """`data` with its priority_queue_policy keys written as digits ('2') made numbers, as
+    model_defaults' are once parsed: a level given in both merges instead of being refused as
+    given twice. A file giving one level both ways keeps its keys (the parser refuses it)."""
+    levels = _own_levels(data)
+    numbered = {int(k) if isinstance(k, str) and k.isascii() and k.isdigit() else k: v for k, v in levels.items()}
+    if len(numbered) != len(levels) or numbered.keys() == levels.keys():
+        return data
+    return {**data, "batching": {**data["batching"], "priority_queue_policy": numbered}}
+
+
+def _drop_inherited_levels(merged: dict, data: Mapping) -> list:
+    """Take out of `merged` the per-level queue policies that only model_defaults gives for
+    levels past the model's priority_levels (its file setting fewer levels was refused for a key
+    it did not hold); the levels they were. The file's own levels are checked as written."""
+    batching = merged.get("batching")
+    levels = batching.get("priority_levels") if isinstance(batching, Mapping) else None
+    policies = batching.get("priority_queue_policy") if isinstance(batching, Mapping) else None
+    if isinstance(levels, bool) or not isinstance(levels, int) or not isinstance(policies, dict):
+        return []
+    own = _own_levels(data)
+    past = sorted(k for k in policies if isinstance(k, int) and k > levels and k not in own)
+    for level in past:
+        del policies[level]
+    return past
 
 
 def _labels_named(data: Mapping) -> set[str]:

@@ -62,7 +62,7 @@ def _batching(data, path: str) -> BatchingConfig:
     default_qp = _queue_policy(data.get("default_queue_policy", {}), key_path(path, "default_queue_policy"),
                                QueuePolicy())
     kw["default_queue_policy"] = default_qp
-    per_level = {}
+    per_level, fields = {}, {}
     pq_path = key_path(path, "priority_queue_policy")
     for level, policy in as_mapping(unless_none(data.get("priority_queue_policy"), {}), pq_path).items():
         lp = f"{pq_path}.{level}"
@@ -72,7 +72,8 @@ def _batching(data, path: str) -> BatchingConfig:
         if level in per_level:  # 1 and '1' (YAML's unique keys see two keys)
             raise ConfigError(lp, f"gives level {level} a second time")
         per_level[level] = _queue_policy(policy, lp, default_qp)
-    kw["priority_queue_policy"] = per_level
+        fields[level] = frozenset(policy)
+    kw["priority_queue_policy"], kw["priority_queue_fields"] = per_level, fields
     try:
         return BatchingConfig(**kw)
     except ValueError as e:  # cross-field rules of BatchingConfig itself
@@ -223,9 +224,15 @@ def model_config_mapping(config: ModelConfig) -> dict:
     batching["max_batch_size"] = batching.pop("batch_cap")
     if batching["default_priority"] is None:
         batching["default_priority"] = AUTO
-    for policy in [batching["default_queue_policy"], *batching["priority_queue_policy"].values()]:
+    # a level keeps only the fields it set: a later layer's default_queue_policy (a model's file
+    # over model_defaults) gives it the others, as a level in the same file takes them
+    fields = batching.pop("priority_queue_fields")
+    levels = batching["priority_queue_policy"]
+    for level, policy in levels.items():
+        levels[level] = {k: v for k, v in policy.items() if k in fields.get(level, policy)}
+    for policy in [batching["default_queue_policy"], *levels.values()]:
         for key in ("max_queue_size", "default_timeout_ms"):
-            if policy[key] is None:
+            if key in policy and policy[key] is None:
                 policy[key] = AUTO
     out["inputs"] = {n: {"image": None if o.image is None else dataclasses.asdict(o.image),
                          "value_range": None if o.value_range is None else list(o.value_range)}

@@ -201,12 +201,14 @@ def _model_files(path: Path) -> list[Path]:
     return [path] if path.suffix.lower() in MODEL_SUFFIXES else []
 
 
-def _config(path: Path | None, root: Path, defaults: ModelConfig) -> ModelConfig:
+def _config(path: Path | None, root: Path, defaults: ModelConfig, notes: list[str]) -> ModelConfig:
     if path is None:
         return defaults
     if _inside(root, path) is None:
         raise ConfigError("", f"config file {_not_inside(path)}", str(path))
-    config = load_model_config(path, defaults)  # refuses a FIFO, socket or device node unopened
+    said: list[str] = []
+    config = load_model_config(path, defaults, said)  # refuses a FIFO, socket or device node unopened
+    notes.extend(f"{_relative(root, path) or path}: {note}" for note in said)
     for name, options in config.outputs.items():
         if options.labels and options.labels not in {o.labels for o in defaults.outputs.values()}:
             real = _inside(root, Path(options.labels))
@@ -346,7 +348,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             return
         available = {"1": found}
         config_path = parts.get(".yaml") or parts.get(".yml")
-    config = _config(config_path, root, defaults)
+    config = _config(config_path, root, defaults, result.notes)
     selected = select_versions(available, config.version_policy)
     if not selected:  # as Triton, which fails such a load: the model would serve nothing
         result.problems[name] = (f"its version_policy {_policy_text(config.version_policy)} selects none of the "

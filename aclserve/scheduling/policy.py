@@ -40,6 +40,11 @@ class BatchingConfig:
     default_priority: int | None = None  # None (YAML auto): the middle level, default_level
     default_queue_policy: QueuePolicy = field(default_factory=QueuePolicy)
     priority_queue_policy: dict[int, QueuePolicy] = field(default_factory=dict)
+    # the fields each level's entry sets itself (the others are default_queue_policy's); a level
+    # not here sets them all. Only for layering configs (config/model.py): a model's own
+    # default_queue_policy reaches what model_defaults' levels left unset. Not compared: the
+    # policies above say how the model behaves.
+    priority_queue_fields: dict[int, frozenset[str]] = field(default_factory=dict, compare=False, repr=False)
     preserve_ordering: bool = False
     batch_formation: str = "just_in_time"
 

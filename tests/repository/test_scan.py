@@ -367,6 +367,7 @@ def test_a_models_folder_under_one_that_cannot_be_searched_cannot_be_read(tmp_pa
     result = scan(models, DEFAULTS)
     assert result.unreadable and result.problems == {str(models): "the models folder cannot be read (Permission denied)"}
 
+
 def test_a_labels_file_model_defaults_names_is_the_same_file_for_every_model(tmp_path, monkeypatch):
     """model_defaults' `outputs: {y: {labels: labels.txt}}` was the working directory's file for a
     model without a config and its config's folder's for one with (a.om failed, b.om loaded: an
@@ -386,3 +387,13 @@ def test_a_labels_file_model_defaults_names_is_the_same_file_for_every_model(tmp
     labels = {name: entry.config.outputs["y"].labels for name, entry in result.models.items()}
     assert labels == {"a": "labels.txt", "b": "labels.txt", "c": str(models.resolve() / "c_labels.txt")}
 
+
+def test_levels_model_defaults_gives_past_a_models_own_are_left_out_with_a_note(tmp_path):
+    """A model's `priority_levels: 1` was refused for model_defaults' level 2, a key not in its file."""
+    touch(tmp_path / "m.om")
+    touch(tmp_path / "m.yaml", b"batching: {priority_levels: 1}\n")
+    defaults = parse_model_config({"batching": {"priority_queue_policy": {2: {"max_queue_size": 100}}}})
+    result = scan(tmp_path, defaults)
+    assert result.problems == {} and result.models["m"].config.batching.priority_queue_policy == {}
+    assert result.notes == ["m.yaml: model_defaults' batching.priority_queue_policy level 2 left out: "
+                            "the model has 1 priority level"]
