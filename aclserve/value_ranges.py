@@ -29,8 +29,9 @@ class ValueRange:
 
 def value_range(name: str, low: int, high: int, inputs: Sequence, why: str) -> ValueRange:
     """`low`..`high` for the model's input `name` (`inputs`: its runtime.types.TensorSpec), or
-    ValueRangeError: the model has no such input, it is not an integer one, or the range holds
-    no value of its type (every call would be refused)."""
+    ValueRangeError: the model has no such input, it is not an integer one, or a bound is past
+    what its type holds (the range would promise values no request can carry, and the model's
+    metadata could not say a bound past 64 bits: JSON's encoder refused it, a 500)."""
     specs = {s.name: s for s in inputs}
     spec = specs.get(name)
     if spec is None:
@@ -38,8 +39,9 @@ def value_range(name: str, low: int, high: int, inputs: Sequence, why: str) -> V
     if spec.dtype.kind not in "iu":
         raise ValueRangeError(f"input {name} is {spec.datatype}; a value range applies to integer inputs")
     held = np.iinfo(spec.dtype)
-    if high < held.min or low > held.max:
-        raise ValueRangeError(f"[{low}, {high}] holds no {spec.datatype} value ({held.min}..{held.max})")
+    for which, bound in (("smallest", low), ("largest", high)):
+        if not held.min <= bound <= held.max:
+            raise ValueRangeError(f"{which} {bound} is outside what {spec.datatype} holds ({held.min}..{held.max})")
     return ValueRange(low, high, why)
 
 

@@ -4,8 +4,8 @@ Two sources: the compile of a dropped .onnx finds the inputs that index a table 
 (om/index_bounds.py, kept in the compile cache's manifest), and an input's `value_range` in the
 model's YAML sets or overrides a range (an .om compiled elsewhere has only that). An image
 input takes pictures, decoded by the server: no range. Checked when the version loads: a range
-for an input the model does not have, for a non-integer one, or holding no value of the
-input's type fails the load, naming it. The range and the check itself: ../value_ranges.py.
+for an input the model does not have, for a non-integer one, or with a bound past what the
+input's type holds fails the load, naming it. The range and the check itself: ../value_ranges.py.
 """
 from __future__ import annotations
 

@@ -51,8 +51,13 @@ def test_value_ranges_the_model_cannot_take_fail_the_load(tokens, tmp_path):
         for om, given, message in (
                 (path, {"z": (0, 1)}, "value_ranges['z']: the model has no input 'z' (inputs: ids)"),
                 (affine, {"x": (0, 1)}, "value_ranges['x']: input x is FP32; a value range applies to integer inputs"),
-                (path, {"ids": (2**40, 2**41)}, "value_ranges['ids']: [1099511627776, 2199023255552] holds no INT32 "
-                                                "value (-2147483648..2147483647)")):
+                # (it loaded: a range promising ids no INT32 input can carry)
+                (path, {"ids": (0, 2**40)}, "value_ranges['ids']: largest 1099511627776 is outside what INT32 holds "
+                                            "(-2147483648..2147483647)"),
+                (path, {"ids": (-2**31 - 1, 9)}, "value_ranges['ids']: smallest -2147483649 is outside what INT32 "
+                                                 "holds (-2147483648..2147483647)"),
+                (path, {"ids": (2**40, 2**41)}, "value_ranges['ids']: smallest 1099511627776 is outside what INT32 "
+                                                "holds (-2147483648..2147483647)")):
             with pytest.raises(ValueError) as refused:
                 engine.load(om, value_ranges=given)
             assert str(refused.value) == message

@@ -150,12 +150,24 @@ def test_a_range_the_model_cannot_take_fails_the_load_naming_it(tmp_path):
     (models / "other.yaml").write_text("inputs:\n  z: {value_range: [0, 1]}\n")
     compile_cpu_om(save_graph(counts_graph(), src / "none.onnx"), models / "none.om")
     (models / "none.yaml").write_text("inputs:\n  n: {value_range: [-9300000000000000000, -9223372036854775809]}\n")
+    # a bound past the input's type: it loaded, and past 64 bits GET /v2/models/wide answered 500
+    # (JSON's encoder refused the metadata's bound); [0, 2**40] on INT32 advertised ids no request carries
+    compile_cpu_om(save_graph(counts_graph(), src / "wide.onnx"), models / "wide.om")
+    (models / "wide.yaml").write_text("inputs:\n  n: {value_range: [-99999999999999999999, 99999999999999999999]}\n")
+    compile_cpu_om(save_graph(token_graph(), src / "ids.onnx"), models / "ids.om")
+    (models / "ids.yaml").write_text(f"inputs:\n  ids: {{value_range: [0, {2**40}]}}\n")
     with ServerThread(server_config(models, model_control_mode="none")) as srv:
         status, _, body = request(srv, "POST", "/v2/repository/index")
+        metadata_status, _, _ = request(srv, "GET", "/v2/models/wide")
     index = {entry["name"]: entry for entry in json.loads(body)}
     assert status == 200
     assert index["counts"]["state"] == "UNAVAILABLE"
     assert "inputs.x.value_range: input x is FP32; a value range applies to integer inputs" in index["counts"]["reason"]
     assert "inputs.z.value_range: the model has no input 'z' (inputs: n, x)" in index["other"]["reason"]
-    assert ("inputs.n.value_range: [-9300000000000000000, -9223372036854775809] holds no INT64 value "
-            "(-9223372036854775808..9223372036854775807)") in index["none"]["reason"]
+    assert metadata_status != 500
+    assert index["wide"]["state"] == index["ids"]["state"] == "UNAVAILABLE"
+    int64 = "INT64 holds (-9223372036854775808..9223372036854775807)"
+    assert f"inputs.n.value_range: smallest -99999999999999999999 is outside what {int64}" in index["wide"]["reason"]
+    assert ("inputs.ids.value_range: largest 1099511627776 is outside what INT32 holds (-2147483648..2147483647)"
+            in index["ids"]["reason"])
+    assert f"inputs.n.value_range: smallest -9300000000000000000 is outside what {int64}" in index["none"]["reason"]
