@@ -265,8 +265,20 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
             labels = load_labels(config.outputs, pool.outputs)
             ranges = input_ranges(config.inputs, pool.inputs, index_bounds)
             warm_up(pool, stop=lambda: handoff.given_up, progress=warming, data=config.warmup_data,
-                    remedy=" (if the model cannot run on zeros, warmup_data: ones in its config warms it up on ones)")
+                    remedy=" (if the model cannot run on zeros, warmup_data: ones in its config warms it up on ones)",
+                    timeout_remedy=_timeout_remedy(config.execution_timeout_ms, UNMEASURED_TIMEOUT_MS))
         except BaseException:
             pool.close()
             raise
         return handoff.deliver((pool, images, labels, ranges), lambda opened: opened[0].close())
+
+
+def _timeout_remedy(configured_ms: int, unmeasured_ms: int) -> str:
+    """What ends the reason of a warm-up run past the execution timeout: the setting that bounds
+    it. Retried all the same (a transient device error): the same timeout also ends a run the
+    device hung on, which the server cannot tell from a slow one, and a run slowed by a busy
+    host (other versions warming up beside it) may finish in time later."""
+    if configured_ms:
+        return f"; if a run takes longer, raise execution_timeout_ms ({configured_ms} ms) in the model's config"
+    return (f"; if a run takes longer, set execution_timeout_ms in the model's config above it (0, the default, "
+            f"gives a warm-up run {unmeasured_ms} ms)")

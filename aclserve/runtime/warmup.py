@@ -9,6 +9,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import DeviceTimeout
 from .batch import Batch
 
 WARMUP_DATA = ("zeros", "ones")  # what the warm-up can run every gear on
@@ -20,7 +21,7 @@ STATIC_RUN = 1
 
 def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
             progress: Callable[[int | None, int, int], None] | None = None, data: str = "zeros",
-            remedy: str = "") -> dict[int, float]:
+            remedy: str = "", timeout_remedy: str = "") -> dict[int, float]:
     """Run every gear of `pool` (an unattached InstancePool) `runs` times on `data`, zeros or
     ones (blocking).
     The cost of a gear is the quickest submit-to-result time of the runs after the first: what
@@ -29,9 +30,12 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
     device reports it). `stop()` true before a run ends the warm-up there, its figures
     incomplete (a load abandoned at shutdown: nobody will use them); `progress(gear, run, runs)`
     hears each run begin (gear None for a model without gears); `remedy` ends the message of a
-    failed run (what the caller offers a model that cannot run on zeros). A static model's one
-    run is costed under STATIC_RUN. Returns the gear costs."""
+    run that failed on zeros (what the caller offers a model that cannot run on them), and
+    `timeout_remedy` that of a run past the execution timeout (the data is not to blame: what
+    the caller offers to wait longer), after the time of the slowest run that finished, if one
+    did. A static model's one run is costed under STATIC_RUN. Returns the gear costs."""
     fill = np.ones if data == "ones" else np.zeros
+    slowest = 0.0  # seconds: the longest run that finished, which a timeout's message gives
     for gear in pool.gears or (None,):
         rows = gear or 1
         request = {s.name: fill((rows,) + s.sample_shape if s.batched else s.shape, s.dtype) for s in pool.inputs}
@@ -44,9 +48,14 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
             start = time.perf_counter()
             batch = _run_alone(pool, Batch([request], gear, rows))
             if batch.error is not None:
-                raise _in_warm_up(batch.error, data, remedy)
+                if isinstance(batch.error, DeviceTimeout):
+                    took = f" (the slowest warm-up run that finished took {slowest * 1000:.0f} ms)" if slowest else ""
+                    raise _in_warm_up(batch.error, data, took + timeout_remedy)
+                raise _in_warm_up(batch.error, data, remedy if data == "zeros" else "")
+            took = time.perf_counter() - start
+            slowest = max(slowest, took)
             if run:
-                best = min(best, time.perf_counter() - start)
+                best = min(best, took)
                 if batch.timings.compute_ms > 0:
                     compute = min(compute, batch.timings.compute_ms / 1000.0)
         key = STATIC_RUN if gear is None else gear
@@ -88,6 +97,6 @@ def _in_warm_up(error: BaseException, data: str, remedy: str) -> BaseException:
     cause kept (they decide whether the load is retried)."""
     message = getattr(error, "message", None)
     if isinstance(message, str):
-        error.message = f"the warm-up run on {data} failed: {message}{remedy if data == 'zeros' else ''}"
+        error.message = f"the warm-up run on {data} failed: {message}{remedy}"
         error.args = (error.message,)
     return error

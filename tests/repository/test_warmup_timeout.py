@@ -5,6 +5,7 @@ the only time limit is a hang guard far above the configured timeout and far bel
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 
 import pytest
@@ -42,3 +43,29 @@ async def test_a_warm_up_that_hangs_fails_at_the_models_execution_timeout(
     finally:
         gate.set()
         await freed()
+
+
+async def test_a_warm_up_past_the_timeout_names_the_setting_not_the_data(
+        make_repo, models_dir, model_files, clean_faults):
+    """Its reason ended "(if the model cannot run on zeros, warmup_data: ones ...)", as every
+    warm-up failure's did: no data makes a run finish sooner. It names the setting to raise, and
+    the slowest run that finished (gear 1's three, before gear 2's first hung). Still retried: a
+    hang on the device ends the same way."""
+    repo, _ = await make_repo(model_control_mode="explicit")
+    (models_dir / "m.yaml").write_text("execution_timeout_ms: 300\nreset_timeout_ms: 200\n")
+    place(model_files[1]["om"], models_dir / "m.om")
+    gate = threading.Event()
+    held = faults.inject("execute", nth=4, hold=gate)  # gears 1, 2, 4, three runs each: gear 2's first
+    try:
+        with pytest.raises(ModelUnavailable) as refused:
+            await asyncio.wait_for(repo.load("m"), 30)  # a hang guard
+        assert held.entered.is_set() and not gate.is_set()
+    finally:
+        gate.set()
+        await freed()
+    reason = str(refused.value)
+    assert "warmup_data" not in reason and "cannot run on zeros" not in reason, reason
+    assert "(gear 2)" in reason and "execution timeout (300 ms)" in reason, reason
+    assert re.search(r"\(the slowest warm-up run that finished took \d+ ms\); if a run takes longer, raise "
+                     r"execution_timeout_ms \(300 ms\) in the model's config \(transient device error: retry 1 in ",
+                     reason), reason
