@@ -126,6 +126,13 @@ def test_a_choice_is_taken_in_any_case():
     ({"model_defaults.batching.max_queue_delay_ms": "1e9"}, "model_defaults.batching.max_queue_delay_ms",
      "write 1000000000, or 1.0e+9"),
     ({"port": "18310"}, "port", "a number in quotes is text: write it without quotes"),
+    # a quoted decimal was told "YAML reads a number like 1e9 as text"; a quoted trace.rate was
+    # taken, alone of the file's numbers (an audit's findings)
+    ({"debounce_s": "0.25"}, "debounce_s", "got '0.25' (a number in quotes is text: write it without quotes)"),
+    ({"model_defaults.inputs": {"x": {"image": {"crop_fraction": " .5"}}}},
+     "model_defaults.inputs.x.image.crop_fraction", "(a number in quotes is text: write it without quotes)"),
+    ({"trace": {"rate": "10"}}, "trace.rate", "must be an integer, got '10' (a number in quotes is text"),
+    ({"trace": {"log_frequency": "1_000"}}, "trace.log_frequency", "(a number in quotes is text"),
     # found by a helper's fuzz of the config: accepted, then a traceback from grpc or uvloop (C
     # ints), or a load that never ended (instances built one after another)
     ({"grpc_max_connection_age_s": 2_592_000}, "grpc_max_connection_age_s", "must be <= 2147483.647"),

@@ -6,6 +6,8 @@ import math
 import reprlib
 from typing import Mapping
 
+import yaml
+
 from .schema import AUTO, ConfigError
 
 
@@ -81,18 +83,23 @@ def as_float(value, path: str, minimum: float | None = 0.0, below: float | None 
     return number
 
 
+_PLAIN = yaml.resolver.Resolver()  # what YAML makes of a scalar written without quotes
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
 def _yaml_hint(value) -> str:
-    """Why a number came as text: quoted (a Helm template's habit), or YAML 1.1 (PyYAML) reading
-    1e9 as text (a float needs its dot and the exponent's sign: 1.0e+9)."""
-    if isinstance(value, str):
-        try:
-            float(value)
-        except ValueError:
-            return ""
-        if value.strip().lstrip("+-").isdigit():
-            return " (a number in quotes is text: write it without quotes)"
-        return " (YAML reads a number like 1e9 as text: write 1000000000, or 1.0e+9 for a non-integer)"
-    return ""
+    """Why a number came as text: quoted (a Helm template's habit: "10", "0.25", which YAML
+    reads as numbers without the quotes), or YAML 1.1 (PyYAML) reading 1e9 as text (a float
+    needs its dot and the exponent's sign: 1.0e+9)."""
+    if not isinstance(value, str):
+        return ""
+    if _PLAIN.resolve(yaml.ScalarNode, value.strip(), (True, False)) in _NUMBER_TAGS:
+        return " (a number in quotes is text: write it without quotes)"
+    try:
+        float(value)
+    except ValueError:
+        return ""
+    return " (YAML reads a number like 1e9 as text: write 1000000000, or 1.0e+9 for a non-integer)"
 
 
 def as_bool(value, path: str) -> bool:

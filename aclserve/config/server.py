@@ -106,6 +106,7 @@ def _load_retry(get) -> tuple[float, float]:
 
 _TRACE_KEYS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count",
                "log_frequency": "log_frequency", "file": "trace_file", "format": "trace_format"}
+_TRACE_NUMBERS = ("rate", "count", "log_frequency")  # integers, as every number of the file ("10" is text)
 
 
 def _trace(value) -> TraceSettings:
@@ -116,6 +117,8 @@ def _trace(value) -> TraceSettings:
         if isinstance(item, bool) or item is None:
             hint = " (write \"OFF\" in quotes: YAML reads a bare OFF as false)" if item is False else ""
             raise ConfigError(f"trace.{key}", f"must be a string or a number, got {shown(item)}{hint}")
+        if key in _TRACE_NUMBERS:  # (the trace API's values are strings, as Triton's: not the file's)
+            as_int(item, f"trace.{key}")
         try:
             settings = settings.updated({_TRACE_KEYS[key]: item})
         except TraceSettingsError as e:
