@@ -158,7 +158,9 @@ def test_a_choice_is_taken_in_any_case():
      "model_defaults.batching.priority_queue_policy.1", "gives level 1 a second time"),
     ({"model_defaults.batching.priority_queue_policy": []}, "model_defaults.batching.priority_queue_policy",
      "must be a mapping"),
-    ({"max_request_bytes": 2 << 30}, "max_request_bytes", "must be <= 536870912"),
+    # (the bound's setting named: a bare "must be <= 536870912" left the operator to find it)
+    ({"max_request_bytes": 2 << 30}, "max_request_bytes", "must be <= max_inflight_bytes (536870912): raise that too, "
+                                                         "got 2147483648"),
     ({"readiness": "maybe"}, "readiness", "must be one of strict, lenient"),
     ({"thread_scheduling": "fifo"}, "thread_scheduling", "must be one of batch, inherited"),
     ({"load_retry_max_s": 0.5}, "load_retry_max_s", "must be >= load_retry_initial_s (1), got 0.5"),

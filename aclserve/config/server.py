@@ -58,7 +58,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         max_inflate_ratio=as_int(get("max_inflate_ratio"), "max_inflate_ratio", 0),
         max_json_bytes=as_int(get("max_json_bytes"), "max_json_bytes", 1),
         max_json_elements=as_int(get("max_json_elements"), "max_json_elements", 1),
-        max_request_bytes=as_int(get("max_request_bytes"), "max_request_bytes", 1, max_inflight),
+        max_request_bytes=_max_request_bytes(get("max_request_bytes"), max_inflight),
         max_inflight_bytes=max_inflight,
         max_connections=as_int(get("max_connections"), "max_connections", 1, C_INT),
         listen_backlog=as_int(get("listen_backlog"), "listen_backlog", 1, C_INT),
@@ -92,6 +92,16 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         images=_image_settings(data.get("images")),
         model_defaults=parse_model_config(data.get("model_defaults", {}), "model_defaults"),
     )
+
+
+def _max_request_bytes(value, max_inflight: int) -> int:
+    """At most max_inflight_bytes, which sets the bound: the refusal names it (a bare "must be
+    <= 536870912" left the operator to find which setting that was)."""
+    value = as_int(value, "max_request_bytes", 1)
+    if value > max_inflight:
+        raise ConfigError("max_request_bytes", f"must be <= max_inflight_bytes ({max_inflight}): raise that too, "
+                                               f"got {value}")
+    return value
 
 
 def _load_retry(get) -> tuple[float, float]:

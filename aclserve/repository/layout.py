@@ -358,6 +358,8 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
     stamp = _config_stamp(config_path, config)
     available = {v: dataclasses.replace(f, config_stamp=stamp) for v, f in available.items()}
     result.models[name] = ModelEntry(config, available, selected)
+    if config_path is not None and config.compile != defaults.compile:  # (the defaults' are the .onnx files')
+        result.notes.extend(unread.compile_note(config_path, [available[v].path for v in selected], root))
 
 
 def _policy_text(policy: tuple) -> str:

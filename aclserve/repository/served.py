@@ -224,8 +224,10 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
         batcher = DynamicBatcher(pool, config.batching, name=f"{name}:{version}")
         if pool.gears and config.batching.batch_cap > batcher.batch_limit:  # (it was taken in silence)
             log.info("%s:%s: batching.max_batch_size %d (or --max-batch) is above the largest compiled batch size "
-                     "%d: a batch holds %d rows at most (compile.batch sets the sizes)", name, version,
-                     config.batching.batch_cap, batcher.batch_limit, batcher.batch_limit)
+                     "%d: a batch holds %d rows at most%s", name, version, config.batching.batch_cap,
+                     batcher.batch_limit, batcher.batch_limit,
+                     # (an .om's sizes were fixed by ATC: its compile settings are passed over, layout.py)
+                     " (compile.batch sets the sizes)" if wanted.file.kind == "onnx" else "")
         batcher.start()
     except BaseException:
         await loop.run_in_executor(executor, pool.close)

@@ -1,5 +1,5 @@
-"""Files the models folder's scan passes over, said in notes: each was ignored without a word
-once, and left the defaults in force or a model unserved."""
+"""Files the models folder's scan passes over (and an .om's `compile:` settings), said in notes:
+each was ignored without a word once, and left the defaults in force or a model unserved."""
 from __future__ import annotations
 
 import os
@@ -31,3 +31,14 @@ def capitals_note(path: Path, root: Path, known: tuple[str, ...], stem: str | No
         return []
     return [f"{path.relative_to(root)} not read: file suffixes are lower case (rename it "
             f"{stem or own}{suffix.lower()})"]
+
+
+def compile_note(config_path: Path, served: list[str], root: Path) -> list[str]:
+    """`compile:` in the config of a model served from an .om, which the server does not compile:
+    its batch sizes and shapes were fixed when ATC built it (the settings were passed over in
+    silence). `served`: the model files of the versions served."""
+    oms = [os.path.relpath(path, root) for path in served if path.endswith(".om")]
+    if not oms:
+        return []
+    return [f"{config_path.relative_to(root)}: compile is ignored for {', '.join(oms)}: an .om was compiled "
+            f"already (its batch sizes were fixed by ATC); compile applies to an .onnx the server compiles"]

@@ -576,11 +576,17 @@ async def test_lenient_readiness_comes_when_a_retry_has_failed_again(make_repo, 
 
 
 async def test_a_max_batch_size_above_the_largest_gear_is_said(make_repo, models_dir, model_files, caplog):
-    """Served as the largest gear (4 here), as before, but no longer in silence (an operator's check)."""
-    caplog.set_level(logging.INFO, logger="aclserve.repository.served")
+    """Served as the largest gear (4 here), as before, but no longer in silence (an operator's check).
+    An .om's sizes were fixed by ATC: the note told its owner "compile.batch sets the sizes", and
+    its config's `compile:` was passed over in silence (an audit's findings): said once, at INFO."""
+    caplog.set_level(logging.INFO, logger="aclserve.repository")
     place(model_files[1]["om"], models_dir / "m.om")
-    (models_dir / "m.yaml").write_text("batching:\n  max_batch_size: 100\n")
+    (models_dir / "m.yaml").write_text("batching:\n  max_batch_size: 100\ncompile: {batch: [1, 2, 8]}\n")
     repo, _ = await make_repo(model_control_mode="none")
     assert repo.get("m").max_batch_size == 4
+    said = [r.getMessage() for r in caplog.records]
     assert ("m:1: batching.max_batch_size 100 (or --max-batch) is above the largest compiled batch size 4: a "
-            "batch holds 4 rows at most (compile.batch sets the sizes)") in [r.getMessage() for r in caplog.records]
+            "batch holds 4 rows at most") in said, said
+    assert ("models folder: m.yaml: compile is ignored for m.om: an .om was compiled already (its batch sizes "
+            "were fixed by ATC); compile applies to an .onnx the server compiles") in said, said
+    assert not [line for line in said if "compile.batch" in line]

@@ -352,6 +352,24 @@ def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
     assert sorted(result.models) == ["digits", "t", "v"] and not result.problems
 
 
+def test_compile_in_the_config_of_an_om_is_said_to_be_ignored(tmp_path):
+    """An .om is not compiled here: its own config's `compile:` was passed over in silence. Not
+    said for an .onnx, nor for the defaults' compile (meant for the folder's .onnx files)."""
+    for model in ("flat.om", "source.onnx", "v/2/model.om"):
+        touch(tmp_path / model)
+    touch(tmp_path / "v" / "1" / "model.onnx")
+    touch(tmp_path / "plain.om")  # no config of its own: the defaults' compile
+    for config in ("flat.yaml", "source.yaml", "v/config.yaml"):
+        (tmp_path / config).write_text("compile: {batch: [1, 8]}\nversion_policy: all\n")
+    defaults = parse_model_config({"compile": {"batch": [1, 4]}})
+    result = scan(tmp_path, defaults)
+    assert sorted(result.models) == ["flat", "plain", "source", "v"] and not result.problems
+    ignored = ("an .om was compiled already (its batch sizes were fixed by ATC); compile applies to an .onnx the "
+               "server compiles")
+    assert sorted(result.notes) == [f"flat.yaml: compile is ignored for flat.om: {ignored}",
+                                    f"v/config.yaml: compile is ignored for v/2/model.om: {ignored}"]
+
+
 def test_a_models_folder_under_one_that_cannot_be_searched_cannot_be_read(tmp_path, monkeypatch):
     """`chmod 000` on the folder above: Path.is_dir raises (EACCES), not False, and the scan
     raised, which also stopped the safety rescan (found by running the server so)."""
