@@ -195,6 +195,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             pass
     listener: asyncio.Server | None = None
     state.auth.log_startup()
+    state.tracer.log_startup()  # (the merged config's trace settings that trace nothing)
     try:
         await runner.setup()
         state.connections.direct = direct_answers(app)

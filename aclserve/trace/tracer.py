@@ -85,6 +85,21 @@ class Tracer:
     def settings(self, model: str | None = None) -> TraceSettings:
         return self._models.get(model, self._global) if model else self._global
 
+    def log_startup(self) -> None:
+        """Start-up settings that trace nothing, said once: the config file's trace section can
+        set the level without a file or a file without the level (--trace sets both; the
+        other flags are checked where they are read, cli/serve.py)."""
+        start = self._startup
+        if start.level == "OFF":
+            if start.file:
+                log.warning("trace.file is %s but trace.level is OFF: nothing is traced until trace.level is "
+                            "TIMESTAMPS or the trace API turns tracing on", start.file)
+        elif not start.file:
+            log.warning("trace.level is %s but no trace.file is set: traces are kept in memory and never "
+                        "written; set trace.file (or --trace FILE)", start.level)
+        elif start.count == 0:
+            log.warning("trace.count is 0: no request is traced until the trace API sets another count")
+
     @property
     def any_on(self) -> bool:
         return self._global.on or any(s.on for s in self._models.values())

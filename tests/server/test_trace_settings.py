@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 
@@ -175,3 +176,24 @@ def test_a_grpc_request_is_traced_with_its_id(srv, http_client):
     assert [h["request_id"] for h in heads] == ["g-1", "meta-2"]
     names = [e["timestamps"][0]["name"] for e in entries if "timestamps" in e and e["id"] == heads[0]["id"]]
     assert names[0] == "GRPC_WAITREAD_START" and names[-1] == "GRPC_SEND_END" and "COMPUTE_END" in names
+
+
+def test_trace_settings_of_the_file_that_trace_nothing_are_said(tmp_path, caplog):
+    """A trace file with the level OFF, or TIMESTAMPS with no file, started silently and recorded
+    nothing (the command line's flags were warned about, not the file's: an audit's finding)."""
+    caplog.set_level(logging.WARNING, logger="aclserve.trace")
+    (tmp_path / "models").mkdir()
+    file = str(tmp_path / "trace.json")
+    for trace, said in (({"file": file}, f"trace.file is {file} but trace.level is OFF: nothing is traced"),
+                        ({"level": "TIMESTAMPS"}, "trace.level is TIMESTAMPS but no trace.file is set: traces are "
+                                                  "kept in memory and never written; set trace.file"),
+                        ({"level": "TIMESTAMPS", "file": file, "count": 0}, "trace.count is 0: no request is traced"),
+                        ({"level": "TIMESTAMPS", "file": file}, None)):
+        caplog.clear()
+        with ServerThread(server_config(tmp_path / "models", trace=trace)):
+            pass
+        warned = [r.getMessage() for r in caplog.records if r.name == "aclserve.trace.tracer"]
+        if said is None:
+            assert warned == [], trace
+        else:
+            assert len(warned) == 1 and said in warned[0], (trace, warned)
