@@ -324,7 +324,7 @@ class InstancePool:
         if closed:
             self._builder.dispose(new)
             return
-        log.warning("%s: instance %s rebuilt; serving again", self.name, new.name)
+        log.info("%s: instance %s rebuilt; serving again", self.name, new.name)  # a recovery: the fault warned
         try:
             self.slot_free()  # launches the batches that waited, wakes the batcher
             if not old_disposed:

@@ -1,6 +1,7 @@
 """Model runtime on the CPU runtime: gears and padding, many batches, faults, memory."""
 from __future__ import annotations
 
+import logging
 import random
 import re
 import threading
@@ -127,6 +128,25 @@ def test_a_device_fault_fails_only_its_batch_and_the_instance_keeps_serving(runt
         np.testing.assert_array_equal(result.outputs[0]["s"], affine_request(2, 5)["idx"] * 2)
     finally:
         pool.close()
+
+
+def test_a_rebuilt_instance_serving_again_is_said_at_info(runtime, affine_om, caplog):
+    """A recovery: "rebuilt; serving again" was a WARNING, so an alert on warnings fired twice
+    for one fault (the fault and the rebuild it began are said at ERROR and WARNING)."""
+    pool = open_pool(runtime, affine_om(), "affine", retry=False)
+    done = BatchFutures(pool)
+    try:
+        with caplog.at_level(logging.INFO, logger="aclserve"):
+            faults.inject("execute", nth=1)
+            with pytest.raises(ExecutionFailed):
+                done.submit([affine_request(2)], 2).result(timeout=30)
+            done.submit([affine_request(2)], 2).result(timeout=30)  # on the rebuilt instance
+    finally:
+        pool.close()
+    said = {r.getMessage(): r.levelname for r in caplog.records}
+    assert said["affine: rebuilding instance affine#0 (the device failed a task (507011) and the instance's "
+                "context stopped on it)"] == "WARNING"
+    assert said["affine: instance affine#0 rebuilt; serving again"] == "INFO"
 
 
 def test_a_failed_batch_is_retried_once_on_another_instance(runtime, affine_om):
