@@ -25,6 +25,14 @@ def test_top_level_help_describes_the_tool():
     assert "KServe v2" in out and "aclserve serve" in out and "argparse" not in out
 
 
+def test_serve_help_says_what_debug_logs():
+    """"debug also logs every request" was not so: only aiohttp's access log is added, which no
+    gRPC call reaches (an SRE's audit); the request log is the one for every infer request."""
+    out = " ".join(_aclserve("serve", "--help").stdout.split())
+    assert "every request" not in out
+    assert "debug adds aiohttp's access log" in out and "gRPC calls are not in it" in out and "--request-log" in out
+
+
 def test_ctrl_c_while_the_commands_import_ends_quietly(monkeypatch):
     """A Ctrl-C in the first ~0.1 s (build_parser imports numpy) was a KeyboardInterrupt traceback."""
     import aclserve.cli as cli

@@ -24,7 +24,9 @@ def add_commands(sub) -> None:
                    help="where dropped .onnx files are compiled to (default <models>/.cache)")
     p.add_argument("--device", type=str.lower, choices=("auto", "cpu", "npu"), help="ACL to use (default auto)")
     p.add_argument("--log-level", type=str.lower, choices=("debug", "info", "warning", "error", "critical"),
-                   help="logging level (default info; debug also logs every request)")
+                   help="logging level (default info; debug adds aiohttp's access log, a line per HTTP "
+                        "request aiohttp answers, and turns the direct infer answers off for it; gRPC calls "
+                        "are not in it: --request-log logs the infer requests of both transports)")
     p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve HTTPS and gRPC over TLS "
                                                       "(tls_cert_file; with --tls-key)")
     p.add_argument("--tls-key", metavar="FILE", help="its PEM private key (tls_key_file)")
