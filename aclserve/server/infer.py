@@ -51,7 +51,8 @@ async def infer(request: web.Request) -> web.Response:
     with state.budget.lease() as lease:  # held until the answer is built
         return await counted_infer(state, match["model"], match.get("version"),
                                    functools.partial(_infer, request, state, lease),
-                                   known_id=request.headers.get(REQUEST_ID_HEADER))
+                                   known_id=request.headers.get(REQUEST_ID_HEADER),
+                                   read=functools.partial(_read, request, state, lease))
 
 
 async def expect_body(request: web.Request) -> web.Response | None:
@@ -88,13 +89,17 @@ def _body_limit(request: web.Request, config) -> tuple[int, str]:
 
 
 async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http",
-                        known_id: str | None = None):
+                        known_id: str | None = None, read=None):
     """Count one infer request in flight (refused when shutting down), resolve the serving
     version, await `work(record, trace)` and record the outcome in the version's metrics (and,
     when observed, its trace and request log line; `known_id`: the request's id as far as it is
     known before its body is decoded, for the line of one refused before that). The one infer
     path of both transports:
-    HTTP passes its decode/encode, gRPC its own. `trace` is a RequestTrace or None."""
+    HTTP passes its decode/encode, gRPC its own. `trace` is a RequestTrace or None.
+    `read()`: aiohttp's path, whose body is still to come, reads it here, and `work(record,
+    trace, body)` gets it. The duration histogram starts once the body is in hand, as on the
+    paths that have it before they come here (the guard's, gRPC's): a client's slow upload is
+    not time in the server. The statistics' `fail`, traces and the request log count from here."""
     start = time.perf_counter_ns()
     try:
         state.enter()  # 503 / UNAVAILABLE when shutting down
@@ -112,8 +117,14 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
         trace = observer.begin(rec.name, rec.version, protocol, start) if observer is not None else None
         if trace is not None and known_id is not None:  # named even when refused before its body is read
             trace.request_id = request_id(known_id)
+        served_from = start  # the duration histogram's start
         try:
-            response = await work(rec, trace)
+            if read is None:
+                response = await work(rec, trace)
+            else:
+                body = await read()
+                served_from = time.perf_counter_ns()
+                response = await work(rec, trace, body)
         except ServeError as e:
             rec.request_failed(type(e).__name__, time.perf_counter_ns() - start)
             if trace is not None:
@@ -121,7 +132,7 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
             raise
         except asyncio.CancelledError as e:
             if answered_before_cancel(e):  # its outputs had come: a success, as the model's statistics count it
-                rec.metrics.request_ok((time.perf_counter_ns() - start) / 1e9)
+                rec.metrics.request_ok((time.perf_counter_ns() - served_from) / 1e9)
             else:
                 rec.request_failed("Cancelled", time.perf_counter_ns() - start)
             if trace is not None:
@@ -132,7 +143,7 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
             if trace is not None:
                 observer.end(trace, 500, "internal error")
             raise
-        rec.metrics.request_ok((time.perf_counter_ns() - start) / 1e9)
+        rec.metrics.request_ok((time.perf_counter_ns() - served_from) / 1e9)
         if trace is not None:
             observer.end(trace, 200)
         return response
@@ -229,11 +240,14 @@ def charge_decoding(lease, rec, body, header_length: int | None) -> int:
     return estimate
 
 
-async def _infer(request: web.Request, state, lease, rec, trace) -> web.Response:
+async def _read(request: web.Request, state, lease) -> bytes:
     config = state.config
     limit, limit_name = _body_limit(request, config)
-    body = await read_body(request, lease, limit, config.body_timeout_s, state.body_reads, limit_name,
+    return await read_body(request, lease, limit, config.body_timeout_s, state.body_reads, limit_name,
                            config.max_inflate_ratio)
+
+
+async def _infer(request: web.Request, state, lease, rec, trace, body: bytes) -> web.Response:
     header_length = parse_header_length(request.headers.getall(HEADER_LENGTH, ()))
     fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
     payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images, lease,
