@@ -35,6 +35,7 @@ from .json_tensors import BINARY_HINT, value_bound
 from .codec import HEADER_LENGTH, decode_request, parse_header_length
 from .encode import encode_response
 from .expect import continue_within
+from .failure_reasons import CANCELLED, INTERNAL_ERROR, failure_reason
 from .http_errors import http_status
 from .observe import REQUEST_ID_HEADER, request_id
 from .shedding import refuse_undecoded
@@ -126,7 +127,7 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
                 served_from = time.perf_counter_ns()
                 response = await work(rec, trace, body)
         except ServeError as e:
-            rec.request_failed(type(e).__name__, time.perf_counter_ns() - start)
+            rec.request_failed(failure_reason(e), time.perf_counter_ns() - start)
             if trace is not None:
                 observer.end(trace, http_status(e), e.message)
             raise
@@ -134,12 +135,12 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
             if answered_before_cancel(e):  # its outputs had come: a success, as the model's statistics count it
                 rec.metrics.request_ok((time.perf_counter_ns() - served_from) / 1e9)
             else:
-                rec.request_failed("Cancelled", time.perf_counter_ns() - start)
+                rec.request_failed(CANCELLED, time.perf_counter_ns() - start)
             if trace is not None:
                 observer.end(trace, 499, "cancelled: the client went away")
             raise
         except Exception:
-            rec.request_failed("InternalError", time.perf_counter_ns() - start)
+            rec.request_failed(INTERNAL_ERROR, time.perf_counter_ns() - start)
             if trace is not None:
                 observer.end(trace, 500, "internal error")
             raise

@@ -6,7 +6,8 @@ cached in a VersionMetrics, and gauges that are cheap to read on demand (queue d
 ratio, device memory) are computed at scrape time by a collector instead of being updated per
 request. Everything here runs on the event loop thread but the text of a scrape: `snapshot()`
 copies every figure there and `render(snapshot)` may run in a worker thread (at 420 versions a
-scrape is 2.4 MB of text, ~100 ms of formatting that would otherwise hold every request).
+scrape was 2.4 MB of text, ~100 ms of formatting that would otherwise hold every request; the
+failure series each version has from its load at 0, one per reason, add about 0.5 MB to it).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .contracts import ServedModel
+from .failure_reasons import FAILURE_REASONS
 from .loop_metrics import LoopCounterFamily, LoopHistogramFamily
 
 log = logging.getLogger(__name__)
@@ -34,10 +36,13 @@ DEVICE_BUSY_HELP = ("Fraction of the last 10 s the device's compute streams were
 
 
 class VersionMetrics:
-    """Cached labelled children of one (model, version): no label lookups per request."""
+    """Cached labelled children of one (model, version): no label lookups per request. Made
+    when the version is loaded (ServerMetrics.on_repository_event), every series at 0 and a
+    failure series for each reason, so that rate() and increase() see its first requests and
+    the first failure of each kind (a series that appears with its first count has no start)."""
 
     __slots__ = ("_owner", "_labels", "success", "request_duration", "queue_duration",
-                 "compute_duration", "batch_size", "padding_rows", "_failures", "_removed")
+                 "compute_duration", "batch_size", "padding_rows", "_failures")
 
     def __init__(self, owner: "ServerMetrics", model: str, version: str):
         self._owner = owner
@@ -48,22 +53,19 @@ class VersionMetrics:
         self.compute_duration = owner.compute_duration.labels(model, version)
         self.batch_size = owner.batch_size.labels(model, version)
         self.padding_rows = owner.padding_rows.labels(model, version)
-        self._failures: dict[str, Counter] = {}
-        self._removed = False  # the version was unloaded: a late request must not bring a series back
+        self._failures = {reason: owner.failure.labels(model, version, reason) for reason in FAILURE_REASONS}
 
     def request_ok(self, seconds: float) -> None:
         self.success.inc()
         self.request_duration.observe(seconds)
 
     def request_failed(self, reason: str) -> None:
-        """Counted by reason only: in the duration histogram a burst of refusals, answered in
-        microseconds (the early ones at 0), passed for latency falling under overload."""
+        """Counted by reason only (failure_reasons.py: one of FAILURE_REASONS): in the duration
+        histogram a burst of refusals, answered in microseconds (the early ones at 0), passed for
+        latency falling under overload."""
         child = self._failures.get(reason)
-        if child is None:
-            if self._removed:  # (the other children are detached from their families already)
-                return
-            child = self._failures[reason] = self._owner.failure.labels(*self._labels, reason)
-        child.inc()
+        if child is not None:  # (none once the version is unloaded: a late request brings no series back)
+            child.inc()
 
     # observers registered on the batcher's stats (scheduling.stats.BatcherStats.observe)
     def on_request_done(self, level: int, queue_s: float, ok: bool, reason: str) -> None:
@@ -85,7 +87,6 @@ class VersionMetrics:
         for reason in self._failures:
             o.failure.remove(*self._labels, reason)
         self._failures.clear()
-        self._removed = True
 
 
 class ServerMetrics:
@@ -142,6 +143,7 @@ class ServerMetrics:
         """Listener for ModelRepository.add_listener (contracts.ModelStore)."""
         seconds = info.get("seconds")  # a load's duration, sent with loaded / reloaded
         if event in ("loaded", "reloaded"):
+            self.version(name, str(version))  # its series from now on (a reload's carry on)
             self.loads.labels(name, "ok").inc()
             if seconds is not None:
                 self.load_duration.labels(name).observe(float(seconds))

@@ -28,6 +28,7 @@ import time
 import orjson
 
 from ..errors import ServeError
+from .failure_reasons import failure_reason
 from .framing import Head, NEED_BODY
 from .plain import guard_may_refuse, infer_target
 
@@ -143,7 +144,7 @@ class EarlyRefusal:
         if may_name_priority(bytes(body)) or served.batcher.admit_unread():
             return None
         error = served.batcher.refuse_default_level()
-        state.record(served).request_failed(type(error).__name__, 0)
+        state.record(served).request_failed(failure_reason(error), 0)
         self.refused += 1
         self.overloaded()
         return error

@@ -341,3 +341,43 @@ def test_request_duration_starts_once_the_body_is_in_hand(models_dir, caplog):
     in_server_ms = value(found, "aclserve_request_duration_seconds_sum", **mv) * 1000
     (line,) = [r.fields for r in caplog.records if r.name == "aclserve.requests"]
     assert in_server_ms <= line["duration_ms"] - hold_s * 1000 + 0.001, (in_server_ms, line["duration_ms"])
+
+
+def test_a_version_s_series_exist_from_its_load_with_every_failure_reason_at_0(models_dir, tmp_path):
+    """They appeared with a version's first request, and a reason's with its first failure, so
+    rate() and increase() missed that first burst (an SRE's audit). Loaded at the start, and again
+    through the repository API after an unload (which removes them)."""
+    import shutil
+
+    from aclserve.server.failure_reasons import FAILURE_REASONS
+    from tests.serving import ServerThread, server_config
+
+    own = tmp_path / "models"
+    own.mkdir()
+    shutil.copy(models_dir / "double.om", own / "double.om")
+
+    def series(found):
+        mv = {"model": "double", "version": "1"}
+        return ({name: [s.value for s in found.get(name, []) if s.labels.items() >= mv.items()]
+                 for name in ("aclserve_request_success_total", "aclserve_request_duration_seconds_count",
+                              "aclserve_queue_duration_seconds_count", "aclserve_padding_rows_total")},
+                {s.labels["reason"]: s.value for s in found.get("aclserve_request_failure_total", [])
+                 if s.labels["model"] == "double"})
+
+    def scrape():
+        return samples(urllib.request.urlopen(f"http://{srv.url}/metrics", timeout=30).read().decode())
+
+    def control(action):
+        request = urllib.request.Request(f"http://{srv.url}/v2/repository/models/double/{action}", method="POST")
+        assert urllib.request.urlopen(request, timeout=60).status == 200
+
+    with ServerThread(server_config(own)) as srv:
+        at_start = series(scrape())
+        control("unload")
+        unloaded = series(scrape())
+        control("load")
+        loaded_again = series(scrape())
+    for counters, reasons in (at_start, loaded_again):
+        assert all(values == [0.0] for values in counters.values()), counters
+        assert reasons == dict.fromkeys(FAILURE_REASONS, 0.0)
+    assert unloaded == ({name: [] for name in at_start[0]}, {})
