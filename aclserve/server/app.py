@@ -55,6 +55,7 @@ async def _lifecycle(app: web.Application):
     state.runtime.start()
     state.repo.add_listener(state.metrics.on_repository_event)
     state.repo.add_listener(state.guard_metrics.on_repository_event)
+    state.repo.add_listener(state.on_repository_event)
     state.loading = asyncio.ensure_future(_load(state))
     try:
         yield

@@ -114,6 +114,12 @@ class ServerState:
             self._records[(rec.name, rec.version)] = rec
         return rec
 
+    def on_repository_event(self, event: str, name: str, version=None, **info) -> None:
+        """Listener for ModelRepository.add_listener: an unloaded version's record goes (it
+        held the closed version until a request named the same version again)."""
+        if event == "unloaded":
+            self._records.pop((name, str(version)), None)
+
     def enter(self) -> None:
         """Count one infer request in flight; refuse it when shutting down."""
         if self.shutting_down:

@@ -381,3 +381,39 @@ def test_a_version_s_series_exist_from_its_load_with_every_failure_reason_at_0(m
         assert all(values == [0.0] for values in counters.values()), counters
         assert reasons == dict.fromkeys(FAILURE_REASONS, 0.0)
     assert unloaded == ({name: [] for name in at_start[0]}, {})
+
+
+def test_an_unloaded_version_is_not_kept_alive_by_the_servers_records(models_dir, tmp_path):
+    """The server's per-version record (its metrics and limits, made at the first request) is
+    dropped at the unload: it held the closed version, and all it refers to, until a request
+    named the same version again."""
+    import gc
+    import os
+    import shutil
+
+    from aclserve.repository.served import ServedVersion
+    from tests.serving import ServerThread, server_config
+
+    own = tmp_path / "models"
+    shutil.copytree(models_dir, own)
+    srv = ServerThread(server_config(own)).start()
+
+    async def run(url):
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/v2/models/double/infer", json={
+                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}) as r:
+                assert r.status == 200
+            async with session.post(f"{url}/v2/repository/models/double/unload") as r:
+                assert r.status == 200
+
+    def alive():
+        gc.collect()
+        return [o for o in gc.get_objects() if isinstance(o, ServedVersion) and o.name == "double"
+                and o.wanted.file.path.startswith(os.path.realpath(own))]  # (not another test's server)
+
+    try:
+        assert alive() != []  # (what is looked for is found)
+        asyncio.run(run(f"http://{srv.url}"))
+        assert alive() == []
+    finally:
+        srv.close()
