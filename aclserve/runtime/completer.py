@@ -250,5 +250,5 @@ class Completer:
             self._book.take_out_of_rotation(reason)
             log.error("%s: %s; the instance stops taking work", self.name, reason)
             return
-        log.warning("%s: streams reset after a device fault; serving again", self.name)
+        log.info("%s: streams reset after a device fault; serving again", self.name)
         self._book.streams_were_reset()
