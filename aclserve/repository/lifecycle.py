@@ -49,6 +49,12 @@ from .status import State, VersionStates
 
 log = logging.getLogger(__name__)
 
+# why a version was unloaded (the log and its UNLOADING reason; _unload_cause names the others)
+UNLOAD_ASKED = "asked through the repository API"  # (ModelRepository.unload's plans)
+FILE_GONE = "its file is gone"
+NOT_SELECTED = "no longer selected by its version_policy"  # (its config changed)
+SHUTTING_DOWN = "the server is shutting down"
+
 
 class Lifecycle:
     def __init__(self, config: ServerConfig, runtime, planner: Planner, failures: LoadFailures,
@@ -155,7 +161,8 @@ class Lifecycle:
         unload = list(plan.unload)
         if failed:  # keep versions a failed one was meant to push out, while their files exist
             unload = [v for v in unload if not self._planner.on_disk(name, v) or name in self.held]
-        replaced = self._swap(name, loaded, unload, plan.keep)
+        causes = {v: self._unload_cause(plan, v, loaded) for v in unload}
+        replaced = self._swap(name, loaded, causes, plan.keep)
         for version, sv in loaded.items():
             self.states.move(name, version, State.READY)
             if version in replaced:  # `replaced`: the version it took over from, draining now
@@ -164,7 +171,8 @@ class Lifecycle:
                 self._emit("reloaded", name, version, seconds=sv.load_seconds, replaced=replaced[version])
             else:
                 self._emit("loaded", name, version, seconds=sv.load_seconds)
-        await asyncio.gather(*(self._retire(old, replaced=v in loaded) for v, old in replaced.items()))
+        await asyncio.gather(*(self._retire(old, replaced=v in loaded, cause=causes.get(v, ""))
+                               for v, old in replaced.items()))
         if failed:
             self._dirty.add(name)  # the selection may change now that a file is refused
         return failed
@@ -174,10 +182,27 @@ class Lifecycle:
         for sv in loaded.values():
             await sv.close(0.0, self._executor, self._close_deadline)
 
-    def _swap(self, name: str, loaded: dict[str, ServedVersion], unload: list[str],
+    def _unload_cause(self, plan: ModelPlan, version: str, loaded: dict[str, ServedVersion]) -> str:
+        """Why `plan` takes `version` out of service, in a few words for the log and its UNLOADING
+        reason (they said "version 1 unloaded" alike for an API call, a file deleted, a policy). An
+        API unload says so itself: a load that came after it has cleared `held` by now. A newer
+        version takes its place only under the same version_policy: one edited drops it whatever
+        loads with it (an edit of the policy alone loads only the versions it adds: plan.keep)."""
+        if plan.unload_cause:
+            return plan.unload_cause
+        if not self._planner.on_disk(plan.name, version):
+            return FILE_GONE
+        serving = self.serving.get(plan.name, {}).get(version)
+        policies = {w.config.version_policy for w in (*plan.load.values(), *plan.keep.values())}
+        newer = [v for v in loaded if int(v) > int(version)]
+        if newer and serving is not None and policies == {serving.wanted.config.version_policy}:
+            return f"version {max(newer, key=int)} took its place under its version_policy"
+        return NOT_SELECTED
+
+    def _swap(self, name: str, loaded: dict[str, ServedVersion], unload: dict[str, str],
               keep: dict[str, Wanted]) -> dict[str, ServedVersion]:
-        """Put `loaded` in service and take `unload` out, in one assignment; the versions in
-        `keep` serve on as they are, under their new version_policy. Returns the retired."""
+        """Put `loaded` in service and take `unload` (version -> why) out, in one assignment; the
+        versions in `keep` serve on as they are, under their new version_policy. Returns the retired."""
         updated = dict(self.serving.get(name, {}))
         kept = [v for v in keep if v in updated and v not in loaded]
         for version in kept:
@@ -203,7 +228,10 @@ class Lifecycle:
         self.serving, self.acted = serving, acted  # requests see the old map or the new one, never a mix
         for version, old in retired.items():
             old.retire(functools.partial(self._successor, name, version))
-            self.states.move(name, version, State.READY if version in loaded else State.UNLOADING)
+            if version in loaded:
+                self.states.move(name, version, State.READY)
+            else:
+                self.states.move(name, version, State.UNLOADING, unload[version])
         return retired
 
     def _successor(self, name: str, version: str) -> ServedVersion | None:
@@ -212,9 +240,11 @@ class Lifecycle:
             return None
         return versions.get(version) or versions[max(versions, key=int)]
 
-    async def _retire(self, sv: ServedVersion, replaced: bool, deadline: float | None = None) -> None:
+    async def _retire(self, sv: ServedVersion, replaced: bool, deadline: float | None = None,
+                      cause: str = "") -> None:
         """`sv` is out of the serving map: close it (drained until `deadline`, time.monotonic(),
-        default shutdown_timeout_s from now), drop its compile, settle its state."""
+        default shutdown_timeout_s from now), drop its compile, settle its state; `cause`: why
+        it was unloaded (not `replaced`), for the log."""
         drain_s = self._config.shutdown_timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
         self._retiring.add(sv)
         if self._close_deadline is not None:  # started as the repository closes: its deadline
@@ -231,7 +261,7 @@ class Lifecycle:
         if replaced:  # its (name, version) serves on: what it counted is kept by listeners
             self._emit("retired", sv.name, sv.version, served=sv)
         else:
-            log.info("%s: version %s unloaded", sv.name, sv.version)
+            log.info("%s: version %s unloaded (%s)", sv.name, sv.version, cause)
             self._emit("unloaded", sv.name, sv.version)
 
     def _compiles_in_use(self) -> set[str]:
@@ -291,9 +321,9 @@ class Lifecycle:
         retiring = [sv for versions in serving.values() for sv in versions.values()]
         for sv in retiring:
             sv.retire(lambda: None)
-            self.states.move(sv.name, sv.version, State.UNLOADING)
-        await asyncio.gather(*(self._retire(sv, replaced=False, deadline=deadline) for sv in retiring),
-                             return_exceptions=True)
+            self.states.move(sv.name, sv.version, State.UNLOADING, SHUTTING_DOWN)
+        await asyncio.gather(*(self._retire(sv, replaced=False, deadline=deadline, cause=SHUTTING_DOWN)
+                               for sv in retiring), return_exceptions=True)
         self.acted = {}
         unfinished = [asyncio.wrap_future(f) for f in self._executor.unfinished()]
         if unfinished:  # an abandoned load closes what it opened (a hung one never returns)

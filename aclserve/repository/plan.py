@@ -58,6 +58,7 @@ class ModelPlan:
     unload: list[str] = field(default_factory=list)  # versions to drain and unload
     # version -> what it now serves as: only the version_policy changed (Wanted.reselects), no reload
     keep: dict[str, Wanted] = field(default_factory=dict)
+    unload_cause: str = ""  # why, when the plan's maker knows (the log and the index say it)
 
     def __bool__(self) -> bool:
         return bool(self.load or self.unload or self.keep)

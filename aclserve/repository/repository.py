@@ -28,7 +28,7 @@ from ..config import ServerConfig
 from ..errors import InvalidInput, ModelUnavailable, NotFound, ServeError, ShuttingDown
 from . import layout
 from .failures import LoadFailures
-from .lifecycle import Lifecycle
+from .lifecycle import UNLOAD_ASKED, Lifecycle
 from .models_folder import check_models_folder
 from .plan import ModelPlan
 from .planner import WAITING_FOR_CONFIG, Planner
@@ -300,7 +300,8 @@ class ModelRepository:
         self._lifecycle.held.add(name)
         await self._lifecycle.wait_for(name)
         if name in self._lifecycle.acted:
-            task = self._lifecycle.start(ModelPlan(name, unload=list(self._lifecycle.acted[name])))
+            plan = ModelPlan(name, unload=list(self._lifecycle.acted[name]), unload_cause=UNLOAD_ASKED)
+            task = self._lifecycle.start(plan)
             if task is not None:  # None: the repository closed meanwhile
                 await task
 

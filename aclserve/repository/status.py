@@ -2,7 +2,8 @@
 
     LOADING      a version not serving yet is being compiled, opened and warmed up
     READY        serving; a reason says a newer file for it was refused (the old file serves on)
-    UNLOADING    out of service: draining its queued and in-flight requests, then closing
+    UNLOADING    out of service, the reason says why (lifecycle.py names the causes): draining
+                 its queued and in-flight requests, then closing
     UNAVAILABLE  not serving, with why: its load failed (the reason names the retry when one is
                  due) or it was unloaded through the API
 
@@ -41,7 +42,10 @@ TRANSITIONS: dict[State | None, frozenset[State | None]] = {
 }
 
 
-UNLOADED = "unloaded"  # the reason of a version unloaded through the API, its file still there
+# the reason of a version unloaded through the API once it has drained, its file still there (Triton's
+# words: clients match them; why it was unloaded is in its UNLOADING reason and the log)
+UNLOADED = "unloaded"
+NOT_LOADED = "not loaded"  # on disk and selected by its version policy, without a record yet
 
 
 class IllegalTransition(RuntimeError):
@@ -89,7 +93,7 @@ class VersionStates:
             if record is None and entry is not None and version in entry.selected:
                 # on disk and selected, not loaded yet (settling, or between an unload and a load):
                 # the index lists it UNAVAILABLE, and so does a request for it (not "no such version")
-                return State.UNAVAILABLE.value, "not loaded"
+                return State.UNAVAILABLE.value, NOT_LOADED
             if record is None and name in scan.problems and not any(n == name for n, _ in self._records):
                 # a model known only as a problem (the index lists it: not "unknown model"); one
                 # with versions recorded still has no version that is not among them
@@ -97,7 +101,7 @@ class VersionStates:
         else:
             record = next((value for (n, _), value in reversed(self._records.items()) if n == name), None)
             if record is None and (name in scan.models or name in scan.problems):
-                return State.UNAVAILABLE.value, scan.problems.get(name, "not loaded")
+                return State.UNAVAILABLE.value, scan.problems.get(name, NOT_LOADED)
         return (record[0].value, record[1]) if record else None
 
     def forget_stale(self, scan: ScanResult, refused: set[tuple[str, str]],
@@ -131,7 +135,7 @@ class VersionStates:
                 if found.path in waiting and (name, version) not in self._records:
                     reason = "waiting for the file to be complete"
                 elif version in entry.selected:
-                    reason = "not loaded"
+                    reason = NOT_LOADED
                 else:
                     reason = "not selected by the version policy"
                 rows[(name, version)] = (State.UNAVAILABLE.value, reason)
