@@ -12,7 +12,8 @@ everything at start and refuses load()/unload(). In poll mode, unload(name) keep
 unloaded (the watcher leaves it alone) until load(name). load(name) rescans and loads what
 changed for that model (an unchanged, loaded model is not reloaded), taking files as they are
 (no settle wait: the caller vouches); it first waits for a task already working on the model
-and tries again a file that task refused, so its answer names that file's error.
+and tries again a file that task refused, so its answer names that file's error. Calls on one
+model take effect in the order they come; what that means for their answers: control_calls.py.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from typing import Callable
 from ..config import ServerConfig
 from ..errors import InvalidInput, ModelUnavailable, NotFound, ServeError, ShuttingDown
 from . import layout
+from .control_calls import ControlCalls
 from .failures import LoadFailures
 from .lifecycle import UNLOAD_ASKED, Lifecycle
 from .models_folder import check_models_folder
@@ -70,10 +72,7 @@ class ModelRepository:
         self._debouncer: Debouncer | None = None
         self._started = self._closed = False
         self._said_ready = False  # lenient readiness was reached once: later loads do not undo it
-        # explicit and none modes: the models readiness waits for, those the start loaded and the
-        # load API named since (a load call or a retry rescans the folder: a model staged in it
-        # is no reason to leave the balancer); None: every model the folder holds
-        self._asked: set[str] | None = None
+        self._calls = ControlCalls()  # (its `asked`: the models readiness waits for)
 
     # ---- start and stop -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -90,7 +89,7 @@ class ModelRepository:
             self._watcher.start()
         tasks = await self._reconcile(trust="age" if self.mode == "poll" else "all")
         if self.mode != "poll":  # (a load call, or a retry's, rescans the folder: what it finds is not asked)
-            self._asked = self._planner.wanted_models() | set(self._planner.scan.problems)
+            self._calls.asked = self._planner.wanted_models() | set(self._planner.scan.problems)
         await asyncio.gather(*tasks)
         if not self._lifecycle.serving and not tasks:
             if self._planner.next_check() is not None:  # files too fresh to trust yet
@@ -147,7 +146,7 @@ class ModelRepository:
             raise NotFound(f"model {name} has no available versions (unloaded)")  # a retry-later
         known = self._lifecycle.states.describe(name, version, self._planner.scan)
         if known is not None:
-            state, reason = known
+            state, reason = self._calls.shown(name, *known)
             if state == State.UNAVAILABLE.value and (self._failures.refused_for_good(name, version)
                                                      or (not versions and name in self._planner.scan.problems
                                                          and reason != WAITING_FOR_CONFIG)):
@@ -190,8 +189,8 @@ class ModelRepository:
             return False
         wanted = self._planner.wanted_models() - self._lifecycle.held
         problems = set(listed.problems) - self._lifecycle.held
-        if self._asked is not None:
-            wanted, problems = wanted & self._asked, problems & self._asked
+        if self._calls.asked is not None:
+            wanted, problems = wanted & self._calls.asked, problems & self._calls.asked
         if any(all(sv.pool.out_of_service() for sv in versions.values()) for versions in serving.values()):
             return False  # a model served by no instance (pool.out_of_service), in both modes
         if self.config.readiness == "strict":
@@ -214,8 +213,8 @@ class ModelRepository:
         # a later retry's load comes after readiness was reached, between two retries)
         failed = {n for n, _ in self._failures.versions()} - self._failures.first_retry_pending()
         waiting = {n for n, reason in listed.problems.items() if reason == WAITING_FOR_CONFIG}
-        if self._asked is not None:
-            waiting &= self._asked
+        if self._calls.asked is not None:
+            waiting &= self._calls.asked
         return not (waiting - set(serving) - self._lifecycle.held) and all(
             n in serving or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
 
@@ -234,6 +233,8 @@ class ModelRepository:
         serving version that no instance can run is UNAVAILABLE (pool.out_of_service)."""
         rows = self._lifecycle.states.index(self._planner.scan, self._planner.pending, ready_only=False)
         for row in rows:
+            if row["version"]:  # (a problem's row is the model's, not a version waiting for a load)
+                row["state"], row["reason"] = self._calls.shown(row["name"], row["state"], row["reason"])
             served = self._lifecycle.serving.get(row["name"], {}).get(row["version"])
             down = served.pool.out_of_service() if served is not None and row["state"] == State.READY.value else None
             if down is not None:
@@ -260,8 +261,10 @@ class ModelRepository:
             raise InvalidInput(f"invalid model name {name!r}: {layout.check_model_name(name)}")
         log.info("%s: load asked through the repository API", name)  # (the log says who did what)
         self._lifecycle.held.discard(name)
-        if self._asked is not None:  # (loading, it holds readiness back, as Triton's does)
-            self._asked.add(name)
+        with self._calls.load(name) as overtaken:
+            await self._load(name, overtaken)
+
+    async def _load(self, name: str, overtaken: Callable[[], bool]) -> None:
         while True:  # an unload may start its task while this load scans: wait for it, then plan again
             await self._lifecycle.wait_for(name)
             tasks = await self._reconcile(trust="all", only=name, again=True)
@@ -276,12 +279,11 @@ class ModelRepository:
             problem = self._planner.scan.problems.get(name)
             if problem:  # its files are there but cannot be served as they are (a bad config, say)
                 raise ModelLoadFailed(f"failed to load {name}: {problem}")
-            if self._asked is not None:  # a 404 is no model to wait for: its file may come later, unasked
-                self._asked.discard(name)
+            self._calls.no_such_model(name)
             raise NotFound(f"no model {name!r} in {self.root}")
         failed_versions = [v for result in results for v in result]
         failed = [f"version {v}: {r}" for result in results for v, r in result.items()]
-        if name in self._lifecycle.held and not failed:
+        if overtaken() and not failed:  # (a load that came after the unload answers for itself)
             raise ModelLoadFailed(f"failed to load {name}: an unload request for it arrived during this load")
         if name not in self._lifecycle.serving or failed:
             message = f"failed to load {name}: " + ("; ".join(failed) or "no version loaded")
@@ -297,6 +299,7 @@ class ModelRepository:
         if name not in self._lifecycle.serving and name not in scan.models and name not in scan.problems:
             raise NotFound(f"unknown model {name!r}")
         log.info("%s: unload asked through the repository API", name)
+        self._calls.unload(name)
         self._lifecycle.held.add(name)
         await self._lifecycle.wait_for(name)
         if name in self._lifecycle.acted:

@@ -1,0 +1,70 @@
+"""The repository API's load and unload calls: the models asked for, the loads running, the calls' order.
+
+Calls on one model take effect in the order they arrive (README, "Model repository"). Three
+questions need what was asked, not the state it left:
+- Which models does readiness wait for? In explicit and none modes, those the start loaded and
+  those a load call named since (`asked`; a load call rescans the folder, and a model staged in
+  it is no reason to leave the balancer); a load that was a 404 names none. None in poll mode:
+  every model the folder holds.
+- Was a load overtaken? A load answers 400 when an unload of its model arrived after it and
+  before it answered. A set of "unloaded" names could not tell: a load arriving after the
+  unload cleared it, and the first load's answer then depended on the third call (load, unload
+  0.3 s later, load 0.3 s after that answered the first load 200; without the third, 400).
+- Is the model being loaded? From the moment a load is asked, its versions that wait for it
+  (unloaded, or on disk and not loaded yet) are LOADING: until the load's task began (it reads
+  the folder first, waiting for another scan or an unload of the model), a client polling the
+  model was told "UNAVAILABLE: unloaded". Not once an unload came after it: that one wins.
+Owned by the ModelRepository; loop thread only.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+from .status import NOT_LOADED, UNLOADED, State
+
+LOAD_ASKED = "load asked through the repository API: reading the models folder"
+
+
+class ControlCalls:
+    def __init__(self):
+        self.asked: set[str] | None = None  # the models readiness waits for (None: all; see above)
+        self._calls = 0  # load and unload calls so far, numbered in arrival order
+        self._last_unload: dict[str, int] = {}  # model -> number of its latest unload call
+        self._loading: dict[str, set[int]] = {}  # model -> numbers of its load calls running
+
+    @contextlib.contextmanager
+    def load(self, name: str) -> Iterator[Callable[[], bool]]:
+        """Around a load call of `name` (asked from now on: while it loads it holds readiness
+        back, as Triton's does): yields `overtaken()`, true once an unload of `name` arrived
+        after this call (whatever came after that unload)."""
+        self._calls += 1
+        number = self._calls
+        if self.asked is not None:
+            self.asked.add(name)
+        self._loading.setdefault(name, set()).add(number)
+        try:
+            yield lambda: self._last_unload.get(name, 0) > number
+        finally:
+            self._loading[name].discard(number)
+            if not self._loading[name]:
+                del self._loading[name]
+
+    def no_such_model(self, name: str) -> None:
+        """A load of `name` found no model: none to wait for (its file may come later, unasked)."""
+        if self.asked is not None:
+            self.asked.discard(name)
+
+    def unload(self, name: str) -> None:
+        """An unload call of `name` arrived (a known model: the names stay few)."""
+        self._calls += 1
+        self._last_unload[name] = self._calls
+
+    def shown(self, name: str, state: str, reason: str) -> tuple[str, str]:
+        """(state, reason) of a version of `name` as clients see it: LOADING while a load call
+        runs for a version waiting for it (its own record moves once its load has begun) and no
+        unload came after the call."""
+        loading = max(self._loading.get(name, ()), default=0) > self._last_unload.get(name, 0)
+        if loading and state == State.UNAVAILABLE.value and reason in (UNLOADED, NOT_LOADED):
+            return State.LOADING.value, LOAD_ASKED
+        return state, reason

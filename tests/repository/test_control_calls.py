@@ -1,0 +1,108 @@
+"""The repository API's load and unload calls as clients see them (found by an operator's tester):
+a model being loaded says LOADING from the moment the load is asked, and a load overtaken by an
+unload answers so whatever comes after the unload."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import pytest
+
+from aclserve.acl.cpu import faults
+from aclserve.errors import ModelUnavailable
+from aclserve.repository import ModelLoadFailed
+
+from .repo_helpers import place, serving
+from .test_unload_causes import row, unload_lines, until
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_a_model_whose_load_is_asked_is_loading_from_the_call_on(make_repo, models_dir, model_files):
+    """Until the load's task began (the call reads the folder first), a request naming no version
+    was told "not ready (UNAVAILABLE: unloaded)" and the index said so: looked at on every turn of
+    the loop while the call runs, the model is LOADING each time until it serves."""
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    await repo.unload("m")
+    load = asyncio.ensure_future(repo.load("m"))
+    seen = []
+    while not load.done():
+        await asyncio.sleep(0)
+        try:
+            repo.get("m")
+            answer = "serving"
+        except ModelUnavailable as e:  # (503 with Retry-After over HTTP, UNAVAILABLE over gRPC)
+            answer = e.message
+        seen.append((answer, row(repo, "m")))
+    await load
+    loading = [s for s in seen if s[0] != "serving"]
+    said_loading = [s[1][0] == "LOADING" and s[0].startswith("model m is not ready (LOADING") for s in loading]
+    assert loading and all(said_loading), sorted(set(seen))
+    assert loading[0] == ("model m is not ready (LOADING: load asked through the repository API: reading the models "
+                          "folder)", ("LOADING", "load asked through the repository API: reading the models folder"))
+    assert row(repo, "m") == ("READY", "")
+
+
+async def test_a_load_overtaken_by_an_unload_says_so_though_a_later_load_came(make_repo, models_dir, model_files,
+                                                                               clean_faults, caplog):
+    """load, an unload while it loads, another load: the first load answered 200 because the third
+    call cleared the unload's mark before the first looked (without the third: 400). Each answers
+    for itself in the order they came: the first was overtaken, the unload and the last load did
+    what they said (the unload's log line says it was asked, though the mark is gone), and the
+    model serves."""
+    caplog.set_level(logging.INFO, logger="aclserve.repository.lifecycle")
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    await repo.unload("m")
+    gate = threading.Event()
+    held = faults.inject("execute", nth=1, hold=gate)  # the first load's first warm-up run
+    watchdog = threading.Timer(30, gate.set)
+    watchdog.start()
+    try:
+        first = asyncio.ensure_future(repo.load("m"))
+        await until(held.entered.is_set, "loading")
+        unload = asyncio.ensure_future(repo.unload("m"))
+        last = asyncio.ensure_future(repo.load("m"))
+        await asyncio.sleep(0)  # both arrive (each waits for the first load's task from its first step)
+    finally:
+        gate.set()
+        watchdog.cancel()
+    first, unload, last = await asyncio.gather(first, unload, last, return_exceptions=True)
+    assert isinstance(first, ModelLoadFailed) and "an unload request for it arrived during this load" in str(first)
+    assert unload is None and last is None
+    await repo.wait_idle()
+    assert serving(repo) == ["m"]
+    assert unload_lines(caplog) == ["m: version 1 unloaded (asked through the repository API)"] * 2
+
+
+async def test_a_load_overtaken_while_it_reads_the_folder_no_longer_shows_loading(make_repo, models_dir,
+                                                                                   model_files):
+    """An unload that arrives while a load call still reads the folder wins: the model is
+    unloaded at once (nothing of it serves), and its version must say so, not LOADING for as
+    long as the overtaken call runs. The call's read of the folder is held by an event."""
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    await repo.unload("m")
+    reading, go_on = asyncio.Event(), asyncio.Event()
+    rescan = repo._planner.rescan
+
+    async def held_rescan():
+        reading.set()
+        await go_on.wait()
+        return await rescan()
+    repo._planner.rescan = held_rescan
+    load = asyncio.ensure_future(repo.load("m"))
+    try:
+        await asyncio.wait_for(reading.wait(), 30)  # a hang guard
+        assert row(repo, "m") == ("LOADING", "load asked through the repository API: reading the models folder")
+        await repo.unload("m")
+        assert row(repo, "m") == ("UNAVAILABLE", "unloaded")
+        with pytest.raises(ModelUnavailable, match=r"^model m version 1 is not ready \(UNAVAILABLE: unloaded\)$"):
+            repo.get("m", "1")
+    finally:
+        go_on.set()
+    with pytest.raises(ModelLoadFailed, match="an unload request for it arrived during this load"):
+        await load
+    assert serving(repo) == [] and row(repo, "m") == ("UNAVAILABLE", "unloaded")

@@ -1,0 +1,84 @@
+"""A model whose load is asked through the repository API is LOADING to every client from the
+call on, while the call still reads the models folder: infer 503 with Retry-After, its /ready and
+the server's 503 (explicit mode: readiness waits for the models asked), the index and the
+model_state gauge (they said "UNAVAILABLE: unloaded": an operator's tester polling a model after
+asking for its load). Real app on a real port, real CPU runtime; the folder's read is held by
+an event (another load's scan of a large folder, say)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import aiohttp
+from aiohttp import web
+
+from aclserve.repository import ModelRepository
+from aclserve.runtime import AclRuntime
+from aclserve.server.app import create_app, make_runner
+from aclserve.server.app_keys import STATE
+
+GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]})
+LOADING = "load asked through the repository API: reading the models folder"
+
+
+async def answer(session, method: str, url: str, data: str | None = None) -> tuple[int, dict, str]:
+    async with session.request(method, url, data=data) as resp:
+        return resp.status, dict(resp.headers), await resp.text()
+
+
+def model_state(metrics: str, state: str) -> float:
+    found = re.search(r'^aclserve_model_state\{model="double",state="%s",version="1"\} (\S+)$' % state, metrics, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_model_is_loading_to_every_client_while_its_load_call_reads_the_folder(models_dir, make_config):
+    async def scenario():
+        config = make_config(models_dir, readiness="strict")  # (explicit mode)
+        runtime = AclRuntime(device="cpu")
+        repo = ModelRepository(config, runtime)
+        app = create_app(config, repo, runtime)
+        runner = make_runner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        await app[STATE].loading
+        host, port = runner.addresses[0][:2]
+        url = f"http://{host}:{port}"
+        reading, go_on = asyncio.Event(), asyncio.Event()
+        rescan = repo._planner.rescan
+
+        async def held_rescan():  # the load call's read of the folder, held until the checks are done
+            reading.set()
+            await go_on.wait()
+            return await rescan()
+        try:
+            async with aiohttp.ClientSession() as session:
+                assert (await answer(session, "POST", url + "/v2/repository/models/double/unload"))[0] == 200
+                repo._planner.rescan = held_rescan
+                load = asyncio.ensure_future(answer(session, "POST", url + "/v2/repository/models/double/load"))
+                await asyncio.wait_for(reading.wait(), 30)  # a hang guard
+                seen = {
+                    "infer": await answer(session, "POST", url + "/v2/models/double/infer", GOOD),
+                    "model ready": (await answer(session, "GET", url + "/v2/models/double/ready"))[0],
+                    "server ready": (await answer(session, "GET", url + "/v2/health/ready"))[0],
+                    "index": json.loads((await answer(session, "POST", url + "/v2/repository/index", "{}"))[2]),
+                    "metrics": (await answer(session, "GET", url + "/metrics"))[2],
+                }
+                go_on.set()
+                loaded = await load
+                after = await answer(session, "POST", url + "/v2/models/double/infer", GOOD)
+            return seen, loaded, after
+        finally:
+            go_on.set()
+            await runner.cleanup()
+
+    seen, loaded, after = asyncio.run(scenario())
+    status, headers, body = seen["infer"]
+    assert status == 503 and headers.get("Retry-After") == "1", (status, headers)
+    assert json.loads(body) == {"error": f"model double is not ready (LOADING: {LOADING})"}
+    assert seen["model ready"] == 503 and seen["server ready"] == 503
+    row = next(r for r in seen["index"] if r["name"] == "double")
+    assert (row["state"], row["reason"]) == ("LOADING", LOADING)
+    assert model_state(seen["metrics"], "LOADING") == 1 and model_state(seen["metrics"], "UNAVAILABLE") == 0
+    assert loaded[0] == 200 and after[0] == 200
