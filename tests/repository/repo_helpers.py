@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import threading
 
 import numpy as np
+
+from aclserve.acl.cpu import faults
 
 
 def place(source: str, target, how: str = "rename") -> None:
@@ -72,3 +76,28 @@ def x_rows(rows: int = 1, value: float = 1.0) -> dict:
 def serving(repo) -> list[str]:
     """Names of the models with a version READY, as the repository index shows them."""
     return sorted({row["name"] for row in repo.index(ready_only=True)})
+
+
+async def until(check, what: str) -> None:
+    """Wait until `check()` holds (a hang guard, not a timing)."""
+    for _ in range(3000):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never {what}")
+
+
+@contextlib.contextmanager
+def held_run(kind: str = "execute", nth: int = 1):
+    """A fault holding the `nth` `kind` device call from now on (a warm-up's run, a request's)
+    until the block ends, or a 30 s watchdog lets it go (a hang guard). Yields the fault
+    (its `entered` is set once the call waits)."""
+    gate = threading.Event()
+    fault = faults.inject(kind, nth=nth, hold=gate)
+    watchdog = threading.Timer(30, gate.set)
+    watchdog.start()
+    try:
+        yield fault
+    finally:
+        gate.set()
+        watchdog.cancel()

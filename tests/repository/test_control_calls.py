@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 
 import pytest
 
-from aclserve.acl.cpu import faults
 from aclserve.errors import ModelUnavailable
 from aclserve.repository import ModelLoadFailed
 
-from .repo_helpers import place, serving
-from .test_unload_causes import row, unload_lines, until
+from .repo_helpers import held_run, place, serving, until
+from .test_unload_causes import row, unload_lines
 
 pytestmark = pytest.mark.asyncio
 
@@ -56,19 +54,12 @@ async def test_a_load_overtaken_by_an_unload_says_so_though_a_later_load_came(ma
     place(model_files[1]["om"], models_dir / "m.om")
     repo, _ = await make_repo(model_control_mode="explicit")
     await repo.unload("m")
-    gate = threading.Event()
-    held = faults.inject("execute", nth=1, hold=gate)  # the first load's first warm-up run
-    watchdog = threading.Timer(30, gate.set)
-    watchdog.start()
-    try:
+    with held_run() as held:  # the first load's first warm-up run
         first = asyncio.ensure_future(repo.load("m"))
         await until(held.entered.is_set, "loading")
         unload = asyncio.ensure_future(repo.unload("m"))
         last = asyncio.ensure_future(repo.load("m"))
         await asyncio.sleep(0)  # both arrive (each waits for the first load's task from its first step)
-    finally:
-        gate.set()
-        watchdog.cancel()
     first, unload, last = await asyncio.gather(first, unload, last, return_exceptions=True)
     assert isinstance(first, ModelLoadFailed) and "an unload request for it arrived during this load" in str(first)
     assert unload is None and last is None

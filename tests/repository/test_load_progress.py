@@ -5,29 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from aclserve.acl.cpu import faults
 from aclserve.config import CompileOptions
 from aclserve.repository.compiler import compiled_om
 
-from .repo_helpers import place
+from .repo_helpers import held_run, place, until
 
 
 def reasons(repo) -> dict[str, tuple[str, str]]:
     return {row["name"]: (row["state"], row["reason"]) for row in repo.index() if row["version"]}
 
-
-async def until(check, what: str) -> None:
-    for _ in range(3000):  # a hang guard, not a timing
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never {what}")
 
 
 @pytest.mark.asyncio
@@ -36,20 +27,13 @@ async def test_the_index_names_the_warm_up_run_and_the_versions_waiting_their_tu
     repo, _ = await make_repo(model_control_mode="explicit", load_concurrency=1)
     place(model_files[1]["om"], models_dir / "a.om")
     place(model_files[2]["om"], models_dir / "b.om")
-    gate = threading.Event()
-    held = faults.inject("execute", nth=1, hold=gate)  # the first warm-up run of the first load
-    watchdog = threading.Timer(30, gate.set)
-    watchdog.start()
-    try:
+    with held_run() as held:  # the first warm-up run of the first load
         first = asyncio.ensure_future(repo.load("a"))
         await until(held.entered.is_set, "held")
         second = asyncio.ensure_future(repo.load("b"))
         await until(lambda: reasons(repo).get("b", ("", ""))[1].startswith("waiting"), "waiting")
         assert reasons(repo)["a"] == ("LOADING", "warming up: gear 1, run 1 of 3")  # gears 1, 2, 4
         assert reasons(repo)["b"] == ("LOADING", "waiting: other versions are loading (load_concurrency)")
-    finally:
-        gate.set()
-        watchdog.cancel()
     await asyncio.gather(first, second)
     assert reasons(repo) == {"a": ("READY", ""), "b": ("READY", "")}
 
@@ -63,17 +47,10 @@ async def test_a_reload_of_a_serving_version_shows_no_steps(make_repo, models_di
     place(model_files[1]["om"], models_dir / "a.om")
     await repo.load("a")
     place(model_files[2]["om"], models_dir / "a.om")  # scale 2 replaces scale 1
-    gate = threading.Event()
-    held = faults.inject("execute", nth=1, hold=gate)  # the new file's first warm-up run
-    watchdog = threading.Timer(30, gate.set)
-    watchdog.start()
-    try:
+    with held_run() as held:  # the new file's first warm-up run
         reload = asyncio.ensure_future(repo.load("a"))
         await until(held.entered.is_set, "held")
         assert reasons(repo)["a"] == ("READY", "")
-    finally:
-        gate.set()
-        watchdog.cancel()
     await reload
     x = np.ones((1, 4), np.float32)
     assert float((await repo.get("a").infer({"x": x}, 1)).outputs["y"][0, 0]) == 2.0  # the new file serves
@@ -98,18 +75,11 @@ async def test_in_poll_mode_a_file_dropped_while_another_model_loads_is_not_held
     folder was even scanned (the index did not list a model dropped meanwhile) and
     load_concurrency above 1 served nothing dropped after the first file."""
     repo, events = await make_repo(model_control_mode="poll", load_concurrency=2)
-    gate = threading.Event()
-    held = faults.inject("execute", nth=1, hold=gate)  # the first warm-up run of a
-    watchdog = threading.Timer(30, gate.set)
-    watchdog.start()
-    try:
+    with held_run() as held:  # the first warm-up run of a
         place(model_files[1]["om"], models_dir / "a.om")
         await until(held.entered.is_set, "held")
         place(model_files[2]["om"], models_dir / "b.om")
         await until(lambda: reasons(repo).get("b") == ("READY", ""), "b served while a loads")
         assert reasons(repo)["a"] == ("LOADING", "warming up: gear 1, run 1 of 3")
-    finally:
-        gate.set()
-        watchdog.cancel()
     await events.wait("loaded", "a")
     assert reasons(repo) == {"a": ("READY", ""), "b": ("READY", "")}

@@ -6,13 +6,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 
 import pytest
 
-from aclserve.acl.cpu import faults
 
-from .repo_helpers import place, write_in, x_rows
+from .repo_helpers import held_run, place, until, write_in, x_rows
 
 pytestmark = pytest.mark.asyncio
 
@@ -25,13 +23,6 @@ def unload_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if " unloaded (" in r.getMessage()]
 
 
-async def until(check, what: str) -> None:
-    for _ in range(3000):  # a hang guard, not a timing
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never {what}")
-
 
 async def test_an_api_unload_says_why_while_it_drains_and_after(make_repo, models_dir, model_files, clean_faults,
                                                                  caplog):
@@ -40,19 +31,12 @@ async def test_an_api_unload_says_why_while_it_drains_and_after(make_repo, model
     caplog.set_level(logging.INFO, logger="aclserve.repository.lifecycle")
     place(model_files[1]["om"], models_dir / "m.om")
     repo, _ = await make_repo(model_control_mode="explicit")
-    gate = threading.Event()
-    held = faults.inject("execute", nth=1, hold=gate)  # a request in flight holds the drain
-    watchdog = threading.Timer(30, gate.set)
-    watchdog.start()
-    try:
+    with held_run() as held:  # a request in flight holds the drain
         request = asyncio.ensure_future(repo.get("m").infer(x_rows(), 1))
         await until(held.entered.is_set, "running")
         unload = asyncio.ensure_future(repo.unload("m"))
         await until(lambda: row(repo, "m")[0] == "UNLOADING", "unloading")
         assert row(repo, "m") == ("UNLOADING", "asked through the repository API")
-    finally:
-        gate.set()
-        watchdog.cancel()
     await asyncio.gather(request, unload)
     assert row(repo, "m") == ("UNAVAILABLE", "unloaded")  # drained: Triton's words, which clients match
     assert unload_lines(caplog) == ["m: version 1 unloaded (asked through the repository API)"]
@@ -88,19 +72,12 @@ async def test_a_version_policy_edit_alone_says_its_policy_dropped_the_version(m
         place(model_files[version]["om"], models_dir / "p" / str(version) / "model.om")
     write_in(models_dir / "p" / "config.yaml", "version_policy: {specific: [1, 2]}\n")
     repo, events = await make_repo()
-    gate = threading.Event()
-    held = faults.inject("execute", nth=1, hold=gate)  # a request in flight on version 2 holds its drain
-    watchdog = threading.Timer(30, gate.set)
-    watchdog.start()
-    try:
+    with held_run() as held:  # a request in flight on version 2 holds its drain
         request = asyncio.ensure_future(repo.get("p", "2").infer(x_rows(), 1))
         await until(held.entered.is_set, "running")
         write_in(models_dir / "p" / "config.yaml", "version_policy: {specific: [1, 3]}\n")
         await until(lambda: row(repo, "p", "2")[0] == "UNLOADING", "unloading")
         assert row(repo, "p", "2") == ("UNLOADING", "no longer selected by its version_policy")
-    finally:
-        gate.set()
-        watchdog.cancel()
     await request
     await events.wait("unloaded", "p", "2")
     assert unload_lines(caplog) == ["p: version 2 unloaded (no longer selected by its version_policy)"]

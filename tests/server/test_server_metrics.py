@@ -80,28 +80,9 @@ def test_requests_in_flight_while_a_batch_is_held_on_the_device_and_after(server
 
 def test_unloaded_versions_leave_no_series_and_no_created_samples(models_dir, tmp_path):
     """A dedicated server: unloading a model removes its per-version series from /metrics."""
-    import shutil
-
-    from tests.serving import ServerThread, server_config
-
-    own = tmp_path / "models"
-    shutil.copytree(models_dir, own)
-    srv = ServerThread(server_config(own)).start()
-
-    async def run(url):
-        async with aiohttp.ClientSession() as session:
-            async with session.post(f"{url}/v2/models/double/infer", json={
-                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}) as r:
-                assert r.status == 200
-            async with session.get(f"{url}/metrics") as r:
-                before = await r.text()
-            async with session.post(f"{url}/v2/repository/models/double/unload") as r:
-                assert r.status == 200
-            async with session.get(f"{url}/metrics") as r:
-                return before, await r.text()
-
+    _, srv = _own_server(models_dir, tmp_path)
     try:
-        before, after = asyncio.run(run(f"http://{srv.url}"))
+        before, after = asyncio.run(_infer_then_unload_double(f"http://{srv.url}"))
     finally:
         srv.close()
     assert value(samples(before), "aclserve_request_success_total", model="double") == 1
@@ -389,22 +370,10 @@ def test_an_unloaded_version_is_not_kept_alive_by_the_servers_records(models_dir
     named the same version again."""
     import gc
     import os
-    import shutil
 
     from aclserve.repository.served import ServedVersion
-    from tests.serving import ServerThread, server_config
 
-    own = tmp_path / "models"
-    shutil.copytree(models_dir, own)
-    srv = ServerThread(server_config(own)).start()
-
-    async def run(url):
-        async with aiohttp.ClientSession() as session:
-            async with session.post(f"{url}/v2/models/double/infer", json={
-                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}) as r:
-                assert r.status == 200
-            async with session.post(f"{url}/v2/repository/models/double/unload") as r:
-                assert r.status == 200
+    own, srv = _own_server(models_dir, tmp_path)
 
     def alive():
         gc.collect()
@@ -413,7 +382,33 @@ def test_an_unloaded_version_is_not_kept_alive_by_the_servers_records(models_dir
 
     try:
         assert alive() != []  # (what is looked for is found)
-        asyncio.run(run(f"http://{srv.url}"))
+        asyncio.run(_infer_then_unload_double(f"http://{srv.url}"))
         assert alive() == []
     finally:
         srv.close()
+
+
+def _own_server(models_dir, tmp_path):
+    """A dedicated server on a copy of the test models (the module's `server` is shared): (its
+    models folder, the started ServerThread)."""
+    import shutil
+
+    from tests.serving import ServerThread, server_config
+
+    own = tmp_path / "models"
+    shutil.copytree(models_dir, own)
+    return own, ServerThread(server_config(own)).start()
+
+
+async def _infer_then_unload_double(url) -> tuple[str, str]:
+    """One request to `double`, then its unload through the API: /metrics before and after."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/v2/models/double/infer", json={
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}) as r:
+            assert r.status == 200
+        async with session.get(f"{url}/metrics") as r:
+            before = await r.text()
+        async with session.post(f"{url}/v2/repository/models/double/unload") as r:
+            assert r.status == 200
+        async with session.get(f"{url}/metrics") as r:
+            return before, await r.text()
