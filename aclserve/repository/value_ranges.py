@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from ..config import TensorOptions
 from ..runtime.types import TensorSpec
 from ..value_ranges import ValueRange, ValueRangeError, value_range
@@ -21,7 +23,9 @@ def input_ranges(options: Mapping[str, TensorOptions], inputs: Sequence[TensorSp
     """{input name: range} from the compile's table sizes, then the config's ranges over them."""
     specs = {s.name: s for s in inputs}
     images = {name for name, opt in options.items() if opt.image is not None}  # pictures in, decoded here
-    ranges = {name: ValueRange(0, entries - 1, "it indexes a table of the model")
+    # (capped to what the input's type holds: a UINT8 input indexing a table of 1,000 takes 0..255)
+    ranges = {name: ValueRange(0, min(entries - 1, int(np.iinfo(specs[name].dtype).max)),
+                               "it indexes a table of the model")
               for name, entries in index_bounds.items()
               if name in specs and specs[name].dtype.kind in "iu" and name not in images}
     for name, opt in options.items():

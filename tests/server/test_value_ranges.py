@@ -34,25 +34,27 @@ def counts_graph():
                               numpy_helper.from_array(np.array(2, dtype=np.float32), "two")])
 
 
-def lut_graph():
-    """x UINT8 [N, 4, 4, 1], cast and looked up in a table of 256 (a pixel's curve): an image input."""
+def lut_graph(entries: int = 256):
+    """x UINT8 [N, 4, 4, 1], cast and looked up in a table of `entries` (256: a pixel's curve)."""
     nodes = [helper.make_node("Cast", ["x"], ["wide"], to=TensorProto.INT64),
              helper.make_node("Gather", ["lut", "wide"], ["y"], axis=0)]
     return helper.make_graph(nodes, "lut", [helper.make_tensor_value_info("x", TensorProto.UINT8, ["N", 4, 4, 1])],
                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 4, 1])],
-                             [numpy_helper.from_array(np.linspace(0, 1, 256, dtype=np.float32), "lut")])
+                             [numpy_helper.from_array(np.linspace(0, 1, entries, dtype=np.float32), "lut")])
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """tokens.onnx dropped into the folder (compiled there), counts.om compiled elsewhere with a
-    value_range in its YAML, lut.onnx an image input; both protocols."""
+    value_range in its YAML, lut.onnx an image input, bytes.onnx a UINT8 input indexing a table
+    of 1,000; both protocols."""
     src, models = tmp_path_factory.mktemp("ranges_src"), tmp_path_factory.mktemp("ranges_models")
     save_graph(token_graph(), models / "tokens.onnx")
     compile_cpu_om(save_graph(counts_graph(), src / "counts.onnx"), models / "counts.om")
     (models / "counts.yaml").write_text("inputs:\n  n: {value_range: [-5, 9]}\n")
     save_graph(lut_graph(), models / "lut.onnx")
     (models / "lut.yaml").write_text("inputs:\n  x: {image: {color: gray}}\n")
+    save_graph(lut_graph(1000), models / "bytes.onnx")  # a UINT8 input indexing a table of 1,000
     config = server_config(models, model_control_mode="none", grpc_port=free_port())
     with ServerThread(config) as srv:
         srv.grpc_url = f"127.0.0.1:{config.grpc_port}"
@@ -88,7 +90,8 @@ def test_a_token_past_the_table_is_a_400_naming_the_value_and_the_table(served):
 def test_the_models_metadata_gives_each_range(served):
     """A client can read what it may send: the input's `value_range` parameter (HTTP; gRPC's
     TensorMetadata has no parameters)."""
-    for model, name, wanted in (("tokens", "ids", [0, ROWS - 1]), ("counts", "n", [-5, 9])):
+    # (bytes: capped to what UINT8 holds; it advertised 0..999, values no request can carry)
+    for model, name, wanted in (("tokens", "ids", [0, ROWS - 1]), ("counts", "n", [-5, 9]), ("bytes", "x", [0, 255])):
         status, _, body = request(served, "GET", f"/v2/models/{model}")
         inputs = {i["name"]: i for i in json.loads(body)["inputs"]}
         assert status == 200 and inputs[name]["parameters"] == {"value_range": wanted}
