@@ -361,8 +361,17 @@ def test_a_default_priority_set_is_kept_through_a_merge(tmp_path):
     defaults = load_server_config(None, {"model_defaults.batching.default_priority": 3}).model_defaults
     assert defaults.batching.default_level == 3
     assert load_model_config(write(tmp_path, "instances: 2\n"), defaults).batching.default_level == 3
-    with pytest.raises(ConfigError, match="batching.default_priority: must be <= 1"):
-        load_model_config(write(tmp_path, "batching: {priority_levels: 1}\n"), defaults)
+    # past a model's own priority_levels it goes back to auto, said in a note (it was refused:
+    # "batching.default_priority: must be <= 1", a key the model's file did not hold)
+    notes = []
+    one = load_model_config(write(tmp_path, "batching: {priority_levels: 1}\n"), defaults, notes)
+    assert one.batching.default_level == 1
+    assert notes == ["model_defaults' batching.default_priority 3 (auto instead: the middle level) left out: "
+                     "the model has 1 priority level"]
+    two = load_model_config(write(tmp_path, "batching: {priority_levels: 2}\n"), defaults)
+    assert two.batching.default_priority is None  # auto (its middle level)
+    with pytest.raises(ConfigError, match="batching.default_priority: must be <= 1"):  # the file's own: refused
+        load_model_config(write(tmp_path, "batching: {priority_levels: 1, default_priority: 3}\n"), defaults)
 
 
 def test_model_file_error_names_file_and_key(tmp_path):

@@ -12,7 +12,7 @@ import yaml
 
 from ..regular_files import open_regular
 from .model import model_config_mapping, parse_model_config
-from .schema import ConfigError, ModelConfig, ServerConfig
+from .schema import AUTO, ConfigError, ModelConfig, ServerConfig
 from .server import parse_server_config
 
 DEFAULT_CONFIG_PATH = Path(__file__).parent.parent / "configs" / "default.yaml"
@@ -164,15 +164,14 @@ def load_model_config(path: str | os.PathLike | None, defaults: ModelConfig,
         return defaults
     data = _levels_as_numbers(read_yaml(path, regular_only=True))
     merged = merge(model_config_mapping(defaults), data)
-    left_out = _drop_inherited_levels(merged, data)
+    left_out = _past_the_levels(merged, data)
     try:
         config = parse_model_config(merged)
     except ConfigError as e:
         raise ConfigError(e.path, e.problem, str(path)) from None
     if left_out and notes is not None:
         levels = config.batching.priority_levels
-        notes.append(f"model_defaults' batching.priority_queue_policy {'levels' if len(left_out) > 1 else 'level'} "
-                     f"{', '.join(map(str, left_out))} left out: the model has {levels} priority "
+        notes.append(f"model_defaults' {' and '.join(left_out)} left out: the model has {levels} priority "
                      f"level{'s' if levels > 1 else ''}")
     # a labels file the model's file names is relative to that file; one model_defaults names
     # stays as the server config gives it, relative to the working directory as its other paths
@@ -200,20 +199,32 @@ def _levels_as_numbers(data: dict) -> dict:
     return {**data, "batching": {**data["batching"], "priority_queue_policy": numbered}}
 
 
-def _drop_inherited_levels(merged: dict, data: Mapping) -> list:
-    """Take out of `merged` the per-level queue policies that only model_defaults gives for
-    levels past the model's priority_levels (its file setting fewer levels was refused for a key
-    it did not hold); the levels they were. The file's own levels are checked as written."""
+def _past_the_levels(merged: dict, data: Mapping) -> list[str]:
+    """Take out of `merged` what model_defaults alone gives for levels past the model's own
+    priority_levels (its file setting fewer levels was refused for keys it did not hold): the
+    per-level queue policies, and a default_priority past them, which goes back to auto (the
+    middle level); what was left out, in words. What the file gives itself is checked as written."""
     batching = merged.get("batching")
     levels = batching.get("priority_levels") if isinstance(batching, Mapping) else None
-    policies = batching.get("priority_queue_policy") if isinstance(batching, Mapping) else None
-    if isinstance(levels, bool) or not isinstance(levels, int) or not isinstance(policies, dict):
+    if isinstance(levels, bool) or not isinstance(levels, int):
         return []
-    own = _own_levels(data)
-    past = sorted(k for k in policies if isinstance(k, int) and k > levels and k not in own)
-    for level in past:
-        del policies[level]
-    return past
+    said = []
+    policies = batching.get("priority_queue_policy")
+    if isinstance(policies, dict):
+        own = _own_levels(data)
+        past = sorted(k for k in policies if isinstance(k, int) and k > levels and k not in own)
+        for level in past:
+            del policies[level]
+        if past:
+            said.append(f"batching.priority_queue_policy {'levels' if len(past) > 1 else 'level'} "
+                        f"{', '.join(map(str, past))}")
+    default = batching.get("default_priority")
+    own_batching = data.get("batching")
+    given = isinstance(own_batching, Mapping) and "default_priority" in own_batching
+    if not given and type(default) is int and default > levels:
+        batching["default_priority"] = AUTO
+        said.append(f"batching.default_priority {default} (auto instead: the middle level)")
+    return said
 
 
 def _labels_named(data: Mapping) -> set[str]:
