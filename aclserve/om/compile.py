@@ -16,7 +16,7 @@ from typing import Callable
 from . import aipp as aipp_mod
 from . import aipp_onnx
 from . import atc as atc_mod
-from . import container, cpu_compile
+from . import batch_rows, container, cpu_compile
 from .index_bounds import index_bounds
 from ..regular_files import open_regular
 from .spec import CompileError, load_onnx, parse_gears, parse_input_shape, resolve
@@ -99,6 +99,8 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         if not soc_version:
             raise CompileError("ATC needs the SoC to build for and there is no Ascend device here to read it "
                                "from: pass --soc-version (e.g. Ascend310P3, Ascend910B1)")
+        if spec.dynamic_batch:  # (before ATC's minutes: the CPU compile finds it in its test runs)
+            batch_rows.check_source(src, spec)
         log(f"compiling {src} with ATC ({atc_path}) for {soc_version}")
         hdr = atc_mod.compile_with_atc(atc_path, src, out, spec, soc_version=soc_version,
                                        precision_mode=precision_mode, timeout=timeout, log=log,

@@ -11,7 +11,8 @@ gears) on zero inputs (on ones if that fails: a division by an input), what ONNX
 compute, not what the exporter declared nor what shape inference guesses; an output that is not
 [batch, fixed...] (or fully fixed for a static model) is refused, since the runtime must size
 output buffers per gear, and so is a model that cannot run at all, and one whose output sizes
-change with the input's values (a second probe run on other values).
+change with the input's values (a second probe run on other values), and a dynamic-batch model
+whose rows are not independent (batch_rows.py: a batch would mix concurrent requests).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from onnx import shape_inference
 
 from .._version import __version__
 from ..dtypes import ACL_INT64
+from .batch_rows import refuse_mixed_rows
 from .container import DYNAMIC_BATCH_INPUT
 from .names import atc_output_names
 from .spec import CompileError, ModelSpec, TensorInfo, dtype_of, one_line, refuse_empty
@@ -116,6 +118,9 @@ def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) ->
             fixed.append(TensorInfo(o.name, o.dtype, [-1] + list(shapes[0][1:])))
         else:
             fixed.append(TensorInfo(o.name, o.dtype, list(shapes[0])))
+    if spec.dynamic_batch:
+        names = [o.name for o in outputs]
+        refuse_mixed_rows(lambda feeds: sess.run(names, feeds), spec, names)
     return fixed
 
 

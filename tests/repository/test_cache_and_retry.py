@@ -385,6 +385,20 @@ async def test_a_dropped_onnx_told_to_compile_for_one_batch_size_is_given_valid_
     assert "(or compile it for one batch size: compile.batch: [1])" in reason, reason
 
 
+@pytest.mark.asyncio
+async def test_a_dropped_onnx_whose_rows_depend_on_each_other_is_not_served_as_a_batch_model(make_repo, models_dir):
+    """A Softmax over dim 0 was compiled with gears and served: two one-row requests batched
+    together were answered 0.835 and 0.165, 1.0 each alone (found by an independent tester)."""
+    from onnx import TensorProto, helper
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=0)], "mix",
+                              [vi("x", TensorProto.FLOAT, ["b", 4])], [vi("y", TensorProto.FLOAT, ["b", 4])])
+    reason = await _refused_then_served(make_repo, models_dir, "mix", graph, "compile:\n  batch: [1]\n")
+    assert "rows of input 'x' along the dynamic dimension 0 are not independent" in reason, reason
+    assert ("compile it for a static batch (compile.batch: [1]) or fix that dimension with compile.input_shape "
+            '"x:SIZE,4"') in reason, reason
+
+
 async def _refused_then_served(make_repo, models_dir, name: str, graph, remedy: str) -> str:
     """Drop `graph` as NAME.onnx, see its load refused, write the `remedy` YAML the reason names,
     see it serve. Returns the reason."""

@@ -1,0 +1,133 @@
+"""Whether a dynamic-batch model's rows are independent: the batcher puts concurrent requests
+into one run, so a model whose output for one row depends on the other rows answers each client
+with something computed from another client's data. Softmax or CumSum over dim 0, a batch norm
+left in training mode, and a sequence-first export ([seq, batch, features], a PyTorch RNN without
+batch_first: its dim 0 is time) compiled as batch models and mixed requests (found by an
+independent tester: a Softmax over dim 0 answered 0.835 and 0.165 for two requests batched
+together, 1.0 for each alone).
+
+The check runs a batch of two different rows and each row alone, and compares row by row. Other
+batch sizes may take other kernels (ONNX Runtime's MatMul takes a GEMV for one row), which sum in
+another order: a few units in the last place, so a row may differ by a tolerance relative to its
+output's magnitude (fp32/fp64: 1e-5 + 1e-4 x its largest value; fp16, whose epsilon is 1e-3:
+1e-3 + 1e-2 x); mixed rows differ at the scale of the values. Integer and boolean outputs must be
+equal. A model that cannot run on the rows tried, or whose answers change from one run to the
+next (a random op), is not judged. Four runs of one and two rows: cheap beside the compile.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import numpy as np
+import onnx
+
+from .spec import MAX_INLINE_BYTES, CompileError, ModelSpec, external_locations
+
+Run = Callable[[dict], list]  # feeds -> the outputs, in order
+# (atol, rtol): a row may differ by atol + rtol x its output's largest value
+FP16_TOLERANCE = (1e-3, 1e-2)
+FLOAT_TOLERANCE = (1e-5, 1e-4)  # fp32, fp64
+
+
+def refuse_mixed_rows(run: Run, spec: ModelSpec, output_names: list[str]) -> None:
+    """Raise CompileError when an output of one row changes with the other rows of its batch."""
+    for fill in (_distinct_seeded_rows, _zero_and_one_rows):
+        try:  # (a fill the model cannot run on, e.g. an index out of its table, is passed over)
+            together = {t.name: fill(t) for t in spec.inputs}
+            both = run(together)
+            alone = [run({name: rows[i:i + 1] for name, rows in together.items()}) for i in (0, 1)]
+            again = run({name: rows[:1] for name, rows in together.items()})
+        except Exception:
+            continue
+        # judged: the outputs with the batch first (on the CPU path the others were refused) that
+        # give the same answer twice (a random op's change from run to run)
+        judged = [i for i in range(len(output_names)) if np.ndim(both[i]) and len(both[i]) == 2
+                  and _difference(alone[0][i], again[i]) is None]
+        for row in (0, 1):
+            for i in judged:
+                found = _difference(both[i][row:row + 1], alone[row][i])
+                if found is not None:
+                    raise CompileError(_message(spec, output_names[i], *found))
+        return
+
+
+def check_source(model_path: str, spec: ModelSpec) -> None:
+    """refuse_mixed_rows for a model ATC builds (a device batches requests alike), run by ONNX
+    Runtime on the source with the compile's input shapes. Skipped when ONNX Runtime cannot load
+    or run it (an operator only ATC has) or when it is over 2 GiB with its weights (too costly to
+    run here; the CPU compiler's bound)."""
+    import onnxruntime as ort
+
+    folder = os.path.dirname(os.path.abspath(model_path))
+    size = spec.model.ByteSize()
+    for location in external_locations(spec.model):
+        try:
+            size += os.path.getsize(os.path.join(folder, location))
+        except (OSError, ValueError):
+            return
+    if size > MAX_INLINE_BYTES:
+        return
+    model = onnx.ModelProto()
+    model.CopyFrom(spec.model)  # (its inputs as the compile resolved them: a fixed-batch export made dynamic)
+    for vi in model.graph.output:  # an exporter's fixed-batch [1, 3] is not what a batch of 2 gives
+        if vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.ClearField("shape")
+    del model.graph.value_info[:]
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 4
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # (one load, four runs)
+    so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception:
+        return
+    names = [o.name for o in model.graph.output]
+    refuse_mixed_rows(lambda feeds: sess.run(names, feeds), spec, names)
+
+
+def _distinct_seeded_rows(t) -> np.ndarray:
+    """Two rows of a fixed seed, different in every element: normal floats; 0/1 integers (safe
+    as indices), the second row the first's complement."""
+    rng = np.random.default_rng(0)
+    shape = list(t.dims[1:])
+    if np.issubdtype(t.dtype, np.floating):
+        return rng.standard_normal([2] + shape).astype(t.dtype)
+    first = rng.integers(0, 2, shape)
+    return np.stack([first, 1 - first]).astype(t.dtype)
+
+
+def _zero_and_one_rows(t) -> np.ndarray:
+    shape = list(t.dims[1:])
+    return np.stack([np.zeros(shape), np.ones(shape)]).astype(t.dtype)
+
+
+def _difference(got, want) -> tuple[float | None, float | None] | None:
+    """None when `got` is `want` within the tolerance, else (the largest difference, the output's
+    magnitude), None for what cannot be said: another shape, a NaN or an infinity in one only;
+    the magnitude of an integer output."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        return None, None
+    a, b = got.astype(np.float64), want.astype(np.float64)
+    if not np.issubdtype(want.dtype, np.floating):
+        return None if np.array_equal(got, want) else (float(np.max(np.abs(a - b))), None)
+    finite = np.isfinite(a) & np.isfinite(b)
+    if not np.all(finite | (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))):
+        return None, None
+    magnitude = float(np.max(np.abs(b[finite]), initial=0))
+    difference = float(np.max(np.abs(a[finite] - b[finite]), initial=0))
+    atol, rtol = FP16_TOLERANCE if want.dtype == np.float16 else FLOAT_TOLERANCE
+    return None if difference <= atol + rtol * magnitude else (difference, magnitude)
+
+
+def _message(spec: ModelSpec, output: str, difference: float | None, magnitude: float | None) -> str:
+    inputs = ", ".join(repr(t.name) for t in spec.inputs)
+    example = ";".join(",".join([f"{t.name}:SIZE"] + [str(d) for d in t.dims[1:]]) for t in spec.inputs)
+    by = "" if difference is None else f" (by {difference:.3g}" + (
+        ")" if magnitude is None else f"; its values reach {magnitude:.3g})")
+    return (f"the rows of input{'s' if len(spec.inputs) > 1 else ''} {inputs} along the dynamic dimension 0 are not "
+            f"independent: output {output!r} of a row run with another row differs from that row run alone{by}, "
+            "so a batch would mix concurrent requests' answers; compile it for a static batch (--batch 1) or fix "
+            f"that dimension with --input-shape \"{example}\", as ATC takes it")

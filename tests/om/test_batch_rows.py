@@ -1,0 +1,101 @@
+"""A model whose rows depend on each other is not compiled as a batch model (om/batch_rows.py):
+the batcher puts concurrent requests into one run, and an independent tester's Softmax over dim 0
+answered 0.835 and 0.165 to two one-row requests batched together, 1.0 alone; a sequence-first
+export ([seq, 1, 4], CumSum over its time axis) compiled with its time axis as the batch."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from aclserve.om.compile import CompileError, compile_model
+from .conftest import run_cli, save
+
+vi = helper.make_tensor_value_info
+
+
+def _quiet(_line):
+    pass
+
+
+def _saved(tmp_path, name, nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, name, inputs, outputs, list(inits))
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / f"{name}.onnx")
+
+
+def _softmax_over_rows(tmp_path):
+    return _saved(tmp_path, "crossbatch", [helper.make_node("Softmax", ["x"], ["y"], axis=0)],
+                  [vi("x", TensorProto.FLOAT, ["b", 4])], [vi("y", TensorProto.FLOAT, ["b", 4])])
+
+
+def _sequence_first(tmp_path):
+    """[seq, 1, 4], a running sum over the sequence: a PyTorch RNN's export without batch_first."""
+    return _saved(tmp_path, "seqfirst", [helper.make_node("CumSum", ["x", "axis"], ["y"])],
+                  [vi("x", TensorProto.FLOAT, ["seq", 1, 4])], [vi("y", TensorProto.FLOAT, ["seq", 1, 4])],
+                  [numpy_helper.from_array(np.array(0, np.int64), "axis")])
+
+
+def _share_of_the_batch(tmp_path, share: float):
+    """y = x + share * (the sum of the batch's rows): a row sees the others by `share`."""
+    nodes = [helper.make_node("ReduceSum", ["x", "zero"], ["total"], keepdims=1),
+             helper.make_node("Mul", ["total", "share"], ["part"]), helper.make_node("Add", ["x", "part"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array(share, np.float32), "share")]
+    return _saved(tmp_path, f"share{share:g}", nodes, [vi("x", TensorProto.FLOAT, ["b", 64])],
+                  [vi("y", TensorProto.FLOAT, ["b", 64])], inits)
+
+
+@pytest.mark.parametrize("make, example", [(_softmax_over_rows, "x:SIZE,4"), (_sequence_first, "x:SIZE,1,4")],
+                         ids=["softmax-over-rows", "sequence-first"])
+def test_a_model_whose_rows_depend_on_each_other_is_refused_as_a_batch_model(tmp_path, make, example):
+    src = make(tmp_path)
+    out = tmp_path / "m.om"
+    proc = run_cli("compile", src, "-o", out, "--target", "cpu")
+    assert proc.returncode == 2 and not out.exists()
+    (line,) = proc.stderr.strip().splitlines()
+    assert ("the rows of input 'x' along the dynamic dimension 0 are not independent: output 'y' of a row run "
+            "with another row differs from that row run alone (by ") in line, line
+    assert ("so a batch would mix concurrent requests' answers; compile it for a static batch (--batch 1) or fix "
+            f"that dimension with --input-shape \"{example}\", as ATC takes it") in line, line
+    # what it says serves: a static model, one request a run
+    assert compile_model(src, out, batch="1", target="cpu", log=_quiet).header["gears"] == []
+    fixed = example.replace("SIZE", "16")
+    assert compile_model(src, out, input_shape=fixed, target="cpu", log=_quiet).header["gears"] == []
+
+
+def test_a_row_may_differ_by_rounding_not_by_another_rows_share(tmp_path):
+    """Another batch size may take other kernels, which round differently: a share of 1e-7 of the
+    other rows passes as such (within 1e-5 + 1e-4 x the output's magnitude), 1e-2 is a mix."""
+    assert compile_model(_share_of_the_batch(tmp_path, 1e-7), target="cpu", log=_quiet).header["gears"]
+    with pytest.raises(CompileError, match=r"output 'y' of a row run with another row differs .* \(by 0\.\d+; "
+                                           r"its values reach \d"):
+        compile_model(_share_of_the_batch(tmp_path, 1e-2), target="cpu", log=_quiet)
+
+
+def test_an_output_of_a_random_op_is_not_judged_the_others_are(tmp_path):
+    """A random op answers otherwise at every run, alone or not: not a mix of rows. Its other
+    outputs are still compared."""
+    x, noise, mixed = (vi(n, TensorProto.FLOAT, ["b", 4]) for n in ("x", "noisy", "mixed"))
+    nodes = [helper.make_node("RandomNormalLike", ["x"], ["r"]), helper.make_node("Add", ["x", "r"], ["noisy"]),
+             helper.make_node("Softmax", ["x"], ["mixed"], axis=0)]
+    assert compile_model(_saved(tmp_path, "noise", nodes[:2], [x], [noise]), target="cpu", log=_quiet).header["gears"]
+    with pytest.raises(CompileError, match="output 'mixed' of a row run with another row differs"):
+        compile_model(_saved(tmp_path, "both", nodes, [x], [noise, mixed]), target="cpu", log=_quiet)
+
+
+def test_the_atc_path_refuses_it_before_atc_runs(tmp_path, fake_atc):
+    """A device batches requests alike: ONNX Runtime runs the source with the compile's shapes
+    before ATC's minutes; a model it cannot run (an operator only ATC has) goes to ATC unjudged."""
+    atc, record = fake_atc
+    with pytest.raises(CompileError, match="the rows of input 'x' along the dynamic dimension 0 are not independent"):
+        compile_model(_softmax_over_rows(tmp_path), tmp_path / "c.om", soc_version="Ascend310P3", atc=str(atc),
+                      log=_quiet)
+    assert not record.exists()
+    graph = helper.make_graph([helper.make_node("AscendOnly", ["x"], ["y"], domain="com.example")], "custom",
+                              [vi("x", TensorProto.FLOAT, ["b", 4])], [vi("y", TensorProto.FLOAT, ["b", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    result = compile_model(save(model, tmp_path / "custom.onnx"), tmp_path / "custom.om", soc_version="Ascend310P3",
+                           atc=str(atc), log=_quiet)
+    assert result.target == "npu" and "--dynamic_batch_size=1,2,4,8,16,32" in json.loads(record.read_text())["argv"]
