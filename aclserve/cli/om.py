@@ -22,7 +22,8 @@ def add_commands(sub) -> None:
     p.add_argument("--soc-version", default=None, metavar="SOC",
                    help="ATC --soc_version (default: the SoC of this machine's NPU; required without one)")
     p.add_argument("--precision-mode", default=None, metavar="MODE",
-                   help="ATC --precision_mode (default force_fp16; recorded but not applied by the CPU runtime)")
+                   help="ATC --precision_mode, one of its values (default force_fp16; recorded but not applied by "
+                        "the CPU runtime)")
     p.add_argument("--target", default="auto", type=str.lower, metavar="auto|npu|cpu",
                    help="auto: ATC if found, else CPU OM (default); npu: require ATC; cpu: CPU OM")
     p.add_argument("--atc", metavar="PATH", help="the ATC executable (default: `atc` on PATH)")

@@ -16,7 +16,7 @@ from typing import Callable
 from . import aipp as aipp_mod
 from . import aipp_onnx
 from . import atc as atc_mod
-from . import batch_rows, container, cpu_compile
+from . import atc_options, batch_rows, container, cpu_compile
 from .index_bounds import index_bounds
 from ..regular_files import open_regular
 from .spec import CompileError, load_onnx, parse_gears, parse_input_shape, resolve
@@ -38,6 +38,8 @@ class CompileResult:
     # integer inputs indexing a table of the model: {name: entries} (index_bounds.py); the
     # server refuses values outside [0, entries)
     index_bounds: dict = field(default_factory=dict)
+    # what ATC would refuse among what a CPU OM records (atc_options.cpu_warnings), one line each
+    warnings: list = field(default_factory=list)
 
 
 def default_output(onnx_path: str | os.PathLike) -> Path:
@@ -69,6 +71,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     if timeout is None or not 0 < timeout <= MAX_TIMEOUT_S:  # (NaN fails it; inf was a Timer's OverflowError)
         raise CompileError(f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:,} (30 days), "
                            f"got {timeout!r}")
+    atc_options.check_precision_mode(precision_mode)
     shapes = input_shape if isinstance(input_shape, dict) else parse_input_shape(input_shape)
     gears = parse_gears(batch)
     atc_path = None
@@ -94,6 +97,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     bounds = index_bounds(model.graph)
     bound = aipp_mod.bind(aipp, spec, soc_version) if aipp else []
     aipp_header = {"aipp": [b.summary() for b in bound]} if bound else {}
+    warnings = []
 
     if atc_path is not None:
         if not soc_version:
@@ -112,6 +116,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         kind = "npu"
     else:
         log(f"compiling {src} for the CPU runtime (ATC not used)")
+        warnings = atc_options.cpu_warnings(model, soc_version)
         with open_regular(src) as f:
             source_bytes = f.read()
         options = {k: v for k, v in (("input_shape", spec.atc_input_shape()), ("soc_version", soc_version),
@@ -127,4 +132,4 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     for name, entries in bounds.items():  # (the server's compile keeps them; an .om served later needs its YAML)
         log(f"input {name} indexes a table of the model: it takes 0..{entries - 1} "
             f"(value_range: [0, {entries - 1}])")
-    return CompileResult(out, kind, header, time.monotonic() - start, out.stat().st_size, bounds)
+    return CompileResult(out, kind, header, time.monotonic() - start, out.stat().st_size, bounds, warnings)

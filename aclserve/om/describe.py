@@ -134,4 +134,5 @@ def format_summary(result) -> str:
     lines += tensor_lines(h)
     if result.target == "npu":
         lines.append(NEEDS_CANN)
+    lines += [f"warning: {w}" for w in result.warnings]
     return "\n".join(lines)
