@@ -17,6 +17,7 @@ from onnx import helper
 from ..dtypes import acl_to_kserve, numpy_to_acl
 from ..regular_files import open_regular
 from .container import DYNAMIC_BATCH_INPUT
+from .external_files import external_bytes, external_locations, missing_external_file
 
 DEFAULT_GEARS = (1, 2, 4, 8, 16, 32)
 MAX_GEARS = 100
@@ -145,16 +146,13 @@ def load_onnx(path: str | os.PathLike, weights: bool = True) -> onnx.ModelProto:
         raise CompileError(f"{path}: not an ONNX model (no graph)")
     folder = os.path.dirname(os.path.abspath(path))
     locations = external_locations(model)
-    missing = _missing_external_file(locations, folder)
+    missing = missing_external_file(locations, folder)
     if missing is not None:  # (onnx says "it is not regular file")
         raise CompileError(f"{path}: its external data cannot be read ({missing} does not exist)")
-    try:  # (by path when it names external data: the checker finds those files from the model's folder)
-        onnx.checker.check_model(path if locations else model, full_check=False)
-    except Exception as e:
-        raise CompileError(f"{path}: invalid ONNX graph: {one_line(e)}") from None
+    _check_graph(path, model, locations)
     if not weights:
         return model
-    inline = model.ByteSize() + _external_bytes(locations, folder)
+    inline = model.ByteSize() + external_bytes(locations, folder)
     if inline > MAX_INLINE_BYTES:  # (what the CPU runtime's OM embeds: the model with its weights)
         raise CompileError(f"{path}: the model with its external data is {inline / 2**30:.1f} GiB; the CPU "
                            "compiler takes models up to 2 GiB (an NPU's, through ATC, may be larger)")
@@ -165,47 +163,33 @@ def load_onnx(path: str | os.PathLike, weights: bool = True) -> onnx.ModelProto:
     return model
 
 
-def external_locations(model: onnx.ModelProto) -> set[str]:
-    """The external data files `model` names (as written: relative to its folder), from every
-    tensor of its graph and subgraphs, as onnx reads them."""
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-    return {ExternalDataInfo(t).location for t in _tensors(model.graph) if uses_external_data(t)}
-
-
-def _tensors(graph: onnx.GraphProto):
-    """Every tensor of `graph` and its subgraphs: initializers and node attributes."""
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield sparse.values
-        yield sparse.indices
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            if attribute.HasField("g"):
-                yield from _tensors(attribute.g)
-            for sub in attribute.graphs:
-                yield from _tensors(sub)
-
-
-def _missing_external_file(locations: set[str], folder: str) -> str | None:
-    """The first of the external data files `locations` that is not there, or None."""
-    for location in sorted(locations):
-        if "\0" not in location and not os.path.lexists(os.path.join(folder, location)):
-            return location
-    return None
-
-
-def _external_bytes(locations: set[str], folder: str) -> int:
-    """The sizes of the external data files `locations` (those that can be read)."""
-    total = 0
-    for location in locations:
-        try:
-            total += os.path.getsize(os.path.join(folder, location))
-        except (OSError, ValueError):  # (onnx's own read says why)
-            pass
-    return total
+def _check_graph(path: str, model: onnx.ModelProto, locations: set[str]) -> None:
+    """The ONNX checker, on ONNX Runtime's terms: it requires a shape (and a type) on every graph
+    input and output ("Field 'shape' of 'type' is required but missing", naming none), which ORT
+    and ATC do without (onnx-graphsurgeon writes outputs so). Those get an empty one for the check
+    only: resolve() asks --input-shape for such an input; an output's is inferred and probed."""
+    bare = [(vi, what, "shape" if vi.HasField("type") else "type")
+            for what, group in (("input", model.graph.input), ("output", model.graph.output)) for vi in group
+            if not vi.HasField("type") or (vi.type.WhichOneof("value") == "tensor_type"
+                                           and not vi.type.tensor_type.HasField("shape"))]
+    if bare and locations:  # (the checker reads such a model from its file: nothing to give it there)
+        vi, what, lacking = bare[0]
+        raise CompileError(f"{path}: {what} {vi.name!r} declares no {lacking}, which the ONNX checker requires "
+                           "of a model with external data: give it one in the model")
+    for vi, _, lacking in bare:
+        vi.type.tensor_type.shape.SetInParent()
+        if lacking == "type":
+            vi.type.tensor_type.elem_type = onnx.TensorProto.UNDEFINED
+    try:  # (by path when it names external data: the checker finds those files from the model's folder)
+        onnx.checker.check_model(path if locations else model, full_check=False)
+    except Exception as e:
+        raise CompileError(f"{path}: invalid ONNX graph: {one_line(e)}") from None
+    finally:
+        for vi, _, lacking in bare:
+            if lacking == "type":
+                vi.ClearField("type")
+            else:
+                vi.type.tensor_type.ClearField("shape")
 
 
 def one_line(e: BaseException) -> str:
@@ -224,6 +208,8 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 
 def dtype_of(vi: onnx.ValueInfoProto, what: str) -> np.dtype:
+    if not vi.HasField("type"):  # (an input declaring none; an output whose shape inference found none)
+        raise CompileError(f"{what} {vi.name!r} has no data type in the model")
     if not vi.type.HasField("tensor_type"):
         raise CompileError(f"{what} {vi.name!r} is not a tensor")
     elem = vi.type.tensor_type.elem_type
@@ -237,11 +223,13 @@ def dtype_of(vi: onnx.ValueInfoProto, what: str) -> np.dtype:
 
 
 def dims_of(vi: onnx.ValueInfoProto) -> list[int | str | None] | None:
-    """Ints for fixed dims, the symbol (or None) for dynamic ones; None when rank is unknown."""
+    """Ints for fixed dims, the symbol (or None) for dynamic ones; None when rank is unknown. A
+    negative dim_value is dynamic, unnamed, as ONNX Runtime reads it (a batch stored as -1)."""
     tt = vi.type.tensor_type
     if not tt.HasField("shape"):
         return None
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None)
+            for d in tt.shape.dim]
 
 
 def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: list[int] | None) -> ModelSpec:

@@ -61,7 +61,7 @@ def _named(onnx_path: str) -> tuple[str, ...]:
     if not _has_marker(onnx_path):
         return ()
     import onnx  # (heavy: only for a model that names external data)
-    from ..om.spec import external_locations
+    from ..om.external_files import external_locations
     try:
         model = onnx.load(onnx_path, load_external_data=False)
     except Exception:  # not an ONNX model after all: the compile says why

@@ -1,0 +1,109 @@
+"""Shapes ONNX Runtime loads and the compile once read otherwise (found by an independent tester):
+a dimension stored as a negative dim_value, a graph input or output declaring no shape (or no
+type, as onnx-graphsurgeon writes outputs)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from aclserve.om.compile import CompileError, compile_model
+from .conftest import save
+
+
+def _quiet(_line):
+    pass
+
+
+def _relu(path, x_dims, y_dims="same", name="x", y_type=True):
+    """x -> Relu -> y, `x_dims` as given (None: no shape field); y declares `y_dims` (None: no
+    shape field) and, with y_type False, no type at all."""
+    x = helper.make_tensor_value_info(name, TensorProto.FLOAT, x_dims)
+    y = (helper.make_tensor_value_info("y", TensorProto.FLOAT, x_dims if y_dims == "same" else y_dims)
+         if y_type else onnx.ValueInfoProto(name="y"))
+    graph = helper.make_graph([helper.make_node("Relu", [name], ["y"])], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = save(model, path)
+    ort.InferenceSession(path, providers=["CPUExecutionProvider"])  # (ONNX Runtime loads each one)
+    return path
+
+
+def _negative(path, dims):
+    """An input whose dims are `dims`, a -1 among them stored as dim_value -1 (a batch so stored:
+    ONNX Runtime reads it as dynamic, [None, 4])."""
+    model = onnx.load(_relu(path, ["n" if d == -1 else d for d in dims], y_dims=None))
+    for d, dim in zip(dims, model.graph.input[0].type.tensor_type.shape.dim):
+        if d == -1:
+            dim.dim_value = -1
+    return save(model, path)
+
+
+def _io(header):
+    return [(t["name"], t["dims"]) for t in header["inputs"]], [(t["name"], t["dims"]) for t in header["outputs"]]
+
+
+def test_a_batch_stored_as_a_negative_dim_value_is_the_batch(tmp_path):
+    """It ended in a TypeError (None * int) in the input's size check; a served folder showed it."""
+    src = _negative(tmp_path / "neg.onnx", [-1, 4])
+    assert onnx.load(src).graph.input[0].type.tensor_type.shape.dim[0].dim_value == -1
+    h = compile_model(src, batch="1,2", target="cpu", log=_quiet).header
+    assert _io(h) == ([("x", [-1, 4]), ("ascend_mbatch_shape_data", [1])], [("y", [-1, 4])]) and h["gears"] == [1, 2]
+
+
+def test_a_negative_dim_value_past_the_batch_is_fixed_by_input_shape(tmp_path):
+    """["batch", -1] compiled as [N, N] (both the batch symbol), which the server refused; and
+    --input-shape x:-1,7 was refused: "the model fixes it at -1"."""
+    src = _negative(tmp_path / "neg2.onnx", ["batch", -1])
+    with pytest.raises(CompileError, match=r"input 'x' dim 1 is dynamic \(\?\); fix it with --input-shape"):
+        compile_model(src, target="cpu", log=_quiet)
+    h = compile_model(src, input_shape="x:-1,7", batch="1,2", target="cpu", log=_quiet).header
+    assert _io(h) == ([("x", [-1, 7]), ("ascend_mbatch_shape_data", [1])], [("y", [-1, 7])])
+    h = compile_model(_negative(tmp_path / "neg3.onnx", [2, -1]), tmp_path / "neg3.om", input_shape="x:2,5",
+                      target="cpu", log=_quiet).header
+    assert _io(h) == ([("x", [2, 5])], [("y", [2, 5])]) and h["gears"] == []
+
+
+@pytest.mark.parametrize("lacking", ["shape", "type"])
+def test_an_output_declaring_no_shape_or_type_is_inferred_and_probed(tmp_path, lacking):
+    """The ONNX checker refused it ("Field 'shape' of 'type' is required but missing"), naming no
+    tensor; ONNX Runtime loads it and onnx-graphsurgeon writes outputs so."""
+    src = _relu(tmp_path / "m.onnx", ["n", 4], y_dims=None, y_type=lacking != "type")
+    result = compile_model(src, batch="1,2", target="cpu", log=_quiet)
+    assert _io(result.header)[1] == [("y", [-1, 4])] and result.header["outputs"][0]["datatype"] == "FP32"
+
+
+def test_an_input_declaring_no_shape_takes_input_shape(tmp_path):
+    src = _relu(tmp_path / "m.onnx", None, y_dims=["n", 4])
+    with pytest.raises(CompileError, match="input 'x' has no shape in the model; give it with --input-shape"):
+        compile_model(src, target="cpu", log=_quiet)
+    h = compile_model(src, input_shape="x:-1,4", batch="1,2", target="cpu", log=_quiet).header
+    assert _io(h)[0] == [("x", [-1, 4]), ("ascend_mbatch_shape_data", [1])]
+    typeless = onnx.load(src)
+    typeless.graph.input[0].ClearField("type")
+    with pytest.raises(CompileError, match="input 'x' has no data type in the model"):
+        compile_model(save(typeless, tmp_path / "t.onnx"), input_shape="x:-1,4", target="cpu", log=_quiet)
+
+
+def test_a_graph_the_checker_refuses_for_another_reason_still_is_refused(tmp_path):
+    """What is given for the check is only the missing shape: the checker still sees the rest."""
+    model = onnx.load(_relu(tmp_path / "m.onnx", ["n", 4], y_dims=None))
+    model.graph.node[0].input[0] = "ghost"  # a node reading a tensor nothing produces
+    with pytest.raises(CompileError, match="invalid ONNX graph: .*ghost"):
+        compile_model(save(model, tmp_path / "bad.onnx"), target="cpu", log=_quiet)
+
+
+def test_an_output_declaring_no_shape_in_a_model_with_external_data_is_named(tmp_path):
+    """The checker reads such a model from its file (to find the data files), so it cannot be
+    given the shape: said naming the output, not as the checker's bare sentence."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.data", size_threshold=0)
+    with pytest.raises(CompileError, match="output 'y' declares no shape, which the ONNX checker requires of a "
+                                           "model with external data"):
+        compile_model(tmp_path / "ext.onnx", target="cpu", log=_quiet)
