@@ -16,7 +16,7 @@ from typing import Callable
 from . import aipp as aipp_mod
 from . import aipp_onnx
 from . import atc as atc_mod
-from . import atc_options, batch_rows, container, cpu_compile
+from . import atc_options, batch_rows, container, cpu_compile, names
 from .index_bounds import index_bounds
 from ..regular_files import open_regular
 from .spec import CompileError, load_onnx, parse_gears, parse_input_shape, resolve
@@ -94,6 +94,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         raise CompileError(f"cannot write {out}: it is a folder")
     model = load_onnx(src, weights=atc_path is None)  # (ATC reads the weights from the model's path)
     spec = resolve(model, {k: list(v) for k, v in shapes.items()}, gears)
+    names.refuse_misread(model)  # (an output the server would find under another name)
     bounds = index_bounds(model.graph)
     bound = aipp_mod.bind(aipp, spec, soc_version) if aipp else []
     aipp_header = {"aipp": [b.summary() for b in bound]} if bound else {}

@@ -11,9 +11,13 @@ import re
 
 import onnx
 
-from .spec import graph_inputs
+from .spec import CompileError, graph_inputs
 
-_ATC_NAME = re.compile(r"^(?P<node>.*?):(?P<index>\d+):(?P<tensor>.+)$")
+# Either part may hold colons, so the string alone is ambiguous: the tensor is taken as what
+# follows the last ":<digits>:". A node name may hold ":1:" (blk:1:relu) and a TF-style tensor
+# name ends in ":0", never followed by a colon; a tensor name holding ":<digits>:" or starting
+# with "<digits>:" would read back wrong, and is refused at compile (refuse_misread).
+_ATC_NAME = re.compile(r"^(?P<node>.*):(?P<index>\d+):(?P<tensor>.+)$")
 
 
 def atc_output_name(node: str, index: int, tensor: str) -> str:
@@ -46,3 +50,13 @@ def atc_output_names(model: onnx.ModelProto) -> dict[str, str]:
         if graph_input.name in wanted and graph_input.name not in out:
             out[graph_input.name] = atc_output_name(graph_input.name, 0, graph_input.name)
     return out
+
+
+def refuse_misread(model: onnx.ModelProto) -> None:
+    """Refuse an output whose device name reads back as another tensor (see _ATC_NAME): it would
+    be served under that other name, on the device as on the CPU runtime."""
+    for tensor, reported in atc_output_names(model).items():
+        if tensor_name(reported) != tensor:
+            raise CompileError(f"output {tensor!r} would be reported by the device as {reported!r}, which reads "
+                               f"back as {tensor_name(reported)!r}: rename the tensor (one holding ':<digits>:', or "
+                               "starting with '<digits>:', cannot be told from its node's name there)")
