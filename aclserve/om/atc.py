@@ -176,9 +176,13 @@ def compile_with_atc(atc: str, onnx_path: str, output: Path, spec: ModelSpec, *,
     output = Path(output).absolute()
     atc_path(onnx_path, "model")
     atc_path(output.parent, "output folder")
+    atc_input_names(spec)
     # (no model name in the folder's: ATC inserts its _<os>_<arch> at the first ".om" of the
     # whole output path when it packs custom operators, so a name beginning "om" moved its file)
-    work = tempfile.mkdtemp(prefix=".atc-", dir=output.parent)
+    try:
+        work = tempfile.mkdtemp(prefix=".atc-", dir=output.parent)
+    except OSError as e:  # (named as the output, not as the work folder it could not make)
+        raise OSError(e.errno, e.strerror, str(output)) from e
     _RUNNING.add(_RUNNING.folders, work)
     try:
         base = os.path.join(work, output.stem)
@@ -216,6 +220,16 @@ def atc_path(path, what: str) -> None:
     if bad is not None:
         raise CompileError(f"ATC accepts only letters, digits, '.', '/', '_', '-' and Chinese characters in a "
                            f"file path: the {what} path {real!r} has {bad.group()!r}; rename or move it")
+
+
+def atc_input_names(spec: ModelSpec) -> None:
+    """Raise CompileError for an input name --input_shape cannot carry, before ATC runs: ATC splits
+    it at every ';' (then takes a name up to its last ':', so ':' and ',' are fine: ParseInputShape,
+    SplitInputShape) and would fail with E10002 or look for a part of the name (E10016)."""
+    for t in spec.inputs:
+        if ";" in t.name:
+            raise CompileError(f"ATC's --input_shape cannot name input {t.name!r}: it splits the option at ';', "
+                               "which the name holds; rename the input in the model (the CPU target takes it)")
 
 
 def _find_output(base: str) -> str | None:

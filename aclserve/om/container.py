@@ -67,7 +67,10 @@ def write(path: str | os.PathLike, header: dict, payload: bytes) -> int:
     """Write atomically (temporary file in the same folder, then rename). Returns bytes written."""
     path = Path(path)
     data = encode(header, payload)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    except OSError as e:  # (named as the file asked for: the temporary one is ours, not the caller's)
+        raise OSError(e.errno, e.strerror, str(path)) from e
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -75,11 +78,13 @@ def write(path: str | os.PathLike, header: dict, payload: bytes) -> int:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; a model file is meant to be shared
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError) and e.errno is not None:
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
     return len(data)
 

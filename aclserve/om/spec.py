@@ -23,7 +23,9 @@ DEFAULT_GEARS = (1, 2, 4, 8, 16, 32)
 MAX_GEARS = 100
 MAX_DIM = 2**63 - 1  # ONNX (and ACL) dims are int64; a tensor's size in bytes must fit one too
 BATCH_SYMBOL = "batch"  # the one dim_param every batched input shares, so inference propagates it
-_NAME_DIMS = re.compile(r"^(?P<name>.+):(?P<dims>-?[0-9]+(?:,-?[0-9]+)*)$")
+# (spaces are taken around the separators only: a name may hold them, "input ids:-1,16"; the
+# name ends at the last colon, as ATC's SplitInputShape reads it: TF-style names like "x:0")
+_NAME_DIMS = re.compile(r"^(?P<name>.+?)\s*:\s*(?P<dims>-?[0-9]+(?:\s*,\s*-?[0-9]+)*)$")
 
 
 def plain_number(text: str, integer: bool = False):
@@ -80,7 +82,7 @@ def parse_input_shape(text: str | None) -> dict[str, list[int]]:
         part = part.strip()
         if not part:
             continue
-        m = _NAME_DIMS.match(part.replace(" ", ""))
+        m = _NAME_DIMS.match(part)
         if m is None:
             raise CompileError(f"malformed --input-shape entry {part!r}: expected name:d0,d1,... with integer dims")
         name, dims = m["name"], [int(d) for d in m["dims"].split(",")]
@@ -248,6 +250,8 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
     twice = sorted({name for name in outputs if outputs.count(name) > 1})
     if twice:  # (served, its metadata listed it twice)
         raise CompileError(f"output {twice[0]!r} is listed twice among the model's outputs")
+    if not outputs:  # (said as ONNX Runtime's "At least one output should be requested" from the test run)
+        raise CompileError("the model has no outputs: a served model answers with at least one")
     if not names:  # (served READY, every request was refused: inputs must be a non-empty array)
         raise CompileError("the model has no inputs: a served model computes its outputs from a request's inputs")
     passed = sorted(set(outputs) & set(names))

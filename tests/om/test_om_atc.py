@@ -322,3 +322,43 @@ def test_a_model_over_2gb_is_refused_by_the_cpu_compiler_before_its_weights_are_
     with pytest.raises(CompileError, match="the model with its external data is 2.0 GiB; the CPU compiler takes "
                                            "models up to 2 GiB"):
         compile_model(src, tmp_path / "big.om", target="cpu", log=lambda s: None)
+
+
+def _named_input(tmp_path, name: str) -> str:
+    from onnx import TensorProto, helper
+    from .conftest import save
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Relu", [name], ["y"])], "g", [vi(name, TensorProto.FLOAT, [-1, 4])],
+                              [vi("y", TensorProto.FLOAT, None)])  # (a batch stored as dim_value -1; y no shape)
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+
+
+@pytest.mark.parametrize("name", ["a,b", "in:0", "input ids"])
+def test_names_and_shapes_atc_reads_reach_it_as_they_are(tmp_path, fake_atc, name):
+    """ATC splits --input_shape at ';' and takes a name up to its last ':' (ParseInputShape,
+    SplitInputShape): ',' and ':' in a name are fine. A batch stored as dim_value -1 (a TypeError
+    here) and an output declaring no shape (the checker's refusal) reach it too."""
+    atc, record = fake_atc
+    compile_model(_named_input(tmp_path, name), tmp_path / "m.om", batch="1,2", soc_version="Ascend310P3",
+                  atc=str(atc), log=lambda s: None)
+    assert f"--input_shape={name}:-1,4" in json.loads(record.read_text())["argv"]
+
+
+def test_an_input_name_holding_a_semicolon_is_refused_before_atc_runs(tmp_path, fake_atc):
+    atc, record = fake_atc
+    with pytest.raises(CompileError, match="ATC's --input_shape cannot name input 'a;b': it splits the option at ';'"):
+        compile_model(_named_input(tmp_path, "a;b"), tmp_path / "m.om", soc_version="Ascend310P3", atc=str(atc),
+                      log=lambda s: None)
+    assert not record.exists() and _leftovers(tmp_path) == []
+    compile_model(_named_input(tmp_path, "a;b"), tmp_path / "m.om", target="cpu", log=lambda s: None)  # (CPU: fine)
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys"), reason="needs /sys, a folder no one can create files in")
+@pytest.mark.parametrize("target", ["cpu", "npu"])
+def test_an_output_folder_that_cannot_be_written_is_named_as_the_output(tmp_path, fake_atc, static_onnx, target):
+    """The message named the temporary file (/sys/.x.om.ima1d8yr.part) or ATC's work folder."""
+    atc, _ = fake_atc
+    args = ["--atc", atc, "--soc-version", "Ascend310P3"] if target == "npu" else ["--target", "cpu"]
+    proc = run_cli("compile", static_onnx, "-o", "/sys/x.om", *args)
+    assert proc.returncode == 2 and proc.stderr.startswith("aclserve compile: error: cannot write /sys/x.om: "), \
+        proc.stderr

@@ -54,6 +54,8 @@ def _odd_names(path, what: str):
         graph = helper.make_graph([node("Constant", [], ["y"], value=helper.make_tensor("c", TensorProto.FLOAT, [1, 2],
                                                                                         [1.0, 2.0]))],
                                   "odd", [], [vi("y", TensorProto.FLOAT, [1, 2])])
+    if what == "no outputs":  # (was ONNX Runtime's "At least one output should be requested" from the test run)
+        graph = helper.make_graph([node("Identity", ["x"], ["y"])], "odd", [vi("x", TensorProto.FLOAT, ["n", 2])], [])
     return _saved(graph, path)
 
 
@@ -90,6 +92,7 @@ CASES = [
     # served, they answered zeros / refused every request (a new user's walk through the CLI)
     ("output is the input", ["PASSTHROUGH"], "output 'x' is the model's input itself"),
     ("no inputs", ["NOINPUTS"], "the model has no inputs"),
+    ("no outputs", ["NOOUTPUTS"], "the model has no outputs"),
     ("empty path", [""], "no model file given"),  # a traceback from pathlib
     ("unknown target", ["MODEL", "--target", "gpu"], "unknown target 'gpu'"),
     ("npu without atc", ["MODEL", "--target", "npu"], "ATC asked for but not found"),
@@ -116,7 +119,8 @@ def files(tmp_path, multi_io_onnx, static_onnx):
             "RESERVED": _odd_names(tmp_path / "reserved.onnx", "reserved"),
             "TWICE": _odd_names(tmp_path / "twice.onnx", "twice"),
             "PASSTHROUGH": _odd_names(tmp_path / "passthrough.onnx", "passthrough"),
-            "NOINPUTS": _odd_names(tmp_path / "noinputs.onnx", "no inputs")}
+            "NOINPUTS": _odd_names(tmp_path / "noinputs.onnx", "no inputs"),
+            "NOOUTPUTS": _odd_names(tmp_path / "nooutputs.onnx", "no outputs")}
 
 
 def _assert_one_line_error(proc, expected):

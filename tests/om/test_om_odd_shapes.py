@@ -1,7 +1,9 @@
 """Shapes ONNX Runtime loads and the compile once read otherwise (found by an independent tester):
 a dimension stored as a negative dim_value, a graph input or output declaring no shape (or no
-type, as onnx-graphsurgeon writes outputs)."""
+type, as onnx-graphsurgeon writes outputs), an input name holding spaces."""
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import onnx
@@ -10,7 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from aclserve.om.compile import CompileError, compile_model
-from .conftest import save
+from aclserve.om.spec import parse_input_shape
+from .conftest import run_cli, save
 
 
 def _quiet(_line):
@@ -107,3 +110,14 @@ def test_an_output_declaring_no_shape_in_a_model_with_external_data_is_named(tmp
     with pytest.raises(CompileError, match="output 'y' declares no shape, which the ONNX checker requires of a "
                                            "model with external data"):
         compile_model(tmp_path / "ext.onnx", target="cpu", log=_quiet)
+
+
+def test_input_shape_takes_names_with_spaces(tmp_path):
+    """Every space was stripped before matching: "input ids:-1,16" was "unknown input 'inputids'"."""
+    assert parse_input_shape(" input ids : -1 , 16 ;b:2") == {"input ids": [-1, 16], "b": [2]}
+    assert parse_input_shape("x:0:-1,4") == {"x:0": [-1, 4]}  # a TF-style name: the dims follow the last ':'
+    src = _relu(tmp_path / "m.onnx", ["n", "seq"], name="input ids")
+    proc = run_cli("compile", src, "-o", tmp_path / "m.om", "--input-shape", "input ids:-1,16", "--target", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(run_cli("inspect", tmp_path / "m.om", "--json").stdout)
+    assert info["header"]["inputs"][0]["name"] == "input ids" and info["header"]["inputs"][0]["dims"] == [-1, 16]
