@@ -16,7 +16,7 @@ import struct
 import warnings
 
 import numpy as np
-from PIL import Image
+from PIL import Image, JpegImagePlugin, PngImagePlugin, UnidentifiedImageError
 
 from .header import ImageError, ImageInfo, check_size, probe
 from .plan import ImagePlan
@@ -81,7 +81,7 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
             if im.size != (info.width, info.height):
                 raise ImageError(f"{info.format} header is inconsistent")
             orientation = _orientation(im.getexif().get(_ORIENTATION, 1))  # (a PNG's eXIf chunk too)
-            if info.format == "JPEG":
+            if info.format == "JPEG" and not info.lossless:  # (libjpeg refuses to scale a lossless one)
                 im.draft(mode, jpeg_draft_request(im.width, im.height, orientation, plan))
             if orientation != 1:  # (not ImageOps.exif_transpose: it writes the whole EXIF block
                 im = im.transpose(_TURNS[orientation])  # back, and a malformed one raised TypeError)
@@ -92,6 +92,8 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
         raise
     except Image.DecompressionBombError:
         raise ImageError(f"{info.format} is too large to decode") from None
+    except UnidentifiedImageError:
+        raise ImageError(f"{info.format} could not be decoded ({_why_unopened(data, info.format)})") from None
     except (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError, KeyError, ZeroDivisionError) as e:
         # what Pillow's parsers raise on malformed data (struct.error & co from truncated fields)
         raise ImageError(f"{info.format} could not be decoded ({_short(e)})") from None
@@ -120,6 +122,19 @@ def _to_mode(im: Image.Image, mode: str) -> Image.Image:
     if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
         im = im.convert("RGBA").convert("RGB")  # drop alpha
     return im if im.mode == mode else im.convert(mode)
+
+
+_PLUGINS = {"JPEG": JpegImagePlugin.JpegImageFile, "PNG": PngImagePlugin.PngImageFile}
+
+
+def _why_unopened(data, fmt: str) -> str:
+    """Pillow's own reason a picture did not open (Image.open says only "cannot identify image
+    file": a PNG chunk before the image data failing its CRC check, say), asked of its plugin."""
+    try:
+        _PLUGINS[fmt](io.BytesIO(data)).close()
+    except Exception as e:  # (what the plugin raised is the answer, whatever it is)
+        return _short(e)
+    return "cannot identify image file"
 
 
 _OBJECT_REPR = re.compile(r"<[^<>]*\bat 0x[0-9a-fA-F]+>")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import struct
+import zlib
 from dataclasses import dataclass
 
 from PIL import PngImagePlugin
@@ -22,6 +23,8 @@ BASE64_STARTS = (b"/9j/", b"iVBORw0K", b"data:image/")
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _SOF0, _APP0, _APP1, _APP14 = 0xC0, 0xE0, 0xE1, 0xEE
 _PROGRESSIVE = {0xC2, 0xC6, 0xCA, 0xCE}
+_LOSSLESS, _LOSSLESS_ARITHMETIC = 0xC3, 0xCB  # libjpeg-turbo 3 decodes the first (at full size only)
+_HIERARCHICAL = {0xC5, 0xC6, 0xC7, 0xCD, 0xCE, 0xCF}  # differential frames: libjpeg decodes none
 _EXIF = b"Exif\0\0"  # how an APP1 segment of EXIF data begins
 _XMP = b"http://ns.adobe.com/xap/1.0/\0"  # ... and one of XMP data
 # Pillow takes an orientation from XMP when EXIF has none (Image.getexif), and so turns the picture
@@ -49,7 +52,11 @@ _NOT_FILL = re.compile(rb"[^\xff]")
 _PNG_TEXT = (b"tEXt", b"zTXt", b"iTXt")
 MAX_TEXT_CHUNK, MAX_TEXT_MEMORY = PngImagePlugin.MAX_TEXT_CHUNK, PngImagePlugin.MAX_TEXT_MEMORY
 TEXT_READING = 5
-_OTHER_FORMATS = ((b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
+_OTHER_FORMATS = ((b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"),
+                  (b"\x00\x00\x00\x0cjP  ", "JPEG 2000"), (b"\xff\x4f\xff\x51", "JPEG 2000"))
+# ISO-BMFF files (a first box `ftyp`) by the brands it lists: a phone's HEIC photo, an AVIF
+_BMFF_BRANDS = (({b"avif", b"avis"}, "AVIF"),
+                ({b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1"}, "HEIF (HEIC)"))
 
 
 class ImageError(ValueError):
@@ -70,6 +77,7 @@ class ImageInfo:
     # a first scan of fewer components than the frame: a sequential JPEG in several scans)
     alpha: bool = False  # PNG: palette or alpha colour type (decoded through RGBA)
     text_bytes: int = 0  # PNG: what Pillow may hold at the peak of reading its text chunks, at most
+    lossless: bool = False  # JPEG: a lossless frame (SOF3), which libjpeg cannot scale while decoding
 
 
 def probe(data: bytes | memoryview) -> ImageInfo:
@@ -86,11 +94,24 @@ def probe(data: bytes | memoryview) -> ImageInfo:
             raise ImageError(f"{name} images are not accepted (send JPEG or PNG)")
     if head[:4] == b"RIFF" and bytes(data[8:12]) == b"WEBP":
         raise ImageError("WebP images are not accepted (send JPEG or PNG)")
+    if head[4:8] == b"ftyp":
+        brands = _bmff_brands(data)
+        for names, name in _BMFF_BRANDS:
+            if brands & names:
+                raise ImageError(f"{name} images are not accepted (send JPEG or PNG)")
     # tritonclient sends BYTES in binary form by default: a base64 string goes as its text
     if bytes(data[:12]).startswith(BASE64_STARTS):
         raise ImageError("base64 text of an image, not its file's bytes (a JSON element is the file in base64 "
                          "once; an element in binary form or over gRPC is the file itself)")
     raise ImageError("not a JPEG or PNG image")
+
+
+def _bmff_brands(data) -> set[bytes]:
+    """The major and compatible brands of an ISO-BMFF `ftyp` box (its size, b"ftyp", the major
+    brand, a version, then the compatible brands), read within its first 64 bytes."""
+    (size,) = struct.unpack(">I", bytes(data[:4]))
+    box = bytes(data[8:min(size, 64)])
+    return {box[:4]} | {box[k:k + 4] for k in range(8, len(box) - 3, 4)}
 
 
 def check_size(info: ImageInfo, max_pixels: int, max_side: int) -> None:
@@ -102,9 +123,14 @@ def check_size(info: ImageInfo, max_pixels: int, max_side: int) -> None:
 
 
 def _png(data) -> ImageInfo:
-    # signature, then the IHDR chunk: length (13), b"IHDR", width, height (big-endian)
-    if len(data) < 24 or bytes(data[12:16]) != b"IHDR":
-        raise ImageError("PNG is truncated or has no IHDR header")
+    # signature, then the IHDR chunk: length (13), b"IHDR", width, height (big-endian), 5 bytes
+    # more, its CRC (Pillow checks it, and said only "cannot identify image file")
+    if len(data) < 33:
+        raise ImageError("PNG is truncated (it ends in its IHDR header)")
+    if bytes(data[12:16]) != b"IHDR":
+        raise ImageError("PNG is corrupt (it does not begin with an IHDR header)")
+    if zlib.crc32(data[12:29]) != struct.unpack(">I", bytes(data[29:33]))[0]:
+        raise ImageError("PNG is corrupt (its IHDR header fails its CRC check)")
     width, height = struct.unpack(">II", bytes(data[16:24]))
     color_type = data[25] if len(data) > 25 else 0
     return ImageInfo("PNG", width, height, alpha=color_type in _PNG_ALPHA_TYPES, text_bytes=_png_chunks(data))
@@ -117,8 +143,10 @@ def _png_chunks(data) -> int:
     for 500,000 empty ones (6 MB), before the image data, in it or after it. A truncated PNG is
     left to the decode. Returns what Pillow may hold of its text chunks at the peak of reading
     them (60 zTXt chunks of 1 MB each in a 63 KB picture kept 60 MB; one tEXt of 40 MB took 120
-    MB to read)."""
+    MB to read). A PNG whose bytes end (or whose lengths run past them) before its first IDAT
+    chunk is refused here: Pillow said only "cannot identify image file"."""
     n, pos, small, kept, largest = len(data), 8, 0, 0, 0
+    kind, image_data = b"", False
     while pos + 8 <= n:
         (length,) = struct.unpack(">I", bytes(data[pos:pos + 4]))
         if length < SMALL_CHUNK:
@@ -126,12 +154,16 @@ def _png_chunks(data) -> int:
             if small > MAX_SEGMENTS:
                 raise ImageError(f"PNG has more than {MAX_SEGMENTS} chunks of under {SMALL_CHUNK} bytes")
         kind = bytes(data[pos + 4:pos + 8])
+        image_data = image_data or kind == b"IDAT"
         if kind in _PNG_TEXT:
             inflated = min(MAX_TEXT_CHUNK, 1032 * length)
             # tEXt as it is; zTXt inflated; iTXt either (its compression flag is not read here)
             text = length if kind == b"tEXt" else inflated if kind == b"zTXt" else max(length, inflated)
             kept, largest = kept + text, max(largest, text)
         pos += 12 + length  # length, type, data, CRC
+    if not image_data:
+        raise ImageError("PNG has no image data (IDAT chunk)" if kind == b"IEND" else
+                         "PNG is truncated (or corrupt) before its image data")
     return min(kept, MAX_TEXT_MEMORY + largest) + TEXT_READING * largest
 
 
@@ -178,15 +210,18 @@ def _jpeg(data) -> ImageInfo:
         if marker in _SOF:
             if pos + 8 > n:
                 break
+            _check_frame_kind(marker, data[pos + 2])
             height, width = struct.unpack(">HH", bytes(data[pos + 3:pos + 7]))
             specs = bytes(data[pos + 8:pos + 8 + 3 * data[pos + 7]])  # (id, sampling HV, table) each
             progressive, components = marker in _PROGRESSIVE, data[pos + 7]
             frame = ImageInfo("JPEG", width, height, marker == _SOF0, 1,
                               _coded_ycc(specs[::3], jfif, adobe_transform), progressive,
-                              _samples_per_pixel(specs[1::3]), buffered=progressive)
+                              _samples_per_pixel(specs[1::3]), buffered=progressive, lossless=marker == _LOSSLESS)
         if marker == 0xDA:
             if frame is None:
                 raise ImageError("JPEG is corrupt (image data before the frame header)")
+            if pos + length >= n:  # (Pillow said "cannot identify image file" for a scan header cut short)
+                raise ImageError("JPEG is truncated before its image data")
             # libjpeg keeps the whole image's coefficients when the first scan does not hold every
             # component, progressive or not (jdinput.c: has_multiple_scans)
             if pos + 2 < n and data[pos + 2] < components:
@@ -198,9 +233,23 @@ def _jpeg(data) -> ImageInfo:
     else:
         if frame is None:
             raise ImageError(f"JPEG has more than {MAX_SEGMENTS} segments before its frame header")
-    if frame is not None:  # no scan header within reach: what the frame says
-        return oriented(frame)
-    raise ImageError("JPEG is truncated before its frame header")
+        return oriented(frame)  # no scan header within reach: what the frame says
+    # the bytes ended (or a segment's length ran past them) before the first scan
+    raise ImageError(f"JPEG is truncated before its {'frame header' if frame is None else 'image data'}")
+
+
+def _check_frame_kind(marker: int, precision: int) -> None:
+    """Refuse a frame Pillow and libjpeg do not decode, in words (they said "cannot identify
+    image file" or "broken data stream"): Pillow takes 8-bit samples only, libjpeg no
+    hierarchical frame and no lossless one coded arithmetically."""
+    if marker in _HIERARCHICAL:
+        raise ImageError(f"hierarchical JPEG (SOF{marker & 15}) is not supported (send a baseline, progressive "
+                         f"or lossless one)")
+    if precision != 8:
+        raise ImageError(f"{precision}-bit JPEG is not supported (8-bit samples only)")
+    if marker == _LOSSLESS_ARITHMETIC:
+        raise ImageError("arithmetic-coded lossless JPEG (SOF11) is not supported (lossless with Huffman "
+                         "coding, SOF3, is)")
 
 
 def _check_scans(data, pos: int) -> None:

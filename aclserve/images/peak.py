@@ -30,8 +30,8 @@ def decode_peak_bytes(info: ImageInfo, plan: ImagePlan) -> int:
     target = plan.width * plan.height * TARGET_BYTES
     if info.format == "PNG":
         return int(pixels * (PNG_ALPHA_BYTES if info.alpha else PNG_BYTES)) + info.text_bytes + target
-    scale = draft_scale(info.width, info.height,
-                        jpeg_draft_request(info.width, info.height, info.orientation, plan))
+    scale = 1 if info.lossless else draft_scale(info.width, info.height,
+                                                jpeg_draft_request(info.width, info.height, info.orientation, plan))
     drafted = -(-info.width // scale) * -(-info.height // scale)
     coefficients = pixels * info.samples_per_pixel * COEFFICIENT_BYTES if info.buffered else 0
     return int(drafted * JPEG_DRAFT_BYTES + pixels * JPEG_FULL_BYTES + coefficients) + target

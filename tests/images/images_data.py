@@ -40,3 +40,26 @@ def jpeg_bomb(width: int = 60000, height: int = 60000) -> bytes:
     real = encode(gradient(16, 16), "JPEG")
     sof = real.index(b"\xff\xc0")
     return real[:sof + 5] + struct.pack(">HH", height, width) + real[sof + 9:]
+
+
+def lossless_jpeg(grey: np.ndarray) -> bytes:
+    """A lossless JPEG (SOF3, 8-bit, one component, predictor 1: the sample to the left) of a
+    uint8 [h, w] picture, Huffman-coded with one table giving each difference category (0-8) a
+    4-bit code: Pillow writes none."""
+    h, w = grey.shape
+    rows = grey.astype(np.int32)
+    predicted = np.empty_like(rows)
+    predicted[:, 1:] = rows[:, :-1]  # left; the first column takes the sample above, the first sample 128
+    predicted[1:, 0], predicted[0, 0] = rows[:-1, 0], 128
+    bits = []
+    for diff in (rows - predicted).ravel().tolist():
+        size = abs(diff).bit_length()
+        bits.append(format(size, "04b") + (format(diff if diff > 0 else diff + (1 << size) - 1, f"0{size}b")
+                                           if size else ""))
+    stream = "".join(bits)
+    stream += "1" * (-len(stream) % 8)  # padded with ones
+    coded = int(stream, 2).to_bytes(len(stream) // 8, "big").replace(b"\xff", b"\xff\x00")
+    sof = b"\xff\xc3" + struct.pack(">HBHHB", 11, 8, h, w, 1) + b"\x01\x11\x00"
+    dht = b"\xff\xc4" + struct.pack(">HB", 28, 0) + bytes([0, 0, 0, 9] + [0] * 12) + bytes(range(9))
+    sos = b"\xff\xda" + struct.pack(">HB", 8, 1) + b"\x01\x00" + bytes([1, 0, 0])  # predictor 1, Se 0, Ah/Al 0
+    return b"\xff\xd8" + sof + dht + sos + coded + b"\xff\xd9"

@@ -232,10 +232,71 @@ def test_exif_orientation_of_any_type_is_read_as_pillow_turns_the_picture(kind, 
     (b"data:image/png;base64,iVBORw0KGgo=", "base64 text of an image"),
     (b"\x89PNG\r\n\x1a\n\0\0", "PNG is truncated"),
     (b"\xff\xd8\xff\xe0\x00\x10JFIF", "JPEG is truncated before its frame header"),
+    # a phone's photo, an AVIF (also when its major brand is only mif1), a JP2: were "not a JPEG or PNG image"
+    (b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + bytes(40), r"HEIF \(HEIC\) images are not accepted"),
+    (b"\x00\x00\x00\x1cftypavif\x00\x00\x00\x00avifmif1miaf" + bytes(40), "AVIF images are not accepted"),
+    (b"\x00\x00\x00\x1cftypmif1\x00\x00\x00\x00mif1avifmiaf" + bytes(40), "AVIF images are not accepted"),
+    (b"\x00\x00\x00\x0cjP  \r\n\x87\n" + bytes(40), "JPEG 2000 images are not accepted"),
 ])
 def test_probe_refuses_other_things(data, message):
     with pytest.raises(ImageError, match=message):
         probe(data)
+
+
+def test_an_mp4_is_not_taken_for_a_picture_format():
+    with pytest.raises(ImageError, match="^not a JPEG or PNG image$"):
+        probe(b"\x00\x00\x00\x1cftypisom\x00\x00\x02\x00isomiso2mp41" + bytes(40))
+
+
+def _frame_changed(data: bytes, marker: int | None = None, precision: int | None = None) -> bytes:
+    sof = data.index(b"\xff\xc0")
+    return (data[:sof + 1] + bytes([marker or 0xC0]) + data[sof + 2:sof + 4] + bytes([precision or 8])
+            + data[sof + 5:])
+
+
+@pytest.mark.parametrize("marker, precision, message", [
+    (None, 12, r"^12-bit JPEG is not supported \(8-bit samples only\)$"),
+    (None, 16, "^16-bit JPEG is not supported"),
+    (0xC2, 12, "^12-bit JPEG is not supported"),  # progressive
+    (0xC3, 12, "^12-bit JPEG is not supported"),  # lossless
+    (0xC5, None, r"^hierarchical JPEG \(SOF5\) is not supported"),
+    (0xCF, None, r"^hierarchical JPEG \(SOF15\) is not supported"),
+    (0xCB, None, r"^arithmetic-coded lossless JPEG \(SOF11\) is not supported"),
+])
+def test_a_jpeg_frame_pillow_cannot_decode_is_named(marker, precision, message):
+    """Pillow takes 8-bit samples only and libjpeg no hierarchical frame, nor a lossless one
+    coded arithmetically: they said "could not be decoded (cannot identify image file)" or
+    "(broken data stream when reading image file)" (an independent tester)."""
+    data = _frame_changed(encode(gradient(37, 53), "JPEG"), marker, precision)
+    with pytest.raises(ImageError, match=message):
+        probe(data)
+    for kind in (0xC1, 0xC3, 0xC9):  # extended, lossless, arithmetic-coded (its decode judges the data)
+        assert probe(_frame_changed(encode(gradient(37, 53), "JPEG"), kind)).width == 53
+    assert probe(_frame_changed(encode(gradient(37, 53), "JPEG"), 0xC3)).lossless
+
+
+def test_headers_cut_short_or_corrupt_are_named():
+    """What Pillow answered "cannot identify image file" (an independent tester): a JPEG cut in
+    or right after its scan header, a PNG cut in its IHDR header or before its image data, one
+    whose IHDR fails its CRC check, one without image data."""
+    jpeg, png = encode(gradient(37, 53), "JPEG"), encode(gradient(37, 53))
+    sos = jpeg.index(b"\xff\xda")
+    for cut in (sos + 2, sos + 5, sos + 14):  # after the marker, in the header, at its end
+        with pytest.raises(ImageError, match="^JPEG is truncated before its image data$"):
+            probe(jpeg[:cut])
+    with pytest.raises(ImageError, match="^JPEG is truncated before its image data$"):
+        probe(jpeg[:jpeg.index(b"\xff\xc4")])  # after the frame header, before the tables
+    assert probe(jpeg[:sos + 15]).width == 53  # image data begun: its decode says where it stops
+    for cut in (24, 30, 32):
+        with pytest.raises(ImageError, match=r"^PNG is truncated \(it ends in its IHDR header\)$"):
+            probe(png[:cut])
+    with pytest.raises(ImageError, match=r"^PNG is corrupt \(its IHDR header fails its CRC check\)$"):
+        probe(png[:29] + bytes(4) + png[33:])
+    for cut in (33, 40):
+        with pytest.raises(ImageError, match=r"^PNG is truncated \(or corrupt\) before its image data$"):
+            probe(png[:cut])
+    with pytest.raises(ImageError, match=r"^PNG has no image data \(IDAT chunk\)$"):
+        probe(png[:33] + png[png.rindex(b"IEND") - 4:])
 
 
 def test_bombs_are_refused_by_their_header():

@@ -23,7 +23,7 @@ from aclserve.images.stage import ImageStage
 from aclserve.server.budget import MemoryBudget
 from aclserve.server.images import ImageDecoding
 
-from .images_data import encode, gradient
+from .images_data import encode, gradient, lossless_jpeg
 
 
 def plan(width: int, height: int, resize: str = "stretch") -> ImagePlan:
@@ -46,6 +46,15 @@ def test_the_charged_draft_is_the_size_libjpeg_decodes_to(size, target, resize, 
     im.draft("RGB", request)
     scale = draft_scale(w, h, request)
     assert im.size == (-(-w // scale), -(-h // scale))
+
+
+def test_a_lossless_jpeg_is_charged_its_full_size():
+    """libjpeg cannot scale a lossless JPEG while decoding: it decodes whole (decode_pixels asks
+    no draft), and was charged as scaled to 1/4."""
+    info = probe(lossless_jpeg(gradient(1200, 1600, 1)))
+    assert info.lossless
+    assert decode_peak_bytes(info, plan(224, 224)) == int(1600 * 1200 * (JPEG_DRAFT_BYTES + JPEG_FULL_BYTES)
+                                                         + 224 * 224 * TARGET_BYTES)
 
 
 def test_a_baseline_jpeg_is_charged_its_draft_and_a_progressive_one_its_coefficients():
