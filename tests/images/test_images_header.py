@@ -347,24 +347,52 @@ def test_bomb_is_refused_without_allocating_it():
     assert lines[2] == "a real allocation fails under the limit"
 
 
+def _chunk(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
 def test_a_png_of_many_small_chunks_is_refused_by_the_probe():
     """Pillow reads each chunk in Python: 500,000 empty text chunks (6 MB) held a decode thread
     0.86 s before the image data, 0.69 s after it, 500,000 empty IDAT chunks 0.29 s. A real PNG
-    has a few small chunks; 1,024 still pass, and image data in chunks of 4 KB or more is not
-    counted."""
+    has a few small chunks besides its image data; 1,024 still pass, and image data in chunks of
+    4 KB or more is not counted; in smaller ones, 1,024 and one per 256 bytes of the file."""
     png = encode(gradient(20, 30), "PNG")
     ihdr_end = 8 + 25  # signature, then IHDR (length, type, 13 bytes, CRC)
     iend = png.rindex(b"IEND") - 4
-
-    def chunk(kind: bytes, payload: bytes) -> bytes:
-        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-    text = chunk(b"tEXt", b"k\0v")
-    assert probe(png[:ihdr_end] + text * (1024 - 3) + png[ihdr_end:]).width == 30  # IHDR, IDAT, IEND besides
-    for flood in (png[:ihdr_end] + text * 2000 + png[ihdr_end:], png[:iend] + text * 2000 + png[iend:],
-                  png[:iend] + chunk(b"IDAT", b"") * 2000 + png[iend:]):
-        with pytest.raises(ImageError, match="PNG has more than 1024 chunks of under 4096 bytes"):
+    text = _chunk(b"tEXt", b"k\0v")
+    assert probe(png[:ihdr_end] + text * (1024 - 2) + png[ihdr_end:]).width == 30  # IHDR, IEND besides
+    for flood in (png[:ihdr_end] + text * 2000 + png[ihdr_end:], png[:iend] + text * 2000 + png[iend:]):
+        with pytest.raises(ImageError, match="^PNG has more than 1024 chunks of under 4096 bytes besides its image"):
             probe(flood)
+    empty = _chunk(b"IDAT", b"")
+    padded = png[:ihdr_end] + _chunk(b"prVt", bytes(256 * 2000)) + png[ihdr_end:iend]  # a private chunk
+    size = len(padded) + len(png[iend:])  # and 12 bytes an empty chunk; the picture's own IDAT counts too
+    most = max(count for count in range(5000) if count + 1 <= 1024 + (size + 12 * count) // 256)
+    assert most > 2900 and probe(padded + empty * most + png[iend:]).width == 30
+    with pytest.raises(ImageError, match=r"^PNG has more than [0-9,]+ image data \(IDAT\) chunks of under 4096 "
+                                         r"bytes \(1,024 and one per 256 bytes of the file\)$"):
+        probe(padded + empty * (most + 1) + png[iend:])
+    with pytest.raises(ImageError, match="image data"):
+        probe(png[:iend] + empty * 2000 + png[iend:])
+
+
+def test_a_streaming_encoders_png_of_one_idat_chunk_a_row_decodes():
+    """One IDAT chunk per row, flushed as it is written (1,201 for a 1000 x 1200 photo of 2.4 MB,
+    an independent tester's): refused as "more than 1024 chunks of under 4096 bytes"."""
+    from aclserve.images.decode import decode_pixels
+    from aclserve.images.plan import ImagePlan
+    pixels = gradient(1100, 200)
+    deflate, rows = zlib.compressobj(), []
+    for row in pixels:
+        rows.append(_chunk(b"IDAT", deflate.compress(b"\0" + row.tobytes()) + deflate.flush(zlib.Z_SYNC_FLUSH)))
+    png = (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", 200, 1100, 8, 2, 0, 0, 0))
+           + b"".join(rows) + _chunk(b"IDAT", deflate.flush()) + _chunk(b"IEND", b""))
+    assert png.count(b"IDAT") == 1101 and max(len(r) for r in rows) < 4096
+    assert probe(png).height == 1100
+    plan = ImagePlan("x", 1100, 200, 3, "rgb", "stretch", 1.0, "bilinear", 0, "NHWC", np.dtype(np.uint8), None,
+                     None, -1)
+    assert (decode_pixels(png, plan, 40_000_000, 16384) == pixels).all()
     zeros = zlib.compress(bytes(3 * 2000 * 2000 + 2000))
-    large = chunk(b"IHDR", struct.pack(">IIBBBBB", 2000, 2000, 8, 2, 0, 0, 0)) + b"".join(
-        chunk(b"IDAT", zeros[k:k + 4096]) for k in range(0, len(zeros), 4096)) + chunk(b"IEND", b"")
+    large = _chunk(b"IHDR", struct.pack(">IIBBBBB", 2000, 2000, 8, 2, 0, 0, 0)) + b"".join(
+        _chunk(b"IDAT", zeros[k:k + 4096]) for k in range(0, len(zeros), 4096)) + _chunk(b"IEND", b"")
     assert probe(b"\x89PNG\r\n\x1a\n" + large).width == 2000  # its data in 4 KB chunks: not counted
