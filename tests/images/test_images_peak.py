@@ -32,10 +32,11 @@ def plan(width: int, height: int, resize: str = "stretch") -> ImagePlan:
 
 
 @pytest.mark.parametrize("size,target,resize,orientation", [
-    ((1603, 1201), (224, 224), "stretch", 1),     # 1/4: 1201 // 224 = 5
-    ((1603, 1201), (100, 90), "center_crop", 1),  # 1/8
+    ((1603, 1201), (224, 224), "stretch", 1),     # 1/2: 1201 // (224 x 1.5, the margin) = 3
+    ((1603, 1201), (64, 48), "stretch", 1),       # 1/8
+    ((1603, 1201), (100, 90), "center_crop", 1),  # 1/4
     ((1603, 1201), (900, 700), "stretch", 1),     # 1/1
-    ((1603, 1201), (700, 500), "letterbox", 1),   # 1/2
+    ((1603, 1201), (350, 250), "letterbox", 1),   # 1/2
     ((1603, 801), (224, 400), "stretch", 6),      # turned: the target's sides swap before the draft
 ])
 def test_the_charged_draft_is_the_size_libjpeg_decodes_to(size, target, resize, orientation):
@@ -50,7 +51,7 @@ def test_the_charged_draft_is_the_size_libjpeg_decodes_to(size, target, resize, 
 
 def test_a_lossless_jpeg_is_charged_its_full_size():
     """libjpeg cannot scale a lossless JPEG while decoding: it decodes whole (decode_pixels asks
-    no draft), and was charged as scaled to 1/4."""
+    no draft), and was charged as scaled to 1/2."""
     info = probe(lossless_jpeg(gradient(1200, 1600, 1)))
     assert info.lossless
     assert decode_peak_bytes(info, plan(224, 224)) == int(1600 * 1200 * (JPEG_DRAFT_BYTES + JPEG_FULL_BYTES)
@@ -63,7 +64,7 @@ def test_a_baseline_jpeg_is_charged_its_draft_and_a_progressive_one_its_coeffici
     full = 1600 * 1200
     target = 224 * 224 * TARGET_BYTES
     baseline = probe(encode(pic, "JPEG", quality=90))  # 4:2:0
-    drafted = 400 * 300  # 1/4 a side
+    drafted = 800 * 600  # 1/2 a side (1200 // (224 x 1.5) = 3)
     assert decode_peak_bytes(baseline, small) == int(drafted * JPEG_DRAFT_BYTES + full * JPEG_FULL_BYTES) + target
     for subsampling, samples in ((0, 3.0), (2, 1.5)):  # 4:4:4, 4:2:0
         info = probe(encode(pic, "JPEG", quality=90, progressive=True, subsampling=subsampling))
