@@ -366,7 +366,7 @@ def test_a_default_priority_set_is_kept_through_a_merge(tmp_path):
     notes = []
     one = load_model_config(write(tmp_path, "batching: {priority_levels: 1}\n"), defaults, notes)
     assert one.batching.default_level == 1
-    assert notes == ["model_defaults' batching.default_priority 3 (auto instead: the middle level) left out: "
+    assert notes == ["model_defaults' batching.default_priority 3 is auto (its middle level) for it: "
                      "the model has 1 priority level"]
     two = load_model_config(write(tmp_path, "batching: {priority_levels: 2}\n"), defaults)
     assert two.batching.default_priority is None  # auto (its middle level)

@@ -171,8 +171,7 @@ def load_model_config(path: str | os.PathLike | None, defaults: ModelConfig,
         raise ConfigError(e.path, e.problem, str(path)) from None
     if left_out and notes is not None:
         levels = config.batching.priority_levels
-        notes.append(f"model_defaults' {' and '.join(left_out)} left out: the model has {levels} priority "
-                     f"level{'s' if levels > 1 else ''}")
+        notes.append(f"{'; '.join(left_out)}: the model has {levels} priority level{'s' if levels > 1 else ''}")
     # a labels file the model's file names is relative to that file; one model_defaults names
     # stays as the server config gives it, relative to the working directory as its other paths
     folder, own = Path(path).parent, _labels_named(data)
@@ -216,14 +215,14 @@ def _past_the_levels(merged: dict, data: Mapping) -> list[str]:
         for level in past:
             del policies[level]
         if past:
-            said.append(f"batching.priority_queue_policy {'levels' if len(past) > 1 else 'level'} "
-                        f"{', '.join(map(str, past))}")
+            said.append(f"model_defaults' batching.priority_queue_policy {'levels' if len(past) > 1 else 'level'} "
+                        f"{', '.join(map(str, past))} left out")
     default = batching.get("default_priority")
     own_batching = data.get("batching")
     given = isinstance(own_batching, Mapping) and "default_priority" in own_batching
     if not given and type(default) is int and default > levels:
         batching["default_priority"] = AUTO
-        said.append(f"batching.default_priority {default} (auto instead: the middle level)")
+        said.append(f"model_defaults' batching.default_priority {default} is auto (its middle level) for it")
     return said
 
 

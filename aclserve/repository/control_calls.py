@@ -50,6 +50,10 @@ class ControlCalls:
             if not self._loading[name]:
                 del self._loading[name]
 
+    def loading(self, name: str) -> bool:
+        """Whether a load call of `name` runs (it may be about to find a model no scan listed yet)."""
+        return name in self._loading
+
     def no_such_model(self, name: str) -> None:
         """A load of `name` found no model: none to wait for (its file may come later, unasked)."""
         if self.asked is not None:

@@ -185,13 +185,17 @@ class Lifecycle:
     def _unload_cause(self, plan: ModelPlan, version: str, loaded: dict[str, ServedVersion]) -> str:
         """Why `plan` takes `version` out of service, in a few words for the log and its UNLOADING
         reason (they said "version 1 unloaded" alike for an API call, a file deleted, a policy). An
-        API unload says so itself: a load that came after it has cleared `held` by now. A newer
-        version takes its place only under the same version_policy: one edited drops it whatever
-        loads with it (an edit of the policy alone loads only the versions it adds: plan.keep)."""
+        API unload says so itself (a load that came after it has cleared `held` by now), or, the
+        model still held, through the plan of a load that failed meanwhile (the unload then found
+        nothing of its own to do). A newer version takes its place only under the same
+        version_policy: one edited drops it whatever loads with it (an edit of the policy alone
+        loads only the versions it adds: plan.keep)."""
         if plan.unload_cause:
             return plan.unload_cause
         if not self._planner.on_disk(plan.name, version):
             return FILE_GONE
+        if plan.name in self.held:  # unloaded through the API while a load of the model ran (and failed)
+            return UNLOAD_ASKED
         serving = self.serving.get(plan.name, {}).get(version)
         policies = {w.config.version_policy for w in (*plan.load.values(), *plan.keep.values())}
         newer = [v for v in loaded if int(v) > int(version)]

@@ -296,7 +296,8 @@ class ModelRepository:
     async def unload(self, name: str) -> None:
         self._check_control("unload")
         scan = self._planner.listed or self._planner.scan  # (one that cannot be listed names nothing)
-        if name not in self._lifecycle.serving and name not in scan.models and name not in scan.problems:
+        if (name not in self._lifecycle.serving and name not in scan.models and name not in scan.problems
+                and not self._calls.loading(name)):  # (a load running may find it: this unload overtakes it)
             raise NotFound(f"unknown model {name!r}")
         log.info("%s: unload asked through the repository API", name)
         self._calls.unload(name)

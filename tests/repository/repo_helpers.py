@@ -88,12 +88,13 @@ async def until(check, what: str) -> None:
 
 
 @contextlib.contextmanager
-def held_run(kind: str = "execute", nth: int = 1):
+def held_run(kind: str = "execute", nth: int = 1, **also):
     """A fault holding the `nth` `kind` device call from now on (a warm-up's run, a request's)
-    until the block ends, or a 30 s watchdog lets it go (a hang guard). Yields the fault
-    (its `entered` is set once the call waits)."""
+    until the block ends, or a 30 s watchdog lets it go (a hang guard); `also`: what else it
+    does then (code=...: the call fails with it). Yields the fault (its `entered` is set once
+    the call waits)."""
     gate = threading.Event()
-    fault = faults.inject(kind, nth=nth, hold=gate)
+    fault = faults.inject(kind, nth=nth, hold=gate, **also)
     watchdog = threading.Timer(30, gate.set)
     watchdog.start()
     try:
@@ -101,3 +102,17 @@ def held_run(kind: str = "execute", nth: int = 1):
     finally:
         gate.set()
         watchdog.cancel()
+
+
+def hold_folder_reads(repo) -> tuple[asyncio.Event, asyncio.Event]:
+    """Make `repo`'s reads of the models folder (a load call's first step) wait: (reading, set
+    once one waits; go_on, which lets them go when set)."""
+    reading, go_on = asyncio.Event(), asyncio.Event()
+    rescan = repo._planner.rescan
+
+    async def held_rescan():
+        reading.set()
+        await go_on.wait()
+        return await rescan()
+    repo._planner.rescan = held_rescan
+    return reading, go_on

@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
-from aclserve.errors import ModelUnavailable
+from aclserve.errors import ModelUnavailable, NotFound
 from aclserve.repository import ModelLoadFailed
 
-from .repo_helpers import held_run, place, serving, until
+from .repo_helpers import held_run, hold_folder_reads, place, serving, until
 from .test_unload_causes import row, unload_lines
 
 pytestmark = pytest.mark.asyncio
@@ -76,14 +76,7 @@ async def test_a_load_overtaken_while_it_reads_the_folder_no_longer_shows_loadin
     place(model_files[1]["om"], models_dir / "m.om")
     repo, _ = await make_repo(model_control_mode="explicit")
     await repo.unload("m")
-    reading, go_on = asyncio.Event(), asyncio.Event()
-    rescan = repo._planner.rescan
-
-    async def held_rescan():
-        reading.set()
-        await go_on.wait()
-        return await rescan()
-    repo._planner.rescan = held_rescan
+    reading, go_on = hold_folder_reads(repo)
     load = asyncio.ensure_future(repo.load("m"))
     try:
         await asyncio.wait_for(reading.wait(), 30)  # a hang guard
@@ -97,3 +90,25 @@ async def test_a_load_overtaken_while_it_reads_the_folder_no_longer_shows_loadin
     with pytest.raises(ModelLoadFailed, match="an unload request for it arrived during this load"):
         await load
     assert serving(repo) == [] and row(repo, "m") == ("UNAVAILABLE", "unloaded")
+
+
+async def test_an_unload_overtaking_the_first_load_of_a_new_model_is_not_a_404(make_repo, models_dir, model_files):
+    """A model added after the last scan, its load call reading the folder, then an unload (an
+    independent review): the unload answered 404 "unknown model" (no scan had listed it) and the
+    load then served it, against the calls' order. The unload now overtakes the load as for a
+    model already listed. The call's read of the folder is held by an event."""
+    place(model_files[1]["om"], models_dir / "a.om")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    place(model_files[1]["om"], models_dir / "n.om")
+    reading, go_on = hold_folder_reads(repo)
+    load = asyncio.ensure_future(repo.load("n"))
+    try:
+        await asyncio.wait_for(reading.wait(), 30)  # a hang guard
+        await repo.unload("n")
+    finally:
+        go_on.set()
+    with pytest.raises(ModelLoadFailed, match="an unload request for it arrived during this load"):
+        await load
+    assert serving(repo) == ["a"]
+    with pytest.raises(NotFound):  # a model no load call reads the folder for is unknown, as before
+        await repo.unload("never")

@@ -82,3 +82,21 @@ async def test_a_version_policy_edit_alone_says_its_policy_dropped_the_version(m
     await events.wait("unloaded", "p", "2")
     assert unload_lines(caplog) == ["p: version 2 unloaded (no longer selected by its version_policy)"]
     assert "p: its new version_policy keeps version 1 serving as it is (not reloaded)" in caplog.text
+
+
+async def test_an_api_unload_during_a_failing_load_says_it_was_asked(make_repo, models_dir, model_files,
+                                                                     clean_faults, caplog):
+    """Version 1 serves, version 2 is dropped in and its load fails, an API unload came meanwhile:
+    version 1 goes with the plan the failed load leaves (the unload finds nothing of its own to
+    do), and was said to go "no longer selected by its version_policy" (an independent review)."""
+    caplog.set_level(logging.INFO, logger="aclserve.repository.lifecycle")
+    place(model_files[1]["om"], models_dir / "m" / "1" / "model.om")
+    repo, events = await make_repo()
+    with held_run("load", code=500001) as held:  # version 2's load, which then fails
+        place(model_files[2]["om"], models_dir / "m" / "2" / "model.om")
+        await until(held.entered.is_set, "loading")
+        unload = asyncio.ensure_future(repo.unload("m"))
+        await until(lambda: "m" in repo._lifecycle.held, "held")
+    await unload
+    await events.wait("unloaded", "m", "1")
+    assert unload_lines(caplog) == ["m: version 1 unloaded (asked through the repository API)"]
