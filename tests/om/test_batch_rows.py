@@ -99,3 +99,34 @@ def test_the_atc_path_refuses_it_before_atc_runs(tmp_path, fake_atc):
     result = compile_model(save(model, tmp_path / "custom.onnx"), tmp_path / "custom.om", soc_version="Ascend310P3",
                            atc=str(atc), log=_quiet)
     assert result.target == "npu" and "--dynamic_batch_size=1,2,4,8,16,32" in json.loads(record.read_text())["argv"]
+
+
+def test_a_model_quantized_dynamically_is_a_batch_model(tmp_path):
+    """onnxruntime's quantize_dynamic takes one activation scale for the whole batch, so a row's
+    answer moves a little with its companions (0.6 % in a review's MLP), by design and on any
+    server that batches it: the check refused such models, a common kind on CPUs."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(1)
+    weights = [numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+               for name, shape in (("w1", (256, 512)), ("w2", (512, 10)))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("MatMul", ["b", "w2"], ["y"])]
+    mlp = _saved(tmp_path, "mlp", nodes, [vi("x", TensorProto.FLOAT, ["N", 256])],
+                 [vi("y", TensorProto.FLOAT, ["N", 10])], weights)
+    quantize_dynamic(mlp, tmp_path / "mlp_q.onnx", weight_type=QuantType.QInt8)
+    assert compile_model(tmp_path / "mlp_q.onnx", tmp_path / "q.om", target="cpu", log=_quiet).header["gears"]
+
+
+def test_the_atc_path_leaves_an_output_without_the_batch_first_to_the_server(tmp_path, fake_atc):
+    """A second output [2, N, 4] (a bidirectional LSTM's h_n): its rows cannot be compared, and
+    the ATC path's check called it rows that depend on each other (the CPU path says it is not
+    batch-major; the server refuses such an OM at load in those words)."""
+    atc, record = fake_atc
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["x3"]),
+             helper.make_node("Transpose", ["x3"], ["hn"], perm=[1, 0, 2]), helper.make_node("Relu", ["x"], ["y"])]
+    src = _saved(tmp_path, "hn", nodes, [vi("x", TensorProto.FLOAT, ["N", 8])],
+                 [vi("y", TensorProto.FLOAT, ["N", 8]), vi("hn", TensorProto.FLOAT, [2, "N", 4])],
+                 [numpy_helper.from_array(np.array([-1, 2, 4], np.int64), "shape")])
+    result = compile_model(src, tmp_path / "hn.om", soc_version="Ascend310P3", atc=str(atc), log=_quiet)
+    assert result.target == "npu" and record.exists()
