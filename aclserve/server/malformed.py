@@ -14,12 +14,20 @@ import re
 from http import HTTPStatus
 from typing import Callable
 
-from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
+from aiohttp import http_parser, web
+from aiohttp.http_exceptions import (BadHttpMethod, BadStatusLine, ContentLengthError, HttpProcessingError,
+                                     InvalidHeader, InvalidURLError, LineTooLong, TransferEncodingError)
 
 from .bad_request_log import CLIENT_BYTES, MAX_MESSAGE
 from .error_responses import json_error
 
+# aiohttp's pure-Python parser (AIOHTTP_NO_EXTENSIONS, or no C extension for the platform) quotes
+# the client's bytes plainly or gives them as the message ("Bad status line 'GET /?token=...'"),
+# where the C parser marks them b'...': its refusals of these kinds are called so instead
+PURE_PYTHON_PARSER = http_parser.HttpRequestParser is http_parser.HttpRequestParserPy
+_PLAIN = ((BadHttpMethod, "bad method"), (BadStatusLine, "bad request line"), (InvalidURLError, "bad request target"),
+          (InvalidHeader, "invalid header"), (TransferEncodingError, "bad chunked encoding"),
+          (ContentLengthError, "the body ends before its Content-Length"))
 # the name of the header a quoted line of the client's begins with (`b'Content-Length: x'`)
 _HEADER_NAME = re.compile(r"""^b['"]([!#$%&*+\-.^_`|~0-9A-Za-z]{1,64})[ \t]*:""")
 
@@ -47,7 +55,7 @@ def handlers(server: web.Server, options: dict) -> Callable[[], web.RequestHandl
     return handler
 
 
-def problem(status: int, exc: BaseException | None) -> str:
+def problem(status: int, exc: BaseException | None, pure_python: bool = PURE_PYTHON_PARSER) -> str:
     """What a refused request is told: aiohttp's words for what it could not parse, without the
     client's bytes it quotes (it may be a token) but with the header's name when the quote
     gives it; a fault of the server's own is "internal error" (details in the log only)."""
@@ -57,6 +65,10 @@ def problem(status: int, exc: BaseException | None) -> str:
         return f"malformed HTTP request: the request line or a header is over {exc.args[1]} bytes"
     if not isinstance(exc, HttpProcessingError):
         return HTTPStatus(status).phrase
+    if pure_python and not CLIENT_BYTES.search(exc.message):
+        plain = next((words for cls, words in _PLAIN if isinstance(exc, cls)), None)  # (most specific first)
+        if plain is not None:
+            return f"malformed HTTP request: {plain}"
     names = {m.group(1) for m in map(_HEADER_NAME.match, CLIENT_BYTES.findall(exc.message)) if m}
     words = " ".join(CLIENT_BYTES.sub(" ", exc.message).replace("^", " ").split()).rstrip(" :.")
     if len(names) == 1 and next(iter(names)).lower() not in words.lower():

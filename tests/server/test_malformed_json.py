@@ -75,3 +75,20 @@ def test_a_request_before_the_malformed_one_is_answered_and_the_refusal_quotes_n
     assert refused[:2] == (400, "application/json") and b"s3cret" not in refused[2]
     assert json.loads(refused[2]) == {"error": "malformed HTTP request: Invalid header value char "
                                                 "(header 'Authorization')"}
+
+
+def test_the_pure_python_parsers_refusals_quote_none_of_the_clients_bytes():
+    """aiohttp's pure-Python parser (AIOHTTP_NO_EXTENSIONS, or no wheel for the platform) quotes
+    the client's bytes plainly or gives them as the message, where the C parser marks them b'...':
+    an independent review saw a token in the request line come back in the 400."""
+    from aiohttp import http_exceptions as refused
+
+    from aclserve.server.malformed import problem
+
+    for exc, words in ((refused.BadStatusLine("GET /v2?token=SECRET1 HTTP/1.1 extra"), "bad request line"),
+                       (refused.TransferEncodingError("SECRET3"), "bad chunked encoding"),
+                       (refused.BadHttpMethod("G\x01SECRET"), "bad method"),
+                       (refused.InvalidURLError("/SECRET"), "bad request target"),
+                       (refused.InvalidHeader(b"X-Key: SECRET"), "Invalid HTTP header")):
+        said = problem(400, exc, pure_python=True)
+        assert "SECRET" not in said and said.startswith(f"malformed HTTP request: {words}"), said
