@@ -30,3 +30,16 @@ def clean_faults():
     faults.clear()
     yield
     faults.clear()
+
+
+@pytest.fixture
+def compile_holds(tmp_path, monkeypatch):
+    """A folder where each compile's child process (aclserve/om/compile_child.py, started by the
+    server from now on) writes a file named by its pid and waits while that file exists: delete
+    it to let the compile go on. Whatever is held at the end is let go."""
+    folder = tmp_path / "compile-holds"
+    folder.mkdir()
+    monkeypatch.setenv("ACLSERVE_COMPILE_HOLD", str(folder))  # (compile_child.HOLD_ENV)
+    yield folder
+    for mark in folder.iterdir():
+        mark.unlink(missing_ok=True)

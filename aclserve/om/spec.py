@@ -16,6 +16,7 @@ from onnx import helper
 
 from ..dtypes import acl_to_kserve, numpy_to_acl
 from ..regular_files import open_regular
+from .compile_error import CompileError
 from .container import DYNAMIC_BATCH_INPUT
 from .external_files import external_bytes, external_locations, missing_external_file
 
@@ -34,10 +35,6 @@ def plain_number(text: str, integer: bool = False):
     if not text.isascii() or "_" in text:
         raise ValueError(text)
     return int(text) if integer else float(text)
-
-
-class CompileError(ValueError):
-    """Bad compile input or a failed build; the message is one line naming the problem."""
 
 
 @dataclass

@@ -4,8 +4,8 @@
 miss (compiler). `release` removes the entry of a retired version when its model file was
 replaced or deleted and no serving version uses it, so replacing a dropped .onnx again and again
 does not grow the cache without bound; entries of versions closed at shutdown stay for the next
-start. Owned by the repository's Lifecycle: `compiled` blocks (call it in a worker thread),
-`release` runs on the loop.
+start. Owned by the repository's Lifecycle: `compiled` blocks (call it in a worker thread; the
+compile itself runs in a child process), `release` runs on the loop.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import logging
 from pathlib import Path
 
 from ..config import CompileOptions
-from . import cache_dir, cache_entry
+from ..om.compile_process import CompileStop
+from . import cache_dir, cache_entry, compiler
 
 log = logging.getLogger(__name__)
 FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -26,13 +27,12 @@ class CompileCache:
         self._models_dir = models_dir
 
     def compiled(self, onnx_path: str, name: str, options: CompileOptions, runtime_kind: str,
-                 soc_name: str | None, progress=None) -> str:
-        """The .om to load for `onnx_path` (blocking: compiles on a cache miss, said to
-        `progress(step)` first)."""
-        from .compiler import compiled_om  # the compiler's imports are heavy; only .onnx models need them
+                 soc_name: str | None, progress=None, stop: CompileStop | None = None) -> str:
+        """The .om to load for `onnx_path` (blocking: compiles on a cache miss, in a child
+        process, said to `progress(step)` first; `stop` ends it: CompileStopped)."""
         folder = cache_dir.resolve(self._configured, self._models_dir)
         try:
-            return str(compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name, progress))
+            return str(compiler.compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name, progress, stop))
         except OSError as e:
             if e.errno not in FULL or e.filename is not None:
                 raise
@@ -46,8 +46,7 @@ class CompileCache:
         found = cache_entry.index_bounds(om_path)
         if found is not None:
             return found
-        from .compiler import source_index_bounds
-        found = source_index_bounds(onnx_path)
+        found = compiler.source_index_bounds(onnx_path)
         if found is None:  # (not kept: read again at the next load)
             return {}
         try:
@@ -59,19 +58,18 @@ class CompileCache:
     def sweep(self) -> None:
         """At start (blocking): remove what interrupted compiles left in the cache folder, when
         there is one (compiler.sweep)."""
-        from .compiler import sweep
         try:
             if self._configured:
                 folders = [Path(self._configured)]
             else:  # either may have been compiled into (cache_dir.resolve); none is made here
                 folders = [Path(self._models_dir) / ".cache", cache_dir.user_cache_folder(self._models_dir)]
-            removed = sum(sweep(folder) for folder in folders if folder.is_dir())
+            removed = sum(compiler.sweep(folder) for folder in folders if folder.is_dir())
         except (OSError, RuntimeError) as e:  # housekeeping only (RuntimeError: no home folder found)
             log.warning("compile cache: could not look for what interrupted compiles left: %s", e)
             return
         if removed:
-            log.info("compile cache: removed %d entr%s an interrupted compile left (no manifest)",
-                     removed, "y" if removed == 1 else "ies")
+            log.info("compile cache: removed what %d interrupted compile%s left (an entry without its manifest, "
+                     "a work folder)", removed, "" if removed == 1 else "s")
 
     def release(self, name: str, version: str, om_path: str, source: str, replaced: bool,
                 in_use: set[str]) -> None:

@@ -2,8 +2,13 @@
 
 The cache key is the SHA-256 of the ONNX bytes (its external data files' too: external_data.py),
 the compile options and the target, so the same file with the same options is compiled once,
-even across restarts. Blocking (runs the compiler in the calling thread): call it in an
-executor. Progress goes to the log.
+even across restarts. Blocking: call it in an executor. The compile itself runs in a child
+process (om/compile_process.py: the server's loop and its other models are not stalled by it,
+and its memory goes back to the system when it ends), into a work folder of the cache folder,
+`.<entry>.compiling-<random>`, whose OM is renamed onto the entry; the folder is removed
+whatever happens, and one left by a server that died meanwhile goes at the next start (sweep).
+A `stop` (compile_process.CompileStop) ends the child: an unload or a shutdown. Progress goes
+to the log.
 
 Several server processes may share one models folder (replicas behind a load balancer, on one
 host or on a shared volume) and see the same dropped .onnx at once. Entries appear whole: the
@@ -28,16 +33,21 @@ import json
 import logging
 import os
 import re
+import shutil
+import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..config import CompileOptions
+from ..om.compile_error import CompileError
+from ..om.compile_process import CompileStop, compile_in_child
 from ..regular_files import open_regular
 from . import cache_entry, external_data
 
 log = logging.getLogger(__name__)
 
 ENTRY_NAME = re.compile(r"^[^.].*-[0-9a-f]{32}\.om$")  # compiled_om's names: <model>-<key[:32]>.om
+WORK_FOLDER = ".compiling-"  # compiled_om's work folders: .<model>-<key[:32]>.compiling-<random>
 
 
 def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str) -> str:
@@ -61,12 +71,10 @@ def _hash_file(digest, path: str) -> None:
 
 def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileOptions,
                 runtime_kind: str, cache_dir: str | os.PathLike, soc_name: str | None = None,
-                progress=None) -> Path:
+                progress=None, stop: CompileStop | None = None) -> Path:
     """Return the path of the .om for `onnx_path`, compiling it on a cache miss (blocking).
     `soc_name`: the NPU's SoC, used by ATC when the model's compile options name none;
-    `progress(step)` hears a compile begin."""
-    from ..om.compile import CompileError, compile_model  # heavy imports (onnx, ort) only when needed
-
+    `progress(step)` hears a compile begin; `stop` ends it (compile_process.CompileStopped)."""
     if runtime_kind == "npu" and options.soc_version is None and soc_name:
         options = replace(options, soc_version=soc_name)
 
@@ -99,22 +107,26 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
         log.info("%s: compiling %s for %s into %s", model_name, onnx_path, runtime_kind, out)
         if progress is not None:
             progress(f"compiling {Path(onnx_path).name} for {runtime_kind}")
+        work = tempfile.mkdtemp(prefix=f".{out.stem}{WORK_FOLDER}", dir=cache)
         try:
-            result = compile_model(onnx_path, out, target=runtime_kind,
-                                   log=lambda line: log.info("%s: %s", model_name, line), **kwargs)
+            result = compile_in_child(onnx_path, os.path.join(work, out.name), target=runtime_kind, stop=stop,
+                                      log=lambda line: log.info("%s: %s", model_name, line), **kwargs)
+            os.replace(result.path, out)
         except CompileError as e:  # (said in the command's words: here the model's YAML gives them)
             raise CompileError(_in_config_words(str(e))) from None
-        cache_entry.record(result.path, key, dict(asdict(options), batch=kwargs.get("batch")), runtime_kind,
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        cache_entry.record(out, key, dict(asdict(options), batch=kwargs.get("batch")), runtime_kind,
                            result.index_bounds)
     log.info("%s: compiled in %.1f s (%d bytes)", model_name, result.seconds, result.size)
-    return Path(result.path)
+    return out
 
 
 def source_index_bounds(onnx_path: str | os.PathLike) -> dict[str, int] | None:
     """The integer inputs of an .onnx indexing a table (om/index_bounds.py), its weights unread;
     None when it no longer reads (its compile stands: the bounds are a check, not the model)."""
     from ..om.index_bounds import index_bounds
-    from ..om.spec import CompileError, load_onnx
+    from ..om.spec import load_onnx
     try:
         return index_bounds(load_onnx(onnx_path, weights=False).graph)
     except (CompileError, OSError) as e:
@@ -137,10 +149,11 @@ def _in_config_words(message: str) -> str:
 
 def sweep(cache_dir: str | os.PathLike) -> int:
     """Remove what interrupted compiles left in `cache_dir` (a process that exited between an
-    entry's rename and its manifest, or killed in it): an entry's .om without its manifest, and
-    lock files, each only when no process holds that entry's lock (a replica compiling it now
-    keeps it) and only by the names entries have (`<model>-<32 hex digits>.om`: an OM of the
-    user's own in a configured folder is never taken for one). Returns how many entries went."""
+    entry's rename and its manifest, or killed in it): an entry's .om without its manifest, its
+    work folders, and lock files, each only when no process holds that entry's lock (a replica
+    compiling it now keeps it) and only by the names entries have (`<model>-<32 hex digits>.om`:
+    an OM of the user's own in a configured folder is never taken for one). Returns how many
+    entries and work folders went."""
     folder = Path(cache_dir)
     try:
         names = os.listdir(folder)
@@ -150,6 +163,9 @@ def sweep(cache_dir: str | os.PathLike) -> int:
     for name in names:
         if ENTRY_NAME.match(name) and not cache_entry.manifest_path(folder / name).exists():
             if _unheld(folder / f".{name}.lock", functools.partial(_remove_if_unfinished, folder / name)):
+                removed += 1
+        elif (entry := _work_entry(name)) is not None:
+            if _unheld(folder / f".{entry}.lock", functools.partial(_remove_work, folder / name)):
                 removed += 1
         elif name.startswith(".") and ENTRY_NAME.match(name[1:-len(".lock")]) and name.endswith(".lock"):
             _unheld(folder / name, lambda: True)  # a lock left by a process killed while holding it
@@ -162,6 +178,20 @@ def _remove_if_unfinished(entry: Path) -> bool:
     if cache_entry.manifest_path(entry).exists():
         return False
     cache_entry.remove(entry)
+    return True
+
+
+def _work_entry(name: str) -> str | None:
+    """The entry whose work folder `name` is (`.<model>-<key>.compiling-<random>`), else None."""
+    if not name.startswith(".") or WORK_FOLDER not in name:
+        return None
+    entry = name[1:name.rindex(WORK_FOLDER)] + ".om"
+    return entry if ENTRY_NAME.match(entry) else None
+
+
+def _remove_work(work: Path) -> bool:
+    """Under its entry's lock: remove a work folder whose compile's server is gone."""
+    shutil.rmtree(work)
     return True
 
 

@@ -14,8 +14,10 @@ Who owns which state. Everything below lives on the event loop thread; nothing i
 - Lifecycle.states: moved by the apply tasks, by `close`, and by `forget_stale` during the
   repository's reconcile. Lifecycle.held: ModelRepository.load/unload.
 - Lifecycle._busy, ._dirty: `start` and the tasks' done callbacks. Lifecycle._loads: the apply
-  tasks (their loads in progress, which `close` abandons). A plan for a busy model is
-  dropped and the model marked dirty; the task's end asks for a rescan (`rescan_soon`).
+  tasks (their loads in progress, which `close` abandons); ._compiles: the apply tasks add and
+  remove their loads' compile stops, `stop_compiles` (an unload) and `close` use them. A plan
+  for a busy model is dropped and the model marked dirty; the task's end asks for a rescan
+  (`rescan_soon`).
 - Planner.scan, .pending, the SettleGate, the logged problems: the reconcile, one at a time
   under the repository's scan lock (run by start(), the Debouncer's task in poll mode, load()
   and, in explicit and none modes, a retry's task).
@@ -37,6 +39,7 @@ import time
 from typing import Callable
 
 from ..config import ServerConfig
+from ..om.compile_process import CompileStop, CompileStopped
 from ..runtime.limits import ResourceLimitError
 from .compile_cache import CompileCache
 from .failures import LoadFailures
@@ -45,7 +48,7 @@ from .loader import load_version
 from .plan import DesiredState, ModelPlan, Wanted
 from .planner import Planner
 from .served import ServedVersion
-from .status import State, VersionStates
+from .status import UNLOADED, State, VersionStates
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,7 @@ class Lifecycle:
         self._close_deadline: float | None = None  # close()'s (time.monotonic()), once closing
         self._retiring: set[ServedVersion] = set()  # closing now (unload, reload): close() hurries them
         self._loads: set[asyncio.Task] = set()  # a version loading now (apply tasks): close() abandons them
+        self._compiles: dict[str, set[CompileStop]] = {}  # model -> its loads' compile stops (stop_compiles)
 
     def sweep_cache(self) -> None:
         """Before the first loads (blocking): what interrupted compiles left in the compile cache."""
@@ -104,6 +108,12 @@ class Lifecycle:
             self._dirty.discard(name)
             self._rescan_soon()
         self._task_ended()
+
+    def stop_compiles(self, name: str) -> None:
+        """An unload of `name` through the API: the compiles its loads run now end (their child
+        processes killed, nothing left in the cache); those loads end as unloaded, not failed."""
+        for stop in self._compiles.get(name, ()):
+            stop.stop()
 
     def busy(self, name: str) -> bool:
         return name in self._busy
@@ -137,14 +147,25 @@ class Lifecycle:
 
             if version not in self.serving.get(name, {}):
                 self.states.move(name, version, State.LOADING)
+            stop = CompileStop()
+            self._compiles.setdefault(name, set()).add(stop)
             try:
                 loaded[version] = await load_version(self._runtime, self._executor, self._load_limit,
-                                                     self._cache, name, version, wanted, progress)
+                                                     self._cache, name, version, wanted, progress, stop)
                 progress("loaded: serves once the versions loading with it are done")
+            except CompileStopped:  # an unload (stop_compiles): no failure of the file's
+                if self.states.get(name, version) is State.LOADING:
+                    self.states.move(name, version, State.UNAVAILABLE, UNLOADED)
+                log.info("%s: the compile of version %s was stopped (%s)", name, version,
+                         SHUTTING_DOWN if self._closed else UNLOAD_ASKED)
             except Exception as e:  # any failure leaves the serving version in place
                 failed[version] = self._refuse(name, version, wanted, e, replaces=bool(plan.unload))
             else:
                 self._failures.succeeded(name, version)
+            finally:
+                self._compiles[name].discard(stop)
+                if not self._compiles[name]:
+                    del self._compiles[name]
 
         loads = [asyncio.ensure_future(one(v, w)) for v, w in plan.load.items()]
         self._loads.update(loads)
@@ -318,6 +339,9 @@ class Lifecycle:
         self._close_deadline = deadline
         for sv in self._retiring:  # an unload or reload waiting for a hung device: not past this
             sv.hurry(deadline)
+        for stops in self._compiles.values():  # (a compile's thread would wait for its child to the end)
+            for stop in stops:
+                stop.stop()
         for load in list(self._loads):  # a load that hangs on the device would hold the close for good
             load.cancel()
         await self.wait_idle()

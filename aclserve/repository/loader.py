@@ -1,10 +1,11 @@
 """Build one ServedVersion from a model file: compile (.onnx), validate, then open and warm up.
 
-Every blocking step runs in the given executor; `limit` (load_concurrency) bounds how many
-versions load at once so the serving models' latency is not hurt. Nothing is unloaded here:
-the caller swaps the result in. On failure everything this built is closed before the error
-propagates. `progress(step)` (on the loop) hears each step as it begins: waiting for a turn,
-compiling, opening, each warm-up run, for the repository index to show.
+Every blocking step runs in the given executor (the compile itself in a child process);
+`limit` (load_concurrency) bounds how many versions load at once, compiles included, so the
+serving models' latency is not hurt. Nothing is unloaded here: the caller swaps the result in.
+On failure everything this built is closed before the error propagates. `progress(step)` (on
+the loop) hears each step as it begins: waiting for a turn, compiling, opening, each warm-up
+run, for the repository index to show.
 
 Servers sharing a compile cache each remove the entry of a version they retire (compile_cache
 .release), and another may have just found that entry for a file put back (a rollback): an
@@ -20,6 +21,7 @@ import os
 import time
 from typing import Callable
 
+from ..om.compile_process import CompileStop
 from .compile_cache import CompileCache
 from .plan import Wanted
 from .served import ServedVersion, open_version
@@ -29,9 +31,12 @@ log = logging.getLogger(__name__)
 
 
 async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: CompileCache, name: str,
-                       version: str, wanted: Wanted, progress: Callable[[str], None] = lambda step: None
-                       ) -> ServedVersion:
+                       version: str, wanted: Wanted, progress: Callable[[str], None] = lambda step: None,
+                       stop: CompileStop | None = None) -> ServedVersion:
+    """`stop` ends the compile of an .onnx (its child process): CompileStopped. Cancelling the
+    load stops it too: its thread would wait for the compile to the end."""
     loop = asyncio.get_running_loop()
+    stop = stop or CompileStop()
     run = functools.partial(loop.run_in_executor, executor)
 
     def from_thread(step: str) -> None:
@@ -42,8 +47,12 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
         if wanted.file.kind != "onnx":
             return wanted.file.path
         soc = runtime.soc_name() if runtime.kind == "npu" else None
-        return await run(functools.partial(cache.compiled, wanted.file.path, name, wanted.config.compile,
-                                           runtime.kind, soc, from_thread))
+        try:
+            return await run(functools.partial(cache.compiled, wanted.file.path, name, wanted.config.compile,
+                                               runtime.kind, soc, from_thread, stop))
+        except asyncio.CancelledError:
+            stop.stop()
+            raise
 
     async def open_om(path: str) -> ServedVersion:
         await run(validate_om, path, runtime.kind)

@@ -302,6 +302,7 @@ class ModelRepository:
         log.info("%s: unload asked through the repository API", name)
         self._calls.unload(name)
         self._lifecycle.held.add(name)
+        self._lifecycle.stop_compiles(name)  # (a compile of minutes is not waited for)
         await self._lifecycle.wait_for(name)
         if name in self._lifecycle.acted:
             plan = ModelPlan(name, unload=list(self._lifecycle.acted[name]), unload_cause=UNLOAD_ASKED)

@@ -1,0 +1,108 @@
+"""The compile's child process: compile_process.py runs `main([REQUEST])` in a new interpreter
+(`python -m aclserve.om.compile_child REQUEST` does the same).
+
+REQUEST is JSON: {"onnx_path", "output", "options": compile_model's keyword arguments}. The
+child writes JSON lines to what its stdout was when it started: {"log": line} per line of the
+compile's log, then {"result": {...}} or {"error": {"kind", "message", ...}} (one line, never a
+traceback: the server shows it as the model's reason). Anything else printed (by Python or by
+C code) goes to stderr, so nothing but the protocol reaches that pipe.
+
+SIGTERM, SIGHUP or end-of-file on stdin (the server gone) end it as a Ctrl-C ends
+`aclserve compile`: the ATC it started is killed, its partial files are removed; exit status
+128 + the signal's number, no word said.
+
+For tests: with ACLSERVE_COMPILE_HOLD=FOLDER set, the child writes FOLDER/<its pid> before it
+compiles and waits while that file exists (a compile known to be running, as long as a test needs).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+HOLD_ENV = "ACLSERVE_COMPILE_HOLD"
+
+
+def main(argv: list[str]) -> int:
+    protocol = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # print() and C code's stdout go to stderr from here on
+
+    def say(**message) -> None:
+        protocol.write(json.dumps(message) + "\n")
+        protocol.flush()
+
+    received: list[int] = []
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, lambda signum, _frame: _interrupt(received, signum))
+        threading.Thread(target=_end_with_parent, name="aclserve-compile-parent", daemon=True).start()
+        request = json.loads(argv[0])
+        _hold(request["onnx_path"])
+        from .compile import compile_model  # (imported here: a signal during the ~1 s import ends it too)
+        result = compile_model(request["onnx_path"], request["output"], log=lambda line: say(log=line),
+                               **request["options"])
+    except KeyboardInterrupt:
+        return 128 + (received[-1] if received else signal.SIGINT)
+    except BaseException as e:  # (SystemExit included: said, not a silent exit)
+        say(error=_described(e))
+        return 1
+    say(result={"path": str(result.path), "target": result.target, "seconds": result.seconds,
+                "size": result.size, "index_bounds": result.index_bounds})
+    return 0
+
+
+def _interrupt(received: list[int], signum: int) -> None:
+    received.append(signum)
+    raise KeyboardInterrupt
+
+
+def _end_with_parent() -> None:
+    """stdin is a pipe the server never writes: end-of-file means it is gone (or closed it)."""
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _hold(onnx_path: str) -> None:
+    folder = os.environ.get(HOLD_ENV)
+    if not folder:
+        return
+    mark = os.path.join(folder, str(os.getpid()))
+    with open(mark, "w", encoding="utf-8") as f:
+        f.write(onnx_path)
+    while os.path.exists(mark):
+        time.sleep(0.02)
+
+
+def _described(error: BaseException) -> dict:
+    """The error in the terms compile_process._rebuilt makes it again from."""
+    from .compile_error import CompileError
+
+    if isinstance(error, CompileError):
+        return {"kind": "compile", "message": _one_line(error)}
+    if isinstance(error, MemoryError):
+        return {"kind": "memory", "message": "out of host memory (MemoryError)"}
+    if isinstance(error, OSError):
+        return {"kind": "os", "message": _one_line(error), "errno": error.errno, "strerror": error.strerror,
+                "filename": _path(error.filename), "filename2": _path(error.filename2)}
+    return {"kind": "other", "message": _one_line(error), "traceback": traceback.format_exc()}
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _path(name) -> str | None:
+    return os.fsdecode(name) if isinstance(name, (str, bytes)) else None
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

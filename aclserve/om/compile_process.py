@@ -1,0 +1,217 @@
+"""compile_model() in a child process, for the server (the child runs compile_child.main).
+
+Loading an ONNX model, its shape inference and its serialisation hold the GIL for seconds (8.5 s
+at a time for a 1.2 GiB model), and what they allocate was the server's (6.1 GB at its peak):
+run in the server's own threads, a compile stalled every other model's requests. The child is a
+fresh interpreter (a subprocess: it inherits no socket, thread or lock of the server) of the
+same Python, importing aclserve from where the server did, with the server's environment
+(ACLSERVE_CPU_* among it); its memory goes back to the system when it exits. It costs about a
+second to start (numpy, onnx, ONNX Runtime), which a compile can afford.
+
+The two talk in JSON lines on the child's stdout: {"log": line} for each line of the compile's
+log, then {"result": ...} or {"error": ...}. Its stderr is the server's (what ONNX Runtime or
+ATC print goes where it went when the compile ran in the server). Its stdin is a pipe the
+server never writes: the child ends when it reads end-of-file, so a server that dies leaves no
+compile running.
+
+Stopping (CompileStop, from any thread): SIGTERM first, which the child turns into the
+interruption a Ctrl-C of `aclserve compile` is (the ATC it runs killed, its partial files
+removed), then SIGKILL after STOP_GRACE_S (a child inside C code that holds the GIL hears
+SIGTERM only once that returns). The caller removes the folder it had the child compile into.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .compile_error import CompileError
+
+logger = logging.getLogger(__name__)
+
+# the child's program: compile_child.main, imported from the folder this aclserve was (a folder
+# named aclserve in the current one, or another installed, is not taken for it)
+CHILD_CODE = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from aclserve.om.compile_child import main; "
+              "sys.exit(main(sys.argv[1:]))")
+STOP_GRACE_S = 5.0
+
+
+class CompileStopped(Exception):
+    """The compile was stopped (CompileStop.stop): an unload or a shutdown, not a failure."""
+
+
+@dataclass
+class Built:
+    """What the child built (compile.CompileResult's facts, without importing the compiler)."""
+    path: Path
+    target: str
+    seconds: float
+    size: int
+    index_bounds: dict = field(default_factory=dict)
+
+
+class CompileStop:
+    """Stops the compile it is given to: ends its child (SIGTERM, SIGKILL after STOP_GRACE_S),
+    or keeps one from starting. `stop()` may be called from any thread, any number of times."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen | None = None
+        self.stopped = False
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            child = self._child
+        if child is not None:
+            _end(child)
+
+    def _attach(self, child: subprocess.Popen) -> bool:
+        """Follow `child`; False when stopped already (the caller ends it)."""
+        with self._lock:
+            if self.stopped:
+                return False
+            self._child = child
+            return True
+
+    def _detach(self) -> None:
+        with self._lock:
+            self._child = None
+
+
+class _Children:
+    """The compile children of this process, ended when it exits (a compile a shutdown abandoned)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._children: set[subprocess.Popen] = set()
+
+    def add(self, child: subprocess.Popen) -> None:
+        with self._lock:
+            self._children.add(child)
+
+    def discard(self, child: subprocess.Popen) -> None:
+        with self._lock:
+            self._children.discard(child)
+
+    def end_all(self) -> None:
+        with self._lock:
+            children = list(self._children)
+        for child in children:
+            _end(child, grace_s=None)
+
+
+_CHILDREN = _Children()
+atexit.register(_CHILDREN.end_all)
+
+
+def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike, *, log: Callable[[str], None],
+                     stop: CompileStop | None = None, **options) -> Built:
+    """compile.compile_model(onnx_path, output, log=log, **options) run in a child process
+    (blocking until it ends). Raises what compile_model raises, rebuilt from the child's word:
+    CompileError (one line; an ATC failure too), OSError with its errno and file, MemoryError,
+    RuntimeError for anything else; CompileError when the child ends without a word (killed by
+    a signal, the kernel's out-of-memory killer's SIGKILL among them); CompileStopped when `stop`
+    ended it."""
+    stop = stop or CompileStop()
+    if stop.stopped:
+        raise CompileStopped("stopped before the compile began")
+    request = {"onnx_path": os.fspath(onnx_path), "output": os.fspath(output), "options": options}
+    try:
+        child = subprocess.Popen([sys.executable, "-c", CHILD_CODE, str(Path(__file__).resolve().parents[2]),
+                                  json.dumps(request)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 start_new_session=True)
+    except OSError as e:  # (no process to be had: EAGAIN, ENOMEM; the host short of resources)
+        raise OSError(e.errno, f"could not start the compile's process: {e.strerror}") from None
+    _CHILDREN.add(child)
+    outcome: dict = {}
+    try:
+        if not stop._attach(child):
+            _end(child)
+        assert child.stdout is not None
+        for raw in child.stdout:
+            try:
+                message = json.loads(raw)
+            except ValueError:
+                continue  # (only the child's protocol writes here)
+            if "log" in message:
+                log(str(message["log"]))
+            else:
+                outcome = message
+        child.wait()
+    except BaseException:  # a failing log callback: the child is not left running
+        _end(child)
+        child.wait()
+        raise
+    finally:
+        stop._detach()
+        _CHILDREN.discard(child)
+        for pipe in (child.stdin, child.stdout):
+            if pipe is not None:
+                pipe.close()
+    if stop.stopped:
+        raise CompileStopped("the compile was stopped")
+    if "result" in outcome and child.returncode == 0:
+        result = outcome["result"]
+        return Built(Path(result["path"]), result["target"], result["seconds"], result["size"],
+                     result["index_bounds"])
+    if "error" in outcome:
+        raise _rebuilt(outcome["error"])
+    raise CompileError(_ended_without_word(child.returncode))
+
+
+def _end(child: subprocess.Popen, grace_s: float | None = STOP_GRACE_S) -> None:
+    """SIGTERM to `child`, then SIGKILL after `grace_s` if it still runs (None: no SIGKILL)."""
+    try:
+        child.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    if grace_s is not None:
+        timer = threading.Timer(grace_s, _kill, (child,))
+        timer.daemon = True
+        timer.start()
+
+
+def _kill(child: subprocess.Popen) -> None:
+    try:
+        child.kill()  # (a no-op once it has been waited for)
+    except ProcessLookupError:
+        pass
+
+
+def _rebuilt(error: dict) -> BaseException:
+    """The child's error as the exception compile_model raised (what retries and messages read)."""
+    kind, message = error.get("kind"), str(error.get("message") or "the compile failed")
+    if kind == "compile":
+        return CompileError(message)
+    if kind == "memory":
+        return MemoryError()
+    if kind == "os" and error.get("errno") is not None:
+        args = [error["errno"], error.get("strerror") or message]
+        if error.get("filename") is not None:
+            args += [error["filename"]] + ([None, error["filename2"]] if error.get("filename2") else [])
+        return OSError(*args)
+    if error.get("traceback"):  # (an unexpected error: its traceback for whoever debugs it)
+        logger.debug("the compile's process failed:\n%s", error["traceback"])
+    return RuntimeError(message)
+
+
+def _ended_without_word(status: int) -> str:
+    """Why a child that said neither result nor error ended, in one line."""
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        why = "; the kernel's out-of-memory killer sends it when the host runs short of memory" \
+            if -status == signal.SIGKILL else ""
+        return f"the compile's process was killed by {name} (signal {-status}{why})"
+    return f"the compile's process exited with status {status} without a result (the server's stderr may say why)"

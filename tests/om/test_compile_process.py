@@ -1,0 +1,65 @@
+"""compile_model in a child process (aclserve/om/compile_process.py), the server's way to compile
+a dropped .onnx, on the ATC path (the stand-in `atc`): the child streams ATC's lines back, says
+ATC's failure in one line, and a stop ends the ATC it started, leaving no work folder behind."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+from aclserve.om.compile_error import CompileError
+from aclserve.om.compile_process import CompileStop, CompileStopped, compile_in_child
+
+OPTIONS = {"batch": "1", "soc_version": "Ascend310P3", "target": "npu", "timeout": 600}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"  # (a zombie: ended, its reaper late)
+    except FileNotFoundError:
+        return True
+
+
+def test_atc_in_the_child_builds_and_its_lines_come_back(tmp_path, fake_atc, multi_io_onnx):
+    atc, _ = fake_atc
+    lines: list[str] = []
+    built = compile_in_child(multi_io_onnx, tmp_path / "m.om", log=lines.append, atc=str(atc), **OPTIONS)
+    assert built.target == "npu" and built.path == tmp_path / "m.om" and built.path.read_bytes()[:4] == b"IMOD"
+    assert any("ATC run success" in line for line in lines), lines
+
+
+def test_an_atc_failure_in_the_child_is_its_one_line(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
+    atc, _ = fake_atc
+    monkeypatch.setenv("FAKE_ATC_MODE", "fail")
+    with pytest.raises(CompileError) as failed:
+        compile_in_child(multi_io_onnx, tmp_path / "m.om", log=lambda line: None, atc=str(atc), **OPTIONS)
+    assert str(failed.value).startswith("ATC failed (exit status 1): E10001: Value [x:-1,4]"), failed.value
+    assert "\n" not in str(failed.value)
+    assert sorted(os.listdir(tmp_path)) == ["bin", "multi.onnx", "record.json"]  # no m.om, no work folder
+
+
+def test_a_stop_ends_the_atc_the_child_runs_and_leaves_nothing(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
+    atc, record = fake_atc
+    monkeypatch.setenv("FAKE_ATC_MODE", "sleep")  # (600 s)
+    out = tmp_path / "out"
+    out.mkdir()
+    stop, started, ended = CompileStop(), threading.Event(), []
+
+    def compile_it():
+        try:
+            compile_in_child(multi_io_onnx, out / "m.om", stop=stop, atc=str(atc), **OPTIONS,
+                             log=lambda line: started.set() if "ATC start working" in line else None)
+        except BaseException as e:
+            ended.append(e)
+
+    thread = threading.Thread(target=compile_it)
+    thread.start()
+    assert started.wait(120)  # (a hang guard)
+    stop.stop()
+    thread.join(120)
+    assert len(ended) == 1 and isinstance(ended[0], CompileStopped), ended
+    assert _gone(json.loads(record.read_text())["pid"])
+    assert os.listdir(out) == []  # no .atc-* work folder, no partial OM

@@ -1,0 +1,118 @@
+"""A dropped .onnx compiles in a child process (aclserve/om/compile_process.py): an unload or a
+shutdown during the compile ends that process and leaves nothing in the cache folder, and how
+it failed (its error, or the signal that killed it) is the version's one-line reason. Each
+compile is held in its child by `compile_holds` (tests/conftest.py) for as long as a test needs."""
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import signal
+
+import pytest
+
+from aclserve.repository import ModelLoadFailed
+from aclserve.repository.compiler import sweep
+
+from .repo_helpers import place, until, write_in
+
+
+def held_child(holds) -> int:
+    """The pid of the compile's process holding in `holds` (exactly one)."""
+    (mark,) = holds.iterdir()
+    return int(mark.name)
+
+
+def running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # (a child not waited for would still be found: a zombie)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def row_of(repo, name: str) -> dict:
+    (row,) = [r for r in repo.index() if r["name"] == name and r["version"]]
+    return row
+
+
+@pytest.mark.asyncio
+async def test_an_unload_during_a_compile_kills_its_process(make_repo, models_dir, model_files, compile_holds):
+    repo, events = await make_repo(model_control_mode="explicit")
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    load = asyncio.ensure_future(repo.load("o"))
+    await until(lambda: any(compile_holds.iterdir()), "the compile's process holding")
+    pid = held_child(compile_holds)
+    assert pid != os.getpid() and running(pid)
+    assert (row_of(repo, "o")["state"], row_of(repo, "o")["reason"]) == ("LOADING", "compiling o.onnx for cpu")
+    await repo.unload("o")  # (it waited for the compile, minutes for a large model)
+    assert not running(pid)
+    assert os.listdir(models_dir / ".cache") == []  # no work folder, partial OM nor lock
+    with pytest.raises(ModelLoadFailed, match="an unload request for it arrived during this load"):
+        await load
+    assert (row_of(repo, "o")["state"], row_of(repo, "o")["reason"]) == ("UNAVAILABLE", "unloaded")
+    assert repo.load_failures() == {} and events.count("load_failed", "o") == 0
+    (compile_holds / str(pid)).unlink()  # (the killed child's mark)
+    again = asyncio.ensure_future(repo.load("o"))  # loaded again, compiled from the start
+    await until(lambda: any(compile_holds.iterdir()), "the new compile's process holding")
+    (compile_holds / str(held_child(compile_holds))).unlink()
+    await again
+    assert float((await repo.get("o").infer({"x": [[1.0] * 4]}, 1)).outputs["y"][0, 0]) == 2.0
+
+
+@pytest.mark.asyncio
+async def test_a_shutdown_during_a_compile_kills_its_process(make_repo, models_dir, model_files, compile_holds):
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    repo, _ = await make_repo(start=False, model_control_mode="explicit")
+    start = asyncio.ensure_future(repo.start())
+    await until(lambda: any(compile_holds.iterdir()), "the compile's process holding")
+    pid = held_child(compile_holds)
+    await repo.close()
+    await asyncio.gather(start, return_exceptions=True)
+    assert not running(pid)
+    assert os.listdir(models_dir / ".cache") == []
+
+
+@pytest.mark.asyncio
+async def test_how_a_compile_process_failed_is_one_line_in_the_index(make_repo, models_dir, model_files,
+                                                                      compile_holds):
+    """Killed (as the kernel's out-of-memory killer does): said with its signal, not retried;
+    failed: its error's one line, as the compile said it in the child."""
+    repo, events = await make_repo(model_control_mode="poll")
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    await until(lambda: any(compile_holds.iterdir()), "the compile's process holding")
+    os.kill(held_child(compile_holds), signal.SIGKILL)
+    await events.wait("load_failed", "o")
+    reason = row_of(repo, "o")["reason"]
+    assert reason == ("the compile's process was killed by SIGKILL (signal 9; the kernel's out-of-memory "
+                      "killer sends it when the host runs short of memory)"), reason
+    assert os.listdir(models_dir / ".cache") == []
+
+    for mark in compile_holds.iterdir():
+        mark.unlink()
+    write_in(models_dir / "bad.onnx", b"not a model")
+    await until(lambda: any(compile_holds.iterdir()), "the second compile's process holding")
+    (compile_holds / str(held_child(compile_holds))).unlink()  # let it compile: it fails in the child
+    await events.wait("load_failed", "bad")
+    reason = row_of(repo, "bad")["reason"]
+    assert reason.endswith("bad.onnx: not an ONNX model (Error parsing message with type 'onnx.ModelProto')"), reason
+    assert "\n" not in reason and "Traceback" not in reason
+    assert [name for name in os.listdir(models_dir / ".cache") if not name.startswith("o-")] == []
+
+
+def test_the_sweep_removes_a_work_folder_whose_compile_is_gone_not_one_at_work(tmp_path):
+    """A server killed during a compile left its work folder (its child ended with it); a
+    replica compiling now holds the entry's lock and keeps its own."""
+    gone, busy = f"a-{'1' * 32}", f"b-{'2' * 32}"
+    (tmp_path / f".{gone}.compiling-x1y2").mkdir()
+    (tmp_path / f".{gone}.compiling-x1y2" / f"{gone}.om").write_bytes(b"half")
+    (tmp_path / f".{busy}.compiling-z3").mkdir()
+    (tmp_path / ".not-an-entry.compiling-q").mkdir()  # (not by an entry's name: not the cache's)
+    held = os.open(tmp_path / f".{busy}.om.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert sweep(tmp_path) == 1
+    finally:
+        os.close(held)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".{busy}.compiling-z3", f".{busy}.om.lock",
+                                                          ".not-an-entry.compiling-q"]
