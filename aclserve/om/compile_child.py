@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
         say(error=_described(e))
         return 1
     say(result={"path": str(result.path), "target": result.target, "seconds": result.seconds,
-                "size": result.size, "index_bounds": result.index_bounds})
+                "size": result.size, "index_bounds": result.index_bounds, "warnings": result.warnings})
     return 0
 
 

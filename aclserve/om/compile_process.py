@@ -56,6 +56,7 @@ class Built:
     seconds: float
     size: int
     index_bounds: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)  # what ATC would refuse among what a CPU OM records
 
 
 class CompileStop:
@@ -162,7 +163,7 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike, *,
     if "result" in outcome and child.returncode == 0:
         result = outcome["result"]
         return Built(Path(result["path"]), result["target"], result["seconds"], result["size"],
-                     result["index_bounds"])
+                     result["index_bounds"], result.get("warnings", []))
     if "error" in outcome:
         raise _rebuilt(outcome["error"])
     raise CompileError(_ended_without_word(child.returncode))

@@ -116,3 +116,17 @@ def test_the_sweep_removes_a_work_folder_whose_compile_is_gone_not_one_at_work(t
         os.close(held)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f".{busy}.compiling-z3", f".{busy}.om.lock",
                                                           ".not-an-entry.compiling-q"]
+
+
+def test_what_atc_would_refuse_is_said_in_the_servers_log(model_files, tmp_path, caplog):
+    """A CPU compile's warnings (a SoC ATC would not take, an opset out of ATC's range) reach the
+    server's log from its child: they were the CLI summary's only."""
+    import logging
+
+    from aclserve.config import CompileOptions
+    from aclserve.repository.compiler import compiled_om
+
+    caplog.set_level(logging.WARNING, logger="aclserve")
+    compiled_om(model_files[1]["onnx"], "m", CompileOptions(soc_version="Bogus123"), "cpu", tmp_path / "cache")
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(line.startswith("m: --soc-version 'Bogus123' does not look like a SoC ATC takes") for line in said), said
