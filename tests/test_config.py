@@ -330,6 +330,9 @@ def test_queue_limits_take_auto_or_numbers():
     ("version_policy: {All: true}\n", ("all",)),
     ("version_policy: {Latest: 2}\n", ("latest", 2)),
     ("version_policy: {SPECIFIC: [3, 1]}\n", ("specific", (1, 3))),
+    # Triton's form, as /v2/models/{m}/config shows it (pasted from there, it was refused)
+    ("version_policy: {specific: {versions: [3, 1]}}\n", ("specific", (1, 3))),
+    ("version_policy: {latest: {num_versions: 2}}\n", ("latest", 2)),
 ])
 def test_model_file_merges_over_defaults_and_replaces_version_policy(tmp_path, text, policy):
     defaults = load_server_config(None, {"model_defaults.instances": 2}).model_defaults
@@ -420,3 +423,8 @@ def test_an_integer_inputs_value_range_is_two_integers_smallest_first(tmp_path):
     with pytest.raises(ConfigError, match="set image or value_range, not both"):
         load_model_config(write(tmp_path, "inputs: {n: {value_range: [0, 1], image: {color: gray}}}\n", "m.yaml"),
                           defaults)
+
+
+def test_a_bad_version_policy_in_tritons_form_names_its_inner_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"version_policy\.latest\.num_versions: must be >= 1, got 0"):
+        load_model_config(write(tmp_path, "version_policy: {latest: {num_versions: 0}}\n"), ModelConfig())

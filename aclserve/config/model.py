@@ -88,15 +88,21 @@ def _version_policy(value, path: str) -> tuple:
         raise ConfigError(path, f"must be one of {{latest: N}}, all, {{specific: [versions]}}, got {shown(value)}")
     (given, arg), = value.items()
     kind = given.lower() if isinstance(given, str) else given
+    # Triton's form too, as /v2/models/{m}/config shows it: {latest: {num_versions: 2}},
+    # {specific: {versions: [1, 3]}} (pasted from there, it was refused)
+    where = key_path(path, str(given))
+    inner = {"latest": "num_versions", "specific": "versions"}.get(kind)
+    if inner is not None and isinstance(arg, Mapping) and list(arg) == [inner]:
+        where, arg = key_path(where, inner), arg[inner]
     if kind == "latest":
-        return ("latest", as_int(arg, key_path(path, "latest"), 1))
+        return ("latest", as_int(arg, where, 1))
     if kind == "all":
         if arg not in (True, None, {}):
-            raise ConfigError(key_path(path, "all"), f"takes no value, got {shown(arg)}")
+            raise ConfigError(where, f"takes no value, got {shown(arg)}")
         return ("all",)
     if kind == "specific":
-        return ("specific", tuple(sorted(int_list(arg, key_path(path, "specific"), 1))))
-    raise ConfigError(key_path(path, str(given)), "unknown version policy (latest | all | specific)")
+        return ("specific", tuple(sorted(int_list(arg, where, 1))))
+    raise ConfigError(where, "unknown version policy (latest | all | specific)")
 
 
 def _compile(data, path: str) -> CompileOptions:
