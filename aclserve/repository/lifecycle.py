@@ -110,8 +110,9 @@ class Lifecycle:
         self._task_ended()
 
     def stop_compiles(self, name: str) -> None:
-        """An unload of `name` through the API: the compiles its loads run now end (their child
-        processes killed, nothing left in the cache); those loads end as unloaded, not failed."""
+        """An unload of `name` through the API, or the close: the compiles its loads run now end
+        (their child processes killed, nothing left in the cache); those loads end as unloaded,
+        not failed."""
         for stop in self._compiles.get(name, ()):
             stop.stop()
 
@@ -339,9 +340,8 @@ class Lifecycle:
         self._close_deadline = deadline
         for sv in self._retiring:  # an unload or reload waiting for a hung device: not past this
             sv.hurry(deadline)
-        for stops in self._compiles.values():  # (a compile's thread would wait for its child to the end)
-            for stop in stops:
-                stop.stop()
+        for name in list(self._compiles):  # (a compile's thread would wait for its child to the end)
+            self.stop_compiles(name)
         for load in list(self._loads):  # a load that hangs on the device would hold the close for good
             load.cancel()
         await self.wait_idle()
