@@ -26,7 +26,8 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from .spec import MAX_INLINE_BYTES, CompileError, ModelSpec, external_locations
+from .external_files import external_bytes, external_locations
+from .spec import MAX_INLINE_BYTES, CompileError, ModelSpec
 
 Run = Callable[[dict], list]  # feeds -> the outputs, in order
 # (atol, rtol): a row may differ by atol + rtol x its output's largest value
@@ -68,13 +69,8 @@ def check_source(model_path: str, spec: ModelSpec) -> None:
     import onnxruntime as ort
 
     folder = os.path.dirname(os.path.abspath(model_path))
-    size = spec.model.ByteSize()
-    for location in external_locations(spec.model):
-        try:
-            size += os.path.getsize(os.path.join(folder, location))
-        except (OSError, ValueError):
-            return
-    if size > MAX_INLINE_BYTES:
+    # (a weights file whose size cannot be read counts 0: ONNX Runtime's load below then fails, and skips it)
+    if spec.model.ByteSize() + external_bytes(external_locations(spec.model), folder) > MAX_INLINE_BYTES:
         return
     model = onnx.ModelProto()
     model.CopyFrom(spec.model)  # (its inputs as the compile resolved them: a fixed-batch export made dynamic)
