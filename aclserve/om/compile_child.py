@@ -16,6 +16,7 @@ compiles and waits while that file exists (a compile known to be running, as lon
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -23,6 +24,8 @@ import sys
 import threading
 import time
 import traceback
+
+from .compile_process import Built
 
 HOLD_ENV = "ACLSERVE_COMPILE_HOLD"
 
@@ -50,8 +53,8 @@ def main(argv: list[str]) -> int:
     except BaseException as e:  # (SystemExit included: said, not a silent exit)
         say(error=_described(e))
         return 1
-    say(result={"path": str(result.path), "target": result.target, "seconds": result.seconds,
-                "size": result.size, "index_bounds": result.index_bounds, "warnings": result.warnings})
+    # the fields compile_process.Built takes back, from the CompileResult
+    say(result={f.name: getattr(result, f.name) for f in dataclasses.fields(Built)} | {"path": str(result.path)})
     return 0
 
 

@@ -161,9 +161,7 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike, *,
     if stop.stopped:
         raise CompileStopped("the compile was stopped")
     if "result" in outcome and child.returncode == 0:
-        result = outcome["result"]
-        return Built(Path(result["path"]), result["target"], result["seconds"], result["size"],
-                     result["index_bounds"], result.get("warnings", []))
+        return Built(**(outcome["result"] | {"path": Path(outcome["result"]["path"])}))
     if "error" in outcome:
         raise _rebuilt(outcome["error"])
     raise CompileError(_ended_without_word(child.returncode))
