@@ -71,16 +71,21 @@ class LoadThreads(concurrent.futures.Executor):
             job = self._jobs.get()
             if job is None:
                 return
-            future, fn, args, kwargs = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as e:  # handed to the caller, as ThreadPoolExecutor does
-                future.set_exception(e)
-            else:
-                future.set_result(result)
-            del future, fn, args, kwargs, job  # nothing of a finished call is kept while idle
+            self._run(*job)
+            del job  # nothing of a finished call is kept while idle
+
+    @staticmethod
+    def _run(future: concurrent.futures.Future, fn, args, kwargs) -> None:
+        """One call; its result and arguments end with this frame. (A result left in _work's
+        frame kept the last version a thread built, unloaded since, until its next job.)"""
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as e:  # handed to the caller, as ThreadPoolExecutor does
+            future.set_exception(e)
+        else:
+            future.set_result(result)
 
     def _finished(self, future: concurrent.futures.Future) -> None:
         with self._lock:
