@@ -195,7 +195,7 @@ class ModelRepository:
             return False  # a model served by no instance (pool.out_of_service), in both modes
         if self.config.readiness == "strict":
             return all(n in serving for n in wanted | problems)
-        self._said_ready = self._said_ready or self._lenient_ready(listed, wanted)
+        self._said_ready = self._said_ready or self._lenient_ready(listed, wanted, problems)
         return self._said_ready
 
     def _note_readiness(self) -> None:
@@ -205,17 +205,16 @@ class ModelRepository:
         if self.config.readiness == "lenient" and not self._said_ready:
             self.all_ready()  # (latches)
 
-    def _lenient_ready(self, listed, wanted: set[str]) -> bool:
-        """Every wanted model serves or was refused, and no config is still being written."""
+    def _lenient_ready(self, listed, wanted: set[str], problems: set[str]) -> bool:
+        """Every wanted model serves or was refused, and none of `problems` (all_ready's: the
+        listing's, asked for and not held) waits for its config still being written."""
         serving = self._lifecycle.serving
         # a model refused does not hold it back; one whose first retry is still to come does, as
         # one loading does (not every retry: they go on for good, and readiness would never come;
         # a later retry's load comes after readiness was reached, between two retries)
         failed = {n for n, _ in self._failures.versions()} - self._failures.first_retry_pending()
-        waiting = {n for n, reason in listed.problems.items() if reason == WAITING_FOR_CONFIG}
-        if self._calls.asked is not None:
-            waiting &= self._calls.asked
-        return not (waiting - set(serving) - self._lifecycle.held) and all(
+        waiting = {n for n in problems if listed.problems[n] == WAITING_FOR_CONFIG}
+        return not (waiting - set(serving)) and all(
             n in serving or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
 
     def load_failures(self) -> dict[tuple[str, str], str]:
