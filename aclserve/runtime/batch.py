@@ -4,14 +4,27 @@ The submitter fills the request side (`inputs`, `gear`, `rows`, `lane`, `trace`,
 `requests` and `dispatched_ns`, which the runtime never reads); the instance that runs it fills
 the outcome (`outputs`, `timings`, `instance`) or `error`, then signals `batch_done(batch)` to
 its listener. One object from formation to answer: no futures, no copies of the request list.
+A failed batch re-run one request per run (isolation.py) comes back with `runs` as well: the
+runs that answered its requests, each timed by the runtime's own clock, not the submitter's.
 """
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Sequence
+from typing import Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
 from .types import DeviceTimings
+
+
+class Run(NamedTuple):
+    """One successful run of a part of a batch re-run one request per run (isolation.py)."""
+
+    index: int  # the request it answered: its place in the whole batch's `inputs`
+    gear: int | None
+    rows: int
+    timings: DeviceTimings
+    wall_ns: int  # its launch on an instance to its result (time.perf_counter_ns)
+    instance: str
 
 
 class Batch:
@@ -19,7 +32,7 @@ class Batch:
 
     __slots__ = ("inputs", "gear", "rows", "lane", "trace", "requests", "dispatched_ns",
                  "ran_on", "ran_by", "outputs", "timings", "instance", "error", "errors", "beside", "failed_lane",
-                 "failed_by")
+                 "failed_by", "runs")
 
     def __init__(self, inputs: Sequence[Mapping[str, np.ndarray]], gear: int | None, rows: int,
                  lane: int | None = None, trace=None, requests: Sequence = (), dispatched_ns: int = 0):
@@ -40,6 +53,9 @@ class Batch:
         # per request, when a failed batch re-run one request per run (isolation.py) had some of
         # its requests fail and others not: each one's error, None for those answered
         self.errors: list[BaseException | None] | None = None
+        # a re-run batch with requests answered: the runs that answered them, each with its own
+        # gear, rows and timings (not this batch's, whose run failed); None for a batch run whole
+        self.runs: list[Run] | None = None
         self.beside = False  # failed while other batches were in flight on its instance (one may have faulted)
         # set by a retry: the lane and the instance that failed it first (the retry may run on
         # any other instance, that lane's once rebuilt included)

@@ -11,15 +11,18 @@ model's other instances serve on: a part then fails for its own request only, an
 again. Their outcomes are gathered back into the batch, which goes
 to the pool's listener once, as any batch does: its `errors` holds each request's own failure
 when some of its requests failed and others did not; when all failed, `error` is the first one.
+Its `runs` are the parts that succeeded, each a run of its own for the statistics (its gear,
+rows, device timings, and its wall time from its launch on an instance to its result).
 """
 from __future__ import annotations
 
 import bisect
 import collections
 import threading
+import time
 from typing import Callable
 
-from .batch import Batch
+from .batch import Batch, Run
 
 
 class _Gathering:
@@ -29,14 +32,17 @@ class _Gathering:
         self.whole = whole
         self.outputs: list = [None] * len(whole.inputs)
         self.errors: list[BaseException | None] = [None] * len(whole.inputs)
+        self.runs: list[Run] = []
         self.left = len(whole.inputs)
         self.lock = threading.Lock()  # (a closing pool answers waiting parts while one runs)
 
-    def done(self, index: int, part: Batch) -> Batch | None:
-        """Part `index` finished: the whole batch once it is the last, with each request's outcome."""
+    def done(self, index: int, part: Batch, wall_ns: int) -> Batch | None:
+        """Part `index` finished, `wall_ns` after its launch: the whole batch once it is the last,
+        with each request's outcome and the runs that succeeded."""
         with self.lock:
             if part.error is None:
                 self.outputs[index] = part.outputs[0]
+                self.runs.append(Run(index, part.gear, part.rows, part.timings, wall_ns, part.instance))
             else:
                 self.errors[index] = part.error
             self.left -= 1
@@ -48,18 +54,19 @@ class _Gathering:
         else:
             whole.error, whole.outputs = None, self.outputs
             whole.errors = errors if any(error is not None for error in errors) else None
-            whole.instance = part.instance
+            whole.instance, whole.runs = part.instance, self.runs
         return whole
 
 
 class Part:
     """A part's `requests`: where its outcome goes (the pool's own record, not a submitter's)."""
 
-    __slots__ = ("gathering", "index")
+    __slots__ = ("gathering", "index", "launched_ns")
 
     def __init__(self, gathering: _Gathering, index: int):
         self.gathering = gathering
         self.index = index
+        self.launched_ns = 0  # time.perf_counter_ns at its launch (launched())
 
 
 class Isolation:
@@ -101,7 +108,7 @@ class Isolation:
             if self._running is batch:
                 self._running = None
             self._left -= 1
-        whole = part.gathering.done(part.index, batch)
+        whole = part.gathering.done(part.index, batch, time.perf_counter_ns() - part.launched_ns)
         self._run_next()
         return whole
 
@@ -128,6 +135,13 @@ class Isolation:
 
 def is_part(batch: Batch) -> bool:
     return type(batch.requests) is Part
+
+
+def launched(batch: Batch) -> None:
+    """The pool launches `batch` on an instance: a part's run starts, and so does its wall time
+    (not when Isolation sent it, as it may wait for its instance's rebuild meanwhile)."""
+    if is_part(batch):
+        batch.requests.launched_ns = time.perf_counter_ns()
 
 
 def split(batch: Batch, gears: tuple[int, ...]) -> list[Batch]:

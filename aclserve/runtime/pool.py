@@ -200,6 +200,7 @@ class InstancePool:
             with self._lock:
                 self.batches_retried += 1
         batch.ran_on, batch.ran_by, batch.error = lane, self.instances[lane], None
+        isolation.launched(batch)  # (a part's run is timed from here, for the statistics)
         self.instances[lane].launch(slot, batch)
 
     def _usable(self, lane: int, batch: Batch) -> bool:
@@ -355,10 +356,9 @@ class InstancePool:
                 for i in self.instances]
 
     def close(self, deadline: float | None = None) -> None:
-        """Blocking: wait for in-flight batches, then close every instance, waiting for the
-        device until `deadline` (time.monotonic(); default the instances' reset_timeout_ms from
-        now; at least teardown.GRACE_S): an instance still running then is abandoned
-        (teardown.py). Safe twice."""
+        """Blocking: wait for in-flight batches, then close every instance, waiting for the device until
+        `deadline` (time.monotonic(); default the instances' reset_timeout_ms from now; at least
+        teardown.GRACE_S): an instance still running then is abandoned (teardown.py). Safe twice."""
         if self._closed:
             return
         self._closed = True

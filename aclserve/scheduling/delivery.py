@@ -57,8 +57,7 @@ class Delivery:
                 self._fail(request, error)
             return
         compute_ns = now_ns - batch.dispatched_ns
-        h2d, infer, d2h = stats.batch_executed(batch.gear, batch.rows, compute_ns, batch.timings)
-        instance = batch.instance
+        ran = self._executed(batch, compute_ns)
         errors = batch.errors  # (set when a failed batch re-run one request per run had some fail)
         for index, (request, request_outputs) in enumerate(zip(requests, outputs)):
             if errors is not None and errors[index] is not None:
@@ -66,12 +65,27 @@ class Delivery:
                 continue
             if request.future.cancelled():
                 continue  # counted once already: cancelled when its client went (it ran all the same)
+            gear, rows, together, instance, (h2d, infer, d2h) = ran[index]
             queue_ns = request.dispatched_ns - request.enqueued_ns
             if observed:
                 stats.request_done(request.level, queue_ns / 1e9, True, "")
             request.answered = (queue_ns, now_ns - request.enqueued_ns, h2d, infer, d2h)
-            self.answer(request, InferenceResult(request_outputs, queue_ns, compute_ns,
-                                                 batch.gear, batch.rows, len(requests), instance))
+            self.answer(request, InferenceResult(request_outputs, queue_ns, compute_ns, gear, rows, together, instance))
+
+    def _executed(self, batch: Batch, compute_ns: int) -> list:
+        """Record the successful runs that answered `batch` (`compute_ns`: its dispatch to result);
+        per request, its run's (gear, rows, requests, instance, (h2d, infer, d2h) ns). A batch
+        re-run one request per run (runtime/isolation.py) failed as a whole: each part that
+        succeeded is a run, with its own figures; those that failed are none, as the whole is."""
+        stats = self._stats
+        if batch.runs is None:
+            spent = stats.batch_executed(batch.gear, batch.rows, compute_ns, batch.timings)
+            return [(batch.gear, batch.rows, len(batch.requests), batch.instance, spent)] * len(batch.requests)
+        ran: list = [None] * len(batch.requests)
+        for run in batch.runs:
+            spent = stats.batch_executed(run.gear, run.rows, run.wall_ns, run.timings)
+            ran[run.index] = (run.gear, run.rows, 1, run.instance, spent)
+        return ran
 
     def _served(self, error: BaseException) -> ServeError:
         if not isinstance(error, ServeError):

@@ -128,7 +128,8 @@ class BatcherStats:
 
     def batch_executed(self, gear: int | None, rows: int, compute_ns: int,
                        timings: DeviceTimings) -> tuple[int, int, int]:
-        """One successful run; `compute_ns` is its dispatch-to-result wall time. Returns the
+        """One successful run; `compute_ns` is its dispatch-to-result wall time (a part of a batch
+        re-run one request per run: its own, from its launch: runtime/isolation.py). Returns the
         (h2d, infer, d2h) ns that each of its requests spent in it (request_answered)."""
         self.gear_batches[gear] = self.gear_batches.get(gear, 0) + 1
         self.rows += rows

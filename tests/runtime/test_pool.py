@@ -285,6 +285,8 @@ def test_a_failed_batch_of_several_requests_is_rerun_one_request_per_run(runtime
         assert isinstance(result.errors[1], ExecutionFailed) and "gear 1" in str(result.errors[1])
         for k in (0, 2, 3):
             np.testing.assert_array_equal(result.outputs[k]["emb"], table[ids[k]])
+        # the runs that answered them, each its own for the statistics (the batch of 8 failed)
+        assert sorted((run.index, run.gear, run.rows) for run in result.runs) == [(0, 1, 1), (2, 2, 2), (3, 1, 1)]
         assert pool.batches_failed == 2 and pool.batches_retried == 4
         bad = done.submit([{"ids": ids[1]}, {"ids": np.array([[10, 10]])}], 2)  # every part fails: one error
         with pytest.raises(ExecutionFailed):

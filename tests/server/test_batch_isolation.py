@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from aclserve.acl.cpu import faults
 
 from tests.serving import ServerThread
-from tests.tiny_models import compile_cpu_om, save_graph
+from tests.tiny_models import compile_cpu_om, save_graph, token_graph
 
 from .hostile import metric, wait_for
 
@@ -39,10 +39,10 @@ def embedding_dir(tmp_path):
     return models
 
 
-def queued(url: str) -> float:
+def queued(url: str, model: str = "embed") -> float:
     text = urllib.request.urlopen(f"http://{url}/metrics", timeout=30).read().decode()
     return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith('aclserve_queue_depth{model="embed"'))
+               if line.startswith(f'aclserve_queue_depth{{model="{model}"'))
 
 
 def infer(url: str, ids: list[int]):
@@ -79,6 +79,65 @@ def test_a_request_the_model_cannot_run_fails_alone(embedding_dir, make_config, 
         retried = metric(srv.url, "aclserve_batch_faults_total", 'model="embed",outcome="retried",version="1"')
         assert failed == 2 and retried == len(requests) - 1  # the batch, then the bad request's own run
         assert infer(srv.url, [3, 3, 3, 3])[0] == 200
+    finally:
+        gate.set()
+        srv.close()
+
+
+def stats_of(url: str, model: str) -> dict:
+    with urllib.request.urlopen(f"http://{url}/v2/models/{model}/stats", timeout=30) as resp:
+        return json.loads(resp.read())["model_stats"][0]
+
+
+def infer_tokens(url: str, ids: list[list[int]]):
+    body = json.dumps({"inputs": [{"name": "ids", "datatype": "INT32", "shape": [len(ids), 3],
+                                   "data": sum(ids, [])}]}).encode()
+    req = urllib.request.Request(f"http://{url}/v2/models/tokens/infer", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_the_statistics_count_the_runs_that_answered_a_re_run_batch(tmp_path, make_config, clean_faults):
+    """Three good 2-row requests batched with a bad 1-row one (7 rows, gear 8): the batch failed
+    and its parts answered the good ones, but the statistics counted the whole as one successful
+    run of 7 rows in gear 8 (a scheduling tester: batch_stats summed 35 rows where 30 were
+    answered, a "7" batch size that never ran, padding for gear 8). Each part that ran is a run of
+    its own, with its own gear, rows and times; the failed batch and the failed part are none."""
+    models = tmp_path / "models"
+    models.mkdir()
+    save_graph(token_graph(), models / "tokens.onnx")  # gears 1, 2, 4, 8
+    # one slot: the held run keeps it while the rest queue; a value range past the table lets 500 reach the device
+    (models / "tokens.yaml").write_text("slots: 1\ninputs: {ids: {value_range: [-1000, 1000]}}\n")
+    srv = ServerThread(make_config(models)).start()
+    gate = threading.Event()
+    try:
+        held = faults.inject("execute", nth=1, hold=gate, code=0)  # the first run waits: the others queue
+        good = [[[i, i + 1, i + 2], [i + 3, i + 4, i + 5]] for i in range(3)]
+        batched = good[:2] + [[[1, 500, 2]]] + good[2:]
+        with concurrent.futures.ThreadPoolExecutor(len(batched) + 1) as pool:
+            first = pool.submit(infer_tokens, srv.url, [[7, 8, 9]])
+            assert held.entered.wait(30)
+            rest = [pool.submit(infer_tokens, srv.url, ids) for ids in batched]
+            asyncio.run(wait_for(lambda: queued(srv.url, "tokens") == len(rest), limit_s=30))
+            gate.set()
+            statuses = [first.result()[0]] + [f.result()[0] for f in rest]
+        assert statuses == [200, 200, 200, 500, 200]
+        labels = 'model="tokens",version="1"'
+        assert metric(srv.url, "aclserve_batch_faults_total", 'model="tokens",outcome="failed",version="1"') == 2
+        stats = stats_of(srv.url, "tokens")
+        sizes = {entry["batch_size"]: entry["compute_infer"]["count"] for entry in stats["batch_stats"]}
+        assert (stats["execution_count"], sizes, stats["inference_count"]) == (4, {1: 1, 2: 3}, 7)
+        assert sum(size * count for size, count in sizes.items()) == stats["inference_count"]
+        # one request per run here: each answered request's compute times are its own run's
+        for phase in ("compute_input", "compute_infer", "compute_output"):
+            assert stats["inference_stats"][phase]["ns"] == sum(entry[phase]["ns"] for entry in stats["batch_stats"])
+        assert metric(srv.url, "aclserve_batch_size_count", labels) == 4
+        assert metric(srv.url, "aclserve_batch_size_sum", labels) == 1 + 2 * 3  # gears 1, 2, 2, 2
+        assert metric(srv.url, "aclserve_compute_duration_seconds_count", labels) == 4
+        assert metric(srv.url, "aclserve_padding_rows_total", labels) == 0
     finally:
         gate.set()
         srv.close()
