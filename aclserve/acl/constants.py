@@ -164,9 +164,12 @@ ACL_CALLBACK_NO_BLOCK = 0
 ACL_CALLBACK_BLOCK = 1
 
 ACL_DYNAMIC_TENSOR_NAME = DYNAMIC_BATCH_INPUT
-# aclAippInputFormat: the AIPP input formats aclserve compiles (get_first_aipp_info's inputFormat)
+# aclAippInputFormat (get_first_aipp_info's inputFormat); aclserve compiles RGB888_U8 and YUV400_U8
 ACL_RGB888_U8 = 3
 ACL_YUV400_U8 = 4
+AIPP_FORMAT_NAMES = {1: "YUV420SP_U8", 2: "XRGB8888_U8", 3: "RGB888_U8", 4: "YUV400_U8", 7: "ARGB8888_U8",
+                     8: "YUYV_U8", 9: "YUV422SP_U8", 10: "AYUV444_U8", 11: "RAW10", 12: "RAW12", 13: "RAW16",
+                     14: "RAW24"}
 ACL_DYNAMIC_AIPP_NAME = "ascend_dynamic_aipp_data"  # the input an OM of dynamic AIPP takes its parameters in
 
 # -- formats -----------------------------------------------------------------------------------

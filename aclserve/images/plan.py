@@ -87,6 +87,9 @@ def build_plan(image: ImageInput, spec: TensorSpec) -> ImagePlan:
     name = spec.name
     dims = list(spec.shape[1:])
     rows = -1 if spec.batched else (spec.shape[0] if spec.shape else 0)
+    if spec.raw_aipp_format:
+        raise PlanError(f"image input {name!r}: its static AIPP takes {spec.raw_aipp_format}, which images do not "
+                        f"feed; clients send that buffer as UINT8 {list(spec.shape)} (remove its image settings)")
     if rows == 0 or len(dims) not in (2, 3):
         raise PlanError(f"image input {name!r}: the model input must be [N, H, W, C], [N, C, H, W] or [N, H, W]; "
                         f"it is {list(spec.shape)}")

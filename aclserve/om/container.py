@@ -15,7 +15,9 @@ Header keys: name, producer, created (ISO-8601 UTC), source {path, sha256}, payl
 inputs / outputs: [{name, datatype (KServe name), acl_dtype, format, dims}], the dynamic-batch
 input (named `ascend_mbatch_shape_data`, as ATC adds it) listed last among the inputs with
 {"dynamic_batch": true}, gears (ascending batch sizes, [] when static), options (compile options).
-Dims use -1 for the batch dimension of a dynamic-batch model.
+Dims use -1 for the batch dimension of a dynamic-batch model. A tensor may also record `size`, the
+bytes the runtime reports for it (at the largest gear); the compiler leaves it out, so the CPU
+runtime computes it from the dims (an AIPP input's as get_input_dims_v2 gives them).
 """
 from __future__ import annotations
 

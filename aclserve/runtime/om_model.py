@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 
 from ..acl import AclError, check, check_handle, release
@@ -64,6 +65,7 @@ class OmModel:
                 self._describe()
                 if self.gears:
                     refuse_outputs_not_batch_first(acl, self)
+                self._refuse_sizes_not_of_dims()  # (after the batch axes: a size off by those says less)
             except AclError as e:  # a LoadError with its cause: retried only if the device ran short
                 raise LoadError(f"model {self.name}: reading the description of {self.path} failed ({e})") from e
             undo.pop_all()
@@ -153,7 +155,11 @@ class OmModel:
         mdl = self._acl.mdl
         if is_input:
             name = mdl.get_input_name_by_index(self.desc, index)
-            dims = check("mdl.get_input_dims", mdl.get_input_dims(self.desc, index))
+            # v2 where pyACL has it: an input behind static AIPP as its buffer is laid out (YUV420SP:
+            # [N, 1.5H, W, 1]), whose product is its size; get_input_dims gives the picture's [N, H, W, C]
+            dims_v2 = getattr(mdl, "get_input_dims_v2", None)
+            dims = (check("mdl.get_input_dims_v2", dims_v2(self.desc, index)) if dims_v2 is not None
+                    else check("mdl.get_input_dims", mdl.get_input_dims(self.desc, index)))
             acl_dtype = mdl.get_input_data_type(self.desc, index)
             fmt = mdl.get_input_format(self.desc, index)
             size = self.input_sizes[index]
@@ -173,9 +179,34 @@ class OmModel:
             raise LoadError(f"model {self.name}: tensor {name!r} has ACL data type {acl_dtype}, "
                             "which aclserve cannot serve") from None
         rows = self.gears[-1] if self.gears else 1
+        aipp_color, raw_aipp_format = self._static_aipp(index, name) if is_input else (None, None)
         return TensorSpec(name=name, datatype=datatype, dtype=acl_to_numpy(acl_dtype), shape=shape,
                           format=C.FORMAT_NAMES.get(fmt, str(fmt)), bytes_per_sample=size // rows,
-                          aipp_color=self._aipp_color(index, name) if is_input else None)
+                          aipp_color=aipp_color, raw_aipp_format=raw_aipp_format)
+
+    def _refuse_sizes_not_of_dims(self) -> None:
+        input_sizes = [self.input_sizes[i] for i in self.input_indices]
+        for kind, specs, sizes in (("input", self.inputs, input_sizes), ("output", self.outputs, self.output_sizes)):
+            for spec, size in zip(specs, sizes):
+                self._refuse_size_not_of_dims(spec, size, kind)
+
+    def _refuse_size_not_of_dims(self, spec: TensorSpec, size: int, kind: str) -> None:
+        """The slots lay a tensor's buffer out by its dims, a row of the size the model reports:
+        the two must agree, or the load fails here (it failed as a numpy reshape error, or copied
+        rows of the wrong size, for an ATC OM's YUV420SP input read with get_input_dims)."""
+        rows = self.gears[-1] if self.gears else 1
+        row_bytes = math.prod(spec.sample_shape if self.gears else spec.shape) * spec.dtype.itemsize
+        if row_bytes * rows == size:
+            return
+        a_row = " a row" if self.gears else ""
+        reported = f"{size // rows:,} bytes a row ({size:,} at batch {rows})" if self.gears else f"{size:,} bytes"
+        aipp = f" (static AIPP of input format {spec.raw_aipp_format})" if spec.raw_aipp_format else ""
+        why = ("" if not spec.raw_aipp_format or hasattr(self._acl.mdl, "get_input_dims_v2") else
+               "; this pyACL has no acl.mdl.get_input_dims_v2, which gives the dims of that format's buffer (with "
+               "it, the input is served as its raw bytes)")
+        raise LoadError(f"model {self.name}: {kind} {spec.name!r}{aipp} has the dims {list(spec.shape)} of "
+                        f"{spec.datatype}, {row_bytes:,} bytes{a_row}, but the model reports {reported} for it: "
+                        f"aclserve cannot lay out its buffer{why}")
 
     def _batch_first(self, name: str, shape: tuple[int, ...], is_input: bool) -> tuple[int, ...]:
         """A gear model's tensor with dimension 0 as its batch (-1). An input's batch is
@@ -188,29 +219,32 @@ class OmModel:
                             "compile it with -1 as that input's first dimension, or without gears")
         return (-1,) + shape[1:] if shape and shape[0] > 0 else shape
 
-    def _aipp_color(self, index: int, name: str) -> str | None:
-        """The pixels input `index`'s static AIPP takes: RGB888 is rgb, or bgr when its AIPP
-        swaps R and B (rbuv_swap_switch: the host sends BGR, as ATC's examples and
-        `aclserve compile --image-input bgr` mean it); YUV400 is gray; None without AIPP. An
-        input format aclserve does not compile, or a call that fails, is None with a note: the
-        image settings must then say the colour."""
+    def _static_aipp(self, index: int, name: str) -> tuple[str | None, str | None]:
+        """(colour, raw format) of input `index`'s static AIPP. The colour is the pixels it takes:
+        RGB888 is rgb, or bgr when its AIPP swaps R and B (rbuv_swap_switch: the host sends BGR,
+        as ATC's examples and `aclserve compile --image-input bgr` mean it); YUV400 is gray. Any
+        other input format (YUV420SP_U8, ...) is the raw format: the input is served as its buffer,
+        which images cannot feed. (None, None) without AIPP, or with a note when the call fails:
+        the image settings must then say the colour."""
         call = getattr(self._acl.mdl, "get_first_aipp_info", None)  # (a pyACL without it: none said)
         if index == self.dynamic_index or call is None:
-            return None
+            return None, None
         info, ret = call(self.model_id, index)
         if ret in (C.ACL_ERROR_GE_AIPP_NOT_EXIST, C.ACL_ERROR_NOT_STATIC_AIPP):
-            return None
+            return None, None
         if ret != C.ACL_SUCCESS or not info:
             log.info("model %s: input %r: acl.mdl.get_first_aipp_info failed with %s; its image colour order "
                      "is what its settings say", self.name, name, ret)
-            return None
-        if info.get("inputFormat") == C.ACL_YUV400_U8:
-            return "gray"
-        if info.get("inputFormat") == C.ACL_RGB888_U8:
-            return "bgr" if info.get("rbuvSwapSwitch") else "rgb"
-        log.info("model %s: input %r takes AIPP input format %s, which image inputs do not feed",
-                 self.name, name, info.get("inputFormat"))
-        return None
+            return None, None
+        input_format = info.get("inputFormat")
+        if input_format == C.ACL_YUV400_U8:
+            return "gray", None
+        if input_format == C.ACL_RGB888_U8:
+            return "bgr" if info.get("rbuvSwapSwitch") else "rgb", None
+        raw = C.AIPP_FORMAT_NAMES.get(input_format, f"aclAippInputFormat {input_format}")
+        log.info("model %s: input %r takes AIPP input format %s, which image inputs do not feed: it is served as "
+                 "its raw buffer", self.name, name, raw)
+        return None, raw
 
     # -- teardown ----------------------------------------------------------------------------
     def close(self) -> None:

@@ -23,6 +23,9 @@ class TensorSpec:
     # an input behind static AIPP: the pixels its AIPP takes (rgb, bgr: RGB888 with R and B
     # swapped, gray: YUV400), as acl.mdl.get_first_aipp_info reports it; None otherwise
     aipp_color: str | None = None
+    # an input behind static AIPP of another format (YUV420SP_U8, ...): its name. The input is its
+    # raw buffer, as get_input_dims_v2 lays it out (YUV420SP: [N, 1.5H, W, 1] uint8); images cannot feed it
+    raw_aipp_format: str | None = None
 
     @property
     def batched(self) -> bool:

@@ -65,7 +65,8 @@ def _input_format(spec: TensorSpec, dims: list[int]) -> str:
     """FORMAT_NCHW / FORMAT_NHWC for an input laid out as a picture of a fixed size with 1 or 3
     channels (Triton's image_client needs one of the two), FORMAT_NONE for any other: image_client
     would resize to a size of -1, or feed a 4-channel tensor as RGB."""
-    if len(dims) != 3 or min(dims) < 1 or spec.datatype == "BYTES":  # (an ATC OM may have dynamic H and W)
+    # (an ATC OM may have dynamic H and W; a raw AIPP buffer, YUV420SP's [1.5H, W, 1] say, is no picture)
+    if len(dims) != 3 or min(dims) < 1 or spec.datatype == "BYTES" or spec.raw_aipp_format:
         return "FORMAT_NONE"
     layout = picture_layout(spec.format, dims)
     channels = dims[0] if layout == "NCHW" else dims[-1] if layout == "NHWC" else None

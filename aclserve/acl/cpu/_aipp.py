@@ -1,5 +1,5 @@
 """What acl.mdl.get_first_aipp_info reports on the CPU runtime: the static AIPP a CPU OM's
-header records.
+header records; and what acl.mdl.get_input_dims_v2 reports for its input.
 
 pyACL returns (dict, 0), the dict keyed like aclAippInfo, or (None, ret): 145015
 (ACL_ERROR_GE_AIPP_NOT_EXIST) for an input without static AIPP. The dict holds the fields a
@@ -13,7 +13,14 @@ import struct
 
 from .. import constants as C
 
-_INPUT_FORMATS = {"RGB888_U8": C.ACL_RGB888_U8, "YUV400_U8": C.ACL_YUV400_U8}
+# aclmdlGetInputDimsV2's table for static AIPP (NHWC): the format's (H factor as a fraction, C); the
+# product of those dims is the buffer get_input_size_by_index reports. The CPU compiler writes
+# RGB888_U8 and YUV400_U8 only (both as the picture's own dims); a header naming another format is
+# a hand-made stand-in for an ATC OM taking it (its ONNX graph still takes the picture's dims).
+_V2_DIMS = {"YUV420SP_U8": ((3, 2), 1), "XRGB8888_U8": ((1, 1), 4), "RGB888_U8": ((1, 1), 3),
+            "YUV400_U8": ((1, 1), 1), "ARGB8888_U8": ((1, 1), 4), "YUYV_U8": ((1, 1), 2),
+            "YUV422SP_U8": ((2, 1), 1)}
+_INPUT_FORMATS = {name: code for code, name in C.AIPP_FORMAT_NAMES.items() if name in _V2_DIMS}
 
 
 def aipp_info(op: dict) -> dict:
@@ -37,3 +44,13 @@ def aipp_info(op: dict) -> dict:
 
 def _c_float(value: float) -> float:
     return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def dims_v2(input_format: str, dims: tuple[int, ...]) -> tuple[int, ...]:
+    """get_input_dims_v2's dims of an input of NHWC `dims` behind a static AIPP of `input_format`;
+    KeyError for a format the table has no row for, ValueError for dims it cannot take."""
+    (num, den), channels = _V2_DIMS[input_format]
+    n, height, width, _ = dims
+    if height * num % den:
+        raise ValueError(f"AIPP input format {input_format} takes an even height, not {height}")
+    return n, height * num // den, width, channels

@@ -61,11 +61,11 @@ def tensor(handle: int, index: int, outputs: bool):
     return tensors[index] if 0 <= index < len(tensors) else None
 
 
-def dims(handle: int, index: int, outputs: bool, current: bool = False) -> tuple[dict, int]:
+def dims(handle: int, index: int, outputs: bool, current: bool = False, v2: bool = False) -> tuple[dict, int]:
     t = tensor(handle, index, outputs)
     if t is None:
         return {}, C.ACL_ERROR_INVALID_PARAM
-    values = list(t.dims)
+    values = list(t.dims_v2 if v2 else t.dims)  # (v2: an AIPP input's buffer, whose product is its size)
     if outputs and -1 in values:
         # An output is reported at a gear, never with -1 (an input is: [-1, 3, 224, 224]). CANN's
         # aclmdlGetOutputDims page: with dynamic batch, the largest gear's dims; its
@@ -79,7 +79,7 @@ def dims(handle: int, index: int, outputs: bool, current: bool = False) -> tuple
 
 def size(handle: int, index: int, outputs: bool) -> int:
     t = tensor(handle, index, outputs)
-    return t.size_at(descs[handle].model.info.max_batch) if t is not None else 0
+    return t.size if t is not None else 0
 
 
 def index_by_name(handle: int, name: str, outputs: bool) -> tuple[int, int]:

@@ -59,9 +59,13 @@ class LoadedModel:
         self.set_batch: int | None = None
         self._bindings: dict = {}
         inputs, outputs = info.inputs, info.outputs
-        self._in_min = [max(t.size_at(info.max_batch) - _PAD_TOLERANCE, 0) for t in inputs]
-        self._out_min = [max(t.size_at(info.max_batch) - _PAD_TOLERANCE, 0) for t in outputs]
+        self._in_min = [max(t.size - _PAD_TOLERANCE, 0) for t in inputs]  # (GE checks the size it reports)
+        self._out_min = [max(t.size - _PAD_TOLERANCE, 0) for t in outputs]
         self._onnx_in = [i for i in range(len(inputs)) if i != info.mbatch_index]
+        # a header whose sizes are not what its graph binds (a hand-made stand-in for an ATC OM
+        # taking YUV420SP, say) describes itself as the device would, but cannot run here
+        self._unrunnable = [f"{t.name!r} ({t.size} bytes reported, {t.size_at(info.max_batch)} in its graph)"
+                            for t in inputs + outputs if t.size != t.size_at(info.max_batch)]
 
     def close(self) -> None:
         with self.lock:  # waits for a running execution
@@ -139,6 +143,10 @@ class LoadedModel:
         try:
             if self.closed:
                 return C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+            if self._unrunnable:
+                log.error("model %d: the CPU runtime cannot execute it: its header's sizes are not its ONNX "
+                          "graph's: %s", self.id, ", ".join(self._unrunnable))
+                return C.ACL_ERROR_GE_PARAM_INVALID
             batch, ret = self._batch(in_ds)
             if ret:
                 return ret

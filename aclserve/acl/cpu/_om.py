@@ -12,7 +12,7 @@ import os
 from ...dtypes import acl_to_numpy, kserve_to_acl
 from ...om import atc_om, container
 from .. import constants as C
-from ._aipp import aipp_info
+from ._aipp import aipp_info, dims_v2
 
 log = logging.getLogger("aclserve.acl.cpu")
 
@@ -24,7 +24,8 @@ _FORMATS = {"UNDEFINED": -1, "NCHW": 0, "NHWC": 1, "ND": 2, "NC1HWC0": 3, "FRACT
 class TensorDesc:
     """One model input or output as the descriptor reports it; -1 in dims marks the batch."""
 
-    __slots__ = ("name", "onnx_name", "acl_dtype", "dtype", "format", "dims", "dynamic_batch", "_sample_bytes")
+    __slots__ = ("name", "onnx_name", "acl_dtype", "dtype", "format", "dims", "dims_v2", "size", "dynamic_batch",
+                 "_sample_bytes")
 
     def __init__(self, entry: dict):
         # `name` is what the descriptor reports (outputs: ATC's "<node>:<index>:<tensor>" where
@@ -41,11 +42,18 @@ class TensorDesc:
             raise ValueError(f"tensor {self.name!r} has invalid dims {list(self.dims)}")
         self.dynamic_batch = bool(entry.get("dynamic_batch", False))
         self._sample_bytes = math.prod(d for d in self.dims if d != -1) * self.dtype.itemsize
+        self.dims_v2 = self.dims  # an input behind static AIPP: ModelInfo sets them from its format
+        # what get_*_size_by_index reports: a header may record it (GE reads it from the OM's tensor
+        # descriptor); the compiler does not, and ModelInfo computes it from dims_v2 at the largest gear
+        self.size = entry.get("size")
+        if self.size is not None and (type(self.size) is not int or self.size <= 0):
+            raise ValueError(f"tensor {self.name!r} has invalid size {self.size!r}")
 
     def shape_at(self, batch: int) -> tuple[int, ...]:
         return tuple(batch if d == -1 else d for d in self.dims)
 
     def size_at(self, batch: int) -> int:
+        """The bytes its ONNX graph takes at `batch` (what the execution binds)."""
         return self._sample_bytes * (batch if -1 in self.dims else 1)
 
 
@@ -69,6 +77,15 @@ class ModelInfo:
         # input index -> its static AIPP as get_first_aipp_info reports it (from the compile's
         # summary); the gear input comes after them
         self.aipp = {int(op["related_input_rank"]): aipp_info(op) for op in header.get("aipp", []) or []}
+        for rank in self.aipp:
+            if not 0 <= rank < len(self.inputs):
+                raise ValueError(f"an AIPP entry feeds input {rank}, of {len(self.inputs)}")
+        for op in header.get("aipp", []) or []:
+            image_input = self.inputs[int(op["related_input_rank"])]
+            image_input.dims_v2 = dims_v2(op["input_format"], image_input.dims)
+        for t in self.inputs + self.outputs:
+            if t.size is None:
+                t.size = math.prod(self.max_batch if d == -1 else d for d in t.dims_v2) * t.dtype.itemsize
         self.payload_len = payload_len
 
     @property

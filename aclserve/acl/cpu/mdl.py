@@ -127,7 +127,7 @@ def get_input_dims(model_desc, index):
 
 @api("acl.mdl.get_input_dims_v2", PTR, PTR)
 def get_input_dims_v2(model_desc, index):
-    return _desc.dims(model_desc, index, outputs=False)
+    return _desc.dims(model_desc, index, outputs=False, v2=True)
 
 
 @api("acl.mdl.get_output_dims", PTR, PTR)

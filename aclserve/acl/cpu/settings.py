@@ -40,7 +40,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE
 # ("media": the whole acl.media, which a pyACL built without DVPP lacks)
 OPTIONAL_CALLS = ("rt.synchronize_event_with_timeout", "rt.synchronize_stream_with_timeout",
                   "rt.create_event_ex_with_flag", "rt.set_stream_failure_mode", "rt.stream_abort", "get_soc_name",
-                  "mdl.get_first_aipp_info", "media", "util.bytes_to_ptr")
+                  "mdl.get_first_aipp_info", "mdl.get_input_dims_v2", "media", "util.bytes_to_ptr")
 
 _threads_override: int | None = None
 
