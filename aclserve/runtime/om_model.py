@@ -191,12 +191,13 @@ class OmModel:
                 self._refuse_size_not_of_dims(spec, size, kind)
 
     def _refuse_size_not_of_dims(self, spec: TensorSpec, size: int, kind: str) -> None:
-        """The slots lay a tensor's buffer out by its dims, a row of the size the model reports:
-        the two must agree, or the load fails here (it failed as a numpy reshape error, or copied
-        rows of the wrong size, for an ATC OM's YUV420SP input read with get_input_dims)."""
+        """The slots lay a tensor's buffer out by its dims in the size the model reports: a size
+        smaller than the dims need fails the load here (it failed as a numpy reshape error for an
+        ATC OM's YUV420SP input read with get_input_dims). A larger one (a padded buffer) loads, as
+        it did: rows are laid out by the dims, copies take whole rows of the reported size."""
         rows = self.gears[-1] if self.gears else 1
         row_bytes = math.prod(spec.sample_shape if self.gears else spec.shape) * spec.dtype.itemsize
-        if row_bytes * rows == size:
+        if row_bytes * rows <= size:
             return
         a_row = " a row" if self.gears else ""
         reported = f"{size // rows:,} bytes a row ({size:,} at batch {rows})" if self.gears else f"{size:,} bytes"

@@ -62,10 +62,11 @@ class LoadedModel:
         self._in_min = [max(t.size - _PAD_TOLERANCE, 0) for t in inputs]  # (GE checks the size it reports)
         self._out_min = [max(t.size - _PAD_TOLERANCE, 0) for t in outputs]
         self._onnx_in = [i for i in range(len(inputs)) if i != info.mbatch_index]
-        # a header whose sizes are not what its graph binds (a hand-made stand-in for an ATC OM
-        # taking YUV420SP, say) describes itself as the device would, but cannot run here
+        # a header whose sizes are smaller than what its graph binds (a hand-made stand-in for an ATC
+        # OM taking YUV420SP, say) describes itself as the device would, but cannot run here (a
+        # larger one, a device's padded buffer, can: the graph binds its own bytes of it)
         self._unrunnable = [f"{t.name!r} ({t.size} bytes reported, {t.size_at(info.max_batch)} in its graph)"
-                            for t in inputs + outputs if t.size != t.size_at(info.max_batch)]
+                            for t in inputs + outputs if t.size < t.size_at(info.max_batch)]
 
     def close(self) -> None:
         with self.lock:  # waits for a running execution
