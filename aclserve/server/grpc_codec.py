@@ -137,7 +137,8 @@ def _from_contents(name: str, contents, spec, shape: list[int], count: int) -> n
     return arr.reshape(shape)
 
 
-def _uint_parameter(params, key: str) -> int | None:
+def _uint_parameter(params, key: str, owner: str = "") -> int | None:
+    """`owner` starts the message of a refusal ("output 'y': "), as HTTP names the output."""
     if key not in params:
         return None
     param = params[key]
@@ -148,7 +149,8 @@ def _uint_parameter(params, key: str) -> int | None:
         value = param.int64_param
     else:
         shown = f"{kind} {quoted(getattr(param, kind))}" if kind else "no value"
-        raise InvalidInput(f"parameters.{key} must be a non-negative int64_param or uint64_param, got {shown}")
+        raise InvalidInput(f"{owner}parameters.{key} must be a non-negative integer (int64_param or uint64_param), "
+                           f"got {shown}")
     return value
 
 
@@ -175,7 +177,7 @@ def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
         classes = 0
         if item.parameters:
             refuse_shared_memory(item.parameters, f"output '{name}'")
-            classes = _uint_parameter(item.parameters, "classification") or 0
+            classes = _uint_parameter(item.parameters, "classification", f"output '{name}': ") or 0
         result.append(RequestedOutput(name, None, classes))
     return tuple(result)
 
