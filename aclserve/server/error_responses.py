@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from typing import TYPE_CHECKING
 
 import orjson
@@ -17,6 +18,7 @@ from ..logs import surrogates_escaped
 from .app_keys import STATE
 from .body import BodyTimeout
 from .http_errors import error_headers, http_status, retry_after
+from .views import EMPTY_MODEL_NAME
 
 if TYPE_CHECKING:
     from .state import ServerState
@@ -35,6 +37,9 @@ def error_body(message: str) -> bytes:
 
 
 V2_HINT = "use /v2/models/{model}/infer, with the KServe SDK RESTConfig(protocol='v2')"
+# a model route whose model is empty ("/v2/models//ready"): no route takes it, and it is the
+# request's fault, as gRPC's INVALID_ARGUMENT for an empty model name says (and Triton's HTTP 400)
+_EMPTY_MODEL = re.compile(r"/v2/(repository/)?models//|/v2/models/$")
 
 
 def json_error(message: str, status: int, retry_after: float | None = None,
@@ -99,6 +104,8 @@ def _error_response(request: web.Request, state: ServerState | None, exc: Except
         if isinstance(exc, web.HTTPRequestEntityTooLarge):
             limit = f"{state.config.max_body_bytes} bytes" if state is not None else "the configured size"
             message = f"request body exceeds the limit of {limit} (max_body_bytes)"
+        elif isinstance(exc, web.HTTPNotFound) and _EMPTY_MODEL.match(request.path):
+            return json_error(f"{EMPTY_MODEL_NAME} ({request.method} {request.path})", 400)
         elif isinstance(exc, web.HTTPNotFound):
             message = f"no route for {request.method} {request.path}"
             if request.path.startswith("/v1/") or request.path in ("/", "/v1"):  # (the KServe SDK's default)

@@ -119,8 +119,8 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     @rpc
     async def ModelReady(self, request, context):
         """ready=false for a model or version the repository does not know, not NOT_FOUND: as
-        Triton (its ModelIsReady succeeds with ready false), so that tritonclient's
-        is_model_ready answers False over gRPC as over HTTP."""
+        Triton (its ModelIsReady succeeds with ready false, for an empty name too), so that
+        tritonclient's is_model_ready answers False over gRPC as over HTTP."""
         self._model_access(context)
         try:
             ready = views.model_ready(self.state, request.name, _version(request.version))
@@ -134,7 +134,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     @rpc
     async def ModelMetadata(self, request, context):
         self._model_access(context)
-        doc = views.metadata(self.state, request.name, _version(request.version))
+        doc = views.metadata(self.state, views.model_name(request.name), _version(request.version))
         # a tensor's `parameters` (an image input's decoding, an output's label file) have no
         # field in Triton's TensorMetadata; the labels are in ModelConfig's label_filename
         return json_format.ParseDict(doc, pb.ModelMetadataResponse(), ignore_unknown_fields=True)
@@ -142,7 +142,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     @rpc
     async def ModelConfig(self, request, context):
         self._model_access(context)
-        doc = views.config(self.state, request.name, _version(request.version))
+        doc = views.config(self.state, views.model_name(request.name), _version(request.version))
         return pb.ModelConfigResponse(config=json_format.ParseDict(doc, mc.ModelConfig()))
 
     @rpc
@@ -167,8 +167,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         self.state.auth.check_repository_value(_authorization(context), control=True)
         await _one_repository(request, context)
         views.check_load_parameters(request.parameters.keys())
-        _check_model_name(request.model_name)
-        await self.state.repo.load(request.model_name)
+        await self.state.repo.load(views.model_name(request.model_name))
         return pb.RepositoryModelLoadResponse()
 
     @rpc
@@ -177,8 +176,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         await _one_repository(request, context)
         if request.parameters["unload_dependents"].WhichOneof("parameter_choice") not in (None, "bool_param"):
             raise InvalidInput("parameters.unload_dependents must be a bool_param")  # (absent: an empty one)
-        _check_model_name(request.model_name)
-        await self.state.repo.unload(request.model_name)
+        await self.state.repo.unload(views.model_name(request.model_name))
         return pb.RepositoryModelUnloadResponse()
 
     # -- extensions not offered ------------------------------------------------------------------
@@ -282,9 +280,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         except ServeError as refusal:
             await count_unparsed(self.state, message, refusal, fallback_id)
             raise
-        if not request.model_name:
-            raise InvalidInput("model_name must not be empty")
-        return await counted_infer(self.state, request.model_name, _version(request.model_version),
+        return await counted_infer(self.state, views.model_name(request.model_name), _version(request.model_version),
                                    functools.partial(_infer, request, raw_contents, self.state, fallback_id, lease),
                                    protocol="grpc", known_id=request.id or fallback_id)
 
@@ -393,8 +389,3 @@ async def _one_repository(request, context) -> None:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "'repository_name' specification is not supported" + (
             " (from a client built on KServe's grpc_predict_v2.proto? Its model_name is this field: use Triton's "
             "grpc_service.proto, as tritonclient does)" if kserve else ""))
-
-
-def _check_model_name(name: str) -> None:
-    if not name:
-        raise InvalidInput("model_name must not be empty")

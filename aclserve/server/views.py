@@ -13,12 +13,22 @@ from .model_info import model_config, model_metadata
 from .model_stats import model_stats
 
 SERVER_NAME = "aclserve"
+EMPTY_MODEL_NAME = "model name must not be empty"
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository",
               "schedule_policy", "statistics", "trace"]
 
 
 def version_key(version: str):
     return (0, int(version)) if version.isdigit() else (1, version)
+
+
+def model_name(name: str) -> str:
+    """`name`, a request's model; InvalidInput when it is empty (over gRPC a field left unset:
+    every RPC naming one model refuses it alike, but ModelReady, false as Triton answers; HTTP
+    has no route for it and answers 400 the same: error_responses.py)."""
+    if not name:
+        raise InvalidInput(EMPTY_MODEL_NAME)
+    return name
 
 
 def server_metadata() -> dict:

@@ -61,7 +61,7 @@ def typed(request):
 
 
 HOSTILE = {
-    "no model name": (edit(lambda r: setattr(r, "model_name", "")), INVALID, "model_name"),
+    "no model name": (edit(lambda r: setattr(r, "model_name", "")), INVALID, "model name must not be empty"),
     "unknown model": (edit(lambda r: setattr(r, "model_name", "nope")), NOT_FOUND, "unknown model"),
     "unknown version": (edit(lambda r: setattr(r, "model_version", "7")), NOT_FOUND, "no version 7"),
     "5000-digit version": (edit(lambda r: setattr(r, "model_version", "9" * 5000)), INVALID, "at most 18 digits"),
@@ -147,11 +147,11 @@ def test_oversize_message_and_other_rpcs(stub):
          "version must be a positive integer, got 'x'"),
         (stub.ModelReady, pb.ModelReadyRequest(name="affine", version="x"), INVALID, "positive integer"),
         (stub.ModelMetadata, pb.ModelMetadataRequest(name="affine", version="7"), NOT_FOUND, "no version 7"),
-        (stub.ModelConfig, pb.ModelConfigRequest(name=""), NOT_FOUND, "unknown model"),
+        (stub.ModelConfig, pb.ModelConfigRequest(name=""), INVALID, "model name must not be empty"),
         (stub.ModelStatistics, pb.ModelStatisticsRequest(name="nope"), NOT_FOUND, "unknown model"),
         (stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name="affine"), INVALID,
          "model_control_mode is none"),
-        (stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest(model_name=""), INVALID, "model_name"),
+        (stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest(model_name=""), INVALID, "model name"),
         (stub.SystemSharedMemoryStatus, pb.SystemSharedMemoryStatusRequest(), grpc.StatusCode.UNIMPLEMENTED, ""),
     ]
     for method, request, code, text in calls:

@@ -1,5 +1,6 @@
-"""What a gRPC conformance tester found answered differently from HTTP: a classification
-refusal naming its output. A real server on real ports, the generated gRPC stub and aiohttp."""
+"""What a gRPC conformance tester found answered differently from HTTP, or from one RPC to the
+next: a classification refusal naming its output, and an empty model name. A real server on
+real ports, the generated gRPC stub and aiohttp."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from tests.serving import free_port, request, server_config, started_with_grpc
+
+EMPTY = "model name must not be empty"
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +57,38 @@ def test_a_negative_classification_is_refused_naming_its_output_as_over_http(srv
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and error.details().startswith(http), error.details()
     assert "int64_param" in error.details()  # and which parameter kinds gRPC takes
 
+
+def test_every_rpc_naming_a_model_refuses_an_empty_name_alike(stub):
+    calls = {
+        "ModelMetadata": (stub.ModelMetadata, pb.ModelMetadataRequest(name="")),
+        "ModelMetadata of a version": (stub.ModelMetadata, pb.ModelMetadataRequest(name="", version="1")),
+        "ModelConfig": (stub.ModelConfig, pb.ModelConfigRequest(name="")),
+        "ModelInfer": (stub.ModelInfer, affine(model="")),
+        "RepositoryModelLoad": (stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name="")),
+        "RepositoryModelUnload": (stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest(model_name="")),
+    }
+    answers = {}
+    for rpc, (call, message) in calls.items():
+        error = refusal(call, message)
+        answers[rpc] = (error.code(), error.details())
+    assert answers == {rpc: (grpc.StatusCode.INVALID_ARGUMENT, EMPTY) for rpc in calls}
+    streamed = next(stub.ModelStreamInfer(iter([affine(model="")])))
+    assert streamed.error_message == EMPTY
+    # as Triton answers (its ModelIsReady: ready false for a name it does not know, "" too), so
+    # that tritonclient's is_model_ready says False instead of raising
+    assert stub.ModelReady(pb.ModelReadyRequest(name="")).ready is False
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/v2/models//ready"), ("GET", "/v2/models/"),
+                                          ("GET", "/v2/models//versions/1/config"), ("POST", "/v2/models//infer"),
+                                          ("POST", "/v2/repository/models//load")])
+def test_an_empty_model_name_over_http_is_a_400_saying_so(srv, method, path):
+    """No route takes an empty model name, but the request is at fault, as gRPC says (and
+    Triton's HTTP answers 400), not a route that does not exist."""
+    status, _, body = request(srv, method, path, data=b"{}" if method == "POST" else None)
+    assert status == 400 and json.loads(body)["error"] == f"{EMPTY} ({method} {path})"
+
+
+def test_a_path_that_names_no_route_is_still_a_404(srv):
+    status, _, body = request(srv, "GET", "/v2/modelz//ready")
+    assert status == 404 and json.loads(body)["error"] == "no route for GET /v2/modelz//ready"
