@@ -1,8 +1,8 @@
 """What an infer request's answer may hold in memory, charged to its lease (budget.py) once the
 request is decoded and before it is queued, so the budget sees a model's large outputs as it
 sees large inputs: the outputs' arrays (the request's rows of the model's output shapes) and
-their encoding (JSON text, or the binary body's copies). A 413 names the answer; asking for
-binary outputs, or fewer rows, needs less. Dimensions the model leaves open count as 1 (an
+their encoding (JSON text, or the binary body's copies). A 413 names the answer and how to need
+less (answer_hint: binary outputs where some are JSON, else fewer rows). Dimensions the model leaves open count as 1 (an
 estimate, like the rest of the budget; Signature.output_rows).
 """
 from __future__ import annotations
@@ -40,3 +40,20 @@ def answer_bytes(sig: Signature, req: InferRequest, binary_copies: int, json_out
         else:
             total += array + values * JSON_BYTES_PER_VALUE
     return total
+
+
+def answer_hint(sig: Signature, req: InferRequest, json_outputs: bool) -> str:
+    """How the answer to `req` could need less, for its 413: binary outputs where some would be
+    JSON, else fewer rows (or fewer outputs, when it asks for all of several)."""
+    if json_outputs and _some_json(req):
+        return "ask for binary outputs (binary_data_output) or send fewer rows per request"
+    fewer_outputs = ", or ask only for the outputs needed" if req.outputs is None and len(sig.outputs) > 1 else ""
+    return f"send fewer rows per request{fewer_outputs}"
+
+
+def _some_json(req: InferRequest) -> bool:
+    """Whether an output of the answer is written as JSON (a classification is text either way)."""
+    if req.outputs is None:
+        return not req.binary_output
+    return any(not o.classification and not (req.binary_output if o.binary is None else o.binary)
+               for o in req.outputs)

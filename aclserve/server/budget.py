@@ -48,9 +48,9 @@ class MemoryBudget:
         over = self._over(lease, nbytes)
         if over == 413:
             self.refused[413] += 1
-            raise PayloadTooLarge(f"request needs about {_mb(total)} of server memory ({what}), over the "
-                                  f"per-request limit of {_mb(self.per_request)} (max_request_bytes); "
-                                  f"{hint or lease.hint}")
+            need, limit = _need_and_limit(total, self.per_request)
+            raise PayloadTooLarge(f"request needs about {need} of server memory ({what}), over the "
+                                  f"per-request limit of {limit} (max_request_bytes); {hint or lease.hint}")
         if over == 503:
             self.refused[503] += 1
             raise MemoryExhausted(f"server is busy: requests in flight hold {_mb(self.used)} of its "
@@ -121,3 +121,10 @@ def json_tensor_estimate(json_bytes: int, values: int | None = None) -> int:
 
 def _mb(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
+
+
+def _need_and_limit(need: int, limit: int) -> tuple[str, str]:
+    """A need over the limit and the limit, in MiB, or in bytes where MiB would print them the
+    same ("needs about 256.0 MiB ... over the limit of 256.0 MiB" was a need a few KiB over it)."""
+    shown = _mb(need), _mb(limit)
+    return (f"{need:,} bytes", f"{limit:,} bytes") if shown[0] == shown[1] else shown

@@ -34,7 +34,9 @@ from .grpc_arrivals import EVICT_AFTER_S, Arrival, Arrivals
 from .grpc_wire import names, scan
 from .infer import counted_infer
 
-GRPC_HINT = "send tensors in raw_input_contents rather than typed contents, or in smaller requests"
+# a 413's advice: the lease's (for what has no advice of its own), and a message's with typed contents
+GRPC_HINT = "send smaller requests"
+TYPED_CONTENTS_HINT = "send tensors in raw_input_contents rather than typed contents, or in smaller requests"
 
 
 async def receive(context, timeout_s: float, arrivals: Arrivals) -> bytes:
@@ -69,8 +71,9 @@ def parse(message: bytes, lease: Lease) -> tuple[pb.ModelInferRequest, list[memo
     """Charge `message` and what parsing and decoding it will hold to `lease`, then parse it:
     (the request, its raw_input_contents as views of `message`, or None: see grpc_wire.Layout)."""
     layout = scan(message)  # InvalidInput when it is no protobuf message at all
-    lease.take(len(message), "its message")
-    lease.take(layout.cost, "parsing and decoding its message")
+    hint = TYPED_CONTENTS_HINT if layout.typed else None
+    lease.take(len(message), "its message", hint)
+    lease.take(layout.cost, "parsing and decoding its message", hint)
     try:
         request = pb.ModelInferRequest.FromString(message)
     except DecodeError as e:

@@ -37,7 +37,7 @@ from ..errors import InvalidInput, NotFound, PayloadTooLarge, ServeError, Shutti
 from ..trace import now_ns
 from ..trace.settings import KEYS
 from . import views
-from .answer_size import answer_bytes
+from .answer_size import answer_bytes, answer_hint
 from .body import BodyTimeout, timeout_at
 from .budget import Lease
 from .open_calls import SHUTDOWN_MESSAGE, OpenCalls
@@ -376,7 +376,8 @@ async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id
     else:
         req = decode_infer_request(request, rec.signature, raw_contents)
     # outputs are binary: each array's bytes, then the response message's copy of them
-    lease.take(answer_bytes(rec.signature, req, binary_copies=2, json_outputs=False), "its answer")
+    lease.take(answer_bytes(rec.signature, req, binary_copies=2, json_outputs=False), "its answer",
+               answer_hint(rec.signature, req, json_outputs=False))
     return await run_decoded(rec, req, trace, encode_infer_response, state.images, pinned=bool(request.model_version),
                              lease=lease)
 

@@ -40,10 +40,12 @@ _LEN = 2  # wire type of length-delimited fields
 class Layout:
     """`cost`: bytes parsing and decoding may hold beyond the message. `raw_contents`: the
     raw_input_contents entries, in order, as views of the message (None when the message has
-    more than MAX_FIELDS fields: it is charged the worst case and decoded the ordinary way)."""
+    more than MAX_FIELDS fields: it is charged the worst case and decoded the ordinary way).
+    `typed`: an input has typed `contents` (a refusal's advice then is raw_input_contents)."""
 
     cost: int
     raw_contents: list[memoryview] | None
+    typed: bool = False
 
 
 class _TooManyFields(Exception):
@@ -57,7 +59,7 @@ def scan(message: bytes) -> Layout:
         cost, raw = walker.request()
     except _TooManyFields:
         return Layout(WORST_PER_BYTE * len(message), None)
-    return Layout(cost, raw)
+    return Layout(cost, raw, walker.typed)
 
 
 def names(message: bytes) -> tuple[str, str, str]:
@@ -75,11 +77,12 @@ def names(message: bytes) -> tuple[str, str, str]:
 
 
 class _Walker:
-    __slots__ = ("buf", "walked")
+    __slots__ = ("buf", "walked", "typed")
 
     def __init__(self, buf: memoryview):
         self.buf = buf
         self.walked = 0
+        self.typed = False  # an input has a contents field, not empty
 
     def request(self) -> tuple[int, list[memoryview]]:
         cost, raw = 0, []
@@ -104,6 +107,7 @@ class _Walker:
             if number == _INPUT_SHAPE:
                 cost += VARINT_PER_BYTE * (stop - start)
             elif number == _INPUT_CONTENTS:
+                self.typed = self.typed or stop > start
                 cost += self._contents(start, stop)
             else:
                 cost += WORST_PER_BYTE * (stop - start)

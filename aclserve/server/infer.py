@@ -27,7 +27,7 @@ from ..errors import ServeError
 from ..scheduling import answered_before_cancel
 from ..trace import now_ns
 from .answer_coding import COMPRESS_MIN_BYTES, answer_coding
-from .answer_size import answer_bytes
+from .answer_size import answer_bytes, answer_hint
 from .app_keys import STATE
 from .body import MAX_BODY_BYTES, body_limit, read_body
 from .budget import json_tensor_estimate
@@ -183,7 +183,8 @@ async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fa
     if decoding:
         lease.drop(max(0, decoding - sum(_held_bytes(array) for array in req.inputs.values())))
     if lease is not None:  # the HTTP body joins binary outputs behind the JSON: one copy more
-        lease.take(answer_bytes(rec.signature, req, binary_copies=1, json_outputs=True), "its answer")
+        lease.take(answer_bytes(rec.signature, req, binary_copies=1, json_outputs=True), "its answer",
+                   answer_hint(rec.signature, req, json_outputs=True))
     return await run_decoded(rec, req, trace, encode_response, images, pinned, lease)
 
 

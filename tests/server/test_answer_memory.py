@@ -4,6 +4,8 @@ make the server hold more than max_request_bytes per request through its answers
 real ports, tritonclient over HTTP and gRPC."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -59,12 +61,19 @@ def executions(url: str) -> int:
         return client.get_inference_statistics("wide")["model_stats"][0]["execution_count"]
 
 
+def need_and_limit(message: str) -> tuple[str, str]:
+    """The request's need and the per-request limit as a 413's message prints them."""
+    return (re.search(r"needs about (.+?) of server memory", message).group(1),
+            re.search(r"per-request limit of (.+?) \(max_request_bytes\)", message).group(1))
+
+
 def test_json_outputs_too_large_for_the_request_limit_are_refused_before_running(wide):
     runs = executions(wide.url)
     with pytest.raises(InferenceServerException) as refused:
         http_infer(wide.url, 1, binary_output=False)
     assert refused.value.status() == "413"
     assert "its answer" in refused.value.message() and "max_request_bytes" in refused.value.message()
+    assert "ask for binary outputs" in refused.value.message()  # what would need less
     assert executions(wide.url) == runs  # never ran
     result = http_infer(wide.url, 1, binary_output=True)  # the same answer in binary fits
     np.testing.assert_array_equal(result.as_numpy("y"), np.full((1, WIDE), 0.5, np.float32))
@@ -73,10 +82,16 @@ def test_json_outputs_too_large_for_the_request_limit_are_refused_before_running
 
 
 def test_rows_count_in_the_answer(wide):
-    """Two rows' binary answer (1 MiB over HTTP) is over the limit too."""
+    """Two rows' binary answer (1 MiB over HTTP) is over the limit too, by the request body's
+    few hundred bytes: its need does not print as the limit (both were "1.0 MiB"), and the
+    advice is fewer rows, not the binary outputs it already asked for."""
     with pytest.raises(InferenceServerException) as refused:
         http_infer(wide.url, 2, binary_output=True)
-    assert refused.value.status() == "413" and "its answer" in refused.value.message()
+    message = refused.value.message()
+    assert refused.value.status() == "413" and "its answer" in message
+    need, limit = need_and_limit(message)
+    assert need != limit and limit == f"{MiB:,} bytes", message
+    assert message.endswith("; send fewer rows per request"), message
 
 
 def test_grpc_answers_are_charged_too(wide):
@@ -88,7 +103,10 @@ def test_grpc_answers_are_charged_too(wide):
     assert infer(1).as_numpy("y").shape == (1, WIDE)
     with pytest.raises(InferenceServerException) as refused:
         infer(2)  # 3 x 512 KiB
-    assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and "its answer" in refused.value.message()
+    message = refused.value.message()
+    assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and "its answer" in message
+    # its tensors came in raw_input_contents: typed contents are not what made it too large
+    assert message.endswith("; send fewer rows per request"), message
 
 
 def test_answer_bytes_counts_arrays_encodings_and_classification():

@@ -93,8 +93,11 @@ def test_a_request_over_max_request_bytes_alone_is_resource_exhausted(guarded):
     before = refused(guarded, 413)
     errors, served = asyncio.run(scenario())
     assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_request_bytes" in e.details()
-               and "raw_input_contents" in e.details() for e in errors), [e.details() for e in errors]
+               for e in errors), [e.details() for e in errors]
     assert "its message" in errors[0].details() and "parsing and decoding" in errors[1].details()
+    # the advice to send raw_input_contents goes to the request that sent typed contents only
+    assert errors[0].details().endswith("; send smaller requests"), errors[0].details()
+    assert "raw_input_contents rather than typed contents" in errors[1].details()
     assert np.frombuffer(served.raw_output_contents[1], np.int64).tolist() == [2] * 6  # others are served
     assert refused(guarded, 413) == before + 2 and in_use(guarded) == 0
 
