@@ -319,7 +319,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                     stream.close()  # first: its reader, waiting for a message, ends cancelled, not failed by the abort
                     await end_call(context, error, "ModelStreamInfer", self.state.redact)
                 yield response
-        except ServeError as e:  # BodyTimeout, or ShuttingDown at the endpoint's stop
+        except ServeError as e:  # StreamIdle, BodyTimeout, or ShuttingDown at the endpoint's stop
             await end_call(context, e, "ModelStreamInfer", self.state.redact)
         finally:
             self.streams.discard(stream)

@@ -15,7 +15,7 @@ the requests came, and a stream its client leaves quiet, or whose answers it doe
 - Quiet: while no request of the stream runs and no answer is being sent, the client's next
   message must come within `quiet_limit_s` (body_timeout_s; grpc's own idle limit sees only
   connections without calls), counted from the stream's last progress (a message read, an
-  answer made or sent); else the stream ends with BodyTimeout (DEADLINE_EXCEEDED).
+  answer made or sent); else the server ends the stream with StreamIdle (UNAVAILABLE).
 - Drain: at shutdown (`drain()`) nothing more is read; the requests running are answered,
   then the stream ends with ShuttingDown (UNAVAILABLE), at once when none runs, so that an idle
   stream does not hold the shutdown until its deadline.
@@ -34,12 +34,20 @@ from typing import Awaitable, Callable
 
 import grpc
 
-from ..errors import ShuttingDown
+from ..errors import ShuttingDown, Unavailable
 from .body import BodyTimeout
 from .budget import Lease
 from .open_calls import SHUTDOWN_MESSAGE
 
 STREAM_WINDOW = 64  # requests of one stream held (read, answer not yet sent) before it is not read
+
+
+class StreamIdle(Unavailable):
+    """A stream left quiet for quiet_limit_s, ended by the server: UNAVAILABLE, which clients
+    retry, as grpc's own idle limit ends a connection (GOAWAY), and not DEADLINE_EXCEEDED, which
+    clients read as their own deadline passed. A new stream may be opened at once (no pushback)."""
+
+    retry_after_s = 0.0
 
 
 class InferStream:
@@ -73,9 +81,9 @@ class InferStream:
         self._reader: asyncio.Task | None = None
 
     async def answers(self):
-        """The stream's response messages, in the order of the requests. Raises BodyTimeout when the stream
-        went quiet waiting for a message or its client did not take an answer in time; the
-        error of a broken request stream; ShuttingDown once drained."""
+        """The stream's response messages, in the order of the requests. Raises StreamIdle when
+        the stream went quiet waiting for a message; BodyTimeout when its client did not take an
+        answer in time; the error of a broken request stream; ShuttingDown once drained."""
         if self.draining:
             raise ShuttingDown(SHUTDOWN_MESSAGE)
         reader = self._reader = self._start(self._read())
@@ -96,8 +104,8 @@ class InferStream:
                     continue
                 getter.cancel()
                 if watchdog.done():
-                    raise BodyTimeout(f"no request message on the stream for {self._quiet_limit_s:g} s "
-                                      "(body_timeout_s)")
+                    raise StreamIdle(f"no request message on the stream for {self._quiet_limit_s:g} s "
+                                     "(body_timeout_s): the server ended it; a new stream may be opened")
             if not reader.cancelled():
                 reader.result()  # a broken request stream ends the call with its error
             if self.draining:

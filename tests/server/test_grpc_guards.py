@@ -208,7 +208,8 @@ def test_a_call_whose_message_does_not_come_is_ended(guarded):
 def test_a_stream_gone_quiet_is_ended_but_not_while_a_request_of_it_runs(guarded):
     """body_timeout_s is half a second: the first request of the stream waits in "slow"'s queue
     for longer (until a second stream's request fills its batch) and the stream is not ended;
-    once it is answered and nothing more comes, it is."""
+    once it is answered and nothing more comes, it is, UNAVAILABLE: the server ended it and a
+    new one may be opened (DEADLINE_EXCEEDED reads as the client's own deadline passed)."""
     async def scenario():
         async with grpc.aio.insecure_channel(guarded.grpc_url) as channel:
             stream = channel.stream_stream(STREAM, pb.ModelInferRequest.SerializeToString,
@@ -226,7 +227,9 @@ def test_a_stream_gone_quiet_is_ended_but_not_while_a_request_of_it_runs(guarded
     first, filled, error = asyncio.run(scenario())
     assert first.infer_response.id == "waits" and not first.error_message
     assert filled.infer_response.id == "fills"
-    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "body_timeout_s" in error.details()
+    assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+    assert error.details().startswith("no request message on the stream for 0.5 s (body_timeout_s)")
+    assert dict(error.trailing_metadata()).get("grpc-retry-pushback-ms") is None  # nothing to wait for
     assert in_use(guarded) == 0
 
 
