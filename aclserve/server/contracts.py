@@ -21,6 +21,8 @@ class BatchStatistics(Protocol):
     def observe(self, on_request_done: Callable | None = None, on_batch: Callable | None = None) -> None:
         """Call `on_request_done(level, queue_s, ok, reason)` and `on_batch(gear, rows, compute_s)`."""
 
+    levels: dict  # priority level -> its counts (accepted, rejected, timed_out, delayed, cancelled)
+
     def queue_depth(self) -> dict[int, int]:
         """Requests waiting, per priority level."""
 

@@ -15,7 +15,7 @@ import logging
 from typing import Callable, Iterable
 
 from prometheus_client import Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .contracts import ServedModel
@@ -194,6 +194,13 @@ class _Snapshot:
             yield from part.collect()
 
 
+# per priority level, what became of the requests that reached its queue (LevelStats' counts,
+# which the statistics JSON does not show: a `delay` policy's deadlines left no trace elsewhere)
+QUEUE_OUTCOMES = ("accepted", "rejected", "timed_out", "delayed", "cancelled")
+QUEUE_OUTCOMES_HELP = ("Requests per priority level: accepted into its queue, rejected (level full), timed_out "
+                       "(deadline under reject), delayed (deadline under delay), cancelled (client gone)")
+
+
 class _LiveCollector:
     """Scrape-time gauges: queue depth per level, instance busy ratio, device memory."""
 
@@ -213,11 +220,17 @@ class _LiveCollector:
                                  "(averaged over instances)", labels=["model", "version"])
         compute = GaugeMetricFamily(
             "aclserve_compute_busy_ratio", COMPUTE_BUSY_HELP, labels=["model", "version", "instance", "device"])
+        outcomes = CounterMetricFamily("aclserve_queue_outcomes", QUEUE_OUTCOMES_HELP,
+                                       labels=["model", "version", "priority", "outcome"])
         per_device: dict[int, float] = {}
         try:
             for model, version, served in self._live_versions():
-                for level, n in sorted(served.batcher.stats.queue_depth().items()):
+                stats = served.batcher.stats
+                for level, n in sorted(stats.queue_depth().items()):
                     depth.add_metric([model, version, str(level)], n)
+                for level, counts in sorted(stats.levels.items()):
+                    for outcome in QUEUE_OUTCOMES:
+                        outcomes.add_metric([model, version, str(level), outcome], getattr(counts, outcome))
                 busy.add_metric([model, version], served.pool.busy_ratio())
                 for row in served.pool.utilisation():
                     compute.add_metric([model, version, row["instance"], str(row["device"])], row["compute_busy"])
@@ -225,6 +238,7 @@ class _LiveCollector:
         except Exception:
             log.exception("collecting model gauges failed")
         yield depth
+        yield outcomes
         yield busy
         yield compute
         device_busy = GaugeMetricFamily("aclserve_device_compute_busy_ratio", DEVICE_BUSY_HELP, labels=["device"])
