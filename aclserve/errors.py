@@ -3,7 +3,8 @@
 They say what went wrong, not how a protocol spells it: the server maps each class to an HTTP
 status and a gRPC code at its edge (server/http_errors.py, server/grpc_status.py). Anything
 that is not a ServeError reaching the server is an internal fault: logged with its traceback
-and answered with a generic 500 / INTERNAL.
+and answered with a generic 500 / INTERNAL. The Python API (runtime/engine.py) raises them to its
+caller as they are; `aclserve` exports those a caller of it catches (README, "the Python API").
 """
 from __future__ import annotations
 
@@ -62,6 +63,18 @@ class ModelUnavailable(Unavailable):
 
 class ExecutionFailed(ServeError):
     """The device failed the batch this request was in; the message says what happened."""
+
+
+class Closed(ExecutionFailed, RuntimeError):
+    """The Python API's model, or the Engine holding it, is closed: a load or call made since,
+    or a call that a close bounded in time did not wait for. An ExecutionFailed, as a call on a
+    closed model failed before, and a RuntimeError, as a call or load on a closed Engine raised.
+    The server never answers it (its versions' unloads answer ShuttingDown)."""
+
+
+class LoadError(RuntimeError):
+    """A model could not be loaded (unreadable or unsupported OM, out of device memory, streams or
+    events, ...). Not a ServeError: the repository says it in its index (ModelLoadFailed)."""
 
 
 class DeviceTimeout(Unavailable):

@@ -17,13 +17,10 @@ from typing import Iterable
 
 from ..acl import AclError, check, release, restoring_context, using_context
 from ..acl import constants as C
+from ..errors import LoadError
 from .limits import DeviceLedger, limits_for_soc
 
 log = logging.getLogger(__name__)
-
-
-class LoadError(RuntimeError):
-    """A model could not be loaded (unreadable or unsupported OM, out of device memory, ...)."""
 
 
 class RoomPromised(LoadError):

@@ -9,7 +9,8 @@
 A request of N rows runs in the smallest compiled gear that holds it (padding is dropped);
 more rows than the largest gear are split into several runs and the outputs concatenated.
 Calls from many threads or tasks share the model's instances and slots; they are not merged
-into one batch (the HTTP server's dynamic batcher does that).
+into one batch (the HTTP server's dynamic batcher does that). Closing the engine or a model
+refuses calls from then on and lets those made before it finish first (engine_calls.OpenCalls).
 """
 from __future__ import annotations
 
@@ -20,16 +21,19 @@ import concurrent.futures
 import logging
 import os
 import threading
+import time
 import weakref
 from typing import Mapping
 
 import numpy as np
 
 from ..dtypes import cast_keeping_values
+from ..errors import Closed
 from ..value_ranges import ValueRange, ValueRangeError, out_of_range, value_range
 from .acl_runtime import AclRuntime
 from .batch import Batch
 from .builder import open_pool
+from .engine_calls import Call, OpenCalls
 from .engine_options import check_options
 from .futures import settle
 from .pool import InstancePool
@@ -40,9 +44,10 @@ log = logging.getLogger(__name__)
 
 
 class EngineModel:
-    """A loaded model. Owned by its Engine; close() unloads it (blocking). The pool's listener:
-    each finished batch goes back to the call it is part of. `value_ranges`: {integer input
-    name: ValueRange} its calls are checked against (Engine.load's value_ranges)."""
+    """A loaded model. Owned by its Engine; close() unloads it (blocking) once the calls made
+    before it are answered. The pool's listener: each finished batch goes back to the call it is
+    part of. `value_ranges`: {integer input name: ValueRange} its calls are checked against
+    (Engine.load's value_ranges)."""
 
     def __init__(self, pool: InstancePool, owner=None, value_ranges: Mapping[str, ValueRange] | None = None):
         self.pool = pool
@@ -52,12 +57,20 @@ class EngineModel:
         self.outputs: list[TensorSpec] = pool.outputs
         self.gears = pool.gears
         self.value_ranges: dict[str, ValueRange] = dict(value_ranges or {})
+        self._calls = OpenCalls()  # those not answered yet: a close waits for them
         pool.attach(self)
 
+    @property
+    def closed(self) -> bool:
+        """close() has begun, the model's or its Engine's: calls are refused (Closed)."""
+        return self._calls.refusal is not None or (self.owner is not None and self.owner.closed)
+
     def submit(self, inputs: Mapping[str, np.ndarray]) -> concurrent.futures.Future:
-        """Start inference; the future resolves to {output name: array}. Never blocks."""
-        if self.owner is not None and self.owner.closed:  # ("model m is closed" said less; a future, not a
-            return _failed(RuntimeError(_ENGINE_CLOSED))    # raise: a done-callback chaining calls gets its answer)
+        """Start inference; the future resolves to {output name: array}. Never blocks. Once the
+        model or its Engine is closing the future fails with Closed (a future, not a raise: a
+        done-callback chaining calls gets its answer)."""
+        if self.closed:
+            return _failed(Closed(self._refusal()))
         arrays = self._validate(inputs)
         if not self.gears:
             chunks = [(arrays, None, 1)]
@@ -69,7 +82,9 @@ class EngineModel:
                 chunk = {k: v[start:start + largest] for k, v in arrays.items()}
                 n = len(next(iter(chunk.values())))
                 chunks.append((chunk, self.gears[bisect.bisect_left(self.gears, n)], n))
-        call = _Call(len(chunks), [s.name for s in self.outputs])
+        call = Call(len(chunks), [s.name for s in self.outputs])
+        if not self._calls.take(call.future):  # (a close began since the check above)
+            return _failed(Closed(self._refusal()))
         for index, (chunk, gear, n) in enumerate(chunks):
             self.pool.submit(Batch([chunk], gear, n, requests=(call, index)))
         return call.future
@@ -78,7 +93,14 @@ class EngineModel:
         _refuse_in_callback(self.owner, "EngineModel.infer()", "it waits for its call, which this thread may have "
                                         "to finish: use submit() here")
         check_options(timeout=timeout)
-        return self.submit(inputs).result(timeout)
+        future = self.submit(inputs)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError as e:  # (TimeoutError from Python 3.11): said, not blank
+            if future.done() and not future.cancelled() and future.exception() is e:
+                raise  # (the call's own)
+            raise concurrent.futures.TimeoutError(f"model {self.name}: the call was not answered within {timeout} s; "
+                                                  "it runs on (submit() gives its future)") from None
 
     async def infer_async(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return await asyncio.wrap_future(self.submit(inputs))
@@ -135,49 +157,49 @@ class EngineModel:
             raise ValueError(refusal)
         return arrays
 
-    def close(self) -> None:
-        """Unload the model (blocking); with its Engine's closes, one at a time."""
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse calls from now on (Closed), let those made before finish, then unload the model
+        (blocking); with its Engine's closes, one at a time. `timeout`: at most that many seconds
+        for them (None: until each is answered, every run bounded by the model's execution
+        timeout); the calls still unanswered then fail with Closed, and a device still running
+        one is left to itself, as the server's shutdown_timeout_s does."""
         _refuse_in_callback(self.owner, "EngineModel.close()", "it waits for the engine's own threads, this one "
                                         "among them")
+        check_options(timeout=timeout)
         if self.owner is None:
-            self.pool.close()
+            self._close(_deadline(timeout), f"model {self.name} is closed")
         else:
-            self.owner._close_model(self)
+            self.owner._close_model(self, _deadline(timeout))
+
+    def _refusal(self) -> str:
+        return self._calls.refusal or _ENGINE_CLOSED  # (the engine closing, its models not stopped yet)
+
+    def _close(self, deadline: float | None, refusal: str) -> None:
+        self._calls.stop(refusal)
+        try:
+            self._drain(deadline)
+        finally:  # (Ctrl-C in the wait: the model is closed all the same, its calls left failed)
+            self.pool.close(deadline)
+
+    def _drain(self, deadline: float | None) -> None:
+        """Wait for the calls taken until `deadline`; fail those left then with Closed, before the
+        pool's close waits for the device (their runs: answered by it, or abandoned, unheard)."""
+        left = self._calls.left(deadline)
+        if not left:
+            return
+        outer, _callbacks.engine = getattr(_callbacks, "engine", None), self.owner  # (their done-callbacks
+        try:  # run here: the engine's closes, which this thread holds, are refused in them)
+            for future in left:
+                settle(future, Closed(f"model {self.name} was closed before the call was answered (the close's "
+                                      "timeout passed)"))
+        finally:
+            _callbacks.engine = outer
 
 
 def _refuse_in_callback(engine, what: str, why: str) -> None:
     if engine is not None and getattr(_callbacks, "engine", None) is engine:
         raise RuntimeError(f"{what} cannot run in a done-callback of the engine's calls ({why}); "
                            f"call it from another thread")
-
-
-class _Call:
-    """One submit(): its batches (one per chunk of the largest gear) and the future they resolve
-    exactly once: with the first error, or with the outputs concatenated when all have run."""
-
-    def __init__(self, parts: int, output_names: list[str]):
-        self.future: concurrent.futures.Future = concurrent.futures.Future()
-        self._names = output_names
-        self._parts: list[dict[str, np.ndarray] | None] = [None] * parts
-        self._left = parts
-        self._lock = threading.Lock()  # parts finish on several instances' threads
-
-    def part_done(self, index: int, batch: Batch) -> None:
-        with self._lock:
-            if self._left == 0:
-                return  # already resolved (an earlier part failed)
-            error = batch.error
-            if error is not None:
-                self._left = 0
-            else:
-                self._parts[index] = batch.outputs[0]
-                self._left -= 1
-                if self._left:
-                    return
-        if error is not None or len(self._parts) == 1:
-            settle(self.future, error, self._parts[0])
-        else:
-            settle(self.future, None, {name: np.concatenate([p[name] for p in self._parts]) for name in self._names})
 
 
 _callbacks = threading.local()  # .engine: the Engine whose call's future this thread is resolving
@@ -249,37 +271,49 @@ class Engine:
             self.models.append(model)
         return model
 
-    def close(self) -> None:
-        """Unload every model and let go of the runtime (blocking), once the loads under way have
-        ended; a close from another thread meanwhile waits for it. Not from a future's
-        done-callback: that runs on the engine's own thread."""
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse loads and calls from now on (Closed); once the loads under way have ended and
+        the calls made before have been answered, unload every model and let go of the runtime
+        (blocking). `timeout`: at most that many seconds for the calls (None: until each is
+        answered, every run bounded by its model's execution timeout); those still unanswered
+        then fail with Closed, and a device still running one is left to itself, as the
+        server's shutdown_timeout_s does. A close from another thread meanwhile waits for it.
+        Not from a future's done-callback: that runs on the engine's own thread."""
         _refuse_in_callback(self, "Engine.close()", "it runs on the engine's own thread, which close waits for")
-        self._close()
+        check_options(timeout=timeout)
+        self._close(deadline=_deadline(timeout))
 
-    def _close(self, loads_wait_s: float | None = None) -> bool:
-        """close(), waiting at most `loads_wait_s` for the loads under way (None: for them all);
-        when they have not ended by then, the loaded models are closed all the same and the
-        runtime is left to the loads: False."""
+    def _close(self, loads_wait_s: float | None = None, deadline: float | None = None) -> bool:
+        """close(), waiting at most `loads_wait_s` for the loads under way (None: for them all)
+        and until `deadline` (time.monotonic(); None: no limit) for the calls; when the loads
+        have not ended by then, the loaded models are closed all the same and the runtime is
+        left to the loads: False."""
         with self._close_lock:  # (a second close returns once the first is done)
             with self._state:
                 self._closed = True
                 loads_ended = self._state.wait_for(lambda: self._loading == 0, loads_wait_s)
                 models, self.models = self.models, []
-            while models:
-                models.pop().pool.close()
+            for model in models:  # all refuse calls before any is waited for
+                model._calls.stop(_ENGINE_CLOSED)
+            try:
+                for model in models:
+                    model._drain(deadline)
+            finally:  # (Ctrl-C in the wait: the models are closed all the same, their calls left failed)
+                while models:
+                    models.pop().pool.close(deadline)
             if loads_ended:
                 self.runtime.close()
                 _open_engines.discard(self)
         return loads_ended
 
-    def _close_model(self, model: EngineModel) -> None:
+    def _close_model(self, model: EngineModel, deadline: float | None) -> None:
         """EngineModel.close(): under the engine's close lock, so that an Engine.close() meanwhile
         waits for it (it returned while the model's instance still closed: the device not reset)."""
         with self._close_lock:
             with self._state:
                 if model in self.models:
                     self.models.remove(model)
-            model.pool.close()
+            model._close(deadline, f"model {model.name} is closed")
 
     @property
     def closed(self) -> bool:
@@ -288,10 +322,14 @@ class Engine:
 
     def _refuse_if_closed(self) -> None:
         if self._closed:
-            raise RuntimeError(_ENGINE_CLOSED)
+            raise Closed(_ENGINE_CLOSED)
 
 
 _ENGINE_CLOSED = "the engine is closed: make a new Engine"
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
 
 
 def _ranges(given: Mapping[str, tuple[int, int]], inputs: list[TensorSpec]) -> dict[str, ValueRange]:
@@ -311,20 +349,23 @@ def _failed(error: BaseException) -> concurrent.futures.Future:
     return future
 
 
-# Engines not closed when the interpreter exits: closed then (their calls in flight finish
-# first). Without it a run of ONNX Runtime still going in a daemon thread met the interpreter's
-# end, and the process died of SIGABRT ("terminate called without an active exception"). One
-# still loading a model after EXIT_LOAD_WAIT_S has its loaded models closed and its runtime left
-# to the load (a hung load held the exit).
+# Engines not closed when the interpreter exits: closed then, the calls made before finishing
+# first, for at most EXIT_DRAIN_S (the server's default shutdown_timeout_s: a hung device does not
+# hold the exit). Without it a run of ONNX Runtime still going in a daemon thread met the
+# interpreter's end, and the process died of SIGABRT ("terminate called without an active
+# exception"). One still loading a model after EXIT_LOAD_WAIT_S has its loaded models closed and
+# its runtime left to the load (a hung load held the exit).
 _open_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 EXIT_LOAD_WAIT_S = 10.0
+EXIT_DRAIN_S = 30.0
 
 
 @atexit.register
 def _close_open_engines() -> None:
+    drained_by = time.monotonic() + EXIT_DRAIN_S  # (one bound for them all)
     for engine in list(_open_engines):
         try:
-            if not engine._close(EXIT_LOAD_WAIT_S):
+            if not engine._close(EXIT_LOAD_WAIT_S, drained_by):
                 log.warning("an Engine still loading a model %.0f s into the exit: its loaded models are closed, "
                             "its runtime is not", EXIT_LOAD_WAIT_S)
         except Exception:  # (the others still close)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from ..errors import LoadError
+
 # (SoC name prefix, streams, events) from the CANN documentation; first match wins.
 SOC_LIMITS: tuple[tuple[str, int, int], ...] = (
     ("Ascend310P", 1024, 1023),   # Atlas inference series
@@ -37,7 +39,7 @@ def limits_for_soc(soc_name: str | None) -> tuple[int, int]:
     return DEFAULT_LIMITS
 
 
-class ResourceLimitError(RuntimeError):
+class ResourceLimitError(LoadError):
     """A model's instances and slots need more streams or events than the device has left."""
 
 

@@ -16,8 +16,8 @@ from tests import REPO
 # Errors no version's request is failed by, so none has a reason of its own: the bases are not
 # raised themselves, a 404 (counted_infer's repository lookup) and a 401 / 403 (the API token's
 # middleware, gRPC's check before the message) are answered before a version is counted, and a
-# failed load is the repository API's answer.
-NOT_COUNTED = {"ServeError", "Unavailable", "NotFound", "Unauthorized", "Forbidden", "ModelLoadFailed"}
+# failed load is the repository API's answer; Closed is the Python API's (runtime/engine.py).
+NOT_COUNTED = {"ServeError", "Unavailable", "NotFound", "Unauthorized", "Forbidden", "ModelLoadFailed", "Closed"}
 
 
 def _serve_error_classes() -> dict[str, type]:
