@@ -14,6 +14,7 @@ import os
 from ..acl import AclError, check, check_handle, release
 from ..acl import constants as C
 from ..dtypes import acl_to_kserve, acl_to_numpy
+from ..om import container
 from ..om.atc_om import compile_hint, identify
 from ..om.container import OmFormatError
 from ..om.names import tensor_name
@@ -37,13 +38,25 @@ def _why_unloadable(path: str) -> str:
         return f"is not a loadable OM: {e}{compile_hint(path)}"  # (the Engine takes OMs only)
     if kind == "cpu_om":
         # (either host: an Ascend one cannot load it, the CPU runtime refuses a malformed one)
-        return ("is a CPU OM, built for aclserve's CPU runtime, and was refused: on an Ascend host rebuild it "
-                "from the ONNX model with ATC (aclserve compile MODEL.onnx --target npu); on the CPU runtime "
-                "the server log says what is wrong with it")
+        return f"is a CPU OM, built for aclserve's CPU runtime, and was refused: {_cpu_om_fault(path, header)}"
     if kind == "atc_om":
         return (f"is an ATC OM ({header.name!r}, built for an Ascend SoC) and needs CANN and an NPU; "
                 "for the CPU runtime compile the ONNX model with --target cpu")
     return "is an OM2 archive, which aclserve does not load"
+
+
+def _cpu_om_fault(path: str, header: dict) -> str:
+    """What is wrong with a CPU OM the ACL refused, found as the repository's index and `aclserve
+    inspect` find it (its payload read against the header's checksum): the pyACL API answers a
+    code only, and a caller of the Engine has no server log to read."""
+    try:
+        container.verify_payload_file(path, header)
+    except OmFormatError as e:
+        return f"{e}; compile its ONNX model again (aclserve compile MODEL.onnx, with --target npu on an Ascend host)"
+    except OSError as e:
+        return f"it cannot be read again ({e.strerror or e})"
+    return ("on an Ascend host rebuild it from the ONNX model with ATC (aclserve compile MODEL.onnx --target npu); "
+            "on the CPU runtime its header describes no model the runtime can run (the aclserve.acl.cpu log says what)")
 
 
 class OmModel:

@@ -1,7 +1,10 @@
 """What the Python API raises (found by a new-user tester): classes `aclserve` exports, one for a
-closed model or engine either way, each with a message."""
+closed model or engine either way, each with a message; a corrupt OM's LoadError says why, and
+nothing is printed to a caller who set up no logging."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -10,6 +13,7 @@ import aclserve
 from aclserve.acl.cpu import faults
 from aclserve.runtime import Engine
 
+from tests import REPO
 from tests.tiny_models import affine_request
 
 pytestmark = pytest.mark.usefixtures("clean_faults")
@@ -51,3 +55,32 @@ def test_load_refusals_are_load_errors(affine_om):
             engine.load(affine_om(), slots=1024)
         with pytest.raises(aclserve.LoadError, match="does not exist"):
             engine.load(affine_om() + ".gone")
+
+
+LOAD_A_CORRUPT_OM = """
+import sys
+import aclserve
+with aclserve.Engine(device="cpu") as engine:
+    try:
+        engine.load(sys.argv[1])
+    except aclserve.LoadError as e:
+        print(e)
+"""
+
+
+def test_a_corrupt_om_s_load_error_says_what_is_wrong_and_nothing_is_printed(affine_om):
+    """The LoadError sent the caller to 'the server log', which an Engine has none of; the reason
+    reached stderr by logging's last resort (found by a new-user tester flipping a byte of
+    models/digits.om)."""
+    path = affine_om()
+    with open(path, "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 0xFF]))  # a payload byte
+    proc = subprocess.run([sys.executable, "-c", LOAD_A_CORRUPT_OM, path], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "is a CPU OM, built for aclserve's CPU runtime, and was refused: CPU OM payload checksum mismatch " \
+           "(corrupt file); compile its ONNX model again" in proc.stdout, proc.stdout
+    assert proc.stderr == ""

@@ -93,12 +93,16 @@ class ModelInfo:
         return sum(t.size_at(self.max_batch) for t in self.inputs + self.outputs)
 
 
+# A refusal is logged at info: the code is all the pyACL API answers, and aclserve reads the
+# file itself to say why (runtime/om_model.py, repository/validate.py), so a caller of the
+# Engine who set up no logging gets the reason in the LoadError and nothing on stderr. What only
+# this reading finds (a header describing no model it can run) is an error.
 def _refuse_atc(where: str, hdr: atc_om.AtcOmHeader) -> int:
-    log.error("%s is an OM built by ATC for an Ascend SoC (model name %r, header version %#010x, "
-              "model type %s, encrypted %s, dynamic %s); it needs CANN on an Ascend NPU and cannot "
-              "run on the CPU runtime. Compile the source ONNX model for the CPU runtime instead "
-              "(aclserve compile model.onnx).", where, hdr.name, hdr.version, hdr.model_type,
-              hdr.is_encrypt, hdr.is_dynamic)
+    log.info("%s is an OM built by ATC for an Ascend SoC (model name %r, header version %#010x, "
+             "model type %s, encrypted %s, dynamic %s); it needs CANN on an Ascend NPU and cannot "
+             "run on the CPU runtime. Compile the source ONNX model for the CPU runtime instead "
+             "(aclserve compile model.onnx).", where, hdr.name, hdr.version, hdr.model_type,
+             hdr.is_encrypt, hdr.is_dynamic)
     return C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
 
 
@@ -109,12 +113,16 @@ def parse(data: bytes, where: str):
         if hdr is not None and hdr.consistent_length:
             return None, None, _refuse_atc(where, hdr)
     if data[:4] == atc_om.OM2_MAGIC:
-        log.error("%s looks like an ATC OM2 archive (zip); it needs CANN and cannot run on the CPU runtime", where)
+        log.info("%s looks like an ATC OM2 archive (zip); it needs CANN and cannot run on the CPU runtime", where)
         return None, None, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
     try:
         om = container.decode(data)
+    except container.OmFormatError as e:
+        log.info("%s is not a loadable CPU OM: %s", where, e)
+        return None, None, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+    try:
         info = ModelInfo(om.header, len(om.payload))
-    except (container.OmFormatError, KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         log.error("%s is not a loadable CPU OM: %s", where, e)
         return None, None, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
     return info, om.payload, C.ACL_SUCCESS
@@ -130,7 +138,7 @@ def read_file(path: str):
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
-        log.error("model file %s cannot be read: %s", path, e)
+        log.info("model file %s cannot be read: %s", path, e)
         return None, None, C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
     return parse(data, path)
 
