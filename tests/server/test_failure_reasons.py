@@ -16,8 +16,10 @@ from tests import REPO
 # Errors no version's request is failed by, so none has a reason of its own: the bases are not
 # raised themselves, a 404 (counted_infer's repository lookup) and a 401 / 403 (the API token's
 # middleware, gRPC's check before the message) are answered before a version is counted, and a
-# failed load is the repository API's answer; Closed is the Python API's (runtime/engine.py).
-NOT_COUNTED = {"ServeError", "Unavailable", "NotFound", "Unauthorized", "Forbidden", "ModelLoadFailed", "Closed"}
+# failed load is the repository API's answer; Closed is the Python API's (runtime/engine.py); an
+# idle gRPC stream's end (StreamIdle) comes while none of its requests runs.
+NOT_COUNTED = {"ServeError", "Unavailable", "NotFound", "Unauthorized", "Forbidden", "ModelLoadFailed", "Closed",
+               "StreamIdle"}
 
 
 def _serve_error_classes() -> dict[str, type]:
