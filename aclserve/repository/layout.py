@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 MODEL_SUFFIXES = (".om", ".onnx")  # order = preference when both exist
 KNOWN_SUFFIXES = MODEL_SUFFIXES + (".yaml", ".yml")
 TEMP_SUFFIXES = (".tmp", ".part")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+MAX_NAME = 128  # characters of a model's name
+_NAME_RE = re.compile(rf"^[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,{MAX_NAME - 1}}}$")
 _VERSION_RE = re.compile(r"^[1-9][0-9]{0,17}$")
 
 

@@ -123,10 +123,12 @@ class ModelRepository:
 
     # ---- lookups (server) -----------------------------------------------------------------------
     def get(self, name: str, version: str | None = None) -> ServedVersion:
-        """The serving version (newest when `version` is None). Raises NotFound or
-        ModelUnavailable (known but not ready; ShuttingDown after close())."""
+        """The serving version (newest when `version` is None). Raises NotFound, ModelUnavailable
+        (known but not ready), ShuttingDown after close(), InvalidInput (a version that is none)."""
         if self._closed:
             raise ShuttingDown("the model repository is shut down")
+        if len(name) > layout.MAX_NAME:  # no model's (layout.check_model_name); not quoted: a client's MiB
+            raise NotFound(f"unknown model: a name of {len(name):,} characters (at most {layout.MAX_NAME})")
         versions = self._lifecycle.serving.get(name)
         if version not in (None, ""):
             version = str(version)

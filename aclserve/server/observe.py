@@ -10,9 +10,14 @@ from __future__ import annotations
 import logging
 
 from ..trace import RequestTrace, Tracer, now_ns
+from .client_text import printable
+from .redact import MAX_TEXT
 
 REQUEST_ID_HEADER = "X-Request-Id"
 MAX_REQUEST_ID = 256  # longer ids are cut in traces and logs
+# A refused request's model and version as the client named them, cut (and marked) in its log
+# line: no model's name is longer than 128 characters, no version's than 18 digits
+MAX_LOGGED_NAME = 256
 
 request_log = logging.getLogger("aclserve.requests")
 
@@ -38,7 +43,8 @@ class Observer:
         server shutting down): its request log line, as the client named the model, with the
         request id known so far (a header's, or a gRPC message's)."""
         if self.log_requests:
-            trace = RequestTrace(printable(model), printable(version or ""), protocol, arrival_ns, sampled=False)
+            trace = RequestTrace(printable(model, MAX_LOGGED_NAME), printable(version or "", MAX_LOGGED_NAME),
+                                 protocol, arrival_ns, sampled=False)
             trace.end_ns, trace.status = now_ns(), status
             trace.request_id = request_id(known_id)
             _log_request(trace, error)
@@ -57,12 +63,7 @@ def request_id(value) -> str | None:
     unprintable (a newline that would forge a text log line) replaced by '?'."""
     if value is None:
         return None
-    return printable(str(value)[:MAX_REQUEST_ID])
-
-
-def printable(text: str) -> str:
-    """`text` with anything unprintable replaced by '?' (client text bound for a log line)."""
-    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
+    return printable(str(value)[:MAX_REQUEST_ID], MAX_REQUEST_ID)
 
 
 def _ms(ns: int) -> float:
@@ -80,7 +81,8 @@ def _log_request(t: RequestTrace, error: str | None) -> None:
     if t.encoded_ns:
         fields["encode_ms"] = _ms(t.encoded_ns - t.encode_start_ns)
     if error:
-        fields["error"] = printable(error)  # refusals quote the client's names as sent
+        # refusals quote the client's names as sent: cut where the client's answer is (redact.py)
+        fields["error"] = printable(error, MAX_TEXT)
     text = " ".join(f"{k}={_logfmt(v)}" for k, v in fields.items() if v is not None)
     request_log.info("infer %s", text, extra={"fields": fields})
 

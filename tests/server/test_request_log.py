@@ -202,3 +202,58 @@ def test_a_request_refused_before_its_body_is_decoded_keeps_its_header_id(models
         assert asyncio.run(go(srv.url)) == 413
     line = _fields(caplog)[-1]
     assert (line["status"], line["request_id"]) == (413, "big-1")
+
+
+def test_a_client_s_long_names_are_cut_in_the_log_line_and_a_long_model_name_refused_early(models_dir, caplog):
+    """A gRPC model_name of 7 MiB of '\\x01' (unknown model) wrote the name whole, twice, into
+    a 14.7 MB line (`model=` and `error=`) and escaped it one character at a time on the
+    event loop; an input named "A" * 10 MiB gave a 10 MB `error=` (the client's answer was cut
+    at 8,192 characters). Model and version are cut at 256 characters, the error where the
+    client's is, each marked; a model name longer than any model's is unknown at once, unquoted
+    (gRPC's ModelReady: false, as for any unknown name)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from aclserve.logs import TEXT_FORMAT, TextFormatter
+    from aclserve.server.redact import MAX_TEXT
+    caplog.set_level(logging.INFO, logger="aclserve.requests")
+    config = server_config(models_dir, request_log=True, grpc_port=free_port())
+    x = grpcclient.InferInput("x", [1, 16], "FP32")
+    x.set_data_from_numpy(np.ones((1, 16), np.float32))
+
+    async def http(url):
+        async with aiohttp.ClientSession() as session:
+            named = {"inputs": [dict(BODY["inputs"][0], name="A" * 300_000)]}
+            async with session.post(f"http://{url}/v2/models/double/infer", data=json.dumps(named)) as resp:
+                first = resp.status, (await resp.json())["error"]
+            async with session.post(f"http://{url}/v2/models/{'%01' * 2000}/infer", data=json.dumps(BODY)) as resp:
+                return first, (resp.status, (await resp.json())["error"])
+    with ServerThread(config) as srv:
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{config.grpc_port}") as client:
+            with pytest.raises(InferenceServerException) as refused:
+                client.infer("\x01" * 300_000, [x], request_id="g-long")
+            assert client.is_model_ready("\x01" * 300_000) is False
+        (input_status, input_error), (name_status, name_error) = asyncio.run(http(srv.url))
+    assert refused.value.status() == "StatusCode.NOT_FOUND"
+    assert refused.value.message() == "unknown model: a name of 300,000 characters (at most 128)"
+    assert (name_status, name_error) == (404, "unknown model: a name of 2,000 characters (at most 128)")
+    assert input_status == 400 and input_error.startswith("unknown input 'AAAA") and len(input_error) < MAX_TEXT + 50
+    records = [r for r in caplog.records if r.name == "aclserve.requests"][-3:]
+    grpc_line, input_line, name_line = (r.fields for r in records)
+    assert grpc_line["model"] == "?" * 256 + "... (299,744 more characters)" and grpc_line["status"] == 404
+    assert grpc_line["request_id"] == "g-long" and grpc_line["error"] == refused.value.message()
+    assert name_line["model"] == "?" * 256 + "... (1,744 more characters)"
+    assert input_line["error"] == input_error  # cut where the client's answer is, and marked
+    for record in records:  # both formats
+        assert len(TextFormatter(TEXT_FORMAT).format(record)) < MAX_TEXT + 1000
+        assert len(JsonFormatter().format(record)) < 2 * MAX_TEXT + 1000
+
+
+def test_unprintable_characters_are_replaced_as_isprintable_says_at_any_length():
+    """client_text.printable replaces by regular expression what the per-character loop it
+    replaced did (every 7th code point, surrogates and astral planes included), and cuts first."""
+    from aclserve.server.client_text import printable
+    text = "".join(chr(c) for c in range(0, 0x110000, 7))
+    assert printable(text, len(text)) == "".join(c if c.isprintable() else "?" for c in text)
+    assert printable("\x01\u2028a" * 100_000, 4) == "??a?... (299,996 more characters)"
+    assert printable("plain", 5) == "plain"
