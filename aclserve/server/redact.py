@@ -2,8 +2,15 @@
 
 Messages that reach a client (errors, repository index reasons, metric labels) may quote a
 path from the repository, the compile cache or a library. An absolute path is shown relative
-to the models folder when it is inside it, else by its last component, when it has two or more
-components; request paths (/v2/..., /metrics) and one-component paths are left alone.
+to the models folder when it is inside it (`<models>/a/1/model.om`), relative to another folder
+the server knows when inside one (trace_dir, the operator's trace file's, the compile cache's:
+`run1/x.json`), else by its last component, when it has two or more components; request
+paths (/v2/..., /metrics) and one-component paths are left alone.
+
+The folders the server knows are found as written, before any other rule: their paths may hold
+what ends a path in prose (`/home/John Smith/models`, `/srv/my models:x`), which the generic
+rule cannot read whole, and a folder's name was shown from its blank or colon on. A path after
+a colon (`path:/opt/x/a.so`) is a path too.
 
 The rule reads the text only, never the disk: a message may also quote a client's own value
 (an input named /etc/shadow), and a rewrite that depended on whether the path exists here
@@ -15,7 +22,15 @@ from __future__ import annotations
 import os
 import re
 
-_ABSOLUTE = re.compile(r"(?<![\w.:/~-])/(?:[^\s'\"`,;:()\[\]{}<>/]+/)*[^\s'\"`,;:()\[\]{}<>/]*")
+from .client_text import cut
+
+# what a path's component holds in prose: a blank, a quote, punctuation or a colon before a
+# blank ends it ("cannot read /x/y: no such file")
+_PART = r"(?:[^\s'\"`,;:()\[\]{}<>/]|:(?![\s:/]|$))"
+_NOT_AFTER = r"(?<![\w.~/-])"  # a path starts a word: not the tail of "a/b", "./x" or "~/x"
+_ABSOLUTE = rf"{_NOT_AFTER}/(?:{_PART}+/)*{_PART}*"
+# where a known folder's path ends (not where a longer name goes on: /srv/models2, /srv/models:x)
+_FOLDER_ENDS = r"(?=/|[\s'\"`,;()\[\]{}<>]|[:.]?(?:\s|$))"
 _ROUTES = ("v2", "metrics")  # the first components of the server's own routes
 # Characters of a message read (and shown): a longer one is cut there first. Messages quote
 # clients' values (an input's or a model's name), and each path-like run costs a call of
@@ -25,22 +40,32 @@ MAX_TEXT = 8192
 
 
 class PathRedactor:
-    def __init__(self, models_dir: str):
+    def __init__(self, models_dir: str, *known: str):
+        """`known`: other folders whose paths answers may quote (trace_dir, the compile cache's),
+        shown relative to them; empty ones are skipped."""
         self.root = os.path.abspath(models_dir)
+        folders = {os.path.abspath(folder) for folder in known if folder} | {self.root}
+        folders.discard(os.sep)
+        either = "|".join(re.escape(folder) for folder in sorted(folders, key=len, reverse=True))
+        self._paths = re.compile(rf"{_NOT_AFTER}(?P<folder>{either}){_FOLDER_ENDS}(?P<rest>(?:/{_PART}*)*)"
+                                 rf"|{_ABSOLUTE}" if either else _ABSOLUTE)
 
     def __call__(self, text: str) -> str:
-        if len(text) > MAX_TEXT:
-            text = f"{text[:MAX_TEXT]}... ({len(text) - MAX_TEXT:,} more characters)"
+        text = cut(text, MAX_TEXT)
         if "/" not in text:
             return text
-        return _ABSOLUTE.sub(self._replace, text)
+        return self._paths.sub(self._replace, text)
 
     def _replace(self, match: re.Match) -> str:
+        folder = match.groupdict().get("folder")
+        if folder is not None:
+            rest = match["rest"]
+            if folder == self.root:
+                return "<models>" + rest
+            inside = rest.lstrip("/")
+            return inside if inside.strip("/.") else os.path.basename(folder) + rest
         path = match.group(0).rstrip(".")
         tail = match.group(0)[len(path):]
-        if path == self.root or path.startswith(self.root + os.sep):
-            rel = os.path.relpath(path, self.root)
-            return ("<models>" if rel == "." else f"<models>/{rel}") + tail
         first, sep, rest = path[1:].partition("/")
         if not sep or not rest.strip("/") or first in _ROUTES:
             return match.group(0)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 from ..errors import ShuttingDown
+from ..repository.cache_dir import user_cache_folder
 from .auth import Access
 from .budget import MemoryBudget
 from ..trace import Tracer
@@ -71,7 +73,7 @@ class ServerState:
         self.runtime = runtime
         self.metrics = ServerMetrics(self.live_versions, self._memory)
         self.auth = Access(config)
-        self.redact = PathRedactor(config.models_dir)
+        self.redact = PathRedactor(config.models_dir, *_known_folders(config))
         self.trimmer = HeapTrimmer()
         self.budget = MemoryBudget(config.max_inflight_bytes, config.max_request_bytes, self.trimmer.released)
         self.grpc_arrivals = Arrivals.for_config(config)  # gRPC messages received at once
@@ -218,3 +220,14 @@ class ServerState:
                 self.runtime.memory(refresh=True)
             except Exception:  # a closing runtime; the scrape shows the cached figures
                 log.debug("device memory refresh failed", exc_info=True)
+
+
+def _known_folders(config) -> list[str]:
+    """Folders besides the models folder whose paths answers may quote (redact.py): trace_dir,
+    the operator's trace file's, and the compile cache's (the configured one, else the user
+    cache folder it falls back to when <models>/.cache cannot be written)."""
+    try:
+        cache = config.compile_cache_dir or str(user_cache_folder(config.models_dir))
+    except RuntimeError:  # no home folder to be found (pathlib, Python 3.12 on): nothing compiles there
+        cache = ""
+    return [config.trace_dir, os.path.dirname(config.trace.file), cache]

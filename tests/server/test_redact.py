@@ -21,6 +21,56 @@ def test_paths_are_rewritten_by_their_text(text, shown):
     assert PathRedactor("/srv/models")(text) == shown
 
 
+@pytest.mark.parametrize("folders, text, shown", [
+    (("/home/John Smith/srv/models",), "cannot read /home/John Smith/srv/models/x.yaml: bad",
+     "cannot read <models>/x.yaml: bad"),
+    (("/tmp/x/my models:x",), "no model 'digits.om' in /tmp/x/my models:x", "no model 'digits.om' in <models>"),
+    (("/tmp/x/my models:x",), "/tmp/x/my models:x/badlabels.yaml: outputs.y.labels: missing",
+     "<models>/badlabels.yaml: outputs.y.labels: missing"),
+    (("/srv/models",), "folder /srv/models: gone; /srv/models.", "folder <models>: gone; <models>."),
+    (("/srv/models",), "/srv/models2/a/b and /srv/models:x/a/b", "b and b"),  # other folders, by their last component
+    (("/srv/models", "/var/lib/my traces", ""), "cannot write /var/lib/my traces/run 1.json: full",
+     "cannot write run 1.json: full"),  # another folder the server knows: relative to it
+    (("/srv/models", "/var/lib/my traces"), "/var/lib/my traces is not writable", "my traces is not writable"),
+    (("/srv/models",), "path:/opt/secret/a/b.so", "path:b.so"),
+    (("/srv/models",), "PATH=/opt/a/bin:/opt/b/bin", "PATH=bin:bin"),
+])
+def test_known_folders_are_found_as_written_and_a_path_after_a_colon_is_one(folders, text, shown):
+    """A space or a colon ended a path: the folder names before it were shown (`John
+    Smith/srv/models/x.yaml`, `my models:x/badlabels.yaml`), and a path after a colon whole."""
+    assert PathRedactor(*folders)(text) == shown
+
+
+def test_a_models_folder_with_a_space_and_a_colon_is_not_named_in_answers(models_dir, tmp_path):
+    """Served from "my models:x": the index, /config and load errors showed the folder's name
+    (`my models:x/badlabels.yaml: ...`, `no model 'digits.om' in my models:x`); the trace
+    settings showed the operator's trace file's folders from their blank on (`a b/traces:x/t.json`)."""
+    import json
+    import shutil
+
+    from tests.serving import ServerThread, request, server_config
+    models = tmp_path / "my models:x"
+    models.mkdir()
+    shutil.copy(models_dir / "double.om", models / "double.om")
+    shutil.copy(models_dir / "double.om", models / "badlabels.om")
+    (models / "badlabels.yaml").write_text("outputs: {y: {labels: nosuch.txt}}\n")
+    trace_file = str(tmp_path / "a b" / "traces:x" / "t.json")  # the operator's: any path
+    with ServerThread(server_config(models, trace={"level": "TIMESTAMPS", "file": trace_file})) as srv:
+        answers = [request(srv, "POST", "/v2/repository/index", data=b"{}"),
+                   request(srv, "GET", "/v2/models/badlabels/config"),
+                   request(srv, "POST", "/v2/repository/models/badlabels/load", data=b"{}"),
+                   request(srv, "POST", "/v2/repository/models/double.om/load", data=b"{}"),
+                   request(srv, "GET", "/v2/trace/setting")]
+    index, config, load, unknown, trace = (json.loads(body) for _, _, body in answers)
+    assert [status for status, _, _ in answers] == [200, 404, 400, 404, 200]
+    assert trace["trace_file"] == "t.json"
+    reason = "<models>/badlabels.yaml: outputs.y.labels: the file does not exist"
+    assert index[0]["name"] == "badlabels" and index[0]["reason"].startswith(reason)
+    assert reason in config["error"] and load["error"].startswith(f"failed to load badlabels: {reason}")
+    assert unknown == {"error": "no model 'double.om' in <models>"}
+    assert not any(b"my models" in body or b"a b" in body for _, _, body in answers)
+
+
 def test_whether_a_path_exists_changes_nothing(tmp_path):
     (tmp_path / "here").write_text("x")
     redact = PathRedactor("/srv/models")
