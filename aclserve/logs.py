@@ -1,8 +1,9 @@
 """Logging set-up: plain text lines, or one JSON object per line (`log_format: json`).
 
-A text line's message has its control characters escaped (a newline as \\n): a name a client
-sent, or a file dropped into the models folder, cannot start a line of its own that passes for
-the server's; a traceback follows on lines of its own as usual.
+A text line's message has its control characters (C0, DEL, C1) and the Unicode line and
+paragraph separators escaped (a newline as \\n, U+0085 as \\x85): a name a client sent, or a
+file dropped into the models folder, cannot start a line of its own that passes for the
+server's, nor move a terminal's cursor; a traceback follows on lines of its own as usual.
 
 A JSON line carries ts (ISO 8601, UTC, milliseconds), level, logger and message, the
 exception's traceback as `exc` when there is one, and the fields a caller passes as
@@ -20,8 +21,10 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 FORMATS = ("text", "json")
 
 
-# C0 controls and DEL, escaped in a text line's message (a tab stays)
-_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F] if c != 0x09} | {0x0A: "\\n", 0x0D: "\\r"}
+# Escaped in a text line's message: C0 controls (a tab stays), DEL, C1 controls (U+009B is a
+# terminal's CSI, U+0085 a line break to some readers) and the Unicode line and paragraph separators
+_CONTROLS = ({c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)] if c != 0x09}
+             | {0x0A: "\\n", 0x0D: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029"})
 
 
 class TextFormatter(logging.Formatter):

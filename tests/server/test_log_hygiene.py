@@ -73,3 +73,20 @@ def test_grpc_extensions_not_offered_answer_unimplemented_without_a_traceback(sr
             assert refused.value.status() == "StatusCode.UNIMPLEMENTED"
             assert "not supported by aclserve" in refused.value.message()
     assert not loud(caplog)
+
+
+def test_a_text_log_line_escapes_c1_controls_and_unicode_line_separators(models_dir, caplog):
+    """aiohttp's access log (at debug) quoted a User-Agent's C1 controls (U+009B, a terminal's
+    CSI; U+0085, NEL) and U+2028 / U+2029 raw into the text log: only C0 controls and DEL were
+    escaped."""
+    from aclserve.logs import TEXT_FORMAT, TextFormatter
+    caplog.set_level(logging.DEBUG, logger="aiohttp.access")
+    agent = "x\u009b31m\u0085\u2028\u2029\u0080\u009fy"
+    with ServerThread(server_config(models_dir, log_level="debug", model_control_mode="none")) as server:
+        assert send(server.url, b"GET /v2/health/live HTTP/1.1\r\nHost: a\r\nConnection: close\r\nUser-Agent: "
+                    + agent.encode() + b"\r\n\r\n").startswith(b"HTTP/1.1 200")
+    [record] = [r for r in caplog.records if r.name == "aiohttp.access" and "/v2/health/live" in r.getMessage()]
+    assert agent in record.getMessage()  # (as aiohttp decoded the header)
+    line = TextFormatter(TEXT_FORMAT).format(record)
+    assert "x\\x9b31m\\x85\\u2028\\u2029\\x80\\x9fy" in line
+    assert not any("\x80" <= c <= "\x9f" or c in "\u2028\u2029" for c in line), line
