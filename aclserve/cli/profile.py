@@ -115,6 +115,8 @@ class RemoteFailed(Exception):
 def _run(args):
     if not args.url:
         from ..acl import AclUnavailable
+        from .serve import check_environment
+        check_environment()  # (ACLSERVE_DEVICE=gpu was a ValueError traceback from the runtime's start)
         try:
             return asyncio.run(_in_process(args))
         except AclUnavailable as e:  # --device npu without CANN

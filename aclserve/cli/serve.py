@@ -90,7 +90,7 @@ def run_serve(args) -> int:
         config = load_server_config(args.config, serve_overrides(args))
     except (ConfigError, OSError) as e:
         raise UsageError(f"bad configuration: {e}") from None
-    _check_environment()
+    check_environment()
     if config.trace.file:
         _check_trace_folder(config.trace.file, config.trace.log_frequency)
     from .. import logs
@@ -160,9 +160,9 @@ def _check_trace_folder(path: str, log_frequency: int = 0) -> None:
         raise UsageError(f"cannot write the trace file {path}: {e.strerror or e}") from None
 
 
-def _check_environment() -> None:
+def check_environment() -> None:
     """A bad ACLSERVE_DEVICE or ACLSERVE_CPU_* setting is one line now, not a traceback from
-    inside acl.init later."""
+    inside acl.init later (`aclserve profile` builds its runtime as serve does: it checks too)."""
     import os
     from ..acl import DEVICE_CHOICES
     from ..acl.cpu import settings
