@@ -376,12 +376,21 @@ def test_serve_takes_a_folder_as_trace_file_when_log_frequency_writes_beside_it(
         _check_trace_folder(str(tmp_path / "run"), log_frequency=0)
 
 
-def test_a_bad_flag_of_any_command_is_one_line(tmp_path):
+def test_a_bad_flag_of_any_command_is_one_line_saying_where_the_help_is(tmp_path):
     """serve, infer and profile printed argparse's 13-line usage block before the error, where
-    compile and inspect (and every UsageError) print one line (found by a helper's fuzz)."""
-    for args, said in ((("serve", "--port", "abc"), "argument --port: invalid int value: 'abc'"),
-                       (("infer",), "the following arguments are required"),
-                       (("profile", "--seconds", "soon"), "argument --seconds"),
-                       (("serve", "--bogus"), "unrecognized arguments: --bogus")):
+    compile and inspect (and every UsageError) print one line (found by a helper's fuzz); that line
+    then said no more, a bare `aclserve` only "the following arguments are required: COMMAND"."""
+    help_of = "lists its arguments)"
+    for args, said in ((("serve", "--port", "abc"), f"serve: error: argument --port: invalid int value: 'abc' ("
+                                                    f"`aclserve serve --help` {help_of}"),
+                       ((), "aclserve: error: the following arguments are required: COMMAND (serve, infer, profile, "
+                            "compile or inspect; `aclserve --help` says what each does)"),
+                       (("infer",), f"infer: error: the following arguments are required: model, --input/-i ("
+                                    f"`aclserve infer --help` {help_of}"),
+                       (("profile", "--seconds", "soon"), f"argument --seconds: invalid float value: 'soon' ("
+                                                          f"`aclserve profile --help` {help_of}"),
+                       (("serve", "--bogus"), f"aclserve serve: error: unrecognized arguments: --bogus ("
+                                              f"`aclserve serve --help` {help_of}")):
         proc = _aclserve(*args, cwd=tmp_path)
-        assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and said in proc.stderr, proc.stderr
+        assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+        assert proc.stderr.rstrip("\n").endswith(said), proc.stderr

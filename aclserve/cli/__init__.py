@@ -32,16 +32,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     for commands in (serve, infer, profile, om):
         commands.add_commands(sub)
-    for command in (parser, *sub.choices.values()):  # usage errors in one line, as UsageError's
-        _one_line_errors(command)  # (the top parser reports a command's unknown options)
+    # usage errors in one line, as UsageError's, saying where the help is
+    _one_line_errors(parser, "`aclserve --help` says what each does", commands=tuple(sub.choices))
+    for command in sub.choices.values():
+        _one_line_errors(command, f"`{command.prog} --help` lists its arguments")
+        command.set_defaults(command_parser=command)  # (main has it report the command's unknown options)
     return parser
 
 
-def _one_line_errors(parser: argparse.ArgumentParser) -> None:
-    """argparse prints the usage block before its error; keep it to the single error line."""
+def _one_line_errors(parser: argparse.ArgumentParser, hint: str, commands: tuple[str, ...] = ()) -> None:
+    """argparse prints the usage block before its error; keep it to the single error line, with
+    `hint` (what to run for help) in place of the block, and the `commands` when the error does
+    not list them: a bare `aclserve` said only "the following arguments are required: COMMAND"."""
 
     def error(message: str):
-        parser.exit(2, f"{parser.prog}: error: {message}\n")
+        said = hint
+        if commands and not all(repr(name) in message for name in commands):  # (an invalid choice lists them)
+            said = f"{', '.join(commands[:-1])} or {commands[-1]}; {hint}"
+        parser.exit(2, f"{parser.prog}: error: {message} ({said})\n")
 
     parser.error = error  # type: ignore[method-assign]
 
@@ -86,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
     except KeyboardInterrupt:
         return 130
-    args = parser.parse_args(join_signed_values(sys.argv[1:] if argv is None else list(argv)))
+    args, unknown = parser.parse_known_args(join_signed_values(sys.argv[1:] if argv is None else list(argv)))
+    if unknown:  # said by the command's parser (argparse has the top one say it, naming no command)
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     # (serve drains on these signals: its loop handles them)
     received: list[int] = []
     replaced = _end_on_termination(received) if args.command != "serve" else {}
