@@ -4,6 +4,7 @@ line each, no traceback, and no wait past --timeout."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -170,3 +171,42 @@ def test_infer_sends_an_image_and_asks_for_its_classes(tmp_path):
     classes = json.loads(top.stdout)["y"]
     assert classes["shape"] == [1, 2] and classes["dtype"] == "BYTES"
     assert [c.split(":")[1:] for c in classes["data"][0]] == [[str(i), str(i)] for i in best]
+
+
+def _infer(url: str, *args, cwd, env=None):
+    return subprocess.run([sys.executable, "-m", "aclserve", "infer", *args, "--url", url], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_certificate_for_another_host_is_said_so_not_taken_for_an_untrusted_one(tmp_path):
+    """A certificate for 127.0.0.1 met at https://localhost with its CA trusted was "Hostname
+    mismatch ... (the server's certificate is not trusted here: SSL_CERT_FILE=<the CA that
+    signed it>)": trusting the CA was done, and would not help."""
+    import os
+    import trustme
+    from tests import REPO
+    from tests.serving import ServerThread, server_config
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    (tmp_path / "cert.pem").write_bytes(b"".join(pem.bytes() for pem in cert.cert_chain_pems))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    (tmp_path / "models").mkdir()
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "models" / "digits.om")
+    np.save(tmp_path / "x.npy", np.ones((1, 64), np.float32))
+    env = {**os.environ, "SSL_CERT_FILE": str(tmp_path / "ca.pem")}
+    config = server_config(tmp_path / "models", model_control_mode="none", tls_cert_file=str(tmp_path / "cert.pem"),
+                           tls_key_file=str(tmp_path / "key.pem"))
+    with ServerThread(config) as server:
+        port = server.url.rsplit(":", 1)[1]
+        by_address = _infer(f"https://127.0.0.1:{port}", "digits", "-i", "x=x.npy", cwd=tmp_path, env=env)
+        by_name = _infer(f"https://localhost:{port}", "digits", "-i", "x=x.npy", cwd=tmp_path, env=env)
+        profiled = subprocess.run([sys.executable, "-m", "aclserve", "profile", "digits", "--url",
+                                   f"https://localhost:{port}", "--seconds", "0.5"], cwd=tmp_path, env=env,
+                                  capture_output=True, text=True, timeout=120)
+    assert by_address.returncode == 0, by_address.stderr
+    said = "(the server's certificate does not name localhost, the host in the URL: use a host name or address it " \
+           "was issued for)"
+    for proc in (by_name, profiled):
+        assert proc.returncode == 1 and proc.stderr.rstrip("\n").endswith(said), proc.stderr
+        assert "not trusted" not in proc.stderr

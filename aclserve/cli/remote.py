@@ -27,14 +27,21 @@ def check_url(url: str) -> None:
 _CLOSED_UNANSWERED = ("closed connection without response", "Server disconnected", "Connection reset by peer")
 
 
+# how OpenSSL says a certificate it verified is issued for another host than the URL's
+_NAMES_ANOTHER_HOST = ("Hostname mismatch", "IP address mismatch")
+
+
 def scheme_hint(url: str, said: str) -> str:
     """What to add to a failed exchange's message when the URL's scheme looks wrong for the
-    port, or the server's certificate is not trusted here."""
+    port, or the server's certificate is not trusted here or names another host."""
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme == "http" and any(words in said for words in _CLOSED_UNANSWERED):
         return " (a TLS port? try https://)"
     if scheme == "https" and "WRONG_VERSION_NUMBER" in said:
         return " (not a TLS port? try http://)"
+    if any(words in said for words in _NAMES_ANOTHER_HOST):  # (a CA to trust would not help)
+        return (f" (the server's certificate does not name {urllib.parse.urlsplit(url).hostname}, the host in the "
+                "URL: use a host name or address it was issued for)")
     if "CERTIFICATE_VERIFY_FAILED" in said:
         return " (the server's certificate is not trusted here: SSL_CERT_FILE=<the CA that signed it>)"
     return ""
