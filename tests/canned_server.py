@@ -1,5 +1,6 @@
-"""A stand-in for what is not a KServe server (a gRPC port, HTML, a server that never answers):
-accepts connections on 127.0.0.1, reads each request's head and answers canned bytes."""
+"""Stand-ins for what is not a KServe server (a gRPC port, HTML, a server that never answers):
+accepts connections on 127.0.0.1, reads each request's head and answers canned bytes; and a
+plain web server (web_server)."""
 from __future__ import annotations
 
 import contextlib
@@ -38,4 +39,25 @@ def canned_server(answer: bytes | None):
         listener.close()
         for conn in held:
             conn.close()
+        thread.join(5)
+
+
+@contextlib.contextmanager
+def web_server(folder):
+    """`python -m http.server` on 127.0.0.1, serving `folder`, in a thread: a plain web server
+    (404 HTML pages, 501 to a POST). Yields its URL."""
+    import functools
+    import http.server
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
         thread.join(5)

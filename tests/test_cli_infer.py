@@ -14,7 +14,7 @@ import pytest
 from aclserve.cli.infer import cast_to_model
 from aclserve.cli.usage import UsageError
 
-from tests.canned_server import canned_server
+from tests.canned_server import canned_server, web_server
 
 # what each fake server answers once it has read a request's head (None: nothing, ever)
 ANSWERS = {
@@ -176,6 +176,16 @@ def test_infer_sends_an_image_and_asks_for_its_classes(tmp_path):
 def _infer(url: str, *args, cwd, env=None):
     return subprocess.run([sys.executable, "-m", "aclserve", "infer", *args, "--url", url], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
+
+
+def test_a_web_server_that_is_not_kserve_is_said_so(tmp_path):
+    """`python -m http.server` answers the infer POST 501 with an HTML page: "HTTP 501: <!DOCTYPE
+    HTML>" said nothing of what was wrong (a new user's report)."""
+    np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
+    with web_server(tmp_path) as url:
+        proc = _infer(url, "m", "-i", "x=x.npy", cwd=tmp_path)
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert f"{url} did not answer as a KServe v2 HTTP server: HTTP 501: <!DOCTYPE HTML>" in proc.stderr, proc.stderr
 
 
 def test_a_certificate_for_another_host_is_said_so_not_taken_for_an_untrusted_one(tmp_path):

@@ -19,7 +19,7 @@ import numpy as np
 from ..dtypes import cast_keeping_values, castable, kserve_to_numpy, numpy_to_kserve
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
-from .remote import auth_headers, check_url, scheme_hint, token_hint
+from .remote import auth_headers, check_url, kserve_error, scheme_hint, token_hint
 from .usage import NotKServe, UsageError, one_line
 
 
@@ -219,11 +219,11 @@ def run_infer(args) -> int:
         outputs = _ask(args, path, inputs, headers)
     except urllib.error.HTTPError as e:
         raw = e.read()
-        try:
-            message = json.loads(raw)["error"]
-        except (ValueError, KeyError, TypeError):  # (not KServe's error JSON: its first line, as profile says it)
-            message = raw.decode(errors="replace")
-        return _failed(f"HTTP {e.code}: {one_line(message) or e.reason}{token_hint(e.code)}")
+        message = kserve_error(raw)
+        said = f"HTTP {e.code}: {one_line(raw.decode(errors='replace') if message is None else message) or e.reason}"
+        if message is None:  # (a web server's HTML, say: "HTTP 501: <!DOCTYPE HTML>" alone told nothing)
+            return _failed(f"{args.url} did not answer as a KServe v2 HTTP server: {said}{token_hint(e.code)}")
+        return _failed(f"{said}{token_hint(e.code)}")
     except NoAnswer:
         return _failed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)")
     except (http.client.HTTPException, NotKServe) as e:  # (a gRPC port, or another kind of server)

@@ -3,6 +3,7 @@ before anything is sent, and the API token it is sent with (ACLSERVE_API_TOKEN, 
 own variable: kept out of the command line, which other users of the machine can read)."""
 from __future__ import annotations
 
+import json
 import os
 import urllib.parse
 
@@ -64,3 +65,13 @@ def token_hint(status: int) -> str:
         return ""
     said = "is not the server's token" if os.environ.get(TOKEN_ENV) else "is not set"
     return f" ({TOKEN_ENV} {said})"
+
+
+def kserve_error(body: bytes | str) -> str | None:
+    """The message of a KServe v2 error answer, {"error": "..."}; None when the body is not one
+    (a web server's HTML page, say: the URL is no KServe v2 server)."""
+    try:
+        message = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return message if isinstance(message, str) else None
