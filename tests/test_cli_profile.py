@@ -10,13 +10,14 @@ import sys
 import time
 import urllib.request
 
+import numpy as np
 import pytest
 
 from aclserve.cli.profile import _body
 from aclserve.cli.profile_remote import TraceUnreadable, read_trace
 from aclserve.cli.usage import UsageError
 from tests import REPO
-from tests.canned_server import canned_server
+from tests.canned_server import canned_server, web_server
 from tests.serving import ServerThread, server_config
 
 
@@ -218,3 +219,27 @@ def test_a_bad_runtime_setting_in_the_environment_is_one_line_as_serve_says_it(t
     _models(tmp_path)
     proc = _profile("digits", "--seconds", "0.5", "--models", "models", cwd=tmp_path, env={**os.environ, **env})
     assert proc.returncode == 2 and proc.stderr == said + "\n", proc.stderr
+
+
+def test_a_model_the_server_does_not_serve_is_exit_1_as_for_infer_said_once_with_the_models_it_has(tmp_path):
+    """The same 404 was exit 1 from `infer` and 2 from `profile --url` (README: 1 when nothing was
+    answered), and said "model 'nomodel': unknown model 'nomodel'"; a plain web server's 404
+    page was "model 'digits': HTTP 404: <!DOCTYPE HTML>", exit 2."""
+    np.save(tmp_path / "x.npy", np.zeros((1, 64), np.float32))
+    with ServerThread(server_config(_models(tmp_path), model_control_mode="none")) as server:
+        url = f"http://{server.url}"
+        profiled = _profile("nomodel", "--url", url, "--seconds", "0.5", cwd=tmp_path)
+        inferred = subprocess.run([sys.executable, "-m", "aclserve", "infer", "nomodel", "-i", "x=x.npy", "--url", url],
+                                  cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    with web_server(tmp_path) as web:
+        not_kserve = _profile("digits", "--url", web, "--seconds", "0.5", cwd=tmp_path)
+    in_process = _profile("nomodel", "--seconds", "0.5", "--models", "models", cwd=tmp_path)
+    assert inferred.returncode == 1 and "HTTP 404: unknown model 'nomodel'" in inferred.stderr, inferred.stderr
+    assert profiled.returncode == 1, profiled.stderr
+    assert profiled.stderr == f"aclserve profile: error: {url}: HTTP 404: unknown model 'nomodel' (models ready: " \
+                              "digits)\n"
+    assert not_kserve.returncode == 1, not_kserve.stderr
+    assert f"{web} did not answer as a KServe v2 HTTP server: HTTP 404: <!DOCTYPE HTML>" in not_kserve.stderr
+    # in-process the command judges the name against the folder itself: bad input, as --models is
+    assert in_process.returncode == 2, in_process.stderr
+    assert in_process.stderr == "aclserve profile: error: unknown model 'nomodel' (models ready: digits)\n"

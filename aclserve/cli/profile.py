@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import ServeError
 from .load import closed_loop
 from .remote import auth_headers, check_url, scheme_hint
-from .usage import UsageError
+from .usage import UsageError, models_hint
 
 
 def add_commands(sub) -> None:
@@ -122,7 +122,7 @@ def _run(args):
         except AclUnavailable as e:  # --device npu without CANN
             raise UsageError(str(e)) from None
     import aiohttp
-    from .profile_remote import TraceUnreadable, run_remote
+    from .profile_remote import ServerRefused, TraceUnreadable, run_remote
     from .usage import NOT_HTTP1_HINT, NotKServe, one_line
     check_url(args.url)
     auth_headers()  # (checked before the run)
@@ -140,6 +140,8 @@ def _run(args):
     except aiohttp.ClientError as e:  # (the connection closed mid-answer)
         said = one_line(e) or type(e).__name__
         raise RemoteFailed(f"{args.url} broke off the exchange: {said}{scheme_hint(args.url, said)}") from None
+    except ServerRefused as e:
+        raise RemoteFailed(f"{args.url.rstrip('/')}: {e}") from None
     except TraceUnreadable as e:
         raise RemoteFailed(str(e)) from None
 
@@ -237,8 +239,10 @@ async def _in_process(args):
         state.started = True
         try:
             served = repo.get(args.model)
-        except Exception as e:
-            raise UsageError(f"model {args.model!r}: {getattr(e, 'message', e)}") from None
+        except Exception as e:  # (the repository's messages name the model)
+            known = any(row["name"] == args.model for row in repo.index())
+            ready = "" if known else models_hint(row["name"] for row in repo.index(ready_only=True))
+            raise UsageError(f"{getattr(e, 'message', e)}{ready}") from None
         meta = [(s.name, s.datatype, list(s.shape)) for s in served.inputs]
         body, header_length = _body(meta, args.rows, served.max_batch_size)
         work = functools.partial(_work, body, header_length)

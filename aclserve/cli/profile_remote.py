@@ -12,8 +12,8 @@ import sys
 import time
 
 from .load import closed_loop
-from .remote import auth_headers, token_hint
-from .usage import NotKServe, UsageError, one_line
+from .remote import auth_headers, kserve_error, token_hint
+from .usage import NotKServe, UsageError, models_hint, one_line
 
 CONTROL_CONNECTIONS = 4  # metadata and trace settings, beside the clients' own connections
 WRITE_WAIT_S = 30.0  # for the server to write the trace file once tracing is off
@@ -21,6 +21,11 @@ WRITE_WAIT_S = 30.0  # for the server to write the trace file once tracing is of
 
 class TraceUnreadable(ValueError):
     """The trace file the server wrote cannot be read as a Chrome trace."""
+
+
+class ServerRefused(Exception):
+    """The server answered a request of the set-up with its error (no such model, say): exit
+    status 1, as `aclserve infer` has for the server's errors."""
 
 
 async def _said(resp) -> str:
@@ -31,6 +36,29 @@ async def _said(resp) -> str:
     except (ValueError, KeyError, TypeError):
         pass
     return f"HTTP {resp.status}: {one_line(text)}{token_hint(resp.status)}"
+
+
+async def _refusal(resp, doing: str = "") -> Exception:
+    """The error to raise for an answer that is not 200: ServerRefused with the server's message,
+    after `doing` ("could not turn tracing on: "), or NotKServe when it is no KServe v2 error."""
+    text = await resp.text(errors="replace")
+    message = kserve_error(text)
+    if message is None:  # (a web server's HTML page)
+        return NotKServe(f"HTTP {resp.status}: {one_line(text) or resp.reason}{token_hint(resp.status)}")
+    return ServerRefused(f"{doing}HTTP {resp.status}: {one_line(message)}{token_hint(resp.status)}")
+
+
+async def _models_ready(session, base: str) -> str:
+    """models_hint of the server's repository index, or "" when it has none to read."""
+    import aiohttp
+    try:
+        async with session.post(f"{base}/v2/repository/index", json={"ready": True}) as resp:
+            rows = await resp.json(content_type=None) if resp.status == 200 else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return ""
+    if not isinstance(rows, list):
+        return ""
+    return models_hint(row["name"] for row in rows if isinstance(row, dict) and isinstance(row.get("name"), str))
 
 
 def _inputs(doc) -> list[tuple[str, str, list[int]]]:
@@ -89,7 +117,10 @@ async def run_remote(args, make_body):
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=auth_headers()) as session:
         async with session.get(f"{base}/v2/models/{args.model}") as resp:
             if resp.status != 200:
-                raise UsageError(f"{base}: model {args.model!r}: {await _said(resp)}")
+                refusal = await _refusal(resp)
+                if resp.status == 404 and isinstance(refusal, ServerRefused):  # (its message names the model)
+                    raise ServerRefused(f"{refusal}{await _models_ready(session, base)}")
+                raise refusal
             try:
                 doc = await resp.json(content_type=None)
             except ValueError as e:  # (HTML, say)
@@ -110,7 +141,7 @@ async def run_remote(args, make_body):
                 return type(e).__name__
         async with session.post(url, data=body, headers=headers) as resp:  # what it refuses is one line
             if resp.status != 200:
-                raise UsageError(f"{base}: model {args.model!r} refused the request: {await _said(resp)}")
+                raise await _refusal(resp, f"model {args.model!r} refused the request: ")
         await closed_loop(args.clients, min(1.0, args.seconds / 5), one)  # warm-up, untraced
         restore = await _own_trace_settings(session, base, setting)
         _remove_stale(path)
@@ -118,7 +149,7 @@ async def run_remote(args, make_body):
                                                "log_frequency": "0", "trace_file": name,
                                                "trace_format": "chrome"}) as resp:
             if resp.status != 200:
-                raise UsageError(f"{base}: could not turn tracing on: {await _said(resp)}")
+                raise await _refusal(resp, "could not turn tracing on: ")
         traced_from = time.time()
         try:
             outcomes = await closed_loop(args.clients, args.seconds, one)

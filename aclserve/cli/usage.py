@@ -22,3 +22,15 @@ def one_line(text) -> str:
     if unprintable and unprintable * 10 >= len(line):
         return f"binary data, not HTTP/1.1 text {NOT_HTTP1_HINT}"
     return "".join(c if c.isprintable() else "?" for c in line)
+
+
+MODELS_LISTED = 20  # past these a hint says how many more
+
+
+def models_hint(names) -> str:
+    """' (models ready: a, b)': what to name instead of a model the server does not know."""
+    names = sorted(set(names))
+    if not names:
+        return " (no model is ready)"
+    more = f", and {len(names) - MODELS_LISTED} more" if len(names) > MODELS_LISTED else ""
+    return f" (models ready: {', '.join(names[:MODELS_LISTED])}{more})"
