@@ -188,6 +188,29 @@ def test_a_web_server_that_is_not_kserve_is_said_so(tmp_path):
     assert f"{url} did not answer as a KServe v2 HTTP server: HTTP 501: <!DOCTYPE HTML>" in proc.stderr, proc.stderr
 
 
+def test_infer_prints_an_output_whole_or_says_that_values_were_elided(tmp_path):
+    """A [32, 10] output was printed with "..." in place of most of its values (numpy's
+    threshold of 200), without a word: README says it prints the outputs."""
+    from tests import REPO
+    from tests.serving import ServerThread, server_config
+    from tests.tiny_models import compile_cpu_om, double_onnx
+    (tmp_path / "models").mkdir()
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "models" / "digits.om")
+    compile_cpu_om(double_onnx(tmp_path / "double.onnx"), tmp_path / "models" / "double.om", batch="64")
+    np.save(tmp_path / "x.npy", np.ones((32, 64), np.float32))
+    np.save(tmp_path / "x16.npy", np.arange(64 * 16, dtype=np.float32).reshape(64, 16))
+    with ServerThread(server_config(tmp_path / "models", model_control_mode="none")) as server:
+        whole = _infer(f"http://{server.url}", "digits", "-i", "x=x.npy", cwd=tmp_path)
+        elided = _infer(f"http://{server.url}", "double", "-i", "x=x16.npy", cwd=tmp_path)
+    assert whole.returncode == 0 and elided.returncode == 0, whole.stderr + elided.stderr
+    head, *values = whole.stdout.splitlines()
+    assert head == "y float32 [32, 10]" and "..." not in whole.stdout
+    assert len(" ".join(values).replace("[", " ").replace("]", " ").split()) == 320
+    assert elided.stdout.splitlines()[0] == ("y float32 [64, 16] (1,024 values: the middle ones elided here; "
+                                             "--json prints them all)")
+    assert "..." in elided.stdout and elided.stdout.endswith("2.046e+03]]\n")  # (the last value, 2 x 1023)
+
+
 def test_a_certificate_for_another_host_is_said_so_not_taken_for_an_untrusted_one(tmp_path):
     """A certificate for 127.0.0.1 met at https://localhost with its CA trusted was "Hostname
     mismatch ... (the server's certificate is not trusted here: SSL_CERT_FILE=<the CA that

@@ -45,6 +45,9 @@ def add_commands(sub) -> None:
     q.set_defaults(func=run_infer)
 
 
+# an output of up to this many values is printed whole (numpy's own default threshold: 1,000
+# classes of one image); a larger one, its first and last values, saying so
+PRINTED_WHOLE = 1000
 _NPY_MAGIC = b"\x93NUMPY"
 _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")  # JPEG, PNG: sent as they are, one image
 
@@ -238,9 +241,11 @@ def run_infer(args) -> int:
         print(json.dumps({n: {"shape": list(a.shape), "dtype": _dtype_name(a), "data": _json_data(a)}
                           for n, a in outputs.items()}))
     else:
-        with np.printoptions(threshold=200, edgeitems=4):
+        with np.printoptions(threshold=PRINTED_WHOLE, edgeitems=4):
             for name, arr in outputs.items():
-                print(f"{name} {_dtype_name(arr)} {list(arr.shape)}")
+                elided = (f" ({arr.size:,} values: the middle ones elided here; --json prints them all)"
+                          if arr.size > PRINTED_WHOLE else "")
+                print(f"{name} {_dtype_name(arr)} {list(arr.shape)}{elided}")
                 print(arr)
     return 0
 
