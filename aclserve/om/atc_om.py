@@ -103,7 +103,33 @@ def identify(path: str | os.PathLike) -> tuple[str, object]:
 
 
 def compile_hint(path: str) -> str:
-    """What to do with a file `identify` refused, when its name says it is an ONNX model."""
+    """What to do with a file `identify` refused, when its name says it is an ONNX model: compile
+    it if it parses as one (a garbage .onnx was sent to `aclserve compile`, which refused it)."""
     if not path.lower().endswith(".onnx"):
         return ""
+    if not _parses_as_onnx(path):
+        return "; nor is it an ONNX model, whatever its name: it does not parse as one"
     return f" (an ONNX model: `aclserve compile {shlex.quote(path)}` makes an OM of it)"
+
+
+def _parses_as_onnx(path: str) -> bool:
+    import onnx  # (here only: a refused .onnx is rare, and the runtime imports this module)
+    try:
+        with open_regular(path) as f:
+            model = onnx.load(f, load_external_data=False)
+    except Exception:  # protobuf's DecodeError and friends, a file that cannot be read
+        return False
+    return bool(model.graph.node or model.graph.output)  # (an empty file parses, as an empty model)
+
+
+def om_kind(path: str) -> str | None:
+    """"a CPU OM" or "an ATC OM" when the file starts as one, else None: what a compile refused
+    as no ONNX model may be compiled already."""
+    try:
+        with open_regular(path) as f:
+            head = f.read(len(container.MAGIC))
+    except OSError:
+        return None
+    if head == container.MAGIC:
+        return "a CPU OM"
+    return "an ATC OM" if head[:4] == ATC_MAGIC else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,6 +17,7 @@ from onnx import helper
 
 from ..dtypes import acl_to_kserve, numpy_to_acl
 from ..regular_files import open_regular
+from .atc_om import om_kind
 from .compile_error import CompileError
 from .container import DYNAMIC_BATCH_INPUT
 from .external_files import external_bytes, external_locations, missing_external_file
@@ -140,6 +142,10 @@ def load_onnx(path: str | os.PathLike, weights: bool = True) -> onnx.ModelProto:
         with f:
             model = onnx.load(f, load_external_data=False)  # (the format as for f.name, `path`)
     except Exception as e:  # protobuf DecodeError and friends
+        kind = om_kind(path)
+        if kind is not None:  # (protobuf's "Error parsing message" did not say what it is)
+            raise CompileError(f"{path}: already {kind}, not an ONNX model: nothing to compile; serve it as it is "
+                               f"(`aclserve inspect {shlex.quote(path)}` shows what it holds)") from None
         raise CompileError(f"{path}: not an ONNX model ({one_line(e)})") from None
     if not model.graph.node and not model.graph.output:
         raise CompileError(f"{path}: not an ONNX model (no graph)")

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from onnx import TensorProto, helper
 
+from tests import REPO
+
 from .conftest import run_cli, save
 
 GEARS_101 = ",".join(str(i) for i in range(1, 102))
@@ -225,3 +227,26 @@ def test_a_long_error_keeps_its_end_where_the_reason_is():
 
 def test_inspect_of_an_onnx_file_says_to_compile_it(multi_io_onnx):
     _assert_one_line_error(run_cli("inspect", multi_io_onnx), "makes an OM of it")
+
+
+def test_inspect_suggests_compiling_an_onnx_file_only_when_it_parses_as_one(tmp_path):
+    """A garbage `g.onnx` was "(an ONNX model: `aclserve compile g.onnx` makes an OM of it)",
+    chosen by its name, and the compile then refused it (a new user's report)."""
+    (tmp_path / "g.onnx").write_text("garbage\n")
+    (tmp_path / "empty.onnx").write_bytes(b"")  # (parses, as an empty model with no graph)
+    for name in ("g.onnx", "empty.onnx"):
+        proc = run_cli("inspect", tmp_path / name)
+        _assert_one_line_error(proc, "nor is it an ONNX model, whatever its name: it does not parse as one")
+        assert "aclserve compile" not in proc.stderr, proc.stderr
+
+
+def test_compile_of_an_om_says_it_is_compiled_already(tmp_path):
+    """It said "not an ONNX model (Error parsing message with type 'onnx.ModelProto')"."""
+    om = tmp_path / "digits.om"
+    om.write_bytes((REPO / "models" / "digits.om").read_bytes())
+    (tmp_path / "atc.om").write_bytes(b"IMOD" + bytes(252))
+    for path, kind in ((om, "a CPU OM"), (tmp_path / "atc.om", "an ATC OM")):
+        _assert_one_line_error(run_cli("compile", path, "-o", tmp_path / "out.om"),
+                               f"{path}: already {kind}, not an ONNX model: nothing to compile; serve it as it is "
+                               f"(`aclserve inspect {path}` shows what it holds)")
+    assert not (tmp_path / "out.om").exists()
