@@ -180,11 +180,22 @@ class NoAnswer(OSError):
     """The server took the connection and gave no answer within the timeout."""
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is not followed: urllib's would send the API token to wherever it points (a
+    security tester's server on another host got it). The 3xx comes back as an HTTPError."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 def _fetch(request, timeout: float):
     """(body, headers) of an answer; NoAnswer for a timeout, whether it came while connecting
     (urllib's URLError wraps it) or while reading."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
+        with _OPENER.open(request, timeout=timeout) as resp:
             return resp.read(), resp.headers
     except TimeoutError:
         raise NoAnswer from None
@@ -221,6 +232,10 @@ def run_infer(args) -> int:
     try:
         outputs = _ask(args, path, inputs, headers)
     except urllib.error.HTTPError as e:
+        if 300 <= e.code < 400:  # (a KServe v2 server answers in place)
+            where = one_line(e.headers.get("Location", "")) or "nowhere said"
+            return _failed(f"{args.url} redirects (HTTP {e.code}) to {where}: not followed, so that the API token "
+                           "goes to no other server; give the server's own URL as --url")
         raw = e.read()
         message = kserve_error(raw)
         said = f"HTTP {e.code}: {one_line(raw.decode(errors='replace') if message is None else message) or e.reason}"
