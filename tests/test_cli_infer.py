@@ -278,3 +278,30 @@ def test_a_certificate_for_another_host_is_said_so_not_taken_for_an_untrusted_on
     for proc in (by_name, profiled):
         assert proc.returncode == 1 and proc.stderr.rstrip("\n").endswith(said), proc.stderr
         assert "not trusted" not in proc.stderr
+
+
+def test_an_expired_server_certificate_is_said_so(tmp_path):
+    """An expired certificate, its CA trusted, was "certificate has expired ... (the server's
+    certificate is not trusted here: SSL_CERT_FILE=<the CA that signed it>)": that was done."""
+    import datetime
+    import os
+    import trustme
+    from tests import REPO
+    from tests.serving import ServerThread, server_config
+    ca = trustme.CA()
+    past = datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)
+    cert = ca.issue_cert("127.0.0.1", not_before=past, not_after=past + datetime.timedelta(days=1))
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    (tmp_path / "cert.pem").write_bytes(b"".join(pem.bytes() for pem in cert.cert_chain_pems))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    (tmp_path / "models").mkdir()
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "models" / "digits.om")
+    np.save(tmp_path / "x.npy", np.ones((1, 64), np.float32))
+    env = {**os.environ, "SSL_CERT_FILE": str(tmp_path / "ca.pem")}
+    config = server_config(tmp_path / "models", model_control_mode="none", tls_cert_file=str(tmp_path / "cert.pem"),
+                           tls_key_file=str(tmp_path / "key.pem"))
+    with ServerThread(config) as server:
+        proc = _infer(f"https://{server.url}", "digits", "-i", "x=x.npy", cwd=tmp_path, env=env)
+    assert proc.returncode == 1 and "certificate has expired" in proc.stderr, proc.stderr
+    assert proc.stderr.rstrip("\n").endswith("(the server's certificate is outside its dates of validity: the server "
+                                             "needs a current one, or this machine's clock is wrong)"), proc.stderr

@@ -30,11 +30,13 @@ _CLOSED_UNANSWERED = ("closed connection without response", "Server disconnected
 
 # how OpenSSL says a certificate it verified is issued for another host than the URL's
 _NAMES_ANOTHER_HOST = ("Hostname mismatch", "IP address mismatch")
+# ... and that it is expired or not valid yet
+_OUT_OF_DATE = ("certificate has expired", "certificate is not yet valid")
 
 
 def scheme_hint(url: str, said: str) -> str:
     """What to add to a failed exchange's message when the URL's scheme looks wrong for the
-    port, or the server's certificate is not trusted here or names another host."""
+    port, or the server's certificate is not trusted here, names another host or is out of date."""
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme == "http" and any(words in said for words in _CLOSED_UNANSWERED):
         return " (a TLS port? try https://)"
@@ -43,6 +45,9 @@ def scheme_hint(url: str, said: str) -> str:
     if any(words in said for words in _NAMES_ANOTHER_HOST):  # (a CA to trust would not help)
         return (f" (the server's certificate does not name {urllib.parse.urlsplit(url).hostname}, the host in the "
                 "URL: use a host name or address it was issued for)")
+    if any(words in said for words in _OUT_OF_DATE):  # (trusting its CA would not help either)
+        return (" (the server's certificate is outside its dates of validity: the server needs a current one, or "
+                "this machine's clock is wrong)")
     if "CERTIFICATE_VERIFY_FAILED" in said:
         return " (the server's certificate is not trusted here: SSL_CERT_FILE=<the CA that signed it>)"
     return ""

@@ -59,8 +59,8 @@ class Tracer:
     writer thread (started on the first write; close() writes what is left and stops it).
 
     `trace_dir`: trace_file names set through the API are resolved inside it (absolute paths and
-    `..` refused), so a client cannot choose where the server writes; `set_global_file` (the
-    command line) may name any path."""
+    `..` refused), so a client cannot choose where the server writes; the settings it starts
+    with (`settings`: the config file, the command line) may name any path."""
 
     def __init__(self, settings: TraceSettings | None = None, trace_dir: str = "traces"):
         self._startup = self._global = settings or TraceSettings()  # a global null restores _startup's
