@@ -10,21 +10,24 @@ with the dotted path of the key, e.g.
 Merging: mappings merge key by key, except `version_policy`, which a later layer replaces
 whole (it is a one-key choice). A per-model file (`models/<name>.yaml` or
 `models/<name>/config.yaml`) has the keys of `model_defaults` and merges over the server's
-`model_defaults` the same way. Entries of `batching.priority_queue_policy` (keyed by level
-number) inherit unset fields from `batching.default_queue_policy` of the layers merged (each
-level keeps the fields it set: BatchingConfig.priority_queue_fields); levels of model_defaults
-past a model's own priority_levels are left out for it, in a note.
+`model_defaults` the same way; so does a Triton folder's `config.pbtxt`, once translated.
+Entries of `batching.priority_queue_policy` (keyed by level number) inherit unset fields from
+`batching.default_queue_policy` of the layers merged (each level keeps the fields it set:
+BatchingConfig.priority_queue_fields); levels of model_defaults past a model's own
+priority_levels are left out for it, in a note.
 Relative paths (models_dir, compile_cache_dir, model_defaults' labels files) are relative to the
 working directory; labels files a model's own file names, to its folder. An error in a key given
 as an override is blamed on the `command line`, not the file.
 
 Modules: schema (the dataclasses, their choices, ConfigError), checks (value checks), model and
-server (a section's mapping -> its dataclass), files (default, YAML files, overrides, merging).
+server (a section's mapping -> its dataclass), files (default, YAML files, overrides, merging),
+triton_config (a Triton model folder's config.pbtxt -> the mapping a model's YAML gives).
 """
 from .files import DEFAULT_CONFIG_PATH, load_model_config, load_server_config
 from .model import model_config_mapping, parse_model_config
 from .schema import CompileOptions, ConfigError, ImageInput, ImageSettings, ModelConfig, ServerConfig, TensorOptions
+from .triton_config import PBTXT, load_triton_config
 
-__all__ = ["DEFAULT_CONFIG_PATH", "CompileOptions", "ConfigError", "ImageInput", "ImageSettings", "ModelConfig",
-           "ServerConfig", "TensorOptions", "load_model_config", "load_server_config", "model_config_mapping",
-           "parse_model_config"]
+__all__ = ["DEFAULT_CONFIG_PATH", "PBTXT", "CompileOptions", "ConfigError", "ImageInput", "ImageSettings",
+           "ModelConfig", "ServerConfig", "TensorOptions", "load_model_config", "load_server_config",
+           "load_triton_config", "model_config_mapping", "parse_model_config"]

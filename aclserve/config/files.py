@@ -162,7 +162,15 @@ def load_model_config(path: str | os.PathLike | None, defaults: ModelConfig,
     `notes` (when given) gets a line for each setting of `defaults` that does not apply to the model."""
     if path is None:
         return defaults
-    data = _levels_as_numbers(read_yaml(path, regular_only=True))
+    return layer_model_config(read_yaml(path, regular_only=True), defaults, path, notes)
+
+
+def layer_model_config(data: dict, defaults: ModelConfig, path: str | os.PathLike,
+                       notes: list[str] | None = None) -> ModelConfig:
+    """A model's own settings mapping (its YAML file's, or what triton_config.py makes of its
+    config.pbtxt) merged over `defaults` and validated; errors and labels files are the file at
+    `path`'s. `notes` as load_model_config's."""
+    data = _levels_as_numbers(data)
     merged = merge(model_config_mapping(defaults), data)
     left_out = _past_the_levels(merged, data)
     try:

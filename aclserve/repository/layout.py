@@ -9,6 +9,8 @@ attempted model):
     <root>/<name>/<version>/model.om    versioned; <version> a positive integer
     <root>/<name>/<version>/model.onnx  compiled on load (model.om in the same folder wins)
     <root>/<name>/config.yaml           config of the versioned model <name>
+    <root>/<name>/config.pbtxt          a Triton config of it, read when there is no config.yaml
+                                        (config/triton_config.py)
 
 Hidden names (`.*`) and temporary names (`*.tmp`, `*.part`) are skipped everywhere. Symlinks
 are followed only when they resolve inside the repository; anything resolving outside is
@@ -27,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import ConfigError, ModelConfig, load_model_config
+from ..config import PBTXT, ConfigError, ModelConfig, load_model_config, load_triton_config
 from ..regular_files import node_kind
 from . import external_data, unread
 
@@ -202,24 +204,25 @@ def _model_files(path: Path) -> list[Path]:
     return [path] if path.suffix.lower() in MODEL_SUFFIXES else []
 
 
-def _config(path: Path | None, root: Path, defaults: ModelConfig, notes: list[str]) -> ModelConfig:
+def _config(path: Path | None, root: Path, model: str, defaults: ModelConfig, notes: list[str]) -> ModelConfig:
     if path is None:
         return defaults
     if _inside(root, path) is None:
         raise ConfigError("", f"config file {_not_inside(path)}", str(path))
     said: list[str] = []
-    config = load_model_config(path, defaults, said)  # refuses a FIFO, socket or device node unopened
+    triton = path.name == PBTXT
+    # each refuses a FIFO, socket or device node unopened
+    config = load_triton_config(path, model, defaults, said) if triton else load_model_config(path, defaults, said)
     notes.extend(f"{_relative(root, path) or path}: {note}" for note in said)
     for name, options in config.outputs.items():
         if options.labels and options.labels not in {o.labels for o in defaults.outputs.values()}:
+            key = f"output[{name}].label_filename" if triton else f"outputs.{name}.labels"
             real = _inside(root, Path(options.labels))
             if real is None:
-                raise ConfigError(f"outputs.{name}.labels", "the file does not exist or resolves outside the "
-                                  "repository", str(path))
+                raise ConfigError(key, "the file does not exist or resolves outside the repository", str(path))
             special = _special(real)
             if special is not None:  # read when the version loads: a FIFO would hold that load
-                raise ConfigError(f"outputs.{name}.labels", f"{Path(options.labels).name} is {special}, "
-                                  "not a regular file", str(path))
+                raise ConfigError(key, f"{Path(options.labels).name} is {special}, not a regular file", str(path))
     return config
 
 
@@ -300,11 +303,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
         if _inside(root, folder) is None:
             result.problems[name] = f"{name}/ resolves outside the repository"
             return
-        config_path = folder / "config.yaml"
-        config_path = config_path if os.path.lexists(config_path) else None
-        if os.path.lexists(folder / "config.pbtxt"):  # a Triton model folder: its settings were silently lost
-            result.notes.append(f"{name}/config.pbtxt not read: a model's settings go in {name}/config.yaml "
-                                "(configs/default.yaml names the keys)")
+        config_path = _folder_config(folder, name, result)
         available, misplaced = {}, []
         for sub in sorted(folder.iterdir()):
             if is_ignored_name(sub.name):
@@ -349,7 +348,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             return
         available = {"1": found}
         config_path = parts.get(".yaml") or parts.get(".yml")
-    config = _config(config_path, root, defaults, result.notes)
+    config = _config(config_path, root, name, defaults, result.notes)
     selected = select_versions(available, config.version_policy)
     if not selected:  # as Triton, which fails such a load: the model would serve nothing
         result.problems[name] = (f"its version_policy {_policy_text(config.version_policy)} selects none of the "
@@ -361,6 +360,19 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
     result.models[name] = ModelEntry(config, available, selected)
     if config_path is not None and config.compile != defaults.compile:  # (the defaults' are the .onnx files')
         result.notes.extend(unread.compile_note(config_path, [available[v].path for v in selected], root))
+
+
+def _folder_config(folder: Path, name: str, result: ScanResult) -> Path | None:
+    """A versioned model's config file: its config.yaml, else a Triton folder's config.pbtxt
+    (one beside a config.yaml is not read, said in a note), else None."""
+    yaml_path, pbtxt = folder / "config.yaml", folder / PBTXT
+    if not os.path.lexists(pbtxt):
+        return yaml_path if os.path.lexists(yaml_path) else None
+    if os.path.lexists(yaml_path):
+        result.notes.append(f"{name}/{PBTXT} not read: {name}/config.yaml beside it is (a model's settings come "
+                            "from one file)")
+        return yaml_path
+    return pbtxt
 
 
 def _policy_text(policy: tuple) -> str:

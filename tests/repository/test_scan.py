@@ -315,11 +315,12 @@ def test_diff_a_version_policy_change_loads_and_unloads_only_the_difference(tmp_
 
 def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
     """These were ignored without a word: a misspelt name, a versioned model's settings beside its
-    folder instead of in it, a .yml beside the .yaml, a Triton model folder's config.pbtxt (the
-    defaults stayed in force), a suffix in capitals (the model was not served)."""
+    folder instead of in it, a .yml beside the .yaml, a Triton model folder's config.pbtxt beside
+    its config.yaml (which wins), a suffix in capitals (the model was not served)."""
     touch(tmp_path / "digits.om")
     touch(tmp_path / "t" / "1" / "model.om")
     (tmp_path / "t" / "config.pbtxt").write_text("max_batch_size: 1\n")
+    (tmp_path / "t" / "config.yaml").write_text("instances: 2\n")
     (tmp_path / "digit.yaml").write_text("instances: 2\n")
     (tmp_path / "digits.yaml").write_text("instances: 3\n")
     (tmp_path / "digits.yml").write_text("instances: 2\n")
@@ -346,7 +347,7 @@ def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
         "digit.yaml configures no model: there is no digit.om or digit.onnx beside it",
         "digits.YAML not read: file suffixes are lower case (rename it digits.yaml)",
         "digits.yaml is read; digits.yml beside it is ignored",
-        "t/config.pbtxt not read: a model's settings go in t/config.yaml (configs/default.yaml names the keys)",
+        "t/config.pbtxt not read: t/config.yaml beside it is (a model's settings come from one file)",
         "v.yaml not read: a versioned model's settings go in v/config.yaml",
         "v/config.YAML not read: file suffixes are lower case (rename it config.yaml)"]
     assert sorted(result.models) == ["digits", "t", "v"] and not result.problems

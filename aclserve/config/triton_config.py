@@ -1,0 +1,304 @@
+"""A Triton model folder's `config.pbtxt` as a model's settings: protobuf's text format parsed into
+Triton's ModelConfig message (tritonclient's model_config_pb2, the module the gRPC ModelConfig RPC
+answers with), then translated into the mapping a model's config.yaml gives, which layers over
+`model_defaults` and is validated as that file is (files.layer_model_config).
+
+Triton's meaning is kept. A message the file gives (dynamic_batching, a queue policy, a
+version_policy, instance_group) is read whole, the fields it leaves out taking Triton's defaults:
+proto3 cannot tell a field left out from one set to its default, and Triton reads them as its
+defaults (a `dynamic_batching { }` has no queue delay, one priority level, unbounded queues without
+deadlines, no timeout override). A message it leaves out leaves model_defaults' settings, and so
+do the settings Triton has no field for (slots, retry, timeouts, batch_formation, compile, images);
+but without dynamic_batching Triton batches no requests together, unless its ONNX Runtime backend
+completes the config (no input or no output listed), which adds `dynamic_batching { }`.
+What aclserve cannot honour is refused, naming the field, where ignoring it would change answers or
+scheduling; what changes neither is named in a note.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from google.protobuf import text_format
+
+from ..regular_files import open_regular
+from .checks import MAX_MS
+from .files import layer_model_config
+from .model import MAX_PRIORITY_LEVELS
+from .schema import ConfigError, ModelConfig
+
+PBTXT = "config.pbtxt"
+_MAX_US = MAX_MS * 1000  # durations in microseconds, where aclserve's are in milliseconds
+_PLATFORMS = ("", "onnxruntime_onnx", "ascend_om")  # (ascend_om: aclserve's own, as /config shows it)
+_BACKENDS = ("", "onnxruntime")
+_MODEL_FILES = ("", "model.onnx", "model.om")
+_MAX_INSTANCES = 1024
+# fields that change neither answers nor scheduling here, named in the note when given
+_PASSED_OVER = ("runtime", "optimization", "model_warmup", "parameters", "response_cache", "metric_tags",
+                "model_metrics", "cc_model_filenames", "model_operations", "model_transaction_policy")
+_REFUSED = {
+    "sequence_batching": "aclserve has no sequence batcher: a stateful model's requests would run without "
+                         "their sequence's state",
+    "ensemble_scheduling": "aclserve serves single models, not ensembles",
+    "batch_input": "aclserve adds no batch inputs to a model's inputs",
+    "batch_output": "aclserve scatters no batch outputs",
+    "model_repository_agents": "repository agents change the model files Triton loads (checksums, decryption); "
+                               "aclserve loads them as they are",
+}
+
+
+def _messages():
+    """tritonclient's model_config_pb2, imported when a config.pbtxt is read: importing it imports
+    grpc (tritonclient.grpc's package does), which only server/ needs otherwise."""
+    from tritonclient.grpc import model_config_pb2
+    return model_config_pb2
+
+
+def read_pbtxt(path: str | os.PathLike):
+    """Triton's ModelConfig message in the file at `path`. Raises ConfigError blamed on it; a FIFO,
+    socket or device node is refused unopened."""
+    try:
+        with open_regular(path, "r", "utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError("", f"cannot read config file: {e.strerror}", str(path)) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError("", f"not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})", str(path)) from None
+    message = _messages().ModelConfig()
+    try:
+        text_format.Parse(text, message)
+    except text_format.ParseError as e:  # "3:5 : Message type ... has no field named ..."
+        said = str(e).partition(" : ")[2]
+        problem = f"line {e.GetLine()}, column {e.GetColumn()}: {said}" if e.GetLine() > 0 and said else str(e)
+        raise ConfigError("", f"invalid text format: {' '.join(problem.split())[:300]}", str(path)) from None
+    except RecursionError:
+        raise ConfigError("", "invalid text format: nested too deeply", str(path)) from None
+    return message
+
+
+def load_triton_config(path: str | os.PathLike, name: str, defaults: ModelConfig,
+                       notes: list[str] | None = None) -> ModelConfig:
+    """Model `name`'s config.pbtxt at `path` over `defaults`, as load_model_config does a YAML file
+    (errors blamed on `path`, with the pbtxt's field path). `notes` gets what was passed over."""
+    message = read_pbtxt(path)
+    said: list[str] = []
+    try:
+        data = translate(message, name, defaults.devices, said)
+    except ConfigError as e:
+        raise ConfigError(e.path, e.problem, str(path)) from None
+    if "default_queue_policy" in data["batching"]:
+        # its dynamic_batching (given, or implied as Triton's backend does) is read whole:
+        # model_defaults' own levels do not reach it
+        batching = dataclasses.replace(defaults.batching, priority_queue_policy={}, priority_queue_fields={})
+        defaults = dataclasses.replace(defaults, batching=batching)
+    config = layer_model_config(data, defaults, path, notes)
+    if notes is not None:
+        notes.extend(said)
+    return config
+
+
+def translate(message, name: str, devices: tuple[int, ...], notes: list[str]) -> dict:
+    """The config.yaml mapping of Triton's ModelConfig `message` for the model `name` whose
+    default devices are `devices`. Raises ConfigError naming the pbtxt's field; `notes` gets a
+    line for what it passes over."""
+    if message.name and message.name != name:
+        raise ConfigError("name", f"is {message.name!r}, not the model's folder name {name!r} (Triton refuses it too)")
+    _refuse_the_unservable(message)
+    data: dict = {"batching": _batching(message, notes)}
+    if message.HasField("version_policy"):
+        data["version_policy"] = _version_policy(message.version_policy)
+    if message.instance_group:
+        data.update(_instances(message, devices, notes))
+    labels = {out.name: {"labels": out.label_filename} for out in message.output if out.label_filename}
+    if labels:
+        data["outputs"] = labels
+    passed = [f.name for f in _given(message) if f.name in _PASSED_OVER]
+    passed += _passed_in(message)
+    if passed:
+        notes.append(f"passed over (aclserve's answers and scheduling do not depend on them): {', '.join(passed)}")
+    return data
+
+
+def _given(message) -> list:
+    """The fields `message` sets (a scalar to other than its default, a message, a non-empty list)."""
+    return [field for field, _ in message.ListFields()]
+
+
+def _refuse_the_unservable(message) -> None:
+    for field in _given(message):
+        if field.name in _REFUSED:
+            raise ConfigError(field.name, _REFUSED[field.name])
+    if message.platform not in _PLATFORMS:
+        raise ConfigError("platform", f"{message.platform!r}: aclserve serves ONNX and OM models (platform "
+                                      "onnxruntime_onnx, or none)")
+    if message.backend not in _BACKENDS:
+        raise ConfigError("backend", f"{message.backend!r}: aclserve serves ONNX and OM models (backend "
+                                     "onnxruntime, or none)")
+    if message.default_model_filename not in _MODEL_FILES:
+        raise ConfigError("default_model_filename", f"{message.default_model_filename!r}: aclserve serves "
+                                                    "<version>/model.om or <version>/model.onnx (rename the files)")
+    if message.model_transaction_policy.decoupled:
+        raise ConfigError("model_transaction_policy.decoupled", "aclserve answers each request once")
+
+
+def _passed_in(message) -> list[str]:
+    """Fields inside the messages translated that change nothing here, as the note names them."""
+    passed = []
+    if message.platform or message.backend:
+        passed.append("platform and backend (the model runs as an OM; an .onnx is compiled to one)")
+    tensor_fields = sorted({f.name for t in [*message.input, *message.output] for f in _given(t)}
+                           - {"name", "label_filename"})
+    if tensor_fields:
+        passed.append(f"input and output {', '.join(tensor_fields)} (the model's own are served)")
+    group_fields = sorted({f.name for g in message.instance_group for f in _given(g)}
+                          - {"name", "kind", "count", "gpus"})
+    if group_fields:
+        passed.append(f"instance_group {', '.join(group_fields)}")
+    if message.dynamic_batching.preferred_batch_size:
+        passed.append("dynamic_batching.preferred_batch_size (batches are formed at the model's compiled batch "
+                      "sizes, which /config lists as preferred_batch_size)")
+    if message.dynamic_batching.priority_queue_policy and not message.dynamic_batching.priority_levels:
+        passed.append("dynamic_batching.priority_queue_policy (priority_levels is 0: one level, its "
+                      "default_queue_policy)")
+    return passed
+
+
+def _batching(message, notes: list[str]) -> dict:
+    cap = message.max_batch_size
+    if cap < 0:
+        raise ConfigError("max_batch_size", f"must be >= 0, got {cap} (Triton refuses it too)")
+    batching: dict = {"max_batch_size": cap}
+    given = message.HasField("dynamic_batching")
+    # Triton's ONNX Runtime backend completes a config that lists no inputs or no outputs (as it
+    # does by default): a max_batch_size of 0 from the model (its default-max-batch-size, 4, for a
+    # model with a batch dimension; here its largest compiled batch size), and dynamic_batching { }
+    # when that is over 1 and the config has no scheduler
+    completes = not (message.input and message.output)
+    filled = completes and cap == 0
+    dynamic = given or (completes and (cap > 1 or filled))
+    # requests are batched together only by a dynamic batcher, and only along a batch dimension
+    batching["enabled"] = dynamic and (cap > 0 or filled)
+    implied = "" if given else ", batched as dynamic_batching { }"
+    if filled:
+        notes.append(f"max_batch_size 0 with no input or output listed: the model's{implied}, as Triton's ONNX "
+                     "Runtime backend completes such a config (its largest compiled batch size here; Triton's "
+                     "default-max-batch-size: 4)")
+    elif cap == 0:
+        notes.append("max_batch_size 0: requests run one at a time, each whole, as Triton runs a model without "
+                     "a batch dimension (a model compiled with batch sizes shows its largest as max_batch_size)")
+    elif not given and dynamic:
+        notes.append(f"no dynamic_batching and no input or output listed{implied}, as Triton's ONNX Runtime "
+                     "backend completes such a config")
+    elif not given:
+        notes.append("no dynamic_batching: requests run one at a time, as Triton runs them (dynamic_batching { } "
+                     "batches them)")
+    if not dynamic:
+        return batching
+    dynamic = message.dynamic_batching
+    batching["max_queue_delay_ms"] = _ms(dynamic.max_queue_delay_microseconds,
+                                         "dynamic_batching.max_queue_delay_microseconds")
+    levels = dynamic.priority_levels
+    if levels > MAX_PRIORITY_LEVELS:
+        raise ConfigError("dynamic_batching.priority_levels", f"is {levels}, at most {MAX_PRIORITY_LEVELS} here")
+    default = dynamic.default_priority_level
+    if levels and not 1 <= default <= levels:
+        raise ConfigError("dynamic_batching.default_priority_level",
+                          f"must be within 1..{levels} (priority_levels), got {default} (Triton refuses it too)")
+    batching["priority_levels"], batching["default_priority"] = (levels, default) if levels else (1, 1)
+    if dynamic.preserve_ordering:
+        _check_ordering(dynamic)
+    batching["preserve_ordering"] = dynamic.preserve_ordering
+    batching["default_queue_policy"] = _queue_policy(dynamic.default_queue_policy,
+                                                     "dynamic_batching.default_queue_policy")
+    per_level = {}
+    for level in sorted(dynamic.priority_queue_policy) if levels else ():
+        path = f"dynamic_batching.priority_queue_policy[{level}]"
+        if not 1 <= level <= levels:
+            raise ConfigError(path, f"level {level} is outside 1..{levels} (priority_levels; Triton refuses it too)")
+        per_level[level] = _queue_policy(dynamic.priority_queue_policy[level], path)
+    batching["priority_queue_policy"] = per_level
+    return batching
+
+
+def _check_ordering(dynamic) -> None:
+    """Triton's own refusals of preserve_ordering (model_config_utils.cc): one level, no delayed deadlines."""
+    if dynamic.priority_levels > 1:
+        raise ConfigError("dynamic_batching.preserve_ordering", "takes one priority level, not "
+                                                                f"{dynamic.priority_levels} (Triton refuses it too)")
+    policies = [("default_queue_policy", dynamic.default_queue_policy)]
+    policies += [(f"priority_queue_policy[{k}]", p) for k, p in sorted(dynamic.priority_queue_policy.items())]
+    for where, policy in policies:
+        if policy.default_timeout_microseconds and policy.timeout_action == _messages().ModelQueuePolicy.DELAY:
+            raise ConfigError(f"dynamic_batching.{where}.timeout_action", "DELAY does not go with preserve_ordering "
+                                                                          "(Triton refuses it too)")
+
+
+def _queue_policy(policy, path: str) -> dict:
+    """Every field: Triton's default for one the file leaves out (no size limit, no deadline,
+    REJECT, no override), not default_queue_policy's nor model_defaults'."""
+    actions = _messages().ModelQueuePolicy.TimeoutAction
+    if policy.timeout_action not in actions.values():
+        raise ConfigError(f"{path}.timeout_action", f"{policy.timeout_action} is not REJECT or DELAY")
+    return {"max_queue_size": policy.max_queue_size,
+            "default_timeout_ms": _ms(policy.default_timeout_microseconds, f"{path}.default_timeout_microseconds"),
+            "timeout_action": actions.Name(policy.timeout_action).lower(),
+            "allow_timeout_override": policy.allow_timeout_override}
+
+
+def _ms(microseconds: int, path: str) -> float:
+    if microseconds > _MAX_US:
+        raise ConfigError(path, f"is {microseconds}, at most {_MAX_US} (24.8 days)")
+    return microseconds / 1000
+
+
+def _version_policy(policy) -> dict:
+    kind = policy.WhichOneof("policy_choice")
+    if kind == "all":
+        return {"all": True}
+    if kind == "specific":
+        versions = sorted(set(policy.specific.versions))
+        if not versions or versions[0] < 1:
+            raise ConfigError("version_policy.specific.versions", "must list versions, positive integers, got "
+                                                                  f"{list(policy.specific.versions)}")
+        return {"specific": versions}
+    return {"latest": policy.latest.num_versions or 1}  # (Triton's default: 1; so too for `version_policy { }`)
+
+
+def _instances(message, devices: tuple[int, ...], notes: list[str]) -> dict:
+    """instances (and devices) of the instance groups. Triton's count is per GPU listed (every GPU
+    when none is: here, the model's default devices) and in all for KIND_CPU and KIND_MODEL;
+    aclserve places a model's instances round-robin over its devices, so the groups must give
+    every device they name as many."""
+    kinds = _messages().ModelInstanceGroup.Kind
+    on_device: dict[int, int] = {}
+    in_all = 0  # KIND_CPU and KIND_MODEL instances: placed with the others
+    onnxruntime = message.backend == "onnxruntime" or message.platform == "onnxruntime_onnx"
+    for i, group in enumerate(message.instance_group):
+        path = f"instance_group[{i}]"
+        if group.passive:
+            raise ConfigError(f"{path}.passive", "passive instances take no requests; aclserve's all do")
+        kind = kinds.Name(group.kind) if group.kind in kinds.values() else str(group.kind)
+        # Triton's default count: 1, and 2 for ONNX Runtime's KIND_CPU (model_config_utils.cc)
+        count = group.count if group.count >= 1 else 2 if kind == "KIND_CPU" and onnxruntime else 1
+        if kind in ("KIND_CPU", "KIND_MODEL"):
+            if group.gpus:
+                raise ConfigError(f"{path}.gpus", f"{kind} takes no gpus (Triton refuses it too)")
+            in_all += count
+            if kind == "KIND_CPU":
+                notes.append(f"{path} KIND_CPU: its instances run on the model's devices, as all do here")
+            continue
+        for gpu in group.gpus or devices:
+            if gpu < 0:
+                raise ConfigError(f"{path}.gpus", f"{gpu} is not a device id")
+            on_device[gpu] = on_device.get(gpu, 0) + count
+    total = sum(on_device.values()) + in_all
+    if total > _MAX_INSTANCES:
+        raise ConfigError("instance_group", f"makes {total} instances, at most {_MAX_INSTANCES}")
+    if len(set(on_device.values())) > 1:
+        counts = ", ".join(f"{n} on device {d}" for d, n in sorted(on_device.items()))
+        raise ConfigError("instance_group", f"places {counts}: aclserve spreads a model's instances evenly over "
+                                            "its devices (instances and devices in a config.yaml)")
+    placed = {"instances": total}
+    if any(group.gpus for group in message.instance_group):
+        placed["devices"] = sorted(on_device)
+    return placed

@@ -1,0 +1,226 @@
+"""A Triton model folder's config.pbtxt read as the model's settings (config/triton_config.py):
+served with its batching, priority levels, queue policies, instances and version policy, as
+/v2/models/<m>/config shows them; a config.yaml beside it wins; a parse error or a field aclserve
+cannot honour is the model's problem in the index; editing or adding the file reloads the model.
+The pure translation on temporary folders (layout.scan), the rest on the real server and
+repository (CPU runtime, real files)."""
+from __future__ import annotations
+
+import logging
+import os
+
+import aiohttp
+import pytest
+
+from aclserve.config import ModelConfig, load_server_config
+from aclserve.repository import State
+from aclserve.repository.layout import scan
+from tests.serving import started_app
+
+from .repo_helpers import place, until, write_in, x_rows
+
+DEFAULTS = ModelConfig()
+
+TRITON = """
+name: "m"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] label_filename: "y_labels.txt" } ]
+dynamic_batching {
+  max_queue_delay_microseconds: 500
+  priority_levels: 2
+  default_priority_level: 2
+  default_queue_policy { max_queue_size: 16 timeout_action: DELAY default_timeout_microseconds: 100000
+                         allow_timeout_override: true }
+  priority_queue_policy { key: 1 value: { max_queue_size: 4 } }
+}
+instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]
+version_policy: { specific { versions: [ 1 ] } }
+optimization { graph { level: 1 } }
+"""
+
+
+def touch(path, data=b"om"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def triton_folder(root, name: str, pbtxt: str, versions=(1,)):
+    for version in versions:
+        touch(root / name / str(version) / "model.onnx")
+    (root / name / "config.pbtxt").write_text(pbtxt)
+
+
+def scanned(tmp_path, defaults=DEFAULTS):
+    result = scan(tmp_path, defaults)
+    return result, {name: entry.config for name, entry in result.models.items()}
+
+
+def test_the_pbtxt_is_translated_with_tritons_meaning(tmp_path):
+    tensors = 'input [ { name: "x" } ]\noutput [ { name: "y" } ]\n'
+    triton_folder(tmp_path, "m", TRITON.replace('label_filename: "y_labels.txt"', ""), versions=(1, 2))
+    triton_folder(tmp_path, "plain", f"max_batch_size: 8\n{tensors}instance_group [ {{ count: 3 kind: KIND_CPU }} ]\n")
+    triton_folder(tmp_path, "whole", f"max_batch_size: 0\n{tensors}version_policy: {{ latest {{ num_versions: 2 }} }}\n"
+                                     "dynamic_batching { }\ninstance_group [ { count: 2 } ]\n", versions=(1, 2, 3))
+    triton_folder(tmp_path, "partial", "max_batch_size: 8\n")  # completed as Triton's ONNX Runtime backend does
+    triton_folder(tmp_path, "empty", "")
+    # model_defaults' levels and queue policy stay out of a dynamic_batching the file gives
+    defaults = load_server_config(None, {"model_defaults.batching.priority_queue_policy": {1: {"max_queue_size": 9}},
+                                         "model_defaults.devices": [0, 1], "model_defaults.slots": 3}).model_defaults
+    result, configs = scanned(tmp_path, defaults)
+    assert result.problems == {}
+    m = configs["m"]
+    assert (m.instances, m.devices, m.version_policy) == (2, (0,), ("specific", (1,)))
+    assert result.models["m"].selected == ("1",)
+    b = m.batching
+    assert (b.enabled, b.batch_cap, b.max_queue_delay_ms, b.priority_levels, b.default_level) == (True, 4, 0.5, 2, 2)
+    assert (b.default_queue_policy.max_queue_size, b.default_queue_policy.default_timeout_ms,
+            b.default_queue_policy.timeout_action, b.default_queue_policy.allow_timeout_override) == (16, 100, "delay",
+                                                                                                      True)
+    # a level's policy is whole, as Triton reads it: what it leaves out is Triton's default
+    level = b.priority_queue_policy[1]
+    assert (level.max_queue_size, level.default_timeout_ms, level.timeout_action, level.allow_timeout_override) \
+        == (4, 0, "reject", False)
+    assert list(b.priority_queue_policy) == [1] and m.slots == 3  # what Triton has no field for: model_defaults'
+
+    plain = configs["plain"]  # no dynamic_batching: Triton runs requests one at a time
+    assert (plain.batching.enabled, plain.batching.batch_cap, plain.instances) == (False, 8, 3)
+    assert plain.batching.priority_queue_policy == defaults.batching.priority_queue_policy  # (none given: defaults')
+    whole = configs["whole"]  # dynamic_batching { }: Triton's defaults, not model_defaults'
+    assert (whole.batching.enabled, whole.batching.max_queue_delay_ms, whole.batching.priority_levels) == (False, 0, 1)
+    policy = whole.batching.default_queue_policy
+    assert (policy.max_queue_size, policy.default_timeout_ms, policy.allow_timeout_override) == (0, 0, False)
+    assert whole.batching.priority_queue_policy == {}
+    assert (whole.instances, whole.devices) == (4, (0, 1))  # KIND_AUTO, no gpus: 2 on each default device
+    assert result.models["whole"].selected == ("2", "3")
+    for completed, cap in ((configs["partial"], 8), (configs["empty"], 0)):  # batched as dynamic_batching { }
+        assert (completed.batching.enabled, completed.batching.batch_cap, completed.batching.max_queue_delay_ms,
+                completed.batching.priority_levels, completed.batching.default_queue_policy.max_queue_size) \
+            == (True, cap, 0, 1, 0)
+    assert sorted(result.notes) == [
+        "empty/config.pbtxt: max_batch_size 0 with no input or output listed: the model's, batched as "
+        "dynamic_batching { }, as Triton's ONNX Runtime backend completes such a config (its largest compiled batch "
+        "size here; Triton's default-max-batch-size: 4)",
+        "m/config.pbtxt: passed over (aclserve's answers and scheduling do not depend on them): optimization, "
+        "platform and backend (the model runs as an OM; an .onnx is compiled to one), input and output data_type, "
+        "dims (the model's own are served)",
+        "partial/config.pbtxt: no dynamic_batching and no input or output listed, batched as dynamic_batching { }, "
+        "as Triton's ONNX Runtime backend completes such a config",
+        "plain/config.pbtxt: instance_group[0] KIND_CPU: its instances run on the model's devices, as all do here",
+        "plain/config.pbtxt: no dynamic_batching: requests run one at a time, as Triton runs them "
+        "(dynamic_batching { } batches them)",
+        "whole/config.pbtxt: max_batch_size 0: requests run one at a time, each whole, as Triton runs a model "
+        "without a batch dimension (a model compiled with batch sizes shows its largest as max_batch_size)"]
+
+
+@pytest.mark.parametrize("pbtxt, problem", [
+    ('name: "other"', "name: is 'other', not the model's folder name 'm' (Triton refuses it too)"),
+    ('platform: "tensorrt_plan"', "platform: 'tensorrt_plan': aclserve serves ONNX and OM models"),
+    ("sequence_batching { }", "sequence_batching: aclserve has no sequence batcher"),
+    ('ensemble_scheduling { step [ { model_name: "a" } ] }', "ensemble_scheduling: aclserve serves single models"),
+    ("max_batch_size: 4\ndynamic_batching { priority_levels: 2 }",
+     "dynamic_batching.default_priority_level: must be within 1..2 (priority_levels), got 0"),
+    ("max_batch_size: 4\ndynamic_batching { priority_levels: 2 default_priority_level: 1 preserve_ordering: true }",
+     "dynamic_batching.preserve_ordering: takes one priority level, not 2"),
+    ("instance_group [ { count: 1 gpus: [ 0 ] }, { count: 2 gpus: [ 1 ] } ]",
+     "instance_group: places 1 on device 0, 2 on device 1: aclserve spreads a model's instances evenly"),
+    ("instance_group [ { count: 1 passive: true } ]", "instance_group[0].passive: passive instances take no requests"),
+    ("version_policy { specific { versions: [ 0 ] } }", "version_policy.specific.versions: must list versions"),
+    ("max_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 9999999999999 }",
+     "dynamic_batching.max_queue_delay_microseconds: is 9999999999999, at most 2147483647000"),
+    ("max_batch_size: 4\ndynamic_batching {\n  priority_levels: 1\n  default_priority_level: 1\n"
+     "  max_queue_size: 3\n}", 'invalid text format: line 5, column 3: Message type "inference.ModelDynamicBatching" '
+                              'has no field named "max_queue_size".'),
+])
+def test_what_cannot_be_honoured_is_the_models_problem_naming_the_field(tmp_path, pbtxt, problem):
+    triton_folder(tmp_path, "m", pbtxt)
+    result, _ = scanned(tmp_path)
+    assert "m" not in result.models
+    source = str((tmp_path / "m" / "config.pbtxt").resolve())
+    assert result.problems["m"].startswith(f"{source}: {problem}"), result.problems
+    assert result.config_problems["m"][0] == source  # (one being written waits: planner.py)
+
+
+def test_a_config_yaml_beside_it_wins(tmp_path):
+    triton_folder(tmp_path, "m", "instance_group [ { count: 3 } ]\nsequence_batching { }\n")
+    (tmp_path / "m" / "config.yaml").write_text("instances: 2\n")
+    result, configs = scanned(tmp_path)
+    assert result.problems == {} and configs["m"].instances == 2
+    assert result.notes == ["m/config.pbtxt not read: m/config.yaml beside it is (a model's settings come from one "
+                            "file)"]
+
+
+@pytest.mark.asyncio
+async def test_a_triton_folder_serves_with_its_config(models_dir, model_files, caplog):
+    caplog.set_level(logging.INFO, logger="aclserve.repository")
+    for version in (1, 2):
+        place(model_files[version]["om"], models_dir / "m" / str(version) / "model.om")
+    write_in(models_dir / "m" / "config.pbtxt", TRITON)
+    write_in(models_dir / "m" / "y_labels.txt", "a\nb\nc\nd\n")
+    place(model_files[3]["om"], models_dir / "yaml" / "1" / "model.om")
+    write_in(models_dir / "yaml" / "config.pbtxt", 'name: "yaml"\ninstance_group [ { count: 3 } ]\n')
+    write_in(models_dir / "yaml" / "config.yaml", "instances: 2\n")
+    place(model_files[1]["om"], models_dir / "broken" / "1" / "model.om")
+    write_in(models_dir / "broken" / "config.pbtxt", "max_batch_size: 4\ndynamic_batching {\n")
+    place(model_files[1]["om"], models_dir / "stateful" / "1" / "model.om")
+    write_in(models_dir / "stateful" / "config.pbtxt", "max_batch_size: 4\nsequence_batching { }\n")
+    for path in models_dir.rglob("*"):
+        os.utime(path, (1, 1))  # old files: taken at once at start
+    config = load_server_config(None, {"models_dir": str(models_dir), "port": 0, "device": "cpu",
+                                       "model_control_mode": "none", "log_level": "warning"})
+    runner, _, base, _, repo = await started_app(config)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{base}/v2/models/m/config") as resp:
+                assert resp.status == 200
+                shown = await resp.json()
+            async with session.post(f"{base}/v2/repository/index", json={}) as resp:
+                index = {(r["name"], r.get("version", "")): r for r in await resp.json()}
+            async with session.get(f"{base}/v2/models/yaml/config") as resp:
+                assert (await resp.json())["instance_group"][0]["count"] == 2
+        assert shown["max_batch_size"] == 4 and shown["version_policy"] == {"specific": {"versions": [1]}}
+        assert shown["instance_group"][0]["count"] == 2 and shown["output"][0]["label_filename"] == "y_labels.txt"
+        dynamic = shown["dynamic_batching"]
+        assert (dynamic["max_queue_delay_microseconds"], dynamic["priority_levels"],
+                dynamic["default_priority_level"]) == (500, 2, 2)
+        assert dynamic["default_queue_policy"] == {"timeout_action": "DELAY", "default_timeout_microseconds": 100000,
+                                                   "allow_timeout_override": True, "max_queue_size": 16}
+        assert dynamic["priority_queue_policy"] == {"1": {"timeout_action": "REJECT", "default_timeout_microseconds": 0,
+                                                          "allow_timeout_override": False, "max_queue_size": 4}}
+        assert (await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0] == 1.0  # version 1, as its policy says
+        assert index[("m", "1")]["state"] == State.READY.value
+        assert index[("m", "2")]["reason"] == "not selected by the version policy"
+        assert index[("broken", "")]["reason"] == ('<models>/broken/config.pbtxt: invalid text format: line 2, '
+                                                   'column 18: Expected "}".')
+        assert index[("stateful", "")]["reason"] == ("<models>/stateful/config.pbtxt: sequence_batching: aclserve has "
+                                                     "no sequence batcher: a stateful model's requests would run "
+                                                     "without their sequence's state")
+        assert "yaml/config.pbtxt not read: yaml/config.yaml beside it is" in caplog.text
+        assert "m/config.pbtxt: passed over (aclserve's answers and scheduling do not depend on them): optimization" \
+            in caplog.text
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.asyncio
+async def test_editing_or_adding_a_config_pbtxt_reloads_the_model(make_repo, models_dir, model_files):
+    place(model_files[1]["om"], models_dir / "m" / "1" / "model.om")
+    repo, events = await make_repo()
+    assert repo.get("m").config.batching.priority_levels == 3  # the defaults: no config yet
+    write_in(models_dir / "m" / "config.pbtxt", "max_batch_size: 2\ndynamic_batching { priority_levels: 2 "
+                                                "default_priority_level: 1 }\n")
+    await events.wait("reloaded", "m", "1", limit_s=60)  # (a hang guard under pytest.ini's timeout)
+    batching = repo.get("m").config.batching
+    assert (batching.priority_levels, batching.default_level, batching.batch_cap) == (2, 1, 2)
+    assert repo.get("m").max_batch_size == 2
+    write_in(models_dir / "m" / "config.pbtxt", 'max_batch_size: 4\ninput [ { name: "x" } ]\noutput [ { name: "y" } ]\n'
+                                                "instance_group [ { count: 2 } ]\n")
+    await events.wait("reloaded", "m", "1", count=2, limit_s=60)
+    assert (repo.get("m").config.instances, repo.get("m").config.batching.enabled) == (2, False)  # (no batcher)
+    write_in(models_dir / "m" / "config.pbtxt", "max_batch_size: -1\n")  # broken: what serves stays
+    await until(lambda: any(r["name"] == "m" and not r["version"] for r in repo.index()), "its problem indexed")
+    (problem,) = [r["reason"] for r in repo.index() if r["name"] == "m" and not r["version"]]
+    assert problem.endswith("m/config.pbtxt: max_batch_size: must be >= 0, got -1 (Triton refuses it too)")
+    assert (await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0] == 1.0
