@@ -246,16 +246,16 @@ def test_infer_prints_an_output_whole_or_says_that_values_were_elided(tmp_path):
     assert "..." in elided.stdout and elided.stdout.endswith("2.046e+03]]\n")  # (the last value, 2 x 1023)
 
 
-def test_a_certificate_for_another_host_is_said_so_not_taken_for_an_untrusted_one(tmp_path):
-    """A certificate for 127.0.0.1 met at https://localhost with its CA trusted was "Hostname
-    mismatch ... (the server's certificate is not trusted here: SSL_CERT_FILE=<the CA that
-    signed it>)": trusting the CA was done, and would not help."""
+def _tls_digits_server(tmp_path, **validity):
+    """The digits model behind TLS with a certificate for 127.0.0.1 (`validity`: trustme's
+    not_before / not_after), an x.npy for it, and the environment trusting its CA:
+    (ServerThread, env)."""
     import os
     import trustme
     from tests import REPO
     from tests.serving import ServerThread, server_config
     ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
+    cert = ca.issue_cert("127.0.0.1", **validity)
     cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
     (tmp_path / "cert.pem").write_bytes(b"".join(pem.bytes() for pem in cert.cert_chain_pems))
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
@@ -265,7 +265,15 @@ def test_a_certificate_for_another_host_is_said_so_not_taken_for_an_untrusted_on
     env = {**os.environ, "SSL_CERT_FILE": str(tmp_path / "ca.pem")}
     config = server_config(tmp_path / "models", model_control_mode="none", tls_cert_file=str(tmp_path / "cert.pem"),
                            tls_key_file=str(tmp_path / "key.pem"))
-    with ServerThread(config) as server:
+    return ServerThread(config), env
+
+
+def test_a_certificate_for_another_host_is_said_so_not_taken_for_an_untrusted_one(tmp_path):
+    """A certificate for 127.0.0.1 met at https://localhost with its CA trusted was "Hostname
+    mismatch ... (the server's certificate is not trusted here: SSL_CERT_FILE=<the CA that
+    signed it>)": trusting the CA was done, and would not help."""
+    server, env = _tls_digits_server(tmp_path)
+    with server:
         port = server.url.rsplit(":", 1)[1]
         by_address = _infer(f"https://127.0.0.1:{port}", "digits", "-i", "x=x.npy", cwd=tmp_path, env=env)
         by_name = _infer(f"https://localhost:{port}", "digits", "-i", "x=x.npy", cwd=tmp_path, env=env)
@@ -284,23 +292,9 @@ def test_an_expired_server_certificate_is_said_so(tmp_path):
     """An expired certificate, its CA trusted, was "certificate has expired ... (the server's
     certificate is not trusted here: SSL_CERT_FILE=<the CA that signed it>)": that was done."""
     import datetime
-    import os
-    import trustme
-    from tests import REPO
-    from tests.serving import ServerThread, server_config
-    ca = trustme.CA()
     past = datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)
-    cert = ca.issue_cert("127.0.0.1", not_before=past, not_after=past + datetime.timedelta(days=1))
-    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
-    (tmp_path / "cert.pem").write_bytes(b"".join(pem.bytes() for pem in cert.cert_chain_pems))
-    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    (tmp_path / "models").mkdir()
-    shutil.copy(REPO / "models" / "digits.om", tmp_path / "models" / "digits.om")
-    np.save(tmp_path / "x.npy", np.ones((1, 64), np.float32))
-    env = {**os.environ, "SSL_CERT_FILE": str(tmp_path / "ca.pem")}
-    config = server_config(tmp_path / "models", model_control_mode="none", tls_cert_file=str(tmp_path / "cert.pem"),
-                           tls_key_file=str(tmp_path / "key.pem"))
-    with ServerThread(config) as server:
+    server, env = _tls_digits_server(tmp_path, not_before=past, not_after=past + datetime.timedelta(days=1))
+    with server:
         proc = _infer(f"https://{server.url}", "digits", "-i", "x=x.npy", cwd=tmp_path, env=env)
     assert proc.returncode == 1 and "certificate has expired" in proc.stderr, proc.stderr
     assert proc.stderr.rstrip("\n").endswith("(the server's certificate is outside its dates of validity: the server "

@@ -45,14 +45,19 @@ def queued(url: str, model: str = "embed") -> float:
                if line.startswith(f'aclserve_queue_depth{{model="{model}"'))
 
 
-def infer(url: str, ids: list[int]):
-    body = json.dumps({"inputs": [{"name": "ids", "datatype": "INT64", "shape": [1, 4], "data": ids}]}).encode()
-    req = urllib.request.Request(f"http://{url}/v2/models/embed/infer", data=body, method="POST")
+def post_infer(url: str, model: str, inputs: list[dict]):
+    """(status, answer) of an infer request of `inputs` to `model`."""
+    body = json.dumps({"inputs": inputs}).encode()
+    req = urllib.request.Request(f"http://{url}/v2/models/{model}/infer", data=body, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def infer(url: str, ids: list[int]):
+    return post_infer(url, "embed", [{"name": "ids", "datatype": "INT64", "shape": [1, 4], "data": ids}])
 
 
 def test_a_request_the_model_cannot_run_fails_alone(embedding_dir, make_config, clean_faults):
@@ -90,14 +95,8 @@ def stats_of(url: str, model: str) -> dict:
 
 
 def infer_tokens(url: str, ids: list[list[int]]):
-    body = json.dumps({"inputs": [{"name": "ids", "datatype": "INT32", "shape": [len(ids), 3],
-                                   "data": sum(ids, [])}]}).encode()
-    req = urllib.request.Request(f"http://{url}/v2/models/tokens/infer", data=body, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return post_infer(url, "tokens", [{"name": "ids", "datatype": "INT32", "shape": [len(ids), 3],
+                                       "data": sum(ids, [])}])
 
 
 def test_the_statistics_count_the_runs_that_answered_a_re_run_batch(tmp_path, make_config, clean_faults):
