@@ -42,7 +42,7 @@ def encode_response(model_name: str, model_version: str, req: InferRequest,
         else:
             entries.append(output_entry(name, datatype, arr))
     doc = {"model_name": model_name, "model_version": model_version, "outputs": entries}
-    if req.id is not None:
+    if req.id:  # (an empty one is left out, as Triton does)
         doc["id"] = req.id
     head = dumps_response(doc)
     if not chunks:

@@ -264,4 +264,5 @@ async def _infer(request: web.Request, state, lease, rec, trace, body: bytes) ->
         coding = answer_coding(accepted)
         if coding is not None:
             response.enable_compression(coding)  # deflate is zlib-wrapped
+            response.headers["Vary"] = "Accept-Encoding"  # (as /metrics says it, for a cache between)
     return response

@@ -212,7 +212,12 @@ def _whole_numbers_out_of_range(arr: np.ndarray, target: np.dtype) -> bool:
     if not all(type(v) is int or (type(v) is float and math.isfinite(v) and v.is_integer()) for v in values):
         return False
     info = np.iinfo(target)
-    return any(not info.min <= int(v) <= info.max for v in values)
+    # (a float at or past the 64-bit bounds is an integer past them, rounded: -2**63 - 1 reads as -2**63)
+    return any(not info.min <= int(v) <= info.max or (type(v) is float and not _FLOAT_LOW < v < _FLOAT_HIGH)
+               for v in values)
+
+
+_FLOAT_LOW, _FLOAT_HIGH = -2.0 ** 63, 2.0 ** 64  # orjson keeps integers within these as ints
 
 
 def _booleans_refused(name: str, spec: TensorSpec) -> InvalidInput:

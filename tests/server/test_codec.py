@@ -160,6 +160,7 @@ def test_binary_bools_are_the_bytes_0_and_1():
 
 @pytest.mark.parametrize("datatype, data", [
     ("INT64", [2**63, 1]), ("INT64", [2**63, -1]), ("UINT64", [2**64, 1]), ("UINT64", [-1, 2**64]),
+    ("INT64", [-2**63 - 1, 1]),  # (a float of exactly -2**63 once read: it looked in range, "must be integers")
 ])
 def test_integers_past_64_bits_are_out_of_range_not_non_integers(datatype, data):
     """numpy (int64 and uint64 mixed) or orjson (past 64 bits) makes such integers floats."""

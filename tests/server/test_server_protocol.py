@@ -165,6 +165,13 @@ def test_raw_json_infer_and_id_echo(server, reference):
     np.testing.assert_allclose(np.array(y["data"]).reshape(y["shape"]), reference(X, IDX)["y"], atol=1e-5)
 
 
+def test_an_empty_id_is_not_echoed(server):
+    """Triton echoes a request id only when it is not empty (http_server.cc); aclserve answered
+    "id": "" (an HTTP conformance tester's find)."""
+    status, _, body = infer_json(server, doc(id=""))
+    assert status == 200 and "id" not in json.loads(body), body
+
+
 def test_raw_binary_single_input(server):
     x = np.arange(16, dtype=np.float32)
     status, headers, body = request(server, "POST", "/v2/models/double/infer", data=x.tobytes(),
@@ -393,6 +400,7 @@ def test_response_compressed_per_accept_encoding(server):
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [8, 16], "data": x.ravel().tolist()}]}
     status, headers, out = infer_json(server, body, {"Accept-Encoding": "gzip"}, model="double")
     assert status == 200 and headers.get("Content-Encoding") == "gzip"
+    assert headers.get("Vary") == "Accept-Encoding"  # (for a cache between, as /metrics says it)
     assert json.loads(out)["outputs"][0]["shape"] == [8, 16]  # aiohttp inflated it
     # weights honoured as Triton does (aiohttp alone took the first of deflate / gzip named, even
     # at q=0): the first of the highest weight; `*` for a coding not named
