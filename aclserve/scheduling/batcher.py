@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import (ExecutionFailed, InvalidInput, ModelUnavailable, QueueFull, RequestTimeout,
                       ServeError, ShuttingDown)
 from ..runtime.batch import Batch, BatchExecutor
-from ..trace.records import form_batch
+from ..trace.records import form_batch, queued
 from .clock import Clock, LoopClock
 from .company import Company
 from .delivery import Delivery, resolve
@@ -137,6 +137,8 @@ class DynamicBatcher:
             self.stats.rejected(level, QUEUE_FULL)
             raise
         self.stats.levels[level].accepted += 1
+        if trace is not None:
+            queued(trace, request)
         self._delivery.arrived(request)
         self._wakeup.set()
         try:

@@ -10,7 +10,8 @@ Tracks (pid / tid, each named by "M" metadata events):
 Flow arrows (ph s/f) link each request's dispatch to the batch it ran in. A tid is unique in
 the file (pid * 10000 + the track's number), as some importers key threads by tid alone. Spans
 are "X" events (ts and dur in microseconds of perf_counter_ns); nothing is drawn for a phase whose
-timestamps were not reached (a request refused before its queue, a device without timings).
+timestamps were not reached (a request refused before its queue, a device without timings). A
+request that left its queue without a batch (timed out, cancelled) has its queue drawn to its end.
 """
 from __future__ import annotations
 
@@ -162,7 +163,7 @@ def _request(b: _Builder, t: RequestTrace, tid: int) -> None:
     b.span(PID_REQUESTS, tid, f"request {label}", t.arrival_ns, t.end_ns, args)
     b.span(PID_REQUESTS, tid, "receive", t.arrival_ns, t.received_ns)
     b.span(PID_REQUESTS, tid, "decode", t.received_ns, t.decoded_ns)
-    b.span(PID_REQUESTS, tid, "queue", t.enqueued_ns, t.dispatched_ns)
+    b.span(PID_REQUESTS, tid, "queue", t.enqueued_ns, t.dispatched_ns or t.end_ns)  # (or it left unbatched)
     b.span(PID_REQUESTS, tid, "execute", t.dispatched_ns, t.result_ns)
     b.span(PID_REQUESTS, tid, "encode", t.encode_start_ns, t.encoded_ns)
     if t.decode_on_loop:

@@ -116,6 +116,14 @@ class BatchTrace:
         self.anchor, self.device_spans = None, {}  # a retried batch keeps only its last attempt
 
 
+def queued(trace: RequestTrace, request) -> None:
+    """A sampled request entered its queue (QUEUE_START, as Triton's: a request that times out
+    there has it too). `request` is the batcher's QueuedRequest."""
+    trace.enqueued_ns = request.enqueued_ns
+    trace.level = request.level
+    trace.rows = request.rows
+
+
 def form_batch(model: str, requests, gear: int | None, formed_ns: int) -> BatchTrace:
     """The BatchTrace of a batch being dispatched; `requests` are the batcher's QueuedRequests
     (anything with `.trace`, `.rows`, `.level`, `.enqueued_ns`). Links every sampled request to it."""
@@ -128,9 +136,6 @@ def form_batch(model: str, requests, gear: int | None, formed_ns: int) -> BatchT
     for request in requests:
         trace = request.trace
         if trace is not None:
-            trace.enqueued_ns = request.enqueued_ns
             trace.dispatched_ns = formed_ns
-            trace.level = request.level
-            trace.rows = request.rows
             trace.batch = batch
     return batch

@@ -1,7 +1,9 @@
 """Traces -> Triton's trace JSON (docs/user_guide/trace.md of Triton), for tools written against it
 (Triton's trace_summary.py, dashboards).
 
-Per request: one object with id, model_name, model_version, request_id, parent_id 0, then one
+Per request: one object with id, model_name, model_version and request_id (left out when the
+request has none, as Triton leaves it out when empty; parent_id, which Triton writes only for a
+child trace (an ensemble's step), is never written: a request here has no parent), then one
 object per timestamp {"id", "timestamps": [{"name", "ns"}]}. Names map as Triton's do:
 HTTP_RECV_START/END (GRPC_WAITREAD_START/END over gRPC) = arrival and body read, REQUEST_START
 = decoded, QUEUE_START = enqueued, COMPUTE_START = the batch's launch on its instance,
@@ -25,8 +27,10 @@ def entries(traces: list[RequestTrace]) -> list[dict]:
     out: list[dict] = []
     for t in sorted(traces, key=lambda t: t.id):
         version = int(t.version) if str(t.version).isdigit() else t.version
-        out.append({"id": t.id, "model_name": t.model, "model_version": version,
-                    "request_id": t.request_id or "", "parent_id": 0})
+        head = {"id": t.id, "model_name": t.model, "model_version": version}
+        if t.request_id:
+            head["request_id"] = t.request_id
+        out.append(head)
         for name, ns in _timestamps(t):
             if ns:
                 out.append({"id": t.id, "timestamps": [{"name": name, "ns": ns}]})
