@@ -18,12 +18,13 @@ setting's value at start-up.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 LEVELS = ("OFF", "TIMESTAMPS")
 FORMATS = ("chrome", "triton")
 KEYS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_format")
-MAX_RATE = 1 << 31
+MAX_RATE = (1 << 31) - 1  # Triton's largest (an int32's)
 MAX_LEVELS = 16  # values a trace_level list may hold (Triton's levels are OFF, TIMESTAMPS, TENSORS)
 
 
@@ -89,12 +90,14 @@ def _one(key: str, value) -> str:
     return str(value)
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+")  # (int() takes "1_000" and other scripts' digits too)
+
+
 def _int(key: str, value, minimum: int) -> int:
     text = _one(key, value).strip()
-    try:
-        number = int(text)
-    except ValueError:
-        raise TraceSettingsError(f"{key}: expected an integer, got {text[:40]!r}") from None
+    if not _INTEGER.fullmatch(text) or len(text) > 40:
+        raise TraceSettingsError(f"{key}: expected an integer, got {text[:40]!r}")
+    number = int(text)
     if number < minimum or number > MAX_RATE:
         raise TraceSettingsError(f"{key}: must be between {minimum} and {MAX_RATE}, got {number}")
     return number

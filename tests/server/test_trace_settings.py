@@ -109,6 +109,8 @@ def test_trace_count_counts_down_and_stops_tracing(srv, http_client):
     ({"trace_rate": "0"}, "trace_rate: must be between 1"),
     ({"trace_rate": "often"}, "trace_rate: expected an integer"),
     ({"trace_count": "-2"}, "trace_count: must be between -1"),
+    ({"trace_count": "2147483648"}, "trace_count: must be between -1 and 2147483647, got"),  # (said 2147483648)
+    ({"trace_rate": "1_000"}, "trace_rate: expected an integer, got '1_000'"),  # (int() took it as 1000)
     ({"trace_format": "xml"}, "trace_format: expected chrome or triton"),
     # (it quoted the path, which the redaction of paths shortened to a relative 'passwd')
     ({"trace_file": "/etc/passwd"}, "trace_file: must be a relative name inside the trace folder, not an absolute path$"),
