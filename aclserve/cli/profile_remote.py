@@ -2,7 +2,7 @@
 turned on into profile-MODEL.json inside the server's trace folder for the run, read back from
 --trace-dir (the server must share this machine's filesystem) and removed there, and the model's
 own trace settings put back. One name per model: the server takes a bounded number of trace_file
-names (tracer.MAX_NAMES), so a name per run stopped every profile after 1,024 runs."""
+names (trace/names.py MAX_NAMES), so a name per run stopped every profile after 1,024 runs."""
 from __future__ import annotations
 
 import asyncio

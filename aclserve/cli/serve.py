@@ -140,7 +140,7 @@ def _check_trace_folder(path: str, log_frequency: int = 0) -> None:
     import os
     import tempfile
     from pathlib import Path
-    from ..trace.tracer import blocked_by
+    from ..trace.files import blocked_by
     target = Path(os.path.abspath(path))
     try:
         blocker = blocked_by(target, indexed=log_frequency > 0)

@@ -12,6 +12,8 @@ the file (pid * 10000 + the track's number), as some importers key threads by ti
 are "X" events (ts and dur in microseconds of perf_counter_ns); nothing is drawn for a phase whose
 timestamps were not reached (a request refused before its queue, a device without timings). A
 request that left its queue without a batch (timed out, cancelled) has its queue drawn to its end.
+A file written in parts (files.py appends to it) renders each part with the same Builder: its
+tracks are named once and an instance keeps its pid.
 """
 from __future__ import annotations
 
@@ -38,16 +40,23 @@ def render(traces: list[RequestTrace], dropped: int = 0) -> bytes:
 
 
 def document(traces: list[RequestTrace], dropped: int = 0) -> dict:
-    return {"traceEvents": events(traces), "displayTimeUnit": "ms",
-            "otherData": {"producer": "aclserve", "clock": "time.perf_counter_ns (CLOCK_MONOTONIC)",
-                          "requests": len(traces), "dropped": dropped}}
+    return {"traceEvents": events(traces), "displayTimeUnit": "ms", "otherData": other_data(len(traces), dropped)}
+
+
+def other_data(requests: int, dropped: int) -> dict:
+    """The document's fields after its events (a file appended to rewrites them, with its totals)."""
+    return {"producer": "aclserve", "clock": "time.perf_counter_ns (CLOCK_MONOTONIC)",
+            "requests": requests, "dropped": dropped}
 
 
 def _us(ns: int) -> float:
     return ns / 1000.0
 
 
-class _Builder:
+class Builder:
+    """The events of one render, and the tracks named so far (kept by files.py across the parts
+    of one file)."""
+
     def __init__(self):
         self.out: list[dict] = []
         self._named: set[tuple[int, int]] = set()
@@ -56,6 +65,12 @@ class _Builder:
         self._meta("process_name", PID_HOST, None, "host threads")
         self._meta("process_sort_index", PID_HOST, None, sort_index=0)
         self._thread(PID_HOST, TID_LOOP, "event loop")
+        self._requests_named = False
+
+    def take(self) -> list[dict]:
+        """The events made since the last take (the tracks named stay known)."""
+        out, self.out = self.out, []
+        return out
 
     def _meta(self, kind: str, pid: int, tid: int | None, name: str | None = None, sort_index: int | None = None):
         event = {"name": kind, "ph": "M", "pid": pid, "args": {"name": name} if name is not None
@@ -111,8 +126,10 @@ class _Builder:
         return tid
 
 
-def events(traces: list[RequestTrace]) -> list[dict]:
-    b = _Builder()
+def events(traces: list[RequestTrace], b: Builder | None = None) -> list[dict]:
+    """The traces' events; with `b`, a Builder used before, only the tracks it has not named yet
+    are named."""
+    b = b or Builder()
     ordered = sorted(traces, key=lambda t: t.arrival_ns)
     batches: dict[int, BatchTrace] = {}
     for trace in ordered:
@@ -122,8 +139,10 @@ def events(traces: list[RequestTrace]) -> list[dict]:
     for batch in sorted(batches.values(), key=lambda x: x.formed_ns):
         slot_tracks[batch.id] = _batch(b, batch)
     lanes = _lanes(ordered)
-    b._meta("process_name", PID_REQUESTS, None, REQUESTS_PROCESS)
-    b._meta("process_sort_index", PID_REQUESTS, None, sort_index=1)
+    if not b._requests_named:
+        b._requests_named = True
+        b._meta("process_name", PID_REQUESTS, None, REQUESTS_PROCESS)
+        b._meta("process_sort_index", PID_REQUESTS, None, sort_index=1)
     for trace, lane in zip(ordered, lanes):
         tid = lane + 1
         b._thread(PID_REQUESTS, tid, f"lane {lane}")
@@ -132,7 +151,7 @@ def events(traces: list[RequestTrace]) -> list[dict]:
         if batch is not None and batch.id in slot_tracks and batch.launched_ns:
             pid, slot_tid = slot_tracks[batch.id]
             b.flow(trace.id, (PID_REQUESTS, tid, trace.dispatched_ns), (pid, slot_tid, batch.launched_ns))
-    return b.out
+    return b.take()
 
 
 def _lanes(ordered: list[RequestTrace]) -> list[int]:
@@ -152,7 +171,7 @@ def _lanes(ordered: list[RequestTrace]) -> list[int]:
     return lanes
 
 
-def _request(b: _Builder, t: RequestTrace, tid: int) -> None:
+def _request(b: Builder, t: RequestTrace, tid: int) -> None:
     args = {"model": t.model, "version": t.version, "protocol": t.protocol, "status": t.status,
             "trace_id": t.id, "priority": t.level, "rows": t.rows}
     if t.request_id is not None:
@@ -171,7 +190,7 @@ def _request(b: _Builder, t: RequestTrace, tid: int) -> None:
     b.span(PID_HOST, TID_LOOP, f"encode #{t.id}", t.encode_start_ns, t.encoded_ns)
 
 
-def _batch(b: _Builder, batch: BatchTrace) -> tuple[int, int]:
+def _batch(b: Builder, batch: BatchTrace) -> tuple[int, int]:
     args = {"batch": batch.id, "model": batch.model, "gear": batch.gear, "rows": batch.rows,
             "padding": batch.padding, "requests": batch.requests,
             "priority_mix": {str(level): n for level, n in sorted(batch.levels.items())}}

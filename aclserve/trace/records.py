@@ -29,16 +29,17 @@ class Anchor:
 
 class RequestTrace:
     """One request, filled by the transport (receive, decode, encode, end), the batcher (queue,
-    batch) and the tracer (id, lane). `sampled` is False for a request followed only for the
+    batch) and the tracer (id, lane, target). `sampled` is False for a request followed only for the
     request log: then the batcher never sees it."""
 
-    __slots__ = ("id", "request_id", "model", "version", "protocol", "sampled", "arrival_ns",
+    __slots__ = ("id", "target", "request_id", "model", "version", "protocol", "sampled", "arrival_ns",
                  "received_ns", "decoded_ns", "enqueued_ns", "dispatched_ns", "result_ns",
                  "encoded_ns", "end_ns", "status", "level", "rows", "batch", "queue_ns", "compute_ns",
                  "encode_start_ns", "decode_on_loop")
 
     def __init__(self, model: str, version: str, protocol: str, arrival_ns: int, sampled: bool = True):
         self.id = 0  # the tracer's number (Triton's trace "id"); 0 until it is finished
+        self.target = None  # the tracer's: where it goes, as the settings said when it was sampled
         self.request_id = None  # KServe `id` or the X-Request-Id header
         self.model = model
         self.version = version

@@ -4,8 +4,10 @@
     trace_rate     "N": one request in N is traced (per model)
     trace_count    "N": traces left to collect; "-1" = no limit (counts down, like Triton's)
     log_frequency  "N": write the file every N traces (to trace_file.0, .1, ...); "0" = when
-                   tracing stops (level OFF, a new trace_file, shutdown)
-    trace_file     where traces are written; "" = kept in memory only
+                   tracing leaves it (level OFF, a new trace_file, the count spent, shutdown),
+                   each write appended to the file (Tracer)
+    trace_file     where traces are written; "" = none (refused with a level other than OFF
+                   through the API; start-up settings keep the traces in memory, for take())
     trace_format   aclserve's own: "chrome" (Chrome trace / Perfetto JSON, the default) or
                    "triton" (Triton's trace JSON, for tools written against it)
 

@@ -1,6 +1,8 @@
-"""Trace files as Triton writes them, on the real server with tritonclient (a trace-feature
-tester's finds): a request timed out in its queue traced with QUEUE_START; Triton's JSON without
-the parent_id 0 Triton never writes."""
+"""Trace files as Triton keeps them, on the real server with tritonclient (a trace-feature tester's
+finds): one file per trace_file for the server's life, a later write appended to it (a second
+write replaced what it held); written as soon as a trace_count is spent; a request timed out in
+its queue traced with QUEUE_START; Triton's JSON without the parent_id 0 Triton never writes;
+tracing with no trace_file refused as Triton refuses it."""
 from __future__ import annotations
 
 import json
@@ -8,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
@@ -65,6 +68,55 @@ def _requests(doc):
     return [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"].startswith("request ")]
 
 
+def test_a_trace_file_written_again_keeps_what_it_held(srv, client):
+    """Tracing paused and resumed to one trace_file: the second write replaced the first's 3
+    traces with its 2 (Triton appends each batch of traces to the file for the server's life)."""
+    path = srv.trace_dir / "rate.json"
+    client.update_trace_settings(settings=dict(TRACING, trace_file="rate.json", trace_format="triton"))
+    _infer(client, ["a0", "a1", "a2"])
+    client.update_trace_settings(settings=OFF)
+    _read_when(path, lambda e: len(_heads(e)) == 3, "held the first 3 traces")
+    client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
+    _infer(client, ["b0", "b1"])
+    client.update_trace_settings(settings=OFF)
+    entries = _read_when(path, lambda e: len(_heads(e)) != 3, "changed")
+    heads = _heads(entries)
+    assert [h["request_id"] for h in heads] == ["a0", "a1", "a2", "b0", "b1"]
+    assert len({h["id"] for h in heads}) == 5
+    # a file holds one format: another one for it is refused, a new name taken
+    with pytest.raises(InferenceServerException, match="trace_format: 'rate.json' takes triton traces") as refused:
+        client.update_trace_settings(settings=dict(TRACING, trace_format="chrome"))
+    assert refused.value.status() == "400" and client.get_trace_settings()["trace_format"] == "triton"
+    client.update_trace_settings(settings=dict(TRACING, trace_format="chrome", trace_file="rate-chrome.json"))
+
+
+def test_a_model_and_the_global_settings_sharing_a_name_write_one_file(srv, client):
+    path = srv.trace_dir / "shared.json"
+    client.update_trace_settings(model_name="double", settings=dict(TRACING, trace_file="shared.json"))
+    _infer(client, ["m0", "m1"])
+    client.update_trace_settings(model_name="double", settings=OFF)
+    _read_when(path, lambda doc: len(_requests(doc)) == 2, "held the model's 2 traces")
+    client.update_trace_settings(model_name="double", settings={})  # it follows the global settings
+    client.update_trace_settings(settings=dict(TRACING, trace_file="shared.json"))
+    _infer(client, ["g0"])
+    client.update_trace_settings(settings=OFF)
+    doc = _read_when(path, lambda doc: len(_requests(doc)) != 2, "changed")
+    assert sorted(e["args"]["request_id"] for e in _requests(doc)) == ["g0", "m0", "m1"]
+    assert doc["otherData"]["requests"] == 3
+    named = [(e["pid"], e.get("tid")) for e in doc["traceEvents"] if e["ph"] == "M" and e["name"].endswith("_name")]
+    assert len(named) == len(set(named))  # each track named once, the part appended naming only its new ones
+
+
+def test_the_file_is_written_once_the_trace_count_is_spent(srv, client):
+    """Nothing was written until OFF or shutdown (a SIGKILL in between lost the traces); Triton
+    writes them as soon as the count is spent."""
+    client.update_trace_settings(model_name="double", settings=dict(TRACING, trace_count="2", trace_file="count.json",
+                                                                   trace_format="triton"))
+    _infer(client, ["c0", "c1", "c2"])
+    entries = _read_when(srv.trace_dir / "count.json", lambda e: True, "written")
+    assert [h["request_id"] for h in _heads(entries)] == ["c0", "c1"]
+
+
 def test_triton_json_has_no_parent_id_and_no_empty_request_id(srv, client):
     """Triton writes parent_id only for a child trace, request_id only when there is one:
     "parent_id": 0 on every request made trace_summary.py print a Data Flow section."""
@@ -75,6 +127,27 @@ def test_triton_json_has_no_parent_id_and_no_empty_request_id(srv, client):
     assert [sorted(h) for h in heads] == [["id", "model_name", "model_version", "request_id"],
                                           ["id", "model_name", "model_version"]]
     assert heads[0]["request_id"] == "named"
+
+
+def test_tracing_with_no_trace_file_is_refused(srv, client):
+    """Triton answers 400 "trace file name is not given"; the traces were kept in memory, up to
+    50,000, for nothing on a server to read."""
+    before = client.get_trace_settings()
+    with pytest.raises(InferenceServerException, match="trace_file: trace file name is not given") as refused:
+        client.update_trace_settings(settings=TRACING)
+    assert refused.value.status() == "400"
+    with pytest.raises(InferenceServerException, match="trace file name is not given"):
+        client.update_trace_settings(model_name="double", settings=TRACING)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.config.grpc_port}")
+    with pytest.raises(InferenceServerException, match="trace file name is not given") as refused:
+        grpc.update_trace_settings(settings=TRACING)
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert client.get_trace_settings() == before and client.get_trace_settings(model_name="double") == before
+    client.update_trace_settings(settings={"trace_file": "named.json"})  # with a file: taken
+    client.update_trace_settings(model_name="double", settings=TRACING)
+    with pytest.raises(InferenceServerException, match=r"trace file name is not given \(model 'double' would trace"):
+        client.update_trace_settings(settings={"trace_file": None})  # the model would trace with none
+    assert client.get_trace_settings()["trace_file"] == "named.json"
 
 
 def test_a_request_timed_out_in_its_queue_has_its_queue_start(models_dir, tmp_path, make_config):
@@ -94,3 +167,20 @@ def test_a_request_timed_out_in_its_queue_has_its_queue_start(models_dir, tmp_pa
             entries = _read_when(tmp_path / "traces" / "timeout.json", lambda e: True, "written")
     names = [e["timestamps"][0]["name"] for e in entries if "timestamps" in e]
     assert "QUEUE_START" in names and "COMPUTE_START" not in names and names[-1] == "HTTP_SEND_END"
+
+
+def test_the_operators_trace_file_paused_and_resumed_keeps_its_traces(models_dir, tmp_path):
+    """--trace FILE, tracing turned OFF and on again through the API: the traces before the
+    pause were replaced at shutdown by those after it."""
+    boot = tmp_path / "run" / "boot.json"
+    config = server_config(models_dir, trace={"level": "TIMESTAMPS", "rate": 1, "file": str(boot)},
+                           trace_dir=str(tmp_path / "traces"))
+    with ServerThread(config) as srv, http.InferenceServerClient(srv.url) as c:
+        _infer(c, ["before0", "before1"])
+        c.update_trace_settings(settings=OFF)
+        _read_when(boot, lambda doc: len(_requests(doc)) == 2, "held the first 2 traces")
+        c.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
+        _infer(c, ["after"])
+    doc = json.loads(boot.read_bytes())  # written at shutdown
+    assert sorted(e["args"]["request_id"] for e in _requests(doc)) == ["after", "before0", "before1"]
+

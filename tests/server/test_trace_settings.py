@@ -56,7 +56,8 @@ def test_defaults_global_and_model_settings_and_clearing(http_client):
     assert client.get_trace_settings() == {
         "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0",
         "trace_file": "", "trace_format": "chrome", "trace_mode": "triton"}
-    got = client.update_trace_settings(model_name="double", settings={"trace_rate": "7", "trace_level": ["TIMESTAMPS"]})
+    got = client.update_trace_settings(model_name="double", settings={"trace_rate": "7", "trace_level": ["TIMESTAMPS"],
+                                                                      "trace_file": "double.json"})
     assert got["trace_rate"] == "7" and got["trace_level"] == ["TIMESTAMPS"]
     assert client.get_trace_settings()["trace_rate"] == "1000"  # the global settings are untouched
     client.update_trace_settings(settings={"trace_rate": "50"})
@@ -72,7 +73,7 @@ def test_a_model_follows_the_global_settings_it_did_not_set(http_client):
     as the global ones change later; a null stops following its own value."""
     client = http_client
     client.update_trace_settings(model_name="double", settings={"trace_count": "5"})
-    client.update_trace_settings(settings={"trace_rate": "77", "trace_level": ["TIMESTAMPS"]})
+    client.update_trace_settings(settings={"trace_rate": "77", "trace_level": ["TIMESTAMPS"], "trace_file": "all.json"})
     got = client.get_trace_settings(model_name="double")
     assert got["trace_rate"] == "77" and got["trace_level"] == ["TIMESTAMPS"] and got["trace_count"] == "5"
     client.update_trace_settings(model_name="double", settings={"trace_rate": "7"})
@@ -83,7 +84,7 @@ def test_a_model_follows_the_global_settings_it_did_not_set(http_client):
     client.update_trace_settings(settings={"trace_level": ["OFF"]})
     assert client.get_trace_settings(model_name="double")["trace_level"] == ["OFF"]
     # a null in a global update restores the value the server started with
-    client.update_trace_settings(settings={"trace_rate": None, "trace_level": None})
+    client.update_trace_settings(settings={"trace_rate": None, "trace_level": None, "trace_file": None})
     assert client.get_trace_settings()["trace_rate"] == "1000"
     assert client.get_trace_settings(model_name="double")["trace_rate"] == "1000"
     client.update_trace_settings(model_name="double", settings={})

@@ -3,14 +3,16 @@ its own copy of the global count (refreshed when the global settings change), a 
 the global count itself."""
 from aclserve.trace.tracer import Tracer
 
+TRACING = {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": "t.json"}
+
 
 def traced(tracer: Tracer, model: str, n: int) -> int:
     return sum(tracer.start(model, "1", "http", 0) is not None for _ in range(n))
 
 
-def test_each_model_with_settings_of_its_own_counts_its_own_copy():
-    tracer = Tracer()
-    tracer.update({"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "2"})
+def test_each_model_with_settings_of_its_own_counts_its_own_copy(tmp_path):
+    tracer = Tracer(trace_dir=str(tmp_path))
+    tracer.update(dict(TRACING, trace_count="2"))
     tracer.update({"trace_rate": "1"}, "own")  # a setting of its own: a copy of the count
     assert traced(tracer, "own", 5) == 2
     assert tracer.settings("own").count == 0 and tracer.settings().count == 2
@@ -23,3 +25,17 @@ def test_each_model_with_settings_of_its_own_counts_its_own_copy():
     assert traced(tracer, "counted", 3) == 1 and tracer.settings("counted").count == 0
     tracer.update({"trace_rate": "1"})
     assert tracer.settings("counted").count == 0
+
+
+def test_the_global_count_spent_refills_no_models_copy(tmp_path):
+    """A countdown is no settings change: the global count spent by a model with no settings of
+    its own recopied every model's settings from the global ones, so a model whose copy of the
+    count was spent got the global count left again (a tester's find)."""
+    tracer = Tracer(trace_dir=str(tmp_path))
+    tracer.update(dict(TRACING, trace_count="5"))
+    tracer.update({"trace_rate": "1"}, "own")
+    assert traced(tracer, "own", 9) == 5 and tracer.settings("own").count == 0
+    assert traced(tracer, "plain", 2) == 2  # the global count: 5 -> 3
+    assert tracer.settings().count == 3 and tracer.settings("own").count == 0
+    assert traced(tracer, "own", 3) == 0  # (its copy was refilled to 4, then 3: 3 more traced)
+    tracer.close()

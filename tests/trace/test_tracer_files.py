@@ -6,12 +6,14 @@ settings could otherwise fill the disk or the memory). The limits are lowered he
 tests small."""
 import json
 import logging
+import os
 import threading
 
 import pytest
 
+from aclserve.trace import names as names_module
 from aclserve.trace import tracer as tracer_module
-from aclserve.trace.settings import TraceSettingsError
+from aclserve.trace.settings import TraceSettings, TraceSettingsError
 from aclserve.trace.tracer import Tracer
 
 EVERY_REQUEST = {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "log_frequency": "1", "trace_file": "t.json"}
@@ -38,7 +40,7 @@ def test_at_most_max_files_are_written_whatever_their_names(tmp_path, monkeypatc
 
 
 def test_at_most_max_names_are_set_through_the_api(tmp_path, monkeypatch):
-    monkeypatch.setattr(tracer_module, "MAX_NAMES", 2)
+    monkeypatch.setattr(names_module, "MAX_NAMES", 2)
     tracer = Tracer(trace_dir=str(tmp_path))
     for name in ("a.json", "b.json", "a.json"):
         tracer.update({"trace_file": name})
@@ -100,8 +102,8 @@ def test_traces_kept_in_memory_only_never_starve_the_files(tmp_path, monkeypatch
     server takes them): they must not use up the files' MAX_PENDING (every later trace to a file
     was dropped until a restart; found by an independent review)."""
     monkeypatch.setattr(tracer_module, "MAX_PENDING", 4)
-    tracer = Tracer(trace_dir=str(tmp_path))
-    tracer.update({"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})  # no trace_file: memory only
+    # no trace_file: memory only (the start-up settings only: the API refuses it)
+    tracer = Tracer(TraceSettings(level="TIMESTAMPS", rate=1), trace_dir=str(tmp_path))
     trace_requests(tracer, 5)
     tracer.update({"trace_file": "t.json"})
     trace_requests(tracer, 3)
@@ -120,10 +122,9 @@ def test_changes_of_trace_file_queue_no_more_writes_than_the_bound(tmp_path, mon
     write = tracer_module._write
     monkeypatch.setattr(tracer_module, "_write", lambda *args: (gate.wait(30), write(*args)))
     tracer = Tracer(trace_dir=str(tmp_path))
-    tracer.update({"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
     names = [f"{letter}.json" for letter in "abcdef"]
     for name in names:
-        tracer.update({"trace_file": name})
+        tracer.update({"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": name})
         trace_requests(tracer, 1)
     assert tracer._queued_writes() <= 2  # the writer's queue, while it is held
     gate.set()
@@ -272,3 +273,59 @@ def test_a_write_that_fails_leaves_no_part_behind(tmp_path, caplog):
     tracer.close()
     assert [r for r in caplog.records if "could not write" in r.getMessage()]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json.0"]
+
+
+def test_a_file_not_as_this_server_wrote_it_is_written_anew(tmp_path):
+    """A later write appends to what this server wrote; a file of a previous life, or one removed
+    or changed since the server wrote it (aclserve profile --url removes its file once read), is
+    replaced: its bytes are not this server's to append to."""
+    (tmp_path / "t.json").write_text("a previous life's file")
+    tracer = Tracer(trace_dir=str(tmp_path))
+    tracer.update({"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": "t.json", "trace_format": "triton"})
+
+    def traced_then_off(n):
+        trace_requests(tracer, n)
+        tracer.update({"trace_level": ["OFF"]})
+        for write in tracer.flush():
+            write.result()
+        tracer.update({"trace_level": ["TIMESTAMPS"]})
+        return sorted({e["id"] for e in json.loads((tmp_path / "t.json").read_text())})
+    assert traced_then_off(2) == [1, 2]
+    assert traced_then_off(1) == [1, 2, 3]  # appended
+    (tmp_path / "t.json").unlink()
+    assert traced_then_off(1) == [4]
+    (tmp_path / "t.json").write_text("[]")
+    assert traced_then_off(1) == [5]
+    tracer.close()
+
+
+def test_the_writers_temporary_file_is_hidden(tmp_path, monkeypatch):
+    """It was NAME.tmp beside the file, which a `trace.json.*` pattern (the log_frequency
+    files') matched while it was written."""
+    renamed, replace = [], os.replace
+
+    def spy(source, target):
+        renamed.append(os.path.basename(source))
+        return replace(source, target)
+    monkeypatch.setattr(os, "replace", spy)
+    tracer = Tracer(trace_dir=str(tmp_path))
+    tracer.update(dict(EVERY_REQUEST, trace_file="trace.json"))
+    trace_requests(tracer, 1)
+    tracer.close()
+    assert renamed == [".trace.json.0.tmp"]
+
+
+def test_a_file_tracing_left_is_written_once_its_last_trace_sampled_is_in(tmp_path):
+    """The trace_count spent (or the level OFF) while sampled requests are still in flight: the
+    file is written when the last of them is answered, not at shutdown."""
+    tracer = Tracer(trace_dir=str(tmp_path))
+    tracer.update({"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "2", "trace_file": "t.json"})
+    first, second = tracer.start("m", "1", "http", 1), tracer.start("m", "1", "http", 2)
+    assert tracer.start("m", "1", "http", 3) is None  # the count spent
+    tracer.finish(first)
+    assert tracer._writes == []  # the second is still in flight
+    tracer.finish(second)
+    (write, _), = tracer._writes
+    write.result()
+    assert json.loads((tmp_path / "t.json").read_text())["otherData"]["requests"] == 2
+    tracer.close()
