@@ -86,12 +86,14 @@ def statistics(state, name: str | None, version: str | None) -> dict:
 def trace_settings(state, model: str | None, changes: dict | None) -> dict:
     """Triton's trace extension: the settings in force (global, or the model's), after applying
     `changes` when given ({} for a model: drop its own settings). NotFound for an unknown model.
-    The trace file as a client may see it: the operator's `--trace` may be an absolute path."""
+    The trace file as a client may see it: the operator's `--trace` may be an absolute path, shown
+    relative to its folder; that name sent back means the operator's file (what was read, written
+    back, changes nothing), not one of that name inside the trace folder."""
     if model:
         state.repo.get(model)
     if changes is not None:
         try:
-            state.tracer.update(changes, model)
+            state.tracer.update(_operator_file_as_shown(state, changes), model)
         except TraceSettingsError as e:
             raise InvalidInput(str(e)) from None
     doc = state.tracer.settings(model).as_triton()
@@ -100,6 +102,19 @@ def trace_settings(state, model: str | None, changes: dict | None) -> dict:
         doc["trace_file"] = [state.redact(f) for f in trace_file] if isinstance(trace_file, list) \
             else state.redact(trace_file)
     return doc
+
+
+def _operator_file_as_shown(state, changes):
+    """`changes` with a trace_file equal to the operator's file as trace_settings shows it made
+    that file."""
+    operator = state.tracer.operator_file
+    if not isinstance(changes, dict) or not operator:
+        return changes
+    shown = state.redact(operator)
+    value = changes.get("trace_file")
+    if shown != operator and (value == shown or value == [shown]):
+        return {**changes, "trace_file": operator}
+    return changes
 
 
 def repository_index(state, ready_only: bool) -> list[dict]:

@@ -85,6 +85,11 @@ class Tracer:
     def settings(self, model: str | None = None) -> TraceSettings:
         return self._models.get(model, self._global) if model else self._global
 
+    @property
+    def operator_file(self) -> str:
+        """The start-up settings' trace file (--trace, the config file's): any path."""
+        return self._names.operator_file
+
     def log_startup(self) -> None:
         """Start-up settings that trace nothing, said once: the config file's trace section can
         set the level without a file or a file without the level (--trace sets both; the

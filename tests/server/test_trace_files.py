@@ -2,7 +2,8 @@
 finds): one file per trace_file for the server's life, a later write appended to it (a second
 write replaced what it held); written as soon as a trace_count is spent; a request timed out in
 its queue traced with QUEUE_START; Triton's JSON without the parent_id 0 Triton never writes;
-tracing with no trace_file refused as Triton refuses it."""
+tracing with no trace_file refused as Triton refuses it; the operator's trace file as GET shows
+it, written back, meaning that file."""
 from __future__ import annotations
 
 import json
@@ -184,3 +185,18 @@ def test_the_operators_trace_file_paused_and_resumed_keeps_its_traces(models_dir
     doc = json.loads(boot.read_bytes())  # written at shutdown
     assert sorted(e["args"]["request_id"] for e in _requests(doc)) == ["after", "before0", "before1"]
 
+
+def test_the_operators_trace_file_written_back_as_shown_stays_that_file(models_dir, tmp_path):
+    """GET shows --trace /abs/run/boot.json as "boot.json" (no absolute path to a client):
+    POSTing that value back moved the traces to the trace folder's boot.json."""
+    boot = tmp_path / "run" / "boot.json"
+    config = server_config(models_dir, trace={"file": str(boot)}, trace_dir=str(tmp_path / "traces"))
+    with ServerThread(config) as srv, http.InferenceServerClient(srv.url) as c:
+        shown = c.get_trace_settings()
+        assert shown["trace_file"] == "boot.json"
+        assert c.update_trace_settings(settings=dict(shown, **TRACING)) == dict(shown, **TRACING)
+        _infer(c, ["back"])
+        c.update_trace_settings(settings=OFF)
+        doc = _read_when(boot, lambda doc: True, "written")
+    assert [e["args"]["request_id"] for e in _requests(doc)] == ["back"]
+    assert not (tmp_path / "traces" / "boot.json").exists()
