@@ -6,7 +6,8 @@ listens (HTTP, then gRPC; a busy port fails here, before any model has to finish
 waits for the repository (scan, load, warm up, watch); readiness is false until it is done.
 
 Stop (SIGTERM/SIGINT in `serve`), within one deadline: readiness turns false, new infer
-requests get 503 / UNAVAILABLE at once and HTTP connections not running a request are closed;
+requests get 503 / UNAVAILABLE at once, HTTP connections not running a request are closed and
+every gRPC connection is told to go (GOAWAY, the gRPC port closed: grpc_server.py);
 queued and in-flight requests and calls of both transports get `shutdown_timeout_s` to finish,
 drained together (a gRPC connection without calls holds nothing); then the repository unloads
 every model (the requests still waiting on one are answered 503; a device still running a batch
@@ -15,7 +16,7 @@ load or warm-up still running is abandoned: repository/served.py); then, togethe
 that close made are written and the gRPC calls still at work end UNAVAILABLE, and every
 connection of both transports is closed once no request or call is left, ANSWER_GRACE_S after
 the deadline at the latest (a stalled client does not hold shutdown longer, an idle one not at
-all: state.answers_by); the gRPC port and the HTTP socket close, and the runtime destroys
+all: state.answers_by); the HTTP socket closes, and the runtime destroys
 contexts, resets devices and finalizes ACL, in that order.
 """
 from __future__ import annotations

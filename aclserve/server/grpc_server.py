@@ -4,10 +4,12 @@ ServerState.
 
 Built by the composition root (aclserve/app.py), handed to server.app.serve(), which owns it
 from then on: started after the HTTP site (models are loaded by then); at shutdown drained with
-the HTTP requests (drain: until no call is live, grpc_live.py, or the drain's deadline; a
-connection without calls does not count) and stopped as the models close, within the same
-deadline as the HTTP connections (stop: the calls still at work end UNAVAILABLE, stalled
-clients included, then every connection closes once no call is live, at the deadline at most).
+the HTTP requests (drain: every connection told to go at once, GOAWAY, and the port closed, so
+that clients reconnect elsewhere; then until no call is live, grpc_live.py, or the drain's
+deadline; a connection without calls does not count) and stopped as the models close, within
+the same deadline as the HTTP connections (stop: the calls still at work end UNAVAILABLE,
+stalled clients included, then every connection closes once no call is live, at the deadline
+at most).
 Messages may be as large as the HTTP body limit (`max_body_bytes`; gRPC's own default is
 4 MiB); responses are not limited, as over HTTP.
 
@@ -51,6 +53,9 @@ REPOSITORY_CONTROL = frozenset({"RepositoryModelLoad", "RepositoryModelUnload"})
 MAX_MESSAGE = 2**31 - 1  # what protobuf can carry at all
 PING_AFTER_S = 60  # a connection with calls open and nothing received this long is pinged,
 PING_TIMEOUT_S = 20  # and closed when the ping is not answered in this (a dead or stalled peer)
+# grpc's own stop, begun with the drain, would cancel every call this long after the drain's
+# deadline; stop() ends them first, once the models' last answers are out (ANSWER_GRACE_S after it)
+STOP_BACKSTOP_S = 10.0
 
 
 def address(host: str, port: int) -> str:
@@ -133,8 +138,8 @@ def method_handlers(servicer: InferenceServicer) -> tuple[str, dict]:
 
 
 class GrpcServer:
-    """Owns one grpc.aio.Server. start() binds and serves; drain() waits for the calls live
-    (grpc_live.py); stop() takes no new calls, ends those still at work with UNAVAILABLE
+    """Owns one grpc.aio.Server. start() binds and serves; drain() has every connection told to
+    go and waits for the calls live (grpc_live.py); stop() ends those still at work with UNAVAILABLE
     "server is shutting down" (open_calls.py) and, once every call has finished (its status
     sent) or at its deadline, closes every connection, cancelling what is left. stop() is
     idempotent."""
@@ -160,6 +165,7 @@ class GrpcServer:
             for service, handlers in (method_handlers(self._servicer), (HEALTH_SERVICE, self._health.handlers()))))
         self._credentials = tls.grpc_credentials(config)  # read now: a bad file stops the start
         self._started = self._stopped = False
+        self._stopping: asyncio.Future | None = None  # grpc's own stop, from the drain on
 
     async def start(self, host: str, port: int) -> int:
         """Bind host:port and serve; returns the bound port. OSError when it cannot bind."""
@@ -182,13 +188,25 @@ class GrpcServer:
         return bound
 
     async def drain(self, deadline: float) -> None:
-        """Wait until no call is live but repository loads and unloads, or until `deadline`
-        (time.monotonic()); new calls are still taken meanwhile (answered "shutting down" by
-        the servicer). A connection without calls does not hold it, nor does a stream waiting
-        for its next request (streams end once their requests running are answered)."""
+        """Take no new calls nor connections from now: every connection is told to go (GOAWAY)
+        and the port closes, so that a client's next call opens a new connection, to another
+        replica (a client keeping its channel had every call refused "shutting down" for the
+        whole drain, the connection going only at stop()). Then wait until no call is live but
+        repository loads and unloads, or until `deadline` (time.monotonic()). The calls in
+        flight and the open streams go on (a stream reads nothing more and ends once its
+        requests running are answered), as does a connection without calls until its client
+        leaves; none of those holds the drain."""
         self._servicer.drain_streams()
         self._health.drain()
+        self._stop_taking_calls(deadline + STOP_BACKSTOP_S)
         await self._live.holding_drain.none_by(deadline)
+
+    def _stop_taking_calls(self, backstop: float) -> None:
+        """grpc's own stop: GOAWAY to every connection, the port closed, new calls refused by
+        grpc. Its grace (to `backstop`, time.monotonic()) only bounds grpc's wait: stop() ends
+        what is left before it."""
+        if self._started and self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._server.stop(max(0.0, backstop - time.monotonic())))
 
     async def stop(self, deadline: float | None = None) -> None:
         """Take no new calls nor connections, end the calls still at work, then close every
@@ -201,13 +219,12 @@ class GrpcServer:
             return
         if deadline is None:
             deadline = time.monotonic()
-        # grpc's own stop refuses new calls from here; its grace is only a backstop (below)
-        stopping = asyncio.ensure_future(self._server.stop(max(0.0, deadline - time.monotonic())))
+        self._stop_taking_calls(deadline)  # begun by the drain, unless serving ended otherwise
         ended = self._servicer.calls.end()
         if ended:
             log.info("gRPC: %d call(s) still open at the shutdown deadline answered UNAVAILABLE", ended)
         await self._live.all.none_by(deadline)
         # grpc's grace would also wait for the connections without calls: close them all now
         await self._server.stop(None)
-        await stopping
+        await self._stopping
         log.info("gRPC endpoint stopped")

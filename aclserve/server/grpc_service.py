@@ -111,7 +111,9 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
 
     # -- health and metadata --------------------------------------------------------------------
     async def ServerLive(self, request, context):
-        return pb.ServerLiveResponse(live=True)
+        """False once shutdown has begun, as /v2/health/live answers 503 then and Triton's
+        IsLive is false while it exits (a call open at the drain's start; new ones are refused)."""
+        return pb.ServerLiveResponse(live=not self.state.shutting_down)
 
     async def ServerReady(self, request, context):
         return pb.ServerReadyResponse(ready=self.state.ready())

@@ -200,7 +200,7 @@ def test_shutdown_drains_grpc_requests(models_dir, tmp_path, make_config):
                     await asyncio.sleep(0.005)
                 state.stop_accepting()
                 assert not (await client.ServerReady(pb.ServerReadyRequest())).ready
-                assert (await client.ServerLive(pb.ServerLiveRequest())).live
+                assert not (await client.ServerLive(pb.ServerLiveRequest())).live  # as /v2/health/live's 503
                 assert not (await client.ModelReady(pb.ModelReadyRequest(name="affine"))).ready
                 with pytest.raises(grpc.aio.AioRpcError) as e:
                     await client.ModelInfer(three)

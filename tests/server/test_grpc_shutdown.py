@@ -13,6 +13,7 @@ import shutil
 import socket
 import threading
 
+import aiohttp
 import grpc
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from tests.hung_device import let_go
 from tests.serving import ServerThread, free_port, started_with_grpc
 
 from .hostile import wait_for
-from .grpc_raw import DATA, INFER, PREFACE, STREAM, affine, call_headers, frame
+from .grpc_raw import DATA, INFER, LIVE, PREFACE, STREAM, affine, call_headers, frame
 from .test_grpc_guards import in_use, stalled_infer, stubs
 from .test_grpc_slow_clients import grpc_message, rows_run, zero_window_settings
 
@@ -76,6 +77,20 @@ async def stream_outcome(call) -> tuple[list[str], grpc.aio.AioRpcError | None]:
     return answers, None
 
 
+async def drain_begun(ready) -> None:
+    """Until the drain has begun: ServerReady on the channel answers false, or fails UNAVAILABLE
+    (its connection told to go and the port closed, as the drain begins)."""
+    while True:
+        try:
+            if not (await asyncio.wait_for(ready(pb.ServerReadyRequest()), HANG_GUARD_S)).ready:
+                return
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                return
+            raise
+        await asyncio.sleep(0.01)
+
+
 def assert_shutting_down(error) -> None:
     assert isinstance(error, grpc.aio.AioRpcError), error
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in error.details(), error
@@ -104,8 +119,7 @@ def test_calls_open_at_the_shutdown_deadline_are_unavailable_and_one_done_before
             done = asyncio.ensure_future(outcome(infer(affine(2, model="other"))))
             await entered(second)
             closing = asyncio.get_running_loop().run_in_executor(None, grpc_server.close)
-            while (await ready(pb.ServerReadyRequest())).ready:  # until the drain has begun
-                await asyncio.sleep(0.01)
+            await drain_begun(ready)
             finishing.set()
             answered = await done
             results = await stuck, await outcome(silent), await stream_outcome(stream)
@@ -213,8 +227,7 @@ def test_a_stream_waiting_for_its_next_request_ends_when_the_drain_begins(held_m
             stuck = asyncio.ensure_future(outcome(infer(affine(1))))
             await entered(held)
             closing = asyncio.get_running_loop().run_in_executor(None, server.close)
-            while (await ready(pb.ServerReadyRequest())).ready:  # until the drain has begun
-                await asyncio.sleep(0.01)
+            await drain_begun(ready)
             stream_answers, stream_end = await stream_outcome(stream)
             held_then = not stuck.done()
             let_go(hung)
@@ -230,3 +243,96 @@ def test_a_stream_waiting_for_its_next_request_ends_when_the_drain_begins(held_m
     assert stream_answers == [] and held_then
     assert_shutting_down(stream_end)
     assert not isinstance(answered, grpc.aio.AioRpcError), answered
+
+
+def held_server(held_models, make_config, shutdown_timeout_s: float) -> ServerThread:
+    config = make_config(held_models, grpc_port=free_port(), model_control_mode="none",
+                         shutdown_timeout_s=shutdown_timeout_s, body_timeout_s=600)
+    server = ServerThread(config).start()
+    server.grpc_url = f"127.0.0.1:{config.grpc_port}"
+    return server
+
+
+async def http_refuses(server) -> None:
+    """Until a new HTTP connection is answered 503: the drain has begun (shutting down is set)."""
+    async def refused():
+        async with aiohttp.ClientSession() as session:
+            while True:
+                async with session.get(f"http://{server.url}/v2/health/live") as answer:
+                    if answer.status == 503:
+                        return
+                await asyncio.sleep(0.01)
+    await asyncio.wait_for(refused(), HANG_GUARD_S)
+
+
+def test_a_connection_is_told_to_go_when_the_drain_begins_and_its_call_in_flight_is_answered(
+        held_models, make_config, clean_faults):
+    """A persistent client (one channel, tritonclient's way) has its connection asked to go
+    (GOAWAY) as the drain begins, while a call of it is still held, and the port closes: its
+    next call fails at once and a balancer's next connection goes to another replica. Before,
+    every call on that connection was answered "shutting down" for the whole drain and the
+    connection went only when the endpoint stopped, after the held call had been ended at the
+    deadline. The held call is answered once let go."""
+    server = held_server(held_models, make_config, shutdown_timeout_s=5)
+    hung = threading.Event()
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(server.grpc_url) as channel:
+            infer, live = stubs(channel)
+            assert (await live(pb.ServerLiveRequest())).live
+            assert channel.get_state() == grpc.ChannelConnectivity.READY
+            held = faults.inject("execute", nth=1, hold=hung)
+            stuck = asyncio.ensure_future(outcome(infer(affine(1))))
+            await entered(held)
+            closing = asyncio.get_running_loop().run_in_executor(None, server.close)
+            await asyncio.wait_for(channel.wait_for_state_change(grpc.ChannelConnectivity.READY), HANG_GUARD_S)
+            held_then = not stuck.done()
+            next_call = await outcome(live(pb.ServerLiveRequest()))
+            let_go(hung)
+            answered = await stuck
+            await closing
+            return held_then, next_call, answered
+    try:
+        held_then, next_call, answered = asyncio.run(scenario())
+    finally:
+        let_go(hung)
+        server.close()
+    assert server.error is None
+    assert held_then, "the connection went only once the held call had ended"
+    assert isinstance(next_call, grpc.aio.AioRpcError) and next_call.code() == grpc.StatusCode.UNAVAILABLE, next_call
+    assert "shutting down" not in next_call.details(), next_call  # refused by the channel, not by this server
+    assert not isinstance(answered, grpc.aio.AioRpcError), answered
+    assert np.frombuffer(answered.raw_output_contents[1], np.int64).shape == (3,)
+
+
+def test_server_live_answers_false_once_the_drain_has_begun(held_models, make_config, clean_faults):
+    """As /v2/health/live answers 503 then, and Triton's IsLive is false once it exits: a
+    ServerLive call open when the drain begins, its message sent after, answers live false
+    (true before: the drain's only other difference from HTTP)."""
+    server = held_server(held_models, make_config, shutdown_timeout_s=600)
+
+    async def scenario():
+        send = asyncio.Event()
+
+        async def message():
+            await send.wait()
+            yield pb.ServerLiveRequest()
+        async with grpc.aio.insecure_channel(server.grpc_url) as channel:
+            _, live = stubs(channel)
+            late = channel.stream_unary(LIVE, pb.ServerLiveRequest.SerializeToString,
+                                        pb.ServerLiveResponse.FromString)(message())
+            before = (await live(pb.ServerLiveRequest())).live  # (after the late call's headers, on one connection)
+            closing = asyncio.get_running_loop().run_in_executor(None, server.close)
+            await http_refuses(server)
+            send.set()
+            during = await outcome(late)
+            await closing
+            return before, during
+    try:
+        before, during = asyncio.run(scenario())
+    finally:
+        server.close()
+    assert server.error is None
+    assert before is True
+    assert not isinstance(during, grpc.aio.AioRpcError), during
+    assert during.live is False
