@@ -97,10 +97,13 @@ def test_the_schema_check_refuses_unknown_fields_wrong_types_and_missing_fields(
 
 def check_probes(container: dict, http_port: int, routes: set[str]) -> None:
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        if probe not in container:
+            continue
         action = container[probe]["httpGet"]
         assert action["path"] in routes, (probe, action["path"])
         assert port_number(container, action["port"]) == http_port, probe
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
 
 
 def test_deployment_service_and_hpa_match_the_server():
@@ -115,6 +118,7 @@ def test_deployment_service_and_hpa_match_the_server():
     assert config.readiness == "lenient"
     assert port_number(container, "http") == config.port and port_number(container, "grpc") == config.grpc_port
     check_probes(container, config.port, routes)
+    assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/live"  # the port open, not the models in
     notes = pod["metadata"]["annotations"]
     assert notes["prometheus.io/scrape"] == "true" and int(notes["prometheus.io/port"]) == config.port
     assert notes["prometheus.io/path"] in routes
@@ -149,6 +153,8 @@ def test_kserve_runtime_and_inference_services_match_the_server():
     # named: merged with an InferenceService's own port (h2c), a Service of two unnamed is refused
     assert all(p.get("name") for p in container["ports"])
     check_probes(container, config.port, routes)
+    # Knative before 1.15 (serving#15309) refuses a startupProbe in a Serverless InferenceService
+    assert "startupProbe" not in container
     assert int(spec["annotations"]["prometheus.kserve.io/port"]) == config.port
     assert spec["annotations"]["prometheus.kserve.io/path"] in routes
     assert set(spec["protocolVersions"]) == {"v2", "grpc-v2"}
@@ -205,13 +211,19 @@ def test_images_run_the_cli_on_the_server_ports_as_a_non_root_user():
 
     ascend = dockerfile(DEPLOY / "Dockerfile.ascend")
     assert (DEPLOY / "Dockerfile.ascend").read_text().startswith("# UNTESTED")
-    entry = json.loads(ascend["ENTRYPOINT"][-1])
-    assert entry[:4] == ["/usr/bin/tini", "--", "/bin/bash", "-c"] and 'exec aclserve serve "$@"' in entry[4]
+    # the entrypoint script (tests/test_deploy_ascend_entrypoint.py runs it) runs `python -m aclserve serve`
+    assert json.loads(ascend["ENTRYPOINT"][-1]) == ["/usr/bin/tini", "--", "/usr/local/bin/aclserve-entrypoint"]
+    install = next(run for run in ascend["RUN"] if "pip install" in run)
+    assert "deploy/ascend-entrypoint.sh /usr/local/bin/aclserve-entrypoint" in install
+    assert "python3 -m venv /opt/aclserve" in install and "ACLSERVE_VENV=/opt/aclserve" in ascend["ENV"][-1]
+    assert "--constraint deploy/ascend-constraints.txt" in install
     assert "--from=tini /usr/bin/tini-static /usr/bin/tini" in ascend["COPY"]
+    assert "deploy/ascend-constraints.txt deploy/ascend-entrypoint.sh ./deploy/" in ascend["COPY"]
     assert server_config(json.loads(ascend["CMD"][-1])).models_dir == "/models"
     assert "ACLSERVE_DEVICE=npu" in ascend["ENV"][-1] and ascend["USER"][-1] not in ("0", "root")
     ignore = (REPO / ".dockerignore").read_text().split()
-    assert {"!setup.py", "!README.md", "!aclserve/"} <= set(ignore)
+    assert {"!setup.py", "!README.md", "!aclserve/", "!deploy/ascend-entrypoint.sh",
+            "!deploy/ascend-constraints.txt"} <= set(ignore)
 
 
 def mount_covering(path: str, container: dict, volumes: list[dict]) -> dict | None:
@@ -279,13 +291,23 @@ def test_the_deployment_and_the_inference_services_read_separate_folders_of_the_
         assert found.problems == {} and set(found.models) == {"digits"}, (root, found.problems)
 
 
-def test_the_cpu_runtime_memory_stays_under_the_container_memory_limit():
-    """With its 8G default against the runtime's 8Gi limit, a model too large for the pod was
-    loaded and the pod OOM-killed instead of the load refused."""
+# What the CPU runtime's process holds per byte of weights it counts (measured with a model of one
+# 1 GiB MatMul, ACLSERVE_CPU_DEVICE_MEMORY=2G: ONNX Runtime keeps its own copy of the weights and
+# pre-packs them, and intermediates are not counted): RSS about 3x once loaded, 5x at the load's
+# peak, 6x while an .onnx compiles (the compile's child process in the same cgroup).
+RSS_PER_COUNTED_BYTE = {"loaded": 3, "loading": 5, "compiling": 6}
+
+
+def test_a_model_the_cpu_runtime_accepts_fits_the_container_memory_limit_by_the_measured_ratios():
+    """A 1 GiB model was accepted under 2G of the Deployment's 4Gi and its process then held
+    3.05 GiB, 4.90 GiB while loading and 6.1 GiB while compiling its .onnx: the budget under the
+    limit was no bound. The budget times the worst ratio must fit (memory_reserve_fraction, kept
+    free of loads, leaves room for the server itself)."""
     from kubernetes.utils import parse_quantity
 
     from aclserve.acl.cpu import settings
 
+    assert load_server_config().memory_reserve_fraction > 0
     for container in (find("Deployment", "aclserve")["spec"]["template"]["spec"]["containers"][0],
                       find("ServingRuntime", "aclserve-ascend")["spec"]["containers"][0]):
         env = {e["name"]: e["value"] for e in container["env"]}
@@ -293,4 +315,23 @@ def test_the_cpu_runtime_memory_stays_under_the_container_memory_limit():
         budget = settings.parse_size(env.get("ACLSERVE_CPU_DEVICE_MEMORY", "8G")) \
             * int(env.get("ACLSERVE_CPU_DEVICES", settings.DEFAULT_DEVICES))
         limit = parse_quantity(container["resources"]["limits"]["memory"])
-        assert budget < limit, (container["name"], budget, limit)
+        assert budget * max(RSS_PER_COUNTED_BYTE.values()) <= limit, (container["name"], budget, limit)
+
+
+def test_atc_caches_operators_in_a_writable_volume_wherever_the_ascend_image_may_run():
+    """ATC caches operators in $HOME/atc_data unless ASCEND_CACHE_PATH is set; the Deployment's
+    root file system is read-only and $HOME no volume there."""
+    ascend = dockerfile(DEPLOY / "Dockerfile.ascend")
+    image_env = dict(re.findall(r"(\w+)=(\S+)", ascend["ENV"][-1]))
+    assert image_env["ASCEND_CACHE_PATH"].startswith(ascend["WORKDIR"][-1] + "/")
+    deployment = find("Deployment", "aclserve")["spec"]["template"]["spec"]
+    runtime = find("ServingRuntime", "aclserve-ascend")["spec"]
+    for container, volumes in ((deployment["containers"][0], deployment["volumes"]),
+                               (runtime["containers"][0], runtime["volumes"])):
+        env = {e["name"]: e["value"] for e in container["env"]}
+        for name in ("ASCEND_CACHE_PATH", "HOME"):
+            path = env.get(name, image_env[name])
+            if name == "HOME" and not container.get("securityContext", {}).get("readOnlyRootFilesystem"):
+                continue  # the image's home is writable where the root is
+            volume = mount_covering(path, container, volumes)
+            assert volume is not None and "emptyDir" in volume, (container["name"], name, path)
