@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.serving import ServerThread, server_config
+from tests.serving import ServerThread, free_port, server_config
 from tests.tiny_models import affine_onnx, affine_reference, compile_cpu_om, double_onnx
 
 
@@ -43,3 +43,12 @@ def pair(models_dir):
          ServerThread(server_config(models_dir, model_control_mode="none", direct_infer=False)) as off:
         yield on, off
 
+
+
+@pytest.fixture(scope="module")
+def traced_server(models_dir, tmp_path_factory):
+    """A server with gRPC on and a trace folder of its own (its `trace_dir`), for the trace tests."""
+    trace_dir = tmp_path_factory.mktemp("traces")
+    with ServerThread(server_config(models_dir, grpc_port=free_port(), trace_dir=str(trace_dir))) as srv:
+        srv.trace_dir = trace_dir
+        yield srv

@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from tests.serving import ServerThread, free_port, server_config
+from tests.serving import ServerThread, server_config
 
 from .full_queue import affine_server
 
@@ -24,11 +24,8 @@ OFF = {"trace_level": ["OFF"]}
 
 
 @pytest.fixture(scope="module")
-def srv(models_dir, tmp_path_factory):
-    trace_dir = tmp_path_factory.mktemp("traces")
-    with ServerThread(server_config(models_dir, grpc_port=free_port(), trace_dir=str(trace_dir))) as server:
-        server.trace_dir = trace_dir
-        yield server
+def srv(traced_server):
+    return traced_server
 
 
 @pytest.fixture

@@ -15,15 +15,12 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from tests.serving import ServerThread, free_port, server_config
+from tests.serving import ServerThread, server_config
 
 
 @pytest.fixture(scope="module")
-def srv(models_dir, tmp_path_factory):
-    trace_dir = tmp_path_factory.mktemp("traces")
-    with ServerThread(server_config(models_dir, grpc_port=free_port(), trace_dir=str(trace_dir))) as server:
-        server.trace_dir = trace_dir
-        yield server
+def srv(traced_server):
+    return traced_server
 
 
 @pytest.fixture
