@@ -74,7 +74,8 @@ def _load_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
             raise UsageError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
         except MemoryError:  # a header claiming a huge shape: np.load allocates it before reading
             raise UsageError(f"cannot read {path}: its header's shape needs more memory than there is") from None
-        inputs[name] = arr if arr.flags.c_contiguous else np.array(arr, order="C")  # (ascontiguousarray made a 0-d input [1])
+        # (np.ascontiguousarray made a 0-d input [1])
+        inputs[name] = arr if arr.flags.c_contiguous else np.array(arr, order="C")
     return inputs
 
 

@@ -1,6 +1,7 @@
 """`aclserve compile` and `aclserve inspect`: the commands over the model files of om/.
 
-Exit status: 0 success; 2 bad input (one line on stderr, via UsageError or argparse); 1 when ATC ran and failed or timed out (its error lines quoted on one line).
+Exit status: 0 success; 2 bad input (one line on stderr, via UsageError or argparse); 1 when ATC ran and failed or
+timed out (its error lines quoted on one line).
 """
 from __future__ import annotations
 

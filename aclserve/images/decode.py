@@ -36,7 +36,8 @@ _TURNS = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: 
           8: Image.Transpose.ROTATE_90}  # what each EXIF orientation asks, as Pillow's exif_transpose
 
 
-def fit_box(src_w: int, src_h: int, plan: ImagePlan) -> tuple[tuple[int, int], tuple[float, float, float, float] | None]:
+def fit_box(src_w: int, src_h: int,
+            plan: ImagePlan) -> tuple[tuple[int, int], tuple[float, float, float, float] | None]:
     """(resized size, source box) for the plan's policy; letterbox returns the inner size."""
     W, H = plan.width, plan.height
     if plan.resize == "stretch":

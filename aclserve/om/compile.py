@@ -78,7 +78,8 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     if target in ("auto", "npu"):
         atc_path = atc_mod.find_atc(atc)
         if atc_path is None and target == "npu":
-            raise CompileError("ATC asked for but not found: no `atc` on PATH (install CANN's toolkit or pass --atc PATH)")
+            raise CompileError("ATC asked for but not found: no `atc` on PATH (install CANN's toolkit or pass "
+                               "--atc PATH)")
     elif atc is not None:
         raise CompileError("--atc given with --target cpu; drop one of them")
 

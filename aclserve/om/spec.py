@@ -271,10 +271,12 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
         if vi.name in input_shape:
             given = input_shape[vi.name]
             if dims is not None and len(dims) != len(given):
-                raise CompileError(f"--input-shape gives input {vi.name!r} {len(given)} dims; the model has {len(dims)}")
+                raise CompileError(f"--input-shape gives input {vi.name!r} {len(given)} dims; the model has "
+                                   f"{len(dims)}")
             for axis, (old, new) in enumerate(zip(dims or given, given)):
                 if isinstance(old, int) and new != -1 and old != new:
-                    raise CompileError(f"--input-shape sets input {vi.name!r} dim {axis} to {new}; the model fixes it at {old}")
+                    raise CompileError(f"--input-shape sets input {vi.name!r} dim {axis} to {new}; the model fixes "
+                                       f"it at {old}")
             if -1 in given[1:]:  # (the only dimension that may be dynamic: said here, not as "dim 1 is dynamic")
                 raise CompileError(f"--input-shape gives input {vi.name!r} -1 past its first dimension: -1 marks "
                                    "the batch, which must come first (a sequence-first model needs its batch "

@@ -89,7 +89,8 @@ class Planner:
 
     def _log_problems(self) -> None:
         """Each problem and note once while it lasts: one that goes away and comes back is logged again."""
-        current = {("scan", name, reason) for name, reason in self.scan.problems.items() if reason != WAITING_FOR_CONFIG}
+        current = {("scan", name, reason) for name, reason in self.scan.problems.items()
+                   if reason != WAITING_FOR_CONFIG}
         current |= {("note", note) for note in self.scan.notes}
         for key in sorted(current - self._logged):
             if key[0] == "scan":

@@ -176,7 +176,8 @@ class GuardCollector:
                                      "each request alone on the instance it failed on once rebuilt, or whole on "
                                      "another)", labels=["model", "version", "outcome"])
         rebuilds = CounterMetricFamily("aclserve_instance_rebuilds", "Instances replaced after leaving rotation "
-                                       "(execution timeout, device fault, failed stream reset)", labels=["model", "version"])
+                                       "(execution timeout, device fault, failed stream reset)",
+                                       labels=["model", "version"])
         rebuilds_failed = CounterMetricFamily("aclserve_instance_rebuild_failures", "Attempts to rebuild an "
                                               "instance that failed (tried again: at once, then with backoff)",
                                               labels=["model", "version"])

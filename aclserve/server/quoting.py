@@ -16,7 +16,8 @@ def quoted(value) -> str:
     if kind is list or kind is dict:
         if not value:
             return "[]" if kind is list else "{}"
-        return f"an array of {_count(len(value), 'item')}" if kind is list else f"an object of {_count(len(value), 'key')}"
+        return (f"an array of {_count(len(value), 'item')}" if kind is list
+                else f"an object of {_count(len(value), 'key')}")
     if kind is str:
         return orjson.dumps(value[:MAX_QUOTED]).decode() + ("..." if len(value) > MAX_QUOTED else "")
     if kind is float and not math.isfinite(value):

@@ -35,7 +35,8 @@ def aipp_info(op: dict) -> dict:
             "leftPaddingSize": op["left_padding_size"], "rightPaddingSize": op["right_padding_size"],
             "topPaddingSize": op["top_padding_size"], "bottomPaddingSize": op["bottom_padding_size"],
             "cscSwitch": 0, "rbuvSwapSwitch": int(op["rbuv_swap_switch"]), "axSwapSwitch": 0, "singleLineMode": 0}
-    for field, key, fill in (("mean_chn", "meanChn", 0), ("min_chn", "minChn", 0.0), ("var_reci_chn", "varReciChn", 1.0)):
+    for field, key, fill in (("mean_chn", "meanChn", 0), ("min_chn", "minChn", 0.0),
+                             ("var_reci_chn", "varReciChn", 1.0)):
         values = list(op[field]) + [fill] * (4 - len(op[field]))
         cast = int if key == "meanChn" else _c_float  # pyACL builds them from C int / float
         info.update({f"{key}{c}": cast(values[c]) for c in range(4)})

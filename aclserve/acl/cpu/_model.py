@@ -211,7 +211,8 @@ def load(ctx, info: _om.ModelInfo, payload: bytes, mem: tuple[int, int, int, int
     try:
         session = _session(ctypes.string_at(weight_ptr, len(payload)))
         names = {i.name for i in session.get_inputs()}, {o.name for o in session.get_outputs()}
-        missing = ({t.onnx_name for t in info.onnx_inputs} ^ names[0]) | ({t.onnx_name for t in info.outputs} - names[1])
+        missing = (({t.onnx_name for t in info.onnx_inputs} ^ names[0])
+                   | ({t.onnx_name for t in info.outputs} - names[1]))
         if missing:
             raise ValueError(f"header and ONNX graph disagree on tensors {sorted(missing)}")
     except Exception as e:
