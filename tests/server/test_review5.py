@@ -96,6 +96,12 @@ def test_a_stream_whose_client_reads_nothing_is_not_read_on_and_ends(models_dir,
 
         run_unread, answered, error = asyncio.run(scenario())
         assert run_unread < 300 * 8, "the stream ran every request (8 rows each) of a client that read no answer"
-        assert 0 < answered < 300 and error is not None and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert "not read" in error.details()
+        assert 0 < answered < 300 and error is not None
+        # the server's DEADLINE_EXCEEDED, unless the client's own write still pending when the call
+        # ended failed first: grpc then ends the call INTERNAL on the client's side (seen once in
+        # the full suite on a loaded machine; the server's part is the two lines above and below)
+        if error.code() == grpc.StatusCode.INTERNAL:
+            assert "SendMessageOperation" in error.debug_error_string(), error
+        else:
+            assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "not read" in error.details()
         assert metric(srv.url, "aclserve_request_memory_bytes") == 0
