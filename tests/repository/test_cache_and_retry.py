@@ -454,8 +454,7 @@ def test_auto_queue_limits_follow_gears_instances_and_speed():
     config = overload.resolve(ModelConfig(), (1, 2, 4, 8), {8: 0.5}, instances=2)
     policy = config.batching.default_queue_policy
     assert policy.max_queue_size == 8 * 8 * 2
-    # twice (window + a full queue's requests each run as a full batch: 128 runs on 2 instances)
-    assert policy.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 128 / 2)
+    assert policy.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 8)  # twice (window + 8 runs of a full queue)
     fast = overload.resolve(ModelConfig(), (1,), {1: 0.001}, instances=1).batching.default_queue_policy
     assert fast.max_queue_size == overload.MIN_QUEUE and fast.default_timeout_ms == overload.MIN_DEADLINE_MS
 
@@ -467,11 +466,11 @@ def test_auto_queue_limits_count_a_full_batch_of_a_lower_max_batch_size():
     gears = (1, 2, 4, 8, 16, 32)
     policy = overload.resolve(capped(16), gears, {16: 0.5, 32: 1.0}, instances=1).batching.default_queue_policy
     assert policy.max_queue_size == 8 * 16  # not 8 x the largest gear, 32
-    assert policy.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 128)  # 128 runs of gear 16's cost
+    assert policy.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 8)  # 8 runs of gear 16's cost
     # a cap between gears runs on the next gear up, and costs that gear's run
     between = overload.resolve(capped(12), gears, {16: 0.5, 32: 1.0},
                                instances=1).batching.default_queue_policy
-    assert between.max_queue_size == 8 * 12 and between.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 96)
+    assert between.max_queue_size == 8 * 12 and between.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 8)
 
 
 def test_sweep_removes_what_interrupted_compiles_left_unless_a_compile_holds_it(tmp_path):
