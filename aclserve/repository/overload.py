@@ -6,10 +6,7 @@ the work done for it). The queue holds QUEUE_BATCHES full batches per instance (
 the batcher's limit, the largest gear or a lower max_batch_size); the deadline
 is twice the longest wait a request should see (the batching window plus the time to run a
 full queue at the measured speed), never under MIN_DEADLINE_MS, so it only fires when the
-device falls far behind (a stall), not in an ordinary burst. A full queue is run as one full
-batch per request: the queue counts requests, and each may bring a full batch's rows (or run
-alone, batching off); counted as 1-row requests sharing runs, 64 requests of 8 rows waited
-their deadline for a 503 (a tester's burst) instead of being served.
+device falls far behind (a stall), not in an ordinary burst.
 """
 from __future__ import annotations
 
@@ -33,8 +30,9 @@ def auto_queue_size(full_batch: int, instances: int) -> int:
     return max(MIN_QUEUE, QUEUE_BATCHES * max(1, full_batch) * instances)
 
 
-def auto_deadline_ms(queue_size: int, instances: int, gear_seconds: float | None, window_ms: float = 0.0) -> float:
-    runs = math.ceil(queue_size / instances)  # each request a full batch's run
+def auto_deadline_ms(queue_size: int, full_batch: int, instances: int, gear_seconds: float | None,
+                     window_ms: float = 0.0) -> float:
+    runs = math.ceil(queue_size / (max(1, full_batch) * instances))
     return max(MIN_DEADLINE_MS, 2 * (window_ms + 1000.0 * (gear_seconds or 0.0) * runs))
 
 
@@ -53,7 +51,7 @@ def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int) -> Mode
             size = auto_queue_size(full, instances)
         deadline = policy.default_timeout_ms
         if deadline is None:
-            deadline = auto_deadline_ms(size or auto_queue_size(full, instances), instances, cost,
+            deadline = auto_deadline_ms(size or auto_queue_size(full, instances), full, instances, cost,
                                         batching.max_queue_delay_ms)
         return dataclasses.replace(policy, max_queue_size=size, default_timeout_ms=deadline)
 

@@ -83,27 +83,6 @@ def test_queue_limits_default_to_auto_figures_from_the_model(server):
     assert policy["default_timeout_microseconds"] >= 2_000_000
 
 
-def test_the_auto_deadline_lets_a_full_queue_of_full_batches_run(one_model, make_config, clean_faults):
-    """The auto deadline counted a full queue as shared runs of 1-row requests: 64 requests of 8
-    rows each (a run each) on a slow device waited out their deadline for 503 "timed out" instead
-    of being served (their queue held them: nothing was refused at once)."""
-    faults.inject("execute", delay_ms=50)  # before the start: the warm-up measures it
-    srv = ServerThread(make_config(one_model)).start()
-    try:
-        full = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [8, 16],
-                                       "data": [1.0] * 128}]}).encode()
-        answers: list[int] = []
-        senders = [threading.Thread(target=lambda: answers.append(get(srv.url, "/v2/models/double/infer", full)[0]))
-                   for _ in range(64)]
-        for sender in senders:
-            sender.start()
-        for sender in senders:
-            sender.join()
-        assert answers == [200] * 64
-    finally:
-        srv.close()
-
-
 def test_retried_batches_are_counted(one_model, make_config, clean_faults):
     (one_model / "double.yaml").write_text("instances: 2\n")
     srv = ServerThread(make_config(one_model)).start()
