@@ -85,8 +85,12 @@ class EngineModel:
         call = Call(len(chunks), [s.name for s in self.outputs])
         if not self._calls.take(call.future):  # (a close began since the check above)
             return _failed(Closed(self._refusal()))
-        for index, (chunk, gear, n) in enumerate(chunks):
-            self.pool.submit(Batch([chunk], gear, n, requests=(call, index)))
+        try:
+            for index, (chunk, gear, n) in enumerate(chunks):
+                self.pool.submit(Batch([chunk], gear, n, requests=(call, index)))
+        except BaseException as e:  # (a call left open would hold a close without a timeout for good)
+            settle(call.future, e)
+            raise
         return call.future
 
     def infer(self, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
@@ -268,8 +272,11 @@ class Engine:
             pool.close()
             raise
         with self._state:
-            self.models.append(model)
-        return model
+            if not self._closed:
+                self.models.append(model)
+                return model
+        pool.close()  # (the engine closed while it loaded: a close bounded in time left it to this load)
+        raise Closed(f"{_ENGINE_CLOSED} (it closed while model {name} loaded)")
 
     def close(self, timeout: float | None = None) -> None:
         """Refuse loads and calls from now on (Closed); once the loads under way have ended and
@@ -281,7 +288,8 @@ class Engine:
         Not from a future's done-callback: that runs on the engine's own thread."""
         _refuse_in_callback(self, "Engine.close()", "it runs on the engine's own thread, which close waits for")
         check_options(timeout=timeout)
-        self._close(deadline=_deadline(timeout))
+        if not self._close(loads_wait_s=timeout, deadline=_deadline(timeout)):
+            log.warning("Engine.close(timeout=%g): a model load still under way; its model is left to it", timeout)
 
     def _close(self, loads_wait_s: float | None = None, deadline: float | None = None) -> bool:
         """close(), waiting at most `loads_wait_s` for the loads under way (None: for them all)

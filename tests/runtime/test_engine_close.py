@@ -82,6 +82,33 @@ def test_a_close_bounded_in_time_fails_the_calls_left_with_closed(affine_om):
             call.result(timeout=0)
 
 
+def test_a_close_bounded_in_time_does_not_wait_out_a_load_under_way(affine_om):
+    """close(timeout=s) waited for a load under way however long it took (a reviewer: 5.5 s
+    for a 1 s timeout); it returns while the load is still held, and the load's model is left
+    to it."""
+    engine = Engine(device="cpu")
+    gate = threading.Event()
+    held = faults.inject("load", nth=1, hold=gate, code=0)
+    outcome = []
+
+    def load():
+        try:
+            outcome.append(engine.load(affine_om()))
+        except BaseException as e:
+            outcome.append(e)
+    loading = threading.Thread(target=load)
+    loading.start()
+    try:
+        assert held.entered.wait(60)
+        engine.close(timeout=0.2)
+        assert loading.is_alive() and not gate.is_set()  # returned with the load still held
+    finally:
+        let_go(gate)
+    loading.join(60)
+    assert not loading.is_alive() and engine.closed and engine.models == []  # (the late model closed, not kept)
+    assert isinstance(outcome[0], aclserve.Closed) and "it closed while model affine loaded" in str(outcome[0])
+
+
 EXIT_WITH_CALLS_QUEUED = """
 import atexit, sys, threading, time
 answers = {"ok": 0, "failed": []}
