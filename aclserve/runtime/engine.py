@@ -222,6 +222,7 @@ class Engine:
         self.models: list[EngineModel] = []
         self._state = threading.Condition()  # guards _loading and _closed
         self._loading = 0
+        self._runtime_left = False  # a close left the runtime to the loads under way
         self._closed = False
         # one close at a time: a second closer found no model left and closed the runtime while
         # the first still closed an instance (the device not reset, ACL not finalized, a context kept)
@@ -256,6 +257,11 @@ class Engine:
             with self._state:
                 self._loading -= 1
                 self._state.notify_all()
+                last_after_close = self._runtime_left and not self._loading
+                self._runtime_left = self._runtime_left and not last_after_close
+            if last_after_close:  # (a close bounded in time left the runtime to the loads: the last lets go)
+                self.runtime.close()
+                _open_engines.discard(self)
 
     def _load(self, path, name, instances, devices, slots, retry, warmup_data, given_ranges) -> EngineModel:
         self.runtime.start()
@@ -312,6 +318,12 @@ class Engine:
             if loads_ended:
                 self.runtime.close()
                 _open_engines.discard(self)
+            else:
+                with self._state:  # the last load under way closes the runtime (load's finally)
+                    self._runtime_left = bool(self._loading)
+                if not self._runtime_left:  # (it ended meanwhile)
+                    self.runtime.close()
+                    _open_engines.discard(self)
         return loads_ended
 
     def _close_model(self, model: EngineModel, deadline: float | None) -> None:

@@ -107,6 +107,7 @@ def test_a_close_bounded_in_time_does_not_wait_out_a_load_under_way(affine_om):
     loading.join(60)
     assert not loading.is_alive() and engine.closed and engine.models == []  # (the late model closed, not kept)
     assert isinstance(outcome[0], aclserve.Closed) and "it closed while model affine loaded" in str(outcome[0])
+    assert not engine.runtime._started  # the load, the last, let go of the runtime the close left to it
 
 
 EXIT_WITH_CALLS_QUEUED = """
