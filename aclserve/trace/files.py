@@ -43,11 +43,18 @@ class _Written:
     builder: chrome.Builder | None  # the Chrome tracks it names
 
 
+# A file grows by appends no further than this: each append copies it (a client allowed to set
+# trace settings turned one file to 1 and back 300 times: 681 KB, 100 MB copied; the copies grow
+# with the square of the appends). Past it, what would be added is dropped, said once a file.
+MAX_FILE_BYTES = 64 << 20
+
+
 class TraceFiles:
     """The files this server wrote, by absolute path. Writer thread only."""
 
     def __init__(self):
         self._written: dict[str, _Written] = {}
+        self._full: set[str] = set()  # files past MAX_FILE_BYTES (said once)
 
     def write(self, path: str, fmt: str, traces: list[RequestTrace], dropped: int, once: bool) -> None:
         """Write `traces` to `path`: appended to what this server wrote there, or (`once`: a
@@ -67,6 +74,13 @@ class TraceFiles:
                 entries = orjson.dumps(chrome.events(traces, builder))[1:-1]
                 closing = b'],"displayTimeUnit":"ms","otherData":' + \
                     orjson.dumps(chrome.other_data(requests, dropped_total)) + b"}"
+            if before is not None and before.identity[1] + len(entries) > MAX_FILE_BYTES:
+                if key not in self._full:
+                    self._full.add(key)
+                    log.warning("trace: %s holds %d bytes, as many as a trace file may: %d trace(s) dropped, and so "
+                                "will be what comes for it (name another trace_file)", path, before.identity[1],
+                                len(traces))
+                return
             folder = os.path.dirname(path)
             if folder:
                 os.makedirs(folder, exist_ok=True)

@@ -149,6 +149,24 @@ def test_a_file_written_again_is_not_one_more_file(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "u.json").read_text())["otherData"]["requests"] == 2
 
 
+def test_a_file_grows_by_appends_no_further_than_its_bound(tmp_path, monkeypatch, caplog):
+    """Each append copies the file, so a client turning tracing on and off to one name made it
+    grow, and the copies with the square of the appends (a reviewer: 300 cycles, 100 MB copied):
+    past MAX_FILE_BYTES what would be added is dropped, said once."""
+    from aclserve.trace import files as files_module
+    monkeypatch.setattr(files_module, "MAX_FILE_BYTES", 400)
+    tracer = Tracer(trace_dir=str(tmp_path))
+    for _ in range(12):
+        tracer.update({"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": "t.json",
+                       "trace_format": "triton"})  # (about 100 bytes a trace)
+        trace_requests(tracer, 1)
+        tracer.update({"trace_level": ["OFF"]})
+    tracer.close()
+    held = len(json.loads((tmp_path / "t.json").read_text()))
+    assert 1 < held < 12 and (tmp_path / "t.json").stat().st_size <= 400, held
+    assert len([r for r in caplog.records if "as many as a trace file may" in r.getMessage()]) == 1
+
+
 def test_a_name_left_while_the_writer_was_behind_is_written_when_it_catches_up(tmp_path, monkeypatch):
     """With no traffic and no setting change after it, a name left while the writer's queue
     was full is written once the writer finishes (it waited for close(); found by a review)."""
