@@ -3,8 +3,8 @@
 Messages that reach a client (errors, repository index reasons, metric labels) may quote a
 path from the repository, the compile cache or a library. An absolute path is shown relative
 to the models folder when it is inside it (`<models>/a/1/model.om`), relative to another folder
-the server knows when inside one (trace_dir, the operator's trace file's, the compile cache's:
-`run1/x.json`), else by its last component, when it has two or more components; request
+the server knows when inside one (trace_dir, the compile cache's: `run1/x.json`; the operator's
+trace file is known as itself), else by its last component, when it has two or more components; request
 paths (/v2/..., /metrics) and one-component paths are left alone.
 
 The folders the server knows are found as written, before any other rule: their paths may hold

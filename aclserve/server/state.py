@@ -224,10 +224,11 @@ class ServerState:
 
 def _known_folders(config) -> list[str]:
     """Folders besides the models folder whose paths answers may quote (redact.py): trace_dir,
-    the operator's trace file's, and the compile cache's (the configured one, else the user
-    cache folder it falls back to when <models>/.cache cannot be written)."""
+    the compile cache's (the configured one, else the user cache folder it falls back to when
+    <models>/.cache cannot be written), and the operator's trace file itself (not its folder,
+    which may be a home folder: every path under it was shown from there on)."""
     try:
         cache = config.compile_cache_dir or str(user_cache_folder(config.models_dir))
     except RuntimeError:  # no home folder to be found (pathlib, Python 3.12 on): nothing compiles there
         cache = ""
-    return [config.trace_dir, os.path.dirname(config.trace.file), cache]
+    return [config.trace_dir, config.trace.file, cache]

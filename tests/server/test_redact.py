@@ -97,3 +97,16 @@ def test_a_models_folder_gone_is_not_named_by_its_path_in_the_index_or_metrics(m
             {"name": "<models>", "version": "", "state": "UNAVAILABLE", "reason": "the models folder does not exist"}]
         _, _, metrics = request(srv, "GET", "/metrics")
         assert str(tmp_path).encode() not in metrics and b'model="<models>"' in metrics
+
+
+def test_the_operators_trace_file_is_known_as_itself_not_its_folder():
+    """The folder of `--trace /home/me/trace.json` was a known folder, so every path under a home
+    folder was shown from there on (`.local/lib/python3.11/site-packages/acl/libacl.so`; a
+    reviewer's find): the file itself is known, any other path shown by its last component."""
+    from aclserve.config import load_server_config
+    from aclserve.server.state import _known_folders
+    config = load_server_config(None, {"models_dir": "/srv/models", "trace": {"file": "/home/me/trace.json"}})
+    redact = PathRedactor(config.models_dir, *_known_folders(config))
+    assert redact("cannot write /home/me/trace.json: full") == "cannot write trace.json: full"
+    assert redact("loading /home/me/.local/lib/python3.11/site-packages/acl/libacl.so failed") == \
+        "loading libacl.so failed"
