@@ -145,7 +145,7 @@ class Tracer:
         when it traces with no trace_file (kept in memory, never written: Triton refuses it too,
         in its words), names a file the API may not or the disk cannot take, or would put two
         formats into one file."""
-        if new.level != "OFF" and not new.file and new != before:
+        if new.level != "OFF" and not new.file and new not in (before, self._startup):  # (null restores the start)
             raise TraceSettingsError(f"trace_file: trace file name is not given (trace_level {new.level} writes "
                                      "its traces to a trace_file)")
         for name, old, after in followers:  # (a model that set its trace_level or its trace_file itself)

@@ -39,3 +39,18 @@ def test_the_global_count_spent_refills_no_models_copy(tmp_path):
     assert tracer.settings().count == 3 and tracer.settings("own").count == 0
     assert traced(tracer, "own", 3) == 0  # (its copy was refilled to 4, then 3: 3 more traced)
     tracer.close()
+
+
+def test_a_global_null_restores_a_start_that_traced_without_a_file():
+    """Tracing with no trace_file is refused over the API, but README says a global null restores
+    the start's value: a start that traced in memory (aclserve profile's) could not be restored
+    (400 "trace file name is not given"; a reviewer's find)."""
+    from aclserve.trace.settings import TraceSettings
+    from aclserve.trace.tracer import Tracer
+    start = TraceSettings(level="TIMESTAMPS", rate=1)
+    tracer = Tracer(start)
+    try:
+        tracer.update({"trace_level": ["OFF"]})
+        assert tracer.update({"trace_level": None}) == start
+    finally:
+        tracer.close()
