@@ -10,6 +10,8 @@ its transport gives a request that is too large. Event-loop thread only: no lock
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from ..errors import Overloaded, PayloadTooLarge
 
 # Parsing a JSON number costs a Python object and a list slot (~40 bytes), then a float64 and
@@ -43,14 +45,15 @@ class MemoryBudget:
             return 413
         return 503 if self.used + nbytes > self.limit else 0
 
-    def _take(self, lease: "Lease", nbytes: int, what: str, hint: str | None = None) -> None:
+    def _take(self, lease: "Lease", nbytes: int, what: str, hint=None) -> None:
         total = lease.held + nbytes
         over = self._over(lease, nbytes)
         if over == 413:
             self.refused[413] += 1
             need, limit = _need_and_limit(total, self.per_request)
             raise PayloadTooLarge(f"request needs about {need} of server memory ({what}), over the "
-                                  f"per-request limit of {limit} (max_request_bytes); {hint or lease.hint}")
+                                  f"per-request limit of {limit} (max_request_bytes); "
+                                  f"{(hint() if callable(hint) else hint) or lease.hint}")
         if over == 503:
             self.refused[503] += 1
             raise MemoryExhausted(f"server is busy: requests in flight hold {_mb(self.used)} of its "
@@ -71,9 +74,10 @@ class Lease:
         self.held = 0
         self.hint = hint
 
-    def take(self, nbytes: int, what: str, hint: str | None = None) -> None:
+    def take(self, nbytes: int, what: str, hint: str | Callable[[], str] | None = None) -> None:
         """Charge `nbytes` more, or raise PayloadTooLarge (413, ending with `hint`, else the
-        lease's) / MemoryExhausted (503)."""
+        lease's; a callable is called then only: the advice costs nothing to a request that
+        fits) / MemoryExhausted (503)."""
         if nbytes > 0:
             self.budget._take(self, nbytes, what, hint)
 

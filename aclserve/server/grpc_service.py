@@ -379,7 +379,7 @@ async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id
         req = decode_infer_request(request, rec.signature, raw_contents)
     # outputs are binary: each array's bytes, then the response message's copy of them
     lease.take(answer_bytes(rec.signature, req, binary_copies=2, json_outputs=False), "its answer",
-               answer_hint(rec.signature, req, json_outputs=False))
+               lambda: answer_hint(rec.signature, req, json_outputs=False))
     return await run_decoded(rec, req, trace, encode_infer_response, state.images, pinned=bool(request.model_version),
                              lease=lease)
 

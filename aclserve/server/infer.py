@@ -184,7 +184,7 @@ async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fa
         lease.drop(max(0, decoding - sum(_held_bytes(array) for array in req.inputs.values())))
     if lease is not None:  # the HTTP body joins binary outputs behind the JSON: one copy more
         lease.take(answer_bytes(rec.signature, req, binary_copies=1, json_outputs=True), "its answer",
-                   answer_hint(rec.signature, req, json_outputs=True))
+                   lambda: answer_hint(rec.signature, req, json_outputs=True))
     return await run_decoded(rec, req, trace, encode_response, images, pinned, lease)
 
 
