@@ -20,8 +20,7 @@ as YCbCr or grey (an RGB or CMYK JPEG: JPEGD reads YUV only), JPEGs with an
 EXIF orientation (JPEGD turns them itself, past the geometry given to it), sizes outside JPEGD's
 32-8,192 pixels a side or VPC's scaling from 1/32 to 16 times, targets under VPC's smallest
 output (10 x 6) or over its largest (4,096 x 4,096; x 8,192 from the 310B and 910B on), odd sizes (of the image or
-the target),
-and any failure of DVPP (logged once). One channel and stream, used under this
+the target), and any failure of DVPP (logged once). One channel and stream, used under this
 object's own context by one thread at a time (a lock), and three DVPP buffers kept from one
 image to the next (KeptBuffer: CANN advises against a malloc and free per image); a task that
 does not finish within DVPP_WAIT_MS gives DVPP up for good (its buffers, channel and stream are left to the chip, which

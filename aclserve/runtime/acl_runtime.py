@@ -88,9 +88,9 @@ class AclRuntime:
             return dev
 
     def memory(self, refresh: bool = False) -> list[dict]:
-        """Per opened device: used, free and total bytes, and the reserve loads keep free. Without `refresh` these
-        are the figures
-        cached at the last load or refresh, and no ACL call is made (safe on the event loop)."""
+        """Per opened device: used, free and total bytes, and the reserve loads keep free. Without
+        `refresh` these are the figures cached at the last load or refresh, and no ACL call is
+        made (safe on the event loop)."""
         with self._lock:
             devices = list(self._devices.values())
         out = []

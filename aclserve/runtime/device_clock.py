@@ -6,10 +6,10 @@ owns two anchor events: `refresh()` records the spare one on a stream, synchroni
 late by at most one wake-up of the waiting thread. Each measured batch then tightens it: its last
 event completed before the completion thread woke, so an anchor that would place it later is
 moved back by the difference. Batches keep offsets from their Anchor object, not host times,
-so a correction moves every batch of that anchor together. Any later event of the context is then anchor +
-elapsed(anchor, event);
-an event before the anchor (a batch launched before a refresh) is anchor - elapsed(event,
-anchor). Two events, so a refresh never disturbs a reader of the current anchor.
+so a correction moves every batch of that anchor together. Any later event of the context is
+then anchor + elapsed(anchor, event); an event before the anchor (a batch launched before a
+refresh) is anchor - elapsed(event, anchor). Two events, so a refresh never disturbs a reader
+of the current anchor.
 
 Elapsed times are float milliseconds (float32 on CANN): the anchor is refreshed every
 REFRESH_S while tracing, keeping them within a microsecond or two. Create, use and close it
