@@ -20,9 +20,10 @@ EVICT_AFTER_S, else it is answered 503 and closed. At shutdown every connection 
 running a request is closed at once, and the rest when the drain ends. Loop thread only.
 
 Overload refusals are answered early by the guard (guard.py, shedding.py). Holds
-(hold_refused_connections, off by default): a request refused because the server has no room (errors.Overloaded) is
-answered at once with Retry-After: N, and its connection is then not read for those N seconds (`hold`). A client that retries at once then waits in its
-socket instead of costing the loop another refusal (measured on one core with
+(hold_refused_connections, off by default): a request refused because the server has no room
+(errors.Overloaded) is answered at once with Retry-After: N, and its connection is then not read
+for those N seconds (`hold`). A client that retries at once then waits in its socket instead
+of costing the loop another refusal (measured on one core with
 tools/bench_overload.py: 1,000 such connections kept 0.91-0.93 of the model's capacity with
 holds and 0.36-0.41 without); but a client that sends a new request on the refused connection
 waits too, and one with a timeout shorter than N times out (an open loop at 4x capacity kept

@@ -23,8 +23,9 @@ calls below it: grpc core counts a finished call against that cap until its clea
 keeping 150 calls in flight on one channel, as tritonclient's async_infer does, had one in ten
 refused "Stream removed", where it should have waited), a connection that has not said hello
 within `header_timeout_s` closed, and one without calls closed after `keepalive_timeout_s`. A
-connection with calls open that stops answering pings is closed after PING_AFTER_S + PING_TIMEOUT_S; a call whose message
-stops half-way ends after `body_timeout_s` (grpc_intake.receive, every method). Every
+connection with calls open that stops answering pings is closed after PING_AFTER_S +
+PING_TIMEOUT_S; a call whose message stops half-way ends after `body_timeout_s`
+(grpc_intake.receive, every method). Every
 connection is asked to go (GOAWAY) after `grpc_max_connection_age_s` and closed
 `shutdown_timeout_s` later: the only end grpc offers for a call whose client stops reading its
 answers (a handler cannot cancel its call: its status would wait behind the answer).
