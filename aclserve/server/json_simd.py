@@ -17,9 +17,9 @@ a \\u0000, and a key written with escapes cannot be found in the text), a UTF-8 
 repeated key (orjson keeps the last, simdjson's lookup the first), more than MAX_KEYS keys in an
 object or items in `inputs`, or a document that is not an object returns None, and orjson parses
 it with the messages it always gave. Every value but the inputs' `data` arrays becomes the same
-Python value orjson gives; a `data` array whose first element is a number stays in the document as JsonNumbers, which json_tensors.read_numbers
-reads in C; when that read does not apply the codec puts the array's list in its place for
-to_array, so every check and message is the list's.
+Python value orjson gives; a `data` array whose first element is a number stays in the document
+as JsonNumbers, which json_tensors.read_numbers reads in C; when that read does not apply the
+codec puts the array's list in its place for to_array, so every check and message is the list's.
 """
 from __future__ import annotations
 
