@@ -258,10 +258,10 @@ class Engine:
                 self._loading -= 1
                 self._state.notify_all()
                 last_after_close = self._runtime_left and not self._loading
-                self._runtime_left = self._runtime_left and not last_after_close
+                if last_after_close:
+                    self._runtime_left = False
             if last_after_close:  # (a close bounded in time left the runtime to the loads: the last lets go)
-                self.runtime.close()
-                _open_engines.discard(self)
+                self._let_go_of_runtime()
 
     def _load(self, path, name, instances, devices, slots, retry, warmup_data, given_ranges) -> EngineModel:
         self.runtime.start()
@@ -315,16 +315,15 @@ class Engine:
             finally:  # (Ctrl-C in the wait: the models are closed all the same, their calls left failed)
                 while models:
                     models.pop().pool.close(deadline)
-            if loads_ended:
-                self.runtime.close()
-                _open_engines.discard(self)
-            else:
-                with self._state:  # the last load under way closes the runtime (load's finally)
-                    self._runtime_left = bool(self._loading)
-                if not self._runtime_left:  # (it ended meanwhile)
-                    self.runtime.close()
-                    _open_engines.discard(self)
+            with self._state:  # a load still under way lets go of the runtime as it ends (load's finally)
+                self._runtime_left = bool(self._loading)
+            if not self._runtime_left:
+                self._let_go_of_runtime()
         return loads_ended
+
+    def _let_go_of_runtime(self) -> None:
+        self.runtime.close()
+        _open_engines.discard(self)
 
     def _close_model(self, model: EngineModel, deadline: float | None) -> None:
         """EngineModel.close(): under the engine's close lock, so that an Engine.close() meanwhile
