@@ -136,6 +136,7 @@ class OmModel:
         n_out = acl.mdl.get_num_outputs(self.desc)
         gear_info = check("mdl.get_dynamic_batch", acl.mdl.get_dynamic_batch(self.desc))
         self.gears: tuple[int, ...] = tuple(sorted(int(b) for b in gear_info.get("batch", [])))
+        self.buffer_rows = self.gears[-1] if self.gears else 1  # rows a tensor's buffer holds
         self.dynamic_index: int | None = None
         if self.gears:
             self.dynamic_index = check("mdl.get_input_index_by_name",
@@ -191,10 +192,9 @@ class OmModel:
         except ValueError:
             raise LoadError(f"model {self.name}: tensor {name!r} has ACL data type {acl_dtype}, "
                             "which aclserve cannot serve") from None
-        rows = self.gears[-1] if self.gears else 1
         aipp_color, raw_aipp_format = self._static_aipp(index, name) if is_input else (None, None)
         return TensorSpec(name=name, datatype=datatype, dtype=acl_to_numpy(acl_dtype), shape=shape,
-                          format=C.FORMAT_NAMES.get(fmt, str(fmt)), bytes_per_sample=size // rows,
+                          format=C.FORMAT_NAMES.get(fmt, str(fmt)), bytes_per_sample=size // self.buffer_rows,
                           aipp_color=aipp_color, raw_aipp_format=raw_aipp_format)
 
     def _refuse_sizes_not_of_dims(self) -> None:
@@ -208,7 +208,7 @@ class OmModel:
         smaller than the dims need fails the load here (it failed as a numpy reshape error for an
         ATC OM's YUV420SP input read with get_input_dims). A larger one (a padded buffer) loads, as
         it did: rows are laid out by the dims, copies take whole rows of the reported size."""
-        rows = self.gears[-1] if self.gears else 1
+        rows = self.buffer_rows
         row_bytes = math.prod(spec.sample_shape if self.gears else spec.shape) * spec.dtype.itemsize
         if row_bytes * rows <= size:
             return

@@ -64,7 +64,7 @@ class Slot:
 
     def _build(self, model: OmModel) -> None:
         acl = self._acl
-        rows = model.gears[-1] if model.gears else 1
+        rows = model.buffer_rows
         self.input_dataset = check_handle("mdl.create_dataset", acl.mdl.create_dataset())
         specs = dict(zip(model.input_indices, model.inputs))
         for i, size in enumerate(model.input_sizes):
