@@ -3,7 +3,8 @@
 Shedding by default: a bounded queue answers the excess 503 at once, so what is queued is
 served soon instead of every client waiting longer and longer (and timing out, which wastes
 the work done for it). The queue holds QUEUE_BATCHES full batches per instance (a full batch:
-the batcher's limit, the largest gear or a lower max_batch_size); the deadline
+the batcher's limit, the largest gear or a lower max_batch_size; one request on a model that
+runs one request per run: a static one, batching off, a limit of one row); the deadline
 is twice the longest wait a request should see (the batching window plus the time to run a
 full queue at the measured speed), never under MIN_DEADLINE_MS, so it only fires when the
 device falls far behind (a stall), not in an ordinary burst.
@@ -14,7 +15,7 @@ import dataclasses
 import math
 
 from ..config import ModelConfig
-from ..scheduling.gears import batch_limit
+from ..scheduling.gears import batch_limit, one_request_per_run
 from ..scheduling.policy import QueuePolicy
 
 QUEUE_BATCHES = 8
@@ -41,8 +42,12 @@ def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int) -> Mode
     batching = config.batching
     gears = sorted(gears)
     # a full batch: the batch limit (a max_batch_size under the largest gear lowers it), run on
-    # the smallest gear that holds it; a static model's one request per run is costed as 1 row
-    full = batch_limit(gears, batching) or 1
+    # the smallest gear that holds it. One request per run: a request, costed as 1 row (the smallest
+    # gear; a static model's run), with no window (with batching off, gears up to 32 counted as
+    # a full batch let a level hold 256 lone runs, 32 times the queued runs meant: an independent check)
+    alone = one_request_per_run(gears, batching)
+    full = 1 if alone else batch_limit(gears, batching)
+    window_ms = 0.0 if alone else batching.max_queue_delay_ms
     cost = gear_cost.get(min((g for g in gears if g >= full), default=full)) if gear_cost else None
 
     def fill(policy: QueuePolicy) -> QueuePolicy:
@@ -51,8 +56,7 @@ def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int) -> Mode
             size = auto_queue_size(full, instances)
         deadline = policy.default_timeout_ms
         if deadline is None:
-            deadline = auto_deadline_ms(size or auto_queue_size(full, instances), full, instances, cost,
-                                        batching.max_queue_delay_ms)
+            deadline = auto_deadline_ms(size or auto_queue_size(full, instances), full, instances, cost, window_ms)
         return dataclasses.replace(policy, max_queue_size=size, default_timeout_ms=deadline)
 
     resolved = dataclasses.replace(

@@ -17,7 +17,7 @@ from .company import Company
 from .delivery import Delivery, resolve
 from .composition import Composer
 from .formation import Formation, GearTimes
-from .gears import GearPlanner, batch_limit
+from .gears import GearPlanner, batch_limit, one_request_per_run
 from .policy import BatchingConfig
 from .queue import PriorityQueue
 from .request import DISPATCHED, InferenceResult, QueuedRequest, mark_answered
@@ -80,7 +80,7 @@ class DynamicBatcher:
                                               executor.compute_cost or {}),
                                     config.batch_formation)
         planner = GearPlanner(self.gears, executor.gear_cost or {}, self.batch_limit) if self.gears else None
-        self._composer = Composer(self.gears, planner, self.batch_limit, config.enabled and not self.static,
+        self._composer = Composer(self.gears, planner, self.batch_limit, not one_request_per_run(self.gears, config),
                                   config.max_queue_delay_ms / 1000.0, self._formation.just_in_time)
         self._running: set[Batch] = set()
         self._delivery = Delivery(config.preserve_ordering, self.stats, name)

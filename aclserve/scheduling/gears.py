@@ -30,6 +30,12 @@ def batch_limit(gears: Sequence[int], config: BatchingConfig) -> int:
     return min(config.batch_cap or largest_gear, largest_gear)
 
 
+def one_request_per_run(gears: Sequence[int], config: BatchingConfig) -> bool:
+    """Whether each run holds one request, with no batching window: a static model, batching
+    off, or a batch limit of one row. (A request may still hold up to `batch_limit` rows.)"""
+    return not gears or not config.enabled or batch_limit(gears, config) == 1
+
+
 def estimate_costs(gears: Sequence[int], measured: Mapping[int, float]) -> dict[int, float]:
     """Seconds per gear: the measured figure, else the gear's size times the measured seconds
     per row of the nearest measured gear (or just its size when nothing was measured)."""

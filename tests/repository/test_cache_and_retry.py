@@ -473,6 +473,23 @@ def test_auto_queue_limits_count_a_full_batch_of_a_lower_max_batch_size():
     assert between.max_queue_size == 8 * 12 and between.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 8)
 
 
+def test_auto_queue_limits_count_one_request_a_full_batch_where_each_run_holds_one():
+    """Batching off, a full batch is one request, not the largest gear (8 x 32 = 256 lone runs a
+    level, an independent check saw); costed on the smallest gear, with no batching window. A
+    static model's run is costed as its own (STATIC_RUN), as before, with no window either."""
+    off = dataclasses.replace(ModelConfig(), batching=dataclasses.replace(ModelConfig().batching, enabled=False))
+    gears, costs = (1, 2, 4, 8, 16, 32), {1: 0.05, 32: 0.5}
+    policy = overload.resolve(off, gears, costs, instances=1).batching.default_queue_policy
+    assert policy.max_queue_size == overload.MIN_QUEUE  # 8 x 1 x 1, raised to the floor for closed-loop clients
+    assert policy.default_timeout_ms == 2 * 1000 * 0.05 * overload.MIN_QUEUE  # twice 64 runs of gear 1
+    assert overload.resolve(off, gears, costs, instances=16).batching.default_queue_policy.max_queue_size == 8 * 16
+    static = overload.resolve(ModelConfig(), (), {1: 0.05}, instances=1).batching.default_queue_policy
+    assert (static.max_queue_size, static.default_timeout_ms) == (policy.max_queue_size, policy.default_timeout_ms)
+    # batching on, the same gears still count the largest one
+    on = overload.resolve(ModelConfig(), gears, costs, instances=1).batching.default_queue_policy
+    assert on.max_queue_size == 8 * 32
+
+
 def test_sweep_removes_what_interrupted_compiles_left_unless_a_compile_holds_it(tmp_path):
     """A process gone between an entry's rename and its manifest leaves a full-size .om nobody
     will use (its .onnx may be gone too), and a killed one its lock file: removed at start.
