@@ -80,6 +80,21 @@ def _queue_policy(policy: QueuePolicy) -> dict:
             "max_queue_size": policy.max_queue_size}
 
 
+def _queue_parameters(batching) -> dict[str, dict]:
+    """The levels and queue policies in force on a model shown without dynamic_batching (one request
+    per run): Triton has no field for them outside it, so they are string parameters named after
+    dynamic_batching's fields, where clients that read /config find them (a queue's 503 named a
+    limit /config did not show: an independent check)."""
+    values = {"priority_levels": batching.priority_levels, "default_priority_level": batching.default_level,
+              "preserve_ordering": batching.preserve_ordering}
+    policies = {"default_queue_policy": batching.default_queue_policy,
+                **{f"priority_queue_policy.{level}": p for level, p in sorted(batching.priority_queue_policy.items())}}
+    for prefix, policy in policies.items():
+        values.update({f"{prefix}.{field}": value for field, value in _queue_policy(policy).items()})
+    return {name: {"string_value": str(value).lower() if isinstance(value, bool) else str(value)}
+            for name, value in values.items()}
+
+
 def _version_policy(policy: tuple) -> dict:
     kind = policy[0]
     if kind == "all":
@@ -119,4 +134,6 @@ def model_config(served) -> dict:
             "priority_queue_policy": {str(level): _queue_policy(p)
                                       for level, p in sorted(batching.priority_queue_policy.items())},
         }
+    else:
+        body["parameters"].update(_queue_parameters(batching))
     return body

@@ -21,6 +21,11 @@ def batch_only_onnx(path) -> str:
 def srv(tmp_path_factory):
     root = tmp_path_factory.mktemp("config_view")
     compile_cpu_om(batch_only_onnx(root / "vec.onnx"), root / "vec.om")
+    # one request per run: gears up to 32 with batching off, and a static model
+    compile_cpu_om(root / "vec.onnx", root / "alone.om", batch="1,2,4,8,16,32")
+    (root / "alone.yaml").write_text("batching: {enabled: false, priority_queue_policy: "
+                                     "{1: {max_queue_size: 4, default_timeout_ms: 500}}}\n")
+    compile_cpu_om(root / "vec.onnx", root / "fixed.om", batch="1")
     (root / "vec.onnx").unlink()
     with ServerThread(server_config(root, grpc_port=free_port())) as server:
         yield server
@@ -54,6 +59,47 @@ def test_grpc_model_config_carries_the_same(srv):
         assert config.parameters["devices"].string_value == "0"
     finally:
         client.close()
+
+
+def queue_parameters(parameters: dict) -> dict:
+    return {name: value for name, value in parameters.items() if name != "devices"}
+
+
+def test_a_model_of_one_request_per_run_shows_its_queue_limits_in_parameters(srv):
+    """Levels and queue limits hold on a model that does not batch, but Triton's ModelConfig has
+    them only in dynamic_batching, which such a model is shown without: /config gave no limit while
+    the queue answered 503 "priority level 2 queue is full" (an independent check). They are string
+    parameters named after dynamic_batching's fields; `auto` counts a full batch as one request
+    there (not the largest gear: 8 x 32 = 256 lone runs a level), so the queue takes MIN_QUEUE."""
+    client = httpclient.InferenceServerClient(srv.url)
+    try:
+        alone, fixed = client.get_model_config("alone"), client.get_model_config("fixed")
+        assert "dynamic_batching" not in alone and "dynamic_batching" not in fixed
+        assert (alone["max_batch_size"], fixed["max_batch_size"]) == (32, 0)
+        shown = {name: value["string_value"] for name, value in queue_parameters(alone["parameters"]).items()}
+        deadline = shown.pop("default_queue_policy.default_timeout_microseconds")
+        assert int(deadline) >= 2_000_000  # auto: at least MIN_DEADLINE_MS
+        assert shown == {
+            "priority_levels": "3", "default_priority_level": "2", "preserve_ordering": "false",
+            "default_queue_policy.timeout_action": "REJECT", "default_queue_policy.allow_timeout_override": "true",
+            "default_queue_policy.max_queue_size": "64",
+            "priority_queue_policy.1.timeout_action": "REJECT",
+            "priority_queue_policy.1.allow_timeout_override": "true",
+            "priority_queue_policy.1.default_timeout_microseconds": "500000",
+            "priority_queue_policy.1.max_queue_size": "4"}
+        static = {name: value["string_value"] for name, value in queue_parameters(fixed["parameters"]).items()}
+        assert static["default_queue_policy.max_queue_size"] == "64" and static["priority_levels"] == "3"
+        assert "priority_queue_policy.1.max_queue_size" not in static
+        # a batching model has them in dynamic_batching, and nowhere else
+        assert queue_parameters(client.get_model_config("vec")["parameters"]) == {}
+    finally:
+        client.close()
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.config.grpc_port}")
+    try:
+        from_grpc = grpc.get_model_config("alone", as_json=True)["config"]
+        assert not from_grpc.get("dynamic_batching") and from_grpc["parameters"] == alone["parameters"]
+    finally:
+        grpc.close()
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
