@@ -1,5 +1,14 @@
 """Logging set-up: plain text lines, or one JSON object per line (`log_format: json`).
 
+`configure` (`aclserve serve`'s) has the thread that logs a line format it and queue it; one
+writer thread writes the lines to stderr, in order. A StreamHandler wrote in the thread that
+logged: with stderr a pipe whose reader stalled (a log shipper, a container's log driver), the
+pipe's 64 KiB filled after ~150 request log lines and the event loop blocked in write(), and
+with it every request, /v2/health/live and /metrics (a liveness probe would restart a healthy
+server). A full queue (QUEUE_LINES) drops lines instead: counted (`lines_dropped()`,
+aclserve_log_lines_dropped_total) and said in one line once the writer has caught up.
+`stop_queue()` writes out what is queued, before the lines logged after it.
+
 A text line's message has its control characters (C0, DEL, C1) and the Unicode line and
 paragraph separators escaped (a newline as \\n, U+0085 as \\x85): a name a client sent, or a
 file dropped into the models folder, cannot start a line of its own that passes for the
@@ -12,8 +21,11 @@ top level of the object.
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
+import logging.handlers
+import queue
 
 import orjson
 
@@ -62,12 +74,128 @@ def surrogates_escaped(value):
     return value
 
 
+# Lines waiting for stderr at most: about 5 MB of request log lines, a second or more of them
+# at full speed; past it lines are dropped (counted), not waited for
+QUEUE_LINES = 4096
+
+_queued: "_QueuedStderr | None" = None  # configure()'s, once it ran
+
+
 def configure(level: str, fmt: str = "text") -> None:
     """logging.basicConfig with a text or JSON handler: like it, a no-op when the root logger
-    already has handlers (an embedding program's, or pytest's)."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(TEXT_FORMAT))
-    logging.basicConfig(level=level.upper(), handlers=[handler])
+    already has handlers (an embedding program's, or pytest's). The lines go through a bounded
+    queue to one writer thread (_QueuedStderr): whoever logs never waits for stderr's reader.
+    stop_queue() (and the interpreter's exit, at the latest) writes out what is queued."""
+    global _queued
+    if logging.getLogger().handlers:
+        return
+    _queued = _QueuedStderr(JsonFormatter() if fmt == "json" else TextFormatter(TEXT_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[_queued.handler])
+    _queued.start()
+    atexit.register(stop_queue)  # (run before logging's own exit hook, registered before it)
+
+
+def stop_queue() -> None:
+    """Write out the queued lines (waiting for stderr's reader as long as it takes) and from then
+    on write each line in the thread that logs it: a line logged after this (the error the server
+    stopped with, an exit hook's) comes after the queued ones. Idempotent; nothing without configure()."""
+    if _queued is not None:
+        _queued.stop()
+
+
+def lines_dropped() -> int:
+    """Log lines dropped so far because the queue was full (stderr not read fast enough)."""
+    return _queued.handler.dropped if _queued is not None else 0
+
+
+class _DroppingQueueHandler(logging.handlers.QueueHandler):
+    """Formats the line in the thread that logs (as QueueHandler does: the record's arguments as
+    they are now) and queues it, or counts it dropped when the queue is full: never waits."""
+
+    def __init__(self, lines: queue.Queue, formatter: logging.Formatter):
+        super().__init__(lines)
+        self.setFormatter(formatter)
+        self.dropped = 0  # (counted in emit(), which Handler.handle runs under the handler's lock)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.queue.full():  # dropped before it is formatted: an overloaded server spends nothing on it
+            self.dropped += 1
+        else:
+            super().emit(record)
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:  # filled since emit() looked
+            self.dropped += 1
+
+
+class _Formatted(logging.Formatter):
+    """A queued record's line, formatted already by _DroppingQueueHandler."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return record.msg
+
+
+class _Writer(logging.handlers.QueueListener):
+    """The one thread writing the queued lines to stderr, in order. Once it has caught up (the
+    queue empty) after lines were dropped, it says how many, in one WARNING line."""
+
+    def __init__(self, lines: queue.Queue, queuing: _DroppingQueueHandler, stream: logging.StreamHandler):
+        super().__init__(lines, stream)
+        self._queuing = queuing
+        self._reported = 0
+
+    def handle(self, record: logging.LogRecord) -> None:
+        super().handle(record)
+        if self.queue.empty():
+            self.report_drops()
+
+    def report_drops(self) -> None:
+        dropped = self._queuing.dropped
+        if dropped > self._reported:
+            record = logging.LogRecord("aclserve.logs", logging.WARNING, __file__, 0,
+                                       "%d log line(s) dropped: stderr was not read as fast as they came "
+                                       "(%d lines waited already)", (dropped - self._reported, QUEUE_LINES), None)
+            self._reported = dropped
+            super().handle(self._queuing.prepare(record))
+
+    def enqueue_sentinel(self) -> None:
+        self.queue.put(self._sentinel)  # waits for room (QueueListener's put_nowait raised on a full queue)
+
+
+class _QueuedStderr:
+    """Owns the queue, its handler (the root logger's), the writer thread and the stderr handler
+    it writes with, which stop() makes the root logger's own."""
+
+    def __init__(self, formatter: logging.Formatter):
+        lines: queue.Queue = queue.Queue(QUEUE_LINES)
+        self.formatter = formatter
+        self.handler = _DroppingQueueHandler(lines, formatter)
+        self.stream = logging.StreamHandler()
+        self.stream.setFormatter(_Formatted())
+        self._writer = _Writer(lines, self.handler, self.stream)
+        self._stopped = False
+
+    def start(self) -> None:
+        self._writer.start()
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        direct = logging.StreamHandler(self.stream.stream)
+        direct.setFormatter(self.formatter)
+        root = logging.getLogger()
+        # one assignment: a line another thread logs meanwhile goes to one of them, not both or neither
+        root.handlers = [direct if handler is self.handler else handler for handler in root.handlers]
+        self._writer.stop()  # the queued lines written, then the thread ends
+        while True:  # lines queued after the writer's last one (as the handlers were swapped)
+            try:
+                self.stream.handle(self.handler.queue.get_nowait())
+            except queue.Empty:
+                break
+        self._writer.report_drops()
 
 
 def writes_json() -> bool:

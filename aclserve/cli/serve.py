@@ -84,7 +84,6 @@ def run_serve(args) -> int:
     # an INFO line): its errors only, unless the environment says otherwise; set before grpc loads
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     from ..config import ConfigError, load_server_config
-    from ..app import serve  # the composition root: builds the runtime, repository and servers
 
     try:
         config = load_server_config(args.config, serve_overrides(args))
@@ -95,6 +94,16 @@ def run_serve(args) -> int:
         _check_trace_folder(config.trace.file, config.trace.log_frequency)
     from .. import logs
     logs.configure(config.log_level, config.log_format)
+    try:
+        return _serve_logged(args, config)
+    finally:  # the queued lines out before the reason the server stopped (cli main), in order after them
+        logs.stop_queue()
+
+
+def _serve_logged(args, config) -> int:
+    """run_serve once logging is configured."""
+    from ..app import serve  # the composition root: builds the runtime, repository and servers
+    from ..config import ConfigError
     if config.request_log:  # the request log speaks at info whatever the level of the rest
         logging.getLogger("aclserve.requests").setLevel(logging.INFO)
     _note_trace_settings_unused(args, config)

@@ -1,4 +1,4 @@
-"""Scrape-time metrics of the guards: request memory budget, connections, heap trims, the DVPP
+"""Scrape-time metrics of the guards: request memory budget, connections, heap trims, log lines dropped, the DVPP
 decoder's outcomes, and the repository's model states, retries and batch faults. Read from their owners when /metrics
 is scraped, so the request path pays nothing for them.
 
@@ -15,6 +15,7 @@ import logging
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from .. import logs
 from ..images.dvpp import OUTCOMES
 from ..repository.planner import WAITING_FOR_CONFIG
 
@@ -130,6 +131,10 @@ class GuardCollector:
         trims = CounterMetricFamily("aclserve_heap_trims", "malloc_trim calls after large requests or a burst")
         trims.add_metric([], state.trimmer.trims)
         yield trims
+        dropped = CounterMetricFamily("aclserve_log_lines_dropped", "Log lines dropped, not written, because "
+                                      "stderr was not read as fast as they came (its queue full)")
+        dropped.add_metric([], logs.lines_dropped())
+        yield dropped
         yield _gauge("aclserve_abandoned_instances", "Model instances closed while the device still ran their work: "
                      "their memory is left allocated, not freed under it", state.runtime.abandoned_instances())
         yield from self._dvpp(state.images.dvpp_outcomes())

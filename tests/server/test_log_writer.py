@@ -1,0 +1,125 @@
+"""The server's log lines go to stderr through a bounded queue and one writer thread (logs.py):
+a stderr nobody reads (a stalled log shipper, a container's log driver) stalls no request, the
+lines that did not fit are counted and said once the writer catches up, and the lines written
+as the server stops still come out, in order. Real `aclserve serve` processes, stderr a pipe."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import aiohttp
+import pytest
+
+from aclserve.logs import QUEUE_LINES
+
+from tests.serving import free_port
+
+BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}
+# a refused request's log line is about 300 bytes: these fill the pipe (64 KiB) and the queue
+LINES_PAST_THE_QUEUE = QUEUE_LINES + 2000
+DROPPED = "log line(s) dropped: stderr was not read as fast as they came"
+TIMEOUT = aiohttp.ClientTimeout(total=20)  # a request stalled behind stderr fails the test, not hangs it
+
+
+def _serve(models_dir, *flags) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models_dir),
+                             "--port", str(port), "--grpc-port", "0", "--device", "cpu",
+                             "--model-control-mode", "none", *flags],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):  # (the start's few lines fit in the pipe, read or not)
+        try:
+            urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1)
+            return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"not ready: {proc.communicate()[1]}")
+
+
+async def _flood(url: str, count: int) -> None:
+    """`count` requests for a model that does not exist: a 404 and a request log line each."""
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        async def client(n):
+            for i in range(n):
+                async with session.post(f"{url}/v2/models/nothere/infer", json=BODY,
+                                        headers={"X-Request-Id": f"flood-{i}-" + "r" * 200}) as resp:
+                    assert resp.status == 404
+        await asyncio.gather(*(client(count // 16) for _ in range(16)))
+
+
+async def _still_serving(url: str) -> str:
+    """Live, an infer answered, and /metrics' text."""
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        async with session.get(f"{url}/v2/health/live") as resp:
+            assert resp.status == 200
+        async with session.post(f"{url}/v2/models/double/infer", json=BODY) as resp:
+            assert resp.status == 200 and (await resp.json())["outputs"][0]["data"] == [2.0] * 16
+        async with session.get(f"{url}/metrics") as resp:
+            assert resp.status == 200
+            return await resp.text()
+
+
+def _messages(lines: list[str], fmt: str) -> list[str]:
+    if fmt == "json":
+        return [json.loads(line)["message"] for line in lines]
+    return [line.split(": ", 1)[1] for line in lines if ": " in line]  # (a traceback's lines have none)
+
+
+def _read_until_caught_up(proc: subprocess.Popen) -> tuple[list[str], threading.Thread]:
+    """Read stderr from now on, in a thread; return once the writer has caught up (its line
+    saying what it dropped has come): the lines read, growing until stderr ends."""
+    lines: list[str] = []
+    caught_up = threading.Event()
+
+    def read():
+        for line in proc.stderr:
+            lines.append(line.rstrip("\n"))
+            if DROPPED in line:
+                caught_up.set()
+        caught_up.set()  # (ended without it: the assertions say so)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    caught_up.wait(timeout=120)
+    return lines, reader
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_stderr_nobody_reads_stalls_no_request_and_the_dropped_lines_are_counted(models_dir, fmt):
+    """With stderr a pipe whose reader stalled, the event loop blocked on its ~200th request log
+    line: every request, /v2/health/live and /metrics stalled until the reader went on (a
+    liveness probe would have restarted a healthy server). The lines written as the server
+    stops, once the reader goes on, come last and in order."""
+    proc, url = _serve(models_dir, "--request-log", "--log-format", fmt)
+    reader = None
+    try:
+        asyncio.run(_flood(url, LINES_PAST_THE_QUEUE))  # nobody reads stderr meanwhile
+        metrics = asyncio.run(_still_serving(url))
+        [dropped] = [float(line.split()[-1]) for line in metrics.splitlines()
+                     if line.startswith("aclserve_log_lines_dropped_total ")]
+        assert dropped > 0, metrics
+        lines, reader = _read_until_caught_up(proc)  # the reader goes on
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        if reader is not None:
+            reader.join(timeout=60)
+        proc.stderr.close()
+    messages = _messages(lines, fmt)
+    said = [int(m.split()[0]) for m in messages if DROPPED in m]
+    assert said and sum(said) == dropped, messages[-10:]
+    assert any("request_id=flood-" in m for m in messages[:10])  # the first lines queued, not dropped
+    shutdown = ["SIGTERM received: shutting down", "draining", "runtime closed"]
+    positions = [messages.index(m) for m in shutdown]
+    assert positions == sorted(positions) and positions[-1] == len(messages) - 1, messages[-10:]
