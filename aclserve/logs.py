@@ -9,6 +9,9 @@ server). A full queue (QUEUE_LINES) drops lines instead: counted (`lines_dropped
 aclserve_log_lines_dropped_total) and said in one line once the writer has caught up.
 `stop_queue()` writes out what is queued, before the lines logged after it.
 
+A text line starts with its local time and UTC offset (`2026-12-01 08:52:10.120+01:00`, ISO 8601
+/ RFC 3339 with a space), so that it is read alike whatever zone the reader is in.
+
 A text line's message has its control characters (C0, DEL, C1) and the Unicode line and
 paragraph separators escaped (a newline as \\n, U+0085 as \\x85): a name a client sent, or a
 file dropped into the models folder, cannot start a line of its own that passes for the
@@ -40,6 +43,11 @@ _CONTROLS = ({c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)] if c 
 
 
 class TextFormatter(logging.Formatter):
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        # (logging's own is local time without its zone: an hour off, or two, read elsewhere)
+        return (datetime.datetime.fromtimestamp(record.created).astimezone()
+                .isoformat(sep=" ", timespec="milliseconds"))
+
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = record.message.translate(_CONTROLS)
         return super().formatMessage(record)

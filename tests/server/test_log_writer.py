@@ -5,7 +5,9 @@ as the server stops still come out, in order. Real `aclserve serve` processes, s
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,7 +19,7 @@ import urllib.request
 import aiohttp
 import pytest
 
-from aclserve.logs import QUEUE_LINES
+from aclserve.logs import QUEUE_LINES, TEXT_FORMAT, TextFormatter
 
 from tests.serving import free_port
 
@@ -123,3 +125,13 @@ def test_a_stderr_nobody_reads_stalls_no_request_and_the_dropped_lines_are_count
     shutdown = ["SIGTERM received: shutting down", "draining", "runtime closed"]
     positions = [messages.index(m) for m in shutdown]
     assert positions == sorted(positions) and positions[-1] == len(messages) - 1, messages[-10:]
+
+
+def test_a_text_line_s_time_says_its_utc_offset():
+    """A text line began with local time and no zone ("2026-12-01 08:52:10,120"): read in another
+    zone, or next to the JSON log's UTC, it was hours off."""
+    record = logging.LogRecord("aclserve", logging.INFO, __file__, 1, "hello", None, None)
+    line = TextFormatter(TEXT_FORMAT).format(record)
+    stamp = datetime.datetime.fromisoformat(line[:line.index(" INFO ")])
+    assert stamp.tzinfo is not None, line
+    assert abs(stamp.timestamp() - record.created) < 0.001, line
