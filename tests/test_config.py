@@ -185,6 +185,9 @@ def test_a_choice_is_taken_in_any_case():
     ({"model_defaults.version_policy": {"specific": [1, 1]}}, "model_defaults.version_policy.specific", "duplicates"),
     ({"model_defaults.compile.batch": [0]}, "model_defaults.compile.batch[0]", "must be >= 1"),
     ({"model_defaults": 3}, "model_defaults", "must be a mapping"),
+    # model_defaults' own preserve_ordering with the default's three levels: set priority_levels: 1 beside it
+    ({"model_defaults.batching.preserve_ordering": True}, "model_defaults.batching.preserve_ordering",
+     "takes one priority level, not 3 (model_defaults.batching.priority_levels)"),
 ])
 def test_errors_name_the_dotted_path(overrides, path, fragment):
     with pytest.raises(ConfigError) as info:
@@ -375,6 +378,52 @@ def test_a_default_priority_set_is_kept_through_a_merge(tmp_path):
     assert two.batching.default_priority is None  # auto (its middle level)
     with pytest.raises(ConfigError, match="batching.default_priority: must be <= 1"):  # the file's own: refused
         load_model_config(write(tmp_path, "batching: {priority_levels: 1, default_priority: 3}\n"), defaults)
+
+
+def test_preserve_ordering_alone_takes_one_priority_level(tmp_path):
+    """`preserve_ordering: true` alone in a model's file kept the default's three levels: answers
+    were held for every earlier arrival, so a priority-1 request sent after 120 of level 3 was
+    answered 121st, and /config showed a pair Triton refuses (an independent check). The model
+    has one level, said in a note, and what model_defaults gives for the others is left out."""
+    defaults = load_server_config(None, {"model_defaults.batching": {
+        "priority_levels": 4, "default_priority": 3,
+        "priority_queue_policy": {1: {"max_queue_size": 5}, 3: {"max_queue_size": 9}}}}).model_defaults
+    notes: list[str] = []
+    batching = load_model_config(write(tmp_path, "batching: {preserve_ordering: true}\n", "m.yaml"), defaults,
+                                 notes).batching
+    assert (batching.priority_levels, batching.preserve_ordering, batching.default_level) == (1, True, 1)
+    assert batching.priority_queue_policy == {1: QueuePolicy(max_queue_size=5, default_timeout_ms=None)}
+    assert notes == ["batching.preserve_ordering takes one priority level, not model_defaults' priority_levels 4 "
+                     "(answers in arrival order let no level pass another); model_defaults' "
+                     "batching.priority_queue_policy level 3 left out; model_defaults' batching.default_priority 3 "
+                     "is auto (its middle level) for it: the model has 1 priority level"]
+    notes.clear()
+    assert load_model_config(write(tmp_path, "batching: {preserve_ordering: true, priority_levels: 1}\n", "m.yaml"),
+                             ModelConfig(), notes).batching.priority_levels == 1 and notes == []
+
+
+@pytest.mark.parametrize("server, model, path, said", [
+    ({}, "batching: {preserve_ordering: true, priority_levels: 2}", "batching.preserve_ordering",
+     "takes one priority level, not 2 (batching.priority_levels): answers in arrival order let no level pass "
+     "another (Triton refuses the pair too); set priority_levels: 1, or preserve_ordering: false"),
+    # model_defaults' preserve_ordering beside the model's own levels
+    ({"model_defaults.batching": {"preserve_ordering": True, "priority_levels": 1}}, "batching: {priority_levels: 3}",
+     "batching.preserve_ordering", "takes one priority level, not 3 (batching.priority_levels)"),
+    ({}, "batching: {preserve_ordering: true, default_queue_policy: {timeout_action: delay}}",
+     "batching.default_queue_policy.timeout_action", "delay does not go with preserve_ordering"),
+    ({}, "batching: {preserve_ordering: true, priority_queue_policy: {1: {timeout_action: delay, "
+         "default_timeout_ms: 5}}}", "batching.priority_queue_policy.1.timeout_action",
+     "(Triton refuses the pair too)"),
+])
+def test_preserve_ordering_beside_what_triton_refuses_with_it_fails_naming_both(tmp_path, server, model, path, said):
+    defaults = load_server_config(None, server).model_defaults
+    with pytest.raises(ConfigError) as info:
+        load_model_config(write(tmp_path, model + "\n", "m.yaml"), defaults)
+    assert info.value.path == path and said in info.value.problem
+    # without a deadline, delay never moves a request: Triton takes it, and so does aclserve
+    assert load_model_config(write(tmp_path, "batching: {preserve_ordering: true, default_queue_policy: "
+                                             "{timeout_action: delay, default_timeout_ms: 0}}\n", "m.yaml"),
+                             ModelConfig()).batching.preserve_ordering
 
 
 def test_model_file_error_names_file_and_key(tmp_path):

@@ -14,7 +14,8 @@ whole (it is a one-key choice). A per-model file (`models/<name>.yaml` or
 Entries of `batching.priority_queue_policy` (keyed by level number) inherit unset fields from
 `batching.default_queue_policy` of the layers merged (each level keeps the fields it set:
 BatchingConfig.priority_queue_fields); levels of model_defaults past a model's own
-priority_levels are left out for it, in a note.
+priority_levels are left out for it, in a note; so are model_defaults' levels past the one a
+model's own preserve_ordering takes (Triton's rule; more given beside it are refused).
 Relative paths (models_dir, compile_cache_dir, model_defaults' labels files) are relative to the
 working directory; labels files a model's own file names, to its folder. An error in a key given
 as an override is blamed on the `command line`, not the file.

@@ -172,7 +172,7 @@ def layer_model_config(data: dict, defaults: ModelConfig, path: str | os.PathLik
     `path`'s. `notes` as load_model_config's."""
     data = _levels_as_numbers(data)
     merged = merge(model_config_mapping(defaults), data)
-    left_out = _past_the_levels(merged, data)
+    left_out = _one_level_when_ordered(merged, data) + _past_the_levels(merged, data)
     try:
         config = parse_model_config(merged)
     except ConfigError as e:
@@ -204,6 +204,22 @@ def _levels_as_numbers(data: dict) -> dict:
     if len(numbered) != len(levels) or numbered.keys() == levels.keys():
         return data
     return {**data, "batching": {**data["batching"], "priority_queue_policy": numbered}}
+
+
+def _one_level_when_ordered(merged: dict, data: Mapping) -> list[str]:
+    """A model's file turning preserve_ordering on without priority_levels of its own: one level in
+    `merged` (answers in arrival order let no level pass another, and Triton refuses more: the
+    default's three made every request wait for all earlier ones, whatever its priority); what was
+    left out, in words. priority_levels over 1 in the file itself is refused beside it (model.py)."""
+    batching, own = merged.get("batching"), data.get("batching")
+    if not isinstance(batching, Mapping) or batching.get("preserve_ordering") is not True:
+        return []
+    levels = batching.get("priority_levels")
+    if (isinstance(own, Mapping) and "priority_levels" in own) or type(levels) is not int or levels <= 1:
+        return []
+    batching["priority_levels"] = 1
+    return [f"batching.preserve_ordering takes one priority level, not model_defaults' priority_levels {levels} "
+            "(answers in arrival order let no level pass another)"]
 
 
 def _past_the_levels(merged: dict, data: Mapping) -> list[str]:

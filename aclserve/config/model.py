@@ -74,10 +74,32 @@ def _batching(data, path: str) -> BatchingConfig:
         per_level[level] = _queue_policy(policy, lp, default_qp)
         fields[level] = frozenset(policy)
     kw["priority_queue_policy"], kw["priority_queue_fields"] = per_level, fields
+    if kw.get("preserve_ordering"):
+        _check_ordering(kw, path)
     try:
         return BatchingConfig(**kw)
     except ValueError as e:  # cross-field rules of BatchingConfig itself
         raise ConfigError(path, str(e)) from None
+
+
+def _check_ordering(kw: dict, path: str) -> None:
+    """What Triton refuses beside preserve_ordering, as config.pbtxt's reader does (triton_config.py):
+    answers held in arrival order let no level pass another, and a request moved back at its
+    deadline (delay) would hold every later answer. (/config shows the pair otherwise.)"""
+    levels = kw["priority_levels"]
+    if levels > 1:
+        raise ConfigError(key_path(path, "preserve_ordering"),
+                          f"takes one priority level, not {levels} ({key_path(path, 'priority_levels')}): answers "
+                          "in arrival order let no level pass another (Triton refuses the pair too); set "
+                          "priority_levels: 1, or preserve_ordering: false")
+    policies = [("default_queue_policy", kw["default_queue_policy"]),
+                *((f"priority_queue_policy.{k}", p) for k, p in sorted(kw["priority_queue_policy"].items()))]
+    for where, policy in policies:
+        if policy.timeout_action == "delay" and policy.default_timeout_ms != 0:  # (None: auto, over 0)
+            raise ConfigError(key_path(path, f"{where}.timeout_action"),
+                              "delay does not go with preserve_ordering: a request moved back at its deadline "
+                              "would hold every later answer (Triton refuses the pair too); set reject, or "
+                              "preserve_ordering: false")
 
 
 def _version_policy(value, path: str) -> tuple:
