@@ -135,6 +135,7 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
         raise ValueError("instances must be >= 1")
     if not devices:
         raise ValueError("devices must name at least one device")
+    _check_devices_exist(runtime, devices)
     placed = [runtime.device(devices[k % len(devices)]) for k in range(instances)]
     claimed = max(slots, claimed_slots or slots)
     builder = InstanceBuilder(runtime, path, name, placed, slots, claimed, reset_timeout_ms, keep_open=rebuild)
@@ -158,6 +159,17 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
         pool = InstancePool(name, built, retry=retry, builder=builder if rebuild else None)
         pool.on_close(undo.pop_all().close)  # closes the instances (each claim goes back once it is freed)
     return pool
+
+
+def _check_devices_exist(runtime, devices: Sequence[int]) -> None:
+    """Every device listed, not only those the instances land on: `devices: [0, 5]` with one
+    instance loaded on a host of one device and failed only once a second instance was placed."""
+    count = runtime.device_count()
+    missing = [d for d in dict.fromkeys(devices) if not 0 <= d < count]
+    if missing:
+        has = {0: "none", 1: "device 0"}.get(count, f"devices 0..{count - 1}")
+        raise ValueError(f"devices {list(devices)}: this host has no device{'s' if len(missing) > 1 else ''} "
+                         f"{', '.join(map(str, missing))} (it has {has}: the ids this process sees, from 0)")
 
 
 def _check_same_model(instances: list[ModelInstance]) -> None:

@@ -217,6 +217,16 @@ def test_instances_spread_over_several_devices_and_each_device_gets_its_memory_b
     assert [runtime.device(d).mem_info()[0] for d in (0, 1)] == before
 
 
+def test_every_listed_device_must_exist_not_only_those_the_instances_land_on(runtime, affine_om):
+    """`devices: [0, 5]` with one instance loaded on a host of one device, /config showing "0,5",
+    and failed only once a second instance was placed on device 5 (an independent check)."""
+    count = runtime.device_count()
+    has = "device 0" if count == 1 else f"devices 0..{count - 1}"
+    with pytest.raises(ValueError, match=re.escape(f"devices [0, {count + 3}]: this host has no device {count + 3} "
+                                                   f"(it has {has}: the ids this process sees, from 0)")):
+        open_pool(runtime, affine_om(), "affine", instances=1, devices=(0, count + 3))
+
+
 def test_a_batch_waits_for_the_lane_it_names_while_another_instance_is_free(runtime, affine_om):
     pool = open_pool(runtime, affine_om(), "affine", instances=2, slots=2)
     done = BatchFutures(pool)
