@@ -332,13 +332,8 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
                 result.notes.append(f"{name}: {why}")
             else:
                 result.problems[name] = why
-        elif not available and name.endswith(MODEL_SUFFIXES):
-            # a model file's name given to a folder (an exporter's output folder, an unpacked
-            # archive): said in a note, as a model folder with nothing in it yet is passed over
-            # (not a problem in the index, which strict readiness would wait on for good)
-            result.notes.append(f"{name}/ is a folder with no version folder in it, passed over: a model "
-                                f"file {name} is a file, and a versioned model's folder holds "
-                                f"<version>/model.om or <version>/model.onnx")
+        elif not available:  # (not a problem in the index, which strict readiness would wait on for good)
+            result.notes.extend(unread.file_named_folder_note(name, MODEL_SUFFIXES))
         if not available:
             return
     else:

@@ -22,6 +22,20 @@ def config_notes(name: str, parts: dict, model_suffixes: tuple[str, ...]) -> lis
     return []
 
 
+def file_named_folder_note(name: str, model_suffixes: tuple[str, ...]) -> list[str]:
+    """A folder with no version folder in it named like a model file (an exporter's output folder,
+    an unpacked archive: `a.onnx/`) or a model's settings file (`a.yaml/`, the model then loading
+    with the defaults): passed over as a model folder with nothing in it yet is, said here."""
+    stem, suffix = os.path.splitext(name)
+    if suffix in model_suffixes:
+        return [f"{name}/ is a folder with no version folder in it, passed over: a model file {name} is a file, "
+                f"and a versioned model's folder holds <version>/model.om or <version>/model.onnx"]
+    if suffix in (".yaml", ".yml"):
+        return [f"{name}/ is a folder with no version folder in it, not read: a model's settings file {name} "
+                f"is a file (a versioned model's is {stem}/config.yaml)"]
+    return []
+
+
 def capitals_note(path: Path, root: Path, known: tuple[str, ...], stem: str | None = None) -> list[str]:
     """A file whose suffix is one of `known` in capitals (Model.ONNX, config.YAML): suffixes are
     matched as written, as Triton's file names are. `stem`: the name it must have there (model

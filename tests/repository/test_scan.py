@@ -97,6 +97,21 @@ def test_a_folder_named_like_a_model_file_is_named_in_a_note(tmp_path):
     assert result.notes[1].startswith("b.om/ is a folder with no version folder in it, passed over")
 
 
+def test_a_folder_named_like_a_models_settings_file_is_named_in_a_note(tmp_path):
+    """A folder `q.yaml` beside `q.om` was passed over without a word, the model loading with the
+    defaults (an independent check); it is named, as the other .yaml files no model reads are."""
+    touch(tmp_path / "q.om")
+    (tmp_path / "q.yaml").mkdir()
+    touch(tmp_path / "r.yml" / "settings.yaml")
+    result = scan(tmp_path, DEFAULTS)
+    assert set(result.models) == {"q"} and result.problems == {}
+    assert result.notes == [
+        "q.yaml/ is a folder with no version folder in it, not read: a model's settings file q.yaml is a file "
+        "(a versioned model's is q/config.yaml)",
+        "r.yml/ is a folder with no version folder in it, not read: a model's settings file r.yml is a file "
+        "(a versioned model's is r/config.yaml)"]
+
+
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\\b", "a..b", ".x", "-x", "x" * 200, "sp ace"])
 def test_invalid_model_names_are_refused(name):
     assert check_model_name(name) is not None
