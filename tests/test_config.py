@@ -185,6 +185,10 @@ def test_a_choice_is_taken_in_any_case():
     ({"model_defaults.version_policy": {"specific": [1, 1]}}, "model_defaults.version_policy.specific", "duplicates"),
     ({"model_defaults.compile.batch": [0]}, "model_defaults.compile.batch[0]", "must be >= 1"),
     ({"model_defaults": 3}, "model_defaults", "must be a mapping"),
+    # a BatchingConfig field no YAML sets (what a model's own file gives; it was taken, and ignored)
+    ({"model_defaults.batching.own_keys": ["max_batch_size"]}, "model_defaults.batching.own_keys", "unknown key"),
+    ({"model_defaults.batching.priority_queue_fields": {}}, "model_defaults.batching.priority_queue_fields",
+     "unknown key"),
     # model_defaults' own preserve_ordering with the default's three levels: set priority_levels: 1 beside it
     ({"model_defaults.batching.preserve_ordering": True}, "model_defaults.batching.preserve_ordering",
      "takes one priority level, not 3 (model_defaults.batching.priority_levels)"),

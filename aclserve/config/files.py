@@ -180,6 +180,10 @@ def layer_model_config(data: dict, defaults: ModelConfig, path: str | os.PathLik
     if left_out and notes is not None:
         levels = config.batching.priority_levels
         notes.append(f"{'; '.join(left_out)}: the model has {levels} priority level{'s' if levels > 1 else ''}")
+    own_batching = data.get("batching")
+    if isinstance(own_batching, Mapping):  # (a static model fails only on its own max_batch_size: served.py)
+        config = dataclasses.replace(config, batching=dataclasses.replace(config.batching,
+                                                                          own_keys=frozenset(own_batching)))
     # a labels file the model's file names is relative to that file; one model_defaults names
     # stays as the server config gives it, relative to the working directory as its other paths
     folder, own = Path(path).parent, _labels_named(data)

@@ -36,10 +36,10 @@ import time
 from typing import Callable, Mapping
 
 from .. import heap
-from ..config import ModelConfig
+from ..config import PBTXT, ModelConfig
 from ..errors import ModelUnavailable, ShuttingDown
 from ..images import ImageStage
-from ..scheduling import DynamicBatcher
+from ..scheduling import BatchingConfig, DynamicBatcher
 from . import overload
 from .handoff import Handoff
 from .labels import load_labels
@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 # device's stream/event ledger is charged for an NPU's two either way, so a configuration an
 # NPU could not hold is refused on the CPU runtime too.
 NPU_SLOTS = 2
+_WINDOW_MS = BatchingConfig.max_queue_delay_ms  # the embedded default's: no one set it for the model
 
 
 def auto_slots(runtime_kind: str) -> int:
@@ -222,7 +223,9 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
         pool.set_execution_timeout(config.execution_timeout_ms)  # 0: derived from the warm-up's costs
         config = overload.resolve(config, pool.gears, pool.gear_cost, len(pool.instances))
         batcher = DynamicBatcher(pool, config.batching, name=f"{name}:{version}")
-        if pool.gears and config.batching.batch_cap > batcher.batch_limit:  # (it was taken in silence)
+        if not pool.gears:
+            _batching_on_a_static_model(f"{name}:{version}", config.batching, wanted.config_path())
+        elif config.batching.batch_cap > batcher.batch_limit:  # (it was taken in silence)
             log.info("%s:%s: batching.max_batch_size %d (or --max-batch) is above the largest compiled batch size "
                      "%d: a batch holds %d rows at most%s", name, version, config.batching.batch_cap,
                      batcher.batch_limit, batcher.batch_limit,
@@ -234,6 +237,26 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
         raise
     return ServedVersion(name, version, pool, batcher, config, wanted.file.path, om_path,
                          time.monotonic() - started, wanted, images=images, labels=labels, value_ranges=ranges)
+
+
+def _batching_on_a_static_model(label: str, batching: BatchingConfig, config_path: str | None) -> None:
+    """A static model (no batch sizes compiled: no batch dimension) runs one request at a time. A
+    max_batch_size over 0 its own config gives fails its load, as Triton refuses one for a model
+    without a batch dimension; one from model_defaults (or --max-batch) and a batching window set
+    for it are named in an INFO line: model_defaults' settings never fail a model (they were taken
+    in silence)."""
+    own = batching.own_keys
+    if batching.batch_cap and "max_batch_size" in own:
+        key = "max_batch_size" if os.path.basename(config_path or "") == PBTXT else "batching.max_batch_size"
+        raise ValueError(f"{os.path.basename(config_path or '')}: {key} {batching.batch_cap} cannot apply: the model "
+                         "has no batch dimension (compiled without batch sizes, it runs one request at a time); "
+                         "set 0 or remove it (Triton refuses a max_batch_size over 0 for such a model too)")
+    passed = [f"max_batch_size {batching.batch_cap} (model_defaults', or --max-batch)"] if batching.batch_cap else []
+    if batching.max_queue_delay_ms and ("max_queue_delay_ms" in own or batching.max_queue_delay_ms != _WINDOW_MS):
+        passed.append(f"max_queue_delay_ms {batching.max_queue_delay_ms:g}")
+    if passed:
+        log.info("%s: batching %s passed over: the model has no batch dimension (compiled without batch sizes, it "
+                 "runs one request at a time)", label, " and ".join(passed))
 
 
 def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handoff: Handoff,

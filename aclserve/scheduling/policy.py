@@ -45,6 +45,10 @@ class BatchingConfig:
     # default_queue_policy reaches what model_defaults' levels left unset. Not compared: the
     # policies above say how the model behaves.
     priority_queue_fields: dict[int, frozenset[str]] = field(default_factory=dict, compare=False, repr=False)
+    # the keys the model's own config file gives (config/files.py), where a setting that cannot
+    # apply to the model loaded fails its load only when its own file gives it, not model_defaults
+    # (repository/served.py: a static model's max_batch_size). Not compared, as above.
+    own_keys: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
     preserve_ordering: bool = False
     batch_formation: str = "just_in_time"
 
