@@ -67,30 +67,6 @@ def test_center_crop_of_the_whole_side_takes_every_size():
         assert out.shape == (64, 64, 3) and (out == 90).all(), (w, h)
 
 
-def test_jpeg_downscaled_while_decoding_matches_full_decode_closely():
-    pic = gradient(512, 512)
-    data = encode(pic, "JPEG", quality=95)
-    fast = decode_pixels(data, plan(64, 64), *LIMITS).astype(int)  # libjpeg scales by 1/4 here
-    full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB").resize((64, 64), Image.BILINEAR)).astype(int)
-    assert np.abs(fast - full).mean() < 3
-
-
-def test_jpeg_scaling_leaves_the_resize_room_to_filter():
-    """Asked for the target's size, libjpeg decoded a JPEG just over 2^k times the target to
-    about that size, and the resize hardly filtered (an independent tester: 7-pixel diagonal
-    stripes, text-like, 400 x 300 to 32 x 32 grey: mean 16.75, max 88 levels from a full decode
-    and the same resize; a photo of 513 x 513 to 64 x 64: 7.6, 111)."""
-    stripes = ((np.indices((300, 400)).sum(0) // 7 % 2) * 255).astype(np.uint8)
-    data = encode(np.stack([stripes] * 3, -1), "JPEG", quality=95)
-    fast = decode_pixels(data, plan(32, 32, 1, color="gray", interpolation="area"), *LIMITS)[:, :, 0].astype(int)
-    full = np.asarray(Image.open(io.BytesIO(data)).convert("L").resize((32, 32), Image.BOX)).astype(int)
-    assert np.abs(fast - full).mean() < 8  # (5.7, max 25)
-    fine = ((np.indices((129, 129)).sum(0) // 3 % 2) * 255).astype(np.uint8)  # just over twice 64
-    data = encode(np.stack([fine] * 3, -1), "JPEG", quality=95)
-    full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB").resize((64, 64), Image.BILINEAR))
-    assert (decode_pixels(data, plan(64, 64), *LIMITS) == full).all()  # decoded whole (was mean 46)
-
-
 def test_grey_alpha_sixteen_bit_and_palette():
     grey = decode_pixels(encode(gradient(16, 16)), plan(16, 16, 1), *LIMITS)
     assert grey.shape == (16, 16, 1)

@@ -8,6 +8,7 @@ import io
 import struct
 import threading
 import tracemalloc
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -47,6 +48,19 @@ def test_the_charged_draft_is_the_size_libjpeg_decodes_to(size, target, resize, 
     im.draft("RGB", request)
     scale = draft_scale(w, h, request)
     assert im.size == (-(-w // scale), -(-h // scale))
+
+
+def test_a_jpeg_for_a_nearest_input_is_charged_its_full_size():
+    """nearest takes single pixels, which libjpeg's scaling would average: such a JPEG decodes
+    whole (decode.jpeg_draft_request), and is charged so, not at 1/8."""
+    w, h = 1603, 1201
+    nearest = replace(plan(64, 48), interpolation="nearest")
+    request = jpeg_draft_request(w, h, 1, nearest)
+    im = Image.open(io.BytesIO(encode(gradient(h, w), "JPEG")))
+    im.draft("RGB", request)
+    assert draft_scale(w, h, request) == 1 and im.size == (w, h)
+    charged = decode_peak_bytes(probe(encode(gradient(h, w), "JPEG", quality=90)), nearest)
+    assert charged == int(w * h * (JPEG_DRAFT_BYTES + JPEG_FULL_BYTES) + 64 * 48 * TARGET_BYTES)
 
 
 def test_a_lossless_jpeg_is_charged_its_full_size():
