@@ -131,8 +131,9 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
             im = im.resize(size, _FILTERS[plan.interpolation], box=box)
     except ImageError:
         raise
-    except Image.DecompressionBombError:
-        raise ImageError(f"{info.format} is too large to decode") from None
+    except Image.DecompressionBombError:  # (CpuDecoder lifts Pillow's limit: it was lowered since)
+        raise ImageError(f"{info.format} of {info.width * info.height:,} pixels is over Pillow's own limit (twice "
+                         f"PIL.Image.MAX_IMAGE_PIXELS, set below images.max_pixels in this process)") from None
     except UnidentifiedImageError:
         raise ImageError(f"{info.format} could not be decoded ({_why_unopened(data, info.format)})") from None
     except (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError, KeyError, ZeroDivisionError) as e:
@@ -188,6 +189,17 @@ def _short(e: BaseException) -> str:
     return text[:120]
 
 
+def lift_pillow_limit(max_pixels: int) -> None:
+    """Let Pillow open what images.max_pixels lets through. Pillow refuses by itself a picture of
+    over twice Image.MAX_IMAGE_PIXELS (179 M pixels by default), so a max_pixels above that did
+    nothing but make those pictures a 400, "too large to decode". Raised, never lowered: the limit
+    is the process's (another server in it, or the program embedding one, may have raised it);
+    what a picture's decode holds is still charged to its request first (peak.py)."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and 2 * limit < max_pixels:
+        Image.MAX_IMAGE_PIXELS = -(-max_pixels // 2)
+
+
 class CpuDecoder:
     """decode_pixels with the server's limits bound: the decoder the pool calls by default."""
 
@@ -195,6 +207,7 @@ class CpuDecoder:
 
     def __init__(self, max_pixels: int, max_side: int):
         self.max_pixels, self.max_side = max_pixels, max_side
+        lift_pillow_limit(max_pixels)
 
     def __call__(self, data: bytes | memoryview, plan: ImagePlan) -> np.ndarray:
         return decode_pixels(data, plan, self.max_pixels, self.max_side)

@@ -35,6 +35,13 @@ def png_bomb(width: int = 60000, height: int = 60000) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", rows) + _chunk(b"IEND", b"")
 
 
+def white_bilevel_png(width: int, height: int) -> bytes:
+    """A whole 1-bit white PNG of width x height: a picture of many pixels in few bytes."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    rows = zlib.compress((b"\x00" + b"\xff" * -(-width // 8)) * height, 1)
+    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", rows) + _chunk(b"IEND", b"")
+
+
 def jpeg_bomb(width: int = 60000, height: int = 60000) -> bytes:
     """A JPEG start whose frame header (SOF0) announces width x height."""
     real = encode(gradient(16, 16), "JPEG")

@@ -14,12 +14,12 @@ from PIL import Image
 from aclserve.config import ImageInput
 from aclserve.errors import Overloaded, PayloadTooLarge, QueueFull
 from aclserve.images import DecodePool, PlanError, build_plan
-from aclserve.images.decode import decode_pixels
+from aclserve.images.decode import CpuDecoder, decode_pixels
 from aclserve.images.header import ImageError
 from aclserve.images.dvpp import dvpp_takes, jpegd_width_align, nv12_to_pixels, vpc_output
 from aclserve.images.header import ImageInfo
 from aclserve.runtime.types import TensorSpec
-from .images_data import encode, gradient, lossless_jpeg
+from .images_data import encode, gradient, lossless_jpeg, white_bilevel_png
 
 LIMITS = (40_000_000, 16384)
 
@@ -360,3 +360,16 @@ def test_what_dvpp_is_given(info, size, resize, takes):
     kw = {} if resize == "stretch" else {"resize": resize}
     target = build_plan(ImageInput(**kw), spec((-1, h, w, 3)))
     assert dvpp_takes(info, target) is takes
+
+
+def test_images_max_pixels_above_pillow_s_own_limit_is_the_limit(monkeypatch):
+    """Pillow refuses by itself a picture of over twice Image.MAX_IMAGE_PIXELS (179 M pixels by
+    default): with images.max_pixels at 400 M, a 1-bit PNG of 13400 x 13400 (179.6 M) was a 400
+    "PNG is too large to decode", naming neither limit (an independent tester)."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 89_478_485)  # Pillow's default, whatever ran before
+    data = white_bilevel_png(13400, 13400)
+    decoder = CpuDecoder(400_000_000, 16384)
+    assert (decoder(data, plan(8, 8, 1, interpolation="area")) == 255).all()
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 89_478_485)  # lowered since: said so
+    with pytest.raises(ImageError, match=r"PNG of 179,560,000 pixels is over Pillow's own limit .* images.max_pixels"):
+        decoder(data, plan(8, 8, 1))
