@@ -34,9 +34,13 @@ def add_commands(sub) -> None:
     a.add_argument("--aipp", metavar="FILE", help="an AIPP config in ATC's aipp_op syntax (ATC --insert_op_conf)")
     a.add_argument("--image-input", metavar="[INPUT:]rgb|bgr|gray", action="append",
                    help="generate the AIPP config: the host sends uint8 pixels in this order to INPUT "
-                        "(default the first input); given once")
-    a.add_argument("--mean", metavar="M[,M,M]", help="with --image-input: per-channel mean, pixel units (0-255)")
-    a.add_argument("--std", metavar="S[,S,S]", help="with --image-input: per-channel std, pixel units")
+                        "(default the first input; bgr: the OM swaps R and B first); given once")
+    a.add_argument("--mean", metavar="M[,M,M]",
+                   help="with --image-input: per-channel mean, pixel units (0-255), in the order after the R/B "
+                        "swap: R,G,B for bgr too, as ATC's AIPP normalises after it (reverse an OpenCV-style "
+                        "B,G,R mean)")
+    a.add_argument("--std", metavar="S[,S,S]",
+                   help="with --image-input: per-channel std, pixel units, in --mean's order")
     p.set_defaults(func=run_compile)
 
     q = sub.add_parser("inspect", help="show what an .om file contains",

@@ -230,7 +230,8 @@ def _floats(text: str, what: str) -> list[float]:
 
 def generate(colour: str, mean: str | None = None, std: str | None = None, rank: int = 0) -> AippOp:
     """`--image-input rgb|bgr|gray --mean M,.. --std S,..` (pixel units, 0-255): host sends
-    uint8 pixels in that order (any case); the OM computes (pixel - mean) / std per channel."""
+    uint8 pixels in that order (any case); the OM computes (pixel - mean) / std per channel, after
+    the R/B swap of bgr (ATC's AIPP order), so mean and std are R,G,B for bgr too."""
     if colour.lower() not in ("rgb", "bgr", "gray"):
         raise CompileError(f"--image-input must be rgb, bgr or gray, got {colour!r}")
     colour = colour.lower()

@@ -197,6 +197,20 @@ def test_aipp_output_is_the_devices_fp16_arithmetic(tmp_path):
     assert got[0, 0, 0, 0] == np.float32(np.float16(0.1)) and got[0, 2, 17, 15] == np.float32(np.float16(0.1))
 
 
+def test_a_bgr_image_input_takes_its_mean_r_g_b_and_the_help_says_so(tmp_path):
+    """ATC's AIPP normalises after its R/B swap, so with --image-input bgr --mean and --std are
+    R,G,B. The help said "per-channel" beside "the host sends uint8 pixels in this order", and an
+    OpenCV-style B,G,R mean swapped R's and B's normalisation unsaid (an independent tester)."""
+    src = identity_onnx(tmp_path / "id.onnx", 3, 2, 2)
+    out = compile_model(src, tmp_path / "id.om", target="cpu", aipp=[aipp.generate("bgr", "10,20,30")],
+                        log=lambda s: None)
+    bgr = np.full((1, 2, 2, 3), 100, np.uint8)
+    assert run_om(str(out.path), bgr, None)[0, :, 0, 0].tolist() == [90, 80, 70]  # R - 10, G - 20, B - 30
+    helped = " ".join(run_cli("compile", "--help").stdout.split())
+    assert "in the order after the R/B swap: R,G,B for bgr too" in helped and "OpenCV-style B,G,R mean" in helped
+    assert "std, pixel units, in --mean's order" in helped
+
+
 def test_atc_gets_insert_op_conf_and_the_nchw_shape(tmp_path, fake_atc, conv_onnx):
     atc, record = fake_atc
     ops = [aipp.generate("bgr", "123.675,116.28,103.53", "58.395,57.12,57.375")]
