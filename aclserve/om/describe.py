@@ -73,7 +73,10 @@ def aipp_lines(header: dict) -> list[str]:
     """The static AIPP settings compiled in (from the header aclserve wrote)."""
     lines = []
     for a in header.get("aipp") or []:
-        order = "BGR" if a.get("rbuv_swap_switch") else ("RGB" if a["input_format"] == "RGB888_U8" else "grey")
+        if a["input_format"] == "YUV400_U8":
+            order = "grey"  # (its one channel has no R and B to swap, whatever rbuv_swap_switch says)
+        else:
+            order = "BGR" if a.get("rbuv_swap_switch") else "RGB"
         lines.append(f"aipp on {a['input']}: static, {a['input_format']} ({order}), source "
                      f"{a['image_input']['dims'][2]}x{a['image_input']['dims'][1]} uint8 NHWC -> "
                      f"{a['model_input']['datatype']} NCHW {_shape(a['model_input']['dims'])}")

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 from aclserve.acl import constants as C
 from aclserve.om import aipp
 from aclserve.om.compile import compile_model
+from aclserve.om.describe import aipp_lines
 from aclserve.om.spec import CompileError
 from tests import tiny_models
 from tests.tiny_models import MEAN, STD
@@ -116,6 +117,15 @@ def test_crop_padding_and_grey_match_numpy(tmp_path):
     norm = device_aipp(image[:, 2:16, 3:15, :], 100, 0.5, 0.01).transpose(0, 3, 1, 2)
     host = np.pad(norm, ((0, 0), (0, 0), (1, 1), (2, 2)), constant_values=0.5)
     np.testing.assert_allclose(got, reference(src, host), rtol=1e-5, atol=1e-5)
+
+
+def test_inspect_calls_a_grey_aipp_grey_whatever_its_swap(tmp_path):
+    """A YUV400 AIPP with rbuv_swap_switch true (nothing to swap in one channel; the server takes
+    it as grey) was shown as "YUV400_U8 (BGR)" (an independent tester)."""
+    src = tiny_models.conv_onnx(tmp_path / "g.onnx", channels=1, side=16)
+    ops = aipp.parse("aipp_op {\n aipp_mode: static\n input_format: YUV400_U8\n rbuv_swap_switch: true\n}")
+    out = compile_model(src, tmp_path / "g.om", batch="1", target="cpu", aipp=ops, log=lambda s: None)
+    assert aipp_lines(out.header)[0].startswith("aipp on x: static, YUV400_U8 (grey), source 16x16")
 
 
 def test_first_aipp_info_reports_the_static_aipp_of_an_input(tmp_path):
