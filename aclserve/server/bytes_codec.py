@@ -17,6 +17,7 @@ import math
 import re
 
 from ..errors import InvalidInput
+from ..images.header import JPEG_SOI, PNG_SIGNATURE
 from ..runtime.types import TensorSpec
 from .json_simd import JsonNumbers
 from .parameters import refuse_compound_values
@@ -104,12 +105,22 @@ def binary_elements(name: str, chunk: memoryview, count: int) -> list[memoryview
         pos += _U32
         if pos + n > end:
             raise InvalidInput(f"input '{name}' row {row}: element of {n} bytes overruns the "
-                               f"{end}-byte binary data")
+                               f"{end}-byte binary data{_unprefixed_picture(chunk[pos - _U32:pos + 4])}")
         out.append(chunk[pos:pos + n])
         pos += n
     if pos != end:
         raise InvalidInput(f"input '{name}': {end - pos} bytes after the {count} elements its shape gives")
     return out
+
+
+def _unprefixed_picture(head: memoryview) -> str:
+    """A hint when the bytes read as an element's length begin a picture: a PNG's signature reads
+    as 1,196,314,761 bytes, and that alone did not say the length prefix was left out."""
+    for signature, kind in ((PNG_SIGNATURE, "PNG"), (JPEG_SOI + b"\xff", "JPEG")):
+        if bytes(head).startswith(signature):
+            return (f" (its length bytes begin a {kind}: a picture sent without its 4-byte little-endian length "
+                    "before it?)")
+    return ""
 
 
 def json_elements(name: str, data, count: int) -> list[bytes]:

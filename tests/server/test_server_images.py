@@ -229,6 +229,20 @@ def test_binary_bytes_framing(image_server):
         assert status == 400 and json.loads(raw)["error"].startswith(message), (message, raw)
 
 
+def test_a_picture_sent_without_its_length_prefix_is_named(image_server):
+    """A PNG's signature read as the element's length was "element of 1196314761 bytes overruns the
+    ...-byte binary data", which did not say what was wrong (an independent tester)."""
+    png, jpeg = digit_png(DIGITS["x"][2], 16), encode(gradient(16, 16), "JPEG")
+    for picture, length, kind in ((png, 1196314761, "PNG"), (jpeg, int.from_bytes(jpeg[:4], "little"), "JPEG")):
+        head = json.dumps({"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1],
+                                       "parameters": {"binary_data_size": len(picture)}}]}).encode()
+        status, _, raw = request(image_server, "POST", "/v2/models/digits_image/infer", data=head + picture,
+                                 headers={"Inference-Header-Content-Length": str(len(head))})
+        assert status == 400 and json.loads(raw)["error"] == (
+            f"input 'x' row 0: element of {length} bytes overruns the {len(picture)}-byte binary data (its length "
+            f"bytes begin a {kind}: a picture sent without its 4-byte little-endian length before it?)"), raw
+
+
 def test_a_request_of_more_images_than_are_ever_decoded_at_once_gets_413(image_server):
     """It can never fit, so not a 503 to retry (found by an independent check); saturation by
     several requests is the pool's test (tests/images)."""
