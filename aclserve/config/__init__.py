@@ -22,6 +22,7 @@ as an override is blamed on the `command line`, not the file.
 
 Modules: schema (the dataclasses, their choices, ConfigError), checks (value checks), model and
 server (a section's mapping -> its dataclass), files (default, YAML files, overrides, merging),
+yaml_numbers (the numbers YAML 1.1 reads otherwise than they look, refused in a file: 07000, 1:30),
 triton_config (a Triton model folder's config.pbtxt -> the mapping a model's YAML gives).
 """
 from .files import DEFAULT_CONFIG_PATH, load_model_config, load_server_config

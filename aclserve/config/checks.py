@@ -9,6 +9,7 @@ from typing import Mapping
 import yaml
 
 from .schema import AUTO, ConfigError
+from .yaml_numbers import advice
 
 
 _SHOWN = reprlib.Repr()
@@ -90,9 +91,14 @@ _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 def _yaml_hint(value) -> str:
     """Why a number came as text: quoted (a Helm template's habit: "10", "0.25", which YAML
     reads as numbers without the quotes), or YAML 1.1 (PyYAML) reading 1e9 as text (a float
-    needs its dot and the exponent's sign: 1.0e+9)."""
+    needs its dot and the exponent's sign: 1.0e+9); a leading zero, base 60 or 0o, which YAML
+    1.1 reads otherwise than they look, quoted or not (yaml_numbers.py: the file refuses them
+    unquoted when they read as numbers), are said as such."""
     if not isinstance(value, str):
         return ""
+    said = advice(value.strip())
+    if said:
+        return f" ({said})"
     if _PLAIN.resolve(yaml.ScalarNode, value.strip(), (True, False)) in _NUMBER_TAGS:
         return " (a number in quotes is text: write it without quotes)"
     try:

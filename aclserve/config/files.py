@@ -14,6 +14,7 @@ from ..regular_files import open_regular
 from .model import model_config_mapping, parse_model_config
 from .schema import AUTO, ConfigError, ModelConfig, ServerConfig
 from .server import parse_server_config
+from .yaml_numbers import refuse_misread, resolved
 
 DEFAULT_CONFIG_PATH = Path(__file__).parent.parent / "configs" / "default.yaml"
 _REPLACED_WHOLE = {"version_policy"}  # a later layer replaces these whole (a one-key choice)
@@ -67,6 +68,8 @@ def read_yaml(path: str | os.PathLike, regular_only: bool = False) -> dict:
             data = yaml.load(f, Loader=_UniqueKeyLoader)
     except OSError as e:
         raise ConfigError("", f"cannot read config file: {e.strerror}", str(path)) from None
+    except ConfigError as e:  # a number YAML 1.1 reads otherwise than it looks (yaml_numbers.py)
+        raise ConfigError(e.path, e.problem, str(path)) from None
     except yaml.YAMLError as e:
         raise ConfigError("", f"invalid YAML: {_yaml_problem(e)}", str(path)) from None
     except UnicodeDecodeError as e:  # e.g. saved in Latin-1
@@ -86,11 +89,24 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """safe_load's loader refusing a key written twice in one mapping (PyYAML keeps the last
     silently: a setting that looked set was not); keys brought in by a `<<` merge may be
     overridden, as YAML means them to be. Each mapping is checked as written, the first time
-    PyYAML flattens it: flattening puts the merged keys in front of its own, in place."""
+    PyYAML flattens it: flattening puts the merged keys in front of its own, in place.
+    It refuses, before anything is built, a number YAML 1.1 reads otherwise than it looks
+    (07000 octal, 1:30 base 60: yaml_numbers.py), naming its key (ConfigError without a source)."""
 
     def __init__(self, stream):
         super().__init__(stream)
         self._checked: set[int] = set()  # id() of the mapping nodes checked (they live as long as the load)
+
+    def resolve(self, kind, value, implicit):
+        tag = super().resolve(kind, value, implicit)
+        return resolved(tag, value) if kind is yaml.ScalarNode and implicit[0] else tag
+
+    def get_single_data(self):
+        node = self.get_single_node()
+        if node is None:
+            return None
+        refuse_misread(node)
+        return self.construct_document(node)
 
     def flatten_mapping(self, node):
         if id(node) not in self._checked:

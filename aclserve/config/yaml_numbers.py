@@ -1,0 +1,91 @@
+"""Numbers YAML 1.1 reads otherwise than they look. PyYAML follows YAML 1.1, where an integer
+with a leading zero is octal (`port: 07000` is 3584; `0800`, not octal, is text) and digits
+grouped by `:` are base 60 (`1:30` is 90, `1:30.5` is 90.5): an operator who wrote 07000 meant
+7000, or made a typo. A config file's plain scalar of these forms is refused where it is
+(files.py), naming its key and what to write instead; one that came as text (quoted, or 0800)
+is explained by the value checks (checks.py). Read as they look, and taken: 0 itself, the 0x
+and 0b prefixes (hexadecimal and binary, as written), `_` between digits (1_000 is 1000) and
+floats (0.5, 00.5); YAML 1.1 has no 0o prefix (0o17 is text)."""
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from .schema import ConfigError
+
+MISREAD = "tag:aclserve,2024:misread-number"  # the tag the loader gives such a scalar (never constructed)
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+_MERGE = "tag:yaml.org,2002:merge"
+_LEADING_ZERO = re.compile(r"([-+]?)0([0-9_]+)")
+_BASE_60 = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
+_OCTAL_PREFIX = re.compile(r"([-+]?)0o([0-7_]+)")
+_LONGEST_SHOWN = 30  # a longer scalar is named by its start, and no value is worked out for it
+
+
+def resolved(tag: str, text: str) -> str:
+    """The tag of a plain scalar `text` YAML resolved as `tag`: MISREAD for a number that does
+    not read as it looks."""
+    if tag in _NUMBER_TAGS and (_LEADING_ZERO.fullmatch(text) or _BASE_60.fullmatch(text)):
+        return MISREAD
+    return tag
+
+
+def advice(text: str) -> str | None:
+    """What YAML 1.1 makes of `text` and what to write instead, if it is one of the forms above;
+    else None."""
+    long = len(text) > _LONGEST_SHOWN
+    if long and _LEADING_ZERO.fullmatch(text):
+        return f"{_shown(text)} has a leading zero (octal or text in YAML 1.1): write it without the zero"
+    if long and _BASE_60.fullmatch(text):
+        return f"{_shown(text)} is base 60 or text in YAML 1.1: write one plain number"
+    if long:
+        return None
+    if match := _LEADING_ZERO.fullmatch(text):
+        sign, digits = match[1].replace("+", ""), match[2].replace("_", "")
+        decimal = sign + digits.lstrip("0") if digits.strip("0") else "0"
+        if set(digits) <= set("01234567"):
+            return f"{text} has a leading zero, which YAML 1.1 reads as octal ({sign}{int(digits, 8)}): write {decimal}"
+        return f"{text} has a leading zero, which YAML 1.1 reads as text, and 0700 as octal: write {decimal}"
+    if _BASE_60.fullmatch(text):
+        number = yaml.safe_load(text)
+        if isinstance(number, (int, float)):
+            return f"{text} is base 60 in YAML 1.1 ({number}): write one plain number"
+        return f"{text} is text in YAML 1.1, which reads 1:30 as base 60: write one plain number"
+    if match := _OCTAL_PREFIX.fullmatch(text):
+        return f"{text} is text in YAML 1.1, which has no 0o prefix: write " \
+               f"{match[1].replace('+', '')}{int(match[2].replace('_', ''), 8)}"
+    return None
+
+
+def refuse_misread(root: yaml.Node) -> None:
+    """Raise ConfigError naming the first scalar under `root` (in the file's order) tagged
+    MISREAD by its key's dotted path. Each node is visited once, however many aliases name it
+    (an alias bomb stays cheap)."""
+    seen: set[int] = set()
+    todo: list[tuple[yaml.Node, str, bool]] = [(root, "", False)]  # (node, its path, whether it is a key)
+    while todo:
+        node, path, is_key = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for key, value in reversed(node.value):
+                todo += [(value, _value_path(path, key), False), (key, path, True)]
+        elif isinstance(node, yaml.SequenceNode):
+            todo += [(item, f"{path}[{i}]", False) for i, item in reversed(list(enumerate(node.value)))]
+        elif node.tag == MISREAD:
+            said = f"{advice(node.value)}, or \"{_shown(node.value)}\" in quotes for text"
+            raise ConfigError(path, f"the key {said}" if is_key else said)
+
+
+def _value_path(path: str, key: yaml.Node) -> str:
+    """The dotted path of the value under `key` in the mapping at `path`: a `<<` merge's (and a
+    key that is no scalar's) is the mapping's own."""
+    if key.tag == _MERGE or not isinstance(key, yaml.ScalarNode):
+        return path
+    return f"{path}.{key.value}" if path else key.value
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= _LONGEST_SHOWN else text[:_LONGEST_SHOWN] + "..."

@@ -1,0 +1,82 @@
+"""Numbers YAML 1.1 reads otherwise than they look (config/yaml_numbers.py): `port: 07000` was
+taken as 3584 (octal), `instances: 010` as 8 and `shutdown_timeout_s: 1:30` as 90 (base 60)
+without a word, and `port: 0800` (not octal, so text) was told "YAML reads a number like 1e9 as
+text" (an independent tester's findings). Now refused where they are written, in the server's
+file and a model's alike, naming the key and what to write; text stays text."""
+from __future__ import annotations
+
+import pytest
+
+from aclserve.config import ConfigError, ModelConfig, load_model_config, load_server_config
+
+
+def write(tmp_path, text: str, name="c.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text, said", [
+    ("port: 07000\n", 'port: 07000 has a leading zero, which YAML 1.1 reads as octal (3584): write 7000, '
+                      'or "07000" in quotes for text'),
+    ("model_defaults: {instances: 010}\n", "model_defaults.instances: 010 has a leading zero, which YAML 1.1 "
+                                           "reads as octal (8): write 10"),
+    ("shutdown_timeout_s: 1:30\n", "shutdown_timeout_s: 1:30 is base 60 in YAML 1.1 (90): write one plain number"),
+    ("settle_s: 1:30.5\n", "settle_s: 1:30.5 is base 60 in YAML 1.1 (90.5): write one plain number"),
+    ("model_defaults:\n  devices: [0, 01]\n", "model_defaults.devices[1]: 01 has a leading zero"),
+    ("model_defaults:\n  batching:\n    priority_queue_policy:\n      02: {max_queue_size: 3}\n",
+     "model_defaults.batching.priority_queue_policy: the key 02 has a leading zero, which YAML 1.1 reads as octal"),
+    ("api_token: 0123\n", 'api_token: 0123 has a leading zero, which YAML 1.1 reads as octal (83): write 123, '
+                          'or "0123" in quotes for text'),  # (a token's text: quoting is the answer)
+    # what was text all along is said for what it is, not "a number like 1e9"
+    ("port: 0800\n", "port: must be an integer, got '0800' (0800 has a leading zero, which YAML 1.1 reads as "
+                     "text, and 0700 as octal: write 800)"),
+    ("port: '07000'\n", "port: must be an integer, got '07000' (07000 has a leading zero, which YAML 1.1 reads as "
+                        "octal (3584): write 7000)"),
+    ("shutdown_timeout_s: 0:30\n", "shutdown_timeout_s: must be a number, got '0:30' (0:30 is text in YAML 1.1, "
+                                   "which reads 1:30 as base 60: write one plain number)"),
+    ("port: 0o17\n", "port: must be an integer, got '0o17' (0o17 is text in YAML 1.1, which has no 0o prefix: "
+                     "write 15)"),
+])
+def test_a_number_yaml_reads_otherwise_than_it_looks_is_refused_naming_its_key(tmp_path, text, said):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path)
+    assert str(info.value).startswith(f"{path}: ") and said in str(info.value), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_models_own_file_is_read_alike(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_model_config(write(tmp_path, "instances: 010\n", "m.yaml"), ModelConfig())
+    assert str(info.value).startswith(f"{tmp_path / 'm.yaml'}: instances: 010 has a leading zero"), str(info.value)
+    with pytest.raises(ConfigError, match=r"batching\.max_queue_delay_ms: 1:30 is base 60"):
+        load_model_config(write(tmp_path, "batching: {max_queue_delay_ms: 1:30}\n", "m.yaml"), ModelConfig())
+
+
+def test_quoted_they_are_text_and_numbers_that_read_as_they_look_are_taken(tmp_path):
+    """Quoted text, 0 itself, hexadecimal and binary prefixes, `_` between digits (YAML 1.1's
+    digit separator), floats with a leading zero, and text with colons (an input shape) are
+    taken; the same token unquoted is refused with the quotes as the way out."""
+    text = ('api_token: "0123"\nhost: "0800"\nport: 0\ngrpc_port: 0\nmax_body_bytes: 0x4000000\n'
+            "max_json_bytes: 0b1000000000000000000000000\nmax_inflight_bytes: 1_073_741_824\n"
+            "memory_reserve_fraction: 00.5\nmodel_defaults:\n  devices: [0, 1]\n"
+            "  version_policy: {specific: [1, 2]}\n  compile: {input_shape: \"x:1,3,224,224\"}\n")
+    config = load_server_config(write(tmp_path, text))
+    assert (config.api_token, config.host, config.port) == ("0123", "0800", 0)
+    assert (config.max_body_bytes, config.max_json_bytes, config.max_inflight_bytes) == (64 << 20, 16 << 20, 1 << 30)
+    assert config.memory_reserve_fraction == 0.5 and config.model_defaults.devices == (0, 1)
+    assert config.model_defaults.compile.input_shape == "x:1,3,224,224"
+    with pytest.raises(ConfigError, match='^.*: api_token: 0123 has a leading zero.*or "0123" in quotes for text$'):
+        load_server_config(write(tmp_path, text.replace('"0123"', "0123")))
+
+
+def test_a_scalar_many_aliases_name_is_looked_at_once_and_said_short(tmp_path):
+    """The check walks the file's nodes, each once (an alias bomb's billion names of one list
+    stay one list), and a long scalar is named by its start."""
+    levels = ["&k0 [010, 1, 2]"] + [f"&k{i} [" + ", ".join([f"*k{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    with pytest.raises(ConfigError, match=r"host\[0\]\[0\]"):
+        load_server_config(write(tmp_path, "host: [" + ", ".join(levels) + "]\n"))
+    with pytest.raises(ConfigError) as info:
+        load_server_config(write(tmp_path, "port: 0" + "7" * 5000 + "\n"))
+    assert "has a leading zero" in str(info.value) and len(str(info.value)) < 300, str(info.value)[:400]
