@@ -16,7 +16,6 @@ from .runtime import AclRuntime
 from .server.app import create_app
 from .server.app import serve as serve_app
 from .server.app_keys import STATE
-from .server.grpc_arrivals import message_limit
 
 
 def build_runtime(config) -> AclRuntime:
@@ -36,7 +35,7 @@ def build_grpc_server(config, app: web.Application):
     if not config.grpc_port:
         return None
     from .server.grpc_server import GrpcServer  # grpc is imported only when the endpoint is on
-    return GrpcServer(app[STATE], message_limit(config))
+    return GrpcServer(app[STATE], config.grpc_max_message_bytes)
 
 
 async def serve(config, started: asyncio.Future | None = None, stop: asyncio.Event | None = None) -> None:

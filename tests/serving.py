@@ -25,7 +25,8 @@ def server_config(models_dir, **overrides):
     from aclserve.config import load_server_config
     values = {"models_dir": str(models_dir), "port": 0, "grpc_port": 0, "device": "cpu",
               "model_control_mode": "explicit", "max_body_bytes": 1 << 20, "max_json_bytes": 768 << 10,
-              "max_json_elements": 1 << 18, "shutdown_timeout_s": 20, "log_level": "warning"}
+              "max_json_elements": 1 << 18, "shutdown_timeout_s": 20, "log_level": "warning",
+              "grpc_max_message_bytes": 1 << 20}  # (at most max_body_bytes with gRPC on)
     values.update(overrides)
     return load_server_config(None, values)
 

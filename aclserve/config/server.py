@@ -9,8 +9,8 @@ from ..logs import FORMATS as LOG_FORMATS
 from ..trace.settings import TraceSettings, TraceSettingsError
 from .checks import MAX_MS, as_bool, as_float, as_int, as_mapping, as_str, no_unknown, shown, unless_none
 from .model import parse_model_config
-from .schema import (CONTROL_MODES, DECODERS, DEVICES, LOG_LEVELS, READINESS, THREAD_SCHEDULING, ConfigError,
-                     ImageSettings, ServerConfig)
+from .schema import (CONTROL_MODES, DECODERS, DEVICES, GRPC_MIN_ARRIVING, LOG_LEVELS, READINESS, THREAD_SCHEDULING,
+                     ConfigError, ImageSettings, ServerConfig)
 
 _SERVER_KEYS = {f.name for f in dataclasses.fields(ServerConfig)}
 _IMAGE_SETTINGS_KEYS = {f.name for f in dataclasses.fields(ImageSettings)}
@@ -42,6 +42,8 @@ def parse_server_config(data: Mapping) -> ServerConfig:
     port, grpc_port = as_int(get("port"), "port", 0, 65535), as_int(get("grpc_port"), "grpc_port", 0, 65535)
     if port and port == grpc_port:  # (found at bind time otherwise, after the models had loaded)
         raise ConfigError("grpc_port", f"must differ from port ({port}); 0 turns gRPC off")
+    max_body = as_int(get("max_body_bytes"), "max_body_bytes", 1)
+    grpc_message = _grpc_max_message_bytes(get("grpc_max_message_bytes"), grpc_port, max_body, max_inflight)
     return ServerConfig(
         host=as_str(get("host"), "host", allow_empty=False),
         port=port,
@@ -54,7 +56,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         trace=_trace(unless_none(data.get("trace"), {})),
         trace_dir=as_str(get("trace_dir"), "trace_dir", allow_empty=False),
         model_control_mode=as_str(get("model_control_mode"), "model_control_mode", CONTROL_MODES),
-        max_body_bytes=as_int(get("max_body_bytes"), "max_body_bytes", 1),
+        max_body_bytes=max_body,
         max_inflate_ratio=as_int(get("max_inflate_ratio"), "max_inflate_ratio", 0),
         max_json_bytes=as_int(get("max_json_bytes"), "max_json_bytes", 1),
         max_json_elements=as_int(get("max_json_elements"), "max_json_elements", 1),
@@ -65,7 +67,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         header_timeout_s=as_float(get("header_timeout_s"), "header_timeout_s", 0.001, maximum=MAX_S),
         body_timeout_s=as_float(get("body_timeout_s"), "body_timeout_s", 0.001, maximum=MAX_S),
         keepalive_timeout_s=as_float(get("keepalive_timeout_s"), "keepalive_timeout_s", 0.001, maximum=MAX_S),
-        grpc_max_message_bytes=as_int(get("grpc_max_message_bytes"), "grpc_max_message_bytes", 1),
+        grpc_max_message_bytes=grpc_message,
         grpc_max_connection_age_s=as_float(get("grpc_max_connection_age_s"), "grpc_max_connection_age_s",
                                            maximum=MAX_S),
         hold_refused_connections=as_bool(get("hold_refused_connections"), "hold_refused_connections"),
@@ -101,6 +103,25 @@ def _max_request_bytes(value, max_inflight: int) -> int:
     if value > max_inflight:
         raise ConfigError("max_request_bytes", f"must be <= max_inflight_bytes ({max_inflight}): raise that too, "
                                                f"got {value}")
+    return value
+
+
+def _grpc_max_message_bytes(value, grpc_port: int, max_body: int, max_inflight: int) -> int:
+    """With gRPC on, at most max_body_bytes (it was lowered to that without a word, though the
+    default's comment says to raise it for bigger tensors), and at most max_inflight_bytes /
+    GRPC_MIN_ARRIVING: that many messages may be arriving at once, before they can be charged
+    (server/grpc_arrivals.py), and what they hold stays within max_inflight_bytes."""
+    value = as_int(value, "grpc_max_message_bytes", 1)
+    if not grpc_port:
+        return value  # (not used)
+    if value > max_body:
+        raise ConfigError("grpc_max_message_bytes", f"must be <= max_body_bytes ({max_body}): raise that too "
+                                                    f"or lower this, got {value}")
+    if value > max_inflight // GRPC_MIN_ARRIVING:
+        raise ConfigError("grpc_max_message_bytes",
+                          f"must be <= max_inflight_bytes / {GRPC_MIN_ARRIVING} ({max_inflight // GRPC_MIN_ARRIVING}): "
+                          f"{GRPC_MIN_ARRIVING} gRPC messages may be arriving at once (two streams, two calls): raise "
+                          f"max_inflight_bytes too or lower this, got {value}")
     return value
 
 

@@ -4,8 +4,9 @@ grpc core keeps a call's message while it arrives, once the handler reads: gRPC 
 size before a message and grpcio offers no memory quota, so a message cannot be charged to the
 memory budget before it is whole (grpc_intake.py). What can be bounded is how many arrive at
 once, each at most `grpc_max_message_bytes` (grpc's max_receive_message_length): `slots` =
-max_inflight_bytes // that size (at least MIN_SLOTS), so messages still arriving hold at most
-max_inflight_bytes, whatever the number of calls.
+max_inflight_bytes // that size, so messages still arriving hold at most max_inflight_bytes,
+whatever the number of calls. The config refuses a message size that leaves fewer than
+MIN_SLOTS (config/server.py: four such messages held more than the budget).
 
 - A unary call (ModelInfer, and every other method but ModelStreamInfer) holds a slot while it
   reads its message and gives it back once the message is in. With none free, a read waits its
@@ -25,18 +26,14 @@ import logging
 import time
 from collections import deque
 
+from ..config.schema import GRPC_MIN_ARRIVING
 from ..errors import Overloaded
 
 log = logging.getLogger(__name__)
 
 EVICT_AFTER_S = 1.0  # a message arriving slower than this keeps its slot only while none waits
-MIN_SLOTS = 4  # two streams and two unary reads, however small the budget
+MIN_SLOTS = GRPC_MIN_ARRIVING  # two streams and two unary reads (a config built otherwise still gets them)
 REFUSAL_LOG_S = 60.0  # a stream refused is logged at most this often (the metric counts them all)
-
-
-def message_limit(config) -> int:
-    """The largest gRPC message a call may send (grpc's max_receive_message_length)."""
-    return min(config.grpc_max_message_bytes, config.max_body_bytes)
 
 
 class Arrival:
@@ -55,7 +52,7 @@ class Arrival:
 class Arrivals:
     @classmethod
     def for_config(cls, config) -> "Arrivals":
-        return cls(config.max_inflight_bytes // message_limit(config))
+        return cls(config.max_inflight_bytes // config.grpc_max_message_bytes)
 
     def __init__(self, slots: int):
         self.slots = max(MIN_SLOTS, slots)

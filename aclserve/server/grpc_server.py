@@ -10,8 +10,8 @@ deadline; a connection without calls does not count) and stopped as the models c
 the same deadline as the HTTP connections (stop: the calls still at work end UNAVAILABLE,
 stalled clients included, then every connection closes once no call is live, at the deadline
 at most).
-Messages may be as large as the HTTP body limit (`max_body_bytes`; gRPC's own default is
-4 MiB); responses are not limited, as over HTTP.
+Messages may be as large as `grpc_max_message_bytes` (at most `max_body_bytes`: config/server.py;
+gRPC's own default is 4 MiB); responses are not limited, as over HTTP.
 
 The HTTP limits, as grpc core spells them (server_options): at most `max_connections` calls at
 once (maximum_concurrent_rpcs: HTTP runs at most one request per connection, so both transports

@@ -11,6 +11,8 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
+from aclserve.config import ConfigError
+from aclserve.server.grpc_arrivals import MIN_SLOTS, Arrivals
 from tests.serving import free_port, server_config, started_with_grpc
 
 from .hostile import metric, wait_for
@@ -107,3 +109,33 @@ def test_a_message_over_grpc_max_message_bytes_is_refused_by_grpc(four_places):
             return e.value
     error = asyncio.run(scenario())
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+@pytest.mark.parametrize("values, said", [
+    # lowered to max_body_bytes without a word, though the default's comment says to raise it
+    (dict(max_body_bytes=4 * MiB, grpc_max_message_bytes=8 * MiB),
+     "grpc_max_message_bytes: must be <= max_body_bytes (4194304): raise that too or lower this, got 8388608"),
+    # four messages arriving at once, before they can be charged, held 16 MiB of a 4 MiB budget
+    (dict(max_body_bytes=4 * MiB, grpc_max_message_bytes=4 * MiB, max_inflight_bytes=4 * MiB, max_request_bytes=MiB),
+     "grpc_max_message_bytes: must be <= max_inflight_bytes / 4 (1048576): 4 gRPC messages may be arriving at once"),
+])
+def test_a_message_size_past_the_body_limit_or_the_budget_is_refused(tmp_path, values, said):
+    with pytest.raises(ConfigError) as info:
+        server_config(tmp_path, grpc_port=free_port(), **values)
+    assert str(info.value).startswith(said), str(info.value)
+    assert server_config(tmp_path, grpc_port=0, **values).grpc_max_message_bytes == values["grpc_max_message_bytes"]
+
+
+@pytest.mark.parametrize("budget", [4 * MiB, 5 * MiB - 1, 16 * MiB, 512 * MiB])
+@pytest.mark.parametrize("message", [MiB, 2 * MiB, 4 * MiB, 64 * MiB])
+def test_the_messages_arriving_at_once_fit_the_budget_or_the_config_is_refused(tmp_path, budget, message):
+    """MIN_SLOTS (two streams, two calls) kept four places however small the budget: 4 MiB
+    messages on a 4 MiB budget could hold 16 MiB arriving (an independent tester's reading)."""
+    try:
+        config = server_config(tmp_path, grpc_port=free_port(), max_body_bytes=64 * MiB, max_inflight_bytes=budget,
+                               max_request_bytes=MiB, grpc_max_message_bytes=message)
+    except ConfigError as e:
+        assert e.path == "grpc_max_message_bytes" and message > budget // MIN_SLOTS, e
+        return
+    arrivals = Arrivals.for_config(config)
+    assert arrivals.slots >= MIN_SLOTS and arrivals.slots * message <= budget

@@ -45,20 +45,25 @@ def stalled_infer(channel, method: str = INFER):
 
 # -- a server with a small budget ------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def guarded(models_dir, tmp_path_factory):
-    """4 MiB budget, 3 MiB per request, 4 calls and 4 connections at once, half-second
-    timeouts; "slow" holds a partial batch (3 rows) until 8 rows are queued, so a test decides
-    when a charged request ends."""
-    root = tmp_path_factory.mktemp("grpc_guards")
+def with_slow(models_dir, root):
+    """affine and double, and "slow", which holds a partial batch (3 rows) until 8 rows are
+    queued, so a test decides when a charged request ends."""
     for name in ("affine", "double"):
         shutil.copy(models_dir / f"{name}.om", root / f"{name}.om")
     shutil.copy(models_dir / "affine.om", root / "slow.om")
     (root / "slow.yaml").write_text("batching: {max_queue_delay_ms: 60000}\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def guarded(models_dir, tmp_path_factory):
+    """Messages of 4 MiB (four arriving at once: a 16 MiB budget), 3 MiB per request, 4 calls
+    and 4 connections at once, half-second timeouts; the models of with_slow."""
+    root = with_slow(models_dir, tmp_path_factory.mktemp("grpc_guards"))
     yield from started_with_grpc(server_config(
-        root, grpc_port=free_port(), model_control_mode="none", max_body_bytes=4 * MiB, max_request_bytes=3 * MiB,
-        max_inflight_bytes=4 * MiB, max_connections=4, body_timeout_s=0.5, header_timeout_s=0.5,
-        keepalive_timeout_s=0.5))
+        root, grpc_port=free_port(), model_control_mode="none", max_body_bytes=4 * MiB,
+        grpc_max_message_bytes=4 * MiB, max_request_bytes=3 * MiB, max_inflight_bytes=16 * MiB, max_connections=4,
+        body_timeout_s=0.5, header_timeout_s=0.5, keepalive_timeout_s=0.5))
 
 
 def in_use(srv) -> float:
@@ -102,34 +107,40 @@ def test_a_request_over_max_request_bytes_alone_is_resource_exhausted(guarded):
     assert refused(guarded, 413) == before + 2 and in_use(guarded) == 0
 
 
-def test_requests_over_the_budget_in_use_are_unavailable_and_it_comes_back_to_zero(guarded):
-    """A 2.5 MiB request waits in "slow"'s queue holding its lease: 2 MiB requests do not fit
-    what is left (UNAVAILABLE with a retry pushback, refused before parsing), a small one does;
-    once the held request is answered the budget is back to 0."""
-    held = affine(3, model="slow", request_id="h" * (5 * MiB // 2))  # the id makes it big, not its tensors
-    large = affine(1, request_id="l" * (2 * MiB))
+def test_requests_over_the_budget_in_use_are_unavailable_and_it_comes_back_to_zero(models_dir, tmp_path):
+    """A 4 MiB budget and messages of 1 MiB (four arriving at once). Four 0.9 MiB requests of 3,
+    2, 1 and 1 rows wait in "slow"'s queue holding their leases (7 rows: no gear filled): 0.9 MiB
+    requests do not fit what is left (UNAVAILABLE with a retry pushback, refused before parsing),
+    a small one does; once the held requests are answered the budget is back to 0."""
+    config = server_config(with_slow(models_dir, tmp_path), grpc_port=free_port(), model_control_mode="none",
+                           max_request_bytes=MiB, max_inflight_bytes=4 * MiB)
+    held = [affine(rows, model="slow", request_id=f"h{rows}" * (MiB * 9 // 20)) for rows in (3, 2, 1, 1)]  # big ids
+    large = affine(1, request_id="l" * (MiB * 9 // 10))
 
-    async def scenario():
-        async with grpc.aio.insecure_channel(guarded.grpc_url) as channel:
+    async def scenario(srv):
+        async with grpc.aio.insecure_channel(srv.grpc_url) as channel:
             infer, _ = stubs(channel)
-            waiting = asyncio.ensure_future(infer(held))
-            await wait_for(lambda: in_use(guarded) >= 5 * MiB // 2)
+            waiting = []
+            for request in held:  # one by one: in this order no prefix of them fills a gear
+                waiting.append(asyncio.ensure_future(infer(request)))
+                await wait_for(lambda: in_use(srv) >= len(waiting) * len(request.id))
             outcomes = await asyncio.gather(*[infer(large) for _ in range(2)], return_exceptions=True)
             small = await infer(affine(1))
-            fill = await infer(affine(5, model="slow"))  # 8 rows: the held batch runs
-            answered = await waiting
-            await wait_for(lambda: in_use(guarded) == 0)
+            fill = await infer(affine(1, model="slow"))  # 8 rows: the held batch runs
+            answered = await asyncio.gather(*waiting)
+            await wait_for(lambda: in_use(srv) == 0)
             return outcomes, small, fill, answered
-    before = refused(guarded, 503)
-    outcomes, small, fill, answered = asyncio.run(scenario())
+    with ServerThread(config) as srv:
+        srv.grpc_url = f"127.0.0.1:{config.grpc_port}"
+        outcomes, small, fill, answered = asyncio.run(scenario(srv))
+        assert refused(srv, 503) == 2
+        assert metric(srv.url, "aclserve_request_memory_peak_bytes") <= 4 * MiB
     for e in outcomes:
         assert isinstance(e, grpc.aio.AioRpcError) and e.code() == grpc.StatusCode.UNAVAILABLE, e
         assert "max_inflight_bytes" in e.details()
         assert dict(e.trailing_metadata())["grpc-retry-pushback-ms"] == "1000"
     assert len(small.raw_output_contents) == 2 and len(fill.raw_output_contents) == 2
-    assert answered.id == held.id
-    assert refused(guarded, 503) == before + 2
-    assert metric(guarded.url, "aclserve_request_memory_peak_bytes") <= 4 * MiB
+    assert [a.id for a in answered] == [h.id for h in held]
 
 
 def test_a_streamed_request_is_charged_alone_and_its_refusal_names_it(guarded):
@@ -153,7 +164,7 @@ def test_a_streamed_request_is_charged_alone_and_its_refusal_names_it(guarded):
     assert in_use(guarded) == 0
 
 
-# The streams the guarded server takes at once (half its slots; its budget is below one message).
+# The streams the guarded server takes at once (half its slots: its budget holds four messages).
 STREAMS_AT_ONCE = MIN_SLOTS // 2
 
 
