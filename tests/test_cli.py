@@ -83,14 +83,15 @@ def test_serve_takes_its_named_choices_in_any_case(tmp_path):
 ], ids=["control character", "blank at its start", "9 KB", "5 KB with gRPC", "not ASCII with gRPC"])
 def test_serve_refuses_an_api_token_no_client_could_send(tmp_path, where, token, grpc, said):
     """Such a token answered 401 (or a 400 that quoted it back) to every request it guarded. Over
-    HTTP alone a 5 KB or non-ASCII token works and is kept (gRPC off)."""
+    HTTP alone a 5 KB or non-ASCII token works and is kept (gRPC off). The refusal names the file
+    it came from, as the config loader's do (it named the key alone)."""
     (tmp_path / "c.yaml").write_text(f"api_token: {json.dumps(token)}\n")
     (tmp_path / "models").mkdir()  # (a missing one is refused first)
     args = ["--config", "c.yaml"] if where == "config" else []
     env = dict(os.environ, ACLSERVE_API_TOKEN=token) if where == "environment" else None
     grpc_port = "8001" if grpc else "0"  # (refused before anything binds)
     proc = _aclserve("serve", "--port", "0", "--grpc-port", grpc_port, "--device", "cpu", *args, cwd=tmp_path, env=env)
-    name = "api_token" if where == "config" else "ACLSERVE_API_TOKEN"
+    name = "c.yaml: api_token" if where == "config" else "ACLSERVE_API_TOKEN"
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "s3cret" not in proc.stderr
     assert f"error: bad configuration: {name}: must be" in proc.stderr and said in proc.stderr, proc.stderr
 

@@ -103,7 +103,7 @@ def run_serve(args) -> int:
 def _serve_logged(args, config) -> int:
     """run_serve once logging is configured."""
     from ..app import serve  # the composition root: builds the runtime, repository and servers
-    from ..config import ConfigError
+    from ..config import ConfigError, blamed
     if config.request_log:  # the request log speaks at info whatever the level of the rest
         logging.getLogger("aclserve.requests").setLevel(logging.INFO)
     _note_trace_settings_unused(args, config)
@@ -121,8 +121,8 @@ def _serve_logged(args, config) -> int:
         check_models_folder(pathlib.Path(config.models_dir))  # (before the endpoints listen, not after)
         _run(serve(config))
         _exiting()
-    except ConfigError as e:  # read as the server is built (the API token): said as a file's problem is
-        raise UsageError(f"bad configuration: {e}") from None
+    except ConfigError as e:  # found as the server is built (the TLS files, the API token): named as the loader's
+        raise UsageError(f"bad configuration: {blamed(e, args.config, serve_overrides(args))}") from None
     except (RepositoryError, AclUnavailable) as e:  # AclUnavailable: npu asked, no CANN
         raise UsageError(str(e)) from None
     except OSError as e:  # a port taken (the listeners name it), a folder that cannot be read or made

@@ -151,19 +151,25 @@ def load_server_config(path: str | os.PathLike | None = None, overrides: Mapping
     """Embedded default <- YAML file at `path` <- `overrides` (nested or dotted keys; None values
     are ignored so argparse defaults of None fall through). Raises ConfigError."""
     merged = default_mapping()
-    source = None
     if path is not None:
-        source = str(path)
         merged = merge(merged, read_yaml(path))
     if overrides:
         merged = merge(merged, _expand_dotted(overrides))
     try:
         return parse_server_config(merged)
     except ConfigError as e:
-        if source and e.source is None:
-            # a flag's bad value is not the file's (`--cpu-threads 0` was blamed on it)
-            raise ConfigError(e.path, e.problem, COMMAND_LINE if _overridden(e.path, overrides) else source) from None
-        raise
+        raise blamed(e, path, overrides) from None
+
+
+def blamed(error: ConfigError, path: str | os.PathLike | None, overrides: Mapping | None) -> ConfigError:
+    """`error`, about a key of the server config loaded from the file at `path` and `overrides`,
+    with where its value came from: `command line` for a key the overrides set (a flag's bad
+    value is not the file's: `--cpu-threads 0` was blamed on it), else the file. As it was, when
+    it names its source already or no file was given. For the loader's own errors, and those
+    found as the server starts (a TLS file that cannot be read, the API token: cli/serve.py)."""
+    if error.source is not None or path is None:
+        return error
+    return ConfigError(error.path, error.problem, COMMAND_LINE if _overridden(error.path, overrides) else str(path))
 
 
 def _overridden(path: str, overrides: Mapping | None) -> bool:

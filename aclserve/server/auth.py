@@ -55,25 +55,29 @@ MAX_HTTP_TOKEN = 8000  # aiohttp reads header lines of 8190 bytes
 MAX_GRPC_TOKEN = 4096  # gRPC's metadata: 8 KB in all, printable ASCII
 
 
-def _refuse_unsendable(token: str, source: str, grpc: bool) -> None:
+def _refuse_unsendable(token: str, from_environment: bool, grpc: bool) -> None:
     """A token a client cannot send is refused at start, not by a 401 (or 400) to every request
     it guards: a header value holds no control character and loses its blanks at its ends, and
-    an HTTP header line or (with gRPC on) a metadata value has its limits."""
+    an HTTP header line or (with gRPC on) a metadata value has its limits. The refusal names
+    ACLSERVE_API_TOKEN as its source, or the key api_token (its file is added as the config
+    loader adds it: cli/serve.py)."""
     # (the value is a secret: never echoed)
+    path, source = ("", TOKEN_ENV) if from_environment else ("api_token", None)
     if token != token.strip() or not token.isprintable() or len(token) > MAX_HTTP_TOKEN:
-        raise ConfigError(source, f"must be at most {MAX_HTTP_TOKEN} printable characters without blanks at "
-                          "its ends: no client could send it")
+        raise ConfigError(path, f"must be at most {MAX_HTTP_TOKEN} printable characters without blanks at "
+                          "its ends: no client could send it", source)
     if grpc and (not token.isascii() or len(token) > MAX_GRPC_TOKEN):
-        raise ConfigError(source, f"must be printable ASCII of at most {MAX_GRPC_TOKEN} characters for gRPC "
-                          "clients to send it (metadata), or turn gRPC off (grpc_port: 0)")
+        raise ConfigError(path, f"must be printable ASCII of at most {MAX_GRPC_TOKEN} characters for gRPC "
+                          "clients to send it (metadata), or turn gRPC off (grpc_port: 0)", source)
 
 
 class Access:
     """Owned by the server state; built once from the config and the environment."""
 
     def __init__(self, config, environ=os.environ):
-        token, source = (environ[TOKEN_ENV], TOKEN_ENV) if environ.get(TOKEN_ENV) else (config.api_token, "api_token")
-        _refuse_unsendable(token, source, grpc=bool(config.grpc_port))
+        from_environment = bool(environ.get(TOKEN_ENV))
+        token = environ[TOKEN_ENV] if from_environment else config.api_token
+        _refuse_unsendable(token, from_environment, grpc=bool(config.grpc_port))
         self._token = token.encode()
         if config.auth_inference and not self._token:
             raise ConfigError("auth_inference", f"needs a token: set api_token or {TOKEN_ENV}")

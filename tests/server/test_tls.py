@@ -315,6 +315,24 @@ def test_a_certificate_that_cannot_be_used_stops_the_start_with_one_line(tmp_pat
     assert "ACL runtime" not in proc.stderr  # refused before anything started
 
 
+@pytest.mark.parametrize("given", ["file", "flags"])
+def test_a_file_that_cannot_be_read_is_blamed_where_it_was_given(tmp_path, authority, given):
+    """Read as the server starts, not by the config loader, it said "bad configuration:
+    tls_cert_file: cannot read ..." without the config file it came from (an independent
+    tester): now as the loader says its own, after the file, or `command line` for a flag's."""
+    (tmp_path / "models").mkdir()
+    missing = tmp_path / "nope.pem"
+    config = tmp_path / "c.yaml"
+    config.write_text(f"port: 0\ngrpc_port: 0\ntls_cert_file: {missing}\ntls_key_file: {authority[2]}\n"
+                      if given == "file" else "port: 0\ngrpc_port: 0\n")
+    flags = ["--tls-cert", str(missing), "--tls-key", str(authority[2])] if given == "flags" else []
+    proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--config", str(config), "--device", "cpu",
+                           *flags], cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    source = config if given == "file" else "command line"
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"error: bad configuration: {source}: tls_cert_file: cannot read {missing}" in proc.stderr, proc.stderr
+
+
 def test_a_token_served_in_the_clear_beyond_loopback_is_warned_about(make_config, tmp_path, authority, caplog):
     caplog.set_level(logging.WARNING, "aclserve")
     Access(make_config(tmp_path, host="0.0.0.0", api_token="secret")).log_startup()
