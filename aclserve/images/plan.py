@@ -48,26 +48,53 @@ class ImagePlan:
         values = (getattr(self, f.name) for f in fields(self))
         return tuple(v.tobytes() if isinstance(v, np.ndarray) else v for v in values)
 
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """One row of the model input: [C, H, W], [H, W, C] or [H, W]."""
+        if self.layout == "NCHW":
+            return self.channels, self.height, self.width
+        return (self.height, self.width, self.channels) if self.layout == "NHWC" else (self.height, self.width)
+
+    @property
+    def row_bytes(self) -> int:
+        """What one row of the model input holds: a picture's share of the request's tensor."""
+        return self.height * self.width * self.channels * self.dtype.itemsize
+
     def to_row(self, pixels: np.ndarray) -> np.ndarray:
+        """One row of the model input, a new array, made of `pixels` as write_row makes it."""
+        row = np.empty(self.row_shape, self.dtype)
+        self.write_row(pixels, row)
+        return row
+
+    def write_row(self, pixels: np.ndarray, row: np.ndarray) -> None:
         """uint8 [H, W, C] in this plan's colour order, fitted (letterbox: the picture inside) ->
-        one row of the model input. A letterbox is padded after `invert`: auto judges the
-        picture's own border (the padding was most of it), and the model sees pad_value as set."""
+        `row` (row_shape, the plan's dtype: a row of the request's input tensor), in place. A
+        letterbox is padded after `invert`: auto judges the picture's own border (the padding was
+        most of it), and the model sees pad_value as set. A float32 row is normalised where it
+        lies; a float16 one in a float32 picture first (the host normalises in float32)."""
         if self.invert is True or (self.invert == "auto" and _light_border(pixels)):
             pixels = 255 - pixels
         if self.resize == "letterbox":
             pixels = self._pad(pixels)
-        if self.dtype == np.uint8:
-            return pixels
-        x = pixels.astype(np.float32)
-        if self.mean is not None:
-            x -= self.mean
-        if self.std is not None:
-            x /= self.std
         if self.layout == "NCHW":
-            x = x.transpose(2, 0, 1)
+            pixels = pixels.transpose(2, 0, 1)
         elif self.layout == "HW":
-            x = x[:, :, 0]
-        return np.ascontiguousarray(x, dtype=self.dtype)
+            pixels = pixels[:, :, 0]
+        if self.mean is None and self.std is None:  # (uint8, or a float input taking pixel values)
+            np.copyto(row, pixels)
+            return
+        work = row if self.dtype == np.float32 else np.empty(row.shape, np.float32)
+        np.copyto(work, pixels)
+        if self.mean is not None:
+            work -= self._per_pixel(self.mean)
+        if self.std is not None:
+            work /= self._per_pixel(self.std)
+        if work is not row:
+            np.copyto(row, work)
+
+    def _per_pixel(self, values: np.ndarray) -> np.ndarray:
+        """Per-channel values shaped to broadcast over a row of this layout."""
+        return values.reshape(-1, 1, 1) if self.layout == "NCHW" else values
 
     def _pad(self, pixels: np.ndarray) -> np.ndarray:
         h, w = pixels.shape[:2]

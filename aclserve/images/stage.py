@@ -56,20 +56,33 @@ class ImageStage:
         return [(name, plan, row, data) for name, plan in self.plans.items()
                 if isinstance(rows := inputs.get(name), list) for row, data in enumerate(rows)]
 
+    def tensor_bytes(self, inputs: Mapping) -> int:
+        """What the input tensors `prepare` makes of the request's pictures hold: a row of the
+        model input per picture, in its dtype, whatever the pictures' files hold."""
+        return sum(plan.row_bytes * len(rows) for name, plan in self.plans.items()
+                   if isinstance(rows := inputs.get(name), list))
+
     async def prepare(self, inputs: dict, pool, decoder, on_ended=None) -> None:
         """Replace each image input's encoded rows (a list of bytes) by the model's tensor: every
-        picture of the request a job of one pool.map (`on_ended`: called when they all ended)."""
-        pictures = self.pictures(inputs)
-        decoded = await pool.map(functools.partial(_decode_row, decoder), pictures, on_ended)
-        for name in self.plans:
-            if isinstance(inputs.get(name), list):
-                inputs[name] = np.stack([pixels for (input_name, *_), pixels in zip(pictures, decoded)
-                                         if input_name == name])
+        picture of the request a job of one pool.map (`on_ended`: called when they all ended),
+        which writes its row of the tensor, made whole before any decodes (the only copy of the
+        pixels that outlives its decode: a row made per picture, then stacked, held every row
+        twice)."""
+        try:
+            tensors = {name: np.empty((len(rows),) + plan.row_shape, plan.dtype) for name, plan in self.plans.items()
+                       if isinstance(rows := inputs.get(name), list)}
+        except MemoryError:  # no decode began: they have all ended
+            if on_ended is not None:
+                on_ended()
+            raise
+        jobs = [(name, plan, row, data, tensors[name][row]) for name, plan, row, data in self.pictures(inputs)]
+        await pool.map(functools.partial(_decode_row, decoder), jobs, on_ended)
+        inputs.update(tensors)
 
 
-def _decode_row(decoder, item: tuple[str, ImagePlan, int, bytes]) -> np.ndarray:
-    name, plan, row, data = item
+def _decode_row(decoder, job: tuple[str, ImagePlan, int, bytes, np.ndarray]) -> None:
+    name, plan, row, data, out = job
     try:
-        return plan.to_row(decoder(data, plan))
+        plan.write_row(decoder(data, plan), out)
     except ImageError as e:
         raise InvalidInput(f"input '{name}' row {row}: {e}") from None

@@ -100,6 +100,11 @@ class Lease:
         other.held = nbytes
         return other
 
+    def take_over(self, other: "Lease") -> None:
+        """Move `other`'s charge to this lease (not charged again): the way back from split."""
+        self.held += other.held
+        other.held = 0
+
     def release(self) -> None:
         held, self.held = self.held, 0
         if held:

@@ -196,6 +196,8 @@ def test_float_plans_normalise_on_the_host():
     assert build_plan(ImageInput(), spec((-1, 4, 5, 3), "FP32", "NCHW")).layout == "NHWC"
     grey = build_plan(ImageInput(), spec((2, 4, 5), "FP32", "ND"))
     assert (grey.layout, grey.rows, grey.color) == ("HW", 2, "gray")
+    # a uint8 one's rows too have no channel axis (they kept it: the batch failed, a 500)
+    assert build_plan(ImageInput(), spec((-1, 4, 5))).to_row(pixels[:, :, :1]).shape == (4, 5)
 
 
 def test_plans_compare_by_key_their_arrays_included():

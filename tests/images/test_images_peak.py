@@ -18,7 +18,7 @@ from aclserve.config import ImageSettings
 from aclserve.images.decode import draft_scale, jpeg_draft_request
 from aclserve.images.header import probe
 from aclserve.images.peak import (COEFFICIENT_BYTES, JPEG_DRAFT_BYTES, JPEG_FULL_BYTES, PNG_ALPHA_BYTES,
-                                  PNG_BYTES, TARGET_BYTES, decode_peak_bytes)
+                                  PNG_BYTES, decode_peak_bytes, target_pixel_bytes)
 from aclserve.images.plan import ImagePlan
 from aclserve.images.stage import ImageStage
 from aclserve.server.budget import MemoryBudget
@@ -69,14 +69,14 @@ def test_a_lossless_jpeg_is_charged_its_full_size():
     info = probe(lossless_jpeg(gradient(1200, 1600, 1)))
     assert info.lossless
     assert decode_peak_bytes(info, plan(224, 224)) == int(1600 * 1200 * (JPEG_DRAFT_BYTES + JPEG_FULL_BYTES)
-                                                         + 224 * 224 * TARGET_BYTES)
+                                                         + 224 * 224 * target_pixel_bytes(plan(224, 224)))
 
 
 def test_a_baseline_jpeg_is_charged_its_draft_and_a_progressive_one_its_coefficients():
     pic = gradient(1200, 1600)
     small = plan(224, 224)
     full = 1600 * 1200
-    target = 224 * 224 * TARGET_BYTES
+    target = 224 * 224 * target_pixel_bytes(plan(224, 224))
     baseline = probe(encode(pic, "JPEG", quality=90))  # 4:2:0
     drafted = 800 * 600  # 1/2 a side (1200 // (224 x 1.5) = 3)
     assert decode_peak_bytes(baseline, small) == int(drafted * JPEG_DRAFT_BYTES + full * JPEG_FULL_BYTES) + target
@@ -97,7 +97,7 @@ def test_a_png_is_charged_whole_and_more_when_it_decodes_through_rgba(mode, alph
     info = probe(buf.getvalue())
     assert info.alpha is alpha
     per_pixel = PNG_ALPHA_BYTES if alpha else PNG_BYTES
-    assert decode_peak_bytes(info, plan(8, 8)) == 300 * 200 * per_pixel + 8 * 8 * TARGET_BYTES
+    assert decode_peak_bytes(info, plan(8, 8)) == 300 * 200 * per_pixel + 8 * 8 * target_pixel_bytes(plan(8, 8))
 
 
 def test_a_png_is_charged_what_its_text_chunks_hold_once_read():
@@ -112,7 +112,8 @@ def test_a_png_is_charged_what_its_text_chunks_hold_once_read():
     held = Image.open(io.BytesIO(buf.getvalue()))
     held.load()
     assert len(buf.getvalue()) < 100_000 and info.text_bytes >= sum(len(v) for v in held.text.values()) == 60 << 20
-    assert decode_peak_bytes(info, plan(8, 8)) == PNG_BYTES + info.text_bytes + 8 * 8 * TARGET_BYTES
+    target = 8 * 8 * target_pixel_bytes(plan(8, 8))
+    assert decode_peak_bytes(info, plan(8, 8)) == PNG_BYTES + info.text_bytes + target
 
 
 @pytest.mark.parametrize("kind", ["tEXt", "iTXt"])
@@ -156,7 +157,7 @@ def test_a_cancelled_request_keeps_its_decode_charge_until_its_decodes_end():
         release.wait(30)
         return decode(data, picture_plan)
     images.decode = held_decode
-    charge = 2000 * 2000 * PNG_BYTES + 8 * 8 * TARGET_BYTES
+    charge = 2000 * 2000 * PNG_BYTES + 8 * 8 * target_pixel_bytes(plan(8, 8)) + plan(8, 8).row_bytes
 
     async def main():
         budget = MemoryBudget(1 << 30, 1 << 30)
@@ -168,7 +169,7 @@ def test_a_cancelled_request_keeps_its_decode_charge_until_its_decodes_end():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         assert task.cancelled() and images.pool.pending == 1
-        assert budget.used == charge  # the request's lease is gone, the decode's charge is not
+        assert budget.used == charge  # the request's lease is gone, the decode's charge (and its row's) is not
         release.set()
         while images.pool.pending:
             await asyncio.sleep(0.01)
@@ -178,6 +179,7 @@ def test_a_cancelled_request_keeps_its_decode_charge_until_its_decodes_end():
     finally:
         release.set()
         images.close()
+
 
 
 def _sequential_in_three_scans(width: int, height: int) -> bytes:
