@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 from typing import Callable, Sequence
 
@@ -59,7 +60,7 @@ class DecodePool:
             for item in items:
                 job = _Job(fn, item)
                 cf = self._executor.submit(job)
-                cf.add_done_callback(lambda _f: self._release_from_thread(loop, ended))
+                cf.add_done_callback(functools.partial(self._job_ended, loop, ended, job))
                 ended.began()
                 futures.append(asyncio.wrap_future(cf, loop=loop))
         except RuntimeError as e:  # shut down while submitting, or a thread that cannot start
@@ -77,7 +78,12 @@ class DecodePool:
                 raise result
         return done
 
-    def _release_from_thread(self, loop: asyncio.AbstractEventLoop, ended: "_Countdown") -> None:
+    def _job_ended(self, loop: asyncio.AbstractEventLoop, ended: "_Countdown", job: "_Job", cf) -> None:
+        """A job's future is done (a thread's, or the loop's when it was cancelled before it began:
+        its item, the tensor row it was to write included, is let go now, not when a thread takes
+        the cancelled job off the executor's queue, after the jobs queued before it)."""
+        if cf.cancelled():
+            job.drop()
         try:
             loop.call_soon_threadsafe(self._release, ended)
         except RuntimeError:  # the loop closed first: nobody counts any more
@@ -125,7 +131,8 @@ class _Countdown:
 
 class _Job:
     """One item's decode as the executor runs it; dropped (its image let go) when the submit
-    that queued it failed: nobody waits for it, and with no thread ever started it stayed queued."""
+    that queued it failed (nobody waits for it, and with no thread ever started it stayed
+    queued) or when it was cancelled before it began."""
 
     __slots__ = ("fn", "item")
 

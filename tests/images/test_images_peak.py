@@ -4,10 +4,12 @@ until its decodes end, also when the request is cancelled while they run (server
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import struct
 import threading
 import tracemalloc
+import weakref
 from dataclasses import replace
 
 import numpy as np
@@ -20,6 +22,7 @@ from aclserve.images.header import probe
 from aclserve.images.peak import (COEFFICIENT_BYTES, JPEG_DRAFT_BYTES, JPEG_FULL_BYTES, PNG_ALPHA_BYTES,
                                   PNG_BYTES, decode_peak_bytes, target_pixel_bytes)
 from aclserve.images.plan import ImagePlan
+from aclserve.images.pool import DecodePool
 from aclserve.images.stage import ImageStage
 from aclserve.server.budget import MemoryBudget
 from aclserve.server.images import ImageDecoding
@@ -181,6 +184,36 @@ def test_a_cancelled_request_keeps_its_decode_charge_until_its_decodes_end():
         images.close()
 
 
+
+def test_a_cancelled_requests_queued_decodes_let_go_of_their_rows_at_once():
+    """A job cancelled before it began holds the row of the request's tensor it was to write:
+    it is let go with the cancellation, not when a thread takes the job off the executor's
+    queue after the decodes queued before it (which may be other requests' long ones)."""
+    pool = DecodePool(workers=1, max_pending=4)
+    started, gate = threading.Event(), threading.Event()
+
+    def held(row):
+        started.set()
+        return gate.wait(30)
+
+    async def main():
+        rows = [np.zeros(4), np.zeros(4)]
+        queued_row = weakref.ref(rows[1])
+        task = asyncio.ensure_future(pool.map(held, rows))
+        del rows
+        while not started.is_set():  # the first job runs (held by the gate), the second is queued
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert pool.pending == 1  # the first still runs
+        return queued_row
+    try:
+        queued_row = asyncio.run(main())
+        gc.collect()  # (the cancellation's traceback and the frames it holds)
+        assert queued_row() is None
+    finally:
+        gate.set()
+        pool.close()
 
 def _sequential_in_three_scans(width: int, height: int) -> bytes:
     """A baseline (SOF0) mid-grey JPEG, 4:4:4, each component in a scan of its own (legal, and
