@@ -63,7 +63,7 @@ def test_a_jpeg_for_a_nearest_input_is_charged_its_full_size():
     im.draft("RGB", request)
     assert draft_scale(w, h, request) == 1 and im.size == (w, h)
     charged = decode_peak_bytes(probe(encode(gradient(h, w), "JPEG", quality=90)), nearest)
-    assert charged == int(w * h * (JPEG_DRAFT_BYTES + JPEG_FULL_BYTES) + 64 * 48 * TARGET_BYTES)
+    assert charged == int(w * h * (JPEG_DRAFT_BYTES + JPEG_FULL_BYTES) + 64 * 48 * target_pixel_bytes(nearest))
 
 
 def test_a_lossless_jpeg_is_charged_its_full_size():
