@@ -258,6 +258,7 @@ class Lifecycle:
                 self.states.move(name, version, State.READY)
             else:
                 self.states.move(name, version, State.UNLOADING, unload[version])
+                self._emit("unloading", name, version, served=old)  # (draining: its queue still counts)
         return retired
 
     def _successor(self, name: str, version: str) -> ServedVersion | None:
@@ -350,6 +351,7 @@ class Lifecycle:
         for sv in retiring:
             sv.retire(lambda: None)
             self.states.move(sv.name, sv.version, State.UNLOADING, SHUTTING_DOWN)
+            self._emit("unloading", sv.name, sv.version, served=sv)
         await asyncio.gather(*(self._retire(sv, replaced=False, deadline=deadline, cause=SHUTTING_DOWN)
                                for sv in retiring), return_exceptions=True)
         self.acted = {}

@@ -244,8 +244,8 @@ class ModelRepository:
 
     def add_listener(self, callback: Callable) -> None:
         """callback(event, name, version, **info), event in loaded | reloaded (info: replaced,
-        the ServedVersion it took over from, draining) | unloaded | load_failed | retired (a
-        replaced version closed; info: served, that ServedVersion)."""
+        the ServedVersion it took over from, draining) | unloading (info: served, out of service,
+        draining) | unloaded | load_failed | retired (a replaced version closed; info: served)."""
         self._listeners.append(callback)
 
     def _emit(self, event: str, name: str, version: str, **info) -> None:

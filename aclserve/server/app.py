@@ -54,8 +54,8 @@ async def _lifecycle(app: web.Application):
     then waits for it, so a busy port is reported at once); at the end, drain and close."""
     state = app[STATE]
     state.runtime.start()
+    state.repo.add_listener(state.draining.on_repository_event)
     state.repo.add_listener(state.metrics.on_repository_event)
-    state.repo.add_listener(state.guard_metrics.on_repository_event)
     state.repo.add_listener(state.on_repository_event)
     state.loading = asyncio.ensure_future(_load(state))
     try:

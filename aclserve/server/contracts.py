@@ -109,6 +109,7 @@ class ModelStore(Protocol):
     def add_listener(self, callback: Callable) -> None:
         """callback(event, name, version, **info) on loaded / reloaded (info: seconds, the load's
         duration; reloaded also replaced, the ServedModel it took over from, draining now),
+        unloading (info: served, the ServedModel out of service with no successor, draining now),
         unloaded, load_failed (info: reason), retired (that replaced version has closed; info:
         served, the ServedModel it was)."""
 

@@ -3,14 +3,12 @@ decoder's outcomes, and the repository's model states, retries and batch faults.
 is scraped, so the request path pays nothing for them.
 
 A version's batch faults, rebuilds and fault codes are its pool's counts: a reload of the same
-version replaces the pool, so the replaced pools are added to it, while they drain (from the
-`reloaded` event, which names the one replaced) and once closed (`retired`: their final counts
-kept), so a counter never goes back (Prometheus would read a reset); an unloaded version's
-series go with it."""
+version replaces the pool, so the replaced pools are added to it, while they drain and once
+closed (draining.py), so a counter never goes back (Prometheus would read a reset); a version
+unloading shows its own until it has drained, and its series then go with it."""
 from __future__ import annotations
 
 import collections
-import copy
 import logging
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -22,51 +20,19 @@ from ..repository.planner import WAITING_FOR_CONFIG
 log = logging.getLogger(__name__)
 
 
-class _PoolCounts:
-    """What the replaced pools of one (model, version) counted: those closed (final counts)
-    and those still draining (read at each scrape)."""
-
-    __slots__ = ("failed", "retried", "rebuilds", "rebuilds_failed", "codes", "draining")
-
-    def __init__(self):
-        self.failed = self.retried = self.rebuilds = self.rebuilds_failed = 0
-        self.codes: collections.Counter[int] = collections.Counter()
-        self.draining: list = []
-
-    def add(self, pool) -> None:
-        self.failed += pool.batches_failed
-        self.retried += pool.batches_retried
-        self.rebuilds += pool.rebuilds
-        self.rebuilds_failed += pool.rebuilds_failed
-        self.codes.update(pool.fault_counts())
-
-    def with_pools(self, *pools) -> "_PoolCounts":
-        """These counts plus what the draining pools and `pools` count now."""
-        total = copy.copy(self)  # (its numbers; a Counter and a list of its own)
-        total.codes, total.draining = collections.Counter(self.codes), []
-        for pool in (*self.draining, *pools):
-            total.add(pool)
-        return total
+def pool_figures(served) -> collections.Counter:
+    """A served version's batch faults, rebuilds and fault codes (DrainingVersions.carry)."""
+    pool = served.pool
+    figures = collections.Counter({"failed": pool.batches_failed, "retried": pool.batches_retried,
+                                   "rebuilds": pool.rebuilds, "rebuilds_failed": pool.rebuilds_failed})
+    figures.update({("code", code): n for code, n in pool.fault_counts().items()})
+    return figures
 
 
 class GuardCollector:
     def __init__(self, state):
         self._state = state
-        self._replaced: dict[tuple[str, str], _PoolCounts] = {}
-
-    def on_repository_event(self, event: str, name: str, version=None, **info) -> None:
-        """Listener for ModelRepository.add_listener: keeps replaced pools' counts."""
-        key = (name, str(version))
-        if event == "reloaded" and info.get("replaced") is not None:
-            self._replaced.setdefault(key, _PoolCounts()).draining.append(info["replaced"].pool)
-        elif event == "retired":
-            counts = self._replaced.get(key)
-            pool = info["served"].pool
-            if counts is not None and pool in counts.draining:  # not when unloaded meanwhile
-                counts.draining.remove(pool)
-                counts.add(pool)
-        elif event == "unloaded":
-            self._replaced.pop(key, None)
+        self._pools = state.draining.carry(pool_figures)
 
     def describe(self):
         return []
@@ -188,13 +154,13 @@ class GuardCollector:
                                               labels=["model", "version"])
         codes = CounterMetricFamily("aclserve_device_faults", "Batches the device failed, by ACL error code "
                                     "(507047: past the execution timeout)", labels=["model", "version", "code"])
-        for model, version, served in self._state.live_versions():
-            counts = self._replaced.get((model, version), _PoolCounts()).with_pools(served.pool)
-            faults.add_metric([model, version, "failed"], counts.failed)
-            faults.add_metric([model, version, "retried"], counts.retried)
-            rebuilds.add_metric([model, version], counts.rebuilds)
-            rebuilds_failed.add_metric([model, version], counts.rebuilds_failed)
-            for code, n in sorted(counts.codes.items()):
+        for model, version, served in self._state.scraped_versions():
+            counts = self._pools.total(model, version, served)
+            faults.add_metric([model, version, "failed"], counts["failed"])
+            faults.add_metric([model, version, "retried"], counts["retried"])
+            rebuilds.add_metric([model, version], counts["rebuilds"])
+            rebuilds_failed.add_metric([model, version], counts["rebuilds_failed"])
+            for code, n in sorted((key[1], n) for key, n in counts.items() if isinstance(key, tuple)):
                 codes.add_metric([model, version, str(code)], n)
         yield faults
         yield rebuilds

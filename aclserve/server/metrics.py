@@ -11,6 +11,7 @@ failure series each version has from its load at 0, one per reason, add about 0.
 """
 from __future__ import annotations
 
+import collections
 import logging
 from typing import Callable, Iterable
 
@@ -19,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .contracts import ServedModel
+from .draining import DrainingVersions
 from .failure_reasons import FAILURE_REASONS
 from .loop_metrics import LoopCounterFamily, LoopHistogramFamily
 
@@ -91,10 +93,11 @@ class VersionMetrics:
 
 class ServerMetrics:
     """Owns the registry. `live_versions()` yields (model, version, served) for the scrape-time
-    gauges; `memory()` returns runtime.memory() rows."""
+    gauges, the versions unloading included (draining.py); `memory()` returns runtime.memory()
+    rows; `draining` follows the versions out of service (a listener of the repository's own)."""
 
     def __init__(self, live_versions: Callable[[], Iterable[tuple[str, str, ServedModel]]],
-                 memory: Callable[[], list[dict]]):
+                 memory: Callable[[], list[dict]], draining: DrainingVersions | None = None):
         disable_created_metrics()  # one `_created` sample per series is noise for a scraper
         self._collectors: list = []  # in the order their families are written
         mv = ["model", "version"]
@@ -128,7 +131,7 @@ class ServerMetrics:
                                registry=None)
         self.unloads = Counter("aclserve_model_unloads", "Model versions unloaded", ["model"], registry=None)
         for collector in (self.load_duration, self.loads, self.reloads, self.unloads,
-                          _LiveCollector(live_versions, memory)):
+                          _LiveCollector(live_versions, memory, draining or DrainingVersions())):
             self.register(collector)
         self._versions: dict[tuple[str, str], VersionMetrics] = {}
 
@@ -201,13 +204,24 @@ QUEUE_OUTCOMES_HELP = ("Requests per priority level: accepted into its queue, re
                        "(deadline under reject), delayed (deadline under delay), cancelled (client gone)")
 
 
+def queue_figures(served: ServedModel) -> collections.Counter:
+    """A served version's queue outcomes, (level, outcome) -> count (DrainingVersions.carry)."""
+    levels = served.batcher.stats.levels
+    return collections.Counter({(level, outcome): getattr(counts, outcome)
+                                for level, counts in levels.items() for outcome in QUEUE_OUTCOMES})
+
+
 class _LiveCollector:
-    """Scrape-time gauges: queue depth per level, instance busy ratio, device memory."""
+    """Scrape-time gauges: queue depth per level, instance busy ratio, device memory; and the
+    queue outcomes, carried over reloads (draining.py). A version's queue depth counts what the
+    versions it replaced still hold, and a version unloading is there until it has drained."""
 
     def __init__(self, live_versions: Callable[[], Iterable[tuple[str, str, ServedModel]]],
-                 memory: Callable[[], list[dict]]):
+                 memory: Callable[[], list[dict]], draining: DrainingVersions):
         self._live_versions = live_versions
         self._memory = memory
+        self._draining = draining
+        self._outcomes = draining.carry(queue_figures)
 
     def describe(self):
         return []
@@ -225,12 +239,15 @@ class _LiveCollector:
         per_device: dict[int, float] = {}
         try:
             for model, version, served in self._live_versions():
-                stats = served.batcher.stats
-                for level, n in sorted(stats.queue_depth().items()):
+                waiting = collections.Counter(served.batcher.stats.queue_depth())
+                for replaced in self._draining.replaced(model, version):
+                    waiting.update(replaced.batcher.stats.queue_depth())
+                for level, n in sorted(waiting.items()):
                     depth.add_metric([model, version, str(level)], n)
-                for level, counts in sorted(stats.levels.items()):
+                counted = self._outcomes.total(model, version, served)
+                for level in sorted({level for level, _ in counted}):
                     for outcome in QUEUE_OUTCOMES:
-                        outcomes.add_metric([model, version, str(level), outcome], getattr(counts, outcome))
+                        outcomes.add_metric([model, version, str(level), outcome], counted[(level, outcome)])
                 busy.add_metric([model, version], served.pool.busy_ratio())
                 for row in served.pool.utilisation():
                     compute.add_metric([model, version, row["instance"], str(row["device"])], row["compute_busy"])

@@ -16,6 +16,7 @@ from .codec import Signature
 from .connections import ConnectionTracker
 from .contracts import ModelStore, Runtime, ServedModel
 from .deadline_wait import set_by
+from .draining import DrainingVersions
 from .grpc_arrivals import Arrivals
 from .guard_metrics import GuardCollector
 from .images import ImageDecoding
@@ -70,7 +71,8 @@ class ServerState:
         self.config = config
         self.repo = repo
         self.runtime = runtime
-        self.metrics = ServerMetrics(self.live_versions, self._memory)
+        self.draining = DrainingVersions()  # versions out of service, still draining (a repository listener)
+        self.metrics = ServerMetrics(self.scraped_versions, self._memory, self.draining)
         self.auth = Access(config)
         self.redact = PathRedactor(config.models_dir, *_known_folders(config))
         self.trimmer = HeapTrimmer()
@@ -83,7 +85,7 @@ class ServerState:
         self.connections.early = EarlyRefusal(self) if config.shed_before_parsing else None
         self.grpc_max_connections = config.max_connections  # what the descriptor limit leaves (app.py)
         self.own_middlewares: tuple = ()  # the app's middlewares as create_app made them
-        self.guard_metrics = GuardCollector(self)  # also a repository listener (app.py)
+        self.guard_metrics = GuardCollector(self)
         self.metrics.register(self.guard_metrics)
         self.started = False  # every model the repository found at start has been tried
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
@@ -207,6 +209,17 @@ class ServerState:
             except Exception:  # not serving (loading, failed, only on disk)
                 continue
             yield name, version, served
+
+    def scraped_versions(self):
+        """live_versions, and the versions unloading (out of service, draining: their queued
+        requests and counts are there until they have closed, when their series go)."""
+        live = set()
+        for name, version, served in self.live_versions():
+            live.add((name, version))
+            yield name, version, served
+        for name, version, served in self.draining.unloading():
+            if (name, version) not in live:
+                yield name, version, served
 
     def _memory(self) -> list[dict]:
         """Cached device memory figures (no ACL call: this runs on the event loop)."""
