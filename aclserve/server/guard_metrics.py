@@ -1,5 +1,5 @@
 """Scrape-time metrics of the guards: request memory budget, connections, heap trims, log lines dropped, the DVPP
-decoder's outcomes, and the repository's model states, retries and batch faults. Read from their owners when /metrics
+decoder's outcomes, and the repository's model states and batch faults. Read from their owners when /metrics
 is scraped, so the request path pays nothing for them.
 
 A version's batch faults, rebuilds and fault codes are its pool's counts: a reload of the same
@@ -138,11 +138,6 @@ class GuardCollector:
             log.exception("collecting model states failed")
         yield ready
         yield failing
-        retries = CounterMetricFamily("aclserve_model_load_retries", "Automatic load retries after "
-                                      "transient device errors", labels=["model"])
-        for name, n in sorted(repo.load_retries.items()):
-            retries.add_metric([name], n)
-        yield retries
         faults = CounterMetricFamily("aclserve_batch_faults", "Batches the device failed (retried: runs again, "
                                      "each request alone on the instance it failed on once rebuilt, or whole on "
                                      "another)", labels=["model", "version", "outcome"])

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
-from prometheus_client import Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -23,13 +23,13 @@ from .contracts import ServedModel
 from .draining import DrainingVersions
 from .failure_reasons import FAILURE_REASONS
 from .loop_metrics import LoopCounterFamily, LoopHistogramFamily
+from .model_series import ModelSeries
 
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 COMPUTE_BUSY_HELP = ("Fraction of the last 10 s the instance's compute stream was executing; source: the "
                      "device's event_elapsed_time between exec_start and exec_end of each batch (stream "
                      "busy time, not the chip's own AI-core utilisation)")
@@ -94,10 +94,12 @@ class VersionMetrics:
 class ServerMetrics:
     """Owns the registry. `live_versions()` yields (model, version, served) for the scrape-time
     gauges, the versions unloading included (draining.py); `memory()` returns runtime.memory()
-    rows; `draining` follows the versions out of service (a listener of the repository's own)."""
+    rows; `draining` follows the versions out of service (a listener of the repository's own);
+    `index()` and `load_retries()` are the repository's, for the per-model series (model_series.py)."""
 
     def __init__(self, live_versions: Callable[[], Iterable[tuple[str, str, ServedModel]]],
-                 memory: Callable[[], list[dict]], draining: DrainingVersions | None = None):
+                 memory: Callable[[], list[dict]], draining: DrainingVersions | None = None,
+                 index: Callable[[], list[dict]] = list, load_retries: Callable[[], Mapping[str, int]] = dict):
         disable_created_metrics()  # one `_created` sample per series is noise for a scraper
         self._collectors: list = []  # in the order their families are written
         mv = ["model", "version"]
@@ -121,18 +123,9 @@ class ServerMetrics:
         for family in (self.success, self.failure, self.request_duration, self.queue_duration,
                        self.compute_duration, self.batch_size, self.padding_rows):
             self.register(family)
-        # model loads are rare: prometheus_client's own types
-        self.load_duration = Histogram("aclserve_model_load_duration_seconds",
-                                       "Time to load and warm up a model version", ["model"],
-                                       buckets=LOAD_BUCKETS, registry=None)
-        self.loads = Counter("aclserve_model_loads", "Model version load outcomes", ["model", "result"],
-                             registry=None)
-        self.reloads = Counter("aclserve_model_reloads", "Model versions replaced while serving", ["model"],
-                               registry=None)
-        self.unloads = Counter("aclserve_model_unloads", "Model versions unloaded", ["model"], registry=None)
-        for collector in (self.load_duration, self.loads, self.reloads, self.unloads,
-                          _LiveCollector(live_versions, memory, draining or DrainingVersions())):
-            self.register(collector)
+        self.models = ModelSeries(index, load_retries)  # (model loads are rare: prometheus_client's own types)
+        self.register(self.models)
+        self.register(_LiveCollector(live_versions, memory, draining or DrainingVersions()))
         self._versions: dict[tuple[str, str], VersionMetrics] = {}
 
     def version(self, model: str, version: str) -> VersionMetrics:
@@ -144,18 +137,10 @@ class ServerMetrics:
 
     def on_repository_event(self, event: str, name: str, version=None, **info) -> None:
         """Listener for ModelRepository.add_listener (contracts.ModelStore)."""
-        seconds = info.get("seconds")  # a load's duration, sent with loaded / reloaded
+        self.models.on_repository_event(event, name, version, **info)
         if event in ("loaded", "reloaded"):
             self.version(name, str(version))  # its series from now on (a reload's carry on)
-            self.loads.labels(name, "ok").inc()
-            if seconds is not None:
-                self.load_duration.labels(name).observe(float(seconds))
-            if event == "reloaded":
-                self.reloads.labels(name).inc()
-        elif event == "load_failed":
-            self.loads.labels(name, "failed").inc()
         elif event == "unloaded":
-            self.unloads.labels(name).inc()
             vm = self._versions.pop((name, str(version)), None)
             if vm is not None:  # an unloaded version's series would otherwise stay forever
                 vm.remove()

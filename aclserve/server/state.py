@@ -72,7 +72,8 @@ class ServerState:
         self.repo = repo
         self.runtime = runtime
         self.draining = DrainingVersions()  # versions out of service, still draining (a repository listener)
-        self.metrics = ServerMetrics(self.scraped_versions, self._memory, self.draining)
+        self.metrics = ServerMetrics(self.scraped_versions, self._memory, self.draining, repo.index,
+                                     lambda: repo.load_retries)
         self.auth = Access(config)
         self.redact = PathRedactor(config.models_dir, *_known_folders(config))
         self.trimmer = HeapTrimmer()

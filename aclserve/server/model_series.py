@@ -1,0 +1,110 @@
+"""The per-model series of /metrics (labelled by model alone; loads also by result): load
+outcomes and durations, reloads, unloads and automatic load retries.
+
+A model's series are made, every one at 0, when the model first appears in the repository
+index (a version of it on disk or loaded), so that `increase()` sees its first reload, unload,
+failed load or retry (a series that appears with its first count has no value to start from).
+They go once the index lists nothing of the model (its files gone and its last version
+unloaded), so a churn of models leaves no series behind; while it is listed they only grow. An
+unload through the API keeps the model's files, and its row: its series stay. A model that
+comes back after it was gone starts again from 0 (a counter reset, which `rate()` takes in its
+stride). Whether a model is listed is read at each scrape (`collect`), on the event loop; the
+repository's events count. The retries are the repository's count, less what it was when the
+model's series were made.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Mapping
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import CounterMetricFamily
+
+log = logging.getLogger(__name__)
+
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+LOAD_RESULTS = ("ok", "failed")
+
+
+class ModelSeries:
+    """A collector (prometheus_client's protocol) and a repository listener. `index()` is the
+    repository index (its rows' "name" and "version"), `load_retries()` the repository's
+    model -> automatic load retries started."""
+
+    def __init__(self, index: Callable[[], list[dict]], load_retries: Callable[[], Mapping[str, int]]):
+        self._index = index
+        self._load_retries = load_retries
+        self.load_duration = Histogram("aclserve_model_load_duration_seconds",
+                                       "Time to load and warm up a model version", ["model"],
+                                       buckets=LOAD_BUCKETS, registry=None)
+        self.loads = Counter("aclserve_model_loads", "Model version load outcomes", ["model", "result"],
+                             registry=None)
+        self.reloads = Counter("aclserve_model_reloads", "Model versions replaced while serving", ["model"],
+                               registry=None)
+        self.unloads = Counter("aclserve_model_unloads", "Model versions unloaded", ["model"], registry=None)
+        self._retries_before: dict[str, int] = {}  # model with series -> its retries when they were made
+
+    def on_repository_event(self, event: str, name: str, version=None, **info) -> None:
+        """Listener for ModelRepository.add_listener (contracts.ModelStore)."""
+        if event not in ("loaded", "reloaded", "load_failed", "unloaded"):
+            return
+        self._appeared(name)  # (before the first scrape that lists it, say)
+        if event == "load_failed":
+            self.loads.labels(name, "failed").inc()
+        elif event == "unloaded":
+            self.unloads.labels(name).inc()
+        else:
+            self.loads.labels(name, "ok").inc()
+            seconds = info.get("seconds")  # the load's duration
+            if seconds is not None:
+                self.load_duration.labels(name).observe(float(seconds))
+            if event == "reloaded":
+                self.reloads.labels(name).inc()
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        """The families, once the series are in step with the models the index lists."""
+        self._follow_index()
+        yield from self.load_duration.collect()
+        yield from self.loads.collect()
+        yield from self.reloads.collect()
+        yield from self.unloads.collect()
+        retries = CounterMetricFamily("aclserve_model_load_retries", "Automatic load retries after "
+                                      "transient device errors", labels=["model"])
+        counts = self._load_retries()
+        for name, before in sorted(self._retries_before.items()):
+            retries.add_metric([name], counts.get(name, 0) - before)
+        yield retries
+
+    def _follow_index(self) -> None:
+        try:
+            rows = self._index()
+        except Exception:  # (the series stay as they are)
+            log.exception("reading the repository index for the model series failed")
+            return
+        listed = {row["name"] for row in rows}  # (a model's problem row, its config broken, say: kept)
+        for name in {row["name"] for row in rows if row["version"]} - self._retries_before.keys():
+            self._appeared(name)
+        for name in self._retries_before.keys() - listed:
+            self._gone(name)
+
+    def _appeared(self, name: str) -> None:
+        if name in self._retries_before:
+            return
+        self._retries_before[name] = self._load_retries().get(name, 0)
+        for family, labels in self._series(name):
+            family.labels(*labels)  # at 0
+
+    def _gone(self, name: str) -> None:
+        del self._retries_before[name]
+        for family, labels in self._series(name):
+            family.remove(*labels)
+
+    def _series(self, name: str):
+        yield self.load_duration, (name,)
+        for result in LOAD_RESULTS:
+            yield self.loads, (name, result)
+        yield self.reloads, (name,)
+        yield self.unloads, (name,)

@@ -1,0 +1,99 @@
+"""The per-model series of /metrics (aclserve_model_loads_total, _load_duration_seconds,
+_reloads_total, _unloads_total, _load_retries_total), as an independent tester found them:
+reloads, unloads and load retries appeared only with their first event, so Prometheus'
+increase() missed that one (the reason the per-version series are made at 0); and no model's
+series were ever removed, so their label sets grew with every model dropped into the folder
+and taken out again. Now: made at 0 when the model first appears, removed once the repository
+lists nothing of it (model_series.py)."""
+from __future__ import annotations
+
+import shutil
+import time
+import urllib.request
+
+from tests.serving import ServerThread, server_config
+
+from .test_server_metrics import samples
+
+MODEL_FAMILIES = ("aclserve_model_loads_total", "aclserve_model_load_duration_seconds_count",
+                  "aclserve_model_reloads_total", "aclserve_model_unloads_total", "aclserve_model_load_retries_total")
+
+
+def _of(found, model: str) -> dict:
+    """family -> {result label or "": value} of `model`'s per-model series."""
+    return {name: {s.labels.get("result", ""): s.value for s in found.get(name, []) if s.labels["model"] == model}
+            for name in MODEL_FAMILIES}
+
+
+def _scrape(srv):
+    return samples(urllib.request.urlopen(f"http://{srv.url}/metrics", timeout=30).read().decode())
+
+
+def test_a_models_series_are_there_at_0_from_its_first_load(models_dir, tmp_path):
+    own = tmp_path / "models"
+    own.mkdir()
+    shutil.copy(models_dir / "double.om", own / "double.om")
+    with ServerThread(server_config(own, model_control_mode="none")) as srv:
+        found = _of(_scrape(srv), "double")
+    assert found == {"aclserve_model_loads_total": {"ok": 1, "failed": 0},
+                     "aclserve_model_load_duration_seconds_count": {"": 1},
+                     "aclserve_model_reloads_total": {"": 0}, "aclserve_model_unloads_total": {"": 0},
+                     "aclserve_model_load_retries_total": {"": 0}}
+
+
+def test_a_models_series_go_once_its_files_are_gone_and_start_again_when_it_comes_back(models_dir, tmp_path):
+    own = tmp_path / "models"
+    own.mkdir()
+    for name in ("double", "affine"):
+        shutil.copy(models_dir / f"{name}.om", own / f"{name}.om")
+    config = server_config(own, model_control_mode="poll", settle_s=0.1, debounce_s=0.05)
+
+    def until(predicate):
+        for _ in range(3000):  # a hang guard
+            found = _scrape(srv)
+            if predicate(found):
+                return found
+            time.sleep(0.01)
+        raise AssertionError("never came")
+
+    def listed(found) -> bool:
+        return any(s.labels["model"] == "double" for s in found.get("aclserve_model_state", []))
+
+    def serving(found) -> bool:
+        return any(s.labels["model"] == "double" and s.labels["state"] == "READY"
+                   for s in found.get("aclserve_model_state", []))
+
+    with ServerThread(config) as srv:
+        until(serving)
+        (own / "double.om").unlink()
+        gone = until(lambda found: not listed(found))
+        shutil.copy(models_dir / "double.om", own / ".double.tmp")
+        (own / ".double.tmp").rename(own / "double.om")
+        back = until(serving)
+    assert _of(gone, "double") == dict.fromkeys(MODEL_FAMILIES, {})
+    assert _of(gone, "affine")["aclserve_model_loads_total"] == {"ok": 1, "failed": 0}  # (the others stay)
+    assert _of(back, "double")["aclserve_model_loads_total"] == {"ok": 1, "failed": 0}
+    assert _of(back, "double")["aclserve_model_unloads_total"] == {"": 0}
+
+
+def test_load_retries_start_at_0_for_a_model_and_again_when_it_comes_back():
+    """The repository counts retries per model name for good; a model's series counts those
+    made since it appeared."""
+    from aclserve.server.metrics import ServerMetrics
+
+    rows, retries = [{"name": "m", "version": "1"}], {"m": 3}
+    metrics = ServerMetrics(lambda: [], lambda: [], index=lambda: rows, load_retries=lambda: retries)
+
+    def counted():
+        found = samples(metrics.render().decode())
+        return [s.value for s in found.get("aclserve_model_load_retries_total", [])]
+
+    assert counted() == [0]
+    retries["m"] = 5
+    assert counted() == [2]
+    rows = []
+    assert counted() == []
+    rows = [{"name": "m", "version": ""}]  # known only as a problem (its config broken): no series made
+    assert counted() == []
+    rows = [{"name": "m", "version": "1"}]
+    assert counted() == [0]
