@@ -6,7 +6,8 @@ listens (HTTP, then gRPC; a busy port fails here, before any model has to finish
 waits for the repository (scan, load, warm up, watch); readiness is false until it is done.
 
 Stop (SIGTERM/SIGINT in `serve`), within one deadline: readiness turns false, new infer
-requests get 503 / UNAVAILABLE at once, HTTP connections not running a request are closed and
+requests get 503 / UNAVAILABLE at once, HTTP connections not running a request are closed (one
+opened during the drain is answered GET /metrics alone: connections.py) and
 every gRPC connection is told to go (GOAWAY, the gRPC port closed: grpc_server.py);
 queued and in-flight requests and calls of both transports get `shutdown_timeout_s` to finish,
 drained together (a gRPC connection without calls holds nothing); then the repository unloads

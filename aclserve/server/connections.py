@@ -17,7 +17,11 @@ keepalive_timeout_s lost answers already counted.
 A sweep every second closes connections past their phase's limit. At `max_connections` a new
 connection replaces the one idle longest (or the slowest head) if it has been so for at least
 EVICT_AFTER_S, else it is answered 503 and closed. At shutdown every connection that is not
-running a request is closed at once, and the rest when the drain ends. Loop thread only.
+running a request is closed at once, and the rest when the drain ends. A connection opened
+during the drain is admitted for `GET /metrics` alone (a replica's last counts, as Triton's
+metrics port stays up while it exits): any other request on it, the health probes' included,
+is answered 503 "server is shutting down" and the connection closed; once the drain has ended
+(close_all), new connections are refused with that 503 at once. Loop thread only.
 
 Overload refusals are answered early by the guard (guard.py, shedding.py). Holds
 (hold_refused_connections, off by default): a request refused because the server has no room
@@ -84,11 +88,16 @@ _FULL = refusal("server has too many open connections (max_connections); retry l
 _CLOSING = refusal("server is shutting down", 1, close=True)
 
 
-class _Conn:
-    __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded", "unsent")
+_CLOSING_BODY = b'{"error":"server is shutting down"}'
+SCRAPE_PATH = "/metrics"  # what a connection opened during the drain is answered
 
-    def __init__(self, transport, now: float):
+
+class _Conn:
+    __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded", "unsent", "late")
+
+    def __init__(self, transport, now: float, late: bool = False):
         self.transport, self.phase, self.since = transport, IDLE, now
+        self.late = late  # opened during the drain: only GET /metrics is answered on it
         self.hold: asyncio.TimerHandle | None = None  # set while held after a refusal
         self.stash: list[bytes] = []  # bytes that arrived anyway while held
         self.forwarded = 0  # requests handed to aiohttp and not finished yet
@@ -106,6 +115,7 @@ class ConnectionTracker:
         self.keepalive_timeout_s = keepalive_timeout_s
         self.send_timeout_s = max(send_timeout_s, keepalive_timeout_s)
         self.accepting = True
+        self.closed = False  # the drain has ended (close_all): every new connection is refused
         self.counts = {"refused": 0, "evicted": 0, "header_timeout": 0, "idle_timeout": 0}
         self.early = None  # shedding.EarlyRefusal: infer requests refused before aiohttp sees them
         self.direct = None  # direct.DirectInfer: plain infer requests answered without aiohttp
@@ -138,7 +148,7 @@ class ConnectionTracker:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         now = self._loop.time()
-        if not self.accepting:
+        if self.closed:
             self._refuse(transport, _CLOSING if plain else None)
             return None
         if len(self._conns) >= self.max_connections:
@@ -149,7 +159,7 @@ class ConnectionTracker:
                 return None
             self.counts["evicted"] += 1
             self._close(victim)
-        conn = self._conns[transport] = _Conn(transport, now)
+        conn = self._conns[transport] = _Conn(transport, now, late=not self.accepting)
         if self._sweeper is None:
             self._sweeper = self._loop.call_later(self._period, self._sweep)
         return conn
@@ -275,7 +285,14 @@ class ConnectionTracker:
             if conn.phase != BUSY:
                 self._close(conn)
 
+    def late(self, transport) -> bool:
+        """The connection was opened during the drain (only GET /metrics is answered on it)."""
+        conn = self._conns.get(transport)
+        return conn is not None and conn.late
+
     def close_all(self) -> None:
+        """The drain has ended: every connection closed, and new ones refused from now on."""
+        self.closed = True
         for conn in list(self._conns.values()):
             self._close(conn)
         if self._sweeper is not None:
@@ -296,12 +313,15 @@ def _answers_pending(conn: _Conn) -> bool:
 
 def tracking_middleware(tracker: ConnectionTracker):
     """The app's outermost middleware: the tracker sees when each request starts and ends (a
-    connection running one is neither evicted nor timed out)."""
+    connection running one is neither evicted nor timed out), and a connection opened during
+    the drain is answered GET /metrics alone."""
     @web.middleware
     async def track(request: web.Request, handler) -> web.StreamResponse:
         transport = request.transport
         tracker.request_started(transport)
         try:
+            if tracker.late(transport) and not (request.method in ("GET", "HEAD") and request.path == SCRAPE_PATH):
+                return _closing()
             response = await handler(request)
             if response.compression:
                 # aiohttp compresses a large body in a thread when it prepares the answer, after
@@ -312,6 +332,15 @@ def tracking_middleware(tracker: ConnectionTracker):
         finally:
             tracker.request_finished(transport)
     return track
+
+
+def _closing() -> web.Response:
+    """A connection opened during the drain asked for more than /metrics: what a connection
+    refused then is answered (_CLOSING), and it closes."""
+    response = web.Response(body=_CLOSING_BODY, status=503, content_type="application/json",
+                            headers={"Retry-After": "1"})
+    response.force_close()
+    return response
 
 
 def fit_connection_caps(http_wanted: int, grpc_wanted: int) -> tuple[int, int]:

@@ -183,7 +183,8 @@ class GuardedProtocol(asyncio.Protocol):
                 # after its own last answer: its timer is stopped, the tracker's sweep times it
                 self._inner.keep_alive(True)
                 return ANSWERED
-        named = tracker.direct.target(head, body_length) if tracker.direct is not None else None
+        # (a connection opened during the drain: aiohttp's path refuses what it asks but /metrics)
+        named = tracker.direct.target(head, body_length) if tracker.direct is not None and not conn.late else None
         # answered here only with its body in hand (it came with its head, framing offers it
         # then): nothing is held for direct's sake
         if named is None or body is None:

@@ -183,3 +183,58 @@ def test_a_later_drain_after_one_that_timed_out_does_not_warn_again(models_dir, 
     asyncio.run(scenario())
     warned = [m for m in caplog.messages if "still in flight" in m]
     assert len(warned) == 1, warned
+
+
+def test_metrics_are_answered_during_the_drain_and_nothing_else_on_a_new_connection(models_dir, tmp_path,
+                                                                                    make_config):
+    """/metrics answered 503 during the drain, as every route on a new connection, so a
+    replica's last counts (the drain's successes and ShuttingDown failures, up to
+    shutdown_timeout_s) were never scraped (an independent tester; Triton's metrics port stays
+    up). Now GET /metrics is answered on a connection opened during the drain, and anything
+    else, the health probes' included (load balancers read them), gets the 503 as before and
+    the connection closes. A 3-row request waits in the queue (a window no test outlasts) and
+    keeps the drain going until the test closes its connection."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    from .full_queue import HELD_WINDOW_MS, WAITING, request
+
+    shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
+    (tmp_path / "affine.yaml").write_text(f"batching: {{max_queue_delay_ms: {HELD_WINDOW_MS}}}\n")
+    server = ServerThread(make_config(tmp_path, model_control_mode="none", shutdown_timeout_s=120)).start()
+    host, port = server.url.rsplit(":", 1)
+
+    def status(path: str) -> int:
+        try:
+            return urllib.request.urlopen(f"http://{server.url}{path}", timeout=30).status
+        except urllib.error.HTTPError as e:
+            e.close()
+            return e.code
+
+    waiting = socket.create_connection((host, int(port)), timeout=30)
+    try:
+        waiting.sendall(request(WAITING))
+        while metric(server.url, "aclserve_queue_depth", 'model="affine",priority="2",version="1"') != 1:
+            time.sleep(0.02)
+        server._loop.call_soon_threadsafe(server._stop.set)  # as SIGTERM: the drain begins
+        while status("/v2/health/ready") != 503:
+            time.sleep(0.02)
+        scrape = http.client.HTTPConnection(host, int(port), timeout=30)
+        scrape.request("GET", "/metrics")
+        answer = scrape.getresponse()
+        text = answer.read().decode()
+        assert answer.status == 200, text
+        assert 'aclserve_queue_depth{model="affine",priority="2",version="1"} 1.0' in text
+        scrape.request("GET", "/v2/health/live")  # on the same connection: refused, and it closes
+        answer = scrape.getresponse()
+        assert (answer.status, answer.getheader("Connection"), answer.read()) == (
+            503, "close", b'{"error":"server is shutting down"}')
+        scrape.close()
+        assert (status("/v2/health/live"), status("/v2/models/affine"), status("/metrics")) == (503, 503, 200)
+        waiting.close()  # its request is cancelled: the drain ends
+        server.close()
+        assert not server._thread.is_alive() and server.error is None
+    finally:
+        waiting.close()
+        server.close()
