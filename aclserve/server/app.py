@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from .._version import __version__
 from . import bad_request_log, malformed, tls
 from .app_keys import STATE
 from .auth import access_middleware
@@ -207,7 +208,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         listener = await listen(handlers, state.connections, config.host, config.port, config.listen_backlog,
                                 ssl_context)
         host, port = listener.sockets[0].getsockname()[:2]
-        log.info("aclserve listening on %s://%s:%d", "https" if tls.enabled(config) else "http", host, port)
+        log.info("aclserve %s listening on %s://%s:%d", __version__, "https" if tls.enabled(config) else "http",
+                 host, port)
         if grpc_server is not None:
             grpc_port = await grpc_server.start(config.host, config.grpc_port)
             log.info("aclserve gRPC listening on %s:%d%s", config.host, grpc_port,

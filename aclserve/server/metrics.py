@@ -19,6 +19,7 @@ from prometheus_client import disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .._version import __version__
 from .contracts import ServedModel
 from .draining import DrainingVersions
 from .failure_reasons import FAILURE_REASONS
@@ -101,7 +102,7 @@ class ServerMetrics:
                  memory: Callable[[], list[dict]], draining: DrainingVersions | None = None,
                  index: Callable[[], list[dict]] = list, load_retries: Callable[[], Mapping[str, int]] = dict):
         disable_created_metrics()  # one `_created` sample per series is noise for a scraper
-        self._collectors: list = []  # in the order their families are written
+        self._collectors: list = [_BuildInfo()]  # in the order their families are written
         mv = ["model", "version"]
         # updated per request or per batch: the loop's own cheap families (loop_metrics.py)
         self.success = LoopCounterFamily("aclserve_request_success", "Successful infer requests", mv)
@@ -161,6 +162,15 @@ class ServerMetrics:
     def render(self, snapshot: "_Snapshot | None" = None) -> bytes:
         """The exposition text of `snapshot` (any thread), or of a snapshot taken now (the loop)."""
         return generate_latest(snapshot if snapshot is not None else self.snapshot())
+
+
+class _BuildInfo:
+    """The conventional info gauge: the server's version as a label, the value 1."""
+
+    def collect(self):
+        info = GaugeMetricFamily("aclserve_build_info", "The server's version (a constant 1)", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
 
 
 class _Collected:

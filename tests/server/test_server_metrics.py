@@ -412,3 +412,16 @@ async def _infer_then_unload_double(url) -> tuple[str, str]:
             assert r.status == 200
         async with session.get(f"{url}/metrics") as r:
             return before, await r.text()
+
+
+def test_the_version_is_in_metrics_and_in_the_start_up_line(models_dir, tmp_path, caplog):
+    """Neither the start-up log nor /metrics said which aclserve a replica runs (an independent
+    tester): the conventional info gauge, and the version in the line that says it listens."""
+    from aclserve import __version__
+    from tests.serving import ServerThread, server_config
+
+    caplog.set_level(logging.INFO, logger="aclserve.server.app")
+    with ServerThread(server_config(tmp_path, model_control_mode="none")) as srv:
+        found = samples(urllib.request.urlopen(f"http://{srv.url}/metrics", timeout=30).read().decode())
+    assert [(s.labels, s.value) for s in found["aclserve_build_info"]] == [({"version": __version__}, 1.0)]
+    assert f"aclserve {__version__} listening on http://{srv.url}" in caplog.messages
