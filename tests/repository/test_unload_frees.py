@@ -36,8 +36,10 @@ async def test_a_load_thread_keeps_nothing_of_its_last_call():
 @pytest.mark.asyncio
 async def test_an_unloaded_version_is_freed(make_repo, models_dir, model_files):
     place(model_files[1]["om"], models_dir / "m.om")
-    repo, _ = await make_repo(model_control_mode="explicit")
+    repo, events = await make_repo(model_control_mode="explicit")
     assert (await repo.get("m").infer(x_rows(), 1)).outputs["y"].tolist() == [[1.0] * 4]
     pool = weakref.ref(repo.get("m").pool)
     await repo.unload("m")
+    await events.wait("unloaded", "m")
+    events.seen.clear()  # the test's listener keeps each event's info: "unloading" names the version
     await until(lambda: freed(pool), "the unloaded version's pool freed")
