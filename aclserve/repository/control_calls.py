@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator
 
-from .status import NOT_LOADED, UNLOADED, State
+from .status import HELD, NOT_LOADED, UNLOADED, State
 
 LOAD_ASKED = "load asked through the repository API: reading the models folder"
 
@@ -69,6 +69,6 @@ class ControlCalls:
         runs for a version waiting for it (its own record moves once its load has begun) and no
         unload came after the call."""
         loading = max(self._loading.get(name, ()), default=0) > self._last_unload.get(name, 0)
-        if loading and state == State.UNAVAILABLE.value and reason in (UNLOADED, NOT_LOADED):
+        if loading and state == State.UNAVAILABLE.value and reason in (UNLOADED, NOT_LOADED, HELD):
             return State.LOADING.value, LOAD_ASKED
         return state, reason

@@ -19,10 +19,9 @@ from ..config import ModelConfig
 from . import layout
 from .plan import DesiredState, ModelPlan, diff
 from .settle import SettleGate
+from .status import WAITING_FOR_CONFIG
 
 log = logging.getLogger(__name__)
-
-WAITING_FOR_CONFIG = "waiting for its config file to be complete"
 
 
 class Planner:
@@ -30,7 +29,7 @@ class Planner:
         self.root = root
         self.scan = layout.ScanResult()  # the latest scan
         self.listed: layout.ScanResult | None = None  # the latest that could list the folder
-        self.pending: dict[str, list[str]] = {}  # name -> files held back as not yet complete
+        self.pending: dict[str, dict[str, str]] = {}  # name -> version -> the file it waits for (settle.py)
         self._gate = gate
         self._defaults = defaults
         self._unload_missing = unload_missing  # config.unload_on_delete

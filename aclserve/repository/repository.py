@@ -28,22 +28,24 @@ from typing import Callable
 from ..config import ServerConfig
 from ..errors import InvalidInput, ModelUnavailable, NotFound, ServeError, ShuttingDown
 from . import layout
+from .asked_version import asked_version
 from .control_calls import ControlCalls
 from .failures import LoadFailures
 from .lifecycle import UNLOAD_ASKED, Lifecycle
 from .models_folder import check_models_folder
 from .plan import ModelPlan
-from .planner import WAITING_FOR_CONFIG, Planner
+from .planner import Planner
 from .served import ServedVersion
 from .settle import SettleGate
-from .status import State
+from .status import NOT_LOADED, WAITING_FOR_CONFIG, State
 from .watcher import Debouncer, RepositoryWatcher
 
 log = logging.getLogger(__name__)
 
 RESCAN_S = 10.0  # poll mode: rescan at least this often even without file events
 UNREADABLE_RESCAN_S = 1.0  # ... and this often while the folder cannot be listed (a chmod back sends no event)
-MAX_VERSION_DIGITS = 18  # versions are folder names of positive integers; longer is not one
+# why a version on disk that no load call named is not loaded, by control mode (explicit, none)
+NOT_ASKED = {"explicit": "explicit: a load call serves it", "none": "none: models load at start only"}
 
 
 class ModelLoadFailed(ServeError):
@@ -130,25 +132,23 @@ class ModelRepository:
         if len(name) > layout.MAX_NAME:  # no model's (layout.check_model_name); not quoted: a client's MiB
             raise NotFound(f"unknown model: a name of {len(name):,} characters (at most {layout.MAX_NAME})")
         versions = self._lifecycle.serving.get(name)
-        if version not in (None, ""):
-            version = str(version)
-            if len(version) > MAX_VERSION_DIGITS:
-                raise InvalidInput(f"version must be a positive integer of at most {MAX_VERSION_DIGITS} digits")
-            # versions are positive whole numbers (version folders are: layout.py): as Triton, not a 404
-            if not (version.isascii() and version.isdigit()) or int(version) == 0:
-                raise InvalidInput(f"version must be a positive integer, got {version!r}")
-            version = str(int(version))
+        version = asked_version(version)
         if versions:
-            if version in (None, ""):
+            if version is None:
                 return versions[max(versions, key=int)]
             served = versions.get(version)
             if served is not None:
                 return served
-        if version in (None, "") and name in self._lifecycle.held:  # unloaded on purpose: as Triton, not
+        if version is None and name in self._lifecycle.held:  # unloaded on purpose: as Triton, not
             raise NotFound(f"model {name} has no available versions (unloaded)")  # a retry-later
-        known = self._lifecycle.states.describe(name, version, self._planner.scan)
+        known = self._lifecycle.states.describe(name, version, self._planner.scan, name in self._lifecycle.held)
         if known is not None:
             state, reason = self._calls.shown(name, *known)
+            if reason == NOT_LOADED and self.mode != "poll" and not self._lifecycle.busy(name):
+                # found by a rescan (another model's load call, a retry's), never loaded: only a load call
+                # would load it, so not a retry-later (a 503 for good); Triton: unknown model
+                raise NotFound(f"model {name}{' version ' + version if version else ''} is not loaded "
+                               f"(model_control_mode {NOT_ASKED[self.mode]})")
             if state == State.UNAVAILABLE.value and (self._failures.refused_for_good(name, version)
                                                      or (not versions and name in self._planner.scan.problems
                                                          and reason != WAITING_FOR_CONFIG)):
@@ -232,7 +232,7 @@ class ModelRepository:
     def index(self, ready_only: bool = False) -> list[dict]:
         """[{"name", "version", "state", "reason"}] for every version loaded or on disk; a
         serving version that no instance can run is UNAVAILABLE (pool.out_of_service)."""
-        rows = self._lifecycle.states.index(self._planner.scan, self._planner.pending, ready_only=False)
+        rows = self._lifecycle.states.index(self._planner.scan, self._planner.pending, self._lifecycle.held)
         for row in rows:
             if row["version"]:  # (a problem's row is the model's, not a version waiting for a load)
                 row["state"], row["reason"] = self._calls.shown(row["name"], row["state"], row["reason"])

@@ -28,6 +28,7 @@ from typing import Callable
 
 from .layout import ScanResult, VersionFile, select_versions
 from .plan import DesiredState, Wanted
+from .status import WAITING_FOR_CONFIG, WAITING_FOR_FILE, WAITING_FOR_LABELS
 
 
 class SettleGate:
@@ -47,12 +48,21 @@ class SettleGate:
         else:
             self._moved.pop(path, None)
 
-    def is_complete(self, vf: VersionFile, trust_age: bool = False) -> bool:
-        """The model file and each config or labels file it is served with are complete, each by
-        the rules above on its own: a config renamed into place is taken at once, as a model file
-        is (judged with the model file's identity, it waited settle_s)."""
+    def waiting_for(self, vf: VersionFile, labels: set[str], trust_age: bool = False) -> str | None:
+        """None when the model file and each config or labels file it is served with are
+        complete, each by the rules above on its own: a config renamed into place is taken at
+        once, as a model file is (judged with the model file's identity, it waited settle_s).
+        Else which one it waits for, as the index says it: the model file, else its config file,
+        else a labels file (`labels`: those its config names). A version whose config edit is
+        settling was said to wait "for the file" (an independent tester)."""
         complete = [self._part_complete(path, ident, mtime_ns, trust_age) for path, ident, mtime_ns in _parts(vf)]
-        return all(complete)  # (each part judged: every one not complete counts for next_check)
+        if all(complete):  # (each part judged: every one not complete counts for next_check)
+            return None
+        if not complete[0]:
+            return WAITING_FOR_FILE
+        named = [entry[0] for entry in vf.config_stamp if entry[1] is not None]  # (parts 1..., in order)
+        return WAITING_FOR_LABELS if all(done or path in labels for done, path in zip(complete[1:], named)) \
+            else WAITING_FOR_CONFIG
 
     def _config_complete(self, entry, trust: str) -> bool:
         """The model's config and labels files (the same for all its versions) are complete."""
@@ -116,8 +126,9 @@ class SettleGate:
         return False
 
     def desired(self, scan: ScanResult, acted: DesiredState, trust: str = "settle",
-                rejected: frozenset = frozenset()) -> tuple[DesiredState, dict[str, list[str]]]:
-        """The desired state using complete files only, and name -> pending file paths.
+                rejected: frozenset = frozenset()) -> tuple[DesiredState, dict[str, dict[str, str]]]:
+        """The desired state using complete files only, and name -> version -> what it waits for
+        (`waiting_for`), for each version whose files are not complete yet.
 
         An incomplete file's version keeps what `acted` (the state last acted on) has for it,
         file and config both, so nothing reloads until the file is complete; versions are
@@ -130,18 +141,20 @@ class SettleGate:
         """
         self._pending_since = []
         desired: DesiredState = {}
-        pending: dict[str, list[str]] = {}
+        pending: dict[str, dict[str, str]] = {}
         live_paths = set()
         for name, entry in scan.models.items():
             usable: dict[str, Wanted] = {}
+            labels = {o.labels for o in entry.config.outputs.values() if o.labels}
             for version, vf in entry.available.items():
                 live_paths.update(path for path, _, _ in _parts(vf))
                 refused = (name, version, vf.identity) in rejected
-                if not refused and (trust == "all" or self.is_complete(vf, trust == "age")):
+                waits = None if refused or trust == "all" else self.waiting_for(vf, labels, trust == "age")
+                if not refused and waits is None:
                     usable[version] = Wanted(vf, entry.config)
                     continue
                 if not refused:
-                    pending.setdefault(name, []).append(vf.path)
+                    pending.setdefault(name, {})[version] = waits
                 held = acted.get(name, {}).get(version)
                 if held is not None:
                     usable[version] = held

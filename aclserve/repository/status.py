@@ -46,6 +46,12 @@ TRANSITIONS: dict[State | None, frozenset[State | None]] = {
 # words: clients match them; why it was unloaded is in its UNLOADING reason and the log)
 UNLOADED = "unloaded"
 NOT_LOADED = "not loaded"  # on disk and selected by its version policy, without a record yet
+# ... of a model held unloaded by an API unload (its old file's "unloaded" went with that file)
+HELD = "not loaded: its model was unloaded through the repository API (a load call serves it)"
+# a version whose files are not complete yet (settle.py), by the file it waits for
+WAITING_FOR_FILE = "waiting for the file to be complete"
+WAITING_FOR_CONFIG = "waiting for its config file to be complete"  # (also a problem's: planner.py)
+WAITING_FOR_LABELS = "waiting for its labels file to be complete"
 
 
 class IllegalTransition(RuntimeError):
@@ -83,17 +89,18 @@ class VersionStates:
         else:
             self.move(name, version, None)
 
-    def describe(self, name: str, version: str | None, scan: ScanResult) -> tuple[str, str] | None:
+    def describe(self, name: str, version: str | None, scan: ScanResult, held: bool = False) -> tuple[str, str] | None:
         """(state, reason) of the version (a version the scan found and its policy selects is
-        UNAVAILABLE "not loaded" until it has a record), or with version None of the model's
-        latest record or else of what the scan knows; None when nothing is known."""
+        UNAVAILABLE "not loaded" until it has a record; `held`: its model is unloaded through the
+        API), or with version None of the model's latest record or else of what the scan knows;
+        None when nothing is known."""
         if version:
             record = self._records.get((name, version))
             entry = scan.models.get(name)
             if record is None and entry is not None and version in entry.selected:
                 # on disk and selected, not loaded yet (settling, or between an unload and a load):
                 # the index lists it UNAVAILABLE, and so does a request for it (not "no such version")
-                return State.UNAVAILABLE.value, NOT_LOADED
+                return State.UNAVAILABLE.value, HELD if held else NOT_LOADED
             if record is None and name in scan.problems and not any(n == name for n, _ in self._records):
                 # a model known only as a problem (the index lists it: not "unknown model"); one
                 # with versions recorded still has no version that is not among them
@@ -123,19 +130,21 @@ class VersionStates:
             elif state is State.READY and reason and (name, version) not in refused:
                 self.move(name, version, State.READY)
 
-    def index(self, scan: ScanResult, pending: dict[str, list[str]], ready_only: bool = False) -> list[dict]:
+    def index(self, scan: ScanResult, pending: dict[str, dict[str, str]], held: set[str] = frozenset(),
+              ready_only: bool = False) -> list[dict]:
         """[{"name", "version", "state", "reason"}] for every version recorded or on disk, and
-        a row with an empty version for each scan problem."""
+        a row with an empty version for each scan problem; `pending`: name -> version -> which
+        of its files is not complete yet (settle.py); `held`: models unloaded through the API."""
         rows: dict[tuple[str, str], tuple[str, str]] = {}
         for name, reason in scan.problems.items():
             rows[(name, "")] = (State.UNAVAILABLE.value, reason)
         for name, entry in scan.models.items():
-            waiting = set(pending.get(name, ()))
-            for version, found in entry.available.items():
-                if found.path in waiting and (name, version) not in self._records:
-                    reason = "waiting for the file to be complete"
+            waiting = pending.get(name, {})
+            for version in entry.available:
+                if version in waiting and (name, version) not in self._records:
+                    reason = waiting[version]
                 elif version in entry.selected:
-                    reason = NOT_LOADED
+                    reason = HELD if name in held else NOT_LOADED
                 else:
                     reason = "not selected by the version policy"
                 rows[(name, version)] = (State.UNAVAILABLE.value, reason)
