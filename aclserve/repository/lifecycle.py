@@ -4,8 +4,9 @@ For one model, a plan's versions are loaded and warmed up beside the serving one
 service with one assignment of the name -> versions map (a request sees the old map or the new
 one, never a mix), and the replaced ones drain and are then closed; versions that a change of
 the version_policy alone keeps (plan.keep) take the new config in that swap, not reloaded. A
-failed load leaves the serving version in place. Each version's state (status.py names them
-and the moves allowed) changes only here.
+failed load leaves the serving version in place, and so does (poll mode) a version whose file
+went, or that its policy dropped, while it loaded: it never serves. Each version's state
+(status.py names them and the moves allowed) changes only here.
 
 Who owns which state. Everything below lives on the event loop thread; nothing is locked.
 - Lifecycle.serving, .acted: replaced whole by `_swap`, run by the model's apply task (at most
@@ -183,6 +184,9 @@ class Lifecycle:
         unload = list(plan.unload)
         if failed:  # keep versions a failed one was meant to push out, while their files exist
             unload = [v for v in unload if not self._planner.on_disk(name, v) or name in self.held]
+        dropped = self._changed_meanwhile(name, loaded)
+        if dropped:  # ... or a dropped one (the rescan at the task's end looks at them again)
+            unload = [v for v in unload if self._planner.file_gone(name, v, self.acted[name][v].file.path)]
         causes = {v: self._unload_cause(plan, v, loaded) for v in unload}
         replaced = self._swap(name, loaded, causes, plan.keep)
         for version, sv in loaded.items():
@@ -193,16 +197,38 @@ class Lifecycle:
                 self._emit("reloaded", name, version, seconds=sv.load_seconds, replaced=replaced[version])
             else:
                 self._emit("loaded", name, version, seconds=sv.load_seconds)
-        await asyncio.gather(*(self._retire(old, replaced=v in loaded, cause=causes.get(v, ""))
-                               for v, old in replaced.items()))
+        retiring = [self._retire(old, replaced=v in loaded, cause=causes.get(v, "")) for v, old in replaced.items()]
+        await asyncio.gather(self._close_unserved(dropped), *retiring)
         if failed:
             self._dirty.add(name)  # the selection may change now that a file is refused
         return failed
 
+    def _changed_meanwhile(self, name: str, loaded: dict[str, ServedVersion]) -> dict[str, ServedVersion]:
+        """Poll mode, just before the swap: the versions the folder no longer wants (deleted or
+        dropped by their policy as they loaded: no plan said so, as the diff compares with what
+        serves) leave `loaded`, returned. Explicit and none modes take the folder as their load
+        calls read it; a model unloaded through the API is left to its unload."""
+        if self._config.model_control_mode != "poll" or name in self.held:
+            return {}
+        dropped = {}
+        for version, sv in list(loaded.items()):
+            why = FILE_GONE if self._planner.file_gone(name, version, sv.wanted.file.path) else \
+                "" if self._planner.still_wanted(name, version) else self._planner.scan.problems.get(name, NOT_SELECTED)
+            if why:
+                dropped[version] = loaded.pop(version)
+                log.info("%s: version %s not put in service: %s (changed while it loaded)", name, version, why)
+                if self.states.get(name, version) is State.LOADING:  # (a reload's stays READY: its old file serves)
+                    self.states.move(name, version, None)
+                self._dirty.add(name)
+        return dropped
+
     async def _close_unserved(self, loaded: dict[str, ServedVersion]) -> None:
-        """Close versions loaded as the repository closed, never swapped in (so never served)."""
+        """Close versions never swapped in: loaded as the repository closed, or dropped (their
+        compiles go with their sources)."""
         for sv in loaded.values():
             await sv.close(0.0, self._executor, self._close_deadline)
+            if not self._closed:
+                self._cache.release(sv.name, sv.version, sv.om_path, sv.source, False, self._compiles_in_use())
 
     def _unload_cause(self, plan: ModelPlan, version: str, loaded: dict[str, ServedVersion]) -> str:
         """Why `plan` takes `version` out of service, in a few words for the log and its UNLOADING

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 from ..config import ModelConfig
@@ -30,6 +31,7 @@ class Planner:
         self.scan = layout.ScanResult()  # the latest scan
         self.listed: layout.ScanResult | None = None  # the latest that could list the folder
         self.pending: dict[str, dict[str, str]] = {}  # name -> version -> the file it waits for (settle.py)
+        self.desired: DesiredState = {}  # what the latest plans were made for
         self._gate = gate
         self._defaults = defaults
         self._unload_missing = unload_missing  # config.unload_on_delete
@@ -58,7 +60,28 @@ class Planner:
                     desired[name] = kept
         for name in excluded:
             desired.pop(name, None)
+        self.desired = desired
         return diff(acted, desired, unload_missing=self._unload_missing)
+
+    def still_wanted(self, name: str, version: str) -> bool:
+        """The latest plans still want `version` of `name` served (a load ending looks: what
+        changed on disk meanwhile made no plan of its own), or cannot tell yet: its files are
+        being written (judged once complete), the folder cannot be listed, or the model is gone
+        whole with unload_on_delete off (kept, as plan.diff keeps it)."""
+        if self.scan.unreadable or version in self.desired.get(name, {}) or version in self.pending.get(name, {}):
+            return True
+        return name not in self.desired and not self._unload_missing
+
+    def file_gone(self, name: str, version: str, path: str) -> bool:
+        """The file `version` of `name` was loaded from (`path`) is gone: the latest scan does
+        not list it, or it is not there now (no scan has seen its deletion yet). A folder that
+        cannot be listed tells nothing, and with unload_on_delete off a model gone whole is kept."""
+        if self.scan.unreadable:
+            return False
+        found = self.scan.versions_found.get(name)
+        listed = found is not None or name in self.scan.problems  # (files of a problem may not be listed)
+        gone = (found is not None and version not in found) or not listed or _missing(path)
+        return gone and (self._unload_missing or bool(found))
 
     def note_event(self, path: str, moved: bool) -> None:
         """A file event (from the watcher): a rename into place makes the file complete."""
@@ -97,3 +120,15 @@ class Planner:
             else:
                 log.info("models folder: %s", key[1])
         self._logged = current
+
+
+def _missing(path: str) -> bool:
+    """`path` does not exist (one stat, on the loop as settle.py's are); a stat refused for
+    another reason (permissions) tells nothing."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return False

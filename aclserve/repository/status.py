@@ -13,6 +13,7 @@ the scan. Every change goes through `VersionStates.move`, which refuses one not 
 
     None -> LOADING -> READY -> UNLOADING -> UNAVAILABLE or None
             LOADING -> UNAVAILABLE -> LOADING (a retry or a new file) or None (its file is gone)
+            LOADING -> None       loaded, but its file went or its policy dropped it meanwhile
     READY -> READY        a reload swapped in, or a newer file refused (the reason says so)
     LOADING -> LOADING    a load that was cancelled is started again
 
@@ -35,7 +36,7 @@ class State(str, enum.Enum):
 
 TRANSITIONS: dict[State | None, frozenset[State | None]] = {
     None: frozenset({State.LOADING}),
-    State.LOADING: frozenset({State.LOADING, State.READY, State.UNAVAILABLE}),
+    State.LOADING: frozenset({State.LOADING, State.READY, State.UNAVAILABLE, None}),
     State.READY: frozenset({State.READY, State.UNLOADING}),
     State.UNLOADING: frozenset({State.UNAVAILABLE, None}),
     State.UNAVAILABLE: frozenset({State.LOADING, None}),
