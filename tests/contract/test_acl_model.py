@@ -263,6 +263,59 @@ def test_current_output_dims_follow_set_dynamic_batch_size(acl, loaded_mlp):
     assert acl.mdl.get_cur_output_dims(m.desc, 0) == ({"name": "y", "dimCount": 2, "dims": [4, 3]}, 0)
 
 
+def _dataset_of(acl, buffers):
+    ds = acl.mdl.create_dataset()
+    for buf in buffers:
+        assert acl.mdl.add_dataset_buffer(ds, buf) == (ds, 0)
+    return ds
+
+
+def test_an_execution_runs_at_the_gear_set_on_its_input_dataset(acl, loaded_mlp, device_buffer):
+    """The device runs a dynamic-batch model at the gear aclmdlSetDynamicBatchSize recorded on
+    the input dataset (dataset->dynamicBatchSize, which ModelExecute hands to GE: hicann/ge
+    model.cpp), not at the bytes of its gear buffer. A dataset it was never set on is refused
+    with 145013 (what the device does with one is unverified) whatever its buffer holds: the
+    buffer of a dataset that was set, or a gear copied in. A batch GE refused stays recorded
+    (ACL records it first), and a buffer written after the set no longer matches its dataset:
+    both are refused too."""
+    m = loaded_mlp
+    m.write_input(0, np.zeros((4, IN_FEATURES), np.float32))
+    mbatch_size = acl.mdl.get_input_size_by_index(m.desc, MBATCH)
+    own_mbatch = device_buffer(mbatch_size)
+    x_buffer = acl.mdl.get_dataset_buffer(m.inputs, 0)
+    copied_buffer = acl.create_data_buffer(own_mbatch, mbatch_size)
+    shared = _dataset_of(acl, [x_buffer, acl.mdl.get_dataset_buffer(m.inputs, MBATCH)])
+    copied = _dataset_of(acl, [x_buffer, copied_buffer])
+    stream, _ = acl.rt.create_stream()
+    try:
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 2) == 0
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == 0
+        assert acl.mdl.execute(m.model_id, shared, m.outputs) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+        assert acl.mdl.execute_async(m.model_id, shared, m.outputs, stream) \
+            == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID  # at the call, as the dataset is read there
+        assert acl.rt.memcpy(own_mbatch, mbatch_size, m.buffer_ptr(m.inputs, MBATCH), mbatch_size,
+                             C.ACL_MEMCPY_DEVICE_TO_DEVICE) == 0
+        assert acl.mdl.execute(m.model_id, copied, m.outputs) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, copied, MBATCH, 2) == 0
+        assert acl.mdl.execute(m.model_id, copied, m.outputs) == 0
+        # 3 is no gear: GE refuses it, the dataset keeps it, its buffer keeps 2
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 3) \
+            == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 4) == 0
+        assert acl.rt.memcpy(m.buffer_ptr(m.inputs, MBATCH), mbatch_size, own_mbatch, mbatch_size,
+                             C.ACL_MEMCPY_DEVICE_TO_DEVICE) == 0  # 2 written over the 4 it was set to
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 4) == 0
+        assert acl.mdl.execute_async(m.model_id, m.inputs, m.outputs, stream) == 0
+        assert acl.rt.synchronize_stream(stream) == 0
+    finally:
+        acl.rt.destroy_stream(stream)
+        acl.mdl.destroy_dataset(shared)
+        acl.mdl.destroy_dataset(copied)
+        acl.destroy_data_buffer(copied_buffer)
+
+
 def test_model_id_is_not_reentrant(acl, loaded_mlp, caplog):
     m = loaded_mlp
     assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 2) == 0

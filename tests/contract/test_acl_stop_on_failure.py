@@ -20,7 +20,8 @@ def test_an_async_failure_shows_at_the_streams_synchronize_not_at_an_events(acl,
     m = loaded_mlp
     stream, _ = acl.rt.create_stream()
     event, _ = acl.rt.create_event()
-    try:  # the mbatch buffer holds 0: not a gear, detected when the stream runs the model
+    try:  # set to a gear, then the mbatch buffer overwritten with 0: detected when the stream runs the model
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 1) == 0
         assert acl.rt.memset(m.buffer_ptr(m.inputs, MBATCH), 8, 0, 8) == 0
         assert acl.mdl.execute_async(m.model_id, m.inputs, m.outputs, stream) == 0
         assert acl.rt.record_event(event, stream) == 0
@@ -49,7 +50,8 @@ def test_a_context_set_to_stop_on_failure_stops_its_streams_and_reports_it_every
         assert acl.rt.set_stream_failure_mode(b, C.ACL_CONTINUE_ON_FAILURE) == 0  # its mode already
         assert acl.rt.set_stream_failure_mode(0, C.ACL_STOP_ON_FAILURE) == C.ACL_ERROR_INVALID_PARAM
         assert acl.rt.set_stream_failure_mode(b, 2) == C.ACL_ERROR_INVALID_PARAM
-        assert acl.rt.memset(m.buffer_ptr(m.inputs, MBATCH), 8, 0, 8) == 0  # not a gear: fails when run
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 1) == 0
+        assert acl.rt.memset(m.buffer_ptr(m.inputs, MBATCH), 8, 0, 8) == 0  # not the gear set: fails when run
         assert acl.mdl.execute_async(m.model_id, m.inputs, m.outputs, a) == 0
         assert acl.rt.record_event(event, a) == 0
         assert acl.rt.synchronize_event(event) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID

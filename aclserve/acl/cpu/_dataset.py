@@ -2,6 +2,8 @@
 
 A data buffer is (address, size) and owns no memory; a dataset is a list of data buffers and
 owns none of them (destroy_dataset leaves the buffers, destroy_data_buffer leaves the memory).
+A dataset also keeps the gear set_dynamic_batch_size last set on it, which an execution runs
+with (the device's aclmdlDataset.dynamicBatchSize: hicann/ge model.cpp).
 """
 from __future__ import annotations
 
@@ -20,11 +22,12 @@ class DataBuffer:
 
 
 class Dataset:
-    __slots__ = ("handle", "buffers")
+    __slots__ = ("handle", "buffers", "gear")
 
     def __init__(self):
         self.handle = _state.new_handle()
         self.buffers: list[DataBuffer] = []
+        self.gear = 0  # set_dynamic_batch_size's batch on this dataset; 0: never set
 
 
 _lock = threading.Lock()

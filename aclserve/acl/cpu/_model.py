@@ -8,9 +8,11 @@ figure is real. ORT's own intermediate tensors live in ORT's allocator, not in t
 A model belongs to the context current at load: execute, execute_async and unload under
 another context fail with 107004 ("model not in current context"), as on the device.
 
-Execution binds the data buffers' addresses with IOBinding (no copies) using the batch of the
-dynamic-batch input. A model id is not re-entrant: its lock is taken without waiting and a
-second concurrent execution fails with 507011, as on the NPU. ORT releases the GIL while running.
+Execution binds the data buffers' addresses with IOBinding (no copies) at the gear the input
+dataset was set to (set_dynamic_batch_size records it on the dataset, and execute reads it at
+the call, as the device does). A model id is not re-entrant: its lock is taken without waiting
+and a second concurrent execution fails with 507011, as on the NPU. ORT releases the GIL while
+running.
 """
 from __future__ import annotations
 
@@ -78,10 +80,13 @@ class LoadedModel:
             _memory.free(ptr)
 
     def validate(self, in_ds: Dataset, out_ds: Dataset) -> int:
-        """Checks done when execute/execute_async is called (the batch is read when it runs)."""
+        """Checks done when execute/execute_async is called (the gear buffer is read when it runs)."""
         ins, outs = in_ds.buffers, out_ds.buffers
         if len(ins) < len(self._in_min) or len(outs) < len(self._out_min):
             return C.ACL_ERROR_INVALID_PARAM
+        ret = self._gear_ok(in_ds.gear)
+        if ret:
+            return ret
         for buf, need in zip(ins, self._in_min):
             if buf.size < need:
                 return C.ACL_ERROR_GE_PARAM_INVALID
@@ -96,7 +101,29 @@ class LoadedModel:
                 return C.ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID
         return C.ACL_SUCCESS
 
-    def _batch(self, in_ds: Dataset) -> tuple[int, int]:
+    def _gear_ok(self, gear: int) -> int:
+        """The input dataset's gear (Dataset.gear), for a dynamic-batch model. The device runs with
+        the dataset's record, not the buffer's bytes (ModelExecute passes
+        dataset->dynamicBatchSize; GeExecutor::ExecModel marks the run dynamic only when it is not
+        0, and one that matches no gear runs the first gear's branch). What the device does with
+        a gear model and a dataset never set (0) is unverified: refused here, with GE's code for a
+        batch that is not a gear (145013), as is a record that is no gear."""
+        if self.info.mbatch_index is None or gear in self.info.gears:
+            return C.ACL_SUCCESS
+        if gear == 0:
+            log.error("model %d: set_dynamic_batch_size was never called on this input dataset: a gear model "
+                      "runs at the gear (%s) set on its dataset, whatever %s holds", self.id, self.info.gears,
+                      C.ACL_DYNAMIC_TENSOR_NAME)
+        else:
+            log.error("model %d: the input dataset was last set to batch %d, not a compiled gear %s",
+                      self.id, gear, self.info.gears)
+        return C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+
+    def _batch(self, in_ds: Dataset, gear: int) -> tuple[int, int]:
+        """The batch to run: `gear`, the dataset's record at the call. Its gear buffer must still
+        hold it when the run starts: on the device the graph's branch switch reads that buffer
+        while GE runs at the dataset's gear, and a buffer written since the set (shared with
+        another dataset, or copied over) has no defined result there (unverified): refused (145013)."""
         m = self.info.mbatch_index
         if m is None:
             return 1, C.ACL_SUCCESS
@@ -105,12 +132,12 @@ class LoadedModel:
         if _memory.find(buf.addr, nbytes) is None:
             return 0, C.ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID
         ctype = ctypes.c_int64 if nbytes == 8 else ctypes.c_int32
-        batch = ctype.from_address(buf.addr).value
-        if batch not in self.info.gears:
-            log.error("model %d: batch %d in %s is not a compiled gear %s (call set_dynamic_batch_size)",
-                      self.id, batch, C.ACL_DYNAMIC_TENSOR_NAME, self.info.gears)
+        held = ctype.from_address(buf.addr).value
+        if held != gear:
+            log.error("model %d: %s holds %d, but the input dataset was set to batch %d (its buffer was written "
+                      "after set_dynamic_batch_size)", self.id, C.ACL_DYNAMIC_TENSOR_NAME, held, gear)
             return 0, C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
-        return batch, C.ACL_SUCCESS
+        return gear, C.ACL_SUCCESS
 
     def _in_device_memory(self, batch: int, in_addrs, out_addrs) -> bool:
         info = self.info
@@ -135,8 +162,9 @@ class LoadedModel:
         self._bindings[(batch, in_addrs, out_addrs)] = binding
         return binding
 
-    def run(self, in_ds: Dataset, out_ds: Dataset) -> int:
-        """Execute now in the calling thread (the sync call, or a stream worker)."""
+    def run(self, in_ds: Dataset, out_ds: Dataset, gear: int) -> int:
+        """Execute now in the calling thread (the sync call, or a stream worker) at `gear`, the
+        input dataset's gear when execute/execute_async was called."""
         if not self.lock.acquire(blocking=False):
             log.error("model %d is already executing: a model id is not re-entrant "
                       "(load the model again for parallel execution)", self.id)
@@ -148,7 +176,7 @@ class LoadedModel:
                 log.error("model %d: the CPU runtime cannot execute it: its header's sizes are not its ONNX "
                           "graph's: %s", self.id, ", ".join(self._unrunnable))
                 return C.ACL_ERROR_GE_PARAM_INVALID
-            batch, ret = self._batch(in_ds)
+            batch, ret = self._batch(in_ds, gear)
             if ret:
                 return ret
             ins, outs = in_ds.buffers, out_ds.buffers
@@ -249,16 +277,20 @@ def unload(ctx, model_id: int) -> int:
 
 
 def set_dynamic_batch_size(model_id: int, ds: Dataset, index: int, batch: int) -> int:
-    """Write the batch into the dynamic-batch buffer now (synchronous, not stream-ordered).
+    """Record the batch on the dataset and write it into the dynamic-batch buffer now
+    (synchronous, not stream-ordered).
 
     Checks in aclmdlSetDynamicBatchSize's order: ACL's (batch, a buffer at `index`, its
     address: 100000), then GE's (buffer length 145012, model id 145003, a compiled gear 145013;
-    a static model has none, so it gets 145013 too)."""
+    a static model has none, so it gets 145013 too). ACL records the batch on the dataset
+    between the two (`dataset->dynamicBatchSize = batchSize`, hicann/ge model.cpp), so a batch
+    GE refuses stays recorded: an execution with that dataset is refused (LoadedModel._gear_ok)."""
     if batch <= 0 or not 0 <= index < len(ds.buffers):
         return C.ACL_ERROR_INVALID_PARAM
     buf = ds.buffers[index]
     if buf.addr == 0:  # ACL's own check, before GE (whose 145011 this API never reaches)
         return C.ACL_ERROR_INVALID_PARAM
+    ds.gear = batch
     if buf.size < 4:
         return C.ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID
     model = models.get(model_id)

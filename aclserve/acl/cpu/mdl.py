@@ -267,7 +267,7 @@ def execute(model_id, input, output):  # noqa: A002  (pyACL's parameter names)
         return ret
     if ctx.failure:
         return ctx.failure
-    ret = model.run(ins, outs)
+    ret = model.run(ins, outs, ins.gear)
     if ret:
         ctx.task_failed(ret)
     return ret
@@ -284,4 +284,5 @@ def execute_async(model_id, input, output, stream):  # noqa: A002
     ret = faults.trigger("execute_call", model_id)  # the call itself failing or blocking
     if ret:
         return ret
-    return s.enqueue(lambda: model.run(ins, outs))
+    gear = ins.gear  # read at the call, as ModelExecute reads the dataset's (a later set does not change it)
+    return s.enqueue(lambda: model.run(ins, outs, gear))
