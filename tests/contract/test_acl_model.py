@@ -316,6 +316,31 @@ def test_an_execution_runs_at_the_gear_set_on_its_input_dataset(acl, loaded_mlp,
         acl.destroy_data_buffer(copied_buffer)
 
 
+def test_an_execution_takes_one_buffer_per_input_and_output(acl, loaded_mlp, device_buffer):
+    """The OM2 executor refuses a dataset with more or fewer buffers than the model has inputs
+    (outputs) with 100000 (hicann/ge model_om2.cpp, Om2GetModelTensorDesc); what the classic
+    executor does with extra ones is unverified: refused here too, at the call."""
+    m = loaded_mlp
+    extra = acl.create_data_buffer(device_buffer(64), 64)
+    inputs = [acl.mdl.get_dataset_buffer(m.inputs, i) for i in range(2)]
+    outputs = [acl.mdl.get_dataset_buffer(m.outputs, i) for i in range(2)]
+    more_in, more_out = _dataset_of(acl, inputs + [extra]), _dataset_of(acl, outputs + [extra])
+    fewer_out = _dataset_of(acl, outputs[:1])
+    stream, _ = acl.rt.create_stream()
+    try:
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 1) == 0
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, more_in, MBATCH, 1) == 0
+        for ins, outs in ((more_in, m.outputs), (m.inputs, more_out), (m.inputs, fewer_out)):
+            assert acl.mdl.execute(m.model_id, ins, outs) == C.ACL_ERROR_INVALID_PARAM
+            assert acl.mdl.execute_async(m.model_id, ins, outs, stream) == C.ACL_ERROR_INVALID_PARAM
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == 0
+    finally:
+        acl.rt.destroy_stream(stream)
+        for ds in (more_in, more_out, fewer_out):
+            acl.mdl.destroy_dataset(ds)
+        acl.destroy_data_buffer(extra)
+
+
 def test_model_id_is_not_reentrant(acl, loaded_mlp, caplog):
     m = loaded_mlp
     assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 2) == 0

@@ -82,7 +82,13 @@ class LoadedModel:
     def validate(self, in_ds: Dataset, out_ds: Dataset) -> int:
         """Checks done when execute/execute_async is called (the gear buffer is read when it runs)."""
         ins, outs = in_ds.buffers, out_ds.buffers
-        if len(ins) < len(self._in_min) or len(outs) < len(self._out_min):
+        if len(ins) != len(self._in_min) or len(outs) != len(self._out_min):
+            # one buffer per input and per output: the OM2 executor refuses any other count with
+            # 100000 ("Input/Output blobs size mismatch", hicann/ge model_om2.cpp
+            # Om2GetModelTensorDesc); the classic executor's answer to extra buffers is unverified,
+            # so they are refused here too
+            log.error("model %d: %d input and %d output buffers for its %d inputs and %d outputs",
+                      self.id, len(ins), len(outs), len(self._in_min), len(self._out_min))
             return C.ACL_ERROR_INVALID_PARAM
         ret = self._gear_ok(in_ds.gear)
         if ret:
