@@ -222,7 +222,8 @@ class LoadedModel:
         finally:
             self.acl.rt.free_host(host)
 
-    def close(self):
+    def close(self, unload: bool = True):
+        """Free what it made; and unload the model, unless the test did."""
         acl = self.acl
         for buf in self.buffers:
             assert acl.destroy_data_buffer(buf) == 0
@@ -231,7 +232,8 @@ class LoadedModel:
         assert acl.mdl.destroy_dataset(self.inputs) == 0
         assert acl.mdl.destroy_dataset(self.outputs) == 0
         assert acl.mdl.destroy_desc(self.desc) == 0
-        assert acl.mdl.unload(self.model_id) == 0
+        if unload:
+            assert acl.mdl.unload(self.model_id) == 0
 
 
 @pytest.fixture

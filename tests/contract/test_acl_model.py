@@ -263,6 +263,25 @@ def test_current_output_dims_follow_set_dynamic_batch_size(acl, loaded_mlp):
     assert acl.mdl.get_cur_output_dims(m.desc, 0) == ({"name": "y", "dimCount": 2, "dims": [4, 3]}, 0)
 
 
+def test_current_output_dims_are_refused_once_the_model_is_unloaded(acl, ctx, mlp_om):
+    """aclmdlGetCurOutputDims asks GE for the loaded model's current shape (GetCurShape): after
+    unload that is an unknown model id (145003), after ACL's own index check (100000); the
+    descriptor's other calls still answer from what it holds."""
+    m = LoadedModel(acl, mlp_om[0])
+    unloaded = False
+    try:
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 2) == 0
+        assert acl.mdl.get_cur_output_dims(m.desc, 0)[0]["dims"] == [2, OUT_FEATURES]
+        assert acl.mdl.unload(m.model_id) == 0
+        unloaded = True
+        assert acl.mdl.get_cur_output_dims(m.desc, 0) == ({}, C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID)
+        assert acl.mdl.get_cur_output_dims(m.desc, 1) == ({}, C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID)
+        assert acl.mdl.get_cur_output_dims(m.desc, 2) == ({}, C.ACL_ERROR_INVALID_PARAM)
+        assert acl.mdl.get_output_dims(m.desc, 0) == ({"name": "y", "dimCount": 2, "dims": [4, OUT_FEATURES]}, 0)
+    finally:
+        m.close(unload=not unloaded)
+
+
 def _dataset_of(acl, buffers):
     ds = acl.mdl.create_dataset()
     for buf in buffers:

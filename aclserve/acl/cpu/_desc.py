@@ -1,8 +1,9 @@
 """aclmdlDesc: a model's description, filled by get_desc from a loaded model.
 
-A desc keeps a reference to the model's ModelInfo (and the model, for get_cur_output_dims: the
-gear last set by set_dynamic_batch_size), so it stays readable after unload, as a C desc would.
-Value-returning calls give 0 / -1 / "" on error.
+A desc keeps a reference to the model's ModelInfo, so it stays readable after unload, as a C
+desc would; but for get_cur_output_dims, which asks the loaded model for the gear last set by
+set_dynamic_batch_size and is refused once it is unloaded. Value-returning calls give
+0 / -1 / "" on error.
 """
 from __future__ import annotations
 
@@ -65,13 +66,18 @@ def dims(handle: int, index: int, outputs: bool, current: bool = False, v2: bool
     t = tensor(handle, index, outputs)
     if t is None:
         return {}, C.ACL_ERROR_INVALID_PARAM
+    model = descs[handle].model
+    if current and models.get(model.id) is not model:
+        # aclmdlGetCurOutputDims asks GE for the model's current shape (GeExecutor::GetCurShape),
+        # whatever the output: an unloaded model id is "Invalid Model ID" there (hicann/ge
+        # ModelManager::GetCurrentShape), as for every call naming one
+        return {}, C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
     values = list(t.dims_v2 if v2 else t.dims)  # (v2: an AIPP input's buffer, whose product is its size)
     if outputs and -1 in values:
         # An output is reported at a gear, never with -1 (an input is: [-1, 3, 224, 224]). CANN's
         # aclmdlGetOutputDims page: with dynamic batch, the largest gear's dims; its
         # aclmdlGetCurOutputDims page: the gear set_dynamic_batch_size set (GE keeps it per
         # model), the largest before any
-        model = descs[handle].model
         batch = model.set_batch if current and model.set_batch is not None else model.info.max_batch
         values = list(t.shape_at(batch))
     return {"name": t.name, "dimCount": len(values), "dims": values}, C.ACL_SUCCESS
