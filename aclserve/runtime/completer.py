@@ -200,7 +200,8 @@ class Completer:
     def _trace_device(self, trace, ev: dict[str, int], direct: bool) -> None:
         """After the batch's last event (traced batches only): its device spans on the host's clock."""
         trace.woke_ns = now_ns()
-        trace.anchor, trace.device_spans = self._resources.clock.spans(phase_events(ev, direct), trace.woke_ns)
+        trace.anchors, trace.device_spans = self._resources.clock.spans(phase_events(ev, direct), direct,
+                                                                        trace.woke_ns)
 
     def _fail(self, batch: Batch, error: BaseException) -> None:
         """The batch failed. A device error (not a timeout) makes the instance reset its

@@ -6,8 +6,9 @@ from .types import DeviceTimings
 
 
 def phase_events(events: dict[str, int], direct: bool) -> dict[str, tuple[int, int]]:
-    """Phase -> (start event, end event). A direct batch (enqueue.direct: all on the compute
-    stream, in order) times its copies by the events around them."""
+    """Phase -> (start event, end event), both recorded on one stream (phase_stream). A direct
+    batch (enqueue.direct: all on the compute stream, in order) times its copies by the events
+    around them."""
     if direct:
         return {"h2d": (events["h2d_start"], events["exec_start"]),
                 "compute": (events["exec_start"], events["exec_end"]),
@@ -15,6 +16,12 @@ def phase_events(events: dict[str, int], direct: bool) -> dict[str, tuple[int, i
     return {"h2d": (events["h2d_start"], events["h2d_end"]),
             "compute": (events["exec_start"], events["exec_end"]),
             "d2h": (events["d2h_start"], events["d2h_end"])}
+
+
+def phase_stream(phase: str, direct: bool) -> str:
+    """The stream role ("h2d", "compute", "d2h") whose events time `phase`: a direct batch's all
+    ran on its compute stream; a piped batch's each on the stream of its name."""
+    return "compute" if direct else phase
 
 
 def phase_timings(acl, events: dict[str, int], direct: bool) -> DeviceTimings:

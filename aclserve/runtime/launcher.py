@@ -167,12 +167,11 @@ class Launcher:
                 self._done_q.put((slot, batch, error, direct))
 
     def _trace_launch(self, trace, slot: Slot, direct: bool) -> None:
-        """Traced batches only: mark the launch, and anchor the device clock when it is stale
-        (before this batch records its events; waiting no longer than the execution timeout).
-        Tracing never fails a batch."""
+        """Traced batches only: mark the launch, and anchor the device clock on each stream when
+        it is stale (before this batch records its events; waiting no longer than the execution
+        timeout on each). Tracing never fails a batch."""
         trace.launched(self.name, self._device.id, slot.index, direct)
         try:
-            self._resources.clock.refresh_if_stale(self._resources.streams["compute"],
-                                                   self._completer.execution_timeout_ms)
+            self._resources.clock.refresh_if_stale(self._resources.streams, self._completer.execution_timeout_ms)
         except AclError as e:
             log.warning("%s: trace clock not anchored (%s); device spans left out", self.name, e)

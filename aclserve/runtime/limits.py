@@ -4,7 +4,7 @@ A device has a fixed number of streams and events (CANN docs, aclrtCreateStream 
 aclrtCreateEvent). Past the event limit the device does not fail: a record waits for an event to
 be released, which for a server means a hang. So aclserve counts what each model needs before it
 loads anything (instances x (3 streams + the context's default stream), instances x (slots x 6
-events + 2 for the trace clock)) and refuses a model that would not fit, naming the numbers.
+events + 6 for the trace clock)) and refuses a model that would not fit, naming the numbers.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass
 
 from ..errors import LoadError
+from .device_clock import EVENTS as CLOCK_EVENTS
 
 # (SoC name prefix, streams, events) from the CANN documentation; first match wins.
 SOC_LIMITS: tuple[tuple[str, int, int], ...] = (
@@ -26,7 +27,7 @@ DEFAULT_LIMITS = (1024, 1023)  # the most constrained documented inference card
 
 STREAMS_PER_INSTANCE = 4  # h2d, compute, d2h, and the default stream its context brings
 EVENTS_PER_SLOT = 6  # Slot.EVENTS
-EVENTS_PER_INSTANCE = 2  # DeviceClock's anchors
+EVENTS_PER_INSTANCE = CLOCK_EVENTS  # DeviceClock's anchors: two on each of the 3 streams
 # set_device's default context, the Device's management context, the runtime's internal stream
 DEVICE_BASE_STREAMS = 3
 

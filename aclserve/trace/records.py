@@ -2,9 +2,10 @@
 
 Every host timestamp is `time.perf_counter_ns()` (CLOCK_MONOTONIC on Linux, the clock Triton's
 trace timestamps use too), taken by the thread that did the work. Device times are offsets from
-an Anchor (an event of the instance whose host time is known, runtime/device_clock.py), given
-by `event_elapsed_time`; they become host times when read, with the anchor's host time as it
-stands then, so every batch measured from one anchor moves with it when it is corrected.
+an Anchor (an event of the instance whose host time is known, recorded on the stream the phase
+ran on: runtime/device_clock.py), given by `event_elapsed_time`; they become host times when
+read, with the anchor's host time as it stands then, so every batch measured from one anchor
+moves with it when it is corrected.
 0 means "not reached".
 """
 from __future__ import annotations
@@ -64,7 +65,7 @@ class BatchTrace:
 
     __slots__ = ("id", "model", "gear", "rows", "requests", "levels", "formed_ns", "instance", "device",
                  "slot", "direct", "launched_ns", "packed_ns", "enqueued_ns",
-                 "anchor", "device_spans", "woke_ns", "done_ns", "attempts")
+                 "anchors", "device_spans", "woke_ns", "done_ns", "attempts")
 
     def __init__(self, model: str, gear: int | None, rows: int, requests: int, levels: dict[int, int],
                  formed_ns: int):
@@ -80,8 +81,8 @@ class BatchTrace:
         self.slot = -1
         self.direct = False  # ran by the direct path: copies on the compute stream
         self.launched_ns = self.packed_ns = self.enqueued_ns = 0
-        self.anchor: Anchor | None = None
-        self.device_spans: dict[str, tuple[int, int]] = {}  # "h2d" | "compute" | "d2h" -> offsets (ns)
+        self.anchors: dict[str, Anchor] = {}  # "h2d" | "compute" | "d2h" -> the anchor of its stream
+        self.device_spans: dict[str, tuple[int, int]] = {}  # the same -> offsets (ns) from that anchor
         self.woke_ns = self.done_ns = 0
         self.attempts = 0
 
@@ -90,10 +91,10 @@ class BatchTrace:
         return (self.gear - self.rows) if self.gear is not None else 0
 
     def _device(self, name: str) -> tuple[int, int] | None:
-        span = self.device_spans.get(name)
-        if span is None or self.anchor is None:
+        span, anchor = self.device_spans.get(name), self.anchors.get(name)
+        if span is None or anchor is None:
             return None
-        host = self.anchor.host_ns
+        host = anchor.host_ns
         return host + span[0], host + span[1]
 
     # (start_ns, end_ns) of each phase on the host's axis, or None when unknown
@@ -114,7 +115,7 @@ class BatchTrace:
         self.launched_ns = now_ns()
         self.instance, self.device, self.slot, self.direct = instance, device, slot, direct
         self.attempts += 1
-        self.anchor, self.device_spans = None, {}  # a retried batch keeps only its last attempt
+        self.anchors, self.device_spans = {}, {}  # a retried batch keeps only its last attempt
 
 
 def queued(trace: RequestTrace, request) -> None:

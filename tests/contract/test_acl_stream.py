@@ -183,6 +183,30 @@ def test_events_record_query_synchronize_and_elapsed(acl, ctx, streams, reports)
             assert acl.rt.destroy_event(e) == 0
 
 
+def test_elapsed_time_is_for_two_events_recorded_on_one_stream(acl, ctx, streams, cpu_only):
+    """CANN's aclrtEventElapsedTime page times a start and an end event recorded "in the same
+    Stream"; its runtime does not check (Event::ElapsedTime subtracts the two timestamps): the
+    CPU runtime refuses a pair across streams (107000), whichever kinds of events they are."""
+    a, b = streams(), streams()
+    start, end = acl.rt.create_event()[0], acl.rt.create_event()[0]
+    timed, ret = acl.rt.create_event_ex_with_flag(C.ACL_EVENT_SYNC | C.ACL_EVENT_TIME_LINE)
+    assert ret == 0
+    try:
+        assert acl.rt.record_event(start, a) == 0 and acl.rt.record_event(end, b) == 0
+        assert acl.rt.record_event(timed, b) == 0
+        assert acl.rt.synchronize_stream(a) == 0 and acl.rt.synchronize_stream(b) == 0
+        for first, second in ((start, end), (end, start), (start, timed)):
+            assert acl.rt.event_elapsed_time(first, second) == (0.0, C.ACL_ERROR_RT_PARAM_INVALID)
+        ms, ret = acl.rt.event_elapsed_time(end, timed)  # both on b
+        assert ret == 0 and ms >= 0.0
+        assert acl.rt.record_event(end, a) == 0 and acl.rt.synchronize_stream(a) == 0  # its latest record: on a
+        ms, ret = acl.rt.event_elapsed_time(start, end)
+        assert ret == 0 and ms >= 0.0
+    finally:
+        for e in (start, end, timed):
+            assert acl.rt.destroy_event(e) == 0
+
+
 def test_stream_wait_event_orders_work_across_streams(acl, ctx, streams, reports, device_buffer, host_buffer,
                                                       pinned):
     a, b = streams(), streams()

@@ -145,17 +145,17 @@ def test_an_instance_built_in_a_thread_without_a_context_serves(runtime, affine_
 
 
 def test_a_configuration_beyond_the_device_event_limit_is_refused_before_loading(affine_om):
-    # 3 instances x (4 slots x 6 events + 2 for the trace clock) = 78 > 56
-    rt = AclRuntime(device="cpu", device_limits=(None, 56)).start()
+    # 3 instances x (4 slots x 6 events + 6 for the trace clock) = 90 > 64
+    rt = AclRuntime(device="cpu", device_limits=(None, 64)).start()
     try:
         rt.device(0)
         before = rt.memory(refresh=True)
-        with pytest.raises(ResourceLimitError, match=r"needs 12 streams and 78 events on device 0, "
-                                                    r"which allows \d+ streams and 56 events"):
+        with pytest.raises(ResourceLimitError, match=r"needs 12 streams and 90 events on device 0, "
+                                                    r"which allows \d+ streams and 64 events"):
             open_pool(rt, affine_om(), "affine", instances=3, slots=4)
         assert rt.memory(refresh=True) == before  # nothing was loaded
-        pool = open_pool(rt, affine_om(), "affine", instances=2, slots=4)  # 52 events fit
-        with pytest.raises(ResourceLimitError, match=r"\(11 and 52 already in use\)"):
+        pool = open_pool(rt, affine_om(), "affine", instances=2, slots=4)  # 60 events fit
+        with pytest.raises(ResourceLimitError, match=r"\(11 and 60 already in use\)"):
             open_pool(rt, affine_om(), "affine2", instances=1, slots=1)
         pool.close()
         open_pool(rt, affine_om(), "affine2", instances=1, slots=1).close()  # released on close
@@ -166,10 +166,10 @@ def test_a_configuration_beyond_the_device_event_limit_is_refused_before_loading
 def test_a_pool_claims_the_slots_an_npu_would_build(affine_om):
     """slots: auto builds one slot on the CPU runtime but claims an NPU's two on the ledger,
     so a configuration an NPU could not hold is refused here as well."""
-    rt = AclRuntime(device="cpu", device_limits=(None, 10)).start()  # one instance: 8 events for 1 slot, 14 for 2
+    rt = AclRuntime(device="cpu", device_limits=(None, 16)).start()  # one instance: 12 events for 1 slot, 18 for 2
     try:
         rt.device(0)
-        with pytest.raises(ResourceLimitError, match=r"needs 4 streams and 14 events on device 0"):
+        with pytest.raises(ResourceLimitError, match=r"needs 4 streams and 18 events on device 0"):
             open_pool(rt, affine_om(), "affine", slots=1, claimed_slots=2)
         pool = open_pool(rt, affine_om(), "affine", slots=1)
         assert [len(i.slots) for i in pool.instances] == [1]

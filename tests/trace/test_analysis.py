@@ -15,7 +15,7 @@ def _batch(formed, h2d, compute, d2h, slot):
     batch.launched("m#0", 0, slot, direct=False)
     batch.launched_ns = T0 + formed * US
     batch.packed_ns = batch.enqueued_ns = batch.launched_ns
-    batch.anchor = Anchor(T0)
+    batch.anchors = dict.fromkeys(("h2d", "compute", "d2h"), Anchor(T0))
     batch.device_spans = {name: (a * US, b * US) for name, (a, b) in zip(("h2d", "compute", "d2h"), (h2d, compute, d2h))}
     batch.woke_ns = batch.done_ns = T0 + d2h[1] * US
     return batch
@@ -56,8 +56,8 @@ def test_busy_overlap_stages_and_verdict():
 def test_a_corrected_anchor_moves_every_batch_measured_from_it():
     first = _batch(0, (0, 100), (100, 300), (300, 350), slot=0)
     second = _batch(150, (150, 250), (300, 500), (500, 550), slot=1)
-    second.anchor = first.anchor
-    first.anchor.host_ns -= 40 * US  # what DeviceClock.spans does when a batch shows it was late
+    second.anchors = first.anchors
+    first.anchors["compute"].host_ns -= 40 * US  # what DeviceClock.spans does when a batch shows it was late
     assert first.compute == (T0 + 60 * US, T0 + 260 * US) and second.compute == (T0 + 260 * US, T0 + 460 * US)
 
 

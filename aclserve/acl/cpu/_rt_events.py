@@ -208,6 +208,11 @@ def event_elapsed_time(start, end):
     t1, t2 = e1.finished_timestamp(), e2.finished_timestamp()
     if t1 is None or t2 is None:
         return 0.0, C.ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID  # not recorded, or not completed yet
+    if e1.stream is not e2.stream:
+        # CANN times two events recorded "in the same Stream" (hicann/runtime
+        # docs/zh/api_ref/07_event_management.md, aclrtEventElapsedTime); its runtime does not check
+        # (Event::ElapsedTime subtracts the timestamps), so a pair across streams is a _MISUSE here
+        return 0.0, _MISUSE
     if t2 < t1:
         return 0.0, C.ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL
     return (t2 - t1) * 1000.0, _OK

@@ -244,6 +244,7 @@ class Event:
         self._recorded = 0
         self._completed = 0
         self.timestamp: float | None = None
+        self.stream: Stream | None = None  # the stream of its latest record (event_elapsed_time pairs)
 
     def record(self, stream: Stream) -> int:
         """Queue a record; one the stream refuses (its context stopped) is not counted, so no
@@ -253,7 +254,7 @@ class Event:
             generation = self._recorded + 1
             ret = stream.enqueue(lambda: self._complete(generation), marker=True)
             if ret == C.ACL_SUCCESS:
-                self._recorded = generation
+                self._recorded, self.stream = generation, stream
         return ret
 
     def _complete(self, generation: int) -> int:
