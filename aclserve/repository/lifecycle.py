@@ -17,8 +17,7 @@ Who owns which state. Everything below lives on the event loop thread; nothing i
 - Lifecycle._busy, ._dirty: `start` and the tasks' done callbacks. Lifecycle._loads: the apply
   tasks (their loads in progress, which `close` abandons); ._compiles: the apply tasks add and
   remove their loads' compile stops, `stop_compiles` (an unload) and `close` use them. A plan
-  for a busy model is dropped and the model marked dirty; the task's end asks for a rescan
-  (`rescan_soon`).
+  for a busy model is dropped and the model marked dirty; its task's end asks for a rescan.
 - Planner.scan, .pending, the SettleGate, the logged problems: the reconcile, one at a time
   under the repository's scan lock (run by start(), the Debouncer's task in poll mode, load()
   and, in explicit and none modes, a retry's task).
@@ -223,8 +222,7 @@ class Lifecycle:
         return dropped
 
     async def _close_unserved(self, loaded: dict[str, ServedVersion]) -> None:
-        """Close versions never swapped in: loaded as the repository closed, or dropped (their
-        compiles go with their sources)."""
+        """Close versions never swapped in: loaded as the repository closed, or dropped (compiles released)."""
         for sv in loaded.values():
             await sv.close(0.0, self._executor, self._close_deadline)
             if not self._closed:
@@ -253,8 +251,8 @@ class Lifecycle:
 
     def _swap(self, name: str, loaded: dict[str, ServedVersion], unload: dict[str, str],
               keep: dict[str, Wanted]) -> dict[str, ServedVersion]:
-        """Put `loaded` in service and take `unload` (version -> why) out, in one assignment; the
-        versions in `keep` serve on as they are, under their new version_policy. Returns the retired."""
+        """Put `loaded` in service, take `unload` (version -> why) out, in one assignment; `keep`
+        serves on as it is, under its new version_policy. Returns the retired."""
         updated = dict(self.serving.get(name, {}))
         kept = [v for v in keep if v in updated and v not in loaded]
         for version in kept:
