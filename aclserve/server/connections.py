@@ -17,11 +17,12 @@ keepalive_timeout_s lost answers already counted.
 A sweep every second closes connections past their phase's limit. At `max_connections` a new
 connection replaces the one idle longest (or the slowest head) if it has been so for at least
 EVICT_AFTER_S, else it is answered 503 and closed. At shutdown every connection that is not
-running a request is closed at once, and the rest when the drain ends. A connection opened
-during the drain is admitted for `GET /metrics` alone (a replica's last counts, as Triton's
-metrics port stays up while it exits): any other request on it, the health probes' included,
-is answered 503 "server is shutting down" and the connection closed; once the drain has ended
-(close_all), new connections are refused with that 503 at once. Loop thread only.
+running a request nor sending answers (a slow reader's) is closed at once; the others are
+closed once their answers are out (unsent.py: the drain waits for that), or when the drain ends,
+dropping what their client has not taken. A connection opened during the drain is admitted for
+`GET /metrics` alone (a replica's last counts, as Triton's metrics port stays up): any other
+request on it, the health probes' included, is answered 503 "server is shutting down" and the
+connection closed; once the drain has ended (close_all), new ones are refused with that 503. Loop thread only.
 
 Overload refusals are answered early by the guard (guard.py, shedding.py). Holds
 (hold_refused_connections, off by default): a request refused because the server has no room
@@ -45,6 +46,7 @@ from aiohttp import web
 
 from .outbox import Outbox
 from .shedding import refusal
+from .unsent import UnsentAnswers
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +129,9 @@ class ConnectionTracker:
         self._lingering = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.TimerHandle | None = None
+        # during the drain: connections closed once their answers are out (sending.sent: none left)
+        self.sending = UnsentAnswers(lambda conn: self._conns.get(conn.transport) is conn,
+                                    lambda conn: conn.phase == BUSY or _answers_pending(conn), self._close)
         self._period = max(0.05, min(1.0, header_timeout_s / 4, keepalive_timeout_s / 4))
 
     def __len__(self) -> int:
@@ -256,6 +261,13 @@ class ConnectionTracker:
         if conn is not None:
             conn.phase, conn.since = IDLE, self._loop.time()
             conn.forwarded = max(0, conn.forwarded - 1)
+            self.answered(conn)
+
+    def answered(self, conn: _Conn) -> None:
+        """A request on `conn` was answered: during the drain it closes once its answers are out
+        (but one opened during the drain, for /metrics)."""
+        if not self.accepting and not conn.late and conn.transport in self._conns:
+            self.sending.add(conn)
 
     def _sweep(self) -> None:
         self._sweeper = None
@@ -279,10 +291,13 @@ class ConnectionTracker:
 
     # -- shutdown -------------------------------------------------------------------------------
     def stop_accepting(self) -> None:
-        """New connections are refused; those not running a request are closed now."""
+        """New connections are taken for GET /metrics alone; those not running a request are
+        closed now, or once their answers are out (`sending`), or when the drain ends."""
         self.accepting = False
         for conn in list(self._conns.values()):
-            if conn.phase != BUSY:
+            if conn.phase != BUSY and _answers_pending(conn):
+                self.sending.add(conn)
+            elif conn.phase != BUSY:
                 self._close(conn)
 
     def late(self, transport) -> bool:
@@ -294,16 +309,22 @@ class ConnectionTracker:
         """The drain has ended: every connection closed, and new ones refused from now on."""
         self.closed = True
         for conn in list(self._conns.values()):
-            self._close(conn)
+            self._close(conn, drop_unsent=True)
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        self.sending.end()
 
-    def _close(self, conn: _Conn) -> None:
+    def _close(self, conn: _Conn, drop_unsent: bool = False) -> None:
+        # drop_unsent (the drain has ended): a close keeps sending, and aiohttp waiting for it held the exit 2 s
         self.outbox.flush()  # an answer made for this connection goes out before it closes (all go)
         self._conns.pop(conn.transport, None)
+        self.sending.discard(conn)
         self._unhold(conn)
-        conn.transport.close()
+        if drop_unsent and conn.transport.get_write_buffer_size():
+            conn.transport.abort()
+        else:
+            conn.transport.close()
 
 
 def _answers_pending(conn: _Conn) -> bool:

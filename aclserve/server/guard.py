@@ -210,6 +210,7 @@ class GuardedProtocol(asyncio.Protocol):
         tracker.outbox.flush_before(transport)
         transport.writelines(answer)
         conn.phase, conn.since = IDLE, tracker.now()
+        tracker.answered(conn)  # during the drain: closed once it is out
         if self._write_paused:  # a client that does not read its answers sends no more requests
             self._read_on_drain = True
             transport.pause_reading()

@@ -147,18 +147,23 @@ class ServerState:
             self.shutting_down = True
             self.shutdown_deadline = time.monotonic() + self.config.shutdown_timeout_s
             self.connections.stop_accepting()
-            log.info("shutting down: %d request(s) in flight", self.inflight)
+            log.info("shutting down: %d request(s) in flight, %d connection(s) still sending answers",
+                     self.inflight, len(self.connections.sending))
 
     async def begin_shutdown(self) -> None:
         """stop_accepting(), then wait until the shutdown deadline for queued and in-flight
-        requests. Idempotent: a later call (`serve` drains, then the app's lifecycle asks again)
-        waits no longer than the first, and a drain that ran out of time is reported once."""
+        requests, and for the answers still going out to their clients (connections.py). Idempotent:
+        a later call (`serve` drains, then the app's lifecycle asks again) waits no longer than the
+        first, and a drain that ran out of time is reported once."""
         self.stop_accepting()
-        if not await set_by(self._idle, self.shutdown_deadline):
+        sent = self.connections.sending.sent
+        if not (await set_by(self._idle, self.shutdown_deadline) and await set_by(sent, self.shutdown_deadline)):
             if not self._drain_reported:
                 self._drain_reported = True
-                log.warning("shutdown: %d request(s) still in flight after %.1f s; those waiting on a model are "
-                            "answered 503 as it closes", self.inflight, self.config.shutdown_timeout_s)
+                log.warning("shutdown: %d request(s) still in flight and %d connection(s) still sending answers "
+                            "after %.1f s; those waiting on a model are answered 503 as it closes, answers not "
+                            "taken by their clients are dropped", self.inflight, len(self.connections.sending),
+                            self.config.shutdown_timeout_s)
 
     async def close_models(self) -> None:
         """After the drain: close_repository(), then answers_written(). Idempotent."""
