@@ -9,16 +9,21 @@ C code) goes to stderr, so nothing but the protocol reaches that pipe.
 
 SIGTERM, SIGHUP or end-of-file on stdin (the server gone) end it as a Ctrl-C ends
 `aclserve compile`: the ATC it started is killed, its partial files are removed; exit status
-128 + the signal's number, no word said.
+128 + the signal's number, no word said. On Linux the kernel also signals it when the server
+dies (PR_SET_PDEATHSIG): SIGKILL for a CPU compile, which inside ONNX Runtime's C calls heard
+SIGTERM or its stdin's end only 1-3 s later (its work folder is swept afterwards); SIGTERM when
+ATC runs, whose wait hears it at once and kills ATC (a SIGKILL would leave ATC running).
 
 For tests: with ACLSERVE_COMPILE_HOLD=FOLDER set, the child writes FOLDER/<its pid> before it
 compiles and waits while that file exists (a compile known to be running, as long as a test needs).
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -28,6 +33,7 @@ import traceback
 from .compile_process import Built
 
 HOLD_ENV = "ACLSERVE_COMPILE_HOLD"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def main(argv: list[str]) -> int:
@@ -44,6 +50,7 @@ def main(argv: list[str]) -> int:
             signal.signal(sig, lambda signum, _frame: _interrupt(received, signum))
         threading.Thread(target=_end_with_parent, name="aclserve-compile-parent", daemon=True).start()
         request = json.loads(argv[0])
+        _die_with_parent(request.get("parent"), signal.SIGTERM if _runs_atc(request["options"]) else signal.SIGKILL)
         _hold(request["onnx_path"])
         from .compile import compile_model  # (imported here: a signal during the ~1 s import ends it too)
         result = compile_model(request["onnx_path"], request["output"], log=lambda line: say(log=line),
@@ -71,6 +78,28 @@ def _end_with_parent() -> None:
     except OSError:
         pass
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _die_with_parent(parent: int | None, signum: int) -> None:
+    """Linux: the kernel sends `signum` when the server's thread that started this process ends
+    (it waits for this process: only the server's death ends it first). A server already gone
+    before that was set is seen by its pid: then this process ends at once."""
+    if not sys.platform.startswith("linux"):
+        return  # (the stdin watch alone)
+    try:
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):  # no libc symbol to be had: the stdin watch alone
+        return
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signum)
+
+
+def _runs_atc(options: dict) -> bool:
+    """Whether compile_model will run ATC (its choice, without importing it: the import takes ~1 s)."""
+    if options.get("target", "auto") not in ("auto", "npu"):
+        return False
+    return bool(options.get("atc") or shutil.which("atc"))
 
 
 def _hold(onnx_path: str) -> None:

@@ -12,7 +12,7 @@ The two talk in JSON lines on the child's stdout: {"log": line} for each line of
 log, then {"result": ...} or {"error": ...}. Its stderr is the server's (what ONNX Runtime or
 ATC print goes where it went when the compile ran in the server). Its stdin is a pipe the
 server never writes: the child ends when it reads end-of-file, so a server that dies leaves no
-compile running.
+compile running; on Linux the kernel ends it too (PR_SET_PDEATHSIG: compile_child.py), at once.
 
 Stopping (CompileStop, from any thread): SIGTERM first, which the child turns into the
 interruption a Ctrl-C of `aclserve compile` is (the ATC it runs killed, its partial files
@@ -125,7 +125,9 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike, *,
     stop = stop or CompileStop()
     if stop.stopped:
         raise CompileStopped("stopped before the compile began")
-    request = {"onnx_path": os.fspath(onnx_path), "output": os.fspath(output), "options": options}
+    # parent: the child makes sure the server it was started by is still there once it will die with it
+    request = {"onnx_path": os.fspath(onnx_path), "output": os.fspath(output), "options": options,
+               "parent": os.getpid()}
     try:
         child = subprocess.Popen([sys.executable, "-c", CHILD_CODE, str(Path(__file__).resolve().parents[2]),
                                   json.dumps(request)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -213,4 +215,6 @@ def _ended_without_word(status: int) -> str:
         why = "; the kernel's out-of-memory killer sends it when the host runs short of memory" \
             if -status == signal.SIGKILL else ""
         return f"the compile's process was killed by {name} (signal {-status}{why})"
+    if status - 128 in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # its own handlers: 128 + the signal
+        return f"the compile's process was stopped by {signal.Signals(status - 128).name} (exit status {status})"
     return f"the compile's process exited with status {status} without a result (the server's stderr may say why)"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import os
-import tempfile
 
 import numpy as np
 import onnx
@@ -31,6 +30,7 @@ from .batch_rows import refuse_mixed_rows
 from .container import DYNAMIC_BATCH_INPUT
 from .names import atc_output_names
 from .spec import CompileError, ModelSpec, TensorInfo, dtype_of, one_line, refuse_empty
+from .work_folder import work_folder
 
 ORT_LEVEL = "extended"
 PROBE_FILLS = (np.zeros, np.ones)  # what output shapes are read on: ones where zeros cannot run
@@ -68,7 +68,7 @@ def optimise(model: onnx.ModelProto) -> bytes:
     data = model.SerializeToString()
     if len(data) > _MAX_PROTO_BYTES:
         raise CompileError("models over 2 GiB (external weights) are not supported by the CPU compiler")
-    with tempfile.TemporaryDirectory(prefix="aclserve-compile-") as tmp:
+    with work_folder() as tmp:  # (removed by a later compile if this one is killed outright)
         out = os.path.join(tmp, "optimised.onnx")
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED

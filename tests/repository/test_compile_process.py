@@ -8,6 +8,8 @@ import asyncio
 import fcntl
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -130,3 +132,49 @@ def test_what_atc_would_refuse_is_said_in_the_servers_log(model_files, tmp_path,
     compiled_om(model_files[1]["onnx"], "m", CompileOptions(soc_version="Bogus123"), "cpu", tmp_path / "cache")
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(line.startswith("m: --soc-version 'Bogus123' does not look like a SoC ATC takes") for line in said), said
+
+
+@pytest.mark.asyncio
+async def test_a_compile_process_stopped_by_sigterm_alone_is_said_so(make_repo, models_dir, model_files,
+                                                                     compile_holds):
+    """A SIGTERM from outside (an operator's `kill`): the child ends as asked, status 128 + 15,
+    said by its signal ("exited with status 143 without a result" before)."""
+    repo, events = await make_repo(model_control_mode="poll")
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    await until(lambda: any(compile_holds.iterdir()), "the compile's process holding")
+    os.kill(held_child(compile_holds), signal.SIGTERM)
+    await events.wait("load_failed", "o")
+    reason = row_of(repo, "o")["reason"]
+    assert reason == "the compile's process was stopped by SIGTERM (exit status 143)", reason
+
+
+# A server (this program, its arguments an ONNX file and an output) compiling in a child
+SERVER = ("import sys; from aclserve.om.compile_process import compile_in_child; "
+          "compile_in_child(sys.argv[1], sys.argv[2], log=print, target='cpu')")
+# A subreaper (this program's arguments: the holds folder, the ONNX file, the output) starts that
+# server, kills it outright once its child holds, and says how the child, now its own, ended
+WATCHER = """
+import ctypes, os, signal, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: the server's orphan is ours
+holds = sys.argv[1]
+server = subprocess.Popen([sys.executable, "-c", sys.argv[4], sys.argv[2], sys.argv[3]])
+for _ in range(1200):  # a hang guard: until the child holds
+    if os.listdir(holds):
+        break
+    time.sleep(0.05)
+child = int(os.listdir(holds)[0])
+os.kill(server.pid, signal.SIGKILL)
+server.wait()
+_, status = os.waitpid(child, 0)
+print(os.WTERMSIG(status) if os.WIFSIGNALED(status) else -os.WEXITSTATUS(status))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_killed_outright_takes_its_compile_process_with_it_at_once(model_files, compile_holds, tmp_path):
+    """The kernel kills the child when the server dies (SIGKILL: inside ONNX Runtime's C calls it
+    heard its stdin's end only 1-3 s later); it ended by its own SIGTERM (status 143) before."""
+    watched = subprocess.run([sys.executable, "-c", WATCHER, str(compile_holds), str(model_files[2]["onnx"]),
+                              str(tmp_path / "o.om"), SERVER], capture_output=True, text=True, timeout=120)
+    assert watched.returncode == 0, watched.stderr
+    assert watched.stdout.split()[-1] == str(int(signal.SIGKILL)), watched.stdout + watched.stderr
