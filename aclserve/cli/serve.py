@@ -13,7 +13,10 @@ def add_commands(sub) -> None:
     p = sub.add_parser("serve", help="run the KServe v2 HTTP and gRPC server",
                        description="Serve the models of a repository folder over the KServe v2 protocol. "
                                    "Options given here override the config file, which overrides the "
-                                   "embedded default (aclserve/configs/default.yaml).")
+                                   "embedded default (aclserve/configs/default.yaml). SIGTERM, SIGINT and "
+                                   "SIGHUP stop it alike: it drains (up to shutdown_timeout_s) and exits 0; "
+                                   "a second signal ends the drain at once. SIGHUP is no reload (models "
+                                   "reload from their folder): a systemd ExecReload=kill -HUP stops it.")
     p.add_argument("--config", metavar="FILE", help="YAML config merged over the embedded default")
     p.add_argument("--models", metavar="DIR", help="model repository folder (models_dir)")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 to expose)")
