@@ -44,3 +44,14 @@ async def serve(config, started: asyncio.Future | None = None, stop: asyncio.Eve
     runtime = build_runtime(config)
     app = create_app(config, build_repository(config, runtime), runtime)
     await serve_app(app, build_grpc_server(config, app), started, stop)
+
+
+def work_left_running() -> int:
+    """What a shutdown abandoned that still runs in this process's daemon threads: load-thread
+    calls (a load, a warm-up) and instances held, being closed or loaded on a device. Its
+    threads may be inside the runtime's C code (copying into device memory, ONNX Runtime's own
+    threads) when the interpreter's teardown frees what they use: `aclserve serve` then ends
+    without that teardown (cli/serve.py)."""
+    from .repository.load_threads import running_calls
+    from .runtime import teardown
+    return running_calls() + teardown.unreleased()

@@ -100,6 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     # (serve drains on these signals: its loop handles them)
     received: list[int] = []
     replaced = _end_on_termination(received) if args.command != "serve" else {}
+    status = _run_command(args, received, replaced)
+    if args.command == "serve":
+        from .serve import end_if_work_abandoned
+        end_if_work_abandoned(status)  # (its error line, if any, is out: written above)
+    return status
+
+
+def _run_command(args, received: list[int], replaced: dict) -> int:
+    """The command's status; a usage error said in one line, an interrupt as its status."""
     try:
         return int(args.func(args) or 0)
     except UsageError as e:

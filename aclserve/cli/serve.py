@@ -187,6 +187,29 @@ def check_environment() -> None:
         raise UsageError(str(e)) from None
 
 
+def end_if_work_abandoned(status: int) -> None:
+    """The server has stopped with `status`. When its shutdown abandoned work that still runs (a
+    load or warm-up past the deadline, an instance the device has not let go of: app.work_left_running),
+    the process ends here, its output written, without the interpreter's teardown: that freed
+    the memory such a daemon thread still copied into (SIGSEGV at exit) and destroyed ONNX
+    Runtime's threads under it (SIGABRT, "terminate called without an active exception"). A
+    clean shutdown exits as usual."""
+    import os
+    import sys
+    from ..app import work_left_running
+    from .. import logs
+    if not work_left_running():
+        return
+    logs.stop_queue()
+    logging.shutdown()  # (flushes the handlers)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader gone, a stream closed: nothing more to write there
+            pass
+    os._exit(status)
+
+
 def _exiting() -> None:
     """Shut down already (the loop closed, which put the signals' default actions back): a
     signal more is ignored, not a kill that turns a clean exit into -15 while the interpreter ends."""

@@ -12,6 +12,16 @@ import concurrent.futures
 import queue
 import threading
 
+_calls_lock = threading.Lock()
+_calls = 0  # calls submitted to any LoadThreads of the process and not finished (running_calls)
+
+
+def running_calls() -> int:
+    """Calls of every LoadThreads in the process submitted and not finished: after a shutdown,
+    the work it abandoned (a load, a warm-up) that its daemon threads still run."""
+    with _calls_lock:
+        return _calls
+
 
 class LoadThreads(concurrent.futures.Executor):
     """Up to `workers` daemon threads named `name`-N, started as work comes, running submitted
@@ -28,11 +38,14 @@ class LoadThreads(concurrent.futures.Executor):
         self._shut = False
 
     def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        global _calls
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._shut:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             self._unfinished.add(future)
+            with _calls_lock:
+                _calls += 1
             self._jobs.put((future, fn, args, kwargs))
             if len(self._threads) < self._workers:
                 thread = threading.Thread(target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True)
@@ -88,5 +101,8 @@ class LoadThreads(concurrent.futures.Executor):
             future.set_result(result)
 
     def _finished(self, future: concurrent.futures.Future) -> None:
+        global _calls
         with self._lock:
             self._unfinished.discard(future)
+        with _calls_lock:
+            _calls -= 1

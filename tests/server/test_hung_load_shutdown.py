@@ -86,37 +86,78 @@ def test_shutdown_while_a_load_hangs_abandons_it_by_the_deadline(hung_model, mak
     load_threads_done()  # once it comes back, the load closes what it opened
 
 
+# `aclserve serve` with an exit hook that says the interpreter's teardown ran
+SERVE_WITH_TEARDOWN_MARK = ("import atexit, sys; atexit.register(print, 'interpreter teardown', flush=True); "
+                            "from aclserve.cli import main; sys.exit(main())")
+
+
+def serve_process(tmp_path, models: str, shutdown_timeout_s: float, faults_spec: str = "") -> subprocess.Popen:
+    """`aclserve serve` of `models`, its output in `proc.log` (read while it runs)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_CPU_FAULTS"}
+    if faults_spec:
+        env["ACLSERVE_CPU_FAULTS"] = faults_spec
+    (tmp_path / "serve.yaml").write_text(f"port: {port}\ngrpc_port: 0\ndevice: cpu\nlog_level: info\n"
+                                         f"shutdown_timeout_s: {shutdown_timeout_s}\nmodels_dir: {models}\n")
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", SERVE_WITH_TEARDOWN_MARK, "serve", "--config",
+                                 str(tmp_path / "serve.yaml")], env=env, stdout=out, stderr=subprocess.STDOUT)
+    proc.server, proc.log = types.SimpleNamespace(url=f"127.0.0.1:{port}"), log
+    return proc
+
+
+def ended(proc: subprocess.Popen, timeout_s: float) -> str:
+    """Its output, once it has exited (`timeout_s`: a hang guard)."""
+    proc.wait(timeout_s)
+    return proc.log.read_text()
+
+
+def wait_for_index(proc: subprocess.Popen, wanted: bytes) -> None:
+    """A hang guard: until the server answers and its index shows `wanted`."""
+    for _ in range(1200):
+        try:
+            if request(proc.server, "GET", "/v2/health/live")[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.1)
+    for _ in range(1200):
+        if wanted in request(proc.server, "POST", "/v2/repository/index")[2]:
+            return
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("step", list(HOLDS))
 def test_sigterm_while_a_load_hangs_ends_the_process(hung_model, tmp_path, step):
     """`aclserve serve` whose model load, or warm-up, sleeps ten minutes: SIGTERM ends the
-    process (exit 0) with the load still running."""
-    port = free_port()
-    server = types.SimpleNamespace(url=f"127.0.0.1:{port}")
-    env = dict(os.environ, ACLSERVE_CPU_FAULTS=f"{HOLDS[step]}:delay_ms=600000,nth=1")
-    (tmp_path / "serve.yaml").write_text(f"port: {port}\ngrpc_port: 0\ndevice: cpu\nshutdown_timeout_s: 0.5\n"
-                                         f"log_level: info\nmodels_dir: {hung_model}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process (exit 0) with the load still running, its log written to the end, and without the
+    interpreter's teardown: that freed the memory the load's thread still copied weights into
+    (SIGSEGV after "runtime closed", or SIGABRT as ONNX Runtime's threads were destroyed)."""
+    proc = serve_process(tmp_path, hung_model, 0.5, f"{HOLDS[step]}:delay_ms=600000,nth=1")
     try:
-        for _ in range(1200):  # a hang guard: until it answers (its model still loading)
-            try:
-                if request(server, "GET", "/v2/health/live")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
-        # a hang guard: until the model is loading (its warm-up's first run begun: the index says
-        # so once the warm-up can no longer stop before that run)
-        wanted = b"LOADING" if step == "load" else b"warming up"
-        for _ in range(1200):
-            status, _, body = request(server, "POST", "/v2/repository/index")
-            if wanted in body:
-                break
-            time.sleep(0.05)
+        # until the model is loading (its warm-up's first run begun: the index says so once the
+        # warm-up can no longer stop before that run)
+        wait_for_index(proc, b"LOADING" if step == "load" else b"warming up")
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)  # a hang guard: it waited for the load before
+        out = ended(proc, 60)  # a hang guard: it waited for the load before
         assert proc.returncode == 0, out
         assert "abandoned" in out and "not finalized" in out, out
+        assert out.rstrip().endswith("runtime closed") and "interpreter teardown" not in out, out[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
+
+
+def test_a_clean_shutdown_keeps_the_interpreters_teardown(hung_model, tmp_path):
+    """Nothing abandoned: the process exits as any Python program does, its exit hooks run."""
+    proc = serve_process(tmp_path, hung_model, 0.5)
+    try:
+        wait_for_index(proc, b"READY")
+        proc.send_signal(signal.SIGTERM)
+        out = ended(proc, 60)  # a hang guard
+        assert proc.returncode == 0 and "runtime closed" in out and "interpreter teardown" in out, out[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
