@@ -348,6 +348,13 @@ class Lifecycle:
         self.states.forget_stale(scan, set(self._failures.versions()), superseded)
 
     # ---- shutdown -------------------------------------------------------------------------------
+    def hurry(self, deadline: float) -> None:
+        """A close running now waits no later than `deadline` (time.monotonic(); a second signal)."""
+        if self._close_deadline is not None:
+            self._close_deadline = min(self._close_deadline, deadline)
+            for sv in self._retiring:
+                sv.hurry(self._close_deadline)
+
     async def close(self, deadline: float | None = None) -> None:
         """Start nothing from now on; abandon the loads still running (served.open_version: not
         swapped in, closed by their threads when they return); wait for the running tasks (an
@@ -379,14 +386,7 @@ class Lifecycle:
         await asyncio.gather(*(self._retire(sv, replaced=False, deadline=deadline, cause=SHUTTING_DOWN)
                                for sv in retiring), return_exceptions=True)
         self.acted = {}
-        unfinished = [asyncio.wrap_future(f) for f in self._executor.unfinished()]
-        if unfinished:  # an abandoned load closes what it opened (a hung one never returns)
-            ended, late = await asyncio.wait(unfinished, timeout=max(0.0, deadline - time.monotonic()))
-            for waiter in ended:  # read: a failed load's error (said by its task) was an asyncio
-                if not waiter.cancelled():  # ERROR "Future exception was never retrieved" at exit
-                    waiter.exception()
-            for waiter in late:
-                waiter.cancel()  # not waited for: its outcome is its thread's to handle
+        await self._executor.calls_ended_by(lambda: self._close_deadline)  # an abandoned load closing what it opened
         self._executor.shutdown(wait=False)  # its threads are daemons: a hung one holds no exit
 
 

@@ -8,10 +8,14 @@ they still run (`unfinished()`) only until its deadline.
 """
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import queue
 import threading
+import time
+from typing import Callable
 
+POLL_S = 0.1  # a deadline brought forward (the repository's close hurried) is seen within this
 _calls_lock = threading.Lock()
 _calls = 0  # calls submitted to any LoadThreads of the process and not finished (running_calls)
 
@@ -58,6 +62,17 @@ class LoadThreads(concurrent.futures.Executor):
         """The calls submitted and not finished yet (queued or running)."""
         with self._lock:
             return list(self._unfinished)
+
+    async def calls_ended_by(self, deadline: Callable[[], float]) -> None:
+        """On the loop: wait for the unfinished calls until `deadline()` (time.monotonic(), read
+        again every POLL_S: it may come forward), no later; their outcome is then theirs."""
+        waiters = [asyncio.wrap_future(f) for f in self.unfinished()]
+        while (running := [w for w in waiters if not w.done()]) and (left := deadline() - time.monotonic()) > 0:
+            await asyncio.wait(running, timeout=min(left, POLL_S))
+        for waiter in waiters:  # read: a failed load's error (said by its task) was an asyncio ERROR
+            if waiter.done() and not waiter.cancelled():  # "Future exception was never retrieved" at exit
+                waiter.exception()
+            waiter.cancel()  # one still running is not waited for: its thread handles its outcome
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No new calls; the threads end once what is queued has run (`cancel_futures`: what

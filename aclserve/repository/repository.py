@@ -118,9 +118,12 @@ class ModelRepository:
             task.cancel()
         await asyncio.gather(*self._retry_tasks, return_exceptions=True)
 
+    def hurry(self, deadline: float) -> None:
+        """The close running now waits for the device and abandoned loads no later than `deadline`."""
+        self._lifecycle.hurry(deadline)
+
     async def wait_idle(self) -> None:
-        """Wait until no model is being loaded, swapped or drained (a later file event may
-        start more work)."""
+        """Until no model is being loaded, swapped or drained (a later file event may start more)."""
         await self._lifecycle.wait_idle()
 
     # ---- lookups (server) -----------------------------------------------------------------------
@@ -168,8 +171,7 @@ class ModelRepository:
         raise NotFound(f"unknown model {name!r}")
 
     def serving_versions(self, name: str) -> list[str]:
-        """The versions of `name` in service, one no instance can run now included (a per-model
-        statistics poll reads this, not the whole index)."""
+        """The versions of `name` in service, one no instance can run now included (per-model statistics)."""
         return list(self._lifecycle.serving.get(name, ()))
 
     def all_ready(self) -> bool:
@@ -220,14 +222,12 @@ class ModelRepository:
             n in serving or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
 
     def load_failures(self) -> dict[tuple[str, str], str]:
-        """(name, version) -> why its current file failed to load, the same text for the same
-        failure (the index reason says when it is retried)."""
+        """(name, version) -> why its current file failed to load, the same text for the same failure."""
         return self._failures.versions()
 
     @property
     def load_retries(self) -> dict[str, int]:
-        """model -> automatic load retries started (transient device errors)."""
-        return self._failures.retries
+        return self._failures.retries  # model -> automatic load retries started (transient device errors)
 
     def index(self, ready_only: bool = False) -> list[dict]:
         """[{"name", "version", "state", "reason"}] for every version loaded or on disk; a

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import time
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -165,10 +164,24 @@ async def _drained(drains: list, hurry: asyncio.Event, state) -> None:
         await asyncio.wait([draining])
         if not draining.cancelled():  # a gather cancelled through its drains holds their CancelledError:
             draining.exception()  # read, or asyncio logs an ERROR "exception was never retrieved"
-        state.shutdown_deadline = min(state.shutdown_deadline, time.monotonic())
+        state.hurry()
         log.warning("shutdown hurried: %d request(s) still in flight are answered 503", state.inflight)
     else:
         draining.result()
+
+
+async def _closed(state, hurry: asyncio.Event) -> None:
+    """state.close_repository(); a second signal meanwhile moves its deadline to now: a load or
+    a device it still waits for is abandoned then, as at the deadline."""
+    closing = asyncio.ensure_future(state.close_repository())
+    hurried = asyncio.ensure_future(hurry.wait())
+    try:
+        await asyncio.wait([closing, hurried], return_when=asyncio.FIRST_COMPLETED)
+        if not closing.done():
+            state.hurry()
+        await closing
+    finally:
+        hurried.cancel()
 
 
 async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
@@ -238,7 +251,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         ended = state.body_reads.end()  # bodies still arriving: 503 "shutting down", not a bare close
         if ended:
             log.info("shutdown: %d request(s) whose body was still arriving answered 503", ended)
-        await state.close_repository()  # what is left gets its 503 before the connections close
+        await _closed(state, hurry)  # what is left gets its 503 before the connections close
         closing = [state.answers_written()]
         if grpc_server is not None:
             closing.append(grpc_server.stop(state.answers_by))

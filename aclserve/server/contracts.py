@@ -91,6 +91,9 @@ class ModelStore(Protocol):
     async def close(self, deadline: float | None = None) -> None:
         """Drain until `deadline` (time.monotonic()), answer what is left, unload everything."""
 
+    def hurry(self, deadline: float) -> None:
+        """A close running now waits no later than `deadline` (a second signal brought it forward)."""
+
     def get(self, name: str, version: str | None = None) -> ServedModel:
         """The serving version; raises NotFound / ModelUnavailable / ShuttingDown."""
 

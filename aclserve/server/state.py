@@ -190,6 +190,13 @@ class ServerState:
         if self.answers_by is None:
             self.answers_by = max(self.shutdown_deadline + ANSWER_GRACE_S, time.monotonic() + LAST_ANSWERS_S)
 
+    def hurry(self) -> None:
+        """A second signal: the shutdown's deadline is now, for the repository's close running
+        too (what it still waits for, a load or a device, is abandoned as at the deadline)."""
+        self.stop_accepting()
+        self.shutdown_deadline = min(self.shutdown_deadline, time.monotonic())
+        self.repo.hurry(self.shutdown_deadline)
+
     async def answers_written(self) -> None:
         """Wait until no request is in flight (the answers the repository's close made are
         written), or until `answers_by`: a request not waiting on a model (a stalled body) is

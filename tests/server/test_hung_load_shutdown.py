@@ -161,3 +161,25 @@ def test_a_clean_shutdown_keeps_the_interpreters_teardown(hung_model, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_second_signal_ends_the_wait_for_an_abandoned_load(hung_model, tmp_path):
+    """SIGTERM while a load hangs: the repository's close waits for it until the deadline
+    (shutdown_timeout_s: ten minutes here); a second signal ends that wait at once, as it ends
+    the drain: the load is abandoned then, as at the deadline, and the process exits 0."""
+    proc = serve_process(tmp_path, hung_model, 600, "query_size:delay_ms=600000,nth=1")
+    try:
+        wait_for_index(proc, b"LOADING")
+        proc.send_signal(signal.SIGTERM)
+        for _ in range(1200):  # a hang guard: until the close waits for the load (it said it abandons it)
+            if proc.poll() is not None or b"abandoned" in proc.log.read_bytes():
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out = ended(proc, 60)  # a hang guard: it waited the ten minutes before
+        assert proc.returncode == 0 and "SIGTERM received again: the drain ends now" in out, out[-3000:]
+        assert "not finalized" in out and out.rstrip().endswith("runtime closed"), out[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
