@@ -241,6 +241,8 @@ def test_serve_on_a_busy_grpc_port_says_so_in_one_error(tmp_path):
     assert (f"gRPC cannot listen on 127.0.0.1:{port}: Address already in use (--grpc-port PORT moves it, "
             "--grpc-port 0 turns gRPC off)") in proc.stderr, proc.stderr
     assert "never retrieved" not in proc.stderr and "add_port.cc" not in proc.stderr  # grpc core's own line
+    # a start that failed is no shutdown: an operator looking for those found false ones
+    assert "shutting down" not in proc.stderr and "runtime closed" not in proc.stderr, proc.stderr
 
 
 def test_serve_on_a_busy_http_port_says_so_in_one_error(tmp_path):
@@ -257,6 +259,7 @@ def test_serve_on_a_busy_http_port_says_so_in_one_error(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     said = f"cannot listen on 127.0.0.1:{port}: Address already in use (--port PORT moves it)"
     assert said in proc.stderr.splitlines()[-1], proc.stderr
+    assert "shutting down" not in proc.stderr and "runtime closed" not in proc.stderr, proc.stderr
     # with JSON logs the line saying why it stopped is a JSON line too (a log shipper reads only those)
     assert as_json.returncode == 2
     last = json.loads(as_json.stderr.splitlines()[-1])

@@ -71,7 +71,8 @@ async def _lifecycle(app: web.Application):
             # the traces still waiting are written (blocking file I/O, off the loop)
             await asyncio.get_running_loop().run_in_executor(None, state.tracer.close)
             state.runtime.close()
-            log.info("runtime closed")
+            if not state.start_failed:
+                log.info("runtime closed")
 
 
 def create_app(config, repo, runtime) -> web.Application:
@@ -211,6 +212,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
     listener: asyncio.Server | None = None
+    listening = False
     state.auth.log_startup()
     state.tracer.log_startup()  # (the merged config's trace settings that trace nothing)
     try:
@@ -227,6 +229,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             grpc_port = await grpc_server.start(config.host, config.grpc_port)
             log.info("aclserve gRPC listening on %s:%d%s", config.host, grpc_port,
                      " (TLS)" if tls.enabled(config) else "")
+        listening = True
         # Bound first, then loaded: readiness stays false until the models are in.
         stopping = asyncio.ensure_future(stop.wait())
         try:
@@ -259,6 +262,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     finally:
         # the signal handlers stay until the loop closes (which removes them): removed here, a
         # signal more while the models, runtime and traces closed below killed the process
+        state.start_failed = not listening  # (its lifecycle then closes without a drain's lines)
         state.connections.close_all()  # what the drain left (stalled clients) goes now
         state.trimmer.close()
         if grpc_server is not None:  # stopped already, unless serving ended otherwise: now

@@ -94,6 +94,7 @@ class ServerState:
         self.shutdown_deadline: float | None = None  # time.monotonic() the drain ends at, once shutting down
         self.answers_by: float | None = None  # time.monotonic() the connections close at, once the models closed
         self._drain_reported = False  # the drain ran out of time and said so
+        self.start_failed = False  # serve() could not listen (a port taken): its error says so, not a drain's lines
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -147,8 +148,9 @@ class ServerState:
             self.shutting_down = True
             self.shutdown_deadline = time.monotonic() + self.config.shutdown_timeout_s
             self.connections.stop_accepting()
-            log.info("shutting down: %d request(s) in flight, %d connection(s) still sending answers",
-                     self.inflight, len(self.connections.sending))
+            if not self.start_failed:
+                log.info("shutting down: %d request(s) in flight, %d connection(s) still sending answers",
+                         self.inflight, len(self.connections.sending))
 
     async def begin_shutdown(self) -> None:
         """stop_accepting(), then wait until the shutdown deadline for queued and in-flight
