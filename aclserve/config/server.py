@@ -107,13 +107,16 @@ def _max_request_bytes(value, max_inflight: int) -> int:
 
 
 def _grpc_max_message_bytes(value, grpc_port: int, max_body: int, max_inflight: int) -> int:
-    """With gRPC on, at most max_body_bytes (it was lowered to that without a word, though the
-    default's comment says to raise it for bigger tensors), and at most max_inflight_bytes /
+    """With gRPC on, a value set at most max_body_bytes (it was lowered to that without a word, though
+    the default's comment says to raise it for bigger tensors), and at most max_inflight_bytes /
     GRPC_MIN_ARRIVING: that many messages may be arriving at once, before they can be charged
-    (server/grpc_arrivals.py), and what they hold stays within max_inflight_bytes."""
+    (server/grpc_arrivals.py), and what they hold stays within max_inflight_bytes. The default
+    is lowered to fit them: a config lowering max_body_bytes alone was refused for it."""
     value = as_int(value, "grpc_max_message_bytes", 1)
     if not grpc_port:
         return value  # (not used)
+    if value == ServerConfig.grpc_max_message_bytes:  # the default: lowered to fit what the file lowered
+        return max(1, min(value, max_body, max_inflight // GRPC_MIN_ARRIVING))
     if value > max_body:
         raise ConfigError("grpc_max_message_bytes", f"must be <= max_body_bytes ({max_body}): raise that too "
                                                     f"or lower this, got {value}")

@@ -75,17 +75,24 @@ async def test_a_shutdown_during_a_compile_kills_its_process(make_repo, models_d
     assert os.listdir(models_dir / ".cache") == []
 
 
+
+async def signalled_compile(make_repo, models_dir, model_files, compile_holds, sig: int) -> tuple:
+    """Poll mode compiles o.onnx in its child; `sig` sent to the held child: (repo, events, the
+    index's reason)."""
+    repo, events = await make_repo(model_control_mode="poll")
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    await until(lambda: any(compile_holds.iterdir()), "the compile's process holding")
+    os.kill(held_child(compile_holds), sig)
+    await events.wait("load_failed", "o")
+    return repo, events, row_of(repo, "o")["reason"]
+
+
 @pytest.mark.asyncio
 async def test_how_a_compile_process_failed_is_one_line_in_the_index(make_repo, models_dir, model_files,
                                                                       compile_holds):
     """Killed (as the kernel's out-of-memory killer does): said with its signal, not retried;
     failed: its error's one line, as the compile said it in the child."""
-    repo, events = await make_repo(model_control_mode="poll")
-    place(model_files[2]["onnx"], models_dir / "o.onnx")
-    await until(lambda: any(compile_holds.iterdir()), "the compile's process holding")
-    os.kill(held_child(compile_holds), signal.SIGKILL)
-    await events.wait("load_failed", "o")
-    reason = row_of(repo, "o")["reason"]
+    repo, events, reason = await signalled_compile(make_repo, models_dir, model_files, compile_holds, signal.SIGKILL)
     assert reason == ("the compile's process was killed by SIGKILL (signal 9; the kernel's out-of-memory "
                       "killer sends it when the host runs short of memory)"), reason
     assert os.listdir(models_dir / ".cache") == []
@@ -139,12 +146,7 @@ async def test_a_compile_process_stopped_by_sigterm_alone_is_said_so(make_repo, 
                                                                      compile_holds):
     """A SIGTERM from outside (an operator's `kill`): the child ends as asked, status 128 + 15,
     said by its signal ("exited with status 143 without a result" before)."""
-    repo, events = await make_repo(model_control_mode="poll")
-    place(model_files[2]["onnx"], models_dir / "o.onnx")
-    await until(lambda: any(compile_holds.iterdir()), "the compile's process holding")
-    os.kill(held_child(compile_holds), signal.SIGTERM)
-    await events.wait("load_failed", "o")
-    reason = row_of(repo, "o")["reason"]
+    _, _, reason = await signalled_compile(make_repo, models_dir, model_files, compile_holds, signal.SIGTERM)
     assert reason == "the compile's process was stopped by SIGTERM (exit status 143)", reason
 
 

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from aclserve.config import ConfigError
+from aclserve.config import ConfigError, load_server_config
 from aclserve.server.grpc_arrivals import MIN_SLOTS, Arrivals
 from tests.serving import free_port, server_config, started_with_grpc
 
@@ -113,8 +113,8 @@ def test_a_message_over_grpc_max_message_bytes_is_refused_by_grpc(four_places):
 
 @pytest.mark.parametrize("values, said", [
     # lowered to max_body_bytes without a word, though the default's comment says to raise it
-    (dict(max_body_bytes=4 * MiB, grpc_max_message_bytes=8 * MiB),
-     "grpc_max_message_bytes: must be <= max_body_bytes (4194304): raise that too or lower this, got 8388608"),
+    (dict(max_body_bytes=4 * MiB, grpc_max_message_bytes=16 * MiB),
+     "grpc_max_message_bytes: must be <= max_body_bytes (4194304): raise that too or lower this, got 16777216"),
     # four messages arriving at once, before they can be charged, held 16 MiB of a 4 MiB budget
     (dict(max_body_bytes=4 * MiB, grpc_max_message_bytes=4 * MiB, max_inflight_bytes=4 * MiB, max_request_bytes=MiB),
      "grpc_max_message_bytes: must be <= max_inflight_bytes / 4 (1048576): 4 gRPC messages may be arriving at once"),
@@ -124,6 +124,18 @@ def test_a_message_size_past_the_body_limit_or_the_budget_is_refused(tmp_path, v
         server_config(tmp_path, grpc_port=free_port(), **values)
     assert str(info.value).startswith(said), str(info.value)
     assert server_config(tmp_path, grpc_port=0, **values).grpc_max_message_bytes == values["grpc_max_message_bytes"]
+
+
+@pytest.mark.parametrize("values, fitted", [
+    (dict(max_body_bytes=MiB), MiB),  # a common hardening: it refused to start for the default's 8 MiB
+    (dict(max_inflight_bytes=16 * MiB, max_request_bytes=MiB), 4 * MiB),
+    (dict(max_body_bytes=64 * MiB), 8 * MiB),
+])
+def test_the_default_message_size_is_lowered_to_fit_the_body_limit_and_the_budget(tmp_path, values, fitted):
+    """Only a grpc_max_message_bytes set is refused: the default is lowered to fit what was set lower
+    (a reviewer: a config setting max_body_bytes: 1048576 alone no longer started)."""
+    config = load_server_config(None, {"models_dir": str(tmp_path), "grpc_port": free_port(), **values})
+    assert config.grpc_max_message_bytes == fitted
 
 
 @pytest.mark.parametrize("budget", [4 * MiB, 5 * MiB - 1, 16 * MiB, 512 * MiB])
