@@ -17,9 +17,9 @@ from .schema import ConfigError
 MISREAD = "tag:aclserve,2024:misread-number"  # the tag the loader gives such a scalar (never constructed)
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 _MERGE = "tag:yaml.org,2002:merge"
-_LEADING_ZERO = re.compile(r"([-+]?)0([0-9_]+)")
+_LEADING_ZERO = re.compile(r"([-+]?)0([0-9_]*[0-9][0-9_]*)")  # (a digit after the zero: 0_ is 0)
 _BASE_60 = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
-_OCTAL_PREFIX = re.compile(r"([-+]?)0o([0-7_]+)")
+_OCTAL_PREFIX = re.compile(r"([-+]?)0o([0-7_]*[0-7][0-7_]*)")
 _LONGEST_SHOWN = 30  # a longer scalar is named by its start, and no value is worked out for it
 
 
