@@ -29,6 +29,7 @@ import datetime
 import logging
 import logging.handlers
 import queue
+import time
 
 import orjson
 
@@ -85,6 +86,9 @@ def surrogates_escaped(value):
 # Lines waiting for stderr at most: about 5 MB of request log lines, a second or more of them
 # at full speed; past it lines are dropped (counted), not waited for
 QUEUE_LINES = 4096
+# How long stop_queue() waits for stderr's reader to take the queued lines: a server stopped with a
+# stalled reader (SIGTERM, its signals ignored from then on) waited for it for good (a reviewer)
+STOP_WAIT_S = 5.0
 
 _queued: "_QueuedStderr | None" = None  # configure()'s, once it ran
 
@@ -104,11 +108,19 @@ def configure(level: str, fmt: str = "text") -> None:
 
 
 def stop_queue() -> None:
-    """Write out the queued lines (waiting for stderr's reader as long as it takes) and from then
-    on write each line in the thread that logs it: a line logged after this (the error the server
-    stopped with, an exit hook's) comes after the queued ones. Idempotent; nothing without configure()."""
+    """Write out the queued lines (waiting for stderr's reader up to STOP_WAIT_S) and from then on
+    write each line in the thread that logs it: a line logged after this (the error the server
+    stopped with, an exit hook's) comes after the queued ones. A reader stalled past STOP_WAIT_S:
+    the lines left are dropped (counted) and lines go on being queued or dropped, never waited
+    for (`writer_stalled`). Idempotent; nothing without configure()."""
     if _queued is not None:
         _queued.stop()
+
+
+def writer_stalled() -> bool:
+    """Whether stop_queue() gave up on stderr's reader: the writer thread is still inside a write,
+    and flushing stderr (the interpreter's exit does) would wait for that reader for good."""
+    return _queued is not None and _queued.stalled
 
 
 def lines_dropped() -> int:
@@ -168,8 +180,16 @@ class _Writer(logging.handlers.QueueListener):
             self._reported = dropped
             super().handle(self._queuing.prepare(record))
 
-    def enqueue_sentinel(self) -> None:
-        self.queue.put(self._sentinel)  # waits for room (QueueListener's put_nowait raised on a full queue)
+    def stop_within(self, seconds: float) -> bool:
+        """QueueListener.stop() within `seconds` (its put_nowait raised on a full queue, and its join
+        waited for good): whether the thread has written everything queued before the stop, and ended."""
+        deadline = time.monotonic() + seconds
+        try:
+            self.queue.put(self._sentinel, timeout=seconds)
+        except queue.Full:
+            return False
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        return not self._thread.is_alive()
 
 
 class _QueuedStderr:
@@ -184,6 +204,7 @@ class _QueuedStderr:
         self.stream.setFormatter(_Formatted())
         self._writer = _Writer(lines, self.handler, self.stream)
         self._stopped = False
+        self.stalled = False  # stop() gave up on stderr's reader
 
     def start(self) -> None:
         self._writer.start()
@@ -192,13 +213,17 @@ class _QueuedStderr:
         if self._stopped:
             return
         self._stopped = True
+        if not self._writer.stop_within(STOP_WAIT_S):  # the queued lines written, then the thread ends
+            self.stalled = True  # (the queue's handler stays: lines are queued or dropped, not waited for)
+            self.handler.dropped += self.handler.queue.qsize()
+            return
         direct = logging.StreamHandler(self.stream.stream)
         direct.setFormatter(self.formatter)
         root = logging.getLogger()
-        # one assignment: a line another thread logs meanwhile goes to one of them, not both or neither
+        # one assignment, once the writer is done: a line another thread logs meanwhile went to the
+        # queue, written below, after the writer's (swapped first, it overtook the queued ones: a reviewer)
         root.handlers = [direct if handler is self.handler else handler for handler in root.handlers]
-        self._writer.stop()  # the queued lines written, then the thread ends
-        while True:  # lines queued after the writer's last one (as the handlers were swapped)
+        while True:  # lines queued after the writer's last one (before the handlers were swapped)
             try:
                 self.stream.handle(self.handler.queue.get_nowait())
             except queue.Empty:

@@ -192,12 +192,14 @@ def end_if_work_abandoned(status: int) -> None:
     load or warm-up past the deadline, an instance the device has not let go of: app.work_left_running),
     the process ends here, its output written, without the interpreter's teardown: that freed
     the memory such a daemon thread still copied into (SIGSEGV at exit) and destroyed ONNX
-    Runtime's threads under it (SIGABRT, "terminate called without an active exception"). A
-    clean shutdown exits as usual."""
+    Runtime's threads under it (SIGABRT, "terminate called without an active exception"). So
+    does a server whose stderr reader stalled (logs.writer_stalled). A clean shutdown exits as usual."""
     import os
     import sys
     from ..app import work_left_running
     from .. import logs
+    if logs.writer_stalled():  # stderr's reader stalled: flushing stderr at exit would wait for it for good
+        os._exit(status)
     if not work_left_running():
         return
     logs.stop_queue()

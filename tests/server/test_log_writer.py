@@ -135,3 +135,18 @@ def test_a_text_line_s_time_says_its_utc_offset():
     stamp = datetime.datetime.fromisoformat(line[:line.index(" INFO ")])
     assert stamp.tzinfo is not None, line
     assert abs(stamp.timestamp() - record.created) < 0.001, line
+
+
+def test_a_server_whose_stderr_nobody_reads_still_exits_on_sigterm(models_dir):
+    """stop_queue() waited for stderr's reader for good, with the server's signals ignored by then:
+    only SIGKILL ended it (a reviewer). Now it gives up after STOP_WAIT_S, the lines left dropped,
+    and the process ends without flushing stderr."""
+    proc, url = _serve(models_dir, "--request-log")
+    try:
+        asyncio.run(_flood(url, LINES_PAST_THE_QUEUE))  # nobody reads stderr, now or later
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0  # (a hang guard: the wait is STOP_WAIT_S at most)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
