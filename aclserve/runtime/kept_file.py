@@ -18,13 +18,13 @@ lets it go (the pool's close).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import tempfile
 import threading
 
 from ..regular_files import open_regular
+from ..temp_claims import claimed, sweep_unclaimed
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,7 @@ class KeptFile:
             raise RuntimeError(f"copying the file this version loaded for a rebuild failed: "
                                f"{e.strerror or e}") from None
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            if os.fstat(handle).st_nlink == 0:  # swept by another process before it was locked
+            if not claimed(handle):  # swept by another process before it was locked
                 raise RuntimeError("the rebuild's copy was deleted as it was made; trying again")
             try:
                 offset = 0
@@ -140,23 +139,10 @@ def _release() -> None:
 
 
 def _delete_stale_copies() -> None:
-    """Copies left by processes killed while a rebuild loaded one: those no process holds locked
-    (flock is the kernel's, seen across PID namespaces sharing the folder; a pid is not)."""
-    folder = tempfile.gettempdir()
-    try:
-        names = [n for n in os.listdir(folder) if n.startswith(_PREFIX) and n.endswith(".om")]
-    except OSError:
-        return
-    for name in names:
-        path = os.path.join(folder, name)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: a live copy
-            os.unlink(path)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+    """Copies left by processes killed while a rebuild loaded one: those no process holds locked."""
+    sweep_unclaimed(_PREFIX, ".om", lambda path: path, _delete_copy)
+
+
+def _delete_copy(path: str) -> bool:
+    os.unlink(path)
+    return True
