@@ -26,6 +26,8 @@ COEFFICIENT_BYTES = 2  # a full-size sample of a progressive or multi-scan JPEG:
 # A pixel of the plan's size, besides the row a decode writes (measured, 1 x 1 PNGs to 2048 x 2048,
 # 2026-12-05): Pillow's resized picture (4 bytes a pixel in RGB, 1 in grey) and the two copies of
 # its samples numpy's asarray makes of it (tobytes' chunks, then their join): 9.9 RGB, 2.9 grey;
+# DVPP's host side holds less (its NV12 copied back and nv12_to_pixels: 4.7 RGB, 1.5 grey, traced
+# 2026-12-05; its float32 conversion held 49.5 RGB: test_images_dvpp checks the charge covers it)
 RESIZED_BYTES = {3: 10, 1: 3}
 # then, those freed, a byte a sample for the pixels, one more for an inverted copy, one more for a
 # letterbox's padded one, and 4 for the float32 picture a float16 row is normalised in (15.0 for

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -17,6 +18,8 @@ import pytest
 from aclserve.config import ImageInput
 from aclserve.images import dvpp
 from aclserve.images.decode import CpuDecoder
+from aclserve.images.header import probe
+from aclserve.images.peak import decode_peak_bytes
 from aclserve.images.plan import build_plan
 from aclserve.runtime import AclRuntime
 from aclserve.runtime.types import TensorSpec
@@ -76,6 +79,31 @@ def test_a_picture_narrower_than_vpcs_least_stride_resizes_on_dvpp(runtime, deco
     assert decoder.outcomes == {dvpp.DECODED: 1}
     diff = np.abs(got.astype(int) - decoder._fallback(data, plan(12, 12)))
     assert diff.mean() < MEAN_TOLERANCE and diff.max() <= MAX_TOLERANCE, (diff.mean(), diff.max())
+
+
+@pytest.mark.parametrize("source, target, color", [
+    ((256, 256), (1024, 1024), "rgb"), ((256, 256), (1024, 1024), "gray"), ((96, 128), (768, 1024), "bgr"),
+    ((512, 32), (2048, 12), "rgb"),  # a width stride of 32 for 12 pixels
+])
+def test_what_a_dvpp_decode_holds_is_within_its_charge(decoder, source, target, color):
+    """A request is charged decode_peak_bytes (images/peak.py) before its pictures decode,
+    whichever decoder: DVPP's host side (the NV12 copied back and its conversion to pixels) must
+    hold no more. It converted through float32 planes and their upsampled copies: 49.5 bytes a
+    pixel of an RGB target, 10 charged, 4.7 times the whole charge here (a reviewer measured 52).
+    Enlarged pictures: what the emulation itself holds as JPEGD's and VPC's work is small then
+    (on a device it is the chip's memory), so the peak traced over the call is the host side's."""
+    data = encode(gradient(*source), "JPEG", quality=90)
+    picture_plan = plan(*target, color)
+    decoder(data, picture_plan)  # the kept DVPP buffers grown first (DVPP memory, kept between images)
+    tracemalloc.start()
+    try:
+        pixels = decoder(data, picture_plan)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert decoder.outcomes == {dvpp.DECODED: 2}
+    assert pixels.shape == (*target, 1 if color == "gray" else 3)
+    assert peak <= decode_peak_bytes(probe(data), picture_plan), peak
 
 
 def test_descriptors_go_back_after_each_image_and_buffers_are_kept_until_close(runtime, monkeypatch):
