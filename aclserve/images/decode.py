@@ -16,6 +16,7 @@ import io
 import math
 import re
 import struct
+import threading
 import warnings
 
 import numpy as np
@@ -38,6 +39,30 @@ DRAFT_MARGIN = 1.5
 _TURNS = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
           5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
           8: Image.Transpose.ROTATE_90}  # what each EXIF orientation asks, as Pillow's exif_transpose
+
+
+# Pillow warns of what it tolerates in a picture (EXIF tags past the data, a malformed MPO, a
+# palette's transparency, a size over its own bomb limit that images.max_pixels allows): notes on
+# a client's picture, which decodes or is refused with a 400, not for the server's log. One filter
+# for Pillow's own modules (a deprecation Pillow reports is the caller's: not filtered), put in
+# the process's list and never taken out: warnings.catch_warnings around each decode swapped the
+# whole list in and out from several threads, and two decodes ending out of order left one's
+# "ignore everything" in place for every module of the process (catch_warnings is not thread-safe)
+_PILLOW_MODULES = r"PIL\."
+_filter_lock = threading.Lock()
+_pillow_filter: tuple | None = None
+
+
+def ignore_pillow_notes() -> None:
+    """Put the filter for Pillow's warnings in the process's list unless it is there: once, and
+    again after whatever replaced the list (warnings.resetwarnings, pytest around each test)."""
+    global _pillow_filter
+    if _pillow_filter in warnings.filters:
+        return
+    with _filter_lock:
+        if _pillow_filter not in warnings.filters:
+            warnings.filterwarnings("ignore", module=_PILLOW_MODULES)
+            _pillow_filter = warnings.filters[0]
 
 
 def fit_box(src_w: int, src_h: int,
@@ -112,23 +137,22 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
     inside, which the plan's to_row pads). Raises ImageError (message safe to show)."""
     info = info or probe(data)
     check_size(info, max_pixels, max_side)
+    ignore_pillow_notes()
     mode = "L" if plan.color == "gray" else "RGB"
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # palette transparency and similar notes
-            im = Image.open(io.BytesIO(data), formats=(info.format,))
-            if im.size != (info.width, info.height):
-                raise ImageError(f"{info.format} header is inconsistent")
-            orientation = _orientation(im.getexif().get(_ORIENTATION, 1))  # (a PNG's eXIf chunk too)
-            source = im.size[::-1] if orientation in _ROTATED else im.size
-            drafted = None
-            if info.format == "JPEG" and not info.lossless:  # (libjpeg refuses to scale a lossless one)
-                drafted = im.draft(mode, jpeg_draft_request(im.width, im.height, orientation, plan))
-            if orientation != 1:  # (not ImageOps.exif_transpose: it writes the whole EXIF block
-                im = im.transpose(_TURNS[orientation])  # back, and a malformed one raised TypeError)
-            im = _to_mode(im, mode)
-            size, box = fit_drafted(source, im.size, drafted[1] if drafted else None, orientation, plan)
-            im = im.resize(size, _FILTERS[plan.interpolation], box=box)
+        im = Image.open(io.BytesIO(data), formats=(info.format,))
+        if im.size != (info.width, info.height):
+            raise ImageError(f"{info.format} header is inconsistent")
+        orientation = _orientation(im.getexif().get(_ORIENTATION, 1))  # (a PNG's eXIf chunk too)
+        source = im.size[::-1] if orientation in _ROTATED else im.size
+        drafted = None
+        if info.format == "JPEG" and not info.lossless:  # (libjpeg refuses to scale a lossless one)
+            drafted = im.draft(mode, jpeg_draft_request(im.width, im.height, orientation, plan))
+        if orientation != 1:  # (not ImageOps.exif_transpose: it writes the whole EXIF block
+            im = im.transpose(_TURNS[orientation])  # back, and a malformed one raised TypeError)
+        im = _to_mode(im, mode)
+        size, box = fit_drafted(source, im.size, drafted[1] if drafted else None, orientation, plan)
+        im = im.resize(size, _FILTERS[plan.interpolation], box=box)
     except ImageError:
         raise
     except Image.DecompressionBombError:  # (CpuDecoder lifts Pillow's limit: it was lowered since)
