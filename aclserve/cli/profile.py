@@ -250,7 +250,7 @@ async def _in_process(args):
         async def one() -> str | None:
             try:
                 await counted_infer(state, args.model, None, work, protocol="inproc")
-            except ServeError as e:  # (more clients than the queue holds: QueueFull)
+            except ServeError as e:  # (more clients than the queue holds, or their rows: QueueFull)
                 return type(e).__name__
             return None
         try:  # one request first: what the model refuses (too many rows, say) is one line

@@ -14,7 +14,7 @@ from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, Co
 # each level has its queues, statistics and metric series (100,000 levels took 58 MB and a 6.5 MB
 # /metrics; 100 million, the machine's memory): Triton's users name a handful
 MAX_PRIORITY_LEVELS = 1000
-_QUEUE_KEYS = {f.name for f in dataclasses.fields(QueuePolicy)}
+_QUEUE_KEYS = {f.name for f in dataclasses.fields(QueuePolicy)} - {"counts_rows"}  # (auto's, resolved)
 # YAML keys of `batching`: the dataclass fields, with the cap under Triton's name (not those that
 # say where a setting came from, which are not compared)
 _BATCHING_KEYS = {f.name for f in dataclasses.fields(BatchingConfig) if f.compare} - {"batch_cap"} | {"max_batch_size"}
@@ -261,6 +261,7 @@ def model_config_mapping(config: ModelConfig) -> dict:
     for level, policy in levels.items():
         levels[level] = {k: v for k, v in policy.items() if k in fields.get(level, policy)}
     for policy in [batching["default_queue_policy"], *levels.values()]:
+        policy.pop("counts_rows", None)
         for key in ("max_queue_size", "default_timeout_ms"):
             if key in policy and policy[key] is None:
                 policy[key] = AUTO

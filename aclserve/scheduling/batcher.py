@@ -149,8 +149,9 @@ class DynamicBatcher:
             raise
 
     def _default_room(self) -> int | None:
-        """Places left in the level of a request naming no priority; None when that level is
-        unbounded or the batcher takes no requests."""
+        """Room left in the level of a request naming no priority (requests, or rows where its
+        bound counts rows: PriorityQueue.room); None when that level is unbounded or the batcher
+        takes no requests."""
         if self._refusal is not None or self._queue is None:
             return None
         return self._queue.room(self.config.default_level)
@@ -162,7 +163,9 @@ class DynamicBatcher:
     def admit_unread(self) -> bool:
         """For a request seen before it is read (server/shedding.py) that names no priority:
         True (counted as coming, unread.py) when its level has room for it and for those let
-        in so far that have not been read yet; False when it has none. The level is bounded."""
+        in so far that have not been read yet; False when it has none. The level is bounded.
+        Where its bound counts rows, each is counted as one row (its rows are not known yet):
+        the queue itself refuses those whose rows do not fit."""
         return self._unread.admit(self._default_room(), self._clock.now())
 
     def request_read(self) -> None:

@@ -19,6 +19,11 @@ class QueuePolicy:
     default_timeout_ms: float | None = 0.0  # 0 = no deadline; None = auto, as above
     timeout_action: str = "reject"  # reject | delay
     allow_timeout_override: bool = True
+    # max_queue_size bounds the rows queued (the requests' batch dimensions), not the requests:
+    # what `auto` resolves to (repository/overload.py), so that its deadline, the time to run the
+    # queue in full batches, holds for requests of a full batch each too. Not a config key: a
+    # number configured keeps Triton's meaning (requests).
+    counts_rows: bool = False
 
     def __post_init__(self):
         if self.max_queue_size is not None and self.max_queue_size < 0:

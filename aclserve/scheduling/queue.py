@@ -35,11 +35,15 @@ class PriorityQueue:
     """Requests waiting for a batch: levels 1..N (1 is served first), FIFO within a level.
 
     Owns the queued requests and their deadline timers; event-loop thread only, never blocks.
-    A full level rejects at once (QueueFull). When a deadline passes the timer acts at that
+    A full level rejects at once (QueueFull): a level's max_queue_size bounds its requests, or
+    its rows where the policy counts rows (`auto`'s: QueuePolicy.counts_rows), where a request
+    that does not fit is refused unless the level is empty (one larger than the bound is queued
+    alone, not refused for good). When a deadline passes the timer acts at that
     moment: `reject` removes the request and hands it to `on_timeout` (the owner answers
     it), `delay` moves it behind the level's requests that are still within their deadline.
     A deadline passes by the duration clock (Clock.now_ns, TIMER_TICK_S), never before.
-    Each level is two OrderedDicts (on time, delayed), so push, pop and removal are O(1).
+    Each level is two OrderedDicts (on time, delayed) and a running count of its rows, so push,
+    pop and removal are O(1).
 
     Timers: requests with their level's default deadline arrive in deadline order, so one
     timer per level, at the earliest of them, covers them all (a loop timer per request cost
@@ -64,6 +68,7 @@ class PriorityQueue:
                        for lane in (self._on_time[level], self._delayed[level])]
         self._default_s = [p.default_timeout_ms / 1000.0 if p else 0.0 for p in self._policies]
         self._lane_timer: list = [None] * (n + 1)  # per level: at its earliest default deadline
+        self._level_rows = [0] * (n + 1)  # rows queued per level: the bound of those counting rows
         self.rows = 0  # rows of every queued request
         self.count = 0
 
@@ -74,21 +79,37 @@ class PriorityQueue:
         return self.config.level_for(priority)
 
     def room(self, level: int) -> int | None:
-        """Requests `level` can still take, or None when it is unbounded."""
-        limit = self._policies[level].max_queue_size
-        return max(0, limit - len(self._on_time[level]) - len(self._delayed[level])) if limit else None
+        """What `level` can still take, in its bound's unit (requests, or rows where it counts
+        rows), or None when it is unbounded."""
+        policy = self._policies[level]
+        if not policy.max_queue_size:
+            return None
+        used = self._level_rows[level] if policy.counts_rows else self._level_count(level)
+        return max(0, policy.max_queue_size - used)
 
-    def full_error(self, level: int) -> QueueFull:
-        return QueueFull(f"priority level {level} queue is full "
-                         f"(max_queue_size {self._policies[level].max_queue_size})")
+    def full_error(self, level: int, rows: int | None = None) -> QueueFull:
+        """The refusal of a request of `rows` rows (None: not known yet) at the full `level`."""
+        policy = self._policies[level]
+        if not policy.counts_rows:
+            return QueueFull(f"priority level {level} queue is full (max_queue_size {policy.max_queue_size})")
+        request = f"; this request's {rows} rows do not fit" if rows else ""
+        return QueueFull(f"priority level {level} queue is full ({self._level_rows[level]} of its "
+                         f"{policy.max_queue_size} rows queued{request}: max_queue_size auto counts rows)")
 
     def push(self, request: QueuedRequest, timeout_us: int | None = None) -> None:
-        """Queue `request` at the tail of its level; raises QueueFull if the level is full."""
+        """Queue `request` at the tail of its level; raises QueueFull if the level has no room
+        for it (where the level counts rows, its rows must fit, unless the level is empty)."""
         level = request.level
-        if self.room(level) == 0:
-            raise self.full_error(level)
         policy = self._policies[level]
+        if policy.max_queue_size:
+            if policy.counts_rows:
+                queued = self._level_rows[level]
+                if queued and queued + request.rows > policy.max_queue_size:
+                    raise self.full_error(level, request.rows)
+            elif self._level_count(level) >= policy.max_queue_size:
+                raise self.full_error(level)
         self._on_time[level][request] = None
+        self._level_rows[level] += request.rows
         self.rows += request.rows
         self.count += 1
         timeout = timeout_seconds(policy, timeout_us)
@@ -190,7 +211,11 @@ class PriorityQueue:
         return oldest
 
     def depths(self) -> dict[int, int]:
-        return {level: len(self._on_time[level]) + len(self._delayed[level]) for level in self.levels}
+        """Requests queued per level."""
+        return {level: self._level_count(level) for level in self.levels}
+
+    def _level_count(self, level: int) -> int:
+        return len(self._on_time[level]) + len(self._delayed[level])
 
     def __iter__(self) -> Iterator[QueuedRequest]:
         """Queued requests in service order (for tests and diagnostics)."""
@@ -198,6 +223,7 @@ class PriorityQueue:
             yield from lane
 
     def _forget(self, request: QueuedRequest) -> None:
+        self._level_rows[request.level] -= request.rows
         self.rows -= request.rows
         self.count -= 1
         if request.timer is not None:

@@ -28,7 +28,8 @@ class UnreadAdmissions:
         self._times: collections.deque[float] = collections.deque()  # oldest first
 
     def admit(self, room: int, now: float) -> bool:
-        """Count one more if `room` (the level's free places) exceeds those still counted."""
+        """Count one more if `room` (what the level can still take: requests, or rows where its
+        bound counts rows, each unread request then counted as one) exceeds those still counted."""
         times = self._times
         while times and now - times[0] > LAPSE_S:
             times.popleft()

@@ -87,12 +87,23 @@ def _queue_parameters(batching) -> dict[str, dict]:
     limit /config did not show: an independent check)."""
     values = {"priority_levels": batching.priority_levels, "default_priority_level": batching.default_level,
               "preserve_ordering": batching.preserve_ordering}
-    policies = {"default_queue_policy": batching.default_queue_policy,
-                **{f"priority_queue_policy.{level}": p for level, p in sorted(batching.priority_queue_policy.items())}}
-    for prefix, policy in policies.items():
+    for prefix, policy in _policies(batching).items():
         values.update({f"{prefix}.{field}": value for field, value in _queue_policy(policy).items()})
     return {name: {"string_value": str(value).lower() if isinstance(value, bool) else str(value)}
             for name, value in values.items()}
+
+
+def _row_bounds(batching) -> dict[str, dict]:
+    """`<policy>.max_queue_size_unit: rows` for each policy whose max_queue_size counts rows (the
+    auto size's): Triton's field counts requests, and its ModelQueuePolicy has none for a unit."""
+    return {f"{prefix}.max_queue_size_unit": {"string_value": "rows"}
+            for prefix, policy in _policies(batching).items() if policy.counts_rows and policy.max_queue_size}
+
+
+def _policies(batching) -> dict[str, QueuePolicy]:
+    """The queue policies by their names in parameters: default_queue_policy, priority_queue_policy.<level>."""
+    return {"default_queue_policy": batching.default_queue_policy,
+            **{f"priority_queue_policy.{level}": p for level, p in sorted(batching.priority_queue_policy.items())}}
 
 
 def _version_policy(policy: tuple) -> dict:
@@ -136,4 +147,5 @@ def model_config(served) -> dict:
         }
     else:
         body["parameters"].update(_queue_parameters(batching))
+    body["parameters"].update(_row_bounds(batching))
     return body

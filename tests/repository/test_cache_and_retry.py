@@ -19,6 +19,7 @@ from aclserve.repository import ModelLoadFailed
 from aclserve.repository import cache_dir, cache_entry, loader, overload
 from aclserve.repository.retry import RetrySchedule, is_transient
 from aclserve.runtime.device import LoadError
+from aclserve.scheduling import QueuePolicy
 
 from .repo_helpers import place, x_rows
 
@@ -453,8 +454,15 @@ async def test_a_retry_due_while_another_version_loads_is_not_lost(make_repo, mo
 def test_auto_queue_limits_follow_gears_instances_and_speed():
     config = overload.resolve(ModelConfig(), (1, 2, 4, 8), {8: 0.5}, instances=2)
     policy = config.batching.default_queue_policy
-    assert policy.max_queue_size == 8 * 8 * 2
+    assert policy.max_queue_size == 8 * 8 * 2 and policy.counts_rows  # rows: 8 full batches per instance
     assert policy.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 8)  # twice (window + 8 runs of a full queue)
+    # a size configured counts requests, as in Triton; an auto deadline beside it is still derived
+    configured = dataclasses.replace(ModelConfig().batching, default_queue_policy=QueuePolicy(
+        max_queue_size=100, default_timeout_ms=None))
+    given = overload.resolve(dataclasses.replace(ModelConfig(), batching=configured), (1, 2, 4, 8), {8: 0.5},
+                             instances=2).batching.default_queue_policy
+    assert (given.max_queue_size, given.counts_rows) == (100, False)
+    assert given.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 7)  # 100 / (8 x 2), rounded up
     fast = overload.resolve(ModelConfig(), (1,), {1: 0.001}, instances=1).batching.default_queue_policy
     assert fast.max_queue_size == overload.MIN_QUEUE and fast.default_timeout_ms == overload.MIN_DEADLINE_MS
 

@@ -67,6 +67,47 @@ def test_full_level_rejects_at_once_and_other_levels_still_accept(clock):
     assert queue.depths() == {1: 1, 2: 2, 3: 0}
 
 
+def test_a_level_counting_rows_refuses_a_request_whose_rows_do_not_fit(clock):
+    """`auto`'s size counts rows (QueuePolicy.counts_rows): counted in requests, a burst of full
+    batches queued a full batch's times the runs its deadline is made for and waited it out."""
+    policy = QueuePolicy(max_queue_size=16, counts_rows=True, default_timeout_ms=10)
+    queue, timed_out, _ = make_queue(clock, default_queue_policy=policy)
+    request(queue, clock, 0, rows=8)
+    request(queue, clock, 1, rows=4)
+    assert queue.room(2) == 4
+    with pytest.raises(QueueFull, match=r"level 2 queue is full \(12 of its 16 rows queued; this request's 8 rows do"):
+        request(queue, clock, 2, rows=8)
+    request(queue, clock, 3, rows=4)  # fits exactly
+    assert queue.room(2) == 0 and queue.depths() == {1: 0, 2: 3, 3: 0}
+    with pytest.raises(QueueFull, match="max_queue_size auto counts rows"):
+        request(queue, clock, 4)
+    assert tags(queue.take(8)) == [0]  # taken rows make room again
+    assert queue.room(2) == 8
+    clock.advance(0.011)  # and so do those that time out
+    assert tags(timed_out) == [1, 3] and queue.room(2) == 16 and queue.rows == 0
+
+
+def test_a_request_larger_than_a_level_counting_rows_is_queued_alone(clock):
+    """Not refused for good: queued when its level is empty, and then the level is full."""
+    queue, _, _ = make_queue(clock, default_queue_policy=QueuePolicy(max_queue_size=16, counts_rows=True))
+    big = request(queue, clock, 0, rows=40)
+    assert queue.room(2) == 0
+    with pytest.raises(QueueFull, match="40 of its 16 rows queued"):
+        request(queue, clock, 1)
+    request(queue, clock, 2, rows=40, priority=1)  # each level has rows of its own
+    assert queue.remove(big) and queue.room(2) == 16
+
+
+def test_a_configured_size_counts_requests_whatever_their_rows(clock):
+    queue, _, _ = make_queue(clock, default_queue_policy=QueuePolicy(max_queue_size=2))
+    request(queue, clock, 0, rows=32)
+    assert queue.room(2) == 1
+    request(queue, clock, 1, rows=32)
+    with pytest.raises(QueueFull, match=r"level 2 queue is full \(max_queue_size 2\)"):
+        request(queue, clock, 2)
+    assert queue.rows == 64
+
+
 def test_reject_timeout_removes_the_request_at_its_deadline(clock):
     queue, timed_out, _ = make_queue(clock, default_queue_policy=QueuePolicy(default_timeout_ms=10))
     first = request(queue, clock, 0)

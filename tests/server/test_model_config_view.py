@@ -39,7 +39,7 @@ def test_batch_only_tensors_have_one_dim_reshaped_to_none(srv):
         for tensor in config["input"] + config["output"]:
             assert tensor["dims"] == [1] and tensor["reshape"] == {"shape": []}, tensor
         assert config["instance_group"] == [{"name": "vec_0", "kind": "KIND_MODEL", "count": 1}]
-        assert config["parameters"] == {"devices": {"string_value": "0"}}
+        assert config["parameters"]["devices"] == {"string_value": "0"}
         # the model still takes what its metadata says: [N]
         assert client.get_model_metadata("vec")["inputs"][0]["shape"] == [-1]
         x = httpclient.InferInput("x", [3], "FP32")
@@ -70,7 +70,8 @@ def test_a_model_of_one_request_per_run_shows_its_queue_limits_in_parameters(srv
     them only in dynamic_batching, which such a model is shown without: /config gave no limit while
     the queue answered 503 "priority level 2 queue is full" (an independent check). They are string
     parameters named after dynamic_batching's fields; `auto` counts a full batch as one request
-    there (not the largest gear: 8 x 32 = 256 lone runs a level), so the queue takes MIN_QUEUE."""
+    there (not the largest gear: 8 x 32 = 256 lone runs a level), so the queue takes MIN_QUEUE.
+    An auto size counts rows, which Triton's field cannot say: a parameter names the unit."""
     client = httpclient.InferenceServerClient(srv.url)
     try:
         alone, fixed = client.get_model_config("alone"), client.get_model_config("fixed")
@@ -82,16 +83,20 @@ def test_a_model_of_one_request_per_run_shows_its_queue_limits_in_parameters(srv
         assert shown == {
             "priority_levels": "3", "default_priority_level": "2", "preserve_ordering": "false",
             "default_queue_policy.timeout_action": "REJECT", "default_queue_policy.allow_timeout_override": "true",
-            "default_queue_policy.max_queue_size": "64",
+            "default_queue_policy.max_queue_size": "64", "default_queue_policy.max_queue_size_unit": "rows",
             "priority_queue_policy.1.timeout_action": "REJECT",
             "priority_queue_policy.1.allow_timeout_override": "true",
             "priority_queue_policy.1.default_timeout_microseconds": "500000",
-            "priority_queue_policy.1.max_queue_size": "4"}
+            "priority_queue_policy.1.max_queue_size": "4"}  # configured: requests, no unit shown
         static = {name: value["string_value"] for name, value in queue_parameters(fixed["parameters"]).items()}
         assert static["default_queue_policy.max_queue_size"] == "64" and static["priority_levels"] == "3"
+        assert static["default_queue_policy.max_queue_size_unit"] == "rows"
         assert "priority_queue_policy.1.max_queue_size" not in static
-        # a batching model has them in dynamic_batching, and nowhere else
-        assert queue_parameters(client.get_model_config("vec")["parameters"]) == {}
+        # a batching model has them in dynamic_batching, and only the auto size's unit elsewhere
+        vec = client.get_model_config("vec")
+        assert vec["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 64
+        unit = {"default_queue_policy.max_queue_size_unit": {"string_value": "rows"}}
+        assert queue_parameters(vec["parameters"]) == unit
     finally:
         client.close()
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.config.grpc_port}")

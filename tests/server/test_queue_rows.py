@@ -1,0 +1,118 @@
+"""The auto queue size counts rows: a burst of requests of a full batch each is refused 503 at once
+past the level's rows, where counted in requests it was queued whole and waited out its deadline
+(a tester's 64 requests of 8 rows on a 200 ms run: 17 served, 47 timed out after 3.2 s). A size
+configured counts requests, as in Triton.
+
+The model's one slot is held by the CPU runtime's fault injection until the test lets it go, so
+the burst queues behind it without any test double and without a timing."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import shutil
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from aclserve.acl.cpu import faults
+from aclserve.repository.overload import auto_queue_size
+
+from tests.serving import ServerThread
+
+from .hostile import metric, wait_for
+
+FULL_BATCH = 8  # the affine model's largest gear (compile_cpu_om's 1, 2, 4, 8)
+AUTO_ROWS = auto_queue_size(FULL_BATCH, 1)  # 64 rows: 8 full batches
+BURST = 16  # requests of a full batch: twice what AUTO_ROWS holds, a quarter of it in requests
+EXPLICIT = 12  # level 1's configured size: requests, 96 rows of full batches
+
+
+@pytest.fixture
+def held_affine(models_dir, tmp_path, make_config, clean_faults):
+    """The affine model with one slot (the held run keeps it: the rest queue), no queue deadline
+    (nothing times out while the test holds the run), level 1 bounded to EXPLICIT requests and the
+    others `auto`."""
+    shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
+    (tmp_path / "affine.yaml").write_text(
+        "slots: 1\nexecution_timeout_ms: 60000\n"
+        f"batching: {{default_queue_policy: {{default_timeout_ms: 0}}, "
+        f"priority_queue_policy: {{1: {{max_queue_size: {EXPLICIT}}}}}}}\n")
+    with ServerThread(make_config(tmp_path, model_control_mode="none")) as srv:
+        yield srv
+
+
+def infer(url: str, rows: int, priority: int | None = None) -> tuple[int, str, str | None]:
+    """(status, body, Retry-After) of an affine request of `rows` rows."""
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 8], "data": [1.0] * 8 * rows},
+                       {"name": "idx", "datatype": "INT64", "shape": [rows, 3], "data": [1] * 3 * rows}]}
+    if priority is not None:
+        body["parameters"] = {"priority": priority}
+    req = urllib.request.Request(f"http://{url}/v2/models/affine/infer", data=json.dumps(body).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read().decode(), None
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), e.headers.get("Retry-After")
+
+
+def depth(url: str, level: int) -> float:
+    return metric(url, "aclserve_queue_depth", f'model="affine",priority="{level}",version="1"')
+
+
+class HeldRun:
+    """The model's one slot taken by a one-row request whose run waits for `release()`."""
+
+    def __init__(self, url: str, pool: concurrent.futures.Executor):
+        self.gate = threading.Event()
+        held = faults.inject("execute", nth=1, hold=self.gate, code=0)
+        self.first = pool.submit(infer, url, 1)
+        assert held.entered.wait(30)
+
+    def release(self) -> None:
+        self.gate.set()
+        assert self.first.result()[0] == 200
+
+
+def settle(url: str, level: int, answers: list) -> list:
+    """Wait until each request of `answers` sent to `level` is queued or answered (a hang guard,
+    not a timing); the answers given so far, which the held run leaves to refusals alone."""
+    asyncio.run(wait_for(lambda: depth(url, level) + sum(a.done() for a in answers) == len(answers)))
+    return [a.result() for a in answers if a.done()]
+
+
+def test_a_burst_of_full_batches_is_refused_past_the_auto_queues_rows(held_affine):
+    url = held_affine.url
+    with concurrent.futures.ThreadPoolExecutor(2 * BURST + 1) as pool:
+        held = HeldRun(url, pool)
+        try:
+            one_rows = [pool.submit(infer, url, 1) for _ in range(BURST)]
+            assert settle(url, 2, one_rows) == [] and depth(url, 2) == BURST  # all taken: 16 of its 64 rows
+        finally:
+            held.release()
+        assert [a.result()[0] for a in one_rows] == [200] * BURST
+
+        held = HeldRun(url, pool)
+        try:
+            full = [pool.submit(infer, url, FULL_BATCH) for _ in range(BURST)]
+            refused = settle(url, 2, full)
+            # 8 of them fill the level's 64 rows; the other 8 are answered at once, not queued
+            assert depth(url, 2) == AUTO_ROWS // FULL_BATCH and len(refused) == BURST - AUTO_ROWS // FULL_BATCH
+            for status, body, retry_after in refused:
+                assert status == 503 and retry_after == "1", body
+                # (the request's rows are named unless the connection guard refused it unread: shedding.py)
+                assert "priority level 2 queue is full (64 of its 64 rows queued" in body
+                assert "max_queue_size auto counts rows" in body
+            # a configured size counts requests: level 1 takes EXPLICIT full batches, 96 rows
+            urgent = [pool.submit(infer, url, FULL_BATCH, priority=1) for _ in range(BURST)]
+            refused = settle(url, 1, urgent)
+            assert depth(url, 1) == EXPLICIT and len(refused) == BURST - EXPLICIT
+            for status, body, _ in refused:
+                assert status == 503 and f"priority level 1 queue is full (max_queue_size {EXPLICIT})" in body
+        finally:
+            held.release()
+        statuses = sorted(a.result()[0] for a in full + urgent)
+        assert statuses == [200] * (AUTO_ROWS // FULL_BATCH + EXPLICIT) + [503] * (2 * BURST - 8 - EXPLICIT)
