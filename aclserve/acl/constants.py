@@ -49,9 +49,14 @@ ACL_ERROR_RT_NO_STREAM_RESOURCE = 207008
 ACL_ERROR_RT_DEVICE_OOM = 207018
 ACL_ERROR_RT_INTERNAL_ERROR = 507000
 ACL_ERROR_RT_MODEL_EXECUTE = 507011
+ACL_ERROR_RT_AICORE_EXCEPTION = 507015
 ACL_ERROR_RT_REPORT_TIMEOUT = 507012
 ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046
 ACL_ERROR_RT_EVENT_SYNC_TIMEOUT = 507047
+# what a device fails with as a whole (hicann/runtime ContextManage::SetGlobalFailureErr): every task
+# of every context on it, until the device is reset (runtime/device_health.py)
+ACL_ERROR_RT_DEVICE_MEM_ERROR = 507053
+ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR = 507054
 
 ACL_ERROR_GE_PARAM_INVALID = 145000
 ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID = 145002
@@ -98,6 +103,9 @@ ERROR_MEANINGS: dict[int, str] = {
     ACL_ERROR_RT_DEVICE_OOM: "device out of memory",
     ACL_ERROR_RT_INTERNAL_ERROR: "runtime internal error",
     ACL_ERROR_RT_MODEL_EXECUTE: "model execution failed on the device",
+    ACL_ERROR_RT_AICORE_EXCEPTION: "AI Core exception",
+    ACL_ERROR_RT_DEVICE_MEM_ERROR: "device memory error",
+    ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR: "HBM multi-bit ECC error",
     ACL_ERROR_RT_REPORT_TIMEOUT: "no report within the timeout",
     ACL_ERROR_RT_STREAM_SYNC_TIMEOUT: "stream synchronize timed out",
     ACL_ERROR_RT_EVENT_SYNC_TIMEOUT: "event synchronize timed out",

@@ -193,7 +193,7 @@ class LoadedModel:
                           self.id, self.device)
                 return C.ACL_ERROR_GE_PARAM_INVALID
             binding = self._bindings.get((batch, in_addrs, out_addrs)) or self._binding(batch, in_addrs, out_addrs)
-            code = faults.trigger("execute", self.id)
+            code = faults.trigger("execute", self.id, self.device)
             if code:
                 return code
             try:

@@ -50,12 +50,13 @@ def memcpy(dst, dst_max, src, count, kind):
     kind, ret = _copy.check_memcpy(dst, dst_max, src, count, kind, ctx.device)
     if ret:
         return ret
-    return _copy_now(dst, src, count)
+    return _copy_now(dst, src, count, ctx.device)
 
 
-def _copy_now(dst: int, src: int, count: int) -> int:
-    """The copy itself, unless an injected memcpy fault (faults.py) fails or delays it."""
-    code = faults.trigger("memcpy", -1)
+def _copy_now(dst: int, src: int, count: int, device: int) -> int:
+    """The copy itself, unless an injected memcpy fault (faults.py) fails or delays it (or
+    fails `device` as a whole)."""
+    code = faults.trigger("memcpy", -1, device)
     if code:
         return code
     ctypes.memmove(dst, src, count)
@@ -78,7 +79,7 @@ def memcpy_async(dst, dst_max, src, count, kind, stream):
     if ret:
         return ret
     s, ret = _state.stream_of(stream, ctx)
-    return ret or s.enqueue(lambda: _copy_now(dst, src, count))
+    return ret or s.enqueue(lambda: _copy_now(dst, src, count, ctx.device))
 
 
 @api("acl.rt.memset", PTR, PTR, INT, PTR)

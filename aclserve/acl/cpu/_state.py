@@ -48,6 +48,39 @@ class Device:
         self.refcount = 0
         self.default_context: Context | None = None
         self.max_streams, self.max_events = max_streams, max_events
+        # the code the device failed with as a whole (fail_device), 0 while it has not: every task
+        # submitted in any of its contexts gets it, until the device is let go of (released_if_unused)
+        self.status = 0
+
+
+def fail_device(device_id: int, code: int) -> None:
+    """The device failed as a whole with `code` (a `device` fault: faults.py), as CANN's
+    ContextManage::SetGlobalFailureErr sets it on the device and on each of its contexts: those
+    in stop-on-failure mode stop on it. The first code stays."""
+    with lock:
+        device = devices.get(device_id)
+        if device is None or device.status:
+            return
+        device.status = code
+        ctxs = [c for c in contexts.values() if c.device == device_id] + [device.default_context]
+    log.info("CPU runtime: device %d failed as a whole with %d (an injected fault): every task on it "
+                "fails until it is let go of", device_id, code)
+    for ctx in ctxs:
+        if ctx is not None:
+            ctx.task_failed(code)
+
+
+def released_if_unused(device_id: int) -> None:
+    """Once no context of the device is left and reset_device has matched every set_device, its
+    runtime Device is gone in CANN (a set_device then builds a clean one): its failure with it
+    (hold `lock`)."""
+    device = devices[device_id]
+    if device.refcount == 0 and device.default_context is None and \
+            not any(c.device == device_id for c in contexts.values()):
+        device.status = 0
+
+
+faults.device_failed = fail_device
 
 
 INTERNAL_STREAMS = 1  # the runtime's own synchronisation stream, counted against the limit
@@ -75,6 +108,7 @@ class Context:
     def __init__(self, device: int, is_default: bool):
         self.handle = new_handle()
         self.device = device
+        self._device = devices[device]  # (its status: refusal())
         self.is_default = is_default
         self.alive = True
         self._default_stream: Stream | None = None
@@ -82,6 +116,12 @@ class Context:
         # of its streams' work stops them all (failure, then kept; _stream.py)
         self.stop_on_failure = False
         self.failure = 0
+
+    def refusal(self) -> int:
+        """What a task submitted under it gets (0: it is taken): the code its device failed with
+        as a whole (CANN's Context::CheckTaskSend checks the device first), else the failure it
+        stopped on."""
+        return self._device.status or self.failure
 
     def task_failed(self, code: int) -> None:
         """A task of its streams (or a synchronous execute) failed with `code`: in stop-on-failure

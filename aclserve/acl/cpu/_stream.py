@@ -16,7 +16,9 @@ its streams and events returns that failure at once (CANN checks the context bef
 it waits: the waits under way end when it stops), as does an event's query, and it takes no new
 task (CANN: "no new task after a stop on failure"). abort() (acl.rt.stream_abort) drops a
 stream's queued work and its waits for events, and waits for the task running, which a CPU
-thread cannot stop midway (ABORT_WAIT_S at most: past it, 507000).
+thread cannot stop midway (ABORT_WAIT_S at most: past it, 507000). A device that failed as a
+whole (faults.py, `device`) takes no task on any stream (enqueue), and the work its streams
+still hold fails with its code, which their next synchronize reports.
 
 Waits block on a lock of their own that the worker releases (Waiters), and the tasks reach the
 worker through a queue.SimpleQueue: both are C code, which threading.Condition is not. A batch
@@ -127,9 +129,11 @@ class Stream:
 
     def enqueue(self, task, marker: bool = False) -> int:
         """Queue `task`: work (a copy, an execution, a host callback) or, `marker`, an event's
-        record, wait or reset, which runs even after its context stopped on a failure."""
-        failure = self.context.failure
-        if failure:  # stopped on a failure: no new task (CANN)
+        record, wait or reset, which runs even after its context stopped on a failure. Every
+        task submitted on a stream comes here: one under a stopped context, or on a device that
+        failed as a whole, is refused (CANN: Context::CheckTaskSend)."""
+        failure = self.context.refusal()
+        if failure:  # stopped on a failure, or the device failed: no new task (CANN)
             return failure
         with self._lock:
             if self._closed:
@@ -147,6 +151,8 @@ class Stream:
             task, marker = item
             if not marker and (context.failure or self.dropping()):
                 ret = C.ACL_SUCCESS  # stopped on a failure, or aborted: the work queued is not run
+            elif not marker and context.refusal():  # the device failed as a whole: its work queued fails
+                ret = context.refusal()
             else:
                 try:
                     ret = task()

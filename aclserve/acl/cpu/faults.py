@@ -28,9 +28,24 @@ to 0 (no failure) when only a delay or hold is asked for. Delays and holds of `e
 while the execution owns the model, so they also provoke the non-re-entrancy error and
 stream/event timeouts.
 
+    faults.inject("execute", nth=5, code=507054, device=True)  # the 5th execute fails its whole device
+
+`device` (execute and memcpy only): the fault fails the whole device, as an HBM multi-bit ECC
+error (507054), a sustained page fault (507015) or a memory error (507053) does on one
+(hicann/runtime ContextManage::SetGlobalFailureErr): the call that fires it fails with the code,
+and from then on every task submitted in any context of that device, one made later included,
+is refused with it (execute and execute_async, memcpy_async, memset_async, record_event,
+stream_wait_event, reset_event, launch_callback, acl.media's tasks: Stream.enqueue), the work
+its streams still held fails with it (a synchronize of a stream with work in flight reports it),
+and every context in stop-on-failure mode stops on it. malloc, free, the synchronous memcpy and
+get_mem_info still work (no status check of theirs is known). It clears only once the device's
+count is back to 0: no context of it left and reset_device called for each set_device
+(_state.fail_device).
+
 Environment (read at acl.init): ACLSERVE_CPU_FAULTS="execute:nth=3,code=507011;memcpy:count=2"
 - faults separated by ';', each `kind` then optional `:key=value,...` with keys nth, count,
-probability, code, delay_ms (finite, at most MAX_DELAY_MS), model_id. A bad spec raises
+probability, code, delay_ms (finite, at most MAX_DELAY_MS), model_id, device (0 or 1:
+"execute:nth=5,code=507054,device=1"). A bad spec raises
 ValueError with one line saying what is wrong (`aclserve serve` checks it before starting).
 """
 from __future__ import annotations
@@ -49,7 +64,9 @@ from .. import constants as C
 # failing to read its description, 500002 on a device); mem_info: get_mem_info; execute_call: the
 # call, not the work; dvpp: a JPEGD or VPC task of acl.media, when it runs on its stream
 KINDS = ("execute", "execute_call", "memcpy", "query_size", "load", "describe", "mem_info", "dvpp")
-_KEYS = {"nth": int, "count": int, "probability": float, "code": int, "delay_ms": float, "model_id": int}
+_KEYS = {"nth": int, "count": int, "probability": float, "code": int, "delay_ms": float, "model_id": int,
+         "device": int}
+DEVICE_KINDS = ("execute", "memcpy")  # the kinds that may fail their whole device (`device`)
 _FORMAT = "kind[:key=value,...][;...] with kind " + "|".join(KINDS) + " and keys " + ", ".join(_KEYS)
 # About 31 years: as good as never returning, and within what time.sleep takes (an infinite or NaN
 # delay made every faulted call raise in time.sleep instead of sleeping).
@@ -67,6 +84,7 @@ class Fault:
     model_id: int | None = None
     hold: threading.Event | None = None
     from_env: bool = False
+    device: bool = False  # it fails its whole device (the caller's, named to trigger())
     seen: int = 0
     fired: int = 0
     entered: threading.Event = field(default_factory=threading.Event)
@@ -90,15 +108,19 @@ class Fault:
 
 _lock = threading.Lock()
 _faults: list[Fault] = []
+# (device, code) -> None: the runtime's, called when a `device` fault fires (_state.fail_device;
+# set by it, as _state imports this module)
+device_failed = None
 
 
 def inject(kind: str = "execute", nth: int | None = None, probability: float | None = None,
            code: int | None = None, delay_ms: float | None = None, model_id: int | None = None,
-           hold: threading.Event | None = None, count: int | None = None, _from_env: bool = False) -> Fault:
-    inject_check(kind, nth, count, probability, delay_ms, code, hold)
+           hold: threading.Event | None = None, count: int | None = None, device: bool = False,
+           _from_env: bool = False) -> Fault:
+    inject_check(kind, nth, count, probability, delay_ms, code, hold, device=device)
     if code is None:
         code = 0 if (delay_ms or hold is not None) else C.ACL_ERROR_RT_MODEL_EXECUTE
-    fault = Fault(kind, nth, count, probability, code, delay_ms, model_id, hold, _from_env)
+    fault = Fault(kind, nth, count, probability, code, delay_ms, model_id, hold, _from_env, bool(device))
     with _lock:
         _faults.append(fault)
     return fault
@@ -109,9 +131,10 @@ def clear(env_only: bool = False) -> None:
         _faults[:] = [f for f in _faults if env_only and not f.from_env]
 
 
-def trigger(kind: str, model_id: int) -> int:
+def trigger(kind: str, model_id: int, device: int | None = None) -> int:
     """Called by the runtime at the start of an operation; applies delays/holds, returns a code
-    (0 at once, without the lock, while no fault is injected: the hot paths call it)."""
+    (0 at once, without the lock, while no fault is injected: the hot paths call it). A `device`
+    fault that fires fails `device` as a whole (device_failed)."""
     if not _faults:
         return 0
     with _lock:
@@ -126,6 +149,8 @@ def trigger(kind: str, model_id: int) -> int:
         if f.hold is not None:
             f.hold.wait()
         code = code or f.code
+        if f.device and f.code and device is not None and device_failed is not None:
+            device_failed(device, f.code)
     return code
 
 
@@ -157,10 +182,14 @@ def parse(spec: str) -> list[dict]:
 
 
 def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=None, code=None, hold=None,
-                 **_) -> None:
+                 device=False, **_) -> None:
     """The argument checks of inject(), without injecting."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r} (kinds: {', '.join(KINDS)})")
+    if device not in (0, 1):  # (True and False are 1 and 0)
+        raise ValueError(f"device must be 0 or 1, got {device!r}")
+    if device and kind not in DEVICE_KINDS:
+        raise ValueError(f"device=1 is for the kinds {' and '.join(DEVICE_KINDS)}, not {kind!r}")
     if code is not None and (code < 0 or (code == 0 and not delay_ms and hold is None)):
         raise ValueError(f"code must be an ACL error code (a positive number; 0 only with a delay_ms), got {code}")
     if delay_ms is not None and not math.isfinite(delay_ms):

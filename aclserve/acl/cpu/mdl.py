@@ -261,12 +261,13 @@ def set_dynamic_batch_size(model_id, dataset, index, batch_size):
 @api("acl.mdl.execute", INT, PTR, PTR)
 def execute(model_id, input, output):  # noqa: A002  (pyACL's parameter names)
     """Run now. CANN runs it on a stream of the context's own: a context stopped on a failure
-    takes it no more, and in stop-on-failure mode its failure stops the context."""
+    (or on a device that failed as a whole) takes it no more, and in stop-on-failure mode its
+    failure stops the context."""
     ctx, model, ins, outs, ret = _resolve(model_id, input, output)
     if ret:
         return ret
-    if ctx.failure:
-        return ctx.failure
+    if ctx.refusal():
+        return ctx.refusal()
     ret = model.run(ins, outs, ins.gear)
     if ret:
         ctx.task_failed(ret)

@@ -56,6 +56,7 @@ def reset_device(device_id):
         ctx = device.default_context if device.refcount == 0 else None
         if ctx is not None:
             device.default_context = None
+        _state.released_if_unused(device_id)  # a failure of the whole device goes with its last user
     if ctx is not None:
         ctx.close()
     return _OK
@@ -102,6 +103,8 @@ def destroy_context(context):
         return C.ACL_ERROR_INVALID_PARAM
     with _state.lock:
         ctx = _state.contexts.pop(context, None)
+        if ctx is not None:
+            _state.released_if_unused(ctx.device)
     if ctx is None:
         return C.ACL_ERROR_RT_PARAM_INVALID  # unknown, or a default context (not destroyable)
     ctx.close()
