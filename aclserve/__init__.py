@@ -3,14 +3,15 @@ import os
 
 from ._version import __version__  # noqa: F401
 # what a caller of the Python API catches (README, "the Python API"); errors.py imports nothing
-from .errors import Closed, DeviceTimeout, ExecutionFailed, LoadError, ServeError  # noqa: F401
+from .errors import Closed, DeviceFailed, DeviceTimeout, ExecutionFailed, LoadError, ServeError  # noqa: F401
 
 # ONNX Runtime (1.29 on) sends telemetry from Linux unless told not to before it loads: a server
 # makes no call home, and its warning when it cannot persist a device id (a read-only HOME, as in
 # the container) broke --log-format json. ORT_DISABLE_TELEMETRY=0 in the environment keeps it on.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
-__all__ = ["Closed", "DeviceTimeout", "Engine", "ExecutionFailed", "LoadError", "ServeError", "__version__"]
+__all__ = ["Closed", "DeviceFailed", "DeviceTimeout", "Engine", "ExecutionFailed", "LoadError", "ServeError",
+           "__version__"]
 
 
 def __getattr__(name):

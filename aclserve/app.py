@@ -38,12 +38,13 @@ def build_grpc_server(config, app: web.Application):
     return GrpcServer(app[STATE], config.grpc_max_message_bytes)
 
 
-async def serve(config, started: asyncio.Future | None = None, stop: asyncio.Event | None = None) -> None:
-    """Build everything `config` describes and serve it until SIGTERM/SIGINT (or `stop` is set),
-    then shut down in order. `started` gets the bound HTTP (host, port) once listening."""
+async def serve(config, started: asyncio.Future | None = None, stop: asyncio.Event | None = None) -> int:
+    """Build everything `config` describes and serve it until SIGTERM/SIGINT (or `stop` is set, or
+    a device fails as a whole), then shut down in order. `started` gets the bound HTTP (host,
+    port) once listening. Returns the exit status (server/app.py: 0, or EXIT_DEVICE_FAILED)."""
     runtime = build_runtime(config)
     app = create_app(config, build_repository(config, runtime), runtime)
-    await serve_app(app, build_grpc_server(config, app), started, stop)
+    return await serve_app(app, build_grpc_server(config, app), started, stop)
 
 
 def work_left_running() -> int:

@@ -65,6 +65,13 @@ class ExecutionFailed(ServeError):
     """The device failed the batch this request was in; the message says what happened."""
 
 
+class DeviceFailed(ExecutionFailed):
+    """The device failed as a whole (an HBM multi-bit ECC error, say: runtime/device_health.py):
+    nothing runs on it until it is reset, which takes a restart of the process. The server
+    drains and exits for its supervisor to restart it; the Python API's caller closes its
+    Engine and starts again in a new process."""
+
+
 class Closed(ExecutionFailed, RuntimeError):
     """The Python API's model, or the Engine holding it, is closed: a load or call made since,
     or a call that a close bounded in time did not wait for. An ExecutionFailed, as a call on a

@@ -16,7 +16,9 @@ def add_commands(sub) -> None:
                                    "embedded default (aclserve/configs/default.yaml). SIGTERM, SIGINT and "
                                    "SIGHUP stop it alike: it drains (up to shutdown_timeout_s) and exits 0; "
                                    "a second signal ends the drain at once. SIGHUP is no reload (models "
-                                   "reload from their folder): a systemd ExecReload=kill -HUP stops it.")
+                                   "reload from their folder): a systemd ExecReload=kill -HUP stops it. A "
+                                   "device that fails as a whole (an HBM ECC error, say) makes it drain and "
+                                   "exit 75, for its supervisor to restart it.")
     p.add_argument("--config", metavar="FILE", help="YAML config merged over the embedded default")
     p.add_argument("--models", metavar="DIR", help="model repository folder (models_dir)")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 to expose)")
@@ -122,7 +124,7 @@ def _serve_logged(args, config) -> int:
     from ..repository import RepositoryError, check_models_folder
     try:
         check_models_folder(pathlib.Path(config.models_dir))  # (before the endpoints listen, not after)
-        _run(serve(config))
+        status = _run(serve(config))  # 0, or server/app.py's EXIT_DEVICE_FAILED
         _exiting()
     except ConfigError as e:  # found as the server is built (the TLS files, the API token): named as the loader's
         raise UsageError(f"bad configuration: {blamed(e, args.config, serve_overrides(args))}") from None
@@ -130,7 +132,7 @@ def _serve_logged(args, config) -> int:
         raise UsageError(str(e)) from None
     except OSError as e:  # a port taken (the listeners name it), a folder that cannot be read or made
         raise UsageError(str(e)) from None
-    return 0
+    return status
 
 
 def _note_trace_settings_unused(args, config) -> None:
@@ -219,11 +221,11 @@ def _exiting() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def _run(coro) -> None:
-    """Run on uvloop where it is installed (about 10 % more requests/s), else asyncio's loop."""
+def _run(coro):
+    """Run on uvloop where it is installed (about 10 % more requests/s), else asyncio's loop;
+    what `coro` returns."""
     try:
         import uvloop
     except ImportError:
-        asyncio.run(coro)
-    else:
-        uvloop.run(coro)
+        return asyncio.run(coro)
+    return uvloop.run(coro)

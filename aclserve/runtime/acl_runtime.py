@@ -43,6 +43,10 @@ class AclRuntime:
         self._devices: dict[int, Device] = {}
         self._lock = threading.Lock()
         self._started = False
+        self._failed: dict[int, int] = {}  # device -> the code it failed with as a whole (device_health.py)
+        self._on_failure = None  # on_device_failure's callback
+        self._after_failure = ("no instance is rebuilt on it and its models' calls fail (DeviceFailed): "
+                               "close the Engine and restart the process")
 
     def start(self) -> "AclRuntime":
         global _users
@@ -84,8 +88,25 @@ class AclRuntime:
                 if not 0 <= device_id < count:
                     raise ValueError(f"device {device_id} does not exist ({count} device(s): 0..{count - 1})")
                 dev = self._devices[device_id] = Device(self.acl, device_id, self.memory_reserve_fraction,
-                                                        self.device_limits())
+                                                        self.device_limits(), self._device_failed)
             return dev
+
+    def on_device_failure(self, callback, after: str) -> None:
+        """`callback(device_id, code)` (from the thread that found it) when a device is found
+        failed as a whole (device_health.py); `after` says in its ERROR line what follows."""
+        self._on_failure, self._after_failure = callback, after
+
+    def _device_failed(self, device_id: int, code: int) -> None:
+        with self._lock:
+            self._failed[device_id] = code
+        log.error("device %d failed as a whole (%d: %s): every task on it fails until it is reset, which "
+                  "takes a restart of the process; %s", device_id, code, C.error_meaning(code), self._after_failure)
+        if self._on_failure is not None:
+            self._on_failure(device_id, code)
+
+    def failed_devices(self) -> int:
+        """How many devices were found failed as a whole (no ACL call), for /metrics."""
+        return len(self._failed)
 
     def memory(self, refresh: bool = False) -> list[dict]:
         """Per opened device: used, free and total bytes, and the reserve loads keep free. Without

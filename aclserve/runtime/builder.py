@@ -8,6 +8,7 @@ import logging
 import os
 from typing import Sequence
 
+from . import device_health
 from .instance import ModelInstance
 from .kept_file import KeptFile, identity_of
 from .limits import Need
@@ -68,7 +69,12 @@ class InstanceBuilder:
                              reset_timeout_ms=self.reset_timeout_ms)
 
     def build(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
-        """A replacement for `lane`, with a claim of its own (blocking: loads the model)."""
+        """A replacement for `lane`, with a claim of its own (blocking: loads the model).
+        DeviceFailed, before anything is loaded, on a device that failed as a whole (probed:
+        device_health.py): no instance can run there again in this process."""
+        failed = device_health.failure(self.placed[lane])
+        if failed is not None:
+            raise failed
         with self._source() as path:  # the model's own path, or a temp copy of the file the pool opened
             device, need = self.placed[lane], Need.of(1, self.claimed_slots)
             device.ledger.claim(need, f"a rebuilt instance of model {self.name} ({self.claimed_slots} slots)")

@@ -36,9 +36,10 @@ import time
 
 from ..acl import AclError, compat
 from ..acl import constants as C
-from ..errors import DeviceTimeout, ExecutionFailed
+from ..errors import DeviceFailed, DeviceTimeout, ExecutionFailed
 from ..trace.records import now_ns
 from .batch import Batch, BatchListener
+from . import device_health
 from .busy import BusyWindow
 from .device import Device
 from .event_times import phase_events, phase_timings
@@ -212,6 +213,7 @@ class Completer:
         cause = error if isinstance(error, AclError) else error.__cause__
         code = cause.ret if isinstance(cause, AclError) else None
         timeout = isinstance(error, DeviceTimeout)
+        probe = code is not None and not timeout  # a device error may have failed the whole device (device_health.py)
         stopped = self._resources.stops_on_failure and code is not None and not timeout
         if self._stopped:
             code = None  # (the stop is counted once, with the first batch it failed)
@@ -227,7 +229,8 @@ class Completer:
             # (an ExecutionFailed here: in flight when its context stopped on another batch's failure)
             verb = "failed on" if isinstance(error, (AclError, ExecutionFailed)) else "could not run on"
             message = f"{batch.describe()} {verb} {where}: {error}"
-            batch.error = ExecutionFailed(message)
+            whole = device_health.failure(self._device) if probe else None
+            batch.error = ExecutionFailed(message) if whole is None else DeviceFailed(f"{message}; {whole}")
             batch.error.__cause__ = error  # a device's error, or the host code's (repository/retry.py)
         log.error("%s", message)
         batch.outputs = None

@@ -18,6 +18,7 @@ from typing import Iterable
 from ..acl import AclError, check, release, restoring_context, using_context
 from ..acl import constants as C
 from ..errors import LoadError
+from .device_health import DeviceHealth
 from .limits import DeviceLedger, limits_for_soc
 
 log = logging.getLogger(__name__)
@@ -42,10 +43,12 @@ def device_bytes(size: int) -> int:
 
 
 class Device:
-    """Owns: the device's set_device count and one management context."""
+    """Owns: the device's set_device count and one management context, through which its
+    `health` probes whether it failed as a whole (device_health.py: `on_failure(device_id, code)`
+    hears it once)."""
 
     def __init__(self, acl, device_id: int, memory_reserve_fraction: float = 0.1,
-                 limits: tuple[int, int] | None = None):
+                 limits: tuple[int, int] | None = None, on_failure=None):
         if not 0.0 <= memory_reserve_fraction < 1.0:
             raise ValueError("memory_reserve_fraction must be within [0, 1)")
         self._acl = acl
@@ -65,6 +68,7 @@ class Device:
         streams, events = limits or limits_for_soc(None)
         self.ledger = DeviceLedger(device_id, streams, events)
         self._promised = 0  # bytes that room() holds for allocations not made yet (under _lock)
+        self.health = DeviceHealth(acl, device_id, on_failure)
         self._closed = False
 
     def _pick_mem_attr(self) -> int:

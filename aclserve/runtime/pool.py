@@ -1,18 +1,17 @@
 """The instances of one model version behind one BatchExecutor (builder.open_pool() builds them).
 
-The pool hands each batch to the instance the batcher names (its "lane"), else to the one with
-the most free slots; when none can take it the batch waits in a FIFO inside the pool (the
-batcher avoids that by watching lanes()). With `retry`, a batch the device fails runs again:
-holding several requests or failed beside other batches, one request per run, each alone on the
-instance it failed on once rebuilt, or a healthy one if that rebuild fails (isolation.py: a
-request the model cannot run fails alone); else (or past the execution timeout) whole on another
-instance, if any. The pool is its instances' BatchListener: finished batches and freed slots go on.
+The pool hands each batch to the instance the batcher names (its "lane"), else to the one with the most free slots;
+when none can take it the batch waits in a FIFO inside the pool (the batcher avoids that by watching lanes()). With
+`retry`, a batch the device fails runs again: holding several requests or failed beside other batches, one request
+per run, each alone on the instance it failed on once rebuilt, or a healthy one if that rebuild fails (isolation.py:
+a request the model cannot run fails alone); else (or past the execution timeout) whole on another instance, if any.
+The pool is its instances' BatchListener: finished batches and freed slots go on.
 
-An instance that leaves rotation for good (a batch past the execution timeout, a context stopped
-on a failed batch, a stream reset that failed) is rebuilt in a background thread: a fresh
-instance (context, streams, model copy, slots) takes its lane, batches wait for it in the pool
-meanwhile (the batcher sees the lane busy), and the old one is closed afterwards: freed once the
-device lets go of it, or abandoned after its reset_timeout_ms (teardown.py)."""
+An instance that leaves rotation for good (a batch past the execution timeout, a context stopped on a failed batch,
+a stream reset that failed) is rebuilt in a background thread: a fresh instance (context, streams, model copy,
+slots) takes its lane, batches wait for it in the pool meanwhile (the batcher sees the lane busy), and the old one
+is closed afterwards: freed once the device lets go of it, or abandoned after its reset_timeout_ms (teardown.py).
+None is rebuilt on a device that failed as a whole (device_health.py): its batches fail with DeviceFailed."""
 from __future__ import annotations
 
 import collections
@@ -24,9 +23,9 @@ import threading
 import time
 from typing import Callable, Protocol
 
-from ..errors import ExecutionFailed
+from ..errors import DeviceFailed, ExecutionFailed
 from .batch import Batch, BatchListener
-from . import isolation, teardown
+from . import device_health, isolation, teardown
 from .execution_timeout import derived_timeout_ms
 from .instance import ModelInstance
 from .types import TensorSpec
@@ -49,8 +48,7 @@ class InstancePool:
     """Owns its ModelInstances; close() closes them (blocking). A BatchExecutor to its owner,
     a BatchListener to its instances. `_pending` and the counters are under `_lock`."""
 
-    def __init__(self, name: str, instances: list[ModelInstance], retry: bool = True,
-                 builder: Rebuilder | None = None):
+    def __init__(self, name: str, instances: list[ModelInstance], retry: bool = True, builder: Rebuilder | None = None):
         if not instances:
             raise ValueError("a pool needs at least one instance")
         self.name = name
@@ -191,8 +189,8 @@ class InstancePool:
         return all(self.instances[k].broken and k in self._backing_off for k in self._candidates(batch))
 
     def _answer_unrunnable(self, batches: list[Batch], why: str) -> None:
-        for batch in batches:  # (a retry with its first error)
-            batch.error = batch.error or ExecutionFailed(f"model {self.name}: {why}")
+        for batch in batches:  # (a retry with its first error; every device failed as a whole: DeviceFailed)
+            batch.error = batch.error or device_health.unrunnable(self.instances, f"model {self.name}: {why}")
             self._answer(batch)
 
     def _launch(self, batch: Batch, lane: int, slot) -> None:
@@ -246,7 +244,7 @@ class InstancePool:
         failures = dict(self._rebuild_failures)
         if any(not instance.broken for instance in self.instances) or len(failures) < len(self.instances):
             return None
-        return f"no instance can run a batch: rebuilding failed ({failures[min(failures)]}); trying again"
+        return f"no instance can run a batch: {failures[min(failures)]}"
 
     def fault_counts(self) -> dict[int, int]:
         """Failed batches by ACL error code, over the pool's life (rebuilt instances included)."""
@@ -289,23 +287,25 @@ class InstancePool:
                 new = self._builder.build(lane, self.execution_timeout_ms)
                 break
             except Exception as e:
+                gave_up = isinstance(e, DeviceFailed)  # none can serve there again: its lane stays in _rebuilding
                 with self._lock:  # (the rebuild threads of several lanes may fail at once)
-                    self._rebuild_failures[lane] = str(e)
+                    self._rebuild_failures[lane] = str(e) if gave_up else f"rebuilding failed ({e}); trying again"
                     self.rebuilds_failed += 1
-                    if old_disposed:  # (a first failure is tried again at once, the old instance closed)
+                    if old_disposed or gave_up:  # (a first failure is tried again at once, the old instance closed)
                         self._backing_off.add(lane)
                 if self._closing.is_set():  # (closed meanwhile: no "trying again" after the close)
                     return
-                if not old_disposed:
+                if not old_disposed and not gave_up:
                     log.warning("%s: rebuilding instance %s failed (%s); closing it first, then trying again",
                                 self.name, old.name, e)
                     self._builder.dispose(old)  # waits for the device to let go, bounded
                     old_disposed = True
                     continue
-                log.error("%s: rebuilding %s failed (%s); trying again in %.1f s", self.name, old.name, e, delay)
+                if not gave_up:  # (the runtime said it, once: device_health.py)
+                    log.error("%s: rebuilding %s failed (%s); trying again in %.1f s", self.name, old.name, e, delay)
                 self._answer_pending_if_futile()
                 self.slot_free()  # (parts waiting for this lane may now go to a healthy one: _pick)
-                if self._closing.wait(delay * random.uniform(0.5, 1.0)):
+                if gave_up or self._closing.wait(delay * random.uniform(0.5, 1.0)):
                     return
                 delay = min(2 * delay, 60.0)
         new.attach(self)

@@ -45,6 +45,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# `aclserve serve`'s exit status after a device failed as a whole (runtime/device_health.py): it
+# drains as on SIGTERM and exits with it, so that its supervisor restarts it, which resets the
+# device (EX_TEMPFAIL: a restart is what it needs)
+EXIT_DEVICE_FAILED = 75
+AFTER_DEVICE_FAILURE = (f"the server drains and exits with status {EXIT_DEVICE_FAILED} for its supervisor to "
+                        "restart it; no instance is rebuilt on the device meanwhile")
+
+
 async def _load(state: ServerState) -> None:
     await state.repo.start()
     state.started = True
@@ -185,12 +193,22 @@ async def _closed(state, hurry: asyncio.Event) -> None:
         hurried.cancel()
 
 
+def _on_device_failure(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, exit_status: list[int]):
+    """The runtime's callback (from its thread) for a device that failed as a whole: the server
+    shuts down as on SIGTERM, and exits with EXIT_DEVICE_FAILED."""
+    def failed(device_id: int, code: int) -> None:
+        exit_status[0] = EXIT_DEVICE_FAILED
+        loop.call_soon_threadsafe(stop.set)
+    return failed
+
+
 async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
-                started: asyncio.Future | None = None, stop: asyncio.Event | None = None) -> None:
+                started: asyncio.Future | None = None, stop: asyncio.Event | None = None) -> int:
     """Listen (HTTP, then `grpc_server` when given) until SIGTERM/SIGINT/SIGHUP (or `stop` is set),
-    then shut down in order (module docstring). `started` gets the bound (host, port) once
-    listening. Owns the HTTP runner and stops `grpc_server`; the app's lifecycle closes the
-    repository and runtime."""
+    or until a device fails as a whole, then shut down in order (module docstring). `started`
+    gets the bound (host, port) once listening. Owns the HTTP runner and stops `grpc_server`;
+    the app's lifecycle closes the repository and runtime. Returns the exit status: 0, or
+    EXIT_DEVICE_FAILED."""
     state = app[STATE]
     config = state.config
     ssl_context = tls.http_context(config)  # a bad certificate stops the start before anything runs
@@ -199,6 +217,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     runner = make_runner(app, access_log)
     stop = stop or asyncio.Event()
     hurry = asyncio.Event()  # a second signal: the drain ends at once
+    exit_status = [0]
+    state.runtime.on_device_failure(_on_device_failure(loop, stop, exit_status), AFTER_DEVICE_FAILURE)
     # SIGHUP too: a closed terminal or session (or `kill -HUP` meant as a reload) drains as
     # SIGTERM does, rather than killing the process with its requests
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -270,3 +290,4 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         if listener is not None:
             listener.close()  # the HTTP socket; runner.cleanup() then shuts the connections down
         await runner.cleanup()
+    return exit_status[0]

@@ -135,3 +135,10 @@ class Runtime(Protocol):
 
     def abandoned_instances(self) -> int:
         """Instances left allocated at close because the device still ran their work (no ACL call)."""
+
+    def on_device_failure(self, callback, after: str) -> None:
+        """`callback(device_id, code)`, from a runtime thread, when a device is found failed as a
+        whole; `after` says in the runtime's ERROR line what follows."""
+
+    def failed_devices(self) -> int:
+        """How many devices were found failed as a whole (no ACL call)."""

@@ -103,6 +103,9 @@ class GuardCollector:
         yield dropped
         yield _gauge("aclserve_abandoned_instances", "Model instances closed while the device still ran their work: "
                      "their memory is left allocated, not freed under it", state.runtime.abandoned_instances())
+        yield _gauge("aclserve_devices_failed", "Devices found failed as a whole (an HBM multi-bit ECC error, "
+                     "say): nothing runs on them until the process restarts; the server is exiting (status 75)",
+                     state.runtime.failed_devices())
         yield from self._dvpp(state.images.dvpp_outcomes())
         yield from self._models()
 

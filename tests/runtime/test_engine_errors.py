@@ -3,6 +3,8 @@ closed model or engine either way, each with a message; a corrupt OM's LoadError
 nothing is printed to a caller who set up no logging."""
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import threading
@@ -84,3 +86,47 @@ def test_a_corrupt_om_s_load_error_says_what_is_wrong_and_nothing_is_printed(aff
     assert "is a CPU OM, built for aclserve's CPU runtime, and was refused: CPU OM payload checksum mismatch " \
            "(corrupt file); compile its ONNX model again" in proc.stdout, proc.stdout
     assert proc.stderr == ""
+
+
+_DEVICE_FAILURE = """
+import json, sys, time
+import aclserve
+from aclserve.acl.cpu import faults
+from tests.tiny_models import affine_request
+out = {}
+with aclserve.Engine(device="cpu") as engine:
+    model = engine.load(sys.argv[1], instances=2)
+    faults.inject("execute", nth=1, code=507054, device=True)
+    errors = []
+    for _ in range(3):
+        try:
+            model.infer(affine_request(1), timeout=60)
+        except aclserve.DeviceFailed as e:
+            errors.append(str(e))
+    pool = model.pool
+    for _ in range(600):  # (a hang guard) until both rebuild threads have stopped
+        if not any(thread.is_alive() for thread in pool._rebuilding.values()):
+            break
+        time.sleep(0.05)
+    out = {"errors": errors, "rebuilds": pool.rebuilds, "rebuilds_failed": pool.rebuilds_failed,
+           "alive": [thread.is_alive() for thread in pool._rebuilding.values()],
+           "out_of_service": pool.out_of_service()}
+print(json.dumps(out))
+"""
+
+
+def test_a_device_that_failed_as_a_whole_raises_device_failed_and_is_not_rebuilt(affine_om):
+    """Its instances were rebuilt for good, each rebuild failing on the device. In a process of
+    its own: the CPU runtime's device stays failed until every user lets go of it."""
+    env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_CPU_FAULTS"}
+    proc = subprocess.run([sys.executable, "-c", _DEVICE_FAILURE, affine_om()], capture_output=True, text=True,
+                          env=dict(env, PYTHONPATH=str(REPO)), cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(out["errors"]) == 3, (out, proc.stderr[-3000:])
+    assert all("device 0 failed as a whole (507054: HBM multi-bit ECC error)" in e for e in out["errors"])
+    assert out["rebuilds"] == 0 and out["alive"] == [False, False]  # each refused at once, none tried again
+    assert out["rebuilds_failed"] == 2
+    assert out["out_of_service"].startswith("no instance can run a batch: device 0 failed as a whole")
+    failed = [line for line in proc.stderr.splitlines() if line.startswith("device 0 failed as a whole")]
+    assert len(failed) == 1 and "close the Engine and restart the process" in failed[0], proc.stderr[-3000:]

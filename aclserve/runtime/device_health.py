@@ -1,0 +1,103 @@
+"""Whether a device failed as a whole, found with a probe after a fault.
+
+Most device faults fail their own stream or context (an AI Core exception: a gather's index out
+of range), and the instance is rebuilt in a new context (pool.py). Some fail the whole device:
+an HBM multi-bit ECC error (507054), a sustained page fault on the A2/A3 (507015), a memory
+error (507053). CANN then sets the failure on every context of the device and on the device
+itself (hicann/runtime ContextManage::SetGlobalFailureErr): every task submitted on it fails,
+in any context, a new one included, until the device's count reaches 0 (every context destroyed,
+reset_device down to 0), and an in-process reset after such a fault is not reliable on every
+chip. A rebuild then fails for good, and would be tried for good.
+
+So after a batch fails on the device (completer.py) and before each rebuild attempt
+(builder.py), the device is probed (`failure`): a 64-byte device-to-device memcpy_async on its
+management context's default stream and a synchronize of that stream. It takes no stream of its
+own (nothing counted against the device's limits: limits.py) and its 128 bytes are allocated and
+freed at each probe (allocation still works on a failed device). Where the copy is refused, or
+its synchronize fails, the device failed as a whole: that stays known (`DeviceHealth.code`, no
+probe again) and the device's owner hears it once (AclRuntime.on_device_failure: its one ERROR
+line says what follows; the server drains and exits for its supervisor to restart it, which
+resets the device). A probe that cannot tell (the allocation refused, its synchronize timed out
+behind a hung device) takes the device as healthy. Probes block (a completion or rebuild
+thread's: never the event loop's) and run one at a time per device.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+from ..acl import AclError, check, compat, release, using_context
+from ..acl import constants as C
+from ..errors import DeviceFailed, ExecutionFailed
+
+log = logging.getLogger(__name__)
+
+PROBE_BYTES = 64  # copied from the first half of a 128-byte allocation to its second (64-byte aligned)
+PROBE_TIMEOUT_MS = 2_000  # a probe stuck behind a hung device tells nothing
+
+
+class DeviceHealth:
+    """Owned by a runtime Device: its probe and, once found, the code it failed with as a whole."""
+
+    def __init__(self, acl, device_id: int, on_failure: Callable[[int, int], None] | None = None):
+        self._acl = acl
+        self.device_id = device_id
+        self._on_failure = on_failure  # (device_id, code), once, from the probing thread
+        self._lock = threading.Lock()
+        self.code = 0  # the code it failed with as a whole, once found; 0 until then
+
+    def probe(self, context: int) -> int:
+        """The code the device failed with as a whole, or 0: probed through `context` (its
+        management context) until found, then remembered. Blocking."""
+        if self.code or not context:
+            return self.code
+        with self._lock:
+            if not self.code:
+                self.code = self._copy(context)
+                found = self.code
+            else:
+                found = 0
+        if found and self._on_failure is not None:
+            self._on_failure(self.device_id, found)
+        return self.code
+
+    def _copy(self, context: int) -> int:
+        acl = self._acl
+        with using_context(acl, context):
+            try:
+                ptr = check("rt.malloc", acl.rt.malloc(2 * PROBE_BYTES, C.ACL_MEM_MALLOC_NORMAL_ONLY))
+            except AclError as e:
+                log.debug("device %d: no probe (%s)", self.device_id, e)
+                return 0
+            code = acl.rt.memcpy_async(ptr + PROBE_BYTES, PROBE_BYTES, ptr, PROBE_BYTES,
+                                       C.ACL_MEMCPY_DEVICE_TO_DEVICE, 0)
+            if code == C.ACL_SUCCESS:
+                try:
+                    compat.synchronize_stream(acl, 0, PROBE_TIMEOUT_MS)
+                except AclError as e:
+                    if e.ret == C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT:  # the copy may still run: its memory stays
+                        log.debug("device %d: probe timed out", self.device_id)
+                        return 0
+                    code = e.ret
+            release("rt.free", acl.rt.free(ptr))
+        return code
+
+
+def failure(device) -> DeviceFailed | None:
+    """DeviceFailed saying why, when `device` (a runtime Device) failed as a whole (probed until
+    found: blocking), else None."""
+    code = device.health.probe(device.context)
+    return DeviceFailed(describe(device.id, code)) if code else None
+
+
+def unrunnable(instances, why: str) -> ExecutionFailed:
+    """What a batch no instance can run fails with: DeviceFailed once the devices of all
+    `instances` were found failed as a whole (no probe), else ExecutionFailed(why)."""
+    codes = [i.device.health.code for i in instances]
+    return DeviceFailed(describe(instances[0].device.id, codes[0])) if all(codes) else ExecutionFailed(why)
+
+
+def describe(device_id: int, code: int) -> str:
+    return (f"device {device_id} failed as a whole ({code}: {C.error_meaning(code)}): nothing runs on it "
+            f"until it is reset, which takes a restart of the process")

@@ -1,0 +1,68 @@
+"""`aclserve serve` on a device that fails as a whole (an HBM multi-bit ECC error: every context
+on it fails until the process restarts, runtime/device_health.py): one ERROR line says so, the
+request in flight is answered, the server drains as on SIGTERM and exits with status 75 for its
+supervisor to restart it, rather than rebuild its instances on the failed device for good while
+/v2/health/live said 200. A fault of one context (the default code, 507011) still rebuilds the
+instance and serves on: test_stop_on_failure.py, test_batch_isolation.py."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+from aclserve.server.app import EXIT_DEVICE_FAILED
+
+from tests import REPO
+from tests.serving import free_port
+from tests.server.test_shutdown_deadline import wait_serving
+
+# the warm-up runs 24 executions (2 models x 4 gears x 3 runs): the 25th is the first request's
+WARMUP_EXECUTIONS = 24
+
+
+def infer(port: int, model: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/{model}/infer",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_failed_device_drains_and_exits_for_a_restart(models_dir, tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("affine.om", "double.om"):
+        shutil.copy(models_dir / name, models / name)
+    port = free_port()
+    (tmp_path / "serve.yaml").write_text(f"port: {port}\ngrpc_port: 0\ndevice: cpu\nlog_level: info\n"
+                                         f"models_dir: {models}\nshutdown_timeout_s: 20\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO),
+               ACLSERVE_CPU_FAULTS=f"execute:nth={WARMUP_EXECUTIONS + 1},code=507054,device=1")
+    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        wait_serving(proc, port)  # (both models warmed up: the fault is still to come)
+        status, answer = infer(port, "double", {"inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]})
+        assert status == 500
+        assert "device 0 failed as a whole (507054: HBM multi-bit ECC error)" in answer["error"]
+        out, _ = proc.communicate(timeout=120)  # a hang guard: no rebuild loop keeps it up
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == EXIT_DEVICE_FAILED == 75, out[-3000:]
+    failed = [line for line in out.splitlines() if "failed as a whole" in line and " ERROR " in line
+              and "aclserve.runtime.acl_runtime" in line]
+    assert len(failed) == 1, out[-3000:]
+    assert f"the server drains and exits with status {EXIT_DEVICE_FAILED}" in failed[0]
+    assert "draining" in out.split(failed[0])[1]  # the SIGTERM path, after it
+    for model in ("affine", "double"):
+        assert f"{model}: version 1 unloaded (the server is shutting down)" in out
+    assert "rebuilt; serving again" not in out and "trying again in" not in out, out[-3000:]
