@@ -92,3 +92,39 @@ def test_a_zero_and_separators_alone_is_no_misread_number(tmp_path, text):
         assert e.path == "port", e
     else:
         assert config.port == 0
+
+
+@pytest.mark.parametrize("text, said", [
+    ("request_log: yes\n", 'request_log: yes is a boolean in YAML 1.1 (true): write true, or "yes" in quotes for text'),
+    ("request_log: Off\n", 'request_log: Off is a boolean in YAML 1.1 (false): write false, or "Off" in quotes '
+                          'for text'),
+    ("host: NO\n", 'host: NO is a boolean in YAML 1.1 (false): write false, or "NO" in quotes for text'),
+    ("api_token: no\n", 'api_token: no is a boolean in YAML 1.1 (false): write false, or "no" in quotes for text'),
+    ("model_defaults:\n  devices: [0, ON]\n", "model_defaults.devices[1]: ON is a boolean in YAML 1.1 (true)"),
+    ("trace: {level: Yes}\n", "trace.level: Yes is a boolean in YAML 1.1 (true)"),
+    ("on: 1\n", 'the key on is a boolean in YAML 1.1 (true): write true, or "on" in quotes for text'),
+    ("images:\n  OFF: 1\n", "images: the key OFF is a boolean in YAML 1.1 (false)"),
+])
+def test_a_word_yaml_reads_as_a_boolean_is_refused_naming_its_key(tmp_path, text, said):
+    """YAML 1.1 (PyYAML) reads yes, no, on and off (in three cases each) as booleans: `host: NO`
+    (a country code, a name) became False and was refused as "must be a non-empty string, got False", a
+    key `on:` became the key True, `request_log: yes` was taken for true. Each is refused where it
+    is written, as the misread numbers are."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path)
+    assert str(info.value).startswith(f"{path}: ") and said in str(info.value), str(info.value)
+
+
+def test_true_and_false_are_booleans_and_quoted_words_are_text(tmp_path):
+    """true and false as PyYAML takes them (three cases) are booleans; y and n are text to PyYAML;
+    a quoted word is text, judged by the key's own check; a model's own file is read alike."""
+    config = load_server_config(write(tmp_path, 'request_log: TRUE\nunload_on_delete: False\nhost: "NO"\n'
+                                                'api_token: y\n'))
+    assert (config.request_log, config.unload_on_delete, config.host, config.api_token) == (True, False, "NO", "y")
+    with pytest.raises(ConfigError, match=r"request_log: must be true or false, got 'yes'$"):
+        load_server_config(write(tmp_path, "request_log: 'yes'\n"))
+    with pytest.raises(ConfigError) as info:
+        load_model_config(write(tmp_path, "batching: {preserve_ordering: on}\n", "m.yaml"), ModelConfig())
+    assert str(info.value) == (f'{tmp_path / "m.yaml"}: batching.preserve_ordering: on is a boolean in YAML 1.1 '
+                               '(true): write true, or "on" in quotes for text'), str(info.value)

@@ -23,7 +23,8 @@ error found as the server starts (a TLS file, the API token).
 
 Modules: schema (the dataclasses, their choices, ConfigError), checks (value checks), model and
 server (a section's mapping -> its dataclass), files (default, YAML files, overrides, merging),
-yaml_numbers (the numbers YAML 1.1 reads otherwise than they look, refused in a file: 07000, 1:30),
+yaml_numbers (the numbers and booleans YAML 1.1 reads otherwise than they look, refused in a file:
+07000, 1:30, yes, off),
 triton_config (a Triton model folder's config.pbtxt -> the mapping a model's YAML gives).
 """
 from .files import DEFAULT_CONFIG_PATH, blamed, load_model_config, load_server_config

@@ -68,7 +68,7 @@ def read_yaml(path: str | os.PathLike, regular_only: bool = False) -> dict:
             data = yaml.load(f, Loader=_UniqueKeyLoader)
     except OSError as e:
         raise ConfigError("", f"cannot read config file: {e.strerror}", str(path)) from None
-    except ConfigError as e:  # a number YAML 1.1 reads otherwise than it looks (yaml_numbers.py)
+    except ConfigError as e:  # a number or boolean YAML 1.1 reads otherwise than it looks (yaml_numbers.py)
         raise ConfigError(e.path, e.problem, str(path)) from None
     except yaml.YAMLError as e:
         raise ConfigError("", f"invalid YAML: {_yaml_problem(e)}", str(path)) from None
@@ -90,8 +90,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     silently: a setting that looked set was not); keys brought in by a `<<` merge may be
     overridden, as YAML means them to be. Each mapping is checked as written, the first time
     PyYAML flattens it: flattening puts the merged keys in front of its own, in place.
-    It refuses, before anything is built, a number YAML 1.1 reads otherwise than it looks
-    (07000 octal, 1:30 base 60: yaml_numbers.py), naming its key (ConfigError without a source)."""
+    It refuses, before anything is built, a number or boolean YAML 1.1 reads otherwise than it
+    looks (07000 octal, 1:30 base 60, yes true: yaml_numbers.py), naming its key (ConfigError
+    without a source)."""
 
     def __init__(self, stream):
         super().__init__(stream)

@@ -1,11 +1,15 @@
-"""Numbers YAML 1.1 reads otherwise than they look. PyYAML follows YAML 1.1, where an integer
-with a leading zero is octal (`port: 07000` is 3584; `0800`, not octal, is text) and digits
-grouped by `:` are base 60 (`1:30` is 90, `1:30.5` is 90.5): an operator who wrote 07000 meant
-7000, or made a typo. A config file's plain scalar of these forms is refused where it is
+"""Numbers (and booleans: below) YAML 1.1 reads otherwise than they look. PyYAML follows YAML
+1.1, where an integer with a leading zero is octal (`port: 07000` is 3584; `0800`, not octal,
+is text) and digits grouped by `:` are base 60 (`1:30` is 90, `1:30.5` is 90.5): an operator
+who wrote 07000 meant 7000, or made a typo. A config file's plain scalar of these forms is refused where it is
 (files.py), naming its key and what to write instead; one that came as text (quoted, or 0800)
 is explained by the value checks (checks.py). Read as they look, and taken: 0 itself, the 0x
 and 0b prefixes (hexadecimal and binary, as written), `_` between digits (1_000 is 1000) and
-floats (0.5, 00.5); YAML 1.1 has no 0o prefix (0o17 is text)."""
+floats (0.5, 00.5); YAML 1.1 has no 0o prefix (0o17 is text).
+Booleans alike: YAML 1.1 reads the words yes, no, on and off (each as yes, Yes or YES) as true
+or false, so `country: NO` or `name: no` became False and a key `on:` the key True without a
+word; a plain scalar of them is refused the same way. Only true and false (in PyYAML's three
+cases) are taken as booleans; y and n are text to PyYAML."""
 from __future__ import annotations
 
 import re
@@ -15,6 +19,10 @@ import yaml
 from .schema import ConfigError
 
 MISREAD = "tag:aclserve,2024:misread-number"  # the tag the loader gives such a scalar (never constructed)
+MISREAD_BOOLEAN = "tag:aclserve,2024:misread-boolean"  # ... and a word YAML 1.1 reads as a boolean
+_BOOLEAN_TAG = "tag:yaml.org,2002:bool"
+_BOOLEANS_AS_WRITTEN = {"true", "True", "TRUE", "false", "False", "FALSE"}
+_TRUE_WORDS = {"yes", "on"}  # (lower-cased; the others are no and off)
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 _MERGE = "tag:yaml.org,2002:merge"
 _LEADING_ZERO = re.compile(r"([-+]?)0([0-9_]*[0-9][0-9_]*)")  # (a digit after the zero: 0_ is 0)
@@ -25,9 +33,11 @@ _LONGEST_SHOWN = 30  # a longer scalar is named by its start, and no value is wo
 
 def resolved(tag: str, text: str) -> str:
     """The tag of a plain scalar `text` YAML resolved as `tag`: MISREAD for a number that does
-    not read as it looks."""
+    not read as it looks, MISREAD_BOOLEAN for a boolean not written true or false."""
     if tag in _NUMBER_TAGS and (_LEADING_ZERO.fullmatch(text) or _BASE_60.fullmatch(text)):
         return MISREAD
+    if tag == _BOOLEAN_TAG and text not in _BOOLEANS_AS_WRITTEN:
+        return MISREAD_BOOLEAN
     return tag
 
 
@@ -58,9 +68,15 @@ def advice(text: str) -> str | None:
     return None
 
 
+def boolean_advice(text: str) -> str:
+    """What YAML 1.1 makes of the word `text` (yes, no, on, off) and what to write instead."""
+    value = "true" if text.lower() in _TRUE_WORDS else "false"
+    return f"{text} is a boolean in YAML 1.1 ({value}): write {value}"
+
+
 def refuse_misread(root: yaml.Node) -> None:
     """Raise ConfigError naming the first scalar under `root` (in the file's order) tagged
-    MISREAD by its key's dotted path. Each node is visited once, however many aliases name it
+    MISREAD or MISREAD_BOOLEAN by its key's dotted path. Each node is visited once, however many aliases name it
     (an alias bomb stays cheap)."""
     seen: set[int] = set()
     todo: list[tuple[yaml.Node, str, bool]] = [(root, "", False)]  # (node, its path, whether it is a key)
@@ -74,8 +90,9 @@ def refuse_misread(root: yaml.Node) -> None:
                 todo += [(value, _value_path(path, key), False), (key, path, True)]
         elif isinstance(node, yaml.SequenceNode):
             todo += [(item, f"{path}[{i}]", False) for i, item in reversed(list(enumerate(node.value)))]
-        elif node.tag == MISREAD:
-            said = f"{advice(node.value)}, or \"{_shown(node.value)}\" in quotes for text"
+        elif node.tag in (MISREAD, MISREAD_BOOLEAN):
+            said = advice(node.value) if node.tag == MISREAD else boolean_advice(node.value)
+            said = f"{said}, or \"{_shown(node.value)}\" in quotes for text"
             raise ConfigError(path, f"the key {said}" if is_key else said)
 
 
