@@ -115,12 +115,15 @@ class RemoteFailed(Exception):
 def _run(args):
     if not args.url:
         from ..acl import AclUnavailable
+        from ..config import ConfigError
         from .serve import check_environment
         check_environment()  # (ACLSERVE_DEVICE=gpu was a ValueError traceback from the runtime's start)
         try:
             return asyncio.run(_in_process(args))
         except AclUnavailable as e:  # --device npu without CANN
             raise UsageError(str(e)) from None
+        except ConfigError as e:  # as serve says it: an ACLSERVE_API_TOKEN no client could send (server/auth.py)
+            raise UsageError(f"bad configuration: {e}") from None
     import aiohttp
     from .profile_remote import ServerRefused, TraceUnreadable, run_remote
     from .usage import NOT_HTTP1_HINT, NotKServe, one_line
@@ -234,8 +237,8 @@ async def _in_process(args):
     runtime = build_runtime(config).start()
     repo = build_repository(config, runtime)
     try:
+        state = ServerState(config, repo, runtime)  # (its checks, the API token's, before any model loads)
         await repo.start()
-        state = ServerState(config, repo, runtime)
         state.started = True
         try:
             served = repo.get(args.model)
