@@ -116,11 +116,12 @@ def _run(args):
     if not args.url:
         from ..acl import AclUnavailable
         from ..config import ConfigError
+        from ..repository import RepositoryError
         from .serve import check_environment
         check_environment()  # (ACLSERVE_DEVICE=gpu was a ValueError traceback from the runtime's start)
         try:
             return asyncio.run(_in_process(args))
-        except AclUnavailable as e:  # --device npu without CANN
+        except (AclUnavailable, RepositoryError) as e:  # --device npu without CANN; a models folder it cannot read
             raise UsageError(str(e)) from None
         except ConfigError as e:  # as serve says it: an ACLSERVE_API_TOKEN no client could send (server/auth.py)
             raise UsageError(f"bad configuration: {e}") from None

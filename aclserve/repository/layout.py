@@ -32,6 +32,7 @@ from pathlib import Path
 from ..config import PBTXT, ConfigError, ModelConfig, load_model_config, load_triton_config
 from ..regular_files import node_kind
 from . import external_data, unread
+from .models_folder import folder_entries
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +244,7 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
             result.problems[str(directory)] = "the models folder does not exist"
             return result
         root = root.resolve()
-        children = sorted(root.iterdir())
+        children = folder_entries(root)  # (raises too where its entries cannot be looked at)
     except OSError as e:  # e.g. its permissions changed: nothing served is touched (planner.py)
         result.problems[str(directory)] = f"the models folder cannot be read ({e.strerror or e})"
         result.unreadable = True

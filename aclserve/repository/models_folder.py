@@ -1,4 +1,5 @@
-"""The models folder as the server starts: a folder, or one line saying what it is instead."""
+"""The models folder as the server starts: a folder it can read, or one line saying what it is
+instead; and how it is listed, at the start and by every scan (layout.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +9,23 @@ class RepositoryError(RuntimeError):
     """The repository cannot start (e.g. the models folder is missing)."""
 
 
+def folder_entries(root: Path) -> list[Path]:
+    """The entries of the folder `root`, sorted. OSError when it cannot be listed (no read
+    permission: `chmod 000`) or what it lists cannot be looked at (no search permission:
+    `chmod 644`, where every scan failed on the first entry it looked at)."""
+    entries = sorted(root.iterdir())
+    if entries:
+        try:
+            entries[0].lstat()  # (the folder's search permission alone decides it, not the entry's)
+        except FileNotFoundError:  # removed since it was listed
+            pass
+    return entries
+
+
 def check_models_folder(root: Path) -> None:
-    """RepositoryError unless `root` is a folder (`aclserve serve` asks before it listens)."""
+    """RepositoryError unless `root` is a folder that can be read (`aclserve serve` asks before
+    it listens, the repository as it starts): one that cannot was served as an empty folder,
+    the server never ready, its reason in a WARNING line and the repository index alone."""
     try:
         exists, folder = root.exists(), root.is_dir()
     except OSError as e:  # (a folder on the way that cannot be searched: EACCES)
@@ -19,3 +35,8 @@ def check_models_folder(root: Path) -> None:
     if not folder:
         raise RepositoryError(f"models folder {root} does not exist (run from the folder that holds "
                               "models/, or pass --models DIR)")
+    try:
+        folder_entries(root)
+    except OSError as e:
+        raise RepositoryError(f"models folder {root} cannot be read ({e.strerror or e}): the user aclserve runs "
+                              "as needs read and search permission on it (r-x)") from None

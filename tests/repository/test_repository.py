@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from aclserve.errors import InvalidInput, ModelUnavailable, NotFound, ShuttingDown
-from aclserve.repository import ModelLoadFailed, State
+from aclserve.repository import ModelLoadFailed, RepositoryError, State
 from aclserve.repository.served import auto_slots
 
 from .repo_helpers import place, serving, x_rows
@@ -326,7 +326,8 @@ async def test_readiness_is_what_it_was_while_the_models_folder_cannot_be_listed
         make_repo, models_dir, model_files, monkeypatch, readiness):
     """Strict readiness said 503 while every model served on (the folder's own problem held it
     back); then, judged by a scan that lists nothing, it said 200 whatever held it back before,
-    and for a folder never listed (found by an independent review)."""
+    and for a folder never listed (found by an independent review). One that cannot be listed as
+    the repository starts stops the start now (models_folder.py)."""
     place(model_files[1]["om"], models_dir / "good.om")
     repo, _ = await make_repo(model_control_mode="none", readiness=readiness)
 
@@ -347,8 +348,8 @@ async def test_readiness_is_what_it_was_while_the_models_folder_cannot_be_listed
     assert await ready_after_a_scan(broken, False) is not held_back
     unlistable(monkeypatch, models_dir)
     never, _ = await make_repo(start=False, model_control_mode="none", readiness=readiness)
-    await never.start()
-    assert not never.all_ready()  # never listed: nothing is known to be served
+    with pytest.raises(RepositoryError, match="cannot be read .Permission denied.: the user aclserve runs as needs"):
+        await never.start()  # (it started, never listed, never ready: served as an empty folder)
 
 
 async def test_a_models_folder_that_can_be_listed_again_is_seen_at_once(make_repo, models_dir, model_files,

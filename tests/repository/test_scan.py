@@ -386,6 +386,24 @@ def test_compile_in_the_config_of_an_om_is_said_to_be_ignored(tmp_path):
                                     f"v/config.yaml: compile is ignored for v/2/model.om: {ignored}"]
 
 
+def test_a_models_folder_listed_but_not_searched_cannot_be_read(tmp_path, monkeypatch):
+    """`chmod 644 models`: the folder lists, but nothing in it can be looked at (no search
+    permission); the scan raised on its first entry, a traceback in the log every rescan while
+    what it served went on unremarked (found by running the server so). It is a folder that
+    cannot be read now: said once, what serves stays."""
+    touch(tmp_path / "ok.om")
+    folder, stat = tmp_path.resolve(), type(tmp_path).stat
+
+    def unsearchable(self, *args, **kwargs):  # (as a user without search permission: the tests run as root)
+        if self.parent == folder:
+            raise PermissionError(13, "Permission denied", str(self))
+        return stat(self, *args, **kwargs)
+    monkeypatch.setattr(type(tmp_path), "stat", unsearchable)
+    result = scan(tmp_path, DEFAULTS)
+    assert result.unreadable and not result.models
+    assert result.problems == {str(tmp_path): "the models folder cannot be read (Permission denied)"}
+
+
 def test_a_models_folder_under_one_that_cannot_be_searched_cannot_be_read(tmp_path, monkeypatch):
     """`chmod 000` on the folder above: Path.is_dir raises (EACCES), not False, and the scan
     raised, which also stopped the safety rescan (found by running the server so)."""
