@@ -47,6 +47,7 @@ from .load_threads import LoadThreads
 from .loader import load_version
 from .plan import DesiredState, ModelPlan, Wanted
 from .planner import Planner
+from .retiring import Retiring, to_the_end
 from .served import ServedVersion
 from .status import UNLOADED, State, VersionStates
 
@@ -76,7 +77,7 @@ class Lifecycle:
         self._dirty: set[str] = set()
         self._closed = False
         self._close_deadline: float | None = None  # close()'s (time.monotonic()), once closing
-        self._retiring: set[ServedVersion] = set()  # closing now (unload, reload): close() hurries them
+        self._retiring = Retiring()  # closing now (unload, reload): close() hurries them
         self._loads: set[asyncio.Task] = set()  # a version loading now (apply tasks): close() abandons them
         self._compiles: dict[str, set[CompileStop]] = {}  # model -> its loads' compile stops (stop_compiles)
 
@@ -197,7 +198,7 @@ class Lifecycle:
             else:
                 self._emit("loaded", name, version, seconds=sv.load_seconds)
         retiring = [self._retire(old, replaced=v in loaded, cause=causes.get(v, "")) for v, old in replaced.items()]
-        await asyncio.gather(self._close_unserved(dropped), *retiring)
+        await to_the_end(asyncio.gather(self._close_unserved(dropped), *retiring))  # (a caller gone: retiring.py)
         if failed:
             self._dirty.add(name)  # the selection may change now that a file is refused
         return failed
@@ -303,7 +304,7 @@ class Lifecycle:
         try:
             await sv.close(drain_s, self._executor, deadline)
         finally:
-            self._retiring.discard(sv)
+            self._retiring.closed(sv)
         if not self._closed:  # at shutdown the cache stays for the next start
             self._cache.release(sv.name, sv.version, sv.om_path, sv.source, replaced, self._compiles_in_use())
         if sv.version not in self.serving.get(sv.name, {}):
@@ -352,8 +353,7 @@ class Lifecycle:
         """A close running now waits no later than `deadline` (time.monotonic(); a second signal)."""
         if self._close_deadline is not None:
             self._close_deadline = min(self._close_deadline, deadline)
-            for sv in self._retiring:
-                sv.hurry(self._close_deadline)
+            self._retiring.hurry(self._close_deadline)
 
     async def close(self, deadline: float | None = None) -> None:
         """Start nothing from now on; abandon the loads still running (served.open_version: not
@@ -370,8 +370,7 @@ class Lifecycle:
         if deadline is None:
             deadline = time.monotonic() + self._config.shutdown_timeout_s
         self._close_deadline = deadline
-        for sv in self._retiring:  # an unload or reload waiting for a hung device: not past this
-            sv.hurry(deadline)
+        self._retiring.hurry(deadline)  # an unload or reload waiting for a hung device: not past this
         for name in list(self._compiles):  # (a compile's thread would wait for its child to the end)
             self.stop_compiles(name)
         for load in list(self._loads):  # a load that hangs on the device would hold the close for good

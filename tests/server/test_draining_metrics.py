@@ -139,3 +139,44 @@ def test_a_version_unloading_shows_its_queue_until_it_has_drained(models_dir, tm
     assert during == (1, 1, 0)
     assert _queue(after) == (0, 0, 0)  # its series went with it, once it had closed
 
+
+
+
+def test_an_unload_whose_caller_is_cancelled_still_closes_the_version(models_dir, tmp_path):
+    """An unload call cancelled while its version drains (the server cancels the call of a
+    client that goes away: handler_cancellation), as this test does: the cancellation reached
+    the model's task and stopped the close half-way, which left the version UNLOADING for good
+    (its pool never freed, its series kept) and refused every later load of the model ("no
+    version loaded"). The close now ends, then the cancellation goes on."""
+    own = _models(tmp_path, models_dir)
+    config = server_config(own, shutdown_timeout_s=120)
+
+    async def scenario():
+        runner, state, url, runtime, repo = await started_app(config)
+        try:
+            async with aiohttp.ClientSession() as session:
+                _, waiting = await _queue_one(url)
+                await _until(lambda: _queue_is(session, url, (1, 1, 0)))
+                unload = asyncio.ensure_future(repo.unload("affine"))
+
+                async def unloading():
+                    found = await _scrape(session, url)
+                    return value(found, "aclserve_model_state", state="UNLOADING", **AFFINE) == 1
+                await _until(unloading)
+                unload.cancel()
+                await _scrape(session, url)  # (the loop has run the cancellation through)
+                waiting.close()  # the version's last request goes: it has drained
+                await asyncio.wait([unload])
+                await repo.wait_idle()
+                after = await _scrape(session, url)
+                async with session.post(f"{url}/v2/repository/models/affine/load") as resp:
+                    loaded = resp.status
+        finally:
+            await runner.cleanup()
+        return unload.cancelled(), after, loaded
+
+    cancelled, after, loaded = asyncio.run(scenario())
+    assert cancelled
+    assert value(after, "aclserve_model_state", state="UNAVAILABLE", **AFFINE) == 1  # "unloaded": closed
+    assert _queue(after) == (0, 0, 0)  # its series went with it
+    assert loaded == 200
