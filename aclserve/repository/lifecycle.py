@@ -14,6 +14,8 @@ Who owns which state. Everything below lives on the event loop thread; nothing i
   ModelRepository.get and the Planner's diff.
 - Lifecycle.states: moved by the apply tasks, by `close`, and by `forget_stale` during the
   repository's reconcile. Lifecycle.held: ModelRepository.load/unload.
+- Lifecycle.retiring, the versions out of service not closed yet (retiring.py): `_swap` and
+  `close` add them, `_retire` drops them once closed. Read by ModelRepository.draining().
 - Lifecycle._busy, ._dirty: `start` and the tasks' done callbacks. Lifecycle._loads: the apply
   tasks (their loads in progress, which `close` abandons); ._compiles: the apply tasks add and
   remove their loads' compile stops, `stop_compiles` (an unload) and `close` use them. A plan
@@ -77,7 +79,7 @@ class Lifecycle:
         self._dirty: set[str] = set()
         self._closed = False
         self._close_deadline: float | None = None  # close()'s (time.monotonic()), once closing
-        self._retiring = Retiring()  # closing now (unload, reload): close() hurries them
+        self.retiring = Retiring()  # out of service, closing now (unload, reload): close() hurries them
         self._loads: set[asyncio.Task] = set()  # a version loading now (apply tasks): close() abandons them
         self._compiles: dict[str, set[CompileStop]] = {}  # model -> its loads' compile stops (stop_compiles)
 
@@ -193,7 +195,7 @@ class Lifecycle:
             self.states.move(name, version, State.READY)
             if version in replaced:  # `replaced`: the version it took over from, draining now
                 log.info("%s: version %s reloaded (its new %s), the one before drains", name, version,
-                         _changed_part(replaced[version].wanted, sv.wanted))
+                         sv.wanted.changed_from(replaced[version].wanted))
                 self._emit("reloaded", name, version, seconds=sv.load_seconds, replaced=replaced[version])
             else:
                 self._emit("loaded", name, version, seconds=sv.load_seconds)
@@ -279,6 +281,7 @@ class Lifecycle:
         self.serving, self.acted = serving, acted  # requests see the old map or the new one, never a mix
         for version, old in retired.items():
             old.retire(functools.partial(self._successor, name, version))
+            self.retiring.add(old, replaced=version in loaded)
             if version in loaded:
                 self.states.move(name, version, State.READY)
             else:
@@ -298,13 +301,12 @@ class Lifecycle:
         default shutdown_timeout_s from now), drop its compile, settle its state; `cause`: why
         it was unloaded (not `replaced`), for the log."""
         drain_s = self._config.shutdown_timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
-        self._retiring.add(sv)
         if self._close_deadline is not None:  # started as the repository closes: its deadline
             sv.hurry(self._close_deadline)
         try:
             await sv.close(drain_s, self._executor, deadline)
         finally:
-            self._retiring.closed(sv)
+            self.retiring.closed(sv)  # (the same loop step as its event below: listeners count it once)
         if not self._closed:  # at shutdown the cache stays for the next start
             self._cache.release(sv.name, sv.version, sv.om_path, sv.source, replaced, self._compiles_in_use())
         if sv.version not in self.serving.get(sv.name, {}):
@@ -329,7 +331,7 @@ class Lifecycle:
                                        "if the new configuration fits alone, unload the model first")
         reason = self._failures.record(name, version, wanted.file, error)
         if serving is not None:
-            what = _changed_part(serving.wanted, wanted)
+            what = wanted.changed_from(serving.wanted)
             self.states.move(name, version, State.READY, f"serving the previous {what}; the new one failed: {reason}")
         else:
             self.states.move(name, version, State.UNAVAILABLE, reason)
@@ -353,7 +355,7 @@ class Lifecycle:
         """A close running now waits no later than `deadline` (time.monotonic(); a second signal)."""
         if self._close_deadline is not None:
             self._close_deadline = min(self._close_deadline, deadline)
-            self._retiring.hurry(self._close_deadline)
+            self.retiring.hurry(self._close_deadline)
 
     async def close(self, deadline: float | None = None) -> None:
         """Start nothing from now on; abandon the loads still running (served.open_version: not
@@ -370,30 +372,21 @@ class Lifecycle:
         if deadline is None:
             deadline = time.monotonic() + self._config.shutdown_timeout_s
         self._close_deadline = deadline
-        self._retiring.hurry(deadline)  # an unload or reload waiting for a hung device: not past this
+        self.retiring.hurry(deadline)  # an unload or reload waiting for a hung device: not past this
         for name in list(self._compiles):  # (a compile's thread would wait for its child to the end)
             self.stop_compiles(name)
         for load in list(self._loads):  # a load that hangs on the device would hold the close for good
             load.cancel()
         await self.wait_idle()
         serving, self.serving = self.serving, {}
-        retiring = [sv for versions in serving.values() for sv in versions.values()]
-        for sv in retiring:
+        closing = [sv for versions in serving.values() for sv in versions.values()]
+        for sv in closing:
             sv.retire(lambda: None)
+            self.retiring.add(sv, replaced=False)
             self.states.move(sv.name, sv.version, State.UNLOADING, SHUTTING_DOWN)
             self._emit("unloading", sv.name, sv.version, served=sv)
         await asyncio.gather(*(self._retire(sv, replaced=False, deadline=deadline, cause=SHUTTING_DOWN)
-                               for sv in retiring), return_exceptions=True)
+                               for sv in closing), return_exceptions=True)
         self.acted = {}
         await self._executor.calls_ended_by(lambda: self._close_deadline)  # an abandoned load closing what it opened
         self._executor.shutdown(wait=False)  # its threads are daemons: a hung one holds no exit
-
-
-def _changed_part(old: Wanted, new: Wanted) -> str:
-    """What a reload changed, as its refusal names it: a config or labels file edited alone is
-    not "the new file" (nor a labels file "the new config")."""
-    if old.file.model_identity != new.file.model_identity:
-        return "file"
-    if old.config == new.config and old.labels_stamp() != new.labels_stamp():
-        return "labels file"
-    return "config"

@@ -32,6 +32,15 @@ class Wanted:
                 and self.labels_stamp() == other.labels_stamp()
                 and replace(self.config, version_policy=other.config.version_policy) == other.config)
 
+    def changed_from(self, old: "Wanted") -> str:
+        """What changed since `old` (a reload), as its log and a refusal name it: a config or
+        labels file edited alone is not "the new file" (nor a labels file "the new config")."""
+        if old.file.model_identity != self.file.model_identity:
+            return "file"
+        if old.config == self.config and old.labels_stamp() != self.labels_stamp():
+            return "labels file"
+        return "config"
+
     def config_path(self) -> str | None:
         """The config file it was read from (None: the defaults alone)."""
         labels = self._labels()

@@ -30,11 +30,13 @@ from ..errors import InvalidInput, ModelUnavailable, NotFound, ServeError, Shutt
 from . import layout
 from .asked_version import asked_version
 from .control_calls import ControlCalls
+from .events import Listeners
 from .failures import LoadFailures
 from .lifecycle import UNLOAD_ASKED, Lifecycle
 from .models_folder import check_models_folder
 from .plan import ModelPlan
 from .planner import Planner
+from .retiring import Draining
 from .served import ServedVersion
 from .settle import SettleGate
 from .status import NOT_LOADED, WAITING_FOR_CONFIG, State
@@ -63,9 +65,9 @@ class ModelRepository:
         self._planner = Planner(self.root, config.model_defaults, SettleGate(config.settle_s, clock, wall_clock),
                                 unload_missing=config.unload_on_delete)
         self._failures = LoadFailures(config.load_retry_initial_s, config.load_retry_max_s, self._retry_due)
-        self._lifecycle = Lifecycle(config, runtime, self._planner, self._failures, self._emit, self._rescan_soon,
-                                    self._note_readiness)
-        self._listeners: list[Callable] = []
+        self._listeners = Listeners()
+        self._lifecycle = Lifecycle(config, runtime, self._planner, self._failures, self._listeners.emit,
+                                    self._rescan_soon, self._note_readiness)
         self._scan_lock = asyncio.Lock()  # one reconcile at a time: each sees what the last one started
         self._scans_started = 0  # ... numbered, so that a load may use a scan begun after it was asked
         self._last_scan = 0  # the number of the last scan done
@@ -243,17 +245,13 @@ class ModelRepository:
         return [row for row in rows if row["state"] == State.READY.value] if ready_only else rows
 
     def add_listener(self, callback: Callable) -> None:
-        """callback(event, name, version, **info), event in loaded | reloaded (info: replaced,
-        the ServedVersion it took over from, draining) | unloading (info: served, out of service,
-        draining) | unloaded | load_failed | retired (a replaced version closed; info: served)."""
-        self._listeners.append(callback)
+        """callback(event, name, version, **info) on each event events.py names."""
+        self._listeners.add(callback)
 
-    def _emit(self, event: str, name: str, version: str, **info) -> None:
-        for callback in self._listeners:
-            try:
-                callback(event, name, version, **info)
-            except Exception:
-                log.exception("repository listener failed on %s", event)
+    def draining(self) -> Draining:
+        """The versions out of service not closed yet, read-only (retiring.py: a reload's
+        replaced ones by (name, version), the ones unloading): the Lifecycle's own record."""
+        return self._lifecycle.retiring.view
 
     # ---- control API ----------------------------------------------------------------------------
     async def load(self, name: str) -> None:

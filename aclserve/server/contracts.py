@@ -7,7 +7,7 @@ runtime.InstancePool) and runtime.AclRuntime, all built by the composition root
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from ..images import ImageStage
 from ..runtime.types import TensorSpec
@@ -83,6 +83,17 @@ class ServedModel(Protocol):
         """Queue one request's rows and wait for its outputs (a batch result)."""
 
 
+class Draining(Protocol):
+    """The versions out of service not closed yet, read-only (repository.retiring.Draining): the
+    repository's own record, read at each scrape (draining.py)."""
+
+    def replaced(self, name: str, version: str) -> list[ServedModel]:
+        """The versions a reload of (name, version) replaced, still draining."""
+
+    def unloading(self) -> Iterable[tuple[str, str, ServedModel]]:
+        """(model, version, served) of each version out of service with no successor, still draining."""
+
+
 class ModelStore(Protocol):
     """The model repository, as the server drives and reads it."""
 
@@ -115,6 +126,8 @@ class ModelStore(Protocol):
         unloading (info: served, the ServedModel out of service with no successor, draining now),
         unloaded, load_failed (info: reason), retired (that replaced version has closed; info:
         served, the ServedModel it was)."""
+
+    def draining(self) -> Draining: ...
 
     async def load(self, name: str) -> None: ...
 

@@ -8,18 +8,19 @@ so without this they went back to 0 at each reload (Prometheus reads that as a c
 and the requests still queued in the old batcher were in no queue depth. A version unloading
 drains likewise, out of the serving map, until its series go with it (`unloaded`).
 
-Kept from the repository's events (app.py adds the listener): `reloaded` names the version
-replaced, draining until `retired` (its final counts are then kept); `unloading` names the
-version going out of service with no successor, draining until `unloaded`, which also drops
-what was kept of the version. A reader (`carry(count)`) turns a served version into a
-collections.Counter of its figures; `CarriedCounts.total` adds them up. Loop thread only.
+Which versions drain is the repository's own record (repo.draining(), repository/retiring.py),
+read at each scrape. What a replaced version counted is kept here when it closes (`retired`:
+the repository keeps nothing of a closed version, whose pool and batcher must be freed), in the
+loop step it leaves that record, and dropped with its (model, version) (`unloaded`); app.py adds
+the listener. A reader (`carry(count)`) turns a served version into a collections.Counter of its
+figures; `CarriedCounts.total` adds them up. Loop thread only.
 """
 from __future__ import annotations
 
 import collections
-from typing import Callable, Iterator
+from typing import Callable, Iterable
 
-from .contracts import ServedModel
+from .contracts import Draining, ServedModel
 
 Key = tuple[str, str]
 
@@ -47,10 +48,19 @@ class CarriedCounts:
         self._closed.pop(key, None)
 
 
+class _NoneDraining:
+    """A ServerMetrics made without a repository (tests of its own series)."""
+
+    def replaced(self, name: str, version: str) -> list[ServedModel]:
+        return []
+
+    def unloading(self) -> Iterable[tuple[str, str, ServedModel]]:
+        return ()
+
+
 class DrainingVersions:
-    def __init__(self):
-        self._replaced: dict[Key, list[ServedModel]] = {}  # reloads' replaced versions, draining
-        self._unloading: dict[Key, ServedModel] = {}  # versions out of service with no successor, draining
+    def __init__(self, draining: Draining | None = None):
+        self._draining = draining if draining is not None else _NoneDraining()  # (repo.draining())
         self._carried: list[CarriedCounts] = []
 
     def carry(self, count: Callable[[ServedModel], collections.Counter]) -> CarriedCounts:
@@ -61,31 +71,19 @@ class DrainingVersions:
 
     def replaced(self, name: str, version: str) -> list[ServedModel]:
         """The versions a reload of (name, version) replaced, still draining."""
-        return self._replaced.get((name, version), [])
+        return self._draining.replaced(name, version)
 
-    def unloading(self) -> Iterator[tuple[str, str, ServedModel]]:
+    def unloading(self) -> Iterable[tuple[str, str, ServedModel]]:
         """(model, version, served) of each version unloading: out of service, still draining."""
-        for (name, version), served in list(self._unloading.items()):
-            yield name, version, served
+        return self._draining.unloading()
 
     def on_repository_event(self, event: str, name: str, version=None, **info) -> None:
-        """Listener for ModelRepository.add_listener."""
+        """Listener for ModelRepository.add_listener. A version a reload replaced closes before
+        its model's task ends (lifecycle.py), so before its (model, version) can be unloaded."""
         key = (name, str(version))
-        if event == "reloaded" and info.get("replaced") is not None:
-            self._replaced.setdefault(key, []).append(info["replaced"])
-        elif event == "unloading":
-            self._unloading[key] = info["served"]
-        elif event == "retired":
-            draining = self._replaced.get(key, [])
-            served = info["served"]
-            if served in draining:  # (not when the version was unloaded meanwhile: its series went)
-                draining.remove(served)
-                if not draining:
-                    del self._replaced[key]
-                for carried in self._carried:
-                    carried._keep(key, served)
+        if event == "retired":
+            for carried in self._carried:
+                carried._keep(key, info["served"])
         elif event == "unloaded":
-            self._replaced.pop(key, None)
-            self._unloading.pop(key, None)
             for carried in self._carried:
                 carried._forget(key)

@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import logs
 from ..images.dvpp import OUTCOMES
-from ..repository.planner import WAITING_FOR_CONFIG
+from ..repository.status import WAITING_FOR_CONFIG
 
 log = logging.getLogger(__name__)
 

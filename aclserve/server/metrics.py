@@ -95,7 +95,7 @@ class VersionMetrics:
 class ServerMetrics:
     """Owns the registry. `live_versions()` yields (model, version, served) for the scrape-time
     gauges, the versions unloading included (draining.py); `memory()` returns runtime.memory()
-    rows; `draining` follows the versions out of service (a listener of the repository's own);
+    rows; `draining` reads the versions out of service from the repository (draining.py);
     `index()` and `load_retries()` are the repository's, for the per-model series (model_series.py)."""
 
     def __init__(self, live_versions: Callable[[], Iterable[tuple[str, str, ServedModel]]],

@@ -71,7 +71,7 @@ class ServerState:
         self.config = config
         self.repo = repo
         self.runtime = runtime
-        self.draining = DrainingVersions()  # versions out of service, still draining (a repository listener)
+        self.draining = DrainingVersions(repo.draining())  # versions out of service, still draining: the repo's
         self.metrics = ServerMetrics(self.scraped_versions, self._memory, self.draining, repo.index,
                                      lambda: repo.load_retries)
         self.auth = Access(config)
