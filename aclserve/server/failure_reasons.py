@@ -11,8 +11,8 @@ come, it counts as InternalError, as HTTP answers a bare ServeError 500.
 """
 from __future__ import annotations
 
-from ..errors import (DeviceTimeout, ExecutionFailed, InvalidInput, ModelUnavailable, Overloaded, PayloadTooLarge,
-                      QueueFull, RequestTimeout, ServeError, ShuttingDown)
+from ..errors import (DeviceFailed, DeviceTimeout, ExecutionFailed, InvalidInput, ModelUnavailable, Overloaded,
+                      PayloadTooLarge, QueueFull, RequestTimeout, ServeError, ShuttingDown)
 from .body import BodyTimeout, UnsupportedEncoding
 from .budget import MemoryExhausted
 from .http_errors import by_class
@@ -33,6 +33,7 @@ REASONS: dict[type[ServeError], str] = {
     ModelUnavailable: "ModelUnavailable",
     DeviceTimeout: "DeviceTimeout",
     ExecutionFailed: "ExecutionFailed",
+    DeviceFailed: "DeviceFailed",  # (an ExecutionFailed: a dashboard alerts on it apart)
 }
 FAILURE_REASONS: tuple[str, ...] = (*REASONS.values(), CANCELLED, INTERNAL_ERROR)
 
