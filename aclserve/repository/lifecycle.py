@@ -20,9 +20,9 @@ Who owns which state. Everything below lives on the event loop thread; nothing i
   tasks (their loads in progress, which `close` abandons); ._compiles: the apply tasks add and
   remove their loads' compile stops, `stop_compiles` (an unload) and `close` use them. A plan
   for a busy model is dropped and the model marked dirty; its task's end asks for a rescan.
-- Planner.scan, .pending, the SettleGate, the logged problems: the reconcile, one at a time
-  under the repository's scan lock (run by start(), the Debouncer's task in poll mode, load()
-  and, in explicit and none modes, a retry's task).
+- Planner.scan, .pending, the SettleGate, the logged problems: the reconcile, one at a time under
+  the repository's scan lock (run by start(), the Debouncer's task in poll mode, load() and, in
+  explicit and none modes, a retry's task and the index's reads: index.py).
 - LoadFailures (refused files, retry timers): the apply tasks record, the reconcile and load()
   forget; a retry timer fires as a loop callback.
 - The Debouncer's timer and task, the listeners: ModelRepository.

@@ -32,6 +32,7 @@ from .asked_version import asked_version
 from .control_calls import ControlCalls
 from .events import Listeners
 from .failures import LoadFailures
+from .index import IndexReads, index_rows
 from .lifecycle import UNLOAD_ASKED, Lifecycle
 from .models_folder import check_models_folder
 from .plan import ModelPlan
@@ -72,6 +73,7 @@ class ModelRepository:
         self._scans_started = 0  # ... numbered, so that a load may use a scan begun after it was asked
         self._last_scan = 0  # the number of the last scan done
         self._retry_tasks: set[asyncio.Task] = set()  # explicit and none modes: rescans for a retry
+        self._index_reads = IndexReads(clock, lambda after: self._reconcile("all", only="", asked_after=after))
         self._watcher: RepositoryWatcher | None = None
         self._debouncer: Debouncer | None = None
         self._started = self._closed = False
@@ -92,7 +94,7 @@ class ModelRepository:
             self._watcher = RepositoryWatcher(self.root, asyncio.get_running_loop(), self._on_path)
             self._watcher.start()
         tasks = await self._reconcile(trust="age" if self.mode == "poll" else "all")
-        if self.mode != "poll":  # (a load call, or a retry's, rescans the folder: what it finds is not asked)
+        if self.mode != "poll":  # (a load call, a retry's or the index reads the folder: what it finds is not asked)
             self._calls.asked = self._planner.wanted_models() | set(self._planner.scan.problems)
         await asyncio.gather(*tasks)
         if not self._lifecycle.serving and not tasks:
@@ -118,7 +120,7 @@ class ModelRepository:
             await self._debouncer.close()
         for task in self._retry_tasks:
             task.cancel()
-        await asyncio.gather(*self._retry_tasks, return_exceptions=True)
+        await asyncio.gather(*self._retry_tasks, self._index_reads.close(), return_exceptions=True)
 
     def hurry(self, deadline: float) -> None:
         """The close running now waits for the device and abandoned loads no later than `deadline`."""
@@ -231,18 +233,15 @@ class ModelRepository:
     def load_retries(self) -> dict[str, int]:
         return self._failures.retries  # model -> automatic load retries started (transient device errors)
 
-    def index(self, ready_only: bool = False) -> list[dict]:
-        """[{"name", "version", "state", "reason"}] for every version loaded or on disk; a
-        serving version that no instance can run is UNAVAILABLE (pool.out_of_service)."""
-        rows = self._lifecycle.states.index(self._planner.scan, self._planner.pending, self._lifecycle.held)
-        for row in rows:
-            if row["version"]:  # (a problem's row is the model's, not a version waiting for a load)
-                row["state"], row["reason"] = self._calls.shown(row["name"], row["state"], row["reason"])
-            served = self._lifecycle.serving.get(row["name"], {}).get(row["version"])
-            down = served.pool.out_of_service() if served is not None and row["state"] == State.READY.value else None
-            if down is not None:
-                row["state"], row["reason"] = State.UNAVAILABLE.value, down
-        return [row for row in rows if row["state"] == State.READY.value] if ready_only else rows
+    def index(self, ready_only: bool = False) -> list[dict]:  # as the folder was last read (/metrics')
+        return index_rows(self._lifecycle, self._planner, self._calls, ready_only)
+
+    async def index_now(self, ready_only: bool = False) -> list[dict]:
+        """index() of the folder as it is now (the repository API's): in explicit and none modes
+        read first as a load call reads it, loading nothing (index.IndexReads: paced, shared)."""
+        if self.mode != "poll" and self._started and not ready_only:  # (READY rows are records alone)
+            await self._index_reads.read(self._scans_started)
+        return self.index(ready_only)
 
     def add_listener(self, callback: Callable) -> None:
         """callback(event, name, version, **info) on each event events.py names."""
@@ -328,17 +327,18 @@ class ModelRepository:
         # time whatever load_concurrency said
         await self._reconcile(trust="settle")
 
-    async def _reconcile(self, trust: str, only: str | None = None, again: bool = False) -> list[asyncio.Task]:
-        """Scan, diff against what is serving, start one task per changed model. Returns them.
-        A call for one model (`only`: a load) uses a scan begun after it was made, if one is done
-        by the time it has the lock (each load rescanned the folder: 300 loads of a 300-model
-        folder took 44 s, whatever load_concurrency said). `again`: the load API asks for another
-        try of that model's refused files; they are forgotten under the lock, just before the plan
-        (forgotten earlier, a task ending while this call waited for the lock, another load call's
+    async def _reconcile(self, trust: str, only: str | None = None, again: bool = False,
+                         asked_after: int | None = None) -> list[asyncio.Task]:
+        """Scan, diff against what is serving, start one task per changed model. Returns them. A call for one
+        model (`only`: a load; "": an index read, none) uses a scan begun after it was made (after scan
+        `asked_after` if given) if one is done by the time it has the lock (each load rescanned the folder:
+        300 loads of a 300-model folder took 44 s, whatever load_concurrency said). `again`: the load API
+        asks for another try of that model's refused files; they are forgotten under the lock, just before
+        the plan (forgotten earlier, a task ending while this call waited for the lock, another load call's
         say, recorded its failure again, and this call planned nothing and could not say why)."""
         if self._closed:
             return []
-        asked_after = self._scans_started
+        asked_after = self._scans_started if asked_after is None else asked_after
         async with self._scan_lock:
             try:
                 if only is None or self._last_scan <= asked_after:
@@ -364,7 +364,7 @@ class ModelRepository:
         number = self._scans_started
         if self._watcher is not None:  # watch first, then scan: nothing falls in between
             await asyncio.get_running_loop().run_in_executor(None, self._watcher.follow)
-        scan = await self._planner.rescan()
+        scan = await self._index_reads.timed(self._planner.rescan())  # (its time paces the index's reads)
         if not scan.unreadable:  # (a folder that cannot be listed tells nothing: all is kept)
             self._failures.keep_files_of(scan)
             self._lifecycle.forget_stale()

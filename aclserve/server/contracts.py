@@ -113,7 +113,11 @@ class ModelStore(Protocol):
     def serving_versions(self, name: str) -> list[str]:
         """The versions of `name` in service (as `index` lists them, without building it)."""
 
-    def index(self, ready_only: bool = False) -> list[dict]: ...
+    def index(self, ready_only: bool = False) -> list[dict]:
+        """The index as the models folder was last read (no I/O: /metrics, the statistics)."""
+
+    async def index_now(self, ready_only: bool = False) -> list[dict]:
+        """The index of the folder as it is now (the repository API's; it may read the folder)."""
 
     load_retries: Mapping[str, int]  # model -> automatic load retries so far
 

@@ -161,7 +161,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     async def RepositoryIndex(self, request, context):
         self.state.auth.check_repository_value(_authorization(context), control=False)
         await _one_repository(request, context)
-        entries = views.repository_index(self.state, request.ready)
+        entries = await views.repository_index(self.state, request.ready)
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
 
     @rpc

@@ -68,7 +68,7 @@ async def repository_index(request: web.Request) -> web.Response:
     ready_only = doc.get("ready", False)
     if not isinstance(ready_only, bool):
         raise InvalidInput("ready must be a boolean")
-    return _json(views.repository_index(request.app[STATE], ready_only))
+    return _json(await views.repository_index(request.app[STATE], ready_only))
 
 
 def _parameters(doc: dict) -> dict:

@@ -117,11 +117,12 @@ def _operator_file_as_shown(state, changes):
     return changes
 
 
-def repository_index(state, ready_only: bool) -> list[dict]:
-    """Index rows; names (a models folder that cannot be read is named by its path) and reasons
-    with this machine's paths redacted (redact.py)."""
+async def repository_index(state, ready_only: bool) -> list[dict]:
+    """Index rows of the folder as it is now (repo.index_now); names (a models folder that cannot
+    be read is named by its path) and reasons with this machine's paths redacted (redact.py)."""
+    rows = await state.repo.index_now(ready_only=ready_only)
     return [{"name": state.redact(e["name"]), "version": str(e.get("version", "")), "state": e.get("state", ""),
-             "reason": state.redact(e.get("reason", "") or "")} for e in state.repo.index(ready_only=ready_only)]
+             "reason": state.redact(e.get("reason", "") or "")} for e in rows]
 
 
 def check_load_parameters(keys) -> None:

@@ -57,3 +57,92 @@ async def test_load_calls_of_a_bad_model_made_together_each_say_why(make_repo, m
         for outcome in outcomes:
             assert isinstance(outcome, ModelLoadFailed), outcome
             assert str(outcome) == "failed to load bad: version 1: not an OM file (neither a CPU OM nor an ATC 'IMOD' header)"
+
+
+async def test_index_calls_made_together_share_one_read_of_the_folder(make_repo, models_dir, model_files):
+    """In explicit mode the index reads the folder itself (a model copied in after the start was
+    missing from it until a load call read the folder): calls made together share one scan, and
+    what it finds is listed, not loaded."""
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    scans = [0]
+    rescan = repo._planner.rescan
+
+    async def counted():
+        scans[0] += 1
+        return await rescan()
+    repo._planner.rescan = counted
+    place(model_files[2]["om"], models_dir / "later.om")
+    answers = await asyncio.gather(*(repo.index_now() for _ in range(20)))
+    assert scans[0] == 1
+    for rows in answers:
+        assert {(r["name"], r["state"], r["reason"]) for r in rows} == {("m", "READY", ""),
+                                                                         ("later", "UNAVAILABLE", "not loaded")}
+    await repo.wait_idle()
+    assert repo.serving_versions("later") == []
+
+
+async def test_an_index_read_goes_on_when_its_caller_leaves(make_repo, models_dir, model_files):
+    """A client that drops its index call (the server cancels the handler) does not stop the read:
+    stopped, it freed the scan lock while its scan's thread ran on, and a client sending calls and
+    dropping them could have scans run side by side without end."""
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    reading, go_on = asyncio.Event(), asyncio.Event()
+    rescan = repo._planner.rescan
+
+    async def held():
+        reading.set()
+        await go_on.wait()
+        return await rescan()
+    repo._planner.rescan = held
+    place(model_files[2]["om"], models_dir / "later.om")
+    call = asyncio.ensure_future(repo.index_now())
+    await asyncio.wait_for(reading.wait(), 30)  # (a hang guard)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert repo._scan_lock.locked()  # its read holds the folder's scan on
+    go_on.set()
+    assert ("later", "UNAVAILABLE") in {(r["name"], r["state"]) for r in await repo.index_now()}
+
+
+async def test_index_reads_are_paced_by_the_scans_before_them(make_repo, models_dir, model_files):
+    """A client calling the index in a loop would keep a thread scanning the folder: a read begins
+    no sooner than four times the last scan's duration (at least 0.1 s) after it ended, and a call
+    arriving while a scan runs waits for its end, then for that pace (it would have scanned again
+    at once). The clock and the pauses are the test's: no time passes."""
+    now = [1000.0]
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, _ = await make_repo(model_control_mode="explicit", clock=lambda: now[0])
+    slept = []
+
+    async def sleep(seconds):
+        slept.append(round(seconds, 6))
+        now[0] += seconds
+    repo._index_reads._sleep = sleep
+    reading, go_on = asyncio.Event(), asyncio.Event()
+    scans = [0]
+    rescan = repo._planner.rescan
+
+    async def two_seconds():
+        scans[0] += 1
+        now[0] += 2.0
+        reading.set()
+        await go_on.wait()
+        return await rescan()
+    repo._planner.rescan = two_seconds
+    go_on.set()
+    await repo.index_now()  # the start's scan took no time: 0.1 s after it
+    await repo.index_now()  # 4 x 2 s after the last one ended
+    assert (slept, scans[0]) == ([0.1, 8.0], 2)
+    reading.clear()
+    go_on.clear()
+    now[0] += 100  # (the pace is over)
+    first = asyncio.ensure_future(repo.index_now())
+    await asyncio.wait_for(reading.wait(), 30)  # (a hang guard)
+    second = asyncio.ensure_future(repo.index_now())  # arrives while the first one's scan runs
+    await asyncio.sleep(0)
+    go_on.set()
+    await asyncio.gather(first, second)
+    assert (slept, scans[0]) == ([0.1, 8.0, 8.0], 4)
