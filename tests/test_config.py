@@ -367,6 +367,15 @@ def test_fewer_priority_levels_alone_take_the_middle_one_as_default(tmp_path, le
                               ).model_defaults.batching.default_level == level
 
 
+def test_priorities_off_is_no_yaml_key(tmp_path):
+    """A config.pbtxt's priority_levels 0 is carried as priorities_off (config/triton_config.py, for
+    /config); aclserve's own YAML writes one level as `priority_levels: 1` and has no such key."""
+    defaults = load_server_config(None, {}).model_defaults
+    with pytest.raises(ConfigError, match="priorities_off"):
+        load_model_config(write(tmp_path, "batching: {priorities_off: true}\n"), defaults)
+    assert not load_model_config(write(tmp_path, "batching: {priority_levels: 1}\n"), defaults).batching.priorities_off
+
+
 def test_a_default_priority_set_is_kept_through_a_merge(tmp_path):
     defaults = load_server_config(None, {"model_defaults.batching.default_priority": 3}).model_defaults
     assert defaults.batching.default_level == 3

@@ -16,8 +16,9 @@ from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, Co
 MAX_PRIORITY_LEVELS = 1000
 _QUEUE_KEYS = {f.name for f in dataclasses.fields(QueuePolicy)} - {"counts_rows"}  # (auto's, resolved)
 # YAML keys of `batching`: the dataclass fields, with the cap under Triton's name (not those that
-# say where a setting came from, which are not compared)
-_BATCHING_KEYS = {f.name for f in dataclasses.fields(BatchingConfig) if f.compare} - {"batch_cap"} | {"max_batch_size"}
+# say where a setting came from, which are not compared, nor a config.pbtxt's priorities_off)
+_BATCHING_KEYS = ({f.name for f in dataclasses.fields(BatchingConfig) if f.compare} - {"batch_cap", "priorities_off"}
+                  | {"max_batch_size"})
 _MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
 _COMPILE_KEYS = {f.name for f in dataclasses.fields(CompileOptions)}
 
@@ -257,6 +258,7 @@ def model_config_mapping(config: ModelConfig) -> dict:
     # over model_defaults) gives it the others, as a level in the same file takes them
     fields = batching.pop("priority_queue_fields")
     batching.pop("own_keys")  # (a model's own file's: not model_defaults', which a model's file layers over)
+    batching.pop("priorities_off")  # (a config.pbtxt's, set once its settings are layered: triton_config.py)
     levels = batching["priority_queue_policy"]
     for level, policy in levels.items():
         levels[level] = {k: v for k, v in policy.items() if k in fields.get(level, policy)}

@@ -92,6 +92,9 @@ def load_triton_config(path: str | os.PathLike, name: str, defaults: ModelConfig
         batching = dataclasses.replace(defaults.batching, priority_queue_policy={}, priority_queue_fields={})
         defaults = dataclasses.replace(defaults, batching=batching)
     config = layer_model_config(data, defaults, path, notes)
+    if "default_queue_policy" in data["batching"] and not message.dynamic_batching.priority_levels:
+        # Triton's 0: priorities off, run as one level (translated so above); /config shows 0 as Triton's
+        config = dataclasses.replace(config, batching=dataclasses.replace(config.batching, priorities_off=True))
     if notes is not None:
         notes.extend(said)
     return config

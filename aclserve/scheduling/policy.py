@@ -56,6 +56,11 @@ class BatchingConfig:
     own_keys: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
     preserve_ordering: bool = False
     batch_formation: str = "just_in_time"
+    # Triton's priority_levels 0 (a config.pbtxt's dynamic_batching without levels): priorities off,
+    # run as the one level above; /config shows 0 levels and default level 0, as Triton does (a
+    # client taking priority_levels > 0 for "priorities on" was shown 1). Set by the pbtxt reader
+    # alone (config/triton_config.py): aclserve's YAML has no such key, its one level is 1.
+    priorities_off: bool = False
 
     def __post_init__(self):
         if self.batch_formation not in FORMATION_MODES:
@@ -71,6 +76,8 @@ class BatchingConfig:
         for level in self.priority_queue_policy:
             if not 1 <= level <= self.priority_levels:
                 raise ValueError(f"priority_queue_policy level {level} is outside 1..{self.priority_levels}")
+        if self.priorities_off and (self.priority_levels != 1 or self.priority_queue_policy):
+            raise ValueError("priorities off runs one level, with no queue policy of its own")
 
     @property
     def default_level(self) -> int:

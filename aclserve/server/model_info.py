@@ -80,12 +80,19 @@ def _queue_policy(policy: QueuePolicy) -> dict:
             "max_queue_size": policy.max_queue_size}
 
 
+def _levels(batching) -> tuple[int, int]:
+    """(priority_levels, default_priority_level) as Triton's ModelConfig has them: 0 and 0 for a
+    config.pbtxt without levels (priorities off; run as one level)."""
+    return (0, 0) if batching.priorities_off else (batching.priority_levels, batching.default_level)
+
+
 def _queue_parameters(batching) -> dict[str, dict]:
     """The levels and queue policies in force on a model shown without dynamic_batching (one request
     per run): Triton has no field for them outside it, so they are string parameters named after
     dynamic_batching's fields, where clients that read /config find them (a queue's 503 named a
     limit /config did not show: an independent check)."""
-    values = {"priority_levels": batching.priority_levels, "default_priority_level": batching.default_level,
+    levels, default_level = _levels(batching)
+    values = {"priority_levels": levels, "default_priority_level": default_level,
               "preserve_ordering": batching.preserve_ordering}
     for prefix, policy in _policies(batching).items():
         values.update({f"{prefix}.{field}": value for field, value in _queue_policy(policy).items()})
@@ -135,12 +142,13 @@ def model_config(served) -> dict:
     }
     if max_batch > 0 and batching.enabled:
         gears = [g for g in served.gears if g <= max_batch] or list(served.gears)
+        levels, default_level = _levels(batching)
         body["dynamic_batching"] = {
             "preferred_batch_size": gears,
             "max_queue_delay_microseconds": int(batching.max_queue_delay_ms * 1000),
             "preserve_ordering": batching.preserve_ordering,
-            "priority_levels": batching.priority_levels,
-            "default_priority_level": batching.default_level,
+            "priority_levels": levels,
+            "default_priority_level": default_level,
             "default_queue_policy": _queue_policy(batching.default_queue_policy),
             "priority_queue_policy": {str(level): _queue_policy(p)
                                       for level, p in sorted(batching.priority_queue_policy.items())},

@@ -90,6 +90,8 @@ def test_the_pbtxt_is_translated_with_tritons_meaning(tmp_path):
     assert plain.batching.priority_queue_policy == defaults.batching.priority_queue_policy  # (none given: defaults')
     whole = configs["whole"]  # dynamic_batching { }: Triton's defaults, not model_defaults'
     assert (whole.batching.enabled, whole.batching.max_queue_delay_ms, whole.batching.priority_levels) == (False, 0, 1)
+    # Triton's priority_levels 0, run as one level: /config shows 0 as Triton does (it showed 1)
+    assert whole.batching.priorities_off and not b.priorities_off and not plain.batching.priorities_off
     policy = whole.batching.default_queue_policy
     assert (policy.max_queue_size, policy.default_timeout_ms, policy.allow_timeout_override) == (0, 0, False)
     assert whole.batching.priority_queue_policy == {}
@@ -99,6 +101,7 @@ def test_the_pbtxt_is_translated_with_tritons_meaning(tmp_path):
         assert (completed.batching.enabled, completed.batching.batch_cap, completed.batching.max_queue_delay_ms,
                 completed.batching.priority_levels, completed.batching.default_queue_policy.max_queue_size) \
             == (True, cap, 0, 1, 0)
+        assert completed.batching.priorities_off  # (Triton's completion adds dynamic_batching { }: 0 levels)
     assert sorted(result.notes) == [
         "empty/config.pbtxt: max_batch_size 0 with no input or output listed: the model's, batched as "
         "dynamic_batching { }, as Triton's ONNX Runtime backend completes such a config (its largest compiled batch "

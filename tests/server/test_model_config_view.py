@@ -26,6 +26,15 @@ def srv(tmp_path_factory):
     (root / "alone.yaml").write_text("batching: {enabled: false, priority_queue_policy: "
                                      "{1: {max_queue_size: 4, default_timeout_ms: 500}}}\n")
     compile_cpu_om(root / "vec.onnx", root / "fixed.om", batch="1")
+    # Triton folders: dynamic_batching without priority levels (batching, and one request per run), with two
+    for name, pbtxt in (("tri", "max_batch_size: 8\ndynamic_batching { }\n"),
+                        ("tri_alone", 'max_batch_size: 0\ninput [ { name: "x" } ]\noutput [ { name: "y" } ]\n'
+                                      "dynamic_batching { }\n"),
+                        ("tri_levels", "max_batch_size: 8\ndynamic_batching { priority_levels: 2 "
+                                       "default_priority_level: 1 }\n")):
+        (root / name / "1").mkdir(parents=True)
+        compile_cpu_om(root / "vec.onnx", root / name / "1" / "model.om")
+        (root / name / "config.pbtxt").write_text(pbtxt)
     (root / "vec.onnx").unlink()
     with ServerThread(server_config(root, grpc_port=free_port())) as server:
         yield server
@@ -103,6 +112,37 @@ def test_a_model_of_one_request_per_run_shows_its_queue_limits_in_parameters(srv
     try:
         from_grpc = grpc.get_model_config("alone", as_json=True)["config"]
         assert not from_grpc.get("dynamic_batching") and from_grpc["parameters"] == alone["parameters"]
+    finally:
+        grpc.close()
+
+
+def test_a_config_pbtxt_without_priority_levels_shows_priorities_off_as_triton(srv):
+    """Triton's `dynamic_batching { }` has priority_levels 0: priorities off. /config showed
+    priority_levels 1 and default_priority_level 1 (the one level it runs as), and a client taking
+    priority_levels > 0 for "priorities on" thought them on. Shown 0 and 0 as Triton shows them,
+    over HTTP and gRPC, and in the parameters of one shown without dynamic_batching; levels the file
+    gives are shown as given; requests run as before, a priority or none."""
+    client = httpclient.InferenceServerClient(srv.url)
+    try:
+        dynamic = client.get_model_config("tri")["dynamic_batching"]
+        assert (dynamic["priority_levels"], dynamic["default_priority_level"]) == (0, 0)
+        assert dynamic["priority_queue_policy"] == {}
+        alone = client.get_model_config("tri_alone")
+        assert "dynamic_batching" not in alone
+        assert (alone["parameters"]["priority_levels"], alone["parameters"]["default_priority_level"]) \
+            == ({"string_value": "0"}, {"string_value": "0"})
+        given = client.get_model_config("tri_levels")["dynamic_batching"]
+        assert (given["priority_levels"], given["default_priority_level"]) == (2, 1)
+        x = httpclient.InferInput("x", [3], "FP32")
+        x.set_data_from_numpy(np.array([-1, 0, 2], np.float32))
+        for priority in (0, 1, 2):
+            np.testing.assert_array_equal(client.infer("tri", [x], priority=priority).as_numpy("y"), [0, 0, 2])
+    finally:
+        client.close()
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.config.grpc_port}")
+    try:
+        dynamic = grpc.get_model_config("tri").config.dynamic_batching
+        assert (dynamic.priority_levels, dynamic.default_priority_level) == (0, 0)
     finally:
         grpc.close()
 
