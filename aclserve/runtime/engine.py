@@ -35,6 +35,7 @@ from .batch import Batch
 from .builder import open_pool
 from .engine_calls import Call, OpenCalls
 from .engine_options import check_options
+from .engine_process import CreatedIn
 from .futures import settle
 from .pool import InstancePool
 from .types import TensorSpec
@@ -58,6 +59,7 @@ class EngineModel:
         self.gears = pool.gears
         self.value_ranges: dict[str, ValueRange] = dict(value_ranges or {})
         self._calls = OpenCalls()  # those not answered yet: a close waits for them
+        self._created_in = owner.created_in if owner is not None else CreatedIn()
         pool.attach(self)
 
     @property
@@ -68,7 +70,8 @@ class EngineModel:
     def submit(self, inputs: Mapping[str, np.ndarray]) -> concurrent.futures.Future:
         """Start inference; the future resolves to {output name: array}. Never blocks. Once the
         model or its Engine is closing the future fails with Closed (a future, not a raise: a
-        done-callback chaining calls gets its answer)."""
+        done-callback chaining calls gets its answer). In a forked child: RuntimeError, at once."""
+        self._created_in.check()  # (before any lock: a fork may have copied one held)
         if self.closed:
             return _failed(Closed(self._refusal()))
         arrays = self._validate(inputs)
@@ -167,6 +170,7 @@ class EngineModel:
         for them (None: until each is answered, every run bounded by the model's execution
         timeout); the calls still unanswered then fail with Closed, and a device still running
         one is left to itself, as the server's shutdown_timeout_s does."""
+        self._created_in.check()
         _refuse_in_callback(self.owner, "EngineModel.close()", "it waits for the engine's own threads, this one "
                                         "among them")
         check_options(timeout=timeout)
@@ -218,6 +222,7 @@ class Engine:
         ACLSERVE_CPU_THREADS, else 1)."""
         check_options(device=device, cpu_threads=cpu_threads, memory_reserve_fraction=memory_reserve_fraction)
         threads = None if cpu_threads is None else int(cpu_threads)  # (a numpy int: the CPU runtime takes int)
+        self.created_in = CreatedIn()  # every call in another process (a fork's child) raises: engine_process
         self.runtime = AclRuntime(device, threads, float(memory_reserve_fraction))
         self.models: list[EngineModel] = []
         self._state = threading.Condition()  # guards _loading and _closed
@@ -230,6 +235,7 @@ class Engine:
         _open_engines.add(self)
 
     def __enter__(self) -> "Engine":
+        self.created_in.check()
         self._refuse_if_closed()
         self.runtime.start()
         return self
@@ -247,6 +253,7 @@ class Engine:
         is refused with a ValueError before it runs."""
         check_options(path=path, name=name, instances=instances, devices=devices, slots=slots, retry=retry,
                       warmup=warmup, warmup_data=warmup_data, value_ranges=value_ranges)
+        self.created_in.check()
         with self._state:
             self._refuse_if_closed()
             self._loading += 1
@@ -292,6 +299,7 @@ class Engine:
         then fail with Closed, and a device still running one is left to itself, as the
         server's shutdown_timeout_s does. A close from another thread meanwhile waits for it.
         Not from a future's done-callback: that runs on the engine's own thread."""
+        self.created_in.check()
         _refuse_in_callback(self, "Engine.close()", "it runs on the engine's own thread, which close waits for")
         check_options(timeout=timeout)
         if not self._close(loads_wait_s=timeout, deadline=_deadline(timeout)):
@@ -382,7 +390,7 @@ EXIT_DRAIN_S = 30.0
 @atexit.register
 def _close_open_engines() -> None:
     drained_by = time.monotonic() + EXIT_DRAIN_S  # (one bound for them all)
-    for engine in list(_open_engines):
+    for engine in [e for e in _open_engines if e.created_in.here()]:  # (a forked child's exit: not its own)
         try:
             if not engine._close(EXIT_LOAD_WAIT_S, drained_by):
                 log.warning("an Engine still loading a model %.0f s into the exit: its loaded models are closed, "
