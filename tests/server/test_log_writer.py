@@ -14,14 +14,18 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import aiohttp
+import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from aclserve.logs import QUEUE_LINES, TEXT_FORMAT, TextFormatter
 
 from tests.serving import free_port
+from tests.tiny_models import TOKEN_ROWS, TOKEN_TABLE, compile_cpu_om, save_graph
 
 BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}
 # a refused request's log line is about 300 bytes: these fill the pipe (64 KiB) and the queue
@@ -150,3 +154,50 @@ def test_a_server_whose_stderr_nobody_reads_still_exits_on_sigterm(models_dir):
         proc.kill()
         proc.wait()
         proc.stderr.close()
+
+
+def _offset_tokens_om(folder) -> str:
+    """ids INT64 [N, 3] + 0, then a Gather of the [50, 2] token table: ids reaching the table
+    through arithmetic, which the value range finder does not follow (README "Value ranges"), so
+    an id past the table reaches ONNX Runtime and fails there."""
+    vi = helper.make_tensor_value_info
+    nodes = [helper.make_node("Add", ["ids", "offset"], ["shifted"]),
+             helper.make_node("Gather", ["table", "shifted"], ["emb"], axis=0)]
+    graph = helper.make_graph(nodes, "offset_tokens", [vi("ids", TensorProto.INT64, ["N", 3])],
+                              [vi("emb", TensorProto.FLOAT, ["N", 3, 2])],
+                              [numpy_helper.from_array(TOKEN_TABLE, "table"),
+                               numpy_helper.from_array(np.array(0, np.int64), "offset")])
+    save_graph(graph, folder / "offset_tokens.onnx")
+    return compile_cpu_om(folder / "offset_tokens.onnx", folder / "models" / "offset_tokens.om")
+
+
+def test_a_run_onnx_runtime_fails_is_said_in_one_json_line_not_in_onnx_runtime_s_own(tmp_path):
+    """ONNX Runtime logged a failed run itself at ERROR, straight to stderr in colour past
+    aclserve's log ("\\x1b[1;31m... [E:onnxruntime:, sequential_executor.cc ...]"): with
+    --log-format json a line that is not JSON. Its reason still reaches aclserve's own line."""
+    (tmp_path / "models").mkdir()
+    _offset_tokens_om(tmp_path)
+    proc, url = _serve(tmp_path / "models", "--log-format", "json")
+    try:
+        body = json.dumps({"inputs": [{"name": "ids", "datatype": "INT64", "shape": [1, 3],
+                                       "data": [0, 1, TOKEN_ROWS + 10]}]}).encode()
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/v2/models/offset_tokens/infer", data=body),
+                                   timeout=60)
+        failed.value.close()
+        assert failed.value.code >= 500
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    lines = stderr.splitlines()
+    not_json = []
+    for line in lines:
+        try:
+            json.loads(line)
+        except ValueError:
+            not_json.append(line)
+    assert not not_json, not_json
+    said = [json.loads(line)["message"] for line in lines]
+    assert any("execution failed" in m and "indices element out of data bounds" in m for m in said), said

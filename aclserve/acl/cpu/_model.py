@@ -36,14 +36,16 @@ _PAD_TOLERANCE = 64  # GE accepts a buffer up to 64 bytes smaller than the tenso
 def _session(model_bytes: bytes):
     import onnxruntime as ort  # deferred: importing ORT costs time the rest of the API does not need
 
-    # ORT's own environment warns past the sessions' severity (its telemetry is off: aclserve/__init__.py)
-    ort.set_default_logger_severity(3)
+    # ORT's own log is off (FATAL only, which ends the process anyway): its coloured lines went to
+    # stderr past aclserve's log, breaking --log-format json; the reason of a failed run is in the
+    # exception, which run() logs (its telemetry is off too: aclserve/__init__.py)
+    ort.set_default_logger_severity(4)
     so = ort.SessionOptions()
     so.intra_op_num_threads = settings.threads()
     so.inter_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.log_severity_level = 3
+    so.log_severity_level = 4
     return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
 
 
