@@ -299,3 +299,27 @@ def test_an_expired_server_certificate_is_said_so(tmp_path):
     assert proc.returncode == 1 and "certificate has expired" in proc.stderr, proc.stderr
     assert proc.stderr.rstrip("\n").endswith("(the server's certificate is outside its dates of validity: the server "
                                              "needs a current one, or this machine's clock is wrong)"), proc.stderr
+
+
+def test_infer_takes_an_input_whose_name_holds_an_equals_sign(tmp_path):
+    """`-i "a=b=/path/e.npy"` was split at the first '=': input "a" from file "b=/path/e.npy". The
+    model's input names (its metadata) say where NAME ends; the first '=' otherwise."""
+    from onnx import TensorProto, helper, numpy_helper
+    from tests.serving import ServerThread, server_config
+    from tests.tiny_models import compile_cpu_om, save_graph
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Mul", ["a=b", "two"], ["y"]), helper.make_node("Neg", ["c"], ["z"])],
+                              "equals", [vi("a=b", TensorProto.FLOAT, ["N", 4]), vi("c", TensorProto.FLOAT, ["N", 4])],
+                              [vi("y", TensorProto.FLOAT, ["N", 4]), vi("z", TensorProto.FLOAT, ["N", 4])],
+                              [numpy_helper.from_array(np.array(2, np.float32), "two")])
+    (tmp_path / "models").mkdir()
+    compile_cpu_om(save_graph(graph, tmp_path / "equals.onnx"), tmp_path / "models" / "equals.om")
+    np.save(tmp_path / "e.npy", np.arange(4, dtype=np.float32).reshape(1, 4))
+    np.save(tmp_path / "c=.npy", np.ones((1, 4), np.float32))  # (a file holding "=" after a name that holds none)
+    with ServerThread(server_config(tmp_path / "models")) as server:
+        proc = subprocess.run([sys.executable, "-m", "aclserve", "infer", "equals", "-i", f"a=b={tmp_path / 'e.npy'}",
+                               "-i", "c=c=.npy", "--url", f"http://{server.url}", "--json"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    outputs = json.loads(proc.stdout)
+    assert outputs["y"]["data"] == [[0.0, 2.0, 4.0, 6.0]] and outputs["z"]["data"] == [[-1.0] * 4], outputs

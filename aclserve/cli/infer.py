@@ -30,7 +30,8 @@ def add_commands(sub) -> None:
     q.add_argument("model")
     q.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE", required=True,
                    help="an input tensor from a .npy file, or one image from a JPEG or PNG file for a BYTES "
-                        "(image) input (repeat for several inputs)")
+                        "(image) input (repeat for several inputs); split at the '=' after the longest of "
+                        "the model's input names NAME=FILE begins with (a name may hold '='), else at the first")
     q.add_argument("--url", default="http://127.0.0.1:8000", help="server URL (default %(default)s)")
     q.add_argument("--version", help="model version (default: the server's choice)")
     q.add_argument("--output", "-o", action="append", default=[], metavar="NAME",
@@ -52,12 +53,23 @@ _NPY_MAGIC = b"\x93NUMPY"
 _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")  # JPEG, PNG: sent as they are, one image
 
 
-def _load_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
+def split_input(pair: str, names=()) -> tuple[str, str]:
+    """--input's NAME=FILE: at the '=' after the longest of the model's input `names` it begins
+    with (an input "a=b" takes "a=b=/p/e.npy"), else at the first '='."""
+    for name in sorted((n for n in names if isinstance(n, str) and n), key=len, reverse=True):
+        if pair.startswith(f"{name}=") and len(pair) > len(name) + 1:
+            return name, pair[len(name) + 1:]
+    name, sep, path = pair.partition("=")
+    if not sep or not name or not path:
+        raise UsageError(f"--input expects NAME=FILE (.npy, JPEG or PNG), got {pair!r}")
+    return name, path
+
+
+def _load_inputs(pairs: list[str], names=()) -> dict[str, np.ndarray]:
+    """The files of --input's `pairs`, split at the names of the model's inputs `names`."""
     inputs = {}
     for pair in pairs:
-        name, sep, path = pair.partition("=")
-        if not sep or not name or not path:
-            raise UsageError(f"--input expects NAME=FILE (.npy, JPEG or PNG), got {pair!r}")
+        name, path = split_input(pair, names)
         if name in inputs:
             raise UsageError(f"--input names {name!r} twice")
         try:
@@ -223,7 +235,8 @@ def run_infer(args) -> int:
     headers = {name: value.encode() for name, value in auth_headers().items()}
     if not 0 < args.timeout < math.inf:  # (NaN fails it too)
         raise UsageError("--timeout must be a positive, finite number of seconds")
-    inputs = _load_inputs(args.input)
+    for pair in args.input:  # (NAME=FILE said wrong before the server is asked anything)
+        split_input(pair)
     # (os.fsencode: a name of bytes that are not UTF-8 goes as they are, for the server to refuse)
     path = f"/v2/models/{urllib.parse.quote(os.fsencode(args.model), safe='')}"
     if args.version:
@@ -231,7 +244,7 @@ def run_infer(args) -> int:
     if args.classification is not None and args.classification < 1:
         raise UsageError("--classification must be a positive number of classes")
     try:
-        outputs = _ask(args, path, inputs, headers)
+        outputs = _ask(args, path, headers)
     except urllib.error.HTTPError as e:
         if 300 <= e.code < 400:  # (a KServe v2 server answers in place)
             where = one_line(e.headers.get("Location", "")) or "nowhere said"
@@ -276,9 +289,11 @@ def _json_data(arr: np.ndarray) -> list:
     return np.where(np.isfinite(arr), arr, None).tolist()
 
 
-def _ask(args, path: str, inputs: dict[str, np.ndarray], headers: dict) -> dict[str, np.ndarray]:
-    """Metadata (for the casts, and the outputs to classify), then the inference; the outputs."""
+def _ask(args, path: str, headers: dict) -> dict[str, np.ndarray]:
+    """Metadata (the input names --input's are split at, the casts, the outputs to classify), then
+    the input files, then the inference; the outputs."""
     metadata = _metadata(args.url.rstrip("/") + path, args.timeout, headers)
+    inputs = _load_inputs(args.input, [t.get("name") for t in _described(metadata, "inputs")])
     for note in cast_to_model(inputs, metadata):
         print(f"aclserve infer: {note}", file=sys.stderr)
     outputs = args.output
