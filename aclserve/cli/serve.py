@@ -112,6 +112,7 @@ def _serve_logged(args, config) -> int:
     if config.request_log:  # the request log speaks at info whatever the level of the rest
         logging.getLogger("aclserve.requests").setLevel(logging.INFO)
     _note_trace_settings_unused(args, config)
+    _note_threads_variable_ignored(config)
     for noisy in QUIET_LOGGERS:  # --log-level debug is about aclserve, not every inotify event
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     from .. import heap
@@ -147,6 +148,16 @@ def _note_trace_settings_unused(args, config) -> None:
             "it on (trace_level TIMESTAMPS and a trace_file)", ", ".join(given))
 
 
+def _note_threads_variable_ignored(config) -> None:
+    """ACLSERVE_CPU_THREADS is the Python API's default; serve runs its cpu_threads setting's."""
+    import os
+    given = os.environ.get("ACLSERVE_CPU_THREADS", "").strip()
+    if given:
+        logging.getLogger(__name__).warning(
+            "ACLSERVE_CPU_THREADS=%r is ignored: aclserve serve runs %d ONNX Runtime thread(s) per model on the "
+            "CPU runtime, its cpu_threads setting (--cpu-threads)", given, config.cpu_threads)
+
+
 def _check_trace_folder(path: str, log_frequency: int = 0) -> None:
     """The trace file's folder is made and written to now: the traces are written at shutdown (or
     every --trace-log-frequency), too late to say that they cannot be. With a log_frequency the
@@ -176,7 +187,9 @@ def _check_trace_folder(path: str, log_frequency: int = 0) -> None:
 
 def check_environment() -> None:
     """A bad ACLSERVE_DEVICE or ACLSERVE_CPU_* setting is one line now, not a traceback from
-    inside acl.init later (`aclserve profile` builds its runtime as serve does: it checks too)."""
+    inside acl.init later (`aclserve profile` builds its runtime as serve does: it checks too).
+    Not ACLSERVE_CPU_THREADS: the runtime they build sets the threads from cpu_threads (never
+    None: app.build_runtime), so the variable is never read; _note_threads_variable_ignored says so."""
     import os
     from ..acl import DEVICE_CHOICES
     from ..acl.cpu import settings
@@ -184,7 +197,7 @@ def check_environment() -> None:
     if device and device not in DEVICE_CHOICES:
         raise UsageError(f"ACLSERVE_DEVICE must be one of {', '.join(DEVICE_CHOICES)}, not {device!r}")
     try:
-        settings.check_environment()
+        settings.check_environment(threads_too=False)
     except ValueError as e:
         raise UsageError(str(e)) from None
 

@@ -122,12 +122,14 @@ def set_threads(n: int) -> None:
     _threads_override = n
 
 
-def check_environment() -> None:
+def check_environment(threads_too: bool = True) -> None:
     """Every setting above read once: ValueError naming the first that is wrong (a server checks
-    them at its start, not when acl.init meets them)."""
+    them at its start, not when acl.init meets them). `threads_too=False`: ACLSERVE_CPU_THREADS
+    left out, for a caller whose runtime sets the threads itself (serve's cpu_threads: set_threads)."""
     from . import faults
     for read in (device_count, device_memory, max_streams, max_events, threads, soc_name, run_mode, lacks):
-        read()
+        if threads_too or read is not threads:
+            read()
     spec = os.environ.get("ACLSERVE_CPU_FAULTS", "")
     if spec.strip():
         faults.parse(spec)
