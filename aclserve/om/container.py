@@ -12,6 +12,7 @@ Layout (little-endian):
 The file is exactly 24 + H + P bytes; anything else is truncated or padded and refused.
 
 Header keys: name, producer, created (ISO-8601 UTC), source {path, sha256}, payload_sha256,
+header_sha256 (of the header's other keys: cpu_header.digest; older OMs have none),
 inputs / outputs: [{name, datatype (KServe name), acl_dtype, format, dims}], the dynamic-batch
 input (named `ascend_mbatch_shape_data`, as ATC adds it) listed last among the inputs with
 {"dynamic_batch": true}, gears (ascending batch sizes, [] when static), options (compile options).
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..regular_files import open_regular
+from . import cpu_header
 
 MAGIC = b"ACLSVOM\x00"
 VERSION = 1
@@ -37,7 +39,7 @@ _PREFIX = struct.Struct("<8sIIQ")
 PREFIX_SIZE = _PREFIX.size  # 24
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 CHECKSUM_MISMATCH = "CPU OM payload checksum mismatch (corrupt file)"
-DYNAMIC_BATCH_INPUT = "ascend_mbatch_shape_data"  # the input ATC adds; pyACL's ACL_DYNAMIC_TENSOR_NAME
+DYNAMIC_BATCH_INPUT = cpu_header.DYNAMIC_BATCH_INPUT
 
 
 class OmFormatError(ValueError):
@@ -61,6 +63,7 @@ class CpuOm:
 def encode(header: dict, payload: bytes) -> bytes:
     header = dict(header)
     header.setdefault("payload_sha256", hashlib.sha256(payload).hexdigest())
+    header[cpu_header.CHECKSUM_KEY] = cpu_header.digest(header)
     raw = json.dumps(header, indent=1, sort_keys=True).encode()
     return _PREFIX.pack(MAGIC, VERSION, len(raw), len(payload)) + raw + payload
 
@@ -109,16 +112,17 @@ def parse_prefix(prefix: bytes, file_size: int) -> tuple[int, int]:
     return hlen, plen
 
 
-def decode(data: bytes, verify_payload: bool = True) -> CpuOm:
+def decode(data: bytes | memoryview, verify_payload: bool = True) -> CpuOm:
+    """The OM in `data`; its payload a slice of it (of a memoryview: no copy)."""
     hlen, plen = parse_prefix(data[:PREFIX_SIZE], len(data))
-    header = _header(data[PREFIX_SIZE:PREFIX_SIZE + hlen])
+    header = _header(bytes(data[PREFIX_SIZE:PREFIX_SIZE + hlen]))
     payload = data[PREFIX_SIZE + hlen:]
     if verify_payload and "payload_sha256" in header:
-        _check_digest(hashlib.sha256(payload), header)
+        check_digest(hashlib.sha256(payload), header)
     return CpuOm(header, payload)
 
 
-def _check_digest(digest, header: dict) -> None:
+def check_digest(digest, header: dict) -> None:
     """The payload's sha256 (hashlib object) against the one the header records."""
     if digest.hexdigest() != header["payload_sha256"]:
         raise OmFormatError(CHECKSUM_MISMATCH)
@@ -135,7 +139,7 @@ def verify_payload_file(path: str | os.PathLike, header: dict) -> None:
         f.seek(PREFIX_SIZE + hlen)
         while chunk := f.read(1 << 20):
             digest.update(chunk)
-    _check_digest(digest, header)
+    check_digest(digest, header)
 
 
 def read(path: str | os.PathLike, verify_payload: bool = True) -> CpuOm:
@@ -147,24 +151,31 @@ def read(path: str | os.PathLike, verify_payload: bool = True) -> CpuOm:
 def read_header(path: str | os.PathLike) -> dict:
     """Header only, with the prefix validated against the file size (no payload read)."""
     with open_regular(path) as f:
-        size = os.fstat(f.fileno()).st_size
-        prefix = f.read(PREFIX_SIZE)
-        hlen, _ = parse_prefix(prefix, size)
-        raw = f.read(hlen)
-    return _header(raw)
+        header, _, _ = read_header_from(f)
+    return header
+
+
+def read_header_from(f) -> tuple[dict, int, int]:
+    """(header, payload offset, payload length) of the CPU OM open as `f` (a binary file at its
+    start), the prefix validated against the file's size; the payload is left unread."""
+    size = os.fstat(f.fileno()).st_size
+    hlen, plen = parse_prefix(f.read(PREFIX_SIZE), size)
+    raw = f.read(hlen)
+    if len(raw) != hlen:
+        raise OmFormatError(f"CPU OM header cut short: {len(raw)} of {hlen} bytes (truncated?)")
+    return _header(raw), PREFIX_SIZE + hlen, plen
 
 
 def _header(raw: bytes) -> dict:
-    """The header's JSON, refused when it is no object listing inputs and at least one output
-    (an OM with none loaded, then failed every run, retried for good as a device fault)."""
+    """The header's JSON, checked by cpu_header (what inspect, the repository and the runtime read:
+    an OM with no outputs, say, loaded, then failed every run, retried for good as a device fault)."""
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise OmFormatError(f"CPU OM header is not valid JSON: {e}") from None
     except RecursionError:  # json's decoder recurses once per level
         raise OmFormatError("CPU OM header is nested too deeply") from None
-    if not isinstance(header, dict) or "inputs" not in header or "outputs" not in header:
-        raise OmFormatError("CPU OM header lacks inputs/outputs")
-    if header["outputs"] == []:
-        raise OmFormatError("CPU OM header lists no outputs")
-    return header
+    try:
+        return cpu_header.check(header)
+    except cpu_header.HeaderError as e:
+        raise OmFormatError(str(e)) from None

@@ -17,9 +17,10 @@ class InvalidModelFile(ValueError):
 def validate_om(path: str | os.PathLike, runtime_kind: str) -> str:
     """Validate `path` for the runtime kind "cpu" or "npu" (blocking)."""
     try:
-        kind, _ = atc_om.identify(path)
+        kind, header = atc_om.identify(path)
         if kind == "cpu_om":
-            container.read(path, verify_payload=True)  # checksum: catches same-length corruption
+            # checksum (catches same-length corruption), read in chunks: the model is not held twice
+            container.verify_payload_file(path, header)
     except FileNotFoundError:
         raise InvalidModelFile("the file disappeared") from None
     except OSError as e:

@@ -210,7 +210,7 @@ def test_inspect_refuses_a_cpu_om_header_of_another_shape_in_one_line(tmp_path, 
     header.pop("payload_sha256", None)
     (tmp_path / "aipp.om").write_bytes(container.encode(header, good.payload))
     for args, said in ((("deep.om",), "nested too deeply"), (("deep.om", "--json"), "nested too deeply"),
-                       (("aipp.om",), "the OM header is malformed")):
+                       (("aipp.om",), "CPU OM header field aipp[0].related_input_rank is missing")):
         _assert_one_line_error(run_cli("inspect", tmp_path / args[0], *args[1:]), said)
 
 

@@ -58,8 +58,9 @@ def _signature(payload: bytes) -> list:
 
 def _header_but_versions(header: dict) -> dict:
     """The header without what names the tools' versions (and the payload's hash, which moves
-    with ONNX Runtime's optimiser)."""
-    kept = {k: v for k, v in header.items() if k not in ("producer", "payload_sha256")}
+    with ONNX Runtime's optimiser; the header's own, which moves with all of it: OMs from before
+    it have none)."""
+    kept = {k: v for k, v in header.items() if k not in ("producer", "payload_sha256", "header_sha256")}
     kept["options"] = {k: v for k, v in header.get("options", {}).items() if k != "onnxruntime"}
     return kept
 

@@ -2,8 +2,11 @@
 
 A LoadedModel owns its ONNX Runtime session and the device memory the runtime allocated for it
 (load_from_file/load_from_mem); with *_with_mem the caller owns the memory. The ONNX payload
-is copied into the weight memory and the session is built from that copy, so the device memory
-figure is real. ORT's own intermediate tensors live in ORT's allocator, not in the work memory.
+is read (or copied) once into the weight memory and the session is built from it in place
+(_weights: ORT gets a skeleton and views of the weight memory for the large initializers, which
+it packs into tensors of its own), so the device memory figure is real and a load needs about
+twice the weights at its peak, not five times. ORT's own intermediate tensors live in ORT's
+allocator, not in the work memory.
 
 A model belongs to the context current at load: execute, execute_async and unload under
 another context fail with 107004 ("model not in current context"), as on the device.
@@ -22,7 +25,7 @@ import logging
 import threading
 
 from .. import constants as C
-from . import _memory, _om, _state, faults, settings
+from . import _memory, _om, _state, _weights, faults, settings
 from ._dataset import Dataset
 
 log = logging.getLogger("aclserve.acl.cpu")
@@ -33,7 +36,8 @@ _BINDING_CACHE_LIMIT = 64
 _PAD_TOLERANCE = 64  # GE accepts a buffer up to 64 bytes smaller than the tensor
 
 
-def _session(model_bytes: bytes):
+def _session(weight_ptr: int, length: int):
+    """(session, what must outlive it) for the ONNX model at weight_ptr."""
     import onnxruntime as ort  # deferred: importing ORT costs time the rest of the API does not need
 
     # ORT's own log is off (FATAL only, which ends the process anyway): its coloured lines went to
@@ -46,14 +50,16 @@ def _session(model_bytes: bytes):
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 4
-    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+    return _weights.session(weight_ptr, length, so, lambda model, options: ort.InferenceSession(
+        model, options, providers=["CPUExecutionProvider"]))
 
 
 class LoadedModel:
     """One model id. Owns its session and runtime-allocated memory; close() is idempotent."""
 
-    def __init__(self, model_id: int, context, info: _om.ModelInfo, session, owned: list[int]):
+    def __init__(self, model_id: int, context, info: _om.ModelInfo, session, owned: list[int], weights=()):
         self.id, self.info, self.session = model_id, info, session
+        self._weights = weights  # views of the weight memory the session was given: they outlive it
         self.context, self.device = context, context.device  # load, execute and unload share it
         self._owned = owned
         self.lock = threading.Lock()
@@ -78,6 +84,7 @@ class LoadedModel:
             owned, self._owned = self._owned, []
             self.session = None
             self._bindings.clear()
+            self._weights = ()
         for ptr in owned:
             _memory.free(ptr)
 
@@ -216,7 +223,7 @@ def _device_region_ok(ptr: int, size: int, device: int) -> bool:
     return alloc is not None and alloc.device == device
 
 
-def load(ctx, info: _om.ModelInfo, payload: bytes, mem: tuple[int, int, int, int] | None = None):
+def load(ctx, info: _om.ModelInfo, payload: _om.Payload, mem: tuple[int, int, int, int] | None = None):
     """(model_id, ret). mem = (work_ptr, work_size, weight_ptr, weight_size); 0 pointers mean
     the runtime allocates that part itself, as aclmdlLoadFromFileWithMem allows."""
     code = faults.trigger("load", 0)
@@ -243,9 +250,15 @@ def load(ctx, info: _om.ModelInfo, payload: bytes, mem: tuple[int, int, int, int
             work_ptr = ptr
         else:
             weight_ptr = ptr
-    ctypes.memmove(weight_ptr, payload, len(payload))
     try:
-        session = _session(ctypes.string_at(weight_ptr, len(payload)))
+        payload.copy_to(weight_ptr)
+    except (OSError, ValueError) as e:  # (a short read, the checksum: container.OmFormatError)
+        log.info("model %r is not a loadable CPU OM: %s", info.name, e)
+        for p in owned:
+            _memory.free(p)
+        return 0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+    try:
+        session, weights = _session(weight_ptr, payload.length)
         names = {i.name for i in session.get_inputs()}, {o.name for o in session.get_outputs()}
         missing = (({t.onnx_name for t in info.onnx_inputs} ^ names[0])
                    | ({t.onnx_name for t in info.outputs} - names[1]))
@@ -253,11 +266,12 @@ def load(ctx, info: _om.ModelInfo, payload: bytes, mem: tuple[int, int, int, int
             raise ValueError(f"header and ONNX graph disagree on tensors {sorted(missing)}")
     except Exception as e:
         log.error("model %r cannot be loaded into ONNX Runtime: %s", info.name, e)
+        session = weights = None  # (before the memory they view)
         for p in owned:
             _memory.free(p)
         # the host out of memory or threads is not the file's fault (a device's load says so too)
         return 0, C.ACL_ERROR_BAD_ALLOC if _host_short(e) else C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
-    model = LoadedModel(next(_ids), ctx, info, session, owned)
+    model = LoadedModel(next(_ids), ctx, info, session, owned, weights)
     with _state.lock:
         models[model.id] = model
     return model.id, C.ACL_SUCCESS

@@ -5,12 +5,15 @@ loadable CPU OM (garbage, truncated, inconsistent header, ATC "IMOD" OM, OM2 arc
 """
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import logging
 import math
 import os
 
-from ...dtypes import acl_to_numpy, kserve_to_acl
+from ...dtypes import acl_to_numpy
 from ...om import atc_om, container
+from ...regular_files import open_regular
 from .. import constants as C
 from ._aipp import aipp_info, dims_v2
 
@@ -32,22 +35,17 @@ class TensorDesc:
         # the header has it); `onnx_name` is the tensor in the ONNX graph that ORT binds.
         self.onnx_name = str(entry["name"])
         self.name = str(entry.get("atc_name") or self.onnx_name)
-        acl_dtype = entry.get("acl_dtype")
-        self.acl_dtype = int(acl_dtype) if acl_dtype is not None else kserve_to_acl(entry["datatype"])
+        self.acl_dtype = entry["acl_dtype"]  # (cpu_header.check fills it in, agreeing with `datatype`)
         self.dtype = acl_to_numpy(self.acl_dtype)
         fmt = entry.get("format", "ND")
         self.format = int(fmt) if isinstance(fmt, int) else _FORMATS.get(str(fmt).upper(), C.ACL_FORMAT_UNDEFINED)
-        self.dims = tuple(int(d) for d in entry["dims"])
-        if any(d == 0 or d < -1 for d in self.dims):
-            raise ValueError(f"tensor {self.name!r} has invalid dims {list(self.dims)}")
+        self.dims = tuple(entry["dims"])
         self.dynamic_batch = bool(entry.get("dynamic_batch", False))
         self._sample_bytes = math.prod(d for d in self.dims if d != -1) * self.dtype.itemsize
         self.dims_v2 = self.dims  # an input behind static AIPP: ModelInfo sets them from its format
         # what get_*_size_by_index reports: a header may record it (GE reads it from the OM's tensor
         # descriptor); the compiler does not, and ModelInfo computes it from dims_v2 at the largest gear
         self.size = entry.get("size")
-        if self.size is not None and (type(self.size) is not int or self.size <= 0):
-            raise ValueError(f"tensor {self.name!r} has invalid size {self.size!r}")
 
     def shape_at(self, batch: int) -> tuple[int, ...]:
         return tuple(batch if d == -1 else d for d in self.dims)
@@ -58,7 +56,8 @@ class TensorDesc:
 
 
 class ModelInfo:
-    """Everything the descriptor APIs report, from the CPU OM header."""
+    """Everything the descriptor APIs report, from the CPU OM header (read by container, which has
+    cpu_header check it: the same reading `aclserve inspect` and the repository's file check do)."""
 
     def __init__(self, header: dict, payload_len: int):
         self.header = header
@@ -68,18 +67,11 @@ class ModelInfo:
         self.gears = sorted(int(g) for g in header.get("gears", []) or [])
         dyn = [i for i, t in enumerate(self.inputs) if t.dynamic_batch or t.name == C.ACL_DYNAMIC_TENSOR_NAME]
         self.mbatch_index = dyn[0] if dyn else None
-        if self.gears and self.mbatch_index is None:
-            raise ValueError("model has batch gears but no ascend_mbatch_shape_data input")
-        if self.mbatch_index is not None and not self.gears:
-            raise ValueError("model has an ascend_mbatch_shape_data input but no gears")
         self.max_batch = self.gears[-1] if self.gears else 1
         self.onnx_inputs = [t for i, t in enumerate(self.inputs) if i != self.mbatch_index]
         # input index -> its static AIPP as get_first_aipp_info reports it (from the compile's
         # summary); the gear input comes after them
         self.aipp = {int(op["related_input_rank"]): aipp_info(op) for op in header.get("aipp", []) or []}
-        for rank in self.aipp:
-            if not 0 <= rank < len(self.inputs):
-                raise ValueError(f"an AIPP entry feeds input {rank}, of {len(self.inputs)}")
         for op in header.get("aipp", []) or []:
             image_input = self.inputs[int(op["related_input_rank"])]
             image_input.dims_v2 = dims_v2(op["input_format"], image_input.dims)
@@ -106,41 +98,126 @@ def _refuse_atc(where: str, hdr: atc_om.AtcOmHeader) -> int:
     return C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
 
 
-def parse(data: bytes, where: str):
-    """(ModelInfo, payload, 0) or (None, None, code) for OM bytes."""
-    if data[:4] == atc_om.ATC_MAGIC:
-        hdr = atc_om.parse_atc_header(data[:atc_om.HEADER_SIZE], len(data))
+class Payload:
+    """The ONNX bytes of a CPU OM, in memory (load_from_mem: a view of the bytes read) or still in
+    its open file (load_from_file, query_size), copied once into the weight memory by copy_to,
+    which checks the header's checksum on what it copied. Owns the file until close()."""
+
+    def __init__(self, length: int, sha256: str | None, data: memoryview | None = None, file=None,
+                 offset: int = 0):
+        self.length, self._sha256 = length, sha256
+        self._data, self._file, self._offset = data, file, offset
+
+    def copy_to(self, ptr: int) -> None:
+        """Fill [ptr, ptr+length) with the payload; OSError or container.OmFormatError (a short
+        read, a checksum mismatch)."""
+        dest = memoryview((ctypes.c_char * self.length).from_address(ptr)).cast("B")
+        if self._file is None:
+            dest[:] = self._data
+        else:
+            self._file.seek(self._offset)
+            done = 0
+            while done < self.length:
+                n = self._file.readinto(dest[done:])
+                if not n:
+                    raise container.OmFormatError(f"CPU OM payload cut short at {done} of {self.length} bytes")
+                done += n
+        self.verify(dest)
+
+    def verify(self, data=None) -> None:
+        """The checksum against `data` (default: the payload, the file's read in chunks)."""
+        if self._sha256 is None:
+            return
+        digest = hashlib.sha256()
+        if data is not None or self._file is None:
+            digest.update(self._data if data is None else data)
+        else:
+            self._file.seek(self._offset)
+            while chunk := self._file.read(min(1 << 20, self._offset + self.length - self._file.tell())):
+                digest.update(chunk)
+        container.check_digest(digest, {"payload_sha256": self._sha256})
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file = self._data = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _not_cpu_om(head: bytes, size: int, where: str) -> int:
+    """The code refusing an ATC OM or OM2 archive by its first bytes, else 0."""
+    if head[:4] == atc_om.ATC_MAGIC:
+        hdr = atc_om.parse_atc_header(head[:atc_om.HEADER_SIZE], size)
         if hdr is not None and hdr.consistent_length:
-            return None, None, _refuse_atc(where, hdr)
-    if data[:4] == atc_om.OM2_MAGIC:
+            return _refuse_atc(where, hdr)
+    if head[:4] == atc_om.OM2_MAGIC:
         log.info("%s looks like an ATC OM2 archive (zip); it needs CANN and cannot run on the CPU runtime", where)
-        return None, None, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+        return C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+    return 0
+
+
+def _info(header: dict, payload_len: int, where: str):
     try:
-        om = container.decode(data)
+        return ModelInfo(header, payload_len)
+    except (KeyError, TypeError, ValueError) as e:  # (what cpu_header.check cannot see: a safety net)
+        log.error("%s is not a loadable CPU OM: %s", where, f"field {e} is missing" if isinstance(e, KeyError) else e)
+        return None
+
+
+def parse(data: bytes, where: str):
+    """(ModelInfo, Payload, 0) or (None, None, code) for OM bytes (the Payload a view of them)."""
+    code = _not_cpu_om(bytes(data[:atc_om.HEADER_SIZE]), len(data), where)
+    if code:
+        return None, None, code
+    try:
+        om = container.decode(memoryview(data), verify_payload=False)  # (verified as it is copied)
     except container.OmFormatError as e:
         log.info("%s is not a loadable CPU OM: %s", where, e)
         return None, None, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
-    try:
-        info = ModelInfo(om.header, len(om.payload))
-    except (KeyError, TypeError, ValueError) as e:
-        log.error("%s is not a loadable CPU OM: %s", where, e)
+    info = _info(om.header, len(om.payload), where)
+    if info is None:
         return None, None, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
-    return info, om.payload, C.ACL_SUCCESS
+    return info, Payload(len(om.payload), om.header.get("payload_sha256"), data=om.payload), C.ACL_SUCCESS
 
 
 def read_file(path: str):
+    """(ModelInfo, Payload, 0) or (None, None, code): the header read, the payload left in the
+    file (the Payload owns it: close it), so the model's bytes are read once, into weight memory."""
     try:
         # GE resolves the path first (RealPath) and refuses one that does not resolve: so does
         # this, e.g. /proc/self/fd/N of a file no folder holds any more, which open() would follow
         os.path.realpath(path, strict=True)
         if not os.path.isfile(path):
             raise FileNotFoundError(path)
-        with open(path, "rb") as f:
-            data = f.read()
+        f = open_regular(path)
     except OSError as e:
         log.info("model file %s cannot be read: %s", path, e)
         return None, None, C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
-    return parse(data, path)
+    try:
+        code = _not_cpu_om(f.read(atc_om.HEADER_SIZE), os.fstat(f.fileno()).st_size, path)
+        if code:
+            f.close()
+            return None, None, code
+        f.seek(0)
+        header, offset, length = container.read_header_from(f)
+    except OSError as e:
+        f.close()
+        log.info("model file %s cannot be read: %s", path, e)
+        return None, None, C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
+    except container.OmFormatError as e:
+        f.close()
+        log.info("%s is not a loadable CPU OM: %s", path, e)
+        return None, None, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+    info = _info(header, length, path)
+    if info is None:
+        f.close()
+        return None, None, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+    return info, Payload(length, header.get("payload_sha256"), file=f, offset=offset), C.ACL_SUCCESS
 
 
 def query_size(info: ModelInfo) -> tuple[int, int]:

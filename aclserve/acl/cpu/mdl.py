@@ -22,9 +22,15 @@ def query_size(model_path):
     code = faults.trigger("query_size", 0)
     if code:
         return 0, 0, code
-    info, _, ret = _om.read_file(model_path)
+    info, payload, ret = _om.read_file(model_path)
     if ret:
         return 0, 0, ret
+    with payload:
+        try:  # a corrupt payload is refused here too (read in chunks, not held)
+            payload.verify()
+        except (OSError, ValueError) as e:
+            _om.log.info("%s is not a loadable CPU OM: %s", model_path, e)
+            return 0, 0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
     work, weight = _om.query_size(info)
     return work, weight, _OK
 
@@ -34,7 +40,10 @@ def _load_file(path: str, mem=None):
     if ret:
         return 0, ret
     info, payload, ret = _om.read_file(path)
-    return (0, ret) if ret else _model.load(ctx, info, payload, mem)
+    if ret:
+        return 0, ret
+    with payload:
+        return _model.load(ctx, info, payload, mem)
 
 
 def _load_mem(ptr: int, size: int, mem=None):
