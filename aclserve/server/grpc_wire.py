@@ -12,13 +12,16 @@ hold beyond the message itself, so the request is charged for it before it is pa
 It also returns the raw_input_contents entries as views of the message: tensors decoded from
 them copy nothing, where the parsed message hands out a new bytes object (a copy) per entry.
 
-Pure functions over bytes (no grpc, no protobuf); field numbers are grpc_service.proto's.
+Pure functions over bytes (no grpc, no protobuf: protobuf_wire.py walks the wire format); field
+numbers are grpc_service.proto's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import protobuf_wire
 from ..errors import InvalidInput
+from ..protobuf_wire import LEN, WireError
 
 # Bytes charged, set from the measurements above with headroom:
 ENTRY_BYTES = 128  # per field walked: its parsed object or slot, and a decoded element
@@ -33,7 +36,6 @@ MAX_FIELDS = 10_000  # fields walked at most; past it the whole message is charg
 _NAMES, _INPUTS, _RAW = (1, 2, 3), 5, 7
 _INPUT_ALIASED, _INPUT_SHAPE, _INPUT_CONTENTS = (1, 2), 3, 5
 _VARINTS, _FIXED, _BYTES = (1, 2, 3, 4, 5), (6, 7), 8
-_LEN = 2  # wire type of length-delimited fields
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ def names(message: bytes) -> tuple[str, str, str]:
     buf = memoryview(message)
     try:
         for number, wire, start, stop in _Walker(buf).fields(0, len(buf)):
-            if number in _NAMES and wire == _LEN:
+            if number in _NAMES and wire == LEN:
                 found[number] = bytes(buf[start:stop]).decode("utf-8", "replace")
     except (InvalidInput, _TooManyFields):
         pass
@@ -88,7 +90,7 @@ class _Walker:
         cost, raw = 0, []
         for number, wire, start, stop in self.fields(0, len(self.buf)):
             cost += ENTRY_BYTES
-            if wire != _LEN or number in _NAMES:
+            if wire != LEN or number in _NAMES:
                 continue
             if number == _RAW:
                 raw.append(self.buf[start:stop])
@@ -102,7 +104,7 @@ class _Walker:
         cost = 0
         for number, wire, start, stop in self.fields(pos, end):
             cost += ENTRY_BYTES
-            if wire != _LEN or number in _INPUT_ALIASED:
+            if wire != LEN or number in _INPUT_ALIASED:
                 continue
             if number == _INPUT_SHAPE:
                 cost += VARINT_PER_BYTE * (stop - start)
@@ -117,7 +119,7 @@ class _Walker:
         cost = 0
         for number, wire, start, stop in self.fields(pos, end):
             cost += ENTRY_BYTES
-            if wire != _LEN:
+            if wire != LEN:
                 continue
             size = stop - start
             if number in _VARINTS:
@@ -133,42 +135,14 @@ class _Walker:
     def fields(self, pos: int, end: int):
         """(number, wire type, start, stop) of each field in buf[pos:end]; for a length-delimited
         field start:stop is its payload."""
-        buf = self.buf
-        while pos < end:
-            self.walked += 1
-            if self.walked > MAX_FIELDS:
-                raise _TooManyFields
-            key, pos = _varint(buf, pos, end)
-            number, wire = key >> 3, key & 7
-            start = pos
-            if wire == 0:
-                _, pos = _varint(buf, pos, end)
-            elif wire == _LEN:
-                length, start = _varint(buf, pos, end)
-                pos = start + length
-            elif wire == 1:
-                pos += 8
-            elif wire == 5:
-                pos += 4
-            else:  # groups (3, 4) are in no field of these messages; 6 and 7 do not exist
-                raise _malformed(f"field {number} has wire type {wire}")
-            if pos > end:
-                raise _malformed(f"field {number} runs past the end of its message")
-            if number == 0:
-                raise _malformed("field number 0")
-            yield number, wire, start, pos
-
-
-def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
-    result = shift = 0
-    while pos < end and shift < 64:
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-    raise _malformed("a varint is truncated or longer than 10 bytes")
+        try:
+            for number, wire, _, start, stop in protobuf_wire.fields(self.buf, pos, end):
+                self.walked += 1
+                if self.walked > MAX_FIELDS:
+                    raise _TooManyFields
+                yield number, wire, start, stop
+        except WireError as e:
+            raise _malformed(str(e)) from None
 
 
 def _malformed(detail: str) -> InvalidInput:
