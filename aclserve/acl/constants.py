@@ -57,6 +57,11 @@ ACL_ERROR_RT_EVENT_SYNC_TIMEOUT = 507047
 # of every context on it, until the device is reset (runtime/device_health.py)
 ACL_ERROR_RT_DEVICE_MEM_ERROR = 507053
 ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR = 507054
+ACL_ERROR_RT_DEVICE_TASK_ABORT = 107022  # (aclrtDeviceTaskAbort's: every context of the device too)
+# The codes a device failed as a whole reports (a sustained page fault is 507015, as an ordinary AI
+# Core exception of one stream is): a probe's copy failing with another code is not taken as one
+WHOLE_DEVICE_FAILURES = frozenset({ACL_ERROR_RT_AICORE_EXCEPTION, ACL_ERROR_RT_DEVICE_MEM_ERROR,
+                                   ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR, ACL_ERROR_RT_DEVICE_TASK_ABORT})
 
 ACL_ERROR_GE_PARAM_INVALID = 145000
 ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID = 145002

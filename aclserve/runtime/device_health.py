@@ -14,11 +14,13 @@ So after a batch fails on the device (completer.py) and before each rebuild atte
 management context's default stream and a synchronize of that stream. It takes no stream of its
 own (nothing counted against the device's limits: limits.py) and its 128 bytes are allocated and
 freed at each probe (allocation still works on a failed device). Where the copy is refused, or
-its synchronize fails, the device failed as a whole: that stays known (`DeviceHealth.code`, no
+its synchronize fails, with a code a device failed as a whole reports (C.WHOLE_DEVICE_FAILURES:
+another code is the copy's own failure, a transient one, which taken as the device's made a
+passing copy fault end the server), the device failed as a whole: that stays known (`DeviceHealth.code`, no
 probe again) and the device's owner hears it once (AclRuntime.on_device_failure: its one ERROR
 line says what follows; the server drains and exits for its supervisor to restart it, which
 resets the device). A probe that cannot tell (the allocation refused, its synchronize timed out
-behind a hung device) takes the device as healthy. Probes block (a completion or rebuild
+behind a hung device, the probe itself raising) takes the device as healthy. Probes block (a completion or rebuild
 thread's: never the event loop's) and run one at a time per device.
 """
 from __future__ import annotations
@@ -53,13 +55,23 @@ class DeviceHealth:
         if self.code or not context:
             return self.code
         with self._lock:
+            found = 0
             if not self.code:
-                self.code = self._copy(context)
-                found = self.code
-            else:
-                found = 0
+                try:
+                    found = self._copy(context)
+                except Exception:  # (a context the probe cannot switch to, say: it tells nothing)
+                    log.exception("device %d: the probe failed; taken as not failed as a whole", self.device_id)
+                if found and found not in C.WHOLE_DEVICE_FAILURES:
+                    # a copy's own failure (a transient one, an injected copy fault): not the device's
+                    log.warning("device %d: the probe's copy failed with %d (%s), which no device failed as a "
+                                "whole reports; taken as not failed", self.device_id, found, C.error_meaning(found))
+                    found = 0
+                self.code = found
         if found and self._on_failure is not None:
-            self._on_failure(self.device_id, found)
+            try:
+                self._on_failure(self.device_id, found)
+            except Exception:  # (the server's loop closed meanwhile, say): the probing thread goes on
+                log.exception("device %d: telling that it failed as a whole failed", self.device_id)
         return self.code
 
     def _copy(self, context: int) -> int:

@@ -130,3 +130,49 @@ def test_a_device_that_failed_as_a_whole_raises_device_failed_and_is_not_rebuilt
     assert out["out_of_service"].startswith("no instance can run a batch: device 0 failed as a whole")
     failed = [line for line in proc.stderr.splitlines() if line.startswith("device 0 failed as a whole")]
     assert len(failed) == 1 and "close the Engine and restart the process" in failed[0], proc.stderr[-3000:]
+
+
+_PASSING_COPY_FAULTS = """
+import json, sys
+import aclserve
+from aclserve.acl.cpu import faults
+from aclserve.acl import AclError
+from aclserve.runtime import device_health
+from tests.tiny_models import affine_request
+out = {"errors": []}
+with aclserve.Engine(device="cpu") as engine:
+    model = engine.load(sys.argv[1])
+    faults.inject("memcpy", count=2, code=507899)  # the batch's copy fails, and the probe's copy after it
+    try:
+        model.infer(affine_request(1), timeout=60)
+    except aclserve.ExecutionFailed as e:
+        out["errors"].append(type(e).__name__)
+    faults.clear()
+
+    def raising(self, context):
+        raise AclError("rt.set_context", 507899)
+    device_health.DeviceHealth._copy = raising  # a probe that cannot even start
+    faults.inject("execute", nth=1, code=507011)
+    try:
+        model.infer(affine_request(1), timeout=60)
+    except aclserve.ExecutionFailed as e:
+        out["errors"].append(type(e).__name__)
+    out["after"] = model.infer(affine_request(1), timeout=120)["y"].tolist()  # rebuilt, serving again
+    out["failed_devices"] = engine.runtime.failed_devices()
+print(json.dumps(out))
+"""
+
+
+def test_a_copy_that_fails_on_its_own_or_a_probe_that_raises_is_no_device_failed_as_a_whole(affine_om):
+    """The probe's own copy failing with a code no device failed as a whole reports (a passing
+    copy fault) was taken as the device's: DeviceFailed for good, and the server exited 75 (a
+    reviewer: memcpy:nth=40,count=2,code=507899). A probe that raised killed the completion
+    thread, its batch never answered. Both now tell nothing: the instance is rebuilt as after
+    any fault and serves on."""
+    env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_CPU_FAULTS"}
+    proc = subprocess.run([sys.executable, "-c", _PASSING_COPY_FAULTS, affine_om()], capture_output=True,
+                          text=True, env=dict(env, PYTHONPATH=str(REPO)), cwd=REPO, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["errors"] == ["ExecutionFailed", "ExecutionFailed"], (out, proc.stderr[-3000:])
+    assert out["failed_devices"] == 0 and len(out["after"]) == 1

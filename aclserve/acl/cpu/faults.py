@@ -30,8 +30,10 @@ stream/event timeouts.
 
     faults.inject("execute", nth=5, code=507054, device=True)  # the 5th execute fails its whole device
 
-`device` (execute and memcpy only): the fault fails the whole device, as an HBM multi-bit ECC
-error (507054), a sustained page fault (507015) or a memory error (507053) does on one
+`device` (execute and memcpy only, with a code a device failed as a whole reports: 507054,
+507053, 507015 or 107022, acl.constants.WHOLE_DEVICE_FAILURES): the fault fails the whole
+device, as an HBM multi-bit ECC error (507054), a sustained page fault (507015) or a memory
+error (507053) does on one
 (hicann/runtime ContextManage::SetGlobalFailureErr): the call that fires it fails with the code,
 and from then on every task submitted in any context of that device, one made later included,
 is refused with it (execute and execute_async, memcpy_async, memset_async, record_event,
@@ -190,6 +192,9 @@ def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=Non
         raise ValueError(f"device must be 0 or 1, got {device!r}")
     if device and kind not in DEVICE_KINDS:
         raise ValueError(f"device=1 is for the kinds {' and '.join(DEVICE_KINDS)}, not {kind!r}")
+    if device and code not in C.WHOLE_DEVICE_FAILURES:  # (what a device failed as a whole reports)
+        raise ValueError(f"device=1 needs the code of a device failed as a whole, one of "
+                         f"{', '.join(map(str, sorted(C.WHOLE_DEVICE_FAILURES)))}, got {code}")
     if code is not None and (code < 0 or (code == 0 and not delay_ms and hold is None)):
         raise ValueError(f"code must be an ACL error code (a positive number; 0 only with a delay_ms), got {code}")
     if delay_ms is not None and not math.isfinite(delay_ms):
