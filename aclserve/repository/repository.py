@@ -268,7 +268,9 @@ class ModelRepository:
             tasks = await self._reconcile(trust="all", only=name, again=True)
             if tasks or not self._lifecycle.busy(name):
                 break
-        results = await asyncio.gather(*tasks)
+        # the model's tasks are the repository's: a caller that leaves (the server cancels the handler of a
+        # client gone) must not abandon them, which left the model LOADING for good
+        results = await asyncio.shield(asyncio.gather(*tasks))
         if self._closed:  # the shutdown abandoned the load: not the model's failure, and no 4xx
             raise ShuttingDown(f"the model repository shut down before {name} was loaded")
         if self._planner.scan.unreadable:  # it tells nothing of the model: not a 404
@@ -306,7 +308,7 @@ class ModelRepository:
             plan = ModelPlan(name, unload=list(self._lifecycle.acted[name]), unload_cause=UNLOAD_ASKED)
             task = self._lifecycle.start(plan)
             if task is not None:  # None: the repository closed meanwhile
-                await task
+                await asyncio.shield(task)  # (the repository's, as a load's: not stopped by a caller gone)
 
     def _check_control(self, what: str) -> None:
         if self.mode == "none":

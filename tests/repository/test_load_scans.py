@@ -11,7 +11,7 @@ import pytest
 from aclserve.repository import State
 from aclserve.repository.repository import ModelLoadFailed
 
-from .repo_helpers import place
+from .repo_helpers import held_run, place, until
 from .test_repository import answer
 
 pytestmark = pytest.mark.asyncio
@@ -146,3 +146,22 @@ async def test_index_reads_are_paced_by_the_scans_before_them(make_repo, models_
     go_on.set()
     await asyncio.gather(first, second)
     assert (slept, scans[0]) == ([0.1, 8.0, 8.0], 4)
+
+
+async def test_a_load_call_whose_caller_leaves_still_loads_the_model(make_repo, models_dir, model_files):
+    """A load call cancelled while its version warms up (the server cancels the handler of a
+    client that goes away: `curl -m 1`): the cancellation reached the model's task through the
+    call's gather and abandoned the load, which left the model LOADING for good (a reviewer).
+    The model's task is the repository's, not the caller's: it loads to the end."""
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    await repo.unload("m")
+    with held_run() as warmup:  # the load's first warm-up run waits
+        call = asyncio.ensure_future(repo.load("m"))
+        await until(warmup.entered.is_set, "the warm-up began")
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    await repo.wait_idle()
+    assert {r["name"]: r["state"] for r in repo.index()} == {"m": State.READY}
+    assert await answer(repo, "m") == 1.0
