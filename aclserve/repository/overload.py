@@ -3,8 +3,9 @@
 Shedding by default: a bounded queue answers the excess 503 at once, so what is queued is
 served soon instead of every client waiting longer and longer (and timing out, which wastes
 the work done for it). The queue holds QUEUE_BATCHES full batches per instance (a full batch:
-the batcher's limit, the largest gear or a lower max_batch_size; one request, costed as one
-row, on a model that runs one request per run: a static one, batching off, a limit of one row);
+the batcher's limit, the largest gear or a lower max_batch_size; one row, on a model that runs
+one request per run: a static one, batching off, a limit of one row, where a request of more
+rows runs on a larger gear, costing about as many one-row runs);
 the deadline is twice the longest wait a request should see (the batching window plus the time to run a
 full queue at the measured speed), never under MIN_DEADLINE_MS, so it only fires when the
 device falls far behind (a stall), not in an ordinary burst.
@@ -47,9 +48,10 @@ def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int) -> Mode
     batching = config.batching
     gears = sorted(gears)
     # a full batch: the batch limit (a max_batch_size under the largest gear lowers it), run on
-    # the smallest gear that holds it. One request per run: a request, costed as 1 row (the smallest
-    # gear; a static model's run), with no window (with batching off, gears up to 32 counted as
-    # a full batch let a level hold 256 lone runs, 32 times the queued runs meant: an independent check)
+    # the smallest gear that holds it. One request per run: 1 row (the smallest gear; a static model's
+    # run; the queue counts rows, so a request of many rows, run on a larger gear, counts as many),
+    # with no window (with batching off, gears up to 32 counted as a full batch let a level hold 256
+    # lone runs, 32 times the queued runs meant: an independent check)
     alone = one_request_per_run(gears, batching)
     full = 1 if alone else batch_limit(gears, batching)
     window_ms = 0.0 if alone else batching.max_queue_delay_ms
