@@ -95,14 +95,18 @@ def test_a_zero_and_separators_alone_is_no_misread_number(tmp_path, text):
 
 
 @pytest.mark.parametrize("text, said", [
-    ("request_log: yes\n", 'request_log: yes is a boolean in YAML 1.1 (true): write true, or "yes" in quotes for text'),
-    ("request_log: Off\n", 'request_log: Off is a boolean in YAML 1.1 (false): write false, or "Off" in quotes '
-                          'for text'),
-    ("host: NO\n", 'host: NO is a boolean in YAML 1.1 (false): write false, or "NO" in quotes for text'),
-    ("api_token: no\n", 'api_token: no is a boolean in YAML 1.1 (false): write false, or "no" in quotes for text'),
+    ("request_log: yes\n", 'request_log: yes is a boolean in YAML 1.1 (true): write "yes" in quotes for text, '
+                          'or true for the boolean'),
+    ("request_log: Off\n", 'request_log: Off is a boolean in YAML 1.1 (false): write "Off" in quotes for text, '
+                          'or false for the boolean'),
+    ("trace: {level: OFF}\n", 'trace.level: OFF is a boolean in YAML 1.1 (false): write "OFF" in quotes for text'),
+    ("host: NO\n", 'host: NO is a boolean in YAML 1.1 (false): write "NO" in quotes for text, or false for the '
+                   'boolean'),
+    ("api_token: no\n", 'api_token: no is a boolean in YAML 1.1 (false): write "no" in quotes for text, or false '
+                        'for the boolean'),
     ("model_defaults:\n  devices: [0, ON]\n", "model_defaults.devices[1]: ON is a boolean in YAML 1.1 (true)"),
     ("trace: {level: Yes}\n", "trace.level: Yes is a boolean in YAML 1.1 (true)"),
-    ("on: 1\n", 'the key on is a boolean in YAML 1.1 (true): write true, or "on" in quotes for text'),
+    ("on: 1\n", 'the key on is a boolean in YAML 1.1 (true): write "on" in quotes'),
     ("images:\n  OFF: 1\n", "images: the key OFF is a boolean in YAML 1.1 (false)"),
 ])
 def test_a_word_yaml_reads_as_a_boolean_is_refused_naming_its_key(tmp_path, text, said):
@@ -127,4 +131,4 @@ def test_true_and_false_are_booleans_and_quoted_words_are_text(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_model_config(write(tmp_path, "batching: {preserve_ordering: on}\n", "m.yaml"), ModelConfig())
     assert str(info.value) == (f'{tmp_path / "m.yaml"}: batching.preserve_ordering: on is a boolean in YAML 1.1 '
-                               '(true): write true, or "on" in quotes for text'), str(info.value)
+                               '(true): write "on" in quotes for text, or true for the boolean'), str(info.value)

@@ -68,10 +68,13 @@ def advice(text: str) -> str | None:
     return None
 
 
-def boolean_advice(text: str) -> str:
-    """What YAML 1.1 makes of the word `text` (yes, no, on, off) and what to write instead."""
+def boolean_advice(text: str, is_key: bool = False) -> str:
+    """What YAML 1.1 makes of the word `text` (yes, no, on, off) and what to write instead: the
+    quoted word first (a key such as trace.level takes OFF as text, and refuses false), the
+    boolean for a value."""
     value = "true" if text.lower() in _TRUE_WORDS else "false"
-    return f"{text} is a boolean in YAML 1.1 ({value}): write {value}"
+    said = f'{text} is a boolean in YAML 1.1 ({value}): write "{_shown(text)}" in quotes'
+    return said if is_key else f"{said} for text, or {value} for the boolean"
 
 
 def refuse_misread(root: yaml.Node) -> None:
@@ -91,8 +94,10 @@ def refuse_misread(root: yaml.Node) -> None:
         elif isinstance(node, yaml.SequenceNode):
             todo += [(item, f"{path}[{i}]", False) for i, item in reversed(list(enumerate(node.value)))]
         elif node.tag in (MISREAD, MISREAD_BOOLEAN):
-            said = advice(node.value) if node.tag == MISREAD else boolean_advice(node.value)
-            said = f"{said}, or \"{_shown(node.value)}\" in quotes for text"
+            if node.tag == MISREAD:
+                said = f"{advice(node.value)}, or \"{_shown(node.value)}\" in quotes for text"
+            else:
+                said = boolean_advice(node.value, is_key)
             raise ConfigError(path, f"the key {said}" if is_key else said)
 
 
