@@ -9,7 +9,8 @@ memory is taken or its load runs (a LoadError caused by the code), only memory, 
 runtime codes are (GE answers a file it cannot build with its catch-all 500002). Parameter and
 file errors (1xxxxx), bad files and bad models are not retried: the same file would fail the
 same way. The host running short is transient too (host_short: its memory, the disk a compile
-writes to, threads or descriptors): it fails any file, and passes.
+writes to, threads or descriptors): it fails any file, and passes. A device that failed as a
+whole (DeviceFailed) is not: nothing runs on it again until a restart of the process resets it.
 
 The delay doubles per attempt from `initial_s` up to `max_s`, and each is drawn uniformly from
 its upper half ("equal jitter"), so models that failed together (one device fault during a
@@ -24,7 +25,7 @@ import random
 from typing import Callable
 
 from ..acl.check import AclError
-from ..errors import DeviceTimeout, ExecutionFailed
+from ..errors import DeviceFailed, DeviceTimeout, ExecutionFailed
 from ..runtime.device import LoadError, RoomPromised
 
 
@@ -47,6 +48,8 @@ def host_short(error: BaseException) -> bool:
 
 
 def is_transient(error: BaseException) -> bool:
+    if isinstance(error, DeviceFailed):  # not in this process: the device is reset only by a restart
+        return False
     if host_short(error):
         return True
     if isinstance(error, DeviceTimeout):

@@ -96,6 +96,10 @@ class BatchExecutor(Protocol):
     def out_of_service(self) -> str | None:
         """Why no batch can run now (every instance out of rotation, each rebuild failed), or None."""
 
+    def failed_for_good(self) -> Exception | None:
+        """The error every batch fails with from now on, in this process (DeviceFailed: every
+        instance is on a device that failed as a whole), or None. Never blocks."""
+
     def submit(self, batch: Batch) -> None:
         """Run `batch`; never blocks. Each request's arrays have its row count as first
         dimension (rows sum <= gear). With `batch.lane`, the batch runs on that instance

@@ -73,7 +73,8 @@ class InstanceBuilder:
         DeviceFailed, before anything is loaded, on a device that failed as a whole (probed:
         device_health.py): no instance can run there again in this process."""
         failed = device_health.failure(self.placed[lane])
-        if failed is not None:
+        if failed is not None:  # (the pool's rebuild thread gives up: said here, once per lane)
+            log.warning("%s#%d: instance is not rebuilt: %s", self.name, lane, failed)
             raise failed
         with self._source() as path:  # the model's own path, or a temp copy of the file the pool opened
             device, need = self.placed[lane], Need.of(1, self.claimed_slots)
@@ -136,13 +137,17 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
     `claimed_slots` (default `slots`): the slots each instance claims there, more than it
     builds when the CPU runtime stands in for an NPU that would build more (`slots: auto`).
     `rebuild`: an instance out of rotation is replaced in the background. `reset_timeout_ms`: how
-    long each instance waits for the device after a fault, or when it closes (teardown.py)."""
+    long each instance waits for the device after a fault, or when it closes (teardown.py). DeviceFailed,
+    before anything loads, when a device it would load on was found failed as a whole (device_health.py)."""
     if instances < 1:
         raise ValueError("instances must be >= 1")
     if not devices:
         raise ValueError("devices must name at least one device")
     _check_devices_exist(runtime, devices)
     placed = [runtime.device(devices[k % len(devices)]) for k in range(instances)]
+    for device in placed:  # (known failed as a whole: no probe; a load there would fail at its first run)
+        if (failed := device_health.known_failure(device)) is not None:
+            raise failed
     claimed = max(slots, claimed_slots or slots)
     builder = InstanceBuilder(runtime, path, name, placed, slots, claimed, reset_timeout_ms, keep_open=rebuild)
     built: list[ModelInstance] = []

@@ -118,7 +118,8 @@ class Completer:
         """For good: the pool rebuilds the instance (a hung batch, a launch call that never
         returned, a context stopped on a failure)."""
         self._book.take_out_of_rotation(reason)
-        log.error("%s: %s; the instance leaves rotation and is rebuilt", self.name, reason)
+        rebuilt = "is not rebuilt: its device failed as a whole" if self._device.health.code else "is rebuilt"
+        log.error("%s: %s; the instance leaves rotation and %s", self.name, reason, rebuilt)
 
     def _out_of_rotation(self) -> str:
         """Why a batch behind the instance's leaving rotation fails."""
@@ -215,6 +216,8 @@ class Completer:
         timeout = isinstance(error, DeviceTimeout)
         probe = code is not None and not timeout  # a device error may have failed the whole device (device_health.py)
         stopped = self._resources.stops_on_failure and code is not None and not timeout
+        # (before _leave_rotation, which says so; a batch behind the one that found it fails with it too)
+        whole = device_health.failure(self._device) if probe else device_health.known_failure(self._device)
         if self._stopped:
             code = None  # (the stop is counted once, with the first batch it failed)
         elif stopped and not self._book.broken:
@@ -229,7 +232,6 @@ class Completer:
             # (an ExecutionFailed here: in flight when its context stopped on another batch's failure)
             verb = "failed on" if isinstance(error, (AclError, ExecutionFailed)) else "could not run on"
             message = f"{batch.describe()} {verb} {where}: {error}"
-            whole = device_health.failure(self._device) if probe else None
             batch.error = ExecutionFailed(message) if whole is None else DeviceFailed(f"{message}; {whole}")
             batch.error.__cause__ = error  # a device's error, or the host code's (repository/retry.py)
         log.error("%s", message)

@@ -103,11 +103,31 @@ def failure(device) -> DeviceFailed | None:
     return DeviceFailed(describe(device.id, code)) if code else None
 
 
+def known_failure(device) -> DeviceFailed | None:
+    """DeviceFailed saying why, when `device` was found failed as a whole already (no probe), else None."""
+    code = device.health.code
+    return DeviceFailed(describe(device.id, code)) if code else None
+
+
+def failed_everywhere(instances) -> DeviceFailed | None:
+    """DeviceFailed when the device of every one of `instances` was found failed as a whole (no
+    probe): no batch can run on them again in this process. Else None."""
+    return known_failure(instances[0].device) if all(i.device.health.code for i in instances) else None
+
+
+def futile(batch, instances) -> bool:
+    """Whether failed `batch` would fail again wherever the pool re-ran it: it failed with DeviceFailed
+    and every one of `instances` is on a device that failed as a whole (a re-run would only submit
+    more work to a failed device, to fail as ExecutionFailed with a misleading reason). With an
+    instance on another, healthy device, it is re-run whole there (not one request per run: no
+    request of it is at fault)."""
+    return isinstance(batch.error, DeviceFailed) and failed_everywhere(instances) is not None
+
+
 def unrunnable(instances, why: str) -> ExecutionFailed:
     """What a batch no instance can run fails with: DeviceFailed once the devices of all
     `instances` were found failed as a whole (no probe), else ExecutionFailed(why)."""
-    codes = [i.device.health.code for i in instances]
-    return DeviceFailed(describe(instances[0].device.id, codes[0])) if all(codes) else ExecutionFailed(why)
+    return failed_everywhere(instances) or ExecutionFailed(why)
 
 
 def describe(device_id: int, code: int) -> str:

@@ -21,27 +21,17 @@ import math
 import random
 import threading
 import time
-from typing import Callable, Protocol
+from typing import Callable
 
 from ..errors import DeviceFailed, ExecutionFailed
 from .batch import Batch, BatchListener
 from . import device_health, isolation, teardown
 from .execution_timeout import derived_timeout_ms
 from .instance import ModelInstance
+from .rebuilder import Rebuilder
 from .types import TensorSpec
 
 log = logging.getLogger(__name__)
-
-
-class Rebuilder(Protocol):
-    """How the pool replaces an instance out of rotation (builder.InstanceBuilder)."""
-
-    def build(self, lane: int, execution_timeout_ms: int) -> ModelInstance:
-        """A fresh instance for `lane` (blocking)."""
-
-    def dispose(self, instance: ModelInstance) -> None:
-        """Close an instance the pool no longer uses (blocks until the device lets go of it,
-        at most its reset_timeout_ms)."""
 
 
 class InstancePool:
@@ -125,9 +115,10 @@ class InstancePool:
 
     def _rerun(self, batch: Batch) -> bool:
         """Whether failed `batch` runs again (retry): alone per request (isolation.py), or elsewhere."""
-        if not self.retry or isolation.is_part(batch) or self._closed:
+        if not self.retry or isolation.is_part(batch) or self._closed or device_health.futile(batch, self.instances):
             return False
-        if isinstance(batch.error, ExecutionFailed) and (len(batch.inputs) > 1 or batch.beside):  # (not a timeout)
+        device_failed = isinstance(batch.error, DeviceFailed)  # (no request's fault: whole, on a healthy device)
+        if isinstance(batch.error, ExecutionFailed) and not device_failed and (len(batch.inputs) > 1 or batch.beside):
             log.warning("%s: re-running the %d request(s) of a failed batch alone", self.name, len(batch.inputs))
             self._isolation.add(batch, self.gears)
             return True
@@ -246,6 +237,9 @@ class InstancePool:
             return None
         return f"no instance can run a batch: {failures[min(failures)]}"
 
+    def failed_for_good(self) -> DeviceFailed | None:  # (BatchExecutor; no probe: never blocks)
+        return device_health.failed_everywhere(self.instances)
+
     def fault_counts(self) -> dict[int, int]:
         """Failed batches by ACL error code, over the pool's life (rebuilt instances included)."""
         with self._lock:
@@ -280,7 +274,8 @@ class InstancePool:
         instance is let go of before the next try: it may hold what the new one needs (device
         memory that cannot hold two copies of the model), and it serves nothing any more."""
         old = self.instances[lane]
-        log.warning("%s: rebuilding instance %s (%s)", self.name, old.name, old.broken)
+        if not old.device.health.code:  # (on a device that failed as a whole: none is, as the builder says)
+            log.warning("%s: rebuilding instance %s (%s)", self.name, old.name, old.broken)
         delay, old_disposed = 1.0, False
         while True:
             try:
@@ -301,7 +296,7 @@ class InstancePool:
                     self._builder.dispose(old)  # waits for the device to let go, bounded
                     old_disposed = True
                     continue
-                if not gave_up:  # (the runtime said it, once: device_health.py)
+                if not gave_up:  # (the builder said why not: builder.py)
                     log.error("%s: rebuilding %s failed (%s); trying again in %.1f s", self.name, old.name, e, delay)
                 self._answer_pending_if_futile()
                 self.slot_free()  # (parts waiting for this lane may now go to a healthy one: _pick)

@@ -8,7 +8,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import (ExecutionFailed, InvalidInput, ModelUnavailable, QueueFull, RequestTimeout,
+from ..errors import (DeviceFailed, ExecutionFailed, InvalidInput, ModelUnavailable, QueueFull, RequestTimeout,
                       ServeError, ShuttingDown)
 from ..runtime.batch import Batch, BatchExecutor
 from ..trace.records import form_batch, queued
@@ -21,7 +21,7 @@ from .gears import GearPlanner, batch_limit, one_request_per_run
 from .policy import BatchingConfig
 from .queue import PriorityQueue
 from .request import DISPATCHED, InferenceResult, QueuedRequest, mark_answered
-from .stats import QUEUE_FULL, SHUTDOWN, TIMEOUT, BatcherStats
+from .stats import FAILED, QUEUE_FULL, SHUTDOWN, TIMEOUT, BatcherStats
 from .unread import UnreadAdmissions
 
 log = logging.getLogger(__name__)
@@ -30,32 +30,31 @@ log = logging.getLogger(__name__)
 class DynamicBatcher:
     """Queues the requests of one model version and runs them in batches on its executor.
 
-    Ownership: owns the PriorityQueue, the Formation bookkeeping, one timer (a batch window's
-    end or a busy instance's moment) and the loop task ("batcher:<name>"); the executor is
-    borrowed. The batcher is the executor's BatchListener: `batch_done()` and `slot_free()`
-    come from the executor's threads and only hop to the loop with `call_soon_threadsafe`
-    (one hop per finished batch, one per freed slot); everything else runs on the loop.
+    Ownership: owns the PriorityQueue, the Formation bookkeeping, one timer (a batch window's end or a busy
+    instance's moment) and the loop task ("batcher:<name>"); the executor is borrowed. The batcher is the
+    executor's BatchListener: `batch_done()` and `slot_free()` come from the executor's threads and only hop to
+    the loop with `call_soon_threadsafe` (one hop per finished batch, one per freed slot); everything else runs
+    on the loop.
 
-    When a batch is formed (`batch_formation`, see formation.py): a batch is committed once
-    formed, so it is formed as late as the device allows. An idle instance takes one at once.
-    A busy instance takes its next batch when its compute stream is about to need it: at the
-    predicted result time of the batch it runs (from that batch's start and its gear's
-    measured times) minus the lead (the non-compute time of a run: packing, copy-in, hand-offs),
-    so at most one batch waits behind the executing one and a request of a higher level
-    that arrives before that moment goes into that batch. `when_slot_free` forms a batch as
-    soon as any slot is free instead (the rule before; a comparison baseline).
+    When a batch is formed (`batch_formation`, see formation.py): a batch is committed once formed, so it is
+    formed as late as the device allows. An idle instance takes one at once. A busy instance takes its next
+    batch when its compute stream is about to need it: at the predicted result time of the batch it runs (from
+    that batch's start and its gear's measured times) minus the lead (the non-compute time of a run: packing,
+    copy-in, hand-offs), so at most one batch waits behind the executing one and a request of a higher level
+    that arrives before that moment goes into that batch. `when_slot_free` forms a batch as soon as any slot is
+    free instead (the rule before; a comparison baseline).
 
-    What a batch holds and on which gears it runs: composition.py (requests in priority
-    order while they fit `batch_limit`, waiting up to `max_queue_delay_ms` for a fuller one;
-    a lone request waits so too while arrivals overlap others pending: company.py).
-    Requests are never split: one with more rows than `batch_limit` is refused with
-    InvalidInput.
+    What a batch holds and on which gears it runs: composition.py (requests in priority order while they fit
+    `batch_limit`, waiting up to `max_queue_delay_ms` for a fuller one; a lone request waits so too while
+    arrivals overlap others pending: company.py). Requests are never split: one with more rows than
+    `batch_limit` is refused with InvalidInput.
 
-    Cancellation: if the task awaiting `infer()` is cancelled, a queued request is removed
-    at once; a running one has its result dropped. Failures of a run fail only its requests;
-    a scheduling error fails the requests it was handling and batching goes on.
-    `drain()` refuses new requests and waits for the rest; `close()` (idempotent) stops the
-    loop and fails whatever is left with ShuttingDown.
+    Cancellation: if the task awaiting `infer()` is cancelled, a queued request is removed at once; a running
+    one has its result dropped. Failures of a run fail only its requests; a scheduling error fails the requests
+    it was handling and batching goes on. A run that fails with DeviceFailed when the executor can run nothing
+    again (`failed_for_good`: every instance on a device that failed as a whole) fails the queued requests, and
+    those that come later, with it. `drain()` refuses new requests and waits for the rest; `close()`
+    (idempotent) stops the loop and fails whatever is left with ShuttingDown.
     """
 
     def __init__(self, executor: BatchExecutor, config: BatchingConfig | None = None,
@@ -356,6 +355,9 @@ class DynamicBatcher:
             self._formation.finished(batch.lane, batch, now, batch.timings.compute_ms / 1000.0,
                                      self._queue is not None and self._queue.count > 0)
         self._delivery.settle(batch, self._clock.now_ns())
+        if isinstance(batch.error, DeviceFailed) and not self._closed and (why := self._executor.failed_for_good()):
+            self._refusal = (DeviceFailed, f"model version {self.name}: {why}")  # (the class docstring)
+            self._delivery.refuse(self._queue.take_all(), DeviceFailed(self._refusal[1]), FAILED, self._clock.now_ns())
         if not self._closed:
             self._wakeup.set()
         if self._draining:

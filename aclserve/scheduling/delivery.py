@@ -123,6 +123,12 @@ class Delivery:
         if self.ordered:
             self._release()
 
+    def refuse(self, requests, error: ServeError, reason: str, now_ns: int) -> None:
+        """Queued `requests` that will never run, answered `error` now (counted as `reason`)."""
+        for request in requests:
+            self._stats.rejected(request.level, reason, now_ns - request.enqueued_ns)
+            self.answer_now(request, type(error)(error.message))
+
     def left(self, request: QueuedRequest) -> None:
         """The request's future was cancelled (client gone): it may have held others."""
         if self.ordered:

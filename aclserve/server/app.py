@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from .._version import __version__
+from ..acl.constants import error_meaning
 from . import bad_request_log, malformed, tls
 from .app_keys import STATE
 from .auth import access_middleware
@@ -143,16 +144,33 @@ def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner
                          **handler_options(app[STATE].config, access_log))
 
 
-def _on_signal(sig: signal.Signals, stop: asyncio.Event, hurry: asyncio.Event) -> None:
-    """The first signal drains (to shutdown_timeout_s); another one ends the drain at once: what
-    is still in flight is answered 503, as at the deadline."""
+class _Stopping:
+    """Why serving stops, as far as the lines of the stop say it: a device that failed as a whole
+    (the first one: what the exit's last line names), whether a signal came."""
+
+    def __init__(self):
+        self.device_failure = ""
+        self.signalled = False
+
+
+def _on_signal(sig: signal.Signals, stop: asyncio.Event, hurry: asyncio.Event, stopping: _Stopping) -> None:
+    """The first signal drains (to shutdown_timeout_s); another one, or one during the drain that a
+    device failure started, ends the drain at once: what is still in flight is answered 503, as at
+    the deadline."""
     if hurry.is_set():
         log.warning("%s received again: the server is exiting", sig.name)
     elif stop.is_set():
-        log.warning("%s received again: the drain ends now", sig.name)
+        if stopping.signalled:
+            after = "again"
+        elif stopping.device_failure:
+            after = f"during the drain that a device failure started ({stopping.device_failure})"
+        else:  # (the caller's `stop`)
+            after = "during the drain"
+        log.warning("%s received %s: the drain ends now", sig.name, after)
         hurry.set()
     else:
         log.info("%s received: shutting down", sig.name)
+    stopping.signalled = True
     stop.set()
 
 
@@ -193,11 +211,14 @@ async def _closed(state, hurry: asyncio.Event) -> None:
         hurried.cancel()
 
 
-def _on_device_failure(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, exit_status: list[int]):
+def _on_device_failure(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, exit_status: list[int],
+                       stopping: _Stopping):
     """The runtime's callback (from its thread) for a device that failed as a whole: the server
     shuts down as on SIGTERM, and exits with EXIT_DEVICE_FAILED."""
     def failed(device_id: int, code: int) -> None:
         exit_status[0] = EXIT_DEVICE_FAILED
+        stopping.device_failure = (stopping.device_failure
+                                   or f"device {device_id} failed as a whole ({code}: {error_meaning(code)})")
         loop.call_soon_threadsafe(stop.set)
     return failed
 
@@ -218,7 +239,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     stop = stop or asyncio.Event()
     hurry = asyncio.Event()  # a second signal: the drain ends at once
     exit_status = [0]
-    state.runtime.on_device_failure(_on_device_failure(loop, stop, exit_status), AFTER_DEVICE_FAILURE)
+    why_stopping = _Stopping()
+    state.runtime.on_device_failure(_on_device_failure(loop, stop, exit_status, why_stopping), AFTER_DEVICE_FAILURE)
     # SIGHUP too: a closed terminal or session (or `kill -HUP` meant as a reload) drains as
     # SIGTERM does, rather than killing the process with its requests
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -228,7 +250,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             if ignored:
                 loop.add_signal_handler(sig, _on_ignored_hangup)
             else:
-                loop.add_signal_handler(sig, _on_signal, sig, stop, hurry)
+                loop.add_signal_handler(sig, _on_signal, sig, stop, hurry, why_stopping)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
     listener: asyncio.Server | None = None
@@ -289,5 +311,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             await grpc_server.stop()
         if listener is not None:
             listener.close()  # the HTTP socket; runner.cleanup() then shuts the connections down
-        await runner.cleanup()
+        await runner.cleanup()  # (the models and the runtime closed: the line below is the last)
+    if exit_status[0] == EXIT_DEVICE_FAILED:
+        log.error("exiting with status %d for a restart, which resets the device: %s", EXIT_DEVICE_FAILED,
+                  why_stopping.device_failure)
     return exit_status[0]

@@ -163,6 +163,30 @@ print(json.dumps(out))
 """
 
 
+_AFTER_DEVICE_FAILURE = """
+import json, sys
+import aclserve
+from aclserve.acl.cpu import faults
+from aclserve.repository import retry
+from tests.tiny_models import affine_request
+out = {}
+with aclserve.Engine(device="cpu") as engine:
+    model = engine.load(sys.argv[1], instances=2)
+    faults.inject("execute", nth=1, code=507054, device=True)
+    try:
+        model.infer(affine_request(1), timeout=60)
+    except aclserve.DeviceFailed as e:
+        out["error"], out["transient"] = str(e), retry.is_transient(e)
+    out["retried"] = model.pool.batches_retried
+    try:
+        engine.load(sys.argv[1], name="again", warmup=False)
+        out["load"] = "loaded"
+    except aclserve.DeviceFailed as e:
+        out["load"] = str(e)
+print(json.dumps(out))
+"""
+
+
 def test_a_copy_that_fails_on_its_own_or_a_probe_that_raises_is_no_device_failed_as_a_whole(affine_om):
     """The probe's own copy failing with a code no device failed as a whole reports (a passing
     copy fault) was taken as the device's: DeviceFailed for good, and the server exited 75 (a
@@ -176,3 +200,19 @@ def test_a_copy_that_fails_on_its_own_or_a_probe_that_raises_is_no_device_failed
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["errors"] == ["ExecutionFailed", "ExecutionFailed"], (out, proc.stderr[-3000:])
     assert out["failed_devices"] == 0 and len(out["after"]) == 1
+
+
+def test_after_a_device_failed_as_a_whole_nothing_more_is_tried_on_it(affine_om):
+    """(found by a tester) Its failed batch was re-run on the model's other instance, on the same
+    failed device (failing again, as ExecutionFailed); a load there succeeded without a warm-up,
+    to fail at its first call, and the server's load retry took DeviceFailed for transient."""
+    env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_CPU_FAULTS"}
+    proc = subprocess.run([sys.executable, "-c", _AFTER_DEVICE_FAILURE, affine_om()], capture_output=True, text=True,
+                          env=dict(env, PYTHONPATH=str(REPO)), cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "device 0 failed as a whole (507054: HBM multi-bit ECC error)" in out["error"], out
+    assert out["retried"] == 0, (out, proc.stderr[-3000:])
+    assert out["transient"] is False
+    assert out["load"].startswith("device 0 failed as a whole (507054: HBM multi-bit ECC error)"), out
+    assert "leaves rotation and is rebuilt" not in proc.stderr and "rebuilding instance" not in proc.stderr

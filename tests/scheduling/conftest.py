@@ -145,6 +145,9 @@ class FakeExecutor:
     def out_of_service(self) -> str | None:
         return self.out_of_service_reason
 
+    def failed_for_good(self) -> Exception | None:
+        return None
+
     def attach(self, listener) -> None:
         self.listener = listener
 
