@@ -116,3 +116,15 @@ def hold_folder_reads(repo) -> tuple[asyncio.Event, asyncio.Event]:
         return await rescan()
     repo._planner.rescan = held_rescan
     return reading, go_on
+
+
+def count_folder_reads(repo) -> list[int]:
+    """Count `repo`'s reads of the models folder: [reads so far], kept up to date."""
+    scans = [0]
+    rescan = repo._planner.rescan
+
+    async def counted():
+        scans[0] += 1
+        return await rescan()
+    repo._planner.rescan = counted
+    return scans

@@ -11,7 +11,7 @@ import pytest
 from aclserve.repository import State
 from aclserve.repository.repository import ModelLoadFailed
 
-from .repo_helpers import held_run, place, until
+from .repo_helpers import count_folder_reads, held_run, hold_folder_reads, place, until
 from .test_repository import answer
 
 pytestmark = pytest.mark.asyncio
@@ -24,13 +24,7 @@ async def test_load_calls_made_together_share_the_scans(make_repo, models_dir, m
     repo, _ = await make_repo(model_control_mode="explicit")
     for name in names:
         await repo.unload(name)
-    scans = [0]
-    rescan = repo._planner.rescan
-
-    async def counted():
-        scans[0] += 1
-        return await rescan()
-    repo._planner.rescan = counted
+    scans = count_folder_reads(repo)
     await asyncio.gather(*(repo.load(name) for name in names))
     assert {r["name"]: r["state"] for r in repo.index()} == {name: State.READY for name in names}
     assert scans[0] < len(names), scans[0]  # (one each before; here about 2: the first, then the rest)
@@ -65,13 +59,7 @@ async def test_index_calls_made_together_share_one_read_of_the_folder(make_repo,
     what it finds is listed, not loaded."""
     place(model_files[1]["om"], models_dir / "m.om")
     repo, _ = await make_repo(model_control_mode="explicit")
-    scans = [0]
-    rescan = repo._planner.rescan
-
-    async def counted():
-        scans[0] += 1
-        return await rescan()
-    repo._planner.rescan = counted
+    scans = count_folder_reads(repo)
     place(model_files[2]["om"], models_dir / "later.om")
     answers = await asyncio.gather(*(repo.index_now() for _ in range(20)))
     assert scans[0] == 1
@@ -88,14 +76,7 @@ async def test_an_index_read_goes_on_when_its_caller_leaves(make_repo, models_di
     dropping them could have scans run side by side without end."""
     place(model_files[1]["om"], models_dir / "m.om")
     repo, _ = await make_repo(model_control_mode="explicit")
-    reading, go_on = asyncio.Event(), asyncio.Event()
-    rescan = repo._planner.rescan
-
-    async def held():
-        reading.set()
-        await go_on.wait()
-        return await rescan()
-    repo._planner.rescan = held
+    reading, go_on = hold_folder_reads(repo)
     place(model_files[2]["om"], models_dir / "later.om")
     call = asyncio.ensure_future(repo.index_now())
     await asyncio.wait_for(reading.wait(), 30)  # (a hang guard)

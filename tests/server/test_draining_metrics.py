@@ -67,6 +67,10 @@ async def _queue_is(session, url, wanted: tuple) -> bool:
     return _queue(await _scrape(session, url)) == wanted
 
 
+async def _is_unloading(session, url) -> bool:
+    return value(await _scrape(session, url), "aclserve_model_state", state="UNLOADING", **AFFINE) == 1
+
+
 def test_queue_outcomes_and_depth_carry_over_a_reload_of_the_file(models_dir, tmp_path):
     """Scraped while the replaced version holds a queued request, and after it has closed."""
     own = _models(tmp_path, models_dir)
@@ -121,11 +125,7 @@ def test_a_version_unloading_shows_its_queue_until_it_has_drained(models_dir, tm
                 _, waiting = await _queue_one(url)
                 await _until(lambda: _queue_is(session, url, (1, 1, 0)))
                 unload = asyncio.ensure_future(session.post(f"{url}/v2/repository/models/affine/unload"))
-
-                async def unloading():
-                    found = await _scrape(session, url)
-                    return value(found, "aclserve_model_state", state="UNLOADING", **AFFINE) == 1
-                await _until(unloading)
+                await _until(lambda: _is_unloading(session, url))
                 during = _queue(await _scrape(session, url))
                 waiting.close()
                 async with await unload as resp:
@@ -138,8 +138,6 @@ def test_a_version_unloading_shows_its_queue_until_it_has_drained(models_dir, tm
     during, after = asyncio.run(scenario())
     assert during == (1, 1, 0)
     assert _queue(after) == (0, 0, 0)  # its series went with it, once it had closed
-
-
 
 
 def test_an_unload_whose_caller_is_cancelled_still_closes_the_version(models_dir, tmp_path):
@@ -158,11 +156,7 @@ def test_an_unload_whose_caller_is_cancelled_still_closes_the_version(models_dir
                 _, waiting = await _queue_one(url)
                 await _until(lambda: _queue_is(session, url, (1, 1, 0)))
                 unload = asyncio.ensure_future(repo.unload("affine"))
-
-                async def unloading():
-                    found = await _scrape(session, url)
-                    return value(found, "aclserve_model_state", state="UNLOADING", **AFFINE) == 1
-                await _until(unloading)
+                await _until(lambda: _is_unloading(session, url))
                 unload.cancel()
                 await _scrape(session, url)  # (the loop has run the cancellation through)
                 waiting.close()  # the version's last request goes: it has drained
