@@ -211,12 +211,10 @@ async def _closed(state, hurry: asyncio.Event) -> None:
         hurried.cancel()
 
 
-def _on_device_failure(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, exit_status: list[int],
-                       stopping: _Stopping):
+def _on_device_failure(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, stopping: _Stopping):
     """The runtime's callback (from its thread) for a device that failed as a whole: the server
     shuts down as on SIGTERM, and exits with EXIT_DEVICE_FAILED."""
     def failed(device_id: int, code: int) -> None:
-        exit_status[0] = EXIT_DEVICE_FAILED
         stopping.device_failure = (stopping.device_failure
                                    or f"device {device_id} failed as a whole ({code}: {error_meaning(code)})")
         loop.call_soon_threadsafe(stop.set)
@@ -238,9 +236,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     runner = make_runner(app, access_log)
     stop = stop or asyncio.Event()
     hurry = asyncio.Event()  # a second signal: the drain ends at once
-    exit_status = [0]
     why_stopping = _Stopping()
-    state.runtime.on_device_failure(_on_device_failure(loop, stop, exit_status, why_stopping), AFTER_DEVICE_FAILURE)
+    state.runtime.on_device_failure(_on_device_failure(loop, stop, why_stopping), AFTER_DEVICE_FAILURE)
     # SIGHUP too: a closed terminal or session (or `kill -HUP` meant as a reload) drains as
     # SIGTERM does, rather than killing the process with its requests
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -312,7 +309,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         if listener is not None:
             listener.close()  # the HTTP socket; runner.cleanup() then shuts the connections down
         await runner.cleanup()  # (the models and the runtime closed: the line below is the last)
-    if exit_status[0] == EXIT_DEVICE_FAILED:
-        log.error("exiting with status %d for a restart, which resets the device: %s", EXIT_DEVICE_FAILED,
-                  why_stopping.device_failure)
-    return exit_status[0]
+    if not why_stopping.device_failure:
+        return 0
+    log.error("exiting with status %d for a restart, which resets the device: %s", EXIT_DEVICE_FAILED,
+              why_stopping.device_failure)
+    return EXIT_DEVICE_FAILED

@@ -76,17 +76,17 @@ def test_requests_queued_behind_a_failed_device_fail_with_it(models_dir, tmp_pat
 def test_a_signal_during_the_drain_a_device_failure_started_is_said_to_be_the_first(caplog):
     """It was logged "SIGTERM received again: the drain ends now" (the serve loop's own handlers,
     on their events: the device failure's callback as the runtime calls it, from another thread)."""
-    async def fail_then_signal() -> tuple[int, bool]:
-        stop, hurry, exit_status, stopping = asyncio.Event(), asyncio.Event(), [0], app._Stopping()
-        failed = app._on_device_failure(asyncio.get_running_loop(), stop, exit_status, stopping)
+    async def fail_then_signal() -> tuple[str, bool]:
+        stop, hurry, stopping = asyncio.Event(), asyncio.Event(), app._Stopping()
+        failed = app._on_device_failure(asyncio.get_running_loop(), stop, stopping)
         await asyncio.to_thread(failed, 0, 507054)
         await stop.wait()
         app._on_signal(signal.SIGTERM, stop, hurry, stopping)
         app._on_signal(signal.SIGTERM, stop, hurry, stopping)
-        return exit_status[0], hurry.is_set()
+        return stopping.device_failure, hurry.is_set()
 
     with caplog.at_level(logging.INFO, logger="aclserve.server.app"):
-        assert asyncio.run(fail_then_signal()) == (EXIT_DEVICE_FAILED, True)
+        assert asyncio.run(fail_then_signal()) == ("device 0 failed as a whole (507054: HBM multi-bit ECC error)", True)
     assert [r.getMessage() for r in caplog.records] == [
         "SIGTERM received during the drain that a device failure started (device 0 failed as a whole "
         "(507054: HBM multi-bit ECC error)): the drain ends now",
