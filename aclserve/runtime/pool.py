@@ -1,17 +1,19 @@
 """The instances of one model version behind one BatchExecutor (builder.open_pool() builds them).
 
-The pool hands each batch to the instance the batcher names (its "lane"), else to the one with the most free slots;
-when none can take it the batch waits in a FIFO inside the pool (the batcher avoids that by watching lanes()). With
-`retry`, a batch the device fails runs again: holding several requests or failed beside other batches, one request
-per run, each alone on the instance it failed on once rebuilt, or a healthy one if that rebuild fails (isolation.py:
-a request the model cannot run fails alone); else (or past the execution timeout) whole on another instance, if any.
-The pool is its instances' BatchListener: finished batches and freed slots go on.
+The pool hands each batch to the instance the batcher names (its "lane"), else to the one with the
+most free slots; when none can take it the batch waits in a FIFO inside the pool (the batcher
+avoids that by watching lanes()). With `retry`, a batch the device fails runs again: holding
+several requests or failed beside other batches, one request per run, each alone on the instance
+it failed on once rebuilt, or a healthy one if that rebuild fails (isolation.py: a request the
+model cannot run fails alone); else (or past the execution timeout) whole on another instance, if
+any. The pool is its instances' BatchListener: finished batches and freed slots go on.
 
-An instance that leaves rotation for good (a batch past the execution timeout, a context stopped on a failed batch,
-a stream reset that failed) is rebuilt in a background thread: a fresh instance (context, streams, model copy,
-slots) takes its lane, batches wait for it in the pool meanwhile (the batcher sees the lane busy), and the old one
-is closed afterwards: freed once the device lets go of it, or abandoned after its reset_timeout_ms (teardown.py).
-None is rebuilt on a device that failed as a whole (device_health.py): its batches fail with DeviceFailed."""
+An instance that leaves rotation for good (a batch past the execution timeout, a context stopped
+on a failed batch, a stream reset that failed) is rebuilt in a background thread: a fresh instance
+(context, streams, model copy, slots) takes its lane, batches wait for it in the pool meanwhile
+(the batcher sees the lane busy), and the old one is closed afterwards: freed once the device lets
+go of it, or abandoned after its reset_timeout_ms (teardown.py). None is rebuilt on a device that
+failed as a whole (device_health.py): its batches fail with DeviceFailed."""
 from __future__ import annotations
 
 import collections
@@ -38,7 +40,8 @@ class InstancePool:
     """Owns its ModelInstances; close() closes them (blocking). A BatchExecutor to its owner,
     a BatchListener to its instances. `_pending` and the counters are under `_lock`."""
 
-    def __init__(self, name: str, instances: list[ModelInstance], retry: bool = True, builder: Rebuilder | None = None):
+    def __init__(self, name: str, instances: list[ModelInstance], retry: bool = True,
+                 builder: Rebuilder | None = None):
         if not instances:
             raise ValueError("a pool needs at least one instance")
         self.name = name
