@@ -133,12 +133,20 @@ def verify_payload_file(path: str | os.PathLike, header: dict) -> None:
     model is not held in memory at once); raises OmFormatError when they differ."""
     if "payload_sha256" not in header:
         return
-    digest = hashlib.sha256()
     with open_regular(path) as f:
-        hlen, _ = parse_prefix(f.read(PREFIX_SIZE), os.fstat(f.fileno()).st_size)
-        f.seek(PREFIX_SIZE + hlen)
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
+        hlen, plen = parse_prefix(f.read(PREFIX_SIZE), os.fstat(f.fileno()).st_size)
+        verify_payload_in(f, PREFIX_SIZE + hlen, plen, header)
+
+
+def verify_payload_in(f, offset: int, length: int, header: dict) -> None:
+    """The `length` payload bytes at `offset` of the open file `f` against the header's checksum,
+    read in chunks; raises OmFormatError when they differ."""
+    digest = hashlib.sha256()
+    f.seek(offset)
+    left = length
+    while left and (chunk := f.read(min(1 << 20, left))):
+        digest.update(chunk)
+        left -= len(chunk)
     check_digest(digest, header)
 
 

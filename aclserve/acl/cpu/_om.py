@@ -128,14 +128,11 @@ class Payload:
         """The checksum against `data` (default: the payload, the file's read in chunks)."""
         if self._sha256 is None:
             return
-        digest = hashlib.sha256()
-        if data is not None or self._file is None:
-            digest.update(self._data if data is None else data)
+        header = {"payload_sha256": self._sha256}
+        if data is None and self._file is not None:
+            container.verify_payload_in(self._file, self._offset, self.length, header)
         else:
-            self._file.seek(self._offset)
-            while chunk := self._file.read(min(1 << 20, self._offset + self.length - self._file.tell())):
-                digest.update(chunk)
-        container.check_digest(digest, {"payload_sha256": self._sha256})
+            container.check_digest(hashlib.sha256(self._data if data is None else data), header)
 
     def close(self) -> None:
         if self._file is not None:
