@@ -47,20 +47,20 @@ class IndexReads:
     and not while one runs (a call arriving then needs a scan begun after it, which would follow
     at once: calls that kept arriving would have kept scans running back to back); calls
     meanwhile wait, and those waiting together share one scan (`read_folder(asked_after)` is
-    ModelRepository._reconcile's, which takes a scan begun after scan `asked_after` as its own): every
+    ModelRepository._reconcile's, which takes a scan begun after scan `asked_after` as its own;
+    `last_scan()` the number of the repository's last scan done, numbered there): every
     answer still lists the folder as read after its call arrived, and a looping client slows itself
     only. A read goes on when its caller leaves (handler cancellation): cancelled, its scan's thread
     ran on unseen, the scan lock freed and the pace not set, so a client sending calls and dropping
     them could have scans run side by side without end. Owned by the ModelRepository; loop thread only."""
 
     def __init__(self, clock: Callable[[], float], read_folder: Callable[[int], Awaitable],
-                 sleep: Callable[[float], Awaitable] = asyncio.sleep):
+                 last_scan: Callable[[], int], sleep: Callable[[float], Awaitable] = asyncio.sleep):
         self._clock, self._sleep = clock, sleep  # (a test's, both: no time passes)
-        self._read_folder = read_folder
+        self._read_folder, self._last_scan = read_folder, last_scan
         self._next = float("-inf")  # (the clock's) no read begins before
         self._no_scan = asyncio.Event()  # set while no scan runs
         self._no_scan.set()
-        self._begun = self._done = 0  # scans begun, and the number of the last one done
         self._reads: set[asyncio.Task] = set()
         self._closed = False
 
@@ -69,18 +69,18 @@ class IndexReads:
         the call arrived); returns at once after close()."""
         if self._closed:
             return
-        read = asyncio.ensure_future(self._paced(asked_after, self._begun))
+        read = asyncio.ensure_future(self._paced(asked_after))
         self._reads.add(read)
         read.add_done_callback(self._reads.discard)
         await asyncio.shield(read)
 
-    async def _paced(self, asked_after: int, begun: int) -> None:
+    async def _paced(self, asked_after: int) -> None:
         """Reads the folder once the pace allows, unless a scan begun after the call (after scan
-        `begun`) is done by then (read_folder then takes it: the same scans, numbered there too)."""
+        `asked_after`) is done by then (read_folder then takes it)."""
         while True:
             await self._no_scan.wait()  # (a scan running sets the pace once it ends)
             wait = self._next - self._clock()
-            if wait <= 0 or self._done > begun:
+            if wait <= 0 or self._last_scan() > asked_after:
                 break
             await self._sleep(wait)
         await self._read_folder(asked_after)
@@ -88,13 +88,10 @@ class IndexReads:
     async def timed(self, scan: Awaitable[T]) -> T:
         """`scan` (a scan of the folder, one at a time: under the scan lock) awaited, its duration
         setting when the next read may begin, even if it raised or was cancelled (reads wait for it)."""
-        self._begun += 1
-        number, began = self._begun, self._clock()
+        began = self._clock()
         self._no_scan.clear()
         try:
-            result = await scan
-            self._done = number
-            return result
+            return await scan
         finally:
             ended = self._clock()
             self._next = ended + max(MIN_GAP_S, GAP_FACTOR * (ended - began))

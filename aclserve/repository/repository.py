@@ -73,7 +73,8 @@ class ModelRepository:
         self._scans_started = 0  # ... numbered, so that a load may use a scan begun after it was asked
         self._last_scan = 0  # the number of the last scan done
         self._retry_tasks: set[asyncio.Task] = set()  # explicit and none modes: rescans for a retry
-        self._index_reads = IndexReads(clock, lambda after: self._reconcile("all", only="", asked_after=after))
+        self._index_reads = IndexReads(clock, lambda after: self._reconcile("all", only="", asked_after=after),
+                                       lambda: self._last_scan)
         self._watcher: RepositoryWatcher | None = None
         self._debouncer: Debouncer | None = None
         self._started = self._closed = False
@@ -268,8 +269,7 @@ class ModelRepository:
             tasks = await self._reconcile(trust="all", only=name, again=True)
             if tasks or not self._lifecycle.busy(name):
                 break
-        # the model's tasks are the repository's: a caller that leaves (the server cancels the handler of a
-        # client gone) must not abandon them, which left the model LOADING for good
+        # the model's tasks are the repository's: a caller gone (its handler cancelled) must not abandon them
         results = await asyncio.shield(asyncio.gather(*tasks))
         if self._closed:  # the shutdown abandoned the load: not the model's failure, and no 4xx
             raise ShuttingDown(f"the model repository shut down before {name} was loaded")
