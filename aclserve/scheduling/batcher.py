@@ -14,8 +14,9 @@ from ..runtime.batch import Batch, BatchExecutor
 from ..trace.records import form_batch, queued
 from .clock import Clock, LoopClock
 from .company import Company
-from .delivery import Delivery, resolve
 from .composition import Composer
+from .delivery import Delivery, resolve
+from .early_admission import EarlyAdmission
 from .formation import Formation, GearTimes
 from .gears import GearPlanner, batch_limit, one_request_per_run
 from .policy import BatchingConfig
@@ -27,34 +28,39 @@ from .unread import UnreadAdmissions
 log = logging.getLogger(__name__)
 
 
-class DynamicBatcher:
+class DynamicBatcher(EarlyAdmission):
     """Queues the requests of one model version and runs them in batches on its executor.
 
-    Ownership: owns the PriorityQueue, the Formation bookkeeping, one timer (a batch window's end or a busy
-    instance's moment) and the loop task ("batcher:<name>"); the executor is borrowed. The batcher is the
-    executor's BatchListener: `batch_done()` and `slot_free()` come from the executor's threads and only hop to
-    the loop with `call_soon_threadsafe` (one hop per finished batch, one per freed slot); everything else runs
-    on the loop.
+    Ownership: owns the PriorityQueue, the Formation bookkeeping, one timer (a batch window's end or
+    a busy instance's moment) and the loop task ("batcher:<name>"); the executor is borrowed. The
+    batcher is the executor's BatchListener: `batch_done()` and `slot_free()` come from the
+    executor's threads and only hop to the loop with `call_soon_threadsafe` (one hop per finished
+    batch, one per freed slot); everything else runs on the loop.
 
-    When a batch is formed (`batch_formation`, see formation.py): a batch is committed once formed, so it is
-    formed as late as the device allows. An idle instance takes one at once. A busy instance takes its next
-    batch when its compute stream is about to need it: at the predicted result time of the batch it runs (from
-    that batch's start and its gear's measured times) minus the lead (the non-compute time of a run: packing,
-    copy-in, hand-offs), so at most one batch waits behind the executing one and a request of a higher level
-    that arrives before that moment goes into that batch. `when_slot_free` forms a batch as soon as any slot is
-    free instead (the rule before; a comparison baseline).
+    When a batch is formed (`batch_formation`, see formation.py): a batch is committed once formed,
+    so it is formed as late as the device allows. An idle instance takes one at once. A busy
+    instance takes its next batch when its compute stream is about to need it: at the predicted
+    result time of the batch it runs (from that batch's start and its gear's measured times) minus
+    the lead (the non-compute time of a run: packing, copy-in, hand-offs), so at most one batch
+    waits behind the executing one and a request of a higher level that arrives before that moment
+    goes into that batch. `when_slot_free` forms a batch as soon as any slot is free instead (the
+    rule before; a comparison baseline).
 
-    What a batch holds and on which gears it runs: composition.py (requests in priority order while they fit
-    `batch_limit`, waiting up to `max_queue_delay_ms` for a fuller one; a lone request waits so too while
-    arrivals overlap others pending: company.py). Requests are never split: one with more rows than
-    `batch_limit` is refused with InvalidInput.
+    What a batch holds and on which gears it runs: composition.py (requests in priority order while
+    they fit `batch_limit`, waiting up to `max_queue_delay_ms` for a fuller one; a lone request
+    waits so too while arrivals overlap others pending: company.py). Requests are never split: one
+    with more rows than `batch_limit` is refused with InvalidInput.
 
-    Cancellation: if the task awaiting `infer()` is cancelled, a queued request is removed at once; a running
-    one has its result dropped. Failures of a run fail only its requests; a scheduling error fails the requests
-    it was handling and batching goes on. A run that fails with DeviceFailed when the executor can run nothing
-    again (`failed_for_good`: every instance on a device that failed as a whole) fails the queued requests, and
-    those that come later, with it. `drain()` refuses new requests and waits for the rest; `close()`
-    (idempotent) stops the loop and fails whatever is left with ShuttingDown.
+    Cancellation: if the task awaiting `infer()` is cancelled, a queued request is removed at once;
+    a running one has its result dropped. Failures of a run fail only its requests; a scheduling
+    error fails the requests it was handling and batching goes on. A run that fails with
+    DeviceFailed when the executor can run nothing again (`failed_for_good`: every instance on a
+    device that failed as a whole) fails the queued requests, and those that come later, with it.
+    `drain()` refuses new requests and waits for the rest; `close()` (idempotent) stops the loop and
+    fails whatever is left with ShuttingDown.
+
+    The early refusals' questions about the default level (admit_unread, default_level_full and the
+    rest) are EarlyAdmission's: early_admission.py.
     """
 
     def __init__(self, executor: BatchExecutor, config: BatchingConfig | None = None,
@@ -87,7 +93,7 @@ class DynamicBatcher:
         self._draining = False
         self._drained: asyncio.Future | None = None
         self._closed = False
-        self._unread = UnreadAdmissions()  # let in by admit_unread(), not arrived yet
+        self._unread = UnreadAdmissions()  # EarlyAdmission's: let in by admit_unread(), not arrived yet
         self._company = Company()  # whether a lone request waits for others
 
     # -- public API --------------------------------------------------------------------------
@@ -146,44 +152,6 @@ class DynamicBatcher:
             if self._abandon(request):
                 mark_answered(cancelled)
             raise
-
-    def _default_room(self) -> int | None:
-        """Room left in the level of a request naming no priority (requests, or rows where its
-        bound counts rows: PriorityQueue.room); None when that level is unbounded or the batcher
-        takes no requests."""
-        if self._refusal is not None or self._queue is None:
-            return None
-        return self._queue.room(self.config.default_level)
-
-    def default_level_bounded(self) -> bool:
-        """Whether a request naming no priority can find its level full (server/shedding.py)."""
-        return self._default_room() is not None
-
-    def admit_unread(self) -> bool:
-        """For a request seen before it is read (server/shedding.py) that names no priority:
-        True (counted as coming, unread.py) when its level has room for it and for those let
-        in so far that have not been read yet; False when it has none. The level is bounded.
-        Where its bound counts rows, each is counted as one row (its rows are not known yet):
-        the queue itself refuses those whose rows do not fit."""
-        return self._unread.admit(self._default_room(), self._clock.now())
-
-    def request_read(self) -> None:
-        """A request's body has been read (server/infer.py: from here to the queue or its
-        refusal nothing waits, but for an image input's decode): it is no longer coming."""
-        self._unread.arrived()
-
-    def default_level_full(self) -> bool:
-        """Whether a request naming no priority would be refused now for want of room (its
-        level is bounded and full), before it is decoded (server/shedding.refuse_undecoded)."""
-        return self._default_room() == 0
-
-    def refuse_default_level(self) -> QueueFull:
-        """A request that names no priority, refused before it is decoded (server/shedding.py)
-        because its level has no room for it: counted as that level's refusal, and the error
-        to answer it with."""
-        level = self.config.default_level
-        self.stats.rejected(level, QUEUE_FULL)
-        return self._queue.full_error(level)
 
     async def drain(self, timeout: float | None = None) -> bool:
         """Refuse new requests (ModelUnavailable) and wait until every queued and running one
