@@ -5,7 +5,8 @@ questions need what was asked, not the state it left:
 - Which models does readiness wait for? In explicit and none modes, those the start loaded and
   those a load call named since (`asked`; a load call rescans the folder, and a model staged in
   it is no reason to leave the balancer); a load that was a 404 names none. None in poll mode:
-  every model the folder holds.
+  every model the folder holds. In every mode, too, each model a load call is loading: no
+  listing may know it yet (`awaited`).
 - Was a load overtaken? A load answers 400 when an unload of its model arrived after it and
   before it answered. A set of "unloaded" names could not tell: a load arriving after the
   unload cleared it, and the first load's answer then depended on the third call (load, unload
@@ -54,6 +55,16 @@ class ControlCalls:
         """Whether a load call of `name` runs (it may be about to find a model no scan listed yet)."""
         return name in self._loading
 
+    def loads_running(self) -> set[str]:
+        """The models a load call is loading: one runs, and no unload of the model came after it."""
+        return {name for name in self._loading if self._load_runs(name)}
+
+    def awaited(self, found: set[str]) -> set[str]:
+        """The models readiness waits for: of `found` (the folder's, as last listed) those asked
+        (all in poll mode), and those a load call is loading, found or not (its call reads the
+        folder first: until that read ended, a model copied in since the last one was not awaited)."""
+        return (found if self.asked is None else found & self.asked) | self.loads_running()
+
     def no_such_model(self, name: str) -> None:
         """A load of `name` found no model: none to wait for (its file may come later, unasked)."""
         if self.asked is not None:
@@ -68,7 +79,10 @@ class ControlCalls:
         """(state, reason) of a version of `name` as clients see it: LOADING while a load call
         runs for a version waiting for it (its own record moves once its load has begun) and no
         unload came after the call."""
-        loading = max(self._loading.get(name, ()), default=0) > self._last_unload.get(name, 0)
-        if loading and state == State.UNAVAILABLE.value and reason in (UNLOADED, NOT_LOADED, HELD):
+        if self._load_runs(name) and state == State.UNAVAILABLE.value and reason in (UNLOADED, NOT_LOADED, HELD):
             return State.LOADING.value, LOAD_ASKED
         return state, reason
+
+    def _load_runs(self, name: str) -> bool:
+        """A load call of `name` runs that no unload of it came after."""
+        return max(self._loading.get(name, ()), default=0) > self._last_unload.get(name, 0)

@@ -37,6 +37,7 @@ from .lifecycle import UNLOAD_ASKED, Lifecycle
 from .models_folder import check_models_folder
 from .plan import ModelPlan
 from .planner import Planner
+from .readiness import Readiness
 from .retiring import Draining
 from .served import ServedVersion
 from .settle import SettleGate
@@ -68,7 +69,7 @@ class ModelRepository:
         self._failures = LoadFailures(config.load_retry_initial_s, config.load_retry_max_s, self._retry_due)
         self._listeners = Listeners()
         self._lifecycle = Lifecycle(config, runtime, self._planner, self._failures, self._listeners.emit,
-                                    self._rescan_soon, self._note_readiness)
+                                    self._rescan_soon, lambda: self._readiness.note())
         self._scan_lock = asyncio.Lock()  # one reconcile at a time: each sees what the last one started
         self._scans_started = 0  # ... numbered, so that a load may use a scan begun after it was asked
         self._last_scan = 0  # the number of the last scan done
@@ -78,8 +79,9 @@ class ModelRepository:
         self._watcher: RepositoryWatcher | None = None
         self._debouncer: Debouncer | None = None
         self._started = self._closed = False
-        self._said_ready = False  # lenient readiness was reached once: later loads do not undo it
         self._calls = ControlCalls()  # (its `asked`: the models readiness waits for)
+        self._readiness = Readiness(config.readiness == "strict", self._lifecycle, self._planner, self._failures,
+                                    self._calls)
 
     # ---- start and stop -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -180,51 +182,8 @@ class ModelRepository:
         return list(self._lifecycle.serving.get(name, ()))
 
     def all_ready(self) -> bool:
-        """Every model found on disk (and not unloaded on purpose) is serving; in explicit and
-        none modes, every one the start loaded or the load API named since (Triton's). With readiness
-        `lenient`, a model whose file was refused (shown in the index) does not hold readiness
-        back either, nor does a scan problem (a broken config, a bad name); a model still
-        settling, loading or waiting for its first retry does, in lenient mode only until
-        readiness has been reached once (`_note_readiness`, asked or not): replicas sharing a
-        folder would all leave their balancer while a model dropped into it loads (an ATC
-        compile: minutes)."""
-        if not self._started or self._closed:
-            return False
-        serving = self._lifecycle.serving
-        # judged by the folder as last listed: one that cannot be listed now tells nothing (what
-        # serves is kept, and so is readiness); one never listed, nothing is ready
-        listed = self._planner.listed
-        if listed is None:
-            return False
-        wanted = self._planner.wanted_models() - self._lifecycle.held
-        problems = set(listed.problems) - self._lifecycle.held
-        if self._calls.asked is not None:
-            wanted, problems = wanted & self._calls.asked, problems & self._calls.asked
-        if any(all(sv.pool.out_of_service() for sv in versions.values()) for versions in serving.values()):
-            return False  # a model served by no instance (pool.out_of_service), in both modes
-        if self.config.readiness == "strict":
-            return all(n in serving for n in wanted | problems)
-        self._said_ready = self._said_ready or self._lenient_ready(listed, wanted, problems)
-        return self._said_ready
-
-    def _note_readiness(self) -> None:
-        """Whether lenient readiness is reached, looked at whenever a model's task ends or a scan
-        is planned, not only when a probe asks: whether a replica stays ready while a model
-        dropped in later loads must not depend on when its probe came."""
-        if self.config.readiness == "lenient" and not self._said_ready:
-            self.all_ready()  # (latches)
-
-    def _lenient_ready(self, listed, wanted: set[str], problems: set[str]) -> bool:
-        """Every wanted model serves or was refused, and none of `problems` (all_ready's: the
-        listing's, asked for and not held) waits for its config still being written."""
-        serving = self._lifecycle.serving
-        # a model refused does not hold it back; one whose first retry is still to come does, as
-        # one loading does (not every retry: they go on for good, and readiness would never come;
-        # a later retry's load comes after readiness was reached, between two retries)
-        failed = {n for n, _ in self._failures.versions()} - self._failures.first_retry_pending()
-        waiting = {n for n in problems if listed.problems[n] == WAITING_FOR_CONFIG}
-        return not (waiting - set(serving)) and all(
-            n in serving or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
+        """Every model that should be served is (readiness.py says which, strict or lenient)."""
+        return self._started and not self._closed and self._readiness.ready()
 
     def load_failures(self) -> dict[tuple[str, str], str]:
         """(name, version) -> why its current file failed to load, the same text for the same failure."""
@@ -349,7 +308,7 @@ class ModelRepository:
                     self._failures.forget_model(only)
                 plans = self._planner.plans(self._lifecycle.acted, trust, self._failures.files, self._lifecycle.held)
                 started = [self._lifecycle.start(plan) for plan in plans if only is None or plan.name == only]
-                self._note_readiness()  # (a scan alone may end a wait: a config no longer being written)
+                self._readiness.note()  # (a scan alone may end a wait: a config no longer being written)
             finally:  # (a scan that raised stopped the safety rescan too: hot reload waited for a file event)
                 if self._debouncer is not None:
                     wait = self._planner.next_check()

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import shutil
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from aclserve.repository import ModelRepository
@@ -27,6 +30,12 @@ LOADING = "load asked through the repository API: reading the models folder"
 async def answer(session, method: str, url: str, data: str | None = None) -> tuple[int, dict, str]:
     async with session.request(method, url, data=data) as resp:
         return resp.status, dict(resp.headers), await resp.text()
+
+
+async def arrived(repo, name: str) -> None:
+    """Until the load call of `name` has reached the repository."""
+    while not repo._calls.loading(name):
+        await asyncio.sleep(0.01)
 
 
 def model_state(metrics: str, state: str) -> float:
@@ -88,3 +97,52 @@ def test_a_model_is_loading_to_every_client_while_its_load_call_reads_the_folder
     assert row["state"] in ("LOADING", "READY"), row  # (its load has begun, or is done)
     assert model_state(seen["metrics"], "LOADING") == 1 and model_state(seen["metrics"], "UNAVAILABLE") == 0
     assert loaded[0] == 200 and after[0] == 200
+
+
+@pytest.mark.parametrize("mode", ["explicit", "poll"])
+def test_the_server_is_not_ready_while_a_load_call_reads_the_folder_for_a_model_copied_in_since(
+        models_dir, tmp_path, make_config, mode):
+    """Readiness counted the models of the folder's last listing (explicit: of those asked): a model
+    copied in since, named by a load call, was in none until that call's read ended, and
+    /v2/health/ready said 200 meanwhile (in poll mode until the watcher's scan). Its call asks for
+    it: the server is not ready until it serves."""
+    shutil.copy(models_dir / "double.om", tmp_path / "double.om")
+
+    async def scenario():
+        config = make_config(tmp_path, readiness="strict", model_control_mode=mode, settle_s=0.0)
+        runtime = AclRuntime(device="cpu")
+        repo = ModelRepository(config, runtime)
+        app = create_app(config, repo, runtime)
+        runner = make_runner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        await app[STATE].loading
+        host, port = runner.addresses[0][:2]
+        url = f"http://{host}:{port}"
+        reading, go_on = asyncio.Event(), asyncio.Event()
+        rescan = repo._planner.rescan
+
+        async def held_rescan():  # every read of the folder (the load call's, the watcher's), held
+            reading.set()
+            await go_on.wait()
+            return await rescan()
+        try:
+            async with aiohttp.ClientSession() as session:
+                before = (await answer(session, "GET", url + "/v2/health/ready"))[0]
+                repo._planner.rescan = held_rescan
+                shutil.copy(models_dir / "affine.om", tmp_path / ".new.om.part")
+                os.replace(tmp_path / ".new.om.part", tmp_path / "new.om")
+                load = asyncio.ensure_future(answer(session, "POST", url + "/v2/repository/models/new/load"))
+                await asyncio.wait_for(reading.wait(), 30)  # a hang guard
+                await asyncio.wait_for(arrived(repo, "new"), 30)  # (poll mode: the watcher's read may come first)
+                reading_ready = (await answer(session, "GET", url + "/v2/health/ready"))[0]
+                go_on.set()
+                loaded = (await load)[0]
+                after = (await answer(session, "GET", url + "/v2/health/ready"))[0]
+            return before, reading_ready, loaded, after
+        finally:
+            go_on.set()
+            await runner.cleanup()
+
+    assert asyncio.run(scenario()) == (200, 503, 200, 200)

@@ -1,0 +1,69 @@
+"""Readiness: whether every model that should be served is (GET /v2/health/ready; README "Readiness").
+
+Which models should be served: those the folder holds as last listed (a model with a version its
+policy selects, or a scan problem: a broken config, a bad name), not unloaded on purpose; in
+explicit and none modes only those the start loaded or a load call named (ControlCalls.awaited);
+and in every mode each model a load call is loading, listed yet or not. That call reads the folder
+before its model's load begins, and a model copied in since the last listing was in no listing
+until that read ended: the server said ready while it had been asked for a model it did not serve.
+
+Strict (the default): all of them serve. Lenient: a model whose file or config was refused does
+not hold readiness back; one still settling, loading or waiting for its first retry does, and
+only until readiness has been reached once (latched: replicas sharing a folder would all leave
+their balancer while a model dropped into it loads, an ATC compile taking minutes). In both, a
+model that no instance can run turns it off. Owned by the ModelRepository; loop thread only.
+"""
+from __future__ import annotations
+
+from .control_calls import ControlCalls
+from .failures import LoadFailures
+from .lifecycle import Lifecycle
+from .planner import Planner
+from .status import WAITING_FOR_CONFIG
+
+
+class Readiness:
+    def __init__(self, strict: bool, lifecycle: Lifecycle, planner: Planner, failures: LoadFailures,
+                 calls: ControlCalls):
+        self._strict = strict
+        self._lifecycle, self._planner, self._failures, self._calls = lifecycle, planner, failures, calls
+        self._said_ready = False  # lenient readiness was reached once: later loads do not undo it
+
+    def ready(self) -> bool:
+        """Whether the repository (started, not closed: the caller's to tell) serves what it should."""
+        serving = self._lifecycle.serving
+        # judged by the folder as last listed: one that cannot be listed now tells nothing (what
+        # serves is kept, and so is readiness); one never listed, nothing is ready
+        listed = self._planner.listed
+        if listed is None:
+            return False
+        if any(all(sv.pool.out_of_service() for sv in versions.values()) for versions in serving.values()):
+            return False  # a model served by no instance (pool.out_of_service), in both modes
+        found, problems = self._planner.wanted_models(), set(listed.problems)
+        awaited = self._calls.awaited(found | problems) - self._lifecycle.held
+        if self._strict:
+            return all(n in serving for n in awaited)
+        # (a model a load call names and no listing knows yet is a model to load: wanted)
+        wanted, problems = awaited - (problems - found), awaited & problems
+        self._said_ready = self._said_ready or self._lenient_ready(listed, wanted, problems)
+        return self._said_ready
+
+    def note(self) -> None:
+        """Whether lenient readiness is reached, looked at whenever a model's task ends or a scan
+        is planned, not only when a probe asks: whether a replica stays ready while a model
+        dropped in later loads must not depend on when its probe came."""
+        if not self._strict and not self._said_ready:
+            self.ready()  # (latches)
+
+    def _lenient_ready(self, listed, wanted: set[str], problems: set[str]) -> bool:
+        """Every wanted model serves or was refused, and none of `problems` (the listing's,
+        awaited and not held) waits for its config still being written."""
+        serving = self._lifecycle.serving
+        # a model refused does not hold it back, unless a load call tries it again; one whose first retry
+        # is still to come does, as one loading does (not every retry: they go on for good, and readiness
+        # would never come; a later retry's load comes after readiness was reached, between two retries)
+        failed = {n for n, _ in self._failures.versions()} - self._failures.first_retry_pending()
+        failed -= self._calls.loads_running()
+        waiting = {n for n in problems if listed.problems[n] == WAITING_FOR_CONFIG}
+        return not (waiting - set(serving)) and all(
+            n in serving or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
