@@ -46,7 +46,7 @@ from ..runtime.limits import ResourceLimitError
 from .compile_cache import CompileCache
 from .failures import LoadFailures
 from .load_threads import LoadThreads
-from .loader import load_version
+from .loader import first_step, load_version
 from .plan import DesiredState, ModelPlan, Wanted
 from .planner import Planner
 from .retiring import Retiring, to_the_end
@@ -149,8 +149,8 @@ class Lifecycle:
                 if self.states.get(name, version) is State.LOADING:
                     self.states.move(name, version, State.LOADING, step)
 
-            if version not in self.serving.get(name, {}):
-                self.states.move(name, version, State.LOADING)
+            if version not in self.serving.get(name, {}):  # (what it waits for from the start)
+                self.states.move(name, version, State.LOADING, first_step(wanted))
             stop = CompileStop()
             self._compiles.setdefault(name, set()).add(stop)
             try:

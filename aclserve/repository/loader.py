@@ -4,8 +4,9 @@ Every blocking step runs in the given executor (the compile itself in a child pr
 `limit` (load_concurrency) bounds how many versions load at once, compiles included, so the
 serving models' latency is not hurt. Nothing is unloaded here: the caller swaps the result in.
 On failure everything this built is closed before the error propagates. `progress(step)` (on
-the loop) hears each step as it begins: waiting for a turn, compiling, opening, each warm-up
-run, for the repository index to show.
+the loop) hears each step as it begins: waiting for a turn, looking for an .onnx's compile in the
+cache, compiling, checking the file, opening, each warm-up run, for the repository index to show
+(a version's first, `first_step`, is its reason from the moment it is LOADING: it had none).
 
 Servers sharing a compile cache each remove the entry of a version they retire (compile_cache
 .release), and another may have just found that entry for a file put back (a rollback): an
@@ -28,6 +29,14 @@ from .served import ServedVersion, open_version
 from .validate import validate_om
 
 log = logging.getLogger(__name__)
+
+
+def first_step(wanted: Wanted) -> str:
+    """The step a load of `wanted` begins with, once its turn has come (hashing a large .onnx,
+    checking a large .om: seconds)."""
+    file = os.path.basename(wanted.file.path)
+    return f"looking for the compile of {file} in the compile cache" if wanted.file.kind == "onnx" else \
+        f"checking {file}"
 
 
 async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: CompileCache, name: str,
@@ -55,6 +64,8 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
             raise
 
     async def open_om(path: str) -> ServedVersion:
+        if path != wanted.file.path:  # (a model's own .om: its first step says so)
+            progress(f"checking the compile of {os.path.basename(wanted.file.path)}")
         await run(validate_om, path, runtime.kind)
         # what the compile of an .onnx read from it: the inputs indexing a table
         bounds = await run(cache.index_bounds, wanted.file.path, path) if wanted.file.kind == "onnx" else {}
@@ -63,6 +74,7 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
     if limit.locked():
         progress("waiting: other versions are loading (load_concurrency)")
     async with limit:
+        progress(first_step(wanted))  # (after "waiting", if it waited)
         started = time.monotonic()
         path = await om_path()
         try:

@@ -1,6 +1,7 @@
 """Each model version's state, named here once, and the repository index built from it.
 
-    LOADING      a version not serving yet is being compiled, opened and warmed up
+    LOADING      a version not serving yet is being compiled, opened and warmed up; the reason
+                 names the step it is at (loader.py), from the start
     READY        serving; a reason says a newer file for it was refused (the old file serves on)
     UNLOADING    out of service, the reason says why (lifecycle.py names the causes): draining
                  its queued and in-flight requests, then closing

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from aclserve.config import CompileOptions
-from aclserve.repository.compiler import compiled_om
+from aclserve.repository.compiler import cache_key, compiled_om, exclusive
+from aclserve.repository.control_calls import LOAD_ASKED
 
 from .repo_helpers import held_run, place, until
 
@@ -56,6 +57,25 @@ async def test_a_reload_of_a_serving_version_shows_no_steps(make_repo, models_di
     assert float((await repo.get("a").infer({"x": x}, 1)).outputs["y"][0, 0]) == 2.0  # the new file serves
     assert reasons(repo)["a"] == ("READY", "")
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.asyncio
+async def test_a_version_has_a_reason_from_the_moment_it_is_loading(make_repo, models_dir, model_files, tmp_path):
+    """Its LOADING reason was empty until its first step was said, for as long as hashing a large
+    .onnx (or checking a large .om) took. Held here before that step ends as a replica sharing the
+    compile cache holds it: compiling the same file (its cache entry's lock)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    repo, _ = await make_repo(model_control_mode="explicit", compile_cache_dir=str(cache))
+    place(model_files[1]["onnx"], models_dir / "a.onnx")
+    key = cache_key(models_dir / "a.onnx", repo.config.model_defaults.compile, "cpu")
+    with exclusive(cache / f".a-{key[:32]}.om.lock"):  # another replica compiling a.onnx
+        load = asyncio.ensure_future(repo.load("a"))
+        await until(lambda: reasons(repo).get("a", ("", LOAD_ASKED))[1] != LOAD_ASKED, "its load began")
+        held = reasons(repo)["a"]
+    await load
+    assert held == ("LOADING", "looking for the compile of a.onnx in the compile cache")
+    assert reasons(repo) == {"a": ("READY", "")}
 
 
 def test_a_compile_says_so_and_a_cache_hit_says_nothing(model_files, tmp_path):
