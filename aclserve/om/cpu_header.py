@@ -20,10 +20,15 @@ _AIPP_KEYS = ("input", "input_format", "image_input", "model_input", "crop", "lo
               "load_start_pos_h", "crop_size_w", "crop_size_h", "padding", "left_padding_size",
               "right_padding_size", "top_padding_size", "bottom_padding_size", "rbuv_swap_switch",
               "mean_chn", "min_chn", "var_reci_chn")
-# the AIPP input formats the runtime reports dims for (acl/cpu/_aipp.py _V2_DIMS); YUV420SP halves
-# its chroma rows, so it takes an even height
-AIPP_INPUT_FORMATS = ("YUV420SP_U8", "XRGB8888_U8", "RGB888_U8", "YUV400_U8", "ARGB8888_U8", "YUYV_U8",
-                      "YUV422SP_U8")
+# The AIPP input formats a CPU OM may declare, each with its buffer's layout as aclmdlGetInputDimsV2
+# reports it for static AIPP (NHWC): (the H factor as a fraction, C), whose product is the size
+# get_input_size_by_index reports; the CPU runtime (acl/cpu/_aipp.py) reads this table. YUV420SP halves
+# its chroma rows, so it takes an even height. The CPU compiler writes RGB888_U8 and YUV400_U8 only
+# (both as the picture's own dims); a header naming another format is a hand-made stand-in for an ATC
+# OM taking it (its ONNX graph still takes the picture's dims).
+AIPP_INPUT_FORMATS = {"YUV420SP_U8": ((3, 2), 1), "XRGB8888_U8": ((1, 1), 4), "RGB888_U8": ((1, 1), 3),
+                      "YUV400_U8": ((1, 1), 1), "ARGB8888_U8": ((1, 1), 4), "YUYV_U8": ((1, 1), 2),
+                      "YUV422SP_U8": ((2, 1), 1)}
 
 
 class HeaderError(ValueError):
@@ -105,7 +110,8 @@ def _aipp(op, where: str, input_count: int) -> None:
     rank = op["related_input_rank"]
     _expect(_int(rank) and 0 <= rank < input_count, f"{where}.related_input_rank",
             f"the index of one of its {input_count} inputs")
-    _expect(op["input_format"] in AIPP_INPUT_FORMATS, f"{where}.input_format", f"one of {AIPP_INPUT_FORMATS}")
+    formats = tuple(AIPP_INPUT_FORMATS)  # (not `in` the dict: a list there would raise TypeError, not be refused)
+    _expect(op["input_format"] in formats, f"{where}.input_format", f"one of {formats}")
     dims = op["image_input"].get("dims") if isinstance(op["image_input"], dict) else None
     _expect(isinstance(dims, list) and len(dims) == 4 and all(_int(d) for d in dims), f"{where}.image_input.dims",
             "four sizes (NHWC)")

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import struct
 
+from ...om.cpu_header import AIPP_INPUT_FORMATS
 from .. import constants as C
 
-# aclmdlGetInputDimsV2's table for static AIPP (NHWC): the format's (H factor as a fraction, C); the
-# product of those dims is the buffer get_input_size_by_index reports. The CPU compiler writes
-# RGB888_U8 and YUV400_U8 only (both as the picture's own dims); a header naming another format is
-# a hand-made stand-in for an ATC OM taking it (its ONNX graph still takes the picture's dims).
-_V2_DIMS = {"YUV420SP_U8": ((3, 2), 1), "XRGB8888_U8": ((1, 1), 4), "RGB888_U8": ((1, 1), 3),
-            "YUV400_U8": ((1, 1), 1), "ARGB8888_U8": ((1, 1), 4), "YUYV_U8": ((1, 1), 2),
-            "YUV422SP_U8": ((2, 1), 1)}
-_INPUT_FORMATS = {name: code for code, name in C.AIPP_FORMAT_NAMES.items() if name in _V2_DIMS}
+# the formats a CPU OM may declare and their buffers' layouts: the header checker's table, so what
+# the header check lets through the runtime can report dims for
+_INPUT_FORMATS = {name: code for code, name in C.AIPP_FORMAT_NAMES.items() if name in AIPP_INPUT_FORMATS}
 
 
 def aipp_info(op: dict) -> dict:
@@ -50,7 +46,7 @@ def _c_float(value: float) -> float:
 def dims_v2(input_format: str, dims: tuple[int, ...]) -> tuple[int, ...]:
     """get_input_dims_v2's dims of an input of NHWC `dims` behind a static AIPP of `input_format`;
     KeyError for a format the table has no row for, ValueError for dims it cannot take."""
-    (num, den), channels = _V2_DIMS[input_format]
+    (num, den), channels = AIPP_INPUT_FORMATS[input_format]
     n, height, width, _ = dims
     if height * num % den:
         raise ValueError(f"AIPP input format {input_format} takes an even height, not {height}")
