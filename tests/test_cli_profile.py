@@ -2,9 +2,11 @@
 that hang or are not KServe, trace files it cannot read, outputs it cannot write."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -247,3 +249,53 @@ def test_a_model_the_server_does_not_serve_is_exit_1_as_for_infer_said_once_with
     # in-process the command judges the name against the folder itself: bad input, as --models is
     assert in_process.returncode == 2, in_process.stderr
     assert in_process.stderr == "aclserve profile: error: unknown model 'nomodel' (models ready: digits)\n"
+
+
+def _get(server, path: str) -> dict:
+    with urllib.request.urlopen(f"http://{server.url}{path}", timeout=10) as resp:
+        return json.load(resp)
+
+
+def test_url_interrupted_while_tracing_turns_tracing_off_and_removes_the_server_s_file(tmp_path):
+    """A Ctrl-C during the run put the settings back but left profile-MODEL.json (its traces so
+    far, tens of MB) in the server's trace folder, where each later failed run appended to it."""
+    traces = tmp_path / "traces"
+    with ServerThread(server_config(_models(tmp_path), model_control_mode="none", trace_dir=str(traces))) as server:
+        before = _get(server, "/v2/models/digits/trace/setting")
+        proc = subprocess.Popen([sys.executable, "-m", "aclserve", "profile", "digits", "--url", f"http://{server.url}",
+                                 "--trace-dir", "traces", "--seconds", "600", "--clients", "2", "--trace", "out.json"],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            while _get(server, "/v2/models/digits/trace/setting")["trace_level"] != ["TIMESTAMPS"]:
+                assert proc.poll() is None, proc.communicate()
+                time.sleep(0.02)
+            # the warm-up's requests were all answered before tracing went on: one more is a traced one
+            answered = _get(server, "/v2/models/digits/stats")["model_stats"][0]["inference_stats"]["success"]["count"]
+            while _get(server, "/v2/models/digits/stats")["model_stats"][0]["inference_stats"]["success"]["count"] \
+                    == answered:
+                assert proc.poll() is None, proc.communicate()
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert _get(server, "/v2/models/digits/trace/setting") == before  # off, and the model's own settings back
+    # (the server closed: whatever it still held for the file is written by now)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    assert os.listdir(traces) == [] and not (tmp_path / "out.json").exists()
+
+
+def test_url_with_a_trace_dir_that_does_not_exist_stops_before_anything_is_traced(tmp_path):
+    """It ran the whole load, waited 30 s for the file and left it in the server's own folder."""
+    traces = tmp_path / "traces"
+    with ServerThread(server_config(_models(tmp_path), model_control_mode="none", trace_dir=str(traces))) as server:
+        before = _get(server, "/v2/models/digits/trace/setting")
+        proc = _profile("digits", "--url", f"http://{server.url}", "--trace-dir", "elsewhere", "--seconds", "1",
+                        cwd=tmp_path)
+        assert _get(server, "/v2/models/digits/trace/setting") == before
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr == ("aclserve profile: error: --trace-dir elsewhere: no such folder here; it must be the "
+                           "server's trace folder (its trace_dir), as seen from this machine\n")
+    assert os.listdir(traces) == []

@@ -2,7 +2,12 @@
 turned on into profile-MODEL.json inside the server's trace folder for the run, read back from
 --trace-dir (the server must share this machine's filesystem) and removed there, and the model's
 own trace settings put back. One name per model: the server takes a bounded number of trace_file
-names (trace/names.py MAX_NAMES), so a name per run stopped every profile after 1,024 runs."""
+names (trace/names.py MAX_NAMES), so a name per run stopped every profile after 1,024 runs.
+
+A run interrupted (Ctrl-C, SIGTERM: asyncio.run cancels it) or failed once tracing is on still
+turns it off and puts the settings back, and removes the file the server writes for the requests
+it traced (once they are answered); a file it cannot remove (not written in time, a second Ctrl-C,
+a --trace-dir that is not the server's folder) is named in one line."""
 from __future__ import annotations
 
 import asyncio
@@ -130,7 +135,11 @@ async def run_remote(args, make_body):
         headers = {"Inference-Header-Content-Length": str(header_length), "Content-Type": "application/octet-stream"}
         url = f"{base}/v2/models/{args.model}/infer"
 
+        sent = 0  # requests sent, warm-up included: the server writes a trace file if any was traced
+
         async def one() -> str | None:
+            nonlocal sent
+            sent += 1
             try:
                 async with session.post(url, data=body, headers=headers) as resp:
                     await resp.read()
@@ -145,37 +154,81 @@ async def run_remote(args, make_body):
         await closed_loop(args.clients, min(1.0, args.seconds / 5), one)  # warm-up, untraced
         restore = await _own_trace_settings(session, base, setting)
         _remove_stale(path)
-        async with session.post(setting, json={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
-                                               "log_frequency": "0", "trace_file": name,
-                                               "trace_format": "chrome"}) as resp:
-            if resp.status != 200:
-                raise await _refusal(resp, "could not turn tracing on: ")
-        traced_from = time.time()
+        traced_from, untraced, off = time.time(), sent, False
         try:
-            outcomes = await closed_loop(args.clients, args.seconds, one)
-        finally:
-            async with session.post(setting, json={"trace_level": ["OFF"]}) as resp:
-                await resp.read()  # tracing OFF writes the file
-            async with session.post(setting, json=restore) as resp:  # the model's own as they were
-                if resp.status != 200:
-                    print(f"aclserve profile: warning: could not put the model's trace settings back "
-                          f"({await _said(resp)}); they are {restore}", file=sys.stderr)
-    await _written_since(path, traced_from)
+            try:  # (the request turning it on too: interrupted in flight, the server may have taken it)
+                await _trace_on(session, setting, name, args.trace_dir)
+                outcomes = await closed_loop(args.clients, args.seconds, one)
+            finally:
+                async with session.post(setting, json={"trace_level": ["OFF"]}) as resp:
+                    await resp.read()  # tracing OFF writes the file
+                off = True
+                await _put_back(session, setting, restore)
+        except BaseException:  # interrupted or failed: what the server writes for it is not left behind
+            if off and sent > untraced:  # (a server that went away writes nothing to wait for)
+                await _take_back(path, traced_from)
+            raise
+    try:
+        written = await _written_since(path, traced_from)
+    except asyncio.CancelledError:  # (interrupted while waiting for it)
+        _say_left(path)
+        raise
+    if not written:
+        raise UsageError(f"the server did not write {path} (is --trace-dir its trace folder?); it writes this "
+                         f"run's trace as {name} in its own trace folder (its trace_dir): remove it there")
     events = read_trace(path)
     _remove_stale(path)  # read: the client writes its own copy (--trace); each run left up to 24 MB
     return events, outcomes, None
 
 
-async def _written_since(path: str, since: float) -> None:
+async def _trace_on(session, setting: str, name: str, trace_dir: str) -> None:
+    async with session.post(setting, json={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
+                                           "log_frequency": "0", "trace_file": name,
+                                           "trace_format": "chrome"}) as resp:
+        if resp.status != 200:
+            raise await _refusal(resp, "could not turn tracing on: ")
+    if not os.path.isdir(trace_dir):  # the server has its folder for the name now: found out before any trace
+        raise UsageError(f"--trace-dir {trace_dir}: no such folder here; it must be the server's trace folder "
+                         "(its trace_dir), as seen from this machine")
+
+
+async def _put_back(session, setting: str, restore: dict) -> None:
+    async with session.post(setting, json=restore) as resp:  # the model's own as they were
+        if resp.status != 200:
+            print(f"aclserve profile: warning: could not put the model's trace settings back "
+                  f"({await _said(resp)}); they are {restore}", file=sys.stderr)
+
+
+async def _take_back(path: str, since: float) -> None:
+    """Remove the file the server writes for a run that failed or was interrupted, once it is
+    written (its requests in flight answered); said in one line when it is not in WRITE_WAIT_S or
+    a second Ctrl-C ends the wait."""
+    written = False
+    try:
+        written = await _written_since(path, since)
+    finally:
+        if written:
+            _remove_stale(path)
+        else:
+            _say_left(path)
+
+
+def _say_left(path: str) -> None:
+    print(f"aclserve profile: the server's trace of this run is left (once written): {path}, or "
+          f"{os.path.basename(path)} in the server's own trace folder if --trace-dir is not it", file=sys.stderr)
+
+
+async def _written_since(path: str, since: float) -> bool:
+    """Whether the server wrote `path` since `since` within WRITE_WAIT_S."""
     deadline = time.monotonic() + WRITE_WAIT_S
     while time.monotonic() < deadline:
         try:
             if os.stat(path).st_mtime >= since:
-                return
+                return True
         except OSError:
             pass
         await asyncio.sleep(0.1)
-    raise UsageError(f"the server did not write {path} (is --trace-dir its trace folder?)")
+    return False
 
 
 def read_trace(path: str) -> list[dict]:
