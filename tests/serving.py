@@ -73,9 +73,17 @@ class ServerThread:
             raise RuntimeError(f"server did not start: {self.error!r}")
         return self
 
-    def close(self) -> None:
+    def on_loop(self, callback) -> None:
+        """Run `callback` on the server's loop, from any thread, after what is scheduled there."""
+        self._loop.call_soon_threadsafe(callback)
+
+    def begin_close(self) -> None:
+        """Have the server shut down as on SIGTERM (close() waits for it to end)."""
         if self._loop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
+
+    def close(self) -> None:
+        self.begin_close()
         self._thread.join(60)
 
     def __enter__(self) -> "ServerThread":

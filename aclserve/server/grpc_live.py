@@ -11,6 +11,8 @@ is live from the wrapper's first line until grpc runs the done callback it regis
 the call's status has gone out, or the call was cancelled). A repository load or unload is live
 but does not hold the drain, as over HTTP, where the drain waits for inference alone: a load can
 compile and warm up for minutes, and the shutdown abandons it anyway (answered UNAVAILABLE).
+The wrapper also passes every call through the endpoint's StopGate (grpc_gate.py): one started
+while the gate is closed is refused once it opens, and an answer ready meanwhile waits for it.
 """
 from __future__ import annotations
 
@@ -19,19 +21,23 @@ import asyncio
 import grpc
 
 from .deadline_wait import set_by
+from .grpc_gate import StopGate
 
 
 class LiveCalls:
     """Owned by the endpoint (grpc_server.GrpcServer); event-loop thread only."""
 
-    def __init__(self):
+    def __init__(self, gate: StopGate):
         self.all = _Count()
         self.holding_drain = _Count()  # all but repository control
+        self._gate = gate
 
-    def counted(self, handler: grpc.RpcMethodHandler, holds_drain: bool = True) -> grpc.RpcMethodHandler:
-        """`handler` (client-streaming: every entry of the endpoint's table is) whose calls count
-        here. A streaming answer is written by the wrapper as grpc would write it itself."""
+    def counted(self, handler: grpc.RpcMethodHandler, method: str, holds_drain: bool = True) -> grpc.RpcMethodHandler:
+        """`handler` of `method` (client-streaming: every entry of the endpoint's table is) whose
+        calls count here and pass the gate. A streaming answer is written by the wrapper as grpc
+        would write it itself."""
         counts = (self.all, self.holding_drain) if holds_drain else (self.all,)
+        gate = self._gate
 
         def opened(context) -> None:
             for count in counts:
@@ -42,15 +48,36 @@ class LiveCalls:
 
             async def stream_stream(requests, context):
                 opened(context)
-                async for answer in answers(requests, context):
-                    await context.write(answer)
+                if gate.closed:
+                    await gate.refuse(context, method)
+                try:
+                    async for answer in answers(requests, context):
+                        if gate.closed:
+                            await gate.passed()
+                        await context.write(answer)
+                except Exception:  # the call's status (context.abort's AbortError included)
+                    if gate.closed:
+                        await gate.passed()
+                    raise
+                if gate.closed:
+                    await gate.passed()
             return handler._replace(stream_stream=stream_stream)
         if handler.request_streaming:
             answer = handler.stream_unary
 
             async def stream_unary(requests, context):
                 opened(context)
-                return await answer(requests, context)
+                if gate.closed:
+                    await gate.refuse(context, method)
+                try:
+                    response = await answer(requests, context)
+                except Exception:
+                    if gate.closed:
+                        await gate.passed()
+                    raise
+                if gate.closed:
+                    await gate.passed()
+                return response
             return handler._replace(stream_unary=stream_unary)
         raise TypeError("the gRPC endpoint's methods are all client-streaming on its side")
 

@@ -4,9 +4,11 @@ ServerState.
 
 Built by the composition root (aclserve/app.py), handed to server.app.serve(), which owns it
 from then on: started after the HTTP site (models are loaded by then); at shutdown drained with
-the HTTP requests (drain: every connection told to go at once, GOAWAY, and the port closed, so
-that clients reconnect elsewhere; then until no call is live, grpc_live.py, or the drain's
-deadline; a connection without calls does not count) and stopped as the models close, within
+the HTTP requests (drain: the calls grpc has received but not handed to a handler taken first,
+grpc_queued.py, which grpc's stop would end CANCELLED, nothing sent meanwhile, grpc_gate.py; then
+every connection told to go at once, GOAWAY, and the port closed, so that clients reconnect
+elsewhere, the calls started since answered UNAVAILABLE; then until no call is live, grpc_live.py,
+or the drain's deadline; a connection without calls does not count) and stopped as the models close, within
 the same deadline as the HTTP connections (stop: the calls still at work end UNAVAILABLE,
 stalled clients included, then every connection closes once no call is live, at the deadline
 at most).
@@ -43,8 +45,10 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from . import grpc_log, tls
+from .grpc_gate import StopGate
 from .grpc_health import SERVICE as HEALTH_SERVICE, HealthServicer
 from .grpc_live import LiveCalls
+from .grpc_queued import QueuedCalls
 from .grpc_service import InferenceServicer
 
 log = logging.getLogger(__name__)
@@ -57,6 +61,9 @@ PING_TIMEOUT_S = 20  # and closed when the ping is not answered in this (a dead 
 # grpc's own stop, begun with the drain, would cancel every call this long after the drain's
 # deadline; stop() ends them first, once the models' last answers are out (ANSWER_GRACE_S after it)
 STOP_BACKSTOP_S = 10.0
+# the drain waits this long at most for grpc's queued calls (grpc_queued.py: a call whose headers
+# core refused is counted there for good); typically the loop takes them within milliseconds
+QUEUE_WAIT_S = 1.0
 
 
 def address(host: str, port: int) -> str:
@@ -99,6 +106,7 @@ def server_options(config, max_message_bytes: int, connections: int) -> list[tup
         # without BDP probing a stream's window stays at grpc's 64 KB lookahead until its handler
         # reads (with it, 4 MiB: what a client may send per call before anything reads it)
         ("grpc.http2.bdp_probe", 0),
+        ("grpc.enable_channelz", 1),  # (its default) the calls received, which the drain waits for: grpc_queued.py
     ] + ([("grpc.max_connection_age_ms", ms(config.grpc_max_connection_age_s)),
           ("grpc.max_connection_age_grace_ms", ms(config.shutdown_timeout_s))]
          if config.grpc_max_connection_age_s > 0 else [])
@@ -139,8 +147,9 @@ def method_handlers(servicer: InferenceServicer) -> tuple[str, dict]:
 
 
 class GrpcServer:
-    """Owns one grpc.aio.Server. start() binds and serves; drain() has every connection told to
-    go and waits for the calls live (grpc_live.py); stop() ends those still at work with UNAVAILABLE
+    """Owns one grpc.aio.Server. start() binds and serves; drain() takes the calls grpc holds for
+    the loop (grpc_queued.py, grpc_gate.py), has every connection told to go and waits for the
+    calls live (grpc_live.py); stop() ends those still at work with UNAVAILABLE
     "server is shutting down" (open_calls.py) and, once every call has finished (its status
     sent) or at its deadline, closes every connection, cancelling what is left. stop() is
     idempotent."""
@@ -150,20 +159,22 @@ class GrpcServer:
         self.port: int | None = None
         config = state.config
         self.max_connections = state.grpc_max_connections  # what the descriptor limit leaves it (server/app.py)
-        self._server = grpc.aio.server(options=server_options(config, max_message_bytes, self.max_connections),
-                                       maximum_concurrent_rpcs=config.max_connections)
+        self._queued = QueuedCalls()
+        self._server = self._queued.server(lambda: grpc.aio.server(
+            options=server_options(config, max_message_bytes, self.max_connections),
+            maximum_concurrent_rpcs=config.max_connections))
         grpc_log.install()  # a client gone under its answer is not an ERROR with a traceback
         self._servicer = InferenceServicer(state)
         self._health = HealthServicer(state, self._servicer.calls)
-        self._live = LiveCalls()
-        # Generic handlers only, no registered methods: grpc.aio keeps a call request open per
+        self._gate = StopGate(state.redact)
+        self._live = LiveCalls(self._gate)
+        # One generic handler, no registered methods: grpc.aio keeps a call request open per
         # registered method and awaits all of them (asyncio.wait) for every call it accepts; the
         # 22 methods served cost each call about 12 us of the loop
-        self._server.add_generic_rpc_handlers(tuple(
-            grpc.method_handlers_generic_handler(service, {
-                name: self._live.counted(handler, holds_drain=name not in REPOSITORY_CONTROL)
-                for name, handler in handlers.items()})
-            for service, handlers in (method_handlers(self._servicer), (HEALTH_SERVICE, self._health.handlers()))))
+        self._server.add_generic_rpc_handlers((self._queued.dispatcher({
+            f"/{service}/{name}": self._live.counted(handler, name, holds_drain=name not in REPOSITORY_CONTROL)
+            for service, handlers in (method_handlers(self._servicer), (HEALTH_SERVICE, self._health.handlers()))
+            for name, handler in handlers.items()}),))
         self._credentials = tls.grpc_credentials(config)  # read now: a bad file stops the start
         self._started = self._stopped = False
         self._stopping: asyncio.Future | None = None  # grpc's own stop, from the drain on
@@ -189,25 +200,38 @@ class GrpcServer:
         return bound
 
     async def drain(self, deadline: float) -> None:
-        """Take no new calls nor connections from now: every connection is told to go (GOAWAY)
-        and the port closes, so that a client's next call opens a new connection, to another
-        replica (a client keeping its channel had every call refused "shutting down" for the
-        whole drain, the connection going only at stop()). Then wait until no call is live but
+        """Take no new calls nor connections from now. First the calls grpc has received and not
+        handed to a handler yet are taken (grpc's stop would end them CANCELLED, which retry
+        policies keyed on UNAVAILABLE do not retry: grpc_queued.py), within QUEUE_WAIT_S; the
+        gate is closed meanwhile (grpc_gate.py): a call starting waits, then is refused
+        UNAVAILABLE, and an answer waits, so that no client is prompted to send another call.
+        Then every connection is told to go (GOAWAY) and the port closes, so that a client's
+        next call opens a new connection, to another replica (a client keeping its channel had
+        every call refused "shutting down" for the whole drain, the connection going only at
+        stop()), and the gate opens. Then wait until no call is live but
         repository loads and unloads, or until `deadline` (time.monotonic()). The calls in
         flight and the open streams go on (a stream reads nothing more and ends once its
         requests running are answered), as does a connection without calls until its client
         leaves; none of those holds the drain."""
+        self._gate.close()
         self._servicer.drain_streams()
         self._health.drain()
-        self._stop_taking_calls(deadline + STOP_BACKSTOP_S)
+        try:
+            if self._started and not await self._queued.none_by(min(deadline, time.monotonic() + QUEUE_WAIT_S)):
+                log.info("gRPC: %d call(s) grpc had received were not handed to the server %g s into the drain: "
+                         "grpc's stop ends them CANCELLED", self._queued.waiting(), QUEUE_WAIT_S)
+        finally:  # (a second signal ends that wait: grpc's stop at once)
+            self._stop_taking_calls(deadline + STOP_BACKSTOP_S)
         await self._live.holding_drain.none_by(deadline)
 
     def _stop_taking_calls(self, backstop: float) -> None:
         """grpc's own stop: GOAWAY to every connection, the port closed, new calls refused by
-        grpc. Its grace (to `backstop`, time.monotonic()) only bounds grpc's wait: stop() ends
-        what is left before it."""
+        grpc (and those core holds without a handler ended CANCELLED). Its grace (to `backstop`,
+        time.monotonic()) only bounds grpc's wait: stop() ends what is left before it. The gate
+        opens just after its first step, which sends the GOAWAYs and closes the port."""
         if self._started and self._stopping is None:
             self._stopping = asyncio.ensure_future(self._server.stop(max(0.0, backstop - time.monotonic())))
+            asyncio.get_running_loop().call_soon(self._gate.open)  # (run after that step: call_soon is FIFO)
 
     async def stop(self, deadline: float | None = None) -> None:
         """Take no new calls nor connections, end the calls still at work, then close every

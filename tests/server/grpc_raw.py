@@ -43,10 +43,11 @@ def call_headers(path: str, authority: str, stream: int = 1) -> bytes:
     return frame(HEADERS, 0x4, stream, block)
 
 
-def frames_until_closed(sock: socket.socket, answer: bool = True, limit_s: float = 30.0) -> list[tuple[int, int, int]]:
-    """(type, flags, stream) of every frame the server sends until it closes the connection;
-    with `answer`, its SETTINGS and PINGs are acknowledged as a client does (the limit is a hang
-    guard)."""
+def frames_until_closed(sock: socket.socket, answer: bool = True, limit_s: float = 30.0,
+                        payloads: bool = False) -> list[tuple]:
+    """(type, flags, stream) of every frame the server sends until it closes the connection, and
+    its payload with `payloads`; with `answer`, its SETTINGS and PINGs are acknowledged as a
+    client does (the limit is a hang guard)."""
     sock.settimeout(limit_s)
     data, found = b"", []
     while True:
@@ -61,7 +62,7 @@ def frames_until_closed(sock: socket.socket, answer: bool = True, limit_s: float
             length, kind, flags = int.from_bytes(data[:3], "big"), data[3], data[4]
             stream, payload = int.from_bytes(data[5:9], "big") & 0x7FFFFFFF, data[9:9 + length]
             data = data[9 + length:]
-            found.append((kind, flags, stream))
+            found.append((kind, flags, stream, payload) if payloads else (kind, flags, stream))
             if not answer:
                 continue
             if kind == SETTINGS and not flags & 1:

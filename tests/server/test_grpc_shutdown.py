@@ -80,7 +80,8 @@ async def stream_outcome(call) -> tuple[list[str], grpc.aio.AioRpcError | None]:
 async def drain_begun(ready) -> None:
     """Until the drain has begun: ServerReady on the channel answers false, or fails UNAVAILABLE
     (its connection told to go and the port closed, as the drain begins) or CANCELLED (a call
-    that met grpc's own stop as it arrived: seen once in a fresh-clone CI run)."""
+    still on its way as grpc's own stop began, which grpc core cancels: seen once in a
+    fresh-clone CI run, when that stop also cancelled the calls grpc had queued)."""
     while True:
         try:
             if not (await asyncio.wait_for(ready(pb.ServerReadyRequest()), HANG_GUARD_S)).ready:
