@@ -45,8 +45,9 @@ class AclRuntime:
         self._started = False
         self._failed: dict[int, int] = {}  # device -> the code it failed with as a whole (device_health.py)
         self._on_failure = None  # on_device_failure's callback
-        self._after_failure = ("no instance is rebuilt on it and its models' calls fail (DeviceFailed): "
-                               "close the Engine and restart the process")
+        self._after_failure = ("no instance is rebuilt on it, no batch is sent to it, and the calls of a model "
+                               "with no instance on another device fail (DeviceFailed): close the Engine and "
+                               "restart the process")
 
     def start(self) -> "AclRuntime":
         global _users

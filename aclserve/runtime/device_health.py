@@ -22,6 +22,11 @@ line says what follows; the server drains and exits for its supervisor to restar
 resets the device). A probe that cannot tell (the allocation refused, its synchronize timed out
 behind a hung device, the probe itself raising) takes the device as healthy. Probes block (a completion or rebuild
 thread's: never the event loop's) and run one at a time per device.
+
+Once known (one Device, so one DeviceHealth, per device id in a process: AclRuntime.device), no
+pool sends a batch to an instance on the device (`on_failed_device`), one never run there since
+included: a model with an instance on a healthy device runs there, and one with none fails its
+batches at once (`unrunnable`), without touching the device.
 """
 from __future__ import annotations
 
@@ -109,6 +114,21 @@ def known_failure(device) -> DeviceFailed | None:
     return DeviceFailed(describe(device.id, code)) if code else None
 
 
+def on_failed_device(instance) -> bool:
+    """Whether `instance` is on a device found failed as a whole (no probe): the pool sends it no
+    batch, a re-run or a first one alike (it would fail there, and touch the failed device)."""
+    return bool(instance.device.health.code)
+
+
+def free_slots(instances) -> list[int]:
+    """Each of `instances`' free slots as the pool offers them (its lanes()): none on a device found
+    failed as a whole while another is on a healthy device (batches go there); with every one on a
+    failed device, their own, so that a batch formed for them is answered at once (DeviceFailed) and
+    its batcher fails its queue with it, rather than keep its requests waiting for a slot."""
+    everywhere = all(on_failed_device(i) for i in instances)
+    return [i.free_count() if everywhere or not on_failed_device(i) else 0 for i in instances]
+
+
 def failed_everywhere(instances) -> DeviceFailed | None:
     """DeviceFailed when the device of every one of `instances` was found failed as a whole (no
     probe): no batch can run on them again in this process. Else None."""
@@ -128,6 +148,19 @@ def unrunnable(instances, why: str) -> ExecutionFailed:
     """What a batch no instance can run fails with: DeviceFailed once the devices of all
     `instances` were found failed as a whole (no probe), else ExecutionFailed(why)."""
     return failed_everywhere(instances) or ExecutionFailed(why)
+
+
+def out_of_service(instances, rebuild_failures: dict[int, str]) -> str | None:
+    """Why none of `instances` can run a batch now, or None (requests wait): each is out of rotation
+    with its rebuild failed (`rebuild_failures`: lane -> why), or on a device found failed as a whole
+    (in rotation still, if it was sent no batch since: none is sent it)."""
+    why = []
+    for lane, instance in enumerate(instances):
+        failed = rebuild_failures.get(lane) if instance.broken else None
+        if not failed and (failed := known_failure(instance.device)) is None:
+            return None
+        why.append(str(failed))
+    return f"no instance can run a batch: {why[0]}"
 
 
 def describe(device_id: int, code: int) -> str:

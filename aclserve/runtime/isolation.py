@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Callable
 
+from . import device_health
 from .batch import Batch, Run
 
 
@@ -97,6 +98,17 @@ class Isolation:
             self._waiting.extend(parts)
             self._left += len(parts)
         self._run_next()
+
+    def reserve(self, instances: list, backing_off: set[int]) -> tuple[int, object] | None:
+        """A part's (lane, slot) on `lane`, alone there (the pool's lock held). Its rebuild backing off,
+        or its device found failed as a whole, `lane` moves to a healthy instance if there is one; a
+        lane on a failed device takes nothing (the pool answers the part: device_health.py)."""
+        if self.lane in backing_off or device_health.on_failed_device(instances[self.lane]):
+            self.lane = next((k for k, instance in enumerate(instances) if not instance.broken
+                              and not device_health.on_failed_device(instance)), self.lane)
+        instance = instances[self.lane]
+        slot = None if device_health.on_failed_device(instance) else instance.try_reserve(alone=True)
+        return (self.lane, slot) if slot is not None else None
 
     def finished(self, batch: Batch) -> Batch | None:
         """What the pool's listener gets for finished `batch`: itself, unless it is a part; for a

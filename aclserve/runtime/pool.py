@@ -13,7 +13,7 @@ on a failed batch, a stream reset that failed) is rebuilt in a background thread
 (context, streams, model copy, slots) takes its lane, batches wait for it in the pool meanwhile
 (the batcher sees the lane busy), and the old one is closed afterwards: freed once the device lets
 go of it, or abandoned after its reset_timeout_ms (teardown.py). None is rebuilt on a device that
-failed as a whole (device_health.py): its batches fail with DeviceFailed."""
+failed as a whole, nor sent a batch (device_health.py): with no other, the batches fail with DeviceFailed."""
 from __future__ import annotations
 
 import collections
@@ -83,7 +83,7 @@ class InstancePool:
 
     def lanes(self) -> list[int]:
         with self._lock:
-            free = [i.free_count() for i in self.instances]
+            free = device_health.free_slots(self.instances)  # (none on a failed device while another serves)
             for batch in self._pending:
                 if batch.lane is not None and batch.failed_lane is None:
                     free[batch.lane] -= 1
@@ -133,20 +133,21 @@ class InstancePool:
         return True
 
     def slot_free(self) -> None:
-        ready, passed = [], []  # in FIFO order, each waiting batch that can now have a slot, while
-        with self._lock:  # any is free (a look at every one: an Engine call of 16,000 runs, 51 s)
-            free = sum(i.free_count() for i in self.instances)
+        ready, passed, stranded = [], [], []  # in FIFO order, each waiting batch that can now have a slot,
+        with self._lock:  # while any is free (a look at every one: an Engine call of 16,000 runs, 51 s)
+            free = sum(device_health.free_slots(self.instances))
             while self._pending and free > 0:
                 batch = self._pending.popleft()
                 target = self._pick(batch)
-                if target is None:
-                    passed.append(batch)
-                else:
+                if target is not None:
                     ready.append((batch, target))
                     free -= 1
+                else:  # (answered if every instance that may run it is on a device found failed as a whole since)
+                    (passed if self._candidates(batch) else stranded).append(batch)
             self._pending.extendleft(reversed(passed))
         for batch, target in ready:
             self._launch(batch, *target)
+        self._answer_unrunnable(stranded, "no healthy instance can run the batch")
         if self._listener is not None:
             self._listener.slot_free()
         if self._builder is not None and any(i.broken for i in self.instances):
@@ -175,8 +176,10 @@ class InstancePool:
         return self._builder is not None and bool(self._candidates(batch)) and not self._futile(batch)
 
     def _candidates(self, batch: Batch) -> list[int]:
-        """The lanes that may run `batch`: all but the instance it failed on (rebuilt, it may)."""
-        return [k for k, instance in enumerate(self.instances) if instance is not batch.failed_by]
+        """The lanes that may run `batch`: all but the instance it failed on (rebuilt, it may) and those
+        on a device found failed as a whole (none is rebuilt there)."""
+        return [k for k, instance in enumerate(self.instances)
+                if instance is not batch.failed_by and not device_health.on_failed_device(instance)]
 
     def _futile(self, batch: Batch) -> bool:
         """Every instance that may run `batch` is broken, its rebuild failed again and backing off."""
@@ -196,26 +199,25 @@ class InstancePool:
         self.instances[lane].launch(slot, batch)
 
     def _usable(self, lane: int, batch: Batch) -> bool:
-        return self.instances[lane] is not batch.failed_by and not self.instances[lane].broken
+        instance = self.instances[lane]
+        return instance is not batch.failed_by and not instance.broken and not device_health.on_failed_device(instance)
 
     def _pick(self, batch: Batch) -> tuple[int, object] | None:
         """A reserved (lane, slot) for `batch`, or None. A named lane is kept while healthy (the batch
         waits for its slot); a retry goes wherever a slot is free, but where it failed. While parts
         of a failed batch are left, one instance runs only them, one with nothing else in flight
-        (isolation.py): the one it failed on (rebuilt), or, its rebuild backing off, a healthy one."""
+        (isolation.py): the one it failed on (rebuilt), or, its rebuild backing off, a healthy one. No batch
+        goes to an instance on a device found failed as a whole (device_health.on_failed_device)."""
         held = self._isolation.lane if self._isolation.active else None
         if held is not None and isolation.is_part(batch):
-            if held in self._backing_off:
-                self._isolation.lane = held = next((k for k, i in enumerate(self.instances) if not i.broken), held)
-            slot = self.instances[held].try_reserve(alone=True)
-            return (held, slot) if slot is not None else None
+            return self._isolation.reserve(self.instances, self._backing_off)
         wanted = batch.lane if batch.failed_lane is None and batch.lane != held else None
         if wanted is not None and self._usable(wanted, batch):
             slot = self.instances[wanted].try_reserve()
             return (wanted, slot) if slot is not None else None
         best, best_free = None, 0
         for lane, instance in enumerate(self.instances):
-            if instance is batch.failed_by or lane == held:
+            if lane == held or not self._usable(lane, batch):
                 continue
             free = instance.free_count()
             if free > best_free:
@@ -234,11 +236,8 @@ class InstancePool:
         return timeout_ms
 
     def out_of_service(self) -> str | None:
-        """Why no batch can run now (every instance out, each rebuild failed), or None (requests wait)."""
-        failures = dict(self._rebuild_failures)
-        if any(not instance.broken for instance in self.instances) or len(failures) < len(self.instances):
-            return None
-        return f"no instance can run a batch: {failures[min(failures)]}"
+        """Why no batch can run now (device_health.out_of_service), or None (requests wait)."""
+        return device_health.out_of_service(self.instances, dict(self._rebuild_failures))
 
     def failed_for_good(self) -> DeviceFailed | None:  # (BatchExecutor; no probe: never blocks)
         return device_health.failed_everywhere(self.instances)
