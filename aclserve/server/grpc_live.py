@@ -83,15 +83,17 @@ class LiveCalls:
 
 
 class _Count:
-    """Calls live of one kind; event-loop thread only."""
+    """Calls live of one kind, and `started`, every call of it so far; event-loop thread only."""
 
     def __init__(self):
         self.count = 0
+        self.started = 0  # (the calls refused for the call limit are found from it: grpc_refusals.py)
         self._none = asyncio.Event()
         self._none.set()
 
     def opened(self, context) -> None:
         self.count += 1
+        self.started += 1
         self._none.clear()
         context.add_done_callback(self._finished)
 

@@ -77,10 +77,12 @@ class QueuedCalls:
             log.debug("gRPC: the server's channelz id is not known: the drain does not wait for grpc's queue")
         return server
 
-    def dispatcher(self, methods: dict[str, grpc.RpcMethodHandler]) -> grpc.GenericRpcHandler:
+    def dispatcher(self, methods: dict[str, grpc.RpcMethodHandler],
+                   not_found: Callable[[], None] = lambda: None) -> grpc.GenericRpcHandler:
         """The generic handler of `methods` (by full name, "/service/Method") that counts the calls
-        taken: grpc.aio asks it once per call it has taken from core."""
-        return _Dispatcher(methods, self._count)
+        taken: grpc.aio asks it once per call it has taken from core. `not_found()` is called for
+        a call of a method not among them (grpc answers it UNIMPLEMENTED: grpc_refusals.py)."""
+        return _Dispatcher(methods, self._count, not_found)
 
     def _count(self) -> None:
         self.taken += 1
@@ -106,10 +108,15 @@ class QueuedCalls:
 
 
 class _Dispatcher(grpc.GenericRpcHandler):
-    def __init__(self, methods: dict[str, grpc.RpcMethodHandler], taken: Callable[[], None]):
+    def __init__(self, methods: dict[str, grpc.RpcMethodHandler], taken: Callable[[], None],
+                 not_found: Callable[[], None]):
         self._methods = methods
         self._taken = taken
+        self._not_found = not_found
 
     def service(self, handler_call_details) -> grpc.RpcMethodHandler | None:
         self._taken()
-        return self._methods.get(handler_call_details.method)
+        handler = self._methods.get(handler_call_details.method)
+        if handler is None:
+            self._not_found()
+        return handler

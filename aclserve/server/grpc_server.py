@@ -15,19 +15,19 @@ at most).
 Messages may be as large as `grpc_max_message_bytes` (at most `max_body_bytes`: config/server.py;
 gRPC's own default is 4 MiB); responses are not limited, as over HTTP.
 
-The HTTP limits, as grpc core spells them (server_options): at most `max_connections` calls at
-once (maximum_concurrent_rpcs: HTTP runs at most one request per connection, so both transports
-admit as many requests; the next call is answered RESOURCE_EXHAUSTED "Concurrent RPC limit
-exceeded!" by grpc itself) and at most `max_connections` connections (more are closed as they
-are accepted; the descriptor limit is raised to fit both transports), with no cap of calls per
-connection but that one, as in Triton (grpc.max_concurrent_streams at HTTP/2's advised 100 failed
-calls below it: grpc core counts a finished call against that cap until its cleanup, so a client
-keeping 150 calls in flight on one channel, as tritonclient's async_infer does, had one in ten
-refused "Stream removed", where it should have waited), a connection that has not said hello
-within `header_timeout_s` closed, and one without calls closed after `keepalive_timeout_s`. A
-connection with calls open that stops answering pings is closed after PING_AFTER_S +
-PING_TIMEOUT_S; a call whose message stops half-way ends after `body_timeout_s`
-(grpc_intake.receive, every method). Every
+The HTTP limits, as grpc core spells them (server_options): at most `max_connections` calls at once
+(maximum_concurrent_rpcs: HTTP runs at most one request per connection, so both transports admit as
+many requests; the next call is answered RESOURCE_EXHAUSTED "Concurrent RPC limit exceeded!" by
+grpc itself, counted for /metrics as grpc_refusals.py finds it) and at most `max_connections`
+connections (more are closed as they are accepted; the descriptor limit is raised to fit both
+transports), with no cap of calls per connection but that one, as in Triton
+(grpc.max_concurrent_streams at HTTP/2's advised 100 failed calls below it: grpc core counts a
+finished call against that cap until its cleanup, so a client keeping 150 calls in flight on one
+channel, as tritonclient's async_infer does, had one in ten refused "Stream removed", where it
+should have waited), a connection that has not said hello within `header_timeout_s` closed, and one
+without calls closed after `keepalive_timeout_s`. A connection with calls open that stops answering
+pings is closed after PING_AFTER_S + PING_TIMEOUT_S; a call whose message stops half-way ends after
+`body_timeout_s` (grpc_intake.receive, every method). Every
 connection is asked to go (GOAWAY) after `grpc_max_connection_age_s` and closed
 `shutdown_timeout_s` later: the only end grpc offers for a call whose client stops reading its
 answers (a handler cannot cancel its call: its status would wait behind the answer).
@@ -174,7 +174,9 @@ class GrpcServer:
         self._server.add_generic_rpc_handlers((self._queued.dispatcher({
             f"/{service}/{name}": self._live.counted(handler, name, holds_drain=name not in REPOSITORY_CONTROL)
             for service, handlers in (method_handlers(self._servicer), (HEALTH_SERVICE, self._health.handlers()))
-            for name, handler in handlers.items()}),))
+            for name, handler in handlers.items()}, state.grpc_refusals.method_not_found),))
+        # the calls grpc refuses for its call limit: those its dispatcher was asked for and did not start
+        state.grpc_refusals.follow(lambda: self._queued.taken, lambda: self._live.all.started)
         self._credentials = tls.grpc_credentials(config)  # read now: a bad file stops the start
         self._started = self._stopped = False
         self._stopping: asyncio.Future | None = None  # grpc's own stop, from the drain on

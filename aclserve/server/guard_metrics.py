@@ -94,6 +94,12 @@ class GuardCollector:
                                               "refused UNAVAILABLE: streams held their half of those places")
         refused_streams.add_metric([], arrivals.streams_refused)
         yield refused_streams
+        refused_calls = CounterMetricFamily("aclserve_grpc_calls_refused", "gRPC calls grpc answered itself, before "
+                                            "any handler ran: call_limit (RESOURCE_EXHAUSTED, over max_connections "
+                                            "calls at once), unknown_method (UNIMPLEMENTED)", labels=["reason"])
+        for reason, n in state.grpc_refusals.counts().items():
+            refused_calls.add_metric([reason], n)
+        yield refused_calls
         trims = CounterMetricFamily("aclserve_heap_trims", "malloc_trim calls after large requests or a burst")
         trims.add_metric([], state.trimmer.trims)
         yield trims

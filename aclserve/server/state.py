@@ -18,6 +18,7 @@ from .contracts import ModelStore, Runtime, ServedModel
 from .deadline_wait import set_by
 from .draining import DrainingVersions
 from .grpc_arrivals import Arrivals
+from .grpc_refusals import GrpcRefusals
 from .guard_metrics import GuardCollector
 from .images import ImageDecoding
 from .json_tensors import JsonLimits
@@ -79,6 +80,7 @@ class ServerState:
         self.trimmer = HeapTrimmer()
         self.budget = MemoryBudget(config.max_inflight_bytes, config.max_request_bytes, self.trimmer.released)
         self.grpc_arrivals = Arrivals.for_config(config)  # gRPC messages received at once
+        self.grpc_refusals = GrpcRefusals()  # calls grpc answers itself (call limit, unknown method)
         self.body_reads = OpenCalls()  # HTTP bodies still arriving: ended when the drain ends (open_calls.py)
         self.connections = ConnectionTracker(config.max_connections, config.header_timeout_s,
                                              config.keepalive_timeout_s, config.hold_refused_connections,

@@ -305,6 +305,59 @@ def test_calls_beyond_the_limit_are_refused_and_the_server_serves_again(models_d
     assert srv.error is None
 
 
+def grpc_refused(srv, reason: str) -> float:
+    return metric(srv.url, "aclserve_grpc_calls_refused_total", f'reason="{reason}"')
+
+
+def test_calls_grpc_refuses_itself_are_counted(models_dir, tmp_path):
+    """grpc.aio answers a call over the call limit RESOURCE_EXHAUSTED and one of a method not
+    served UNIMPLEMENTED before any handler runs: /metrics saw neither (a review), where HTTP
+    counts the connections over its cap. max_connections 2: two calls stalled before their
+    message (each reading: aclserve_grpc_receiving) hold both slots; every refusal a client
+    sees is counted, and no call served is."""
+    srv = small_server(models_dir, tmp_path, max_connections=2)
+    request = pb.ModelInferRequest(model_name="double")
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 16])
+    request.raw_input_contents.append(np.ones((1, 16), np.float32).tobytes())
+
+    async def refused_or_served(call) -> bool:
+        try:
+            await call
+        except grpc.aio.AioRpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "Concurrent RPC limit" in e.details(), e
+            return True
+        return False
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.config.grpc_port}") as channel:
+            infer, live = stubs(channel)
+            stalled = []
+            for held in (1, 2):  # one after the other: each is in its handler before the next comes
+                stalled.append(stalled_infer(channel))
+                await wait_for(lambda: metric(srv.url, "aclserve_grpc_receiving") == held)
+            refused = [await refused_or_served(live(pb.ServerLiveRequest())) for _ in range(3)]
+            with pytest.raises(grpc.aio.AioRpcError) as unknown:  # (looked up before the limit)
+                await channel.unary_unary("/inference.GRPCInferenceService/NoSuchMethod")(b"")
+            counted_full = grpc_refused(srv, "call_limit"), grpc_refused(srv, "unknown_method")
+            for call in stalled:
+                call.cancel()
+            seen = sum(refused)
+            while await refused_or_served(infer(request)):  # refused until a slot is free
+                seen += 1
+            for _ in range(5):
+                assert not await refused_or_served(infer(request))
+            return refused, unknown.value, counted_full, seen
+    try:
+        refused, unknown, counted_full, seen = asyncio.run(scenario())
+        assert refused == [True] * 3
+        assert unknown.code() == grpc.StatusCode.UNIMPLEMENTED and unknown.details() == "Method not found!"
+        assert counted_full == (3, 1)
+        assert grpc_refused(srv, "call_limit") == seen and grpc_refused(srv, "unknown_method") == 1
+    finally:
+        srv.close()
+    assert srv.error is None
+
+
 # -- raw HTTP/2: half a message, silent and idle connections --------------------------------------
 
 def raw_connection(srv) -> socket.socket:
