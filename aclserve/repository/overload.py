@@ -13,11 +13,21 @@ device falls far behind (a stall), not in an ordinary burst.
 The auto size counts rows, not requests (QueuePolicy.counts_rows): counted in requests, a burst of
 requests of a full batch each queued a full batch's times the runs the deadline is made for, and
 waited it out for its 503 (a tester's 64 requests of 8 rows on a 200 ms run: 47 timed out after
-3.2 s); in rows, the excess is refused at once. A size configured counts requests, as in Triton.
+3.2 s); in rows, the excess is refused at once. A size configured counts requests, as in Triton,
+so the rows its full queue holds are not known when the model loads: anything from one row a request
+to the batch limit's. Its auto deadline allows for the most, each request a run of its own on the gear
+that holds the batch limit: derived from rows (as it was), a level of 64 requests of a full batch each
+on a slow device waited out a deadline made for 2 runs and 48 of 64 got their 503 after 2 s of
+queueing (the heavy CNN slowed to 150 ms a run). A deadline per request from the rows ahead of it
+would cost a timer each (PriorityQueue keeps one a level); refusing the pair would fail every model
+given only a size, the default's deadline being auto. The price: where clients send a row each, a
+stall is found later (a batch limit's times); default_timeout_ms set, or max_queue_size auto, is the
+tighter one.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 from ..config import ModelConfig
@@ -32,6 +42,8 @@ QUEUE_BATCHES = 8
 MIN_QUEUE = 64
 MIN_DEADLINE_MS = 2000.0
 
+log = logging.getLogger(__name__)
+
 
 def auto_queue_size(full_batch: int, instances: int) -> int:
     return max(MIN_QUEUE, QUEUE_BATCHES * max(1, full_batch) * instances)
@@ -43,8 +55,9 @@ def auto_deadline_ms(queue_size: int, full_batch: int, instances: int, gear_seco
     return max(MIN_DEADLINE_MS, 2 * (window_ms + 1000.0 * (gear_seconds or 0.0) * runs))
 
 
-def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int) -> ModelConfig:
-    """`config` with every `auto` (None) queue size and deadline replaced by its figure."""
+def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int, name: str = "model") -> ModelConfig:
+    """`config` with every `auto` (None) queue size and deadline replaced by its figure. A deadline
+    derived beside a size in requests is said in one INFO line (`name`: the model's), once a size."""
     batching = config.batching
     gears = sorted(gears)
     # a full batch: the batch limit (a max_batch_size under the largest gear lowers it), run on
@@ -55,18 +68,35 @@ def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int) -> Mode
     alone = one_request_per_run(gears, batching)
     full = 1 if alone else batch_limit(gears, batching)
     window_ms = 0.0 if alone else batching.max_queue_delay_ms
-    cost = gear_cost.get(min((g for g in gears if g >= full), default=full)) if gear_cost else None
+    cost = _cost_of(full, gears, gear_cost)
+    # a size in requests: each may bring the batch limit's rows (a static model: its one run), a run each
+    largest = batch_limit(gears, batching) or 1
+    largest_cost = _cost_of(largest, gears, gear_cost)
+    per_requests: dict[int, float] = {}  # size in requests -> the deadline derived for it
 
     def fill(policy: QueuePolicy) -> QueuePolicy:
         size, counts_rows = policy.max_queue_size, policy.counts_rows
         if size is None:
             size, counts_rows = auto_queue_size(full, instances), True
         deadline = policy.default_timeout_ms
-        if deadline is None:
+        if deadline is None and size and not counts_rows:
+            deadline = per_requests[size] = auto_deadline_ms(size * largest, largest, instances, largest_cost,
+                                                             window_ms)
+        elif deadline is None:  # rows (an unbounded level: the auto size's)
             deadline = auto_deadline_ms(size or auto_queue_size(full, instances), full, instances, cost, window_ms)
         return dataclasses.replace(policy, max_queue_size=size, default_timeout_ms=deadline, counts_rows=counts_rows)
 
     resolved = dataclasses.replace(
         batching, default_queue_policy=fill(batching.default_queue_policy),
         priority_queue_policy={level: fill(p) for level, p in batching.priority_queue_policy.items()})
+    for size, deadline in sorted(per_requests.items()):
+        log.info("%s: max_queue_size %d counts requests, each of up to %d rows: its auto default_timeout_ms, %.0f, "
+                 "allows for %d requests of %d rows queued; set default_timeout_ms for a shorter deadline, or "
+                 "max_queue_size auto to bound the rows", name, size, largest, deadline, size, largest)
     return dataclasses.replace(config, batching=resolved)
+
+
+def _cost_of(rows: int, gears, gear_cost: dict) -> float | None:
+    """The measured seconds of a run of `rows` rows: the smallest gear holding them (a static model's
+    run under its key, 1)."""
+    return gear_cost.get(min((g for g in gears if g >= rows), default=rows)) if gear_cost else None

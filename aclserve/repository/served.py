@@ -221,7 +221,7 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
         raise
     try:
         pool.set_execution_timeout(config.execution_timeout_ms)  # 0: derived from the warm-up's costs
-        config = overload.resolve(config, pool.gears, pool.gear_cost, len(pool.instances))
+        config = overload.resolve(config, pool.gears, pool.gear_cost, len(pool.instances), f"{name}:{version}")
         batcher = DynamicBatcher(pool, config.batching, name=f"{name}:{version}")
         if not pool.gears:
             _batching_on_a_static_model(f"{name}:{version}", config.batching, wanted.config_path())

@@ -462,9 +462,43 @@ def test_auto_queue_limits_follow_gears_instances_and_speed():
     given = overload.resolve(dataclasses.replace(ModelConfig(), batching=configured), (1, 2, 4, 8), {8: 0.5},
                              instances=2).batching.default_queue_policy
     assert (given.max_queue_size, given.counts_rows) == (100, False)
-    assert given.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 7)  # 100 / (8 x 2), rounded up
+    assert given.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 50)  # each request a full batch: 100 runs on 2
     fast = overload.resolve(ModelConfig(), (1,), {1: 0.001}, instances=1).batching.default_queue_policy
     assert fast.max_queue_size == overload.MIN_QUEUE and fast.default_timeout_ms == overload.MIN_DEADLINE_MS
+
+
+def test_an_auto_deadline_beside_a_size_in_requests_allows_for_a_full_batch_each(caplog):
+    """A size configured counts requests, which may bring one row each or the batch limit's: the auto
+    deadline was derived as if the size were rows (100 requests: 7 runs of 8 rows on 2 instances), so
+    a level full of full batches, 50 runs, waited out a deadline made for 7 (on the heavy CNN, 48 of 64
+    requests of 32 rows got 503 "timed out" after 2 s in the queue). Now it allows for a run a request,
+    on the gear of the batch limit: with batching off too, where a request runs alone on the gear that
+    holds it (not the smallest one's cost); and the INFO line says how to have a shorter one."""
+    def sized(size, **batching):
+        return dataclasses.replace(ModelConfig(), batching=dataclasses.replace(
+            ModelConfig().batching, default_queue_policy=QueuePolicy(max_queue_size=size, default_timeout_ms=None),
+            **batching))
+
+    gears = (1, 2, 4, 8, 16, 32)
+    costs = {1: 0.05, 16: 0.3, 32: 0.5}
+    on = overload.resolve(sized(64), gears, costs, instances=1).batching.default_queue_policy
+    assert on.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 64)  # 64 runs of 32 rows, not 64 rows in 2 runs
+    with caplog.at_level("INFO", logger="aclserve.repository.overload"):
+        overload.resolve(sized(64), gears, costs, instances=1, name="m:1")
+    assert ("m:1: max_queue_size 64 counts requests, each of up to 32 rows: its auto default_timeout_ms, 64002, "
+            "allows for 64 requests of 32 rows queued; set default_timeout_ms for a shorter deadline, or "
+            "max_queue_size auto to bound the rows") in caplog.messages
+    capped = overload.resolve(sized(64, batch_cap=16), gears, costs, instances=2).batching.default_queue_policy
+    assert capped.default_timeout_ms == 2 * (1.0 + 1000 * 0.3 * 32)  # 16 rows each, on gear 16, 2 instances
+    off = overload.resolve(sized(64, enabled=False), gears, costs, instances=1).batching.default_queue_policy
+    assert off.default_timeout_ms == 2 * 1000 * 0.5 * 64  # alone on gear 32 each, no window (was gear 1's cost)
+    static = overload.resolve(sized(64), (), {1: 0.05}, instances=1).batching.default_queue_policy
+    assert static.default_timeout_ms == 2 * 1000 * 0.05 * 64  # its one run each, as before
+    # the auto size counts rows: its deadline is the rows' (8 runs of 32), and an unbounded level's too
+    auto = overload.resolve(ModelConfig(), gears, costs, instances=1).batching.default_queue_policy
+    assert auto.counts_rows and auto.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 8)
+    assert overload.resolve(sized(0), gears, costs, instances=1).batching.default_queue_policy.default_timeout_ms \
+        == auto.default_timeout_ms
 
 
 def test_auto_queue_limits_count_a_full_batch_of_a_lower_max_batch_size():

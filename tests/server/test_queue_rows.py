@@ -116,3 +116,28 @@ def test_a_burst_of_full_batches_is_refused_past_the_auto_queues_rows(held_affin
             held.release()
         statuses = sorted(a.result()[0] for a in full + urgent)
         assert statuses == [200] * (AUTO_ROWS // FULL_BATCH + EXPLICIT) + [503] * (2 * BURST - 8 - EXPLICIT)
+
+
+SLOW_RUN_MS = 50  # every run of the slow device's, the warm-up's too: each gear costs at least this
+REQUESTS = 64  # level 1's configured size
+
+
+def test_the_auto_deadline_beside_a_size_in_requests_lets_a_full_queue_of_full_batches_run(
+        models_dir, tmp_path, make_config, clean_faults):
+    """Level 1 bounded to 64 requests, its deadline auto: the deadline was derived as if the 64 were
+    rows (8 runs of 8), about 2 s, while 64 requests of 8 rows take 64 runs, 3.2 s or more: most of a
+    burst of them waited its deadline out for a 503 (the heavy CNN's 64 of 32 rows: 48 of 64). Now it
+    allows for a run a request; the auto level (rows) keeps its own."""
+    faults.inject("execute", delay_ms=SLOW_RUN_MS)  # before the start: the warm-up measures it
+    shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
+    (tmp_path / "affine.yaml").write_text(
+        f"batching: {{priority_queue_policy: {{1: {{max_queue_size: {REQUESTS}}}}}}}\n")
+    with ServerThread(make_config(tmp_path, model_control_mode="none")) as srv:
+        with urllib.request.urlopen(f"http://{srv.url}/v2/models/affine/config", timeout=60) as resp:
+            batching = json.loads(resp.read())["dynamic_batching"]
+    in_requests = batching["priority_queue_policy"]["1"]
+    assert in_requests["max_queue_size"] == REQUESTS
+    assert in_requests["default_timeout_microseconds"] >= 2 * REQUESTS * SLOW_RUN_MS * 1000  # twice 64 runs
+    in_rows = batching["default_queue_policy"]  # auto: 64 rows, 8 runs of 8
+    assert in_rows["max_queue_size"] == AUTO_ROWS
+    assert in_rows["default_timeout_microseconds"] < in_requests["default_timeout_microseconds"]
