@@ -92,6 +92,9 @@ def test_serve_refuses_an_api_token_no_client_could_send(tmp_path, where, token,
     grpc_port = "8001" if grpc else "0"  # (refused before anything binds)
     proc = _aclserve("serve", "--port", "0", "--grpc-port", grpc_port, "--device", "cpu", *args, cwd=tmp_path, env=env)
     name = "c.yaml: api_token" if where == "config" else "ACLSERVE_API_TOKEN"
+    if grpc:  # the token's and grpc_port's: where each came from (test_config_origins.py)
+        name, said = "api_token", f"{said} (metadata), or turn gRPC off (grpc_port: 0) (api_token from c.yaml, " \
+                                  "grpc_port from --grpc-port)"
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "s3cret" not in proc.stderr
     assert f"error: bad configuration: {name}: must be" in proc.stderr and said in proc.stderr, proc.stderr
 

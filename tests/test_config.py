@@ -210,12 +210,12 @@ def test_file_errors_name_the_file(tmp_path):
 
 @pytest.mark.parametrize("overrides, said", [
     ({"cpu_threads": 0}, "cpu_threads: must be >= 1, got 0"),
-    ({"port": 9000, "grpc_port": 9000}, "grpc_port: must differ from port (9000)"),
     ({"model_defaults.batching.max_batch_size": -1}, "model_defaults.batching.max_batch_size: must be >= 0"),
 ])
 def test_a_bad_override_is_not_blamed_on_the_file(tmp_path, overrides, said):
     """`aclserve serve --config p.yaml --cpu-threads 0` said "p.yaml: cpu_threads: must be >= 1":
-    the value came from the command line."""
+    the value came from the command line. (Settings that do not go together name where each
+    value came from: test_config_origins.py.)"""
     path = write(tmp_path, "port: 8100\n")
     with pytest.raises(ConfigError) as info:
         load_server_config(path, overrides)

@@ -68,19 +68,23 @@ def add_commands(sub) -> None:
 QUIET_LOGGERS = ("watchdog", "asyncio", "grpc", "PIL", "urllib3")
 
 
+# the flag setting each config key (an error about settings that do not go together names it: origins.py)
+SERVE_FLAGS = {"host": "--host", "port": "--port", "grpc_port": "--grpc-port", "models_dir": "--models",
+               "compile_cache_dir": "--compile-cache-dir", "device": "--device", "log_level": "--log-level",
+               "cpu_threads": "--cpu-threads", "tls_cert_file": "--tls-cert", "tls_key_file": "--tls-key",
+               "tls_client_ca_file": "--tls-client-ca", "model_control_mode": "--model-control-mode",
+               "readiness": "--readiness", "model_defaults.batching.max_batch_size": "--max-batch",
+               "model_defaults.batching.max_queue_delay_ms": "--max-delay-ms", "log_format": "--log-format",
+               "request_log": "--request-log", "trace.file": "--trace", "trace.level": "--trace",
+               "trace.rate": "--trace-rate", "trace.count": "--trace-count",
+               "trace.log_frequency": "--trace-log-frequency", "trace.format": "--trace-format"}
+
+
 def serve_overrides(args) -> dict:
-    return {"host": args.host, "port": args.port, "grpc_port": args.grpc_port, "models_dir": args.models,
-            "compile_cache_dir": args.compile_cache_dir, "device": args.device,
-            "log_level": args.log_level, "cpu_threads": args.cpu_threads,
-            "tls_cert_file": args.tls_cert, "tls_key_file": args.tls_key,
-            "tls_client_ca_file": args.tls_client_ca,
-            "model_control_mode": args.model_control_mode, "readiness": args.readiness,
-            "model_defaults.batching.max_batch_size": args.max_batch,
-            "model_defaults.batching.max_queue_delay_ms": args.max_delay_ms,
-            "log_format": args.log_format, "request_log": args.request_log,
-            "trace.file": args.trace, "trace.level": "TIMESTAMPS" if args.trace else None,
-            "trace.rate": args.trace_rate, "trace.count": args.trace_count,
-            "trace.log_frequency": args.trace_log_frequency, "trace.format": args.trace_format}
+    """The config keys the flags given set ({key: value}; None for a flag not given)."""
+    values = {key: getattr(args, flag[2:].replace("-", "_")) for key, flag in SERVE_FLAGS.items()}
+    values["trace.level"] = "TIMESTAMPS" if args.trace else None
+    return values
 
 
 def run_serve(args) -> int:
@@ -88,10 +92,10 @@ def run_serve(args) -> int:
     # grpc core logs to stderr past the server's log settings (a client's failed TLS handshake is
     # an INFO line): its errors only, unless the environment says otherwise; set before grpc loads
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    from ..config import ConfigError, load_server_config
+    from ..config import ConfigError, load_server_settings
 
     try:
-        config = load_server_config(args.config, serve_overrides(args))
+        config, origins = load_server_settings(args.config, serve_overrides(args), SERVE_FLAGS)
     except (ConfigError, OSError) as e:
         raise UsageError(f"bad configuration: {e}") from None
     check_environment()
@@ -100,15 +104,15 @@ def run_serve(args) -> int:
     from .. import logs
     logs.configure(config.log_level, config.log_format)
     try:
-        return _serve_logged(args, config)
+        return _serve_logged(args, config, origins)
     finally:  # the queued lines out before the reason the server stopped (cli main), in order after them
         logs.stop_queue()
 
 
-def _serve_logged(args, config) -> int:
-    """run_serve once logging is configured."""
+def _serve_logged(args, config, origins) -> int:
+    """run_serve once logging is configured; `origins`: where each setting of `config` came from."""
     from ..app import serve  # the composition root: builds the runtime, repository and servers
-    from ..config import ConfigError, blamed
+    from ..config import ConfigError
     if config.request_log:  # the request log speaks at info whatever the level of the rest
         logging.getLogger("aclserve.requests").setLevel(logging.INFO)
     _note_trace_settings_unused(args, config)
@@ -128,7 +132,7 @@ def _serve_logged(args, config) -> int:
         status = _run(serve(config))  # 0, or server/app.py's EXIT_DEVICE_FAILED
         _exiting()
     except ConfigError as e:  # found as the server is built (the TLS files, the API token): named as the loader's
-        raise UsageError(f"bad configuration: {blamed(e, args.config, serve_overrides(args))}") from None
+        raise UsageError(f"bad configuration: {origins.blamed(e)}") from None
     except (RepositoryError, AclUnavailable) as e:  # AclUnavailable: npu asked, no CANN
         raise UsageError(str(e)) from None
     except OSError as e:  # a port taken (the listeners name it), a folder that cannot be read or made

@@ -18,20 +18,26 @@ priority_levels are left out for it, in a note; so are model_defaults' levels pa
 model's own preserve_ordering takes (Triton's rule; more given beside it are refused).
 Relative paths (models_dir, compile_cache_dir, model_defaults' labels files) are relative to the
 working directory; labels files a model's own file names, to its folder. An error in a key given
-as an override is blamed on the `command line`, not the file; `blamed` does the same for an
-error found as the server starts (a TLS file, the API token).
+as an override is blamed on the `command line`, not the file; one about settings that do not go
+together (ConfigConflict: port and grpc_port the same) names where each value came from (a flag,
+the file, an environment variable, the default). Origins, which load_server_settings returns,
+does the same for an error found as the server starts (a TLS file, the API token).
 
 Modules: schema (the dataclasses, their choices, ConfigError), checks (value checks), model and
 server (a section's mapping -> its dataclass), files (default, YAML files, overrides, merging),
+origins (where each setting came from, for the errors),
 yaml_numbers (the numbers and booleans YAML 1.1 reads otherwise than they look, refused in a file:
 07000, 1:30, yes, off),
 triton_config (a Triton model folder's config.pbtxt -> the mapping a model's YAML gives).
 """
-from .files import DEFAULT_CONFIG_PATH, blamed, load_model_config, load_server_config
+from .files import DEFAULT_CONFIG_PATH, load_model_config, load_server_config, load_server_settings
 from .model import model_config_mapping, parse_model_config
-from .schema import CompileOptions, ConfigError, ImageInput, ImageSettings, ModelConfig, ServerConfig, TensorOptions
+from .origins import Origins
+from .schema import (CompileOptions, ConfigConflict, ConfigError, ImageInput, ImageSettings, ModelConfig, ServerConfig,
+                     TensorOptions)
 from .triton_config import PBTXT, load_triton_config
 
-__all__ = ["DEFAULT_CONFIG_PATH", "PBTXT", "CompileOptions", "ConfigError", "ImageInput", "ImageSettings",
-           "ModelConfig", "ServerConfig", "TensorOptions", "blamed", "load_model_config", "load_server_config",
-           "load_triton_config", "model_config_mapping", "parse_model_config"]
+__all__ = ["DEFAULT_CONFIG_PATH", "PBTXT", "CompileOptions", "ConfigConflict", "ConfigError", "ImageInput",
+           "ImageSettings", "ModelConfig", "Origins", "ServerConfig", "TensorOptions", "load_model_config",
+           "load_server_config", "load_server_settings", "load_triton_config", "model_config_mapping",
+           "parse_model_config"]

@@ -12,13 +12,13 @@ import yaml
 
 from ..regular_files import open_regular
 from .model import model_config_mapping, parse_model_config
+from .origins import Origins
 from .schema import AUTO, ConfigError, ModelConfig, ServerConfig
 from .server import parse_server_config
 from .yaml_numbers import refuse_misread, resolved
 
 DEFAULT_CONFIG_PATH = Path(__file__).parent.parent / "configs" / "default.yaml"
 _REPLACED_WHOLE = {"version_policy"}  # a later layer replaces these whole (a one-key choice)
-COMMAND_LINE = "command line"  # the source a bad override is blamed on (ConfigError.source)
 # sections of settings, where null (every line under the key commented out) keeps what is there;
 # elsewhere null is a value (`inputs: {x: {image: }}` turns an inherited image input off)
 _SECTIONS = {"model_defaults", "images", "trace", "device_limits", "batching", "compile", "default_queue_policy"}
@@ -151,32 +151,25 @@ def default_mapping() -> dict:
 def load_server_config(path: str | os.PathLike | None = None, overrides: Mapping | None = None) -> ServerConfig:
     """Embedded default <- YAML file at `path` <- `overrides` (nested or dotted keys; None values
     are ignored so argparse defaults of None fall through). Raises ConfigError."""
-    merged = default_mapping()
+    return load_server_settings(path, overrides)[0]
+
+
+def load_server_settings(path: str | os.PathLike | None = None, overrides: Mapping | None = None,
+                         flags: Mapping[str, str] | None = None) -> tuple[ServerConfig, Origins]:
+    """load_server_config's config, and where each of its settings came from (`flags`: the
+    command-line flag of each override's key), for the errors found as the server starts.
+    Raises ConfigError blamed on the source of the values it is about (Origins.blamed)."""
+    merged, data = default_mapping(), {}
     if path is not None:
-        merged = merge(merged, read_yaml(path))
+        data = read_yaml(path)
+        merged = merge(merged, data)
     if overrides:
         merged = merge(merged, _expand_dotted(overrides))
+    origins = Origins(path, data, overrides, flags)
     try:
-        return parse_server_config(merged)
+        return parse_server_config(merged), origins
     except ConfigError as e:
-        raise blamed(e, path, overrides) from None
-
-
-def blamed(error: ConfigError, path: str | os.PathLike | None, overrides: Mapping | None) -> ConfigError:
-    """`error`, about a key of the server config loaded from the file at `path` and `overrides`,
-    with where its value came from: `command line` for a key the overrides set (a flag's bad
-    value is not the file's: `--cpu-threads 0` was blamed on it), else the file. As it was, when
-    it names its source already or no file was given. For the loader's own errors, and those
-    found as the server starts (a TLS file that cannot be read, the API token: cli/serve.py)."""
-    if error.source is not None or path is None:
-        return error
-    return ConfigError(error.path, error.problem, COMMAND_LINE if _overridden(error.path, overrides) else str(path))
-
-
-def _overridden(path: str, overrides: Mapping | None) -> bool:
-    """Whether the key at dotted `path` is one the overrides set (or lies under one)."""
-    return any(value is not None and (path == key or path.startswith((f"{key}.", f"{key}[")))
-               for key, value in (overrides or {}).items())
+        raise origins.blamed(e) from None
 
 
 def load_model_config(path: str | os.PathLike | None, defaults: ModelConfig,

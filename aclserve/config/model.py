@@ -8,8 +8,8 @@ from ..runtime.warmup import WARMUP_DATA
 from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
 from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, is_auto, key_path,
                      no_unknown, numbers, shown, unless_none)
-from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, CompileOptions, ConfigError,
-                     ImageInput, ModelConfig, TensorOptions)
+from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, CompileOptions, ConfigConflict,
+                     ConfigError, ImageInput, ModelConfig, TensorOptions)
 
 # each level has its queues, statistics and metric series (100,000 levels took 58 MB and a 6.5 MB
 # /metrics; 100 million, the machine's memory): Triton's users name a handful
@@ -87,21 +87,25 @@ def _batching(data, path: str) -> BatchingConfig:
 def _check_ordering(kw: dict, path: str) -> None:
     """What Triton refuses beside preserve_ordering, as config.pbtxt's reader does (triton_config.py):
     answers held in arrival order let no level pass another, and a request moved back at its
-    deadline (delay) would hold every later answer. (/config shows the pair otherwise.)"""
-    levels = kw["priority_levels"]
+    deadline (delay) would hold every later answer. (/config shows the pair otherwise.) Each
+    refusal names the keys of the pair (a level's field it does not set is default_queue_policy's)."""
+    levels, ordering = kw["priority_levels"], key_path(path, "preserve_ordering")
     if levels > 1:
-        raise ConfigError(key_path(path, "preserve_ordering"),
-                          f"takes one priority level, not {levels} ({key_path(path, 'priority_levels')}): answers "
-                          "in arrival order let no level pass another (Triton refuses the pair too); set "
-                          "priority_levels: 1, or preserve_ordering: false")
-    policies = [("default_queue_policy", kw["default_queue_policy"]),
-                *((f"priority_queue_policy.{k}", p) for k, p in sorted(kw["priority_queue_policy"].items()))]
-    for where, policy in policies:
+        raise ConfigConflict(ordering, f"takes one priority level, not {levels} ({key_path(path, 'priority_levels')}): "
+                             "answers in arrival order let no level pass another (Triton refuses the pair too); set "
+                             "priority_levels: 1, or preserve_ordering: false",
+                             (ordering, key_path(path, "priority_levels")))
+    policies = [("default_queue_policy", kw["default_queue_policy"], None),
+                *((f"priority_queue_policy.{k}", p, kw["priority_queue_fields"].get(k, frozenset()))
+                  for k, p in sorted(kw["priority_queue_policy"].items()))]
+    for where, policy, own in policies:
         if policy.timeout_action == "delay" and policy.default_timeout_ms != 0:  # (None: auto, over 0)
-            raise ConfigError(key_path(path, f"{where}.timeout_action"),
-                              "delay does not go with preserve_ordering: a request moved back at its deadline "
-                              "would hold every later answer (Triton refuses the pair too); set reject, or "
-                              "preserve_ordering: false")
+            given = [key_path(path, f"{where if own is None or field in own else 'default_queue_policy'}.{field}")
+                     for field in ("timeout_action", "default_timeout_ms")]
+            raise ConfigConflict(key_path(path, f"{where}.timeout_action"),
+                                 "delay does not go with preserve_ordering: a request moved back at its deadline "
+                                 "would hold every later answer (Triton refuses the pair too); set reject, or "
+                                 "preserve_ordering: false", (ordering, *given))
 
 
 def _version_policy(value, path: str) -> tuple:

@@ -3,6 +3,7 @@ and ConfigError (every bad key is reported by its dotted path)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
 
 from ..scheduling.policy import BatchingConfig, QueuePolicy
 from ..trace.settings import TraceSettings
@@ -24,8 +25,33 @@ class ConfigError(ValueError):
 
     def __init__(self, path: str, problem: str, source: str | None = None):
         self.path, self.problem, self.source = path, problem, source
-        text = f"{path}: {problem}" if path else problem
-        super().__init__(f"{source}: {text}" if source else text)
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        text = f"{self.path}: {self.problem}" if self.path else self.problem
+        return f"{self.source}: {text}" if self.source else text
+
+
+class ConfigConflict(ConfigError):
+    """Settings whose values do not go together (port and grpc_port the same): `keys` the dotted
+    keys (the problem says their values), `origins` where each came from once known: a flag
+    (`--port`), the config file's path, an environment variable, `the default`. The message
+    names the origin of each: a conflict is no one source's (a file's grpc_port equal to
+    `--port` was blamed on the file alone). Its raiser gives the origins only it knows (an
+    environment variable); the loader adds the others (origins.Origins.blamed)."""
+
+    def __init__(self, path: str, problem: str, keys: Sequence[str], origins: Mapping[str, str] | None = None):
+        self.keys, self.origins = tuple(keys), dict(origins or {})
+        super().__init__(path, problem)
+
+    def _text(self) -> str:
+        said = [f"{key} from {self.origins[key]}" for key in self.keys if key in self.origins]
+        return f"{super()._text()} ({', '.join(said)})" if said else super()._text()
+
+    def with_origins(self, origin_of: Callable[[str], str]) -> ConfigConflict:
+        """This conflict with every key's origin: its raiser's where given, else `origin_of(key)`."""
+        return ConfigConflict(self.path, self.problem, self.keys,
+                              {key: self.origins.get(key) or origin_of(key) for key in self.keys})
 
 
 @dataclass(frozen=True)

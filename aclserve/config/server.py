@@ -10,7 +10,7 @@ from ..trace.settings import TraceSettings, TraceSettingsError
 from .checks import MAX_MS, as_bool, as_float, as_int, as_mapping, as_str, no_unknown, shown, unless_none
 from .model import parse_model_config
 from .schema import (CONTROL_MODES, DECODERS, DEVICES, GRPC_MIN_ARRIVING, LOG_LEVELS, READINESS, THREAD_SCHEDULING,
-                     ConfigError, ImageSettings, ServerConfig)
+                     ConfigConflict, ConfigError, ImageSettings, ServerConfig)
 
 _SERVER_KEYS = {f.name for f in dataclasses.fields(ServerConfig)}
 _IMAGE_SETTINGS_KEYS = {f.name for f in dataclasses.fields(ImageSettings)}
@@ -33,15 +33,16 @@ def parse_server_config(data: Mapping) -> ServerConfig:
     tls_cert = as_str(unless_none(get("tls_cert_file"), ""), "tls_cert_file")
     tls_key = as_str(unless_none(get("tls_key_file"), ""), "tls_key_file")
     if bool(tls_cert) != bool(tls_key):
-        raise ConfigError("tls_key_file" if tls_cert else "tls_cert_file",
-                          "TLS needs both tls_cert_file and tls_key_file")
+        raise ConfigConflict("tls_key_file" if tls_cert else "tls_cert_file",
+                             "TLS needs both tls_cert_file and tls_key_file", ("tls_cert_file", "tls_key_file"))
     tls_client_ca = as_str(unless_none(get("tls_client_ca_file"), ""), "tls_client_ca_file")
     if tls_client_ca and not tls_cert:
-        raise ConfigError("tls_client_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file")
+        raise ConfigConflict("tls_client_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file",
+                             ("tls_client_ca_file", "tls_cert_file"))
     initial_retry, max_retry = _load_retry(get)
     port, grpc_port = as_int(get("port"), "port", 0, 65535), as_int(get("grpc_port"), "grpc_port", 0, 65535)
     if port and port == grpc_port:  # (found at bind time otherwise, after the models had loaded)
-        raise ConfigError("grpc_port", f"must differ from port ({port}); 0 turns gRPC off")
+        raise ConfigConflict("grpc_port", f"must differ from port ({port}); 0 turns gRPC off", ("port", "grpc_port"))
     max_body = as_int(get("max_body_bytes"), "max_body_bytes", 1)
     grpc_message = _grpc_max_message_bytes(get("grpc_max_message_bytes"), grpc_port, max_body, max_inflight)
     return ServerConfig(
@@ -101,8 +102,8 @@ def _max_request_bytes(value, max_inflight: int) -> int:
     <= 536870912" left the operator to find which setting that was)."""
     value = as_int(value, "max_request_bytes", 1)
     if value > max_inflight:
-        raise ConfigError("max_request_bytes", f"must be <= max_inflight_bytes ({max_inflight}): raise that too, "
-                                               f"got {value}")
+        raise ConfigConflict("max_request_bytes", f"must be <= max_inflight_bytes ({max_inflight}): raise that too, "
+                                                  f"got {value}", ("max_request_bytes", "max_inflight_bytes"))
     return value
 
 
@@ -118,23 +119,26 @@ def _grpc_max_message_bytes(value, grpc_port: int, max_body: int, max_inflight: 
     if value == ServerConfig.grpc_max_message_bytes:  # the default: lowered to fit what the file lowered
         return max(1, min(value, max_body, max_inflight // GRPC_MIN_ARRIVING))
     if value > max_body:
-        raise ConfigError("grpc_max_message_bytes", f"must be <= max_body_bytes ({max_body}): raise that too "
-                                                    f"or lower this, got {value}")
+        raise ConfigConflict("grpc_max_message_bytes", f"must be <= max_body_bytes ({max_body}): raise that too "
+                                                       f"or lower this, got {value}",
+                             ("grpc_max_message_bytes", "max_body_bytes"))
     if value > max_inflight // GRPC_MIN_ARRIVING:
-        raise ConfigError("grpc_max_message_bytes",
-                          f"must be <= max_inflight_bytes / {GRPC_MIN_ARRIVING} ({max_inflight // GRPC_MIN_ARRIVING}): "
-                          f"{GRPC_MIN_ARRIVING} gRPC messages may be arriving at once (two streams, two calls): raise "
-                          f"max_inflight_bytes too or lower this, got {value}")
+        fits = max_inflight // GRPC_MIN_ARRIVING
+        raise ConfigConflict("grpc_max_message_bytes",
+                             f"must be <= max_inflight_bytes / {GRPC_MIN_ARRIVING} ({fits}): {GRPC_MIN_ARRIVING} gRPC "
+                             "messages may be arriving at once (two streams, two calls): raise max_inflight_bytes too "
+                             f"or lower this, got {value}", ("grpc_max_message_bytes", "max_inflight_bytes"))
     return value
 
 
 def _load_retry(get) -> tuple[float, float]:
-    """The first and the longest wait between load retries. The merged mapping always holds both
-    (the default's), so a refusal names both keys: the user may have set either."""
+    """The first and the longest wait between load retries: a refusal names both keys and where
+    each came from (the user may have set either, or both)."""
     initial = as_float(get("load_retry_initial_s"), "load_retry_initial_s", maximum=MAX_S)
     longest = as_float(get("load_retry_max_s"), "load_retry_max_s", maximum=MAX_S)
     if initial > longest:
-        raise ConfigError("load_retry_max_s", f"must be >= load_retry_initial_s ({initial:.10g}), got {longest:.10g}")
+        raise ConfigConflict("load_retry_max_s", f"must be >= load_retry_initial_s ({initial:.10g}), "
+                                                 f"got {longest:.10g}", ("load_retry_initial_s", "load_retry_max_s"))
     return initial, longest
 
 

@@ -20,7 +20,7 @@ import time
 
 from aiohttp import web
 
-from ..config import ConfigError
+from ..config import ConfigConflict, ConfigError
 from ..config.schema import TOKEN_ENV
 from ..errors import ServeError
 
@@ -60,15 +60,16 @@ def _refuse_unsendable(token: str, from_environment: bool, grpc: bool) -> None:
     it guards: a header value holds no control character and loses its blanks at its ends, and
     an HTTP header line or (with gRPC on) a metadata value has its limits. The refusal names
     ACLSERVE_API_TOKEN as its source, or the key api_token (its file is added as the config
-    loader adds it: cli/serve.py)."""
+    loader adds it: cli/serve.py); gRPC's, where grpc_port came from too (a conflict)."""
     # (the value is a secret: never echoed)
     path, source = ("", TOKEN_ENV) if from_environment else ("api_token", None)
     if token != token.strip() or not token.isprintable() or len(token) > MAX_HTTP_TOKEN:
         raise ConfigError(path, f"must be at most {MAX_HTTP_TOKEN} printable characters without blanks at "
                           "its ends: no client could send it", source)
-    if grpc and (not token.isascii() or len(token) > MAX_GRPC_TOKEN):
-        raise ConfigError(path, f"must be printable ASCII of at most {MAX_GRPC_TOKEN} characters for gRPC "
-                          "clients to send it (metadata), or turn gRPC off (grpc_port: 0)", source)
+    if grpc and (not token.isascii() or len(token) > MAX_GRPC_TOKEN):  # the token's and grpc_port's
+        raise ConfigConflict("api_token", f"must be printable ASCII of at most {MAX_GRPC_TOKEN} characters for gRPC "
+                             "clients to send it (metadata), or turn gRPC off (grpc_port: 0)",
+                             ("api_token", "grpc_port"), {"api_token": TOKEN_ENV} if from_environment else None)
 
 
 class Access:
@@ -80,7 +81,8 @@ class Access:
         _refuse_unsendable(token, from_environment, grpc=bool(config.grpc_port))
         self._token = token.encode()
         if config.auth_inference and not self._token:
-            raise ConfigError("auth_inference", f"needs a token: set api_token or {TOKEN_ENV}")
+            raise ConfigConflict("auth_inference", f"needs a token: set api_token or {TOKEN_ENV}",
+                                 ("auth_inference", "api_token"))
         self.inference = config.auth_inference
         self.host = config.host
         self.control_open = bool(self._token) or is_loopback(config.host)

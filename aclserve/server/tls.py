@@ -20,7 +20,7 @@ import logging
 import ssl
 import time
 
-from ..config import ConfigError
+from ..config import ConfigConflict, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,8 @@ def http_context(config) -> ssl.SSLContext | None:
         context.load_cert_chain(config.tls_cert_file, config.tls_key_file, password=_no_passphrase)
     except ssl.SSLError as e:  # an OSError too: first
         if e.reason == "KEY_VALUES_MISMATCH":
-            raise ConfigError("tls_key_file", f"{config.tls_key_file} is not the key of the certificate "
-                                              f"{config.tls_cert_file}") from None
+            raise ConfigConflict("tls_key_file", f"{config.tls_key_file} is not the key of the certificate "
+                                                 f"{config.tls_cert_file}", ("tls_cert_file", "tls_key_file")) from None
         raise ConfigError("tls_cert_file", f"{config.tls_cert_file} and {config.tls_key_file} must be a PEM "
                                            f"certificate chain and its PEM key ({e.reason or e})") from None
     except OSError as e:

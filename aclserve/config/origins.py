@@ -1,0 +1,74 @@
+"""Where each setting of a server config came from (an override, the config file, the embedded
+default), for its errors to say: an error about one key is blamed on its source, one about
+settings that do not go together (schema.ConfigConflict) names the source of each."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Mapping
+
+from .schema import ConfigConflict, ConfigError
+
+COMMAND_LINE = "command line"  # the source a bad override is blamed on (ConfigError.source)
+DEFAULT = "the default"  # the embedded default's (aclserve/configs/default.yaml)
+_INDEX = re.compile(r"\[\d+\]$")  # a list item's path (model_defaults.devices[1]): the list's key
+
+
+class Origins:
+    """The layers a server config was merged from: the file at `path` (its mapping `file_data`)
+    and `overrides` (dotted or nested keys; None values are not given), each override made by the
+    command-line flag `flags` names for its key (`{"port": "--port"}`), when one does."""
+
+    def __init__(self, path: str | os.PathLike | None = None, file_data: Mapping | None = None,
+                 overrides: Mapping | None = None, flags: Mapping[str, str] | None = None):
+        self._path = None if path is None else str(path)
+        self._file = file_data or {}
+        self._overrides = {str(key): value for key, value in (overrides or {}).items() if value is not None}
+        self._flags = dict(flags or {})
+
+    def of(self, key: str) -> str:
+        """Where the value of the dotted `key` came from: the flag that set it (`the command line`
+        for an override no flag names), the config file's path, or `the default`."""
+        override = self._override(key)
+        if override is not None:
+            return self._flags.get(override, f"the {COMMAND_LINE}")
+        if self._path is not None and _holds(self._file, key):
+            return self._path
+        return DEFAULT
+
+    def blamed(self, error: ConfigError) -> ConfigError:
+        """`error` with where its values came from. A conflict: the origin of each of its keys.
+        Another: `command line` for a key an override set (a flag's bad value is not the file's:
+        `--cpu-threads 0` was blamed on it), else the file; as it was when it names its source
+        already or no file was given. For the loader's errors and those found as the server
+        starts (a TLS file that cannot be read, the API token: cli/serve.py)."""
+        if isinstance(error, ConfigConflict):
+            return error.with_origins(self.of)
+        if error.source is not None or self._path is None:
+            return error
+        return ConfigError(error.path, error.problem, COMMAND_LINE if self._override(error.path) else self._path)
+
+    def _override(self, key: str) -> str | None:
+        """The override that set the key at dotted `key` (itself, a list holding it, or a
+        mapping given whole that holds it), if any."""
+        for given, value in self._overrides.items():
+            if key == given or key.startswith(f"{given}["):
+                return given
+            if key.startswith(f"{given}.") and (not isinstance(value, Mapping) or _holds(value, key[len(given) + 1:])):
+                return given
+        return None
+
+
+def _holds(data: Mapping, key: str) -> bool:
+    """Whether the nested mapping `data` gives the dotted `key` (a level number as YAML reads
+    it, 2 or "2"; a list item's as its list)."""
+    node: object = data
+    for part in _INDEX.sub("", key).split("."):
+        if not isinstance(node, Mapping):
+            return False
+        found = [k for k in (part, int(part) if part.isascii() and part.isdigit() else None)
+                 if k is not None and k in node]
+        if not found:
+            return False
+        node = node[found[0]]
+    return True

@@ -1,0 +1,135 @@
+"""Settings that do not go together: the refusal names where each value came from (a flag, the
+config file, an environment variable, the default). `aclserve serve --config f.yaml --port 9000`
+with `grpc_port: 9000` in f.yaml said "f.yaml: grpc_port: must differ from port (9000)", blaming
+the file for a value the flag had set."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import trustme
+
+from aclserve.cli.serve import SERVE_FLAGS
+from aclserve.config import ConfigConflict, load_server_config, load_server_settings
+from tests.serving import free_port
+
+
+def _aclserve(*args, cwd, env=None):
+    return subprocess.run([sys.executable, "-m", "aclserve", "serve", "--device", "cpu", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+
+
+def _refusal(proc) -> str:
+    """The one line `aclserve serve` says about its configuration, and the exit status 2."""
+    lines = [line for line in proc.stderr.splitlines() if "bad configuration" in line]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "ACL runtime" not in proc.stderr  # refused before anything started
+    return lines[0]
+
+
+def test_a_flag_and_the_file_giving_one_port_are_each_named(tmp_path):
+    (tmp_path / "models").mkdir()
+    port = free_port()
+    (tmp_path / "grpc.yaml").write_text(f"grpc_port: {port}\n")
+    (tmp_path / "http.yaml").write_text(f"port: {port}\n")
+    said = _refusal(_aclserve("--config", "grpc.yaml", "--port", str(port), cwd=tmp_path))
+    assert said.endswith(f"error: bad configuration: grpc_port: must differ from port ({port}); 0 turns gRPC off "
+                         "(port from --port, grpc_port from grpc.yaml)"), said
+    said = _refusal(_aclserve("--config", "http.yaml", "--grpc-port", str(port), cwd=tmp_path))
+    assert said.endswith("(port from http.yaml, grpc_port from --grpc-port)"), said
+    # no file: the flag and the embedded default's 8001 (refused before anything binds)
+    said = _refusal(_aclserve("--port", "8001", cwd=tmp_path))
+    assert said.endswith("error: bad configuration: grpc_port: must differ from port (8001); 0 turns gRPC off "
+                         "(port from --port, grpc_port from the default)"), said
+
+
+@pytest.mark.parametrize("text, flags, said", [
+    ("tls_cert_file: c.pem\n", {}, "tls_key_file: TLS needs both tls_cert_file and tls_key_file "
+                                   "(tls_cert_file from {file}, tls_key_file from the default)"),
+    ("tls_key_file: k.pem\n", {},
+     "tls_cert_file: TLS needs both tls_cert_file and tls_key_file (tls_cert_file from the default, "
+     "tls_key_file from {file})"),
+    ("port: 0\n", {"tls_client_ca_file": "ca.pem"}, "tls_client_ca_file: client certificates need TLS: set "
+     "tls_cert_file and tls_key_file (tls_client_ca_file from --tls-client-ca, tls_cert_file from the default)"),
+    ("max_inflight_bytes: 1000000\n", {}, "max_request_bytes: must be <= max_inflight_bytes (1000000): raise that "
+     "too, got 268435456 (max_request_bytes from the default, max_inflight_bytes from {file})"),
+    ("max_body_bytes: 1000000\ngrpc_max_message_bytes: 2000000\n", {},
+     "grpc_max_message_bytes: must be <= max_body_bytes (1000000): raise that too or lower this, got 2000000 "
+     "(grpc_max_message_bytes from {file}, max_body_bytes from {file})"),
+    ("grpc_max_message_bytes: 200000000\nmax_body_bytes: 200000000\n", {},
+     "got 200000000 (grpc_max_message_bytes from {file}, max_inflight_bytes from the default)"),
+    ("load_retry_initial_s: 100\n", {}, "load_retry_max_s: must be >= load_retry_initial_s (100), got 60 "
+     "(load_retry_initial_s from {file}, load_retry_max_s from the default)"),
+    ("model_defaults:\n  batching:\n    preserve_ordering: true\n", {"model_defaults.batching.max_batch_size": 4},
+     "(model_defaults.batching.preserve_ordering from {file}, model_defaults.batching.priority_levels from the "
+     "default)"),
+    ("model_defaults:\n  batching: {preserve_ordering: true, priority_levels: 1, priority_queue_policy: "
+     "{1: {default_timeout_ms: 5}},\n    default_queue_policy: {timeout_action: delay, default_timeout_ms: 0}}\n", {},
+     "model_defaults.batching.priority_queue_policy.1.timeout_action: delay does not go with preserve_ordering: "
+     "a request moved back at its deadline would hold every later answer (Triton refuses the pair too); set "
+     "reject, or preserve_ordering: false (model_defaults.batching.preserve_ordering from {file}, "
+     "model_defaults.batching.default_queue_policy.timeout_action from {file}, "
+     "model_defaults.batching.priority_queue_policy.1.default_timeout_ms from {file})"),
+], ids=["tls key", "tls cert", "client ca", "request bytes", "grpc message and body", "grpc message and budget",
+        "load retry", "ordering and levels", "ordering and delay"])
+def test_every_check_of_two_settings_names_where_each_came_from(tmp_path, text, flags, said):
+    """The same words for each check of settings that must go together (a pair, an order): the
+    file, a flag or the default, whichever set each."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigConflict) as info:
+        load_server_settings(path, flags, SERVE_FLAGS)
+    assert str(info.value).endswith(said.format(file=path)), str(info.value)
+    assert not str(info.value).startswith(str(path))  # (not the file's alone)
+
+
+def test_without_the_flags_an_override_is_the_command_lines():
+    """The Python API's overrides (no flag names them), as a bad value of one is blamed."""
+    with pytest.raises(ConfigConflict) as info:
+        load_server_config(None, {"port": 9000, "grpc_port": 9000})
+    assert str(info.value) == ("grpc_port: must differ from port (9000); 0 turns gRPC off (port from the command "
+                               "line, grpc_port from the command line)")
+
+
+def test_a_section_given_whole_names_the_default_for_what_it_leaves_out():
+    with pytest.raises(ConfigConflict) as info:
+        load_server_config(None, {"model_defaults.batching": {"preserve_ordering": True, "priority_levels": 1,
+                                                              "default_queue_policy": {"timeout_action": "delay"}}})
+    assert str(info.value).endswith("default_queue_policy.timeout_action from the command line, "
+                                    "model_defaults.batching.default_queue_policy.default_timeout_ms from the default)")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A certificate and the key of another (a mismatched TLS pair)."""
+    folder = tmp_path_factory.mktemp("pair")
+    ca = trustme.CA()
+    ca.issue_cert("127.0.0.1").cert_chain_pems[0].write_to_path(str(folder / "cert.pem"))
+    ca.issue_cert("127.0.0.1").private_key_pem.write_to_path(str(folder / "other.pem"))
+    return folder / "cert.pem", folder / "other.pem"
+
+
+def test_conflicts_found_as_the_server_starts_name_each_origin(tmp_path, pair):
+    """The TLS pair, the API token with gRPC and auth_inference without a token are checked as the
+    server starts (after the loader): named the same way."""
+    (tmp_path / "models").mkdir()
+    cert, key = pair
+    (tmp_path / "key.yaml").write_text(f"port: 0\ngrpc_port: 0\ntls_key_file: {key}\n")
+    said = _refusal(_aclserve("--config", "key.yaml", "--tls-cert", str(cert), cwd=tmp_path))
+    assert said.endswith(f"error: bad configuration: tls_key_file: {key} is not the key of the certificate {cert} "
+                         "(tls_cert_file from --tls-cert, tls_key_file from key.yaml)"), said
+    (tmp_path / "token.yaml").write_text("port: 0\napi_token: t\u00f6k-s3cret\n")
+    said = _refusal(_aclserve("--config", "token.yaml", "--grpc-port", str(free_port()), cwd=tmp_path))
+    assert "s3cret" not in said and said.endswith(
+        "error: bad configuration: api_token: must be printable ASCII of at most 4096 characters for gRPC clients to "
+        "send it (metadata), or turn gRPC off (grpc_port: 0) (api_token from token.yaml, grpc_port from --grpc-port)")
+    env = dict(os.environ, ACLSERVE_API_TOKEN="t\u00f6k-s3cret")
+    said = _refusal(_aclserve("--port", "0", cwd=tmp_path, env=env))
+    assert said.endswith("(api_token from ACLSERVE_API_TOKEN, grpc_port from the default)"), said
+    (tmp_path / "auth.yaml").write_text("port: 0\ngrpc_port: 0\nauth_inference: true\n")
+    env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_API_TOKEN"}
+    said = _refusal(_aclserve("--config", "auth.yaml", cwd=tmp_path, env=env))
+    assert said.endswith("error: bad configuration: auth_inference: needs a token: set api_token or "
+                         "ACLSERVE_API_TOKEN (auth_inference from auth.yaml, api_token from the default)"), said
