@@ -189,6 +189,7 @@ def layer_model_config(data: dict, defaults: ModelConfig, path: str | os.PathLik
     data = _levels_as_numbers(data)
     merged = merge(model_config_mapping(defaults), data)
     left_out = _one_level_when_ordered(merged, data) + _past_the_levels(merged, data)
+    replaced = _defaults_beside_own_inputs(merged, data)
     try:
         config = parse_model_config(merged)
     except ConfigError as e:
@@ -196,16 +197,40 @@ def layer_model_config(data: dict, defaults: ModelConfig, path: str | os.PathLik
     if left_out and notes is not None:
         levels = config.batching.priority_levels
         notes.append(f"{'; '.join(left_out)}: the model has {levels} priority level{'s' if levels > 1 else ''}")
+    if replaced and notes is not None:
+        notes.append("; ".join(replaced))
     own_batching = data.get("batching")
     if isinstance(own_batching, Mapping):  # (a static model fails only on its own max_batch_size: served.py)
         config = dataclasses.replace(config, batching=dataclasses.replace(config.batching,
                                                                           own_keys=frozenset(own_batching)))
     # a labels file the model's file names is relative to that file; one model_defaults names
     # stays as the server config gives it, relative to the working directory as its other paths
-    folder, own = Path(path).parent, _labels_named(data)
+    folder, own = Path(path).parent, _giving(data, "outputs", "labels")
     outputs = {n: dataclasses.replace(o, labels=str(folder / o.labels)) if o.labels and n in own else o
                for n, o in config.outputs.items()}
-    return dataclasses.replace(config, outputs=outputs)
+    own = _giving(data, "inputs", "value_range")  # (the others are model_defaults': fitted to the model)
+    inputs = {n: dataclasses.replace(o, range_from_defaults=o.value_range is not None and n not in own)
+              for n, o in config.inputs.items()}
+    return dataclasses.replace(config, inputs=inputs, outputs=outputs)
+
+
+def _defaults_beside_own_inputs(merged: dict, data: Mapping) -> list[str]:
+    """Take out of `merged` model_defaults' value_range of an input the model's file makes an image
+    input, and its image settings of one the file gives a value_range: the two are refused
+    together, and model_defaults fails no model (the model's load was refused for a pair its
+    file did not give); what was left out, in words."""
+    inputs = merged.get("inputs")
+    if not isinstance(inputs, dict):
+        return []
+    said = []
+    for given, other in (("image", "value_range"), ("value_range", "image")):
+        for name in _giving(data, "inputs", given) - _giving(data, "inputs", other):
+            entry = inputs.get(name)
+            if isinstance(entry, dict) and entry.get(other) is not None:
+                entry[other] = None
+                said.append(f"model_defaults' inputs.{name}.{other} left out: the model's own inputs.{name}.{given} "
+                            "replaces it")
+    return said
 
 
 def _own_levels(data: Mapping) -> Mapping:
@@ -270,9 +295,9 @@ def _past_the_levels(merged: dict, data: Mapping) -> list[str]:
     return said
 
 
-def _labels_named(data: Mapping) -> set[str]:
-    """The outputs whose labels file a model's file names itself."""
-    outputs = data.get("outputs")
-    if not isinstance(outputs, Mapping):
+def _giving(data: Mapping, section: str, key: str) -> set[str]:
+    """The tensors of `section` (inputs, outputs) whose `key` a model's file gives itself (not null)."""
+    tensors = data.get(section)
+    if not isinstance(tensors, Mapping):
         return set()
-    return {str(n) for n, o in outputs.items() if isinstance(o, Mapping) and o.get("labels") is not None}
+    return {str(n) for n, o in tensors.items() if isinstance(o, Mapping) and o.get(key) is not None}

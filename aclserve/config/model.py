@@ -244,6 +244,14 @@ def parse_model_config(data, path: str = "") -> ModelConfig:
     )
 
 
+def as_defaults(config: ModelConfig) -> ModelConfig:
+    """`config` as model_defaults: its value ranges marked as the defaults' (a model they do not
+    fit takes them fitted, not failing its load: repository/value_ranges.py)."""
+    inputs = {name: dataclasses.replace(o, range_from_defaults=o.value_range is not None)
+              for name, o in config.inputs.items()}
+    return dataclasses.replace(config, inputs=inputs)
+
+
 def model_config_mapping(config: ModelConfig) -> dict:
     """The YAML-shaped mapping of a ModelConfig (inverse of parse_model_config)."""
     out = dataclasses.asdict(config)

@@ -94,6 +94,9 @@ class TensorOptions:
     labels: str | None = None  # labels file, one per line; a model file's: relative to its folder
     # an integer input's smallest and largest value (both taken); others are refused (400)
     value_range: tuple[int, int] | None = None
+    # value_range is model_defaults', not the model's own: fitted to the model where it does not
+    # fit (clipped to the input's type, or passed over), not failing its load (repository/value_ranges.py)
+    range_from_defaults: bool = False
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Mapping
 from ..logs import FORMATS as LOG_FORMATS
 from ..trace.settings import TraceSettings, TraceSettingsError
 from .checks import MAX_MS, as_bool, as_float, as_int, as_mapping, as_str, no_unknown, shown, unless_none
-from .model import parse_model_config
+from .model import as_defaults, parse_model_config
 from .schema import (CONTROL_MODES, DECODERS, DEVICES, GRPC_MIN_ARRIVING, LOG_LEVELS, READINESS, THREAD_SCHEDULING,
                      ConfigConflict, ConfigError, ImageSettings, ServerConfig)
 
@@ -93,7 +93,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         memory_reserve_fraction=as_float(get("memory_reserve_fraction"), "memory_reserve_fraction", 0.0, 1.0),
         device_limits=_device_limits(unless_none(data.get("device_limits"), {})),
         images=_image_settings(data.get("images")),
-        model_defaults=parse_model_config(data.get("model_defaults", {}), "model_defaults"),
+        model_defaults=as_defaults(parse_model_config(data.get("model_defaults", {}), "model_defaults")),
     )
 
 

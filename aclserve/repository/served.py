@@ -288,7 +288,7 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
         try:
             images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
             labels = load_labels(config.outputs, pool.outputs)
-            ranges = input_ranges(config.inputs, pool.inputs, index_bounds)
+            ranges = input_ranges(config.inputs, pool.inputs, index_bounds, name)
             warm_up(pool, stop=lambda: handoff.given_up, progress=warming, data=config.warmup_data,
                     remedy=" (if the model cannot run on zeros, warmup_data: ones in its config warms it up on ones)",
                     timeout_remedy=_timeout_remedy(config.execution_timeout_ms, UNMEASURED_TIMEOUT_MS))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 
 import numpy as np
@@ -174,3 +175,47 @@ def test_a_range_the_model_cannot_take_fails_the_load_naming_it(tmp_path):
     assert ("inputs.ids.value_range: largest 1099511627776 is outside what INT32 holds (-2147483648..2147483647)"
             in index["ids"]["reason"])
     assert f"inputs.n.value_range: smallest -9300000000000000000 is outside what {int64}" in index["none"]["reason"]
+
+
+def test_model_defaults_range_fits_each_model_and_fails_none(tmp_path, caplog):
+    """model_defaults is meant for every model: its value_range [0, 1000] failed the load of a
+    model whose input is UINT8 ("largest 1000 is outside what UINT8 holds"), as did one naming
+    an input a model lacks or has as FP32, and one beside an image input the model's own file
+    sets. Now it is clipped to the input's type (the metadata gives the range in force), passed
+    over where it cannot apply, each said in an INFO line; a model's own range past its type
+    still fails its load."""
+    caplog.set_level(logging.INFO, "aclserve.repository")
+    src, models = tmp_path / "src", tmp_path / "models"
+    src.mkdir()
+    models.mkdir()
+    compile_cpu_om(save_graph(counts_graph(), src / "counts.onnx"), models / "counts.om")  # n INT64, x FP32
+    for name in ("bytes", "image", "own"):  # x UINT8
+        compile_cpu_om(save_graph(lut_graph(), src / f"{name}.onnx"), models / f"{name}.om")
+    (models / "image.yaml").write_text("inputs:\n  x: {image: {color: gray}}\n")
+    (models / "own.yaml").write_text("inputs:\n  x: {value_range: [0, 1000]}\n")
+    defaults = {"x": {"value_range": [0, 1000]}, "n": {"value_range": [-5, 9]}}
+    config = server_config(models, model_control_mode="none", **{"model_defaults.inputs": defaults})
+    with ServerThread(config) as srv:
+        status, _, body = request(srv, "POST", "/v2/repository/index")
+        index = {entry["name"]: entry for entry in json.loads(body)}
+        metadata = {name: json.loads(request(srv, "GET", f"/v2/models/{name}")[2]) for name in ("counts", "bytes")}
+        pixels = [{"name": "x", "datatype": "UINT8", "shape": [1, 4, 4, 1], "data": [255] * 16}]
+        infer_status, answer = post(srv, "bytes", pixels)
+        x = {"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}
+        refused_status, refusal = post(srv, "counts", [{"name": "n", "datatype": "INT64", "shape": [1, 2],
+                                                        "data": [0, 10]}, x])
+    assert status == 200
+    assert {name: entry["state"] for name, entry in index.items()} == {
+        "counts": "READY", "bytes": "READY", "image": "READY", "own": "UNAVAILABLE"}
+    assert ("inputs.x.value_range: largest 1000 is outside what UINT8 holds (0..255)" in index["own"]["reason"])
+    ranges = {name: {i["name"]: i.get("parameters") for i in m["inputs"]} for name, m in metadata.items()}
+    assert ranges == {"counts": {"n": {"value_range": [-5, 9]}, "x": None}, "bytes": {"x": {"value_range": [0, 255]}}}
+    assert infer_status == 200 and answer["outputs"][0]["data"] == [1.0] * 16, answer
+    assert refused_status == 400 and refusal["error"] == ("input 'n': value 10 is outside -5..9, the values the "
+                                                          "model takes (model_defaults' value_range)")
+    said = caplog.text
+    assert "bytes:1: model_defaults' inputs.x.value_range [0, 1000] clipped to 0..255, what UINT8 holds" in said
+    assert "bytes:1: model_defaults' inputs.n.value_range passed over: the model has no input 'n' (inputs: x)" in said
+    assert ("counts:1: model_defaults' inputs.x.value_range passed over: input x is FP32; a value range applies to "
+            "integer inputs") in said
+    assert "model_defaults' inputs.x.value_range left out: the model's own inputs.x.image replaces it" in said
