@@ -29,6 +29,7 @@ def test_embedded_default_matches_the_dataclass_defaults():
     assert config.grpc_port == 8001
     assert (config.max_json_bytes, config.max_json_elements) == (16 << 20, 1 << 20)
     assert config.compile_cache_dir == ""  # resolved when an .onnx is compiled (repository/cache_dir.py)
+    assert config.compile_timeout_s == 3600  # (a compile of a model whose test runs never end was not bounded)
     assert config.model_defaults == ModelConfig()
     assert config.model_defaults.reset_timeout_ms == 10_000
     assert config.readiness == "strict" and config.max_request_bytes <= config.max_inflight_bytes
@@ -167,6 +168,7 @@ def test_a_choice_is_taken_in_any_case():
     ({"load_retry_initial_s": 100}, "load_retry_max_s", "must be >= load_retry_initial_s (100), got 60"),
     ({"api_token": 12345}, "api_token", "must be a string"),
     ({"header_timeout_s": 0}, "header_timeout_s", "must be >= 0.001"),
+    ({"compile_timeout_s": 0}, "compile_timeout_s", "must be >= 0.001"),
     ({"model_defaults.devices": []}, "model_defaults.devices", "non-empty list"),
     ({"model_defaults.devices": [0, -1]}, "model_defaults.devices[1]", "must be >= 0"),
     ({"images.dvpp_device": -1}, "images.dvpp_device", "must be >= 0"),

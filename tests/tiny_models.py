@@ -101,3 +101,21 @@ def token_graph():
 def compile_cpu_om(onnx_path, om_path, batch: str = "1,2,4,8", **options) -> str:
     """`aclserve compile --target cpu` in process, quietly; returns the OM's path."""
     return str(compile_model(onnx_path, om_path, batch=batch, target="cpu", log=lambda _: None, **options).path)
+
+
+def endless_loop_onnx(path) -> str:
+    """y = x + Loop(10**12 iterations of v + 1) (FP32 [N,4] -> [N,4]): a valid model whose every
+    run goes on for about a day, so a CPU compile's test runs of it never end."""
+    vi = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"])],
+        "body",
+        [vi("i", TensorProto.INT64, []), vi("cond_in", TensorProto.BOOL, []), vi("v_in", TensorProto.FLOAT, [1])],
+        [vi("cond_out", TensorProto.BOOL, []), vi("v_out", TensorProto.FLOAT, [1])],
+        [numpy_helper.from_array(np.array([1.0], np.float32), "one")])
+    inits = [numpy_helper.from_array(np.array(10**12, np.int64), "trips"),
+             numpy_helper.from_array(np.array(True), "cond"), numpy_helper.from_array(np.array([0.0], np.float32), "v")]
+    nodes = [helper.make_node("Loop", ["trips", "cond", "v"], ["v_final"], body=body),
+             helper.make_node("Add", ["x", "v_final"], ["y"])]
+    return save_graph(helper.make_graph(nodes, "endless_loop", [vi("x", TensorProto.FLOAT, ["N", 4])],
+                                        [vi("y", TensorProto.FLOAT, ["N", 4])], inits), path)

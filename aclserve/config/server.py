@@ -87,6 +87,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         cpu_threads=as_int(get("cpu_threads"), "cpu_threads", 1, 1024),
         thread_scheduling=as_str(get("thread_scheduling"), "thread_scheduling", THREAD_SCHEDULING),
         compile_cache_dir=cache_dir,
+        compile_timeout_s=as_float(get("compile_timeout_s"), "compile_timeout_s", 0.001, maximum=MAX_S),
         unload_on_delete=as_bool(get("unload_on_delete"), "unload_on_delete"),
         settle_s=as_float(get("settle_s"), "settle_s", maximum=MAX_S),
         debounce_s=as_float(get("debounce_s"), "debounce_s", maximum=MAX_S),

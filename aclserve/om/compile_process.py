@@ -16,8 +16,11 @@ compile running; on Linux the kernel ends it too (PR_SET_PDEATHSIG: compile_chil
 
 Stopping (CompileStop, from any thread): SIGTERM first, which the child turns into the
 interruption a Ctrl-C of `aclserve compile` is (the ATC it runs killed, its partial files
-removed), then SIGKILL after STOP_GRACE_S (a child inside C code that holds the GIL hears
-SIGTERM only once that returns). The caller removes the folder it had the child compile into.
+removed), then SIGKILL to its process group after STOP_GRACE_S (a child inside C code that holds
+the GIL hears SIGTERM only once that returns). The caller removes the folder it had the child
+compile into. A compile past its `timeout_s` is ended the same way and fails with CompileTimedOut:
+a CPU compile's test runs of the model have no bound of their own (a Loop of 10**12 iterations
+ran for a day, and the server's other loads waited behind it for their turn).
 """
 from __future__ import annotations
 
@@ -46,6 +49,14 @@ STOP_GRACE_S = 5.0
 
 class CompileStopped(Exception):
     """The compile was stopped (CompileStop.stop): an unload or a shutdown, not a failure."""
+
+
+class CompileTimedOut(CompileError):
+    """The compile did not end within its timeout; its process was ended."""
+
+    def __init__(self, timeout_s: float):
+        super().__init__(f"the compile did not finish within {timeout_s:g} s and its process was ended")
+        self.timeout_s = timeout_s
 
 
 @dataclass
@@ -115,13 +126,14 @@ atexit.register(_CHILDREN.end_all)
 
 
 def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike, *, log: Callable[[str], None],
-                     stop: CompileStop | None = None, **options) -> Built:
+                     stop: CompileStop | None = None, timeout_s: float | None = None, **options) -> Built:
     """compile.compile_model(onnx_path, output, log=log, **options) run in a child process
     (blocking until it ends). Raises what compile_model raises, rebuilt from the child's word:
     CompileError (one line; an ATC failure too), OSError with its errno and file, MemoryError,
     RuntimeError for anything else; CompileError when the child ends without a word (killed by
     a signal, the kernel's out-of-memory killer's SIGKILL among them); CompileStopped when `stop`
-    ended it."""
+    ended it; CompileTimedOut when it was still running `timeout_s` seconds after it started
+    (None: no limit), ended as `stop` ends it."""
     stop = stop or CompileStop()
     if stop.stopped:
         raise CompileStopped("stopped before the compile began")
@@ -136,6 +148,17 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike, *,
         raise OSError(e.errno, f"could not start the compile's process: {e.strerror}") from None
     _CHILDREN.add(child)
     outcome: dict = {}
+    timed_out = threading.Event()
+
+    def expire() -> None:
+        timed_out.set()
+        _end(child)
+
+    deadline = None
+    if timeout_s is not None:
+        deadline = threading.Timer(timeout_s, expire)
+        deadline.daemon = True
+        deadline.start()
     try:
         if not stop._attach(child):
             _end(child)
@@ -155,6 +178,8 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike, *,
         child.wait()
         raise
     finally:
+        if deadline is not None:
+            deadline.cancel()
         stop._detach()
         _CHILDREN.discard(child)
         for pipe in (child.stdin, child.stdout):
@@ -162,6 +187,8 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike, *,
                 pipe.close()
     if stop.stopped:
         raise CompileStopped("the compile was stopped")
+    if timed_out.is_set() and "result" not in outcome:  # (a result said just in time stands)
+        raise CompileTimedOut(timeout_s)
     if "result" in outcome and child.returncode == 0:
         return Built(**(outcome["result"] | {"path": Path(outcome["result"]["path"])}))
     if "error" in outcome:
@@ -182,8 +209,12 @@ def _end(child: subprocess.Popen, grace_s: float | None = STOP_GRACE_S) -> None:
 
 
 def _kill(child: subprocess.Popen) -> None:
+    """SIGKILL to the child's process group (start_new_session: its pid is the group's id), what
+    it started there included, unless the child has been waited for (its pid may be reused)."""
+    if child.poll() is not None:
+        return
     try:
-        child.kill()  # (a no-op once it has been waited for)
+        os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
 

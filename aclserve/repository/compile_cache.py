@@ -22,17 +22,20 @@ FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class CompileCache:
-    def __init__(self, configured: str, models_dir: str):
+    def __init__(self, configured: str, models_dir: str, timeout_s: float | None = None):
         self._configured = configured  # compile_cache_dir ("" = beside the models, or the user cache)
         self._models_dir = models_dir
+        self._timeout_s = timeout_s  # compile_timeout_s: how long a compile may run (None: no bound)
 
     def compiled(self, onnx_path: str, name: str, options: CompileOptions, runtime_kind: str,
                  soc_name: str | None, progress=None, stop: CompileStop | None = None) -> str:
         """The .om to load for `onnx_path` (blocking: compiles on a cache miss, in a child
-        process, said to `progress(step)` first; `stop` ends it: CompileStopped)."""
+        process, said to `progress(step)` first; `stop` ends it: CompileStopped; one past the
+        timeout fails: CompileError)."""
         folder = cache_dir.resolve(self._configured, self._models_dir)
         try:
-            return str(compiler.compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name, progress, stop))
+            return str(compiler.compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name, progress, stop,
+                                            self._timeout_s))
         except OSError as e:
             if e.errno not in FULL or e.filename is not None:
                 raise

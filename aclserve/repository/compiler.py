@@ -7,8 +7,9 @@ process (om/compile_process.py: the server's loop and its other models are not s
 and its memory goes back to the system when it ends), into a work folder of the cache folder,
 `.<entry>.compiling-<random>`, whose OM is renamed onto the entry; the folder is removed
 whatever happens, and one left by a server that died meanwhile goes at the next start (sweep).
-A `stop` (compile_process.CompileStop) ends the child: an unload or a shutdown. Progress goes
-to the log.
+A `stop` (compile_process.CompileStop) ends the child: an unload or a shutdown; so does
+`timeout_s` (compile_timeout_s: a CPU compile's test runs of the model have no bound of their
+own), the compile failing with a CompileError naming it. Progress goes to the log.
 
 Several server processes may share one models folder (replicas behind a load balancer, on one
 host or on a shared volume) and see the same dropped .onnx at once. Entries appear whole: the
@@ -40,7 +41,7 @@ from pathlib import Path
 
 from ..config import CompileOptions
 from ..om.compile_error import CompileError
-from ..om.compile_process import CompileStop, compile_in_child
+from ..om.compile_process import CompileStop, CompileTimedOut, compile_in_child
 from ..regular_files import open_regular
 from . import cache_entry, external_data
 
@@ -71,10 +72,11 @@ def _hash_file(digest, path: str) -> None:
 
 def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileOptions,
                 runtime_kind: str, cache_dir: str | os.PathLike, soc_name: str | None = None,
-                progress=None, stop: CompileStop | None = None) -> Path:
+                progress=None, stop: CompileStop | None = None, timeout_s: float | None = None) -> Path:
     """Return the path of the .om for `onnx_path`, compiling it on a cache miss (blocking).
     `soc_name`: the NPU's SoC, used by ATC when the model's compile options name none;
-    `progress(step)` hears a compile begin; `stop` ends it (compile_process.CompileStopped)."""
+    `progress(step)` hears a compile begin; `stop` ends it (compile_process.CompileStopped);
+    `timeout_s` bounds it, ATC's own run included (None: no bound; ATC's default one)."""
     if runtime_kind == "npu" and options.soc_version is None and soc_name:
         options = replace(options, soc_version=soc_name)
 
@@ -104,14 +106,19 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
         kwargs = {k: v for k, v in asdict(options).items() if v is not None}
         if options.batch:
             kwargs["batch"] = list(options.batch)
+        limit = {} if timeout_s is None else {"timeout_s": timeout_s, "timeout": timeout_s}  # (timeout: ATC's)
         log.info("%s: compiling %s for %s into %s", model_name, onnx_path, runtime_kind, out)
         if progress is not None:
             progress(f"compiling {Path(onnx_path).name} for {runtime_kind}")
         work = tempfile.mkdtemp(prefix=f".{out.stem}{WORK_FOLDER}", dir=cache)
         try:
             result = compile_in_child(onnx_path, os.path.join(work, out.name), target=runtime_kind, stop=stop,
-                                      log=lambda line: log.info("%s: %s", model_name, line), **kwargs)
+                                      log=lambda line: log.info("%s: %s", model_name, line), **limit, **kwargs)
             os.replace(result.path, out)
+        except CompileTimedOut as e:  # (not retried by itself: a new file or a load call compiles it again)
+            raise CompileError(f"the compile did not finish within compile_timeout_s ({e.timeout_s:g} s) and its "
+                               "process was ended; raise compile_timeout_s in the server's config if the model "
+                               "needs longer") from None
         except CompileError as e:  # (said in the command's words: here the model's YAML gives them)
             raise CompileError(_in_config_words(str(e))) from None
         finally:

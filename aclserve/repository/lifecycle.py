@@ -72,7 +72,7 @@ class Lifecycle:
         self._config, self._runtime = config, runtime
         self._planner, self._failures = planner, failures
         self._emit, self._rescan_soon, self._task_ended = emit, rescan_soon, task_ended
-        self._cache = CompileCache(config.compile_cache_dir, config.models_dir)
+        self._cache = CompileCache(config.compile_cache_dir, config.models_dir, config.compile_timeout_s)
         self._executor = LoadThreads(config.load_concurrency + 2, "aclserve-load")
         self._load_limit = asyncio.Semaphore(config.load_concurrency)
         self._busy: dict[str, asyncio.Task] = {}

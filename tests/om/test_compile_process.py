@@ -1,6 +1,7 @@
 """compile_model in a child process (aclserve/om/compile_process.py), the server's way to compile
 a dropped .onnx, on the ATC path (the stand-in `atc`): the child streams ATC's lines back, says
-ATC's failure in one line, and a stop ends the ATC it started, leaving no work folder behind."""
+ATC's failure in one line, and a stop ends the ATC it started, leaving no work folder behind; so
+does its timeout, which ends a CPU compile whose test runs of the model never end too."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,8 @@ import threading
 import pytest
 
 from aclserve.om.compile_error import CompileError
-from aclserve.om.compile_process import CompileStop, CompileStopped, compile_in_child
+from aclserve.om.compile_process import CompileStop, CompileStopped, CompileTimedOut, compile_in_child
+from tests.tiny_models import endless_loop_onnx
 
 OPTIONS = {"batch": "1", "soc_version": "Ascend310P3", "target": "npu", "timeout": 600}
 
@@ -61,5 +63,28 @@ def test_a_stop_ends_the_atc_the_child_runs_and_leaves_nothing(tmp_path, fake_at
     stop.stop()
     thread.join(120)
     assert len(ended) == 1 and isinstance(ended[0], CompileStopped), ended
+    assert _gone(json.loads(record.read_text())["pid"])
+    assert os.listdir(out) == []  # no .atc-* work folder, no partial OM
+
+
+def test_a_cpu_compile_whose_test_runs_never_end_is_ended_at_its_timeout(tmp_path):
+    """A Loop of 10**12 iterations: the CPU compile's test runs of the model went on for about a
+    day, inside ONNX Runtime (SIGTERM unheard), the child waited for without a deadline."""
+    lines: list[str] = []
+    with pytest.raises(CompileTimedOut, match=r"^the compile did not finish within 3 s and its process was ended$"):
+        compile_in_child(endless_loop_onnx(tmp_path / "loop.onnx"), tmp_path / "loop.om", log=lines.append,
+                         target="cpu", timeout_s=3)
+    assert any("compiling" in line for line in lines), lines  # (it was compiling, not starting)
+    assert sorted(os.listdir(tmp_path)) == ["loop.onnx"]  # no OM, partial or whole
+
+
+def test_a_timeout_ends_the_atc_the_child_runs_and_leaves_nothing(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
+    atc, record = fake_atc
+    monkeypatch.setenv("FAKE_ATC_MODE", "sleep")  # (600 s, within ATC's own timeout)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(CompileTimedOut):  # (10 s: ATC has started by then, its child's SIGTERM first)
+        compile_in_child(multi_io_onnx, out / "m.om", log=lambda line: None, atc=str(atc), timeout_s=10, **OPTIONS)
+    assert record.exists(), "ATC did not start within the compile's timeout"
     assert _gone(json.loads(record.read_text())["pid"])
     assert os.listdir(out) == []  # no .atc-* work folder, no partial OM

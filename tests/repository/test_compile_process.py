@@ -1,6 +1,7 @@
 """A dropped .onnx compiles in a child process (aclserve/om/compile_process.py): an unload or a
-shutdown during the compile ends that process and leaves nothing in the cache folder, and how
-it failed (its error, or the signal that killed it) is the version's one-line reason. Each
+shutdown during the compile ends that process and leaves nothing in the cache folder, so does
+compile_timeout_s, and how it failed (its error, the signal that killed it, its timeout) is the
+version's one-line reason. Each
 compile is held in its child by `compile_holds` (tests/conftest.py) for as long as a test needs."""
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import pytest
 from aclserve.repository import ModelLoadFailed
 from aclserve.repository.compiler import sweep
 
-from .repo_helpers import place, until, write_in
+from tests.tiny_models import endless_loop_onnx
+
+from .repo_helpers import place, serving, until, write_in
 
 
 def held_child(holds) -> int:
@@ -74,6 +77,40 @@ async def test_a_shutdown_during_a_compile_kills_its_process(make_repo, models_d
     assert not running(pid)
     assert os.listdir(models_dir / ".cache") == []
 
+
+
+@pytest.mark.asyncio
+async def test_a_compile_past_compile_timeout_s_is_ended_and_the_loads_behind_it_go_on(
+        make_repo, models_dir, model_files, compile_holds, tmp_path):
+    """A CPU compile whose test runs of the model never end (a Loop of 10**12 iterations) held
+    the one load_concurrency turn for about a day: an .om beside it stayed LOADING ("waiting")
+    and the server was never ready. Past compile_timeout_s its process is ended, the version
+    fails naming the key, is not compiled again by itself (as a failed compile), and a load call
+    compiles it again; the .om loads meanwhile."""
+    place(endless_loop_onnx(tmp_path / "loop.onnx"), models_dir / "loop.onnx")
+    place(model_files[2]["om"], models_dir / "m.om")
+    repo, events = await make_repo(start=False, model_control_mode="explicit", load_concurrency=1,
+                                   compile_timeout_s=3)
+    start = asyncio.ensure_future(repo.start())
+    await until(lambda: any(compile_holds.iterdir()), "the compile's process holding")
+    pid = held_child(compile_holds)
+    (compile_holds / str(pid)).unlink()  # on to its test runs of the model, which do not end
+    await start
+    await events.until(lambda: serving(repo) == ["m"] and events.count("load_failed", "loop") == 1)
+    expected = ("the compile did not finish within compile_timeout_s (3 s) and its process was ended; raise "
+                "compile_timeout_s in the server's config if the model needs longer")
+    # (no automatic retry armed: the reason would say when it is due)
+    assert (row_of(repo, "loop")["state"], row_of(repo, "loop")["reason"]) == ("UNAVAILABLE", expected)
+    assert not running(pid)
+    assert [name for name in os.listdir(models_dir / ".cache") if "loop" in name] == []
+    assert float((await repo.get("m").infer({"x": [[1.0] * 4]}, 1)).outputs["y"][0, 0]) == 2.0
+
+    again = asyncio.ensure_future(repo.load("loop"))
+    await until(lambda: any(compile_holds.iterdir()), "the second compile's process holding")
+    (compile_holds / str(held_child(compile_holds))).unlink()
+    with pytest.raises(ModelLoadFailed, match=r"compile_timeout_s \(3 s\)"):
+        await again
+    assert events.count("load_failed", "loop") == 2
 
 
 async def signalled_compile(make_repo, models_dir, model_files, compile_holds, sig: int) -> tuple:
