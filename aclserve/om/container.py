@@ -40,6 +40,10 @@ PREFIX_SIZE = _PREFIX.size  # 24
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 CHECKSUM_MISMATCH = "CPU OM payload checksum mismatch (corrupt file)"
 DYNAMIC_BATCH_INPUT = cpu_header.DYNAMIC_BATCH_INPUT
+# characters of the output's name the temporary file beside it starts with: at most 128 bytes, so
+# that ".<head>.<8 random>.part" stays within 143 (ecryptfs's limit; most filesystems' is 255)
+# whatever the length of a name that fits (the whole name added 15 bytes: a 241-byte name failed)
+TEMP_NAME_HEAD = 32
 
 
 class OmFormatError(ValueError):
@@ -73,7 +77,7 @@ def write(path: str | os.PathLike, header: dict, payload: bytes) -> int:
     path = Path(path)
     data = encode(header, payload)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:TEMP_NAME_HEAD]}.", suffix=".part", dir=path.parent)
     except OSError as e:  # (named as the file asked for: the temporary one is ours, not the caller's)
         raise OSError(e.errno, e.strerror, str(path)) from e
     try:

@@ -218,6 +218,20 @@ def test_cli_prints_summary(tmp_path, multi_io_onnx):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporaries left
 
 
+@pytest.mark.parametrize("stem", ["a" * 252, "\u00e9" * 126], ids=["ascii", "two-byte"])
+def test_cli_writes_an_output_whose_name_fills_the_filesystems_limit(tmp_path, static_onnx, stem):
+    """255 bytes with ".om": the temporary file beside it once took the whole name and 15 bytes
+    more (File name too long, for any name past 240 bytes)."""
+    out = tmp_path / f"{stem}.om"
+    assert len(out.name.encode()) == 255
+    proc = run_cli("compile", static_onnx, "-o", out, "--target", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert container.read_header(out)["name"] == stem
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporaries left
+    too_long = run_cli("compile", static_onnx, "-o", tmp_path / f"a{stem}.om", "--target", "cpu")
+    assert too_long.returncode == 2 and too_long.stderr.rstrip().endswith(".om: File name too long"), too_long
+
+
 def test_inspect_cpu_om_text_and_json(multi_om):
     text = run_cli("inspect", multi_om.path)
     assert text.returncode == 0, text.stderr
