@@ -53,7 +53,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
                   soc_version: str | None = None, precision_mode: str | None = DEFAULT_PRECISION_MODE,
                   target: str = "auto", atc: str | os.PathLike | None = None,
                   timeout: float = atc_mod.DEFAULT_TIMEOUT, aipp: list[aipp_mod.AippOp] | None = None,
-                  log: Callable[[str], None] = print) -> CompileResult:
+                  log: Callable[[str], None] = print, log_start: bool = True) -> CompileResult:
     """Compile `onnx_path` to `output` (default: beside it with .om) and return what was built.
 
     input_shape: "name:-1,3,224,224;name2:..." or {name: dims}; batch: "1,2,4" or [1, 2, 4]
@@ -64,6 +64,8 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     aipp: static AIPP ops (aipp.parse / aipp.generate): ATC gets them as --insert_op_conf, the
     CPU OM gets the same arithmetic as ONNX operations in front of the graph.
     The output appears atomically (temporary file, then rename) or not at all.
+    log_start: whether `log` hears the line saying the compile begins (`compiling model.onnx
+    ...`); the server says its own, naming the cache entry.
     """
     start = time.monotonic()
     if target not in TARGETS:
@@ -107,7 +109,8 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
                                "from: pass --soc-version (e.g. Ascend310P3, Ascend910B1)")
         if spec.dynamic_batch:  # (before ATC's minutes: the CPU compile finds it in its test runs)
             batch_rows.check_source(src, spec)
-        log(f"compiling {src} with ATC ({atc_path}) for {soc_version}")
+        if log_start:
+            log(f"compiling {src} with ATC ({atc_path}) for {soc_version}")
         hdr = atc_mod.compile_with_atc(atc_path, src, out, spec, soc_version=soc_version,
                                        precision_mode=precision_mode, timeout=timeout, log=log,
                                        insert_op_conf=aipp_mod.render(aipp) if bound else None)
@@ -117,7 +120,8 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         header = dict(hdr.as_dict(), gears=list(spec.gears), inputs=inputs, **aipp_header)
         kind = "npu"
     else:
-        log(f"compiling {src} for the CPU runtime (ATC not used)")
+        if log_start:
+            log(f"compiling {src} for the CPU runtime (ATC not used)")
         warnings = atc_options.cpu_warnings(model, soc_version)
         with open_regular(src) as f:
             source_bytes = f.read()

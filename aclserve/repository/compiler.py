@@ -112,8 +112,10 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
             progress(f"compiling {Path(onnx_path).name} for {runtime_kind}")
         work = tempfile.mkdtemp(prefix=f".{out.stem}{WORK_FOLDER}", dir=cache)
         try:
+            # (the line above says it begins: the child's own would say it again, less)
             result = compile_in_child(onnx_path, os.path.join(work, out.name), target=runtime_kind, stop=stop,
-                                      log=lambda line: log.info("%s: %s", model_name, line), **limit, **kwargs)
+                                      log=lambda line: log.info("%s: %s", model_name, line), log_start=False,
+                                      **limit, **kwargs)
             os.replace(result.path, out)
         except CompileTimedOut as e:  # (not retried by itself: a new file or a load call compiles it again)
             raise CompileError(f"the compile did not finish within compile_timeout_s ({e.timeout_s:g} s) and its "

@@ -467,7 +467,8 @@ async def test_dropped_onnx_is_compiled_cached_and_served(make_repo, models_dir,
     assert repo.get("o").gears == (1, 2)
     cached = sorted(os.listdir(models_dir / ".cache"))
     assert len(cached) == 2 and cached[0].endswith(".om") and cached[1] == cached[0] + ".json"  # + manifest
-    assert any("compiling" in r.getMessage() for r in caplog.records)
+    compiling = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]  # one line, not two
+    assert compiling == [f"o: compiling {models_dir / 'o.onnx'} for cpu into {models_dir / '.cache' / cached[0]}"]
     await repo.close()
     caplog.clear()
     repo2, _ = await make_repo(model_control_mode="explicit")  # same content + options: cache hit
