@@ -3,9 +3,10 @@ to build a real OM.
 
 ATC runs in a private work folder beside the output (it drops fusion_result.json and
 kernel_meta/ into its working directory), its console output is streamed line by line with
-the elapsed time, a timeout kills its whole process group, and the built OM is checked
+the elapsed time, a timeout kills its whole process group (atc_leash.end), and the built OM is checked
 (`atc_om.identify` must say "atc_om") before it is renamed onto the output path, so a failed or
 interrupted build never leaves a partial file. Blocks the calling thread for the whole build.
+On Linux ATC's group dies with the process running it, however it ends (atc_leash.py).
 
 A build still running when the process exits (a server shut down during a compile abandons its
 daemon load thread) would go on in its own session until its timeout, its work folder left
@@ -14,10 +15,10 @@ behind: an exit hook kills the builds in progress and removes their work folders
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import atc_om
+from . import atc_leash, atc_om
 from .container import OmFormatError
 from .spec import CompileError, ModelSpec
 
@@ -38,6 +39,7 @@ _ERROR_LINE = re.compile(r"\bE[0-9A-Z]\d{4}\b|ATC run failed|\[ERROR\]|\bERROR\b
 # '-' '.' '_' and Chinese characters", E10001)
 _NOT_IN_ATC_PATH = re.compile(r"[^A-Za-z0-9./_\-\u4e00-\u9fa5]")
 _MAX_QUOTED = 5
+END_WAIT_S = 5.0  # at exit, for each ATC ended to be gone
 
 
 class AtcFailed(CompileError):
@@ -45,11 +47,11 @@ class AtcFailed(CompileError):
 
 
 class _Running:
-    """The ATC process groups and work folders of the builds in progress in this process."""
+    """The ATC processes (atc_leash.command's) and work folders of the builds in progress in this process."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self.groups: set[int] = set()
+        self.processes: set[subprocess.Popen] = set()
         self.folders: set[str] = set()
 
     def add(self, kind: set, item) -> None:
@@ -61,14 +63,14 @@ class _Running:
             kind.discard(item)
 
     def end_all(self) -> None:
-        """At exit: kill every group, then remove every work folder (nothing writes there any more)."""
+        """At exit: end every ATC, then remove every work folder (nothing writes there any more)."""
         with self._lock:
-            groups, folders = list(self.groups), list(self.folders)
-        for group in groups:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            processes, folders = list(self.processes), list(self.folders)
+        for proc in processes:
+            atc_leash.end(proc)
+        for proc in processes:  # (its leash ends it in a moment: gone before its folder goes)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(END_WAIT_S)
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -111,23 +113,21 @@ def run_streaming(argv: list[str], *, cwd: str, timeout: float, log: Callable[[s
     """Run argv, passing each output line to `log` prefixed with the elapsed time.
 
     Returns all lines. Raises AtcFailed on a non-zero exit (quoting ATC's error lines) or when
-    `timeout` seconds pass (the process group is killed).
+    `timeout` seconds pass (the process group is killed). On Linux argv runs on a leash
+    (atc_leash.py): a process killed outright takes its process group with it.
     """
     start = clock()
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(atc_leash.command(argv), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:
         raise AtcFailed(f"could not start ATC {argv[0]}: {e.strerror or e}") from None
-    _RUNNING.add(_RUNNING.groups, proc.pid)  # start_new_session: its pid is its group's id
+    _RUNNING.add(_RUNNING.processes, proc)
     timed_out = threading.Event()
 
     def kill() -> None:
         timed_out.set()
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        atc_leash.end(proc)
 
     timer = threading.Timer(timeout, kill)
     timer.daemon = True
@@ -147,9 +147,12 @@ def run_streaming(argv: list[str], *, cwd: str, timeout: float, log: Callable[[s
     finally:
         timer.cancel()
         proc.stdout.close()
-        _RUNNING.discard(_RUNNING.groups, proc.pid)
+        _RUNNING.discard(_RUNNING.processes, proc)
     if timed_out.is_set():
         raise AtcFailed(f"ATC timed out after {timeout:g} s and was killed")
+    if proc.returncode == atc_leash.NOT_STARTED and len(lines) == 1 \
+            and lines[0].startswith(atc_leash.not_started(argv[0])):
+        raise AtcFailed(lines[0])  # (the leash's word: ATC itself never ran)
     if proc.returncode != 0:
         raise AtcFailed(f"ATC failed (exit status {proc.returncode}): {quote_errors(lines)}")
     return lines

@@ -12,7 +12,8 @@ SIGTERM, SIGHUP or end-of-file on stdin (the server gone) end it as a Ctrl-C end
 128 + the signal's number, no word said. On Linux the kernel also signals it when the server
 dies (PR_SET_PDEATHSIG): SIGKILL for a CPU compile, which inside ONNX Runtime's C calls heard
 SIGTERM or its stdin's end only 1-3 s later (its work folder is swept afterwards); SIGTERM when
-ATC runs, whose wait hears it at once and kills ATC (a SIGKILL would leave ATC running).
+ATC runs, whose wait hears it at once and kills ATC, removing its work folder (ATC dies with a
+child killed outright too, on its leash: atc_leash.py).
 
 For tests: with ACLSERVE_COMPILE_HOLD=FOLDER set, the child writes FOLDER/<its pid> before it
 compiles and waits while that file exists (a compile known to be running, as long as a test needs).

@@ -17,10 +17,11 @@ compile running; on Linux the kernel ends it too (PR_SET_PDEATHSIG: compile_chil
 Stopping (CompileStop, from any thread): SIGTERM first, which the child turns into the
 interruption a Ctrl-C of `aclserve compile` is (the ATC it runs killed, its partial files
 removed), then SIGKILL to its process group after STOP_GRACE_S (a child inside C code that holds
-the GIL hears SIGTERM only once that returns). The caller removes the folder it had the child
-compile into. A compile past its `timeout_s` is ended the same way and fails with CompileTimedOut:
-a CPU compile's test runs of the model have no bound of their own (a Loop of 10**12 iterations
-ran for a day, and the server's other loads waited behind it for their turn).
+the GIL hears SIGTERM only once that returns; the ATC it runs dies with it: atc_leash.py). The
+caller removes the folder it had the child compile into. A compile past its `timeout_s` is ended
+the same way and fails with CompileTimedOut: a CPU compile's test runs of the model have no bound
+of their own (a Loop of 10**12 iterations ran for a day, and the server's other loads waited
+behind it for their turn).
 """
 from __future__ import annotations
 

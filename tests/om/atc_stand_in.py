@@ -4,7 +4,7 @@ import textwrap
 # The stand-in: records argv/cwd/pid, prints like ATC, then acts per FAKE_ATC_MODE.
 FAKE_ATC = textwrap.dedent("""\
     #!{python}
-    import json, os, re, struct, sys, time
+    import json, os, re, struct, subprocess, sys, time
     args = sys.argv[1:]
     mode = os.environ.get("FAKE_ATC_MODE", "ok")
     for a in args:  # ATC checks its paths, symlinks resolved, for characters (E10001)
@@ -15,10 +15,14 @@ FAKE_ATC = textwrap.dedent("""\
                 sys.exit(1)
     conf = [a.split("=", 1)[1] for a in args if a.startswith("--insert_op_conf=")]
     conf_text = open(conf[0]).read() if conf else None  # the work folder is gone after the run
+    helper = None
+    if mode == "sleep_with_helper":  # a process of its own, as ATC's operator compiles are
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid
     with open(os.environ["FAKE_ATC_RECORD"], "w") as f:
-        json.dump({{"argv": args, "cwd": os.getcwd(), "pid": os.getpid(), "insert_op_conf": conf_text}}, f)
+        json.dump({{"argv": args, "cwd": os.getcwd(), "pid": os.getpid(), "insert_op_conf": conf_text,
+                   "helper": helper}}, f)
     print("ATC start working now, please wait for a moment.", flush=True)
-    if mode == "sleep":
+    if mode in ("sleep", "sleep_with_helper"):
         time.sleep(600)
     if mode == "gate":  # finish only after the test saw the first line: proves streaming
         print("waiting for the gate", flush=True)

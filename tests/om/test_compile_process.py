@@ -1,11 +1,13 @@
 """compile_model in a child process (aclserve/om/compile_process.py), the server's way to compile
 a dropped .onnx, on the ATC path (the stand-in `atc`): the child streams ATC's lines back, says
 ATC's failure in one line, and a stop ends the ATC it started, leaving no work folder behind; so
-does its timeout, which ends a CPU compile whose test runs of the model never end too."""
+does its timeout, which ends a CPU compile whose test runs of the model never end too; a child
+killed outright takes its ATC with it."""
 from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 
 import pytest
@@ -88,3 +90,50 @@ def test_a_timeout_ends_the_atc_the_child_runs_and_leaves_nothing(tmp_path, fake
     assert record.exists(), "ATC did not start within the compile's timeout"
     assert _gone(json.loads(record.read_text())["pid"])
     assert os.listdir(out) == []  # no .atc-* work folder, no partial OM
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rpartition(")")[2].split()[1])
+
+
+def _wait_gone(pids: list[int]) -> None:
+    for _ in range(3000):  # (a hang guard: the kernel's signal is at once)
+        if all(_gone(pid) for pid in pids):
+            return
+        threading.Event().wait(0.01)
+
+
+def test_a_compile_process_killed_outright_takes_its_atc_with_it(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
+    """The server SIGKILLs a child still there STOP_GRACE_S after its SIGTERM (a shutdown, an
+    unload), and the out-of-memory killer may pick one: nothing of it ran to kill its ATC, which
+    went on (its own processes too) until its timeout, an hour by default."""
+    atc, record = fake_atc
+    monkeypatch.setenv("FAKE_ATC_MODE", "sleep_with_helper")  # (600 s, and a process of its own)
+    started, ended = threading.Event(), []
+
+    def compile_it():
+        try:
+            compile_in_child(multi_io_onnx, tmp_path / "m.om", atc=str(atc), **OPTIONS,
+                             log=lambda line: started.set() if "ATC start working" in line else None)
+        except BaseException as e:
+            ended.append(e)
+
+    thread = threading.Thread(target=compile_it)
+    thread.start()
+    assert started.wait(120)  # (a hang guard)
+    ran = json.loads(record.read_text())
+    atc_processes = [ran["pid"], ran["helper"]]
+    try:
+        child = ran["pid"]
+        while _parent(child) != os.getpid():  # (ATC's ancestor this process started: the compile child)
+            child = _parent(child)
+        os.kill(child, signal.SIGKILL)
+        thread.join(120)
+        assert len(ended) == 1 and "killed by SIGKILL" in str(ended[0]), ended
+        _wait_gone(atc_processes)
+        assert [pid for pid in atc_processes if not _gone(pid)] == []
+    finally:
+        for pid in atc_processes:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)

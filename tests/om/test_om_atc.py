@@ -269,6 +269,30 @@ def test_a_compile_ended_by_sigterm_or_sighup_leaves_nothing(tmp_path, fake_atc,
         _kill_leftovers(proc, record)
 
 
+def test_a_compile_killed_outright_takes_its_atc_with_it(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
+    """`kill -9` of `aclserve compile` runs none of its clean-up: its ATC, in a session of its own,
+    ran on until its timeout (an hour by default), its own processes too. Its work folder stays."""
+    atc, record = fake_atc
+    monkeypatch.setenv("FAKE_ATC_MODE", "sleep_with_helper")
+    monkeypatch.setenv("PATH", f"{atc.parent}:/usr/bin:/bin")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = _compile_until_atc_runs(multi_io_onnx, out)
+    ran = json.loads(record.read_text())
+    try:
+        proc.kill()
+        proc.communicate(timeout=120)
+        for _ in range(3000):  # (a hang guard: the kernel's signal is at once)
+            if not _alive(ran["pid"]) and not _alive(ran["helper"]):
+                break
+            threading.Event().wait(0.01)
+        assert not _alive(ran["pid"]) and not _alive(ran["helper"])
+    finally:
+        _kill_leftovers(proc, record)
+        if _alive(ran["helper"]):
+            os.kill(ran["helper"], 9)
+
+
 def test_a_compile_under_nohup_keeps_running_when_the_terminal_closes(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
     """SIGHUP ignored as the process starts (nohup) stays ignored: the handler that ends a
     compile cleanly on SIGHUP ended this one, the long build nohup was there to keep."""
