@@ -103,9 +103,10 @@ def compile_cpu_om(onnx_path, om_path, batch: str = "1,2,4,8", **options) -> str
     return str(compile_model(onnx_path, om_path, batch=batch, target="cpu", log=lambda _: None, **options).path)
 
 
-def endless_loop_onnx(path) -> str:
-    """y = x + Loop(10**12 iterations of v + 1) (FP32 [N,4] -> [N,4]): a valid model whose every
-    run goes on for about a day, so a CPU compile's test runs of it never end."""
+def endless_loop_onnx(path, trips: int = 10**12) -> str:
+    """y = x + Loop(`trips` iterations of v + 1) (FP32 [N,4] -> [N,4]): with 10**12, a valid model
+    whose every run goes on for about a day, so a CPU compile's test runs of it never end (its
+    initializer "trips" holds the count)."""
     vi = helper.make_tensor_value_info
     body = helper.make_graph(
         [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"])],
@@ -113,7 +114,7 @@ def endless_loop_onnx(path) -> str:
         [vi("i", TensorProto.INT64, []), vi("cond_in", TensorProto.BOOL, []), vi("v_in", TensorProto.FLOAT, [1])],
         [vi("cond_out", TensorProto.BOOL, []), vi("v_out", TensorProto.FLOAT, [1])],
         [numpy_helper.from_array(np.array([1.0], np.float32), "one")])
-    inits = [numpy_helper.from_array(np.array(10**12, np.int64), "trips"),
+    inits = [numpy_helper.from_array(np.array(trips, np.int64), "trips"),
              numpy_helper.from_array(np.array(True), "cond"), numpy_helper.from_array(np.array([0.0], np.float32), "v")]
     nodes = [helper.make_node("Loop", ["trips", "cond", "v"], ["v_final"], body=body),
              helper.make_node("Add", ["x", "v_final"], ["y"])]

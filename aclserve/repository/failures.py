@@ -5,13 +5,24 @@ file out of the version selection, so the same bad file is not loaded again on e
 is tried again when the file, its config or its labels file changes (a new identity), when the
 load API asks for another try (`forget_model`), or when its retry is due (transient device
 errors only; retry.py holds the backoff). Each file's failure is logged once at error level, a
-retry's at warning level. Owned by the ModelRepository; loop thread only.
+retry's at warning level. Owned by the ModelRepository; loop thread only (but for the word that
+a device let go, which a teardown thread passes to the loop).
+
+A load whose closed pool left instances on the device (abandoned by a warm-up run the device
+never finished: runtime/left_on_device.py) is not retried while any is left: each attempt of a
+model that hangs left one more, each holding its streams, events and memory (and on the CPU
+runtime a thread running the model) until the device could not load or reload other models.
+Its retry is armed once the device has let go of them all, which may be never.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import weakref
 from typing import Callable
 
+from ..runtime.left_on_device import LeftOnDevice, left_by
 from .layout import ScanResult, VersionFile
 from .retry import RetrySchedule, host_short, is_transient
 
@@ -28,19 +39,25 @@ class LoadFailures:
         self._on_retry = on_retry
         self._logged: set[tuple[str, str, tuple]] = set()
         self._first_failed: set[tuple[str, str]] = set()  # (name, version) last failed a first transient time
+        # (name, version, identity) -> what its failed load left on the device, its retry armed once none is
+        self._left: dict[tuple[str, str, tuple], LeftOnDevice] = {}
         self._closed = False
 
     def record(self, name: str, version: str, file: VersionFile, error: BaseException) -> str:
         """Remember the failure of `file` (and arm its retry when transient); returns the reason."""
         reason, transient, key = _reason(error), is_transient(error), (name, version, file.identity)
         self._first_failed.discard((name, version))
+        self._left.pop(key, None)
         if transient and self._retry.enabled and not self._closed:
-            attempt, delay = self._retry.schedule(name, version, file.identity)
             what = "the host short of resources" if host_short(error) else "transient device error"
-            self._reasons[key] = f"{reason} ({what})"
-            reason = f"{reason} ({what}: retry {attempt} in {delay:.1f} s)"
-            if attempt == 1:
-                self._first_failed.add((name, version))
+            if self._wait_for_device(key, error):  # (the same text until the device lets go: one /metrics series)
+                reason = self._reasons[key] = f"{reason} ({what}, {_not_retried(self._left[key].count)})"
+            else:
+                attempt, delay = self._retry.schedule(name, version, file.identity)
+                self._reasons[key] = f"{reason} ({what})"
+                reason = f"{reason} ({what}: retry {attempt} in {delay:.1f} s)"
+                if attempt == 1:
+                    self._first_failed.add((name, version))
         else:
             self._reasons[key] = reason
         if key not in self._logged:
@@ -54,17 +71,20 @@ class LoadFailures:
         """The version loaded: its next failure's retry starts from the initial delay again."""
         self._retry.succeeded(name, version)
         self._first_failed.discard((name, version))
+        self._left = {k: left for k, left in self._left.items() if k[:2] != (name, version)}
 
     def forget_model(self, name: str) -> None:
         """The load API asks for another try of every file of `name`."""
         for key in [k for k in self._reasons if k[0] == name]:
             del self._reasons[key]
+            self._left.pop(key, None)
 
     def keep_files_of(self, scan: ScanResult) -> None:
         """Forget the failures of files changed or gone since they failed; those of a model the
         scan could not read (a problem) are kept, as it cannot tell."""
         live = {(n, v, f.identity) for n, e in scan.models.items() for v, f in e.available.items()}
         self._reasons = {k: r for k, r in self._reasons.items() if k in live or k[0] in scan.problems}
+        self._left = {k: left for k, left in self._left.items() if k in self._reasons}
         versions = {key[:2] for key in live}
         self._first_failed = {k for k in self._first_failed if k in versions or k[0] in scan.problems}
 
@@ -80,7 +100,8 @@ class LoadFailures:
 
     def refused_for_good(self, name: str, version: str | None = None) -> bool:
         """`name` (or its `version`) has a refused file and no retry of any is due: it is not
-        served until its file, config or labels change or the load API asks again."""
+        served until its file, config or labels change or the load API asks again (or, for a
+        load that left instances abandoned, the device lets go of them)."""
         keys = [k for k in self._reasons if k[0] == name and version in (None, k[1])]
         return bool(keys) and not any(self._retry.pending(k) for k in keys)
 
@@ -112,12 +133,47 @@ class LoadFailures:
         """No more retries: cancels the armed ones."""
         self._closed = True
         self._retry.close()
+        self._left.clear()
+
+    def _wait_for_device(self, key: tuple[str, str, tuple], error: BaseException) -> bool:
+        """Whether the failed load left instances on the device: its retry then waits until the
+        device has let go of them all (`_device_let_go`, from the thread that frees the last)."""
+        left = left_by(error)
+        loop = asyncio.get_running_loop()
+        let_go = weakref.WeakMethod(self._device_let_go)  # (an instance held for good keeps no repository alive)
+
+        def none_left() -> None:
+            method = let_go()
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody to retry
+                if method is not None:
+                    loop.call_soon_threadsafe(method, key, left)
+        if left is None or not left.when_none(none_left):
+            return False
+        self._left[key] = left
+        return True
+
+    def _device_let_go(self, key: tuple[str, str, tuple], left: LeftOnDevice) -> None:
+        """The device has freed every instance the failed load left: its retry is armed (the
+        backoff's next delay), unless the file was tried again, changed or went meanwhile."""
+        if self._closed or self._left.get(key) is not left or key not in self._reasons:
+            return
+        del self._left[key]
+        attempt, delay = self._retry.schedule(*key)
+        log.warning("%s: the device has let go of the instances the failed load of version %s left; "
+                    "retry %d in %.1f s", key[0], key[1], attempt, delay)
 
     def _due(self, name: str, version: str, identity: tuple) -> None:
         if self._closed or self._reasons.pop((name, version, identity), None) is None:
             return  # shut down, or the file changed or went away meanwhile
         log.info("%s: retrying the load of version %s", name, version)
         self._on_retry(name, version)
+
+
+def _not_retried(left: int) -> str:
+    """Why a transient failure is not retried, and how to try again, for its one-line reason."""
+    return (f"not retried: its load left {left} instance(s) abandoned on the device, which still runs their work "
+            "and holds their streams, events and memory; retried once the device lets go of them, or now by a "
+            "change of the file or its config, a load call or a restart")
 
 
 def _reason(error: BaseException) -> str:

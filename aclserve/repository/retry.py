@@ -1,8 +1,8 @@
 """Automatic load retries after transient device errors, with exponential backoff and jitter.
 
 Transient: the device failed a warm-up batch (not the host code that packs and launches it) or
-did not finish one within the model's execution timeout (the hung instance is abandoned, and a
-later attempt builds a new one), or an
+did not finish one within the model's execution timeout (a later attempt builds a new instance;
+while the hung one is abandoned, no attempt is made: failures.py), or an
 ACL call failed with a resource or runtime code (2xxxxx: memory, streams, events; 5xxxxx:
 internal, execution, timeouts), which a later attempt may not meet; where the model's own
 memory is taken or its load runs (a LoadError caused by the code), only memory, resource and

@@ -266,9 +266,12 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
     it stops at the next run once the loop has given up, so a shutdown does not wait for a long
     warm-up), then hand (pool, images, labels, ranges) to the loop, or close the pool when the
     loop has given up meanwhile. While it runs, the runtime resets none of the model's devices
-    (it is inside ACL calls, or its instances' work runs there: teardown.py)."""
+    (it is inside ACL calls, or its instances' work runs there: teardown.py). On failure the pool
+    is closed and the error says what it left on the device (an instance a hung warm-up run
+    kept, abandoned: runtime/left_on_device.py), which holds back the load's retry."""
     from ..runtime import open_pool, teardown, warm_up  # the runtime imports ACL; keep this module light to import
     from ..runtime.execution_timeout import UNMEASURED_TIMEOUT_MS
+    from ..runtime.left_on_device import note_left
 
     def warming(gear: int | None, run: int, runs: int) -> None:  # (after stop(): not given up)
         progress(f"warming up: gear {gear}, run {run + 1} of {runs}" if gear is not None
@@ -292,8 +295,9 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
             warm_up(pool, stop=lambda: handoff.given_up, progress=warming, data=config.warmup_data,
                     remedy=" (if the model cannot run on zeros, warmup_data: ones in its config warms it up on ones)",
                     timeout_remedy=_timeout_remedy(config.execution_timeout_ms, UNMEASURED_TIMEOUT_MS))
-        except BaseException:
+        except BaseException as error:
             pool.close()
+            note_left(error, pool.left_on_device)  # a hung instance abandoned: no retry while it is (failures.py)
             raise
         return handoff.deliver((pool, images, labels, ranges), lambda opened: opened[0].close())
 

@@ -11,6 +11,7 @@ from typing import Sequence
 from . import device_health
 from .instance import ModelInstance
 from .kept_file import KeptFile, identity_of
+from .left_on_device import LeftOnDevice
 from .limits import Need
 from .execution_timeout import UNMEASURED_TIMEOUT_MS
 from .pool import InstancePool
@@ -32,7 +33,8 @@ class InstanceBuilder:
     then read through the KeptFile (kept_file.py; `keep_open`), as long as it is unchanged: a
     version still serving after its replacement failed to load (garbage renamed over the file)
     could not rebuild an instance, and one device fault per instance took it down for good.
-    `close()` lets the kept file go (the pool's close)."""
+    `close()` lets the kept file go (the pool's close). `left` counts every instance it makes
+    (open_pool's and the rebuilds') until it is freed (left_on_device.py)."""
 
     def __init__(self, runtime, path: str, name: str, placed: list, slots: int, claimed_slots: int,
                  reset_timeout_ms: int = 10_000, keep_open: bool = True):
@@ -45,6 +47,7 @@ class InstanceBuilder:
         except OSError:
             self._identity = None  # create() says why it cannot be loaded
         self._kept = KeptFile.open(path, self._identity) if keep_open and self._identity else None
+        self.left = LeftOnDevice()
 
     def confirm(self) -> None:
         """After the first loads: if the file changed meanwhile, the kept file may not hold what
@@ -85,6 +88,7 @@ class InstanceBuilder:
                 device.ledger.release(need)
                 raise
         instance.when_freed(functools.partial(device.ledger.release, need))
+        self.left.track(instance)  # (after its claim's release: a load retried on its word finds the room)
         return instance
 
     @contextlib.contextmanager
@@ -163,11 +167,12 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
             # from here on the instance's share goes back when it is freed (maybe after its close)
             unbuilt[instance.device.id] -= 1
             instance.when_freed(functools.partial(instance.device.ledger.release, Need.of(1, claimed)))
+            builder.left.track(instance)
             undo.callback(instance.close)
             built.append(instance)
         _check_same_model(built)
         builder.confirm()
-        pool = InstancePool(name, built, retry=retry, builder=builder if rebuild else None)
+        pool = InstancePool(name, built, retry=retry, builder=builder if rebuild else None, left_on_device=builder.left)
         pool.on_close(undo.pop_all().close)  # closes the instances (each claim goes back once it is freed)
     return pool
 

@@ -30,6 +30,7 @@ from .batch import Batch, BatchListener
 from . import device_health, isolation, teardown
 from .execution_timeout import derived_timeout_ms
 from .instance import ModelInstance
+from .left_on_device import LeftOnDevice
 from .rebuilder import Rebuilder
 from .types import TensorSpec
 
@@ -41,7 +42,7 @@ class InstancePool:
     a BatchListener to its instances. `_pending` and the counters are under `_lock`."""
 
     def __init__(self, name: str, instances: list[ModelInstance], retry: bool = True,
-                 builder: Rebuilder | None = None):
+                 builder: Rebuilder | None = None, left_on_device: LeftOnDevice | None = None):
         if not instances:
             raise ValueError("a pool needs at least one instance")
         self.name = name
@@ -65,6 +66,7 @@ class InstancePool:
         self.rebuilds_failed = 0  # rebuild attempts that failed (each tried again)
         self._rebuild_failures: dict[int, str] = {}  # lane -> why its last rebuild attempt failed
         self._builder = builder  # None: a broken instance stays out of rotation
+        self.left_on_device = left_on_device or LeftOnDevice()  # its instances not freed yet, rebuilt ones' too
         self._rebuilding: dict[int, threading.Thread] = {}  # lane -> its rebuild thread
         self._backing_off: set[int] = set()  # lanes whose rebuild failed and waits to try again
         self._disposing: set[threading.Thread] = set()  # rebuild threads closing the instance they replaced

@@ -257,6 +257,30 @@ def test_an_abandoned_instance_is_freed_when_the_device_lets_go_with_nothing_els
         assert teardown.held() == 0 and not instance.context
 
 
+def test_a_pool_counts_what_it_left_on_the_device_the_instance_a_rebuild_replaced_included(runtime, affine_om):
+    """What a failed load's retry waits for (repository/failures.py): after its pool's close, the
+    instances not freed are the abandoned ones, here the hung one a rebuild replaced and then
+    abandoned; the word that none is left comes once the device lets go of it."""
+    pool = open_pool(runtime, affine_om(), "affine", execution_timeout_ms=100)
+    short_timeout_only_on(pool)
+    done, gate, none_left = BatchFutures(pool), threading.Event(), threading.Event()
+    try:
+        pool.instances[0].reset_timeout_ms = 200
+        faults.inject("execute", nth=1, hold=gate)
+        with pytest.raises(DeviceTimeout):
+            done.submit([affine_request(1)], 1).result(timeout=30)
+        pool.close()  # (after the rebuild: the rebuilt instance is freed, the hung one abandoned)
+        assert teardown.held() == 1 and pool.left_on_device.count == 1
+        assert pool.left_on_device.when_none(none_left.set) and not none_left.is_set()
+        let_go(gate)
+        assert none_left.wait(30) and pool.left_on_device.count == 0  # (a hang guard)
+        assert not pool.left_on_device.when_none(none_left.clear)  # none left: not kept, not run
+        assert none_left.is_set()
+    finally:
+        let_go(gate)
+        pool.close()
+
+
 def test_an_instance_whose_release_fails_stays_held_and_the_others_are_still_retried():
     """Found by review: one release that raised skipped the rest of the retry and ended the
     retry thread for good. Instances here are stand-ins for ModelInstances: what is tested is
