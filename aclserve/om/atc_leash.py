@@ -90,7 +90,8 @@ def main(argv: list[str]) -> int:
         end_atc()
     status = started[0].wait()
     if status < 0:  # killed by a signal: so is the leash, for its starter to see the same
-        signal.signal(-status, signal.SIG_DFL)
+        if -status != signal.SIGKILL:  # (SIGKILL has no handler to reset: setting one raises)
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
         return 128 - status  # (a signal whose default is not to end the process)
     return status

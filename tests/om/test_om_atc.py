@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -12,7 +13,7 @@ import threading
 import pytest
 
 from aclserve.om import atc_om
-from aclserve.om.atc import AtcFailed
+from aclserve.om.atc import AtcFailed, run_streaming as atc_run_streaming
 from aclserve.om.spec import CompileError
 from aclserve.om.compile import compile_model
 from .conftest import run_cli
@@ -386,3 +387,16 @@ def test_an_output_folder_that_cannot_be_written_is_named_as_the_output(tmp_path
     proc = run_cli("compile", static_onnx, "-o", "/sys/x.om", *args)
     assert proc.returncode == 2 and proc.stderr.startswith("aclserve compile: error: cannot write /sys/x.om: "), \
         proc.stderr
+
+
+@pytest.mark.parametrize("sig", ["KILL", "TERM"])
+def test_an_atc_killed_by_a_signal_is_reported_so_with_its_lines(tmp_path, sig):
+    """The leash ends as ATC did: killed by the same signal. For SIGKILL (the out-of-memory
+    killer, the leash's own end_atc) it raised instead, resetting SIGKILL's handler, and the
+    compile failed "exit status 1" with the leash's traceback as ATC's output."""
+    script = f"echo hi; kill -{sig} $$"
+    with pytest.raises(AtcFailed) as failed:
+        atc_run_streaming(["sh", "-c", script], cwd=str(tmp_path), timeout=60, log=lambda line: None)
+    text = str(failed.value)
+    assert f"exit status -{int(getattr(signal, 'SIG' + sig))}" in text and "hi" in text, text
+    assert "Traceback" not in text and "OSError" not in text, text
