@@ -9,9 +9,34 @@ import onnx
 
 def external_locations(model: onnx.ModelProto) -> set[str]:
     """The external data files `model` names (as written: relative to its folder), from every
-    tensor of its graph and subgraphs, as onnx reads them."""
+    tensor of its graph and subgraphs, as onnx reads them. ValueError (one line, naming the tensor
+    and the entry) for an entry onnx refuses: an offset or length that is not a non-negative integer."""
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-    return {ExternalDataInfo(t).location for t in _tensors(model.graph) if uses_external_data(t)}
+    locations = set()
+    for tensor in _tensors(model.graph):
+        if uses_external_data(tensor):
+            try:
+                locations.add(ExternalDataInfo(tensor).location)
+            except ValueError as e:  # (onnx's "invalid literal for int()" names neither tensor nor entry)
+                raise ValueError(_bad_entry(tensor) or str(e)) from None
+    return locations
+
+
+def _bad_entry(tensor: onnx.TensorProto) -> str | None:
+    """What is wrong with `tensor`'s external data entries, as onnx reads them (the last of a key wins)."""
+    entries = {entry.key: entry.value for entry in tensor.external_data}
+    for key in ("offset", "length"):
+        if key not in entries:
+            continue
+        try:
+            if int(entries[key]) >= 0:
+                continue
+        except ValueError:
+            pass
+        value = entries[key] if len(entries[key]) <= 40 else entries[key][:40] + "..."
+        name = tensor.name if len(tensor.name) <= 80 else tensor.name[:80] + "..."
+        return f"tensor {name!r}: its {key} {value!r} is not a non-negative integer"
+    return None
 
 
 def _tensors(graph: onnx.GraphProto):

@@ -150,7 +150,10 @@ def load_onnx(path: str | os.PathLike, weights: bool = True) -> onnx.ModelProto:
     if not model.graph.node and not model.graph.output:
         raise CompileError(f"{path}: not an ONNX model (no graph)")
     folder = os.path.dirname(os.path.abspath(path))
-    locations = external_locations(model)
+    try:
+        locations = external_locations(model)
+    except ValueError as e:  # an offset or length onnx refuses
+        raise CompileError(f"{path}: its external data cannot be read ({one_line(e)})") from None
     missing = missing_external_file(locations, folder)
     if missing is not None:  # (onnx says "it is not regular file")
         raise CompileError(f"{path}: its external data cannot be read ({missing} does not exist)")

@@ -64,11 +64,12 @@ def _named(onnx_path: str) -> tuple[str, ...]:
     from ..om.external_files import external_locations
     try:
         model = onnx.load(onnx_path, load_external_data=False)
-    except Exception:  # not an ONNX model after all: the compile says why
+        locations = external_locations(model)
+    except Exception:  # not an ONNX model after all, or an entry onnx refuses: the compile says why
         return ()
     folder = os.path.realpath(os.path.dirname(onnx_path))
     found = set()
-    for location in external_locations(model):
+    for location in locations:
         try:
             path = os.path.realpath(os.path.join(folder, location))
         except ValueError:  # (a NUL in the name: the compile says why)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from tests import REPO
 
@@ -61,6 +62,22 @@ def _odd_names(path, what: str):
     return _saved(graph, path)
 
 
+def _bad_external_entry(path, offset: str, length: str):
+    """y = x @ w with w in `w.bin` beside it, its entry's offset and length as given: onnx's
+    reader raised ValueError out of the compile (a traceback, exit 1)."""
+    vi = helper.make_tensor_value_info
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "w.bin"), ("offset", offset), ("length", length)):
+        entry = w.external_data.add()
+        entry.key, entry.value = key, value
+    Path(path).with_name("w.bin").write_bytes(bytes(64))
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "ext",
+                              [vi("x", TensorProto.FLOAT, ["n", 4])], [vi("y", TensorProto.FLOAT, ["n", 4])], [w])
+    return _saved(graph, path)
+
+
 # (case id, argv after "compile" with MODEL/STATIC/OUT placeholders, text the message must contain)
 CASES = [
     ("missing file", ["NOFILE"], "no such file"),
@@ -95,6 +112,10 @@ CASES = [
     ("output is the input", ["PASSTHROUGH"], "output 'x' is the model's input itself"),
     ("no inputs", ["NOINPUTS"], "the model has no inputs"),
     ("no outputs", ["NOOUTPUTS"], "the model has no outputs"),
+    ("negative external data offset", ["EXTNEG"],
+     "its external data cannot be read (tensor 'w': its offset '-5' is not a non-negative integer)"),
+    ("external data length not an integer", ["EXTABC"],
+     "its external data cannot be read (tensor 'w': its length 'abc' is not a non-negative integer)"),
     ("empty path", [""], "no model file given"),  # a traceback from pathlib
     ("unknown target", ["MODEL", "--target", "gpu"], "unknown target 'gpu'"),
     ("npu without atc", ["MODEL", "--target", "npu"], "ATC asked for but not found"),
@@ -122,7 +143,9 @@ def files(tmp_path, multi_io_onnx, static_onnx):
             "TWICE": _odd_names(tmp_path / "twice.onnx", "twice"),
             "PASSTHROUGH": _odd_names(tmp_path / "passthrough.onnx", "passthrough"),
             "NOINPUTS": _odd_names(tmp_path / "noinputs.onnx", "no inputs"),
-            "NOOUTPUTS": _odd_names(tmp_path / "nooutputs.onnx", "no outputs")}
+            "NOOUTPUTS": _odd_names(tmp_path / "nooutputs.onnx", "no outputs"),
+            "EXTNEG": _bad_external_entry(tmp_path / "ext_neg.onnx", "-5", "64"),
+            "EXTABC": _bad_external_entry(tmp_path / "ext_abc.onnx", "0", "abc")}
 
 
 def _assert_one_line_error(proc, expected):

@@ -6,6 +6,7 @@ served with the first one's; a .data file that came after its .onnx was never tr
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import onnx
@@ -110,3 +111,27 @@ async def test_an_external_data_file_that_comes_after_its_model_is_loaded_then(m
     os.replace(models_dir / ".m.onnx.data.part", models_dir / "m.onnx.data")
     await events.wait("loaded", "m")
     assert await _answer(repo, "m") == 2.0
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("offset,length,said", [("-5", "64", "its offset '-5'"), ("0", "abc", "its length 'abc'")])
+async def test_an_entry_onnx_refuses_is_the_models_reason_said_once(make_repo, models_dir, caplog, offset, length,
+                                                                    said):
+    """A negative offset or a length that is no integer: onnx's reader raised ValueError out of
+    the scan, logged with its traceback at every rescan, and the index said "internal error"."""
+    _export(models_dir, "m", 2.0)
+    model = onnx.load(str(models_dir / "m.onnx"), load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        entry.value = {"offset": offset, "length": length}.get(entry.key, entry.value)
+    onnx.save(model, str(models_dir / ".m.onnx.part"))
+    os.replace(models_dir / ".m.onnx.part", models_dir / "m.onnx")
+    repo, events = await make_repo(start=False, model_control_mode="poll")
+    await repo.start()
+    # refused by the compile, or (before) by the scan: no load is tried then, no event comes
+    await events.until(lambda: events.count("load_failed", "m") or "could not be scanned" in str(repo.index()))
+    reason = f"its external data cannot be read (tensor 'scale': {said} is not a non-negative integer)"
+    (row,) = repo.index()
+    assert row["state"] == "UNAVAILABLE" and reason in row["reason"], row
+    with pytest.raises(Exception, match=re.escape(reason)):  # a load call: the folder scanned again
+        await repo.load("m")
+    assert not [r for r in caplog.records if r.name == "aclserve.repository.layout"], caplog.text
