@@ -58,6 +58,12 @@ class ModelLoadFailed(ServeError):
     status = 400
 
 
+def too_long(name: str) -> str | None:
+    """A name longer than any model's (layout.check_model_name), as every answer says it: by its
+    length, not quoted (a client's MiB sent back); None for a name that is not."""
+    return f"a name of {len(name):,} characters (at most {layout.MAX_NAME})" if len(name) > layout.MAX_NAME else None
+
+
 class ModelRepository:
     def __init__(self, config: ServerConfig, runtime, *, clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time):
@@ -139,8 +145,8 @@ class ModelRepository:
         (known but not ready), ShuttingDown after close(), InvalidInput (a version that is none)."""
         if self._closed:
             raise ShuttingDown("the model repository is shut down")
-        if len(name) > layout.MAX_NAME:  # no model's (layout.check_model_name); not quoted: a client's MiB
-            raise NotFound(f"unknown model: a name of {len(name):,} characters (at most {layout.MAX_NAME})")
+        if too_long(name):  # no model's (layout.check_model_name)
+            raise NotFound(f"unknown model: {too_long(name)}")
         versions = self._lifecycle.serving.get(name)
         version = asked_version(version)
         if versions:
@@ -215,6 +221,8 @@ class ModelRepository:
     # ---- control API ----------------------------------------------------------------------------
     async def load(self, name: str) -> None:
         self._check_control("load")
+        if too_long(name):
+            raise InvalidInput(f"invalid model name: {too_long(name)}")
         if layout.check_model_name(name):
             raise InvalidInput(f"invalid model name {name!r}: {layout.check_model_name(name)}")
         log.info("%s: load asked through the repository API", name)  # (the log says who did what)
@@ -254,6 +262,8 @@ class ModelRepository:
 
     async def unload(self, name: str) -> None:
         self._check_control("unload")
+        if too_long(name):  # no model's, loaded or loading
+            raise NotFound(f"unknown model: {too_long(name)}")
         scan = self._planner.listed or self._planner.scan  # (one that cannot be listed names nothing)
         if (name not in self._lifecycle.serving and name not in scan.models and name not in scan.problems
                 and not self._calls.loading(name)):  # (a load running may find it: this unload overtakes it)

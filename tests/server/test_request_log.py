@@ -249,6 +249,30 @@ def test_a_client_s_long_names_are_cut_in_the_log_line_and_a_long_model_name_ref
         assert len(JsonFormatter().format(record)) < 2 * MAX_TEXT + 1000
 
 
+def test_a_load_or_unload_of_a_name_longer_than_any_model_s_says_it_by_its_length(models_dir):
+    """As metadata and infer do: the load (400) and unload (404) calls quoted the whole name, a
+    5,131-byte and a 5,028-byte answer for a name of 5,000 characters, over HTTP and gRPC."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from tests.serving import request
+    name = "a" * 5000
+    said = "a name of 5,000 characters (at most 128)"
+    with ServerThread(server_config(models_dir, grpc_port=free_port())) as srv:
+        answers = [request(srv, "POST", f"/v2/repository/models/{name}/{call}", json={})
+                   for call in ("load", "unload")]
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{srv.config.grpc_port}") as client:
+            refused = []
+            for call in (client.load_model, client.unload_model):
+                with pytest.raises(InferenceServerException) as error:
+                    call(name)
+                refused.append((error.value.status(), error.value.message()))
+    assert [(status, json.loads(body)) for status, _, body in answers] == [
+        (400, {"error": f"invalid model name: {said}"}), (404, {"error": f"unknown model: {said}"})]
+    assert refused == [("StatusCode.INVALID_ARGUMENT", f"invalid model name: {said}"),
+                       ("StatusCode.NOT_FOUND", f"unknown model: {said}")]
+
+
 def test_unprintable_characters_are_replaced_as_isprintable_says_at_any_length():
     """client_text.printable replaces by regular expression what the per-character loop it
     replaced did (every 7th code point, surrogates and astral planes included), and cuts first."""
