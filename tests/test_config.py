@@ -153,6 +153,8 @@ def test_a_choice_is_taken_in_any_case():
     ({"max_connections": 10**19}, "max_connections", "must be <= 2147483647"),
     ({"cpu_threads": 10**19}, "cpu_threads", "must be <= 1024"),
     ({"model_defaults.instances": 10**12}, "model_defaults.instances", "must be <= 1024"),
+    # taken, then refused at the load ("needs ... 600000000000000000000 events"; a tester)
+    ({"model_defaults.slots": 99999999999999999999}, "model_defaults.slots", "must be <= 10921"),
     ({"model_defaults.batching.priority_queue_policy": {"\u00b2": {"max_queue_size": 5}}},
      "model_defaults.batching.priority_queue_policy.\u00b2", "must be an integer"),
     ({"model_defaults.batching.priority_queue_policy": {1: {"max_queue_size": 5}, "1": {"max_queue_size": 6}}},
@@ -356,6 +358,9 @@ def test_slots_auto_is_kept_through_a_merge(tmp_path):
     assert load_model_config(write(tmp_path, "instances: 2\n"), defaults).slots == 0
     assert load_model_config(write(tmp_path, "slots: 2\n"), defaults).slots == 2
     assert load_server_config(None, {"model_defaults.slots": 3}).model_defaults.slots == 3
+    assert load_model_config(write(tmp_path, "slots: 10921\n"), defaults).slots == 10921
+    with pytest.raises(ConfigError, match=r"slots: must be <= 10921, got 99999999999999999999"):
+        load_model_config(write(tmp_path, "slots: 99999999999999999999\n"), defaults)
 
 
 @pytest.mark.parametrize("levels, level", [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3)])

@@ -214,9 +214,14 @@ def _value_range(value, path: str) -> tuple[int, int]:
     return low, high
 
 
+# Each slot takes 6 events, each instance 6 more for its trace clock, and no documented device has
+# more than 65,535 (runtime/limits.py SOC_LIMITS): more was taken, and refused only at the load
+MAX_SLOTS = (65_535 - 6) // 6
+
+
 def _slots(value, path: str) -> int:
-    """`auto` (0 once parsed) or at least 1."""
-    return 0 if is_auto(value) else as_int(value, path, 1)
+    """`auto` (0 once parsed) or 1 to MAX_SLOTS."""
+    return 0 if is_auto(value) else as_int(value, path, 1, MAX_SLOTS)
 
 
 def parse_model_config(data, path: str = "") -> ModelConfig:

@@ -185,6 +185,15 @@ def test_documented_limits_by_soc():
     assert limits_for_soc(None) == (1024, 1023)
 
 
+def test_the_slots_bound_is_what_the_largest_device_holds_for_one_instance():
+    """config's MAX_SLOTS (slots past it are refused at the start, not at the load) from these limits."""
+    from aclserve.config.model import MAX_SLOTS
+    from aclserve.runtime.limits import EVENTS_PER_INSTANCE, EVENTS_PER_SLOT, SOC_LIMITS
+    most = max(events for _, _, events in SOC_LIMITS)
+    assert MAX_SLOTS * EVENTS_PER_SLOT + EVENTS_PER_INSTANCE <= most < (MAX_SLOTS + 1) * EVENTS_PER_SLOT + \
+        EVENTS_PER_INSTANCE
+
+
 def test_an_om_whose_size_query_is_refused_loads_with_load_from_file(runtime, affine_om, caplog):
     """CANN's query_size refuses fully dynamic-shape OMs; aclserve then lets CANN allocate."""
     from aclserve.acl.cpu import faults
