@@ -61,8 +61,13 @@ def test_a_delay_may_keep_code_0():
     ("execute:probability=nan", "probability must be within 0..1"),
     # accepted in silence (an attacker's re-test): the second nth won, code 0 injected nothing
     ("execute:nth=1,nth=2", "nth given twice"),
-    ("execute:code=0", "code must be an ACL error code (a positive number; 0 only with a delay_ms), got 0"),
+    ("execute:code=0", "code must be an ACL error code (a positive number, at most 2147483647: aclError is a C int; "
+                       "0 only with a delay_ms), got 0"),
     ("execute:code=-1", "code must be an ACL error code"),
+    # taken, though pyACL returns no code past a C int (a tester)
+    ("execute:code=99999999999999999999", "at most 2147483647: aclError is a C int; 0 only with a delay_ms), "
+                                          "got 99999999999999999999"),
+    ("memcpy:code=2147483648", "got 2147483648"),
 ])
 def test_a_bad_spec_is_one_line_naming_the_problem(spec, fragment):
     with pytest.raises(ValueError) as info:
@@ -74,6 +79,7 @@ def test_a_bad_spec_is_one_line_naming_the_problem(spec, fragment):
 
 def test_a_delay_time_can_sleep_is_taken(clean_faults):
     faults.inject("execute", nth=1, delay_ms=faults.MAX_DELAY_MS)  # checked, never run
+    assert faults.parse("execute:code=2147483647") == [{"kind": "execute", "code": 2147483647}]
     assert faults.parse("execute:delay_ms=0.5") == [{"kind": "execute", "delay_ms": 0.5}]
 
 

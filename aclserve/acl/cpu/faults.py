@@ -46,7 +46,7 @@ count is back to 0: no context of it left and reset_device called for each set_d
 
 Environment (read at acl.init): ACLSERVE_CPU_FAULTS="execute:nth=3,code=507011;memcpy:count=2"
 - faults separated by ';', each `kind` then optional `:key=value,...` with keys nth, count,
-probability, code, delay_ms (finite, at most MAX_DELAY_MS), model_id, device (0 or 1:
+probability, code (at most MAX_CODE), delay_ms (finite, at most MAX_DELAY_MS), model_id, device (0 or 1:
 "execute:nth=5,code=507054,device=1"). A bad spec raises
 ValueError with one line saying what is wrong (`aclserve serve` checks it before starting).
 """
@@ -73,6 +73,7 @@ _FORMAT = "kind[:key=value,...][;...] with kind " + "|".join(KINDS) + " and keys
 # About 31 years: as good as never returning, and within what time.sleep takes (an infinite or NaN
 # delay made every faulted call raise in time.sleep instead of sleeping).
 MAX_DELAY_MS = 1e12
+MAX_CODE = 2**31 - 1  # aclError is a C int (acl_base.h): pyACL returns no larger code
 
 
 @dataclass
@@ -195,8 +196,9 @@ def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=Non
     if device and code not in C.WHOLE_DEVICE_FAILURES:  # (what a device failed as a whole reports)
         raise ValueError(f"device=1 needs the code of a device failed as a whole, one of "
                          f"{', '.join(map(str, sorted(C.WHOLE_DEVICE_FAILURES)))}, got {code}")
-    if code is not None and (code < 0 or (code == 0 and not delay_ms and hold is None)):
-        raise ValueError(f"code must be an ACL error code (a positive number; 0 only with a delay_ms), got {code}")
+    if code is not None and (code < 0 or code > MAX_CODE or (code == 0 and not delay_ms and hold is None)):
+        raise ValueError(f"code must be an ACL error code (a positive number, at most {MAX_CODE}: aclError is a "
+                         f"C int; 0 only with a delay_ms), got {code}")
     if delay_ms is not None and not math.isfinite(delay_ms):
         raise ValueError(f"delay_ms must be a finite number of milliseconds, got {delay_ms!r}")
     if delay_ms is not None and delay_ms > MAX_DELAY_MS:
