@@ -5,15 +5,18 @@ the file for a value the flag had set."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
+import aiohttp
 import pytest
 import trustme
 
 from aclserve.cli.serve import SERVE_FLAGS
 from aclserve.config import ConfigConflict, load_server_config, load_server_settings
-from tests.serving import free_port
+from tests import REPO
+from tests.serving import free_port, started_app
 
 
 def _aclserve(*args, cwd, env=None):
@@ -133,3 +136,61 @@ def test_conflicts_found_as_the_server_starts_name_each_origin(tmp_path, pair):
     said = _refusal(_aclserve("--config", "auth.yaml", cwd=tmp_path, env=env))
     assert said.endswith("error: bad configuration: auth_inference: needs a token: set api_token or "
                          "ACLSERVE_API_TOKEN (auth_inference from auth.yaml, api_token from the default)"), said
+
+
+@pytest.mark.asyncio
+async def test_a_models_file_over_model_defaults_names_each_source(tmp_path):
+    """A model's file layered over the server config's model_defaults: a conflict names the model's
+    file for the keys it gives and model_defaults (its file) or the default for the others. The
+    model's load failed with "m.yaml: batching.default_queue_policy.timeout_action: delay does not
+    go with preserve_ordering", blaming m.yaml for a key it does not hold."""
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("m", "own"):
+        shutil.copy(REPO / "models" / "digits.om", models / f"{name}.om")
+    (models / "m.yaml").write_text("batching: {preserve_ordering: true}\n")
+    (models / "own.yaml").write_text("batching: {preserve_ordering: true, default_queue_policy: {timeout_action: "
+                                     "delay}}\n")
+    (tmp_path / "s.yaml").write_text("model_defaults: {batching: {default_queue_policy: {timeout_action: delay, "
+                                     "default_timeout_ms: 100}}}\n")
+    config = load_server_config(tmp_path / "s.yaml", {"models_dir": str(models), "port": 0, "grpc_port": 0,
+                                                      "device": "cpu", "model_control_mode": "none",
+                                                      "log_level": "warning"})
+    runner, _, base, _, _ = await started_app(config)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{base}/v2/repository/index", json={}) as resp:
+                index = {r["name"]: r for r in await resp.json()}
+    finally:
+        await runner.cleanup()
+    defaults = "the server config's model_defaults (s.yaml)"  # (its path as a client is shown it)
+    assert index["m"]["reason"] == (
+        "batching.default_queue_policy.timeout_action: delay does not go with preserve_ordering: a request moved "
+        "back at its deadline would hold every later answer (Triton refuses the pair too); set reject, or "
+        "preserve_ordering: false (batching.preserve_ordering from <models>/m.yaml, "
+        f"batching.default_queue_policy.timeout_action from {defaults}, "
+        f"batching.default_queue_policy.default_timeout_ms from {defaults})"), index["m"]
+    assert index["own"]["reason"].endswith(
+        "(batching.preserve_ordering from <models>/own.yaml, batching.default_queue_policy.timeout_action from "
+        f"<models>/own.yaml, batching.default_queue_policy.default_timeout_ms from {defaults})"), index["own"]
+
+
+def test_a_models_file_names_the_embedded_default_and_flags_for_the_rest(tmp_path):
+    """Without a server config, what the model's file does not give is the default's (or the flag's)."""
+    from aclserve.config import load_model_config
+    path = tmp_path / "m.yaml"
+    path.write_text("batching: {preserve_ordering: true, default_queue_policy: {timeout_action: delay}}\n")
+    config, _ = load_server_settings(None)
+    with pytest.raises(ConfigConflict) as info:
+        load_model_config(path, config.model_defaults)
+    assert str(info.value).endswith(f"(batching.preserve_ordering from {path}, batching.default_queue_policy."
+                                    f"timeout_action from {path}, batching.default_queue_policy.default_timeout_ms "
+                                    "from the default)"), info.value
+    path.write_text("batching: {preserve_ordering: true}\n")
+    config, _ = load_server_settings(None, {"model_defaults.batching.default_queue_policy.timeout_action": "delay"},
+                                     {"model_defaults.batching.default_queue_policy.timeout_action": "--delay"})
+    with pytest.raises(ConfigConflict) as info:
+        load_model_config(path, config.model_defaults)
+    assert str(info.value).endswith(f"(batching.preserve_ordering from {path}, batching.default_queue_policy."
+                                    "timeout_action from --delay, batching.default_queue_policy.default_timeout_ms "
+                                    "from the default)"), info.value

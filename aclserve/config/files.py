@@ -12,8 +12,8 @@ import yaml
 
 from ..regular_files import open_regular
 from .model import model_config_mapping, parse_model_config
-from .origins import Origins
-from .schema import AUTO, ConfigError, ModelConfig, ServerConfig
+from .origins import Origins, model_origins
+from .schema import AUTO, ConfigConflict, ConfigError, ModelConfig, ServerConfig
 from .server import parse_server_config
 from .yaml_numbers import refuse_misread, resolved
 
@@ -167,9 +167,11 @@ def load_server_settings(path: str | os.PathLike | None = None, overrides: Mappi
         merged = merge(merged, _expand_dotted(overrides))
     origins = Origins(path, data, overrides, flags)
     try:
-        return parse_server_config(merged), origins
+        config = parse_server_config(merged)
     except ConfigError as e:
         raise origins.blamed(e) from None
+    defaults = dataclasses.replace(config.model_defaults, origin_of=origins.of_model_default)
+    return dataclasses.replace(config, model_defaults=defaults), origins
 
 
 def load_model_config(path: str | os.PathLike | None, defaults: ModelConfig,
@@ -192,6 +194,8 @@ def layer_model_config(data: dict, defaults: ModelConfig, path: str | os.PathLik
     replaced = _defaults_beside_own_inputs(merged, data)
     try:
         config = parse_model_config(merged)
+    except ConfigConflict as e:  # each key's source: the model's file, or model_defaults' (a file or the default)
+        raise e.with_origins(model_origins(data, str(path), defaults.origin_of)) from None
     except ConfigError as e:
         raise ConfigError(e.path, e.problem, str(path)) from None
     if left_out and notes is not None:

@@ -19,7 +19,7 @@ _QUEUE_KEYS = {f.name for f in dataclasses.fields(QueuePolicy)} - {"counts_rows"
 # say where a setting came from, which are not compared, nor a config.pbtxt's priorities_off)
 _BATCHING_KEYS = ({f.name for f in dataclasses.fields(BatchingConfig) if f.compare} - {"batch_cap", "priorities_off"}
                   | {"max_batch_size"})
-_MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
+_MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig) if f.compare}
 _COMPILE_KEYS = {f.name for f in dataclasses.fields(CompileOptions)}
 
 
@@ -259,7 +259,8 @@ def as_defaults(config: ModelConfig) -> ModelConfig:
 
 def model_config_mapping(config: ModelConfig) -> dict:
     """The YAML-shaped mapping of a ModelConfig (inverse of parse_model_config)."""
-    out = dataclasses.asdict(config)
+    out = dataclasses.asdict(dataclasses.replace(config, origin_of=None))
+    out.pop("origin_of")  # (where model_defaults' settings came from: not a key)
     out["devices"] = list(config.devices)
     out["slots"] = config.slots or AUTO
     kind = config.version_policy[0]

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Mapping
+from typing import Callable, Mapping
 
 from .schema import ConfigConflict, ConfigError
 
 COMMAND_LINE = "command line"  # the source a bad override is blamed on (ConfigError.source)
 DEFAULT = "the default"  # the embedded default's (aclserve/configs/default.yaml)
+MODEL_DEFAULTS = "model_defaults"  # a model's setting its file does not give, the server config's origins unknown
 _INDEX = re.compile(r"\[\d+\]$")  # a list item's path (model_defaults.devices[1]): the list's key
 
 
@@ -36,6 +37,13 @@ class Origins:
             return self._path
         return DEFAULT
 
+    def of_model_default(self, key: str) -> str:
+        """Where model_defaults' `key` (a model's dotted key: batching.preserve_ordering) came from,
+        as a model's conflict names it: the flag, `the server config's model_defaults (its path)`
+        or `the default` (a model's file naming neither blamed itself for the defaults' values)."""
+        origin = self.of(f"model_defaults.{key}")
+        return f"the server config's model_defaults ({origin})" if origin == self._path else origin
+
     def blamed(self, error: ConfigError) -> ConfigError:
         """`error` with where its values came from. A conflict: the origin of each of its keys.
         Another: `command line` for a key an override set (a flag's bad value is not the file's:
@@ -57,6 +65,13 @@ class Origins:
             if key.startswith(f"{given}.") and (not isinstance(value, Mapping) or _holds(value, key[len(given) + 1:])):
                 return given
         return None
+
+
+def model_origins(own: Mapping, path: str, defaults: Callable[[str], str] | None) -> Callable[[str], str]:
+    """Where each setting of a model came from: its file at `path` when `own` (that file's mapping)
+    gives it, else model_defaults' origin (`defaults`: ModelConfig.origin_of; model_defaults when
+    unknown)."""
+    return lambda key: path if _holds(own, key) else defaults(key) if defaults else MODEL_DEFAULTS
 
 
 def _holds(data: Mapping, key: str) -> bool:

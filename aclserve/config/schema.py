@@ -128,6 +128,9 @@ class ModelConfig:
     compile: CompileOptions = field(default_factory=CompileOptions)
     inputs: dict[str, TensorOptions] = field(default_factory=dict)  # by input name
     outputs: dict[str, TensorOptions] = field(default_factory=dict)  # by output name
+    # model_defaults' only, not a key: where each of its settings came from (origins.Origins.of_model_default),
+    # for a model's conflict to name (files.layer_model_config); None for one built in code
+    origin_of: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
