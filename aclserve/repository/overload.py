@@ -41,6 +41,10 @@ QUEUE_BATCHES = 8
 # 503 by the tens of thousands (an independent check: 304 req/s against 698 without the refusals)
 MIN_QUEUE = 64
 MIN_DEADLINE_MS = 2000.0
+# a deadline derived beside a size in requests grows with the size and the run cost, with no bound (it is
+# made so that a burst the queue accepted is never timed out); past this it is said as a WARNING: a stall
+# is found only that late (max_queue_size 1000 of 32-row requests at 150 ms a run: 5 minutes)
+LONG_DEADLINE_MS = 60_000.0
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,8 @@ def auto_deadline_ms(queue_size: int, full_batch: int, instances: int, gear_seco
 
 def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int, name: str = "model") -> ModelConfig:
     """`config` with every `auto` (None) queue size and deadline replaced by its figure. A deadline
-    derived beside a size in requests is said in one INFO line (`name`: the model's), once a size."""
+    derived beside a size in requests is said in one line (`name`: the model's), once a size: INFO, or
+    WARNING when it is over LONG_DEADLINE_MS."""
     batching = config.batching
     gears = sorted(gears)
     # a full batch: the batch limit (a max_batch_size under the largest gear lowers it), run on
@@ -90,9 +95,16 @@ def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int, name: s
         batching, default_queue_policy=fill(batching.default_queue_policy),
         priority_queue_policy={level: fill(p) for level, p in batching.priority_queue_policy.items()})
     for size, deadline in sorted(per_requests.items()):
-        log.info("%s: max_queue_size %d counts requests, each of up to %d rows: its auto default_timeout_ms, %.0f, "
-                 "allows for %d requests of %d rows queued; set default_timeout_ms for a shorter deadline, or "
-                 "max_queue_size auto to bound the rows", name, size, largest, deadline, size, largest)
+        if deadline > LONG_DEADLINE_MS:
+            log.warning("%s: max_queue_size %d counts requests, each of up to %d rows: its auto default_timeout_ms is "
+                        "%.0f (%.0f s, over %.0f s), allowing for %d requests of %d rows queued, so a stalled device "
+                        "is found only that late; set default_timeout_ms for a shorter deadline, or "
+                        "max_queue_size: auto to bound the rows", name, size, largest, deadline, deadline / 1000.0,
+                        LONG_DEADLINE_MS / 1000.0, size, largest)
+        else:
+            log.info("%s: max_queue_size %d counts requests, each of up to %d rows: its auto default_timeout_ms, "
+                     "%.0f, allows for %d requests of %d rows queued; set default_timeout_ms for a shorter deadline, "
+                     "or max_queue_size auto to bound the rows", name, size, largest, deadline, size, largest)
     return dataclasses.replace(config, batching=resolved)
 
 

@@ -473,7 +473,8 @@ def test_an_auto_deadline_beside_a_size_in_requests_allows_for_a_full_batch_each
     a level full of full batches, 50 runs, waited out a deadline made for 7 (on the heavy CNN, 48 of 64
     requests of 32 rows got 503 "timed out" after 2 s in the queue). Now it allows for a run a request,
     on the gear of the batch limit: with batching off too, where a request runs alone on the gear that
-    holds it (not the smallest one's cost); and the INFO line says how to have a shorter one."""
+    holds it (not the smallest one's cost); and the INFO line says how to have a shorter one, a WARNING
+    when it is over 60 s (max_queue_size 1000 at 150 ms a run: 300 s)."""
     def sized(size, **batching):
         return dataclasses.replace(ModelConfig(), batching=dataclasses.replace(
             ModelConfig().batching, default_queue_policy=QueuePolicy(max_queue_size=size, default_timeout_ms=None),
@@ -483,11 +484,21 @@ def test_an_auto_deadline_beside_a_size_in_requests_allows_for_a_full_batch_each
     costs = {1: 0.05, 16: 0.3, 32: 0.5}
     on = overload.resolve(sized(64), gears, costs, instances=1).batching.default_queue_policy
     assert on.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 64)  # 64 runs of 32 rows, not 64 rows in 2 runs
+    caplog.clear()  # the call above said its 64 s as a WARNING
     with caplog.at_level("INFO", logger="aclserve.repository.overload"):
-        overload.resolve(sized(64), gears, costs, instances=1, name="m:1")
-    assert ("m:1: max_queue_size 64 counts requests, each of up to 32 rows: its auto default_timeout_ms, 64002, "
-            "allows for 64 requests of 32 rows queued; set default_timeout_ms for a shorter deadline, or "
-            "max_queue_size auto to bound the rows") in caplog.messages
+        overload.resolve(sized(64), gears, {1: 0.05, 16: 0.3, 32: 0.4}, instances=1, name="m:1")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("INFO", (
+        "m:1: max_queue_size 64 counts requests, each of up to 32 rows: its auto default_timeout_ms, 51202, "
+        "allows for 64 requests of 32 rows queued; set default_timeout_ms for a shorter deadline, or "
+        "max_queue_size auto to bound the rows"))]
+    caplog.clear()
+    # the deadline grows with the size and the run cost, unbounded: over 60 s it is a WARNING naming it
+    with caplog.at_level("INFO", logger="aclserve.repository.overload"):
+        overload.resolve(sized(1000), gears, {32: 0.15}, instances=1, name="m:1")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("WARNING", (
+        "m:1: max_queue_size 1000 counts requests, each of up to 32 rows: its auto default_timeout_ms is 300002 "
+        "(300 s, over 60 s), allowing for 1000 requests of 32 rows queued, so a stalled device is found only "
+        "that late; set default_timeout_ms for a shorter deadline, or max_queue_size: auto to bound the rows"))]
     capped = overload.resolve(sized(64, batch_cap=16), gears, costs, instances=2).batching.default_queue_policy
     assert capped.default_timeout_ms == 2 * (1.0 + 1000 * 0.3 * 32)  # 16 rows each, on gear 16, 2 instances
     off = overload.resolve(sized(64, enabled=False), gears, costs, instances=1).batching.default_queue_policy
