@@ -220,8 +220,11 @@ class GrpcServer:
         self._health.drain()
         try:
             if self._started and not await self._queued.none_by(min(deadline, time.monotonic() + QUEUE_WAIT_S)):
-                log.info("gRPC: %d call(s) grpc had received were not handed to the server %g s into the drain: "
-                         "grpc's stop ends them CANCELLED", self._queued.waiting(), QUEUE_WAIT_S)
+                # INFO, not WARNING: the count is an upper bound, and a call grpc refused itself never ends CANCELLED
+                log.info("gRPC: %d call(s) grpc counted as received were not handed to the server %g s into the "
+                         "drain: any still queued in grpc are ended CANCELLED by its stop; the count may include "
+                         "calls grpc refused itself (such as HEADERS without :path), which never reach the server",
+                         self._queued.waiting(), QUEUE_WAIT_S)
         finally:  # (a second signal ends that wait: grpc's stop at once)
             self._stop_taking_calls(deadline + STOP_BACKSTOP_S)
         await self._live.holding_drain.none_by(deadline)

@@ -126,6 +126,26 @@ def test_the_calls_the_drain_takes_are_refused_after_the_goaway(server):
     assert all(i > goaway and b"server is shutting down" in payload for i, payload in ends.values()), found
 
 
+def test_a_call_grpc_refused_itself_is_not_said_to_end_cancelled(server, caplog):
+    """A HEADERS frame without :path is counted by grpc core as received and never handed to the
+    server, so the drain waits out QUEUE_WAIT_S for it; its line said grpc's stop ends such calls
+    CANCELLED, false for this one: it now says the count may include calls grpc refused itself."""
+    core = max(server_ids())
+    block = b"".join(b"\x00" + bytes([len(k)]) + k + bytes([len(v)]) + v for k, v in [
+        (b":method", b"POST"), (b":scheme", b"http"), (b":authority", server.grpc_url.encode()),
+        (b"content-type", b"application/grpc"), (b"te", b"trailers")])
+    with socket.create_connection(("127.0.0.1", server.config.grpc_port), timeout=HANG_GUARD_S) as sock:
+        received = calls_received(core)
+        sock.sendall(PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, 0x4, 1, block))
+        asyncio.run(wait_for(lambda: calls_received(core) == received + 1, HANG_GUARD_S))
+        with caplog.at_level("INFO", logger="aclserve.server.grpc_server"):
+            server.close()
+    said = [r for r in caplog.records if "were not handed to the server" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "INFO", caplog.messages
+    assert "may include calls grpc refused itself" in said[0].getMessage(), said[0].getMessage()
+    assert "ends them CANCELLED" not in said[0].getMessage()
+
+
 @pytest.mark.parametrize("answer", ['{"servers": []}', '{"server": []}', '{"server": {"data": {"callsStarted": null}}}',
                                     '{"server": {"data": {"callsStarted": "many"}}}'])
 def test_a_channelz_read_of_another_shape_is_no_view(monkeypatch, answer):
