@@ -27,6 +27,23 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def compiling(onnx, output, atc, **options) -> tuple[threading.Thread, threading.Event, list[BaseException]]:
+    """compile_in_child of `onnx` with the stand-in `atc`, begun in a thread: the thread, an event
+    set once ATC has started (its first line), and what the compile raised (once the thread ends)."""
+    started, ended = threading.Event(), []
+
+    def compile_it():
+        try:
+            compile_in_child(onnx, output, atc=str(atc), **OPTIONS, **options,
+                             log=lambda line: started.set() if "ATC start working" in line else None)
+        except BaseException as e:
+            ended.append(e)
+
+    thread = threading.Thread(target=compile_it)
+    thread.start()
+    return thread, started, ended
+
+
 def test_atc_in_the_child_builds_and_its_lines_come_back(tmp_path, fake_atc, multi_io_onnx):
     atc, _ = fake_atc
     lines: list[str] = []
@@ -50,17 +67,8 @@ def test_a_stop_ends_the_atc_the_child_runs_and_leaves_nothing(tmp_path, fake_at
     monkeypatch.setenv("FAKE_ATC_MODE", "sleep")  # (600 s)
     out = tmp_path / "out"
     out.mkdir()
-    stop, started, ended = CompileStop(), threading.Event(), []
-
-    def compile_it():
-        try:
-            compile_in_child(multi_io_onnx, out / "m.om", stop=stop, atc=str(atc), **OPTIONS,
-                             log=lambda line: started.set() if "ATC start working" in line else None)
-        except BaseException as e:
-            ended.append(e)
-
-    thread = threading.Thread(target=compile_it)
-    thread.start()
+    stop = CompileStop()
+    thread, started, ended = compiling(multi_io_onnx, out / "m.om", atc, stop=stop)
     assert started.wait(120)  # (a hang guard)
     stop.stop()
     thread.join(120)
@@ -110,17 +118,7 @@ def test_a_compile_process_killed_outright_takes_its_atc_with_it(tmp_path, fake_
     went on (its own processes too) until its timeout, an hour by default."""
     atc, record = fake_atc
     monkeypatch.setenv("FAKE_ATC_MODE", "sleep_with_helper")  # (600 s, and a process of its own)
-    started, ended = threading.Event(), []
-
-    def compile_it():
-        try:
-            compile_in_child(multi_io_onnx, tmp_path / "m.om", atc=str(atc), **OPTIONS,
-                             log=lambda line: started.set() if "ATC start working" in line else None)
-        except BaseException as e:
-            ended.append(e)
-
-    thread = threading.Thread(target=compile_it)
-    thread.start()
+    thread, started, ended = compiling(multi_io_onnx, tmp_path / "m.om", atc)
     assert started.wait(120)  # (a hang guard)
     ran = json.loads(record.read_text())
     atc_processes = [ran["pid"], ran["helper"]]

@@ -43,19 +43,23 @@ def model_state(metrics: str, state: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+async def serving(config):
+    """The real app on a free port, its startup loads done: its repository, runner and URL."""
+    runtime = AclRuntime(device="cpu")
+    repo = ModelRepository(config, runtime)
+    app = create_app(config, repo, runtime)
+    runner = make_runner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    await app[STATE].loading
+    host, port = runner.addresses[0][:2]
+    return repo, runner, f"http://{host}:{port}"
+
+
 def test_a_model_is_loading_to_every_client_while_its_load_call_reads_the_folder(models_dir, make_config):
     async def scenario():
         config = make_config(models_dir, readiness="strict")  # (explicit mode)
-        runtime = AclRuntime(device="cpu")
-        repo = ModelRepository(config, runtime)
-        app = create_app(config, repo, runtime)
-        runner = make_runner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        await app[STATE].loading
-        host, port = runner.addresses[0][:2]
-        url = f"http://{host}:{port}"
+        repo, runner, url = await serving(config)
         reading, go_on = asyncio.Event(), asyncio.Event()
         rescan = repo._planner.rescan
 
@@ -110,16 +114,7 @@ def test_the_server_is_not_ready_while_a_load_call_reads_the_folder_for_a_model_
 
     async def scenario():
         config = make_config(tmp_path, readiness="strict", model_control_mode=mode, settle_s=0.0)
-        runtime = AclRuntime(device="cpu")
-        repo = ModelRepository(config, runtime)
-        app = create_app(config, repo, runtime)
-        runner = make_runner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        await app[STATE].loading
-        host, port = runner.addresses[0][:2]
-        url = f"http://{host}:{port}"
+        repo, runner, url = await serving(config)
         reading, go_on = asyncio.Event(), asyncio.Event()
         rescan = repo._planner.rescan
 
