@@ -33,8 +33,10 @@ from ..config import PBTXT, ConfigError, ModelConfig, load_model_config, load_tr
 from ..regular_files import node_kind
 from . import external_data, unread
 from .models_folder import folder_entries
+from .scan_errors import ScanErrors
 
 log = logging.getLogger(__name__)
+_scan_errors = ScanErrors(log)  # a bug of the scan: its traceback once per model and failure
 
 MODEL_SUFFIXES = (".om", ".onnx")  # order = preference when both exist
 KNOWN_SUFFIXES = MODEL_SUFFIXES + (".yaml", ".yml")
@@ -250,6 +252,7 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
         result.unreadable = True
         return result
     files: dict[str, dict] = {}  # name -> {"file": VersionFile?, "dir": Path?, "config": Path?}
+    failed: set[str] = set()
     for child in children:
         base = child.name
         if is_ignored_name(base):
@@ -278,9 +281,11 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
         except OSError as e:  # a folder of the model that cannot be listed: that model alone
             where = _relative(root, e.filename)
             result.problems[name] = f"{where + ' ' if where else ''}cannot be read ({e.strerror or e})"
-        except Exception:  # a bug of the scan: that model alone (it stopped every scan, hot reload with it)
-            log.exception("model %s: scanning its files failed", name)
+        except Exception as e:  # a bug of the scan: that model alone (it stopped every scan, hot reload with it)
+            _scan_errors.failed(str(root), name, e)
+            failed.add(name)
             result.problems[name] = "its files could not be scanned (internal error; see the server log)"
+    _scan_errors.scanned(str(root), failed)
     # names that are not UTF-8 reach the index, the logs and /metrics: escaped once here
     result.problems = {escape_undecodable(k): escape_undecodable(v) for k, v in result.problems.items()}
     result.notes = [escape_undecodable(note) for note in result.notes]

@@ -2,11 +2,13 @@
 symlinks, version policies."""
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
 
 from aclserve.config import ModelConfig, parse_model_config
+from aclserve.repository import layout
 from aclserve.repository.layout import check_model_name, scan, select_versions
 from aclserve.repository.plan import diff
 from aclserve.repository.planner import Planner
@@ -449,3 +451,39 @@ def test_levels_model_defaults_gives_past_a_models_own_are_left_out_with_a_note(
     assert result.problems == {} and result.models["m"].config.batching.priority_queue_policy == {}
     assert result.notes == ["m.yaml: model_defaults' batching.priority_queue_policy level 2 left out: "
                             "the model has 1 priority level"]
+
+
+def test_a_bug_of_the_scan_is_logged_with_its_traceback_once_per_model_and_failure(tmp_path, monkeypatch, caplog):
+    """An unexpected exception scanning one model's files was logged with its traceback at every
+    rescan (every few seconds in poll mode), forever. Now once at ERROR, again only when the
+    failure changes or after the model scanned fine; the repeats at DEBUG."""
+    touch(tmp_path / "ok.om")
+    touch(tmp_path / "bad.om")
+    failure = {"error": RuntimeError("boom")}
+    real_pick = layout._pick
+
+    def pick(root, folder, stem, result, name):
+        if name == "bad" and failure["error"] is not None:
+            raise failure["error"]
+        return real_pick(root, folder, stem, result, name)
+
+    monkeypatch.setattr(layout, "_pick", pick)
+    caplog.set_level(logging.DEBUG, logger="aclserve.repository.layout")
+
+    def errors_after_scans(times):
+        caplog.clear()
+        for _ in range(times):
+            result = scan(tmp_path, DEFAULTS)
+            assert "ok" in result.models
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert all(r.exc_info for r in caplog.records), caplog.text  # the traceback even at DEBUG
+        return len(errors), len(caplog.records)
+
+    assert errors_after_scans(3) == (1, 3)  # the repeats at DEBUG
+    assert scan(tmp_path, DEFAULTS).problems["bad"].startswith("its files could not be scanned")
+    failure["error"] = RuntimeError("another boom")  # another failure: said again
+    assert errors_after_scans(2) == (1, 2)
+    failure["error"] = None  # scanned fine, then the same failure again: said again
+    assert errors_after_scans(1) == (0, 0)
+    failure["error"] = RuntimeError("another boom")
+    assert errors_after_scans(2) == (1, 2)
