@@ -97,6 +97,11 @@ async def repository_unload(request: web.Request) -> web.Response:
     return _json({"name": name, "unload": True})
 
 
+async def named_repository(request: web.Request) -> web.Response:
+    """A load or unload naming a repository: one is served, refused as Triton refuses it (400)."""
+    raise InvalidInput("'repository_name' specification is not supported")
+
+
 async def statistics(request: web.Request) -> web.Response:
     match = request.match_info
     return _json(views.statistics(request.app[STATE], match.get("model"), match.get("version")))
@@ -157,6 +162,8 @@ def add_routes(app: web.Application) -> None:
     add("POST", "/v2/repository/index", repository_index, REPOSITORY_BODY.expect)
     add("POST", "/v2/repository/models/{model}/load", repository_load, REPOSITORY_BODY.expect)
     add("POST", "/v2/repository/models/{model}/unload", repository_unload, REPOSITORY_BODY.expect)
+    for action in ("load", "unload"):  # (auth.py checks these as load/unload: the template's prefix)
+        add("POST", "/v2/repository/{repository}/models/{model}/" + action, named_repository, REPOSITORY_BODY.expect)
     add_trace_routes(add)
     for prefix in ("/v2/systemsharedmemory", "/v2/cudasharedmemory", "/v2/logging"):
         add("*", prefix + "{tail:.*}", unsupported_extension)

@@ -50,6 +50,19 @@ def test_the_repository_api_needs_the_token(guarded, path):
         assert call(guarded.url, "/v2/repository/models/double/load", b"{}", token=TOKEN)[0] == 200
 
 
+@pytest.mark.parametrize("action", ["load", "unload"])
+def test_a_load_or_unload_naming_a_repository_is_a_400_as_triton_answers(guarded, action):
+    """Triton's /v2/repository/<name>/models/m/load answers 400 with this message; it was a 404
+    "no route" here. Guarded as load/unload are; the model is untouched."""
+    path = f"/v2/repository/other/models/double/{action}"
+    assert call(guarded.url, path, b"{}")[0] == 401
+    status, headers, doc = call(guarded.url, path, b"{}", token=TOKEN)
+    assert (status, doc) == (400, {"error": "'repository_name' specification is not supported"})
+    assert headers["Content-Type"].startswith("application/json")
+    status, _, doc = call(guarded.url, "/v2/repository/index", b"{}", token=TOKEN)
+    assert [row["state"] for row in doc if row["name"] == "double"] == ["READY"]
+
+
 def auth_refusals(url: str) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://{url}/metrics", timeout=60).read().decode()
     return {line.split('reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
