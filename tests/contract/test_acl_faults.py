@@ -68,6 +68,9 @@ def test_a_delay_may_keep_code_0():
     ("execute:code=99999999999999999999", "at most 2147483647: aclError is a C int; 0 only with a delay_ms), "
                                           "got 99999999999999999999"),
     ("memcpy:code=2147483648", "got 2147483648"),
+    # taken, though no model has an id past a uint32 (or below 0): the fault never fired
+    ("execute:model_id=4294967296", "model_id must be a model id (0..4294967295: a uint32), got 4294967296"),
+    ("describe:model_id=-1", "model_id must be a model id (0..4294967295: a uint32), got -1"),
 ])
 def test_a_bad_spec_is_one_line_naming_the_problem(spec, fragment):
     with pytest.raises(ValueError) as info:
@@ -80,6 +83,9 @@ def test_a_bad_spec_is_one_line_naming_the_problem(spec, fragment):
 def test_a_delay_time_can_sleep_is_taken(clean_faults):
     faults.inject("execute", nth=1, delay_ms=faults.MAX_DELAY_MS)  # checked, never run
     assert faults.parse("execute:code=2147483647") == [{"kind": "execute", "code": 2147483647}]
+    assert faults.parse("execute:model_id=4294967295") == [{"kind": "execute", "model_id": 4294967295}]
+    with pytest.raises(ValueError, match="model_id must be a model id"):  # inject() checks it too
+        faults.inject("execute", model_id=2**32)
     assert faults.parse("execute:delay_ms=0.5") == [{"kind": "execute", "delay_ms": 0.5}]
 
 

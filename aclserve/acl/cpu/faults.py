@@ -46,8 +46,8 @@ count is back to 0: no context of it left and reset_device called for each set_d
 
 Environment (read at acl.init): ACLSERVE_CPU_FAULTS="execute:nth=3,code=507011;memcpy:count=2"
 - faults separated by ';', each `kind` then optional `:key=value,...` with keys nth, count,
-probability, code (at most MAX_CODE), delay_ms (finite, at most MAX_DELAY_MS), model_id, device (0 or 1:
-"execute:nth=5,code=507054,device=1"). A bad spec raises
+probability, code (at most MAX_CODE), delay_ms (finite, at most MAX_DELAY_MS), model_id (0..MAX_MODEL_ID),
+device (0 or 1: "execute:nth=5,code=507054,device=1"). A bad spec raises
 ValueError with one line saying what is wrong (`aclserve serve` checks it before starting).
 """
 from __future__ import annotations
@@ -74,6 +74,7 @@ _FORMAT = "kind[:key=value,...][;...] with kind " + "|".join(KINDS) + " and keys
 # delay made every faulted call raise in time.sleep instead of sleeping).
 MAX_DELAY_MS = 1e12
 MAX_CODE = 2**31 - 1  # aclError is a C int (acl_base.h): pyACL returns no larger code
+MAX_MODEL_ID = 2**32 - 1  # a model id is a uint32_t (aclmdlLoadFromFile's modelId): no model has a larger one
 
 
 @dataclass
@@ -120,7 +121,7 @@ def inject(kind: str = "execute", nth: int | None = None, probability: float | N
            code: int | None = None, delay_ms: float | None = None, model_id: int | None = None,
            hold: threading.Event | None = None, count: int | None = None, device: bool = False,
            _from_env: bool = False) -> Fault:
-    inject_check(kind, nth, count, probability, delay_ms, code, hold, device=device)
+    inject_check(kind, nth, count, probability, delay_ms, code, hold, device=device, model_id=model_id)
     if code is None:
         code = 0 if (delay_ms or hold is not None) else C.ACL_ERROR_RT_MODEL_EXECUTE
     fault = Fault(kind, nth, count, probability, code, delay_ms, model_id, hold, _from_env, bool(device))
@@ -185,7 +186,7 @@ def parse(spec: str) -> list[dict]:
 
 
 def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=None, code=None, hold=None,
-                 device=False, **_) -> None:
+                 device=False, model_id=None, **_) -> None:
     """The argument checks of inject(), without injecting."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r} (kinds: {', '.join(KINDS)})")
@@ -199,6 +200,8 @@ def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=Non
     if code is not None and (code < 0 or code > MAX_CODE or (code == 0 and not delay_ms and hold is None)):
         raise ValueError(f"code must be an ACL error code (a positive number, at most {MAX_CODE}: aclError is a "
                          f"C int; 0 only with a delay_ms), got {code}")
+    if model_id is not None and not 0 <= model_id <= MAX_MODEL_ID:
+        raise ValueError(f"model_id must be a model id (0..{MAX_MODEL_ID}: a uint32), got {model_id}")
     if delay_ms is not None and not math.isfinite(delay_ms):
         raise ValueError(f"delay_ms must be a finite number of milliseconds, got {delay_ms!r}")
     if delay_ms is not None and delay_ms > MAX_DELAY_MS:
