@@ -155,6 +155,9 @@ def test_a_choice_is_taken_in_any_case():
     ({"model_defaults.instances": 10**12}, "model_defaults.instances", "must be <= 1024"),
     # taken, then refused at the load ("needs ... 600000000000000000000 events"; a tester)
     ({"model_defaults.slots": 99999999999999999999}, "model_defaults.slots", "must be <= 10921"),
+    # taken: no device has more than 65535 events (runtime/limits.py), so the count meant nothing
+    ({"device_limits": {"events": 65536}}, "device_limits.events", "must be <= 65535, got 65536"),
+    ({"device_limits": {"events": 10**30}}, "device_limits.events", "must be <= 65535"),
     ({"model_defaults.batching.priority_queue_policy": {"\u00b2": {"max_queue_size": 5}}},
      "model_defaults.batching.priority_queue_policy.\u00b2", "must be an integer"),
     ({"model_defaults.batching.priority_queue_policy": {1: {"max_queue_size": 5}, "1": {"max_queue_size": 6}}},
@@ -497,3 +500,7 @@ def test_an_integer_inputs_value_range_is_two_integers_smallest_first(tmp_path):
 def test_a_bad_version_policy_in_tritons_form_names_its_inner_key(tmp_path):
     with pytest.raises(ConfigError, match=r"version_policy\.latest\.num_versions: must be >= 1, got 0"):
         load_model_config(write(tmp_path, "version_policy: {latest: {num_versions: 0}}\n"), ModelConfig())
+
+
+def test_device_limits_events_up_to_what_a_device_allows_is_taken():
+    assert load_server_config(None, {"device_limits": {"events": 65535}}).device_limits == (None, 65535)

@@ -24,6 +24,7 @@ SOC_LIMITS: tuple[tuple[str, int, int], ...] = (
     ("Ascend310", 1024, 1023),    # Atlas 200/300/500
 )
 DEFAULT_LIMITS = (1024, 1023)  # the most constrained documented inference card
+MAX_EVENTS = max(events for _, _, events in SOC_LIMITS)  # 65535: no documented device allows more
 
 STREAMS_PER_INSTANCE = 4  # h2d, compute, d2h, and the default stream its context brings
 EVENTS_PER_SLOT = 6  # Slot.EVENTS
