@@ -12,7 +12,10 @@ A load whose closed pool left instances on the device (abandoned by a warm-up ru
 never finished: runtime/left_on_device.py) is not retried while any is left: each attempt of a
 model that hangs left one more, each holding its streams, events and memory (and on the CPU
 runtime a thread running the model) until the device could not load or reload other models.
-Its retry is armed once the device has let go of them all, which may be never.
+Its retry is armed once the device has let go of them all, which may be never. Nor is it loaded
+by a load call while the model still holds instances its file left (`held_by`): each call left
+one more. An unload forgets a model's failures and cancels their retries (`forget_model`), but
+not what it holds: a load after it is refused all the same.
 """
 from __future__ import annotations
 
@@ -41,6 +44,9 @@ class LoadFailures:
         self._first_failed: set[tuple[str, str]] = set()  # (name, version) last failed a first transient time
         # (name, version, identity) -> what its failed load left on the device, its retry armed once none is
         self._left: dict[tuple[str, str, tuple], LeftOnDevice] = {}
+        # model -> (version, identity, what its failed load left) of every such load, kept past the failure's
+        # record (a file change, an unload): what the model holds on the device, and which files left it
+        self._held: dict[str, list[tuple[str, tuple, LeftOnDevice]]] = {}
         self._closed = False
 
     def record(self, name: str, version: str, file: VersionFile, error: BaseException) -> str:
@@ -51,7 +57,7 @@ class LoadFailures:
         if transient and self._retry.enabled and not self._closed:
             what = "the host short of resources" if host_short(error) else "transient device error"
             if self._wait_for_device(key, error):  # (the same text until the device lets go: one /metrics series)
-                reason = self._reasons[key] = f"{reason} ({what}, {_not_retried(self._left[key].count)})"
+                reason = self._reasons[key] = f"{reason} ({what}, {_not_retried(self.held_on_device(name))})"
             else:
                 attempt, delay = self._retry.schedule(name, version, file.identity)
                 self._reasons[key] = f"{reason} ({what})"
@@ -73,11 +79,24 @@ class LoadFailures:
         self._first_failed.discard((name, version))
         self._left = {k: left for k, left in self._left.items() if k[:2] != (name, version)}
 
-    def forget_model(self, name: str) -> None:
-        """The load API asks for another try of every file of `name`."""
+    def forget_model(self, name: str, cancel_retries: bool = False) -> None:
+        """The load API asks for another try of every file of `name` (or unloads it: `cancel_retries`)."""
         for key in [k for k in self._reasons if k[0] == name]:
             del self._reasons[key]
             self._left.pop(key, None)
+        if cancel_retries:
+            self._retry.cancel_model(name)
+            self._first_failed = {k for k in self._first_failed if k[0] != name}
+
+    def held_on_device(self, name: str) -> int:
+        """Instances the failed loads of `name` left on the device and it has not freed yet."""
+        return sum(left.count for _, _, left in self._held_by(name))
+
+    def held_by(self, name: str, files: dict[str, tuple]) -> int:
+        """What `name` holds on the device (held_on_device) when one of its `files` (version ->
+        identity, as on disk now) left some of it; else 0: a changed file or config may load."""
+        held = self._held_by(name)
+        return sum(left.count for _, _, left in held) if any(files.get(v) == i for v, i, _ in held) else 0
 
     def keep_files_of(self, scan: ScanResult) -> None:
         """Forget the failures of files changed or gone since they failed; those of a model the
@@ -135,6 +154,12 @@ class LoadFailures:
         self._retry.close()
         self._left.clear()
 
+    def _held_by(self, name: str) -> list[tuple[str, tuple, LeftOnDevice]]:
+        held = self._held[name] = [entry for entry in self._held.get(name, ()) if entry[2].count]
+        if not held:
+            del self._held[name]
+        return held
+
     def _wait_for_device(self, key: tuple[str, str, tuple], error: BaseException) -> bool:
         """Whether the failed load left instances on the device: its retry then waits until the
         device has let go of them all (`_device_let_go`, from the thread that frees the last)."""
@@ -150,6 +175,7 @@ class LoadFailures:
         if left is None or not left.when_none(none_left):
             return False
         self._left[key] = left
+        self._held.setdefault(key[0], []).append((key[1], key[2], left))
         return True
 
     def _device_let_go(self, key: tuple[str, str, tuple], left: LeftOnDevice) -> None:
@@ -173,7 +199,7 @@ def _not_retried(left: int) -> str:
     """Why a transient failure is not retried, and how to try again, for its one-line reason."""
     return (f"not retried: its load left {left} instance(s) abandoned on the device, which still runs their work "
             "and holds their streams, events and memory; retried once the device lets go of them, or now by a "
-            "change of the file or its config, a load call or a restart")
+            "change of the file or its config or a restart (a load call is refused until then)")
 
 
 def _reason(error: BaseException) -> str:

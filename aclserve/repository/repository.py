@@ -58,6 +58,10 @@ class ModelLoadFailed(ServeError):
     status = 400
 
 
+class StillHeld(ModelLoadFailed):
+    """A load call refused: the model's last load left instances the device still holds."""
+
+
 def too_long(name: str) -> str | None:
     """A name longer than any model's (layout.check_model_name), as every answer says it: by its
     length, not quoted (a client's MiB sent back); None for a name that is not."""
@@ -226,9 +230,15 @@ class ModelRepository:
         if layout.check_model_name(name):
             raise InvalidInput(f"invalid model name {name!r}: {layout.check_model_name(name)}")
         log.info("%s: load asked through the repository API", name)  # (the log says who did what)
+        held = name in self._lifecycle.held
         self._lifecycle.held.discard(name)
         with self._calls.load(name) as overtaken:
-            await self._load(name, overtaken)
+            try:
+                await self._load(name, overtaken)
+            except StillHeld:
+                if held:  # (poll mode: the watcher would load it, its failure forgotten by the unload)
+                    self._lifecycle.held.add(name)
+                raise
 
     async def _load(self, name: str, overtaken: Callable[[], bool]) -> None:
         while True:  # an unload may start its task while this load scans: wait for it, then plan again
@@ -273,6 +283,9 @@ class ModelRepository:
         self._lifecycle.held.add(name)
         self._lifecycle.stop_compiles(name)  # (a compile of minutes is not waited for)
         await self._lifecycle.wait_for(name)
+        # a version whose load failed is unloaded too: its failure (index, /metrics) and retries go
+        self._failures.forget_model(name, cancel_retries=True)
+        self._lifecycle.states.failures_unloaded(name)
         if name in self._lifecycle.acted:
             plan = ModelPlan(name, unload=list(self._lifecycle.acted[name]), unload_cause=UNLOAD_ASKED)
             task = self._lifecycle.start(plan)
@@ -315,6 +328,7 @@ class ModelRepository:
                 if only is None or self._last_scan <= asked_after:
                     await self._scan()
                 if again:
+                    self._refuse_while_held(only)
                     self._failures.forget_model(only)
                 plans = self._planner.plans(self._lifecycle.acted, trust, self._failures.files, self._lifecycle.held)
                 started = [self._lifecycle.start(plan) for plan in plans if only is None or plan.name == only]
@@ -340,6 +354,19 @@ class ModelRepository:
             self._failures.keep_files_of(scan)
             self._lifecycle.forget_stale()
         self._last_scan = number
+
+    def _refuse_while_held(self, name: str) -> None:
+        """A load call of a model whose file's failed load left instances abandoned on the device is
+        refused (each such call left one more, until other models could not load); a changed file or
+        config may be a fix, and loads."""
+        entry = self._planner.scan.models.get(name)
+        files = {version: file.identity for version, file in entry.available.items()} if entry else {}
+        held = self._failures.held_by(name, files)
+        if held:
+            raise StillHeld(f"failed to load {name}: {held} instance(s) of its last load are still held by "
+                                  "the device (abandoned: the device still runs their work); it can be loaded again "
+                                  "once the device lets go of them (looked at every second; its retry is armed "
+                                  "then), after a change of its file or config, or after a restart")
 
     def _rescan_soon(self) -> None:
         """A model's task ended with changes left over (a plan arrived while it was busy, or a

@@ -137,6 +137,11 @@ class RetrySchedule:
             if timer is not None:
                 timer.cancel()
 
+    def cancel_model(self, name: str) -> None:
+        """No retry of `name` is due any more (it was unloaded through the API)."""
+        for key in [k for k in self._timers if k[0] == name]:
+            self._timers.pop(key).cancel()
+
     def close(self) -> None:
         for timer in self._timers.values():
             timer.cancel()

@@ -17,6 +17,7 @@ the scan. Every change goes through `VersionStates.move`, which refuses one not 
             LOADING -> None       loaded, but its file went or its policy dropped it meanwhile
     READY -> READY        a reload swapped in, or a newer file refused (the reason says so)
     LOADING -> LOADING    a load that was cancelled is started again
+    UNAVAILABLE -> UNAVAILABLE  a version whose load failed is unloaded through the API ("unloaded")
 
 A reload of a serving version keeps it READY throughout: the new file loads beside the old one.
 Owned by the repository's Lifecycle, which makes every move; loop thread only.
@@ -40,7 +41,7 @@ TRANSITIONS: dict[State | None, frozenset[State | None]] = {
     State.LOADING: frozenset({State.LOADING, State.READY, State.UNAVAILABLE, None}),
     State.READY: frozenset({State.READY, State.UNLOADING}),
     State.UNLOADING: frozenset({State.UNAVAILABLE, None}),
-    State.UNAVAILABLE: frozenset({State.LOADING, None}),
+    State.UNAVAILABLE: frozenset({State.LOADING, State.UNAVAILABLE, None}),
 }
 
 
@@ -90,6 +91,12 @@ class VersionStates:
             self.move(name, version, State.UNAVAILABLE, UNLOADED)
         else:
             self.move(name, version, None)
+
+    def failures_unloaded(self, name: str) -> None:
+        """`name` is unloaded through the API: its versions whose load failed are UNAVAILABLE "unloaded"."""
+        for (model, version), (state, reason) in list(self._records.items()):
+            if model == name and state is State.UNAVAILABLE and reason != UNLOADED:
+                self.move(name, version, State.UNAVAILABLE, UNLOADED)
 
     def describe(self, name: str, version: str | None, scan: ScanResult, held: bool = False) -> tuple[str, str] | None:
         """(state, reason) of the version (a version the scan found and its policy selects is

@@ -99,7 +99,13 @@ def test_a_load_whose_warm_up_hangs_is_not_retried_while_its_instance_is_abandon
             # its warm-up's run passed the execution timeout; the instance it hung on is abandoned
             first = until(server, lambda look: NOT_RETRIED in look["reason"], seen, abandoned_before)
             assert first["state"] == "UNAVAILABLE" and first["retries"] == 0, first
-            assert "a change of the file or its config, a load call or a restart" in first["reason"], first
+            assert "a change of the file or its config or a restart (a load call is refused" in first["reason"], first
+            # a load call while the instance is held is refused at once, building nothing (each one
+            # abandoned one more instance, the reason still saying 1)
+            for _ in range(2):
+                status, _, body = request(server, "POST", "/v2/repository/models/hang/load")
+                assert status == 400 and b"1 instance(s) of its last load are still held by the device" in body, body
+                assert looks(server, abandoned_before)["abandoned"] == 1
             failure = metric(server.url, "aclserve_model_load_failure",
                              f'model="hang",reason="{first["reason"]}",version="1"')
             assert failure == 1, first["reason"]
