@@ -1,7 +1,11 @@
 """`aclserve compile` and `aclserve inspect`: the commands over the model files of om/.
 
 Exit status: 0 success; 2 bad input (one line on stderr, via UsageError or argparse); 1 when ATC ran and failed or
-timed out (its error lines quoted on one line).
+the compile timed out (ATC's error lines quoted on one line).
+
+The compile runs in a child process (om/compile_process.py, as the server's): a CPU compile spends
+its test runs inside ONNX Runtime's C code, where the Python handler of SIGTERM and Ctrl-C never
+ran, so an endless one could be ended only by SIGKILL, and `--timeout` could not bound it.
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ def add_commands(sub) -> None:
                    help="auto: ATC if found, else CPU OM (default); npu: require ATC; cpu: CPU OM")
     p.add_argument("--atc", metavar="PATH", help="the ATC executable (default: `atc` on PATH)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                   help="kill ATC after this many seconds (default 3600)")
+                   help="end the compile (ATC's or the CPU compile's test runs) after this many seconds "
+                        "(default 3600)")
     a = p.add_argument_group("AIPP (static; the OM then takes uint8 NHWC images)")
     a.add_argument("--aipp", metavar="FILE", help="an AIPP config in ATC's aipp_op syntax (ATC --insert_op_conf)")
     a.add_argument("--image-input", metavar="[INPUT:]rgb|bgr|gray", action="append",
@@ -52,8 +57,10 @@ def add_commands(sub) -> None:
 
 
 def run_compile(args) -> int:
-    from ..om import compile as om_compile
-    from ..om.atc import AtcFailed
+    from ..om import aipp
+    from ..om.atc import DEFAULT_TIMEOUT, AtcFailed
+    from ..om.compile import MAX_TIMEOUT_S
+    from ..om.compile_process import CompileTimedOut, compile_in_child
     from ..om.describe import format_summary
     from ..om.spec import CompileError
 
@@ -65,16 +72,21 @@ def run_compile(args) -> int:
         kwargs["soc_version"] = device_soc_name()
     if args.precision_mode is not None:
         kwargs["precision_mode"] = args.precision_mode
-    if args.timeout is not None:
-        kwargs["timeout"] = args.timeout
+    timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
+    if not 0 < timeout <= MAX_TIMEOUT_S:  # (NaN fails it) said before the child starts, as compile_model says it
+        raise UsageError(f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:,} (30 days), "
+                         f"got {timeout!r}")
     try:
-        kwargs["aipp"] = _aipp_ops(args)
+        ops = _aipp_ops(args)
     except CompileError as e:
         raise UsageError(str(e)) from None
+    if ops:
+        kwargs["aipp"] = aipp.render(ops)  # (what ATC is given; the child parses it back)
     try:
-        result = om_compile.compile_model(args.model, args.output, input_shape=args.input_shape, batch=args.batch,
-                                          target=args.target, atc=args.atc, log=_progress, **kwargs)
-    except AtcFailed as e:
+        result = compile_in_child(args.model, args.output, input_shape=args.input_shape, batch=args.batch,
+                                  target=args.target, atc=args.atc, log=_progress, timeout=timeout,
+                                  timeout_s=timeout, **kwargs)
+    except (AtcFailed, CompileTimedOut) as e:
         print(f"aclserve compile: error: {e}", file=sys.stderr)
         return 1
     except CompileError as e:

@@ -1,7 +1,8 @@
 """The compile's child process: compile_process.py runs `main([REQUEST])` in a new interpreter
 (`python -m aclserve.om.compile_child REQUEST` does the same).
 
-REQUEST is JSON: {"onnx_path", "output", "options": compile_model's keyword arguments}. The
+REQUEST is JSON: {"onnx_path", "output", "options": compile_model's keyword arguments (aipp: the
+config text aipp.render writes)}. The
 child writes JSON lines to what its stdout was when it started: {"log": line} per line of the
 compile's log, then {"result": {...}} or {"error": {"kind", "message", ...}} (one line, never a
 traceback: the server shows it as the model's reason). Anything else printed (by Python or by
@@ -24,14 +25,13 @@ import ctypes
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import sys
 import threading
 import time
 import traceback
 
-from .compile_process import Built
+from .compile_process import Built, runs_atc
 
 HOLD_ENV = "ACLSERVE_COMPILE_HOLD"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -51,11 +51,14 @@ def main(argv: list[str]) -> int:
             signal.signal(sig, lambda signum, _frame: _interrupt(received, signum))
         threading.Thread(target=_end_with_parent, name="aclserve-compile-parent", daemon=True).start()
         request = json.loads(argv[0])
-        _die_with_parent(request.get("parent"), signal.SIGTERM if _runs_atc(request["options"]) else signal.SIGKILL)
+        _die_with_parent(request.get("parent"), signal.SIGTERM if runs_atc(request["options"]) else signal.SIGKILL)
         _hold(request["onnx_path"])
         from .compile import compile_model  # (imported here: a signal during the ~1 s import ends it too)
-        result = compile_model(request["onnx_path"], request["output"], log=lambda line: say(log=line),
-                               **request["options"])
+        options = request["options"]
+        if isinstance(options.get("aipp"), str):  # (AIPP ops travel as the config text aipp.render gives ATC)
+            from . import aipp
+            options["aipp"] = aipp.parse(options["aipp"], "AIPP config")
+        result = compile_model(request["onnx_path"], request["output"], log=lambda line: say(log=line), **options)
     except KeyboardInterrupt:
         return 128 + (received[-1] if received else signal.SIGINT)
     except BaseException as e:  # (SystemExit included: said, not a silent exit)
@@ -96,13 +99,6 @@ def _die_with_parent(parent: int | None, signum: int) -> None:
         os.kill(os.getpid(), signum)
 
 
-def _runs_atc(options: dict) -> bool:
-    """Whether compile_model will run ATC (its choice, without importing it: the import takes ~1 s)."""
-    if options.get("target", "auto") not in ("auto", "npu"):
-        return False
-    return bool(options.get("atc") or shutil.which("atc"))
-
-
 def _hold(onnx_path: str) -> None:
     folder = os.environ.get(HOLD_ENV)
     if not folder:
@@ -118,6 +114,9 @@ def _described(error: BaseException) -> dict:
     """The error in the terms compile_process._rebuilt makes it again from."""
     from .compile_error import CompileError
 
+    atc_failed = getattr(sys.modules.get(f"{__package__}.atc"), "AtcFailed", None)  # (loaded when ATC ran)
+    if atc_failed is not None and isinstance(error, atc_failed):
+        return {"kind": "atc", "message": _one_line(error)}
     if isinstance(error, CompileError):
         return {"kind": "compile", "message": _one_line(error)}
     if isinstance(error, MemoryError):

@@ -1,4 +1,4 @@
-"""compile_model() in a child process, for the server (the child runs compile_child.main).
+"""compile_model() in a child process, for the server and `aclserve compile` (the child runs compile_child.main).
 
 Loading an ONNX model, its shape inference and its serialisation hold the GIL for seconds (8.5 s
 at a time for a 1.2 GiB model), and what they allocate was the server's (6.1 GB at its peak):
@@ -18,10 +18,12 @@ Stopping (CompileStop, from any thread): SIGTERM first, which the child turns in
 interruption a Ctrl-C of `aclserve compile` is (the ATC it runs killed, its partial files
 removed), then SIGKILL to its process group after STOP_GRACE_S (a child inside C code that holds
 the GIL hears SIGTERM only once that returns; the ATC it runs dies with it: atc_leash.py). The
-caller removes the folder it had the child compile into. A compile past its `timeout_s` is ended
-the same way and fails with CompileTimedOut: a CPU compile's test runs of the model have no bound
-of their own (a Loop of 10**12 iterations ran for a day, and the server's other loads waited
-behind it for their turn).
+caller removes the folder it had the child compile into. A compile past its `timeout_s` fails
+with CompileTimedOut: a CPU compile's test runs of the model have no bound of their own (a Loop
+of 10**12 iterations ran for a day, and the server's other loads waited behind it for their
+turn). Its process group is SIGKILLed at once (inside ONNX Runtime's run the child never hears
+SIGTERM, and a timed-out compile has nothing to keep); one running ATC is ended as a stop ends
+it, SIGTERM first, so that it kills ATC and removes ATC's files.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import atexit
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,6 +72,7 @@ class Built:
     size: int
     index_bounds: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)  # what ATC would refuse among what a CPU OM records
+    header: dict = field(default_factory=dict)  # the CPU OM header or the ATC OM's facts (`aclserve compile` shows it)
 
 
 class CompileStop:
@@ -126,20 +130,28 @@ _CHILDREN = _Children()
 atexit.register(_CHILDREN.end_all)
 
 
-def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike, *, log: Callable[[str], None],
+def runs_atc(options: dict) -> bool:
+    """Whether compile_model will run ATC (its choice, without importing it: the import takes ~1 s)."""
+    if options.get("target", "auto") not in ("auto", "npu"):
+        return False
+    return bool(options.get("atc") or shutil.which("atc"))
+
+
+def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike | None, *, log: Callable[[str], None],
                      stop: CompileStop | None = None, timeout_s: float | None = None, **options) -> Built:
     """compile.compile_model(onnx_path, output, log=log, **options) run in a child process
     (blocking until it ends). Raises what compile_model raises, rebuilt from the child's word:
-    CompileError (one line; an ATC failure too), OSError with its errno and file, MemoryError,
-    RuntimeError for anything else; CompileError when the child ends without a word (killed by
-    a signal, the kernel's out-of-memory killer's SIGKILL among them); CompileStopped when `stop`
+    CompileError (one line; atc.AtcFailed for an ATC that failed), OSError with its errno and
+    file, MemoryError, RuntimeError for anything else; CompileError when the child ends without a
+    word (killed by a signal, the kernel's out-of-memory killer's SIGKILL among them); CompileStopped when `stop`
     ended it; CompileTimedOut when it was still running `timeout_s` seconds after it started
-    (None: no limit), ended as `stop` ends it."""
+    (None: no limit), its process group killed at once (SIGTERM first when it runs ATC)."""
     stop = stop or CompileStop()
     if stop.stopped:
         raise CompileStopped("stopped before the compile began")
     # parent: the child makes sure the server it was started by is still there once it will die with it
-    request = {"onnx_path": os.fspath(onnx_path), "output": os.fspath(output), "options": options,
+    request = {"onnx_path": os.fspath(onnx_path), "output": None if output is None else os.fspath(output),
+               "options": options,
                "parent": os.getpid()}
     try:
         child = subprocess.Popen([sys.executable, "-c", CHILD_CODE, str(Path(__file__).resolve().parents[2]),
@@ -150,10 +162,11 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike, *,
     _CHILDREN.add(child)
     outcome: dict = {}
     timed_out = threading.Event()
+    with_atc = runs_atc(options)
 
     def expire() -> None:
         timed_out.set()
-        _end(child)
+        _end(child) if with_atc else _kill(child)
 
     deadline = None
     if timeout_s is not None:
@@ -225,6 +238,9 @@ def _rebuilt(error: dict) -> BaseException:
     kind, message = error.get("kind"), str(error.get("message") or "the compile failed")
     if kind == "compile":
         return CompileError(message)
+    if kind == "atc":
+        from .atc import AtcFailed  # (the compiler's module, imported only when ATC ran)
+        return AtcFailed(message)
     if kind == "memory":
         return MemoryError()
     if kind == "os" and error.get("errno") is not None:
