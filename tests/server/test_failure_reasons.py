@@ -16,10 +16,11 @@ from tests import REPO
 # Errors no version's request is failed by, so none has a reason of its own: the bases are not
 # raised themselves, a 404 (counted_infer's repository lookup) and a 401 / 403 (the API token's
 # middleware, gRPC's check before the message) are answered before a version is counted, and a
-# failed load is the repository API's answer; Closed is the Python API's (runtime/engine.py); an
-# idle gRPC stream's end (StreamIdle) comes while none of its requests runs.
-NOT_COUNTED = {"ServeError", "Unavailable", "NotFound", "Unauthorized", "Forbidden", "ModelLoadFailed", "Closed",
-               "StreamIdle"}
+# failed load is the repository API's answer, and so is a load call refused while the device still
+# holds what the model's last load left (StillHeld); Closed is the Python API's (runtime/engine.py);
+# an idle gRPC stream's end (StreamIdle) comes while none of its requests runs.
+NOT_COUNTED = {"ServeError", "Unavailable", "NotFound", "Unauthorized", "Forbidden", "ModelLoadFailed", "StillHeld",
+               "Closed", "StreamIdle"}
 
 
 def _serve_error_classes() -> dict[str, type]:
