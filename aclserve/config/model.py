@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from ..runtime.limits import EVENTS_PER_INSTANCE, EVENTS_PER_SLOT, MAX_EVENTS
 from ..runtime.warmup import WARMUP_DATA
 from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
 from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, is_auto, key_path,
@@ -214,9 +215,9 @@ def _value_range(value, path: str) -> tuple[int, int]:
     return low, high
 
 
-# Each slot takes 6 events, each instance 6 more for its trace clock, and no documented device has
-# more than 65,535 (runtime/limits.py SOC_LIMITS): more was taken, and refused only at the load
-MAX_SLOTS = (65_535 - 6) // 6
+# The most slots one instance can have on any documented device (runtime/limits.py: its events,
+# each slot's and the instance's own): more was taken, and refused only at the load
+MAX_SLOTS = (MAX_EVENTS - EVENTS_PER_INSTANCE) // EVENTS_PER_SLOT
 
 
 def _slots(value, path: str) -> int:
