@@ -112,6 +112,16 @@ def test_queue_outcomes_and_depth_carry_over_a_reload_of_the_file(models_dir, tm
     assert closed == (0, 2, 1)  # kept once it has closed: its request was cancelled
 
 
+async def _unloading_one_queued(session, url, unload):
+    """One request queued for affine, then `unload()` (a coroutine) begun: (the request's
+    connection, the unload's future) once the version is UNLOADING."""
+    _, waiting = await _queue_one(url)
+    await _until(lambda: _queue_is(session, url, (1, 1, 0)))
+    unloading = asyncio.ensure_future(unload())
+    await _until(lambda: _is_unloading(session, url))
+    return waiting, unloading
+
+
 def test_a_version_unloading_shows_its_queue_until_it_has_drained(models_dir, tmp_path):
     """Unloaded through the API while a request waits in its queue: UNLOADING, it was in no
     scrape-time series; its series go once it has closed."""
@@ -122,10 +132,8 @@ def test_a_version_unloading_shows_its_queue_until_it_has_drained(models_dir, tm
         runner, state, url, runtime, repo = await started_app(config)
         try:
             async with aiohttp.ClientSession() as session:
-                _, waiting = await _queue_one(url)
-                await _until(lambda: _queue_is(session, url, (1, 1, 0)))
-                unload = asyncio.ensure_future(session.post(f"{url}/v2/repository/models/affine/unload"))
-                await _until(lambda: _is_unloading(session, url))
+                waiting, unload = await _unloading_one_queued(
+                    session, url, lambda: session.post(f"{url}/v2/repository/models/affine/unload"))
                 during = _queue(await _scrape(session, url))
                 waiting.close()
                 async with await unload as resp:
@@ -153,10 +161,7 @@ def test_an_unload_whose_caller_is_cancelled_still_closes_the_version(models_dir
         runner, state, url, runtime, repo = await started_app(config)
         try:
             async with aiohttp.ClientSession() as session:
-                _, waiting = await _queue_one(url)
-                await _until(lambda: _queue_is(session, url, (1, 1, 0)))
-                unload = asyncio.ensure_future(repo.unload("affine"))
-                await _until(lambda: _is_unloading(session, url))
+                waiting, unload = await _unloading_one_queued(session, url, lambda: repo.unload("affine"))
                 unload.cancel()
                 await _scrape(session, url)  # (the loop has run the cancellation through)
                 waiting.close()  # the version's last request goes: it has drained
