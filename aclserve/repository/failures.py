@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
+from dataclasses import dataclass
 from typing import Callable
 
 from ..runtime.left_on_device import LeftOnDevice, left_by
@@ -30,6 +31,16 @@ from .layout import ScanResult, VersionFile
 from .retry import RetrySchedule, host_short, is_transient
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _LeftByLoad:
+    """What one failed load of a model's file left on the device: counted against the model until
+    the device lets go of it all (a file change or an unload forgets the failure, not this)."""
+    version: str
+    identity: tuple
+    on_device: LeftOnDevice
+    retry_waits: bool = True  # the failure's retry is armed once the device lets go (no newer failure, no success)
 
 
 class LoadFailures:
@@ -42,18 +53,14 @@ class LoadFailures:
         self._on_retry = on_retry
         self._logged: set[tuple[str, str, tuple]] = set()
         self._first_failed: set[tuple[str, str]] = set()  # (name, version) last failed a first transient time
-        # (name, version, identity) -> what its failed load left on the device, its retry armed once none is
-        self._left: dict[tuple[str, str, tuple], LeftOnDevice] = {}
-        # model -> (version, identity, what its failed load left) of every such load, kept past the failure's
-        # record (a file change, an unload): what the model holds on the device, and which files left it
-        self._held: dict[str, list[tuple[str, tuple, LeftOnDevice]]] = {}
+        self._left: dict[str, list[_LeftByLoad]] = {}  # model -> what each of its failed loads left on the device
         self._closed = False
 
     def record(self, name: str, version: str, file: VersionFile, error: BaseException) -> str:
         """Remember the failure of `file` (and arm its retry when transient); returns the reason."""
         reason, transient, key = _reason(error), is_transient(error), (name, version, file.identity)
         self._first_failed.discard((name, version))
-        self._left.pop(key, None)
+        self._stop_waiting(name, version, file.identity)
         if transient and self._retry.enabled and not self._closed:
             what = "the host short of resources" if host_short(error) else "transient device error"
             if self._wait_for_device(key, error):  # (the same text until the device lets go: one /metrics series)
@@ -77,33 +84,32 @@ class LoadFailures:
         """The version loaded: its next failure's retry starts from the initial delay again."""
         self._retry.succeeded(name, version)
         self._first_failed.discard((name, version))
-        self._left = {k: left for k, left in self._left.items() if k[:2] != (name, version)}
+        self._stop_waiting(name, version)
 
     def forget_model(self, name: str, cancel_retries: bool = False) -> None:
         """The load API asks for another try of every file of `name` (or unloads it: `cancel_retries`)."""
         for key in [k for k in self._reasons if k[0] == name]:
             del self._reasons[key]
-            self._left.pop(key, None)
         if cancel_retries:
             self._retry.cancel_model(name)
             self._first_failed = {k for k in self._first_failed if k[0] != name}
 
     def held_on_device(self, name: str) -> int:
         """Instances the failed loads of `name` left on the device and it has not freed yet."""
-        return sum(left.count for _, _, left in self._held_by(name))
+        return sum(left.on_device.count for left in self._held_by(name))
 
     def held_by(self, name: str, files: dict[str, tuple]) -> int:
         """What `name` holds on the device (held_on_device) when one of its `files` (version ->
         identity, as on disk now) left some of it; else 0: a changed file or config may load."""
         held = self._held_by(name)
-        return sum(left.count for _, _, left in held) if any(files.get(v) == i for v, i, _ in held) else 0
+        left_by_a_file_on_disk = any(files.get(left.version) == left.identity for left in held)
+        return sum(left.on_device.count for left in held) if left_by_a_file_on_disk else 0
 
     def keep_files_of(self, scan: ScanResult) -> None:
         """Forget the failures of files changed or gone since they failed; those of a model the
         scan could not read (a problem) are kept, as it cannot tell."""
         live = {(n, v, f.identity) for n, e in scan.models.items() for v, f in e.available.items()}
         self._reasons = {k: r for k, r in self._reasons.items() if k in live or k[0] in scan.problems}
-        self._left = {k: left for k, left in self._left.items() if k in self._reasons}
         versions = {key[:2] for key in live}
         self._first_failed = {k for k in self._first_failed if k in versions or k[0] in scan.problems}
 
@@ -152,18 +158,29 @@ class LoadFailures:
         """No more retries: cancels the armed ones."""
         self._closed = True
         self._retry.close()
-        self._left.clear()
 
-    def _held_by(self, name: str) -> list[tuple[str, tuple, LeftOnDevice]]:
-        held = self._held[name] = [entry for entry in self._held.get(name, ()) if entry[2].count]
-        if not held:
-            del self._held[name]
-        return held
+    def _held_by(self, name: str) -> list[_LeftByLoad]:
+        """What the failed loads of `name` left that the device holds yet. One freed is kept until its
+        word reaches the loop (`_device_let_go`): a newer failure may still have to stop its wait."""
+        kept = [left for left in self._left.pop(name, ()) if left.on_device.count or left.retry_waits]
+        if kept:
+            self._left[name] = kept
+        return [left for left in kept if left.on_device.count]
+
+    def _stop_waiting(self, name: str, version: str, identity: tuple | None = None) -> None:
+        """The retries of `name`'s `version` (of its file of `identity`) no longer wait for the device:
+        a newer failure (or a load that succeeded) has taken the place of the one that left it."""
+        for left in self._left.get(name, ()):
+            if left.version == version and identity in (None, left.identity):
+                left.retry_waits = False
 
     def _wait_for_device(self, key: tuple[str, str, tuple], error: BaseException) -> bool:
         """Whether the failed load left instances on the device: its retry then waits until the
         device has let go of them all (`_device_let_go`, from the thread that frees the last)."""
-        left = left_by(error)
+        on_device = left_by(error)
+        if on_device is None:
+            return False
+        left = _LeftByLoad(key[1], key[2], on_device)
         loop = asyncio.get_running_loop()
         let_go = weakref.WeakMethod(self._device_let_go)  # (an instance held for good keeps no repository alive)
 
@@ -172,18 +189,18 @@ class LoadFailures:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody to retry
                 if method is not None:
                     loop.call_soon_threadsafe(method, key, left)
-        if left is None or not left.when_none(none_left):
+        if not on_device.when_none(none_left):
             return False
-        self._left[key] = left
-        self._held.setdefault(key[0], []).append((key[1], key[2], left))
+        self._left.setdefault(key[0], []).append(left)
         return True
 
-    def _device_let_go(self, key: tuple[str, str, tuple], left: LeftOnDevice) -> None:
+    def _device_let_go(self, key: tuple[str, str, tuple], left: _LeftByLoad) -> None:
         """The device has freed every instance the failed load left: its retry is armed (the
-        backoff's next delay), unless the file was tried again, changed or went meanwhile."""
-        if self._closed or self._left.get(key) is not left or key not in self._reasons:
+        backoff's next delay), unless the file failed again or loaded (`retry_waits`), or was tried
+        again, changed or went meanwhile (its failure forgotten: a new one stops the wait first)."""
+        waits, left.retry_waits = left.retry_waits, False
+        if self._closed or not waits or key not in self._reasons:
             return
-        del self._left[key]
         attempt, delay = self._retry.schedule(*key)
         log.warning("%s: the device has let go of the instances the failed load of version %s left; "
                     "retry %d in %.1f s", key[0], key[1], attempt, delay)
