@@ -156,7 +156,7 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
     builder = InstanceBuilder(runtime, path, name, placed, slots, claimed, reset_timeout_ms, keep_open=rebuild)
     built: list[ModelInstance] = []
     with contextlib.ExitStack() as undo:
-        undo.callback(builder.close)  # (the last thing a pool's close or a failed open does)
+        undo.callback(builder.close)  # (the last thing a failed open does, as a pool's close)
         unbuilt: dict[int, int] = {}  # device -> instances claimed for, not built yet
         for device in {d.id: d for d in placed}.values():
             count = unbuilt[device.id] = sum(1 for d in placed if d is device)
@@ -173,7 +173,10 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
         _check_same_model(built)
         builder.confirm()
         pool = InstancePool(name, built, retry=retry, builder=builder if rebuild else None, left_on_device=builder.left)
-        pool.on_close(undo.pop_all().close)  # closes the instances (each claim goes back once it is freed)
+        # the pool owns the instances from here (it closes those serving, a rebuild the one it replaced): the
+        # undo stack lets them go, or each replaced one stayed in memory until the pool's close
+        undo.pop_all()
+    pool.on_close(builder.close)
     return pool
 
 

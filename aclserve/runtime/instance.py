@@ -190,7 +190,7 @@ class ModelInstance(SlotBook):
         until the earlier one `hurry()` sets meanwhile. An instance whose work still runs then is
         abandoned, not freed (teardown.py); a launcher still inside a launch then has its
         batches answered here (Launcher.give_up). Safe twice, and from two threads (the pool
-        closing while it disposes of a replaced instance)."""
+        closing while a rebuild thread closes the instance it has not replaced yet)."""
         with self.lock:
             if self.closing:
                 return

@@ -327,9 +327,9 @@ class InstancePool:
         log.info("%s: instance %s rebuilt; serving again", self.name, new.name)  # a recovery: the fault warned
         try:
             self.slot_free()  # launches the batches that waited, wakes the batcher
+        finally:  # (the replaced instance is this thread's alone to close, whatever slot_free raised)
             if not old_disposed:
                 self._builder.dispose(old)  # waits for the device to let go of the hung batch, bounded
-        finally:
             with self._lock:
                 self._disposing.discard(threading.current_thread())
 

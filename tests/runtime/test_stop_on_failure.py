@@ -3,9 +3,11 @@ flight get, what /metrics counts, and the rebuilt instance. Real parts: the CPU 
 contexts stop as CANN's do), tiny ONNX models compiled to CPU OMs, fault injection."""
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -149,4 +151,26 @@ def test_a_pool_closed_while_a_replaced_instance_is_still_being_closed_waits_for
         assert teardown.held() == 0  # ... not abandoned
     finally:
         gate.set()
+        pool.close()
+
+
+def test_a_replaced_instance_is_let_go_once_closed(runtime, affine_om):
+    """The rebuild thread closes the instance it replaced, and nothing holds it after that: the
+    first instances stayed in open_pool's undo stack, with everything they refer to, until the
+    pool's close (a model serving for months through many rebuilds kept every one it started with)."""
+    pool = open_pool(runtime, affine_om(), "affine", slots=2, retry=False)
+    done = BatchFutures(pool)
+    try:
+        replaced = weakref.ref(pool.instances[0])
+        faults.inject("execute", nth=1)
+        with pytest.raises(ExecutionFailed, match="failed on device 0"):
+            done.submit([affine_request(1)], 1).result(timeout=30)
+        done.submit([affine_request(2, first_id=5)], 2).result(timeout=30)  # the rebuilt instance
+        assert pool.rebuilds == 1
+        for thread in threading.enumerate():  # its rebuild thread, closing the replaced one
+            if thread.name == "affine-rebuild0":
+                thread.join(30)
+        gc.collect()
+        assert replaced() is None
+    finally:
         pool.close()
