@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -226,92 +227,79 @@ def test_without_soc_version_and_without_a_device_compile_asks_for_it(tmp_path, 
     assert not record.exists() and not (tmp_path / "n.om").exists()
 
 
-def _compile_until_atc_runs(multi_io_onnx, out, **popen_args) -> subprocess.Popen:
-    """`aclserve compile` with the sleeping stand-in, returned once ATC runs (a hang guard: the
-    stand-in sleeps 600 s, the caller's communicate() timeout)."""
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "compile", multi_io_onnx, "-o", out / "s.om",
-                             "--soc-version", "Ascend310P3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, **popen_args)
-    for line in proc.stdout:
-        if "ATC start working" in line:
-            break
-    return proc
+@pytest.fixture
+def compile_until_atc_runs(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
+    """start(mode, **popen_args) -> (process, output folder): `aclserve compile` with the stand-in
+    acting per FAKE_ATC_MODE `mode`, returned once ATC runs (a hang guard: the stand-in sleeps
+    600 s, the caller's communicate() timeout). Whatever is left at the end is killed: the
+    compile, its ATC and the process ATC started."""
+    atc, record = fake_atc
+    monkeypatch.setenv("PATH", f"{atc.parent}:/usr/bin:/bin")
+    out = tmp_path / "out"
+    out.mkdir()
+    started = []
 
-
-def _kill_leftovers(proc, record) -> None:
-    proc.kill()
-    if record.exists() and _alive(json.loads(record.read_text())["pid"]):
-        os.kill(json.loads(record.read_text())["pid"], 9)
+    def start(mode: str, **popen_args) -> tuple[subprocess.Popen, Path]:
+        monkeypatch.setenv("FAKE_ATC_MODE", mode)
+        proc = subprocess.Popen([sys.executable, "-m", "aclserve", "compile", multi_io_onnx, "-o", out / "s.om",
+                                 "--soc-version", "Ascend310P3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, **popen_args)
+        started.append(proc)
+        for line in proc.stdout:
+            if "ATC start working" in line:
+                break
+        return proc, out
+    yield start
+    for proc in started:
+        proc.kill()
+    ran = json.loads(record.read_text()) if record.exists() else {}
+    for pid in (ran.get("pid"), ran.get("helper")):
+        if pid and _alive(pid):
+            os.kill(pid, 9)
 
 
 @pytest.mark.parametrize("signum", [15, 1])
-def test_a_compile_ended_by_sigterm_or_sighup_leaves_nothing(tmp_path, fake_atc, multi_io_onnx, monkeypatch,
-                                                             signum):
+def test_a_compile_ended_by_sigterm_or_sighup_leaves_nothing(fake_atc, compile_until_atc_runs, signum):
     """`kill` (or a closed terminal) in the middle of an ATC build: ended as a Ctrl-C is, exit 128
     + the signal; the ATC it started (in its own session) killed and its work folder removed. The
     signal's default action left both (and a CPU compile's partial .om)."""
-    atc, record = fake_atc
-    monkeypatch.setenv("FAKE_ATC_MODE", "sleep")
-    monkeypatch.setenv("PATH", f"{atc.parent}:/usr/bin:/bin")
-    out = tmp_path / "out"
-    out.mkdir()
-    proc = _compile_until_atc_runs(multi_io_onnx, out)
-    try:
-        proc.send_signal(signum)
-        _, err = proc.communicate(timeout=120)
-        pid = json.loads(record.read_text())["pid"]
-        for _ in range(500):
-            if not _alive(pid):
-                break
-            threading.Event().wait(0.01)
-        assert proc.returncode == 128 + signum and "Traceback" not in err, err
-        assert not _alive(pid) and _leftovers(out) == [] and not (out / "s.om").exists()
-    finally:
-        _kill_leftovers(proc, record)
+    _, record = fake_atc
+    proc, out = compile_until_atc_runs("sleep")
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    pid = json.loads(record.read_text())["pid"]
+    for _ in range(500):
+        if not _alive(pid):
+            break
+        threading.Event().wait(0.01)
+    assert proc.returncode == 128 + signum and "Traceback" not in err, err
+    assert not _alive(pid) and _leftovers(out) == [] and not (out / "s.om").exists()
 
 
-def test_a_compile_killed_outright_takes_its_atc_with_it(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
+def test_a_compile_killed_outright_takes_its_atc_with_it(fake_atc, compile_until_atc_runs):
     """`kill -9` of `aclserve compile` runs none of its clean-up: its ATC, in a session of its own,
     ran on until its timeout (an hour by default), its own processes too. Its work folder stays."""
-    atc, record = fake_atc
-    monkeypatch.setenv("FAKE_ATC_MODE", "sleep_with_helper")
-    monkeypatch.setenv("PATH", f"{atc.parent}:/usr/bin:/bin")
-    out = tmp_path / "out"
-    out.mkdir()
-    proc = _compile_until_atc_runs(multi_io_onnx, out)
+    _, record = fake_atc
+    proc, _ = compile_until_atc_runs("sleep_with_helper")
     ran = json.loads(record.read_text())
-    try:
-        proc.kill()
-        proc.communicate(timeout=120)
-        for _ in range(3000):  # (a hang guard: the kernel's signal is at once)
-            if not _alive(ran["pid"]) and not _alive(ran["helper"]):
-                break
-            threading.Event().wait(0.01)
-        assert not _alive(ran["pid"]) and not _alive(ran["helper"])
-    finally:
-        _kill_leftovers(proc, record)
-        if _alive(ran["helper"]):
-            os.kill(ran["helper"], 9)
+    proc.kill()
+    proc.communicate(timeout=120)
+    for _ in range(3000):  # (a hang guard: the kernel's signal is at once)
+        if not _alive(ran["pid"]) and not _alive(ran["helper"]):
+            break
+        threading.Event().wait(0.01)
+    assert not _alive(ran["pid"]) and not _alive(ran["helper"])
 
 
-def test_a_compile_under_nohup_keeps_running_when_the_terminal_closes(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
+def test_a_compile_under_nohup_keeps_running_when_the_terminal_closes(compile_until_atc_runs):
     """SIGHUP ignored as the process starts (nohup) stays ignored: the handler that ends a
     compile cleanly on SIGHUP ended this one, the long build nohup was there to keep."""
-    import signal
-    atc, record = fake_atc
-    monkeypatch.setenv("FAKE_ATC_MODE", "sleep")
-    monkeypatch.setenv("PATH", f"{atc.parent}:/usr/bin:/bin")
-    out = tmp_path / "out"
-    out.mkdir()
-    proc = _compile_until_atc_runs(multi_io_onnx, out, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
-    try:
-        proc.send_signal(signal.SIGHUP)
-        proc.send_signal(signal.SIGTERM)  # (delivered after the SIGHUP: the exit says which ended it)
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 128 + signal.SIGTERM, err
-        assert _leftovers(out) == []
-    finally:
-        _kill_leftovers(proc, record)
+    proc, out = compile_until_atc_runs("sleep", preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    proc.send_signal(signal.SIGHUP)
+    proc.send_signal(signal.SIGTERM)  # (delivered after the SIGHUP: the exit says which ended it)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert _leftovers(out) == []
 
 
 def _over_2gb_model(tmp_path) -> str:

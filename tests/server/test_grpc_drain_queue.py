@@ -29,12 +29,11 @@ from aclserve.acl.cpu import faults
 from aclserve.server.grpc_queued import calls_received, server_ids
 
 from tests.hung_device import let_go
-from tests.serving import ServerThread, free_port
+from tests.serving import free_port, started_with_grpc
 
 from .grpc_raw import DATA, GOAWAY, HEADERS, INFER, PREFACE, SETTINGS, affine, call_headers, frame, frames_until_closed
 from .hostile import wait_for
-from .test_grpc_guards import stubs
-from .test_grpc_shutdown import HANG_GUARD_S, READY, assert_shutting_down, entered, outcome
+from .test_grpc_shutdown import HANG_GUARD_S, assert_shutting_down, entered, infer_and_ready, outcome
 from .test_grpc_slow_clients import grpc_message
 
 QUEUED = 6
@@ -48,11 +47,7 @@ def server(models_dir, tmp_path, make_config, clean_faults):
         "execution_timeout_ms: 600000\nbatching: {default_queue_policy: {default_timeout_ms: 600000}}\n")
     config = make_config(tmp_path, grpc_port=free_port(), model_control_mode="none", shutdown_timeout_s=600,
                          body_timeout_s=600)
-    srv = ServerThread(config).start()
-    srv.grpc_url = f"127.0.0.1:{config.grpc_port}"
-    yield srv
-    srv.close()
-    assert srv.error is None
+    yield from started_with_grpc(config)
 
 
 @contextlib.contextmanager
@@ -77,9 +72,7 @@ def test_calls_grpc_holds_as_the_drain_begins_end_unavailable_not_cancelled(serv
 
     async def scenario():
         async with grpc.aio.insecure_channel(server.grpc_url) as channel:
-            infer, _ = stubs(channel)
-            ready = channel.unary_unary(READY, pb.ServerReadyRequest.SerializeToString,
-                                        pb.ServerReadyResponse.FromString)
+            infer, ready = infer_and_ready(channel)
             assert (await asyncio.wait_for(ready(pb.ServerReadyRequest()), HANG_GUARD_S)).ready
             core = max(server_ids())  # (the server made last)
             held = faults.inject("execute", nth=1, hold=hung)

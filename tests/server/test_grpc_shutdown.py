@@ -54,6 +54,15 @@ def grpc_server(held_models, make_config, clean_faults):
     yield from started_with_grpc(config)
 
 
+def held_server(held_models, make_config, shutdown_timeout_s: float) -> ServerThread:
+    """A started server of `held_models` whose `grpc_url` is its gRPC address (the caller closes it)."""
+    config = make_config(held_models, grpc_port=free_port(), model_control_mode="none",
+                         shutdown_timeout_s=shutdown_timeout_s, body_timeout_s=600)
+    server = ServerThread(config).start()
+    server.grpc_url = f"127.0.0.1:{config.grpc_port}"
+    return server
+
+
 async def entered(fault) -> None:
     assert await asyncio.get_running_loop().run_in_executor(None, fault.entered.wait, HANG_GUARD_S)
 
@@ -75,6 +84,12 @@ async def stream_outcome(call) -> tuple[list[str], grpc.aio.AioRpcError | None]:
     except grpc.aio.AioRpcError as e:
         return answers, e
     return answers, None
+
+
+def infer_and_ready(channel):
+    """`channel`'s ModelInfer and ServerReady calls (drain_begun asks ServerReady)."""
+    ready = channel.unary_unary(READY, pb.ServerReadyRequest.SerializeToString, pb.ServerReadyResponse.FromString)
+    return stubs(channel)[0], ready
 
 
 async def drain_begun(ready) -> None:
@@ -107,9 +122,7 @@ def test_calls_open_at_the_shutdown_deadline_are_unavailable_and_one_done_before
 
     async def scenario():
         async with grpc.aio.insecure_channel(grpc_server.grpc_url) as channel:
-            infer, _ = stubs(channel)
-            ready = channel.unary_unary(READY, pb.ServerReadyRequest.SerializeToString,
-                                        pb.ServerReadyResponse.FromString)
+            infer, ready = infer_and_ready(channel)
             silent = stalled_infer(channel)
             first = faults.inject("execute", nth=1, hold=hung)
             stuck = asyncio.ensure_future(outcome(infer(affine(1))))
@@ -210,17 +223,12 @@ def test_a_stream_waiting_for_its_next_request_ends_when_the_drain_begins(held_m
     """A stream answered and then idle does not hold the shutdown: it ends UNAVAILABLE while the
     drain still waits for a ModelInfer whose batch is held (before, it stayed open until the
     deadline, here 600 s away); the held call is answered once let go."""
-    config = make_config(held_models, grpc_port=free_port(), model_control_mode="none", shutdown_timeout_s=600,
-                         body_timeout_s=600)
-    server = ServerThread(config).start()
-    server.grpc_url = f"127.0.0.1:{config.grpc_port}"
+    server = held_server(held_models, make_config, shutdown_timeout_s=600)
     hung = threading.Event()
 
     async def scenario():
         async with grpc.aio.insecure_channel(server.grpc_url) as channel:
-            infer, _ = stubs(channel)
-            ready = channel.unary_unary(READY, pb.ServerReadyRequest.SerializeToString,
-                                        pb.ServerReadyResponse.FromString)
+            infer, ready = infer_and_ready(channel)
             stream = channel.stream_stream(STREAM, pb.ModelInferRequest.SerializeToString,
                                            pb.ModelStreamInferResponse.FromString)()
             await stream.write(affine(1, request_id="answered"))
@@ -245,14 +253,6 @@ def test_a_stream_waiting_for_its_next_request_ends_when_the_drain_begins(held_m
     assert stream_answers == [] and held_then
     assert_shutting_down(stream_end)
     assert not isinstance(answered, grpc.aio.AioRpcError), answered
-
-
-def held_server(held_models, make_config, shutdown_timeout_s: float) -> ServerThread:
-    config = make_config(held_models, grpc_port=free_port(), model_control_mode="none",
-                         shutdown_timeout_s=shutdown_timeout_s, body_timeout_s=600)
-    server = ServerThread(config).start()
-    server.grpc_url = f"127.0.0.1:{config.grpc_port}"
-    return server
 
 
 async def http_refuses(server) -> None:
