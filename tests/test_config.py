@@ -180,7 +180,9 @@ def test_a_choice_is_taken_in_any_case():
     ({"model_defaults.batching.colour": 1}, "model_defaults.batching.colour", "unknown key"),
     ({"model_defaults.batching.batch_formation": "eager"}, "model_defaults.batching.batch_formation",
      "must be one of just_in_time, when_slot_free"),
-    ({"model_defaults.batching.default_priority": 4}, "model_defaults.batching.default_priority", "must be <= 3"),
+    ({"model_defaults.batching.default_priority": 4}, "model_defaults.batching.default_priority",
+     "must be <= priority_levels (3)"),
+    ({"model_defaults.batching.default_priority": 0}, "model_defaults.batching.default_priority", "must be >= 1"),
     ({"model_defaults.batching.priority_queue_policy": {5: {"max_queue_size": 1}}},
      "model_defaults.batching.priority_queue_policy.5", "must be <= 3"),
     ({"model_defaults.batching.priority_queue_policy": {1: {"timeout_action": "drop"}}},
@@ -399,7 +401,7 @@ def test_a_default_priority_set_is_kept_through_a_merge(tmp_path):
                      "the model has 1 priority level"]
     two = load_model_config(write(tmp_path, "batching: {priority_levels: 2}\n"), defaults)
     assert two.batching.default_priority is None  # auto (its middle level)
-    with pytest.raises(ConfigError, match="batching.default_priority: must be <= 1"):  # the file's own: refused
+    with pytest.raises(ConfigError, match="batching.default_priority: must be <= priority_levels \\(1\\)"):  # own: refused
         load_model_config(write(tmp_path, "batching: {priority_levels: 1, default_priority: 3}\n"), defaults)
 
 

@@ -75,8 +75,17 @@ def test_a_flag_and_the_file_giving_one_port_are_each_named(tmp_path):
      "reject, or preserve_ordering: false (model_defaults.batching.preserve_ordering from {file}, "
      "model_defaults.batching.default_queue_policy.timeout_action from {file}, "
      "model_defaults.batching.priority_queue_policy.1.default_timeout_ms from {file})"),
+    # (it said "f.yaml: model_defaults.batching.default_priority: must be <= 3": the 3 was the default's)
+    ("model_defaults:\n  batching: {default_priority: 5}\n", {},
+     "model_defaults.batching.default_priority: must be <= priority_levels (3): raise that too, or lower this (auto: "
+     "the middle level), got 5 (model_defaults.batching.default_priority from {file}, "
+     "model_defaults.batching.priority_levels from the default)"),
+    ("model_defaults:\n  batching: {priority_levels: 2}\n", {"model_defaults.batching.default_priority": 3},
+     "got 3 (model_defaults.batching.default_priority from the command line, model_defaults.batching.priority_levels "
+     "from {file})"),
 ], ids=["tls key", "tls cert", "client ca", "request bytes", "grpc message and body", "grpc message and budget",
-        "load retry", "ordering and levels", "ordering and delay"])
+        "load retry", "ordering and levels", "ordering and delay", "default priority and levels",
+        "default priority and the file's levels"])
 def test_every_check_of_two_settings_names_where_each_came_from(tmp_path, text, flags, said):
     """The same words for each check of settings that must go together (a pair, an order): the
     file, a flag or the default, whichever set each."""
@@ -194,3 +203,19 @@ def test_a_models_file_names_the_embedded_default_and_flags_for_the_rest(tmp_pat
     assert str(info.value).endswith(f"(batching.preserve_ordering from {path}, batching.default_queue_policy."
                                     "timeout_action from --delay, batching.default_queue_policy.default_timeout_ms "
                                     "from the default)"), info.value
+
+
+def test_a_models_default_priority_past_model_defaults_levels_names_each_source(tmp_path):
+    """A model's default_priority past the priority_levels model_defaults gives: it said
+    "m.yaml: batching.default_priority: must be <= 2", blaming the model's file for the bound."""
+    from aclserve.config import load_model_config
+    server, path = tmp_path / "s.yaml", tmp_path / "m.yaml"
+    server.write_text("model_defaults: {batching: {priority_levels: 2}}\n")
+    path.write_text("batching: {default_priority: 3}\n")
+    config, _ = load_server_settings(server)
+    with pytest.raises(ConfigConflict) as info:
+        load_model_config(path, config.model_defaults)
+    assert str(info.value) == (
+        "batching.default_priority: must be <= priority_levels (2): raise that too, or lower this (auto: the middle "
+        f"level), got 3 (batching.default_priority from {path}, batching.priority_levels from the server config's "
+        f"model_defaults ({server}))"), info.value

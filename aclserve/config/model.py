@@ -57,11 +57,7 @@ def _batching(data, path: str) -> BatchingConfig:
         kw["batch_formation"] = as_str(data["batch_formation"], key_path(path, "batch_formation"), FORMATION_MODES)
     levels = as_int(data.get("priority_levels", 3), key_path(path, "priority_levels"), 1, MAX_PRIORITY_LEVELS)
     kw["priority_levels"] = levels
-    default = data.get("default_priority", AUTO)
-    # auto (None): the middle level of however many the model has (BatchingConfig.default_level):
-    # a model's `priority_levels: 1` was refused for the embedded default's default_priority 2
-    kw["default_priority"] = (None if is_auto(default)
-                              else as_int(default, key_path(path, "default_priority"), 1, levels))
+    kw["default_priority"] = _default_priority(data.get("default_priority", AUTO), levels, path)
     default_qp = _queue_policy(data.get("default_queue_policy", {}), key_path(path, "default_queue_policy"),
                                QueuePolicy())
     kw["default_queue_policy"] = default_qp
@@ -83,6 +79,21 @@ def _batching(data, path: str) -> BatchingConfig:
         return BatchingConfig(**kw)
     except ValueError as e:  # cross-field rules of BatchingConfig itself
         raise ConfigError(path, str(e)) from None
+
+
+def _default_priority(value, levels: int, path: str) -> int | None:
+    """auto (None): the middle level of however many the model has (BatchingConfig.default_level):
+    a model's `priority_levels: 1` was refused for the embedded default's default_priority 2. One
+    past the levels is refused naming both keys and where each came from: priority_levels may be
+    the default's or model_defaults' (a bare "must be <= 3" blamed the file for a bound it did not set)."""
+    if is_auto(value):
+        return None
+    where = key_path(path, "default_priority")
+    default = as_int(value, where, 1)
+    if default > levels:
+        raise ConfigConflict(where, f"must be <= priority_levels ({levels}): raise that too, or lower this (auto: "
+                                    f"the middle level), got {default}", (where, key_path(path, "priority_levels")))
+    return default
 
 
 def _check_ordering(kw: dict, path: str) -> None:
