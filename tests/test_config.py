@@ -158,6 +158,9 @@ def test_a_choice_is_taken_in_any_case():
     # taken: no device has more than 65535 events (runtime/limits.py), so the count meant nothing
     ({"device_limits": {"events": 65536}}, "device_limits.events", "must be <= 65535, got 65536"),
     ({"device_limits": {"events": 10**30}}, "device_limits.events", "must be <= 65535"),
+    # taken (a C int's worth): no device has more than 2048 streams (acl/soc_limits.py, the training series)
+    ({"device_limits": {"streams": 2049}}, "device_limits.streams", "must be <= 2048, got 2049"),
+    ({"device_limits": {"streams": 10**30}}, "device_limits.streams", "must be <= 2048"),
     ({"model_defaults.batching.priority_queue_policy": {"\u00b2": {"max_queue_size": 5}}},
      "model_defaults.batching.priority_queue_policy.\u00b2", "must be an integer"),
     ({"model_defaults.batching.priority_queue_policy": {1: {"max_queue_size": 5}, "1": {"max_queue_size": 6}}},
@@ -401,7 +404,8 @@ def test_a_default_priority_set_is_kept_through_a_merge(tmp_path):
                      "the model has 1 priority level"]
     two = load_model_config(write(tmp_path, "batching: {priority_levels: 2}\n"), defaults)
     assert two.batching.default_priority is None  # auto (its middle level)
-    with pytest.raises(ConfigError, match="batching.default_priority: must be <= priority_levels \\(1\\)"):  # own: refused
+    # the file's own: refused
+    with pytest.raises(ConfigError, match="batching.default_priority: must be <= priority_levels \\(1\\)"):
         load_model_config(write(tmp_path, "batching: {priority_levels: 1, default_priority: 3}\n"), defaults)
 
 
@@ -504,5 +508,6 @@ def test_a_bad_version_policy_in_tritons_form_names_its_inner_key(tmp_path):
         load_model_config(write(tmp_path, "version_policy: {latest: {num_versions: 0}}\n"), ModelConfig())
 
 
-def test_device_limits_events_up_to_what_a_device_allows_is_taken():
+def test_device_limits_up_to_what_a_device_allows_are_taken():
     assert load_server_config(None, {"device_limits": {"events": 65535}}).device_limits == (None, 65535)
+    assert load_server_config(None, {"device_limits": {"streams": 2048}}).device_limits == (2048, None)

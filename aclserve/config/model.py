@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from ..runtime.limits import EVENTS_PER_INSTANCE, EVENTS_PER_SLOT, MAX_EVENTS
+from ..acl.soc_limits import MAX_EVENTS
+from ..runtime.limits import EVENTS_PER_INSTANCE, EVENTS_PER_SLOT
 from ..runtime.warmup import WARMUP_DATA
 from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
 from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, is_auto, key_path,

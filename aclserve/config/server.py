@@ -6,7 +6,7 @@ import dataclasses
 from typing import Mapping
 
 from ..logs import FORMATS as LOG_FORMATS
-from ..runtime.limits import MAX_EVENTS
+from ..acl.soc_limits import MAX_EVENTS, MAX_STREAMS
 from ..trace.settings import TraceSettings, TraceSettingsError
 from .checks import MAX_MS, as_bool, as_float, as_int, as_mapping, as_str, no_unknown, shown, unless_none
 from .model import as_defaults, parse_model_config
@@ -170,8 +170,9 @@ def _device_limits(value) -> tuple[int | None, int | None]:
     data = as_mapping(value, "device_limits")
     no_unknown(data, {"streams", "events"}, "device_limits")
     streams, events = data.get("streams"), data.get("events")
-    return (None if streams is None else as_int(streams, "device_limits.streams", 1),
-            # no device allows more: the ledger would let through what none holds (a record short of events hangs)
+    # no device allows more: the ledger would let through what none holds (a record short of events
+    # hangs; a stream past the device's is refused by create_stream as the load's instances start)
+    return (None if streams is None else as_int(streams, "device_limits.streams", 1, MAX_STREAMS),
             None if events is None else as_int(events, "device_limits.events", 1, MAX_EVENTS))
 
 

@@ -14,9 +14,9 @@ import threading
 
 from ..acl import check, compat, release, select
 from ..acl import constants as C
+from ..acl.soc_limits import limits_for_soc
 from . import teardown
 from .device import Device
-from .limits import limits_for_soc
 
 log = logging.getLogger(__name__)
 

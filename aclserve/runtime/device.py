@@ -17,9 +17,10 @@ from typing import Iterable
 
 from ..acl import AclError, check, release, restoring_context, using_context
 from ..acl import constants as C
+from ..acl.soc_limits import limits_for_soc
 from ..errors import LoadError
 from .device_health import DeviceHealth
-from .limits import DeviceLedger, limits_for_soc
+from .limits import DeviceLedger
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Per-device stream and event limits, and the ledger that keeps a configuration inside them.
 
 A device has a fixed number of streams and events (CANN docs, aclrtCreateStream and
-aclrtCreateEvent). Past the event limit the device does not fail: a record waits for an event to
+aclrtCreateEvent: acl/soc_limits.py). Past the event limit the device does not fail: a record waits for an event to
 be released, which for a server means a hang. So aclserve counts what each model needs before it
 loads anything (instances x (3 streams + the context's default stream), instances x (slots x 6
 events + 6 for the trace clock)) and refuses a model that would not fit, naming the numbers.
@@ -14,31 +14,11 @@ from dataclasses import dataclass
 from ..errors import LoadError
 from .device_clock import EVENTS as CLOCK_EVENTS
 
-# (SoC name prefix, streams, events) from the CANN documentation; first match wins.
-SOC_LIMITS: tuple[tuple[str, int, int], ...] = (
-    ("Ascend310P", 1024, 1023),   # Atlas inference series
-    ("Ascend310B", 512, 65535),   # Atlas 200I/500 A2
-    ("Ascend910B", 1984, 65535),  # Atlas A2
-    ("Ascend910_93", 1984, 65535),  # Atlas A3
-    ("Ascend910", 2048, 65535),   # Atlas training series
-    ("Ascend310", 1024, 1023),    # Atlas 200/300/500
-)
-DEFAULT_LIMITS = (1024, 1023)  # the most constrained documented inference card
-MAX_EVENTS = max(events for _, _, events in SOC_LIMITS)  # 65535: no documented device allows more
-
 STREAMS_PER_INSTANCE = 4  # h2d, compute, d2h, and the default stream its context brings
 EVENTS_PER_SLOT = 6  # Slot.EVENTS
 EVENTS_PER_INSTANCE = CLOCK_EVENTS  # DeviceClock's anchors: two on each of the 3 streams
 # set_device's default context, the Device's management context, the runtime's internal stream
 DEVICE_BASE_STREAMS = 3
-
-
-def limits_for_soc(soc_name: str | None) -> tuple[int, int]:
-    """(streams, events) per device for a SoC name such as "Ascend310P3"."""
-    for prefix, streams, events in SOC_LIMITS:
-        if soc_name and soc_name.startswith(prefix):
-            return streams, events
-    return DEFAULT_LIMITS
 
 
 class ResourceLimitError(LoadError):

@@ -178,3 +178,16 @@ def test_cpu_runtime_enforces_per_device_stream_and_event_limits(cpu_only):
     assert lines["events"] == str([0] * 5 + [C.ACL_ERROR_RT_NO_EVENT_RESOURCE])
     assert lines["streams"] == str([0] * 5 + [C.ACL_ERROR_RT_NO_STREAM_RESOURCE])
     assert lines["context"] == str(C.ACL_ERROR_RT_NO_STREAM_RESOURCE)
+
+
+@pytest.mark.parametrize("name, most", [("ACLSERVE_CPU_MAX_STREAMS", 2048), ("ACLSERVE_CPU_MAX_EVENTS", 65535)])
+def test_cpu_runtime_limits_are_at_most_what_a_device_allows(monkeypatch, name, most):
+    """Up to a C int was taken, a device no SoC is (device_limits is bounded the same way); the
+    server's start reads them (check_environment) and says a bad one in one line."""
+    from aclserve.acl.cpu import settings
+    monkeypatch.setenv(name, str(most))
+    settings.check_environment()
+    monkeypatch.setenv(name, str(most + 1))
+    with pytest.raises(ValueError) as info:
+        settings.check_environment()
+    assert str(info.value) == f"{name} must be an integer from 1 to {most}, got '{most + 1}'"

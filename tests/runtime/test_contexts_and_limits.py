@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from aclserve.acl import current_context
+from aclserve.acl.soc_limits import limits_for_soc
 from aclserve.runtime import AclRuntime, Batch
-from aclserve.runtime.limits import ResourceLimitError, limits_for_soc
+from aclserve.runtime.limits import ResourceLimitError
 from aclserve.runtime import open_pool
 from aclserve.runtime.futures import BatchFutures
 
@@ -188,7 +189,8 @@ def test_documented_limits_by_soc():
 def test_the_slots_bound_is_what_the_largest_device_holds_for_one_instance():
     """config's MAX_SLOTS (slots past it are refused at the start, not at the load) from these limits."""
     from aclserve.config.model import MAX_SLOTS
-    from aclserve.runtime.limits import EVENTS_PER_INSTANCE, EVENTS_PER_SLOT, SOC_LIMITS
+    from aclserve.acl.soc_limits import SOC_LIMITS
+    from aclserve.runtime.limits import EVENTS_PER_INSTANCE, EVENTS_PER_SLOT
     most = max(events for _, _, events in SOC_LIMITS)
     assert MAX_SLOTS * EVENTS_PER_SLOT + EVENTS_PER_INSTANCE <= most < (MAX_SLOTS + 1) * EVENTS_PER_SLOT + \
         EVENTS_PER_INSTANCE

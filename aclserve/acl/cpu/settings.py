@@ -6,9 +6,11 @@ ACLSERVE_CPU_DEVICE_MEMORY  capacity of each device: bytes, or a number with K/M
 ACLSERVE_CPU_THREADS        ONNX Runtime intra-op threads per loaded model (default 1);
                             `set_threads(n)` overrides it for models loaded afterwards
 ACLSERVE_CPU_MAX_STREAMS    streams per device, default 1024 (Atlas inference series, 310P;
-                            910B: 1984, 310B: 512); every context's default stream and one
-                            internal stream count, as on the device
-ACLSERVE_CPU_MAX_EVENTS     events per device, default 1023 (310/310P; 910-class: 65535)
+                            910B: 1984, 310B: 512), at most 2048 (910, the most of any SoC:
+                            soc_limits.py); every context's default stream and one internal
+                            stream count, as on the device
+ACLSERVE_CPU_MAX_EVENTS     events per device, default 1023 (310/310P; 910-class: 65535), at
+                            most 65535 (as many as any SoC allows)
 ACLSERVE_CPU_SOC            the SoC it presents (acl.get_soc_name) and whose rules it follows,
                             default CPU-ORT (none); Ascend310 (Atlas 200/300/500) refuses a timed
                             event wait, as that SoC does; CPU-ORT or an Ascend name (Ascend...)
@@ -26,12 +28,13 @@ from __future__ import annotations
 import os
 import re
 
+from ..soc_limits import DEFAULT_LIMITS, MAX_EVENTS, MAX_STREAMS
+
 DEFAULT_DEVICES = 1
 MAX_DEVICES = 64  # more than any Ascend host has (8 or 16 NPUs): each is a device the runtime builds
 MAX_THREADS = 1024  # ONNX Runtime threads per session, as cpu_threads
 DEFAULT_DEVICE_MEMORY = 8 << 30
-DEFAULT_MAX_STREAMS = 1024  # CANN docs, aclrtCreateStream: "Atlas inference series" (310P)
-DEFAULT_MAX_EVENTS = 1023  # CANN docs, aclrtCreateEvent: 310 / 310P
+DEFAULT_MAX_STREAMS, DEFAULT_MAX_EVENTS = DEFAULT_LIMITS  # CANN docs: "Atlas inference series" (310P)
 DEFAULT_SOC = "CPU-ORT"  # not an Ascend SoC: the CPU runtime over ONNX Runtime
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -82,11 +85,13 @@ def device_memory() -> int:
 
 
 def max_streams() -> int:
-    return _positive_int("ACLSERVE_CPU_MAX_STREAMS", DEFAULT_MAX_STREAMS)
+    """At most what any SoC allows, as device_limits.streams: more is no device's (a C int's worth was taken)."""
+    return _positive_int("ACLSERVE_CPU_MAX_STREAMS", DEFAULT_MAX_STREAMS, MAX_STREAMS)
 
 
 def max_events() -> int:
-    return _positive_int("ACLSERVE_CPU_MAX_EVENTS", DEFAULT_MAX_EVENTS)
+    """At most what any SoC allows, as device_limits.events: the CPU runtime presents a device none has."""
+    return _positive_int("ACLSERVE_CPU_MAX_EVENTS", DEFAULT_MAX_EVENTS, MAX_EVENTS)
 
 
 def soc_name() -> str:
