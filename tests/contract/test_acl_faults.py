@@ -71,6 +71,14 @@ def test_a_delay_may_keep_code_0():
     # taken, though no model has an id past a uint32 (or below 0): the fault never fired
     ("execute:model_id=4294967296", "model_id must be a model id (0..4294967295: a uint32), got 4294967296"),
     ("describe:model_id=-1", "model_id must be a model id (0..4294967295: a uint32), got -1"),
+    # taken: a memcpy names no model, so the fault never fired; a load, query_size or mem_info passes
+    # model 0, so model_id=0 failed every one of them
+    ("memcpy:model_id=1", "model_id=1 is for the kinds execute, execute_call, describe: a 'memcpy' call names no "
+                          "model"),
+    ("load:model_id=0", "model_id=0 is for the kinds execute, execute_call, describe: a 'load' call names no model"),
+    ("query_size:nth=1,model_id=0", "a 'query_size' call names no model"),
+    ("mem_info:model_id=3", "a 'mem_info' call names no model"),
+    ("dvpp:model_id=3", "a 'dvpp' call names no model"),
 ])
 def test_a_bad_spec_is_one_line_naming_the_problem(spec, fragment):
     with pytest.raises(ValueError) as info:
@@ -86,11 +94,17 @@ def test_a_delay_time_can_sleep_is_taken(clean_faults):
     assert faults.parse("execute:model_id=4294967295") == [{"kind": "execute", "model_id": 4294967295}]
     with pytest.raises(ValueError, match="model_id must be a model id"):  # inject() checks it too
         faults.inject("execute", model_id=2**32)
+    with pytest.raises(ValueError, match="a 'memcpy' call names no model"):
+        faults.inject("memcpy", model_id=1)
+    for kind in faults.MODEL_KINDS:
+        assert faults.parse(f"{kind}:model_id=7") == [{"kind": kind, "model_id": 7}]
     assert faults.parse("execute:delay_ms=0.5") == [{"kind": "execute", "delay_ms": 0.5}]
 
 
 @pytest.mark.parametrize("spec, fragment", [("execute:nth=x", "nth must be an integer"),
-                                            ("execute:delay_ms=1e400", "delay_ms must be a finite number")])
+                                            ("execute:delay_ms=1e400", "delay_ms must be a finite number"),
+                                            ("memcpy:model_id=1", "model_id=1 is for the kinds execute, execute_call, "
+                                                                  "describe: a 'memcpy' call names no model")])
 def test_serve_with_a_bad_spec_exits_with_one_line(tmp_path, spec, fragment):
     env = dict(os.environ, ACLSERVE_CPU_FAULTS=spec)
     proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port", "0", "--grpc-port", "0",

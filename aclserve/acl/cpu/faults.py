@@ -46,8 +46,8 @@ count is back to 0: no context of it left and reset_device called for each set_d
 
 Environment (read at acl.init): ACLSERVE_CPU_FAULTS="execute:nth=3,code=507011;memcpy:count=2"
 - faults separated by ';', each `kind` then optional `:key=value,...` with keys nth, count,
-probability, code (at most MAX_CODE), delay_ms (finite, at most MAX_DELAY_MS), model_id (0..MAX_MODEL_ID),
-device (0 or 1: "execute:nth=5,code=507054,device=1"). A bad spec raises
+probability, code (at most MAX_CODE), delay_ms (finite, at most MAX_DELAY_MS), model_id (0..MAX_MODEL_ID;
+MODEL_KINDS only), device (0 or 1: "execute:nth=5,code=507054,device=1"). A bad spec raises
 ValueError with one line saying what is wrong (`aclserve serve` checks it before starting).
 """
 from __future__ import annotations
@@ -69,6 +69,9 @@ KINDS = ("execute", "execute_call", "memcpy", "query_size", "load", "describe", 
 _KEYS = {"nth": int, "count": int, "probability": float, "code": int, "delay_ms": float, "model_id": int,
          "device": int}
 DEVICE_KINDS = ("execute", "memcpy")  # the kinds that may fail their whole device (`device`)
+# the kinds whose calls name a model (`model_id`): the others pass none to trigger(), so a
+# model_id there never matched (memcpy, dvpp) or matched every call as model 0 (load, query_size)
+MODEL_KINDS = ("execute", "execute_call", "describe")
 _FORMAT = "kind[:key=value,...][;...] with kind " + "|".join(KINDS) + " and keys " + ", ".join(_KEYS)
 # About 31 years: as good as never returning, and within what time.sleep takes (an infinite or NaN
 # delay made every faulted call raise in time.sleep instead of sleeping).
@@ -200,6 +203,9 @@ def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=Non
     if code is not None and (code < 0 or code > MAX_CODE or (code == 0 and not delay_ms and hold is None)):
         raise ValueError(f"code must be an ACL error code (a positive number, at most {MAX_CODE}: aclError is a "
                          f"C int; 0 only with a delay_ms), got {code}")
+    if model_id is not None and kind not in MODEL_KINDS:
+        raise ValueError(f"model_id={model_id} is for the kinds {', '.join(MODEL_KINDS)}: a {kind!r} call names "
+                         "no model")
     if model_id is not None and not 0 <= model_id <= MAX_MODEL_ID:
         raise ValueError(f"model_id must be a model id (0..{MAX_MODEL_ID}: a uint32), got {model_id}")
     if delay_ms is not None and not math.isfinite(delay_ms):
