@@ -22,7 +22,9 @@ queueing (the heavy CNN slowed to 150 ms a run). A deadline per request from the
 would cost a timer each (PriorityQueue keeps one a level); refusing the pair would fail every model
 given only a size, the default's deadline being auto. The price: where clients send a row each, a
 stall is found later (a batch limit's times); default_timeout_ms set, or max_queue_size auto, is the
-tighter one.
+tighter one. No cap under the time a full queue takes keeps that promise (it would time out requests
+the queue accepted, the failure this figure is made to prevent); it is capped at MAX_MS only, the
+longest a written default_timeout_ms may be, which /config shows in microseconds (Triton's uint64).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import logging
 import math
 
 from ..config import ModelConfig
+from ..config.checks import MAX_MS
 from ..scheduling.gears import batch_limit, one_request_per_run
 from ..scheduling.policy import QueuePolicy
 
@@ -41,10 +44,15 @@ QUEUE_BATCHES = 8
 # 503 by the tens of thousands (an independent check: 304 req/s against 698 without the refusals)
 MIN_QUEUE = 64
 MIN_DEADLINE_MS = 2000.0
-# a deadline derived beside a size in requests grows with the size and the run cost, with no bound (it is
-# made so that a burst the queue accepted is never timed out); past this it is said as a WARNING: a stall
+# a deadline derived beside a size in requests grows with the size and the run cost, bounded only by
+# MAX_DEADLINE_MS (it is made so that a burst the queue accepted is never timed out: a lower cap would time
+# out what the queue took, the failure it prevents); past this it is said as a WARNING: a stall
 # is found only that late (max_queue_size 1000 of 32-row requests at 150 ms a run: 5 minutes)
 LONG_DEADLINE_MS = 60_000.0
+# the most a derived deadline is (any, rows' too: a window of MAX_MS made it twice that): the longest a written
+# one may be, 24.8 days. Uncapped, a size of 10**17 requests made it 3.3e16 ms, whose microseconds /config
+# could not show (HTTP 500, gRPC INTERNAL: Triton's default_timeout_microseconds is a uint64)
+MAX_DEADLINE_MS = float(MAX_MS)
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +64,13 @@ def auto_queue_size(full_batch: int, instances: int) -> int:
 def auto_deadline_ms(queue_size: int, full_batch: int, instances: int, gear_seconds: float | None,
                      window_ms: float = 0.0) -> float:
     runs = math.ceil(queue_size / (max(1, full_batch) * instances))
-    return max(MIN_DEADLINE_MS, 2 * (window_ms + 1000.0 * (gear_seconds or 0.0) * runs))
+    return min(MAX_DEADLINE_MS, max(MIN_DEADLINE_MS, 2 * (window_ms + 1000.0 * (gear_seconds or 0.0) * runs)))
 
 
 def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int, name: str = "model") -> ModelConfig:
     """`config` with every `auto` (None) queue size and deadline replaced by its figure. A deadline
     derived beside a size in requests is said in one line (`name`: the model's), once a size: INFO, or
-    WARNING when it is over LONG_DEADLINE_MS."""
+    WARNING when it is over LONG_DEADLINE_MS (saying so when MAX_DEADLINE_MS capped it)."""
     batching = config.batching
     gears = sorted(gears)
     # a full batch: the batch limit (a max_batch_size under the largest gear lowers it), run on
@@ -95,7 +103,13 @@ def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int, name: s
         batching, default_queue_policy=fill(batching.default_queue_policy),
         priority_queue_policy={level: fill(p) for level, p in batching.priority_queue_policy.items()})
     for size, deadline in sorted(per_requests.items()):
-        if deadline > LONG_DEADLINE_MS:
+        if deadline >= MAX_DEADLINE_MS:
+            log.warning("%s: max_queue_size %d counts requests, each of up to %d rows: its auto default_timeout_ms is "
+                        "%.0f (%.0f s), the longest a deadline may be, though %d requests of %d rows queued take "
+                        "longer to run: a stalled device is found only that late, and a full queue's last requests "
+                        "may time out; set default_timeout_ms for a shorter deadline, or max_queue_size: auto to "
+                        "bound the rows", name, size, largest, deadline, deadline / 1000.0, size, largest)
+        elif deadline > LONG_DEADLINE_MS:
             log.warning("%s: max_queue_size %d counts requests, each of up to %d rows: its auto default_timeout_ms is "
                         "%.0f (%.0f s, over %.0f s), allowing for %d requests of %d rows queued, so a stalled device "
                         "is found only that late; set default_timeout_ms for a shorter deadline, or "

@@ -492,7 +492,7 @@ def test_an_auto_deadline_beside_a_size_in_requests_allows_for_a_full_batch_each
         "allows for 64 requests of 32 rows queued; set default_timeout_ms for a shorter deadline, or "
         "max_queue_size auto to bound the rows"))]
     caplog.clear()
-    # the deadline grows with the size and the run cost, unbounded: over 60 s it is a WARNING naming it
+    # the deadline grows with the size and the run cost (up to MAX_DEADLINE_MS): over 60 s it is a WARNING naming it
     with caplog.at_level("INFO", logger="aclserve.repository.overload"):
         overload.resolve(sized(1000), gears, {32: 0.15}, instances=1, name="m:1")
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("WARNING", (
@@ -510,6 +510,28 @@ def test_an_auto_deadline_beside_a_size_in_requests_allows_for_a_full_batch_each
     assert auto.counts_rows and auto.default_timeout_ms == 2 * (1.0 + 1000 * 0.5 * 8)
     assert overload.resolve(sized(0), gears, costs, instances=1).batching.default_queue_policy.default_timeout_ms \
         == auto.default_timeout_ms
+
+
+def test_an_auto_deadline_is_at_most_what_a_written_one_may_be(caplog):
+    """Beside a size of 10**17 requests the deadline was 3.3e16 ms, whose microseconds /config could not
+    show (500: tests/server/test_queue_rows.py); it is capped at the longest a written default_timeout_ms
+    may be (24.8 days), and the WARNING says so. A window that long capped the rows' deadline too."""
+    from aclserve.config.checks import MAX_MS
+    size = 10**17
+    huge = dataclasses.replace(ModelConfig(), batching=dataclasses.replace(
+        ModelConfig().batching, default_queue_policy=QueuePolicy(max_queue_size=size, default_timeout_ms=None)))
+    with caplog.at_level("INFO", logger="aclserve.repository.overload"):
+        policy = overload.resolve(huge, (1, 32), {32: 0.15}, instances=1, name="m:1").batching.default_queue_policy
+    assert policy.default_timeout_ms == overload.MAX_DEADLINE_MS == MAX_MS
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("WARNING", (
+        f"m:1: max_queue_size {size} counts requests, each of up to 32 rows: its auto default_timeout_ms is "
+        "2147483647 (2147484 s), the longest a deadline may be, though 100000000000000000 requests of 32 rows "
+        "queued take longer to run: a stalled device is found only that late, and a full queue's last requests may "
+        "time out; set default_timeout_ms for a shorter deadline, or max_queue_size: auto to bound the rows"))]
+    window = dataclasses.replace(ModelConfig(), batching=dataclasses.replace(ModelConfig().batching,
+                                                                            max_queue_delay_ms=MAX_MS))
+    assert overload.resolve(window, (1, 32), {32: 0.15}, instances=1).batching.default_queue_policy \
+        .default_timeout_ms == MAX_MS
 
 
 def test_auto_queue_limits_count_a_full_batch_of_a_lower_max_batch_size():

@@ -141,3 +141,15 @@ def test_the_auto_deadline_beside_a_size_in_requests_lets_a_full_queue_of_full_b
     in_rows = batching["default_queue_policy"]  # auto: 64 rows, 8 runs of 8
     assert in_rows["max_queue_size"] == AUTO_ROWS
     assert in_rows["default_timeout_microseconds"] < in_requests["default_timeout_microseconds"]
+
+
+def test_config_shows_the_auto_deadline_of_a_huge_size_in_requests(models_dir, tmp_path, make_config):
+    """A size of 10**17 requests made the auto deadline 3.3e16 ms: GET /config answered 500 ("Integer
+    exceeds 64-bit range" in its microseconds). It is capped at the longest a written one may be."""
+    from aclserve.config.checks import MAX_MS
+    shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
+    (tmp_path / "affine.yaml").write_text(f"batching: {{default_queue_policy: {{max_queue_size: {10**17}}}}}\n")
+    with ServerThread(make_config(tmp_path, model_control_mode="none")) as srv:
+        with urllib.request.urlopen(f"http://{srv.url}/v2/models/affine/config", timeout=60) as resp:
+            policy = json.loads(resp.read())["dynamic_batching"]["default_queue_policy"]
+    assert policy["max_queue_size"] == 10**17 and policy["default_timeout_microseconds"] == MAX_MS * 1000
