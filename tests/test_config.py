@@ -192,6 +192,9 @@ def test_a_choice_is_taken_in_any_case():
      "model_defaults.batching.priority_queue_policy.1.timeout_action", "reject, delay"),
     ({"model_defaults.batching.default_queue_policy.max_queue_size": -2},
      "model_defaults.batching.default_queue_policy.max_queue_size", "must be >= 0"),
+    # Triton's ModelQueuePolicy.max_queue_size is a uint32: gRPC's ModelConfig failed INTERNAL past it
+    ({"model_defaults.batching.default_queue_policy.max_queue_size": 2**32},
+     "model_defaults.batching.default_queue_policy.max_queue_size", "must be <= 4294967295"),
     ({"model_defaults.version_policy": {"newest": 1}}, "model_defaults.version_policy.newest", "unknown version policy"),
     ({"model_defaults.version_policy": {"latest": 0}}, "model_defaults.version_policy.latest", "must be >= 1"),
     ({"model_defaults.version_policy": {"specific": [1, 1]}}, "model_defaults.version_policy.specific", "duplicates"),

@@ -16,6 +16,7 @@ from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, Co
 # each level has its queues, statistics and metric series (100,000 levels took 58 MB and a 6.5 MB
 # /metrics; 100 million, the machine's memory): Triton's users name a handful
 MAX_PRIORITY_LEVELS = 1000
+MAX_QUEUE_SIZE = 2**32 - 1  # Triton's ModelQueuePolicy.max_queue_size is a uint32 (gRPC's /config could not say more)
 _QUEUE_KEYS = {f.name for f in dataclasses.fields(QueuePolicy)} - {"counts_rows"}  # (auto's, resolved)
 # YAML keys of `batching`: the dataclass fields, with the cap under Triton's name (not those that
 # say where a setting came from, which are not compared, nor a config.pbtxt's priorities_off)
@@ -32,7 +33,7 @@ def _queue_policy(data, path: str, base: QueuePolicy) -> QueuePolicy:
     for key, value in data.items():
         kp = key_path(path, key)
         if key == "max_queue_size":
-            values[key] = None if is_auto(value) else as_int(value, kp, 0)
+            values[key] = None if is_auto(value) else as_int(value, kp, 0, MAX_QUEUE_SIZE)
         elif key == "default_timeout_ms":
             values[key] = None if is_auto(value) else as_float(value, kp, maximum=MAX_MS)
         elif key == "timeout_action":
