@@ -187,7 +187,7 @@ def test_a_choice_is_taken_in_any_case():
      "must be <= priority_levels (3)"),
     ({"model_defaults.batching.default_priority": 0}, "model_defaults.batching.default_priority", "must be >= 1"),
     ({"model_defaults.batching.priority_queue_policy": {5: {"max_queue_size": 1}}},
-     "model_defaults.batching.priority_queue_policy.5", "must be <= 3"),
+     "model_defaults.batching.priority_queue_policy.5", "names a level past priority_levels (3)"),
     ({"model_defaults.batching.priority_queue_policy": {1: {"timeout_action": "drop"}}},
      "model_defaults.batching.priority_queue_policy.1.timeout_action", "reject, delay"),
     ({"model_defaults.batching.default_queue_policy.max_queue_size": -2},
@@ -328,7 +328,7 @@ def test_levels_only_model_defaults_gives_past_a_models_priority_levels_are_left
     notes.clear()
     assert load_model_config(write(tmp_path, "instances: 2\n", "m.yaml"), defaults, notes).batching == \
         defaults.batching and notes == []
-    with pytest.raises(ConfigError, match=re.escape("batching.priority_queue_policy.2: must be <= 1, got 2")):
+    with pytest.raises(ConfigError, match=re.escape("batching.priority_queue_policy.2: names a level past priority_levels (1)")):
         load_model_config(write(tmp_path, "batching: {priority_levels: 1, priority_queue_policy: "
                                           "{2: {max_queue_size: 1}}}\n", "m.yaml"), defaults)
 

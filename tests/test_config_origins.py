@@ -83,9 +83,14 @@ def test_a_flag_and_the_file_giving_one_port_are_each_named(tmp_path):
     ("model_defaults:\n  batching: {priority_levels: 2}\n", {"model_defaults.batching.default_priority": 3},
      "got 3 (model_defaults.batching.default_priority from the command line, model_defaults.batching.priority_levels "
      "from {file})"),
+    # (it said "...priority_queue_policy.5: must be <= 3": the 3 was the default's)
+    ("model_defaults:\n  batching: {priority_queue_policy: {5: {max_queue_size: 1}}}\n", {},
+     "model_defaults.batching.priority_queue_policy.5: names a level past priority_levels (3): raise that too, or "
+     "drop this level, got 5 (model_defaults.batching.priority_queue_policy.5 from {file}, "
+     "model_defaults.batching.priority_levels from the default)"),
 ], ids=["tls key", "tls cert", "client ca", "request bytes", "grpc message and body", "grpc message and budget",
         "load retry", "ordering and levels", "ordering and delay", "default priority and levels",
-        "default priority and the file's levels"])
+        "default priority and the file's levels", "a level's policy and levels"])
 def test_every_check_of_two_settings_names_where_each_came_from(tmp_path, text, flags, said):
     """The same words for each check of settings that must go together (a pair, an order): the
     file, a flag or the default, whichever set each."""

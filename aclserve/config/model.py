@@ -69,7 +69,10 @@ def _batching(data, path: str) -> BatchingConfig:
         lp = f"{pq_path}.{level}"
         if isinstance(level, str) and level.isascii() and level.isdigit():  # ('²'.isdigit(), not int())
             level = int(level)
-        level = as_int(level, lp, 1, levels)
+        level = as_int(level, lp, 1)
+        if level > levels:  # the bound may be the default's or model_defaults': each source named
+            raise ConfigConflict(lp, f"names a level past priority_levels ({levels}): raise that too, or drop this "
+                                     f"level, got {level}", (lp, key_path(path, "priority_levels")))
         if level in per_level:  # 1 and '1' (YAML's unique keys see two keys)
             raise ConfigError(lp, f"gives level {level} a second time")
         per_level[level] = _queue_policy(policy, lp, default_qp)
