@@ -14,7 +14,10 @@ questions need what was asked, not the state it left:
 - Is the model being loaded? From the moment a load is asked, its versions that wait for it
   (unloaded, or on disk and not loaded yet) are LOADING: until the load's task began (it reads
   the folder first, waiting for another scan or an unload of the model), a client polling the
-  model was told "UNAVAILABLE: unloaded". Not once an unload came after it: that one wins.
+  model was told "UNAVAILABLE: unloaded". Not once an unload came after it: that one wins. A
+  model no listing knows yet (copied in since) is LOADING too, as the model's own (`unlisted`):
+  until the call's read ended, its /ready and infer answered 404 "unknown model" while the
+  server's readiness already waited for it.
 Owned by the ModelRepository; loop thread only.
 """
 from __future__ import annotations
@@ -82,6 +85,11 @@ class ControlCalls:
         if self._load_runs(name) and state == State.UNAVAILABLE.value and reason in (UNLOADED, NOT_LOADED, HELD):
             return State.LOADING.value, LOAD_ASKED
         return state, reason
+
+    def unlisted(self, name: str) -> tuple[str, str] | None:
+        """(state, reason) of `name` when nothing else knows it (no listing, no record): LOADING while
+        a load call of it runs that no unload came after (it may find the model); None otherwise."""
+        return (State.LOADING.value, LOAD_ASKED) if self._load_runs(name) else None
 
     def _load_runs(self, name: str) -> bool:
         """A load call of `name` runs that no unload of it came after."""

@@ -29,8 +29,15 @@ MIN_GAP_S = 0.1
 def index_rows(lifecycle, planner, calls, ready_only: bool = False) -> list[dict]:
     """[{"name", "version", "state", "reason"}] for every version loaded or on disk, as the latest
     scan (`planner`'s) and the Lifecycle's records say; a serving version that no instance can
-    run is UNAVAILABLE (pool.out_of_service); `calls`: the ControlCalls (a load call running)."""
+    run is UNAVAILABLE (pool.out_of_service); `calls`: the ControlCalls (a load call running: a
+    model it names that no listing knows yet has a row of its own, LOADING)."""
     rows = lifecycle.states.index(planner.scan, planner.pending, lifecycle.held)
+    unlisted = calls.loads_running() - {row["name"] for row in rows}  # a load call may find them
+    for name in unlisted:  # LOADING, a row of the model's own as a problem's (no version known yet)
+        state, reason = calls.unlisted(name)
+        rows.append({"name": name, "version": "", "state": state, "reason": reason})
+    if unlisted:
+        rows.sort(key=lambda row: row["name"])  # (stable: each model's versions stay in order)
     for row in rows:
         if row["version"]:  # (a problem's row is the model's, not a version waiting for a load)
             row["state"], row["reason"] = calls.shown(row["name"], row["state"], row["reason"])

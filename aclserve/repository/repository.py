@@ -162,6 +162,8 @@ class ModelRepository:
         if version is None and name in self._lifecycle.held:  # unloaded on purpose: as Triton, not
             raise NotFound(f"model {name} has no available versions (unloaded)")  # a retry-later
         known = self._lifecycle.states.describe(name, version, self._planner.scan, name in self._lifecycle.held)
+        if known is None and self._lifecycle.states.describe(name, None, self._planner.scan) is None:
+            known = self._calls.unlisted(name)  # a load call may find it: loading, not unknown
         if known is not None:
             state, reason = self._calls.shown(name, *known)
             if reason == NOT_LOADED and self.mode != "poll" and not self._lifecycle.busy(name):

@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import logs
 from ..images.dvpp import OUTCOMES
-from ..repository.status import WAITING_FOR_CONFIG
+from ..repository.status import WAITING_FOR_CONFIG, State
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,8 @@ class GuardCollector:
     def _models(self):
         ready = GaugeMetricFamily("aclserve_model_state", "1 for each model version's current state "
                                   "(READY, LOADING, UNAVAILABLE, UNLOADING); version empty: the model's own "
-                                  "problem (its config), its versions may serve on",
+                                  "problem (its config), its versions may serve on, or a model a load call "
+                                  "is loading that no listing knows yet",
                                   labels=["model", "version", "state"])
         failing = GaugeMetricFamily("aclserve_model_load_failure", "1 while a version's last load failed, or "
                                     "(version empty) while the model's config or files cannot be used; the "
@@ -139,7 +140,8 @@ class GuardCollector:
         try:
             for row in repo.index():
                 ready.add_metric([self._state.redact(row["name"]), str(row["version"]), row["state"]], 1)
-                if row["version"] == "" and row["reason"] != WAITING_FOR_CONFIG:  # a broken config, say
+                problem = row["version"] == "" and row["state"] == State.UNAVAILABLE.value  # (not a load call's)
+                if problem and row["reason"] != WAITING_FOR_CONFIG:  # a broken config, say
                     failing.add_metric([self._state.redact(row["name"]), "", self._state.redact(row["reason"])], 1)
             for (name, version), reason in sorted(repo.load_failures().items()):
                 failing.add_metric([name, version, self._state.redact(reason)], 1)

@@ -141,3 +141,153 @@ def test_the_server_is_not_ready_while_a_load_call_reads_the_folder_for_a_model_
             await runner.cleanup()
 
     assert asyncio.run(scenario()) == (200, 503, 200, 200)
+
+
+def grpc_affine_request(model: str):
+    from tritonclient.grpc import service_pb2 as pb
+    request = pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 8])
+    request.inputs.add(name="idx", datatype="INT64", shape=[1, 3])
+    request.raw_input_contents.extend([bytes(4 * 8), bytes(8 * 3)])
+    return request
+
+
+async def grpc_answers(port: int, model: str) -> tuple[bool, tuple[str, str]]:
+    """(ModelReady's ready, ModelInfer's (status code's name, details)) for `model` over gRPC."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pbg
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pbg.GRPCInferenceServiceStub(channel)
+        ready = (await stub.ModelReady(pb.ModelReadyRequest(name=model))).ready
+        try:
+            await stub.ModelInfer(grpc_affine_request(model))
+            return ready, ("OK", "")
+        except grpc.aio.AioRpcError as e:
+            return ready, (e.code().name, e.details())
+
+
+async def client_view(session, url: str, grpc_port: int, model: str) -> dict:
+    """What clients are told of `model`: its /ready, an infer, its gRPC ModelReady and ModelInfer."""
+    ready_status, _, ready_body = await answer(session, "GET", f"{url}/v2/models/{model}/ready")
+    infer_status, headers, infer_body = await answer(session, "POST", f"{url}/v2/models/{model}/infer", AFFINE)
+    grpc_ready, grpc_infer = await grpc_answers(grpc_port, model)
+    return {"ready": (ready_status, json.loads(ready_body)), "infer": (infer_status, json.loads(infer_body)),
+            "retry after": headers.get("Retry-After"), "grpc ready": grpc_ready, "grpc infer": grpc_infer}
+
+
+AFFINE = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
+                                {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [0, 1, 2]}]})
+
+
+@pytest.mark.parametrize("mode", ["explicit", "poll"])
+def test_a_model_no_listing_knows_is_loading_while_its_load_call_reads_the_folder(
+        models_dir, tmp_path, make_config, mode):
+    """A model copied in since the last listing, named by a load call: while the call reads the folder
+    (the server's readiness already waits for it), its /ready, infer (HTTP and gRPC) and the index
+    answered as for a model that does not exist (404, NOT_FOUND, no row). It is LOADING, as a
+    known version loading is: /ready 503, infer 503 with Retry-After (gRPC UNAVAILABLE), ModelReady
+    false, a LOADING row of the model's own (no version known yet) that is no load failure. Then it
+    serves. (Triton answers its model ready alike for a model unknown and one loading.)"""
+    from aclserve.server.grpc_server import GrpcServer
+
+    async def scenario():
+        config = make_config(tmp_path, model_control_mode=mode, settle_s=0.0)
+        repo, runner, url = await serving(config)
+        grpc_server = GrpcServer(runner.app[STATE], config.max_body_bytes)
+        grpc_port = await grpc_server.start("127.0.0.1", 0)
+        reading, go_on = asyncio.Event(), asyncio.Event()
+        rescan = repo._planner.rescan
+
+        async def held_rescan():  # every read of the folder (the load call's, the watcher's), held
+            reading.set()
+            await go_on.wait()
+            return await rescan()
+        try:
+            async with aiohttp.ClientSession() as session:
+                repo._planner.rescan = held_rescan
+                shutil.copy(models_dir / "affine.om", tmp_path / ".new.om.part")
+                os.replace(tmp_path / ".new.om.part", tmp_path / "new.om")
+                load = asyncio.ensure_future(answer(session, "POST", url + "/v2/repository/models/new/load"))
+                await asyncio.wait_for(reading.wait(), 30)  # a hang guard
+                await asyncio.wait_for(arrived(repo, "new"), 30)  # (poll mode: the watcher's read may come first)
+                seen = await client_view(session, url, grpc_port, "new")
+                seen["rows"] = [row for row in repo.index() if row["name"] == "new"]
+                seen["metrics"] = (await answer(session, "GET", url + "/metrics"))[2]
+                if mode == "poll":  # (explicit mode: the API's index reads the folder first, after the load's read)
+                    index = json.loads((await answer(session, "POST", url + "/v2/repository/index", "{}"))[2])
+                    seen["index"] = [row for row in index if row["name"] == "new"]
+                go_on.set()
+                loaded = (await load)[0]
+                after = await client_view(session, url, grpc_port, "new")
+            return seen, loaded, after
+        finally:
+            go_on.set()
+            await grpc_server.stop()
+            await runner.cleanup()
+
+    seen, loaded, after = asyncio.run(scenario())
+    assert seen["ready"] == (503, {"name": "new", "ready": False})
+    assert seen["infer"] == (503, {"error": f"model new is not ready (LOADING: {LOADING})"})
+    assert seen["retry after"] == "1" and seen["grpc ready"] is False
+    assert seen["grpc infer"] == ("UNAVAILABLE", f"model new is not ready (LOADING: {LOADING})")
+    assert seen["rows"] == [{"name": "new", "version": "", "state": "LOADING", "reason": LOADING}]
+    assert seen.get("index", seen["rows"]) == seen["rows"]
+    assert 'aclserve_model_state{model="new",state="LOADING",version=""} 1.0' in seen["metrics"]
+    assert 'aclserve_model_load_failure{model="new"' not in seen["metrics"]
+    assert loaded == 200
+    assert after["ready"] == (200, {"name": "new", "ready": True}) and after["infer"][0] == 200
+    assert after["grpc ready"] is True and after["grpc infer"] == ("OK", "")
+
+
+def test_a_load_call_that_fails_leaves_its_model_as_any_failed_load_does(models_dir, tmp_path, make_config):
+    """LOADING while its call reads the folder; once the call has failed, what the server says of a
+    model whose load failed (`broken`, whose load call ran alone), or of no model when the folder
+    holds none by that name (`ghost`: 404, no row)."""
+    from aclserve.server.grpc_server import GrpcServer
+
+    async def scenario():
+        config = make_config(tmp_path, settle_s=0.0)  # (explicit mode)
+        repo, runner, url = await serving(config)
+        grpc_server = GrpcServer(runner.app[STATE], config.max_body_bytes)
+        grpc_port = await grpc_server.start("127.0.0.1", 0)
+        reading, go_on = asyncio.Event(), asyncio.Event()
+        rescan = repo._planner.rescan
+
+        async def held_rescan():
+            reading.set()
+            await go_on.wait()
+            return await rescan()
+        try:
+            async with aiohttp.ClientSession() as session:
+                (tmp_path / "broken.om").write_bytes(b"not an om file at all")  # its load fails
+                assert (await answer(session, "POST", url + "/v2/repository/models/broken/load"))[0] == 400
+                failed = await client_view(session, url, grpc_port, "broken")
+                (tmp_path / "bad.om").write_bytes(b"not an om file at all")
+                repo._planner.rescan = held_rescan
+                loads = [asyncio.ensure_future(answer(session, "POST", f"{url}/v2/repository/models/{name}/load"))
+                         for name in ("bad", "ghost")]
+                await asyncio.wait_for(reading.wait(), 30)  # a hang guard
+                await asyncio.wait_for(asyncio.gather(arrived(repo, "bad"), arrived(repo, "ghost")), 30)
+                during = {name: await client_view(session, url, grpc_port, name) for name in ("bad", "ghost")}
+                go_on.set()
+                statuses = [(await load)[0] for load in loads]
+                after = {name: await client_view(session, url, grpc_port, name) for name in ("bad", "ghost")}
+                rows = {row["name"] for row in repo.index()}
+            return failed, during, statuses, after, rows
+        finally:
+            go_on.set()
+            await grpc_server.stop()
+            await runner.cleanup()
+
+    failed, during, statuses, after, rows = asyncio.run(scenario())
+    for name in ("bad", "ghost"):
+        assert during[name]["ready"] == (503, {"name": name, "ready": False}), during[name]
+        assert during[name]["infer"] == (503, {"error": f"model {name} is not ready (LOADING: {LOADING})"})
+        assert during[name]["grpc infer"] == ("UNAVAILABLE", f"model {name} is not ready (LOADING: {LOADING})")
+    assert statuses == [400, 404]
+    assert repr(after["bad"]) == repr(failed).replace("broken", "bad"), (after["bad"], failed)
+    assert failed["ready"][0] == 404 and failed["grpc infer"][0] == "NOT_FOUND"  # (its file refused: not a retry-later)
+    assert after["ghost"]["ready"] == (404, {"error": "unknown model 'ghost'"})
+    assert after["ghost"]["grpc infer"] == ("NOT_FOUND", "unknown model 'ghost'")
+    assert "bad" in rows and "ghost" not in rows
