@@ -17,6 +17,8 @@ compiler writes a temporary file and renames it into place (om/container.py, om/
 a reader never sees a partial .om. And one process compiles while the others wait: an
 exclusive flock on `.<entry>.lock` in the cache folder; whoever gets it next finds the entry
 and uses it. The kernel drops the lock of a process that dies, so a crash leaves no stale lock.
+A load waiting for that lock says so (`progress`: the index's reason), as another process
+compiling the same model (or, in this one, another version of it whose file is the same).
 
 Each entry's manifest (cache_entry.py: key, options, the OM's SHA-256) is written under that
 lock and checked before the entry is used; an entry that fails the check (edited, truncated,
@@ -36,6 +38,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -47,6 +50,11 @@ from . import cache_entry, external_data
 
 log = logging.getLogger(__name__)
 
+# a load's step while another holds its cache entry's lock (the index's reason: no path)
+WAITING_ELSEWHERE = "waiting for another process compiling the same model"
+WAITING_HERE = "waiting for another version of the model compiling the same file"
+_compiling_here: set[str] = set()  # the entries' locks this process's compiles hold (_held_here)
+_here_lock = threading.Lock()
 ENTRY_NAME = re.compile(r"^[^.].*-[0-9a-f]{32}\.om$")  # compiled_om's names: <model>-<key[:32]>.om
 WORK_FOLDER = ".compiling-"  # compiled_om's work folders: .<model>-<key[:32]>.compiling-<random>
 
@@ -87,7 +95,17 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
     if out.is_file() and cache_entry.problem(out, key) is None:  # complete, and what it says it is
         log.info("%s: using cached compile of %s (%s)", model_name, onnx_path, out.name)
         return out
-    with exclusive(cache / f".{out.name}.lock"):  # a writer holds it until its manifest is written
+    lock = cache / f".{out.name}.lock"
+
+    def waiting() -> None:
+        here = str(lock) in _compiling_here
+        log.info("%s: waiting for %s compiling %s (%s)", model_name, "another version" if here else
+                 "another process", onnx_path, lock)
+        if progress is not None:
+            progress(WAITING_HERE if here else WAITING_ELSEWHERE)
+
+    # a writer holds it until its manifest is written
+    with exclusive(lock, on_wait=waiting), _held_here(str(lock)):
         if out.is_file():
             problem = cache_entry.problem(out, key)
             if problem is None:
@@ -235,10 +253,23 @@ def _unheld(lock_path: Path, action) -> bool:
 
 
 @contextlib.contextmanager
-def exclusive(lock_path: Path):
+def _held_here(lock_path: str):
+    """`lock_path` is held by a compile of this process (a waiter here names another version)."""
+    with _here_lock:
+        _compiling_here.add(lock_path)
+    try:
+        yield
+    finally:
+        with _here_lock:
+            _compiling_here.discard(lock_path)
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: Path, on_wait=None):
     """Hold an exclusive flock on `lock_path` (blocking), across processes and threads alike;
     the file is removed on release. A waiter that wakes on a file already removed (or
-    replaced) by the previous holder retries on the current one, so two holders never meet."""
+    replaced) by the previous holder retries on the current one, so two holders never meet.
+    `on_wait()` is called once, before the first wait for a lock someone else holds."""
     while True:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -246,7 +277,13 @@ def exclusive(lock_path: Path):
             cache_entry.clear(lock_path)
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if on_wait is not None:
+                    on_wait()
+                    on_wait = None
+                fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 current = os.stat(lock_path)
             except FileNotFoundError:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from aclserve.config import CompileOptions
-from aclserve.repository.compiler import cache_key, compiled_om, exclusive
+from aclserve.repository.compiler import WAITING_ELSEWHERE, WAITING_HERE, cache_key, compiled_om, exclusive
 from aclserve.repository.control_calls import LOAD_ASKED
 
 from .repo_helpers import held_run, place, until
@@ -63,7 +63,8 @@ async def test_a_reload_of_a_serving_version_shows_no_steps(make_repo, models_di
 async def test_a_version_has_a_reason_from_the_moment_it_is_loading(make_repo, models_dir, model_files, tmp_path):
     """Its LOADING reason was empty until its first step was said, for as long as hashing a large
     .onnx (or checking a large .om) took. Held here before that step ends as a replica sharing the
-    compile cache holds it: compiling the same file (its cache entry's lock)."""
+    compile cache holds it: compiling the same file (its cache entry's lock), which the reason then
+    says (it said it was looking in the cache for as long as the other compile took)."""
     cache = tmp_path / "cache"
     cache.mkdir()
     repo, _ = await make_repo(model_control_mode="explicit", compile_cache_dir=str(cache))
@@ -72,9 +73,11 @@ async def test_a_version_has_a_reason_from_the_moment_it_is_loading(make_repo, m
     with exclusive(cache / f".a-{key[:32]}.om.lock"):  # another replica compiling a.onnx
         load = asyncio.ensure_future(repo.load("a"))
         await until(lambda: reasons(repo).get("a", ("", LOAD_ASKED))[1] != LOAD_ASKED, "its load began")
-        held = reasons(repo)["a"]
+        first = reasons(repo)["a"]
+        await until(lambda: reasons(repo)["a"][1] == WAITING_ELSEWHERE, "its wait said")
     await load
-    assert held == ("LOADING", "looking for the compile of a.onnx in the compile cache")
+    assert first in (("LOADING", "looking for the compile of a.onnx in the compile cache"),
+                     ("LOADING", WAITING_ELSEWHERE))
     assert reasons(repo) == {"a": ("READY", "")}
 
 
@@ -103,3 +106,27 @@ async def test_in_poll_mode_a_file_dropped_while_another_model_loads_is_not_held
         assert reasons(repo)["a"] == ("LOADING", "warming up: gear 1, run 1 of 3")
     await events.wait("loaded", "a")
     assert reasons(repo) == {"a": ("READY", ""), "b": ("READY", "")}
+
+
+@pytest.mark.asyncio
+async def test_a_version_waiting_for_another_version_compiling_the_same_file_says_so(
+        make_repo, models_dir, model_files, tmp_path, compile_holds):
+    """Two versions of one model from the same .onnx bytes share one compile cache entry (and its
+    lock): the one that waits names the other version compiling it, not another process."""
+    repo, _ = await make_repo(model_control_mode="explicit", load_concurrency=2,
+                              compile_cache_dir=str(tmp_path / "cache"))
+    (models_dir / "m").mkdir()
+    (models_dir / "m" / "config.yaml").write_text("version_policy: all\n")
+    for version in ("1", "2"):
+        place(model_files[1]["onnx"], models_dir / "m" / version / "model.onnx")
+
+    def versions() -> dict[str, tuple[str, str]]:
+        return {row["version"]: (row["state"], row["reason"]) for row in repo.index() if row["name"] == "m"}
+    load = asyncio.ensure_future(repo.load("m"))
+    await until(lambda: any(compile_holds.iterdir()), "a compile held")  # one version compiles...
+    await until(lambda: ("LOADING", WAITING_HERE) in versions().values(), "the other's wait said")  # ...one waits
+    assert sorted(versions().values()) == [("LOADING", "compiling model.onnx for cpu"), ("LOADING", WAITING_HERE)]
+    for mark in compile_holds.iterdir():
+        mark.unlink()
+    await load
+    assert versions() == {"1": ("READY", ""), "2": ("READY", "")}
