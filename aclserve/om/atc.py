@@ -10,7 +10,11 @@ On Linux ATC's group dies with the process running it, however it ends (atc_leas
 
 A build still running when the process exits (a server shut down during a compile abandons its
 daemon load thread) would go on in its own session until its timeout, its work folder left
-behind: an exit hook kills the builds in progress and removes their work folders.
+behind: an exit hook kills the builds in progress and removes their work folders. A process
+killed outright runs no hook (the out-of-memory killer's SIGKILL; its ATC dies with it:
+atc_leash.py), so each work folder is locked while its build lives (temp_claims.claimed_folder:
+flock on a lock file inside, held by the process running the build and by ATC's leash until ATC
+is gone), and each build first removes the work folders beside its output that nobody holds.
 """
 from __future__ import annotations
 
@@ -20,13 +24,13 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
 from . import atc_leash, atc_om
+from ..temp_claims import claimed_folder, sweep_unclaimed_folders
 from .container import OmFormatError
 from .spec import CompileError, ModelSpec
 
@@ -39,6 +43,7 @@ _ERROR_LINE = re.compile(r"\bE[0-9A-Z]\d{4}\b|ATC run failed|\[ERROR\]|\bERROR\b
 # '-' '.' '_' and Chinese characters", E10001)
 _NOT_IN_ATC_PATH = re.compile(r"[^A-Za-z0-9./_\-\u4e00-\u9fa5]")
 _MAX_QUOTED = 5
+WORK_PREFIX = ".atc-"  # ATC's work folders, beside the output
 END_WAIT_S = 5.0  # at exit, for each ATC ended to be gone
 
 
@@ -109,17 +114,18 @@ def build_argv(atc: str, model: str, output_base: str, spec: ModelSpec, *, soc_v
 
 
 def run_streaming(argv: list[str], *, cwd: str, timeout: float, log: Callable[[str], None],
-                  clock: Callable[[], float] = time.monotonic) -> list[str]:
+                  clock: Callable[[], float] = time.monotonic, pass_fds: tuple[int, ...] = ()) -> list[str]:
     """Run argv, passing each output line to `log` prefixed with the elapsed time.
 
     Returns all lines. Raises AtcFailed on a non-zero exit (quoting ATC's error lines) or when
     `timeout` seconds pass (the process group is killed). On Linux argv runs on a leash
-    (atc_leash.py): a process killed outright takes its process group with it.
+    (atc_leash.py): a process killed outright takes its process group with it. `pass_fds` stay
+    open in the leash (where there is none, in ATC) until it ends.
     """
     start = clock()
     try:
         proc = subprocess.Popen(atc_leash.command(argv), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=pass_fds)
     except OSError as e:
         raise AtcFailed(f"could not start ATC {argv[0]}: {e.strerror or e}") from None
     _RUNNING.add(_RUNNING.processes, proc)
@@ -180,10 +186,11 @@ def compile_with_atc(atc: str, onnx_path: str, output: Path, spec: ModelSpec, *,
     atc_path(onnx_path, "model")
     atc_path(output.parent, "output folder")
     atc_input_names(spec)
+    sweep_unclaimed_folders(WORK_PREFIX, str(output.parent))  # (those of builds killed outright)
     # (no model name in the folder's: ATC inserts its _<os>_<arch> at the first ".om" of the
     # whole output path when it packs custom operators, so a name beginning "om" moved its file)
     try:
-        work = tempfile.mkdtemp(prefix=".atc-", dir=output.parent)
+        work, lock = claimed_folder(WORK_PREFIX, str(output.parent))
     except OSError as e:  # (named as the output, not as the work folder it could not make)
         raise OSError(e.errno, e.strerror, str(output)) from e
     _RUNNING.add(_RUNNING.folders, work)
@@ -197,7 +204,7 @@ def compile_with_atc(atc: str, onnx_path: str, output: Path, spec: ModelSpec, *,
         argv = build_argv(atc, os.path.abspath(onnx_path), base, spec, soc_version=soc_version,
                           precision_mode=precision_mode, log_level=log_level, insert_op_conf=conf)
         log("running: " + " ".join(argv))
-        lines = run_streaming(argv, cwd=work, timeout=timeout, log=log)
+        lines = run_streaming(argv, cwd=work, timeout=timeout, log=log, pass_fds=(lock,))
         built = _find_output(base)
         if built is None:
             raise AtcFailed(f"ATC exited 0 but wrote no {output.stem}.om: {quote_errors(lines)}")
@@ -212,6 +219,7 @@ def compile_with_atc(atc: str, onnx_path: str, output: Path, spec: ModelSpec, *,
         return header
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        os.close(lock)  # (after: a sweep never meets the folder unlocked)
         _RUNNING.discard(_RUNNING.folders, work)
 
 

@@ -278,7 +278,7 @@ def test_a_compile_ended_by_sigterm_or_sighup_leaves_nothing(fake_atc, compile_u
 
 def test_a_compile_killed_outright_takes_its_atc_with_it(fake_atc, compile_until_atc_runs):
     """`kill -9` of `aclserve compile` runs none of its clean-up: its ATC, in a session of its own,
-    ran on until its timeout (an hour by default), its own processes too. Its work folder stays."""
+    ran on until its timeout (an hour by default), its own processes too (its folder: test_atc_work_folder)."""
     _, record = fake_atc
     proc, _ = compile_until_atc_runs("sleep_with_helper")
     ran = json.loads(record.read_text())
