@@ -160,7 +160,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     @rpc
     async def RepositoryIndex(self, request, context):
         self.state.auth.check_repository_value(_authorization(context), control=False)
-        await _one_repository(request, context)
+        await _one_repository(request, context)  # (as Triton's gRPC; its HTTP answers a named index)
         entries = await views.repository_index(self.state, request.ready)
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
 

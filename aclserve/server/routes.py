@@ -160,6 +160,8 @@ def add_routes(app: web.Application) -> None:
         add("GET", base + "/config", get_model_config)
         add("GET", base + "/stats", statistics)
     add("POST", "/v2/repository/index", repository_index, REPOSITORY_BODY.expect)
+    # the index naming a repository: Triton's HTTP server takes the name and ignores it (its gRPC refuses it)
+    add("POST", "/v2/repository/{repository}/index", repository_index, REPOSITORY_BODY.expect)
     add("POST", "/v2/repository/models/{model}/load", repository_load, REPOSITORY_BODY.expect)
     add("POST", "/v2/repository/models/{model}/unload", repository_unload, REPOSITORY_BODY.expect)
     for action in ("load", "unload"):  # (auth.py checks these as load/unload: the template's prefix)

@@ -98,7 +98,8 @@ def test_statistics_of_a_version_without_a_model_is_refused(client, stub):
 
 def test_a_repository_call_naming_a_repository_is_unimplemented(stub, caplog):
     """One repository is served: as Triton, a call naming one is refused (it was answered from
-    the one repository; found by a conformance check)."""
+    the one repository; found by a conformance check). The index too: Triton's gRPC refuses a
+    named one, while its HTTP server answers it, ignoring the name (so does HTTP here)."""
     calls = (lambda: stub.RepositoryIndex(pb.RepositoryIndexRequest(repository_name="other")),
              lambda: stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(repository_name="other", model_name="affine")),
              lambda: stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(repository_name="other",

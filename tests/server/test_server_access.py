@@ -63,6 +63,21 @@ def test_a_load_or_unload_naming_a_repository_is_a_400_as_triton_answers(guarded
     assert [row["state"] for row in doc if row["name"] == "double"] == ["READY"]
 
 
+def test_the_index_naming_a_repository_answers_the_index_as_triton_does(guarded):
+    """Triton's HTTP server takes /v2/repository/<name>/index and ignores the name (its
+    HandleRepositoryIndex never reads it; its gRPC RepositoryIndex refuses one): it was a 404
+    "no route" here. Guarded as the index is, its body read as the index's."""
+    path = "/v2/repository/other/index"
+    assert call(guarded.url, path, b"{}")[0] == 401
+    for body in (b"{}", b'{"ready": true}', b""):
+        named, plain = call(guarded.url, path, body, token=TOKEN), call(guarded.url, "/v2/repository/index", body,
+                                                                        token=TOKEN)
+        assert named[0] == plain[0] == 200 and named[2] == plain[2]
+        assert named[1]["Content-Type"].startswith("application/json")
+    status, _, doc = call(guarded.url, path, b'{"ready": 1}', token=TOKEN)
+    assert (status, doc) == (400, {"error": "ready must be a boolean"})
+
+
 def auth_refusals(url: str) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://{url}/metrics", timeout=60).read().decode()
     return {line.split('reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
