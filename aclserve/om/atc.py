@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -44,6 +45,10 @@ _ERROR_LINE = re.compile(r"\bE[0-9A-Z]\d{4}\b|ATC run failed|\[ERROR\]|\bERROR\b
 _NOT_IN_ATC_PATH = re.compile(r"[^A-Za-z0-9./_\-\u4e00-\u9fa5]")
 _MAX_QUOTED = 5
 WORK_PREFIX = ".atc-"  # ATC's work folders, beside the output
+# what ATC inserts before ".om" in the name of the OM of a model that carries its operators' code
+# (GE's ModelHelper: "_" + host_env_os + "_" + host_env_cpu, this host's unless ATC is told others)
+OS_SPECIFIC_SUFFIX = f"_{platform.system().lower()}_{platform.machine()}"
+NAME_MAX_FALLBACK = 255  # a file name's bytes where the folder's own limit cannot be read
 END_WAIT_S = 5.0  # at exit, for each ATC ended to be gone
 
 
@@ -185,6 +190,7 @@ def compile_with_atc(atc: str, onnx_path: str, output: Path, spec: ModelSpec, *,
     output = Path(output).absolute()
     atc_path(onnx_path, "model")
     atc_path(output.parent, "output folder")
+    atc_output_name(output)
     atc_input_names(spec)
     sweep_unclaimed_folders(WORK_PREFIX, str(output.parent))  # (those of builds killed outright)
     # (no model name in the folder's: ATC inserts its _<os>_<arch> at the first ".om" of the
@@ -231,6 +237,24 @@ def atc_path(path, what: str) -> None:
     if bad is not None:
         raise CompileError(f"ATC accepts only letters, digits, '.', '/', '_', '-' and Chinese characters in a "
                            f"file path: the {what} path {real!r} has {bad.group()!r}; rename or move it")
+
+
+def atc_output_name(output: Path) -> None:
+    """Raise CompileError, before ATC runs, when a name ATC may give the OM it writes for `output`
+    is longer than a file name may be in its folder: `<stem>.om`, and `<stem>_<os>_<arch>.om` for
+    a model carrying its operators' code (which only ATC's build finds). ATC would fail writing it
+    (ENAMETOOLONG), at the end of its build."""
+    try:
+        limit = os.pathconf(output.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = NAME_MAX_FALLBACK
+    longest = len(os.fsencode(output.stem + OS_SPECIFIC_SUFFIX + ".om"))
+    if longest > limit:
+        room = limit - len(OS_SPECIFIC_SUFFIX)
+        raise CompileError(f"output name too long for ATC: it names the OM of a model that carries its operators' "
+                           f"code <name>{OS_SPECIFIC_SUFFIX}.om, here {longest} bytes, past the {limit} a file name "
+                           f"may have; shorten the output name to {room} bytes at most (it is "
+                           f"{len(os.fsencode(output.name))})")
 
 
 def atc_input_names(spec: ModelSpec) -> None:

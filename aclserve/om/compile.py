@@ -95,6 +95,8 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         raise CompileError(f"output folder {out.parent} does not exist")
     if out.is_dir():  # (said before the compile, not after it: ATC may take minutes)
         raise CompileError(f"cannot write {out}: it is a folder")
+    if atc_path is not None:  # (before the model's checks, which run it: compile_with_atc says it again)
+        atc_mod.atc_output_name(out)
     model = load_onnx(src, weights=atc_path is None)  # (ATC reads the weights from the model's path)
     spec = resolve(model, {k: list(v) for k, v in shapes.items()}, gears)
     names.refuse_misread(model)  # (an output the server would find under another name)

@@ -1,7 +1,8 @@
 """A stand-in `atc` executable for the ATC path: no CANN on these machines."""
 import textwrap
 
-# The stand-in: records argv/cwd/pid, prints like ATC, then acts per FAKE_ATC_MODE.
+# The stand-in: records argv/cwd/pid, prints like ATC, then acts per FAKE_ATC_MODE (os_specific:
+# writes <output>_linux_<machine>.om, as ATC does for a model carrying its operators' code).
 FAKE_ATC = textwrap.dedent("""\
     #!{python}
     import json, os, re, struct, subprocess, sys, time
@@ -34,6 +35,8 @@ FAKE_ATC = textwrap.dedent("""\
         print("ATC run failed, Please check the detail log, Try 'atc --help' for more information", flush=True)
         sys.exit(1)
     out = [a.split("=", 1)[1] for a in args if a.startswith("--output=")][0]
+    if mode == "os_specific":  # the name ATC gives the OM of a model carrying its operators' code
+        out += "_linux_" + os.uname().machine
     if mode != "nofile":
         payload = b"partition table and weights" * 10
         head = bytearray(256)
@@ -41,7 +44,7 @@ FAKE_ATC = textwrap.dedent("""\
         struct.pack_into("<II", head, 4, 256, 0x20000000)
         struct.pack_into("<I", head, 76, len(payload) if mode != "truncated" else len(payload) + 100)
         head[82] = 1
-        name = os.path.basename(out).encode()
+        name = os.path.basename(out).encode()[:32]  # (the header's field: bytes 84-115)
         head[84:84 + len(name)] = name
         head[160:168] = b"7.6.0.1\\0"
         head[193] = 0  # is_unknow_model: batch gears are not an unknown shape (ATC: set only for those)
