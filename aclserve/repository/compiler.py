@@ -109,7 +109,7 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
         if out.is_file():
             problem = cache_entry.problem(out, key)
             if problem is None:
-                log.info("%s: using cached compile of %s (%s), made by another process",
+                log.info("%s: using cached compile of %s (%s), made meanwhile by another compile",
                          model_name, onnx_path, out.name)
                 return out
             log.warning("%s: cached compile %s not used: %s; deleting it and compiling again",
