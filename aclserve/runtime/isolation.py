@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Callable
 
+from ..trace.records import rerun
 from . import device_health
 from .batch import Batch, Run
 
@@ -159,13 +160,15 @@ def launched(batch: Batch) -> None:
 def split(batch: Batch, gears: tuple[int, ...]) -> list[Batch]:
     """One part per request of the failed `batch` (a static model's holds one), each in the
     smallest gear that holds it, marked as a re-run of the lane it failed on (not run again if it
-    fails; counted as retried)."""
+    fails; counted as retried); a sampled request's part is traced as a batch of its own."""
     gathering = _Gathering(batch)
     parts = []
     for index, inputs in enumerate(batch.inputs):
         rows = len(next(iter(inputs.values()))) if gears else batch.rows  # (a gear model's inputs: batch first)
         gear = gears[bisect.bisect_left(gears, rows)] if gears else None
-        part = Batch([inputs], gear, rows, requests=Part(gathering, index), dispatched_ns=batch.dispatched_ns)
+        trace = rerun(batch.trace, index, gear, rows) if batch.trace is not None else None
+        part = Batch([inputs], gear, rows, trace=trace, requests=Part(gathering, index),
+                     dispatched_ns=batch.dispatched_ns)
         part.failed_lane = batch.ran_on  # (failed_by stays None: the failed instance may run it once healthy)
         part.error = batch.error  # kept if it never runs (no instance can), as a retry keeps its first
         parts.append(part)

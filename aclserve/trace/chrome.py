@@ -7,7 +7,9 @@ Tracks (pid / tid, each named by "M" metadata events):
                      track per slot (the batch it holds, launch to result)
   requests           one lane per request in flight at once: the request, with its receive,
                      decode, queue, execute and encode phases nested inside
-Flow arrows (ph s/f) link each request's dispatch to the batch it ran in. A tid is unique in
+Flow arrows (ph s/f) link each request's dispatch to the batch it ran in: a request of a failed
+batch re-run one request per run (runtime/isolation.py), to the run that answered it, a batch of
+its own whose args name the failed one (`rerun_of`), which is drawn as well. A tid is unique in
 the file (pid * 10000 + the track's number), as some importers key threads by tid alone. Spans
 are "X" events (ts and dur in microseconds of perf_counter_ns); nothing is drawn for a phase whose
 timestamps were not reached (a request refused before its queue, a device without timings). A
@@ -133,8 +135,10 @@ def events(traces: list[RequestTrace], b: Builder | None = None) -> list[dict]:
     ordered = sorted(traces, key=lambda t: t.arrival_ns)
     batches: dict[int, BatchTrace] = {}
     for trace in ordered:
-        if trace.batch is not None:
-            batches.setdefault(trace.batch.id, trace.batch)
+        batch = trace.batch
+        while batch is not None:  # (a re-run's failed batch too: drawn as it ran)
+            batches.setdefault(batch.id, batch)
+            batch = batch.rerun_of
     slot_tracks: dict[int, tuple[int, int]] = {}
     for batch in sorted(batches.values(), key=lambda x: x.formed_ns):
         slot_tracks[batch.id] = _batch(b, batch)
@@ -194,7 +198,10 @@ def _batch(b: Builder, batch: BatchTrace) -> tuple[int, int]:
     args = {"batch": batch.id, "model": batch.model, "gear": batch.gear, "rows": batch.rows,
             "padding": batch.padding, "requests": batch.requests,
             "priority_mix": {str(level): n for level, n in sorted(batch.levels.items())}}
-    b.instant(PID_HOST, TID_LOOP, f"form batch #{batch.id}", batch.formed_ns, dict(args))
+    if batch.rerun_of is None:
+        b.instant(PID_HOST, TID_LOOP, f"form batch #{batch.id}", batch.formed_ns, dict(args))
+    else:  # (made by the runtime from the failed batch, not formed on the event loop)
+        args["rerun_of"] = batch.rerun_of.id
     if not batch.launched_ns:
         return 0, 0
     pid = b.instance_pid(batch)

@@ -61,11 +61,13 @@ class BatchTrace:
     """One batch holding at least one sampled request. The batcher fills the formation, the
     instance's launcher thread the pack and copy-in, its completion thread the device times and
     the unpack. Written by one thread at a time, in that order (the hand-offs are queues and
-    futures, which order the writes)."""
+    futures, which order the writes). A failed batch re-run one request per run (runtime/
+    isolation.py) gives each sampled request's run a BatchTrace of its own (rerun()), its
+    `rerun_of` the failed one."""
 
     __slots__ = ("id", "model", "gear", "rows", "requests", "levels", "formed_ns", "instance", "device",
                  "slot", "direct", "launched_ns", "packed_ns", "enqueued_ns",
-                 "anchors", "device_spans", "woke_ns", "done_ns", "attempts")
+                 "anchors", "device_spans", "woke_ns", "done_ns", "attempts", "traces", "rerun_of")
 
     def __init__(self, model: str, gear: int | None, rows: int, requests: int, levels: dict[int, int],
                  formed_ns: int):
@@ -85,6 +87,8 @@ class BatchTrace:
         self.device_spans: dict[str, tuple[int, int]] = {}  # the same -> offsets (ns) from that anchor
         self.woke_ns = self.done_ns = 0
         self.attempts = 0
+        self.traces: dict[int, RequestTrace] = {}  # its sampled requests, by their place in the batch
+        self.rerun_of: BatchTrace | None = None  # the failed batch whose request this one re-runs alone
 
     @property
     def padding(self) -> int:
@@ -116,6 +120,9 @@ class BatchTrace:
         self.instance, self.device, self.slot, self.direct = instance, device, slot, direct
         self.attempts += 1
         self.anchors, self.device_spans = {}, {}  # a retried batch keeps only its last attempt
+        if self.rerun_of is not None:  # its request's compute is this run's from now on (not if it never runs)
+            for trace in self.traces.values():
+                trace.batch = self
 
 
 def queued(trace: RequestTrace, request) -> None:
@@ -135,9 +142,24 @@ def form_batch(model: str, requests, gear: int | None, formed_ns: int) -> BatchT
         levels[request.level] = levels.get(request.level, 0) + 1
         rows += request.rows
     batch = BatchTrace(model, gear, rows, len(requests), levels, formed_ns)
-    for request in requests:
+    for index, request in enumerate(requests):
         trace = request.trace
         if trace is not None:
             trace.dispatched_ns = formed_ns
             trace.batch = batch
+            batch.traces[index] = trace
+    return batch
+
+
+def rerun(failed: BatchTrace, index: int, gear: int | None, rows: int) -> BatchTrace | None:
+    """The BatchTrace of the run re-running request `index` of traced batch `failed` alone
+    (runtime/isolation.py), or None when that request is not sampled. Its request links to it once
+    it launches (launched()): its compute stamps are the run that answered it, the failed batch
+    staying its `rerun_of`."""
+    trace = failed.traces.get(index)
+    if trace is None:
+        return None
+    batch = BatchTrace(failed.model, gear, rows, 1, {trace.level: 1}, now_ns())
+    batch.traces[0] = trace
+    batch.rerun_of = failed
     return batch

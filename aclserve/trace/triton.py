@@ -10,7 +10,10 @@ HTTP_RECV_START/END (GRPC_WAITREAD_START/END over gRPC) = arrival and body read,
 COMPUTE_INPUT_END = copy-in done, COMPUTE_OUTPUT_START = execution done, COMPUTE_END = the
 batch's result, REQUEST_END = the result back on the event loop, HTTP_SEND_START/END (GRPC_SEND_*)
 = encoding started / the answer ready to send. Values are perf_counter_ns (CLOCK_MONOTONIC, the
-clock Triton uses as well).
+clock Triton uses as well). A request re-run alone after its batch failed (runtime/isolation.py)
+has the COMPUTE_* of the run that answered it; its failed run's are not written: one of each name
+a request, as tools written against Triton's format (its trace_summary.py) key them by name, and as
+a batch retried whole keeps its last attempt.
 """
 from __future__ import annotations
 
