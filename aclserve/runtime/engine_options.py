@@ -80,6 +80,12 @@ def _devices(name: str, value) -> None:
         raise TypeError(f"{name} must be a non-empty list or tuple of device ids, got {value!r}")
     for device in value:
         _whole(f"{name} entry", device, minimum=0)
+    ids = [int(device) for device in value]  # (numpy integers shown as plain ones)
+    if repeated := sorted({device for device in ids if ids.count(device) > 1}):
+        # as the server's config refuses them (config/checks.int_list): instances go round-robin over the list
+        raise ValueError(f"{name} has duplicates: {ids} names device{'s' if len(repeated) > 1 else ''} "
+                         f"{', '.join(map(str, repeated))} more than once; list each device once (instances are "
+                         f"spread round-robin over them)")
 
 
 def _value_ranges(name: str, value) -> None:

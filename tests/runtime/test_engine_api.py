@@ -228,6 +228,11 @@ def test_a_model_closed_while_the_engine_closes_is_waited_for(affine_om, caplog)
     ("load", {"instances": 0}, ValueError, "instances must be from 1"),
     ("load", {"devices": "0"}, TypeError, "devices must be a non-empty list or tuple"),
     ("load", {"devices": [0, -1]}, ValueError, "devices entry must be from 0"),
+    # as the server's config refuses them: (1, 1, 0) put two of three instances on device 1
+    ("load", {"devices": (0, 0)}, ValueError, r"^devices has duplicates: \[0, 0\] names device 0 more than once; "
+                                              r"list each device once \(instances are spread round-robin over them\)$"),
+    ("load", {"devices": [np.int64(1), 1, 0, 2, 2]}, ValueError,
+     r"^devices has duplicates: \[1, 1, 0, 2, 2\] names devices 1, 2 more than once"),
     ("load", {"path": b"m.om"}, TypeError, "path must be a str or os.PathLike"),
     ("load", {"warmup": "no"}, TypeError, "warmup must be True or False, got 'no'"),
     ("load", {"warmup": 2}, TypeError, "warmup must be True or False, got 2"),

@@ -224,6 +224,8 @@ _ANOTHER_DEVICE_SERVES = """
 import json, sys
 import aclserve
 from aclserve.acl.cpu import faults
+from aclserve.runtime.builder import open_pool
+from aclserve.runtime.engine import EngineModel
 from tests.tiny_models import affine_request
 
 
@@ -238,7 +240,8 @@ def outcome(model):
 out = {}
 with aclserve.Engine(device="cpu") as engine:
     path = sys.argv[1]
-    mixed = engine.load(path, name="mixed", instances=3, devices=(1, 1, 0), warmup=False)  # lanes 0, 1: device 1
+    # lanes 0 and 1 on device 1: Engine.load and the server's config take each device once, open_pool as given
+    mixed = EngineModel(open_pool(engine.runtime, path, "mixed", instances=3, devices=(1, 1, 0)), engine)
     once = engine.load(path, name="once", instances=2, devices=(1, 0), retry=False, warmup=False)
     alone = engine.load(path, name="alone", devices=(1,), warmup=False)  # never run before device 1 fails
     faults.inject("execute", nth=1, code=507054, device=True)
@@ -247,6 +250,7 @@ with aclserve.Engine(device="cpu") as engine:
     out["lanes"] = {m.name: m.pool.lanes() for m in (mixed, once, alone)}
     out["faults"] = {m.name: m.pool.fault_counts() for m in (mixed, once, alone)}
     out["out_of_service"] = {m.name: m.pool.out_of_service() for m in (mixed, once, alone)}
+    mixed.close()
 print(json.dumps(out))
 """
 
