@@ -144,10 +144,12 @@ def futile(batch, instances) -> bool:
     return isinstance(batch.error, DeviceFailed) and failed_everywhere(instances) is not None
 
 
-def unrunnable(instances, why: str) -> ExecutionFailed:
-    """What a batch no instance can run fails with: DeviceFailed once the devices of all
-    `instances` were found failed as a whole (no probe), else ExecutionFailed(why)."""
-    return failed_everywhere(instances) or ExecutionFailed(why)
+def unrunnable(instances, model: str, why: str) -> ExecutionFailed:
+    """What a batch of `model` that no instance can run fails with, naming the model as the pool's
+    other answers do: DeviceFailed once the devices of all `instances` were found failed as a
+    whole (no probe), else ExecutionFailed(why)."""
+    failed = failed_everywhere(instances)
+    return DeviceFailed(f"model {model}: {failed}") if failed is not None else ExecutionFailed(f"model {model}: {why}")
 
 
 def out_of_service(instances, rebuild_failures: dict[int, str]) -> str | None:

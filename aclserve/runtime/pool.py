@@ -189,7 +189,7 @@ class InstancePool:
 
     def _answer_unrunnable(self, batches: list[Batch], why: str) -> None:
         for batch in batches:  # (a retry with its first error; every device failed as a whole: DeviceFailed)
-            batch.error = batch.error or device_health.unrunnable(self.instances, f"model {self.name}: {why}")
+            batch.error = batch.error or device_health.unrunnable(self.instances, self.name, why)
             self._answer(batch)
 
     def _launch(self, batch: Batch, lane: int, slot) -> None:

@@ -270,7 +270,7 @@ def test_once_a_device_failed_as_a_whole_no_batch_goes_to_it(affine_om):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     whole = "device 1 failed as a whole (507054: HBM multi-bit ECC error)"
     assert out["mixed"] == ["answered"] * 3 and out["once"] == "answered", (out, proc.stderr[-3000:])
-    assert out["alone"].startswith(f"DeviceFailed: {whole}"), out
+    assert out["alone"].startswith(f"DeviceFailed: model alone: {whole}"), out
     assert out["faults"] == {"mixed": {"507054": 1}, "once": {}, "alone": {}}, out  # only the batch that found it
     # offered to the batcher: no lane on the failed device while another serves; with none, its own
     assert out["lanes"] == {"mixed": [0, 0, 2], "once": [0, 2], "alone": [2]}, out
@@ -319,8 +319,8 @@ def test_batches_waiting_for_a_slot_on_a_device_failed_as_a_whole_fail_at_once(a
     whole = "device 1 failed as a whole (507054: HBM multi-bit ECC error)"
     assert out["broken"] == [None], out  # (not rebuilt: no rebuild answered them)
     assert out["errors"][0].startswith("DeviceFailed: batch of 1 row (gear 1) failed on device 1"), out
-    assert out["errors"][1:] == [f"DeviceFailed: {whole}: nothing runs on it until it is reset, which takes a "
-                                 f"restart of the process"] * 2, out
+    assert out["errors"][1:] == [f"DeviceFailed: model affine: {whole}: nothing runs on it until it is reset, "
+                                 f"which takes a restart of the process"] * 2, out
     assert out["faults"] == {"507054": 1}, out  # the batch that found it only
 
 
