@@ -27,7 +27,7 @@ from typing import Callable
 
 from ..errors import DeviceFailed, ExecutionFailed
 from .batch import Batch, BatchListener
-from . import device_health, isolation, teardown
+from . import device_health, isolation, placement, teardown
 from .execution_timeout import derived_timeout_ms
 from .instance import ModelInstance
 from .left_on_device import LeftOnDevice
@@ -145,7 +145,7 @@ class InstancePool:
                     ready.append((batch, target))
                     free -= 1
                 else:  # (answered if every instance that may run it is on a device found failed as a whole since)
-                    (passed if self._candidates(batch) else stranded).append(batch)
+                    (passed if placement.candidates(self.instances, batch) else stranded).append(batch)
             self._pending.extendleft(reversed(passed))
         for batch, target in ready:
             self._launch(batch, *target)
@@ -173,19 +173,15 @@ class InstancePool:
 
     def _may_wait(self, batch: Batch) -> bool:
         """Whether an instance but the one `batch` failed on may take it, now or rebuilt (_futile)."""
-        if any(self._usable(k, batch) for k in self._candidates(batch)):
+        lanes = placement.candidates(self.instances, batch)
+        if any(placement.usable(self.instances[k], batch) for k in lanes):
             return True
-        return self._builder is not None and bool(self._candidates(batch)) and not self._futile(batch)
-
-    def _candidates(self, batch: Batch) -> list[int]:
-        """The lanes that may run `batch`: all but the instance it failed on (rebuilt, it may) and those
-        on a device found failed as a whole (none is rebuilt there)."""
-        return [k for k, instance in enumerate(self.instances)
-                if instance is not batch.failed_by and not device_health.on_failed_device(instance)]
+        return self._builder is not None and bool(lanes) and not self._futile(batch)
 
     def _futile(self, batch: Batch) -> bool:
         """Every instance that may run `batch` is broken, its rebuild failed again and backing off."""
-        return all(self.instances[k].broken and k in self._backing_off for k in self._candidates(batch))
+        lanes = placement.candidates(self.instances, batch)
+        return all(self.instances[k].broken and k in self._backing_off for k in lanes)
 
     def _answer_unrunnable(self, batches: list[Batch], why: str) -> None:
         for batch in batches:  # (a retry with its first error; every device failed as a whole: DeviceFailed)
@@ -200,32 +196,9 @@ class InstancePool:
         isolation.launched(batch)  # (a part's run is timed from here, for the statistics)
         self.instances[lane].launch(slot, batch)
 
-    def _usable(self, lane: int, batch: Batch) -> bool:
-        instance = self.instances[lane]
-        return instance is not batch.failed_by and not instance.broken and not device_health.on_failed_device(instance)
-
     def _pick(self, batch: Batch) -> tuple[int, object] | None:
-        """A reserved (lane, slot) for `batch`, or None. A named lane is kept while healthy (the batch
-        waits for its slot); a retry goes wherever a slot is free, but where it failed. While parts
-        of a failed batch are left, one instance runs only them, one with nothing else in flight
-        (isolation.py): the one it failed on (rebuilt), or, its rebuild backing off, a healthy one. No batch
-        goes to an instance on a device found failed as a whole (device_health.on_failed_device)."""
-        held = self._isolation.lane if self._isolation.active else None
-        if held is not None and isolation.is_part(batch):
-            return self._isolation.reserve(self.instances, self._backing_off)
-        wanted = batch.lane if batch.failed_lane is None and batch.lane != held else None
-        if wanted is not None and self._usable(wanted, batch):
-            slot = self.instances[wanted].try_reserve()
-            return (wanted, slot) if slot is not None else None
-        best, best_free = None, 0
-        for lane, instance in enumerate(self.instances):
-            if lane == held or not self._usable(lane, batch):
-                continue
-            free = instance.free_count()
-            if free > best_free:
-                best, best_free = lane, free
-        slot = self.instances[best].try_reserve() if best is not None else None
-        return (best, slot) if slot is not None else None
+        """A reserved (lane, slot) for `batch`, or None (placement.py)."""
+        return placement.pick(self.instances, batch, self._isolation, self._backing_off)
 
     # -- instances out of rotation -------------------------------------------------------------
     def set_execution_timeout(self, configured_ms: int) -> int:

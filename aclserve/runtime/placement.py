@@ -1,0 +1,47 @@
+"""Which of a pool's instances (its "lanes", by index) a batch may run on, and the one it gets.
+
+The pool (pool.py) asks with its lock held; nothing here blocks beyond an instance's own lock
+(try_reserve). No batch goes back to the instance it failed on (`batch.failed_by`: that lane's
+rebuilt instance may take it), nor to one on a device found failed as a whole
+(device_health.on_failed_device), a first run or a re-run alike.
+"""
+from __future__ import annotations
+
+from . import device_health, isolation
+from .batch import Batch
+
+
+def usable(instance, batch: Batch) -> bool:
+    """Whether `instance` may take `batch` now: not the one it failed on, in rotation, on a healthy device."""
+    return instance is not batch.failed_by and not instance.broken and not device_health.on_failed_device(instance)
+
+
+def candidates(instances, batch: Batch) -> list[int]:
+    """The lanes that may run `batch`: all but the instance it failed on (rebuilt, it may) and those
+    on a device found failed as a whole (none is rebuilt there)."""
+    return [k for k, instance in enumerate(instances)
+            if instance is not batch.failed_by and not device_health.on_failed_device(instance)]
+
+
+def pick(instances, batch: Batch, parts: isolation.Isolation, backing_off: set[int]) -> tuple[int, object] | None:
+    """A reserved (lane, slot) for `batch`, or None. A named lane is kept while usable (the batch
+    waits for its slot); a retry goes wherever a slot is free, but where it failed. While parts
+    of a failed batch are left (`parts`), one instance runs only them, one with nothing else in
+    flight (isolation.py): the one it failed on (rebuilt), or, its rebuild backing off
+    (`backing_off`: lanes), a healthy one. Otherwise the usable instance with the most free slots."""
+    held = parts.lane if parts.active else None
+    if held is not None and isolation.is_part(batch):
+        return parts.reserve(instances, backing_off)
+    wanted = batch.lane if batch.failed_lane is None and batch.lane != held else None
+    if wanted is not None and usable(instances[wanted], batch):
+        slot = instances[wanted].try_reserve()
+        return (wanted, slot) if slot is not None else None
+    best, best_free = None, 0
+    for lane, instance in enumerate(instances):
+        if lane == held or not usable(instance, batch):
+            continue
+        free = instance.free_count()
+        if free > best_free:
+            best, best_free = lane, free
+    slot = instances[best].try_reserve() if best is not None else None
+    return (best, slot) if slot is not None else None
