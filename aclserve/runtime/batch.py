@@ -79,6 +79,17 @@ class BatchListener(Protocol):
         """A slot became free: the executor can take another batch."""
 
 
+class InstanceListener(BatchListener, Protocol):
+    """Who hears from a ModelInstance (its pool): a BatchListener that also takes back batches
+    queued on the instance and never launched there."""
+
+    def not_launched(self, batches: list[Batch]) -> None:
+        """`batches`, in the order they were queued on the instance, were not launched: its device
+        was found failed as a whole meanwhile (launcher.py). Their slots are back; the listener
+        owns them again, to run elsewhere or answer, each once. Called from the instance's
+        launcher thread; must not block."""
+
+
 class BatchExecutor(Protocol):
     """What the batcher needs from a model version's instances (runtime.InstancePool)."""
 

@@ -58,7 +58,7 @@ import time
 
 from ..acl import using_context
 from . import enqueue, teardown
-from .batch import Batch, BatchListener
+from .batch import Batch, InstanceListener
 from .busy import BusyWindow
 from .completer import Completer, finish
 from .device import Device
@@ -98,7 +98,7 @@ class ModelInstance(SlotBook):
             raise
 
     # -- what the pool calls (and SlotBook's free_count, try_reserve, broken, faults) ------------
-    def attach(self, listener: BatchListener) -> None:
+    def attach(self, listener: InstanceListener) -> None:
         """Send finished batches and freed slots to `listener` (the pool), before any launch."""
         self._launcher.listener = self._completer.listener = listener
 

@@ -17,6 +17,13 @@ return from) gives up on it (give_up): the batch the launcher holds and those qu
 are answered there, since the completion thread stops without them, and the launcher hands
 nothing on when it comes back, then ends.
 
+A batch the launcher takes once its device was found failed as a whole (device_health.py: by any
+instance on it, another model's included) is not launched, nor those queued behind it: the device
+would refuse them, and nothing more is sent to it. Their slots come back and they go back to the
+pool, in order (`not_launched`), which runs them on an instance on a healthy device, or answers
+them at once with DeviceFailed. The launcher owns each batch from its take off the queue until it
+hands it on (to the completion thread, or back to the pool), or answers it (give_up, abandon).
+
 A launch call that does not return while the instance serves is found by the completion thread
 (completer.py: `launching_since`), which takes the instance out of rotation and abandons the
 launch the same way (`abandon`): its batch and those queued behind it fail with DeviceTimeout
@@ -31,7 +38,7 @@ import time
 from ..acl import AclError
 from ..errors import DeviceTimeout, ExecutionFailed
 from . import enqueue
-from .batch import Batch, BatchListener
+from .batch import Batch, InstanceListener
 from .completer import Completer
 from .device import Device
 from .instance_resources import InstanceResources
@@ -54,7 +61,7 @@ class Launcher:
         self._done_q = completer.queue  # hand-off 2
         self._device = device
         self.name = name
-        self.listener: BatchListener | None = None  # answers the batches refused here
+        self.listener: InstanceListener | None = None  # answers the batches refused here, takes back the unlaunched
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # hand-off 1
         self._launching: tuple[Slot, Batch] | None = None  # what the thread is putting on the device
         self._launch_start = 0.0  # when it began (time.monotonic())
@@ -127,6 +134,29 @@ class Launcher:
         for slot, batch in held:
             self.refuse(slot, batch, why, error)
 
+    def _take_queued(self, first) -> tuple[list, bool]:
+        """`first` and the batches queued behind it, taken off the queue in order (the book's lock
+        held, as _answer_held takes them), and whether the stop marker was behind them."""
+        items = [first]
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return items, False
+            if item is None:
+                return items, True
+            items.append(item)
+
+    def _hand_back(self, items) -> None:
+        """The device was found failed as a whole after these batches were queued here: none is
+        launched (the device would refuse it, and nothing more is sent to it). Their slots come
+        back and the pool has them again, in order, to run elsewhere or answer (not_launched)."""
+        log.warning("%s: %d queued batch(es) not launched: device %d failed as a whole; handed back to the pool",
+                    self.name, len(items), self._device.id)
+        for slot, _ in items:
+            self._book.return_slot(slot)  # (no stream reset follows: nothing runs here again)
+        self.listener.not_launched([batch for _, batch in items])
+
     def _run(self) -> None:
         book, resources = self._book, self._resources
         while True:
@@ -140,12 +170,19 @@ class Launcher:
                 # given up between get() and here: _answer_held saw this batch neither held nor
                 # queued, so it is answered here, not launched (it would be handed on to nobody)
                 given_up = self._given_up
-                if given_up is None:
+                unlaunched = self._take_queued(item) if given_up is None and self._device.health.code else None
+                if given_up is None and unlaunched is None:
                     direct = book.in_flight == 1 or not slot.cross_stream
                     self._launching, self._launch_start = item, time.monotonic()
             if given_up is not None:
                 self.refuse(slot, batch, *given_up)
                 return
+            if unlaunched is not None:
+                items, stop = unlaunched
+                self._hand_back(items)
+                if stop:
+                    return
+                continue
             if batch.trace is not None:
                 self._trace_launch(batch.trace, slot, direct)
             error = None

@@ -13,7 +13,8 @@ on a failed batch, a stream reset that failed) is rebuilt in a background thread
 (context, streams, model copy, slots) takes its lane, batches wait for it in the pool meanwhile
 (the batcher sees the lane busy), and the old one is closed afterwards: freed once the device lets
 go of it, or abandoned after its reset_timeout_ms (teardown.py). None is rebuilt on a device that
-failed as a whole, nor sent a batch (device_health.py): with no other, the batches fail with DeviceFailed."""
+failed as a whole, nor sent a batch (device_health.py, placement.py), and the batches queued on one
+when that is found come back unlaunched (not_launched): with no other, the batches fail with DeviceFailed."""
 from __future__ import annotations
 
 import collections
@@ -155,14 +156,30 @@ class InstancePool:
         if self._builder is not None and any(i.broken for i in self.instances):
             self._rebuild_broken()  # e.g. a stream reset that failed as the slot came back
 
+    def not_launched(self, batches: list[Batch]) -> None:
+        """(InstanceListener) Batches an instance's launcher handed back unlaunched, in their order: its device was
+        found failed as a whole after they were queued there (launcher.py). Each goes where a new batch would (an
+        instance on a healthy device; one that waits, ahead of the batches waiting already: it was dispatched
+        first), or is answered at once (DeviceFailed, naming the model). A re-run among them did not run: its
+        launch is not counted. From the launcher thread; never blocks."""
+        with self._lock:
+            self.batches_retried -= sum(batch.failed_lane is not None for batch in batches)
+        waiting = 0
+        for batch in batches:
+            waiting += self._dispatch(batch, place=waiting)
+
     # -- dispatch ---------------------------------------------------------------------------
-    def _dispatch(self, batch: Batch) -> None:
+    def _dispatch(self, batch: Batch, place: int | None = None) -> bool:
+        """Launch, keep waiting (at `place` in the line, else last: True) or answer `batch`."""
         with self._lock:
             closed = self._closed  # (close() drains the pending batches under this lock: none after)
             target = None if closed else self._pick(batch)
-            if target is None and not closed and self._may_wait(batch):
-                self._pending.append(batch)  # a slot frees, or a rebuilt instance comes
-                return
+            if target is None and not closed and self._may_wait(batch):  # a slot frees, or a rebuilt instance comes
+                if place is None:
+                    self._pending.append(batch)
+                else:  # (a batch handed back unlaunched: not_launched)
+                    self._pending.insert(place, batch)
+                return True
         if closed:  # (checked under the lock: a batch put in _pending after close() drained it waited for good)
             batch.error = batch.error or ExecutionFailed(f"model {self.name} is closed")
             self._answer(batch)
@@ -170,6 +187,7 @@ class InstancePool:
             self._answer_unrunnable([batch], "no healthy instance can run the batch")
         else:
             self._launch(batch, *target)
+        return False
 
     def _may_wait(self, batch: Batch) -> bool:
         """Whether an instance but the one `batch` failed on may take it, now or rebuilt (_futile)."""
