@@ -29,6 +29,7 @@ from typing import Callable
 from ..errors import DeviceFailed, ExecutionFailed
 from .batch import Batch, BatchListener
 from . import device_health, isolation, placement, teardown
+from .batch_faults import BatchFaults
 from .execution_timeout import derived_timeout_ms
 from .instance import ModelInstance
 from .left_on_device import LeftOnDevice
@@ -61,8 +62,7 @@ class InstancePool:
         self._pending: collections.deque[Batch] = collections.deque()
         self._closed = False
         self._close_callbacks: list[Callable[[], None]] = []
-        self.batches_failed = 0  # device failures of a batch run (each retry counted again)
-        self.batches_retried = 0  # re-runs of a failed batch (elsewhere, rebuilt, or one per request)
+        self.batch_faults = BatchFaults()  # failed batches by outcome, and the re-runs they cost
         self.rebuilds = 0  # instances replaced after leaving rotation
         self.rebuilds_failed = 0  # rebuild attempts that failed (each tried again)
         self._rebuild_failures: dict[int, str] = {}  # lane -> why its last rebuild attempt failed
@@ -109,14 +109,13 @@ class InstancePool:
             return
         if batch.error is not None:
             self._rebuild_broken()
-            with self._lock:  # completion threads of several instances may fail at once
-                self.batches_failed += 1
             if self._rerun(batch):
                 return
         self._answer(batch)
 
     def _answer(self, batch: Batch) -> None:  # (a part of a batch re-run per request: its whole, once whole)
         if (whole := self._isolation.finished(batch)) is not None:
+            self.batch_faults.answered(batch, whole)
             self._listener.batch_done(whole)
 
     def _rerun(self, batch: Batch) -> bool:
@@ -162,8 +161,9 @@ class InstancePool:
         instance on a healthy device; one that waits, ahead of the batches waiting already: it was dispatched
         first), or is answered at once (DeviceFailed, naming the model). A re-run among them did not run: its
         launch is not counted. From the launcher thread; never blocks."""
-        with self._lock:
-            self.batches_retried -= sum(batch.failed_lane is not None for batch in batches)
+        for batch in batches:  # as before their launch: a re-run's not counted, a new one never launched
+            self.batch_faults.not_launched(batch)
+            batch.ran_on, batch.ran_by = batch.failed_lane, batch.failed_by
         waiting = 0
         for batch in batches:
             waiting += self._dispatch(batch, place=waiting)
@@ -207,9 +207,7 @@ class InstancePool:
             self._answer(batch)
 
     def _launch(self, batch: Batch, lane: int, slot) -> None:
-        if batch.failed_lane is not None:  # counted once it runs again, not when it is meant to
-            with self._lock:
-                self.batches_retried += 1
+        self.batch_faults.launched(batch)  # a re-run counted once it runs again, not when it is meant to
         batch.ran_on, batch.ran_by, batch.error = lane, self.instances[lane], None
         isolation.launched(batch)  # (a part's run is timed from here, for the statistics)
         self.instances[lane].launch(slot, batch)
@@ -236,7 +234,7 @@ class InstancePool:
         return device_health.failed_everywhere(self.instances)
 
     def fault_counts(self) -> dict[int, int]:
-        """Failed batches by ACL error code, over the pool's life (rebuilt instances included)."""
+        """The device's faults by ACL error code, over the pool's life (rebuilt instances included)."""
         with self._lock:
             total = collections.Counter(self._retired_faults)
             instances = list(self.instances)

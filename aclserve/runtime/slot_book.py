@@ -7,7 +7,8 @@ flight), once it is out of rotation for good (`broken`: a batch past the executi
 context stopped on a failed batch, or a stream reset that failed; the pool builds a
 replacement), or once its close has begun
 (`closing`). Also kept here, for /metrics: the fraction of the last 10 s with work in flight
-(`busy_fraction`) and the failed batches by ACL error code (`faults`).
+(`busy_fraction`) and the faults the device reported, by ACL error code (`faults`: one per
+fault, however many batches in flight it failed: completer.py counts a stopped context's once).
 
 ModelInstance is a SlotBook, so the pool's per-batch calls (free_count, try_reserve, reads of
 `broken`) reach it without a forwarding call. Everything here is written under `lock`, the
@@ -36,7 +37,7 @@ class SlotBook:
         self.overlapped = False  # two batches or more were in flight since it last had none
         self._needs_reset = False  # a device fault: reset the streams once nothing is in flight
         self.broken: str | None = None  # reason, once the instance is out of rotation for good
-        self.faults: collections.Counter[int] = collections.Counter()  # failed batches by ACL code
+        self.faults: collections.Counter[int] = collections.Counter()  # the device's faults by ACL code
         self.closing = False  # close() has begun (the first caller does the work): no new batch
         self._busy = BusyWindow()  # the spans with work in flight
 
@@ -76,7 +77,8 @@ class SlotBook:
         self._busy.restart()
 
     def count_failure(self, code: int | None, needs_reset: bool) -> None:
-        """A batch failed, with ACL error `code` when the device named one; `needs_reset`: the
+        """A batch failed, with ACL error `code` when it is a fault of the device's not counted yet
+        (None: a stopped context's fault counted already, or no device error); `needs_reset`: the
         streams are reset once nothing else is in flight (no new batch until then)."""
         with self.lock:
             if code is not None:
@@ -85,7 +87,7 @@ class SlotBook:
                 self._needs_reset = True
 
     def fault_counts(self) -> dict[int, int]:
-        """Failed batches by ACL error code (timeouts included), for /metrics. Any thread."""
+        """The device's faults by ACL error code (timeouts included), for /metrics. Any thread."""
         with self.lock:
             return dict(self.faults)
 

@@ -31,15 +31,23 @@ class Batcher(Protocol):
     stats: BatchStatistics  # server/model_stats.py renders them as Triton's statistics JSON
 
 
+class BatchFaultCounts(Protocol):
+    """A version's batches whose run failed (runtime.batch_faults.BatchFaults)."""
+
+    reruns: int  # runs that retrying cost: a whole batch on another instance, a request alone
+
+    def outcomes(self) -> dict[str, int]:
+        """Failed batches, each once, by what became of them (every outcome, 0 until one comes)."""
+
+
 class InstanceGroup(Protocol):
     """The instances running one version's batches (runtime.InstancePool)."""
 
-    batches_failed: int  # batches the device failed (each retry counted again)
-    batches_retried: int  # re-runs of a failed batch (another instance, the failed one rebuilt, or one per request)
+    batch_faults: BatchFaultCounts
     rebuilds: int  # instances replaced after leaving rotation
 
     def fault_counts(self) -> dict[int, int]:
-        """Failed batches by ACL error code."""
+        """The faults the device reported, by ACL error code (one per fault)."""
 
     def out_of_service(self) -> str | None:
         """Why no instance can run a batch now (all out of rotation, rebuilding failing), or None."""

@@ -2,7 +2,7 @@
 decoder's outcomes, and the repository's model states and batch faults. Read from their owners when /metrics
 is scraped, so the request path pays nothing for them.
 
-A version's batch faults, rebuilds and fault codes are its pool's counts: a reload of the same
+A version's failed batches, re-runs, rebuilds and device faults are its pool's counts: a reload of the same
 version replaces the pool, so the replaced pools are added to it, while they drain and once
 closed (draining.py), so a counter never goes back (Prometheus would read a reset); a version
 unloading shows its own until it has drained, and its series then go with it."""
@@ -21,10 +21,12 @@ log = logging.getLogger(__name__)
 
 
 def pool_figures(served) -> collections.Counter:
-    """A served version's batch faults, rebuilds and fault codes (DrainingVersions.carry)."""
+    """A served version's failed batches by outcome, re-runs, rebuilds and device faults by code
+    (DrainingVersions.carry)."""
     pool = served.pool
-    figures = collections.Counter({"failed": pool.batches_failed, "retried": pool.batches_retried,
-                                   "rebuilds": pool.rebuilds, "rebuilds_failed": pool.rebuilds_failed})
+    figures = collections.Counter({"reruns": pool.batch_faults.reruns, "rebuilds": pool.rebuilds,
+                                   "rebuilds_failed": pool.rebuilds_failed})
+    figures.update({("outcome", outcome): n for outcome, n in pool.batch_faults.outcomes().items()})
     figures.update({("code", code): n for code, n in pool.fault_counts().items()})
     return figures
 
@@ -149,26 +151,36 @@ class GuardCollector:
             log.exception("collecting model states failed")
         yield ready
         yield failing
-        faults = CounterMetricFamily("aclserve_batch_faults", "Batches the device failed (retried: runs again, "
-                                     "each request alone on the instance it failed on once rebuilt, or whole on "
-                                     "another)", labels=["model", "version", "outcome"])
+        faults = CounterMetricFamily("aclserve_batch_faults", "Batches whose run failed, each counted once when "
+                                     "answered, by outcome: retried (run again whole on another instance, which "
+                                     "answered it), rerun_alone (its requests re-run one per run, each alone: "
+                                     "a request fails only if its own run does), failed (answered with its "
+                                     "error: not run again, or its whole re-run failed as well)",
+                                     labels=["model", "version", "outcome"])
+        reruns = CounterMetricFamily("aclserve_batch_reruns", "Runs that retrying failed batches cost, each "
+                                     "counted at its launch: a whole batch on another instance, a request alone",
+                                     labels=["model", "version"])
         rebuilds = CounterMetricFamily("aclserve_instance_rebuilds", "Instances replaced after leaving rotation "
                                        "(execution timeout, device fault, failed stream reset)",
                                        labels=["model", "version"])
         rebuilds_failed = CounterMetricFamily("aclserve_instance_rebuild_failures", "Attempts to rebuild an "
                                               "instance that failed (tried again: at once, then with backoff)",
                                               labels=["model", "version"])
-        codes = CounterMetricFamily("aclserve_device_faults", "Batches the device failed, by ACL error code "
-                                    "(507047: past the execution timeout)", labels=["model", "version", "code"])
+        codes = CounterMetricFamily("aclserve_device_faults", "Faults the device reported, by ACL error code, "
+                                    "one per fault however many batches it failed (507047: a batch past the "
+                                    "execution timeout)", labels=["model", "version", "code"])
         for model, version, served in self._state.scraped_versions():
             counts = self._pools.total(model, version, served)
-            faults.add_metric([model, version, "failed"], counts["failed"])
-            faults.add_metric([model, version, "retried"], counts["retried"])
+            for kind, label, n in sorted((*figure, n) for figure, n in counts.items() if isinstance(figure, tuple)):
+                if kind == "outcome":
+                    faults.add_metric([model, version, label], n)
+                else:
+                    codes.add_metric([model, version, str(label)], n)
+            reruns.add_metric([model, version], counts["reruns"])
             rebuilds.add_metric([model, version], counts["rebuilds"])
             rebuilds_failed.add_metric([model, version], counts["rebuilds_failed"])
-            for code, n in sorted((key[1], n) for key, n in counts.items() if isinstance(key, tuple)):
-                codes.add_metric([model, version, str(code)], n)
         yield faults
+        yield reruns
         yield rebuilds
         yield rebuilds_failed
         yield codes

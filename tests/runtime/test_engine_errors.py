@@ -179,7 +179,7 @@ with aclserve.Engine(device="cpu") as engine:
         model.infer(affine_request(1), timeout=60)
     except aclserve.DeviceFailed as e:
         out["error"], out["transient"] = str(e), retry.is_transient(e)
-    out["retried"] = model.pool.batches_retried
+    out["retried"] = model.pool.batch_faults.reruns
     try:
         engine.load(sys.argv[1], name="again", warmup=False)
         out["load"] = "loaded"

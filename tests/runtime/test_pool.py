@@ -297,7 +297,9 @@ def test_a_failed_batch_of_several_requests_is_rerun_one_request_per_run(runtime
             np.testing.assert_array_equal(result.outputs[k]["emb"], table[ids[k]])
         # the runs that answered them, each its own for the statistics (the batch of 8 failed)
         assert sorted((run.index, run.gear, run.rows) for run in result.runs) == [(0, 1, 1), (2, 2, 2), (3, 1, 1)]
-        assert pool.batches_failed == 2 and pool.batches_retried == 4
+        # one failed batch, counted once (its bad request's failed run too is not a batch of its own)
+        assert pool.batch_faults.outcomes() == {"retried": 0, "rerun_alone": 1, "failed": 0}
+        assert pool.batch_faults.reruns == 4
         bad = done.submit([{"ids": ids[1]}, {"ids": np.array([[10, 10]])}], 2)  # every part fails: one error
         with pytest.raises(ExecutionFailed):
             bad.result(timeout=60)
@@ -372,7 +374,7 @@ def test_batches_failed_beside_another_are_run_again_alone(runtime, affine_om):
         for future, first_id in ((first, 0), (second, 7)):
             np.testing.assert_array_equal(future.result(timeout=60).outputs[0]["s"],
                                           affine_request(1, first_id)["idx"] * 2)
-        assert pool.batches_retried == 2
+        assert pool.batch_faults.reruns == 2 and pool.batch_faults.outcomes()["rerun_alone"] == 2
         faults.inject("execute", nth=1, code=507011)  # alone in flight: not run again
         with pytest.raises(ExecutionFailed, match="507011"):
             done.submit([affine_request(1)], 1).result(timeout=60)

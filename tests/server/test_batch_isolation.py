@@ -80,9 +80,12 @@ def test_a_request_the_model_cannot_run_fails_alone(embedding_dir, make_config, 
                 continue
             assert status == 200, (ids, body)
             np.testing.assert_array_equal(np.array(body["outputs"][0]["data"]).reshape(1, 4, 3), TABLE[[ids]])
-        failed = metric(srv.url, "aclserve_batch_faults_total", 'model="embed",outcome="failed",version="1"')
-        retried = metric(srv.url, "aclserve_batch_faults_total", 'model="embed",outcome="retried",version="1"')
-        assert failed == 2 and retried == len(requests) - 1  # the batch, then the bad request's own run
+        outcomes = [metric(srv.url, "aclserve_batch_faults_total", f'model="embed",outcome="{outcome}",version="1"')
+                    for outcome in ("rerun_alone", "retried", "failed")]
+        assert outcomes == [1, 0, 0]  # the one failed batch, once (not again for its bad request's run)
+        assert metric(srv.url, "aclserve_batch_reruns_total", 'model="embed",version="1"') == len(requests) - 1
+        # the device's faults: the batch's run, then the bad request's own
+        assert metric(srv.url, "aclserve_device_faults_total", 'code="507011",model="embed",version="1"') == 2
         assert infer(srv.url, [3, 3, 3, 3])[0] == 200
     finally:
         gate.set()
@@ -125,7 +128,9 @@ def test_the_statistics_count_the_runs_that_answered_a_re_run_batch(tmp_path, ma
             statuses = [first.result()[0]] + [f.result()[0] for f in rest]
         assert statuses == [200, 200, 200, 500, 200]
         labels = 'model="tokens",version="1"'
-        assert metric(srv.url, "aclserve_batch_faults_total", 'model="tokens",outcome="failed",version="1"') == 2
+        assert metric(srv.url, "aclserve_batch_faults_total", 'model="tokens",outcome="rerun_alone",version="1"') == 1
+        assert metric(srv.url, "aclserve_batch_faults_total", 'model="tokens",outcome="failed",version="1"') == 0
+        assert metric(srv.url, "aclserve_batch_reruns_total", labels) == len(batched)
         stats = stats_of(srv.url, "tokens")
         sizes = {entry["batch_size"]: entry["compute_infer"]["count"] for entry in stats["batch_stats"]}
         assert (stats["execution_count"], sizes, stats["inference_count"]) == (4, {1: 1, 2: 3}, 7)
