@@ -9,8 +9,8 @@ model cannot run fails alone); else (or past the execution timeout) whole on ano
 any. The pool is its instances' BatchListener: finished batches and freed slots go on.
 
 An instance that leaves rotation for good (a batch past the execution timeout, a context stopped
-on a failed batch, a stream reset that failed) is rebuilt in a background thread: a fresh instance
-(context, streams, model copy, slots) takes its lane, batches wait for it in the pool meanwhile
+on a failed batch, a stream reset that failed) is rebuilt in a background thread (replacement.py):
+a fresh instance (context, streams, model copy, slots) takes its lane, batches wait for it in the pool meanwhile
 (the batcher sees the lane busy), and the old one is closed afterwards: freed once the device lets
 go of it, or abandoned after its reset_timeout_ms (teardown.py). None is rebuilt on a device that
 failed as a whole, nor sent a batch (device_health.py, placement.py), and the batches queued on one
@@ -21,7 +21,6 @@ import collections
 import functools
 import logging
 import math
-import random
 import threading
 import time
 from typing import Callable
@@ -34,6 +33,7 @@ from .execution_timeout import derived_timeout_ms
 from .instance import ModelInstance
 from .left_on_device import LeftOnDevice
 from .rebuilder import Rebuilder
+from .replacement import build_replacement
 from .types import TensorSpec
 
 log = logging.getLogger(__name__)
@@ -256,46 +256,17 @@ class InstancePool:
                 self._rebuilding[lane].start()
 
     def _replace(self, lane: int) -> None:
-        """Rebuild thread: build a fresh instance for `lane` (retrying with backoff and jitter
-        while the device refuses), swap it in, then dispose of the old one. The runtime resets
-        no device under it (a close of the pool may stop waiting for this thread)."""
-        with teardown.working_on(self.instances[lane].device.id):
-            self._rebuild(lane)
-
-    def _rebuild(self, lane: int) -> None:
-        """Build first, so that a new instance serves as soon as it can; when that fails, the old
-        instance is let go of before the next try: it may hold what the new one needs (device
-        memory that cannot hold two copies of the model), and it serves nothing any more."""
+        """Rebuild thread: build a fresh instance for `lane` (replacement.py), swap it in, then
+        dispose of the old one. The runtime resets no device under it (a close of the pool may
+        stop waiting for this thread)."""
         old = self.instances[lane]
-        if not old.device.health.code:  # (on a device that failed as a whole: none is, as the builder says)
-            log.warning("%s: rebuilding instance %s (%s)", self.name, old.name, old.broken)
-        delay, old_disposed = 1.0, False
-        while True:
-            try:
-                new = self._builder.build(lane, self.execution_timeout_ms)
-                break
-            except Exception as e:
-                gave_up = isinstance(e, DeviceFailed)  # none can serve there again: its lane stays in _rebuilding
-                with self._lock:  # (the rebuild threads of several lanes may fail at once)
-                    self._rebuild_failures[lane] = str(e) if gave_up else f"rebuilding failed ({e}); trying again"
-                    self.rebuilds_failed += 1
-                    if old_disposed or gave_up:  # (a first failure is tried again at once, the old instance closed)
-                        self._backing_off.add(lane)
-                if self._closing.is_set():  # (closed meanwhile: no "trying again" after the close)
-                    return
-                if not old_disposed and not gave_up:
-                    log.warning("%s: rebuilding instance %s failed (%s); closing it first, then trying again",
-                                self.name, old.name, e)
-                    self._builder.dispose(old)  # waits for the device to let go, bounded
-                    old_disposed = True
-                    continue
-                if not gave_up:  # (the builder said why not: builder.py)
-                    log.error("%s: rebuilding %s failed (%s); trying again in %.1f s", self.name, old.name, e, delay)
-                self._answer_pending_if_futile()
-                self.slot_free()  # (parts waiting for this lane may now go to a healthy one: _pick)
-                if gave_up or self._closing.wait(delay * random.uniform(0.5, 1.0)):
-                    return
-                delay = min(2 * delay, 60.0)
+        with teardown.working_on(old.device.id):
+            new, old_disposed = build_replacement(self, lane, old, self._builder, self._closing)
+            if new is not None:
+                self._serve_rebuilt(lane, old, new, old_disposed)
+
+    def _serve_rebuilt(self, lane: int, old: ModelInstance, new: ModelInstance, old_disposed: bool) -> None:
+        """Swap `new` in for `old` (it takes over the execution timeout), then the batches that waited go."""
         new.attach(self)
         with self._lock:
             closed = self._closed
@@ -321,6 +292,21 @@ class InstancePool:
                 self._builder.dispose(old)  # waits for the device to let go of the hung batch, bounded
             with self._lock:
                 self._disposing.discard(threading.current_thread())
+
+    def rebuild_attempt_failed(self, lane: int, why: str, backing_off: bool) -> None:
+        """A rebuild attempt of `lane` failed (replacement.RebuildingPool; several lanes' may at once)."""
+        with self._lock:
+            self._rebuild_failures[lane] = why
+            self.rebuilds_failed += 1
+            if backing_off:
+                self._backing_off.add(lane)
+
+    def rebuild_backs_off(self) -> None:
+        """A rebuild failed again and waits, or gave up (replacement.RebuildingPool): the batches waiting
+        for it are answered once _futile(), and parts of a failed batch waiting for its lane may go to a
+        healthy one (_pick)."""
+        self._answer_pending_if_futile()
+        self.slot_free()
 
     def _answer_pending_if_futile(self) -> None:
         """The batches waiting in the pool are answered once _futile() (they waited for good)."""
