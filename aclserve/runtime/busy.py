@@ -5,7 +5,8 @@ For a stream: fed with each batch's device compute time (event_elapsed_time of
 exec_start/exec_end) as the batch completes; the span is placed ending at the moment it was
 reported (the completion thread's wake-up), which is late by the copy-out and one wake-up, so a
 span may straddle the window's start by that much. For an instance (slot_book.py): told when a
-batch in flight begins a span and when the last one ends it (begin/end). It holds
+batch in flight begins a span and when the last one ends it (begin/end). An instance rebuilt in
+another's place takes over that one's spans and start before it serves (continue_from). It holds
 only the window's spans (dropped as new ones come, or at a read); reading costs one pass over
 them, adding is amortised O(1). Thread-safe (the completion thread adds, the metrics scrape reads).
 """
@@ -58,6 +59,20 @@ class BusyWindow:
             self._created = self._clock()
             if self._since is not None:
                 self._since = self._created
+
+    def continue_from(self, earlier: BusyWindow) -> None:
+        """Go on with `earlier`'s window in place of this one's own (an instance rebuilt in another's
+        place, before it serves: ModelInstance.continue_busy): its spans and its start, so the window
+        holds the earlier one's busy time and the time between as idle. A span `earlier` has going on
+        counts up to now; it hears nothing more of `earlier`, which stays its owner's."""
+        with earlier._lock:
+            spans, created, since = list(earlier._spans), earlier._created, earlier._since
+        now = self._clock()
+        if since is not None:
+            spans.append((now, now - since))
+        with self._lock:
+            self._spans = collections.deque(spans)
+            self._created = created
 
     def fraction(self, now_ns: int | None = None) -> float:
         """Busy time / wall time over the window (or since creation, when younger), in [0, 1];

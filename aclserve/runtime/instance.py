@@ -133,14 +133,16 @@ class ModelInstance(SlotBook):
         """The fraction of recent wall time the compute stream executed (from events), for /metrics."""
         return self._completer.compute_busy
 
-    @compute_busy.setter
-    def compute_busy(self, window: BusyWindow) -> None:
-        self._completer.compute_busy = window
-
     def restart_busy(self) -> None:
         """The busy time so far, in flight and on the compute stream, is not load: count from now."""
         super().restart_busy()
         self.compute_busy.restart()
+
+    def continue_busy(self, predecessor: ModelInstance) -> None:
+        """Before this instance serves in `predecessor`'s place (a rebuild): both busy windows go on
+        from its, so the last 10 s hold its busy time and the rebuild as idle, not only the time since."""
+        super().continue_busy(predecessor)
+        self.compute_busy.continue_from(predecessor.compute_busy)
 
     @property
     def context(self) -> int:

@@ -10,7 +10,8 @@ any. The pool is its instances' BatchListener: finished batches and freed slots 
 
 An instance that leaves rotation for good (a batch past the execution timeout, a context stopped
 on a failed batch, a stream reset that failed) is rebuilt in a background thread (replacement.py):
-a fresh instance (context, streams, model copy, slots) takes its lane, batches wait for it in the pool meanwhile
+a fresh instance (context, streams, model copy, slots) takes its lane and goes on with its busy
+windows (ModelInstance.continue_busy: /metrics' last 10 s), batches wait for it in the pool meanwhile
 (the batcher sees the lane busy), and the old one is closed afterwards: freed once the device lets
 go of it, or abandoned after its reset_timeout_ms (teardown.py). None is rebuilt on a device that
 failed as a whole, nor sent a batch (device_health.py, placement.py), and the batches queued on one
@@ -266,13 +267,15 @@ class InstancePool:
                 self._serve_rebuilt(lane, old, new, old_disposed)
 
     def _serve_rebuilt(self, lane: int, old: ModelInstance, new: ModelInstance, old_disposed: bool) -> None:
-        """Swap `new` in for `old` (it takes over the execution timeout), then the batches that waited go."""
+        """Swap `new` in for `old`: it takes over the execution timeout and the busy windows (the last
+        10 s hold the old one's busy time and the rebuild as idle), then the batches that waited go."""
         new.attach(self)
         with self._lock:
             closed = self._closed
             if not closed:
                 # built with the value when the build began: set_execution_timeout() may have run since
                 new.execution_timeout_ms = self.execution_timeout_ms
+                new.continue_busy(old)  # (before it is seen: no scrape reads it counted from its build)
                 self.instances[lane] = new
                 self.rebuilds += 1
                 self._rebuild_failures.pop(lane, None)

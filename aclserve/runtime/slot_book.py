@@ -76,6 +76,10 @@ class SlotBook:
         """The busy time so far is not load (a warm-up's): count from now."""
         self._busy.restart()
 
+    def continue_busy(self, predecessor: SlotBook) -> None:
+        """Count the busy time on from `predecessor`'s window (the instance this one replaces)."""
+        self._busy.continue_from(predecessor._busy)
+
     def count_failure(self, code: int | None, needs_reset: bool) -> None:
         """A batch failed, with ACL error `code` when it is a fault of the device's not counted yet
         (None: a stopped context's fault counted already, or no device error); `needs_reset`: the

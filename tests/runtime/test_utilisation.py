@@ -76,7 +76,7 @@ def test_the_compute_stream_window_gets_each_batchs_compute_time_from_its_events
     try:
         instance = pool.instances[0]
         now = [0]
-        instance.compute_busy = BusyWindow(window_s=10.0, clock=lambda: now[0])
+        instance._completer.compute_busy = BusyWindow(window_s=10.0, clock=lambda: now[0])  # (the one it feeds)
         now[0] = 10_000_000_000  # every batch ends "now": the window holds them all
         futures = [done.submit([affine_request(rows, first_id=10 * k)], 4) for k, rows in enumerate([1, 3, 4, 2] * 5)]
         computed = [future.result(30).timings.compute_ms for future in futures]
@@ -101,6 +101,24 @@ def test_a_restarted_window_counts_from_then():
     window.restart()
     now[0] = 3_000_000_000
     assert abs(window.fraction() - 1.0) < 1e-9
+
+
+def test_a_window_continued_from_another_holds_its_spans_and_the_time_since_as_idle():
+    """A rebuilt instance's windows go on from the ones of the instance it replaces (pool.py)."""
+    now = [0]
+    earlier = BusyWindow(window_s=10.0, clock=lambda: now[0])
+    now[0] = 4_000_000_000
+    earlier.add(1_000_000_000)  # [3, 4]
+    earlier.begin(5_000_000_000)  # a span still going on when it is replaced
+    now[0] = 6_000_000_000
+    later = BusyWindow(window_s=10.0, clock=lambda: now[0])
+    later.add(500_000_000)  # its own, before it serves: not carried
+    later.continue_from(earlier)
+    now[0] = 8_000_000_000
+    assert abs(later.fraction() - 2 / 8) < 1e-9  # [3, 4] and [5, 6] of [0, 8]
+    earlier.end()  # the replaced one's window is its own: nothing more of it is heard
+    now[0] = 14_500_000_000
+    assert abs(later.fraction() - 1.0 / 10) < 1e-9  # [5, 6] is left in [4.5, 14.5]
 
 
 def test_the_warm_up_does_not_read_as_utilisation(runtime, affine_om, clean_faults):
