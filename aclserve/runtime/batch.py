@@ -1,11 +1,12 @@
 """A batch: what the scheduler hands the executor, and what comes back on the same object.
 
 The submitter fills the request side (`inputs`, `gear`, `rows`, `lane`, `trace`, and its own
-`requests` and `dispatched_ns`, which the runtime never reads); the instance that runs it fills
-the outcome (`outputs`, `timings`, `instance`) or `error`, then signals `batch_done(batch)` to
-its listener. One object from formation to answer: no futures, no copies of the request list.
-A failed batch re-run one request per run (isolation.py) comes back with `runs` as well: the
-runs that answered its requests, each timed by the runtime's own clock, not the submitter's.
+`requests` and `dispatched_ns`, which the runtime never reads); the instance that runs it stamps
+its launch (`launched_ns`) and fills the outcome (`outputs`, `timings`, `instance`) or `error`,
+then signals `batch_done(batch)` to its listener. One object from formation to answer: no
+futures, no copies of the request list. A failed batch re-run one request per run (isolation.py)
+comes back with `runs` as well: the runs that answered its requests, each with its own launch and
+timed by the runtime's own clock (time.perf_counter_ns, as `launched_ns`).
 """
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ class Run(NamedTuple):
     timings: DeviceTimings
     wall_ns: int  # its launch on an instance to its result (time.perf_counter_ns)
     instance: str
+    launched_ns: int  # time.perf_counter_ns at its launch (as Batch.launched_ns)
 
 
 class Batch:
     """One run of the model: the rows of one or more requests, padded to `gear`."""
 
-    __slots__ = ("inputs", "gear", "rows", "lane", "trace", "requests", "dispatched_ns",
+    __slots__ = ("inputs", "gear", "rows", "lane", "trace", "requests", "dispatched_ns", "launched_ns",
                  "ran_on", "ran_by", "outputs", "timings", "instance", "error", "errors", "beside", "failed_lane",
                  "failed_by", "runs")
 
@@ -44,6 +46,10 @@ class Batch:
         self.requests = requests  # the submitter's own records, in `inputs` order (opaque here)
         self.dispatched_ns = dispatched_ns  # the submitter's clock (opaque here)
         self.ran_on: int | None = None  # instance index it was launched on (by the pool)
+        # time.perf_counter_ns when its instance's launcher thread took it to put it on the device
+        # (a trace's COMPUTE_START; a retry's: its last launch); 0 until then. Where a request's
+        # queue time ends and its compute time starts (scheduling/delivery.py)
+        self.launched_ns = 0
         self.ran_by = None  # ... and the ModelInstance there then (a lane's instance is replaced by a rebuild)
         # the outcome, written by the instance before batch_done():
         self.outputs: list[dict[str, np.ndarray]] | None = None  # per request, padding dropped

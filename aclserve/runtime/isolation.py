@@ -12,7 +12,8 @@ again. Their outcomes are gathered back into the batch, which goes
 to the pool's listener once, as any batch does: its `errors` holds each request's own failure
 when some of its requests failed and others did not; when all failed, `error` is the first one.
 Its `runs` are the parts that succeeded, each a run of its own for the statistics (its gear,
-rows, device timings, and its wall time from its launch on an instance to its result).
+rows, device timings, its launch on an instance (its launcher's stamp, Batch.launched_ns: where its
+request's queue time ends) and its wall time from then to its result).
 """
 from __future__ import annotations
 
@@ -38,13 +39,14 @@ class _Gathering:
         self.left = len(whole.inputs)
         self.lock = threading.Lock()  # (a closing pool answers waiting parts while one runs)
 
-    def done(self, index: int, part: Batch, wall_ns: int) -> Batch | None:
-        """Part `index` finished, `wall_ns` after its launch: the whole batch once it is the last,
-        with each request's outcome and the runs that succeeded."""
+    def done(self, index: int, part: Batch, now_ns: int) -> Batch | None:
+        """Part `index` finished, its result in at `now_ns` (time.perf_counter_ns): the whole batch
+        once it is the last, with each request's outcome and the runs that succeeded."""
         with self.lock:
             if part.error is None:
                 self.outputs[index] = part.outputs[0]
-                self.runs.append(Run(index, part.gear, part.rows, part.timings, wall_ns, part.instance))
+                self.runs.append(Run(index, part.gear, part.rows, part.timings, now_ns - part.launched_ns,
+                                     part.instance, part.launched_ns))
             else:
                 self.errors[index] = part.error
             self.left -= 1
@@ -63,12 +65,11 @@ class _Gathering:
 class Part:
     """A part's `requests`: where its outcome goes (the pool's own record, not a submitter's)."""
 
-    __slots__ = ("gathering", "index", "launched_ns")
+    __slots__ = ("gathering", "index")
 
     def __init__(self, gathering: _Gathering, index: int):
         self.gathering = gathering
         self.index = index
-        self.launched_ns = 0  # time.perf_counter_ns at its launch (launched())
 
 
 class Isolation:
@@ -121,7 +122,7 @@ class Isolation:
             if self._running is batch:
                 self._running = None
             self._left -= 1
-        whole = part.gathering.done(part.index, batch, time.perf_counter_ns() - part.launched_ns)
+        whole = part.gathering.done(part.index, batch, time.perf_counter_ns())
         self._run_next()
         return whole
 
@@ -148,13 +149,6 @@ class Isolation:
 
 def is_part(batch: Batch) -> bool:
     return type(batch.requests) is Part
-
-
-def launched(batch: Batch) -> None:
-    """The pool launches `batch` on an instance: a part's run starts, and so does its wall time
-    (not when Isolation sent it, as it may wait for its instance's rebuild meanwhile)."""
-    if is_part(batch):
-        batch.requests.launched_ns = time.perf_counter_ns()
 
 
 def split(batch: Batch, gears: tuple[int, ...]) -> list[Batch]:

@@ -37,6 +37,7 @@ import time
 
 from ..acl import AclError
 from ..errors import DeviceTimeout, ExecutionFailed
+from ..trace.records import now_ns
 from . import enqueue
 from .batch import Batch, InstanceListener
 from .completer import Completer
@@ -183,8 +184,9 @@ class Launcher:
                 if stop:
                     return
                 continue
+            batch.launched_ns = now_ns()  # its requests' queue time ends here, as a trace's COMPUTE_START
             if batch.trace is not None:
-                self._trace_launch(batch.trace, slot, direct)
+                self._trace_launch(batch.trace, slot, direct, batch.launched_ns)
             error = None
             try:
                 if direct:
@@ -203,11 +205,11 @@ class Launcher:
                     return
                 self._done_q.put((slot, batch, error, direct))
 
-    def _trace_launch(self, trace, slot: Slot, direct: bool) -> None:
-        """Traced batches only: mark the launch, and anchor the device clock on each stream when
-        it is stale (before this batch records its events; waiting no longer than the execution
-        timeout on each). Tracing never fails a batch."""
-        trace.launched(self.name, self._device.id, slot.index, direct)
+    def _trace_launch(self, trace, slot: Slot, direct: bool, launched_ns: int) -> None:
+        """Traced batches only: mark the launch (`launched_ns`, the batch's own), and anchor the
+        device clock on each stream when it is stale (before this batch records its events;
+        waiting no longer than the execution timeout on each). Tracing never fails a batch."""
+        trace.launched(self.name, self._device.id, slot.index, direct, launched_ns)
         try:
             self._resources.clock.refresh_if_stale(self._resources.streams, self._completer.execution_timeout_ms)
         except AclError as e:

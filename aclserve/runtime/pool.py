@@ -210,7 +210,6 @@ class InstancePool:
     def _launch(self, batch: Batch, lane: int, slot) -> None:
         self.batch_faults.launched(batch)  # a re-run counted once it runs again, not when it is meant to
         batch.ran_on, batch.ran_by, batch.error = lane, self.instances[lane], None
-        isolation.launched(batch)  # (a part's run is timed from here, for the statistics)
         self.instances[lane].launch(slot, batch)
 
     def _pick(self, batch: Batch) -> tuple[int, object] | None:

@@ -25,7 +25,8 @@ class Clock(Protocol):
 
 class LoopClock:
     """The production clock: the event loop's monotonic time and its timer heap for scheduling,
-    time.perf_counter_ns for durations.
+    time.perf_counter_ns for durations: the runtime's clock too, whose stamp of a batch's launch
+    ends its requests' queue time (scheduling/delivery.py), and the traces'.
 
     Timers are `loop.call_at` handles, so a deadline fires at its moment even while every
     executor slot is busy (no polling, nothing waits on the device). uvloop's loop.time()

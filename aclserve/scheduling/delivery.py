@@ -24,6 +24,12 @@ def resolve(future: asyncio.Future, outcome) -> None:
         future.set_result(outcome)
 
 
+def started(batch: Batch) -> int:
+    """When `batch` started: its (last) launch on an instance, stamped by the runtime; its dispatch
+    when it never launched (refused before a launcher took it, or an executor that stamps none)."""
+    return batch.launched_ns or batch.dispatched_ns
+
+
 class Delivery:
     """Resolves request futures on the event loop thread. With `ordered`, run outcomes are
     held until every earlier arrival is answered; requests answered outside a run (timed
@@ -42,8 +48,10 @@ class Delivery:
     def settle(self, batch: Batch, now_ns: int) -> None:
         """Answer every request of `batch` (its `requests` are QueuedRequests) with its own
         outputs or error (`batch.errors`), or all with the batch's error. `now_ns` is the
-        duration clock's reading (Clock.now_ns) when the outcome arrived;
-        `batch.dispatched_ns` is on the same clock."""
+        duration clock's reading (Clock.now_ns) when the outcome arrived; `batch.dispatched_ns`
+        is on the same clock, and so is the runtime's launch stamp (time.perf_counter_ns, the
+        production clock's: LoopClock). A request's queue time ends at the launch of the run that
+        answered it, as Triton's ends at compute start (started())."""
         requests = batch.requests
         stats = self._stats
         observed = stats.has_request_observers
@@ -54,37 +62,40 @@ class Delivery:
         if error is not None:
             error = self._served(error)
             for request in requests:
-                self._fail(request, error)
+                self._fail(request, error, started(batch))
             return
-        compute_ns = now_ns - batch.dispatched_ns
-        ran = self._executed(batch, compute_ns)
+        ran = self._executed(batch, now_ns)
         errors = batch.errors  # (set when a failed batch re-run one request per run had some fail)
         for index, (request, request_outputs) in enumerate(zip(requests, outputs)):
             if errors is not None and errors[index] is not None:
-                self._fail(request, self._served(errors[index]))
+                self._fail(request, self._served(errors[index]), started(batch))
                 continue
             if request.future.cancelled():
                 continue  # counted once already: cancelled when its client went (it ran all the same)
-            gear, rows, together, instance, (h2d, infer, d2h) = ran[index]
-            queue_ns = request.dispatched_ns - request.enqueued_ns
+            gear, rows, together, instance, launched_ns, (h2d, infer, d2h) = ran[index]
+            queue_ns = launched_ns - request.enqueued_ns
             if observed:
                 stats.request_done(request.level, queue_ns / 1e9, True, "")
             request.answered = (queue_ns, now_ns - request.enqueued_ns, h2d, infer, d2h)
-            self.answer(request, InferenceResult(request_outputs, queue_ns, compute_ns, gear, rows, together, instance))
+            self.answer(request, InferenceResult(request_outputs, queue_ns, now_ns - launched_ns, gear, rows,
+                                                 together, instance))
 
-    def _executed(self, batch: Batch, compute_ns: int) -> list:
-        """Record the successful runs that answered `batch` (`compute_ns`: its dispatch to result);
-        per request, its run's (gear, rows, requests, instance, (h2d, infer, d2h) ns). A batch
+    def _executed(self, batch: Batch, now_ns: int) -> list:
+        """Record the successful runs that answered `batch` (its result in at `now_ns`); per
+        request, its run's (gear, rows, requests, instance, launch, (h2d, infer, d2h) ns). A batch
         re-run one request per run (runtime/isolation.py) failed as a whole: each part that
-        succeeded is a run, with its own figures; those that failed are none, as the whole is."""
+        succeeded is a run, with its own launch and figures; those that failed are none, as the
+        whole is."""
         stats = self._stats
         if batch.runs is None:
-            spent = stats.batch_executed(batch.gear, batch.rows, compute_ns, batch.timings)
-            return [(batch.gear, batch.rows, len(batch.requests), batch.instance, spent)] * len(batch.requests)
+            launched_ns = started(batch)
+            spent = stats.batch_executed(batch.gear, batch.rows, now_ns - launched_ns, batch.timings)
+            ran = (batch.gear, batch.rows, len(batch.requests), batch.instance, launched_ns, spent)
+            return [ran] * len(batch.requests)
         ran: list = [None] * len(batch.requests)
         for run in batch.runs:
             spent = stats.batch_executed(run.gear, run.rows, run.wall_ns, run.timings)
-            ran[run.index] = (run.gear, run.rows, 1, run.instance, spent)
+            ran[run.index] = (run.gear, run.rows, 1, run.instance, run.launched_ns, spent)
         return ran
 
     def _served(self, error: BaseException) -> ServeError:
@@ -93,11 +104,11 @@ class Delivery:
             error = ExecutionFailed(f"batch execution failed: {type(error).__name__}: {error}")
         return error
 
-    def _fail(self, request: QueuedRequest, error: ServeError) -> None:
+    def _fail(self, request: QueuedRequest, error: ServeError, started_ns: int) -> None:
         if request.future.cancelled():
             return  # counted once already: cancelled when its client went
         if self._stats.has_request_observers:
-            self._stats.request_done(request.level, (request.dispatched_ns - request.enqueued_ns) / 1e9, False, FAILED)
+            self._stats.request_done(request.level, (started_ns - request.enqueued_ns) / 1e9, False, FAILED)
         # one exception object per request: a shared one would collect every awaiting task's traceback
         self.answer(request, type(error)(error.message))
 

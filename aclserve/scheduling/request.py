@@ -46,8 +46,8 @@ class InferenceResult:
     """The outputs of one request (its own rows only) and where its time went."""
 
     outputs: dict[str, np.ndarray]
-    queue_ns: int  # enqueue -> dispatch
-    compute_ns: int  # dispatch -> batch result on the event loop
+    queue_ns: int  # enqueue -> its run's launch on an instance (a trace's COMPUTE_START; formed batches wait too)
+    compute_ns: int  # that launch -> the run's result on the event loop
     gear: int | None  # compiled batch size of the run; None for a static model
     batch_rows: int  # real rows in that run (gear - batch_rows were padding)
     batch_requests: int  # requests in that run

@@ -40,7 +40,7 @@ class LevelStats:
         self.timed_out = 0  # deadline passed under `reject`
         self.delayed = 0  # deadline passed under `delay`
         self.cancelled = 0  # client went away while queued or running
-        self.queue = Duration()  # enqueue -> dispatch of dispatched requests
+        self.queue = Duration()  # enqueue -> dispatch (formation) of dispatched requests: the scheduler's own
 
 
 class BatchSizeStats:
@@ -59,15 +59,19 @@ class BatcherStats:
     As Triton's statistics: `success`, `queue` and the compute durations count the requests
     answered with outputs (one each, so their counts agree), when the outcome reaches the
     request's future (a result held for ordering whose client leaves first is not one),
-    success running from enqueue to the run's result; `fail` is written by the server for
+    success running from enqueue to the run's result and queue from enqueue to that run's
+    launch on an instance (Triton's compute start: a formed batch waiting for its instance's
+    slot or launcher is still queued); `fail` is written by the server for
     every failed request, whatever failed it (a refusal here, a failed run, a client gone, bad
     input: server/infer.py counted_infer, where /metrics counts failures too), from its
     arrival. `inference_count` is the rows of the successful requests, `execution_count`
     every run.
     Device timings of a run map to compute_input (h2d), compute_infer, compute_output (d2h);
-    a run that reports no device compute time counts its wall time (dispatch -> result) as
-    compute_infer. Observers registered with `observe()` see every request outcome and every
-    executed run (for histograms); an observer that raises is logged and kept.
+    a run that reports no device compute time counts its wall time (launch -> result) as
+    compute_infer. What is left of success is the run's host work (pack, unpack, the hand-offs
+    between threads) and, for a run launched while another computed, its wait on the device
+    for that one's execution. Observers registered with `observe()` see every request outcome
+    and every executed run (for histograms); an observer that raises is logged and kept.
     """
 
     def __init__(self, levels: Iterable[int], depth: Callable[[], dict[int, int]] = dict):
@@ -128,8 +132,8 @@ class BatcherStats:
 
     def batch_executed(self, gear: int | None, rows: int, compute_ns: int,
                        timings: DeviceTimings) -> tuple[int, int, int]:
-        """One successful run; `compute_ns` is its dispatch-to-result wall time (a part of a batch
-        re-run one request per run: its own, from its launch: runtime/isolation.py). Returns the
+        """One successful run; `compute_ns` is its launch-to-result wall time (a part of a batch
+        re-run one request per run: its own: runtime/isolation.py). Returns the
         (h2d, infer, d2h) ns that each of its requests spent in it (request_answered)."""
         self.gear_batches[gear] = self.gear_batches.get(gear, 0) + 1
         self.rows += rows

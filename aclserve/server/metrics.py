@@ -114,10 +114,12 @@ class ServerMetrics:
                                                     "aclserve_request_failure_total)", mv,
                                                     LATENCY_BUCKETS)
         self.queue_duration = LoopHistogramFamily("aclserve_queue_duration_seconds",
-                                                  "Time a request waited in the queue before its batch ran", mv,
+                                                  "Time a request waited before its batch started on its instance "
+                                                  "(enqueue to launch, as Triton's queue)", mv,
                                                   LATENCY_BUCKETS)
         self.compute_duration = LoopHistogramFamily("aclserve_compute_duration_seconds",
-                                                    "Time of one batch run (dispatch to result)", mv, LATENCY_BUCKETS)
+                                                    "Time of one batch run (launch on its instance to result)", mv,
+                                                    LATENCY_BUCKETS)
         self.batch_size = LoopHistogramFamily("aclserve_batch_size", "Executed batch size (compiled gear)", mv,
                                               BATCH_BUCKETS)
         self.padding_rows = LoopCounterFamily("aclserve_padding_rows", "Padding rows added to fill a gear", mv)

@@ -6,14 +6,16 @@ Tracks (pid / tid, each named by "M" metadata events):
   instance <name>    its H2D, compute and D2H streams (device times, from events) and one
                      track per slot (the batch it holds, launch to result)
   requests           one lane per request in flight at once: the request, with its receive,
-                     decode, queue, execute and encode phases nested inside
-Flow arrows (ph s/f) link each request's dispatch to the batch it ran in: a request of a failed
-batch re-run one request per run (runtime/isolation.py), to the run that answered it, a batch of
-its own whose args name the failed one (`rerun_of`), which is drawn as well. A tid is unique in
-the file (pid * 10000 + the track's number), as some importers key threads by tid alone. Spans
-are "X" events (ts and dur in microseconds of perf_counter_ns); nothing is drawn for a phase whose
-timestamps were not reached (a request refused before its queue, a device without timings). A
-request that left its queue without a batch (timed out, cancelled) has its queue drawn to its end.
+                     decode, queue (until its batch's launch on an instance), execute and
+                     encode phases nested inside
+Flow arrows (ph s/f) link each request's dispatch (its batch's formation) to the batch it ran
+in: a request of a failed batch re-run one request per run (runtime/isolation.py), to the run
+that answered it, a batch of its own whose args name the failed one (`rerun_of`), which is drawn
+as well. A tid is unique in the file (pid * 10000 + the track's number), as some importers key
+threads by tid alone. Spans are "X" events (ts and dur in microseconds of perf_counter_ns);
+nothing is drawn for a phase whose timestamps were not reached (a request refused before its
+queue, a device without timings). A request that left its queue without a batch (timed out,
+cancelled) has its queue drawn to its end.
 A file written in parts (files.py appends to it) renders each part with the same Builder: its
 tracks are named once and an instance keeps its pid.
 """
@@ -186,8 +188,11 @@ def _request(b: Builder, t: RequestTrace, tid: int) -> None:
     b.span(PID_REQUESTS, tid, f"request {label}", t.arrival_ns, t.end_ns, args)
     b.span(PID_REQUESTS, tid, "receive", t.arrival_ns, t.received_ns)
     b.span(PID_REQUESTS, tid, "decode", t.received_ns, t.decoded_ns)
-    b.span(PID_REQUESTS, tid, "queue", t.enqueued_ns, t.dispatched_ns or t.end_ns)  # (or it left unbatched)
-    b.span(PID_REQUESTS, tid, "execute", t.dispatched_ns, t.result_ns)
+    # queued until its batch's launch on an instance (COMPUTE_START), as its statistics and log line count it;
+    # a batch never launched (refused): until its formation; a request that left unbatched: until its end
+    started = (t.batch.launched_ns if t.batch is not None else 0) or t.dispatched_ns
+    b.span(PID_REQUESTS, tid, "queue", t.enqueued_ns, started or t.end_ns)
+    b.span(PID_REQUESTS, tid, "execute", started, t.result_ns)
     b.span(PID_REQUESTS, tid, "encode", t.encode_start_ns, t.encoded_ns)
     if t.decode_on_loop:
         b.span(PID_HOST, TID_LOOP, f"decode #{t.id}", t.received_ns, t.decoded_ns)

@@ -115,8 +115,9 @@ class BatchTrace:
         return self._device("d2h")
 
     # -- runtime hooks (launcher and completion threads) ------------------------------------------
-    def launched(self, instance: str, device: int, slot: int, direct: bool) -> None:
-        self.launched_ns = now_ns()
+    def launched(self, instance: str, device: int, slot: int, direct: bool, launched_ns: int = 0) -> None:
+        """Its launch at `launched_ns` (the Batch's own stamp, which ends its requests' queue time)."""
+        self.launched_ns = launched_ns or now_ns()
         self.instance, self.device, self.slot, self.direct = instance, device, slot, direct
         self.attempts += 1
         self.anchors, self.device_spans = {}, {}  # a retried batch keeps only its last attempt

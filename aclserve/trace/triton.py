@@ -6,7 +6,8 @@ request has none, as Triton leaves it out when empty; parent_id, which Triton wr
 child trace (an ensemble's step), is never written: a request here has no parent), then one
 object per timestamp {"id", "timestamps": [{"name", "ns"}]}. Names map as Triton's do:
 HTTP_RECV_START/END (GRPC_WAITREAD_START/END over gRPC) = arrival and body read, REQUEST_START
-= decoded, QUEUE_START = enqueued, COMPUTE_START = the batch's launch on its instance,
+= decoded, QUEUE_START = enqueued, COMPUTE_START = the batch's launch on its instance (where the
+request's queue time ends in the statistics, the request log and /metrics too),
 COMPUTE_INPUT_END = copy-in done, COMPUTE_OUTPUT_START = execution done, COMPUTE_END = the
 batch's result, REQUEST_END = the result back on the event loop, HTTP_SEND_START/END (GRPC_SEND_*)
 = encoding started / the answer ready to send. Values are perf_counter_ns (CLOCK_MONOTONIC, the
