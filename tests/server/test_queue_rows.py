@@ -145,11 +145,13 @@ def test_the_auto_deadline_beside_a_size_in_requests_lets_a_full_queue_of_full_b
 
 def test_config_shows_the_auto_deadline_of_a_huge_size_in_requests(models_dir, tmp_path, make_config):
     """A size of 10**17 requests made the auto deadline 3.3e16 ms: GET /config answered 500 ("Integer
-    exceeds 64-bit range" in its microseconds). It is capped at the longest a written one may be."""
+    exceeds 64-bit range" in its microseconds). It is capped at the longest a written one may be. (A
+    size is at most 2**32 - 1 now, Triton's uint32; with the longest window the deadline passes the cap.)"""
     from aclserve.config.checks import MAX_MS
     shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
-    (tmp_path / "affine.yaml").write_text(f"batching: {{default_queue_policy: {{max_queue_size: {10**17}}}}}\n")
+    (tmp_path / "affine.yaml").write_text(f"batching: {{max_queue_delay_ms: {MAX_MS}, "
+                                          f"default_queue_policy: {{max_queue_size: {2**32 - 1}}}}}\n")
     with ServerThread(make_config(tmp_path, model_control_mode="none")) as srv:
         with urllib.request.urlopen(f"http://{srv.url}/v2/models/affine/config", timeout=60) as resp:
             policy = json.loads(resp.read())["dynamic_batching"]["default_queue_policy"]
-    assert policy["max_queue_size"] == 10**17 and policy["default_timeout_microseconds"] == MAX_MS * 1000
+    assert policy["max_queue_size"] == 2**32 - 1 and policy["default_timeout_microseconds"] == MAX_MS * 1000
