@@ -77,19 +77,28 @@ class Built:
 
 class CompileStop:
     """Stops the compile it is given to: ends its child (SIGTERM, SIGKILL after STOP_GRACE_S),
-    or keeps one from starting. `stop()` may be called from any thread, any number of times."""
+    or keeps one from starting, or ends a wait for it (`wait`: the compile cache entry's lock
+    another process holds). `stop()` may be called from any thread, any number of times."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._child: subprocess.Popen | None = None
-        self.stopped = False
+        self._stopped = threading.Event()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
 
     def stop(self) -> None:
         with self._lock:
-            self.stopped = True
+            self._stopped.set()
             child = self._child
         if child is not None:
             _end(child)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until stopped (True) or for `timeout_s` (False)."""
+        return self._stopped.wait(timeout_s)
 
     def _attach(self, child: subprocess.Popen) -> bool:
         """Follow `child`; False when stopped already (the caller ends it)."""

@@ -18,7 +18,9 @@ a reader never sees a partial .om. And one process compiles while the others wai
 exclusive flock on `.<entry>.lock` in the cache folder; whoever gets it next finds the entry
 and uses it. The kernel drops the lock of a process that dies, so a crash leaves no stale lock.
 A load waiting for that lock says so (`progress`: the index's reason), as another process
-compiling the same model (or, in this one, another version of it whose file is the same).
+compiling the same model (or, in this one, another version of it whose file is the same), and its
+`stop` ends the wait as it ends a compile (CompileStopped): an unload or a shutdown waited for
+the other compile to let go, up to its compile_timeout_s.
 
 Each entry's manifest (cache_entry.py: key, options, the OM's SHA-256) is written under that
 lock and checked before the entry is used; an entry that fails the check (edited, truncated,
@@ -44,7 +46,7 @@ from pathlib import Path
 
 from ..config import CompileOptions
 from ..om.compile_error import CompileError
-from ..om.compile_process import CompileStop, CompileTimedOut, compile_in_child
+from ..om.compile_process import CompileStop, CompileStopped, CompileTimedOut, compile_in_child
 from ..regular_files import open_regular
 from . import cache_entry, external_data
 
@@ -57,6 +59,7 @@ _compiling_here: set[str] = set()  # the entries' locks this process's compiles 
 _here_lock = threading.Lock()
 ENTRY_NAME = re.compile(r"^[^.].*-[0-9a-f]{32}\.om$")  # compiled_om's names: <model>-<key[:32]>.om
 WORK_FOLDER = ".compiling-"  # compiled_om's work folders: .<model>-<key[:32]>.compiling-<random>
+LOCK_POLL_S = 0.1  # a stoppable wait for an entry's lock tries it again this often (exclusive)
 
 
 def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str) -> str:
@@ -105,7 +108,7 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
             progress(WAITING_HERE if here else WAITING_ELSEWHERE)
 
     # a writer holds it until its manifest is written
-    with exclusive(lock, on_wait=waiting), _held_here(str(lock)):
+    with exclusive(lock, on_wait=waiting, stop=stop), _held_here(str(lock)):
         if out.is_file():
             problem = cache_entry.problem(out, key)
             if problem is None:
@@ -265,11 +268,12 @@ def _held_here(lock_path: str):
 
 
 @contextlib.contextmanager
-def exclusive(lock_path: Path, on_wait=None):
+def exclusive(lock_path: Path, on_wait=None, stop: CompileStop | None = None):
     """Hold an exclusive flock on `lock_path` (blocking), across processes and threads alike;
     the file is removed on release. A waiter that wakes on a file already removed (or
     replaced) by the previous holder retries on the current one, so two holders never meet.
-    `on_wait()` is called once, before the first wait for a lock someone else holds."""
+    `on_wait()` is called once, before the first wait for a lock someone else holds; `stop`
+    ends that wait (CompileStopped), the lock not taken."""
     while True:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -283,7 +287,7 @@ def exclusive(lock_path: Path, on_wait=None):
                 if on_wait is not None:
                     on_wait()
                     on_wait = None
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                _wait_for_lock(fd, stop)
             try:
                 current = os.stat(lock_path)
             except FileNotFoundError:
@@ -302,3 +306,19 @@ def exclusive(lock_path: Path, on_wait=None):
         except FileNotFoundError:
             pass
         os.close(fd)  # closing releases the lock
+
+
+def _wait_for_lock(fd: int, stop: CompileStop | None) -> None:
+    """Take the flock on `fd` that another holds now. With a `stop`, tried again every LOCK_POLL_S
+    rather than blocked in flock(), which nothing of this process interrupts: a stop (an unload,
+    a shutdown) ends the wait at once, CompileStopped, where it waited for the holder to let go."""
+    if stop is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    while not stop.wait(LOCK_POLL_S):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            continue
+    raise CompileStopped("stopped while waiting for another compile of the same model to end")

@@ -114,7 +114,8 @@ class Lifecycle:
 
     def stop_compiles(self, name: str) -> None:
         """An unload of `name` through the API, or the close: the compiles its loads run now end
-        (their child processes killed, nothing left in the cache); those loads end as unloaded,
+        (their child processes killed, nothing left in the cache), and so do their waits for
+        another's compile of the same file (the cache entry's lock); those loads end as unloaded,
         not failed."""
         for stop in self._compiles.get(name, ()):
             stop.stop()

@@ -2,18 +2,25 @@
 the folder: the cache entry's lock, repository/compiler.py) says so in its index reason while it
 waits for that lock: it said "looking for the compile of m.onnx in the compile cache" for as long
 as the other compile took. No path reaches the client. Real server on a real port, the lock held
-by a real other process as a replica's compile holds it; released, the load uses or makes the entry."""
+by a real other process as a replica's compile holds it; released, the load uses or makes the entry.
+An unload or a shutdown ends that wait as it ends a compile: they waited for the other process to
+let go (up to its compile_timeout_s, an hour by default)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
+import urllib.error
+import urllib.request
 
 from aclserve.repository.compiler import cache_key
 from tests import REPO
-from tests.serving import ServerThread, request, server_config
+from tests.serving import ServerThread, free_port, request, server_config
 from tests.tiny_models import double_onnx
 
 WAITING = "waiting for another process compiling the same model"
@@ -23,6 +30,30 @@ with exclusive(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.read()
 """
+
+
+HANG_GUARD_S = 60  # (not a timing: the fixed server answers at once; the old one waited for the holder)
+
+
+@contextlib.contextmanager
+def holding(lock_path):
+    """A real other process holding the compile cache entry's lock (as a replica compiling the
+    model does) until the block ends."""
+    with subprocess.Popen([sys.executable, "-c", HOLDER, str(lock_path)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO))) as holder:
+        try:
+            assert holder.stdout.readline() == "held\n"
+            yield holder
+        finally:
+            holder.kill()
+
+
+def call(target) -> tuple[threading.Thread, list]:
+    """`target()` in a thread of its own; what it returned lands in the list."""
+    answers: list = []
+    thread = threading.Thread(target=lambda: answers.append(target()), daemon=True)
+    thread.start()
+    return thread, answers
 
 
 def reason(srv, name: str) -> tuple[str, str] | None:
@@ -62,3 +93,85 @@ def test_a_load_waiting_for_another_process_compiling_its_model_says_so(tmp_path
     status, _, body = answers[0]
     assert status == 200, body
     assert after == ("READY", "")
+
+
+def test_an_unload_ends_a_load_waiting_for_another_process_compiling_its_model(tmp_path):
+    """As an unload during the compile itself: the version UNAVAILABLE "unloaded", the load call
+    answered that an unload arrived, the other process's lock untouched."""
+    folder, cache = tmp_path / "models", tmp_path / "cache"
+    folder.mkdir()
+    cache.mkdir()
+    config = server_config(folder, compile_cache_dir=str(cache))
+    with ServerThread(config) as srv:
+        double_onnx(folder / "m.onnx")
+        key = cache_key(folder / "m.onnx", config.model_defaults.compile, "cpu")
+        with holding(cache / f".m-{key[:32]}.om.lock") as holder:
+            load, loaded = call(lambda: request(srv, "POST", "/v2/repository/models/m/load"))
+            for _ in range(300):  # a hang guard (each read of the index is paced: 0.1 s or more)
+                if reason(srv, "m") == ("LOADING", WAITING) or not load.is_alive():
+                    break
+            assert reason(srv, "m") == ("LOADING", WAITING)
+            unload, unloaded = call(lambda: request(srv, "POST", "/v2/repository/models/m/unload"))
+            unload.join(HANG_GUARD_S)
+            assert unloaded and unloaded[0][0] == 200, unloaded  # (without the change: none while the lock is held)
+            load.join(HANG_GUARD_S)
+            after = reason(srv, "m")
+            assert holder.poll() is None
+    status, _, body = loaded[0]
+    assert status == 400 and b"an unload request for it arrived during this load" in body, (status, body)
+    assert after == ("UNAVAILABLE", "unloaded")
+
+
+def _ready(port: int) -> bool:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/live", timeout=5).status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _post(port: int, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body,
+                                                           method="POST"), timeout=HANG_GUARD_S) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError as e:  # (the server went as it answered)
+        return 0, str(e).encode()
+
+
+def test_a_shutdown_ends_a_load_waiting_for_another_process_compiling_its_model(tmp_path):
+    """`aclserve serve` under SIGTERM exits while the other process still holds the lock; it
+    waited the whole shutdown_timeout_s (an abandoned load's thread, blocked in flock, is what
+    the shutdown waits for until its deadline)."""
+    folder, cache = tmp_path / "models", tmp_path / "cache"
+    folder.mkdir()
+    cache.mkdir()
+    double_onnx(folder / "m.onnx")
+    port = free_port()
+    (tmp_path / "serve.yaml").write_text(
+        f"port: {port}\ngrpc_port: 0\ndevice: cpu\nmodels_dir: {folder}\ncompile_cache_dir: {cache}\n"
+        f"model_control_mode: explicit\nshutdown_timeout_s: {HANG_GUARD_S * 10}\n")
+    key = cache_key(folder / "m.onnx", server_config(folder).model_defaults.compile, "cpu")
+    with holding(cache / f".m-{key[:32]}.om.lock") as holder, \
+            subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=dict(os.environ, PYTHONPATH=str(REPO))) as server:
+        try:
+            for _ in range(1200):  # a hang guard: until it listens
+                if _ready(port) or server.poll() is not None:
+                    break
+                time.sleep(0.1)
+            call(lambda: _post(port, "/v2/repository/models/m/load"))
+            for _ in range(300):  # a hang guard (each read of the index is paced: 0.1 s or more)
+                rows = json.loads(_post(port, "/v2/repository/index", b"{}")[1])
+                if [(r["state"], r["reason"]) for r in rows if r["name"] == "m"] == [("LOADING", WAITING)]:
+                    break
+            else:
+                raise AssertionError(rows)
+            server.send_signal(signal.SIGTERM)
+            out, _ = server.communicate(timeout=HANG_GUARD_S)  # (without the change: shutdown_timeout_s)
+            assert holder.poll() is None
+        finally:
+            server.kill()
+    assert server.returncode == 0, out[-3000:]
