@@ -1,7 +1,9 @@
 """`aclserve compile` and `aclserve inspect`: the commands over the model files of om/.
 
 Exit status: 0 success; 2 bad input (one line on stderr, via UsageError or argparse); 1 when ATC ran and failed or
-the compile timed out (ATC's error lines quoted on one line).
+the compile timed out (ATC's error lines quoted on one line); 128 + the signal, as shells say it, when the
+compile's process was killed by one (137: SIGKILL, the out-of-memory killer's) or this one ended by SIGTERM,
+SIGHUP or Ctrl-C.
 
 The compile runs in a child process (om/compile_process.py, as the server's): a CPU compile spends
 its test runs inside ONNX Runtime's C code, where the Python handler of SIGTERM and Ctrl-C never
@@ -60,7 +62,7 @@ def run_compile(args) -> int:
     from ..om import aipp
     from ..om.atc import DEFAULT_TIMEOUT, AtcFailed
     from ..om.compile import MAX_TIMEOUT_S
-    from ..om.compile_process import CompileTimedOut, compile_in_child
+    from ..om.compile_process import CompileKilled, CompileTimedOut, compile_in_child
     from ..om.describe import format_summary
     from ..om.spec import CompileError
 
@@ -89,6 +91,9 @@ def run_compile(args) -> int:
     except (AtcFailed, CompileTimedOut) as e:
         print(f"aclserve compile: error: {e}", file=sys.stderr)
         return 1
+    except CompileKilled as e:  # (not the input's fault: 2 said so for the out-of-memory killer's SIGKILL)
+        print(f"aclserve compile: error: {e}", file=sys.stderr)
+        return 128 + e.signum
     except CompileError as e:
         raise UsageError(str(e)) from None
     except OSError as e:  # e.g. the output is a folder, or its folder is read-only

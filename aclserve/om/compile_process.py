@@ -55,6 +55,15 @@ class CompileStopped(Exception):
     """The compile was stopped (CompileStop.stop): an unload or a shutdown, not a failure."""
 
 
+class CompileKilled(CompileError):
+    """The compile's process ended by a signal without a word (the out-of-memory killer's SIGKILL,
+    a `kill` of it alone): `signum` is that signal, for `aclserve compile`'s exit status."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
 class CompileTimedOut(CompileError):
     """The compile did not end within its timeout; its process was ended."""
 
@@ -151,8 +160,9 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike | N
     """compile.compile_model(onnx_path, output, log=log, **options) run in a child process
     (blocking until it ends). Raises what compile_model raises, rebuilt from the child's word:
     CompileError (one line; atc.AtcFailed for an ATC that failed), OSError with its errno and
-    file, MemoryError, RuntimeError for anything else; CompileError when the child ends without a
-    word (killed by a signal, the kernel's out-of-memory killer's SIGKILL among them); CompileStopped when `stop`
+    file, MemoryError, RuntimeError for anything else; CompileKilled when the child ends without a
+    word by a signal (the kernel's out-of-memory killer's SIGKILL among them), CompileError when it
+    exits without one otherwise; CompileStopped when `stop`
     ended it; CompileTimedOut when it was still running `timeout_s` seconds after it started
     (None: no limit), its process group killed at once (SIGTERM first when it runs ATC)."""
     stop = stop or CompileStop()
@@ -216,7 +226,7 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike | N
         return Built(**(outcome["result"] | {"path": Path(outcome["result"]["path"])}))
     if "error" in outcome:
         raise _rebuilt(outcome["error"])
-    raise CompileError(_ended_without_word(child.returncode))
+    raise _ended_without_word(child.returncode)
 
 
 def _end(child: subprocess.Popen, grace_s: float | None = STOP_GRACE_S) -> None:
@@ -262,7 +272,7 @@ def _rebuilt(error: dict) -> BaseException:
     return RuntimeError(message)
 
 
-def _ended_without_word(status: int) -> str:
+def _ended_without_word(status: int) -> CompileError:
     """Why a child that said neither result nor error ended, in one line."""
     if status < 0:
         try:
@@ -271,7 +281,9 @@ def _ended_without_word(status: int) -> str:
             name = f"signal {-status}"
         why = "; the kernel's out-of-memory killer sends it when the host runs short of memory" \
             if -status == signal.SIGKILL else ""
-        return f"the compile's process was killed by {name} (signal {-status}{why})"
+        return CompileKilled(f"the compile's process was killed by {name} (signal {-status}{why})", -status)
     if status - 128 in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # its own handlers: 128 + the signal
-        return f"the compile's process was stopped by {signal.Signals(status - 128).name} (exit status {status})"
-    return f"the compile's process exited with status {status} without a result (the server's stderr may say why)"
+        return CompileKilled(f"the compile's process was stopped by {signal.Signals(status - 128).name} "
+                             f"(exit status {status})", status - 128)
+    return CompileError(f"the compile's process exited with status {status} without a result (the server's "
+                        "stderr may say why)")

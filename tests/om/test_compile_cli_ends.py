@@ -69,3 +69,22 @@ def test_timeout_ends_an_endless_cpu_compile(tmp_path):
         assert _processes_naming(model) == [] and os.listdir(out) == []
     finally:
         _end_everything(proc, model)
+
+
+def test_a_compile_process_killed_outright_is_said_with_its_signal_and_exit_status(tmp_path):
+    """Its process killed alone by SIGKILL, as the kernel's out-of-memory killer picks it: one line
+    naming the signal, exit 128 + 9 as shells say it; it was exit 2, the status of bad input."""
+    proc, model, out = _compile(tmp_path)
+    try:
+        for line in proc.stdout:
+            if line.startswith("compiling "):
+                break
+        (child,) = [pid for pid in _processes_naming(model) if pid != proc.pid]
+        os.kill(child, signal.SIGKILL)
+        _, err = proc.communicate(timeout=HANG_GUARD_S)
+        assert (proc.returncode, err) == (128 + signal.SIGKILL, (
+            "aclserve compile: error: the compile's process was killed by SIGKILL (signal 9; the kernel's "
+            "out-of-memory killer sends it when the host runs short of memory)\n")), err
+        assert _processes_naming(model) == [] and os.listdir(out) == []
+    finally:
+        _end_everything(proc, model)
