@@ -212,7 +212,7 @@ class Completer:
         where = f"device {self._device.id}, instance {self.name}"
         batch.beside = self._book.overlapped  # (which batch in flight faulted is not known)
         cause = error if isinstance(error, AclError) else error.__cause__
-        code = cause.ret if isinstance(cause, AclError) else None
+        code = device_code = cause.ret if isinstance(cause, AclError) else None
         timeout = isinstance(error, DeviceTimeout)
         probe = code is not None and not timeout  # a device error may have failed the whole device (device_health.py)
         stopped = self._resources.stops_on_failure and code is not None and not timeout
@@ -237,6 +237,8 @@ class Completer:
         log.error("%s", message)
         batch.outputs = None
         batch.instance = self.name
+        if batch.trace is not None:  # (its slot span in the Chrome trace; COMPUTE_END in Triton's)
+            batch.trace.failed(type(batch.error).__name__, device_code)
 
     def _release_slot(self, slot: Slot) -> None:
         if self._book.return_slot(slot):

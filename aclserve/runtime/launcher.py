@@ -97,6 +97,9 @@ class Launcher:
         self._book.return_slot(slot)
         batch.error = error(why)
         batch.outputs, batch.instance = None, self.name
+        trace = batch.trace
+        if trace is not None and trace.launched_ns and not trace.done_ns:  # a launch given up: it ends here
+            trace.failed(error.__name__, None)
         self.listener.batch_done(batch)
 
     def give_up(self) -> None:

@@ -11,7 +11,9 @@ Tracks (pid / tid, each named by "M" metadata events):
 Flow arrows (ph s/f) link each request's dispatch (its batch's formation) to the batch it ran
 in: a request of a failed batch re-run one request per run (runtime/isolation.py), to the run
 that answered it, a batch of its own whose args name the failed one (`rerun_of`), which is drawn
-as well. A tid is unique in the file (pid * 10000 + the track's number), as some importers key
+as well. A failed run's slot span ends where its failure was known, named "... failed", its args
+saying so (`failed`, `error`: the class it was answered with, `code`: the device's ACL error code
+or null). A tid is unique in the file (pid * 10000 + the track's number), as some importers key
 threads by tid alone. Spans are "X" events (ts and dur in microseconds of perf_counter_ns);
 nothing is drawn for a phase whose timestamps were not reached (a request refused before its
 queue, a device without timings). A request that left its queue without a batch (timed out,
@@ -215,7 +217,11 @@ def _batch(b: Builder, batch: BatchTrace) -> tuple[int, int]:
     args.update(instance=batch.instance, device=batch.device, slot=batch.slot, direct=batch.direct,
                 attempts=batch.attempts)
     gear = batch.gear if batch.gear is not None else "static"
-    b.span(pid, slot_tid, f"batch #{batch.id} gear {gear} rows {batch.rows}", batch.launched_ns,
+    outcome = ""
+    if batch.error is not None:  # a failed run: launch to its failure known, with what it failed with
+        args.update(failed=True, **batch.error)
+        outcome = " failed"
+    b.span(pid, slot_tid, f"batch #{batch.id} gear {gear} rows {batch.rows}{outcome}", batch.launched_ns,
            batch.done_ns, args)
     launcher = b.host_tid(batch.instance, "launcher")
     completion = b.host_tid(batch.instance, "completion")

@@ -67,7 +67,7 @@ class BatchTrace:
 
     __slots__ = ("id", "model", "gear", "rows", "requests", "levels", "formed_ns", "instance", "device",
                  "slot", "direct", "launched_ns", "packed_ns", "enqueued_ns",
-                 "anchors", "device_spans", "woke_ns", "done_ns", "attempts", "traces", "rerun_of")
+                 "anchors", "device_spans", "woke_ns", "done_ns", "error", "attempts", "traces", "rerun_of")
 
     def __init__(self, model: str, gear: int | None, rows: int, requests: int, levels: dict[int, int],
                  formed_ns: int):
@@ -85,7 +85,8 @@ class BatchTrace:
         self.launched_ns = self.packed_ns = self.enqueued_ns = 0
         self.anchors: dict[str, Anchor] = {}  # "h2d" | "compute" | "d2h" -> the anchor of its stream
         self.device_spans: dict[str, tuple[int, int]] = {}  # the same -> offsets (ns) from that anchor
-        self.woke_ns = self.done_ns = 0
+        self.woke_ns = self.done_ns = 0  # done_ns: its result, or its failure known (then `error` says which)
+        self.error: dict | None = None  # a failed run: {"error": the class answered, "code": the ACL code or None}
         self.attempts = 0
         self.traces: dict[int, RequestTrace] = {}  # its sampled requests, by their place in the batch
         self.rerun_of: BatchTrace | None = None  # the failed batch whose request this one re-runs alone
@@ -120,10 +121,19 @@ class BatchTrace:
         self.launched_ns = launched_ns or now_ns()
         self.instance, self.device, self.slot, self.direct = instance, device, slot, direct
         self.attempts += 1
-        self.anchors, self.device_spans = {}, {}  # a retried batch keeps only its last attempt
+        # a retried batch keeps only its last attempt (a failed one's end and error included)
+        self.anchors, self.device_spans = {}, {}
+        self.woke_ns = self.done_ns = 0
+        self.error = None
         if self.rerun_of is not None:  # its request's compute is this run's from now on (not if it never runs)
             for trace in self.traces.values():
                 trace.batch = self
+
+    def failed(self, error: str, code: int | None) -> None:
+        """Its run failed, known now (the completion thread's, or the launcher's for a launch given
+        up): it ends here, as Triton's backends stamp a failed execution's end too."""
+        self.done_ns = now_ns()
+        self.error = {"error": error, "code": code}
 
 
 def queued(trace: RequestTrace, request) -> None:

@@ -11,10 +11,14 @@ request's queue time ends in the statistics, the request log and /metrics too),
 COMPUTE_INPUT_END = copy-in done, COMPUTE_OUTPUT_START = execution done, COMPUTE_END = the
 batch's result, REQUEST_END = the result back on the event loop, HTTP_SEND_START/END (GRPC_SEND_*)
 = encoding started / the answer ready to send. Values are perf_counter_ns (CLOCK_MONOTONIC, the
-clock Triton uses as well). A request re-run alone after its batch failed (runtime/isolation.py)
-has the COMPUTE_* of the run that answered it; its failed run's are not written: one of each name
-a request, as tools written against Triton's format (its trace_summary.py) key them by name, and as
-a batch retried whole keeps its last attempt.
+clock Triton uses as well). A failed run (a request answered with its error) has its
+COMPUTE_OUTPUT_START and COMPUTE_END where its failure was known, as Triton's backends stamp a
+failed execution's (ONNX Runtime's: compute_end_ns and exec_end_ns after the run that failed), and
+no COMPUTE_INPUT_END unless its copy-in was timed (its device times are not read). A request
+re-run alone after its batch failed (runtime/isolation.py) has the COMPUTE_* of the run that
+answered it; its failed run's are not written: one of each name a request, as tools written
+against Triton's format (its trace_summary.py) key them by name, and as a batch retried whole
+keeps its last attempt.
 """
 from __future__ import annotations
 
@@ -51,6 +55,8 @@ def _timestamps(t: RequestTrace) -> list[tuple[str, int]]:
         input_end = batch.h2d[1] if batch.h2d else (batch.compute[0] if batch.compute else 0)
         output_start = batch.compute[1] if batch.compute else 0
         compute_end = batch.done_ns
+        if batch.error is not None and not output_start:  # a failed run ended when its failure was known
+            output_start = compute_end
     return [(recv[0], t.arrival_ns), (recv[1], t.received_ns), ("REQUEST_START", t.decoded_ns),
             ("QUEUE_START", t.enqueued_ns), ("COMPUTE_START", compute_start), ("COMPUTE_INPUT_END", input_end),
             ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", compute_end), ("REQUEST_END", t.result_ns),

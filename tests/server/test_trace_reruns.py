@@ -91,6 +91,9 @@ def test_a_re_run_request_links_to_its_own_run_and_its_failed_batch_in_chrome_tr
     assert len(failed) == 1  # of the one batch that failed, drawn where it was formed
     failed_batch = failed.pop()
     assert formed[failed_batch]["args"]["requests"] == QUEUED and failed_batch not in computes
+    # its slot span, to its failure known, marked so (it had none: no end)
+    assert batches[failed_batch]["args"]["failed"] is True and batches[failed_batch]["args"]["code"] == 507011
+    assert batches[failed_batch]["ts"] + batches[failed_batch]["dur"] <= min(batches[run]["ts"] for run in re_runs)
     for i, run in enumerate(re_runs, start=1):
         assert batches[run]["args"]["rows"] == 1 and run in computes, run
         request = requests[f"r{i}"]
