@@ -15,7 +15,8 @@ it, the whole context stops (it takes no task again), and the instance leaves ro
 rebuilt, failing the batches in flight. Where they cannot, the instance has one slot, and after
 a batch's event this thread synchronizes its streams, idle by then, which reports (and clears)
 their failures: such a batch fails alone, and the instance takes no new batch until it has reset
-its streams, here, when the slot comes back (the launcher is idle then).
+its streams, here, when the slot comes back (the launcher is idle then); on a device found failed
+as a whole, which no batch goes to again, the reset is left out.
 
 While it waits for the launcher, the thread also looks, every half execution timeout, at how
 long the launcher has been inside its current launch: a launch call that does not return (an
@@ -250,7 +251,17 @@ class Completer:
 
     def _reset_streams(self) -> None:
         """After a device fault, nothing in flight: drain and recreate the streams (their errors
-        are cleared); an instance whose streams cannot be reset leaves rotation for good."""
+        are cleared); an instance whose streams cannot be reset leaves rotation for good. On a
+        device found failed as a whole nothing runs again (device_health.py keeps batches off it),
+        so it is not touched: the reset is left out, and settled all the same, as its free slots
+        are what device_health.free_slots offers when every instance is on a failed device (the
+        batches formed for them are then answered at once)."""
+        failed = device_health.known_failure(self._device)
+        if failed is not None:
+            self._book.reset_settled()
+            log.info("%s: streams not reset after the device fault: %s; the instance takes no batch again",
+                     self.name, failed)
+            return
         try:
             self._resources.reset_streams(self.reset_timeout_ms)
         except AclError as e:
@@ -259,4 +270,4 @@ class Completer:
             log.error("%s: %s; the instance stops taking work", self.name, reason)
             return
         log.info("%s: streams reset after a device fault; serving again", self.name)
-        self._book.streams_were_reset()
+        self._book.reset_settled()

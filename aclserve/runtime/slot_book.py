@@ -100,7 +100,9 @@ class SlotBook:
         with self.lock:
             self.broken = reason
 
-    def streams_were_reset(self) -> None:
+    def reset_settled(self) -> None:
+        """The pending stream reset is settled: done, or left out on a device failed as a whole
+        (completer.py). The slots are offered again (free_count)."""
         with self.lock:
             self._needs_reset = False
 

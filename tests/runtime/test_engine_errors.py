@@ -281,11 +281,16 @@ def test_once_a_device_failed_as_a_whole_no_batch_goes_to_it(affine_om):
 
 
 _WAITING_FOR_A_SLOT = """
-import json, sys, threading
+import json, logging, sys, threading
 import aclserve
 from aclserve.acl.cpu import faults
 from tests.tiny_models import affine_request
 
+said = []
+handler = logging.Handler()
+handler.emit = lambda record: said.append(record.getMessage())
+logging.getLogger("aclserve.runtime.instance").addHandler(handler)
+logging.getLogger("aclserve.runtime.instance").setLevel(logging.INFO)
 with aclserve.Engine(device="cpu") as engine:
     model = engine.load(sys.argv[1], devices=(1,), slots=1, warmup=False)
     gate = threading.Event()
@@ -300,7 +305,8 @@ with aclserve.Engine(device="cpu") as engine:
             errors.append("answered")
         except aclserve.ExecutionFailed as e:
             errors.append(f"{type(e).__name__}: {e}")
-    out = {"errors": errors, "faults": model.pool.fault_counts(), "broken": [i.broken for i in model.pool.instances]}
+    out = {"errors": errors, "faults": model.pool.fault_counts(), "broken": [i.broken for i in model.pool.instances],
+           "lanes": model.pool.lanes(), "streams": [line for line in said if "streams" in line]}
 print(json.dumps(out))
 """
 
@@ -309,7 +315,8 @@ def test_batches_waiting_for_a_slot_on_a_device_failed_as_a_whole_fail_at_once(a
     """Where streams do not stop on a failure (an Ascend310), the instance is not taken out of
     rotation, so nothing is rebuilt: the batches waiting in the pool for its slot were launched
     on the failed device when it came back. Now they fail at once with DeviceFailed, untouched
-    (without an answer they waited for good)."""
+    (without an answer they waited for good). The slot comes back without a stream reset, said
+    so (it was reset, and said "serving again", of an instance nothing is sent to again)."""
     env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_CPU_FAULTS"}
     proc = subprocess.run([sys.executable, "-c", _WAITING_FOR_A_SLOT, affine_om()], capture_output=True, text=True,
                           env=dict(env, PYTHONPATH=str(REPO), ACLSERVE_CPU_DEVICES="2", ACLSERVE_CPU_SOC="Ascend310"),
@@ -322,6 +329,12 @@ def test_batches_waiting_for_a_slot_on_a_device_failed_as_a_whole_fail_at_once(a
     assert out["errors"][1:] == [f"DeviceFailed: model affine: {whole}: nothing runs on it until it is reset, "
                                  f"which takes a restart of the process"] * 2, out
     assert out["faults"] == {"507054": 1}, out  # the batch that found it only
+    # its slot came back without a stream reset (nothing runs on the device again), which it said was
+    # done, "serving again"; free all the same, so that a batch formed for it is answered at once
+    assert out["streams"] == [f"affine#0: streams not reset after the device fault: {whole}: nothing runs on it "
+                              f"until it is reset, which takes a restart of the process; the instance takes no "
+                              f"batch again"], out
+    assert out["lanes"] == [1], out
 
 
 _PARTS_ON_A_FAILED_DEVICE = """
