@@ -45,6 +45,7 @@ class InstanceGroup(Protocol):
 
     batch_faults: BatchFaultCounts
     rebuilds: int  # instances replaced after leaving rotation
+    rebuilds_failed: int  # rebuild attempts that failed (each tried again)
 
     def fault_counts(self) -> dict[int, int]:
         """The faults the device reported, by ACL error code (one per fault)."""
