@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from ..acl import check, compat, release, select
+from ..acl import AclError, check, compat, release, select
 from ..acl import constants as C
 from ..acl.soc_limits import limits_for_soc
 from . import teardown
@@ -92,6 +92,22 @@ class AclRuntime:
                                                         self.device_limits(), self._device_failed)
             return dev
 
+    def open_devices(self, device_ids) -> None:
+        """Open each of `device_ids` this host has (the server's model_defaults.devices, at its
+        start: where its models go unless they say otherwise, so opened by the first load anyway),
+        so that memory() has their rows before any model is placed there. Blocking. An id past the
+        host's devices is left to the load that names it to refuse; a device that cannot be opened
+        is said in a WARNING and left until a load needs it."""
+        for device_id in dict.fromkeys(device_ids):
+            if not self._started:  # (closed meanwhile: a shutdown during the start)
+                return
+            try:
+                if 0 <= device_id < self.device_count():
+                    self.device(device_id)
+            except AclError as e:
+                log.warning("device %d could not be opened (%s): its memory is not shown until a model loads "
+                            "there", device_id, e)
+
     def on_device_failure(self, callback, after: str) -> None:
         """`callback(device_id, code)` (from the thread that found it) when a device is found
         failed as a whole (device_health.py); `after` says in its ERROR line what follows."""
@@ -110,9 +126,9 @@ class AclRuntime:
         return len(self._failed)
 
     def memory(self, refresh: bool = False) -> list[dict]:
-        """Per opened device: used, free and total bytes, and the reserve loads keep free. Without
-        `refresh` these are the figures cached at the last load or refresh, and no ACL call is
-        made (safe on the event loop)."""
+        """Per opened device (a model's, the DVPP decoder's, or one open_devices opened): used, free
+        and total bytes, and the reserve loads keep free. Without `refresh` these are the figures
+        cached at the last load or refresh, and no ACL call is made (safe on the event loop)."""
         with self._lock:
             devices = list(self._devices.values())
         out = []

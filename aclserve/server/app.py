@@ -55,6 +55,10 @@ AFTER_DEVICE_FAILURE = (f"the server drains and exits with status {EXIT_DEVICE_F
 
 
 async def _load(state: ServerState) -> None:
+    # the devices models go on by default, opened before any load (which would open them): the
+    # device memory gauges have their rows from the start, not from the first model placed there
+    devices = state.config.model_defaults.devices
+    await asyncio.get_running_loop().run_in_executor(None, state.runtime.open_devices, devices)
     await state.repo.start()
     state.started = True
 

@@ -156,6 +156,9 @@ class Runtime(Protocol):
 
     def close(self) -> None: ...
 
+    def open_devices(self, device_ids: Iterable[int]) -> None:
+        """Open those of `device_ids` the host has, for their memory rows (blocking: ACL calls)."""
+
     def memory(self, refresh: bool = False) -> list[dict]:
         """Device memory rows {"device", "used", "total", "reserve"}; refresh=True calls ACL (blocking)."""
 
