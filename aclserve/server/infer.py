@@ -25,7 +25,7 @@ from aiohttp import web
 
 from ..errors import ServeError
 from ..scheduling import answered_before_cancel
-from ..trace import now_ns
+from ..trace import CLIENT_GONE, now_ns
 from .answer_coding import COMPRESS_MIN_BYTES, answer_coding
 from .answer_size import answer_bytes, answer_hint
 from .app_keys import STATE
@@ -137,7 +137,7 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
             else:
                 rec.request_failed(CANCELLED, time.perf_counter_ns() - start)
             if trace is not None:
-                observer.end(trace, 499, "cancelled: the client went away")
+                observer.end(trace, CLIENT_GONE, "cancelled: the client went away")
             raise
         except Exception:
             rec.request_failed(INTERNAL_ERROR, time.perf_counter_ns() - start)
@@ -191,7 +191,8 @@ async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fa
 async def run_decoded(rec, req, trace, encode, images=None, pinned: bool = False, lease=None):
     """Queue a decoded request (codec.InferRequest), wait for its outputs and render them with
     `encode(name, version, req, outputs, signature, batched)`; both transports end here. With
-    a trace, marks decoded / result / encoded (the request's KServe id wins over a header's).
+    a trace, marks decoded / released (whatever the outcome) / result / encoded (the request's
+    KServe id wins over a header's).
     `pinned`: the request named its version, which a reload then never hands to another
     (repository/served.py).
     `images`: the server's ImageDecoding, which decodes an image input's pictures in its pool,
@@ -202,10 +203,14 @@ async def run_decoded(rec, req, trace, encode, images=None, pinned: bool = False
         trace.decoded_ns = now_ns()
         if req.id:
             trace.request_id = request_id(req.id)
-    result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us,
-                                    trace=trace if trace is not None and trace.sampled else None, pinned=pinned)
+    try:
+        result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us,
+                                        trace=trace if trace is not None and trace.sampled else None, pinned=pinned)
+    finally:  # released whatever the outcome, as Triton stamps REQUEST_END when it releases a request
+        if trace is not None:
+            trace.released_ns = now_ns()
     if trace is not None:
-        trace.result_ns = trace.encode_start_ns = now_ns()
+        trace.result_ns = trace.encode_start_ns = trace.released_ns
         trace.queue_ns, trace.compute_ns = result.queue_ns, result.compute_ns
     # (a reload may have handed it to another version: the answer names the one that ran it)
     encoded = encode(rec.name, result.version or rec.version, req, result.outputs, rec.signature, rec.batched)

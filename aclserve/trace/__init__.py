@@ -6,8 +6,8 @@ the server, the batcher and the runtime can all fill its records. Hooks elsewher
 was sampled (or the request log is on), a batch's `BatchTrace` only when it carries a sampled
 request.
 """
-from .records import BatchTrace, RequestTrace, now_ns
+from .records import CLIENT_GONE, BatchTrace, RequestTrace, now_ns
 from .settings import TraceSettings, TraceSettingsError
 from .tracer import Tracer
 
-__all__ = ["BatchTrace", "RequestTrace", "TraceSettings", "TraceSettingsError", "Tracer", "now_ns"]
+__all__ = ["CLIENT_GONE", "BatchTrace", "RequestTrace", "TraceSettings", "TraceSettingsError", "Tracer", "now_ns"]

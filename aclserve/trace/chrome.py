@@ -16,8 +16,9 @@ saying so (`failed`, `error`: the class it was answered with, `code`: the device
 or null). A tid is unique in the file (pid * 10000 + the track's number), as some importers key
 threads by tid alone. Spans are "X" events (ts and dur in microseconds of perf_counter_ns);
 nothing is drawn for a phase whose timestamps were not reached (a request refused before its
-queue, a device without timings). A request that left its queue without a batch (timed out,
-cancelled) has its queue drawn to its end.
+queue, a device without timings). A request released without its outputs (answered with an
+error, timed out in the queue, cancelled) is drawn to its release as one with them is: its
+execute phase from its batch's launch, or its queue when it left that without a batch.
 A file written in parts (files.py appends to it) renders each part with the same Builder: its
 tracks are named once and an instance keeps its pid.
 """
@@ -191,10 +192,10 @@ def _request(b: Builder, t: RequestTrace, tid: int) -> None:
     b.span(PID_REQUESTS, tid, "receive", t.arrival_ns, t.received_ns)
     b.span(PID_REQUESTS, tid, "decode", t.received_ns, t.decoded_ns)
     # queued until its batch's launch on an instance (COMPUTE_START), as its statistics and log line count it;
-    # a batch never launched (refused): until its formation; a request that left unbatched: until its end
-    started = (t.batch.launched_ns if t.batch is not None else 0) or t.dispatched_ns
-    b.span(PID_REQUESTS, tid, "queue", t.enqueued_ns, started or t.end_ns)
-    b.span(PID_REQUESTS, tid, "execute", started, t.result_ns)
+    # a batch never launched (refused): until its formation; a request that left unbatched: until its release
+    launched = t.batch.launched_ns if t.batch is not None else 0
+    b.span(PID_REQUESTS, tid, "queue", t.enqueued_ns, launched or t.dispatched_ns or t.released_ns or t.end_ns)
+    b.span(PID_REQUESTS, tid, "execute", launched, t.released_ns)  # (its outputs back, or its error)
     b.span(PID_REQUESTS, tid, "encode", t.encode_start_ns, t.encoded_ns)
     if t.decode_on_loop:
         b.span(PID_HOST, TID_LOOP, f"decode #{t.id}", t.received_ns, t.decoded_ns)

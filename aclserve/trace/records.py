@@ -15,6 +15,9 @@ import time
 
 now_ns = time.perf_counter_ns
 
+# The status a request ends with when its client went away (nginx's): no answer was written to it
+CLIENT_GONE = 499
+
 _batch_ids = itertools.count(1)
 
 
@@ -34,8 +37,8 @@ class RequestTrace:
     request log: then the batcher never sees it."""
 
     __slots__ = ("id", "target", "request_id", "model", "version", "protocol", "sampled", "arrival_ns",
-                 "received_ns", "decoded_ns", "enqueued_ns", "dispatched_ns", "result_ns",
-                 "encoded_ns", "end_ns", "status", "level", "rows", "batch", "queue_ns", "compute_ns",
+                 "received_ns", "decoded_ns", "enqueued_ns", "dispatched_ns", "released_ns",
+                 "result_ns", "encoded_ns", "end_ns", "status", "level", "rows", "batch", "queue_ns", "compute_ns",
                  "encode_start_ns", "decode_on_loop")
 
     def __init__(self, model: str, version: str, protocol: str, arrival_ns: int, sampled: bool = True):
@@ -48,6 +51,9 @@ class RequestTrace:
         self.sampled = sampled
         self.arrival_ns = arrival_ns
         self.received_ns = self.decoded_ns = self.enqueued_ns = self.dispatched_ns = 0
+        # back from its queue or batch on the event loop whatever the outcome (its outputs, an error, a
+        # timeout in the queue, cancelled): Triton's REQUEST_END; result_ns is the same moment on a success only
+        self.released_ns = 0
         self.result_ns = self.encode_start_ns = self.encoded_ns = self.end_ns = 0
         self.status = 200  # HTTP status of the answer (gRPC answers use the same numbers)
         self.level = 0

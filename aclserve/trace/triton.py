@@ -9,8 +9,12 @@ HTTP_RECV_START/END (GRPC_WAITREAD_START/END over gRPC) = arrival and body read,
 = decoded, QUEUE_START = enqueued, COMPUTE_START = the batch's launch on its instance (where the
 request's queue time ends in the statistics, the request log and /metrics too),
 COMPUTE_INPUT_END = copy-in done, COMPUTE_OUTPUT_START = execution done, COMPUTE_END = the
-batch's result, REQUEST_END = the result back on the event loop, HTTP_SEND_START/END (GRPC_SEND_*)
-= encoding started / the answer ready to send. Values are perf_counter_ns (CLOCK_MONOTONIC, the
+batch's result, REQUEST_END = the request back from its queue or batch on the event loop whatever
+the outcome (its outputs, its error, a timeout in the queue, cancelled: Triton stamps it when it
+releases a request, and its trace_summary.py counts a request with REQUEST_START and REQUEST_END
+only), HTTP_SEND_START/END (GRPC_SEND_*) = the answer encoded / handed to the transport; an error's
+answer, made after the trace ends, has both where it is handed over, and a request whose client
+went away (no answer written) has neither. Values are perf_counter_ns (CLOCK_MONOTONIC, the
 clock Triton uses as well). A failed run (a request answered with its error) has its
 COMPUTE_OUTPUT_START and COMPUTE_END where its failure was known, as Triton's backends stamp a
 failed execution's (ONNX Runtime's: compute_end_ns and exec_end_ns after the run that failed), and
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import orjson
 
-from .records import RequestTrace
+from .records import CLIENT_GONE, RequestTrace
 
 
 def render(traces: list[RequestTrace]) -> bytes:
@@ -57,7 +61,10 @@ def _timestamps(t: RequestTrace) -> list[tuple[str, int]]:
         compute_end = batch.done_ns
         if batch.error is not None and not output_start:  # a failed run ended when its failure was known
             output_start = compute_end
+    send_start = send_end = 0
+    if t.status != CLIENT_GONE:  # (an error's answer is made after its trace ends: both where it is handed over)
+        send_start, send_end = t.encoded_ns or t.end_ns, t.end_ns
     return [(recv[0], t.arrival_ns), (recv[1], t.received_ns), ("REQUEST_START", t.decoded_ns),
             ("QUEUE_START", t.enqueued_ns), ("COMPUTE_START", compute_start), ("COMPUTE_INPUT_END", input_end),
-            ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", compute_end), ("REQUEST_END", t.result_ns),
-            (f"{wire}_SEND_START", t.encoded_ns), (f"{wire}_SEND_END", t.end_ns)]
+            ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", compute_end), ("REQUEST_END", t.released_ns),
+            (f"{wire}_SEND_START", send_start), (f"{wire}_SEND_END", send_end)]

@@ -27,7 +27,7 @@ def _request(arrival, end, batch, trace_id):
     r.received_ns, r.decoded_ns = r.arrival_ns + 5 * US, r.arrival_ns + 25 * US
     r.enqueued_ns = r.decoded_ns
     r.dispatched_ns = batch.launched_ns
-    r.result_ns = batch.done_ns + 10 * US
+    r.released_ns = r.result_ns = batch.done_ns + 10 * US  # (as run_decoded stamps an answered request's)
     r.encode_start_ns, r.encoded_ns = r.result_ns, r.result_ns + 20 * US
     r.end_ns = T0 + end * US
     r.batch = batch
