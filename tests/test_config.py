@@ -138,7 +138,8 @@ def test_a_choice_is_taken_in_any_case():
     # ints), or a load that never ended (instances built one after another)
     ({"grpc_max_connection_age_s": 2_592_000}, "grpc_max_connection_age_s", "must be <= 2147483.647"),
     ({"keepalive_timeout_s": 1e300}, "keepalive_timeout_s", "must be <= 2147483.647"),
-    ({"shutdown_timeout_s": 2147484}, "shutdown_timeout_s", "must be <= 2147483.647, got 2147484"),  # (not both 2.14748e+06)
+    # (not both 2.14748e+06)
+    ({"shutdown_timeout_s": 2147484}, "shutdown_timeout_s", "must be <= 2147483.647, got 2147484"),
     ({"settle_s": 1e300}, "settle_s", "must be <= 2147483.647"),  # (files never picked up)
     ({"settle_s": 2**1024 - 1}, "settle_s", "must be a number (at most 1.8e+308)"),  # (past float, bit_length 1024)
     ({"shutdown_timeout_s": 10**400}, "shutdown_timeout_s", "must be a number (at most 1.8e+308)"),
@@ -195,7 +196,8 @@ def test_a_choice_is_taken_in_any_case():
     # Triton's ModelQueuePolicy.max_queue_size is a uint32: gRPC's ModelConfig failed INTERNAL past it
     ({"model_defaults.batching.default_queue_policy.max_queue_size": 2**32},
      "model_defaults.batching.default_queue_policy.max_queue_size", "must be <= 4294967295"),
-    ({"model_defaults.version_policy": {"newest": 1}}, "model_defaults.version_policy.newest", "unknown version policy"),
+    ({"model_defaults.version_policy": {"newest": 1}}, "model_defaults.version_policy.newest",
+     "unknown version policy"),
     ({"model_defaults.version_policy": {"latest": 0}}, "model_defaults.version_policy.latest", "must be >= 1"),
     ({"model_defaults.version_policy": {"specific": [1, 1]}}, "model_defaults.version_policy.specific", "duplicates"),
     ({"model_defaults.compile.batch": [0]}, "model_defaults.compile.batch[0]", "must be >= 1"),
@@ -328,7 +330,8 @@ def test_levels_only_model_defaults_gives_past_a_models_priority_levels_are_left
     notes.clear()
     assert load_model_config(write(tmp_path, "instances: 2\n", "m.yaml"), defaults, notes).batching == \
         defaults.batching and notes == []
-    with pytest.raises(ConfigError, match=re.escape("batching.priority_queue_policy.2: names a level past priority_levels (1)")):
+    past_levels = "batching.priority_queue_policy.2: names a level past priority_levels (1)"
+    with pytest.raises(ConfigError, match=re.escape(past_levels)):
         load_model_config(write(tmp_path, "batching: {priority_levels: 1, priority_queue_policy: "
                                           "{2: {max_queue_size: 1}}}\n", "m.yaml"), defaults)
 

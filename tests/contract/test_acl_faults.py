@@ -43,7 +43,8 @@ def test_memcpy_faults_fail_sync_copies_and_surface_at_synchronize(acl, ctx, dev
 
 
 def test_a_delay_may_keep_code_0():
-    assert faults.parse("execute:nth=2,delay_ms=5,code=0") == [{"kind": "execute", "nth": 2, "delay_ms": 5.0, "code": 0}]
+    assert faults.parse("execute:nth=2,delay_ms=5,code=0") == [{"kind": "execute", "nth": 2, "delay_ms": 5.0,
+                                                                 "code": 0}]
 
 
 @pytest.mark.parametrize("spec, fragment", [
@@ -107,7 +108,7 @@ def test_a_delay_time_can_sleep_is_taken(clean_faults):
                                                                   "describe: a 'memcpy' call names no model")])
 def test_serve_with_a_bad_spec_exits_with_one_line(tmp_path, spec, fragment):
     env = dict(os.environ, ACLSERVE_CPU_FAULTS=spec)
-    proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port", "0", "--grpc-port", "0",
-                           "--device", "cpu"], env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port", "0",
+                           "--grpc-port", "0", "--device", "cpu"], env=env, capture_output=True, text=True, timeout=60)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and fragment in lines[0], proc.stderr

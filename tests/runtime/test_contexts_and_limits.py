@@ -70,7 +70,8 @@ def test_room_is_counted_as_the_device_takes_it_huge_pages_included(runtime):
     failed with 207001; from a device-memory audit)."""
     from aclserve.runtime.device import Device, LoadError, device_bytes
     mib = 1 << 20
-    assert [device_bytes(n) for n in (1, 32, 1000, mib - 64, mib, 4 * mib)] == [64, 64, 1056, mib - 32, 2 * mib, 6 * mib]
+    assert [device_bytes(n) for n in (1, 32, 1000, mib - 64, mib, 4 * mib)] == \
+        [64, 64, 1056, mib - 32, 2 * mib, 6 * mib]
     device = Device(runtime.acl, 0, memory_reserve_fraction=0.5)
     try:
         free, total = device.mem_info()

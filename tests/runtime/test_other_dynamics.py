@@ -76,11 +76,13 @@ def output_of(path, kind, gears=(1, 2)):
 def test_an_output_without_its_batch_first_is_refused_at_load(runtime, tmp_path, kind, dims):
     om = output_of(tmp_path / "m.om", kind)
     ledger = runtime.device(0).ledger
-    before = (ledger.streams, ledger.events, runtime.acl.memory_stats(0)["used"], runtime.acl.memory_stats(0)["allocations"])
+    before = (ledger.streams, ledger.events, runtime.acl.memory_stats(0)["used"],
+              runtime.acl.memory_stats(0)["allocations"])
     message = f"output 'y' is not batch-major (dims {dims} at batch sizes [1, 2])"
     with pytest.raises(LoadError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         open_pool(runtime, om, "m")
-    after = (ledger.streams, ledger.events, runtime.acl.memory_stats(0)["used"], runtime.acl.memory_stats(0)["allocations"])
+    after = (ledger.streams, ledger.events, runtime.acl.memory_stats(0)["used"],
+             runtime.acl.memory_stats(0)["allocations"])
     assert after == before  # nothing kept, the probe's dataset and memory included
 
 

@@ -188,7 +188,8 @@ def test_a_client_gone_before_taking_its_answer_costs_one_debug_line(grpc_server
     "ExecuteBatchError raised in core" before). A batch that fails on the device still logs
     its ERROR."""
     caplog.set_level(logging.DEBUG)
-    caplog.set_level(logging.DEBUG, logger="grpc")  # `aclserve serve` keeps it at WARNING (a test before may have run it)
+    # `aclserve serve` keeps it at WARNING (a test before may have run it)
+    caplog.set_level(logging.DEBUG, logger="grpc")
     for method, end_stream in ((INFER, 0x1), (STREAM, 0)):
         answered = rows_run(grpc_server, "affine") + 2
         with socket.create_connection(("127.0.0.1", grpc_server.config.grpc_port)) as sock:
@@ -204,7 +205,8 @@ def test_a_client_gone_before_taking_its_answer_costs_one_debug_line(grpc_server
     # instead (its own DEBUG line), or, when the stream sees the cancellation before it hands
     # grpc the answer, ends without a word (grpc_stream.py drops it); which of the three
     # depends on the timing on a loaded machine: at most one DEBUG line, never an ERROR
-    cancelled = [r for r in caplog.records if r.levelno == logging.DEBUG and f"servicer method [{STREAM}]" in str(r.msg)]
+    cancelled = [r for r in caplog.records
+                 if r.levelno == logging.DEBUG and f"servicer method [{STREAM}]" in str(r.msg)]
     assert [(r.levelno, r.args, r.exc_info) for r in gone if r.args != (STREAM,)] == [(logging.DEBUG, (INFER,), None)]
     assert len([r for r in gone if r.args == (STREAM,) and r.levelno == logging.DEBUG]) + len(cancelled) <= 1
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR and STREAM in str(r.msg) + str(r.args)]
