@@ -1,5 +1,20 @@
-"""A stand-in `atc` executable for the ATC path: no CANN on these machines."""
+"""A stand-in `atc` executable for the ATC path: no CANN on these machines; and what the tests of
+how its builds end look at (a process alive, dot-files left in a folder)."""
 import textwrap
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def leftovers(folder) -> list[str]:
+    """The hidden entries of `folder`: a build's work folders and partial files."""
+    return [p.name for p in folder.iterdir() if p.name.startswith(".")]
 
 # The stand-in: records argv/cwd/pid, prints like ATC, then acts per FAKE_ATC_MODE (os_specific:
 # writes <output>_linux_<machine>.om, as ATC does for a model carrying its operators' code).

@@ -17,9 +17,7 @@ import pytest
 from aclserve.om.atc import AtcFailed, run_streaming as atc_run_streaming
 from aclserve.om.compile import compile_model
 
-
-def _leftovers(folder):
-    return [p.name for p in folder.iterdir() if p.name.startswith(".")]
+from .atc_stand_in import alive, leftovers
 
 
 def test_timeout_kills_atc_and_leaves_nothing(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
@@ -31,16 +29,7 @@ def test_timeout_kills_atc_and_leaves_nothing(tmp_path, fake_atc, multi_io_onnx,
     if record.exists():  # on a very slow machine the stand-in may not even have started
         with pytest.raises(ProcessLookupError):
             os.kill(json.loads(record.read_text())["pid"], 0)
-    assert not (tmp_path / "t.om").exists() and _leftovers(tmp_path) == []
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its reaper is not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    assert not (tmp_path / "t.om").exists() and leftovers(tmp_path) == []
 
 
 ABANDONED_BUILD = """
@@ -68,12 +57,12 @@ def test_a_build_abandoned_at_exit_is_killed_and_its_work_folder_removed(tmp_pat
     pid = json.loads(record.read_text())["pid"]
     try:
         for _ in range(500):
-            if not _alive(pid):
+            if not alive(pid):
                 break
             threading.Event().wait(0.01)
-        assert not _alive(pid) and _leftovers(out) == [] and not (out / "a.om").exists()
+        assert not alive(pid) and leftovers(out) == [] and not (out / "a.om").exists()
     finally:
-        if _alive(pid):
+        if alive(pid):
             os.kill(pid, 9)
 
 
@@ -104,7 +93,7 @@ def compile_until_atc_runs(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
         proc.kill()
     ran = json.loads(record.read_text()) if record.exists() else {}
     for pid in (ran.get("pid"), ran.get("helper")):
-        if pid and _alive(pid):
+        if pid and alive(pid):
             os.kill(pid, 9)
 
 
@@ -119,11 +108,11 @@ def test_a_compile_ended_by_sigterm_or_sighup_leaves_nothing(fake_atc, compile_u
     _, err = proc.communicate(timeout=120)
     pid = json.loads(record.read_text())["pid"]
     for _ in range(500):
-        if not _alive(pid):
+        if not alive(pid):
             break
         threading.Event().wait(0.01)
     assert proc.returncode == 128 + signum and "Traceback" not in err, err
-    assert not _alive(pid) and _leftovers(out) == [] and not (out / "s.om").exists()
+    assert not alive(pid) and leftovers(out) == [] and not (out / "s.om").exists()
 
 
 def test_a_compile_killed_outright_takes_its_atc_with_it(fake_atc, compile_until_atc_runs):
@@ -135,10 +124,10 @@ def test_a_compile_killed_outright_takes_its_atc_with_it(fake_atc, compile_until
     proc.kill()
     proc.communicate(timeout=120)
     for _ in range(3000):  # (a hang guard: the kernel's signal is at once)
-        if not _alive(ran["pid"]) and not _alive(ran["helper"]):
+        if not alive(ran["pid"]) and not alive(ran["helper"]):
             break
         threading.Event().wait(0.01)
-    assert not _alive(ran["pid"]) and not _alive(ran["helper"])
+    assert not alive(ran["pid"]) and not alive(ran["helper"])
 
 
 def test_a_compile_under_nohup_keeps_running_when_the_terminal_closes(compile_until_atc_runs):
@@ -149,7 +138,7 @@ def test_a_compile_under_nohup_keeps_running_when_the_terminal_closes(compile_un
     proc.send_signal(signal.SIGTERM)  # (delivered after the SIGHUP: the exit says which ended it)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err
-    assert _leftovers(out) == []
+    assert leftovers(out) == []
 
 
 @pytest.mark.parametrize("sig", ["KILL", "TERM"])

@@ -14,6 +14,8 @@ import threading
 
 from tests import REPO
 
+from .atc_stand_in import alive
+
 HANG_GUARD_S = 120  # (not a timing: how long a wait may last before the test says it hung)
 
 
@@ -41,21 +43,12 @@ def _open_files(pid: int) -> set[str]:
     return {os.readlink(f"{folder}/{fd}") for fd in os.listdir(folder)}
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its reaper is not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _until_gone(*pids: int) -> None:
     for _ in range(HANG_GUARD_S * 100):
-        if not any(map(_alive, pids)):
+        if not any(map(alive, pids)):
             return
         threading.Event().wait(0.01)
-    raise AssertionError(f"still running: {[p for p in pids if _alive(p)]}")
+    raise AssertionError(f"still running: {[p for p in pids if alive(p)]}")
 
 
 def _work_folders(folder) -> list[str]:
@@ -104,5 +97,5 @@ def test_a_killed_compiles_atc_folder_goes_with_the_next_compile_a_live_ones_sta
                 continue
             proc.kill()
             proc.communicate(timeout=HANG_GUARD_S)
-            if (tmp_path / record).exists() and _alive(pid := json.loads((tmp_path / record).read_text())["pid"]):
+            if (tmp_path / record).exists() and alive(pid := json.loads((tmp_path / record).read_text())["pid"]):
                 os.kill(pid, signal.SIGKILL)

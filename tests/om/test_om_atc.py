@@ -16,11 +16,8 @@ from aclserve.om import atc_om
 from aclserve.om.atc import AtcFailed
 from aclserve.om.spec import CompileError
 from aclserve.om.compile import compile_model
+from .atc_stand_in import leftovers
 from .conftest import run_cli
-
-
-def _leftovers(folder):
-    return [p.name for p in folder.iterdir() if p.name.startswith(".")]
 
 
 def test_argument_mapping_and_valid_output(tmp_path, fake_atc, multi_io_onnx):
@@ -41,7 +38,7 @@ def test_argument_mapping_and_valid_output(tmp_path, fake_atc, multi_io_onnx):
     assert os.stat(out).st_mode & 0o777 == 0o644  # ATC writes 0600: shared with replicas and the server's user
     assert result.target == "npu" and result.header["name"] == "net" and result.header["gears"] == [1, 2, 4]
     assert any("ATC run success" in ln and ln.startswith("[") and "s] " in ln for ln in lines)
-    assert not os.path.exists(work) and _leftovers(tmp_path) == []
+    assert not os.path.exists(work) and leftovers(tmp_path) == []
 
 
 @pytest.mark.parametrize("where", ["model", "output"])
@@ -59,7 +56,7 @@ def test_a_path_atc_would_refuse_for_a_character_is_refused_before_it_runs(tmp_p
     with pytest.raises(CompileError, match=f"the {where}( folder)? path .*my models.* has ' '; rename or move it"):
         compile_model(model, out, soc_version="Ascend310P3", atc=str(atc), log=lambda s: None)
     assert not record.exists()  # ATC never ran
-    assert not out.exists() and _leftovers(out.parent) == []
+    assert not out.exists() and leftovers(out.parent) == []
 
 
 def test_static_model_gets_no_dynamic_batch_flag(tmp_path, fake_atc, static_onnx):
@@ -94,7 +91,7 @@ def test_bad_atc_output_is_refused(tmp_path, fake_atc, multi_io_onnx, mode, expe
     with pytest.raises(AtcFailed, match=expected):
         compile_model(multi_io_onnx, tmp_path / "t.om", batch="1", soc_version="Ascend310P3", atc=str(atc),
                       log=lambda s: None)
-    assert not (tmp_path / "t.om").exists() and _leftovers(tmp_path) == []
+    assert not (tmp_path / "t.om").exists() and leftovers(tmp_path) == []
 
 
 def test_cli_failure_quotes_atc_errors(tmp_path, fake_atc, multi_io_onnx):
@@ -107,7 +104,7 @@ def test_cli_failure_quotes_atc_errors(tmp_path, fake_atc, multi_io_onnx):
     assert "exit status 1" in err[0] and "E10001: Value [x:-1,4]" in err[0] and "ATC run failed" in err[0]
     assert "[INFO] parsing model" not in err[0]
     assert "ATC start working now" in proc.stdout  # streamed to stdout as it ran
-    assert not (tmp_path / "f.om").exists() and _leftovers(tmp_path) == []
+    assert not (tmp_path / "f.om").exists() and leftovers(tmp_path) == []
 
 
 def test_cli_finds_atc_on_path_and_inspects_result(tmp_path, fake_atc, multi_io_onnx):
@@ -235,7 +232,7 @@ def test_an_input_name_holding_a_semicolon_is_refused_before_atc_runs(tmp_path, 
     with pytest.raises(CompileError, match="ATC's --input_shape cannot name input 'a;b': it splits the option at ';'"):
         compile_model(_named_input(tmp_path, "a;b"), tmp_path / "m.om", soc_version="Ascend310P3", atc=str(atc),
                       log=lambda s: None)
-    assert not record.exists() and _leftovers(tmp_path) == []
+    assert not record.exists() and leftovers(tmp_path) == []
     compile_model(_named_input(tmp_path, "a;b"), tmp_path / "m.om", target="cpu", log=lambda s: None)  # (CPU: fine)
 
 
