@@ -160,8 +160,8 @@ class InstancePool:
         """(InstanceListener) Batches an instance's launcher handed back unlaunched, in their order: its device was
         found failed as a whole after they were queued there (launcher.py). Each goes where a new batch would (an
         instance on a healthy device; one that waits, ahead of the batches waiting already: it was dispatched
-        first), or is answered at once (DeviceFailed, naming the model). A re-run among them did not run: its
-        launch is not counted. From the launcher thread; never blocks."""
+        first), or is answered at once (DeviceFailed, naming the model; a re-run with the error its run failed with
+        first). A re-run among them did not run: its launch is not counted. From the launcher thread; never blocks."""
         for batch in batches:  # as before their launch: a re-run's not counted, a new one never launched
             self.batch_faults.not_launched(batch)
             batch.ran_on, batch.ran_by = batch.failed_lane, batch.failed_by
@@ -209,7 +209,7 @@ class InstancePool:
 
     def _launch(self, batch: Batch, lane: int, slot) -> None:
         self.batch_faults.launched(batch)  # a re-run counted once it runs again, not when it is meant to
-        batch.ran_on, batch.ran_by, batch.error = lane, self.instances[lane], None
+        batch.ran_on, batch.ran_by = lane, self.instances[lane]  # (its launcher clears a re-run's error as it runs it)
         self.instances[lane].launch(slot, batch)
 
     def _pick(self, batch: Batch) -> tuple[int, object] | None:
