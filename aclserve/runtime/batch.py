@@ -89,6 +89,10 @@ class InstanceListener(BatchListener, Protocol):
     """Who hears from a ModelInstance (its pool): a BatchListener that also takes back batches
     queued on the instance and never launched there."""
 
+    def launching(self, batch: Batch) -> None:
+        """The instance's launcher puts `batch` on the device now (it was not handed back). Called
+        from the launcher thread; must not block."""
+
     def not_launched(self, batches: list[Batch]) -> None:
         """`batches`, in the order they were queued on the instance, were not launched: its device
         was found failed as a whole meanwhile (launcher.py). Their slots are back; the listener

@@ -38,18 +38,12 @@ class BatchFaults:
         self._reruns = 0
 
     def launched(self, batch: Batch) -> None:
-        """The pool launches `batch` on an instance: a re-run when it holds a failed batch's work
-        (a whole retry, or a part: both carry the lane they failed on)."""
+        """An instance's launcher puts `batch` on the device (not one it hands back): a re-run when
+        it holds a failed batch's work (a whole retry, or a part: both carry the lane they failed
+        on). Counted only here, so the counter never goes down."""
         if batch.failed_lane is not None:
             with self._lock:
                 self._reruns += 1
-
-    def not_launched(self, batch: Batch) -> None:
-        """The launch of `batch` did not happen after all (its instance's launcher handed it back:
-        launcher.py): a re-run's is not counted."""
-        if batch.failed_lane is not None:
-            with self._lock:
-                self._reruns -= 1
 
     def answered(self, batch: Batch, whole: Batch) -> None:
         """The pool hands `whole` to its listener, finished by `batch` (itself, or its last part)."""

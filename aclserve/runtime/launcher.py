@@ -189,6 +189,7 @@ class Launcher:
                 continue
             batch.launched_ns = now_ns()  # its requests' queue time ends here, as a trace's COMPUTE_START
             batch.error = None  # a re-run's first error goes as it runs (handed back unlaunched, it keeps it)
+            self.listener.launching(batch)
             if batch.trace is not None:
                 self._trace_launch(batch.trace, slot, direct, batch.launched_ns)
             error = None

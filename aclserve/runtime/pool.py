@@ -156,14 +156,19 @@ class InstancePool:
         if self._builder is not None and any(i.broken for i in self.instances):
             self._rebuild_broken()  # e.g. a stream reset that failed as the slot came back
 
+    def launching(self, batch: Batch) -> None:
+        """(InstanceListener) An instance's launcher puts `batch` on the device now: a re-run is counted here, where
+        it runs (counted when the pool gave it to an instance, one handed back unlaunched was taken back: a scrape
+        between the two saw the counter go down). From the launcher thread; never blocks."""
+        self.batch_faults.launched(batch)
+
     def not_launched(self, batches: list[Batch]) -> None:
         """(InstanceListener) Batches an instance's launcher handed back unlaunched, in their order: its device was
         found failed as a whole after they were queued there (launcher.py). Each goes where a new batch would (an
         instance on a healthy device; one that waits, ahead of the batches waiting already: it was dispatched
         first), or is answered at once (DeviceFailed, naming the model; a re-run with the error its run failed with
-        first). A re-run among them did not run: its launch is not counted. From the launcher thread; never blocks."""
-        for batch in batches:  # as before their launch: a re-run's not counted, a new one never launched
-            self.batch_faults.not_launched(batch)
+        first). From the launcher thread; never blocks."""
+        for batch in batches:  # as before their launch: a new one never launched, a re-run where it failed
             batch.ran_on, batch.ran_by = batch.failed_lane, batch.failed_by
         waiting = 0
         for batch in batches:
@@ -208,7 +213,6 @@ class InstancePool:
             self._answer(batch)
 
     def _launch(self, batch: Batch, lane: int, slot) -> None:
-        self.batch_faults.launched(batch)  # a re-run counted once it runs again, not when it is meant to
         batch.ran_on, batch.ran_by = lane, self.instances[lane]  # (its launcher clears a re-run's error as it runs it)
         self.instances[lane].launch(slot, batch)
 

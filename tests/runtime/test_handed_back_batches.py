@@ -2,9 +2,9 @@
 whole after they were queued there: launcher.py, pool.not_launched), as the pool counts and
 answers them.
 
-A re-run's launch is counted (aclserve_batch_reruns_total) when the pool gives it to an instance;
-one handed back did not run there, so its count is taken back: it counts once when it runs
-elsewhere, and not at all when nothing can run it. A new batch handed back never ran, so once
+A re-run's launch is counted (aclserve_batch_reruns_total) when an instance's launcher puts it on
+the device, so one handed back counts once when it runs elsewhere, and not at all when nothing can
+run it (counted when the pool gave it to an instance and taken back, the counter went down). A new batch handed back never ran, so once
 answered DeviceFailed it is no failed batch; a retry handed back and answered because nothing can
 run it is one failed batch, answered with the error its first run failed with (the launch had
 cleared it). Several handed back keep their order, ahead of the batches waiting already.
@@ -120,18 +120,28 @@ out["counts"] = counts(spread.pool)
 
 # A batch of two requests fails on lane 0 (device 1) and is split: its parts run alone on lane 0
 # once rebuilt. The first part's launch there is held between the pool's choice of lane 0 and the
-# hand-over to its launcher (the pool's BatchFaults lock) while device 1 is found failed.
+# hand-over to its launcher (pool._launch, wrapped) while device 1 is found failed.
 _PART_QUEUED = _PRELUDE + """
 iso = BatchFutures(open_pool(runtime, path, "iso", instances=int(sys.argv[2]), devices=(1, 0)))
 finder = BatchFutures(open_pool(runtime, path, "finder", devices=(1,)))
 models = (iso, finder)
 first = iso.pool.instances[0]
 faults.inject("execute", nth=1, model_id=first.model.model_id)  # 507011 on lane 0
-with iso.pool.batch_faults._lock:
-    split = iso.submit([affine_request(1, 1), affine_request(1, 2)], gear=2, lane=0)
-    wait_for(lambda: iso.pool.instances[0] is not first and iso.pool.instances[0].in_flight == 1,
-             "the first part given lane 0, rebuilt")
-    fail_device_1(finder)
+part_gate, launch = threading.Event(), iso.pool._launch
+
+
+def held_launch(batch, lane, slot):
+    if batch.failed_lane is not None:  # a part: held once its lane and slot are chosen
+        part_gate.wait(60)
+    launch(batch, lane, slot)
+
+
+iso.pool._launch = held_launch
+split = iso.submit([affine_request(1, 1), affine_request(1, 2)], gear=2, lane=0)
+wait_for(lambda: iso.pool.instances[0] is not first and iso.pool.instances[0].in_flight == 1,
+         "the first part given lane 0, rebuilt")
+fail_device_1(finder)
+part_gate.set()
 try:
     batch = split.result(timeout=60)
     out["split"] = {"errors": [None if e is None else f"{type(e).__name__}: {e}" for e in batch.errors or ()],
