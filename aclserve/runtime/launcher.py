@@ -154,12 +154,15 @@ class Launcher:
     def _hand_back(self, items) -> None:
         """The device was found failed as a whole after these batches were queued here: none is
         launched (the device would refuse it, and nothing more is sent to it). Their slots come
-        back and the pool has them again, in order, to run elsewhere or answer (not_launched)."""
+        back and the pool has them again, in order, to run elsewhere or answer (not_launched), then
+        hears of the free slots as from the completion thread (what waits may be answered now)."""
         log.warning("%s: %d queued batch(es) not launched: device %d failed as a whole; handed back to the pool",
                     self.name, len(items), self._device.id)
         for slot, _ in items:
-            self._book.return_slot(slot)  # (no stream reset follows: nothing runs here again)
+            if self._book.return_slot(slot):  # a reset pending: settled, not run (nothing runs here again), as
+                self._book.reset_settled()    # the completion thread does on a failed device (free_slots)
         self.listener.not_launched([batch for _, batch in items])
+        self.listener.slot_free()
 
     def _run(self) -> None:
         book, resources = self._book, self._resources
