@@ -127,29 +127,30 @@ class Launcher:
                 return  # answered already (a hung launch abandoned, then the instance closed)
             self._given_up = (why, error)
             held = [self._launching] if self._launching is not None else []
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is not None:
-                    held.append(item)
+            held += self._drain()[0]
             self._queue.put(None)  # a launcher between two batches stops at its next look
         for slot, batch in held:
             self.refuse(slot, batch, why, error)
 
     def _take_queued(self, first) -> tuple[list, bool]:
         """`first` and the batches queued behind it, taken off the queue in order (the book's lock
-        held, as _answer_held takes them), and whether the stop marker was behind them."""
-        items = [first]
+        held, as _answer_held takes them), and whether the stop marker was among them."""
+        items, stop = self._drain()
+        return [first] + items, stop
+
+    def _drain(self) -> tuple[list, bool]:
+        """Every batch queued, taken off in order (the book's lock held), and whether a stop
+        marker was among them (dropped: the caller stops, or puts one back)."""
+        items, stop = [], False
         while True:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
-                return items, False
+                return items, stop
             if item is None:
-                return items, True
-            items.append(item)
+                stop = True
+            else:
+                items.append(item)
 
     def _hand_back(self, items) -> None:
         """The device was found failed as a whole after these batches were queued here: none is
