@@ -8,12 +8,7 @@ DeviceFailed naming the model. Two CPU devices, the device failed by the CPU run
 injection; in a process of its own (the device stays failed until every user lets go of it)."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-from tests import REPO
+from .own_process import run_script
 
 _QUEUED_BEHIND_A_LAUNCH = """
 import json, logging, sys, threading
@@ -58,24 +53,19 @@ print(json.dumps(out))
 
 
 def test_batches_queued_on_a_launcher_when_its_device_failed_as_a_whole_are_not_launched(affine_om):
-    env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_CPU_FAULTS"}
-    proc = subprocess.run([sys.executable, "-c", _QUEUED_BEHIND_A_LAUNCH, affine_om()], capture_output=True,
-                          text=True, env=dict(env, PYTHONPATH=str(REPO), ACLSERVE_CPU_DEVICES="2"), cwd=REPO,
-                          timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out, stderr = run_script(_QUEUED_BEHIND_A_LAUNCH, affine_om(), devices=2)
     whole = "device 1 failed as a whole (507054: HBM multi-bit ECC error)"
     assert out["found"].startswith("DeviceFailed: batch of 1 row (gear 1) failed on device 1, instance finder#0"), out
     # the queued one: run on the healthy device (it failed on device 1 before: no re-run with retry=False),
     # or answered at once naming the model (it named only the instance its launch failed on)
-    assert out["spread"][1] == "answered by spread#1", (out, proc.stderr[-3000:])
+    assert out["spread"][1] == "answered by spread#1", (out, stderr[-3000:])
     assert out["alone"][1] == (f"DeviceFailed: model alone: {whole}: nothing runs on it until it is reset, which "
                                f"takes a restart of the process"), out
     # each first batch was inside its launch call as the failure was found: the device refused it, and it only
     for name in ("spread", "alone"):
         assert out[name][0].startswith(f"DeviceFailed: batch of 1 row (gear 1) failed on device 1, instance "
                                        f"{name}#0"), out
-        refused = [line for line in proc.stderr.splitlines() if f"{name}#0: could not launch a batch" in line]
-        assert len(refused) == 1, proc.stderr[-3000:]  # (two before: the queued one was launched, and refused)
+        refused = [line for line in stderr.splitlines() if f"{name}#0: could not launch a batch" in line]
+        assert len(refused) == 1, stderr[-3000:]  # (two before: the queued one was launched, and refused)
         assert f"{name}#0: 1 queued batch(es) not launched: device 1 failed as a whole; handed back to the pool" \
-            in proc.stderr, proc.stderr[-3000:]
+            in stderr, stderr[-3000:]

@@ -3,8 +3,6 @@ closed model or engine either way, each with a message; a corrupt OM's LoadError
 nothing is printed to a caller who set up no logging."""
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import threading
@@ -17,6 +15,8 @@ from aclserve.runtime import Engine
 
 from tests import REPO
 from tests.tiny_models import affine_request
+
+from .own_process import run_script
 
 pytestmark = pytest.mark.usefixtures("clean_faults")
 
@@ -120,18 +120,14 @@ def test_a_device_that_failed_as_a_whole_raises_device_failed_and_is_not_rebuilt
     found it is not rebuilt; the other is sent no batch from then on (the calls fail at once), so
     it has nothing to rebuild. In a process of its own: the CPU runtime's device stays failed until
     every user lets go of it."""
-    env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_CPU_FAULTS"}
-    proc = subprocess.run([sys.executable, "-c", _DEVICE_FAILURE, affine_om()], capture_output=True, text=True,
-                          env=dict(env, PYTHONPATH=str(REPO)), cwd=REPO, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(out["errors"]) == 3, (out, proc.stderr[-3000:])
+    out, stderr = run_script(_DEVICE_FAILURE, affine_om(), timeout=120)
+    assert len(out["errors"]) == 3, (out, stderr[-3000:])
     assert all("device 0 failed as a whole (507054: HBM multi-bit ECC error)" in e for e in out["errors"])
     assert out["rebuilds"] == 0 and out["alive"] == [False]  # refused at once, not tried again
     assert out["rebuilds_failed"] == 1
     assert out["out_of_service"].startswith("no instance can run a batch: device 0 failed as a whole")
-    failed = [line for line in proc.stderr.splitlines() if line.startswith("device 0 failed as a whole")]
-    assert len(failed) == 1 and "close the Engine and restart the process" in failed[0], proc.stderr[-3000:]
+    failed = [line for line in stderr.splitlines() if line.startswith("device 0 failed as a whole")]
+    assert len(failed) == 1 and "close the Engine and restart the process" in failed[0], stderr[-3000:]
 
 
 _PASSING_COPY_FAULTS = """
@@ -195,12 +191,8 @@ def test_a_copy_that_fails_on_its_own_or_a_probe_that_raises_is_no_device_failed
     reviewer: memcpy:nth=40,count=2,code=507899). A probe that raised killed the completion
     thread, its batch never answered. Both now tell nothing: the instance is rebuilt as after
     any fault and serves on."""
-    env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_CPU_FAULTS"}
-    proc = subprocess.run([sys.executable, "-c", _PASSING_COPY_FAULTS, affine_om()], capture_output=True,
-                          text=True, env=dict(env, PYTHONPATH=str(REPO)), cwd=REPO, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["errors"] == ["ExecutionFailed", "ExecutionFailed"], (out, proc.stderr[-3000:])
+    out, stderr = run_script(_PASSING_COPY_FAULTS, affine_om(), timeout=240)
+    assert out["errors"] == ["ExecutionFailed", "ExecutionFailed"], (out, stderr[-3000:])
     assert out["failed_devices"] == 0 and len(out["after"]) == 1
 
 
@@ -208,16 +200,12 @@ def test_after_a_device_failed_as_a_whole_nothing_more_is_tried_on_it(affine_om)
     """(found by a tester) Its failed batch was re-run on the model's other instance, on the same
     failed device (failing again, as ExecutionFailed); a load there succeeded without a warm-up,
     to fail at its first call, and the server's load retry took DeviceFailed for transient."""
-    env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_CPU_FAULTS"}
-    proc = subprocess.run([sys.executable, "-c", _AFTER_DEVICE_FAILURE, affine_om()], capture_output=True, text=True,
-                          env=dict(env, PYTHONPATH=str(REPO)), cwd=REPO, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out, stderr = run_script(_AFTER_DEVICE_FAILURE, affine_om(), timeout=120)
     assert "device 0 failed as a whole (507054: HBM multi-bit ECC error)" in out["error"], out
-    assert out["retried"] == 0, (out, proc.stderr[-3000:])
+    assert out["retried"] == 0, (out, stderr[-3000:])
     assert out["transient"] is False
     assert out["load"].startswith("device 0 failed as a whole (507054: HBM multi-bit ECC error)"), out
-    assert "leaves rotation and is rebuilt" not in proc.stderr and "rebuilding instance" not in proc.stderr
+    assert "leaves rotation and is rebuilt" not in stderr and "rebuilding instance" not in stderr
 
 
 _ANOTHER_DEVICE_SERVES = """
@@ -262,14 +250,9 @@ def test_once_a_device_failed_as_a_whole_no_batch_goes_to_it(affine_om):
     a model all on a device another model had found failed sent its first batch there. Now none
     goes to it: the healthy device's instance runs them, and a model with none fails at once with
     DeviceFailed, its device untouched (no fault counted)."""
-    env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_CPU_FAULTS"}
-    proc = subprocess.run([sys.executable, "-c", _ANOTHER_DEVICE_SERVES, affine_om()], capture_output=True,
-                          text=True, env=dict(env, PYTHONPATH=str(REPO), ACLSERVE_CPU_DEVICES="2"), cwd=REPO,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out, stderr = run_script(_ANOTHER_DEVICE_SERVES, affine_om(), devices=2, timeout=120)
     whole = "device 1 failed as a whole (507054: HBM multi-bit ECC error)"
-    assert out["mixed"] == ["answered"] * 3 and out["once"] == "answered", (out, proc.stderr[-3000:])
+    assert out["mixed"] == ["answered"] * 3 and out["once"] == "answered", (out, stderr[-3000:])
     assert out["alone"].startswith(f"DeviceFailed: model alone: {whole}"), out
     assert out["faults"] == {"mixed": {"507054": 1}, "once": {}, "alone": {}}, out  # only the batch that found it
     # offered to the batcher: no lane on the failed device while another serves; with none, its own
@@ -317,12 +300,7 @@ def test_batches_waiting_for_a_slot_on_a_device_failed_as_a_whole_fail_at_once(a
     on the failed device when it came back. Now they fail at once with DeviceFailed, untouched
     (without an answer they waited for good). The slot comes back without a stream reset, said
     so (it was reset, and said "serving again", of an instance nothing is sent to again)."""
-    env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_CPU_FAULTS"}
-    proc = subprocess.run([sys.executable, "-c", _WAITING_FOR_A_SLOT, affine_om()], capture_output=True, text=True,
-                          env=dict(env, PYTHONPATH=str(REPO), ACLSERVE_CPU_DEVICES="2", ACLSERVE_CPU_SOC="Ascend310"),
-                          cwd=REPO, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out, stderr = run_script(_WAITING_FOR_A_SLOT, affine_om(), devices=2, ACLSERVE_CPU_SOC="Ascend310")
     whole = "device 1 failed as a whole (507054: HBM multi-bit ECC error)"
     assert out["broken"] == [None], out  # (not rebuilt: no rebuild answered them)
     assert out["errors"][0].startswith("DeviceFailed: batch of 1 row (gear 1) failed on device 1"), out
@@ -362,11 +340,6 @@ def test_the_requests_of_a_failed_batch_run_alone_leave_a_device_failed_as_a_who
     """A batch's requests re-run one at a time (isolation.py) stayed on the instance it failed on,
     not taken out of rotation where streams do not stop on a failure (an Ascend310), after its
     device failed as a whole: the next request failed there too. It goes to a healthy device's."""
-    env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_CPU_FAULTS"}
-    proc = subprocess.run([sys.executable, "-c", _PARTS_ON_A_FAILED_DEVICE, affine_om()], capture_output=True,
-                          text=True, cwd=REPO, timeout=180,
-                          env=dict(env, PYTHONPATH=str(REPO), ACLSERVE_CPU_DEVICES="2", ACLSERVE_CPU_SOC="Ascend310"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out, stderr = run_script(_PARTS_ON_A_FAILED_DEVICE, affine_om(), devices=2, ACLSERVE_CPU_SOC="Ascend310")
     assert out == {"errors": ["DeviceFailed", None], "ran_on": ["split#1"],
-                   "faults": [{"507011": 1, "507054": 1}, {}]}, (out, proc.stderr[-3000:])
+                   "faults": [{"507011": 1, "507054": 1}, {}]}, (out, stderr[-3000:])

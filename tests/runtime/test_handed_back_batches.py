@@ -17,12 +17,7 @@ before it: the test holds the pool's BatchFaults lock, which its launch takes be
 choice of the instance and the hand-over to the launcher, while the device is found failed."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-from tests import REPO
+from .own_process import run_script
 
 _PRELUDE = """
 import json, logging, sys, threading, time
@@ -185,14 +180,6 @@ out["ran"] = ran
 """ + _END
 
 
-def _run(script: str, om: str, *args: str) -> tuple[dict, str]:
-    env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_CPU_FAULTS"}
-    proc = subprocess.run([sys.executable, "-c", script, om, *args], capture_output=True, text=True,
-                          env=dict(env, PYTHONPATH=str(REPO), ACLSERVE_CPU_DEVICES="2"), cwd=REPO, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
-
-
 def _handed_back(stderr: str, instance: str, count: int = 1) -> bool:
     return (f"{instance}: {count} queued batch(es) not launched: device 1 failed as a whole; handed back to the "
             f"pool") in stderr
@@ -201,7 +188,7 @@ def _handed_back(stderr: str, instance: str, count: int = 1) -> bool:
 def test_a_retry_handed_back_counts_one_re_run_when_it_runs_elsewhere(affine_om):
     """The retry's launch on lane 1 was counted, then counted again on the rebuilt lane 0: 3 re-runs
     for 2 (the batch's and `ahead`'s, refused by the failed device and retried on lane 0)."""
-    out, stderr = _run(_RETRY_RUNS_ELSEWHERE, affine_om())
+    out, stderr = run_script(_RETRY_RUNS_ELSEWHERE, affine_om(), devices=2)
     assert _handed_back(stderr, "spread#1"), stderr[-3000:]
     assert out["retried"] == out["ahead"] == "answered by spread#0", out
     assert out["counts"] == {"retried": 2, "rerun_alone": 0, "failed": 0, "reruns": 2}, out
@@ -214,7 +201,7 @@ def test_a_retry_handed_back_that_nothing_can_run_is_one_failed_batch_with_its_f
     had cleared it), one failed batch, its re-run not counted (it was). `alone`'s new batch handed
     back never ran: answered DeviceFailed, no failed batch (it counted as one, beside `alone_ahead`,
     whose launch the failed device refused)."""
-    out, stderr = _run(_RETRY_NEVER_RUNS, affine_om())
+    out, stderr = run_script(_RETRY_NEVER_RUNS, affine_om(), devices=2)
     assert _handed_back(stderr, "spread#1") and _handed_back(stderr, "alone#0"), stderr[-3000:]
     assert out["retried"].startswith("ExecutionFailed: batch of 1 row (gear 1) failed on device 0, instance "
                                      "spread#0: "), out
@@ -230,7 +217,7 @@ def test_a_retry_handed_back_that_nothing_can_run_is_one_failed_batch_with_its_f
 def test_a_part_handed_back_counts_one_re_run_when_it_runs_elsewhere(affine_om):
     """The first part comes back from lane 0 and runs alone on lane 1 (device 0), the second part
     after it: 2 re-runs, not 3; the batch split once (rerun_alone), both its requests answered."""
-    out, stderr = _run(_PART_QUEUED, affine_om(), "2")
+    out, stderr = run_script(_PART_QUEUED, affine_om(), "2", devices=2)
     assert _handed_back(stderr, "iso#0"), stderr[-3000:]
     assert out["split"] == {"errors": [], "instance": "iso#1", "runs": ["iso#1", "iso#1"]}, out
     assert out["counts"] == {"retried": 0, "rerun_alone": 1, "failed": 0, "reruns": 2}, out
@@ -241,7 +228,7 @@ def test_a_part_handed_back_that_nothing_can_run_counts_no_re_run_and_keeps_its_
     part's launch); the batch, counted once, fails with the error it failed with first, as the
     second part, never launched, did already (the first part got "DeviceFailed: model iso: device 1
     failed as a whole ...": its launch had cleared it)."""
-    out, stderr = _run(_PART_QUEUED, affine_om(), "1")
+    out, stderr = run_script(_PART_QUEUED, affine_om(), "1", devices=2)
     assert _handed_back(stderr, "iso#0"), stderr[-3000:]
     assert out["split"].startswith("ExecutionFailed: batch of 2 rows (gear 2) failed on device 1, instance "
                                    "iso#0: "), out
@@ -252,7 +239,7 @@ def test_a_part_handed_back_that_nothing_can_run_counts_no_re_run_and_keeps_its_
 def test_several_batches_handed_back_keep_their_order_ahead_of_those_waiting(affine_om):
     """The three handed back wait for lane 1 in the order they were queued on lane 0, ahead of the
     two that waited already (dispatched after them): lane 1 runs its own, then them in that order."""
-    out, stderr = _run(_SEVERAL_QUEUED, affine_om())
+    out, stderr = run_script(_SEVERAL_QUEUED, affine_om(), devices=2)
     assert _handed_back(stderr, "several#0", 3), stderr[-3000:]
     ran = [name for name in out["ran"] if not name.startswith("busy")]
     assert ran == ["queued1", "queued2", "queued3", "waiting1", "waiting2"], out
