@@ -1,12 +1,14 @@
 """The real server in tests: free ports, a test configuration, the server in a thread of its own
-(ServerThread) with a one-request client for it (request), and the app on the test's own loop
-(started_app)."""
+(ServerThread) with one-request clients for it (request; post_status, blocking, for a test's own
+threads), and the app on the test's own loop (started_app)."""
 from __future__ import annotations
 
 import asyncio
 import io
 import socket
 import threading
+import urllib.error
+import urllib.request
 
 import aiohttp
 import aiohttp.web
@@ -105,6 +107,17 @@ def request(server, method: str, path: str, **kwargs) -> tuple[int, dict, bytes]
             async with session.request(method, f"http://{server.url}{path}", **kwargs) as resp:
                 return resp.status, dict(resp.headers), await resp.read()
     return asyncio.run(go())
+
+
+def post_status(url: str, path: str, body: bytes) -> int:
+    """The HTTP status of one POST of `body` to `path` at `url` (host:port), an error's too."""
+    post = urllib.request.Request(f"http://{url}{path}", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(post, timeout=60) as answer:
+            return answer.status
+    except urllib.error.HTTPError as e:
+        e.close()
+        return e.code
 
 
 async def started_app(config):

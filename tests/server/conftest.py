@@ -4,6 +4,8 @@ thread (tests/serving.py), so tests can use blocking clients (tritonclient) dire
 aiohttp clients under asyncio.run()."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from tests.serving import ServerThread, free_port, server_config
@@ -28,6 +30,15 @@ def models_dir(tmp_path_factory):
     compile_cpu_om(affine_onnx(src / "affine.onnx"), root / "affine.om")
     compile_cpu_om(double_onnx(src / "double.onnx"), root / "double.om")
     return root
+
+
+@pytest.fixture
+def double_dir(models_dir, tmp_path):
+    """A models folder of the test's own (tmp_path / "models") holding double.om alone."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copy(models_dir / "double.om", folder / "double.om")
+    return folder
 
 
 @pytest.fixture(scope="module")

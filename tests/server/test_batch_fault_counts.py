@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import shutil
 import threading
-import urllib.error
-import urllib.request
-
-import pytest
 
 from aclserve.acl.cpu import faults
 
-from tests.serving import ServerThread
+from tests.serving import ServerThread, post_status
 
 from .hostile import metric
 
@@ -27,20 +22,8 @@ LABELS = 'model="double",version="1"'
 OUTCOMES = ("retried", "rerun_alone", "failed")
 
 
-@pytest.fixture
-def double_dir(models_dir, tmp_path):
-    shutil.copy(models_dir / "double.om", tmp_path / "double.om")
-    return tmp_path
-
-
 def infer(url: str) -> int:
-    req = urllib.request.Request(f"http://{url}/v2/models/double/infer", data=GOOD, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status
-    except urllib.error.HTTPError as e:
-        e.close()
-        return e.code
+    return post_status(url, "/v2/models/double/infer", GOOD)
 
 
 def counts(url: str) -> dict:

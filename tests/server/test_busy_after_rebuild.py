@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
-import urllib.error
 import urllib.request
 
 import pytest
@@ -14,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from aclserve.acl.cpu import faults
 
-from tests.serving import ServerThread
+from tests.serving import ServerThread, post_status
 
 from .hostile import metric, wait_for
 
@@ -23,12 +21,7 @@ WINDOW_S = 10.0  # what the gauges' help texts and README say they cover
 
 
 def infer(url: str) -> int:
-    req = urllib.request.Request(f"http://{url}/v2/models/double/infer", data=GOOD, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status
-    except urllib.error.HTTPError as e:
-        return e.code
+    return post_status(url, "/v2/models/double/infer", GOOD)
 
 
 def read(url: str, path: str) -> bytes:
@@ -36,8 +29,7 @@ def read(url: str, path: str) -> bytes:
         return resp.read()
 
 
-def test_a_rebuilt_instance_keeps_its_predecessors_busy_time_in_the_window(models_dir, tmp_path, make_config,
-                                                                           clean_faults):
+def test_a_rebuilt_instance_keeps_its_predecessors_busy_time_in_the_window(double_dir, make_config, clean_faults):
     """Found by a tester: a rebuild put in an instance with windows of its own, so for 10 s the
     gauges read the busy time since the rebuild over the time since it (3.5 times the statistics'
     compute over the last 10 s with load after a fault; here, with none after it, 0). The one
@@ -45,8 +37,7 @@ def test_a_rebuilt_instance_keeps_its_predecessors_busy_time_in_the_window(model
     window while the scrape ends less than 10 s after it was sent, and no
     window has more than all the compute over at least the time since the model was ready. (A machine
     so slow that the scrape ends 10 s after the batch was sent cannot judge: skipped, saying so.)"""
-    shutil.copy(models_dir / "double.om", tmp_path / "double.om")
-    srv = ServerThread(make_config(tmp_path)).start()
+    srv = ServerThread(make_config(double_dir)).start()
     try:
         ready_at = time.perf_counter()  # (the server's clock too: the windows start at the warm-up's end, before)
         faults.inject("execute", nth=1, count=1, delay_ms=200)  # one batch with compute time to show

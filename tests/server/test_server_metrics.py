@@ -133,7 +133,7 @@ def test_fault_counters_survive_a_reload_of_the_same_version(models_dir, tmp_pat
     import urllib.request
 
     from aclserve.acl.cpu import faults
-    from tests.serving import ServerThread, server_config
+    from tests.serving import ServerThread, post_status, server_config
 
     own = tmp_path / "models"
     own.mkdir()
@@ -147,13 +147,7 @@ def test_fault_counters_survive_a_reload_of_the_same_version(models_dir, tmp_pat
         return samples(urllib.request.urlopen(f"http://{srv.url}/metrics", timeout=30).read().decode())
 
     def infer() -> int:
-        request = urllib.request.Request(f"http://{srv.url}/v2/models/double/infer", data=body, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=60) as answer:
-                return answer.status
-        except urllib.error.HTTPError as e:
-            e.close()
-            return e.code
+        return post_status(srv.url, "/v2/models/double/infer", body)
 
     def until(predicate) -> None:
         for _ in range(3000):  # a hang guard

@@ -8,7 +8,6 @@ writes at shutdown."""
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.error
 import urllib.request
 
@@ -21,14 +20,6 @@ from tests.serving import ServerThread, server_config
 BODY = json.dumps({"id": "doomed", "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16],
                                                 "data": [1.0] * 16}]}).encode()
 FAULT = 507011  # an AI Core exception (the CPU runtime's default injected code)
-
-
-@pytest.fixture
-def double_dir(models_dir, tmp_path):
-    folder = tmp_path / "models"
-    folder.mkdir()
-    shutil.copy(models_dir / "double.om", folder / "double.om")
-    return folder
 
 
 def _failed_request_traced(models_dir, tmp_path, fmt: str):

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import socket
 import threading
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
@@ -24,7 +21,7 @@ import tritonclient.grpc as grpcclient
 
 from aclserve.acl.cpu import faults
 
-from tests.serving import ServerThread, free_port, server_config
+from tests.serving import ServerThread, free_port, post_status, server_config
 
 from .hostile import wait_for
 from .test_server_statistics import _failures
@@ -42,14 +39,7 @@ def _body(request_id: str, **parameters) -> bytes:
 
 def _http(url: str, request_id: str, **parameters) -> int:
     """The HTTP status of one infer request."""
-    request = urllib.request.Request(f"http://{url}/v2/models/double/infer", data=_body(request_id, **parameters),
-                                     method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status
-    except urllib.error.HTTPError as e:
-        e.close()
-        return e.code
+    return post_status(url, "/v2/models/double/infer", _body(request_id, **parameters))
 
 
 def _grpc(url: str, request_id: str, timeout_us: int | None = None) -> str:
@@ -62,14 +52,6 @@ def _grpc(url: str, request_id: str, timeout_us: int | None = None) -> str:
         except grpcclient.InferenceServerException as e:
             return e.status()
     return "OK"
-
-
-@pytest.fixture
-def double_dir(models_dir, tmp_path):
-    folder = tmp_path / "models"
-    folder.mkdir()
-    shutil.copy(models_dir / "double.om", folder / "double.om")
-    return folder
 
 
 def _outcomes_traced(models_dir, tmp_path, fmt: str):
