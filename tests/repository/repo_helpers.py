@@ -118,6 +118,17 @@ def hold_folder_reads(repo) -> tuple[asyncio.Event, asyncio.Event]:
     return reading, go_on
 
 
+@contextlib.contextmanager
+def folder_reads_held(repo):
+    """hold_folder_reads for a block: yields `reading`; the reads are let go as the block ends,
+    however it ends (a failed check leaves no call waiting on them)."""
+    reading, go_on = hold_folder_reads(repo)
+    try:
+        yield reading
+    finally:
+        go_on.set()
+
+
 def count_folder_reads(repo) -> list[int]:
     """Count `repo`'s reads of the models folder: [reads so far], kept up to date."""
     scans = [0]

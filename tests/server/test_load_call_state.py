@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shutil
 
@@ -22,6 +21,8 @@ from aclserve.repository import ModelRepository
 from aclserve.runtime import AclRuntime
 from aclserve.server.app import create_app, make_runner
 from aclserve.server.app_keys import STATE
+
+from tests.repository.repo_helpers import folder_reads_held, place
 
 GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]})
 LOADING = "load asked through the repository API: reading the models folder"
@@ -60,34 +61,25 @@ def test_a_model_is_loading_to_every_client_while_its_load_call_reads_the_folder
     async def scenario():
         config = make_config(models_dir, readiness="strict")  # (explicit mode)
         repo, runner, url = await serving(config)
-        reading, go_on = asyncio.Event(), asyncio.Event()
-        rescan = repo._planner.rescan
-
-        async def held_rescan():  # the load call's read of the folder, held until the checks are done
-            reading.set()
-            await go_on.wait()
-            return await rescan()
         try:
             async with aiohttp.ClientSession() as session:
                 assert (await answer(session, "POST", url + "/v2/repository/models/double/unload"))[0] == 200
-                repo._planner.rescan = held_rescan
-                load = asyncio.ensure_future(answer(session, "POST", url + "/v2/repository/models/double/load"))
-                await asyncio.wait_for(reading.wait(), 30)  # a hang guard
-                seen = {
-                    "infer": await answer(session, "POST", url + "/v2/models/double/infer", GOOD),
-                    "model ready": (await answer(session, "GET", url + "/v2/models/double/ready"))[0],
-                    "server ready": (await answer(session, "GET", url + "/v2/health/ready"))[0],
-                    "rows": repo.index(),
-                    "metrics": (await answer(session, "GET", url + "/metrics"))[2],
-                }
-                index = asyncio.ensure_future(answer(session, "POST", url + "/v2/repository/index", "{}"))
-                go_on.set()
+                with folder_reads_held(repo) as reading:  # the load call's read, held until the checks are done
+                    load = asyncio.ensure_future(answer(session, "POST", url + "/v2/repository/models/double/load"))
+                    await asyncio.wait_for(reading.wait(), 30)  # a hang guard
+                    seen = {
+                        "infer": await answer(session, "POST", url + "/v2/models/double/infer", GOOD),
+                        "model ready": (await answer(session, "GET", url + "/v2/models/double/ready"))[0],
+                        "server ready": (await answer(session, "GET", url + "/v2/health/ready"))[0],
+                        "rows": repo.index(),
+                        "metrics": (await answer(session, "GET", url + "/metrics"))[2],
+                    }
+                    index = asyncio.ensure_future(answer(session, "POST", url + "/v2/repository/index", "{}"))
                 seen["index"] = json.loads((await index)[2])
                 loaded = await load
                 after = await answer(session, "POST", url + "/v2/models/double/infer", GOOD)
             return seen, loaded, after
         finally:
-            go_on.set()
             await runner.cleanup()
 
     seen, loaded, after = asyncio.run(scenario())
@@ -115,29 +107,19 @@ def test_the_server_is_not_ready_while_a_load_call_reads_the_folder_for_a_model_
     async def scenario():
         config = make_config(tmp_path, readiness="strict", model_control_mode=mode, settle_s=0.0)
         repo, runner, url = await serving(config)
-        reading, go_on = asyncio.Event(), asyncio.Event()
-        rescan = repo._planner.rescan
-
-        async def held_rescan():  # every read of the folder (the load call's, the watcher's), held
-            reading.set()
-            await go_on.wait()
-            return await rescan()
         try:
             async with aiohttp.ClientSession() as session:
                 before = (await answer(session, "GET", url + "/v2/health/ready"))[0]
-                repo._planner.rescan = held_rescan
-                shutil.copy(models_dir / "affine.om", tmp_path / ".new.om.part")
-                os.replace(tmp_path / ".new.om.part", tmp_path / "new.om")
-                load = asyncio.ensure_future(answer(session, "POST", url + "/v2/repository/models/new/load"))
-                await asyncio.wait_for(reading.wait(), 30)  # a hang guard
-                await asyncio.wait_for(arrived(repo, "new"), 30)  # (poll mode: the watcher's read may come first)
-                reading_ready = (await answer(session, "GET", url + "/v2/health/ready"))[0]
-                go_on.set()
+                with folder_reads_held(repo) as reading:  # every read of the folder (the load call's, the watcher's)
+                    place(models_dir / "affine.om", tmp_path / "new.om")
+                    load = asyncio.ensure_future(answer(session, "POST", url + "/v2/repository/models/new/load"))
+                    await asyncio.wait_for(reading.wait(), 30)  # a hang guard
+                    await asyncio.wait_for(arrived(repo, "new"), 30)  # (poll mode: the watcher's read may come first)
+                    reading_ready = (await answer(session, "GET", url + "/v2/health/ready"))[0]
                 loaded = (await load)[0]
                 after = (await answer(session, "GET", url + "/v2/health/ready"))[0]
             return before, reading_ready, loaded, after
         finally:
-            go_on.set()
             await runner.cleanup()
 
     assert asyncio.run(scenario()) == (200, 503, 200, 200)
@@ -196,33 +178,24 @@ def test_a_model_no_listing_knows_is_loading_while_its_load_call_reads_the_folde
         repo, runner, url = await serving(config)
         grpc_server = GrpcServer(runner.app[STATE], config.max_body_bytes)
         grpc_port = await grpc_server.start("127.0.0.1", 0)
-        reading, go_on = asyncio.Event(), asyncio.Event()
-        rescan = repo._planner.rescan
-
-        async def held_rescan():  # every read of the folder (the load call's, the watcher's), held
-            reading.set()
-            await go_on.wait()
-            return await rescan()
         try:
             async with aiohttp.ClientSession() as session:
-                repo._planner.rescan = held_rescan
-                shutil.copy(models_dir / "affine.om", tmp_path / ".new.om.part")
-                os.replace(tmp_path / ".new.om.part", tmp_path / "new.om")
-                load = asyncio.ensure_future(answer(session, "POST", url + "/v2/repository/models/new/load"))
-                await asyncio.wait_for(reading.wait(), 30)  # a hang guard
-                await asyncio.wait_for(arrived(repo, "new"), 30)  # (poll mode: the watcher's read may come first)
-                seen = await client_view(session, url, grpc_port, "new")
-                seen["rows"] = [row for row in repo.index() if row["name"] == "new"]
-                seen["metrics"] = (await answer(session, "GET", url + "/metrics"))[2]
-                if mode == "poll":  # (explicit mode: the API's index reads the folder first, after the load's read)
-                    index = json.loads((await answer(session, "POST", url + "/v2/repository/index", "{}"))[2])
-                    seen["index"] = [row for row in index if row["name"] == "new"]
-                go_on.set()
+                with folder_reads_held(repo) as reading:  # every read of the folder (the load call's, the watcher's)
+                    place(models_dir / "affine.om", tmp_path / "new.om")
+                    load = asyncio.ensure_future(answer(session, "POST", url + "/v2/repository/models/new/load"))
+                    await asyncio.wait_for(reading.wait(), 30)  # a hang guard
+                    await asyncio.wait_for(arrived(repo, "new"), 30)  # (poll mode: the watcher's read may come first)
+                    seen = await client_view(session, url, grpc_port, "new")
+                    seen["rows"] = [row for row in repo.index() if row["name"] == "new"]
+                    seen["metrics"] = (await answer(session, "GET", url + "/metrics"))[2]
+                    # (explicit mode: the API's index reads the folder first, after the load's read)
+                    if mode == "poll":
+                        index = json.loads((await answer(session, "POST", url + "/v2/repository/index", "{}"))[2])
+                        seen["index"] = [row for row in index if row["name"] == "new"]
                 loaded = (await load)[0]
                 after = await client_view(session, url, grpc_port, "new")
             return seen, loaded, after
         finally:
-            go_on.set()
             await grpc_server.stop()
             await runner.cleanup()
 
@@ -251,32 +224,23 @@ def test_a_load_call_that_fails_leaves_its_model_as_any_failed_load_does(models_
         repo, runner, url = await serving(config)
         grpc_server = GrpcServer(runner.app[STATE], config.max_body_bytes)
         grpc_port = await grpc_server.start("127.0.0.1", 0)
-        reading, go_on = asyncio.Event(), asyncio.Event()
-        rescan = repo._planner.rescan
-
-        async def held_rescan():
-            reading.set()
-            await go_on.wait()
-            return await rescan()
         try:
             async with aiohttp.ClientSession() as session:
                 (tmp_path / "broken.om").write_bytes(b"not an om file at all")  # its load fails
                 assert (await answer(session, "POST", url + "/v2/repository/models/broken/load"))[0] == 400
                 failed = await client_view(session, url, grpc_port, "broken")
                 (tmp_path / "bad.om").write_bytes(b"not an om file at all")
-                repo._planner.rescan = held_rescan
-                loads = [asyncio.ensure_future(answer(session, "POST", f"{url}/v2/repository/models/{name}/load"))
-                         for name in ("bad", "ghost")]
-                await asyncio.wait_for(reading.wait(), 30)  # a hang guard
-                await asyncio.wait_for(asyncio.gather(arrived(repo, "bad"), arrived(repo, "ghost")), 30)
-                during = {name: await client_view(session, url, grpc_port, name) for name in ("bad", "ghost")}
-                go_on.set()
+                with folder_reads_held(repo) as reading:
+                    loads = [asyncio.ensure_future(answer(session, "POST", f"{url}/v2/repository/models/{name}/load"))
+                             for name in ("bad", "ghost")]
+                    await asyncio.wait_for(reading.wait(), 30)  # a hang guard
+                    await asyncio.wait_for(asyncio.gather(arrived(repo, "bad"), arrived(repo, "ghost")), 30)
+                    during = {name: await client_view(session, url, grpc_port, name) for name in ("bad", "ghost")}
                 statuses = [(await load)[0] for load in loads]
                 after = {name: await client_view(session, url, grpc_port, name) for name in ("bad", "ghost")}
                 rows = {row["name"] for row in repo.index()}
             return failed, during, statuses, after, rows
         finally:
-            go_on.set()
             await grpc_server.stop()
             await runner.cleanup()
 
