@@ -4,10 +4,11 @@ answers them.
 
 A re-run's launch is counted (aclserve_batch_reruns_total) when an instance's launcher puts it on
 the device, so one handed back counts once when it runs elsewhere, and not at all when nothing can
-run it (counted when the pool gave it to an instance and taken back, the counter went down). A new batch handed back never ran, so once
-answered DeviceFailed it is no failed batch; a retry handed back and answered because nothing can
-run it is one failed batch, answered with the error its first run failed with (the launch had
-cleared it). Several handed back keep their order, ahead of the batches waiting already.
+run it (counted when the pool gave it to an instance and taken back, the counter went down). A
+new batch handed back never ran, so once answered DeviceFailed it is no failed batch; a retry
+handed back and answered because nothing can run it is one failed batch, answered with the error
+its first run failed with (the launch had cleared it). Several handed back keep their order,
+ahead of the batches waiting already.
 
 Two CPU devices; device 1 is failed by the CPU runtime's fault injection through another model
 (`finder`), in a process of its own per test (the device stays failed until every user lets go

@@ -50,7 +50,8 @@ def test_metrics_after_requests(server):
     # 3 rows run in gear 4: one padding row per run
     assert value(found, "aclserve_batch_size_count", **mv) >= 1
     assert value(found, "aclserve_padding_rows_total", **mv) >= 1
-    assert {s.labels["priority"] for s in found["aclserve_queue_depth"] if s.labels["model"] == "affine"} == {"1", "2", "3"}
+    levels = {s.labels["priority"] for s in found["aclserve_queue_depth"] if s.labels["model"] == "affine"}
+    assert levels == {"1", "2", "3"}
     assert any(s.labels["model"] == "affine" for s in found["aclserve_instance_busy_ratio"])
     assert value(found, "aclserve_device_memory_total_bytes", device="0") > 0
     assert "aclserve_device_memory_used_bytes" in found
@@ -65,7 +66,8 @@ def test_requests_in_flight_while_a_batch_is_held_on_the_device_and_after(server
     gate = threading.Event()
     held = faults.inject("execute", nth=1, hold=gate)
     answer = {}
-    client = threading.Thread(target=lambda: answer.update(r=request(server, "POST", "/v2/models/affine/infer", json=BODY)))
+    client = threading.Thread(
+        target=lambda: answer.update(r=request(server, "POST", "/v2/models/affine/infer", json=BODY)))
     client.start()
     try:
         while not held.fired:
