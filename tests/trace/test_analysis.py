@@ -16,7 +16,8 @@ def _batch(formed, h2d, compute, d2h, slot):
     batch.launched_ns = T0 + formed * US
     batch.packed_ns = batch.enqueued_ns = batch.launched_ns
     batch.anchors = dict.fromkeys(("h2d", "compute", "d2h"), Anchor(T0))
-    batch.device_spans = {name: (a * US, b * US) for name, (a, b) in zip(("h2d", "compute", "d2h"), (h2d, compute, d2h))}
+    spans = zip(("h2d", "compute", "d2h"), (h2d, compute, d2h))
+    batch.device_spans = {name: (a * US, b * US) for name, (a, b) in spans}
     batch.woke_ns = batch.done_ns = T0 + d2h[1] * US
     return batch
 
