@@ -11,6 +11,10 @@ questions need what was asked, not the state it left:
   before it answered. A set of "unloaded" names could not tell: a load arriving after the
   unload cleared it, and the first load's answer then depended on the third call (load, unload
   0.3 s later, load 0.3 s after that answered the first load 200; without the third, 400).
+- What does a call the shutdown overtook answer? 503 / UNAVAILABLE (`shut_down_before`), not
+  the model's failure: another replica may do it. The server writes that answer before it closes
+  the call's connection (a load waiting for the start's load of its model, which the shutdown
+  cancels, was dropped without one).
 - Is the model being loaded? From the moment a load is asked, its versions that wait for it
   (unloaded, or on disk and not loaded yet) are LOADING: until the load's task began (it reads
   the folder first, waiting for another scan or an unload of the model), a client polling the
@@ -25,9 +29,16 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator
 
+from ..errors import ShuttingDown
 from .status import HELD, NOT_LOADED, UNLOADED, State
 
 LOAD_ASKED = "load asked through the repository API: reading the models folder"
+
+
+def shut_down_before(name: str, done: str) -> ShuttingDown:
+    """The answer to a load ("loaded") or unload ("unloaded") call of `name` the shutdown overtook."""
+    more = " (its shutdown unloads every model)" if done == "unloaded" else ""
+    return ShuttingDown(f"the model repository shut down before {name} was {done}{more}")
 
 
 class ControlCalls:

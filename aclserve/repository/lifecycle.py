@@ -51,7 +51,7 @@ from .plan import DesiredState, ModelPlan, Wanted
 from .planner import Planner
 from .retiring import Retiring, to_the_end
 from .served import ServedVersion
-from .status import UNLOADED, State, VersionStates
+from .status import SHUTTING_DOWN, UNLOADED, State, VersionStates
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,6 @@ log = logging.getLogger(__name__)
 UNLOAD_ASKED = "asked through the repository API"  # (ModelRepository.unload's plans)
 FILE_GONE = "its file is gone"
 NOT_SELECTED = "no longer selected by its version_policy"  # (its config changed)
-SHUTTING_DOWN = "the server is shutting down"
 
 
 class Lifecycle:
@@ -123,16 +122,21 @@ class Lifecycle:
     def busy(self, name: str) -> bool:
         return name in self._busy
 
-    async def wait_for(self, name: str) -> None:
-        """Until no task works on `name` (cancelling the caller does not cancel the task). A
-        task that has ended but whose done callback (`_finished`) has not run yet is still in
-        `_busy`, and awaiting it (shield hands back a done task as it is) does not yield: the
+    async def wait_for(self, name: str) -> bool:
+        """Until no task works on `name` (cancelling the caller does not cancel the task). True
+        when one it waited for was cancelled: the repository's start, cancelled at shutdown
+        (shield raised its CancelledError in the caller, a load call's handler, whose connection
+        then closed without an answer). A task that has ended but whose done callback
+        (`_finished`) has not run yet is still in `_busy`, and awaiting it does not yield: the
         loop spun there for good, the server hung (a helper's storm of load / unload calls)."""
+        cancelled = False
         while (task := self._busy.get(name)) is not None:
             if task.done():
                 await asyncio.sleep(0)  # its done callback, queued already, runs first
             else:
-                await asyncio.shield(task)
+                await asyncio.wait([task])
+            cancelled = cancelled or task.cancelled()
+        return cancelled
 
     async def wait_idle(self) -> None:
         """Until no model is being loaded, swapped or drained."""

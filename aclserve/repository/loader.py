@@ -26,6 +26,7 @@ from ..om.compile_process import CompileStop
 from .compile_cache import CompileCache
 from .plan import Wanted
 from .served import ServedVersion, open_version
+from .status import SHUTTING_DOWN
 from .validate import validate_om
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,10 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
         try:
             return await run(functools.partial(cache.compiled, wanted.file.path, name, wanted.config.compile,
                                                runtime.kind, soc, from_thread, stop))
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the repository closing (a load's only canceller)
             stop.stop()
+            # as lifecycle.py says an unload's stop (the shutdown's said nothing)
+            log.info("%s: the compile of version %s was stopped (%s)", name, version, SHUTTING_DOWN)
             raise
 
     async def open_om(path: str) -> ServedVersion:

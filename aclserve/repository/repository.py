@@ -29,7 +29,7 @@ from ..config import ServerConfig
 from ..errors import InvalidInput, ModelUnavailable, NotFound, ServeError, ShuttingDown
 from . import layout
 from .asked_version import asked_version
-from .control_calls import ControlCalls
+from .control_calls import ControlCalls, shut_down_before
 from .events import Listeners
 from .failures import LoadFailures
 from .index import IndexReads, index_rows
@@ -244,14 +244,16 @@ class ModelRepository:
 
     async def _load(self, name: str, overtaken: Callable[[], bool]) -> None:
         while True:  # an unload may start its task while this load scans: wait for it, then plan again
-            await self._lifecycle.wait_for(name)
+            if await self._lifecycle.wait_for(name):  # (the start's load of it, which the shutdown stopped)
+                raise shut_down_before(name, "loaded")
             tasks = await self._reconcile(trust="all", only=name, again=True)
             if tasks or not self._lifecycle.busy(name):
                 break
-        # the model's tasks are the repository's: a caller gone (its handler cancelled) must not abandon them
-        results = await asyncio.shield(asyncio.gather(*tasks))
-        if self._closed:  # the shutdown abandoned the load: not the model's failure, and no 4xx
-            raise ShuttingDown(f"the model repository shut down before {name} was loaded")
+        if tasks:  # the repository's: a caller gone (cancelled) must not abandon them, and one the shutdown
+            await asyncio.wait(tasks)  # cancelled is no CancelledError of the caller's (gather raised it)
+        if self._closed or any(task.cancelled() for task in tasks):
+            raise shut_down_before(name, "loaded")  # not the model's failure, and no 4xx
+        results = [task.result() for task in tasks]
         if self._planner.scan.unreadable:  # it tells nothing of the model: not a 404
             raise ModelUnavailable(f"cannot load {name}: {next(iter(self._planner.scan.problems.values()))}")
         if name not in self._planner.scan.models:
@@ -284,15 +286,15 @@ class ModelRepository:
         self._calls.unload(name)
         self._lifecycle.held.add(name)
         self._lifecycle.stop_compiles(name)  # (a compile of minutes is not waited for)
-        await self._lifecycle.wait_for(name)
+        if await self._lifecycle.wait_for(name) or self._closed:
+            raise shut_down_before(name, "unloaded")
         # a version whose load failed is unloaded too: its failure (index, /metrics) and retries go
         self._failures.forget_model(name, cancel_retries=True)
         self._lifecycle.states.failures_unloaded(name)
         if name in self._lifecycle.acted:
             plan = ModelPlan(name, unload=list(self._lifecycle.acted[name]), unload_cause=UNLOAD_ASKED)
-            task = self._lifecycle.start(plan)
-            if task is not None:  # None: the repository closed meanwhile
-                await asyncio.shield(task)  # (the repository's, as a load's: not stopped by a caller gone)
+            task = self._lifecycle.start(plan)  # (not None: the repository is open, the model idle)
+            await asyncio.shield(task)  # (the repository's, as a load's: not stopped by a caller gone)
 
     def _check_control(self, what: str) -> None:
         if self.mode == "none":

@@ -55,6 +55,7 @@ HELD = "not loaded: its model was unloaded through the repository API (a load ca
 WAITING_FOR_FILE = "waiting for the file to be complete"
 WAITING_FOR_CONFIG = "waiting for its config file to be complete"  # (also a problem's: planner.py)
 WAITING_FOR_LABELS = "waiting for its labels file to be complete"
+SHUTTING_DOWN = "the server is shutting down"  # a version's UNLOADING reason then; a load stopped then says it
 
 
 class IllegalTransition(RuntimeError):

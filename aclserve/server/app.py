@@ -14,7 +14,8 @@ drained together (a gRPC connection without calls holds nothing); then the repos
 every model (the requests still waiting on one are answered 503; a device still running a batch
 is left to itself, not waited for, ANSWER_GRACE_S after the deadline: runtime/teardown.py; a
 load or warm-up still running is abandoned: repository/served.py); then, together, the answers
-that close made are written and the gRPC calls still at work end UNAVAILABLE, and every
+that close made are written (a repository load or unload's too, 503: state.answers_written) and
+the gRPC calls still at work end UNAVAILABLE, and every
 connection of both transports is closed once no request or call is left, ANSWER_GRACE_S after
 the deadline at the latest (a stalled client does not hold shutdown longer, an idle one not at
 all: state.answers_by); the HTTP socket closes, and the runtime destroys

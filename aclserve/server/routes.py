@@ -82,19 +82,23 @@ def _parameters(doc: dict) -> dict:
 
 
 async def repository_load(request: web.Request) -> web.Response:
-    views.check_load_parameters(_parameters(await _body(request)))
-    name = request.match_info["model"]
-    await request.app[STATE].repo.load(name)
-    return _json({"name": name, "load": True})
+    state = request.app[STATE]
+    with state.control_call():  # (answered before the shutdown closes its connection)
+        views.check_load_parameters(_parameters(await _body(request)))
+        name = request.match_info["model"]
+        await state.repo.load(name)
+        return _json({"name": name, "load": True})
 
 
 async def repository_unload(request: web.Request) -> web.Response:
-    dependents = _parameters(await _body(request)).get("unload_dependents", False)
-    if not isinstance(dependents, bool):  # (no dependents here: its value changes nothing)
-        raise InvalidInput("parameters.unload_dependents must be a boolean")
-    name = request.match_info["model"]
-    await request.app[STATE].repo.unload(name)
-    return _json({"name": name, "unload": True})
+    state = request.app[STATE]
+    with state.control_call():
+        dependents = _parameters(await _body(request)).get("unload_dependents", False)
+        if not isinstance(dependents, bool):  # (no dependents here: its value changes nothing)
+            raise InvalidInput("parameters.unload_dependents must be a boolean")
+        name = request.match_info["model"]
+        await state.repo.unload(name)
+        return _json({"name": name, "unload": True})
 
 
 async def named_repository(request: web.Request) -> web.Response:

@@ -4,6 +4,7 @@ guards every request passes (access, memory budget, connection tracker)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -100,6 +101,11 @@ class ServerState:
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        # repository loads and unloads running (HTTP): the drain does not wait for them (a load may
+        # compile for minutes; the shutdown stops it), but their answers are written before the close
+        self.control_calls = 0
+        self._controls_idle = asyncio.Event()
+        self._controls_idle.set()
         self._records: dict[tuple[str, str], VersionRecord] = {}
         self.json_limits = JsonLimits(config.max_json_bytes, config.max_json_elements)
         self.images = ImageDecoding(config.images, runtime)  # the decode pool, shared by every model
@@ -138,6 +144,18 @@ class ServerState:
         self.inflight -= 1
         if self.inflight == 0:
             self._idle.set()
+
+    @contextlib.contextmanager
+    def control_call(self):
+        """Count one repository load or unload running, for answers_written."""
+        self.control_calls += 1
+        self._controls_idle.clear()
+        try:
+            yield
+        finally:
+            self.control_calls -= 1
+            if self.control_calls == 0:
+                self._controls_idle.set()
 
     # -- readiness and shutdown -----------------------------------------------------------------
     def ready(self) -> bool:
@@ -203,9 +221,12 @@ class ServerState:
 
     async def answers_written(self) -> None:
         """Wait until no request is in flight (the answers the repository's close made are
-        written), or until `answers_by`: a request not waiting on a model (a stalled body) is
-        ended by its connection's close, which comes next."""
+        written) and no repository load or unload runs (answered 503 once the repository has
+        closed: their connections were closed before their answer, which the client saw as a
+        dropped connection), or until `answers_by`: a request not waiting on a model (a stalled
+        body) is ended by its connection's close, which comes next."""
         await set_by(self._idle, self.answers_by)
+        await set_by(self._controls_idle, self.answers_by)
 
     # -- repository views ----------------------------------------------------------------------
     def ready_versions(self, name: str | None = None) -> list[tuple[str, str]]:

@@ -175,3 +175,42 @@ def test_a_shutdown_ends_a_load_waiting_for_another_process_compiling_its_model(
         finally:
             server.kill()
     assert server.returncode == 0, out[-3000:]
+
+
+def test_a_load_call_waiting_for_another_process_compiling_its_model_is_answered_at_shutdown(tmp_path):
+    """A load call's own load waits for the lock; SIGTERM: the call is answered 503 (not a failure
+    of the model's) before its connection closes, and the stop of its compile is said in one line,
+    as an unload's is (the shutdown's said nothing)."""
+    folder, cache = tmp_path / "models", tmp_path / "cache"
+    folder.mkdir()
+    cache.mkdir()
+    port = free_port()
+    (tmp_path / "serve.yaml").write_text(
+        f"port: {port}\ngrpc_port: 0\ndevice: cpu\nmodels_dir: {folder}\ncompile_cache_dir: {cache}\n"
+        f"model_control_mode: explicit\nshutdown_timeout_s: {HANG_GUARD_S * 10}\n")
+    with subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO))) as server:
+        try:
+            for _ in range(1200):  # a hang guard: until it listens (its folder empty: nothing loads)
+                if _ready(port) or server.poll() is not None:
+                    break
+                time.sleep(0.1)
+            double_onnx(folder / "m.onnx")
+            key = cache_key(folder / "m.onnx", server_config(folder).model_defaults.compile, "cpu")
+            with holding(cache / f".m-{key[:32]}.om.lock"):
+                load, loaded = call(lambda: _post(port, "/v2/repository/models/m/load"))
+                for _ in range(300):  # a hang guard (each read of the index is paced: 0.1 s or more)
+                    rows = json.loads(_post(port, "/v2/repository/index", b"{}")[1])
+                    if [(r["state"], r["reason"]) for r in rows if r["name"] == "m"] == [("LOADING", WAITING)]:
+                        break  # (the call's own load: nothing else loads m)
+                else:
+                    raise AssertionError(rows)
+                server.send_signal(signal.SIGTERM)
+                out, _ = server.communicate(timeout=HANG_GUARD_S)
+                load.join(HANG_GUARD_S)
+        finally:
+            server.kill()
+    assert server.returncode == 0, out[-3000:]
+    assert loaded == [(503, b'{"error":"the model repository shut down before m was loaded"}')], (loaded, out[-3000:])
+    assert out.count("m: the compile of version 1 was stopped (the server is shutting down)") == 1, out[-3000:]
