@@ -2,8 +2,8 @@
 
 Exit status: 0 success; 2 bad input (one line on stderr, via UsageError or argparse); 1 when ATC ran and failed or
 the compile timed out (ATC's error lines quoted on one line); 128 + the signal, as shells say it, when the
-compile's process was killed by one (137: SIGKILL, the out-of-memory killer's) or this one ended by SIGTERM,
-SIGHUP or Ctrl-C.
+compile's process or ATC was killed by one (137: SIGKILL, the out-of-memory killer's) or this one ended by
+SIGTERM, SIGHUP or Ctrl-C.
 
 The compile runs in a child process (om/compile_process.py, as the server's): a CPU compile spends
 its test runs inside ONNX Runtime's C code, where the Python handler of SIGTERM and Ctrl-C never
@@ -88,12 +88,12 @@ def run_compile(args) -> int:
         result = compile_in_child(args.model, args.output, input_shape=args.input_shape, batch=args.batch,
                                   target=args.target, atc=args.atc, log=_progress, timeout=timeout,
                                   timeout_s=timeout, **kwargs)
+    except CompileKilled as e:  # its process or ATC killed: not the input's fault (2), nor ATC's verdict (1)
+        print(f"aclserve compile: error: {e}", file=sys.stderr)
+        return 128 + e.signum
     except (AtcFailed, CompileTimedOut) as e:
         print(f"aclserve compile: error: {e}", file=sys.stderr)
         return 1
-    except CompileKilled as e:  # (not the input's fault: 2 said so for the out-of-memory killer's SIGKILL)
-        print(f"aclserve compile: error: {e}", file=sys.stderr)
-        return 128 + e.signum
     except CompileError as e:
         raise UsageError(str(e)) from None
     except OSError as e:  # e.g. the output is a folder, or its folder is read-only

@@ -32,6 +32,7 @@ from typing import Callable
 
 from . import atc_leash, atc_om
 from ..temp_claims import claimed_folder, sweep_unclaimed_folders
+from .compile_error import CompileKilled, killed_by
 from .container import OmFormatError
 from .spec import CompileError, ModelSpec
 
@@ -54,6 +55,12 @@ END_WAIT_S = 5.0  # at exit, for each ATC ended to be gone
 
 class AtcFailed(CompileError):
     """ATC ran but did not produce a valid OM (non-zero exit, timeout, or a bad output file)."""
+
+
+class AtcKilled(AtcFailed, CompileKilled):
+    """ATC was killed by a signal not of the compile's sending (the out-of-memory killer's SIGKILL:
+    ATC is the compile's largest process): no verdict of ATC's on the model, so `aclserve compile`
+    exits 128 + `signum`, as for its own process killed."""
 
 
 class _Running:
@@ -122,10 +129,10 @@ def run_streaming(argv: list[str], *, cwd: str, timeout: float, log: Callable[[s
                   clock: Callable[[], float] = time.monotonic, pass_fds: tuple[int, ...] = ()) -> list[str]:
     """Run argv, passing each output line to `log` prefixed with the elapsed time.
 
-    Returns all lines. Raises AtcFailed on a non-zero exit (quoting ATC's error lines) or when
-    `timeout` seconds pass (the process group is killed). On Linux argv runs on a leash
-    (atc_leash.py): a process killed outright takes its process group with it. `pass_fds` stay
-    open in the leash (where there is none, in ATC) until it ends.
+    Returns all lines. Raises AtcFailed on a non-zero exit (quoting ATC's error lines; AtcKilled
+    for ATC killed by a signal) or when `timeout` seconds pass (the process group is killed). On
+    Linux argv runs on a leash (atc_leash.py): a process killed outright takes its process group
+    with it. `pass_fds` stay open in the leash (where there is none, in ATC) until it ends.
     """
     start = clock()
     try:
@@ -164,6 +171,8 @@ def run_streaming(argv: list[str], *, cwd: str, timeout: float, log: Callable[[s
     if proc.returncode == atc_leash.NOT_STARTED and len(lines) == 1 \
             and lines[0].startswith(atc_leash.not_started(argv[0])):
         raise AtcFailed(lines[0])  # (the leash's word: ATC itself never ran)
+    if proc.returncode < 0:  # (the leash dies by ATC's signal: atc_leash.main)
+        raise AtcKilled(f"ATC was killed by {killed_by(-proc.returncode)}: {quote_errors(lines)}", -proc.returncode)
     if proc.returncode != 0:
         raise AtcFailed(f"ATC failed (exit status {proc.returncode}): {quote_errors(lines)}")
     return lines

@@ -115,8 +115,8 @@ def _described(error: BaseException) -> dict:
     from .compile_error import CompileError
 
     atc_failed = getattr(sys.modules.get(f"{__package__}.atc"), "AtcFailed", None)  # (loaded when ATC ran)
-    if atc_failed is not None and isinstance(error, atc_failed):
-        return {"kind": "atc", "message": _one_line(error)}
+    if atc_failed is not None and isinstance(error, atc_failed):  # (signum: AtcKilled's, ATC killed by a signal)
+        return {"kind": "atc", "message": _one_line(error), "signum": getattr(error, "signum", None)}
     if isinstance(error, CompileError):
         return {"kind": "compile", "message": _one_line(error)}
     if isinstance(error, MemoryError):

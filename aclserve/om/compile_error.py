@@ -1,7 +1,32 @@
 """CompileError, apart from the compiler's modules: the server raises it for a compile run in a
-child process (compile_process.py) without importing onnx itself."""
+child process (compile_process.py) without importing onnx itself; and CompileKilled, a process of
+the compile killed by a signal (the child, or ATC: atc.py), with how such a signal is named."""
 from __future__ import annotations
+
+import signal
 
 
 class CompileError(ValueError):
     """Bad compile input or a failed build; the message is one line naming the problem."""
+
+
+class CompileKilled(CompileError):
+    """A process of the compile ended by a signal without a word (the out-of-memory killer's SIGKILL,
+    a `kill` of it alone): the compile's own process, or ATC (atc.AtcKilled). `signum` is that
+    signal, for `aclserve compile`'s exit status (128 + it, as shells say it)."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+def killed_by(signum: int) -> str:
+    """The signal named for a one-line error, e.g. "SIGKILL (signal 9; the kernel's out-of-memory
+    killer sends it when the host runs short of memory)"."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    why = "; the kernel's out-of-memory killer sends it when the host runs short of memory" \
+        if signum == signal.SIGKILL else ""
+    return f"{name} (signal {signum}{why})"

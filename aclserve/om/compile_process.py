@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .compile_error import CompileError
+from .compile_error import CompileError, CompileKilled, killed_by
 
 logger = logging.getLogger(__name__)
 
@@ -53,15 +53,6 @@ STOP_GRACE_S = 5.0
 
 class CompileStopped(Exception):
     """The compile was stopped (CompileStop.stop): an unload or a shutdown, not a failure."""
-
-
-class CompileKilled(CompileError):
-    """The compile's process ended by a signal without a word (the out-of-memory killer's SIGKILL,
-    a `kill` of it alone): `signum` is that signal, for `aclserve compile`'s exit status."""
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.signum = signum
 
 
 class CompileTimedOut(CompileError):
@@ -159,11 +150,11 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike | N
                      stop: CompileStop | None = None, timeout_s: float | None = None, **options) -> Built:
     """compile.compile_model(onnx_path, output, log=log, **options) run in a child process
     (blocking until it ends). Raises what compile_model raises, rebuilt from the child's word:
-    CompileError (one line; atc.AtcFailed for an ATC that failed), OSError with its errno and
-    file, MemoryError, RuntimeError for anything else; CompileKilled when the child ends without a
-    word by a signal (the kernel's out-of-memory killer's SIGKILL among them), CompileError when it
-    exits without one otherwise; CompileStopped when `stop`
-    ended it; CompileTimedOut when it was still running `timeout_s` seconds after it started
+    CompileError (one line; atc.AtcFailed for an ATC that failed, atc.AtcKilled for one killed by a
+    signal), OSError with its errno and file, MemoryError, RuntimeError for anything else;
+    CompileKilled when the child ends without a word by a signal (the kernel's out-of-memory
+    killer's SIGKILL among them), CompileError when it exits without one otherwise; CompileStopped
+    when `stop` ended it; CompileTimedOut when it was still running `timeout_s` seconds after it started
     (None: no limit), its process group killed at once (SIGTERM first when it runs ATC)."""
     stop = stop or CompileStop()
     if stop.stopped:
@@ -258,8 +249,8 @@ def _rebuilt(error: dict) -> BaseException:
     if kind == "compile":
         return CompileError(message)
     if kind == "atc":
-        from .atc import AtcFailed  # (the compiler's module, imported only when ATC ran)
-        return AtcFailed(message)
+        from .atc import AtcFailed, AtcKilled  # (the compiler's module, imported only when ATC ran)
+        return AtcFailed(message) if error.get("signum") is None else AtcKilled(message, int(error["signum"]))
     if kind == "memory":
         return MemoryError()
     if kind == "os" and error.get("errno") is not None:
@@ -275,13 +266,7 @@ def _rebuilt(error: dict) -> BaseException:
 def _ended_without_word(status: int) -> CompileError:
     """Why a child that said neither result nor error ended, in one line."""
     if status < 0:
-        try:
-            name = signal.Signals(-status).name
-        except ValueError:
-            name = f"signal {-status}"
-        why = "; the kernel's out-of-memory killer sends it when the host runs short of memory" \
-            if -status == signal.SIGKILL else ""
-        return CompileKilled(f"the compile's process was killed by {name} (signal {-status}{why})", -status)
+        return CompileKilled(f"the compile's process was killed by {killed_by(-status)}", -status)
     if status - 128 in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # its own handlers: 128 + the signal
         return CompileKilled(f"the compile's process was stopped by {signal.Signals(status - 128).name} "
                              f"(exit status {status})", status - 128)

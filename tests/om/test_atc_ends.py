@@ -1,7 +1,8 @@
 """How an ATC build ends, with a stand-in `atc` (real ATC cannot be installed here): its timeout
 kills it, a process that exits abandoning it takes it along, `aclserve compile` ended by SIGTERM
 or SIGHUP, or killed outright, ends its ATC and leaves nothing, a compile under nohup keeps
-running when the terminal closes, and an ATC killed by a signal is reported so with its lines."""
+running when the terminal closes, and an ATC killed by a signal is reported so with its lines, the
+signal named, and `aclserve compile` exits 128 + it."""
 from __future__ import annotations
 
 import json
@@ -149,6 +150,24 @@ def test_an_atc_killed_by_a_signal_is_reported_so_with_its_lines(tmp_path, sig):
     script = f"echo hi; kill -{sig} $$"
     with pytest.raises(AtcFailed) as failed:
         atc_run_streaming(["sh", "-c", script], cwd=str(tmp_path), timeout=60, log=lambda line: None)
-    text = str(failed.value)
-    assert f"exit status -{int(getattr(signal, 'SIG' + sig))}" in text and "hi" in text, text
+    text, signum = str(failed.value), int(getattr(signal, "SIG" + sig))
+    assert text.startswith(f"ATC was killed by SIG{sig} (signal {signum}") and "hi" in text, text
+    assert failed.value.signum == signum  # (AtcKilled: `aclserve compile` exits 128 + it)
     assert "Traceback" not in text and "OSError" not in text, text
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_atc_killed_by_a_signal_is_said_with_its_signal_and_exit_status(fake_atc, compile_until_atc_runs, signum):
+    """ATC alone killed (the kernel's out-of-memory killer picks the compile's largest process):
+    one line naming the signal, exit 128 + it as for the compile's own process killed; it was
+    "ATC failed (exit status -9)", exit 1, ATC's verdict on the model."""
+    _, record = fake_atc
+    proc, out = compile_until_atc_runs("sleep")
+    os.kill(json.loads(record.read_text())["pid"], signum)
+    _, err = proc.communicate(timeout=120)
+    why = "; the kernel's out-of-memory killer sends it when the host runs short of memory" \
+        if signum == signal.SIGKILL else ""
+    assert (proc.returncode, err) == (128 + signum, (
+        f"aclserve compile: error: ATC was killed by {signal.Signals(signum).name} (signal {int(signum)}{why}): "
+        "ATC start working now, please wait for a moment.\n")), err
+    assert leftovers(out) == [] and not (out / "s.om").exists()
