@@ -276,12 +276,10 @@ class DynamicBatcher(EarlyAdmission):
 
     def _submit(self, requests: list[QueuedRequest], gear: int | None, lane: int) -> None:
         now = self._clock.now_ns()
-        levels = self.stats.levels
         rows, traced = 0, False
         for request in requests:
             request.state = DISPATCHED
             request.dispatched_ns = now
-            levels[request.level].queue.add(now - request.enqueued_ns)
             rows += request.rows
             traced = traced or request.trace is not None
         trace = form_batch(self.name, requests, gear, now) if traced else None

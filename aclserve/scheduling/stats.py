@@ -32,7 +32,7 @@ class Duration:
 
 
 class LevelStats:
-    __slots__ = ("accepted", "rejected", "timed_out", "delayed", "cancelled", "queue")
+    __slots__ = ("accepted", "rejected", "timed_out", "delayed", "cancelled")
 
     def __init__(self):
         self.accepted = 0  # entered the queue
@@ -40,7 +40,6 @@ class LevelStats:
         self.timed_out = 0  # deadline passed under `reject`
         self.delayed = 0  # deadline passed under `delay`
         self.cancelled = 0  # client went away while queued or running
-        self.queue = Duration()  # enqueue -> dispatch (formation) of dispatched requests: the scheduler's own
 
 
 class BatchSizeStats:
