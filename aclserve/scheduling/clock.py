@@ -14,7 +14,13 @@ class Clock(Protocol):
     """Monotonic seconds plus one-shot timers for scheduling (deadlines, batch windows), and
     monotonic nanoseconds for measuring durations (statistics, metrics, log messages); all used
     on the event loop thread only. The two need not share an origin: never mix their
-    readings (a timer is set from a duration: queue.py's deadlines)."""
+    readings (a timer is set from a duration: queue.py's deadlines).
+
+    now_ns() must read time.perf_counter_ns's timeline: the runtime stamps a batch's launch with
+    it (runtime/launcher.py, the traces too), and a request's queue time is that stamp less its
+    arrival by now_ns() (scheduling/delivery.py). A clock on another timeline (a test's manual
+    one) gets the batch's dispatch instead where the launch stamp would come before it (a
+    negative queue time), and meaningless queue and compute times otherwise."""
 
     def now(self) -> float: ...
 

@@ -24,10 +24,13 @@ def resolve(future: asyncio.Future, outcome) -> None:
         future.set_result(outcome)
 
 
-def started(batch: Batch) -> int:
-    """When `batch` started: its (last) launch on an instance, stamped by the runtime; its dispatch
-    when it never launched (refused before a launcher took it, or an executor that stamps none)."""
-    return batch.launched_ns or batch.dispatched_ns
+def started(batch: Batch, launched_ns: int | None = None) -> int:
+    """When `batch` (or its run launched at `launched_ns`) started: its (last) launch on an instance,
+    stamped by the runtime (time.perf_counter_ns); its dispatch (Clock.now_ns) when it never
+    launched (refused before a launcher took it, or an executor that stamps none) or the stamp is
+    before it: a duration clock off the runtime's timeline (the Clock protocol asks for it; a
+    test's manual clock, say) gave negative queue times, with no word."""
+    return max(batch.launched_ns if launched_ns is None else launched_ns, batch.dispatched_ns)
 
 
 class Delivery:
@@ -49,9 +52,9 @@ class Delivery:
         """Answer every request of `batch` (its `requests` are QueuedRequests) with its own
         outputs or error (`batch.errors`), or all with the batch's error. `now_ns` is the
         duration clock's reading (Clock.now_ns) when the outcome arrived; `batch.dispatched_ns`
-        is on the same clock, and so is the runtime's launch stamp (time.perf_counter_ns, the
-        production clock's: LoopClock). A request's queue time ends at the launch of the run that
-        answered it, as Triton's ends at compute start (started())."""
+        is on the same clock, and so is the runtime's launch stamp (time.perf_counter_ns, which
+        the Clock protocol asks now_ns to be on: LoopClock's is it). A request's queue time ends
+        at the launch of the run that answered it, as Triton's ends at compute start (started())."""
         requests = batch.requests
         stats = self._stats
         observed = stats.has_request_observers
@@ -95,7 +98,7 @@ class Delivery:
         ran: list = [None] * len(batch.requests)
         for run in batch.runs:
             spent = stats.batch_executed(run.gear, run.rows, run.wall_ns, run.timings)
-            ran[run.index] = (run.gear, run.rows, 1, run.instance, run.launched_ns, spent)
+            ran[run.index] = (run.gear, run.rows, 1, run.instance, started(batch, run.launched_ns), spent)
         return ran
 
     def _served(self, error: BaseException) -> ServeError:

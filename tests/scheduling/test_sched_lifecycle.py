@@ -283,6 +283,27 @@ async def test_statistics_follow_the_runs(env):
     assert stats.queue_depth().get(2, 0) == 0
 
 
+async def test_a_launch_stamped_before_its_dispatch_ends_the_queue_time_at_the_dispatch(env):
+    """The runtime stamps a launch with time.perf_counter_ns, and the Clock's now_ns must read the
+    same timeline; a manual clock does not: a launch stamp before the batch's dispatch made a
+    negative queue time (and a compute time longer than the run), counted with no word."""
+    batcher, executor = env.make(max_queue_delay_ms=2.0)
+    seen = []
+    batcher.stats.observe(lambda level, queue_s, ok, reason: seen.append(queue_s))
+    task = env.submit(batcher, 1, rows=3)  # fills no gear: it leaves when the 2 ms window ends
+    await env.settle()
+    env.clock.advance(0.002)
+    await env.settle()
+    run = executor.runs[0]
+    run.batch.launched_ns = run.batch.dispatched_ns - 50_000_000  # as from another timeline
+    env.clock.advance(0.001)
+    run.complete()
+    await env.settle()
+    check(env, task, 1, rows=3)
+    assert (task.result().queue_ns, task.result().compute_ns) == (2_000_000, 1_000_000)
+    assert seen == [0.002] and (batcher.stats.queue.count, batcher.stats.queue.ns) == (1, 2_000_000)
+
+
 async def test_real_loop_clock_timeout_fires_while_the_executor_is_blocked(fakes):
     """No manual clock: the deadline is a loop timer, answered with the run still blocked."""
     executor = fakes.FakeExecutor(gears=(1,))
