@@ -26,6 +26,7 @@ class CompileCache:
         self._configured = configured  # compile_cache_dir ("" = beside the models, or the user cache)
         self._models_dir = models_dir
         self._timeout_s = timeout_s  # compile_timeout_s: how long a compile may run (None: no bound)
+        self._here = compiler.CompilesHere()  # (another server's in this process waits as another process's)
 
     def compiled(self, onnx_path: str, name: str, options: CompileOptions, runtime_kind: str,
                  soc_name: str | None, progress=None, stop: CompileStop | None = None) -> str:
@@ -35,7 +36,7 @@ class CompileCache:
         folder = cache_dir.resolve(self._configured, self._models_dir)
         try:
             return str(compiler.compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name, progress, stop,
-                                            self._timeout_s))
+                                            self._timeout_s, self._here))
         except OSError as e:
             if e.errno not in FULL or e.filename is not None:
                 raise

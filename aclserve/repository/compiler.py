@@ -18,9 +18,13 @@ a reader never sees a partial .om. And one process compiles while the others wai
 exclusive flock on `.<entry>.lock` in the cache folder; whoever gets it next finds the entry
 and uses it. The kernel drops the lock of a process that dies, so a crash leaves no stale lock.
 A load waiting for that lock says so (`progress`: the index's reason), as another process
-compiling the same model (or, in this one, another version of it whose file is the same), and its
-`stop` ends the wait as it ends a compile (CompileStopped): an unload or a shutdown waited for
-the other compile to let go, up to its compile_timeout_s.
+compiling the same model, and its `stop` ends the wait as it ends a compile (CompileStopped): an
+unload or a shutdown waited for the other compile to let go, up to its compile_timeout_s. The
+compiles of one repository (CompilesHere: its CompileCache's) take an entry one at a time before
+its flock, so one waiting for another of them (another version of the model whose file is the same)
+names it as such from the moment it waits; another server of this process sharing the cache folder
+is another process to it (a set of the locks held in the process named the other server's compile
+"another version", and a compile that had its flock but not yet its mark "another process").
 
 Each entry's manifest (cache_entry.py: key, options, the OM's SHA-256) is written under that
 lock and checked before the entry is used; an entry that fails the check (edited, truncated,
@@ -55,8 +59,6 @@ log = logging.getLogger(__name__)
 # a load's step while another holds its cache entry's lock (the index's reason: no path)
 WAITING_ELSEWHERE = "waiting for another process compiling the same model"
 WAITING_HERE = "waiting for another version of the model compiling the same file"
-_compiling_here: set[str] = set()  # the entries' locks this process's compiles hold (_held_here)
-_here_lock = threading.Lock()
 ENTRY_NAME = re.compile(r"^[^.].*-[0-9a-f]{32}\.om$")  # compiled_om's names: <model>-<key[:32]>.om
 WORK_FOLDER = ".compiling-"  # compiled_om's work folders: .<model>-<key[:32]>.compiling-<random>
 LOCK_POLL_S = 0.1  # a stoppable wait for an entry's lock tries it again this often (exclusive)
@@ -81,13 +83,48 @@ def _hash_file(digest, path: str) -> None:
             digest.update(chunk)
 
 
+class CompilesHere:
+    """The compiles of one repository (its CompileCache's): they take a cache entry one at a time
+    (a threading lock per entry, kept while one holds or waits for it), then its flock. Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._entries: dict[str, list] = {}  # lock path -> [its lock, the compiles holding or waiting for it]
+
+    @contextlib.contextmanager
+    def entry(self, lock_path: str, on_wait=None, stop: CompileStop | None = None):
+        """Hold `lock_path`'s entry against this repository's other compiles; `on_wait()` is called
+        once before waiting for one of them, `stop` ends that wait (CompileStopped)."""
+        with self._lock:
+            held = self._entries.setdefault(lock_path, [threading.Lock(), 0])
+            held[1] += 1
+        try:
+            if not held[0].acquire(blocking=False):
+                if on_wait is not None:
+                    on_wait()
+                while not held[0].acquire(timeout=LOCK_POLL_S):
+                    if stop is not None and stop.stopped:
+                        raise CompileStopped("stopped while waiting for another compile of the same model to end")
+            try:
+                yield
+            finally:
+                held[0].release()
+        finally:
+            with self._lock:
+                held[1] -= 1
+                if not held[1]:
+                    del self._entries[lock_path]
+
+
 def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileOptions,
                 runtime_kind: str, cache_dir: str | os.PathLike, soc_name: str | None = None,
-                progress=None, stop: CompileStop | None = None, timeout_s: float | None = None) -> Path:
+                progress=None, stop: CompileStop | None = None, timeout_s: float | None = None,
+                here: CompilesHere | None = None) -> Path:
     """Return the path of the .om for `onnx_path`, compiling it on a cache miss (blocking).
     `soc_name`: the NPU's SoC, used by ATC when the model's compile options name none;
     `progress(step)` hears a compile begin; `stop` ends it (compile_process.CompileStopped);
-    `timeout_s` bounds it, ATC's own run included (None: no bound; ATC's default one)."""
+    `timeout_s` bounds it, ATC's own run included (None: no bound; ATC's default one); `here`:
+    the compiles of its repository (None: none but this one)."""
     if runtime_kind == "npu" and options.soc_version is None and soc_name:
         options = replace(options, soc_version=soc_name)
 
@@ -100,15 +137,15 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
         return out
     lock = cache / f".{out.name}.lock"
 
-    def waiting() -> None:
-        here = str(lock) in _compiling_here
-        log.info("%s: waiting for %s compiling %s (%s)", model_name, "another version" if here else
-                 "another process", onnx_path, lock)
+    def waiting(step: str) -> None:
+        log.info("%s: waiting for %s compiling %s (%s)", model_name, "another version" if step == WAITING_HERE
+                 else "another process", onnx_path, lock)
         if progress is not None:
-            progress(WAITING_HERE if here else WAITING_ELSEWHERE)
+            progress(step)
 
     # a writer holds it until its manifest is written
-    with exclusive(lock, on_wait=waiting, stop=stop), _held_here(str(lock)):
+    with ((here or CompilesHere()).entry(str(lock), lambda: waiting(WAITING_HERE), stop),
+          exclusive(lock, on_wait=lambda: waiting(WAITING_ELSEWHERE), stop=stop)):
         if out.is_file():
             problem = cache_entry.problem(out, key)
             if problem is None:
@@ -253,18 +290,6 @@ def _unheld(lock_path: Path, action) -> bool:
         return False
     finally:
         os.close(fd)
-
-
-@contextlib.contextmanager
-def _held_here(lock_path: str):
-    """`lock_path` is held by a compile of this process (a waiter here names another version)."""
-    with _here_lock:
-        _compiling_here.add(lock_path)
-    try:
-        yield
-    finally:
-        with _here_lock:
-            _compiling_here.discard(lock_path)
 
 
 @contextlib.contextmanager

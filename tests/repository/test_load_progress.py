@@ -130,3 +130,28 @@ async def test_a_version_waiting_for_another_version_compiling_the_same_file_say
         mark.unlink()
     await load
     assert versions() == {"1": ("READY", ""), "2": ("READY", "")}
+
+
+@pytest.mark.asyncio
+async def test_a_load_waiting_for_another_repositorys_compile_in_this_process_does_not_name_a_version(
+        make_repo, models_dir, model_files, tmp_path, compile_holds):
+    """Two servers in one process (two repositories) sharing a compile cache folder, each loading
+    the same .onnx as `m`: the one that waits was told it waited for another version of the model
+    (the locks held were the process's, whoever held them); its own repository compiles nothing."""
+    cache, other_models = tmp_path / "cache", tmp_path / "other-models"
+    other_models.mkdir()
+    first, _ = await make_repo(model_control_mode="explicit", compile_cache_dir=str(cache))
+    second, _ = await make_repo(model_control_mode="explicit", compile_cache_dir=str(cache),
+                                models_dir=str(other_models))
+    place(model_files[1]["onnx"], models_dir / "m.onnx")
+    place(model_files[1]["onnx"], other_models / "m.onnx")
+    loads = [asyncio.ensure_future(first.load("m"))]
+    await until(lambda: any(compile_holds.iterdir()), "the first one's compile held")
+    assert reasons(first) == {"m": ("LOADING", "compiling m.onnx for cpu")}
+    loads.append(asyncio.ensure_future(second.load("m")))
+    await until(lambda: reasons(second).get("m", ("", ""))[1].startswith("waiting"), "the second one waits")
+    assert reasons(second) == {"m": ("LOADING", WAITING_ELSEWHERE)}
+    for mark in compile_holds.iterdir():
+        mark.unlink()
+    await asyncio.gather(*loads)
+    assert reasons(first) == reasons(second) == {"m": ("READY", "")}
