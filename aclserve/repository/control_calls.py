@@ -22,6 +22,13 @@ questions need what was asked, not the state it left:
   model no listing knows yet (copied in since) is LOADING too, as the model's own (`unlisted`):
   until the call's read ended, its /ready and infer answered 404 "unknown model" while the
   server's readiness already waited for it.
+- What is kept of a name? An unload's number only while loads of the name run (the ones it may
+  overtake). An unload naming no model is taken while a load call of the name runs (it may find
+  a model copied in since; Triton answers 200 to any unload, its UnloadModel of a name it does
+  not know unloading nothing), else a 404. Once the last load call of a name ends, however it
+  ended (no model found, or cancelled: its client gone), a name nothing knows (no serving
+  version, listing or record: `known`) is no longer asked nor held (Lifecycle.held, which the
+  unload added it to): load + unload pairs of made-up names kept both for good.
 Owned by the ModelRepository; loop thread only.
 """
 from __future__ import annotations
@@ -42,10 +49,13 @@ def shut_down_before(name: str, done: str) -> ShuttingDown:
 
 
 class ControlCalls:
-    def __init__(self):
+    def __init__(self, known: Callable[[str], bool], held: set[str]):
+        """`known(name)`: whether the repository knows a model `name`; `held`: the models unloaded
+        through the API (Lifecycle.held), from which the last load call of a name no model has drops it."""
+        self._known, self._held = known, held
         self.asked: set[str] | None = None  # the models readiness waits for (None: all; see above)
         self._calls = 0  # load and unload calls so far, numbered in arrival order
-        self._last_unload: dict[str, int] = {}  # model -> number of its latest unload call
+        self._last_unload: dict[str, int] = {}  # model -> number of its latest unload call, while loads of it run
         self._loading: dict[str, set[int]] = {}  # model -> numbers of its load calls running
 
     @contextlib.contextmanager
@@ -62,8 +72,12 @@ class ControlCalls:
             yield lambda: self._last_unload.get(name, 0) > number
         finally:
             self._loading[name].discard(number)
-            if not self._loading[name]:
+            if not self._loading[name]:  # the last one, however it ended
                 del self._loading[name]
+                self._last_unload.pop(name, None)  # (it tells nothing once no load of the name runs)
+                if not self._known(name):  # no model's (none found, or the call cancelled): nothing kept
+                    self.no_such_model(name)
+                    self._held.discard(name)
 
     def loading(self, name: str) -> bool:
         """Whether a load call of `name` runs (it may be about to find a model no scan listed yet)."""
@@ -80,14 +94,17 @@ class ControlCalls:
         return (found if self.asked is None else found & self.asked) | self.loads_running()
 
     def no_such_model(self, name: str) -> None:
-        """A load of `name` found no model: none to wait for (its file may come later, unasked)."""
+        """A load of `name` found no model, or the last one ended with nothing knowing the name
+        (cancelled, say): none to wait for (its file may come later, unasked)."""
         if self.asked is not None:
             self.asked.discard(name)
 
     def unload(self, name: str) -> None:
-        """An unload call of `name` arrived (a known model: the names stay few)."""
+        """An unload call of `name` arrived: kept while loads of it run, the ones it overtakes (so the
+        names stay as few as the loads running, made-up names included)."""
         self._calls += 1
-        self._last_unload[name] = self._calls
+        if name in self._loading:
+            self._last_unload[name] = self._calls
 
     def shown(self, name: str, state: str, reason: str) -> tuple[str, str]:
         """(state, reason) of a version of `name` as clients see it: LOADING while a load call

@@ -13,7 +13,7 @@ Who owns which state. Everything below lives on the event loop thread; nothing i
   one per model, `aclserve-apply-<model>`, in `_busy`), and by `close`. Read by
   ModelRepository.get and the Planner's diff.
 - Lifecycle.states: moved by the apply tasks, by `close`, and by `forget_stale` during the
-  repository's reconcile. Lifecycle.held: ModelRepository.load/unload.
+  repository's reconcile. Lifecycle.held: ModelRepository.load/unload, ControlCalls (made-up names).
 - Lifecycle.retiring, the versions out of service not closed yet (retiring.py): `_swap` and
   `close` add them, `_retire` drops them once closed. Read by ModelRepository.draining().
 - Lifecycle._busy, ._dirty: `start` and the tasks' done callbacks. Lifecycle._loads: the apply
@@ -112,15 +112,19 @@ class Lifecycle:
         self._task_ended()
 
     def stop_compiles(self, name: str) -> None:
-        """An unload of `name` through the API, or the close: the compiles its loads run now end
-        (their child processes killed, nothing left in the cache), and so do their waits for
-        another's compile of the same file (the cache entry's lock); those loads end as unloaded,
-        not failed."""
+        """An unload of `name` through the API, or the close: the compiles its loads run now end (their
+        child processes killed, nothing left in the cache), and so do their waits for another's compile
+        of the same file (the cache entry's lock); those loads end as unloaded, not failed."""
         for stop in self._compiles.get(name, ()):
             stop.stop()
 
     def busy(self, name: str) -> bool:
         return name in self._busy
+
+    def knows(self, name: str) -> bool:
+        """Whether a serving version, the folder's last listing (one that can be listed) or a record knows `name`."""
+        listing = self._planner.listed or self._planner.scan
+        return name in self.serving or self.states.describe(name, None, listing) is not None
 
     async def wait_for(self, name: str) -> bool:
         """Until no task works on `name` (cancelling the caller does not cancel the task). True
@@ -369,8 +373,7 @@ class Lifecycle:
         and close every serving version (all at once, until `deadline`, time.monotonic();
         default shutdown_timeout_s from now: what is left then is answered 503, and a device
         still running is left to itself); then wait for what the load threads still run (an
-        abandoned load closing what it opened) until `deadline`, no later, and stop them.
-        Idempotent."""
+        abandoned load closing what it opened) until `deadline`, no later, and stop them. Idempotent."""
         if self._closed:
             return
         self._closed = True

@@ -89,7 +89,7 @@ class ModelRepository:
         self._watcher: RepositoryWatcher | None = None
         self._debouncer: Debouncer | None = None
         self._started = self._closed = False
-        self._calls = ControlCalls()  # (its `asked`: the models readiness waits for)
+        self._calls = ControlCalls(self._lifecycle.knows, self._lifecycle.held)  # (its `asked`: readiness's)
         self._readiness = Readiness(config.readiness == "strict", self._lifecycle, self._planner, self._failures,
                                     self._calls)
 
@@ -278,10 +278,8 @@ class ModelRepository:
         self._check_control("unload")
         if too_long(name):  # no model's, loaded or loading
             raise NotFound(f"unknown model: {too_long(name)}")
-        scan = self._planner.listed or self._planner.scan  # (one that cannot be listed names nothing)
-        if (name not in self._lifecycle.serving and name not in scan.models and name not in scan.problems
-                and not self._calls.loading(name)):  # (a load running may find it: this unload overtakes it)
-            raise NotFound(f"unknown model {name!r}")
+        if not self._lifecycle.knows(name) and not self._calls.loading(name):  # (a load running may find
+            raise NotFound(f"unknown model {name!r}")  # it: this unload overtakes it)
         log.info("%s: unload asked through the repository API", name)
         self._calls.unload(name)
         self._lifecycle.held.add(name)

@@ -112,3 +112,26 @@ async def test_an_unload_overtaking_the_first_load_of_a_new_model_is_not_a_404(m
     assert serving(repo) == ["a"]
     with pytest.raises(NotFound):  # a model no load call reads the folder for is unknown, as before
         await repo.unload("never")
+
+
+async def test_an_unload_of_a_made_up_name_keeps_nothing_once_its_load_call_is_cancelled(
+        make_repo, models_dir, model_files):
+    """The unload arriving while the load of a name no model has reads the folder is taken (the load
+    may find it) and marks the name; a load call cancelled then (its client gone: aiohttp cancels
+    the handler) never found that it is no model, and the mark stayed for good. The last load call
+    of a name nothing knows leaves nothing of it, however it ends. The call's read is held by an event."""
+    place(model_files[1]["om"], models_dir / "a.om")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    reading, go_on = hold_folder_reads(repo)
+    load = asyncio.ensure_future(repo.load("ghost"))
+    try:
+        await asyncio.wait_for(reading.wait(), 30)  # a hang guard
+        await repo.unload("ghost")
+        load.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await load
+    finally:
+        go_on.set()
+    assert (repo._calls._last_unload, repo._lifecycle.held, repo._calls.asked) == ({}, set(), {"a"})
+    with pytest.raises(NotFound, match="unknown model 'ghost'"):
+        await repo.unload("ghost")
