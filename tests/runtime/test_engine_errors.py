@@ -175,7 +175,7 @@ with aclserve.Engine(device="cpu") as engine:
         model.infer(affine_request(1), timeout=60)
     except aclserve.DeviceFailed as e:
         out["error"], out["transient"] = str(e), retry.is_transient(e)
-    out["retried"] = model.pool.batch_faults.reruns
+    out["reruns"] = model.pool.batch_faults.reruns
     try:
         engine.load(sys.argv[1], name="again", warmup=False)
         out["load"] = "loaded"
@@ -202,7 +202,7 @@ def test_after_a_device_failed_as_a_whole_nothing_more_is_tried_on_it(affine_om)
     to fail at its first call, and the server's load retry took DeviceFailed for transient."""
     out, stderr = run_script(_AFTER_DEVICE_FAILURE, affine_om(), timeout=120)
     assert "device 0 failed as a whole (507054: HBM multi-bit ECC error)" in out["error"], out
-    assert out["retried"] == 0, (out, stderr[-3000:])
+    assert out["reruns"] == 0, (out, stderr[-3000:])
     assert out["transient"] is False
     assert out["load"].startswith("device 0 failed as a whole (507054: HBM multi-bit ECC error)"), out
     assert "leaves rotation and is rebuilt" not in stderr and "rebuilding instance" not in stderr

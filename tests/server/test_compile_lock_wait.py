@@ -70,24 +70,15 @@ def test_a_load_waiting_for_another_process_compiling_its_model_says_so(tmp_path
     with ServerThread(config) as srv:
         double_onnx(folder / "m.onnx")
         key = cache_key(folder / "m.onnx", config.model_defaults.compile, "cpu")
-        with subprocess.Popen([sys.executable, "-c", HOLDER, str(cache / f".m-{key[:32]}.om.lock")],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=str(REPO))) as holder:
-            try:
-                assert holder.stdout.readline() == "held\n"
-                answers = []
-                call = threading.Thread(
-                    target=lambda: answers.append(request(srv, "POST", "/v2/repository/models/m/load")))
-                call.start()
-                seen = []
-                for _ in range(300):  # a hang guard, not a timing (each read of the index is paced: 0.1 s or more)
-                    seen.append(reason(srv, "m"))
-                    if seen[-1] == ("LOADING", WAITING) or not call.is_alive():
-                        break
-                holder.stdin.close()  # the other process's compile ends, and its lock with it
-                call.join(120)
-            finally:
-                holder.kill()
+        with holding(cache / f".m-{key[:32]}.om.lock") as holder:
+            load, answers = call(lambda: request(srv, "POST", "/v2/repository/models/m/load"))
+            seen = []
+            for _ in range(300):  # a hang guard, not a timing (each read of the index is paced: 0.1 s or more)
+                seen.append(reason(srv, "m"))
+                if seen[-1] == ("LOADING", WAITING) or not load.is_alive():
+                    break
+            holder.stdin.close()  # the other process's compile ends, and its lock with it
+            load.join(120)
         after = reason(srv, "m")
     assert seen[-1] == ("LOADING", WAITING), seen[-5:]
     status, _, body = answers[0]
