@@ -11,16 +11,20 @@ from . import device_health, isolation
 from .batch import Batch
 
 
+def _may_run(instance, batch: Batch) -> bool:
+    """Not the instance `batch` failed on (its lane's rebuilt one may), nor one on a device found failed
+    as a whole (none is rebuilt there)."""
+    return instance is not batch.failed_by and not device_health.on_failed_device(instance)
+
+
 def usable(instance, batch: Batch) -> bool:
-    """Whether `instance` may take `batch` now: not the one it failed on, in rotation, on a healthy device."""
-    return instance is not batch.failed_by and not instance.broken and not device_health.on_failed_device(instance)
+    """Whether `instance` may take `batch` now: one that may run it (_may_run), in rotation."""
+    return not instance.broken and _may_run(instance, batch)
 
 
 def candidates(instances, batch: Batch) -> list[int]:
-    """The lanes that may run `batch`: all but the instance it failed on (rebuilt, it may) and those
-    on a device found failed as a whole (none is rebuilt there)."""
-    return [k for k, instance in enumerate(instances)
-            if instance is not batch.failed_by and not device_health.on_failed_device(instance)]
+    """The lanes that may run `batch`, now or once rebuilt (_may_run)."""
+    return [k for k, instance in enumerate(instances) if _may_run(instance, batch)]
 
 
 def pick(instances, batch: Batch, parts: isolation.Isolation, backing_off: set[int]) -> tuple[int, object] | None:

@@ -168,10 +168,9 @@ class InstancePool:
         instance on a healthy device; one that waits, ahead of the batches waiting already: it was dispatched
         first), or is answered at once (DeviceFailed, naming the model; a re-run with the error its run failed with
         first). From the launcher thread; never blocks."""
+        waiting = 0
         for batch in batches:  # as before their launch: a new one never launched, a re-run where it failed
             batch.ran_on, batch.ran_by = batch.failed_lane, batch.failed_by
-        waiting = 0
-        for batch in batches:
             waiting += self._dispatch(batch, place=waiting)
 
     # -- dispatch ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import threading
 from typing import Protocol
 
 from ..errors import DeviceFailed
+from . import device_health
 from .instance import ModelInstance
 from .rebuilder import Rebuilder
 
@@ -39,7 +40,7 @@ def build_replacement(pool: RebuildingPool, lane: int, old: ModelInstance, build
     """A new instance for `lane` in place of `old` (blocking), or None once the pool is `closing`
     or the device failed as a whole; and whether `old` was disposed of meanwhile (else the
     caller does, once the new one serves)."""
-    if not old.device.health.code:  # (on a device that failed as a whole: none is, as the builder says)
+    if not device_health.on_failed_device(old):  # (on a device that failed as a whole none is: the builder says so)
         log.warning("%s: rebuilding instance %s (%s)", pool.name, old.name, old.broken)
     delay, old_disposed = 1.0, False
     while True:
