@@ -32,7 +32,7 @@ from typing import Callable
 
 from . import atc_leash, atc_om
 from ..temp_claims import claimed_folder, sweep_unclaimed_folders
-from .compile_error import CompileKilled, killed_by
+from .compile_error import AtcFailed, AtcKilled, killed_by
 from .container import OmFormatError
 from .spec import CompileError, ModelSpec
 
@@ -51,16 +51,6 @@ WORK_PREFIX = ".atc-"  # ATC's work folders, beside the output
 OS_SPECIFIC_SUFFIX = f"_{platform.system().lower()}_{platform.machine()}"
 NAME_MAX_FALLBACK = 255  # a file name's bytes where the folder's own limit cannot be read
 END_WAIT_S = 5.0  # at exit, for each ATC ended to be gone
-
-
-class AtcFailed(CompileError):
-    """ATC ran but did not produce a valid OM (non-zero exit, timeout, or a bad output file)."""
-
-
-class AtcKilled(AtcFailed, CompileKilled):
-    """ATC was killed by a signal not of the compile's sending (the out-of-memory killer's SIGKILL:
-    ATC is the compile's largest process): no verdict of ATC's on the model, so `aclserve compile`
-    exits 128 + `signum`, as for its own process killed."""
 
 
 class _Running:
@@ -139,7 +129,7 @@ def run_streaming(argv: list[str], *, cwd: str, timeout: float, log: Callable[[s
         proc = subprocess.Popen(atc_leash.command(argv), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=pass_fds)
     except OSError as e:
-        raise AtcFailed(f"could not start ATC {argv[0]}: {e.strerror or e}") from None
+        raise AtcFailed(f"{atc_leash.not_started(argv[0])}{e.strerror or e}") from None
     _RUNNING.add(_RUNNING.processes, proc)
     timed_out = threading.Event()
 

@@ -112,10 +112,9 @@ def _hold(onnx_path: str) -> None:
 
 def _described(error: BaseException) -> dict:
     """The error in the terms compile_process._rebuilt makes it again from."""
-    from .compile_error import CompileError
+    from .compile_error import AtcFailed, CompileError
 
-    atc_failed = getattr(sys.modules.get(f"{__package__}.atc"), "AtcFailed", None)  # (loaded when ATC ran)
-    if atc_failed is not None and isinstance(error, atc_failed):  # (signum: AtcKilled's, ATC killed by a signal)
+    if isinstance(error, AtcFailed):  # (signum: AtcKilled's, ATC killed by a signal)
         return {"kind": "atc", "message": _one_line(error), "signum": getattr(error, "signum", None)}
     if isinstance(error, CompileError):
         return {"kind": "compile", "message": _one_line(error)}

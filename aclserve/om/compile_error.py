@@ -1,6 +1,8 @@
 """CompileError, apart from the compiler's modules: the server raises it for a compile run in a
-child process (compile_process.py) without importing onnx itself; and CompileKilled, a process of
-the compile killed by a signal (the child, or ATC: atc.py), with how such a signal is named."""
+child process (compile_process.py) without importing onnx itself; CompileKilled, a process of
+the compile killed by a signal (the child, or ATC: atc.py), with how such a signal is named; and
+ATC's own (AtcFailed, AtcKilled), which the server raises again for a child's ATC that failed
+(atc.py imports onnx, as its spec does)."""
 from __future__ import annotations
 
 import signal
@@ -12,12 +14,22 @@ class CompileError(ValueError):
 
 class CompileKilled(CompileError):
     """A process of the compile ended by a signal without a word (the out-of-memory killer's SIGKILL,
-    a `kill` of it alone): the compile's own process, or ATC (atc.AtcKilled). `signum` is that
+    a `kill` of it alone): the compile's own process, or ATC (AtcKilled). `signum` is that
     signal, for `aclserve compile`'s exit status (128 + it, as shells say it)."""
 
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.signum = signum
+
+
+class AtcFailed(CompileError):
+    """ATC ran but did not produce a valid OM (non-zero exit, timeout, or a bad output file)."""
+
+
+class AtcKilled(AtcFailed, CompileKilled):
+    """ATC was killed by a signal not of the compile's sending (the out-of-memory killer's SIGKILL:
+    ATC is the compile's largest process): no verdict of ATC's on the model, so `aclserve compile`
+    exits 128 + `signum`, as for its own process killed."""
 
 
 def killed_by(signum: int) -> str:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .compile_error import CompileError, CompileKilled, killed_by
+from .compile_error import AtcFailed, AtcKilled, CompileError, CompileKilled, killed_by
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike | N
                      stop: CompileStop | None = None, timeout_s: float | None = None, **options) -> Built:
     """compile.compile_model(onnx_path, output, log=log, **options) run in a child process
     (blocking until it ends). Raises what compile_model raises, rebuilt from the child's word:
-    CompileError (one line; atc.AtcFailed for an ATC that failed, atc.AtcKilled for one killed by a
+    CompileError (one line; AtcFailed for an ATC that failed, AtcKilled for one killed by a
     signal), OSError with its errno and file, MemoryError, RuntimeError for anything else;
     CompileKilled when the child ends without a word by a signal (the kernel's out-of-memory
     killer's SIGKILL among them), CompileError when it exits without one otherwise; CompileStopped
@@ -249,7 +249,6 @@ def _rebuilt(error: dict) -> BaseException:
     if kind == "compile":
         return CompileError(message)
     if kind == "atc":
-        from .atc import AtcFailed, AtcKilled  # (the compiler's module, imported only when ATC ran)
         return AtcFailed(message) if error.get("signum") is None else AtcKilled(message, int(error["signum"]))
     if kind == "memory":
         return MemoryError()

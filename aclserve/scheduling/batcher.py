@@ -247,10 +247,7 @@ class DynamicBatcher(EarlyAdmission):
             except Exception as exc:
                 log.exception("batcher %s: scheduling failed", self.name)
                 victims = batch or queue.take(sys.maxsize, 1)
-                now = self._clock.now_ns()
-                for request in victims:
-                    request.dispatched_ns = now
-                failed = Batch((), None, 0, requests=victims, dispatched_ns=now)
+                failed = Batch((), None, 0, requests=victims, dispatched_ns=self._clock.now_ns())
                 failed.error = ExecutionFailed(f"internal batching error: {type(exc).__name__}")
                 self._settle(failed, tracked=False)
                 continue
@@ -279,7 +276,6 @@ class DynamicBatcher(EarlyAdmission):
         rows, traced = 0, False
         for request in requests:
             request.state = DISPATCHED
-            request.dispatched_ns = now
             rows += request.rows
             traced = traced or request.trace is not None
         trace = form_batch(self.name, requests, gear, now) if traced else None

@@ -62,16 +62,17 @@ class Delivery:
         if error is None and (outputs is None or len(outputs) != len(requests)):
             error = ExecutionFailed(f"the runtime returned {len(outputs or ())} outputs for a "
                                     f"batch of {len(requests)} requests")
+        start_ns = started(batch)  # (a run of a part its own: _executed)
         if error is not None:
             error = self._served(error)
             for request in requests:
-                self._fail(request, error, started(batch))
+                self._fail(request, error, start_ns)
             return
-        ran = self._executed(batch, now_ns)
+        ran = self._executed(batch, start_ns, now_ns)
         errors = batch.errors  # (set when a failed batch re-run one request per run had some fail)
         for index, (request, request_outputs) in enumerate(zip(requests, outputs)):
             if errors is not None and errors[index] is not None:
-                self._fail(request, self._served(errors[index]), started(batch))
+                self._fail(request, self._served(errors[index]), start_ns)
                 continue
             if request.future.cancelled():
                 continue  # counted once already: cancelled when its client went (it ran all the same)
@@ -83,17 +84,16 @@ class Delivery:
             self.answer(request, InferenceResult(request_outputs, queue_ns, now_ns - launched_ns, gear, rows,
                                                  together, instance))
 
-    def _executed(self, batch: Batch, now_ns: int) -> list:
-        """Record the successful runs that answered `batch` (its result in at `now_ns`); per
-        request, its run's (gear, rows, requests, instance, launch, (h2d, infer, d2h) ns). A batch
-        re-run one request per run (runtime/isolation.py) failed as a whole: each part that
-        succeeded is a run, with its own launch and figures; those that failed are none, as the
-        whole is."""
+    def _executed(self, batch: Batch, start_ns: int, now_ns: int) -> list:
+        """Record the successful runs that answered `batch` (started at `start_ns`, its result in at
+        `now_ns`); per request, its run's (gear, rows, requests, instance, launch, (h2d, infer, d2h)
+        ns). A batch re-run one request per run (runtime/isolation.py) failed as a whole: each part
+        that succeeded is a run, with its own launch and figures; those that failed are none, as
+        the whole is."""
         stats = self._stats
         if batch.runs is None:
-            launched_ns = started(batch)
-            spent = stats.batch_executed(batch.gear, batch.rows, now_ns - launched_ns, batch.timings)
-            ran = (batch.gear, batch.rows, len(batch.requests), batch.instance, launched_ns, spent)
+            spent = stats.batch_executed(batch.gear, batch.rows, now_ns - start_ns, batch.timings)
+            ran = (batch.gear, batch.rows, len(batch.requests), batch.instance, start_ns, spent)
             return [ran] * len(batch.requests)
         ran: list = [None] * len(batch.requests)
         for run in batch.runs:

@@ -19,7 +19,7 @@ class QueuedRequest:
     first, so a request is never answered twice. Identity-hashed: it is its own queue key."""
 
     __slots__ = ("inputs", "rows", "level", "enqueued", "enqueued_ns", "deadline_ns", "timer", "future",
-                 "state", "delayed", "dispatched_ns", "outcome", "trace", "answered")
+                 "state", "delayed", "outcome", "trace", "answered")
 
     def __init__(self, inputs: Mapping[str, np.ndarray], rows: int, level: int,
                  enqueued: float, future: asyncio.Future, enqueued_ns: int = 0, trace=None):
@@ -33,7 +33,6 @@ class QueuedRequest:
         self.future = future
         self.state = QUEUED
         self.delayed = False  # deadline passed under the `delay` action
-        self.dispatched_ns = 0  # duration clock
         self.outcome = None  # result or exception held back by preserve_ordering
         self.trace = trace  # trace.RequestTrace of a sampled request, else None
         # its run's figures for the statistics (queue, success, h2d, infer, d2h ns), counted
