@@ -86,8 +86,7 @@ def run_compile(args) -> int:
         kwargs["aipp"] = aipp.render(ops)  # (what ATC is given; the child parses it back)
     try:
         result = compile_in_child(args.model, args.output, input_shape=args.input_shape, batch=args.batch,
-                                  target=args.target, atc=args.atc, log=_progress, timeout=timeout,
-                                  timeout_s=timeout, **kwargs)
+                                  target=args.target, atc=args.atc, log=_progress, timeout_s=timeout, **kwargs)
     except CompileKilled as e:  # its process or ATC killed: not the input's fault (2), nor ATC's verdict (1)
         print(f"aclserve compile: error: {e}", file=sys.stderr)
         return 128 + e.signum

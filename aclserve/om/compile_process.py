@@ -155,7 +155,10 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike | N
     CompileKilled when the child ends without a word by a signal (the kernel's out-of-memory
     killer's SIGKILL among them), CompileError when it exits without one otherwise; CompileStopped
     when `stop` ended it; CompileTimedOut when it was still running `timeout_s` seconds after it started
-    (None: no limit), its process group killed at once (SIGTERM first when it runs ATC)."""
+    (None: no limit), its process group killed at once (SIGTERM first when it runs ATC); ATC's own
+    timeout is `timeout_s` too unless `options` say another."""
+    if timeout_s is not None:
+        options.setdefault("timeout", timeout_s)
     stop = stop or CompileStop()
     if stop.stopped:
         raise CompileStopped("stopped before the compile began")

@@ -164,7 +164,7 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
         kwargs = {k: v for k, v in asdict(options).items() if v is not None}
         if options.batch:
             kwargs["batch"] = list(options.batch)
-        limit = {} if timeout_s is None else {"timeout_s": timeout_s, "timeout": timeout_s}  # (timeout: ATC's)
+        limit = {} if timeout_s is None else {"timeout_s": timeout_s}  # (ATC's own timeout too: compile_process)
         log.info("%s: compiling %s for %s into %s", model_name, onnx_path, runtime_kind, out)
         if progress is not None:
             progress(f"compiling {Path(onnx_path).name} for {runtime_kind}")

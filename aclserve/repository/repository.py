@@ -149,8 +149,8 @@ class ModelRepository:
         (known but not ready), ShuttingDown after close(), InvalidInput (a version that is none)."""
         if self._closed:
             raise ShuttingDown("the model repository is shut down")
-        if too_long(name):  # no model's (layout.check_model_name)
-            raise NotFound(f"unknown model: {too_long(name)}")
+        if by_length := too_long(name):  # no model's (layout.check_model_name)
+            raise NotFound(f"unknown model: {by_length}")
         versions = self._lifecycle.serving.get(name)
         version = asked_version(version)
         if versions:
@@ -227,8 +227,8 @@ class ModelRepository:
     # ---- control API ----------------------------------------------------------------------------
     async def load(self, name: str) -> None:
         self._check_control("load")
-        if too_long(name):
-            raise InvalidInput(f"invalid model name: {too_long(name)}")
+        if by_length := too_long(name):
+            raise InvalidInput(f"invalid model name: {by_length}")
         if layout.check_model_name(name):
             raise InvalidInput(f"invalid model name {name!r}: {layout.check_model_name(name)}")
         log.info("%s: load asked through the repository API", name)  # (the log says who did what)
@@ -276,8 +276,8 @@ class ModelRepository:
 
     async def unload(self, name: str) -> None:
         self._check_control("unload")
-        if too_long(name):  # no model's, loaded or loading
-            raise NotFound(f"unknown model: {too_long(name)}")
+        if by_length := too_long(name):  # no model's, loaded or loading
+            raise NotFound(f"unknown model: {by_length}")
         if not self._lifecycle.knows(name) and not self._calls.loading(name):  # (a load running may find
             raise NotFound(f"unknown model {name!r}")  # it: this unload overtakes it)
         log.info("%s: unload asked through the repository API", name)

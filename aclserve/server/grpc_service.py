@@ -389,6 +389,6 @@ async def _one_repository(request, context) -> None:
     if request.repository_name:
         # a load or unload naming no model: KServe's own proto puts model_name where Triton's has this
         kserve = getattr(request, "model_name", None) == ""
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "'repository_name' specification is not supported" + (
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, views.NAMED_REPOSITORY + (
             " (from a client built on KServe's grpc_predict_v2.proto? Its model_name is this field: use Triton's "
             "grpc_service.proto, as tritonclient does)" if kserve else ""))

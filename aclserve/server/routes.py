@@ -103,7 +103,7 @@ async def repository_unload(request: web.Request) -> web.Response:
 
 async def named_repository(request: web.Request) -> web.Response:
     """A load or unload naming a repository: one is served, refused as Triton refuses it (400)."""
-    raise InvalidInput("'repository_name' specification is not supported")
+    raise InvalidInput(views.NAMED_REPOSITORY)
 
 
 async def statistics(request: web.Request) -> web.Response:

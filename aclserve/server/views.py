@@ -14,6 +14,8 @@ from .model_stats import model_stats
 
 SERVER_NAME = "aclserve"
 EMPTY_MODEL_NAME = "model name must not be empty"
+# one repository is served: Triton's words for a call naming one (HTTP 400, gRPC UNIMPLEMENTED)
+NAMED_REPOSITORY = "'repository_name' specification is not supported"
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository",
               "schedule_policy", "statistics", "trace"]
 
