@@ -102,8 +102,9 @@ class AclRuntime:
             if not self._started:  # (closed meanwhile: a shutdown during the start)
                 return
             try:
-                if 0 <= device_id < self.device_count():
-                    self.device(device_id)
+                self.device(device_id)
+            except ValueError:  # past the host's devices: the load naming it refuses it
+                pass
             except AclError as e:
                 log.warning("device %d could not be opened (%s): its memory is not shown until a model loads "
                             "there", device_id, e)
