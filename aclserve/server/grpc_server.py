@@ -61,6 +61,11 @@ PING_TIMEOUT_S = 20  # and closed when the ping is not answered in this (a dead 
 # grpc's own stop, begun with the drain, would cancel every call this long after the drain's
 # deadline; stop() ends them first, once the models' last answers are out (ANSWER_GRACE_S after it)
 STOP_BACKSTOP_S = 10.0
+# The grace of that stop, which never ends it: grpc.aio's stop, called again while one runs, destroys
+# the server once it has stopped, and a first call whose grace ends then cancels the calls of the
+# destroyed server (grpc 1.85: a segfault, one stop in a few hundred when both began at once). The
+# calls are ended by one stop(None) only (GrpcServer._end_all_calls), at the backstop or by stop().
+GRACE_UNBOUNDED_S = 1e9
 # the drain waits this long at most for grpc's queued calls (grpc_queued.py: a call whose headers
 # core refused is counted there for good); typically the loop takes them within milliseconds
 QUEUE_WAIT_S = 1.0
@@ -180,6 +185,8 @@ class GrpcServer:
         self._credentials = tls.grpc_credentials(config)  # read now: a bad file stops the start
         self._started = self._stopped = False
         self._stopping: asyncio.Future | None = None  # grpc's own stop, from the drain on
+        self._backstop: asyncio.TimerHandle | None = None  # when that stop ends every call, at the latest
+        self._ending: asyncio.Future | None = None  # grpc's stop ending every call
 
     async def start(self, host: str, port: int) -> int:
         """Bind host:port and serve; returns the bound port. OSError when it cannot bind."""
@@ -231,12 +238,21 @@ class GrpcServer:
 
     def _stop_taking_calls(self, backstop: float) -> None:
         """grpc's own stop: GOAWAY to every connection, the port closed, new calls refused by
-        grpc (and those core holds without a handler ended CANCELLED). Its grace (to `backstop`,
-        time.monotonic()) only bounds grpc's wait: stop() ends what is left before it. The gate
+        grpc (and those core holds without a handler ended CANCELLED). Every call still open is
+        ended at `backstop` (time.monotonic()) at the latest; stop() ends them before. The gate
         opens just after its first step, which sends the GOAWAYs and closes the port."""
         if self._started and self._stopping is None:
-            self._stopping = asyncio.ensure_future(self._server.stop(max(0.0, backstop - time.monotonic())))
-            asyncio.get_running_loop().call_soon(self._gate.open)  # (run after that step: call_soon is FIFO)
+            loop = asyncio.get_running_loop()
+            self._stopping = asyncio.ensure_future(self._server.stop(GRACE_UNBOUNDED_S))
+            loop.call_soon(self._gate.open)  # (run after that step: call_soon is FIFO)
+            self._backstop = loop.call_later(max(0.0, backstop - time.monotonic()), self._end_all_calls)
+
+    def _end_all_calls(self) -> None:
+        """grpc's stop at once: every call cancelled, every connection closed. The only grpc stop
+        beside the drain's (GRACE_UNBOUNDED_S says why)."""
+        self._backstop.cancel()
+        if self._ending is None:
+            self._ending = asyncio.ensure_future(self._server.stop(None))
 
     async def stop(self, deadline: float | None = None) -> None:
         """Take no new calls nor connections, end the calls still at work, then close every
@@ -254,7 +270,8 @@ class GrpcServer:
         if ended:
             log.info("gRPC: %d call(s) still open at the shutdown deadline answered UNAVAILABLE", ended)
         await self._live.all.none_by(deadline)
-        # grpc's grace would also wait for the connections without calls: close them all now
-        await self._server.stop(None)
+        # grpc's graceful stop would also wait for the connections without calls: close them all now
+        self._end_all_calls()
+        await self._ending
         await self._stopping
         log.info("gRPC endpoint stopped")
