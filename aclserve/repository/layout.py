@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -33,10 +32,6 @@ from ..config import PBTXT, ConfigError, ModelConfig, load_model_config, load_tr
 from ..regular_files import node_kind
 from . import external_data, unread
 from .models_folder import folder_entries
-from .scan_errors import ScanErrors
-
-log = logging.getLogger(__name__)
-_scan_errors = ScanErrors(log)  # a bug of the scan: its traceback once per model and failure
 
 MODEL_SUFFIXES = (".om", ".onnx")  # order = preference when both exist
 KNOWN_SUFFIXES = MODEL_SUFFIXES + (".yaml", ".yml")
@@ -95,6 +90,8 @@ class ScanResult:
     # still being written is not yet a problem (planner.Planner holds it back until it rests)
     config_problems: dict[str, tuple[str, str]] = field(default_factory=dict)
     selects_none: set[str] = field(default_factory=set)  # models whose version policy selects no version found
+    # model name -> what a bug of the scan raised on its files (a problem too): planner.Planner logs its traceback
+    errors: dict[str, Exception] = field(default_factory=dict)
     unreadable: bool = False  # the folder itself could not be listed: nothing is known of it
 
 
@@ -252,7 +249,6 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
         result.unreadable = True
         return result
     files: dict[str, dict] = {}  # name -> {"file": VersionFile?, "dir": Path?, "config": Path?}
-    failed: set[str] = set()
     for child in children:
         base = child.name
         if is_ignored_name(base):
@@ -282,13 +278,12 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
             where = _relative(root, e.filename)
             result.problems[name] = f"{where + ' ' if where else ''}cannot be read ({e.strerror or e})"
         except Exception as e:  # a bug of the scan: that model alone (it stopped every scan, hot reload with it)
-            _scan_errors.failed(str(root), name, e)
-            failed.add(name)
+            result.errors[name] = e
             result.problems[name] = "its files could not be scanned (internal error; see the server log)"
-    _scan_errors.scanned(str(root), failed)
     # names that are not UTF-8 reach the index, the logs and /metrics: escaped once here
     result.problems = {escape_undecodable(k): escape_undecodable(v) for k, v in result.problems.items()}
     result.notes = [escape_undecodable(note) for note in result.notes]
+    result.errors = {escape_undecodable(k): e for k, e in result.errors.items()}
     return result
 
 

@@ -5,9 +5,9 @@
 policy, refused files left out) and diffs that against what was acted on (plan.diff). On top:
 a model whose config broke keeps serving what it has (its versions whose files are still
 there), and models unloaded through the API are left alone. Each scan problem and note is
-logged once while it lasts (a scan runs on every change in poll mode); a config file that does
-not read while it is still being written is not a problem yet. Owned by the ModelRepository; loop
-thread only.
+logged once while it lasts (a scan runs on every change in poll mode), a bug of the scan (its
+traceback) too; a config file that does not read while it is still being written is not a problem
+yet. Owned by the ModelRepository; loop thread only.
 """
 from __future__ import annotations
 
@@ -110,7 +110,9 @@ class Planner:
             self.scan.problems[name] = problem
 
     def _log_problems(self) -> None:
-        """Each problem and note once while it lasts: one that goes away and comes back is logged again."""
+        """Each problem and note once while it lasts: one that goes away and comes back is logged again.
+        A bug of the scan is logged with its traceback at ERROR once while it lasts (the same type and
+        message: another is logged again), at DEBUG at the scans after (not an ERROR every rescan)."""
         current = {("scan", name, reason) for name, reason in self.scan.problems.items()
                    if reason != WAITING_FOR_CONFIG}
         current |= {("note", note) for note in self.scan.notes}
@@ -119,6 +121,12 @@ class Planner:
                 log.warning("models folder: %s: %s", key[1], key[2])
             else:
                 log.info("models folder: %s", key[1])
+        for name, error in sorted(self.scan.errors.items()):
+            key = ("error", name, f"{type(error).__qualname__}: {error}")
+            again = " (again, as in an earlier scan)" if key in self._logged else ""
+            log.log(logging.DEBUG if again else logging.ERROR, "model %s: scanning its files failed%s", name, again,
+                    exc_info=error)
+            current.add(key)
         self._logged = current
 
 

@@ -453,10 +453,12 @@ def test_levels_model_defaults_gives_past_a_models_own_are_left_out_with_a_note(
                             "the model has 1 priority level"]
 
 
-def test_a_bug_of_the_scan_is_logged_with_its_traceback_once_per_model_and_failure(tmp_path, monkeypatch, caplog):
+def test_a_bug_of_the_scan_is_logged_with_its_traceback_once_while_it_lasts(tmp_path, monkeypatch, caplog):
     """An unexpected exception scanning one model's files was logged with its traceback at every
     rescan (every few seconds in poll mode), forever. Now once at ERROR, again only when the
-    failure changes or after the model scanned fine; the repeats at DEBUG."""
+    failure changes or after the model scanned fine; the repeats at DEBUG. The scan puts it on its
+    result and the Planner says it, once per repository: two on one folder each say it (a record
+    kept by the scan for the whole process said it in one repository's log only)."""
     touch(tmp_path / "ok.om")
     touch(tmp_path / "bad.om")
     failure = {"error": RuntimeError("boom")}
@@ -468,16 +470,19 @@ def test_a_bug_of_the_scan_is_logged_with_its_traceback_once_per_model_and_failu
         return real_pick(root, folder, stem, result, name)
 
     monkeypatch.setattr(layout, "_pick", pick)
-    caplog.set_level(logging.DEBUG, logger="aclserve.repository.layout")
+    caplog.set_level(logging.DEBUG, logger="aclserve.repository")
+    planner = Planner(tmp_path, DEFAULTS, SettleGate(0.0), unload_missing=True)
 
-    def errors_after_scans(times):
+    def errors_after_scans(times, planners=(planner,)):
         caplog.clear()
         for _ in range(times):
-            result = scan(tmp_path, DEFAULTS)
-            assert "ok" in result.models
-        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
-        assert all(r.exc_info for r in caplog.records), caplog.text  # the traceback even at DEBUG
-        return len(errors), len(caplog.records)
+            for each in planners:
+                each.scan = scan(tmp_path, DEFAULTS)
+                assert "ok" in each.scan.models
+                each.plans({}, "all", frozenset(), set())
+        said = [r for r in caplog.records if "scanning its files failed" in r.getMessage()]
+        assert all(r.exc_info for r in said), caplog.text  # the traceback even at DEBUG
+        return sum(r.levelno >= logging.ERROR for r in said), len(said)
 
     assert errors_after_scans(3) == (1, 3)  # the repeats at DEBUG
     assert scan(tmp_path, DEFAULTS).problems["bad"].startswith("its files could not be scanned")
@@ -487,3 +492,5 @@ def test_a_bug_of_the_scan_is_logged_with_its_traceback_once_per_model_and_failu
     assert errors_after_scans(1) == (0, 0)
     failure["error"] = RuntimeError("another boom")
     assert errors_after_scans(2) == (1, 2)
+    other = Planner(tmp_path, DEFAULTS, SettleGate(0.0), unload_missing=True)  # another repository, same folder
+    assert errors_after_scans(2, (planner, other)) == (1, 4)  # said in its log too, once
