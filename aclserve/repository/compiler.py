@@ -47,6 +47,7 @@ import tempfile
 import threading
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Callable
 
 from ..config import CompileOptions
 from ..om.compile_error import CompileError
@@ -102,9 +103,7 @@ class CompilesHere:
             if not held[0].acquire(blocking=False):
                 if on_wait is not None:
                     on_wait()
-                while not held[0].acquire(timeout=LOCK_POLL_S):
-                    if stop is not None and stop.stopped:
-                        raise CompileStopped("stopped while waiting for another compile of the same model to end")
+                _take_unless_stopped(lambda: held[0].acquire(timeout=LOCK_POLL_S), stop)
             try:
                 yield
             finally:
@@ -340,10 +339,22 @@ def _wait_for_lock(fd: int, stop: CompileStop | None) -> None:
     if stop is None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return
-    while not stop.wait(LOCK_POLL_S):
+
+    def flocked_after_a_poll() -> bool:  # (asleep on the stop: it wakes the wait at once)
+        if stop.wait(LOCK_POLL_S):
+            return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
+            return True
         except BlockingIOError:
-            continue
-    raise CompileStopped("stopped while waiting for another compile of the same model to end")
+            return False
+
+    _take_unless_stopped(flocked_after_a_poll, stop)
+
+
+def _take_unless_stopped(attempt: Callable[[], bool], stop: CompileStop | None) -> None:
+    """Call `attempt()` (tries to take a lock another compile holds, waiting at most LOCK_POLL_S: True
+    once taken) until it takes the lock, or until `stop` is stopped: CompileStopped, the lock not taken."""
+    while not attempt():
+        if stop is not None and stop.stopped:
+            raise CompileStopped("stopped while waiting for another compile of the same model to end")
