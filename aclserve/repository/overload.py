@@ -79,11 +79,12 @@ def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int, name: s
     # with no window (with batching off, gears up to 32 counted as a full batch let a level hold 256
     # lone runs, 32 times the queued runs meant: an independent check)
     alone = one_request_per_run(gears, batching)
-    full = 1 if alone else batch_limit(gears, batching)
+    limit = batch_limit(gears, batching)
+    full = 1 if alone else limit
     window_ms = 0.0 if alone else batching.max_queue_delay_ms
     cost = _cost_of(full, gears, gear_cost)
     # a size in requests: each may bring the batch limit's rows (a static model: its one run), a run each
-    largest = batch_limit(gears, batching) or 1
+    largest = limit or 1
     largest_cost = _cost_of(largest, gears, gear_cost)
     per_requests: dict[int, float] = {}  # size in requests -> the deadline derived for it
 
@@ -103,23 +104,27 @@ def resolve(config: ModelConfig, gears, gear_cost: dict, instances: int, name: s
         batching, default_queue_policy=fill(batching.default_queue_policy),
         priority_queue_policy={level: fill(p) for level, p in batching.priority_queue_policy.items()})
     for size, deadline in sorted(per_requests.items()):
-        if deadline >= MAX_DEADLINE_MS:
-            log.warning("%s: max_queue_size %d counts requests, each of up to %d rows: its auto default_timeout_ms is "
-                        "%.0f (%.0f s), the longest a deadline may be, though %d requests of %d rows queued take "
-                        "longer to run: a stalled device is found only that late, and a full queue's last requests "
-                        "may time out; set default_timeout_ms for a shorter deadline, or max_queue_size: auto to "
-                        "bound the rows", name, size, largest, deadline, deadline / 1000.0, size, largest)
-        elif deadline > LONG_DEADLINE_MS:
-            log.warning("%s: max_queue_size %d counts requests, each of up to %d rows: its auto default_timeout_ms is "
-                        "%.0f (%.0f s, over %.0f s), allowing for %d requests of %d rows queued, so a stalled device "
-                        "is found only that late; set default_timeout_ms for a shorter deadline, or "
-                        "max_queue_size: auto to bound the rows", name, size, largest, deadline, deadline / 1000.0,
-                        LONG_DEADLINE_MS / 1000.0, size, largest)
-        else:
-            log.info("%s: max_queue_size %d counts requests, each of up to %d rows: its auto default_timeout_ms, "
-                     "%.0f, allows for %d requests of %d rows queued; set default_timeout_ms for a shorter deadline, "
-                     "or max_queue_size auto to bound the rows", name, size, largest, deadline, size, largest)
+        _say_deadline_for_requests(name, size, largest, deadline)
     return dataclasses.replace(config, batching=resolved)
+
+
+def _say_deadline_for_requests(name: str, size: int, rows: int, deadline: float) -> None:
+    """The one line for a deadline derived beside a size in requests (`rows`: the most a request brings):
+    INFO, or WARNING when it is over LONG_DEADLINE_MS (saying so when MAX_DEADLINE_MS capped it)."""
+    queued = f"{size} requests of {rows} rows queued"
+    if deadline >= MAX_DEADLINE_MS:
+        level, figure = logging.WARNING, (f" is {deadline:.0f} ({deadline / 1000.0:.0f} s), the longest a deadline "
+                                          f"may be, though {queued} take longer to run: a stalled device is found only "
+                                          "that late, and a full queue's last requests may time out")
+    elif deadline > LONG_DEADLINE_MS:
+        level, figure = logging.WARNING, (f" is {deadline:.0f} ({deadline / 1000.0:.0f} s, over "
+                                          f"{LONG_DEADLINE_MS / 1000.0:.0f} s), allowing for {queued}, so a stalled "
+                                          "device is found only that late")
+    else:
+        level, figure = logging.INFO, f", {deadline:.0f}, allows for {queued}"
+    log.log(level, "%s: max_queue_size %d counts requests, each of up to %d rows: its auto default_timeout_ms%s; set "
+            "default_timeout_ms for a shorter deadline, or max_queue_size: auto to bound the rows", name, size, rows,
+            figure)
 
 
 def _cost_of(rows: int, gears, gear_cost: dict) -> float | None:

@@ -490,7 +490,7 @@ def test_an_auto_deadline_beside_a_size_in_requests_allows_for_a_full_batch_each
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("INFO", (
         "m:1: max_queue_size 64 counts requests, each of up to 32 rows: its auto default_timeout_ms, 51202, "
         "allows for 64 requests of 32 rows queued; set default_timeout_ms for a shorter deadline, or "
-        "max_queue_size auto to bound the rows"))]
+        "max_queue_size: auto to bound the rows"))]  # (it wrote "max_queue_size auto", the WARNINGs the YAML's words)
     caplog.clear()
     # the deadline grows with the size and the run cost (up to MAX_DEADLINE_MS): over 60 s it is a WARNING naming it
     with caplog.at_level("INFO", logger="aclserve.repository.overload"):
