@@ -13,6 +13,7 @@ GOAWAY. A call cancelled meanwhile (its client gone) waits no longer. Event-loop
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Callable
 
 from ..errors import ShuttingDown
@@ -26,24 +27,38 @@ class StopGate:
     def __init__(self, redact: Callable[[str], str]):
         self._redact = redact
         self._open = asyncio.Event()
-        self.closed = False
+        self._open.set()
+
+    @property
+    def closed(self) -> bool:
+        """From the drain's start until open()."""
+        return not self._open.is_set()
 
     def close(self) -> None:
         """The drain begins."""
-        self.closed = True
         self._open.clear()
 
     def open(self) -> None:
         """grpc's own stop has begun: what waits goes on. Idempotent."""
-        self.closed = False
         self._open.set()
 
     async def passed(self) -> None:
         """Wait until the gate is open."""
         await self._open.wait()
 
-    async def refuse(self, context, method: str) -> None:
-        """A call started while the gate is closed: once it opens, UNAVAILABLE "server is shutting
-        down" (raises grpc's AbortError, as context.abort does)."""
+    @contextlib.asynccontextmanager
+    async def passing(self, context, method: str):
+        """Holds a call's handler, from its start to its status. Started while the gate is
+        closed, the call is refused once it opens: UNAVAILABLE "server is shutting down" (raises
+        grpc's AbortError, as context.abort does). Ended while it is closed, by an answer or an
+        error (the call's status: context.abort's AbortError included), it waits for the gate to
+        open. A cancelled call (its client gone) does not wait."""
+        if self.closed:
+            await self._open.wait()
+            await end_call(context, ShuttingDown(SHUTDOWN_MESSAGE), method, self._redact)
+        try:
+            yield
+        except Exception:
+            await self._open.wait()
+            raise
         await self._open.wait()
-        await end_call(context, ShuttingDown(SHUTDOWN_MESSAGE), method, self._redact)

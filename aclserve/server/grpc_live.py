@@ -48,36 +48,19 @@ class LiveCalls:
 
             async def stream_stream(requests, context):
                 opened(context)
-                if gate.closed:
-                    await gate.refuse(context, method)
-                try:
+                async with gate.passing(context, method):
                     async for answer in answers(requests, context):
                         if gate.closed:
                             await gate.passed()
                         await context.write(answer)
-                except Exception:  # the call's status (context.abort's AbortError included)
-                    if gate.closed:
-                        await gate.passed()
-                    raise
-                if gate.closed:
-                    await gate.passed()
             return handler._replace(stream_stream=stream_stream)
         if handler.request_streaming:
             answer = handler.stream_unary
 
             async def stream_unary(requests, context):
                 opened(context)
-                if gate.closed:
-                    await gate.refuse(context, method)
-                try:
-                    response = await answer(requests, context)
-                except Exception:
-                    if gate.closed:
-                        await gate.passed()
-                    raise
-                if gate.closed:
-                    await gate.passed()
-                return response
+                async with gate.passing(context, method):
+                    return await answer(requests, context)
             return handler._replace(stream_unary=stream_unary)
         raise TypeError("the gRPC endpoint's methods are all client-streaming on its side")
 
