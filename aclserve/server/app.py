@@ -197,7 +197,7 @@ async def _drained(drains: list, hurry: asyncio.Event, state) -> None:
         if not draining.cancelled():  # a gather cancelled through its drains holds their CancelledError:
             draining.exception()  # read, or asyncio logs an ERROR "exception was never retrieved"
         state.hurry()
-        log.warning("shutdown hurried: %d request(s) still in flight are answered 503", state.inflight)
+        log.warning("shutdown hurried: %d request(s) still in flight are answered 503", state.infer_requests.count)
     else:
         draining.result()
 

@@ -16,20 +16,19 @@ while the gate is closed is refused once it opens, and an answer ready meanwhile
 """
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 
-from .deadline_wait import set_by
 from .grpc_gate import StopGate
+from .in_flight import InFlight
 
 
 class LiveCalls:
     """Owned by the endpoint (grpc_server.GrpcServer); event-loop thread only."""
 
     def __init__(self, gate: StopGate):
-        self.all = _Count()
-        self.holding_drain = _Count()  # all but repository control
+        self.all = InFlight()
+        self.holding_drain = InFlight()  # all but repository control
+        self.started = 0  # every call so far (the calls refused for the call limit are found from it: grpc_refusals.py)
         self._gate = gate
 
     def counted(self, handler: grpc.RpcMethodHandler, method: str, holds_drain: bool = True) -> grpc.RpcMethodHandler:
@@ -40,8 +39,14 @@ class LiveCalls:
         gate = self._gate
 
         def opened(context) -> None:
+            self.started += 1
             for count in counts:
-                count.opened(context)
+                count.enter()
+            context.add_done_callback(finished)
+
+        def finished(_context) -> None:  # its status has gone out, or it was cancelled
+            for count in counts:
+                count.leave()
 
         if handler.request_streaming and handler.response_streaming:
             answers = handler.stream_stream
@@ -63,28 +68,3 @@ class LiveCalls:
                     return await answer(requests, context)
             return handler._replace(stream_unary=stream_unary)
         raise TypeError("the gRPC endpoint's methods are all client-streaming on its side")
-
-
-class _Count:
-    """Calls live of one kind, and `started`, every call of it so far; event-loop thread only."""
-
-    def __init__(self):
-        self.count = 0
-        self.started = 0  # (the calls refused for the call limit are found from it: grpc_refusals.py)
-        self._none = asyncio.Event()
-        self._none.set()
-
-    def opened(self, context) -> None:
-        self.count += 1
-        self.started += 1
-        self._none.clear()
-        context.add_done_callback(self._finished)
-
-    def _finished(self, _context) -> None:
-        self.count -= 1
-        if self.count == 0:
-            self._none.set()
-
-    async def none_by(self, deadline: float) -> bool:
-        """Wait until none is live, or until `deadline` (time.monotonic()); whether none is."""
-        return await set_by(self._none, deadline)

@@ -181,7 +181,7 @@ class GrpcServer:
             for service, handlers in (method_handlers(self._servicer), (HEALTH_SERVICE, self._health.handlers()))
             for name, handler in handlers.items()}, state.grpc_refusals.method_not_found),))
         # the calls grpc refuses for its call limit: those its dispatcher was asked for and did not start
-        state.grpc_refusals.follow(lambda: self._queued.taken, lambda: self._live.all.started)
+        state.grpc_refusals.follow(lambda: self._queued.taken, lambda: self._live.started)
         self._credentials = tls.grpc_credentials(config)  # read now: a bad file stops the start
         self._started = self._stopped = False
         self._stopping: asyncio.Future | None = None  # grpc's own stop, from the drain on

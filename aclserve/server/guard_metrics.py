@@ -43,7 +43,7 @@ class GuardCollector:
         state = self._state
         budget, conns = state.budget, state.connections
         yield _gauge("aclserve_requests_in_flight", "Infer requests being served on either transport: "
-                     "decoded, queued, running or being answered", state.inflight)
+                     "decoded, queued, running or being answered", state.infer_requests.count)
         yield _gauge("aclserve_request_memory_bytes", "Memory charged to requests in flight", budget.used)
         yield _gauge("aclserve_request_memory_peak_bytes", "Highest request memory charged at once", budget.peak)
         yield _gauge("aclserve_request_memory_limit_bytes", "max_inflight_bytes", budget.limit)

@@ -83,7 +83,7 @@ def _parameters(doc: dict) -> dict:
 
 async def repository_load(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    with state.control_call():  # (answered before the shutdown closes its connection)
+    with state.control_calls.held():  # (answered before the shutdown closes its connection)
         views.check_load_parameters(_parameters(await _body(request)))
         name = request.match_info["model"]
         await state.repo.load(name)
@@ -92,7 +92,7 @@ async def repository_load(request: web.Request) -> web.Response:
 
 async def repository_unload(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    with state.control_call():
+    with state.control_calls.held():
         dependents = _parameters(await _body(request)).get("unload_dependents", False)
         if not isinstance(dependents, bool):  # (no dependents here: its value changes nothing)
             raise InvalidInput("parameters.unload_dependents must be a boolean")

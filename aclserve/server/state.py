@@ -4,7 +4,6 @@ guards every request passes (access, memory budget, connection tracker)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -22,6 +21,7 @@ from .grpc_arrivals import Arrivals
 from .grpc_refusals import GrpcRefusals
 from .guard_metrics import GuardCollector
 from .images import ImageDecoding
+from .in_flight import InFlight
 from .json_tensors import JsonLimits
 from .metrics import ServerMetrics, VersionMetrics
 from .open_calls import OpenCalls
@@ -98,14 +98,10 @@ class ServerState:
         self.answers_by: float | None = None  # time.monotonic() the connections close at, once the models closed
         self._drain_reported = False  # the drain ran out of time and said so
         self.start_failed = False  # serve() could not listen (a port taken): its error says so, not a drain's lines
-        self.inflight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self.infer_requests = InFlight()  # enter() to leave(): what the drain waits for
         # repository loads and unloads running (HTTP): the drain does not wait for them (a load may
         # compile for minutes; the shutdown stops it), but their answers are written before the close
-        self.control_calls = 0
-        self._controls_idle = asyncio.Event()
-        self._controls_idle.set()
+        self.control_calls = InFlight()
         self._records: dict[tuple[str, str], VersionRecord] = {}
         self.json_limits = JsonLimits(config.max_json_bytes, config.max_json_elements)
         self.images = ImageDecoding(config.images, runtime)  # the decode pool, shared by every model
@@ -137,25 +133,10 @@ class ServerState:
         """Count one infer request in flight; refuse it when shutting down."""
         if self.shutting_down:
             raise ShuttingDown("server is shutting down")
-        self.inflight += 1
-        self._idle.clear()
+        self.infer_requests.enter()
 
     def leave(self) -> None:
-        self.inflight -= 1
-        if self.inflight == 0:
-            self._idle.set()
-
-    @contextlib.contextmanager
-    def control_call(self):
-        """Count one repository load or unload running, for answers_written."""
-        self.control_calls += 1
-        self._controls_idle.clear()
-        try:
-            yield
-        finally:
-            self.control_calls -= 1
-            if self.control_calls == 0:
-                self._controls_idle.set()
+        self.infer_requests.leave()
 
     # -- readiness and shutdown -----------------------------------------------------------------
     def ready(self) -> bool:
@@ -170,7 +151,7 @@ class ServerState:
             self.connections.stop_accepting()
             if not self.start_failed:
                 log.info("shutting down: %d request(s) in flight, %d connection(s) still sending answers",
-                         self.inflight, len(self.connections.sending))
+                         self.infer_requests.count, len(self.connections.sending))
 
     async def begin_shutdown(self) -> None:
         """stop_accepting(), then wait until the shutdown deadline for queued and in-flight
@@ -179,12 +160,14 @@ class ServerState:
         first, and a drain that ran out of time is reported once."""
         self.stop_accepting()
         sent = self.connections.sending.sent
-        if not (await set_by(self._idle, self.shutdown_deadline) and await set_by(sent, self.shutdown_deadline)):
+        if not (await self.infer_requests.none_by(self.shutdown_deadline)
+                and await set_by(sent, self.shutdown_deadline)):
             if not self._drain_reported:
                 self._drain_reported = True
                 log.warning("shutdown: %d request(s) still in flight and %d connection(s) still sending answers "
                             "after %.1f s; those waiting on a model are answered 503 as it closes, answers not "
-                            "taken by their clients are dropped", self.inflight, len(self.connections.sending),
+                            "taken by their clients are dropped", self.infer_requests.count,
+                            len(self.connections.sending),
                             self.config.shutdown_timeout_s)
 
     async def close_models(self) -> None:
@@ -225,8 +208,8 @@ class ServerState:
         closed: their connections were closed before their answer, which the client saw as a
         dropped connection), or until `answers_by`: a request not waiting on a model (a stalled
         body) is ended by its connection's close, which comes next."""
-        await set_by(self._idle, self.answers_by)
-        await set_by(self._controls_idle, self.answers_by)
+        await self.infer_requests.none_by(self.answers_by)
+        await self.control_calls.none_by(self.answers_by)
 
     # -- repository views ----------------------------------------------------------------------
     def ready_versions(self, name: str | None = None) -> list[tuple[str, str]]:

@@ -195,7 +195,7 @@ def test_shutdown_drains_grpc_requests(models_dir, tmp_path, make_config):
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                 client = pbg.GRPCInferenceServiceStub(channel)
                 inflight = asyncio.ensure_future(client.ModelInfer(three))
-                while state.inflight == 0:
+                while state.infer_requests.count == 0:
                     assert not inflight.done()
                     await asyncio.sleep(0.005)
                 state.stop_accepting()

@@ -119,7 +119,7 @@ def test_the_tensors_of_a_requests_pictures_are_charged_while_they_are_held(mode
                 await _until(decoder.entered.is_set)
                 gone.cancel()  # closes its connection: the request ends, its decodes run on
                 await asyncio.gather(gone, return_exceptions=True)
-                await _until(lambda: state.inflight == 0)
+                await _until(lambda: state.infer_requests.count == 0)
                 assert state.budget.used >= 8 * ROW_BYTES + _decode_charge(state, 8)
                 decoder.release.set()
                 await _until(lambda: state.budget.used == 0)

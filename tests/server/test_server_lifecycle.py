@@ -37,7 +37,7 @@ async def post(session, url, body):
 
 
 async def wait_inflight(state, task):
-    while state.inflight == 0:
+    while state.infer_requests.count == 0:
         assert not task.done(), "the request finished before it was seen in flight"
         await asyncio.sleep(0.005)
 
@@ -82,7 +82,7 @@ def test_client_disconnect_cancels_queued_request(slow_config):
                 task.cancel()  # closes the connection
                 with pytest.raises(asyncio.CancelledError):
                     await task
-            while state.inflight:
+            while state.infer_requests.count:
                 await asyncio.sleep(0.005)
             level = served.batcher.config.default_level
             assert served.batcher.stats.levels[level].cancelled == 1
@@ -172,7 +172,7 @@ def test_a_later_drain_after_one_that_timed_out_does_not_warn_again(models_dir, 
                          b"Content-Length: 1000\r\n\r\n{")
             await writer.drain()
             for _ in range(1500):  # a hang guard: until its body is being read (in flight)
-                if state.inflight:
+                if state.infer_requests.count:
                     break
                 await asyncio.sleep(0.02)
             await state.begin_shutdown()  # `serve`'s drain: times out
