@@ -61,7 +61,7 @@ def add_commands(sub) -> None:
 def run_compile(args) -> int:
     from ..om import aipp
     from ..om.atc import DEFAULT_TIMEOUT, AtcFailed
-    from ..om.compile import MAX_TIMEOUT_S
+    from ..om.compile_error import check_timeout
     from ..om.compile_process import CompileKilled, CompileTimedOut, compile_in_child
     from ..om.describe import format_summary
     from ..om.spec import CompileError
@@ -75,10 +75,8 @@ def run_compile(args) -> int:
     if args.precision_mode is not None:
         kwargs["precision_mode"] = args.precision_mode
     timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
-    if not 0 < timeout <= MAX_TIMEOUT_S:  # (NaN fails it) said before the child starts, as compile_model says it
-        raise UsageError(f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:,} (30 days), "
-                         f"got {timeout!r}")
     try:
+        check_timeout(timeout)  # (said before the child starts, as compile_model says it)
         ops = _aipp_ops(args)
     except CompileError as e:
         raise UsageError(str(e)) from None

@@ -17,13 +17,13 @@ from . import aipp as aipp_mod
 from . import aipp_onnx
 from . import atc as atc_mod
 from . import atc_options, batch_rows, container, cpu_compile, names
+from .compile_error import check_timeout
 from .index_bounds import index_bounds
 from ..regular_files import open_regular
 from .spec import CompileError, load_onnx, parse_gears, parse_input_shape, resolve
 
 TARGETS = ("auto", "npu", "cpu")
 DEFAULT_PRECISION_MODE = "force_fp16"
-MAX_TIMEOUT_S = 30 * 24 * 3600
 
 __all__ = ["CompileError", "CompileResult", "compile_model", "TARGETS"]
 
@@ -70,9 +70,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     start = time.monotonic()
     if target not in TARGETS:
         raise CompileError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
-    if timeout is None or not 0 < timeout <= MAX_TIMEOUT_S:  # (NaN fails it; inf was a Timer's OverflowError)
-        raise CompileError(f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:,} (30 days), "
-                           f"got {timeout!r}")
+    check_timeout(timeout)
     atc_options.check_precision_mode(precision_mode)
     shapes = input_shape if isinstance(input_shape, dict) else parse_input_shape(input_shape)
     gears = parse_gears(batch)

@@ -1,11 +1,14 @@
 """CompileError, apart from the compiler's modules: the server raises it for a compile run in a
 child process (compile_process.py) without importing onnx itself; CompileKilled, a process of
-the compile killed by a signal (the child, or ATC: atc.py), with how such a signal is named; and
+the compile killed by a signal (the child, or ATC: atc.py), with how such a signal is named;
 ATC's own (AtcFailed, AtcKilled), which the server raises again for a child's ATC that failed
-(atc.py imports onnx, as its spec does)."""
+(atc.py imports onnx, as its spec does); and the check of a compile's timeout, which `aclserve
+compile` makes before its child starts as compile_model makes it."""
 from __future__ import annotations
 
 import signal
+
+MAX_TIMEOUT_S = 30 * 24 * 3600
 
 
 class CompileError(ValueError):
@@ -42,3 +45,10 @@ def killed_by(signum: int) -> str:
     why = "; the kernel's out-of-memory killer sends it when the host runs short of memory" \
         if signum == signal.SIGKILL else ""
     return f"{name} (signal {signum}{why})"
+
+
+def check_timeout(timeout: float | None) -> None:
+    """CompileError unless `timeout` is a positive number of seconds, at most MAX_TIMEOUT_S."""
+    if timeout is None or not 0 < timeout <= MAX_TIMEOUT_S:  # (NaN fails it; inf was a Timer's OverflowError)
+        raise CompileError(f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:,} (30 days), "
+                           f"got {timeout!r}")
