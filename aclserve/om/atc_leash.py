@@ -6,25 +6,27 @@ a timeout, a Ctrl-C or an exit ended. A process killed outright runs none of tha
 child the server SIGKILLs after its grace period, one the out-of-memory killer picks, `aclserve
 compile` under `kill -9`; its ATC ran on until its timeout (an hour by default). This program
 starts ATC as its child, in a new group, and ends it (SIGKILL to the group, ATC waited for) on
-SIGTERM, which the kernel sends it when the thread that started it ends (PR_SET_PDEATHSIG; that
-thread waits for it, so only its process's death ends it first) and which end() sends. It ends
-as ATC does: ATC's exit status, or killed by the same signal. ATC gets SIGKILL from the kernel
-if this program is itself killed outright. ATC's stdin, stdout and stderr are this program's.
+SIGTERM, which the kernel sends it when the thread that started it ends (PR_SET_PDEATHSIG:
+parent_death.py; that thread waits for it, so only its process's death ends it first) and which
+end() sends. It ends as ATC does: ATC's exit status, or killed by the same signal. ATC gets
+SIGKILL from the kernel if this program is itself killed outright. ATC's stdin, stdout and
+stderr are this program's.
 
 `python -c CODE ROOT PARENT ATC ARGS...` (command() builds it): PARENT is the pid of the process
 that starts it; one already gone before the kernel was told is seen, and ATC is never started.
-Imports only the standard library (and aclserve/__init__'s): it starts before every ATC build.
+Imports only the standard library (and aclserve/__init__'s, and parent_death.py, which imports only
+the standard library too): it starts before every ATC build.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+from .parent_death import die_with_parent
+
 # its program: main, imported from the folder this aclserve was (as compile_process.CHILD_CODE)
 CODE = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from aclserve.om.atc_leash import main; "
         "sys.exit(main(sys.argv[1:]))")
@@ -62,7 +64,6 @@ def not_started(atc: str) -> str:
 
 def main(argv: list[str]) -> int:
     parent, atc_argv = int(argv[0]), argv[1:]
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
     ending, started = [], []
 
     def end_atc(_signum=None, _frame=None) -> None:
@@ -74,12 +75,12 @@ def main(argv: list[str]) -> int:
                 pass
 
     signal.signal(signal.SIGTERM, end_atc)  # (before the kernel may send it)
-    if prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0 and os.getppid() != parent:
+    if die_with_parent(signal.SIGTERM) and os.getppid() != parent:
         return 128 + signal.SIGTERM  # its starter died before the kernel was told: no ATC
 
     def in_own_group_dying_with_leash() -> None:  # (in ATC's process before it runs ATC)
         os.setpgid(0, 0)  # (Popen's process_group is Python 3.11's)
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        die_with_parent(signal.SIGKILL)
 
     try:  # (preexec_fn is safe here: this process has one thread)
         started.append(subprocess.Popen(atc_argv, preexec_fn=in_own_group_dying_with_leash))

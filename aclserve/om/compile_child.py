@@ -11,17 +11,16 @@ C code) goes to stderr, so nothing but the protocol reaches that pipe.
 SIGTERM, SIGHUP or end-of-file on stdin (the server gone) end it as a Ctrl-C ends
 `aclserve compile`: the ATC it started is killed, its partial files are removed; exit status
 128 + the signal's number, no word said. On Linux the kernel also signals it when the server
-dies (PR_SET_PDEATHSIG): SIGKILL for a CPU compile, which inside ONNX Runtime's C calls heard
-SIGTERM or its stdin's end only 1-3 s later (its work folder is swept afterwards); SIGTERM when
-ATC runs, whose wait hears it at once and kills ATC, removing its work folder (ATC dies with a
-child killed outright too, on its leash: atc_leash.py).
+dies (PR_SET_PDEATHSIG: parent_death.py): SIGKILL for a CPU compile, which inside ONNX Runtime's
+C calls heard SIGTERM or its stdin's end only 1-3 s later (its work folder is swept afterwards);
+SIGTERM when ATC runs, whose wait hears it at once and kills ATC, removing its work folder (ATC
+dies with a child killed outright too, on its leash: atc_leash.py).
 
 For tests: with ACLSERVE_COMPILE_HOLD=FOLDER set, the child writes FOLDER/<its pid> before it
 compiles and waits while that file exists (a compile known to be running, as long as a test needs).
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import os
@@ -32,9 +31,9 @@ import time
 import traceback
 
 from .compile_process import Built, runs_atc
+from .parent_death import die_with_parent
 
 HOLD_ENV = "ACLSERVE_COMPILE_HOLD"
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def main(argv: list[str]) -> int:
@@ -88,13 +87,8 @@ def _die_with_parent(parent: int | None, signum: int) -> None:
     """Linux: the kernel sends `signum` when the server's thread that started this process ends
     (it waits for this process: only the server's death ends it first). A server already gone
     before that was set is seen by its pid: then this process ends at once."""
-    if not sys.platform.startswith("linux"):
+    if not die_with_parent(signum):
         return  # (the stdin watch alone)
-    try:
-        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError):  # no libc symbol to be had: the stdin watch alone
-        return
     if parent is not None and os.getppid() != parent:
         os.kill(os.getpid(), signum)
 
