@@ -176,6 +176,7 @@ async def test_preserve_ordering_releases_held_results_when_the_head_times_out(e
     await env.settle()
     executor.runs[0].complete()
     await env.settle()
+    check(env, first, 1)  # ahead of the head: answered at once
     assert executor.runs[1].tags == [3]
     executor.slots = 0  # the freed slot is not usable: the head stays queued
     executor.runs[1].complete()
@@ -265,6 +266,8 @@ async def test_statistics_follow_the_runs(env):
     env.clock.advance(0.002)  # 3 rows fill no gear: they leave when the window ends
     await complete_all(env, executor)
     check(env, first, 1)
+    check(env, rest[0], 2, rows=2)
+    check(env, rest[1], 3)
     stats = batcher.stats
     assert stats.gear_batches == {1: 1, 4: 1}
     assert (stats.rows, stats.padding_rows) == (4, 1)
