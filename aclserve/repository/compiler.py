@@ -7,7 +7,8 @@ process (om/compile_process.py: the server's loop and its other models are not s
 and its memory goes back to the system when it ends), into a work folder of the cache folder,
 `.<entry>.compiling-<random>`, whose OM is renamed onto the entry; the folder is removed
 whatever happens, and one left by a server that died meanwhile goes at the next start (sweep).
-A `stop` (compile_process.CompileStop) ends the child: an unload or a shutdown; so does
+A `stop` (compile_process.CompileStop) ends the child: an unload, a shutdown, or (poll mode) the
+model's file deleted or replaced (repository/running_compiles.py); so does
 `timeout_s` (compile_timeout_s: a CPU compile's test runs of the model have no bound of their
 own), the compile failing with a CompileError naming it. Progress goes to the log.
 
@@ -19,7 +20,7 @@ exclusive flock on `.<entry>.lock` in the cache folder; whoever gets it next fin
 and uses it. The kernel drops the lock of a process that dies, so a crash leaves no stale lock.
 A load waiting for that lock says so (`progress`: the index's reason), as another process
 compiling the same model, and its `stop` ends the wait as it ends a compile (CompileStopped): an
-unload or a shutdown waited for the other compile to let go, up to its compile_timeout_s. The
+unload, a shutdown or a file deleted waited for the other compile to let go, up to its compile_timeout_s. The
 compiles of one repository (CompilesHere: its CompileCache's) take an entry one at a time before
 its flock, so one waiting for another of them (another version of the model whose file is the same)
 names it as such from the moment it waits; another server of this process sharing the cache folder

@@ -5,7 +5,7 @@ service with one assignment of the name -> versions map (a request sees the old 
 one, never a mix), and the replaced ones drain and are then closed; versions that a change of
 the version_policy alone keeps (plan.keep) take the new config in that swap, not reloaded. A
 failed load leaves the serving version in place, and so does (poll mode) a version whose file
-went, or that its policy dropped, while it loaded: it never serves. Each version's state
+went or was replaced, or that its policy dropped, while it loaded: it never serves. Each version's state
 (status.py names them and the moves allowed) changes only here.
 
 Who owns which state. Everything below lives on the event loop thread; nothing is locked.
@@ -17,8 +17,8 @@ Who owns which state. Everything below lives on the event loop thread; nothing i
 - Lifecycle.retiring, the versions out of service not closed yet (retiring.py): `_swap` and
   `close` add them, `_retire` drops them once closed. Read by ModelRepository.draining().
 - Lifecycle._busy, ._dirty: `start` and the tasks' done callbacks. Lifecycle._loads: the apply
-  tasks (their loads in progress, which `close` abandons); ._compiles: the apply tasks add and
-  remove their loads' compile stops, `stop_compiles` (an unload) and `close` use them. A plan
+  tasks (their loads in progress, which `close` abandons); ._compiles: the apply tasks track their
+  loads' compiles, which an unload, the close and a poll-mode scan (`stop_stale_compiles`) end. A plan
   for a busy model is dropped and the model marked dirty; its task's end asks for a rescan.
 - Planner.scan, .pending, the SettleGate, the logged problems: the reconcile, one at a time under
   the repository's scan lock (run by start(), the Debouncer's task in poll mode, load() and, in
@@ -41,23 +41,23 @@ import time
 from typing import Callable
 
 from ..config import ServerConfig
-from ..om.compile_process import CompileStop, CompileStopped
+from ..om.compile_process import CompileStopped
 from ..runtime.limits import ResourceLimitError
 from .compile_cache import CompileCache
 from .failures import LoadFailures
 from .load_threads import LoadThreads
 from .loader import first_step, load_version
 from .plan import DesiredState, ModelPlan, Wanted
-from .planner import Planner
+from .planner import FILE_GONE, FILE_REPLACED, Planner
 from .retiring import Retiring, to_the_end
+from .running_compiles import RunningCompiles
 from .served import ServedVersion
 from .status import SHUTTING_DOWN, UNLOADED, State, VersionStates
 
 log = logging.getLogger(__name__)
 
-# why a version was unloaded (the log and its UNLOADING reason; _unload_cause names the others)
+# why a version was unloaded (the log and its UNLOADING reason; _unload_cause names the others: FILE_GONE...)
 UNLOAD_ASKED = "asked through the repository API"  # (ModelRepository.unload's plans)
-FILE_GONE = "its file is gone"
 NOT_SELECTED = "no longer selected by its version_policy"  # (its config changed)
 
 
@@ -80,7 +80,7 @@ class Lifecycle:
         self._close_deadline: float | None = None  # close()'s (time.monotonic()), once closing
         self.retiring = Retiring()  # out of service, closing now (unload, reload): close() hurries them
         self._loads: set[asyncio.Task] = set()  # a version loading now (apply tasks): close() abandons them
-        self._compiles: dict[str, set[CompileStop]] = {}  # model -> its loads' compile stops (stop_compiles)
+        self._compiles = RunningCompiles()  # its loads' compiles, by model: stop_compiles and the close end them
 
     def sweep_cache(self) -> None:
         """Before the first loads (blocking): what interrupted compiles left in the compile cache."""
@@ -115,8 +115,14 @@ class Lifecycle:
         """An unload of `name` through the API, or the close: the compiles its loads run now end (their
         child processes killed, nothing left in the cache), and so do their waits for another's compile
         of the same file (the cache entry's lock); those loads end as unloaded, not failed."""
-        for stop in self._compiles.get(name, ()):
-            stop.stop()
+        self._compiles.stop(name, UNLOAD_ASKED)
+
+    def stop_stale_compiles(self) -> None:
+        """Poll mode, after a scan: the compiles (or waits for another's) of versions whose file is
+        gone or was replaced end as an unload's do, their versions leaving the index (the new file
+        of a replaced one loads once its task ends): the load's end would drop what they made."""
+        if self._config.model_control_mode == "poll":
+            self._compiles.stop_stale(self._planner.file_changed)
 
     def busy(self, name: str) -> bool:
         return name in self._busy
@@ -160,25 +166,20 @@ class Lifecycle:
 
             if version not in self.serving.get(name, {}):  # (what it waits for from the start)
                 self.states.move(name, version, State.LOADING, first_step(wanted))
-            stop = CompileStop()
-            self._compiles.setdefault(name, set()).add(stop)
-            try:
-                loaded[version] = await load_version(self._runtime, self._executor, self._load_limit,
-                                                     self._cache, name, version, wanted, progress, stop)
-                progress("loaded: serves once the versions loading with it are done")
-            except CompileStopped:  # an unload (stop_compiles): no failure of the file's
-                if self.states.get(name, version) is State.LOADING:
-                    self.states.move(name, version, State.UNAVAILABLE, UNLOADED)
-                log.info("%s: the compile of version %s was stopped (%s)", name, version,
-                         SHUTTING_DOWN if self._closed else UNLOAD_ASKED)
-            except Exception as e:  # any failure leaves the serving version in place
-                failed[version] = self._refuse(name, version, wanted, e, replaces=bool(plan.unload))
-            else:
-                self._failures.succeeded(name, version)
-            finally:
-                self._compiles[name].discard(stop)
-                if not self._compiles[name]:
-                    del self._compiles[name]
+            with self._compiles.track(name, version, wanted.file) as compile_:
+                try:
+                    loaded[version] = await load_version(self._runtime, self._executor, self._load_limit,
+                                                         self._cache, name, version, wanted, progress, compile_.stop)
+                    progress("loaded: serves once the versions loading with it are done")
+                except CompileStopped:  # an unload, the close, its file gone or replaced: no failure of the file's
+                    log.info("%s: the compile of version %s was stopped (%s)", name, version, compile_.why)
+                    gone = compile_.why in (FILE_GONE, FILE_REPLACED)  # out of the index (a new file loads next)
+                    if self.states.get(name, version) is State.LOADING:
+                        self.states.move(name, version, None if gone else State.UNAVAILABLE, "" if gone else UNLOADED)
+                except Exception as e:  # any failure leaves the serving version in place
+                    failed[version] = self._refuse(name, version, wanted, e, replaces=bool(plan.unload))
+                else:
+                    self._failures.succeeded(name, version)
 
         loads = [asyncio.ensure_future(one(v, w)) for v, w in plan.load.items()]
         self._loads.update(loads)
@@ -215,7 +216,7 @@ class Lifecycle:
         return failed
 
     def _changed_meanwhile(self, name: str, loaded: dict[str, ServedVersion]) -> dict[str, ServedVersion]:
-        """Poll mode, just before the swap: the versions the folder no longer wants (deleted or
+        """Poll mode, just before the swap: the versions the folder no longer wants (deleted, replaced or
         dropped by their policy as they loaded: no plan said so, as the diff compares with what
         serves) leave `loaded`, returned. Explicit and none modes take the folder as their load
         calls read it; a model unloaded through the API is left to its unload."""
@@ -223,8 +224,8 @@ class Lifecycle:
             return {}
         dropped = {}
         for version, sv in list(loaded.items()):
-            why = FILE_GONE if self._planner.file_gone(name, version, sv.wanted.file.path) else \
-                "" if self._planner.still_wanted(name, version) else self._planner.scan.problems.get(name, NOT_SELECTED)
+            why = self._planner.file_changed(name, version, sv.wanted.file) or ("" if self._planner.still_wanted(
+                name, version) else self._planner.scan.problems.get(name, NOT_SELECTED))
             if why:
                 dropped[version] = loaded.pop(version)
                 log.info("%s: version %s not put in service: %s (changed while it loaded)", name, version, why)
@@ -381,8 +382,7 @@ class Lifecycle:
             deadline = time.monotonic() + self._config.shutdown_timeout_s
         self._close_deadline = deadline
         self.retiring.hurry(deadline)  # an unload or reload waiting for a hung device: not past this
-        for name in list(self._compiles):  # (a compile's thread would wait for its child to the end)
-            self.stop_compiles(name)
+        self._compiles.stop_all(SHUTTING_DOWN)  # (a compile's thread would wait for its child to the end)
         for load in list(self._loads):  # a load that hangs on the device would hold the close for good
             load.cancel()
         await self.wait_idle()

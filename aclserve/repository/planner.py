@@ -24,6 +24,10 @@ from .status import WAITING_FOR_CONFIG
 
 log = logging.getLogger(__name__)
 
+# why what a version loads is no longer what the folder holds (file_changed: the log, an UNLOADING reason)
+FILE_GONE = "its file is gone"
+FILE_REPLACED = "its file was replaced"
+
 
 class Planner:
     def __init__(self, root: Path, defaults: ModelConfig, gate: SettleGate, unload_missing: bool):
@@ -82,6 +86,16 @@ class Planner:
         listed = found is not None or name in self.scan.problems  # (files of a problem may not be listed)
         gone = (found is not None and version not in found) or not listed or _missing(path)
         return gone and (self._unload_missing or bool(found))
+
+    def file_changed(self, name: str, version: str, file: layout.VersionFile) -> str:
+        """Why what `version` of `name` loads from `file` is stale: FILE_GONE (file_gone), FILE_REPLACED
+        (the latest scan lists another file for it: deleted and a new one dropped in, or written
+        over), else ""."""
+        if self.file_gone(name, version, file.path):
+            return FILE_GONE
+        entry = self.scan.models.get(name)
+        found = entry.available.get(version) if entry is not None else None
+        return FILE_REPLACED if found is not None and found.model_identity != file.model_identity else ""
 
     def note_event(self, path: str, moved: bool) -> None:
         """A file event (from the watcher): a rename into place makes the file complete."""

@@ -334,6 +334,7 @@ class ModelRepository:
                     self._failures.forget_model(only)
                 plans = self._planner.plans(self._lifecycle.acted, trust, self._failures.files, self._lifecycle.held)
                 started = [self._lifecycle.start(plan) for plan in plans if only is None or plan.name == only]
+                self._lifecycle.stop_stale_compiles()  # (poll mode: a compile of a file gone or replaced ends)
                 self._readiness.note()  # (a scan alone may end a wait: a config no longer being written)
             finally:  # (a scan that raised stopped the safety rescan too: hot reload waited for a file event)
                 if self._debouncer is not None:

@@ -1,0 +1,65 @@
+"""The compiles of the loads running now, one CompileStop each, by model: what ends a compile
+before it is done (its child process killed, its work folder and lock gone from the cache) or a
+load's wait for another's compile of the same file (the cache entry's lock), and why it was ended.
+
+An unload through the API ends a model's compiles, the close ends all of them, and in poll mode
+each scan ends those whose file is gone or was replaced (lifecycle.stop_stale_compiles): their
+result would be thrown away when the load ends, after a compile of minutes (or a wait for another
+process's, up to its compile_timeout_s). Owned by the Lifecycle; loop thread only (a CompileStop
+itself may be stopped from any thread).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from ..om.compile_process import CompileStop
+from .layout import VersionFile
+
+
+@dataclass
+class RunningCompile:
+    """The compile of one version's load (or its wait for another's compile of the same file)."""
+
+    version: str
+    file: VersionFile  # what it compiles
+    stop: CompileStop = field(default_factory=CompileStop)
+    why: str = ""  # why it was ended, for the log: the first stop's cause
+
+    def end(self, why: str) -> None:
+        if not self.stop.stopped:
+            self.why = why
+        self.stop.stop()
+
+
+class RunningCompiles:
+    def __init__(self):
+        self._by_model: dict[str, list[RunningCompile]] = {}
+
+    @contextlib.contextmanager
+    def track(self, name: str, version: str, file: VersionFile) -> Iterator[RunningCompile]:
+        """A load of `version` of `name` from `file` for the block: its compile, to stop."""
+        running = RunningCompile(version, file)
+        self._by_model.setdefault(name, []).append(running)
+        try:
+            yield running
+        finally:
+            self._by_model[name].remove(running)
+            if not self._by_model[name]:
+                del self._by_model[name]
+
+    def stop(self, name: str, why: str) -> None:
+        for running in self._by_model.get(name, ()):
+            running.end(why)
+
+    def stop_all(self, why: str) -> None:
+        for name in list(self._by_model):
+            self.stop(name, why)
+
+    def stop_stale(self, stale: Callable[[str, str, VersionFile], str]) -> None:
+        """End each compile for which `stale(name, version, file)` says why (not "")."""
+        for name, compiles in self._by_model.items():
+            for running in compiles:
+                if not running.stop.stopped and (why := stale(name, running.version, running.file)):
+                    running.end(why)
