@@ -27,6 +27,12 @@ names it as such from the moment it waits; another server of this process sharin
 is another process to it (a set of the locks held in the process named the other server's compile
 "another version", and a compile that had its flock but not yet its mark "another process").
 
+An entry holds the compile of the bytes its key hashed: the child reads the source later, so its
+stat identity (source_identity, external data files' included) is taken before the hash and
+again after the compile; changed, nothing is stored (SourceChanged: under the old bytes' key, the
+old file put back, or a server sharing the cache with it, was served the other model). A hit
+reads no source: its entry is the compile of bytes that hashed to its key.
+
 Each entry's manifest (cache_entry.py: key, options, the OM's SHA-256) is written under that
 lock and checked before the entry is used; an entry that fails the check (edited, truncated,
 another model's OM copied over it, an empty folder in place of one of its files) is deleted and
@@ -79,6 +85,33 @@ def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str
     return digest.hexdigest()
 
 
+def source_identity(onnx_path: str | os.PathLike) -> tuple | None:
+    """The .onnx's (size, mtime, ctime, inode) and its external data files' (external_data.stamp),
+    as the compile reads them (links followed); None when the .onnx cannot be looked at."""
+    source = os.fspath(onnx_path)
+    try:
+        st = os.stat(source)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) + external_data.stamp(source)
+
+
+class SourceChanged(CompileError):
+    """The source changed (replaced, written to or deleted) between its hash and the end of its
+    compile: the OM may be of other bytes than the key's, so it is not kept."""
+
+
+def _check_unchanged(onnx_path: str | os.PathLike, before: tuple | None, stop: CompileStop | None) -> None:
+    """After the child's compile: raise unless the source is as `before` its hash (SourceChanged)."""
+    if before is not None and source_identity(onnx_path) == before:
+        return
+    if stop is not None and stop.stopped:  # poll mode's scan saw the change first: its stop says why
+        raise CompileStopped("stopped: the model's file changed while it compiled")
+    raise SourceChanged(f"{Path(onnx_path).name} changed while it compiled (replaced, written to or deleted), so "
+                        "the compile was not kept: load it again once the file is complete (poll mode loads a new "
+                        "file by itself)")
+
+
 def _hash_file(digest, path: str) -> None:
     with open_regular(path) as f:  # swapped for a FIFO since the scan: refused, not waited on
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -124,10 +157,12 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
     `soc_name`: the NPU's SoC, used by ATC when the model's compile options name none;
     `progress(step)` hears a compile begin; `stop` ends it (compile_process.CompileStopped);
     `timeout_s` bounds it, ATC's own run included (None: no bound; ATC's default one); `here`:
-    the compiles of its repository (None: none but this one)."""
+    the compiles of its repository (None: none but this one). A source changed while it compiled
+    stores nothing: SourceChanged."""
     if runtime_kind == "npu" and options.soc_version is None and soc_name:
         options = replace(options, soc_version=soc_name)
 
+    before = source_identity(onnx_path)  # (before the hash: a change from here on is seen after the compile)
     key = cache_key(onnx_path, options, runtime_kind)
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
@@ -174,11 +209,14 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
             result = compile_in_child(onnx_path, os.path.join(work, out.name), target=runtime_kind, stop=stop,
                                       log=lambda line: log.info("%s: %s", model_name, line), log_start=False,
                                       **limit, **kwargs)
+            _check_unchanged(onnx_path, before, stop)  # (the child read it after the hash: maybe other bytes)
             os.replace(result.path, out)
         except CompileTimedOut as e:  # (not retried by itself: a new file or a load call compiles it again)
             raise CompileError(f"the compile did not finish within compile_timeout_s ({e.timeout_s:g} s) and its "
                                "process was ended; raise compile_timeout_s in the server's config if the model "
                                "needs longer") from None
+        except SourceChanged:
+            raise
         except CompileError as e:  # (said in the command's words: here the model's YAML gives them)
             raise CompileError(_in_config_words(str(e))) from None
         finally:
