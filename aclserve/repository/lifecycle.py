@@ -5,8 +5,9 @@ service with one assignment of the name -> versions map (a request sees the old 
 one, never a mix), and the replaced ones drain and are then closed; versions that a change of
 the version_policy alone keeps (plan.keep) take the new config in that swap, not reloaded. A
 failed load leaves the serving version in place, and so does (poll mode) a version whose file
-went or was replaced, or that its policy dropped, while it loaded: it never serves. Each version's state
-(status.py names them and the moves allowed) changes only here.
+went or was replaced, or that its policy dropped, while it loaded (or compiled): it never serves
+(unload_choice.py: what a swap takes out). Each version's state (status.py names them and the moves
+allowed) changes only here.
 
 Who owns which state. Everything below lives on the event loop thread; nothing is locked.
 - Lifecycle.serving, .acted: replaced whole by `_swap`, run by the model's apply task (at most
@@ -53,12 +54,9 @@ from .retiring import Retiring, to_the_end
 from .running_compiles import RunningCompiles
 from .served import ServedVersion
 from .status import SHUTTING_DOWN, UNLOADED, State, VersionStates
+from .unload_choice import UNLOAD_ASKED, unload_cause, unloads_left, why_not_wanted
 
 log = logging.getLogger(__name__)
-
-# why a version was unloaded (the log and its UNLOADING reason; _unload_cause names the others: FILE_GONE...)
-UNLOAD_ASKED = "asked through the repository API"  # (ModelRepository.unload's plans)
-NOT_SELECTED = "no longer selected by its version_policy"  # (its config changed)
 
 
 class Lifecycle:
@@ -120,7 +118,8 @@ class Lifecycle:
     def stop_stale_compiles(self) -> None:
         """Poll mode, after a scan: the compiles (or waits for another's) of versions whose file is
         gone or was replaced end as an unload's do, their versions leaving the index (the new file
-        of a replaced one loads once its task ends): the load's end would drop what they made."""
+        of a replaced one loads once its task ends; what they were to replace serves on meanwhile):
+        the load's end would drop what they made."""
         if self._config.model_control_mode == "poll":
             self._compiles.stop_stale(self._planner.file_changed)
 
@@ -158,6 +157,7 @@ class Lifecycle:
         name = plan.name
         loaded: dict[str, ServedVersion] = {}
         failed: dict[str, str] = {}
+        stale: set[str] = set()  # (poll mode) versions whose compile was stopped as their file went or was replaced
 
         async def one(version: str, wanted: Wanted) -> None:
             def progress(step: str) -> None:  # shown as the reason while the version is LOADING
@@ -174,6 +174,8 @@ class Lifecycle:
                 except CompileStopped:  # an unload, the close, its file gone or replaced: no failure of the file's
                     log.info("%s: the compile of version %s was stopped (%s)", name, version, compile_.why)
                     gone = compile_.why in (FILE_GONE, FILE_REPLACED)  # out of the index (a new file loads next)
+                    if gone:
+                        stale.add(version)
                     if self.states.get(name, version) is State.LOADING:
                         self.states.move(name, version, None if gone else State.UNAVAILABLE, "" if gone else UNLOADED)
                 except Exception as e:  # any failure leaves the serving version in place
@@ -193,13 +195,12 @@ class Lifecycle:
         if self._closed:
             await self._close_unserved(loaded)
             return failed
-        unload = list(plan.unload)
-        if failed:  # keep versions a failed one was meant to push out, while their files exist
-            unload = [v for v in unload if not self._planner.on_disk(name, v) or name in self.held]
         dropped = self._changed_meanwhile(name, loaded)
-        if dropped:  # ... or a dropped one (the rescan at the task's end looks at them again)
-            unload = [v for v in unload if self._planner.file_gone(name, v, self.acted[name][v].file.path)]
-        causes = {v: self._unload_cause(plan, v, loaded) for v in unload}
+        if stale:
+            self._dirty.add(name)  # (a replaced file's new one loads next)
+        unload = unloads_left(plan, self._planner, self.acted, self.held, bool(failed), bool(dropped or stale))
+        causes = {v: unload_cause(plan, v, loaded, self._planner, self.held, self.serving.get(name, {}))
+                  for v in unload}
         replaced = self._swap(name, loaded, causes, plan.keep)
         for version, sv in loaded.items():
             self.states.move(name, version, State.READY)
@@ -224,8 +225,7 @@ class Lifecycle:
             return {}
         dropped = {}
         for version, sv in list(loaded.items()):
-            why = self._planner.file_changed(name, version, sv.wanted.file) or ("" if self._planner.still_wanted(
-                name, version) else self._planner.scan.problems.get(name, NOT_SELECTED))
+            why = why_not_wanted(self._planner, name, version, sv.wanted.file)
             if why:
                 dropped[version] = loaded.pop(version)
                 log.info("%s: version %s not put in service: %s (changed while it loaded)", name, version, why)
@@ -240,27 +240,6 @@ class Lifecycle:
             await sv.close(0.0, self._executor, self._close_deadline)
             if not self._closed:
                 self._cache.release(sv.name, sv.version, sv.om_path, sv.source, False, self._compiles_in_use())
-
-    def _unload_cause(self, plan: ModelPlan, version: str, loaded: dict[str, ServedVersion]) -> str:
-        """Why `plan` takes `version` out of service, in a few words for the log and its UNLOADING
-        reason (they said "version 1 unloaded" alike for an API call, a file deleted, a policy). An
-        API unload says so itself (a load that came after it has cleared `held` by now), or, the
-        model still held, through the plan of a load that failed meanwhile (the unload then found
-        nothing of its own to do). A newer version takes its place only under the same
-        version_policy: one edited drops it whatever loads with it (an edit of the policy alone
-        loads only the versions it adds: plan.keep)."""
-        if plan.unload_cause:
-            return plan.unload_cause
-        if not self._planner.on_disk(plan.name, version):
-            return FILE_GONE
-        if plan.name in self.held:  # unloaded through the API while a load of the model ran (and failed)
-            return UNLOAD_ASKED
-        serving = self.serving.get(plan.name, {}).get(version)
-        policies = {w.config.version_policy for w in (*plan.load.values(), *plan.keep.values())}
-        newer = [v for v in loaded if int(v) > int(version)]
-        if newer and serving is not None and policies == {serving.wanted.config.version_policy}:
-            return f"version {max(newer, key=int)} took its place under its version_policy"
-        return NOT_SELECTED
 
     def _swap(self, name: str, loaded: dict[str, ServedVersion], unload: dict[str, str],
               keep: dict[str, Wanted]) -> dict[str, ServedVersion]:

@@ -4,6 +4,7 @@ at once, as an unload through the API does: the compile's child process is kille
 ends, nothing is left in the cache folder, and the log says why. It went on to the end (a
 compile of minutes, a wait of up to the other's compile_timeout_s) for a result the load then
 dropped, and a replaced file's stale compile went into service until the new file's replaced it.
+A new version's compile stopped so leaves the version it was to replace serving.
 Real repository on the CPU runtime and its real watcher; each compile is held in its child by
 `compile_holds` (tests/conftest.py), a warm-up run by a CPU-runtime fault (`held_run`)."""
 from __future__ import annotations
@@ -137,3 +138,53 @@ async def test_a_file_replaced_while_it_loads_is_not_put_in_service(make_repo, m
     assert await answer(repo, "d") == 3.0
     assert [(e[0], e[2]) for e in events.seen if e[1] == "d"] == [("loaded", "1")]
     assert "d: version 1 not put in service: its file was replaced (changed while it loaded)" in caplog.text
+
+
+async def test_a_new_version_deleted_while_it_compiles_leaves_the_version_it_was_to_replace_serving(
+        make_repo, models_dir, model_files, compile_holds, caplog):
+    """Version 2's compile is stopped (its file is gone): version 1, which it was to replace, serves
+    on (it was unloaded as `no longer selected`, the model unavailable until the safety rescan)."""
+    caplog.set_level(logging.INFO, logger="aclserve.repository")
+    place(model_files[1]["om"], models_dir / "o" / "1" / "model.om")
+    repo, events = await make_repo()
+    place(model_files[2]["onnx"], models_dir / "o" / "2" / "model.onnx")
+    await until(lambda: any(compile_holds.iterdir()), "version 2's compile holding")
+    pid = held_child(compile_holds)
+    assert await answer(repo, "o") == 1.0
+    (models_dir / "o" / "2" / "model.onnx").unlink()
+    await until(lambda: not running(pid), "version 2's compile process ended")  # (it held until the test's end)
+    await repo.wait_idle()
+    assert await answer(repo, "o") == 1.0
+    assert rows_of(repo, "o") == [("READY", "")]
+    assert "o: the compile of version 2 was stopped (its file is gone)" in caplog.text
+    assert "o: version 1 unloaded" not in caplog.text
+    assert [(e[0], e[2]) for e in events.seen if e[1] == "o"] == [("loaded", "1")]
+    assert repo.load_failures() == {} and os.listdir(models_dir / ".cache") == []
+
+
+async def test_a_new_version_replaced_while_it_compiles_replaces_the_serving_one_only_once_it_loads(
+        make_repo, models_dir, model_files, compile_holds, caplog):
+    """Version 2's compile is stopped (its file was replaced): version 1 serves while the new file
+    compiles (it was unloaded at the stop, the model serving nothing until the new file loaded),
+    then the new file's version 2 takes its place."""
+    caplog.set_level(logging.INFO, logger="aclserve.repository")
+    place(model_files[1]["om"], models_dir / "o" / "1" / "model.om")
+    repo, events = await make_repo()
+    place(model_files[2]["onnx"], models_dir / "o" / "2" / "model.onnx")
+    await until(lambda: any(compile_holds.iterdir()), "version 2's compile holding")
+    stale = held_child(compile_holds)
+    place(model_files[3]["onnx"], models_dir / "o" / "2" / "model.onnx")  # another model (scale 3) in its place
+    await until(lambda: not running(stale), "the stale compile's process ended")
+    (compile_holds / str(stale)).unlink()  # (the killed child's mark)
+    await until(lambda: any(compile_holds.iterdir()), "the new file's compile holding")
+    assert await answer(repo, "o") == 1.0
+    assert rows_of(repo, "o") == [("READY", ""), ("LOADING", "compiling model.onnx for cpu")]
+    (compile_holds / str(held_child(compile_holds))).unlink()
+    await events.wait("unloaded", "o", "1")
+    await repo.wait_idle()
+    assert await answer(repo, "o") == 3.0
+    assert [(e[0], e[2]) for e in events.seen if e[1] == "o"] == [
+        ("loaded", "1"), ("unloading", "1"), ("loaded", "2"), ("unloaded", "1")]  # (the swap's order)
+    assert "o: the compile of version 2 was stopped (its file was replaced)" in caplog.text
+    assert "o: version 1 unloaded (version 2 took its place under its version_policy)" in caplog.text
+    assert "no longer selected" not in caplog.text
