@@ -52,7 +52,8 @@ STOP_GRACE_S = 5.0
 
 
 class CompileStopped(Exception):
-    """The compile was stopped (CompileStop.stop): an unload or a shutdown, not a failure."""
+    """The compile was stopped (CompileStop.stop): an unload, a shutdown or (poll mode) its file
+    deleted or replaced, not a failure."""
 
 
 class CompileTimedOut(CompileError):

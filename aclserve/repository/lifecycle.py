@@ -110,9 +110,9 @@ class Lifecycle:
         self._task_ended()
 
     def stop_compiles(self, name: str) -> None:
-        """An unload of `name` through the API, or the close: the compiles its loads run now end (their
-        child processes killed, nothing left in the cache), and so do their waits for another's compile
-        of the same file (the cache entry's lock); those loads end as unloaded, not failed."""
+        """An unload of `name` through the API: the compiles its loads run now end (their child processes
+        killed, nothing left in the cache), and so do their waits for another's compile of the same file
+        (the cache entry's lock); those loads end as unloaded, not failed. (The close ends all: stop_all.)"""
         self._compiles.stop(name, UNLOAD_ASKED)
 
     def stop_stale_compiles(self) -> None:

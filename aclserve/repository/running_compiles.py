@@ -18,7 +18,7 @@ from ..om.compile_process import CompileStop
 from .layout import VersionFile
 
 
-@dataclass
+@dataclass(eq=False)  # (compared by identity: track() takes its own out with list.remove)
 class RunningCompile:
     """The compile of one version's load (or its wait for another's compile of the same file)."""
 
