@@ -309,7 +309,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         state.start_failed = not listening  # (its lifecycle then closes without a drain's lines)
         state.connections.close_all()  # what the drain left (stalled clients) goes now
         state.trimmer.close()
-        if grpc_server is not None:  # stopped already, unless serving ended otherwise: now
+        if grpc_server is not None:  # stopped already, unless serving ended otherwise or that stop was cancelled: now
             await grpc_server.stop()
         if listener is not None:
             listener.close()  # the HTTP socket; runner.cleanup() then shuts the connections down

@@ -58,12 +58,13 @@ REPOSITORY_CONTROL = frozenset({"RepositoryModelLoad", "RepositoryModelUnload"})
 MAX_MESSAGE = 2**31 - 1  # what protobuf can carry at all
 PING_AFTER_S = 60  # a connection with calls open and nothing received this long is pinged,
 PING_TIMEOUT_S = 20  # and closed when the ping is not answered in this (a dead or stalled peer)
-# grpc's own stop, begun with the drain, would cancel every call this long after the drain's
-# deadline; stop() ends them first, once the models' last answers are out (ANSWER_GRACE_S after it)
+# _end_all_calls, timed as grpc's own stop begins with the drain, cancels every call still open this
+# long after the drain's deadline; stop() ends them first, once the models' last answers are out
+# (ANSWER_GRACE_S after it), or at its own deadline
 STOP_BACKSTOP_S = 10.0
-# The grace of that stop, which never ends it: grpc.aio's stop, called again while one runs, destroys
-# the server once it has stopped, and a first call whose grace ends then cancels the calls of the
-# destroyed server (grpc 1.85: a segfault, one stop in a few hundred when both began at once). The
+# The grace of grpc's own stop, which never ends it: grpc.aio's stop, called again while one runs,
+# destroys the server once it has stopped, and a first call whose grace ends then cancels the calls of
+# the destroyed server (grpc 1.85: a segfault, one stop in a few hundred when both began at once). The
 # calls are ended by one stop(None) only (GrpcServer._end_all_calls), at the backstop or by stop().
 GRACE_UNBOUNDED_S = 1e9
 # the drain waits this long at most for grpc's queued calls (grpc_queued.py: a call whose headers
@@ -156,8 +157,8 @@ class GrpcServer:
     the loop (grpc_queued.py, grpc_gate.py), has every connection told to go and waits for the
     calls live (grpc_live.py); stop() ends those still at work with UNAVAILABLE
     "server is shutting down" (open_calls.py) and, once every call has finished (its status
-    sent) or at its deadline, closes every connection, cancelling what is left. stop() is
-    idempotent."""
+    sent) or at its deadline, closes every connection, cancelling what is left. There is one
+    stop, however often stop() is called, and none cancels it."""
 
     def __init__(self, state, max_message_bytes: int):
         self.state = state
@@ -183,10 +184,13 @@ class GrpcServer:
         # the calls grpc refuses for its call limit: those its dispatcher was asked for and did not start
         state.grpc_refusals.follow(lambda: self._queued.taken, lambda: self._live.started)
         self._credentials = tls.grpc_credentials(config)  # read now: a bad file stops the start
-        self._started = self._stopped = False
+        self._started = False
         self._stopping: asyncio.Future | None = None  # grpc's own stop, from the drain on
-        self._backstop: asyncio.TimerHandle | None = None  # when that stop ends every call, at the latest
+        self._end_at = float("inf")  # when _end_all_calls runs, at the latest (time.monotonic())
+        self._backstop: asyncio.TimerHandle | None = None  # its timer
         self._ending: asyncio.Future | None = None  # grpc's stop ending every call
+        self._end_begun = asyncio.Event()
+        self._stop_task: asyncio.Future | None = None  # stop()'s, which every call of it awaits
 
     async def start(self, host: str, port: int) -> int:
         """Bind host:port and serve; returns the bound port. OSError when it cannot bind."""
@@ -242,36 +246,68 @@ class GrpcServer:
         ended at `backstop` (time.monotonic()) at the latest; stop() ends them before. The gate
         opens just after its first step, which sends the GOAWAYs and closes the port."""
         if self._started and self._stopping is None:
-            loop = asyncio.get_running_loop()
-            self._stopping = asyncio.ensure_future(self._server.stop(GRACE_UNBOUNDED_S))
-            loop.call_soon(self._gate.open)  # (run after that step: call_soon is FIFO)
-            self._backstop = loop.call_later(max(0.0, backstop - time.monotonic()), self._end_all_calls)
+            self._stopping = self._logged(self._server.stop(GRACE_UNBOUNDED_S))
+            asyncio.get_running_loop().call_soon(self._gate.open)  # (run after that step: call_soon is FIFO)
+            self._end_all_calls_by(backstop)
+
+    def _end_all_calls_by(self, deadline: float) -> None:
+        """_end_all_calls at `deadline` (time.monotonic()), unless it is timed earlier already."""
+        if self._ending is None and deadline < self._end_at:
+            if self._backstop is not None:
+                self._backstop.cancel()
+            self._end_at = deadline
+            self._backstop = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()),
+                                                                   self._end_all_calls)
 
     def _end_all_calls(self) -> None:
         """grpc's stop at once: every call cancelled, every connection closed. The only grpc stop
         beside the drain's (GRACE_UNBOUNDED_S says why)."""
         self._backstop.cancel()
         if self._ending is None:
-            self._ending = asyncio.ensure_future(self._server.stop(None))
+            self._ending = self._logged(self._server.stop(None))
+            self._end_begun.set()
+
+    @staticmethod
+    def _logged(stopping) -> asyncio.Future:
+        """grpc's stop as a task whose failure is logged when it ends, awaited or not (the
+        backstop's may be neither)."""
+        def failed(task: asyncio.Future) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("gRPC: grpc's stop failed", exc_info=task.exception())
+        task = asyncio.ensure_future(stopping)
+        task.add_done_callback(failed)
+        return task
 
     async def stop(self, deadline: float | None = None) -> None:
         """Take no new calls nor connections, end the calls still at work, then close every
         connection once no call is live or at `deadline` (time.monotonic(); default: now),
-        cancelling the calls left then (an answer its client does not take)."""
-        if self._stopped:
-            return
-        self._stopped = True
+        cancelling the calls left then (an answer its client does not take). The stop is one
+        task: a call cancelled leaves it running, a later call waits for it, and a later call's
+        earlier deadline ends every call by then."""
         if not self._started:
             return
         if deadline is None:
             deadline = time.monotonic()
-        self._stop_taking_calls(deadline)  # begun by the drain, unless serving ended otherwise
-        ended = self._servicer.calls.end()
-        if ended:
-            log.info("gRPC: %d call(s) still open at the shutdown deadline answered UNAVAILABLE", ended)
-        await self._live.all.none_by(deadline)
-        # grpc's graceful stop would also wait for the connections without calls: close them all now
+        if self._stop_task is None:
+            self._stop_taking_calls(deadline)  # begun by the drain, unless serving ended otherwise
+            ended = self._servicer.calls.end()
+            if ended:
+                log.info("gRPC: %d call(s) still open at the shutdown deadline answered UNAVAILABLE", ended)
+            self._stop_task = asyncio.ensure_future(self._closed())
+        self._end_all_calls_by(deadline)
+        await asyncio.shield(self._stop_task)
+
+    async def _closed(self) -> None:
+        """Until no call is live or every call is ended (at the earliest deadline of stop(), or
+        the backstop), then until grpc has closed every connection (its graceful stop would also
+        wait for the connections without calls)."""
+        waits = [asyncio.ensure_future(self._live.all.none_by(self._end_at)),
+                 asyncio.ensure_future(self._end_begun.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
         self._end_all_calls()
-        await self._ending
-        await self._stopping
+        await asyncio.wait([self._ending, self._stopping])  # (a failure is logged: _logged)
         log.info("gRPC endpoint stopped")
