@@ -18,14 +18,15 @@ compiler writes a temporary file and renames it into place (om/container.py, om/
 a reader never sees a partial .om. And one process compiles while the others wait: an
 exclusive flock on `.<entry>.lock` in the cache folder; whoever gets it next finds the entry
 and uses it. The kernel drops the lock of a process that dies, so a crash leaves no stale lock.
-A load waiting for that lock says so (`progress`: the index's reason), as another process
-compiling the same model, and its `stop` ends the wait as it ends a compile (CompileStopped): an
-unload, a shutdown or a file deleted waited for the other compile to let go, up to its compile_timeout_s. The
-compiles of one repository (CompilesHere: its CompileCache's) take an entry one at a time before
-its flock, so one waiting for another of them (another version of the model whose file is the same)
-names it as such from the moment it waits; another server of this process sharing the cache folder
-is another process to it (a set of the locks held in the process named the other server's compile
-"another version", and a compile that had its flock but not yet its mark "another process").
+A load waiting for that lock says so (`progress`: the index's reason), as another process compiling
+the same model, and its `stop` ends the wait as it ends a compile (CompileStopped): an unload, a
+shutdown or (poll mode) the model's file deleted or replaced waited for the other compile to let
+go, up to its compile_timeout_s. The compiles of one repository (CompilesHere: its CompileCache's)
+take an entry one at a time before its flock, so one waiting for another of them (another version
+of the model whose file is the same) names it as such from the moment it waits; another server of
+this process sharing the cache folder is another process to it (a set of the locks held in the
+process named the other server's compile "another version", and a compile that had its flock but
+not yet its mark "another process").
 
 An entry holds the compile of the bytes its key hashed: the child reads the source later, so its
 stat identity (source_identity, external data files' included) is taken before the hash and
@@ -105,8 +106,8 @@ def _check_unchanged(onnx_path: str | os.PathLike, before: tuple | None, stop: C
     """After the child's compile: raise unless the source is as `before` its hash (SourceChanged)."""
     if before is not None and source_identity(onnx_path) == before:
         return
-    if stop is not None and stop.stopped:  # poll mode's scan saw the change first: its stop says why
-        raise CompileStopped("stopped: the model's file changed while it compiled")
+    if stop is not None and stop.stopped:  # (an unload, a shutdown, poll mode's scan): who stopped it says why
+        raise CompileStopped("the compile was stopped, and the model's file changed while it compiled")
     raise SourceChanged(f"{Path(onnx_path).name} changed while it compiled (replaced, written to or deleted), so "
                         "the compile was not kept: load it again once the file is complete (poll mode loads a new "
                         "file by itself)")
