@@ -63,8 +63,8 @@ class JsonFormatter(logging.Formatter):
         if isinstance(fields, dict):
             for key, value in fields.items():
                 doc.setdefault(key, value)
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
+        if record.exc_info or record.exc_text:  # (exc_text alone: a traceback kept as text, repository/scan_failure.py)
+            doc["exc"] = record.exc_text or self.formatException(record.exc_info)
         try:
             return orjson.dumps(doc, default=str).decode()
         except orjson.JSONEncodeError:  # a lone surrogate: see surrogates_escaped

@@ -32,6 +32,7 @@ from ..config import PBTXT, ConfigError, ModelConfig, load_model_config, load_tr
 from ..regular_files import node_kind
 from . import external_data, unread
 from .models_folder import folder_entries
+from .scan_failure import ScanFailure
 
 MODEL_SUFFIXES = (".om", ".onnx")  # order = preference when both exist
 KNOWN_SUFFIXES = MODEL_SUFFIXES + (".yaml", ".yml")
@@ -91,7 +92,7 @@ class ScanResult:
     config_problems: dict[str, tuple[str, str]] = field(default_factory=dict)
     selects_none: set[str] = field(default_factory=set)  # models whose version policy selects no version found
     # model name -> what a bug of the scan raised on its files (a problem too): planner.Planner logs its traceback
-    errors: dict[str, Exception] = field(default_factory=dict)
+    errors: dict[str, ScanFailure] = field(default_factory=dict)
     unreadable: bool = False  # the folder itself could not be listed: nothing is known of it
 
 
@@ -278,7 +279,7 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
             where = _relative(root, e.filename)
             result.problems[name] = f"{where + ' ' if where else ''}cannot be read ({e.strerror or e})"
         except Exception as e:  # a bug of the scan: that model alone (it stopped every scan, hot reload with it)
-            result.errors[name] = e
+            result.errors[name] = ScanFailure.of(e)
             result.problems[name] = "its files could not be scanned (internal error; see the server log)"
     # names that are not UTF-8 reach the index, the logs and /metrics: escaped once here
     result.problems = {escape_undecodable(k): escape_undecodable(v) for k, v in result.problems.items()}

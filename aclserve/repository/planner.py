@@ -135,11 +135,11 @@ class Planner:
                 log.warning("models folder: %s: %s", key[1], key[2])
             else:
                 log.info("models folder: %s", key[1])
-        for name, error in sorted(self.scan.errors.items()):
-            key = ("error", name, f"{type(error).__qualname__}: {error}")
+        for name, failure in sorted(self.scan.errors.items()):
+            key = ("error", name, failure.what)
             again = " (again, as in an earlier scan)" if key in self._logged else ""
-            log.log(logging.DEBUG if again else logging.ERROR, "model %s: scanning its files failed%s", name, again,
-                    exc_info=error)
+            failure.log(log, logging.DEBUG if again else logging.ERROR, "model %s: scanning its files failed%s", name,
+                        again)
             current.add(key)
         self._logged = current
 

@@ -2,12 +2,16 @@
 symlinks, version policies."""
 from __future__ import annotations
 
+import gc
+import json
 import logging
 import os
+import weakref
 
 import pytest
 
 from aclserve.config import ModelConfig, parse_model_config
+from aclserve.logs import JsonFormatter, TextFormatter
 from aclserve.repository import layout
 from aclserve.repository.layout import check_model_name, scan, select_versions
 from aclserve.repository.plan import diff
@@ -481,7 +485,7 @@ def test_a_bug_of_the_scan_is_logged_with_its_traceback_once_while_it_lasts(tmp_
                 assert "ok" in each.scan.models
                 each.plans({}, "all", frozenset(), set())
         said = [r for r in caplog.records if "scanning its files failed" in r.getMessage()]
-        assert all(r.exc_info for r in said), caplog.text  # the traceback even at DEBUG
+        assert all((r.exc_text or "").startswith("Traceback") for r in said), caplog.text  # the traceback even at DEBUG
         return sum(r.levelno >= logging.ERROR for r in said), len(said)
 
     assert errors_after_scans(3) == (1, 3)  # the repeats at DEBUG
@@ -494,3 +498,50 @@ def test_a_bug_of_the_scan_is_logged_with_its_traceback_once_while_it_lasts(tmp_
     assert errors_after_scans(2) == (1, 2)
     other = Planner(tmp_path, DEFAULTS, SettleGate(0.0), unload_missing=True)  # another repository, same folder
     assert errors_after_scans(2, (planner, other)) == (1, 4)  # said in its log too, once
+
+
+def test_a_bug_of_the_scan_is_kept_as_text_and_its_result_freed_with_its_last_reference(tmp_path, monkeypatch):
+    """The scan's result kept the exception a bug raised, whose traceback held the scan's frames,
+    the result among them: a cycle that kept every frame of the scan alive until the cycle
+    collector ran, for as long as the planner kept the scan. It keeps the failure as text."""
+    touch(tmp_path / "bad.om")
+
+    def pick(*_args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(layout, "_pick", pick)
+    gc.disable()  # (freed by its last reference going, not by a collection)
+    try:
+        result = scan(tmp_path, DEFAULTS)
+        failure = result.errors["bad"]
+        assert failure.what == "RuntimeError: boom"
+        assert failure.traceback.startswith("Traceback") and failure.traceback.endswith("RuntimeError: boom")
+        freed = weakref.ref(result)
+        del result
+        assert freed() is None
+    finally:
+        gc.enable()
+
+
+def test_a_scan_failure_kept_as_text_is_logged_with_its_traceback_in_either_log_format(tmp_path, monkeypatch):
+    """The line the planner logs from the text, as it was from the exception: the message, then
+    the traceback (text format), or the traceback as the JSON line's "exc"."""
+    touch(tmp_path / "bad.om")
+
+    def pick(*_args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(layout, "_pick", pick)
+    failure = scan(tmp_path, DEFAULTS).errors["bad"]
+    records = []
+    logger = logging.getLogger("tests.scan_failure")
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger.addHandler(handler)
+    try:
+        failure.log(logger, logging.ERROR, "model %s: scanning its files failed", "bad")
+    finally:
+        logger.removeHandler(handler)
+    (record,) = records
+    assert TextFormatter("%(message)s").format(record) == "model bad: scanning its files failed\n" + failure.traceback
+    assert json.loads(JsonFormatter().format(record))["exc"] == failure.traceback
