@@ -6,7 +6,7 @@ node's open may act on the device. `open_regular` stats first, so such a node is
 unopened; opens with O_NONBLOCK, so a FIFO swapped in after the stat cannot block the open;
 then checks that what it opened is a regular file (whose reads O_NONBLOCK does not change). The
 cost over a plain open is one stat and one fstat. NotRegularFile is an OSError: callers that
-report `strerror` name what was found.
+report `strerror` name what was found. And `stat_identity`: whether such a file may have changed.
 """
 from __future__ import annotations
 
@@ -44,6 +44,13 @@ def check_regular(path: str | os.PathLike) -> os.stat_result:
     if kind is not None:
         raise NotRegularFile(path, kind)
     return st
+
+
+def stat_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """(size, mtime_ns, ctime_ns, inode) of a file's stat: changed whenever its content may have.
+    Size and mtime alone miss a file replaced by one of the same size whose mtime was set back
+    (tar, cp -p, reproducible builds); the inode and the ctime, which no one sets, catch it."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 def _open_nonblocking(path: str, flags: int) -> int:

@@ -60,7 +60,7 @@ from typing import Callable
 from ..config import CompileOptions
 from ..om.compile_error import CompileError
 from ..om.compile_process import CompileStop, CompileStopped, CompileTimedOut, compile_in_child
-from ..regular_files import open_regular
+from ..regular_files import open_regular, stat_identity
 from . import cache_entry, external_data
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def source_identity(onnx_path: str | os.PathLike) -> tuple | None:
         st = os.stat(source)
     except OSError:
         return None
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) + external_data.stamp(source)
+    return stat_identity(st) + external_data.stamp(source)
 
 
 class SourceChanged(CompileError):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 
-from ..regular_files import open_regular
+from ..regular_files import open_regular, stat_identity
 
 # a StringStringEntryProto whose key is "location", as onnx writes an external tensor's entry
 _MARKER = b"\n\x08location"
@@ -32,7 +32,7 @@ def named_files(onnx_path: str) -> tuple[str, ...]:
         st = os.stat(onnx_path)
     except OSError:
         return ()
-    identity = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    identity = stat_identity(st)
     with _known_lock:
         known = _known.get(onnx_path)
     if known is not None and known[0] == identity:
@@ -51,7 +51,7 @@ def stamp(onnx_path: str) -> tuple:
     for path in named_files(onnx_path):
         try:
             st = os.stat(path)
-            out.append((path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+            out.append((path, *stat_identity(st)))
         except OSError:
             out.append((path, None))
     return tuple(out)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import PBTXT, ConfigError, ModelConfig, load_model_config, load_triton_config
-from ..regular_files import node_kind
+from ..regular_files import node_kind, stat_identity
 from . import external_data, unread
 from .models_folder import folder_entries
 from .scan_failure import ScanFailure
@@ -45,8 +45,7 @@ _VERSION_RE = re.compile(r"^[1-9][0-9]{0,17}$")
 @dataclass(frozen=True)
 class VersionFile:
     """One version's model file as found on disk; its identity changes whenever its content may
-    have. Size and mtime alone miss a file replaced by one of the same size whose mtime was set
-    back (tar, cp -p, reproducible builds); the inode and ctime, which no one sets, catch it."""
+    have (size, mtime, ctime and inode: regular_files.stat_identity says why all four)."""
 
     path: str  # absolute, resolved inside the repository
     kind: str  # "om" | "onnx"
@@ -174,7 +173,7 @@ def _version_file(root: Path, path: Path, kind: str) -> VersionFile | str | None
     if special is not None:
         return f"is {special}, not a regular file"
     data = external_data.stamp(str(real)) if kind == "onnx" else ()
-    return VersionFile(str(real), kind, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, data_stamp=data)
+    return VersionFile(str(real), kind, *stat_identity(st), data_stamp=data)
 
 
 def _pick(root: Path, folder: Path, stem: str, result: "ScanResult", key: str) -> VersionFile | None:
@@ -392,5 +391,5 @@ def _config_stamp(config_path: Path | None, config: ModelConfig) -> tuple:
         except OSError:
             stamp.append((path, None))
             continue
-        stamp.append((path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+        stamp.append((path, *stat_identity(st)))
     return tuple(stamp)

@@ -26,6 +26,7 @@ import os
 import time
 from typing import Callable
 
+from ..regular_files import stat_identity
 from .layout import ScanResult, VersionFile, select_versions
 from .plan import DesiredState, Wanted
 from .status import WAITING_FOR_CONFIG, WAITING_FOR_FILE, WAITING_FOR_LABELS
@@ -96,8 +97,7 @@ class SettleGate:
             # its absence settles as a write does; keyed by the link, which the scans still list
             return self._absence_complete(os.path.abspath(path), trust_age)
         real = os.path.realpath(path)
-        return self._part_complete(real, (real, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino),
-                                   st.st_mtime_ns, trust_age)
+        return self._part_complete(real, (real, *stat_identity(st)), st.st_mtime_ns, trust_age)
 
     def _absence_complete(self, key: str, trust_age: bool) -> bool:
         """A file's absence, settled as a write is (it may be coming back)."""
