@@ -140,16 +140,22 @@ async def test_a_file_replaced_while_it_loads_is_not_put_in_service(make_repo, m
     assert "d: version 1 not put in service: its file was replaced (changed while it loaded)" in caplog.text
 
 
-async def test_a_new_version_deleted_while_it_compiles_leaves_the_version_it_was_to_replace_serving(
-        make_repo, models_dir, model_files, compile_holds, caplog):
-    """Version 2's compile is stopped (its file is gone): version 1, which it was to replace, serves
-    on (it was unloaded as `no longer selected`, the model unavailable until the safety rescan)."""
+async def version_2_compiling(make_repo, models_dir, model_files, compile_holds, caplog):
+    """o/1 serving (scale 1), o/2 (scale 2, an .onnx) dropped in and held compiling: the repository,
+    its events and the pid of the compile's child."""
     caplog.set_level(logging.INFO, logger="aclserve.repository")
     place(model_files[1]["om"], models_dir / "o" / "1" / "model.om")
     repo, events = await make_repo()
     place(model_files[2]["onnx"], models_dir / "o" / "2" / "model.onnx")
     await until(lambda: any(compile_holds.iterdir()), "version 2's compile holding")
-    pid = held_child(compile_holds)
+    return repo, events, held_child(compile_holds)
+
+
+async def test_a_new_version_deleted_while_it_compiles_leaves_the_version_it_was_to_replace_serving(
+        make_repo, models_dir, model_files, compile_holds, caplog):
+    """Version 2's compile is stopped (its file is gone): version 1, which it was to replace, serves
+    on (it was unloaded as `no longer selected`, the model unavailable until the safety rescan)."""
+    repo, events, pid = await version_2_compiling(make_repo, models_dir, model_files, compile_holds, caplog)
     assert await answer(repo, "o") == 1.0
     (models_dir / "o" / "2" / "model.onnx").unlink()
     await until(lambda: not running(pid), "version 2's compile process ended")  # (it held until the test's end)
@@ -167,12 +173,7 @@ async def test_a_new_version_replaced_while_it_compiles_replaces_the_serving_one
     """Version 2's compile is stopped (its file was replaced): version 1 serves while the new file
     compiles (it was unloaded at the stop, the model serving nothing until the new file loaded),
     then the new file's version 2 takes its place."""
-    caplog.set_level(logging.INFO, logger="aclserve.repository")
-    place(model_files[1]["om"], models_dir / "o" / "1" / "model.om")
-    repo, events = await make_repo()
-    place(model_files[2]["onnx"], models_dir / "o" / "2" / "model.onnx")
-    await until(lambda: any(compile_holds.iterdir()), "version 2's compile holding")
-    stale = held_child(compile_holds)
+    repo, events, stale = await version_2_compiling(make_repo, models_dir, model_files, compile_holds, caplog)
     place(model_files[3]["onnx"], models_dir / "o" / "2" / "model.onnx")  # another model (scale 3) in its place
     await until(lambda: not running(stale), "the stale compile's process ended")
     (compile_holds / str(stale)).unlink()  # (the killed child's mark)
