@@ -14,15 +14,14 @@ idle: it is closed after `send_timeout_s` (body_timeout_s) without progress inst
 buffer not shrinking between two sweeps), as nginx's send_timeout does; closing it at
 keepalive_timeout_s lost answers already counted.
 
-A sweep every second closes connections past their phase's limit. At `max_connections` a new
-connection replaces the one idle longest (or the slowest head) if it has been so for at least
-EVICT_AFTER_S, else it is answered 503 and closed. At shutdown every connection that is not
-running a request nor sending answers (a slow reader's) is closed at once; the others are
-closed once their answers are out (unsent.py: the drain waits for that), or when the drain ends,
-dropping what their client has not taken. A connection opened during the drain is admitted for
-`GET /metrics` alone (a replica's last counts, as Triton's metrics port stays up): any other
-request on it, the health probes' included, is answered 503 "server is shutting down" and the
-connection closed; once the drain has ended (close_all), new ones are refused with that 503. Loop thread only.
+A sweep every second closes connections past their phase's limit. At `max_connections` a new connection replaces the
+one idle longest (or the slowest head) if it has been so for at least EVICT_AFTER_S, else it is answered 503 and
+closed. At shutdown every connection that is not running a request nor sending answers (a slow reader's) is closed at
+once; the others, whose answers say `Connection: close`, once their answers are out (unsent.py: the drain waits for
+that), or when the drain ends, dropping what their client has not taken. One opened during the drain is admitted for
+`GET /metrics` alone (a replica's last counts, as Triton's metrics port stays up): any other request on it, the health
+probes' included, is answered 503 "server is shutting down" and the connection closed; once the drain has ended
+(close_all), new ones are refused with that 503. Loop thread only.
 
 Overload refusals are answered early by the guard (guard.py, shedding.py). Holds
 (hold_refused_connections, off by default): a request refused because the server has no room
@@ -334,8 +333,8 @@ def _answers_pending(conn: _Conn) -> bool:
 
 def tracking_middleware(tracker: ConnectionTracker):
     """The app's outermost middleware: the tracker sees when each request starts and ends (a
-    connection running one is neither evicted nor timed out), and a connection opened during
-    the drain is answered GET /metrics alone."""
+    connection running one is neither evicted nor timed out), a connection opened during the drain is
+    answered GET /metrics alone, and answers made during it say `Connection: close` (RFC 9112 9.6)."""
     @web.middleware
     async def track(request: web.Request, handler) -> web.StreamResponse:
         transport = request.transport
@@ -344,6 +343,8 @@ def tracking_middleware(tracker: ConnectionTracker):
             if tracker.late(transport) and not (request.method in ("GET", "HEAD") and request.path == SCRAPE_PATH):
                 return _closing()
             response = await handler(request)
+            if not tracker.accepting:  # a pooled client sends its next request elsewhere
+                response.force_close()
             if response.compression:
                 # aiohttp compresses a large body in a thread when it prepares the answer, after
                 # this: done here, the request still counts until its answer is written (the
@@ -356,8 +357,7 @@ def tracking_middleware(tracker: ConnectionTracker):
 
 
 def _closing() -> web.Response:
-    """A connection opened during the drain asked for more than /metrics: what a connection
-    refused then is answered (_CLOSING), and it closes."""
+    """A connection opened during the drain asked for more than /metrics: answered _CLOSING, closed."""
     response = web.Response(body=_CLOSING_BODY, status=503, content_type="application/json",
                             headers={"Retry-After": "1"})
     response.force_close()

@@ -140,6 +140,13 @@ def _render(status: int, content_type: bytes, body: bytes, headers: dict | None 
             % (status, _REASONS[status], content_type, len(body), extra, _date(), _SERVER), body)
 
 
+def said_closing(answer: tuple[bytes, bytes]) -> tuple[bytes, bytes]:
+    """`answer` (from DirectInfer.answer) saying `Connection: close`: made during the drain,
+    after which its connection closes (RFC 9112 9.6)."""
+    head, body = answer
+    return head[:-2] + b"Connection: close\r\n\r\n", body
+
+
 _REASONS = {s.value: s.phrase.encode() for s in http.HTTPStatus}
 _date_cache = [0, b""]
 

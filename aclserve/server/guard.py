@@ -34,6 +34,7 @@ from typing import Callable
 
 from .connections import BUSY, HEAD, IDLE, ConnectionTracker
 from .framing import ANSWERED, FORWARD, NEED_BODY, RequestFraming
+from .direct import said_closing
 from .shedding import refusal
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,9 @@ class GuardedProtocol(asyncio.Protocol):
             return FORWARD
         tracker = self._tracker
         early = tracker.early
-        if early is not None and early.active():
+        # during the drain every request goes to aiohttp, whose answer says `Connection: close`
+        # (tracking_middleware) and which reads nothing after it (RFC 9112 9.6)
+        if early is not None and early.active() and tracker.accepting:
             decision = early.check(head, body_length, body)
             if decision == NEED_BODY:
                 self._inner.keep_alive(True)  # aiohttp, not seeing it yet, must not close it as idle
@@ -183,8 +186,9 @@ class GuardedProtocol(asyncio.Protocol):
                 # after its own last answer: its timer is stopped, the tracker's sweep times it
                 self._inner.keep_alive(True)
                 return ANSWERED
-        # (a connection opened during the drain: aiohttp's path refuses what it asks but /metrics)
-        named = tracker.direct.target(head, body_length) if tracker.direct is not None and not conn.late else None
+        # (a connection opened during the drain is one too: aiohttp's path refuses what it asks but /metrics)
+        named = (tracker.direct.target(head, body_length)
+                 if tracker.direct is not None and tracker.accepting else None)
         # answered here only with its body in hand (it came with its head, framing offers it
         # then): nothing is held for direct's sake
         if named is None or body is None:
@@ -208,9 +212,14 @@ class GuardedProtocol(asyncio.Protocol):
         if transport.is_closing():
             return
         tracker.outbox.flush_before(transport)
-        transport.writelines(answer)
+        closing = not tracker.accepting
+        transport.writelines(said_closing(answer) if closing else answer)
         conn.phase, conn.since = IDLE, tracker.now()
         tracker.answered(conn)  # during the drain: closed once it is out
+        if closing:  # RFC 9112 9.6: nothing after an answer that said `Connection: close` is read
+            conn.stash.clear()
+            transport.pause_reading()
+            return
         if self._write_paused:  # a client that does not read its answers sends no more requests
             self._read_on_drain = True
             transport.pause_reading()
