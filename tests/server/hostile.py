@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import urllib.request
 
 
@@ -53,3 +54,18 @@ async def closed_by_server(reader, limit_s: float = 30.0) -> bool:
             pass
     await asyncio.wait_for(drain(), limit_s)
     return True
+
+
+def read_answer_head(sock: socket.socket) -> tuple[bytes, list[bytes], bytes, int]:
+    """From a blocking socket: an HTTP answer's (status line, header lines lowercased, what of its
+    body came with the head, its Content-Length)."""
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(4096)
+        assert chunk, got
+        got += chunk
+    head, rest = got.split(b"\r\n\r\n", 1)
+    status, *headers = head.split(b"\r\n")
+    headers = [line.lower() for line in headers]
+    length = next(int(line.split(b":")[1]) for line in headers if line.startswith(b"content-length:"))
+    return status, headers, rest, length

@@ -17,6 +17,8 @@ import pytest
 from aclserve.acl.cpu import faults
 from tests.serving import ServerThread, server_config
 
+from .hostile import read_answer_head
+
 BODY = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
                               {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1, 2, 3]}]}).encode()
 
@@ -32,15 +34,7 @@ def ask(url: str) -> socket.socket:
 
 def answer(sock: socket.socket) -> tuple[bytes, list[bytes], bytes]:
     """(status line, header lines lowercased, what the server sent after the answer until it closed)."""
-    got = b""
-    while b"\r\n\r\n" not in got:
-        chunk = sock.recv(65536)
-        assert chunk, got
-        got += chunk
-    head, rest = got.split(b"\r\n\r\n", 1)
-    status, *headers = head.split(b"\r\n")
-    headers = [h.lower() for h in headers]
-    length = next(int(h.split(b":")[1]) for h in headers if h.startswith(b"content-length:"))
+    status, headers, rest, length = read_answer_head(sock)
     while len(rest) < length:
         chunk = sock.recv(65536)
         assert chunk, rest

@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 from tests.serving import free_port
 from tests.tiny_models import save_graph
 
+from .hostile import read_answer_head
 from .test_shutdown_deadline import wait_serving
 
 VALUES = 2_000_000  # an 8 MB FP32 answer
@@ -62,15 +63,8 @@ def ask_big_answer(port: int) -> socket.socket:
 
 def read_head(sock: socket.socket) -> tuple[bytes, int]:
     """(status line, bytes of the answer after its head still to come)."""
-    got = b""
-    while b"\r\n\r\n" not in got:
-        chunk = sock.recv(4096)
-        assert chunk, got
-        got += chunk
-    head, rest = got.split(b"\r\n\r\n", 1)
-    lines = head.split(b"\r\n")
-    length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length:"))
-    return lines[0], length - len(rest)
+    status, _, rest, length = read_answer_head(sock)
+    return status, length - len(rest)
 
 
 def read_all(sock: socket.socket) -> int:
