@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..om.compile_error import DEFAULT_TIMEOUT_S
 from .usage import UsageError
 
 
@@ -36,7 +37,7 @@ def add_commands(sub) -> None:
     p.add_argument("--atc", metavar="PATH", help="the ATC executable (default: `atc` on PATH)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="end the compile (ATC's or the CPU compile's test runs) after this many seconds "
-                        "(default 3600)")
+                        f"(default {DEFAULT_TIMEOUT_S:g})")
     a = p.add_argument_group("AIPP (static; the OM then takes uint8 NHWC images)")
     a.add_argument("--aipp", metavar="FILE", help="an AIPP config in ATC's aipp_op syntax (ATC --insert_op_conf)")
     a.add_argument("--image-input", metavar="[INPUT:]rgb|bgr|gray", action="append",
@@ -60,7 +61,7 @@ def add_commands(sub) -> None:
 
 def run_compile(args) -> int:
     from ..om import aipp
-    from ..om.atc import DEFAULT_TIMEOUT, AtcFailed
+    from ..om.atc import AtcFailed
     from ..om.compile_error import check_timeout
     from ..om.compile_process import CompileKilled, CompileTimedOut, compile_in_child
     from ..om.describe import format_summary
@@ -74,7 +75,7 @@ def run_compile(args) -> int:
         kwargs["soc_version"] = device_soc_name()
     if args.precision_mode is not None:
         kwargs["precision_mode"] = args.precision_mode
-    timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
+    timeout = DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout
     try:
         check_timeout(timeout)  # (said before the child starts, as compile_model says it)
         ops = _aipp_ops(args)

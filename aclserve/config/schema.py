@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
+from ..om.compile_error import DEFAULT_TIMEOUT_S
 from ..scheduling.policy import BatchingConfig, QueuePolicy
 from ..trace.settings import TraceSettings
 
@@ -175,7 +176,7 @@ class ServerConfig:
     cpu_threads: int = 1
     thread_scheduling: str = "inherited"  # thread_policy.py: as started, or SCHED_BATCH (batch)
     compile_cache_dir: str = ""  # "" = <models_dir>/.cache, else a user cache folder (repository/cache_dir.py)
-    compile_timeout_s: float = 3600.0  # a dropped .onnx's whole compile, ATC or CPU (om/atc.DEFAULT_TIMEOUT's)
+    compile_timeout_s: float = DEFAULT_TIMEOUT_S  # a dropped .onnx's whole compile, ATC or CPU
     unload_on_delete: bool = True
     settle_s: float = 1.0
     debounce_s: float = 0.25

@@ -32,11 +32,10 @@ from typing import Callable
 
 from . import atc_leash, atc_om
 from ..temp_claims import claimed_folder, sweep_unclaimed_folders
-from .compile_error import AtcFailed, AtcKilled, killed_by
+from .compile_error import DEFAULT_TIMEOUT_S, AtcFailed, AtcKilled, killed_by
 from .container import OmFormatError
 from .spec import CompileError, ModelSpec
 
-DEFAULT_TIMEOUT = 3600.0
 DEFAULT_LOG_LEVEL = "error"
 # ATC error codes look like E10001, EZ3002, E19999; plus its closing failure sentence.
 _ERROR_LINE = re.compile(r"\bE[0-9A-Z]\d{4}\b|ATC run failed|\[ERROR\]|\bERROR\b")
@@ -179,7 +178,7 @@ def quote_errors(lines: list[str]) -> str:
 
 
 def compile_with_atc(atc: str, onnx_path: str, output: Path, spec: ModelSpec, *, soc_version: str,
-                     precision_mode: str | None, timeout: float = DEFAULT_TIMEOUT,
+                     precision_mode: str | None, timeout: float = DEFAULT_TIMEOUT_S,
                      log: Callable[[str], None] = print, log_level: str = DEFAULT_LOG_LEVEL,
                      insert_op_conf: str | None = None) -> atc_om.AtcOmHeader:
     """Build `output` with ATC; returns the checked 256-byte header of the result.

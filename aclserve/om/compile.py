@@ -17,7 +17,7 @@ from . import aipp as aipp_mod
 from . import aipp_onnx
 from . import atc as atc_mod
 from . import atc_options, batch_rows, container, cpu_compile, names
-from .compile_error import check_timeout
+from .compile_error import DEFAULT_TIMEOUT_S, check_timeout
 from .index_bounds import index_bounds
 from ..regular_files import open_regular
 from .spec import CompileError, load_onnx, parse_gears, parse_input_shape, resolve
@@ -52,7 +52,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
                   input_shape: str | dict | None = None, batch: str | list[int] | None = None,
                   soc_version: str | None = None, precision_mode: str | None = DEFAULT_PRECISION_MODE,
                   target: str = "auto", atc: str | os.PathLike | None = None,
-                  timeout: float = atc_mod.DEFAULT_TIMEOUT, aipp: list[aipp_mod.AippOp] | None = None,
+                  timeout: float = DEFAULT_TIMEOUT_S, aipp: list[aipp_mod.AippOp] | None = None,
                   log: Callable[[str], None] = print, log_start: bool = True) -> CompileResult:
     """Compile `onnx_path` to `output` (default: beside it with .om) and return what was built.
 

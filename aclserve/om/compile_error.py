@@ -2,12 +2,14 @@
 child process (compile_process.py) without importing onnx itself; CompileKilled, a process of
 the compile killed by a signal (the child, or ATC: atc.py), with how such a signal is named;
 ATC's own (AtcFailed, AtcKilled), which the server raises again for a child's ATC that failed
-(atc.py imports onnx, as its spec does); and the check of a compile's timeout, which `aclserve
-compile` makes before its child starts as compile_model makes it."""
+(atc.py imports onnx, as its spec does); and a compile's timeout: its default (the config's
+compile_timeout_s and `aclserve compile --timeout` take it from here, without importing onnx) and
+its check, which `aclserve compile` makes before its child starts as compile_model makes it."""
 from __future__ import annotations
 
 import signal
 
+DEFAULT_TIMEOUT_S = 3600.0
 MAX_TIMEOUT_S = 30 * 24 * 3600
 
 
