@@ -60,12 +60,11 @@ def add_commands(sub) -> None:
 
 
 def run_compile(args) -> int:
+    # (onnx is the child's: what this process imports must not import it, --image-input NAME aside)
     from ..om import aipp
-    from ..om.atc import AtcFailed
-    from ..om.compile_error import check_timeout
+    from ..om.compile_error import AtcFailed, CompileError, check_timeout
     from ..om.compile_process import CompileKilled, CompileTimedOut, compile_in_child
     from ..om.describe import format_summary
-    from ..om.spec import CompileError
 
     kwargs = {}
     if args.soc_version is not None:
@@ -103,7 +102,7 @@ def run_compile(args) -> int:
 def _aipp_ops(args):
     """--aipp FILE or --image-input/--mean/--std -> AippOps (None without either)."""
     from ..om import aipp
-    from ..om.spec import CompileError, graph_inputs, load_onnx
+    from ..om.compile_error import CompileError
 
     if args.aipp and args.image_input:
         raise CompileError("give --aipp FILE or --image-input, not both")
@@ -124,6 +123,7 @@ def _aipp_ops(args):
     name, _, colour = args.image_input[0].rpartition(":")
     rank = 0
     if name:
+        from ..om.spec import graph_inputs, load_onnx  # (imports onnx: the input's rank is known here)
         names = [i.name for i in graph_inputs(load_onnx(args.model, weights=False))]
         if name not in names:
             raise CompileError(f"--image-input names unknown input {name!r} (model inputs: {', '.join(names)})")

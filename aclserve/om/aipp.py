@@ -7,15 +7,21 @@ Supported: `aipp_mode: static` with `input_format` RGB888_U8 (3 channels) or YUV
 Refused with one line: dynamic AIPP, YUV420SP and the other formats, colour-space conversion
 (csc_switch), resize (reserved by ATC), ax_swap_switch, related_input_name (Caffe only). Both
 compile targets take the same set, so a CPU OM and an ATC OM built from one config agree.
-Pure functions; nothing here reads the model file.
+Pure functions; nothing here reads the model file, nor imports onnx (`aclserve compile` parses
+and renders a config before its child compiles).
 """
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-from .spec import CompileError, ModelSpec, TensorInfo, plain_number
+from .compile_error import CompileError
+from .plain_numbers import plain_number
+
+if TYPE_CHECKING:
+    from .spec import ModelSpec, TensorInfo
 
 CHANNELS = {"RGB888_U8": 3, "YUV400_U8": 1}
 _REFUSED_FORMATS = ("YUV420SP_U8", "XRGB8888_U8", "ARGB8888_U8", "YUYV_U8", "YUV422SP_U8", "AYUV444_U8",

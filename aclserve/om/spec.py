@@ -21,6 +21,7 @@ from .atc_om import om_kind
 from .compile_error import CompileError
 from .container import DYNAMIC_BATCH_INPUT
 from .external_files import external_bytes, external_locations, missing_external_file
+from .plain_numbers import plain_number
 
 DEFAULT_GEARS = (1, 2, 4, 8, 16, 32)
 MAX_GEARS = 100
@@ -29,14 +30,6 @@ BATCH_SYMBOL = "batch"  # the one dim_param every batched input shares, so infer
 # (spaces are taken around the separators only: a name may hold them, "input ids:-1,16"; the
 # name ends at the last colon, as ATC's SplitInputShape reads it: TF-style names like "x:0")
 _NAME_DIMS = re.compile(r"^(?P<name>.+?)\s*:\s*(?P<dims>-?[0-9]+(?:\s*,\s*-?[0-9]+)*)$")
-
-
-def plain_number(text: str, integer: bool = False):
-    """int() or float() of `text`, refusing (ValueError) what they take and ATC does not: 1_0
-    (read as 10) and other scripts' digits. For --batch and the AIPP numbers alike."""
-    if not text.isascii() or "_" in text:
-        raise ValueError(text)
-    return int(text) if integer else float(text)
 
 
 @dataclass
