@@ -100,10 +100,19 @@ async def closed_loop(pool, sample, config: BatchingConfig, concurrency: int, wa
     try:
         await asyncio.gather(*(submitter() for _ in range(concurrency)))
     finally:
-        await batcher.close()
+        await retire(batcher, pool)
     stats = batcher.stats
     return {"done": done_in_window, "seconds": seconds, "errors": errors, "rows": stats.rows,
             "padding_rows": stats.padding_rows, "gear_batches": dict(stats.gear_batches)}
+
+
+async def retire(batcher: DynamicBatcher, pool) -> None:
+    """Close `batcher` and free `pool` for the next window's batcher: a pool takes one listener,
+    and batches the closed batcher sent still answer it, so it is let go once they have."""
+    await batcher.close()
+    while pool.lanes() != [len(instance.slots) for instance in pool.instances]:
+        await asyncio.sleep(0.005)
+    pool.attach(None)
 
 
 def merge_closed(rounds: list[dict]) -> dict:
@@ -178,7 +187,7 @@ async def open_loop(pool, sample, config: BatchingConfig, rate: float, seconds: 
             await asyncio.sleep(max(arrivals[i] - loop.time(), 0.0))
     pending = (await asyncio.wait(tasks, timeout=drain_timeout))[1] if tasks else set()
     drained_at = loop.time()
-    await batcher.close()  # fails whatever is left with ShuttingDown
+    await retire(batcher, pool)  # fails whatever is left with ShuttingDown
     if pending:
         await asyncio.wait(pending)
     lag_ms = {"p99": float(np.percentile(lags, 99)) * 1000 if lags else 0.0,
