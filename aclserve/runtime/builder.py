@@ -12,7 +12,6 @@ from . import device_health
 from .instance import ModelInstance
 from .kept_file import KeptFile, identity_of
 from .left_on_device import LeftOnDevice
-from .limits import Need
 from .execution_timeout import UNMEASURED_TIMEOUT_MS
 from .pool import InstancePool
 
@@ -80,7 +79,8 @@ class InstanceBuilder:
             log.warning("%s#%d: instance is not rebuilt: %s", self.name, lane, failed)
             raise failed
         with self._source() as path:  # the model's own path, or a temp copy of the file the pool opened
-            device, need = self.placed[lane], Need.of(1, self.claimed_slots)
+            device = self.placed[lane]
+            need = device.ledger.need(1, self.claimed_slots)
             device.ledger.claim(need, f"a rebuilt instance of model {self.name} ({self.claimed_slots} slots)")
             try:
                 instance = self.create(lane, execution_timeout_ms, path)
@@ -160,13 +160,15 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
         unbuilt: dict[int, int] = {}  # device -> instances claimed for, not built yet
         for device in {d.id: d for d in placed}.values():
             count = unbuilt[device.id] = sum(1 for d in placed if d is device)
-            device.ledger.claim(Need.of(count, claimed), f"model {name} ({count} instance(s) x {claimed} slots)")
-            undo.callback(lambda device=device: device.ledger.release(Need.of(unbuilt[device.id], claimed)))
+            ledger = device.ledger
+            ledger.claim(ledger.need(count, claimed), f"model {name} ({count} instance(s) x {claimed} slots)")
+            undo.callback(lambda ledger=ledger, device=device: ledger.release(ledger.need(unbuilt[device.id], claimed)))
         for k in range(instances):
             instance = builder.create(k, execution_timeout_ms)
             # from here on the instance's share goes back when it is freed (maybe after its close)
             unbuilt[instance.device.id] -= 1
-            instance.when_freed(functools.partial(instance.device.ledger.release, Need.of(1, claimed)))
+            ledger = instance.device.ledger
+            instance.when_freed(functools.partial(ledger.release, ledger.need(1, claimed)))
             builder.left.track(instance)
             undo.callback(instance.close)
             built.append(instance)

@@ -17,7 +17,8 @@ from typing import Iterable
 
 from ..acl import AclError, check, release, restoring_context, using_context
 from ..acl import constants as C
-from ..acl.soc_limits import limits_for_soc
+from ..acl.compat import soc_name
+from ..acl.soc_limits import context_streams, limits_for_soc
 from ..errors import LoadError
 from .device_health import DeviceHealth
 from .limits import DeviceLedger
@@ -67,7 +68,8 @@ class Device:
             self._last_mem = check("rt.get_mem_info", acl.rt.get_mem_info(self._mem_attr))
             undo.pop_all()
         streams, events = limits or limits_for_soc(None)
-        self.ledger = DeviceLedger(device_id, streams, events)
+        # a context's streams as this SoC makes them (the CPU runtime's: as the SoC it presents)
+        self.ledger = DeviceLedger(device_id, streams, events, context_streams(soc_name(acl)))
         self._promised = 0  # bytes that room() holds for allocations not made yet (under _lock)
         self.health = DeviceHealth(acl, device_id, on_failure)
         self._closed = False

@@ -3,8 +3,10 @@
 A device has a fixed number of streams and events (CANN docs, aclrtCreateStream and
 aclrtCreateEvent: acl/soc_limits.py). Past the event limit the device does not fail: a record waits for an event to
 be released, which for a server means a hang. So aclserve counts what each model needs before it
-loads anything (instances x (3 streams + the context's default stream), instances x (slots x 6
-events + 6 for the trace clock)) and refuses a model that would not fit, naming the numbers.
+loads anything (instances x (3 streams + its context's), instances x (slots x 6 events + 6 for
+the trace clock)) and refuses a model that would not fit, naming the numbers. A context holds 2
+streams on the 310-class SoCs (its default one and one for internal synchronisation), 1 on the
+910-class (soc_limits.context_streams): 5 streams an instance on a 310P, 4 on a 910B.
 """
 from __future__ import annotations
 
@@ -14,11 +16,12 @@ from dataclasses import dataclass
 from ..errors import LoadError
 from .device_clock import EVENTS as CLOCK_EVENTS
 
-STREAMS_PER_INSTANCE = 4  # h2d, compute, d2h, and the default stream its context brings
+INSTANCE_STREAMS = 3  # h2d, compute, d2h; its context's own come on top (DeviceLedger.context_streams)
 EVENTS_PER_SLOT = 6  # Slot.EVENTS
 EVENTS_PER_INSTANCE = CLOCK_EVENTS  # DeviceClock's anchors: two on each of the 3 streams
-# set_device's default context, the Device's management context, the runtime's internal stream
-DEVICE_BASE_STREAMS = 3
+# set_device's default context's stream and the runtime's internal one; the Device's management
+# context's come on top
+DEVICE_BASE_STREAMS = 2
 
 
 class ResourceLimitError(LoadError):
@@ -30,19 +33,26 @@ class Need:
     streams: int
     events: int
 
-    @staticmethod
-    def of(instances: int, slots: int) -> "Need":
-        return Need(instances * STREAMS_PER_INSTANCE, instances * (slots * EVENTS_PER_SLOT + EVENTS_PER_INSTANCE))
-
 
 class DeviceLedger:
-    """Streams and events claimed on one device. Thread-safe; claims are released by their owner."""
+    """Streams and events claimed on one device. Thread-safe; claims are released by their owner.
+    `context_streams`: what a created context holds on the device's SoC (soc_limits.context_streams)."""
 
-    def __init__(self, device_id: int, max_streams: int, max_events: int):
+    def __init__(self, device_id: int, max_streams: int, max_events: int, context_streams: int):
         self.device_id = device_id
         self.max_streams, self.max_events = max_streams, max_events
+        self.context_streams = context_streams
         self._lock = threading.Lock()
-        self.streams, self.events = DEVICE_BASE_STREAMS, 0
+        self.streams, self.events = DEVICE_BASE_STREAMS + context_streams, 0
+
+    def context_need(self, streams: int, events: int = 0) -> Need:
+        """What a context of its own takes with `streams` streams and `events` events made in it."""
+        return Need(self.context_streams + streams, events)
+
+    def need(self, instances: int, slots: int) -> Need:
+        """What `instances` model instances of `slots` slots each take: a context, its 3 streams and their events."""
+        one = self.context_need(INSTANCE_STREAMS, slots * EVENTS_PER_SLOT + EVENTS_PER_INSTANCE)
+        return Need(instances * one.streams, instances * one.events)
 
     def claim(self, need: Need, what: str) -> None:
         with self._lock:

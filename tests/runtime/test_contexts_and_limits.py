@@ -19,6 +19,8 @@ from aclserve.runtime.futures import BatchFutures
 
 from tests.tiny_models import affine_reference
 
+from .own_process import run_script
+
 
 def _rows(n):
     return {"x": np.arange(n * 8, dtype=np.float32).reshape(n, 8),
@@ -181,20 +183,59 @@ def test_a_pool_claims_the_slots_an_npu_would_build(affine_om):
 
 
 def test_documented_limits_by_soc():
+    from aclserve.acl.soc_limits import context_streams
     assert limits_for_soc("Ascend310P3") == (1024, 1023)
     assert limits_for_soc("Ascend910B2") == (1984, 65535)
     assert limits_for_soc("Ascend310B1") == (512, 65535)
     assert limits_for_soc(None) == (1024, 1023)
+    # CANN's aclrtCreateContext: a default and an internal-sync stream on the Atlas inference products
+    assert [context_streams(soc) for soc in ("Ascend310", "Ascend310P3", "Ascend310B1", None, "unknown")] == [2] * 5
+    assert [context_streams(soc) for soc in ("Ascend910", "Ascend910B2", "Ascend910_9391", "CPU-ORT")] == [1] * 4
 
 
-def test_the_slots_bound_is_what_the_largest_device_holds_for_one_instance():
-    """config's MAX_SLOTS (slots past it are refused at the start, not at the load) from these limits."""
-    from aclserve.config.model import MAX_SLOTS
-    from aclserve.acl.soc_limits import SOC_LIMITS
-    from aclserve.runtime.limits import EVENTS_PER_INSTANCE, EVENTS_PER_SLOT
-    most = max(events for _, _, events in SOC_LIMITS)
-    assert MAX_SLOTS * EVENTS_PER_SLOT + EVENTS_PER_INSTANCE <= most < (MAX_SLOTS + 1) * EVENTS_PER_SLOT + \
-        EVENTS_PER_INSTANCE
+_FILL_THE_DEVICE = """
+import json, sys
+from aclserve.acl import restoring_context
+from aclserve.acl.cpu import _state
+from aclserve.runtime import AclRuntime, open_pool
+from aclserve.runtime.limits import ResourceLimitError
+path, fits = sys.argv[1], int(sys.argv[2])
+rt = AclRuntime(device="cpu").start()
+ledger, out = rt.device(0).ledger, {}
+out["opened"] = [ledger.streams, _state.streams_in_use(0)]
+try:
+    open_pool(rt, path, "affine", instances=fits + 1, slots=1)
+except ResourceLimitError as e:
+    out["refused"] = str(e)
+pool = open_pool(rt, path, "affine", instances=fits, slots=1)
+out["loaded"] = [ledger.streams, _state.streams_in_use(0)]
+with restoring_context(rt.acl):
+    out["one_more_context"] = rt.acl.rt.create_context(0)[1]
+pool.close()
+rt.close()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("soc, context_streams", [("Ascend310P3", 2), ("Ascend310B1", 2), ("Ascend910B2", 1)])
+def test_the_ledger_counts_a_context_s_streams_as_the_soc_makes_them(affine_om, soc, context_streams):
+    """On the Atlas inference products a created context holds 2 streams, a default one and one for
+    internal synchronisation (CANN's aclrtCreateContext); the 910-class hold 1. Both the CPU runtime
+    and the ledger counted 1 whatever the SoC, so on a 310P the ledger let 255 instances through
+    where the device holds 204, and the load failed at create_stream (207008, retried as transient).
+    With streams for 4 instances by CANN's arithmetic (set_device's 2, the management context's, 3
+    and a context an instance), a 5th is the ledger's refusal, and the 4 fill the device exactly."""
+    per_instance, base = 3 + context_streams, 2 + context_streams
+    streams = base + 4 * per_instance
+    out, _ = run_script(_FILL_THE_DEVICE, affine_om(), "4", devices=1, ACLSERVE_CPU_SOC=soc,
+                        ACLSERVE_CPU_MAX_STREAMS=str(streams))
+    assert out["opened"] == [base, base]
+    assert out["refused"] == (f"model affine (5 instance(s) x 1 slots) needs {5 * per_instance} streams and 60 "
+                              f"events on device 0, which allows {streams} streams and 1023 events ({base} and 0 "
+                              f"already in use); lower instances or slots, or set device_limits if this device "
+                              f"allows more")
+    assert out["loaded"] == [streams, streams]
+    assert out["one_more_context"] == 207008  # ACL_ERROR_RT_NO_STREAM_RESOURCE: the device is full
 
 
 def test_an_om_whose_size_query_is_refused_loads_with_load_from_file(runtime, affine_om, caplog):

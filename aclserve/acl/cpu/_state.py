@@ -13,6 +13,7 @@ import logging
 import threading
 
 from .. import constants as C
+from .. import soc_limits
 from ..compat import atlas_200_300_500, event_waits_forever_only
 from . import _memory, faults, settings
 from ._stream import Event, Stream
@@ -86,10 +87,18 @@ faults.device_failed = fail_device
 INTERNAL_STREAMS = 1  # the runtime's own synchronisation stream, counted against the limit
 
 
+def context_streams() -> int:
+    """Streams a create_context context holds on the SoC presented: 2 (its default one and one for
+    internal synchronisation) on the 310-class, else 1 (soc_limits.context_streams)."""
+    return soc_limits.context_streams(soc_name)
+
+
 def streams_in_use(device: int) -> int:
-    """Explicit streams + one default stream per live context + the internal one (hold `lock`)."""
+    """Explicit streams + each created context's (context_streams) + the default context's default
+    stream + the internal one (hold `lock`)."""
     dev = devices[device]
-    ctxs = sum(1 for c in contexts.values() if c.device == device) + (dev.default_context is not None)
+    created = sum(1 for c in contexts.values() if c.device == device) * context_streams()
+    ctxs = created + (dev.default_context is not None)
     return sum(1 for s in streams.values() if s.device == device) + ctxs + INTERNAL_STREAMS
 
 

@@ -86,7 +86,7 @@ def create_context(device_id):
     if device_id not in _state.devices:
         return 0, C.ACL_ERROR_RT_INVALID_DEVICEID
     with _state.lock:
-        if not _state.stream_room(device_id):  # a context brings its default stream
+        if not _state.stream_room(device_id, _state.context_streams()):  # its default (and internal) streams
             return 0, C.ACL_ERROR_RT_NO_STREAM_RESOURCE
         ctx = Context(device_id, is_default=False)
         _state.contexts[ctx.handle] = ctx

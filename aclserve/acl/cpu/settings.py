@@ -7,8 +7,9 @@ ACLSERVE_CPU_THREADS        ONNX Runtime intra-op threads per loaded model (defa
                             `set_threads(n)` overrides it for models loaded afterwards
 ACLSERVE_CPU_MAX_STREAMS    streams per device, default 1024 (Atlas inference series, 310P;
                             910B: 1984, 310B: 512), at most 2048 (910, the most of any SoC:
-                            soc_limits.py); every context's default stream and one internal
-                            stream count, as on the device
+                            soc_limits.py); every context's streams (2 on the 310-class SoCs,
+                            1 on others: soc_limits.context_streams) and one internal stream
+                            count, as on the device
 ACLSERVE_CPU_MAX_EVENTS     events per device, default 1023 (310/310P; 910-class: 65535), at
                             most 65535 (as many as any SoC allows)
 ACLSERVE_CPU_SOC            the SoC it presents (acl.get_soc_name) and whose rules it follows,
@@ -28,14 +29,14 @@ from __future__ import annotations
 import os
 import re
 
-from ..soc_limits import DEFAULT_LIMITS, MAX_EVENTS, MAX_STREAMS
+from ..soc_limits import CPU_RUNTIME_SOC, DEFAULT_LIMITS, MAX_EVENTS, MAX_STREAMS
 
 DEFAULT_DEVICES = 1
 MAX_DEVICES = 64  # more than any Ascend host has (8 or 16 NPUs): each is a device the runtime builds
 MAX_THREADS = 1024  # ONNX Runtime threads per session, as cpu_threads
 DEFAULT_DEVICE_MEMORY = 8 << 30
 DEFAULT_MAX_STREAMS, DEFAULT_MAX_EVENTS = DEFAULT_LIMITS  # CANN docs: "Atlas inference series" (310P)
-DEFAULT_SOC = "CPU-ORT"  # not an Ascend SoC: the CPU runtime over ONNX Runtime
+DEFAULT_SOC = CPU_RUNTIME_SOC  # "CPU-ORT", not an Ascend SoC: the CPU runtime over ONNX Runtime
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
