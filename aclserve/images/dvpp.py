@@ -135,10 +135,16 @@ class DvppDecoder:
         self._warned = False
         self._hung = False  # a task did not finish: DVPP is given up, its buffers left to it
         self._ctx = self._stream = self._channel = None
+        self._claim = None  # (ledger, need): its context and stream, counted on the device's ledger
         # the JPEG, JPEGD's picture and VPC's, kept from one image to the next
         self._jpeg, self._decoded, self._resized = self._kept = tuple(KeptBuffer(self._media) for _ in range(3))
         try:
-            runtime.device(device_id)  # set_device through the runtime, which resets it at close
+            # set_device through the runtime, which resets it at close; its ledger counts the context
+            # and stream made here, so a load near the limit gets its refusal, not create_stream's 207008
+            ledger = runtime.device(device_id).ledger
+            need = ledger.context_need(1)
+            ledger.claim(need, "the DVPP decoder (a context and its stream)")
+            self._claim = (ledger, need)
             soc = soc_name(acl)
             self._width_align, self._vpc_output = jpegd_width_align(soc), vpc_output(soc)
             with restoring_context(acl):
@@ -247,9 +253,10 @@ class DvppDecoder:
         return pic
 
     def close(self) -> None:
-        """Free the kept buffers, destroy the channel, stream and context, in reverse order. Safe
-        twice. After a task that did not finish they are left as they are (destroying a channel
-        or stream with work on it may block or fail on CANN): the process's exit gives them back."""
+        """Free the kept buffers, destroy the channel, stream and context, in reverse order, and
+        give their claim back to the ledger. Safe twice. After a task that did not finish they are
+        left as they are (destroying a channel or stream with work on it may block or fail on
+        CANN), still counted: the process's exit gives them back."""
         acl = self._acl
         if self._hung:
             log.warning("DVPP's channel, stream and context are left to the device: a task on them did not finish")
@@ -270,6 +277,10 @@ class DvppDecoder:
             if self._ctx is not None:
                 release("rt.destroy_context", acl.rt.destroy_context(self._ctx))
                 self._ctx = None
+        claim, self._claim = self._claim, None
+        if claim is not None:
+            ledger, need = claim
+            ledger.release(need)
 
 
 class KeptBuffer:

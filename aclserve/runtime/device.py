@@ -1,7 +1,7 @@
 """One Ascend device (or CPU-runtime device): set_device, a management context, memory figures.
 
 The Device owns its set_device reference, a management context used for memory queries, and
-the ledger of streams and events its models claim. Instances create their own contexts on it.
+the ledger of streams and events its models (and the DVPP decoder) claim. Instances create their own contexts on it.
 Every method that switches to the management context restores the caller's context before it
 returns, so an instance building its model and buffers keeps its own context current. The last
 memory figures are cached (`cached_mem_info`) for readers on the event loop, which must not call

@@ -6,7 +6,8 @@ be released, which for a server means a hang. So aclserve counts what each model
 loads anything (instances x (3 streams + its context's), instances x (slots x 6 events + 6 for
 the trace clock)) and refuses a model that would not fit, naming the numbers. A context holds 2
 streams on the 310-class SoCs (its default one and one for internal synchronisation), 1 on the
-910-class (soc_limits.context_streams): 5 streams an instance on a 310P, 4 on a 910B.
+910-class (soc_limits.context_streams): 5 streams an instance on a 310P, 4 on a 910B. The DVPP
+decoder claims its context and stream here too (images/dvpp.py).
 """
 from __future__ import annotations
 

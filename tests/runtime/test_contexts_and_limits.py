@@ -238,6 +238,68 @@ def test_the_ledger_counts_a_context_s_streams_as_the_soc_makes_them(affine_om, 
     assert out["one_more_context"] == 207008  # ACL_ERROR_RT_NO_STREAM_RESOURCE: the device is full
 
 
+_DVPP_BESIDE_A_MODEL = """
+import json, sys
+from aclserve.acl.cpu import _state
+from aclserve.images.decode import CpuDecoder
+from aclserve.images.dvpp import DvppDecoder, DvppError
+from aclserve.runtime import AclRuntime, open_pool
+path = sys.argv[1]
+rt = AclRuntime(device="cpu").start()
+ledger, out = rt.device(0).ledger, {}
+decoder = DvppDecoder(rt, CpuDecoder(1 << 20, 4096))
+out["decoder"] = [ledger.streams, _state.streams_in_use(0)]
+try:
+    open_pool(rt, path, "affine", instances=2, slots=1)
+except Exception as e:
+    out["refused"] = f"{type(e).__name__}: {e}"
+pool = open_pool(rt, path, "affine", instances=1, slots=1)
+out["loaded"] = [ledger.streams, _state.streams_in_use(0)]
+decoder.close()
+out["closed"] = [ledger.streams, _state.streams_in_use(0)]
+other = open_pool(rt, path, "affine2", instances=1, slots=1)
+out["other"] = [ledger.streams, _state.streams_in_use(0)]
+try:
+    DvppDecoder(rt, CpuDecoder(1 << 20, 4096))
+except DvppError as e:
+    out["full"] = [str(e), ledger.streams]
+other.close()
+pool.close()
+rt.close()
+print(json.dumps(out))
+"""
+
+
+def test_the_dvpp_decoder_s_context_and_stream_count_on_the_ledger(affine_om):
+    """The DVPP decoder's context and stream were not on the ledger: with it open, a load the
+    ledger let through failed at create_stream (207008, retried as transient). 11 streams: set_device's
+    2, the management context's 1, the decoder's 2 and one instance's 4 leave no room for a second;
+    closed, the decoder gives its 2 back. A decoder opened on a full device is refused by the ledger
+    (the server decodes with Pillow then), which its claim leaves as it was."""
+    out, _ = run_script(_DVPP_BESIDE_A_MODEL, affine_om(), devices=1, ACLSERVE_CPU_MAX_STREAMS="11")
+    assert out["decoder"] == [5, 5]
+    assert out["refused"] == ("ResourceLimitError: model affine (2 instance(s) x 1 slots) needs 8 streams and 24 "
+                              "events on device 0, which allows 11 streams and 1023 events (5 and 0 already in use); "
+                              "lower instances or slots, or set device_limits if this device allows more")
+    assert out["loaded"] == [9, 9]
+    assert out["closed"] == [7, 7]
+    assert out["other"] == [11, 11]
+    message, streams = out["full"]
+    assert message.startswith("ResourceLimitError: the DVPP decoder (a context and its stream) needs 2 streams and "
+                              "0 events on device 0, which allows 11 streams"), message
+    assert streams == 11
+
+
+def test_the_slots_bound_is_what_the_largest_device_holds_for_one_instance():
+    """config's MAX_SLOTS (slots past it are refused at the start, not at the load) from these limits."""
+    from aclserve.config.model import MAX_SLOTS
+    from aclserve.acl.soc_limits import SOC_LIMITS
+    from aclserve.runtime.limits import EVENTS_PER_INSTANCE, EVENTS_PER_SLOT
+    most = max(events for _, _, events in SOC_LIMITS)
+    assert MAX_SLOTS * EVENTS_PER_SLOT + EVENTS_PER_INSTANCE <= most < (MAX_SLOTS + 1) * EVENTS_PER_SLOT + \
+        EVENTS_PER_INSTANCE
+
+
 def test_an_om_whose_size_query_is_refused_loads_with_load_from_file(runtime, affine_om, caplog):
     """CANN's query_size refuses fully dynamic-shape OMs; aclserve then lets CANN allocate."""
     from aclserve.acl.cpu import faults
