@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from .. import logs
+from .. import logs, startup_signals
 from .._version import __version__
 from .usage import UsageError
 
@@ -90,11 +90,23 @@ def _end_on_termination(received: list[int]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    serving = argv[:1] == ["serve"]
+    if serving:  # (`python -m aclserve serve` records from its first line: __main__.py)
+        startup_signals.record()  # a stop during its start-up is honoured by the start-up
+    try:
+        return _main(argv)
+    finally:
+        if serving:
+            startup_signals.release()  # (unless serve's loop took the signals over: it did, or exited)
+
+
+def _main(argv: list[str]) -> int:
     try:  # building the parser imports the commands (numpy: ~0.1 s), where a Ctrl-C was a traceback
         parser = build_parser()
     except KeyboardInterrupt:
         return 130
-    args, unknown = parser.parse_known_args(join_signed_values(sys.argv[1:] if argv is None else list(argv)))
+    args, unknown = parser.parse_known_args(join_signed_values(argv))
     if unknown:  # said by the command's parser (argparse has the top one say it, naming no command)
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     # (serve drains on these signals: its loop handles them)

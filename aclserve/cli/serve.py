@@ -14,7 +14,8 @@ def add_commands(sub) -> None:
                        description="Serve the models of a repository folder over the KServe v2 protocol. "
                                    "Options given here override the config file, which overrides the "
                                    "embedded default (aclserve/configs/default.yaml). SIGTERM, SIGINT and "
-                                   "SIGHUP stop it alike: it drains (up to shutdown_timeout_s) and exits 0; "
+                                   "SIGHUP stop it alike, while it starts too: it drains (up to "
+                                   "shutdown_timeout_s) and exits 0; "
                                    "a second signal ends the drain at once. SIGHUP is no reload (models "
                                    "reload from their folder): a systemd ExecReload=kill -HUP stops it. A "
                                    "device that fails as a whole (an HBM ECC error, say) makes it drain and "
@@ -127,8 +128,15 @@ def _serve_logged(args, config, origins) -> int:
     thread_policy.apply(config.thread_scheduling)  # before any other thread: they inherit it
     from ..acl import AclUnavailable
     from ..repository import RepositoryError, check_models_folder
+    from .. import startup_signals
     try:
         check_models_folder(pathlib.Path(config.models_dir))  # (before the endpoints listen, not after)
+        asked = startup_signals.asked()  # (serve's loop takes what comes after, once it has its handlers)
+        if asked is not None:  # a stop signal received so far: nothing has started that it would stop
+            startup_signals.take()
+            startup_signals.say_stopped(asked)
+            _exiting()
+            return 0
         status = _run(serve(config))  # 0, or server/app.py's EXIT_DEVICE_FAILED
         _exiting()
     except ConfigError as e:  # found as the server is built (the TLS files, the API token): named as the loader's

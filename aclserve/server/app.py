@@ -3,7 +3,10 @@ composition root, aclserve/app.py, builds the runtime, the repository and the gR
 
 Start: runtime (acl.init, devices) and the repository's loading begun as a task, then `serve`
 listens (HTTP, then gRPC; a busy port fails here, before any model has to finish loading), then
-waits for the repository (scan, load, warm up, watch); readiness is false until it is done.
+waits for the repository (scan, load, warm up, watch); readiness is false until it is done. A
+stop signal that came before `serve` set its handlers (recorded: startup_signals.py) ends it
+before anything starts; one that comes until the repository is done is said to have come
+during start-up, and stops the loads and compiles under way as any stop does.
 
 Stop (SIGTERM/SIGINT in `serve`), within one deadline: readiness turns false, new infer
 requests get 503 / UNAVAILABLE at once, HTTP connections not running a request are closed (one
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from .. import startup_signals
 from .._version import __version__
 from ..acl.constants import error_meaning
 from . import bad_request_log, malformed, tls
@@ -151,17 +155,22 @@ def make_runner(app: web.Application, access_log: bool = False) -> web.AppRunner
 
 class _Stopping:
     """Why serving stops, as far as the lines of the stop say it: a device that failed as a whole
-    (the first one: what the exit's last line names), whether a signal came."""
+    (the first one: what the exit's last line names), whether a signal came, whether it came
+    while the server was starting (its models' first loads and compiles not done)."""
 
     def __init__(self):
         self.device_failure = ""
         self.signalled = False
+        self.starting = True
+        self.asked_before = False  # a signal came before the handlers: nothing was started
 
 
 def _on_signal(sig: signal.Signals, stop: asyncio.Event, hurry: asyncio.Event, stopping: _Stopping) -> None:
     """The first signal drains (to shutdown_timeout_s); another one, or one during the drain that a
     device failure started, ends the drain at once: what is still in flight is answered 503, as at
     the deadline."""
+    if stopping.asked_before:  # (uvloop hands on a signal that came after it started, recorded already)
+        return
     if hurry.is_set():
         log.warning("%s received again: the server is exiting", sig.name)
     elif stop.is_set():
@@ -173,6 +182,8 @@ def _on_signal(sig: signal.Signals, stop: asyncio.Event, hurry: asyncio.Event, s
             after = "during the drain"
         log.warning("%s received %s: the drain ends now", sig.name, after)
         hurry.set()
+    elif stopping.starting:  # (the loads and compiles under way are stopped as at any shutdown)
+        startup_signals.say_stopped(sig)
     else:
         log.info("%s received: shutting down", sig.name)
     stopping.signalled = True
@@ -255,11 +266,17 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
                 loop.add_signal_handler(sig, _on_signal, sig, stop, hurry, why_stopping)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
+    # one received before, while the process started (cli records them: startup_signals.py)
+    asked_before = startup_signals.take()
     listener: asyncio.Server | None = None
     listening = False
     state.auth.log_startup()
     state.tracer.log_startup()  # (the merged config's trace settings that trace nothing)
     try:
+        if asked_before is not None:  # nothing started yet: what was built is closed below
+            why_stopping.asked_before = True
+            startup_signals.say_stopped(asked_before)
+            return 0
         await runner.setup()
         state.connections.direct = direct_answers(app)
         # each connection's aiohttp handler answers what its parser refuses in JSON (malformed.py)
@@ -280,6 +297,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             await asyncio.wait([state.loading, stopping], return_when=asyncio.FIRST_COMPLETED)
             if state.loading.done():
                 state.loading.result()  # a repository that cannot start (no models folder) ends here
+                why_stopping.starting = False
                 if state.ready():
                     log.info("aclserve ready: models loaded")
                 else:  # files still settling, loads retrying, or (strict) a model not serving
