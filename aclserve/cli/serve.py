@@ -105,6 +105,7 @@ def run_serve(args) -> int:
     from .. import logs
     logs.configure(config.log_level, config.log_format)
     try:
+        _check_descriptor_limit(config)
         return _serve_logged(args, config, origins)
     finally:  # the queued lines out before the reason the server stopped (cli main), in order after them
         logs.stop_queue()
@@ -146,6 +147,15 @@ def _serve_logged(args, config, origins) -> int:
     except OSError as e:  # a port taken (the listeners name it), a folder that cannot be read or made
         raise UsageError(str(e)) from None
     return status
+
+
+def _check_descriptor_limit(config) -> None:
+    """Under descriptors.MIN_DESCRIPTORS (once raised as far as the hard limit lets it), one line
+    now, before anything opens: the start failed wherever descriptors ran out, naming something else."""
+    from ..server.descriptors import short_of_descriptors
+    short = short_of_descriptors(config.max_connections * (2 if config.grpc_port else 1))  # (as create_app)
+    if short:
+        raise UsageError(short)
 
 
 def _note_trace_settings_unused(args, config) -> None:

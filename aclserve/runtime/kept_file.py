@@ -11,7 +11,7 @@ path holds another file or none, by device, inode, size and mtime (ns): its ctim
 was renamed or unlinked, which changes nothing in it (a rewrite in place that keeps the size and
 sets the mtime back to the nanosecond, then a rename over it or a delete, is not told; a chmod
 or a new hard link while the path holds it fails the rebuild, as a rewrite would). At most MAX_KEPT are
-kept in a process (each one a descriptor of the reserve connections.FD_RESERVE leaves for model
+kept in a process (each one a descriptor of the reserve server/descriptors.py's FD_RESERVE leaves for model
 files); past that a version rebuilds from its path only. Owned by its InstanceBuilder; close()
 lets it go (the pool's close).
 """
@@ -28,7 +28,7 @@ from ..temp_claims import claimed, sweep_unclaimed
 
 log = logging.getLogger(__name__)
 
-MAX_KEPT = 256  # half of connections.FD_RESERVE
+MAX_KEPT = 256  # half of server/descriptors.py's FD_RESERVE
 _COPY_CHUNK = 1 << 20
 _PREFIX = "aclserve-rebuild-"
 _count_lock = threading.Lock()

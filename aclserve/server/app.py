@@ -39,7 +39,8 @@ from ..acl.constants import error_meaning
 from . import bad_request_log, malformed, tls
 from .app_keys import STATE
 from .auth import access_middleware
-from .connections import BODY_LINGER_S, fit_connection_caps, tracking_middleware
+from .connections import BODY_LINGER_S, tracking_middleware
+from .descriptors import fit_connection_caps
 from .direct import DirectInfer
 from .guard import listen
 from .error_responses import error_middleware

@@ -39,10 +39,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import resource
 
 from aiohttp import web
 
+from .descriptors import lingering_cap
 from .outbox import Outbox
 from .shedding import refusal
 from .unsent import UnsentAnswers
@@ -51,12 +51,8 @@ log = logging.getLogger(__name__)
 
 IDLE, HEAD, BUSY = "idle", "head", "busy"
 EVICT_AFTER_S = 1.0  # a connection idle (or in its head) this long may make room for a new one
-# descriptors kept for model files, the watcher, logs and threads: at most this, at most half the
-# limit (a fixed 512 left one connection under `ulimit -n` 768 or less; the server itself holds ~30)
-FD_RESERVE = 512
-_LINGER_S = 1.0  # a refused connection is closed after this, so the client can read the 503
-_LINGER_MAX = 256  # refused connections lingering at once: at most this, at most an eighth of the limit
-_lingering_cap = _LINGER_MAX  # the process's, set with its descriptor limit (_fit_descriptor_limit)
+_LINGER_S = 1.0  # a refused connection is closed after this, so the client can read the 503 (at most
+# descriptors.lingering_cap() at once)
 # Refusals per second the hold aims for while overloaded: an HTTP refusal costs the loop
 # 0.1-0.2 ms (aiohttp's request and response, the body's bytes), so about 5 % of a core.
 REFUSALS_PER_S = 250
@@ -182,7 +178,7 @@ class ConnectionTracker:
             transport.close()
             return
         transport.write(answer)
-        if self._lingering >= _lingering_cap:
+        if self._lingering >= lingering_cap():
             transport.close()
             return
         self._lingering += 1
@@ -362,39 +358,3 @@ def _closing() -> web.Response:
                             headers={"Retry-After": "1"})
     response.force_close()
     return response
-
-
-def fit_connection_caps(http_wanted: int, grpc_wanted: int) -> tuple[int, int]:
-    """(HTTP's, gRPC's) connection caps: both as wanted when the descriptor limit fits them
-    (raised to fit when it can); else what fits, shared in proportion to what each wanted (at
-    least one each), warned. gRPC off: grpc_wanted 0."""
-    wanted = http_wanted + grpc_wanted
-    fitted, soft = _fit_descriptor_limit(wanted)
-    if fitted >= wanted:
-        return http_wanted, grpc_wanted
-    http = max(1, fitted * http_wanted // wanted)
-    grpc = max(1, fitted - http) if grpc_wanted else 0
-    log.warning("connections capped at %d for HTTP%s (max_connections %d) to fit the descriptor limit "
-                "of %d (ulimit -n; raise it to serve max_connections)", http,
-                f" and {grpc} for gRPC" if grpc_wanted else "", http_wanted, soft)
-    return http, grpc
-
-
-def _fit_descriptor_limit(max_connections: int) -> tuple[int, int]:
-    """Raise the soft descriptor limit to fit max_connections (+ refusals lingering + a reserve
-    for model files): (the connections that fit, at most max_connections; the soft limit)."""
-    global _lingering_cap
-    need = max_connections + _LINGER_MAX + FD_RESERVE
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < need:
-        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError) as e:
-            log.warning("cannot raise the descriptor limit to %d: %s", target, e)
-    if soft != resource.RLIM_INFINITY and soft < need:
-        _lingering_cap = min(_LINGER_MAX, max(1, soft // 8))
-        return max(1, soft - _lingering_cap - min(FD_RESERVE, soft // 2)), soft
-    _lingering_cap = _LINGER_MAX
-    return max_connections, soft

@@ -183,7 +183,7 @@ def test_a_low_descriptor_limit_is_shared_between_http_and_grpc():
         import logging, resource
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
-        from aclserve.server.connections import fit_connection_caps
+        from aclserve.server.descriptors import fit_connection_caps
         print(fit_connection_caps(4096, 4096), fit_connection_caps(4096, 0), fit_connection_caps(100, 100))
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
         print(fit_connection_caps(4096, 4096), fit_connection_caps(100, 0))
