@@ -162,7 +162,7 @@ _LIMITS_SCRIPT = textwrap.dedent("""
     ctx, ret = acl.rt.create_context(0)
     assert ret == 0
     assert acl.device_limits() == (8, 5)
-    events = [acl.rt.create_event() for _ in range(6)]
+    events = [acl.rt.create_event_with_flag(1) for _ in range(6)]  # ACL_EVENT_SYNC: limited as made
     print("events", [ret for _, ret in events])
     # in use: the default and the created context's default streams, one internal: 3 of 8
     streams = [acl.rt.create_stream() for _ in range(6)]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import constants as C
-from . import _callback, _state
+from . import _callback, _event_pool, _state
 from ._args import ANY, FUNC, INT, PTR, api
 from ._stream import Event
 
@@ -27,7 +27,8 @@ def wait_timeout(ms: int, event: bool) -> tuple[float | None, int]:
 # -- events --------------------------------------------------------------------------------------
 @api("acl.rt.create_event")
 def create_event():
-    return _create(None)
+    """Not limited by the device's events: each record takes one (_event_pool.py)."""
+    return _create(None, at_record=True)
 
 
 def _flags_ok(flag: int, allowed: int, alone: int) -> bool:
@@ -40,24 +41,32 @@ _EX_FLAGS = C.ACL_EVENT_SYNC | C.ACL_EVENT_CAPTURE_STREAM_PROGRESS | C.ACL_EVENT
 
 @api("acl.rt.create_event_ex_with_flag", INT)
 def create_event_ex_with_flag(flag):
-    """An event that may be recorded again, each record replacing the last (CANN). Counted
-    against the device's events as a plain one (CANN takes a SYNC event's resources at its
-    record, from the same pool). ACL_EVENT_IPC goes alone (CANN)."""
+    """An event that may be recorded again, each record replacing the last (CANN). Not limited
+    by the device's events ("Event资源不受硬件限制"): with ACL_EVENT_SYNC each record takes one
+    (_event_pool.py). ACL_EVENT_IPC goes alone (CANN)."""
     if not _flags_ok(flag, _EX_FLAGS, C.ACL_EVENT_IPC):
         return 0, C.ACL_ERROR_INVALID_PARAM
-    return _create(flag, reusable=True)
+    return _create(flag, reusable=True, at_record=bool(flag & C.ACL_EVENT_SYNC))
 
 
-def _create(flags, reusable: bool = False):
+def _create(flags, reusable: bool = False, at_record: bool = False, at_creation: bool = False):
+    """An event that takes the device's event resources `at_record` (each record), `at_creation`
+    (one, 207007 when none is left), or none."""
     ctx, ret = _state.current()
     if ret:
         return 0, ret
     with _state.lock:
         if not ctx.alive:  # destroyed by another thread since current(): as if it had been first
             return 0, C.ACL_ERROR_RT_CONTEXT_NULL
-        if not _state.event_room(ctx.device):
-            return 0, C.ACL_ERROR_RT_NO_EVENT_RESOURCE
-        event = Event(_state.new_handle(), ctx, flags, reusable)
+        pool = _event_pool.pool_of(_state.devices[ctx.device])
+        holding = None
+        if at_creation:
+            if not pool.take():
+                return 0, C.ACL_ERROR_RT_NO_EVENT_RESOURCE
+            holding = _event_pool.Holding(pool, taken=True)
+        elif at_record:
+            holding = _event_pool.Holding(pool, kept_until_next_record=flags is None)
+        event = Event(_state.new_handle(), ctx, flags, reusable, holding)
         _state.events[event.handle] = event
     return event.handle, _OK
 
@@ -69,10 +78,12 @@ _FLAGS = (C.ACL_EVENT_SYNC | C.ACL_EVENT_CAPTURE_STREAM_PROGRESS | C.ACL_EVENT_T
 @api("acl.rt.create_event_with_flag", INT)
 def create_event_with_flag(flag):
     """An event for what its flags say (CANN): waited on by a stream, or reset, only with
-    ACL_EVENT_SYNC; timed only with ACL_EVENT_TIME_LINE; ACL_EVENT_EXTERNAL goes alone."""
+    ACL_EVENT_SYNC; timed only with ACL_EVENT_TIME_LINE; ACL_EVENT_EXTERNAL goes alone. With
+    ACL_EVENT_SYNC or ACL_EVENT_EXTERNAL it takes one of the device's events as it is made
+    ("创建出来的Event数量受限": 207007 when none is left); without, none ("Event数量不受限制")."""
     if not _flags_ok(flag, _FLAGS, C.ACL_EVENT_EXTERNAL):
         return 0, C.ACL_ERROR_INVALID_PARAM
-    return _create(flag)
+    return _create(flag, at_creation=bool(flag & (C.ACL_EVENT_SYNC | C.ACL_EVENT_EXTERNAL)))
 
 
 # Waiting on, querying, timing and destroying an event need no current context (CANN looks at
@@ -83,7 +94,9 @@ def destroy_event(event):
     if ret:
         return ret
     with _state.lock:
-        _state.events.pop(event, None)
+        gone = _state.events.pop(event, None)
+    if gone is not None:
+        gone.destroyed()
     return _OK
 
 
@@ -124,7 +137,7 @@ def stream_wait_event(stream, event):
         return ret
     if e.flags is not None and not e.flags & C.ACL_EVENT_SYNC:
         return _MISUSE
-    ret = s.enqueue(e.waiter(s), marker=True)
+    ret = e.queue_wait(s)
     if ret == _OK and not e.reusable:  # (a wait the stream refused has not waited)
         e.waited = True
     return ret
@@ -216,6 +229,9 @@ def event_elapsed_time(start, end):
     if t2 < t1:
         return 0.0, C.ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL
     return (t2 - t1) * 1000.0, _OK
+
+
+_state.on_finalize(_event_pool.close_all, early=True)  # records waiting for a resource complete
 
 
 # -- callbacks -----------------------------------------------------------------------------------

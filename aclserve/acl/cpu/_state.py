@@ -107,10 +107,6 @@ def stream_room(device: int, more: int = 1) -> bool:
     return streams_in_use(device) + more <= devices[device].max_streams
 
 
-def event_room(device: int) -> bool:
-    return sum(1 for e in events.values() if e.device == device) < devices[device].max_events
-
-
 class Context:
     """A device context: owns the streams and events created under it and its default stream."""
 
@@ -170,6 +166,7 @@ class Context:
                 del streams[s.handle]
             for e in own_events:
                 del events[e.handle]
+                e.destroyed()  # (its resources back to the device: _event_pool.py)
             if self._default_stream is not None:
                 owned.append(self._default_stream)
                 self._default_stream = None

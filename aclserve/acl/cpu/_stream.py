@@ -121,7 +121,9 @@ class Stream:
         self._done = 0
         self._error = 0
         self._dropped = 0  # abort(): the work among the first `_dropped` tasks is not run
-        self.waiting_on: Event | None = None  # the event its running task waits for (stream_wait_event)
+        # what its running task waits for: an event (stream_wait_event), or a resource for a record
+        # (an _event_pool.Claim); abort() wakes it
+        self.waiting_on = None
         self.failure_mode = C.ACL_CONTINUE_ON_FAILURE  # set_stream_failure_mode's
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"acl-cpu-stream-{handle:#x}", daemon=True)
@@ -236,7 +238,7 @@ class Stream:
 class Event:
     """Completion marker recorded on streams; owned by a context, closed by destroy_event."""
 
-    def __init__(self, handle: int, context, flags: int | None = None, reusable: bool = False):
+    def __init__(self, handle: int, context, flags: int | None = None, reusable: bool = False, holding=None):
         self.handle = handle
         self.context = context
         self.device = context.device
@@ -251,24 +253,36 @@ class Event:
         self._completed = 0
         self.timestamp: float | None = None
         self.stream: Stream | None = None  # the stream of its latest record (event_elapsed_time pairs)
+        self.holding = holding  # the device's event resources it holds (_event_pool.Holding); None: it takes none
 
     def record(self, stream: Stream) -> int:
         """Queue a record; one the stream refuses (its context stopped) is not counted, so no
-        wait is left for a record that never runs. (The event's lock, then the stream's: no
-        path takes them the other way.)"""
+        wait is left for a record that never runs. A record that takes an event resource claims
+        it here and, when none is left, its stream waits for one (_event_pool.py). (The event's
+        lock, then the stream's: no path takes them the other way.)"""
+        holding = self.holding
         with self._lock:
             generation = self._recorded + 1
-            ret = stream.enqueue(lambda: self._complete(generation), marker=True)
+            if holding is not None:
+                holding.claim(generation)
+            ret = stream.enqueue(lambda: self._complete(generation, stream), marker=True)
             if ret == C.ACL_SUCCESS:
                 self._recorded, self.stream = generation, stream
+            elif holding is not None:
+                holding.refused(generation)
         return ret
 
-    def _complete(self, generation: int) -> int:
+    def _complete(self, generation: int, stream: Stream) -> int:
+        holding = self.holding
+        if holding is not None:
+            holding.obtain(generation, stream)
         with self._lock:
             if generation > self._completed:
                 self._completed = generation
                 self.timestamp = time.perf_counter()
                 self._waiters.wake(generation)
+        if holding is not None:
+            holding.ran(generation)
         return C.ACL_SUCCESS
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -284,21 +298,35 @@ class Event:
         with self._lock:
             self._waiters.wake_all()
 
-    def waiter(self, stream: Stream):
-        """A task of `stream` that waits for the record current at this call (stream_wait_event),
-        unless the stream's abort drops it meanwhile (as the device drops a wait task)."""
+    def queue_wait(self, stream: Stream) -> int:
+        """Queue on `stream` a task that waits for the record current at this call
+        (stream_wait_event), unless the stream's abort drops it meanwhile (as the device drops a
+        wait task); that record's event resource is kept until it ends."""
+        holding = self.holding
         with self._lock:
             target = self._recorded
+            if holding is not None:
+                holding.wait_begins(target)
 
-        def wait() -> int:
-            stream.waiting_on = self
-            try:
-                wait_until(self._lock, self._waiters, target,
-                           lambda: self._completed >= target or stream.dropping(), None)
-            finally:
-                stream.waiting_on = None
-            return C.ACL_SUCCESS
-        return wait
+            def wait() -> int:
+                stream.waiting_on = self
+                try:
+                    wait_until(self._lock, self._waiters, target,
+                               lambda: self._completed >= target or stream.dropping(), None)
+                finally:
+                    stream.waiting_on = None
+                    if holding is not None:
+                        holding.wait_ends(target)
+                return C.ACL_SUCCESS
+            ret = stream.enqueue(wait, marker=True)
+        if ret != C.ACL_SUCCESS and holding is not None:
+            holding.wait_ends(target)
+        return ret
+
+    def destroyed(self) -> None:
+        """destroy_event, or its context gone: its resources go back once what holds them ran."""
+        if self.holding is not None:
+            self.holding.destroyed()
 
     def reset(self) -> int:
         """reset_event, when its stream gets there: back to never recorded (no time, complete)."""
