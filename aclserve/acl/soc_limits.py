@@ -38,9 +38,15 @@ def context_streams(soc_name: str | None) -> int:
     return 1 if soc_name and soc_name.startswith(ONE_STREAM_CONTEXTS) else 2
 
 
-def limits_for_soc(soc_name: str | None) -> tuple[int, int]:
-    """(streams, events) per device for a SoC name such as "Ascend310P3"."""
+def documented_limits(soc_name: str | None) -> tuple[int, int] | None:
+    """(streams, events) per device the CANN docs give for a SoC name such as "Ascend310P3",
+    None for a SoC they do not name."""
     for prefix, streams, events in SOC_LIMITS:
         if soc_name and soc_name.startswith(prefix):
             return streams, events
-    return DEFAULT_LIMITS
+    return None
+
+
+def limits_for_soc(soc_name: str | None) -> tuple[int, int]:
+    """(streams, events) per device for a SoC name: documented, else DEFAULT_LIMITS."""
+    return documented_limits(soc_name) or DEFAULT_LIMITS

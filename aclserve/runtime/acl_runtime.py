@@ -14,7 +14,7 @@ import threading
 
 from ..acl import AclError, check, compat, release, select
 from ..acl import constants as C
-from ..acl.soc_limits import limits_for_soc
+from ..acl.soc_limits import documented_limits, limits_for_soc
 from . import teardown
 from .device import Device
 
@@ -63,7 +63,28 @@ class AclRuntime:
         self._started = True
         compat.probe(self.acl)  # timed waits or not, decided for this SoC (it may differ from the last start's)
         log.info("ACL runtime: %s (%s), %d device(s)", self.kind, self.soc_name(), self.device_count())
+        self._say_if_events_above_the_device()
         return self
+
+    def _say_if_events_above_the_device(self) -> None:
+        """A WARNING when device_limits.events is above the events the device has (the CPU
+        runtime's ACLSERVE_CPU_MAX_EVENTS, else the figure CANN documents for this SoC; none for
+        a SoC it does not name). Not refused (a device may allow more than documented), but the
+        device does not refuse an event past its own either: a record waits for one to be
+        released (CANN, aclrtCreateEvent), and the batch then runs into the execution timeout."""
+        configured = self.device_limits_override[1]
+        if self.kind == "cpu":
+            has, source = self.acl.device_limits()[1], "the CPU runtime has (ACLSERVE_CPU_MAX_EVENTS)"
+        else:
+            documented = documented_limits(compat.soc_name(self.acl))
+            has, source = (documented[1] if documented else None), f"CANN documents for the {self.soc_name()}"
+        if configured is None or has is None or configured <= has:
+            return
+        log.warning("device_limits.events is %d, above the %d events %s: the ledger lets through models whose "
+                    "events the device does not hold, and a record_event past its events waits for one to be "
+                    "released (the device does not refuse it): a batch or warm-up run then ends at the execution "
+                    "timeout, and the instance rebuilt for it waits alike. Set it above %d only for a device "
+                    "that has more", configured, has, source, has)
 
     def soc_name(self) -> str:
         """The SoC this process runs on ("unknown" when CANN is too old to say)."""
