@@ -35,7 +35,7 @@ from aclserve.om.compile import compile_model  # noqa: E402
 from aclserve.runtime import AclRuntime, open_pool  # noqa: E402
 from aclserve.runtime import Batch  # noqa: E402
 from aclserve.runtime.futures import BatchFutures  # noqa: E402
-from bench_common import ensure_example_models, raw_session  # noqa: E402
+from bench_common import MODEL_NAMES, ensure_example_models, raw_session  # noqa: E402
 
 
 def timed(fn, seconds: float, min_runs: int = 5) -> tuple[int, float]:
@@ -195,9 +195,22 @@ def main_idle(args, gears: list[int]) -> int:
     return 0
 
 
+def model_path(ap: argparse.ArgumentParser, model: str) -> str:
+    """--model: an example model's name (built into out/models/ if missing), an example model's
+    file (built where it is named if missing), or an ONNX file that exists."""
+    if model in MODEL_NAMES:
+        return ensure_example_models(os.path.join(ROOT, "out", "models"))[model]
+    if not os.path.exists(model):
+        if os.path.basename(model) not in {f"{name}.onnx" for name in MODEL_NAMES}:
+            ap.error(f"--model {model}: no such file (or one of {', '.join(MODEL_NAMES)})")
+        ensure_example_models(os.path.dirname(model) or ".")
+    return model
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=os.path.join(ROOT, "out", "models", "medium.onnx"))
+    ap.add_argument("--model", default=os.path.join(ROOT, "out", "models", "medium.onnx"),
+                    help=f"an ONNX file, or an example model: {', '.join(MODEL_NAMES)} (default: medium's file)")
     ap.add_argument("--gears", default=None, help="default 1,2,4,8,16,32 (--idle: 1,4)")
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (both sides)")
@@ -207,9 +220,7 @@ def main() -> int:
     gears = [int(g) for g in (args.gears or ("1,4" if args.idle else "1,2,4,8,16,32")).split(",")]
     if args.idle:
         return main_idle(args, gears)
-    onnx_path = args.model
-    if not os.path.exists(onnx_path):
-        ensure_example_models(os.path.dirname(onnx_path))
+    onnx_path = model_path(ap, args.model)
     with tempfile.TemporaryDirectory() as tmp:
         om = os.path.join(tmp, "model.om")
         compile_model(onnx_path, om, batch=gears, target="cpu", log=lambda _: None)
