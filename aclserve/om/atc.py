@@ -85,6 +85,12 @@ _RUNNING = _Running()
 atexit.register(_RUNNING.end_all)
 
 
+def end_builds() -> None:
+    """End the builds in progress as the exit hook does (ATC killed, their work folders removed),
+    for a process about to end without running it (os._exit: compile_child's stop)."""
+    _RUNNING.end_all()
+
+
 def find_atc(explicit: str | os.PathLike | None = None) -> str | None:
     """The ATC executable: `explicit` (must exist and be executable) or `atc` on PATH, else None."""
     if explicit is not None:

@@ -10,11 +10,16 @@ C code) goes to stderr, so nothing but the protocol reaches that pipe.
 
 SIGTERM, SIGHUP or end-of-file on stdin (the server gone) end it as a Ctrl-C ends
 `aclserve compile`: the ATC it started is killed, its partial files are removed; exit status
-128 + the signal's number, no word said. On Linux the kernel also signals it when the server
-dies (PR_SET_PDEATHSIG: parent_death.py): SIGKILL for a CPU compile, which inside ONNX Runtime's
-C calls heard SIGTERM or its stdin's end only 1-3 s later (its work folder is swept afterwards);
-SIGTERM when ATC runs, whose wait hears it at once and kills ATC, removing its work folder (ATC
-dies with a child killed outright too, on its leash: atc_leash.py).
+128 + the signal's number, no word said from the signal on. The KeyboardInterrupt that does it is
+raised in aclserve's own code only, once, and the process ends by its own hand a grace later if
+its unwinding has not ended it (child_stop.py: a KeyboardInterrupt raised wherever the main
+thread was could be dropped by Python, or abort the process from onnx's C++).
+
+On Linux the kernel also signals it when the server dies (PR_SET_PDEATHSIG: parent_death.py):
+SIGKILL for a CPU compile, which inside ONNX Runtime's C calls heard SIGTERM or its stdin's end
+only 1-3 s later (its work folder is swept afterwards); SIGTERM when ATC runs, whose wait hears
+it at once and kills ATC, removing its work folder (ATC dies with a child killed outright too, on
+its leash: atc_leash.py).
 
 For tests: with ACLSERVE_COMPILE_HOLD=FOLDER set, the child writes FOLDER/<its pid> before it
 compiles and waits while that file exists (a compile known to be running, as long as a test needs).
@@ -30,6 +35,7 @@ import threading
 import time
 import traceback
 
+from .child_stop import StopSignals
 from .compile_process import Built, runs_atc
 from .parent_death import die_with_parent
 
@@ -39,17 +45,26 @@ HOLD_ENV = "ACLSERVE_COMPILE_HOLD"
 def main(argv: list[str]) -> int:
     protocol = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # print() and C code's stdout go to stderr from here on
+    stop = StopSignals((signal.SIGTERM, signal.SIGHUP))
 
     def say(**message) -> None:
+        if stop.signum is not None:
+            return  # (stopped: no word, whatever the compile does until the process ends)
         protocol.write(json.dumps(message) + "\n")
         protocol.flush()
 
-    received: list[int] = []
     try:
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, lambda signum, _frame: _interrupt(received, signum))
+        return _compiled(argv[0], say, stop)
+    except KeyboardInterrupt:  # (raised anywhere in _compiled, its own except and return lines too)
+        return 128 + (stop.signum or signal.SIGINT)
+
+
+def _compiled(request_text: str, say, stop: StopSignals) -> int:
+    """Compile what REQUEST asks, say the result or the error; the exit status."""
+    try:
+        stop.install()
         threading.Thread(target=_end_with_parent, name="aclserve-compile-parent", daemon=True).start()
-        request = json.loads(argv[0])
+        request = json.loads(request_text)
         _die_with_parent(request.get("parent"), signal.SIGTERM if runs_atc(request["options"]) else signal.SIGKILL)
         _hold(request["onnx_path"])
         from .compile import compile_model  # (imported here: a signal during the ~1 s import ends it too)
@@ -58,19 +73,14 @@ def main(argv: list[str]) -> int:
             from . import aipp
             options["aipp"] = aipp.parse(options["aipp"], "AIPP config")
         result = compile_model(request["onnx_path"], request["output"], log=lambda line: say(log=line), **options)
+        # the fields compile_process.Built takes back, from the CompileResult
+        say(result={f.name: getattr(result, f.name) for f in dataclasses.fields(Built)} | {"path": str(result.path)})
     except KeyboardInterrupt:
-        return 128 + (received[-1] if received else signal.SIGINT)
+        raise  # (main's: nothing said)
     except BaseException as e:  # (SystemExit included: said, not a silent exit)
         say(error=_described(e))
-        return 1
-    # the fields compile_process.Built takes back, from the CompileResult
-    say(result={f.name: getattr(result, f.name) for f in dataclasses.fields(Built)} | {"path": str(result.path)})
-    return 0
-
-
-def _interrupt(received: list[int], signum: int) -> None:
-    received.append(signum)
-    raise KeyboardInterrupt
+        return 1 if stop.signum is None else 128 + stop.signum
+    return 0 if stop.signum is None else 128 + stop.signum  # (stopped as it ended: nothing said)
 
 
 def _end_with_parent() -> None:

@@ -16,13 +16,14 @@ compile running; on Linux the kernel ends it too (PR_SET_PDEATHSIG: compile_chil
 
 Stopping (CompileStop, from any thread): SIGTERM first, which the child turns into the
 interruption a Ctrl-C of `aclserve compile` is (the ATC it runs killed, its partial files
-removed), then SIGKILL to its process group after STOP_GRACE_S (a child inside C code that holds
-the GIL hears SIGTERM only once that returns; the ATC it runs dies with it: atc_leash.py). The
-caller removes the folder it had the child compile into. A compile past its `timeout_s` fails
-with CompileTimedOut: a CPU compile's test runs of the model have no bound of their own (a Loop
-of 10**12 iterations ran for a day, and the server's other loads waited behind it for their
-turn). Its process group is SIGKILLed at once (inside ONNX Runtime's run the child never hears
-SIGTERM, and a timed-out compile has nothing to keep); one running ATC is ended as a stop ends
+removed), ending by its own hand a second later where that does not end it (child_stop.py), then
+SIGKILL to its process group after STOP_GRACE_S (a child inside C code that holds the GIL hears
+SIGTERM only once that returns; the ATC it runs dies with it: atc_leash.py). The caller removes
+the folder it had the child compile into. A compile past its `timeout_s` fails with
+CompileTimedOut: a CPU compile's test runs of the model have no bound of their own (a Loop of
+10**12 iterations ran for a day, and the server's other loads waited behind it for their turn).
+Its process group is SIGKILLed at once (a timed-out compile has nothing to keep, and inside ONNX
+Runtime's run SIGTERM ends the child only a grace later); one running ATC is ended as a stop ends
 it, SIGTERM first, so that it kills ATC and removes ATC's files.
 """
 from __future__ import annotations
