@@ -226,16 +226,61 @@ def test_the_ledger_counts_a_context_s_streams_as_the_soc_makes_them(affine_om, 
     With streams for 4 instances by CANN's arithmetic (set_device's 2, the management context's, 3
     and a context an instance), a 5th is the ledger's refusal, and the 4 fill the device exactly."""
     per_instance, base = 3 + context_streams, 2 + context_streams
-    streams = base + 4 * per_instance
+    streams, events = base + 4 * per_instance, limits_for_soc(soc)[1]  # the SoC's events: not set here
     out, _ = run_script(_FILL_THE_DEVICE, affine_om(), "4", devices=1, ACLSERVE_CPU_SOC=soc,
                         ACLSERVE_CPU_MAX_STREAMS=str(streams))
     assert out["opened"] == [base, base]
     assert out["refused"] == (f"model affine (5 instance(s) x 1 slots) needs {5 * per_instance} streams and 60 "
-                              f"events on device 0, which allows {streams} streams and 1023 events ({base} and 0 "
+                              f"events on device 0, which allows {streams} streams and {events} events ({base} and 0 "
                               f"already in use); lower instances or slots, or set device_limits if this device "
                               f"allows more")
     assert out["loaded"] == [streams, streams]
     assert out["one_more_context"] == 207008  # ACL_ERROR_RT_NO_STREAM_RESOURCE: the device is full
+
+
+_FILL_WITH_STREAMS_AND_EVENTS = """
+import json, os
+for name in ("ACLSERVE_CPU_MAX_STREAMS", "ACLSERVE_CPU_MAX_EVENTS"):
+    os.environ.pop(name, None)  # only the SoC set: the limits are its defaults
+from aclserve.acl import constants as C
+from aclserve.acl import cpu as acl
+assert acl.init() == 0 and acl.rt.set_device(0) == 0
+out = {"soc": acl.get_soc_name(), "device_limits": acl.device_limits()}
+streams = []
+while len(streams) <= 4096:
+    stream, ret = acl.rt.create_stream()
+    if ret != 0:
+        out["streams"] = [len(streams), ret]
+        break
+    streams.append(stream)
+events = []
+while len(events) <= 70000:
+    event, ret = acl.rt.create_event_with_flag(C.ACL_EVENT_SYNC)  # limited as made
+    if ret != 0:
+        out["events"] = [len(events), ret]
+        break
+    events.append(event)
+for event in events:
+    assert acl.rt.destroy_event(event) == 0
+for stream in streams:
+    assert acl.rt.destroy_stream(stream) == 0
+assert acl.rt.reset_device(0) == 0 and acl.finalize() == 0
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("soc", ["Ascend310B1", "Ascend910B2"])
+def test_the_cpu_runtime_presents_the_limits_of_the_soc_it_presents(soc):
+    """With only ACLSERVE_CPU_SOC set, a device has the streams and events CANN documents for that
+    SoC (310B: 512 / 65535, 910B: 1984 / 65535): it had the 310P's 1024 / 1023 whatever the SoC, so
+    a test emulating a SoC met limits its device does not have unless it set them itself.
+    set_device's default context and the device's internal stream leave 2 fewer streams to create."""
+    streams, events = limits_for_soc(soc)
+    out, _ = run_script(_FILL_WITH_STREAMS_AND_EVENTS, devices=1, ACLSERVE_CPU_SOC=soc)
+    assert out["soc"] == soc
+    assert out["device_limits"] == [streams, events]
+    assert out["streams"] == [streams - 2, 207008]  # ACL_ERROR_RT_NO_STREAM_RESOURCE
+    assert out["events"] == [events, 207007]  # ACL_ERROR_RT_NO_EVENT_RESOURCE
 
 
 _DVPP_BESIDE_A_MODEL = """

@@ -144,7 +144,8 @@ def media_stats() -> dict:
 
 
 def device_limits() -> tuple[int, int]:
-    """(streams, events) each device allows: ACLSERVE_CPU_MAX_STREAMS / ACLSERVE_CPU_MAX_EVENTS."""
+    """(streams, events) each device allows: ACLSERVE_CPU_MAX_STREAMS / ACLSERVE_CPU_MAX_EVENTS, by
+    default those CANN documents for the SoC it presents (settings.default_limits)."""
     return settings.max_streams(), settings.max_events()
 
 

@@ -5,13 +5,15 @@ ACLSERVE_CPU_DEVICE_MEMORY  capacity of each device: bytes, or a number with K/M
                             units, optional "i"/"B": "512M", "8GiB"); default 8G
 ACLSERVE_CPU_THREADS        ONNX Runtime intra-op threads per loaded model (default 1);
                             `set_threads(n)` overrides it for models loaded afterwards
-ACLSERVE_CPU_MAX_STREAMS    streams per device, default 1024 (Atlas inference series, 310P;
-                            910B: 1984, 310B: 512), at most 2048 (910, the most of any SoC:
-                            soc_limits.py); every context's streams (2 on the 310-class SoCs,
-                            1 on others: soc_limits.context_streams) and one internal stream
-                            count, as on the device
-ACLSERVE_CPU_MAX_EVENTS     events per device, default 1023 (310/310P; 910-class: 65535), at
-                            most 65535 (as many as any SoC allows)
+ACLSERVE_CPU_MAX_STREAMS    streams per device, default the figure CANN documents for the SoC it
+                            presents (soc_limits.py: 310/310P 1024, 310B 512, 910B/910_93 1984,
+                            910 2048; CPU-ORT and an Ascend name not documented: 1024), at most
+                            2048 (910, the most of any SoC); every context's streams (2 on the
+                            310-class SoCs, 1 on others: soc_limits.context_streams) and one
+                            internal stream count, as on the device
+ACLSERVE_CPU_MAX_EVENTS     events per device, default likewise the SoC's (310/310P 1023, 310B
+                            and 910-class 65535; CPU-ORT: 1023), at most 65535 (as many as any
+                            SoC allows)
 ACLSERVE_CPU_SOC            the SoC it presents (acl.get_soc_name) and whose rules it follows,
                             default CPU-ORT (none); Ascend310 (Atlas 200/300/500) refuses a timed
                             event wait, as that SoC does; CPU-ORT or an Ascend name (Ascend...)
@@ -29,13 +31,12 @@ from __future__ import annotations
 import os
 import re
 
-from ..soc_limits import CPU_RUNTIME_SOC, DEFAULT_LIMITS, MAX_EVENTS, MAX_STREAMS
+from ..soc_limits import CPU_RUNTIME_SOC, MAX_EVENTS, MAX_STREAMS, limits_for_soc
 
 DEFAULT_DEVICES = 1
 MAX_DEVICES = 64  # more than any Ascend host has (8 or 16 NPUs): each is a device the runtime builds
 MAX_THREADS = 1024  # ONNX Runtime threads per session, as cpu_threads
 DEFAULT_DEVICE_MEMORY = 8 << 30
-DEFAULT_MAX_STREAMS, DEFAULT_MAX_EVENTS = DEFAULT_LIMITS  # CANN docs: "Atlas inference series" (310P)
 DEFAULT_SOC = CPU_RUNTIME_SOC  # "CPU-ORT", not an Ascend SoC: the CPU runtime over ONNX Runtime
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -85,14 +86,22 @@ def device_memory() -> int:
     return parse_size(raw) if raw and raw.strip() else DEFAULT_DEVICE_MEMORY
 
 
+def default_limits() -> tuple[int, int]:
+    """(streams, events) a device has when ACLSERVE_CPU_MAX_STREAMS / _EVENTS are not set: those
+    CANN documents for the SoC it presents (ACLSERVE_CPU_SOC), so a run that emulates a SoC meets
+    that SoC's limits; CPU-ORT's, and an Ascend name's CANN does not document, are soc_limits'
+    DEFAULT_LIMITS (the Atlas inference card's 1024 / 1023)."""
+    return limits_for_soc(soc_name())
+
+
 def max_streams() -> int:
     """At most what any SoC allows, as device_limits.streams: more is no device's (a C int's worth was taken)."""
-    return _positive_int("ACLSERVE_CPU_MAX_STREAMS", DEFAULT_MAX_STREAMS, MAX_STREAMS)
+    return _positive_int("ACLSERVE_CPU_MAX_STREAMS", default_limits()[0], MAX_STREAMS)
 
 
 def max_events() -> int:
     """At most what any SoC allows, as device_limits.events: the CPU runtime presents a device none has."""
-    return _positive_int("ACLSERVE_CPU_MAX_EVENTS", DEFAULT_MAX_EVENTS, MAX_EVENTS)
+    return _positive_int("ACLSERVE_CPU_MAX_EVENTS", default_limits()[1], MAX_EVENTS)
 
 
 def soc_name() -> str:
@@ -133,7 +142,7 @@ def check_environment(threads_too: bool = True) -> None:
     them at its start, not when acl.init meets them). `threads_too=False`: ACLSERVE_CPU_THREADS
     left out, for a caller whose runtime sets the threads itself (serve's cpu_threads: set_threads)."""
     from . import faults
-    for read in (device_count, device_memory, max_streams, max_events, threads, soc_name, run_mode, lacks):
+    for read in (device_count, device_memory, soc_name, max_streams, max_events, threads, run_mode, lacks):
         if threads_too or read is not threads:
             read()
     spec = os.environ.get("ACLSERVE_CPU_FAULTS", "")
