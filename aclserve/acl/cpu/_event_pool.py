@@ -27,6 +27,12 @@ synchronize's timeout (507046 / 507047) where a device would hang, instead of ha
 stream_abort ends such a wait (the record then completes without a resource), as does finalize.
 A destroyed event's resources go back once what holds them has run (CANN's aclrtDestroyEvent:
 released when the event completes).
+
+The server records several events per batch, so the common case (a resource left, no record
+waiting) is kept short: one lock, the pool's, guards its count and every Holding of its device
+(they change together), taken once as a record is queued and once as it ran (and as a stream's
+wait for it is queued and as that wait ends); a record granted at once has no Claim, so its task
+does not look at the pool before it completes.
 """
 from __future__ import annotations
 
@@ -39,7 +45,8 @@ _pools_lock = threading.Lock()
 
 
 class Claim:
-    """One record's request for a resource: granted at once, or later by a release."""
+    """A record's request for a resource when none was left: queued in its pool until a release
+    grants it."""
 
     __slots__ = ("pool", "granted")
 
@@ -53,71 +60,45 @@ class Claim:
 
 
 class EventPool:
-    """The event resources of one device. Thread-safe; waits are rare (the pool ran out), so
-    they use a Condition."""
+    """The event resources of one device. Thread-safe: `lock` guards the count, the queue and
+    the Holdings of the device; waits are rare (the pool ran out), so they use a Condition."""
 
     def __init__(self, size: int):
         self.size = self.free = size
-        self._cond = threading.Condition(threading.Lock())
-        self._queue: collections.deque[Claim] = collections.deque()  # waiting, oldest first
+        self.lock = threading.Lock()
+        self.ready = threading.Condition(self.lock)  # a claim granted, an abort, finalize
+        self.queue: collections.deque[Claim] = collections.deque()  # waiting, oldest first
         self.closed = False  # finalize: every wait gives up
 
     def take(self) -> bool:
         """One now, or False (none free, or records wait for one: they come first)."""
-        with self._cond:
-            if self.free and not self._queue:
+        with self.lock:
+            if self.free and not self.queue:
                 self.free -= 1
                 return True
             return False
 
-    def claim(self) -> Claim:
-        """A record's: granted now if take() would be, else queued."""
-        claim = Claim(self)
-        with self._cond:
-            if self.free and not self._queue:
-                self.free -= 1
-                claim.granted = True
-            else:
-                self._queue.append(claim)
-        return claim
-
     def give_back(self) -> None:
-        """A resource released: to the oldest waiting claim, else free."""
-        with self._cond:
-            if self._queue:
-                self._queue.popleft().granted = True
-                self._cond.notify_all()
-            else:
-                self.free += 1
+        with self.lock:
+            self.release()
 
-    def cancel(self, claim: Claim) -> None:
-        """A claim no longer wanted: its resource back if it had one, else out of the queue."""
-        with self._cond:
-            if not claim.granted:
-                self._queue.remove(claim)
-                return
-        self.give_back()
-
-    def wait(self, claim: Claim, give_up) -> bool:
-        """Block until `claim` is granted (True), or `give_up()` is true when woken (False,
-        the claim withdrawn)."""
-        with self._cond:
-            while not claim.granted:
-                if give_up() or self.closed:
-                    self._queue.remove(claim)
-                    return False
-                self._cond.wait()
-            return True
+    def release(self) -> None:
+        """A resource back (hold `lock`): to the oldest waiting claim, else free."""
+        if self.queue:
+            self.queue.popleft().granted = True
+            self.ready.notify_all()
+        else:
+            self.free += 1
 
     def wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+        with self.lock:
+            self.ready.notify_all()
 
     def close(self) -> None:
         """finalize: the waits end (their records complete without a resource)."""
-        with self._cond:
+        with self.lock:
             self.closed = True
-            self._cond.notify_all()
+            self.ready.notify_all()
 
 
 def pool_of(device) -> EventPool:
@@ -139,94 +120,123 @@ def close_all() -> None:
 
 
 class Holding:
-    """The resources one event holds, per record (generation): each goes back once no one uses
-    it (its record until it ran, the stream waits queued for that record) and it is spent (an
-    ACL_EVENT_SYNC event of create_event_ex_with_flag: at once; create_event's: once a later
-    record got its own, or the event is destroyed). A create_event_with_flag event's one
-    resource, taken at creation (`taken`), goes back at destroy."""
+    """The resources an event that takes one at each record holds, per record (generation):
+    each goes back once no one uses it (its record until it ran, the stream waits queued for
+    that record) and it is spent (an ACL_EVENT_SYNC event of create_event_ex_with_flag: at once;
+    create_event's: once a later record ran, having got its own, or the event is destroyed).
+    Its state is guarded by its pool's lock."""
 
-    def __init__(self, pool: EventPool, kept_until_next_record: bool = False, taken: bool = False):
+    __slots__ = ("_pool", "_keep", "_users", "_latest_ran", "_destroyed")
+
+    def __init__(self, pool: EventPool, kept_until_next_record: bool = False):
         self._pool = pool
         self._keep = kept_until_next_record
-        self._at_record = not taken
-        self._taken = taken  # the one taken at creation, until destroyed
-        self._lock = threading.Lock()
-        self._held: dict[int, list] = {}  # generation -> [claim, users, spent]
+        # generation -> its users; only generations holding a resource or queued for one (a
+        # generation whose wait gave up is dropped: it holds none)
+        self._users: dict[int, int] = {}
+        self._latest_ran = 0  # create_event's: the records before it are spent
         self._destroyed = False
 
-    def claim(self, generation: int) -> None:
-        """A record queued (the event's lock held: generations come in order)."""
-        if not self._at_record:
-            return
-        claim = self._pool.claim()
-        with self._lock:
-            self._held[generation] = [claim, 1, not self._keep or self._destroyed]
+    def claim(self, generation: int) -> Claim | None:
+        """A record queued (the event's lock held: generations come in order): None when it got
+        its resource at once, else its Claim, queued (obtain waits for it)."""
+        pool = self._pool
+        with pool.lock:
+            self._users[generation] = 1
+            if pool.free and not pool.queue:
+                pool.free -= 1
+                return None
+            claim = Claim(pool)
+            pool.queue.append(claim)
+            return claim
 
-    def refused(self, generation: int) -> None:
-        """The record was not queued: its claim is dropped."""
-        with self._lock:
-            entry = self._held.pop(generation, None)
-        if entry is not None:
-            self._pool.cancel(entry[0])
+    def refused(self, generation: int, claim: Claim | None) -> None:
+        """The record was not queued: its resource back, or its claim out of the queue."""
+        pool = self._pool
+        with pool.lock:
+            del self._users[generation]
+            if claim is None or claim.granted:
+                pool.release()
+            else:
+                pool.queue.remove(claim)
 
-    def obtain(self, generation: int, stream) -> None:
-        """The record's task, before it completes: wait (blocking `stream`) for its resource,
-        unless the stream's abort or finalize ends the wait."""
-        with self._lock:
-            entry = self._held.get(generation)
-        if entry is None or entry[0].granted:
-            return
-        stream.waiting_on = entry[0]
+    def obtain(self, generation: int, claim: Claim, stream) -> None:
+        """The record's task, before it completes, when its claim was queued: wait (blocking
+        `stream`) until it is granted, unless the stream's abort or finalize ends the wait (the
+        record then holds none)."""
+        pool = self._pool
+        stream.waiting_on = claim
         try:
-            got = self._pool.wait(entry[0], stream.dropping)
+            with pool.lock:
+                while not claim.granted:
+                    if stream.dropping() or pool.closed:
+                        pool.queue.remove(claim)
+                        del self._users[generation]
+                        return
+                    pool.ready.wait()
         finally:
             stream.waiting_on = None
-        if not got:
-            with self._lock:
-                self._held.pop(generation, None)
 
     def ran(self, generation: int) -> None:
         """The record completed: create_event's earlier records' resources are spent."""
-        with self._lock:
-            if generation not in self._held:
-                return
-            if self._keep:
-                for earlier, entry in self._held.items():
-                    if earlier < generation:
-                        entry[2] = True
-            back = self._let_go(generation)
-        self._give_back(back)
+        with self._pool.lock:
+            if self._keep and generation in self._users:
+                self._latest_ran = max(self._latest_ran, generation)
+                self._users[generation] -= 1
+                self._release_unused()
+            else:
+                self._let_go(generation)
 
     def wait_begins(self, generation: int) -> None:
-        with self._lock:
-            entry = self._held.get(generation)
-            if entry is not None:
-                entry[1] += 1
+        with self._pool.lock:
+            if generation in self._users:
+                self._users[generation] += 1
 
     def wait_ends(self, generation: int) -> None:
-        with self._lock:
-            back = self._let_go(generation) if generation in self._held else []
-        self._give_back(back)
+        with self._pool.lock:
+            self._let_go(generation)
 
     def destroyed(self) -> None:
-        with self._lock:
+        with self._pool.lock:
             self._destroyed = True
-            for entry in self._held.values():
-                entry[2] = True
-            back = [g for g, (_, users, _) in self._held.items() if users == 0]
-            claims = [self._held.pop(g)[0] for g in back]
-            taken, self._taken = self._taken, False
-        self._give_back(claims)
-        if taken:
-            self._pool.give_back()
+            self._release_unused()
 
-    def _let_go(self, generation: int) -> list[Claim]:
-        """One user of `generation` is done; the claims now to give back (hold `_lock`)."""
-        self._held[generation][1] -= 1
-        done = [g for g, (_, users, spent) in self._held.items() if users == 0 and spent]
-        return [self._held.pop(g)[0] for g in done]
+    def _let_go(self, generation: int) -> None:
+        """One user of `generation` is done (hold the pool's lock): its resource back if it was
+        the last and the resource is spent. Nothing for a generation that holds none (its wait
+        for one gave up)."""
+        users = self._users.get(generation)
+        if users is None:
+            return
+        if users > 1 or self._keep and not self._spent(generation):
+            self._users[generation] = users - 1
+        else:
+            del self._users[generation]
+            self._pool.release()
 
-    def _give_back(self, claims: list[Claim]) -> None:
-        for claim in claims:
-            if claim.granted:
-                self._pool.give_back()
+    def _release_unused(self) -> None:
+        """Every spent resource no one uses back (hold the pool's lock)."""
+        done = [g for g, users in self._users.items() if not users and self._spent(g)]
+        for generation in done:
+            del self._users[generation]
+            self._pool.release()
+
+    def _spent(self, generation: int) -> bool:
+        return not self._keep or self._destroyed or generation < self._latest_ran
+
+
+class Taken:
+    """The one resource of a create_event_with_flag event with ACL_EVENT_SYNC or
+    ACL_EVENT_EXTERNAL, taken as it was made (EventPool.take), back at its destroy."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: EventPool):
+        self._pool: EventPool | None = pool
+
+    def destroyed(self) -> None:
+        # once: destroy_event and a context's destroy each call it only for an event they took
+        # out of _state.events (under _state.lock)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.give_back()

@@ -59,14 +59,14 @@ def _create(flags, reusable: bool = False, at_record: bool = False, at_creation:
         if not ctx.alive:  # destroyed by another thread since current(): as if it had been first
             return 0, C.ACL_ERROR_RT_CONTEXT_NULL
         pool = _event_pool.pool_of(_state.devices[ctx.device])
-        holding = None
+        holding = taken = None
         if at_creation:
             if not pool.take():
                 return 0, C.ACL_ERROR_RT_NO_EVENT_RESOURCE
-            holding = _event_pool.Holding(pool, taken=True)
+            taken = _event_pool.Taken(pool)
         elif at_record:
             holding = _event_pool.Holding(pool, kept_until_next_record=flags is None)
-        event = Event(_state.new_handle(), ctx, flags, reusable, holding)
+        event = Event(_state.new_handle(), ctx, flags, reusable, holding, taken)
         _state.events[event.handle] = event
     return event.handle, _OK
 

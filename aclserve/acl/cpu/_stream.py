@@ -238,7 +238,8 @@ class Stream:
 class Event:
     """Completion marker recorded on streams; owned by a context, closed by destroy_event."""
 
-    def __init__(self, handle: int, context, flags: int | None = None, reusable: bool = False, holding=None):
+    def __init__(self, handle: int, context, flags: int | None = None, reusable: bool = False, holding=None,
+                 taken=None):
         self.handle = handle
         self.context = context
         self.device = context.device
@@ -253,7 +254,9 @@ class Event:
         self._completed = 0
         self.timestamp: float | None = None
         self.stream: Stream | None = None  # the stream of its latest record (event_elapsed_time pairs)
-        self.holding = holding  # the device's event resources it holds (_event_pool.Holding); None: it takes none
+        # the device's event resources it takes at each record (_event_pool.Holding), or the one it
+        # took as it was made (_event_pool.Taken); None: none
+        self.holding, self.taken = holding, taken
 
     def record(self, stream: Stream) -> int:
         """Queue a record; one the stream refuses (its context stopped) is not counted, so no
@@ -263,19 +266,18 @@ class Event:
         holding = self.holding
         with self._lock:
             generation = self._recorded + 1
-            if holding is not None:
-                holding.claim(generation)
-            ret = stream.enqueue(lambda: self._complete(generation, stream), marker=True)
+            claim = None if holding is None else holding.claim(generation)  # None: got one (or takes none)
+            ret = stream.enqueue(lambda: self._complete(generation, stream, claim), marker=True)
             if ret == C.ACL_SUCCESS:
                 self._recorded, self.stream = generation, stream
             elif holding is not None:
-                holding.refused(generation)
+                holding.refused(generation, claim)
         return ret
 
-    def _complete(self, generation: int, stream: Stream) -> int:
+    def _complete(self, generation: int, stream: Stream, claim) -> int:
         holding = self.holding
-        if holding is not None:
-            holding.obtain(generation, stream)
+        if claim is not None:  # none was left at the record: its stream waits for one
+            holding.obtain(generation, claim, stream)
         with self._lock:
             if generation > self._completed:
                 self._completed = generation
@@ -327,6 +329,8 @@ class Event:
         """destroy_event, or its context gone: its resources go back once what holds them ran."""
         if self.holding is not None:
             self.holding.destroyed()
+        if self.taken is not None:
+            self.taken.destroyed()
 
     def reset(self) -> int:
         """reset_event, when its stream gets there: back to never recorded (no time, complete)."""
