@@ -33,9 +33,12 @@ MEMO_HEAD_BYTES = 2048  # longer heads are parsed each time (the memo holds abou
 # colon, no line folding) whose values hold no control bytes but tabs. A head it would refuse
 # (400) is given up here, so that the guard never answers (nor frames by its own reading) a
 # request aiohttp would not have run.
-_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_TOKEN_BYTE = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]"
+_VALUE_BYTE = rb"[ \t\x21-\x7e\x80-\xff]"
+_TOKEN = _TOKEN_BYTE + b"+"
 _STRICT_HEAD = re.compile(_TOKEN + rb" [\x21-\x7e]+ HTTP/1\.[01]"
-                          rb"(?:\r\n" + _TOKEN + rb":[ \t\x21-\x7e\x80-\xff]*)*")
+                          rb"(?:\r\n" + _TOKEN + b":" + _VALUE_BYTE + b"*)*")
+_NAME_BYTES, _VALUE_BYTES = re.compile(_TOKEN_BYTE + b"*"), re.compile(_VALUE_BYTE + b"*")
 # aiohttp's own checks on top of llhttp's: these headers at most once (Host exactly once, below;
 # Content-Length and Transfer-Encoding make _body_length give up), and no Sec-WebSocket-Key1
 _CHECKED_NAMES = re.compile(rb"\r\n(" + b"|".join(
@@ -129,9 +132,10 @@ def _request_start(data: bytes | bytearray, pos: int, seen: int = 0) -> bool | N
     """Whether the bytes at `pos`, short of a whole head, begin a request aiohttp takes: False
     when they cannot (its parser refuses at once, so garbage, or a body sent past its
     Content-Length, is answered 400 there rather than held here until the header timeout;
-    also empty lines before a request, which this module does not frame), True when its
-    request line is whole and sound, None while that line is still coming. `seen`: bytes at
-    `pos` already looked at (they hold no line end), so a head sent in pieces is read once."""
+    also empty lines before a request, which this module does not frame, and a request line
+    over MAX_LINE_BYTES), True when its request line is whole and sound (_HeadLines reads the
+    lines after it), None while that line is still coming. `seen`: bytes at `pos` already
+    looked at (they hold no line end), so a head sent in pieces is read once."""
     space = data.find(b" ", pos, pos + _LONGEST_METHOD + 1)
     if space >= 0:
         if bytes(data[pos:space]) not in _METHODS:
@@ -140,8 +144,54 @@ def _request_start(data: bytes | bytearray, pos: int, seen: int = 0) -> bool | N
         return False
     line_end = data.find(b"\r\n", pos + max(0, seen - 1))
     if line_end < 0:
-        return None
-    return _STRICT_HEAD.fullmatch(data, pos, line_end) is not None
+        return None if len(data) - pos <= MAX_LINE_BYTES + 1 else False  # (+1: a CR, its LF to come)
+    return line_end - pos <= MAX_LINE_BYTES and _STRICT_HEAD.fullmatch(data, pos, line_end) is not None
+
+
+class _HeadLines:
+    """The header lines of a head still coming (its request line whole and sound), read as they
+    come against what parse_head takes: token names, a colon right after them, values of
+    _VALUE_BYTE, lines of at most MAX_LINE_BYTES, two names in a row within it too, fewer than
+    MAX_HEADERS lines. `hopeless(held)` is True once no ending can make the head one it takes
+    (llhttp would refuse it: aiohttp answers 400 at once, where holding it waits for the header
+    timeout). Each byte is looked at once: a head sent in small pieces stays linear."""
+
+    __slots__ = ("line_at", "checked", "in_value", "headers", "last_name")
+
+    def __init__(self, held: bytes | bytearray):
+        self.line_at = self.checked = held.find(b"\r\n") + 2  # the current line; what of it was read
+        self.in_value = False  # its name and colon read
+        self.headers = self.last_name = 0  # complete header lines; the length of the last one's name
+
+    def hopeless(self, held: bytes | bytearray) -> bool:
+        at, size = self.checked, len(held)
+        while at < size:
+            if not self.in_value:
+                at = _NAME_BYTES.match(held, at).end()
+                if at == size:
+                    break
+                if at == self.line_at and held[at] == 13:  # the blank line that ends the head, or a bare CR
+                    if at + 1 < size and held[at + 1] != 10:
+                        return True
+                    break
+                name = at - self.line_at
+                if held[at] != 58 or not name or name + self.last_name > MAX_LINE_BYTES:  # 58: a colon
+                    return True
+                self.in_value, self.last_name, at = True, name, at + 1
+                continue
+            at = _VALUE_BYTES.match(held, at).end()
+            if at == size or (at + 1 == size and held[at] == 13):  # a CR, its LF yet to come
+                break
+            if held[at:at + 2] != b"\r\n" or at - self.line_at > MAX_LINE_BYTES:
+                return True
+            self.headers += 1
+            if self.headers >= MAX_HEADERS:
+                return True
+            self.line_at = at = at + 2
+            self.in_value = False
+        self.checked = at
+        partial = (self.last_name if not self.in_value else 0) + at - self.line_at
+        return partial > MAX_LINE_BYTES
 
 
 def body_length(raw: bytes) -> int | None:
@@ -218,7 +268,7 @@ class RequestFraming:
     answer, `paused()` True stops the feed; what is left of the chunk is returned (the caller
     keeps it and feeds it again later)."""
 
-    __slots__ = ("_forward", "_answer", "_paused", "_wanted", "_passed", "_held", "_held_need", "_line_ok",
+    __slots__ = ("_forward", "_answer", "_paused", "_wanted", "_passed", "_held", "_held_need", "_lines",
                  "_remaining", "_dropping", "lost")
 
     def __init__(self, forward: Callable[[bytes], None], answer: Callable[[Head, int, memoryview | None], str],
@@ -228,7 +278,7 @@ class RequestFraming:
         self._passed = passed
         self._held = bytearray()  # the start of a request held back: its head is incomplete, or its body wanted
         self._held_need = 0  # bytes that request needs in all before it is looked at again (0: head incomplete)
-        self._line_ok = False  # the held head's request line is whole and sound (_request_start)
+        self._lines: _HeadLines | None = None  # the held head's header lines, once its request line is sound
         self._remaining = 0  # body bytes of the current request still to come
         self._dropping = False  # the current request was answered here: drop its body
         self.lost = False  # framing given up: everything goes to aiohttp
@@ -261,10 +311,13 @@ class RequestFraming:
             end = data.find(b"\r\n\r\n", pos, pos + MAX_HEAD_BYTES + 4)
             if end < 0:
                 line = _request_start(data, pos)
-                if size - pos > MAX_HEAD_BYTES or data.count(b"\n", pos) != data.count(b"\r\n", pos) or line is False:
-                    return self._give_up(data, start, pos)  # too long, a bare LF, not a request
+                held = bytearray(data[pos:])
+                lines = _HeadLines(held) if line else None
+                if (size - pos > MAX_HEAD_BYTES or data.count(b"\n", pos) != data.count(b"\r\n", pos) or line is False
+                        or (lines is not None and lines.hopeless(held))):
+                    return self._give_up(data, start, pos)  # too long, a bare LF, not a request, or never a head
                 self._flush(data, start, pos)
-                self._held, self._line_ok = bytearray(data[pos:]), line is True
+                self._held, self._lines = held, lines
                 return b""
             body_at = end + 4
             asked, body_came = body_came, False
@@ -314,12 +367,12 @@ class RequestFraming:
         new = held[max(0, tail - 3):]
         if b"\r\n\r\n" in new or len(held) > MAX_HEAD_BYTES or new.count(b"\n") != new.count(b"\r\n"):
             return False
-        if not self._line_ok:  # its request line still coming: read the new bytes only
+        if self._lines is None:  # its request line still coming: read the new bytes only
             line = _request_start(held, 0, tail)
-            if line is False:
-                return False
-            self._line_ok = line is True
-        return True
+            if line is not True:
+                return line is None
+            self._lines = _HeadLines(held)
+        return not self._lines.hopeless(held)
 
     def _flush(self, data: bytes, start: int, end: int) -> None:
         if end > start:
