@@ -151,8 +151,8 @@ def _request_start(data: bytes | bytearray, pos: int, seen: int = 0) -> bool | N
 class _HeadLines:
     """The header lines of a head still coming (its request line whole and sound), read as they
     come against what parse_head takes: token names, a colon right after them, values of
-    _VALUE_BYTE, lines of at most MAX_LINE_BYTES, two names in a row within it too, fewer than
-    MAX_HEADERS lines. `hopeless(held)` is True once no ending can make the head one it takes
+    _VALUE_BYTE, lines of at most MAX_LINE_BYTES, two names in a row within it too, at most
+    MAX_HEADERS header lines. `hopeless(held)` is True once no ending can make the head one it takes
     (llhttp would refuse it: aiohttp answers 400 at once, where holding it waits for the header
     timeout). Each byte is looked at once: a head sent in small pieces stays linear."""
 
@@ -185,7 +185,7 @@ class _HeadLines:
             if held[at:at + 2] != b"\r\n" or at - self.line_at > MAX_LINE_BYTES:
                 return True
             self.headers += 1
-            if self.headers >= MAX_HEADERS:
+            if self.headers > MAX_HEADERS:
                 return True
             self.line_at = at = at + 2
             self.in_value = False
@@ -235,7 +235,7 @@ def _over_limits(raw: bytes) -> bool:
 
 
 def _parse_head(raw: bytes) -> tuple[Head, int] | None:
-    if (_STRICT_HEAD.fullmatch(raw) is None or raw.count(b"\r\n") >= MAX_HEADERS
+    if (_STRICT_HEAD.fullmatch(raw) is None or raw.count(b"\r\n") > MAX_HEADERS
             or (len(raw) > MAX_LINE_BYTES and _over_limits(raw))):
         return None
     parts = _request_line(raw)
