@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import socket
 import threading
 import urllib.error
@@ -107,6 +108,19 @@ def request(server, method: str, path: str, **kwargs) -> tuple[int, dict, bytes]
             async with session.request(method, f"http://{server.url}{path}", **kwargs) as resp:
                 return resp.status, dict(resp.headers), await resp.read()
     return asyncio.run(go())
+
+
+def json_call(url: str, path: str, body: bytes | None = None) -> tuple[int, object]:
+    """(status, its JSON body) of a GET, or a POST of `body`, to `path` at `url` (host:port): an
+    error's too; (0, None) when nothing answers (a server still starting, or gone)."""
+    call = urllib.request.Request(f"http://{url}{path}", data=body, method="POST" if body is not None else "GET")
+    try:
+        with urllib.request.urlopen(call, timeout=60) as answer:
+            return answer.status, json.loads(answer.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+    except (urllib.error.URLError, ConnectionError):
+        return 0, None
 
 
 def post_status(url: str, path: str, body: bytes) -> int:

@@ -10,23 +10,10 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from tests import REPO
-from tests.serving import free_port
-
-
-def _call(url: str, path: str, body: bytes | None = None):
-    request = urllib.request.Request(f"http://{url}{path}", data=body, method="POST" if body is not None else "GET")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, json.loads(answer.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
-    except (urllib.error.URLError, ConnectionError):
-        return 0, None
+from tests.serving import free_port, json_call
 
 
 def test_a_server_on_an_ascend310_answers_with_untimed_event_waits(tmp_path):
@@ -40,11 +27,11 @@ def test_a_server_on_an_ascend310_answers_with_untimed_event_waits(tmp_path):
     body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]})
     try:
         for _ in range(6000):  # a hang guard
-            if _call(url, "/v2/health/ready")[0] == 200:
+            if json_call(url, "/v2/health/ready")[0] == 200:
                 break
             time.sleep(0.01)
         with ThreadPoolExecutor(16) as pool:  # many at once: batches in flight together
-            answers = list(pool.map(lambda _: _call(url, "/v2/models/digits/infer", body.encode()), range(64)))
+            answers = list(pool.map(lambda _: json_call(url, "/v2/models/digits/infer", body.encode()), range(64)))
         assert [status for status, _ in answers] == [200] * 64, answers
         assert len({json.dumps(doc["outputs"]) for _, doc in answers}) == 1
         assert len(answers[0][1]["outputs"][0]["data"]) == 10

@@ -15,25 +15,12 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from tests import REPO
-from tests.serving import free_port
+from tests.serving import free_port, json_call
 
-ABOVE = "device_limits.events is 1000, above the {} events the CPU runtime has (ACLSERVE_CPU_MAX_EVENTS)"
-
-
-def _call(url: str, path: str, body: bytes | None = None):
-    request = urllib.request.Request(f"http://{url}{path}", data=body, method="POST" if body is not None else "GET")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, json.loads(answer.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
-    except (urllib.error.URLError, ConnectionError):
-        return 0, None
+ABOVE = "device_limits.events is 1000, above the {} events the CPU runtime has (ACLSERVE_CPU_MAX_EVENTS, by default its SoC's)"
 
 
 def _serve(tmp_path, model_config: str, **env: str) -> tuple[subprocess.Popen, str]:
@@ -54,7 +41,7 @@ def _serve(tmp_path, model_config: str, **env: str) -> tuple[subprocess.Popen, s
 def _digits_row(url: str) -> dict:
     """The model's index row once it is served or its load failed."""
     for _ in range(6000):  # a hang guard
-        status, rows = _call(url, "/v2/repository/index", b"{}")
+        status, rows = json_call(url, "/v2/repository/index", b"{}")
         row = next((r for r in rows or () if r["name"] == "digits"), None)
         if status == 200 and row is not None and (row["state"] == "READY" or "failed" in row["reason"]):
             return row
@@ -86,7 +73,7 @@ def test_the_slots_events_serve_on_a_single_one(tmp_path):
     try:
         assert _digits_row(url)["state"] == "READY"
         with ThreadPoolExecutor(8) as pool:  # batches in flight together: their records wait for one another
-            answers = list(pool.map(lambda _: _call(url, "/v2/models/digits/infer", body), range(32)))
+            answers = list(pool.map(lambda _: json_call(url, "/v2/models/digits/infer", body), range(32)))
         assert [status for status, _ in answers] == [200] * 32, answers[:2]
     finally:
         stderr = _stop(server)
