@@ -106,11 +106,17 @@ async def closed_loop(pool, sample, config: BatchingConfig, concurrency: int, wa
             "padding_rows": stats.padding_rows, "gear_batches": dict(stats.gear_batches)}
 
 
+RETIRE_TIMEOUT_S = 60.0
+
+
 async def retire(batcher: DynamicBatcher, pool) -> None:
     """Close `batcher` and free `pool` for the next window's batcher: a pool takes one listener,
     and batches the closed batcher sent still answer it, so it is let go once they have."""
     await batcher.close()
+    deadline = time.monotonic() + RETIRE_TIMEOUT_S
     while pool.lanes() != [len(instance.slots) for instance in pool.instances]:
+        if time.monotonic() > deadline:  # (a batch never answered, or an instance out of service)
+            raise RuntimeError(f"{pool.name}: batches still running {RETIRE_TIMEOUT_S:g} s after the window ended")
         await asyncio.sleep(0.005)
     pool.attach(None)
 

@@ -203,7 +203,7 @@ def model_path(ap: argparse.ArgumentParser, model: str) -> str:
     if not os.path.exists(model):
         if os.path.basename(model) not in {f"{name}.onnx" for name in MODEL_NAMES}:
             ap.error(f"--model {model}: no such file (or one of {', '.join(MODEL_NAMES)})")
-        ensure_example_models(os.path.dirname(model) or ".")
+        ensure_example_models(os.path.dirname(os.path.abspath(model)))  # (the builder runs in the checkout)
     return model
 
 

@@ -74,7 +74,7 @@ class AclRuntime:
         released (CANN, aclrtCreateEvent), and the batch then runs into the execution timeout."""
         configured = self.device_limits_override[1]
         if self.kind == "cpu":
-            has, source = self.acl.device_limits()[1], "the CPU runtime has (ACLSERVE_CPU_MAX_EVENTS)"
+            has, source = self.acl.device_limits()[1], "the CPU runtime has (ACLSERVE_CPU_MAX_EVENTS, by default its SoC's)"
         else:
             documented = documented_limits(compat.soc_name(self.acl))
             has, source = (documented[1] if documented else None), f"CANN documents for the {self.soc_name()}"
