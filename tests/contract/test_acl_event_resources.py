@@ -28,9 +28,12 @@ _UP = """
 """
 
 
-def _run(script: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_UP) + textwrap.dedent(script)
-                           + "\nprint(json.dumps(out))\n"], capture_output=True, text=True, timeout=60, cwd=REPO)
+def _run(*scripts: str) -> dict:
+    """The output of _UP then `scripts` (each dedented) in a process of its own; the timeout is
+    the guard against a hang."""
+    script = "".join(textwrap.dedent(part) for part in (_UP, *scripts))
+    proc = subprocess.run([sys.executable, "-c", script + "\nprint(json.dumps(out))\n"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -111,3 +114,63 @@ def test_a_sync_event_of_create_event_ex_with_flag_holds_one_while_its_record_is
     """)
     assert out == {"in a row": [0] * 6, "waited for": [0, 0, 0, C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT],
                    "once waited": [0, 0]}
+
+
+# Both resources held for good by two plain events recorded on t; the third plain event's record
+# on s then waits (and a TIME_LINE event recorded behind it, which takes none, with it).
+_HELD_AND_WAITING = """
+    held = [acl.rt.create_event()[0] for _ in range(2)]
+    out["held"] = [acl.rt.record_event(e, t) for e in held] + [acl.rt.synchronize_stream(t)]
+    late, _ = acl.rt.create_event()
+    mark, _ = acl.rt.create_event_with_flag(C.ACL_EVENT_TIME_LINE)
+    out["waiting"] = [acl.rt.record_event(late, s), acl.rt.record_event(mark, s),
+                      acl.rt.synchronize_stream_with_timeout(s, 50)]
+"""
+# Every event gone, the device's events are whole again: as many as it has are taken at creation
+_WHOLE = """
+    out["whole"] = [acl.rt.create_event_with_flag(C.ACL_EVENT_SYNC)[1] for _ in range(3)]
+"""
+_WAITED = {"held": [0, 0, 0], "waiting": [0, 0, C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT],
+           "whole": [0, 0, C.ACL_ERROR_RT_NO_EVENT_RESOURCE]}
+_COMPLETE = C.ACL_EVENT_RECORDED_STATUS_COMPLETE
+
+
+def test_destroying_a_stream_whose_record_waits_for_an_event_ends_the_wait(cpu_only):
+    """destroy_stream runs what the stream holds and joins its thread; a record that waits for a
+    resource (which a device's stream never holds: its recording thread waits in record_event)
+    gives up its wait and completes without one, as at an abort, where the join hung for a
+    release that nothing here makes. The work behind it runs; nothing is lost from the pool."""
+    out = _run(_HELD_AND_WAITING, """
+        out["destroyed"] = [acl.rt.destroy_stream(s), acl.rt.query_event_status(late)[0],
+                            acl.rt.query_event_status(mark)[0]]
+        out["released"] = [acl.rt.destroy_event(e) for e in held + [late, mark]]
+    """, _WHOLE)
+    assert out == {**_WAITED, "destroyed": [0, _COMPLETE, _COMPLETE], "released": [0] * 4}
+
+
+def test_destroying_a_context_whose_records_wait_for_events_ends_the_waits(cpu_only):
+    """destroy_context closes its streams (its default one too) and destroys its events: records
+    of its events waiting for a resource on either stream give up their waits, where it hung."""
+    out = _run("""
+        held = [acl.rt.create_event()[0] for _ in range(2)]
+        out["held"] = [acl.rt.record_event(e, t) for e in held] + [acl.rt.synchronize_stream(t)]
+        other, _ = acl.rt.create_context(0)
+        stream, _ = acl.rt.create_stream()
+        late = [acl.rt.create_event()[0] for _ in range(2)]
+        out["waiting"] = [acl.rt.record_event(late[0], stream), acl.rt.record_event(late[1], 0),
+                          acl.rt.synchronize_stream_with_timeout(stream, 50)]
+        out["destroyed"] = [acl.rt.destroy_context(other), acl.rt.set_context(ctx)]
+        out["released"] = [acl.rt.destroy_event(e) for e in held]
+    """, _WHOLE)
+    assert out == {**_WAITED, "destroyed": [0, 0], "released": [0, 0]}
+
+
+def test_destroying_the_event_of_a_record_that_waits_lets_its_stream_run_on(cpu_only):
+    """The resource a destroyed event's record waits for would go back as soon as the record
+    ran: the wait gives up instead, so the stream runs on (it waited until a release)."""
+    out = _run(_HELD_AND_WAITING, """
+        out["destroyed"] = [acl.rt.destroy_event(late), acl.rt.synchronize_stream_with_timeout(s, 10_000),
+                            acl.rt.query_event_status(mark)[0]]
+        out["released"] = [acl.rt.destroy_event(e) for e in held + [mark]]
+    """, _WHOLE)
+    assert out == {**_WAITED, "destroyed": [0, 0, _COMPLETE], "released": [0] * 3}

@@ -24,9 +24,12 @@ does (hicann/runtime Event::AllocEventIdResource loops until one is freed). On t
 recording thread waits in aclrtRecordEvent; here the record is taken and its stream waits
 (nothing queued behind it runs, the event is not complete), so that a test ends at its
 synchronize's timeout (507046 / 507047) where a device would hang, instead of hanging itself.
-stream_abort ends such a wait (the record then completes without a resource), as does finalize.
-A destroyed event's resources go back once what holds them has run (CANN's aclrtDestroyEvent:
-released when the event completes).
+What the device cannot have, a record queued that waits, must not make cleanup hang either: such
+a wait gives up (the record then completes without a resource) at stream_abort, at its stream's
+destroy (or its context's, or reset_device's: a closing stream runs what it holds, then its
+thread is joined), at its event's destroy (the resource would go back as soon as the record ran)
+and at finalize. A destroyed event's resources go back once what holds them has run (CANN's
+aclrtDestroyEvent: released when the event completes).
 
 The server records several events per batch, so the common case (a resource left, no record
 waiting) is kept short: one lock, the pool's, guards its count and every Holding of its device
@@ -55,7 +58,8 @@ class Claim:
         self.granted = False
 
     def wake_waits(self) -> None:
-        """Its stream is aborted (Stream.abort): the wait looks at whether to give up."""
+        """Its stream is aborted or closed (Stream.abort, Stream.close): the wait looks at whether
+        to give up."""
         self.pool.wake()
 
 
@@ -66,7 +70,7 @@ class EventPool:
     def __init__(self, size: int):
         self.size = self.free = size
         self.lock = threading.Lock()
-        self.ready = threading.Condition(self.lock)  # a claim granted, an abort, finalize
+        self.ready = threading.Condition(self.lock)  # a claim granted, a wait to give up (Holding.obtain)
         self.queue: collections.deque[Claim] = collections.deque()  # waiting, oldest first
         self.closed = False  # finalize: every wait gives up
 
@@ -162,14 +166,14 @@ class Holding:
 
     def obtain(self, generation: int, claim: Claim, stream) -> None:
         """The record's task, before it completes, when its claim was queued: wait (blocking
-        `stream`) until it is granted, unless the stream's abort or finalize ends the wait (the
-        record then holds none)."""
+        `stream`) until it is granted, unless the stream's abort or close, the event's destroy or
+        finalize ends the wait (the record then holds none)."""
         pool = self._pool
-        stream.waiting_on = claim
+        stream.waiting_on = claim  # (before the stream's state is read: abort() and close() wake it)
         try:
             with pool.lock:
                 while not claim.granted:
-                    if stream.dropping() or pool.closed:
+                    if stream.dropping() or stream.closed or self._destroyed or pool.closed:
                         pool.queue.remove(claim)
                         del self._users[generation]
                         return
@@ -197,9 +201,12 @@ class Holding:
             self._let_go(generation)
 
     def destroyed(self) -> None:
+        """Its event is destroyed: the resources no one uses back, a record's wait for one ends."""
         with self._pool.lock:
             self._destroyed = True
             self._release_unused()
+            if self._pool.queue:
+                self._pool.ready.notify_all()
 
     def _let_go(self, generation: int) -> None:
         """One user of `generation` is done (hold the pool's lock): its resource back if it was

@@ -122,10 +122,10 @@ class Stream:
         self._error = 0
         self._dropped = 0  # abort(): the work among the first `_dropped` tasks is not run
         # what its running task waits for: an event (stream_wait_event), or a resource for a record
-        # (an _event_pool.Claim); abort() wakes it
+        # (an _event_pool.Claim); abort() and close() wake it
         self.waiting_on = None
         self.failure_mode = C.ACL_CONTINUE_ON_FAILURE  # set_stream_failure_mode's
-        self._closed = False
+        self.closed = False  # close(): no new task; a record's wait for a resource gives up
         self._thread = threading.Thread(target=self._run, name=f"acl-cpu-stream-{handle:#x}", daemon=True)
         self._thread.start()
 
@@ -138,7 +138,7 @@ class Stream:
         if failure:  # stopped on a failure, or the device failed: no new task (CANN)
             return failure
         with self._lock:
-            if self._closed:
+            if self.closed:
                 return C.ACL_ERROR_RT_PARAM_INVALID
             self._enqueued += 1
             self._tasks.put((task, marker))
@@ -205,9 +205,7 @@ class Stream:
         with self._lock:
             target = self._dropped = self._enqueued
             self._error = self._error or C.ACL_ERROR_RT_STREAM_ABORT  # (a synchronize under way reads it)
-        waited = self.waiting_on
-        if waited is not None:  # a wait task is dropped too (it looks at dropping() when woken)
-            waited.wake_waits()
+        self._wake_running_wait()  # a wait task is dropped too (it looks at dropping() when woken)
         if not wait_until(self._lock, self._waiters, target, lambda: self._done >= target, ABORT_WAIT_S):
             log.error("stream %#x: abort: the task running did not end within %.0f s (a CPU "
                       "thread cannot be stopped midway)", self.handle, ABORT_WAIT_S)
@@ -219,16 +217,27 @@ class Stream:
         """Whether the task running now is one an abort dropped."""
         return self._done < self._dropped
 
+    def _wake_running_wait(self) -> None:
+        """The wait its running task is in (if any) looks again at whether to give up (after
+        `_dropped` or `closed` changed: a task that starts waiting later reads them first)."""
+        waited = self.waiting_on
+        if waited is not None:
+            waited.wake_waits()
+
     def wake_waits(self) -> None:
         with self._lock:
             self._waiters.wake_all()
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Let the worker finish what is queued, then stop it. Idempotent."""
+        """Let the worker finish what is queued, then stop it. Idempotent. A record queued that
+        waits for an event resource gives up that wait (it completes without one): on the device
+        the recording thread got its resource before the record was queued, so nothing queued
+        waits for one, and the join would wait for a release that may never come."""
         with self._lock:
-            if not self._closed:
-                self._closed = True
+            if not self.closed:
+                self.closed = True
                 self._tasks.put(_STOP)
+        self._wake_running_wait()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
@@ -326,7 +335,8 @@ class Event:
         return ret
 
     def destroyed(self) -> None:
-        """destroy_event, or its context gone: its resources go back once what holds them ran."""
+        """destroy_event, or its context gone: its resources go back once what holds them ran, and
+        a record of it waiting for one gives up (_event_pool.Holding.obtain)."""
         if self.holding is not None:
             self.holding.destroyed()
         if self.taken is not None:
