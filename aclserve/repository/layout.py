@@ -7,7 +7,9 @@ attempted model):
     <root>/<name>.onnx                  version "1", compiled on load (an .om of the same name wins)
     <root>/<name>.yaml                  config of the flat model <name>
     <root>/<name>/<version>/model.om    versioned; <version> a positive integer
-    <root>/<name>/<version>/model.onnx  compiled on load (model.om in the same folder wins)
+    <root>/<name>/<version>/model.onnx  compiled on load (model.om in the same folder wins); a folder
+                                        model.onnx/ holding model.onnx and its external data is
+                                        Triton's layout of it, read so too
     <root>/<name>/config.yaml           config of the versioned model <name>
     <root>/<name>/config.pbtxt          a Triton config of it, read when there is no config.yaml
                                         (config/triton_config.py)
@@ -15,9 +17,12 @@ attempted model):
 Hidden names (`.*`) and temporary names (`*.tmp`, `*.part`) are skipped everywhere. Symlinks
 are followed only when they resolve inside the repository; anything resolving outside is
 refused. A model's config that fails to parse makes the model a problem (not loadable) with
-the ConfigError text as reason. A FIFO, socket or device node (or a symlink to one) where a
-model file, config, labels file or version folder belongs is a problem too, found by stat and
-never opened: opening a FIFO for reading would hold the scan until someone writes to it.
+the ConfigError text as reason; so does a model folder with a config or a version folder but
+no model file in a version folder (its config read first: a Triton ensemble's or TensorRT
+model's refusal names the field that is why). A FIFO, socket or device node (or a symlink to
+one) where a model file, config, labels file or version folder belongs is a problem too, found
+by stat and never opened: opening a FIFO for reading would hold the scan until someone writes
+to it.
 """
 from __future__ import annotations
 
@@ -32,13 +37,11 @@ from ..config import PBTXT, ConfigError, ModelConfig, load_model_config, load_tr
 from ..regular_files import node_kind, stat_identity
 from . import external_data, unread
 from .models_folder import folder_entries
+from .names import check_model_name, escape_undecodable, is_ignored_name
 from .scan_failure import ScanFailure
 
 MODEL_SUFFIXES = (".om", ".onnx")  # order = preference when both exist
 KNOWN_SUFFIXES = MODEL_SUFFIXES + (".yaml", ".yml")
-TEMP_SUFFIXES = (".tmp", ".part")
-MAX_NAME = 128  # characters of a model's name
-_NAME_RE = re.compile(rf"^[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,{MAX_NAME - 1}}}$")
 _VERSION_RE = re.compile(r"^[1-9][0-9]{0,17}$")
 
 
@@ -93,33 +96,6 @@ class ScanResult:
     # model name -> what a bug of the scan raised on its files (a problem too): planner.Planner logs its traceback
     errors: dict[str, ScanFailure] = field(default_factory=dict)
     unreadable: bool = False  # the folder itself could not be listed: nothing is known of it
-
-
-def escape_undecodable(text: str) -> str:
-    """A file name (or a text with one) as it can be shown, logged and encoded: bytes that are
-    not UTF-8 (os.listdir hands them over as surrogates) written as \\xNN."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-def is_ignored_name(name: str) -> bool:
-    return name.startswith(".") or name.endswith(TEMP_SUFFIXES)
-
-
-def check_model_name(name: str) -> str | None:
-    """None when `name` is a valid model name, else the reason."""
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-        return "model names may not be empty, '.', '..' or contain path separators"
-    if ".." in name:
-        return "model names may not contain '..'"
-    if name.startswith("."):
-        return "model names may not start with '.'"
-    if not _NAME_RE.match(name):
-        return "model names use ASCII letters, digits, '_', '-', '.' (at most 128, not starting with '-' or '.')"
-    return None
 
 
 def version_sort_key(version: str) -> int:
@@ -182,6 +158,15 @@ def _pick(root: Path, folder: Path, stem: str, result: "ScanResult", key: str) -
         candidate = folder / f"{stem}{suffix}"
         if not os.path.lexists(candidate):
             continue
+        if suffix == ".onnx" and folder != root and candidate.is_dir():
+            # Triton's layout of an ONNX model with external data: <version>/model.onnx/model.onnx, its
+            # data files beside it (external_data.py finds them there; the inner file is checked as any)
+            candidate = candidate / candidate.name
+            if not os.path.lexists(candidate):
+                result.problems[key] = (f"{candidate.parent.relative_to(root)} is a folder without "
+                                        f"{candidate.name} in it (Triton's layout of an ONNX model with "
+                                        f"external data: {candidate.relative_to(root)}, its data files beside it)")
+                continue
         found = _version_file(root, candidate, suffix[1:])
         if not isinstance(found, VersionFile):
             if found is not None:
@@ -305,7 +290,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             result.problems[name] = f"{name}/ resolves outside the repository"
             return
         config_path = _folder_config(folder, name, result)
-        available, misplaced = {}, []
+        available, misplaced, version_folders = {}, [], []
         for sub in sorted(folder.iterdir()):
             if is_ignored_name(sub.name):
                 continue
@@ -317,6 +302,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
                 elif _VERSION_RE.match(sub.name) and (special := _special(sub)):
                     misplaced.append(f"{sub.relative_to(root)} is {special}, not a version folder")
                 continue
+            version_folders.append(sub)
             found = _pick(root, sub, "model", result, name)
             if found is not None:
                 available[str(int(sub.name))] = found
@@ -326,16 +312,19 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
                           for n in unread.capitals_note(f, root, MODEL_SUFFIXES, "model")]:
                 misplaced.append(said[0])  # model.OM
         result.versions_found[name] = set(available)
-        if misplaced:  # an attempted version the operator would otherwise never hear of
-            why = "; ".join(misplaced) + f" (a versioned model's file goes in {name}/<version>/model.om, " \
-                "<version> a positive integer such as 1)"
-            if available:
+        why = ("; ".join(misplaced) + f" (a versioned model's file goes in {name}/<version>/model.om, "
+               "<version> a positive integer such as 1)") if misplaced else ""
+        if available:
+            if why:  # an attempted version the operator would otherwise never hear of
                 result.notes.append(f"{name}: {why}")
-            else:
+        else:
+            if config_path is not None or version_folders:  # a model meant: one Triton refuses too, said
+                _config(config_path, root, name, defaults, [])  # its refusal (ensemble_scheduling...) is why
+                why = why or result.problems.get(name) or unread.no_model_file(name, version_folders, root)
+            if why:  # (_pick's reason, a FIFO say, stands)
                 result.problems[name] = why
-        elif not available:  # (not a problem in the index, which strict readiness would wait on for good)
-            result.notes.extend(unread.file_named_folder_note(name, MODEL_SUFFIXES))
-        if not available:
+            else:  # an empty folder: no problem in the index, which strict readiness would wait on for good
+                result.notes.extend(unread.file_named_folder_note(name, MODEL_SUFFIXES))
             return
     else:
         found = _pick(root, root, name, result, name)

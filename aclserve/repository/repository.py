@@ -27,7 +27,7 @@ from typing import Callable
 
 from ..config import ServerConfig
 from ..errors import InvalidInput, ModelUnavailable, NotFound, ServeError, ShuttingDown
-from . import layout
+from . import names
 from .asked_version import asked_version
 from .control_calls import ControlCalls, shut_down_before
 from .events import Listeners
@@ -63,9 +63,9 @@ class StillHeld(ModelLoadFailed):
 
 
 def too_long(name: str) -> str | None:
-    """A name longer than any model's (layout.check_model_name), as every answer says it: by its
+    """A name longer than any model's (names.check_model_name), as every answer says it: by its
     length, not quoted (a client's MiB sent back); None for a name that is not."""
-    return f"a name of {len(name):,} characters (at most {layout.MAX_NAME})" if len(name) > layout.MAX_NAME else None
+    return f"a name of {len(name):,} characters (at most {names.MAX_NAME})" if len(name) > names.MAX_NAME else None
 
 
 class ModelRepository:
@@ -149,7 +149,7 @@ class ModelRepository:
         (known but not ready), ShuttingDown after close(), InvalidInput (a version that is none)."""
         if self._closed:
             raise ShuttingDown("the model repository is shut down")
-        if by_length := too_long(name):  # no model's (layout.check_model_name)
+        if by_length := too_long(name):  # no model's (names.check_model_name)
             raise NotFound(f"unknown model: {by_length}")
         versions = self._lifecycle.serving.get(name)
         version = asked_version(version)
@@ -229,8 +229,8 @@ class ModelRepository:
         self._check_control("load")
         if by_length := too_long(name):
             raise InvalidInput(f"invalid model name: {by_length}")
-        if layout.check_model_name(name):
-            raise InvalidInput(f"invalid model name {name!r}: {layout.check_model_name(name)}")
+        if names.check_model_name(name):
+            raise InvalidInput(f"invalid model name {name!r}: {names.check_model_name(name)}")
         log.info("%s: load asked through the repository API", name)  # (the log says who did what)
         held = name in self._lifecycle.held
         self._lifecycle.held.discard(name)

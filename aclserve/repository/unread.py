@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .names import is_ignored_name
+
+_SHOWN = 3  # entries named per version folder, and version folders, in a reason
+
 
 def config_notes(name: str, parts: dict, model_suffixes: tuple[str, ...]) -> list[str]:
     """A <name>.yaml/.yml the scan never reads: a typo in its name, a versioned model's settings
@@ -34,6 +38,38 @@ def file_named_folder_note(name: str, model_suffixes: tuple[str, ...]) -> list[s
         return [f"{name}/ is a folder with no version folder in it, not read: a model's settings file {name} "
                 f"is a file (a versioned model's is {stem}/config.yaml)"]
     return []
+
+
+def no_model_file(name: str, version_folders: list[Path], root: Path) -> str:
+    """Why a model folder with a config or a version folder serves nothing, naming what its version
+    folders hold (a Triton ensemble's empty 1/, a model.plan, a model.py): such a folder vanished
+    from the index without a word (Triton refuses it: "at least one version must be available").
+    "" while a model file is being written under a hidden or temporary name (`model.onnx.part`,
+    rsync's `.model.onnx.X1b2c3`): the model is coming, as one with its file still settling is."""
+    if any(is_ignored_name(e.name) and (".om" in e.name or ".onnx" in e.name)
+           for folder in version_folders for e in _inside_entries(folder, root) or ()):
+        return ""
+    if not version_folders:
+        return (f"no version folder: a versioned model's file goes in {name}/<version>/model.om or model.onnx, "
+                "<version> a positive integer such as 1")
+    held = []
+    for folder in version_folders[:_SHOWN]:
+        where = folder.relative_to(root)
+        if (entries := _inside_entries(folder, root)) is None:  # (_pick said so where a model file was named)
+            held.append(f"{where}/ resolves outside the repository")
+            continue
+        names = sorted(e.name + ("/" if e.is_dir() else "") for e in entries if not is_ignored_name(e.name))
+        shown = ", ".join(names[:_SHOWN]) + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+        held.append(f"{where}/ holds {shown}" if names else f"{where}/ holds only hidden or temporary names"
+                    if entries else f"{where}/ is empty")
+    more = f"; {len(version_folders) - _SHOWN} more version folders" if len(version_folders) > _SHOWN else ""
+    return f"no version folder holds model.om or model.onnx ({'; '.join(held)}{more})"
+
+
+def _inside_entries(folder: Path, root: Path) -> list[Path] | None:
+    """What `folder` holds, None when it resolves outside the repository (not listed)."""
+    real = os.path.realpath(folder)
+    return list(Path(real).iterdir()) if os.path.commonpath([real, str(root)]) == str(root) else None
 
 
 def capitals_note(path: Path, root: Path, known: tuple[str, ...], stem: str | None = None) -> list[str]:

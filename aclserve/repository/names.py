@@ -1,0 +1,36 @@
+"""Names in the models folder: which ones the scan skips (hidden and temporary: being written),
+which make a valid model name, and how a name that is not UTF-8 is shown."""
+from __future__ import annotations
+
+import re
+
+TEMP_SUFFIXES = (".tmp", ".part")
+MAX_NAME = 128  # characters of a model's name
+_NAME_RE = re.compile(rf"^[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,{MAX_NAME - 1}}}$")
+
+
+def escape_undecodable(text: str) -> str:
+    """A file name (or a text with one) as it can be shown, logged and encoded: bytes that are
+    not UTF-8 (os.listdir hands them over as surrogates) written as \\xNN."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def is_ignored_name(name: str) -> bool:
+    return name.startswith(".") or name.endswith(TEMP_SUFFIXES)
+
+
+def check_model_name(name: str) -> str | None:
+    """None when `name` is a valid model name, else the reason."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        return "model names may not be empty, '.', '..' or contain path separators"
+    if ".." in name:
+        return "model names may not contain '..'"
+    if name.startswith("."):
+        return "model names may not start with '.'"
+    if not _NAME_RE.match(name):
+        return "model names use ASCII letters, digits, '_', '-', '.' (at most 128, not starting with '-' or '.')"
+    return None
