@@ -142,6 +142,20 @@ def _refuse_the_unservable(message) -> None:
                                                     "<version>/model.om or <version>/model.onnx (rename the files)")
     if message.model_transaction_policy.decoupled:
         raise ConfigError("model_transaction_policy.decoupled", "aclserve answers each request once")
+    _check_preferred_sizes(message)
+
+
+def _check_preferred_sizes(message) -> None:
+    """Triton's refusal of a preferred_batch_size (passed over here) that is not positive or over
+    max_batch_size (model_config_utils.cc), but where its ONNX Runtime backend completes a
+    max_batch_size of 0 (no input or output listed): the model gives that one."""
+    cap = message.max_batch_size
+    if cap < 0 or (cap == 0 and not (message.input and message.output)):  # (a negative one: _batching's refusal)
+        return
+    for size in message.dynamic_batching.preferred_batch_size:
+        if not 0 < size <= cap:
+            raise ConfigError("dynamic_batching.preferred_batch_size", f"{size}: must be positive and at most "
+                                                                       f"max_batch_size ({cap}; Triton refuses it too)")
 
 
 def _passed_in(message) -> list[str]:

@@ -5,8 +5,9 @@ config never read, so the refusal the README promises (ensemble_scheduling, plat
 default_model_filename) never showed; it is the model's problem now, named, and strict readiness
 waits on it as on any refused config. Triton's layout of an ONNX model with external data,
 <version>/model.onnx/ a folder holding model.onnx and its data files, is served (it was refused as
-"a folder, not a regular file"). The scan on temporary folders; readiness, the index, the
-model's answers and the load call on the real server (CPU runtime, real files)."""
+"a folder, not a regular file"). A preferred_batch_size over max_batch_size is refused, as Triton
+refuses it. The scan on temporary folders; readiness, the index, the model's answers and the
+load call on the real server (CPU runtime, real files)."""
 from __future__ import annotations
 
 import logging
@@ -68,6 +69,22 @@ def test_a_folder_with_no_model_file_is_a_problem_naming_why(tmp_path):
         "bare": "no version folder holds model.om or model.onnx (bare/3/ is empty)"}
     assert set(result.config_problems) == {"ens", "pre", "trt", "custom"}  # (one being written waits: planner.py)
     assert result.notes == []
+
+
+@pytest.mark.parametrize("dynamic, problem", [
+    ("dynamic_batching { preferred_batch_size: [ 4, 16 ] }", "16: must be positive and at most max_batch_size (8;"),
+    ("dynamic_batching { preferred_batch_size: [ 0 ] }", "0: must be positive and at most max_batch_size (8;"),
+])
+def test_a_preferred_batch_size_triton_refuses_is_refused(tmp_path, dynamic, problem):
+    tensors = 'input [ { name: "x" } ]\noutput [ { name: "y" } ]\n'
+    touch(tmp_path / "m" / "1" / "model.onnx")
+    touch(tmp_path / "m" / "config.pbtxt", f"max_batch_size: 8\n{tensors}{dynamic}\n".encode())
+    # max_batch_size 0 and no tensors listed: Triton's backend completes it from the model, so not here
+    touch(tmp_path / "completed" / "1" / "model.onnx")
+    touch(tmp_path / "completed" / "config.pbtxt", f"{dynamic}\n".encode())
+    result = scan(tmp_path, DEFAULTS)
+    assert set(result.models) == {"completed"}
+    assert result.problems["m"].endswith(f"dynamic_batching.preferred_batch_size: {problem} Triton refuses it too)")
 
 
 def _onnx_with_external_data(folder, scale: float, data_name: str = "model.onnx.data") -> None:
