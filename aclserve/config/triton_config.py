@@ -8,7 +8,8 @@ version_policy, instance_group) is read whole, the fields it leaves out taking T
 proto3 cannot tell a field left out from one set to its default, and Triton reads them as its
 defaults (a `dynamic_batching { }` has no queue delay, one priority level, unbounded queues without
 deadlines, no timeout override). A message it leaves out leaves model_defaults' settings, and so
-do the settings Triton has no field for (slots, retry, timeouts, batch_formation, compile, images);
+do the settings Triton has no field for (slots, retry, timeouts, batch_formation, compile, images;
+max_batch_size sets an .onnx's batch sizes, compile.batch, unless model_defaults gives them);
 but without dynamic_batching Triton batches no requests together, unless its ONNX Runtime backend
 completes the config (no input or no output listed), which adds `dynamic_batching { }`.
 What aclserve cannot honour is refused, naming the field, where ignoring it would change answers or
@@ -84,6 +85,7 @@ def load_triton_config(path: str | os.PathLike, name: str, defaults: ModelConfig
     said: list[str] = []
     try:
         data = translate(message, name, defaults.devices, said)
+        _compile_gears(message, data, defaults.compile.batch, said)
     except ConfigError as e:
         raise ConfigError(e.path, e.problem, str(path)) from None
     if "default_queue_policy" in data["batching"]:
@@ -146,9 +148,9 @@ def _refuse_the_unservable(message) -> None:
 
 
 def _check_preferred_sizes(message) -> None:
-    """Triton's refusal of a preferred_batch_size (passed over here) that is not positive or over
-    max_batch_size (model_config_utils.cc), but where its ONNX Runtime backend completes a
-    max_batch_size of 0 (no input or output listed): the model gives that one."""
+    """Triton's refusal of a preferred_batch_size (sizes an .onnx is compiled with: _compile_gears)
+    that is not positive or over max_batch_size (model_config_utils.cc), but where its ONNX Runtime
+    backend completes a max_batch_size of 0 (no input or output listed): the model gives that one."""
     cap = message.max_batch_size
     if cap < 0 or (cap == 0 and not (message.input and message.output)):  # (a negative one: _batching's refusal)
         return
@@ -171,13 +173,31 @@ def _passed_in(message) -> list[str]:
                           - {"name", "kind", "count", "gpus"})
     if group_fields:
         passed.append(f"instance_group {', '.join(group_fields)}")
-    if message.dynamic_batching.preferred_batch_size:
-        passed.append("dynamic_batching.preferred_batch_size (batches are formed at the model's compiled batch "
-                      "sizes, which /config lists as preferred_batch_size)")
     if message.dynamic_batching.priority_queue_policy and not message.dynamic_batching.priority_levels:
         passed.append("dynamic_batching.priority_queue_policy (priority_levels is 0: one level, its "
                       "default_queue_policy)")
     return passed
+
+
+def _compile_gears(message, data: dict, given: tuple[int, ...] | None, notes: list[str]) -> None:
+    """An .onnx's batch sizes (compile.batch) from max_batch_size N > 0, the largest batch Triton
+    runs, unless model_defaults gives them (`given`): the compiler's default sizes below N, N
+    itself and the preferred sizes, at which batches then form without padding. N of 1 keeps the
+    default sizes (one size compiles a model without a batch dimension). An .om keeps the sizes
+    ATC compiled (served.py warns of a largest below N)."""
+    cap, preferred = message.max_batch_size, message.dynamic_batching.preferred_batch_size
+    if given is not None or cap <= 1:
+        if preferred and cap != 1:
+            notes.append("dynamic_batching.preferred_batch_size passed over: batches form at the model's compiled "
+                         "batch sizes, which /config lists as preferred_batch_size")
+        return
+    from ..om.spec import DEFAULT_GEARS, MAX_GEARS  # (imports onnx: only for a config.pbtxt that batches)
+    gears = sorted({g for g in DEFAULT_GEARS if g < cap} | {cap} | set(preferred))
+    if len(gears) > MAX_GEARS:
+        raise ConfigError("dynamic_batching.preferred_batch_size",
+                          f"with max_batch_size {cap} makes {len(gears)} batch sizes to compile an .onnx with: at "
+                          f"most {MAX_GEARS} are allowed")
+    data["compile"] = {"batch": gears}  # (/config lists them as preferred_batch_size)
 
 
 def _batching(message, notes: list[str]) -> dict:

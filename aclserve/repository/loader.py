@@ -22,6 +22,8 @@ import os
 import time
 from typing import Callable
 
+from ..config import PBTXT
+from ..om.compile_error import CompileError
 from ..om.compile_process import CompileStop
 from .compile_cache import CompileCache
 from .plan import Wanted
@@ -38,6 +40,18 @@ def first_step(wanted: Wanted) -> str:
     file = os.path.basename(wanted.file.path)
     return f"looking for the compile of {file} in the compile cache" if wanted.file.kind == "onnx" else \
         f"checking {file}"
+
+
+def _in_pbtxt_words(error: CompileError, wanted: Wanted) -> CompileError | None:
+    """A compile refusing the batch sizes a config.pbtxt's max_batch_size gave an .onnx without a
+    batch dimension (om/spec.py's resolve), said of that field: the file sets no compile.batch."""
+    cap = wanted.config.batching.batch_cap
+    if os.path.basename(wanted.config_path() or "") != PBTXT or not cap \
+            or "compile.batch given but the model has no batch dimension" not in str(error):
+        return None
+    return CompileError(f"{PBTXT}: max_batch_size {cap} cannot apply: the model has no batch dimension (no input "
+                        "has a dynamic first dimension, so it compiles without batch sizes); set 0 or remove it "
+                        "(Triton refuses a max_batch_size over 0 for such a model too)")
 
 
 async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: CompileCache, name: str,
@@ -60,6 +74,11 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
         try:
             return await run(functools.partial(cache.compiled, wanted.file.path, name, wanted.config.compile,
                                                runtime.kind, soc, from_thread, stop))
+        except CompileError as e:
+            refusal = _in_pbtxt_words(e, wanted)
+            if refusal is None:
+                raise
+            raise refusal from None
         except asyncio.CancelledError:  # the repository closing (a load's only canceller)
             stop.stop()
             # as lifecycle.py says an unload's stop (the shutdown's said nothing)

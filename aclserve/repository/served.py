@@ -226,17 +226,30 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
         if not pool.gears:
             _batching_on_a_static_model(f"{name}:{version}", config.batching, wanted.config_path())
         elif config.batching.batch_cap > batcher.batch_limit:  # (it was taken in silence)
-            log.info("%s:%s: batching.max_batch_size %d (or --max-batch) is above the largest compiled batch size "
-                     "%d: a batch holds %d rows at most%s", name, version, config.batching.batch_cap,
-                     batcher.batch_limit, batcher.batch_limit,
-                     # (an .om's sizes were fixed by ATC: its compile settings are passed over, layout.py)
-                     " (compile.batch sets the sizes)" if wanted.file.kind == "onnx" else "")
+            _cap_above_the_gears(f"{name}:{version}", config.batching, batcher.batch_limit, wanted)
         batcher.start()
     except BaseException:
         await loop.run_in_executor(executor, pool.close)
         raise
     return ServedVersion(name, version, pool, batcher, config, wanted.file.path, om_path,
                          time.monotonic() - started, wanted, images=images, labels=labels, value_ranges=ranges)
+
+
+def _cap_above_the_gears(label: str, batching: BatchingConfig, largest: int, wanted) -> None:
+    """A max_batch_size above the largest compiled batch size (it was taken in silence): requests
+    of more rows are refused. The model's own config's in a WARNING (its owner asked for more);
+    model_defaults' (or --max-batch), which fits no model in particular, in an INFO line."""
+    own = "max_batch_size" in batching.own_keys
+    pbtxt = os.path.basename(wanted.config_path() or "") == PBTXT
+    # (an .om's sizes were fixed by ATC: its compile settings are passed over, layout.py; a config.pbtxt's
+    # max_batch_size sets an .onnx's unless model_defaults' compile.batch does: triton_config.py)
+    sizes = ("an .om's batch sizes were fixed when it was compiled: ATC's --dynamic_batch_size"
+             if wanted.file.kind != "onnx" else "model_defaults' compile.batch sets the sizes" if pbtxt
+             else "compile.batch sets the sizes")
+    log.log(logging.WARNING if own else logging.INFO, "%s: %s %d%s is above the largest compiled batch size %d: a "
+            "batch holds %d rows at most, and a request of more is refused (%s)", label,
+            "max_batch_size" if pbtxt else "batching.max_batch_size", batching.batch_cap,
+            "" if own else " (model_defaults', or --max-batch)", largest, largest, sizes)
 
 
 def _batching_on_a_static_model(label: str, batching: BatchingConfig, config_path: str | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..config import PBTXT
 from .names import is_ignored_name
 
 _SHOWN = 3  # entries named per version folder, and version folders, in a reason
@@ -88,7 +89,7 @@ def compile_note(config_path: Path, served: list[str], root: Path) -> list[str]:
     its batch sizes and shapes were fixed when ATC built it (the settings were passed over in
     silence). `served`: the model files of the versions served."""
     oms = [os.path.relpath(path, root) for path in served if path.endswith(".om")]
-    if not oms:
+    if not oms or config_path.name == PBTXT:  # (it sets none: its max_batch_size's batch sizes, for an .onnx)
         return []
     return [f"{config_path.relative_to(root)}: compile is ignored for {', '.join(oms)}: an .om was compiled "
             f"already (its batch sizes were fixed by ATC); compile applies to an .onnx the server compiles"]

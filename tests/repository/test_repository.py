@@ -580,15 +580,22 @@ async def test_lenient_readiness_comes_when_a_retry_has_failed_again(make_repo, 
 async def test_a_max_batch_size_above_the_largest_gear_is_said(make_repo, models_dir, model_files, caplog):
     """Served as the largest gear (4 here), as before, but no longer in silence (an operator's check).
     An .om's sizes were fixed by ATC: the note told its owner "compile.batch sets the sizes", and
-    its config's `compile:` was passed over in silence (an audit's findings): said once, at INFO."""
+    its config's `compile:` was passed over in silence (an audit's findings): said once. The model's
+    own max_batch_size (its requests of more rows refused) in a WARNING, model_defaults' at INFO."""
     caplog.set_level(logging.INFO, logger="aclserve.repository")
     place(model_files[1]["om"], models_dir / "m.om")
     (models_dir / "m.yaml").write_text("batching:\n  max_batch_size: 100\ncompile: {batch: [1, 2, 8]}\n")
-    repo, _ = await make_repo(model_control_mode="none")
+    place(model_files[1]["om"], models_dir / "inherits.om")
+    repo, _ = await make_repo(model_control_mode="none", **{"model_defaults.batching.max_batch_size": 50})
     assert repo.get("m").max_batch_size == 4
     said = [r.getMessage() for r in caplog.records]
-    assert ("m:1: batching.max_batch_size 100 (or --max-batch) is above the largest compiled batch size 4: a "
-            "batch holds 4 rows at most") in said, said
+    levels = {r.getMessage(): r.levelname for r in caplog.records}
+    fixed = "(an .om's batch sizes were fixed when it was compiled: ATC's --dynamic_batch_size)"
+    assert levels.get("m:1: batching.max_batch_size 100 is above the largest compiled batch size 4: a batch holds 4 "
+                      f"rows at most, and a request of more is refused {fixed}") == "WARNING", said
+    assert levels.get("inherits:1: batching.max_batch_size 50 (model_defaults', or --max-batch) is above the "
+                      "largest compiled batch size 4: a batch holds 4 rows at most, and a request of more is refused "
+                      f"{fixed}") == "INFO", said
     assert ("models folder: m.yaml: compile is ignored for m.om: an .om was compiled already (its batch sizes "
             "were fixed by ATC); compile applies to an .onnx the server compiles") in said, said
     assert not [line for line in said if "compile.batch" in line]
