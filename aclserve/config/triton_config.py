@@ -22,6 +22,7 @@ import os
 
 from google.protobuf import text_format
 
+from ..om.gears import DEFAULT_GEARS, MAX_GEARS
 from ..regular_files import open_regular
 from .checks import MAX_MS
 from .files import layer_model_config
@@ -191,7 +192,6 @@ def _compile_gears(message, data: dict, given: tuple[int, ...] | None, notes: li
             notes.append("dynamic_batching.preferred_batch_size passed over: batches form at the model's compiled "
                          "batch sizes, which /config lists as preferred_batch_size")
         return
-    from ..om.spec import DEFAULT_GEARS, MAX_GEARS  # (imports onnx: only for a config.pbtxt that batches)
     gears = sorted({g for g in DEFAULT_GEARS if g < cap} | {cap} | set(preferred))
     if len(gears) > MAX_GEARS:
         raise ConfigError("dynamic_batching.preferred_batch_size",

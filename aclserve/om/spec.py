@@ -21,10 +21,9 @@ from .atc_om import om_kind
 from .compile_error import CompileError
 from .container import DYNAMIC_BATCH_INPUT
 from .external_files import external_bytes, external_locations, missing_external_file
+from .gears import DEFAULT_GEARS, MAX_GEARS
 from .plain_numbers import plain_number
 
-DEFAULT_GEARS = (1, 2, 4, 8, 16, 32)
-MAX_GEARS = 100
 MAX_DIM = 2**63 - 1  # ONNX (and ACL) dims are int64; a tensor's size in bytes must fit one too
 BATCH_SYMBOL = "batch"  # the one dim_param every batched input shares, so inference propagates it
 # (spaces are taken around the separators only: a name may hold them, "input ids:-1,16"; the
