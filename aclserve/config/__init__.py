@@ -28,16 +28,18 @@ server (a section's mapping -> its dataclass), files (default, YAML files, overr
 origins (where each setting came from, for the errors),
 yaml_numbers (the numbers and booleans YAML 1.1 reads otherwise than they look, refused in a file:
 07000, 1:30, yes, off),
-triton_config (a Triton model folder's config.pbtxt -> the mapping a model's YAML gives).
+triton_config (a Triton model folder's config.pbtxt -> the mapping a model's YAML gives),
+triton_tensors (its input and output lists -> DeclaredTensors, compared with the model at load).
 """
 from .files import DEFAULT_CONFIG_PATH, load_model_config, load_server_config, load_server_settings
 from .model import model_config_mapping, parse_model_config
 from .origins import Origins
-from .schema import (CompileOptions, ConfigConflict, ConfigError, ImageInput, ImageSettings, ModelConfig, ServerConfig,
-                     TensorOptions)
+from .schema import (CompileOptions, ConfigConflict, ConfigError, DeclaredTensor, DeclaredTensors, ImageInput,
+                     ImageSettings, ModelConfig, ServerConfig, TensorOptions)
 from .triton_config import PBTXT, load_triton_config
 
-__all__ = ["DEFAULT_CONFIG_PATH", "PBTXT", "CompileOptions", "ConfigConflict", "ConfigError", "ImageInput",
+__all__ = ["DEFAULT_CONFIG_PATH", "PBTXT", "CompileOptions", "ConfigConflict", "ConfigError", "DeclaredTensor",
+           "DeclaredTensors", "ImageInput",
            "ImageSettings", "ModelConfig", "Origins", "ServerConfig", "TensorOptions", "load_model_config",
            "load_server_config", "load_server_settings", "load_triton_config", "model_config_mapping",
            "parse_model_config"]

@@ -101,6 +101,29 @@ class TensorOptions:
 
 
 @dataclass(frozen=True)
+class DeclaredTensor:
+    """An input or output a config.pbtxt lists, compared with the model's when it loads
+    (repository/declared.py): its name, `data_type` (the KServe name, "FP32"; "" when left out)
+    and `dims` (None when left out), the shape clients send or are answered in; `reshape`, when
+    given, the shape the model takes or gives instead. `with_batch`: max_batch_size 0, so dims
+    and reshape hold the batch dimension too (Triton's meaning)."""
+
+    name: str
+    data_type: str = ""
+    dims: tuple[int, ...] | None = None
+    reshape: tuple[int, ...] | None = None
+    with_batch: bool = False
+
+
+@dataclass(frozen=True)
+class DeclaredTensors:
+    """A config.pbtxt's `input` and `output` lists (config/triton_tensors.py)."""
+
+    inputs: tuple[DeclaredTensor, ...] = ()
+    outputs: tuple[DeclaredTensor, ...] = ()
+
+
+@dataclass(frozen=True)
 class ImageSettings:
     """Server-wide image decoding: the worker pool and the decompression limits."""
 
@@ -129,6 +152,8 @@ class ModelConfig:
     compile: CompileOptions = field(default_factory=CompileOptions)
     inputs: dict[str, TensorOptions] = field(default_factory=dict)  # by input name
     outputs: dict[str, TensorOptions] = field(default_factory=dict)  # by output name
+    # a config.pbtxt's tensors, not a key: checked against the model at load, and the shapes clients see
+    declared: DeclaredTensors | None = None
     # model_defaults' only, not a key: where each of its settings came from (origins.Origins.of_model_default),
     # for a model's conflict to name (files.layer_model_config); None for one built in code
     origin_of: Callable[[str], str] | None = field(default=None, compare=False, repr=False)

@@ -28,6 +28,7 @@ from .checks import MAX_MS
 from .files import layer_model_config
 from .model import MAX_PRIORITY_LEVELS
 from .schema import ConfigError, ModelConfig
+from .triton_tensors import declared_tensors
 
 PBTXT = "config.pbtxt"
 _MAX_US = MAX_MS * 1000  # durations in microseconds, where aclserve's are in milliseconds
@@ -87,6 +88,7 @@ def load_triton_config(path: str | os.PathLike, name: str, defaults: ModelConfig
     try:
         data = translate(message, name, defaults.devices, said)
         _compile_gears(message, data, defaults.compile.batch, said)
+        declared = declared_tensors(message)
     except ConfigError as e:
         raise ConfigError(e.path, e.problem, str(path)) from None
     if "default_queue_policy" in data["batching"]:
@@ -100,7 +102,7 @@ def load_triton_config(path: str | os.PathLike, name: str, defaults: ModelConfig
         config = dataclasses.replace(config, batching=dataclasses.replace(config.batching, priorities_off=True))
     if notes is not None:
         notes.extend(said)
-    return config
+    return dataclasses.replace(config, declared=declared)  # (compared with the model at load: repository/declared.py)
 
 
 def translate(message, name: str, devices: tuple[int, ...], notes: list[str]) -> dict:
@@ -167,7 +169,7 @@ def _passed_in(message) -> list[str]:
     if message.platform or message.backend:
         passed.append("platform and backend (the model runs as an OM; an .onnx is compiled to one)")
     tensor_fields = sorted({f.name for t in [*message.input, *message.output] for f in _given(t)}
-                           - {"name", "label_filename"})
+                           - {"name", "label_filename", "data_type", "dims", "reshape"})  # (those: checked at load)
     if tensor_fields:
         passed.append(f"input and output {', '.join(tensor_fields)} (the model's own are served)")
     group_fields = sorted({f.name for g in message.instance_group for f in _given(g)}

@@ -41,6 +41,7 @@ from ..errors import ModelUnavailable, ShuttingDown
 from ..images import ImageStage
 from ..scheduling import BatchingConfig, DynamicBatcher
 from . import overload
+from .declared import TensorViews, tensor_views
 from .handoff import Handoff
 from .labels import load_labels
 from .value_ranges import input_ranges
@@ -70,7 +71,8 @@ def auto_slots(runtime_kind: str) -> int:
 
 class ServedVersion:
     def __init__(self, name: str, version: str, pool, batcher, config: ModelConfig, source: str,
-                 om_path: str, load_seconds: float, wanted: Wanted, images=None, labels=None, value_ranges=None):
+                 om_path: str, load_seconds: float, wanted: Wanted, images=None, labels=None, value_ranges=None,
+                 views: TensorViews | None = None):
         self.name = name
         self.version = version
         self.pool = pool
@@ -83,6 +85,8 @@ class ServedVersion:
         self.images = images  # images.ImageStage for its image inputs, or None
         self.labels = labels or {}  # output name -> class labels
         self.value_ranges = value_ranges or {}  # integer input name -> value_ranges.ValueRange
+        self.views = views  # a config.pbtxt's tensors: their shapes as clients see them (declared.py), or None
+        self.reshapes = views.reshapes if views else None  # None: requests and answers go as they are
         self._successor: Callable[[], "ServedVersion | None"] | None = None
 
     def reselected(self, wanted: Wanted) -> None:
@@ -95,12 +99,15 @@ class ServedVersion:
     # what the server reads
     @property
     def inputs(self):
-        """As clients see them: image inputs are BYTES (self.pool.inputs has the model's own)."""
-        return self.images.client_inputs(self.pool.inputs) if self.images else self.pool.inputs
+        """As clients see them: image inputs are BYTES, a config.pbtxt's with its dims (self.pool.inputs
+        has the model's own)."""
+        inputs = self.views.inputs if self.views else self.pool.inputs
+        return self.images.client_inputs(inputs) if self.images else inputs
 
     @property
     def outputs(self):
-        return self.pool.outputs
+        """As clients see them: a config.pbtxt's with its dims (self.pool.outputs has the model's own)."""
+        return self.views.outputs if self.views else self.pool.outputs
 
     @property
     def max_batch_size(self) -> int:
@@ -114,9 +121,13 @@ class ServedVersion:
 
     async def infer(self, inputs, rows: int, priority: int | None = None, timeout_us: int | None = None,
                     trace=None, pinned: bool = False):
-        """The batcher's result; `pinned`: the request named this version (never handed to another)."""
+        """The batcher's result; `pinned`: the request named this version (never handed to another).
+        A config.pbtxt's reshapes turn the request's tensors into the model's shapes (views) and the
+        model's outputs into the config's dims."""
+        if self.reshapes is not None:
+            inputs = self.reshapes.to_model(inputs)
         try:
-            return await self.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us, trace=trace)
+            result = await self.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us, trace=trace)
         except (ModelUnavailable, ShuttingDown):
             # refused because this version was retired after the caller looked it up (draining,
             # or already closed): hand the request to the version that took over, when it has
@@ -135,7 +146,9 @@ class ServedVersion:
                                                    trace=trace)
             if successor.version != self.version:
                 result = dataclasses.replace(result, version=successor.version)
-            return result
+        if self.reshapes is not None:  # (a successor's are the same: the same tensors, tensor_key)
+            result = dataclasses.replace(result, outputs=self.reshapes.to_client(result.outputs))
+        return result
 
     def _handover_refusal(self, successor: "ServedVersion") -> str | None:
         """Why `successor` cannot answer a request decoded for this version (what it was
@@ -149,8 +162,8 @@ class ServedVersion:
     def tensor_key(self) -> tuple:
         """The tensors a request decoded for this version holds (its values checked against the
         ranges) and its answer is made of."""
-        return (tuple(self.inputs), tuple(self.pool.inputs), tuple(self.outputs), self.max_batch_size,
-                tuple(sorted(self.value_ranges.items())))
+        return (tuple(self.inputs), tuple(self.pool.inputs), tuple(self.outputs), tuple(self.pool.outputs),
+                self.max_batch_size, tuple(sorted(self.value_ranges.items())))
 
     def model_key(self) -> tuple:
         """The model that runs: the file in the models folder and what was loaded from it."""
@@ -208,7 +221,7 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
     config = wanted.config
     handoff: Handoff[tuple] = Handoff()
     try:
-        pool, images, labels, ranges = await loop.run_in_executor(executor, functools.partial(
+        pool, images, labels, ranges, views = await loop.run_in_executor(executor, functools.partial(
             _open_and_warm_up, runtime, om_path, f"{name}:{version}", config, handoff, progress, index_bounds or {}))
     except asyncio.CancelledError:
         late = handoff.give_up()
@@ -232,7 +245,8 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
         await loop.run_in_executor(executor, pool.close)
         raise
     return ServedVersion(name, version, pool, batcher, config, wanted.file.path, om_path,
-                         time.monotonic() - started, wanted, images=images, labels=labels, value_ranges=ranges)
+                         time.monotonic() - started, wanted, images=images, labels=labels, value_ranges=ranges,
+                         views=views)
 
 
 def _cap_above_the_gears(label: str, batching: BatchingConfig, largest: int, wanted) -> None:
@@ -274,14 +288,15 @@ def _batching_on_a_static_model(label: str, batching: BatchingConfig, config_pat
 
 def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handoff: Handoff,
                       progress: Callable[[str], None], index_bounds: Mapping[str, int]) -> tuple | None:
-    """A load thread: open the pool, plan its image inputs, read its labels, settle its inputs'
-    value ranges, warm it up (three runs per gear; times the gear costs the batcher plans with;
-    it stops at the next run once the loop has given up, so a shutdown does not wait for a long
-    warm-up), then hand (pool, images, labels, ranges) to the loop, or close the pool when the
-    loop has given up meanwhile. While it runs, the runtime resets none of the model's devices
-    (it is inside ACL calls, or its instances' work runs there: teardown.py). On failure the pool
-    is closed and the error says what it left on the device (an instance a hung warm-up run
-    kept, abandoned: runtime/left_on_device.py), which holds back the load's retry."""
+    """A load thread: open the pool, plan its image inputs, match a config.pbtxt's tensors with its
+    own (declared.py), read its labels, settle its inputs' value ranges, warm it up (three runs per
+    gear; times the gear costs the batcher plans with; it stops at the next run once the loop has
+    given up, so a shutdown does not wait for a long warm-up), then hand (pool, images, labels,
+    ranges, views) to the loop, or close the pool when the loop has given up meanwhile. While it
+    runs, the runtime resets none of the model's devices (it is inside ACL calls, or its
+    instances' work runs there: teardown.py). On failure the pool is closed and the error says
+    what it left on the device (an instance a hung warm-up run kept, abandoned:
+    runtime/left_on_device.py), which holds back the load's retry."""
     from ..runtime import open_pool, teardown, warm_up  # the runtime imports ACL; keep this module light to import
     from ..runtime.execution_timeout import UNMEASURED_TIMEOUT_MS
     from ..runtime.left_on_device import note_left
@@ -303,6 +318,8 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
                          reset_timeout_ms=config.reset_timeout_ms)
         try:
             images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
+            views = tensor_views(config.declared, pool.inputs, pool.outputs, bool(pool.gears),
+                                 frozenset(images.plans) if images else frozenset())
             labels = load_labels(config.outputs, pool.outputs)
             ranges = input_ranges(config.inputs, pool.inputs, index_bounds, name)
             warm_up(pool, stop=lambda: handoff.given_up, progress=warming, data=config.warmup_data,
@@ -312,7 +329,7 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
             pool.close()
             note_left(error, pool.left_on_device)  # a hung instance abandoned: no retry while it is (failures.py)
             raise
-        return handoff.deliver((pool, images, labels, ranges), lambda opened: opened[0].close())
+        return handoff.deliver((pool, images, labels, ranges, views), lambda opened: opened[0].close())
 
 
 def _timeout_remedy(configured_ms: int, unmeasured_ms: int) -> str:

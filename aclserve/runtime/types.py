@@ -26,6 +26,9 @@ class TensorSpec:
     # an input behind static AIPP of another format (YUV420SP_U8, ...): its name. The input is its
     # raw buffer, as get_input_dims_v2 lays it out (YUV420SP: [N, 1.5H, W, 1] uint8); images cannot feed it
     raw_aipp_format: str | None = None
+    # a config.pbtxt's reshape: the model's shape of a row (of the whole tensor, for a static model)
+    # where `shape` is the one clients use (repository/declared.py); None otherwise
+    reshape: tuple[int, ...] | None = None
 
     @property
     def batched(self) -> bool:

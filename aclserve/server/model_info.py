@@ -51,7 +51,9 @@ def _config_tensors(specs: Sequence[TensorSpec], batching: bool, is_input: bool,
     for s in specs:
         dims = list(s.shape[1:] if batching and s.batched else s.shape)
         entry = {"name": s.name, "data_type": triton_type(s.datatype), "dims": dims}
-        if not dims:  # Triton refuses empty dims: one element, reshaped to none (as it spells a scalar)
+        if s.reshape is not None:  # a config.pbtxt's: dims are what clients use, reshape what the model does
+            entry["reshape"] = {"shape": list(s.reshape)}
+        elif not dims:  # Triton refuses empty dims: one element, reshaped to none (as it spells a scalar)
             entry["dims"], entry["reshape"] = [1], {"shape": []}
         if is_input:  # ModelInput has a format, ModelOutput has none (model_config.proto)
             entry["format"] = _input_format(s, dims)

@@ -107,8 +107,7 @@ def test_the_pbtxt_is_translated_with_tritons_meaning(tmp_path):
         "dynamic_batching { }, as Triton's ONNX Runtime backend completes such a config (its largest compiled batch "
         "size here; Triton's default-max-batch-size: 4)",
         "m/config.pbtxt: passed over (aclserve's answers and scheduling do not depend on them): optimization, "
-        "platform and backend (the model runs as an OM; an .onnx is compiled to one), input and output data_type, "
-        "dims (the model's own are served)",
+        "platform and backend (the model runs as an OM; an .onnx is compiled to one)",  # (data_type, dims: checked)
         "partial/config.pbtxt: no dynamic_batching and no input or output listed, batched as dynamic_batching { }, "
         "as Triton's ONNX Runtime backend completes such a config",
         "plain/config.pbtxt: instance_group[0] KIND_CPU: its instances run on the model's devices, as all do here",
@@ -133,6 +132,15 @@ def test_the_pbtxt_is_translated_with_tritons_meaning(tmp_path):
     ("version_policy { specific { versions: [ 0 ] } }", "version_policy.specific.versions: must list versions"),
     ("max_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 9999999999999 }",
      "dynamic_batching.max_queue_delay_microseconds: is 9999999999999, at most 2147483647000"),
+    # input and output fields Triton refuses before it looks at the model (the model's own: test_pbtxt_tensors.py)
+    ('output [ { name: "y" dims: [ 3, 4 ] reshape: { shape: [ 10 ] } } ]',
+     "output[0].reshape: shape [10] does not hold the elements of dims [3, 4] (the same count, and the same number "
+     "of -1 dimensions with the same count between them; Triton refuses it too)"),
+    ('input [ { name: "x" dims: [ 2, -1, 4 ] reshape: { shape: [ 8, -1 ] } } ]',
+     "input[0].reshape: shape [8, -1] does not hold the elements of dims [2, -1, 4]"),
+    ('input [ { name: "x" reshape: { shape: [ 4 ] } } ]', "input[0].reshape: needs the tensor's dims"),
+    ('input [ { name: "x" dims: [ 0 ] } ]', "input[0].dims: [0]: a dimension is at least 1, or -1 for a variable one"),
+    ('output [ { dims: [ 4 ] } ]', "output[0].name: must be given (Triton refuses a tensor without a name)"),
     ("max_batch_size: 4\ndynamic_batching {\n  priority_levels: 1\n  default_priority_level: 1\n"
      "  max_queue_size: 3\n}", 'invalid text format: line 5, column 3: Message type "inference.ModelDynamicBatching" '
                               'has no field named "max_queue_size".'),

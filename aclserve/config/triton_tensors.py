@@ -1,0 +1,69 @@
+"""A config.pbtxt's `input` and `output` lists as DeclaredTensors, refused naming the field where
+Triton refuses them before it looks at the model: a tensor without a name, a dimension below 1
+(but -1, a variable one), a data_type Triton has not, a reshape without dims or whose elements are
+not those of dims (model_config_utils.cc: the same count, and with variable dimensions the same
+number of them and the same count between each two). What the model must match (names, data
+types, shapes) is checked when it loads (repository/declared.py)."""
+from __future__ import annotations
+
+from .schema import ConfigError, DeclaredTensor, DeclaredTensors
+
+
+def declared_tensors(message) -> DeclaredTensors | None:
+    """The tensors Triton's ModelConfig `message` lists; None when it lists none."""
+    if not (message.input or message.output):
+        return None
+    # Triton's dims hold the batch dimension too with max_batch_size 0, unless its ONNX Runtime
+    # backend completes the config (inputs or outputs not listed) with a batch size (triton_config._batching)
+    with_batch = message.max_batch_size == 0 and bool(message.input and message.output)
+    inputs = tuple(_declared(t, f"input[{i}]", with_batch) for i, t in enumerate(message.input))
+    outputs = tuple(_declared(t, f"output[{i}]", with_batch) for i, t in enumerate(message.output))
+    return DeclaredTensors(inputs, outputs)
+
+
+def _declared(tensor, path: str, with_batch: bool) -> DeclaredTensor:
+    if not tensor.name:
+        raise ConfigError(f"{path}.name", "must be given (Triton refuses a tensor without a name)")
+    dims = _dims(tensor.dims, f"{path}.dims") if tensor.dims else None
+    reshape = None
+    if tensor.HasField("reshape"):
+        reshape = _dims(tensor.reshape.shape, f"{path}.reshape.shape")
+        if dims is None:
+            raise ConfigError(f"{path}.reshape", "needs the tensor's dims, the shape it reshapes")
+        if _trunks(dims) != _trunks(reshape):
+            raise ConfigError(f"{path}.reshape", f"shape {list(reshape)} does not hold the elements of dims "
+                                                 f"{list(dims)} (the same count, and the same number of -1 "
+                                                 "dimensions with the same count between them; Triton refuses it "
+                                                 "too)")
+    return DeclaredTensor(tensor.name, _data_type(tensor.data_type, f"{path}.data_type"), dims, reshape, with_batch)
+
+
+def _dims(values, path: str) -> tuple[int, ...]:
+    for value in values:
+        if value < 1 and value != -1:
+            raise ConfigError(path, f"{list(values)}: a dimension is at least 1, or -1 for a variable one (Triton "
+                                    "refuses it too)")
+    return tuple(values)
+
+
+def _trunks(shape: tuple[int, ...]) -> list[int]:
+    """The element counts between a shape's variable dimensions (-1): [2, 4, -1, 6] -> [8, 6]; a
+    shape of none, [] (a scalar), holds one element, as [1] does."""
+    trunks, count = [], 1
+    for dim in shape:
+        if dim == -1:
+            trunks.append(count)
+            count = 1
+        else:
+            count *= dim
+    return trunks + [count]
+
+
+def _data_type(value: int, path: str) -> str:
+    """The KServe name of Triton's DataType `value` (TYPE_STRING: BYTES); "" for TYPE_INVALID, left out."""
+    from tritonclient.grpc import model_config_pb2  # (imported with the config.pbtxt's reader: triton_config.py)
+    types = model_config_pb2.DataType
+    if value not in types.values():
+        raise ConfigError(path, f"{value} is not one of Triton's data types")
+    name = types.Name(value)
+    return "" if name == "TYPE_INVALID" else "BYTES" if name == "TYPE_STRING" else name.removeprefix("TYPE_")

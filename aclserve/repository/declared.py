@@ -1,0 +1,123 @@
+"""A config.pbtxt's tensors (config.DeclaredTensors) matched against the model's when a version
+loads, as Triton refuses a model its config does not describe: each name listed is one of the
+model's, its data_type the model's, and its dims the model's shape, or with a reshape the reshape
+is (a dimension the model leaves open, -1, takes any size; one the model fixes takes only that
+size, -1 included: Triton's ONNX Runtime backend compares them so). A mismatch fails the load,
+naming the field and both shapes (config/triton_tensors.py has refused a reshape not holding the
+elements of its dims already).
+
+What comes out (TensorViews): the tensors as clients see them, with the config's dims (metadata,
+/config and the codec's checks), and the Reshapes that turn a request's tensors into the model's
+shapes and the model's outputs into the config's dims, as views (no copy); None without a
+reshape, so a model without one pays nothing per request."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+from ..config import PBTXT, DeclaredTensor, DeclaredTensors
+from ..runtime.types import TensorSpec
+
+
+class Reshape:
+    """One tensor's reshape: an array of `source` (after its batch rows, when `rows`) becomes one
+    of `target`; a variable dimension (-1) of the target takes the size of the source's variable
+    ones in order, as Triton maps them."""
+
+    __slots__ = ("source", "target", "rows", "fixed")
+
+    def __init__(self, source: tuple[int, ...], target: tuple[int, ...], rows: bool):
+        self.source, self.target, self.rows = source, target, rows
+        self.fixed = -1 not in target
+
+    def __call__(self, array):
+        lead = array.shape[:1] if self.rows else ()
+        if self.fixed:
+            return array.reshape(lead + self.target)
+        sizes = iter([got for got, dim in zip(array.shape[len(lead):], self.source) if dim == -1])
+        return array.reshape(lead + tuple(next(sizes) if dim == -1 else dim for dim in self.target))
+
+
+class Reshapes:
+    """The reshaped inputs and outputs of a version, by name."""
+
+    __slots__ = ("inputs", "outputs")
+
+    def __init__(self, inputs: Mapping[str, Reshape], outputs: Mapping[str, Reshape]):
+        self.inputs, self.outputs = dict(inputs), dict(outputs)
+
+    def to_model(self, arrays: Mapping) -> dict:
+        """A request's tensors, shaped as the config's dims, in the model's shapes."""
+        return {name: self.inputs[name](a) if name in self.inputs else a for name, a in arrays.items()}
+
+    def to_client(self, arrays: Mapping) -> dict:
+        """The model's outputs in the config's dims."""
+        return {name: self.outputs[name](a) if name in self.outputs else a for name, a in arrays.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorViews:
+    inputs: list[TensorSpec]  # as clients see them (an image input: the model's, images.ImageStage shows BYTES)
+    outputs: list[TensorSpec]
+    reshapes: Reshapes | None  # None: no tensor is reshaped
+
+
+def tensor_views(declared: DeclaredTensors | None, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                 with_rows: bool, image_inputs=frozenset()) -> TensorViews | None:
+    """The tensors of a model (`with_rows`: compiled with batch sizes, its batched tensors served
+    by rows) as `declared` (None: as the model has them). Raises ValueError naming the field."""
+    if declared is None:
+        return None
+    reshaped: tuple[dict, dict] = ({}, {})
+    views = []
+    for kind, listed, specs, reshapes in (("input", declared.inputs, inputs, reshaped[0]),
+                                          ("output", declared.outputs, outputs, reshaped[1])):
+        by_name = {s.name: s for s in specs}
+        for tensor in listed:
+            spec = by_name.get(tensor.name)
+            if spec is None:
+                raise ValueError(f"{PBTXT}: {kind} {tensor.name!r}: the model has no such {kind} (its {kind}s: "
+                                 f"{', '.join(by_name)}; Triton refuses it too)")
+            if tensor.reshape is not None and tensor.name in image_inputs:
+                raise ValueError(f"{PBTXT}: input {tensor.name!r} reshape: an image input takes pictures (its "
+                                 "model_defaults' image settings), not a tensor to reshape")
+            by_name[tensor.name], reshape = _matched(tensor, spec, kind, with_rows)
+            if reshape is not None:
+                reshapes[tensor.name] = reshape
+        views.append(list(by_name.values()))
+    return TensorViews(views[0], views[1], Reshapes(*reshaped) if any(reshaped) else None)
+
+
+def _matched(tensor: DeclaredTensor, spec: TensorSpec, kind: str, with_rows: bool
+             ) -> tuple[TensorSpec, Reshape | None]:
+    """`spec` as clients see it under `tensor`'s dims, and its Reshape (None without one)."""
+    where = f"{PBTXT}: {kind} {tensor.name!r}"
+    if tensor.data_type and tensor.data_type != spec.datatype:
+        raise ValueError(f"{where} data_type {_triton(tensor.data_type)} is not the model's {_triton(spec.datatype)} "
+                         "(Triton refuses it too)")
+    rows = with_rows and spec.batched
+    if tensor.dims is None or (not with_rows and not tensor.with_batch):
+        return spec, None  # (dims not given; or max_batch_size > 0 on a static model: served.py refuses that)
+    whole = tensor.with_batch or not rows  # the model's shape compared whole, batch dimension and all
+    model = spec.shape if whole else spec.shape[1:]
+    shape, field = (tensor.dims, "dims") if tensor.reshape is None else (tensor.reshape, "reshape")
+    if len(shape) != len(model) or any(m not in (-1, s) for m, s in zip(model, shape)):
+        also = f" (dims {list(tensor.dims)})" if tensor.reshape is not None else ""
+        row = "" if whole else " per batch row"
+        raise ValueError(f"{where} {field} {list(shape)}{also} does not match the model's {tensor.name}, "
+                         f"{list(model)}{row} (-1 in the model's takes any size; Triton refuses it too)")
+    dims, reshape = tensor.dims, tensor.reshape
+    if rows and tensor.with_batch:  # max_batch_size 0: both begin with the batch dimension, served as rows
+        if reshape is not None and reshape[0] != dims[0]:
+            raise ValueError(f"{where} reshape {list(reshape)} changes the batch dimension, the first of dims "
+                             f"{list(dims)} (max_batch_size 0): aclserve batches the model's rows along it")
+        dims, reshape = dims[1:], None if reshape is None else reshape[1:]
+    if reshape == dims:
+        reshape = None
+    client = dataclasses.replace(spec, shape=((-1,) if rows else ()) + dims, reshape=reshape)
+    return client, None if reshape is None else Reshape(*((dims, reshape) if kind == "input" else (reshape, dims)),
+                                                         rows)
+
+
+def _triton(datatype: str) -> str:
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"

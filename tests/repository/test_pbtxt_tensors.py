@@ -1,0 +1,88 @@
+"""A config.pbtxt's input and output lists compared with the model when it loads
+(repository/declared.py), as Triton compares them: a name the model has not, another data_type,
+dims (or a reshape) the model's shape does not take fail the load with one line naming the field
+(they loaded READY and every request was then refused 400: a tester's repository); dims and a
+reshape that fit serve, the requests in the config's dims (max_batch_size 0: the batch dimension
+first, as Triton means it). Real CPU OMs (y = x * scale, x and y FP32 [N, 4])."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aclserve.repository import State
+from aclserve.repository.declared import Reshape
+
+from .repo_helpers import place, serving, write_in
+
+TENSORS = ('max_batch_size: 4\ninput [ {{ name: "{x}" data_type: {x_type} dims: {x_dims} }} ]\n'
+           'output [ {{ name: "{y}" data_type: TYPE_FP32 dims: {y_dims} }} ]\n')
+
+
+def pbtxt(x="x", x_type="TYPE_FP32", x_dims="[ 4 ]", y="y", y_dims="[ 4 ]") -> str:
+    return TENSORS.format(x=x, x_type=x_type, x_dims=x_dims, y=y, y_dims=y_dims)
+
+
+REFUSED = {
+    "dims": (pbtxt(x_dims="[ 32 ]"), "config.pbtxt: input 'x' dims [32] does not match the model's x, [4] per batch "
+                                     "row (-1 in the model's takes any size; Triton refuses it too)"),
+    "data_type": (pbtxt(x_type="TYPE_FP16"), "config.pbtxt: input 'x' data_type TYPE_FP16 is not the model's "
+                                             "TYPE_FP32 (Triton refuses it too)"),
+    "input_name": (pbtxt(x="INPUT__0"), "config.pbtxt: input 'INPUT__0': the model has no such input (its inputs: x; "
+                                        "Triton refuses it too)"),
+    "output_name": (pbtxt(y="OUTPUT__0"), "config.pbtxt: output 'OUTPUT__0': the model has no such output (its "
+                                          "outputs: y; Triton refuses it too)"),
+    "reshape": (pbtxt(y_dims="[ 2, 3 ] reshape: { shape: [ 6 ] }"),
+                "config.pbtxt: output 'y' reshape [6] (dims [2, 3]) does not match the model's y, [4] per batch row "
+                "(-1 in the model's takes any size; Triton refuses it too)"),
+    # max_batch_size 0: Triton's dims hold the batch dimension
+    "whole": (pbtxt(x_dims="[ 4 ]").replace("max_batch_size: 4", "max_batch_size: 0"),
+              "config.pbtxt: input 'x' dims [4] does not match the model's x, [-1, 4] (-1 in the model's takes any "
+              "size; Triton refuses it too)"),
+}
+
+
+@pytest.mark.asyncio
+async def test_what_the_model_does_not_match_fails_its_load_naming_the_field(make_repo, models_dir, model_files):
+    for name, (text, _) in REFUSED.items():
+        place(model_files[1]["om"], models_dir / name / "1" / "model.om")
+        write_in(models_dir / name / "config.pbtxt", text)
+    place(model_files[2]["om"], models_dir / "fits" / "1" / "model.om")  # -1 in the model's takes 4
+    write_in(models_dir / "fits" / "config.pbtxt", pbtxt(x_dims="[ 4 ]", y_dims="[ 2, 2 ] reshape: { shape: [ 4 ] }"))
+    repo, _ = await make_repo(model_control_mode="none")
+    assert serving(repo) == ["fits"]
+    index = {r["name"]: (r["state"], r["reason"]) for r in repo.index()}
+    for name, (_, reason) in REFUSED.items():
+        assert index[name] == (State.UNAVAILABLE.value, reason), name
+
+
+@pytest.mark.asyncio
+async def test_reshapes_that_fit_serve_in_the_configs_dims(make_repo, models_dir, model_files):
+    """The client's tensors (the codec checks them against `inputs`) become the model's as views;
+    its outputs are answered in the config's dims. With max_batch_size 0 both begin with the batch
+    dimension, served as rows as the model's is."""
+    place(model_files[2]["om"], models_dir / "m" / "1" / "model.om")
+    write_in(models_dir / "m" / "config.pbtxt",
+             pbtxt(x_dims="[ 2, 2 ] reshape: { shape: [ 4 ] }", y_dims="[ 1, 4 ] reshape: { shape: [ 4 ] }"))
+    place(model_files[3]["om"], models_dir / "whole" / "1" / "model.om")
+    write_in(models_dir / "whole" / "config.pbtxt", pbtxt(x_dims="[ -1, 2, 2 ] reshape: { shape: [ -1, 4 ] }",
+                                                          y_dims="[ -1, 4 ]").replace("max_batch_size: 4",
+                                                                                      "max_batch_size: 0"))
+    repo, _ = await make_repo(model_control_mode="none")
+    assert serving(repo) == ["m", "whole"]
+    m, whole = repo.get("m"), repo.get("whole")
+    assert [(s.shape, s.reshape) for s in [*m.inputs, *m.outputs]] == [((-1, 2, 2), (4,)), ((-1, 1, 4), (4,))]
+    assert [(s.shape, s.reshape) for s in [*whole.inputs, *whole.outputs]] == [((-1, 2, 2), (4,)), ((-1, 4), None)]
+    x = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
+    y = (await m.infer({"x": x}, 3)).outputs["y"]
+    assert y.shape == (3, 1, 4) and y.tolist() == (2 * x).reshape(3, 1, 4).tolist()
+    y = (await whole.infer({"x": x}, 3)).outputs["y"]
+    assert y.shape == (3, 4) and y.tolist() == (3 * x).reshape(3, 4).tolist()
+
+
+def test_a_reshape_is_a_view_mapping_variable_dimensions_in_order():
+    """Triton's mapping: the target's -1 dimensions take the sizes of the source's, in order."""
+    source = np.arange(5 * 2 * 7 * 3, dtype=np.float32).reshape(5, 2, 7, 3)
+    shaped = Reshape((2, -1, 3), (-1, 6), rows=True)(source)
+    assert shaped.shape == (5, 7, 6) and np.shares_memory(shaped, source)
+    assert Reshape((1,), (), rows=True)(np.zeros((3, 1))).shape == (3,)  # Triton's scalar: dims [1], reshape []
+    assert Reshape((2, 5), (10,), rows=False)(np.zeros((2, 5))).shape == (10,)  # a static model's whole tensor
