@@ -105,22 +105,27 @@ class DeclaredTensor:
     """An input or output a config.pbtxt lists, compared with the model's when it loads
     (repository/declared.py): its name, `data_type` (the KServe name, "FP32"; "" when left out)
     and `dims` (None when left out), the shape clients send or are answered in; `reshape`, when
-    given, the shape the model takes or gives instead. `with_batch`: max_batch_size 0, so dims
-    and reshape hold the batch dimension too (Triton's meaning)."""
+    given, the shape the model takes or gives instead. `with_batch`: max_batch_size 0 and both
+    lists given, so dims and reshape hold the batch dimension too (Triton's meaning). `optional`:
+    an input Triton does not count among those the model must have."""
 
     name: str
     data_type: str = ""
     dims: tuple[int, ...] | None = None
     reshape: tuple[int, ...] | None = None
     with_batch: bool = False
+    optional: bool = False
 
 
 @dataclass(frozen=True)
 class DeclaredTensors:
-    """A config.pbtxt's `input` and `output` lists (config/triton_tensors.py)."""
+    """A config.pbtxt's `input` and `output` lists (config/triton_tensors.py). `unbatched`: its
+    max_batch_size is 0, so a model without a batch dimension is compared whole (one list given or
+    both: Triton's ONNX Runtime backend completes no max_batch_size for such a model)."""
 
     inputs: tuple[DeclaredTensor, ...] = ()
     outputs: tuple[DeclaredTensor, ...] = ()
+    unbatched: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """A config.pbtxt's `input` and `output` lists as DeclaredTensors, refused naming the field where
-Triton refuses them before it looks at the model: a tensor without a name, a dimension below 1
-(but -1, a variable one), a data_type Triton has not, a reshape without dims or whose elements are
-not those of dims (model_config_utils.cc: the same count, and with variable dimensions the same
-number of them and the same count between each two). What the model must match (names, data
-types, shapes) is checked when it loads (repository/declared.py)."""
+Triton refuses them before it looks at the model (model_config_utils.cc's ValidateIOShape): a
+tensor without a name, a data_type or dims, a dimension below 1 (but -1, a variable one), a
+data_type Triton has not, a reshape without dims or whose elements are not those of dims (the same
+count, and with variable dimensions the same number of them and the same count between each two),
+an empty reshape with max_batch_size 0 and both lists given (a tensor of no data). What the model
+must match (names, data types, shapes, the number of inputs) is checked when it loads
+(repository/declared.py)."""
 from __future__ import annotations
 
 from .schema import ConfigError, DeclaredTensor, DeclaredTensors
@@ -18,13 +20,17 @@ def declared_tensors(message) -> DeclaredTensors | None:
     with_batch = message.max_batch_size == 0 and bool(message.input and message.output)
     inputs = tuple(_declared(t, f"input[{i}]", with_batch) for i, t in enumerate(message.input))
     outputs = tuple(_declared(t, f"output[{i}]", with_batch) for i, t in enumerate(message.output))
-    return DeclaredTensors(inputs, outputs)
+    return DeclaredTensors(inputs, outputs, unbatched=message.max_batch_size == 0)
 
 
 def _declared(tensor, path: str, with_batch: bool) -> DeclaredTensor:
     if not tensor.name:
         raise ConfigError(f"{path}.name", "must be given (Triton refuses a tensor without a name)")
-    dims = _dims(tensor.dims, f"{path}.dims") if tensor.dims else None
+    for field, given in (("data_type", tensor.data_type), ("dims", tensor.dims)):
+        if not given:  # (a scalar is dims: [ 1 ] reshape: { shape: [ ] })
+            raise ConfigError(f"{path}.{field}", f"must be given for {tensor.name!r} (Triton refuses a tensor "
+                                                 f"without {field})")
+    dims = _dims(tensor.dims, f"{path}.dims")
     reshape = None
     if tensor.HasField("reshape"):
         reshape = _dims(tensor.reshape.shape, f"{path}.reshape.shape")
@@ -35,7 +41,12 @@ def _declared(tensor, path: str, with_batch: bool) -> DeclaredTensor:
                                                  f"{list(dims)} (the same count, and the same number of -1 "
                                                  "dimensions with the same count between them; Triton refuses it "
                                                  "too)")
-    return DeclaredTensor(tensor.name, _data_type(tensor.data_type, f"{path}.data_type"), dims, reshape, with_batch)
+        if not reshape and with_batch:  # (a model without a batch dimension given one list: repository/declared.py)
+            raise ConfigError(f"{path}.reshape", "cannot be empty with max_batch_size 0: the tensor would hold no "
+                                                 "data (Triton refuses it too)")
+    optional = getattr(tensor, "optional", False)  # (an input's field only)
+    return DeclaredTensor(tensor.name, _data_type(tensor.data_type, f"{path}.data_type"), dims, reshape, with_batch,
+                          optional)
 
 
 def _dims(values, path: str) -> tuple[int, ...]:

@@ -2,9 +2,9 @@
 loads, as Triton refuses a model its config does not describe: each name listed is one of the
 model's, its data_type the model's, and its dims the model's shape, or with a reshape the reshape
 is (a dimension the model leaves open, -1, takes any size; one the model fixes takes only that
-size, -1 included: Triton's ONNX Runtime backend compares them so). A mismatch fails the load,
-naming the field and both shapes (config/triton_tensors.py has refused a reshape not holding the
-elements of its dims already).
+size, -1 included: Triton's ONNX Runtime backend compares them so), and inputs listed at all are
+all the model's (but optional ones). A mismatch fails the load, naming the field and both shapes
+(config/triton_tensors.py has refused a reshape not holding the elements of its dims already).
 
 What comes out (TensorViews): the tensors as clients see them, with the config's dims (metadata,
 /config and the codec's checks), and the Reshapes that turn a request's tensors into the model's
@@ -81,23 +81,41 @@ def tensor_views(declared: DeclaredTensors | None, inputs: Sequence[TensorSpec],
             if tensor.reshape is not None and tensor.name in image_inputs:
                 raise ValueError(f"{PBTXT}: input {tensor.name!r} reshape: an image input takes pictures (its "
                                  "model_defaults' image settings), not a tensor to reshape")
-            by_name[tensor.name], reshape = _matched(tensor, spec, kind, with_rows)
+            by_name[tensor.name], reshape = _matched(tensor, spec, kind, with_rows, declared.unbatched)
             if reshape is not None:
                 reshapes[tensor.name] = reshape
         views.append(list(by_name.values()))
+    _count_inputs(declared, inputs)
     return TensorViews(views[0], views[1], Reshapes(*reshaped) if any(reshaped) else None)
 
 
-def _matched(tensor: DeclaredTensor, spec: TensorSpec, kind: str, with_rows: bool
+def _count_inputs(declared: DeclaredTensors, inputs: Sequence[TensorSpec]) -> None:
+    """Inputs listed at all are all the model's (but those marked optional), as Triton's ONNX
+    Runtime backend counts them: a request without the others could not run."""
+    expected = sum(not t.optional for t in declared.inputs)
+    if declared.inputs and expected != len(inputs):
+        missing = [s.name for s in inputs if s.name not in {t.name for t in declared.inputs}]
+        raise ValueError(f"{PBTXT}: input lists {expected} inputs (optional ones left out), the model has "
+                         f"{len(inputs)}" + (f" (not listed: {', '.join(missing)})" if missing else "")
+                         + "; list them all or none (Triton refuses it too: configuration expects "
+                           f"{expected} inputs, model provides {len(inputs)})")
+
+
+def _matched(tensor: DeclaredTensor, spec: TensorSpec, kind: str, with_rows: bool, unbatched: bool
              ) -> tuple[TensorSpec, Reshape | None]:
-    """`spec` as clients see it under `tensor`'s dims, and its Reshape (None without one)."""
+    """`spec` as clients see it under `tensor`'s dims, and its Reshape (None without one). A model
+    without batch sizes (not `with_rows`) under max_batch_size 0 (`unbatched`) is compared whole,
+    whichever lists are given."""
     where = f"{PBTXT}: {kind} {tensor.name!r}"
     if tensor.data_type and tensor.data_type != spec.datatype:
         raise ValueError(f"{where} data_type {_triton(tensor.data_type)} is not the model's {_triton(spec.datatype)} "
                          "(Triton refuses it too)")
     rows = with_rows and spec.batched
-    if tensor.dims is None or (not with_rows and not tensor.with_batch):
+    if tensor.dims is None or (not with_rows and not unbatched):
         return spec, None  # (dims not given; or max_batch_size > 0 on a static model: served.py refuses that)
+    if not with_rows and tensor.reshape == ():
+        raise ValueError(f"{where} reshape: cannot be empty with max_batch_size 0 on a model without a batch "
+                         "dimension: the tensor would hold no data (Triton refuses it too)")
     whole = tensor.with_batch or not rows  # the model's shape compared whole, batch dimension and all
     model = spec.shape if whole else spec.shape[1:]
     shape, field = (tensor.dims, "dims") if tensor.reshape is None else (tensor.reshape, "reshape")
@@ -108,6 +126,10 @@ def _matched(tensor: DeclaredTensor, spec: TensorSpec, kind: str, with_rows: boo
                          f"{list(model)}{row} (-1 in the model's takes any size; Triton refuses it too)")
     dims, reshape = tensor.dims, tensor.reshape
     if rows and tensor.with_batch:  # max_batch_size 0: both begin with the batch dimension, served as rows
+        if dims[0] != -1:  # (Triton would take only that many rows; the batcher serves any number)
+            raise ValueError(f"{where} dims {list(dims)}: with max_batch_size 0 the first dimension is the model's "
+                             f"batch dimension, served as any number of rows: give -1 there (dims "
+                             f"{[-1, *dims[1:]]}), or max_batch_size over 0 and dims {list(dims[1:])}")
         if reshape is not None and reshape[0] != dims[0]:
             raise ValueError(f"{where} reshape {list(reshape)} changes the batch dimension, the first of dims "
                              f"{list(dims)} (max_batch_size 0): aclserve batches the model's rows along it")

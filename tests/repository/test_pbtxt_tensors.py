@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from aclserve.repository import State
 from aclserve.repository.declared import Reshape
+
+from tests.tiny_models import affine_onnx, compile_cpu_om, save_graph
 
 from .repo_helpers import place, serving, write_in
 
@@ -86,3 +89,87 @@ def test_a_reshape_is_a_view_mapping_variable_dimensions_in_order():
     assert shaped.shape == (5, 7, 6) and np.shares_memory(shaped, source)
     assert Reshape((1,), (), rows=True)(np.zeros((3, 1))).shape == (3,)  # Triton's scalar: dims [1], reshape []
     assert Reshape((2, 5), (10,), rows=False)(np.zeros((2, 5))).shape == (10,)  # a static model's whole tensor
+
+
+def _static_onnx(path) -> str:
+    """y = x * 2, FP32 [1, 12] -> [1, 12]: no batch dimension."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12])
+    two = numpy_helper.from_array(np.array(2, np.float32), "two")
+    return save_graph(helper.make_graph([helper.make_node("Mul", ["x", "two"], ["y"])], "d", [x], [y], [two]), path)
+
+
+STATIC_REFUSED = {
+    "static_dims": ('input [ { name: "x" data_type: TYPE_FP32 dims: [ 7 ] } ]',
+                    "config.pbtxt: input 'x' dims [7] does not match the model's x, [1, 12] (-1 in the model's takes "
+                    "any size; Triton refuses it too)"),
+}
+
+
+@pytest.mark.asyncio
+async def test_a_static_model_under_max_batch_size_0_is_compared_whole_with_one_list_given(
+        make_repo, models_dir, tmp_path):
+    """Triton's backend completes no max_batch_size for a model without a batch dimension: its
+    dims are the whole shape, given one list or both (one list: they were passed over, a [12]
+    request refused and dims [7] READY)."""
+    om = compile_cpu_om(_static_onnx(tmp_path / "static.onnx"), tmp_path / "static.om", batch=None)
+    for name, tensors in {"static": 'input [ { name: "x" data_type: TYPE_FP32 dims: [ 12 ] reshape: { shape: '
+                                    '[ 1, 12 ] } } ]', "static_dims": STATIC_REFUSED["static_dims"][0]}.items():
+        place(om, models_dir / name / "1" / "model.om")
+        write_in(models_dir / name / "config.pbtxt", f"max_batch_size: 0\n{tensors}\n")
+    repo, _ = await make_repo(model_control_mode="none")
+    assert serving(repo) == ["static"]
+    index = {r["name"]: (r["state"], r["reason"]) for r in repo.index()}
+    assert index["static_dims"] == (State.UNAVAILABLE.value, STATIC_REFUSED["static_dims"][1])
+    static = repo.get("static")
+    assert [(s.shape, s.reshape) for s in static.inputs] == [((12,), (1, 12))]
+    y = (await static.infer({"x": np.arange(12, dtype=np.float32)}, 1)).outputs["y"]
+    assert y.tolist() == [[2.0 * i for i in range(12)]]
+
+
+@pytest.mark.asyncio
+async def test_what_triton_refuses_of_the_lists_against_the_model_fails_its_load(
+        make_repo, models_dir, model_files, tmp_path):
+    """A fixed first dimension with max_batch_size 0 (Triton takes only that many rows: it was
+    served any number), fewer inputs listed than the model has, an empty reshape of a model
+    without a batch dimension: each fails its load naming why."""
+    place(model_files[1]["om"], models_dir / "fixed_rows" / "1" / "model.om")
+    write_in(models_dir / "fixed_rows" / "config.pbtxt", pbtxt(x_dims="[ 4, 4 ]", y_dims="[ -1, 4 ]").replace(
+        "max_batch_size: 4", "max_batch_size: 0"))
+    place(compile_cpu_om(affine_onnx(tmp_path / "affine.onnx"), tmp_path / "affine.om", batch="1,2"),
+          models_dir / "one_of_two" / "1" / "model.om")
+    write_in(models_dir / "one_of_two" / "config.pbtxt", 'max_batch_size: 2\ninput [ { name: "x" data_type: '
+                                                         'TYPE_FP32 dims: [ 8 ] } ]\n')
+    place(compile_cpu_om(_static_onnx(tmp_path / "static.onnx"), tmp_path / "static.om", batch=None),
+          models_dir / "static_empty" / "1" / "model.om")
+    write_in(models_dir / "static_empty" / "config.pbtxt", 'max_batch_size: 0\ninput [ { name: "x" data_type: '
+                                                           'TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } } ]\n')
+    repo, _ = await make_repo(model_control_mode="none")
+    assert serving(repo) == []
+    index = {r["name"]: r["reason"] for r in repo.index()}
+    assert index["fixed_rows"] == ("config.pbtxt: input 'x' dims [4, 4]: with max_batch_size 0 the first dimension "
+                                   "is the model's batch dimension, served as any number of rows: give -1 there (dims "
+                                   "[-1, 4]), or max_batch_size over 0 and dims [4]")
+    assert index["one_of_two"] == ("config.pbtxt: input lists 1 inputs (optional ones left out), the model has 2 "
+                                   "(not listed: idx); list them all or none (Triton refuses it too: configuration "
+                                   "expects 1 inputs, model provides 2)")
+    assert index["static_empty"] == ("config.pbtxt: input 'x' reshape: cannot be empty with max_batch_size 0 on a "
+                                     "model without a batch dimension: the tensor would hold no data (Triton refuses "
+                                     "it too)")
+
+
+@pytest.mark.asyncio
+async def test_a_request_handed_to_a_successor_is_answered_in_the_configs_dims(make_repo, models_dir, model_files):
+    """A request held by a version replaced meanwhile runs on its successor (the same tensors):
+    its reshapes still apply both ways."""
+    place(model_files[1]["om"], models_dir / "m" / "1" / "model.om")
+    write_in(models_dir / "m" / "config.pbtxt",
+             pbtxt(x_dims="[ 2, 2 ] reshape: { shape: [ 4 ] }", y_dims="[ 1, 4 ] reshape: { shape: [ 4 ] }"))
+    repo, events = await make_repo()
+    held = repo.get("m")
+    place(model_files[2]["om"], models_dir / "m" / "1" / "model.om")
+    await events.wait("reloaded", "m", "1")
+    await repo.wait_idle()  # the held version has drained and closed
+    x = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
+    y = (await held.infer({"x": x}, 3)).outputs["y"]
+    assert y.shape == (3, 1, 4) and y.tolist() == (2 * x).reshape(3, 1, 4).tolist()

@@ -59,10 +59,12 @@ def scanned(tmp_path, defaults=DEFAULTS):
 
 
 def test_the_pbtxt_is_translated_with_tritons_meaning(tmp_path):
-    tensors = 'input [ { name: "x" } ]\noutput [ { name: "y" } ]\n'
+    tensors = ('input [ {{ name: "x" data_type: TYPE_FP32 dims: {dims} }} ]\n'
+               'output [ {{ name: "y" data_type: TYPE_FP32 dims: {dims} }} ]\n')
     triton_folder(tmp_path, "m", TRITON.replace('label_filename: "y_labels.txt"', ""), versions=(1, 2))
-    triton_folder(tmp_path, "plain", f"max_batch_size: 8\n{tensors}instance_group [ {{ count: 3 kind: KIND_CPU }} ]\n")
-    triton_folder(tmp_path, "whole", f"max_batch_size: 0\n{tensors}version_policy: {{ latest {{ num_versions: 2 }} }}\n"
+    row, whole = tensors.format(dims="[ 4 ]"), tensors.format(dims="[ -1, 4 ]")
+    triton_folder(tmp_path, "plain", f"max_batch_size: 8\n{row}instance_group [ {{ count: 3 kind: KIND_CPU }} ]\n")
+    triton_folder(tmp_path, "whole", f"max_batch_size: 0\n{whole}version_policy: {{ latest {{ num_versions: 2 }} }}\n"
                                      "dynamic_batching { }\ninstance_group [ { count: 2 } ]\n", versions=(1, 2, 3))
     triton_folder(tmp_path, "partial", "max_batch_size: 8\n")  # completed as Triton's ONNX Runtime backend does
     triton_folder(tmp_path, "empty", "")
@@ -133,13 +135,20 @@ def test_the_pbtxt_is_translated_with_tritons_meaning(tmp_path):
     ("max_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 9999999999999 }",
      "dynamic_batching.max_queue_delay_microseconds: is 9999999999999, at most 2147483647000"),
     # input and output fields Triton refuses before it looks at the model (the model's own: test_pbtxt_tensors.py)
-    ('output [ { name: "y" dims: [ 3, 4 ] reshape: { shape: [ 10 ] } } ]',
+    ('output [ { name: "y" data_type: TYPE_FP32 dims: [ 3, 4 ] reshape: { shape: [ 10 ] } } ]',
      "output[0].reshape: shape [10] does not hold the elements of dims [3, 4] (the same count, and the same number "
      "of -1 dimensions with the same count between them; Triton refuses it too)"),
-    ('input [ { name: "x" dims: [ 2, -1, 4 ] reshape: { shape: [ 8, -1 ] } } ]',
+    ('input [ { name: "x" data_type: TYPE_FP32 dims: [ 2, -1, 4 ] reshape: { shape: [ 8, -1 ] } } ]',
      "input[0].reshape: shape [8, -1] does not hold the elements of dims [2, -1, 4]"),
-    ('input [ { name: "x" reshape: { shape: [ 4 ] } } ]', "input[0].reshape: needs the tensor's dims"),
-    ('input [ { name: "x" dims: [ 0 ] } ]', "input[0].dims: [0]: a dimension is at least 1, or -1 for a variable one"),
+    ('input [ { name: "x" data_type: TYPE_FP32 reshape: { shape: [ 4 ] } } ]',
+     "input[0].dims: must be given for 'x' (Triton refuses a tensor without dims)"),
+    ('output [ { name: "y" dims: [ 4 ] } ]', "output[0].data_type: must be given for 'y' (Triton refuses a tensor "
+                                            "without data_type)"),
+    ('max_batch_size: 0\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } } ]\n'
+     'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+     "input[0].reshape: cannot be empty with max_batch_size 0: the tensor would hold no data (Triton refuses it too)"),
+    ('input [ { name: "x" data_type: TYPE_FP32 dims: [ 0 ] } ]',
+     "input[0].dims: [0]: a dimension is at least 1, or -1 for a variable one"),
     ('output [ { dims: [ 4 ] } ]', "output[0].name: must be given (Triton refuses a tensor without a name)"),
     ("max_batch_size: 4\ndynamic_batching {\n  priority_levels: 1\n  default_priority_level: 1\n"
      "  max_queue_size: 3\n}", 'invalid text format: line 5, column 3: Message type "inference.ModelDynamicBatching" '
@@ -226,7 +235,9 @@ async def test_editing_or_adding_a_config_pbtxt_reloads_the_model(make_repo, mod
     batching = repo.get("m").config.batching
     assert (batching.priority_levels, batching.default_level, batching.batch_cap) == (2, 1, 2)
     assert repo.get("m").max_batch_size == 2
-    write_in(models_dir / "m" / "config.pbtxt", 'max_batch_size: 4\ninput [ { name: "x" } ]\noutput [ { name: "y" } ]\n'
+    write_in(models_dir / "m" / "config.pbtxt", 'max_batch_size: 4\n'
+                                                'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+                                                'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
                                                 "instance_group [ { count: 2 } ]\n")
     await events.wait("reloaded", "m", "1", count=2, limit_s=60)
     assert (repo.get("m").config.instances, repo.get("m").config.batching.enabled) == (2, False)  # (no batcher)

@@ -76,7 +76,8 @@ def test_a_folder_with_no_model_file_is_a_problem_naming_why(tmp_path):
     ("dynamic_batching { preferred_batch_size: [ 0 ] }", "0: must be positive and at most max_batch_size (8;"),
 ])
 def test_a_preferred_batch_size_triton_refuses_is_refused(tmp_path, dynamic, problem):
-    tensors = 'input [ { name: "x" } ]\noutput [ { name: "y" } ]\n'
+    tensors = ('input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+               'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n')
     touch(tmp_path / "m" / "1" / "model.onnx")
     touch(tmp_path / "m" / "config.pbtxt", f"max_batch_size: 8\n{tensors}{dynamic}\n".encode())
     # max_batch_size 0 and no tensors listed: Triton's backend completes it from the model, so not here

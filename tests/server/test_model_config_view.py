@@ -28,7 +28,8 @@ def srv(tmp_path_factory):
     compile_cpu_om(root / "vec.onnx", root / "fixed.om", batch="1")
     # Triton folders: dynamic_batching without priority levels (batching, and one request per run), with two
     for name, pbtxt in (("tri", "max_batch_size: 8\ndynamic_batching { }\n"),
-                        ("tri_alone", 'max_batch_size: 0\ninput [ { name: "x" } ]\noutput [ { name: "y" } ]\n'
+                        ("tri_alone", 'max_batch_size: 0\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+                                      'output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
                                       "dynamic_batching { }\n"),
                         ("tri_levels", "max_batch_size: 8\ndynamic_batching { priority_levels: 2 "
                                        "default_priority_level: 1 }\n")):
