@@ -10,6 +10,8 @@ import threading
 import numpy as np
 
 from aclserve.acl.cpu import faults
+from aclserve.config import load_server_config
+from tests.serving import started_app
 
 
 def place(source: str, target, how: str = "rename") -> None:
@@ -67,6 +69,17 @@ class Events:
 
     def count(self, event: str, name: str) -> int:
         return sum(1 for e in self.seen if e[0] == event and e[1] == name)
+
+
+async def started_on_old_files(models_dir, mode: str = "none"):
+    """The real app over `models_dir` on a free port and the CPU runtime, its files made old first
+    (taken at once at start, without the settle wait): started_app's (runner, state, url, runtime,
+    repository)."""
+    for path in models_dir.rglob("*"):
+        os.utime(path, (1, 1))
+    config = load_server_config(None, {"models_dir": str(models_dir), "port": 0, "device": "cpu",
+                                       "model_control_mode": mode, "log_level": "warning"})
+    return await started_app(config)
 
 
 def x_rows(rows: int = 1, value: float = 1.0) -> dict:

@@ -7,7 +7,6 @@ repository (CPU runtime, real files)."""
 from __future__ import annotations
 
 import logging
-import os
 
 import aiohttp
 import pytest
@@ -15,9 +14,8 @@ import pytest
 from aclserve.config import ModelConfig, load_server_config
 from aclserve.repository import State
 from aclserve.repository.layout import scan
-from tests.serving import started_app
 
-from .repo_helpers import place, until, write_in, x_rows
+from .repo_helpers import place, started_on_old_files, until, write_in, x_rows
 
 DEFAULTS = ModelConfig()
 
@@ -186,11 +184,7 @@ async def test_a_triton_folder_serves_with_its_config(models_dir, model_files, c
     write_in(models_dir / "broken" / "config.pbtxt", "max_batch_size: 4\ndynamic_batching {\n")
     place(model_files[1]["om"], models_dir / "stateful" / "1" / "model.om")
     write_in(models_dir / "stateful" / "config.pbtxt", "max_batch_size: 4\nsequence_batching { }\n")
-    for path in models_dir.rglob("*"):
-        os.utime(path, (1, 1))  # old files: taken at once at start
-    config = load_server_config(None, {"models_dir": str(models_dir), "port": 0, "device": "cpu",
-                                       "model_control_mode": "none", "log_level": "warning"})
-    runner, _, base, _, repo = await started_app(config)
+    runner, _, base, _, repo = await started_on_old_files(models_dir)
     try:
         async with aiohttp.ClientSession() as session:
             async with session.get(f"{base}/v2/models/m/config") as resp:

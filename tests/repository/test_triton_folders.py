@@ -19,11 +19,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from aclserve.config import ModelConfig, load_server_config
+from aclserve.config import ModelConfig
 from aclserve.repository.layout import scan
-from tests.serving import started_app
 
-from .repo_helpers import place, write_in, x_rows
+from .repo_helpers import place, started_on_old_files, write_in, x_rows
 
 DEFAULTS = ModelConfig()
 ENSEMBLE = ('platform: "ensemble"\nmax_batch_size: 8\n'
@@ -137,11 +136,7 @@ async def test_the_server_names_the_refused_folder_and_strict_readiness_waits_on
     place(model_files[1]["om"], models_dir / "m" / "1" / "model.om")
     (models_dir / "ens" / "1").mkdir(parents=True)  # an ensemble's version folder holds nothing
     write_in(models_dir / "ens" / "config.pbtxt", ENSEMBLE)
-    for path in models_dir.rglob("*"):
-        os.utime(path, (1, 1))  # old files: taken at once at start
-    config = load_server_config(None, {"models_dir": str(models_dir), "port": 0, "device": "cpu",
-                                       "model_control_mode": "explicit", "log_level": "warning"})
-    runner, _, base, _, repo = await started_app(config)
+    runner, _, base, _, repo = await started_on_old_files(models_dir, "explicit")
     try:
         async with aiohttp.ClientSession() as session:
             async with session.post(f"{base}/v2/repository/index", json={}) as resp:
