@@ -159,6 +159,10 @@ class ModelConfig:
     outputs: dict[str, TensorOptions] = field(default_factory=dict)  # by output name
     # a config.pbtxt's tensors, not a key: checked against the model at load, and the shapes clients see
     declared: DeclaredTensors | None = None
+    # a config.pbtxt's, not keys (triton_config.py): compile.batch came from its max_batch_size (a load
+    # refused for memory names it), and the preferred_batch_size values in it (an .om's scan says them passed over)
+    batch_from_pbtxt: bool = False
+    preferred_batch_sizes: tuple[int, ...] = ()
     # model_defaults' only, not a key: where each of its settings came from (origins.Origins.of_model_default),
     # for a model's conflict to name (files.layer_model_config); None for one built in code
     origin_of: Callable[[str], str] | None = field(default=None, compare=False, repr=False)

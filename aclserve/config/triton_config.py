@@ -87,7 +87,7 @@ def load_triton_config(path: str | os.PathLike, name: str, defaults: ModelConfig
     said: list[str] = []
     try:
         data = translate(message, name, defaults.devices, said)
-        _compile_gears(message, data, defaults.compile.batch, said)
+        from_pbtxt = _compile_gears(message, data, defaults.compile.batch, said)
         declared = declared_tensors(message)
     except ConfigError as e:
         raise ConfigError(e.path, e.problem, str(path)) from None
@@ -102,6 +102,9 @@ def load_triton_config(path: str | os.PathLike, name: str, defaults: ModelConfig
         config = dataclasses.replace(config, batching=dataclasses.replace(config.batching, priorities_off=True))
     if notes is not None:
         notes.extend(said)
+    if from_pbtxt:  # (what is said of them: a load refused for memory, an .om's scan: repository/)
+        preferred = tuple(sorted(set(message.dynamic_batching.preferred_batch_size)))
+        config = dataclasses.replace(config, batch_from_pbtxt=True, preferred_batch_sizes=preferred)
     return dataclasses.replace(config, declared=declared)  # (compared with the model at load: repository/declared.py)
 
 
@@ -182,24 +185,26 @@ def _passed_in(message) -> list[str]:
     return passed
 
 
-def _compile_gears(message, data: dict, given: tuple[int, ...] | None, notes: list[str]) -> None:
+def _compile_gears(message, data: dict, given: tuple[int, ...] | None, notes: list[str]) -> bool:
     """An .onnx's batch sizes (compile.batch) from max_batch_size N > 0, the largest batch Triton
     runs, unless model_defaults gives them (`given`): the compiler's default sizes below N, N
     itself and the preferred sizes, at which batches then form without padding. N of 1 keeps the
     default sizes (one size compiles a model without a batch dimension). An .om keeps the sizes
-    ATC compiled (served.py warns of a largest below N)."""
+    ATC compiled (served.py warns of a largest below N; layout.py notes the preferred sizes passed
+    over). True when the sizes were set."""
     cap, preferred = message.max_batch_size, message.dynamic_batching.preferred_batch_size
     if given is not None or cap <= 1:
         if preferred and cap != 1:
             notes.append("dynamic_batching.preferred_batch_size passed over: batches form at the model's compiled "
                          "batch sizes, which /config lists as preferred_batch_size")
-        return
+        return False
     gears = sorted({g for g in DEFAULT_GEARS if g < cap} | {cap} | set(preferred))
     if len(gears) > MAX_GEARS:
         raise ConfigError("dynamic_batching.preferred_batch_size",
                           f"with max_batch_size {cap} makes {len(gears)} batch sizes to compile an .onnx with: at "
                           f"most {MAX_GEARS} are allowed")
     data["compile"] = {"batch": gears}  # (/config lists them as preferred_batch_size)
+    return True
 
 
 def _batching(message, notes: list[str]) -> dict:

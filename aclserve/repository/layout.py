@@ -344,7 +344,8 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
     available = {v: dataclasses.replace(f, config_stamp=stamp) for v, f in available.items()}
     result.models[name] = ModelEntry(config, available, selected)
     if config_path is not None and config.compile != defaults.compile:  # (the defaults' are the .onnx files')
-        result.notes.extend(unread.compile_note(config_path, [available[v].path for v in selected], root))
+        result.notes.extend(unread.compile_note(config_path, [available[v].path for v in selected], root,
+                                                config.preferred_batch_sizes))
 
 
 def _folder_config(folder: Path, name: str, result: ScanResult) -> Path | None:

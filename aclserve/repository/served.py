@@ -298,6 +298,7 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
     what it left on the device (an instance a hung warm-up run kept, abandoned:
     runtime/left_on_device.py), which holds back the load's retry."""
     from ..runtime import open_pool, teardown, warm_up  # the runtime imports ACL; keep this module light to import
+    from ..runtime.device import NoRoom
     from ..runtime.execution_timeout import UNMEASURED_TIMEOUT_MS
     from ..runtime.left_on_device import note_left
 
@@ -309,13 +310,21 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
     with contextlib.ExitStack() as on_devices:
         for device in dict.fromkeys(config.devices):
             on_devices.enter_context(teardown.working_on(device))
-        pool = open_pool(runtime, path, name=name, instances=config.instances, devices=config.devices,
-                         slots=config.slots or auto_slots(runtime.kind), retry=config.retry,
-                         # the warm-up waits for the device as long as a served batch would (with 0 that is
-                         # derived from the warm-up's own costs, not known yet: the runtime's default)
-                         execution_timeout_ms=config.execution_timeout_ms or UNMEASURED_TIMEOUT_MS,
-                         claimed_slots=config.slots or NPU_SLOTS,  # the CPU runtime refuses what an NPU would
-                         reset_timeout_ms=config.reset_timeout_ms)
+        try:
+            pool = open_pool(runtime, path, name=name, instances=config.instances, devices=config.devices,
+                             slots=config.slots or auto_slots(runtime.kind), retry=config.retry,
+                             # the warm-up waits for the device as long as a served batch would (with 0 that is
+                             # derived from the warm-up's own costs, not known yet: the runtime's default)
+                             execution_timeout_ms=config.execution_timeout_ms or UNMEASURED_TIMEOUT_MS,
+                             claimed_slots=config.slots or NPU_SLOTS,  # the CPU runtime refuses what an NPU would
+                             reset_timeout_ms=config.reset_timeout_ms)
+        except NoRoom as error:
+            if not config.batch_from_pbtxt:
+                raise
+            # Triton allocates per request, so its configs often say 256 or 1024; here the largest
+            # compiled batch size's buffers are taken at load: the setting to lower is named
+            raise NoRoom(f"{error}, or lower {PBTXT}'s max_batch_size {config.batching.batch_cap} (it sets the "
+                         "largest batch size compiled)") from None
         try:
             images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
             views = tensor_views(config.declared, pool.inputs, pool.outputs, bool(pool.gears),

@@ -84,12 +84,17 @@ def capitals_note(path: Path, root: Path, known: tuple[str, ...], stem: str | No
             f"{stem or own}{suffix.lower()})"]
 
 
-def compile_note(config_path: Path, served: list[str], root: Path) -> list[str]:
+def compile_note(config_path: Path, served: list[str], root: Path, preferred: tuple[int, ...] = ()) -> list[str]:
     """`compile:` in the config of a model served from an .om, which the server does not compile:
     its batch sizes and shapes were fixed when ATC built it (the settings were passed over in
-    silence). `served`: the model files of the versions served."""
+    silence). `served`: the model files of the versions served. A config.pbtxt sets no compile:,
+    but its `preferred` batch sizes, compiled into an .onnx's, are passed over for an .om."""
     oms = [os.path.relpath(path, root) for path in served if path.endswith(".om")]
-    if not oms or config_path.name == PBTXT:  # (it sets none: its max_batch_size's batch sizes, for an .onnx)
+    if not oms:
         return []
+    if config_path.name == PBTXT:
+        return [f"{config_path.relative_to(root)}: dynamic_batching.preferred_batch_size {list(preferred)} passed "
+                f"over for {', '.join(oms)}: an .om's batch sizes were fixed by ATC; batches form at them, which "
+                "/config lists as preferred_batch_size"] if preferred else []
     return [f"{config_path.relative_to(root)}: compile is ignored for {', '.join(oms)}: an .om was compiled "
             f"already (its batch sizes were fixed by ATC); compile applies to an .onnx the server compiles"]

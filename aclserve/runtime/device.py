@@ -26,6 +26,11 @@ from .limits import DeviceLedger
 log = logging.getLogger(__name__)
 
 
+class NoRoom(LoadError):
+    """The device has not the room a load needs beyond its memory reserve (what the remedy is
+    depends on the model's settings: repository/served.py adds a config's)."""
+
+
 class RoomPromised(LoadError):
     """The room a load needs is free but promised to other loads under way: a later attempt
     may find it (repository/retry.py takes it as transient)."""
@@ -113,7 +118,7 @@ class Device:
             reserve = int(total * self.memory_reserve_fraction)
             promised = self._promised
             if needed > free - reserve - promised:
-                error = RoomPromised if needed <= free - reserve else LoadError
+                error = RoomPromised if needed <= free - reserve else NoRoom
                 held = f", {promised:,} promised to loads under way" if promised else ""
                 raise error(
                     f"{what} needs {needed:,} bytes of device {self.id} memory but only {free:,} of "

@@ -8,7 +8,6 @@ the real app, port and CPU runtime."""
 from __future__ import annotations
 
 import logging
-import os
 
 import aiohttp
 import onnx
@@ -18,9 +17,8 @@ from aclserve.config import ModelConfig, load_server_config
 from aclserve.repository import State
 from aclserve.repository.compiler import cache_key
 from aclserve.repository.layout import scan
-from tests.serving import started_app
 
-from .repo_helpers import place, write_in, x_rows
+from .repo_helpers import place, started_on_old_files, write_in, x_rows
 
 
 def triton_folder(root, name: str, pbtxt: str, model: str, file: str = "model.onnx") -> None:
@@ -73,11 +71,7 @@ async def test_an_onnx_serves_max_batch_size_rows_and_an_om_below_it_is_warned_o
         value.type.tensor_type.shape.dim[0].dim_value = 1
     onnx.save(fixed, static)
     triton_folder(models_dir, "static", "max_batch_size: 4\ndynamic_batching { }\n", str(static))
-    for path in models_dir.rglob("*"):
-        os.utime(path, (1, 1))  # old files: taken at once at start
-    config = load_server_config(None, {"models_dir": str(models_dir), "port": 0, "device": "cpu",
-                                       "model_control_mode": "none", "log_level": "warning"})
-    runner, _, base, _, repo = await started_app(config)
+    runner, _, base, _, repo = await started_on_old_files(models_dir)
     try:
         async with aiohttp.ClientSession() as session:
             shown = {}
@@ -115,3 +109,32 @@ async def test_an_onnx_serves_max_batch_size_rows_and_an_om_below_it_is_warned_o
             "refuses a max_batch_size over 0 for such a model too)")
     finally:
         await runner.cleanup()
+
+
+def test_the_preferred_sizes_of_an_om_are_said_passed_over(tmp_path, model_files):
+    """An .om's sizes were fixed by ATC: the preferred sizes a config.pbtxt compiles into an .onnx's
+    are passed over for it, said at the scan (they were dropped in silence); an .onnx's are not."""
+    pbtxt = "max_batch_size: 8\ndynamic_batching { preferred_batch_size: [ 6, 3 ] }\n"
+    triton_folder(tmp_path, "om", pbtxt, model_files[1]["om"], "model.om")
+    triton_folder(tmp_path, "onnx", pbtxt, model_files[1]["onnx"])
+    result = scan(tmp_path, ModelConfig())
+    assert [note for note in result.notes if "preferred_batch_size" in note] == [
+        "om/config.pbtxt: dynamic_batching.preferred_batch_size [3, 6] passed over for om/1/model.om: an .om's batch "
+        "sizes were fixed by ATC; batches form at them, which /config lists as preferred_batch_size"], result.notes
+
+
+@pytest.mark.asyncio
+async def test_a_load_refused_for_memory_names_the_max_batch_size_that_set_the_sizes(make_repo, models_dir,
+                                                                                      model_files):
+    """Triton allocates per request, so its configs often say a large max_batch_size; here it sets
+    the largest batch size compiled, whose buffers are taken at load: a refusal for memory names it
+    (x [N, 4] FP32 at 2**30 rows is 16 GiB, over the CPU runtime's 8). compile.batch a model's
+    config.yaml gives is that file's: the refusal keeps its own remedy."""
+    triton_folder(models_dir, "huge", f"max_batch_size: {1 << 30}\n", model_files[1]["onnx"])
+    place(model_files[1]["onnx"], models_dir / "yaml.onnx")
+    write_in(models_dir / "yaml.yaml", f"compile: {{batch: [1, {1 << 30}]}}\n")
+    repo, _ = await make_repo(model_control_mode="none")
+    reasons = {row["name"]: row.get("reason", "") for row in repo.index()}
+    assert reasons["huge"].endswith("; unload a model or lower memory_reserve_fraction, or lower config.pbtxt's "
+                                    f"max_batch_size {1 << 30} (it sets the largest batch size compiled)"), reasons
+    assert reasons["yaml"].endswith("; unload a model or lower memory_reserve_fraction"), reasons
