@@ -7,11 +7,13 @@ a start-up is held where it is by what it waits for (its config from a pipe, a c
 held by ACLSERVE_COMPILE_HOLD), never timed."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from typing import Iterator
 
 import pytest
 
@@ -23,8 +25,10 @@ HANG_GUARD_S = 60
 DURING_START_UP = "received during start-up: shutting down"
 
 
-def serve(tmp_path, models, *flags) -> subprocess.Popen:
-    """`python -m aclserve serve` of `models` on any free port, gRPC off; its output in `proc.log`."""
+@contextlib.contextmanager
+def serve(tmp_path, models, *flags) -> Iterator[subprocess.Popen]:
+    """`python -m aclserve serve` of `models` on any free port, gRPC off; its output in `proc.log`;
+    killed on the way out if still running."""
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", "0",
@@ -32,7 +36,11 @@ def serve(tmp_path, models, *flags) -> subprocess.Popen:
                                 cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=out,
                                 stderr=subprocess.STDOUT, preexec_fn=hangup_not_ignored)
     proc.log = log
-    return proc
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def hangup_not_ignored() -> None:
@@ -59,8 +67,7 @@ def test_a_stop_signal_while_the_server_reads_its_config_ends_the_start_up_with_
     fifo = tmp_path / "serve.yaml"
     os.mkfifo(fifo)
     (tmp_path / "models").mkdir()
-    proc = serve(tmp_path, tmp_path / "models", "--config", str(fifo))
-    try:
+    with serve(tmp_path, tmp_path / "models", "--config", str(fifo)) as proc:
         writer = open_for_writing(fifo, proc)  # the server is in its open() or read() of the config
         try:
             proc.send_signal(sig)
@@ -71,9 +78,6 @@ def test_a_stop_signal_while_the_server_reads_its_config_ends_the_start_up_with_
         finally:
             os.close(writer)
         status = proc.wait(HANG_GUARD_S)
-    finally:
-        proc.kill()
-        proc.wait()
     out = proc.log.read_text()
     assert status == 0, out
     assert f"{sig.name} {DURING_START_UP}" in out and "Traceback" not in out, out
@@ -87,8 +91,7 @@ def test_sigterm_while_a_model_compiles_at_start_up_stops_the_compile_and_exits_
     models.mkdir()
     double_onnx(models / "m.onnx")
     os.utime(models / "m.onnx", (time.time() - 3600,) * 2)  # settled: the start's first scan takes it
-    proc = serve(tmp_path, models)
-    try:
+    with serve(tmp_path, models) as proc:
         for _ in range(HANG_GUARD_S * 50):  # until the compile's child holds
             if any(compile_holds.iterdir()) or proc.poll() is not None:
                 break
@@ -96,9 +99,6 @@ def test_sigterm_while_a_model_compiles_at_start_up_stops_the_compile_and_exits_
         child = int(next(compile_holds.iterdir()).name)
         proc.send_signal(signal.SIGTERM)
         status = proc.wait(HANG_GUARD_S)
-    finally:
-        proc.kill()
-        proc.wait()
     out = proc.log.read_text()
     assert status == 0, out
     assert f"SIGTERM {DURING_START_UP}" in out, out
