@@ -22,8 +22,10 @@ _QUEUE_KEYS = {f.name for f in dataclasses.fields(QueuePolicy)} - {"counts_rows"
 # say where a setting came from, which are not compared, nor a config.pbtxt's priorities_off)
 _BATCHING_KEYS = ({f.name for f in dataclasses.fields(BatchingConfig) if f.compare} - {"batch_cap", "priorities_off"}
                   | {"max_batch_size"})
-_MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig) if f.compare} - {
-    "declared", "batch_from_pbtxt", "preferred_batch_sizes"}  # (a config.pbtxt's)
+# ModelConfig fields a config.pbtxt sets once its settings are layered (triton_config.py), not YAML keys:
+# its tensors, whether its max_batch_size set compile.batch, its preferred sizes
+_PBTXT_FIELDS = ("declared", "batch_from_pbtxt", "preferred_batch_sizes")
+_MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig) if f.compare} - set(_PBTXT_FIELDS)
 _COMPILE_KEYS = {f.name for f in dataclasses.fields(CompileOptions)}
 
 
@@ -279,9 +281,8 @@ def model_config_mapping(config: ModelConfig) -> dict:
     """The YAML-shaped mapping of a ModelConfig (inverse of parse_model_config)."""
     out = dataclasses.asdict(dataclasses.replace(config, origin_of=None))
     out.pop("origin_of")  # (where model_defaults' settings came from: not a key)
-    out.pop("declared")  # (a config.pbtxt's tensors, set once its settings are layered: triton_config.py)
-    out.pop("batch_from_pbtxt")  # (where its compile.batch came from, set with them)
-    out.pop("preferred_batch_sizes")
+    for field in _PBTXT_FIELDS:
+        out.pop(field)
     out["devices"] = list(config.devices)
     out["slots"] = config.slots or AUTO
     kind = config.version_policy[0]

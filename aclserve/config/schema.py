@@ -103,15 +103,15 @@ class TensorOptions:
 @dataclass(frozen=True)
 class DeclaredTensor:
     """An input or output a config.pbtxt lists, compared with the model's when it loads
-    (repository/declared.py): its name, `data_type` (the KServe name, "FP32"; "" when left out)
-    and `dims` (None when left out), the shape clients send or are answered in; `reshape`, when
+    (repository/declared.py): its name, `data_type` (the KServe name, "FP32") and `dims`, the
+    shape clients send or are answered in (both must be given: triton_tensors.py); `reshape`, when
     given, the shape the model takes or gives instead. `with_batch`: max_batch_size 0 and both
     lists given, so dims and reshape hold the batch dimension too (Triton's meaning). `optional`:
     an input Triton does not count among those the model must have."""
 
     name: str
-    data_type: str = ""
-    dims: tuple[int, ...] | None = None
+    data_type: str
+    dims: tuple[int, ...]
     reshape: tuple[int, ...] | None = None
     with_batch: bool = False
     optional: bool = False

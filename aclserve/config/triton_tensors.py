@@ -34,8 +34,6 @@ def _declared(tensor, path: str, with_batch: bool) -> DeclaredTensor:
     reshape = None
     if tensor.HasField("reshape"):
         reshape = _dims(tensor.reshape.shape, f"{path}.reshape.shape")
-        if dims is None:
-            raise ConfigError(f"{path}.reshape", "needs the tensor's dims, the shape it reshapes")
         if _trunks(dims) != _trunks(reshape):
             raise ConfigError(f"{path}.reshape", f"shape {list(reshape)} does not hold the elements of dims "
                                                  f"{list(dims)} (the same count, and the same number of -1 "
@@ -71,10 +69,11 @@ def _trunks(shape: tuple[int, ...]) -> list[int]:
 
 
 def _data_type(value: int, path: str) -> str:
-    """The KServe name of Triton's DataType `value` (TYPE_STRING: BYTES); "" for TYPE_INVALID, left out."""
+    """The KServe name of Triton's DataType `value` (TYPE_STRING: BYTES; TYPE_INVALID, 0, is refused
+    as left out before)."""
     from tritonclient.grpc import model_config_pb2  # (imported with the config.pbtxt's reader: triton_config.py)
     types = model_config_pb2.DataType
     if value not in types.values():
         raise ConfigError(path, f"{value} is not one of Triton's data types")
     name = types.Name(value)
-    return "" if name == "TYPE_INVALID" else "BYTES" if name == "TYPE_STRING" else name.removeprefix("TYPE_")
+    return "BYTES" if name == "TYPE_STRING" else name.removeprefix("TYPE_")

@@ -107,12 +107,12 @@ def _matched(tensor: DeclaredTensor, spec: TensorSpec, kind: str, with_rows: boo
     without batch sizes (not `with_rows`) under max_batch_size 0 (`unbatched`) is compared whole,
     whichever lists are given."""
     where = f"{PBTXT}: {kind} {tensor.name!r}"
-    if tensor.data_type and tensor.data_type != spec.datatype:
+    if tensor.data_type != spec.datatype:
         raise ValueError(f"{where} data_type {_triton(tensor.data_type)} is not the model's {_triton(spec.datatype)} "
                          "(Triton refuses it too)")
     rows = with_rows and spec.batched
-    if tensor.dims is None or (not with_rows and not unbatched):
-        return spec, None  # (dims not given; or max_batch_size > 0 on a static model: served.py refuses that)
+    if not with_rows and not unbatched:
+        return spec, None  # (max_batch_size > 0 on a static model: served.py refuses that)
     if not with_rows and tensor.reshape == ():
         raise ValueError(f"{where} reshape: cannot be empty with max_batch_size 0 on a model without a batch "
                          "dimension: the tensor would hold no data (Triton refuses it too)")
