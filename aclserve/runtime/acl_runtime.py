@@ -76,8 +76,9 @@ class AclRuntime:
         if self.kind == "cpu":
             has, source = self.acl.device_limits()[1], "the CPU runtime has (ACLSERVE_CPU_MAX_EVENTS, by default its SoC's)"
         else:
-            documented = documented_limits(compat.soc_name(self.acl))
-            has, source = (documented[1] if documented else None), f"CANN documents for the {self.soc_name()}"
+            soc = self.soc_name()  # ("unknown": no documented figures, as for a SoC not named)
+            documented = documented_limits(soc)
+            has, source = (documented[1] if documented else None), f"CANN documents for the {soc}"
         if configured is None or has is None or configured <= has:
             return
         log.warning("device_limits.events is %d, above the %d events %s: the ledger lets through models whose "

@@ -41,10 +41,6 @@ from __future__ import annotations
 
 import collections
 import threading
-import weakref
-
-_pools: "weakref.WeakKeyDictionary[object, EventPool]" = weakref.WeakKeyDictionary()
-_pools_lock = threading.Lock()
 
 
 class Claim:
@@ -77,10 +73,14 @@ class EventPool:
     def take(self) -> bool:
         """One now, or False (none free, or records wait for one: they come first)."""
         with self.lock:
-            if self.free and not self.queue:
-                self.free -= 1
-                return True
-            return False
+            return self.take_locked()
+
+    def take_locked(self) -> bool:
+        """take(), its caller holding `lock`."""
+        if self.free and not self.queue:
+            self.free -= 1
+            return True
+        return False
 
     def give_back(self) -> None:
         with self.lock:
@@ -103,24 +103,6 @@ class EventPool:
         with self.lock:
             self.closed = True
             self.ready.notify_all()
-
-
-def pool_of(device) -> EventPool:
-    """The pool of a _state.Device (a new one at each init: its pool is new too)."""
-    pool = _pools.get(device)
-    if pool is None:
-        with _pools_lock:
-            pool = _pools.get(device)
-            if pool is None:
-                pool = _pools[device] = EventPool(device.max_events)
-    return pool
-
-
-def close_all() -> None:
-    with _pools_lock:
-        pools = list(_pools.values())
-    for pool in pools:
-        pool.close()
 
 
 class Holding:
@@ -147,8 +129,7 @@ class Holding:
         pool = self._pool
         with pool.lock:
             self._users[generation] = 1
-            if pool.free and not pool.queue:
-                pool.free -= 1
+            if pool.take_locked():
                 return None
             claim = Claim(pool)
             pool.queue.append(claim)

@@ -58,7 +58,7 @@ def _create(flags, reusable: bool = False, at_record: bool = False, at_creation:
     with _state.lock:
         if not ctx.alive:  # destroyed by another thread since current(): as if it had been first
             return 0, C.ACL_ERROR_RT_CONTEXT_NULL
-        pool = _event_pool.pool_of(_state.devices[ctx.device])
+        pool = _state.devices[ctx.device].event_pool
         holding = taken = None
         if at_creation:
             if not pool.take():
@@ -229,9 +229,6 @@ def event_elapsed_time(start, end):
     if t2 < t1:
         return 0.0, C.ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL
     return (t2 - t1) * 1000.0, _OK
-
-
-_state.on_finalize(_event_pool.close_all, early=True)  # records waiting for a resource complete
 
 
 # -- callbacks -----------------------------------------------------------------------------------

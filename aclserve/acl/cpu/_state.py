@@ -15,7 +15,7 @@ import threading
 from .. import constants as C
 from .. import soc_limits
 from ..compat import atlas_200_300_500, event_waits_forever_only
-from . import _memory, faults, settings
+from . import _event_pool, _memory, faults, settings
 from ._stream import Event, Stream
 
 log = logging.getLogger("aclserve.acl.cpu")
@@ -49,6 +49,7 @@ class Device:
         self.refcount = 0
         self.default_context: Context | None = None
         self.max_streams, self.max_events = max_streams, max_events
+        self.event_pool = _event_pool.EventPool(max_events)  # its event resources, taken at record_event
         # the code the device failed with as a whole (fail_device), 0 while it has not: every task
         # submitted in any of its contexts gets it, until the device is let go of (released_if_unused)
         self.status = 0
@@ -290,6 +291,8 @@ def finalize() -> int:
         for d in devices.values():
             d.default_context, d.refcount = None, 0
         left = (len(ctxs), len(streams), len(events))
+    for d in devices.values():
+        d.event_pool.close()  # records waiting for an event resource complete (before streams close)
     _run(_early_finalizers)
     for ctx in ctxs:
         ctx.close(join_timeout_s=5.0)
