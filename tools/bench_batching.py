@@ -40,7 +40,7 @@ from aclserve.errors import QueueFull, RequestTimeout, ServeError, ShuttingDown 
 from aclserve.om.compile import compile_model  # noqa: E402
 from aclserve.runtime import AclRuntime, open_pool, warm_up  # noqa: E402
 from aclserve.scheduling import BatchingConfig, DynamicBatcher, QueuePolicy  # noqa: E402
-from bench_common import ensure_example_models  # noqa: E402
+from bench_common import ensure_model  # noqa: E402
 
 GEARS = [1, 2, 4, 8, 16, 32]
 LEVELS = (1, 2)  # the levels this load uses: 1 = high, 2 = the default
@@ -54,10 +54,6 @@ def pin_process(cpu: int) -> None:
             os.sched_setaffinity(int(tid), {cpu})
         except ProcessLookupError:
             pass
-
-
-def ensure_model(name: str) -> str:
-    return ensure_example_models(os.path.join(ROOT, "out", "models"))[name]
 
 
 def batch_figures(batcher: DynamicBatcher) -> dict:

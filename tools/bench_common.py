@@ -46,6 +46,11 @@ def ensure_example_models(outdir: str) -> dict[str, str]:
     return paths
 
 
+def ensure_model(name: str) -> str:
+    """The ONNX path of example model `name` in out/models/, built there if missing."""
+    return ensure_example_models(os.path.join(os.path.dirname(TOOLS), "out", "models"))[name]
+
+
 def raw_session(onnx_path: str, threads: int):
     """An InferenceSession with the settings the CPU runtime uses (the raw baseline)."""
     import onnxruntime as ort

@@ -42,7 +42,7 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
-from bench_common import ManagedProcess, RawOrt, ensure_example_models, free_port, http, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, RawOrt, ensure_model, free_port, http, wait_ready  # noqa: E402
 
 GEARS = "1,2,4,8"  # --gears: e.g. 1,2,4,8,16,32, the gears `aclserve compile` gives by default
 MODES = {"default": "",
@@ -188,7 +188,7 @@ def measure(args) -> dict:
     client_cpus = set(cpus[:-1]) if server_cpus else None
     if client_cpus:
         os.sched_setaffinity(0, client_cpus)
-    onnx_path = ensure_example_models(os.path.join(ROOT, "out", "models"))["heavy"]
+    onnx_path = ensure_model("heavy")
     raw = RawOrt(onnx_path, threads=1, cpus=server_cpus or set(cpus))
     ms_per_row = {b: raw.seconds_per_batch(b) * 1000 / b for b in (1, 8)}
     del raw

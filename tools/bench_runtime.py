@@ -35,7 +35,7 @@ from aclserve.om.compile import compile_model  # noqa: E402
 from aclserve.runtime import AclRuntime, open_pool  # noqa: E402
 from aclserve.runtime import Batch  # noqa: E402
 from aclserve.runtime.futures import BatchFutures  # noqa: E402
-from bench_common import MODEL_NAMES, ensure_example_models, raw_session  # noqa: E402
+from bench_common import MODEL_NAMES, ensure_example_models, ensure_model, raw_session  # noqa: E402
 
 
 def timed(fn, seconds: float, min_runs: int = 5) -> tuple[int, float]:
@@ -199,7 +199,7 @@ def model_path(ap: argparse.ArgumentParser, model: str) -> str:
     """--model: an example model's name (built into out/models/ if missing), an example model's
     file (built where it is named if missing), or an ONNX file that exists."""
     if model in MODEL_NAMES:
-        return ensure_example_models(os.path.join(ROOT, "out", "models"))[model]
+        return ensure_model(model)
     if not os.path.exists(model):
         if os.path.basename(model) not in {f"{name}.onnx" for name in MODEL_NAMES}:
             ap.error(f"--model {model}: no such file (or one of {', '.join(MODEL_NAMES)})")

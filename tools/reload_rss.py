@@ -29,7 +29,7 @@ import urllib.request
 import onnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import TOOLS, ensure_example_models, free_port  # noqa: E402
+from bench_common import ensure_model, free_port  # noqa: E402
 
 BODY = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3, 64, 64],
                                "data": [0.5] * 12288}]}).encode()
@@ -39,7 +39,7 @@ def variants(folder: str, kind: str) -> list[bytes]:
     """Two versions of the medium CNN: compiled with gears up to 8 and up to 16 (.om), or the
 same graph under two producer names (.onnx; compiled by the server with its default gears)."""
     from aclserve.om.compile import compile_model
-    source = ensure_example_models(os.path.join(os.path.dirname(TOOLS), "out", "models"))["medium"]
+    source = ensure_model("medium")
     out = []
     for i, gears in enumerate(("1,2,4,8", "1,2,4,8,16")):
         if kind == "om":
