@@ -152,8 +152,8 @@ def _serve_logged(args, config, origins) -> int:
 def _check_descriptor_limit(config) -> None:
     """Under descriptors.MIN_DESCRIPTORS (once raised as far as the hard limit lets it), one line
     now, before anything opens: the start failed wherever descriptors ran out, naming something else."""
-    from ..server.descriptors import short_of_descriptors
-    short = short_of_descriptors(config.max_connections * (2 if config.grpc_port else 1))  # (as create_app)
+    from ..server.descriptors import connections_wanted, short_of_descriptors
+    short = short_of_descriptors(sum(connections_wanted(config)))
     if short:
         raise UsageError(short)
 

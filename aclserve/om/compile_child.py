@@ -60,7 +60,9 @@ def main(argv: list[str]) -> int:
 
 
 def _compiled(request_text: str, say, stop: StopSignals) -> int:
-    """Compile what REQUEST asks, say the result or the error; the exit status."""
+    """Compile what REQUEST asks, say the result or the error; the exit status (128 + a stop
+    signal's number when one came as it ended: nothing said of it)."""
+    status = 0
     try:
         stop.install()
         threading.Thread(target=_end_with_parent, name="aclserve-compile-parent", daemon=True).start()
@@ -79,8 +81,8 @@ def _compiled(request_text: str, say, stop: StopSignals) -> int:
         raise  # (main's: nothing said)
     except BaseException as e:  # (SystemExit included: said, not a silent exit)
         say(error=_described(e))
-        return 1 if stop.signum is None else 128 + stop.signum
-    return 0 if stop.signum is None else 128 + stop.signum  # (stopped as it ended: nothing said)
+        status = 1
+    return status if stop.signum is None else 128 + stop.signum
 
 
 def _end_with_parent() -> None:

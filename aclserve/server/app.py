@@ -40,7 +40,7 @@ from . import bad_request_log, malformed, tls
 from .app_keys import STATE
 from .auth import access_middleware
 from .connections import BODY_LINGER_S, tracking_middleware
-from .descriptors import fit_connection_caps
+from .descriptors import connections_wanted, fit_connection_caps
 from .direct import DirectInfer
 from .guard import listen
 from .error_responses import error_middleware
@@ -107,7 +107,7 @@ def create_app(config, repo, runtime) -> web.Application:
     warned) here, before anything else built on the app (the gRPC server) sizes itself from
     its cap."""
     state = ServerState(config, repo, runtime)
-    http, grpc = fit_connection_caps(config.max_connections, config.max_connections if config.grpc_port else 0)
+    http, grpc = fit_connection_caps(*connections_wanted(config))
     state.connections.max_connections = http
     if config.grpc_port:  # (else gRPC's cap stays max_connections, for a GrpcServer made by hand)
         state.grpc_max_connections = grpc

@@ -27,6 +27,12 @@ def lingering_cap() -> int:
     return _lingering_cap
 
 
+def connections_wanted(config) -> tuple[int, int]:
+    """(HTTP, gRPC) connections a server config asks for: max_connections for each endpoint it
+    listens on (gRPC off: 0)."""
+    return config.max_connections, (config.max_connections if config.grpc_port else 0)
+
+
 def short_of_descriptors(connections_wanted: int) -> str | None:
     """Why the server cannot start under the descriptor limit, if it cannot: the soft limit is
     first raised towards what `connections_wanted` (HTTP's and gRPC's together) need, as far as
