@@ -36,7 +36,7 @@ from pathlib import Path
 from ..config import PBTXT, ConfigError, ModelConfig, load_model_config, load_triton_config
 from ..regular_files import node_kind, stat_identity
 from . import external_data, unread
-from .models_folder import folder_entries
+from .models_folder import folder_entries, resolved_inside
 from .names import check_model_name, escape_undecodable, is_ignored_name
 from .scan_failure import ScanFailure
 
@@ -113,17 +113,8 @@ def select_versions(available, policy: tuple) -> tuple[str, ...]:
     return tuple(v for v in versions if v in wanted)
 
 
-def _inside(root: Path, path: Path) -> Path | None:
-    """The resolved path when it stays inside `root` (itself resolved), else None."""
-    try:
-        real = path.resolve(strict=True)
-    except (OSError, RuntimeError):
-        return None
-    return real if real == root or root in real.parents else None
-
-
 def _not_inside(path: Path) -> str:
-    """Why `path` is not a file inside the repository (`_inside` said None)."""
+    """Why `path` is not a file inside the repository (`resolved_inside` said None)."""
     try:
         path.resolve(strict=True)
     except RuntimeError:  # Python 3.11-3.12 words a loop so
@@ -138,7 +129,7 @@ def _not_inside(path: Path) -> str:
 def _version_file(root: Path, path: Path, kind: str) -> VersionFile | str | None:
     """The file at `path`, why it cannot be one (outside, a FIFO...), or None when it is gone.
     Only stats: a FIFO, socket or device node is never opened."""
-    real = _inside(root, path)
+    real = resolved_inside(root, path)
     if real is None:
         return _not_inside(path)
     try:
@@ -192,7 +183,7 @@ def _model_files(path: Path) -> list[Path]:
 def _config(path: Path | None, root: Path, model: str, defaults: ModelConfig, notes: list[str]) -> ModelConfig:
     if path is None:
         return defaults
-    if _inside(root, path) is None:
+    if resolved_inside(root, path) is None:
         raise ConfigError("", f"config file {_not_inside(path)}", str(path))
     said: list[str] = []
     triton = path.name == PBTXT
@@ -202,7 +193,7 @@ def _config(path: Path | None, root: Path, model: str, defaults: ModelConfig, no
     for name, options in config.outputs.items():
         if options.labels and options.labels not in {o.labels for o in defaults.outputs.values()}:
             key = f"output[{name}].label_filename" if triton else f"outputs.{name}.labels"
-            real = _inside(root, Path(options.labels))
+            real = resolved_inside(root, Path(options.labels))
             if real is None:
                 raise ConfigError(key, "the file does not exist or resolves outside the repository", str(path))
             special = _special(real)
@@ -286,7 +277,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             result.problems[name] = f"both {name}/ and a flat {name}.om/.onnx exist; remove one"
             return
         folder = parts["dir"]
-        if _inside(root, folder) is None:
+        if resolved_inside(root, folder) is None:
             result.problems[name] = f"{name}/ resolves outside the repository"
             return
         config_path = _folder_config(folder, name, result)

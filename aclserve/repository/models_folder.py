@@ -1,5 +1,6 @@
 """The models folder as the server starts: a folder it can read, or one line saying what it is
-instead; and how it is listed, at the start and by every scan (layout.py)."""
+instead; how it is listed, at the start and by every scan (layout.py); and whether a path in it
+resolves inside it (layout.py's files and folders, unread.py's version folders)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,6 +21,16 @@ def folder_entries(root: Path) -> list[Path]:
         except FileNotFoundError:  # removed since it was listed
             pass
     return entries
+
+
+def resolved_inside(root: Path, path: Path) -> Path | None:
+    """The resolved path when it stays inside `root` (itself resolved), else None (a link out of it,
+    to nothing, or in a loop)."""
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    return real if real == root or root in real.parents else None
 
 
 def check_models_folder(root: Path) -> None:

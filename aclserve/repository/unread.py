@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from ..config import PBTXT
+from .models_folder import resolved_inside
 from .names import is_ignored_name
 
 _SHOWN = 3  # entries named per version folder, and version folders, in a reason
@@ -69,8 +70,8 @@ def no_model_file(name: str, version_folders: list[Path], root: Path) -> str:
 
 def _inside_entries(folder: Path, root: Path) -> list[Path] | None:
     """What `folder` holds, None when it resolves outside the repository (not listed)."""
-    real = os.path.realpath(folder)
-    return list(Path(real).iterdir()) if os.path.commonpath([real, str(root)]) == str(root) else None
+    real = resolved_inside(root, folder)
+    return None if real is None else list(real.iterdir())
 
 
 def capitals_note(path: Path, root: Path, known: tuple[str, ...], stem: str | None = None) -> list[str]:
