@@ -118,10 +118,12 @@ def _hold(onnx_path: str) -> None:
 
 def _described(error: BaseException) -> dict:
     """The error in the terms compile_process._rebuilt makes it again from."""
-    from .compile_error import AtcFailed, CompileError
+    from .compile_error import AtcFailed, CompileError, NoBatchDimension
 
     if isinstance(error, AtcFailed):  # (signum: AtcKilled's, ATC killed by a signal)
         return {"kind": "atc", "message": _one_line(error), "signum": getattr(error, "signum", None)}
+    if isinstance(error, NoBatchDimension):
+        return {"kind": "no_batch_dimension", "message": _one_line(error)}
     if isinstance(error, CompileError):
         return {"kind": "compile", "message": _one_line(error)}
     if isinstance(error, MemoryError):

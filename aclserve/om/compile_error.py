@@ -17,6 +17,12 @@ class CompileError(ValueError):
     """Bad compile input or a failed build; the message is one line naming the problem."""
 
 
+class NoBatchDimension(CompileError):
+    """Batch sizes given (--batch, compile.batch) for a model without a batch dimension: no input
+    has a dynamic first dimension. Typed so that what asked for them in other words (a
+    config.pbtxt's max_batch_size: repository/loader.py) can say it in its own."""
+
+
 class CompileKilled(CompileError):
     """A process of the compile ended by a signal without a word (the out-of-memory killer's SIGKILL,
     a `kill` of it alone): the compile's own process, or ATC (AtcKilled). `signum` is that

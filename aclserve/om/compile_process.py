@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .compile_error import AtcFailed, AtcKilled, CompileError, CompileKilled, killed_by
+from .compile_error import AtcFailed, AtcKilled, CompileError, CompileKilled, NoBatchDimension, killed_by
 
 logger = logging.getLogger(__name__)
 
@@ -152,13 +152,14 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike | N
                      stop: CompileStop | None = None, timeout_s: float | None = None, **options) -> Built:
     """compile.compile_model(onnx_path, output, log=log, **options) run in a child process
     (blocking until it ends). Raises what compile_model raises, rebuilt from the child's word:
-    CompileError (one line; AtcFailed for an ATC that failed, AtcKilled for one killed by a
-    signal), OSError with its errno and file, MemoryError, RuntimeError for anything else;
-    CompileKilled when the child ends without a word by a signal (the kernel's out-of-memory
-    killer's SIGKILL among them), CompileError when it exits without one otherwise; CompileStopped
-    when `stop` ended it; CompileTimedOut when it was still running `timeout_s` seconds after it started
-    (None: no limit), its process group killed at once (SIGTERM first when it runs ATC); ATC's own
-    timeout is `timeout_s` too unless `options` say another."""
+    CompileError (one line; AtcFailed for an ATC that failed, AtcKilled for one killed by a signal,
+    NoBatchDimension for batch sizes given to a model without one), OSError with its errno and
+    file, MemoryError, RuntimeError for anything else; CompileKilled when the child ends without a
+    word by a signal (the kernel's out-of-memory killer's SIGKILL among them), CompileError when it
+    exits without one otherwise; CompileStopped when `stop` ended it; CompileTimedOut when it was
+    still running `timeout_s` seconds after it started (None: no limit), its process group killed
+    at once (SIGTERM first when it runs ATC); ATC's own timeout is `timeout_s` too unless `options`
+    say another."""
     if timeout_s is not None:
         options.setdefault("timeout", timeout_s)
     stop = stop or CompileStop()
@@ -253,6 +254,8 @@ def _rebuilt(error: dict) -> BaseException:
     kind, message = error.get("kind"), str(error.get("message") or "the compile failed")
     if kind == "compile":
         return CompileError(message)
+    if kind == "no_batch_dimension":
+        return NoBatchDimension(message)
     if kind == "atc":
         return AtcFailed(message) if error.get("signum") is None else AtcKilled(message, int(error["signum"]))
     if kind == "memory":

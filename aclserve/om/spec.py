@@ -18,7 +18,7 @@ from onnx import helper
 from ..dtypes import acl_to_kserve, numpy_to_acl
 from ..regular_files import open_regular
 from .atc_om import om_kind
-from .compile_error import CompileError
+from .compile_error import CompileError, NoBatchDimension
 from .container import DYNAMIC_BATCH_INPUT
 from .external_files import external_bytes, external_locations, missing_external_file
 from .gears import DEFAULT_GEARS, MAX_GEARS
@@ -283,8 +283,8 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
 
     batched = [vi.name for vi, _, dims in resolved if dims and not isinstance(dims[0], int)]
     if gears is not None and not batched:
-        raise CompileError("--batch given but the model has no batch dimension "
-                           "(no input has a dynamic first dimension; -1 marks it in --input-shape)")
+        raise NoBatchDimension("--batch given but the model has no batch dimension "
+                               "(no input has a dynamic first dimension; -1 marks it in --input-shape)")
     if batched and gears is not None and len(gears) == 1:
         # ATC's --dynamic_batch_size takes 2 to 100 sizes: one size compiles a static batch of it
         fixed = gears[0]

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import CompileOptions
-from ..om.compile_error import CompileError
+from ..om.compile_error import CompileError, NoBatchDimension
 from ..om.compile_process import CompileStop, CompileStopped, CompileTimedOut, compile_in_child
 from ..regular_files import open_regular, stat_identity
 from . import cache_entry, external_data
@@ -219,7 +219,7 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
         except SourceChanged:
             raise
         except CompileError as e:  # (said in the command's words: here the model's YAML gives them)
-            raise CompileError(_in_config_words(str(e))) from None
+            raise _in_config_words(e) from None
         finally:
             shutil.rmtree(work, ignore_errors=True)
         cache_entry.record(out, key, dict(asdict(options), batch=kwargs.get("batch")), runtime_kind,
@@ -248,11 +248,11 @@ _CONFIG_WORDS = {"--input-shape": "compile.input_shape", "--batch": "compile.bat
                  "--soc-version": "compile.soc_version", "--precision-mode": "compile.precision_mode"}
 
 
-def _in_config_words(message: str) -> str:
-    message = re.sub(r"--batch (\d+)\b", r"compile.batch: [\1]", message)  # (a YAML list: `batch: 1` is refused)
+def _in_config_words(error: CompileError) -> CompileError:  # (a NoBatchDimension stays one: loader.py)
+    message = re.sub(r"--batch (\d+)\b", r"compile.batch: [\1]", str(error))  # (a YAML list: `batch: 1` is refused)
     for flag, key in _CONFIG_WORDS.items():
         message = re.sub(rf"{flag}\b(?!-)", key, message)
-    return message
+    return (NoBatchDimension if isinstance(error, NoBatchDimension) else CompileError)(message)
 
 
 def sweep(cache_dir: str | os.PathLike) -> int:

@@ -23,7 +23,7 @@ import time
 from typing import Callable
 
 from ..config import PBTXT
-from ..om.compile_error import CompileError
+from ..om.compile_error import CompileError, NoBatchDimension
 from ..om.compile_process import CompileStop
 from .compile_cache import CompileCache
 from .plan import Wanted
@@ -46,8 +46,7 @@ def _in_pbtxt_words(error: CompileError, wanted: Wanted) -> CompileError | None:
     """A compile refusing the batch sizes a config.pbtxt's max_batch_size gave an .onnx without a
     batch dimension (om/spec.py's resolve), said of that field: the file sets no compile.batch."""
     cap = wanted.config.batching.batch_cap
-    if os.path.basename(wanted.config_path() or "") != PBTXT or not cap \
-            or "compile.batch given but the model has no batch dimension" not in str(error):
+    if not isinstance(error, NoBatchDimension) or os.path.basename(wanted.config_path() or "") != PBTXT or not cap:
         return None
     return CompileError(f"{PBTXT}: max_batch_size {cap} cannot apply: the model has no batch dimension (no input "
                         "has a dynamic first dimension, so it compiles without batch sizes); set 0 or remove it "

@@ -11,10 +11,11 @@ import signal
 import threading
 
 import pytest
+from onnx import TensorProto, helper
 
-from aclserve.om.compile_error import CompileError
+from aclserve.om.compile_error import CompileError, NoBatchDimension
 from aclserve.om.compile_process import CompileStop, CompileStopped, CompileTimedOut, compile_in_child
-from tests.tiny_models import endless_loop_onnx
+from tests.tiny_models import endless_loop_onnx, save_graph
 
 OPTIONS = {"batch": "1", "soc_version": "Ascend310P3", "target": "npu", "timeout": 600}
 
@@ -60,6 +61,19 @@ def test_an_atc_failure_in_the_child_is_its_one_line(tmp_path, fake_atc, multi_i
     assert str(failed.value).startswith("ATC failed (exit status 1): E10001: Value [x:-1,4]"), failed.value
     assert "\n" not in str(failed.value)
     assert sorted(os.listdir(tmp_path)) == ["bin", "multi.onnx", "record.json"]  # no m.om, no work folder
+
+
+def test_batch_sizes_for_a_model_without_a_batch_dimension_come_back_as_no_batch_dimension(tmp_path):
+    """The child's refusal keeps its type: the server words it for a config.pbtxt's max_batch_size
+    by it (repository/loader.py), where it matched the refusal's text."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    static = save_graph(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "static", [x], [y]),
+                        tmp_path / "static.onnx")
+    with pytest.raises(NoBatchDimension) as refused:
+        compile_in_child(static, tmp_path / "m.om", log=lambda line: None, target="cpu", batch=[1, 2])
+    assert str(refused.value) == ("--batch given but the model has no batch dimension (no input has a dynamic first "
+                                  "dimension; -1 marks it in --input-shape)")
 
 
 def test_a_stop_ends_the_atc_the_child_runs_and_leaves_nothing(tmp_path, fake_atc, multi_io_onnx, monkeypatch):
