@@ -6,13 +6,14 @@ Optimisation level: ORT_ENABLE_EXTENDED. Extended fusions may emit ONNX Runtime 
 the layout level (ORT_ENABLE_ALL, NCHWc) is left out because it bakes in the vector width of
 the compiling machine, which would make the file unportable.
 
-Output shapes come from running the optimised model once per probe batch (the two smallest
-gears) on zero inputs (on ones if that fails: a division by an input), what ONNX Runtime will
-compute, not what the exporter declared nor what shape inference guesses; an output that is not
-[batch, fixed...] (or fully fixed for a static model) is refused, since the runtime must size
-output buffers per gear, and so is a model that cannot run at all, and one whose output sizes
-change with the input's values (a second probe run on other values), and a dynamic-batch model
-whose rows are not independent (batch_rows.py: a batch would mix concurrent requests).
+Output shapes come from running the optimised model once per probe batch (a dynamic batch's
+small sizes, never its largest: probe_sizes.py) on zero inputs (on ones if that fails: a division
+by an input), what ONNX Runtime will compute, not what the exporter declared nor what shape
+inference guesses; an output that is not [batch, fixed...] (or fully fixed for a static model)
+is refused, since the runtime must size output buffers per gear, and so is a model that cannot
+run at all, and one whose output sizes change with the input's values (a second probe run on
+other values), and a dynamic-batch model whose rows are not independent (batch_rows.py: a batch
+would mix concurrent requests).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from onnx import shape_inference
 from .._version import __version__
 from ..dtypes import ACL_INT64
 from .batch_rows import refuse_mixed_rows
+from . import probe_sizes
 from .container import DYNAMIC_BATCH_INPUT
 from .names import atc_output_names
 from .spec import CompileError, ModelSpec, TensorInfo, dtype_of, one_line, refuse_empty
@@ -84,28 +86,14 @@ def optimise(model: onnx.ModelProto) -> bytes:
 
 
 def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) -> list[TensorInfo]:
-    """Read output shapes by running the model (one or two batch sizes) on zeros, else on ones:
-    a model dividing by an input cannot run on zeros (what `warmup_data: ones` is for). A model
-    that cannot run at all (a sequence longer than its position table: a broadcast that fails)
-    is refused here, as ATC's own shape checks refuse it, not retried for good as a device
-    fault at its warm-up."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 4  # (a failed run is said in the CompileError, not also on stderr)
-    sess = ort.InferenceSession(payload, so, providers=["CPUExecutionProvider"])
-    batches = spec.gears[:2] if len(spec.gears) >= 2 else ([spec.gears[0], spec.gears[0] + 1] if spec.gears else [None])
-    failure = None
-    for fill in PROBE_FILLS:
-        try:
-            seen = [[r.shape for r in sess.run([o.name for o in outputs], _probe_feeds(spec, b, fill))]
-                    for b in batches]
-            break
-        except Exception as e:
-            failure = failure or e
-    else:
-        raise CompileError(f"a test run of the model (on zeros, then ones) failed: {one_line(failure)}")
+    """Read output shapes by running the model on zeros, else on ones: a model dividing by an
+    input cannot run on zeros (what `warmup_data: ones` is for). A dynamic batch runs at two small
+    batch sizes whatever sizes are compiled (probe_sizes.py). A model that cannot run at all (a
+    sequence longer than its position table: a broadcast that fails) is refused here, as ATC's own
+    shape checks refuse it, not retried for good as a device fault at its warm-up."""
+    sess = _session(payload)
+    batches = probe_sizes.probe_batches(spec)
+    seen, fill = _probe_runs(sess, spec, outputs, batches)
     _refuse_data_dependent(sess, spec, outputs, batches[0], fill, seen[0])
     fixed = []
     for i, o in enumerate(outputs):
@@ -122,6 +110,27 @@ def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) ->
         names = [o.name for o in outputs]
         refuse_mixed_rows(lambda feeds: sess.run(names, feeds), spec, names)
     return fixed
+
+
+def _session(model: bytes):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 4  # (a failed run is said in the CompileError, not also on stderr)
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def _probe_runs(sess, spec: ModelSpec, outputs: list[TensorInfo], batches: list) -> tuple[list[list[tuple]], object]:
+    """The outputs' shapes at each batch size, and the fill they ran on (zeros, else ones)."""
+    names = [o.name for o in outputs]
+    failure = None
+    for fill in PROBE_FILLS:
+        try:
+            return [[r.shape for r in sess.run(names, _probe_feeds(spec, b, fill))] for b in batches], fill
+        except Exception as e:
+            failure = failure or e
+    raise CompileError(f"a test run of the model (on zeros, then ones) failed: {one_line(failure)}")
 
 
 def _refuse_data_dependent(sess, spec: ModelSpec, outputs: list[TensorInfo], batch: int | None, used,

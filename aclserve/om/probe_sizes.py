@@ -1,0 +1,29 @@
+"""The batch sizes a CPU compile's test runs take (cpu_compile.probe_outputs): small ones, whatever
+sizes are compiled. A run takes memory for the rows it is fed: at the largest size asked for
+(`compile: {batch: [1, 1073741824]}`, x [N, 4] FP32) it took 16 GiB and half a minute, and a
+larger size would take the machine's memory down, for a model whose load then refuses that size's
+buffers for memory anyway; ATC never runs the model to compile it.
+
+A dynamic-batch model runs at its two smallest sizes when they are small (PROBE_ROWS at most: a
+model may run at its sizes only, a Reshape to pairs of rows), else at its smallest small size (or
+1) and one row more: two sizes still, for the batch-major check. A static model runs at its own
+size (one --batch size fixes it): its outputs' shapes are those at that size, and only a run there
+says them for sure (a model that runs at its export size only, a Slice capping the batch).
+"""
+from __future__ import annotations
+
+from .spec import ModelSpec
+
+PROBE_ROWS = 32  # the most rows a test run is fed for a size asked for (the default sizes end there)
+
+
+def probe_batches(spec: ModelSpec) -> list[int | None]:
+    """The batch sizes the model is run at: two for a dynamic batch, None (the inputs' own dims)
+    for a static model."""
+    if not spec.gears:
+        return [None]
+    small = [g for g in spec.gears if g <= PROBE_ROWS][:2]
+    if len(small) == 2:
+        return small
+    first = small[0] if small else 1
+    return [first, first + 1]

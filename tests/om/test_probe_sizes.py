@@ -1,0 +1,45 @@
+"""The CPU compile's test runs of a dynamic batch take small batch sizes whatever sizes are compiled
+(om/probe_sizes.py). They ran at the two smallest sizes (so at the largest of two):
+`compile: {batch: [1, 1073741824]}` fed 2**30 rows of x [N, 4] FP32, 16 GiB and half a minute,
+for a model whose load is then refused for memory. At 2**40 rows (16 TiB) the feed cannot be
+allocated at all: such a compile failed ("a test run of the model ... failed: Unable to allocate
+16.0 TiB")."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from aclserve.om.compile import CompileError, compile_model
+from .conftest import save, scalar_output_model
+
+HUGE = 2**40  # rows: x [N, 4] FP32 is 16 TiB
+
+
+def _quiet(_line):
+    pass
+
+
+def _onnx(tmp_path, name, nodes, outputs, inits=(), dtype=TensorProto.FLOAT):
+    """x FP32 [N, 4] -> `outputs` of `dtype` (their shapes left to the compile)."""
+    vi = helper.make_tensor_value_info
+    weights = [numpy_helper.from_array(np.asarray(value), key) for key, value in inits]
+    graph = helper.make_graph(nodes, name, [vi("x", TensorProto.FLOAT, ["N", 4])],
+                              [vi(o, dtype, None) for o in outputs], weights)
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / f"{name}.onnx")
+
+
+def _dims(path, batch):
+    return [o["dims"] for o in compile_model(path, batch=batch, target="cpu", log=_quiet).header["outputs"]]
+
+
+def test_a_dynamic_batch_is_tried_at_small_sizes_whatever_the_largest(tmp_path):
+    relu = _onnx(tmp_path, "relu", [helper.make_node("Relu", ["x"], ["y"])], ["y"])
+    header = compile_model(relu, batch=[1, HUGE], target="cpu", log=_quiet).header
+    assert header["gears"] == [1, HUGE] and [o["dims"] for o in header["outputs"]] == [[-1, 4]]
+    assert _dims(relu, [HUGE, HUGE + 1]) == [[-1, 4]]  # (tried at 1 and 2 rows)
+    # the batch-major check still runs at two sizes: an output without the batch is refused as it was
+    with pytest.raises(CompileError, match=r"output 'y' is not batch-major \(shapes \[\[\], \[\]\] for batch sizes "
+                                           r"\[1, 2\]\)"):
+        compile_model(save(scalar_output_model(), tmp_path / "scalar.onnx"), batch=[1, HUGE], target="cpu",
+                      log=_quiet)
