@@ -1,11 +1,20 @@
 """What ATC takes of the options a compile records, so that a CPU OM is not built from what ATC
 would refuse (an independent tester compiled `--precision-mode bogus`, `--soc-version Bogus123`
-and opsets 7 and 28 without a word).
+and opsets 7 and 28 without a word, and com.microsoft and ai.onnx.ml operators).
 
 --precision_mode has a documented list of values (ATC's flag help, hicann/ge api/atc; the ATC
 page "--precision_mode"): any other is refused on both targets. The SoCs and opsets ATC takes
 depend on the CANN installed (an OPP per SoC; ONNX opsets 11 in CANN 5.0/6.0, 11-15 in 8.0, 11-18
 in the newest), so a CPU compile is warned, not refused: ATC itself judges them on the NPU path.
+CANN's ONNX op plugins register parsers for opsets 8 to 10 too for many operators (Conv:
+"ai.onnx::8::Conv" to "ai.onnx::18::Conv"), though its documents say 11: those "may" be refused.
+
+ATC looks an operator's parser up by "domain::opset::type", and CANN's plugins register them under
+"ai.onnx" alone: an operator of another domain (com.microsoft's contrib operators, which ONNX
+Runtime's transformer optimiser writes; ai.onnx.ml's, which skl2onnx writes) fails ATC with E19010
+"No parser is registered for Op" unless a custom op plugin on that host parses it. The CPU compile
+refuses such a source model (the device would); ONNX Runtime's own optimiser, which runs after
+this check, fuses into com.microsoft operators that never reach a device.
 """
 from __future__ import annotations
 
@@ -18,6 +27,9 @@ from .spec import CompileError
 PRECISION_MODES = ("force_fp16", "force_fp32", "cube_fp16in_fp32out", "allow_fp32_to_fp16", "must_keep_origin_dtype",
                    "allow_mix_precision", "allow_mix_precision_fp16", "allow_mix_precision_bf16", "allow_fp32_to_bf16")
 OPSETS = (11, 18)  # the newest CANN's ONNX opsets, both ends included
+PLUGIN_OPSETS = 8  # the oldest opset CANN's ONNX op plugins register parsers for (many operators)
+ONNX_DOMAINS = ("", "ai.onnx")  # ONNX's own, which ATC's parsers are registered under ("ai.onnx::11::Conv")
+SHOWN_OPERATORS = 3  # the foreign operators a refusal names
 # `Ascend` + the chip's name from npu-smi (Ascend310, Ascend310P3, Ascend310B1, Ascend910B3, ...)
 _SOC_NAME = re.compile(r"^Ascend[0-9]{3}[0-9A-Za-z_-]*$")
 
@@ -35,8 +47,42 @@ def cpu_warnings(model: onnx.ModelProto, soc_version: str | None) -> list[str]:
     if soc_version is not None and not _SOC_NAME.match(soc_version):
         warnings.append(f"--soc-version {soc_version!r} does not look like a SoC ATC takes (`Ascend` and the "
                         "chip's name from npu-smi, e.g. Ascend310P3, Ascend910B1): ATC would refuse it")
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is not None and not OPSETS[0] <= opset <= OPSETS[1]:
+    opset = next((o.version for o in model.opset_import if o.domain in ONNX_DOMAINS), None)
+    if opset is not None and PLUGIN_OPSETS <= opset < OPSETS[0]:
+        warnings.append(f"the model imports ONNX opset {opset}; ATC may refuse it: CANN documents opsets {OPSETS[0]} "
+                        f"to {OPSETS[1]}, though its parsers take opset {opset} for many operators; convert it "
+                        "(onnx.version_converter) to be sure")
+    elif opset is not None and not OPSETS[0] <= opset <= OPSETS[1]:
         warnings.append(f"the model imports ONNX opset {opset}; ATC takes opsets {OPSETS[0]} to {OPSETS[1]} (older "
                         "CANN fewer: 8.0 takes 11 to 15): ATC would refuse it; convert it (onnx.version_converter)")
     return warnings
+
+
+def refuse_foreign_operators(model: onnx.ModelProto) -> None:
+    """Raise CompileError for a source model holding operators of a domain other than ONNX's,
+    in its graph or in the subgraphs of If, Loop and Scan: ATC has no parser for them (E19010)."""
+    foreign: dict[tuple[str, str], None] = {}  # (domain, type), in the order met
+    for node in _nodes(model.graph):
+        if node.domain not in ONNX_DOMAINS:
+            foreign.setdefault((node.domain, node.op_type))
+    if not foreign:
+        return
+    shown = ", ".join(f"{domain}:{op}" for domain, op in list(foreign)[:SHOWN_OPERATORS])
+    more = f" and {len(foreign) - SHOWN_OPERATORS} more" if len(foreign) > SHOWN_OPERATORS else ""
+    raise CompileError(f"the model uses operators outside the ONNX domain ({shown}{more}), for which ATC has no "
+                       "parser (E19010 \"No parser is registered for Op\"), so the CPU compile refuses them too: "
+                       "export the model again without contrib or ML operators (ONNX Runtime's transformer "
+                       "optimiser writes com.microsoft ones, skl2onnx ai.onnx.ml ones), or compile it with ATC on "
+                       "an NPU host that has a custom op plugin for them")
+
+
+def _nodes(graph: onnx.GraphProto):
+    """The graph's nodes and, depth first, those of its subgraphs (If's branches, Loop's and Scan's bodies)."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _nodes(sub)

@@ -107,6 +107,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         if not soc_version:
             raise CompileError("ATC needs the SoC to build for and there is no Ascend device here to read it "
                                "from: pass --soc-version (e.g. Ascend310P3, Ascend910B1)")
+        # (operators outside the ONNX domain are ATC's to judge: a custom op plugin on this host may parse them)
         if spec.dynamic_batch:  # (before ATC's minutes: the CPU compile finds it in its test runs)
             batch_rows.check_source(src, spec)
         if log_start:
@@ -120,6 +121,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         header = dict(hdr.as_dict(), gears=list(spec.gears), inputs=inputs, **aipp_header)
         kind = "npu"
     else:
+        atc_options.refuse_foreign_operators(model)  # (the source's: ONNX Runtime's optimiser adds its own)
         if log_start:
             log(f"compiling {src} for the CPU runtime (ATC not used)")
         warnings = atc_options.cpu_warnings(model, soc_version)

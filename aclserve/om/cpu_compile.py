@@ -102,7 +102,7 @@ def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) ->
             if any(len(s) == 0 or s[0] != b for s, b in zip(shapes, batches)) or len({s[1:] for s in shapes}) != 1:
                 raise CompileError(f"output {o.name!r} is not batch-major (shapes {[list(s) for s in shapes]} for "
                                    f"batch sizes {batches}); every output of a dynamic-batch model needs the "
-                                   "batch first (or compile it for one batch size: --batch 1)")
+                                   f"batch first (or compile it for one batch size: --batch 1){spec.fixed_dim0_hint()}")
             fixed.append(TensorInfo(o.name, o.dtype, [-1] + list(shapes[0][1:])))
         else:
             fixed.append(TensorInfo(o.name, o.dtype, list(shapes[0])))

@@ -55,6 +55,9 @@ class ModelSpec:
     model: onnx.ModelProto = field(repr=False)
     inputs: list[TensorInfo]
     gears: list[int]
+    # dimension 0 taken for the batch only because the model leaves it open: neither --batch, a -1
+    # in --input-shape nor its symbol's name ("batch_size") said it is one (it may be a sequence's length)
+    batch_assumed: bool = False
 
     @property
     def dynamic_batch(self) -> bool:
@@ -62,6 +65,12 @@ class ModelSpec:
 
     def atc_input_shape(self) -> str:
         return ";".join(f"{t.name}:{','.join(str(d) for d in t.dims)}" for t in self.inputs)
+
+    def fixed_dim0_hint(self) -> str:
+        """For a refusal of a dynamic-batch model: when its batch was only assumed, the other way
+        out, dimension 0 fixed with --input-shape (--batch 1 compiled a one-token model of a
+        model whose only open dimension is a sequence's length)."""
+        return _fixed_dim0_hint([(t.name, t.dims) for t in self.inputs]) if self.batch_assumed else ""
 
 
 def parse_input_shape(text: str | None) -> dict[str, list[int]]:
@@ -132,6 +141,7 @@ def load_onnx(path: str | os.PathLike, weights: bool = True) -> onnx.ModelProto:
         raise CompileError(f"{path}: {e.strerror or e}") from None
     try:
         with f:
+            empty = os.fstat(f.fileno()).st_size == 0  # (it parses: an empty model, "no graph" below)
             model = onnx.load(f, load_external_data=False)  # (the format as for f.name, `path`)
     except Exception as e:  # protobuf DecodeError and friends
         kind = om_kind(path)
@@ -140,7 +150,7 @@ def load_onnx(path: str | os.PathLike, weights: bool = True) -> onnx.ModelProto:
                                f"(`aclserve inspect {shlex.quote(path)}` shows what it holds)") from None
         raise CompileError(f"{path}: not an ONNX model ({one_line(e)})") from None
     if not model.graph.node and not model.graph.output:
-        raise CompileError(f"{path}: not an ONNX model (no graph)")
+        raise CompileError(f"{path}: not an ONNX model ({'an empty file' if empty else 'no graph'})")
     folder = os.path.dirname(os.path.abspath(path))
     try:
         locations = external_locations(model)
@@ -282,6 +292,9 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
         resolved.append((vi, dtype, dims))
 
     batched = [vi.name for vi, _, dims in resolved if dims and not isinstance(dims[0], int)]
+    # (said to be the batch: by --batch, by a -1 in --input-shape, or by a symbol naming it, "batch_size")
+    assumed = gears is None and not any(dims[:1] == [-1] for dims in input_shape.values()) and not any(
+        isinstance(dims[0], str) and "batch" in dims[0].lower() for _, _, dims in resolved if dims)
     if gears is not None and not batched:
         raise NoBatchDimension("--batch given but the model has no batch dimension "
                                "(no input has a dynamic first dimension; -1 marks it in --input-shape)")
@@ -301,9 +314,10 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
     infos = []
     for vi, dtype, dims in resolved:
         if dynamic and (not dims or isinstance(dims[0], int)):
+            hint = _fixed_dim0_hint([(v.name, d) for v, _, d in resolved if d and not isinstance(d[0], int)])
             raise CompileError(f"input {vi.name!r} has no batch dimension first (shape {_show(dims)}); "
                                "with dynamic batch every input's first dimension must be the batch (or "
-                               "compile it for one batch size: --batch 1)")
+                               f"compile it for one batch size: --batch 1){hint if assumed else ''}")
         rest = dims[1:] if dynamic else dims
         for axis, d in enumerate(rest, start=1 if dynamic else 0):
             if not isinstance(d, int):
@@ -314,7 +328,16 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
         _check_size(vi.name, dtype, final, gears[-1] if dynamic else None)
         _set_shape(vi, final)
         infos.append(TensorInfo(vi.name, dtype, final))
-    return ModelSpec(model, infos, list(gears) if dynamic else [])
+    return ModelSpec(model, infos, list(gears) if dynamic else [], batch_assumed=dynamic and assumed)
+
+
+def _fixed_dim0_hint(inputs: list[tuple[str, list]]) -> str:
+    """'; if dimension 0 is not a batch ... --input-shape "ids:16"' for the inputs (name, dims)
+    whose dimension 0 was taken for the batch (16 for each open dimension: an example size)."""
+    example = ";".join(f"{name}:" + ",".join(str(d) if isinstance(d, int) else "16" for d in [None] + list(dims[1:]))
+                       for name, dims in inputs)
+    return ("; if dimension 0 is not a batch (a sequence's length, say: --batch 1 would fix it at 1), give its "
+            f"size instead, e.g. --input-shape \"{example}\"")
 
 
 def refuse_empty(what: str, name: str, dims: list[int]) -> None:

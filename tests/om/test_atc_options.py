@@ -1,14 +1,18 @@
 """What ATC would refuse among a compile's options (om/atc_options.py): an independent tester
 compiled `--precision-mode bogus`, `--soc-version Bogus123` and opsets 7 and 28 to CPU OMs without
-a word. A precision mode outside ATC's list is refused on both targets; a SoC or an opset ATC may
-refuse is a warning in the CPU compile's summary."""
+a word, and operators of com.microsoft and ai.onnx.ml, which ATC has no parser for. A precision mode
+outside ATC's list is refused on both targets; a SoC or an opset ATC may refuse is a warning in
+the CPU compile's summary; an operator outside the ONNX domain is refused by the CPU compile and
+left to ATC (a custom op plugin may parse it)."""
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
-from aclserve.om.compile import compile_model
+from aclserve.om import container
+from aclserve.om.compile import CompileError, compile_model
 from .conftest import run_cli, save
 
 
@@ -60,3 +64,83 @@ def test_a_soc_or_an_opset_atc_would_refuse_is_a_warning_in_the_cpu_summary(tmp_
     for soc, opset in (("Ascend310P3", 11), ("Ascend910B4", 18), ("Ascend910_9392", 17), (None, 17)):
         assert compile_model(_relu(tmp_path / "ok.onnx", opset=opset), out, soc_version=soc, target="cpu",
                              log=lambda _: None).warnings == [], (soc, opset)
+
+
+def test_an_opset_of_cann_s_parsers_but_not_of_its_documents_may_be_refused(tmp_path):
+    """CANN's ONNX op plugins register parsers for opsets 8 to 10 for many operators ("ai.onnx::8::Conv"),
+    though its documents say 11: "would refuse" was not true of them."""
+    proc = run_cli("compile", _relu(tmp_path / "nine.onnx", opset=9, ir=4), "-o", tmp_path / "m.om", "--target", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert [line for line in proc.stdout.splitlines() if line.startswith("warning:")] == [
+        "warning: the model imports ONNX opset 9; ATC may refuse it: CANN documents opsets 11 to 18, though its "
+        "parsers take opset 9 for many operators; convert it (onnx.version_converter) to be sure"]
+
+
+def _foreign(path, ops=(("com.microsoft", "Gelu"),), where: str = "graph") -> str:
+    """x [b, 4] -> the operators `ops` ((domain, type), one after another) -> out: in the graph, in
+    the then branch of an If (`where` "if") or in the body of a Loop ("loop")."""
+    vi = helper.make_tensor_value_info
+    attrs = {"Scaler": {"offset": [1.0] * 4, "scale": [2.0] * 4}}
+    names = ["x"] + [f"t{i}" for i in range(1, len(ops))] + ["y" if where != "graph" else "out"]
+    chain = [helper.make_node(op, [a], [b], domain=domain, **attrs.get(op, {}))
+             for (domain, op), a, b in zip(ops, names, names[1:])]
+    y = [vi("y", TensorProto.FLOAT, ["b", 4])]
+    if where == "if":
+        other = helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "else", [],
+                                  [vi("z", TensorProto.FLOAT, ["b", 4])])
+        nodes = [helper.make_node("If", ["flag"], ["out"], then_branch=helper.make_graph(chain, "then", [], y),
+                                  else_branch=other)]
+    elif where == "loop":
+        body = helper.make_graph([helper.make_node("Identity", ["cond"], ["cond_out"])] + chain, "body",
+                                 [vi("i", TensorProto.INT64, []), vi("cond", TensorProto.BOOL, [])],
+                                 [vi("cond_out", TensorProto.BOOL, [])] + y)
+        nodes = [helper.make_node("Loop", ["one", ""], ["out"], body=body)]
+    else:
+        nodes = chain
+    inits = [numpy_helper.from_array(np.array(True), "flag"), numpy_helper.from_array(np.array(1, np.int64), "one")]
+    graph = helper.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, ["b", 4])], [vi("out", TensorProto.FLOAT, None)],
+                              inits)
+    domains = sorted({domain for domain, _ in ops})
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)] + [
+        helper.make_opsetid(d, 3 if d == "ai.onnx.ml" else 1) for d in domains])
+    return save(model, path)
+
+
+@pytest.mark.parametrize("where", ["graph", "if", "loop"])
+def test_an_operator_outside_the_onnx_domain_is_refused_by_the_cpu_compile(tmp_path, where):
+    """com.microsoft's Gelu (ONNX Runtime's transformer optimiser) and ai.onnx.ml's Scaler (skl2onnx)
+    compiled and served: ATC refuses them (E19010, no parser registered), in a subgraph too."""
+    src = _foreign(tmp_path / "m.onnx", (("com.microsoft", "Gelu"), ("ai.onnx.ml", "Scaler")), where)
+    proc = run_cli("compile", src, "--target", "cpu")
+    assert proc.returncode == 2 and "compiling" not in proc.stdout, (proc.stdout, proc.stderr)
+    assert proc.stderr.strip() == (
+        "aclserve compile: error: the model uses operators outside the ONNX domain (com.microsoft:Gelu, "
+        "ai.onnx.ml:Scaler), for which ATC has no parser (E19010 \"No parser is registered for Op\"), so the CPU "
+        "compile refuses them too: export the model again without contrib or ML operators (ONNX Runtime's "
+        "transformer optimiser writes com.microsoft ones, skl2onnx ai.onnx.ml ones), or compile it with ATC on an "
+        "NPU host that has a custom op plugin for them")
+    assert not (tmp_path / "m.om").exists()
+
+
+def test_a_refusal_names_three_foreign_operators_and_leaves_onnx_runtime_s_and_atc_s_alone(tmp_path, fake_atc):
+    """The first three kinds are named. The check is of the source: the CPU OM's own graph holds
+    ONNX Runtime's fused com.microsoft operators (FusedConv here), which never reach a device;
+    ATC judges a model itself (a custom op plugin on its host may parse the operator)."""
+    ops = [("com.microsoft", "Gelu"), ("com.microsoft", "Gelu"), ("ai.onnx.ml", "Scaler"),
+           ("com.microsoft", "FastGelu"), ("custom", "Mine"), ("custom", "Yours")]
+    with pytest.raises(CompileError, match=r"outside the ONNX domain \(com\.microsoft:Gelu, ai\.onnx\.ml:Scaler, "
+                                           r"com\.microsoft:FastGelu and 2 more\), for which"):
+        compile_model(_foreign(tmp_path / "m.onnx", ops), target="cpu", log=lambda _: None)
+    vi = helper.make_tensor_value_info
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, ["b", 1, 5, 5])],
+                              [vi("y", TensorProto.FLOAT, ["b", 2, 3, 3])],
+                              [numpy_helper.from_array(np.ones((2, 1, 3, 3), np.float32), "w")])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "conv.onnx")
+    result = compile_model(src, target="cpu", log=lambda _: None)
+    payload = onnx.load_from_string(container.read(result.path).payload)
+    assert {(node.domain, node.op_type) for node in payload.graph.node} == {("com.microsoft", "FusedConv")}
+    atc, record = fake_atc
+    result = compile_model(_foreign(tmp_path / "gelu.onnx"), tmp_path / "gelu_npu.om", soc_version="Ascend310P3",
+                           atc=str(atc), log=lambda _: None)
+    assert result.target == "npu" and record.exists()

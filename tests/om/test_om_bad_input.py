@@ -117,6 +117,7 @@ CASES = [
     ("external data length not an integer", ["EXTABC"],
      "its external data cannot be read (tensor 'w': its length 'abc' is not a non-negative integer)"),
     ("empty path", [""], "no model file given"),  # a traceback from pathlib
+    ("empty file", ["EMPTYFILE"], "not an ONNX model (an empty file)"),  # it said "(no graph)"
     ("unknown target", ["MODEL", "--target", "gpu"], "unknown target 'gpu'"),
     ("npu without atc", ["MODEL", "--target", "npu"], "ATC asked for but not found"),
     ("atc path missing", ["MODEL", "--atc", "/nonexistent/atc"], "ATC asked for but not found"),
@@ -135,6 +136,7 @@ def files(tmp_path, multi_io_onnx, static_onnx):
     text = tmp_path / "notes.onnx"
     text.write_text("this is not a protobuf\n" * 10)
     (tmp_path / "folder.om").mkdir()
+    (tmp_path / "zero.onnx").write_bytes(b"")
     return {"NOFILE": str(tmp_path / "absent.onnx"), "TEXTFILE": str(text), "MODEL": multi_io_onnx,
             "STATIC": static_onnx, "INVALID": _invalid_graph(tmp_path / "invalid.onnx"), "OUTDIR": str(tmp_path),
             "EMPTYIN": _empty_tensor(tmp_path / "empty_in.onnx", "input"),
@@ -145,7 +147,8 @@ def files(tmp_path, multi_io_onnx, static_onnx):
             "NOINPUTS": _odd_names(tmp_path / "noinputs.onnx", "no inputs"),
             "NOOUTPUTS": _odd_names(tmp_path / "nooutputs.onnx", "no outputs"),
             "EXTNEG": _bad_external_entry(tmp_path / "ext_neg.onnx", "-5", "64"),
-            "EXTABC": _bad_external_entry(tmp_path / "ext_abc.onnx", "0", "abc")}
+            "EXTABC": _bad_external_entry(tmp_path / "ext_abc.onnx", "0", "abc"),
+            "EMPTYFILE": str(tmp_path / "zero.onnx")}
 
 
 def _assert_one_line_error(proc, expected):

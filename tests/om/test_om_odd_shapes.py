@@ -1,6 +1,7 @@
 """Shapes ONNX Runtime loads and the compile once read otherwise (found by an independent tester):
 a dimension stored as a negative dim_value, a graph input or output declaring no shape (or no
-type, as onnx-graphsurgeon writes outputs), an input name holding spaces."""
+type, as onnx-graphsurgeon writes outputs), an input name holding spaces, a model whose only open
+dimension is a sequence's length."""
 from __future__ import annotations
 
 import json
@@ -121,3 +122,48 @@ def test_input_shape_takes_names_with_spaces(tmp_path):
     assert proc.returncode == 0, proc.stderr
     info = json.loads(run_cli("inspect", tmp_path / "m.om", "--json").stdout)
     assert info["header"]["inputs"][0]["name"] == "input ids" and info["header"]["inputs"][0]["dims"] == [-1, 16]
+
+
+def _pooled(path, ids_dims, other=None) -> str:
+    """ids INT64 `ids_dims` -> embeddings [.., 8] -> mean over dimension 0 -> pooled [8] (a sequence
+    model without a batch); `other`: the dims of a second input, x, passed through."""
+    vi = helper.make_tensor_value_info
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["g"]),
+             helper.make_node("ReduceMean", ["g", "axis"], ["pooled"], keepdims=0)]
+    inputs, outputs = [vi("ids", TensorProto.INT64, ids_dims)], [vi("pooled", TensorProto.FLOAT, [8])]
+    if other is not None:
+        nodes.append(helper.make_node("Identity", ["x"], ["x_out"]))
+        inputs.append(vi("x", TensorProto.FLOAT, other))
+        outputs.append(vi("x_out", TensorProto.FLOAT, other))
+    inits = [numpy_helper.from_array(np.arange(80, dtype=np.float32).reshape(10, 8), "emb"),
+             numpy_helper.from_array(np.array([0], np.int64), "axis")]
+    graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+
+
+def test_a_sequence_taken_for_the_batch_is_said_to_be_fixed_with_input_shape(tmp_path):
+    """`ids ["S"]`, pooled to [8]: refused as not batch-major, the message said only `--batch 1`,
+    which compiled a model taking one token. Dimension 0 only assumed to be the batch (no --batch,
+    no -1 in --input-shape, a symbol not naming a batch): the message gives --input-shape, which
+    compiles it."""
+    src = _pooled(tmp_path / "seq.onnx", ["S"])
+    hint = ("; if dimension 0 is not a batch (a sequence's length, say: --batch 1 would fix it at 1), give its size "
+            "instead, e.g. --input-shape \"ids:16\"")
+    with pytest.raises(CompileError) as refused:
+        compile_model(src, target="cpu", log=_quiet)
+    assert str(refused.value).endswith("(or compile it for one batch size: --batch 1)" + hint), refused.value
+    result = compile_model(src, input_shape="ids:16", target="cpu", log=_quiet)
+    assert [t["dims"] for t in result.header["inputs"]] == [[16]] and result.header["gears"] == []
+    # an input of no batch beside it: refused before the compile runs it, said alike
+    with pytest.raises(CompileError) as refused:
+        compile_model(_pooled(tmp_path / "two.onnx", ["S"], other=[3, "W"]), target="cpu", log=_quiet)
+    assert str(refused.value).startswith("input 'x' has no batch dimension first"), refused.value
+    assert str(refused.value).endswith(hint), refused.value
+    with pytest.raises(CompileError) as refused:
+        compile_model(_pooled(tmp_path / "wide.onnx", ["S", 3], other=[2]), target="cpu", log=_quiet)
+    assert str(refused.value).endswith('--input-shape "ids:16,3"'), refused.value
+    # a batch said to be one (by its symbol, --batch or a -1 in --input-shape) gets no such advice
+    for ids_dims, options in ((["batch_size"], {}), (["S"], {"batch": "1,2,4"}), (["S"], {"input_shape": "ids:-1"})):
+        with pytest.raises(CompileError, match=r"output 'pooled' is not batch-major") as refused:
+            compile_model(_pooled(tmp_path / "m.onnx", ids_dims), target="cpu", log=_quiet, **options)
+        assert str(refused.value).endswith("(or compile it for one batch size: --batch 1)"), refused.value

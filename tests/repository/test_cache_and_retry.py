@@ -387,6 +387,21 @@ async def test_a_dropped_onnx_told_to_compile_for_one_batch_size_is_given_valid_
 
 
 @pytest.mark.asyncio
+async def test_a_dropped_onnx_whose_only_open_dimension_is_a_sequence_is_told_to_fix_it(make_repo, models_dir):
+    """ids ["S"] pooled to [8]: the reason said only `compile.batch: [1]`, which serves a model
+    taking one token; dimension 0 only assumed to be the batch, it names compile.input_shape too,
+    which serves it (found by an independent tester)."""
+    from onnx import TensorProto, helper, numpy_helper
+    vi = helper.make_tensor_value_info
+    emb = numpy_helper.from_array(np.arange(80, dtype=np.float32).reshape(10, 8), "emb")
+    graph = helper.make_graph([helper.make_node("Gather", ["emb", "ids"], ["g"]),
+                               helper.make_node("ReduceMean", ["g"], ["pooled"], axes=[0], keepdims=0)], "pool",
+                              [vi("ids", TensorProto.INT64, ["S"])], [vi("pooled", TensorProto.FLOAT, [8])], [emb])
+    reason = await _refused_then_served(make_repo, models_dir, "pool", graph, "compile:\n  input_shape: 'ids:16'\n")
+    assert "not batch-major" in reason and reason.endswith('give its size instead, e.g. compile.input_shape "ids:16"')
+
+
+@pytest.mark.asyncio
 async def test_a_dropped_onnx_whose_rows_depend_on_each_other_is_not_served_as_a_batch_model(make_repo, models_dir):
     """A Softmax over dim 0 was compiled with gears and served: two one-row requests batched
     together were answered 0.835 and 0.165, 1.0 each alone (found by an independent tester)."""
