@@ -15,7 +15,8 @@ MIN_SLOTS (config/server.py: four such messages held more than the budget).
   short of its message's end, cannot keep the others out.
 - A ModelStreamInfer stream always has a read open (for its next request), so it holds a slot
   for its whole life and is never ended for it; streams may hold at most half of the slots (a
-  stream beyond is refused UNAVAILABLE with a pushback), so unary calls keep the other half.
+  stream beyond is refused with StreamsFull, UNAVAILABLE with a pushback, said on the stream
+  first: grpc_stream_refused.py), so unary calls keep the other half.
 
 Loop thread only.
 """
@@ -33,7 +34,11 @@ log = logging.getLogger(__name__)
 
 EVICT_AFTER_S = 1.0  # a message arriving slower than this keeps its slot only while none waits
 MIN_SLOTS = GRPC_MIN_ARRIVING  # two streams and two unary reads (a config built otherwise still gets them)
-REFUSAL_LOG_S = 60.0  # a stream refused is logged at most this often (the metric counts them all)
+REFUSAL_LOG_S = 60.0  # refused streams are logged at most this often (the metric counts them all)
+
+
+class StreamsFull(Overloaded):
+    """A stream refused: streams hold their half of the slots."""
 
 
 class Arrival:
@@ -60,7 +65,8 @@ class Arrivals:
         self.streams = 0  # streams admitted, holding a slot or waiting for one
         self.evicted = 0  # reads ended for others waiting (/metrics)
         self.streams_refused = 0
-        self._logged_at = -REFUSAL_LOG_S  # the first refusal is logged
+        self._unlogged = 0  # refused streams not yet said in the log
+        self._logged_at: float | None = None  # (monotonic) when they last were
         self._free = self.slots
         self._holding: dict[Arrival, None] = {}  # oldest first
         self._waiting: deque[tuple[Arrival, asyncio.Future]] = deque()
@@ -72,27 +78,45 @@ class Arrivals:
         return len(self._holding)
 
     def open_stream(self) -> Arrival:
-        """A stream's Arrival, to `admit`, then `leave` when the stream ends; Overloaded when
+        """A stream's Arrival, to `admit`, then `leave` when the stream ends; StreamsFull when
         streams hold their half of the slots."""
         if self.streams >= self.stream_slots:
             self.streams_refused += 1
-            self._log_refusal()
-            raise Overloaded(f"the server has {self.streams} gRPC streams open, as many as it receives "
-                             f"at once (max_inflight_bytes / grpc_max_message_bytes / 2): retry later")
+            self._refusal_to_log()
+            raise StreamsFull(f"the server has {self.streams} gRPC streams open, as many as it allows (half of "
+                              f"max_inflight_bytes / grpc_max_message_bytes, the messages it receives at once): "
+                              f"retry later, or raise max_inflight_bytes or lower grpc_max_message_bytes in its "
+                              f"config to allow more")
         self.streams += 1
         return Arrival(stream=True)
 
-    def _log_refusal(self) -> None:
+    def _refusal_to_log(self) -> None:
         """The operator's side of a refused stream (a load generator may not show its clients'
-        errors): once a minute at most, with how to allow more."""
+        errors), with how to allow more: at once, then at most once every REFUSAL_LOG_S, those
+        refused meanwhile said when that time is up (a line said "1 refused so far" while a
+        burst refused 8 and nothing more was said), or at `close()`."""
+        self._unlogged += 1
+        if self._logged_at is None:
+            self._say_refused()
+        elif self._unlogged == 1:  # the first one held back: its line comes when the time is up
+            wait = self._logged_at + REFUSAL_LOG_S - time.monotonic()
+            asyncio.get_running_loop().call_later(max(0.0, wait), self._say_refused)
+
+    def close(self) -> None:
+        """The server stops: the refused streams held back are said now. Idempotent."""
+        self._say_refused()
+
+    def _say_refused(self) -> None:
+        if not self._unlogged:
+            return  # (said by close() before the scheduled line came)
         now = time.monotonic()
-        if now < self._logged_at + REFUSAL_LOG_S:
-            return
-        self._logged_at = now
-        log.warning("gRPC ModelStreamInfer refused: %d streams open, as many as allowed (half of max_inflight_bytes "
-                    "/ grpc_max_message_bytes = %d messages received at once); %d refused so far. Lower "
-                    "grpc_max_message_bytes or raise max_inflight_bytes to allow more streams",
-                    self.streams, self.slots, self.streams_refused)
+        log.warning("gRPC ModelStreamInfer refused %d stream(s)%s: %d streams were open, as many as allowed (half of "
+                    "max_inflight_bytes / grpc_max_message_bytes = %d messages received at once); %d refused in "
+                    "all (aclserve_grpc_streams_refused_total). Lower grpc_max_message_bytes or raise "
+                    "max_inflight_bytes to allow more streams", self._unlogged,
+                    "" if self._logged_at is None else f" in the last {now - self._logged_at:.0f} s",
+                    self.stream_slots, self.slots, self.streams_refused)
+        self._unlogged, self._logged_at = 0, now
 
     async def admit(self, arrival: Arrival) -> None:
         """Wait for a slot in turn. `arrival` holds it until `leave`, whatever happens after this

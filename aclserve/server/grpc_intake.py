@@ -42,13 +42,21 @@ TYPED_CONTENTS_HINT = "send tensors in raw_input_contents rather than typed cont
 async def receive(context, timeout_s: float, arrivals: Arrivals) -> bytes:
     """The call's request message, which must arrive within `timeout_s`, read while it holds a
     slot of `arrivals` (waiting its turn within that time). Cancelled with the call."""
+    message = await receive_next(context, timeout_s, arrivals)
+    if message is grpc.aio.EOF:
+        raise InvalidInput("the call ended without a request message")
+    return message
+
+
+async def receive_next(context, timeout_s: float, arrivals: Arrivals):
+    """As `receive`, the call's next message, or grpc.aio.EOF when its client has sent its last."""
     arrival = Arrival()
     try:
         async with timeout_at(asyncio.get_running_loop().time() + timeout_s) as deadline:
             arrival.end_early = functools.partial(_now, deadline)
             await arrivals.admit(arrival)
             try:
-                message = await context.read()
+                return await context.read()
             finally:
                 arrivals.leave(arrival)
     except asyncio.TimeoutError:
@@ -57,9 +65,6 @@ async def receive(context, timeout_s: float, arrivals: Arrivals) -> bytes:
                               f"calls waited to send theirs (at most {arrivals.slots} messages are received "
                               f"at once: max_inflight_bytes / grpc_max_message_bytes)") from None
         raise BodyTimeout(f"request message not received within {timeout_s:g} s (body_timeout_s)") from None
-    if message is grpc.aio.EOF:
-        raise InvalidInput("the call ended without a request message")
-    return message
 
 
 def _now(deadline) -> None:

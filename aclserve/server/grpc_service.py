@@ -43,9 +43,11 @@ from .budget import Lease
 from .open_calls import SHUTDOWN_MESSAGE, OpenCalls
 from .grpc_codec import (contents_elements, decode_infer_request, encode_infer_response, final_stream_response,
                          stream_error_response)
+from .grpc_arrivals import StreamsFull
 from .grpc_intake import GRPC_HINT, count_unparsed, parse, receive
 from .grpc_status import end_call
 from .grpc_stream import InferStream
+from .grpc_stream_refused import refused_stream
 from .infer import counted_infer, run_decoded
 from .observe import request_id
 
@@ -294,17 +296,20 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         and its limits on quiet time and on answers not taken: grpc_stream.py."""
         config = self.state.config
         arrivals = self.state.grpc_arrivals
+        # Triton's opt-in: the first failed request ends the stream with its status, not an error_message
+        ends_on_error = _metadata(context, "triton_grpc_error") == "true"
         try:
             if self.draining:
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
             self._model_access(context)
             arrival = arrivals.open_stream()  # it always waits for a message: grpc_arrivals.py
+        except StreamsFull as refusal:  # said on the stream too, for Triton's C++ client: grpc_stream_refused.py
+            async for answer in refused_stream(context, refusal, ends_on_error, self.state, self.calls):
+                yield answer
         except ServeError as e:
             await end_call(context, e, "ModelStreamInfer", self.state.redact)
         stream = InferStream(context, functools.partial(self._stream_answer, self._request_id(context)),
                              config.body_timeout_s, config.body_timeout_s)
-        # Triton's opt-in: the first failed request ends the stream with its status, not an error_message
-        ends_on_error = _metadata(context, "triton_grpc_error") == "true"
         context.add_done_callback(lambda _: stream.close())  # the call may end with the handler waiting on grpc
         self.streams.add(stream)
         answers = stream.answers()

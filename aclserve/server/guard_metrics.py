@@ -93,7 +93,8 @@ class GuardCollector:
         evicted.add_metric([], arrivals.evicted)
         yield evicted
         refused_streams = CounterMetricFamily("aclserve_grpc_streams_refused", "ModelStreamInfer streams "
-                                              "refused UNAVAILABLE: streams held their half of those places")
+                                              "refused (an error_message answer, then UNAVAILABLE): streams held "
+                                              "their half of those places")
         refused_streams.add_metric([], arrivals.streams_refused)
         yield refused_streams
         refused_calls = CounterMetricFamily("aclserve_grpc_calls_refused", "gRPC calls grpc answered itself, before "

@@ -192,6 +192,7 @@ class ServerState:
                 log.debug("model loading ended with: %s", self.loading.exception())
         await self.repo.close(self.shutdown_deadline)
         self.auth.close()
+        self.grpc_arrivals.close()  # the refused streams its log held back
         if self.answers_by is None:
             self.answers_by = max(self.shutdown_deadline + ANSWER_GRACE_S, time.monotonic() + LAST_ANSWERS_S)
 

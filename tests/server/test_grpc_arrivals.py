@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import shutil
 
 import grpc
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 
 from aclserve.config import ConfigError, load_server_config
-from aclserve.server.grpc_arrivals import MIN_SLOTS, Arrivals
+from aclserve.server.grpc_arrivals import MIN_SLOTS, Arrivals, StreamsFull
 from tests.serving import free_port, server_config, started_with_grpc
 
 from .hostile import metric, wait_for
@@ -68,6 +71,8 @@ def test_a_slow_message_gives_way_to_calls_waiting_but_a_stream_keeps_its_place(
 
 
 def test_streams_hold_at_most_half_of_the_places(four_places, caplog):
+    """A stream past the cap is answered on the stream (its request's error_message, which
+    Triton's C++ client reads where it drops the stream's status), then ends UNAVAILABLE."""
     url = four_places.grpc_url
     caplog.set_level(logging.WARNING, logger="aclserve.server.grpc_arrivals")
 
@@ -79,6 +84,8 @@ def test_streams_hold_at_most_half_of_the_places(four_places, caplog):
                 await asyncio.wait_for(s.read(), 30)
             open_now = metric(four_places.url, "aclserve_grpc_streams")
             third = open_stream(channel)
+            await third.write(affine(1, request_id="third"))
+            said = await asyncio.wait_for(third.read(), 30)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await asyncio.wait_for(third.read(), 30)
             await streams[0].done_writing()
@@ -88,16 +95,73 @@ def test_streams_hold_at_most_half_of_the_places(four_places, caplog):
             answer = await asyncio.wait_for(fourth.read(), 30)
             for s in (streams[1], fourth):
                 await s.done_writing()
-            return open_now, refused.value, answer
+            return open_now, said, refused.value, answer
 
-    open_now, refused, answer = asyncio.run(scenario())
+    open_now, said, refused, answer = asyncio.run(scenario())
     assert open_now == 2
+    assert said.infer_response.id == "third" and said.error_message == refused.details()
     assert refused.code() == grpc.StatusCode.UNAVAILABLE and "2 gRPC streams open" in refused.details()
+    assert "raise max_inflight_bytes or lower grpc_max_message_bytes" in refused.details()
     assert dict(refused.trailing_metadata() or ()).get("grpc-retry-pushback-ms")
     assert answer.infer_response.id == "fourth"
     assert metric(four_places.url, "aclserve_grpc_streams_refused_total") == 1
     said = [r.getMessage() for r in caplog.records if r.name == "aclserve.server.grpc_arrivals"]
-    assert len(said) == 1 and "2 streams open" in said[0] and "grpc_max_message_bytes" in said[0]
+    assert len(said) == 1 and "refused 1 stream(s): 2 streams were open" in said[0], said
+    assert "grpc_max_message_bytes" in said[0]
+
+
+def test_a_refused_stream_fails_a_tritonclient_request_as_an_answer_says(four_places):
+    """tritonclient's stream callback gets the refusal first as its request's answer (no status,
+    as Triton's C++ client, which perf_analyzer runs, reads it: a refusal by status alone left
+    perf_analyzer waiting forever), then as the status that ends the stream. A client that
+    opted into triton_grpc_error gets the status alone."""
+    clients = [grpcclient.InferenceServerClient(four_places.grpc_url) for _ in range(4)]
+    x = grpcclient.InferInput("x", [1, 8], "FP32")
+    x.set_data_from_numpy(np.ones((1, 8), np.float32))
+    idx = grpcclient.InferInput("idx", [1, 3], "INT64")
+    idx.set_data_from_numpy(np.ones((1, 3), np.int64))
+    answers = [queue.Queue() for _ in clients]
+    try:
+        for i, (client, got) in enumerate(zip(clients, answers)):
+            headers = {"triton_grpc_error": "true"} if i == 3 else None
+            client.start_stream(callback=lambda result, error, got=got: got.put(error), headers=headers)
+            if i < 3:  # (the opted-in stream ends at its open: tritonclient refuses to send on it then)
+                client.async_stream_infer("affine", [x, idx], request_id=str(i))
+            if i < 2:
+                assert got.get(timeout=30) is None  # the two streams allowed
+        refused = [answers[2].get(timeout=30), answers[2].get(timeout=30)]
+        opted_in = answers[3].get(timeout=30)
+    finally:
+        for client in clients:
+            client.stop_stream()
+            client.close()
+    assert refused[0].status() is None and "2 gRPC streams open" in refused[0].message()
+    assert "raise max_inflight_bytes" in refused[0].message()
+    assert refused[1].status() == "StatusCode.UNAVAILABLE" and refused[1].message() == refused[0].message()
+    assert opted_in.status() == "StatusCode.UNAVAILABLE" and answers[3].empty()
+
+
+def test_refused_streams_are_all_said_in_the_log(caplog):
+    """The first refusal is said at once, those after it within REFUSAL_LOG_S when that time is
+    up or at close(): a line said "1 refused so far" of a burst of 8, and nothing more."""
+    caplog.set_level(logging.WARNING, logger="aclserve.server.grpc_arrivals")
+
+    async def burst():
+        arrivals = Arrivals(MIN_SLOTS)
+        for _ in range(arrivals.stream_slots):
+            arrivals.open_stream()
+        for _ in range(8):
+            with pytest.raises(StreamsFull):
+                arrivals.open_stream()
+        arrivals.close()
+        arrivals.close()  # idempotent
+        return arrivals
+
+    arrivals = asyncio.run(burst())
+    said = [r.getMessage() for r in caplog.records if r.name == "aclserve.server.grpc_arrivals"]
+    assert len(said) == 2 and arrivals.streams_refused == 8, said
+    assert "refused 1 stream(s): " in said[0] and "; 1 refused in all" in said[0]
+    assert "refused 7 stream(s) in the last 0 s: " in said[1] and "; 8 refused in all" in said[1]
 
 
 def test_a_message_over_grpc_max_message_bytes_is_refused_by_grpc(four_places):
