@@ -21,7 +21,7 @@ from .json_simd import JsonNumbers
 from .json_tensors import (AFTER_JSON, NOT_JSON, JsonLimits, loads, numbers_in_json, read_numbers,
                            refuse_booleans_among_numbers, to_array)
 from .parameters import refuse_compound_values, refuse_shared_memory
-from .quoting import quoted
+from .quoting import quoted, quoted_name
 from .values import check_values
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -159,7 +159,7 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
         if spec is None:
             if type(name) is not str:
                 raise InvalidInput(f"inputs[{i}].name must be a string")
-            raise InvalidInput(f"unknown input '{name}' (model inputs: {sig.input_names})")
+            raise InvalidInput(f"unknown input {quoted_name(name)} (model inputs: {sig.input_names})")
         if name in arrays:
             raise InvalidInput(f"input '{name}' is given more than once")
         datatype = item.get("datatype")
@@ -356,7 +356,7 @@ def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
             raise InvalidInput(f"outputs[{i}] must be an object with a string name")
         name = item["name"]
         if name not in sig.outputs:
-            raise InvalidInput(f"unknown output '{name}' (model outputs: {', '.join(sig.outputs)})")
+            raise InvalidInput(f"unknown output {quoted_name(name)} (model outputs: {', '.join(sig.outputs)})")
         if name in seen:
             raise InvalidInput(f"output '{name}' is requested more than once")
         seen.add(name)

@@ -1,7 +1,8 @@
 """A client's value as an error message quotes it: in JSON's spelling (true, null, "text"), not
-Python's (True, None, 'text'), and bounded: a string cut at MAX_QUOTED characters, an array or an
-object named by its size instead of written out (a refusal of a priority sent as an array of a
-million items spent 40 ms of the event loop writing them, and the message was then cut anyway)."""
+Python's (True, None, 'text'), and bounded: a string cut at MAX_QUOTED characters (a name at
+MAX_QUOTED_NAME, in single quotes: quoted_name), an array or an object named by its size instead
+of written out (a refusal of a priority sent as an array of a million items spent 40 ms of the
+event loop writing them, and the message was then cut anyway)."""
 from __future__ import annotations
 
 import math
@@ -9,6 +10,7 @@ import math
 import orjson
 
 MAX_QUOTED = 40
+MAX_QUOTED_NAME = 256  # characters of a client's name a message quotes (a model's own are at most 128)
 
 
 def quoted(value) -> str:
@@ -31,6 +33,17 @@ def quoted(value) -> str:
         return orjson.dumps(value).decode()
     except TypeError:  # not a JSON value (gRPC's parameters hand over protobuf scalars as such)
         return repr(value)[:MAX_QUOTED]
+
+
+def quoted_name(name: str) -> str:
+    """A client's name (an input's, an output's) in single quotes, as a message quotes a name:
+    cut at MAX_QUOTED_NAME characters, with how many more there were, so that the message's own
+    words after it stay (the model's names). A cut of the whole message (redact.MAX_TEXT,
+    grpc_status.fit_status_message) took them off and counted what it cut of a text already cut:
+    "... (4,187 more characters)" of a 10,000-character name over gRPC."""
+    if len(name) <= MAX_QUOTED_NAME:
+        return f"'{name}'"
+    return f"'{name[:MAX_QUOTED_NAME]}'... ({len(name) - MAX_QUOTED_NAME:,} more characters)"
 
 
 def _count(n: int, noun: str) -> str:

@@ -2,6 +2,8 @@
 what it answers or by how many steps of Python it takes (counted, never timed)."""
 import json
 import shutil
+import urllib.error
+import urllib.request
 
 import grpc
 import numpy as np
@@ -149,15 +151,20 @@ def test_trace_levels_are_refused_past_a_handful():
 
 
 @pytest.fixture(scope="module")
-def stub(models_dir, tmp_path_factory):
+def server(models_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("loop_stalls")
     shutil.copy(models_dir / "affine.om", root / "affine.om")
     config = server_config(root, grpc_port=free_port(), model_control_mode="none", max_body_bytes=4 << 20,
                            grpc_max_message_bytes=4 << 20)
     with ServerThread(config) as srv:
-        with grpc.insecure_channel(f"127.0.0.1:{srv.config.grpc_port}",
-                                   options=[("grpc.max_send_message_length", 16 << 20)]) as channel:
-            yield pbg.GRPCInferenceServiceStub(channel)
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    with grpc.insecure_channel(f"127.0.0.1:{server.config.grpc_port}",
+                               options=[("grpc.max_send_message_length", 16 << 20)]) as channel:
+        yield pbg.GRPCInferenceServiceStub(channel)
 
 
 def test_control_messages_are_refused_past_their_limit(stub):
@@ -183,19 +190,50 @@ def test_an_unknown_trace_setting_among_many_is_named(stub, monkeypatch):
     assert read and max(read) <= 8  # settings read: at most one more than there are (7), not 20,000
 
 
+def quoted_cut(name: str) -> str:
+    return f"'{name[:256]}'... ({len(name) - 256:,} more characters)"
+
+
 def test_a_long_name_is_quoted_cut(stub):
     """Cut to fit grpc's metadata: at 8,192 characters the status went over grpc's 8 KB soft
     limit, past which a client gets RESOURCE_EXHAUSTED "Stream removed" at random (one CI run in
-    a few); so every try must come back as the status. (An input's name: a model's longer than
-    any model's is refused unquoted.)"""
-    for name in ("/ " * 100_000, "é" * 50_000, "%" * 50_000):
+    a few); so every try must come back as the status. The name is cut, not the message: the
+    model's names after it stay, and the count is the name's (the message cut whole ended
+    "... (4,187 more characters)" for a 10,000-character name). (An input's name: a model's
+    longer than any model's is refused unquoted.)"""
+    for name in ("/ " * 100_000, "é" * 50_000, "%" * 50_000, "x" * 10_000):
         request = pb.ModelInferRequest(model_name="affine", inputs=[
             pb.ModelInferRequest.InferInputTensor(name=name, datatype="FP32", shape=[1, 4])])
         for _ in range(20):
             with pytest.raises(grpc.RpcError) as e:
                 stub.ModelInfer(request)
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()[:200]
-            assert e.value.details().startswith("unknown input '") and e.value.details().endswith("more characters)")
+            assert e.value.details() == f"unknown input {quoted_cut(name)} (model inputs: x, idx)"
+    request = affine_request(outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="y" * 10_000)])
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(request)
+    assert e.value.details() == f"unknown output {quoted_cut('y' * 10_000)} (model outputs: y, s)"
+
+
+def affine_request(**fields) -> pb.ModelInferRequest:
+    return pb.ModelInferRequest(model_name="affine", raw_input_contents=[np.ones((1, 8), np.float32).tobytes(),
+                                np.ones((1, 3), np.int64).tobytes()], inputs=[
+        pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 8]),
+        pb.ModelInferRequest.InferInputTensor(name="idx", datatype="INT64", shape=[1, 3])], **fields)
+
+
+def test_a_long_name_is_quoted_cut_over_http_as_over_grpc(server):
+    def refusal(body) -> str:
+        request = urllib.request.Request(f"http://{server.url}/v2/models/affine/infer", json.dumps(body).encode())
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=30)
+        return json.loads(e.value.read())["error"]
+    x = {"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8}
+    idx = {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1] * 3}
+    assert refusal({"inputs": [dict(x, name="x" * 10_000)]}) == \
+        f"unknown input {quoted_cut('x' * 10_000)} (model inputs: x, idx)"
+    assert refusal({"inputs": [x, idx], "outputs": [{"name": "y" * 10_000}]}) == \
+        f"unknown output {quoted_cut('y' * 10_000)} (model outputs: y, s)"
 
 
 def test_a_status_message_fits_grpc_metadata_once_percent_encoded():
