@@ -57,7 +57,7 @@ def apply(spec: ModelSpec, bound: list[BoundAipp]) -> ModelSpec:
                 dim.dim_value = d
         replaced[name] = TensorInfo(name, np.dtype(np.uint8), b.image_dims, "NHWC")
     inputs = [replaced.get(t.name, t) for t in spec.inputs]
-    return ModelSpec(spec.model, inputs, spec.gears)
+    return ModelSpec(spec.model, inputs, spec.gears, spec.model_inputs or spec.inputs)
 
 
 def _rename_uses(graph: onnx.GraphProto, old: str, new: str) -> None:

@@ -128,7 +128,7 @@ def _difference(got, want) -> tuple[float | None, float | None] | None:
 
 def _message(spec: ModelSpec, output: str, difference: float | None, magnitude: float | None) -> str:
     inputs = ", ".join(repr(t.name) for t in spec.inputs)
-    example = ";".join(",".join([f"{t.name}:SIZE"] + [str(d) for d in t.dims[1:]]) for t in spec.inputs)
+    example = spec.atc_input_shape(batch="SIZE")  # (the ONNX model's inputs, not AIPP's pictures)
     by = "" if difference is None else f" (by {difference:.3g}" + (
         ")" if magnitude is None else f"; its values reach {magnitude:.3g})")
     return (f"the rows of input{'s' if len(spec.inputs) > 1 else ''} {inputs} along the dynamic dimension 0 are not "

@@ -55,22 +55,28 @@ class ModelSpec:
     model: onnx.ModelProto = field(repr=False)
     inputs: list[TensorInfo]
     gears: list[int]
-    # dimension 0 taken for the batch only because the model leaves it open: neither --batch, a -1
-    # in --input-shape nor its symbol's name ("batch_size") said it is one (it may be a sequence's length)
-    batch_assumed: bool = False
+    batch_assumed: bool = False  # dimension 0 taken for the batch only as the model leaves it open (resolve)
+    # the ONNX model's own inputs (--input-shape's) where AIPP put pictures in front (aipp_onnx); None: inputs
+    model_inputs: list[TensorInfo] | None = None
 
     @property
     def dynamic_batch(self) -> bool:
         return bool(self.gears)
 
-    def atc_input_shape(self) -> str:
-        return ";".join(f"{t.name}:{','.join(str(d) for d in t.dims)}" for t in self.inputs)
+    def atc_input_shape(self, batch: str | None = None) -> str:
+        """The model's input shapes as --input-shape (and ATC's --input_shape) takes them, the
+        first dimension written `batch` when given (a refusal's example: "x:SIZE,3,224,224")."""
+        def dims(t: TensorInfo) -> list[str]:
+            shown = [str(d) for d in t.dims]
+            return [batch] + shown[1:] if batch and shown else shown
+        return ";".join(f"{t.name}:{','.join(dims(t))}" for t in self.model_inputs or self.inputs)
 
     def fixed_dim0_hint(self) -> str:
         """For a refusal of a dynamic-batch model: when its batch was only assumed, the other way
         out, dimension 0 fixed with --input-shape (--batch 1 compiled a one-token model of a
         model whose only open dimension is a sequence's length)."""
-        return _fixed_dim0_hint([(t.name, t.dims) for t in self.inputs]) if self.batch_assumed else ""
+        own = self.model_inputs or self.inputs
+        return _fixed_dim0_hint([(t.name, t.dims) for t in own]) if self.batch_assumed else ""
 
 
 def parse_input_shape(text: str | None) -> dict[str, list[int]]:

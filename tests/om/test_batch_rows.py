@@ -65,6 +65,22 @@ def test_a_model_whose_rows_depend_on_each_other_is_refused_as_a_batch_model(tmp
     assert compile_model(src, out, input_shape=fixed, target="cpu", log=_quiet).header["gears"] == []
 
 
+def test_under_aipp_the_advice_names_the_models_own_input_shape(tmp_path):
+    """--input-shape names the ONNX model's inputs (NCHW float), which AIPP's pictures (uint8
+    NHWC) are put in front of: the refusal advised "x:SIZE,4,4,3", the picture's shape, which
+    --input-shape then refused (an independent tester)."""
+    src = _saved(tmp_path, "crossimage", [helper.make_node("Softmax", ["x"], ["y"], axis=0)],
+                 [vi("x", TensorProto.FLOAT, ["b", 3, 4, 4])], [vi("y", TensorProto.FLOAT, ["b", 3, 4, 4])])
+    out = tmp_path / "m.om"
+    proc = run_cli("compile", src, "-o", out, "--target", "cpu", "--image-input", "bgr", "--mean", "1,2,3")
+    assert proc.returncode == 2 and not out.exists()
+    assert 'or fix that dimension with --input-shape "x:SIZE,3,4,4", as ATC takes it' in proc.stderr, proc.stderr
+    proc = run_cli("compile", src, "-o", out, "--target", "cpu", "--image-input", "bgr", "--mean", "1,2,3",
+                   "--input-shape", "x:2,3,4,4")  # what it says compiles
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(run_cli("inspect", out, "--json").stdout)["header"]["inputs"][0]["dims"] == [2, 4, 4, 3]
+
+
 def test_a_row_may_differ_by_rounding_not_by_another_rows_share(tmp_path):
     """Another batch size may take other kernels, which round differently: a share of 1e-7 of the
     other rows passes as such (within 1e-5 + 1e-4 x the output's magnitude), 1e-2 is a mix."""
