@@ -94,21 +94,39 @@ def probe(data: bytes | memoryview) -> ImageInfo:
         return _jpeg(data)
     if not head:
         raise ImageError("empty image")
-    for magic, name in _OTHER_FORMATS:
-        if head.startswith(magic):
-            raise ImageError(f"{name} images are not accepted (send JPEG or PNG)")
-    if head[:4] == b"RIFF" and bytes(data[8:12]) == b"WEBP":
-        raise ImageError("WebP images are not accepted (send JPEG or PNG)")
-    if head[4:8] == b"ftyp":
-        brands = _bmff_brands(data)
-        for names, name in _BMFF_BRANDS:
-            if brands & names:
-                raise ImageError(f"{name} images are not accepted (send JPEG or PNG)")
+    other = other_format(data)
+    if other is not None:
+        raise ImageError(f"{other} images are not accepted (send JPEG or PNG)")
     # tritonclient sends BYTES in binary form by default: a base64 string goes as its text
     if bytes(data[:12]).startswith(BASE64_STARTS):
         raise ImageError("base64 text of an image, not its file's bytes (a JSON element is the file in base64 "
                          "once; an element in binary form or over gRPC is the file itself)")
     raise ImageError("not a JPEG or PNG image")
+
+
+def image_format(data: bytes | memoryview) -> str | None:
+    """The picture format `data` begins with, by its signature: JPEG, PNG or other_format's."""
+    head = bytes(data[:8])
+    if head == PNG_SIGNATURE:
+        return "PNG"
+    return "JPEG" if head[:2] == JPEG_SOI else other_format(data)
+
+
+def other_format(data: bytes | memoryview) -> str | None:
+    """The name of a picture format other than JPEG and PNG that `data` begins with (GIF, BMP,
+    TIFF, JPEG 2000, WebP, HEIF, AVIF), else None."""
+    head = bytes(data[:8])
+    for magic, name in _OTHER_FORMATS:
+        if head.startswith(magic):
+            return name
+    if head[:4] == b"RIFF" and bytes(data[8:12]) == b"WEBP":
+        return "WebP"
+    if head[4:8] == b"ftyp":
+        brands = _bmff_brands(data)
+        for names, name in _BMFF_BRANDS:
+            if brands & names:
+                return name
+    return None
 
 
 def _bmff_brands(data) -> set[bytes]:

@@ -23,7 +23,7 @@ import time
 
 from aiohttp import web
 
-from ..errors import ServeError
+from ..errors import InvalidInput, ServeError
 from ..scheduling import answered_before_cancel
 from ..trace import CLIENT_GONE, now_ns
 from .answer_coding import COMPRESS_MIN_BYTES, answer_coding
@@ -31,12 +31,13 @@ from .answer_size import answer_bytes, answer_hint
 from .app_keys import STATE
 from .body import MAX_BODY_BYTES, body_limit, read_body
 from .budget import json_tensor_estimate
-from .json_tensors import BINARY_HINT, value_bound
+from .json_tensors import BINARY_HINT, NOT_JSON, value_bound
 from .codec import HEADER_LENGTH, decode_request, parse_header_length
 from .encode import encode_response
 from .expect import continue_within
 from .failure_reasons import CANCELLED, INTERNAL_ERROR, failure_reason
 from .http_errors import http_status
+from .not_json import what_it_is
 from .observe import REQUEST_ID_HEADER, request_id
 from .shedding import refuse_undecoded
 
@@ -179,6 +180,10 @@ async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fa
     except ServeError as e:
         if trace is not None and e.request_id:  # its own id, when the body said it
             trace.request_id = request_id(e.request_id)
+        if header_length is None and e.message.startswith(NOT_JSON):  # a picture or a form, perhaps
+            instead = what_it_is(body, rec.signature.inputs)
+            if instead is not None:
+                raise InvalidInput(f"{NOT_JSON}{instead}") from None
         raise
     if decoding:
         lease.drop(max(0, decoding - sum(_held_bytes(array) for array in req.inputs.values())))
