@@ -200,6 +200,15 @@ def test_float_plans_normalise_on_the_host():
     assert build_plan(ImageInput(), spec((-1, 4, 5))).to_row(pixels[:, :, :1]).shape == (4, 5)
 
 
+def test_a_bgr_plans_mean_and_std_are_b_g_r():
+    """Host normalisation takes mean/std in `color`'s order, the model's (default.yaml and README
+    say so; compile's --image-input bgr --mean, AIPP's, is R,G,B: tests/om/test_om_aipp.py)."""
+    picture = encode(np.full((2, 2, 3), (200, 100, 50), np.uint8))  # R, G, B
+    for color, want in (("rgb", [190, 40, 4]), ("bgr", [40, 40, 34])):  # (B 50 - 10) / 1, (R 200 - 30) / 5
+        p = build_plan(ImageInput(color=color, mean=(10, 20, 30), std=(1, 2, 5)), spec((-1, 3, 2, 2), "FP32", "NCHW"))
+        assert p.to_row(decode_pixels(picture, p, *LIMITS))[:, 0, 0].tolist() == want, color
+
+
 def test_plans_compare_by_key_their_arrays_included():
     """A hot reload compares the old and new versions' plans (repository/served.py): the
     dataclass's own == raised on their mean/std arrays (found by an independent check: a 500)."""
