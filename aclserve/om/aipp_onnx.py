@@ -17,6 +17,8 @@ AIPP output holds. float32 arithmetic differed by up to 2.8e-3 (ImageNet values,
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -57,7 +59,7 @@ def apply(spec: ModelSpec, bound: list[BoundAipp]) -> ModelSpec:
                 dim.dim_value = d
         replaced[name] = TensorInfo(name, np.dtype(np.uint8), b.image_dims, "NHWC")
     inputs = [replaced.get(t.name, t) for t in spec.inputs]
-    return ModelSpec(spec.model, inputs, spec.gears, spec.model_inputs or spec.inputs)
+    return dataclasses.replace(spec, inputs=inputs, model_inputs=spec.model_inputs or spec.inputs)
 
 
 def _rename_uses(graph: onnx.GraphProto, old: str, new: str) -> None:
