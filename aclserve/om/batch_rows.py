@@ -6,7 +6,11 @@ batch_first: its dim 0 is time) compiled as batch models and mixed requests (fou
 independent tester: a Softmax over dim 0 answered 0.835 and 0.165 for two requests batched
 together, 1.0 for each alone).
 
-The check runs a batch of two different rows and each row alone, and compares row by row. Other
+The check runs a batch of two different rows and each row alone, and compares row by row; then
+two rows a statistic of the whole batch tells apart, a positive row and a negative one ten times
+its size: a branch on the batch's sum, mean, extremes or size (If(ReduceSum(x) > 0, Neg(x),
+Relu(x)): an independent tester's, 2 of 320 answers wrong under load) answers a row with what
+another row chose, where seeded normal rows, or zeros and ones, may give each row the batch's sign. Other
 batch sizes may take other kernels (ONNX Runtime's MatMul takes a GEMV for one row), which sum in
 another order: a few units in the last place, so a row may differ by a tolerance relative to its
 output's magnitude (fp32/fp64: 1e-5 + 1e-4 x its largest value; fp16, whose epsilon is 1e-3:
@@ -16,7 +20,7 @@ next (a random op), is not judged, nor one quantized dynamically (onnxruntime's 
 DynamicQuantizeLinear and its fused kernels take one scale for the whole batch, so a row's
 answer moves a little with its companions, 0.6 % in a review's MLP, by design and on any server
 that batches it). Only the outputs with the batch first are compared (an LSTM's h_n, [layers,
-N, H], is another check's). Four runs of one and two rows: cheap beside the compile.
+N, H], is another check's). Seven runs of one and two rows: cheap beside the compile.
 """
 from __future__ import annotations
 
@@ -42,23 +46,38 @@ def refuse_mixed_rows(run: Run, spec: ModelSpec, output_names: list[str]) -> Non
     if any(node.op_type in BATCH_SCALED for node in spec.model.graph.node):
         return
     for fill in (_distinct_seeded_rows, _zero_and_one_rows):
-        try:  # (a fill the model cannot run on, e.g. an index out of its table, is passed over)
-            together = {t.name: fill(t) for t in spec.inputs}
-            both = run(together)
-            alone = [run({name: rows[i:i + 1] for name, rows in together.items()}) for i in (0, 1)]
-            again = run({name: rows[:1] for name, rows in together.items()})
-        except Exception:
-            continue
-        # judged: the outputs with the batch first (2 rows together, 1 alone; on the CPU path the
-        # others were refused) that give the same answer twice (a random op's change from run to run)
+        judged = _compare_rows(run, spec, output_names, fill, None)
+        if judged is not None:
+            break
+    else:
+        return
+    # then rows a statistic of the whole batch tells apart (its sign, its size): a branch on it
+    # answers a row with what another row chose (If(ReduceSum(x) > 0, Neg, Relu), an independent tester's)
+    _compare_rows(run, spec, output_names, _opposite_rows, judged)
+
+
+def _compare_rows(run: Run, spec: ModelSpec, output_names: list[str], fill, judged: list[int] | None):
+    """Run two rows of `fill` together and each alone, raise CompileError for an output of a row
+    that differs; return the outputs judged, None for a fill the model cannot run on (e.g. an index
+    out of its table). `judged` None: found here, with a second run of the first row."""
+    try:
+        together = {t.name: fill(t) for t in spec.inputs}
+        both = run(together)
+        alone = [run({name: rows[i:i + 1] for name, rows in together.items()}) for i in (0, 1)]
+        again = run({name: rows[:1] for name, rows in together.items()}) if judged is None else None
+    except Exception:
+        return None
+    if judged is None:
+        # the outputs with the batch first (2 rows together, 1 alone; on the CPU path the others
+        # were refused) that give the same answer twice (a random op's change from run to run)
         judged = [i for i in range(len(output_names)) if np.ndim(both[i]) and len(both[i]) == 2
                   and np.ndim(alone[0][i]) and len(alone[0][i]) == 1 and _difference(alone[0][i], again[i]) is None]
-        for row in (0, 1):
-            for i in judged:
-                found = _difference(both[i][row:row + 1], alone[row][i])
-                if found is not None:
-                    raise CompileError(_message(spec, output_names[i], *found))
-        return
+    for row in (0, 1):
+        for i in judged:
+            found = _difference(both[i][row:row + 1], alone[row][i])
+            if found is not None:
+                raise CompileError(_message(spec, output_names[i], *found))
+    return judged
 
 
 def check_source(model_path: str, spec: ModelSpec) -> None:
@@ -100,6 +119,17 @@ def _distinct_seeded_rows(t) -> np.ndarray:
         return rng.standard_normal([2] + shape).astype(t.dtype)
     first = rng.integers(0, 2, shape)
     return np.stack([first, 1 - first]).astype(t.dtype)
+
+
+def _opposite_rows(t) -> np.ndarray:
+    """A positive row and a negative one ten times its size: the sign of the batch's sum, mean,
+    largest or smallest value, or a threshold on its size, is not each row's. Integers: ones and
+    zeros (safe as indices)."""
+    rng = np.random.default_rng(1)
+    shape = list(t.dims[1:])
+    if np.issubdtype(t.dtype, np.floating):
+        return (np.abs(rng.standard_normal([2] + shape)) * np.reshape([1, -10], [2] + [1] * len(shape))).astype(t.dtype)
+    return np.stack([np.ones(shape), np.zeros(shape)]).astype(t.dtype)
 
 
 def _zero_and_one_rows(t) -> np.ndarray:

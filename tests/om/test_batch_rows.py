@@ -146,3 +146,41 @@ def test_the_atc_path_leaves_an_output_without_the_batch_first_to_the_server(tmp
                  [numpy_helper.from_array(np.array([-1, 2, 4], np.int64), "shape")])
     result = compile_model(src, tmp_path / "hn.om", soc_version="Ascend310P3", atc=str(atc), log=_quiet)
     assert result.target == "npu" and record.exists()
+
+
+def _branch_on_the_batch(tmp_path, statistic: str, compare: str):
+    """If(statistic(x) compare 0, Neg(x), Relu(x)), the statistic over the whole batch (an
+    independent tester's, with ReduceSum and Greater: 2 of 320 answers wrong under load)."""
+    then_branch = helper.make_graph([helper.make_node("Neg", ["x"], ["negated"])], "then", [],
+                                    [vi("negated", TensorProto.FLOAT, ["b", 4])])
+    else_branch = helper.make_graph([helper.make_node("Relu", ["x"], ["kept"])], "else", [],
+                                    [vi("kept", TensorProto.FLOAT, ["b", 4])])
+    nodes = [helper.make_node(statistic, ["x"], ["s"], keepdims=0), helper.make_node(compare, ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)]
+    return _saved(tmp_path, f"if_{statistic}", nodes, [vi("x", TensorProto.FLOAT, ["b", 4])],
+                  [vi("y", TensorProto.FLOAT, ["b", 4])], [numpy_helper.from_array(np.array(0, np.float32), "zero")])
+
+
+@pytest.mark.parametrize("statistic, compare", [("ReduceSum", "Greater"), ("ReduceMax", "Greater"),
+                                                ("ReduceMin", "Less")])
+def test_a_branch_on_a_statistic_of_the_whole_batch_is_refused_on_both_targets(tmp_path, fake_atc, statistic,
+                                                                                compare):
+    """Seeded normal rows, or zeros and ones, gave each row the sign of the batch: such a model
+    compiled and a row batched with another got the other's branch. A positive row and a negative
+    one find it; a branch on a row's own sum (Where) is no mix and compiles."""
+    src = _branch_on_the_batch(tmp_path, statistic, compare)
+    with pytest.raises(CompileError, match=r"the rows of input 'x' along the dynamic dimension 0 are not "
+                                           r"independent: output 'y' of a row run with another row differs"):
+        compile_model(src, tmp_path / "m.om", target="cpu", log=_quiet)
+    atc, record = fake_atc
+    with pytest.raises(CompileError, match="the rows of input 'x' along the dynamic dimension 0 are not independent"):
+        compile_model(src, tmp_path / "c.om", soc_version="Ascend310P3", atc=str(atc), log=_quiet)
+    assert not record.exists() and not (tmp_path / "m.om").exists()
+    nodes = [helper.make_node("ReduceSum", ["x", "one"], ["s"], keepdims=1),
+             helper.make_node(compare, ["s", "zero"], ["c"]),
+             helper.make_node("Neg", ["x"], ["negated"]), helper.make_node("Relu", ["x"], ["kept"]),
+             helper.make_node("Where", ["c", "negated", "kept"], ["y"])]
+    own = _saved(tmp_path, "own_sign", nodes, [vi("x", TensorProto.FLOAT, ["b", 4])],
+                 [vi("y", TensorProto.FLOAT, ["b", 4])], [numpy_helper.from_array(np.array(0, np.float32), "zero"),
+                                                          numpy_helper.from_array(np.array([1], np.int64), "one")])
+    assert compile_model(own, tmp_path / "own.om", target="cpu", log=_quiet).header["gears"]
