@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 
 from .external_files import external_bytes, external_locations
-from .spec import MAX_INLINE_BYTES, CompileError, ModelSpec
+from .spec import MAX_INLINE_BYTES, CompileError, ModelSpec, drop_declared_shapes
 
 Run = Callable[[dict], list]  # feeds -> the outputs, in order
 # (atol, rtol): a row may differ by atol + rtol x its output's largest value
@@ -93,10 +93,7 @@ def check_source(model_path: str, spec: ModelSpec) -> None:
         return
     model = onnx.ModelProto()
     model.CopyFrom(spec.model)  # (its inputs as the compile resolved them: a fixed-batch export made dynamic)
-    for vi in model.graph.output:  # an exporter's fixed-batch [1, 3] is not what a batch of 2 gives
-        if vi.type.HasField("tensor_type"):
-            vi.type.tensor_type.ClearField("shape")
-    del model.graph.value_info[:]
+    drop_declared_shapes(model)  # an exporter's fixed-batch [1, 3] is not what a batch of 2 gives
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.log_severity_level = 4

@@ -16,7 +16,7 @@ from typing import Callable
 from . import aipp as aipp_mod
 from . import aipp_onnx
 from . import atc as atc_mod
-from . import atc_options, batch_rows, container, cpu_compile, names
+from . import atc_options, batch_rows, container, cpu_compile, data_sized, names
 from .compile_error import DEFAULT_TIMEOUT_S, check_timeout
 from .index_bounds import index_bounds
 from ..regular_files import open_regular
@@ -107,6 +107,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         if not soc_version:
             raise CompileError("ATC needs the SoC to build for and there is no Ascend device here to read it "
                                "from: pass --soc-version (e.g. Ascend310P3, Ascend910B1)")
+        data_sized.check_source(spec)  # (before ATC's minutes, as the CPU compile's output_types)
         # (operators outside the ONNX domain are ATC's to judge: a custom op plugin on this host may parse them)
         if spec.dynamic_batch:  # (before ATC's minutes: the CPU compile finds it in its test runs)
             batch_rows.check_source(src, spec)

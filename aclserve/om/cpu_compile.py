@@ -30,6 +30,7 @@ from ..dtypes import ACL_INT64
 from .batch_rows import refuse_mixed_rows
 from . import probe_sizes
 from .container import DYNAMIC_BATCH_INPUT
+from .data_sized import refuse_data_sized
 from .names import atc_output_names
 from .spec import CompileError, ModelSpec, TensorInfo, dtype_of, one_line, refuse_empty
 from .work_folder import work_folder
@@ -60,6 +61,7 @@ def output_types(spec: ModelSpec) -> list[TensorInfo]:
         inferred = shape_inference.infer_shapes(spec.model, strict_mode=False, data_prop=True)
     except Exception as e:
         raise CompileError(f"ONNX shape inference failed: {one_line(e)}") from None
+    refuse_data_sized(inferred, spec)  # (before the test runs, which cannot find every such output)
     return [TensorInfo(vi.name, dtype_of(vi, "output"), []) for vi in inferred.graph.output]
 
 
