@@ -31,7 +31,8 @@ import numpy as np
 import onnx
 
 from .external_files import external_bytes, external_locations
-from .spec import MAX_INLINE_BYTES, CompileError, ModelSpec, drop_declared_shapes
+from .declared_shapes import drop_declared_shapes
+from .spec import MAX_INLINE_BYTES, CompileError, ModelSpec
 
 Run = Callable[[dict], list]  # feeds -> the outputs, in order
 # (atol, rtol): a row may differ by atol + rtol x its output's largest value

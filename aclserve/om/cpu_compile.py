@@ -31,6 +31,7 @@ from .batch_rows import refuse_mixed_rows
 from . import probe_sizes
 from .container import DYNAMIC_BATCH_INPUT
 from .data_sized import refuse_data_sized
+from .declared_shapes import drop_declared_shapes
 from .names import atc_output_names
 from .spec import CompileError, ModelSpec, TensorInfo, dtype_of, one_line, refuse_empty
 from .work_folder import work_folder
@@ -53,10 +54,7 @@ def output_types(spec: ModelSpec) -> list[TensorInfo]:
     none): they are the exporter's word, and a fixed-batch export's [1, 3] made dynamic, or a
     shape the graph does not compute, compiled and then failed every run ("invalid dimensions for
     output"), the model retried for good as a device fault."""
-    for vi in spec.model.graph.output:
-        if vi.type.HasField("tensor_type"):
-            vi.type.tensor_type.ClearField("shape")
-    del spec.model.graph.value_info[:]  # (a torch export's fixed-batch [1, 3] for each one)
+    drop_declared_shapes(spec.model)  # (a torch export's fixed-batch [1, 3] for each one)
     try:
         inferred = shape_inference.infer_shapes(spec.model, strict_mode=False, data_prop=True)
     except Exception as e:

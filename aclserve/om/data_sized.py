@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper, shape_inference
 
-from .spec import BATCH_SYMBOL, CompileError, ModelSpec, drop_declared_shapes
+from .declared_shapes import drop_declared_shapes
+from .spec import BATCH_SYMBOL, CompileError, ModelSpec
 
 # operators whose output size is a count of what their input's values hold
 COUNTED = {"NonZero": "the count of non-zero values", "Unique": "the count of distinct values",

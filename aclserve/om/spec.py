@@ -346,15 +346,6 @@ def _fixed_dim0_hint(inputs: list[tuple[str, list]]) -> str:
             f"size instead, e.g. --input-shape \"{example}\"")
 
 
-def drop_declared_shapes(model: onnx.ModelProto) -> None:
-    """Clear the shapes the model declares for its outputs and intermediate values: they are the
-    exporter's word (a fixed-batch export's [1, 3] made dynamic), not what the graph computes."""
-    for vi in model.graph.output:
-        if vi.type.HasField("tensor_type"):
-            vi.type.tensor_type.ClearField("shape")
-    del model.graph.value_info[:]
-
-
 def refuse_empty(what: str, name: str, dims: list[int]) -> None:
     """A fixed dimension of 0 is a tensor without elements: the runtime refused the OM at load
     (the index then blamed the host: "a CPU OM ... rebuild it with ATC"), and no device buffer

@@ -25,6 +25,10 @@ from ..regular_files import node_kind, open_regular
 MANIFEST_SUFFIX = ".json"
 FORMAT = 1
 BOUNDS_RULES = 2  # om/index_bounds.RULES (not imported: onnx is a heavy import the server may not need)
+# what a compile's checks refuse, in the cache key (compiler.cache_key): raised when they refuse
+# more (an output sized by the data, rows mixed by a branch on the whole batch: 2026-12-06), so an
+# entry a laxer aclserve built is built again, and refused, not served from the cache
+COMPILE_RULES = 2
 
 
 def manifest_path(om_path: str | os.PathLike) -> Path:

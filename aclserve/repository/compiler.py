@@ -74,7 +74,7 @@ LOCK_POLL_S = 0.1  # a stoppable wait for an entry's lock tries it again this of
 
 
 def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str) -> str:
-    """The ONNX file's bytes, its external data files' (names and bytes), the options, the target."""
+    """The ONNX file's bytes, its external data files' (names and bytes), the options, the target, the rules."""
     digest, source = hashlib.sha256(), os.fspath(onnx_path)
     _hash_file(digest, source)
     for path in external_data.named_files(source):
@@ -82,7 +82,7 @@ def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str
         with contextlib.suppress(FileNotFoundError):  # (one missing: the compile says so)
             _hash_file(digest, path)
     opts = dict(asdict(options), target=target, batch=list(options.batch) if options.batch else None)
-    digest.update(json.dumps(opts, sort_keys=True).encode())
+    digest.update(json.dumps(dict(opts, rules=cache_entry.COMPILE_RULES), sort_keys=True).encode())
     return digest.hexdigest()
 
 

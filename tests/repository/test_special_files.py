@@ -183,6 +183,17 @@ def test_a_fifo_in_place_of_a_cache_entry_is_replaced_by_a_compile(tmp_path, mod
     assert cache_entry.problem(again, key) is None
 
 
+
+def test_an_entry_built_under_other_compile_rules_is_built_again(tmp_path, model_files, monkeypatch):
+    """The compile's checks come to refuse more (an output sized by the data, rows mixed by a
+    branch on the whole batch): an entry a laxer aclserve built was served from the cache after
+    an upgrade, its model never checked again. The rules are in the key: another entry is built."""
+    cache, onnx = tmp_path / "cache", model_files[2]["onnx"]
+    first = unblocked(tmp_path, compiler.compiled_om, onnx, "m", CompileOptions(), "cpu", cache)
+    monkeypatch.setattr(cache_entry, "COMPILE_RULES", cache_entry.COMPILE_RULES + 1)
+    again = unblocked(tmp_path, compiler.compiled_om, onnx, "m", CompileOptions(), "cpu", cache)
+    assert again != first and again.is_file() and first.is_file()
+
 # ---- the repository ------------------------------------------------------------------------------
 @pytest.mark.asyncio
 async def test_a_fifo_config_neither_blocks_start_nor_later_reloads(make_repo, models_dir, model_files):
