@@ -18,9 +18,10 @@ from tests import REPO
 # middleware, gRPC's check before the message) are answered before a version is counted, and a
 # failed load is the repository API's answer, and so is a load call refused while the device still
 # holds what the model's last load left (StillHeld); Closed is the Python API's (runtime/engine.py);
-# an idle gRPC stream's end (StreamIdle) comes while none of its requests runs.
+# an idle gRPC stream's end (StreamIdle) comes while none of its requests runs, and a stream past
+# the streams' cap (StreamsFull) is refused before any of its requests reaches a version.
 NOT_COUNTED = {"ServeError", "Unavailable", "NotFound", "Unauthorized", "Forbidden", "ModelLoadFailed", "StillHeld",
-               "Closed", "StreamIdle"}
+               "Closed", "StreamIdle", "StreamsFull"}
 
 
 def _serve_error_classes() -> dict[str, type]:

@@ -135,9 +135,10 @@ def test_sigterm_while_a_load_hangs_ends_the_process(hung_model, tmp_path, step)
     (SIGSEGV after "runtime closed", or SIGABRT as ONNX Runtime's threads were destroyed)."""
     proc = serve_process(tmp_path, hung_model, 0.5, f"{HOLDS[step]}:delay_ms=600000,nth=1")
     try:
-        # until the model is loading (its warm-up's first run begun: the index says so once the
+        # until the model is in the step that hangs: opening on the device (LOADING alone came before
+        # steps that look for a stop), or its warm-up's first run begun (the index says so once the
         # warm-up can no longer stop before that run)
-        wait_for_index(proc, b"LOADING" if step == "load" else b"warming up")
+        wait_for_index(proc, b"opening on the device" if step == "load" else b"warming up")
         proc.send_signal(signal.SIGTERM)
         out = ended(proc, 60)  # a hang guard: it waited for the load before
         assert proc.returncode == 0, out
@@ -169,7 +170,9 @@ def test_a_second_signal_ends_the_wait_for_an_abandoned_load(hung_model, tmp_pat
     the drain: the load is abandoned then, as at the deadline, and the process exits 0."""
     proc = serve_process(tmp_path, hung_model, 600, "query_size:delay_ms=600000,nth=1")
     try:
-        wait_for_index(proc, b"LOADING")
+        # (the step the hang is in: at LOADING alone, a signal could stop the load before it, at a
+        # step that looks for a stop; nothing was left running then, and the process tore down)
+        wait_for_index(proc, b"opening on the device")
         proc.send_signal(signal.SIGTERM)
         for _ in range(1200):  # a hang guard: until the close waits for the load (it said it abandons it)
             if proc.poll() is not None or b"abandoned" in proc.log.read_bytes():
