@@ -23,6 +23,16 @@ def save(model: onnx.ModelProto, path) -> str:
     return str(path)
 
 
+def quiet(_line):
+    """A compile's log that says nothing (compile_model's `log`)."""
+
+
+def saved_onnx(tmp_path, name, nodes, inputs, outputs, inits=()) -> str:
+    """A graph of `nodes` saved as tmp_path/<name>.onnx (opset 17): its path."""
+    graph = helper.make_graph(nodes, name, inputs, outputs, list(inits))
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / f"{name}.onnx")
+
+
 def _model(nodes, inputs, outputs, inits=()):
     graph = helper.make_graph(nodes, "test", inputs, outputs, list(inits))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

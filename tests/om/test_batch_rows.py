@@ -11,30 +11,21 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from aclserve.om.compile import CompileError, compile_model
-from .conftest import run_cli, save
+from .conftest import quiet, run_cli, save, saved_onnx
 
 vi = helper.make_tensor_value_info
 
 
-def _quiet(_line):
-    pass
-
-
-def _saved(tmp_path, name, nodes, inputs, outputs, inits=()):
-    graph = helper.make_graph(nodes, name, inputs, outputs, list(inits))
-    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / f"{name}.onnx")
-
-
 def _softmax_over_rows(tmp_path):
-    return _saved(tmp_path, "crossbatch", [helper.make_node("Softmax", ["x"], ["y"], axis=0)],
-                  [vi("x", TensorProto.FLOAT, ["b", 4])], [vi("y", TensorProto.FLOAT, ["b", 4])])
+    return saved_onnx(tmp_path, "crossbatch", [helper.make_node("Softmax", ["x"], ["y"], axis=0)],
+                      [vi("x", TensorProto.FLOAT, ["b", 4])], [vi("y", TensorProto.FLOAT, ["b", 4])])
 
 
 def _sequence_first(tmp_path):
     """[seq, 1, 4], a running sum over the sequence: a PyTorch RNN's export without batch_first."""
-    return _saved(tmp_path, "seqfirst", [helper.make_node("CumSum", ["x", "axis"], ["y"])],
-                  [vi("x", TensorProto.FLOAT, ["seq", 1, 4])], [vi("y", TensorProto.FLOAT, ["seq", 1, 4])],
-                  [numpy_helper.from_array(np.array(0, np.int64), "axis")])
+    return saved_onnx(tmp_path, "seqfirst", [helper.make_node("CumSum", ["x", "axis"], ["y"])],
+                      [vi("x", TensorProto.FLOAT, ["seq", 1, 4])], [vi("y", TensorProto.FLOAT, ["seq", 1, 4])],
+                      [numpy_helper.from_array(np.array(0, np.int64), "axis")])
 
 
 def _share_of_the_batch(tmp_path, share: float):
@@ -43,8 +34,8 @@ def _share_of_the_batch(tmp_path, share: float):
              helper.make_node("Mul", ["total", "share"], ["part"]), helper.make_node("Add", ["x", "part"], ["y"])]
     inits = [numpy_helper.from_array(np.array([0], np.int64), "zero"),
              numpy_helper.from_array(np.array(share, np.float32), "share")]
-    return _saved(tmp_path, f"share{share:g}", nodes, [vi("x", TensorProto.FLOAT, ["b", 64])],
-                  [vi("y", TensorProto.FLOAT, ["b", 64])], inits)
+    return saved_onnx(tmp_path, f"share{share:g}", nodes, [vi("x", TensorProto.FLOAT, ["b", 64])],
+                      [vi("y", TensorProto.FLOAT, ["b", 64])], inits)
 
 
 @pytest.mark.parametrize("make, example", [(_softmax_over_rows, "x:SIZE,4"), (_sequence_first, "x:SIZE,1,4")],
@@ -60,17 +51,17 @@ def test_a_model_whose_rows_depend_on_each_other_is_refused_as_a_batch_model(tmp
     assert ("so a batch would mix concurrent requests' answers; compile it for a static batch (--batch 1) or fix "
             f"that dimension with --input-shape \"{example}\", as ATC takes it") in line, line
     # what it says serves: a static model, one request a run
-    assert compile_model(src, out, batch="1", target="cpu", log=_quiet).header["gears"] == []
+    assert compile_model(src, out, batch="1", target="cpu", log=quiet).header["gears"] == []
     fixed = example.replace("SIZE", "16")
-    assert compile_model(src, out, input_shape=fixed, target="cpu", log=_quiet).header["gears"] == []
+    assert compile_model(src, out, input_shape=fixed, target="cpu", log=quiet).header["gears"] == []
 
 
 def test_under_aipp_the_advice_names_the_models_own_input_shape(tmp_path):
     """--input-shape names the ONNX model's inputs (NCHW float), which AIPP's pictures (uint8
     NHWC) are put in front of: the refusal advised "x:SIZE,4,4,3", the picture's shape, which
     --input-shape then refused (an independent tester)."""
-    src = _saved(tmp_path, "crossimage", [helper.make_node("Softmax", ["x"], ["y"], axis=0)],
-                 [vi("x", TensorProto.FLOAT, ["b", 3, 4, 4])], [vi("y", TensorProto.FLOAT, ["b", 3, 4, 4])])
+    src = saved_onnx(tmp_path, "crossimage", [helper.make_node("Softmax", ["x"], ["y"], axis=0)],
+                     [vi("x", TensorProto.FLOAT, ["b", 3, 4, 4])], [vi("y", TensorProto.FLOAT, ["b", 3, 4, 4])])
     out = tmp_path / "m.om"
     proc = run_cli("compile", src, "-o", out, "--target", "cpu", "--image-input", "bgr", "--mean", "1,2,3")
     assert proc.returncode == 2 and not out.exists()
@@ -84,10 +75,10 @@ def test_under_aipp_the_advice_names_the_models_own_input_shape(tmp_path):
 def test_a_row_may_differ_by_rounding_not_by_another_rows_share(tmp_path):
     """Another batch size may take other kernels, which round differently: a share of 1e-7 of the
     other rows passes as such (within 1e-5 + 1e-4 x the output's magnitude), 1e-2 is a mix."""
-    assert compile_model(_share_of_the_batch(tmp_path, 1e-7), target="cpu", log=_quiet).header["gears"]
+    assert compile_model(_share_of_the_batch(tmp_path, 1e-7), target="cpu", log=quiet).header["gears"]
     with pytest.raises(CompileError, match=r"output 'y' of a row run with another row differs .* \(by 0\.\d+; "
                                            r"its values reach \d"):
-        compile_model(_share_of_the_batch(tmp_path, 1e-2), target="cpu", log=_quiet)
+        compile_model(_share_of_the_batch(tmp_path, 1e-2), target="cpu", log=quiet)
 
 
 def test_an_output_of_a_random_op_is_not_judged_the_others_are(tmp_path):
@@ -96,9 +87,10 @@ def test_an_output_of_a_random_op_is_not_judged_the_others_are(tmp_path):
     x, noise, mixed = (vi(n, TensorProto.FLOAT, ["b", 4]) for n in ("x", "noisy", "mixed"))
     nodes = [helper.make_node("RandomNormalLike", ["x"], ["r"]), helper.make_node("Add", ["x", "r"], ["noisy"]),
              helper.make_node("Softmax", ["x"], ["mixed"], axis=0)]
-    assert compile_model(_saved(tmp_path, "noise", nodes[:2], [x], [noise]), target="cpu", log=_quiet).header["gears"]
+    noisy = saved_onnx(tmp_path, "noise", nodes[:2], [x], [noise])
+    assert compile_model(noisy, target="cpu", log=quiet).header["gears"]
     with pytest.raises(CompileError, match="output 'mixed' of a row run with another row differs"):
-        compile_model(_saved(tmp_path, "both", nodes, [x], [noise, mixed]), target="cpu", log=_quiet)
+        compile_model(saved_onnx(tmp_path, "both", nodes, [x], [noise, mixed]), target="cpu", log=quiet)
 
 
 def test_the_atc_path_refuses_it_before_atc_runs(tmp_path, fake_atc):
@@ -107,13 +99,13 @@ def test_the_atc_path_refuses_it_before_atc_runs(tmp_path, fake_atc):
     atc, record = fake_atc
     with pytest.raises(CompileError, match="the rows of input 'x' along the dynamic dimension 0 are not independent"):
         compile_model(_softmax_over_rows(tmp_path), tmp_path / "c.om", soc_version="Ascend310P3", atc=str(atc),
-                      log=_quiet)
+                      log=quiet)
     assert not record.exists()
     graph = helper.make_graph([helper.make_node("AscendOnly", ["x"], ["y"], domain="com.example")], "custom",
                               [vi("x", TensorProto.FLOAT, ["b", 4])], [vi("y", TensorProto.FLOAT, ["b", 4])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
     result = compile_model(save(model, tmp_path / "custom.onnx"), tmp_path / "custom.om", soc_version="Ascend310P3",
-                           atc=str(atc), log=_quiet)
+                           atc=str(atc), log=quiet)
     assert result.target == "npu" and "--dynamic_batch_size=1,2,4,8,16,32" in json.loads(record.read_text())["argv"]
 
 
@@ -128,10 +120,10 @@ def test_a_model_quantized_dynamically_is_a_batch_model(tmp_path):
                for name, shape in (("w1", (256, 512)), ("w2", (512, 10)))]
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
              helper.make_node("MatMul", ["b", "w2"], ["y"])]
-    mlp = _saved(tmp_path, "mlp", nodes, [vi("x", TensorProto.FLOAT, ["N", 256])],
-                 [vi("y", TensorProto.FLOAT, ["N", 10])], weights)
+    mlp = saved_onnx(tmp_path, "mlp", nodes, [vi("x", TensorProto.FLOAT, ["N", 256])],
+                     [vi("y", TensorProto.FLOAT, ["N", 10])], weights)
     quantize_dynamic(mlp, tmp_path / "mlp_q.onnx", weight_type=QuantType.QInt8)
-    assert compile_model(tmp_path / "mlp_q.onnx", tmp_path / "q.om", target="cpu", log=_quiet).header["gears"]
+    assert compile_model(tmp_path / "mlp_q.onnx", tmp_path / "q.om", target="cpu", log=quiet).header["gears"]
 
 
 def test_the_atc_path_leaves_an_output_without_the_batch_first_to_the_server(tmp_path, fake_atc):
@@ -141,10 +133,10 @@ def test_the_atc_path_leaves_an_output_without_the_batch_first_to_the_server(tmp
     atc, record = fake_atc
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["x3"]),
              helper.make_node("Transpose", ["x3"], ["hn"], perm=[1, 0, 2]), helper.make_node("Relu", ["x"], ["y"])]
-    src = _saved(tmp_path, "hn", nodes, [vi("x", TensorProto.FLOAT, ["N", 8])],
-                 [vi("y", TensorProto.FLOAT, ["N", 8]), vi("hn", TensorProto.FLOAT, [2, "N", 4])],
-                 [numpy_helper.from_array(np.array([-1, 2, 4], np.int64), "shape")])
-    result = compile_model(src, tmp_path / "hn.om", soc_version="Ascend310P3", atc=str(atc), log=_quiet)
+    src = saved_onnx(tmp_path, "hn", nodes, [vi("x", TensorProto.FLOAT, ["N", 8])],
+                     [vi("y", TensorProto.FLOAT, ["N", 8]), vi("hn", TensorProto.FLOAT, [2, "N", 4])],
+                     [numpy_helper.from_array(np.array([-1, 2, 4], np.int64), "shape")])
+    result = compile_model(src, tmp_path / "hn.om", soc_version="Ascend310P3", atc=str(atc), log=quiet)
     assert result.target == "npu" and record.exists()
 
 
@@ -157,8 +149,9 @@ def _branch_on_the_batch(tmp_path, statistic: str, compare: str):
                                     [vi("kept", TensorProto.FLOAT, ["b", 4])])
     nodes = [helper.make_node(statistic, ["x"], ["s"], keepdims=0), helper.make_node(compare, ["s", "zero"], ["c"]),
              helper.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)]
-    return _saved(tmp_path, f"if_{statistic}", nodes, [vi("x", TensorProto.FLOAT, ["b", 4])],
-                  [vi("y", TensorProto.FLOAT, ["b", 4])], [numpy_helper.from_array(np.array(0, np.float32), "zero")])
+    zero = numpy_helper.from_array(np.array(0, np.float32), "zero")
+    return saved_onnx(tmp_path, f"if_{statistic}", nodes, [vi("x", TensorProto.FLOAT, ["b", 4])],
+                      [vi("y", TensorProto.FLOAT, ["b", 4])], [zero])
 
 
 @pytest.mark.parametrize("statistic, compare", [("ReduceSum", "Greater"), ("ReduceMax", "Greater"),
@@ -171,16 +164,16 @@ def test_a_branch_on_a_statistic_of_the_whole_batch_is_refused_on_both_targets(t
     src = _branch_on_the_batch(tmp_path, statistic, compare)
     with pytest.raises(CompileError, match=r"the rows of input 'x' along the dynamic dimension 0 are not "
                                            r"independent: output 'y' of a row run with another row differs"):
-        compile_model(src, tmp_path / "m.om", target="cpu", log=_quiet)
+        compile_model(src, tmp_path / "m.om", target="cpu", log=quiet)
     atc, record = fake_atc
     with pytest.raises(CompileError, match="the rows of input 'x' along the dynamic dimension 0 are not independent"):
-        compile_model(src, tmp_path / "c.om", soc_version="Ascend310P3", atc=str(atc), log=_quiet)
+        compile_model(src, tmp_path / "c.om", soc_version="Ascend310P3", atc=str(atc), log=quiet)
     assert not record.exists() and not (tmp_path / "m.om").exists()
     nodes = [helper.make_node("ReduceSum", ["x", "one"], ["s"], keepdims=1),
              helper.make_node(compare, ["s", "zero"], ["c"]),
              helper.make_node("Neg", ["x"], ["negated"]), helper.make_node("Relu", ["x"], ["kept"]),
              helper.make_node("Where", ["c", "negated", "kept"], ["y"])]
-    own = _saved(tmp_path, "own_sign", nodes, [vi("x", TensorProto.FLOAT, ["b", 4])],
-                 [vi("y", TensorProto.FLOAT, ["b", 4])], [numpy_helper.from_array(np.array(0, np.float32), "zero"),
-                                                          numpy_helper.from_array(np.array([1], np.int64), "one")])
-    assert compile_model(own, tmp_path / "own.om", target="cpu", log=_quiet).header["gears"]
+    own = saved_onnx(tmp_path, "own_sign", nodes, [vi("x", TensorProto.FLOAT, ["b", 4])],
+                     [vi("y", TensorProto.FLOAT, ["b", 4])], [numpy_helper.from_array(np.array(0, np.float32), "zero"),
+                                                              numpy_helper.from_array(np.array([1], np.int64), "one")])
+    assert compile_model(own, tmp_path / "own.om", target="cpu", log=quiet).header["gears"]

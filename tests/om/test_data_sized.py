@@ -9,18 +9,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from aclserve.om.compile import CompileError, compile_model
-from .conftest import run_cli, save
+from .conftest import quiet, run_cli, saved_onnx
 
 vi = helper.make_tensor_value_info
-
-
-def _quiet(_line):
-    pass
-
-
-def _saved(tmp_path, name, nodes, inputs, outputs, inits=()):
-    graph = helper.make_graph(nodes, name, inputs, outputs, list(inits))
-    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / f"{name}.onnx")
 
 
 def _below_five(tmp_path, name, after=(), inits=()):
@@ -29,8 +20,8 @@ def _below_five(tmp_path, name, after=(), inits=()):
                                                                                 name="nz")]
     nodes += list(after)
     five = numpy_helper.from_array(np.array(5, np.float32), "five")
-    return _saved(tmp_path, name, nodes, [vi("x", TensorProto.FLOAT, [1, 4])],
-                  [vi(nodes[-1].output[0], TensorProto.INT64, [2, "K"])], [five, *inits])
+    return saved_onnx(tmp_path, name, nodes, [vi("x", TensorProto.FLOAT, [1, 4])],
+                      [vi(nodes[-1].output[0], TensorProto.INT64, [2, "K"])], [five, *inits])
 
 
 def test_an_output_of_nonzero_is_refused_before_any_run_on_both_targets(tmp_path, fake_atc):
@@ -46,7 +37,7 @@ def test_an_output_of_nonzero_is_refused_before_any_run_on_both_targets(tmp_path
     atc, record = fake_atc  # (ATC would build an unknown-shape OM, which the server refuses at load)
     with pytest.raises(CompileError, match=r"output 'where' changes size with the input's values: it comes from "
                                            r"NonZero \(node 'nz'\)"):
-        compile_model(src, tmp_path / "c.om", soc_version="Ascend310P3", atc=str(atc), log=_quiet)
+        compile_model(src, tmp_path / "c.om", soc_version="Ascend310P3", atc=str(atc), log=quiet)
     assert not record.exists()
 
 
@@ -55,23 +46,23 @@ def test_an_output_sized_by_an_input_s_values_is_refused(tmp_path):
     here, which every value the test runs try gives (zeros, ones, normal values): they compiled."""
     nodes = [helper.make_node("Max", ["k", "two"], ["at_least_two"]),
              helper.make_node("TopK", ["x", "at_least_two"], ["y", "order"], axis=1, name="top")]
-    topk = _saved(tmp_path, "topk", nodes, [vi("x", TensorProto.FLOAT, [1, 8]), vi("k", TensorProto.INT64, [1])],
-                  [vi("y", TensorProto.FLOAT, [1, 8])], [numpy_helper.from_array(np.array([2], np.int64), "two")])
+    topk = saved_onnx(tmp_path, "topk", nodes, [vi("x", TensorProto.FLOAT, [1, 8]), vi("k", TensorProto.INT64, [1])],
+                      [vi("y", TensorProto.FLOAT, [1, 8])], [numpy_helper.from_array(np.array([2], np.int64), "two")])
     with pytest.raises(CompileError, match=r"output 'y' changes size with the input's values: it comes from TopK "
                                            r"\(node 'top'\), whose output size is set by its K, computed from the "
                                            r"values of input 'k'"):
-        compile_model(topk, target="cpu", log=_quiet)
+        compile_model(topk, target="cpu", log=quiet)
     nodes = [helper.make_node("ReduceMax", ["x"], ["top"], keepdims=0),
              helper.make_node("Max", ["top", "three"], ["end"]),
              helper.make_node("Range", ["zero", "end", "one"], ["y"], name="count")]
     inits = [numpy_helper.from_array(np.array(v, np.float32), name)
              for name, v in (("zero", 0), ("one", 1), ("three", 3))]
-    counting = _saved(tmp_path, "range", nodes, [vi("x", TensorProto.FLOAT, [1, 4])], [vi("y", TensorProto.FLOAT, [3])],
-                      inits)
+    counting = saved_onnx(tmp_path, "range", nodes, [vi("x", TensorProto.FLOAT, [1, 4])],
+                          [vi("y", TensorProto.FLOAT, [3])], inits)
     with pytest.raises(CompileError, match=r"output 'y' changes size with the input's values: it comes from Range "
                                            r"\(node 'count'\), whose output size is set by its start, limit and "
                                            r"delta, computed from the values of input 'x'"):
-        compile_model(counting, target="cpu", log=_quiet)
+        compile_model(counting, target="cpu", log=quiet)
 
 
 def test_a_result_brought_back_to_a_fixed_size_compiles_and_one_sized_from_it_does_not(tmp_path):
@@ -81,13 +72,13 @@ def test_a_result_brought_back_to_a_fixed_size_compiles_and_one_sized_from_it_do
     axis = numpy_helper.from_array(np.array([1], np.int64), "axis")
     summed = _below_five(tmp_path, "summed", [helper.make_node("ReduceSum", ["where", "axis"], ["y"], keepdims=0)],
                          [axis])
-    assert compile_model(summed, target="cpu", log=_quiet).header["outputs"][0]["dims"] == [2]
+    assert compile_model(summed, target="cpu", log=quiet).header["outputs"][0]["dims"] == [2]
     first = _below_five(tmp_path, "first", [helper.make_node("TopK", ["where", "axis"], ["y", "at"], axis=1)], [axis])
-    assert compile_model(first, target="cpu", log=_quiet).header["outputs"][0]["dims"] == [2, 1]
+    assert compile_model(first, target="cpu", log=quiet).header["outputs"][0]["dims"] == [2, 1]
     sized = _below_five(tmp_path, "sized", [helper.make_node("Shape", ["where"], ["count"]),
                                             helper.make_node("ConstantOfShape", ["count"], ["y"],
                                                              value=helper.make_tensor("one", TensorProto.INT64, [1],
                                                                                       [1]))])
     with pytest.raises(CompileError, match=r"output 'y' changes size with the input's values: it comes from NonZero "
                                            r"\(node 'nz'\)"):
-        compile_model(sized, target="cpu", log=_quiet)
+        compile_model(sized, target="cpu", log=quiet)

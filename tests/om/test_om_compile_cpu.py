@@ -12,7 +12,7 @@ import pytest
 from .acl_runner import acl_context, cpu_acl, run_batch
 from aclserve.om import container
 from aclserve.om.compile import CompileError, compile_model
-from .conftest import multi_io_feeds, reshape_model, run_cli, save, scalar_output_model, seq_model
+from .conftest import multi_io_feeds, quiet, reshape_model, run_cli, save, scalar_output_model, seq_model
 
 GEARS = [1, 3, 8]
 
@@ -23,13 +23,9 @@ def _ort(model_bytes_or_path):
     return ort.InferenceSession(model_bytes_or_path, so, providers=["CPUExecutionProvider"])
 
 
-def _quiet(_line):
-    pass
-
-
 @pytest.fixture
 def multi_om(tmp_path, multi_io_onnx):
-    return compile_model(multi_io_onnx, tmp_path / "multi.om", batch="1,3,8", target="cpu", log=_quiet)
+    return compile_model(multi_io_onnx, tmp_path / "multi.om", batch="1,3,8", target="cpu", log=quiet)
 
 
 def test_header_describes_inputs_outputs_and_gears(multi_om, multi_io_onnx):
@@ -78,7 +74,7 @@ def test_cpu_runtime_matches_onnxruntime_for_every_gear(multi_om, multi_io_onnx)
 
 
 def test_static_model_has_no_gears_and_no_dynamic_input(tmp_path, static_onnx):
-    result = compile_model(static_onnx, target="cpu", log=_quiet)
+    result = compile_model(static_onnx, target="cpu", log=quiet)
     assert result.path == tmp_path / "static.om"
     h = container.read_header(result.path)
     assert h["gears"] == [] and [t["name"] for t in h["inputs"]] == ["x"]
@@ -90,8 +86,8 @@ def test_static_model_has_no_gears_and_no_dynamic_input(tmp_path, static_onnx):
 def test_input_shape_fixes_a_dynamic_dimension(tmp_path):
     src = save(seq_model(), tmp_path / "seq.onnx")
     with pytest.raises(CompileError, match="'x' dim 1 is dynamic"):
-        compile_model(src, target="cpu", log=_quiet)
-    result = compile_model(src, input_shape="x:-1,7", batch=[2, 4], target="cpu", log=_quiet)
+        compile_model(src, target="cpu", log=quiet)
+    result = compile_model(src, input_shape="x:-1,7", batch=[2, 4], target="cpu", log=quiet)
     h = result.header
     assert h["inputs"][0]["dims"] == [-1, 7] and h["outputs"][0]["dims"] == [-1, 7] and h["gears"] == [2, 4]
 
@@ -101,19 +97,19 @@ def test_a_batch_marked_past_the_first_dimension_is_said_so(tmp_path):
     --input-shape", the flag the user had just used (found by an independent check)."""
     src = save(seq_model(), tmp_path / "seq.onnx")
     with pytest.raises(CompileError, match="-1 past its first dimension: -1 marks the batch, which must come first"):
-        compile_model(src, input_shape="x:7,-1", target="cpu", log=_quiet)
+        compile_model(src, input_shape="x:7,-1", target="cpu", log=quiet)
 
 
 def test_fixed_first_dim_in_input_shape_makes_a_static_model(tmp_path):
     src = save(seq_model(), tmp_path / "seq.onnx")
-    h = compile_model(src, input_shape="x:5,7", target="cpu", log=_quiet).header
+    h = compile_model(src, input_shape="x:5,7", target="cpu", log=quiet).header
     assert h["gears"] == [] and h["inputs"][0]["dims"] == [5, 7] and len(h["inputs"]) == 1
 
 
 @pytest.mark.parametrize("gears", ["2,4", "1,4"])
 def test_output_shape_unknown_to_inference_is_probed(tmp_path, gears):
     src = save(reshape_model(), tmp_path / "reshape.onnx")
-    h = compile_model(src, batch=gears, target="cpu", log=_quiet).header
+    h = compile_model(src, batch=gears, target="cpu", log=quiet).header
     assert h["outputs"][0]["dims"] == [-1, 8]
 
 
@@ -128,7 +124,7 @@ def test_a_model_dividing_by_an_input_is_probed_on_ones(tmp_path):
     graph.node.append(helper.make_node("Div", ["eight", "d"], ["q"]))
     graph.output.append(helper.make_tensor_value_info("q", TensorProto.INT32, ["batch", 1]))
     src = save(model, tmp_path / "divides.onnx")
-    h = compile_model(src, batch="2,4", target="cpu", log=_quiet).header
+    h = compile_model(src, batch="2,4", target="cpu", log=quiet).header
     assert [o["dims"] for o in h["outputs"]] == [[-1, 8], [-1, 1]]
 
 
@@ -147,8 +143,8 @@ def test_a_model_that_cannot_run_at_all_is_refused_at_compile(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "seq", 4])], inits)
     src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "pos.onnx")
     with pytest.raises(CompileError, match=r"a test run of the model \(on zeros, then ones\) failed: .*broadcast"):
-        compile_model(src, batch="1,2", input_shape="x:-1,10,4", target="cpu", log=_quiet)
-    h = compile_model(src, batch="1,2", input_shape="x:-1,8,4", target="cpu", log=_quiet).header
+        compile_model(src, batch="1,2", input_shape="x:-1,10,4", target="cpu", log=quiet)
+    h = compile_model(src, batch="1,2", input_shape="x:-1,8,4", target="cpu", log=quiet).header
     assert h["outputs"][0]["dims"] == [-1, 8, 4]
 
 
@@ -170,7 +166,7 @@ def test_declared_output_shapes_give_way_to_what_the_graph_computes(tmp_path, de
                               value_info=[helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 3])] if between
                               else None)
     src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
-    result = compile_model(src, batch=[1, 2, 4], input_shape=input_shape, target="cpu", log=_quiet)
+    result = compile_model(src, batch=[1, 2, 4], input_shape=input_shape, target="cpu", log=quiet)
     assert result.header["outputs"][0]["dims"] == [-1, 3]
     acl = cpu_acl()
     x = np.arange(-6, 6, dtype=np.float32).reshape(4, 3)
@@ -204,7 +200,7 @@ def test_an_output_whose_size_follows_the_data_is_refused(tmp_path, batch, input
     src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "branches.onnx")
     with pytest.raises(CompileError, match=r"output 'kept' changes size with the input's values \(shape \[1, 4\] on "
                                            r"zeros, \[1, 2\] on ones" + re.escape(at) + r"\): .*TopK"):
-        compile_model(src, batch=batch, input_shape=input_shape, target="cpu", log=_quiet)
+        compile_model(src, batch=batch, input_shape=input_shape, target="cpu", log=quiet)
     assert not (tmp_path / "branches.om").exists()
 
 
@@ -212,7 +208,7 @@ def test_output_without_batch_dimension_is_refused(tmp_path):
     src = save(scalar_output_model(), tmp_path / "scalar.onnx")
     with pytest.raises(CompileError, match=r"output 'y' is not batch-major \(shapes \[\[\], \[\]\] .*"
                                            r"\(or compile it for one batch size: --batch 1\)"):
-        compile_model(src, target="cpu", log=_quiet)
+        compile_model(src, target="cpu", log=quiet)
     assert not (tmp_path / "scalar.om").exists()
 
 

@@ -14,11 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from aclserve.om.compile import CompileError, compile_model
 from aclserve.om.spec import parse_input_shape
-from .conftest import run_cli, save
-
-
-def _quiet(_line):
-    pass
+from .conftest import quiet, run_cli, save
 
 
 def _relu(path, x_dims, y_dims="same", name="x", y_type=True):
@@ -52,7 +48,7 @@ def test_a_batch_stored_as_a_negative_dim_value_is_the_batch(tmp_path):
     """It ended in a TypeError (None * int) in the input's size check; a served folder showed it."""
     src = _negative(tmp_path / "neg.onnx", [-1, 4])
     assert onnx.load(src).graph.input[0].type.tensor_type.shape.dim[0].dim_value == -1
-    h = compile_model(src, batch="1,2", target="cpu", log=_quiet).header
+    h = compile_model(src, batch="1,2", target="cpu", log=quiet).header
     assert _io(h) == ([("x", [-1, 4]), ("ascend_mbatch_shape_data", [1])], [("y", [-1, 4])]) and h["gears"] == [1, 2]
 
 
@@ -61,11 +57,11 @@ def test_a_negative_dim_value_past_the_batch_is_fixed_by_input_shape(tmp_path):
     --input-shape x:-1,7 was refused: "the model fixes it at -1"."""
     src = _negative(tmp_path / "neg2.onnx", ["batch", -1])
     with pytest.raises(CompileError, match=r"input 'x' dim 1 is dynamic \(\?\); fix it with --input-shape"):
-        compile_model(src, target="cpu", log=_quiet)
-    h = compile_model(src, input_shape="x:-1,7", batch="1,2", target="cpu", log=_quiet).header
+        compile_model(src, target="cpu", log=quiet)
+    h = compile_model(src, input_shape="x:-1,7", batch="1,2", target="cpu", log=quiet).header
     assert _io(h) == ([("x", [-1, 7]), ("ascend_mbatch_shape_data", [1])], [("y", [-1, 7])])
     h = compile_model(_negative(tmp_path / "neg3.onnx", [2, -1]), tmp_path / "neg3.om", input_shape="x:2,5",
-                      target="cpu", log=_quiet).header
+                      target="cpu", log=quiet).header
     assert _io(h) == ([("x", [2, 5])], [("y", [2, 5])]) and h["gears"] == []
 
 
@@ -74,20 +70,20 @@ def test_an_output_declaring_no_shape_or_type_is_inferred_and_probed(tmp_path, l
     """The ONNX checker refused it ("Field 'shape' of 'type' is required but missing"), naming no
     tensor; ONNX Runtime loads it and onnx-graphsurgeon writes outputs so."""
     src = _relu(tmp_path / "m.onnx", ["n", 4], y_dims=None, y_type=lacking != "type")
-    result = compile_model(src, batch="1,2", target="cpu", log=_quiet)
+    result = compile_model(src, batch="1,2", target="cpu", log=quiet)
     assert _io(result.header)[1] == [("y", [-1, 4])] and result.header["outputs"][0]["datatype"] == "FP32"
 
 
 def test_an_input_declaring_no_shape_takes_input_shape(tmp_path):
     src = _relu(tmp_path / "m.onnx", None, y_dims=["n", 4])
     with pytest.raises(CompileError, match="input 'x' has no shape in the model; give it with --input-shape"):
-        compile_model(src, target="cpu", log=_quiet)
-    h = compile_model(src, input_shape="x:-1,4", batch="1,2", target="cpu", log=_quiet).header
+        compile_model(src, target="cpu", log=quiet)
+    h = compile_model(src, input_shape="x:-1,4", batch="1,2", target="cpu", log=quiet).header
     assert _io(h)[0] == [("x", [-1, 4]), ("ascend_mbatch_shape_data", [1])]
     typeless = onnx.load(src)
     typeless.graph.input[0].ClearField("type")
     with pytest.raises(CompileError, match="input 'x' has no data type in the model"):
-        compile_model(save(typeless, tmp_path / "t.onnx"), input_shape="x:-1,4", target="cpu", log=_quiet)
+        compile_model(save(typeless, tmp_path / "t.onnx"), input_shape="x:-1,4", target="cpu", log=quiet)
 
 
 def test_a_graph_the_checker_refuses_for_another_reason_still_is_refused(tmp_path):
@@ -95,7 +91,7 @@ def test_a_graph_the_checker_refuses_for_another_reason_still_is_refused(tmp_pat
     model = onnx.load(_relu(tmp_path / "m.onnx", ["n", 4], y_dims=None))
     model.graph.node[0].input[0] = "ghost"  # a node reading a tensor nothing produces
     with pytest.raises(CompileError, match="invalid ONNX graph: .*ghost"):
-        compile_model(save(model, tmp_path / "bad.onnx"), target="cpu", log=_quiet)
+        compile_model(save(model, tmp_path / "bad.onnx"), target="cpu", log=quiet)
 
 
 def test_an_output_declaring_no_shape_in_a_model_with_external_data_is_named(tmp_path):
@@ -110,7 +106,7 @@ def test_an_output_declaring_no_shape_in_a_model_with_external_data_is_named(tmp
     onnx.save(model, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.data", size_threshold=0)
     with pytest.raises(CompileError, match="output 'y' declares no shape, which the ONNX checker requires of a "
                                            "model with external data"):
-        compile_model(tmp_path / "ext.onnx", target="cpu", log=_quiet)
+        compile_model(tmp_path / "ext.onnx", target="cpu", log=quiet)
 
 
 def test_input_shape_takes_names_with_spaces(tmp_path):
@@ -150,20 +146,20 @@ def test_a_sequence_taken_for_the_batch_is_said_to_be_fixed_with_input_shape(tmp
     hint = ("; if dimension 0 is not a batch (a sequence's length, say: --batch 1 would fix it at 1), give its size "
             "instead, e.g. --input-shape \"ids:16\"")
     with pytest.raises(CompileError) as refused:
-        compile_model(src, target="cpu", log=_quiet)
+        compile_model(src, target="cpu", log=quiet)
     assert str(refused.value).endswith("(or compile it for one batch size: --batch 1)" + hint), refused.value
-    result = compile_model(src, input_shape="ids:16", target="cpu", log=_quiet)
+    result = compile_model(src, input_shape="ids:16", target="cpu", log=quiet)
     assert [t["dims"] for t in result.header["inputs"]] == [[16]] and result.header["gears"] == []
     # an input of no batch beside it: refused before the compile runs it, said alike
     with pytest.raises(CompileError) as refused:
-        compile_model(_pooled(tmp_path / "two.onnx", ["S"], other=[3, "W"]), target="cpu", log=_quiet)
+        compile_model(_pooled(tmp_path / "two.onnx", ["S"], other=[3, "W"]), target="cpu", log=quiet)
     assert str(refused.value).startswith("input 'x' has no batch dimension first"), refused.value
     assert str(refused.value).endswith(hint), refused.value
     with pytest.raises(CompileError) as refused:
-        compile_model(_pooled(tmp_path / "wide.onnx", ["S", 3], other=[2]), target="cpu", log=_quiet)
+        compile_model(_pooled(tmp_path / "wide.onnx", ["S", 3], other=[2]), target="cpu", log=quiet)
     assert str(refused.value).endswith('--input-shape "ids:16,3"'), refused.value
     # a batch said to be one (by its symbol, --batch or a -1 in --input-shape) gets no such advice
     for ids_dims, options in ((["batch_size"], {}), (["S"], {"batch": "1,2,4"}), (["S"], {"input_shape": "ids:-1"})):
         with pytest.raises(CompileError, match=r"output 'pooled' is not batch-major") as refused:
-            compile_model(_pooled(tmp_path / "m.onnx", ids_dims), target="cpu", log=_quiet, **options)
+            compile_model(_pooled(tmp_path / "m.onnx", ids_dims), target="cpu", log=quiet, **options)
         assert str(refused.value).endswith("(or compile it for one batch size: --batch 1)"), refused.value

@@ -11,13 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from aclserve.om.compile import CompileError, compile_model
-from .conftest import save, scalar_output_model
+from .conftest import quiet, save, scalar_output_model
 
 HUGE = 2**40  # rows: x [N, 4] FP32 is 16 TiB
-
-
-def _quiet(_line):
-    pass
 
 
 def _onnx(tmp_path, name, nodes, outputs, inits=(), dtype=TensorProto.FLOAT):
@@ -30,16 +26,16 @@ def _onnx(tmp_path, name, nodes, outputs, inits=(), dtype=TensorProto.FLOAT):
 
 
 def _dims(path, batch):
-    return [o["dims"] for o in compile_model(path, batch=batch, target="cpu", log=_quiet).header["outputs"]]
+    return [o["dims"] for o in compile_model(path, batch=batch, target="cpu", log=quiet).header["outputs"]]
 
 
 def test_a_dynamic_batch_is_tried_at_small_sizes_whatever_the_largest(tmp_path):
     relu = _onnx(tmp_path, "relu", [helper.make_node("Relu", ["x"], ["y"])], ["y"])
-    header = compile_model(relu, batch=[1, HUGE], target="cpu", log=_quiet).header
+    header = compile_model(relu, batch=[1, HUGE], target="cpu", log=quiet).header
     assert header["gears"] == [1, HUGE] and [o["dims"] for o in header["outputs"]] == [[-1, 4]]
     assert _dims(relu, [HUGE, HUGE + 1]) == [[-1, 4]]  # (tried at 1 and 2 rows)
     # the batch-major check still runs at two sizes: an output without the batch is refused as it was
     with pytest.raises(CompileError, match=r"output 'y' is not batch-major \(shapes \[\[\], \[\]\] for batch sizes "
                                            r"\[1, 2\]\)"):
         compile_model(save(scalar_output_model(), tmp_path / "scalar.onnx"), batch=[1, HUGE], target="cpu",
-                      log=_quiet)
+                      log=quiet)
