@@ -47,6 +47,7 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 from . import grpc_log, tls
 from .grpc_gate import StopGate
 from .grpc_health import SERVICE as HEALTH_SERVICE, HealthServicer
+from .grpc_ipv4_wildcard import ipv6_held
 from .grpc_live import LiveCalls
 from .grpc_queued import QueuedCalls
 from .grpc_service import InferenceServicer
@@ -199,10 +200,11 @@ class GrpcServer:
             raise OSError(f"gRPC cannot listen on {address(host, port)}: {taken.strerror} "
                           "(--grpc-port PORT moves it, --grpc-port 0 turns gRPC off)")
         try:
-            if self._credentials is None:
-                bound = self._server.add_insecure_port(address(host, port))
-            else:
-                bound = self._server.add_secure_port(address(host, port), self._credentials)
+            with ipv6_held(host, port) as port:  # 0.0.0.0: IPv4 only, as HTTP (grpc_ipv4_wildcard.py)
+                if self._credentials is None:
+                    bound = self._server.add_insecure_port(address(host, port))
+                else:
+                    bound = self._server.add_secure_port(address(host, port), self._credentials)
         except RuntimeError as e:  # grpcio raises RuntimeError("Failed to bind ...")
             raise OSError(f"gRPC cannot listen on {address(host, port)}: {e}") from None
         if not bound:
