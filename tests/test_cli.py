@@ -107,6 +107,13 @@ def test_serve_names_the_command_line_for_a_bad_flag_not_the_config_file(tmp_pat
     assert "error: bad configuration: command line: cpu_threads: must be >= 1, got 0" in proc.stderr, proc.stderr
 
 
+def test_serve_names_the_command_line_for_a_bad_flag_without_a_config_file(tmp_path):
+    """`serve --port -1` said "bad configuration: port: must be >= 0, got -1", naming no source."""
+    proc = _aclserve("serve", "--port", "-1", "--grpc-port", "0", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "error: bad configuration: command line: port: must be >= 0, got -1" in proc.stderr, proc.stderr
+
+
 def test_onnx_runtime_telemetry_is_off_and_says_nothing():
     """ONNX Runtime 1.29+ sends telemetry from Linux, and where HOME cannot be written (the
     container's) printed a coloured warning at import that broke --log-format json."""

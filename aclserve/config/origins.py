@@ -48,13 +48,16 @@ class Origins:
         """`error` with where its values came from. A conflict: the origin of each of its keys.
         Another: `command line` for a key an override set (a flag's bad value is not the file's:
         `--cpu-threads 0` was blamed on it), else the file; as it was when it names its source
-        already or no file was given. For the loader's errors and those found as the server
-        starts (a TLS file that cannot be read, the API token: cli/serve.py)."""
+        already, or when neither a file nor flags were given (the library's overrides alone: no
+        source to tell them from). For the loader's errors and those found as the server starts (a
+        TLS file that cannot be read, the API token: cli/serve.py)."""
         if isinstance(error, ConfigConflict):
             return error.with_origins(self.of)
-        if error.source is not None or self._path is None:
+        if error.source is not None or (self._path is None and not self._flags):
             return error
-        return ConfigError(error.path, error.problem, COMMAND_LINE if self._override(error.path) else self._path)
+        if self._override(error.path):  # (`serve --port -1`, no file, named no source)
+            return ConfigError(error.path, error.problem, COMMAND_LINE)
+        return error if self._path is None else ConfigError(error.path, error.problem, self._path)
 
     def _override(self, key: str) -> str | None:
         """The override that set the key at dotted `key` (itself, a list holding it, or a
