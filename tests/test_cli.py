@@ -298,6 +298,19 @@ def test_serve_on_a_busy_grpc_port_says_so_in_one_error(tmp_path):
     assert "shutting down" not in proc.stderr and "runtime closed" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("host, why", [("no.such.host.invalid", "Name or service not known"),
+                                       ("10.255.255.1", "Cannot assign requested address")])
+def test_serve_on_a_host_it_cannot_bind_says_so_in_one_error(tmp_path, host, why):
+    """Before, the token warning ("listening on H without an API token") came first, and the
+    models' loads began before the bind (a load abandoned: "digits: version 1 was still loading")."""
+    (tmp_path / "models").mkdir()
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "models")
+    proc = _aclserve("serve", "--host", host, "--port", "0", "--grpc-port", "0", "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "ACL runtime: cpu" not in line]  # (the runtime's start)
+    assert said == [f"aclserve serve: error: cannot listen on {host}:0: {why}"], proc.stderr
+
+
 def test_serve_on_a_busy_http_port_says_so_in_one_error(tmp_path):
     import socket
 

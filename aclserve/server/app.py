@@ -1,8 +1,8 @@
 """The aiohttp application and its ordered lifecycle, over objects built elsewhere (the
 composition root, aclserve/app.py, builds the runtime, the repository and the gRPC server).
 
-Start: runtime (acl.init, devices) and the repository's loading begun as a task, then `serve`
-listens (HTTP, then gRPC; a busy port fails here, before any model has to finish loading), then
+Start: runtime (acl.init), then `serve` listens (HTTP, then gRPC; a busy port fails here, before
+any model load begins), then begins the repository's loading as a task (devices, models) and
 waits for the repository (scan, load, warm up, watch); readiness is false until it is done. A
 stop signal that came before `serve` set its handlers (recorded: startup_signals.py) ends it
 before anything starts; one that comes until the repository is done is said to have come
@@ -70,14 +70,15 @@ async def _load(state: ServerState) -> None:
 
 
 async def _lifecycle(app: web.Application):
-    """Start the runtime and begin loading the models (a task: serve() binds the ports first and
-    then waits for it, so a busy port is reported at once); at the end, drain and close."""
+    """Start the runtime and begin loading the models (a task; under serve(), once it has bound the
+    ports: begin_loading); at the end, drain and close."""
     state = app[STATE]
     state.runtime.start()
     state.repo.add_listener(state.draining.on_repository_event)
     state.repo.add_listener(state.metrics.on_repository_event)
     state.repo.add_listener(state.on_repository_event)
-    state.loading = asyncio.ensure_future(_load(state))
+    if not state.loads_after_listen:  # (an app served otherwise than by serve(): tests)
+        begin_loading(state)
     try:
         yield
     finally:
@@ -92,6 +93,10 @@ async def _lifecycle(app: web.Application):
             state.runtime.close()
             if not state.start_failed:
                 log.info("runtime closed")
+
+
+def begin_loading(state: ServerState) -> None:
+    state.loading = asyncio.ensure_future(_load(state))
 
 
 def create_app(config, repo, runtime) -> web.Application:
@@ -271,8 +276,9 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     asked_before = startup_signals.take()
     listener: asyncio.Server | None = None
     listening = False
-    state.auth.log_startup()
     state.tracer.log_startup()  # (the merged config's trace settings that trace nothing)
+    # Bound first, then loaded: a start that cannot bind says so in its one line, no load begun
+    state.loads_after_listen = True
     try:
         if asked_before is not None:  # nothing started yet: what was built is closed below
             why_stopping.asked_before = True
@@ -292,7 +298,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             log.info("aclserve gRPC listening on %s:%d%s", config.host, grpc_port,
                      " (TLS)" if tls.enabled(config) else "")
         listening = True
-        # Bound first, then loaded: readiness stays false until the models are in.
+        state.auth.log_startup()  # (about the address listened on: once it is)
+        begin_loading(state)  # readiness stays false until the models are in
         stopping = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait([state.loading, stopping], return_when=asyncio.FIRST_COMPLETED)

@@ -93,6 +93,7 @@ class ServerState:
         self.metrics.register(self.guard_metrics)
         self.started = False  # every model the repository found at start has been tried
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
+        self.loads_after_listen = False  # serve(): the loading begins once both ports are bound
         self.shutting_down = False
         self.shutdown_deadline: float | None = None  # time.monotonic() the drain ends at, once shutting down
         self.answers_by: float | None = None  # time.monotonic() the connections close at, once the models closed
