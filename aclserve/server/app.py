@@ -37,6 +37,7 @@ from .. import startup_signals
 from .._version import __version__
 from ..acl.constants import error_meaning
 from . import bad_request_log, malformed, tls
+from .address import address
 from .app_keys import STATE
 from .auth import access_middleware
 from .connections import BODY_LINGER_S, tracking_middleware
@@ -291,11 +292,11 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         listener = await listen(handlers, state.connections, config.host, config.port, config.listen_backlog,
                                 ssl_context)
         host, port = listener.sockets[0].getsockname()[:2]
-        log.info("aclserve %s listening on %s://%s:%d", __version__, "https" if tls.enabled(config) else "http",
-                 host, port)
+        log.info("aclserve %s listening on %s://%s", __version__, "https" if tls.enabled(config) else "http",
+                 address(host, port))
         if grpc_server is not None:
             grpc_port = await grpc_server.start(config.host, config.grpc_port)
-            log.info("aclserve gRPC listening on %s:%d%s", config.host, grpc_port,
+            log.info("aclserve gRPC listening on %s%s", address(config.host, grpc_port),
                      " (TLS)" if tls.enabled(config) else "")
         listening = True
         state.auth.log_startup()  # (about the address listened on: once it is)

@@ -45,6 +45,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from . import grpc_log, tls
+from .address import address
 from .grpc_gate import StopGate
 from .grpc_health import SERVICE as HEALTH_SERVICE, HealthServicer
 from .grpc_ipv4_wildcard import ipv6_held
@@ -71,10 +72,6 @@ GRACE_UNBOUNDED_S = 1e9
 # the drain waits this long at most for grpc's queued calls (grpc_queued.py: a call whose headers
 # core refused is counted there for good); typically the loop takes them within milliseconds
 QUEUE_WAIT_S = 1.0
-
-
-def address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def port_taken(host: str, port: int) -> OSError | None:

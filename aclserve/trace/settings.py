@@ -115,7 +115,8 @@ def _parse(key: str, value):
             raise TraceSettingsError("trace_level: TENSORS is not supported (timestamps only)")
         unknown = names - set(LEVELS)
         if unknown or not names:
-            raise TraceSettingsError(f"trace_level: expected OFF or TIMESTAMPS, got {sorted(unknown) or '[]'}")
+            got = ", ".join(sorted(unknown)) if unknown else "no level"  # (as the names, not a list: YAML's is one)
+            raise TraceSettingsError(f"trace_level: expected OFF or TIMESTAMPS, got {got}")
         if "OFF" in names and len(names) > 1:  # (it was taken as TIMESTAMPS; Triton refuses it too)
             raise TraceSettingsError("trace_level: OFF must be the only level given")
         return "TIMESTAMPS" if "TIMESTAMPS" in names else "OFF"

@@ -1,10 +1,15 @@
 """Where `aclserve serve --host H` listens, probed with real sockets, and what its log says.
 grpc core reads 0.0.0.0 as every address, IPv6 included (a dual-stack [::] socket): gRPC then
 took connections to ::1 that HTTP refused, so an operator firewalling IPv4 left gRPC open over
-IPv6 (an independent tester's find)."""
+IPv6 (an independent tester's find).
+
+A server on every interface runs in a private network namespace (`unshare -n`, its loopback
+brought up): the probe, the server and its ports exist there alone."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,45 +18,55 @@ import pytest
 
 from tests.serving import free_port
 
-START_LINES = 40  # the start says a few lines; the gRPC one comes last
+# run inside the namespace: serve on 0.0.0.0 until its gRPC endpoint says it listens, probe each
+# endpoint over 127.0.0.1 and ::1, print what connected and the log's last line (JSON)
+PROBE = r"""
+import json, socket, subprocess, sys
+models, port, grpc_port = sys.argv[1], 18000, 18001
+proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", models, "--host", "0.0.0.0",
+                         "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu"],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+lines = []
+for _ in range(40):  # the start says a few lines; the gRPC one comes last
+    line = proc.stderr.readline()
+    if not line or "gRPC listening" in line:
+        lines.append(line.rstrip())
+        break
+    lines.append(line.rstrip())
+reached = {}
+for name, at in (("http", port), ("grpc", grpc_port)):
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            reached[f"{name} {host}"] = probe.connect_ex((host, at)) == 0
+proc.terminate()
+proc.communicate(timeout=60)
+print(json.dumps({"reached": reached, "lines": lines}))
+"""
 
 
-def _serve_until_listening(tmp_path, host: str) -> tuple[subprocess.Popen, list[str], int, int]:
-    """`aclserve serve --host host` on free ports, read until its gRPC endpoint says it listens."""
+def _in_private_network(*command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command],
+                          capture_output=True, text=True, timeout=110, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def _private_network_here() -> bool:
+    if not (shutil.which("unshare") and shutil.which("ip")):
+        return False
+    return _in_private_network(sys.executable, "-c", "").returncode == 0
+
+
+@pytest.mark.skipif(not _private_network_here(), reason="needs unshare -n (root) and ip, to bind every interface")
+def test_grpc_on_0_0_0_0_listens_on_ipv4_only_as_http_does(tmp_path):
     (tmp_path / "models").mkdir()
-    port, grpc_port = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path / "models"),
-                             "--host", host, "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    lines = []
-    for _ in range(START_LINES):
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line.rstrip("\n"))
-        if "gRPC listening" in line:
-            return proc, lines, port, grpc_port
-    proc.kill()
-    proc.wait()
-    pytest.fail("\n".join(lines))
+    done = _in_private_network(sys.executable, "-c", PROBE, str(tmp_path / "models"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert found["reached"] == {"http 127.0.0.1": True, "http ::1": False,
+                                "grpc 127.0.0.1": True, "grpc ::1": False}, found
+    assert found["lines"][-1].endswith("aclserve gRPC listening on 0.0.0.0:18001"), found
 
 
-def _stopped(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    proc.communicate(timeout=60)
-
-
-def _connects(family: int, host: str, port: int) -> bool:
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect((host, port))
-        except ConnectionRefusedError:
-            return False
-        return True
-
-
-def _has_ipv6_loopback() -> bool:
+def _ipv6_loopback() -> bool:
     try:
         with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
             s.bind(("::1", 0))
@@ -60,15 +75,23 @@ def _has_ipv6_loopback() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
-def test_grpc_on_0_0_0_0_listens_on_ipv4_only_as_http_does(tmp_path):
-    proc, lines, port, grpc_port = _serve_until_listening(tmp_path, "0.0.0.0")
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_an_ipv6_host_is_logged_in_brackets(tmp_path):
+    """`--host ::1` logged "http://::1:8000", not a URL (nor host:port for gRPC)."""
+    (tmp_path / "models").mkdir()
+    port, grpc_port = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path / "models"), "--host",
+                             "::1", "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
-        reached = {(name, address): _connects(family, address, at)
-                   for name, at in (("http", port), ("grpc", grpc_port))
-                   for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1"))}
+        lines = []
+        while len(lines) < 40 and not (lines and "gRPC listening" in lines[-1]):  # (a hang guard: the start's lines)
+            lines.append(proc.stderr.readline().rstrip())
+            if not lines[-1] and proc.poll() is not None:
+                break
     finally:
-        _stopped(proc)
-    assert reached == {("http", "127.0.0.1"): True, ("http", "::1"): False,
-                       ("grpc", "127.0.0.1"): True, ("grpc", "::1"): False}, lines
-    assert lines[-1].endswith(f"aclserve gRPC listening on 0.0.0.0:{grpc_port}"), lines
+        proc.terminate()
+        proc.communicate(timeout=60)
+    said = "\n".join(lines)
+    assert f"listening on http://[::1]:{port}" in said and f"gRPC listening on [::1]:{grpc_port}" in said, said
