@@ -256,27 +256,46 @@ def _get(server, path: str) -> dict:
         return json.load(resp)
 
 
+POLLS = 1500  # of a test's wait for a running profile: 30 s and more, a bound under the suite's 120 s hang guard
+
+
+def _until(condition, what: str, profile: subprocess.Popen) -> None:
+    """Poll `condition` while the profile runs, at most POLLS times: a wait without bound let the
+    hang guard end the worker (os._exit) with the profile still running, orphaned."""
+    for _ in range(POLLS):
+        if condition():
+            return
+        assert profile.poll() is None, profile.communicate()
+        time.sleep(0.02)
+    pytest.fail(f"{what}: not seen in {POLLS} polls of the running profile")
+
+
+def _tracing(url: str) -> bool:
+    with urllib.request.urlopen(f"{url}/v2/models/digits/trace/setting", timeout=10) as resp:
+        return json.load(resp)["trace_level"] == ["TIMESTAMPS"]
+
+
+def _answered(server) -> int:
+    return _get(server, "/v2/models/digits/stats")["model_stats"][0]["inference_stats"]["success"]["count"]
+
+
 def test_url_interrupted_while_tracing_turns_tracing_off_and_removes_the_server_s_file(tmp_path):
     """A Ctrl-C during the run put the settings back but left profile-MODEL.json (its traces so
     far, tens of MB) in the server's trace folder, where each later failed run appended to it."""
     traces = tmp_path / "traces"
     with ServerThread(server_config(_models(tmp_path), model_control_mode="none", trace_dir=str(traces))) as server:
         before = _get(server, "/v2/models/digits/trace/setting")
+        # (--seconds: the run is interrupted long before; what an orphan of a failed test would outlive it by)
         proc = subprocess.Popen([sys.executable, "-m", "aclserve", "profile", "digits", "--url", f"http://{server.url}",
-                                 "--trace-dir", "traces", "--seconds", "600", "--clients", "2", "--trace", "out.json"],
+                                 "--trace-dir", "traces", "--seconds", "60", "--clients", "2", "--trace", "out.json"],
                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            while _get(server, "/v2/models/digits/trace/setting")["trace_level"] != ["TIMESTAMPS"]:
-                assert proc.poll() is None, proc.communicate()
-                time.sleep(0.02)
+            _until(lambda: _tracing(f"http://{server.url}"), "tracing on", proc)
             # the warm-up's requests were all answered before tracing went on: one more is a traced one
-            answered = _get(server, "/v2/models/digits/stats")["model_stats"][0]["inference_stats"]["success"]["count"]
-            while _get(server, "/v2/models/digits/stats")["model_stats"][0]["inference_stats"]["success"]["count"] \
-                    == answered:
-                assert proc.poll() is None, proc.communicate()
-                time.sleep(0.02)
+            answered = _answered(server)
+            _until(lambda: _answered(server) > answered, "a traced request answered", proc)
             proc.send_signal(signal.SIGINT)
-            _, stderr = proc.communicate(timeout=120)
+            _, stderr = proc.communicate(timeout=60)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -299,3 +318,4 @@ def test_url_with_a_trace_dir_that_does_not_exist_stops_before_anything_is_trace
     assert proc.stderr == ("aclserve profile: error: --trace-dir elsewhere: no such folder here; it must be the "
                            "server's trace folder (its trace_dir), as seen from this machine\n")
     assert os.listdir(traces) == []
+
