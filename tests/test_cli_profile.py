@@ -20,7 +20,7 @@ from aclserve.cli.profile_remote import TraceUnreadable, read_trace
 from aclserve.cli.usage import UsageError
 from tests import REPO
 from tests.canned_server import canned_server, web_server
-from tests.serving import ServerThread, server_config
+from tests.serving import ServerThread, free_port, server_config
 
 
 def _profile(*args, cwd, env=None, timeout=120):
@@ -319,3 +319,47 @@ def test_url_with_a_trace_dir_that_does_not_exist_stops_before_anything_is_trace
                            "server's trace folder (its trace_dir), as seen from this machine\n")
     assert os.listdir(traces) == []
 
+
+def test_url_whose_server_is_killed_mid_run_ends_at_once_in_one_line(tmp_path):
+    """Every request was refused at once (ClientConnectorError), counted, and the closed loop spun
+    through the rest of --seconds: an orphaned profile used 63 % of a core for 6 minutes. Nothing
+    is asked of the server gone (tracing off, its settings back: a second error)."""
+    _models(tmp_path)
+    url = f"http://127.0.0.1:{free_port()}"
+    with open(tmp_path / "serve.log", "wb") as log:
+        server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", "models", "--port",
+                                   url.rsplit(":", 1)[1], "--grpc-port", "0", "--device", "cpu",
+                                   "--model-control-mode", "none"], cwd=tmp_path, stdout=log, stderr=log)
+    profile = None
+    try:
+        _until_serving(url, server, tmp_path / "serve.log")
+        # --seconds 120: the old code ran them all, past the guard below
+        profile = subprocess.Popen([sys.executable, "-m", "aclserve", "profile", "digits", "--url", url, "--seconds",
+                                    "120", "--clients", "2", "--trace", "out.json"],
+                                   cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _until(lambda: _tracing(url), "tracing on", profile)
+        server.send_signal(signal.SIGKILL)
+        server.wait(timeout=60)
+        _, stderr = profile.communicate(timeout=60)  # (a hang guard)
+    finally:
+        for proc in filter(None, (profile, server)):
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert profile.returncode == 1 and "Traceback" not in stderr, stderr
+    assert re.fullmatch(rf"aclserve profile: error: the server at {re.escape(url)} stopped answering \(connection "
+                        r"refused\) after [\d,]+ requests answered\n", stderr), stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+def _until_serving(url: str, server: subprocess.Popen, log) -> None:
+    for _ in range(POLLS):
+        try:
+            with urllib.request.urlopen(f"{url}/v2/models/digits/ready", timeout=10) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:  # (not listening yet; the model not ready: 400)
+            pass
+        assert server.poll() is None, log.read_text()
+        time.sleep(0.02)
+    pytest.fail(f"the server did not get ready: {log.read_text()}")

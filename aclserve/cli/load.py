@@ -1,5 +1,6 @@
 """The closed loop `aclserve profile` drives: C clients, each sending its next request when the
-last one is answered or refused, with every outcome counted (a refusal is not a request served)."""
+last one is answered or refused, with every outcome counted (a refusal is not a request served).
+A request that raises instead of saying why it was refused ends the run, every client with it."""
 from __future__ import annotations
 
 import asyncio
@@ -39,6 +40,12 @@ async def closed_loop(clients: int, seconds: float, one: Request) -> Outcomes:
             else:
                 outcomes.refused[refused] += 1
                 await asyncio.sleep(0)  # a refusal comes back at once: let the others run
-    await asyncio.gather(*(client() for _ in range(clients)))
+    tasks = [asyncio.ensure_future(client()) for _ in range(clients)]
+    try:
+        await asyncio.gather(*tasks)
+    finally:  # a request that raised ends the run: the other clients stop too, not spin on (Python 3.10: no TaskGroup)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     outcomes.seconds = time.monotonic() - start
     return outcomes

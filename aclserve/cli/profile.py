@@ -126,7 +126,7 @@ def _run(args):
         except ConfigError as e:  # as serve says it: an ACLSERVE_API_TOKEN no client could send (server/auth.py)
             raise UsageError(f"bad configuration: {e}") from None
     import aiohttp
-    from .profile_remote import ServerRefused, TraceUnreadable, run_remote
+    from .profile_remote import ServerGone, ServerRefused, TraceUnreadable, run_remote
     from .usage import NOT_HTTP1_HINT, NotKServe, one_line
     check_url(args.url)
     auth_headers()  # (checked before the run)
@@ -146,7 +146,7 @@ def _run(args):
         raise RemoteFailed(f"{args.url} broke off the exchange: {said}{scheme_hint(args.url, said)}") from None
     except ServerRefused as e:
         raise RemoteFailed(f"{args.url.rstrip('/')}: {e}") from None
-    except TraceUnreadable as e:
+    except (TraceUnreadable, ServerGone) as e:
         raise RemoteFailed(str(e)) from None
 
 

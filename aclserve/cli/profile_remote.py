@@ -7,10 +7,12 @@ names (trace/names.py MAX_NAMES), so a name per run stopped every profile after 
 A run interrupted (Ctrl-C, SIGTERM: asyncio.run cancels it) or failed once tracing is on still
 turns it off and puts the settings back, and removes the file the server writes for the requests
 it traced (once they are answered); a file it cannot remove (not written in time, a second Ctrl-C,
-a --trace-dir that is not the server's folder) is named in one line."""
+a --trace-dir that is not the server's folder) is named in one line. A server that goes away
+during the run (a connection refused) ends it at once (ServerGone), its settings and file left alone."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import sys
@@ -22,10 +24,21 @@ from .usage import NotKServe, UsageError, models_hint, one_line
 
 CONTROL_CONNECTIONS = 4  # metadata and trace settings, beside the clients' own connections
 WRITE_WAIT_S = 30.0  # for the server to write the trace file once tracing is off
+# A connection that cannot be made for one of these ends the run at once: nothing listens at the port (or no route
+# reaches its host) any more, where it answered the set-up. A busy server does not refuse connections (a full listen
+# backlog drops them: a timeout, counted as a refusal, as its 503s and 429s are), and each later try fails at once
+# too, so counting them spun the clients for the rest of --seconds (63 % of a core for 6 minutes, orphaned); a server
+# back from a restart would serve a run whose figures mix two servers. Other connect failures (EMFILE: more --clients
+# than this process may open files) are counted as refusals, as before: the server is still there.
+GONE_ERRNOS = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
 
 
 class TraceUnreadable(ValueError):
     """The trace file the server wrote cannot be read as a Chrome trace."""
+
+
+class ServerGone(Exception):
+    """The server stopped answering during the run (a connection to it refused): exit status 1."""
 
 
 class ServerRefused(Exception):
@@ -135,17 +148,26 @@ async def run_remote(args, make_body):
         headers = {"Inference-Header-Content-Length": str(header_length), "Content-Type": "application/octet-stream"}
         url = f"{base}/v2/models/{args.model}/infer"
 
-        sent = 0  # requests sent, warm-up included: the server writes a trace file if any was traced
+        sent = answered = 0  # requests sent, warm-up included: the server writes a trace file if any was traced
+        gone = None  # the ServerGone that ended the run: nothing more is asked of the server
 
         async def one() -> str | None:
-            nonlocal sent
+            nonlocal sent, answered, gone
             sent += 1
             try:
                 async with session.post(url, data=body, headers=headers) as resp:
                     await resp.read()
+                    answered += resp.status == 200
                     return None if resp.status == 200 else f"HTTP {resp.status}"
             except asyncio.TimeoutError:  # (aiohttp's timeouts are ClientErrors too)
                 return f"no answer within {args.timeout:g} s"
+            except aiohttp.ClientConnectorError as e:
+                if e.os_error.errno not in GONE_ERRNOS:
+                    return type(e).__name__
+                gone = gone or ServerGone(f"the server at {args.url} stopped answering "
+                                          f"({os.strerror(e.os_error.errno).lower()}) after {answered:,} requests "
+                                          "answered")
+                raise gone from None
             except aiohttp.ClientError as e:
                 return type(e).__name__
         async with session.post(url, data=body, headers=headers) as resp:  # what it refuses is one line
@@ -160,10 +182,11 @@ async def run_remote(args, make_body):
                 await _trace_on(session, setting, name, args.trace_dir)
                 outcomes = await closed_loop(args.clients, args.seconds, one)
             finally:
-                async with session.post(setting, json={"trace_level": ["OFF"]}) as resp:
-                    await resp.read()  # tracing OFF writes the file
-                off = True
-                await _put_back(session, setting, restore)
+                if gone is None:  # (a server gone would refuse these too: a second error)
+                    async with session.post(setting, json={"trace_level": ["OFF"]}) as resp:
+                        await resp.read()  # tracing OFF writes the file
+                    off = True
+                    await _put_back(session, setting, restore)
         except BaseException:  # interrupted or failed: what the server writes for it is not left behind
             if off and sent > untraced:  # (a server that went away writes nothing to wait for)
                 await _take_back(path, traced_from)
