@@ -1,9 +1,9 @@
 """The aiohttp application and its ordered lifecycle, over objects built elsewhere (the
 composition root, aclserve/app.py, builds the runtime, the repository and the gRPC server).
 
-Start: runtime (acl.init), then `serve` listens (HTTP, then gRPC; a busy port fails here, before
-any model load begins), then begins the repository's loading as a task (devices, models) and
-waits for the repository (scan, load, warm up, watch); readiness is false until it is done. A
+Start: runtime (acl.init), then `serve` listens on HTTP (a host or port it cannot have fails here,
+before any model load begins), begins the repository's loading as a task (devices, models), listens
+on gRPC (a busy port fails here, the loads begun stopped) and waits for the repository (scan, load, warm up, watch); readiness is false until it is done. A
 stop signal that came before `serve` set its handlers (recorded: startup_signals.py) ends it
 before anything starts; one that comes until the repository is done is said to have come
 during start-up, and stops the loads and compiles under way as any stop does.
@@ -278,7 +278,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     listener: asyncio.Server | None = None
     listening = False
     state.tracer.log_startup()  # (the merged config's trace settings that trace nothing)
-    # Bound first, then loaded: a start that cannot bind says so in its one line, no load begun
+    # Bound first, then loaded: a start that cannot bind HTTP says so in its one line, no load begun
     state.loads_after_listen = True
     try:
         if asked_before is not None:  # nothing started yet: what was built is closed below
@@ -294,13 +294,15 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         host, port = listener.sockets[0].getsockname()[:2]
         log.info("aclserve %s listening on %s://%s", __version__, "https" if tls.enabled(config) else "http",
                  address(host, port))
+        # readiness stays false until the models are in; begun before anything more is awaited, so
+        # no HTTP request finds the repository not begun (a model's 404 that a load would serve)
+        begin_loading(state)
         if grpc_server is not None:
             grpc_port = await grpc_server.start(config.host, config.grpc_port)
             log.info("aclserve gRPC listening on %s%s", address(config.host, grpc_port),
                      " (TLS)" if tls.enabled(config) else "")
         listening = True
         state.auth.log_startup()  # (about the address listened on: once it is)
-        begin_loading(state)  # readiness stays false until the models are in
         stopping = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait([state.loading, stopping], return_when=asyncio.FIRST_COMPLETED)
