@@ -6,9 +6,11 @@ buffers for memory anyway; ATC never runs the model to compile it.
 
 A dynamic-batch model runs at its two smallest sizes when they are small (PROBE_ROWS at most: a
 model may run at its sizes only, a Reshape to pairs of rows), else at its smallest small size (or
-1) and one row more: two sizes still, for the batch-major check. A static model runs at its own
-size (one --batch size fixes it): its outputs' shapes are those at that size, and only a run there
-says them for sure (a model that runs at its export size only, a Slice capping the batch).
+1) and twice that: two sizes still, for the batch-major check. A model that does not run at those
+runs at its two smallest sizes, as before (cpu_compile.probe_outputs): the rows asked for. A
+static model runs at its own size (one --batch size fixes it): its outputs' shapes are those at
+that size, and only a run there says them for sure (a model that runs at its export size only, a
+Slice capping the batch).
 """
 from __future__ import annotations
 
@@ -26,4 +28,4 @@ def probe_batches(spec: ModelSpec) -> list[int | None]:
     if len(small) == 2:
         return small
     first = small[0] if small else 1
-    return [first, first + 1]
+    return [first, 2 * first]  # (a multiple: a model reshaping rows into pairs runs at it, as at its sizes)
