@@ -3,6 +3,7 @@ helpers imported by name live in tiny_models.py and serving.py beside this file.
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -12,6 +13,17 @@ os.environ.setdefault("ACLSERVE_CPU_DEVICES", "2")
 # as aclserve/__init__.py: a test module that imports onnxruntime before any aclserve module
 # (run alone) turned ONNX Runtime's telemetry on
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
+
+@pytest.fixture(autouse=True)
+def _sigint_as_python_starts():
+    """SIGINT handled as Python sets it up, before each test. An in-process `serve` (its uvloop loop's
+    handlers, serve's own ignoring of signals as it exits) could leave it handled by a closed loop
+    or ignored, and a process a later test started inherits an ignored one: under pytest-xdist,
+    where which tests share a worker varies, a test's Ctrl-C to its `aclserve profile` was lost
+    now and then (the profile ran its whole --seconds)."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
