@@ -25,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .aipp import BoundAipp
 from .spec import BATCH_SYMBOL, CompileError, ModelSpec, TensorInfo
+from .subgraphs import subgraphs
 
 _FLOAT_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
                 np.dtype(np.float64): TensorProto.DOUBLE}
@@ -68,9 +69,8 @@ def _rename_uses(graph: onnx.GraphProto, old: str, new: str) -> None:
         for i, name in enumerate(node.input):
             if name == old:
                 node.input[i] = new
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                _rename_uses(sub, old, new)
+        for sub in subgraphs(node):
+            _rename_uses(sub, old, new)
 
 
 def fp16(values) -> np.ndarray:

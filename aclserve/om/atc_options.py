@@ -23,6 +23,7 @@ import re
 import onnx
 
 from .spec import CompileError
+from .subgraphs import subgraphs
 
 PRECISION_MODES = ("force_fp16", "force_fp32", "cube_fp16in_fp32out", "allow_fp32_to_fp16", "must_keep_origin_dtype",
                    "allow_mix_precision", "allow_mix_precision_fp16", "allow_mix_precision_bf16", "allow_fp32_to_bf16")
@@ -80,9 +81,5 @@ def _nodes(graph: onnx.GraphProto):
     """The graph's nodes and, depth first, those of its subgraphs (If's branches, Loop's and Scan's bodies)."""
     for node in graph.node:
         yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _nodes(sub)
+        for sub in subgraphs(node):
+            yield from _nodes(sub)

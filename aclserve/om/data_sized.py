@@ -24,6 +24,7 @@ from onnx import helper, shape_inference
 
 from .declared_shapes import drop_declared_shapes
 from .spec import BATCH_SYMBOL, CompileError, ModelSpec
+from .subgraphs import subgraphs
 
 # operators whose output size is a count of what their input's values hold
 COUNTED = {"NonZero": "the count of non-zero values", "Unique": "the count of distinct values",
@@ -115,8 +116,7 @@ class _Flow:
             sizes[init.name], values[init.name] = None, None
         for node in graph.node:
             inputs = [name for name in node.input if name]
-            bodies = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
-            bodies += [g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
+            bodies = subgraphs(node)
             inner_sizes, inner_values = [], []
             for body in bodies:  # a body's inputs follow the node's (Loop: iteration, condition, carried)
                 body_sizes, body_values = sizes.new_child(), values.new_child()
@@ -171,9 +171,8 @@ def _read_shapes(graph: onnx.GraphProto, dynamic: bool, dims: dict) -> None:
     for init in graph.initializer:
         dims[init.name] = [True] * len(init.dims)
     for node in graph.node:
-        for a in node.attribute:
-            for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                _read_shapes(body, dynamic, dims)
+        for body in subgraphs(node):
+            _read_shapes(body, dynamic, dims)
 
 
 def _shown(vi: onnx.ValueInfoProto) -> str:
