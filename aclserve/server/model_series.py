@@ -22,7 +22,8 @@ from prometheus_client.core import CounterMetricFamily
 
 log = logging.getLogger(__name__)
 
-LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# up to the default compile_timeout_s: a load's seconds hold a dropped .onnx's compile (ATC: minutes)
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 LOAD_RESULTS = ("ok", "failed")
 
 
@@ -35,7 +36,7 @@ class ModelSeries:
         self._index = index
         self._load_retries = load_retries
         self.load_duration = Histogram("aclserve_model_load_duration_seconds",
-                                       "Time to load and warm up a model version", ["model"],
+                                       "Time to load and warm up a model version, its compile included", ["model"],
                                        buckets=LOAD_BUCKETS, registry=None)
         self.loads = Counter("aclserve_model_loads", "Model version load outcomes", ["model", "result"],
                              registry=None)

@@ -97,3 +97,12 @@ def test_load_retries_start_at_0_for_a_model_and_again_when_it_comes_back():
     assert counted() == []
     rows = [{"name": "m", "version": "1"}]
     assert counted() == [0]
+
+
+def test_a_load_as_long_as_the_default_compile_timeout_has_a_finite_bucket():
+    """A load's seconds hold its .onnx's compile, which may take up to compile_timeout_s (an
+    hour by default): the top bucket was 300 s, so every ATC compile of 5 to 60 minutes fell in +Inf."""
+    from aclserve.om.compile_error import DEFAULT_TIMEOUT_S
+    from aclserve.server.model_series import LOAD_BUCKETS
+    assert LOAD_BUCKETS[-1] >= DEFAULT_TIMEOUT_S
+    assert list(LOAD_BUCKETS) == sorted(LOAD_BUCKETS)
