@@ -6,6 +6,8 @@ import os
 
 import onnx
 
+from .subgraphs import subgraphs
+
 
 def external_locations(model: onnx.ModelProto) -> set[str]:
     """The external data files `model` names (as written: relative to its folder), from every
@@ -50,10 +52,8 @@ def _tensors(graph: onnx.GraphProto):
             if attribute.HasField("t"):
                 yield attribute.t
             yield from attribute.tensors
-            if attribute.HasField("g"):
-                yield from _tensors(attribute.g)
-            for sub in attribute.graphs:
-                yield from _tensors(sub)
+        for sub in subgraphs(node):
+            yield from _tensors(sub)
 
 
 def missing_external_file(locations: set[str], folder: str) -> str | None:

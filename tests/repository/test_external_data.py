@@ -135,3 +135,25 @@ async def test_an_entry_onnx_refuses_is_the_models_reason_said_once(make_repo, m
     with pytest.raises(Exception, match=re.escape(reason)):  # a load call: the folder scanned again
         await repo.load("m")
     assert not [r for r in caplog.records if r.name == "aclserve.repository.layout"], caplog.text
+
+
+def test_the_files_named_inside_an_if_branch_are_found():
+    """Weights in an If branch's initializers and in a Constant's tensor there: both files count."""
+    from aclserve.om.external_files import external_locations
+
+    def outside(name: str, location: str) -> onnx.TensorProto:
+        tensor = numpy_helper.from_array(np.ones(4, np.float32), name)
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        tensor.external_data.add(key="location", value=location)
+        return tensor
+
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    then_graph = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "then", [], [y],
+                                   [outside("w", "then.data")])
+    else_graph = helper.make_graph([helper.make_node("Constant", [], ["y"], value=outside("c", "else.data"))],
+                                   "else", [], [y])
+    c = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=else_graph)
+    model = helper.make_model(helper.make_graph([node], "g", [c], [y]))
+    assert external_locations(model) == {"then.data", "else.data"}
