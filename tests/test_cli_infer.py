@@ -323,3 +323,19 @@ def test_infer_takes_an_input_whose_name_holds_an_equals_sign(tmp_path):
     assert proc.returncode == 0, proc.stderr
     outputs = json.loads(proc.stdout)
     assert outputs["y"]["data"] == [[0.0, 2.0, 4.0, 6.0]] and outputs["z"]["data"] == [[-1.0] * 4], outputs
+
+
+def test_an_input_the_model_does_not_take_is_bad_input(tmp_path):
+    """`-i z=x.npy` for a model of input x went to the server, whose 400 was "a server's error"
+    (exit 1): the metadata read first names the inputs, so it is bad input (exit 2), in the server's words."""
+    from tests import REPO
+    from tests.serving import ServerThread, server_config
+    (tmp_path / "models").mkdir()
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "models" / "digits.om")
+    np.save(tmp_path / "x.npy", np.zeros((1, 64), np.float32))
+    with ServerThread(server_config(tmp_path / "models")) as server:
+        unknown = _infer(f"http://{server.url}", "digits", "-i", "z=x.npy", cwd=tmp_path)
+        known = _infer(f"http://{server.url}", "digits", "-i", "x=x.npy", "--json", cwd=tmp_path)
+    assert unknown.returncode == 2, unknown.stderr
+    assert unknown.stderr.strip() == "aclserve infer: error: unknown input 'z' (model inputs: x)", unknown.stderr
+    assert known.returncode == 0 and json.loads(known.stdout)["y"]["shape"] == [1, 10], known.stderr

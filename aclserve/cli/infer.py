@@ -19,6 +19,7 @@ import numpy as np
 from ..dtypes import cast_keeping_values, castable, kserve_to_numpy, numpy_to_kserve
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
+from ..server.quoting import quoted_name
 from .remote import auth_headers, check_url, kserve_error, scheme_hint, token_hint
 from .usage import NotKServe, UsageError, one_line
 
@@ -183,6 +184,17 @@ def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
     return notes
 
 
+def refuse_unknown_inputs(inputs: dict[str, np.ndarray], names: list) -> None:
+    """UsageError (exit 2, bad input) for an input the model's metadata does not list, in the
+    server's words; it was the server's 400 (exit 1, a server's error). No metadata: not judged."""
+    if not names:
+        return
+    for name in inputs:
+        if name not in names:
+            listed = ", ".join(str(n) for n in names)
+            raise UsageError(f"unknown input {quoted_name(name)} (model inputs: {listed})")
+
+
 def _described(metadata, key: str) -> list[dict]:
     """The tensors metadata lists under `key` ("inputs", "outputs"), whatever shape it has."""
     listed = metadata.get(key) if isinstance(metadata, dict) else None
@@ -293,7 +305,9 @@ def _ask(args, path: str, headers: dict) -> dict[str, np.ndarray]:
     """Metadata (the input names --input's are split at, the casts, the outputs to classify), then
     the input files, then the inference; the outputs."""
     metadata = _metadata(args.url.rstrip("/") + path, args.timeout, headers)
-    inputs = _load_inputs(args.input, [t.get("name") for t in _described(metadata, "inputs")])
+    names = [t.get("name") for t in _described(metadata, "inputs")]
+    inputs = _load_inputs(args.input, names)
+    refuse_unknown_inputs(inputs, names)
     for note in cast_to_model(inputs, metadata):
         print(f"aclserve infer: {note}", file=sys.stderr)
     outputs = args.output

@@ -28,7 +28,8 @@ def add_commands(sub) -> None:
     p.add_argument("--batch", metavar="GEARS", help="batch sizes to compile, e.g. 1,2,4,8 "
                                                     "(default 1,2,4,8,16,32 for a dynamic-batch model)")
     p.add_argument("--soc-version", default=None, metavar="SOC",
-                   help="ATC --soc_version (default: the SoC of this machine's NPU; required without one)")
+                   help="ATC --soc_version (default: the SoC of this machine's NPU; ATC needs it without one, the "
+                        "CPU compile does not)")
     p.add_argument("--precision-mode", default=None, metavar="MODE",
                    help="ATC --precision_mode, one of its values (default force_fp16; recorded but not applied by "
                         "the CPU runtime)")
