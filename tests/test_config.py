@@ -101,6 +101,9 @@ def test_a_choice_is_taken_in_any_case():
      "must be >= 0, got -1"),
     ({"prot": 1}, "prot", "unknown key"),
     ({"port": 70000}, "port", "must be <= 65535"),
+    # (a number is quoted as written: at :.10g, 99999999999 read "1e+11")
+    ({"model_defaults.batching.default_queue_policy.default_timeout_ms": 99999999999},
+     "model_defaults.batching.default_queue_policy.default_timeout_ms", "must be <= 2147483647, got 99999999999"),
     ({"port": "80"}, "port", "must be an integer"),
     ({"port": True}, "port", "must be an integer"),
     ({"grpc_port": -1}, "grpc_port", "must be >= 0"),

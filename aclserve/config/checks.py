@@ -74,13 +74,14 @@ def as_float(value, path: str, minimum: float | None = 0.0, below: float | None 
         raise ConfigError(path, f"must be a number (at most 1.8e+308), got {shown(value)}") from None
     if not math.isfinite(number):
         raise ConfigError(path, f"must be a number, got {shown(value)}")
-    # (:.10g: a bound and a value just past it read the same at :g's 6 digits)
+    # (the bound at :.10g, where :g's 6 digits read one and a value just past it the same; the
+    # value as it was written: 99999999999 read "1e+11" at :.10g)
     if minimum is not None and number < minimum:
-        raise ConfigError(path, f"must be >= {minimum:.10g}, got {number:.10g}")
+        raise ConfigError(path, f"must be >= {minimum:.10g}, got {shown(value)}")
     if below is not None and number >= below:
-        raise ConfigError(path, f"must be < {below:.10g}, got {number:.10g}")
+        raise ConfigError(path, f"must be < {below:.10g}, got {shown(value)}")
     if maximum is not None and number > maximum:
-        raise ConfigError(path, f"must be <= {maximum:.10g}, got {number:.10g}")
+        raise ConfigError(path, f"must be <= {maximum:.10g}, got {shown(value)}")
     return number
 
 

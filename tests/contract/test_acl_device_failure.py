@@ -123,7 +123,9 @@ def test_device_is_a_fault_spec_key_for_executes_and_copies():
         {"kind": "execute", "nth": 5, "code": 507054, "device": 1}]
     for spec, fragment in (("execute:device=2", "device must be 0 or 1"),
                            ("load:device=1", "device=1 is for the kinds execute and memcpy"),
-                           ("memcpy:code=507899,device=1", "device=1 needs the code of a device failed as a whole")):
+                           ("memcpy:code=507899,device=1", "device=1 needs the code of a device failed as a whole"),
+                           # (it said "got None", Python's word for a code not given)
+                           ("execute:device=1", "507054, given none (code=...)")):
         try:
             faults.parse(spec)
         except ValueError as e:

@@ -199,7 +199,8 @@ def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=Non
         raise ValueError(f"device=1 is for the kinds {' and '.join(DEVICE_KINDS)}, not {kind!r}")
     if device and code not in C.WHOLE_DEVICE_FAILURES:  # (what a device failed as a whole reports)
         raise ValueError(f"device=1 needs the code of a device failed as a whole, one of "
-                         f"{', '.join(map(str, sorted(C.WHOLE_DEVICE_FAILURES)))}, got {code}")
+                         f"{', '.join(map(str, sorted(C.WHOLE_DEVICE_FAILURES)))}, "
+                         f"{'given none (code=...)' if code is None else f'got {code}'}")
     if code is not None and (code < 0 or code > MAX_CODE or (code == 0 and not delay_ms and hold is None)):
         raise ValueError(f"code must be an ACL error code (a positive number, at most {MAX_CODE}: aclError is a "
                          f"C int; 0 only with a delay_ms), got {code}")
