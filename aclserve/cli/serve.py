@@ -22,7 +22,8 @@ def add_commands(sub) -> None:
                                    "exit 75, for its supervisor to restart it.")
     p.add_argument("--config", metavar="FILE", help="YAML config merged over the embedded default")
     p.add_argument("--models", metavar="DIR", help="model repository folder (models_dir)")
-    p.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 to expose)")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 to expose it over IPv4, "
+                                        ":: over IPv6 and IPv4)")
     p.add_argument("--port", type=int, help="TCP port (default 8000; 0 = any free port)")
     p.add_argument("--grpc-port", type=int, metavar="PORT",
                    help="TCP port of the KServe v2 gRPC endpoint (default 8001; 0 = no gRPC)")

@@ -35,6 +35,7 @@ from typing import Callable
 from .connections import BUSY, HEAD, IDLE, ConnectionTracker
 from .framing import ANSWERED, FORWARD, NEED_BODY, RequestFraming
 from .direct import said_closing
+from .dual_stack import dual_stack_listener
 from .shedding import refusal
 
 log = logging.getLogger(__name__)
@@ -297,13 +298,22 @@ async def listen(handlers: Callable[[], asyncio.Protocol], tracker: ConnectionTr
     RequestHandler of the runner's server, malformed.py), each connection going through the
     tracker (over TLS with `ssl_context`: the guard starts it, then reads the decrypted bytes).
     The caller closes the listener (before runner.cleanup(), which shuts the connections down)."""
+    loop = asyncio.get_running_loop()
+
+    def protocol() -> GuardedProtocol:
+        return GuardedProtocol(tracker, handlers, ssl_context)
     try:
-        return await asyncio.get_running_loop().create_server(
-            lambda: GuardedProtocol(tracker, handlers, ssl_context), host, port, backlog=backlog,
-            reuse_address=True)
+        listener = dual_stack_listener(host, port, backlog)  # `::`: IPv4 too, as gRPC there (dual_stack.py)
+        if listener is None:
+            return await loop.create_server(protocol, host, port, backlog=backlog, reuse_address=True)
     except OSError as e:  # said as the operator needs it (the CLI shows messages of our own as they are)
         # an errno's own text (asyncio's and uvloop's words for EADDRINUSE differ); a name lookup's
         # error (a negative errno) as it says itself
         reason = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or e)
         hint = " (--port PORT moves it)" if e.errno == errno.EADDRINUSE else ""
         raise OSError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
+    try:
+        return await loop.create_server(protocol, sock=listener, backlog=backlog)
+    except BaseException:
+        listener.close()
+        raise

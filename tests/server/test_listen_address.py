@@ -1,7 +1,8 @@
 """Where `aclserve serve --host H` listens, probed with real sockets, and what its log says.
 grpc core reads 0.0.0.0 as every address, IPv6 included (a dual-stack [::] socket): gRPC then
 took connections to ::1 that HTTP refused, so an operator firewalling IPv4 left gRPC open over
-IPv6 (an independent tester's find).
+IPv6 (an independent tester's find). On :: it is the other way round: grpc's [::] is dual-stack
+(it has no IPv6-only form) where HTTP's socket was IPv6-only, refusing 127.0.0.1 that gRPC took.
 
 A server on every interface runs in a private network namespace (`unshare -n`, its loopback
 brought up): the probe, the server and its ports exist there alone."""
@@ -18,12 +19,12 @@ import pytest
 
 from tests.serving import free_port
 
-# run inside the namespace: serve on 0.0.0.0 until its gRPC endpoint says it listens, probe each
-# endpoint over 127.0.0.1 and ::1, print what connected and the log's last line (JSON)
+# run inside the namespace: serve on the host given until its gRPC endpoint says it listens, probe
+# each endpoint over 127.0.0.1 and ::1, print what connected and the log's lines (JSON)
 PROBE = r"""
 import json, socket, subprocess, sys
-models, port, grpc_port = sys.argv[1], 18000, 18001
-proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", models, "--host", "0.0.0.0",
+models, host, port, grpc_port = sys.argv[1], sys.argv[2], 18000, 18001
+proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", models, "--host", host,
                          "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu"],
                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 lines = []
@@ -49,6 +50,14 @@ def _in_private_network(*command: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=110, env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
+def _probed(tmp_path, host: str) -> dict:
+    """PROBE's findings for `aclserve serve --host HOST`, in a network namespace of its own."""
+    (tmp_path / "models").mkdir()
+    done = _in_private_network(sys.executable, "-c", PROBE, str(tmp_path / "models"), host)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
 def _private_network_here() -> bool:
     if not (shutil.which("unshare") and shutil.which("ip")):
         return False
@@ -57,13 +66,20 @@ def _private_network_here() -> bool:
 
 @pytest.mark.skipif(not _private_network_here(), reason="needs unshare -n (root) and ip, to bind every interface")
 def test_grpc_on_0_0_0_0_listens_on_ipv4_only_as_http_does(tmp_path):
-    (tmp_path / "models").mkdir()
-    done = _in_private_network(sys.executable, "-c", PROBE, str(tmp_path / "models"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout)
+    found = _probed(tmp_path, "0.0.0.0")
     assert found["reached"] == {"http 127.0.0.1": True, "http ::1": False,
                                 "grpc 127.0.0.1": True, "grpc ::1": False}, found
     assert found["lines"][-1].endswith("aclserve gRPC listening on 0.0.0.0:18001"), found
+
+
+@pytest.mark.skipif(not _private_network_here(), reason="needs unshare -n (root) and ip, to bind every interface")
+def test_http_on_ipv6_any_listens_dual_stack_as_grpc_does(tmp_path):
+    """`--host ::`: IPv6 and IPv4 alike on both transports (grpc's [::] cannot be IPv6-only)."""
+    found = _probed(tmp_path, "::")
+    assert found["reached"] == {"http 127.0.0.1": True, "http ::1": True,
+                                "grpc 127.0.0.1": True, "grpc ::1": True}, found
+    said = "\n".join(found["lines"])
+    assert "listening on http://[::]:18000" in said and "gRPC listening on [::]:18001" in said, found
 
 
 def _ipv6_loopback() -> bool:
