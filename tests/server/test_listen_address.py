@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from tests import REPO
 from tests.serving import free_port
 
 # run inside the namespace: serve on the host given until its gRPC endpoint says it listens, probe
@@ -47,7 +48,8 @@ print(json.dumps({"reached": reached, "lines": lines}))
 
 def _in_private_network(*command: str) -> subprocess.CompletedProcess:
     return subprocess.run(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command],
-                          capture_output=True, text=True, timeout=110, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                          capture_output=True, text=True, timeout=110, cwd=REPO,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO)))
 
 
 def _probed(tmp_path, host: str) -> dict:
@@ -80,6 +82,66 @@ def test_http_on_ipv6_any_listens_dual_stack_as_grpc_does(tmp_path):
                                 "grpc 127.0.0.1": True, "grpc ::1": True}, found
     said = "\n".join(found["lines"])
     assert "listening on http://[::]:18000" in said and "gRPC listening on [::]:18001" in said, found
+
+
+# run inside the namespace: the kernel's ports for port 0 narrowed to four (the namespace's own setting),
+# three taken on IPv4 and the fourth on IPv6 (an IPv6-only socket), then GrpcServer.start("0.0.0.0", 0);
+# prints the port it bound and what connects there over 127.0.0.1 and ::1, or its error (JSON)
+ANY_PORT = r"""
+import asyncio, json, socket, sys
+from aclserve.server.grpc_server import GrpcServer
+from tests.serving import server_config, started_app
+PORTS = "/proc/sys/net/ipv4/ip_local_port_range"  # (IPv6's too)
+
+def taken(family, port):
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+    return sock
+
+async def main(models):
+    config = server_config(models)
+    runner, state, *_ = await started_app(config)
+    with open(PORTS) as f:
+        wide = f.read()
+    with open(PORTS, "w") as f:
+        f.write("27150 27153")
+    held = [taken(socket.AF_INET, port) for port in (27150, 27151, 27153)] + [taken(socket.AF_INET6, 27152)]
+    for sock in held[:3]:
+        sock.listen()
+    server = GrpcServer(state, config.max_body_bytes)
+    try:
+        port = await server.start("0.0.0.0", 0)
+    except OSError as e:
+        found = {"error": str(e)}
+    else:
+        with open(PORTS, "w") as f:
+            f.write(wide)  # (the probes' own ports)
+        reached = {}
+        for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                reached[host] = probe.connect_ex((host, port)) == 0
+        found = {"port": port, "reached": reached}
+    await server.stop()
+    for sock in held:
+        sock.close()
+    await runner.cleanup()
+    print(json.dumps(found))
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.mark.skipif(not _private_network_here(), reason="needs unshare -n (root) and ip, to bind every interface")
+def test_grpc_on_0_0_0_0_any_port_is_one_free_on_ipv4(tmp_path):
+    """Port 0: the port was the one the kernel picked for the IPv6-only hold (grpc_ipv4_wildcard.py),
+    which may be taken on IPv4, where grpc binds: "Failed to bind" while 27152 was free there."""
+    (tmp_path / "models").mkdir()
+    done = _in_private_network(sys.executable, "-c", ANY_PORT, str(tmp_path / "models"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "port": 27152, "reached": {"127.0.0.1": True, "::1": False}}, done.stdout
 
 
 def _ipv6_loopback() -> bool:
