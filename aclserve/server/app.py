@@ -1,9 +1,10 @@
 """The aiohttp application and its ordered lifecycle, over objects built elsewhere (the
 composition root, aclserve/app.py, builds the runtime, the repository and the gRPC server).
 
-Start: runtime (acl.init), then `serve` listens on HTTP (a host or port it cannot have fails here,
-before any model load begins), begins the repository's loading as a task (devices, models), listens
-on gRPC (a busy port fails here, the loads begun stopped) and waits for the repository (scan, load, warm up, watch); readiness is false until it is done. A
+Start: `serve` listens on HTTP, then binds gRPC (a host or port either cannot have fails here, in
+its one error line: nothing else has started), then starts the runtime (acl.init) and begins the
+repository's loading as a task (devices, models) before anything more is awaited, starts serving
+gRPC and waits for the repository (scan, load, warm up, watch); readiness is false until it is done. A
 stop signal that came before `serve` set its handlers (recorded: startup_signals.py) ends it
 before anything starts; one that comes until the repository is done is said to have come
 during start-up, and stops the loads and compiles under way as any stop does.
@@ -74,7 +75,6 @@ async def _lifecycle(app: web.Application):
     """Start the runtime and begin loading the models (a task; under serve(), once it has bound the
     ports: begin_loading); at the end, drain and close."""
     state = app[STATE]
-    state.runtime.start()
     state.repo.add_listener(state.draining.on_repository_event)
     state.repo.add_listener(state.metrics.on_repository_event)
     state.repo.add_listener(state.on_repository_event)
@@ -97,13 +97,15 @@ async def _lifecycle(app: web.Application):
 
 
 def begin_loading(state: ServerState) -> None:
+    """Start the runtime (acl.init, its INFO line) and begin the repository's loading, as a task."""
+    state.runtime.start()
     state.loading = asyncio.ensure_future(_load(state))
 
 
 def create_app(config, repo, runtime) -> web.Application:
     """The KServe v2 app over an already-built repository and runtime (aclserve/app.py builds
-    them). Starting it (AppRunner.setup / test client) starts `runtime`, then `repo`; cleaning
-    it up drains and closes them in reverse order.
+    them). Starting it (AppRunner.setup / test client) starts `runtime`, then `repo` (under
+    serve(), once the ports are bound); cleaning it up drains and closes them in reverse order.
 
     Every request aiohttp answers, infer included, runs inside the same middlewares, outermost
     first: connection tracking, errors to JSON, the API token check; plain infer requests are
@@ -278,7 +280,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     listener: asyncio.Server | None = None
     listening = False
     state.tracer.log_startup()  # (the merged config's trace settings that trace nothing)
-    # Bound first, then loaded: a start that cannot bind HTTP says so in its one line, no load begun
+    # Bound first, then the runtime and the loads: a start that cannot bind says so in its one line
     state.loads_after_listen = True
     try:
         if asked_before is not None:  # nothing started yet: what was built is closed below
@@ -292,13 +294,15 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         listener = await listen(handlers, state.connections, config.host, config.port, config.listen_backlog,
                                 ssl_context)
         host, port = listener.sockets[0].getsockname()[:2]
-        log.info("aclserve %s listening on %s://%s", __version__, "https" if tls.enabled(config) else "http",
-                 address(host, port))
+        if grpc_server is not None:
+            grpc_port = grpc_server.bind(config.host, config.grpc_port)  # (not awaited: no request is read yet)
         # readiness stays false until the models are in; begun before anything more is awaited, so
         # no HTTP request finds the repository not begun (a model's 404 that a load would serve)
         begin_loading(state)
+        log.info("aclserve %s listening on %s://%s", __version__, "https" if tls.enabled(config) else "http",
+                 address(host, port))
         if grpc_server is not None:
-            grpc_port = await grpc_server.start(config.host, config.grpc_port)
+            await grpc_server.serve()
             log.info("aclserve gRPC listening on %s%s", address(config.host, grpc_port),
                      " (TLS)" if tls.enabled(config) else "")
         listening = True

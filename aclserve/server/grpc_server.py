@@ -3,7 +3,8 @@ loop), serving InferenceServicer and grpc.health.v1.Health (grpc_health.py) over
 ServerState.
 
 Built by the composition root (aclserve/app.py), handed to server.app.serve(), which owns it
-from then on: started after the HTTP site (models are loaded by then); at shutdown drained with
+from then on: bound after the HTTP site, before the runtime starts, and served once the loads have
+begun (readiness waits for them); at shutdown drained with
 the HTTP requests (drain: the calls grpc has received but not handed to a handler taken first,
 grpc_queued.py, which grpc's stop would end CANCELLED, nothing sent meanwhile, grpc_gate.py; then
 every connection told to go at once, GOAWAY, and the port closed, so that clients reconnect
@@ -192,6 +193,12 @@ class GrpcServer:
 
     async def start(self, host: str, port: int) -> int:
         """Bind host:port and serve; returns the bound port. OSError when it cannot bind."""
+        self.bind(host, port)
+        return await self.serve()
+
+    def bind(self, host: str, port: int) -> int:
+        """Bind host:port, not serving yet (serve()); returns the bound port. OSError when it cannot
+        bind. Once bound, stop() is what lets the port go."""
         taken = port_taken(host, port)
         if taken is not None:  # said here: grpc core's own bind failure is an extra ERROR line on stderr
             raise OSError(f"gRPC cannot listen on {address(host, port)}: {taken.strerror} "
@@ -206,10 +213,14 @@ class GrpcServer:
             raise OSError(f"gRPC cannot listen on {address(host, port)}: {e}") from None
         if not bound:
             raise OSError(f"gRPC cannot listen on {address(host, port)}")
-        await self._server.start()
-        self._started = True
         self.port = bound
         return bound
+
+    async def serve(self) -> int:
+        """Serve on the port bind() bound; returns it."""
+        await self._server.start()
+        self._started = True
+        return self.port
 
     async def drain(self, deadline: float) -> None:
         """Take no new calls nor connections from now. First the calls grpc has received and not
@@ -284,6 +295,10 @@ class GrpcServer:
         task: a call cancelled leaves it running, a later call waits for it, and a later call's
         earlier deadline ends every call by then."""
         if not self._started:
+            if self.port is not None:  # bound, never served: grpc lets a port go only once started and stopped
+                self.port = None
+                await self._server.start()
+                await self._server.stop(None)
             return
         if deadline is None:
             deadline = time.monotonic()

@@ -139,6 +139,25 @@ def test_a_busy_port_is_reported_before_the_models_load(models_dir, tmp_path, cl
             server.close()
 
 
+def test_a_runtime_that_cannot_start_lets_both_bound_ports_go(tmp_path):
+    """The runtime starts once both ports are bound (a bind failure is then the start's one line,
+    without the runtime's before it). One that cannot start then (npu asked: no machine here has
+    CANN, nor may a process that ran the CPU runtime switch) leaves neither port bound: grpc lets a
+    port it bound go only once its server has started and stopped, so one bound and never served
+    stayed taken, listening, for the process's life."""
+    from aclserve.acl import AclUnavailable
+    from tests.serving import free_port, server_config
+
+    grpc_port = free_port()
+    server = ServerThread(server_config(tmp_path, device="npu", grpc_port=grpc_port))
+    with pytest.raises(RuntimeError):
+        server.start()
+    server.close()
+    assert isinstance(server.error, AclUnavailable), server.error
+    with socket.socket() as again:  # (no SO_REUSEADDR: a socket still bound there refuses it)
+        again.bind(("127.0.0.1", grpc_port))
+
+
 def test_a_drain_that_times_out_says_so_once(models_dir, make_config, caplog):
     """A request still in flight when the drain ends (its body stalls: it waits on no model, so
     the models' close does not answer it) is reported once, although `serve` and the app's
