@@ -32,6 +32,7 @@ import ssl
 import sys
 from typing import Callable
 
+from .address import address
 from .connections import BUSY, HEAD, IDLE, ConnectionTracker
 from .framing import ANSWERED, FORWARD, NEED_BODY, RequestFraming
 from .direct import said_closing
@@ -311,7 +312,7 @@ async def listen(handlers: Callable[[], asyncio.Protocol], tracker: ConnectionTr
         # error (a negative errno) as it says itself
         reason = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or e)
         hint = " (--port PORT moves it)" if e.errno == errno.EADDRINUSE else ""
-        raise OSError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
+        raise OSError(f"cannot listen on {address(host, port)}: {reason}{hint}") from None
     try:
         return await loop.create_server(protocol, sock=listener, backlog=backlog)
     except BaseException:

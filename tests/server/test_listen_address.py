@@ -173,3 +173,19 @@ def test_an_ipv6_host_is_logged_in_brackets(tmp_path):
         proc.communicate(timeout=60)
     said = "\n".join(lines)
     assert f"listening on http://[::1]:{port}" in said and f"gRPC listening on [::1]:{grpc_port}" in said, said
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_an_ipv6_host_it_cannot_listen_on_is_named_in_brackets(tmp_path):
+    """Its error said "cannot listen on ::1:P", which reads as no address at all."""
+    (tmp_path / "models").mkdir()
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as taken:
+        taken.bind(("::1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path / "models"),
+                               "--host", "::1", "--port", str(port), "--grpc-port", "0", "--device", "cpu"],
+                              capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"aclserve serve: error: cannot listen on [::1]:{port}: Address already in use (--port PORT moves it)"], \
+        proc.stderr
