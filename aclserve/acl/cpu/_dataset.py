@@ -3,11 +3,14 @@
 A data buffer is (address, size) and owns no memory; a dataset is a list of data buffers and
 owns none of them (destroy_dataset leaves the buffers, destroy_data_buffer leaves the memory).
 A dataset also keeps the gear set_dynamic_batch_size last set on it, which an execution runs
-with (the device's aclmdlDataset.dynamicBatchSize: hicann/ge model.cpp).
+with (the device's aclmdlDataset.dynamicBatchSize: hicann/ge model.cpp). An execution takes its
+buffers' (address, size) pairs at the call (`Dataset.blobs`), as ModelExecute copies them into
+GE's InputData/OutputData blobs: a later update_data_buffer is not that execution's.
 """
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 from .. import constants as C
 from . import _state
@@ -21,6 +24,12 @@ class DataBuffer:
         self.addr, self.size = addr, size
 
 
+class Blob(NamedTuple):
+    """A data buffer's address and size as an execution took them."""
+    addr: int
+    size: int
+
+
 class Dataset:
     __slots__ = ("handle", "buffers", "gear")
 
@@ -28,6 +37,9 @@ class Dataset:
         self.handle = _state.new_handle()
         self.buffers: list[DataBuffer] = []
         self.gear = 0  # set_dynamic_batch_size's batch on this dataset; 0: never set
+
+    def blobs(self) -> tuple[Blob, ...]:
+        return tuple([Blob(b.addr, b.size) for b in self.buffers])
 
 
 _lock = threading.Lock()

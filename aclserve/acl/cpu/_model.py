@@ -12,8 +12,9 @@ A model belongs to the context current at load: execute, execute_async and unloa
 another context fail with 107004 ("model not in current context"), as on the device.
 
 Execution binds the data buffers' addresses with IOBinding (no copies) at the gear the input
-dataset was set to (set_dynamic_batch_size records it on the dataset, and execute reads it at
-the call, as the device does). A model id is not re-entrant: its lock is taken without waiting
+dataset was set to (set_dynamic_batch_size records it on the dataset); the gear and every
+buffer's address and size are read at the call (Dataset.blobs), as the device does, not when a
+queued execution runs. A model id is not re-entrant: its lock is taken without waiting
 and a second concurrent execution fails with 507011, as on the NPU. ORT releases the GIL while
 running.
 """
@@ -26,7 +27,7 @@ import threading
 
 from .. import constants as C
 from . import _memory, _om, _state, _weights, faults, settings
-from ._dataset import Dataset
+from ._dataset import Blob, Dataset
 
 log = logging.getLogger("aclserve.acl.cpu")
 
@@ -88,9 +89,9 @@ class LoadedModel:
         for ptr in owned:
             _memory.free(ptr)
 
-    def validate(self, in_ds: Dataset, out_ds: Dataset) -> int:
-        """Checks done when execute/execute_async is called (the gear buffer is read when it runs)."""
-        ins, outs = in_ds.buffers, out_ds.buffers
+    def validate(self, ins: tuple[Blob, ...], outs: tuple[Blob, ...], gear: int) -> int:
+        """Checks done when execute/execute_async is called, on the buffers and gear taken then
+        (the gear buffer is read when it runs)."""
         if len(ins) != len(self._in_min) or len(outs) != len(self._out_min):
             # one buffer per input and per output: the OM2 executor refuses any other count with
             # 100000 ("Input/Output blobs size mismatch", hicann/ge model_om2.cpp
@@ -99,7 +100,7 @@ class LoadedModel:
             log.error("model %d: %d input and %d output buffers for its %d inputs and %d outputs",
                       self.id, len(ins), len(outs), len(self._in_min), len(self._out_min))
             return C.ACL_ERROR_INVALID_PARAM
-        ret = self._gear_ok(in_ds.gear)
+        ret = self._gear_ok(gear)
         if ret:
             return ret
         for buf, need in zip(ins, self._in_min):
@@ -134,7 +135,7 @@ class LoadedModel:
                       self.id, gear, self.info.gears)
         return C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
 
-    def _batch(self, in_ds: Dataset, gear: int) -> tuple[int, int]:
+    def _batch(self, ins: tuple[Blob, ...], gear: int) -> tuple[int, int]:
         """The batch to run: `gear`, the dataset's record at the call. Its gear buffer must still
         hold it when the run starts: on the device the graph's branch switch reads that buffer
         while GE runs at the dataset's gear, and a buffer written since the set (shared with
@@ -142,7 +143,7 @@ class LoadedModel:
         m = self.info.mbatch_index
         if m is None:
             return 1, C.ACL_SUCCESS
-        buf = in_ds.buffers[m]
+        buf = ins[m]
         nbytes = 8 if buf.size >= 8 else 4
         if _memory.find(buf.addr, nbytes) is None:
             return 0, C.ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID
@@ -177,9 +178,9 @@ class LoadedModel:
         self._bindings[(batch, in_addrs, out_addrs)] = binding
         return binding
 
-    def run(self, in_ds: Dataset, out_ds: Dataset, gear: int) -> int:
-        """Execute now in the calling thread (the sync call, or a stream worker) at `gear`, the
-        input dataset's gear when execute/execute_async was called."""
+    def run(self, ins: tuple[Blob, ...], outs: tuple[Blob, ...], gear: int) -> int:
+        """Execute now in the calling thread (the sync call, or a stream worker) on the buffers
+        and at the gear the datasets had when execute/execute_async was called."""
         if not self.lock.acquire(blocking=False):
             log.error("model %d is already executing: a model id is not re-entrant "
                       "(load the model again for parallel execution)", self.id)
@@ -191,10 +192,9 @@ class LoadedModel:
                 log.error("model %d: the CPU runtime cannot execute it: its header's sizes are not its ONNX "
                           "graph's: %s", self.id, ", ".join(self._unrunnable))
                 return C.ACL_ERROR_GE_PARAM_INVALID
-            batch, ret = self._batch(in_ds, gear)
+            batch, ret = self._batch(ins, gear)
             if ret:
                 return ret
-            ins, outs = in_ds.buffers, out_ds.buffers
             in_addrs = tuple([ins[i].addr for i in self._onnx_in])
             out_addrs = tuple([b.addr for b in outs[:len(self._out_min)]])
             if not self._in_device_memory(batch, in_addrs, out_addrs):

@@ -242,18 +242,23 @@ def destroy_dataset(dataset):
 
 # -- execution -----------------------------------------------------------------------------------
 def _resolve(model_id: int, input_ds: int, output_ds: int):
+    """(context, model, the execution's (input blobs, output blobs, gear), ret). The datasets'
+    buffers and gear are taken now, as ModelExecute copies them at the call (hicann/ge model.cpp:
+    the blobs and dynamicBatchSize into GE's InputData/OutputData): an update_data_buffer or set
+    after the call is not a queued execution's."""
     ctx, ret = _state.current()
     if ret:
-        return None, None, None, None, ret
+        return None, None, None, ret
     model = _model.models.get(model_id)
     if model is None:
-        return None, None, None, None, C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+        return None, None, None, C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
     if model.context is not ctx:
-        return None, None, None, None, C.ACL_ERROR_RT_MODEL_CONTEXT
+        return None, None, None, C.ACL_ERROR_RT_MODEL_CONTEXT
     ins, outs = _dataset.datasets.get(input_ds), _dataset.datasets.get(output_ds)
     if ins is None or outs is None:
-        return None, None, None, None, C.ACL_ERROR_INVALID_PARAM
-    return ctx, model, ins, outs, model.validate(ins, outs)
+        return None, None, None, C.ACL_ERROR_INVALID_PARAM
+    call = (ins.blobs(), outs.blobs(), ins.gear)
+    return ctx, model, call, model.validate(*call)
 
 
 @api("acl.mdl.set_dynamic_batch_size", INT, PTR, PTR, PTR)
@@ -272,12 +277,12 @@ def execute(model_id, input, output):  # noqa: A002  (pyACL's parameter names)
     """Run now. CANN runs it on a stream of the context's own: a context stopped on a failure
     (or on a device that failed as a whole) takes it no more, and in stop-on-failure mode its
     failure stops the context."""
-    ctx, model, ins, outs, ret = _resolve(model_id, input, output)
+    ctx, model, call, ret = _resolve(model_id, input, output)
     if ret:
         return ret
     if ctx.refusal():
         return ctx.refusal()
-    ret = model.run(ins, outs, ins.gear)
+    ret = model.run(*call)
     if ret:
         ctx.task_failed(ret)
     return ret
@@ -285,7 +290,7 @@ def execute(model_id, input, output):  # noqa: A002  (pyACL's parameter names)
 
 @api("acl.mdl.execute_async", INT, PTR, PTR, PTR)
 def execute_async(model_id, input, output, stream):  # noqa: A002
-    ctx, model, ins, outs, ret = _resolve(model_id, input, output)
+    ctx, model, call, ret = _resolve(model_id, input, output)
     if ret:
         return ret
     s, ret = _state.stream_of(stream, ctx)
@@ -294,5 +299,4 @@ def execute_async(model_id, input, output, stream):  # noqa: A002
     ret = faults.trigger("execute_call", model_id)  # the call itself failing or blocking
     if ret:
         return ret
-    gear = ins.gear  # read at the call, as ModelExecute reads the dataset's (a later set does not change it)
-    return s.enqueue(lambda: model.run(ins, outs, gear))
+    return s.enqueue(lambda: model.run(*call))
