@@ -48,6 +48,14 @@ def check_async_sides(dst: int, src: int, count: int, kind: int) -> int:
     return C.ACL_SUCCESS
 
 
+def spans(dst: int, src: int, count: int, kind: int) -> tuple[list, list]:
+    """(device spans, host spans) of a copy of the resolved `kind`, as _memory.use takes them."""
+    on_device, on_host = [], []
+    for ptr, device_side in ((dst, kind in (H2D, D2D)), (src, kind in (D2H, D2D))):
+        (on_device if device_side else on_host).append((ptr, count))
+    return on_device, on_host
+
+
 def check_memset(dev: int, max_size: int, count: int, device: int) -> int:
     if dev == 0 or count < 0 or max_size < 0:
         return C.ACL_ERROR_INVALID_PARAM

@@ -9,6 +9,11 @@ bytes advised and the bytes the kernel actually backs with huge pages (AnonHugeP
 
 Every allocation is owned by this module until `free`/`free_host`, or `release_all` at
 finalize. Lookups (`find`) are what memcpy/execute use to keep pointers inside allocations.
+Work that runs later, on a stream or in a loaded model, takes the memory it reads or writes with
+`use` and gives it back with `let_go`: a free meanwhile takes the allocation out of the tables at
+once (a later lookup or `use` fails, its bytes count as free) but leaves it mapped until the last
+user lets go, so the host process never touches unmapped memory (on a device that is a task's
+memory fault at worst, not the end of the process).
 """
 from __future__ import annotations
 
@@ -65,13 +70,16 @@ def _mmap_address(mm: mmap.mmap) -> int:
 class Allocation:
     """One block of memory; owns its mapping or ctypes buffer until close()."""
 
-    __slots__ = ("ptr", "size", "device", "huge_advised", "_mm", "_buf", "map_start", "map_len", "charged")
+    __slots__ = ("ptr", "size", "device", "huge_advised", "_mm", "_buf", "map_start", "map_len", "charged",
+                 "users", "freed")
 
     def __init__(self, ptr, size, device, mm=None, buf=None, map_start=0, map_len=0, huge_advised=0):
         self.ptr, self.size, self.device = ptr, size, device
         self.charged = size  # what it takes of the device's capacity (malloc: whole huge pages)
         self._mm, self._buf = mm, buf
         self.map_start, self.map_len, self.huge_advised = map_start, map_len, huge_advised
+        self.users = 0  # work holding it mapped (use / let_go), under _lock
+        self.freed = False  # freed while in use: unmapped when the last user lets go
 
     @property
     def end(self) -> int:
@@ -120,9 +128,22 @@ def release_all() -> int:
         _starts.clear()
         for mem in _devices.values():
             mem.used = mem.huge_advised_bytes = 0
-    for a in live:
+        idle = _detach(live)
+    for a in idle:
         a.close()
     return len(live)
+
+
+def _detach(allocs) -> list[Allocation]:
+    """Of allocations just taken out of the tables (under _lock), those to unmap now; the others
+    are in use and unmapped by the last let_go."""
+    idle = []
+    for a in allocs:
+        if a.users:
+            a.freed = True
+        else:
+            idle.append(a)
+    return idle
 
 
 def _new_mapping(length: int) -> tuple[mmap.mmap, int]:
@@ -202,7 +223,9 @@ def free(ptr: int) -> int:
         if mem is not None:
             mem.used -= alloc.charged
             mem.huge_advised_bytes -= alloc.huge_advised
-    alloc.close()
+        idle = _detach([alloc])
+    for a in idle:
+        a.close()
     return C.ACL_SUCCESS
 
 
@@ -210,11 +233,44 @@ def _holding(starts: list[int], allocs: dict[int, Allocation], ptr: int, length:
     """The allocation of `allocs` (`starts`: their sorted addresses) holding [ptr, ptr+length),
     or None (also when it straddles an end)."""
     with _lock:
-        i = bisect.bisect_right(starts, ptr) - 1
-        if i < 0:
-            return None
-        alloc = allocs[starts[i]]
+        return _holding_locked(starts, allocs, ptr, length)
+
+
+def _holding_locked(starts, allocs, ptr: int, length: int) -> Allocation | None:
+    i = bisect.bisect_right(starts, ptr) - 1
+    if i < 0:
+        return None
+    alloc = allocs[starts[i]]
     return alloc if ptr + max(length, 1) <= alloc.end else None
+
+
+def use(device: int | None, device_spans=(), host_spans=()) -> list[Allocation] | None:
+    """The allocations holding each (ptr, length) of `device_spans` in device memory (of `device`;
+    None: of any device) and of `host_spans` in malloc_host memory, in that order, each kept
+    mapped until let_go() (a free meanwhile unmaps it only then). None, and nothing taken, when a
+    span is not (any more) in such an allocation."""
+    with _lock:
+        taken = [_holding_locked(_starts, _device_allocs, ptr, length) for ptr, length in device_spans]
+        if any(a is None or (device is not None and a.device != device) for a in taken):
+            return None
+        taken += [_holding_locked(_host_starts, _host_allocs, ptr, length) for ptr, length in host_spans]
+        if None in taken:
+            return None
+        for a in taken:
+            a.users += 1
+    return taken
+
+
+def let_go(allocs) -> None:
+    """Give back what use() took; an allocation freed meanwhile is unmapped now."""
+    with _lock:
+        idle = []
+        for a in allocs:
+            a.users -= 1
+            if not a.users and a.freed:
+                idle.append(a)
+    for a in idle:
+        a.close()
 
 
 def find(ptr: int, length: int) -> Allocation | None:
@@ -255,11 +311,12 @@ def free_host(ptr: int) -> int:
         return C.ACL_ERROR_INVALID_PARAM
     with _lock:
         alloc = _host_allocs.pop(ptr, None)
-        if alloc is not None:
-            del _host_starts[bisect.bisect_left(_host_starts, ptr)]
-    if alloc is None:
-        return C.ACL_ERROR_RT_PARAM_INVALID
-    alloc.close()
+        if alloc is None:
+            return C.ACL_ERROR_RT_PARAM_INVALID
+        del _host_starts[bisect.bisect_left(_host_starts, ptr)]
+        idle = _detach([alloc])
+    for a in idle:
+        a.close()
     return C.ACL_SUCCESS
 
 

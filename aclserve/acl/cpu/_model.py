@@ -145,27 +145,27 @@ class LoadedModel:
             return 1, C.ACL_SUCCESS
         buf = ins[m]
         nbytes = 8 if buf.size >= 8 else 4
-        if _memory.find(buf.addr, nbytes) is None:
+        taken = _memory.use(None, [(buf.addr, nbytes)])
+        if taken is None:
             return 0, C.ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID
-        ctype = ctypes.c_int64 if nbytes == 8 else ctypes.c_int32
-        held = ctype.from_address(buf.addr).value
+        try:
+            held = (ctypes.c_int64 if nbytes == 8 else ctypes.c_int32).from_address(buf.addr).value
+        finally:
+            _memory.let_go(taken)
         if held != gear:
             log.error("model %d: %s holds %d, but the input dataset was set to batch %d (its buffer was written "
                       "after set_dynamic_batch_size)", self.id, C.ACL_DYNAMIC_TENSOR_NAME, held, gear)
             return 0, C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
         return gear, C.ACL_SUCCESS
 
-    def _in_device_memory(self, batch: int, in_addrs, out_addrs) -> bool:
+    def _use_io(self, batch: int, in_addrs, out_addrs):
+        """The device allocations of the inputs and outputs at `batch`, held while it runs
+        (_memory.use: a free meanwhile unmaps them once it is done), or None when one is not (any
+        more) memory of the model's device."""
         info = self.info
-        for addr, t in zip(in_addrs, info.onnx_inputs):
-            alloc = _memory.find(addr, t.size_at(batch))
-            if alloc is None or alloc.device != self.device:
-                return False
-        for addr, t in zip(out_addrs, info.outputs):
-            alloc = _memory.find(addr, t.size_at(batch))
-            if alloc is None or alloc.device != self.device:
-                return False
-        return True
+        spans = [(addr, t.size_at(batch)) for addr, t in zip(in_addrs, info.onnx_inputs)]
+        spans += [(addr, t.size_at(batch)) for addr, t in zip(out_addrs, info.outputs)]
+        return _memory.use(self.device, spans)
 
     def _binding(self, batch: int, in_addrs, out_addrs):
         binding = self.session.io_binding()
@@ -177,6 +177,18 @@ class LoadedModel:
             self._bindings.clear()
         self._bindings[(batch, in_addrs, out_addrs)] = binding
         return binding
+
+    def _run_bound(self, batch: int, in_addrs, out_addrs) -> int:
+        binding = self._bindings.get((batch, in_addrs, out_addrs)) or self._binding(batch, in_addrs, out_addrs)
+        code = faults.trigger("execute", self.id, self.device)
+        if code:
+            return code
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as e:  # the model's own failure (an integer division by zero, say): its message says it
+            log.error("model %d: execution failed: %s", self.id, " ".join(str(e).split())[:1000])
+            return C.ACL_ERROR_RT_MODEL_EXECUTE
+        return C.ACL_SUCCESS
 
     def run(self, ins: tuple[Blob, ...], outs: tuple[Blob, ...], gear: int) -> int:
         """Execute now in the calling thread (the sync call, or a stream worker) on the buffers
@@ -197,20 +209,15 @@ class LoadedModel:
                 return ret
             in_addrs = tuple([ins[i].addr for i in self._onnx_in])
             out_addrs = tuple([b.addr for b in outs[:len(self._out_min)]])
-            if not self._in_device_memory(batch, in_addrs, out_addrs):
+            io = self._use_io(batch, in_addrs, out_addrs)
+            if io is None:
                 log.error("model %d: an input or output buffer is not inside device memory of device %d",
                           self.id, self.device)
                 return C.ACL_ERROR_GE_PARAM_INVALID
-            binding = self._bindings.get((batch, in_addrs, out_addrs)) or self._binding(batch, in_addrs, out_addrs)
-            code = faults.trigger("execute", self.id, self.device)
-            if code:
-                return code
             try:
-                self.session.run_with_iobinding(binding)
-            except Exception as e:  # the model's own failure (an integer division by zero, say): its message says it
-                log.error("model %d: execution failed: %s", self.id, " ".join(str(e).split())[:1000])
-                return C.ACL_ERROR_RT_MODEL_EXECUTE
-            return C.ACL_SUCCESS
+                return self._run_bound(batch, in_addrs, out_addrs)
+            finally:
+                _memory.let_go(io)
         except Exception:
             log.exception("model %d: execution failed", self.id)
             return C.ACL_ERROR_RT_MODEL_EXECUTE

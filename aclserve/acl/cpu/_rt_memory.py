@@ -1,12 +1,20 @@
-"""acl.rt memory calls (re-exported by rt.py)."""
+"""acl.rt memory calls (re-exported by rt.py).
+
+A copy or memset is checked at the call and again as it runs: one queued on a stream finds its
+memory as it is then, and memory freed in between fails the task (107000, the code the call gives
+for memory that is not an allocation, at the next synchronize) instead of being touched. While it
+runs it holds its memory (_memory.use): a free meanwhile unmaps it only once the task is done.
+"""
 from __future__ import annotations
 
 import ctypes
+import logging
 
 from .. import constants as C
 from . import _copy, _memory, _state, faults
 from ._args import INT, PTR, api
 
+log = logging.getLogger("aclserve.acl.cpu")
 _OK = C.ACL_SUCCESS
 
 
@@ -50,16 +58,38 @@ def memcpy(dst, dst_max, src, count, kind):
     kind, ret = _copy.check_memcpy(dst, dst_max, src, count, kind, ctx.device)
     if ret:
         return ret
-    return _copy_now(dst, src, count, ctx.device)
+    return _copy_now(dst, src, count, kind, ctx.device, pinned=False)
 
 
-def _copy_now(dst: int, src: int, count: int, device: int) -> int:
-    """The copy itself, unless an injected memcpy fault (faults.py) fails or delays it (or
-    fails `device` as a whole)."""
-    code = faults.trigger("memcpy", -1, device)
-    if code:
-        return code
-    ctypes.memmove(dst, src, count)
+def _copy_now(dst: int, src: int, count: int, kind: int, device: int, pinned: bool) -> int:
+    """The copy itself, its device sides (and host sides, `pinned`: malloc_host's, as
+    memcpy_async's are) held while it runs, unless an injected memcpy fault (faults.py) fails or
+    delays it (or fails `device` as a whole)."""
+    on_device, on_host = _copy.spans(dst, src, count, kind)
+    held = _memory.use(device, on_device, on_host if pinned else ())
+    if held is None:
+        log.error("memcpy of %d bytes from %#x to %#x: its memory was freed before the copy ran", count, src, dst)
+        return C.ACL_ERROR_RT_PARAM_INVALID
+    try:
+        code = faults.trigger("memcpy", -1, device)
+        if code:
+            return code
+        ctypes.memmove(dst, src, count)
+    finally:
+        _memory.let_go(held)
+    return _OK
+
+
+def _set_now(dev_ptr: int, value: int, count: int, device: int) -> int:
+    """The memset itself, its memory held while it runs."""
+    held = _memory.use(device, [(dev_ptr, count)])
+    if held is None:
+        log.error("memset of %d bytes at %#x: its memory was freed before the memset ran", count, dev_ptr)
+        return C.ACL_ERROR_RT_PARAM_INVALID
+    try:
+        ctypes.memset(dev_ptr, value & 0xFF, count)
+    finally:
+        _memory.let_go(held)
     return _OK
 
 
@@ -79,7 +109,7 @@ def memcpy_async(dst, dst_max, src, count, kind, stream):
     if ret:
         return ret
     s, ret = _state.stream_of(stream, ctx)
-    return ret or s.enqueue(lambda: _copy_now(dst, src, count, ctx.device))
+    return ret or s.enqueue(lambda: _copy_now(dst, src, count, kind, ctx.device, pinned=True))
 
 
 @api("acl.rt.memset", PTR, PTR, INT, PTR)
@@ -88,9 +118,7 @@ def memset(dev_ptr, max_size, value, count):
     if ret or count == 0:  # count 0: a no-op before the pointer is looked at, as on the device
         return ret
     ret = _copy.check_memset(dev_ptr, max_size, count, ctx.device)
-    if ret == _OK:
-        ctypes.memset(dev_ptr, value & 0xFF, count)
-    return ret
+    return ret or _set_now(dev_ptr, value, count, ctx.device)
 
 
 @api("acl.rt.memset_async", PTR, PTR, INT, PTR, PTR)
@@ -102,7 +130,7 @@ def memset_async(dev_ptr, max_size, value, count, stream):
     if ret:
         return ret
     s, ret = _state.stream_of(stream, ctx)
-    return ret or s.enqueue(lambda: (ctypes.memset(dev_ptr, value & 0xFF, count), _OK)[1])
+    return ret or s.enqueue(lambda: _set_now(dev_ptr, value, count, ctx.device))
 
 
 @api("acl.rt.get_mem_info", INT)

@@ -16,7 +16,9 @@ What is refused, as CANN's JPEGD/VPC constraints state it:
   buffer under stride_w * stride_h * 3/2, sizes outside VPC's (input 10x6..8192x8192, output
   10x6..4096x4096, or 4096x8192 from the 310B and 910B on, even), a scale outside 1/32..16 each way;
 - when the task runs (the stream's error at synchronize, ACL_ERROR_RT_INTERNAL_ERROR: the code
-  the chip gives is not documented; and the output descriptor's ret_code 1): no JPEG, a
+  the chip gives is not documented; and JPEGD's output descriptor's ret_code 1): its input or
+  output no longer DVPP memory (freed since the call: never touched; a free while the task runs
+  unmaps it once the task is done, _memory.use), no JPEG, a
   progressive, arithmetic-coded or lossless one, not YUV (CMYK, RGB), sides outside JPEGD's
   32..8192, an output buffer under the decoded picture's stride_w * stride_h * 3/2.
 JPEGD sets the output descriptor's width, height (rounded down to even) and strides itself.
@@ -104,6 +106,16 @@ def stats() -> dict:
 def _in_dvpp(ptr: int, length: int, device: int) -> bool:
     alloc = _memory.find(ptr, length) if ptr else None
     return alloc is not None and _buffers.get(alloc.ptr) == device
+
+
+def _use_dvpp(spans, device: int):
+    """The DVPP allocations of `device` holding each (ptr, length) span, held (_memory.use) until
+    _memory.let_go; None when one is not (any more) such memory."""
+    held = _memory.use(device, spans)
+    if held is not None and any(_buffers.get(a.ptr) != device for a in held):
+        _memory.let_go(held)
+        held = None
+    return held
 
 
 def _align(n: int, a: int) -> int:
@@ -299,8 +311,11 @@ def dvpp_jpeg_decode_async(channel_desc, data, size, output_desc, stream):
 def _jpegd(data: int, size: int, pic: PicDesc, out: int, out_size: int, wa: int, device: int) -> int:
     """The JPEGD task, on the stream's worker: decodes to `out` (the descriptor's buffer when the
     call was made) and sets the descriptor's sides, strides and ret_code."""
-    code = faults.trigger("dvpp", -1)
+    held = _use_dvpp([(data, size), (out, out_size)], device)
+    code = faults.trigger("dvpp", -1) if held else 0
     try:
+        if held is None:
+            raise _dvpp.Refused("its input or output is no longer DVPP memory (freed since the call)")
         if code:
             raise _dvpp.Refused(f"injected fault {code}")
         raw = ctypes.string_at(data, size)
@@ -310,7 +325,7 @@ def _jpegd(data: int, size: int, pic: PicDesc, out: int, out_size: int, wa: int,
             raise _dvpp.Refused(f"{frame.width}x{frame.height} is outside JPEGD's {low}..{high} a side")
         w, h, sw, sh = _jpegd_output(frame, wa)
         need = _dvpp.nv12_bytes(sw, sh)
-        if out_size < need or not _in_dvpp(out, need, device):
+        if out_size < need:
             raise _dvpp.Refused(f"the output buffer holds {out_size} bytes, the {w}x{h} NV12 picture takes {need}")
         y, uv = _dvpp.decode_nv12(raw, frame)
         _dvpp.write_nv12(out, sw, sh, y, uv)
@@ -318,6 +333,9 @@ def _jpegd(data: int, size: int, pic: PicDesc, out: int, out_size: int, wa: int,
         log.info("JPEGD task failed: %s", e)
         pic.ret_code = 1
         return code or _TASK_FAILED
+    finally:
+        if held:
+            _memory.let_go(held)
     pic.width, pic.height, pic.width_stride, pic.height_stride, pic.ret_code = w, h, sw, sh, 0
     return _OK
 
@@ -353,16 +371,23 @@ def dvpp_vpc_resize_async(channel_desc, input_desc, output_desc, resize_config, 
     if not (least <= dst.width / src.width <= most and least <= dst.height / src.height <= most):
         return _BAD
     src, dst = PicDesc(**vars(src)), PicDesc(**vars(dst))  # as given now (a later set_* is not this task's)
-    return s.enqueue(lambda: _vpc(src, dst))
+    return s.enqueue(lambda: _vpc(src, dst, ctx.device))
 
 
-def _vpc(src: PicDesc, dst: PicDesc) -> int:
+def _vpc(src: PicDesc, dst: PicDesc, device: int) -> int:
     """The VPC resize task, on the stream's worker."""
-    code = faults.trigger("dvpp", -1)
-    if code:
-        log.info("VPC task failed: injected fault %d", code)
-        return code
-    y, uv = _dvpp.read_nv12(src.data, src.width, src.height, src.width_stride, src.height_stride)
-    y, uv = _dvpp.resize_nv12(y, uv, dst.width, dst.height)
-    _dvpp.write_nv12(dst.data, dst.width_stride, dst.height_stride, y, uv)
+    held = _use_dvpp([(p.data, _dvpp.nv12_bytes(p.width_stride, p.height_stride)) for p in (src, dst)], device)
+    if held is None:
+        log.info("VPC task failed: its input or output is no longer DVPP memory (freed since the call)")
+        return _TASK_FAILED
+    try:
+        code = faults.trigger("dvpp", -1)
+        if code:
+            log.info("VPC task failed: injected fault %d", code)
+            return code
+        y, uv = _dvpp.read_nv12(src.data, src.width, src.height, src.width_stride, src.height_stride)
+        y, uv = _dvpp.resize_nv12(y, uv, dst.width, dst.height)
+        _dvpp.write_nv12(dst.data, dst.width_stride, dst.height_stride, y, uv)
+    finally:
+        _memory.let_go(held)
     return _OK
