@@ -8,6 +8,11 @@ it packs into tensors of its own), so the device memory figure is real and a loa
 twice the weights at its peak, not five times. ORT's own intermediate tensors live in ORT's
 allocator, not in the work memory.
 
+A model holds its work and weight memory while loaded (_memory.use), the caller's of *_with_mem
+included, which pyACL says to keep until after unload: a free of it before then succeeds, as the
+driver's does (it does not know GE uses it), but stays mapped until unload, and the model's
+executions fail with 507011 (on a device they would run on freed memory).
+
 A model belongs to the context current at load: execute, execute_async and unload under
 another context fail with 107004 ("model not in current context"), as on the device.
 
@@ -58,11 +63,13 @@ def _session(weight_ptr: int, length: int):
 class LoadedModel:
     """One model id. Owns its session and runtime-allocated memory; close() is idempotent."""
 
-    def __init__(self, model_id: int, context, info: _om.ModelInfo, session, owned: list[int], weights=()):
+    def __init__(self, model_id: int, context, info: _om.ModelInfo, session, owned: list[int], weights=(),
+                 memory=()):
         self.id, self.info, self.session = model_id, info, session
         self._weights = weights  # views of the weight memory the session was given: they outlive it
         self.context, self.device = context, context.device  # load, execute and unload share it
         self._owned = owned
+        self._memory = memory  # its work and weight allocations, held (_memory.use) until close
         self.lock = threading.Lock()
         self.closed = False
         # The gear last set by set_dynamic_batch_size: GE keeps it per model (not per dataset or
@@ -83,11 +90,11 @@ class LoadedModel:
         with self.lock:  # waits for a running execution
             self.closed = True
             owned, self._owned = self._owned, []
+            memory, self._memory = self._memory, ()
             self.session = None
             self._bindings.clear()
             self._weights = ()
-        for ptr in owned:
-            _memory.free(ptr)
+        _release(owned, memory)
 
     def validate(self, ins: tuple[Blob, ...], outs: tuple[Blob, ...], gear: int) -> int:
         """Checks done when execute/execute_async is called, on the buffers and gear taken then
@@ -200,6 +207,10 @@ class LoadedModel:
         try:
             if self.closed:
                 return C.ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+            if any(alloc.freed for alloc in self._memory):
+                log.error("model %d: its work or weight memory was freed while it is loaded (memory given to "
+                          "load_from_*_with_mem is kept until after unload)", self.id)
+                return C.ACL_ERROR_RT_MODEL_EXECUTE
             if self._unrunnable:
                 log.error("model %d: the CPU runtime cannot execute it: its header's sizes are not its ONNX "
                           "graph's: %s", self.id, ", ".join(self._unrunnable))
@@ -257,12 +268,15 @@ def load(ctx, info: _om.ModelInfo, payload: _om.Payload, mem: tuple[int, int, in
             work_ptr = ptr
         else:
             weight_ptr = ptr
+    memory = _memory.use(ctx.device, [(work_ptr, work_need), (weight_ptr, weight_need)])
+    if memory is None:  # the caller's freed since the check, by another thread
+        _release(owned, ())
+        return 0, C.ACL_ERROR_GE_PARAM_INVALID
     try:
         payload.copy_to(weight_ptr)
     except (OSError, ValueError) as e:  # (a short read, the checksum: container.OmFormatError)
         log.info("model %r is not a loadable CPU OM: %s", info.name, e)
-        for p in owned:
-            _memory.free(p)
+        _release(owned, memory)
         return 0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
     try:
         session, weights = _session(weight_ptr, payload.length)
@@ -274,14 +288,20 @@ def load(ctx, info: _om.ModelInfo, payload: _om.Payload, mem: tuple[int, int, in
     except Exception as e:
         log.error("model %r cannot be loaded into ONNX Runtime: %s", info.name, e)
         session = weights = None  # (before the memory they view)
-        for p in owned:
-            _memory.free(p)
+        _release(owned, memory)
         # the host out of memory or threads is not the file's fault (a device's load says so too)
         return 0, C.ACL_ERROR_BAD_ALLOC if _host_short(e) else C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
-    model = LoadedModel(next(_ids), ctx, info, session, owned, weights)
+    model = LoadedModel(next(_ids), ctx, info, session, owned, weights, memory)
     with _state.lock:
         models[model.id] = model
     return model.id, C.ACL_SUCCESS
+
+
+def _release(owned: list[int], memory) -> None:
+    """Let go of a model's memory and free what the runtime allocated for it."""
+    _memory.let_go(memory)
+    for ptr in owned:
+        _memory.free(ptr)
 
 
 def _host_short(error: Exception) -> bool:
