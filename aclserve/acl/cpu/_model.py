@@ -40,6 +40,9 @@ _ids = itertools.count(1)
 models: dict[int, "LoadedModel"] = {}
 _BINDING_CACHE_LIMIT = 64
 _PAD_TOLERANCE = 64  # GE accepts a buffer up to 64 bytes smaller than the tensor
+# where each input and output starts: aclrtMalloc's alignment, and CANN's for each piece an
+# application cuts from one block (pyACL reference section 4: "at a 64-byte-aligned offset")
+_IO_ALIGN = 64
 
 
 def _session(weight_ptr: int, length: int):
@@ -116,6 +119,14 @@ class LoadedModel:
         for buf, need in zip(outs, self._out_min):
             if buf.size < need:
                 return C.ACL_ERROR_GE_PARAM_INVALID
+        unaligned = [buf.addr for buf in ins + outs if buf.addr % _IO_ALIGN and _memory.touches_device(buf.addr, 1)]
+        if unaligned:
+            # a piece of device memory: refused as memcpy_async refuses such an address (107000);
+            # what a device does with one is unverified (a misaligned access at best fails the
+            # task). Memory that is no device memory is refused when it runs (145000), as before.
+            log.error("model %d: buffer address %#x is not %d-byte aligned (each piece cut from one malloc "
+                      "block must start at a %d-byte-aligned offset)", self.id, unaligned[0], _IO_ALIGN, _IO_ALIGN)
+            return C.ACL_ERROR_RT_PARAM_INVALID
         m = self.info.mbatch_index
         if m is not None:
             if ins[m].addr == 0:
