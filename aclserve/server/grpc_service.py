@@ -309,7 +309,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         except ServeError as e:
             await end_call(context, e, "ModelStreamInfer", self.state.redact)
         stream = InferStream(context, functools.partial(self._stream_answer, self._request_id(context)),
-                             config.body_timeout_s, config.body_timeout_s)
+                             config.body_timeout_s, config.body_timeout_s, ends_on_error)
         context.add_done_callback(lambda _: stream.close())  # the call may end with the handler waiting on grpc
         self.streams.add(stream)
         answers = stream.answers()

@@ -26,6 +26,11 @@ the requests came, and a stream its client leaves quiet, or whose answers it doe
   (an abort's status would wait behind that answer). When the client takes it, the stream ends
   with BodyTimeout saying so; when the client goes, or the connection reaches its age
   (grpc_max_connection_age_s), the call is cancelled and `close()` gives the rest back.
+- Ending on an error (`ends_on_error`, Triton's `triton_grpc_error`): the answers after the first
+  failed request would be dropped, so once a request fails nothing more is read and the requests
+  after it still running are cancelled at once (counted failed, their client gone: a request
+  queued leaves its queue unrun), their answers made let go. A tester found them run and counted
+  successes, how many varying with the race (tests/server/test_grpc_stream_error_counts.py).
 """
 from __future__ import annotations
 
@@ -54,11 +59,11 @@ class InferStream:
     """Owned by its ModelStreamInfer handler, which iterates `answers()` to the end and calls
     `close()` when the call ends, however it ends (idempotent; leaving the iteration closes it
     too): whatever of the stream still runs is cancelled and every lease it holds released.
-    `answer(message)` makes the response message for one request message with the lease it
-    holds, and does not raise (errors are responses too)."""
+    `answer(message)` makes ((response message, its request's error or None), the lease it
+    holds) for one request message, and does not raise (errors are responses too)."""
 
-    def __init__(self, context, answer: Callable[[bytes], Awaitable[tuple[object, Lease]]], quiet_limit_s: float,
-                 send_limit_s: float):
+    def __init__(self, context, answer: Callable[[bytes], Awaitable[tuple[tuple, Lease]]], quiet_limit_s: float,
+                 send_limit_s: float, ends_on_error: bool = False):
         self._context = context
         self._answer = answer
         self._quiet_limit_s = quiet_limit_s
@@ -79,6 +84,9 @@ class InferStream:
         self.unread = False  # ended for answers its client did not take
         self.draining = False  # the server is shutting down: read nothing more
         self._reader: asyncio.Task | None = None
+        self._ends_on_error = ends_on_error
+        self._failed_at: int | None = None  # with ends_on_error: the first failed request's number
+        self._requests: dict[int, asyncio.Task] = {}  # request number -> its task, once it runs
 
     async def answers(self):
         """The stream's response messages, in the order of the requests. Raises StreamIdle when
@@ -161,6 +169,9 @@ class InferStream:
             if made is not None:
                 made[1].release()
             return
+        if made is not None and self._failed_at is not None and number > self._failed_at:
+            made[1].release()  # its answer would follow the one the stream ends with
+            made = None
         self._made[number] = made
         while self._queued_count in self._made:
             ready = self._made.pop(self._queued_count)
@@ -184,11 +195,33 @@ class InferStream:
     async def _run(self, message: bytes, number: int) -> None:
         made = None
         try:
-            made = await self._answer(message)
+            if self._failed_at is None or number < self._failed_at:  # (else its answer would be dropped: not run)
+                self._requests[number] = asyncio.current_task()
+                made = await self._answer(message)
         finally:
+            self._requests.pop(number, None)
             self._running -= 1
             self._progress_at = self._loop.time()  # quiet from here at the earliest
+            if made is not None and made[0][1] is not None and self._ends_on_error:
+                self._end_after(number)
             self._in_order(number, made)
+
+    def _end_after(self, failed: int) -> None:
+        """Request `failed` failed on a stream that ends with it: read nothing more and cancel the
+        requests after it (their answers would be dropped); the answers before it go on."""
+        if self._failed_at is not None and self._failed_at < failed:
+            return  # (an earlier one ends it)
+        self._failed_at = failed
+        if self._reader is not None:
+            self._reader.cancel()
+        for number, task in list(self._requests.items()):
+            if number > failed:
+                task.cancel()
+        for number in [number for number in self._made if number > failed]:
+            made = self._made[number]
+            if made is not None:
+                made[1].release()
+            self._made[number] = None
 
     async def _watch(self) -> None:
         """Return once the stream has been quiet for quiet_limit_s: no request running, no
