@@ -20,13 +20,12 @@ from .bytes_codec import MAX_QUOTED_DIMS, decode_input as decode_bytes_input, ra
 from .json_simd import JsonNumbers
 from .json_tensors import (AFTER_JSON, NOT_JSON, JsonLimits, loads, numbers_in_json, read_numbers,
                            refuse_booleans_among_numbers, to_array)
-from .parameters import refuse_compound_values, refuse_shared_memory
+from .parameters import json_unsigned, refuse_compound_values, refuse_shared_memory
 from .quoting import quoted, quoted_name
 from .values import check_values
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
-_UINT64_MAX = 2**64 - 1  # priority and timeout are uint64 in KServe v2 / Triton
 # "value:index" strings a request's classification answers may hold: each costs a few us of the
 # event loop and ~200 bytes outside the memory budget (65,536: about 0.2 s and 13 MB at most)
 MAX_CLASSIFICATION_ENTRIES = 65_536
@@ -135,7 +134,7 @@ def decode_request(body: bytes, header_length: int | None, sig: Signature) -> In
             refuse_booleans_among_numbers(doc, text, numeric)
         params = doc.get("parameters")
         if params is not None:  # (not `if params`: 0, false or "" were taken for none)
-            _decode_parameters(params, req)
+            _decode_parameters(params, req, text)
         outs = doc.get("outputs")
         if outs is not None and (outs or type(outs) is not list):  # [] asks for every output
             req.outputs = _decode_outputs(outs, sig)
@@ -317,24 +316,12 @@ def _decode_raw(body: bytes, sig: Signature) -> InferRequest:
     return InferRequest(inputs={spec.name: arr}, rows=1, binary_output=True)
 
 
-def _uint_param(params: dict, key: str) -> int | None:
-    value = params.get(key)
-    if value is None:
-        return None
-    # ASCII and at most uint64's 20 digits: int() refuses "²" (a digit to isdigit) and 4,300+ digits
-    number = value
-    if type(value) is str and len(value) <= 20 and value.isascii() and value.isdigit():
-        number = int(value)
-    if type(number) is not int or not 0 <= number <= _UINT64_MAX:
-        raise InvalidInput(f"parameters.{key} must be an unsigned integer, got {quoted(value)}")
-    return number
-
-
-def _decode_parameters(params, req: InferRequest) -> None:
+def _decode_parameters(params, req: InferRequest, text) -> None:
+    """`text`: the request's JSON, where a refused value is quoted from (json_unsigned)."""
     if type(params) is not dict:
         raise InvalidInput("parameters must be an object")
-    req.priority = _uint_param(params, "priority")
-    req.timeout_us = _uint_param(params, "timeout")
+    req.priority = json_unsigned(params, "priority", text)
+    req.timeout_us = json_unsigned(params, "timeout", text)
     binary = params.get("binary_data_output")
     if binary is not None:
         if type(binary) is not bool:

@@ -27,12 +27,16 @@ def quoted(value) -> str:
             return "NaN"
         return "a number beyond a double's range"  # the stdlib decoder reads 1e400 as inf
     if kind is int and not -2**63 <= value < 2**64:
-        text = str(value)  # the decoder refuses more than 4,300 digits
-        return text if len(text) <= MAX_QUOTED else f"an integer of {len(text.lstrip('-')):,} digits"
+        return quoted_integer(str(value))  # (the decoder refuses more than 4,300 digits)
     try:
         return orjson.dumps(value).decode()
     except TypeError:  # not a JSON value (gRPC's parameters hand over protobuf scalars as such)
         return repr(value)[:MAX_QUOTED]
+
+
+def quoted_integer(digits: str) -> str:
+    """An integer written out (`-` and digits): as it is, or its number of digits when long."""
+    return digits if len(digits) <= MAX_QUOTED else f"an integer of {len(digits.lstrip('-')):,} digits"
 
 
 def quoted_name(name: str) -> str:
