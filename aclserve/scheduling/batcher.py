@@ -332,7 +332,7 @@ class DynamicBatcher(EarlyAdmission):
         self.stats.rejected(request.level, TIMEOUT, waited)
         why = self._executor.out_of_service()  # (a timeout said nothing of the device fault behind it)
         self._delivery.answer_now(request, RequestTimeout(
-            f"request timed out after {waited / 1e6:.1f} ms in the queue" + (f" ({why})" if why else "")))
+            f"request timed out after {_milliseconds(waited)} in the queue" + (f" ({why})" if why else "")))
         if self._draining:
             self._check_drained()
 
@@ -360,3 +360,7 @@ class DynamicBatcher(EarlyAdmission):
         if self._drained is not None and not self._drained.done() and self._idle():
             self._drained.set_result(None)
 
+
+def _milliseconds(ns: int) -> str:
+    """A wait in ms, to the tenth; below 1 ms to the microsecond (a `timeout` of 1 us said "after 0.0 ms")."""
+    return f"{ns / 1e6:.1f} ms" if ns >= 1_000_000 else f"{ns / 1e6:.3f} ms"

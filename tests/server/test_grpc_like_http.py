@@ -1,9 +1,10 @@
 """What a gRPC conformance tester found answered differently from HTTP, or from one RPC to the
-next: a classification refusal naming its output, and an empty model name. A real server on
-real ports, the generated gRPC stub and aiohttp."""
+next: a classification refusal naming its output, and an empty model name; and a queue timeout's
+wait said alike. A real server on real ports, the generated gRPC stub and aiohttp."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import grpc
@@ -21,6 +22,9 @@ EMPTY = "model name must not be empty"
 def srv(models_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("grpc_like_http")
     shutil.copy(models_dir / "affine.om", root / "affine.om")
+    # affine (gears 1, 2, 4, 8) holding a partial batch for a minute: 3 rows wait in its queue
+    shutil.copy(models_dir / "affine.om", root / "slow.om")
+    (root / "slow.yaml").write_text("batching: {max_queue_delay_ms: 60000}\n")
     yield from started_with_grpc(server_config(root, grpc_port=free_port()))
 
 
@@ -30,11 +34,12 @@ def stub(srv):
         yield pbg.GRPCInferenceServiceStub(channel)
 
 
-def affine(model: str = "affine") -> pb.ModelInferRequest:
+def affine(model: str = "affine", rows: int = 1) -> pb.ModelInferRequest:
     msg = pb.ModelInferRequest(model_name=model)
-    msg.inputs.add(name="x", datatype="FP32", shape=[1, 8])
-    msg.inputs.add(name="idx", datatype="INT64", shape=[1, 3])
-    msg.raw_input_contents.extend([np.ones((1, 8), np.float32).tobytes(), np.ones((1, 3), np.int64).tobytes()])
+    msg.inputs.add(name="x", datatype="FP32", shape=[rows, 8])
+    msg.inputs.add(name="idx", datatype="INT64", shape=[rows, 3])
+    msg.raw_input_contents.extend([np.ones((rows, 8), np.float32).tobytes(),
+                                   np.ones((rows, 3), np.int64).tobytes()])
     return msg
 
 
@@ -92,3 +97,27 @@ def test_an_empty_model_name_over_http_is_a_400_saying_so(srv, method, path):
 def test_a_path_that_names_no_route_is_still_a_404(srv):
     status, _, body = request(srv, "GET", "/v2/modelz//ready")
     assert status == 404 and json.loads(body)["error"] == "no route for GET /v2/modelz//ready"
+
+
+def shown_wait(message: str) -> str:
+    match = re.fullmatch(r"request timed out after ([0-9.]+) ms in the queue", message)
+    assert match, message
+    return match.group(1)
+
+
+def test_a_timeout_of_a_microsecond_says_a_wait_above_zero_over_http_and_grpc(srv, stub):
+    """`"timeout": 1` (us) was refused "request timed out after 0.0 ms in the queue" (a tester):
+    a wait below 1 ms is said to the microsecond, over both transports. Still 503 with
+    Retry-After / UNAVAILABLE, as documented (and as Triton answers a timeout in its queue)."""
+    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 8], "data": [1.0] * 24},
+                      {"name": "idx", "datatype": "INT64", "shape": [3, 3], "data": [1] * 9}],
+           "parameters": {"timeout": 1}}  # (3 rows fill no gear: they wait in the queue)
+    status, headers, body = request(srv, "POST", "/v2/models/slow/infer", json=doc)
+    assert status == 503 and "Retry-After" in headers
+    msg = affine("slow", rows=3)
+    msg.parameters["timeout"].int64_param = 1
+    error = refusal(stub.ModelInfer, msg)
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    for shown in (shown_wait(json.loads(body)["error"]), shown_wait(error.details())):
+        # (a wait of 1 ms or more, on a loaded machine, is said to the tenth)
+        assert float(shown) > 0 and re.fullmatch(r"0\.[0-9]{3}" if float(shown) < 1 else r"[0-9]+\.[0-9]", shown)
