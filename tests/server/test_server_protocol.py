@@ -238,15 +238,18 @@ def test_bad_requests_get_400_with_message(server, body, mode, status, match):
 @pytest.mark.parametrize("key", ["priority", "timeout"])
 @pytest.mark.parametrize("value,shown", [("18446744073709551616", "18446744073709551616"),
                                          ("-9223372036854775809", "-9223372036854775809"),
-                                         ("1" + "0" * 60, "an integer of 61 digits"), ("1e30", "1e+30")],
-                         ids=["2**64", "below-int64", "61-digits", "1e30"])
+                                         ("1" + "0" * 60, "an integer of 61 digits"), ("1e30", "1e+30"),
+                                         # (a string of digits is taken up to 2**64 - 1: past it, the bound said)
+                                         ('"18446744073709551616"', '"18446744073709551616"')],
+                         ids=["2**64", "below-int64", "61-digits", "1e30", "string-2**64"])
 @pytest.mark.parametrize("padding", [0, 2048], ids=["small", "simdjson"])  # (a JSON part of 2 KB or more)
 def test_an_integer_parameter_out_of_range_is_quoted_as_sent(server, key, value, shown, padding):
     """The JSON decoders read an integer beyond 64 bits as a float: `"priority": 2**64` was
     refused "got 1.8446744073709552e+19" (a tester). Its digits now, cut as long values are."""
     body = json.dumps(doc(id="r" * padding, parameters={key: 0})).replace(f'"{key}": 0', f'"{key}": {value}').encode()
     status, _, raw = infer_json(server, body)
-    assert status == 400 and json.loads(raw)["error"] == f"parameters.{key} must be an unsigned integer, got {shown}"
+    expected = f"parameters.{key} must be an unsigned 64-bit integer (at most {2**64 - 1}), got {shown}"
+    assert status == 400 and json.loads(raw)["error"] == expected
 
 
 def test_a_body_that_does_not_decompress_is_a_400(server):
