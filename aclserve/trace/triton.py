@@ -61,6 +61,13 @@ def _timestamps(t: RequestTrace) -> list[tuple[str, int]]:
         compute_end = batch.done_ns
         if batch.error is not None and not output_start:  # a failed run ended when its failure was known
             output_start = compute_end
+        # in the order Triton's format promises (its trace_summary.py subtracts them): the device
+        # times are placed on the host's clock from anchors (runtime/device_clock.py), which a tester
+        # saw put a copy-in's end up to 1.4 ms before its batch's launch with runs delayed by faults
+        if input_end:
+            input_end = min(max(input_end, compute_start), compute_end or input_end)
+        if output_start:
+            output_start = min(max(output_start, input_end or compute_start), compute_end or output_start)
     send_start = send_end = 0
     if t.status != CLIENT_GONE:  # (an error's answer is made after its trace ends: both where it is handed over)
         send_start, send_end = t.encoded_ns or t.end_ns, t.end_ns
