@@ -13,10 +13,10 @@ import logging
 import os
 import signal
 import sys
-import threading
 
 from .. import logs, startup_signals
 from .._version import __version__
+from .termination import end_on_termination
 from .usage import UsageError
 
 DESCRIPTION = ("Serve Huawei Ascend .om models (compiled from ONNX by ATC) over the KServe v2 / Open "
@@ -71,24 +71,6 @@ def join_signed_values(argv: list[str]) -> list[str]:
     return joined
 
 
-def _end_on_termination(received: list[int]) -> dict:
-    """SIGTERM or SIGHUP: a command ends as at a Ctrl-C, what it made removed (a compile's
-    partial .om and work folders, the ATC it started), and exits 128 + the signal's number
-    (appended to `received`); their default action ended the process at once and left them. It
-    is Ctrl-C's own path (SIGINT raised: asyncio.run cancels its main task for it, where an
-    exception raised in the handler broke into whatever loop callback ran). A signal ignored
-    as the process started (nohup) stays ignored. Main thread only; returns the handlers replaced."""
-    def end(signum, _frame):
-        received.append(signum)
-        if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
-            raise KeyboardInterrupt  # (SIGINT ignored, as in a background job of a script)
-        signal.raise_signal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {sig: signal.signal(sig, end) for sig in (signal.SIGTERM, signal.SIGHUP)
-            if signal.getsignal(sig) is not signal.SIG_IGN}
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     serving = argv[:1] == ["serve"]
@@ -111,7 +93,7 @@ def _main(argv: list[str]) -> int:
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     # (serve drains on these signals: its loop handles them)
     received: list[int] = []
-    replaced = _end_on_termination(received) if args.command != "serve" else {}
+    replaced = end_on_termination(received) if args.command != "serve" else {}
     status = _run_command(args, received, replaced)
     if args.command == "serve":
         from .serve import end_if_work_abandoned

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from ..errors import ServeError
+from . import termination
 from .load import closed_loop
 from .remote import auth_headers, check_url, scheme_hint
 from .usage import UsageError, models_hint
@@ -120,7 +121,7 @@ def _run(args):
         from .serve import check_environment
         check_environment()  # (ACLSERVE_DEVICE=gpu was a ValueError traceback from the runtime's start)
         try:
-            return asyncio.run(_in_process(args))
+            return termination.run(_in_process(args))
         except (AclUnavailable, RepositoryError) as e:  # --device npu without CANN; a models folder it cannot read
             raise UsageError(str(e)) from None
         except ConfigError as e:  # as serve says it: an ACLSERVE_API_TOKEN no client could send (server/auth.py)
@@ -131,7 +132,7 @@ def _run(args):
     check_url(args.url)
     auth_headers()  # (checked before the run)
     try:
-        return asyncio.run(run_remote(args, _body))
+        return termination.run(run_remote(args, _body))
     except asyncio.TimeoutError:  # (before ClientError: aiohttp's timeouts are both)
         raise RemoteFailed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)") from None
     except aiohttp.ClientConnectorError as e:

@@ -4,11 +4,12 @@ turned on into profile-MODEL.json inside the server's trace folder for the run, 
 own trace settings put back. One name per model: the server takes a bounded number of trace_file
 names (trace/names.py MAX_NAMES), so a name per run stopped every profile after 1,024 runs.
 
-A run interrupted (Ctrl-C, SIGTERM: asyncio.run cancels it) or failed once tracing is on still
-turns it off and puts the settings back, and removes the file the server writes for the requests
-it traced (once they are answered); a file it cannot remove (not written in time, a second Ctrl-C,
-a --trace-dir that is not the server's folder) is named in one line. A server that goes away
-during the run (a connection refused) ends it at once (ServerGone), its settings and file left alone."""
+A run interrupted (Ctrl-C, SIGTERM, SIGHUP: its main task cancelled, termination.py) or failed once
+tracing is on still turns it off and puts the settings back, and removes the file the server writes
+for the requests it traced (once they are answered); a file it cannot remove (not written in time,
+a second Ctrl-C or SIGTERM, a --trace-dir that is not the server's folder) is named in one line.
+A server that goes away during the run (a connection refused) ends it at once (ServerGone), its
+settings and file left alone."""
 from __future__ import annotations
 
 import asyncio
