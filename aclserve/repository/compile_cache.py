@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from pathlib import Path
 
 from ..config import CompileOptions
@@ -38,10 +39,10 @@ class CompileCache:
             return str(compiler.compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name, progress, stop,
                                             self._timeout_s, self._here))
         except OSError as e:
-            if e.errno not in FULL or e.filename is not None:
+            told = _told(e, folder)
+            if told is e:
                 raise
-            # a write says no file: the folder that is full is what an operator needs to know
-            raise OSError(e.errno, f"{e.strerror}: the compile cache {folder}") from e
+            raise told from e
 
     def index_bounds(self, onnx_path: str, om_path: str) -> dict[str, int]:
         """The integer inputs of the compile at `om_path` that index a table (its manifest's), or
@@ -90,3 +91,23 @@ class CompileCache:
             log.info("%s: removed the compile of the retired version %s (%s)", name, version, Path(om_path).name)
         except OSError as e:
             log.warning("%s: could not remove %s: %s", name, om_path, e)
+
+
+def _told(error: OSError, folder: Path) -> OSError:
+    """`error` as the model's reason says it (its load's log line and /metrics label too), the
+    same at every retry: a full disk or quota names the cache folder, whichever of its files the
+    write was to (a write says none; a compile's work folder, `.<entry>.compiling-<random>`, has
+    a new name at every try); another error in a work folder names the entry being compiled."""
+    inside = _under(error.filename, folder)
+    if error.errno in FULL and (error.filename is None or inside is not None):
+        return OSError(error.errno, f"{error.strerror}: the compile cache {folder}")
+    entry = compiler.work_entry(inside.parts[0]) if inside is not None else None
+    return error if entry is None else OSError(error.errno, error.strerror, str(folder / entry))
+
+
+def _under(filename, folder: Path) -> Path | None:
+    """`filename` (an OSError's) relative to `folder` when it is in it, else None."""
+    if not isinstance(filename, (str, bytes)):
+        return None
+    relative = Path(os.path.relpath(os.path.abspath(os.fsdecode(filename)), os.path.abspath(folder)))
+    return None if relative.parts[:1] in ((), ("..",)) else relative  # (the folder itself, or outside it)

@@ -272,7 +272,7 @@ def sweep(cache_dir: str | os.PathLike) -> int:
         if ENTRY_NAME.match(name) and not cache_entry.manifest_path(folder / name).exists():
             if _unheld(folder / f".{name}.lock", functools.partial(_remove_if_unfinished, folder / name)):
                 removed += 1
-        elif (entry := _work_entry(name)) is not None:
+        elif (entry := work_entry(name)) is not None:
             if _unheld(folder / f".{entry}.lock", functools.partial(_remove_work, folder / name)):
                 removed += 1
         elif name.startswith(".") and ENTRY_NAME.match(name[1:-len(".lock")]) and name.endswith(".lock"):
@@ -289,7 +289,7 @@ def _remove_if_unfinished(entry: Path) -> bool:
     return True
 
 
-def _work_entry(name: str) -> str | None:
+def work_entry(name: str) -> str | None:
     """The entry whose work folder `name` is (`.<model>-<key>.compiling-<random>`), else None."""
     if not name.startswith(".") or WORK_FOLDER not in name:
         return None

@@ -1,0 +1,150 @@
+"""Errors writing the compile cache, said the same at every try. A dropped .onnx whose compile
+finds the cache's disk full: its reason names the cache folder and says the disk is full (index,
+log line, /metrics label). It named the file the compile's child was writing in its work folder,
+`.cache/.<entry>.compiling-<random>/<entry>.om`, whose random part is new at every try: each
+retry logged another reason and made another aclserve_model_load_failure series (tester t30).
+Another error there names the entry.
+
+The disk is a real one that is full: a 64 KB tmpfs, filled, in a mount namespace of the test's
+own (`unshare -m`, its mounts seen by nothing outside it), with a network namespace of its own
+for the server's ports (`unshare -n`, its loopback brought up); a file too large is one past the
+RLIMIT_FSIZE of the compile's process."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests import REPO
+from tests.tiny_models import scale_onnx
+
+# run inside the namespaces: a 64 KB tmpfs at FS, filled, the .onnx dropped into FS/models;
+# `aclserve serve` on it until its third failure to load c1 (two retries), its index and metrics
+# read then, the disk emptied, the load waited for; prints the log's lines and what was read (JSON)
+SCRIPT = r"""
+import json, os, shutil, subprocess, sys, time, urllib.request
+fs, onnx, config = sys.argv[1:4]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", fs], check=True)
+models = os.path.join(fs, "models")
+os.mkdir(models)
+shutil.copy(onnx, os.path.join(models, "c1.onnx"))
+filler = os.open(os.path.join(fs, "filler"), os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(filler, bytes(4096))
+except OSError:  # ENOSPC: full
+    os.close(filler)
+proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", models, "--host", "127.0.0.1",
+                         "--port", "18000", "--grpc-port", "18001", "--device", "cpu", "--readiness", "lenient",
+                         "--config", config], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def get(path, body=None):
+    with urllib.request.urlopen("http://127.0.0.1:18000" + path, data=body, timeout=30) as answer:
+        return answer.read().decode()
+
+
+def c1(index):
+    return next(entry for entry in json.loads(index) if entry["name"] == "c1")
+
+
+failures, lines = [], []
+while len(failures) < 3:
+    line = proc.stderr.readline()
+    if not line:
+        break
+    lines.append(line.rstrip())
+    if "c1: version 1" in line and "not loaded" in line:
+        failures.append(line.split("not loaded: ", 1)[1].rstrip())
+read = {}
+while "metrics" not in read:  # (a retry may be compiling now: read again until it has failed again)
+    entry = c1(get("/v2/repository/index", b"{}"))
+    labels = [l for l in get("/metrics").splitlines() if l.startswith('aclserve_model_load_failure{model="c1"')]
+    if entry["state"] == "UNAVAILABLE" and len(labels) == 1:
+        read = {"index": entry["reason"], "metrics": labels[0]}
+    time.sleep(0.05)
+os.unlink(os.path.join(fs, "filler"))
+while c1(get("/v2/repository/index", b"{}"))["state"] != "READY":
+    time.sleep(0.05)
+read["cache"] = sorted(os.listdir(os.path.join(models, ".cache")))
+proc.terminate()
+proc.communicate(timeout=60)
+print(json.dumps({"failures": failures, "lines": lines, "models": models} | read))
+"""
+
+
+def _in_namespaces(*command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["unshare", "-m", "-n", "--propagation", "private", "sh", "-c",
+                           'ip link set lo up && exec "$@"', "sh", *command],
+                          capture_output=True, text=True, timeout=110, cwd=REPO,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO)))
+
+
+def _namespaces_here(folder) -> bool:
+    """unshare -m -n (root), ip, and a tmpfs that can be mounted there."""
+    if not (shutil.which("unshare") and shutil.which("ip") and shutil.which("mount")):
+        return False
+    return _in_namespaces("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)).returncode == 0
+
+
+def test_a_full_compile_cache_is_said_naming_its_folder_the_same_at_every_retry(tmp_path):
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    if not _namespaces_here(fs):
+        pytest.skip("needs unshare -m -n (root), ip and mount, to fill a tmpfs of its own")
+    onnx = scale_onnx(tmp_path / "c1.onnx", 2.0)
+    config = tmp_path / "config.yaml"  # (retries soon after one another: 0.1 to 0.4 s)
+    config.write_text("load_retry_initial_s: 0.2\nload_retry_max_s: 0.4\n")
+    done = _in_namespaces(sys.executable, "-c", SCRIPT, str(fs), onnx, str(config))
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    cache = os.path.join(found["models"], ".cache")
+    # the first failure and two retries: one text, the disk full and the cache folder named
+    reasons = {failure.rsplit(": retry ", 1)[0] for failure in found["failures"]}
+    assert len(found["failures"]) == 3 and len(reasons) == 1, found["failures"]
+    said = f"[Errno 28] No space left on device: the compile cache {cache} (the host short of resources"
+    assert reasons == {said}, found["failures"]
+    assert not any(".compiling-" in line for line in found["lines"]), found["lines"]
+    # the index and the metric label say it too (the models folder as <models>)
+    shown = said.replace(found["models"], "<models>")
+    assert found["index"].startswith(shown + ": retry "), found["index"]
+    assert f'reason="{shown})"' in found["metrics"], found["metrics"]
+    # room again: the retry compiled it (entry and manifest; no work folder left)
+    assert len(found["cache"]) == 2 and found["cache"][1] == found["cache"][0] + ".json", found["cache"]
+
+
+# a compile cache whose files may hold at most 1 KB (RLIMIT_FSIZE, which its compile's child
+# inherits): the CPU OM's write fails (EFBIG); what each of two tries raised, one line each
+LIMITED = r"""
+import resource, sys
+from aclserve.config import CompileOptions
+from aclserve.repository.compile_cache import CompileCache
+resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+cache = CompileCache("", sys.argv[1])
+for _ in range(2):
+    try:
+        cache.compiled(sys.argv[2], "c1", CompileOptions(), "cpu", None)
+    except OSError as e:
+        print(e)
+"""
+
+
+def test_another_error_writing_a_compile_names_its_entry_not_the_work_folder(tmp_path):
+    """Another error than a full disk, in the compile's work folder: the entry being compiled is
+    named (as `aclserve compile` names its output), not `.<entry>.compiling-<random>/<entry>.om`."""
+    models = tmp_path / "models"
+    models.mkdir()
+    onnx = scale_onnx(models / "c1.onnx", 2.0)
+    done = subprocess.run([sys.executable, "-c", LIMITED, str(models), onnx], capture_output=True, text=True,
+                          timeout=110, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, second = done.stdout.splitlines()
+    assert first == second, done.stdout
+    assert re.fullmatch(rf"\[Errno 27\] File too large: '{re.escape(str(models))}/\.cache/c1-[0-9a-f]{{32}}\.om'",
+                        first), first
+
