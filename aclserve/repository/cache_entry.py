@@ -78,14 +78,19 @@ def record(om_path: str | os.PathLike, key: str, options: dict, target: str,
 
 def _write(om: Path, doc: dict) -> None:
     final = manifest_path(om)
-    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+    except OSError as e:  # (named as the manifest: the temporary file's name is new at every try)
+        raise OSError(e.errno, e.strerror, str(final)) from e
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(doc, f, sort_keys=True)
         os.chmod(tmp, 0o644)  # mkstemp makes 0600: replicas running as other users read it (as the .om)
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None:
+            raise OSError(e.errno, e.strerror, str(final)) from e
         raise
 
 

@@ -3,7 +3,8 @@ finds the cache's disk full: its reason names the cache folder and says the disk
 log line, /metrics label). It named the file the compile's child was writing in its work folder,
 `.cache/.<entry>.compiling-<random>/<entry>.om`, whose random part is new at every try: each
 retry logged another reason and made another aclserve_model_load_failure series (tester t30).
-Another error there names the entry.
+Another error there names the entry; one writing a manifest names the manifest, not its
+temporary file.
 
 The disk is a real one that is full: a 64 KB tmpfs, filled, in a mount namespace of the test's
 own (`unshare -m`, its mounts seen by nothing outside it), with a network namespace of its own
@@ -148,3 +149,33 @@ def test_another_error_writing_a_compile_names_its_entry_not_the_work_folder(tmp
     assert re.fullmatch(rf"\[Errno 27\] File too large: '{re.escape(str(models))}/\.cache/c1-[0-9a-f]{{32}}\.om'",
                         first), first
 
+
+# inside a mount namespace: an entry on a tmpfs at FS, the tmpfs then made read-only; what two
+# tries to add its input bounds to its manifest raised (the write's temporary file cannot be made)
+READ_ONLY = r"""
+import subprocess, sys
+from aclserve.repository import cache_entry
+fs = sys.argv[1]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", fs], check=True)
+om = fs + "/c1-" + "0" * 32 + ".om"
+with open(om, "wb") as f:
+    f.write(b"an OM")
+cache_entry.record(om, "key", {}, "cpu")
+subprocess.run(["mount", "-o", "remount,ro", fs], check=True)
+for _ in range(2):
+    try:
+        cache_entry.keep_index_bounds(om, {"ids": 4})
+    except OSError as e:
+        print(e)
+"""
+
+
+def test_a_manifest_that_cannot_be_written_is_named_not_its_temporary_file(tmp_path):
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    if not _namespaces_here(fs):
+        pytest.skip("needs unshare -m -n (root), ip and mount, to make a tmpfs of its own read-only")
+    done = _in_namespaces(sys.executable, "-c", READ_ONLY, str(fs))
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = f"[Errno 30] Read-only file system: '{fs}/c1-{'0' * 32}.om.json'"
+    assert done.stdout.splitlines() == [said, said], done.stdout
