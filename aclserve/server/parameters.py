@@ -33,12 +33,14 @@ def _as_sent(value, key: str, text) -> str:
     """The JSON decoders read an integer beyond 64 bits as a float (orjson's, and the stdlib's as
     this server runs it: json_overflow.py): 2**64 was quoted 1.8446744073709552e+19 (a tester).
     Such a float is quoted by the digits written after the key in `text` that it was read from;
-    the float itself when none is found (an escape in the key, or a float the client wrote)."""
+    the float itself when none is found (an escape in the key, or a float the client wrote) or
+    another number the same float could be is written after that key elsewhere (an output's)."""
     if type(value) is float and (math.isinf(value) or (value.is_integer() and abs(value) >= 2**63)):
         pattern = rb'"' + re.escape(key.encode()) + rb'"[ \t\r\n]*:[ \t\r\n]*(-?[0-9]+)(?![0-9.eE])'
-        for digits in reversed(re.findall(pattern, text)):  # (orjson keeps a repeated key's last value)
-            if float(digits) == value:
-                return quoted_integer(digits.decode())
+        # (one candidate only: the key may be an output's or an input's parameter too, its digits another's)
+        candidates = {digits for digits in re.findall(pattern, text) if float(digits) == value}
+        if len(candidates) == 1:
+            return quoted_integer(candidates.pop().decode())
     return quoted(value)
 
 

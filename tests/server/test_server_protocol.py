@@ -252,6 +252,16 @@ def test_an_integer_parameter_out_of_range_is_quoted_as_sent(server, key, value,
     assert status == 400 and json.loads(raw)["error"] == expected
 
 
+def test_digits_of_another_objects_parameter_are_not_quoted_for_the_requests(server):
+    """An output's `priority` of another number the same float could be: the request's is not
+    told it as its own (a reviewer); the float it was read as is shown instead."""
+    body = json.dumps(doc(parameters={"priority": 0}, outputs=[{"name": "y", "parameters": {"priority": 0}}]))
+    body = body.replace('"priority": 0}}', '"priority": 18446744073709551999}}', 1)
+    body = body.replace('"priority": 0', '"priority": 18446744073709551616', 1).encode()
+    status, _, raw = infer_json(server, body)
+    assert status == 400 and json.loads(raw)["error"].endswith("got 1.8446744073709552e+19"), raw
+
+
 def test_a_body_that_does_not_decompress_is_a_400(server):
     status, _, raw = infer_json(server, b"this is not gzip", {"Content-Encoding": "gzip"})
     assert status == 400 and "content-encoding" in json.loads(raw)["error"].lower()
