@@ -283,12 +283,27 @@ def load(ctx, info: _om.ModelInfo, payload: _om.Payload, mem: tuple[int, int, in
     if memory is None:  # the caller's freed since the check, by another thread
         _release(owned, ())
         return 0, C.ACL_ERROR_GE_PARAM_INVALID
+    model, ret = None, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+    try:
+        model, ret = _opened(ctx, info, payload, owned, memory, weight_ptr)
+    finally:  # (a failure, or an exception unforeseen: a MemoryError, an interrupt; the memory goes back)
+        if model is None:
+            _release(owned, memory)
+    if ret:
+        return 0, ret
+    with _state.lock:
+        models[model.id] = model
+    return model.id, C.ACL_SUCCESS
+
+
+def _opened(ctx, info, payload, owned: list[int], memory, weight_ptr: int) -> tuple[LoadedModel | None, int]:
+    """The model, its weights copied into `weight_ptr` and read by ONNX Runtime, or (None, the
+    code its load fails with); the caller releases the memory when it is None."""
     try:
         payload.copy_to(weight_ptr)
     except (OSError, ValueError) as e:  # (a short read, the checksum: container.OmFormatError)
         log.info("model %r is not a loadable CPU OM: %s", info.name, e)
-        _release(owned, memory)
-        return 0, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+        return None, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
     try:
         session, weights = _session(weight_ptr, payload.length)
         names = {i.name for i in session.get_inputs()}, {o.name for o in session.get_outputs()}
@@ -298,14 +313,9 @@ def load(ctx, info: _om.ModelInfo, payload: _om.Payload, mem: tuple[int, int, in
             raise ValueError(f"header and ONNX graph disagree on tensors {sorted(missing)}")
     except Exception as e:
         log.error("model %r cannot be loaded into ONNX Runtime: %s", info.name, e)
-        session = weights = None  # (before the memory they view)
-        _release(owned, memory)
         # the host out of memory or threads is not the file's fault (a device's load says so too)
-        return 0, C.ACL_ERROR_BAD_ALLOC if _host_short(e) else C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
-    model = LoadedModel(next(_ids), ctx, info, session, owned, weights, memory)
-    with _state.lock:
-        models[model.id] = model
-    return model.id, C.ACL_SUCCESS
+        return None, C.ACL_ERROR_BAD_ALLOC if _host_short(e) else C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+    return LoadedModel(next(_ids), ctx, info, session, owned, weights, memory), C.ACL_SUCCESS
 
 
 def _release(owned: list[int], memory) -> None:
