@@ -184,6 +184,7 @@ class GrpcServer:
         state.grpc_refusals.follow(lambda: self._queued.taken, lambda: self._live.started)
         self._credentials = tls.grpc_credentials(config)  # read now: a bad file stops the start
         self._started = False
+        self._start_begun = False  # serve() has called grpc's start (which a cancel may have cut short)
         self._stopping: asyncio.Future | None = None  # grpc's own stop, from the drain on
         self._end_at = float("inf")  # when _end_all_calls runs, at the latest (time.monotonic())
         self._backstop: asyncio.TimerHandle | None = None  # its timer
@@ -218,6 +219,7 @@ class GrpcServer:
 
     async def serve(self) -> int:
         """Serve on the port bind() bound; returns it."""
+        self._start_begun = True  # (a stop from here on stops it as it is: a second start is grpc's usage error)
         await self._server.start()
         self._started = True
         return self.port
@@ -297,7 +299,8 @@ class GrpcServer:
         if not self._started:
             if self.port is not None:  # bound, never served: grpc lets a port go only once started and stopped
                 self.port = None
-                await self._server.start()
+                if not self._start_begun:
+                    await self._server.start()
                 await self._server.stop(None)
             return
         if deadline is None:
