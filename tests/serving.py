@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import json
+import os
 import socket
 import threading
 import urllib.error
@@ -15,12 +17,42 @@ import aiohttp
 import aiohttp.web
 
 
+# Ports free_port() hands out: below the kernel's ephemeral range, a span for each pytest-xdist
+# worker. A port the kernel picked (bind to 0) was free when picked, but until the server bound it
+# any client connection of the other worker could take it as its own port, or its free_port() the
+# same one: a server that could not bind exited, and its test read another test's server (a model
+# "m" READY where it held the compile lock: CI, 2026-12-06).
+PORTS_FROM, PORTS_A_WORKER = 20_000, 1_500
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
+_handed = itertools.count()
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (for the gRPC endpoint, where 0 means off, and for
-    `aclserve serve` subprocesses)."""
+    `aclserve serve` subprocesses): the next free one of this worker's span, which no other worker
+    and no client connection takes (any port the kernel picks where the span does not fit)."""
+    low = PORTS_FROM + _WORKER * PORTS_A_WORKER
+    if low + PORTS_A_WORKER <= _ephemeral_low():
+        for _ in range(PORTS_A_WORKER):
+            port = low + next(_handed) % PORTS_A_WORKER
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel picks for a socket bound to 0 or connecting (Linux; 1024 elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 1024
 
 
 def server_config(models_dir, **overrides):
