@@ -36,8 +36,11 @@ class CarriedCounts:
     def total(self, name: str, version: str, served: ServedModel) -> collections.Counter:
         """What the version counted: `served` (serving, or unloading), the versions it replaced
         still draining and those closed."""
-        total = collections.Counter(self._closed.get((name, version), ()))
-        for counted in (*self._versions.replaced(name, version), served):
+        replaced, closed = self._versions.replaced(name, version), self._closed.get((name, version))
+        if not replaced and closed is None:  # (most versions, at each scrape: nothing to add)
+            return self._count(served)
+        total = collections.Counter(closed or ())
+        for counted in (*replaced, served):
             total.update(self._count(counted))  # (update keeps the figures at 0, where + drops them)
         return total
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import collections
 import logging
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 from .. import logs
 from ..images.dvpp import OUTCOMES
 from ..repository.status import WAITING_FOR_CONFIG, State
+from .exposition import Family
+from .scrape import ScrapeReads
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,11 @@ class GuardCollector:
         self._state = state
         self._pools = state.draining.carry(pool_figures)
 
-    def describe(self):
-        return []
+    def families(self, reads: ScrapeReads) -> list[Family]:
+        """ServerMetrics' collector protocol: every figure copied into rows (on the loop)."""
+        return list(self._families(reads))
 
-    def collect(self):
+    def _families(self, reads: ScrapeReads):
         state = self._state
         budget, conns = state.budget, state.connections
         yield _gauge("aclserve_requests_in_flight", "Infer requests being served on either transport: "
@@ -47,68 +48,68 @@ class GuardCollector:
         yield _gauge("aclserve_request_memory_bytes", "Memory charged to requests in flight", budget.used)
         yield _gauge("aclserve_request_memory_peak_bytes", "Highest request memory charged at once", budget.peak)
         yield _gauge("aclserve_request_memory_limit_bytes", "max_inflight_bytes", budget.limit)
-        refused = CounterMetricFamily("aclserve_request_memory_refused", "Requests refused by the memory "
-                                      "budget (413: alone over a limit, 503: budget in use)", labels=["status"])
+        refused = Family("counter", "aclserve_request_memory_refused", "Requests refused by the memory "
+                         "budget (413: alone over a limit, 503: budget in use)", ["status"])
         for status, n in sorted(budget.refused.items()):
-            refused.add_metric([str(status)], n)
+            refused.add((str(status),), n)
         yield refused
-        auth = CounterMetricFamily("aclserve_auth_refusals", "Requests refused by the API token check "
-                                   "(no_token, invalid_token: 401; no_token_configured: 403)", labels=["reason"])
+        auth = Family("counter", "aclserve_auth_refusals", "Requests refused by the API token check "
+                      "(no_token, invalid_token: 401; no_token_configured: 403)", ["reason"])
         for reason, n in state.auth.refused.items():
-            auth.add_metric([reason], n)
+            auth.add((reason,), n)
         yield auth
         yield _gauge("aclserve_connections", "Open connections", len(conns))
-        closed = CounterMetricFamily("aclserve_connections_closed", "Connections closed or refused by the "
-                                     "server's limits", labels=["reason"])
+        closed = Family("counter", "aclserve_connections_closed", "Connections closed or refused by the "
+                        "server's limits", ["reason"])
         for reason, n in sorted(conns.counts.items()):
-            closed.add_metric([reason], n)
+            closed.add((reason,), n)
         yield closed
-        tls = CounterMetricFamily("aclserve_tls_handshakes_refused", "TLS handshakes of the HTTP endpoint that "
-                                  "TLS refused, on either side (no or a bad client certificate, an old protocol "
-                                  "version, not TLS; a client not trusting the server's certificate)")
-        tls.add_metric([], conns.tls_refused)
+        tls = Family("counter", "aclserve_tls_handshakes_refused", "TLS handshakes of the HTTP endpoint that "
+                     "TLS refused, on either side (no or a bad client certificate, an old protocol "
+                     "version, not TLS; a client not trusting the server's certificate)")
+        tls.add((), conns.tls_refused)
         yield tls
         yield _gauge("aclserve_connections_held", "Connections not read until the Retry-After of their "
                      "overload refusal (503) has passed", conns.held)
-        holds = CounterMetricFamily("aclserve_connection_holds", "Overload refusals (503) whose connection "
-                                    "was held for its Retry-After")
-        holds.add_metric([], conns.holds)
+        holds = Family("counter", "aclserve_connection_holds", "Overload refusals (503) whose connection "
+                       "was held for its Retry-After")
+        holds.add((), conns.holds)
         yield holds
-        early = CounterMetricFamily("aclserve_early_refusals", "Infer requests refused 503 (queue full) from "
-                                    "their head and body, before aiohttp parsed them (shed_before_parsing)")
-        early.add_metric([], conns.early.refused if conns.early is not None else 0)
+        early = Family("counter", "aclserve_early_refusals", "Infer requests refused 503 (queue full) from "
+                       "their head and body, before aiohttp parsed them (shed_before_parsing)")
+        early.add((), conns.early.refused if conns.early is not None else 0)
         yield early
-        direct = CounterMetricFamily("aclserve_direct_infer", "Infer requests answered by the connection "
-                                     "guard itself, without aiohttp's request objects (direct_infer)")
-        direct.add_metric([], conns.direct.answered if conns.direct is not None else 0)
+        direct = Family("counter", "aclserve_direct_infer", "Infer requests answered by the connection "
+                        "guard itself, without aiohttp's request objects (direct_infer)")
+        direct.add((), conns.direct.answered if conns.direct is not None else 0)
         yield direct
         arrivals = state.grpc_arrivals
         yield _gauge("aclserve_grpc_receiving", "Places taken among the gRPC messages received at once "
                      "(max_inflight_bytes / grpc_max_message_bytes): unary calls reading, streams", arrivals.holding)
         yield _gauge("aclserve_grpc_streams", "ModelStreamInfer streams open, each holding one of those places",
                      arrivals.streams)
-        evicted = CounterMetricFamily("aclserve_grpc_slow_messages_ended", "gRPC calls ended "
-                                      "DEADLINE_EXCEEDED because their message took over 1 s while others "
-                                      "waited to be received (max_inflight_bytes / grpc_max_message_bytes)")
-        evicted.add_metric([], arrivals.evicted)
+        evicted = Family("counter", "aclserve_grpc_slow_messages_ended", "gRPC calls ended "
+                         "DEADLINE_EXCEEDED because their message took over 1 s while others "
+                         "waited to be received (max_inflight_bytes / grpc_max_message_bytes)")
+        evicted.add((), arrivals.evicted)
         yield evicted
-        refused_streams = CounterMetricFamily("aclserve_grpc_streams_refused", "ModelStreamInfer streams "
-                                              "refused (an error_message answer, then UNAVAILABLE): streams held "
-                                              "their half of those places")
-        refused_streams.add_metric([], arrivals.streams_refused)
+        refused_streams = Family("counter", "aclserve_grpc_streams_refused", "ModelStreamInfer streams "
+                                 "refused (an error_message answer, then UNAVAILABLE): streams held "
+                                 "their half of those places")
+        refused_streams.add((), arrivals.streams_refused)
         yield refused_streams
-        refused_calls = CounterMetricFamily("aclserve_grpc_calls_refused", "gRPC calls grpc answered itself, before "
-                                            "any handler ran: call_limit (RESOURCE_EXHAUSTED, over max_connections "
-                                            "calls at once), unknown_method (UNIMPLEMENTED)", labels=["reason"])
+        refused_calls = Family("counter", "aclserve_grpc_calls_refused", "gRPC calls grpc answered itself, before "
+                               "any handler ran: call_limit (RESOURCE_EXHAUSTED, over max_connections "
+                               "calls at once), unknown_method (UNIMPLEMENTED)", ["reason"])
         for reason, n in state.grpc_refusals.counts().items():
-            refused_calls.add_metric([reason], n)
+            refused_calls.add((reason,), n)
         yield refused_calls
-        trims = CounterMetricFamily("aclserve_heap_trims", "malloc_trim calls after large requests or a burst")
-        trims.add_metric([], state.trimmer.trims)
+        trims = Family("counter", "aclserve_heap_trims", "malloc_trim calls after large requests or a burst")
+        trims.add((), state.trimmer.trims)
         yield trims
-        dropped = CounterMetricFamily("aclserve_log_lines_dropped", "Log lines dropped, not written, because "
-                                      "stderr was not read as fast as they came (its queue full)")
-        dropped.add_metric([], logs.lines_dropped())
+        dropped = Family("counter", "aclserve_log_lines_dropped", "Log lines dropped, not written, because "
+                         "stderr was not read as fast as they came (its queue full)")
+        dropped.add((), logs.lines_dropped())
         yield dropped
         yield _gauge("aclserve_abandoned_instances", "Model instances closed while the device still ran their work: "
                      "their memory is left allocated, not freed under it", state.runtime.abandoned_instances())
@@ -116,70 +117,68 @@ class GuardCollector:
                      "say): nothing runs on them until the process restarts; the server is exiting (status 75)",
                      state.runtime.failed_devices())
         yield from self._dvpp(state.images.dvpp_outcomes())
-        yield from self._models()
+        yield from self._models(reads)
 
     @staticmethod
     def _dvpp(outcomes: dict[str, int] | None):
         if outcomes is None:
             return
-        decodes = CounterMetricFamily("aclserve_dvpp_decodes", "Images given to the DVPP decoder, by outcome: dvpp "
-                                      "(decoded on DVPP), or decoded on the CPU because DVPP does not take them "
-                                      "(not_taken), failed on them (failed) or was given up after a hung task "
-                                      "(given_up)", labels=["outcome"])
+        decodes = Family("counter", "aclserve_dvpp_decodes", "Images given to the DVPP decoder, by outcome: dvpp "
+                         "(decoded on DVPP), or decoded on the CPU because DVPP does not take them "
+                         "(not_taken), failed on them (failed) or was given up after a hung task "
+                         "(given_up)", ["outcome"])
         for outcome in OUTCOMES:
-            decodes.add_metric([outcome], outcomes.get(outcome, 0))
+            decodes.add((outcome,), outcomes.get(outcome, 0))
         yield decodes
 
-    def _models(self):
-        ready = GaugeMetricFamily("aclserve_model_state", "1 for each model version's current state "
-                                  "(READY, LOADING, UNAVAILABLE, UNLOADING); version empty: the model's own "
-                                  "problem (its config), its versions may serve on, or a model a load call "
-                                  "is loading that no listing knows yet",
-                                  labels=["model", "version", "state"])
-        failing = GaugeMetricFamily("aclserve_model_load_failure", "1 while a version's last load failed, or "
-                                    "(version empty) while the model's config or files cannot be used; the "
-                                    "reason is in the label", labels=["model", "version", "reason"])
+    def _models(self, reads: ScrapeReads):
+        ready = Family("gauge", "aclserve_model_state", "1 for each model version's current state "
+                       "(READY, LOADING, UNAVAILABLE, UNLOADING); version empty: the model's own "
+                       "problem (its config), its versions may serve on, or a model a load call "
+                       "is loading that no listing knows yet", ["model", "version", "state"])
+        failing = Family("gauge", "aclserve_model_load_failure", "1 while a version's last load failed, or "
+                         "(version empty) while the model's config or files cannot be used; the "
+                         "reason is in the label", ["model", "version", "reason"])
         repo = self._state.repo
         try:
-            for row in repo.index():
-                ready.add_metric([self._state.redact(row["name"]), str(row["version"]), row["state"]], 1)
+            for row in reads.index():
+                ready.add((self._state.redact(row["name"]), str(row["version"]), row["state"]), 1)
                 problem = row["version"] == "" and row["state"] == State.UNAVAILABLE.value  # (not a load call's)
                 if problem and row["reason"] != WAITING_FOR_CONFIG:  # a broken config, say
-                    failing.add_metric([self._state.redact(row["name"]), "", self._state.redact(row["reason"])], 1)
+                    failing.add((self._state.redact(row["name"]), "", self._state.redact(row["reason"])), 1)
             for (name, version), reason in sorted(repo.load_failures().items()):
-                failing.add_metric([name, version, self._state.redact(reason)], 1)
+                failing.add((name, version, self._state.redact(reason)), 1)
         except Exception:
             log.exception("collecting model states failed")
         yield ready
         yield failing
-        faults = CounterMetricFamily("aclserve_batch_faults", "Batches whose run failed, each counted once when "
-                                     "answered, by outcome: retried (run again whole on another instance, which "
-                                     "answered it), rerun_alone (its requests re-run one per run, each alone: "
-                                     "a request fails only if its own run does), failed (answered with its "
-                                     "error: not run again, or its whole re-run failed as well)",
-                                     labels=["model", "version", "outcome"])
-        reruns = CounterMetricFamily("aclserve_batch_reruns", "Runs that retrying failed batches cost, each "
-                                     "counted at its launch: a whole batch on another instance, a request alone",
-                                     labels=["model", "version"])
-        rebuilds = CounterMetricFamily("aclserve_instance_rebuilds", "Instances replaced after leaving rotation "
-                                       "(execution timeout, device fault, failed stream reset)",
-                                       labels=["model", "version"])
-        rebuilds_failed = CounterMetricFamily("aclserve_instance_rebuild_failures", "Attempts to rebuild an "
-                                              "instance that failed (tried again: at once, then with backoff)",
-                                              labels=["model", "version"])
-        codes = CounterMetricFamily("aclserve_device_faults", "Faults the device reported, by ACL error code, "
-                                    "one per fault however many batches it failed (507047: a batch past the "
-                                    "execution timeout)", labels=["model", "version", "code"])
-        for model, version, served in self._state.scraped_versions():
+        faults = Family("counter", "aclserve_batch_faults", "Batches whose run failed, each counted once when "
+                        "answered, by outcome: retried (run again whole on another instance, which "
+                        "answered it), rerun_alone (its requests re-run one per run, each alone: "
+                        "a request fails only if its own run does), failed (answered with its "
+                        "error: not run again, or its whole re-run failed as well)",
+                        ["model", "version", "outcome"])
+        reruns = Family("counter", "aclserve_batch_reruns", "Runs that retrying failed batches cost, each "
+                        "counted at its launch: a whole batch on another instance, a request alone",
+                        ["model", "version"])
+        rebuilds = Family("counter", "aclserve_instance_rebuilds", "Instances replaced after leaving rotation "
+                          "(execution timeout, device fault, failed stream reset)", ["model", "version"])
+        rebuilds_failed = Family("counter", "aclserve_instance_rebuild_failures", "Attempts to rebuild an "
+                                 "instance that failed (tried again: at once, then with backoff)",
+                                 ["model", "version"])
+        codes = Family("counter", "aclserve_device_faults", "Faults the device reported, by ACL error code, "
+                       "one per fault however many batches it failed (507047: a batch past the "
+                       "execution timeout)", ["model", "version", "code"])
+        for model, version, served in reads.versions():
             counts = self._pools.total(model, version, served)
             for kind, label, n in sorted((*figure, n) for figure, n in counts.items() if isinstance(figure, tuple)):
                 if kind == "outcome":
-                    faults.add_metric([model, version, label], n)
+                    faults.add((model, version, label), n)
                 else:
-                    codes.add_metric([model, version, str(label)], n)
-            reruns.add_metric([model, version], counts["reruns"])
-            rebuilds.add_metric([model, version], counts["rebuilds"])
-            rebuilds_failed.add_metric([model, version], counts["rebuilds_failed"])
+                    codes.add((model, version, str(label)), n)
+            reruns.add((model, version), counts["reruns"])
+            rebuilds.add((model, version), counts["rebuilds"])
+            rebuilds_failed.add((model, version), counts["rebuilds_failed"])
         yield faults
         yield reruns
         yield rebuilds
@@ -187,7 +186,7 @@ class GuardCollector:
         yield codes
 
 
-def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-    g = GaugeMetricFamily(name, doc)
-    g.add_metric([], value)
+def _gauge(name: str, doc: str, value: float) -> Family:
+    g = Family("gauge", name, doc)
+    g.add((), value)
     return g

@@ -5,17 +5,16 @@ prometheus_client's Counter and Histogram take a lock and walk Python objects on
 for the three updates each infer request makes that was about 8 % of the light MLP's
 throughput on one core (bench: 10.4k against 9.6k req/s at 64 clients with them off). These
 keep a float and a list of bucket counts per label set instead. Event-loop thread only, so no
-lock: a scrape copies the numbers there (`frozen()`, a list copy per series) and the copy is
-turned into Prometheus families and text wherever the caller likes (server/metrics.py: a
-worker thread, so a big scrape does not hold the loop).
+lock: a scrape copies the numbers there (`frozen()`, an exposition.Family, a list copy per
+series) and the copy is written as text wherever the caller likes (server/metrics.py: a worker
+thread). `collect()` is prometheus_client's collector protocol, for a CollectorRegistry.
 """
 from __future__ import annotations
 
 from bisect import bisect_left
 from typing import Sequence
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
-from prometheus_client.utils import floatToGoString
+from .exposition import Family
 
 
 class LoopCounter:
@@ -61,34 +60,28 @@ class _Family:
     def describe(self):
         return []
 
-    def _new_child(self):
+    def collect(self):
+        """prometheus_client's collector protocol (a CollectorRegistry's generate_latest)."""
+        yield self.frozen().prometheus()
+
+    def families(self, reads=None) -> list[Family]:
+        """ServerMetrics' collector protocol: the numbers copied (on the loop; `reads` unused)."""
+        return [self.frozen()]
+
+    def frozen(self) -> Family:
         raise NotImplementedError
 
-
-class _Frozen:
-    """A family's numbers copied at one moment; collect() builds its Prometheus family."""
-
-    def __init__(self, build, rows: list):
-        self._build, self._rows = build, rows
-
-    def collect(self):
-        yield self._build(self._rows)
+    def _new_child(self):
+        raise NotImplementedError
 
 
 class LoopCounterFamily(_Family):
     def _new_child(self) -> LoopCounter:
         return LoopCounter()
 
-    def frozen(self) -> _Frozen:
-        return _Frozen(self._family, [(key, child.value) for key, child in self._children.items()])
-
-    def collect(self):
-        return self.frozen().collect()
-
-    def _family(self, rows: list) -> CounterMetricFamily:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for key, value in rows:
-            family.add_metric(list(key), value)
+    def frozen(self) -> Family:
+        family = Family("counter", self.name, self.documentation, self.labelnames)
+        family.rows = [(key, child.value) for key, child in self._children.items()]
         return family
 
 
@@ -100,19 +93,7 @@ class LoopHistogramFamily(_Family):
     def _new_child(self) -> LoopHistogram:
         return LoopHistogram(self.bounds)
 
-    def frozen(self) -> _Frozen:
-        return _Frozen(self._family, [(key, child.counts[:], child.sum) for key, child in self._children.items()])
-
-    def collect(self):
-        return self.frozen().collect()
-
-    def _family(self, rows: list) -> HistogramMetricFamily:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        names = [floatToGoString(b) for b in self.bounds] + ["+Inf"]  # `le` as prometheus_client writes it
-        for key, counts, total_sum in rows:
-            total, cumulative = 0, []
-            for name, count in zip(names, counts):
-                total += count
-                cumulative.append((name, total))
-            family.add_metric(list(key), cumulative, sum_value=total_sum)
+    def frozen(self) -> Family:
+        family = Family("histogram", self.name, self.documentation, self.labelnames, self.bounds)
+        family.rows = [(key, child.counts[:], child.sum) for key, child in self._children.items()]
         return family

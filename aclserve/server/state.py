@@ -220,10 +220,11 @@ class ServerState:
             return [(name, v) for v in self.repo.serving_versions(name)]
         return [(n, v) for n, v, _ in self.live_versions()]
 
-    def live_versions(self):
+    def live_versions(self, index: list[dict] | None = None):
         """(model, version, served) for every version in service, one no instance can run now
-        included (its statistics and fault counters are what an operator wants then)."""
-        for entry in self.repo.index():
+        included (its statistics and fault counters are what an operator wants then); `index`:
+        the repository index's rows, when already read."""
+        for entry in self.repo.index() if index is None else index:
             name, version = entry["name"], str(entry["version"])
             if not version:  # a scan problem's row (get would name the newest version)
                 continue
@@ -233,11 +234,11 @@ class ServerState:
                 continue
             yield name, version, served
 
-    def scraped_versions(self):
+    def scraped_versions(self, index: list[dict] | None = None):
         """live_versions, and the versions unloading (out of service, draining: their queued
         requests and counts are there until they have closed, when their series go)."""
         live = set()
-        for name, version, served in self.live_versions():
+        for name, version, served in self.live_versions(index):
             live.add((name, version))
             yield name, version, served
         for name, version, served in self.draining.unloading():

@@ -36,7 +36,7 @@ def test_a_scrape_writes_the_figures_of_its_snapshot():
     the loop counts meanwhile must not reach that text, nor a series added or removed after."""
     from aclserve.server.metrics import ServerMetrics
 
-    metrics = ServerMetrics(lambda: [], lambda: [])
+    metrics = ServerMetrics(lambda index: [], lambda: [])
     kept = metrics.version("m", "1")
     kept.request_ok(0.001)
     kept.on_batch(4, 3, 0.002)

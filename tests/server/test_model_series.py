@@ -82,7 +82,7 @@ def test_load_retries_start_at_0_for_a_model_and_again_when_it_comes_back():
     from aclserve.server.metrics import ServerMetrics
 
     rows, retries = [{"name": "m", "version": "1"}], {"m": 3}
-    metrics = ServerMetrics(lambda: [], lambda: [], index=lambda: rows, load_retries=lambda: retries)
+    metrics = ServerMetrics(lambda index: [], lambda: [], index=lambda: rows, load_retries=lambda: retries)
 
     def counted():
         found = samples(metrics.render().decode())

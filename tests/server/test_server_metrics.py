@@ -198,7 +198,7 @@ def test_a_request_failing_after_its_version_was_unloaded_brings_no_series_back(
     inherited its count (found by an independent check)."""
     from aclserve.server.metrics import ServerMetrics
 
-    metrics = ServerMetrics(lambda: [], lambda: [])
+    metrics = ServerMetrics(lambda index: [], lambda: [])
     late = metrics.version("m", "1")  # held by the request, as state.record hands it out
     late.request_failed("InvalidInput")
     metrics.on_repository_event("unloaded", "m", "1")

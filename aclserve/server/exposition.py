@@ -1,0 +1,136 @@
+"""A /metrics family as plain rows, and the Prometheus text format (0.0.4) written from them.
+
+prometheus_client's own path was most of a scrape: at 41 versions its families built ~5,600
+Sample objects, label dicts and all, on the event loop (most of its ~18 ms there), and
+generate_latest checked and escaped every label name of every line again (~90 ms of a worker
+thread holding the GIL, so the loop stalled all the same). A Family holds (label values, value)
+rows; `render` escapes each label value once a scrape and writes a family's lines through one
+str.format template (a histogram series' 18 lines in one call): the text generate_latest writes,
+byte for byte (tests/server/test_metrics_text.py compares the two, a real server's scrape among
+them). `Family.prometheus()` is the same family as prometheus_client's, for that comparison and
+any CollectorRegistry.
+"""
+from __future__ import annotations
+
+from itertools import accumulate
+from typing import Iterable, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
+
+KINDS = ("counter", "gauge", "histogram")
+
+
+class Family:
+    """One metric family. A counter's name is without `_total` (written with it, as
+    prometheus_client does). Rows: (label values, value); a histogram's (label values, counts
+    per bucket, not cumulative, +Inf last, sum) over `bounds` (ascending, >= 0)."""
+
+    __slots__ = ("kind", "name", "help", "labelnames", "bounds", "rows")
+
+    def __init__(self, kind: str, name: str, help: str, labelnames: Sequence[str] = (),
+                 bounds: Sequence[float] = ()):
+        assert kind in KINDS, kind
+        self.kind, self.name, self.help = kind, name, help
+        self.labelnames = tuple(labelnames)
+        self.bounds = tuple(bounds)
+        self.rows: list[tuple] = []
+
+    def add(self, labels: tuple[str, ...], value: float) -> None:
+        """A series: its label values (strings, in labelnames' order) and value (on the loop: no copy made)."""
+        self.rows.append((labels, value))
+
+    def prometheus(self):
+        """The family as prometheus_client builds it (what generate_latest reads)."""
+        if self.kind == "histogram":
+            family = HistogramMetricFamily(self.name, self.help, labels=self.labelnames)
+            names = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+            for labels, counts, total_sum in self.rows:
+                cumulative, total = [], 0
+                for name, count in zip(names, counts):
+                    total += count
+                    cumulative.append((name, total))
+                family.add_metric(list(labels), cumulative, sum_value=total_sum)
+            return family
+        made = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
+        family = made(self.name, self.help, labels=self.labelnames)
+        for labels, value in self.rows:
+            family.add_metric(list(labels), value)
+        return family
+
+
+def render(families: Iterable[Family]) -> bytes:
+    """The exposition text of `families`, in their order and their rows' order."""
+    out: list[str] = []
+    escaped = _Escaped()
+    for family in families:
+        name = family.name + "_total" if family.kind == "counter" else family.name
+        out.append(f"# HELP {name} {_help(family.help)}\n# TYPE {name} {family.kind}\n")
+        if family.kind == "histogram":
+            _histogram(out, family, escaped.__getitem__)
+        elif family.labelnames:
+            labelled, value_of = _labels_format(family.labelnames), escaped.__getitem__
+            for labels, value in family.rows:
+                out.append(f"{name}{labelled(*map(value_of, labels))} {_number(value)}\n")
+        else:
+            for _, value in family.rows:
+                out.append(f"{name} {_number(value)}\n")
+    return "".join(out).encode("utf-8")
+
+
+def _histogram(out: list[str], family: Family, value_of) -> None:
+    """Per series its buckets (cumulative), _count and _sum: one str.format of the family's
+    block of lines, its placeholders the label values, then the numbers."""
+    name, labelnames, n = family.name, family.labelnames, len(family.labelnames)
+    les = [floatToGoString(b) for b in family.bounds] + ["+Inf"]
+    bucket = _labels_template(labelnames + ("le",))  # `le` among the others in name order
+    own = _labels_template(labelnames) if labelnames else ""
+    lines = [f"{name}_bucket{bucket.replace('{%d}' % n, le)} {{{n + i}}}\n" for i, le in enumerate(les)]
+    lines.append(f"{name}_count{own} {{{n + len(les)}}}\n{name}_sum{own} {{{n + len(les) + 1}}}\n")
+    block, count_text = "".join(lines).format, _Counts().__getitem__
+    for labels, counts, total_sum in family.rows:
+        texts = list(map(count_text, accumulate(counts)))
+        out.append(block(*map(value_of, labels), *texts, texts[-1], _number(total_sum)))
+
+
+def _labels_format(labelnames: tuple[str, ...]):
+    """str.format of `{name="{0}",...}` for label values escaped, given in labelnames' order."""
+    return _labels_template(labelnames).format
+
+
+def _labels_template(labelnames: tuple[str, ...]) -> str:
+    """`{name="{0}",...}` with braces doubled for str.format: names sorted, as generate_latest
+    writes them (a label name cannot hold a brace)."""
+    order = sorted(range(len(labelnames)), key=labelnames.__getitem__)
+    return "{{" + ",".join(f'{labelnames[i]}="{{{i}}}"' for i in order) + "}}"
+
+
+class _Counts(dict):
+    """A histogram's cumulative counts (integers) as text, each number once a family."""
+
+    def __missing__(self, count: int) -> str:
+        text = self[count] = _number(count)
+        return text
+
+
+class _Escaped(dict):
+    """Label values escaped as generate_latest escapes them (backslash, newline, double quote),
+    each once a render: a model's name is on most lines."""
+
+    def __missing__(self, label: str) -> str:
+        escaped = self[label] = label.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+        return escaped
+
+
+def _help(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def _number(value) -> str:
+    """floatToGoString's text of `value`, most samples (counts, fractions, seconds) without its
+    checks: below 1e6 a float is written as Python writes it, no exponent to move."""
+    if value.__class__ is float and 0.0 <= value < 1e6:
+        return repr(value)
+    if value.__class__ is int and 0 <= value < 1_000_000:
+        return f"{value}.0"
+    return floatToGoString(value)
