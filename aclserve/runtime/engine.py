@@ -27,13 +27,13 @@ from typing import Mapping
 
 import numpy as np
 
-from ..dtypes import cast_keeping_values
 from ..errors import Closed
-from ..value_ranges import ValueRange, ValueRangeError, out_of_range, value_range
+from ..value_ranges import ValueRange, ValueRangeError, value_range
 from .acl_runtime import AclRuntime
 from .batch import Batch
 from .builder import open_pool
 from .engine_calls import Call, OpenCalls
+from .engine_inputs import checked_inputs
 from .engine_options import check_options
 from .engine_process import CreatedIn
 from .futures import settle
@@ -74,7 +74,7 @@ class EngineModel:
         self._created_in.check()  # (before any lock: a fork may have copied one held)
         if self.closed:
             return _failed(Closed(self._refusal()))
-        arrays = self._validate(inputs)
+        arrays = checked_inputs(inputs, self.inputs, self.value_ranges)
         if not self.gears:
             chunks = [(arrays, None, 1)]
         else:
@@ -125,44 +125,6 @@ class EngineModel:
 
     def slot_free(self) -> None:
         pass  # every batch was handed to the pool at submit(); nothing waits here
-
-    def _validate(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        names = {s.name for s in self.inputs}
-        if not isinstance(inputs, Mapping):
-            raise TypeError(f"inputs must be a mapping of input name to array (the model takes "
-                            f"{sorted(names)}), not {type(inputs).__name__}")
-        unknown = set(inputs) - names
-        if unknown:  # (key=repr: keys of mixed types do not sort)
-            raise ValueError(f"unknown input(s) {sorted(unknown, key=repr)}; the model takes {sorted(names)}")
-        arrays, rows = {}, None
-        for spec in self.inputs:
-            if spec.name not in inputs:
-                raise ValueError(f"missing input {spec.name!r}")
-            given = np.asarray(inputs[spec.name])
-            expected = spec.sample_shape if spec.batched else spec.shape
-            got = given.shape[1:] if spec.batched else given.shape
-            if tuple(got) != tuple(expected) or (spec.batched and given.ndim == 0):  # (before any copy)
-                want = ["N", *expected] if spec.batched else list(expected)
-                raise ValueError(f"input {spec.name!r} has shape {list(given.shape)}, expected {want}")
-            try:
-                cast = cast_keeping_values(given, spec.dtype)
-            except ValueError as e:
-                raise ValueError(f"input {spec.name!r} {e}") from None
-            # a copy of its own, in C order: submit() returns before the rows are packed, and the
-            # caller may reuse its buffer (np.ascontiguousarray shared it, and made a scalar [1]);
-            # a cast made one already
-            arr = cast if cast is not given and cast.flags.c_contiguous else np.array(cast, order="C")
-            if spec.batched:
-                if rows is not None and len(arr) != rows:
-                    raise ValueError("all inputs must have the same number of rows")
-                rows = len(arr)
-            arrays[spec.name] = arr
-        if rows == 0:
-            raise ValueError("inputs have no rows")
-        refusal = out_of_range(arrays, self.value_ranges)  # (an index past a table: a device fault, or zeros)
-        if refusal is not None:
-            raise ValueError(refusal)
-        return arrays
 
     def close(self, timeout: float | None = None) -> None:
         """Refuse calls from now on (Closed), let those made before finish, then unload the model

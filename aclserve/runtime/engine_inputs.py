@@ -1,0 +1,52 @@
+"""The inputs of a Python API call, checked against the model and copied before it is submitted."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..dtypes import cast_keeping_values
+from ..value_ranges import ValueRange, out_of_range
+from .types import TensorSpec
+
+
+def checked_inputs(inputs: Mapping[str, np.ndarray], specs: list[TensorSpec],
+                   value_ranges: Mapping[str, ValueRange]) -> dict[str, np.ndarray]:
+    """A call's `inputs` checked against the model's input `specs` and `value_ranges`, cast and
+    copied: {input name: array}. ValueError or TypeError naming what is wrong."""
+    names = {s.name for s in specs}
+    if not isinstance(inputs, Mapping):
+        raise TypeError(f"inputs must be a mapping of input name to array (the model takes "
+                        f"{sorted(names)}), not {type(inputs).__name__}")
+    unknown = set(inputs) - names
+    if unknown:  # (key=repr: keys of mixed types do not sort)
+        raise ValueError(f"unknown input(s) {sorted(unknown, key=repr)}; the model takes {sorted(names)}")
+    arrays, rows = {}, None
+    for spec in specs:
+        if spec.name not in inputs:
+            raise ValueError(f"missing input {spec.name!r}")
+        given = np.asarray(inputs[spec.name])
+        expected = spec.sample_shape if spec.batched else spec.shape
+        got = given.shape[1:] if spec.batched else given.shape
+        if tuple(got) != tuple(expected) or (spec.batched and given.ndim == 0):  # (before any copy)
+            want = ["N", *expected] if spec.batched else list(expected)
+            raise ValueError(f"input {spec.name!r} has shape {list(given.shape)}, expected {want}")
+        try:
+            cast = cast_keeping_values(given, spec.dtype)
+        except ValueError as e:
+            raise ValueError(f"input {spec.name!r} {e}") from None
+        # a copy of its own, in C order: submit() returns before the rows are packed, and the
+        # caller may reuse its buffer (np.ascontiguousarray shared it, and made a scalar [1]);
+        # a cast made one already
+        arr = cast if cast is not given and cast.flags.c_contiguous else np.array(cast, order="C")
+        if spec.batched:
+            if rows is not None and len(arr) != rows:
+                raise ValueError("all inputs must have the same number of rows")
+            rows = len(arr)
+        arrays[spec.name] = arr
+    if rows == 0:
+        raise ValueError("inputs have no rows")
+    refusal = out_of_range(arrays, value_ranges)  # (an index past a table: a device fault, or zeros)
+    if refusal is not None:
+        raise ValueError(refusal)
+    return arrays
