@@ -86,13 +86,16 @@ class EngineModel:
                 n = len(next(iter(chunk.values())))
                 chunks.append((chunk, self.gears[bisect.bisect_left(self.gears, n)], n))
         call = Call(len(chunks), [s.name for s in self.outputs])
-        if not self._calls.take(call.future):  # (a close began since the check above)
+        if not self._calls.take(call):  # (a close began since the check above)
             return _failed(Closed(self._refusal()))
+        index = 0
         try:
             for index, (chunk, gear, n) in enumerate(chunks):
                 self.pool.submit(Batch([chunk], gear, n, requests=(call, index)))
         except BaseException as e:  # (a call left open would hold a close without a timeout for good)
             settle(call.future, e)
+            for never_run in range(index, len(chunks)):
+                call.run_back(never_run)
             raise
         return call.future
 
@@ -152,16 +155,16 @@ class EngineModel:
             self.pool.close(deadline)
 
     def _drain(self, deadline: float | None) -> None:
-        """Wait for the calls taken until `deadline`; fail those left then with Closed, before the
-        pool's close waits for the device (their runs: answered by it, or abandoned, unheard)."""
-        left = self._calls.left(deadline)
-        if not left:
-            return
+        """Wait until `deadline` for the runs of the calls taken, cancelled ones' too; fail the calls
+        left then with Closed, before the pool's close waits for the device (their runs: answered
+        by it, or abandoned, unheard)."""
+        self._fail(self._calls.left(deadline), "the close's timeout passed")
+
+    def _fail(self, calls: list[Call], why: str) -> None:
         outer, _callbacks.engine = getattr(_callbacks, "engine", None), self.owner  # (their done-callbacks
         try:  # run here: the engine's closes, which this thread holds, are refused in them)
-            for future in left:
-                settle(future, Closed(f"model {self.name} was closed before the call was answered (the close's "
-                                      "timeout passed)"))
+            for call in calls:
+                settle(call.future, Closed(f"model {self.name} was closed before the call was answered ({why})"))
         finally:
             _callbacks.engine = outer
 

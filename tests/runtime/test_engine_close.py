@@ -3,6 +3,7 @@
 unloaded"), a close bounded in time fails those left with Closed, and so does the exit."""
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -13,7 +14,7 @@ import pytest
 
 import aclserve
 from aclserve.acl.cpu import faults
-from aclserve.runtime import Engine
+from aclserve.runtime import Engine, teardown
 
 from tests import REPO
 from tests.hung_device import let_go
@@ -62,6 +63,35 @@ def test_a_close_lets_the_calls_made_before_it_finish_and_refuses_later_ones(aff
         late.result(timeout=0)
     assert engine.closed if closed == "engine" else engine.models == []
     engine.close()
+
+
+def test_a_close_without_a_timeout_waits_for_the_runs_of_cancelled_calls(affine_om):
+    """asyncio.wait_for's timeout cancels the future behind infer_async, not its runs. A close
+    without a timeout followed the futures: it waited for none, and the pool's close abandoned
+    the instance under the run after reset_timeout_ms (found by tester t29). It waits for the runs."""
+    engine = Engine(device="cpu")
+    model = engine.load(affine_om())
+    for instance in model.pool.instances:
+        instance.reset_timeout_ms = 1  # (a close that does not wait for the run abandons it at once)
+    gate = threading.Event()
+    held = faults.inject("execute", nth=1, hold=gate, code=0)
+
+    async def cancelled_on_the_device():
+        call = asyncio.ensure_future(model.infer_async(affine_request(1)))
+        await asyncio.get_running_loop().run_in_executor(None, held.entered.wait, 60)
+        call.cancel()  # as asyncio.wait_for's timeout does
+    asyncio.run(cancelled_on_the_device())
+    closer = threading.Thread(target=engine.close)
+    held_before = teardown.held()
+    try:
+        closer.start()
+        closer.join(2)  # (a close that does not wait for the run has abandoned it by then)
+        waited = closer.is_alive()
+    finally:
+        gate.set()  # the run ends
+    closer.join(60)
+    assert not closer.is_alive() and engine.closed
+    assert waited and teardown.held() <= held_before, "the close did not wait for the cancelled call's run"
 
 
 def test_a_close_bounded_in_time_fails_the_calls_left_with_closed(affine_om):
