@@ -32,6 +32,7 @@ from ..value_ranges import ValueRange, ValueRangeError, value_range
 from .acl_runtime import AclRuntime
 from .batch import Batch
 from .builder import open_pool
+from .closing import close_pools
 from .engine_calls import Call, OpenCalls
 from .engine_inputs import checked_inputs
 from .engine_options import check_options
@@ -149,10 +150,15 @@ class EngineModel:
 
     def _close(self, deadline: float | None, refusal: str) -> None:
         self._calls.stop(refusal)
+        interrupted = False
         try:
             self._drain(deadline)
-        finally:  # (Ctrl-C in the wait: the model is closed all the same, its calls left failed)
-            self.pool.close(deadline)
+        except BaseException:  # Ctrl-C in the wait: the calls left fail now, the device is not waited for
+            interrupted = True
+            self._fail(self._calls.still_open(), "the close was interrupted")
+            raise
+        finally:  # (the model is closed all the same)
+            close_pools([self.pool], deadline, interrupted)
 
     def _drain(self, deadline: float | None) -> None:
         """Wait until `deadline` for the runs of the calls taken, cancelled ones' too; fail the calls
@@ -215,7 +221,9 @@ class Engine:
         to warm it up, which also sets the model's execution timeout from what a run costs
         (without it: 60 s). value_ranges: {integer input name: (smallest, largest)}, as a
         model's YAML gives `value_range` (an OM carries none): a call holding any other value
-        is refused with a ValueError before it runs."""
+        is refused with a ValueError before it runs. Ctrl-C while it loads closes what it opened
+        without waiting for the device (what the device still runs is abandoned, as a close's
+        timeout does)."""
         check_options(path=path, name=name, instances=instances, devices=devices, slots=slots, retry=retry,
                       warmup=warmup, warmup_data=warmup_data, value_ranges=value_ranges)
         self.created_in.check()
@@ -246,14 +254,14 @@ class Engine:
                         remedy=" (if the model cannot run on zeros, load it with warmup_data='ones' or warmup=False)")
                 pool.set_execution_timeout(0)  # as the server: derived from the warm-up's runs
             model = EngineModel(pool, self, ranges)
-        except BaseException:  # (a failed warm-up, Ctrl-C): its instances closed, not left running
-            pool.close()
+        except BaseException as e:  # (a failed warm-up, Ctrl-C): its instances closed, not left running
+            close_pools([pool], None, interrupted=isinstance(e, KeyboardInterrupt))
             raise
         with self._state:
             if not self._closed:
                 self.models.append(model)
                 return model
-        pool.close()  # (the engine closed while it loaded: a close bounded in time left it to this load)
+        close_pools([pool], None)  # (the engine closed while it loaded: a close bounded in time left it to this load)
         raise Closed(f"{_ENGINE_CLOSED} (it closed while model {name} loaded)")
 
     def close(self, timeout: float | None = None) -> None:
@@ -262,8 +270,9 @@ class Engine:
         (blocking). `timeout`: at most that many seconds for the calls (None: until each is
         answered, every run bounded by its model's execution timeout); those still unanswered
         then fail with Closed, and a device still running one is left to itself, as the
-        server's shutdown_timeout_s does. A close from another thread meanwhile waits for it.
-        Not from a future's done-callback: that runs on the engine's own thread."""
+        server's shutdown_timeout_s does. Ctrl-C in it fails the calls left with Closed at once
+        and leaves the device as a timeout does. A close from another thread meanwhile waits for
+        it. Not from a future's done-callback: that runs on the engine's own thread."""
         self.created_in.check()
         _refuse_in_callback(self, "Engine.close()", "it runs on the engine's own thread, which close waits for")
         check_options(timeout=timeout)
@@ -282,16 +291,23 @@ class Engine:
                 models, self.models = self.models, []
             for model in models:  # all refuse calls before any is waited for
                 model._calls.stop(_ENGINE_CLOSED)
+            interrupted = False
             try:
                 for model in models:
                     model._drain(deadline)
-            finally:  # (Ctrl-C in the wait: the models are closed all the same, their calls left failed)
-                while models:
-                    models.pop().pool.close(deadline)
-            with self._state:  # a load still under way lets go of the runtime as it ends (load's finally)
-                self._runtime_left = bool(self._loading)
-            if not self._runtime_left:
-                self._let_go_of_runtime()
+            except BaseException:  # Ctrl-C in the wait: the calls left fail now, the device is not waited for
+                interrupted = True
+                for model in models:
+                    model._fail(model._calls.still_open(), "the close was interrupted")
+                raise
+            finally:  # (the models are closed all the same, and the runtime let go of)
+                try:
+                    close_pools([model.pool for model in reversed(models)], deadline, interrupted)
+                finally:
+                    with self._state:  # a load still under way lets go of the runtime as it ends (load's finally)
+                        self._runtime_left = bool(self._loading)
+                    if not self._runtime_left:
+                        self._let_go_of_runtime()
         return loads_ended
 
     def _let_go_of_runtime(self) -> None:

@@ -1,0 +1,50 @@
+"""Closing the Python API's pools to the end, whatever Ctrl-C does (Engine.close, a failed load).
+
+A pool's close waits for the device, up to its instances' reset_timeout_ms (10 s). Ctrl-C came
+through only after it (6 to 10 s late), and one raised inside it would stop an instance's close
+midway: neither freed nor abandoned, its work not counted as running, the runtime could reset
+the device or finalize ACL under it. So the closes run in a thread of their own and the caller's
+thread waits for them: Ctrl-C there brings their deadline to now (InstancePool.hurry: what the
+device still runs is abandoned, teardown.py, after teardown.GRACE_S) and is raised once they are
+done, in about half a second.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+
+def close_pools(pools: list, deadline: float | None, interrupted: bool = False) -> None:
+    """Close `pools` in turn (blocking), each waiting for the device until `deadline`
+    (time.monotonic(); None: each instance's reset_timeout_ms). `interrupted`: Ctrl-C has come
+    already (in a wait before this), so the device is not waited for beyond the grace. A
+    KeyboardInterrupt while they close hurries them and is raised once they are done; else the
+    first pool's error, once all have closed."""
+    if interrupted:
+        deadline = time.monotonic()
+    errors: list[Exception] = []
+    done = threading.Event()
+
+    def close_all() -> None:
+        try:
+            for pool in pools:
+                try:
+                    pool.close(deadline)
+                except Exception as e:  # keep closing the others; raised at the end
+                    errors.append(e)
+        finally:
+            done.set()
+    threading.Thread(target=close_all, name="engine-close", daemon=True).start()
+    ctrl_c = None
+    while True:
+        try:
+            done.wait()
+            break
+        except KeyboardInterrupt as e:  # (again and again: each hurries them, the first is raised)
+            ctrl_c = ctrl_c or e
+            for pool in pools:
+                pool.hurry(time.monotonic())
+    if ctrl_c is not None:
+        raise ctrl_c
+    if errors:
+        raise errors[0]
