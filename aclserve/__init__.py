@@ -21,3 +21,8 @@ def __getattr__(name):
 
         return Engine
     raise AttributeError(f"module 'aclserve' has no attribute {name!r}")
+
+
+def __dir__():
+    # (dir(aclserve) lists what __getattr__ gives too: tab completion and help() find Engine)
+    return sorted({*globals(), *__all__})

@@ -69,9 +69,12 @@ class EngineModel:
         return self._calls.refusal is not None or (self.owner is not None and self.owner.closed)
 
     def submit(self, inputs: Mapping[str, np.ndarray]) -> concurrent.futures.Future:
-        """Start inference; the future resolves to {output name: array}. Never blocks. Once the
-        model or its Engine is closing the future fails with Closed (a future, not a raise: a
-        done-callback chaining calls gets its answer). In a forked child: RuntimeError, at once."""
+        """Start inference; the future resolves to {output name: array}. It checks and copies the
+        inputs first (a caller may reuse its arrays once it returns), raising ValueError or
+        TypeError for a wrong one, then returns without waiting for the device. Once the model or
+        its Engine is closing the future fails with Closed (a future, not a raise: a
+        done-callback chaining calls gets its answer). In a forked child: RuntimeError, at once.
+        Cancelling the future does not stop its runs (a close waits for them)."""
         self._created_in.check()  # (before any lock: a fork may have copied one held)
         if self.closed:
             return _failed(Closed(self._refusal()))
@@ -101,6 +104,10 @@ class EngineModel:
         return call.future
 
     def infer(self, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Run `inputs` ({input name: array}) and return {output name: array} (blocking): submit()
+        and its result. `timeout`: at most that many seconds (None: until answered, every run
+        bounded by the model's execution timeout); past it TimeoutError
+        (concurrent.futures.TimeoutError before Python 3.11), the call running on."""
         _refuse_in_callback(self.owner, "EngineModel.infer()", "it waits for its call, which this thread may have "
                                         "to finish: use submit() here")
         check_options(timeout=timeout)
@@ -114,10 +121,13 @@ class EngineModel:
                                                   "it runs on (submit() gives its future)") from None
 
     async def infer_async(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """infer() for asyncio code: awaits submit()'s future (no timeout of its own: wrap it in
+        asyncio.wait_for; cancelling it cancels the future, not the runs, which a close waits for)."""
         return await asyncio.wrap_future(self.submit(inputs))
 
     # -- BatchListener (the pool's threads) ----------------------------------------------------
     def batch_done(self, batch: Batch) -> None:
+        """(The pool's listener, not for callers) A run of a call has ended, on a pool thread."""
         call, index = batch.requests
         outer, _callbacks.engine = getattr(_callbacks, "engine", None), self.owner  # the future's
         try:  # done-callbacks run from here (Engine.close); `outer`: a callback's own call answered at once
@@ -128,7 +138,7 @@ class EngineModel:
             _callbacks.engine = outer
 
     def slot_free(self) -> None:
-        pass  # every batch was handed to the pool at submit(); nothing waits here
+        """(The pool's listener) Nothing waits here: every run was handed to the pool at submit()."""
 
     def close(self, timeout: float | None = None) -> None:
         """Refuse calls from now on (Closed), let those made before finish, then unload the model
@@ -189,8 +199,13 @@ class Engine:
     the loads under way have ended, and for good (a load afterwards is refused)."""
 
     def __init__(self, device: str = "auto", cpu_threads: int | None = None, memory_reserve_fraction: float = 0.1):
-        """cpu_threads: ONNX Runtime threads per model on the CPU runtime (None:
-        ACLSERVE_CPU_THREADS, else 1)."""
+        """device: "npu" (CANN and a device needed), "cpu" (the CPU runtime: ONNX Runtime) or
+        "auto" (the NPU when CANN sees one, else the CPU). cpu_threads: ONNX Runtime threads per
+        model on the CPU runtime (None: ACLSERVE_CPU_THREADS, else 1). memory_reserve_fraction:
+        the share of each device's memory a load leaves free (as the server's
+        memory_reserve_fraction; from 0 to below 1). Nothing starts before the first load or
+        `with`. Close it (close(), or use it in a `with` block): until then its threads and
+        device state stay, an Engine dropped unclosed included, and it is closed at exit."""
         check_options(device=device, cpu_threads=cpu_threads, memory_reserve_fraction=memory_reserve_fraction)
         threads = None if cpu_threads is None else int(cpu_threads)  # (a numpy int: the CPU runtime takes int)
         self.created_in = CreatedIn()  # every call in another process (a fork's child) raises: engine_process
@@ -219,11 +234,15 @@ class Engine:
              warmup_data: str = "zeros", value_ranges: Mapping[str, tuple[int, int]] | None = None) -> EngineModel:
         """Load an OM (blocking) and, by default, run every gear on `warmup_data` (zeros or ones)
         to warm it up, which also sets the model's execution timeout from what a run costs
-        (without it: 60 s). value_ranges: {integer input name: (smallest, largest)}, as a
-        model's YAML gives `value_range` (an OM carries none): a call holding any other value
-        is refused with a ValueError before it runs. Ctrl-C while it loads closes what it opened
-        without waiting for the device (what the device still runs is abandoned, as a close's
-        timeout does)."""
+        (without it: 60 s). `name`: the model's (default: the file's name without .om).
+        `instances` copies of it (each its own context, streams and `slots` sets of buffers,
+        so the next run's inputs are copied while one computes) go round-robin over the device
+        ids in `devices`; calls share them. `retry`: a run the device fails runs again, on
+        another instance if there is one (as the server's retry). value_ranges: {integer input
+        name: (smallest, largest)}, as a model's YAML gives `value_range` (an OM carries none):
+        a call holding any other value is refused with a ValueError before it runs. Ctrl-C
+        while it loads closes what it opened without waiting for the device (what the device
+        still runs is abandoned, as a close's timeout does)."""
         check_options(path=path, name=name, instances=instances, devices=devices, slots=slots, retry=retry,
                       warmup=warmup, warmup_data=warmup_data, value_ranges=value_ranges)
         self.created_in.check()

@@ -383,3 +383,10 @@ def test_a_callback_s_own_call_answered_at_once_keeps_the_refusals(affine_om):
             model.infer(affine_request(1), timeout=30)
         said = in_a_done_callback(model, nested)
     assert said and "cannot run in a done-callback" in said[0], said
+
+
+def test_dir_of_the_package_lists_engine():
+    """aclserve.Engine loads on first use (a module __getattr__): dir(aclserve), which help() and
+    tab completion read, did not list it (found by tester t29)."""
+    import aclserve
+    assert {"Engine", "Closed", "ServeError"} <= set(dir(aclserve))
