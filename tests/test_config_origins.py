@@ -137,12 +137,12 @@ def test_conflicts_found_as_the_server_starts_name_each_origin(tmp_path, pair):
     said = _refusal(_aclserve("--config", "key.yaml", "--tls-cert", str(cert), cwd=tmp_path))
     assert said.endswith(f"error: bad configuration: tls_key_file: {key} is not the key of the certificate {cert} "
                          "(tls_cert_file from --tls-cert, tls_key_file from key.yaml)"), said
-    (tmp_path / "token.yaml").write_text("port: 0\napi_token: t\u00f6k-s3cret\n")
+    (tmp_path / "token.yaml").write_text("port: 0\napi_token: " + "s3cret" * 1000 + "\n")
     said = _refusal(_aclserve("--config", "token.yaml", "--grpc-port", str(free_port()), cwd=tmp_path))
     assert "s3cret" not in said and said.endswith(
-        "error: bad configuration: api_token: must be printable ASCII of at most 4096 characters for gRPC clients to "
+        "error: bad configuration: api_token: must be at most 4096 characters for gRPC clients to "
         "send it (metadata), or turn gRPC off (grpc_port: 0) (api_token from token.yaml, grpc_port from --grpc-port)")
-    env = dict(os.environ, ACLSERVE_API_TOKEN="t\u00f6k-s3cret")
+    env = dict(os.environ, ACLSERVE_API_TOKEN="s3cret" * 1000)
     said = _refusal(_aclserve("--port", "0", cwd=tmp_path, env=env))
     assert said.endswith("(api_token from ACLSERVE_API_TOKEN, grpc_port from the default)"), said
     (tmp_path / "auth.yaml").write_text("port: 0\ngrpc_port: 0\nauth_inference: true\n")
