@@ -25,7 +25,8 @@ def json_unsigned(params: dict, key: str, text) -> int | None:
     if type(value) is str and len(value) <= 20 and value.isascii() and value.isdigit():
         number = int(value)
     if type(number) is not int or not 0 <= number <= UINT64_MAX:
-        raise InvalidInput(f"parameters.{key} must be an unsigned 64-bit integer (at most {UINT64_MAX}), got {_as_sent(value, key, text)}")
+        raise InvalidInput(f"parameters.{key} must be an unsigned 64-bit integer (at most {UINT64_MAX}), "
+                           f"got {_as_sent(value, key, text)}")
     return number
 
 

@@ -35,7 +35,8 @@ ONE_ROW = {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0.0] * 4}
 
 def test_a_parameter_of_many_items_is_named_by_its_size_not_written_out():
     message = decode_error({"inputs": [ONE_ROW], "parameters": {"priority": [[]] * 200_000}})
-    assert message == "parameters.priority must be an unsigned 64-bit integer (at most 18446744073709551615), got an array of 200,000 items"
+    assert message == ("parameters.priority must be an unsigned 64-bit integer (at most 18446744073709551615), "
+                       "got an array of 200,000 items")
 
 
 def test_a_datatype_is_quoted_in_json_not_python():
