@@ -29,6 +29,7 @@ it, SIGTERM first, so that it kills ATC and removes ATC's files.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -39,7 +40,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from .compile_error import AtcFailed, AtcKilled, CompileError, CompileKilled, NoBatchDimension, killed_by
 
@@ -80,12 +81,14 @@ class Built:
 class CompileStop:
     """Stops the compile it is given to: ends its child (SIGTERM, SIGKILL after STOP_GRACE_S),
     or keeps one from starting, or ends a wait for it (`wait`: the compile cache entry's lock
-    another process holds). `stop()` may be called from any thread, any number of times."""
+    another process holds; `telling`: a load's wait for its turn, on the loop). `stop()` may be
+    called from any thread, any number of times."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._child: subprocess.Popen | None = None
         self._stopped = threading.Event()
+        self._listeners: list[Callable[[], None]] = []
 
     @property
     def stopped(self) -> bool:
@@ -93,14 +96,35 @@ class CompileStop:
 
     def stop(self) -> None:
         with self._lock:
+            first = not self._stopped.is_set()
             self._stopped.set()
             child = self._child
+            listeners = list(self._listeners) if first else []
+        for listener in listeners:
+            listener()
         if child is not None:
             _end(child)
 
     def wait(self, timeout_s: float) -> bool:
         """Block until stopped (True) or for `timeout_s` (False)."""
         return self._stopped.wait(timeout_s)
+
+    @contextlib.contextmanager
+    def telling(self, listener: Callable[[], None]) -> Iterator[None]:
+        """`listener()` hears a stop during the block (in the stopping thread), or at once when
+        stopped already: a wait that is no thread's to block (an asyncio one) ends by it."""
+        with self._lock:
+            stopped = self._stopped.is_set()
+            if not stopped:
+                self._listeners.append(listener)
+        try:
+            if stopped:
+                listener()
+            yield
+        finally:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
 
     def _attach(self, child: subprocess.Popen) -> bool:
         """Follow `child`; False when stopped already (the caller ends it)."""

@@ -47,6 +47,7 @@ from ..runtime.limits import ResourceLimitError
 from .compile_cache import CompileCache
 from .failures import LoadFailures
 from .load_threads import LoadThreads
+from .load_turn import TurnWaitStopped
 from .loader import first_step, load_version
 from .plan import DesiredState, ModelPlan, Wanted
 from .planner import FILE_GONE, FILE_REPLACED, Planner
@@ -112,7 +113,8 @@ class Lifecycle:
     def stop_compiles(self, name: str) -> None:
         """An unload of `name` through the API: the compiles its loads run now end (their child processes
         killed, nothing left in the cache), and so do their waits for another's compile of the same file
-        (the cache entry's lock); those loads end as unloaded, not failed. (The close ends all: stop_all.)"""
+        (the cache entry's lock) and for their load_concurrency turn; those loads end as unloaded, not
+        failed. (The close ends all: stop_all.)"""
         self._compiles.stop(name, UNLOAD_ASKED)
 
     def stop_stale_compiles(self) -> None:
@@ -171,8 +173,12 @@ class Lifecycle:
                     loaded[version] = await load_version(self._runtime, self._executor, self._load_limit,
                                                          self._cache, name, version, wanted, progress, compile_.stop)
                     progress("loaded: serves once the versions loading with it are done")
-                except CompileStopped:  # an unload, the close, its file gone or replaced: no failure of the file's
-                    log.info("%s: the compile of version %s was stopped (%s)", name, version, compile_.why)
+                except CompileStopped as e:  # an unload, the close, its file gone or replaced: no failure of the file's
+                    if isinstance(e, TurnWaitStopped):  # (nothing compiled: an .om's too)
+                        log.info("%s: the load of version %s was stopped while it waited for its turn (%s)",
+                                 name, version, compile_.why)
+                    else:
+                        log.info("%s: the compile of version %s was stopped (%s)", name, version, compile_.why)
                     gone = compile_.why in (FILE_GONE, FILE_REPLACED)  # out of the index (a new file loads next)
                     if gone:
                         stale.add(version)

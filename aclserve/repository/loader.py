@@ -26,6 +26,7 @@ from ..config import PBTXT
 from ..om.compile_error import CompileError, NoBatchDimension
 from ..om.compile_process import CompileStop
 from .compile_cache import CompileCache
+from .load_turn import load_turn
 from .plan import Wanted
 from .served import ServedVersion, open_version
 from .status import SHUTTING_DOWN
@@ -56,8 +57,9 @@ def _in_pbtxt_words(error: CompileError, wanted: Wanted) -> CompileError | None:
 async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: CompileCache, name: str,
                        version: str, wanted: Wanted, progress: Callable[[str], None] = lambda step: None,
                        stop: CompileStop | None = None) -> ServedVersion:
-    """`stop` ends the compile of an .onnx (its child process): CompileStopped. Cancelling the
-    load stops it too: its thread would wait for the compile to the end."""
+    """`stop` ends the compile of an .onnx (its child process), or the wait for a turn (any
+    file's): CompileStopped. Cancelling the load stops it too: its thread would wait for the
+    compile to the end."""
     loop = asyncio.get_running_loop()
     stop = stop or CompileStop()
     run = functools.partial(loop.run_in_executor, executor)
@@ -94,7 +96,7 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
 
     if limit.locked():
         progress("waiting: other versions are loading (load_concurrency)")
-    async with limit:
+    async with load_turn(limit, stop):  # (a stop ends the wait for it: TurnWaitStopped)
         progress(first_step(wanted))  # (after "waiting", if it waited)
         started = time.monotonic()
         path = await om_path()

@@ -1,6 +1,7 @@
 """The compiles of the loads running now, one CompileStop each, by model: what ends a compile
-before it is done (its child process killed, its work folder and lock gone from the cache) or a
-load's wait for another's compile of the same file (the cache entry's lock), and why it was ended.
+before it is done (its child process killed, its work folder and lock gone from the cache), a
+load's wait for another's compile of the same file (the cache entry's lock) or for its turn
+(load_concurrency, any file's load: load_turn.py), and why it was ended.
 
 An unload through the API ends a model's compiles, the close ends all of them, and in poll mode
 each scan ends those whose file is gone or was replaced (lifecycle.stop_stale_compiles): their

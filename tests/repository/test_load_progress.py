@@ -40,6 +40,23 @@ async def test_the_index_names_the_warm_up_run_and_the_versions_waiting_their_tu
 
 
 @pytest.mark.asyncio
+async def test_of_the_versions_a_start_loads_together_those_behind_say_they_wait(
+        make_repo, models_dir, model_files, clean_faults):
+    """Started in the same turn of the loop (a start's plans): the first takes the turn at once, so
+    the next sees it taken and says it waits, rather than its first step ("checking b.om")."""
+    repo, _ = await make_repo(start=False, model_control_mode="explicit", load_concurrency=1)
+    place(model_files[1]["om"], models_dir / "a.om")
+    place(model_files[2]["om"], models_dir / "b.om")
+    with held_run() as held:  # the first warm-up run of the first load
+        starting = asyncio.ensure_future(repo.start())
+        await until(held.entered.is_set, "held")
+        shown = reasons(repo)
+    await starting
+    assert shown == {"a": ("LOADING", "warming up: gear 1, run 1 of 3"),
+                     "b": ("LOADING", "waiting: other versions are loading (load_concurrency)")}, shown
+
+
+@pytest.mark.asyncio
 async def test_a_reload_of_a_serving_version_shows_no_steps(make_repo, models_dir, model_files, clean_faults,
                                                             caplog):
     """The version serves on while its new file loads: READY without a reason throughout (a step
