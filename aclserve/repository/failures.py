@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import weakref
 from dataclasses import dataclass
 from typing import Callable
@@ -31,6 +32,9 @@ from .layout import ScanResult, VersionFile
 from .retry import RetrySchedule, host_short, is_transient
 
 log = logging.getLogger(__name__)
+
+# how a reason says its retry (record), ending it: `shown` counts its seconds down
+_RETRY_SAID = re.compile(r"retry (\d+) in \d+\.\d s\)$")
 
 
 @dataclass(eq=False)
@@ -68,7 +72,7 @@ class LoadFailures:
             else:
                 attempt, delay = self._retry.schedule(name, version, file.identity)
                 self._reasons[key] = f"{reason} ({what})"
-                reason = f"{reason} ({what}: retry {attempt} in {delay:.1f} s)"
+                reason = f"{reason} ({what}: retry {attempt} in {delay:.1f} s)"  # (_RETRY_SAID: shown counts down)
                 if attempt == 1:
                     self._first_failed.add((name, version))
         else:
@@ -142,6 +146,17 @@ class LoadFailures:
         due = [self._retry.due_in(key) for key in self._reasons if key[0] == name and key[1] in versions]
         due = [seconds for seconds in due if seconds is not None]
         return min(due) if due else None
+
+    def shown(self, name: str, version: str | None, reason: str) -> str:
+        """`reason` (a version's record, as the index and a request for it show it; version None:
+        the model's latest) with its retry's delay counted to now: said once when the load failed,
+        "retry 3 in 3.2 s" stayed so for as long as the retry waited, never saying when it was due."""
+        said = _RETRY_SAID.search(reason)
+        if said is None:
+            return reason
+        versions = [version] if version else [key[1] for key in self._reasons if key[0] == name]
+        due = self.retry_due_in(name, versions) or 0.0  # (None: due now, its load about to begin)
+        return f"{reason[:said.start()]}retry {said[1]} in {due:.1f} s)"
 
     def first_retry_pending(self) -> set[str]:
         """Models with a refused file whose first automatic retry is still to come. Only the

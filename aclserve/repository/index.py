@@ -26,11 +26,12 @@ GAP_FACTOR = 4.0
 MIN_GAP_S = 0.1
 
 
-def index_rows(lifecycle, planner, calls, ready_only: bool = False) -> list[dict]:
+def index_rows(lifecycle, planner, calls, failures, ready_only: bool = False) -> list[dict]:
     """[{"name", "version", "state", "reason"}] for every version loaded or on disk, as the latest
     scan (`planner`'s) and the Lifecycle's records say; a serving version that no instance can
     run is UNAVAILABLE (pool.out_of_service); `calls`: the ControlCalls (a load call running: a
-    model it names that no listing knows yet has a row of its own, LOADING)."""
+    model it names that no listing knows yet has a row of its own, LOADING); `failures`: the
+    LoadFailures (a failed load's reason says when its retry is due, counted to now)."""
     rows = lifecycle.states.index(planner.scan, planner.pending, lifecycle.held)
     unlisted = calls.loads_running() - {row["name"] for row in rows}  # a load call may find them
     for name in unlisted:  # LOADING, a row of the model's own as a problem's (no version known yet)
@@ -40,7 +41,8 @@ def index_rows(lifecycle, planner, calls, ready_only: bool = False) -> list[dict
         rows.sort(key=lambda row: row["name"])  # (stable: each model's versions stay in order)
     for row in rows:
         if row["version"]:  # (a problem's row is the model's, not a version waiting for a load)
-            row["state"], row["reason"] = calls.shown(row["name"], row["state"], row["reason"])
+            reason = failures.shown(row["name"], row["version"], row["reason"])
+            row["state"], row["reason"] = calls.shown(row["name"], row["state"], reason)
         served = lifecycle.serving.get(row["name"], {}).get(row["version"])
         down = served.pool.out_of_service() if served is not None and row["state"] == State.READY.value else None
         if down is not None:

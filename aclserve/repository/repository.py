@@ -165,7 +165,7 @@ class ModelRepository:
         if known is None and self._lifecycle.states.describe(name, None, self._planner.scan) is None:
             known = self._calls.unlisted(name)  # a load call may find it: loading, not unknown
         if known is not None:
-            state, reason = self._calls.shown(name, *known)
+            state, reason = self._calls.shown(name, known[0], self._failures.shown(name, version, known[1]))
             if reason == NOT_LOADED and self.mode != "poll" and not self._lifecycle.busy(name):
                 # found by a rescan (another model's load call, a retry's), never loaded: only a load call
                 # would load it, so not a retry-later (a 503 for good); Triton: unknown model
@@ -206,7 +206,7 @@ class ModelRepository:
         return self._failures.retries  # model -> automatic load retries started (transient device errors)
 
     def index(self, ready_only: bool = False) -> list[dict]:  # as the folder was last read (/metrics')
-        return index_rows(self._lifecycle, self._planner, self._calls, ready_only)
+        return index_rows(self._lifecycle, self._planner, self._calls, self._failures, ready_only)
 
     async def index_now(self, ready_only: bool = False) -> list[dict]:
         """index() of the folder as it is now (the repository API's): in explicit and none modes
