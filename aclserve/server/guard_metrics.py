@@ -64,53 +64,44 @@ class GuardCollector:
         for reason, n in sorted(conns.counts.items()):
             closed.add((reason,), n)
         yield closed
-        tls = Family("counter", "aclserve_tls_handshakes_refused", "TLS handshakes of the HTTP endpoint that "
-                     "TLS refused, on either side (no or a bad client certificate, an old protocol "
-                     "version, not TLS; a client not trusting the server's certificate)")
-        tls.add((), conns.tls_refused)
-        yield tls
+        yield _counter("aclserve_tls_handshakes_refused", "TLS handshakes of the HTTP endpoint that "
+                       "TLS refused, on either side (no or a bad client certificate, an old protocol "
+                       "version, not TLS; a client not trusting the server's certificate)",
+                       conns.tls_refused)
         yield _gauge("aclserve_connections_held", "Connections not read until the Retry-After of their "
                      "overload refusal (503) has passed", conns.held)
-        holds = Family("counter", "aclserve_connection_holds", "Overload refusals (503) whose connection "
-                       "was held for its Retry-After")
-        holds.add((), conns.holds)
-        yield holds
-        early = Family("counter", "aclserve_early_refusals", "Infer requests refused 503 (queue full) from "
-                       "their head and body, before aiohttp parsed them (shed_before_parsing)")
-        early.add((), conns.early.refused if conns.early is not None else 0)
-        yield early
-        direct = Family("counter", "aclserve_direct_infer", "Infer requests answered by the connection "
-                        "guard itself, without aiohttp's request objects (direct_infer)")
-        direct.add((), conns.direct.answered if conns.direct is not None else 0)
-        yield direct
+        yield _counter("aclserve_connection_holds", "Overload refusals (503) whose connection "
+                       "was held for its Retry-After", conns.holds)
+        yield _counter("aclserve_early_refusals", "Infer requests refused 503 (queue full) from "
+                       "their head and body, before aiohttp parsed them (shed_before_parsing)",
+                       conns.early.refused if conns.early is not None else 0)
+        yield _counter("aclserve_direct_infer", "Infer requests answered by the connection "
+                       "guard itself, without aiohttp's request objects (direct_infer)",
+                       conns.direct.answered if conns.direct is not None else 0)
         arrivals = state.grpc_arrivals
         yield _gauge("aclserve_grpc_receiving", "Places taken among the gRPC messages received at once "
                      "(max_inflight_bytes / grpc_max_message_bytes): unary calls reading, streams", arrivals.holding)
         yield _gauge("aclserve_grpc_streams", "ModelStreamInfer streams open, each holding one of those places",
                      arrivals.streams)
-        evicted = Family("counter", "aclserve_grpc_slow_messages_ended", "gRPC calls ended "
-                         "DEADLINE_EXCEEDED because their message took over 1 s while others "
-                         "waited to be received (max_inflight_bytes / grpc_max_message_bytes)")
-        evicted.add((), arrivals.evicted)
-        yield evicted
-        refused_streams = Family("counter", "aclserve_grpc_streams_refused", "ModelStreamInfer streams "
-                                 "refused (an error_message answer, then UNAVAILABLE): streams held "
-                                 "their half of those places")
-        refused_streams.add((), arrivals.streams_refused)
-        yield refused_streams
+        yield _counter("aclserve_grpc_slow_messages_ended", "gRPC calls ended "
+                       "DEADLINE_EXCEEDED because their message took over 1 s while others "
+                       "waited to be received (max_inflight_bytes / grpc_max_message_bytes)",
+                       arrivals.evicted)
+        yield _counter("aclserve_grpc_streams_refused", "ModelStreamInfer streams "
+                       "refused (an error_message answer, then UNAVAILABLE): streams held "
+                       "their half of those places",
+                       arrivals.streams_refused)
         refused_calls = Family("counter", "aclserve_grpc_calls_refused", "gRPC calls grpc answered itself, before "
                                "any handler ran: call_limit (RESOURCE_EXHAUSTED, over max_connections "
                                "calls at once), unknown_method (UNIMPLEMENTED)", ["reason"])
         for reason, n in state.grpc_refusals.counts().items():
             refused_calls.add((reason,), n)
         yield refused_calls
-        trims = Family("counter", "aclserve_heap_trims", "malloc_trim calls after large requests or a burst")
-        trims.add((), state.trimmer.trims)
-        yield trims
-        dropped = Family("counter", "aclserve_log_lines_dropped", "Log lines dropped, not written, because "
-                         "stderr was not read as fast as they came (its queue full)")
-        dropped.add((), logs.lines_dropped())
-        yield dropped
+        yield _counter("aclserve_heap_trims", "malloc_trim calls after large requests or a burst",
+                       state.trimmer.trims)
+        yield _counter("aclserve_log_lines_dropped", "Log lines dropped, not written, because "
+                       "stderr was not read as fast as they came (its queue full)",
+                       logs.lines_dropped())
         yield _gauge("aclserve_abandoned_instances", "Model instances closed while the device still ran their work: "
                      "their memory is left allocated, not freed under it", state.runtime.abandoned_instances())
         yield _gauge("aclserve_devices_failed", "Devices found failed as a whole (an HBM multi-bit ECC error, "
@@ -187,6 +178,15 @@ class GuardCollector:
 
 
 def _gauge(name: str, doc: str, value: float) -> Family:
-    g = Family("gauge", name, doc)
-    g.add((), value)
-    return g
+    return _single("gauge", name, doc, value)
+
+
+def _counter(name: str, doc: str, value: float) -> Family:
+    return _single("counter", name, doc, value)
+
+
+def _single(kind: str, name: str, doc: str, value: float) -> Family:
+    """A family of one series without labels."""
+    family = Family(kind, name, doc)
+    family.add((), value)
+    return family
