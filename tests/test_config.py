@@ -244,6 +244,17 @@ def test_a_bad_override_is_not_blamed_on_the_file(tmp_path, overrides, said):
         load_server_config(write(tmp_path, "cpu_threads: 0\n"), {"port": 9000})
 
 
+def test_an_unknown_key_is_named_on_one_bounded_line(tmp_path):
+    """An unknown key went into the error as written: a newline in it split the load failure's
+    log line in two, and a key of 100,000 characters was the whole message."""
+    for key, named in (("bad\nkey", "'bad\\nkey'"), ("k" * 100_000, "'kkkkkk"), ("colour", "colour")):
+        with pytest.raises(ConfigError) as info:
+            load_server_config(None, {"trace": {key: 1}})
+        said = str(info.value)
+        assert said.startswith(f"trace.{named}") and "unknown key" in said, said[:200]
+        assert "\n" not in said and len(said) < 400, said[:200]
+
+
 def test_yaml_that_explodes_or_recurses_is_one_short_line(tmp_path):
     """Found by a helper's fuzz of the config: a 420-byte alias bomb quoted whole in the message
     (a billion strings: the memory ran out), 100,000 nested lists (RecursionError) and a

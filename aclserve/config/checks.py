@@ -47,7 +47,15 @@ def as_mapping(value, path: str) -> Mapping:
 def no_unknown(data: Mapping, known, path: str) -> None:
     for key in data:
         if key not in known:
-            raise ConfigError(key_path(path, str(key)), f"unknown key (known: {', '.join(sorted(known))})")
+            raise ConfigError(key_path(path, _key_shown(key)), f"unknown key (known: {', '.join(sorted(known))})")
+
+
+def _key_shown(key) -> str:
+    """An unknown key as its error names it: as written when it is a short printable string, else
+    quoted and bounded (a newline in it split the error's log line in two; a key of a megabyte
+    was the whole message)."""
+    text = str(key)
+    return text if text.isprintable() and len(text) <= 80 else shown(text)
 
 
 # the longest duration in milliseconds a setting may hold: pyACL's timeouts take a C int (24.8 days)
