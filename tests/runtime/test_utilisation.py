@@ -2,7 +2,10 @@
 batches' compute spans over the window's wall time); the instances' in-flight fraction."""
 from __future__ import annotations
 
+import random
 import threading
+
+import pytest
 
 from aclserve.acl.cpu import faults
 from aclserve.runtime import open_pool
@@ -132,3 +135,25 @@ def test_the_warm_up_does_not_read_as_utilisation(runtime, affine_om, clean_faul
         assert pool.busy_ratio() < 0.05 and all(row["compute_busy"] < 0.05 for row in pool.utilisation())
     finally:
         pool.close()
+
+
+def test_the_running_total_reads_as_a_walk_over_every_span_would():
+    """A read walks only the spans that may straddle the window's start; over random spans of
+    mixed lengths (a long one among short ones, spans overlapping as the completion thread
+    places them) and reads at random moments it gives what summing every span's part within
+    the window gives."""
+    rng = random.Random(7)
+    now = [0]
+    window = BusyWindow(window_s=1.0, clock=lambda: now[0])
+    held: list[tuple[int, int]] = []
+    for step in range(3000):
+        now[0] += rng.randrange(0, 4_000_000)
+        if rng.random() < 0.7:
+            length = rng.choice((rng.randrange(1, 3_000_000), rng.randrange(1, 900_000_000)))
+            window.add(length)
+            held.append((now[0], length))
+        if step % 7 == 0:
+            start = now[0] - window.window_ns
+            busy = sum(min(length, end - start) for end, length in held if end > start)
+            expected = max(0.0, min(1.0, busy / min(window.window_ns, now[0])))
+            assert window.fraction() == pytest.approx(expected, abs=1e-12), step
