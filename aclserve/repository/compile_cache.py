@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..config import CompileOptions
 from ..om.compile_process import CompileStop
-from . import cache_dir, cache_entry, compiler
+from . import cache_dir, cache_entry, compiler, entry_locks
 
 log = logging.getLogger(__name__)
 FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -27,7 +27,7 @@ class CompileCache:
         self._configured = configured  # compile_cache_dir ("" = beside the models, or the user cache)
         self._models_dir = models_dir
         self._timeout_s = timeout_s  # compile_timeout_s: how long a compile may run (None: no bound)
-        self._here = compiler.CompilesHere()  # (another server's in this process waits as another process's)
+        self._here = entry_locks.CompilesHere()  # (another server's in this process waits as another process's)
 
     def compiled(self, onnx_path: str, name: str, options: CompileOptions, runtime_kind: str,
                  soc_name: str | None, progress=None, stop: CompileStop | None = None) -> str:
@@ -62,13 +62,13 @@ class CompileCache:
 
     def sweep(self) -> None:
         """At start (blocking): remove what interrupted compiles left in the cache folder, when
-        there is one (compiler.sweep)."""
+        there is one (entry_locks.sweep)."""
         try:
             if self._configured:
                 folders = [Path(self._configured)]
             else:  # either may have been compiled into (cache_dir.resolve); none is made here
                 folders = [Path(self._models_dir) / ".cache", cache_dir.user_cache_folder(self._models_dir)]
-            removed = sum(compiler.sweep(folder) for folder in folders if folder.is_dir())
+            removed = sum(entry_locks.sweep(folder) for folder in folders if folder.is_dir())
         except (OSError, RuntimeError) as e:  # housekeeping only (RuntimeError: no home folder found)
             log.warning("compile cache: could not look for what interrupted compiles left: %s", e)
             return
@@ -101,7 +101,7 @@ def _told(error: OSError, folder: Path) -> OSError:
     inside = _under(error.filename, folder)
     if error.errno in FULL and (error.filename is None or inside is not None):
         return OSError(error.errno, f"{error.strerror}: the compile cache {folder}")
-    entry = compiler.work_entry(inside.parts[0]) if inside is not None else None
+    entry = entry_locks.work_entry(inside.parts[0]) if inside is not None else None
     return error if entry is None else OSError(error.errno, error.strerror, str(folder / entry))
 
 

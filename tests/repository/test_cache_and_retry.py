@@ -586,8 +586,8 @@ def test_sweep_removes_what_interrupted_compiles_left_unless_a_compile_holds_it(
     An entry whose lock is held (a replica compiling it) stays."""
     import fcntl
 
-    from aclserve.repository import compiler
-    from aclserve.repository.compiler import sweep
+    from aclserve.repository import entry_locks
+    from aclserve.repository.entry_locks import sweep
     a, b, c, d = (f"{m}-{k * 32}.om" for m, k in (("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")))
     (tmp_path / a).write_bytes(b"om")
     (tmp_path / f"{a}.json").write_text("{}")
@@ -603,7 +603,7 @@ def test_sweep_removes_what_interrupted_compiles_left_unless_a_compile_holds_it(
         assert sorted(p.name for p in tmp_path.iterdir()) == [f".{c}.lock", a, f"{a}.json", c, "resnet50.om"]
         # the replica finishes it (its manifest) and lets go: what the listing saw is not taken on
         (tmp_path / f"{c}.json").write_text("{}")
-        assert compiler._remove_if_unfinished(tmp_path / c) is False and (tmp_path / c).exists()
+        assert entry_locks._remove_if_unfinished(tmp_path / c) is False and (tmp_path / c).exists()
     finally:
         os.close(held)
     (tmp_path / f"{c}.json").unlink()

@@ -15,7 +15,8 @@ import os
 import pytest
 
 from aclserve.errors import NotFound
-from aclserve.repository.compiler import WAITING_ELSEWHERE, cache_key, exclusive
+from aclserve.repository.compiler import WAITING_ELSEWHERE, cache_key
+from aclserve.repository.entry_locks import exclusive
 
 from .repo_helpers import held_run, place, until, x_rows
 from .test_compile_process import held_child, running

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from aclserve.repository import ModelLoadFailed
-from aclserve.repository.compiler import sweep
+from aclserve.repository.entry_locks import sweep
 
 from tests.tiny_models import endless_loop_onnx
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from aclserve.config import CompileOptions
-from aclserve.repository.compiler import WAITING_ELSEWHERE, WAITING_HERE, cache_key, compiled_om, exclusive
+from aclserve.repository.compiler import WAITING_ELSEWHERE, WAITING_HERE, cache_key, compiled_om
+from aclserve.repository.entry_locks import exclusive
 from aclserve.repository.control_calls import LOAD_ASKED
 
 from .repo_helpers import held_run, place, until

@@ -23,7 +23,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from aclserve.om import container
-from aclserve.repository.compiler import exclusive
+from aclserve.repository.entry_locks import exclusive
 
 from tests.serving import free_port
 from tests.tiny_models import affine_onnx, affine_reference

@@ -25,7 +25,7 @@ from tests.tiny_models import double_onnx
 
 WAITING = "waiting for another process compiling the same model"
 HOLDER = """import sys
-from aclserve.repository.compiler import exclusive
+from aclserve.repository.entry_locks import exclusive
 with exclusive(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.read()
