@@ -1,4 +1,5 @@
-"""`inference.GRPCInferenceService` (KServe v2 gRPC, Triton's flavour) over the shared server state.
+"""`inference.GRPCInferenceService` (KServe v2 gRPC, Triton's flavour) over the shared server state:
+its inference RPCs here, the others in its base, ControlServicer (grpc_control.py).
 
 Every RPC answers from the same ServerState as the HTTP app: the repository, the batchers, the
 statistics and the Prometheus metrics (infer goes through infer.counted_infer, the rest through
@@ -23,79 +24,39 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
 
-import grpc
-from google.protobuf import json_format
-from google.protobuf.message import DecodeError
-from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc as pbg
 
-from ..errors import InvalidInput, NotFound, PayloadTooLarge, ServeError, ShuttingDown
+from ..errors import ServeError, ShuttingDown
 from ..trace import now_ns
-from ..trace.settings import KEYS
 from . import views
 from .answer_size import answer_bytes, answer_hint
 from .body import BodyTimeout, timeout_at
 from .budget import Lease
-from .open_calls import SHUTDOWN_MESSAGE, OpenCalls
+from .grpc_arrivals import StreamsFull
 from .grpc_codec import (contents_elements, decode_infer_request, encode_infer_response, final_stream_response,
                          stream_error_response)
-from .grpc_arrivals import StreamsFull
-from .grpc_intake import GRPC_HINT, count_unparsed, parse, receive
+from .grpc_control import ControlServicer, metadata, rpc, version_or_none
+from .grpc_intake import GRPC_HINT, count_unparsed, parse
 from .grpc_status import end_call
 from .grpc_stream import InferStream
 from .grpc_stream_refused import refused_stream
 from .infer import counted_infer, run_decoded
 from .observe import request_id
+from .open_calls import SHUTDOWN_MESSAGE
 
 log = logging.getLogger(__name__)
 
 CONTENTS_OFFLOAD_ELEMENTS = 16 * 1024  # typed contents above this are decoded in a thread
-# Largest message of a method other than ModelInfer / ModelStreamInfer (names, a few settings),
-# as HTTP's repository API bodies (routes.REPOSITORY_BODY): parsed and read on the event loop,
-# 8 MiB of tiny trace settings took it 0.15 s to parse and 1.1 s to read
-CONTROL_MESSAGE_BYTES = 1 << 20
-# settings a TraceSetting request may name: more, and one is unknown (the first of them is named)
-_TRACE_KEYS = len(KEYS) + 1  # and trace_mode
 
 
-def rpc(method):
-    """A unary method whose failure ends its call with the failure's status (end_call)."""
-    @functools.wraps(method)
-    async def wrapper(self, request, context):
-        try:
-            with self.calls.at_work():
-                return await method(self, request, context)
-        except Exception as e:
-            error = e
-        await end_call(context, error, method.__name__, self.state.redact)
-    return wrapper
-
-
-def _version(value: str) -> str | None:
-    return value or None
-
-
-def _metadata(context, key: str) -> str | None:
-    """The call's metadata `key` (lower case, as grpc passes keys), None without it."""
-    return next((v for k, v in (context.invocation_metadata() or ()) if k == key), None)
-
-
-def _authorization(context) -> str:
-    """The `authorization` metadata ("Bearer <token>"), as the HTTP header (server/auth.py)."""
-    return _metadata(context, "authorization") or ""
-
-
-class InferenceServicer(pbg.GRPCInferenceServiceServicer):
-    """The RPCs of `inference.GRPCInferenceService`; event-loop thread only. Shared memory and
-    log settings answer UNIMPLEMENTED, like the HTTP server's 400 for those extensions."""
+class InferenceServicer(ControlServicer):
+    """The RPCs of `inference.GRPCInferenceService`: ModelInfer and ModelStreamInfer here, the
+    rest in ControlServicer. Event-loop thread only."""
 
     def __init__(self, state):
-        self.state = state
-        self.calls = OpenCalls()  # ended by the endpoint's stop (grpc_server.py)
+        super().__init__(state)
         self.streams: set[InferStream] = set()  # open ModelStreamInfer streams, drained at shutdown
         self.draining = False
 
@@ -105,114 +66,6 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         self.draining = True
         for stream in self.streams:
             stream.drain()
-
-    def _model_access(self, context) -> None:
-        """auth_inference: the token for every model RPC, as for /v2/models/... over HTTP."""
-        if self.state.auth.inference:
-            self.state.auth.check_value(_authorization(context))
-
-    # -- health and metadata --------------------------------------------------------------------
-    async def ServerLive(self, request, context):
-        """False once shutdown has begun, as /v2/health/live answers 503 then and Triton's
-        IsLive is false while it exits (a call open at the drain's start; new ones are refused)."""
-        return pb.ServerLiveResponse(live=not self.state.shutting_down)
-
-    async def ServerReady(self, request, context):
-        return pb.ServerReadyResponse(ready=self.state.ready())
-
-    @rpc
-    async def ModelReady(self, request, context):
-        """ready=false for a model or version the repository does not know, not NOT_FOUND: as
-        Triton (its ModelIsReady succeeds with ready false, for an empty name too), so that
-        tritonclient's is_model_ready answers False over gRPC as over HTTP."""
-        self._model_access(context)
-        try:
-            ready = views.model_ready(self.state, request.name, _version(request.version))
-        except NotFound:
-            ready = False
-        return pb.ModelReadyResponse(ready=ready)
-
-    async def ServerMetadata(self, request, context):
-        return pb.ServerMetadataResponse(**views.server_metadata())
-
-    @rpc
-    async def ModelMetadata(self, request, context):
-        self._model_access(context)
-        doc = views.metadata(self.state, views.model_name(request.name), _version(request.version))
-        # a tensor's `parameters` (an image input's decoding, an output's label file) have no
-        # field in Triton's TensorMetadata; the labels are in ModelConfig's label_filename
-        return json_format.ParseDict(doc, pb.ModelMetadataResponse(), ignore_unknown_fields=True)
-
-    @rpc
-    async def ModelConfig(self, request, context):
-        self._model_access(context)
-        doc = views.config(self.state, views.model_name(request.name), _version(request.version))
-        return pb.ModelConfigResponse(config=json_format.ParseDict(doc, mc.ModelConfig()))
-
-    @rpc
-    async def ModelStatistics(self, request, context):
-        self._model_access(context)
-        if request.version and not request.name:  # as Triton: a version of no model is no request
-            raise InvalidInput("a model version was given without a model name")
-        doc = views.statistics(self.state, request.name or None, _version(request.version))
-        # aclserve's own fields (utilisation) have no place in Triton's message
-        return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
-
-    # -- repository -----------------------------------------------------------------------------
-    @rpc
-    async def RepositoryIndex(self, request, context):
-        self.state.auth.check_repository_value(_authorization(context), control=False)
-        await _one_repository(request, context)  # (as Triton's gRPC; its HTTP answers a named index)
-        entries = await views.repository_index(self.state, request.ready)
-        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
-
-    @rpc
-    async def RepositoryModelLoad(self, request, context):
-        self.state.auth.check_repository_value(_authorization(context), control=True)
-        await _one_repository(request, context)
-        views.check_load_parameters(request.parameters.keys())
-        await self.state.repo.load(views.model_name(request.model_name))
-        return pb.RepositoryModelLoadResponse()
-
-    @rpc
-    async def RepositoryModelUnload(self, request, context):
-        self.state.auth.check_repository_value(_authorization(context), control=True)
-        await _one_repository(request, context)
-        if request.parameters["unload_dependents"].WhichOneof("parameter_choice") not in (None, "bool_param"):
-            raise InvalidInput("parameters.unload_dependents must be a bool_param")  # (absent: an empty one)
-        await self.state.repo.unload(views.model_name(request.model_name))
-        return pb.RepositoryModelUnloadResponse()
-
-    # -- extensions not offered ------------------------------------------------------------------
-    async def _not_offered(self, request, context):
-        """UNIMPLEMENTED with the reason, as HTTP's 400 for these routes says it. (The generated
-        base class raises NotImplementedError in a worker thread, which grpc logs as an
-        unexpected error with its traceback: a log line per call any client can make.)"""
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this extension is not supported by aclserve "
-                            "(no shared memory: send tensors in the request; no log settings: log_level in the config)")
-
-    SystemSharedMemoryStatus = SystemSharedMemoryRegister = SystemSharedMemoryUnregister = _not_offered
-    CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = LogSettings = _not_offered
-
-    # -- trace extension ------------------------------------------------------------------------
-    @rpc
-    async def TraceSetting(self, request, context):
-        """Without settings: read them. A setting with no values clears it (the model's back to
-        the global value), as tritonclient sends a None. A model's settings need what its other
-        RPCs need (the token under auth_inference), and a change needs the token when one is set,
-        else a loopback listener, as over HTTP (server/auth.py)."""
-        if request.model_name:
-            self._model_access(context)
-        if request.settings:
-            self.state.auth.check_trace_change(_authorization(context))
-        # (a map of more settings than there are holds an unknown one, among the first of them)
-        changes = {key: (list(value.value) or None)
-                   for key, value in itertools.islice(request.settings.items(), _TRACE_KEYS + 1)}
-        doc = views.trace_settings(self.state, request.model_name or None, changes or None)
-        response = pb.TraceSettingResponse()
-        for key, value in doc.items():
-            response.settings[key].value.extend(value if isinstance(value, list) else [value])
-        return response
 
     # -- inference ------------------------------------------------------------------------------
     @rpc
@@ -232,50 +85,12 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         context.add_done_callback(lambda _: lease.release())
         return response
 
-    def one_message(self, method, deserialize):
-        """`method`, a unary RPC of this servicer, as the handler of a client-streaming call
-        (grpc_server.method_handlers): it reads the one request message itself, within
-        body_timeout_s (grpc's own unary handling waits for it without a limit, holding the
-        call's slot), and a message that does not parse is INVALID_ARGUMENT."""
-        @functools.wraps(method)
-        async def handler(request_iterator, context):
-            try:
-                with self.calls.at_work():
-                    message = await self._receive(context)
-                if len(message) > CONTROL_MESSAGE_BYTES:
-                    raise PayloadTooLarge(f"request message of {len(message):,} bytes is over the "
-                                          f"{CONTROL_MESSAGE_BYTES:,} this method takes")
-                try:
-                    request = deserialize(message)
-                except DecodeError as e:
-                    raise InvalidInput(f"request message is not valid: {e}") from None
-            except Exception as e:  # as `rpc` does: grpc would answer UNKNOWN with its text
-                await end_call(context, e, method.__name__, self.state.redact)
-            return await method(request, context)
-        return handler
-
-    async def _receive(self, context) -> bytes:
-        """The call's one message, within body_timeout_s (BodyTimeout, and what grpc had
-        received of it is given back once the call ends)."""
-        try:
-            return await receive(context, self.state.config.body_timeout_s, self.state.grpc_arrivals)
-        except BodyTimeout:
-            self._trim_when_ended(context)
-            raise
-
-    def _trim_when_ended(self, context) -> None:
-        """A call ended before its message came: grpc core frees what it received of it once
-        the call ends, then give it back to the system."""
-        max_body_bytes = self.state.config.max_body_bytes
-        state = self.state  # (what requests in flight hold: this is no burst's end)
-        context.add_done_callback(lambda _: state.trimmer.released(max_body_bytes, state.budget.used))
-
     def _request_id(self, context) -> str | None:
         """The call's x-request-id metadata, read only while requests are observed (it names the
         request in traces and logs when its `id` field is empty)."""
         if self.state.observer is None:
             return None
-        return _metadata(context, "x-request-id")
+        return metadata(context, "x-request-id")
 
     async def infer(self, message: bytes, lease, fallback_id: str | None = None) -> pb.ModelInferResponse:
         """Run one ModelInferRequest `message` (raw bytes), charging it to `lease` first."""
@@ -284,9 +99,10 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         except ServeError as refusal:
             await count_unparsed(self.state, message, refusal, fallback_id)
             raise
-        return await counted_infer(self.state, views.model_name(request.model_name), _version(request.model_version),
-                                   functools.partial(_infer, request, raw_contents, self.state, fallback_id, lease),
-                                   protocol="grpc", known_id=request.id or fallback_id)
+        run = functools.partial(_infer, request, raw_contents, self.state, fallback_id, lease)
+        return await counted_infer(self.state, views.model_name(request.model_name),
+                                   version_or_none(request.model_version), run, protocol="grpc",
+                                   known_id=request.id or fallback_id)
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of one stream run concurrently and their responses come back in the order of
@@ -297,7 +113,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         config = self.state.config
         arrivals = self.state.grpc_arrivals
         # Triton's opt-in: the first failed request ends the stream with its status, not an error_message
-        ends_on_error = _metadata(context, "triton_grpc_error") == "true"
+        ends_on_error = metadata(context, "triton_grpc_error") == "true"
         try:
             if self.draining:
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
@@ -387,13 +203,3 @@ async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id
                lambda: answer_hint(rec.signature, req, json_outputs=False))
     return await run_decoded(rec, req, trace, encode_infer_response, state.images, pinned=bool(request.model_version),
                              lease=lease)
-
-
-async def _one_repository(request, context) -> None:
-    """One model repository is served: a call naming one is refused as Triton refuses it."""
-    if request.repository_name:
-        # a load or unload naming no model: KServe's own proto puts model_name where Triton's has this
-        kserve = getattr(request, "model_name", None) == ""
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, views.NAMED_REPOSITORY + (
-            " (from a client built on KServe's grpc_predict_v2.proto? Its model_name is this field: use Triton's "
-            "grpc_service.proto, as tritonclient does)" if kserve else ""))

@@ -436,11 +436,11 @@ def test_a_failure_while_reading_a_message_ends_the_call_internal_without_its_te
     """Not a ServeError (none comes from reading today; a fault injected here stands for a
     future one): INTERNAL "internal error" as from the methods themselves, not grpc's UNKNOWN
     carrying the exception's text."""
-    from aclserve.server import grpc_service
+    from aclserve.server import grpc_control
 
     async def failing(context, timeout_s):
         raise RuntimeError("private detail")
-    monkeypatch.setattr(grpc_service, "receive", failing)
+    monkeypatch.setattr(grpc_control, "receive", failing)
 
     async def scenario():
         async with grpc.aio.insecure_channel(guarded.grpc_url) as channel:

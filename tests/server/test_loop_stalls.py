@@ -15,7 +15,7 @@ from aclserve.errors import InvalidInput
 from aclserve.runtime.types import TensorSpec
 from aclserve.server import codec, grpc_codec, json_simd, json_tensors, redact
 from aclserve.server.bytes_codec import MAX_QUOTED_DIMS, check_rows
-from aclserve.server.grpc_service import CONTROL_MESSAGE_BYTES
+from aclserve.server.grpc_control import CONTROL_MESSAGE_BYTES
 from aclserve.trace.settings import MAX_LEVELS, TraceSettingsError, parse_changes
 
 from tests.serving import ServerThread, free_port, server_config
