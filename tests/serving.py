@@ -8,6 +8,7 @@ import io
 import itertools
 import json
 import os
+import random
 import socket
 import threading
 import urllib.error
@@ -21,10 +22,12 @@ import aiohttp.web
 # worker. A port the kernel picked (bind to 0) was free when picked, but until the server bound it
 # any client connection of the other worker could take it as its own port, or its free_port() the
 # same one: a server that could not bind exited, and its test read another test's server (a model
-# "m" READY where it held the compile lock: CI, 2026-12-06).
+# "m" READY where it held the compile lock: CI, 2026-12-06). Each process starts at a random place
+# of its span: two test runs side by side (not workers of one run) handed out the same ports in
+# the same order, and their servers met.
 PORTS_FROM, PORTS_A_WORKER = 20_000, 1_500
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
-_handed = itertools.count()
+_handed = itertools.count(random.randrange(PORTS_A_WORKER))
 
 
 def free_port() -> int:
