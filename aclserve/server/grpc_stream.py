@@ -11,7 +11,8 @@ the requests came, and a stream its client leaves quiet, or whose answers it doe
   request to the send of its answer. A client that reads no answers is then not read either,
   and its answers do not pile up here.
 - Memory: each request's lease (its message, parsing, its answer) is held until grpc has taken
-  its answer (sent it within the client's flow-control window), not only until it is made.
+  its answer (sent it within the client's flow-control window), not only until it is made; a
+  failed request's keeps the part its error answer holds (names cut: grpc_service.py).
 - Quiet: while no request of the stream runs and no answer is being sent, the client's next
   message must come within `quiet_limit_s` (body_timeout_s; grpc's own idle limit sees only
   connections without calls), counted from the stream's last progress (a message read, an

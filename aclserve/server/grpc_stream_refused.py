@@ -16,7 +16,8 @@ Why only the first request: the stream is refused for good (it would never be ad
 so it ends at once rather than fail request after request; it holds nothing meanwhile. Its one
 message is read as a unary call's (grpc_intake.receive_next: in a place among the messages
 arriving, within body_timeout_s, so what refused streams receive stays within the arrivals'
-bound), only its names are kept (a few hundred bytes of answer), and nothing is queued.
+bound), only its names are kept (each cut at 256 characters: a few hundred bytes of answer),
+and nothing is queued.
 """
 from __future__ import annotations
 

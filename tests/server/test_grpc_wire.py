@@ -1,13 +1,14 @@
 """grpc_wire.scan: what a ModelInferRequest costs to parse, read from its bytes before it is
 parsed (raw contents as views of the message, tiny entries charged above upb's cost, what is not
-protobuf refused)."""
+protobuf refused); grpc_wire.names: a refused request's names, cut."""
 from __future__ import annotations
 
 import pytest
+from tritonclient.grpc import service_pb2 as pb
 
 from aclserve.errors import InvalidInput
 from aclserve.server import grpc_wire
-from aclserve.server.grpc_wire import MAX_FIELDS, WORST_PER_BYTE, names, scan
+from aclserve.server.grpc_wire import ECHOED_CHARS, MAX_FIELDS, WORST_PER_BYTE, names, scan
 
 from .grpc_raw import affine
 
@@ -45,3 +46,17 @@ def test_scan_refuses_what_is_not_protobuf_and_caps_its_walk():
     layout = scan(many)
     assert layout.raw_contents is None and layout.cost == WORST_PER_BYTE * len(many)
     assert grpc_wire.names(many)[0] == "m"
+
+
+def test_names_are_read_cut_at_their_first_characters():
+    """A refused request's answer echoes its names: the first ECHOED_CHARS characters of each,
+    read from that many bytes at most (4 a character), not copied whole (a stream held 64 answers
+    of 3.5 MB names). A character cut at the bytes' end, or bytes that are not UTF-8, do not
+    change the characters kept."""
+    wide = "a" + "\U0001f600" * 300_000  # 4 bytes each after the first: the 1,024th byte cuts one
+    request = pb.ModelInferRequest(model_name="m" * 1000, model_version="7" * 1000, id=wide)
+    model, version, ident = names(request.SerializeToString())
+    assert (model, version, ident) == ("m" * ECHOED_CHARS, "7" * ECHOED_CHARS, wide[:ECHOED_CHARS])
+    short = pb.ModelInferRequest(model_name="é" * ECHOED_CHARS, id="r1").SerializeToString()
+    assert names(short) == ("é" * ECHOED_CHARS, "", "r1")
+    assert names(b"\x1a\x03\xffab") == ("", "", "\ufffdab")  # an id that is not UTF-8, as before
