@@ -146,6 +146,7 @@ def test_oversize_message_and_other_rpcs(stub):
         (stub.ModelMetadata, pb.ModelMetadataRequest(name="affine", version="x"), INVALID,
          "version must be a positive integer, got 'x'"),
         (stub.ModelReady, pb.ModelReadyRequest(name="affine", version="x"), INVALID, "positive integer"),
+        (stub.ModelReady, pb.ModelReadyRequest(name="affine", version="0"), INVALID, "positive integer"),
         (stub.ModelMetadata, pb.ModelMetadataRequest(name="affine", version="7"), NOT_FOUND, "no version 7"),
         (stub.ModelConfig, pb.ModelConfigRequest(name=""), INVALID, "model name must not be empty"),
         (stub.ModelStatistics, pb.ModelStatisticsRequest(name="nope"), NOT_FOUND, "unknown model"),
