@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 from .. import constants as C
-from . import _state
+from . import _state, _tensor_names
 from ._model import models
 
 
@@ -80,7 +80,15 @@ def dims(handle: int, index: int, outputs: bool, current: bool = False, v2: bool
         # model), the largest before any
         batch = model.set_batch if current and model.set_batch is not None else model.info.max_batch
         values = list(t.shape_at(batch))
-    return {"name": t.name, "dimCount": len(values), "dims": values}, C.ACL_SUCCESS
+    name = _tensor_names.dims_name(model.info, model.id, index, outputs)  # (a stand-in past 127 bytes)
+    return {"name": name, "dimCount": len(values), "dims": values}, C.ACL_SUCCESS
+
+
+def real_name(handle: int, name: str) -> str | None:
+    desc = descs.get(handle)
+    if desc is None or desc.model is None:
+        return None
+    return _tensor_names.real_name(desc.model.info, desc.model.id, name)
 
 
 def size(handle: int, index: int, outputs: bool) -> int:

@@ -195,6 +195,12 @@ def get_output_index_by_name(model_desc, name):
     return _desc.index_by_name(model_desc, name, outputs=True)
 
 
+@api("acl.mdl.get_tensor_real_name", PTR, STR)
+def get_tensor_real_name(model_desc, name):
+    """The name a get_*_dims stand-in (or the name itself) stands for; None if none (_tensor_names.py)."""
+    return _desc.real_name(model_desc, name)
+
+
 @api("acl.mdl.get_dynamic_batch", PTR)
 def get_dynamic_batch(model_desc):
     return _desc.dynamic_batch(model_desc)
