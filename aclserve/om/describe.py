@@ -9,6 +9,7 @@ import os
 
 from . import atc_om, container
 from .container import OmFormatError
+from .dims_names import dims_stand_in, fits_dims
 
 NEEDS_CANN = "built by ATC for an Ascend NPU: loading it needs CANN and an NPU (the CPU runtime refuses it)"
 
@@ -58,15 +59,26 @@ def tensor_lines(header: dict) -> list[str]:
             continue
         tensors = header[role]
         lines.append(f"{role} ({len(tensors)}):")
-        for t in tensors:
+        for index, t in enumerate(tensors):
             extra = "  (dynamic-batch input, filled by set_dynamic_batch_size)" if t.get("dynamic_batch") else ""
-            if t.get("atc_name") and t["atc_name"] != t.get("name"):
-                extra += f"  (the device reports {t['atc_name']})"
+            extra += _reported(t, role == "outputs", index)
             lines.append(f"  {t.get('name')}: {t.get('datatype')} {_shape(t.get('dims', []))} "
                          f"{t.get('format', '')}{extra}")
     gears = header.get("gears") or []
     lines.append("gears: " + (",".join(map(str, gears)) + " (N = batch size)" if gears else "none (static batch)"))
     return lines + aipp_lines(header)
+
+
+def _reported(tensor: dict, outputs: bool, index: int) -> str:
+    """What the device names the tensor, where clients know it otherwise: get_*_name_by_index the
+    ATC name of an output, get_*_dims a stand-in for a name over 127 bytes (dims_names.py)."""
+    reported = tensor.get("atc_name") or tensor.get("name") or ""
+    by_name = f"{reported} by name" if reported != tensor.get("name") else ""
+    if fits_dims(reported):
+        return f"  (the device reports {reported})" if by_name else ""
+    in_dims = (f"{dims_stand_in('<model id>', outputs, index)} in get_{'output' if outputs else 'input'}_dims, "
+               "the name being over 127 bytes")
+    return f"  (the device reports {by_name + ', and ' if by_name else ''}{in_dims})"
 
 
 def aipp_lines(header: dict) -> list[str]:
