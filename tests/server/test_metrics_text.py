@@ -21,7 +21,8 @@ from tests.serving import server_config, started_app
 
 from .test_server_metrics import BODY
 
-# a config key of a quote, a backslash and a newline: the model's load-failure reason names it as it is
+# a config key of a quote, a backslash and a newline: the model's load-failure reason quotes it (its
+# newline written \n: config/checks.py), so the label holds quotes and backslashes to escape
 ODD_KEY = 'q"b\\s\nn'
 
 
@@ -62,7 +63,7 @@ def test_a_servers_scrape_is_the_text_generate_latest_writes(tmp_path, models_di
     # what the comparison stands on: observations, failures and a reason needing every escape
     assert b'aclserve_request_duration_seconds_count{model="affine",version="1"} 3.0\n' in text
     assert b'aclserve_request_failure_total{model="affine",reason="InvalidInput",version="1"} 1.0\n' in text
-    assert b'q\\"b\\\\s\\nn' in text and b'model="garbage"' in text
+    assert b"'q\\\"b\\\\\\\\s\\\\nn'" in text and b'model="garbage"' in text
     assert served.count(b"\n") == text.count(b"\n")  # (the route writes it: the same lines, taken earlier)
 
 
