@@ -112,6 +112,22 @@ def image_format(data: bytes | memoryview) -> str | None:
     return "JPEG" if head[:2] == JPEG_SOI else other_format(data)
 
 
+def picture_file(data: bytes | memoryview) -> str | None:
+    """PNG or JPEG when `data` is such a file by what a tensor's bytes do not hold by chance:
+    PNG's 8-byte signature, or JPEG's FF D8 FF followed by a header probe() reads (its segments up
+    to the first scan): those 3 bytes alone are a UINT8 pixel of 255, 216, 255. Else None."""
+    head = bytes(data[:8])
+    if head == PNG_SIGNATURE:
+        return "PNG"
+    if head[:3] != JPEG_SOI + b"\xff":
+        return None
+    try:
+        probe(data)
+    except ImageError:
+        return None
+    return "JPEG"
+
+
 def other_format(data: bytes | memoryview) -> str | None:
     """The name of a picture format other than JPEG and PNG that `data` begins with (GIF, BMP,
     TIFF, JPEG 2000, WebP, HEIF, AVIF), else None."""

@@ -22,6 +22,7 @@ from .json_tensors import (AFTER_JSON, NOT_JSON, JsonLimits, loads, numbers_in_j
                            refuse_booleans_among_numbers, to_array)
 from .parameters import json_unsigned, refuse_compound_values, refuse_shared_memory
 from .quoting import quoted, quoted_name
+from .stray_pictures import IMAGE_INPUT_HINT, refuse_picture
 from .values import check_values
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -183,6 +184,7 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
                                    f"{HEADER_LENGTH} header")
             if "data" in item:
                 raise InvalidInput(f"input '{name}' has both data and binary_data_size")
+            refuse_picture(name, body, spec, offset=offset)  # (whatever its size: it says what was sent)
             expected = count * spec.dtype.itemsize
             if size != expected:
                 raise InvalidInput(f"input '{name}': binary_data_size {size} does not match shape {shape} "
@@ -222,7 +224,7 @@ def check_input(name: str, datatype, shape, spec: TensorSpec, sig: Signature, ro
             raise InvalidInput(f"input '{name}': datatype is missing (the model expects {spec.datatype})")
         if datatype == "BYTES":
             raise InvalidInput(f"input '{name}': datatype BYTES is not supported here (the model expects "
-                               f"{spec.datatype}; declare it an image input in the model's YAML to send images)")
+                               f"{spec.datatype}; {IMAGE_INPUT_HINT})")
         hint = " (an image input: it takes JPEG or PNG files, each one element)" if spec.datatype == "BYTES" else ""
         raise InvalidInput(f"input '{name}': datatype {quoted(datatype)} does not match the model's {spec.datatype}"
                            + hint)
@@ -295,6 +297,7 @@ def _decode_raw(body: bytes, sig: Signature) -> InferRequest:
     spec = next(iter(sig.inputs.values()))
     if spec.datatype == "BYTES":
         return InferRequest(inputs={spec.name: raw_bytes_input(spec, body)}, rows=1, binary_output=True)
+    refuse_picture(spec.name, body, spec, "the raw binary body")  # whether or not its size fits
     shape = list(spec.shape)
     if spec.batched and sig.max_batch_size:
         shape[0] = 1

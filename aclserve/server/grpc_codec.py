@@ -27,6 +27,7 @@ from .encode import classify
 from .grpc_wire import names
 from .parameters import refuse_shared_memory
 from .quoting import quoted, quoted_name
+from .stray_pictures import refuse_picture
 from .values import check_values
 
 # KServe datatype -> (InferTensorContents field, numpy type of that field's elements)
@@ -90,6 +91,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
         count, rows, shape = check_input(name, tensor.datatype, shape, spec, sig, rows)
         if raw:
             data = raw[i]
+            refuse_picture(name, data, spec, f"raw_input_contents[{i}]")
             expected = count * spec.dtype.itemsize
             if len(data) != expected:
                 raise InvalidInput(f"input '{name}': raw_input_contents[{i}] has {len(data)} bytes but shape "

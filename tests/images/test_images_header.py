@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from aclserve.images.header import ImageError, check_size, exif_orientation, probe
+from aclserve.images.header import ImageError, check_size, exif_orientation, picture_file, probe
 from tests import REPO
 
 from .images_data import encode, gradient, jpeg_bomb, png_bomb
@@ -27,6 +27,21 @@ def test_probe_reads_size_of_jpeg_and_png():
     for fmt, kw in (("PNG", {}), ("JPEG", {"quality": 80}), ("JPEG", {"progressive": True})):
         info = probe(encode(pic, fmt, **kw))
         assert (info.format, info.width, info.height) == (fmt, 53, 37)
+
+
+def test_a_picture_file_is_told_from_tensor_bytes_that_begin_like_one():
+    """picture_file, for tensor bytes (server/stray_pictures.py): PNG by its 8-byte signature,
+    JPEG by FF D8 FF and a header that reads; those 3 bytes alone are a pixel (255, 216, 255)."""
+    pic = gradient(20, 24)
+    jpeg = encode(pic, "JPEG")
+    assert picture_file(encode(pic)) == "PNG" and picture_file(b"\x89PNG\r\n\x1a\n") == "PNG"
+    assert picture_file(jpeg) == picture_file(encode(pic, "JPEG", progressive=True)) == "JPEG"
+    pixels = np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    pixels[0, 0] = (255, 216, 255)
+    jfif_start = bytearray(pixels.tobytes())
+    jfif_start[:20] = jpeg[:20]  # SOI and a whole APP0 segment, then no marker
+    for data in (pixels.tobytes(), bytes(jfif_start), jpeg[:len(jpeg) // 3], encode(pic, "GIF"), b"\x89PNG", b""):
+        assert picture_file(data) is None, data[:8]
 
 
 def test_probe_tells_a_baseline_jpeg_and_its_exif_orientation():
