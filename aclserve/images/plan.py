@@ -150,6 +150,7 @@ def build_plan(image: ImageInput, spec: TensorSpec) -> ImagePlan:
         raise PlanError(f"image input {name!r}: color {color} does not fit {channels} channel(s)")
     mean = _per_channel(image.mean, channels, name, "mean")
     std = _per_channel(image.std, channels, name, "std")
+    _check_range(name, spec, image, mean, std)
     return ImagePlan(name, height, width, channels, color, image.resize, image.crop_fraction, image.interpolation,
                      image.pad_value, layout, np.dtype(spec.dtype), mean, std, rows, image.invert)
 
@@ -178,6 +179,27 @@ def picture_layout(om_format: str, dims) -> str | None:
     if om_format == "NHWC" or (dims[2] in (1, 3) and dims[0] not in (1, 3)):
         return "NHWC"
     return "NCHW" if dims[0] in (1, 3) else None
+
+
+def _check_range(name: str, spec: TensorSpec, image: ImageInput, mean: np.ndarray | None,
+                 std: np.ndarray | None) -> None:
+    """(pixel - mean) / std of pixels 0 to 255, as write_row computes it (in float32), must be a
+    finite value of the input's type: beyond it an FP16 input got inf silently (std 0.001: a flat
+    picture of 200 was all inf), where JSON data out of FP16's range gets 400 and compile --std
+    refuses a reciprocal an FP16 cannot hold. `mean`, `std`: image's, per channel, in float32."""
+    if mean is None and std is None:
+        return
+    m = np.zeros(1) if mean is None else mean.astype(np.float64)  # (the float32 values write_row uses)
+    s = np.ones(1) if std is None else std.astype(np.float64)
+    with np.errstate(divide="ignore", over="ignore"):  # (a std under float32's least is 0 there: inf)
+        largest = float(np.max(np.maximum(np.abs(m), np.abs(255 - m)) / s))
+    bound = float(np.finfo(spec.dtype).max)
+    if largest > bound:
+        given = " and ".join(f"{what} [{', '.join(f'{v:g}' for v in values)}]"
+                             for what, values in (("mean", image.mean), ("std", image.std)) if values is not None)
+        raise PlanError(f"image input {name!r}: with {given}, pixels 0-255 become values up to {largest:.6g} in "
+                        f"size, beyond {spec.datatype}'s largest, {bound:g} (the model would get inf); mean and "
+                        "std are in pixel units, 0-255")
 
 
 def _per_channel(values, channels: int, name: str, what: str) -> np.ndarray | None:

@@ -254,6 +254,28 @@ def test_plans_that_do_not_fit_the_model_are_refused(image, shape, datatype, mes
         build_plan(image, spec(shape, datatype, "ND"))
 
 
+def test_host_normalisation_beyond_the_inputs_type_is_refused():
+    """An FP16 input whose mean/std made pixels into values past 65504 loaded and got inf
+    silently (std 0.001: a flat picture of 200 was all inf; an independent tester), where JSON
+    data past FP16's range gets 400: refused at load now, naming mean, std and the bound."""
+    fp16, fp32 = spec((-1, 3, 4, 4), "FP16", "NCHW"), spec((-1, 3, 4, 4), "FP32", "NCHW")
+    with pytest.raises(PlanError, match=r"^image input 'x': with mean \[0, 0, 0\] and std \[0.001, 0.001, 0.001\], "
+                       r"pixels 0-255 become values up to 255000 in size, beyond FP16's largest, 65504 \(the model "
+                       r"would get inf\); mean and std are in pixel units, 0-255$"):
+        build_plan(ImageInput(interpolation="nearest", mean=(0.0, 0.0, 0.0), std=(0.001,) * 3), fp16)
+    for image, target, largest in ((ImageInput(std=(1.0, 0.0038, 1.0)), fp16, "67105.3"),  # pixel 255, 2nd channel
+                                   (ImageInput(mean=(1e5,)), fp16, "100000"),  # pixel 0, no std
+                                   (ImageInput(std=(1e-40,)), fp32, r"2.55\d*e\+42"),  # a float32 denormal
+                                   (ImageInput(std=(1e-46,)), fp32, "inf")):  # 0 as a float32
+        with pytest.raises(PlanError, match=f"values up to {largest} in size, beyond"):
+            build_plan(image, target)
+    edge = build_plan(ImageInput(mean=(0.0,), std=(0.004,)), fp16)  # 255 / 0.004: 63,750
+    row = edge.to_row(np.full((4, 4, 3), 255, np.uint8))
+    assert row.dtype == np.float16 and np.isfinite(row).all() and row.max() > 63_000
+    white = np.full((4, 4, 3), 255, np.uint8)
+    assert build_plan(ImageInput(mean=(0.0,), std=(1e-36,)), fp32).to_row(white).max() > 1e38
+
+
 def test_nv12_conversion_inverts_jpeg_colour_transform():
     rng = np.random.default_rng(1)
     rgb = np.repeat(np.repeat(rng.integers(40, 215, (4, 8, 3)), 2, 0), 2, 1).astype(np.float64)  # 2x2 blocks

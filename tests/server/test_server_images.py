@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpc_client
 import tritonclient.http as http
+from onnx import TensorProto, helper
 from PIL import Image
 
 from aclserve.om import aipp
 from tests import REPO
 from tests.images.images_data import encode, gradient, png_bomb
 from tests.serving import ServerThread, free_port, request, server_config
-from tests.tiny_models import MEAN, STD, compile_cpu_om, conv_onnx
+from tests.tiny_models import MEAN, STD, compile_cpu_om, conv_onnx, save_graph
 
 DIGITS = np.load(os.path.join(REPO, "tests", "data", "digits_test.npz"))
 MAX_PENDING = 8
@@ -56,6 +57,11 @@ def image_server(tmp_path_factory):
         "}", f", mean: {MEAN.tolist()}, std: {STD.tolist()}}}"))
     shutil.copy(root / "conv_aipp.om", root / "bad_plan.om")
     (root / "bad_plan.yaml").write_text("inputs:\n  x:\n    image: {mean: 127}\n")
+    compile_cpu_om(fp16_onnx(src / "fp16.onnx"), root / "fp16_range.om", batch="1,2")
+    shutil.copy(root / "fp16_range.om", root / "fp16_inf.om")
+    (root / "fp16_range.yaml").write_text("inputs:\n  x:\n    image: {mean: [0, 0, 0], std: [0.005, 0.005, 0.005]}\n")
+    (root / "fp16_inf.yaml").write_text(  # (as the tester wrote it: a flat picture of 200 answered all inf)
+        "inputs:\n  x:\n    image: {interpolation: nearest, mean: [0, 0, 0], std: [0.001, 0.001, 0.001]}\n")
     shutil.copy(root / "digits.om", root / "bad_labels.om")
     (root / "three.txt").write_text("a\nb\nc\n")
     (root / "bad_labels.yaml").write_text("outputs:\n  y: {labels: three.txt}\n")
@@ -63,6 +69,14 @@ def image_server(tmp_path_factory):
     with ServerThread(config) as srv:
         srv.grpc_url = f"127.0.0.1:{srv.config.grpc_port}"
         yield srv
+
+
+def fp16_onnx(path) -> str:
+    """y = relu(x), FP16 [N, 3, 8, 8] both: an FP16 image input normalised on the host."""
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "fp16", [vi("x", TensorProto.FLOAT16,
+                              ["N", 3, 8, 8])], [vi("y", TensorProto.FLOAT16, ["N", 3, 8, 8])])
+    return save_graph(graph, path)
 
 
 @pytest.fixture
@@ -343,6 +357,15 @@ def test_settings_that_do_not_fit_refuse_the_load(image_server):
     assert index["bad_labels"]["state"] == "UNAVAILABLE"
     assert "three.txt has 3 labels; output 'y' has 10 classes" in index["bad_labels"]["reason"]
     assert index["digits_image"]["state"] == "READY"
+    # an FP16 input whose mean/std make pixels into values past 65504 (inf): refused, naming them
+    assert index["fp16_inf"]["state"] == "UNAVAILABLE"
+    assert ("image input 'x': with mean [0, 0, 0] and std [0.001, 0.001, 0.001], pixels 0-255 become values up to "
+            "255000 in size, beyond FP16's largest, 65504 (the model would get inf)") in index["fp16_inf"]["reason"]
+    assert index["fp16_range"]["state"] == "READY"
+    flat = encode(np.full((8, 8, 3), 200, np.uint8))
+    body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": [b64(flat)]}]}
+    status, _, out = infer(image_server, body, "fp16_range")
+    assert status == 200 and set(out["outputs"][0]["data"]) == {40000.0}, out  # 200 / 0.005
 
 
 def test_dvpp_decoder_asked_for_on_the_cpu_runtime_is_its_dvpp_emulation(caplog):
