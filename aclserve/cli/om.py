@@ -129,7 +129,12 @@ def _aipp_ops(args):
         if name not in names:
             raise CompileError(f"--image-input names unknown input {name!r} (model inputs: {', '.join(names)})")
         rank = names.index(name)
-    return [aipp.generate(colour, args.mean, args.std, rank)]
+    op = aipp.generate(colour, args.mean, args.std, rank)
+    means, reciprocals = op.min_chn[:op.channels], op.var_reci_chn[:op.channels]
+    warning = aipp.unit_scale_warning(args.mean and means, args.std and [1 / r for r in reciprocals])
+    if warning:
+        _progress(f"warning: --mean/--std: {warning}")
+    return [op]
 
 
 def _progress(line: str) -> None:

@@ -9,15 +9,19 @@ the request with 400 naming the input and the row.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from ..config import TensorOptions
 from ..errors import InvalidInput
+from ..om.aipp import unit_scale_warning
 from ..runtime.types import TensorSpec
 from .header import ImageError
 from .plan import ImagePlan, PlanError, build_plan
+
+log = logging.getLogger(__name__)
 
 
 class ImageStage:
@@ -25,8 +29,10 @@ class ImageStage:
         self.plans = dict(plans)
 
     @classmethod
-    def for_model(cls, options: Mapping[str, TensorOptions], inputs: Sequence[TensorSpec]) -> "ImageStage | None":
-        """None when the model has no image input. Raises PlanError at load."""
+    def for_model(cls, options: Mapping[str, TensorOptions], inputs: Sequence[TensorSpec],
+                  model: str) -> "ImageStage | None":
+        """None when the model has no image input. Raises PlanError at load; `model`: its name,
+        for the warnings logged."""
         specs = {s.name: s for s in inputs}
         plans = {}
         for name, opt in options.items():
@@ -35,6 +41,9 @@ class ImageStage:
             if name not in specs:
                 raise PlanError(f"inputs.{name}: the model has no input {name!r} (inputs: {', '.join(specs)})")
             plans[name] = build_plan(opt.image, specs[name])
+            units = unit_scale_warning(opt.image.mean, opt.image.std)  # (a float input's: UINT8 has none)
+            if units:
+                log.warning("%s: image input %r: %s", model, name, units)
         return cls(plans) if plans else None
 
     def client_inputs(self, inputs: Sequence[TensorSpec]) -> list[TensorSpec]:

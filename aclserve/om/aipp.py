@@ -234,6 +234,17 @@ def _floats(text: str, what: str) -> list[float]:
     return values
 
 
+def unit_scale_warning(mean, std) -> str | None:
+    """What to say when every mean and std value is below 1: torchvision's units (for pixels
+    scaled to 0-1) given where pixel units are expected (mean 0.485, std 0.229 make a white pixel
+    1,111, not 2.2); else None. For compile's --mean/--std and image inputs' (images/plan.py)."""
+    if not std or max(abs(v) for v in std) >= 1 or (mean and max(abs(v) for v in mean) >= 1):
+        return None
+    return ("mean and std are all below 1, as for pixels scaled to 0-1 (torchvision's Normalize), but they are in "
+            "pixel units, 0-255: multiply them by 255 (ImageNet's: mean 123.675,116.28,103.53, std "
+            "58.395,57.12,57.375)")
+
+
 def generate(colour: str, mean: str | None = None, std: str | None = None, rank: int = 0) -> AippOp:
     """`--image-input rgb|bgr|gray --mean M,.. --std S,..` (pixel units, 0-255): host sends
     uint8 pixels in that order (any case); the OM computes (pixel - mean) / std per channel, after

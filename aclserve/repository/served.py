@@ -326,7 +326,7 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
             raise NoRoom(f"{error}, or lower {PBTXT}'s max_batch_size {config.batching.batch_cap} (it sets the "
                          "largest batch size compiled)") from None
         try:
-            images = ImageStage.for_model(config.inputs, pool.inputs)  # plans checked against the model
+            images = ImageStage.for_model(config.inputs, pool.inputs, name)  # plans checked against the model
             views = tensor_views(config.declared, pool.inputs, pool.outputs, bool(pool.gears),
                                  frozenset(images.plans) if images else frozenset())
             labels = load_labels(config.outputs, pool.outputs)

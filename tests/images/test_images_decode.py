@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import struct
 import threading
 
@@ -11,14 +12,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from aclserve.config import ImageInput
+from aclserve.config import ImageInput, TensorOptions
 from aclserve.errors import Overloaded, PayloadTooLarge, QueueFull
-from aclserve.images import DecodePool, PlanError, build_plan
+from aclserve.images import DecodePool, ImageStage, PlanError, build_plan
 from aclserve.images.decode import CpuDecoder, decode_pixels
 from aclserve.images.header import ImageError
 from aclserve.images.dvpp import dvpp_takes, jpegd_width_align, nv12_to_pixels, vpc_output
 from aclserve.images.header import ImageInfo
 from aclserve.runtime.types import TensorSpec
+from tests.tiny_models import MEAN, STD
 from .images_data import encode, gradient, lossless_jpeg, white_bilevel_png
 
 LIMITS = (40_000_000, 16384)
@@ -274,6 +276,23 @@ def test_host_normalisation_beyond_the_inputs_type_is_refused():
     assert row.dtype == np.float16 and np.isfinite(row).all() and row.max() > 63_000
     white = np.full((4, 4, 3), 255, np.uint8)
     assert build_plan(ImageInput(mean=(0.0,), std=(1e-36,)), fp32).to_row(white).max() > 1e38
+
+
+def test_a_mean_and_std_in_torchvisions_units_are_warned_of_at_load(caplog):
+    """mean 0.485 and std 0.229 (torchvision's, for pixels scaled to 0-1) make a white pixel 1,111,
+    not 2.2: the load goes on, with a WARNING naming the model and the input."""
+    fp32 = [spec((-1, 3, 4, 4), "FP32", "NCHW")]
+    torchvision = ImageInput(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    with caplog.at_level(logging.WARNING):
+        assert ImageStage.for_model({"x": TensorOptions(image=torchvision)}, fp32, "resnet") is not None
+    assert ("resnet: image input 'x': mean and std are all below 1, as for pixels scaled to 0-1 (torchvision's "
+            "Normalize), but they are in pixel units, 0-255: multiply them by 255") in caplog.text
+    caplog.clear()
+    for image in (ImageInput(mean=tuple(MEAN.tolist()), std=tuple(STD.tolist())), ImageInput(mean=(0.5,)),
+                  ImageInput(mean=(127.5,), std=(0.5,)), ImageInput()):  # pixel units, or no std below 1 alone
+        with caplog.at_level(logging.WARNING):
+            ImageStage.for_model({"x": TensorOptions(image=image)}, fp32, "resnet")
+    assert "below 1" not in caplog.text
 
 
 def test_nv12_conversion_inverts_jpeg_colour_transform():

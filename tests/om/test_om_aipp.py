@@ -302,6 +302,17 @@ def test_cli_takes_a_negative_first_value(tmp_path, conv_onnx):
     proc = run_cli("compile", conv_onnx, "-o", tmp_path / "s.om", "--target", "cpu", "--image-input", "rgb",
                    "--std", "-1,1,1")  # ATC's var_reci_chn may be negative
     assert proc.returncode == 0 and os.path.exists(tmp_path / "s.om"), proc.stderr
+    assert "warning" not in proc.stdout
+
+
+def test_cli_warns_of_a_mean_and_std_in_torchvisions_units(tmp_path, conv_onnx):
+    """--mean 0.485,.. --std 0.229,.. (torchvision's, for pixels scaled to 0-1) compile an OM that
+    makes a white pixel 1,111, not 2.2: said, as pixel units are expected (the compile goes on)."""
+    proc = run_cli("compile", conv_onnx, "-o", tmp_path / "t.om", "--target", "cpu", "--image-input", "rgb",
+                   "--mean", "0.485,0.456,0.406", "--std", "0.229,0.224,0.225")
+    assert proc.returncode == 0 and os.path.exists(tmp_path / "t.om"), proc.stderr
+    assert ("warning: --mean/--std: mean and std are all below 1, as for pixels scaled to 0-1 (torchvision's "
+            "Normalize), but they are in pixel units, 0-255: multiply them by 255") in proc.stdout, proc.stdout
 
 
 def test_cli_refusals_are_one_line_exit_2(tmp_path, conv_onnx):
