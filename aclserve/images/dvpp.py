@@ -14,7 +14,8 @@ Flow per image: probe and limit-check the header; copy the JPEG to DVPP memory; 
 YUV420SP (NV12; width stride 128 on the Ascend310 and Ascend910, 64 on the Ascend310P, 310B
 and 910B and later, height stride 16); VPC resizes to the plan's H x W (NV12, strides 16 / 2, the width's 32 at least);
 the result is copied back and converted to RGB (JPEG's full-range BT.601) or grey (the Y plane)
-on the host. What DVPP is not given, to the CPU decoder: other resize policies than stretch, PNG,
+on the host. What DVPP is not given, to the CPU decoder: other resize policies than stretch, other
+interpolations than bilinear (VPC resizes with its default filter whatever a plan asks), PNG,
 JPEGs other than baseline (JPEGD decodes no progressive or arithmetic-coded ones) or not coded
 as YCbCr or grey (an RGB or CMYK JPEG: JPEGD reads YUV only), JPEGs with an
 EXIF orientation (JPEGD turns them itself, past the geometry given to it), sizes outside JPEGD's
@@ -85,6 +86,12 @@ def dvpp_takes(info: ImageInfo, plan: ImagePlan, output=VPC_OUTPUT) -> bool:
     SoC's vpc_output."""
     if (info.format != "JPEG" or not info.baseline or info.orientation != 1 or not info.ycc
             or plan.resize != "stretch"):
+        return False
+    if plan.interpolation != "bilinear":
+        # VPC resizes with its default filter (acldvppSetResizeConfigInterpolation 0: bilinear on
+        # the 310P and later, CANN's own high-order filter on the 310 and 910), whatever the plan
+        # asks: the interpolation the model was trained with (nearest's single pixels, bicubic,
+        # area) comes before DVPP's offload
         return False
     if plan.width % 2 or plan.height % 2 or info.width % 2 or info.height % 2:
         return False  # NV12 halves both sides (JPEGD rounds an odd one down on some SoCs: not followed)

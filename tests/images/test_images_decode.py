@@ -414,6 +414,15 @@ def test_what_dvpp_is_given(info, size, resize, takes):
     assert dvpp_takes(info, target) is takes
 
 
+def test_dvpp_is_given_the_plans_that_resize_bilinearly():
+    """VPC resizes bilinearly whatever the plan asks: a plan of nearest, bicubic or area went to
+    it all the same (a model trained on nearest's single pixels got smoothed ones, unsaid); now the
+    CPU decodes them, with the interpolation set."""
+    info = ImageInfo("JPEG", 640, 480, baseline=True)
+    for interpolation, takes in (("bilinear", True), ("nearest", False), ("bicubic", False), ("area", False)):
+        assert dvpp_takes(info, plan(224, 224, interpolation=interpolation)) is takes, interpolation
+
+
 def test_images_max_pixels_above_pillow_s_own_limit_is_the_limit(monkeypatch):
     """Pillow refuses by itself a picture of over twice Image.MAX_IMAGE_PIXELS (179 M pixels by
     default): with images.max_pixels at 400 M, a 1-bit PNG of 13400 x 13400 (179.6 M) was a 400

@@ -151,6 +151,17 @@ def test_what_dvpp_does_not_take_decodes_on_the_cpu(runtime, decoder, data, targ
     assert decoder.outcomes == {dvpp.NOT_TAKEN: 1}  # what /metrics reports (aclserve_dvpp_decodes)
 
 
+def test_a_plan_of_another_interpolation_than_bilinear_decodes_on_the_cpu(runtime, decoder):
+    """VPC resizes bilinearly: a plan asking for nearest got VPC's smoothed pixels; now Pillow's
+    nearest pixels, exactly."""
+    data = encode(gradient(240, 320), "JPEG")
+    nearest = build_plan(ImageInput(interpolation="nearest"),
+                         TensorSpec("x", "UINT8", np.dtype(np.uint8), (-1, 64, 96, 3), "NHWC"))
+    counted = tasks_run(runtime.acl)
+    np.testing.assert_array_equal(decoder(data, nearest), decoder._fallback(data, nearest))
+    assert counted.fired == 0 and decoder.outcomes == {dvpp.NOT_TAKEN: 1}
+
+
 def test_a_failed_dvpp_task_decodes_on_the_cpu(runtime, decoder, caplog):
     data = encode(gradient(240, 320), "JPEG")
     runtime.acl.faults.inject("dvpp", nth=1, code=507000)
