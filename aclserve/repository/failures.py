@@ -147,16 +147,16 @@ class LoadFailures:
         due = [seconds for seconds in due if seconds is not None]
         return min(due) if due else None
 
-    def shown(self, name: str, version: str | None, reason: str) -> str:
-        """`reason` (a version's record, as the index and a request for it show it; version None:
-        the model's latest) with its retry's delay counted to now: said once when the load failed,
-        "retry 3 in 3.2 s" stayed so for as long as the retry waited, never saying when it was due."""
+    def shown(self, name: str, version: str | None, reason: str) -> tuple[str, float | None]:
+        """`reason` (`version`'s record, as the index and a request for it show it) with its retry's
+        delay counted to now, and those seconds as said (None: it names no retry; Retry-After's). Said
+        once when the load failed, "retry 3 in 3.2 s" stayed so for as long as the retry waited; and a
+        request naming no version was told the soonest retry of any version, not its text's version's."""
         said = _RETRY_SAID.search(reason)
-        if said is None:
-            return reason
-        versions = [version] if version else [key[1] for key in self._reasons if key[0] == name]
-        due = self.retry_due_in(name, versions) or 0.0  # (None: due now, its load about to begin)
-        return f"{reason[:said.start()]}retry {said[1]} in {due:.1f} s)"
+        if said is None or version is None:
+            return reason, None
+        due = round(self.retry_due_in(name, [version]) or 0.0, 1)  # (None: due now, its load about to begin)
+        return f"{reason[:said.start()]}retry {said[1]} in {due:.1f} s)", due
 
     def first_retry_pending(self) -> set[str]:
         """Models with a refused file whose first automatic retry is still to come. Only the

@@ -41,13 +41,24 @@ def index_rows(lifecycle, planner, calls, failures, ready_only: bool = False) ->
         rows.sort(key=lambda row: row["name"])  # (stable: each model's versions stay in order)
     for row in rows:
         if row["version"]:  # (a problem's row is the model's, not a version waiting for a load)
-            reason = failures.shown(row["name"], row["version"], row["reason"])
-            row["state"], row["reason"] = calls.shown(row["name"], row["state"], reason)
+            row["state"], row["reason"], _ = as_shown(calls, failures, row["name"], row["version"],
+                                                      row["state"], row["reason"])
         served = lifecycle.serving.get(row["name"], {}).get(row["version"])
         down = served.pool.out_of_service() if served is not None and row["state"] == State.READY.value else None
         if down is not None:
             row["state"], row["reason"] = State.UNAVAILABLE.value, down
     return [row for row in rows if row["state"] == State.READY.value] if ready_only else rows
+
+
+def as_shown(calls, failures, name: str, version: str | None, state: str, reason: str
+             ) -> tuple[str, str, float | None]:
+    """(state, reason, seconds to its retry as the reason says them or None) of `version`'s record
+    as the index and a request for the model show it: a failed load's retry counted down to now
+    (`failures`: LoadFailures.shown, that version's own), LOADING while a load call runs for it
+    (`calls`: ControlCalls.shown). One place for both, so the index and a request say the same."""
+    reason, retry_in = failures.shown(name, version, reason)
+    state, reason = calls.shown(name, state, reason)
+    return state, reason, retry_in
 
 
 class IndexReads:

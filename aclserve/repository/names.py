@@ -34,3 +34,9 @@ def check_model_name(name: str) -> str | None:
     if not _NAME_RE.match(name):
         return "model names use ASCII letters, digits, '_', '-', '.' (at most 128, not starting with '-' or '.')"
     return None
+
+
+def too_long(name: str) -> str | None:
+    """A name longer than any model's (check_model_name), as every answer says it: by its
+    length, not quoted (a client's MiB sent back); None for a name that is not."""
+    return f"a name of {len(name):,} characters (at most {MAX_NAME})" if len(name) > MAX_NAME else None

@@ -32,9 +32,10 @@ from .asked_version import asked_version
 from .control_calls import ControlCalls, shut_down_before
 from .events import Listeners
 from .failures import LoadFailures
-from .index import IndexReads, index_rows
+from .index import IndexReads, as_shown, index_rows
 from .lifecycle import UNLOAD_ASKED, Lifecycle
 from .models_folder import check_models_folder
+from .names import too_long
 from .plan import ModelPlan
 from .planner import Planner
 from .readiness import Readiness
@@ -60,12 +61,6 @@ class ModelLoadFailed(ServeError):
 
 class StillHeld(ModelLoadFailed):
     """A load call refused: the model's last load left instances the device still holds."""
-
-
-def too_long(name: str) -> str | None:
-    """A name longer than any model's (names.check_model_name), as every answer says it: by its
-    length, not quoted (a client's MiB sent back); None for a name that is not."""
-    return f"a name of {len(name):,} characters (at most {names.MAX_NAME})" if len(name) > names.MAX_NAME else None
 
 
 class ModelRepository:
@@ -165,7 +160,8 @@ class ModelRepository:
         if known is None and self._lifecycle.states.describe(name, None, self._planner.scan) is None:
             known = self._calls.unlisted(name)  # a load call may find it: loading, not unknown
         if known is not None:
-            state, reason = self._calls.shown(name, known[0], self._failures.shown(name, version, known[1]))
+            shown_version = version or self._lifecycle.states.latest_recorded(name)  # (the one `known` is of)
+            state, reason, retry_in = as_shown(self._calls, self._failures, name, shown_version, *known)
             if reason == NOT_LOADED and self.mode != "poll" and not self._lifecycle.busy(name):
                 # found by a rescan (another model's load call, a retry's), never loaded: only a load call
                 # would load it, so not a retry-later (a 503 for good); Triton: unknown model
@@ -179,8 +175,10 @@ class ModelRepository:
                 # available versions"); a client retrying a 503 would loop on it until they change
                 raise NotFound(f"model {name} version {version} is not available ({reason})" if version
                                else f"model {name} has no available versions ({reason})")
-            raise ModelUnavailable(f"model {name}{' version ' + version if version else ''} is not ready"
-                                   f" ({state}{': ' + reason if reason else ''})")
+            error = ModelUnavailable(f"model {name}{' version ' + version if version else ''} is not ready"
+                                     f" ({state}{': ' + reason if reason else ''})")
+            error.retry_after_s = retry_in  # when its retry is due, as its message says (None: 1 s)
+            raise error
         scan = self._planner.scan
         if version in scan.versions_found.get(name, ()) and (name in scan.models or name in scan.selects_none):
             # on disk, and its policy (which reads) does not select it: as the index says

@@ -116,10 +116,15 @@ class VersionStates:
                 # with versions recorded still has no version that is not among them
                 return State.UNAVAILABLE.value, scan.problems[name]
         else:
-            record = next((value for (n, _), value in reversed(self._records.items()) if n == name), None)
+            latest = self.latest_recorded(name)
+            record = self._records[(name, latest)] if latest is not None else None
             if record is None and (name in scan.models or name in scan.problems):
                 return State.UNAVAILABLE.value, scan.problems.get(name, NOT_LOADED)
         return (record[0].value, record[1]) if record else None
+
+    def latest_recorded(self, name: str) -> str | None:
+        """The version of `name` recorded last: the one whose record `describe` gives when asked for no version."""
+        return next((version for (model, version) in reversed(self._records) if model == name), None)
 
     def forget_stale(self, scan: ScanResult, refused: set[tuple[str, str]],
                      superseded: set[tuple[str, str]] = frozenset()) -> None:
