@@ -6,12 +6,16 @@ midway: neither freed nor abandoned, its work not counted as running, the runtim
 the device or finalize ACL under it. So the closes run in a thread of their own and the caller's
 thread waits for them: Ctrl-C there brings their deadline to now (InstancePool.hurry: what the
 device still runs is abandoned, teardown.py, after teardown.GRACE_S) and is raised once they are
-done, in about half a second.
+done, in about half a second. Where no thread can be started (an atexit handler on CPython 3.12.0
+and 3.12.1, which refuse new threads at interpreter shutdown: the Engine's exit close; a host out
+of threads) the closes run in the caller's thread instead: closed all the same, Ctrl-C aside.
 """
 from __future__ import annotations
 
 import threading
 import time
+
+from .teardown import run_in_thread
 
 
 def close_pools(pools: list, deadline: float | None, interrupted: bool = False) -> None:
@@ -34,7 +38,7 @@ def close_pools(pools: list, deadline: float | None, interrupted: bool = False) 
                     errors.append(e)
         finally:
             done.set()
-    threading.Thread(target=close_all, name="engine-close", daemon=True).start()
+    run_in_thread(close_all, "engine-close")
     ctrl_c = None
     while True:
         try:
@@ -48,3 +52,4 @@ def close_pools(pools: list, deadline: float | None, interrupted: bool = False) 
         raise ctrl_c
     if errors:
         raise errors[0]
+

@@ -29,6 +29,7 @@ untimed (acl/compat.py says so once in the log).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -197,7 +198,8 @@ def unreleased(device_id: int | None = None) -> int:
 def close_at_once(closes: list[Callable[[], None]]) -> list[Exception]:
     """Run the instances' closes side by side, each in a thread, and return their errors: each
     waits for its device up to the deadline and then a moment of its own (INSTANCE_GRACE_S), so
-    one after another, 48 hung instances ended 4.8 s past the shutdown deadline."""
+    one after another, 48 hung instances ended 4.8 s past the shutdown deadline (one after another
+    where no thread can be started: run_in_thread)."""
     errors: list[Exception] = []
 
     def close(run: Callable[[], None]) -> None:
@@ -208,9 +210,19 @@ def close_at_once(closes: list[Callable[[], None]]) -> list[Exception]:
     if len(closes) == 1:
         close(closes[0])
         return errors
-    threads = [threading.Thread(target=close, args=(run,), name="instance-close", daemon=True) for run in closes]
+    threads = [run_in_thread(functools.partial(close, run), "instance-close") for run in closes]
     for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+        if thread is not None:  # (None: no thread to be had, at exit say: closed in this one)
+            thread.join()
     return errors
+
+
+def run_in_thread(target: Callable[[], None], name: str) -> threading.Thread | None:
+    """`target` started in a daemon thread, returned; or, where none can be started, run here (None)."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:  # "can't create new thread at interpreter shutdown" (3.12.0-3.12.1), "can't start new thread"
+        target()
+        return None
+    return thread

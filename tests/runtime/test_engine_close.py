@@ -176,3 +176,30 @@ def test_an_engine_left_open_at_exit_answers_its_queued_calls_first(affine_om):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr[-2000:]
     assert f"answered {CALLS} []" in proc.stdout, (proc.stdout, proc.stderr[-2000:])
+
+
+EXIT_WITH_NO_THREAD_TO_BE_HAD = """
+import atexit, sys, threading
+# registered first, so it runs last: after the Engine's exit close
+atexit.register(lambda: print("closed", [instance.closing for instance in pool.instances], flush=True))
+import aclserve
+engine = aclserve.Engine(device="cpu")
+pool = engine.load(sys.argv[1], instances=int(sys.argv[2])).pool
+
+def no_thread(self):
+    raise RuntimeError("can't create new thread at interpreter shutdown")
+atexit.register(lambda: setattr(threading.Thread, "start", no_thread))  # runs first: CPython 3.12.0-3.12.1 at exit
+print("leaving", flush=True)
+"""
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_an_engine_left_open_at_exit_is_closed_where_no_thread_can_be_started(affine_om, instances):
+    """CPython 3.12.0 and 3.12.1 start no thread in an atexit handler; the exit close started one to
+    close the pools in (and a pool one per instance), so it failed and left them open, their
+    resources to ACL's finalize (reviewer r16). They close in the exit's own thread then."""
+    proc = subprocess.run([sys.executable, "-c", EXIT_WITH_NO_THREAD_TO_BE_HAD, affine_om(), str(instances)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr[-2000:]
+    assert f"closed {[True] * instances}" in proc.stdout, (proc.stdout, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and "finalize released" not in proc.stderr, proc.stderr[-2000:]
