@@ -19,6 +19,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 KINDS = ("counter", "gauge", "histogram")
+# the format `render` writes, named here: prometheus_client's CONTENT_TYPE_LATEST follows its own
+# newest (0.26: "version=1.0.0"), which this text is not
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Family:

@@ -18,8 +18,6 @@ import collections
 import logging
 from typing import Callable, Iterable, Mapping
 
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
 from .._version import __version__
 from .contracts import ServedModel
 from .draining import DrainingVersions
@@ -31,7 +29,6 @@ from .scrape import ScrapeReads, Snapshot
 
 log = logging.getLogger(__name__)
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 COMPUTE_BUSY_HELP = ("Fraction of the last 10 s the instance's compute stream was executing; source: the "

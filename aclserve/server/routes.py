@@ -16,8 +16,8 @@ from .answer_coding import COMPRESS_MIN_BYTES, answer_coding, encoded
 from .app_keys import STATE
 from .control_body import ControlBody
 from .expect import expect_continue, expect_on_unmatched
+from .exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .infer import expect_body, infer
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .trace_routes import add_trace_routes
 
 REPOSITORY_BODY = ControlBody(1 << 20, "the repository API's limit")  # a few bytes of JSON

@@ -94,3 +94,25 @@ def _made_up_families() -> list[Family]:
 def test_every_case_of_the_format_is_written_as_generate_latest_writes_it():
     families = _made_up_families()
     assert render(families) == generate_latest(Snapshot(families))
+
+
+def test_a_scrape_says_the_text_format_it_is_written_in(tmp_path, models_dir):
+    """/metrics is text format 0.0.4 (exposition.py writes it), and says so: its Content-Type was
+    prometheus_client's newest, "version=1.0.0" with 0.26, whatever the text was (reviewer r16)."""
+    async def scrape():
+        own = tmp_path / "models"
+        own.mkdir()
+        shutil.copy(models_dir / "double.om", own / "double.om")
+        runner, _, url, *_ = await started_app(server_config(own, model_control_mode="none"))
+        try:
+            async with aiohttp.ClientSession(auto_decompress=False) as session:
+                answers = []
+                for coding in ("identity", "gzip"):
+                    async with session.get(f"{url}/metrics", headers={"Accept-Encoding": coding}) as resp:
+                        answers.append((resp.status, resp.headers["Content-Type"]))
+                return answers
+        finally:
+            await runner.cleanup()
+
+    for status, content_type in asyncio.run(scrape()):
+        assert status == 200 and content_type == "text/plain; version=0.0.4; charset=utf-8", (status, content_type)
