@@ -18,7 +18,9 @@ threads by tid alone. Spans are "X" events (ts and dur in microseconds of perf_c
 nothing is drawn for a phase whose timestamps were not reached (a request refused before its
 queue, a device without timings). A request released without its outputs (answered with an
 error, timed out in the queue, cancelled) is drawn to its release as one with them is: its
-execute phase from its batch's launch, or its queue when it left that without a batch.
+execute phase from its batch's launch, or its queue when it left that without a batch. One whose
+client left once its batch was formed is held to that batch's end, as in Triton's format
+(triton.py: its rows ran all the same), with a "client left" instant where the client went.
 A file written in parts (files.py appends to it) renders each part with the same Builder: its
 tracks are named once and an instance keeps its pid.
 """
@@ -176,7 +178,7 @@ def _lanes(ordered: list[RequestTrace]) -> list[int]:
         else:
             lane, next_lane = next_lane, next_lane + 1
         lanes.append(lane)
-        heapq.heappush(busy, (max(trace.end_ns, trace.arrival_ns), lane))
+        heapq.heappush(busy, (max(trace.end_ns, trace.held_ns, trace.arrival_ns), lane))
     return lanes
 
 
@@ -188,14 +190,17 @@ def _request(b: Builder, t: RequestTrace, tid: int) -> None:
     if t.batch is not None:
         args["batch"] = t.batch.id
     label = t.request_id if t.request_id is not None else f"#{t.id}"
-    b.span(PID_REQUESTS, tid, f"request {label}", t.arrival_ns, t.end_ns, args)
+    held = t.held_ns  # (its batch's end, when its client left while that batch was formed or running)
+    b.span(PID_REQUESTS, tid, f"request {label}", t.arrival_ns, max(t.end_ns, held), args)
+    if held > t.end_ns:
+        b.instant(PID_REQUESTS, tid, "client left", t.end_ns)
     b.span(PID_REQUESTS, tid, "receive", t.arrival_ns, t.received_ns)
     b.span(PID_REQUESTS, tid, "decode", t.received_ns, t.decoded_ns)
     # queued until its batch's launch on an instance (COMPUTE_START), as its statistics and log line count it;
     # a batch never launched (refused): until its formation; a request that left unbatched: until its release
     launched = t.batch.launched_ns if t.batch is not None else 0
     b.span(PID_REQUESTS, tid, "queue", t.enqueued_ns, launched or t.dispatched_ns or t.released_ns or t.end_ns)
-    b.span(PID_REQUESTS, tid, "execute", launched, t.released_ns)  # (its outputs back, or its error)
+    b.span(PID_REQUESTS, tid, "execute", launched, held)  # (its outputs back, its error, or its batch's end)
     b.span(PID_REQUESTS, tid, "encode", t.encode_start_ns, t.encoded_ns)
     if t.decode_on_loop:
         b.span(PID_HOST, TID_LOOP, f"decode #{t.id}", t.received_ns, t.decoded_ns)

@@ -62,6 +62,17 @@ class RequestTrace:
         self.queue_ns = self.compute_ns = 0  # from the InferenceResult, for the request log
         self.decode_on_loop = True  # False: decoded in a worker thread (large gRPC contents)
 
+    @property
+    def held_ns(self) -> int:
+        """When the server let go of the request (Triton's REQUEST_END): its release from its queue or
+        batch, or, when its client left while its batch was formed or running, that batch's end: its
+        rows ran all the same, and Triton releases a request only once the execution holding it
+        ends (while that batch still runs: its launch, if later than the release)."""
+        batch = self.batch
+        if batch is None or not batch.launched_ns:
+            return self.released_ns
+        return max(self.released_ns, batch.done_ns or batch.launched_ns)
+
 
 class BatchTrace:
     """One batch holding at least one sampled request. The batcher fills the formation, the

@@ -12,9 +12,14 @@ COMPUTE_INPUT_END = copy-in done, COMPUTE_OUTPUT_START = execution done, COMPUTE
 batch's result, REQUEST_END = the request back from its queue or batch on the event loop whatever
 the outcome (its outputs, its error, a timeout in the queue, cancelled: Triton stamps it when it
 releases a request, and its trace_summary.py counts a request with REQUEST_START and REQUEST_END
-only), HTTP_SEND_START/END (GRPC_SEND_*) = the answer encoded / handed to the transport; an error's
-answer, made after the trace ends, has both where it is handed over, and a request whose client
-went away (no answer written) has neither. Values are perf_counter_ns (CLOCK_MONOTONIC, the
+only); a request whose client left (an HTTP client's timeout, a gRPC deadline) once its batch was
+formed is released with that batch's end, at or after its COMPUTE_END (its rows ran all the same,
+and Triton releases a request only once the execution holding it ends: a REQUEST_END before
+COMPUTE_END made trace_summary.py's overhead negative). A trace written while that batch still
+ran has at most its COMPUTE_START, and its REQUEST_END no earlier. HTTP_SEND_START/END
+(GRPC_SEND_*) = the answer encoded / handed to the transport; an error's answer, made after the
+trace ends, has both where it is handed over, and a request whose client went away (no answer
+written) has neither. Values are perf_counter_ns (CLOCK_MONOTONIC, the
 clock Triton uses as well). A failed run (a request answered with its error) has its
 COMPUTE_OUTPUT_START and COMPUTE_END where its failure was known, as Triton's backends stamp a
 failed execution's (ONNX Runtime's: compute_end_ns and exec_end_ns after the run that failed), and
@@ -56,9 +61,11 @@ def _timestamps(t: RequestTrace) -> list[tuple[str, int]]:
     compute_start = input_end = output_start = compute_end = 0
     if batch is not None:
         compute_start = batch.launched_ns
-        input_end = batch.h2d[1] if batch.h2d else (batch.compute[0] if batch.compute else 0)
-        output_start = batch.compute[1] if batch.compute else 0
+        # its end first: a batch still running (its client left) has its device times being written
         compute_end = batch.done_ns
+        if compute_end:
+            input_end = batch.h2d[1] if batch.h2d else (batch.compute[0] if batch.compute else 0)
+            output_start = batch.compute[1] if batch.compute else 0
         if batch.error is not None and not output_start:  # a failed run ended when its failure was known
             output_start = compute_end
         # in the order Triton's format promises (its trace_summary.py subtracts them): the device
@@ -73,5 +80,5 @@ def _timestamps(t: RequestTrace) -> list[tuple[str, int]]:
         send_start, send_end = t.encoded_ns or t.end_ns, t.end_ns
     return [(recv[0], t.arrival_ns), (recv[1], t.received_ns), ("REQUEST_START", t.decoded_ns),
             ("QUEUE_START", t.enqueued_ns), ("COMPUTE_START", compute_start), ("COMPUTE_INPUT_END", input_end),
-            ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", compute_end), ("REQUEST_END", t.released_ns),
+            ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", compute_end), ("REQUEST_END", t.held_ns),
             (f"{wire}_SEND_START", send_start), (f"{wire}_SEND_END", send_end)]
