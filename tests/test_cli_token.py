@@ -66,3 +66,59 @@ def test_a_token_no_header_can_carry_is_named_not_sent(tmp_path):
                      token="two\nlines")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "ACLSERVE_API_TOKEN cannot be sent in a header" in proc.stderr and "lines" not in proc.stderr
+
+
+def _metric(url: str, name: str) -> float:
+    import urllib.request
+    text = urllib.request.urlopen(f"http://{url}/metrics", timeout=30).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_profile_without_the_token_a_server_needs_for_trace_settings_is_its_error_alone_before_any_load(
+        tmp_path, monkeypatch):
+    """Inference open, the trace settings' changes needing the token, `profile --url` run without
+    it: it drove its warm-up load, was refused turning tracing on, then posted tracing OFF and the
+    settings' put-back (two 401s more, counted as refusals) and warned that it could not put back
+    settings it never changed, printing them as a Python dict, before the error."""
+    monkeypatch.delenv("ACLSERVE_API_TOKEN", raising=False)  # the server takes api_token below
+    (tmp_path / "models").mkdir()
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "models" / "digits.om")
+    (tmp_path / "traces").mkdir()
+    config = server_config(tmp_path / "models", api_token=TOKEN, trace_dir=str(tmp_path / "traces"))
+    with ServerThread(config) as server:
+        refused = _aclserve("profile", "digits", "--url", f"http://{server.url}", "--trace-dir", "traces",
+                            "--seconds", "0.5", "--clients", "2", "--trace", "out.json", cwd=tmp_path)
+        refusals = _metric(server.url, "aclserve_auth_refusals_total{")
+        answered = _metric(server.url, 'aclserve_request_success_total{model="digits"')
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.startswith(f"aclserve profile: error: http://{server.url}: could not change the model's "
+                                     "trace settings: HTTP 401: ") and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.endswith("(ACLSERVE_API_TOKEN is not set)\n"), refused.stderr
+    assert refusals == 1 and answered == 0  # found by its one refused change, before any request was sent
+    assert os.listdir(tmp_path / "traces") == [] and not (tmp_path / "out.json").exists()
+
+
+def test_settings_that_cannot_be_put_back_are_said_as_the_json_to_post(tmp_path, monkeypatch, capsys):
+    """The warning printed them as a Python dict ({'trace_level': None, ...})."""
+    import asyncio
+    import json
+
+    import aiohttp
+
+    from aclserve.cli.profile_remote import _put_back
+
+    monkeypatch.delenv("ACLSERVE_API_TOKEN", raising=False)
+    (tmp_path / "models").mkdir()
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "models" / "digits.om")
+    restore = {"trace_level": None, "trace_rate": "10", "trace_file": None}
+    with ServerThread(server_config(tmp_path / "models", api_token=TOKEN)) as server:
+        setting = f"http://{server.url}/v2/models/digits/trace/setting"
+
+        async def put_back_without_the_token():
+            async with aiohttp.ClientSession() as session:
+                await _put_back(session, setting, restore)
+        asyncio.run(put_back_without_the_token())
+    said = capsys.readouterr().err
+    assert said.startswith("aclserve profile: warning: could not put the model's trace settings back (HTTP 401: ")
+    assert said.endswith(f"; to do so, POST this to {setting}: {json.dumps(restore)}\n"), said
+    assert "None" not in said and "'" not in said.split("; to do so")[1], said

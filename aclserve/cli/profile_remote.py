@@ -1,8 +1,10 @@
 """`aclserve profile --url`: the closed loop against a running server, with the model's tracing
 turned on into profile-MODEL.json inside the server's trace folder for the run, read back from
 --trace-dir (the server must share this machine's filesystem) and removed there, and the model's
-own trace settings put back. One name per model: the server takes a bounded number of trace_file
-names (trace/names.py MAX_NAMES), so a name per run stopped every profile after 1,024 runs.
+own trace settings put back (written as they will be put back before any load, so a server that
+refuses the changes, an API token missing, is found then). One name per model: the server takes a
+bounded number of trace_file names (trace/names.py MAX_NAMES), so a name per run stopped every
+profile after 1,024 runs.
 
 A run interrupted (Ctrl-C, SIGTERM, SIGHUP: its main task cancelled, termination.py) or failed once
 tracing is on still turns it off and puts the settings back, and removes the file the server writes
@@ -106,13 +108,28 @@ async def _max_batch_size(session, base: str, model: str) -> int:
 async def _own_trace_settings(session, base: str, setting: str) -> dict:
     """The model's trace settings as an update that puts them back: each one that differs from
     the global one (the model set it), and null for the rest (they follow the global ones).
-    A setting the model set to the global value comes back following it."""
-    async with session.get(setting) as resp:
-        own = await resp.json() if resp.status == 200 else {}
-    async with session.get(f"{base}/v2/trace/setting") as resp:
-        shared = await resp.json() if resp.status == 200 else {}
-    own, shared = (d if isinstance(d, dict) else {} for d in (own, shared))
+    A setting the model set to the global value comes back following it. ServerRefused when
+    they cannot be read (an empty update would clear the model's own settings)."""
+    readings = []
+    for url in (setting, f"{base}/v2/trace/setting"):
+        async with session.get(url) as resp:
+            if resp.status != 200:
+                raise await _refusal(resp, "could not read the trace settings: ")
+            try:
+                readings.append(await resp.json(content_type=None))
+            except ValueError as e:
+                raise NotKServe(f"its trace settings are not JSON ({one_line(e)})") from None
+    own, shared = (d if isinstance(d, dict) else {} for d in readings)
     return {key: (value if value != shared.get(key) else None) for key, value in own.items()}
+
+
+async def _settings_taken(session, setting: str, restore: dict) -> None:
+    """Write the model's trace settings as the run puts them back (`restore`: so nothing changes),
+    before any load: a server that refuses this run's changes of them (no API token, a wrong
+    one) is found now, in one line, and not after a warm-up, with a put-back to fail after."""
+    async with session.post(setting, json=restore) as resp:
+        if resp.status != 200:
+            raise await _refusal(resp, "could not change the model's trace settings: ")
 
 
 def _remove_stale(path: str) -> None:
@@ -146,6 +163,8 @@ async def run_remote(args, make_body):
                 raise NotKServe(f"its model metadata is not JSON ({one_line(e)})") from None
         meta = _inputs(doc)
         body, header_length = make_body(meta, args.rows, await _max_batch_size(session, base, args.model))
+        restore = await _own_trace_settings(session, base, setting)
+        await _settings_taken(session, setting, restore)
         headers = {"Inference-Header-Content-Length": str(header_length), "Content-Type": "application/octet-stream"}
         url = f"{base}/v2/models/{args.model}/infer"
 
@@ -175,15 +194,19 @@ async def run_remote(args, make_body):
             if resp.status != 200:
                 raise await _refusal(resp, f"model {args.model!r} refused the request: ")
         await closed_loop(args.clients, min(1.0, args.seconds / 5), one)  # warm-up, untraced
-        restore = await _own_trace_settings(session, base, setting)
         _remove_stale(path)
         traced_from, untraced, off = time.time(), sent, False
+        maybe_on = True  # (the request turning it on too: interrupted in flight, the server may have taken it)
         try:
-            try:  # (the request turning it on too: interrupted in flight, the server may have taken it)
-                await _trace_on(session, setting, name, args.trace_dir)
+            try:
+                refused = await _trace_on(session, setting, name)
+                if refused is not None:  # answered with its error: nothing changed, nothing to put back
+                    maybe_on = False
+                    raise refused
+                _has_trace_dir(args.trace_dir)
                 outcomes = await closed_loop(args.clients, args.seconds, one)
             finally:
-                if gone is None:  # (a server gone would refuse these too: a second error)
+                if gone is None and maybe_on:  # (a server gone would refuse these too: a second error)
                     async with session.post(setting, json={"trace_level": ["OFF"]}) as resp:
                         await resp.read()  # tracing OFF writes the file
                     off = True
@@ -205,12 +228,16 @@ async def run_remote(args, make_body):
     return events, outcomes, None
 
 
-async def _trace_on(session, setting: str, name: str, trace_dir: str) -> None:
+async def _trace_on(session, setting: str, name: str) -> Exception | None:
+    """Turn the model's tracing on into `name`: None, or the error to raise when the server
+    answered with its own (then it changed nothing)."""
     async with session.post(setting, json={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
                                            "log_frequency": "0", "trace_file": name,
                                            "trace_format": "chrome"}) as resp:
-        if resp.status != 200:
-            raise await _refusal(resp, "could not turn tracing on: ")
+        return None if resp.status == 200 else await _refusal(resp, "could not turn tracing on: ")
+
+
+def _has_trace_dir(trace_dir: str) -> None:
     if not os.path.isdir(trace_dir):  # the server has its folder for the name now: found out before any trace
         raise UsageError(f"--trace-dir {trace_dir}: no such folder here; it must be the server's trace folder "
                          "(its trace_dir), as seen from this machine")
@@ -220,7 +247,7 @@ async def _put_back(session, setting: str, restore: dict) -> None:
     async with session.post(setting, json=restore) as resp:  # the model's own as they were
         if resp.status != 200:
             print(f"aclserve profile: warning: could not put the model's trace settings back "
-                  f"({await _said(resp)}); they are {restore}", file=sys.stderr)
+                  f"({await _said(resp)}); to do so, POST this to {setting}: {json.dumps(restore)}", file=sys.stderr)
 
 
 async def _take_back(path: str, since: float) -> None:
