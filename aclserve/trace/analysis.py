@@ -9,11 +9,15 @@ Works on Chrome trace events as chrome.py writes them (so on a file from any acl
                    the launcher and completion threads), encode, and the rest ("other")
   p99              the same split, averaged over the requests at or above the 99th percentile
   cost             each stage's total time over the run, a batch's stages counted once per batch
-  verdict          device-bound when the busiest compute stream exceeded DEVICE_BOUND, else the
-                   host stage that costs the most: against the process CPU time when known
-                   (what no traced stage explains is the event loop, batching and hand-offs),
-                   else against the traced host time; on the CPU runtime its compute runs on
-                   the host's cores, a host stage of its own (compute-bound on the host)
+  verdict          device-bound when the busiest compute stream exceeded DEVICE_BOUND; else, when
+                   the host bounds the run (its traced stages HOST_SHARE of a request's time or
+                   more, or the server's CPU, when known, HOST_BUSY_CORES or more), the host
+                   stage that costs the most: against the process CPU time when known (what no
+                   traced stage explains is the event loop, batching and hand-offs), else
+                   against the traced host time; on the CPU runtime its compute runs on the
+                   host's cores, a host stage of its own (compute-bound on the host); else
+                   neither bounds it: "queueing" when the queue is the largest part of a
+                   request's time, "undetermined" otherwise, with the parts that are largest
 """
 from __future__ import annotations
 
@@ -25,6 +29,11 @@ from dataclasses import dataclass, field
 from .chrome import REQUESTS_PROCESS, STREAM_TRACKS
 
 DEVICE_BOUND = 0.85
+# Below DEVICE_BOUND the host bounds the run when its traced stages are this much of a request's
+# time, or (CPU time known) when the server used this many cores: below it the event loop, one
+# thread under the interpreter lock, idled at least half the run
+HOST_SHARE = 0.5
+HOST_BUSY_CORES = 0.5
 REQUEST_PHASES = ("receive", "decode", "queue", "execute", "encode")
 BATCH_PHASES = ("pack", "copy in", "compute", "copy out", "unpack")
 HOST_STAGES = ("decode", "encode", "pack", "unpack", "copy in", "copy out")
@@ -205,6 +214,32 @@ def _verdict(s: Summary) -> str:
     if busy >= DEVICE_BOUND:
         return (f"device-bound: the compute stream was busy {busy:.0%} of the time; more instances or "
                 f"devices help, host work does not")
+    request_us = max(sum(s.stages_us.values()), 1e-9)
+    host_share = sum(s.stages_us.get(k, 0.0) for k in HOST_STAGES) / request_us
+    cores = s.cpu_s / s.window_s if s.cpu_s and s.window_s else None
+    if host_share >= HOST_SHARE or (cores is not None and cores >= HOST_BUSY_CORES):
+        return _host_verdict(s, busy, host_share, request_us)
+    # (a host stage that is most of a little host time is not what the requests wait for)
+    host = f"traced stages {_share(host_share)} of a request's {request_us / 1000:.3g} ms"
+    if cores is not None:
+        host += f", {cores:.2f} CPU cores used"
+    neither = f"neither the host ({host}) nor the device (busy {busy:.0%}; device-bound from {DEVICE_BOUND:.0%})"
+    shares = sorted(((k, v / request_us) for k, v in s.stages_us.items() if v / request_us >= 0.005),
+                    key=lambda kv: -kv[1])
+    if shares and shares[0][0] == "queue":
+        rest = ", ".join(f"{k} {share:.0%}" for k, share in shares[1:3])
+        return (f"queueing: a request waits in its queue {shares[0][1]:.0%} of its time ({rest}); {neither} "
+                f"bounds it")
+    return f"undetermined: {neither} bounds it; a request's time is " + ", ".join(
+        f"{k} {share:.0%}" for k, share in shares[:3])
+
+
+def _share(fraction: float) -> str:
+    return f"{fraction:.0%}" if fraction >= 0.005 else "under 1%"
+
+
+def _host_verdict(s: Summary, busy: float, host_share: float, request_us: float) -> str:
+    """The host stage (or, known, the server CPU no stage explains) that costs the most."""
     host = {k: s.cost_s.get(k, 0.0) for k in HOST_STAGES}
     if s.compute_on_host:  # (an NPU's compute is not the server's CPU: left out of it there)
         host[HOST_COMPUTE] = s.cost_s.get("compute", 0.0)
@@ -212,7 +247,8 @@ def _verdict(s: Summary) -> str:
         host[UNTRACED] = max(0.0, s.cpu_s - sum(host.values()))
         total, of = s.cpu_s, "server CPU"
     else:
-        total, of = sum(host.values()), "traced host time"
+        total = sum(host.values())
+        of = f"traced host time (itself {host_share:.0%} of a request's {request_us / 1000:.3g} ms)"
     stage, seconds = max(host.items(), key=lambda kv: kv[1])
     share = f"{stage} is {seconds / max(total, 1e-9):.0%} of {of}; the device was busy {busy:.0%}"
     if stage == HOST_COMPUTE:
