@@ -7,7 +7,8 @@ callback(event, name, version, **info), event in:
                  ServedVersion it took over from, draining now)
     unloading    a version out of service with no successor (info: served, draining now)
     unloaded     that version has closed: what is kept of its (name, version) may go
-    load_failed  (info: reason)
+    load_failed  (info: reason) a version's load failed, or, the version empty, the model's files
+                 cannot be served as they are (its config broken, say: problem_loads.py)
     retired      a version a reload replaced has closed (info: served, the ServedVersion it was)
 The versions draining (out of service, not closed yet) are the Lifecycle's own record, read
 through ModelRepository.draining() (retiring.py); a listener hears when each one closes. A

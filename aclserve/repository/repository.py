@@ -35,8 +35,8 @@ from .failures import LoadFailures
 from .index import IndexReads, as_shown, index_rows
 from .lifecycle import UNLOAD_ASKED, Lifecycle
 from .models_folder import check_models_folder
-from .names import too_long
 from .plan import ModelPlan
+from .problem_loads import ProblemLoads
 from .planner import Planner
 from .readiness import Readiness
 from .retiring import Draining
@@ -73,6 +73,7 @@ class ModelRepository:
                                 unload_missing=config.unload_on_delete)
         self._failures = LoadFailures(config.load_retry_initial_s, config.load_retry_max_s, self._retry_due)
         self._listeners = Listeners()
+        self._problem_loads = ProblemLoads(self._listeners.emit)  # (a model's files that cannot serve: a failed load)
         self._lifecycle = Lifecycle(config, runtime, self._planner, self._failures, self._listeners.emit,
                                     self._rescan_soon, lambda: self._readiness.note())
         self._scan_lock = asyncio.Lock()  # one reconcile at a time: each sees what the last one started
@@ -144,7 +145,7 @@ class ModelRepository:
         (known but not ready), ShuttingDown after close(), InvalidInput (a version that is none)."""
         if self._closed:
             raise ShuttingDown("the model repository is shut down")
-        if by_length := too_long(name):  # no model's (names.check_model_name)
+        if by_length := names.too_long(name):  # no model's (names.check_model_name)
             raise NotFound(f"unknown model: {by_length}")
         versions = self._lifecycle.serving.get(name)
         version = asked_version(version)
@@ -225,7 +226,7 @@ class ModelRepository:
     # ---- control API ----------------------------------------------------------------------------
     async def load(self, name: str) -> None:
         self._check_control("load")
-        if by_length := too_long(name):
+        if by_length := names.too_long(name):
             raise InvalidInput(f"invalid model name: {by_length}")
         if names.check_model_name(name):
             raise InvalidInput(f"invalid model name {name!r}: {names.check_model_name(name)}")
@@ -257,6 +258,7 @@ class ModelRepository:
         if name not in self._planner.scan.models:
             problem = self._planner.scan.problems.get(name)
             if problem:  # its files are there but cannot be served as they are (a bad config, say)
+                self._problem_loads.refused(name, problem)
                 raise ModelLoadFailed(f"failed to load {name}: {problem}")
             self._calls.no_such_model(name)
             raise NotFound(f"no model {name!r} in {self.root}")
@@ -274,7 +276,7 @@ class ModelRepository:
 
     async def unload(self, name: str) -> None:
         self._check_control("unload")
-        if by_length := too_long(name):  # no model's, loaded or loading
+        if by_length := names.too_long(name):  # no model's, loaded or loading
             raise NotFound(f"unknown model: {by_length}")
         if not self._lifecycle.knows(name) and not self._calls.loading(name):  # (a load running may find
             raise NotFound(f"unknown model {name!r}")  # it: this unload overtakes it)
@@ -331,6 +333,7 @@ class ModelRepository:
                     self._refuse_while_held(only)
                     self._failures.forget_model(only)
                 plans = self._planner.plans(self._lifecycle.acted, trust, self._failures.files, self._lifecycle.held)
+                self._problem_loads.scanned(self._planner.scan, loads=only is None)  # (the start's, poll mode's)
                 started = [self._lifecycle.start(plan) for plan in plans if only is None or plan.name == only]
                 self._lifecycle.stop_stale_compiles()  # (poll mode: a compile of a file gone or replaced ends)
                 self._readiness.note()  # (a scan alone may end a wait: a config no longer being written)

@@ -137,7 +137,8 @@ class ModelStore(Protocol):
         """callback(event, name, version, **info) on loaded / reloaded (info: seconds, the load's
         duration; reloaded also replaced, the ServedModel it took over from, draining now),
         unloading (info: served, the ServedModel out of service with no successor, draining now),
-        unloaded, load_failed (info: reason), retired (that replaced version has closed; info:
+        unloaded, load_failed (info: reason; the version empty: the model's files cannot be served as
+        they are, its config broken, say), retired (that replaced version has closed; info:
         served, the ServedModel it was)."""
 
     def draining(self) -> Draining: ...

@@ -2,7 +2,9 @@
 outcomes and durations, reloads, unloads and automatic load retries.
 
 A model's series are made, every one at 0, when the model first appears in the repository
-index (a version of it on disk or loaded), so that `increase()` sees its first reload, unload,
+index (a version of it on disk or loaded, or its files that cannot be served as they are: its
+config broken, say, whose failures aclserve_model_loads_total{result="failed"} counts as the
+repository's problem_loads.py says), so that `increase()` sees its first reload, unload,
 failed load or retry (a series that appears with its first count has no value to start from).
 They go once the index lists nothing of the model (its files gone and its last version
 unloaded), so a churn of models leaves no series behind; while it is listed they only grow. An
@@ -18,6 +20,8 @@ from __future__ import annotations
 import logging
 from typing import Callable, Mapping
 
+from ..repository.names import check_model_name
+from ..repository.status import State
 from .exposition import Family
 from .loop_metrics import LoopCounterFamily, LoopHistogramFamily
 from .scrape import ScrapeReads
@@ -38,7 +42,9 @@ class ModelSeries:
         self._load_retries = load_retries
         self.load_duration = LoopHistogramFamily("aclserve_model_load_duration_seconds", "Time to load and warm "
                                                  "up a model version, its compile included", ["model"], LOAD_BUCKETS)
-        self.loads = LoopCounterFamily("aclserve_model_loads", "Model version load outcomes", ["model", "result"])
+        self.loads = LoopCounterFamily("aclserve_model_loads", "Model load outcomes: a version's load, or "
+                                       "(failed) the model's files that cannot be served as they are, its "
+                                       "config broken, say", ["model", "result"])
         self.reloads = LoopCounterFamily("aclserve_model_reloads", "Model versions replaced while serving", ["model"])
         self.unloads = LoopCounterFamily("aclserve_model_unloads", "Model versions unloaded", ["model"])
         self._retries_before: dict[str, int] = {}  # model with series -> its retries when they were made
@@ -77,8 +83,13 @@ class ModelSeries:
         except Exception:  # (the series stay as they are)
             log.exception("reading the repository index for the model series failed")
             return
-        listed = {row["name"] for row in rows}  # (a model's problem row, its config broken, say: kept)
-        for name in {row["name"] for row in rows if row["version"]} - self._retries_before.keys():
+        listed = {row["name"] for row in rows}
+        # a version, or the model's own problem (its config broken, say: a failed load of it, counted
+        # by the repository's event); not a load call's row of a name no listing knows, nor a file's
+        # that is no model's
+        models = {row["name"] for row in rows if row["version"] or (row["state"] == State.UNAVAILABLE.value
+                                                                    and check_model_name(row["name"]) is None)}
+        for name in models - self._retries_before.keys():
             self._appeared(name)
         for name in self._retries_before.keys() - listed:
             self._gone(name)

@@ -11,7 +11,7 @@ import shutil
 import time
 import urllib.request
 
-from tests.serving import ServerThread, server_config
+from tests.serving import ServerThread, json_call, server_config
 
 from .test_server_metrics import samples
 
@@ -93,8 +93,10 @@ def test_load_retries_start_at_0_for_a_model_and_again_when_it_comes_back():
     assert counted() == [2]
     rows = []
     assert counted() == []
-    rows = [{"name": "m", "version": ""}]  # known only as a problem (its config broken): no series made
+    rows = [{"name": "m", "version": "", "state": "LOADING"}]  # a load call's row of a name no listing knows
     assert counted() == []
+    rows = [{"name": "m", "version": "", "state": "UNAVAILABLE"}]  # known only as a problem (its config broken)
+    assert counted() == [0]
     rows = [{"name": "m", "version": "1"}]
     assert counted() == [0]
 
@@ -106,3 +108,81 @@ def test_a_load_as_long_as_the_default_compile_timeout_has_a_finite_bucket():
     from aclserve.server.model_series import LOAD_BUCKETS
     assert LOAD_BUCKETS[-1] >= DEFAULT_TIMEOUT_S
     assert list(LOAD_BUCKETS) == sorted(LOAD_BUCKETS)
+
+
+def _broken_config(folder, max_batch_size: int) -> None:
+    (folder / "m" / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "m" / ".config.tmp").write_text(f"batching: {{max_batch_size: {max_batch_size}}}\n")
+    (folder / "m" / ".config.tmp").rename(folder / "m" / "config.yaml")
+
+
+def test_a_model_whose_config_is_broken_counts_a_failed_load_per_load_call_refused(models_dir, tmp_path):
+    """A config that does not read (`POST .../load` answered 400) showed in aclserve_model_load_failure
+    and aclserve_model_state with the version empty, but the model had no aclserve_model_loads_total
+    at all, though its series are to exist from when the index first lists it (a tester's find):
+    only rows with a version made them, and a config's failure was no repository event. Explicit
+    mode: listed by an index read, its series are there at 0; each load call refused is one failed
+    load; the index reads between them (scans loading nothing) count none."""
+    own = tmp_path / "models"
+    own.mkdir()
+    shutil.copy(models_dir / "double.om", own / "double.om")
+    with ServerThread(server_config(own, model_control_mode="explicit")) as srv:
+        shutil.copy(models_dir / "double.om", _model_file(own))
+        _broken_config(own, -3)
+        assert json_call(srv.url, "/v2/repository/index", b"{}")[1][-1]["name"] == "m"  # read as it is now
+        listed = _of(_scrape(srv), "m")
+        counts = []
+        for _ in range(2):
+            status, said = json_call(srv.url, "/v2/repository/models/m/load", b"{}")
+            assert status == 400 and "max_batch_size" in said["error"], said
+            json_call(srv.url, "/v2/repository/index", b"{}")
+            counts.append(_of(_scrape(srv), "m")["aclserve_model_loads_total"])
+    assert listed == {"aclserve_model_loads_total": {"ok": 0, "failed": 0},
+                      "aclserve_model_load_duration_seconds_count": {"": 0},
+                      "aclserve_model_reloads_total": {"": 0}, "aclserve_model_unloads_total": {"": 0},
+                      "aclserve_model_load_retries_total": {"": 0}}
+    assert counts == [{"ok": 0, "failed": 1}, {"ok": 0, "failed": 2}]
+
+
+def _model_file(folder):
+    (folder / "m" / "1").mkdir(parents=True, exist_ok=True)
+    return folder / "m" / "1" / "model.om"
+
+
+def test_a_broken_config_is_one_failed_load_while_it_lasts_in_poll_mode(models_dir, tmp_path):
+    """Poll mode loads what its scans find: the start's finding the config broken is one failed
+    load; the rescans that find it so again are not more; the config broken another way is one
+    more, as is a load call refused for it."""
+    own = tmp_path / "models"
+    own.mkdir()
+    shutil.copy(models_dir / "double.om", _model_file(own))
+    _broken_config(own, -3)
+    config = server_config(own, model_control_mode="poll", settle_s=0.1, debounce_s=0.05)
+
+    def until(predicate):
+        for _ in range(3000):  # a hang guard
+            found = _scrape(srv)
+            if predicate(found):
+                return _of(found, "m")["aclserve_model_loads_total"]
+            time.sleep(0.01)
+        raise AssertionError("never came")
+
+    def failing(why: str):
+        return lambda found: any(s.labels["model"] == "m" and why in s.labels["reason"]
+                                 for s in found.get("aclserve_model_load_failure", []))
+
+    def serving(name: str):
+        return lambda found: any(s.labels["model"] == name and s.labels["state"] == "READY"
+                                 for s in found.get("aclserve_model_state", []))
+
+    with ServerThread(config) as srv:
+        at_start = until(failing("got -3"))
+        shutil.copy(models_dir / "double.om", own / ".double.tmp")  # another model's file: rescans
+        (own / ".double.tmp").rename(own / "double.om")
+        rescanned = until(serving("double"))
+        _broken_config(own, -4)
+        broken_again = until(failing("got -4"))
+        status, _ = json_call(srv.url, "/v2/repository/models/m/load", b"{}")
+        refused = _of(_scrape(srv), "m")["aclserve_model_loads_total"]
+    assert status == 400
+    assert [at_start, rescanned, broken_again, refused] == [{"ok": 0, "failed": n} for n in (1, 1, 2, 3)]
