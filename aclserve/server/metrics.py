@@ -176,7 +176,8 @@ class _BuildInfo:
 # which the statistics JSON does not show: a `delay` policy's deadlines left no trace elsewhere)
 QUEUE_OUTCOMES = ("accepted", "rejected", "timed_out", "delayed", "cancelled")
 QUEUE_OUTCOMES_HELP = ("Requests per priority level: accepted into its queue, rejected (level full), timed_out "
-                       "(deadline under reject), delayed (deadline under delay), cancelled (client gone)")
+                       "(deadline under reject), delayed (deadline under delay), cancelled (client gone before "
+                       "its outputs came: from its queue, or from its batch once formed, which runs all the same)")
 
 
 def queue_figures(served: ServedModel) -> collections.Counter:
