@@ -44,7 +44,7 @@ def add_commands(sub) -> None:
                    help="how the repository follows the models folder (default poll)")
     p.add_argument("--readiness", type=str.lower, choices=("strict", "lenient"),
                    help="/v2/health/ready: strict (default) waits for every model in the folder, "
-                        "lenient ignores refused ones and, once ready, models added later")
+                        "lenient ignores refused ones (but needs one serving) and, once ready, models added later")
     p.add_argument("--max-batch", type=int, metavar="N",
                    help="largest batch formed for a model without its own setting "
                         "(model_defaults.batching.max_batch_size)")

@@ -10,16 +10,23 @@ until that read ended: the server said ready while it had been asked for a model
 Strict (the default): all of them serve. Lenient: a model whose file or config was refused does
 not hold readiness back; one still settling, loading or waiting for its first retry does, and
 only until readiness has been reached once (latched: replicas sharing a folder would all leave
-their balancer while a model dropped into it loads, an ATC compile taking minutes). In both, a
-model that no instance can run turns it off. Owned by the ModelRepository; loop thread only.
+their balancer while a model dropped into it loads, an ATC compile taking minutes); and, latched
+or not, one model at least serves when any should (every one refused, as by an image or node
+whose runtime loads none of the folder's OMs, was ready serving nothing, and a rolling update
+replaced serving replicas with it). In both, a model that no instance can run turns it off.
+Owned by the ModelRepository; loop thread only.
 """
 from __future__ import annotations
+
+import logging
 
 from .control_calls import ControlCalls
 from .failures import LoadFailures
 from .lifecycle import Lifecycle
 from .planner import Planner
 from .status import WAITING_FOR_CONFIG
+
+log = logging.getLogger(__name__)
 
 
 class Readiness:
@@ -28,6 +35,7 @@ class Readiness:
         self._strict = strict
         self._lifecycle, self._planner, self._failures, self._calls = lifecycle, planner, failures, calls
         self._said_ready = False  # lenient readiness was reached once: later loads do not undo it
+        self._said_none_serves = False  # ... with no model serving: said once in the log
 
     def ready(self) -> bool:
         """Whether the repository (started, not closed: the caller's to tell) serves what it should."""
@@ -46,6 +54,18 @@ class Readiness:
         # (a model a load call names and no listing knows yet is a model to load: wanted)
         wanted, problems = awaited - (problems - found), awaited & problems
         self._said_ready = self._said_ready or self._lenient_ready(listed, wanted, problems)
+        if serving or not awaited:  # one model serves, or none should: latched, it is ready
+            self._said_none_serves = False
+            return self._said_ready
+        if self._said_ready and not self._said_none_serves:
+            self._said_none_serves = True  # (a pod that stays unready must say why, once)
+            log.warning("not ready: no model serves (readiness: lenient needs one while the repository has any; "
+                        "the repository index says why each does not)")
+        return False
+
+    @property
+    def reached(self) -> bool:
+        """Lenient readiness's first loads have ended (refused or serving), whether or not a model serves."""
         return self._said_ready
 
     def note(self) -> None:

@@ -52,8 +52,9 @@ async def make_repo(models_dir, runtime):
         made.append(repo)
         if start:
             await repo.start()
-            # files placed just before start settle first (their mtime is fresh): wait for them
-            await events.until(repo.all_ready)
+            # files placed just before start settle first (their mtime is fresh): wait for them (lenient:
+            # until each serves or was refused, as a folder of refused files only is never ready)
+            await events.until(lambda: repo.all_ready() or repo._readiness.reached)
         return repo, events
 
     yield make

@@ -212,3 +212,45 @@ def test_a_model_no_instance_can_run_is_not_ready(tmp_path, readiness):
     finally:
         server.kill()
         server.communicate(timeout=60)
+
+
+def test_lenient_readiness_needs_one_model_serving(tmp_path):
+    """An image or node whose runtime loads none of the folder's OMs (another CANN, another SoC:
+    GE's 500002, for good) was ready under `--readiness lenient` seconds after start, every model
+    refused and every inference 404: a rolling update (maxUnavailable 0) replaced serving replicas
+    with it. Now not ready, and said once in the log, until a model serves. `aclserve serve` for
+    real: the fault (the first load only) is the CPU runtime's, read from its environment."""
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "digits.om")
+    os.utime(tmp_path / "digits.om", (1, 1))  # old: taken at start, without the settle wait
+    port = free_port()
+    env = dict(os.environ, ACLSERVE_CPU_FAULTS="load:code=500002,count=1")
+    server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port",
+                               str(port), "--grpc-port", "0", "--device", "cpu", "--log-level", "warning",
+                               "--readiness", "lenient"],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"127.0.0.1:{port}"
+
+    def rows() -> list[dict]:
+        try:
+            return get(url, "/v2/repository/index", b"{}")[1]
+        except (urllib.error.URLError, ConnectionError, ValueError):
+            return []
+    try:
+        for _ in range(6000):  # hang guards, all
+            if any(r["state"] == "UNAVAILABLE" and "500002" in r["reason"] for r in rows()):
+                break
+            time.sleep(0.01)
+        (row,) = rows()
+        assert row["name"] == "digits" and row["state"] == "UNAVAILABLE" and "retry" not in row["reason"], row
+        assert get(url, "/v2/health/ready")[0] == 503
+        assert get(url, "/v2/health/live")[0] == 200
+        shutil.copy(REPO / "models" / "digits.om", tmp_path / "again.om")  # loads: the fault is spent
+        for _ in range(6000):
+            if get(url, "/v2/health/ready")[0] == 200:
+                break
+            time.sleep(0.01)
+        assert get(url, "/v2/health/ready")[0] == 200 and get(url, "/v2/models/again/ready")[0] == 200
+    finally:
+        server.terminate()
+        _, log = server.communicate(timeout=60)
+    assert log.count("not ready: no model serves (readiness: lenient needs one") == 1, log
