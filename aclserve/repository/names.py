@@ -1,10 +1,13 @@
-"""Names in the models folder: which ones the scan skips (hidden and temporary: being written),
-which make a valid model name, and how a name that is not UTF-8 is shown."""
+"""Names in the models folder: which ones the scan skips (hidden, temporary: being written, and
+fsck's lost+found), which make a valid model name, and how a name that is not UTF-8 is shown."""
 from __future__ import annotations
 
 import re
 
 TEMP_SUFFIXES = (".tmp", ".part")
+# the folder fsck keeps at an ext2/3/4 file system's root: a volume mounted as the models folder
+# (KServe's pvc:// on ext4) has one, which as a model of a bad name kept strict readiness 503
+FILE_SYSTEM_NAMES = ("lost+found",)
 MAX_NAME = 128  # characters of a model's name
 _NAME_RE = re.compile(rf"^[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,{MAX_NAME - 1}}}$")
 
@@ -20,7 +23,7 @@ def escape_undecodable(text: str) -> str:
 
 
 def is_ignored_name(name: str) -> bool:
-    return name.startswith(".") or name.endswith(TEMP_SUFFIXES)
+    return name.startswith(".") or name.endswith(TEMP_SUFFIXES) or name in FILE_SYSTEM_NAMES
 
 
 def check_model_name(name: str) -> str | None:

@@ -76,6 +76,23 @@ def test_a_bad_file_is_not_retried_and_lenient_readiness_ignores_it(one_model, m
         srv.close()
 
 
+def test_lost_and_found_is_no_model(one_model, make_config):
+    """A file system's root mounted as the models folder (a volume, KServe's pvc:// on ext4) holds
+    fsck's lost+found: the index listed it UNAVAILABLE (model names use ASCII letters...) and
+    strict readiness stayed 503 for good. Passed over now, as hidden names are."""
+    (one_model / "lost+found").mkdir(mode=0o700)
+    (one_model / "lost+found" / "#1234").write_bytes(b"a block fsck found")
+    srv = ServerThread(make_config(one_model)).start()
+    try:
+        def rows() -> list[dict]:
+            return get(srv.url, "/v2/repository/index", b"{}")[1]
+        asyncio.run(wait_for(lambda: any(r["state"] == "READY" for r in rows()), limit_s=60))
+        assert [(r["name"], r["state"]) for r in rows()] == [("double", "READY")]
+        assert get(srv.url, "/v2/health/ready")[0] == 200
+    finally:
+        srv.close()
+
+
 def test_queue_limits_default_to_auto_figures_from_the_model(server):
     status, config = get(server.url, "/v2/models/double/config")
     policy = config["dynamic_batching"]["default_queue_policy"]
