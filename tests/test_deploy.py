@@ -172,10 +172,15 @@ def test_kserve_runtime_and_inference_services_match_the_server():
         assert model["protocolVersion"] == protocol
         if protocol == "v2":  # Knative: it refuses terminationGracePeriodSeconds (its revision timeout, 300 s)
             assert "terminationGracePeriodSeconds" not in predictor
+            assert "lifecycle" not in model and "lifecycle" not in container  # (and a preStop)
             assert find("InferenceService", name)["metadata"]["annotations"][
                 "serving.kserve.io/deploymentMode"] == "Serverless"
         else:
-            assert predictor["terminationGracePeriodSeconds"] >= config.shutdown_timeout_s + 5
+            # RawDeployment: the gRPC port closes on SIGTERM while endpoints may still list the pod
+            # (it had no preStop; README said it had); the model's Container is merged into the runtime's
+            pre_stop = model["lifecycle"]["preStop"]["exec"]["command"]
+            assert pre_stop[0] == "sleep"
+            assert predictor["terminationGracePeriodSeconds"] >= int(pre_stop[1]) + config.shutdown_timeout_s + 5
         if protocol == "grpc-v2":
             assert [(p["name"], p["containerPort"]) for p in model["ports"]] == [("h2c", config.grpc_port)]
 
