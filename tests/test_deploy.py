@@ -183,6 +183,23 @@ def test_kserve_runtime_and_inference_services_match_the_server():
             assert predictor["terminationGracePeriodSeconds"] >= int(pre_stop[1]) + config.shutdown_timeout_s + 5
         if protocol == "grpc-v2":
             assert [(p["name"], p["containerPort"]) for p in model["ports"]] == [("h2c", config.grpc_port)]
+        check_scraping(find("InferenceService", name), config.port, routes)
+
+
+def check_scraping(service: dict, http_port: int, routes: set[str]) -> None:
+    """The pod's prometheus.io annotations reach aclserve's /metrics. KServe's pod webhook, with
+    serving.kserve.io/enable-prometheus-scraping, points prometheus.io/port at queue-proxy: its
+    aggregate port (9088: its metrics and the runtime's prometheus.kserve.io/port's) with
+    enable-metric-aggregation, else its own metrics (9091). Neither was set: the runtime's
+    annotations took no effect. A RawDeployment has no queue-proxy: its pod names the port itself."""
+    notes, pod = service["metadata"]["annotations"], service["spec"]["predictor"].get("annotations", {})
+    assert pod.get("prometheus.io/scrape") == "true"  # (KServe sets a port and a path, not this)
+    if notes["serving.kserve.io/deploymentMode"] == "Serverless":
+        assert notes.get("serving.kserve.io/enable-prometheus-scraping") == "true"
+        assert notes.get("serving.kserve.io/enable-metric-aggregation") == "true"
+    else:
+        assert pod.get("serving.kserve.io/enable-prometheus-scraping") == "false"  # (a cluster default of true)
+        assert int(pod["prometheus.io/port"]) == http_port and pod["prometheus.io/path"] in routes
 
 
 def dockerfile(path: Path) -> dict[str, list[str]]:
