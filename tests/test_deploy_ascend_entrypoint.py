@@ -65,7 +65,26 @@ def test_the_toolkit_set_env_is_sourced_and_the_server_started_as_a_module(tmp_p
     assert got["env"]["SOURCED"] == "toolkit 0"  # the server's arguments are not set_env.sh's
     # the driver's libraries first, as Ascend's container guides set them, then set_env.sh's and what was there
     assert got["env"]["LD_LIBRARY_PATH"].split(":") == [
-        f"{root}/driver/lib64/common", f"{root}/driver/lib64/driver", "/cann/toolkit/lib64", "/before"]
+        f"{root}/driver/lib64/common", f"{root}/driver/lib64/driver", f"{root}/driver/lib64", "/cann/toolkit/lib64",
+        "/before"]
+
+
+def test_a_set_env_that_sets_the_entrypoints_names_changes_neither_arguments_nor_library_path(tmp_path):
+    """The entrypoint kept its state in plain names (root, args, tried, set_env) across `source`: a
+    vendor's set_env.sh assigning one of them gave the server other arguments, or put another
+    driver folder on LD_LIBRARY_PATH (a review of the deploy files). Its names are its own now,
+    and what the server is started with is settled before set_env.sh runs."""
+    root = tmp_path / "Ascend"
+    script = fake_set_env(root / "cann" / "set_env.sh", "cann")
+    with script.open("a") as f:
+        f.write('root=/vendor; args=(--vendor); tried=(x); set_env=/vendor/set_env.sh; candidate=y\n'
+                'driver=/vendor/driver; ACLSERVE_ASCEND_ROOT=/vendor; ACLSERVE_VENV=/vendor/venv\n')
+    venv(tmp_path)
+    got = started(run(tmp_path, "--models", "/models"))
+    assert got["argv"] == ["-m", "aclserve", "serve", "--models", "/models"]
+    assert got["env"]["SOURCED"] == "cann 0"
+    assert got["env"]["LD_LIBRARY_PATH"].split(":")[:3] == [
+        f"{root}/driver/lib64/common", f"{root}/driver/lib64/driver", f"{root}/driver/lib64"]
 
 
 def test_newer_cann_layout_and_an_explicit_set_env_are_found(tmp_path):
