@@ -33,11 +33,15 @@ def unwritable(folder: Path) -> str | None:
     return None
 
 
+def user_cache_root(environ=os.environ) -> Path:
+    """The user's cache directory: $XDG_CACHE_HOME, else ~/.cache."""
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
 def user_cache_folder(models_dir: str, environ=os.environ) -> Path:
-    root = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     models = os.path.abspath(models_dir)
     tag = hashlib.sha256(models.encode()).hexdigest()[:12]
-    return root / "aclserve" / "compile" / f"{os.path.basename(models) or 'models'}-{tag}"
+    return user_cache_root(environ) / "aclserve" / "compile" / f"{os.path.basename(models) or 'models'}-{tag}"
 
 
 def resolve(configured: str, models_dir: str, environ=os.environ) -> Path:
@@ -55,8 +59,12 @@ def resolve(configured: str, models_dir: str, environ=os.environ) -> Path:
     fallback = user_cache_folder(models_dir, environ)
     problem = unwritable(fallback)
     if problem:
-        raise CacheUnavailable(f"cannot compile .onnx models: {local} is not writable ({local_problem}) and "
-                               f"neither is {fallback} ({problem}); set compile_cache_dir to a writable folder")
+        # the fallback named from the user cache folder on: a client reads this with paths
+        # redacted (server/redact.py), which left the folder's last name alone, saying not where
+        root = user_cache_root(environ)
+        raise CacheUnavailable(f"cannot compile .onnx models: {local} is not writable ({local_problem}) and neither "
+                               f"is {fallback.relative_to(root)} in the user cache folder {root} ($XDG_CACHE_HOME, "
+                               f"else ~/.cache: {problem}); set compile_cache_dir to a writable folder")
     if str(fallback) not in _warned:
         _warned.add(str(fallback))
         log.warning("%s is not writable (%s): compiling .onnx models into %s", local, local_problem, fallback)

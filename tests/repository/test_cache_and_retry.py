@@ -9,6 +9,7 @@ import os
 import random
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
 
@@ -21,7 +22,7 @@ from aclserve.repository.retry import RetrySchedule, is_transient
 from aclserve.runtime.device import LoadError
 from aclserve.scheduling import QueuePolicy
 
-from .repo_helpers import place, x_rows
+from .repo_helpers import place, started_on_old_files, x_rows
 
 
 def _entry(models_dir: Path) -> Path:
@@ -132,6 +133,29 @@ async def test_an_onnx_model_without_a_writable_cache_says_why(make_repo, models
     (models_dir / "blocker").write_text("")
     repo, _ = await make_repo(model_control_mode="explicit", compile_cache_dir=str(models_dir / "blocker" / "c"))
     assert "cannot write the compile cache folder" in repo.load_failures()[("o", "1")]
+
+
+@pytest.mark.asyncio
+async def test_the_index_says_where_the_user_cache_fallback_was_tried(models_dir, model_files, tmp_path, monkeypatch):
+    """The index's reason for an .onnx that no cache folder can take read "...neither is
+    models-fdcdfbdd8767 (...)": paths are redacted from what clients read, and the fallback, a
+    folder the redactor knows, was cut to its last name, saying not where it was (a review of
+    the deploy files). It is named from the user cache folder on now, which is said in words."""
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    (models_dir / ".cache").write_text("a file where the cache folder would be")
+    (tmp_path / "blocker").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocker" / "cache"))  # not writable either
+    runner, _, base, _, _ = await started_on_old_files(models_dir)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{base}/v2/repository/index", json={}) as resp:
+                (row,) = [r for r in await resp.json() if r["name"] == "o"]
+    finally:
+        await runner.cleanup()
+    folder = cache_dir.user_cache_folder(str(models_dir)).name
+    assert row["state"] == "UNAVAILABLE" and str(tmp_path) not in row["reason"], row
+    assert (f"neither is aclserve/compile/{folder} in the user cache folder cache ($XDG_CACHE_HOME, else ~/.cache: "
+            f"Not a directory)") in row["reason"], row["reason"]
 
 
 def test_backoff_doubles_up_to_the_ceiling_with_jitter_in_its_upper_half():
