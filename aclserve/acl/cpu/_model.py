@@ -31,7 +31,7 @@ import logging
 import threading
 
 from .. import constants as C
-from . import _memory, _om, _state, _weights, faults, settings
+from . import _memory, _om, _safe_division, _state, _weights, faults, settings
 from ._dataset import Blob, Dataset
 
 log = logging.getLogger("aclserve.acl.cpu")
@@ -59,8 +59,9 @@ def _session(weight_ptr: int, length: int):
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 4
+    # (its integer divisions made safe first: INT_MIN / -1 traps, ending the process; _safe_division)
     return _weights.session(weight_ptr, length, so, lambda model, options: ort.InferenceSession(
-        model, options, providers=["CPUExecutionProvider"]))
+        _safe_division.rewritten(model), options, providers=["CPUExecutionProvider"]))
 
 
 class LoadedModel:
