@@ -296,8 +296,11 @@ def _ms(microseconds: int, path: str) -> float:
 
 
 def _version_policy(policy) -> dict:
+    """Triton's VersionsToLoad (model_lifecycle.cc): `specific`, `latest`, and all versions for
+    `all` or a policy choosing no kind (`version_policy { }`); `latest` of 0 versions (`latest { }`)
+    selects none, and Triton refuses the model (a policy left out is latest 1: model_defaults')."""
     kind = policy.WhichOneof("policy_choice")
-    if kind == "all":
+    if kind in ("all", None):
         return {"all": True}
     if kind == "specific":
         versions = sorted(set(policy.specific.versions))
@@ -305,7 +308,11 @@ def _version_policy(policy) -> dict:
             raise ConfigError("version_policy.specific.versions", "must list versions, positive integers, got "
                                                                   f"{list(policy.specific.versions)}")
         return {"specific": versions}
-    return {"latest": policy.latest.num_versions or 1}  # (Triton's default: 1; so too for `version_policy { }`)
+    if not policy.latest.num_versions:
+        raise ConfigError("version_policy.latest.num_versions", "is 0: it selects no version (Triton refuses the "
+                                                                "model too: at least one version must be available "
+                                                                "under the version policy)")
+    return {"latest": policy.latest.num_versions}
 
 
 def _instances(message, devices: tuple[int, ...], notes: list[str]) -> dict:

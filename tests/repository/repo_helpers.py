@@ -7,6 +7,7 @@ import os
 import shutil
 import threading
 
+import aiohttp
 import numpy as np
 
 from aclserve.acl.cpu import faults
@@ -80,6 +81,13 @@ async def started_on_old_files(models_dir, mode: str = "none"):
     config = load_server_config(None, {"models_dir": str(models_dir), "port": 0, "device": "cpu",
                                        "model_control_mode": mode, "log_level": "warning"})
     return await started_app(config)
+
+
+async def http_index(base: str) -> dict:
+    """The repository index as a client reads it over HTTP: (name, version) -> (state, reason)."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{base}/v2/repository/index", json={}) as resp:
+            return {(r["name"], r.get("version", "")): (r["state"], r.get("reason", "")) for r in await resp.json()}
 
 
 def x_rows(rows: int = 1, value: float = 1.0) -> dict:

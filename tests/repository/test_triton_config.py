@@ -15,7 +15,7 @@ from aclserve.config import ModelConfig, load_server_config
 from aclserve.repository import State
 from aclserve.repository.layout import scan
 
-from .repo_helpers import place, started_on_old_files, until, write_in, x_rows
+from .repo_helpers import http_index, place, started_on_old_files, until, write_in, x_rows
 
 DEFAULTS = ModelConfig()
 
@@ -240,3 +240,29 @@ async def test_editing_or_adding_a_config_pbtxt_reloads_the_model(make_repo, mod
     (problem,) = [r["reason"] for r in repo.index() if r["name"] == "m" and not r["version"]]
     assert problem.endswith("m/config.pbtxt: max_batch_size: must be >= 0, got -1 (Triton refuses it too)")
     assert (await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0] == 1.0
+
+
+@pytest.mark.asyncio
+async def test_a_version_policy_choosing_no_kind_serves_every_version_and_latest_of_none_is_refused(
+        models_dir, model_files):
+    """Triton's VersionsToLoad: a policy naming no kind (`version_policy: { }`) loads every version
+    (only the latest was served); `latest { }` (num_versions 0) selects none, and Triton refuses
+    the model (it was served as latest 1)."""
+    for name, policy in (("every", "version_policy: { }"), ("none", "version_policy: { latest { } }")):
+        for version in (1, 2):
+            place(model_files[version]["om"], models_dir / name / str(version) / "model.om")
+        write_in(models_dir / name / "config.pbtxt", f"{policy}\n")
+    runner, _, base, _, repo = await started_on_old_files(models_dir)
+    try:
+        index = await http_index(base)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{base}/v2/models/every/config") as resp:
+                assert (await resp.json())["version_policy"] == {"all": {}}
+        assert index[("every", "1")][0] == index[("every", "2")][0] == State.READY.value
+        assert (await repo.get("every", "1").infer(x_rows(), 1)).outputs["y"][0, 0] == 1.0
+        assert index[("none", "")] == (State.UNAVAILABLE.value, "<models>/none/config.pbtxt: "
+                                       "version_policy.latest.num_versions: is 0: it selects no version (Triton "
+                                       "refuses the model too: at least one version must be available under the "
+                                       "version policy)")
+    finally:
+        await runner.cleanup()
