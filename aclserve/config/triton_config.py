@@ -79,6 +79,17 @@ def read_pbtxt(path: str | os.PathLike):
     return message
 
 
+def model_file_named(path: str | os.PathLike) -> str:
+    """The version folder's file a config.pbtxt's default_model_filename names (model.onnx or
+    model.om), which Triton loads alone; "" when it names none, or the file does not read (its
+    load says why)."""
+    try:
+        named = read_pbtxt(path).default_model_filename
+    except ConfigError:
+        return ""
+    return named if named in _MODEL_FILES else ""
+
+
 def load_triton_config(path: str | os.PathLike, name: str, defaults: ModelConfig,
                        notes: list[str] | None = None) -> ModelConfig:
     """Model `name`'s config.pbtxt at `path` over `defaults`, as load_model_config does a YAML file

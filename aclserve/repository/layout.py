@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import PBTXT, ConfigError, ModelConfig, load_model_config, load_triton_config
+from ..config import PBTXT, ConfigError, ModelConfig, load_model_config, load_triton_config, model_file_named
 from ..regular_files import node_kind, stat_identity
 from . import external_data, unread
 from .models_folder import folder_entries, resolved_inside
@@ -143,9 +143,11 @@ def _version_file(root: Path, path: Path, kind: str) -> VersionFile | str | None
     return VersionFile(str(real), kind, *stat_identity(st), data_stamp=data)
 
 
-def _pick(root: Path, folder: Path, stem: str, result: "ScanResult", key: str) -> VersionFile | None:
-    """The preferred model file `<folder>/<stem>.om|.onnx` (the .om when both are there), or None."""
-    for suffix in MODEL_SUFFIXES:
+def _pick(root: Path, folder: Path, stem: str, result: "ScanResult", key: str, named: str = "") -> VersionFile | None:
+    """The preferred model file `<folder>/<stem>.om|.onnx` (the .om when both are there), or None;
+    only the one `named` (a config.pbtxt's default_model_filename: Triton loads that file alone)."""
+    suffixes = (os.path.splitext(named)[1],) if named else MODEL_SUFFIXES
+    for suffix in suffixes:
         candidate = folder / f"{stem}{suffix}"
         if not os.path.lexists(candidate):
             continue
@@ -165,10 +167,17 @@ def _pick(root: Path, folder: Path, stem: str, result: "ScanResult", key: str) -
             continue
         others = [folder / f"{stem}{s}" for s in MODEL_SUFFIXES if s != suffix]
         shadowed = [o for o in others if os.path.lexists(o)]
-        if shadowed and suffix == MODEL_SUFFIXES[0]:
+        if shadowed and (named or suffix == MODEL_SUFFIXES[0]):
+            why = f"{PBTXT}'s default_model_filename names it" if named else \
+                "an .om wins over an .onnx of the same name"
             result.notes.append(f"{candidate.relative_to(root)} is served; {shadowed[0].relative_to(root)} "
-                                "beside it is ignored (an .om wins over an .onnx of the same name)")
+                                f"beside it is ignored ({why})")
         return found
+    other = [folder / f"{stem}{s}" for s in MODEL_SUFFIXES if s not in suffixes][0] if named else None
+    if other is not None and os.path.lexists(other) and not os.path.lexists(folder / named):
+        result.problems[key] = (f"{other.relative_to(root)} is not served: {PBTXT}'s default_model_filename names "
+                                f"{named}, which {folder.relative_to(root)} has not (Triton loads only the file it "
+                                "names)")
     return None
 
 
@@ -281,6 +290,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             result.problems[name] = f"{name}/ resolves outside the repository"
             return
         config_path = _folder_config(folder, name, result)
+        named = model_file_named(config_path) if config_path is not None and config_path.name == PBTXT else ""
         available, misplaced, version_folders = {}, [], []
         for sub in sorted(folder.iterdir()):
             if is_ignored_name(sub.name):
@@ -294,7 +304,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
                     misplaced.append(f"{sub.relative_to(root)} is {special}, not a version folder")
                 continue
             version_folders.append(sub)
-            found = _pick(root, sub, "model", result, name)
+            found = _pick(root, sub, "model", result, name, named)
             if found is not None:
                 available[str(int(sub.name))] = found
             elif files := [f for f in _model_files(sub) if f.stem != "model"]:  # model.*: _pick said why

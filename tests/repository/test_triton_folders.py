@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from aclserve.config import ModelConfig
 from aclserve.repository.layout import scan
 
-from .repo_helpers import place, started_on_old_files, write_in, x_rows
+from .repo_helpers import http_index, place, started_on_old_files, write_in, x_rows
 
 DEFAULTS = ModelConfig()
 ENSEMBLE = ('platform: "ensemble"\nmax_batch_size: 8\n'
@@ -156,5 +156,31 @@ async def test_the_server_names_the_refused_folder_and_strict_readiness_waits_on
         assert (await repo.get("m").infer(x_rows(), 1)).outputs["y"][0, 0] == 1.0
         warned = [r for r in caplog.records if "ensemble_scheduling" in r.getMessage()]
         assert [r.levelno for r in warned] == [logging.WARNING], [r.getMessage() for r in warned]  # once
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.asyncio
+async def test_default_model_filename_serves_the_file_it_names(models_dir, model_files, caplog):
+    """Triton loads the version folder's file default_model_filename names: a model.onnx named beside
+    a model.om is served (the .om was, as an .om wins over an .onnx without a name given), and a
+    version folder without the named file serves nothing, the index saying why."""
+    caplog.set_level(logging.INFO, logger="aclserve.repository")
+    for name in ("onnx", "om", "missing"):
+        place(model_files[1]["om"], models_dir / name / "1" / "model.om")
+    for name in ("onnx", "om"):
+        place(model_files[2]["onnx"], models_dir / name / "1" / "model.onnx")
+    for name, named in (("onnx", "model.onnx"), ("om", "model.om"), ("missing", "model.onnx")):
+        write_in(models_dir / name / "config.pbtxt", f'default_model_filename: "{named}"\n')
+    runner, _, base, _, repo = await started_on_old_files(models_dir)
+    try:
+        index = await http_index(base)
+        assert float((await repo.get("onnx").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0  # model.onnx's scale
+        assert float((await repo.get("om").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
+        assert index[("missing", "")] == ("UNAVAILABLE", "missing/1/model.om is not served: config.pbtxt's "
+                                          "default_model_filename names model.onnx, which missing/1 has not (Triton "
+                                          "loads only the file it names)")
+        assert "onnx/1/model.onnx is served; onnx/1/model.om beside it is ignored (config.pbtxt's " \
+               "default_model_filename names it)" in caplog.text
     finally:
         await runner.cleanup()
