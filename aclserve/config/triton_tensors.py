@@ -31,6 +31,7 @@ def _declared(tensor, path: str, with_batch: bool) -> DeclaredTensor:
             raise ConfigError(f"{path}.{field}", f"must be given for {tensor.name!r} (Triton refuses a tensor "
                                                  f"without {field})")
     dims = _dims(tensor.dims, f"{path}.dims")
+    _check_format(tensor, path, dims)
     reshape = None
     if tensor.HasField("reshape"):
         reshape = _dims(tensor.reshape.shape, f"{path}.reshape.shape")
@@ -53,6 +54,16 @@ def _dims(values, path: str) -> tuple[int, ...]:
             raise ConfigError(path, f"{list(values)}: a dimension is at least 1, or -1 for a variable one (Triton "
                                     "refuses it too)")
     return tuple(values)
+
+
+def _check_format(tensor, path: str, dims: tuple[int, ...]) -> None:
+    """An input's FORMAT_NCHW or FORMAT_NHWC takes dims of 3 entries, a picture's (Triton's
+    ValidateModelInput: "model input NHWC/NCHW require 3 dims"); passed over otherwise."""
+    fmt = getattr(tensor, "format", 0)  # (an input's field only)
+    if fmt and len(dims) != 3:
+        name = type(tensor).Format.Name(fmt) if fmt in type(tensor).Format.values() else str(fmt)
+        raise ConfigError(f"{path}.format", f"{name} takes dims of 3 entries (a picture's), not {list(dims)} (Triton "
+                                            "refuses it too)")
 
 
 def _trunks(shape: tuple[int, ...]) -> list[int]:

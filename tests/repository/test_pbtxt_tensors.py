@@ -13,9 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 from aclserve.repository import State
 from aclserve.repository.declared import Reshape
 
-from tests.tiny_models import affine_onnx, compile_cpu_om, save_graph
+from tests.tiny_models import affine_onnx, compile_cpu_om, conv_onnx, save_graph
 
-from .repo_helpers import place, serving, write_in
+from .repo_helpers import place, serving, started_on_old_files, write_in
 
 TENSORS = ('max_batch_size: 4\ninput [ {{ name: "{x}" data_type: {x_type} dims: {x_dims} }} ]\n'
            'output [ {{ name: "{y}" data_type: TYPE_FP32 dims: {y_dims} }} ]\n')
@@ -173,3 +173,23 @@ async def test_a_request_handed_to_a_successor_is_answered_in_the_configs_dims(m
     x = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
     y = (await held.infer({"x": x}, 3)).outputs["y"]
     assert y.shape == (3, 1, 4) and y.tolist() == (2 * x).reshape(3, 1, 4).tolist()
+
+
+@pytest.mark.asyncio
+async def test_an_image_format_takes_three_dims_as_triton_requires(models_dir, model_files, tmp_path):
+    """Triton's ValidateModelInput refuses FORMAT_NCHW or FORMAT_NHWC on an input whose dims have
+    not 3 entries (it was passed over, the model served); on a picture's 3 it is passed over."""
+    place(model_files[1]["om"], models_dir / "flat" / "1" / "model.om")
+    write_in(models_dir / "flat" / "config.pbtxt", pbtxt(x_dims="[ 4 ] format: FORMAT_NCHW"))
+    place(compile_cpu_om(conv_onnx(tmp_path / "conv.onnx"), tmp_path / "conv.om"), models_dir / "picture" / "1" /
+          "model.om")
+    write_in(models_dir / "picture" / "config.pbtxt", 'max_batch_size: 4\ninput [ { name: "x" data_type: TYPE_FP32 '
+                                                      'format: FORMAT_NCHW dims: [ 3, 16, 16 ] } ]\n')
+    runner, _, _, _, repo = await started_on_old_files(models_dir)
+    try:
+        assert serving(repo) == ["picture"]
+        (reason,) = [r["reason"] for r in repo.index() if r["name"] == "flat"]
+        assert reason.endswith("/flat/config.pbtxt: input[0].format: FORMAT_NCHW takes dims of 3 entries (a "
+                               "picture's), not [4] (Triton refuses it too)"), reason
+    finally:
+        await runner.cleanup()
