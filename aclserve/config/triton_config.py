@@ -37,7 +37,7 @@ _BACKENDS = ("", "onnxruntime")
 _MODEL_FILES = ("", "model.onnx", "model.om")
 _MAX_INSTANCES = 1024
 # fields that change neither answers nor scheduling here, named in the note when given
-_PASSED_OVER = ("runtime", "optimization", "model_warmup", "parameters", "response_cache", "metric_tags",
+_PASSED_OVER = ("runtime", "optimization", "parameters", "response_cache", "metric_tags",
                 "model_metrics", "cc_model_filenames", "model_operations", "model_transaction_policy")
 _REFUSED = {
     "sequence_batching": "aclserve has no sequence batcher: a stateful model's requests would run without "
@@ -131,6 +131,10 @@ def translate(message, name: str, devices: tuple[int, ...], notes: list[str]) ->
         data["version_policy"] = _version_policy(message.version_policy)
     if message.instance_group:
         data.update(_instances(message, devices, notes))
+    if message.model_warmup:
+        warmup = _warmup_data(message.model_warmup, notes)
+        if warmup is not None:
+            data["warmup_data"] = warmup
     labels = {out.name: {"labels": out.label_filename} for out in message.output if out.label_filename}
     if labels:
         data["outputs"] = labels
@@ -324,6 +328,32 @@ def _version_policy(policy) -> dict:
                                                                 "model too: at least one version must be available "
                                                                 "under the version policy)")
     return {"latest": policy.latest.num_versions}
+
+
+def _warmup_data(samples, notes: list[str]) -> str | None:
+    """model_warmup as warmup_data, what aclserve warms up on (zeros or ones, every input alike,
+    every compiled batch size three times): zero_data is zeros; random_data (Triton's random bytes)
+    is ones, the data aclserve has that is not zeros; input_data_file is passed over (no file is
+    read). None when nothing translates. An input without data Triton refuses too."""
+    kinds = set()
+    for i, sample in enumerate(samples):
+        for name in sorted(sample.inputs):
+            kind = sample.inputs[name].WhichOneof("input_data_type")
+            if kind is None:
+                raise ConfigError(f"model_warmup[{i}].inputs[{name}]", "gives no zero_data, random_data or "
+                                                                      "input_data_file (Triton refuses it too)")
+            kinds.add(kind)
+    data = "ones" if "random_data" in kinds else "zeros" if "zero_data" in kinds else None
+    said = [f"model_warmup read as warmup_data {data}" + (" (random_data: aclserve has no random data; ones are "
+                                                          "its data other than zeros)" if data == "ones" else "")
+            if data else "model_warmup passed over"]
+    if "input_data_file" in kinds:
+        said.append("its input_data_file passed over (aclserve warms up on zeros or ones, not a file's data)")
+    if data == "ones" and "zero_data" in kinds:
+        said.append("its zero_data inputs warmed up on ones too (one kind of data for every input)")
+    notes.append("; ".join(said) + ": aclserve warms every compiled batch size up, three runs each, whatever the "
+                                   "samples' batch_size, count and dims")
+    return data
 
 
 def _instances(message, devices: tuple[int, ...], notes: list[str]) -> dict:

@@ -222,7 +222,8 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
     handoff: Handoff[tuple] = Handoff()
     try:
         pool, images, labels, ranges, views = await loop.run_in_executor(executor, functools.partial(
-            _open_and_warm_up, runtime, om_path, f"{name}:{version}", config, handoff, progress, index_bounds or {}))
+            _open_and_warm_up, runtime, om_path, f"{name}:{version}", config, handoff, progress, index_bounds or {},
+            _zeros_remedy(wanted)))
     except asyncio.CancelledError:
         late = handoff.give_up()
         if late is not None:  # it came back as the loop was cancelled: closed in a load thread too
@@ -286,8 +287,18 @@ def _batching_on_a_static_model(label: str, batching: BatchingConfig, config_pat
                  "runs one request at a time)", label, " and ".join(passed))
 
 
+def _zeros_remedy(wanted: Wanted) -> str:
+    """What ends the reason of a warm-up that failed on zeros: how the model's config warms it up
+    on ones, in that file's words (a config.pbtxt has no warmup_data: triton_config.py)."""
+    if os.path.basename(wanted.config_path() or "") == PBTXT:
+        return (f" (if the model cannot run on zeros, a model_warmup in its {PBTXT} whose inputs give random_data "
+                "warms it up on ones)")
+    return " (if the model cannot run on zeros, warmup_data: ones in its config warms it up on ones)"
+
+
 def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handoff: Handoff,
-                      progress: Callable[[str], None], index_bounds: Mapping[str, int]) -> tuple | None:
+                      progress: Callable[[str], None], index_bounds: Mapping[str, int],
+                      zeros_remedy: str) -> tuple | None:
     """A load thread: open the pool, plan its image inputs, match a config.pbtxt's tensors with its
     own (declared.py), read its labels, settle its inputs' value ranges, warm it up (three runs per
     gear; times the gear costs the batcher plans with; it stops at the next run once the loop has
@@ -332,7 +343,7 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
             labels = load_labels(config.outputs, pool.outputs)
             ranges = input_ranges(config.inputs, pool.inputs, index_bounds, name)
             warm_up(pool, stop=lambda: handoff.given_up, progress=warming, data=config.warmup_data,
-                    remedy=" (if the model cannot run on zeros, warmup_data: ones in its config warms it up on ones)",
+                    remedy=zeros_remedy,
                     timeout_remedy=_timeout_remedy(config.execution_timeout_ms, UNMEASURED_TIMEOUT_MS))
         except BaseException as error:
             pool.close()

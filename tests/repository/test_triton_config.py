@@ -7,13 +7,19 @@ repository (CPU runtime, real files)."""
 from __future__ import annotations
 
 import logging
+import os
 
 import aiohttp
+import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from aclserve.config import ModelConfig, load_server_config
 from aclserve.repository import State
 from aclserve.repository.layout import scan
+
+from tests.serving import started_app
 
 from .repo_helpers import http_index, place, started_on_old_files, until, write_in, x_rows
 
@@ -264,5 +270,51 @@ async def test_a_version_policy_choosing_no_kind_serves_every_version_and_latest
                                        "version_policy.latest.num_versions: is 0: it selects no version (Triton "
                                        "refuses the model too: at least one version must be available under the "
                                        "version policy)")
+    finally:
+        await runner.cleanup()
+
+
+def _hundred_over_onnx(path) -> None:
+    """y = 100 / x, INT32 [N, 2]: an integer division by the input, which zeros fail."""
+    x = helper.make_tensor_value_info("x", TensorProto.INT32, ["N", 2])
+    y = helper.make_tensor_value_info("y", TensorProto.INT32, ["N", 2])
+    hundred = numpy_helper.from_array(np.array(100, np.int32), "hundred")
+    graph = helper.make_graph([helper.make_node("Div", ["hundred", "x"], ["y"])], "over", [x], [y], [hundred])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+@pytest.mark.asyncio
+async def test_model_warmup_random_data_warms_up_on_ones_and_a_failed_warm_up_says_so_in_pbtxt_words(
+        models_dir, caplog):
+    """A config.pbtxt has no warmup_data: model_warmup was passed over, so a model that cannot run
+    on the warm-up's zeros never loaded, its reason suggesting `warmup_data: ones in its config`.
+    Its random_data now warms up on ones (aclserve has no random data), its zero_data on zeros; the
+    reason of a failed warm-up names what the pbtxt can say."""
+    caplog.set_level(logging.INFO, logger="aclserve.repository")
+    warmup = ('model_warmup [ {{ name: "w" batch_size: 1 inputs {{ key: "x" value: {{ data_type: TYPE_INT32 '
+              'dims: [ 2 ] {} }} }} }} ]\n')
+    for name, given in (("random", warmup.format("random_data: true")), ("plain", ""),
+                        ("zeros", warmup.format("zero_data: true"))):
+        _hundred_over_onnx(models_dir / name / "1" / "model.onnx")
+        write_in(models_dir / name / "config.pbtxt", f"max_batch_size: 4\n{given}")
+    for path in models_dir.rglob("*"):
+        os.utime(path, (1, 1))
+    config = load_server_config(None, {"models_dir": str(models_dir), "port": 0, "device": "cpu",
+                                       "model_control_mode": "none", "log_level": "warning",
+                                       "load_retry_initial_s": 600, "load_retry_max_s": 600})
+    runner, _, _, _, repo = await started_app(config)
+    try:
+        result = await repo.get("random").infer({"x": np.array([[4, 5]], np.int32)}, 1)
+        assert result.outputs["y"].tolist() == [[25, 20]]
+        reasons = {r["name"]: r["reason"] for r in repo.index() if r["state"] == State.UNAVAILABLE.value}
+        assert sorted(reasons) == ["plain", "zeros"]
+        for reason in reasons.values():
+            assert "the warm-up run on zeros failed" in reason and (
+                " (if the model cannot run on zeros, a model_warmup in its config.pbtxt whose inputs give "
+                "random_data warms it up on ones)" in reason), reason
+        assert "random/config.pbtxt: model_warmup read as warmup_data ones (random_data: aclserve has no random " \
+               "data; ones are its data other than zeros): aclserve warms every compiled batch size up, three runs " \
+               "each, whatever the samples' batch_size, count and dims" in caplog.text
     finally:
         await runner.cleanup()
