@@ -2,7 +2,10 @@
 answers give (its `reshape` the model's shape), an input's `dims` what requests send (its
 `reshape` the shape the model takes); metadata, /config and gRPC's ModelConfig show them. The
 reshape was passed over: answers came in the model's [N, 10], requests in the config's dims were
-refused 400 (a tester's Triton repository)."""
+refused 400 (a tester's Triton repository). And a max_batch_size 0 model served by rows: its
+classification ranks each row (deliberately: README)."""
+import json
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -10,7 +13,7 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
-from tests.serving import ServerThread, free_port, server_config
+from tests.serving import ServerThread, free_port, request, server_config
 from tests.tiny_models import compile_cpu_om, save_graph
 
 
@@ -32,11 +35,15 @@ def srv(tmp_path_factory):
                "in": ([3, 2, 2], 'input [ { name: "x" data_type: TYPE_FP32 dims: [ 12 ] reshape: { shape: '
                                  '[ 3, 2, 2 ] } } ]\n'
                                  'output [ { name: "y" data_type: TYPE_FP32 dims: [ 3, 2, 2 ] } ]\n')}
+    # max_batch_size 0, the batch dimension first in dims: served by rows (README's max_batch_size 0)
+    folders["whole"] = ([4], 'max_batch_size: 0\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]\n'
+                             'output [ { name: "y" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]\n')
     for name, (shape, tensors) in folders.items():
         (root / name / "1").mkdir(parents=True)
         compile_cpu_om(double_onnx(root / f"{name}.onnx", shape), root / name / "1" / "model.om")
         (root / f"{name}.onnx").unlink()
-        (root / name / "config.pbtxt").write_text(f"max_batch_size: 8\n{tensors}dynamic_batching {{ }}\n")
+        cap = "" if name == "whole" else "max_batch_size: 8\n"
+        (root / name / "config.pbtxt").write_text(f"{cap}{tensors}dynamic_batching {{ }}\n")
     with ServerThread(server_config(root, grpc_port=free_port())) as server:
         yield server
 
@@ -101,3 +108,23 @@ def test_an_input_reshape_takes_requests_in_the_configs_dims(srv):
         np.testing.assert_array_equal(client.infer("in", [x]).as_numpy("y"), (2 * rows).reshape(2, 3, 2, 2))
     finally:
         client.close()
+
+
+def test_a_max_batch_size_0_model_served_by_rows_ranks_each_row(srv):
+    """Deliberate (README, max_batch_size 0): a model whose dims begin with -1 under max_batch_size 0
+    is served by rows, /config showing a max_batch_size and dims without the batch dimension; its
+    classification ranks each row, as Triton ranks a model with a batch dimension. Triton, taking
+    the config's 0 as none, ranks the whole tensor with flat indices ([2] here, "8:7", "7:6")."""
+    rows = np.array([[1, 0, 3, 2], [4, 2, 3, 4]], np.float32)
+    status, _, body = request(srv, "GET", "/v2/models/whole/config")
+    config = json.loads(body)
+    assert status == 200 and config["max_batch_size"] > 0 and config["input"][0]["dims"] == [4]
+    for client_module, url in ((httpclient, srv.url), (grpcclient, f"127.0.0.1:{srv.config.grpc_port}")):
+        client = client_module.InferenceServerClient(url)
+        try:
+            x = client_module.InferInput("x", [2, 4], "FP32")
+            x.set_data_from_numpy(rows)
+            result = client.infer("whole", [x], outputs=[client_module.InferRequestedOutput("y", class_count=2)])
+            assert result.as_numpy("y").tolist() == [[b"6.000000:2", b"4.000000:3"], [b"8.000000:0", b"8.000000:3"]]
+        finally:
+            client.close()
