@@ -20,7 +20,8 @@ from . import atc_options, batch_rows, container, cpu_compile, data_sized, names
 from .compile_error import DEFAULT_TIMEOUT_S, check_timeout
 from .index_bounds import index_bounds
 from ..regular_files import open_regular
-from .spec import CompileError, load_onnx, parse_gears, parse_input_shape, resolve
+from .declared_dims import fill_declared
+from .spec import CompileError, graph_inputs, load_onnx, parse_gears, parse_input_shape, resolve
 
 TARGETS = ("auto", "npu", "cpu")
 DEFAULT_PRECISION_MODE = "force_fp16"
@@ -53,7 +54,8 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
                   soc_version: str | None = None, precision_mode: str | None = DEFAULT_PRECISION_MODE,
                   target: str = "auto", atc: str | os.PathLike | None = None,
                   timeout: float = DEFAULT_TIMEOUT_S, aipp: list[aipp_mod.AippOp] | None = None,
-                  log: Callable[[str], None] = print, log_start: bool = True) -> CompileResult:
+                  declared_dims: dict | None = None, log: Callable[[str], None] = print,
+                  log_start: bool = True) -> CompileResult:
     """Compile `onnx_path` to `output` (default: beside it with .om) and return what was built.
 
     input_shape: "name:-1,3,224,224;name2:..." or {name: dims}; batch: "1,2,4" or [1, 2, 4]
@@ -62,7 +64,9 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     ATC builds (`aclserve compile` reads it from the NPU when there is one). target "auto" uses
     ATC when `atc` is given or `atc` is on PATH, "npu" requires ATC, "cpu" writes a CPU OM.
     aipp: static AIPP ops (aipp.parse / aipp.generate): ATC gets them as --insert_op_conf, the
-    CPU OM gets the same arithmetic as ONNX operations in front of the graph.
+    CPU OM gets the same arithmetic as ONNX operations in front of the graph. declared_dims: {input:
+    dims} a config declares (a config.pbtxt's), which size the dimensions the model leaves variable
+    but its batch dimension, for inputs input_shape does not name (declared_dims.py).
     The output appears atomically (temporary file, then rename) or not at all.
     log_start: whether `log` hears the line saying the compile begins (`compiling model.onnx
     ...`); the server says its own, naming the cache entry.
@@ -96,6 +100,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     if atc_path is not None:  # (before the model's checks, which run it: compile_with_atc says it again)
         atc_mod.atc_output_name(out)
     model = load_onnx(src, weights=atc_path is None)  # (ATC reads the weights from the model's path)
+    fill_declared(graph_inputs(model), declared_dims or {}, shapes)
     spec = resolve(model, {k: list(v) for k, v in shapes.items()}, gears)
     names.refuse_misread(model)  # (an output the server would find under another name)
     bounds = index_bounds(model.graph)

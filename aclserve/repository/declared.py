@@ -63,9 +63,10 @@ class TensorViews:
 
 
 def tensor_views(declared: DeclaredTensors | None, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                 with_rows: bool, image_inputs=frozenset()) -> TensorViews | None:
+                 with_rows: bool, image_inputs=frozenset(), compiled: bool = False) -> TensorViews | None:
     """The tensors of a model (`with_rows`: compiled with batch sizes, its batched tensors served
-    by rows) as `declared` (None: as the model has them). Raises ValueError naming the field."""
+    by rows; `compiled`: here, from an .onnx) as `declared` (None: as the model has them). Raises
+    ValueError naming the field."""
     if declared is None:
         return None
     reshaped: tuple[dict, dict] = ({}, {})
@@ -81,7 +82,8 @@ def tensor_views(declared: DeclaredTensors | None, inputs: Sequence[TensorSpec],
             if tensor.reshape is not None and tensor.name in image_inputs:
                 raise ValueError(f"{PBTXT}: input {tensor.name!r} reshape: an image input takes pictures (its "
                                  "model_defaults' image settings), not a tensor to reshape")
-            by_name[tensor.name], reshape = _matched(tensor, spec, kind, with_rows, declared.unbatched)
+            by_name[tensor.name], reshape = _matched(tensor, spec, kind, with_rows, declared.unbatched,
+                                                     compiled and kind == "output")
             if reshape is not None:
                 reshapes[tensor.name] = reshape
         views.append(list(by_name.values()))
@@ -101,11 +103,13 @@ def _count_inputs(declared: DeclaredTensors, inputs: Sequence[TensorSpec]) -> No
                            f"{expected} inputs, model provides {len(inputs)})")
 
 
-def _matched(tensor: DeclaredTensor, spec: TensorSpec, kind: str, with_rows: bool, unbatched: bool
-             ) -> tuple[TensorSpec, Reshape | None]:
+def _matched(tensor: DeclaredTensor, spec: TensorSpec, kind: str, with_rows: bool, unbatched: bool,
+             sized: bool = False) -> tuple[TensorSpec, Reshape | None]:
     """`spec` as clients see it under `tensor`'s dims, and its Reshape (None without one). A model
     without batch sizes (not `with_rows`) under max_batch_size 0 (`unbatched`) is compared whole,
-    whichever lists are given."""
+    whichever lists are given. `sized`: an output the compile of an .onnx gave its sizes (a length
+    the inputs' declared dims fix, om/declared_dims.py), which -1 takes: Triton compares the
+    .onnx's own, which may leave it variable."""
     where = f"{PBTXT}: {kind} {tensor.name!r}"
     if tensor.data_type != spec.datatype:
         raise ValueError(f"{where} data_type {_triton(tensor.data_type)} is not the model's {_triton(spec.datatype)} "
@@ -119,7 +123,7 @@ def _matched(tensor: DeclaredTensor, spec: TensorSpec, kind: str, with_rows: boo
     whole = tensor.with_batch or not rows  # the model's shape compared whole, batch dimension and all
     model = spec.shape if whole else spec.shape[1:]
     shape, field = (tensor.dims, "dims") if tensor.reshape is None else (tensor.reshape, "reshape")
-    if len(shape) != len(model) or any(m not in (-1, s) for m, s in zip(model, shape)):
+    if len(shape) != len(model) or any(m not in (-1, s) and not (sized and s == -1) for m, s in zip(model, shape)):
         also = f" (dims {list(tensor.dims)})" if tensor.reshape is not None else ""
         row = "" if whole else " per batch row"
         raise ValueError(f"{where} {field} {list(shape)}{also} does not match the model's {tensor.name}, "

@@ -19,6 +19,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import time
 from typing import Callable
 
@@ -43,15 +44,48 @@ def first_step(wanted: Wanted) -> str:
         f"checking {file}"
 
 
-def _in_pbtxt_words(error: CompileError, wanted: Wanted) -> CompileError | None:
-    """A compile refusing the batch sizes a config.pbtxt's max_batch_size gave an .onnx without a
-    batch dimension (om/spec.py's resolve), said of that field: the file sets no compile.batch."""
-    cap = wanted.config.batching.batch_cap
-    if not isinstance(error, NoBatchDimension) or os.path.basename(wanted.config_path() or "") != PBTXT or not cap:
+# om/spec.py's resolve, in config words (compiler.py): an input dimension left variable but the batch
+_VARIABLE = re.compile(r"input (?P<name>'.*'|\".*\") dim (?P<axis>\d+) is dynamic \((?P<symbol>.*?)\); fix it with "
+                       r"compile\.input_shape")
+
+
+def declared_dims(wanted: Wanted) -> dict | None:
+    """The input dims a config.pbtxt declares, each its reshape when given (the shape the model
+    takes), which size the dimensions an .onnx leaves variable (om/declared_dims.py); None when it
+    lists no input."""
+    declared = wanted.config.declared
+    if declared is None or not declared.inputs:
         return None
-    return CompileError(f"{PBTXT}: max_batch_size {cap} cannot apply: the model has no batch dimension (no input "
-                        "has a dynamic first dimension, so it compiles without batch sizes); set 0 or remove it "
-                        "(Triton refuses a max_batch_size over 0 for such a model too)")
+    return {t.name: list(t.dims if t.reshape is None else t.reshape) for t in declared.inputs}
+
+
+def _in_pbtxt_words(error: CompileError, wanted: Wanted) -> CompileError | None:
+    """A compile refusing what a config.pbtxt gave an .onnx (om/spec.py's resolve), said of that
+    file's fields, which hold no compile settings: the batch sizes its max_batch_size gave a model
+    without a batch dimension, an input dimension the model leaves variable that its dims do not fix."""
+    if os.path.basename(wanted.config_path() or "") != PBTXT:
+        return None
+    cap = wanted.config.batching.batch_cap
+    if isinstance(error, NoBatchDimension) and cap:
+        return CompileError(f"{PBTXT}: max_batch_size {cap} cannot apply: the model has no batch dimension (no "
+                            "input has a dynamic first dimension, so it compiles without batch sizes); set 0 or "
+                            "remove it (Triton refuses a max_batch_size over 0 for such a model too)")
+    variable = _VARIABLE.match(str(error))
+    if variable is None:
+        return None
+    quoted, axis, symbol = variable["name"], variable["axis"], variable["symbol"]
+    why = (f"dimension {axis} of the model's {quoted[1:-1]} ({symbol}), which aclserve cannot serve variable: an "
+           ".onnx is compiled for fixed sizes, only the batch dimension may vary")
+    listed = [t for t in (wanted.config.declared.inputs if wanted.config.declared else ()) if repr(t.name) == quoted]
+    if not listed:
+        return CompileError(f"{PBTXT}: input {quoted} is not listed, so nothing fixes {why}; list it in input with "
+                            "its length there in dims (every input of the model, as Triton counts them)")
+    tensor = listed[0]
+    field, shape = ("dims", tensor.dims) if tensor.reshape is None else ("reshape", tensor.reshape)
+    fixed = [d if d != -1 or (i == 0 and tensor.with_batch) else 16 for i, d in enumerate(shape)]
+    example = f" (e.g. {field}: [ {', '.join(map(str, fixed))} ])" if field == "dims" and fixed != list(shape) else ""
+    return CompileError(f"{PBTXT}: input {quoted} {field} {list(shape)} give no fixed length to {why}; give its "
+                        f"length in {field}{example}")
 
 
 async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: CompileCache, name: str,
@@ -74,7 +108,7 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
         soc = runtime.soc_name() if runtime.kind == "npu" else None
         try:
             return await run(functools.partial(cache.compiled, wanted.file.path, name, wanted.config.compile,
-                                               runtime.kind, soc, from_thread, stop))
+                                               runtime.kind, soc, from_thread, stop, declared_dims(wanted)))
         except CompileError as e:
             refusal = _in_pbtxt_words(e, wanted)
             if refusal is None:

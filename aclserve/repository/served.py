@@ -222,8 +222,7 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
     handoff: Handoff[tuple] = Handoff()
     try:
         pool, images, labels, ranges, views = await loop.run_in_executor(executor, functools.partial(
-            _open_and_warm_up, runtime, om_path, f"{name}:{version}", config, handoff, progress, index_bounds or {},
-            _zeros_remedy(wanted)))
+            _open_and_warm_up, runtime, om_path, f"{name}:{version}", wanted, handoff, progress, index_bounds or {}))
     except asyncio.CancelledError:
         late = handoff.give_up()
         if late is not None:  # it came back as the loop was cancelled: closed in a load thread too
@@ -296,9 +295,8 @@ def _zeros_remedy(wanted: Wanted) -> str:
     return " (if the model cannot run on zeros, warmup_data: ones in its config warms it up on ones)"
 
 
-def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handoff: Handoff,
-                      progress: Callable[[str], None], index_bounds: Mapping[str, int],
-                      zeros_remedy: str) -> tuple | None:
+def _open_and_warm_up(runtime, path: str, name: str, wanted: Wanted, handoff: Handoff,
+                      progress: Callable[[str], None], index_bounds: Mapping[str, int]) -> tuple | None:
     """A load thread: open the pool, plan its image inputs, match a config.pbtxt's tensors with its
     own (declared.py), read its labels, settle its inputs' value ranges, warm it up (three runs per
     gear; times the gear costs the batcher plans with; it stops at the next run once the loop has
@@ -312,6 +310,8 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
     from ..runtime.device import NoRoom
     from ..runtime.execution_timeout import UNMEASURED_TIMEOUT_MS
     from ..runtime.left_on_device import note_left
+
+    config = wanted.config
 
     def warming(gear: int | None, run: int, runs: int) -> None:  # (after stop(): not given up)
         progress(f"warming up: gear {gear}, run {run + 1} of {runs}" if gear is not None
@@ -339,11 +339,11 @@ def _open_and_warm_up(runtime, path: str, name: str, config: ModelConfig, handof
         try:
             images = ImageStage.for_model(config.inputs, pool.inputs, name)  # plans checked against the model
             views = tensor_views(config.declared, pool.inputs, pool.outputs, bool(pool.gears),
-                                 frozenset(images.plans) if images else frozenset())
+                                 frozenset(images.plans) if images else frozenset(), wanted.file.kind == "onnx")
             labels = load_labels(config.outputs, pool.outputs)
             ranges = input_ranges(config.inputs, pool.inputs, index_bounds, name)
             warm_up(pool, stop=lambda: handoff.given_up, progress=warming, data=config.warmup_data,
-                    remedy=zeros_remedy,
+                    remedy=_zeros_remedy(wanted),
                     timeout_remedy=_timeout_remedy(config.execution_timeout_ms, UNMEASURED_TIMEOUT_MS))
         except BaseException as error:
             pool.close()

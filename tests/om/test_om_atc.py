@@ -245,3 +245,19 @@ def test_an_output_folder_that_cannot_be_written_is_named_as_the_output(tmp_path
     proc = run_cli("compile", static_onnx, "-o", "/sys/x.om", *args)
     assert proc.returncode == 2 and proc.stderr.startswith("aclserve compile: error: cannot write /sys/x.om: "), \
         proc.stderr
+
+
+def test_declared_dims_size_what_the_model_leaves_variable_for_atc_too(tmp_path, fake_atc):
+    """A config.pbtxt's dims (the server's declared_dims) reach ATC's --input_shape for the
+    dimensions the model leaves variable but the batch; an input --input-shape names keeps that."""
+    from onnx import TensorProto, helper
+    from .conftest import save
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Relu", ["a"], ["y"]), helper.make_node("Relu", ["b"], ["z"])], "g",
+                              [vi("a", TensorProto.FLOAT, ["N", "L"]), vi("b", TensorProto.FLOAT, ["N", "L"])],
+                              [vi("y", TensorProto.FLOAT, ["N", "L"]), vi("z", TensorProto.FLOAT, ["N", "L"])])
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    atc, record = fake_atc
+    compile_model(model, tmp_path / "m.om", batch="1,2", input_shape="b:-1,3", declared_dims={"a": [5], "b": [7]},
+                  soc_version="Ascend310P3", atc=str(atc), log=lambda s: None)
+    assert "--input_shape=a:-1,5;b:-1,3" in json.loads(record.read_text())["argv"]

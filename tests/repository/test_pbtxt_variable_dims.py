@@ -1,0 +1,91 @@
+"""A config.pbtxt's input dims size the dimensions an .onnx leaves variable (om/declared_dims.py),
+as its max_batch_size sets the batch sizes: a model of [N, L] under max_batch_size 8 and dims
+[ 5 ] failed to load ("dim 1 is dynamic (L); fix it with compile.input_shape", which a config.pbtxt
+cannot give; found by a tester migrating a Triton repository). A reshape, the shape the model
+takes, sizes them where given; -1 there, or the input not listed, fails the load in the pbtxt's
+words. An output the compile so sized takes -1 in its dims, as Triton compares the .onnx's own.
+The real server, the CPU runtime, onnx.helper models."""
+from __future__ import annotations
+
+import aiohttp
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from aclserve.repository import State
+from tests.tiny_models import save_graph
+
+from .repo_helpers import started_on_old_files, write_in
+
+
+def double_onnx(path, shape) -> str:
+    """y = 2 * x, FP32 of `shape` (its symbols variable)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
+    two = numpy_helper.from_array(np.array(2, np.float32), "two")
+    return save_graph(helper.make_graph([helper.make_node("Mul", ["x", "two"], ["y"])], "d", [x], [y], [two]), path)
+
+
+def tensors(x_dims: str, y_dims: str = "[ -1 ]") -> str:
+    return (f'input [ {{ name: "x" data_type: TYPE_FP32 dims: {x_dims} }} ]\n'
+            f'output [ {{ name: "y" data_type: TYPE_FP32 dims: {y_dims} }} ]\n')
+
+
+FOLDERS = {  # name: (the model's shape, config.pbtxt)
+    "fixed": (["N", "L"], "max_batch_size: 8\n" + tensors("[ 5 ]")),
+    "reshaped": (["N", 2, "L"], "max_batch_size: 8\n" + tensors("[ 10 ] reshape: { shape: [ 2, 5 ] }",
+                                                                 "[ 2, -1 ]")),
+    "whole": (["N", "L"], "max_batch_size: 0\n" + tensors("[ -1, 5 ]", "[ -1, 5 ]")),
+    "variable": (["N", "L"], "max_batch_size: 8\n" + tensors("[ -1 ]")),
+    "unlisted": (["N", "L"], "max_batch_size: 8\n"),
+}
+
+
+@pytest.mark.asyncio
+async def test_the_pbtxt_dims_size_what_the_onnx_leaves_variable(models_dir):
+    for name, (shape, pbtxt) in FOLDERS.items():
+        double_onnx(models_dir / name / "1" / "model.onnx", shape)
+        write_in(models_dir / name / "config.pbtxt", pbtxt)
+    runner, _, base, _, repo = await started_on_old_files(models_dir)
+    try:
+        rows = np.arange(10, dtype=np.float32).reshape(2, 5)
+        async with aiohttp.ClientSession() as session:
+            answers = {}
+            for name, sent in (("fixed", rows), ("fixed", np.zeros((2, 6), np.float32)), ("whole", rows),
+                               ("reshaped", np.arange(20, dtype=np.float32).reshape(2, 10))):
+                request = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(sent.shape),
+                                       "data": sent.ravel().tolist()}]}
+                async with session.post(f"{base}/v2/models/{name}/infer", json=request) as resp:
+                    answers[name, sent.shape[1]] = (resp.status, await resp.json())
+            async with session.get(f"{base}/v2/models/fixed/config") as resp:
+                shown = await resp.json()
+            async with session.get(f"{base}/v2/models/reshaped") as resp:
+                metadata = await resp.json()
+            async with session.post(f"{base}/v2/repository/index", json={}) as resp:
+                index = {r["name"]: (r["state"], r.get("reason", "")) for r in await resp.json() if not r["version"]
+                         or r["state"] != State.READY.value}
+        status, body = answers["fixed", 5]
+        assert status == 200 and body["outputs"][0]["shape"] == [2, 5]
+        assert body["outputs"][0]["data"] == (2 * rows).ravel().tolist()
+        assert answers["fixed", 6][0] == 400  # the length its dims fix
+        assert (shown["input"][0]["dims"], shown["output"][0]["dims"], shown["max_batch_size"]) == ([5], [-1], 8)
+        status, body = answers["reshaped", 10]  # ten values a row, the model's [2, 5]
+        assert status == 200 and body["outputs"][0]["shape"] == [2, 2, 5], body
+        assert body["outputs"][0]["data"] == [2.0 * i for i in range(20)]
+        assert metadata["inputs"][0]["shape"] == [-1, 10]
+        status, body = answers["whole", 5]
+        assert status == 200 and body["outputs"][0]["data"] == (2 * rows).ravel().tolist()
+        assert sorted(index) == ["unlisted", "variable"], index
+        assert index["variable"] == (State.UNAVAILABLE.value, "config.pbtxt: input 'x' dims [-1] give no fixed length "
+                                     "to dimension 1 of the model's x (L), which aclserve cannot serve variable: an "
+                                     ".onnx is compiled for fixed sizes, only the batch dimension may vary; give its "
+                                     "length in dims (e.g. dims: [ 16 ])")
+        assert index["unlisted"] == (State.UNAVAILABLE.value, "config.pbtxt: input 'x' is not listed, so nothing "
+                                     "fixes dimension 1 of the model's x (L), which aclserve cannot serve variable: "
+                                     "an .onnx is compiled for fixed sizes, only the batch dimension may vary; list "
+                                     "it in input with its length there in dims (every input of the model, as Triton "
+                                     "counts them)")
+        assert repo.get("fixed").gears == (1, 2, 4, 8)
+    finally:
+        await runner.cleanup()
