@@ -7,7 +7,7 @@ the layout level (ORT_ENABLE_ALL, NCHWc) is left out because it bakes in the vec
 the compiling machine, which would make the file unportable.
 
 Output shapes come from running the optimised model once per probe batch (a dynamic batch's
-small sizes, never its largest: probe_sizes.py) on zero inputs (on ones if that fails: a division
+every size up to 32 rows, none larger: probe_sizes.py) on zero inputs (on ones if that fails: a division
 by an input), what ONNX Runtime will compute, not what the exporter declared nor what shape
 inference guesses; an output that is not [batch, fixed...] (or fully fixed for a static model)
 is refused, since the runtime must size output buffers per gear, and so is a model that cannot
@@ -87,8 +87,8 @@ def optimise(model: onnx.ModelProto) -> bytes:
 
 def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) -> list[TensorInfo]:
     """Read output shapes by running the model on zeros, else on ones: a model dividing by an
-    input cannot run on zeros (what `warmup_data: ones` is for). A dynamic batch runs at two small
-    batch sizes whatever sizes are compiled (probe_sizes.py). A model that cannot run at all (a
+    input cannot run on zeros (what `warmup_data: ones` is for). A dynamic batch runs at each of its
+    small batch sizes whatever larger ones are compiled (probe_sizes.py). A model that cannot run at all (a
     sequence longer than its position table: a broadcast that fails) is refused here, as ATC's own
     shape checks refuse it, not retried for good as a device fault at its warm-up."""
     sess = _session(payload)
@@ -96,7 +96,7 @@ def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) ->
     try:
         seen, fill = _probe_runs(sess, spec, outputs, batches)
     except CompileError:
-        if not spec.gears or batches == spec.gears[:2]:
+        if not spec.gears or set(batches) <= set(spec.gears):  # (run at sizes asked for: refused)
             raise
         batches = spec.gears[:2]  # (a model that runs at its sizes only: a Reshape of rows into fours)
         seen, fill = _probe_runs(sess, spec, outputs, batches)
@@ -106,6 +106,7 @@ def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) ->
         shapes = [s[i] for s in seen]
         if spec.dynamic_batch:
             if any(len(s) == 0 or s[0] != b for s, b in zip(shapes, batches)) or len({s[1:] for s in shapes}) != 1:
+                _refuse_some_sizes(o.name, shapes, batches, spec.gears)
                 raise CompileError(f"output {o.name!r} is not batch-major (shapes {[list(s) for s in shapes]} for "
                                    f"batch sizes {batches}); every output of a dynamic-batch model needs the "
                                    f"batch first (or compile it for one batch size: --batch 1){spec.fixed_dim0_hint()}")
@@ -118,6 +119,22 @@ def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) ->
     return fixed
 
 
+def _refuse_some_sizes(name: str, shapes: list[tuple], batches: list[int], gears: list[int]) -> None:
+    """An output batch-major at some of the sizes run and not at others (a Slice capping it at 2
+    rows): said as the sizes the model runs at, which it may be compiled for."""
+    def fits(shape, batch) -> bool:
+        return len(shape) > 0 and shape[0] == batch and shape[1:] == shapes[0][1:]
+    good = [b for s, b in zip(shapes, batches) if fits(s, b)]
+    bad = [b for s, b in zip(shapes, batches) if not fits(s, b)]
+    if not good or not fits(shapes[0], batches[0]):
+        return
+    asked = [g for g in good if g in gears]
+    remedy = f"; compile it for those (--batch {','.join(map(str, asked))})" if asked else ""
+    raise CompileError(f"output {name!r} does not follow the batch at batch size {bad[0]} (shapes "
+                       f"{[list(s) for s in shapes]} for batch sizes {batches}): it follows the batch at batch "
+                       f"sizes {', '.join(map(str, good))} only{remedy}")
+
+
 def _session(model: bytes):
     import onnxruntime as ort
 
@@ -128,16 +145,26 @@ def _session(model: bytes):
 
 
 def _probe_runs(sess, spec: ModelSpec, outputs: list[TensorInfo], batches: list) -> tuple[list[list[tuple]], object]:
-    """The outputs' shapes at each batch size, and the fill they ran on (zeros, else ones)."""
+    """The outputs' shapes at each batch size, and the fill they ran on (zeros, else ones). A
+    refusal names the size that failed, of the fill that ran furthest (zeros on a tie)."""
     names = [o.name for o in outputs]
-    failure = None
+    failures = []  # (sizes that ran, fill, error) of each fill
     for fill in PROBE_FILLS:
+        seen: list[list[tuple]] = []
         try:
-            return [[r.shape for r in sess.run(names, _probe_feeds(spec, b, fill))] for b in batches], fill
+            for batch in batches:
+                seen.append([r.shape for r in sess.run(names, _probe_feeds(spec, batch, fill))])
+            return seen, fill
         except Exception as e:
-            failure = failure or e
-    at = "" if batches == [None] else f" at batch sizes {batches}"
-    raise CompileError(f"a test run of the model (on zeros, then ones){at} failed: {one_line(failure)}")
+            failures.append((len(seen), fill, e))
+    ran, fill, failure = max(failures, key=lambda f: f[0])  # (max keeps the first of a tie)
+    at = "" if batches == [None] else f" at batch size {batches[ran]}"
+    if all(f[0] == ran for f in failures):
+        on = "(on zeros, then ones)"
+    else:  # (zeros failed sooner: a division by an input, say; said apart from the reason shown)
+        on = f"on {fill.__name__} (on zeros at batch size {batches[failures[0][0]]})"
+    before = f" (batch sizes {', '.join(map(str, batches[:ran]))} ran)" if ran else ""
+    raise CompileError(f"a test run of the model {on}{at} failed{before}: {one_line(failure)}")
 
 
 def _refuse_data_dependent(sess, spec: ModelSpec, outputs: list[TensorInfo], batch: int | None, used,

@@ -221,7 +221,8 @@ _CONFIG_WORDS = {"--input-shape": "compile.input_shape", "--batch": "compile.bat
 
 
 def _in_config_words(error: CompileError) -> CompileError:  # (a NoBatchDimension stays one: loader.py)
-    message = re.sub(r"--batch (\d+)\b", r"compile.batch: [\1]", str(error))  # (a YAML list: `batch: 1` is refused)
+    # (a YAML list: `batch: 1` is refused)
+    message = re.sub(r"--batch (\d+(?:,\d+)*)\b", r"compile.batch: [\1]", str(error))
     for flag, key in _CONFIG_WORDS.items():
         message = re.sub(rf"{flag}\b(?!-)", key, message)
     return (NoBatchDimension if isinstance(error, NoBatchDimension) else CompileError)(message)

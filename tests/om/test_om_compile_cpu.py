@@ -142,7 +142,7 @@ def test_a_model_that_cannot_run_at_all_is_refused_at_compile(tmp_path):
     graph = helper.make_graph(nodes, "pos", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "seq", 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "seq", 4])], inits)
     src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "pos.onnx")
-    refusal = r"a test run of the model \(on zeros, then ones\) at batch sizes \[1, 2\] failed: .*broadcast"
+    refusal = r"a test run of the model \(on zeros, then ones\) at batch size 1 failed: .*broadcast"
     with pytest.raises(CompileError, match=refusal):
         compile_model(src, batch="1,2", input_shape="x:-1,10,4", target="cpu", log=quiet)
     h = compile_model(src, batch="1,2", input_shape="x:-1,8,4", target="cpu", log=quiet).header
@@ -207,7 +207,7 @@ def test_an_output_whose_size_follows_the_data_is_refused(tmp_path, batch, input
 
 def test_output_without_batch_dimension_is_refused(tmp_path):
     src = save(scalar_output_model(), tmp_path / "scalar.onnx")
-    with pytest.raises(CompileError, match=r"output 'y' is not batch-major \(shapes \[\[\], \[\]\] .*"
+    with pytest.raises(CompileError, match=r"output 'y' is not batch-major \(shapes \[\[\](, \[\]){5}\] .*"
                                            r"\(or compile it for one batch size: --batch 1\)"):
         compile_model(src, target="cpu", log=quiet)
     assert not (tmp_path / "scalar.om").exists()

@@ -6,6 +6,8 @@ allocated at all: such a compile failed ("a test run of the model ... failed: Un
 16.0 TiB")."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -53,3 +55,41 @@ def test_a_model_that_runs_rows_in_pairs_compiles_with_one_small_size(tmp_path):
     pairs = saved_onnx(tmp_path, "pairs", nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                        inits)
     assert _dims(pairs, [2, 64]) == [[-1, 4]]
+
+
+def _first_rows(tmp_path, rows: int = 2) -> str:
+    """y = x[:rows] (a Slice of dimension 0): a model that runs at every batch size and follows
+    the batch only up to `rows` rows."""
+    nodes = [helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["y"])]
+    inits = [("starts", np.array([0], np.int64)), ("ends", np.array([rows], np.int64)),
+             ("axes", np.array([0], np.int64))]
+    return _onnx(tmp_path, "first2", nodes, ["y"], inits)
+
+
+def test_every_small_size_compiled_is_test_run(tmp_path):
+    """A Slice capping the batch at 2 rows compiled for 1,2,4: the test runs took 1 and 2 only, and
+    the server's warm-up at 4 failed, retried for good as a device fault (found by a tester). Every
+    size up to PROBE_ROWS now runs, and the refusal names the sizes the model serves."""
+    first2 = _first_rows(tmp_path)
+    with pytest.raises(CompileError, match=re.escape(
+            "output 'y' does not follow the batch at batch size 4 (shapes [[1, 4], [2, 4], [2, 4]] for batch sizes "
+            "[1, 2, 4]): it follows the batch at batch sizes 1, 2 only; compile it for those (--batch 1,2)")):
+        compile_model(first2, batch=[1, 2, 4], target="cpu", log=quiet)
+    with pytest.raises(CompileError, match=r"does not follow the batch at batch size 4 .* sizes 1, 2 only; "):
+        compile_model(first2, target="cpu", log=quiet)  # (the default sizes, 1 to 32)
+    with pytest.raises(CompileError, match=r"at batch size 32 \(.*: it follows the batch at batch sizes 1, 2, 4, "
+                                           r"8, 16 only; compile it for those \(--batch 1,2,4,8,16\)"):
+        compile_model(_first_rows(tmp_path, 16), target="cpu", log=quiet)
+    assert _dims(first2, [1, 2]) == [[-1, 4]]
+
+
+def test_a_test_run_that_fails_names_the_size_it_failed_at(tmp_path):
+    """Rows reshaped into pairs fail at an odd size: ONNX Runtime's reason is said with the size."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    nodes = [helper.make_node("Reshape", ["x", "pairs"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([-1, 8], np.int64), "pairs")]
+    pairs = saved_onnx(tmp_path, "pairs8", nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                       inits)
+    with pytest.raises(CompileError, match=r"a test run of the model \(on zeros, then ones\) at batch size 3 failed "
+                                           r"\(batch sizes 2 ran\): .*cannot be reshaped"):
+        compile_model(pairs, batch=[2, 3, 4], target="cpu", log=quiet)

@@ -411,6 +411,19 @@ async def test_a_dropped_onnx_told_to_compile_for_one_batch_size_is_given_valid_
 
 
 @pytest.mark.asyncio
+async def test_a_dropped_onnx_that_serves_some_batch_sizes_is_told_them_in_yaml(make_repo, models_dir):
+    """A Slice capping the batch at 2 rows: the compile test-runs every default size up to 32 and
+    names the sizes it serves, `compile.batch: [1,2]` (a `--batch 1,2` read as `[1],2` was no YAML)."""
+    from onnx import TensorProto, helper, numpy_helper
+    vi = helper.make_tensor_value_info
+    inits = [numpy_helper.from_array(np.array([v], np.int64), name) for name, v in (("s", 0), ("e", 2), ("a", 0))]
+    graph = helper.make_graph([helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])], "first2",
+                              [vi("x", TensorProto.FLOAT, ["n", 3])], [vi("y", TensorProto.FLOAT, None)], inits)
+    reason = await _refused_then_served(make_repo, models_dir, "first2", graph, "compile:\n  batch: [1,2]\n")
+    assert reason.endswith("follows the batch at batch sizes 1, 2 only; compile it for those (compile.batch: [1,2])")
+
+
+@pytest.mark.asyncio
 async def test_a_dropped_onnx_whose_only_open_dimension_is_a_sequence_is_told_to_fix_it(make_repo, models_dir):
     """ids ["S"] pooled to [8]: the reason said only `compile.batch: [1]`, which serves a model
     taking one token; dimension 0 only assumed to be the batch, it names compile.input_shape too,
