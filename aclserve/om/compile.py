@@ -39,7 +39,8 @@ class CompileResult:
     # integer inputs indexing a table of the model: {name: entries} (index_bounds.py); the
     # server refuses values outside [0, entries)
     index_bounds: dict = field(default_factory=dict)
-    # what ATC would refuse among what a CPU OM records (atc_options.cpu_warnings), one line each
+    # what ATC would refuse among what a CPU OM records (atc_options.cpu_warnings), and what its test
+    # runs found that serving it needs (cpu_compile.probe_outputs: warmup_data), one line each
     warnings: list = field(default_factory=list)
 
 
@@ -137,8 +138,9 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
                                      ("precision_mode", precision_mode)) if v is not None}
         if bound:
             spec = aipp_onnx.apply(spec, bound)
-        header, payload = cpu_compile.build(spec, name=out.stem, source_path=src,
-                                            source_bytes=source_bytes, options=options)
+        header, payload, found = cpu_compile.build(spec, name=out.stem, source_path=src,
+                                                   source_bytes=source_bytes, options=options)
+        warnings += found
         header.update(aipp_header)
         container.write(out, header, payload)
         header = container.read_header(out)

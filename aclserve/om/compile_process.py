@@ -74,7 +74,7 @@ class Built:
     seconds: float
     size: int
     index_bounds: dict = field(default_factory=dict)
-    warnings: list = field(default_factory=list)  # what ATC would refuse among what a CPU OM records
+    warnings: list = field(default_factory=list)  # what ATC would refuse, what serving it needs (compile.py)
     header: dict = field(default_factory=dict)  # the CPU OM header or the ATC OM's facts (`aclserve compile` shows it)
 
 

@@ -85,21 +85,22 @@ def optimise(model: onnx.ModelProto) -> bytes:
             return f.read()
 
 
-def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) -> list[TensorInfo]:
+def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) -> tuple[list[TensorInfo], list[str]]:
     """Read output shapes by running the model on zeros, else on ones: a model dividing by an
-    input cannot run on zeros (what `warmup_data: ones` is for). A dynamic batch runs at each of its
+    input cannot run on zeros (what `warmup_data: ones` is for, which the warnings returned then
+    say). A dynamic batch runs at each of its
     small batch sizes whatever larger ones are compiled (probe_sizes.py). A model that cannot run at all (a
     sequence longer than its position table: a broadcast that fails) is refused here, as ATC's own
     shape checks refuse it, not retried for good as a device fault at its warm-up."""
     sess = _session(payload)
     batches = probe_sizes.probe_batches(spec)
     try:
-        seen, fill = _probe_runs(sess, spec, outputs, batches)
+        seen, fill, on_zeros = _probe_runs(sess, spec, outputs, batches)
     except CompileError:
         if not spec.gears or set(batches) <= set(spec.gears):  # (run at sizes asked for: refused)
             raise
         batches = spec.gears[:2]  # (a model that runs at its sizes only: a Reshape of rows into fours)
-        seen, fill = _probe_runs(sess, spec, outputs, batches)
+        seen, fill, on_zeros = _probe_runs(sess, spec, outputs, batches)
     _refuse_data_dependent(sess, spec, outputs, batches[0], fill, seen[0])
     fixed = []
     for i, o in enumerate(outputs):
@@ -116,7 +117,12 @@ def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) ->
     if spec.dynamic_batch:
         names = [o.name for o in outputs]
         refuse_mixed_rows(lambda feeds: sess.run(names, feeds), spec, names)
-    return fixed
+    if on_zeros is None:
+        return fixed, []
+    # (the compile knew and said nothing: the server's warm-up then failed on zeros; found by a tester)
+    return fixed, [f"the model cannot run on zeros (a test run on zeros{on_zeros}), so its test runs ran on ones: "
+                   "serve it with `warmup_data: ones` in its config (the server's warm-up runs every gear on "
+                   "zeros unless told, and would fail)"]
 
 
 def _refuse_some_sizes(name: str, shapes: list[tuple], batches: list[int], gears: list[int]) -> None:
@@ -144,9 +150,11 @@ def _session(model: bytes):
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
-def _probe_runs(sess, spec: ModelSpec, outputs: list[TensorInfo], batches: list) -> tuple[list[list[tuple]], object]:
-    """The outputs' shapes at each batch size, and the fill they ran on (zeros, else ones). A
-    refusal names the size that failed, of the fill that ran furthest (zeros on a tie)."""
+def _probe_runs(sess, spec: ModelSpec, outputs: list[TensorInfo], batches: list) -> tuple[list[list[tuple]], object,
+                                                                                          str | None]:
+    """The outputs' shapes at each batch size, the fill they ran on (zeros, else ones) and, when
+    ones, how the run on zeros failed. A refusal names the size that failed, of the fill that ran
+    furthest (zeros on a tie)."""
     names = [o.name for o in outputs]
     failures = []  # (sizes that ran, fill, error) of each fill
     for fill in PROBE_FILLS:
@@ -154,7 +162,11 @@ def _probe_runs(sess, spec: ModelSpec, outputs: list[TensorInfo], batches: list)
         try:
             for batch in batches:
                 seen.append([r.shape for r in sess.run(names, _probe_feeds(spec, batch, fill))])
-            return seen, fill
+            if not failures:
+                return seen, fill, None
+            ran, _, error = failures[0]
+            at = "" if batches == [None] else f" at batch size {batches[ran]}"
+            return seen, fill, f"{at} failed: {one_line(error)}"
         except Exception as e:
             failures.append((len(seen), fill, e))
     ran, fill, failure = max(failures, key=lambda f: f[0])  # (max keeps the first of a tie)
@@ -208,13 +220,15 @@ def _created() -> str:
     return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def build(spec: ModelSpec, *, name: str, source_path: str, source_bytes: bytes, options: dict) -> tuple[dict, bytes]:
-    """Return (header, payload) for a CPU OM of `spec`."""
+def build(spec: ModelSpec, *, name: str, source_path: str, source_bytes: bytes,
+          options: dict) -> tuple[dict, bytes, list[str]]:
+    """Return (header, payload, warnings) for a CPU OM of `spec` (warnings: what its test runs
+    found that serving it needs, one line each)."""
     import onnxruntime as ort
 
     types = output_types(spec)  # (first: it drops the declared shapes the optimised graph would check)
     payload = optimise(spec.model)
-    outputs = probe_outputs(payload, spec, types)
+    outputs, warnings = probe_outputs(payload, spec, types)
     for output in outputs:
         refuse_empty("output", output.name, output.dims)
     inputs = [t.header_entry(is_input=True) for t in spec.inputs]
@@ -232,4 +246,4 @@ def build(spec: ModelSpec, *, name: str, source_path: str, source_bytes: bytes, 
         "gears": list(spec.gears),
         "options": dict(options, target="cpu", ort_optimization=ORT_LEVEL, onnxruntime=ort.__version__),
     }
-    return header, payload
+    return header, payload, warnings

@@ -197,7 +197,7 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
         cache_entry.record(out, key, dict(asdict(options), batch=kwargs.get("batch"), **recorded), runtime_kind,
                            result.index_bounds)
     log.info("%s: compiled in %.1f s (%d bytes)", model_name, result.seconds, result.size)
-    for warning in result.warnings:  # (a SoC or opset ATC would refuse: atc_options.cpu_warnings)
+    for warning in result.warnings:  # (a SoC or opset ATC would refuse, a model failing on zeros: compile.py)
         log.warning("%s: %s", model_name, warning)
     return out
 

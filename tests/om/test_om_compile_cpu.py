@@ -124,8 +124,18 @@ def test_a_model_dividing_by_an_input_is_probed_on_ones(tmp_path):
     graph.node.append(helper.make_node("Div", ["eight", "d"], ["q"]))
     graph.output.append(helper.make_tensor_value_info("q", TensorProto.INT32, ["batch", 1]))
     src = save(model, tmp_path / "divides.onnx")
-    h = compile_model(src, batch="2,4", target="cpu", log=quiet).header
-    assert [o["dims"] for o in h["outputs"]] == [[-1, 8], [-1, 1]]
+    result = compile_model(src, batch="2,4", target="cpu", log=quiet)
+    assert [o["dims"] for o in result.header["outputs"]] == [[-1, 8], [-1, 1]]
+    # said, with what serving it needs: the compile knew and said nothing, and the server's warm-up
+    # on zeros then failed (found by a tester)
+    (warning,) = result.warnings
+    assert warning.startswith("the model cannot run on zeros (a test run on zeros at batch size 2 failed: ")
+    assert "Integer division by zero" in warning, warning
+    assert warning.endswith("), so its test runs ran on ones: serve it with `warmup_data: ones` in its config (the "
+                            "server's warm-up runs every gear on zeros unless told, and would fail)")
+    cli = run_cli("compile", src, "-o", tmp_path / "divides.om", "--batch", "2,4", "--target", "cpu")
+    assert cli.returncode == 0 and f"\nwarning: {warning}" in cli.stdout, cli.stdout + cli.stderr
+    assert compile_model(save(reshape_model(), tmp_path / "reshape.onnx"), target="cpu", log=quiet).warnings == []
 
 
 def test_a_model_that_cannot_run_at_all_is_refused_at_compile(tmp_path):
