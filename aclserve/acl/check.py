@@ -15,19 +15,41 @@ from __future__ import annotations
 
 import logging
 
-from .constants import ACL_SUCCESS, error_meaning
+from .constants import ACL_ERROR_GE_EXEC_MODEL_ID_INVALID, ACL_SUCCESS, error_meaning
 
 log = logging.getLogger(__name__)
 
 
 class AclError(RuntimeError):
-    """A pyACL call failed: which API, its return code and what the code means."""
+    """A pyACL call failed: which API, its return code and what the code means, and what the
+    device said of it (acl.get_recent_err_msg, where the caller asked: compat.told), if anything."""
 
-    def __init__(self, api: str, ret: int, meaning: str | None = None):
+    def __init__(self, api: str, ret: int, meaning: str | None = None, said: str | None = None):
         self.api = api
         self.ret = ret
         self.meaning = meaning if meaning is not None else error_meaning(ret)
-        super().__init__(f"acl.{api} failed with {ret}: {self.meaning}")
+        self.said = said
+        told = f"; the device says: {said}" if said else ""
+        super().__init__(f"acl.{api} failed with {ret}: {self.meaning}{told}")
+
+    def told(self, said: str | None) -> "AclError":
+        """This error with what the device said of it (itself when it said nothing)."""
+        return self if not said else AclError(self.api, self.ret, self.meaning, said)
+
+
+def model_refused(error: BaseException | None) -> bool:
+    """Whether `error`, or what it was raised from (a batch's ExecutionFailed holds the ACL call's
+    error), is GE refusing a model's run for what it was given (145xxx: its buffers, its gear, an
+    OM whose header its graph does not compute: the CPU runtime's _ort_failures.py). The same run
+    is refused the same way: no device fault, and no warm-up data to blame. Not 145003, an unknown
+    model id, which a run meets when its model is unloaded under it."""
+    for _ in range(4):
+        if error is None:
+            return False
+        if isinstance(error, AclError):
+            return error.ret // 1000 == 145 and error.ret != ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+        error = error.__cause__
+    return False
 
 
 def check(api: str, result, also_ok: tuple[int, ...] = ()):

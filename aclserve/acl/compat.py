@@ -7,7 +7,8 @@ and the log says once that a hung device can then block its instance for good. E
 streams wait on batch after batch come from `create_event_ex_with_flag` where there is one
 (`pipeline_event`), streams stop on a failed task where `set_stream_failure_mode` is taken
 (`stop_on_failure`), and a stopped context's streams are aborted where `stream_abort` is
-(`abort_stream`).
+(`abort_stream`). A failed wait carries what the device said of it where `get_recent_err_msg`
+is (`told`).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import logging
 import threading
 
 from . import constants as C
-from .check import check
+from .check import AclError, check
 
 log = logging.getLogger(__name__)
 
@@ -76,18 +77,44 @@ def _untimed(acl, which: int) -> bool:
 def synchronize_event(acl, event: int, timeout_ms: int) -> None:
     """Wait for `event`, at most `timeout_ms` where CANN can time the wait (507047 on expiry)."""
     if _untimed(acl, 0):
-        check("rt.synchronize_event", acl.rt.synchronize_event(event))
+        told(acl, "rt.synchronize_event", acl.rt.synchronize_event(event))
     else:
-        check("rt.synchronize_event_with_timeout", acl.rt.synchronize_event_with_timeout(event, timeout_ms))
+        told(acl, "rt.synchronize_event_with_timeout", acl.rt.synchronize_event_with_timeout(event, timeout_ms))
 
 
 def synchronize_stream(acl, stream: int, timeout_ms: int) -> None:
     """Wait for `stream`, at most `timeout_ms` where CANN can time the wait (AclError with
     ACL_ERROR_RT_STREAM_SYNC_TIMEOUT on expiry; the stream's own fault raises its code)."""
     if _untimed(acl, 1):
-        check("rt.synchronize_stream", acl.rt.synchronize_stream(stream))
+        told(acl, "rt.synchronize_stream", acl.rt.synchronize_stream(stream))
     else:
-        check("rt.synchronize_stream_with_timeout", acl.rt.synchronize_stream_with_timeout(stream, timeout_ms))
+        told(acl, "rt.synchronize_stream_with_timeout", acl.rt.synchronize_stream_with_timeout(stream, timeout_ms))
+
+
+SAID_CHARS = 600  # the most of a device's message an error carries (it ends in a load failure's one-line reason)
+
+
+def told(acl, api: str, ret: int) -> None:
+    """check(api, ret), its AclError carrying what the device said of the failure: CANN keeps a
+    message for each failed call of the thread (acl.get_recent_err_msg, which clears them; older
+    pyACL builds lack it): GE's words for a model it refused to run, ONNX Runtime's on the CPU
+    runtime (a model's failure on its data, or its header and graph disagreeing)."""
+    try:
+        check(api, ret)
+    except AclError as e:
+        raise e.told(recent_message(acl)) from None
+
+
+def recent_message(acl) -> str | None:
+    """acl.get_recent_err_msg() on one line, at most SAID_CHARS; None where it says nothing or
+    this pyACL has no such call."""
+    get = getattr(acl, "get_recent_err_msg", None)
+    try:
+        said = get() if get is not None else None
+    except Exception:  # (a call that is only there to explain another's failure must not fail in its place)
+        return None
+    said = " ".join(said.split()) if isinstance(said, str) else ""
+    return (said[:SAID_CHARS - 4] + " ..." if len(said) > SAID_CHARS else said) or None
 
 
 def soc_name(acl) -> str | None:

@@ -1,6 +1,7 @@
 """Automatic load retries after transient device errors, with exponential backoff and jitter.
 
-Transient: the device failed a warm-up batch (not the host code that packs and launches it) or
+Transient: the device failed a warm-up batch (not the host code that packs and launches it, nor
+GE refusing its run for what it was given, 145xxx: acl.check.model_refused, refused again) or
 did not finish one within the model's execution timeout (a later attempt builds a new instance;
 while the hung one is abandoned, no attempt is made: failures.py), or an
 ACL call failed with a resource or runtime code (2xxxxx: memory, streams, events; 5xxxxx:
@@ -24,7 +25,7 @@ import errno
 import random
 from typing import Callable
 
-from ..acl.check import AclError
+from ..acl.check import AclError, model_refused
 from ..errors import DeviceFailed, DeviceTimeout, ExecutionFailed
 from ..runtime.device import LoadError, RoomPromised
 
@@ -56,7 +57,10 @@ def is_transient(error: BaseException) -> bool:
         return True
     if isinstance(error, ExecutionFailed):
         # the device failed the batch (an ACL error), or its instance closed under it (no cause);
-        # an exception of the host code that packs or launches it fails the same way again
+        # an exception of the host code that packs or launches it fails the same way again, and so
+        # does a run GE refused for what it was given (145xxx: an OM its graph does not compute)
+        if model_refused(error):
+            return False
         cause = error.__cause__
         return cause is None or isinstance(cause, AclError) or isinstance(cause.__cause__, AclError)
     if isinstance(error, RoomPromised):  # room other loads under way may not take in the end

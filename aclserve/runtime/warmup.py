@@ -9,6 +9,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..acl.check import model_refused
 from ..errors import DeviceTimeout
 from .batch import Batch
 
@@ -30,7 +31,8 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
     device reports it). `stop()` true before a run ends the warm-up there, its figures
     incomplete (a load abandoned at shutdown: nobody will use them); `progress(gear, run, runs)`
     hears each run begin (gear None for a model without gears); `remedy` ends the message of a
-    run that failed on zeros (what the caller offers a model that cannot run on them), and
+    run that failed on zeros (what the caller offers a model that cannot run on them; not for a
+    run GE refused whatever its data, acl.check.model_refused: its message says the data), and
     `timeout_remedy` that of a run past the execution timeout (the data is not to blame: what
     the caller offers to wait longer), after the time of the slowest run that finished, if one
     did. A static model's one run is costed under STATIC_RUN. Returns the gear costs."""
@@ -51,6 +53,8 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
                 if isinstance(batch.error, DeviceTimeout):
                     took = f" (the slowest warm-up run that finished took {slowest * 1000:.0f} ms)" if slowest else ""
                     raise _in_warm_up(batch.error, data, took + timeout_remedy)
+                if model_refused(batch.error):  # (the model's own failure: the data is not to blame)
+                    raise _in_warm_up(batch.error, None, "")
                 raise _in_warm_up(batch.error, data, remedy if data == "zeros" else "")
             took = time.perf_counter() - start
             slowest = max(slowest, took)
@@ -91,12 +95,12 @@ class _Waiter:
         pass
 
 
-def _in_warm_up(error: BaseException, data: str, remedy: str) -> BaseException:
+def _in_warm_up(error: BaseException, data: str | None, remedy: str) -> BaseException:
     """The error, its message saying it came of the warm-up's data (a model that fails on zeros,
-    an integer division say, never serves: the reason says why and what to set), its type and
-    cause kept (they decide whether the load is retried)."""
+    an integer division say, never serves: the reason says why and what to set; None: a run that
+    fails whatever its data), its type and cause kept (they decide whether the load is retried)."""
     message = getattr(error, "message", None)
     if isinstance(message, str):
-        error.message = f"the warm-up run on {data} failed: {message}{remedy}"
+        error.message = f"the warm-up run{f' on {data}' if data else ''} failed: {message}{remedy}"
         error.args = (error.message,)
     return error

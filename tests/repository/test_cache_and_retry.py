@@ -171,6 +171,12 @@ def test_only_device_and_resource_failures_are_transient():
     assert is_transient(AclError("rt.malloc", 207001)) and is_transient(AclError("mdl.execute", 507011))
     assert not is_transient(AclError("mdl.load_from_file", 145006))  # wrong kind of file
     assert not is_transient(ValueError("not an OM file"))
+    # a warm-up batch: GE refusing the run for what it was given (145xxx) refuses it again; an unknown
+    # model id (145003) is what a run meets when its model is unloaded under it
+    for ret, transient in ((507011, True), (145000, False), (145013, False), (145003, True)):
+        batch = ExecutionFailed("batch of 4 rows (gear 4) failed on device 0")
+        batch.__cause__ = AclError("rt.synchronize_event_with_timeout", ret)
+        assert is_transient(batch) is transient, ret
     # a load's own call (the model's memory, its load): the cause decides (om_model.py keeps it)
     for ret, transient in ((207001, True), (245000, True), (507899, True), (145000, False), (500002, False),
                            (207000, False), (200001, False)):
@@ -361,6 +367,45 @@ async def test_a_model_that_fails_on_the_warm_ups_zeros_says_so(make_repo, model
     (row,) = repo.index()
     assert row["state"] == "UNAVAILABLE" and "the warm-up run on zeros failed" in row["reason"], row
     assert "if the model cannot run on zeros, warmup_data: ones in its config" in row["reason"], row
+    # ONNX Runtime's reason, which the device's message carries (acl.get_recent_err_msg); retried, as
+    # on a device, whose fault on its data says no more
+    assert ("failed with 507011: model execution failed on the device; the device says: the model failed in ONNX "
+            "Runtime: ") in row["reason"] and "Integer division by zero" in row["reason"], row
+    assert "(transient device error" in row["reason"], row
+
+
+@pytest.mark.asyncio
+async def test_a_model_whose_om_declares_a_gear_its_graph_does_not_serve_says_so_and_is_not_retried(
+        make_repo, models_dir, tmp_path):
+    """y = x[:2] in an OM of gears 1,2,4 (what the compile wrote when its test runs took 1 and 2
+    only): its warm-up at gear 4 failed with 507011, said "the warm-up run on zeros failed ... (if
+    the model cannot run on zeros, warmup_data: ones ...) (transient device error: retry N ...)",
+    retried for good (found by a tester). The CPU runtime refuses the run as GE refuses a run's
+    parameters, saying the model's own reason, and the load is not retried."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from aclserve.om import container
+    from aclserve.om.compile import compile_model
+    vi = helper.make_tensor_value_info
+    inits = [numpy_helper.from_array(np.array([v], np.int64), name) for name, v in (("s", 0), ("e", 2), ("a", 0))]
+    graph = helper.make_graph([helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])], "capped",
+                              [vi("x", TensorProto.FLOAT, ["n", 3])], [vi("y", TensorProto.FLOAT, None)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "capped.onnx")
+    om = container.read(compile_model(tmp_path / "capped.onnx", tmp_path / "capped.om", batch=[1, 2], target="cpu",
+                                      log=lambda line: None).path)
+    header = {key: value for key, value in om.header.items() if key != "payload_sha256"}
+    container.write(models_dir / "capped.om", dict(header, gears=[1, 2, 4]), om.payload)
+    repo, events = await make_repo(start=False, model_control_mode="none", load_retry_initial_s=0.2,
+                                   load_retry_max_s=0.4)
+    await repo.start()
+    (row,) = repo.index()
+    assert row["state"] == "UNAVAILABLE" and row["reason"] == (
+        "the warm-up run failed: batch of 4 rows (gear 4) failed on device 0, instance capped:1#0: "
+        "acl.rt.synchronize_event_with_timeout failed with 145000: model parameter invalid (e.g. a buffer smaller "
+        "than the tensor); the device says: the model's graph computes output 'y' as [2, 3] at batch 4, where its "
+        "OM declares [4, 3]: the OM's header and its graph disagree (compiled for a batch size it does not serve)")
+    # (no "(transient device error: retry 1 in ...)": no retry armed, refused until its file changes)
+    assert repo._failures.refused_for_good("capped")
 
 
 @pytest.mark.asyncio

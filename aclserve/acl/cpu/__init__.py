@@ -25,7 +25,7 @@ import logging
 
 from ...dtypes import acl_to_numpy
 from .. import constants as C
-from . import _dataset, _memory, _state, faults, mdl, media, rt, settings, util
+from . import _dataset, _err_msg, _memory, _state, faults, mdl, media, rt, settings, util
 from ._args import INT, PTR, STR, api
 
 log = logging.getLogger("aclserve.acl.cpu")
@@ -33,7 +33,7 @@ log = logging.getLogger("aclserve.acl.cpu")
 SOC_NAME = settings.DEFAULT_SOC
 VERSION = (8, 0, 0)  # the CANN pyACL release whose behaviour this runtime follows
 
-__all__ = ["init", "finalize", "get_version", "get_soc_name", "create_data_buffer",
+__all__ = ["init", "finalize", "get_version", "get_soc_name", "get_recent_err_msg", "create_data_buffer",
            "get_data_buffer_addr", "get_data_buffer_size", "get_data_buffer_size_v2",
            "update_data_buffer", "destroy_data_buffer", "data_type_size", "rt", "mdl", "media", "util",
            "faults", "memory_stats", "media_stats", "device_limits", "set_threads", "SOC_NAME"]
@@ -90,6 +90,13 @@ def get_version():
 @api("acl.get_soc_name")
 def get_soc_name():
     return _state.soc_name
+
+
+@api("acl.get_recent_err_msg")
+def get_recent_err_msg():
+    """What the calls that failed in this thread said of it since the last call, the newest first
+    (a str), or None; cleared. A run ONNX Runtime failed says why (_err_msg.py)."""
+    return _err_msg.take()
 
 
 @api("acl.create_data_buffer", PTR, PTR)

@@ -19,7 +19,9 @@ another context fail with 107004 ("model not in current context"), as on the dev
 Execution binds the data buffers' addresses with IOBinding (no copies) at the gear the input
 dataset was set to (set_dynamic_batch_size records it on the dataset); the gear and every
 buffer's address and size are read at the call (Dataset.blobs), as the device does, not when a
-queued execution runs. A model id is not re-entrant: its lock is taken without waiting
+queued execution runs. A run ONNX Runtime fails returns the code _ort_failures.py gives it, and
+acl.get_recent_err_msg says why (the model's own failure, or its header and graph disagreeing at
+that batch). A model id is not re-entrant: its lock is taken without waiting
 and a second concurrent execution fails with 507011, as on the NPU. ORT releases the GIL while
 running.
 """
@@ -31,7 +33,8 @@ import logging
 import threading
 
 from .. import constants as C
-from . import _memory, _om, _safe_division, _state, _weights, faults, settings
+from . import _err_msg, _memory, _om, _safe_division, _state, _weights, faults, settings
+from ._ort_failures import host_short, run_failed
 from ._dataset import Blob, Dataset
 
 log = logging.getLogger("aclserve.acl.cpu")
@@ -204,9 +207,8 @@ class LoadedModel:
             return code
         try:
             self.session.run_with_iobinding(binding)
-        except Exception as e:  # the model's own failure (an integer division by zero, say): its message says it
-            log.error("model %d: execution failed: %s", self.id, " ".join(str(e).split())[:1000])
-            return C.ACL_ERROR_RT_MODEL_EXECUTE
+        except Exception as e:  # the model's (its header and graph disagreeing, a division by zero), or the host's
+            return run_failed(self, batch, in_addrs, e)
         return C.ACL_SUCCESS
 
     def run(self, ins: tuple[Blob, ...], outs: tuple[Blob, ...], gear: int) -> int:
@@ -224,8 +226,10 @@ class LoadedModel:
                           "load_from_*_with_mem is kept until after unload)", self.id)
                 return C.ACL_ERROR_RT_MODEL_EXECUTE
             if self._unrunnable:
-                log.error("model %d: the CPU runtime cannot execute it: its header's sizes are not its ONNX "
-                          "graph's: %s", self.id, ", ".join(self._unrunnable))
+                text = (f"the CPU runtime cannot execute the model: its header's sizes are not its ONNX graph's: "
+                        f"{', '.join(self._unrunnable)}")
+                log.error("model %d: %s", self.id, text)
+                _err_msg.report(text)
                 return C.ACL_ERROR_GE_PARAM_INVALID
             batch, ret = self._batch(ins, gear)
             if ret:
@@ -315,7 +319,7 @@ def _opened(ctx, info, payload, owned: list[int], memory, weight_ptr: int) -> tu
     except Exception as e:
         log.error("model %r cannot be loaded into ONNX Runtime: %s", info.name, e)
         # the host out of memory or threads is not the file's fault (a device's load says so too)
-        return None, C.ACL_ERROR_BAD_ALLOC if _host_short(e) else C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+        return None, C.ACL_ERROR_BAD_ALLOC if host_short(e) else C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
     return LoadedModel(next(_ids), ctx, info, session, owned, weights, memory), C.ACL_SUCCESS
 
 
@@ -324,15 +328,6 @@ def _release(owned: list[int], memory) -> None:
     _memory.let_go(memory)
     for ptr in owned:
         _memory.free(ptr)
-
-
-def _host_short(error: Exception) -> bool:
-    """ONNX Runtime failed for want of host memory (std::bad_alloc; its library not mapped as it
-    was imported) or a thread."""
-    text = str(error)
-    return isinstance(error, MemoryError) or any(
-        words in text for words in ("bad_alloc", "can't start new thread", "Resource temporarily unavailable",
-                                    "failed to map segment", "Cannot allocate memory"))
 
 
 def unload(ctx, model_id: int) -> int:

@@ -170,11 +170,11 @@ def _event_wait(event: int, ms: int):
     # its context stopped on a failure: CANN checks that before the wait and while it waits;
     # here before and after it (a wait behind a hung task ends at its timeout)
     if e.context.failure:
-        return e.context.failure
+        return e.context.failure_told()
     if not e.wait(timeout):
         return C.ACL_ERROR_RT_EVENT_SYNC_TIMEOUT
     # a failure of the work before it is not reported here, but in stop-on-failure mode
-    return e.context.failure
+    return e.context.failure_told()
 
 
 @api("acl.rt.synchronize_event", PTR)
@@ -195,7 +195,7 @@ def query_event_status(event):
     if ret:
         return 0, ret
     if e.context.failure:
-        return 0, e.context.failure
+        return 0, e.context.failure_told()
     return (C.ACL_EVENT_RECORDED_STATUS_COMPLETE if e.complete() else C.ACL_EVENT_RECORDED_STATUS_NOT_READY), _OK
 
 

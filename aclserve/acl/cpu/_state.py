@@ -15,7 +15,7 @@ import threading
 from .. import constants as C
 from .. import soc_limits
 from ..compat import atlas_200_300_500, event_waits_forever_only
-from . import _event_pool, _memory, faults, settings
+from . import _err_msg, _event_pool, _memory, faults, settings
 from ._stream import Event, Stream
 
 log = logging.getLogger("aclserve.acl.cpu")
@@ -122,6 +122,7 @@ class Context:
         # of its streams' work stops them all (failure, then kept; _stream.py)
         self.stop_on_failure = False
         self.failure = 0
+        self.failure_message: str | None = None  # what the task that stopped it said (acl.get_recent_err_msg)
 
     def refusal(self) -> int:
         """What a task submitted under it gets (0: it is taken): the code its device failed with
@@ -129,15 +130,16 @@ class Context:
         stopped on."""
         return self._device.status or self.failure
 
-    def task_failed(self, code: int) -> None:
-        """A task of its streams (or a synchronous execute) failed with `code`: in stop-on-failure
-        mode the context stops, the first code stays, and the waits on its streams and events
-        under way end with it (CANN: they check the context)."""
+    def task_failed(self, code: int, message: str | None = None) -> None:
+        """A task of its streams (or a synchronous execute) failed with `code`, saying `message`:
+        in stop-on-failure mode the context stops, the first code (and message) stays, and the
+        waits on its streams and events under way end with it (CANN: they check the context)."""
         if not self.stop_on_failure:
             return
         with lock:
             if self.failure:
                 return
+            self.failure_message = message  # (first: failure_told reads the code, then the message)
             self.failure = code
             own_streams, own_events = self._owned()
             waiting = own_streams + own_events
@@ -145,6 +147,14 @@ class Context:
             waiting.append(self._default_stream)
         for stream_or_event in waiting:
             stream_or_event.wake_waits()
+
+    def failure_told(self) -> int:
+        """The failure it stopped on (0: none), for a call of the calling thread to return: what
+        the failed task said of it becomes the thread's error message (acl.get_recent_err_msg)."""
+        code = self.failure
+        if code and self.failure_message:
+            _err_msg.report(self.failure_message)
+        return code
 
     def _owned(self) -> tuple[list[Stream], list]:
         """The streams (not the default one) and events made under it (hold `lock`)."""

@@ -34,6 +34,7 @@ import time
 from typing import Callable
 
 from .. import constants as C
+from . import _err_msg
 
 log = logging.getLogger("aclserve.acl.cpu")
 
@@ -120,6 +121,7 @@ class Stream:
         self._enqueued = 0
         self._done = 0
         self._error = 0
+        self._error_message: str | None = None  # what the task that failed first said (_err_msg.py)
         self._dropped = 0  # abort(): the work among the first `_dropped` tasks is not run
         # what its running task waits for: an event (stream_wait_event), or a resource for a record
         # (an _event_pool.Claim); abort() and close() wake it
@@ -151,6 +153,7 @@ class Stream:
             if item is _STOP:
                 return
             task, marker = item
+            message = None
             if not marker and (context.failure or self.dropping()):
                 ret = C.ACL_SUCCESS  # stopped on a failure, or aborted: the work queued is not run
             elif not marker and context.refusal():  # the device failed as a whole: its work queued fails
@@ -162,27 +165,33 @@ class Stream:
                     log.exception("stream %#x: task failed", self.handle)
                     ret = C.ACL_ERROR_RT_INTERNAL_ERROR
                 if ret:
-                    context.task_failed(ret)
+                    message = _err_msg.take()  # (said in this thread: it goes with the code to a synchronize)
+                    context.task_failed(ret, message)
             with lock:
                 if ret and not self._error:
-                    self._error = ret
+                    self._error, self._error_message = ret, message
                 self._done += 1
                 self._waiters.wake(self._done)
 
     def synchronize(self, timeout_s: float | None = None) -> int:
         """Wait for the work enqueued so far; return (and clear) the first async error, or the
         failure its context stopped on (at once: CANN checks the context before and while it
-        waits)."""
+        waits); what the failed task said becomes the calling thread's error message."""
         with self._lock:
             if self.context.failure:  # (set before its waits are woken, under this lock)
-                return self.context.failure
+                return self.context.failure_told()
             target = self._enqueued
             gate = self._waiters.add(target) if self._done < target else None
         if gate is not None and not block(self._lock, self._waiters, gate, timeout_s):
             return C.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
         with self._lock:
             err, self._error = self._error, 0
-            return self.context.failure or err
+            message, self._error_message = self._error_message, None
+            if self.context.failure:
+                return self.context.failure_told()
+            if err and message:
+                _err_msg.report(message)
+            return err
 
     def set_failure_mode(self, mode: int) -> int:
         """set_stream_failure_mode: the mode it has already is taken again, stop back to continue

@@ -7,7 +7,7 @@ descriptor, dataset and buffer calls are host-side bookkeeping and do not.
 from __future__ import annotations
 
 from .. import constants as C
-from . import _dataset, _desc, _model, _om, _state, faults
+from . import _dataset, _desc, _err_msg, _model, _om, _state, faults
 from ._args import INT, PTR, STR, api
 
 _OK = C.ACL_SUCCESS
@@ -288,9 +288,10 @@ def execute(model_id, input, output):  # noqa: A002  (pyACL's parameter names)
         return ret
     if ctx.refusal():
         return ctx.refusal()
+    before = _err_msg.reported()
     ret = model.run(*call)
-    if ret:
-        ctx.task_failed(ret)
+    if ret:  # (this thread has the run's message, if it said one; a later synchronize's gets it too)
+        ctx.task_failed(ret, _err_msg.said_since(before))
     return ret
 
 
