@@ -21,7 +21,8 @@ from .compile_error import DEFAULT_TIMEOUT_S, check_timeout
 from .index_bounds import index_bounds
 from ..regular_files import open_regular
 from .declared_dims import fill_declared
-from .spec import CompileError, graph_inputs, load_onnx, parse_gears, parse_input_shape, resolve
+from .shape_args import parse_gears, parse_input_shape
+from .spec import CompileError, graph_inputs, load_onnx, resolve
 
 TARGETS = ("auto", "npu", "cpu")
 DEFAULT_PRECISION_MODE = "force_fp16"

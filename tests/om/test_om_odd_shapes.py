@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from aclserve.om.compile import CompileError, compile_model
-from aclserve.om.spec import parse_input_shape
+from aclserve.om.shape_args import parse_input_shape
 from .conftest import quiet, run_cli, save
 
 
