@@ -127,7 +127,8 @@ def _aipp_ops(args):
         from ..om.spec import graph_inputs, load_onnx  # (imports onnx: the input's rank is known here)
         names = [i.name for i in graph_inputs(load_onnx(args.model, weights=False))]
         if name not in names:
-            raise CompileError(f"--image-input names unknown input {name!r} (model inputs: {', '.join(names)})")
+            raise CompileError(f"--image-input names unknown input {name!r} (model inputs: "
+                               f"{', '.join(map(repr, names))})")  # (quoted: a name's blanks show)
         rank = names.index(name)
     op = aipp.generate(colour, args.mean, args.std, rank)
     means, reciprocals = op.min_chn[:op.channels], op.var_reci_chn[:op.channels]

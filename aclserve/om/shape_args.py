@@ -1,5 +1,11 @@
 """What a compile is asked for as text: `--input-shape` (compile.input_shape) and `--batch`
-(compile.batch) parsed. Pure functions.
+(compile.batch) parsed, and --input-shape's names matched to the model's inputs. Pure functions.
+
+A name is taken as written: it may hold spaces, tabs or any character but `;` (" x " and
+"ü ñ\t" are inputs exporters write), and its dims follow its last `:`, as ATC's SplitInputShape
+reads it (a TF-style "x:0:-1,4" names x:0). Blanks around the separators are taken too ("a:1,3;
+b : 2"): a name that is no model input as written names the input it is without the blanks
+around it (input_names).
 """
 from __future__ import annotations
 
@@ -10,22 +16,21 @@ from .gears import MAX_GEARS
 from .plain_numbers import plain_number
 
 MAX_DIM = 2**63 - 1  # ONNX (and ACL) dims are int64; a tensor's size in bytes must fit one too
-# (spaces are taken around the separators only: a name may hold them, "input ids:-1,16"; the
-# name ends at the last colon, as ATC's SplitInputShape reads it: TF-style names like "x:0")
-_NAME_DIMS = re.compile(r"^(?P<name>.+?)\s*:\s*(?P<dims>-?[0-9]+(?:\s*,\s*-?[0-9]+)*)$")
+# the name ends at the last colon; the dims may have blanks around their commas
+_NAME_DIMS = re.compile(r"^(?P<name>.+):(?P<dims>\s*-?[0-9]+(?:\s*,\s*-?[0-9]+)*\s*)$", re.DOTALL)
 
 
 def parse_input_shape(text: str | None) -> dict[str, list[int]]:
-    """"name:-1,3,224,224;name2:1,16" -> {name: dims}. Raises CompileError on malformed text."""
+    """"name:-1,3,224,224;name2:1,16" -> {name: dims}, each name as written (input_names
+    matches it to the model's). Raises CompileError on malformed text."""
     if text is None or not text.strip():
         return {}
     shapes: dict[str, list[int]] = {}
     for part in text.split(";"):
-        part = part.strip()
-        if not part:
+        if not part.strip():
             continue
         m = _NAME_DIMS.match(part)
-        if m is None:
+        if m is None or not m["name"].strip():
             raise CompileError(f"malformed --input-shape entry {part!r}: expected name:d0,d1,... with integer dims")
         name, dims = m["name"], [int(d) for d in m["dims"].split(",")]
         if any(d == 0 or d < -1 for d in dims):
@@ -36,6 +41,23 @@ def parse_input_shape(text: str | None) -> dict[str, list[int]]:
             raise CompileError(f"--input-shape names input {name!r} twice")
         shapes[name] = dims
     return shapes
+
+
+def input_names(given, names: list[str]) -> dict[str, str]:
+    """{name as given: the model's input it names} for --input-shape's names `given`: the input
+    of that name, else the one it is without the blanks around it. Refuses a name of no input,
+    and two naming one input; names are quoted as repr shows them, blanks and all (a listed " x "
+    looked like the x asked for)."""
+    matched: dict[str, str] = {}
+    for name in given:
+        own = name if name in names else name.strip() if name.strip() in names else None
+        if own is None:
+            raise CompileError(f"--input-shape names unknown input {name!r} (model inputs: "
+                               f"{', '.join(map(repr, names))})")
+        if own in matched.values():
+            raise CompileError(f"--input-shape names input {own!r} twice")
+        matched[name] = own
+    return matched
 
 
 def parse_gears(text) -> list[int] | None:

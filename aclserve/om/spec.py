@@ -22,7 +22,7 @@ from .compile_error import CompileError, NoBatchDimension
 from .container import DYNAMIC_BATCH_INPUT
 from .external_files import external_bytes, external_locations, missing_external_file
 from .gears import DEFAULT_GEARS
-from .shape_args import MAX_DIM
+from .shape_args import MAX_DIM, input_names
 
 BATCH_SYMBOL = "batch"  # the one dim_param every batched input shares, so inference propagates it
 
@@ -219,9 +219,8 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
     if passed:  # (ONNX Runtime never writes the output buffer bound to it: every answer was zeros)
         raise CompileError(f"output {passed[0]!r} is the model's input itself, computed by no node; give it "
                            "an Identity node in the model")
-    for name in input_shape:
-        if name not in names:
-            raise CompileError(f"--input-shape names unknown input {name!r} (model inputs: {', '.join(names)})")
+    own = input_names(input_shape, names)  # (each name as given: " x " may be an input's)
+    input_shape = {own[name]: dims for name, dims in input_shape.items()}
     resolved: list[tuple[onnx.ValueInfoProto, np.dtype, list]] = []
     for vi in inputs:
         dtype = dtype_of(vi, "input")

@@ -5,6 +5,7 @@ dimension is a sequence's length."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import onnx
@@ -111,13 +112,40 @@ def test_an_output_declaring_no_shape_in_a_model_with_external_data_is_named(tmp
 
 def test_input_shape_takes_names_with_spaces(tmp_path):
     """Every space was stripped before matching: "input ids:-1,16" was "unknown input 'inputids'"."""
-    assert parse_input_shape(" input ids : -1 , 16 ;b:2") == {"input ids": [-1, 16], "b": [2]}
+    assert parse_input_shape(" input ids : -1 , 16 ;b:2") == {" input ids ": [-1, 16], "b": [2]}
     assert parse_input_shape("x:0:-1,4") == {"x:0": [-1, 4]}  # a TF-style name: the dims follow the last ':'
     src = _relu(tmp_path / "m.onnx", ["n", "seq"], name="input ids")
     proc = run_cli("compile", src, "-o", tmp_path / "m.om", "--input-shape", "input ids:-1,16", "--target", "cpu")
     assert proc.returncode == 0, proc.stderr
     info = json.loads(run_cli("inspect", tmp_path / "m.om", "--json").stdout)
     assert info["header"]["inputs"][0]["name"] == "input ids" and info["header"]["inputs"][0]["dims"] == [-1, 16]
+    # blanks around the separators still go with them: no input is named " input ids "
+    header = compile_model(src, input_shape=" input ids : -1 , 16 ", target="cpu", log=quiet).header
+    assert header["inputs"][0]["dims"] == [-1, 16]
+    with pytest.raises(CompileError, match=re.escape("--input-shape names input 'input ids' twice")):
+        compile_model(src, input_shape="input ids:-1,16; input ids :-1,16", target="cpu", log=quiet)
+
+
+def test_input_shape_names_inputs_exactly_blanks_and_all(tmp_path):
+    """Names were stripped: an input " x " or "ü ñ\t" could not be named, and the refusal listed
+    the model's inputs unquoted, ("names unknown input 'x' (model inputs:  x )"), the name asked for
+    looking like the one listed (found by a tester)."""
+    vi = helper.make_tensor_value_info
+    inputs = [vi(" x ", TensorProto.FLOAT, ["n", "s"]), vi("ü ñ\t", TensorProto.FLOAT, ["n", "t"])]
+    graph = helper.make_graph([helper.make_node("Relu", [" x "], ["y"]), helper.make_node("Neg", ["ü ñ\t"], ["z"])],
+                              "g", inputs, [vi("y", TensorProto.FLOAT, None), vi("z", TensorProto.FLOAT, None)])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "blanks.onnx")
+    with pytest.raises(CompileError, match=re.escape(
+            "--input-shape names unknown input 'x' (model inputs: ' x ', 'ü ñ\\t')")):
+        compile_model(src, input_shape="x:-1,3;ü ñ:-1,2", target="cpu", log=quiet)
+    proc = run_cli("compile", src, "-o", tmp_path / "blanks.om", "--input-shape", " x :-1,3;ü ñ\t:-1,2",
+                   "--batch", "1,2", "--target", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    inputs = json.loads(run_cli("inspect", tmp_path / "blanks.om", "--json").stdout)["header"]["inputs"]
+    assert [(i["name"], i["dims"]) for i in inputs[:2]] == [(" x ", [-1, 3]), ("ü ñ\t", [-1, 2])]
+    unknown = run_cli("compile", src, "-o", tmp_path / "i.om", "--image-input", "x:rgb", "--target", "cpu")
+    assert unknown.returncode == 2 and "--image-input names unknown input 'x' (model inputs: ' x ', 'ü ñ\\t')" \
+        in unknown.stderr, unknown.stderr
 
 
 def _pooled(path, ids_dims, other=None) -> str:
