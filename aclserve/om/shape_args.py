@@ -5,7 +5,8 @@ A name is taken as written: it may hold spaces, tabs or any character but `;` ("
 "ü ñ\t" are inputs exporters write), and its dims follow its last `:`, as ATC's SplitInputShape
 reads it (a TF-style "x:0:-1,4" names x:0). Blanks around the separators are taken too ("a:1,3;
 b : 2"): a name that is no model input as written names the input it is without the blanks
-around it (input_names).
+around it (input_names). Dims may be empty, "x:", for a rank-0 input (ATC's own --input_shape
+writes a declared scalar so).
 """
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from .gears import MAX_GEARS
 from .plain_numbers import plain_number
 
 MAX_DIM = 2**63 - 1  # ONNX (and ACL) dims are int64; a tensor's size in bytes must fit one too
-# the name ends at the last colon; the dims may have blanks around their commas
-_NAME_DIMS = re.compile(r"^(?P<name>.+):(?P<dims>\s*-?[0-9]+(?:\s*,\s*-?[0-9]+)*\s*)$", re.DOTALL)
+# the name ends at the last colon; the dims (none for a scalar) may have blanks around their commas
+_NAME_DIMS = re.compile(r"^(?P<name>.+):(?P<dims>\s*(?:-?[0-9]+(?:\s*,\s*-?[0-9]+)*)?\s*)$", re.DOTALL)
 
 
 def parse_input_shape(text: str | None) -> dict[str, list[int]]:
-    """"name:-1,3,224,224;name2:1,16" -> {name: dims}, each name as written (input_names
+    """"name:-1,3,224,224;name2:1,16;scalar:" -> {name: dims}, each name as written (input_names
     matches it to the model's). Raises CompileError on malformed text."""
     if text is None or not text.strip():
         return {}
@@ -31,8 +32,9 @@ def parse_input_shape(text: str | None) -> dict[str, list[int]]:
             continue
         m = _NAME_DIMS.match(part)
         if m is None or not m["name"].strip():
-            raise CompileError(f"malformed --input-shape entry {part!r}: expected name:d0,d1,... with integer dims")
-        name, dims = m["name"], [int(d) for d in m["dims"].split(",")]
+            raise CompileError(f"malformed --input-shape entry {part!r}: expected name:d0,d1,... with integer dims "
+                               "(name: for a scalar)")
+        name, dims = m["name"], [int(d) for d in m["dims"].split(",") if d.strip()]
         if any(d == 0 or d < -1 for d in dims):
             raise CompileError(f"malformed --input-shape entry {part!r}: dims must be positive or -1")
         if any(d > MAX_DIM for d in dims):

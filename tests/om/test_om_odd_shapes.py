@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from aclserve.om.compile import CompileError, compile_model
 from aclserve.om.shape_args import parse_input_shape
+from .acl_runner import acl_context, cpu_acl, run_batch
 from .conftest import quiet, run_cli, save
 
 
@@ -124,6 +125,25 @@ def test_input_shape_takes_names_with_spaces(tmp_path):
     assert header["inputs"][0]["dims"] == [-1, 16]
     with pytest.raises(CompileError, match=re.escape("--input-shape names input 'input ids' twice")):
         compile_model(src, input_shape="input ids:-1,16; input ids :-1,16", target="cpu", log=quiet)
+
+
+def test_input_shape_gives_a_scalar_as_a_name_without_dims(tmp_path):
+    """A rank-0 input with no shape in the model: the compile asked for --input-shape, and "x:"
+    was refused as malformed, though the ATC path writes a declared scalar so (found by a tester)."""
+    assert parse_input_shape("x:;x:0:;y : 2") == {"x": [], "x:0": [], "y ": [2]}
+    src = _relu(tmp_path / "scalar.onnx", None, y_dims=None)
+    with pytest.raises(CompileError, match="input 'x' has no shape in the model; give it with --input-shape"):
+        compile_model(src, target="cpu", log=quiet)
+    with pytest.raises(CompileError, match="--input-shape gives input 'x' 1 dims; the model has 0"):
+        compile_model(_relu(tmp_path / "declared.onnx", []), input_shape="x:1", target="cpu", log=quiet)
+    proc = run_cli("compile", src, "-o", tmp_path / "scalar.om", "--input-shape", "x:", "--target", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    header = json.loads(run_cli("inspect", tmp_path / "scalar.om", "--json").stdout)["header"]
+    assert header["gears"] == [] and header["inputs"][0]["dims"] == [] and header["outputs"][0]["dims"] == []
+    assert header["options"]["input_shape"] == "x:"  # (what ATC's --input_shape would be given)
+    with acl_context(cpu_acl()):
+        assert run_batch(cpu_acl(), str(tmp_path / "scalar.om"), {"x": np.array(-2.5, np.float32)}, None)["y"] == 0
+        assert run_batch(cpu_acl(), str(tmp_path / "scalar.om"), {"x": np.array(1.5, np.float32)}, None)["y"] == 1.5
 
 
 def test_input_shape_names_inputs_exactly_blanks_and_all(tmp_path):
