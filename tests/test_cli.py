@@ -445,6 +445,20 @@ def test_serve_takes_a_folder_as_trace_file_when_log_frequency_writes_beside_it(
         _check_trace_folder(str(tmp_path / "run"), log_frequency=0)
 
 
+def test_compile_takes_a_negative_batch_to_refuse_it_and_names_atcs_spelling_of_its_options(tmp_path):
+    """`--batch -1,2` got argparse's "expected one argument" (it takes -1,2 for an option), and ATC's
+    `--input_shape` was "unrecognized" with no word of `--input-shape` (found by a tester)."""
+    help_of = "(`aclserve compile --help` lists its arguments)"
+    for args, said in ((("--batch", "-1,2"), "aclserve compile: error: --batch sizes must be positive, got -1,2"),
+                       (("--input_shape", "x:-1,3"), "aclserve compile: error: unrecognized arguments: --input_shape "
+                                                     f"x:-1,3; did you mean --input-shape? {help_of}"),
+                       (("--soc_version=Ascend310P3", "--bogus"), "aclserve compile: error: unrecognized arguments: "
+                        f"--soc_version=Ascend310P3 --bogus; did you mean --soc-version? {help_of}"),
+                       (("--bogus_flag",), f"aclserve compile: error: unrecognized arguments: --bogus_flag {help_of}")):
+        proc = _aclserve("compile", "m.onnx", "--target", "cpu", *args, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.strip() == said, proc.stderr
+
+
 def test_a_bad_flag_of_any_command_is_one_line_saying_where_the_help_is(tmp_path):
     """serve, infer and profile printed argparse's 13-line usage block before the error, where
     compile and inspect (and every UsageError) print one line (found by a helper's fuzz); that line

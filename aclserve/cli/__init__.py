@@ -55,8 +55,9 @@ def _one_line_errors(parser: argparse.ArgumentParser, hint: str, commands: tuple
 
 
 # Options whose value may start with a minus sign: argparse reads `--mean -1,0,0` as an option
-# followed by another option unless the value is joined to it (`--mean=-1,0,0`).
-SIGNED_VALUES = ("--mean", "--std")
+# followed by another option unless the value is joined to it (`--mean=-1,0,0`). `--batch -1,2`
+# got "expected one argument"; joined, the compile says what is wrong with the sizes.
+SIGNED_VALUES = ("--mean", "--std", "--batch")
 
 
 def join_signed_values(argv: list[str]) -> list[str]:
@@ -69,6 +70,18 @@ def join_signed_values(argv: list[str]) -> list[str]:
         else:
             joined.append(arg)
     return joined
+
+
+def _spelt_with_hyphens(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """'; did you mean --input-shape?' for an unknown `--input_shape` (ATC's spelling, and
+    CANN's other tools') where the command has the option spelt with hyphens."""
+    options = {option for action in parser._actions for option in action.option_strings}
+    for arg in unknown:
+        flag = arg.split("=", 1)[0]
+        hyphens = flag.replace("_", "-")
+        if flag.startswith("--") and hyphens != flag and hyphens in options:
+            return f"; did you mean {hyphens}?"
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +103,8 @@ def _main(argv: list[str]) -> int:
         return 130
     args, unknown = parser.parse_known_args(join_signed_values(argv))
     if unknown:  # said by the command's parser (argparse has the top one say it, naming no command)
-        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        parser = args.command_parser
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{_spelt_with_hyphens(parser, unknown)}")
     # (serve drains on these signals: its loop handles them)
     received: list[int] = []
     replaced = end_on_termination(received) if args.command != "serve" else {}
