@@ -178,7 +178,7 @@ class ModelRepository:
                                else f"model {name} has no available versions ({reason})")
             error = ModelUnavailable(f"model {name}{' version ' + version if version else ''} is not ready"
                                      f" ({state}{': ' + reason if reason else ''})")
-            error.retry_after_s = retry_in  # when its retry is due, as its message says (None: 1 s)
+            error.retry_after_s = retry_in or None  # when its retry is due, as said (None, due now: 1 s)
             raise error
         scan = self._planner.scan
         if version in scan.versions_found.get(name, ()) and (name in scan.models or name in scan.selects_none):
