@@ -18,7 +18,10 @@ setup(
         "numpy>=1.24",
         "pillow>=10",
         "onnx>=1.15",
-        "onnxruntime>=1.17",
+        # 1.25 on: an integer division by zero fails the run where older releases end the process
+        # with SIGFPE (acl/cpu/_safe_division.py); Python 3.10's newest wheel is 1.23.2
+        "onnxruntime>=1.25; python_version >= '3.11'",
+        "onnxruntime>=1.17; python_version < '3.11'",
         "aiohttp>=3.9",
         "orjson>=3.11.6",  # loads() depth limit (3.9.15) and dumps() recursion fix (3.11.6); tested 3.11.6, 3.13.0
         "pysimdjson>=7.0",  # larger JSON bodies: tensor data read in C (server/json_simd.py); tested 7.0.2
