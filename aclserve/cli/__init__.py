@@ -16,6 +16,7 @@ import sys
 
 from .. import logs, startup_signals
 from .._version import __version__
+from .standard_fds import reopen_closed
 from .termination import end_on_termination
 from .usage import UsageError
 
@@ -85,6 +86,7 @@ def _spelt_with_hyphens(parser: argparse.ArgumentParser, unknown: list[str]) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    reopen_closed()  # before anything opens a file: a closed 0-2 taken by one aborted serve (standard_fds.py)
     argv = sys.argv[1:] if argv is None else list(argv)
     serving = argv[:1] == ["serve"]
     if serving:  # (`python -m aclserve serve` records from its first line: __main__.py)
