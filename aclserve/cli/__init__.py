@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 
 from .. import logs, startup_signals
 from .._version import __version__
+from .output import print_err, stdout_status
 from .standard_fds import reopen_closed
 from .termination import end_on_termination
 from .usage import UsageError
@@ -120,20 +120,16 @@ def _main(argv: list[str]) -> int:
 def _run_command(args, received: list[int], replaced: dict) -> int:
     """The command's status; a usage error said in one line, an interrupt as its status."""
     try:
-        return int(args.func(args) or 0)
+        return stdout_status(args.command, int(args.func(args) or 0))
     except UsageError as e:
         said = f"aclserve {args.command}: error: {e}"
         if logs.writes_json():  # (serve --log-format json: the reason it stopped, as a JSON line too)
             logging.getLogger("aclserve").critical(said)
         else:
-            print(said, file=sys.stderr)
+            print_err(said)
         return 2
     except KeyboardInterrupt:
         return 128 + received[-1] if received else 130
-    except BrokenPipeError:  # `aclserve compile ... | head`: the reader left; no traceback
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
-        return 141
     finally:
         for sig, handler in replaced.items():  # (main() called in-process, by the tests say)
             signal.signal(sig, handler)

@@ -9,7 +9,6 @@ import json
 import math
 import os
 import struct
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -20,6 +19,7 @@ from ..dtypes import cast_keeping_values, castable, kserve_to_numpy, numpy_to_ks
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
 from ..server.quoting import quoted_name
+from .output import print_err, print_out
 from .remote import auth_headers, check_url, kserve_error, scheme_hint, token_hint
 from .usage import NotKServe, UsageError, one_line
 
@@ -279,15 +279,15 @@ def run_infer(args) -> int:
         said = str(e.strerror or e)
         return _failed(f"{args.url} broke off the exchange: {said}{scheme_hint(args.url, said)}")
     if args.json:  # (as the server's JSON outputs: NaN and infinities, no JSON numbers, as null)
-        print(json.dumps({n: {"shape": list(a.shape), "dtype": _dtype_name(a), "data": _json_data(a)}
-                          for n, a in outputs.items()}))
+        print_out(json.dumps({n: {"shape": list(a.shape), "dtype": _dtype_name(a), "data": _json_data(a)}
+                              for n, a in outputs.items()}))
     else:
         with np.printoptions(threshold=PRINTED_WHOLE, edgeitems=4):
             for name, arr in outputs.items():
                 elided = (f" ({arr.size:,} values: the middle ones elided here; --json prints them all)"
                           if arr.size > PRINTED_WHOLE else "")
-                print(f"{name} {_dtype_name(arr)} {list(arr.shape)}{elided}")
-                print(arr)
+                print_out(f"{name} {_dtype_name(arr)} {list(arr.shape)}{elided}")
+                print_out(arr)
     return 0
 
 
@@ -309,7 +309,7 @@ def _ask(args, path: str, headers: dict) -> dict[str, np.ndarray]:
     inputs = _load_inputs(args.input, names)
     refuse_unknown_inputs(inputs, names)
     for note in cast_to_model(inputs, metadata):
-        print(f"aclserve infer: {note}", file=sys.stderr)
+        print_err(f"aclserve infer: {note}")
     outputs = args.output
     if args.classification and not outputs:  # (the request names each output it classifies)
         outputs = [o["name"] for o in _described(metadata, "outputs") if isinstance(o.get("name"), str)]
@@ -327,5 +327,5 @@ def _ask(args, path: str, headers: dict) -> dict[str, np.ndarray]:
 
 
 def _failed(message: str) -> int:
-    print(f"aclserve infer: error: {message}", file=sys.stderr)
+    print_err(f"aclserve infer: error: {message}")
     return 1

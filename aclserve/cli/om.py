@@ -3,7 +3,7 @@
 Exit status: 0 success; 2 bad input (one line on stderr, via UsageError or argparse); 1 when ATC ran and failed or
 the compile timed out (ATC's error lines quoted on one line); 128 + the signal, as shells say it, when the
 compile's process or ATC was killed by one (137: SIGKILL, the out-of-memory killer's) or this one ended by
-SIGTERM, SIGHUP or Ctrl-C.
+SIGTERM, SIGHUP or Ctrl-C; 141 or 74 when the OM was written but stdout failed (cli/output.py).
 
 The compile runs in a child process (om/compile_process.py, as the server's): a CPU compile spends
 its test runs inside ONNX Runtime's C code, where the Python handler of SIGTERM and Ctrl-C never
@@ -12,9 +12,9 @@ ran, so an endless one could be ended only by SIGKILL, and `--timeout` could not
 from __future__ import annotations
 
 import json
-import sys
 
 from ..om.compile_error import DEFAULT_TIMEOUT_S
+from .output import print_err, print_out
 from .usage import UsageError
 
 
@@ -87,16 +87,16 @@ def run_compile(args) -> int:
         result = compile_in_child(args.model, args.output, input_shape=args.input_shape, batch=args.batch,
                                   target=args.target, atc=args.atc, log=_progress, timeout_s=timeout, **kwargs)
     except CompileKilled as e:  # its process or ATC killed: not the input's fault (2), nor ATC's verdict (1)
-        print(f"aclserve compile: error: {e}", file=sys.stderr)
+        print_err(f"aclserve compile: error: {e}")
         return 128 + e.signum
     except (AtcFailed, CompileTimedOut) as e:
-        print(f"aclserve compile: error: {e}", file=sys.stderr)
+        print_err(f"aclserve compile: error: {e}")
         return 1
     except CompileError as e:
         raise UsageError(str(e)) from None
     except OSError as e:  # e.g. the output is a folder, or its folder is read-only
         raise UsageError(f"cannot write {e.filename2 or e.filename or args.output}: {e.strerror or e}") from None
-    print(format_summary(result), flush=True)
+    print_out(format_summary(result), flush=True)
     return 0
 
 
@@ -139,7 +139,7 @@ def _aipp_ops(args):
 
 
 def _progress(line: str) -> None:
-    print(line, flush=True)
+    print_out(line, flush=True)
 
 
 def run_inspect(args) -> int:
@@ -154,5 +154,5 @@ def run_inspect(args) -> int:
     except (KeyError, TypeError, AttributeError, ValueError) as e:  # a field of another shape than written
         raise UsageError(f"{args.file}: the OM header is malformed ({type(e).__name__}: {e}); "
                          "aclserve serve refuses it too") from None
-    print(text)
+    print_out(text)
     return 0

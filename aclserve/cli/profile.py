@@ -15,7 +15,6 @@ import functools
 import importlib
 import math
 import os
-import sys
 import time
 
 import numpy as np
@@ -23,6 +22,7 @@ import numpy as np
 from ..errors import ServeError
 from . import termination
 from .load import closed_loop
+from .output import print_err, print_out
 from .remote import auth_headers, check_url, scheme_hint
 from .usage import UsageError, models_hint
 
@@ -104,7 +104,7 @@ def run_profile(args) -> int:
     try:
         events, outcomes, cpu = _run(args)
     except RemoteFailed as e:
-        print(f"aclserve profile: error: {e}", file=sys.stderr)
+        print_err(f"aclserve profile: error: {e}")
         return 1
     return _report(args, out, events, outcomes, cpu)
 
@@ -159,18 +159,18 @@ def _report(args, out: str, events: list[dict], outcomes, cpu) -> int:
     try:
         _write_trace(out, events)
     except OSError as e:  # (disk full)
-        print(f"aclserve profile: error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
+        print_err(f"aclserve profile: error: cannot write {out}: {e.strerror or e}")
         out, status = "not written", 1
-    print(f"{args.model}: {outcomes.answered} requests answered in {outcomes.seconds:.1f} s "
-          f"({outcomes.answered / outcomes.seconds:,.0f} req/s), {args.clients} clients, {args.rows} row(s) each; "
-          f"trace: {out}")
+    print_out(f"{args.model}: {outcomes.answered} requests answered in {outcomes.seconds:.1f} s "
+              f"({outcomes.answered / outcomes.seconds:,.0f} req/s), {args.clients} clients, {args.rows} row(s) each; "
+              f"trace: {out}")
     if outcomes.refused:
-        print(f"refused: {outcomes.refusals()}")
-    print(analysis.format_summary(analysis.summarize(events, *(cpu or ()))))
+        print_out(f"refused: {outcomes.refusals()}")
+    print_out(analysis.format_summary(analysis.summarize(events, *(cpu or ()))))
     if args.png:
         status = max(status, _draw(args, events))
     if not outcomes.answered:
-        print("aclserve profile: error: no request was answered", file=sys.stderr)
+        print_err("aclserve profile: error: no request was answered")
     return status
 
 
@@ -183,14 +183,14 @@ def _write_trace(out: str, events: list[dict]) -> None:
 def _draw(args, events: list[dict]) -> int:
     from ..trace.plot import render_png
     if not any(e.get("ph") == "X" for e in events):
-        print("timeline: not drawn (the trace has no spans)")
+        print_out("timeline: not drawn (the trace has no spans)")
         return 0
     try:
         render_png(events, args.png, args.png_window_ms)
     except OSError as e:
-        print(f"aclserve profile: error: cannot write {args.png}: {e.strerror or e}", file=sys.stderr)
+        print_err(f"aclserve profile: error: cannot write {args.png}: {e.strerror or e}")
         return 1
-    print(f"timeline: {args.png} ({args.png_window_ms:g} ms window)")
+    print_out(f"timeline: {args.png} ({args.png_window_ms:g} ms window)")
     return 0
 
 

@@ -18,10 +18,10 @@ import asyncio
 import errno
 import json
 import os
-import sys
 import time
 
 from .load import closed_loop
+from .output import print_err
 from .remote import auth_headers, kserve_error, token_hint
 from .usage import NotKServe, UsageError, models_hint, one_line
 
@@ -246,8 +246,8 @@ def _has_trace_dir(trace_dir: str) -> None:
 async def _put_back(session, setting: str, restore: dict) -> None:
     async with session.post(setting, json=restore) as resp:  # the model's own as they were
         if resp.status != 200:
-            print(f"aclserve profile: warning: could not put the model's trace settings back "
-                  f"({await _said(resp)}); to do so, POST this to {setting}: {json.dumps(restore)}", file=sys.stderr)
+            print_err(f"aclserve profile: warning: could not put the model's trace settings back "
+                      f"({await _said(resp)}); to do so, POST this to {setting}: {json.dumps(restore)}")
 
 
 async def _take_back(path: str, since: float) -> None:
@@ -265,8 +265,8 @@ async def _take_back(path: str, since: float) -> None:
 
 
 def _say_left(path: str) -> None:
-    print(f"aclserve profile: the server's trace of this run is left (once written): {path}, or "
-          f"{os.path.basename(path)} in the server's own trace folder if --trace-dir is not it", file=sys.stderr)
+    print_err(f"aclserve profile: the server's trace of this run is left (once written): {path}, or "
+              f"{os.path.basename(path)} in the server's own trace folder if --trace-dir is not it")
 
 
 async def _written_since(path: str, since: float) -> bool:
