@@ -27,6 +27,9 @@ ANSWERS = {
     "outputs not a list": b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\nConnection: close\r\n\r\n{\"outputs\": \"y\"}"[:-1],
     # (taken for an answer of no outputs: nothing printed, exit 0)
     "no outputs": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+    # JSON nested past Python's stack: a RecursionError traceback (a tester's find)
+    "nested deeply": b"HTTP/1.1 200 OK\r\nContent-Length: 200000\r\nConnection: close\r\n\r\n"
+                     + b"[" * 100_000 + b"]" * 100_000,
 }
 
 

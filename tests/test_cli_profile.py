@@ -121,7 +121,10 @@ def _http(body: bytes, content_type: str) -> bytes:
                                              "metadata is not JSON"),
     (_http(b'{"inputs": 5}', "application/json"), "{url} did not answer as a KServe v2 HTTP server: its model "
                                                   "metadata has no list of inputs"),
-], ids=["hangs", "grpc-port", "html", "json-without-inputs"])
+    # (JSON nested past Python's stack: a RecursionError traceback)
+    (_http(b"[" * 100_000 + b"]" * 100_000, "application/json"), "{url} did not answer as a KServe v2 HTTP server: "
+                                                                 "its model metadata is not JSON"),
+], ids=["hangs", "grpc-port", "html", "json-without-inputs", "json-nested-deeply"])
 def test_url_that_hangs_or_is_not_kserve_is_one_line(tmp_path, reply, said):
     with canned_server(reply) as url:  # (the hang guard: a hung server held it 300 s)
         proc = _profile("digits", "--url", url, "--seconds", "1", "--timeout", "1", cwd=tmp_path, timeout=60)

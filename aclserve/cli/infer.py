@@ -124,7 +124,7 @@ def parse_response(body: bytes, header_length: int | None) -> dict[str, np.ndarr
     """The outputs of an infer answer; NotKServe when it is not one."""
     try:
         return _outputs(body, header_length)
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+    except (ValueError, RecursionError, KeyError, TypeError, IndexError, AttributeError) as e:
         raise NotKServe(f"its answer is not a KServe v2 inference response ({type(e).__name__}: "
                         f"{str(e)[:120]})") from None
 
@@ -237,7 +237,7 @@ def _metadata(url: str, timeout: float, headers: dict) -> dict:
         return json.loads(_fetch(urllib.request.Request(url, headers=headers), timeout)[0])
     except NoAnswer:
         raise
-    except (OSError, ValueError, http.client.HTTPException):  # (URLError is an OSError)
+    except (OSError, ValueError, RecursionError, http.client.HTTPException):  # (URLError is an OSError)
         return {}
 
 

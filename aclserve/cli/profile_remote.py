@@ -54,7 +54,7 @@ async def _said(resp) -> str:
     text = await resp.text(errors="replace")
     try:
         text = json.loads(text)["error"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, RecursionError, KeyError, TypeError):
         pass
     return f"HTTP {resp.status}: {one_line(text)}{token_hint(resp.status)}"
 
@@ -100,7 +100,7 @@ async def _max_batch_size(session, base: str, model: str) -> int:
     async with session.get(f"{base}/v2/models/{model}/config") as resp:
         try:
             value = (await resp.json(content_type=None)).get("max_batch_size") if resp.status == 200 else 0
-        except (ValueError, AttributeError):
+        except (ValueError, RecursionError, AttributeError):
             value = 0
     return value if type(value) is int and value > 0 else 0
 
@@ -117,7 +117,7 @@ async def _own_trace_settings(session, base: str, setting: str) -> dict:
                 raise await _refusal(resp, "could not read the trace settings: ")
             try:
                 readings.append(await resp.json(content_type=None))
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 raise NotKServe(f"its trace settings are not JSON ({one_line(e)})") from None
     own, shared = (d if isinstance(d, dict) else {} for d in readings)
     return {key: (value if value != shared.get(key) else None) for key, value in own.items()}
@@ -159,7 +159,7 @@ async def run_remote(args, make_body):
                 raise refusal
             try:
                 doc = await resp.json(content_type=None)
-            except ValueError as e:  # (HTML, say)
+            except (ValueError, RecursionError) as e:  # (HTML, say; or JSON nested past the stack)
                 raise NotKServe(f"its model metadata is not JSON ({one_line(e)})") from None
         meta = _inputs(doc)
         body, header_length = make_body(meta, args.rows, await _max_batch_size(session, base, args.model))

@@ -77,6 +77,6 @@ def kserve_error(body: bytes | str) -> str | None:
     (a web server's HTML page, say: the URL is no KServe v2 server)."""
     try:
         message = json.loads(body)["error"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, RecursionError, KeyError, TypeError):  # (RecursionError: JSON nested past the stack)
         return None
     return message if isinstance(message, str) else None
