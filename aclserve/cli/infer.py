@@ -20,7 +20,7 @@ from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
 from ..server.quoting import quoted_name
 from .output import print_err, print_out
-from .remote import auth_headers, check_url, kserve_error, scheme_hint, token_hint
+from .remote import add_client_cert_options, auth_headers, check_url, client_tls, kserve_error, scheme_hint, token_hint
 from .usage import NotKServe, UsageError, one_line
 
 
@@ -44,6 +44,7 @@ def add_commands(sub) -> None:
     q.add_argument("--json", action="store_true", help="print the outputs as one JSON object")
     q.add_argument("--timeout", type=float, default=60.0,
                    help="seconds to wait for each answer (metadata, then the inference; default %(default)s)")
+    add_client_cert_options(q)
     q.set_defaults(func=run_infer)
 
 
@@ -213,14 +214,16 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirects)
+def _opener(tls) -> urllib.request.OpenerDirector:
+    """urllib's opener, redirects not followed, showing the client certificate of `tls` (an SSLContext) if any."""
+    return urllib.request.build_opener(_NoRedirects, *([urllib.request.HTTPSHandler(context=tls)] if tls else []))
 
 
-def _fetch(request, timeout: float):
+def _fetch(opener, request, timeout: float):
     """(body, headers) of an answer; NoAnswer for a timeout, whether it came while connecting
     (urllib's URLError wraps it) or while reading."""
     try:
-        with _OPENER.open(request, timeout=timeout) as resp:
+        with opener.open(request, timeout=timeout) as resp:
             return resp.read(), resp.headers
     except TimeoutError:
         raise NoAnswer from None
@@ -230,11 +233,11 @@ def _fetch(request, timeout: float):
         raise
 
 
-def _metadata(url: str, timeout: float, headers: dict) -> dict:
+def _metadata(opener, url: str, timeout: float, headers: dict) -> dict:
     """The model's metadata, or {} when there is none to read (the infer request itself then
     reports what is wrong); NoAnswer when the server does not answer in time."""
     try:
-        return json.loads(_fetch(urllib.request.Request(url, headers=headers), timeout)[0])
+        return json.loads(_fetch(opener, urllib.request.Request(url, headers=headers), timeout)[0])
     except NoAnswer:
         raise
     except (OSError, ValueError, RecursionError, http.client.HTTPException):  # (URLError is an OSError)
@@ -255,8 +258,9 @@ def run_infer(args) -> int:
         path += f"/versions/{urllib.parse.quote(os.fsencode(args.version), safe='')}"
     if args.classification is not None and args.classification < 1:
         raise UsageError("--classification must be a positive number of classes")
+    opener = _opener(client_tls(args))
     try:
-        outputs = _ask(args, path, headers)
+        outputs = _ask(args, opener, path, headers)
     except urllib.error.HTTPError as e:
         if 300 <= e.code < 400:  # (a KServe v2 server answers in place)
             where = one_line(e.headers.get("Location", "")) or "nowhere said"
@@ -301,10 +305,10 @@ def _json_data(arr: np.ndarray) -> list:
     return np.where(np.isfinite(arr), arr, None).tolist()
 
 
-def _ask(args, path: str, headers: dict) -> dict[str, np.ndarray]:
+def _ask(args, opener, path: str, headers: dict) -> dict[str, np.ndarray]:
     """Metadata (the input names --input's are split at, the casts, the outputs to classify), then
     the input files, then the inference; the outputs."""
-    metadata = _metadata(args.url.rstrip("/") + path, args.timeout, headers)
+    metadata = _metadata(opener, args.url.rstrip("/") + path, args.timeout, headers)
     names = [t.get("name") for t in _described(metadata, "inputs")]
     inputs = _load_inputs(args.input, names)
     refuse_unknown_inputs(inputs, names)
@@ -317,7 +321,7 @@ def _ask(args, path: str, headers: dict) -> dict[str, np.ndarray]:
     req = urllib.request.Request(args.url.rstrip("/") + path + "/infer", data=body, method="POST",
                                  headers={HEADER_LENGTH: str(header_length),
                                           "Content-Type": "application/octet-stream", **headers})
-    data, headers = _fetch(req, args.timeout)
+    data, headers = _fetch(opener, req, args.timeout)
     length = headers.get(HEADER_LENGTH)
     try:
         header_length = None if length is None else int(length)

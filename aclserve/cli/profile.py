@@ -23,7 +23,7 @@ from ..errors import ServeError
 from . import termination
 from .load import closed_loop
 from .output import print_err, print_out
-from .remote import auth_headers, check_url, scheme_hint
+from .remote import add_client_cert_options, auth_headers, check_url, client_tls, scheme_hint
 from .usage import UsageError, models_hint
 
 
@@ -42,6 +42,7 @@ def add_commands(sub) -> None:
     p.add_argument("--trace-dir", help="with --url: the server's trace folder, as seen from here (default traces)")
     p.add_argument("--timeout", type=float,
                    help="with --url: seconds to wait to connect and for each answer (default 60)")
+    add_client_cert_options(p, applies=" (with --url)")
     p.add_argument("--trace", metavar="FILE", help="where to write the trace (default profile-<model>.json)")
     p.add_argument("--png", metavar="FILE", help="also draw the timeline (a window of it) to a PNG (matplotlib)")
     p.add_argument("--png-window-ms", type=float, default=20.0, help="width of the PNG's window (default %(default)s)")
@@ -58,6 +59,8 @@ def _check_mode(args) -> None:
         raise UsageError("--trace-dir applies with --url (the running server's trace folder)")
     if not args.url and args.timeout is not None:
         raise UsageError("--timeout applies with --url (the running server's answers)")
+    if not args.url and (args.cert or args.key):
+        raise UsageError("--cert and --key apply with --url (shown to the running server)")
     if args.timeout is not None and not 0 < args.timeout < math.inf:  # (NaN fails it too)
         raise UsageError("--timeout must be a positive, finite number of seconds")
     args.timeout = 60.0 if args.timeout is None else args.timeout
@@ -131,8 +134,9 @@ def _run(args):
     from .usage import NOT_HTTP1_HINT, NotKServe, one_line
     check_url(args.url)
     auth_headers()  # (checked before the run)
+    tls = client_tls(args)
     try:
-        return termination.run(run_remote(args, _body))
+        return termination.run(run_remote(args, _body, tls))
     except asyncio.TimeoutError:  # (before ClientError: aiohttp's timeouts are both)
         raise RemoteFailed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)") from None
     except aiohttp.ClientConnectorError as e:

@@ -140,8 +140,9 @@ def _remove_stale(path: str) -> None:
         pass
 
 
-async def run_remote(args, make_body):
-    """(trace events, outcomes, None): the process CPU time of a remote server is not known."""
+async def run_remote(args, make_body, tls=None):
+    """(trace events, outcomes, None): the process CPU time of a remote server is not known.
+    `tls`: the SSLContext showing the client certificate, if any."""
     import aiohttp
 
     base = args.url.rstrip("/")
@@ -149,7 +150,8 @@ async def run_remote(args, make_body):
     path = os.path.join(args.trace_dir, name)
     setting = f"{base}/v2/models/{args.model}/trace/setting"
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=args.timeout, sock_read=args.timeout)
-    connector = aiohttp.TCPConnector(limit=args.clients + CONTROL_CONNECTIONS)  # (the default 100 capped --clients)
+    # (the default limit, 100, capped --clients)
+    connector = aiohttp.TCPConnector(limit=args.clients + CONTROL_CONNECTIONS, ssl=tls or True)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=auth_headers()) as session:
         async with session.get(f"{base}/v2/models/{args.model}") as resp:
             if resp.status != 200:

@@ -1,10 +1,12 @@
 """The running server a client command (`infer`, `profile --url`) talks to: its URL, checked
-before anything is sent, and the API token it is sent with (ACLSERVE_API_TOKEN, the server's
-own variable: kept out of the command line, which other users of the machine can read)."""
+before anything is sent, the API token it is sent with (ACLSERVE_API_TOKEN, the server's
+own variable: kept out of the command line, which other users of the machine can read), and the
+client certificate it shows a server that asks for one (--cert/--key: mutual TLS)."""
 from __future__ import annotations
 
 import json
 import os
+import ssl
 import urllib.parse
 
 from ..config.schema import TOKEN_ENV
@@ -24,8 +26,51 @@ def check_url(url: str) -> None:
                          f"set {TOKEN_ENV} instead")
 
 
+def add_client_cert_options(parser, applies: str = "") -> None:
+    """--cert and --key: the client certificate for a server started with tls_client_ca_file."""
+    parser.add_argument("--cert", metavar="FILE", help="a client certificate (PEM, its key in it too unless --key "
+                                                       f"gives it) for a server that asks for one: mutual TLS{applies}")
+    parser.add_argument("--key", metavar="FILE", help=f"the private key (PEM) of --cert's certificate{applies}")
+
+
+class _EncryptedKey(Exception):
+    pass
+
+
+def _no_passphrase():
+    raise _EncryptedKey  # (OpenSSL would otherwise ask for it on the terminal)
+
+
+def client_tls(args) -> ssl.SSLContext | None:
+    """The TLS context showing --cert (None without it): the system's trust, and SSL_CERT_FILE's,
+    as the default context's; UsageError naming what is wrong with the files."""
+    if args.key and not args.cert:
+        raise UsageError("--key goes with --cert (the certificate it is the key of)")
+    if not args.cert:
+        return None
+    if urllib.parse.urlsplit(args.url).scheme != "https":  # (it would go unused, and unsaid)
+        raise UsageError("--cert is shown to a TLS server: give an https:// --url")
+    context = ssl.create_default_context()
+    try:
+        context.load_cert_chain(args.cert, args.key, password=_no_passphrase)
+    except _EncryptedKey:
+        raise UsageError(f"--{'key' if args.key else 'cert'}: the private key is encrypted; give it unencrypted "
+                         "(`openssl pkey -in FILE -out FILE2`)") from None
+    except ssl.SSLError as e:  # (not PEM, no key in --cert, a key that is not the certificate's)
+        why = "the key is not the certificate's" if e.reason == "KEY_VALUES_MISMATCH" else e.reason
+        raise UsageError(f"--cert {args.cert}{f' --key {args.key}' if args.key else ''}: not a PEM certificate "
+                         f"and its private key{f' ({why})' if why else ''}") from None
+    except OSError as e:
+        raise UsageError(f"--cert/--key: cannot read {e.filename or args.cert}: {e.strerror or e}") from None
+    return context
+
+
 # how a TLS port met with plain HTTP ends the exchange (a reset when it closes with bytes unread)
 _CLOSED_UNANSWERED = ("closed connection without response", "Server disconnected", "Connection reset by peer")
+
+
+# how a TLS server that asks for a client certificate ends a handshake without one (asyncio sends no alert)
+_NO_CERTIFICATE_SHOWN = ("EOF occurred in violation of protocol", "UNEXPECTED_EOF", "Connection lost")
 
 
 # how OpenSSL says a certificate it verified is issued for another host than the URL's
@@ -36,7 +81,8 @@ _OUT_OF_DATE = ("certificate has expired", "certificate is not yet valid")
 
 def scheme_hint(url: str, said: str) -> str:
     """What to add to a failed exchange's message when the URL's scheme looks wrong for the
-    port, or the server's certificate is not trusted here, names another host or is out of date."""
+    port, the server's certificate is not trusted here, names another host or is out of date, or
+    the server wants a client certificate."""
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme == "http" and any(words in said for words in _CLOSED_UNANSWERED):
         return " (a TLS port? try https://)"
@@ -48,6 +94,9 @@ def scheme_hint(url: str, said: str) -> str:
     if any(words in said for words in _OUT_OF_DATE):  # (trusting its CA would not help either)
         return (" (the server's certificate is outside its dates of validity: the server needs a current one, or "
                 "this machine's clock is wrong)")
+    if scheme == "https" and any(words in said for words in _CLOSED_UNANSWERED + _NO_CERTIFICATE_SHOWN):
+        return (" (a server asking for a client certificate ends the handshake so when shown none, or one its CAs "
+                "did not sign: --cert FILE [--key FILE] shows one)")
     if "CERTIFICATE_VERIFY_FAILED" in said:
         return " (the server's certificate is not trusted here: SSL_CERT_FILE=<the CA that signed it>)"
     return ""

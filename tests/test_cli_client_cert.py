@@ -1,0 +1,97 @@
+"""`aclserve infer` and `aclserve profile --url` against a real mutual-TLS server (tls_client_ca_file):
+--cert/--key show a client certificate. Before, neither could show one: "EOF occurred in violation
+of protocol" and "Server disconnected", with no hint of why (a tester's find)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import trustme
+
+from tests import REPO
+from tests.serving import ServerThread, server_config
+
+
+@pytest.fixture(scope="module")
+def mtls(tmp_path_factory):
+    """(folder, URL, environment trusting the server's CA): digits behind mutual TLS, with files
+    client_cert.pem / client_key.pem of a client its CA signed, and both in one file, client.pem."""
+    folder = tmp_path_factory.mktemp("mtls_cli")
+    server_ca, client_ca = trustme.CA(), trustme.CA()
+    server = server_ca.issue_cert("127.0.0.1")
+    server.private_key_pem.write_to_path(str(folder / "key.pem"))
+    (folder / "cert.pem").write_bytes(b"".join(pem.bytes() for pem in server.cert_chain_pems))
+    server_ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    client_ca.cert_pem.write_to_path(str(folder / "client_ca.pem"))
+    client = client_ca.issue_cert("me@example.test")
+    client.private_key_pem.write_to_path(str(folder / "client_key.pem"))
+    chain = b"".join(pem.bytes() for pem in client.cert_chain_pems)
+    (folder / "client_cert.pem").write_bytes(chain)
+    (folder / "client.pem").write_bytes(chain + client.private_key_pem.bytes())
+    (folder / "models").mkdir()
+    shutil.copy(REPO / "models" / "digits.om", folder / "models")
+    np.save(folder / "x.npy", np.ones((1, 64), np.float32))
+    (folder / "traces").mkdir()
+    config = server_config(folder / "models", model_control_mode="none", trace_dir=str(folder / "traces"),
+                           tls_cert_file=str(folder / "cert.pem"),
+                           tls_key_file=str(folder / "key.pem"), tls_client_ca_file=str(folder / "client_ca.pem"))
+    with ServerThread(config) as running:
+        yield folder, f"https://{running.url}", {**os.environ, "SSL_CERT_FILE": str(folder / "ca.pem")}
+
+
+def _aclserve(*args, cwd, env):
+    return subprocess.run([sys.executable, "-m", "aclserve", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+HINT = "--cert FILE [--key FILE] shows one)"
+
+
+@pytest.mark.parametrize("cert", [("--cert", "client_cert.pem", "--key", "client_key.pem"), ("--cert", "client.pem")],
+                         ids=["cert and key", "both in one file"])
+def test_infer_shows_its_client_certificate(mtls, cert):
+    folder, url, env = mtls
+    proc = _aclserve("infer", "digits", "-i", "x=x.npy", "--url", url, *cert, cwd=folder, env=env)
+    assert proc.returncode == 0 and proc.stdout.startswith("y float32 [1, 10]"), proc.stderr
+
+
+def test_profile_url_shows_its_client_certificate(mtls):
+    folder, url, env = mtls
+    proc = _aclserve("profile", "digits", "--url", url, "--seconds", "0.5", "--clients", "1", "--trace",
+                     "profile.json", "--cert", "client_cert.pem", "--key", "client_key.pem", cwd=folder, env=env)
+    assert proc.returncode == 0 and "requests answered" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("command", [("infer", "digits", "-i", "x=x.npy"), ("profile", "digits", "--seconds", "0.5")],
+                         ids=["infer", "profile"])
+def test_without_a_client_certificate_the_failure_says_how_to_show_one(mtls, command):
+    folder, url, env = mtls
+    proc = _aclserve(*command, "--url", url, cwd=folder, env=env)
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.rstrip("\n").endswith(HINT), proc.stderr
+
+
+@pytest.mark.parametrize("options, said", [
+    (("--key", "client_key.pem"), "--key goes with --cert"),
+    (("--cert", "client_cert.pem", "--url", "http://127.0.0.1:1"), "--cert is shown to a TLS server: give an https://"),
+    (("--cert", "missing.pem"), "--cert/--key: cannot read missing.pem: No such file or directory"),
+    (("--cert", "client_cert.pem"), "--cert client_cert.pem: not a PEM certificate and its private key"),
+    (("--cert", "client_cert.pem", "--key", "key.pem"), "--cert client_cert.pem --key key.pem: not a PEM certificate "
+                                                        "and its private key (the key is not the certificate's)"),
+])
+def test_client_certificate_files_that_cannot_be_shown_are_one_line(mtls, options, said):
+    folder, url, env = mtls
+    if "--url" not in options:
+        options = (*options, "--url", url)
+    proc = _aclserve("infer", "digits", "-i", "x=x.npy", *options, cwd=folder, env=env)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"aclserve infer: error: {said}"), proc.stderr
+
+
+def test_profile_in_process_refuses_a_client_certificate(tmp_path):
+    proc = _aclserve("profile", "digits", "--cert", "c.pem", cwd=tmp_path, env=os.environ)
+    assert proc.returncode == 2 and "--cert and --key apply with --url" in proc.stderr, proc.stderr
