@@ -189,10 +189,15 @@ class LoadedModel:
         spans += [(addr, t.size_at(batch)) for addr, t in zip(out_addrs, info.outputs)]
         return _memory.use(self.device, spans)
 
-    def _binding(self, batch: int, in_addrs, out_addrs):
+    def inputs_bound(self, batch: int, in_addrs):
+        """A new io binding of the session with the inputs at `in_addrs` bound at `batch`."""
         binding = self.session.io_binding()
         for addr, t in zip(in_addrs, self.info.onnx_inputs):
             binding.bind_input(t.onnx_name, "cpu", 0, t.dtype, t.shape_at(batch), addr)
+        return binding
+
+    def _binding(self, batch: int, in_addrs, out_addrs):
+        binding = self.inputs_bound(batch, in_addrs)
         for addr, t in zip(out_addrs, self.info.outputs):
             binding.bind_output(t.onnx_name, "cpu", 0, t.dtype, t.shape_at(batch), addr)
         if len(self._bindings) >= _BINDING_CACHE_LIMIT:

@@ -59,9 +59,7 @@ def run_failed(model, batch: int, in_addrs: tuple, error: Exception) -> int:
 def _computed_shapes(model, batch: int, in_addrs: tuple) -> list[tuple[int, ...]] | None:
     """The outputs' shapes its graph computes at `batch` on the inputs bound, ONNX Runtime
     allocating the outputs; None when that run fails too."""
-    binding = model.session.io_binding()
-    for addr, t in zip(in_addrs, model.info.onnx_inputs):
-        binding.bind_input(t.onnx_name, "cpu", 0, t.dtype, t.shape_at(batch), addr)
+    binding = model.inputs_bound(batch, in_addrs)
     for t in model.info.outputs:
         binding.bind_output(t.onnx_name, "cpu")
     try:
