@@ -7,12 +7,17 @@ import signal
 
 import pytest
 
+from tests import private_network
+
 # Two CPU devices, so the cross-device rules can be tested (ignored by a real NPU). Process-wide
 # and read when the runtime starts, so it is set here, before any test, whichever subset runs.
 os.environ.setdefault("ACLSERVE_CPU_DEVICES", "2")
 # as aclserve/__init__.py: a test module that imports onnxruntime before any aclserve module
 # (run alone) turned ONNX Runtime's telemetry on
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+# the run's own loopback, where no other process of the machine takes the ports its servers are
+# given (private_network.py); first, while this is the only thread that runs tests
+PRIVATE_NETWORK = private_network.enter()
 
 
 @pytest.fixture(autouse=True)

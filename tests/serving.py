@@ -4,6 +4,7 @@ threads), and the app on the test's own loop (started_app)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import itertools
 import json
@@ -47,6 +48,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def listened_by(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the socket listening on TCP `port` (a server that could not bind
+    its port exits, and another process listening there answers its test in its place)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            for row in list(rows)[1:]:
+                local, state, inode = (fields := row.split())[1], fields[3], fields[9]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # (0A: LISTEN)
+                    inodes.add(f"socket:[{inode}]")
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+    return False
 
 
 def _ephemeral_low() -> int:

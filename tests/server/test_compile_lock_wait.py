@@ -20,7 +20,7 @@ import urllib.request
 
 from aclserve.repository.compiler import cache_key
 from tests import REPO
-from tests.serving import ServerThread, free_port, request, server_config
+from tests.serving import ServerThread, free_port, listened_by, request, server_config
 from tests.tiny_models import double_onnx
 
 WAITING = "waiting for another process compiling the same model"
@@ -120,6 +120,15 @@ def _ready(port: int) -> bool:
         return False
 
 
+def _wait_listening(server: subprocess.Popen, port: int) -> None:
+    """Until `server` answers on `port`; it, not another process on that port (listened_by)."""
+    for _ in range(1200):  # a hang guard
+        if _ready(port) or server.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert listened_by(server.pid, port), f"another process than the server listens on {port}: {server.poll()}"
+
+
 def _post(port: int, path: str, body: bytes = b"") -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body,
@@ -149,10 +158,7 @@ def test_a_shutdown_ends_a_load_waiting_for_another_process_compiling_its_model(
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=dict(os.environ, PYTHONPATH=str(REPO))) as server:
         try:
-            for _ in range(1200):  # a hang guard: until it listens
-                if _ready(port) or server.poll() is not None:
-                    break
-                time.sleep(0.1)
+            _wait_listening(server, port)
             call(lambda: _post(port, "/v2/repository/models/m/load"))
             for _ in range(300):  # a hang guard (each read of the index is paced: 0.1 s or more)
                 rows = json.loads(_post(port, "/v2/repository/index", b"{}")[1])
@@ -183,10 +189,7 @@ def test_a_load_call_waiting_for_another_process_compiling_its_model_is_answered
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env=dict(os.environ, PYTHONPATH=str(REPO))) as server:
         try:
-            for _ in range(1200):  # a hang guard: until it listens (its folder empty: nothing loads)
-                if _ready(port) or server.poll() is not None:
-                    break
-                time.sleep(0.1)
+            _wait_listening(server, port)  # (its folder empty: nothing loads)
             double_onnx(folder / "m.onnx")
             key = cache_key(folder / "m.onnx", server_config(folder).model_defaults.compile, "cpu")
             with holding(cache / f".m-{key[:32]}.om.lock"):
