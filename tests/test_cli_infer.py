@@ -340,5 +340,5 @@ def test_an_input_the_model_does_not_take_is_bad_input(tmp_path):
         unknown = _infer(f"http://{server.url}", "digits", "-i", "z=x.npy", cwd=tmp_path)
         known = _infer(f"http://{server.url}", "digits", "-i", "x=x.npy", "--json", cwd=tmp_path)
     assert unknown.returncode == 2, unknown.stderr
-    assert unknown.stderr.strip() == "aclserve infer: error: unknown input 'z' (model inputs: x)", unknown.stderr
+    assert unknown.stderr.strip() == "aclserve infer: error: unknown input 'z' (model inputs: 'x')", unknown.stderr
     assert known.returncode == 0 and json.loads(known.stdout)["y"]["shape"] == [1, 10], known.stderr

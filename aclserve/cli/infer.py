@@ -18,7 +18,7 @@ import numpy as np
 from ..dtypes import cast_keeping_values, castable, kserve_to_numpy, numpy_to_kserve
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
-from ..server.quoting import quoted_name
+from ..server.quoting import quoted_name, quoted_names
 from .output import print_err, print_out
 from .remote import add_client_cert_options, auth_headers, check_url, client_tls, kserve_error, scheme_hint, token_hint
 from .usage import NotKServe, UsageError, one_line
@@ -192,8 +192,7 @@ def refuse_unknown_inputs(inputs: dict[str, np.ndarray], names: list) -> None:
         return
     for name in inputs:
         if name not in names:
-            listed = ", ".join(str(n) for n in names)
-            raise UsageError(f"unknown input {quoted_name(name)} (model inputs: {listed})")
+            raise UsageError(f"unknown input {quoted_name(name)} (model inputs: {quoted_names(map(str, names))})")
 
 
 def _described(metadata, key: str) -> list[dict]:

@@ -21,7 +21,7 @@ from .json_simd import JsonNumbers
 from .json_tensors import (AFTER_JSON, NOT_JSON, JsonLimits, loads, numbers_in_json, read_numbers,
                            refuse_booleans_among_numbers, to_array)
 from .parameters import json_unsigned, refuse_compound_values, refuse_shared_memory
-from .quoting import quoted, quoted_name
+from .quoting import quoted, quoted_name, quoted_names
 from .stray_pictures import IMAGE_INPUT_HINT, refuse_picture
 from .values import check_values
 
@@ -38,7 +38,7 @@ class Signature:
     """A model version's tensors indexed for decoding, with the JSON limits its requests are
     decoded under; built once per served version."""
 
-    __slots__ = ("inputs", "outputs", "output_list", "max_batch_size", "input_names", "json_limits", "labels",
+    __slots__ = ("inputs", "outputs", "output_list", "max_batch_size", "json_limits", "labels",
                  "output_rows", "all_outputs", "value_ranges")
 
     def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], max_batch_size: int,
@@ -59,7 +59,6 @@ class Signature:
         self.all_outputs = (sum(v * size for b, v, size in rows if b), sum(v for b, v, _ in rows if b),
                             sum(v * size for b, v, size in rows if not b), sum(v for b, v, _ in rows if not b))
         self.max_batch_size = max_batch_size
-        self.input_names = ", ".join(self.inputs)
         self.json_limits = json_limits
 
 
@@ -159,7 +158,7 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
         if spec is None:
             if type(name) is not str:
                 raise InvalidInput(f"inputs[{i}].name must be a string")
-            raise InvalidInput(f"unknown input {quoted_name(name)} (model inputs: {sig.input_names})")
+            raise InvalidInput(f"unknown input {quoted_name(name)} (model inputs: {quoted_names(sig.inputs)})")
         if name in arrays:
             raise InvalidInput(f"input '{name}' is given more than once")
         datatype = item.get("datatype")
@@ -257,7 +256,7 @@ def tensor_view(name: str, buffer, spec: TensorSpec, count: int, shape, offset: 
 def check_complete(arrays: dict, sig: Signature) -> None:
     if len(arrays) != len(sig.inputs):
         missing = [n for n in sig.inputs if n not in arrays]
-        raise InvalidInput(f"missing input(s): {', '.join(missing)}")
+        raise InvalidInput(f"missing input(s): {quoted_names(missing)}")
 
 
 def _check_shape(name: str, shape, spec: TensorSpec) -> int:
@@ -346,7 +345,7 @@ def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
             raise InvalidInput(f"outputs[{i}] must be an object with a string name")
         name = item["name"]
         if name not in sig.outputs:
-            raise InvalidInput(f"unknown output {quoted_name(name)} (model outputs: {', '.join(sig.outputs)})")
+            raise InvalidInput(f"unknown output {quoted_name(name)} (model outputs: {quoted_names(sig.outputs)})")
         if name in seen:
             raise InvalidInput(f"output '{name}' is requested more than once")
         seen.add(name)

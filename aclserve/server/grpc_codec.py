@@ -26,7 +26,7 @@ from .codec import (InferRequest, RequestedOutput, Signature, check_classificati
 from .encode import classify
 from .grpc_wire import names
 from .parameters import refuse_shared_memory
-from .quoting import quoted, quoted_name
+from .quoting import quoted, quoted_name, quoted_names
 from .stray_pictures import refuse_picture
 from .values import check_values
 
@@ -72,7 +72,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
         name = tensor.name
         spec = sig.inputs.get(name)
         if spec is None:
-            raise InvalidInput(f"unknown input {quoted_name(name)} (model inputs: {sig.input_names})")
+            raise InvalidInput(f"unknown input {quoted_name(name)} (model inputs: {quoted_names(sig.inputs)})")
         if name in arrays:
             raise InvalidInput(f"input '{name}' is given more than once")
         check_rank(name, len(tensor.shape), spec.shape)  # before a long one is listed
@@ -172,7 +172,7 @@ def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
     for item in items:
         name = item.name
         if name not in sig.outputs:
-            raise InvalidInput(f"unknown output {quoted_name(name)} (model outputs: {', '.join(sig.outputs)})")
+            raise InvalidInput(f"unknown output {quoted_name(name)} (model outputs: {quoted_names(sig.outputs)})")
         if name in seen:
             raise InvalidInput(f"output '{name}' is requested more than once")
         seen.add(name)

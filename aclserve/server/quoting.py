@@ -6,11 +6,13 @@ event loop writing them, and the message was then cut anyway)."""
 from __future__ import annotations
 
 import math
+from typing import Iterable
 
 import orjson
 
 MAX_QUOTED = 40
 MAX_QUOTED_NAME = 256  # characters of a client's name a message quotes (a model's own are at most 128)
+MAX_LISTED_NAMES = 16  # a model's names a message lists (an exported graph may have hundreds of inputs)
 
 
 def quoted(value) -> str:
@@ -48,6 +50,16 @@ def quoted_name(name: str) -> str:
     if len(name) <= MAX_QUOTED_NAME:
         return f"'{name}'"
     return f"'{name[:MAX_QUOTED_NAME]}'... ({len(name) - MAX_QUOTED_NAME:,} more characters)"
+
+
+def quoted_names(names: Iterable[str]) -> str:
+    """A model's names (its inputs, its outputs) as a message lists them: each quoted as
+    quoted_name quotes the client's (unquoted, inputs "a, b" and "c" read as three), the first
+    MAX_LISTED_NAMES of them, then how many more there are."""
+    names = list(names)
+    listed = ", ".join(quoted_name(name) for name in names[:MAX_LISTED_NAMES])
+    rest = len(names) - MAX_LISTED_NAMES
+    return f"{listed}, and {rest:,} more" if rest > 0 else listed
 
 
 def _count(n: int, noun: str) -> str:

@@ -208,11 +208,11 @@ def test_a_long_name_is_quoted_cut(stub):
             with pytest.raises(grpc.RpcError) as e:
                 stub.ModelInfer(request)
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()[:200]
-            assert e.value.details() == f"unknown input {quoted_cut(name)} (model inputs: x, idx)"
+            assert e.value.details() == f"unknown input {quoted_cut(name)} (model inputs: 'x', 'idx')"
     request = affine_request(outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="y" * 10_000)])
     with pytest.raises(grpc.RpcError) as e:
         stub.ModelInfer(request)
-    assert e.value.details() == f"unknown output {quoted_cut('y' * 10_000)} (model outputs: y, s)"
+    assert e.value.details() == f"unknown output {quoted_cut('y' * 10_000)} (model outputs: 'y', 's')"
 
 
 def affine_request(**fields) -> pb.ModelInferRequest:
@@ -231,9 +231,9 @@ def test_a_long_name_is_quoted_cut_over_http_as_over_grpc(server):
     x = {"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8}
     idx = {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1] * 3}
     assert refusal({"inputs": [dict(x, name="x" * 10_000)]}) == \
-        f"unknown input {quoted_cut('x' * 10_000)} (model inputs: x, idx)"
+        f"unknown input {quoted_cut('x' * 10_000)} (model inputs: 'x', 'idx')"
     assert refusal({"inputs": [x, idx], "outputs": [{"name": "y" * 10_000}]}) == \
-        f"unknown output {quoted_cut('y' * 10_000)} (model outputs: y, s)"
+        f"unknown output {quoted_cut('y' * 10_000)} (model outputs: 'y', 's')"
 
 
 def test_a_status_message_fits_grpc_metadata_once_percent_encoded():
