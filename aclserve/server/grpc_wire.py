@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from .. import protobuf_wire
 from ..errors import InvalidInput
 from ..protobuf_wire import LEN, WireError
+from .request_ids import MAX_REQUEST_ID
 
 # Bytes charged, set from the measurements above with headroom:
 ENTRY_BYTES = 128  # per field walked: its parsed object or slot, and a decoded element
@@ -29,9 +30,9 @@ WORST_PER_BYTE = 64  # per byte of a part not walked (parameters, outputs, unkno
 VARINT_PER_BYTE = 32  # packed varints: up to one element per byte, parsed (16) then decoded (16)
 FIXED_PER_BYTE = 3  # packed floats: parsed, decoded (np.fromiter), maybe cast
 MAX_FIELDS = 10_000  # fields walked at most; past it the whole message is charged WORST_PER_BYTE
-# characters of model_name, model_version and id a refused request's answer echoes: no model's
-# name is longer than 128, no version's than 18 digits; an id is cut as the request log cuts it
-ECHOED_CHARS = 256
+# characters of model_name, model_version and id a refused request's answer echoes: an id is cut
+# as the request log cuts it; no model's name is longer than 128, no version's than 18 digits
+ECHOED_CHARS = MAX_REQUEST_ID
 
 # ModelInferRequest: 1 model_name, 2 model_version, 3 id, 4 parameters, 5 inputs, 6 outputs,
 # 7 raw_input_contents. InferInputTensor: 1 name, 2 datatype, 3 shape, 4 parameters, 5 contents.

@@ -12,9 +12,9 @@ import logging
 from ..trace import RequestTrace, Tracer, now_ns
 from .client_text import printable
 from .redact import MAX_TEXT
+from .request_ids import MAX_REQUEST_ID
 
 REQUEST_ID_HEADER = "X-Request-Id"
-MAX_REQUEST_ID = 256  # longer ids are cut in traces and logs
 # A refused request's model and version as the client named them, cut (and marked) in its log
 # line: no model's name is longer than 128 characters, no version's than 18 digits
 MAX_LOGGED_NAME = 256
