@@ -87,12 +87,12 @@ class ImageInfo:
 
 def probe(data: bytes | memoryview) -> ImageInfo:
     """Format and announced size. Raises ImageError for anything but a readable JPEG/PNG header."""
-    head = bytes(data[:8])
-    if head == PNG_SIGNATURE:
+    kind = _jpeg_or_png(data)
+    if kind == "PNG":
         return _png(data)
-    if head[:2] == JPEG_SOI:
+    if kind == "JPEG":
         return _jpeg(data)
-    if not head:
+    if not len(data):
         raise ImageError("empty image")
     other = other_format(data)
     if other is not None:
@@ -106,26 +106,30 @@ def probe(data: bytes | memoryview) -> ImageInfo:
 
 def image_format(data: bytes | memoryview) -> str | None:
     """The picture format `data` begins with, by its signature: JPEG, PNG or other_format's."""
-    head = bytes(data[:8])
-    if head == PNG_SIGNATURE:
-        return "PNG"
-    return "JPEG" if head[:2] == JPEG_SOI else other_format(data)
+    return _jpeg_or_png(data) or other_format(data)
 
 
 def picture_file(data: bytes | memoryview) -> str | None:
     """PNG or JPEG when `data` is such a file by what a tensor's bytes do not hold by chance:
     PNG's 8-byte signature, or JPEG's FF D8 FF followed by a header probe() reads (its segments up
     to the first scan): those 3 bytes alone are a UINT8 pixel of 255, 216, 255. Else None."""
+    kind = _jpeg_or_png(data)
+    if kind == "JPEG":
+        if bytes(data[2:3]) != b"\xff":
+            return None
+        try:
+            probe(data)
+        except ImageError:
+            return None
+    return kind
+
+
+def _jpeg_or_png(data: bytes | memoryview) -> str | None:
+    """PNG or JPEG when `data` begins with that format's signature (PNG's 8 bytes, JPEG's SOI), else None."""
     head = bytes(data[:8])
     if head == PNG_SIGNATURE:
         return "PNG"
-    if head[:3] != JPEG_SOI + b"\xff":
-        return None
-    try:
-        probe(data)
-    except ImageError:
-        return None
-    return "JPEG"
+    return "JPEG" if head[:2] == JPEG_SOI else None
 
 
 def other_format(data: bytes | memoryview) -> str | None:
