@@ -30,6 +30,13 @@ def canned_server(answer: bytes | None):
                     head += chunk
                 if answer is not None:
                     conn.sendall(answer)
+                    # the end of the answer, then what is left of the request read until the client
+                    # closes: closed with it unread, the kernel resets the connection, and the client
+                    # could lose the answer to it ("broke off the exchange" under load)
+                    conn.shutdown(socket.SHUT_WR)
+                    conn.settimeout(30)  # (a hang guard)
+                    while conn.recv(65536):
+                        pass
                     conn.close()
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()

@@ -38,9 +38,12 @@ def test_infer_against_what_is_not_a_kserve_server_is_one_line(tmp_path, case):
     """A gRPC port was http.client's BadStatusLine traceback, HTML a JSONDecodeError, a server that
     never answered held the command 330 s (30 s of metadata, then 300 s)."""
     np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
+    # (a short --timeout for the server that never answers; the others' answers must not meet it on a
+    # loaded machine: the 200 KB one missed 0.5 s once, "no answer from")
+    timeout = "0.5" if case == "silent" else "30"
     with canned_server(ANSWERS[case]) as url:
         proc = subprocess.run([sys.executable, "-m", "aclserve", "infer", "m", "-i", "x=x.npy", "--url", url,
-                               "--timeout", "0.5"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+                               "--timeout", timeout], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.endswith("\n") and proc.stderr[:-1].isprintable()  # one printable line
     expected = "no answer from" if case == "silent" else "did not answer as a KServe v2 HTTP server"
