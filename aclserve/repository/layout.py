@@ -19,10 +19,12 @@ are followed only when they resolve inside the repository; anything resolving ou
 refused. A model's config that fails to parse makes the model a problem (not loadable) with
 the ConfigError text as reason; so does a model folder with a config or a version folder but
 no model file in a version folder (its config read first: a Triton ensemble's or TensorRT
-model's refusal names the field that is why). A FIFO, socket or device node (or a symlink to
-one) where a model file, config, labels file or version folder belongs is a problem too, found
-by stat and never opened: opening a FIFO for reading would hold the scan until someone writes
-to it.
+model's refusal names the field that is why). A version folder holding only the model file a
+config.pbtxt's default_model_filename does not name is that version's failed load, not the
+model's problem (VersionFile.refused): its other versions serve. A FIFO, socket or device node
+(or a symlink to one) where a model file, config, labels file or version folder belongs is a
+problem too, found by stat and never opened: opening a FIFO for reading would hold the scan
+until someone writes to it.
 """
 from __future__ import annotations
 
@@ -61,6 +63,9 @@ class VersionFile:
     # load it made fail
     config_stamp: tuple = ()
     data_stamp: tuple = ()  # the same of an .onnx's external data files (external_data.py)
+    # why the scan found it is not to be served (a config.pbtxt's default_model_filename names a
+    # file its version folder has not): its version's load fails saying so (loader.py), the others serve
+    refused: str = ""
 
     @property
     def model_identity(self) -> tuple:
@@ -145,7 +150,8 @@ def _version_file(root: Path, path: Path, kind: str) -> VersionFile | str | None
 
 def _pick(root: Path, folder: Path, stem: str, result: "ScanResult", key: str, named: str = "") -> VersionFile | None:
     """The preferred model file `<folder>/<stem>.om|.onnx` (the .om when both are there), or None;
-    only the one `named` (a config.pbtxt's default_model_filename: Triton loads that file alone)."""
+    only the one `named` (a config.pbtxt's default_model_filename: Triton loads that file alone),
+    or, when the folder has the other one only, that one `refused`."""
     suffixes = (os.path.splitext(named)[1],) if named else MODEL_SUFFIXES
     for suffix in suffixes:
         candidate = folder / f"{stem}{suffix}"
@@ -175,9 +181,12 @@ def _pick(root: Path, folder: Path, stem: str, result: "ScanResult", key: str, n
         return found
     other = [folder / f"{stem}{s}" for s in MODEL_SUFFIXES if s not in suffixes][0] if named else None
     if other is not None and os.path.lexists(other) and not os.path.lexists(folder / named):
-        result.problems[key] = (f"{other.relative_to(root)} is not served: {PBTXT}'s default_model_filename names "
-                                f"{named}, which {folder.relative_to(root)} has not (Triton loads only the file it "
-                                "names)")
+        why = (f"{other.relative_to(root)} is not served: {PBTXT}'s default_model_filename names {named}, which "
+               f"{folder.relative_to(root)} has not (Triton loads only the file it names)")
+        found = _version_file(root, other, other.suffix[1:])
+        if isinstance(found, VersionFile):  # that version fails to load, saying why; the others serve
+            return dataclasses.replace(found, refused=why)
+        result.problems[key] = why  # (not even a regular file inside the repository: the model's problem)
     return None
 
 

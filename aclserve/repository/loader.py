@@ -36,6 +36,10 @@ from .validate import validate_om
 log = logging.getLogger(__name__)
 
 
+class NotServed(ValueError):
+    """A version's file the scan found not to be served (VersionFile.refused says why)."""
+
+
 def first_step(wanted: Wanted) -> str:
     """The step a load of `wanted` begins with, once its turn has come (hashing a large .onnx,
     checking a large .om: seconds)."""
@@ -93,7 +97,9 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
                        stop: CompileStop | None = None) -> ServedVersion:
     """`stop` ends the compile of an .onnx (its child process), or the wait for a turn (any
     file's): CompileStopped. Cancelling the load stops it too: its thread would wait for the
-    compile to the end."""
+    compile to the end. A file the scan refused (VersionFile.refused) fails at once: NotServed."""
+    if wanted.file.refused:  # (that version's failed load, counted and shown as any)
+        raise NotServed(wanted.file.refused)
     loop = asyncio.get_running_loop()
     stop = stop or CompileStop()
     run = functools.partial(loop.run_in_executor, executor)

@@ -6,21 +6,28 @@ default_model_filename) never showed; it is the model's problem now, named, and 
 waits on it as on any refused config. Triton's layout of an ONNX model with external data,
 <version>/model.onnx/ a folder holding model.onnx and its data files, is served (it was refused as
 "a folder, not a regular file"). A preferred_batch_size over max_batch_size is refused, as Triton
-refuses it. The scan on temporary folders; readiness, the index, the model's answers and the
-load call on the real server (CPU runtime, real files)."""
+refuses it. A version folder without the file default_model_filename names, the other one there,
+is that version's failed load (its other versions serve), not the model's problem. The scan on
+temporary folders; readiness, the index, the model's answers and the load call on the real server
+(CPU runtime, real files)."""
 from __future__ import annotations
 
+import json
 import logging
 import os
+import time
+import urllib.request
 
 import aiohttp
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from prometheus_client.parser import text_string_to_metric_families
 
 from aclserve.config import ModelConfig
 from aclserve.repository.layout import scan
+from tests.serving import ServerThread, json_call, server_config
 
 from .repo_helpers import http_index, place, started_on_old_files, write_in, x_rows
 
@@ -164,7 +171,7 @@ async def test_the_server_names_the_refused_folder_and_strict_readiness_waits_on
 async def test_default_model_filename_serves_the_file_it_names(models_dir, model_files, caplog):
     """Triton loads the version folder's file default_model_filename names: a model.onnx named beside
     a model.om is served (the .om was, as an .om wins over an .onnx without a name given), and a
-    version folder without the named file serves nothing, the index saying why."""
+    version folder without the named file fails that version's load, the index saying why."""
     caplog.set_level(logging.INFO, logger="aclserve.repository")
     for name in ("onnx", "om", "missing"):
         place(model_files[1]["om"], models_dir / name / "1" / "model.om")
@@ -177,10 +184,74 @@ async def test_default_model_filename_serves_the_file_it_names(models_dir, model
         index = await http_index(base)
         assert float((await repo.get("onnx").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0  # model.onnx's scale
         assert float((await repo.get("om").infer(x_rows(), 1)).outputs["y"][0, 0]) == 1.0
-        assert index[("missing", "")] == ("UNAVAILABLE", "missing/1/model.om is not served: config.pbtxt's "
-                                          "default_model_filename names model.onnx, which missing/1 has not (Triton "
-                                          "loads only the file it names)")
+        assert ("missing", "") not in index
+        assert index[("missing", "1")] == ("UNAVAILABLE", "missing/1/model.om is not served: config.pbtxt's "
+                                           "default_model_filename names model.onnx, which missing/1 has not (Triton "
+                                           "loads only the file it names)")
         assert "onnx/1/model.onnx is served; onnx/1/model.om beside it is ignored (config.pbtxt's " \
                "default_model_filename names it)" in caplog.text
     finally:
         await runner.cleanup()
+
+
+def _metrics(url: str) -> dict:
+    """/metrics as (family, labels as sorted pairs) -> value."""
+    with urllib.request.urlopen(f"http://{url}/metrics", timeout=60) as answer:
+        text = answer.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _loads(url: str, model: str) -> dict[str, float]:
+    """aclserve_model_loads_total of `model`, by result."""
+    return {dict(labels)["result"]: value for (name, labels), value in _metrics(url).items()
+            if name == "aclserve_model_loads_total" and dict(labels)["model"] == model}
+
+
+def _rows(url: str) -> dict:
+    """The repository index: (name, version) -> (state, reason)."""
+    return {(r["name"], r["version"]): (r["state"], r.get("reason", ""))
+            for r in json_call(url, "/v2/repository/index", b"{}")[1]}
+
+
+def _until(check, what: str):
+    for _ in range(3000):  # a hang guard, not a timing
+        if found := check():
+            return found
+        time.sleep(0.01)
+    raise AssertionError(f"never {what}")
+
+
+def test_a_version_folder_without_the_named_file_fails_that_versions_load_alone(models_dir, model_files):
+    """A reviewer's find: m/2/ holding model.om where config.pbtxt's default_model_filename names
+    model.onnx made the whole model a problem (its row without a version, counted as the model's
+    failed load) while m/1/model.onnx served, and version 2 was in no row. Triton fails that
+    version's load. Now it is version 2's failed load, as a file that does not load is: UNAVAILABLE,
+    its reason naming the missing file (relative to the folder), version 1 serving; counted once
+    while it lasts (a rescan counts nothing), once more by a load call that tries it again."""
+    place(model_files[1]["onnx"], models_dir / "m" / "1" / "model.onnx")
+    place(model_files[2]["om"], models_dir / "m" / "2" / "model.om")
+    write_in(models_dir / "m" / "config.pbtxt", 'default_model_filename: "model.onnx"\nversion_policy: { all { } }\n')
+    for path in models_dir.rglob("*"):
+        os.utime(path, (1, 1))
+    reason = ("m/2/model.om is not served: config.pbtxt's default_model_filename names model.onnx, which m/2 has not "
+              "(Triton loads only the file it names)")
+    infer = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [3] * 4}]}).encode()
+    with ServerThread(server_config(models_dir, model_control_mode="poll", settle_s=0.1, debounce_s=0.05)) as srv:
+        index = _until(lambda: (rows := _rows(srv.url)).get(("m", "1"), ("",))[0] == "READY"
+                       and (("m", "2") in rows or ("m", "") in rows) and rows, "m/1 served")
+        status, answer = json_call(srv.url, "/v2/models/m/infer", infer)  # (no version: the latest serving)
+        at_start = _loads(srv.url, "m")
+        failure = {dict(labels)["version"]: dict(labels)["reason"] for (name, labels), _ in _metrics(srv.url).items()
+                   if name == "aclserve_model_load_failure" and dict(labels)["model"] == "m"}
+        place(model_files[1]["om"], models_dir / "other.om")  # another model's file: rescans
+        _until(lambda: _rows(srv.url).get(("other", "1"), ("",))[0] == "READY", "other served")
+        rescanned = _loads(srv.url, "m")
+        load_status, load_answer = json_call(srv.url, "/v2/repository/models/m/load", b"{}")
+        after_call = _loads(srv.url, "m")
+    assert index == {("m", "1"): ("READY", ""), ("m", "2"): ("UNAVAILABLE", reason)}
+    assert str(models_dir) not in reason
+    assert (status, answer["model_version"], answer["outputs"][0]["data"]) == (200, "1", [3.0] * 4)
+    assert failure == {"2": reason}
+    assert load_status == 400 and load_answer["error"] == f"failed to load m: version 2: {reason}"
+    assert [at_start, rescanned, after_call] == [{"ok": 1, "failed": n} for n in (1, 1, 2)]
