@@ -29,7 +29,6 @@ until someone writes to it.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
 import re
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from pathlib import Path
 from ..config import PBTXT, ConfigError, ModelConfig, load_model_config, load_triton_config, model_file_named
 from ..regular_files import node_kind, stat_identity
 from . import external_data, unread
-from .models_folder import folder_entries, resolved_inside
+from .models_folder import folder_entries, not_inside, resolved_inside
 from .names import check_model_name, escape_undecodable, is_ignored_name
 from .scan_failure import ScanFailure
 
@@ -118,25 +117,12 @@ def select_versions(available, policy: tuple) -> tuple[str, ...]:
     return tuple(v for v in versions if v in wanted)
 
 
-def _not_inside(path: Path) -> str:
-    """Why `path` is not a file inside the repository (`resolved_inside` said None)."""
-    try:
-        path.resolve(strict=True)
-    except RuntimeError:  # Python 3.11-3.12 words a loop so
-        return "is a symbolic link loop"
-    except FileNotFoundError:
-        return "is a link to nothing"
-    except OSError as e:
-        return "is a symbolic link loop" if e.errno == errno.ELOOP else f"cannot be resolved ({e.strerror or e})"
-    return "resolves outside the repository"
-
-
 def _version_file(root: Path, path: Path, kind: str) -> VersionFile | str | None:
     """The file at `path`, why it cannot be one (outside, a FIFO...), or None when it is gone.
     Only stats: a FIFO, socket or device node is never opened."""
     real = resolved_inside(root, path)
     if real is None:
-        return _not_inside(path)
+        return not_inside(path)
     try:
         st = real.stat()
     except OSError:
@@ -202,7 +188,7 @@ def _config(path: Path | None, root: Path, model: str, defaults: ModelConfig, no
     if path is None:
         return defaults
     if resolved_inside(root, path) is None:
-        raise ConfigError("", f"config file {_not_inside(path)}", str(path))
+        raise ConfigError("", f"config file {not_inside(path)}", str(path))
     said: list[str] = []
     triton = path.name == PBTXT
     # each refuses a FIFO, socket or device node unopened

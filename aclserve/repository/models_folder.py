@@ -1,8 +1,9 @@
 """The models folder as the server starts: a folder it can read, or one line saying what it is
 instead; how it is listed, at the start and by every scan (layout.py); and whether a path in it
-resolves inside it (layout.py's files and folders, unread.py's version folders)."""
+resolves inside it, or why not (layout.py's files and folders, unread.py's version folders)."""
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 
@@ -31,6 +32,19 @@ def resolved_inside(root: Path, path: Path) -> Path | None:
     except (OSError, RuntimeError):
         return None
     return real if real == root or root in real.parents else None
+
+
+def not_inside(path: Path) -> str:
+    """Why `path` is not a file inside the repository (`resolved_inside` said None)."""
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # Python 3.11-3.12 words a loop so
+        return "is a symbolic link loop"
+    except FileNotFoundError:
+        return "is a link to nothing"
+    except OSError as e:
+        return "is a symbolic link loop" if e.errno == errno.ELOOP else f"cannot be resolved ({e.strerror or e})"
+    return "resolves outside the repository"
 
 
 def check_models_folder(root: Path) -> None:
