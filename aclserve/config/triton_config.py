@@ -79,22 +79,20 @@ def read_pbtxt(path: str | os.PathLike):
     return message
 
 
-def model_file_named(path: str | os.PathLike) -> str:
-    """The version folder's file a config.pbtxt's default_model_filename names (model.onnx or
-    model.om), which Triton loads alone; "" when it names none, or the file does not read (its
-    load says why)."""
-    try:
-        named = read_pbtxt(path).default_model_filename
-    except ConfigError:
-        return ""
+def model_file_named(message) -> str:
+    """The version folder's file a config.pbtxt's ModelConfig `message` names in default_model_filename
+    (model.onnx or model.om), which Triton loads alone; "" when it names none (or none of them, which
+    load_triton_config refuses), or `message` is None."""
+    named = message.default_model_filename if message is not None else ""
     return named if named in _MODEL_FILES else ""
 
 
 def load_triton_config(path: str | os.PathLike, name: str, defaults: ModelConfig,
-                       notes: list[str] | None = None) -> ModelConfig:
+                       notes: list[str] | None = None, message=None) -> ModelConfig:
     """Model `name`'s config.pbtxt at `path` over `defaults`, as load_model_config does a YAML file
-    (errors blamed on `path`, with the pbtxt's field path). `notes` gets what was passed over."""
-    message = read_pbtxt(path)
+    (errors blamed on `path`, with the pbtxt's field path). `notes` gets what was passed over.
+    `message`: the file's ModelConfig as read_pbtxt read it already (None: it is read here)."""
+    message = read_pbtxt(path) if message is None else message
     said: list[str] = []
     try:
         data = translate(message, name, defaults.devices, said)

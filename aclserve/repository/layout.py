@@ -34,7 +34,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import PBTXT, ConfigError, ModelConfig, load_model_config, load_triton_config, model_file_named
+from ..config import (PBTXT, ConfigError, ModelConfig, load_model_config, load_triton_config, model_file_named,
+                      read_pbtxt)
 from ..regular_files import node_kind, stat_identity
 from . import external_data, unread
 from .models_folder import folder_entries, not_inside, resolved_inside
@@ -184,7 +185,9 @@ def _model_files(path: Path) -> list[Path]:
     return [path] if path.suffix.lower() in MODEL_SUFFIXES else []
 
 
-def _config(path: Path | None, root: Path, model: str, defaults: ModelConfig, notes: list[str]) -> ModelConfig:
+def _config(path: Path | None, root: Path, model: str, defaults: ModelConfig, notes: list[str],
+            pbtxt=None) -> ModelConfig:
+    """`pbtxt`: a config.pbtxt's message, read once for the scan (_folder_config); None: read here."""
     if path is None:
         return defaults
     if resolved_inside(root, path) is None:
@@ -192,7 +195,8 @@ def _config(path: Path | None, root: Path, model: str, defaults: ModelConfig, no
     said: list[str] = []
     triton = path.name == PBTXT
     # each refuses a FIFO, socket or device node unopened
-    config = load_triton_config(path, model, defaults, said) if triton else load_model_config(path, defaults, said)
+    config = (load_triton_config(path, model, defaults, said, pbtxt) if triton
+              else load_model_config(path, defaults, said))
     notes.extend(f"{_relative(root, path) or path}: {note}" for note in said)
     for name, options in config.outputs.items():
         if options.labels and options.labels not in {o.labels for o in defaults.outputs.values()}:
@@ -284,8 +288,8 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
         if resolved_inside(root, folder) is None:
             result.problems[name] = f"{name}/ resolves outside the repository"
             return
-        config_path = _folder_config(folder, name, result)
-        named = model_file_named(config_path) if config_path is not None and config_path.name == PBTXT else ""
+        config_path, pbtxt = _folder_config(root, folder, name, result)
+        named = model_file_named(pbtxt)
         available, misplaced, version_folders = {}, [], []
         for sub in sorted(folder.iterdir()):
             if is_ignored_name(sub.name):
@@ -315,7 +319,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
                 result.notes.append(f"{name}: {why}")
         else:
             if config_path is not None or version_folders:  # a model meant: one Triton refuses too, said
-                _config(config_path, root, name, defaults, [])  # its refusal (ensemble_scheduling...) is why
+                _config(config_path, root, name, defaults, [], pbtxt)  # its refusal (ensemble_scheduling...) is why
                 why = why or result.problems.get(name) or unread.no_model_file(name, version_folders, root)
             if why:  # (_pick's reason, a FIFO say, stands)
                 result.problems[name] = why
@@ -328,8 +332,8 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
         if found is None:
             return
         available = {"1": found}
-        config_path = parts.get(".yaml") or parts.get(".yml")
-    config = _config(config_path, root, name, defaults, result.notes)
+        config_path, pbtxt = parts.get(".yaml") or parts.get(".yml"), None
+    config = _config(config_path, root, name, defaults, result.notes, pbtxt)
     selected = select_versions(available, config.version_policy)
     if not selected:  # as Triton, which fails such a load: the model would serve nothing
         result.problems[name] = (f"its version_policy {_policy_text(config.version_policy)} selects none of the "
@@ -344,17 +348,23 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
                                                 config.preferred_batch_sizes))
 
 
-def _folder_config(folder: Path, name: str, result: ScanResult) -> Path | None:
+def _folder_config(root: Path, folder: Path, name: str, result: ScanResult) -> tuple[Path | None, object]:
     """A versioned model's config file: its config.yaml, else a Triton folder's config.pbtxt
-    (one beside a config.yaml is not read, said in a note), else None."""
+    (one beside a config.yaml is not read, said in a note), else None; and a config.pbtxt's
+    message, parsed once for the scan (its default_model_filename picks the version files, then
+    _config reads its settings), or None (not a config.pbtxt, or one that does not read or
+    resolves outside the repository: _config refuses it, saying why)."""
     yaml_path, pbtxt = folder / "config.yaml", folder / PBTXT
     if not os.path.lexists(pbtxt):
-        return yaml_path if os.path.lexists(yaml_path) else None
+        return (yaml_path if os.path.lexists(yaml_path) else None), None
     if os.path.lexists(yaml_path):
         result.notes.append(f"{name}/{PBTXT} not read: {name}/config.yaml beside it is (a model's settings come "
                             "from one file)")
-        return yaml_path
-    return pbtxt
+        return yaml_path, None
+    try:
+        return pbtxt, read_pbtxt(pbtxt) if resolved_inside(root, pbtxt) is not None else None
+    except ConfigError:
+        return pbtxt, None
 
 
 def _policy_text(policy: tuple) -> str:

@@ -13,6 +13,7 @@ import aiohttp
 import numpy as np
 import onnx
 import pytest
+from google.protobuf import text_format
 from onnx import TensorProto, helper, numpy_helper
 
 from aclserve.config import ModelConfig, load_server_config
@@ -60,6 +61,26 @@ def triton_folder(root, name: str, pbtxt: str, versions=(1,)):
 def scanned(tmp_path, defaults=DEFAULTS):
     result = scan(tmp_path, defaults)
     return result, {name: entry.config for name, entry in result.models.items()}
+
+
+def test_a_scan_parses_each_config_pbtxt_once(tmp_path, monkeypatch):
+    """A scan parsed a config.pbtxt twice (its default_model_filename to pick the version files,
+    then its settings), and parsed one resolving outside the repository for the first, which it
+    then refused unread. Now one parse serves both, and the file outside is not read."""
+    parsed, parse = [], text_format.Parse
+
+    def counted(text, *args, **kwargs):
+        parsed.append(text)
+        return parse(text, *args, **kwargs)
+    monkeypatch.setattr(text_format, "Parse", counted)
+    triton_folder(tmp_path / "models", "m", 'default_model_filename: "model.onnx"\nmax_batch_size: 4\n')
+    triton_folder(tmp_path, "outside", 'default_model_filename: "model.onnx"\n')
+    touch(tmp_path / "models" / "away" / "1" / "model.onnx")
+    os.symlink(tmp_path / "outside" / "config.pbtxt", tmp_path / "models" / "away" / "config.pbtxt")
+    result, configs = scanned(tmp_path / "models")
+    assert configs["m"].batching.batch_cap == 4
+    assert result.problems["away"].endswith("config.pbtxt: config file resolves outside the repository")
+    assert parsed == ['default_model_filename: "model.onnx"\nmax_batch_size: 4\n']
 
 
 def test_the_pbtxt_is_translated_with_tritons_meaning(tmp_path):
