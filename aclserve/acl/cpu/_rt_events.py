@@ -114,6 +114,10 @@ def _event_and_stream(event: int, stream: int):
 # What CANN documents and the device does not refuse (it runs wrongly, or leaks the event's
 # resources): refused here with 107000, so that the mistake shows before a device runs it.
 _MISUSE = C.ACL_ERROR_RT_PARAM_INVALID
+# What the device refuses for an event of create_event_ex_with_flag ("new mode"): reset_event and
+# the old query_event (hicann/runtime src/runtime/api/impl/api_impl.cc ApiImpl::EventReset and
+# api_error.cc ApiErrorDecorator::EventQuery: evt->IsNewMode() -> RT_ERROR_FEATURE_NOT_SUPPORT)
+_NEW_MODE = C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
 
 
 @api("acl.rt.record_event", PTR, PTR)
@@ -146,12 +150,14 @@ def stream_wait_event(stream, event):
 @api("acl.rt.reset_event", PTR, PTR)
 def reset_event(event, stream):
     """Reset an event once the stream that waited on it gets here (queued on `stream`): it may
-    then be recorded again. Refused for the events of create_event_ex_with_flag, and for those
-    of create_event_with_flag without ACL_EVENT_SYNC (CANN)."""
+    then be recorded again. Refused for the events of create_event_ex_with_flag (CANN) with the
+    device's code, and for those of create_event_with_flag without ACL_EVENT_SYNC."""
     e, s, ret = _event_and_stream(event, stream)
     if ret:
         return ret
-    if e.reusable or (e.flags is not None and not e.flags & C.ACL_EVENT_SYNC):
+    if e.reusable:
+        return _NEW_MODE
+    if e.flags is not None and not e.flags & C.ACL_EVENT_SYNC:
         return _MISUSE
     e.waited = False
     return s.enqueue(e.reset, marker=True)
@@ -202,10 +208,10 @@ def query_event_status(event):
 @api("acl.rt.query_event", PTR)
 def query_event(event):
     """Deprecated aclrtQueryEvent: the opposite encoding (COMPLETE=0, NOT_READY=1); refused for
-    an event of create_event_ex_with_flag (CANN)."""
+    an event of create_event_ex_with_flag (CANN), as the device refuses it (_NEW_MODE)."""
     e = _state.events.get(event)
     if e is not None and e.reusable:
-        return 0, _MISUSE
+        return 0, _NEW_MODE
     status, ret = query_event_status(event)
     return (0 if status == C.ACL_EVENT_RECORDED_STATUS_COMPLETE else 1), ret
 
