@@ -87,3 +87,45 @@ def test_model_buffers_cut_from_one_block_start_64_byte_aligned(acl, loaded_mlp,
             acl.destroy_data_buffer(buf)
         for ds in datasets_made:
             acl.mdl.destroy_dataset(ds)
+
+
+def test_a_dataset_holding_a_destroyed_buffer_is_refused(acl, loaded_mlp, cpu_only):
+    """destroy_data_buffer of a buffer a dataset still holds: on a device the dataset keeps the
+    freed aclDataBuffer* and ModelExecute reads it (undefined behaviour). The CPU runtime refuses
+    that dataset where it would be used, with 100000 as for any other destroyed handle: execute,
+    execute_async, set_dynamic_batch_size on it, and get_dataset_buffer gives 0 for it. It ran
+    them as if the buffer were alive. (CPU only: the device's answer is undefined.)"""
+    m = loaded_mlp
+    sizes = [acl.mdl.get_input_size_by_index(m.desc, i) for i in range(2)]
+    sizes += [acl.mdl.get_output_size_by_index(m.desc, i) for i in range(2)]
+    ptrs = [m.buffer_ptr(m.inputs, i) for i in range(2)] + [m.buffer_ptr(m.outputs, i) for i in range(2)]
+    buffers = [acl.create_data_buffer(ptr, size) for ptr, size in zip(ptrs, sizes)]
+    ins, outs = acl.mdl.create_dataset(), acl.mdl.create_dataset()
+    for ds, part in ((ins, buffers[:2]), (outs, buffers[2:])):
+        for buf in part:
+            assert acl.mdl.add_dataset_buffer(ds, buf)[1] == 0
+    stream, _ = acl.rt.create_stream()
+    try:
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, ins, MBATCH, 4) == 0
+        assert acl.mdl.execute(m.model_id, ins, outs) == 0
+        assert acl.destroy_data_buffer(buffers[3]) == 0  # the output `idx`
+        acl.get_recent_err_msg()
+        assert acl.mdl.execute(m.model_id, ins, outs) == C.ACL_ERROR_INVALID_PARAM
+        assert "buffer 1 of the output dataset was destroyed" in acl.get_recent_err_msg()
+        assert acl.mdl.execute_async(m.model_id, ins, outs, stream) == C.ACL_ERROR_INVALID_PARAM
+        assert acl.mdl.get_dataset_buffer(outs, 1) == 0 and acl.mdl.get_dataset_buffer(outs, 0) == buffers[2]
+        assert acl.mdl.execute(m.model_id, ins, m.outputs) == 0  # the input dataset is whole
+        assert acl.destroy_data_buffer(buffers[MBATCH]) == 0
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, ins, MBATCH, 2) == C.ACL_ERROR_INVALID_PARAM
+        assert acl.mdl.execute(m.model_id, ins, m.outputs) == C.ACL_ERROR_INVALID_PARAM
+        assert acl.get_recent_err_msg().count(f"buffer {MBATCH} of the input dataset was destroyed") == 2
+        assert acl.mdl.execute_async(m.model_id, ins, m.outputs, stream) == C.ACL_ERROR_INVALID_PARAM
+        assert acl.rt.synchronize_stream(stream) == 0
+        assert acl.destroy_data_buffer(buffers[3]) == C.ACL_ERROR_INVALID_PARAM  # destroyed once
+    finally:
+        acl.get_recent_err_msg()  # (what the refusals said: not another test's)
+        acl.rt.destroy_stream(stream)
+        for buf in (buffers[0], buffers[2]):
+            acl.destroy_data_buffer(buf)
+        acl.mdl.destroy_dataset(ins)
+        acl.mdl.destroy_dataset(outs)

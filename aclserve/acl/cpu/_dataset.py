@@ -6,6 +6,11 @@ A dataset also keeps the gear set_dynamic_batch_size last set on it, which an ex
 with (the device's aclmdlDataset.dynamicBatchSize: hicann/ge model.cpp). An execution takes its
 buffers' (address, size) pairs at the call (`Dataset.blobs`), as ModelExecute copies them into
 GE's InputData/OutputData blobs: a later update_data_buffer is not that execution's.
+
+A buffer destroyed while a dataset still holds it is refused where the dataset would use it
+(execute, execute_async, set_dynamic_batch_size, get_dataset_buffer: 100000, as for any other
+destroyed handle): on a device the dataset keeps the freed aclDataBuffer* and ModelExecute reads
+it after the free. The mark is its `blob` gone, which `Dataset.blobs` reads anyway.
 """
 from __future__ import annotations
 
@@ -16,18 +21,32 @@ from .. import constants as C
 from . import _state
 
 
-class DataBuffer:
-    __slots__ = ("handle", "addr", "size")
-
-    def __init__(self, addr: int, size: int):
-        self.handle = _state.new_handle()
-        self.addr, self.size = addr, size
-
-
 class Blob(NamedTuple):
     """A data buffer's address and size as an execution took them."""
     addr: int
     size: int
+
+
+class DataBuffer:
+    __slots__ = ("handle", "blob")
+
+    def __init__(self, addr: int, size: int):
+        self.handle = _state.new_handle()
+        self.blob: Blob | None = Blob(addr, size)  # None once destroyed
+
+    @property
+    def addr(self) -> int:  # (0 once destroyed, as get_data_buffer_addr answers an unknown handle)
+        blob = self.blob
+        return blob.addr if blob is not None else 0
+
+    @property
+    def size(self) -> int:
+        blob = self.blob
+        return blob.size if blob is not None else 0
+
+    @property
+    def destroyed(self) -> bool:
+        return self.blob is None
 
 
 class Dataset:
@@ -38,8 +57,14 @@ class Dataset:
         self.buffers: list[DataBuffer] = []
         self.gear = 0  # set_dynamic_batch_size's batch on this dataset; 0: never set
 
-    def blobs(self) -> tuple[Blob, ...]:
-        return tuple([Blob(b.addr, b.size) for b in self.buffers])
+    def blobs(self) -> tuple[Blob, ...] | None:
+        """Its buffers' (address, size) now; None when one of them was destroyed."""
+        blobs = tuple([b.blob for b in self.buffers])
+        return None if None in blobs else blobs
+
+    def destroyed_index(self) -> int | None:
+        """The index of its first destroyed buffer, if any (to say which, once blobs() said None)."""
+        return next((i for i, b in enumerate(self.buffers) if b.destroyed), None)
 
 
 _lock = threading.Lock()
@@ -57,16 +82,23 @@ def create_data_buffer(addr: int, size: int) -> int:
 
 
 def update_data_buffer(handle: int, addr: int, size: int) -> int:
-    buf = buffers.get(handle)
-    if buf is None or addr < 0 or size < 0:
+    if addr < 0 or size < 0:
         return C.ACL_ERROR_INVALID_PARAM
-    buf.addr, buf.size = addr, size
+    with _lock:  # (not to bring back to life a buffer destroyed meanwhile)
+        buf = buffers.get(handle)
+        if buf is None:
+            return C.ACL_ERROR_INVALID_PARAM
+        buf.blob = Blob(addr, size)
     return C.ACL_SUCCESS
 
 
 def destroy_data_buffer(handle: int) -> int:
     with _lock:
-        return C.ACL_SUCCESS if buffers.pop(handle, None) is not None else C.ACL_ERROR_INVALID_PARAM
+        buf = buffers.pop(handle, None)
+        if buf is None:
+            return C.ACL_ERROR_INVALID_PARAM
+        buf.blob = None  # a dataset holding it no longer runs (see the module's docstring)
+    return C.ACL_SUCCESS
 
 
 def create_dataset() -> int:
@@ -91,7 +123,7 @@ def num_buffers(ds_handle: int) -> int:
 
 def get_buffer(ds_handle: int, index: int) -> int:
     ds = datasets.get(ds_handle)
-    if ds is None or not 0 <= index < len(ds.buffers):
+    if ds is None or not 0 <= index < len(ds.buffers) or ds.buffers[index].destroyed:
         return 0
     return ds.buffers[index].handle
 

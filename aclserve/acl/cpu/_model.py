@@ -358,8 +358,8 @@ def set_dynamic_batch_size(model_id: int, ds: Dataset, index: int, batch: int) -
     GE refuses stays recorded: an execution with that dataset is refused (LoadedModel._gear_ok)."""
     if batch <= 0 or not 0 <= index < len(ds.buffers):
         return C.ACL_ERROR_INVALID_PARAM
-    buf = ds.buffers[index]
-    if buf.addr == 0:  # ACL's own check, before GE (whose 145011 this API never reaches)
+    buf = ds.buffers[index].blob  # (None: destroyed, by another thread since mdl's check)
+    if buf is None or buf.addr == 0:  # ACL's own check, before GE (whose 145011 this API never reaches)
         return C.ACL_ERROR_INVALID_PARAM
     ds.gear = batch
     if buf.size < 4:

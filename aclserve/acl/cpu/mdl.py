@@ -6,9 +6,13 @@ descriptor, dataset and buffer calls are host-side bookkeeping and do not.
 """
 from __future__ import annotations
 
+import logging
+
 from .. import constants as C
 from . import _dataset, _desc, _err_msg, _model, _om, _state, faults
 from ._args import INT, PTR, STR, api
+
+log = logging.getLogger("aclserve.acl.cpu")
 
 _OK = C.ACL_SUCCESS
 
@@ -264,7 +268,20 @@ def _resolve(model_id: int, input_ds: int, output_ds: int):
     if ins is None or outs is None:
         return None, None, None, C.ACL_ERROR_INVALID_PARAM
     call = (ins.blobs(), outs.blobs(), ins.gear)
+    if call[0] is None or call[1] is None:
+        which, ds = ("input", ins) if call[0] is None else ("output", outs)
+        return None, None, None, _holds_destroyed(model_id, which, ds.destroyed_index())
     return ctx, model, call, model.validate(*call)
+
+
+def _holds_destroyed(model_id: int, which: str, index: int) -> int:
+    """A dataset holding a buffer destroyed since it was added: refused as a destroyed handle is
+    (on a device, ModelExecute would read the freed aclDataBuffer)."""
+    text = (f"model {model_id}: buffer {index} of the {which} dataset was destroyed "
+            f"(destroy_data_buffer) while the dataset holds it")
+    log.error("%s", text)
+    _err_msg.report(text)
+    return C.ACL_ERROR_INVALID_PARAM
 
 
 @api("acl.mdl.set_dynamic_batch_size", INT, PTR, PTR, PTR)
@@ -275,6 +292,8 @@ def set_dynamic_batch_size(model_id, dataset, index, batch_size):
     ds = _dataset.datasets.get(dataset)
     if ds is None:
         return C.ACL_ERROR_INVALID_PARAM
+    if 0 <= index < len(ds.buffers) and ds.buffers[index].destroyed:
+        return _holds_destroyed(model_id, "input", index)
     return _model.set_dynamic_batch_size(model_id, ds, index, batch_size)
 
 
