@@ -234,6 +234,38 @@ def test_execute_rejects_host_memory(acl, loaded_mlp):
         acl.rt.free_host(host)
 
 
+def test_a_gear_input_in_host_memory_is_refused_as_host_memory(acl, loaded_mlp, device_buffer, cpu_only):
+    """The gear input (ascend_mbatch_shape_data) in malloc_host memory was refused at execute with
+    145011, "dynamic input address invalid", before the check that refuses any other input there
+    (145000, not inside device memory; found by a fidelity tester): now 145000 too, and
+    get_recent_err_msg names the input. One in no memory at all (freed) stays 145011."""
+    m = loaded_mlp
+    host, _ = acl.rt.malloc_host(8)
+    freed = device_buffer(8)
+    ds, freed_ds = acl.mdl.create_dataset(), acl.mdl.create_dataset()
+    gear_bufs = [acl.create_data_buffer(host, 8), acl.create_data_buffer(freed, 8)]
+    try:
+        for dataset, gear_buf in ((ds, gear_bufs[0]), (freed_ds, gear_bufs[1])):
+            acl.mdl.add_dataset_buffer(dataset, acl.mdl.get_dataset_buffer(m.inputs, 0))
+            acl.mdl.add_dataset_buffer(dataset, gear_buf)
+        # the gear is recorded on the dataset before the write into the buffer is refused
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, ds, MBATCH, 2) == C.ACL_ERROR_RT_PARAM_INVALID
+        acl.get_recent_err_msg()
+        assert acl.mdl.execute(m.model_id, ds, m.outputs) == C.ACL_ERROR_GE_PARAM_INVALID
+        said = acl.get_recent_err_msg()
+        assert f"input {C.ACL_DYNAMIC_TENSOR_NAME!r}" in said and "malloc_host memory, not device memory" in said
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, freed_ds, MBATCH, 2) == 0
+        assert acl.rt.free(freed) == 0
+        assert acl.mdl.execute(m.model_id, freed_ds, m.outputs) == C.ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID
+    finally:
+        acl.get_recent_err_msg()
+        for buf in gear_bufs:
+            acl.destroy_data_buffer(buf)
+        acl.mdl.destroy_dataset(ds)
+        acl.mdl.destroy_dataset(freed_ds)
+        acl.rt.free_host(host)
+
+
 def test_execute_matches_onnxruntime_and_reports_current_dims(acl, loaded_mlp, mlp_om):
     m = loaded_mlp
     for batch in (1, 2, 4):

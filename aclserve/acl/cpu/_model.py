@@ -169,7 +169,12 @@ class LoadedModel:
         nbytes = 8 if buf.size >= 8 else 4
         taken = _memory.use(None, [(buf.addr, nbytes)])
         if taken is None:
-            return 0, C.ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID
+            if not _memory.pinned(buf.addr, nbytes):  # in no memory (freed, or never allocated)
+                return 0, C.ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID
+            text = f"input {self.info.inputs[m].name!r} at {buf.addr:#x} is malloc_host memory, not device memory"
+            log.error("model %d: %s", self.id, text)
+            _err_msg.report(text)
+            return 0, C.ACL_ERROR_GE_PARAM_INVALID  # as _use_io refuses any other input there
         try:
             held = (ctypes.c_int64 if nbytes == 8 else ctypes.c_int32).from_address(buf.addr).value
         finally:
