@@ -298,9 +298,12 @@ def test_serve_on_a_busy_grpc_port_says_so_in_one_error(tmp_path):
         "moves it, --grpc-port 0 turns gRPC off)"], proc.stderr
 
 
-@pytest.mark.parametrize("host, why", [("no.such.host.invalid", "Name or service not known"),
-                                       ("10.255.255.1", "Cannot assign requested address")])
-def test_serve_on_a_host_it_cannot_bind_says_so_in_one_error(tmp_path, host, why):
+# (a name that resolves nowhere: "Temporary failure in name resolution" where no DNS server can be
+# reached, as in the test run's own network namespace, tests/private_network.py)
+@pytest.mark.parametrize("host, whys", [("no.such.host.invalid", ("Name or service not known",
+                                                                  "Temporary failure in name resolution")),
+                                        ("10.255.255.1", ("Cannot assign requested address",))])
+def test_serve_on_a_host_it_cannot_bind_says_so_in_one_error(tmp_path, host, whys):
     """Before, the token warning ("listening on H without an API token") came first, and the
     models' loads began before the bind (a load abandoned: "digits: version 1 was still loading");
     then the runtime's start ("ACL runtime: cpu ...") still did."""
@@ -308,7 +311,8 @@ def test_serve_on_a_host_it_cannot_bind_says_so_in_one_error(tmp_path, host, why
     shutil.copy(REPO / "models" / "digits.om", tmp_path / "models")
     proc = _aclserve("serve", "--host", host, "--port", "0", "--grpc-port", "0", "--device", "cpu", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.splitlines() == [f"aclserve serve: error: cannot listen on {host}:0: {why}"], proc.stderr
+    assert proc.stderr.splitlines() in ([f"aclserve serve: error: cannot listen on {host}:0: {why}"] for why in whys), \
+        proc.stderr
 
 
 def test_serve_on_a_busy_http_port_says_so_in_one_error(tmp_path):
