@@ -45,6 +45,13 @@ def value_range(name: str, low: int, high: int, inputs: Sequence, why: str) -> V
     return ValueRange(low, high, why)
 
 
+def table_range(entries: int, dtype: np.dtype) -> tuple[int, int]:
+    """The indices of a table of `entries` an input of `dtype` can carry: 0..entries - 1, no more
+    than the type holds (a UINT8 input indexing 1,000 entries takes 0..255). One rule for the
+    compile that prints the range and the load that checks it."""
+    return 0, min(entries - 1, int(np.iinfo(dtype).max))
+
+
 def out_of_range(arrays: Mapping, ranges: Mapping[str, ValueRange]) -> str | None:
     """The refusal of the first input in `ranges` holding a value outside its range; None when
     every value is inside (an input absent from `arrays`, or empty, holds none)."""

@@ -2,13 +2,16 @@
 
 Two sources: the compile of a dropped .onnx finds the inputs that index a table of the model
 (om/index_bounds.py, kept in the compile cache's manifest), and an input's `value_range` in the
-model's YAML (or the server config's model_defaults) sets or overrides a range (an .om compiled
-elsewhere has only that). An image input takes pictures, decoded by the server: no range.
+model's YAML sets or replaces a range (an .om compiled elsewhere has only that). An image
+input takes pictures, decoded by the server: no range.
 Checked when the version loads: a model's own range for an input the model does not have, for a
 non-integer one, or with a bound past what the input's type holds fails the load, naming it.
 model_defaults' range is meant for every model and fails none: it is clipped to what the input's
-type holds, and passed over where it cannot apply at all, each said in an INFO line (the model's
-metadata gives the range in force). The range and the check itself: ../value_ranges.py.
+type holds, narrowed to the table the input indexes (never widening it: ids past the table
+failed on the device, an instance rebuilt for each such request), and passed over where it
+cannot apply (no such integer input, no index of the table inside it), each said in an INFO line
+(the model's metadata gives the range in force).
+The range and the check itself: ../value_ranges.py.
 """
 from __future__ import annotations
 
@@ -19,10 +22,11 @@ import numpy as np
 
 from ..config import TensorOptions
 from ..runtime.types import TensorSpec
-from ..value_ranges import ValueRange, ValueRangeError, value_range
+from ..value_ranges import ValueRange, ValueRangeError, table_range, value_range
 
 log = logging.getLogger(__name__)
 DEFAULTS_WHY = "model_defaults' value_range"  # what a refusal says of a range model_defaults gives
+TABLE_WHY = "it indexes a table of the model"  # ... of the range the compile found
 
 
 def input_ranges(options: Mapping[str, TensorOptions], inputs: Sequence[TensorSpec],
@@ -32,8 +36,7 @@ def input_ranges(options: Mapping[str, TensorOptions], inputs: Sequence[TensorSp
     specs = {s.name: s for s in inputs}
     images = {name for name, opt in options.items() if opt.image is not None}  # pictures in, decoded here
     # (capped to what the input's type holds: a UINT8 input indexing a table of 1,000 takes 0..255)
-    ranges = {name: ValueRange(0, min(entries - 1, int(np.iinfo(specs[name].dtype).max)),
-                               "it indexes a table of the model")
+    ranges = {name: ValueRange(*table_range(entries, specs[name].dtype), TABLE_WHY)
               for name, entries in index_bounds.items()
               if name in specs and specs[name].dtype.kind in "iu" and name not in images}
     for name, opt in options.items():
@@ -42,7 +45,7 @@ def input_ranges(options: Mapping[str, TensorOptions], inputs: Sequence[TensorSp
         if opt.range_from_defaults:
             fitted = _fitted_default(name, opt.value_range, inputs, label)
             if fitted is not None:
-                ranges[name] = fitted
+                ranges[name] = fitted if name not in ranges else _within_table(name, fitted, ranges[name], label)
             continue
         try:
             ranges[name] = value_range(name, *opt.value_range, inputs, "the model's value_range")
@@ -73,3 +76,25 @@ def _fitted_default(name: str, bounds: tuple[int, int], inputs: Sequence[TensorS
         log.info("%s: model_defaults' inputs.%s.value_range %s clipped to %d..%d, what %s holds", label, name,
                  list(bounds), low, high, spec.datatype)
     return fitted
+
+
+def _within_table(name: str, default: ValueRange, table: ValueRange, label: str) -> ValueRange:
+    """model_defaults' range (fitted to the input's type) inside the table's range the compile
+    found: the default may narrow it, never widen it (an id past the table reaches the device and
+    fails there). Where they share no value the table's range stands, the default passed over
+    (meant for every model, it fails none). Said in an INFO line unless the default fits inside."""
+    low, high = max(default.low, table.low), min(default.high, table.high)
+    given = [default.low, default.high]
+    indices = f"{table.low}..{table.high}, the indices of the table the input indexes"
+    if low > high:
+        log.info("%s: model_defaults' inputs.%s.value_range passed over: %s shares no value with %s", label, name,
+                 given, indices)
+        return table
+    if (low, high) == (default.low, default.high):
+        return default
+    if (low, high) == (table.low, table.high):
+        log.info("%s: model_defaults' inputs.%s.value_range %s narrowed to %s", label, name, given, indices)
+        return table
+    log.info("%s: model_defaults' inputs.%s.value_range %s narrowed to %d..%d, within %s", label, name, given,
+             low, high, indices)
+    return ValueRange(low, high, f"{DEFAULTS_WHY} within the table the input indexes")

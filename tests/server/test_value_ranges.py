@@ -219,3 +219,51 @@ def test_model_defaults_range_fits_each_model_and_fails_none(tmp_path, caplog):
     assert ("counts:1: model_defaults' inputs.x.value_range passed over: input x is FP32; a value range applies to "
             "integer inputs") in said
     assert "model_defaults' inputs.x.value_range left out: the model's own inputs.x.image replaces it" in said
+
+
+def tables_graph(names: str):
+    """Each of `names` an INT64 [N] input looking up a [50, 2] table -> e<name> FP32 [N, 2]."""
+    return helper.make_graph(
+        [helper.make_node("Gather", ["table", name], [f"e{name}"], axis=0) for name in names], "tables",
+        [helper.make_tensor_value_info(name, TensorProto.INT64, ["N"]) for name in names],
+        [helper.make_tensor_value_info(f"e{name}", TensorProto.FLOAT, ["N", 2]) for name in names],
+        [numpy_helper.from_array(np.zeros((50, 2), np.float32), "table")])
+
+
+def test_model_defaults_range_never_widens_the_table_the_compile_found(tmp_path, caplog):
+    """A tester's model_defaults `ids: {value_range: [0, 1000]}` replaced the 0..49 the compile
+    found for a dropped model's ids: id 500 passed the check and failed on the device (500, the
+    instance rebuilt for every such request). Now a default may narrow a table's range, never
+    widen it, and one sharing no value with it is passed over; a model's own range still replaces
+    the compile's (README)."""
+    caplog.set_level(logging.INFO, "aclserve.repository")
+    models = tmp_path / "models"
+    models.mkdir()
+    save_graph(tables_graph("abcd"), models / "e50.onnx")
+    save_graph(tables_graph("a"), models / "own.onnx")
+    (models / "own.yaml").write_text("inputs:\n  a: {value_range: [0, 99]}\n")
+    defaults = {"a": {"value_range": [0, 1000]}, "b": {"value_range": [0, 9]}, "c": {"value_range": [-5, 20]},
+                "d": {"value_range": [100, 200]}}
+    config = server_config(models, model_control_mode="none", **{"model_defaults.inputs": defaults})
+    with ServerThread(config) as srv:
+        metadata = {name: json.loads(request(srv, "GET", f"/v2/models/{name}")[2]) for name in ("e50", "own")}
+        before = metric(srv.url, "aclserve_instance_rebuilds_total", 'model="e50",version="1"')
+        answers = [post(srv, "e50", [{"name": name, "datatype": "INT64", "shape": [1], "data": [ids[name]]}
+                                     for name in "abcd"])
+                   for ids in ({"a": 500, "b": 0, "c": 0, "d": 0}, {"a": 0, "b": 0, "c": 21, "d": 0},
+                               {"a": 49, "b": 9, "c": 20, "d": 49})]
+        after = metric(srv.url, "aclserve_instance_rebuilds_total", 'model="e50",version="1"')
+    ranges = {name: {i["name"]: i["parameters"]["value_range"] for i in m["inputs"]} for name, m in metadata.items()}
+    assert ranges == {"e50": {"a": [0, 49], "b": [0, 9], "c": [0, 20], "d": [0, 49]}, "own": {"a": [0, 99]}}
+    assert answers[0] == (400, {"error": "input 'a': value 500 is outside 0..49, the values the model takes "
+                                         "(it indexes a table of the model)"})
+    assert answers[1] == (400, {"error": "input 'c': value 21 is outside 0..20, the values the model takes "
+                                         "(model_defaults' value_range within the table the input indexes)"})
+    assert answers[2][0] == 200, answers[2]
+    assert after == before  # refused before the device: no instance rebuilt
+    said = caplog.text
+    table = "0..49, the indices of the table the input indexes"
+    assert f"e50:1: model_defaults' inputs.a.value_range [0, 1000] narrowed to {table}" in said
+    assert f"e50:1: model_defaults' inputs.c.value_range [-5, 20] narrowed to 0..20, within {table}" in said
+    assert f"e50:1: model_defaults' inputs.d.value_range passed over: [100, 200] shares no value with {table}" in said
+    assert "e50:1: model_defaults' inputs.b" not in said  # inside the table: applied as given
