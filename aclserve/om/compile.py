@@ -23,6 +23,8 @@ from ..regular_files import open_regular
 from .declared_dims import fill_declared
 from .shape_args import parse_gears, parse_input_shape
 from .spec import CompileError, graph_inputs, load_onnx, resolve
+from ..dtypes import numpy_to_kserve
+from ..value_ranges import table_range
 
 TARGETS = ("auto", "npu", "cpu")
 DEFAULT_PRECISION_MODE = "force_fp16"
@@ -106,6 +108,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     spec = resolve(model, {k: list(v) for k, v in shapes.items()}, gears)
     names.refuse_misread(model)  # (an output the server would find under another name)
     bounds = index_bounds(model.graph)
+    input_types = {t.name: t.dtype for t in spec.inputs}  # (before AIPP puts pictures in front)
     bound = aipp_mod.bind(aipp, spec, soc_version) if aipp else []
     aipp_header = {"aipp": [b.summary() for b in bound]} if bound else {}
     warnings = []
@@ -147,6 +150,15 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         header = container.read_header(out)
         kind = "cpu"
     for name, entries in bounds.items():  # (the server's compile keeps them; an .om served later needs its YAML)
-        log(f"input {name} indexes a table of the model: it takes 0..{entries - 1} "
-            f"(value_range: [0, {entries - 1}])")
+        log(_range_line(name, entries, input_types[name]))
     return CompileResult(out, kind, header, time.monotonic() - start, out.stat().st_size, bounds, warnings)
+
+
+def _range_line(name: str, entries: int, dtype) -> str:
+    """What an input indexing a table of `entries` takes, as the load will check it: no more than
+    its type holds (999 printed for a UINT8 input, copied into an .om's YAML, failed that load)."""
+    low, high = table_range(entries, dtype)
+    clipped = ""
+    if high < entries - 1:
+        clipped = f", the table's 0..{entries - 1} clipped to what {numpy_to_kserve(dtype)} holds"
+    return f"input {name} indexes a table of the model: it takes {low}..{high}{clipped} (value_range: [{low}, {high}])"

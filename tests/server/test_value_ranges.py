@@ -9,6 +9,9 @@ import base64
 import json
 import logging
 import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import onnxruntime as ort
@@ -267,3 +270,30 @@ def test_model_defaults_range_never_widens_the_table_the_compile_found(tmp_path,
     assert f"e50:1: model_defaults' inputs.c.value_range [-5, 20] narrowed to 0..20, within {table}" in said
     assert f"e50:1: model_defaults' inputs.d.value_range passed over: [100, 200] shares no value with {table}" in said
     assert "e50:1: model_defaults' inputs.b" not in said  # inside the table: applied as given
+
+
+def test_the_range_a_compile_prints_is_the_one_the_load_takes(tmp_path, caplog):
+    """`aclserve compile` printed 0..999 (value_range: [0, 999]) for a UINT8 input indexing a
+    table of 1,000, which the load clips to 0..255: copied into the .om's YAML, as the line
+    invites, it failed the load ("largest 999 is outside what UINT8 holds"). Now the compile
+    prints the range the load takes, saying it was clipped; the server's compile says the same."""
+    caplog.set_level(logging.INFO, "aclserve.repository")
+    src, models = tmp_path / "src", tmp_path / "models"
+    src.mkdir()
+    models.mkdir()
+    save_graph(lut_graph(1000), src / "bytes.onnx")
+    command = ["compile", str(src / "bytes.onnx"), "-o", str(models / "bytes.om"), "--target", "cpu"]
+    compiled = subprocess.run([sys.executable, "-m", "aclserve", *command], capture_output=True, text=True, timeout=300)
+    assert compiled.returncode == 0, compiled.stderr
+    printed = re.search(r"\(value_range: (\[\d+, \d+\])\)", compiled.stdout).group(1)
+    (models / "bytes.yaml").write_text(f"inputs:\n  x: {{value_range: {printed}}}\n")  # as a user copies it
+    save_graph(lut_graph(1000), models / "dropped.onnx")
+    with ServerThread(server_config(models, model_control_mode="none")) as srv:
+        index = {entry["name"]: entry for entry in json.loads(request(srv, "POST", "/v2/repository/index")[2])}
+        metadata = json.loads(request(srv, "GET", "/v2/models/bytes")[2])
+    assert index["bytes"]["state"] == index["dropped"]["state"] == "READY", index
+    assert metadata["inputs"][0]["parameters"] == {"value_range": [0, 255]}
+    said = ("input x indexes a table of the model: it takes 0..255, the table's 0..999 clipped to what UINT8 holds "
+            "(value_range: [0, 255])")
+    assert said in compiled.stdout.splitlines()
+    assert f"dropped: {said}" in caplog.text
