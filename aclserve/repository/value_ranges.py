@@ -2,8 +2,8 @@
 
 Two sources: the compile of a dropped .onnx finds the inputs that index a table of the model
 (om/index_bounds.py, kept in the compile cache's manifest), and an input's `value_range` in the
-model's YAML sets or replaces a range (an .om compiled elsewhere has only that). An image
-input takes pictures, decoded by the server: no range.
+model's YAML sets or replaces a range (an .om served as it is has only that, whoever compiled
+it: an OM carries none). An image input takes pictures, decoded by the server: no range.
 Checked when the version loads: a model's own range for an input the model does not have, for a
 non-integer one, or with a bound past what the input's type holds fails the load, naming it.
 model_defaults' range is meant for every model and fails none: it is clipped to what the input's
