@@ -1,6 +1,7 @@
 """The real server in tests: free ports, a test configuration, the server in a thread of its own
 (ServerThread) with one-request clients for it (request; post_status, blocking, for a test's own
-threads), and the app on the test's own loop (started_app)."""
+threads; index_of, wait_until and in_thread for tests that watch it load), and the app on the
+test's own loop (started_app)."""
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +13,7 @@ import os
 import random
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -189,6 +191,31 @@ def post_status(url: str, path: str, body: bytes) -> int:
     except urllib.error.HTTPError as e:
         e.close()
         return e.code
+
+
+def index_of(server) -> dict[tuple[str, str], tuple[str, str]]:
+    """The repository index of a ServerThread as a client reads it: (name, version) -> (state, reason)."""
+    status, _, body = request(server, "POST", "/v2/repository/index")
+    assert status == 200, body
+    return {(row["name"], row.get("version", "")): (row["state"], row.get("reason", "")) for row in json.loads(body)}
+
+
+def wait_until(check, what: str, guard_s: float = 120.0) -> None:
+    """Until `check()` holds, looked at every 20 ms: a hang guard of `guard_s`, not a timing."""
+    give_up = time.monotonic() + guard_s
+    while not check():
+        if time.monotonic() > give_up:
+            raise AssertionError(f"never {what}")
+        time.sleep(0.02)
+
+
+def in_thread(target) -> tuple[threading.Thread, list]:
+    """`target()` in a daemon thread of its own (a blocking call: a load held by a compile); what it
+    returned lands in the list."""
+    answers: list = []
+    thread = threading.Thread(target=lambda: answers.append(target()), daemon=True)
+    thread.start()
+    return thread, answers
 
 
 async def started_app(config):

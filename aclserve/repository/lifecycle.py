@@ -173,19 +173,15 @@ class Lifecycle:
                     loaded[version] = await load_version(self._runtime, self._executor, self._load_limit,
                                                          self._cache, name, version, wanted, progress, compile_.stop)
                     progress("loaded: serves once the versions loading with it are done")
-                except CompileStopped as e:  # an unload, the close, its file gone or replaced: no failure of the file's
-                    if isinstance(e, TurnWaitStopped):  # (nothing compiled: an .om's too)
-                        log.info("%s: the load of version %s was stopped while it waited for its turn (%s)",
-                                 name, version, compile_.why)
-                    else:
-                        log.info("%s: the compile of version %s was stopped (%s)", name, version, compile_.why)
-                    gone = compile_.why in (FILE_GONE, FILE_REPLACED)  # out of the index (a new file loads next)
-                    if gone:
-                        stale.add(version)
-                    if self.states.get(name, version) is State.LOADING:
-                        self.states.move(name, version, None if gone else State.UNAVAILABLE, "" if gone else UNLOADED)
+                except TurnWaitStopped:  # (nothing compiled: an .om's too)
+                    self._stopped(name, version, "load", compile_.why, stale, " while it waited for its turn")
+                except CompileStopped:  # an unload, the close, its file gone or replaced: no failure of the file's
+                    self._stopped(name, version, "compile", compile_.why, stale)
                 except Exception as e:  # any failure leaves the serving version in place
-                    failed[version] = self._refuse(name, version, wanted, e, replaces=bool(plan.unload))
+                    if went := self._went_meanwhile(name, version, wanted):  # a step met it before a scan's stop
+                        self._stopped(name, version, "compile" if wanted.file.kind == "onnx" else "load", went, stale)
+                    else:
+                        failed[version] = self._refuse(name, version, wanted, e, replaces=bool(plan.unload))
                 else:
                     self._failures.succeeded(name, version)
 
@@ -221,6 +217,24 @@ class Lifecycle:
         if failed:
             self._dirty.add(name)  # the selection may change now that a file is refused
         return failed
+
+    def _stopped(self, name: str, version: str, what: str, why: str, stale: set[str], when: str = "") -> None:
+        """The load of `version` was stopped (`why`: an unload, the close, its file gone or replaced), no failure
+        of its file's; one whose file went or was replaced leaves the index and joins `stale` (its new file next)."""
+        log.info("%s: the %s of version %s was stopped%s (%s)", name, what, version, when, why)
+        gone = why in (FILE_GONE, FILE_REPLACED)
+        if gone:
+            stale.add(version)
+        if self.states.get(name, version) is State.LOADING:
+            self.states.move(name, version, None if gone else State.UNAVAILABLE, "" if gone else UNLOADED)
+
+    def _went_meanwhile(self, name: str, version: str, wanted: Wanted) -> str:
+        """Poll mode, a load failed: FILE_GONE (or FILE_REPLACED) when its file went as it loaded, which the
+        step that failed met before a scan saw it and stopped the load (the hash after a wait for its turn, the
+        compile's child opening it, an .om's check or open): the documented stop, not a bad file; else ""."""
+        if self._config.model_control_mode != "poll" or name in self.held:
+            return ""
+        return self._planner.file_changed(name, version, wanted.file)
 
     def _changed_meanwhile(self, name: str, loaded: dict[str, ServedVersion]) -> dict[str, ServedVersion]:
         """Poll mode, just before the swap: the versions the folder no longer wants (deleted, replaced or
