@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import weakref
 from dataclasses import dataclass
@@ -237,5 +238,7 @@ def _not_retried(left: int) -> str:
 def _reason(error: BaseException) -> str:
     if isinstance(error, MemoryError):  # (its text is empty, or a size)
         return "out of host memory (MemoryError)"
+    if isinstance(error, FileNotFoundError) and error.filename is not None:  # (a step read a file gone meanwhile)
+        return f"{os.fsdecode(error.filename)}: no such file"  # (om/spec.py's words; not "[Errno 2] No such ...")
     text = str(error) or type(error).__name__
     return text.splitlines()[0] if text else type(error).__name__
