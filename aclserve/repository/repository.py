@@ -157,11 +157,12 @@ class ModelRepository:
                 return served
         if version is None and name in self._lifecycle.held:  # unloaded on purpose: as Triton, not
             raise NotFound(f"model {name} has no available versions (unloaded)")  # a retry-later
-        known = self._lifecycle.states.describe(name, version, self._planner.scan, name in self._lifecycle.held)
-        if known is None and self._lifecycle.states.describe(name, None, self._planner.scan) is None:
+        scan, states = self._planner.scan, self._lifecycle.states
+        known = states.describe(name, version, scan, name in self._lifecycle.held, self._planner.pending)
+        if known is None and states.describe(name, None, scan) is None:
             known = self._calls.unlisted(name)  # a load call may find it: loading, not unknown
         if known is not None:
-            shown_version = version or self._lifecycle.states.latest_recorded(name)  # (the one `known` is of)
+            shown_version = version or states.latest_recorded(name)  # (the one `known` is of)
             state, reason, retry_in = as_shown(self._calls, self._failures, name, shown_version, *known)
             if reason == NOT_LOADED and self.mode != "poll" and not self._lifecycle.busy(name):
                 # found by a rescan (another model's load call, a retry's), never loaded: only a load call
@@ -169,7 +170,7 @@ class ModelRepository:
                 raise NotFound(f"model {name}{' version ' + version if version else ''} is not loaded "
                                f"(model_control_mode {NOT_ASKED[self.mode]})")
             if state == State.UNAVAILABLE.value and (self._failures.refused_for_good(name, version)
-                                                     or (not versions and name in self._planner.scan.problems
+                                                     or (not versions and name in scan.problems
                                                          and reason != WAITING_FOR_CONFIG)):
                 # its file was refused and no retry is due, or its files are (a broken config, a
                 # version folder that is no version): not a retry-later (Triton: 404, "has no
@@ -180,7 +181,6 @@ class ModelRepository:
                                      f" ({state}{': ' + reason if reason else ''})")
             error.retry_after_s = retry_in or None  # when its retry is due, as said (None, due now: 1 s)
             raise error
-        scan = self._planner.scan
         if version in scan.versions_found.get(name, ()) and (name in scan.models or name in scan.selects_none):
             # on disk, and its policy (which reads) does not select it: as the index says
             raise NotFound(f"model {name} version {version} is not selected by its version_policy")

@@ -99,16 +99,21 @@ class VersionStates:
             if model == name and state is State.UNAVAILABLE and reason != UNLOADED:
                 self.move(name, version, State.UNAVAILABLE, UNLOADED)
 
-    def describe(self, name: str, version: str | None, scan: ScanResult, held: bool = False) -> tuple[str, str] | None:
+    def describe(self, name: str, version: str | None, scan: ScanResult, held: bool = False,
+                 pending: dict[str, dict[str, str]] | None = None) -> tuple[str, str] | None:
         """(state, reason) of the version (a version the scan found and its policy selects is
         UNAVAILABLE "not loaded" until it has a record; `held`: its model is unloaded through the
-        API), or with version None of the model's latest record or else of what the scan knows;
-        None when nothing is known."""
+        API; `pending`: as `index`'s, a version waiting for its files says so as the index does),
+        or with version None of the model's latest record or else of what the scan knows (its
+        newest waiting version's reason, when it has one); None when nothing is known."""
+        waiting = (pending or {}).get(name, {})
         if version:
             record = self._records.get((name, version))
             entry = scan.models.get(name)
+            if record is None and entry is not None and version in entry.available and version in waiting:
+                return State.UNAVAILABLE.value, waiting[version]  # (the index's reason: the request's too)
             if record is None and entry is not None and version in entry.selected:
-                # on disk and selected, not loaded yet (settling, or between an unload and a load):
+                # on disk and selected, not loaded yet (between an unload and a load, say):
                 # the index lists it UNAVAILABLE, and so does a request for it (not "no such version")
                 return State.UNAVAILABLE.value, HELD if held else NOT_LOADED
             if record is None and name in scan.problems and not any(n == name for n, _ in self._records):
@@ -119,7 +124,8 @@ class VersionStates:
             latest = self.latest_recorded(name)
             record = self._records[(name, latest)] if latest is not None else None
             if record is None and (name in scan.models or name in scan.problems):
-                return State.UNAVAILABLE.value, scan.problems.get(name, NOT_LOADED)
+                newest = max(waiting, key=int, default=None)  # (its versions all wait: the index says so of each)
+                return State.UNAVAILABLE.value, scan.problems.get(name, waiting[newest] if newest else NOT_LOADED)
         return (record[0].value, record[1]) if record else None
 
     def latest_recorded(self, name: str) -> str | None:
