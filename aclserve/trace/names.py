@@ -68,16 +68,22 @@ class TraceNames:
     def check_formats(self, tracing: list[tuple[str, TraceSettings]]) -> None:
         """Refuse settings that would put two formats into one file: `tracing` are the settings
         in force after an update, with whose they are ("" for the ones updated, else "the
-        global settings'", "model 'm''s"), those with a trace_file and a level other than OFF."""
-        seen: dict[str, str] = {}
-        for whose, settings in tracing:
+        global settings", "model 'm'"), those with a trace_file and a level other than OFF.
+        The ones updated are checked last, against the format each file holds already or takes
+        from the others, so the refusal names them and the format they met."""
+        holders: dict[str, tuple[str, str]] = {}  # absolute path -> (format, whose settings trace to it in it)
+        for whose, settings in sorted(tracing, key=lambda entry: entry[0] == ""):  # the ones updated last
             key = os.path.abspath(self.path(settings.file))
-            held = self._formats.get(key) or seen.setdefault(key, settings.format)
+            if key in self._formats:
+                held, holder = self._formats[key], None
+            else:
+                held, holder = holders.setdefault(key, (settings.format, whose))
             if held != settings.format:
-                whose = f" ({whose} trace_format)" if whose else ""
-                raise TraceSettingsError(f"trace_format: {settings.file!r} takes {held} traces (a trace file holds "
-                                         f"one format, as this server appends to it); name another trace_file for "
-                                         f"{settings.format} ones{whose}")
+                traces = f"{settings.format} traces of {whose}" if whose else f"{settings.format} traces"
+                why = f"it holds {held} traces already" if holder is None else f"it takes {held} traces from {holder}"
+                raise TraceSettingsError(f"trace_format: {traces} cannot go to {settings.file!r}: {why} (a trace "
+                                         f"file holds one format, as this server appends to it); name another "
+                                         f"trace_file for the {settings.format} traces")
 
     def took(self, path: str, fmt: str) -> None:
         """Traces in `fmt` go to `path` (its first ones set the format it holds)."""

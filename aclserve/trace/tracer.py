@@ -122,14 +122,14 @@ class Tracer:
             new = dataclasses.replace(self._global, **own)
             before = self._models.get(model, self._global)
             followers = []
-            others = [("the global settings'", self._global)] + [
-                (f"model {name!r}'s", settings) for name, settings in self._models.items() if name != model]
+            others = [("the global settings", self._global)] + [
+                (f"model {name!r}", settings) for name, settings in self._models.items() if name != model]
         else:
             new = self._global.updated(changes, self._startup)
             before = self._global
             followers = [(name, self._models[name], dataclasses.replace(new, **own))
                          for name, own in self._overrides.items()]
-            others = [(f"model {name!r}'s", settings) for name, _, settings in followers]
+            others = [(f"model {name!r}", settings) for name, _, settings in followers]
         self._check(new, before, followers, others)
         self._names.taken(new)
         if model:

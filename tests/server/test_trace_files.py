@@ -82,10 +82,34 @@ def test_a_trace_file_written_again_keeps_what_it_held(srv, client):
     assert [h["request_id"] for h in heads] == ["a0", "a1", "a2", "b0", "b1"]
     assert len({h["id"] for h in heads}) == 5
     # a file holds one format: another one for it is refused, a new name taken
-    with pytest.raises(InferenceServerException, match="trace_format: 'rate.json' takes triton traces") as refused:
+    with pytest.raises(InferenceServerException) as refused:
         client.update_trace_settings(settings=dict(TRACING, trace_format="chrome"))
     assert refused.value.status() == "400" and client.get_trace_settings()["trace_format"] == "triton"
+    assert refused.value.message() == (
+        "trace_format: chrome traces cannot go to 'rate.json': it holds triton traces already (a trace file holds "
+        "one format, as this server appends to it); name another trace_file for the chrome traces")
     client.update_trace_settings(settings=dict(TRACING, trace_format="chrome", trace_file="rate-chrome.json"))
+
+
+@pytest.mark.parametrize("first", ["affine", ""])
+def test_a_format_refused_for_a_file_other_settings_take_names_both(srv, client, first):
+    """Settings naming a file that other settings trace to in the other format, nothing written
+    yet: the 400 said the file took the format asked for and blamed the other side ("'rate.json'
+    takes chrome traces ...; name another trace_file for triton ones (model 'digits''s
+    trace_format)"). It names the format refused and the one the file takes, and from whom."""
+    shared = dict(TRACING, trace_file="formats.json")
+    try:
+        client.update_trace_settings(model_name=first, settings=dict(shared, trace_format="triton"))
+        before = client.get_trace_settings(model_name="double")
+        with pytest.raises(InferenceServerException) as refused:
+            client.update_trace_settings(model_name="double", settings=dict(shared, trace_format="chrome"))
+        holder = "model 'affine'" if first else "the global settings"
+        assert refused.value.status() == "400" and refused.value.message() == (
+            f"trace_format: chrome traces cannot go to 'formats.json': it takes triton traces from {holder} (a "
+            "trace file holds one format, as this server appends to it); name another trace_file for the chrome traces")
+        assert client.get_trace_settings(model_name="double") == before  # refused: nothing changed
+    finally:
+        client.update_trace_settings(model_name="affine", settings={})
 
 
 def test_a_model_and_the_global_settings_sharing_a_name_write_one_file(srv, client):
