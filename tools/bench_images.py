@@ -9,7 +9,8 @@ q90, four per request, binary BYTES framing. For each mode a server runs as a ch
 (unpinned: decode threads, the event loop and the compute stream share the machine's cores)
 and wrk posts the same request from `--clients` connections, then one image per request from
 one connection. Reported: images/s, the device busy fraction (compute_infer time of the
-model's statistics over the window: the CPU runtime's compute stream), the mean batch, the p50
+model's statistics over the window, from the warm-up's last batch done to the load's: the CPU
+runtime's compute stream), the mean batch, the p50
 of a small numeric request to another model (digits) sent meanwhile from one more connection
 (does the event loop stay responsive?), and p50 / p99 latency at one client sending one JPEG,
 and p50 at one client sending four. Also the single-thread cost of one decode + crop and of the
@@ -109,6 +110,19 @@ def stats(base: str) -> dict:
             "runs": entry["execution_count"]}
 
 
+def settled_stats(base: str, settle_s: float = 0.5) -> tuple[dict, float]:
+    """The model's stats once no batch has completed for `settle_s` (a load's requests still
+    queued, decoding or running when its clients stop are done by then), and when those were
+    first read: every batch they count had completed by that time."""
+    last, seen = stats(base), time.monotonic()
+    while time.monotonic() - seen < settle_s:
+        time.sleep(0.05)
+        now = stats(base)
+        if now != last:
+            last, seen = now, time.monotonic()
+    return last, seen
+
+
 def run_mode(workers: int, args, tmp: str, wrks: tuple[Wrk, Wrk], bodies: dict[str, Body]) -> dict:
     cfg = os.path.join(tmp, f"server{workers}.yaml")
     with open(cfg, "w") as f:
@@ -128,10 +142,15 @@ def run_mode(workers: int, args, tmp: str, wrks: tuple[Wrk, Wrk], bodies: dict[s
         probe = {}
         prober = threading.Thread(target=lambda: probe.update(probe_wrk.run(
             f"{base}/v2/models/digits/infer", bodies["digits"], 1, args.seconds)))
-        before, t0 = stats(base), time.monotonic()
+        # busy is the compute the window's batches took over the window: it starts once the
+        # warm-up's last batches are done (counted in it, they made busy read 110 %) and ends
+        # once the load's are, so every batch counted ran inside it, on the one compute stream
+        before, _ = settled_stats(base)
+        t0 = time.monotonic()
         prober.start()
         load = wrk.run(url, bodies["batch"], args.clients, args.seconds)
-        after, wall = stats(base), time.monotonic() - t0
+        after, t_end = settled_stats(base)
+        wall = t_end - t0
         prober.join()
         one = wrk.run(url, bodies["single"], 1, args.latency_seconds)
         four = wrk.run(url, bodies["batch"], 1, args.latency_seconds)
