@@ -170,12 +170,17 @@ class Soak:
                 self.status["slow clients cut off"] += 1
                 await asyncio.sleep(0.5)
 
-    async def bombs(self, session, url: str, stop: float) -> None:
+    @staticmethod
+    def bomb_bodies() -> list[tuple[str, bytes, dict]]:
+        """The bombs' bodies, built before the measured window: building them takes seconds of CPU
+        (the gzip bomb 7-15 s), which on the clients' event loop stalled every good client."""
         bomb = _gzip_bomb(1 << 30)
         big = json.dumps({"inputs": [{"name": "x", "shape": [40000, 64], "datatype": "FP32",
                                       "data": [0.5] * (40000 * 64)}]}).encode()
-        kinds = [("gzip bomb", bomb, {"Content-Encoding": "gzip", "Content-Type": "application/json"}),
-                 ("large json", big, {"Content-Type": "application/json"})]
+        return [("gzip bomb", bomb, {"Content-Encoding": "gzip", "Content-Type": "application/json"}),
+                ("large json", big, {"Content-Type": "application/json"})]
+
+    async def bombs(self, session, url: str, stop: float, kinds: list[tuple[str, bytes, dict]]) -> None:
         while time.monotonic() < stop:
             for kind, body, headers in kinds:
                 try:
@@ -195,6 +200,7 @@ class Soak:
         import aiohttp
         folder = tempfile.mkdtemp(prefix="aclserve-soak-")
         models, variants = self.prepare(folder)
+        bomb_kinds = self.bomb_bodies() if self.args.bombs else []
         port = free_port()
         proc = self.start(models, port)
         base = f"http://127.0.0.1:{port}"
@@ -214,7 +220,7 @@ class Soak:
                 jobs = [self.client(session, url, stop, seed) for seed in range(self.args.clients)]
                 jobs += [self.reloader(models, variants, stop), self.sample_rss(proc.pid, stop, t0)]
                 if self.args.bombs:
-                    jobs.append(self.bombs(session, url, stop))
+                    jobs.append(self.bombs(session, url, stop, bomb_kinds))
                 jobs += [self.slow_client(port, stop) for _ in range(self.args.slow)]
                 await asyncio.gather(*jobs)
         finally:
