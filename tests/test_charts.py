@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -21,11 +22,14 @@ def test_reads_the_readme_server_table():
     assert charts.number("1,082") == 1082.0 and charts.number("-") is None
 
 
+TABLE = ("| server | clients | req/s | p99 ms |\n|---|---:|---:|---:|\n"
+         "| a | 1 | 1,000 | 1.0 |\n| a | 16 | 5,000 | 4.0 |\n| b | 1 | 900 | 2.0 |\n| b | 16 | - | 9.0 |\n")
+
+
 def test_draws_throughput_and_p99_against_clients(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     table = tmp_path / "t.md"
-    table.write_text("| server | clients | req/s | p99 ms |\n|---|---:|---:|---:|\n"
-                     "| a | 1 | 1,000 | 1.0 |\n| a | 16 | 5,000 | 4.0 |\n| b | 1 | 900 | 2.0 |\n| b | 16 | - | 9.0 |\n")
+    table.write_text(TABLE)
     out = tmp_path / "c.png"
     assert charts.main([str(table), "--x", "clients", "--y", "req/s", "--y", "p99 ms", "--series", "server",
                         "-o", str(out)]) == 0
@@ -33,3 +37,14 @@ def test_draws_throughput_and_p99_against_clients(tmp_path, capsys):
     assert "7 points" in capsys.readouterr().out  # the "-" cell is skipped
     with pytest.raises(SystemExit):
         charts.main([str(table), "--x", "nope", "--y", "req/s", "-o", str(out)])
+
+
+def test_a_dash_for_the_table_reads_stdin(tmp_path):
+    """`charts.py - ...`, as other commands take `-`: it read a file named '-' (FileNotFoundError)."""
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "c.png"
+    done = subprocess.run([sys.executable, os.path.join(REPO, "tools", "charts.py"), "-", "--x", "clients",
+                           "--y", "req/s", "--series", "server", "-o", str(out)],
+                          input=TABLE, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "3 points" in done.stdout and out.read_bytes()[:4] == b"\x89PNG"

@@ -2,9 +2,9 @@
 """Benchmark tables as charts (matplotlib, PNG), beside the Markdown the benchmarks print.
 
 As a library: `line_chart` (one panel per measure, one line per series against x) and
-`bar_chart` (grouped bars). As a command, it reads a Markdown table (a file, or stdin) such as
-the README's or a benchmark's output and draws the chosen columns against x, one line per
-series (rows with the same values in the --series columns):
+`bar_chart` (grouped bars). As a command, it reads a Markdown table (a file, or stdin: no file
+or `-`) such as the README's or a benchmark's output and draws the chosen columns against x,
+one line per series (rows with the same values in the --series columns):
 
     python tools/charts.py README.md --after "**Server**" --x clients --y req/s --y "p99 ms" \
         --series model,body -o server.png
@@ -92,7 +92,7 @@ def number(text: str) -> float | None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("table", nargs="?", help="Markdown file (default: stdin)")
+    ap.add_argument("table", nargs="?", help="Markdown file (- or none: stdin)")
     ap.add_argument("--x", required=True, help="column on the x axis")
     ap.add_argument("--y", action="append", required=True, help="column to draw (repeat: one panel each)")
     ap.add_argument("--series", default="", help="comma-separated columns naming a line")
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--title", default="")
     ap.add_argument("-o", "--output", required=True, help="PNG file")
     args = ap.parse_args(argv)
-    text = Path(args.table).read_text(encoding="utf-8") if args.table else sys.stdin.read()
+    text = sys.stdin.read() if args.table in (None, "-") else Path(args.table).read_text(encoding="utf-8")
     rows = parse_markdown_table(text, args.after)
     keys = [k for k in args.series.split(",") if k]
     for column in [args.x, *args.y, *keys]:
