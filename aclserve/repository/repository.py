@@ -42,7 +42,7 @@ from .readiness import Readiness
 from .retiring import Draining
 from .served import ServedVersion
 from .settle import SettleGate
-from .status import NOT_LOADED, WAITING_FOR_CONFIG, State
+from .status import NOT_LOADED, WAITING_FOR_CONFIG, State, held_refusal
 from .watcher import Debouncer, RepositoryWatcher
 
 log = logging.getLogger(__name__)
@@ -155,10 +155,10 @@ class ModelRepository:
             served = versions.get(version)
             if served is not None:
                 return served
-        if version is None and name in self._lifecycle.held:  # unloaded on purpose: as Triton, not
-            raise NotFound(f"model {name} has no available versions (unloaded)")  # a retry-later
         scan, states = self._planner.scan, self._lifecycle.states
         known = states.describe(name, version, scan, name in self._lifecycle.held, self._planner.pending)
+        if name in self._lifecycle.held and (version is None or known is not None):  # unloaded on purpose: not a
+            raise NotFound(held_refusal(name, version))  # retry-later 503, as only a load call serves it again
         if known is None and states.describe(name, None, scan) is None:
             known = self._calls.unlisted(name)  # a load call may find it: loading, not unknown
         if known is not None:

@@ -25,7 +25,7 @@ async def test_a_model_whose_load_is_asked_is_loading_from_the_call_on(make_repo
     repo, _ = await make_repo(model_control_mode="explicit")
     await repo.unload("m")
     load = asyncio.ensure_future(repo.load("m"))
-    seen = []
+    seen, pinned = [], []
     while not load.done():
         await asyncio.sleep(0)
         try:
@@ -34,7 +34,12 @@ async def test_a_model_whose_load_is_asked_is_loading_from_the_call_on(make_repo
         except ModelUnavailable as e:  # (503 with Retry-After over HTTP, UNAVAILABLE over gRPC)
             answer = e.message
         seen.append((answer, row(repo, "m")))
+        try:  # a version named: the same 503 while the load runs, not the 404 of a model held unloaded
+            repo.get("m", "1")
+        except ModelUnavailable as e:
+            pinned.append(e.message)
     await load
+    assert pinned and all(said.startswith("model m version 1 is not ready (LOADING") for said in pinned), pinned
     loading = [s for s in seen if s[0] != "serving"]
     said_loading = [s[1][0] == "LOADING" and s[0].startswith("model m is not ready (LOADING") for s in loading]
     assert loading and all(said_loading), sorted(set(seen))
@@ -83,7 +88,8 @@ async def test_a_load_overtaken_while_it_reads_the_folder_no_longer_shows_loadin
         assert row(repo, "m") == ("LOADING", "load asked through the repository API: reading the models folder")
         await repo.unload("m")
         assert row(repo, "m") == ("UNAVAILABLE", "unloaded")
-        with pytest.raises(ModelUnavailable, match=r"^model m version 1 is not ready \(UNAVAILABLE: unloaded\)$"):
+        with pytest.raises(NotFound, match=r"^model m version 1 is not available \(unloaded through the repository "
+                                           r"API: a load call serves it\)$"):  # (the load call fails: 404)
             repo.get("m", "1")
     finally:
         go_on.set()

@@ -91,7 +91,9 @@ async def test_explicit_mode_changes_only_through_the_api(make_repo, models_dir,
     await repo.unload("m")
     with pytest.raises(NotFound, match="model m has no available versions"):  # as Triton: not a retry-later
         repo.get("m")
-    with pytest.raises(ModelUnavailable, match=r"model m version 1 is not ready \(UNAVAILABLE: unloaded\)"):
+    # nor when it names a version (it was a 503: UNAVAILABLE "unloaded", which no wait changes)
+    with pytest.raises(NotFound, match=r"^model m version 1 is not available \(unloaded through the repository API: "
+                                       r"a load call serves it\)$"):
         repo.get("m", "1")
     index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
     assert index[("m", "1")] == (State.UNAVAILABLE, "unloaded")

@@ -119,8 +119,15 @@ def test_a_repository_call_naming_a_repository_is_unimplemented(stub, caplog):
     assert {m.name for m in stub.RepositoryIndex(pb.RepositoryIndexRequest()).models} >= {"affine"}
 
 
-def test_a_model_unloaded_on_purpose_is_not_found_unless_a_version_is_named(client, stub):
+def test_a_model_unloaded_on_purpose_is_not_found_whether_a_version_is_named_or_not(client, stub):
+    """As over HTTP: a version named was UNAVAILABLE (with a pushback, a retry-later) though only
+    a load call serves it again; ModelReady stays false, not an error (as Triton)."""
     client.unload_model("double")
+    pinned = ("model double version 1 is not available (unloaded through the repository API: a load call "
+              "serves it)")
+    infer = pb.ModelInferRequest(model_name="double", model_version="1",
+                                 raw_input_contents=[np.zeros((1, 16), np.float32).tobytes()])
+    infer.inputs.add(name="x", datatype="FP32", shape=[1, 16])
     try:
         with pytest.raises(grpc.RpcError) as refused:
             stub.ModelMetadata(pb.ModelMetadataRequest(name="double"))
@@ -128,10 +135,15 @@ def test_a_model_unloaded_on_purpose_is_not_found_unless_a_version_is_named(clie
         assert refused.value.details() == "model double has no available versions (unloaded)"
         with pytest.raises(grpc.RpcError) as refused:
             stub.ModelMetadata(pb.ModelMetadataRequest(name="double", version="1"))
-        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND and refused.value.details() == pinned
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelInfer(infer)
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND and refused.value.details() == pinned
+        assert "grpc-retry-pushback-ms" not in dict(refused.value.trailing_metadata())
+        assert stub.ModelReady(pb.ModelReadyRequest(name="double", version="1")).ready is False
     finally:
         client.load_model("double")
-    assert client.is_model_ready("double")
+    assert client.is_model_ready("double", "1")
 
 
 def test_digits_accuracy_over_grpc(client):

@@ -90,20 +90,30 @@ def test_repository_index_unload_load(client):
     assert client.is_model_ready("double")
 
 
-def test_a_model_unloaded_on_purpose_is_not_found_unless_a_version_is_named(client, server):
-    """As Triton: no version named, 404 "has no available versions" (it was a 503 with
-    Retry-After, inviting retries that never succeed); a version named, 503."""
+def test_a_model_unloaded_on_purpose_is_not_found_whether_a_version_is_named_or_not(client, server):
+    """As Triton with no version named: 404 "has no available versions" (it was a 503 with
+    Retry-After, inviting retries that never succeed). A version named was still that 503 (Triton:
+    UNAVAILABLE "is not at ready state"), though only a load call serves it again: a tester's
+    client retried it for good. Now a 404 saying so; its /ready too (4xx: not ready, as the
+    protocol says)."""
     client.unload_model("double")
+    pinned = ("model double version 1 is not available (unloaded through the repository API: a load call "
+              "serves it)")
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [0.0] * 16}]})
     try:
         for path in ("/v2/models/double", "/v2/models/double/ready", "/v2/models/double/config"):
             status, headers, raw = request(server, "GET", path)
             assert status == 404 and "Retry-After" not in headers, (path, raw)
             assert json.loads(raw) == {"error": "model double has no available versions (unloaded)"}
-        status, headers, raw = request(server, "GET", "/v2/models/double/versions/1/ready")
-        assert status == 503 and json.loads(raw) == {"name": "double", "ready": False}
+        for method, path in (("POST", "/v2/models/double/versions/1/infer"), ("GET", "/v2/models/double/versions/1"),
+                             ("GET", "/v2/models/double/versions/1/ready")):
+            status, headers, raw = request(server, method, path, data=body.encode() if method == "POST" else None)
+            assert status == 404 and "Retry-After" not in headers, (path, raw)
+            assert json.loads(raw) == {"error": pinned}, path
+        assert not client.is_model_ready("double", "1")
     finally:
         client.load_model("double")
-    assert client.is_model_ready("double")
+    assert client.is_model_ready("double") and client.is_model_ready("double", "1")
 
 
 def test_a_version_that_is_not_a_number_is_a_bad_request(server):
