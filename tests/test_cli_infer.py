@@ -77,6 +77,9 @@ def test_infer_refuses_a_npy_whose_header_asks_for_more_memory_than_there_is(tmp
     (np.array([[1e6, 1.0]], np.float32), "FP16", "input x holds values past float16's largest"),
     (np.array([[-1, 2]]), "UINT8", r"input x holds -1, outside uint8's range \[0, 255\]"),
     (np.array([[0, 2]]), "BOOL", r"input x holds 2, outside bool's range \[0, 1\]"),
+    # (float data for an integer input was sent as it was, for the server's 400: exit 1, not 2)
+    (np.array([[1.0, 2.5]], np.float32), "INT64", "input x is float32, the model takes int64: a cast would change"),
+    (np.array([[0.0, 1.0]]), "BOOL", "input x is float64, the model takes bool: a cast would change"),
 ])
 def test_infer_refuses_a_cast_that_would_change_values(given, datatype, expected):
     """int64 [[2**40+5, -2**33]] went to an INT32 model as [[5, 0]]; 1e6 to FP16 as inf."""

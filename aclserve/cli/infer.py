@@ -15,7 +15,7 @@ import urllib.request
 
 import numpy as np
 
-from ..dtypes import cast_keeping_values, castable, kserve_to_numpy, numpy_to_kserve
+from ..dtypes import cast_keeping_values, kserve_to_numpy, numpy_to_kserve
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
 from ..server.quoting import quoted_name, quoted_names
@@ -163,9 +163,10 @@ def _strings(blob: bytes) -> np.ndarray:
 
 def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
     """Cast each input to the dtype the model declares where dtypes.castable allows (float64 ->
-    FP32, int64 -> INT32 or UINT8, integers -> a float, 0 and 1 -> BOOL; UsageError when a value
-    would change: dtypes.cast_keeping_values); returns one note per cast. Float data for an
-    integer input is sent as it is, for the server to refuse; an image for another input is refused."""
+    FP32, int64 -> INT32 or UINT8, integers -> a float, 0 and 1 -> BOOL); returns one note per cast.
+    UsageError, as the Python API refuses it (dtypes.cast_keeping_values), for a cast that would
+    change a value: floats for an integer or BOOL input (they went to the server, whose 400 was exit
+    1, a server's error), an integer past the target's range; an image for another input too."""
     notes = []
     declared = {t.get("name"): t.get("datatype") for t in _described(metadata, "inputs")}
     for name, arr in inputs.items():
@@ -176,7 +177,7 @@ def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
             target = kserve_to_numpy(declared[name])
         except (KeyError, ValueError, TypeError):
             continue
-        if arr.dtype != target and castable(arr.dtype, target):
+        if arr.dtype != target:
             try:  # (a value it would wrap or make inf is refused: the server would run another input)
                 inputs[name] = cast_keeping_values(arr, target)
             except ValueError as e:
