@@ -52,7 +52,7 @@ def resolve(configured: str, models_dir: str, environ=os.environ) -> Path:
         if problem:
             raise CacheUnavailable(f"cannot write the compile cache folder {folder} (compile_cache_dir): {problem}")
         return folder
-    local = Path(models_dir) / ".cache"
+    local = Path(models_dir).resolve() / ".cache"  # as the scan names the sources (a relative --models too)
     local_problem = unwritable(local)
     if local_problem is None:
         return local

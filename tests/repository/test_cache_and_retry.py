@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import random
 from pathlib import Path
@@ -125,6 +126,22 @@ def test_an_unwritable_models_folder_compiles_into_the_user_cache(tmp_path):
         cache_dir.resolve("", str(models), env)
     with pytest.raises(cache_dir.CacheUnavailable, match="compile_cache_dir"):
         cache_dir.resolve(str(models / ".cache" / "sub"), str(models), env)
+
+
+@pytest.mark.asyncio
+async def test_a_relative_models_folder_compiles_into_its_cache_named_as_its_sources_are(
+        make_repo, models_dir, model_files, monkeypatch, caplog):
+    """With a relative models folder (`aclserve serve`'s default, `models`) the compile's line mixed
+    an absolute source with a relative entry, `o: compiling /.../models/o.onnx for cpu into
+    models/.cache/o-<key>.om` (a tester's find); the README shows both absolute."""
+    monkeypatch.chdir(models_dir.parent)
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    caplog.set_level(logging.INFO, logger="aclserve.repository.compiler")
+    repo, _ = await make_repo(model_control_mode="explicit", models_dir=models_dir.name)
+    assert float((await repo.get("o").infer(x_rows(), 1)).outputs["y"][0, 0]) == 2.0
+    compiling = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
+    assert compiling == [f"o: compiling {models_dir / 'o.onnx'} for cpu into {_entry(models_dir)}"]
+    assert repo.get("o").om_path == str(_entry(models_dir))
 
 
 @pytest.mark.asyncio
