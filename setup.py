@@ -24,7 +24,9 @@ setup(
         "onnxruntime>=1.17; python_version < '3.11'",
         "aiohttp>=3.9",
         "orjson>=3.11.6",  # loads() depth limit (3.9.15) and dumps() recursion fix (3.11.6); tested 3.11.6, 3.13.0
-        "pysimdjson>=7.0",  # larger JSON bodies: tensor data read in C (server/json_simd.py); tested 7.0.2
+        # larger JSON bodies: tensor data read in C (server/json_simd.py); tested 7.0.2, which has no
+        # Python 3.14 wheel: pip builds it there from its source (a C++ compiler, Python's headers)
+        "pysimdjson>=7.0",
         "pyyaml>=6",
         "watchdog>=4",
         "prometheus-client>=0.19",
@@ -36,7 +38,9 @@ setup(
     ],
     extras_require={
         # kubernetes + kserve: their models are the published schemas tests/test_deploy.py checks
-        # deploy/ against (kubernetes 37 needs pydantic>=2.13.5; <37 leaves pydantic alone)
+        # deploy/ against (kubernetes 37 needs pydantic>=2.13.5; <37 leaves pydantic alone); every
+        # kserve from 0.14 declares Python < 3.14, so these extras install on 3.11 to 3.13 only (a
+        # marker leaving kserve out on 3.14 would trade the install's refusal for failing tests)
         # matplotlib: `aclserve profile --png` and the benchmarks' charts (tested: 3.11.2)
         # pytest-asyncio 0.24 reads pytest.ini's asyncio_default_fixture_loop_scope; pytest-timeout
         # is the per-test hang guard pytest.ini sets; import-linter: tests/test_layers.py checks
