@@ -32,9 +32,10 @@ from .asked_version import asked_version
 from .control_calls import ControlCalls, shut_down_before
 from .events import Listeners
 from .failures import LoadFailures
-from .index import IndexReads, as_shown, index_rows
+from .index import IndexReads, index_rows
 from .lifecycle import UNLOAD_ASKED, Lifecycle
 from .models_folder import check_models_folder
+from .not_served import NotServed
 from .plan import ModelPlan
 from .problem_loads import ProblemLoads
 from .planner import Planner
@@ -42,15 +43,12 @@ from .readiness import Readiness
 from .retiring import Draining
 from .served import ServedVersion
 from .settle import SettleGate
-from .status import NOT_LOADED, WAITING_FOR_CONFIG, State, held_refusal
 from .watcher import Debouncer, RepositoryWatcher
 
 log = logging.getLogger(__name__)
 
 RESCAN_S = 10.0  # poll mode: rescan at least this often even without file events
 UNREADABLE_RESCAN_S = 1.0  # ... and this often while the folder cannot be listed (a chmod back sends no event)
-# why a version on disk that no load call named is not loaded, by control mode (explicit, none)
-NOT_ASKED = {"explicit": "explicit: a load call serves it", "none": "none: models load at start only"}
 
 
 class ModelLoadFailed(ServeError):
@@ -88,6 +86,7 @@ class ModelRepository:
         self._calls = ControlCalls(self._lifecycle.knows, self._lifecycle.held)  # (its `asked`: readiness's)
         self._readiness = Readiness(config.readiness == "strict", self._lifecycle, self._planner, self._failures,
                                     self._calls)
+        self._not_served = NotServed(self.mode, self._lifecycle, self._planner, self._failures, self._calls)
 
     # ---- start and stop -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -155,38 +154,7 @@ class ModelRepository:
             served = versions.get(version)
             if served is not None:
                 return served
-        scan, states = self._planner.scan, self._lifecycle.states
-        known = states.describe(name, version, scan, name in self._lifecycle.held, self._planner.pending)
-        if name in self._lifecycle.held and (version is None or known is not None):  # unloaded on purpose: not a
-            raise NotFound(held_refusal(name, version))  # retry-later 503, as only a load call serves it again
-        if known is None and states.describe(name, None, scan) is None:
-            known = self._calls.unlisted(name)  # a load call may find it: loading, not unknown
-        if known is not None:
-            shown_version = version or states.latest_recorded(name)  # (the one `known` is of)
-            state, reason, retry_in = as_shown(self._calls, self._failures, name, shown_version, *known)
-            if reason == NOT_LOADED and self.mode != "poll" and not self._lifecycle.busy(name):
-                # found by a rescan (another model's load call, a retry's), never loaded: only a load call
-                # would load it, so not a retry-later (a 503 for good); Triton: unknown model
-                raise NotFound(f"model {name}{' version ' + version if version else ''} is not loaded "
-                               f"(model_control_mode {NOT_ASKED[self.mode]})")
-            if state == State.UNAVAILABLE.value and (self._failures.refused_for_good(name, version)
-                                                     or (not versions and name in scan.problems
-                                                         and reason != WAITING_FOR_CONFIG)):
-                # its file was refused and no retry is due, or its files are (a broken config, a
-                # version folder that is no version): not a retry-later (Triton: 404, "has no
-                # available versions"); a client retrying a 503 would loop on it until they change
-                raise NotFound(f"model {name} version {version} is not available ({reason})" if version
-                               else f"model {name} has no available versions ({reason})")
-            error = ModelUnavailable(f"model {name}{' version ' + version if version else ''} is not ready"
-                                     f" ({state}{': ' + reason if reason else ''})")
-            error.retry_after_s = retry_in or None  # when its retry is due, as said (None, due now: 1 s)
-            raise error
-        if version in scan.versions_found.get(name, ()) and (name in scan.models or name in scan.selects_none):
-            # on disk, and its policy (which reads) does not select it: as the index says
-            raise NotFound(f"model {name} version {version} is not selected by its version_policy")
-        if versions or name in scan.models:
-            raise NotFound(f"model {name} has no version {version}")
-        raise NotFound(f"unknown model {name!r}")
+        raise self._not_served.error(name, version, versions)
 
     def serving_versions(self, name: str) -> list[str]:
         """The versions of `name` in service, one no instance can run now included (per-model statistics)."""

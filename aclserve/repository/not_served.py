@@ -1,0 +1,63 @@
+"""Why a request's model or version is not served: the error it is answered with.
+
+A 503 (ModelUnavailable, with Retry-After) only where the version will serve without anyone's
+help: loading, waiting for its files, a retry due. What a client retrying would loop on until
+someone acts is a 404 (NotFound), as Triton's "has no available versions": a model unloaded
+through the API, a file refused for good, a model's broken files, a version its policy does not
+select, one never asked for in the explicit and none modes, an unknown name. Owned by the
+ModelRepository, reading the state its parts keep (lifecycle, planner, failures, control calls).
+"""
+from __future__ import annotations
+
+from ..errors import ModelUnavailable, NotFound, ServeError
+from .index import as_shown
+from .status import NOT_LOADED, WAITING_FOR_CONFIG, State, held_refusal
+
+# why a version on disk that no load call named is not loaded, by control mode (explicit, none)
+NOT_ASKED = {"explicit": "explicit: a load call serves it", "none": "none: models load at start only"}
+
+
+class NotServed:
+    def __init__(self, mode: str, lifecycle, planner, failures, calls):
+        self._mode = mode
+        self._lifecycle, self._planner, self._failures, self._calls = lifecycle, planner, failures, calls
+
+    def error(self, name: str, version: str | None, versions: dict | None) -> ServeError:
+        """The error for a request of `name` (`version`: None, the newest) that no serving
+        version answers; `versions`: the model's serving ones (by version), if any."""
+        scan, states, held = self._planner.scan, self._lifecycle.states, name in self._lifecycle.held
+        known = states.describe(name, version, scan, held, self._planner.pending)
+        if held and (version is None or known is not None):  # unloaded on purpose: not a retry-later
+            return NotFound(held_refusal(name, version))  # 503, as only a load call serves it again
+        if known is None and states.describe(name, None, scan) is None:
+            known = self._calls.unlisted(name)  # a load call may find it: loading, not unknown
+        if known is not None:
+            return self._known(name, version, versions, known)
+        if version in scan.versions_found.get(name, ()) and (name in scan.models or name in scan.selects_none):
+            # on disk, and its policy (which reads) does not select it: as the index says
+            return NotFound(f"model {name} version {version} is not selected by its version_policy")
+        if versions or name in scan.models:
+            return NotFound(f"model {name} has no version {version}")
+        return NotFound(f"unknown model {name!r}")
+
+    def _known(self, name: str, version: str | None, versions: dict | None, known: tuple) -> ServeError:
+        """The error for a version the repository knows (`known`: VersionStates.describe's)."""
+        shown_version = version or self._lifecycle.states.latest_recorded(name)  # (the one `known` is of)
+        state, reason, retry_in = as_shown(self._calls, self._failures, name, shown_version, *known)
+        if reason == NOT_LOADED and self._mode != "poll" and not self._lifecycle.busy(name):
+            # found by a rescan (another model's load call, a retry's), never loaded: only a load call
+            # would load it, so not a retry-later (a 503 for good); Triton: unknown model
+            return NotFound(f"model {name}{' version ' + version if version else ''} is not loaded "
+                            f"(model_control_mode {NOT_ASKED[self._mode]})")
+        if state == State.UNAVAILABLE.value and (self._failures.refused_for_good(name, version)
+                                                 or (not versions and name in self._planner.scan.problems
+                                                     and reason != WAITING_FOR_CONFIG)):
+            # its file was refused and no retry is due, or its files are (a broken config, a
+            # version folder that is no version): not a retry-later (Triton: 404, "has no
+            # available versions"); a client retrying a 503 would loop on it until they change
+            return NotFound(f"model {name} version {version} is not available ({reason})" if version
+                            else f"model {name} has no available versions ({reason})")
+        error = ModelUnavailable(f"model {name}{' version ' + version if version else ''} is not ready"
+                                 f" ({state}{': ' + reason if reason else ''})")
+        error.retry_after_s = retry_in or None  # when its retry is due, as said (None, due now: 1 s)
+        return error
