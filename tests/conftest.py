@@ -17,7 +17,7 @@ os.environ.setdefault("ACLSERVE_CPU_DEVICES", "2")
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 # the run's own loopback, where no other process of the machine takes the ports its servers are
 # given (private_network.py); first, while this is the only thread that runs tests
-PRIVATE_NETWORK = private_network.enter()
+private_network.enter()
 
 
 @pytest.fixture(autouse=True)

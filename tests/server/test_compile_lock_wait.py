@@ -126,7 +126,8 @@ def _wait_listening(server: subprocess.Popen, port: int) -> None:
         if _ready(port) or server.poll() is not None:
             break
         time.sleep(0.1)
-    assert listened_by(server.pid, port), f"another process than the server listens on {port}: {server.poll()}"
+    assert server.poll() is None, f"the server exited ({server.returncode})"
+    assert listened_by(server.pid, port), f"another process than the server listens on {port}"
 
 
 def _post(port: int, path: str, body: bytes = b"") -> tuple[int, bytes]:
