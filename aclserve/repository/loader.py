@@ -36,7 +36,7 @@ from .validate import validate_om
 log = logging.getLogger(__name__)
 
 
-class NotServed(ValueError):
+class RefusedByScan(ValueError):
     """A version's file the scan found not to be served (VersionFile.refused says why)."""
 
 
@@ -97,9 +97,9 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
                        stop: CompileStop | None = None) -> ServedVersion:
     """`stop` ends the compile of an .onnx (its child process), or the wait for a turn (any
     file's): CompileStopped. Cancelling the load stops it too: its thread would wait for the
-    compile to the end. A file the scan refused (VersionFile.refused) fails at once: NotServed."""
+    compile to the end. A file the scan refused (VersionFile.refused) fails at once: RefusedByScan."""
     if wanted.file.refused:  # (that version's failed load, counted and shown as any)
-        raise NotServed(wanted.file.refused)
+        raise RefusedByScan(wanted.file.refused)
     loop = asyncio.get_running_loop()
     stop = stop or CompileStop()
     run = functools.partial(loop.run_in_executor, executor)

@@ -17,7 +17,9 @@ from .status import NOT_LOADED, WAITING_FOR_CONFIG, State, held_refusal
 NOT_ASKED = {"explicit": "explicit: a load call serves it", "none": "none: models load at start only"}
 
 
-class NotServed:
+class WhyNotServed:
+    """The answer to a request no serving version takes, from the repository's parts' state."""
+
     def __init__(self, mode: str, lifecycle, planner, failures, calls):
         self._mode = mode
         self._lifecycle, self._planner, self._failures, self._calls = lifecycle, planner, failures, calls
@@ -27,8 +29,8 @@ class NotServed:
         version answers; `versions`: the model's serving ones (by version), if any."""
         scan, states, held = self._planner.scan, self._lifecycle.states, name in self._lifecycle.held
         known = states.describe(name, version, scan, held, self._planner.pending)
-        if held and (version is None or known is not None):  # unloaded on purpose: not a retry-later
-            return NotFound(held_refusal(name, version))  # 503, as only a load call serves it again
+        if held and (version is None or known is not None):  # unloaded on purpose: a 404, not a 503 to
+            return NotFound(held_refusal(name, version))  # retry, as only a load call serves it again
         if known is None and states.describe(name, None, scan) is None:
             known = self._calls.unlisted(name)  # a load call may find it: loading, not unknown
         if known is not None:

@@ -35,7 +35,7 @@ from .failures import LoadFailures
 from .index import IndexReads, index_rows
 from .lifecycle import UNLOAD_ASKED, Lifecycle
 from .models_folder import check_models_folder
-from .not_served import NotServed
+from .not_served import WhyNotServed
 from .plan import ModelPlan
 from .problem_loads import ProblemLoads
 from .planner import Planner
@@ -86,7 +86,7 @@ class ModelRepository:
         self._calls = ControlCalls(self._lifecycle.knows, self._lifecycle.held)  # (its `asked`: readiness's)
         self._readiness = Readiness(config.readiness == "strict", self._lifecycle, self._planner, self._failures,
                                     self._calls)
-        self._not_served = NotServed(self.mode, self._lifecycle, self._planner, self._failures, self._calls)
+        self._not_served = WhyNotServed(self.mode, self._lifecycle, self._planner, self._failures, self._calls)
 
     # ---- start and stop -------------------------------------------------------------------------
     async def start(self) -> None:
