@@ -110,12 +110,16 @@ def stats(base: str) -> dict:
             "runs": entry["execution_count"]}
 
 
-def settled_stats(base: str, settle_s: float = 0.5) -> tuple[dict, float]:
+def settled_stats(base: str, settle_s: float = 0.5, limit_s: float = 60.0) -> tuple[dict, float]:
     """The model's stats once no batch has completed for `settle_s` (a load's requests still
     queued, decoding or running when its clients stop are done by then), and when those were
-    first read: every batch they count had completed by that time."""
+    first read: every batch they count had completed by that time. Raises when they have not
+    settled within `limit_s` (another client of the server: the window would not be this run's)."""
     last, seen = stats(base), time.monotonic()
+    give_up = seen + limit_s
     while time.monotonic() - seen < settle_s:
+        if time.monotonic() > give_up:
+            raise RuntimeError(f"the model's statistics did not settle within {limit_s:g} s: another client?")
         time.sleep(0.05)
         now = stats(base)
         if now != last:
