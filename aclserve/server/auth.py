@@ -7,13 +7,13 @@ shown. Requests carry `Authorization: Bearer <token>`; the comparison is constan
 (hmac.compare_digest). Without a token the repository's load/unload routes and trace setting
 changes answer 403 unless the server listens on a loopback address only, so nobody on the
 network can unload models or have the server write trace files (Triton leaves trace settings
-open; here a client could fill the disk with them).
+open; here a client could fill the disk with them); there, those a web page may have sent are
+refused 403 too (web_pages.py).
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import logging
 import os
 import time
@@ -23,6 +23,8 @@ from aiohttp import web
 from ..config import ConfigConflict, ConfigError
 from ..config.schema import TOKEN_ENV
 from ..errors import ServeError
+from .address import is_loopback
+from .web_pages import page_refusal
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +38,11 @@ class Unauthorized(ServeError):
 
 
 class Forbidden(ServeError):
-    """Model load/unload refused outright: an exposed server without an API token (403)."""
+    """A control request refused outright (403): an exposed server without an API token, or a web
+    page's request to a loopback one."""
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name other than localhost may resolve anywhere
-
-
-REFUSAL_REASONS = ("no_token", "invalid_token", "no_token_configured")  # /metrics labels
+REFUSAL_REASONS = ("no_token", "invalid_token", "no_token_configured", "web_page")  # /metrics labels
 LOG_EVERY_S = 60.0  # at most one line a minute about invalid tokens: a client trying many is not a log flood
 
 MAX_HTTP_TOKEN = 8000  # aiohttp reads header lines of 8190 bytes
@@ -150,7 +144,8 @@ class Access:
 
     def check_control(self, authorization: str, what: str) -> None:
         """A management action (`what` is disabled, e.g. "model load/unload is"): the token when
-        one is set; else only on loopback."""
+        one is set; else only on loopback (where check_route refuses a web page's over HTTP too:
+        gRPC is no protocol a page can speak)."""
         if self._token:
             self.check_value(authorization)
         elif not self.control_open:
@@ -161,9 +156,6 @@ class Access:
     def check_trace_change(self, authorization: str) -> None:
         """A change of trace settings (it decides how many trace files are written)."""
         self.check_control(authorization, "trace setting changes are")
-
-    def check_repository(self, request: web.BaseRequest, control: bool) -> None:
-        self.check_repository_value(request.headers.get("Authorization", ""), control)
 
     def check_repository_value(self, authorization: str, control: bool) -> None:
         """The repository API: the token when one is set (the index too); else load/unload only
@@ -177,12 +169,25 @@ class Access:
         the raw path, so no spelling of a URL reaches a protected route unchecked."""
         resource = request.match_info.route.resource
         template = resource.canonical if resource is not None else ""
-        if template.startswith(_REPOSITORY):
-            self.check_repository(request, control=not template.endswith("/index"))
-        elif self.inference and template.startswith(_MODELS):
+        if self.inference and template.startswith(_MODELS):
+            self.check(request)  # (a change of a model's trace settings too: a token is set)
+            return
+        what = _control(template, request.method)
+        if what is not None:
+            self.check_control(request.headers.get("Authorization", ""), what)
+            if not self._token:  # open because the server listens on loopback only
+                self._refuse_web_pages(request, what)
+        elif self._token and template.startswith(_REPOSITORY):  # the index
             self.check(request)
-        elif request.method == "POST" and template.endswith(_TRACE_SETTING):
-            self.check_trace_change(request.headers.get("Authorization", ""))
+
+    def _refuse_web_pages(self, request: web.BaseRequest, what: str) -> None:
+        """A control request a browser may have sent for a page of another site (web_pages.py)."""
+        reason = page_refusal(request.headers, request.scheme)
+        if reason is not None:
+            self.refused["web_page"] += 1
+            raise Forbidden(f"{what} refused to requests from web pages: {reason}. Without an API token the "
+                            "server takes them on loopback from clients that are not browsers only; set api_token "
+                            f"in the config or {TOKEN_ENV} to send them from elsewhere")
 
     def log_startup(self) -> None:
         if self._token:
@@ -195,6 +200,15 @@ class Access:
             log.warning("listening on %s without an API token: model load/unload requests and trace setting "
                         "changes are refused (403); set api_token in the config or %s to enable them",
                         self.host, TOKEN_ENV)
+
+
+def _control(template: str, method: str) -> str | None:
+    """The management action of a route (as a refusal names it: "... is disabled"), or None."""
+    if template.startswith(_REPOSITORY) and not template.endswith("/index"):
+        return "model load/unload is"
+    if method == "POST" and template.endswith(_TRACE_SETTING):
+        return "trace setting changes are"
+    return None
 
 
 def access_middleware(access: Access):

@@ -32,7 +32,8 @@ async def open_raw(url: str):
 
 
 def head(path: str, headers: dict) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: test"] + [f"{k}: {v}" for k, v in headers.items()]
+    # (a loopback name: a control route of a server without a token refuses others, as a web page's)
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1"] + [f"{k}: {v}" for k, v in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 

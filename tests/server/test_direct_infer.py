@@ -31,7 +31,8 @@ def binary_body() -> tuple[bytes, int]:
 
 
 def post(path: str, body: bytes, extra: dict | None = None) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: test", f"Content-Length: {len(body)}"]
+    # (a loopback Host: a control route of a server without a token refuses others, as a web page's)
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}"]
     lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 

@@ -32,8 +32,9 @@ def double_doc(**parameters) -> dict:
 
 
 def raw_post(path: str, body: bytes, extra: bytes = b"") -> bytes:
-    """A keep-alive POST (the connection guard may answer it itself: direct.py)."""
-    return (b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+    """A keep-alive POST (the connection guard may answer it itself: direct.py), naming a loopback
+    Host (a control route of a server without a token refuses others, as a web page's)."""
+    return (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
             % (path.encode(), len(body), extra)) + body
 
 
