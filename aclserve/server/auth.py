@@ -8,7 +8,8 @@ shown. Requests carry `Authorization: Bearer <token>`; the comparison is constan
 changes answer 403 unless the server listens on a loopback address only, so nobody on the
 network can unload models or have the server write trace files (Triton leaves trace settings
 open; here a client could fill the disk with them); there, those a web page may have sent are
-refused 403 too (web_pages.py).
+refused 403 too (web_pages.py). With auth_inference, /metrics and the trace settings need the
+token as the model routes do.
 """
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 _REPOSITORY = "/v2/repository/"
 _MODELS = "/v2/models"
 _TRACE_SETTING = "/trace/setting"
+# what auth_inference guards beside /v2/models/...: /metrics names every model, version, state and
+# failed load; the trace settings say which requests are traced, to which file
+_MODEL_READINGS = ("/metrics", "/v2" + _TRACE_SETTING)
 
 
 class Unauthorized(ServeError):
@@ -169,8 +173,8 @@ class Access:
         the raw path, so no spelling of a URL reaches a protected route unchecked."""
         resource = request.match_info.route.resource
         template = resource.canonical if resource is not None else ""
-        if self.inference and template.startswith(_MODELS):
-            self.check(request)  # (a change of a model's trace settings too: a token is set)
+        if self.inference and (template.startswith(_MODELS) or template in _MODEL_READINGS):
+            self.check(request)  # (a change of trace settings too: a token is set)
             return
         what = _control(template, request.method)
         if what is not None:
@@ -192,7 +196,7 @@ class Access:
     def log_startup(self) -> None:
         if self._token:
             log.info("API token set: the repository API, trace setting changes%s need it",
-                     " and inference" if self.inference else "")
+                     ", inference, /metrics and the trace settings' reading" if self.inference else "")
             if self.in_clear:
                 log.warning("listening on %s without TLS: the API token crosses the network in the clear; "
                             "set tls_cert_file and tls_key_file, or terminate TLS in a proxy in front", self.host)

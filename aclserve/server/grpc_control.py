@@ -159,11 +159,10 @@ class ControlServicer(pbg.GRPCInferenceServiceServicer):
     @rpc
     async def TraceSetting(self, request, context):
         """Without settings: read them. A setting with no values clears it (the model's back to
-        the global value), as tritonclient sends a None. A model's settings need what its other
-        RPCs need (the token under auth_inference), and a change needs the token when one is set,
-        else a loopback listener, as over HTTP (server/auth.py)."""
-        if request.model_name:
-            self._model_access(context)
+        the global value), as tritonclient sends a None. Any call needs what the model RPCs need
+        (the token under auth_inference, as HTTP's /v2/trace/setting), and a change needs the
+        token when one is set, else a loopback listener, as over HTTP (server/auth.py)."""
+        self._model_access(context)
         if request.settings:
             self.state.auth.check_trace_change(authorization(context))
         # (a map of more settings than there are holds an unknown one, among the first of them)
