@@ -29,13 +29,17 @@ class AclRuntime:
     """Owns: one share of the process's acl.init, and the Devices it opened."""
 
     def __init__(self, device: str = "auto", cpu_threads: int | None = 1, memory_reserve_fraction: float = 0.1,
-                 device_limits: tuple[int | None, int | None] = (None, None)):
+                 device_limits: tuple[int | None, int | None] = (None, None),
+                 limits_setting: str | None = "device_limits"):
         """cpu_threads: ONNX Runtime threads per model on the CPU runtime; None: its own default
-        (ACLSERVE_CPU_THREADS, else 1)."""
+        (ACLSERVE_CPU_THREADS, else 1). limits_setting: the owner's setting that raises the device's
+        streams and events (the server's device_limits), named when a load does not fit them; None
+        (the Engine, which has none): what does raise them is named instead."""
         if cpu_threads is not None and cpu_threads < 1:
             raise ValueError("cpu_threads must be >= 1")
         self.requested = device
         self.device_limits_override = device_limits
+        self.limits_setting = limits_setting
         self.cpu_threads = cpu_threads
         self.memory_reserve_fraction = memory_reserve_fraction
         self.kind: str | None = None
@@ -98,6 +102,13 @@ class AclRuntime:
         streams, events = self.device_limits_override
         return (known[0] if streams is None else streams, known[1] if events is None else events)
 
+    def _limits_remedy(self) -> str:
+        if self.limits_setting:
+            return f"set {self.limits_setting} if this device allows more"
+        if self.kind == "cpu":
+            return "set ACLSERVE_CPU_MAX_STREAMS / ACLSERVE_CPU_MAX_EVENTS if the device it stands for allows more"
+        return "serve it with `aclserve serve`, whose device_limits setting raises them, if this device allows more"
+
     def device_count(self) -> int:
         return check("rt.get_device_count", self.acl.rt.get_device_count())
 
@@ -111,7 +122,8 @@ class AclRuntime:
                 if not 0 <= device_id < count:
                     raise ValueError(f"device {device_id} does not exist ({count} device(s): 0..{count - 1})")
                 dev = self._devices[device_id] = Device(self.acl, device_id, self.memory_reserve_fraction,
-                                                        self.device_limits(), self._device_failed)
+                                                        self.device_limits(), self._device_failed,
+                                                        self._limits_remedy())
             return dev
 
     def open_devices(self, device_ids) -> None:

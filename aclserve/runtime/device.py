@@ -21,7 +21,7 @@ from ..acl.compat import soc_name
 from ..acl.soc_limits import context_streams, limits_for_soc
 from ..errors import LoadError
 from .device_health import DeviceHealth
-from .limits import DeviceLedger
+from .limits import SERVER_REMEDY, DeviceLedger
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,10 @@ def device_bytes(size: int) -> int:
 class Device:
     """Owns: the device's set_device count and one management context, through which its
     `health` probes whether it failed as a whole (device_health.py: `on_failure(device_id, code)`
-    hears it once)."""
+    hears it once). `limits_remedy`: how a load refused for streams or events is told to raise them."""
 
     def __init__(self, acl, device_id: int, memory_reserve_fraction: float = 0.1,
-                 limits: tuple[int, int] | None = None, on_failure=None):
+                 limits: tuple[int, int] | None = None, on_failure=None, limits_remedy: str = SERVER_REMEDY):
         if not 0.0 <= memory_reserve_fraction < 1.0:
             raise ValueError("memory_reserve_fraction must be within [0, 1)")
         self._acl = acl
@@ -74,7 +74,7 @@ class Device:
             undo.pop_all()
         streams, events = limits or limits_for_soc(None)
         # a context's streams as this SoC makes them (the CPU runtime's: as the SoC it presents)
-        self.ledger = DeviceLedger(device_id, streams, events, context_streams(soc_name(acl)))
+        self.ledger = DeviceLedger(device_id, streams, events, context_streams(soc_name(acl)), limits_remedy)
         self._promised = 0  # bytes that room() holds for allocations not made yet (under _lock)
         self.health = DeviceHealth(acl, device_id, on_failure)
         self._closed = False

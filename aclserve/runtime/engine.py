@@ -209,7 +209,7 @@ class Engine:
         check_options(device=device, cpu_threads=cpu_threads, memory_reserve_fraction=memory_reserve_fraction)
         threads = None if cpu_threads is None else int(cpu_threads)  # (a numpy int: the CPU runtime takes int)
         self.created_in = CreatedIn()  # every call in another process (a fork's child) raises: engine_process
-        self.runtime = AclRuntime(device, threads, float(memory_reserve_fraction))
+        self.runtime = AclRuntime(device, threads, float(memory_reserve_fraction), limits_setting=None)
         self.models: list[EngineModel] = []
         self._state = threading.Condition()  # guards _loading and _closed
         self._loading = 0

@@ -23,6 +23,8 @@ EVENTS_PER_INSTANCE = CLOCK_EVENTS  # DeviceClock's anchors: two on each of the 
 # set_device's default context's stream and the runtime's internal one; the Device's management
 # context's come on top
 DEVICE_BASE_STREAMS = 2
+# how to raise the limits, said in a refusal: the server's setting (an Engine, which has none, says its own)
+SERVER_REMEDY = "set device_limits if this device allows more"
 
 
 class ResourceLimitError(LoadError):
@@ -39,8 +41,10 @@ class DeviceLedger:
     """Streams and events claimed on one device. Thread-safe; claims are released by their owner.
     `context_streams`: what a created context holds on the device's SoC (soc_limits.context_streams)."""
 
-    def __init__(self, device_id: int, max_streams: int, max_events: int, context_streams: int):
+    def __init__(self, device_id: int, max_streams: int, max_events: int, context_streams: int,
+                 remedy: str = SERVER_REMEDY):
         self.device_id = device_id
+        self.remedy = remedy
         self.max_streams, self.max_events = max_streams, max_events
         self.context_streams = context_streams
         self._lock = threading.Lock()
@@ -63,7 +67,7 @@ class DeviceLedger:
                     f"{what} needs {need.streams} streams and {need.events} events on device "
                     f"{self.device_id}, which allows {self.max_streams} streams and {self.max_events} "
                     f"events ({self.streams} and {self.events} already in use); lower instances or "
-                    "slots, or set device_limits if this device allows more")
+                    f"slots, or {self.remedy}")
             self.streams, self.events = streams, events
 
     def release(self, need: Need) -> None:

@@ -59,6 +59,17 @@ def test_load_refusals_are_load_errors(affine_om):
             engine.load(affine_om() + ".gone")
 
 
+def test_a_load_past_the_device_s_limits_names_what_raises_them_for_an_engine(affine_om):
+    """Engine's refusal advised "set device_limits", a server setting Engine does not take (found by
+    a tester of the Python API); on the CPU runtime the variables that set its limits are named."""
+    with Engine(device="cpu") as engine:
+        with pytest.raises(aclserve.LoadError) as refused:
+            engine.load(affine_om(), slots=1024)
+    assert str(refused.value).endswith("lower instances or slots, or set ACLSERVE_CPU_MAX_STREAMS / "
+                                       "ACLSERVE_CPU_MAX_EVENTS if the device it stands for allows more")
+    assert "device_limits" not in str(refused.value)
+
+
 LOAD_A_CORRUPT_OM = """
 import sys
 import aclserve
