@@ -200,7 +200,10 @@ class Engine:
 
     def __init__(self, device: str = "auto", cpu_threads: int | None = None, memory_reserve_fraction: float = 0.1):
         """device: "npu" (CANN and a device needed), "cpu" (the CPU runtime: ONNX Runtime) or
-        "auto" (the NPU when CANN sees one, else the CPU). cpu_threads: ONNX Runtime threads per
+        "auto": ACLSERVE_DEVICE's choice when it is set to npu or cpu, else the NPU when CANN sees
+        one, else the CPU (as `aclserve serve` with device: auto; "npu" or "cpu" given here wins over
+        the variable; another value of it is a ValueError at the first load or `with`, and npu
+        without CANN a RuntimeError, aclserve.acl.AclUnavailable). cpu_threads: ONNX Runtime threads per
         model on the CPU runtime (None: ACLSERVE_CPU_THREADS, else 1). memory_reserve_fraction:
         the share of each device's memory a load leaves free (as the server's
         memory_reserve_fraction; from 0 to below 1). Nothing starts before the first load or

@@ -70,6 +70,29 @@ def test_a_load_past_the_device_s_limits_names_what_raises_them_for_an_engine(af
     assert "device_limits" not in str(refused.value)
 
 
+ENGINE_ON_A_DEVICE = """
+import json, sys
+import aclserve
+try:
+    with aclserve.Engine(device=sys.argv[1]) as engine:
+        print(json.dumps(engine.runtime.kind))
+except Exception as e:
+    print(json.dumps(type(e).__name__ + ": " + str(e)))
+"""
+
+
+@pytest.mark.parametrize("device, variable, outcome", [
+    ("auto", "bogus", "ValueError: ACLSERVE_DEVICE must be one of auto, npu, cpu, not 'bogus'"),
+    ("auto", "cpu", "cpu"),
+    ("cpu", "npu", "cpu"),  # an explicit device wins over the variable, as the server's config does
+])
+def test_engine_auto_follows_aclserve_device_and_an_explicit_device_wins(device, variable, outcome):
+    """What the README says of Engine(device=...) and ACLSERVE_DEVICE (a tester found the variable
+    undocumented for Engine): auto defers to it, npu or cpu given wins over it."""
+    out, _ = run_script(ENGINE_ON_A_DEVICE, device, ACLSERVE_DEVICE=variable)
+    assert out == outcome
+
+
 LOAD_A_CORRUPT_OM = """
 import sys
 import aclserve
