@@ -25,7 +25,7 @@ def checked_inputs(inputs: Mapping[str, np.ndarray], specs: list[TensorSpec],
     for spec in specs:
         if spec.name not in inputs:
             raise ValueError(f"missing input {spec.name!r}")
-        given = np.asarray(inputs[spec.name])
+        given = _array(spec.name, inputs[spec.name])
         expected = spec.sample_shape if spec.batched else spec.shape
         got = given.shape[1:] if spec.batched else given.shape
         if tuple(got) != tuple(expected) or (spec.batched and given.ndim == 0):  # (before any copy)
@@ -50,3 +50,15 @@ def checked_inputs(inputs: Mapping[str, np.ndarray], specs: list[TensorSpec],
     if refusal is not None:
         raise ValueError(refusal)
     return arrays
+
+
+def _array(name: str, value) -> np.ndarray:
+    """`value` as an array; a TypeError or ValueError naming the input when it cannot be one (numpy's
+    own words named neither the input nor a ragged list, and None passed as a 0-d object array)."""
+    if value is None:
+        raise TypeError(f"input {name!r} is None, not an array")
+    try:
+        return np.asarray(value)
+    except ValueError as e:  # numpy: "setting an array element with a sequence. ... inhomogeneous shape ..."
+        raise ValueError(f"input {name!r} is a ragged nested list (its rows differ in length), not an array: "
+                         f"give every row the same shape ({e})") from None

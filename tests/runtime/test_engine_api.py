@@ -61,6 +61,18 @@ def test_a_scalar_for_a_batched_input_is_refused_by_its_own_shape(affine_om):
             model.infer({"x": np.float32(1), "idx": affine_request(1)["idx"]})
 
 
+def test_a_ragged_list_or_none_as_an_input_is_refused_naming_the_input(affine_om):
+    """A ragged nested list gave numpy's bare "setting an array element with a sequence", naming no
+    input, and None "has shape [], expected ['N', 8]" (found by a tester of the Python API)."""
+    idx = affine_request(1)["idx"]
+    with Engine(device="cpu") as engine:
+        model = engine.load(affine_om())
+        with pytest.raises(ValueError, match=r"^input 'x' is a ragged nested list \(its rows differ in length\)"):
+            model.infer({"x": [[0.0] * 8, [0.0] * 7], "idx": affine_request(2)["idx"]})
+        with pytest.raises(TypeError, match=r"^input 'x' is None, not an array$"):
+            model.infer({"x": None, "idx": idx})
+
+
 def test_a_load_whose_warm_up_fails_leaves_no_instance_running(affine_om):
     """The pool was neither closed nor kept: its threads ran on, and a rebuild brought the
     instance back after the engine's close."""
