@@ -40,12 +40,12 @@ def checked_inputs(inputs: Mapping[str, np.ndarray], specs: list[TensorSpec],
         # a cast made one already
         arr = cast if cast is not given and cast.flags.c_contiguous else np.array(cast, order="C")
         if spec.batched:
+            if len(arr) == 0:  # (the server's 400 in the same words: codec.check_input)
+                raise ValueError(f"input '{spec.name}': batch dimension must be at least 1 (the input has no rows)")
             if rows is not None and len(arr) != rows:
                 raise ValueError("all inputs must have the same number of rows")
             rows = len(arr)
         arrays[spec.name] = arr
-    if rows == 0:
-        raise ValueError("inputs have no rows")
     refusal = out_of_range(arrays, value_ranges)  # (an index past a table: a device fault, or zeros)
     if refusal is not None:
         raise ValueError(refusal)

@@ -73,6 +73,17 @@ def test_a_ragged_list_or_none_as_an_input_is_refused_naming_the_input(affine_om
             model.infer({"x": None, "idx": idx})
 
 
+def test_an_empty_batch_is_refused_naming_the_input_as_the_server_does(affine_om):
+    """An empty batch raised "inputs have no rows", naming no input, where the server answers 400
+    "input 'x': batch dimension must be at least 1" (found by a tester of the Python API)."""
+    with Engine(device="cpu") as engine:
+        model = engine.load(affine_om())
+        empty = {name: array[:0] for name, array in affine_request(1).items()}
+        with pytest.raises(ValueError) as refused:
+            model.infer(empty)
+    assert str(refused.value) == "input 'x': batch dimension must be at least 1 (the input has no rows)"
+
+
 def test_a_load_whose_warm_up_fails_leaves_no_instance_running(affine_om):
     """The pool was neither closed nor kept: its threads ran on, and a rebuild brought the
     instance back after the engine's close."""
