@@ -5,7 +5,8 @@ server that loads and unloads models grows with every reload although nothing le
 Runtime sessions, staging buffers and graphs are freed into arenas that other threads then never
 reuse. Measured here (medium CNN, 60 load/unload cycles in one process): 76 -> 230 MB with the
 defaults; flat at 76 MB with two arenas and a trim after each unload. `aclserve serve` caps the
-arenas at start (unless MALLOC_ARENA_MAX is set) and the repository trims after an unload.
+arenas at start (unless MALLOC_ARENA_MAX is set) and the repository trims after an unload; the
+Python API's Engine trims after each close (runtime/closing.py), its arenas left to the embedder.
 """
 from __future__ import annotations
 

@@ -9,12 +9,15 @@ device still runs is abandoned, teardown.py, after teardown.GRACE_S) and is rais
 done, in about half a second. Where no thread can be started (an atexit handler on CPython 3.12.0
 and 3.12.1, which refuse new threads at interpreter shutdown: the Engine's exit close; a host out
 of threads) the closes run in the caller's thread instead: closed all the same, Ctrl-C aside.
+Once they are done the heap is trimmed (heap.trim): without it an Engine loading and closing models
+grew with every cycle, 80 to 158 MB in 150 of a medium CNN, though nothing leaked.
 """
 from __future__ import annotations
 
 import threading
 import time
 
+from .. import heap
 from .teardown import run_in_thread
 
 
@@ -36,6 +39,7 @@ def close_pools(pools: list, deadline: float | None, interrupted: bool = False) 
                     pool.close(deadline)
                 except Exception as e:  # keep closing the others; raised at the end
                     errors.append(e)
+            heap.trim()  # the freed sessions and buffers back to the system, as the repository's unload does
         finally:
             done.set()
     run_in_thread(close_all, "engine-close")

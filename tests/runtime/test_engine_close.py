@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import aclserve
+from aclserve import heap
 from aclserve.acl.cpu import faults
 from aclserve.runtime import Engine, teardown
 
@@ -145,6 +146,7 @@ import atexit, sys, threading, time
 answers = {"ok": 0, "failed": []}
 atexit.register(lambda: print("answered", answers["ok"], answers["failed"][:1], flush=True))  # after the Engine's
 import aclserve
+from aclserve import heap
 from aclserve.acl.cpu import faults
 from tests.tiny_models import affine_request
 engine = aclserve.Engine(device="cpu")
@@ -203,3 +205,26 @@ def test_an_engine_left_open_at_exit_is_closed_where_no_thread_can_be_started(af
     assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr[-2000:]
     assert f"closed {[True] * instances}" in proc.stdout, (proc.stdout, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr and "finalize released" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_closing_a_model_or_the_engine_trims_the_heap(affine_om, monkeypatch):
+    """A model's close (and the Engine's) left the freed sessions and buffers in malloc's arenas:
+    an Engine loading and closing a medium CNN grew 80 -> 158 MB in 150 cycles, where the server's
+    repository trims after an unload (found by a tester of the Python API). Each close now trims
+    once its pools are closed (the real heap.trim, counted)."""
+    trims = []
+
+    def counted_trim() -> bool:
+        trims.append(threading.current_thread().name)
+        return real_trim()
+
+    real_trim = heap.trim
+    monkeypatch.setattr(heap, "trim", counted_trim)
+    engine = Engine(device="cpu")
+    model = engine.load(affine_om())
+    engine.load(affine_om(), name="other")  # (closed by the engine's close)
+    assert trims == []
+    model.close()
+    assert len(trims) == 1
+    engine.close()
+    assert len(trims) == 2
