@@ -320,7 +320,7 @@ def _open_and_warm_up(runtime, path: str, name: str, wanted: Wanted, handoff: Ha
     progress("opening on the device")
     with contextlib.ExitStack() as on_devices:
         for device in dict.fromkeys(config.devices):
-            on_devices.enter_context(teardown.working_on(device))
+            on_devices.enter_context(teardown.working_on(device, runtime))
         try:
             pool = open_pool(runtime, path, name=name, instances=config.instances, devices=config.devices,
                              slots=config.slots or auto_slots(runtime.kind), retry=config.retry,

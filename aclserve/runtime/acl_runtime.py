@@ -2,10 +2,11 @@
 
 ACL is initialised once per process (CANN refuses a second init and, on older releases, an
 init after finalize), so AclRuntime counts its users: the first start() initialises, the last
-close() resets the devices and finalises. A device still running the work of an instance
-abandoned at close, or one being closed, rebuilt or loaded in another thread (teardown.py), is
-not reset, and ACL is then not finalised: both would wait for that work or free memory under it;
-the process's exit gives the device back.
+close() resets the devices and finalises. A device still running the work of one of its own
+instances abandoned at close, or being closed, rebuilt or loaded in another thread (teardown.py),
+is not reset (another runtime's work there is on its own set_device), and ACL is then not
+finalised: both would wait for that work or free memory under it; the process's exit gives the
+device back.
 """
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ class AclRuntime:
                     raise ValueError(f"device {device_id} does not exist ({count} device(s): 0..{count - 1})")
                 dev = self._devices[device_id] = Device(self.acl, device_id, self.memory_reserve_fraction,
                                                         self.device_limits(), self._device_failed,
-                                                        self._limits_remedy())
+                                                        self._limits_remedy(), owner=self)
             return dev
 
     def open_devices(self, device_ids) -> None:
@@ -191,7 +192,9 @@ class AclRuntime:
         # may wait on a hung device
         teardown.release_recovered(wait_s=RETRY_WAIT_S)
         for dev in devices:
-            dev.close(reset=not teardown.unreleased(dev.id))
+            # only this runtime's own work holds its reset back: another Engine's closing or loading
+            # on the same device is on its own set_device, which this reset does not touch
+            dev.close(reset=not teardown.unreleased(dev.id, owner=self))
         with _process_lock:
             _users -= 1
             if _users == 0 and teardown.unreleased():

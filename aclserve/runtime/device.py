@@ -55,11 +55,14 @@ class Device:
     hears it once). `limits_remedy`: how a load refused for streams or events is told to raise them."""
 
     def __init__(self, acl, device_id: int, memory_reserve_fraction: float = 0.1,
-                 limits: tuple[int, int] | None = None, on_failure=None, limits_remedy: str = SERVER_REMEDY):
+                 limits: tuple[int, int] | None = None, on_failure=None, limits_remedy: str = SERVER_REMEDY,
+                 owner=None):
+        """owner: the AclRuntime that opened it (teardown.py counts the work on it per owner)."""
         if not 0.0 <= memory_reserve_fraction < 1.0:
             raise ValueError("memory_reserve_fraction must be within [0, 1)")
         self._acl = acl
         self.id = device_id
+        self.owner = owner
         self.memory_reserve_fraction = memory_reserve_fraction
         self._lock = threading.Lock()
         # set_device and create_context both switch this thread; a failure on the way undoes what

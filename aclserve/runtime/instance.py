@@ -205,7 +205,7 @@ class ModelInstance(SlotBook):
         # at least a moment of its own, however late it comes (its pool may have spent the
         # deadline waiting for a rebuild): an idle instance's threads stop within it
         floor = now + teardown.INSTANCE_GRACE_S
-        with teardown.working_on(self.device.id):  # the runtime resets no device under this close
+        with teardown.working_on(self.device.id, self.device.owner):  # the runtime resets no device under this close
             launcher = self._launcher.thread  # (None: its start failed)
             if launcher is not None and not teardown.join(launcher, self._wait_bound(deadline, floor)):
                 self._launcher.give_up()

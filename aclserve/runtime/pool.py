@@ -263,7 +263,7 @@ class InstancePool:
         dispose of the old one. The runtime resets no device under it (a close of the pool may
         stop waiting for this thread)."""
         old = self.instances[lane]
-        with teardown.working_on(old.device.id):
+        with teardown.working_on(old.device.id, old.device.owner):
             new, old_disposed = build_replacement(self, lane, old, self._builder, self._closing)
             if new is not None:
                 self._serve_rebuilt(lane, old, new, old_disposed)

@@ -14,7 +14,8 @@ since: each instance close calls it first, the runtime calls it before it resets
 devices, and a thread calls it every RETRY_S while any are held. A device with an instance
 still held, still being closed (a rebuild's disposal, in its own thread) or being built by a
 rebuild, or with a model load still opening or warming up a pool on it (one a shutdown
-abandoned: it may hang there), is not reset and ACL is not finalized (the process's exit
+abandoned: it may hang there), is not reset by the runtime it belongs to (another runtime's
+reset there gives back only its own set_device) and ACL is not finalized (the process's exit
 gives the device back).
 
 An instance whose context stopped on a failure cannot learn from its streams' synchronize
@@ -58,7 +59,7 @@ _lock = threading.Lock()  # guards the lists below
 _retrying = threading.Lock()  # held while the held instances are retried, so each is freed once
 _held: list = []  # abandoned ModelInstances: `name`, `device.id`, `release(deadline)`
 _retry_thread: threading.Thread | None = None  # retries the held instances while there are any
-_working: list[int] = []  # the device of each instance close, or rebuild, running now
+_working: list[tuple[object, int]] = []  # (owner, device) of each instance close, rebuild or load running now
 
 
 def ms_left(deadline: float) -> int:
@@ -169,17 +170,17 @@ def _retry_held() -> None:
 
 
 @contextlib.contextmanager
-def working_on(device_id: int):
-    """Count `device_id` as in use while the block runs: an instance's close waiting for the
-    device, a rebuild building an instance on it (its context made, its model loading), or a
-    model load opening and warming up a pool on it."""
+def working_on(device_id: int, owner):
+    """Count `device_id` as in use by `owner` (the AclRuntime whose device it is) while the block
+    runs: an instance's close waiting for the device, a rebuild building an instance on it (its
+    context made, its model loading), or a model load opening and warming up a pool on it."""
     with _lock:
-        _working.append(device_id)
+        _working.append((owner, device_id))
     try:
         yield
     finally:
         with _lock:
-            _working.remove(device_id)
+            _working.remove((owner, device_id))
 
 
 def held(device_id: int | None = None) -> int:
@@ -188,11 +189,13 @@ def held(device_id: int | None = None) -> int:
         return sum(1 for i in _held if device_id is None or i.device.id == device_id)
 
 
-def unreleased(device_id: int | None = None) -> int:
-    """Instances held, being closed, rebuilt or loaded (on `device_id`, or on any device): while
-    there are, the device is not reset nor ACL finalized."""
+def unreleased(device_id: int | None = None, owner=None) -> int:
+    """Instances held, being closed, rebuilt or loaded (on `device_id`, or on any device; of
+    `owner`'s devices, or of any runtime's): while its own are, a runtime does not reset the
+    device, nor is ACL finalized while any are."""
     with _lock:
-        return sum(1 for d in [*(i.device.id for i in _held), *_working] if device_id is None or d == device_id)
+        work = [*((i.device.owner, i.device.id) for i in _held), *_working]
+        return sum(1 for o, d in work if (device_id is None or d == device_id) and (owner is None or o is owner))
 
 
 def close_at_once(closes: list[Callable[[], None]]) -> list[Exception]:
