@@ -11,6 +11,7 @@ device back.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 from ..acl import AclError, check, compat, release, select
@@ -24,6 +25,16 @@ log = logging.getLogger(__name__)
 _process_lock = threading.Lock()
 _users = 0
 RETRY_WAIT_S = 2.0  # how long a close waits for a retry of abandoned instances already running
+
+
+def _forget_in_child() -> None:
+    """A forked child's ACL has no users: a device's driver state does not survive fork (nor does
+    the CPU runtime's: acl/cpu/_state.py), so the child's first start() initialises afresh."""
+    global _users, _process_lock
+    _users, _process_lock = 0, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class AclRuntime:

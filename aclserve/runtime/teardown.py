@@ -33,6 +33,7 @@ import contextlib
 import functools
 import logging
 import math
+import os
 import threading
 import time
 from typing import Callable, Iterable, Mapping
@@ -60,6 +61,18 @@ _retrying = threading.Lock()  # held while the held instances are retried, so ea
 _held: list = []  # abandoned ModelInstances: `name`, `device.id`, `release(deadline)`
 _retry_thread: threading.Thread | None = None  # retries the held instances while there are any
 _working: list[tuple[object, int]] = []  # (owner, device) of each instance close, rebuild or load running now
+
+
+def _forget_in_child() -> None:
+    """The parent's abandoned instances and closes are not a forked child's (its runtime starts
+    afresh there: acl_runtime.py); its locks may have been held by the parent's threads."""
+    global _lock, _retrying, _retry_thread
+    _lock, _retrying, _retry_thread = threading.Lock(), threading.Lock(), None
+    _held.clear()
+    _working.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def ms_left(deadline: float) -> int:

@@ -6,6 +6,7 @@ import multiprocessing
 
 from aclserve.runtime import Engine
 
+from tests.runtime.own_process import run_script
 from tests.tiny_models import affine_request
 
 CHILD_BOUND_S = 60  # a hang guard: the child answers at once, or the bug is back
@@ -44,3 +45,40 @@ def test_every_call_in_a_forked_child_raises_at_once_naming_the_fork(affine_om):
             assert "ACL state does not survive fork: create a new Engine in the child" in message, (what, message)
         # the parent's engine is untouched by the child's attempts
         assert model.infer(affine_request(2))["s"].shape[0] == 2
+
+
+FILL_THEN_FORK = """
+import json, os, sys
+import aclserve
+engine = aclserve.Engine(device="cpu")
+loaded = 0
+while loaded < 100:  # the parent fills the device
+    try:
+        engine.load(sys.argv[1], name=f"parent{loaded}", warmup=False)
+    except aclserve.LoadError:
+        break
+    loaded += 1
+pid = os.fork()
+if pid == 0:
+    try:
+        with aclserve.Engine(device="cpu") as child_engine:
+            for k in range(loaded):
+                child_engine.load(sys.argv[1], name=f"child{k}", warmup=False)
+    except BaseException as e:
+        print(f"child: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        os._exit(1)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+engine.close()
+print(json.dumps({"loaded": loaded, "child_exit": os.waitstatus_to_exitcode(status)}))
+"""
+
+
+def test_a_new_engine_in_a_forked_child_has_the_device_to_itself(affine_om):
+    """The CPU runtime's state (its memory ledger, contexts, set_device counts) and the ACL user
+    count came through fork(): a new Engine in the child found the device filled by the parent's
+    models (found by tester t46). A device's driver state does not survive fork: the child starts
+    afresh, and what fitted in the parent fits in the child."""
+    said, stderr = run_script(FILL_THEN_FORK, affine_om(), ACLSERVE_CPU_DEVICE_MEMORY="20000")
+    assert said["loaded"] >= 2, said  # (the device was filled, not refused at once)
+    assert said["child_exit"] == 0, stderr[-2000:]

@@ -126,6 +126,15 @@ def _reset() -> None:
 _state.on_finalize(_reset, early=True)
 
 
+def _forget_in_child() -> None:
+    """The parent's report threads and subscriptions are not the child's (_state.forget_in_child)."""
+    global _lock
+    _lock = threading.Lock()
+    _queues.clear()
+    _subscriber.clear()
+    _threads.clear()
+
+
 # -- acl.util.start_thread / stop_thread ---------------------------------------------------
 _threads: dict[int, tuple[threading.Thread, list]] = {}
 
@@ -157,3 +166,6 @@ def stop_thread(tid: int) -> int:
     if failure:
         raise RuntimeError(f"acl.util.stop_thread: the thread function raised {failure[0]!r}")
     return C.ACL_SUCCESS
+
+
+_state.on_fork_child(_forget_in_child)

@@ -118,6 +118,15 @@ def reset(device_count: int, capacity: int, host_offset: int = 0) -> None:
             _devices[d] = DeviceMemory(d, capacity)
 
 
+def forget_in_child() -> None:
+    """A forked child's ledger: nothing allocated, no device (its init makes them); the parent's
+    blocks are dropped, not freed (_state.forget_in_child)."""
+    global _lock
+    _lock = threading.Lock()
+    for registry in (_starts, _device_allocs, _host_allocs, _host_starts, _devices):
+        registry.clear()
+
+
 def release_all() -> int:
     """Free everything (acl.finalize). Returns the number of allocations that were still live."""
     with _lock:

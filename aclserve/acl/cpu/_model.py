@@ -396,3 +396,4 @@ def _unload_all() -> None:
 
 
 _state.on_finalize(_unload_all)
+_state.on_fork_child(models.clear)  # the parent's models are not the child's (_state.forget_in_child)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 
 from .. import constants as C
@@ -200,6 +201,31 @@ def _run(fns) -> None:
             fn()
         except Exception:
             log.exception("CPU runtime: cleanup at finalize failed")
+
+
+_fork_forgetters: list = []
+
+
+def on_fork_child(fn) -> None:
+    """Register what a forked child forgets of the parent's state (forget_in_child)."""
+    _fork_forgetters.append(fn)
+
+
+def forget_in_child() -> None:
+    """A forked child starts as a fresh process would: not initialised, no devices, contexts,
+    streams, events, memory or models (a device's driver state does not survive fork either, so
+    the child inits afresh). Nothing of the parent's is closed: its threads are not in the child,
+    and its locks may have been held by them at the fork, so they are made anew."""
+    global initialized, lock, _local
+    initialized, lock, _local = False, threading.RLock(), threading.local()
+    for registry in (devices, contexts, streams, events):
+        registry.clear()
+    _memory.forget_in_child()
+    for fn in _fork_forgetters:
+        fn()
+
+
+os.register_at_fork(after_in_child=forget_in_child)
 
 
 def check_init() -> int:

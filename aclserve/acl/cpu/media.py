@@ -84,7 +84,10 @@ _pics: dict[int, PicDesc] = {}
 _resize_configs: set[int] = set()
 
 
-def _reset() -> None:
+def _reset(in_forked_child: bool = False) -> None:
+    global _lock
+    if in_forked_child:  # a parent's thread may have held the lock at the fork (_state.forget_in_child)
+        _lock = threading.Lock()
     with _lock:
         _buffers.clear()
         _channels.clear()
@@ -93,6 +96,7 @@ def _reset() -> None:
 
 
 _state.on_finalize(_reset)
+_state.on_fork_child(lambda: _reset(in_forked_child=True))  # the parent's DVPP objects are not the child's
 
 
 def stats() -> dict:
