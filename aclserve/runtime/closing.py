@@ -6,27 +6,31 @@ midway: neither freed nor abandoned, its work not counted as running, the runtim
 the device or finalize ACL under it. So the closes run in a thread of their own and the caller's
 thread waits for them: Ctrl-C there brings their deadline to now (InstancePool.hurry: what the
 device still runs is abandoned, teardown.py, after teardown.GRACE_S) and is raised once they are
-done, in about half a second. Where no thread can be started (an atexit handler on CPython 3.12.0
-and 3.12.1, which refuse new threads at interpreter shutdown: the Engine's exit close; a host out
-of threads) the closes run in the caller's thread instead: closed all the same, Ctrl-C aside.
-Once they are done the heap is trimmed (heap.trim): without it an Engine loading and closing models
-grew with every cycle, 80 to 158 MB in 150 of a medium CNN, though nothing leaked.
+done, in about half a second. The pools close side by side (teardown.close_at_once), so the
+whole close has one grace: one after another, each busy pool granted its own (tester t46: 8 busy
+models, close(timeout=0) took 4 s, and so did Ctrl-C). Where no thread can be started (an
+atexit handler on CPython 3.12.0 and 3.12.1, which refuse new threads at interpreter shutdown:
+the Engine's exit close; a host out of threads) the closes run in the caller's thread instead:
+closed all the same, Ctrl-C aside. Once they are done the heap is trimmed (heap.trim): without it
+an Engine loading and closing models grew with every cycle, 80 to 158 MB in 150 of a medium CNN,
+though nothing leaked.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
 from .. import heap
-from .teardown import run_in_thread
+from .teardown import close_at_once, run_in_thread
 
 
 def close_pools(pools: list, deadline: float | None, interrupted: bool = False) -> None:
-    """Close `pools` in turn (blocking), each waiting for the device until `deadline`
+    """Close `pools` side by side (blocking), each waiting for the device until `deadline`
     (time.monotonic(); None: each instance's reset_timeout_ms). `interrupted`: Ctrl-C has come
     already (in a wait before this), so the device is not waited for beyond the grace. A
-    KeyboardInterrupt while they close hurries them and is raised once they are done; else the
-    first pool's error, once all have closed."""
+    KeyboardInterrupt while they close hurries them and is raised once they are done; else a
+    pool's error, once all have closed."""
     if interrupted:
         deadline = time.monotonic()
     errors: list[Exception] = []
@@ -34,11 +38,7 @@ def close_pools(pools: list, deadline: float | None, interrupted: bool = False) 
 
     def close_all() -> None:
         try:
-            for pool in pools:
-                try:
-                    pool.close(deadline)
-                except Exception as e:  # keep closing the others; raised at the end
-                    errors.append(e)
+            errors.extend(close_at_once([functools.partial(pool.close, deadline) for pool in pools]))
             heap.trim()  # the freed sessions and buffers back to the system, as the repository's unload does
         finally:
             done.set()

@@ -212,10 +212,10 @@ def unreleased(device_id: int | None = None, owner=None) -> int:
 
 
 def close_at_once(closes: list[Callable[[], None]]) -> list[Exception]:
-    """Run the instances' closes side by side, each in a thread, and return their errors: each
-    waits for its device up to the deadline and then a moment of its own (INSTANCE_GRACE_S), so
-    one after another, 48 hung instances ended 4.8 s past the shutdown deadline (one after another
-    where no thread can be started: run_in_thread)."""
+    """Run the instances' (or pools': closing.py) closes side by side, each in a thread, and
+    return their errors: each waits for its device up to the deadline and then a moment of its
+    own (INSTANCE_GRACE_S), so one after another, 48 hung instances ended 4.8 s past the
+    shutdown deadline (one after another where no thread can be started: run_in_thread)."""
     errors: list[Exception] = []
 
     def close(run: Callable[[], None]) -> None:

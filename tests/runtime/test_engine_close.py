@@ -228,3 +228,37 @@ def test_closing_a_model_or_the_engine_trims_the_heap(affine_om, monkeypatch):
     assert len(trims) == 1
     engine.close()
     assert len(trims) == 2
+
+
+def test_a_close_bounded_in_time_closes_its_pools_side_by_side_with_one_grace(affine_om):
+    """close(timeout=s) and Ctrl-C (closing.close_pools) closed the pools one after another, and
+    each busy pool waited teardown.GRACE_S of its own for the device: 8 busy models took 4 s for
+    close(timeout=0) (found by tester t46). They close side by side, so the grace is one for the
+    whole close: each pool's close ends only once every pool's instances have begun closing (one
+    after another, the first to close never saw the others begin), and the close returns with the
+    held run still held, its instance abandoned."""
+    engine = Engine(device="cpu")
+    # (no warm-up: its 60 s execution timeout, so the held run is not rebuilt meanwhile)
+    models = [engine.load(affine_om(name=f"affine{k}"), name=f"affine{k}", warmup=False) for k in range(2)]
+    instances = [instance for model in models for instance in model.pool.instances]
+    began_together = []
+
+    def all_began() -> None:  # (a hang guard: side by side, they have all begun by the time one ends)
+        for _ in range(6000):
+            if all(instance.closing for instance in instances):
+                break
+            time.sleep(0.005)
+        began_together.append(all(instance.closing for instance in instances))
+    for model in models:
+        model.pool.on_close(all_began)
+    gate = threading.Event()
+    held = faults.inject("execute", nth=1, hold=gate, code=0)
+    call = models[0].submit(affine_request(1))
+    try:
+        assert held.entered.wait(60)
+        engine.close(timeout=0)
+        assert not gate.is_set() and teardown.held() >= 1  # returned with the run still held, abandoned
+    finally:
+        let_go(gate)
+    assert isinstance(call.exception(timeout=0), aclserve.Closed)
+    assert began_together == [True, True], "the pools closed one after another"
