@@ -32,7 +32,7 @@ PLUGIN_OPSETS = 8  # the oldest opset CANN's ONNX op plugins register parsers fo
 ONNX_DOMAINS = ("", "ai.onnx")  # ONNX's own, which ATC's parsers are registered under ("ai.onnx::11::Conv")
 SHOWN_OPERATORS = 3  # the foreign operators a refusal names
 # `Ascend` + the chip's name from npu-smi (Ascend310, Ascend310P3, Ascend310B1, Ascend910B3, ...)
-_SOC_NAME = re.compile(r"^Ascend[0-9]{3}[0-9A-Za-z_-]*$")
+_SOC_NAME = re.compile(r"Ascend[0-9]{3}[0-9A-Za-z_-]*")
 
 
 def check_precision_mode(mode: str | None) -> None:
@@ -45,7 +45,7 @@ def cpu_warnings(model: onnx.ModelProto, soc_version: str | None) -> list[str]:
     """What ATC would refuse (or may) among what a CPU compile records: its SoC and the model's
     ONNX opset. One line each, for the compile's summary."""
     warnings = []
-    if soc_version is not None and not _SOC_NAME.match(soc_version):
+    if soc_version is not None and not _SOC_NAME.fullmatch(soc_version):
         warnings.append(f"--soc-version {soc_version!r} does not look like a SoC ATC takes (`Ascend` and the "
                         "chip's name from npu-smi, e.g. Ascend310P3, Ascend910B1): ATC would refuse it")
     opset = next((o.version for o in model.opset_import if o.domain in ONNX_DOMAINS), None)

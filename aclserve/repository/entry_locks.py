@@ -25,7 +25,7 @@ from . import cache_entry
 
 log = logging.getLogger(__name__)
 
-ENTRY_NAME = re.compile(r"^[^.].*-[0-9a-f]{32}\.om$")  # compiled_om's names: <model>-<key[:32]>.om
+ENTRY_NAME = re.compile(r"[^.].*-[0-9a-f]{32}\.om")  # compiled_om's names: <model>-<key[:32]>.om
 WORK_FOLDER = ".compiling-"  # compiled_om's work folders: .<model>-<key[:32]>.compiling-<random>
 LOCK_POLL_S = 0.1  # a stoppable wait for an entry's lock tries it again this often (exclusive)
 
@@ -75,13 +75,13 @@ def sweep(cache_dir: str | os.PathLike) -> int:
         return 0
     removed = 0
     for name in names:
-        if ENTRY_NAME.match(name) and not cache_entry.manifest_path(folder / name).exists():
+        if ENTRY_NAME.fullmatch(name) and not cache_entry.manifest_path(folder / name).exists():
             if _unheld(folder / f".{name}.lock", functools.partial(_remove_if_unfinished, folder / name)):
                 removed += 1
         elif (entry := work_entry(name)) is not None:
             if _unheld(folder / f".{entry}.lock", functools.partial(_remove_work, folder / name)):
                 removed += 1
-        elif name.startswith(".") and ENTRY_NAME.match(name[1:-len(".lock")]) and name.endswith(".lock"):
+        elif name.startswith(".") and ENTRY_NAME.fullmatch(name[1:-len(".lock")]) and name.endswith(".lock"):
             _unheld(folder / name, lambda: True)  # a lock left by a process killed while holding it
     return removed
 
@@ -100,7 +100,7 @@ def work_entry(name: str) -> str | None:
     if not name.startswith(".") or WORK_FOLDER not in name:
         return None
     entry = name[1:name.rindex(WORK_FOLDER)] + ".om"
-    return entry if ENTRY_NAME.match(entry) else None
+    return entry if ENTRY_NAME.fullmatch(entry) else None
 
 
 def _remove_work(work: Path) -> bool:

@@ -44,7 +44,7 @@ from .scan_failure import ScanFailure
 
 MODEL_SUFFIXES = (".om", ".onnx")  # order = preference when both exist
 KNOWN_SUFFIXES = MODEL_SUFFIXES + (".yaml", ".yml")
-_VERSION_RE = re.compile(r"^[1-9][0-9]{0,17}$")
+_VERSION_RE = re.compile(r"[1-9][0-9]{0,17}")  # fullmatch: a folder "2\n" is no version (int() read it as 2)
 
 
 @dataclass(frozen=True)
@@ -294,12 +294,12 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
         for sub in sorted(folder.iterdir()):
             if is_ignored_name(sub.name):
                 continue
-            if not sub.is_dir() or not _VERSION_RE.match(sub.name):
+            if not sub.is_dir() or not _VERSION_RE.fullmatch(sub.name):
                 if sub.name.lower() == "config.yaml" and not sub.is_dir():  # (config.yaml itself: read above)
                     result.notes.extend(unread.capitals_note(sub, root, (".yaml",), "config"))  # config.YAML
                 elif _model_files(sub):
                     misplaced.append(f"{sub.relative_to(root)} is not a version folder")
-                elif _VERSION_RE.match(sub.name) and (special := _special(sub)):
+                elif _VERSION_RE.fullmatch(sub.name) and (special := _special(sub)):
                     misplaced.append(f"{sub.relative_to(root)} is {special}, not a version folder")
                 continue
             version_folders.append(sub)

@@ -9,7 +9,8 @@ TEMP_SUFFIXES = (".tmp", ".part")
 # (KServe's pvc:// on ext4) has one, which as a model of a bad name kept strict readiness 503
 FILE_SYSTEM_NAMES = ("lost+found",)
 MAX_NAME = 128  # characters of a model's name
-_NAME_RE = re.compile(rf"^[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,{MAX_NAME - 1}}}$")
+# (fullmatch: `$` also matches before a final line feed, and "digits\n" passed for a name)
+_NAME_RE = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,{MAX_NAME - 1}}}")
 
 
 def escape_undecodable(text: str) -> str:
@@ -34,7 +35,7 @@ def check_model_name(name: str) -> str | None:
         return "model names may not contain '..'"
     if name.startswith("."):
         return "model names may not start with '.'"
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         return "model names use ASCII letters, digits, '_', '-', '.' (at most 128, not starting with '-' or '.')"
     return None
 
