@@ -12,7 +12,8 @@ what ends a path in prose (`/home/John Smith/models`, `/srv/my models:x`), which
 rule cannot read whole, and a folder's name was shown from its blank or colon on. A path after
 a colon (`path:/opt/x/a.so`) is a path too.
 
-The rule reads the text only, never the disk: a message may also quote a client's own value
+The rule reads the text only, never the disk (the known folders' real paths are read once, when
+the redactor is made): a message may also quote a client's own value
 (an input named /etc/shadow), and a rewrite that depended on whether the path exists here
 would tell the client that it does. Such a value is misquoted (`unknown input 'shadow'`) the
 same way whether or not it exists.
@@ -42,11 +43,15 @@ MAX_TEXT = 8192
 class PathRedactor:
     def __init__(self, models_dir: str, *known: str):
         """`known`: other folders whose paths answers may quote (trace_dir, the compile cache's),
-        shown relative to them; empty ones are skipped."""
+        shown relative to them; empty ones are skipped. Each is known by its real path too, read
+        once here: the scan names the models folder's files from its real path (layout.scan), and
+        a models folder given as a link to `/x/real/My Models` showed `My Models/m.yaml`."""
         self.root = os.path.abspath(models_dir)
-        folders = {os.path.abspath(folder) for folder in known if folder} | {self.root}
-        folders.discard(os.sep)
-        either = "|".join(re.escape(folder) for folder in sorted(folders, key=len, reverse=True))
+        given = {os.path.abspath(folder) for folder in known if folder} | {self.root}
+        self._as_given = {os.path.realpath(folder): folder for folder in given}  # a spelling -> the folder
+        self._as_given.update((folder, folder) for folder in given)
+        self._as_given.pop(os.sep, None)
+        either = "|".join(re.escape(folder) for folder in sorted(self._as_given, key=len, reverse=True))
         self._paths = re.compile(rf"{_NOT_AFTER}(?P<folder>{either}){_FOLDER_ENDS}(?P<rest>(?:/{_PART}*)*)"
                                  rf"|{_ABSOLUTE}" if either else _ABSOLUTE)
 
@@ -59,6 +64,7 @@ class PathRedactor:
     def _replace(self, match: re.Match) -> str:
         folder = match.groupdict().get("folder")
         if folder is not None:
+            folder = self._as_given[folder]
             rest = match["rest"]
             if folder == self.root:
                 return "<models>" + rest

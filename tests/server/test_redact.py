@@ -110,3 +110,38 @@ def test_the_operators_trace_file_is_known_as_itself_not_its_folder():
     assert redact("cannot write /home/me/trace.json: full") == "cannot write trace.json: full"
     assert redact("loading /home/me/.local/lib/python3.11/site-packages/acl/libacl.so failed") == \
         "loading libacl.so failed"
+
+
+def test_a_models_folder_given_as_a_link_is_not_named_by_its_target(models_dir, tmp_path):
+    """The scan names the files by the folder's real path (layout.scan resolves it), which the
+    redactor did not know: with --models a link to `.../real/My Models`, a broken config's index
+    reason read `My Models/broken.yaml: ...` (a tester, t44)."""
+    import json
+    import os
+    import shutil
+
+    from tests.serving import ServerThread, request, server_config
+    real = tmp_path / "real" / "My Models"
+    real.mkdir(parents=True)
+    shutil.copy(models_dir / "double.om", real / "double.om")
+    shutil.copy(models_dir / "double.om", real / "broken.om")
+    (real / "broken.yaml").write_text("instances: [\n")
+    os.symlink(real, tmp_path / "models")
+    with ServerThread(server_config(tmp_path / "models")) as srv:
+        status, _, body = request(srv, "POST", "/v2/repository/index", data=b"{}")
+    reasons = {row["name"]: row.get("reason", "") for row in json.loads(body)}
+    assert status == 200 and reasons["broken"].startswith("<models>/broken.yaml: "), reasons
+    assert b"My Models" not in body and b"real" not in body
+
+
+def test_a_known_folder_is_found_by_its_real_path_too(tmp_path):
+    """As written and as the disk names it: a compile cache folder given as a link is shown
+    relative to itself by either spelling, and by the name it was given."""
+    import os
+    real = tmp_path / "real cache"
+    real.mkdir()
+    os.symlink(real, tmp_path / "cache")
+    redact = PathRedactor("/srv/models", str(tmp_path / "cache"))
+    assert redact(f"cannot write {real}/m-1.om: full") == "cannot write m-1.om: full"
+    assert redact(f"{tmp_path}/cache/m-1.om is gone") == "m-1.om is gone"
+    assert redact(f"{real} is read-only") == "cache is read-only"
