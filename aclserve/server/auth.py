@@ -18,12 +18,13 @@ import hmac
 import logging
 import os
 import time
+from typing import Sequence
 
 from aiohttp import web
 
 from ..config import ConfigConflict, ConfigError
 from ..config.schema import TOKEN_ENV
-from ..errors import ServeError
+from ..errors import InvalidInput, ServeError
 from .address import is_loopback
 from .web_pages import page_refusal
 
@@ -46,7 +47,7 @@ class Forbidden(ServeError):
     page's request to a loopback one."""
 
 
-REFUSAL_REASONS = ("no_token", "invalid_token", "no_token_configured", "web_page")  # /metrics labels
+REFUSAL_REASONS = ("no_token", "invalid_token", "repeated_header", "no_token_configured", "web_page")  # /metrics
 LOG_EVERY_S = 60.0  # at most one line a minute about invalid tokens: a client trying many is not a log flood
 
 MAX_HTTP_TOKEN = 8000  # aiohttp reads header lines of 8190 bytes
@@ -99,11 +100,12 @@ class Access:
 
     def check(self, request: web.BaseRequest) -> None:
         """Raise Unauthorized unless the request carries the token."""
-        self.check_value(request.headers.get("Authorization", ""))
+        self.check_value(request.headers.getall("Authorization", ()))
 
-    def check_value(self, authorization: str) -> None:
-        """The same for an Authorization value (an HTTP header, or gRPC metadata)."""
-        scheme, _, given = authorization.partition(" ")
+    def check_value(self, sent: Sequence[str]) -> None:
+        """The same for the Authorization values a request sent (every HTTP header of that name,
+        or every gRPC `authorization` metadata value)."""
+        scheme, _, given = self._one(sent).partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             self.refused["no_token"] += 1
             raise Unauthorized("this route needs an API token: send 'authorization: Bearer <token>' (an HTTP "
@@ -115,6 +117,17 @@ class Access:
         if sent is None or not hmac.compare_digest(sent, self._token):
             self._invalid()
             raise Unauthorized("the API token is not valid")
+
+    def _one(self, sent: Sequence[str]) -> str:
+        """A request's one Authorization value ("" when it sent none). Two are refused, 400 as RFC
+        6750 (3.1) answers a request that repeats a parameter: only the first was read (aiohttp's
+        headers.get, the first metadata value), so `Bearer <token>` then `Bearer wrong` passed
+        where the other order was a 401 (a tester, t44). Neither value is quoted: one may be the
+        token."""
+        if len(sent) > 1:
+            self.refused["repeated_header"] += 1
+            raise InvalidInput(f"Authorization is given {len(sent)} times; send it once")
+        return sent[0] if sent else ""
 
     def _invalid(self) -> None:
         """Count a wrong token, and say so in the log at most once every LOG_EVERY_S (never the
@@ -146,26 +159,26 @@ class Access:
                     "" if self._logged_at is None else f" in the last {now - self._logged_at:.0f} s")
         self._invalid_unlogged, self._logged_at = 0, now
 
-    def check_control(self, authorization: str, what: str) -> None:
+    def check_control(self, sent: Sequence[str], what: str) -> None:
         """A management action (`what` is disabled, e.g. "model load/unload is"): the token when
         one is set; else only on loopback (where check_route refuses a web page's over HTTP too:
-        gRPC is no protocol a page can speak)."""
+        gRPC is no protocol a page can speak). `sent`: the request's Authorization values."""
         if self._token:
-            self.check_value(authorization)
+            self.check_value(sent)
         elif not self.control_open:
             self.refused["no_token_configured"] += 1
             raise Forbidden(f"{what} disabled: the server listens on {self.host} without "
                             f"an API token (set api_token in the config or {TOKEN_ENV})")
 
-    def check_trace_change(self, authorization: str) -> None:
+    def check_trace_change(self, sent: Sequence[str]) -> None:
         """A change of trace settings (it decides how many trace files are written)."""
-        self.check_control(authorization, "trace setting changes are")
+        self.check_control(sent, "trace setting changes are")
 
-    def check_repository_value(self, authorization: str, control: bool) -> None:
+    def check_repository_value(self, sent: Sequence[str], control: bool) -> None:
         """The repository API: the token when one is set (the index too); else load/unload only
         on loopback."""
         if control or self._token:
-            self.check_control(authorization, "model load/unload is")
+            self.check_control(sent, "model load/unload is")
 
     def check_route(self, request: web.Request) -> None:
         """What the route `request` matched asks of it: the middleware's check, and the expect
@@ -178,7 +191,7 @@ class Access:
             return
         what = _control(template, request.method)
         if what is not None:
-            self.check_control(request.headers.get("Authorization", ""), what)
+            self.check_control(request.headers.getall("Authorization", ()), what)
             if not self._token:  # open because the server listens on loopback only
                 self._refuse_web_pages(request, what)
         elif self._token and template.startswith(_REPOSITORY):  # the index

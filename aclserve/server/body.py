@@ -92,7 +92,9 @@ class _Inflater:
 
 
 def _inflater(request: web.BaseRequest, max_ratio: int) -> _Inflater | None:
-    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    # every header of that name, as the one list they are (RFC 9110 5.3): the first alone was
+    # read, and a body gzipped twice under two `Content-Encoding: gzip` was inflated once
+    encoding = ", ".join(request.headers.getall("Content-Encoding", ())).strip().lower()
     if encoding in ("", "identity"):
         return None
     if encoding in ("gzip", "x-gzip"):

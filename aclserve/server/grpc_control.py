@@ -55,9 +55,10 @@ def metadata(context, key: str) -> str | None:
     return next((v for k, v in (context.invocation_metadata() or ()) if k == key), None)
 
 
-def authorization(context) -> str:
-    """The `authorization` metadata ("Bearer <token>"), as the HTTP header (server/auth.py)."""
-    return metadata(context, "authorization") or ""
+def authorization(context) -> list[str]:
+    """The `authorization` metadata values ("Bearer <token>"), as the HTTP headers (server/auth.py
+    refuses two)."""
+    return [v for k, v in (context.invocation_metadata() or ()) if k == "authorization"]
 
 
 class ControlServicer(pbg.GRPCInferenceServiceServicer):

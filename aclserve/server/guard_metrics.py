@@ -54,7 +54,8 @@ class GuardCollector:
             refused.add((str(status),), n)
         yield refused
         auth = Family("counter", "aclserve_auth_refusals", "Requests refused by the API token check "
-                      "(no_token, invalid_token: 401; no_token_configured, web_page: 403)", ["reason"])
+                      "(no_token, invalid_token: 401; repeated_header: 400; no_token_configured, web_page: 403)",
+                      ["reason"])
         for reason, n in state.auth.refused.items():
             auth.add((reason,), n)
         yield auth

@@ -53,13 +53,13 @@ _UNREADABLE = -1
 
 def _json_length(head: Head) -> int | None:
     """The length of the body's JSON part (None: all of it), or _UNREADABLE when the head says
-    what is not read here (a Content-Encoding, a malformed Inference-Header-Content-Length);
-    once per Head (framing's memo)."""
-    value = head.header(b"inference-header-content-length")
-    if (head.header(b"content-encoding") not in (None, b"identity")
-            or (value is not None and (not value.isdigit() or len(value) > 18))):  # int() refuses 4,300 digits
+    what is not read here (a Content-Encoding, a malformed Inference-Header-Content-Length, or
+    either given twice, which aiohttp's path refuses: 400, 415); once per Head (framing's memo)."""
+    values = head.header_all(b"inference-header-content-length")
+    if (head.header_all(b"content-encoding") not in ([], [b"identity"]) or len(values) > 1
+            or (values and (not values[0].isdigit() or len(values[0]) > 18))):  # int() refuses 4,300 digits
         return _UNREADABLE
-    return None if value is None else int(value)
+    return int(values[0]) if values else None
 
 
 _Y_LOOKS = 32  # the 'y's of "priority" looked at by memchr before a full search

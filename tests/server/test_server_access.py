@@ -94,15 +94,15 @@ def test_refused_tokens_are_counted_and_a_wrong_one_logged_once_a_minute(models_
     monkeypatch.setattr(auth, "LOG_EVERY_S", 0.3)
     caplog.set_level(logging.WARNING, logger="aclserve.server.auth")
     with ServerThread(make_config(models_dir, api_token=TOKEN)) as srv:
-        assert auth_refusals(srv.url) == {"no_token": 0, "invalid_token": 0, "no_token_configured": 0,
-                                          "web_page": 0}
+        assert auth_refusals(srv.url) == {"no_token": 0, "invalid_token": 0, "repeated_header": 0,
+                                          "no_token_configured": 0, "web_page": 0}
         for _ in range(3):
             assert call(srv.url, "/v2/repository/index", b"{}", token="guess-1234")[0] == 401
         for _ in range(2):
             assert call(srv.url, "/v2/repository/index", b"{}")[0] == 401
         assert call(srv.url, "/v2/repository/index", b"{}", token=TOKEN)[0] == 200
-        assert auth_refusals(srv.url) == {"no_token": 2, "invalid_token": 3, "no_token_configured": 0,
-                                          "web_page": 0}
+        assert auth_refusals(srv.url) == {"no_token": 2, "invalid_token": 3, "repeated_header": 0,
+                                          "no_token_configured": 0, "web_page": 0}
 
         def lines():
             return [r.getMessage() for r in caplog.records if "invalid API token" in r.getMessage()]
@@ -192,7 +192,8 @@ def test_without_a_token_load_and_unload_are_refused_off_loopback(models_dir, ma
     (status, doc), index, (trace_status, trace_doc), trace_read, refused = asyncio.run(scenario())
     assert status == 403 and "ACLSERVE_API_TOKEN" in doc["error"] and index == 200
     assert trace_status == 403 and "trace setting changes are disabled" in trace_doc["error"]
-    assert refused == {"no_token": 0, "invalid_token": 0, "no_token_configured": 2, "web_page": 0}  # (/metrics)
+    assert refused == {"no_token": 0, "invalid_token": 0, "repeated_header": 0,
+                       "no_token_configured": 2, "web_page": 0}  # (/metrics)
     assert trace_read == (200, "1000")  # read as ever, unchanged
     assert any("api_token" in r.getMessage() and "trace setting" in r.getMessage() for r in caplog.records)
 
