@@ -16,7 +16,8 @@ Cases (each about --mb MB, gRPC ones 3.5-6 MB): jpeg-segments (2-byte COM segmen
 frame), jpeg-exif (64 KB EXIF segments without an Orientation), png-chunks (empty text chunks
 before IDAT), json-spaces (a `"data"` key followed by whitespace), json-data-keys (`"data"`
 repeated), long-name (an input named "/ " repeated: its error message quotes it), many-dims (a
-shape of a million dimensions), grpc-inputs (a ModelInfer of empty inputs), grpc-trace (a
+shape of a million dimensions), json-keys (a valid request whose `parameters` hold 800,000
+distinct keys), grpc-inputs (a ModelInfer of empty inputs), grpc-trace (a
 TraceSetting of many settings).
 """
 from __future__ import annotations
@@ -104,7 +105,17 @@ def http_cases(mb: int) -> dict:
                                                        "shape": [1, 64], "data": [0.0] * 64}]}).encode(), as_json),
         "many-dims": (NUMBERS, json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1] * 1_000_000,
                                                        "data": [0.0] * 64}]}).encode(), as_json),
+        "json-keys": (NUMBERS, _many_keys(size), as_json),
     }
+
+
+def _many_keys(size: int) -> bytes:
+    """A valid request to digits whose `parameters` hold as many distinct keys as `size` bytes
+    take (800,000 at 15 MB: within max_json_bytes and max_json_elements)."""
+    count = size // 20
+    keys = b",".join(b'"p%014d":0' % i for i in range(count))
+    return (b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,64],"data":[' + b",".join([b"0.0"] * 64)
+            + b']}],"parameters":{' + keys + b"}}")
 
 
 def grpc_cases() -> dict:
@@ -152,7 +163,7 @@ def measured(prober: PeakSampler, send) -> tuple[str, float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="jpeg-segments,jpeg-exif,png-chunks,json-spaces,json-data-keys,long-name,"
-                                       "many-dims,grpc-inputs,grpc-trace")
+                                       "many-dims,json-keys,grpc-inputs,grpc-trace")
     ap.add_argument("--mb", type=int, default=15, help="size of the HTTP cases' bodies (max_json_bytes: 16 MiB)")
     args = ap.parse_args(argv)
     port, grpc_port = free_port(), free_port()

@@ -3,7 +3,7 @@
 Decoding validates everything the model can check before queueing (names, datatypes, shapes,
 batch rows, payload sizes) and raises errors.InvalidInput naming the field. Binary tensors are
 zero-copy views (`np.frombuffer`, read-only) into the request body; the JSON part is parsed
-with orjson under the request's JsonLimits and JSON tensors are converted by json_tensors.py.
+with orjson under the request's JsonLimits (json_limits.py) and JSON tensors are converted by json_tensors.py.
 Responses are rendered by `encode.py`.
 """
 from __future__ import annotations
@@ -18,8 +18,9 @@ from ..errors import InvalidInput, ServeError
 from ..runtime.types import TensorSpec
 from .bytes_codec import MAX_QUOTED_DIMS, decode_input as decode_bytes_input, raw_input as raw_bytes_input
 from .json_simd import JsonNumbers
-from .json_tensors import (AFTER_JSON, NOT_JSON, JsonLimits, loads, numbers_in_json, read_numbers,
-                           refuse_booleans_among_numbers, to_array)
+from .json_limits import JsonLimits
+from .json_tensors import (AFTER_JSON, NOT_JSON, loads, numbers_in_json, read_numbers, refuse_booleans_among_numbers,
+                           to_array)
 from .parameters import json_unsigned, refuse_compound_values, refuse_shared_memory
 from .quoting import quoted, quoted_name, quoted_names
 from .stray_pictures import IMAGE_INPUT_HINT, refuse_picture

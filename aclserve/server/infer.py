@@ -31,7 +31,8 @@ from .answer_size import answer_bytes, answer_hint
 from .app_keys import STATE
 from .body import MAX_BODY_BYTES, body_limit, read_body
 from .budget import json_tensor_estimate
-from .json_tensors import BINARY_HINT, NOT_JSON, value_bound
+from .json_limits import BINARY_HINT, value_bound
+from .json_tensors import NOT_JSON
 from .codec import HEADER_LENGTH, decode_request, parse_header_length
 from .encode import encode_response
 from .expect import continue_within
@@ -238,7 +239,7 @@ def charge_decoding(lease, rec, body, header_length: int | None) -> int:
     """Charge what decoding the body's JSON may hold at most, before it is decoded (infer_body,
     for both HTTP paths): one value per 2 bytes of its text, and no more than the codec
     allows. When that would not fit, the values the text can hold, counted from its separators
-    (json_tensors.value_bound, about 0.2 ms per MB: so only then): numbers written with their
+    (json_limits.value_bound, about 0.2 ms per MB: so only then): numbers written with their
     digits hold one value per 8-20 bytes, and a 3x96x96 image's 570 KB of JSON was charged
     17.4 MiB for the 2.3 it can take. Returns the charge (infer_body gives it back once decoded:
     it only has to fit while the one request is parsed)."""

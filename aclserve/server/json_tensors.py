@@ -1,10 +1,8 @@
 """KServe v2 JSON through orjson: parsing under limits, tensor data to numpy and back.
 
-Parsing. orjson builds the whole object graph before anything can be checked, and that graph
-costs up to ~37 bytes of memory per byte of JSON (`[[]],` repeated), so the JSON part of a body
-is bounded twice before it is parsed: by its size (`max_json_bytes`) and, when it is longer
-than `max_json_elements` bytes, by an upper bound of the values it holds (one per `,`, `[` and
-`{`, counted with numpy). Everything else JSON refuses is refused as the stdlib codec did, with
+Parsing. orjson builds the whole object graph before anything can be checked, so the JSON part
+of a body is bounded first, on its bytes (json_limits.py: its size, the values and the keys it
+may hold). Everything else JSON refuses is refused as the stdlib codec did, with
 the same messages: NaN/Infinity literals, nesting deeper than 1024, invalid UTF-8. A number too
 large for a double (`1e400`) is refused by orjson for the whole document; the stdlib decoder then
 re-reads it (only on that error path) so the overflow becomes inf inside the tensor it belongs
@@ -33,26 +31,16 @@ from __future__ import annotations
 
 import array
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import orjson
 
-from ..errors import InvalidInput, PayloadTooLarge
+from ..errors import InvalidInput
 from ..runtime.types import TensorSpec
 from . import json_simd
+from .json_limits import JsonLimits, check_before_parse
 from .json_overflow import loads_keeping_overflow
 from .json_simd import JsonNumbers
-
-BINARY_HINT = "send large tensors with the binary tensor extension"
-
-
-@dataclass(frozen=True)
-class JsonLimits:
-    """What the JSON part of one request may hold (config keys max_json_bytes, max_json_elements)."""
-
-    max_bytes: int = 16 * 1024 * 1024
-    max_elements: int = 1024 * 1024
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -63,14 +51,8 @@ AFTER_JSON = "unexpected content after document"  # orjson's words for a documen
 
 def loads(raw: bytes | memoryview, limits: JsonLimits):
     """Parse the JSON part of a request; InvalidInput / PayloadTooLarge name what is wrong."""
-    size = len(raw)
-    if size > limits.max_bytes:
-        raise PayloadTooLarge(f"the JSON part of the request is {size} bytes, over the limit of "
-                              f"{limits.max_bytes} (max_json_bytes); {BINARY_HINT}")
-    if size > limits.max_elements and value_bound(raw) > limits.max_elements:
-        raise PayloadTooLarge(f"the JSON part of the request holds more than {limits.max_elements} "
-                              f"values (max_json_elements); {BINARY_HINT}")
-    if size >= json_simd.PARSE_FROM_BYTES:
+    check_before_parse(raw, limits)
+    if len(raw) >= json_simd.PARSE_FROM_BYTES:
         doc = json_simd.parse(raw)
         if doc is not None:
             return doc
@@ -80,14 +62,6 @@ def loads(raw: bytes | memoryview, limits: JsonLimits):
         if e.msg.startswith("number is infinity"):
             return loads_keeping_overflow(raw)
         raise InvalidInput(f"{NOT_JSON}{_explain(e)}") from None
-
-
-def value_bound(raw: bytes | memoryview) -> int:
-    """At least the number of JSON values in `raw`: every value but the first of a container
-    follows a comma, and there is one container per bracket or brace."""
-    text = np.frombuffer(raw, np.uint8)
-    return int(np.count_nonzero(text == ord(","))) + int(np.count_nonzero(text == ord("["))) \
-        + int(np.count_nonzero(text == ord("{"))) + 1
 
 
 def _explain(e: orjson.JSONDecodeError) -> str:

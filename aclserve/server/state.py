@@ -22,7 +22,7 @@ from .grpc_refusals import GrpcRefusals
 from .guard_metrics import GuardCollector
 from .images import ImageDecoding
 from .in_flight import InFlight
-from .json_tensors import JsonLimits
+from .json_limits import JsonLimits
 from .metrics import ServerMetrics, VersionMetrics
 from .open_calls import OpenCalls
 from .redact import PathRedactor

@@ -11,7 +11,8 @@ from aclserve.errors import InvalidInput, PayloadTooLarge
 from aclserve.runtime.types import TensorSpec
 from aclserve.server import codec, encode
 from aclserve.server.http_errors import http_status
-from aclserve.server.json_tensors import JsonLimits, to_array, value_bound
+from aclserve.server.json_limits import JsonLimits, value_bound
+from aclserve.server.json_tensors import to_array
 
 
 def spec(name, datatype, shape):

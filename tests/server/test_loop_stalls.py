@@ -13,7 +13,7 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 
 from aclserve.errors import InvalidInput
 from aclserve.runtime.types import TensorSpec
-from aclserve.server import codec, grpc_codec, json_simd, json_tensors, redact
+from aclserve.server import codec, grpc_codec, json_limits, json_simd, json_tensors, redact
 from aclserve.server.bytes_codec import MAX_QUOTED_DIMS, check_rows
 from aclserve.server.grpc_control import CONTROL_MESSAGE_BYTES
 from aclserve.trace.settings import MAX_LEVELS, TraceSettingsError, parse_changes
@@ -234,6 +234,45 @@ def test_a_long_name_is_quoted_cut_over_http_as_over_grpc(server):
         f"unknown input {quoted_cut('x' * 10_000)} (model inputs: 'x', 'idx')"
     assert refusal({"inputs": [x, idx], "outputs": [{"name": "y" * 10_000}]}) == \
         f"unknown output {quoted_cut('y' * 10_000)} (model outputs: 'y', 's')"
+
+
+def test_a_request_of_more_object_keys_than_any_needs_is_refused_before_it_is_parsed(server):
+    """800,000 distinct keys in `parameters` (15 MB, within max_json_bytes and max_json_elements)
+    held the event loop 0.7 s while they were parsed, and the request was answered 200 (a tester,
+    t44): the keys are bounded by the text's colons first. Here 16,385 keys, within this server's
+    max_json_bytes (768 KiB) and max_json_elements too."""
+    def answer(keys: int) -> tuple[int, dict]:
+        body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
+                                      {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1] * 3}],
+                           "parameters": {f"{i:x}": 0 for i in range(keys)}}, separators=(",", ":")).encode()
+        request = urllib.request.Request(f"http://{server.url}/v2/models/affine/infer", body)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as ok:
+                return ok.status, json.loads(ok.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+    status, doc = answer(json_limits.MAX_JSON_KEYS + 1)
+    assert status == 400 and doc["error"] == (
+        "the JSON part of the request holds more than 16,384 object keys (counted by its ':' characters, those in "
+        "strings too); a request needs a few an input")
+    assert answer(json_limits.MAX_JSON_KEYS - 16)[0] == 200
+
+
+def test_colons_are_counted_only_in_a_text_that_could_hold_too_many_keys():
+    """A short text cannot hold too many keys; a long one is refused by its colons, those in
+    strings too, found one by one while they are few, then counted (a binary request's JSON part,
+    a view of its body, counted at once)."""
+    def body(colons: int, pad: int = json_limits.KEYS_FROM_BYTES) -> bytes:
+        return json.dumps({"inputs": [X], "note": ":" * colons, "pad": "x" * pad}).encode()
+    assert codec.decode_request(body(json_limits.KEYS_FROM_BYTES - 200, 0), None, SIG).rows == 1
+    assert codec.decode_request(body(json_limits.MAX_JSON_KEYS - 7), None, SIG).rows == 1  # and its 7 keys
+    with pytest.raises(InvalidInput, match="more than 16,384 object keys"):
+        codec.decode_request(body(json_limits.MAX_JSON_KEYS - 6), None, SIG)
+    head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],
+                                   "parameters": {"binary_data_size": 16}}], "note": ":" * 20_000,
+                       "pad": "x" * json_limits.KEYS_FROM_BYTES}).encode()
+    with pytest.raises(InvalidInput, match="more than 16,384 object keys"):
+        codec.decode_request(head + bytes(16), len(head), SIG)
 
 
 def test_a_status_message_fits_grpc_metadata_once_percent_encoded():
