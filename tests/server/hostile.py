@@ -7,9 +7,12 @@ import socket
 import urllib.request
 
 
-def metric(url: str, name: str, labels: str = "") -> float:
-    """The value of one sample of /metrics (0 when absent)."""
-    text = urllib.request.urlopen(f"http://{url}/metrics", timeout=30).read().decode()
+def metric(url: str, name: str, labels: str = "", token: str | None = None) -> float:
+    """The value of one sample of /metrics (0 when absent); `token`: the server's API token, which
+    its /metrics needs with auth_inference."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    text = urllib.request.urlopen(urllib.request.Request(f"http://{url}/metrics", headers=headers),
+                                  timeout=30).read().decode()
     pattern = re.escape(name) + (r"\{" + re.escape(labels) + r"\}" if labels else r"(?:\{\})?") + r" (\S+)"
     found = re.search(r"^" + pattern + r"$", text, re.M)
     return float(found.group(1)) if found else 0.0

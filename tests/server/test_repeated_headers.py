@@ -54,7 +54,7 @@ def test_a_repeated_authorization_header_is_refused_in_either_order(guarded, pat
     for headers in ([good, wrong], [wrong, good], [good, good]):
         status, raw = answer(guarded.url, raw_request(path, body, headers))
         assert (status, json.loads(raw)) == (400, {"error": "Authorization is given 2 times; send it once"})
-    assert metric(guarded.url, "aclserve_auth_refusals_total", 'reason="repeated_header"') >= 3
+    assert metric(guarded.url, "aclserve_auth_refusals_total", 'reason="repeated_header"', TOKEN) >= 3
 
 
 def test_repeated_authorization_metadata_is_refused_in_either_order(guarded):
