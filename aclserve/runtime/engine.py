@@ -199,15 +199,13 @@ class Engine:
     the loads under way have ended, and for good (a load afterwards is refused)."""
 
     def __init__(self, device: str = "auto", cpu_threads: int | None = None, memory_reserve_fraction: float = 0.1):
-        """device: "npu" (CANN and a device needed), "cpu" (the CPU runtime: ONNX Runtime) or
-        "auto": ACLSERVE_DEVICE's choice when it is set to npu or cpu, else the NPU when CANN sees
-        one, else the CPU (as `aclserve serve` with device: auto; "npu" or "cpu" given here wins over
-        the variable; another value of it is a ValueError at the first load or `with`, and npu
-        without CANN a RuntimeError, aclserve.acl.AclUnavailable). cpu_threads: ONNX Runtime threads per
-        model on the CPU runtime (None: ACLSERVE_CPU_THREADS, else 1). memory_reserve_fraction:
-        the share of each device's memory a load leaves free (as the server's
-        memory_reserve_fraction; from 0 to below 1). Nothing starts before the first load or
-        `with`. Close it (close(), or use it in a `with` block): until then its threads and
+        """device: "npu" (CANN and a device needed), "cpu" (the CPU runtime: ONNX Runtime) or "auto":
+        as `aclserve serve`'s, ACLSERVE_DEVICE's npu or cpu, else the NPU when CANN sees one, else the
+        CPU ("npu" or "cpu" here win; a bad variable: ValueError, npu without CANN: AclUnavailable, at
+        the first load). cpu_threads: ONNX Runtime threads per model on the CPU runtime (None:
+        ACLSERVE_CPU_THREADS, else 1). memory_reserve_fraction: the share of each device's memory a
+        load leaves free (as the server's; from 0 to below 1). Nothing starts before the first load
+        or `with`. Close it (close(), or use it in a `with` block): until then its threads and
         device state stay, an Engine dropped unclosed included, and it is closed at exit."""
         check_options(device=device, cpu_threads=cpu_threads, memory_reserve_fraction=memory_reserve_fraction)
         threads = None if cpu_threads is None else int(cpu_threads)  # (a numpy int: the CPU runtime takes int)
