@@ -48,9 +48,15 @@ def input_ranges(options: Mapping[str, TensorOptions], inputs: Sequence[TensorSp
                 ranges[name] = fitted if name not in ranges else _within_table(name, fitted, ranges[name], label)
             continue
         try:
-            ranges[name] = value_range(name, *opt.value_range, inputs, "the model's value_range")
+            own = value_range(name, *opt.value_range, inputs, "the model's value_range")
         except ValueRangeError as e:
             raise ValueRangeError(f"inputs.{name}.value_range: {e}") from None
+        table = ranges.get(name)
+        if table is not None and (own.low < table.low or own.high > table.high):  # (it replaces it, as said)
+            log.warning("%s: inputs.%s.value_range %s goes past %d..%d, the indices of the table the input "
+                        "indexes: a value outside them fails on the device (its instance rebuilt)", label, name,
+                        list(opt.value_range), table.low, table.high)
+        ranges[name] = own
     return ranges
 
 

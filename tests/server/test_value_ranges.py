@@ -270,6 +270,8 @@ def test_model_defaults_range_never_widens_the_table_the_compile_found(tmp_path,
     assert f"e50:1: model_defaults' inputs.c.value_range [-5, 20] narrowed to 0..20, within {table}" in said
     assert f"e50:1: model_defaults' inputs.d.value_range passed over: [100, 200] shares no value with {table}" in said
     assert "e50:1: model_defaults' inputs.b" not in said  # inside the table: applied as given
+    # the model's own range replaces the table's, past it too, with a warning (a reviewer's)
+    assert "own:1: inputs.a.value_range [0, 99] goes past 0..49, the indices of the table the input indexes" in said
 
 
 def test_the_range_a_compile_prints_is_the_one_the_load_takes(tmp_path, caplog):
