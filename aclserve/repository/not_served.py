@@ -11,10 +11,19 @@ from __future__ import annotations
 
 from ..errors import ModelUnavailable, NotFound, ServeError
 from .index import as_shown
-from .status import NOT_LOADED, WAITING_FOR_CONFIG, State, held_refusal
+from .status import NOT_LOADED, UNLOADED, WAITING_FOR_CONFIG, State
 
 # why a version on disk that no load call named is not loaded, by control mode (explicit, none)
 NOT_ASKED = {"explicit": "explicit: a load call serves it", "none": "none: models load at start only"}
+
+
+def held_refusal(name: str, version: str | None) -> str:
+    """What a request for a model held unloaded by an API unload is told, in a 404: no wait
+    brings it back, only a load call (Triton's words when it names no version)."""
+    if version is None:
+        return f"model {name} has no available versions ({UNLOADED})"
+    return (f"model {name} version {version} is not available ({UNLOADED} through the repository API: "
+            "a load call serves it)")
 
 
 class WhyNotServed:

@@ -58,15 +58,6 @@ WAITING_FOR_LABELS = "waiting for its labels file to be complete"
 SHUTTING_DOWN = "the server is shutting down"  # a version's UNLOADING reason then; a load stopped then says it
 
 
-def held_refusal(name: str, version: str | None) -> str:
-    """What a request for a model held unloaded by an API unload is told, in a 404: no wait
-    brings it back, only a load call (Triton's words when it names no version)."""
-    if version is None:
-        return f"model {name} has no available versions ({UNLOADED})"
-    return (f"model {name} version {version} is not available ({UNLOADED} through the repository API: "
-            "a load call serves it)")
-
-
 class IllegalTransition(RuntimeError):
     """A move not in TRANSITIONS: a bug in the repository, never a user's error."""
 
