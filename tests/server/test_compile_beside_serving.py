@@ -9,23 +9,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
-import time
 
-from tests.serving import ServerThread, request, server_config
+from tests.serving import ServerThread, request, in_thread, server_config, wait_until
 from tests.tiny_models import affine_onnx
 
 DOUBLE = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}
 AFFINE = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
                      {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1, 2, 3]}]}
-
-
-def until(check, what: str) -> None:
-    for _ in range(3000):  # a hang guard, not a timing
-        if check():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"never {what}")
 
 
 def rows(srv) -> dict[str, tuple[str, str]]:
@@ -39,13 +29,10 @@ def test_the_other_models_are_answered_while_a_dropped_onnx_compiles(models_dir,
     folder.mkdir()
     shutil.copy(models_dir / "double.om", folder / "double.om")
     with ServerThread(server_config(folder)) as srv:  # (explicit mode: double loads at start)
-        until(lambda: request(srv, "GET", "/v2/models/double/ready")[0] == 200, "double ready")
+        wait_until(lambda: request(srv, "GET", "/v2/models/double/ready")[0] == 200, "double ready", guard_s=30)
         affine_onnx(folder / "fresh.onnx")
-        answers: list[int] = []
-        load = threading.Thread(target=lambda: answers.append(
-            request(srv, "POST", "/v2/repository/models/fresh/load")[0]))
-        load.start()
-        until(lambda: any(compile_holds.iterdir()), "the compile's process holding")
+        load, answers = in_thread(lambda: request(srv, "POST", "/v2/repository/models/fresh/load")[0])
+        wait_until(lambda: any(compile_holds.iterdir()), "the compile's process holding", guard_s=30)
         (mark,) = compile_holds.iterdir()
         pid = int(mark.name)
         assert pid != os.getpid()

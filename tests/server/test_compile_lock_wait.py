@@ -13,14 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 
 from aclserve.repository.compiler import cache_key
 from tests import REPO
-from tests.serving import ServerThread, free_port, listened_by, request, server_config
+from tests.serving import ServerThread, free_port, in_thread, listened_by, request, server_config
 from tests.tiny_models import double_onnx
 
 WAITING = "waiting for another process compiling the same model"
@@ -48,14 +47,6 @@ def holding(lock_path):
             holder.kill()
 
 
-def call(target) -> tuple[threading.Thread, list]:
-    """`target()` in a thread of its own; what it returned lands in the list."""
-    answers: list = []
-    thread = threading.Thread(target=lambda: answers.append(target()), daemon=True)
-    thread.start()
-    return thread, answers
-
-
 def reason(srv, name: str) -> tuple[str, str] | None:
     status, _, body = request(srv, "POST", "/v2/repository/index")
     assert status == 200, body
@@ -71,7 +62,7 @@ def test_a_load_waiting_for_another_process_compiling_its_model_says_so(tmp_path
         double_onnx(folder / "m.onnx")
         key = cache_key(folder / "m.onnx", config.model_defaults.compile, "cpu")
         with holding(cache / f".m-{key[:32]}.om.lock") as holder:
-            load, answers = call(lambda: request(srv, "POST", "/v2/repository/models/m/load"))
+            load, answers = in_thread(lambda: request(srv, "POST", "/v2/repository/models/m/load"))
             seen = []
             for _ in range(300):  # a hang guard, not a timing (each read of the index is paced: 0.1 s or more)
                 seen.append(reason(srv, "m"))
@@ -97,12 +88,12 @@ def test_an_unload_ends_a_load_waiting_for_another_process_compiling_its_model(t
         double_onnx(folder / "m.onnx")
         key = cache_key(folder / "m.onnx", config.model_defaults.compile, "cpu")
         with holding(cache / f".m-{key[:32]}.om.lock") as holder:
-            load, loaded = call(lambda: request(srv, "POST", "/v2/repository/models/m/load"))
+            load, loaded = in_thread(lambda: request(srv, "POST", "/v2/repository/models/m/load"))
             for _ in range(300):  # a hang guard (each read of the index is paced: 0.1 s or more)
                 if reason(srv, "m") == ("LOADING", WAITING) or not load.is_alive():
                     break
             assert reason(srv, "m") == ("LOADING", WAITING)
-            unload, unloaded = call(lambda: request(srv, "POST", "/v2/repository/models/m/unload"))
+            unload, unloaded = in_thread(lambda: request(srv, "POST", "/v2/repository/models/m/unload"))
             unload.join(HANG_GUARD_S)
             assert unloaded and unloaded[0][0] == 200, unloaded  # (without the change: none while the lock is held)
             load.join(HANG_GUARD_S)
@@ -160,7 +151,7 @@ def test_a_shutdown_ends_a_load_waiting_for_another_process_compiling_its_model(
                              env=dict(os.environ, PYTHONPATH=str(REPO))) as server:
         try:
             _wait_listening(server, port)
-            call(lambda: _post(port, "/v2/repository/models/m/load"))
+            in_thread(lambda: _post(port, "/v2/repository/models/m/load"))
             for _ in range(300):  # a hang guard (each read of the index is paced: 0.1 s or more)
                 rows = json.loads(_post(port, "/v2/repository/index", b"{}")[1])
                 if [(r["state"], r["reason"]) for r in rows if r["name"] == "m"] == [("LOADING", WAITING)]:
@@ -194,7 +185,7 @@ def test_a_load_call_waiting_for_another_process_compiling_its_model_is_answered
             double_onnx(folder / "m.onnx")
             key = cache_key(folder / "m.onnx", server_config(folder).model_defaults.compile, "cpu")
             with holding(cache / f".m-{key[:32]}.om.lock"):
-                load, loaded = call(lambda: _post(port, "/v2/repository/models/m/load"))
+                load, loaded = in_thread(lambda: _post(port, "/v2/repository/models/m/load"))
                 for _ in range(300):  # a hang guard (each read of the index is paced: 0.1 s or more)
                     rows = json.loads(_post(port, "/v2/repository/index", b"{}")[1])
                     if [(r["state"], r["reason"]) for r in rows if r["name"] == "m"] == [("LOADING", WAITING)]:

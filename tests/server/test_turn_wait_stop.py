@@ -9,30 +9,12 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import threading
-import time
 
-from tests.serving import ServerThread, request, server_config
+from tests.serving import ServerThread, in_thread, request, server_config, wait_until
 from tests.tiny_models import double_onnx
 
 WAITING = "waiting: other versions are loading (load_concurrency)"
 HANG_GUARD_S = 60  # (not a timing: the fixed server answers at once; the old one waited for the compile)
-
-
-def until(check, what: str) -> None:
-    give_up = time.monotonic() + HANG_GUARD_S  # a hang guard, not a timing (each index read is paced)
-    while not check():
-        if time.monotonic() > give_up:
-            raise AssertionError(f"never {what}")
-        time.sleep(0.02)
-
-
-def call(target) -> tuple[threading.Thread, list]:
-    """`target()` in a thread of its own; what it returned lands in the list."""
-    answers: list = []
-    thread = threading.Thread(target=lambda: answers.append(target()), daemon=True)
-    thread.start()
-    return thread, answers
 
 
 def rows(srv) -> dict[str, tuple[str, str]]:
@@ -48,12 +30,12 @@ def test_an_unload_ends_a_load_waiting_for_its_turn_at_once(models_dir, tmp_path
     with ServerThread(server_config(folder, load_concurrency=1, log_level="info")) as srv:
         double_onnx(folder / "a_block.onnx")
         shutil.copy(models_dir / "double.om", folder / "r.om")
-        block, blocked = call(lambda: request(srv, "POST", "/v2/repository/models/a_block/load"))
-        until(lambda: any(compile_holds.iterdir()), "a_block compiling (held)")
-        load, loaded = call(lambda: request(srv, "POST", "/v2/repository/models/r/load"))
-        until(lambda: rows(srv).get("r") == ("LOADING", WAITING), "r waiting for its turn")
+        block, blocked = in_thread(lambda: request(srv, "POST", "/v2/repository/models/a_block/load"))
+        wait_until(lambda: any(compile_holds.iterdir()), "a_block compiling (held)", HANG_GUARD_S)
+        load, loaded = in_thread(lambda: request(srv, "POST", "/v2/repository/models/r/load"))
+        wait_until(lambda: rows(srv).get("r") == ("LOADING", WAITING), "r waiting for its turn", HANG_GUARD_S)
 
-        unload, unloaded = call(lambda: request(srv, "POST", "/v2/repository/models/r/unload"))
+        unload, unloaded = in_thread(lambda: request(srv, "POST", "/v2/repository/models/r/unload"))
         unload.join(HANG_GUARD_S)
         assert unloaded and unloaded[0][0] == 200, unloaded  # (without the change: none while a_block compiles)
         load.join(HANG_GUARD_S)
@@ -88,17 +70,18 @@ def test_a_file_deleted_ends_a_load_waiting_for_its_turn_at_once(models_dir, tmp
                            log_level="info")
     with ServerThread(config) as srv:  # (started once its folder's first loads are done: none)
         double_onnx(folder / "a_block.onnx")
-        until(lambda: any(compile_holds.iterdir()), "a_block compiling (held)")
+        wait_until(lambda: any(compile_holds.iterdir()), "a_block compiling (held)", HANG_GUARD_S)
         shutil.copy(models_dir / "double.om", folder / "r.om")
-        until(lambda: rows(srv).get("r") == ("LOADING", WAITING), "r waiting for its turn")
+        wait_until(lambda: rows(srv).get("r") == ("LOADING", WAITING), "r waiting for its turn", HANG_GUARD_S)
 
         (folder / "r.om").unlink()
-        until(lambda: "r" not in rows(srv), "r gone from the index")  # (without the change: once a_block compiled)
+        # (without the change: once a_block compiled)
+        wait_until(lambda: "r" not in rows(srv), "r gone from the index", HANG_GUARD_S)
         assert any(compile_holds.iterdir())
 
         for mark in compile_holds.iterdir():
             mark.unlink()
-        until(lambda: rows(srv).get("a_block") == ("READY", ""), "a_block ready")
+        wait_until(lambda: rows(srv).get("a_block") == ("READY", ""), "a_block ready", HANG_GUARD_S)
         after = rows(srv)
     assert "r" not in after
     said = [r.getMessage() for r in caplog.records]
