@@ -10,7 +10,7 @@ import importlib
 _WHERE = {
     "AclRuntime": "acl_runtime", "Batch": "batch", "BatchExecutor": "batch", "BatchListener": "batch",
     "open_pool": "builder", "Device": "device", "LoadError": "device", "Engine": "engine",
-    "EngineModel": "engine", "ModelInstance": "instance", "OmModel": "om_model", "InstancePool": "pool",
+    "EngineModel": "engine_model", "ModelInstance": "instance", "OmModel": "om_model", "InstancePool": "pool",
     "DeviceTimings": "types", "TensorSpec": "types", "warm_up": "warmup",
 }
 __all__ = sorted(_WHERE)

@@ -14,10 +14,7 @@ refuses calls from then on and lets those made before it finish first (engine_ca
 """
 from __future__ import annotations
 
-import asyncio
 import atexit
-import bisect
-import concurrent.futures
 import logging
 import os
 import threading
@@ -25,173 +22,18 @@ import time
 import weakref
 from typing import Mapping
 
-import numpy as np
-
 from ..errors import Closed
 from ..value_ranges import ValueRange, ValueRangeError, value_range
 from .acl_runtime import AclRuntime
-from .batch import Batch
 from .builder import open_pool
 from .closing import close_pools
-from .engine_calls import Call, OpenCalls
-from .engine_inputs import checked_inputs
+from .engine_model import ENGINE_CLOSED, EngineModel, deadline_after, refuse_in_callback
 from .engine_options import check_options
 from .engine_process import CreatedIn
-from .futures import settle
-from .pool import InstancePool
 from .types import TensorSpec
 from .warmup import warm_up
 
 log = logging.getLogger(__name__)
-
-
-class EngineModel:
-    """A loaded model. Owned by its Engine; close() unloads it (blocking) once the calls made
-    before it are answered. The pool's listener: each finished batch goes back to the call it is
-    part of. `value_ranges`: {integer input name: ValueRange} its calls are checked against
-    (Engine.load's value_ranges)."""
-
-    def __init__(self, pool: InstancePool, owner=None, value_ranges: Mapping[str, ValueRange] | None = None):
-        self.pool = pool
-        self.owner = owner  # the Engine (its close() refuses to run in a done-callback of its calls)
-        self.name = pool.name
-        self.inputs: list[TensorSpec] = pool.inputs
-        self.outputs: list[TensorSpec] = pool.outputs
-        self.gears = pool.gears
-        self.value_ranges: dict[str, ValueRange] = dict(value_ranges or {})
-        self._calls = OpenCalls()  # those not answered yet: a close waits for them
-        self._created_in = owner.created_in if owner is not None else CreatedIn()
-        pool.attach(self)
-
-    @property
-    def closed(self) -> bool:
-        """close() has begun, the model's or its Engine's: calls are refused (Closed)."""
-        return self._calls.refusal is not None or (self.owner is not None and self.owner.closed)
-
-    def submit(self, inputs: Mapping[str, np.ndarray]) -> concurrent.futures.Future:
-        """Start inference; the future resolves to {output name: array}. It checks and copies the
-        inputs first (a caller may reuse its arrays once it returns), raising ValueError or
-        TypeError for a wrong one, then returns without waiting for the device. Once the model or
-        its Engine is closing the future fails with Closed (a future, not a raise: a
-        done-callback chaining calls gets its answer). In a forked child: RuntimeError, at once.
-        Cancelling the future does not stop its runs (a close waits for them)."""
-        self._created_in.check()  # (before any lock: a fork may have copied one held)
-        if self.closed:
-            return _failed(Closed(self._refusal()))
-        arrays = checked_inputs(inputs, self.inputs, self.value_ranges)
-        if not self.gears:
-            chunks = [(arrays, None, 1)]
-        else:
-            largest = self.gears[-1]
-            rows = len(next(iter(arrays.values())))
-            chunks = []
-            for start in range(0, rows, largest):
-                chunk = {k: v[start:start + largest] for k, v in arrays.items()}
-                n = len(next(iter(chunk.values())))
-                chunks.append((chunk, self.gears[bisect.bisect_left(self.gears, n)], n))
-        call = Call(len(chunks), [s.name for s in self.outputs])
-        if not self._calls.take(call):  # (a close began since the check above)
-            return _failed(Closed(self._refusal()))
-        index = 0
-        try:
-            for index, (chunk, gear, n) in enumerate(chunks):
-                self.pool.submit(Batch([chunk], gear, n, requests=(call, index)))
-        except BaseException as e:  # (a call left open would hold a close without a timeout for good)
-            settle(call.future, e)
-            for never_run in range(index, len(chunks)):
-                call.run_back(never_run)
-            raise
-        return call.future
-
-    def infer(self, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
-        """Run `inputs` ({input name: array}) and return {output name: array} (blocking): submit()
-        and its result. `timeout`: at most that many seconds (None: until answered, every run
-        bounded by the model's execution timeout); past it TimeoutError
-        (concurrent.futures.TimeoutError before Python 3.11), the call running on."""
-        _refuse_in_callback(self.owner, "EngineModel.infer()", "it waits for its call, which this thread may have "
-                                        "to finish: use submit() here")
-        check_options(timeout=timeout)
-        future = self.submit(inputs)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError as e:  # (TimeoutError from Python 3.11): said, not blank
-            if future.done() and not future.cancelled() and future.exception() is e:
-                raise  # (the call's own)
-            raise concurrent.futures.TimeoutError(f"model {self.name}: the call was not answered within {timeout} s; "
-                                                  "it runs on (submit() gives its future)") from None
-
-    async def infer_async(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """infer() for asyncio code: awaits submit()'s future (no timeout of its own: wrap it in
-        asyncio.wait_for; cancelling it cancels the future, not the runs, which a close waits for)."""
-        return await asyncio.wrap_future(self.submit(inputs))
-
-    # -- BatchListener (the pool's threads) ----------------------------------------------------
-    def batch_done(self, batch: Batch) -> None:
-        """(The pool's listener, not for callers) A run of a call has ended, on a pool thread."""
-        call, index = batch.requests
-        outer, _callbacks.engine = getattr(_callbacks, "engine", None), self.owner  # the future's
-        try:  # done-callbacks run from here (Engine.close); `outer`: a callback's own call answered at once
-            call.part_done(index, batch)
-        except BaseException:  # a callback's SystemExit or KeyboardInterrupt, which concurrent.futures
-            log.exception("%s: a done-callback failed", self.name)  # lets through: it stopped this thread
-        finally:
-            _callbacks.engine = outer
-
-    def slot_free(self) -> None:
-        """(The pool's listener) Nothing waits here: every run was handed to the pool at submit()."""
-
-    def close(self, timeout: float | None = None) -> None:
-        """Refuse calls from now on (Closed), let those made before finish, then unload the model
-        (blocking); with its Engine's closes, one at a time. `timeout`: at most that many seconds
-        for them (None: until each is answered, every run bounded by the model's execution
-        timeout); the calls still unanswered then fail with Closed, and a device still running
-        one is left to itself, as the server's shutdown_timeout_s does."""
-        self._created_in.check()
-        _refuse_in_callback(self.owner, "EngineModel.close()", "it waits for the engine's own threads, this one "
-                                        "among them")
-        check_options(timeout=timeout)
-        if self.owner is None:
-            self._close(_deadline(timeout), f"model {self.name} is closed")
-        else:
-            self.owner._close_model(self, _deadline(timeout))
-
-    def _refusal(self) -> str:
-        return self._calls.refusal or _ENGINE_CLOSED  # (the engine closing, its models not stopped yet)
-
-    def _close(self, deadline: float | None, refusal: str) -> None:
-        self._calls.stop(refusal)
-        interrupted = False
-        try:
-            self._drain(deadline)
-        except BaseException:  # Ctrl-C in the wait: the calls left fail now, the device is not waited for
-            interrupted = True
-            self._fail(self._calls.still_open(), "the close was interrupted")
-            raise
-        finally:  # (the model is closed all the same)
-            close_pools([self.pool], deadline, interrupted)
-
-    def _drain(self, deadline: float | None) -> None:
-        """Wait until `deadline` for the runs of the calls taken, cancelled ones' too; fail the calls
-        left then with Closed, before the pool's close waits for the device (their runs: answered
-        by it, or abandoned, unheard)."""
-        self._fail(self._calls.left(deadline), "the close's timeout passed")
-
-    def _fail(self, calls: list[Call], why: str) -> None:
-        outer, _callbacks.engine = getattr(_callbacks, "engine", None), self.owner  # (their done-callbacks
-        try:  # run here: the engine's closes, which this thread holds, are refused in them)
-            for call in calls:
-                settle(call.future, Closed(f"model {self.name} was closed before the call was answered ({why})"))
-        finally:
-            _callbacks.engine = outer
-
-
-def _refuse_in_callback(engine, what: str, why: str) -> None:
-    if engine is not None and getattr(_callbacks, "engine", None) is engine:
-        raise RuntimeError(f"{what} cannot run in a done-callback of the engine's calls ({why}); "
-                           f"call it from another thread")
-
-
-_callbacks = threading.local()  # .engine: the Engine whose call's future this thread is resolving
 
 
 class Engine:
@@ -282,7 +124,7 @@ class Engine:
                 self.models.append(model)
                 return model
         close_pools([pool], None)  # (the engine closed while it loaded: a close bounded in time left it to this load)
-        raise Closed(f"{_ENGINE_CLOSED} (it closed while model {name} loaded)")
+        raise Closed(f"{ENGINE_CLOSED} (it closed while model {name} loaded)")
 
     def close(self, timeout: float | None = None) -> None:
         """Refuse loads and calls from now on (Closed); once the loads under way have ended and
@@ -294,9 +136,9 @@ class Engine:
         and leaves the device as a timeout does. A close from another thread meanwhile waits for
         it. Not from a future's done-callback: that runs on the engine's own thread."""
         self.created_in.check()
-        _refuse_in_callback(self, "Engine.close()", "it runs on the engine's own thread, which close waits for")
+        refuse_in_callback(self, "Engine.close()", "it runs on the engine's own thread, which close waits for")
         check_options(timeout=timeout)
-        if not self._close(loads_wait_s=timeout, deadline=_deadline(timeout)):
+        if not self._close(loads_wait_s=timeout, deadline=deadline_after(timeout)):
             log.warning("Engine.close(timeout=%g): a model load still under way; its model is left to it", timeout)
 
     def _close(self, loads_wait_s: float | None = None, deadline: float | None = None) -> bool:
@@ -310,7 +152,7 @@ class Engine:
                 loads_ended = self._state.wait_for(lambda: self._loading == 0, loads_wait_s)
                 models, self.models = self.models, []
             for model in models:  # all refuse calls before any is waited for
-                model._calls.stop(_ENGINE_CLOSED)
+                model._calls.stop(ENGINE_CLOSED)
             interrupted = False
             try:
                 for model in models:
@@ -350,14 +192,7 @@ class Engine:
 
     def _refuse_if_closed(self) -> None:
         if self._closed:
-            raise Closed(_ENGINE_CLOSED)
-
-
-_ENGINE_CLOSED = "the engine is closed: make a new Engine"
-
-
-def _deadline(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + timeout
+            raise Closed(ENGINE_CLOSED)
 
 
 def _ranges(given: Mapping[str, tuple[int, int]], inputs: list[TensorSpec]) -> dict[str, ValueRange]:
@@ -369,12 +204,6 @@ def _ranges(given: Mapping[str, tuple[int, int]], inputs: list[TensorSpec]) -> d
         except ValueRangeError as e:
             raise ValueRangeError(f"value_ranges[{name!r}]: {e}") from None
     return ranges
-
-
-def _failed(error: BaseException) -> concurrent.futures.Future:
-    future = concurrent.futures.Future()
-    future.set_exception(error)
-    return future
 
 
 # Engines not closed when the interpreter exits: closed then, the calls made before finishing
