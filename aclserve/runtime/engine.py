@@ -127,14 +127,15 @@ class Engine:
         raise Closed(f"{ENGINE_CLOSED} (it closed while model {name} loaded)")
 
     def close(self, timeout: float | None = None) -> None:
-        """Refuse loads and calls from now on (Closed); once the loads under way have ended and
-        the calls made before have been answered, unload every model and let go of the runtime
-        (blocking). `timeout`: at most that many seconds for the calls (None: until each is
-        answered, every run bounded by its model's execution timeout); those still unanswered
-        then fail with Closed, and a device still running one is left to itself, as the
-        server's shutdown_timeout_s does. Ctrl-C in it fails the calls left with Closed at once
-        and leaves the device as a timeout does. A close from another thread meanwhile waits for
-        it. Not from a future's done-callback: that runs on the engine's own thread."""
+        """Refuse loads and calls from now on (Closed); once the loads under way have ended and the
+        calls made before have been answered (and the runs launched by those given up have ended),
+        unload every model and let go of the runtime (blocking). `timeout`: at most that many
+        seconds for the calls (None: until each is answered, every run bounded by its model's
+        execution timeout); those still unanswered then fail with Closed, and a device still running
+        one is left to itself, as the server's shutdown_timeout_s does. Ctrl-C in it fails the calls
+        left with Closed at once and leaves the device as a timeout does. A close from another
+        thread meanwhile waits for it. Not from a future's done-callback: that runs on the engine's
+        own thread."""
         self.created_in.check()
         refuse_in_callback(self, "Engine.close()", "it runs on the engine's own thread, which close waits for")
         check_options(timeout=timeout)
@@ -207,11 +208,12 @@ def _ranges(given: Mapping[str, tuple[int, int]], inputs: list[TensorSpec]) -> d
 
 
 # Engines not closed when the interpreter exits: closed then, the calls made before finishing
-# first, for at most EXIT_DRAIN_S (the server's default shutdown_timeout_s: a hung device does not
-# hold the exit). Without it a run of ONNX Runtime still going in a daemon thread met the
-# interpreter's end, and the process died of SIGABRT ("terminate called without an active
-# exception"). One still loading a model after EXIT_LOAD_WAIT_S has its loaded models closed and
-# its runtime left to the load (a hung load held the exit).
+# first (said in a WARNING line), for at most EXIT_DRAIN_S (the server's default
+# shutdown_timeout_s: a hung device does not hold the exit). Without it a run of ONNX Runtime
+# still going in a daemon thread met the interpreter's end, and the process died of SIGABRT
+# ("terminate called without an active exception"). One still loading a model after
+# EXIT_LOAD_WAIT_S has its loaded models closed and its runtime left to the load (a hung load
+# held the exit).
 _open_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 EXIT_LOAD_WAIT_S = 10.0
 EXIT_DRAIN_S = 30.0
@@ -222,8 +224,21 @@ def _close_open_engines() -> None:
     drained_by = time.monotonic() + EXIT_DRAIN_S  # (one bound for them all)
     for engine in [e for e in _open_engines if e.created_in.here()]:  # (a forked child's exit: not its own)
         try:
+            _say_what_the_exit_waits_for(engine, drained_by)
             if not engine._close(EXIT_LOAD_WAIT_S, drained_by):
                 log.warning("an Engine still loading a model %.0f s into the exit: its loaded models are closed, "
                             "its runtime is not", EXIT_LOAD_WAIT_S)
         except Exception:  # (the others still close)
             log.exception("closing an Engine left open at exit failed")
+
+
+def _say_what_the_exit_waits_for(engine: Engine, drained_by: float) -> None:
+    """A WARNING line per model whose calls the exit waits for: it said nothing, and a program
+    whose call was interrupted (Ctrl-C) seemed to hang at its exit (tester t46)."""
+    for model in list(engine.models):
+        unanswered, runs = model._calls.awaited()
+        if unanswered or runs:
+            log.warning("exit: an Engine left open is closed; model %s: waiting at most %.0f s for %d call(s) not "
+                        "answered yet and %d run(s) still on the device of calls answered or given up (cancelled, "
+                        "past infer()'s timeout, interrupted: their runs not launched are dropped)", model.name,
+                        max(0.0, drained_by - time.monotonic()), unanswered, runs)

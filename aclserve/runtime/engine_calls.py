@@ -5,7 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -14,30 +14,69 @@ from .futures import settle
 
 
 class Call:
-    """One submit(): its batches (one per chunk of the largest gear) and the future they resolve
-    exactly once: with the first error, or with the outputs concatenated when all have run. The
-    runs are followed apart from the future: a failed part answers it while the others still run,
-    and a caller may cancel it (asyncio.wait_for around infer_async) while they all do;
-    `on_runs_back` hears when the last of them has come back."""
+    """One submit(): its chunks (one run each, of at most the largest gear) and the future they
+    resolve exactly once: with the first error, or with the outputs concatenated when all have run.
+    At most `in_flight` runs are handed to `run` (the pool) at a time, the next as one comes back,
+    and none once the future is done: a call given up (cancelled, past infer()'s timeout, Ctrl-C)
+    or failed drops its runs not handed on yet (they all went to the pool at once, and ran unheard
+    before the next call: tester t46's call of 100 runs, cancelled at its first, held the model for
+    all 100). The runs are followed apart from the future: those handed on come back whether it is
+    answered or cancelled; `on_runs_back` hears when the last has come back (or been dropped)."""
 
-    def __init__(self, parts: int, output_names: list[str]):
+    def __init__(self, chunks: list[tuple[dict[str, np.ndarray], int | None, int]], output_names: list[str],
+                 run: Callable[[Batch], None], in_flight: int):
         self.future: concurrent.futures.Future = concurrent.futures.Future()
         self._names = output_names
-        self._parts: list[dict[str, np.ndarray] | None] = [None] * parts
-        self._left = parts
-        self._back = [False] * parts  # each run come back (or never submitted)
-        self._runs_left = parts
+        self._chunks = chunks  # (inputs, gear, rows) of each run
+        self._run, self._in_flight = run, max(1, in_flight)
+        self._handed = 0  # the runs handed to `run` (or dropped) so far, in order
+        self._parts: list[dict[str, np.ndarray] | None] = [None] * len(chunks)
+        self._left = len(chunks)
+        self._back = [False] * len(chunks)  # each run come back (or dropped)
+        self._runs_left = len(chunks)
         self.on_runs_back: Callable[[Call], None] | None = None
         self._lock = threading.Lock()  # parts finish on several instances' threads
+
+    def start(self) -> None:
+        """Hand the first runs on (the caller's thread). A raise (Ctrl-C, say) answers the future
+        with it and drops the runs not handed on, then goes on up."""
+        for _ in range(self._in_flight):
+            self._hand_on()
 
     def part_done(self, index: int, batch: Batch) -> None:
         try:
             self._resolve(index, batch)
+            self._hand_on()  # (after the answer: a failed part drops the runs left)
         finally:  # (after the future's done-callbacks: a close waits for them too)
             self.run_back(index)
 
+    def _hand_on(self) -> None:
+        """Hand the next run to `run`, or, once the future is done, drop every run left."""
+        with self._lock:
+            index, end = self._handed, len(self._chunks)
+            dropped = self.future.done()
+            self._handed = end if dropped else min(index + 1, end)
+        if index == end:
+            return
+        if dropped:
+            self._drop(range(index, end))
+            return
+        inputs, gear, rows = self._chunks[index]
+        try:
+            self._run(Batch([inputs], gear, rows, requests=(self, index)))
+        except BaseException as e:  # (a call left open would hold a close without a timeout for good)
+            settle(self.future, e)
+            with self._lock:
+                left, self._handed = range(self._handed, end), end
+            self._drop([index, *left])
+            raise
+
+    def _drop(self, indices: Iterable[int]) -> None:
+        for index in indices:
+            self.run_back(index)
+
     def run_back(self, index: int) -> None:
-        """Run `index` has come back, or will never run (its submit failed). Once each."""
+        """Run `index` has come back, or will never run (dropped). Once each."""
         with self._lock:
             if self._back[index]:
                 return
@@ -46,6 +85,11 @@ class Call:
             last = self._runs_left == 0
         if last and self.on_runs_back is not None:
             self.on_runs_back(self)
+
+    def runs_out(self) -> int:
+        """The runs handed on that have not come back."""
+        with self._lock:
+            return self._handed - sum(self._back[:self._handed])
 
     def _resolve(self, index: int, batch: Batch) -> None:
         with self._lock:
@@ -112,3 +156,10 @@ class OpenCalls:
         """The calls whose runs are not all back, now."""
         with self._state:
             return list(self._open)
+
+    def awaited(self) -> tuple[int, int]:
+        """What a close waits for now: the calls not answered yet, and the runs still out of those
+        answered or given up (a cancelled call's launched ones)."""
+        calls = self.still_open()
+        return sum(not call.future.done() for call in calls), sum(call.runs_out() for call in calls
+                                                                   if call.future.done())

@@ -45,6 +45,8 @@ class EngineModel:
         self.gears = pool.gears
         self.value_ranges: dict[str, ValueRange] = dict(value_ranges or {})
         self._calls = OpenCalls()  # those not answered yet: a close waits for them
+        # a call's runs handed to the pool at a time: as many as can be on the device (Call)
+        self._in_flight = sum(len(instance.slots) for instance in pool.instances)
         self._created_in = owner.created_in if owner is not None else CreatedIn()
         pool.attach(self)
 
@@ -59,7 +61,9 @@ class EngineModel:
         TypeError for a wrong one, then returns without waiting for the device. Once the model or
         its Engine is closing the future fails with Closed (a future, not a raise: a
         done-callback chaining calls gets its answer). In a forked child: RuntimeError, at once.
-        Cancelling the future does not stop its runs (a close waits for them)."""
+        A call of more rows than the largest gear runs in several runs, handed to the device as
+        many at a time as the model's instances have slots: cancelling the future drops those not
+        launched yet, and those launched finish unheard (a close waits for them)."""
         self._created_in.check()  # (before any lock: a fork may have copied one held)
         if self.closed:
             return _failed(Closed(self._refusal()))
@@ -74,25 +78,19 @@ class EngineModel:
                 chunk = {k: v[start:start + largest] for k, v in arrays.items()}
                 n = len(next(iter(chunk.values())))
                 chunks.append((chunk, self.gears[bisect.bisect_left(self.gears, n)], n))
-        call = Call(len(chunks), [s.name for s in self.outputs])
+        call = Call(chunks, [s.name for s in self.outputs], self.pool.submit, self._in_flight)
         if not self._calls.take(call):  # (a close began since the check above)
             return _failed(Closed(self._refusal()))
-        index = 0
-        try:
-            for index, (chunk, gear, n) in enumerate(chunks):
-                self.pool.submit(Batch([chunk], gear, n, requests=(call, index)))
-        except BaseException as e:  # (a call left open would hold a close without a timeout for good)
-            settle(call.future, e)
-            for never_run in range(index, len(chunks)):
-                call.run_back(never_run)
-            raise
+        call.start()
         return call.future
 
     def infer(self, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
         """Run `inputs` ({input name: array}) and return {output name: array} (blocking): submit()
         and its result. `timeout`: at most that many seconds (None: until answered, every run
         bounded by the model's execution timeout); past it TimeoutError
-        (concurrent.futures.TimeoutError before Python 3.11), the call running on."""
+        (concurrent.futures.TimeoutError before Python 3.11). Past it, or on Ctrl-C while it waits,
+        the call is given up as by cancelling its future (submit()): its runs not launched yet
+        are dropped."""
         refuse_in_callback(self.owner, "EngineModel.infer()", "it waits for its call, which this thread may have "
                                         "to finish: use submit() here")
         check_options(timeout=timeout)
@@ -102,12 +100,17 @@ class EngineModel:
         except concurrent.futures.TimeoutError as e:  # (TimeoutError from Python 3.11): said, not blank
             if future.done() and not future.cancelled() and future.exception() is e:
                 raise  # (the call's own)
+            future.cancel()  # (nobody can take its answer now)
             raise concurrent.futures.TimeoutError(f"model {self.name}: the call was not answered within {timeout} s; "
-                                                  "it runs on (submit() gives its future)") from None
+                                                  "it is given up: its runs not launched yet are dropped") from None
+        except BaseException:  # Ctrl-C: given up as well
+            future.cancel()
+            raise
 
     async def infer_async(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """infer() for asyncio code: awaits submit()'s future (no timeout of its own: wrap it in
-        asyncio.wait_for; cancelling it cancels the future, not the runs, which a close waits for)."""
+        asyncio.wait_for; cancelling it cancels the future: its runs not launched yet are dropped,
+        those launched finish unheard, and a close waits for them)."""
         return await asyncio.wrap_future(self.submit(inputs))
 
     # -- BatchListener (the pool's threads) ----------------------------------------------------
@@ -123,14 +126,14 @@ class EngineModel:
             _callbacks.engine = outer
 
     def slot_free(self) -> None:
-        """(The pool's listener) Nothing waits here: every run was handed to the pool at submit()."""
+        """(The pool's listener) Nothing waits here: a call hands its next run on as one comes back (Call)."""
 
     def close(self, timeout: float | None = None) -> None:
-        """Refuse calls from now on (Closed), let those made before finish, then unload the model
-        (blocking); with its Engine's closes, one at a time. `timeout`: at most that many seconds
-        for them (None: until each is answered, every run bounded by the model's execution
-        timeout); the calls still unanswered then fail with Closed, and a device still running
-        one is left to itself, as the server's shutdown_timeout_s does."""
+        """Refuse calls from now on (Closed), let those made before finish (and the runs launched by
+        those given up), then unload the model (blocking); with its Engine's closes, one at a time.
+        `timeout`: at most that many seconds for them (None: until each is answered, every run
+        bounded by the model's execution timeout); the calls still unanswered then fail with Closed,
+        and a device still running one is left to itself, as the server's shutdown_timeout_s does."""
         self._created_in.check()
         refuse_in_callback(self.owner, "EngineModel.close()", "it waits for the engine's own threads, this one "
                                         "among them")
@@ -156,9 +159,9 @@ class EngineModel:
             close_pools([self.pool], deadline, interrupted)
 
     def _drain(self, deadline: float | None) -> None:
-        """Wait until `deadline` for the runs of the calls taken, cancelled ones' too; fail the calls
-        left then with Closed, before the pool's close waits for the device (their runs: answered
-        by it, or abandoned, unheard)."""
+        """Wait until `deadline` for the runs of the calls taken, those a cancelled call launched
+        too; fail the calls left then with Closed, before the pool's close waits for the device
+        (their runs: answered by it, or abandoned, unheard)."""
         self._fail(self._calls.left(deadline), "the close's timeout passed")
 
     def _fail(self, calls: list[Call], why: str) -> None:

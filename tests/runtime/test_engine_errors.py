@@ -44,7 +44,8 @@ def test_an_infer_timeout_says_what_passed(affine_om):
         gate = threading.Event()
         faults.inject("execute", nth=1, hold=gate, code=0)
         try:
-            with pytest.raises(TimeoutError, match=r"^model affine: the call was not answered within 0 s; it runs on"):
+            with pytest.raises(TimeoutError, match=r"^model affine: the call was not answered within 0 s; it is given "
+                                                   r"up: its runs not launched yet are dropped$"):
                 model.infer(affine_request(1), timeout=0)
         finally:
             gate.set()

@@ -85,3 +85,27 @@ print(json.dumps({"interrupted": interrupted, "models": [m.name for m in engine.
 def test_ctrl_c_in_a_load_closes_what_it_opened_without_waiting_for_the_device(affine_om):
     said, _ = run_script(CTRL_C_IN_LOAD, affine_om())
     assert said == {"interrupted": {"device still held": True, "abandoned": 1}, "models": [], "usable": [1, 3]}, said
+
+
+CTRL_C_IN_INFER = WAITING_FOR + """
+import aclserve
+from tests.tiny_models import affine_request
+engine = aclserve.Engine(device="cpu")
+model = engine.load(sys.argv[1], warmup=False)  # (the held execute is the call's first run)
+ctrl_c_once_waiting("result")  # (Future.result: infer waits for its call)
+interrupted = False
+try:
+    model.infer(affine_request(200))
+except KeyboardInterrupt:
+    interrupted = True
+gate.set()
+engine.close()  # (waits for the runs the call launched)
+print(json.dumps({"interrupted": interrupted, "runs": held.seen}))
+"""
+
+
+def test_ctrl_c_in_an_infer_drops_the_runs_of_its_call_not_launched_yet(affine_om):
+    """A call of 100 runs (gears of at most 2 rows) interrupted at its first ran all 100 (tester
+    t46): now only the two launched, one per slot of its instance; the close waits for those."""
+    said, _ = run_script(CTRL_C_IN_INFER, affine_om(batch="1,2"))
+    assert said == {"interrupted": True, "runs": 2}, said
