@@ -89,10 +89,22 @@ class CompileStop:
         self._child: subprocess.Popen | None = None
         self._stopped = threading.Event()
         self._listeners: list[Callable[[], None]] = []
+        self._compiling = False  # a child started under it, its result not yet taken (`compiling`)
 
     @property
     def stopped(self) -> bool:
         return self._stopped.is_set()
+
+    @property
+    def compiling(self) -> bool:
+        """Whether what a stop ends now is a compile: its child started under this stop and the
+        compile's caller has not taken the result yet (`compiled`). Before it (a wait, the hash) and
+        after it (the OM opened), a stop or a failure ends a load in which nothing was compiling."""
+        return self._compiling
+
+    def compiled(self) -> None:
+        """The compile's result was taken (or a cached one used): what follows is no compile."""
+        self._compiling = False
 
     def stop(self) -> None:
         with self._lock:
@@ -132,6 +144,7 @@ class CompileStop:
             if self.stopped:
                 return False
             self._child = child
+            self._compiling = True
             return True
 
     def _detach(self) -> None:

@@ -4,7 +4,7 @@ One process compiles an entry while the others wait: an exclusive flock on `.<en
 cache folder (`exclusive`), which the kernel drops when its process dies, so a crash leaves no
 stale lock; within one process the compiles of one repository take an entry one at a time before
 its flock (`CompilesHere`), so one waiting for another of them can say so. A `stop`
-(compile_process.CompileStop) ends either wait (CompileStopped). `sweep` removes, at a start,
+(compile_process.CompileStop) ends either wait (EntryWaitStopped). `sweep` removes, at a start,
 what compiles interrupted by a dying server left, each only under its entry's lock.
 """
 from __future__ import annotations
@@ -30,6 +30,11 @@ WORK_FOLDER = ".compiling-"  # compiled_om's work folders: .<model>-<key[:32]>.c
 LOCK_POLL_S = 0.1  # a stoppable wait for an entry's lock tries it again this often (exclusive)
 
 
+class EntryWaitStopped(CompileStopped):
+    """Stopped while it waited for another compile of the same file (this repository's or another
+    process's) to let go of the entry: nothing was compiled for it."""
+
+
 class CompilesHere:
     """The compiles of one repository (its CompileCache's): they take a cache entry one at a time
     (a threading lock per entry, kept while one holds or waits for it), then its flock. Thread-safe."""
@@ -41,7 +46,7 @@ class CompilesHere:
     @contextlib.contextmanager
     def entry(self, lock_path: str, on_wait=None, stop: CompileStop | None = None):
         """Hold `lock_path`'s entry against this repository's other compiles; `on_wait()` is called
-        once before waiting for one of them, `stop` ends that wait (CompileStopped)."""
+        once before waiting for one of them, `stop` ends that wait (EntryWaitStopped)."""
         with self._lock:
             held = self._entries.setdefault(lock_path, [threading.Lock(), 0])
             held[1] += 1
@@ -143,7 +148,7 @@ def exclusive(lock_path: Path, on_wait=None, stop: CompileStop | None = None):
     the file is removed on release. A waiter that wakes on a file already removed (or
     replaced) by the previous holder retries on the current one, so two holders never meet.
     `on_wait()` is called once, before the first wait for a lock someone else holds; `stop`
-    ends that wait (CompileStopped), the lock not taken."""
+    ends that wait (EntryWaitStopped), the lock not taken."""
     while True:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -181,7 +186,7 @@ def exclusive(lock_path: Path, on_wait=None, stop: CompileStop | None = None):
 def _wait_for_lock(fd: int, stop: CompileStop | None) -> None:
     """Take the flock on `fd` that another holds now. With a `stop`, tried again every LOCK_POLL_S
     rather than blocked in flock(), which nothing of this process interrupts: a stop (an unload,
-    a shutdown) ends the wait at once, CompileStopped, where it waited for the holder to let go."""
+    a shutdown) ends the wait at once, EntryWaitStopped, where it waited for the holder to let go."""
     if stop is None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return
@@ -200,7 +205,7 @@ def _wait_for_lock(fd: int, stop: CompileStop | None) -> None:
 
 def _take_unless_stopped(attempt: Callable[[], bool], stop: CompileStop | None) -> None:
     """Call `attempt()` (tries to take a lock another compile holds, waiting at most LOCK_POLL_S: True
-    once taken) until it takes the lock, or until `stop` is stopped: CompileStopped, the lock not taken."""
+    once taken) until it takes the lock, or until `stop` is stopped: EntryWaitStopped, the lock not taken."""
     while not attempt():
         if stop is not None and stop.stopped:
-            raise CompileStopped("stopped while waiting for another compile of the same model to end")
+            raise EntryWaitStopped("stopped while waiting for another compile of the same model to end")

@@ -47,12 +47,11 @@ from ..runtime.limits import ResourceLimitError
 from .compile_cache import CompileCache
 from .failures import LoadFailures
 from .load_threads import LoadThreads
-from .load_turn import TurnWaitStopped
 from .loader import first_step, load_version
 from .plan import DesiredState, ModelPlan, Wanted
 from .planner import FILE_GONE, FILE_REPLACED, Planner
 from .retiring import Retiring, to_the_end
-from .running_compiles import RunningCompiles
+from .running_compiles import RunningCompiles, stopped_step
 from .served import ServedVersion
 from .status import SHUTTING_DOWN, UNLOADED, State, VersionStates
 from .unload_choice import UNLOAD_ASKED, unload_cause, unloads_left, why_not_wanted
@@ -159,7 +158,7 @@ class Lifecycle:
         name = plan.name
         loaded: dict[str, ServedVersion] = {}
         failed: dict[str, str] = {}
-        stale: set[str] = set()  # (poll mode) versions whose compile was stopped as their file went or was replaced
+        stale: set[str] = set()  # (poll mode) versions whose load was stopped as their file went or was replaced
 
         async def one(version: str, wanted: Wanted) -> None:
             def progress(step: str) -> None:  # shown as the reason while the version is LOADING
@@ -173,13 +172,11 @@ class Lifecycle:
                     loaded[version] = await load_version(self._runtime, self._executor, self._load_limit,
                                                          self._cache, name, version, wanted, progress, compile_.stop)
                     progress("loaded: serves once the versions loading with it are done")
-                except TurnWaitStopped:  # (nothing compiled: an .om's too)
-                    self._stopped(name, version, "load", compile_.why, stale, " while it waited for its turn")
-                except CompileStopped:  # an unload, the close, its file gone or replaced: no failure of the file's
-                    self._stopped(name, version, "compile", compile_.why, stale)
+                except CompileStopped as e:  # an unload, the close, its file gone or replaced: no failure of the file's
+                    self._stopped(name, version, stopped_step(compile_.stop, e), compile_.why, stale)
                 except Exception as e:  # any failure leaves the serving version in place
                     if went := self._went_meanwhile(name, version, wanted):  # a step met it before a scan's stop
-                        self._stopped(name, version, "compile" if wanted.file.kind == "onnx" else "load", went, stale)
+                        self._stopped(name, version, stopped_step(compile_.stop, e), went, stale)
                     else:
                         failed[version] = self._refuse(name, version, wanted, e, replaces=bool(plan.unload))
                 else:
@@ -218,10 +215,10 @@ class Lifecycle:
             self._dirty.add(name)  # the selection may change now that a file is refused
         return failed
 
-    def _stopped(self, name: str, version: str, what: str, why: str, stale: set[str], when: str = "") -> None:
-        """The load of `version` was stopped (`why`: an unload, the close, its file gone or replaced), no failure
-        of its file's; one whose file went or was replaced leaves the index and joins `stale` (its new file next)."""
-        log.info("%s: the %s of version %s was stopped%s (%s)", name, what, version, when, why)
+    def _stopped(self, name: str, version: str, step: tuple[str, str], why: str, stale: set[str]) -> None:
+        """The load of `version` was stopped in `step` (stopped_step's; `why`: an unload, the close, its file gone or
+        replaced), no failure of its file's; one whose file went or was replaced leaves the index and joins `stale`."""
+        log.info("%s: the %s of version %s was stopped%s (%s)", name, step[0], version, step[1], why)
         gone = why in (FILE_GONE, FILE_REPLACED)
         if gone:
             stale.add(version)

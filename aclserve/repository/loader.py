@@ -29,6 +29,7 @@ from ..om.compile_process import CompileStop
 from .compile_cache import CompileCache
 from .load_turn import load_turn
 from .plan import Wanted
+from .running_compiles import stopped_step
 from .served import ServedVersion, open_version
 from .status import SHUTTING_DOWN
 from .validate import validate_om
@@ -113,8 +114,8 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
             return wanted.file.path
         soc = runtime.soc_name() if runtime.kind == "npu" else None
         try:
-            return await run(functools.partial(cache.compiled, wanted.file.path, name, wanted.config.compile,
-                                               runtime.kind, soc, from_thread, stop, declared_dims(wanted)))
+            compiled = await run(functools.partial(cache.compiled, wanted.file.path, name, wanted.config.compile,
+                                                   runtime.kind, soc, from_thread, stop, declared_dims(wanted)))
         except CompileError as e:
             refusal = _in_pbtxt_words(e, wanted)
             if refusal is None:
@@ -123,8 +124,10 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
         except asyncio.CancelledError:  # the repository closing (a load's only canceller)
             stop.stop()
             # as lifecycle.py says an unload's stop (the shutdown's said nothing)
-            log.info("%s: the compile of version %s was stopped (%s)", name, version, SHUTTING_DOWN)
+            log.info("%s: the %s of version %s was stopped (%s)", name, stopped_step(stop)[0], version, SHUTTING_DOWN)
             raise
+        stop.compiled()  # (a stop or failure from here on ends no compile: stopped_step)
+        return compiled
 
     async def open_om(path: str) -> ServedVersion:
         if path != wanted.file.path:  # (a model's own .om: its first step says so)

@@ -117,7 +117,9 @@ async def test_a_file_deleted_while_its_load_waits_for_another_process_compiling
         await until(lambda: rows_of(repo, "o") == [], "o gone from the index")  # (it waited for the lock)
         await repo.wait_idle()
         assert lock.exists()  # still the replica's
-    assert "o: the compile of version 1 was stopped (its file is gone)" in caplog.text
+    # (nothing compiled for it: it was said "the compile of version 1 was stopped")
+    assert "o: the load of version 1 was stopped while it waited for another compile of the same file (its file " \
+           "is gone)" in caplog.text
     assert os.listdir(cache) == [] and repo.load_failures() == {} and events.count("load_failed", "o") == 0
 
 

@@ -67,7 +67,7 @@ def test_a_version_folder_deleted_as_a_step_meets_it_is_stopped_not_failed(step,
     finally:
         srv.close()
     said = [(r.levelname, r.getMessage()) for r in caplog.records]
-    what = "load" if new.suffix == ".om" else "compile"
+    what = "compile" if step == "compile" else "load"  # (the hash: nothing compiled yet, nor for an .om)
     assert ("INFO", f"m: the {what} of version 2 was stopped (its file is gone)") in said, said
     assert not [line for level, line in said if level == "ERROR"], said
     assert index[("m", "1")] == ("READY", "")
