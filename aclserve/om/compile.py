@@ -17,7 +17,7 @@ from . import aipp as aipp_mod
 from . import aipp_onnx
 from . import atc as atc_mod
 from . import atc_options, batch_rows, container, cpu_compile, data_sized, names
-from .compile_error import DEFAULT_TIMEOUT_S, check_timeout
+from .compile_error import ATC_NOT_ON_PATH, DEFAULT_TIMEOUT_S, check_timeout
 from .index_bounds import index_bounds
 from ..regular_files import open_regular
 from .declared_dims import fill_declared
@@ -86,8 +86,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     if target in ("auto", "npu"):
         atc_path = atc_mod.find_atc(atc)
         if atc_path is None and target == "npu":
-            raise CompileError("ATC asked for but not found: no `atc` on PATH (install CANN's toolkit or pass "
-                               "--atc PATH)")
+            raise CompileError(f"{ATC_NOT_ON_PATH} (install CANN's toolkit or pass --atc PATH)")
     elif atc is not None:
         raise CompileError("--atc given with --target cpu; drop one of them")
 

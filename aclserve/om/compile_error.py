@@ -11,6 +11,9 @@ import signal
 
 DEFAULT_TIMEOUT_S = 3600.0
 MAX_TIMEOUT_S = 30 * 24 * 3600
+# how compile_model's error begins when ATC is needed and no `atc` is on PATH (the server, which has no
+# --atc, says the rest in its own words: repository/compiler.py)
+ATC_NOT_ON_PATH = "ATC asked for but not found: no `atc` on PATH"
 
 
 class CompileError(ValueError):

@@ -55,7 +55,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..config import CompileOptions
-from ..om.compile_error import CompileError, NoBatchDimension
+from ..om.compile_error import ATC_NOT_ON_PATH, CompileError, NoBatchDimension
 from ..om.compile_process import CompileStop, CompileStopped, CompileTimedOut, compile_in_child
 from ..regular_files import open_regular, stat_identity
 from . import cache_entry, external_data
@@ -218,9 +218,15 @@ def source_index_bounds(onnx_path: str | os.PathLike) -> dict[str, int] | None:
 # `aclserve compile`'s flags and the model YAML's keys for the same options
 _CONFIG_WORDS = {"--input-shape": "compile.input_shape", "--batch": "compile.batch",
                  "--soc-version": "compile.soc_version", "--precision-mode": "compile.precision_mode"}
+# no `atc` on PATH, in the server's words: it has no --atc to pass, nor asked for ATC (its NPU runtime needs it)
+ATC_NOT_FOUND = ("the program `atc` (CANN's ATC, which compiles an .onnx for the NPU) was not found on the server's "
+                 "PATH: install CANN's toolkit and source its set_env.sh before the server starts, or drop in an "
+                 ".om compiled with ATC (aclserve compile --target npu)")
 
 
 def _in_config_words(error: CompileError) -> CompileError:  # (a NoBatchDimension stays one: loader.py)
+    if str(error).startswith(ATC_NOT_ON_PATH):
+        return CompileError(ATC_NOT_FOUND)
     # (a YAML list: `batch: 1` is refused)
     message = re.sub(r"--batch (\d+(?:,\d+)*)\b", r"compile.batch: [\1]", str(error))
     for flag, key in _CONFIG_WORDS.items():
