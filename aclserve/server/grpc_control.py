@@ -61,6 +61,18 @@ def authorization(context) -> list[str]:
     return [v for k, v in (context.invocation_metadata() or ()) if k == "authorization"]
 
 
+def _not_offered(extension: str):
+    """The methods of `extension`, one of views.NOT_OFFERED: UNIMPLEMENTED naming it and what to do
+    instead, as HTTP's 400 for its routes says it. (The generated base class raises
+    NotImplementedError in a worker thread, which grpc logs as an unexpected error with its
+    traceback: a log line per call any client can make.)"""
+    refusal = views.not_offered(extension)
+
+    async def refuse(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, refusal)
+    return refuse
+
+
 class ControlServicer(pbg.GRPCInferenceServiceServicer):
     """The RPCs but inference, and the reading of a unary call's message."""
 
@@ -146,15 +158,10 @@ class ControlServicer(pbg.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
     # -- extensions not offered ------------------------------------------------------------------
-    async def _not_offered(self, request, context):
-        """UNIMPLEMENTED with the reason, as HTTP's 400 for these routes says it. (The generated
-        base class raises NotImplementedError in a worker thread, which grpc logs as an
-        unexpected error with its traceback: a log line per call any client can make.)"""
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this extension is not supported by aclserve "
-                            "(no shared memory: send tensors in the request; no log settings: log_level in the config)")
-
-    SystemSharedMemoryStatus = SystemSharedMemoryRegister = SystemSharedMemoryUnregister = _not_offered
-    CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = LogSettings = _not_offered
+    SystemSharedMemoryStatus = SystemSharedMemoryRegister = SystemSharedMemoryUnregister = \
+        _not_offered("system_shared_memory")
+    CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = _not_offered("cuda_shared_memory")
+    LogSettings = _not_offered("logging")
 
     # -- trace extension ------------------------------------------------------------------------
     @rpc

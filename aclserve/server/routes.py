@@ -132,8 +132,18 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers=headers)
 
 
-async def unsupported_extension(request: web.Request) -> web.Response:
-    raise InvalidInput(f"{request.path}: this extension is not supported by aclserve")
+# the routes of the extensions not offered, each refused naming its own (views.not_offered)
+NOT_OFFERED_ROUTES = {"/v2/systemsharedmemory": "system_shared_memory", "/v2/cudasharedmemory": "cuda_shared_memory",
+                      "/v2/logging": "logging"}
+
+
+def unsupported_extension(extension: str):
+    """The handler of every route under one of NOT_OFFERED_ROUTES: a 400 naming the path."""
+    refusal = views.not_offered(extension)
+
+    async def refuse(request: web.Request) -> web.Response:
+        raise InvalidInput(f"{request.path}: {refusal}")
+    return refuse
 
 
 MODEL_BASES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
@@ -171,7 +181,7 @@ def add_routes(app: web.Application) -> None:
     for action in ("load", "unload"):  # (auth.py checks these as load/unload: the template's prefix)
         add("POST", "/v2/repository/{repository}/models/{model}/" + action, named_repository, REPOSITORY_BODY.expect)
     add_trace_routes(add)
-    for prefix in ("/v2/systemsharedmemory", "/v2/cudasharedmemory", "/v2/logging"):
-        add("*", prefix + "{tail:.*}", unsupported_extension)
+    for prefix, extension in NOT_OFFERED_ROUTES.items():
+        add("*", prefix + "{tail:.*}", unsupported_extension(extension))
     add("GET", "/metrics", metrics)
     expect_on_unmatched(router)  # (after the routes: a request none of them takes)

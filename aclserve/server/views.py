@@ -18,6 +18,11 @@ EMPTY_MODEL_NAME = "model name must not be empty"
 NAMED_REPOSITORY = "'repository_name' specification is not supported"
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository",
               "schedule_policy", "statistics", "trace"]
+# Triton's extensions not offered, as its server metadata names them, and what to do instead: refused
+# naming their own (HTTP 400 on their routes, gRPC UNIMPLEMENTED from their methods), not_offered
+NOT_OFFERED = {"system_shared_memory": "send tensors in the request",
+               "cuda_shared_memory": "send tensors in the request",
+               "logging": "set log_level in the server's config"}
 
 
 def version_key(version: str):
@@ -31,6 +36,11 @@ def model_name(name: str) -> str:
     if not name:
         raise InvalidInput(EMPTY_MODEL_NAME)
     return name
+
+
+def not_offered(extension: str) -> str:
+    """The refusal of `extension`, one of NOT_OFFERED, over HTTP and gRPC alike."""
+    return f"the {extension} extension is not supported by aclserve ({NOT_OFFERED[extension]})"
 
 
 def server_metadata() -> dict:

@@ -1,6 +1,7 @@
 """What a gRPC conformance tester found answered differently from HTTP, or from one RPC to the
 next: a classification refusal naming its output, and an empty model name; and a queue timeout's
-wait said alike. A real server on real ports, the generated gRPC stub and aiohttp."""
+wait said alike; an extension not offered named by its own refusal. A real server on real ports,
+the generated gRPC stub and aiohttp."""
 from __future__ import annotations
 
 import json
@@ -121,3 +122,29 @@ def test_a_timeout_of_a_microsecond_says_a_wait_above_zero_over_http_and_grpc(sr
     for shown in (shown_wait(json.loads(body)["error"]), shown_wait(error.details())):
         # (a wait of 1 ms or more, on a loaded machine, is said to the tenth)
         assert float(shown) > 0 and re.fullmatch(r"0\.[0-9]{3}" if float(shown) < 1 else r"[0-9]+\.[0-9]", shown)
+
+
+NOT_OFFERED = {  # extension: (a gRPC call of it, its message, an HTTP route of it)
+    "system_shared_memory": ("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest(),
+                             "/v2/systemsharedmemory/status"),
+    "cuda_shared_memory": ("CudaSharedMemoryUnregister", pb.CudaSharedMemoryUnregisterRequest(name="r"),
+                           "/v2/cudasharedmemory/region/r/unregister"),
+    "logging": ("LogSettings", pb.LogSettingsRequest(), "/v2/logging"),
+}
+REASONS = {"shared memory": "send tensors in the request", "logging": "log_level"}
+
+
+@pytest.mark.parametrize("extension", sorted(NOT_OFFERED))
+def test_an_extension_not_offered_is_refused_naming_itself_over_grpc_as_over_http(srv, stub, extension):
+    """Every such RPC answered one text for all of them, "no shared memory: ...; no log settings:
+    ...", so a shared-memory caller was told about log settings and the reverse (a tester); HTTP
+    named the route. Now each names its own extension and what to do instead, alike."""
+    method, message, path = NOT_OFFERED[extension]
+    error = refusal(getattr(stub, method), message)
+    status, _, body = request(srv, "POST", path, data=b"{}")
+    http = json.loads(body)["error"]
+    assert error.code() == grpc.StatusCode.UNIMPLEMENTED and status == 400
+    assert error.details().startswith(f"the {extension} extension is not supported by aclserve ("), error.details()
+    for topic, reason in REASONS.items():
+        assert (reason in error.details()) == (topic in extension.replace("_", " ")), error.details()
+    assert http == f"{path}: {error.details()}"
