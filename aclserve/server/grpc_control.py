@@ -30,7 +30,7 @@ from .open_calls import OpenCalls
 # 8 MiB of tiny trace settings took it 0.15 s to parse and 1.1 s to read
 CONTROL_MESSAGE_BYTES = 1 << 20
 # settings a TraceSetting request may name: more, and one is unknown (the first of them is named)
-_TRACE_KEYS = len(KEYS) + 1  # and trace_mode
+_TRACE_KEYS = len(KEYS)
 
 
 def rpc(method):

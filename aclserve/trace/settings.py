@@ -10,6 +10,7 @@
                    through the API; start-up settings keep the traces in memory, for take())
     trace_format   aclserve's own: "chrome" (Chrome trace / Perfetto JSON, the default) or
                    "triton" (Triton's trace JSON, for tools written against it)
+    trace_mode     Triton's: "triton" (read back so; OpenTelemetry, its other mode, is refused)
 
 Values travel as strings (trace_level as a list), as in Triton's trace extension. A model's
 settings are the global ones with those the model set itself (Tracer): a setting it never set,
@@ -25,7 +26,11 @@ from dataclasses import dataclass
 
 LEVELS = ("OFF", "TIMESTAMPS")
 FORMATS = ("chrome", "triton")
-KEYS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_format")
+# every setting by its key, with the TraceSettings field it sets: the keys taken, read back and named
+# when an unknown one is refused (trace_mode sets none: "triton" is the one mode)
+SETTINGS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency",
+            "trace_file": "file", "trace_format": "format", "trace_mode": None}
+KEYS = tuple(SETTINGS)
 MAX_RATE = (1 << 31) - 1  # Triton's largest (an int32's)
 MAX_LEVELS = 16  # values a trace_level list may hold (Triton's levels are OFF, TIMESTAMPS, TENSORS)
 
@@ -68,18 +73,14 @@ def parse_changes(changes: dict) -> dict:
         raise TraceSettingsError("trace settings must be a JSON object")
     fields = {}
     for key, value in changes.items():
+        if key not in SETTINGS:
+            raise TraceSettingsError(f"unknown trace setting '{key}' (known: {', '.join(KEYS)})")
         if key == "trace_mode":
             if value not in (None, "triton", ["triton"]):
                 raise TraceSettingsError("trace_mode: only 'triton' is supported")
             continue
-        if key not in KEYS:
-            raise TraceSettingsError(f"unknown trace setting '{key}' (known: {', '.join(KEYS)})")
-        fields[_FIELD[key]] = None if value is None else _parse(key, value)
+        fields[SETTINGS[key]] = None if value is None else _parse(key, value)
     return fields
-
-
-_FIELD = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count",
-          "log_frequency": "log_frequency", "trace_file": "file", "trace_format": "format"}
 
 
 def _one(key: str, value) -> str:

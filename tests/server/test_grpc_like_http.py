@@ -1,7 +1,7 @@
 """What a gRPC conformance tester found answered differently from HTTP, or from one RPC to the
 next: a classification refusal naming its output, and an empty model name; and a queue timeout's
-wait said alike; an extension not offered named by its own refusal. A real server on real ports,
-the generated gRPC stub and aiohttp."""
+wait said alike; an extension not offered named by its own refusal; an unknown trace setting refused
+listing them all. A real server on real ports, the generated gRPC stub and aiohttp."""
 from __future__ import annotations
 
 import json
@@ -148,3 +148,21 @@ def test_an_extension_not_offered_is_refused_naming_itself_over_grpc_as_over_htt
     for topic, reason in REASONS.items():
         assert (reason in error.details()) == (topic in extension.replace("_", " ")), error.details()
     assert http == f"{path}: {error.details()}"
+
+
+def test_an_unknown_trace_setting_is_refused_listing_every_setting_read_back(srv, stub):
+    """The list of known settings left out trace_mode, which is read back and whose
+    `opentelemetry` is refused by name (a tester): it now lists what the settings read back hold,
+    over gRPC as over HTTP."""
+    message = pb.TraceSettingRequest()
+    message.settings["trace_colour"].value.append("red")
+    error = refusal(stub.TraceSetting, message)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    match = re.fullmatch(r"unknown trace setting 'trace_colour' \(known: ([a-z_, ]+)\)", error.details())
+    assert match, error.details()
+    read_back = stub.TraceSetting(pb.TraceSettingRequest()).settings
+    assert sorted(match.group(1).split(", ")) == sorted(read_back) and "trace_mode" in read_back
+    status, _, body = request(srv, "POST", "/v2/trace/setting", json={"trace_colour": "red"})
+    assert status == 400 and json.loads(body)["error"] == error.details()
+    status, _, body = request(srv, "GET", "/v2/trace/setting")
+    assert status == 200 and sorted(json.loads(body)) == sorted(read_back)
