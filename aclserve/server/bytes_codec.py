@@ -57,10 +57,18 @@ def grpc_input(name: str, shape: list, raw: bytes | None, contents: list | None,
     count, rows = check_rows(name, shape, spec, max_batch, rows)
     if raw is not None:
         return binary_elements(name, memoryview(raw), count), rows
+    if not contents and count:
+        raise no_grpc_data(name, "bytes_contents")
     if len(contents) != count:
         raise InvalidInput(f"input '{name}': contents.bytes_contents has {len(contents)} elements but the "
                            f"shape needs {count}")
     return list(contents), rows
+
+
+def no_grpc_data(name: str, field: str) -> InvalidInput:
+    """The refusal of a gRPC input sent with no data at all (a `contents.<field>` that is there but
+    of the wrong size says its count), in the words HTTP refuses one without "data"."""
+    return InvalidInput(f"input '{name}' has neither raw_input_contents nor contents.{field}")
 
 
 def decode_input(name: str, item: dict, spec: TensorSpec, max_batch: int, rows: int | None,

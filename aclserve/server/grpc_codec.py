@@ -20,7 +20,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InvalidInput
-from .bytes_codec import grpc_input as decode_bytes_input
+from .bytes_codec import grpc_input as decode_bytes_input, no_grpc_data
 from .codec import (InferRequest, RequestedOutput, Signature, check_classification, check_complete, check_input,
                     check_rank, tensor_view)
 from .encode import classify
@@ -124,6 +124,8 @@ def _from_contents(name: str, contents, spec, shape: list[int], count: int) -> n
         raise InvalidInput(f"input '{name}': {spec.datatype} has no typed contents field; "
                            f"send it in raw_input_contents")
     field, wire_type = entry
+    if count and not contents.ListFields():  # (it lists the fields holding an element)
+        raise no_grpc_data(name, field)
     _only_field(name, contents, field, spec.datatype)
     values = getattr(contents, field)
     if len(values) != count:

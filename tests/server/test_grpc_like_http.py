@@ -166,3 +166,28 @@ def test_an_unknown_trace_setting_is_refused_listing_every_setting_read_back(srv
     assert status == 400 and json.loads(body)["error"] == error.details()
     status, _, body = request(srv, "GET", "/v2/trace/setting")
     assert status == 200 and sorted(json.loads(body)) == sorted(read_back)
+
+
+def test_an_input_sent_with_no_data_is_told_so_as_over_http(srv, stub):
+    """An input with neither a raw_input_contents entry nor typed contents was refused
+    "contents.fp32_contents has 0 elements but shape [1, 8] needs 8" (a tester): it now says that
+    nothing was sent, as HTTP says of one without "data"; contents there but short still say the count."""
+    def typed(x_values: list | None) -> pb.ModelInferRequest:
+        msg = affine()
+        del msg.raw_input_contents[:]
+        msg.inputs[1].contents.int64_contents.extend([1] * 3)
+        if x_values is not None:
+            msg.inputs[0].contents.fp32_contents.extend(x_values)
+        return msg
+    empty_contents = typed(None)
+    empty_contents.inputs[0].contents.SetInParent()  # (there, holding nothing)
+    for msg in (typed(None), empty_contents):
+        error = refusal(stub.ModelInfer, msg)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details() == "input 'x' has neither raw_input_contents nor contents.fp32_contents"
+    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8]},
+                      {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1] * 3}]}
+    status, _, body = request(srv, "POST", "/v2/models/affine/infer", json=doc)
+    assert status == 400 and json.loads(body)["error"] == "input 'x' has neither data nor parameters.binary_data_size"
+    short = refusal(stub.ModelInfer, typed([1.0] * 7)).details()
+    assert short == "input 'x': contents.fp32_contents has 7 elements but shape [1, 8] needs 8"

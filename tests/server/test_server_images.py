@@ -137,6 +137,11 @@ def test_pictures_over_grpc_raw_and_typed_contents(image_server):
         name="x", datatype="BYTES", shape=[1], contents=pb.InferTensorContents(int_contents=[1]))])
     with pytest.raises(Exception, match=r"contents.int_contents given for BYTES \(expected contents.bytes_contents\)"):
         client._client_stub.ModelInfer(wrong_field)  # (it said bytes_contents had 0 elements)
+    nothing = pb.ModelInferRequest(model_name="digits_image", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="x", datatype="BYTES", shape=[1])])
+    with pytest.raises(Exception) as refused:  # (it said "bytes_contents has 0 elements"; as HTTP, no data)
+        client._client_stub.ModelInfer(nothing)
+    assert refused.value.details() == "input 'x' has neither raw_input_contents nor contents.bytes_contents"
 
 
 def test_curl_style_json_base64_and_raw_binary(image_server):
