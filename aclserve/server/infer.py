@@ -40,7 +40,7 @@ from .failure_reasons import CANCELLED, INTERNAL_ERROR, failure_reason
 from .http_errors import http_status
 from .not_json import what_it_is
 from .observe import REQUEST_ID_HEADER, request_id
-from .shedding import refuse_undecoded
+from .shedding import refuse_undecoded, stated_id
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
@@ -164,7 +164,8 @@ async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fa
                      images=None, lease=None, pinned: bool = False):
     """Decode a KServe v2 body, charge its answer to `lease` (answer_size.py), run it, encode
     the answer: (payload, json_length). With a lease, a body its level has no room for is refused
-    undecoded (shedding.refuse_undecoded), and what decoding may hold is charged first
+    undecoded (shedding.refuse_undecoded; observed, it is named by the id its body states when
+    shedding.stated_id reads one, else its header's), and what decoding may hold is charged first
     (charge_decoding), given back once decoded but for the decoded tensors (the parse's objects
     are gone by then). `pinned`: the request named its version (run_decoded). The work of both
     HTTP paths without the HTTP (`aclserve profile` drives it in-process, without a lease)."""
@@ -174,7 +175,14 @@ async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fa
     decoding = 0
     if lease is not None:
         rec.served.batcher.request_read()  # (HTTP: the early refusals count it until here)
-        refuse_undecoded(rec.served.batcher, body, header_length)
+        try:
+            refuse_undecoded(rec.served.batcher, body, header_length)
+        except ServeError:
+            if trace is not None:  # handed to its model and released at once: REQUEST_START/END as gRPC's
+                trace.decoded_ns = trace.released_ns = now_ns()
+                trace.request_id = request_id(stated_id(body, header_length, rec.signature.json_limits)
+                                              or fallback_id)
+            raise
         decoding = charge_decoding(lease, rec, body, header_length)
     try:
         req = decode_request(body, header_length, rec.signature)

@@ -3,6 +3,8 @@ decoded (shedding.refuse_undecoded): on both HTTP paths (the guard's direct answ
 aiohttp's), whether or not the guard sheds. A body that is not JSON at all shows it: refused
 503 while the queue is full (decoding it would have said 400), 400 once there is room."""
 import asyncio
+import json
+import logging
 
 import pytest
 
@@ -73,3 +75,66 @@ def test_a_refusal_before_the_decode_is_logged_with_the_header_request_id(models
     assert status == 503 and b"queue is full" in answer, answer
     (line,) = [r.fields for r in caplog.records if r.name == "aclserve.requests" and r.fields["status"] == 503]
     assert line["request_id"] == "over-1"
+
+
+def _stating(request_id: str | None, **extra) -> bytes:
+    """A valid JSON body of the affine model, stating `request_id` when not None."""
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [0.5] * 8},
+                       {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1] * 3}], **extra}
+    if request_id is not None:
+        body["id"] = request_id
+    return json.dumps(body).encode()
+
+
+def _binary_stating(request_id: str) -> tuple[bytes, bytes]:
+    """A binary-tensors body stating `request_id` in its JSON part: (its extra headers, the body)."""
+    header = json.dumps({"id": request_id, "inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [1, 8], "parameters": {"binary_data_size": 32}},
+        {"name": "idx", "datatype": "INT64", "shape": [1, 3], "parameters": {"binary_data_size": 24}}]}).encode()
+    return b"Inference-Header-Content-Length: %d\r\n" % len(header), header + bytes(32) + bytes(24)
+
+
+@pytest.mark.parametrize("path, extra", [("direct", b""), ("aiohttp", b"Accept-Encoding: gzip\r\n")])
+def test_a_refusal_before_the_decode_is_named_by_its_body_s_id_and_traced_like_grpc_s(
+        models_dir, tmp_path, make_config, caplog, path, extra):
+    """A request refused before its body is decoded kept only its X-Request-Id in the request log
+    and the trace (its body's `id` was lost, as tritonclient sends it) and its Triton-format trace
+    had no REQUEST_START or REQUEST_END, which a gRPC refusal has. Its body's own id names it now
+    when its JSON part is at most shedding.ID_READ_BYTES (parsed for it: binary tensors' JSON, a
+    small model's); a larger one keeps the header's (the decode the refusal saves), and an "id" in
+    a nested object is not the request's."""
+    from aclserve.server.shedding import ID_READ_BYTES
+    caplog.set_level(logging.INFO, logger="aclserve.requests")
+    binary_headers, binary = _binary_stating("body-binary")
+    large = _stating("body-large") + b" " * ID_READ_BYTES  # (whitespace after the object: valid JSON)
+    sent = {"hdr-small": (b"", _stating("body-small")), "hdr-binary": (binary_headers, binary),
+            "hdr-nested": (b"", _stating(None, parameters={"tags": {"id": "nested"}})),
+            "hdr-large": (b"", large)}
+    trace = {"level": "TIMESTAMPS", "rate": 1, "file": str(tmp_path / "trace.json"), "format": "triton"}
+    with affine_server(models_dir, tmp_path, make_config, request_log=True, trace=trace,
+                       trace_dir=str(tmp_path / "traces")) as srv:
+        async def scenario():
+            waiting_reader, waiting = await fill_queue(srv.url)
+            answers = []
+            for header_id, (headers, body) in sent.items():
+                reader, writer = await open_raw(srv.url)
+                writer.write(send(body, extra + headers + b"X-Request-Id: %s\r\n" % header_id.encode()))
+                answers.append(await read_response(reader))
+                writer.close()
+            await release(srv.url)
+            await read_response(waiting_reader)
+            waiting.close()
+            return answers
+        answers = asyncio.run(scenario())
+        assert metric(srv.url, "aclserve_request_failure_total", 'model="affine",reason="QueueFull",version="1"') == 4
+    assert all(status == 503 and b"queue is full" in answer for status, answer in answers), answers
+    logged = [r.fields["request_id"] for r in caplog.records
+              if r.name == "aclserve.requests" and r.fields["status"] == 503]
+    expected = ["body-small", "body-binary", "hdr-nested", "hdr-large"]
+    assert logged == expected
+    entries = json.loads((tmp_path / "trace.json").read_bytes())
+    ids = {e["request_id"]: e["id"] for e in entries if "request_id" in e}  # (the queue's filler and release: none)
+    for rid in expected:
+        stamps = [e["timestamps"][0]["name"] for e in entries if e["id"] == ids[rid] and "timestamps" in e]
+        assert stamps == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END", "HTTP_SEND_START",
+                          "HTTP_SEND_END"], (rid, stamps)

@@ -33,3 +33,22 @@ def test_past_the_ys_looked_at_one_by_one_the_whole_body_is_searched():
     assert may_name_priority(many + b',"priority":1')
     near_misses = b"priorit" * 10 + b"y" * 3 + b"xpriority"
     assert may_name_priority(near_misses)
+
+
+def test_the_id_of_a_request_refused_undecoded_is_the_one_its_decode_would_read():
+    """shedding.stated_id: the top-level "id" (the last of repeated ones, as orjson keeps it), not
+    one in a nested object nor a string value "id"; none for a JSON part over ID_READ_BYTES,
+    one that does not parse, or an id that is not a string (its decode would refuse it, naming none)."""
+    from aclserve.server.json_limits import JsonLimits
+    from aclserve.server.shedding import ID_READ_BYTES, stated_id
+    limits = JsonLimits()
+    assert stated_id(b'{"id": "r-1", "inputs": []}', None, limits) == "r-1"
+    assert stated_id(b'{"parameters": {"id": "nested"}, "inputs": [{"name": "id"}]}', None, limits) is None
+    assert stated_id(b'{"id": "first", "inputs": [], "id": "last"}', None, limits) == "last"
+    assert stated_id(b'{"id": "r\\u002d1"}', None, limits) == "r-1"
+    assert stated_id(b'{"id": 7}', None, limits) is None and stated_id(b'["id"]', None, limits) is None
+    assert stated_id(b'{"id": "r-1", "inputs": [', None, limits) is None
+    framed = b'{"id": "bin-1"}'
+    assert stated_id(framed + b"\x00\xff" * 8, len(framed), limits) == "bin-1"
+    assert stated_id(framed, len(framed) + 1, limits) is None  # a header past the body: refused when decoded
+    assert stated_id(framed + b" " * ID_READ_BYTES, None, limits) is None  # the decode the refusal saves
