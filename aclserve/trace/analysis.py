@@ -39,7 +39,9 @@ BATCH_PHASES = ("pack", "copy in", "compute", "copy out", "unpack")
 HOST_STAGES = ("decode", "encode", "pack", "unpack", "copy in", "copy out")
 UNTRACED = "the event loop, batching and hand-offs (no traced stage)"
 HOST_COMPUTE = "the CPU runtime's compute"
-_DIRECT_COPIES = ("H2D #", "D2H #")  # a direct batch's copies: drawn on its compute stream's track
+# a direct batch's copies: drawn on its compute stream's track (servers before 2026-12-06 wrote "H2D #N",
+# "pack #N" and so on for every batch span: read too)
+_DIRECT_COPIES = ("H2D batch #", "D2H batch #", "H2D #", "D2H #")
 
 
 @dataclass
@@ -144,9 +146,9 @@ def summarize(events: list[dict], cpu_s: float | None = None, compute_on_host: b
             part, host_copy = "copy in", host_copy + dur
         elif name.startswith("memcpy D2H"):
             part, host_copy = "copy out", host_copy + dur
-        elif name.startswith("pack #"):
+        elif name.startswith(("pack batch #", "pack #")):
             part = "pack"
-        elif name.startswith("unpack #"):
+        elif name.startswith(("unpack batch #", "unpack #")):
             part = "unpack"
         if part and bid is not None:
             parts = batch_parts.setdefault(bid, {})

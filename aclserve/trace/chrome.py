@@ -23,6 +23,11 @@ client left once its batch was formed is held to that batch's end, as in Triton'
 (triton.py: its rows ran all the same), with a "client left" instant where the client went.
 A file written in parts (files.py appends to it) renders each part with the same Builder: its
 tracks are named once and an instance keeps its pid.
+Names say which numbering a "#N" is: a request's trace id (Triton's trace "id", the `trace_id`
+of its args) after "request" (`request #N` when it has no request id, `decode request #N`,
+`encode request #N`), a batch's id after "batch" (`form batch #N`, `pack batch #N`, `enqueue
+batch #N`, `unpack batch #N`, `H2D batch #N`, `compute batch #N`, `D2H batch #N`, the slot's
+`batch #N ...`): the two count apart, so one number can name both a request and a batch.
 """
 from __future__ import annotations
 
@@ -202,9 +207,11 @@ def _request(b: Builder, t: RequestTrace, tid: int) -> None:
     b.span(PID_REQUESTS, tid, "queue", t.enqueued_ns, launched or t.dispatched_ns or t.released_ns or t.end_ns)
     b.span(PID_REQUESTS, tid, "execute", launched, held)  # (its outputs back, its error, or its batch's end)
     b.span(PID_REQUESTS, tid, "encode", t.encode_start_ns, t.encoded_ns)
+    # on the loop's track, beside its batches' spans: named by the request (its trace id), theirs by the batch
+    of_request = {"trace_id": t.id}
     if t.decode_on_loop:
-        b.span(PID_HOST, TID_LOOP, f"decode #{t.id}", t.received_ns, t.decoded_ns)
-    b.span(PID_HOST, TID_LOOP, f"encode #{t.id}", t.encode_start_ns, t.encoded_ns)
+        b.span(PID_HOST, TID_LOOP, f"decode request #{t.id}", t.received_ns, t.decoded_ns, of_request)
+    b.span(PID_HOST, TID_LOOP, f"encode request #{t.id}", t.encode_start_ns, t.encoded_ns, of_request)
 
 
 def _batch(b: Builder, batch: BatchTrace) -> tuple[int, int]:
@@ -231,16 +238,16 @@ def _batch(b: Builder, batch: BatchTrace) -> tuple[int, int]:
            batch.done_ns, args)
     launcher = b.host_tid(batch.instance, "launcher")
     completion = b.host_tid(batch.instance, "completion")
-    b.span(PID_HOST, launcher, f"pack #{batch.id}", batch.launched_ns, batch.packed_ns)
-    b.span(PID_HOST, launcher, f"enqueue #{batch.id}", batch.packed_ns, batch.enqueued_ns)
-    b.span(PID_HOST, completion, f"unpack #{batch.id}", batch.woke_ns, batch.done_ns)
+    b.span(PID_HOST, launcher, f"pack batch #{batch.id}", batch.launched_ns, batch.packed_ns)
+    b.span(PID_HOST, launcher, f"enqueue batch #{batch.id}", batch.packed_ns, batch.enqueued_ns)
+    b.span(PID_HOST, completion, f"unpack batch #{batch.id}", batch.woke_ns, batch.done_ns)
     # a direct batch's copies (alone in flight) ran on its compute stream, before and after its
     # execution: drawn there, where they cannot overlap a piped batch's copies on the copy streams
     if batch.h2d:
-        b.span(pid, TID_COMPUTE if batch.direct else TID_H2D, f"H2D #{batch.id}", *batch.h2d)
+        b.span(pid, TID_COMPUTE if batch.direct else TID_H2D, f"H2D batch #{batch.id}", *batch.h2d)
     if batch.d2h:
-        b.span(pid, TID_COMPUTE if batch.direct else TID_D2H, f"D2H #{batch.id}", *batch.d2h)
+        b.span(pid, TID_COMPUTE if batch.direct else TID_D2H, f"D2H batch #{batch.id}", *batch.d2h)
     if batch.compute:
-        b.span(pid, TID_COMPUTE, f"compute #{batch.id}", *batch.compute,
+        b.span(pid, TID_COMPUTE, f"compute batch #{batch.id}", *batch.compute,
                {"gear": batch.gear, "rows": batch.rows})
     return pid, slot_tid

@@ -14,7 +14,7 @@ from tests.serving import ServerThread, server_config
 def _check(out: str, trace_path):
     assert "verdict" in out and "device busy" in out and "at the p99" in out
     events = json.loads(trace_path.read_bytes())["traceEvents"]
-    assert any(e["ph"] == "X" and e["name"].startswith("compute #") for e in events)
+    assert any(e["ph"] == "X" and e["name"].startswith("compute batch #") for e in events)
     assert any(e["ph"] == "s" for e in events)
 
 

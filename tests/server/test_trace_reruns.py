@@ -83,7 +83,8 @@ def test_a_re_run_request_links_to_its_own_run_and_its_failed_batch_in_chrome_tr
     requests = {e["args"]["request_id"]: e for e in events if e["ph"] == "X" and e["name"].startswith("request r")}
     batches = {e["args"]["batch"]: e for e in events if e["ph"] == "X" and e["name"].startswith("batch #")}
     formed = {e["args"]["batch"]: e for e in events if e["ph"] == "i" and e["name"].startswith("form batch #")}
-    computes = {int(e["name"].split("#")[1]) for e in events if e["ph"] == "X" and e["name"].startswith("compute #")}
+    computes = {int(e["name"].split("#")[1]) for e in events
+                if e["ph"] == "X" and e["name"].startswith("compute batch #")}
     arrows = {e["id"]: e for e in events if e["ph"] == "f"}
     re_runs = [requests[f"r{i}"]["args"]["batch"] for i in range(1, QUEUED + 1)]
     assert len(set(re_runs)) == QUEUED  # each its own run

@@ -80,12 +80,12 @@ def test_trace_is_chrome_json_with_one_track_per_stream_slot_and_thread(loaded_t
         if e["ph"] == "X":
             assert e["dur"] >= 0 and e["ts"] > 0
     computes = [e for e in doc["traceEvents"] if e["ph"] == "X" and names[(e["pid"], e["tid"])] == "compute stream"]
-    assert any(e["name"].startswith("compute #") for e in computes) and all(e["pid"] == pid for e in computes)
+    assert any(e["name"].startswith("compute batch #") for e in computes) and all(e["pid"] == pid for e in computes)
     # besides executions, the compute stream's track holds only direct batches' copies (they ran there)
     direct = {e["name"].split()[1] for e in doc["traceEvents"]
               if e["ph"] == "X" and e["name"].startswith("batch #") and e["args"].get("direct")}
-    copies = [e["name"].split()[1] for e in computes if not e["name"].startswith("compute #")]
-    assert all(e["name"].startswith(("compute #", "H2D #", "D2H #")) for e in computes)
+    copies = [e["name"].split()[2] for e in computes if not e["name"].startswith("compute batch #")]
+    assert all(e["name"].startswith(("compute batch #", "H2D batch #", "D2H batch #")) for e in computes)
     assert set(copies) <= direct
     # a tid is unique in the file, whatever its process
     assert len({tid for _, tid in names}) == len(names)
@@ -144,8 +144,8 @@ def test_device_spans_follow_stream_order(loaded_trace):
     by_batch = {}
     for e in events:
         head, _, tail = e["name"].rpartition("#")
-        if head in ("H2D ", "compute ", "D2H "):
-            by_batch.setdefault(int(tail), {})[head.strip()] = e
+        if head in ("H2D batch ", "compute batch ", "D2H batch "):
+            by_batch.setdefault(int(tail), {})[head.split()[0]] = e
     assert by_batch and not all(direct.values())
     for bid, parts in by_batch.items():
         compute = parts["compute"]
@@ -186,4 +186,4 @@ def test_under_load_some_batches_overlap_on_the_streams(loaded_trace):
     """Eight clients keep two batches in flight at times: those take the three streams."""
     batches = [e for e in loaded_trace["traceEvents"] if e["ph"] == "X" and e["name"].startswith("batch #")]
     assert any(not b["args"]["direct"] for b in batches)
-    assert any(e["ph"] == "X" and e["name"].startswith("H2D #") for e in loaded_trace["traceEvents"])
+    assert any(e["ph"] == "X" and e["name"].startswith("H2D batch #") for e in loaded_trace["traceEvents"])

@@ -106,8 +106,8 @@ def test_a_direct_batchs_copies_are_drawn_on_its_compute_stream_and_counted_as_c
     events = chrome.events([_request(-10, 400, direct, 1), _request(90, 600, piped, 2)])
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
     track = {e["name"]: names[(e["pid"], e["tid"])] for e in events if e["ph"] == "X" and "#" in e["name"]}
-    assert track["H2D #%d" % direct.id] == track["D2H #%d" % direct.id] == "compute stream"
-    assert track["H2D #%d" % piped.id] == "H2D stream" and track["D2H #%d" % piped.id] == "D2H stream"
+    assert track["H2D batch #%d" % direct.id] == track["D2H batch #%d" % direct.id] == "compute stream"
+    assert track["H2D batch #%d" % piped.id] == "H2D stream" and track["D2H batch #%d" % piped.id] == "D2H stream"
     s = analysis.summarize(events)
     (busy,) = s.device_busy.values()
     assert abs(busy - 400 / 610) < 1e-6  # compute [50, 250] and [300, 500] of [-10, 600]: copies not counted
