@@ -31,6 +31,11 @@ class ImageDecoding:
         self._decoder = None
         self._open_lock = threading.Lock()
 
+    @property
+    def off_loop(self) -> bool:
+        """Whether pictures decode in the pool's threads (workers = 0: on the event loop)."""
+        return self.pool.workers > 0
+
     def decode(self, data, plan):
         """The decoder's call; runs in a pool thread."""
         decoder = self._decoder

@@ -212,6 +212,8 @@ async def run_decoded(rec, req, trace, encode, images=None, pinned: bool = False
     `images`: the server's ImageDecoding, which decodes an image input's pictures in its pool,
     their peak memory charged to `lease` meanwhile."""
     if images is not None and rec.images is not None:  # the device keeps computing meanwhile
+        if trace is not None and images.off_loop:
+            trace.pictures_ns = now_ns()
         await images.prepare(rec.images, req.inputs, lease)
     if trace is not None:
         trace.decoded_ns = now_ns()

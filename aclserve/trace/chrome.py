@@ -2,12 +2,16 @@
 
 Tracks (pid / tid, each named by "M" metadata events):
   host threads       the event loop (decode, encode, batch formation) and, per instance, its
-                     launcher thread (pack, copy-in) and completion thread (copy-out, unpack)
+                     launcher thread (pack, copy-in) and completion thread (copy-out, unpack);
+                     a decode done off the loop is not drawn there (large gRPC contents
+                     decoded in a worker thread; pictures in the images' decode pool: the
+                     loop's part ends where they are handed over)
   instance <name>    its H2D, compute and D2H streams (device times, from events) and one
                      track per slot (the batch it holds, launch to result)
   requests           one lane per request in flight at once: the request, with its receive,
-                     decode, queue (until its batch's launch on an instance), execute and
-                     encode phases nested inside
+                     decode (its pictures' decode in the pool nested in it, "decode pictures"),
+                     queue (until its batch's launch on an instance), execute and encode
+                     phases nested inside
 Flow arrows (ph s/f) link each request's dispatch (its batch's formation) to the batch it ran
 in: a request of a failed batch re-run one request per run (runtime/isolation.py), to the run
 that answered it, a batch of its own whose args name the failed one (`rerun_of`), which is drawn
@@ -201,6 +205,7 @@ def _request(b: Builder, t: RequestTrace, tid: int) -> None:
         b.instant(PID_REQUESTS, tid, "client left", t.end_ns)
     b.span(PID_REQUESTS, tid, "receive", t.arrival_ns, t.received_ns)
     b.span(PID_REQUESTS, tid, "decode", t.received_ns, t.decoded_ns)
+    b.span(PID_REQUESTS, tid, "decode pictures", t.pictures_ns, t.decoded_ns)  # (in the images' decode pool)
     # queued until its batch's launch on an instance (COMPUTE_START), as its statistics and log line count it;
     # a batch never launched (refused): until its formation; a request that left unbatched: until its release
     launched = t.batch.launched_ns if t.batch is not None else 0
@@ -209,8 +214,9 @@ def _request(b: Builder, t: RequestTrace, tid: int) -> None:
     b.span(PID_REQUESTS, tid, "encode", t.encode_start_ns, t.encoded_ns)
     # on the loop's track, beside its batches' spans: named by the request (its trace id), theirs by the batch
     of_request = {"trace_id": t.id}
-    if t.decode_on_loop:
-        b.span(PID_HOST, TID_LOOP, f"decode request #{t.id}", t.received_ns, t.decoded_ns, of_request)
+    if t.decode_on_loop:  # its pictures, decoded in the pool's threads, are not the loop's
+        b.span(PID_HOST, TID_LOOP, f"decode request #{t.id}", t.received_ns, t.pictures_ns or t.decoded_ns,
+               of_request)
     b.span(PID_HOST, TID_LOOP, f"encode request #{t.id}", t.encode_start_ns, t.encoded_ns, of_request)
 
 

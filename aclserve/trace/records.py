@@ -39,7 +39,7 @@ class RequestTrace:
     __slots__ = ("id", "target", "request_id", "model", "version", "protocol", "sampled", "arrival_ns",
                  "received_ns", "decoded_ns", "enqueued_ns", "dispatched_ns", "released_ns",
                  "result_ns", "encoded_ns", "end_ns", "status", "level", "rows", "batch", "queue_ns", "compute_ns",
-                 "encode_start_ns", "decode_on_loop")
+                 "encode_start_ns", "decode_on_loop", "pictures_ns")
 
     def __init__(self, model: str, version: str, protocol: str, arrival_ns: int, sampled: bool = True):
         self.id = 0  # the tracer's number (Triton's trace "id"); 0 until it is finished
@@ -61,6 +61,9 @@ class RequestTrace:
         self.batch: BatchTrace | None = None
         self.queue_ns = self.compute_ns = 0  # from the InferenceResult, for the request log
         self.decode_on_loop = True  # False: decoded in a worker thread (large gRPC contents)
+        # its pictures handed to the images' decode pool (0: none, or decoded on the loop): its decode
+        # from here to decoded_ns ran in the pool's threads
+        self.pictures_ns = 0
 
     @property
     def held_ns(self) -> int:
