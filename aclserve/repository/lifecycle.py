@@ -11,16 +11,17 @@ allowed) changes only here.
 
 Who owns which state. Everything below lives on the event loop thread; nothing is locked.
 - Lifecycle.serving, .acted: replaced whole by `_swap`, run by the model's apply task (at most
-  one per model, `aclserve-apply-<model>`, in `_busy`), and by `close`. Read by
+  one per model, `aclserve-apply-<model>`: apply_tasks.py), and by `close`. Read by
   ModelRepository.get and the Planner's diff.
 - Lifecycle.states: moved by the apply tasks, by `close`, and by `forget_stale` during the
   repository's reconcile. Lifecycle.held: ModelRepository.load/unload, ControlCalls (made-up names).
 - Lifecycle.retiring, the versions out of service not closed yet (retiring.py): `_swap` and
   `close` add them, `_retire` drops them once closed. Read by ModelRepository.draining().
-- Lifecycle._busy, ._dirty: `start` and the tasks' done callbacks. Lifecycle._loads: the apply
-  tasks (their loads in progress, which `close` abandons); ._compiles: the apply tasks track their
-  loads' compiles, which an unload, the close and a poll-mode scan (`stop_stale_compiles`) end. A plan
-  for a busy model is dropped and the model marked dirty; its task's end asks for a rescan.
+- Lifecycle.tasks (ApplyTasks: which model is busy, which to look at again): `start`, the apply tasks
+  and their done callbacks. Lifecycle._loads: the apply tasks (their loads in progress, which `close`
+  abandons); ._compiles: the apply tasks track their loads' compiles, which an unload, the close and a
+  poll-mode scan (`stop_stale_compiles`) end. A plan for a busy model is dropped and the model marked
+  to be looked at again: its task's end asks for a rescan.
 - Planner.scan, .pending, the SettleGate, the logged problems: the reconcile, one at a time under
   the repository's scan lock (run by start(), the Debouncer's task in poll mode, load() and, in
   explicit and none modes, a retry's task and the index's reads: index.py).
@@ -44,6 +45,7 @@ from typing import Callable
 from ..config import ServerConfig
 from ..om.compile_process import CompileStopped
 from ..runtime.limits import ResourceLimitError
+from .apply_tasks import ApplyTasks
 from .compile_cache import CompileCache
 from .failures import LoadFailures
 from .load_threads import LoadThreads
@@ -68,12 +70,11 @@ class Lifecycle:
         self.held: set[str] = set()  # models unloaded through the API: no plan touches them
         self._config, self._runtime = config, runtime
         self._planner, self._failures = planner, failures
-        self._emit, self._rescan_soon, self._task_ended = emit, rescan_soon, task_ended
+        self._emit = emit
         self._cache = CompileCache(config.compile_cache_dir, config.models_dir, config.compile_timeout_s)
         self._executor = LoadThreads(config.load_concurrency + 2, "aclserve-load")
         self._load_limit = asyncio.Semaphore(config.load_concurrency)
-        self._busy: dict[str, asyncio.Task] = {}
-        self._dirty: set[str] = set()
+        self.tasks = ApplyTasks(rescan_soon, task_ended)  # (one per model: busy, wait_for, wait_idle)
         self._closed = False
         self._close_deadline: float | None = None  # close()'s (time.monotonic()), once closing
         self.retiring = Retiring()  # out of service, closing now (unload, reload): close() hurries them
@@ -87,27 +88,8 @@ class Lifecycle:
     # ---- tasks ----------------------------------------------------------------------------------
     def start(self, plan: ModelPlan) -> asyncio.Task | None:
         """Start carrying out `plan`; None when closing, or when its model is busy (it is
-        rescanned after). The task's result: version -> reason for each version that failed."""
-        name = plan.name
-        if self._closed:
-            return None
-        if name in self._busy:
-            self._dirty.add(name)
-            return None
-        task = asyncio.get_running_loop().create_task(self._apply(plan), name=f"aclserve-apply-{name}")
-        self._busy[name] = task
-        task.add_done_callback(functools.partial(self._finished, name))
-        return task
-
-    def _finished(self, name: str, task: asyncio.Task) -> None:
-        if self._busy.get(name) is task:
-            del self._busy[name]
-        if not task.cancelled() and task.exception() is not None:
-            log.error("%s: applying changes failed", name, exc_info=task.exception())
-        if name in self._dirty:
-            self._dirty.discard(name)
-            self._rescan_soon()
-        self._task_ended()
+        rescanned after: apply_tasks.py). The task's result: version -> reason for each version that failed."""
+        return None if self._closed else self.tasks.start(plan.name, lambda: self._apply(plan))
 
     def stop_compiles(self, name: str) -> None:
         """An unload of `name` through the API: the compiles its loads run now end (their child processes
@@ -124,34 +106,10 @@ class Lifecycle:
         if self._config.model_control_mode == "poll":
             self._compiles.stop_stale(self._planner.file_changed)
 
-    def busy(self, name: str) -> bool:
-        return name in self._busy
-
     def knows(self, name: str) -> bool:
         """Whether a serving version, the folder's last listing (one that can be listed) or a record knows `name`."""
         listing = self._planner.listed or self._planner.scan
         return name in self.serving or self.states.describe(name, None, listing) is not None
-
-    async def wait_for(self, name: str) -> bool:
-        """Until no task works on `name` (cancelling the caller does not cancel the task). True
-        when one it waited for was cancelled: the repository's start, cancelled at shutdown
-        (shield raised its CancelledError in the caller, a load call's handler, whose connection
-        then closed without an answer). A task that has ended but whose done callback
-        (`_finished`) has not run yet is still in `_busy`, and awaiting it does not yield: the
-        loop spun there for good, the server hung (a helper's storm of load / unload calls)."""
-        cancelled = False
-        while (task := self._busy.get(name)) is not None:
-            if task.done():
-                await asyncio.sleep(0)  # its done callback, queued already, runs first
-            else:
-                await asyncio.wait([task])
-            cancelled = cancelled or task.cancelled()
-        return cancelled
-
-    async def wait_idle(self) -> None:
-        """Until no model is being loaded, swapped or drained."""
-        while self._busy:
-            await asyncio.gather(*list(self._busy.values()), return_exceptions=True)
 
     # ---- load, swap, retire ---------------------------------------------------------------------
     async def _apply(self, plan: ModelPlan) -> dict[str, str]:
@@ -196,7 +154,7 @@ class Lifecycle:
             return failed
         dropped = self._changed_meanwhile(name, loaded)
         if stale:
-            self._dirty.add(name)  # (a replaced file's new one loads next)
+            self.tasks.again(name)  # (a replaced file's new one loads next)
         unload = unloads_left(plan, self._planner, self.acted, self.held, bool(failed), bool(dropped or stale))
         causes = {v: unload_cause(plan, v, loaded, self._planner, self.held, self.serving.get(name, {}))
                   for v in unload}
@@ -212,7 +170,7 @@ class Lifecycle:
         retiring = [self._retire(old, replaced=v in loaded, cause=causes.get(v, "")) for v, old in replaced.items()]
         await to_the_end(asyncio.gather(self._close_unserved(dropped), *retiring))  # (a caller gone: retiring.py)
         if failed:
-            self._dirty.add(name)  # the selection may change now that a file is refused
+            self.tasks.again(name)  # the selection may change now that a file is refused
         return failed
 
     def _stopped(self, name: str, version: str, step: tuple[str, str], why: str, stale: set[str]) -> None:
@@ -248,7 +206,7 @@ class Lifecycle:
                 log.info("%s: version %s not put in service: %s (changed while it loaded)", name, version, why)
                 if self.states.get(name, version) is State.LOADING:  # (a reload's stays READY: its old file serves)
                     self.states.move(name, version, None)
-                self._dirty.add(name)
+                self.tasks.again(name)
         return dropped
 
     async def _close_unserved(self, loaded: dict[str, ServedVersion]) -> None:
@@ -381,7 +339,7 @@ class Lifecycle:
         self._compiles.stop_all(SHUTTING_DOWN)  # (a compile's thread would wait for its child to the end)
         for load in list(self._loads):  # a load that hangs on the device would hold the close for good
             load.cancel()
-        await self.wait_idle()
+        await self.tasks.wait_idle()
         serving, self.serving = self.serving, {}
         closing = [sv for versions in serving.values() for sv in versions.values()]
         for sv in closing:

@@ -55,7 +55,7 @@ class WhyNotServed:
         """The error for a version the repository knows (`known`: VersionStates.describe's)."""
         shown_version = version or self._lifecycle.states.latest_recorded(name)  # (the one `known` is of)
         state, reason, retry_in = as_shown(self._calls, self._failures, name, shown_version, *known)
-        if reason == NOT_LOADED and self._mode != "poll" and not self._lifecycle.busy(name):
+        if reason == NOT_LOADED and self._mode != "poll" and not self._lifecycle.tasks.busy(name):
             # found by a rescan (another model's load call, a retry's), never loaded: only a load call
             # would load it, so not a retry-later (a 503 for good); Triton: unknown model
             return NotFound(f"model {name}{' version ' + version if version else ''} is not loaded "

@@ -86,4 +86,4 @@ class Readiness:
         failed -= self._calls.loads_running()
         waiting = {n for n in problems if listed.problems[n] == WAITING_FOR_CONFIG}
         return not (waiting - set(serving)) and all(
-            n in serving or (n in failed and not self._lifecycle.busy(n)) for n in wanted)
+            n in serving or (n in failed and not self._lifecycle.tasks.busy(n)) for n in wanted)

@@ -136,7 +136,7 @@ class ModelRepository:
 
     async def wait_idle(self) -> None:
         """Until no model is being loaded, swapped or drained (a later file event may start more)."""
-        await self._lifecycle.wait_idle()
+        await self._lifecycle.tasks.wait_idle()
 
     # ---- lookups (server) -----------------------------------------------------------------------
     def get(self, name: str, version: str | None = None) -> ServedVersion:
@@ -211,10 +211,10 @@ class ModelRepository:
 
     async def _load(self, name: str, overtaken: Callable[[], bool]) -> None:
         while True:  # an unload may start its task while this load scans: wait for it, then plan again
-            if await self._lifecycle.wait_for(name):  # (the start's load of it, which the shutdown stopped)
+            if await self._lifecycle.tasks.wait_for(name):  # (the start's load of it, which the shutdown stopped)
                 raise shut_down_before(name, "loaded")
             tasks = await self._reconcile(trust="all", only=name, again=True)
-            if tasks or not self._lifecycle.busy(name):
+            if tasks or not self._lifecycle.tasks.busy(name):
                 break
         if tasks:  # the repository's: a caller gone (cancelled) must not abandon them, and one the shutdown
             await asyncio.wait(tasks)  # cancelled is no CancelledError of the caller's (gather raised it)
@@ -252,7 +252,7 @@ class ModelRepository:
         self._calls.unload(name)
         self._lifecycle.held.add(name)
         self._lifecycle.stop_compiles(name)  # (a compile of minutes is not waited for)
-        if await self._lifecycle.wait_for(name) or self._closed:
+        if await self._lifecycle.tasks.wait_for(name) or self._closed:
             raise shut_down_before(name, "unloaded")
         # a version whose load failed is unloaded too: its failure (index, /metrics) and retries go
         self._failures.forget_model(name, cancel_retries=True)
@@ -361,7 +361,7 @@ class ModelRepository:
         # after the task working on the model, if one is (it loads another version, say): planned
         # while it ran, the retry planned nothing, and in these modes nothing asked again after it
         with contextlib.suppress(Exception):
-            await self._lifecycle.wait_for(name)
+            await self._lifecycle.tasks.wait_for(name)
         await asyncio.gather(*await self._reconcile(trust="all", only=name))
         if self._planner.scan.unreadable and not self._closed:  # nothing planned: try again later
             # (explicit and none modes: nothing else reads the folder; the retry was lost for good)

@@ -362,9 +362,9 @@ async def test_none_mode_does_not_load_a_version_added_while_a_failing_load_ran(
     place(model_files[3]["om"], models_dir / "vm" / "3" / "model.om")
     gate.set()
     await asyncio.wait_for(starting, 120)
-    await repo._lifecycle.wait_idle()
+    await repo._lifecycle.tasks.wait_idle()
     await asyncio.gather(*repo._retry_tasks)  # what a task's end started, if anything
-    await repo._lifecycle.wait_idle()
+    await repo._lifecycle.tasks.wait_idle()
     assert sorted(r["version"] for r in repo.index(ready_only=True)) == ["1"]
 
 

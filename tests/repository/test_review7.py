@@ -145,17 +145,17 @@ async def test_waiting_for_a_model_whose_task_just_ended_yields_to_its_done_call
     behind the waiter, the moment that storm hit."""
     shutil.copyfile(model_files[1]["om"], models_dir / "m.om")
     repo, _ = await make_repo()
-    life = repo._lifecycle
+    tasks = repo._lifecycle.tasks
 
     async def nothing():
         return {}
 
     task = asyncio.get_running_loop().create_task(nothing())
-    life._busy["ghost"] = task
-    task.add_done_callback(lambda t: life._finished("ghost", t))
+    tasks._busy["ghost"] = task
+    task.add_done_callback(lambda t: tasks._finished("ghost", t))
     await asyncio.sleep(0)  # the task runs to its end; its done callback is queued behind us
-    assert task.done() and "ghost" in life._busy
-    await life.wait_for("ghost")
-    assert "ghost" not in life._busy
+    assert task.done() and "ghost" in tasks._busy
+    await tasks.wait_for("ghost")
+    assert "ghost" not in tasks._busy
     await repo.unload("m")  # the unload path waits the same way: still answered
     assert "m" not in serving(repo)
