@@ -6,8 +6,8 @@ one, never a mix), and the replaced ones drain and are then closed; versions tha
 the version_policy alone keeps (plan.keep) take the new config in that swap, not reloaded. A
 failed load leaves the serving version in place, and so does (poll mode) a version whose file
 went or was replaced, or that its policy dropped, while it loaded (or compiled): it never serves
-(unload_choice.py: what a swap takes out). Each version's state (status.py names them and the moves
-allowed) changes only here.
+(unload_choice.py: what a swap takes out), nor warms up when that is known by then (loader.py).
+Each version's state (status.py names them and the moves allowed) changes only here.
 
 Who owns which state. Everything below lives on the event loop thread; nothing is locked.
 - Lifecycle.serving, .acted: replaced whole by `_swap`, run by the model's apply task (at most
@@ -20,8 +20,9 @@ Who owns which state. Everything below lives on the event loop thread; nothing i
 - Lifecycle.tasks (ApplyTasks: which model is busy, which to look at again): `start`, the apply tasks
   and their done callbacks. Lifecycle._loads: the apply tasks (their loads in progress, which `close`
   abandons); ._compiles: the apply tasks track their loads' compiles, which an unload, the close and a
-  poll-mode scan (`stop_stale_compiles`) end. A plan for a busy model is dropped and the model marked
-  to be looked at again: its task's end asks for a rescan.
+  poll-mode scan (`stop_stale_compiles`) end, or the load itself once its file went (`_went_meanwhile`).
+  A plan for a busy model is dropped and the model marked to be looked at again: its task's end asks
+  for a rescan.
 - Planner.scan, .pending, the SettleGate, the logged problems: the reconcile, one at a time under
   the repository's scan lock (run by start(), the Debouncer's task in poll mode, load() and, in
   explicit and none modes, a retry's task and the index's reads: index.py).
@@ -48,13 +49,14 @@ from ..runtime.limits import ResourceLimitError
 from .apply_tasks import ApplyTasks
 from .compile_cache import CompileCache
 from .failures import LoadFailures
+from .layout import VersionFile
 from .load_threads import LoadThreads
 from .loader import first_step, load_version
 from .plan import DesiredState, ModelPlan, Wanted
 from .planner import FILE_GONE, FILE_REPLACED, Planner
 from .retiring import Retiring, to_the_end
 from .running_compiles import RunningCompiles, stopped_step
-from .served import ServedVersion
+from .served import ServedVersion, StoppedBeforeWarmUp
 from .status import SHUTTING_DOWN, UNLOADED, State, VersionStates
 from .unload_choice import UNLOAD_ASKED, unload_cause, unloads_left, why_not_wanted
 
@@ -79,7 +81,7 @@ class Lifecycle:
         self._close_deadline: float | None = None  # close()'s (time.monotonic()), once closing
         self.retiring = Retiring()  # out of service, closing now (unload, reload): close() hurries them
         self._loads: set[asyncio.Task] = set()  # a version loading now (apply tasks): close() abandons them
-        self._compiles = RunningCompiles()  # its loads' compiles, by model: stop_compiles and the close end them
+        self._compiles = RunningCompiles(self._went_meanwhile)  # its loads' compiles, by model: stops end them
 
     def sweep_cache(self) -> None:
         """Before the first loads (blocking): what interrupted compiles left in the compile cache."""
@@ -127,13 +129,18 @@ class Lifecycle:
                 self.states.move(name, version, State.LOADING, first_step(wanted))
             with self._compiles.track(name, version, wanted.file) as compile_:
                 try:
-                    loaded[version] = await load_version(self._runtime, self._executor, self._load_limit,
-                                                         self._cache, name, version, wanted, progress, compile_.stop)
+                    loaded[version] = await load_version(self._runtime, self._executor, self._load_limit, self._cache,
+                                                         name, version, wanted, progress, compile_.stop, compile_.ended)
                     progress("loaded: serves once the versions loading with it are done")
+                except StoppedBeforeWarmUp as e:  # (its compile goes with its file, as a dropped version's)
+                    compiled = e.om_path != wanted.file.path  # (an .om's says as its check's did: nothing compiled)
+                    self._stopped(name, version, ("load", " before its warm-up" if compiled else ""), compile_.why,
+                                  stale)
+                    self._release_unserved(name, version, e.om_path, wanted.file.path)
                 except CompileStopped as e:  # an unload, the close, its file gone or replaced: no failure of the file's
                     self._stopped(name, version, stopped_step(compile_.stop, e), compile_.why, stale)
                 except Exception as e:  # any failure leaves the serving version in place
-                    if went := self._went_meanwhile(name, version, wanted):  # a step met it before a scan's stop
+                    if went := self._went_meanwhile(name, version, wanted.file):  # a step met it before a scan's stop
                         self._stopped(name, version, stopped_step(compile_.stop, e), went, stale)
                     else:
                         failed[version] = self._refuse(name, version, wanted, e, replaces=bool(plan.unload))
@@ -183,13 +190,15 @@ class Lifecycle:
         if self.states.get(name, version) is State.LOADING:
             self.states.move(name, version, None if gone else State.UNAVAILABLE, "" if gone else UNLOADED)
 
-    def _went_meanwhile(self, name: str, version: str, wanted: Wanted) -> str:
-        """Poll mode, a load failed: FILE_GONE (or FILE_REPLACED) when its file went as it loaded, which the
-        step that failed met before a scan saw it and stopped the load (the hash after a wait for its turn, the
-        compile's child opening it, an .om's check or open): the documented stop, not a bad file; else ""."""
+    def _went_meanwhile(self, name: str, version: str, file: VersionFile) -> str:
+        """Poll mode, a load failed: FILE_GONE (or FILE_REPLACED) when its file went (or was replaced) as it
+        loaded, which the step that failed met before a scan saw it and stopped the load (the hash after a wait
+        for its turn, the compile's child opening it, the look after the compile that its source did not change,
+        an .om's check or open): the documented stop, not a bad file; else "". Asked too by a load whose
+        compile has ended (RunningCompile.ended): a file gone or replaced stops it before its warm-up."""
         if self._config.model_control_mode != "poll" or name in self.held:
             return ""
-        return self._planner.file_changed(name, version, wanted.file)
+        return self._planner.file_changed(name, version, file)
 
     def _changed_meanwhile(self, name: str, loaded: dict[str, ServedVersion]) -> dict[str, ServedVersion]:
         """Poll mode, just before the swap: the versions the folder no longer wants (deleted, replaced or
@@ -213,8 +222,12 @@ class Lifecycle:
         """Close versions never swapped in: loaded as the repository closed, or dropped (compiles released)."""
         for sv in loaded.values():
             await sv.close(0.0, self._executor, self._close_deadline)
-            if not self._closed:
-                self._cache.release(sv.name, sv.version, sv.om_path, sv.source, False, self._compiles_in_use())
+            self._release_unserved(sv.name, sv.version, sv.om_path, sv.source)
+
+    def _release_unserved(self, name: str, version: str, om_path: str, source: str) -> None:
+        """The compile of a version never served goes when its source is gone (at shutdown the cache stays)."""
+        if not self._closed:
+            self._cache.release(name, version, om_path, source, False, self._compiles_in_use())
 
     def _swap(self, name: str, loaded: dict[str, ServedVersion], unload: dict[str, str],
               keep: dict[str, Wanted]) -> dict[str, ServedVersion]:

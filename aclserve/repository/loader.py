@@ -30,7 +30,7 @@ from .compile_cache import CompileCache
 from .load_turn import load_turn
 from .plan import Wanted
 from .running_compiles import stopped_step
-from .served import ServedVersion, open_version
+from .served import ServedVersion, StoppedBeforeWarmUp, open_version
 from .status import SHUTTING_DOWN
 from .validate import validate_om
 
@@ -95,14 +95,19 @@ def _in_pbtxt_words(error: CompileError, wanted: Wanted) -> CompileError | None:
 
 async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: CompileCache, name: str,
                        version: str, wanted: Wanted, progress: Callable[[str], None] = lambda step: None,
-                       stop: CompileStop | None = None) -> ServedVersion:
+                       stop: CompileStop | None = None, stopped: Callable[[], bool] | None = None) -> ServedVersion:
     """`stop` ends the compile of an .onnx (its child process), or the wait for a turn (any
     file's): CompileStopped. Cancelling the load stops it too: its thread would wait for the
-    compile to the end. A file the scan refused (VersionFile.refused) fails at once: RefusedByScan."""
+    compile to the end. Once the compile has ended (an .om: its turn come) the load looks whether
+    it is `stopped()` (default: `stop`'s word; the lifecycle's also stops it then, in poll mode, when
+    its file went or was replaced since the scan), and once it is open whether `stop` came meanwhile:
+    either ends it before it warms up, StoppedBeforeWarmUp (it warmed up, said "ready" and was then
+    dropped). A file the scan refused (VersionFile.refused) fails at once: RefusedByScan."""
     if wanted.file.refused:  # (that version's failed load, counted and shown as any)
         raise RefusedByScan(wanted.file.refused)
     loop = asyncio.get_running_loop()
     stop = stop or CompileStop()
+    stopped = stopped or (lambda: stop.stopped)
     run = functools.partial(loop.run_in_executor, executor)
 
     def from_thread(step: str) -> None:
@@ -130,12 +135,15 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
         return compiled
 
     async def open_om(path: str) -> ServedVersion:
+        if stopped():
+            raise StoppedBeforeWarmUp(path)
         if path != wanted.file.path:  # (a model's own .om: its first step says so)
             progress(f"checking the compile of {os.path.basename(wanted.file.path)}")
         await run(validate_om, path, runtime.kind)
         # what the compile of an .onnx read from it: the inputs indexing a table
         bounds = await run(cache.index_bounds, wanted.file.path, path) if wanted.file.kind == "onnx" else {}
-        return await open_version(executor, runtime, name, version, path, wanted, started, from_thread, bounds)
+        return await open_version(executor, runtime, name, version, path, wanted, started, from_thread, bounds,
+                                  lambda: stop.stopped)  # (in its thread: the stop's word alone)
 
     if limit.locked():
         progress("waiting: other versions are loading (load_concurrency)")
@@ -145,6 +153,8 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
         path = await om_path()
         try:
             served = await open_om(path)
+        except StoppedBeforeWarmUp:
+            raise
         except Exception:
             if path == wanted.file.path or os.path.exists(path):
                 raise

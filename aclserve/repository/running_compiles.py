@@ -6,12 +6,14 @@ load's wait for another's compile of the same file (the cache entry's lock) or f
 An unload through the API ends a model's compiles, the close ends all of them, and in poll mode
 each scan ends those whose file is gone or was replaced (lifecycle.stop_stale_compiles): their
 result would be thrown away when the load ends, after a compile of minutes (or a wait for another
-process's, up to its compile_timeout_s). Owned by the Lifecycle; loop thread only (a CompileStop
-itself may be stopped from any thread).
+process's, up to its compile_timeout_s). So does a load that finds its file gone or replaced before
+a scan says so, once its compile has ended (`ended`: it would warm up for nothing). Owned by the
+Lifecycle; loop thread only (a CompileStop itself may be stopped from any thread).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -29,11 +31,18 @@ class RunningCompile:
     file: VersionFile  # what it compiles
     stop: CompileStop = field(default_factory=CompileStop)
     why: str = ""  # why it was ended, for the log: the first stop's cause
+    went: Callable[[], str] = lambda: ""  # why its file is stale now, when it is (RunningCompiles' `went`)
 
     def end(self, why: str) -> None:
         if not self.stop.stopped:
             self.why = why
         self.stop.stop()
+
+    def ended(self) -> bool:
+        """Whether it was ended, or is now as its file went or was replaced (`went`)."""
+        if not self.stop.stopped and (why := self.went()):
+            self.end(why)
+        return self.stop.stopped
 
 
 def stopped_step(stop: CompileStop, error: BaseException | None = None) -> tuple[str, str]:
@@ -51,13 +60,14 @@ def stopped_step(stop: CompileStop, error: BaseException | None = None) -> tuple
 
 
 class RunningCompiles:
-    def __init__(self):
+    def __init__(self, went: Callable[[str, str, VersionFile], str] = lambda name, version, file: ""):
         self._by_model: dict[str, list[RunningCompile]] = {}
+        self._went = went  # why the file (name, version, file) loads from is stale now, else ""
 
     @contextlib.contextmanager
     def track(self, name: str, version: str, file: VersionFile) -> Iterator[RunningCompile]:
         """A load of `version` of `name` from `file` for the block: its compile, to stop."""
-        running = RunningCompile(version, file)
+        running = RunningCompile(version, file, went=functools.partial(self._went, name, version, file))
         self._by_model.setdefault(name, []).append(running)
         try:
             yield running

@@ -39,6 +39,7 @@ from .. import heap
 from ..config import PBTXT, ModelConfig
 from ..errors import ModelUnavailable, ShuttingDown
 from ..images import ImageStage
+from ..om.compile_process import CompileStopped
 from ..scheduling import BatchingConfig, DynamicBatcher
 from . import overload
 from .declared import TensorViews, tensor_views
@@ -60,6 +61,16 @@ log = logging.getLogger(__name__)
 # NPU could not hold is refused on the CPU runtime too.
 NPU_SLOTS = 2
 _WINDOW_MS = BatchingConfig.max_queue_delay_ms  # the embedded default's: no one set it for the model
+
+
+class StoppedBeforeWarmUp(CompileStopped):
+    """A load stopped once its compile had ended (or its turn come, for an .om), before it warmed
+    up: an unload, the close, (poll mode) its file gone or replaced. Nothing serves, nothing failed;
+    `om_path`: what it was to open (a compile cache entry, for an .onnx)."""
+
+    def __init__(self, om_path: str):
+        super().__init__("stopped before its warm-up")
+        self.om_path = om_path
 
 
 def auto_slots(runtime_kind: str) -> int:
@@ -209,20 +220,23 @@ class ServedVersion:
 
 async def open_version(executor, runtime, name: str, version: str, om_path: str, wanted: Wanted,
                        started: float, progress: Callable[[str], None] = lambda step: None,
-                       index_bounds: Mapping[str, int] | None = None) -> ServedVersion:
+                       index_bounds: Mapping[str, int] | None = None,
+                       stopped: Callable[[], bool] = lambda: False) -> ServedVersion:
     """Open `om_path` as `name:version`, warm it up and start its batcher; the blocking part runs
     in one thread of `executor` (_open_and_warm_up). On failure what it opened is closed before
-    the error propagates. Cancelled (the repository closes while the version loads), it returns
-    at once: the load is abandoned, said in one line; the thread, which cannot be stopped, closes
-    what it opened once it returns (a load or warm-up hung on the device never does, and its
-    device is not reset meanwhile: the process's exit ends it). `progress(step)`, called from
-    that thread, hears the opening and each warm-up run begin, until the load is abandoned."""
+    the error propagates; `stopped()` (called in that thread) true once it is open ends it there,
+    before its warm-up: StoppedBeforeWarmUp. Cancelled (the repository closes while the version
+    loads), it returns at once: the load is abandoned, said in one line; the thread, which cannot
+    be stopped, closes what it opened once it returns (a load or warm-up hung on the device never
+    does, and its device is not reset meanwhile: the process's exit ends it). `progress(step)`,
+    called from that thread, hears the opening and each warm-up run begin, until the load is abandoned."""
     loop = asyncio.get_running_loop()
     config = wanted.config
     handoff: Handoff[tuple] = Handoff()
     try:
         pool, images, labels, ranges, views = await loop.run_in_executor(executor, functools.partial(
-            _open_and_warm_up, runtime, om_path, f"{name}:{version}", wanted, handoff, progress, index_bounds or {}))
+            _open_and_warm_up, runtime, om_path, f"{name}:{version}", wanted, handoff, progress, index_bounds or {},
+            stopped))
     except asyncio.CancelledError:
         late = handoff.give_up()
         if late is not None:  # it came back as the loop was cancelled: closed in a load thread too
@@ -296,9 +310,11 @@ def _zeros_remedy(wanted: Wanted) -> str:
 
 
 def _open_and_warm_up(runtime, path: str, name: str, wanted: Wanted, handoff: Handoff,
-                      progress: Callable[[str], None], index_bounds: Mapping[str, int]) -> tuple | None:
+                      progress: Callable[[str], None], index_bounds: Mapping[str, int],
+                      stopped: Callable[[], bool]) -> tuple | None:
     """A load thread: open the pool, plan its image inputs, match a config.pbtxt's tensors with its
-    own (declared.py), read its labels, settle its inputs' value ranges, warm it up (three runs per
+    own (declared.py), read its labels, settle its inputs' value ranges, unless `stopped()` by then
+    (StoppedBeforeWarmUp) warm it up (three runs per
     gear; times the gear costs the batcher plans with; it stops at the next run once the loop has
     given up, so a shutdown does not wait for a long warm-up), then hand (pool, images, labels,
     ranges, views) to the loop, or close the pool when the loop has given up meanwhile. While it
@@ -342,6 +358,8 @@ def _open_and_warm_up(runtime, path: str, name: str, wanted: Wanted, handoff: Ha
                                  frozenset(images.plans) if images else frozenset(), wanted.file.kind == "onnx")
             labels = load_labels(config.outputs, pool.outputs)
             ranges = input_ranges(config.inputs, pool.inputs, index_bounds, name)
+            if stopped():  # (while it opened: its runs would be for nothing)
+                raise StoppedBeforeWarmUp(path)
             warm_up(pool, stop=lambda: handoff.given_up, progress=warming, data=config.warmup_data,
                     remedy=_zeros_remedy(wanted),
                     timeout_remedy=_timeout_remedy(config.execution_timeout_ms, UNMEASURED_TIMEOUT_MS))
