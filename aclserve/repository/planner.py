@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from ..config import ModelConfig
+from ..regular_files import stat_identity
 from . import layout
 from .plan import DesiredState, ModelPlan, diff
 from .settle import SettleGate
@@ -89,13 +90,15 @@ class Planner:
 
     def file_changed(self, name: str, version: str, file: layout.VersionFile) -> str:
         """Why what `version` of `name` loads from `file` is stale: FILE_GONE (file_gone), FILE_REPLACED
-        (the latest scan lists another file for it: deleted and a new one dropped in, or written
-        over), else ""."""
+        (deleted and a new one dropped in, or written over: the latest scan lists another file for it,
+        or the file is not now as `file` found it, which no scan has seen yet), else ""."""
         if self.file_gone(name, version, file.path):
             return FILE_GONE
         entry = self.scan.models.get(name)
         found = entry.available.get(version) if entry is not None else None
-        return FILE_REPLACED if found is not None and found.model_identity != file.model_identity else ""
+        if found is not None and found.model_identity != file.model_identity:
+            return FILE_REPLACED
+        return FILE_REPLACED if not self.scan.unreadable and _rewritten(file) else ""
 
     def note_event(self, path: str, moved: bool) -> None:
         """A file event (from the watcher): a rename into place makes the file complete."""
@@ -142,6 +145,28 @@ class Planner:
                         again)
             current.add(key)
         self._logged = current
+
+
+def _rewritten(file: layout.VersionFile) -> bool:
+    """`file` (its external data files too) is not on disk as the scan found it: replaced or written
+    to since (a stat each, on the loop as `_missing`'s; the files are not read). The model file
+    missing tells nothing here (file_gone judges it: a model gone whole may be kept), nor does a
+    stat refused for another reason."""
+    try:
+        if stat_identity(os.stat(file.path)) != (file.size, file.mtime_ns, file.ctime_ns, file.inode):
+            return True
+    except OSError:
+        return False
+    for path, *stamped in file.data_stamp:
+        try:
+            now = list(stat_identity(os.stat(path)))
+        except (FileNotFoundError, NotADirectoryError):
+            now = [None]  # (external_data.stamp's word for a file missing)
+        except OSError:
+            continue
+        if now != stamped:
+            return True
+    return False
 
 
 def _missing(path: str) -> bool:
