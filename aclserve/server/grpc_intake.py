@@ -75,7 +75,7 @@ def _now(deadline) -> None:
 def parse(message: bytes, lease: Lease) -> tuple[pb.ModelInferRequest, list[memoryview] | None]:
     """Charge `message` and what parsing and decoding it will hold to `lease`, then parse it:
     (the request, its raw_input_contents as views of `message`, or None: see grpc_wire.Layout)."""
-    layout = scan(message)  # InvalidInput when it is no protobuf message at all
+    layout = scan(message)  # InvalidInput: no protobuf message at all, or too many parameters entries
     hint = TYPED_CONTENTS_HINT if layout.typed else None
     lease.take(len(message), "its message", hint)
     lease.take(layout.cost, "parsing and decoding its message", hint)

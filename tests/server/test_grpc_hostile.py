@@ -11,6 +11,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from aclserve.server.grpc_server import GrpcServer
+from aclserve.server.grpc_wire import MAX_PARAMETERS
 
 from tests.server.grpc_raw import INFER
 from tests.serving import ServerThread, free_port, server_config, started_app
@@ -134,6 +135,35 @@ def test_extreme_but_valid_parameters_are_served(stub):
     param(request, "custom", string_param="ignored")
     response = stub.ModelInfer(request)
     np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[1], np.int64), [2] * 6)
+
+
+def with_parameters(total: int) -> pb.ModelInferRequest:
+    """good() holding `total` parameters entries: one in an input's map, one in a requested
+    output's, the rest in the request's own."""
+    request = good()
+    request.inputs[0].parameters["note"].string_param = "an input's"
+    request.outputs.add(name="s").parameters["note"].bool_param = True
+    for k in range(total - 2):
+        request.parameters[f"p{k}"].int64_param = k
+    return request
+
+
+def test_parameters_entries_over_their_bound_are_refused_before_the_message_is_parsed(stub):
+    """At most MAX_PARAMETERS entries, the request's, its inputs' and its outputs' maps together,
+    counted on the wire before protobuf parses them (a map of 344,000, which the memory budget
+    alone let through, took 136-161 ms of CPU to parse): one over is refused naming `parameters`
+    and the bound, one at it served, by ModelInfer and by ModelStreamInfer alike."""
+    refusal = f"more than {MAX_PARAMETERS:,} parameters entries"
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(with_parameters(MAX_PARAMETERS + 1), timeout=60)
+    assert e.value.code() == INVALID and refusal in e.value.details()
+    twice = [2] * 6  # the output s: idx * 2
+    served = stub.ModelInfer(with_parameters(MAX_PARAMETERS), timeout=60)
+    np.testing.assert_array_equal(np.frombuffer(served.raw_output_contents[0], np.int64), twice)
+    over, at = stub.ModelStreamInfer(iter([with_parameters(MAX_PARAMETERS + 1), with_parameters(MAX_PARAMETERS)]),
+                                     timeout=60)
+    assert refusal in over.error_message and not at.error_message
+    np.testing.assert_array_equal(np.frombuffer(at.infer_response.raw_output_contents[0], np.int64), twice)
 
 
 def test_oversize_message_and_other_rpcs(stub):

@@ -7,8 +7,9 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from aclserve.errors import InvalidInput
+from aclserve.protobuf_wire import len_field
 from aclserve.server import grpc_wire
-from aclserve.server.grpc_wire import ECHOED_CHARS, MAX_FIELDS, WORST_PER_BYTE, names, scan
+from aclserve.server.grpc_wire import ECHOED_CHARS, MAX_FIELDS, MAX_PARAMETERS, WORST_PER_BYTE, names, scan
 
 from .grpc_raw import affine
 
@@ -31,10 +32,38 @@ def test_scan_views_raw_contents_and_bounds_parsing():
 def test_scan_charges_messages_of_tiny_entries_more_than_parsing_takes(shape):
     """upb takes up to 44x such a message's size to parse it (measured: 8 MiB of empty inputs
     entries, 353 MiB): the scan's bound must be above that."""
-    message = shape * 50_000  # 100 KB, over MAX_FIELDS entries
+    message = shape * min(50_000, MAX_PARAMETERS)  # 100 KB, over MAX_FIELDS entries; parameters: at their bound
     assert scan(message).cost >= 44 * len(message)
     small = shape * 100
     assert scan(small).cost >= 44 * len(small)
+
+
+ENTRY = b"\x0a\x01k\x12\x02\x08\x01"  # a parameters entry: key "k", bool_param true
+
+
+@pytest.mark.parametrize("where", ["request", "input", "output", "over-long tags"])
+def test_scan_refuses_more_parameters_entries_than_the_bound_and_stops_walking_there(where):
+    """Entries of every map count, the request's, its inputs' and its outputs' together; the walk
+    stops at the first entry over the bound (what follows, here no protobuf, is not read)."""
+    tag = {"request": b"\x22", "input": b"\x22", "output": b"\x12", "over-long tags": b"\xa2\x00"}[where]
+    entries = (tag + bytes([len(ENTRY)]) + ENTRY) * MAX_PARAMETERS
+    if where in ("input", "output"):  # one input or output of them all, beside an entry of the request's
+        entries = b"\x22\x00" + len_field(5 if where == "input" else 6, entries[:-len(tag + ENTRY) - 1])
+    assert pb.ModelInferRequest.FromString(entries)  # (well formed)
+    assert scan(entries).cost > 0
+    with pytest.raises(InvalidInput, match=f"more than {MAX_PARAMETERS:,} parameters entries"):
+        scan(entries + b"\x22\x00" + b"\x0b")
+
+
+def test_scan_bounds_parameters_entries_past_its_walk_by_their_tag_bytes():
+    """Past MAX_FIELDS fields the walk stops (the message is charged its worst): the bytes that
+    may begin an entry's tag bound the entries not walked."""
+    cut = b"\x0a\x01m" + b"\x1a\x00" * MAX_FIELDS  # one name, then ids: one field over MAX_FIELDS
+    for more in (b"\x22\x00" * (MAX_PARAMETERS + 1), b"\x2a\x02\x22\x00" * MAX_PARAMETERS + b"\x32\x02\x12\x00"):
+        with pytest.raises(InvalidInput, match=f"may hold more than {MAX_PARAMETERS:,} parameters entries"):
+            scan(cut + more)
+    layout = scan(cut + b"\x22\x00" * MAX_PARAMETERS)
+    assert layout.raw_contents is None and layout.cost == WORST_PER_BYTE * len(cut + b"\x22\x00" * MAX_PARAMETERS)
 
 
 def test_scan_refuses_what_is_not_protobuf_and_caps_its_walk():
