@@ -17,7 +17,10 @@ frame), jpeg-exif (64 KB EXIF segments without an Orientation), png-chunks (empt
 before IDAT), json-spaces (a `"data"` key followed by whitespace), json-data-keys (`"data"`
 repeated), long-name (an input named "/ " repeated: its error message quotes it), many-dims (a
 shape of a million dimensions), json-keys (a valid request whose `parameters` hold 800,000
-distinct keys), grpc-inputs (a ModelInfer of empty inputs), grpc-trace (a
+distinct keys), grpc-inputs (a ModelInfer of empty inputs), grpc-params (a valid ModelInfer
+whose `parameters` hold as many distinct entries as the memory budget let through before they
+were bounded), grpc-params-bound (one of 16,384 entries, the most now served), grpc-params-inputs
+(those, then inputs each with an empty `contents` to the memory budget), grpc-trace (a
 TraceSetting of many settings).
 """
 from __future__ import annotations
@@ -41,6 +44,8 @@ from peak_sampler import PeakSampler  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGES = "/v2/models/digits_image/infer"
+# the longest message of more fields than grpc_wire walks that max_request_bytes takes (charged 65 bytes a byte)
+WALKED_PAST = (256 << 20) // 65
 NUMBERS = "/v2/models/digits/infer"
 
 
@@ -124,11 +129,30 @@ def grpc_cases() -> dict:
     trace = pb.TraceSettingRequest()
     for k in range(400_000):
         trace.settings[f"k{k}"].value.append("1")
-    return {"grpc-inputs": ("/inference.GRPCInferenceService/ModelInfer",
+    infer = "/inference.GRPCInferenceService/ModelInfer"
+    bound = _many_parameters(pb, 16_384)
+    return {"grpc-inputs": (infer,
                             # 3.5 MB: a message past grpc_wire's walk is charged 64 bytes a byte,
                             # and 7 MB would be over max_request_bytes
                             pb.ModelInferRequest(model_name="digits").SerializeToString() + b"\x2a\x00" * (7 << 18)),
+            # as many entries as a message charged 64 bytes a byte may hold within max_request_bytes
+            "grpc-params": (infer, _many_parameters(pb)),
+            "grpc-params-bound": (infer, bound),
+            # the bound's walk, then what parses slowest for its bytes besides parameters (two objects in 4 bytes)
+            "grpc-params-inputs": (infer, bound + b"\x2a\x02\x2a\x00" * ((WALKED_PAST - len(bound)) // 4)),
             "grpc-trace": ("/inference.GRPCInferenceService/TraceSetting", trace.SerializeToString())}
+
+
+def _many_parameters(pb, entries: int | None = None) -> bytes:
+    """A valid ModelInfer to digits whose `parameters` hold `entries` distinct entries (keys of 1-4
+    characters, each a bool), or as many as WALKED_PAST bytes hold (344,124)."""
+    request = pb.ModelInferRequest(model_name="digits")
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 64])
+    request.raw_input_contents.append(np.zeros((1, 64), np.float32).tobytes())
+    count = entries if entries is not None else (WALKED_PAST - request.ByteSize()) // 12  # 12 bytes an entry
+    for k in range(count):
+        request.parameters[np.base_repr(k, 36)].bool_param = True
+    return request.SerializeToString()
 
 
 def post(port: int, path: str, body: bytes, headers: dict) -> str:
@@ -163,7 +187,8 @@ def measured(prober: PeakSampler, send) -> tuple[str, float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="jpeg-segments,jpeg-exif,png-chunks,json-spaces,json-data-keys,long-name,"
-                                       "many-dims,json-keys,grpc-inputs,grpc-trace")
+                                       "many-dims,json-keys,grpc-inputs,grpc-params,grpc-params-bound,"
+                                       "grpc-params-inputs,grpc-trace")
     ap.add_argument("--mb", type=int, default=15, help="size of the HTTP cases' bodies (max_json_bytes: 16 MiB)")
     args = ap.parse_args(argv)
     port, grpc_port = free_port(), free_port()
