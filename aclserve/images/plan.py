@@ -70,8 +70,9 @@ class ImagePlan:
         """uint8 [H, W, C] in this plan's colour order, fitted (letterbox: the picture inside) ->
         `row` (row_shape, the plan's dtype: a row of the request's input tensor), in place. A
         letterbox is padded after `invert`: auto judges the picture's own border (the padding was
-        most of it), and the model sees pad_value as set. A float32 row is normalised where it
-        lies; a float16 one in a float32 picture first (the host normalises in float32)."""
+        most of it), and pad_value is not inverted; it is padded before mean/std, which it goes
+        through as the pixels do (0 with mean 100, std 50: -2). A float32 row is normalised where
+        it lies; a float16 one in a float32 picture first (the host normalises in float32)."""
         if self.invert is True or (self.invert == "auto" and _light_border(pixels)):
             pixels = 255 - pixels
         if self.resize == "letterbox":

@@ -241,6 +241,17 @@ def test_a_letterbox_is_padded_after_invert_which_judges_the_picture_alone():
     assert plan(8, 8, 1, invert=True, resize="letterbox", pad_value=9).to_row(dark_on_light)[0, 0, 0] == 9
 
 
+def test_a_letterbox_fill_is_a_pixel_value_normalised_with_the_picture():
+    """pad_value is in pixel units and goes through a float input's mean/std as the picture does
+    (the config's comment said "as the model sees it": an independent tester found 0 reached the
+    model as -2 with mean 100, std 50); as set for a uint8 input."""
+    boxed = build_plan(ImageInput(resize="letterbox", pad_value=0, mean=(100.0,), std=(50.0,)),
+                       spec((-1, 3, 4, 4), "FP32", "NCHW"))
+    row = boxed.to_row(np.full((2, 4, 3), 200, np.uint8))
+    assert (row[:, [0, 3]] == -2).all() and (row[:, 1:3] == 2).all()
+    assert (plan(4, 4, resize="letterbox", pad_value=0).to_row(np.full((2, 4, 3), 200, np.uint8))[[0, 3]] == 0).all()
+
+
 @pytest.mark.parametrize("image, shape, datatype, message", [
     (ImageInput(mean=(1.0,)), (-1, 8, 8, 3), "UINT8", "remove mean/std"),
     (ImageInput(), (-1, 8, 8, 2), "UINT8", "2 channels"),
