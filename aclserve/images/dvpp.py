@@ -55,6 +55,7 @@ VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN = 16, 2
 VPC_MIN_WIDTH_STRIDE = 32
 VPC_SCALE = (1 / 32, 16)  # VPC resizes by these factors at most, each way
 VPC_OUTPUT = ((10, 4096), (6, 4096))  # VPC's output width and height ranges: vpc_output(soc)
+VPC_LARGEST_OUTPUT = ((10, 4096), (6, 8192))  # ... on the Ascend310B, 910B and later
 DVPP_WAIT_MS = 5000  # a JPEGD or VPC task takes milliseconds: past this the chip is not waited for
 # DVPP buffers are kept between images up to this size (a larger one is freed after its image:
 # an 8,192 x 4,096 picture's NV12 is 48 MiB), grown in powers of two from KEPT_MIN_BYTES
@@ -77,23 +78,37 @@ def vpc_output(soc: str | None):
     """VPC's output (width range, height range) (CANN's VPC constraints): up to 4096 x 8192 on the
     Ascend310B, 910B and later; 4096 x 4096 on the Ascend310P, 310 and first 910, and an unknown SoC."""
     if (soc or "").lower().startswith(("ascend310b", "ascend910b", "ascend910_93")):
-        return (10, 4096), (6, 8192)
+        return VPC_LARGEST_OUTPUT
     return VPC_OUTPUT
 
 
-def dvpp_takes(info: ImageInfo, plan: ImagePlan, output=VPC_OUTPUT) -> bool:
-    """Whether DVPP decodes this image for this plan (else the CPU decoder does); `output`: the
-    SoC's vpc_output."""
-    if (info.format != "JPEG" or not info.baseline or info.orientation != 1 or not info.ycc
-            or plan.resize != "stretch"):
-        return False
+def plan_refusals(plan: ImagePlan) -> list[str]:
+    """Why DVPP never decodes a picture for this plan, whatever the picture and the SoC (empty:
+    it may): in words for the log line at load (server/images.py)."""
+    why = []
+    if plan.resize != "stretch":  # (VPC resizes the whole picture to the target: no crop, no pad)
+        why.append(f"its resize is {plan.resize}, and DVPP only stretches")
     if plan.interpolation != "bilinear":
         # VPC resizes with its default filter (acldvppSetResizeConfigInterpolation 0: bilinear on
         # the 310P and later, CANN's own high-order filter on the 310 and 910), whatever the plan
         # asks: the interpolation the model was trained with (nearest's single pixels, bicubic,
         # area) comes before DVPP's offload
+        why.append(f"its interpolation is {plan.interpolation}, and VPC resizes with its own filter")
+    if plan.width % 2 or plan.height % 2:  # NV12 halves both sides
+        why.append(f"its size {plan.width}x{plan.height} has an odd side")
+    (wlow, whigh), (hlow, hhigh) = VPC_LARGEST_OUTPUT
+    if not (wlow <= plan.width <= whigh and hlow <= plan.height <= hhigh):
+        why.append(f"its size {plan.width}x{plan.height} is outside VPC's output ({wlow}-{whigh:,} wide, "
+                   f"{hlow}-{hhigh:,} high at most)")
+    return why
+
+
+def dvpp_takes(info: ImageInfo, plan: ImagePlan, output=VPC_OUTPUT) -> bool:
+    """Whether DVPP decodes this image for this plan (else the CPU decoder does); `output`: the
+    SoC's vpc_output."""
+    if info.format != "JPEG" or not info.baseline or info.orientation != 1 or not info.ycc or plan_refusals(plan):
         return False
-    if plan.width % 2 or plan.height % 2 or info.width % 2 or info.height % 2:
+    if info.width % 2 or info.height % 2:
         return False  # NV12 halves both sides (JPEGD rounds an odd one down on some SoCs: not followed)
     low, high = JPEGD_SIDES
     if not (low <= info.width <= high and low <= info.height <= high):

@@ -2,8 +2,8 @@
 added by server/app.py).
 
 callback(event, name, version, **info), event in:
-    loaded       a version in service (info: seconds, the load's duration)
-    reloaded     a version's new file or config in service (info: seconds; replaced, the
+    loaded       a version in service (info: seconds, the load's duration; served, its ServedVersion)
+    reloaded     a version's new file or config in service (info: seconds; served; replaced, the
                  ServedVersion it took over from, draining now)
     unloading    a version out of service with no successor (info: served, draining now)
     unloaded     that version has closed: what is kept of its (name, version) may go

@@ -171,9 +171,9 @@ class Lifecycle:
             if version in replaced:  # `replaced`: the version it took over from, draining now
                 log.info("%s: version %s reloaded (its new %s), the one before drains", name, version,
                          sv.wanted.changed_from(replaced[version].wanted))
-                self._emit("reloaded", name, version, seconds=sv.load_seconds, replaced=replaced[version])
+                self._emit("reloaded", name, version, seconds=sv.load_seconds, replaced=replaced[version], served=sv)
             else:
-                self._emit("loaded", name, version, seconds=sv.load_seconds)
+                self._emit("loaded", name, version, seconds=sv.load_seconds, served=sv)
         retiring = [self._retire(old, replaced=v in loaded, cause=causes.get(v, "")) for v, old in replaced.items()]
         await to_the_end(asyncio.gather(self._close_unserved(dropped), *retiring))  # (a caller gone: retiring.py)
         if failed:

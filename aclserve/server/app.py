@@ -78,6 +78,7 @@ async def _lifecycle(app: web.Application):
     state.repo.add_listener(state.draining.on_repository_event)
     state.repo.add_listener(state.metrics.on_repository_event)
     state.repo.add_listener(state.on_repository_event)
+    state.repo.add_listener(state.images.on_repository_event)
     if not state.loads_after_listen:  # (an app served otherwise than by serve(): tests)
         begin_loading(state)
     try:

@@ -15,6 +15,7 @@ import threading
 from ..config import ImageSettings
 from ..images import DecodePool
 from ..images.decode import CpuDecoder
+from ..images.dvpp import plan_refusals
 from ..images.header import ImageError, check_size, probe
 from ..images.peak import decode_peak_bytes
 from .contracts import Runtime
@@ -54,6 +55,20 @@ class ImageDecoding:
             except DvppError as e:
                 log.warning("DVPP unavailable (%s): decoding with Pillow", e)
         return self._cpu
+
+    def on_repository_event(self, event: str, name: str, version=None, served=None, **info) -> None:
+        """Listener for ModelRepository.add_listener: with images.decoder dvpp, one INFO line for
+        each image input of a version put in service whose pictures DVPP never takes (its plan
+        alone rules them out: dvpp.plan_refusals), saying why; found by an independent tester, to
+        whom an ImageNet-style center_crop input decoding on the CPU said nothing."""
+        stage = getattr(served, "images", None)
+        if event not in ("loaded", "reloaded") or self.settings.decoder != "dvpp" or stage is None:
+            return
+        for input_name, plan in stage.plans.items():
+            why = plan_refusals(plan)
+            if why:
+                log.info("%s:%s: image input %r never decodes on DVPP (images.decoder: dvpp): %s; its pictures "
+                         "decode on the CPU", name, version, input_name, "; ".join(why))
 
     def dvpp_outcomes(self) -> dict[str, int] | None:
         """Images given to the DVPP decoder by what became of them (images/dvpp.py OUTCOMES), or

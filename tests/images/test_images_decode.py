@@ -17,7 +17,7 @@ from aclserve.errors import Overloaded, PayloadTooLarge, QueueFull
 from aclserve.images import DecodePool, ImageStage, PlanError, build_plan
 from aclserve.images.decode import CpuDecoder, decode_pixels
 from aclserve.images.header import ImageError
-from aclserve.images.dvpp import dvpp_takes, jpegd_width_align, nv12_to_pixels, vpc_output
+from aclserve.images.dvpp import dvpp_takes, jpegd_width_align, nv12_to_pixels, plan_refusals, vpc_output
 from aclserve.images.header import ImageInfo
 from aclserve.runtime.types import TensorSpec
 from tests.tiny_models import MEAN, STD
@@ -432,6 +432,17 @@ def test_dvpp_is_given_the_plans_that_resize_bilinearly():
     info = ImageInfo("JPEG", 640, 480, baseline=True)
     for interpolation, takes in (("bilinear", True), ("nearest", False), ("bicubic", False), ("area", False)):
         assert dvpp_takes(info, plan(224, 224, interpolation=interpolation)) is takes, interpolation
+
+
+def test_what_rules_a_plan_out_of_dvpp_whatever_the_picture_and_the_soc():
+    """plan_refusals, said at load: its sides past VPC's output on every SoC (a height of 4,224
+    is within the 310B's), besides resize, interpolation and odd sides (tests/server/
+    test_server_dvpp.py); a plan it lets by is taken for some picture."""
+    assert plan_refusals(plan(8, 8)) == ["its size 8x8 is outside VPC's output (10-4,096 wide, 6-8,192 high at most)"]
+    assert plan_refusals(plan(9000, 224)) == [
+        "its size 224x9000 is outside VPC's output (10-4,096 wide, 6-8,192 high at most)"]
+    assert plan_refusals(plan(4224, 224)) == [] and plan_refusals(plan(224, 224)) == []
+    assert dvpp_takes(ImageInfo("JPEG", 640, 480, baseline=True), plan(224, 224))
 
 
 def test_images_max_pixels_above_pillow_s_own_limit_is_the_limit(monkeypatch):

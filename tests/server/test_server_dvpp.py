@@ -3,6 +3,7 @@ the JPEGs on the runtime's DVPP emulation, and the model answers as it does for 
 pictures decoded by Pillow (NV12's halved chroma and VPC's bilinear filter: within a tolerance)."""
 from __future__ import annotations
 
+import logging
 import urllib.request
 
 import numpy as np
@@ -50,3 +51,30 @@ def test_a_server_decoding_with_dvpp_answers_as_with_pillow(tmp_path):
     diff = np.abs(by_dvpp - by_pillow)
     assert diff.mean() < 0.25 and diff.max() < 2.0, (diff.mean(), diff.max())
     assert np.abs(by_pillow).mean() > 1  # the answers are not all near zero
+
+
+def test_an_input_dvpp_never_takes_is_said_at_load(tmp_path, caplog):
+    """With images.decoder dvpp, an image input whose plan DVPP never takes (a center_crop input,
+    the ImageNet-style one; an odd-sided target) decoded on the CPU in silence: the README said
+    only that the input must be bilinear (found by an independent tester). One INFO line per
+    such input, at its load, says why; none for an input DVPP may take, none with decoder cpu."""
+    root = tmp_path / "models"
+    root.mkdir()
+    for name, side, image in (("crop", 32, "{resize: center_crop, crop_fraction: 0.875, interpolation: bicubic}"),
+                              ("odd", 31, "{resize: stretch}"), ("even", 32, "{resize: stretch}")):
+        compile_cpu_om(conv_onnx(tmp_path / f"{name}.onnx", side=side), root / f"{name}.om", batch="1")
+        (root / f"{name}.yaml").write_text(f"inputs:\n  x:\n    image: {image}\n")
+    said = {}
+    for decoder in ("dvpp", "cpu"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="aclserve.server.images"):
+            with ServerThread(server_config(root, images={"decoder": decoder}, model_control_mode="none")):
+                pass
+        said[decoder] = sorted(r.getMessage() for r in caplog.records if r.name == "aclserve.server.images")
+    assert said["dvpp"] == [
+        "crop:1: image input 'x' never decodes on DVPP (images.decoder: dvpp): its resize is center_crop, and DVPP "
+        "only stretches; its interpolation is bicubic, and VPC resizes with its own filter; its pictures decode on "
+        "the CPU",
+        "odd:1: image input 'x' never decodes on DVPP (images.decoder: dvpp): its size 31x31 has an odd side; its "
+        "pictures decode on the CPU"]
+    assert said["cpu"] == []
