@@ -2,7 +2,8 @@
 
 Blocking and GIL-releasing (Pillow decodes and resizes with the interpreter lock released), so
 the worker pool runs several at once. Steps: probe the header (format and size limits, before
-any pixel is allocated); for a JPEG, let libjpeg scale by 1/2, 1/4 or 1/8 while decoding when
+any pixel is allocated); for a PNG, take out the text chunks Pillow would read for nothing
+(png_text.py); for a JPEG, let libjpeg scale by 1/2, 1/4 or 1/8 while decoding when
 the target is that much smaller and DRAFT_MARGIN more, unless the plan's filter is nearest
 (Image.draft; a grey target takes the luma plane); apply the EXIF orientation; convert to RGB or
 grey (alpha is dropped, 16-bit samples keep their high byte); resize per the plan's policy and
@@ -24,6 +25,7 @@ from PIL import Image, JpegImagePlugin, PngImagePlugin, UnidentifiedImageError
 
 from .header import ImageError, ImageInfo, check_size, probe
 from .plan import ImagePlan
+from .png_text import without_text
 
 _FILTERS = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "area": Image.BOX}
 _ROTATED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
@@ -143,7 +145,8 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
     ignore_pillow_notes()
     mode = "L" if plan.color == "gray" else "RGB"
     try:
-        im = Image.open(io.BytesIO(data), formats=(info.format,))
+        # (a PNG's text chunks, but for those Pillow acts on, taken out: it would inflate each)
+        im = Image.open(io.BytesIO(without_text(data) if info.format == "PNG" else data), formats=(info.format,))
         if im.size != (info.width, info.height):
             raise ImageError(f"{info.format} header is inconsistent")
         orientation = _orientation(im.getexif().get(_ORIENTATION, 1))  # (a PNG's eXIf chunk too)

@@ -13,7 +13,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from PIL import PngImagePlugin
+from .png_text import TEXT_CHUNKS, text_bytes
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_SOI = b"\xff\xd8"
@@ -50,13 +50,6 @@ SMALL_CHUNK = 4096  # a PNG chunk under this many bytes counts toward MAX_SEGMEN
 SMALL_IDAT_SPACING = 256
 _CHUNK_HEAD = struct.Struct(">I4s")  # a PNG chunk's length and type
 _NOT_FILL = re.compile(rb"[^\xff]")
-# Text chunks Pillow reads into the image's info: its caps on them (PIL.PngImagePlugin: a
-# compressed one inflates to at most MAX_TEXT_CHUNK, deflate at most 1,032-fold; all it keeps,
-# MAX_TEXT_MEMORY, past which it refuses the picture), and what reading one holds besides what
-# it keeps: up to 5 times its text (an uncompressed iTXt, measured; a tEXt 3 times)
-_PNG_TEXT = (b"tEXt", b"zTXt", b"iTXt")
-MAX_TEXT_CHUNK, MAX_TEXT_MEMORY = PngImagePlugin.MAX_TEXT_CHUNK, PngImagePlugin.MAX_TEXT_MEMORY
-TEXT_READING = 5
 _OTHER_FORMATS = ((b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"),
                   (b"\x00\x00\x00\x0cjP  ", "JPEG 2000"), (b"\xff\x4f\xff\x51", "JPEG 2000"))
 # ISO-BMFF files (a first box `ftyp`) by the brands it lists: a phone's HEIC photo, an AVIF
@@ -81,7 +74,7 @@ class ImageInfo:
     buffered: bool = False  # JPEG: libjpeg keeps every DCT coefficient while decoding (progressive, or
     # a first scan of fewer components than the frame: a sequential JPEG in several scans)
     alpha: bool = False  # PNG: palette or alpha colour type (decoded through RGBA)
-    text_bytes: int = 0  # PNG: what Pillow may hold at the peak of reading its text chunks, at most
+    text_bytes: int = 0  # PNG: what its text chunks cost its decode at the peak, at most (png_text.py)
     lossless: bool = False  # JPEG: a lossless frame (SOF3), which libjpeg cannot scale while decoding
 
 
@@ -188,11 +181,10 @@ def _png_chunks(data) -> int:
     chunks (6 MB), 0.3 s for as many IDAT ones, before the image data, in it or after it; so does
     this walk, on the event loop. A PNG whose bytes end (or whose lengths run past them) before
     its first IDAT chunk is refused (Pillow said only "cannot identify image file"); one cut in
-    its image data is left to the decode. Returns what Pillow may hold of its text chunks at the
-    peak of reading them (60 zTXt chunks of 1 MB each in a 63 KB picture kept 60 MB; one tEXt of
-    40 MB took 120 MB to read)."""
-    n, pos, small, small_idat, kept, largest = len(data), 8, 0, 0, 0, 0
-    kind, image_data, idat_limit = b"", False, MAX_SEGMENTS + n // SMALL_IDAT_SPACING
+    its image data is left to the decode. Returns what its text chunks cost the decode at its
+    peak (png_text.text_bytes)."""
+    n, pos, small, small_idat, texts = len(data), 8, 0, 0, []
+    kind, image_data, ended, idat_limit = b"", False, False, MAX_SEGMENTS + n // SMALL_IDAT_SPACING
     while pos + 8 <= n:
         length, kind = _CHUNK_HEAD.unpack_from(data, pos)  # (3x quicker than slicing: 0.2 us a chunk)
         if kind == b"IDAT":
@@ -208,16 +200,14 @@ def _png_chunks(data) -> int:
             if small > MAX_SEGMENTS:
                 raise ImageError(f"PNG has more than {MAX_SEGMENTS} chunks of under {SMALL_CHUNK} bytes besides "
                                  f"its image data")
-        if kind in _PNG_TEXT:
-            inflated = min(MAX_TEXT_CHUNK, 1032 * length)
-            # tEXt as it is; zTXt inflated; iTXt either (its compression flag is not read here)
-            text = length if kind == b"tEXt" else inflated if kind == b"zTXt" else max(length, inflated)
-            kept, largest = kept + text, max(largest, text)
+        ended = ended or kind == b"IEND"  # (Pillow reads no chunk after it)
+        if kind in TEXT_CHUNKS and not ended:
+            texts.append((pos, length, kind, not image_data))
         pos += 12 + length  # length, type, data, CRC
     if not image_data:
         raise ImageError("PNG has no image data (IDAT chunk)" if kind == b"IEND" else
                          "PNG is truncated (or corrupt) before its image data")
-    return min(kept, MAX_TEXT_MEMORY + largest) + TEXT_READING * largest
+    return text_bytes(data, texts)
 
 
 def _jpeg(data) -> ImageInfo:

@@ -8,7 +8,7 @@ RGBA); a JPEG decodes at the draft size libjpeg scales it to (1/1 to 1/8 a side:
 1/8, 10.1 at 1/1, with a full-size target), and a progressive one besides holds all its DCT
 coefficients, two bytes a sample (6.2 for 4:4:4 YCbCr at 1/8, 8.2 for CMYK, 3.2 for 4:2:0), as
 does a sequential one coded in several scans (6.1 for 4:4:4 at 1/8, 6000 x 6000, 2026-12-02).
-A PNG's text chunks add what reading them holds at its peak (header.ImageInfo.text_bytes).
+A PNG's text chunks add what they cost its decode (png_text.text_bytes: header.ImageInfo.text_bytes).
 """
 from __future__ import annotations
 

@@ -1,0 +1,92 @@
+"""A PNG's text chunks are taken out before Pillow reads the file (images/png_text.py), but for
+those it takes an orientation from: the pixels are Pillow's, the text is not inflated."""
+from __future__ import annotations
+
+import io
+import tracemalloc
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from aclserve.images.decode import decode_pixels
+from aclserve.images.png_text import text_chunks, without_text
+from .images_data import _chunk, encode, gradient
+from .test_images_decode import LIMITS, plan
+
+MEGABYTE_OF_TEXT = zlib.compress(b"a" * ((1 << 20) - 100), 9)  # 1 KB inflating to 1 MB
+
+
+def _with_chunks(png: bytes, before: list[bytes], after: list[bytes] = ()) -> bytes:
+    """`png` with chunks put after its IHDR and before its IEND."""
+    iend = png.rindex(b"IEND") - 4
+    return png[:33] + b"".join(before) + png[33:iend] + b"".join(after) + png[iend:]
+
+
+def _traced_peak(call) -> int:
+    tracemalloc.start()
+    try:
+        call()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_text_chunks_are_not_inflated_and_the_pixels_are_the_same():
+    """60 zTXt chunks inflating to 1 MB each in a 63 KB PNG held a decode thread 0.5-0.7 s and
+    60 MB (found by an independent tester), compressed iTXt ones after the image data alike:
+    decoded now without reading them, the pixels those of the same PNG without them."""
+    png = encode(gradient(64, 64))
+    data = _with_chunks(png, [_chunk(b"zTXt", b"k%d\0\0" % i + MEGABYTE_OF_TEXT) for i in range(50)],
+                        [_chunk(b"iTXt", b"t%d\0\x01\0\0\0" % i + MEGABYTE_OF_TEXT) for i in range(10)])
+    assert len(data) < 100_000 and len(Image.open(io.BytesIO(data)).text) == 60  # Pillow's own reading
+    got = []
+    peak = _traced_peak(lambda: got.append(decode_pixels(data, plan(16, 16), *LIMITS)))
+    assert peak < 1 << 20  # (64 MB with the text inflated)
+    np.testing.assert_array_equal(got[0], decode_pixels(png, plan(16, 16), *LIMITS))
+
+
+def _quadrant() -> Image.Image:
+    pic = np.zeros((20, 40, 3), np.uint8)
+    pic[:10, :20] = 255  # stored: white top-left quadrant
+    return Image.fromarray(pic)
+
+
+def _raw_profile(orientation: int) -> bytes:
+    """ImageMagick's zTXt of EXIF: its name, length, then the bytes in hex (Pillow reads it)."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    hexed = exif.tobytes().hex()
+    return b"Raw profile type exif\0\0" + zlib.compress(f"\nexif\n{len(hexed) // 2:8d}\n{hexed}\n".encode())
+
+
+def _xmp(orientation: int) -> bytes:
+    return b'XML:com.adobe.xmp\0\0\0\0\0<x:xmpmeta><rdf:Description tiff:Orientation="%d"/></x:xmpmeta>' % orientation
+
+
+@pytest.mark.parametrize("chunks", [
+    [_chunk(b"zTXt", _raw_profile(6))],
+    [_chunk(b"iTXt", _xmp(3)), _chunk(b"zTXt", b"k\0\0" + MEGABYTE_OF_TEXT), _chunk(b"iTXt", _xmp(6))],  # the last
+], ids=["raw profile", "xmp"])
+def test_text_pillow_takes_an_orientation_from_still_turns_the_picture(chunks):
+    """Pillow turns a PNG by the EXIF of ImageMagick's "Raw profile type exif" zTXt, or by XMP
+    (the last chunk of each kind read): those chunks are still given to it."""
+    data = _with_chunks(encode(np.asarray(_quadrant())), chunks)
+    assert Image.open(io.BytesIO(data)).getexif()[0x0112] == 6  # Pillow's own reading
+    out = decode_pixels(data, plan(40, 20), *LIMITS)  # displayed 20 wide, 40 high
+    assert out[:20, 10:].mean() > 200 and out[:20, :10].mean() < 50  # now top-right
+
+
+def test_what_is_taken_out():
+    """Nothing to take out: the bytes themselves, no copy. Else each text chunk but the last of
+    each type and keyword Pillow takes an orientation from, and one before the image data that
+    fails its CRC check (Pillow refuses the picture for it: test_images_decode)."""
+    png = encode(gradient(8, 8))
+    assert without_text(png) is png
+    kept = [_chunk(b"zTXt", _raw_profile(6)), _chunk(b"iTXt", _xmp(6)), _chunk(b"tEXt", b"xmp\0<x/>")]
+    broken = _chunk(b"tEXt", b"k\0v")[:-4] + bytes(4)
+    data = _with_chunks(png, [_chunk(b"iTXt", _xmp(1)), kept[0], broken, _chunk(b"tEXt", b"Software\0x")],
+                        [_chunk(b"tEXt", b"late\0y"), kept[1], kept[2]])
+    assert without_text(data) == _with_chunks(png, [kept[0], broken], kept[1:])
+    assert len(text_chunks(without_text(data))) == 4
