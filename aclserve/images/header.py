@@ -13,7 +13,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from .png_text import TEXT_CHUNKS, text_bytes
+from .png_text import TEXT_CHUNKS, acted_on, text_bytes
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_SOI = b"\xff\xd8"
@@ -76,6 +76,8 @@ class ImageInfo:
     alpha: bool = False  # PNG: palette or alpha colour type (decoded through RGBA)
     text_bytes: int = 0  # PNG: what its text chunks cost its decode at the peak, at most (png_text.py)
     lossless: bool = False  # JPEG: a lossless frame (SOF3), which libjpeg cannot scale while decoding
+    may_turn: bool = False  # the decode may turn or flip it, copying it whole: a JPEG of an orientation but
+    # 1; a PNG whose eXIf chunk says one (or is over 64 KB), or with a text chunk Pillow may read one from
 
 
 def probe(data: bytes | memoryview) -> ImageInfo:
@@ -169,10 +171,12 @@ def _png(data) -> ImageInfo:
         raise ImageError("PNG is corrupt (its IHDR header fails its CRC check)")
     width, height = struct.unpack(">II", bytes(data[16:24]))
     color_type = data[25] if len(data) > 25 else 0
-    return ImageInfo("PNG", width, height, alpha=color_type in _PNG_ALPHA_TYPES, text_bytes=_png_chunks(data))
+    text_bytes, may_turn = _png_chunks(data)
+    return ImageInfo("PNG", width, height, alpha=color_type in _PNG_ALPHA_TYPES, text_bytes=text_bytes,
+                     may_turn=may_turn)
 
 
-def _png_chunks(data) -> int:
+def _png_chunks(data) -> tuple[int, bool]:
     """Refuse a PNG of more than MAX_SEGMENTS chunks under SMALL_CHUNK bytes besides its image
     data, wherever they are (real ones have a few: PLTE, tRNS, gAMA, pHYs, some text), or of more
     IDAT chunks under SMALL_CHUNK bytes than MAX_SEGMENTS and one per SMALL_IDAT_SPACING bytes of
@@ -182,8 +186,8 @@ def _png_chunks(data) -> int:
     this walk, on the event loop. A PNG whose bytes end (or whose lengths run past them) before
     its first IDAT chunk is refused (Pillow said only "cannot identify image file"); one cut in
     its image data is left to the decode. Returns what its text chunks cost the decode at its
-    peak (png_text.text_bytes)."""
-    n, pos, small, small_idat, texts = len(data), 8, 0, 0, []
+    peak (png_text.text_bytes), and whether Pillow may turn it (ImageInfo.may_turn)."""
+    n, pos, small, small_idat, texts, turned, exif_seen = len(data), 8, 0, 0, [], False, False
     kind, image_data, ended, idat_limit = b"", False, False, MAX_SEGMENTS + n // SMALL_IDAT_SPACING
     while pos + 8 <= n:
         length, kind = _CHUNK_HEAD.unpack_from(data, pos)  # (3x quicker than slicing: 0.2 us a chunk)
@@ -203,11 +207,14 @@ def _png_chunks(data) -> int:
         ended = ended or kind == b"IEND"  # (Pillow reads no chunk after it)
         if kind in TEXT_CHUNKS and not ended:
             texts.append((pos, length, kind, not image_data))
+        elif kind == b"eXIf" and not ended:  # read as a JPEG's EXIF segment: one, small (the walk is on the loop)
+            exif = _EXIF + bytes(data[pos + 8:pos + 8 + min(length, 0x10000)])
+            turned, exif_seen = exif_seen or length > 0xFFFF or exif_orientation(exif) != 1, True
         pos += 12 + length  # length, type, data, CRC
     if not image_data:
         raise ImageError("PNG has no image data (IDAT chunk)" if kind == b"IEND" else
                          "PNG is truncated (or corrupt) before its image data")
-    return text_bytes(data, texts)
+    return text_bytes(data, texts), turned or bool(acted_on(data, texts))
 
 
 def _jpeg(data) -> ImageInfo:
@@ -221,7 +228,8 @@ def _jpeg(data) -> ImageInfo:
         EXIF or XMP may follow the frame header); XMP's only when EXIF says nothing else (when
         EXIF says 1, Pillow keeps it upright and this errs towards turned, which sends it to
         the CPU decoder, not DVPP's)."""
-        return dataclasses.replace(frame, orientation=orientation if orientation != 1 else xmp_orientation)
+        turn = orientation if orientation != 1 else xmp_orientation
+        return dataclasses.replace(frame, orientation=turn, may_turn=turn != 1)
     for _ in range(MAX_SEGMENTS):
         if pos >= n:
             break
