@@ -89,3 +89,16 @@ def test_names_are_read_cut_at_their_first_characters():
     short = pb.ModelInferRequest(model_name="é" * ECHOED_CHARS, id="r1").SerializeToString()
     assert names(short) == ("é" * ECHOED_CHARS, "", "r1")
     assert names(b"\x1a\x03\xffab") == ("", "", "\ufffdab")  # an id that is not UTF-8, as before
+
+
+def test_names_are_decoded_once_each_however_often_they_repeat(monkeypatch):
+    """The last of each is the name, as protobuf reads it, and only it is decoded: a refused
+    message's names are read on the event loop (twice on a stream), and decoding each of 17,408
+    repeated ids took 35 ms, twice the walk's time."""
+    decoded = []
+    first_chars = grpc_wire._first_chars
+    monkeypatch.setattr(grpc_wire, "_first_chars", lambda utf8, limit: decoded.append(bytes(utf8)) or
+                        first_chars(utf8, limit))
+    message = b"\x0a\x01m" + b"".join(b"\x1a\x02%02d" % (k % 100) for k in range(MAX_FIELDS - 1))
+    assert names(message) == ("m", "", "%02d" % ((MAX_FIELDS - 2) % 100))
+    assert decoded == [b"m", b"%02d" % ((MAX_FIELDS - 2) % 100)]
