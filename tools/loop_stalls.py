@@ -44,7 +44,8 @@ from peak_sampler import PeakSampler  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGES = "/v2/models/digits_image/infer"
-# the longest message of more fields than grpc_wire walks that max_request_bytes takes (charged 65 bytes a byte)
+# the longest message of more fields than grpc_wire walks that max_request_bytes took while such a message was
+# charged 65 bytes a byte and parsed (it is refused now, after the walk)
 WALKED_PAST = (256 << 20) // 65
 NUMBERS = "/v2/models/digits/infer"
 
@@ -132,10 +133,10 @@ def grpc_cases() -> dict:
     infer = "/inference.GRPCInferenceService/ModelInfer"
     bound = _many_parameters(pb, 16_384)
     return {"grpc-inputs": (infer,
-                            # 3.5 MB: a message past grpc_wire's walk is charged 64 bytes a byte,
-                            # and 7 MB would be over max_request_bytes
+                            # 3.5 MB: a message past grpc_wire's walk was charged 64 bytes a byte,
+                            # and 7 MB would have been over max_request_bytes
                             pb.ModelInferRequest(model_name="digits").SerializeToString() + b"\x2a\x00" * (7 << 18)),
-            # as many entries as a message charged 64 bytes a byte may hold within max_request_bytes
+            # as many entries as a message charged 64 bytes a byte could hold within max_request_bytes
             "grpc-params": (infer, _many_parameters(pb)),
             "grpc-params-bound": (infer, bound),
             # the bound's walk, then what parses slowest for its bytes besides parameters (two objects in 4 bytes)

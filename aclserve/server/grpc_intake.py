@@ -72,10 +72,10 @@ def _now(deadline) -> None:
     (getattr(deadline, "reschedule", None) or deadline.update)(asyncio.get_running_loop().time())
 
 
-def parse(message: bytes, lease: Lease) -> tuple[pb.ModelInferRequest, list[memoryview] | None]:
+def parse(message: bytes, lease: Lease) -> tuple[pb.ModelInferRequest, list[memoryview]]:
     """Charge `message` and what parsing and decoding it will hold to `lease`, then parse it:
-    (the request, its raw_input_contents as views of `message`, or None: see grpc_wire.Layout)."""
-    layout = scan(message)  # InvalidInput: no protobuf message at all, or too many parameters entries
+    (the request, its raw_input_contents as views of `message`)."""
+    layout = scan(message)  # InvalidInput: no protobuf message at all, too many fields or parameters entries
     hint = TYPED_CONTENTS_HINT if layout.typed else None
     lease.take(len(message), "its message", hint)
     lease.take(layout.cost, "parsing and decoding its message", hint)

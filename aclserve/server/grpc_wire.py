@@ -12,10 +12,11 @@ hold beyond the message itself, so the request is charged for it before it is pa
 It also returns the raw_input_contents entries as views of the message: tensors decoded from
 them copy nothing, where the parsed message hands out a new bytes object (a copy) per entry.
 
-And it bounds the entries of the `parameters` maps (the request's, each input's and each
-requested output's) before protobuf parses them, as the JSON side bounds its keys: the memory
-budget alone let a map of 344,000 entries through (4.1 MB), which took 136-161 ms of CPU to
-parse, where 16,384 take 3-4 ms.
+And it bounds what protobuf's parse, on the event loop, may take before it parses: a message
+of more than MAX_FIELDS fields is refused, as the JSON side refuses a text of too many keys (a
+message of tiny fields was charged per byte and parsed: 1-2 million in 4.1 MB took 105-126 ms of
+CPU), and so is one of more than MAX_PARAMETERS `parameters` entries (the request's, each input's
+and each requested output's maps together: a map of 344,000 took 136-161 ms, 16,384 take 3-4).
 
 Pure functions over bytes (no grpc, no protobuf: protobuf_wire.py walks the wire format); field
 numbers are grpc_service.proto's.
@@ -23,8 +24,6 @@ numbers are grpc_service.proto's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import numpy as np
 
 from .. import protobuf_wire
 from ..errors import InvalidInput
@@ -40,9 +39,11 @@ FIXED_PER_BYTE = 3  # packed floats: parsed, decoded (np.fromiter), maybe cast
 # `parameters` entries one request may hold, all its maps together, as a JSON request may hold
 # MAX_JSON_KEYS keys in all its objects: what HTTP takes, gRPC takes
 MAX_PARAMETERS = MAX_JSON_KEYS
-# fields walked at most, parameters entries included (about 1 us each: 17 ms at most), so that a
-# request of MAX_PARAMETERS entries is walked whole; past it the whole message is charged
-# WORST_PER_BYTE, and the entries past it are bounded by their tag bytes
+# fields a request may hold, nested ones included, each walked (about 1 us: 17-28 ms at most); a
+# message of more is refused, what follows them not read. A request needs a few an input and an
+# output, one a parameters entry (MAX_PARAMETERS at most) and one an image in bytes_contents (at
+# most images.max_pending, 256 by default); typed contents one an input, their values packed as
+# encoders do by default (one a value where they are not)
 MAX_FIELDS = MAX_PARAMETERS + 1_024
 # characters of model_name, model_version and id a refused request's answer echoes: an id is cut
 # as the request log cuts it; no model's name is longer than 128, no version's than 18 digits
@@ -55,58 +56,38 @@ ECHOED_CHARS = MAX_REQUEST_ID
 _NAMES, _PARAMETERS, _INPUTS, _OUTPUTS, _RAW = (1, 2, 3), 4, 5, 6, 7
 _INPUT_ALIASED, _INPUT_SHAPE, _INPUT_PARAMETERS, _INPUT_CONTENTS = (1, 2), 3, 4, 5
 _OUTPUT_PARAMETERS = 2
-# the first byte of a parameters entry's tag (field 4 or 2, length-delimited), with or without
-# the continuation bit an over-long tag sets: past MAX_FIELDS, each such byte may begin one
-_ENTRY_TAG_BYTES = (_PARAMETERS << 3 | LEN, _OUTPUT_PARAMETERS << 3 | LEN)
 _VARINTS, _FIXED, _BYTES = (1, 2, 3, 4, 5), (6, 7), 8
 
 
 @dataclass(frozen=True)
 class Layout:
     """`cost`: bytes parsing and decoding may hold beyond the message. `raw_contents`: the
-    raw_input_contents entries, in order, as views of the message (None when the message has
-    more than MAX_FIELDS fields: it is charged the worst case and decoded the ordinary way).
-    `typed`: an input has typed `contents` (a refusal's advice then is raw_input_contents)."""
+    raw_input_contents entries, in order, as views of the message. `typed`: an input has typed
+    `contents` (a refusal's advice then is raw_input_contents)."""
 
     cost: int
-    raw_contents: list[memoryview] | None
+    raw_contents: list[memoryview]
     typed: bool = False
 
 
-class _TooManyFields(Exception):
-    """The walk stopped at the field that begins at `at`: every field not walked begins there or after."""
-
-    def __init__(self, at: int):
-        super().__init__(at)
-        self.at = at
-
-
 def scan(message: bytes) -> Layout:
-    """InvalidInput when `message` is not protobuf wire data (truncated, bad wire type) or may
-    hold more than MAX_PARAMETERS parameters entries."""
+    """InvalidInput when `message` is not protobuf wire data (truncated, bad wire type), or holds
+    more than MAX_FIELDS fields or more than MAX_PARAMETERS parameters entries."""
     walker = _Walker(memoryview(message))
-    try:
-        cost, raw = walker.request()
-    except _TooManyFields as cut:
-        if walker.parameters + _entries_at_most(message, cut.at) > MAX_PARAMETERS:
-            raise _too_many_parameters(counted_by_bytes=True) from None
-        return Layout(WORST_PER_BYTE * len(message), None)
+    cost, raw = walker.request()
     return Layout(cost, raw, walker.typed)
 
 
-def _entries_at_most(message: bytes, at: int) -> int:
-    """An upper bound of the parameters entries that begin in message[at:]: its bytes that may
-    begin one's tag, counted in C (numpy), not walked."""
-    low_bits = np.frombuffer(message, np.uint8, offset=at) & 0x7F
-    return sum(int(np.count_nonzero(low_bits == tag)) for tag in _ENTRY_TAG_BYTES)
+def _too_many_parameters() -> InvalidInput:
+    return InvalidInput(f"request message holds more than {MAX_PARAMETERS:,} parameters entries (the request's, "
+                        f"its inputs' and its outputs' maps together); a request needs a few")
 
 
-def _too_many_parameters(counted_by_bytes: bool = False) -> InvalidInput:
-    verb, how = "holds", ""
-    if counted_by_bytes:
-        verb, how = "may hold", f"; past its first {MAX_FIELDS:,} fields, counted by the bytes that may begin one"
-    return InvalidInput(f"request message {verb} more than {MAX_PARAMETERS:,} parameters entries (the request's, "
-                        f"its inputs' and its outputs' maps together{how}); a request needs a few")
+def _too_many_fields() -> InvalidInput:
+    return InvalidInput(f"request message holds more than {MAX_FIELDS:,} protobuf fields (nested ones included); a "
+                        f"request needs a few per input and output, one per parameters entry and one per image in "
+                        f"bytes_contents (typed contents: one per input, unless the encoder does not pack their "
+                        f"values): send tensors in raw_input_contents")
 
 
 def names(message: bytes) -> tuple[str, str, str]:
@@ -121,7 +102,7 @@ def names(message: bytes) -> tuple[str, str, str]:
         for number, wire, start, stop in _Walker(buf).fields(0, len(buf)):
             if number in _NAMES and wire == LEN:
                 found[number] = buf[start:stop]  # the last one is the name, as protobuf reads it
-    except (InvalidInput, _TooManyFields):
+    except InvalidInput:  # not protobuf past some point, or more than MAX_FIELDS fields: what was read
         pass
     # decoded once each, not at every repeat: 17,408 ids took 35 ms to read, where the walk takes 17
     return tuple(_first_chars(found[number], ECHOED_CHARS) if number in found else "" for number in _NAMES)
@@ -199,10 +180,10 @@ class _Walker:
         field start:stop is its payload. Fields numbered `parameters` (length-delimited: a map's
         entries) count against MAX_PARAMETERS too."""
         try:
-            for number, wire, field_start, start, stop in protobuf_wire.fields(self.buf, pos, end):
+            for number, wire, _, start, stop in protobuf_wire.fields(self.buf, pos, end):
                 self.walked += 1
                 if self.walked > MAX_FIELDS:
-                    raise _TooManyFields(field_start)
+                    raise _too_many_fields()
                 if number == parameters and wire == LEN:
                     self.parameters += 1
                     if self.parameters > MAX_PARAMETERS:

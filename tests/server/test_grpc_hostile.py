@@ -11,10 +11,12 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from aclserve.server.grpc_server import GrpcServer
-from aclserve.server.grpc_wire import MAX_PARAMETERS
+from aclserve.server.grpc_wire import MAX_FIELDS, MAX_PARAMETERS
 
+from tests.images.images_data import encode
 from tests.server.grpc_raw import INFER
 from tests.serving import ServerThread, free_port, server_config, started_app
+from tests.tiny_models import compile_cpu_om, conv_onnx
 
 INVALID, NOT_FOUND = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
 X = np.ones((2, 8), np.float32)
@@ -164,6 +166,61 @@ def test_parameters_entries_over_their_bound_are_refused_before_the_message_is_p
                                      timeout=60)
     assert refusal in over.error_message and not at.error_message
     np.testing.assert_array_equal(np.frombuffer(at.infer_response.raw_output_contents[0], np.int64), twice)
+
+
+def test_a_message_of_more_fields_than_the_scan_walks_is_refused_before_it_is_parsed(channel):
+    """A message of millions of tiny repeated fields (empty inputs) took protobuf's parse 105-126
+    ms on the event loop: past MAX_FIELDS fields it is refused, naming the bound and what a
+    request needs, by ModelInfer and by ModelStreamInfer alike; the server serves on."""
+    tiny = good().SerializeToString() + b"\x2a\x00" * MAX_FIELDS  # with good()'s own fields, over the bound
+    refusal = f"request message holds more than {MAX_FIELDS:,} protobuf fields (nested ones included)"
+    raw = channel.unary_unary(INFER, request_serializer=None, response_deserializer=None)
+    with pytest.raises(grpc.RpcError) as e:
+        raw(tiny, timeout=60)
+    assert e.value.code() == INVALID and e.value.details().startswith(refusal), e.value.details()
+    assert "send tensors in raw_input_contents" in e.value.details()
+    stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer", request_serializer=None,
+                                   response_deserializer=pb.ModelStreamInferResponse.FromString)
+    over, served = stream(iter([tiny, good().SerializeToString()]), timeout=60)
+    assert over.error_message.startswith(refusal) and not served.error_message
+    assert len(pbg.GRPCInferenceServiceStub(channel).ModelInfer(good()).raw_output_contents) == 2
+
+
+@pytest.fixture(scope="module")
+def image_batch_stub(tmp_path_factory):
+    """A server of `pictures`: grey 8x8 pictures in, batch sizes 1 and 2,048 (the largest ATC
+    recommends), and as many pictures decoded at once."""
+    root = tmp_path_factory.mktemp("grpc_image_batch")
+    compile_cpu_om(conv_onnx(root / "conv.onnx", channels=1, side=8), root / "pictures.om", batch="1,2048")
+    (root / "pictures.yaml").write_text("inputs:\n  x:\n    image: {}\n")
+    config = server_config(root, grpc_port=free_port(), model_control_mode="none",
+                           images={"max_pending": 2048, "workers": 2})
+    with ServerThread(config) as srv:
+        with grpc.insecure_channel(f"127.0.0.1:{srv.config.grpc_port}") as channel:
+            yield pbg.GRPCInferenceServiceStub(channel)
+
+
+def picture_batch(parameters: int) -> pb.ModelInferRequest:
+    """2,048 pictures in bytes_contents, one field each, and `parameters` entries: 2,054 + that many fields."""
+    request = pb.ModelInferRequest(model_name="pictures")  # 1 field
+    picture = encode(np.arange(64, dtype=np.uint8).reshape(8, 8))
+    request.inputs.add(name="x", datatype="BYTES", shape=[2048],  # 5 fields: the input, name, datatype, shape, contents
+                       contents=pb.InferTensorContents(bytes_contents=[picture] * 2048))
+    for k in range(parameters):
+        request.parameters[f"p{k}"].bool_param = True
+    return request
+
+
+def test_the_largest_picture_batch_in_bytes_contents_is_served_within_the_field_bound(image_batch_stub):
+    """A KServe client sends a BYTES input's pictures in contents.bytes_contents, a field each:
+    2,048 of them, with parameters up to MAX_FIELDS fields in all, are served; one field more is
+    refused (it was charged its worst and parsed)."""
+    at_bound = MAX_FIELDS - 2054
+    response = image_batch_stub.ModelInfer(picture_batch(at_bound), timeout=120)
+    assert np.frombuffer(response.raw_output_contents[0], np.float32).size == 2048 * 4 * 8 * 8
+    with pytest.raises(grpc.RpcError) as e:
+        image_batch_stub.ModelInfer(picture_batch(at_bound + 1), timeout=120)
+    assert e.value.code() == INVALID and f"more than {MAX_FIELDS:,} protobuf fields" in e.value.details()
 
 
 def test_oversize_message_and_other_rpcs(stub):
