@@ -108,7 +108,9 @@ def _check_ordering(kw: dict, path: str) -> None:
     """What Triton refuses beside preserve_ordering, as config.pbtxt's reader does (triton_config.py):
     answers held in arrival order let no level pass another, and a request moved back at its
     deadline (delay) would hold every later answer. (/config shows the pair otherwise.) Each
-    refusal names the keys of the pair (a level's field it does not set is default_queue_policy's)."""
+    refusal names the keys of the pair (a level's field it does not set is default_queue_policy's).
+    A delay level without a deadline loads, as in Triton: a request's own timeout rejects there
+    (scheduling/queue.py)."""
     levels, ordering = kw["priority_levels"], key_path(path, "preserve_ordering")
     if levels > 1:
         raise ConfigConflict(ordering, f"takes one priority level, not {levels} ({key_path(path, 'priority_levels')}): "

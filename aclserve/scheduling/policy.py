@@ -11,9 +11,10 @@ FORMATION_MODES = ("just_in_time", "when_slot_free")
 
 @dataclass(frozen=True)
 class QueuePolicy:
-    """Per priority level. Triton semantics for the timeout override: a request's own timeout
-    applies only when `allow_timeout_override` is true and it is shorter than the default
-    (or the default is 0 = no timeout)."""
+    """Per priority level. The timeout override: a request's own timeout applies only when
+    `allow_timeout_override` is true and it is shorter than the default, or the default is 0
+    (no timeout), where Triton ignores it (queue.timeout_seconds); under preserve_ordering it
+    rejects, whatever `timeout_action` says (PriorityQueue._expire)."""
 
     max_queue_size: int | None = 0  # 0 = unbounded; None = auto, resolved when the model loads
     default_timeout_ms: float | None = 0.0  # 0 = no deadline; None = auto, as above

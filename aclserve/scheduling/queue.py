@@ -40,7 +40,8 @@ class PriorityQueue:
     that does not fit is refused unless the level is empty (one larger than the bound is queued
     alone, not refused for good). When a deadline passes the timer acts at that
     moment: `reject` removes the request and hands it to `on_timeout` (the owner answers
-    it), `delay` moves it behind the level's requests that are still within their deadline.
+    it), `delay` moves it behind the level's requests that are still within their deadline
+    (under preserve_ordering it rejects too: see _expire).
     A deadline passes by the duration clock (Clock.now_ns, TIMER_TICK_S), never before.
     Each level is two OrderedDicts (on time, delayed) and a running count of its rows, so push,
     pop and removal are O(1).
@@ -269,7 +270,11 @@ class PriorityQueue:
         if request.state != QUEUED or request.delayed:
             return
         level = request.level
-        if self._policies[level].timeout_action == "delay":
+        # Under preserve_ordering a request moved back would hold every later answer, already
+        # computed, until it ran. The only deadline a delay level has there is a request's own
+        # timeout (config refuses the level's own beside it; Triton ignores the override where
+        # the level has none): it rejects.
+        if self._policies[level].timeout_action == "delay" and not self.config.preserve_ordering:
             del self._on_time[level][request]
             self._delayed[level][request] = None
             request.delayed = True

@@ -179,15 +179,22 @@ async def test_timeout_rejects_at_the_deadline_while_a_long_batch_runs(env):
     assert batcher.stats.levels[2].timed_out == 2
 
 
-async def test_delay_action_moves_a_late_request_behind_its_level(env):
+async def late_behind_a_busy_slot(env, **config):
+    """On a delay level without a deadline, the only slot busy: `late` (its own timeout 1 ms) and
+    `on_time` queued, and 2 ms pass. (batcher, executor, the busy run, late, on_time)."""
     policy = QueuePolicy(default_timeout_ms=0, timeout_action="delay")
-    batcher, executor = env.make(env.FakeExecutor(gears=(1,)), default_queue_policy=policy)
-    first, run = await busy(env, batcher, executor)
+    batcher, executor = env.make(env.FakeExecutor(gears=(1,)), default_queue_policy=policy, **config)
+    _, run = await busy(env, batcher, executor)
     late = env.submit(batcher, 1, timeout_us=1000)
     on_time = env.submit(batcher, 2)
     await env.settle()
     env.clock.advance(0.002)
     await env.settle()
+    return batcher, executor, run, late, on_time
+
+
+async def test_delay_action_moves_a_late_request_behind_its_level(env):
+    batcher, executor, run, late, on_time = await late_behind_a_busy_slot(env)
     assert not late.done()
     run.complete()
     await env.settle()
@@ -199,6 +206,24 @@ async def test_delay_action_moves_a_late_request_behind_its_level(env):
     check(env, late, 1, 1)
     check(env, on_time, 2, 1)
     assert batcher.stats.levels[2].delayed == 1
+
+
+async def test_own_timeout_rejects_under_preserve_ordering_on_a_delay_level(env):
+    """A delay level without a deadline of its own beside preserve_ordering (Triton loads the pair)
+    moved a request whose own `timeout` passed behind the queue, where it held every later answer,
+    already computed, until the on-time requests stopped coming (a tester's t17: 1.5 s). It is
+    rejected at its deadline instead, and the request behind it is answered at once."""
+    batcher, executor, run, late, on_time = await late_behind_a_busy_slot(env, preserve_ordering=True,
+                                                                          priority_levels=1)
+    with pytest.raises(RequestTimeout):
+        late.result()
+    run.complete()
+    await env.settle()
+    executor.runs[-1].complete()
+    await env.settle()
+    assert [r.tags for r in executor.runs] == [[99], [2]]
+    check(env, on_time, 2, 1)  # nothing holds it: the late request left the queue
+    assert (batcher.stats.levels[1].timed_out, batcher.stats.levels[1].delayed) == (1, 0)
 
 
 async def test_cancelled_request_leaves_the_queue_at_once(env):
