@@ -123,6 +123,14 @@ def test_a_choice_is_taken_in_any_case():
      "must be <= 1000"),
     ({"model_defaults.batching.default_queue_policy.default_timeout_ms": 99999999999999999999},
      "model_defaults.batching.default_queue_policy.default_timeout_ms", "must be <= 2147483647"),
+    # a deadline under a microsecond: /config's default_timeout_microseconds showed 0 (no deadline)
+    # while every request timed out (a tester's find)
+    ({"model_defaults.batching.default_queue_policy.default_timeout_ms": 0.0004},
+     "model_defaults.batching.default_queue_policy.default_timeout_ms",
+     "is under a microsecond, which /config's default_timeout_microseconds (Triton's unit) would show as 0"),
+    ({"model_defaults.batching.priority_queue_policy": {2: {"default_timeout_ms": 0.0009}}},
+     "model_defaults.batching.priority_queue_policy.2.default_timeout_ms", "give 0 for no deadline, or at least "
+     "0.001, got 0.0009"),
     ({"model_defaults.batching.max_queue_delay_ms": 1e20}, "model_defaults.batching.max_queue_delay_ms",
      "must be <= 2147483647"),
     ({"model_defaults.execution_timeout_ms": 3_000_000_000}, "model_defaults.execution_timeout_ms",

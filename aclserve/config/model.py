@@ -38,12 +38,24 @@ def _queue_policy(data, path: str, base: QueuePolicy) -> QueuePolicy:
         if key == "max_queue_size":
             values[key] = None if is_auto(value) else as_int(value, kp, 0, MAX_QUEUE_SIZE)
         elif key == "default_timeout_ms":
-            values[key] = None if is_auto(value) else as_float(value, kp, maximum=MAX_MS)
+            values[key] = None if is_auto(value) else _deadline_ms(value, kp)
         elif key == "timeout_action":
             values[key] = as_str(value, kp, ("reject", "delay"))
         else:
             values[key] = as_bool(value, kp)
     return QueuePolicy(**values)
+
+
+def _deadline_ms(value, path: str) -> float:
+    """A queue deadline in ms: 0 (none), or at least a microsecond, the unit of Triton's
+    default_timeout_microseconds, in which /config shows it. 0.0004 was shown as 0, no deadline,
+    while every request that waited timed out (a tester's find)."""
+    deadline = as_float(value, path, maximum=MAX_MS)
+    if 0 < deadline < 0.001:
+        raise ConfigError(path, f"is under a microsecond, which /config's default_timeout_microseconds (Triton's "
+                                f"unit) would show as 0, no deadline, while every request that waits times out: "
+                                f"give 0 for no deadline, or at least 0.001, got {shown(value)}")
+    return deadline
 
 
 def _batching(data, path: str) -> BatchingConfig:
