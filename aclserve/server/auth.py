@@ -24,8 +24,9 @@ from aiohttp import web
 
 from ..config import ConfigConflict, ConfigError
 from ..config.schema import TOKEN_ENV
-from ..errors import InvalidInput, ServeError
+from ..errors import ServeError
 from .address import is_loopback
+from .single_header import single_value
 from .web_pages import page_refusal
 
 log = logging.getLogger(__name__)
@@ -126,8 +127,7 @@ class Access:
         token."""
         if len(sent) > 1:
             self.refused["repeated_header"] += 1
-            raise InvalidInput(f"Authorization is given {len(sent)} times; send it once")
-        return sent[0] if sent else ""
+        return single_value("Authorization", sent) or ""
 
     def _invalid(self) -> None:
         """Count a wrong token, and say so in the log at most once every LOG_EVERY_S (never the

@@ -23,6 +23,7 @@ from .json_tensors import (AFTER_JSON, NOT_JSON, loads, numbers_in_json, read_nu
                            to_array)
 from .parameters import json_unsigned, refuse_compound_values, refuse_shared_memory
 from .quoting import quoted, quoted_name, quoted_names
+from .single_header import single_value
 from .stray_pictures import IMAGE_INPUT_HINT, refuse_picture
 from .values import check_values
 
@@ -85,11 +86,9 @@ def parse_header_length(values: Sequence[str]) -> int | None:
     """The header's value, from every occurrence of it (two could frame the body two ways, so
     they are refused): ASCII digits only (int() would also take "+5", "1_0", "-0", which means
     raw binary, and Unicode digits), at most 18 of them (beyond any body)."""
-    if not values:
+    value = single_value(HEADER_LENGTH, values)
+    if value is None:
         return None
-    if len(values) > 1:
-        raise InvalidInput(f"{HEADER_LENGTH} is given {len(values)} times; send it once")
-    value = values[0]
     digits = value.strip(" \t")
     if not (digits.isascii() and digits.isdigit()):
         raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer, got {value[:40]!r}")
