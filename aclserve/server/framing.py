@@ -68,6 +68,10 @@ class Head:
             value = self.memo[key] = derive(self)
             return value
 
+    # header and header_all each read a value inline, not one through the other: the first value
+    # taken from header_all, or both through one reader of the value at a position, made a header
+    # found 20-45 % slower (timeit, a python-requests infer head: 1.09 us to 1.31-1.56 us), and
+    # header runs per request (direct.py's X-Request-Id)
     def header(self, name: bytes, as_sent: bool = False) -> bytes | None:
         at = self._lower.find(b"\r\n" + name + b":")
         if at < 0:
