@@ -14,7 +14,7 @@ _PRELUDE = """
 import faulthandler, json, sys, threading
 from aclserve.acl import cpu as acl
 from aclserve.acl import constants as C
-from aclserve.acl.cpu import faults
+from aclserve.acl.cpu import _memory, faults
 
 faulthandler.enable()  # a touch of unmapped memory says so
 acl.init()
@@ -29,6 +29,11 @@ def device(size=BIG):
     ptr, ret = acl.rt.malloc(size, C.ACL_MEM_MALLOC_NORMAL_ONLY)
     assert ret == 0
     return ptr
+
+
+def mapping(ptr):
+    '''The mapping of the allocation at `ptr` (device or malloc_host memory): closed once unmapped.'''
+    return (_memory._device_allocs.get(ptr) or _memory._host_allocs[ptr])._mm
 
 
 def holding(kind, **match):
@@ -71,10 +76,13 @@ gate, held = holding("memcpy")
 out = {"copy": acl.rt.memcpy_async(host, BIG, source, BIG, D2H, stream)}
 assert held.entered.wait(30)  # the copy is under way (its memory taken)
 free_before = acl.rt.get_mem_info(C.ACL_HBM_MEM)[0]
+maps = [mapping(source), mapping(host)]
 out["frees"] = [acl.rt.free(source), acl.rt.free_host(host)]
 out["freed_bytes"] = acl.rt.get_mem_info(C.ACL_HBM_MEM)[0] - free_before  # counted free at once
+out["unmapped_while_running"] = [m.closed for m in maps]
 gate.set()
 out["sync"] = acl.rt.synchronize_stream(stream)
+out["unmapped_when_done"] = [m.closed for m in maps]
 print(json.dumps(out))
 """
 
@@ -82,6 +90,7 @@ print(json.dumps(out))
 def test_memory_freed_while_its_copy_runs_stays_mapped_until_the_copy_is_done():
     out, stderr = run_script(_RUNNING_COPY)
     assert out["frees"] == [0, 0] and out["sync"] == 0 and out["freed_bytes"] >= 1 << 20, (out, stderr[-3000:])
+    assert out["unmapped_while_running"] == [False, False] and out["unmapped_when_done"] == [True, True], out
 
 
 _DVPP = _PRELUDE + """
@@ -130,9 +139,11 @@ out["ret_code"] = media.dvpp_get_pic_desc_ret_code(outs[1])
 gate, held = holding("dvpp")
 out["running"] = media.dvpp_jpeg_decode_async(channel, running, len(jpeg), outs[2], stream)
 assert held.entered.wait(30)
+maps = [mapping(running), mapping(media.dvpp_get_pic_desc_data(outs[2]))]
 out["running_frees"] = [media.dvpp_free(running), media.dvpp_free(media.dvpp_get_pic_desc_data(outs[2]))]
 gate.set()
 out["running_sync"] = acl.rt.synchronize_stream(stream)
+out["unmapped_when_done"] = [m.closed for m in maps]
 print(json.dumps(out))
 """
 
@@ -144,7 +155,8 @@ def test_a_dvpp_task_never_reads_or_writes_freed_dvpp_memory():
     runs), and one running keeps them mapped until it is done."""
     out, stderr = run_script(_DVPP)
     assert out == {"held": 0, "decode": 0, "resize": 0, "frees": [0, 0], "sync": C.ACL_ERROR_RT_INTERNAL_ERROR,
-                   "ret_code": 1, "running": 0, "running_frees": [0, 0], "running_sync": 0}, stderr[-3000:]
+                   "ret_code": 1, "running": 0, "running_frees": [0, 0], "running_sync": 0,
+                   "unmapped_when_done": [True, True]}, stderr[-3000:]
     assert "JPEGD task failed: its input or output is no longer DVPP memory" in stderr, stderr[-3000:]
     assert "VPC task failed: its input or output is no longer DVPP memory" in stderr, stderr[-3000:]
 
@@ -176,9 +188,11 @@ ins, outs, out_ptrs = datasets(model_id)
 gate, held = holding("execute")
 out = {"execute": acl.mdl.execute_async(model_id, ins, outs, stream)}
 assert held.entered.wait(30)  # running, its buffers taken
+maps = [mapping(ptr) for ptr in out_ptrs]
 out["frees"] = [acl.rt.free(ptr) for ptr in out_ptrs]
 gate.set()
 out["sync"] = acl.rt.synchronize_stream(stream)
+out["unmapped_when_done"] = [m.closed for m in maps]
 out["again"] = [acl.mdl.execute_async(model_id, ins, outs, stream), acl.rt.synchronize_stream(stream)]
 print(json.dumps(out))
 """
@@ -189,7 +203,8 @@ def test_outputs_freed_while_an_execution_runs_stay_mapped_until_it_is_done(affi
     meanwhile, they were unmapped under it and the process ended. The next execution, queued
     after the free, is refused (145000, as before)."""
     out, stderr = run_script(_RUNNING_EXECUTION, affine_om())
-    assert out == {"execute": 0, "frees": [0, 0], "sync": 0, "again": [0, C.ACL_ERROR_GE_PARAM_INVALID]}, stderr[-3000:]
+    assert out == {"execute": 0, "frees": [0, 0], "sync": 0, "unmapped_when_done": [True, True],
+                   "again": [0, C.ACL_ERROR_GE_PARAM_INVALID]}, stderr[-3000:]
 
 
 _MODEL_MEMORY_FREED = _MODEL + """
@@ -200,11 +215,14 @@ assert ret == 0
 ins, outs, _ = datasets(model_id)
 out = {"before": acl.mdl.execute(model_id, ins, outs)}
 free_before = acl.rt.get_mem_info(C.ACL_HBM_MEM)[0]
+maps = [mapping(weight_ptr), mapping(work_ptr)]
 out["frees"] = [acl.rt.free(weight_ptr), acl.rt.free(work_ptr)]
 out["freed_bytes"] = acl.rt.get_mem_info(C.ACL_HBM_MEM)[0] - free_before
 out["execute"] = acl.mdl.execute(model_id, ins, outs)
 out["async"] = [acl.mdl.execute_async(model_id, ins, outs, stream), acl.rt.synchronize_stream(stream)]
+out["unmapped_while_loaded"] = [m.closed for m in maps]
 out["unload"] = acl.mdl.unload(model_id)
+out["unmapped_when_unloaded"] = [m.closed for m in maps]
 print(json.dumps(out))
 """
 
@@ -219,5 +237,7 @@ def test_a_model_whose_memory_was_freed_while_loaded_fails_its_executions(affine
     out, stderr = run_script(_MODEL_MEMORY_FREED, affine_om())
     assert out.pop("freed_bytes") >= 2 << 20, (out, stderr[-3000:])
     failed = C.ACL_ERROR_RT_MODEL_EXECUTE
-    assert out == {"before": 0, "frees": [0, 0], "execute": failed, "async": [0, failed], "unload": 0}, stderr[-3000:]
+    assert out == {"before": 0, "frees": [0, 0], "execute": failed, "async": [0, failed],
+                   "unmapped_while_loaded": [False, False], "unload": 0,
+                   "unmapped_when_unloaded": [True, True]}, stderr[-3000:]
     assert "its work or weight memory was freed while it is loaded" in stderr, stderr[-3000:]

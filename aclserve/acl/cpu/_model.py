@@ -70,8 +70,8 @@ def _session(weight_ptr: int, length: int):
 class LoadedModel:
     """One model id. Owns its session and runtime-allocated memory; close() is idempotent."""
 
-    def __init__(self, model_id: int, context, info: _om.ModelInfo, session, owned: list[int], weights=(),
-                 memory=()):
+    def __init__(self, model_id: int, context, info: _om.ModelInfo, session, owned: list[int], weights,
+                 memory: _memory.Held):
         self.id, self.info, self.session = model_id, info, session
         self._weights = weights  # views of the weight memory the session was given: they outlive it
         self.context, self.device = context, context.device  # load, execute and unload share it
@@ -97,11 +97,10 @@ class LoadedModel:
         with self.lock:  # waits for a running execution
             self.closed = True
             owned, self._owned = self._owned, []
-            memory, self._memory = self._memory, ()
             self.session = None
             self._bindings.clear()
             self._weights = ()
-        _release(owned, memory)
+        _release(owned, self._memory)  # (a second close: nothing left to release)
 
     def validate(self, ins: tuple[Blob, ...], outs: tuple[Blob, ...], gear: int) -> int:
         """Checks done when execute/execute_async is called, on the buffers and gear taken then
@@ -175,10 +174,8 @@ class LoadedModel:
             log.error("model %d: %s", self.id, text)
             _err_msg.report(text)
             return 0, C.ACL_ERROR_GE_PARAM_INVALID  # as _use_io refuses any other input there
-        try:
+        with taken:
             held = (ctypes.c_int64 if nbytes == 8 else ctypes.c_int32).from_address(buf.addr).value
-        finally:
-            _memory.let_go(taken)
         if held != gear:
             log.error("model %d: %s holds %d, but the input dataset was set to batch %d (its buffer was written "
                       "after set_dynamic_batch_size)", self.id, C.ACL_DYNAMIC_TENSOR_NAME, held, gear)
@@ -251,10 +248,8 @@ class LoadedModel:
                 log.error("model %d: an input or output buffer is not inside device memory of device %d",
                           self.id, self.device)
                 return C.ACL_ERROR_GE_PARAM_INVALID
-            try:
+            with io:
                 return self._run_bound(batch, in_addrs, out_addrs)
-            finally:
-                _memory.let_go(io)
         except Exception:
             log.exception("model %d: execution failed", self.id)
             return C.ACL_ERROR_RT_MODEL_EXECUTE
@@ -286,8 +281,7 @@ def load(ctx, info: _om.ModelInfo, payload: _om.Payload, mem: tuple[int, int, in
             continue
         ptr, ret = _memory.malloc(ctx.device, need, C.ACL_MEM_MALLOC_HUGE_FIRST)
         if ret:
-            for p in owned:
-                _memory.free(p)
+            _release(owned)
             return 0, ret
         owned.append(ptr)
         if which == "work":
@@ -296,7 +290,7 @@ def load(ctx, info: _om.ModelInfo, payload: _om.Payload, mem: tuple[int, int, in
             weight_ptr = ptr
     memory = _memory.use(ctx.device, [(work_ptr, work_need), (weight_ptr, weight_need)])
     if memory is None:  # the caller's freed since the check, by another thread
-        _release(owned, ())
+        _release(owned)
         return 0, C.ACL_ERROR_GE_PARAM_INVALID
     model, ret = None, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
     try:
@@ -333,9 +327,10 @@ def _opened(ctx, info, payload, owned: list[int], memory, weight_ptr: int) -> tu
     return LoadedModel(next(_ids), ctx, info, session, owned, weights, memory), C.ACL_SUCCESS
 
 
-def _release(owned: list[int], memory) -> None:
+def _release(owned: list[int], memory: _memory.Held | None = None) -> None:
     """Let go of a model's memory and free what the runtime allocated for it."""
-    _memory.let_go(memory)
+    if memory is not None:
+        memory.release()
     for ptr in owned:
         _memory.free(ptr)
 

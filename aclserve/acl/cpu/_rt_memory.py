@@ -70,13 +70,11 @@ def _copy_now(dst: int, src: int, count: int, kind: int, device: int, pinned: bo
     if held is None:
         log.error("memcpy of %d bytes from %#x to %#x: its memory was freed before the copy ran", count, src, dst)
         return C.ACL_ERROR_RT_PARAM_INVALID
-    try:
+    with held:
         code = faults.trigger("memcpy", -1, device)
         if code:
             return code
         ctypes.memmove(dst, src, count)
-    finally:
-        _memory.let_go(held)
     return _OK
 
 
@@ -86,10 +84,8 @@ def _set_now(dev_ptr: int, value: int, count: int, device: int) -> int:
     if held is None:
         log.error("memset of %d bytes at %#x: its memory was freed before the memset ran", count, dev_ptr)
         return C.ACL_ERROR_RT_PARAM_INVALID
-    try:
+    with held:
         ctypes.memset(dev_ptr, value & 0xFF, count)
-    finally:
-        _memory.let_go(held)
     return _OK
 
 

@@ -114,10 +114,10 @@ def _in_dvpp(ptr: int, length: int, device: int) -> bool:
 
 def _use_dvpp(spans, device: int):
     """The DVPP allocations of `device` holding each (ptr, length) span, held (_memory.use) until
-    _memory.let_go; None when one is not (any more) such memory."""
+    the Held is released; None when one is not (any more) such memory."""
     held = _memory.use(device, spans)
     if held is not None and any(_buffers.get(a.ptr) != device for a in held):
-        _memory.let_go(held)
+        held.release()
         held = None
     return held
 
@@ -338,8 +338,8 @@ def _jpegd(data: int, size: int, pic: PicDesc, out: int, out_size: int, wa: int,
         pic.ret_code = 1
         return code or _TASK_FAILED
     finally:
-        if held:
-            _memory.let_go(held)
+        if held is not None:
+            held.release()
     pic.width, pic.height, pic.width_stride, pic.height_stride, pic.ret_code = w, h, sw, sh, 0
     return _OK
 
@@ -384,7 +384,7 @@ def _vpc(src: PicDesc, dst: PicDesc, device: int) -> int:
     if held is None:
         log.info("VPC task failed: its input or output is no longer DVPP memory (freed since the call)")
         return _TASK_FAILED
-    try:
+    with held:
         code = faults.trigger("dvpp", -1)
         if code:
             log.info("VPC task failed: injected fault %d", code)
@@ -392,6 +392,4 @@ def _vpc(src: PicDesc, dst: PicDesc, device: int) -> int:
         y, uv = _dvpp.read_nv12(src.data, src.width, src.height, src.width_stride, src.height_stride)
         y, uv = _dvpp.resize_nv12(y, uv, dst.width, dst.height)
         _dvpp.write_nv12(dst.data, dst.width_stride, dst.height_stride, y, uv)
-    finally:
-        _memory.let_go(held)
     return _OK
