@@ -1,5 +1,4 @@
 """DynamicBatcher batching rules, on a gated fake executor and a manual clock."""
-import asyncio
 
 import numpy as np
 import pytest
