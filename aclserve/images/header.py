@@ -208,13 +208,16 @@ def _png_chunks(data) -> tuple[int, bool]:
         if kind in TEXT_CHUNKS and not ended:
             texts.append((pos, length, kind, not image_data))
         elif kind == b"eXIf" and not ended:  # read as a JPEG's EXIF segment: one, small (the walk is on the loop)
-            exif = _EXIF + bytes(data[pos + 8:pos + 8 + min(length, 0x10000)])
-            turned, exif_seen = exif_seen or length > 0xFFFF or exif_orientation(exif) != 1, True
+            # (a later one errs turned, uncopied: copying 1,000 of 64 KB each took 11 ms more)
+            turned = (exif_seen or length > 0xFFFF
+                      or exif_orientation(_EXIF + bytes(data[pos + 8:pos + 8 + length])) != 1)
+            exif_seen = True
         pos += 12 + length  # length, type, data, CRC
     if not image_data:
         raise ImageError("PNG has no image data (IDAT chunk)" if kind == b"IEND" else
                          "PNG is truncated (or corrupt) before its image data")
-    return text_bytes(data, texts), turned or bool(acted_on(data, texts))
+    kept = acted_on(data, texts)  # (once: a pass matches every text chunk's keyword)
+    return text_bytes(data, texts, kept), turned or bool(kept)
 
 
 def _jpeg(data) -> ImageInfo:

@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from aclserve.images.decode import decode_pixels
+from aclserve.images.header import probe
 from aclserve.images.png_text import text_chunks, without_text
 from .images_data import _chunk, encode, gradient
 from .test_images_decode import LIMITS, plan
@@ -90,3 +91,28 @@ def test_what_is_taken_out():
                         [_chunk(b"tEXt", b"late\0y"), kept[1], kept[2]])
     assert without_text(data) == _with_chunks(png, [kept[0], broken], kept[1:])
     assert len(text_chunks(without_text(data))) == 4
+
+
+class _CountedSlices(bytes):
+    """A file's bytes that count the slices (copies) taken of them."""
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            self.slices = getattr(self, "slices", 0) + 1
+        return super().__getitem__(key)
+
+
+def test_the_probe_copies_nothing_a_chunk():
+    """The probe, on the event loop, copied every text chunk's keyword twice and every eXIf
+    chunk's data (up to 64 KB), though it reads only the first: a 64 MB PNG of text chunks took
+    3.5 times as long, 1,000 eXIf chunks of 64 KB 20 times (found by a reviewer). It copies as
+    much of a PNG of 200 such chunks as of one of each."""
+    png = encode(gradient(8, 8))
+    exif, comment = _chunk(b"eXIf", b"MM\0*" + bytes(4096)), _chunk(b"tEXt", b"Comment\0" + bytes(100))
+    oriented = [_chunk(b"zTXt", _raw_profile(6)), _chunk(b"iTXt", _xmp(6)), _chunk(b"tEXt", b"exif\0x")]
+
+    def slices(before, after):
+        data = _CountedSlices(_with_chunks(png, before, after))
+        assert probe(data).may_turn
+        return data.slices
+    assert slices([exif, comment], oriented) == slices([exif, comment] * 100, oriented)
