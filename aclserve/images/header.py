@@ -13,7 +13,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from .png_text import TEXT_CHUNKS, acted_on, text_bytes
+from .png_text import MAX_ORIENTATION_TEXTS, ORIENTATION_KEYWORDS, TEXT_CHUNKS, acted_on, text_bytes
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_SOI = b"\xff\xd8"
@@ -185,8 +185,10 @@ def _png_chunks(data) -> tuple[int, bool]:
     chunks (6 MB), 0.3 s for as many IDAT ones, before the image data, in it or after it; so does
     this walk, on the event loop. A PNG whose bytes end (or whose lengths run past them) before
     its first IDAT chunk is refused (Pillow said only "cannot identify image file"); one cut in
-    its image data is left to the decode. Returns what its text chunks cost the decode at its
-    peak (png_text.text_bytes), and whether Pillow may turn it (ImageInfo.may_turn)."""
+    its image data is left to the decode. So is refused one of more text chunks Pillow may read
+    an orientation from than png_text.MAX_ORIENTATION_TEXTS (the decode gives it them all, each
+    inflating to 1 MB at most). Returns what its text chunks cost the decode at its peak
+    (png_text.text_bytes), and whether Pillow may turn it (ImageInfo.may_turn)."""
     n, pos, small, small_idat, texts, turned, exif_seen = len(data), 8, 0, 0, [], False, False
     kind, image_data, ended, idat_limit = b"", False, False, MAX_SEGMENTS + n // SMALL_IDAT_SPACING
     while pos + 8 <= n:
@@ -217,6 +219,10 @@ def _png_chunks(data) -> tuple[int, bool]:
         raise ImageError("PNG has no image data (IDAT chunk)" if kind == b"IEND" else
                          "PNG is truncated (or corrupt) before its image data")
     kept = acted_on(data, texts)  # (once: a pass matches every text chunk's keyword)
+    if len(kept) > MAX_ORIENTATION_TEXTS:
+        names = ", ".join(sorted(word.decode() for word in ORIENTATION_KEYWORDS))
+        raise ImageError(f"PNG has more than {MAX_ORIENTATION_TEXTS} text chunks of a keyword an orientation "
+                         f"is read from ({names})")
     return text_bytes(data, texts, kept), turned or bool(kept)
 
 

@@ -6,9 +6,10 @@ inflates the compressed ones (up to PIL.PngImagePlugin.MAX_TEXT_CHUNK, 1 MB, eac
 chunks in a 63 KB PNG held a decode thread 0.5-0.7 s (found by an independent tester). Its caps
 are module settings, the process's (the Engine API is a library: its program may use Pillow
 too), so the decode takes the chunks out of the file instead (without_text), all but those
-Pillow would act on: the last chunk of each type and keyword Pillow reads an orientation from
-(Image.getexif: a "Raw profile type exif" chunk, XMP, an "exif" one), which turns the picture,
-and a chunk before the image data failing its CRC check, for which Pillow refuses the picture.
+Pillow would act on: every chunk of a keyword Pillow reads an orientation from (Image.getexif:
+a "Raw profile type exif" chunk, XMP, an "exif" one), which turns the picture, and a chunk
+before the image data failing its CRC check, for which Pillow refuses the picture. Of the
+first, a PNG may have MAX_ORIENTATION_TEXTS (header.probe refuses more).
 Pure functions over bytes.
 """
 from __future__ import annotations
@@ -27,6 +28,10 @@ ORIENTATION_KEYWORDS = frozenset((b"Raw profile type exif", b"XML:com.adobe.xmp"
 # the event loop (copying each one, twice, made the probe of 64 MB of text chunks 3x slower)
 _ORIENTATION_KEYWORD = re.compile(b"(" + b"|".join(map(re.escape, ORIENTATION_KEYWORDS)) + rb")(?:\0|\Z)")
 _CHUNK_HEAD = struct.Struct(">I4s")  # a chunk's length and type
+# Chunks of those keywords a PNG may have (real ones have one or two: ImageMagick's raw EXIF
+# profile, Adobe's XMP): all are given to Pillow, and each inflates to 1 MB at most, so the 60
+# zTXt chunks above cannot come back named "exif"
+MAX_ORIENTATION_TEXTS = 8
 # Pillow's caps on text (a compressed chunk inflates to at most MAX_TEXT_CHUNK, deflate at most
 # 1,032-fold; all it keeps, MAX_TEXT_MEMORY), and what reading one chunk holds besides what it
 # keeps: up to 5 times its text (an uncompressed iTXt, measured; a tEXt 3 times)
@@ -50,15 +55,11 @@ def text_chunks(data) -> list[tuple[int, int, bytes, bool]]:
 
 
 def acted_on(data, chunks) -> set[int]:
-    """The offsets of the chunks of `chunks` Pillow takes an orientation from: the last one of
-    each type and keyword of ORIENTATION_KEYWORDS (each sets what it names in the image's info,
-    the last one read staying)."""
-    last = {}
-    for pos, length, kind, _ in chunks:
-        word = _ORIENTATION_KEYWORD.match(data, pos + 8, pos + 8 + length)
-        if word:
-            last[kind, word[1]] = pos
-    return set(last.values())
+    """The offsets of the chunks of `chunks` Pillow may take an orientation from: each one of a
+    keyword of ORIENTATION_KEYWORDS. Each sets what it names in the image's info, the last one
+    read staying, but an iTXt Pillow cannot read (compressed by an unknown method, corrupt, not
+    UTF-8) sets nothing and leaves an earlier chunk's value: keeping the last one alone lost it."""
+    return {pos for pos, length, _, _ in chunks if _ORIENTATION_KEYWORD.match(data, pos + 8, pos + 8 + length)}
 
 
 def without_text(data):

@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from aclserve.images.decode import decode_pixels
-from aclserve.images.header import probe
-from aclserve.images.png_text import text_chunks, without_text
+from aclserve.images.header import ImageError, probe
+from aclserve.images.png_text import MAX_TEXT_CHUNK, text_chunks, without_text
 from .images_data import _chunk, encode, gradient
 from .test_images_decode import LIMITS, plan
 
@@ -80,17 +80,48 @@ def test_text_pillow_takes_an_orientation_from_still_turns_the_picture(chunks):
 
 
 def test_what_is_taken_out():
-    """Nothing to take out: the bytes themselves, no copy. Else each text chunk but the last of
-    each type and keyword Pillow takes an orientation from, and one before the image data that
-    fails its CRC check (Pillow refuses the picture for it: test_images_decode)."""
+    """Nothing to take out: the bytes themselves, no copy. Else each text chunk but those of a
+    keyword Pillow takes an orientation from, and one before the image data that fails its CRC
+    check (Pillow refuses the picture for it: test_images_decode)."""
     png = encode(gradient(8, 8))
     assert without_text(png) is png
-    kept = [_chunk(b"zTXt", _raw_profile(6)), _chunk(b"iTXt", _xmp(6)), _chunk(b"tEXt", b"xmp\0<x/>")]
+    kept = [_chunk(b"iTXt", _xmp(1)), _chunk(b"zTXt", _raw_profile(6)), _chunk(b"iTXt", _xmp(6)),
+            _chunk(b"tEXt", b"xmp\0<x/>"), _chunk(b"tEXt", b"exif")]  # (a keyword without a NUL is all the data)
     broken = _chunk(b"tEXt", b"k\0v")[:-4] + bytes(4)
-    data = _with_chunks(png, [_chunk(b"iTXt", _xmp(1)), kept[0], broken, _chunk(b"tEXt", b"Software\0x")],
-                        [_chunk(b"tEXt", b"late\0y"), kept[1], kept[2]])
-    assert without_text(data) == _with_chunks(png, [kept[0], broken], kept[1:])
-    assert len(text_chunks(without_text(data))) == 4
+    data = _with_chunks(png, [kept[0], kept[1], broken, _chunk(b"tEXt", b"Software\0x"), _chunk(b"tEXt", b"exif2")],
+                        [_chunk(b"tEXt", b"late\0y"), *kept[2:], _chunk(b"zTXt", b"xmpx\0\0")])
+    assert without_text(data) == _with_chunks(png, [kept[0], kept[1], broken], kept[2:])
+    assert len(text_chunks(without_text(data))) == 6
+
+
+@pytest.mark.parametrize("unread", [
+    b"XML:com.adobe.xmp\0\0\0\0\0\xff\xfe not UTF-8",
+    b"XML:com.adobe.xmp\0\1\1\0\0x",  # compressed by a method Pillow does not know
+    b"XML:com.adobe.xmp\0\1\0\0\0not deflate",
+], ids=["not utf-8", "unknown method", "corrupt"])
+def test_an_orientation_stays_when_a_later_chunk_of_its_keyword_is_not_read(unread):
+    """Pillow reads an XMP orientation of 6 when a later XMP iTXt cannot be read: it sets
+    nothing, the earlier chunk's value stays. The decode kept only the last chunk of each type
+    and keyword, and gave the picture upright (found by a reviewer)."""
+    data = _with_chunks(encode(np.asarray(_quadrant())), [_chunk(b"iTXt", _xmp(6)), _chunk(b"iTXt", unread)])
+    assert Image.open(io.BytesIO(data)).getexif()[0x0112] == 6  # Pillow's own reading
+    out = decode_pixels(data, plan(40, 20), *LIMITS)  # displayed 20 wide, 40 high
+    assert out[:20, 10:].mean() > 200 and out[:20, :10].mean() < 50  # now top-right
+    assert probe(data).may_turn
+
+
+def test_a_png_of_more_orientation_text_chunks_than_8_is_refused():
+    """Every chunk of a keyword Pillow takes an orientation from is given to it, so their
+    number is bounded: the 60 zTXt chunks inflating to 1 MB each, named "exif", are refused by
+    the probe, before any is inflated; 8 are taken and charged their inflated text."""
+    png = encode(gradient(8, 8))
+    bombs = [_chunk(b"zTXt", b"exif\0\0" + MEGABYTE_OF_TEXT)] * 60
+    with pytest.raises(ImageError, match=r"more than 8 text chunks of a keyword an orientation is read from "
+                                         r"\(Raw profile type exif, XML:com.adobe.xmp, exif, xmp\)"):
+        probe(_with_chunks(png, bombs))
+    eight = _with_chunks(png, [_chunk(b"zTXt", b"XML:com.adobe.xmp\0\0" + MEGABYTE_OF_TEXT)] * 8)
+    assert probe(eight).text_bytes >= 8 * MAX_TEXT_CHUNK
+    np.testing.assert_array_equal(decode_pixels(eight, plan(8, 8), *LIMITS), decode_pixels(png, plan(8, 8), *LIMITS))
 
 
 class _CountedSlices(bytes):
