@@ -27,7 +27,7 @@ ORIENTATION_KEYWORDS = frozenset((b"Raw profile type exif", b"XML:com.adobe.xmp"
 # keyword up to the first NUL, or the whole data when it has none): no copy of each keyword, on
 # the event loop (copying each one, twice, made the probe of 64 MB of text chunks 3x slower)
 _ORIENTATION_KEYWORD = re.compile(b"(" + b"|".join(map(re.escape, ORIENTATION_KEYWORDS)) + rb")(?:\0|\Z)")
-_CHUNK_HEAD = struct.Struct(">I4s")  # a chunk's length and type
+CHUNK_HEAD = struct.Struct(">I4s")  # a PNG chunk's length and type (header.py's walk reads it too)
 # Chunks of those keywords a PNG may have (real ones have one or two: ImageMagick's raw EXIF
 # profile, Adobe's XMP): all are given to Pillow, and each inflates to 1 MB at most, so the 60
 # zTXt chunks above cannot come back named "exif"
@@ -44,7 +44,7 @@ def text_chunks(data) -> list[tuple[int, int, bytes, bool]]:
     as far as the chunks' lengths hold (header.probe refused a PNG of too many small chunks)."""
     found, pos, n, image_data = [], 8, len(data), False
     while pos + 8 <= n:
-        length, kind = _CHUNK_HEAD.unpack_from(data, pos)
+        length, kind = CHUNK_HEAD.unpack_from(data, pos)
         if kind == b"IEND":
             break
         if kind in TEXT_CHUNKS:
