@@ -124,6 +124,30 @@ def test_a_png_of_more_orientation_text_chunks_than_8_is_refused():
     np.testing.assert_array_equal(decode_pixels(eight, plan(8, 8), *LIMITS), decode_pixels(png, plan(8, 8), *LIMITS))
 
 
+def _split_image_data(png: bytes, between: bytes) -> bytes:
+    """`png` with its one IDAT chunk cut in two and `between` put between the halves."""
+    at = png.index(b"IDAT") - 4
+    length = int.from_bytes(png[at:at + 4], "big")
+    rows = png[at + 8:at + 8 + length]
+    return (png[:at] + _chunk(b"IDAT", rows[:length // 2]) + between + _chunk(b"IDAT", rows[length // 2:])
+            + png[at + 12 + length:])
+
+
+@pytest.mark.parametrize("where, text", [
+    ("before", _chunk(b"zTXt", b"k\0\1x")),  # compressed by an unknown method
+    ("before", _chunk(b"iTXt", b"k\0\1\0\0\0" + zlib.compress(b"a" * (2 << 20)))),  # inflating past 1 MB
+    ("between", _chunk(b"tEXt", b"k\0v")),
+], ids=["unknown method", "past 1 MB", "between IDAT chunks"])
+def test_a_png_pillow_refuses_for_a_text_chunk_it_is_not_given_decodes(where, text):
+    """As README says: Pillow refuses these PNGs for a text chunk, which the decode takes out;
+    they decode to the pixels of the PNG without it."""
+    png = encode(gradient(64, 64))
+    data = _with_chunks(png, [text]) if where == "before" else _split_image_data(png, text)
+    with pytest.raises((SyntaxError, ValueError, OSError)):  # (UnidentifiedImageError is an OSError)
+        Image.open(io.BytesIO(data)).load()
+    np.testing.assert_array_equal(decode_pixels(data, plan(16, 16), *LIMITS), decode_pixels(png, plan(16, 16), *LIMITS))
+
+
 class _CountedSlices(bytes):
     """A file's bytes that count the slices (copies) taken of them."""
 
