@@ -149,7 +149,7 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
         im = Image.open(io.BytesIO(without_text(data) if info.format == "PNG" else data), formats=(info.format,))
         if im.size != (info.width, info.height):
             raise ImageError(f"{info.format} header is inconsistent")
-        orientation = _orientation(im.getexif().get(_ORIENTATION, 1))  # (a PNG's eXIf chunk too)
+        orientation = _orientation(_exif(im, info.format).get(_ORIENTATION, 1))  # (a PNG's eXIf chunk too)
         source = im.size[::-1] if orientation in _ROTATED else im.size
         drafted = None
         if info.format == "JPEG" and not info.lossless:  # (libjpeg refuses to scale a lossless one)
@@ -166,8 +166,7 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
                          f"PIL.Image.MAX_IMAGE_PIXELS, set below images.max_pixels in this process)") from None
     except UnidentifiedImageError:
         raise ImageError(f"{info.format} could not be decoded ({_why_unopened(data, info.format)})") from None
-    except (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError, KeyError, ZeroDivisionError) as e:
-        # what Pillow's parsers raise on malformed data (struct.error & co from truncated fields)
+    except _MALFORMED as e:
         raise ImageError(f"{info.format} could not be decoded ({_short(e)})") from None
     pixels = np.asarray(im)
     if pixels.ndim == 2:
@@ -175,6 +174,21 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
     if plan.color == "bgr":
         pixels = pixels[:, :, ::-1]
     return pixels
+
+
+# what Pillow's parsers raise on malformed data (struct.error & co from truncated fields)
+_MALFORMED = (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError, KeyError, ZeroDivisionError)
+
+
+def _exif(im: Image.Image, fmt: str):
+    """The picture's EXIF as Pillow reads it, orientation included. A PNG's compressed or
+    international text chunk named "exif" or "xmp" holds text where Pillow's reading wants
+    bytes, and it raised TypeError: a 500 for a 100-byte picture (found by a helper)."""
+    try:
+        return im.getexif()
+    except (TypeError, *_MALFORMED) as e:
+        raise ImageError(f"{fmt} could not be decoded (its EXIF, where its orientation is read, is "
+                         f"malformed: {_short(e)})") from None
 
 
 def _orientation(value) -> int:

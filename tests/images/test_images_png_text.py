@@ -171,3 +171,19 @@ def test_the_probe_copies_nothing_a_chunk():
         assert probe(data).may_turn
         return data.slices
     assert slices([exif, comment], oriented) == slices([exif, comment] * 100, oriented)
+
+
+@pytest.mark.parametrize("chunk", [
+    _chunk(b"zTXt", b"exif\0\0" + zlib.compress(b"hello")),
+    _chunk(b"iTXt", b"exif\0\0\0\0\0hello"),
+    _chunk(b"zTXt", b"xmp\0\0" + zlib.compress(b"hello")),
+    _chunk(b"tEXt", b"exif\0hello"),
+], ids=["zTXt exif", "iTXt exif", "zTXt xmp", "tEXt exif"])
+def test_a_png_whose_orientation_text_pillow_cannot_read_is_refused_as_malformed(chunk):
+    """A compressed or international text chunk named "exif" or "xmp" is text where Pillow's
+    EXIF reading wants bytes: it raised TypeError, which reached the client as a 500 (found by
+    a helper); a tEXt one was refused already. Each is now a malformed picture."""
+    data = _with_chunks(encode(gradient(8, 8)), [chunk])
+    with pytest.raises(ImageError, match=r"^PNG could not be decoded \(its EXIF, where its orientation is read, "
+                                         r"is malformed: "):
+        decode_pixels(data, plan(8, 8), *LIMITS)
