@@ -46,8 +46,10 @@ class Call:
 
     def part_done(self, index: int, batch: Batch) -> None:
         try:
-            self._resolve(index, batch)
-            self._hand_on()  # (after the answer: a failed part drops the runs left)
+            try:
+                self._resolve(index, batch)
+            finally:  # (after the answer: a failed part drops the runs left; even when a done-callback
+                self._hand_on()  # let SystemExit through it, as concurrent.futures does: the call stayed open)
         finally:  # (after the future's done-callbacks: a close waits for them too)
             self.run_back(index)
 
