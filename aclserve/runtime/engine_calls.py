@@ -42,7 +42,7 @@ class Call:
         than the call has. A raise (Ctrl-C, say) answers the future with it and drops the runs not
         handed on, then goes on up."""
         for _ in range(min(self._in_flight, len(self._chunks))):  # (each turn takes the lock: a one-run
-            self._hand_on()  # call on 16 slots took it 16 times, 2-3 times the cost of a call on one)
+            self._hand_on(caller=True)  # call on 16 slots took it 16 times, 2-3 times the cost of a call on one)
 
     def part_done(self, index: int, batch: Batch) -> None:
         try:
@@ -53,8 +53,11 @@ class Call:
         finally:  # (after the future's done-callbacks: a close waits for them too)
             self.run_back(index)
 
-    def _hand_on(self) -> None:
-        """Hand the next run to `run`, or, once the future is done, drop every run left."""
+    def _hand_on(self, caller: bool = False) -> None:
+        """Hand the next run to `run`, or, once the future is done, drop every run left. A raise
+        of `run` answers the future with it and drops the runs left; it goes on up from the
+        `caller`'s thread only (start): on a completion thread the future carries it, and the
+        pool's listener took it for a done-callback's."""
         with self._lock:
             index, end = self._handed, len(self._chunks)
             dropped = self.future.done()
@@ -68,11 +71,14 @@ class Call:
         try:
             self._run(Batch([inputs], gear, rows, requests=(self, index)))
         except BaseException as e:  # (a call left open would hold a close without a timeout for good)
-            settle(self.future, e)
-            with self._lock:
-                left, self._handed = range(self._handed, end), end
-            self._drop([index, *left])
-            raise
+            try:
+                settle(self.future, e)
+            finally:  # (a done-callback may let SystemExit through: part_done)
+                with self._lock:
+                    left, self._handed = range(self._handed, end), end
+                self._drop([index, *left])
+            if caller:
+                raise
 
     def _drop(self, indices: Iterable[int]) -> None:
         for index in indices:
