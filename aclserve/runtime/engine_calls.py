@@ -39,8 +39,9 @@ class Call:
 
     def start(self) -> None:
         """Hand the first runs on (the caller's thread): as many as may be in flight, and no more
-        than the call has. A raise (Ctrl-C, say) answers the future with it and drops the runs not
-        handed on, then goes on up."""
+        than the call has. A raise of `run` answers the future with it and drops the runs not
+        handed on, then goes on up. Ctrl-C is the caller's to hold back meanwhile (EngineModel.submit):
+        one coming through `run` once the pool had queued the run would count it as never gone."""
         for _ in range(min(self._in_flight, len(self._chunks))):  # (each turn takes the lock: a one-run
             self._hand_on(caller=True)  # call on 16 slots took it 16 times, 2-3 times the cost of a call on one)
 
@@ -52,6 +53,14 @@ class Call:
                 self._hand_on()  # let SystemExit through it, as concurrent.futures does: the call stayed open)
         finally:  # (after the future's done-callbacks: a close waits for them too)
             self.run_back(index)
+
+    def give_up(self, error: BaseException) -> None:
+        """Answer the future with `error` (unless answered) and drop the runs not handed on; those
+        out come back as they end."""
+        try:
+            settle(self.future, error)
+        finally:  # (a done-callback may let SystemExit through: part_done)
+            self._hand_on()
 
     def _hand_on(self, caller: bool = False) -> None:
         """Hand the next run to `run`, or, once the future is done, drop every run left. A raise
@@ -70,13 +79,11 @@ class Call:
         inputs, gear, rows = self._chunks[index]
         try:
             self._run(Batch([inputs], gear, rows, requests=(self, index)))
-        except BaseException as e:  # (a call left open would hold a close without a timeout for good)
+        except BaseException as e:  # the pool did not queue it (Ctrl-C after it had is held back: start)
             try:
-                settle(self.future, e)
-            finally:  # (a done-callback may let SystemExit through: part_done)
-                with self._lock:
-                    left, self._handed = range(self._handed, end), end
-                self._drop([index, *left])
+                self.give_up(e)  # (a call left open would hold a close without a timeout for good)
+            finally:
+                self.run_back(index)
             if caller:
                 raise
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import Closed
 from ..value_ranges import ValueRange
+from . import interrupts
 from .batch import Batch
 from .closing import close_pools
 from .engine_calls import Call, OpenCalls
@@ -79,9 +80,16 @@ class EngineModel:
                 n = len(next(iter(chunk.values())))
                 chunks.append((chunk, self.gears[bisect.bisect_left(self.gears, n)], n))
         call = Call(chunks, [s.name for s in self.outputs], self.pool.submit, self._in_flight)
-        if not self._calls.take(call):  # (a close began since the check above)
+        try:
+            with interrupts.Deferred():  # (taken and started as one: a Ctrl-C between left the call
+                taken = self._calls.take(call)  # open for good, or counted a run queued as never gone)
+                if taken:
+                    call.start()
+        except BaseException as e:  # Ctrl-C, come once its runs were handed on, or the pool refusing one
+            call.give_up(e)  # (nobody has its future: the runs not handed on would run unheard)
+            raise
+        if not taken:  # (a close began since the check above)
             return _failed(Closed(self._refusal()))
-        call.start()
         return call.future
 
     def infer(self, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
