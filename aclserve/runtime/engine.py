@@ -239,6 +239,7 @@ def _say_what_the_exit_waits_for(engine: Engine, drained_by: float) -> None:
         unanswered, runs = model._calls.awaited()
         if unanswered or runs:
             log.warning("exit: an Engine left open is closed; model %s: waiting at most %.0f s for %d call(s) not "
-                        "answered yet and %d run(s) still on the device of calls answered or given up (cancelled, "
-                        "past infer()'s timeout, interrupted: their runs not launched are dropped)", model.name,
+                        "answered yet and %d run(s) handed to the device (launched or queued) by calls answered "
+                        "or given up (cancelled, past infer()'s timeout, interrupted: their runs not handed on are "
+                        "dropped)", model.name,
                         max(0.0, drained_by - time.monotonic()), unanswered, runs)

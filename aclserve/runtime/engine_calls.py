@@ -175,7 +175,7 @@ class OpenCalls:
 
     def awaited(self) -> tuple[int, int]:
         """What a close waits for now: the calls not answered yet, and the runs still out of those
-        answered or given up (a cancelled call's launched ones)."""
+        answered or given up (a cancelled call's launched or queued in the pool)."""
         calls = self.still_open()
         return sum(not call.future.done() for call in calls), sum(call.runs_out() for call in calls
                                                                    if call.future.done())

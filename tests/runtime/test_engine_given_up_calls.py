@@ -102,6 +102,7 @@ def test_the_exit_says_what_it_waits_for_and_not_for_the_runs_a_cancelled_call_d
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert re.search(r"exit: an Engine left open is closed; model affine: waiting at most \d+ s for 1 call\(s\) not "
-                     r"answered yet and 2 run\(s\) still on the device of calls answered or given up", proc.stderr), \
+                     r"answered yet and 2 run\(s\) handed to the device \(launched or queued\) by calls answered or "
+                     r"given up", proc.stderr), \
         proc.stderr[-2000:]
     assert proc.stdout.split() == ["runs", str(SLOTS + 1)], (proc.stdout, proc.stderr[-2000:])
