@@ -12,10 +12,11 @@ end() sends. It ends as ATC does: ATC's exit status, or killed by the same signa
 SIGKILL from the kernel if this program is itself killed outright. ATC's stdin, stdout and
 stderr are this program's.
 
-`python -c CODE ROOT PARENT ATC ARGS...` (command() builds it): PARENT is the pid of the process
-that starts it; one already gone before the kernel was told is seen, and ATC is never started.
-Imports only the standard library (and aclserve/__init__'s, and parent_death.py, which imports only
-the standard library too): it starts before every ATC build.
+`python -c CODE ROOT PARENT ATC ARGS...` (command() builds it: own_python.py): PARENT is the pid of
+the process that starts it; one already gone before the kernel was told is seen, and ATC is never
+started.
+Imports only the standard library (and aclserve/__init__'s, and parent_death.py and own_python.py,
+which import only the standard library too): it starts before every ATC build.
 """
 from __future__ import annotations
 
@@ -23,13 +24,10 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
+from . import own_python
 from .parent_death import die_with_parent
 
-# its program: main, imported from the folder this aclserve was (as compile_process.CHILD_CODE)
-CODE = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from aclserve.om.atc_leash import main; "
-        "sys.exit(main(sys.argv[1:]))")
 NOT_STARTED = 127  # its exit status when ATC could not be started (a shell's for a command it cannot run)
 
 
@@ -42,7 +40,7 @@ def command(argv: list[str]) -> list[str]:
     """The command that runs `argv` (ATC's) on the leash; `argv` itself where there is none."""
     if not leashed():
         return argv
-    return [sys.executable, "-c", CODE, str(Path(__file__).resolve().parents[2]), str(os.getpid()), *argv]
+    return own_python.command(__name__, str(os.getpid()), *argv)
 
 
 def end(proc: subprocess.Popen) -> None:

@@ -36,20 +36,17 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from . import own_python
 from .compile_error import AtcFailed, AtcKilled, CompileError, CompileKilled, NoBatchDimension, killed_by
 
 logger = logging.getLogger(__name__)
 
-# the child's program: compile_child.main, imported from the folder this aclserve was (a folder
-# named aclserve in the current one, or another installed, is not taken for it)
-CHILD_CODE = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from aclserve.om.compile_child import main; "
-              "sys.exit(main(sys.argv[1:]))")
+CHILD_MODULE = "aclserve.om.compile_child"  # the child's program: its main (own_python.py says how it is run)
 STOP_GRACE_S = 5.0
 
 
@@ -207,9 +204,8 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike | N
                "options": options,
                "parent": os.getpid()}
     try:
-        child = subprocess.Popen([sys.executable, "-c", CHILD_CODE, str(Path(__file__).resolve().parents[2]),
-                                  json.dumps(request)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 start_new_session=True)
+        child = subprocess.Popen(own_python.command(CHILD_MODULE, json.dumps(request)), stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, start_new_session=True)
     except OSError as e:  # (no process to be had: EAGAIN, ENOMEM; the host short of resources)
         raise OSError(e.errno, f"could not start the compile's process: {e.strerror}") from None
     _CHILDREN.add(child)

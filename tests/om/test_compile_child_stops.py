@@ -25,14 +25,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from aclserve.om.compile_process import CHILD_CODE
+from aclserve.om import own_python
+from aclserve.om.compile_process import CHILD_MODULE
 from aclserve.om.work_folder import PREFIX as WORK_PREFIX
 from tests.tiny_models import endless_loop_onnx
 
@@ -140,9 +140,8 @@ def held_child(tmp_path, monkeypatch, onnx: str, options: dict, place: str, poin
     out = tmp_path / "out"
     out.mkdir()
     request = {"onnx_path": onnx, "output": str(out / "m.om"), "options": options, "parent": os.getpid()}
-    with subprocess.Popen([sys.executable, "-c", CHILD_CODE, str(Path(__file__).resolve().parents[2]),
-                           json.dumps(request)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, start_new_session=True) as child:
+    with subprocess.Popen(own_python.command(CHILD_MODULE, json.dumps(request)), stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True) as child:
         try:
             yield child
         finally:
