@@ -1,9 +1,10 @@
 """`aclserve compile` and `aclserve inspect`: the commands over the model files of om/.
 
-Exit status: 0 success; 2 bad input (one line on stderr, via UsageError or argparse); 1 when ATC ran and failed or
-the compile timed out (ATC's error lines quoted on one line); 128 + the signal, as shells say it, when the
-compile's process or ATC was killed by one (137: SIGKILL, the out-of-memory killer's) or this one ended by
-SIGTERM, SIGHUP or Ctrl-C; 141 or 74 when the OM was written but stdout failed (cli/output.py).
+Exit status: 0 success; 2 bad input (one line on stderr, via UsageError or argparse); 1 when ATC ran and failed,
+the compile timed out (ATC's error lines quoted on one line) or failed otherwise (its process's error, one
+line); 128 + the signal, as shells say it, when the compile's process or ATC was killed by one (137: SIGKILL,
+the out-of-memory killer's) or this one ended by SIGTERM, SIGHUP or Ctrl-C; 141 or 74 when the OM was written
+but stdout failed (cli/output.py).
 
 The compile runs in a child process (om/compile_process.py, as the server's): a CPU compile spends
 its test runs inside ONNX Runtime's C code, where the Python handler of SIGTERM and Ctrl-C never
@@ -96,6 +97,9 @@ def run_compile(args) -> int:
         raise UsageError(str(e)) from None
     except OSError as e:  # e.g. the output is a folder, or its folder is read-only
         raise UsageError(f"cannot write {e.filename2 or e.filename or args.output}: {e.strerror or e}") from None
+    except (RuntimeError, MemoryError) as e:  # the child's unexpected error (_rebuilt), or the host short of memory
+        print_err(f"aclserve compile: error: the compile failed: {e or 'out of host memory (MemoryError)'}")
+        return 1
     print_out(format_summary(result), flush=True)
     return 0
 

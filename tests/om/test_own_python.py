@@ -44,3 +44,19 @@ def test_the_atc_leash_in_a_folder_holding_a_subprocess_py_runs_its_command(tmp_
     proc = subprocess.run(atc_leash.command([sys.executable, "-c", "print('ran')"]), cwd=here, env=env_with_repo(),
                           capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout) == (0, "ran\n"), proc.stderr
+
+
+def test_a_compile_whose_process_fails_unexpectedly_says_so_in_one_line(tmp_path):
+    """An onnx.py on PYTHONPATH (the user's own path: kept) breaks the child's imports; its error
+    came back as a RuntimeError that `aclserve compile` let out as a traceback."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "onnx.py").write_text("# an onnx of no use\n")
+    env = env_with_repo()
+    env["PYTHONPATH"] = str(shadow) + os.pathsep + env["PYTHONPATH"]
+    proc = subprocess.run([sys.executable, "-m", "aclserve", "compile", REPO / "models" / "digits.onnx",
+                           "-o", tmp_path / "digits.om", "--target", "cpu"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("aclserve compile: error: the compile failed: cannot import name 'TensorProto'")
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
