@@ -355,16 +355,18 @@ def test_serve_with_a_bad_runtime_setting_in_the_environment_says_so_in_one_line
 
 
 def test_profile_says_in_one_line_what_it_cannot_profile(tmp_path):
+    models = tmp_path / "models"  # (apart from the folder the trace goes to: profile writes nothing in it)
+    models.mkdir()
     for name in ("digits_image.om", "digits_image.yaml", "digits_labels.txt", "digits.om"):
-        shutil.copy(REPO / "models" / name, tmp_path / name)
+        shutil.copy(REPO / "models" / name, models / name)
     cases = [(("digits_image",), "takes encoded images (BYTES)"),
              (("digits", "--rows", "100000"), "exceeds the model's max_batch_size"),
              (("digits", "--device", "npu"), "CANN's `acl` module is not importable")]
     for args, said in cases:
-        proc = _aclserve("profile", *args, "--seconds", "1", "--models", str(tmp_path), cwd=tmp_path)
+        proc = _aclserve("profile", *args, "--seconds", "1", "--models", str(models), cwd=tmp_path)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert said in proc.stderr, proc.stderr
-    proc = _aclserve("profile", "digits", "--seconds", "nan", "--models", str(tmp_path), cwd=tmp_path)
+    proc = _aclserve("profile", "digits", "--seconds", "nan", "--models", str(models), cwd=tmp_path)
     assert proc.returncode == 2 and "--seconds finite" in proc.stderr
     assert not (tmp_path / "profile-digits.json").exists()
 

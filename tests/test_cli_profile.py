@@ -168,6 +168,23 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_run(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["models", "nompl"]  # (the check's files removed again)
 
 
+def test_outputs_into_the_models_folder_or_over_a_model_are_refused(tmp_path):
+    """`--trace srv/digits.om --models srv` wrote the trace over the model it profiled (tester t51)."""
+    models = _models(tmp_path)
+    (tmp_path / "other.onnx").write_bytes((REPO / "models" / "digits.onnx").read_bytes())
+    cases = [(("--trace", "models/digits.om"), "--trace models/digits.om is inside the models folder models"),
+             (("--png", "models/t.png"), "--png models/t.png is inside the models folder models"),
+             (("--trace", "other.onnx"), "--trace other.onnx is a model file")]
+    for args, said in cases:
+        proc = _profile("digits", "--seconds", "0.3", "--models", "models", *args, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert said in proc.stderr, proc.stderr
+    proc = _profile("digits", "--seconds", "0.3", "--models", ".", cwd=models)  # (its default trace path there)
+    assert proc.returncode == 2 and "the trace's default path, profile-digits.json, is inside" in proc.stderr
+    assert (models / "digits.om").read_bytes() == (REPO / "models" / "digits.om").read_bytes()
+    assert sorted(os.listdir(models)) == ["digits.om"]
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_trace_write_that_fails_after_the_run_is_one_line_and_the_summary_is_printed(tmp_path):
     _models(tmp_path)

@@ -86,8 +86,28 @@ def _check_writable(path: str) -> None:
         os.remove(path)
 
 
+MODEL_FILES = (".om", ".onnx")
+
+
+def _check_not_over_models(flag: str, path: str, given: bool, models: str | None) -> None:
+    """`--trace srv/digits.om --models srv` wrote the trace over the model it profiled: no output
+    goes into the models folder (in-process: `models`), nor over a model file anywhere."""
+    what = f"{flag} {path}" if given else f"the trace's default path, {path},"
+    where = os.path.realpath(path)
+    if models is not None:
+        folder = os.path.realpath(models)
+        if os.path.commonpath([where, folder]) == folder:
+            raise UsageError(f"{what} is inside the models folder {models}; profile writes nothing there: "
+                             f"give {flag} a path outside it")
+    if where.endswith(MODEL_FILES) and os.path.isfile(where):
+        raise UsageError(f"{what} is a model file; profile does not write over it: give {flag} another path")
+
+
 def _check_outputs(args, out: str) -> None:
-    for path in filter(None, (out, args.png)):
+    outputs = [(flag, path) for flag, path in (("--trace", out), ("--png", args.png)) if path]
+    for flag, path in outputs:
+        _check_not_over_models(flag, path, flag == "--png" or bool(args.trace), None if args.url else args.models)
+    for _, path in outputs:
         _check_writable(path)
     if args.png:
         try:
