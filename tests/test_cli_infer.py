@@ -63,6 +63,17 @@ def test_a_model_name_of_bytes_that_are_not_utf8_is_sent_for_the_server_to_judge
     assert b"did not answer as a KServe v2 HTTP server" in proc.stderr, proc.stderr
 
 
+def test_infer_refuses_a_timeout_past_30_days_in_one_line(tmp_path):
+    """--timeout 1e10 was the socket's OverflowError traceback (timestamp out of range)."""
+    np.save(tmp_path / "x.npy", np.zeros((1, 64), np.float32))
+    runs = {timeout: subprocess.run([sys.executable, "-m", "aclserve", "infer", "m", "-i", "x=x.npy", "--url",
+                                     "http://127.0.0.1:1", "--timeout", timeout], cwd=tmp_path, capture_output=True,
+                                    text=True, timeout=60) for timeout in ("1e10", "2592000")}
+    assert runs["1e10"].returncode == 2 and runs["1e10"].stderr == (
+        "aclserve infer: error: --timeout must be a positive number of seconds, at most 2,592,000 (30 days)\n")
+    assert runs["2592000"].returncode == 1 and "cannot reach http://127.0.0.1:1" in runs["2592000"].stderr
+
+
 def test_infer_refuses_a_npy_whose_header_asks_for_more_memory_than_there_is(tmp_path):
     header = "{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000000, 64), }".ljust(117).encode() + b"\n"
     (tmp_path / "huge.npy").write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import math
 import os
 import struct
 import urllib.error
@@ -51,6 +50,7 @@ def add_commands(sub) -> None:
 # an output of up to this many values is printed whole (numpy's own default threshold: 1,000
 # classes of one image); a larger one, its first and last values, saying so
 PRINTED_WHOLE = 1000
+MAX_TIMEOUT_S = 30 * 24 * 3600  # (compile's --timeout's bound too)
 _NPY_MAGIC = b"\x93NUMPY"
 _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")  # JPEG, PNG: sent as they are, one image
 
@@ -248,8 +248,8 @@ def run_infer(args) -> int:
     check_url(args.url)
     # (UTF-8 bytes, as aiohttp reads a header: http.client would encode a str as Latin-1)
     headers = {name: value.encode() for name, value in auth_headers().items()}
-    if not 0 < args.timeout < math.inf:  # (NaN fails it too)
-        raise UsageError("--timeout must be a positive, finite number of seconds")
+    if not 0 < args.timeout <= MAX_TIMEOUT_S:  # (NaN fails it; 1e10 was the socket's OverflowError, a traceback)
+        raise UsageError(f"--timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:,} (30 days)")
     for pair in args.input:  # (NAME=FILE said wrong before the server is asked anything)
         split_input(pair)
     # (os.fsencode: a name of bytes that are not UTF-8 goes as they are, for the server to refuse)
