@@ -185,6 +185,19 @@ def test_outputs_into_the_models_folder_or_over_a_model_are_refused(tmp_path):
     assert sorted(os.listdir(models)) == ["digits.om"]
 
 
+def test_in_process_loads_the_model_profiled_alone(tmp_path):
+    """Every model of the folder was loaded (an .onnx compiled) and warmed up to profile one: here a
+    broken.om beside it was tried, its failed load said on stderr (tester t51)."""
+    models = _models(tmp_path)
+    (models / "broken.om").write_bytes(b"not an OM " * 100)
+    proc = _profile("digits", "--seconds", "0.3", "--models", "models", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "requests answered" in proc.stdout
+    nomodel = _profile("nomodel", "--seconds", "0.3", "--models", "models", cwd=tmp_path)
+    assert nomodel.stderr == "aclserve profile: error: unknown model 'nomodel' (models in the models folder: " \
+                             "broken, digits)\n"
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_trace_write_that_fails_after_the_run_is_one_line_and_the_summary_is_printed(tmp_path):
     _models(tmp_path)
@@ -268,7 +281,8 @@ def test_a_model_the_server_does_not_serve_is_exit_1_as_for_infer_said_once_with
     assert f"{web} did not answer as a KServe v2 HTTP server: HTTP 404: <!DOCTYPE HTML>" in not_kserve.stderr
     # in-process the command judges the name against the folder itself: bad input, as --models is
     assert in_process.returncode == 2, in_process.stderr
-    assert in_process.stderr == "aclserve profile: error: unknown model 'nomodel' (models ready: digits)\n"
+    assert in_process.stderr == "aclserve profile: error: unknown model 'nomodel' (models in the models folder: " \
+                                "digits)\n"
 
 
 def _get(server, path: str) -> dict:

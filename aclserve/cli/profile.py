@@ -1,10 +1,10 @@
 """`aclserve profile MODEL`: closed-loop load for N seconds with every request traced, then the
 trace file and a summary a person reads in ten seconds (trace/analysis.py).
 
-In-process (default): the models folder is loaded as `aclserve serve` would (same repository,
-batchers, runtime) and C client tasks drive the infer path of the HTTP server without the
-socket (`server/infer.infer_body`: decode, queue, batch, encode), so the process CPU time is the
-server's. With --url: C aiohttp clients load a running server (profile_remote.py). Every
+In-process (default): the model is loaded from the models folder as `aclserve serve` would (same
+repository, batchers, runtime; that model alone, in explicit mode) and C client tasks drive the
+infer path of the HTTP server without the socket (`server/infer.infer_body`: decode, queue,
+batch, encode), so the process CPU time is the server's. With --url: C aiohttp clients load a running server (profile_remote.py). Every
 request's outcome is counted (load.py): the rate is of the requests answered, the refused are
 counted by reason.
 """
@@ -31,7 +31,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("profile", help="trace a closed-loop load against a model and summarise where time goes",
                        description="Run a closed-loop load against the model for --seconds with every request "
                                    "traced, write the trace and print a summary of where the time goes. "
-                                   "In-process on the models folder by default; --url profiles a running server.")
+                                   "In-process by default (the model alone loaded from --models); --url profiles a "
+                                   "running server.")
     p.add_argument("model")
     p.add_argument("--seconds", type=float, default=10.0, help="load duration (default %(default)s)")
     p.add_argument("--clients", type=int, default=8, help="concurrent closed-loop clients (default %(default)s)")
@@ -264,14 +265,14 @@ async def _in_process(args):
     repo = build_repository(config, runtime)
     try:
         state = ServerState(config, repo, runtime)  # (its checks, the API token's, before any model loads)
-        await repo.start()
+        await repo.start(only=args.model)  # (the folder's other models are not loaded: nothing of theirs is asked)
         state.started = True
         try:
             served = repo.get(args.model)
         except Exception as e:  # (the repository's messages name the model)
-            known = any(row["name"] == args.model for row in repo.index())
-            ready = "" if known else models_hint(row["name"] for row in repo.index(ready_only=True))
-            raise UsageError(f"{getattr(e, 'message', e)}{ready}") from None
+            folder = [row["name"] for row in repo.index()]
+            held = "" if args.model in folder else models_hint(folder, "in the models folder")
+            raise UsageError(f"{getattr(e, 'message', e)}{held}") from None
         meta = [(s.name, s.datatype, list(s.shape)) for s in served.inputs]
         body, header_length = _body(meta, args.rows, served.max_batch_size)
         work = functools.partial(_work, body, header_length)

@@ -27,10 +27,11 @@ def one_line(text) -> str:
 MODELS_LISTED = 20  # past these a hint says how many more
 
 
-def models_hint(names) -> str:
-    """' (models ready: a, b)': what to name instead of a model the server does not know."""
+def models_hint(names, which: str = "ready") -> str:
+    """' (models ready: a, b)': what to name instead of a model the server does not know; `which`
+    says what the names are ("in the models folder": `profile` in-process, which loads one)."""
     names = sorted(set(names))
     if not names:
-        return " (no model is ready)"
+        return f" (no model is {which})"
     more = f", and {len(names) - MODELS_LISTED} more" if len(names) > MODELS_LISTED else ""
-    return f" (models ready: {', '.join(names[:MODELS_LISTED])}{more})"
+    return f" (models {which}: {', '.join(names[:MODELS_LISTED])}{more})"

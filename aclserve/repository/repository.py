@@ -89,8 +89,12 @@ class ModelRepository:
         self._not_served = WhyNotServed(self.mode, self._lifecycle, self._planner, self._failures, self._calls)
 
     # ---- start and stop -------------------------------------------------------------------------
-    async def start(self) -> None:
-        """Scan and load per the control mode; in poll mode start watching first (no event missed)."""
+    async def start(self, only: str | None = None) -> None:
+        """Scan and load per the control mode; in poll mode start watching first (no event missed).
+        `only` (explicit mode): load that model alone, the folder's others unloaded until a load call
+        names one (`aclserve profile` loaded and warmed up every model of its folder to profile one)."""
+        if only is not None and self.mode != "explicit":
+            raise ValueError("start(only=...) is for explicit mode")
         if self._started:
             return
         self._started = True
@@ -101,11 +105,12 @@ class ModelRepository:
                                         max_wait=max(10 * self.config.debounce_s, self.config.settle_s))
             self._watcher = RepositoryWatcher(self.root, asyncio.get_running_loop(), self._on_path)
             self._watcher.start()
-        tasks = await self._reconcile(trust="age" if self.mode == "poll" else "all")
+        tasks = await self._reconcile(trust="age" if self.mode == "poll" else "all", only=only)
         if self.mode != "poll":  # (a load call, a retry's or the index reads the folder: what it finds is not asked)
-            self._calls.asked = self._planner.wanted_models() | set(self._planner.scan.problems)
+            self._calls.asked = {only} if only is not None else (self._planner.wanted_models()
+                                                                 | set(self._planner.scan.problems))
         await asyncio.gather(*tasks)
-        if not self._lifecycle.serving and not tasks:
+        if only is None and not self._lifecycle.serving and not tasks:
             if self._planner.next_check() is not None:  # files too fresh to trust yet
                 log.info("the models folder %s holds files still being written; each loads once it "
                          "has not changed for settle_s (%g s)", self.root, self.config.settle_s)

@@ -141,3 +141,18 @@ async def test_an_unload_of_a_made_up_name_keeps_nothing_once_its_load_call_is_c
     assert (repo._calls._last_unload, repo._lifecycle.held, repo._calls.asked) == ({}, set(), {"a"})
     with pytest.raises(NotFound, match="unknown model 'ghost'"):
         await repo.unload("ghost")
+
+
+async def test_an_explicit_start_of_one_model_loads_it_alone(make_repo, models_dir, model_files):
+    """start(only=...), `aclserve profile`'s: the folder's other models are listed, not loaded, until
+    a load call names one (profile loaded and warmed up every model of its folder to profile one)."""
+    place(model_files[1]["om"], models_dir / "a.om")
+    place(model_files[2]["om"], models_dir / "b.om")
+    repo, _ = await make_repo(start=False, model_control_mode="explicit")
+    await repo.start(only="a")
+    assert (row(repo, "a"), row(repo, "b")) == (("READY", ""), ("UNAVAILABLE", "not loaded"))
+    assert repo.all_ready()  # (what was asked serves)
+    await repo.load("b")
+    assert row(repo, "b") == ("READY", "")
+    with pytest.raises(ValueError, match="explicit mode"):
+        await (await make_repo(start=False))[0].start(only="a")
