@@ -100,6 +100,9 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         raise CompileError(f"output folder {out.parent} does not exist")
     if out.is_dir():  # (said before the compile, not after it: ATC may take minutes)
         raise CompileError(f"cannot write {out}: it is a folder")
+    if _same_file(src, out):  # (an ONNX model named w.om, compiled to w.om, was written over)
+        raise CompileError(f"output {out} is the model file {src} itself: the compile would write over its "
+                           "source; name another output")
     if atc_path is not None:  # (before the model's checks, which run it: compile_with_atc says it again)
         atc_mod.atc_output_name(out)
     model = load_onnx(src, weights=atc_path is None)  # (ATC reads the weights from the model's path)
@@ -151,6 +154,14 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     for name, entries in bounds.items():  # (the server's compile keeps them; an .om served later needs its YAML)
         log(_range_line(name, entries, input_types[name]))
     return CompileResult(out, kind, header, time.monotonic() - start, out.stat().st_size, bounds, warnings)
+
+
+def _same_file(src: str, out: Path) -> bool:
+    """Whether `out` is `src` (the same path, or a link to the same file)."""
+    try:
+        return out.exists() and os.path.samefile(src, out)
+    except OSError:  # (the model missing: load_onnx says so)
+        return False
 
 
 def _range_line(name: str, entries: int, dtype) -> str:

@@ -124,6 +124,9 @@ CASES = [
     ("output not .om", ["MODEL", "-o", "OUTDIR/x.bin"], "must end with .om"),
     ("output folder missing", ["MODEL", "-o", "OUTDIR/none/x.om"], "does not exist"),
     ("output is a folder", ["MODEL", "-o", "OUTDIR/folder.om"], "cannot write"),  # (said after the compile)
+    # an ONNX model named w.om compiled with -o w.om was written over
+    ("output is the model", ["ONNXOM", "-o", "ONNXOM"], "is the model file"),
+    ("output links to the model", ["ONNXOM", "-o", "LINKOM"], "is the model file"),
     ("bad timeout", ["MODEL", "--timeout", "soon"], "invalid float value"),
     ("infinite timeout", ["MODEL", "--timeout", "inf"], "at most 2,592,000"),  # a Timer's traceback
     ("nan timeout", ["MODEL", "--timeout", "nan"], "timeout must be a positive number"),
@@ -137,6 +140,8 @@ def files(tmp_path, multi_io_onnx, static_onnx):
     text.write_text("this is not a protobuf\n" * 10)
     (tmp_path / "folder.om").mkdir()
     (tmp_path / "zero.onnx").write_bytes(b"")
+    (tmp_path / "w.om").write_bytes(Path(multi_io_onnx).read_bytes())
+    (tmp_path / "link.om").symlink_to("w.om")
     return {"NOFILE": str(tmp_path / "absent.onnx"), "TEXTFILE": str(text), "MODEL": multi_io_onnx,
             "STATIC": static_onnx, "INVALID": _invalid_graph(tmp_path / "invalid.onnx"), "OUTDIR": str(tmp_path),
             "EMPTYIN": _empty_tensor(tmp_path / "empty_in.onnx", "input"),
@@ -148,7 +153,8 @@ def files(tmp_path, multi_io_onnx, static_onnx):
             "NOOUTPUTS": _odd_names(tmp_path / "nooutputs.onnx", "no outputs"),
             "EXTNEG": _bad_external_entry(tmp_path / "ext_neg.onnx", "-5", "64"),
             "EXTABC": _bad_external_entry(tmp_path / "ext_abc.onnx", "0", "abc"),
-            "EMPTYFILE": str(tmp_path / "zero.onnx")}
+            "EMPTYFILE": str(tmp_path / "zero.onnx"), "ONNXOM": str(tmp_path / "w.om"),
+            "LINKOM": str(tmp_path / "link.om")}
 
 
 def _assert_one_line_error(proc, expected):
