@@ -114,6 +114,12 @@ class ModelRepository:
             if self._planner.next_check() is not None:  # files too fresh to trust yet
                 log.info("the models folder %s holds files still being written; each loads once it "
                          "has not changed for settle_s (%g s)", self.root, self.config.settle_s)
+            elif self._planner.scan.problems and not self._planner.scan.unreadable:  # (it said "holds no model")
+                refused = sorted(self._planner.scan.problems)
+                log.warning("the models folder %s holds %d model(s) it cannot serve as they are (%s%s: each one's "
+                            "reason is logged above and in the repository index); the server is up but has "
+                            "nothing to serve", self.root, len(refused), ", ".join(refused[:5]),
+                            ", ..." if len(refused) > 5 else "")
             elif not self._planner.scan.unreadable:  # (one that cannot be listed is logged as a problem)
                 log.warning("the models folder %s holds no model (<name>.om, <name>.onnx or <name>/<version>/"
                             "model.om); the server is up but has nothing to serve", self.root)

@@ -520,6 +520,19 @@ async def test_start_says_whether_the_folder_is_empty_or_its_files_are_still_set
     assert "still being written" in caplog.text and "holds no model" not in caplog.text
 
 
+async def test_start_says_the_folder_holds_models_it_refused_not_that_it_holds_none(
+        make_repo, models_dir, model_files, caplog):
+    """digits.om beside a digits.yaml naming a labels file that is missing: "holds no model" was
+    said of a folder holding one, refused (tester t51)."""
+    caplog.set_level(logging.INFO, logger="aclserve.repository.repository")
+    place(model_files[1]["om"], models_dir / "m.om")
+    (models_dir / "m.yaml").write_text("outputs:\n  y: {labels: missing_labels.txt}\n")
+    await make_repo(wall_clock=lambda: time.time() + 60)  # (files a minute old: trusted at once)
+    assert "holds no model" not in caplog.text
+    assert (f"the models folder {models_dir} holds 1 model(s) it cannot serve as they are (m: each one's reason is "
+            "logged above and in the repository index); the server is up but has nothing to serve") in caplog.text
+
+
 async def test_answers_are_right_for_every_gear(make_repo, models_dir, model_files):
     place(model_files[3]["om"], models_dir / "m.om")
     repo, _ = await make_repo(model_control_mode="none")
