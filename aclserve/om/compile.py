@@ -96,8 +96,9 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     out = Path(output) if output is not None else default_output(src)
     if out.suffix != ".om":
         raise CompileError(f"output {out} must end with .om")
-    if not out.parent.is_dir():
-        raise CompileError(f"output folder {out.parent} does not exist")
+    if not out.parent.is_dir():  # (a file there was said not to exist)
+        what = "is a file, not a folder" if out.parent.exists() else "does not exist"
+        raise CompileError(f"output folder {out.parent} {what}")
     if out.is_dir():  # (said before the compile, not after it: ATC may take minutes)
         raise CompileError(f"cannot write {out}: it is a folder")
     if _same_file(src, out):  # (an ONNX model named w.om, compiled to w.om, was written over)

@@ -123,6 +123,7 @@ CASES = [
     ("atc path missing", ["MODEL", "--atc", "/nonexistent/atc"], "ATC asked for but not found"),
     ("output not .om", ["MODEL", "-o", "OUTDIR/x.bin"], "must end with .om"),
     ("output folder missing", ["MODEL", "-o", "OUTDIR/none/x.om"], "does not exist"),
+    ("output folder is a file", ["MODEL", "-o", "TEXTFILE/x.om"], "notes.onnx is a file, not a folder"),
     ("output is a folder", ["MODEL", "-o", "OUTDIR/folder.om"], "cannot write"),  # (said after the compile)
     # an ONNX model named w.om compiled with -o w.om was written over
     ("output is the model", ["ONNXOM", "-o", "ONNXOM"], "is the model file"),
