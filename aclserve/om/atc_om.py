@@ -91,7 +91,7 @@ def identify(path: str | os.PathLike) -> tuple[str, object]:
     if head[:4] == ATC_MAGIC:
         hdr = parse_atc_header(head, size)
         if hdr is None:
-            raise container.OmFormatError(f"file starts with 'IMOD' but its {size}-byte header is not an ATC OM header")
+            raise container.OmFormatError(_not_atc_header(head, size))
         if not hdr.consistent_length:
             raise container.OmFormatError(
                 f"ATC OM length mismatch: header says {hdr.model_length or hdr.length} payload bytes, "
@@ -100,6 +100,15 @@ def identify(path: str | os.PathLike) -> tuple[str, object]:
     if head[:4] == OM2_MAGIC:
         return "om2", None
     raise container.OmFormatError("not an OM file (neither a CPU OM nor an ATC 'IMOD' header)")
+
+
+def _not_atc_header(head: bytes, size: int) -> str:
+    """Why a file starting with 'IMOD' has no ATC header (the file's size was said as the header's)."""
+    if len(head) < HEADER_SIZE:
+        return f"file starts with 'IMOD' but is {size} bytes, shorter than an ATC OM's {HEADER_SIZE}-byte header"
+    (headsize,) = struct.unpack_from("<I", head, 4)
+    return (f"file starts with 'IMOD' but its {HEADER_SIZE}-byte header is not an ATC OM header (its size "
+            f"field says {headsize}, not {HEADER_SIZE})")
 
 
 def compile_hint(path: str) -> str:

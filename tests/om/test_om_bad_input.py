@@ -184,8 +184,14 @@ def _fill(arg: str, files: dict) -> str:
 
 @pytest.mark.parametrize("content,expected", [(None, "no such file"), (b"hello world" * 30, "not an OM file"),
                                               (b"ACLSVOM\x00" + b"\x01" * 40, "CPU OM"),
-                                              (b"IMOD" + b"\x00" * 300, "not an ATC OM header")],
-                         ids=["missing", "text", "truncated cpu om", "bad imod"])
+                                              (b"IMOD" + b"\x00" * 300, "not an ATC OM header"),
+                                              # the file's size was said as its header's: "its 526-byte header"
+                                              (b"IMOD" + b"\x00" * 522, "its 256-byte header is not an ATC OM "
+                                                                         "header (its size field says 0, not 256)"),
+                                              (b"IMOD" + b"\x00" * 96, "is 100 bytes, shorter than an ATC OM's "
+                                                                        "256-byte header")],
+                         ids=["missing", "text", "truncated cpu om", "bad imod", "bad imod header size",
+                              "short imod"])
 def test_inspect_bad_file(tmp_path, content, expected):
     path = tmp_path / "thing.om"
     if content is not None:
