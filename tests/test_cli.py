@@ -381,6 +381,7 @@ def test_profile_refuses_what_it_could_not_write_before_the_run(tmp_path):
     cases = [(("--trace", "out"), "cannot write out: it is a folder"),
              (("--png", "out"), "cannot write out: it is a folder"),
              (("--png", "t.png", "--png-window-ms", "-5"), "--png-window-ms must be positive"),
+             (("--png-window-ms", "-3"), "--png-window-ms must be positive"),  # (was taken without --png)
              (("--models", "file"), "models folder 'file' is a file, not a folder")]
     for args, said in cases:
         proc = _aclserve("profile", "digits", "--seconds", "0.5", "--models", "models", *args, cwd=tmp_path,

@@ -120,7 +120,7 @@ def _check_outputs(args, out: str) -> None:
 def run_profile(args) -> int:
     if not 0 < args.seconds < math.inf or args.clients < 1 or args.rows < 1:  # NaN fails the first
         raise UsageError("--seconds, --clients and --rows must be positive (and --seconds finite)")
-    if args.png and not 0 < args.png_window_ms < math.inf:
+    if not 0 < args.png_window_ms < math.inf:  # (without --png too: a bad value was taken silently)
         raise UsageError("--png-window-ms must be positive and finite")
     _check_mode(args)
     out = args.trace or f"profile-{args.model}.json"
