@@ -4,9 +4,9 @@ trace file and a summary a person reads in ten seconds (trace/analysis.py).
 In-process (default): the model is loaded from the models folder as `aclserve serve` would (same
 repository, batchers, runtime; that model alone, in explicit mode) and C client tasks drive the
 infer path of the HTTP server without the socket (`server/infer.infer_body`: decode, queue,
-batch, encode), so the process CPU time is the server's. With --url: C aiohttp clients load a running server (profile_remote.py). Every
-request's outcome is counted (load.py): the rate is of the requests answered, the refused are
-counted by reason.
+batch, encode), so the process CPU time is the server's. With --url: C aiohttp clients load a
+running server (profile_remote.py). Every request's outcome is counted (load.py): the rate is of
+the requests answered, the refused are counted by reason.
 """
 from __future__ import annotations
 
