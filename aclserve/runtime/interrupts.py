@@ -42,9 +42,11 @@ class Deferred:
             self._heard = (signum, frame)
 
     def __exit__(self, *exc) -> None:
-        handler, heard = self._handler, self._heard
+        handler = self._handler
         if handler is None:
             return
+        # the handler back first, what was noted read after: a SIGINT coming as it is put back (signal()
+        # runs the pending handlers, _note still among them, before it swaps) is noted, not lost
         _signal.signal(signal.SIGINT, handler)
-        if heard is not None:
-            handler(*heard)
+        if self._heard is not None:
+            handler(*self._heard)
