@@ -8,7 +8,8 @@ another installed, is not taken for it), and no module from the current folder: 
 first on sys.path (as ''), and an onnx.py or a grp.py in the folder `aclserve compile` or the
 server was started from was imported for the real one (the compile failed with "cannot import
 name 'TensorProto' from 'onnx'"). CODE takes '' out before it imports anything (sys is built in);
-Python 3.11's -P would, but aclserve runs on 3.10 too.
+Python 3.11's -P would, but aclserve runs on 3.10 too. PYTHONPATH is the user's to keep: an empty
+entry in it (`:/x`) names the current folder as an absolute path, which stays (README says so).
 """
 from __future__ import annotations
 
