@@ -15,12 +15,25 @@ from aclserve.acl.cpu import faults
 from aclserve.runtime import teardown
 from tests.hung_device import let_go
 
+heard = threading.Event()
+
+def on_sigint(signum, frame):
+    heard.set()
+    signal.default_int_handler(signum, frame)
+
+signal.signal(signal.SIGINT, on_sigint)
+
 def ctrl_c_once_waiting(where):
-    \"\"\"SIGINT to the main thread once it waits in `where` (a function of the runtime).\"\"\"
+    \"\"\"SIGINT to the main thread once it waits in `where` (a function of the runtime), sent again
+    every 5 s until its handler has run: one landing after the wait released the GIL and before its
+    syscall blocked is heard only when the wait ends (CPython's race; once, on a loaded machine, the
+    60 s guard's). Signals pending together run the handler once: one KeyboardInterrupt.\"\"\"
     def send():
         while not any(f.f_code.co_name == where for f in frames(sys._current_frames()[threading.main_thread().ident])):
             time.sleep(0.005)
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        while not heard.wait(5):
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
     threading.Thread(target=send, daemon=True).start()
 
 def frames(frame):
