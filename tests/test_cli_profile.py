@@ -169,12 +169,15 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_run(tmp_path):
 
 
 def test_outputs_into_the_models_folder_or_over_a_model_are_refused(tmp_path):
-    """`--trace srv/digits.om --models srv` wrote the trace over the model it profiled (tester t51)."""
+    """`--trace srv/digits.om --models srv` wrote the trace over the model it profiled (tester t51);
+    --png given the trace's path drew the timeline over the trace file."""
     models = _models(tmp_path)
     (tmp_path / "other.onnx").write_bytes((REPO / "models" / "digits.onnx").read_bytes())
     cases = [(("--trace", "models/digits.om"), "--trace models/digits.om is inside the models folder models"),
              (("--png", "models/t.png"), "--png models/t.png is inside the models folder models"),
-             (("--trace", "other.onnx"), "--trace other.onnx is a model file")]
+             (("--trace", "other.onnx"), "--trace other.onnx is a model file"),
+             (("--trace", "t.json", "--png", "./t.json"), "--png ./t.json is --trace t.json: give the timeline"),
+             (("--png", "profile-digits.json"), "--png profile-digits.json is the trace's default path")]
     for args, said in cases:
         proc = _profile("digits", "--seconds", "0.3", "--models", "models", *args, cwd=tmp_path)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr

@@ -108,6 +108,9 @@ def _check_outputs(args, out: str) -> None:
     outputs = [(flag, path) for flag, path in (("--trace", out), ("--png", args.png)) if path]
     for flag, path in outputs:
         _check_not_over_models(flag, path, flag == "--png" or bool(args.trace), None if args.url else args.models)
+    if args.png and os.path.realpath(args.png) == os.path.realpath(out):  # (the PNG was drawn over the trace)
+        what = f"--trace {out}" if args.trace else f"the trace's default path, {out},"
+        raise UsageError(f"--png {args.png} is {what}: give the timeline another path")
     for _, path in outputs:
         _check_writable(path)
     if args.png:
