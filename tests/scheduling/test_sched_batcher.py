@@ -88,6 +88,10 @@ async def test_freed_slot_takes_what_accumulated_once_its_window_passed(env):
     run.complete()
     await env.settle()
     assert [(r.gear, r.tags) for r in executor.runs[1:]] == [(8, [0, 1, 2, 3, 4])]
+    executor.runs[1].complete()
+    await env.settle()
+    for tag, task in enumerate(tasks):
+        assert check(env, task, tag, 1).batch_requests == 5
 
 
 async def test_two_free_slots_split_five_rows_into_four_plus_one_when_cheaper(env):
@@ -239,6 +243,9 @@ async def test_cancelled_request_leaves_the_queue_at_once(env):
     await env.settle()
     assert [r.tags for r in executor.runs[1:]] == [[2]]
     assert batcher.stats.levels[2].cancelled == 1
+    executor.runs[1].complete()
+    await env.settle()
+    check(env, stays, 2, 1)
 
 
 async def test_cancelled_running_request_is_dropped_and_its_batch_mates_answered(env):
