@@ -183,7 +183,11 @@ _MALFORMED = (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexErr
 def _exif(im: Image.Image, fmt: str):
     """The picture's EXIF as Pillow reads it, orientation included. A PNG's compressed or
     international text chunk named "exif" or "xmp" holds text where Pillow's reading wants
-    bytes, and it raised TypeError: a 500 for a 100-byte picture (found by a helper)."""
+    bytes, and it raised TypeError: a 500 for a 100-byte picture (found by a helper). A PNG is
+    loaded first, outside: Pillow's getexif loads it for an eXIf chunk after the image data, and a
+    picture cut short in that data was said to have a malformed EXIF (found by tester t55)."""
+    if fmt == "PNG":
+        im.load()
     try:
         return im.getexif()
     except (TypeError, *_MALFORMED) as e:

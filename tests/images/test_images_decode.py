@@ -114,7 +114,7 @@ def test_a_malformed_exif_block_still_turns_the_picture(fmt):
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda d: d[:len(d) // 2], "PNG could not be decoded"),
+    (lambda d: d[:len(d) // 2], r"^PNG could not be decoded \(image file is truncated"),  # (not "its EXIF")
     (lambda d: d[:40] + bytes(len(d) - 40), r"PNG is truncated \(or corrupt\) before its image data"),
 ])
 def test_broken_images_say_so(mutate, message):
