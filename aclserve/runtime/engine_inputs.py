@@ -41,7 +41,7 @@ def checked_inputs(inputs: Mapping[str, np.ndarray], specs: list[TensorSpec],
         arr = cast if cast is not given and cast.flags.c_contiguous else np.array(cast, order="C")
         if spec.batched:
             if len(arr) == 0:  # (the server's 400 in the same words: codec.check_input)
-                raise ValueError(f"input '{spec.name}': batch dimension must be at least 1 (the input has no rows)")
+                raise ValueError(f"input '{spec.name}': batch dimension must be at least 1")
             if rows is not None and len(arr) != rows:
                 raise ValueError("all inputs must have the same number of rows")
             rows = len(arr)
