@@ -4,8 +4,10 @@ finds when it runs). CPU runtime only: the codes of a failed task are the emulat
 from __future__ import annotations
 
 import ctypes
+import io
 
 import pytest
+from PIL import Image
 
 from aclserve.acl import constants as C
 from tests.images.images_data import encode, gradient
@@ -97,6 +99,25 @@ def test_return_shapes_and_argument_kinds_are_pyacls(acl, dv):
         with pytest.raises(TypeError, match="args parse failed"):
             bad_call()
     assert media.dvpp_jpeg_get_image_info(acl.util.bytes_to_ptr(b"not a jpeg"), 10)[-1] != 0
+
+
+def test_get_image_info_refuses_what_jpegd_does_not_decode(acl):
+    """dvpp_jpeg_get_image_info checks that JPEGD decodes the stream and refuses one it does not
+    with ACL_ERROR_UNSUPPORTED_JPEG, 148052 (CANN 8.0's page for it; aclError: JPEGD takes
+    Huffman-coded sequential YUV JPEGs only): the CPU runtime gave such a JPEG's sides and 0
+    (found by a fidelity tester). Baseline YCbCr and grey ones are read as before."""
+    pic = gradient(240, 320)
+    cmyk = io.BytesIO()
+    Image.fromarray(pic).convert("CMYK").save(cmyk, "JPEG")
+    arithmetic = bytearray(JPEG)
+    arithmetic[JPEG.index(b"\xff\xc0\x00\x11") + 1] = 0xC9  # its frame header says arithmetic-coded (SOF9)
+    for data in (encode(pic, "JPEG", progressive=True), bytes(arithmetic), cmyk.getvalue(),
+                 encode(pic, "JPEG", keep_rgb=True)):  # the last coded as RGB (Adobe marker, transform 0)
+        assert acl.media.dvpp_jpeg_get_image_info(acl.util.bytes_to_ptr(data), len(data)) \
+            == (0, 0, 0, C.ACL_ERROR_UNSUPPORTED_JPEG)
+    grey = encode(gradient(240, 320, 1), "JPEG")
+    assert acl.media.dvpp_jpeg_get_image_info(acl.util.bytes_to_ptr(grey), len(grey)) == (320, 240, 1, 0)
+    assert acl.media.dvpp_jpeg_get_image_info(acl.util.bytes_to_ptr(JPEG), len(JPEG)) == (320, 240, 3, 0)
 
 
 def test_jpegd_writes_nv12_at_its_strides_and_sets_the_desc(acl, dv):

@@ -1,6 +1,6 @@
 """The pixel work of the CPU runtime's DVPP (media.py): what JPEGD and VPC compute, on numpy.
 
-JPEGD: a JPEG's frame header read as the chip reads it (size, components, coding), and the
+JPEGD: a JPEG's frame header read as the chip reads it (size, components, coding, colour), and the
 image decoded by Pillow (libjpeg) to YCbCr, its chroma averaged 2x2 down to 4:2:0, as NV12 (a
 grey JPEG gets U and V of 128, as JPEGD pads a 4:0:0 one). VPC: NV12 resized plane by plane
 with Pillow's bilinear filter. The chip's own filters (its chroma siting, its scaler's taps)
@@ -21,6 +21,7 @@ import numpy as np
 from PIL import Image
 
 _SOF_BASELINE, _SOF_EXTENDED = 0xC0, 0xC1  # Huffman-coded, sequential: what JPEGD decodes
+_APP0, _APP14 = 0xE0, 0xEE  # JFIF's segment, Adobe's (which says how the components are coded)
 _SOF_OTHER = {0xC2: "progressive", 0xC3: "lossless", 0xC5: "differential", 0xC6: "differential progressive",
               0xC7: "differential lossless", 0xC9: "arithmetic-coded", 0xCA: "arithmetic-coded progressive",
               0xCB: "arithmetic-coded lossless", 0xCD: "arithmetic-coded differential",
@@ -37,13 +38,40 @@ class JpegFrame:
     height: int
     components: int
     coding: str  # "baseline" or one of _SOF_OTHER's values
+    colour: str = "YCbCr"  # how the components are coded: "grey", "YCbCr", "RGB", "CMYK", "YCCK", ...
+
+
+def _colour(ids: bytes, jfif: bool, adobe_transform: int | None) -> str:
+    """How a decoder reads the frame's components (libjpeg's rule, jdapimin.c): one is grey;
+    three YCbCr under a JFIF marker, RGB under an Adobe one of transform 0, else RGB only when
+    named R, G, B; four CMYK, or YCCK under an Adobe transform 2."""
+    if len(ids) == 1:
+        return "grey"
+    if len(ids) == 4:
+        return "YCCK" if adobe_transform == 2 else "CMYK"
+    if len(ids) != 3:
+        return f"{len(ids)} components"
+    if not jfif and (adobe_transform == 0 or (adobe_transform is None and ids == b"RGB")):
+        return "RGB"
+    return "YCbCr"
+
+
+def refusal(frame: JpegFrame) -> str | None:
+    """Why JPEGD does not decode `frame` (CANN's ACL_ERROR_UNSUPPORTED_JPEG: Huffman-coded
+    sequential JPEGs of YUV colour only), or None when it does."""
+    if frame.coding != "baseline":
+        return f"JPEGD decodes Huffman-coded sequential JPEGs only, not {frame.coding} ones"
+    if frame.colour not in ("grey", "YCbCr"):
+        return f"JPEGD decodes YUV JPEGs only (YCbCr or grey), not {frame.colour} ones"
+    return None
 
 
 def read_frame(data: bytes) -> JpegFrame:
-    """The JPEG's frame header (SOFn). Raises Refused when `data` is no JPEG or has no frame."""
+    """The JPEG's frame header (SOFn), its colour read from the segments before it. Raises
+    Refused when `data` is no JPEG or has no frame."""
     if data[:2] != b"\xff\xd8":
         raise Refused("not a JPEG (no SOI marker)")
-    i = 2
+    i, jfif, adobe_transform = 2, False, None
     while i + 4 <= len(data):
         if data[i] != 0xFF:
             raise Refused(f"not a JPEG (no marker at byte {i})")
@@ -55,12 +83,17 @@ def read_frame(data: bytes) -> JpegFrame:
             i += 2
             continue
         (length,) = struct.unpack(">H", data[i + 2:i + 4])
+        if marker == _APP0 and data[i + 4:i + 9] == b"JFIF\0":
+            jfif = True
+        elif marker == _APP14 and data[i + 4:i + 9] == b"Adobe" and length >= 12 and i + 15 < len(data):
+            adobe_transform = data[i + 15]  # (after "Adobe", its version and two flag words)
         if marker in (_SOF_BASELINE, _SOF_EXTENDED) or marker in _SOF_OTHER:
             if i + 10 > len(data):
                 break
             height, width = struct.unpack(">HH", data[i + 5:i + 9])
             coding = "baseline" if marker in (_SOF_BASELINE, _SOF_EXTENDED) else _SOF_OTHER[marker]
-            return JpegFrame(width, height, data[i + 9], coding)
+            ids = data[i + 10:i + 10 + 3 * data[i + 9]:3]  # (id, sampling, table) a component
+            return JpegFrame(width, height, data[i + 9], coding, _colour(ids, jfif, adobe_transform))
         if marker == 0xDA:
             break
         i += 2 + length
@@ -71,15 +104,14 @@ def decode_nv12(data: bytes, frame: JpegFrame) -> tuple[np.ndarray, np.ndarray]:
     """(Y [h, w], UV [h/2, w/2, 2]) of the JPEG (`frame`: its read_frame), its sides rounded
     down to even (JPEGD rounds an odd side down for YUV420SP). Raises Refused for what JPEGD
     does not decode."""
-    if frame.coding != "baseline":
-        raise Refused(f"JPEGD decodes Huffman-coded sequential JPEGs only, not {frame.coding} ones")
-    if frame.components not in (1, 3):
-        raise Refused(f"JPEGD decodes YUV JPEGs only (1 or 3 components), not {frame.components}")
+    why = refusal(frame)
+    if why:
+        raise Refused(why)
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.draft("YCbCr" if frame.components == 3 else "L", im.size)  # no colour conversion
             im.load()
-            if im.mode not in ("YCbCr", "L"):  # coded as RGB (Adobe transform 0): not YUV
+            if im.mode not in ("YCbCr", "L"):  # Pillow reads another colour than the header says: not YUV
                 raise Refused(f"JPEGD decodes YUV JPEGs only, this one is coded as {im.mode}")
             pixels = np.asarray(im)
     except (OSError, ValueError, Image.DecompressionBombError) as e:

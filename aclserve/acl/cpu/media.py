@@ -7,6 +7,7 @@ dvpp_jpeg_get_image_info -> (width, height, components, ret), dvpp_jpeg_predict_
 decoder (images/dvpp.py) uses is here, and only NV12 (PIXEL_FORMAT_YUV_SEMIPLANAR_420).
 
 What is refused, as CANN's JPEGD/VPC constraints state it:
+- by dvpp_jpeg_get_image_info: a JPEG JPEGD does not decode (below), with ACL_ERROR_UNSUPPORTED_JPEG;
 - at the call (its return code; ACL_ERROR_INVALID_PARAM unless said): no current context, an
   unknown or uncreated channel, descriptor or resize config, a stream of another context
   (107003), input or output not in DVPP memory (dvpp_malloc's, of the context's device), a pixel
@@ -270,6 +271,10 @@ def _read_frame(data: int, size: int):
 @api("acl.media.dvpp_jpeg_get_image_info", PTR, U32)
 def dvpp_jpeg_get_image_info(data, size):
     frame, ret = _read_frame(data, size)
+    why = _dvpp.refusal(frame) if frame else None
+    if why:  # CANN's page: it checks the stream is one JPEGD decodes (predict_dec_size's says nothing of it)
+        log.info("dvpp_jpeg_get_image_info: %s", why)
+        frame, ret = None, C.ACL_ERROR_UNSUPPORTED_JPEG
     return (frame.width, frame.height, frame.components, _OK) if frame else (0, 0, 0, ret)
 
 
