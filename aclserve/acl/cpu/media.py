@@ -23,7 +23,8 @@ What is refused, as CANN's JPEGD/VPC constraints state it:
   progressive, arithmetic-coded or lossless one, not YUV (CMYK, RGB), sides outside JPEGD's
   32..8192, an output buffer under the decoded picture's stride_w * stride_h * 3/2.
 JPEGD sets the output descriptor's width, height (rounded down to even) and strides itself.
-The pixel work is _dvpp.py's. Fault injection: faults kind "dvpp" (each task, when it runs).
+The pixel work is _dvpp.py's, the chip's limits by SoC _dvpp_limits.py's. Fault injection: faults kind "dvpp"
+(each task, when it runs).
 """
 from __future__ import annotations
 
@@ -35,35 +36,13 @@ from dataclasses import dataclass
 from .. import constants as C
 from . import _dvpp, _memory, _state, faults
 from ._args import INT, PTR, U32, api
+from ._dvpp_limits import (JPEGD_HEIGHT_ALIGN, JPEGD_SIDES, PIXEL_FORMAT_YUV_SEMIPLANAR_420, VPC_HEIGHT_ALIGN,
+                           VPC_INPUT, VPC_MIN_WIDTH_STRIDE, VPC_SCALE, VPC_WIDTH_ALIGN, jpegd_width_align, vpc_output)
 
 log = logging.getLogger("aclserve.acl.cpu")
 
-# The chip's limits, stated here on their own although images/dvpp.py states them for the host
-# side too: the emulation must not take them from the code it checks.
-PIXEL_FORMAT_YUV_SEMIPLANAR_420 = 1  # acldvppPixelFormat: NV12
-JPEGD_SIDES = (32, 8192)
-JPEGD_HEIGHT_ALIGN = 16
-VPC_INPUT = ((10, 8192), (6, 8192))  # (width range, height range)
-VPC_OUTPUT = ((10, 4096), (6, 4096))  # the Ascend310, 310P and first 910's: vpc_output() gives each SoC's
-VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN = 16, 2
-VPC_MIN_WIDTH_STRIDE = 32  # CANN's VPC constraints: "宽Stride最小32" (a 16 was taken here)
-VPC_SCALE = (1 / 32, 16)
 _OK, _BAD = C.ACL_SUCCESS, C.ACL_ERROR_INVALID_PARAM
 _TASK_FAILED = C.ACL_ERROR_RT_INTERNAL_ERROR
-
-
-def jpegd_width_align(soc: str) -> int:
-    """JPEGD's output width stride alignment (CANN's JPEGD constraints): 64 on the Ascend310P,
-    310B, 910B and later, 128 on the Ascend310, the first Ascend910 and anything else."""
-    return 64 if soc.lower().startswith(("ascend310p", "ascend310b", "ascend910b", "ascend910_93")) else 128
-
-
-def vpc_output(soc: str):
-    """VPC's output (width range, height range) (CANN's VPC constraints): 4096 x 8192 at most on the
-    Ascend310B, 910B and later, 4096 x 4096 on the Ascend310P, 310, first Ascend910 and anything else."""
-    if soc.lower().startswith(("ascend310b", "ascend910b", "ascend910_93")):
-        return (10, 4096), (6, 8192)
-    return VPC_OUTPUT
 
 
 @dataclass
