@@ -25,6 +25,7 @@ ACL_ERROR_INVALID_MODEL_INPUT = 100017  # reserved: not returned by the CPU runt
 ACL_ERROR_INVALID_MODEL_OUTPUT = 100018  # reserved: not returned by the CPU runtime yet
 ACL_ERROR_MODEL_NOT_DYNAMIC = 100019
 ACL_ERROR_REPEAT_FINALIZE = 100037
+ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED = 148051  # dvpp_destroy_channel_desc with its channel open
 ACL_ERROR_UNSUPPORTED_JPEG = 148052  # dvpp_jpeg_get_image_info: a JPEG JPEGD does not decode
 ACL_ERROR_BAD_ALLOC = 200000
 ACL_ERROR_API_NOT_SUPPORT = 200001
@@ -86,6 +87,7 @@ ERROR_MEANINGS: dict[int, str] = {
     ACL_ERROR_INVALID_MODEL_OUTPUT: "model outputs do not match",
     ACL_ERROR_MODEL_NOT_DYNAMIC: "model is not dynamic",
     ACL_ERROR_REPEAT_FINALIZE: "ACL already finalized",
+    ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED: "a resource that depends on it is not destroyed (a DVPP channel)",
     ACL_ERROR_UNSUPPORTED_JPEG: "JPEG coding JPEGD does not decode (progressive, arithmetic, not YUV)",
     ACL_ERROR_BAD_ALLOC: "host memory allocation failed",
     ACL_ERROR_API_NOT_SUPPORT: "API not supported",

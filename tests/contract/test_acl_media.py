@@ -120,6 +120,24 @@ def test_get_image_info_refuses_what_jpegd_does_not_decode(acl):
     assert acl.media.dvpp_jpeg_get_image_info(acl.util.bytes_to_ptr(JPEG), len(JPEG)) == (320, 240, 3, 0)
 
 
+def test_a_channel_desc_is_not_destroyed_while_its_channel_is_open(acl, ctx, cpu_only):
+    """CANN 8.x's aclError table returns ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED (148051) for a channel
+    description destroyed while its channel is not. The CPU runtime destroyed it, and the open
+    channel vanished from media_stats (found by a fidelity tester): now refused, the desc kept,
+    and destroyed once its channel is."""
+    media = acl.media
+    before = acl.media_stats()
+    desc = media.dvpp_create_channel_desc()
+    assert media.dvpp_create_channel(desc) == 0
+    assert media.dvpp_destroy_channel_desc(desc) == C.ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED
+    stats = acl.media_stats()
+    assert (stats["channel_descs"], stats["channels"]) == (before["channel_descs"] + 1, before["channels"] + 1)
+    assert media.dvpp_destroy_channel(desc) == 0
+    assert media.dvpp_destroy_channel_desc(desc) == 0
+    assert media.dvpp_destroy_channel_desc(desc) == BAD
+    assert acl.media_stats() == before
+
+
 def test_jpegd_writes_nv12_at_its_strides_and_sets_the_desc(acl, dv):
     data = encode(gradient(101, 201), "JPEG")  # odd sides: rounded down to even
     out = dv.out(0, 0, 0, 0, size=256 * 112 * 3 // 2)

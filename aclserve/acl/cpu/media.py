@@ -21,7 +21,9 @@ What is refused, as CANN's JPEGD/VPC constraints state it:
   output no longer DVPP memory (freed since the call: never touched; a free while the task runs
   unmaps it once the task is done, _memory.use), no JPEG, a
   progressive, arithmetic-coded or lossless one, not YUV (CMYK, RGB), sides outside JPEGD's
-  32..8192, an output buffer under the decoded picture's stride_w * stride_h * 3/2.
+  32..8192, an output buffer under the decoded picture's stride_w * stride_h * 3/2;
+- by dvpp_destroy_channel_desc: a desc whose channel is not destroyed, with
+  ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED (CANN 8.x's aclError table); the desc stays.
 JPEGD sets the output descriptor's width, height (rounded down to even) and strides itself.
 The pixel work is _dvpp.py's, the chip's limits by SoC _dvpp_limits.py's. Fault injection: faults kind "dvpp"
 (each task, when it runs).
@@ -149,6 +151,9 @@ def dvpp_create_channel_desc():
 @api("acl.media.dvpp_destroy_channel_desc", PTR)
 def dvpp_destroy_channel_desc(channel_desc):
     with _lock:
+        if _channels.get(channel_desc) is not None:
+            # its channel is open: refused, the desc kept (CANN 8.x's aclError table; earlier releases unchecked)
+            return C.ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED
         return _OK if _channels.pop(channel_desc, False) is not False else _BAD
 
 
