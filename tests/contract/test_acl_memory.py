@@ -29,6 +29,29 @@ def test_malloc_rounds_to_32_plus_32_and_aligns_to_64(acl, ctx, acl_kind):
     assert acl.rt.malloc(0, 0) == (0, C.ACL_ERROR_INVALID_PARAM)
 
 
+def test_malloc_align32_rounds_to_32_without_the_pad(acl, ctx, acl_kind):
+    """aclrtMallocAlign32 rounds the size up to 32 and adds no pad (hicann/runtime
+    src/acl/aclrt_impl/memory.cpp: aclMallocMemInner with isPadding false; pyACL reference, section
+    4). The CPU runtime added malloc's 32 bytes, so a copy of 96 bytes into malloc_align32(64) went
+    through (found by a fidelity tester): it is past the allocation."""
+    for size in (1, 32, 33, 1000):
+        before = _free(acl)
+        ptr, ret = acl.rt.malloc_align32(size, C.ACL_MEM_MALLOC_NORMAL_ONLY)
+        assert ret == 0 and ptr % 64 == 0
+        if acl_kind == "cpu":
+            assert before - _free(acl) == (size + 31) // 32 * 32
+        assert acl.rt.free(ptr) == 0
+    data = bytes(96)
+    ptr, ret = acl.rt.malloc_align32(64, C.ACL_MEM_MALLOC_NORMAL_ONLY)
+    assert ret == 0
+    try:
+        assert acl.rt.memcpy(ptr, 64, acl.util.bytes_to_ptr(data), 64, H2D) == 0
+        if acl_kind == "cpu":  # undefined behaviour on hardware; the CPU runtime checks it
+            assert acl.rt.memcpy(ptr, 96, acl.util.bytes_to_ptr(data), 96, H2D) == C.ACL_ERROR_RT_PARAM_INVALID
+    finally:
+        assert acl.rt.free(ptr) == 0
+
+
 def test_over_capacity_gives_207001(acl, ctx):
     free, total, _ = acl.rt.get_mem_info(C.ACL_HBM_MEM)
     assert acl.rt.malloc(total + MIB, C.ACL_MEM_MALLOC_HUGE_FIRST) == (0, C.ACL_ERROR_RT_MEMORY_ALLOCATION)

@@ -1,7 +1,8 @@
 """Device and host memory of the CPU runtime: real process memory at real addresses.
 
 Device allocations follow aclrtMalloc: the size is rounded up to a multiple of 32 plus 32 bytes
-of pad, the start is 64-byte aligned, and each device has a capacity with a used figure.
+of pad (aclrtMallocAlign32: without the pad), the start is 64-byte aligned, and each device has a
+capacity with a used figure.
 Allocations above 1 MiB under HUGE_FIRST/HUGE_ONLY come from an anonymous mapping whose
 2 MiB-aligned body is advised MADV_HUGEPAGE (transparent huge pages); `stats()` reports the
 bytes advised and the bytes the kernel actually backs with huge pages (AnonHugePages in
@@ -42,9 +43,10 @@ def _align(value: int, to: int) -> int:
     return (value + to - 1) // to * to
 
 
-def alloc_size(size: int) -> int:
-    """What aclrtMalloc really takes for `size`: round up to 32, add 32."""
-    return _align(size, 32) + 32
+def alloc_size(size: int, padded: bool = True) -> int:
+    """What aclrtMalloc really takes for `size`: round up to 32, add 32; aclrtMallocAlign32 adds no
+    pad (`padded` False: hicann/runtime aclrtMallocAlign32Impl, aclMallocMemInner's isPadding)."""
+    return _align(size, 32) + (32 if padded else 0)
 
 
 def _thp_mode() -> str:
@@ -186,11 +188,11 @@ def _allocate_normal(size: int, device: int | None) -> Allocation:
     return Allocation(base, size, device, mm=mm)
 
 
-def malloc(device: int, size: int, policy: int) -> tuple[int, int]:
+def malloc(device: int, size: int, policy: int, padded: bool = True) -> tuple[int, int]:
     if size <= 0 or policy < 0 or (policy & ~0xff & ~_KNOWN_FLAGS) or (policy & 0xff) > 7:
         return 0, C.ACL_ERROR_INVALID_PARAM
     base_policy = policy & 0xff
-    size = alloc_size(size)
+    size = alloc_size(size, padded)
     huge = base_policy in _HUGE_POLICIES and size > HUGE_THRESHOLD
     # past 1 MiB a huge-page policy takes whole 2 MiB pages of the device, THP here or not
     # (CANN: "内存申请粒度为2M，不足2M的倍数，向上2M对齐"; get_mem_info's free loses them)

@@ -27,7 +27,9 @@ def malloc(size, policy):
 
 @api("acl.rt.malloc_align32", PTR, INT)
 def malloc_align32(size, policy):
-    return malloc(size, policy)
+    """malloc's rounding up to 32 without its 32-byte pad."""
+    ctx, ret = _state.current()
+    return (0, ret) if ret else _memory.malloc(ctx.device, size, policy, padded=False)
 
 
 @api("acl.rt.free", PTR)
