@@ -143,6 +143,30 @@ def test_memcpy_error_codes(acl, ctx, device_buffer, acl_kind):
     assert acl.rt.memset(src, 8, 0, 8) == C.ACL_ERROR_RT_PARAM_INVALID
 
 
+def test_memset_takes_malloc_host_memory(acl, ctx, acl_kind):
+    """aclrtMemset and aclrtMemsetAsync set host memory as well as device memory, told apart by the
+    address (CANN's pages for both; host memory not from an acl call such as aclrtMallocHost is
+    undefined behaviour): the CPU runtime refused malloc_host memory with 107000 (found by a
+    fidelity tester). Pageable memory stays refused."""
+    host, ret = acl.rt.malloc_host(128)
+    assert ret == 0
+    stream, _ = acl.rt.create_stream()
+    try:
+        assert acl.rt.memset(host, 128, 7, 64) == 0
+        assert acl.rt.memset_async(host + 64, 64, 9, 64, stream) == 0
+        assert acl.rt.synchronize_stream(stream) == 0
+        assert acl.util.ptr_to_bytes(host, 128) == b"\x07" * 64 + b"\x09" * 64
+        if acl_kind == "cpu":  # undefined behaviour on hardware; the CPU runtime checks it
+            assert acl.rt.memset(host, 256, 0, 129) == C.ACL_ERROR_RT_PARAM_INVALID  # past its 128 bytes
+            pageable = bytes(64)
+            assert acl.rt.memset(acl.util.bytes_to_ptr(pageable), 64, 0, 64) == C.ACL_ERROR_RT_PARAM_INVALID
+            assert acl.rt.memset_async(acl.util.bytes_to_ptr(pageable), 64, 0, 64, stream) \
+                == C.ACL_ERROR_RT_PARAM_INVALID
+    finally:
+        assert acl.rt.destroy_stream(stream) == 0
+        assert acl.rt.free_host(host) == 0
+
+
 def test_a_zero_byte_copy_or_set_succeeds_before_any_other_check(acl, ctx, device_buffer):
     """aclrtMemcpy, aclrtMemcpyAsync, aclrtMemset and aclrtMemsetAsync return ACL_SUCCESS for
     count 0 before they look at the pointers or the kind (hicann/runtime

@@ -1,4 +1,5 @@
-"""memcpy/memset checks: device sides inside one allocation of the device, host sides outside all."""
+"""memcpy/memset checks: device sides inside one allocation of the device, host sides outside all;
+a memset's memory one allocation of the device or of malloc_host."""
 from __future__ import annotations
 
 from .. import constants as C
@@ -57,8 +58,17 @@ def spans(dst: int, src: int, count: int, kind: int) -> tuple[list, list]:
 
 
 def check_memset(dev: int, max_size: int, count: int, device: int) -> int:
+    """CANN's aclrtMemset and aclrtMemsetAsync pages: the memory is the device's or the host's, told
+    apart by its address; host memory not from an acl call (aclrtMallocHost) is undefined
+    behaviour there, refused here."""
     if dev == 0 or count < 0 or max_size < 0:
         return C.ACL_ERROR_INVALID_PARAM
-    if count > max_size or not _side_ok(dev, count, True, device):
+    if count > max_size or not (_side_ok(dev, count, True, device) or _memory.pinned(dev, count)):
         return C.ACL_ERROR_RT_PARAM_INVALID
     return C.ACL_SUCCESS
+
+
+def memset_spans(dev: int, count: int) -> tuple[list, list]:
+    """(device spans, host spans) of a memset check_memset took, as _memory.use takes them."""
+    span = [(dev, count)]
+    return ([], span) if _memory.pinned(dev, count) else (span, [])

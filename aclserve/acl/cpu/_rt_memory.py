@@ -81,8 +81,8 @@ def _copy_now(dst: int, src: int, count: int, kind: int, device: int, pinned: bo
 
 
 def _set_now(dev_ptr: int, value: int, count: int, device: int) -> int:
-    """The memset itself, its memory held while it runs."""
-    held = _memory.use(device, [(dev_ptr, count)])
+    """The memset itself, its memory (the device's, or malloc_host's) held while it runs."""
+    held = _memory.use(device, *_copy.memset_spans(dev_ptr, count))
     if held is None:
         log.error("memset of %d bytes at %#x: its memory was freed before the memset ran", count, dev_ptr)
         return C.ACL_ERROR_RT_PARAM_INVALID
