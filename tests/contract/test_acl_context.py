@@ -56,14 +56,17 @@ def test_thread_without_context_gets_107002(acl, ctx, device_buffer):
     assert acl.rt.destroy_stream(stream) == 0
 
 
-def test_event_waits_queries_timings_destroys_and_free_need_no_context(acl, ctx):
+def test_event_waits_queries_timings_destroys_and_frees_need_no_context(acl, ctx):
     """CANN's EventSynchronize, EventQueryStatus, EventElapsedTime and EventDestroy look at the
-    event alone, and DevFree falls back to the driver in a thread without a context: these
-    succeed there (record and stream waits do need the context)."""
+    event alone, and DevFree and HostFree fall back to the driver in a thread without a context
+    (hicann/runtime ApiImpl::HostFree): these succeed there (record and stream waits do need the
+    context). free_host needed one on the CPU runtime (107002; found by a fidelity tester)."""
     stream, _ = acl.rt.create_stream()
     start, _ = acl.rt.create_event()
     end, _ = acl.rt.create_event()
     ptr, ret = acl.rt.malloc(64, 0)
+    assert ret == 0
+    host, ret = acl.rt.malloc_host(64)
     assert ret == 0
     assert acl.rt.record_event(start, stream) == 0
     assert acl.rt.record_event(end, stream) == 0
@@ -76,13 +79,14 @@ def test_event_waits_queries_timings_destroys_and_free_need_no_context(acl, ctx)
             "event_elapsed_time": acl.rt.event_elapsed_time(start, end)[1],
             "destroy_event": acl.rt.destroy_event(start),
             "free": acl.rt.free(ptr),
+            "free_host": acl.rt.free_host(host),
             "record_event": acl.rt.record_event(end, stream),
         }
 
     ok = C.ACL_SUCCESS
     assert _in_thread(no_context) == {
         "synchronize_event": ok, "query_event_status": (C.ACL_EVENT_RECORDED_STATUS_COMPLETE, ok),
-        "event_elapsed_time": ok, "destroy_event": ok, "free": ok,
+        "event_elapsed_time": ok, "destroy_event": ok, "free": ok, "free_host": ok,
         "record_event": C.ACL_ERROR_RT_CONTEXT_NULL}
     assert acl.rt.destroy_event(end) == 0
     assert acl.rt.destroy_stream(stream) == 0

@@ -46,8 +46,8 @@ def malloc_host(size):
 
 @api("acl.rt.free_host", PTR)
 def free_host(host_ptr):
-    ctx, ret = _state.current()
-    return ret or _memory.free_host(host_ptr)
+    """Needs no current context (CANN's HostFree falls back to the driver without one, as DevFree)."""
+    return _state.check_init() or _memory.free_host(host_ptr)
 
 
 @api("acl.rt.memcpy", PTR, PTR, PTR, PTR, INT)
