@@ -5,8 +5,7 @@ of pad (aclrtMallocAlign32: without the pad), the start is 64-byte aligned, and 
 capacity with a used figure.
 Allocations above 1 MiB under HUGE_FIRST/HUGE_ONLY come from an anonymous mapping whose
 2 MiB-aligned body is advised MADV_HUGEPAGE (transparent huge pages); `stats()` reports the
-bytes advised and the bytes the kernel actually backs with huge pages (AnonHugePages in
-/proc/self/smaps, read on demand because pages are only backed once touched).
+bytes advised and the bytes the kernel actually backs with huge pages (_thp.py).
 
 Every allocation is owned by this module until `free`/`free_host`, or `release_all` at
 finalize. Lookups (`find`) are what memcpy/execute use to keep pointers inside allocations.
@@ -23,10 +22,10 @@ import bisect
 import ctypes
 import logging
 import mmap
-import re
 import threading
 
 from .. import constants as C
+from . import _thp
 
 log = logging.getLogger("aclserve.acl.cpu")
 
@@ -47,19 +46,6 @@ def alloc_size(size: int, padded: bool = True) -> int:
     """What aclrtMalloc really takes for `size`: round up to 32, add 32; aclrtMallocAlign32 adds no
     pad (`padded` False: hicann/runtime aclrtMallocAlign32Impl, aclMallocMemInner's isPadding)."""
     return _align(size, 32) + (32 if padded else 0)
-
-
-def _thp_mode() -> str:
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            text = f.read()
-    except OSError:
-        return "unavailable"
-    m = re.search(r"\[(\w+)\]", text)
-    return m.group(1) if m else "unavailable"
-
-
-THP_MODE = _thp_mode()
 
 
 def _mmap_address(mm: mmap.mmap) -> int:
@@ -166,7 +152,7 @@ def _new_mapping(length: int) -> tuple[mmap.mmap, int]:
 
 def _allocate_huge(size: int, device: int, huge_only: bool) -> Allocation | None:
     body = _align(size, HUGE_PAGE)
-    if THP_MODE == "never" or THP_MODE == "unavailable":
+    if _thp.MODE in ("never", "unavailable"):
         return None
     # Map one huge page more so the body can start on a 2 MiB boundary (THP needs aligned pages).
     mm, base = _new_mapping(body + HUGE_PAGE)
@@ -351,29 +337,11 @@ def mem_info(device: int) -> tuple[int, int]:
     return mem.total - mem.used, mem.total
 
 
-_SMAPS_RANGE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ")
-
-
 def _huge_backed_by_device() -> dict[int, int]:
     with _lock:
         regions = sorted((a.map_start, a.map_start + a.map_len, a.device)
                          for a in _device_allocs.values() if a.huge_advised)
-    backed: dict[int, int] = {}
-    if not regions:
-        return backed
-    owner = None
-    try:
-        with open("/proc/self/smaps") as f:
-            for line in f:
-                m = _SMAPS_RANGE.match(line)
-                if m:
-                    lo, hi = int(m.group(1), 16), int(m.group(2), 16)
-                    owner = next((d for s, e, d in regions if s < hi and e > lo), None)
-                elif owner is not None and line.startswith("AnonHugePages:"):
-                    backed[owner] = backed.get(owner, 0) + int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return backed
+    return _thp.backed(regions)
 
 
 def stats(device: int) -> dict:
@@ -385,6 +353,6 @@ def stats(device: int) -> dict:
         count = sum(1 for a in _device_allocs.values() if a.device == device)
         out = {"device": device, "total": mem.total, "used": mem.used, "free": mem.total - mem.used,
                "allocations": count, "huge_advised_bytes": mem.huge_advised_bytes,
-               "host_used": sum(a.size for a in _host_allocs.values()), "thp_mode": THP_MODE}
+               "host_used": sum(a.size for a in _host_allocs.values()), "thp_mode": _thp.MODE}
     out["huge_backed_bytes"] = _huge_backed_by_device().get(device, 0)
     return out
