@@ -121,6 +121,32 @@ def test_memcpy_round_trip_and_kinds(acl, ctx, device_buffer):
         acl.rt.free_host(host)
 
 
+def test_device_copies_take_malloc_host_memory_on_the_board_only(acl, ctx, device_buffer, acl_kind):
+    """On the board (run mode ACL_DEVICE) aclrtMallocHost gives the device's own memory (CANN's
+    aclrtMallocHost page; pyACL reference, section 4: host kinds act as D2D there), so a
+    device-to-device copy between it and device memory is legal; on a host it is host memory,
+    refused as a device side (107000). The CPU runtime refused it on the board too (found by a
+    fidelity tester); test_acl_model.py's test_the_board_takes_malloc_host_memory_as_device_memory
+    runs this there."""
+    on_board = acl.rt.get_run_mode()[0] == C.ACL_DEVICE
+    data = np.arange(64, dtype=np.uint8).tobytes()
+    dev = device_buffer(64)
+    host, _ = acl.rt.malloc_host(64)
+    try:
+        assert acl.rt.memcpy(dev, 64, acl.util.bytes_to_ptr(data), 64, H2D) == 0
+        if on_board:
+            assert acl.rt.memcpy(host, 64, dev, 64, D2D) == 0
+            assert acl.util.ptr_to_bytes(host, 64) == data
+            assert acl.rt.memset(dev, 64, 0, 64) == 0
+            assert acl.rt.memcpy(dev, 64, host, 64, D2D) == 0
+            assert acl.rt.memcpy(host, 64, dev, 64, D2H) == 0 and acl.util.ptr_to_bytes(host, 64) == data
+        elif acl_kind == "cpu":  # undefined behaviour on a host's device; the CPU runtime checks it
+            assert acl.rt.memcpy(host, 64, dev, 64, D2D) == C.ACL_ERROR_RT_PARAM_INVALID
+            assert acl.rt.memcpy(dev, 64, host, 64, D2D) == C.ACL_ERROR_RT_PARAM_INVALID
+    finally:
+        acl.rt.free_host(host)
+
+
 def test_memcpy_error_codes(acl, ctx, device_buffer, acl_kind):
     data = bytes(256)
     src = acl.util.bytes_to_ptr(data)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from .conftest import IN_FEATURES, MBATCH, OUT_FEATURES, LoadedModel
 
 from aclserve.acl import constants as C
 from aclserve.acl.cpu import faults
+from tests import REPO
 
 
 def _reference(model, x):
@@ -217,29 +220,65 @@ def test_execute_rules(acl, loaded_mlp, ctx):
         acl.rt.free(small)
 
 
-def test_execute_rejects_host_memory(acl, loaded_mlp):
+def test_execute_takes_malloc_host_buffers_on_the_board_only(acl, loaded_mlp, mlp_om):
+    """aclmdlExecute's buffers are device memory, host memory only in ACL_DEVICE mode (CANN's page;
+    pyACL reference, section 5): on a host malloc_host memory is refused (145000), on the board
+    (ACLSERVE_CPU_RUN_MODE=device, where aclrtMallocHost gives the device's own memory) an input
+    and outputs there run. The CPU runtime refused them on the board too (found by a fidelity
+    tester); test_the_board_takes_malloc_host_memory_as_device_memory runs this there."""
     m = loaded_mlp
-    x_size = acl.mdl.get_input_size_by_index(m.desc, 0)
-    host, _ = acl.rt.malloc_host(x_size)
-    ds = acl.mdl.create_dataset()
-    buf = acl.create_data_buffer(host, x_size)
+    on_board = acl.rt.get_run_mode()[0] == C.ACL_DEVICE
+    sizes = [acl.mdl.get_input_size_by_index(m.desc, 0)] + [acl.mdl.get_output_size_by_index(m.desc, i)
+                                                            for i in (0, 1)]
+    hosts = [acl.rt.malloc_host(size)[0] for size in sizes]
+    ins, outs = acl.mdl.create_dataset(), acl.mdl.create_dataset()
+    bufs = [acl.create_data_buffer(ptr, size) for ptr, size in zip(hosts, sizes)]
+    x = np.random.default_rng(3).standard_normal((2, IN_FEATURES)).astype(np.float32)
     try:
-        acl.mdl.add_dataset_buffer(ds, buf)
-        acl.mdl.add_dataset_buffer(ds, acl.mdl.get_dataset_buffer(m.inputs, MBATCH))
-        assert acl.mdl.set_dynamic_batch_size(m.model_id, ds, MBATCH, 4) == 0
-        assert acl.mdl.execute(m.model_id, ds, m.outputs) == C.ACL_ERROR_GE_PARAM_INVALID
+        for ds, buf in ((ins, bufs[0]), (ins, acl.mdl.get_dataset_buffer(m.inputs, MBATCH)), (outs, bufs[1]),
+                        (outs, bufs[2])):
+            acl.mdl.add_dataset_buffer(ds, buf)
+        assert acl.rt.memcpy(hosts[0], sizes[0], acl.util.bytes_to_ptr(x.tobytes()), x.nbytes,
+                             C.ACL_MEMCPY_HOST_TO_HOST) == 0
+        assert acl.mdl.set_dynamic_batch_size(m.model_id, ins, MBATCH, 2) == 0
+        if not on_board:
+            assert acl.mdl.execute(m.model_id, ins, outs) == C.ACL_ERROR_GE_PARAM_INVALID
+            return
+        assert acl.mdl.execute(m.model_id, ins, outs) == 0
+        y, idx = _reference(mlp_om[1], x)
+        got = np.frombuffer(acl.util.ptr_to_bytes(hosts[1], y.nbytes), np.float32).reshape(y.shape)
+        np.testing.assert_allclose(got, y, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(np.frombuffer(acl.util.ptr_to_bytes(hosts[2], idx.nbytes), np.int64), idx)
     finally:
-        acl.destroy_data_buffer(buf)
-        acl.mdl.destroy_dataset(ds)
-        acl.rt.free_host(host)
+        for buf in bufs:
+            acl.destroy_data_buffer(buf)
+        acl.mdl.destroy_dataset(ins)
+        acl.mdl.destroy_dataset(outs)
+        for host in hosts:
+            acl.rt.free_host(host)
+
+
+def test_the_board_takes_malloc_host_memory_as_device_memory(cpu_only):
+    """The tests of malloc_host memory in an execution and in device-to-device copies, run with the
+    CPU runtime presenting a board (ACLSERVE_CPU_RUN_MODE=device: read when ACL starts, so in a
+    process of its own), where they check that it is taken as the device's memory."""
+    tests = ["tests/contract/test_acl_model.py::test_execute_takes_malloc_host_buffers_on_the_board_only",
+             "tests/contract/test_acl_model.py::test_a_gear_input_in_host_memory_is_refused_as_host_memory",
+             "tests/contract/test_acl_memory.py::test_device_copies_take_malloc_host_memory_on_the_board_only"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=REPO,
+                          env=dict(os.environ, ACLSERVE_CPU_RUN_MODE="device"), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "3 passed" in proc.stdout, proc.stdout[-3000:]
 
 
 def test_a_gear_input_in_host_memory_is_refused_as_host_memory(acl, loaded_mlp, device_buffer, cpu_only):
     """The gear input (ascend_mbatch_shape_data) in malloc_host memory was refused at execute with
     145011, "dynamic input address invalid", before the check that refuses any other input there
     (145000, not inside device memory; found by a fidelity tester): now 145000 too, and
-    get_recent_err_msg names the input. One in no memory at all (freed) stays 145011."""
+    get_recent_err_msg names the input. One in no memory at all (freed) stays 145011. On the board,
+    where malloc_host's memory is the device's, it is set and runs."""
     m = loaded_mlp
+    on_board = acl.rt.get_run_mode()[0] == C.ACL_DEVICE
     host, _ = acl.rt.malloc_host(8)
     freed = device_buffer(8)
     ds, freed_ds = acl.mdl.create_dataset(), acl.mdl.create_dataset()
@@ -248,12 +287,15 @@ def test_a_gear_input_in_host_memory_is_refused_as_host_memory(acl, loaded_mlp, 
         for dataset, gear_buf in ((ds, gear_bufs[0]), (freed_ds, gear_bufs[1])):
             acl.mdl.add_dataset_buffer(dataset, acl.mdl.get_dataset_buffer(m.inputs, 0))
             acl.mdl.add_dataset_buffer(dataset, gear_buf)
-        # the gear is recorded on the dataset before the write into the buffer is refused
-        assert acl.mdl.set_dynamic_batch_size(m.model_id, ds, MBATCH, 2) == C.ACL_ERROR_RT_PARAM_INVALID
-        acl.get_recent_err_msg()
-        assert acl.mdl.execute(m.model_id, ds, m.outputs) == C.ACL_ERROR_GE_PARAM_INVALID
-        said = acl.get_recent_err_msg()
-        assert f"input {C.ACL_DYNAMIC_TENSOR_NAME!r}" in said and "malloc_host memory, not device memory" in said
+        if on_board:
+            assert acl.mdl.set_dynamic_batch_size(m.model_id, ds, MBATCH, 2) == 0
+            assert acl.mdl.execute(m.model_id, ds, m.outputs) == 0
+        else:  # the gear is recorded on the dataset before the write into the buffer is refused
+            assert acl.mdl.set_dynamic_batch_size(m.model_id, ds, MBATCH, 2) == C.ACL_ERROR_RT_PARAM_INVALID
+            acl.get_recent_err_msg()
+            assert acl.mdl.execute(m.model_id, ds, m.outputs) == C.ACL_ERROR_GE_PARAM_INVALID
+            said = acl.get_recent_err_msg()
+            assert f"input {C.ACL_DYNAMIC_TENSOR_NAME!r}" in said and "malloc_host memory, not device memory" in said
         assert acl.mdl.set_dynamic_batch_size(m.model_id, freed_ds, MBATCH, 2) == 0
         assert acl.rt.free(freed) == 0
         assert acl.mdl.execute(m.model_id, freed_ds, m.outputs) == C.ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID

@@ -1,5 +1,6 @@
-"""memcpy/memset checks: device sides inside one allocation of the device, host sides outside all;
-a memset's memory one allocation of the device or of malloc_host."""
+"""memcpy/memset checks: device sides inside one allocation of the device (on the board, run mode
+ACL_DEVICE, malloc_host's memory is the device's: _memory.addressable), host sides outside all
+device memory; a memset's memory one allocation of the device or of malloc_host."""
 from __future__ import annotations
 
 from .. import constants as C
@@ -12,8 +13,7 @@ H2H, H2D, D2H, D2D, DEFAULT = (C.ACL_MEMCPY_HOST_TO_HOST, C.ACL_MEMCPY_HOST_TO_D
 
 def _side_ok(ptr: int, count: int, on_device: bool, device: int) -> bool:
     if on_device:
-        alloc = _memory.find(ptr, count)
-        return alloc is not None and alloc.device == device
+        return _memory.addressable(ptr, count, device)
     return not _memory.touches_device(ptr, count)
 
 

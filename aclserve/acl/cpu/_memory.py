@@ -15,6 +15,9 @@ Work that runs later, on a stream or in a loaded model, takes the memory it read
 lookup or `use` fails, its bytes count as free) but leaves it mapped until the last user lets go,
 so the host process never touches unmapped memory (on a device that is a task's memory fault at
 worst, not the end of the process).
+
+On the board (run mode ACL_DEVICE) malloc_host's memory is the device's own normal memory (CANN's
+aclrtMallocHost page): `use` and `addressable` take it as device memory there, of any device.
 """
 from __future__ import annotations
 
@@ -96,11 +99,12 @@ _devices: dict[int, DeviceMemory] = {}
 
 
 _host_offset = 0  # where malloc_host's blocks start past a page boundary (the board: not 64-aligned)
+_host_is_device = False  # the board: malloc_host's memory is device memory
 
 
-def reset(device_count: int, capacity: int, host_offset: int = 0) -> None:
-    global _host_offset
-    _host_offset = host_offset
+def reset(device_count: int, capacity: int, host_offset: int = 0, host_is_device: bool = False) -> None:
+    global _host_offset, _host_is_device
+    _host_offset, _host_is_device = host_offset, host_is_device
     with _lock:
         _devices.clear()
         for d in range(device_count):
@@ -268,14 +272,33 @@ class Held(list):
     __exit__ = release
 
 
+def _device_side_locked(ptr: int, length: int, device: int | None) -> Allocation | None:
+    """The allocation holding [ptr, ptr+length) that `device` (None: any) addresses as its memory:
+    its malloc's, and on the board malloc_host's (of no device: any device's there)."""
+    alloc = _holding_locked(_starts, _device_allocs, ptr, length)
+    if alloc is None and _host_is_device:
+        alloc = _holding_locked(_host_starts, _host_allocs, ptr, length)
+    if alloc is None or (device is not None and alloc.device not in (device, None)):
+        return None
+    return alloc
+
+
+def addressable(ptr: int, length: int, device: int | None) -> bool:
+    """Whether [ptr, ptr+length) lies in one allocation `device` (None: any) addresses as its own
+    memory: its malloc's, and on the board (ACL_DEVICE) malloc_host's as well."""
+    with _lock:
+        return _device_side_locked(ptr, length, device) is not None
+
+
 def use(device: int | None, device_spans=(), host_spans=()) -> Held | None:
     """The allocations holding each (ptr, length) of `device_spans` in device memory (of `device`;
-    None: of any device) and of `host_spans` in malloc_host memory, in that order, each kept
-    mapped until the Held they come in is released (a free meanwhile unmaps it only then). None,
-    and nothing taken, when a span is not (any more) in such an allocation."""
+    None: of any device; on the board malloc_host's too) and of `host_spans` in malloc_host memory,
+    in that order, each kept mapped until the Held they come in is released (a free meanwhile
+    unmaps it only then). None, and nothing taken, when a span is not (any more) in such an
+    allocation."""
     with _lock:
-        taken = Held([_holding_locked(_starts, _device_allocs, ptr, length) for ptr, length in device_spans])
-        if any(a is None or (device is not None and a.device != device) for a in taken):
+        taken = Held([_device_side_locked(ptr, length, device) for ptr, length in device_spans])
+        if None in taken:
             return None
         taken += [_holding_locked(_host_starts, _host_allocs, ptr, length) for ptr, length in host_spans]
         if None in taken:

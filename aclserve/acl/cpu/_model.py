@@ -183,9 +183,9 @@ class LoadedModel:
         return gear, C.ACL_SUCCESS
 
     def _use_io(self, batch: int, in_addrs, out_addrs):
-        """The device allocations of the inputs and outputs at `batch`, held while it runs
-        (_memory.use: a free meanwhile unmaps them once it is done), or None when one is not (any
-        more) memory of the model's device."""
+        """The device allocations of the inputs and outputs at `batch` (on the board malloc_host's
+        too: the device's memory there), held while it runs (_memory.use: a free meanwhile unmaps
+        them once it is done), or None when one is not (any more) memory of the model's device."""
         info = self.info
         spans = [(addr, t.size_at(batch)) for addr, t in zip(in_addrs, info.onnx_inputs)]
         spans += [(addr, t.size_at(batch)) for addr, t in zip(out_addrs, info.outputs)]
@@ -376,7 +376,7 @@ def set_dynamic_batch_size(model_id: int, ds: Dataset, index: int, batch: int) -
         # (a data input then holds garbage): here that mistake is refused instead.
         return C.ACL_ERROR_INVALID_PARAM
     nbytes = 8 if buf.size >= 8 else 4
-    if _memory.find(buf.addr, nbytes) is None:
+    if not _memory.addressable(buf.addr, nbytes, None):
         return C.ACL_ERROR_RT_PARAM_INVALID
     (ctypes.c_int64 if nbytes == 8 else ctypes.c_int32).from_address(buf.addr).value = batch
     return C.ACL_SUCCESS

@@ -307,7 +307,7 @@ def init() -> int:
         max_streams, max_events = settings.max_streams(), settings.max_events()
         devices.clear()
         devices.update({d: Device(d, max_streams, max_events) for d in range(count)})
-        _memory.reset(count, capacity, host_offset=BOARD_HOST_OFFSET if on_board else 0)
+        _memory.reset(count, capacity, host_offset=BOARD_HOST_OFFSET if on_board else 0, host_is_device=on_board)
         faults.load_env()
         initialized = True
     log.debug("CPU runtime initialised: %d device(s) of %d bytes", count, capacity)

@@ -19,8 +19,8 @@ ACLSERVE_CPU_SOC            the SoC it presents (acl.get_soc_name) and whose rul
                             event wait, as that SoC does; CPU-ORT or an Ascend name (Ascend...)
 ACLSERVE_CPU_RUN_MODE       host (default: the application on a host, the card over PCIe) or
                             device (on the board's own CPU, as an Atlas 200 DK: get_run_mode
-                            answers ACL_DEVICE and malloc_host's memory is 16-byte aligned only,
-                            as the device's normal pages need not be 64-byte aligned)
+                            answers ACL_DEVICE and malloc_host's memory is the device's, 16-byte
+                            aligned only, as the device's normal pages need not be 64-byte aligned)
 ACLSERVE_CPU_LACKS          pyACL calls to leave out, as an older CANN release lacks them
                             (comma-separated, of OPTIONAL_CALLS): the runtime then has no such
                             attribute, so the server's fallbacks (acl/compat.py) run for real
