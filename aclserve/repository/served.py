@@ -21,8 +21,10 @@ never answered by version 2; the result names the version that ran it), so a rel
 such a request (also when the caller held this object past the close of its batcher, e.g. while
 reading a request body). Otherwise it is refused 503 with a message saying why and to send it
 again: run by a model it was not checked against, it was answered wrongly or failed its whole
-batch. Owned by the repository's Lifecycle; used on the
-loop, blocking steps in the executor it is given.
+batch. A request this version refused as invalid once it had retired (its body still arriving
+during the reload) is refused so too when its successor checks requests otherwise
+(`invalid_since_retired`; the decisions: successor.py). Owned by the repository's Lifecycle;
+used on the loop, blocking steps in the executor it is given.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from typing import Callable, Mapping
 
 from .. import heap
 from ..config import PBTXT, ModelConfig
-from ..errors import ModelUnavailable, ShuttingDown
+from ..errors import InvalidInput, ModelUnavailable, ServeError, ShuttingDown
 from ..images import ImageStage
 from ..om.compile_process import CompileStopped
 from ..scheduling import BatchingConfig, DynamicBatcher
@@ -45,6 +47,7 @@ from . import overload
 from .declared import TensorViews, tensor_views
 from .handoff import Handoff
 from .labels import load_labels
+from .successor import check_refusal, handover_refusal, replaced
 from .value_ranges import input_ranges
 from .plan import Wanted
 
@@ -146,13 +149,9 @@ class ServedVersion:
             successor = self._successor() if self._successor is not None else None
             if successor is None or successor is self:
                 raise
-            if successor.version != self.version and pinned:
-                raise ModelUnavailable(f"model {self.name} version {self.version} was replaced by version "
-                                       f"{successor.version} while this request arrived; send it again") from None
-            refusal = self._handover_refusal(successor)
+            refusal = replaced(self, successor, pinned, handover_refusal(self, successor))
             if refusal is not None:
-                raise ModelUnavailable(f"model {self.name} version {self.version} was replaced by {refusal} "
-                                       f"while this request arrived; send it again") from None
+                raise refusal from None
             result = await successor.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us,
                                                    trace=trace)
             if successor.version != self.version:
@@ -161,14 +160,16 @@ class ServedVersion:
             result = dataclasses.replace(result, outputs=self.reshapes.to_client(result.outputs))
         return result
 
-    def _handover_refusal(self, successor: "ServedVersion") -> str | None:
-        """Why `successor` cannot answer a request decoded for this version (what it was
-        replaced by, in words), or None when it can."""
-        if successor.tensor_key() != self.tensor_key():
-            return "one with other inputs, input value ranges, outputs or batch limit"
-        if successor.model_key() != self.model_key() and successor.settings_key() != self.settings_key():
-            return "another model file with other image or labels settings"
-        return None
+    def invalid_since_retired(self, error: InvalidInput, pinned: bool) -> ServeError:
+        """What answers a request this version refused as invalid (its tensors or pictures checked
+        against this version's): `error`, unless the version was retired meanwhile (its body was
+        still arriving, say) and the one that took over checks requests otherwise, or is another
+        version while the request named this one (`pinned`): then the 503 a refused hand-over
+        gets (successor.py)."""
+        successor = self._successor() if self._successor is not None else None
+        if successor is None or successor is self:
+            return error
+        return replaced(self, successor, pinned, check_refusal(self, successor)) or error
 
     def tensor_key(self) -> tuple:
         """The tensors a request decoded for this version holds (its values checked against the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
+from ..errors import InvalidInput, ServeError
 from ..images import ImageStage
 from ..runtime.types import TensorSpec
 
@@ -90,6 +91,10 @@ class ServedModel(Protocol):
     async def infer(self, inputs, rows: int, priority: int | None = None, timeout_us: int | None = None,
                     trace=None):
         """Queue one request's rows and wait for its outputs (a batch result)."""
+
+    def invalid_since_retired(self, error: InvalidInput, pinned: bool) -> ServeError:
+        """What answers a request this version refused as invalid: `error`, or a 503 to send it
+        again when the version was replaced meanwhile by one that may take it."""
 
 
 class Draining(Protocol):

@@ -102,7 +102,10 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
     `read()`: aiohttp's path, whose body is still to come, reads it here, and `work(record,
     trace, body)` gets it. The duration histogram starts once the body is in hand, as on the
     paths that have it before they come here (the guard's, gRPC's): a client's slow upload is
-    not time in the server. The statistics' `fail`, traces and the request log count from here."""
+    not time in the server. The statistics' `fail`, traces and the request log count from here.
+    A request refused as invalid by a version retired meanwhile (its body still arriving during
+    a reload, say) is answered 503 to send it again when the version serving now may take it
+    (repository/successor.py)."""
     start = time.perf_counter_ns()
     try:
         state.enter()  # 503 / UNAVAILABLE when shutting down
@@ -122,12 +125,18 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
             trace.request_id = request_id(known_id)
         served_from = start  # the duration histogram's start
         try:
-            if read is None:
-                response = await work(rec, trace)
-            else:
-                body = await read()
-                served_from = time.perf_counter_ns()
-                response = await work(rec, trace, body)
+            try:
+                if read is None:
+                    response = await work(rec, trace)
+                else:
+                    body = await read()
+                    served_from = time.perf_counter_ns()
+                    response = await work(rec, trace, body)
+            except InvalidInput as invalid:  # checked against `served`: replaced meanwhile, it may be sent again
+                answer = served.invalid_since_retired(invalid, pinned=version is not None)
+                if answer is invalid:
+                    raise
+                raise answer from None
         except ServeError as e:
             rec.request_failed(failure_reason(e), time.perf_counter_ns() - start)
             if trace is not None:
