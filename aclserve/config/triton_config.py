@@ -236,15 +236,18 @@ def _batching(message, notes: list[str]) -> dict:
     # requests are batched together only by a dynamic batcher, and only along a batch dimension
     batching["enabled"] = dynamic and (cap > 0 or filled)
     implied = "" if given else ", batched as dynamic_batching { }"
+    # what the config leaves out, named: "no input or output listed" read as neither when one was
+    unlisted = ("no input or output" if not (message.input or message.output)
+                else "no input" if not message.input else "no output")
     if filled:
-        notes.append(f"max_batch_size 0 with no input or output listed: the model's{implied}, as Triton's ONNX "
+        notes.append(f"max_batch_size 0 with {unlisted} listed: the model's{implied}, as Triton's ONNX "
                      "Runtime backend completes such a config (its largest compiled batch size here; Triton's "
                      "default-max-batch-size: 4)")
     elif cap == 0:
         notes.append("max_batch_size 0: requests run one at a time, each whole, as Triton runs a model without "
                      "a batch dimension (a model compiled with batch sizes shows its largest as max_batch_size)")
     elif not given and dynamic:
-        notes.append(f"no dynamic_batching and no input or output listed{implied}, as Triton's ONNX Runtime "
+        notes.append(f"no dynamic_batching and {unlisted} listed{implied}, as Triton's ONNX Runtime "
                      "backend completes such a config")
     elif not given:
         notes.append("no dynamic_batching: requests run one at a time, as Triton runs them (dynamic_batching { } "

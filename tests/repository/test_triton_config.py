@@ -144,6 +144,24 @@ def test_the_pbtxt_is_translated_with_tritons_meaning(tmp_path):
         "without a batch dimension (a model compiled with batch sizes shows its largest as max_batch_size)"]
 
 
+def test_the_note_of_a_completed_config_names_what_it_leaves_out(tmp_path):
+    """A config.pbtxt that lists its inputs but no output is completed as one listing neither; its
+    note said "no input or output listed", which reads as neither (an independent tester): it
+    names the one left out."""
+    listed = {"input": 'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n',
+              "output": 'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'}
+    triton_folder(tmp_path, "inputs", "max_batch_size: 8\n" + listed["input"])
+    triton_folder(tmp_path, "outputs", "max_batch_size: 0\n" + listed["output"])
+    result, configs = scanned(tmp_path)
+    assert configs["inputs"].batching.enabled and configs["outputs"].batching.enabled  # completed: batched
+    assert sorted(result.notes) == [
+        "inputs/config.pbtxt: no dynamic_batching and no output listed, batched as dynamic_batching { }, as "
+        "Triton's ONNX Runtime backend completes such a config",
+        "outputs/config.pbtxt: max_batch_size 0 with no input listed: the model's, batched as dynamic_batching { }, "
+        "as Triton's ONNX Runtime backend completes such a config (its largest compiled batch size here; Triton's "
+        "default-max-batch-size: 4)"]
+
+
 @pytest.mark.parametrize("pbtxt, problem", [
     ('name: "other"', "name: is 'other', not the model's folder name 'm' (Triton refuses it too)"),
     ('platform: "tensorrt_plan"', "platform: 'tensorrt_plan': aclserve serves ONNX and OM models"),
