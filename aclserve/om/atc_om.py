@@ -99,6 +99,8 @@ def identify(path: str | os.PathLike) -> tuple[str, object]:
         return "atc_om", hdr
     if head[:4] == OM2_MAGIC:
         return "om2", None
+    if not size:  # (not "neither a CPU OM nor an ATC header": it has nothing to be either)
+        raise container.OmFormatError("not an OM file: the file is empty (0 bytes)")
     raise container.OmFormatError("not an OM file (neither a CPU OM nor an ATC 'IMOD' header)")
 
 
