@@ -169,8 +169,8 @@ class Lifecycle:
         for version, sv in loaded.items():
             self.states.move(name, version, State.READY)
             if version in replaced:  # `replaced`: the version it took over from, draining now
-                log.info("%s: version %s reloaded (its new %s), the one before drains", name, version,
-                         sv.wanted.changed_from(replaced[version].wanted))
+                log.info("%s: version %s reloaded (%s), the one before drains", name, version,
+                         sv.wanted.reload_said(replaced[version].wanted))
                 self._emit("reloaded", name, version, seconds=sv.load_seconds, replaced=replaced[version], served=sv)
             else:
                 self._emit("loaded", name, version, seconds=sv.load_seconds, served=sv)

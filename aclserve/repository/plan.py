@@ -10,6 +10,7 @@ unload. No I/O here: the repository feeds scans in and executes the plans.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 from ..config import ModelConfig
@@ -40,6 +41,18 @@ class Wanted:
         if old.config == self.config and old.labels_stamp() != self.labels_stamp():
             return "labels file"
         return "config"
+
+    def reload_said(self, old: "Wanted") -> str:
+        """Why it reloaded over `old`, as its log line says it: "its new file" (config, labels
+        file), and when its config file is gone, that and what it serves with now (it said "its
+        new config" when the file was deleted: a tester read that as a config of its own)."""
+        said = f"its new {self.changed_from(old)}"
+        before, now = old.config_path(), self.config_path()
+        if before is None or before == now:
+            return said
+        settings = "the server's model_defaults" if now is None else f"{os.path.basename(now)}'s settings"
+        removed = f"its config {os.path.basename(before)} removed: it serves with {settings} now"
+        return removed if old.file.model_identity == self.file.model_identity else f"{said}; {removed}"
 
     def config_path(self) -> str | None:
         """The config file it was read from (None: the defaults alone)."""

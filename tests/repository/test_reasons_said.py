@@ -2,9 +2,14 @@
 an independent tester's reading of them); real files, the real repository on the CPU runtime."""
 from __future__ import annotations
 
+import logging
+import os
+
 import pytest
 
 from aclserve.repository.repository import ModelLoadFailed
+
+from .repo_helpers import place
 
 pytestmark = pytest.mark.asyncio
 
@@ -18,3 +23,18 @@ async def test_an_empty_om_is_said_to_be_empty(make_repo, models_dir):
         await repo.load("m")
     assert str(refused.value) == "failed to load m: version 1: not an OM file: the file is empty (0 bytes)"
     assert [(r["name"], r["reason"]) for r in repo.index()] == [("m", "not an OM file: the file is empty (0 bytes)")]
+
+
+async def test_a_reload_after_the_config_is_deleted_says_so(make_repo, models_dir, model_files, caplog):
+    """Deleting m.yaml reloads m with the server's model_defaults; the log said "reloaded (its new
+    config)", as for an edit of it: now it says the config was removed and what serves now."""
+    place(model_files[1]["om"], models_dir / "m.om")
+    (models_dir / "m.yaml").write_text("batching: {max_queue_delay_ms: 2}\n")
+    repo, events = await make_repo()
+    assert repo.get("m").config.batching.max_queue_delay_ms == 2
+    with caplog.at_level(logging.INFO, logger="aclserve.repository"):
+        os.unlink(models_dir / "m.yaml")
+        await events.wait("reloaded", "m", "1")
+    assert repo.get("m").config.batching.max_queue_delay_ms == 0.5  # make_repo's model_defaults
+    assert ("m: version 1 reloaded (its config m.yaml removed: it serves with the server's model_defaults now), "
+            "the one before drains") in caplog.text
