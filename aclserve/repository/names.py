@@ -29,8 +29,12 @@ def is_ignored_name(name: str) -> bool:
 
 def check_model_name(name: str) -> str | None:
     """None when `name` is a valid model name, else the reason."""
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-        return "model names may not be empty, '.', '..' or contain path separators"
+    if not name or name in (".", ".."):
+        return "model names may not be empty, '.' or '..'"
+    if "/" in name or "\\" in name:
+        return "model names may not contain path separators ('/', '\\')"
+    if "\0" in name:  # (no separator: said as such, not as one)
+        return "model names may not contain a NUL character (\\x00)"
     if ".." in name:
         return "model names may not contain '..'"
     if name.startswith("."):

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from aclserve.errors import InvalidInput
 from aclserve.repository.repository import ModelLoadFailed
 
 from .repo_helpers import place
@@ -38,3 +39,16 @@ async def test_a_reload_after_the_config_is_deleted_says_so(make_repo, models_di
     assert repo.get("m").config.batching.max_queue_delay_ms == 0.5  # make_repo's model_defaults
     assert ("m: version 1 reloaded (its config m.yaml removed: it serves with the server's model_defaults now), "
             "the one before drains") in caplog.text
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("x\0y", "model names may not contain a NUL character (\\x00)"),
+    ("x/y", "model names may not contain path separators ('/', '\\')"),
+    ("..", "model names may not be empty, '.' or '..'")])
+async def test_a_load_of_a_name_no_model_has_names_what_is_wrong(make_repo, name, reason):
+    """A name with a NUL was refused for "path separators", which a NUL is not (a load of
+    x%00y through the API): the character is named."""
+    repo, _ = await make_repo(model_control_mode="explicit")
+    with pytest.raises(InvalidInput) as refused:
+        await repo.load(name)
+    assert refused.value.message == f"invalid model name {name!r}: {reason}"
