@@ -93,6 +93,9 @@ class TensorOptions:
 
     image: ImageInput | None = None
     labels: str | None = None  # labels file, one per line; a model file's: relative to its folder
+    # labels named by a config.pbtxt's label_filename: read as Triton reads them, any number of lines
+    # (repository/labels.py); a YAML's `labels` must have one per class
+    labels_as_triton: bool = False
     # an integer input's smallest and largest value (both taken); others are refused (400)
     value_range: tuple[int, int] | None = None
     # value_range is model_defaults', not the model's own: fitted to the model where it does not

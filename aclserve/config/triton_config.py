@@ -114,7 +114,10 @@ def load_triton_config(path: str | os.PathLike, name: str, defaults: ModelConfig
     if from_pbtxt:  # (what is said of them: a load refused for memory, an .om's scan: repository/)
         preferred = tuple(sorted(set(message.dynamic_batching.preferred_batch_size)))
         config = dataclasses.replace(config, batch_from_pbtxt=True, preferred_batch_sizes=preferred)
-    return dataclasses.replace(config, declared=declared)  # (compared with the model at load: repository/declared.py)
+    labelled = {out.name for out in message.output if out.label_filename}  # (read as Triton reads them: labels.py)
+    outputs = {n: dataclasses.replace(o, labels_as_triton=n in labelled) for n, o in config.outputs.items()}
+    # (its tensors: compared with the model at load, repository/declared.py)
+    return dataclasses.replace(config, declared=declared, outputs=outputs)
 
 
 def translate(message, name: str, devices: tuple[int, ...], notes: list[str]) -> dict:

@@ -357,7 +357,7 @@ def _open_and_warm_up(runtime, path: str, name: str, wanted: Wanted, handoff: Ha
             images = ImageStage.for_model(config.inputs, pool.inputs, name)  # plans checked against the model
             views = tensor_views(config.declared, pool.inputs, pool.outputs, bool(pool.gears),
                                  frozenset(images.plans) if images else frozenset(), wanted.file.kind == "onnx")
-            labels = load_labels(config.outputs, pool.outputs)
+            labels = load_labels(config.outputs, pool.outputs, name)
             ranges = input_ranges(config.inputs, pool.inputs, index_bounds, name)
             if stopped():  # (while it opened: its runs would be for nothing)
                 raise StoppedBeforeWarmUp(path)

@@ -51,8 +51,9 @@ def encode_response(model_name: str, model_version: str, req: InferRequest,
 
 
 def classify(arr: np.ndarray, classes: int, batched: bool, labels: tuple[str, ...] | None = None) -> np.ndarray:
-    """Top-`classes` entries as "value:index" strings ("value:index:label" with labels), per
-    batch row when `batched`; ties in index order. Integer values are written as integers and
+    """Top-`classes` entries as "value:index" strings ("value:index:label" with labels; a class
+    with no label or an empty one: "value:index", as Triton writes it), per batch row when
+    `batched`; ties in index order. Integer values are written as integers and
     ranked in their own type (through float64, 2**64 - 1 and 2**64 - 2 were one value), floats
     with six decimals, as Triton does."""
     rows = arr.reshape(arr.shape[0], -1) if batched and arr.ndim > 0 else arr.reshape(1, -1)
@@ -62,6 +63,6 @@ def classify(arr: np.ndarray, classes: int, batched: bool, labels: tuple[str, ..
     top = np.argsort(descending, axis=1, kind="stable")[:, :n]
     names = labels or ()
     value = (lambda v: f"{int(v)}") if integer else (lambda v: f"{float(v):f}")
-    out = np.array([[f"{value(row[j])}:{j}" + (f":{names[j]}" if j < len(names) else "") for j in idx]
+    out = np.array([[f"{value(row[j])}:{j}" + (f":{names[j]}" if j < len(names) and names[j] else "") for j in idx]
                     for row, idx in zip(rows, top)], dtype=object)
     return out if batched else out.reshape(n)
