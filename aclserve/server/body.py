@@ -132,6 +132,18 @@ def charge_declared(request: web.BaseRequest, lease: Lease, max_bytes: int,
     return declared
 
 
+def refuse_from_head(request: web.BaseRequest, budget, max_bytes: int, limit_name: str = MAX_BODY_BYTES) -> bool:
+    """What read_body refuses before reading a byte, in its order, for an `Expect: 100-continue`
+    to answer: a Content-Encoding it does not take (415), then the declared size against
+    `max_bytes` and what the memory `budget` has left (413, 503), probed: nothing is kept.
+    Returns whether the body is read as it is sent (no Content-Encoding to inflate)."""
+    plain = _inflater(request, 0) is None
+    with budget.lease() as probe:
+        charge_declared(request, probe, max_bytes, limit_name)
+        probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
+    return plain
+
+
 async def read_body(request: web.BaseRequest, lease: Lease, max_bytes: int, timeout_s: float,
                     reads: OpenCalls | None = None, limit_name: str = MAX_BODY_BYTES,
                     max_inflate_ratio: int = 0) -> bytes | bytearray:

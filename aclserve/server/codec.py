@@ -97,6 +97,13 @@ def parse_header_length(values: Sequence[str]) -> int | None:
     return int(digits)
 
 
+def check_header_length(header_length: int, body_length: int) -> None:
+    """InvalidInput when the header gives the JSON part more bytes than the body has (decode_request,
+    and an `Expect: 100-continue` from the body's Content-Length: infer.expect_body)."""
+    if header_length > body_length:
+        raise InvalidInput(f"{HEADER_LENGTH} is {header_length} but the body has only {body_length} bytes")
+
+
 def decode_request(body: bytes, header_length: int | None, sig: Signature) -> InferRequest:
     """Decode one infer request body. `header_length` is the Inference-Header-Content-Length
     value (None when absent: the whole body is JSON; 0: raw binary for a single-input model)."""
@@ -104,8 +111,7 @@ def decode_request(body: bytes, header_length: int | None, sig: Signature) -> In
         return _decode_raw(body, sig)
     end = len(body)
     if header_length is not None:
-        if header_length > end:
-            raise InvalidInput(f"{HEADER_LENGTH} is {header_length} but the body has only {end} bytes")
+        check_header_length(header_length, end)
         end = header_length
     text = body if end == len(body) else memoryview(body)[:end]
     try:

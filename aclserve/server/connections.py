@@ -90,7 +90,7 @@ SCRAPE_PATH = "/metrics"  # what a connection opened during the drain is answere
 
 
 class _Conn:
-    __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded", "unsent", "late")
+    __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded", "unsent", "late", "closing")
 
     def __init__(self, transport, now: float, late: bool = False):
         self.transport, self.phase, self.since = transport, IDLE, now
@@ -99,6 +99,9 @@ class _Conn:
         self.stash: list[bytes] = []  # bytes that arrived anyway while held
         self.forwarded = 0  # requests handed to aiohttp and not finished yet
         self.unsent = 0  # its write buffer at the last sweep that found answers pending
+        # aiohttp answered `Connection: close`: the guard answers nothing after it (RFC 9112 9.6),
+        # aiohttp reads the rest of a refused body, then closes
+        self.closing = False
 
 
 class ConnectionTracker:
@@ -251,11 +254,13 @@ class ConnectionTracker:
         if conn is not None:
             conn.phase = BUSY
 
-    def request_finished(self, transport) -> None:
+    def request_finished(self, transport, closes: bool = False) -> None:
+        """A request aiohttp ran has its answer; `closes`: one that closes the connection."""
         conn = self._conns.get(transport)
         if conn is not None:
             conn.phase, conn.since = IDLE, self._loop.time()
             conn.forwarded = max(0, conn.forwarded - 1)
+            conn.closing = conn.closing or closes
             self.answered(conn)
 
     def answered(self, conn: _Conn) -> None:
@@ -335,6 +340,7 @@ def tracking_middleware(tracker: ConnectionTracker):
     async def track(request: web.Request, handler) -> web.StreamResponse:
         transport = request.transport
         tracker.request_started(transport)
+        response = None
         try:
             if tracker.late(transport) and not (request.method in ("GET", "HEAD") and request.path == SCRAPE_PATH):
                 return _closing()
@@ -348,8 +354,14 @@ def tracking_middleware(tracker: ConnectionTracker):
                 await response.prepare(request)
             return response
         finally:
-            tracker.request_finished(transport)
+            tracker.request_finished(transport, closes=closes(request, response))
     return track
+
+
+def closes(request: web.BaseRequest, response: web.StreamResponse | None) -> bool:
+    """Whether `response` closes its connection: forced so, or the request's own head asked for
+    it (aiohttp's keep_alive is None until the answer is prepared). None: no answer was made here."""
+    return response is not None and (response.keep_alive is False or not request.keep_alive)
 
 
 def _closing() -> web.Response:

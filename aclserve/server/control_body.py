@@ -2,8 +2,9 @@
 bytes, read whole within body_timeout_s, charged to the memory budget, at most the route's own
 limit (or max_body_bytes when that is lower; a 413 names the one that applied).
 
-Its `Expect: 100-continue` is answered only when the declared length fits: the routes' common
-expect handler told the client to send a body the read then refused, unread, with a 413."""
+Its `Expect: 100-continue` is answered only when the read would take the body (its declared length
+fits, its Content-Encoding is one it inflates): the routes' common expect handler told the client
+to send a body the read then refused, unread, with a 413."""
 from __future__ import annotations
 
 import orjson
@@ -11,7 +12,7 @@ from aiohttp import web
 
 from ..errors import InvalidInput
 from .app_keys import STATE
-from .body import body_limit, read_body
+from .body import body_limit, read_body, refuse_from_head
 from .expect import continue_within
 
 
@@ -24,7 +25,8 @@ class ControlBody:
 
     async def expect(self, request: web.Request) -> web.Response | None:
         """The route's expect handler (aiohttp runs it before the middlewares: expect.py)."""
-        return await continue_within(request, self._limit)
+        return await continue_within(request, lambda r, state: refuse_from_head(r, state.budget,
+                                                                                *self._limit(state.config)))
 
     async def read_object(self, request: web.Request) -> dict:
         """The body's JSON object ({} for an empty body); 400 for anything else."""

@@ -13,7 +13,7 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from ..errors import Overloaded, ServeError
+from ..errors import Overloaded, PayloadTooLarge, ServeError
 from ..logs import surrogates_escaped
 from .app_keys import STATE
 from .body import BodyTimeout
@@ -92,11 +92,16 @@ def retry_after_value(seconds: float) -> str:
 
 def _error_response(request: web.Request, state: ServerState | None, exc: Exception) -> web.Response:
     if isinstance(exc, ServeError):
-        status, message, wait, headers = serve_error_parts(state, exc, request.transport,
-                                                           body_pending=not request.content.is_eof())
+        pending = not request.content.is_eof()
+        status, message, wait, headers = serve_error_parts(state, exc, request.transport, body_pending=pending)
         response = json_error(message, status, wait, headers)
         if isinstance(exc, BodyTimeout):
             response.force_close()  # the client stalled: do not wait for the rest of its body
+        elif pending and isinstance(exc, PayloadTooLarge):
+            # a body over a limit, refused before all of it came: its rest is read and dropped
+            # (BODY_LINGER_S, so that the client sees this answer), then the connection closes, as
+            # nginx closes after its 413; said in `Connection: close` (it closed without a word)
+            response.force_close()
         return response
     if isinstance(exc, web.HTTPException):
         if exc.status < 400:

@@ -4,8 +4,9 @@ aiohttp runs a route's expect handler before the middlewares, and its default on
 417 there: a plain-text answer, and the connection tracker, which the middlewares tell when a
 request ends, would keep that kept-alive connection in its head phase until header_timeout_s
 closed it. So every route gets an expect handler from here: `100-continue` is answered
-"100 Continue" (routes with a body first check the token and the body's size, through
-continue_within: infer.expect_body, control_body.py), anything else a JSON 417, and a request
+"100 Continue" (routes with a body first check the token and what the request's head alone
+refuses, the answer the whole request would get, through continue_within: infer.expect_body,
+control_body.py), anything else a JSON 417, and a request
 answered here is finished with the tracker. Requests no route takes get the same
 (expect_on_unmatched).
 """
@@ -18,7 +19,7 @@ from aiohttp.web_urldispatcher import MatchInfoError, SystemRoute, UrlMappingMat
 
 from ..errors import ServeError
 from .app_keys import STATE
-from .body import charge_declared
+from .connections import closes
 from .error_responses import error_response, json_error
 
 
@@ -48,20 +49,23 @@ async def send_continue(request: web.Request) -> web.Response | None:
 
 def answered(request: web.Request, response: web.Response) -> web.Response:
     """`response` answers the request here, outside the middlewares: the tracker learns it ended."""
-    request.app[STATE].connections.request_finished(request.transport)
+    request.app[STATE].connections.request_finished(request.transport, closes(request, response))
     return response
 
 
-async def continue_within(request: web.Request, limit: Callable[[object], tuple[int, str]],
+async def continue_within(request: web.Request, refuse: Callable[[web.Request, object], object],
                           counted: Callable[[web.Request, ServeError], Awaitable[ServeError]] | None = None
                           ) -> web.Response | None:
     """An expect handler that checks before it tells the client to send its body (aiohttp's
     own tells it at once): the route's access rule (auth.check_route: the middlewares run after
-    this), then the body's declared size against `limit(config)` ((bytes, the name a 413 gives
-    it): body.body_limit) and what the memory budget has left; a refusal of those is passed to
-    `counted` (the infer route counts it as its handler would, and answers what that says: 404
-    for an unknown model). A refusal is answered here and the connection then closes, so that a
-    client sending its body anyway is not read."""
+    this), then `refuse(request, state)`, which raises the ServeError the whole request would
+    get where its head alone decides it (body.refuse_from_head: the Content-Encoding, the
+    declared size against the route's limit and what the memory budget has left; the infer
+    route adds its model and its Inference-Header-Content-Length: infer.expect_body); a refusal
+    is passed to `counted` (the infer route counts it as its handler would, and answers what
+    that says: 404 for an unknown model). A refusal is answered here with `Connection: close`:
+    a body sent anyway is read and dropped (aiohttp's lingering, connections.BODY_LINGER_S),
+    then the connection closes, and nothing sent behind it is answered (guard.py)."""
     if request.version != HttpVersion11:
         return None  # HTTP/1.0 has no 100 Continue: the body comes anyway
     refused = unmet(request)
@@ -73,9 +77,7 @@ async def continue_within(request: web.Request, limit: Callable[[object], tuple[
     except ServeError as e:  # (not counted: the handler does not count a 401 either)
         return _refuse(request, state, e)
     try:
-        with state.budget.lease() as probe:
-            charge_declared(request, probe, *limit(state.config))
-            probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
+        refuse(request, state)
     except ServeError as e:
         return _refuse(request, state, e if counted is None else await counted(request, e))
     return await send_continue(request)

@@ -171,6 +171,8 @@ class GuardedProtocol(asyncio.Protocol):
         if conn.forwarded:
             conn.forwarded += 1
             return FORWARD
+        if conn.closing:  # aiohttp's last answer said `Connection: close`: it drops this as it closes
+            return FORWARD
         tracker = self._tracker
         early = tracker.early
         # during the drain every request goes to aiohttp, whose answer says `Connection: close`

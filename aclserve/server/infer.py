@@ -29,11 +29,11 @@ from ..trace import CLIENT_GONE, now_ns
 from .answer_coding import COMPRESS_MIN_BYTES, answer_coding
 from .answer_size import answer_bytes, answer_hint
 from .app_keys import STATE
-from .body import MAX_BODY_BYTES, body_limit, read_body
+from .body import MAX_BODY_BYTES, body_limit, read_body, refuse_from_head
 from .budget import json_tensor_estimate
-from .json_limits import BINARY_HINT, value_bound
+from .json_limits import BINARY_HINT, check_json_size, value_bound
 from .json_tensors import NOT_JSON
-from .codec import HEADER_LENGTH, decode_request, parse_header_length
+from .codec import HEADER_LENGTH, check_header_length, decode_request, parse_header_length
 from .encode import encode_response
 from .expect import continue_within
 from .failure_reasons import CANCELLED, INTERNAL_ERROR, failure_reason
@@ -60,11 +60,28 @@ async def infer(request: web.Request) -> web.Response:
 
 async def expect_body(request: web.Request) -> web.Response | None:
     """The route's `Expect: 100-continue` handler: the API token (when inference needs one), then
-    the body's declared size against max_body_bytes and what the memory budget has left, are
-    checked before the client is told to send the body. aiohttp runs this before the
-    middlewares, so it does their part for what it answers (expect.py): the access check, and
-    telling the connection tracker the request is over."""
-    return await continue_within(request, lambda config: _body_limit(request, config), _counted_refusal)
+    what the request's head alone decides (_refused_by_head), are checked before the client is
+    told to send the body. aiohttp runs this before the middlewares, so it does their part for
+    what it answers (expect.py): the access check, and telling the connection tracker the
+    request is over."""
+    return await continue_within(request, _refused_by_head, _counted_refusal)
+
+
+def _refused_by_head(request: web.Request, state) -> None:
+    """Raise what the whole request would be answered, in the order its handler finds it, where
+    the head alone decides it: an unknown model or version (404; 503 while it loads), then
+    what read_body refuses unread (a Content-Encoding it does not take, the declared size, the
+    memory budget: body.refuse_from_head), then a bad Inference-Header-Content-Length, one past
+    the body's Content-Length or a JSON part over max_json_bytes (a body inflated is not
+    measured from its head: it is told to continue). A client told to continue uploaded its
+    whole body only to be refused (a tester's find)."""
+    match = request.match_info
+    state.repo.get(match["model"], match.get("version"))
+    plain = refuse_from_head(request, state.budget, *_body_limit(request, state.config))
+    header_length = parse_header_length(request.headers.getall(HEADER_LENGTH, ()))
+    if header_length and plain and request.content_length is not None:
+        check_header_length(header_length, request.content_length)
+        check_json_size(header_length, state.json_limits)
 
 
 async def _counted_refusal(request: web.Request, error: ServeError) -> ServeError:

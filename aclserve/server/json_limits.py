@@ -38,13 +38,19 @@ class JsonLimits:
     max_elements: int = 1024 * 1024
 
 
+def check_json_size(size: int, limits: JsonLimits) -> None:
+    """PayloadTooLarge when a JSON part of `size` bytes is over max_json_bytes (check_before_parse,
+    and an `Expect: 100-continue` from its Inference-Header-Content-Length: infer.expect_body)."""
+    if size > limits.max_bytes:
+        raise PayloadTooLarge(f"the JSON part of the request is {size} bytes, over the limit of "
+                              f"{limits.max_bytes} (max_json_bytes); {BINARY_HINT}")
+
+
 def check_before_parse(raw: bytes | memoryview, limits: JsonLimits) -> None:
     """PayloadTooLarge when `raw` is over max_json_bytes or may hold more than max_json_elements
     values; InvalidInput when it may hold more than MAX_JSON_KEYS keys."""
     size = len(raw)
-    if size > limits.max_bytes:
-        raise PayloadTooLarge(f"the JSON part of the request is {size} bytes, over the limit of "
-                              f"{limits.max_bytes} (max_json_bytes); {BINARY_HINT}")
+    check_json_size(size, limits)
     if size > limits.max_elements and value_bound(raw) > limits.max_elements:
         raise PayloadTooLarge(f"the JSON part of the request holds more than {limits.max_elements} "
                               f"values (max_json_elements); {BINARY_HINT}")
