@@ -30,6 +30,7 @@ document written again with the counts.
 from __future__ import annotations
 
 import array
+import itertools
 import math
 
 import numpy as np
@@ -142,8 +143,11 @@ def _integers_fit(arr: np.ndarray, target: np.dtype) -> bool:
 def _checked_asarray(name: str, data: list, spec: TensorSpec, shape: list[int], count: int) -> np.ndarray:
     try:
         arr = np.asarray(data)
-    except ValueError:
-        raise InvalidInput(f"input '{name}': data is not a rectangular array of numbers") from None
+    except ValueError:  # ragged, or nested deeper than numpy's dimensions (64)
+        data = _flattened(data)
+        if data is None:
+            raise InvalidInput(f"input '{name}': data is not a rectangular array of numbers") from None
+        arr = np.asarray(data)
     if arr.size != count:
         raise InvalidInput(f"input '{name}': data has {arr.size} elements but shape {shape} needs {count}")
     target = spec.dtype
@@ -162,6 +166,23 @@ def _checked_asarray(name: str, data: list, spec: TensorSpec, shape: list[int], 
         arr = _cast(arr, target)
     _check_finite(name, arr, spec)
     return arr.reshape(shape)
+
+
+def _flattened(data: list) -> list | None:
+    """The values of a rectangular nesting of lists, in order, or None when it is ragged (rows of
+    different lengths, lists beside numbers). For what numpy cannot make an array of: a nesting
+    deeper than its 64 dimensions (a tester's [[[...[1, 2, 3, 4]...]]] of 500 levels, which Triton
+    flattens) is read as the values it holds, as any other nesting is. One level a step, each
+    step in C (map, chain); the steps' work is bounded by the text's values (every `[` counts
+    among the max_json_elements), and only this error path pays it."""
+    level = data
+    while True:
+        kinds = set(map(type, level))
+        if list not in kinds:
+            return level
+        if len(kinds) > 1 or len(set(map(len, level))) > 1:
+            return None
+        level = list(itertools.chain.from_iterable(level))
 
 
 def _exact_integers(data: list, target: np.dtype, inferred: np.ndarray) -> np.ndarray:

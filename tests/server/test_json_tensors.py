@@ -310,3 +310,32 @@ def test_a_number_beyond_a_double_keeps_orjsons_depth_and_integers_wherever_it_i
     assert decode(one_input("FP32"), huge + b', "zz": 1e400}').inputs["x"][0, 0] == np.float32(-2**63)
     with pytest.raises(InvalidInput, match="an integer of 5,000 digits$"):
         decode(one_input("FP32"), b'{"zz": [1e400, ' + b"7" * 5000 + b"]}")
+
+
+def _nested(values: list, levels: int) -> list:
+    for _ in range(levels):
+        values = [values]
+    return values
+
+
+@pytest.mark.parametrize("width", [4, 400], ids=["orjson", "simdjson-sized"])
+def test_data_nested_past_numpys_dimensions_is_read_as_its_values(width):
+    """A tester's find: [1, 2, 3, 4] inside 500 levels of [ ] with shape [1, 4] was refused as
+    "not a rectangular array of numbers" (numpy makes at most 64 dimensions), on both parsers'
+    paths (a body of 2 KB or more is offered to simdjson, which leaves nested data to orjson);
+    Triton flattens it. Now any rectangular nesting is read as its values, as a shallower one
+    was; a ragged one deep down, a boolean or a value out of range is still refused."""
+    values = [v % 100 for v in range(1, width + 1)]
+    for datatype in ("FP32", "INT64", "UINT8"):
+        raw = x_body(_nested(values, 499), datatype, (1, width))
+        assert len(raw) > 2048 or width == 4
+        got = decode(one_input(datatype, width), raw).inputs["x"]
+        np.testing.assert_array_equal(got, np.array([values], kserve_to_numpy(datatype)))
+    rows = [_nested([float(v), float(v + 1)], 80) for v in (0, 2)]  # two rows of 80 levels, then the pair
+    np.testing.assert_array_equal(decode(one_input("FP32"), x_body(rows)).inputs["x"], [[0, 1, 2, 3]])
+    for data, match in (([_nested([1, 2], 80), _nested([3], 80), 4], "rectangular"),
+                        ([_nested([1, 2], 80), _nested([3, [4]], 80)], "rectangular"),
+                        (_nested([1, 2, True, 4], 100), "not true/false"),
+                        (_nested([1, 2, 3, 256], 100), "out of range for UINT8")):
+        with pytest.raises(InvalidInput, match=match):
+            decode(one_input("UINT8"), x_body(data, "UINT8"))
