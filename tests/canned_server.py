@@ -1,6 +1,6 @@
 """Stand-ins for what is not a KServe server (a gRPC port, HTML, a server that never answers):
-accepts connections on 127.0.0.1, reads each request's head and answers canned bytes; and a
-plain web server (web_server)."""
+accepts connections on 127.0.0.1, reads each request's head and answers canned bytes; a
+plain web server (web_server); and a server that notes what reaches it (recording_server)."""
 from __future__ import annotations
 
 import contextlib
@@ -68,3 +68,37 @@ def web_server(folder):
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+@contextlib.contextmanager
+def recording_server():
+    """A server on 127.0.0.1 answering 404 to every GET and POST, noting each as (method, path,
+    its Authorization header): where a redirect points, to see that nothing reaches it. Yields
+    (its URL, the list of what reached it)."""
+    import http.server
+
+    seen = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.command, self.path, self.headers.get("Authorization")))
+            self.send_error(404)
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def redirect_to(location: str, status: int = 302) -> bytes:
+    """A canned answer redirecting to `location`."""
+    return (b"HTTP/1.1 %d Redirect\r\nLocation: %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            % (status, location.encode()))

@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from aclserve.cli.infer import cast_to_model
 from aclserve.cli.usage import UsageError
 
-from tests.canned_server import canned_server, web_server
+from tests.canned_server import canned_server, recording_server, redirect_to, web_server
 
 # what each fake server answers once it has read a request's head (None: nothing, ever)
 ANSWERS = {
@@ -212,31 +211,13 @@ def test_a_web_server_that_is_not_kserve_is_said_so(tmp_path):
 def test_a_redirect_is_not_followed_and_the_token_goes_nowhere_else(tmp_path):
     """urllib followed a 302 to another server and sent it the ACLSERVE_API_TOKEN header (a
     security tester's find): the redirect is reported instead, and nothing reaches its target."""
-    import http.server
     import os
 
-    seen = []
-
-    class Target(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # (a followed redirect turns the POST into a GET)
-            seen.append(self.headers.get("Authorization"))
-            self.send_error(404)
-        do_POST = do_GET
-
-        def log_message(self, *args):
-            pass
-    target = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Target)
-    threading.Thread(target=target.serve_forever, daemon=True).start()
-    elsewhere = f"http://127.0.0.1:{target.server_address[1]}/v2/models/m"
     np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
-    redirect = (b"HTTP/1.1 302 Found\r\nLocation: %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                % elsewhere.encode())
-    try:
-        with canned_server(redirect) as url:
+    with recording_server() as (target, seen):
+        elsewhere = f"{target}/v2/models/m"
+        with canned_server(redirect_to(elsewhere)) as url:
             proc = _infer(url, "m", "-i", "x=x.npy", cwd=tmp_path, env=dict(os.environ, ACLSERVE_API_TOKEN="s3cret"))
-    finally:
-        target.shutdown()
-        target.server_close()
     assert seen == []
     assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert f"{url} redirects (HTTP 302) to {elsewhere}: not followed" in proc.stderr, proc.stderr

@@ -19,7 +19,7 @@ from aclserve.cli.profile import _body
 from aclserve.cli.profile_remote import TraceUnreadable, read_trace
 from aclserve.cli.usage import UsageError
 from tests import REPO
-from tests.canned_server import canned_server, web_server
+from tests.canned_server import canned_server, recording_server, redirect_to, web_server
 from tests.serving import ServerThread, free_port, server_config
 
 
@@ -435,3 +435,18 @@ def _profile_ended_by_sigterm_with_sigint_ignored(server, tmp_path) -> None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 128 + signal.SIGTERM and stderr == "", stderr
+
+
+def test_url_follows_no_redirect_and_says_so_as_infer_does(tmp_path):
+    """aiohttp followed a 307 to another port: the target was asked for the model's metadata and
+    the repository index (README said `profile --url` follows no redirect). Now the redirect
+    ends the run in infer's words, exit status 1, and nothing reaches its target."""
+    env = dict(os.environ, ACLSERVE_API_TOKEN="s3cret")
+    with recording_server() as (target, seen):
+        elsewhere = f"{target}/v2/models/digits"
+        with canned_server(redirect_to(elsewhere, 307)) as url:
+            proc = _profile("digits", "--url", url, "--seconds", "1", "--timeout", "30", cwd=tmp_path, env=env)
+    assert seen == []
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr == (f"aclserve profile: error: {url} redirects (HTTP 307) to {elsewhere}: not followed, so "
+                           "that the API token goes to no other server; give the server's own URL as --url\n")

@@ -19,7 +19,8 @@ from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
 from ..server.quoting import quoted_name, quoted_names
 from .output import print_err, print_out
-from .remote import add_client_cert_options, auth_headers, check_url, client_tls, kserve_error, scheme_hint, token_hint
+from .remote import (add_client_cert_options, auth_headers, check_url, client_tls, kserve_error, redirect_refused,
+                     scheme_hint, token_hint)
 from .usage import NotKServe, UsageError, one_line
 
 
@@ -263,9 +264,7 @@ def run_infer(args) -> int:
         outputs = _ask(args, opener, path, headers)
     except urllib.error.HTTPError as e:
         if 300 <= e.code < 400:  # (a KServe v2 server answers in place)
-            where = one_line(e.headers.get("Location", "")) or "nowhere said"
-            return _failed(f"{args.url} redirects (HTTP {e.code}) to {where}: not followed, so that the API token "
-                           "goes to no other server; give the server's own URL as --url")
+            return _failed(redirect_refused(args.url, e.code, e.headers.get("Location")))
         raw = e.read()
         message = kserve_error(raw)
         said = f"HTTP {e.code}: {one_line(raw.decode(errors='replace') if message is None else message) or e.reason}"

@@ -23,7 +23,7 @@ from ..errors import ServeError
 from . import termination
 from .load import closed_loop
 from .output import print_err, print_out
-from .remote import add_client_cert_options, auth_headers, check_url, client_tls, scheme_hint
+from .remote import add_client_cert_options, auth_headers, check_url, client_tls, redirect_refused, scheme_hint
 from .usage import UsageError, models_hint
 
 
@@ -154,7 +154,7 @@ def _run(args):
         except ConfigError as e:  # as serve says it: an ACLSERVE_API_TOKEN no client could send (server/auth.py)
             raise UsageError(f"bad configuration: {e}") from None
     import aiohttp
-    from .profile_remote import ServerGone, ServerRefused, TraceUnreadable, run_remote
+    from .profile_remote import Redirected, ServerGone, ServerRefused, TraceUnreadable, run_remote
     from .usage import NOT_HTTP1_HINT, NotKServe, one_line
     check_url(args.url)
     auth_headers()  # (checked before the run)
@@ -173,6 +173,8 @@ def _run(args):
     except aiohttp.ClientError as e:  # (the connection closed mid-answer)
         said = one_line(e) or type(e).__name__
         raise RemoteFailed(f"{args.url} broke off the exchange: {said}{scheme_hint(args.url, said)}") from None
+    except Redirected as e:
+        raise RemoteFailed(redirect_refused(args.url, e.status, e.location)) from None
     except ServerRefused as e:
         raise RemoteFailed(f"{args.url.rstrip('/')}: {e}") from None
     except (TraceUnreadable, ServerGone) as e:

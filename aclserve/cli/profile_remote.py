@@ -49,6 +49,30 @@ class ServerRefused(Exception):
     status 1, as `aclserve infer` has for the server's errors."""
 
 
+class Redirected(Exception):
+    """The server answered a redirect, which is not followed (remote.redirect_refused): exit status 1."""
+
+    def __init__(self, status: int, location: str | None):
+        super().__init__(status, location)
+        self.status, self.location = status, location
+
+
+async def _refuse_redirect(session, context, params) -> None:
+    """aiohttp follows redirects unless each request says not to; this hook of the session runs
+    before it would, for every request the run makes: a 307 elsewhere had the target asked for
+    the model's metadata and the repository index (aiohttp drops the token only on a change of
+    host or port, and the target learnt the model's name either way)."""
+    params.response.close()
+    raise Redirected(params.response.status, params.response.headers.get("Location"))
+
+
+def _no_redirects():
+    import aiohttp
+    config = aiohttp.TraceConfig()
+    config.on_request_redirect.append(_refuse_redirect)
+    return config
+
+
 async def _said(resp) -> str:
     """What an answer that is not 200 says, in one line: its JSON error, else its first line."""
     text = await resp.text(errors="replace")
@@ -152,7 +176,8 @@ async def run_remote(args, make_body, tls=None):
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=args.timeout, sock_read=args.timeout)
     # (the default limit, 100, capped --clients)
     connector = aiohttp.TCPConnector(limit=args.clients + CONTROL_CONNECTIONS, ssl=tls or True)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=auth_headers()) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=auth_headers(),
+                                     trace_configs=[_no_redirects()]) as session:
         async with session.get(f"{base}/v2/models/{args.model}") as resp:
             if resp.status != 200:
                 refusal = await _refusal(resp)

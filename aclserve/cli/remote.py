@@ -10,7 +10,7 @@ import ssl
 import urllib.parse
 
 from ..config.schema import TOKEN_ENV
-from .usage import UsageError
+from .usage import UsageError, one_line
 
 
 def check_url(url: str) -> None:
@@ -119,6 +119,14 @@ def token_hint(status: int) -> str:
         return ""
     said = "is not the server's token" if os.environ.get(TOKEN_ENV) else "is not set"
     return f" ({TOKEN_ENV} {said})"
+
+
+def redirect_refused(url: str, status: int, location: str | None) -> str:
+    """What `infer` and `profile --url` say of a redirect, which neither follows: the API token
+    would go wherever it points (urllib sent it to a security tester's server on another host)."""
+    where = one_line(location or "") or "nowhere said"
+    return (f"{url} redirects (HTTP {status}) to {where}: not followed, so that the API token goes to no other "
+            "server; give the server's own URL as --url")
 
 
 def kserve_error(body: bytes | str) -> str | None:
