@@ -68,9 +68,11 @@ def test_a_token_no_header_can_carry_is_named_not_sent(tmp_path):
     assert "ACLSERVE_API_TOKEN cannot be sent in a header" in proc.stderr and "lines" not in proc.stderr
 
 
-def _metric(url: str, name: str) -> float:
+def _metric(url: str, name: str, token: str | None = None) -> float:
     import urllib.request
-    text = urllib.request.urlopen(f"http://{url}/metrics", timeout=30).read().decode()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://{url}/metrics", headers=headers)
+    text = urllib.request.urlopen(request, timeout=30).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
@@ -122,3 +124,26 @@ def test_settings_that_cannot_be_put_back_are_said_as_the_json_to_post(tmp_path,
     assert said.startswith("aclserve profile: warning: could not put the model's trace settings back (HTTP 401: ")
     assert said.endswith(f"; to do so, POST this to {setting}: {json.dumps(restore)}\n"), said
     assert "None" not in said and "'" not in said.split("; to do so")[1], said
+
+
+def test_infer_refused_its_token_asks_once(tmp_path, monkeypatch):
+    """The metadata request's 401 was taken for "no metadata to read", and the infer request then
+    got a second 401: every `infer` with a wrong token or none counted 2 refusals (t56). Now the
+    first ends the command, in the words and exit status the infer request's 401 had."""
+    monkeypatch.delenv("ACLSERVE_API_TOKEN", raising=False)  # the server takes api_token below
+    (tmp_path / "models").mkdir()
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "models" / "digits.om")
+    np.save(tmp_path / "x.npy", np.zeros((1, 64), np.float32))
+    config = server_config(tmp_path / "models", api_token=TOKEN, auth_inference=True)
+    with ServerThread(config) as server:
+        infer = ["infer", "digits", "-i", "x=x.npy", "--url", f"http://{server.url}"]
+        wrong = _aclserve(*infer, cwd=tmp_path, token="not-it")
+        invalid = _metric(server.url, 'aclserve_auth_refusals_total{reason="invalid_token"}', TOKEN)
+        without = _aclserve(*infer, cwd=tmp_path)
+        missing = _metric(server.url, 'aclserve_auth_refusals_total{reason="no_token"}', TOKEN)
+    assert (invalid, missing) == (1, 1)
+    assert wrong.returncode == 1 and wrong.stderr == ("aclserve infer: error: HTTP 401: the API token is not valid "
+                                                      "(ACLSERVE_API_TOKEN is not the server's token)\n"), wrong.stderr
+    assert without.returncode == 1 and without.stderr.startswith("aclserve infer: error: HTTP 401: this route needs "
+                                                                 "an API token"), without.stderr
+    assert without.stderr.endswith("(ACLSERVE_API_TOKEN is not set)\n") and without.stderr.count("\n") == 1

@@ -234,13 +234,23 @@ def _fetch(opener, request, timeout: float):
         raise
 
 
+# refusals of the metadata request that end the command at once, said as the infer request's: sent
+# with the same token, that one was refused too, a second refusal counted by the server (t56)
+REFUSED_ACCESS = (401, 403)
+
+
 def _metadata(opener, url: str, timeout: float, headers: dict) -> dict:
     """The model's metadata, or {} when there is none to read (the infer request itself then
-    reports what is wrong); NoAnswer when the server does not answer in time."""
+    reports what is wrong); NoAnswer when the server does not answer in time, HTTPError for a
+    refusal of the token (REFUSED_ACCESS)."""
     try:
         return json.loads(_fetch(opener, urllib.request.Request(url, headers=headers), timeout)[0])
     except NoAnswer:
         raise
+    except urllib.error.HTTPError as e:
+        if e.code in REFUSED_ACCESS:
+            raise
+        return {}
     except (OSError, ValueError, RecursionError, http.client.HTTPException):  # (URLError is an OSError)
         return {}
 
