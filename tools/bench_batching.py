@@ -301,12 +301,21 @@ async def run(args, pool) -> dict:
             "on_off_ratio": capacity["req_per_s"] / max(batching_off["req_per_s"], 1e-9)}
 
 
+USAGE = "%(prog)s [options]\n       %(prog)s priority [options]   (--help there: its own options)"
+MODES_HELP = """modes:
+  (none)    in process, no HTTP: capacity with batching on and off, then open-loop priority
+            latency at --loads x capacity (the options above)
+  priority  the closed-loop priority benchmark over HTTP: a real server serving one model under
+            three configurations, default / slots: 2, just_in_time / slots: 2, when_slot_free
+            (tools/bench_priority.py; `%(prog)s priority --help`)"""
+
+
 def main() -> int:
     if sys.argv[1:2] == ["priority"]:
         import bench_priority
         return bench_priority.main(sys.argv[2:])
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="`bench_batching.py priority --help`: the closed-loop priority benchmark over HTTP")
+    ap = argparse.ArgumentParser(usage=USAGE, description=__doc__.split("\n\n")[0], epilog=MODES_HELP,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=("medium", "light"), default="medium")
     ap.add_argument("--seconds", type=float, default=5.0, help="open-loop arrival window per load")
     ap.add_argument("--capacity-seconds", type=float, default=3.0, help="closed-loop window per mode (all rounds)")

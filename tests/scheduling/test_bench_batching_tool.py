@@ -36,3 +36,25 @@ def test_windows_one_after_another_share_the_pool(runtime, tmp_path):
     assert [window["errors"] for window in closed] == [0, 0]
     assert all(window["done"] > 0 for window in closed)
     assert opened["completed"] > 0
+
+
+def test_help_lists_the_modes_and_the_labels_are_the_readmes():
+    """`bench_batching.py --help` did not mention the `priority` mode README runs, and that mode
+    printed its configurations as default / jit / eager where README's table names them by what
+    they set (an independent tester, t56): --help lists both modes, and each row of README's
+    table is named by the label the tool prints."""
+    import re
+    import subprocess
+
+    import bench_priority
+
+    shown = subprocess.run([sys.executable, os.path.join(REPO, "tools", "bench_batching.py"), "--help"],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "bench_batching.py priority [options]" in shown.stdout, shown.stdout
+    assert " / ".join(bench_priority.MODES) in " ".join(shown.stdout.split()), shown.stdout
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        section = f.read().split("**Priority under saturation**", 1)[1]
+    table = section[section.index("\n| config |"):].split("\n\n", 1)[0]
+    named = [re.match(r"\| `([^`]+)`", row).group(1) for row in table.splitlines()[3:]]
+    assert named == list(bench_priority.MODES), named
