@@ -10,9 +10,10 @@ What runs at the same time, against one server on 127.0.0.1:
 - device faults injected by the CPU runtime (ACLSERVE_CPU_FAULTS, `--fault-probability`);
 - slow clients that send headers a byte at a time and stall mid-body;
 - gzip bombs (1 MiB that inflates to 1 GiB) and large JSON bodies.
-At the end it prints requests answered, errors by status, latency p50/p99 of good clients, wrong
-answers, and the server's RSS at the start and the end (sampled all along). Exit status 1 when an
-answer was wrong, a 500 was seen, or the server died. Not part of the test suite.
+At the end it prints requests answered, errors by status (503s by the reason their answer gives),
+latency p50/p99 of good clients, wrong answers, and the server's RSS at the start and the end
+(sampled all along). Exit status 1 when an answer was wrong, a 500 was seen, or the server died.
+Not part of the test suite.
 """
 from __future__ import annotations
 
@@ -50,6 +51,24 @@ def _gzip_bomb(inflated: int) -> bytes:
     return b"".join(parts)
 
 
+# a 503's reason, by its answer's error text: a full queue, the queue's deadline passed (behind
+# an instance rebuilt, say), the model not ready or swapped, the request memory budget in use
+UNAVAILABLE = (("queue full", ("queue is full",)),
+               ("timed out in the queue", ("timed out after",)),
+               ("model not ready, swapped or its instance rebuilt", ("is not ready", "was replaced by",
+                                                                     "execution timeout")),
+               ("memory budget in use", ("max_inflight_bytes",)))
+
+
+def unavailable_reason(body: bytes) -> tuple[str, str]:
+    """(the reason of a 503, from UNAVAILABLE or "other"; its answer's error text)."""
+    try:
+        text = str(json.loads(body)["error"])
+    except (ValueError, KeyError, TypeError):
+        text = body[:200].decode(errors="replace")
+    return next((reason for reason, words in UNAVAILABLE if any(w in text for w in words)), "other"), text
+
+
 def _rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -62,6 +81,8 @@ class Soak:
     def __init__(self, args):
         self.args = args
         self.status = Counter()
+        self.unavailable = Counter()  # the 503s by reason (unavailable_reason)
+        self.unavailable_said: dict[str, str] = {}  # the first answer of each reason
         self.latency: list[float] = []
         self.wrong = 0
         self.rss: list[tuple[float, float]] = []
@@ -84,6 +105,11 @@ class Soak:
             with open(out, "rb") as f:
                 variants.append(f.read())
         shutil.copy(os.path.join(folder, "v0.om"), os.path.join(models, "digits.om"))
+        # a queue of a request for each client, so that the soak's own load never fills it: the auto queue
+        # of the gears 1-8 holds 64 rows, which 16 clients of 1-8 rows each overran on a slow machine, 503s
+        # that were taken for rebuilds (an independent tester: 321 x 503 "queue is full" with no faults)
+        with open(os.path.join(models, "digits.yaml"), "w") as f:
+            f.write(f"batching: {{default_queue_policy: {{max_queue_size: {self.args.clients}}}}}\n")
         return models, variants
 
     def start(self, models: str, port: int) -> subprocess.Popen:
@@ -131,6 +157,10 @@ class Soak:
             raw = await r.read()
             if r.status == 500 and b"failed on device" in raw:
                 return "500 device fault (injected)", None
+            if r.status == 503:
+                reason, said = unavailable_reason(raw)
+                self.unavailable[reason] += 1
+                self.unavailable_said.setdefault(reason, said)
             if r.status != 200:
                 return r.status, None
             length = r.headers.get("Inference-Header-Content-Length")
@@ -238,6 +268,9 @@ class Soak:
               f"p99 {np.percentile(lat, 99):.1f} ms; wrong answers: {self.wrong}")
         for key, count in sorted(self.status.items(), key=lambda kv: str(kv[0])):
             print(f"  {key}: {count}")
+            if key == 503:
+                for reason, n in self.unavailable.most_common():
+                    print(f"    {reason}: {n} (the first: {self.unavailable_said[reason][:160]})")
         if self.rss:
             peak = max(r for _, r in self.rss)
             print(f"server RSS: start {self.rss[0][1]:.0f} MB, end {self.rss[-1][1]:.0f} MB, peak {peak:.0f} MB")
