@@ -46,10 +46,10 @@ from aiohttp.http import SERVER_SOFTWARE
 from ..errors import ServeError
 from .codec import HEADER_LENGTH, parse_header_length
 from .error_responses import error_body, retry_after_value, serve_error_parts
-from .framing import Head
 from .infer import counted_infer, infer_body
 from .observe import REQUEST_ID_HEADER
 from .plain import guard_may_answer, infer_target
+from .request_head import Head
 
 log = logging.getLogger(__name__)
 

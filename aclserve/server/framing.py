@@ -22,6 +22,8 @@ from typing import Callable
 
 from aiohttp.http_parser import SINGLETON_HEADERS
 
+from .request_head import Head
+
 MAX_HEAD_BYTES = 16384  # aiohttp's own limits (8190 per line) refuse longer heads anyway
 MAX_LINE_BYTES = 8190  # aiohttp's limits on a head's lines and on its number of headers
 MAX_HEADERS = 128
@@ -44,58 +46,6 @@ _NAME_BYTES, _VALUE_BYTES = re.compile(_TOKEN_BYTE + b"*"), re.compile(_VALUE_BY
 _CHECKED_NAMES = re.compile(rb"\r\n(" + b"|".join(
     re.escape(name.encode()) for name in sorted(SINGLETON_HEADERS - {"host", "content-length", "transfer-encoding"})
 ) + rb"|sec-websocket-key1):")
-
-
-class Head:
-    """A complete request head, never changed once made. `header(name)` reads a header (name in
-    lower case) from the lower-cased head: the value of its first occurrence, stripped, or None
-    (`as_sent`: the value as the client wrote it); `header_all(name)` the values of all its
-    occurrences, `tokens(name)` their tokens. `derived(key, derive)`: what a reader works out
-    from the head alone, kept in `memo` under its own key (a repeated head is the same Head, so
-    it is worked out once)."""
-
-    __slots__ = ("method", "target", "version", "_lower", "_raw", "memo")
-
-    def __init__(self, method: bytes, target: bytes, version: bytes, lower: bytes, raw: bytes = b""):
-        self.method, self.target, self.version, self._lower, self._raw = method, target, version, lower, raw
-        self.memo: dict = {}
-
-    def derived(self, key: str, derive: Callable[["Head"], object]):
-        """`derive(self)`, computed on the first call for `key` and kept."""
-        try:
-            return self.memo[key]
-        except KeyError:
-            value = self.memo[key] = derive(self)
-            return value
-
-    # header and header_all each read a value inline, not one through the other: the first value
-    # taken from header_all, or both through one reader of the value at a position, made a header
-    # found 20-45 % slower (timeit, a python-requests infer head: 1.09 us to 1.31-1.56 us), and
-    # header runs per request (direct.py's X-Request-Id)
-    def header(self, name: bytes, as_sent: bool = False) -> bytes | None:
-        at = self._lower.find(b"\r\n" + name + b":")
-        if at < 0:
-            return None
-        at += len(name) + 3
-        end = self._lower.find(b"\r\n", at)
-        return (self._raw if as_sent else self._lower)[at:end if end >= 0 else len(self._lower)].strip(b" \t")
-
-    def header_all(self, name: bytes, as_sent: bool = False) -> list[bytes]:
-        """The values of every occurrence of a header, stripped, as `header` reads the first."""
-        key = b"\r\n" + name + b":"
-        found, at = [], self._lower.find(key)
-        while at >= 0:
-            at += len(key)
-            end = self._lower.find(b"\r\n", at)
-            end = len(self._lower) if end < 0 else end
-            found.append((self._raw if as_sent else self._lower)[at:end].strip(b" \t"))
-            at = self._lower.find(key, end)
-        return found
-
-    def tokens(self, name: bytes) -> list[bytes]:
-        """The comma-separated tokens of every occurrence of a list header (name in lower
-        case), OWS (spaces, tabs) stripped: `Connection` is read as aiohttp reads it."""
-        return [token.strip(b" \t") for value in self.header_all(name) for token in value.split(b",")]
 
 
 def _request_line(raw: bytes) -> list[bytes] | None:

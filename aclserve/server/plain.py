@@ -8,7 +8,7 @@ observed, while neither tracing nor the request log wants every request.
 """
 from __future__ import annotations
 
-from .framing import Head
+from .request_head import Head
 
 _PREFIX = b"/v2/models/"
 _SUFFIX = b"/infer"

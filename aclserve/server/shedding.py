@@ -29,9 +29,10 @@ import orjson
 
 from ..errors import ServeError
 from .failure_reasons import failure_reason
-from .framing import Head, NEED_BODY
+from .framing import NEED_BODY
 from .json_tensors import loads
 from .plain import guard_may_refuse, infer_target
+from .request_head import Head
 
 BODY_PEEK_BYTES = 64 * 1024
 ACTIVE_S = 2.0  # how long after an overload refusal request heads are checked here
