@@ -10,21 +10,23 @@ plain ones itself through the same infer path (infer.counted_infer and infer_bod
 decode, batcher, encode, metrics, statistics and errors) and writes the same answer aiohttp
 would: status, Content-Type, Content-Length, Inference-Header-Content-Length, Date, Server.
 
-Plain: POST to an infer path whose names need no decoding, HTTP/1.1 keeping its connection,
-Content-Length (no chunked body) of at most BODY_BYTES and of max_body_bytes, no Expect, no
-Content-Encoding, no Accept-Encoding (aiohttp compresses large answers), and nothing on the
-connection that aiohttp has not answered yet (answers keep their order). Everything else goes
-to aiohttp as before. The guard's work stands in for the middlewares': the connection is BUSY
-while the request runs (never timed out nor evicted), errors become the same JSON answers
-(error_responses.serve_error_parts), and the API token check is not needed because nothing is
-answered here while inference needs a token. Traced and logged requests are answered here too,
-observed by the infer path as on aiohttp's (their X-Request-Id read from the head): when they
-went through aiohttp, tracing one request in a thousand sent every request there, at 1.8 times
-the server's CPU a request. Nothing is answered here at log_level debug (aiohttp's access log
-lists every request), nor when the app has middlewares of its own beyond the server's (a
-middleware added to the app sees every request: server.app.direct_answers decides). A head
-aiohttp's parser would refuse is given up by the framing (framing.parse_head), so aiohttp
-answers it 400. `direct_infer: false` in the config turns it off.
+Plain: POST to an infer path whose names need no decoding, HTTP/1.1, Content-Length (no chunked
+body) of at most BODY_BYTES and of max_body_bytes, no Expect, no Content-Encoding, no
+Accept-Encoding (aiohttp compresses large answers), and nothing on the connection that aiohttp
+has not answered yet (answers keep their order). Everything else goes to aiohttp as before. A
+request with `Connection: close` is answered so too, its answer saying `Connection: close`, and
+the guard closes the connection after it (said_closing). The guard's work stands in for the
+middlewares': the connection is BUSY while the request runs (never timed out nor evicted),
+errors become the same JSON answers (error_responses.serve_error_parts), and the API token
+check is not needed because nothing is answered here while inference needs a token. Traced and
+logged requests are answered here too, observed by the infer path as on aiohttp's (their
+X-Request-Id read from the head): when they went through aiohttp, tracing one request in a
+thousand sent every request there, at 1.8 times the server's CPU a request. Nothing is answered
+here at log_level debug (aiohttp's access log lists every request), nor when the app has
+middlewares of its own beyond the server's (a middleware added to the app sees every request:
+server.app.direct_answers decides). A head aiohttp's parser would refuse is given up by the
+framing (framing.parse_head), so aiohttp answers it 400. `direct_infer: false` in the config
+turns it off.
 
 Only a request whose body is in hand is answered here: nothing is held for direct's sake (a
 body that did not come with its head in the same read goes to aiohttp; one the early refusal
@@ -141,8 +143,8 @@ def _render(status: int, content_type: bytes, body: bytes, headers: dict | None 
 
 
 def said_closing(answer: tuple[bytes, bytes]) -> tuple[bytes, bytes]:
-    """`answer` (from DirectInfer.answer) saying `Connection: close`: made during the drain,
-    after which its connection closes (RFC 9112 9.6)."""
+    """`answer` (from DirectInfer.answer) saying `Connection: close`: to a request that said
+    so, or made during the drain; its connection closes after it (RFC 9112 9.6)."""
     head, body = answer
     return head[:-2] + b"Connection: close\r\n\r\n", body
 

@@ -6,7 +6,9 @@ Only what framing needs is read: the request line, Content-Length, and the heade
 the framing unknowable here (Transfer-Encoding, Upgrade). A connection that uses them, or whose
 head is malformed or longer than MAX_HEAD_BYTES, is given up: everything from there on goes to
 aiohttp untouched, which answers (or refuses) it as before. Bytes are forwarded in as few
-pieces as possible (a chunk holding whole requests is passed on as it is).
+pieces as possible (a chunk holding whole requests is passed on as it is). Nothing after a
+request that ends its connection (`Connection: close`: request_head.py) is passed on: the
+server answers it, closes, and ignores what follows (RFC 9112 9.6).
 
 A head is parsed once: clients repeat their heads byte for byte (the same path, host, type
 and, for tensors of a fixed shape, length), so parse_head keeps its last MEMO_HEADS results,
@@ -148,13 +150,6 @@ class _HeadLines:
         return partial > MAX_LINE_BYTES
 
 
-def body_length(raw: bytes) -> int | None:
-    """The body length of a head without its final blank line (see parse_head), unparsed."""
-    if _request_line(raw) is None:
-        return None
-    return _body_length(raw.lower())
-
-
 _parsed: dict[bytes, tuple[Head, int] | None] = {}  # the memo; the event loop's thread only
 
 
@@ -217,13 +212,15 @@ class RequestFraming:
     else None), which says FORWARD, ANSWERED (the request was answered: its head and body are
     dropped here) or NEED_BODY (ask again with the whole body: the request is held back until
     it has come).
-    Otherwise heads are only measured (no Head is built) and `passed()` is called for each
+    Otherwise heads are only framed (parse_head: its memo makes a repeated head cost a lookup,
+    where measuring its length cost ten times as much) and `passed()` is called for each
     request forwarded so (the caller counts every request aiohttp has to answer). After an
     answer, `paused()` True stops the feed; what is left of the chunk is returned (the caller
-    keeps it and feeds it again later)."""
+    keeps it and feeds it again later). Once a request that ends the connection (`closed`)
+    has been passed on or answered, every byte after it is dropped."""
 
     __slots__ = ("_forward", "_answer", "_paused", "_wanted", "_passed", "_held", "_held_need", "_lines",
-                 "_remaining", "_dropping", "lost")
+                 "_remaining", "_dropping", "lost", "closed")
 
     def __init__(self, forward: Callable[[bytes], None], answer: Callable[[Head, int, memoryview | None], str],
                  paused: Callable[[], bool], wanted: Callable[[], bool] = lambda: True,
@@ -236,6 +233,7 @@ class RequestFraming:
         self._remaining = 0  # body bytes of the current request still to come
         self._dropping = False  # the current request was answered here: drop its body
         self.lost = False  # framing given up: everything goes to aiohttp
+        self.closed = False  # a request that ends the connection came: what follows it is dropped
 
     @property
     def idle(self) -> bool:
@@ -262,6 +260,8 @@ class RequestFraming:
                     start = pos + n
                 pos += n
                 continue
+            if self.closed:  # llhttp would refuse what follows, the closing request's answer lost with it
+                break
             end = data.find(b"\r\n\r\n", pos, pos + MAX_HEAD_BYTES + 4)
             if end < 0:
                 line = _request_start(data, pos)
@@ -275,18 +275,15 @@ class RequestFraming:
                 return b""
             body_at = end + 4
             asked, body_came = body_came, False
-            if not self._wanted():
-                length = body_length(data[pos:end])
-                if length is None:
-                    return self._give_up(data, start, pos)
-                self._remaining, self._dropping = length, False
-                self._passed()
-                pos = body_at
-                continue
             parsed = parse_head(data[pos:end])
             if parsed is None:
                 return self._give_up(data, start, pos)
             head, length = parsed
+            if not self._wanted():
+                self._remaining, self._dropping, self.closed = length, False, head.closes
+                self._passed()
+                pos = body_at
+                continue
             whole = body_at + length <= size  # the body came with its head: offered at once
             decision = NEED_BODY if asked else self._answer(
                 head, length, memoryview(data)[body_at:body_at + length] if whole else None)
@@ -296,7 +293,7 @@ class RequestFraming:
                     self._held, self._held_need = bytearray(data[pos:]), body_at + length - pos
                     return b""
                 decision = self._answer(head, length, memoryview(data)[body_at:body_at + length])
-            self._remaining, self._dropping = length, decision == ANSWERED
+            self._remaining, self._dropping, self.closed = length, decision == ANSWERED, head.closes
             if not self._dropping:
                 pos = body_at  # forwarded: part of the run from `start`
                 continue
@@ -306,7 +303,7 @@ class RequestFraming:
                 n = min(length, size - pos)  # the answered body is dropped even now
                 self._remaining -= n
                 return data[pos + n:]
-        self._flush(data, start, size)
+        self._flush(data, start, pos)
         return b""
 
     def _still_short(self, data: bytes) -> bool:

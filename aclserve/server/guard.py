@@ -3,9 +3,11 @@ times and caps the connections; only public API: each connection's aiohttp proto
 web.RequestHandler of the runner's `server`, made by malformed.py's factory).
 
 The guard forwards every byte to aiohttp's RequestHandler unless it answers a request itself.
+Each request is framed (framing.py), so that nothing after one that ends its connection reaches
+aiohttp (`Connection: close`: its parser would refuse it in place of that request's answer).
 With an EarlyRefusal (shed_before_parsing, shedding.py) or DirectInfer (direct_infer,
-direct.py) set, each request is framed (framing.py) and its head offered to them first, while
-no request handed to aiohttp is unanswered (answers keep their order):
+direct.py) set, each head is offered to them first, while no request handed to aiohttp is
+unanswered (answers keep their order):
 
 - early refusals: for a while after an overload refusal, a plain request whose queue level is
   full is answered 503 here, at a quarter of what aiohttp's path costs the loop;
@@ -57,9 +59,9 @@ def _shutdown_timeout(loop) -> dict:
 
 
 class GuardedProtocol(asyncio.Protocol):
-    """Forwards everything to aiohttp's RequestHandler once the tracker admits the connection;
-    with an early refusal (shedding.py) or direct answers (direct.py) set, each request framed
-    (framing.py) is offered to them first, while no request handed to aiohttp is unanswered
+    """Forwards every request, framed (framing.py), to aiohttp's RequestHandler once the tracker
+    admits the connection; with an early refusal (shedding.py) or direct answers (direct.py)
+    set, each is offered to them first, while no request handed to aiohttp is unanswered
     (answers keep their order). While a request is answered here nothing more is read from the
     connection (what came is kept for after), and the next one is read only once the answer
     has gone out (or the transport's buffer has drained below its limit)."""
@@ -112,9 +114,7 @@ class GuardedProtocol(asyncio.Protocol):
     def _begin(self, transport) -> None:
         self._inner = self._factory()
         self._inner.connection_made(transport)
-        if self._tracker.early is not None or self._tracker.direct is not None:
-            self._framing = RequestFraming(self._forward, self._answer, self._held,
-                                           self._offered, self._passed)
+        self._framing = RequestFraming(self._forward, self._answer, self._held, self._offered, self._passed)
         stash, self._conn.stash = self._conn.stash, []
         for data in stash:  # TLS: requests decrypted before start_tls returned
             self.data_received(data)
@@ -134,9 +134,6 @@ class GuardedProtocol(asyncio.Protocol):
         if conn.phase == IDLE:
             conn.phase, conn.since = HEAD, self._tracker.now()
         framing = self._framing
-        if framing is None:
-            self._inner.data_received(data)
-            return
         rest = framing.feed(data)
         if rest:
             self._stash(rest)  # a hold began, or a direct answer, or the client reads nothing
@@ -216,13 +213,16 @@ class GuardedProtocol(asyncio.Protocol):
         if transport.is_closing():
             return
         tracker.outbox.flush_before(transport)
-        closing = not tracker.accepting
+        closing = head.closes or not tracker.accepting
         transport.writelines(said_closing(answer) if closing else answer)
         conn.phase, conn.since = IDLE, tracker.now()
         tracker.answered(conn)  # during the drain: closed once it is out
         if closing:  # RFC 9112 9.6: nothing after an answer that said `Connection: close` is read
             conn.stash.clear()
-            transport.pause_reading()
+            if tracker.accepting:
+                transport.close()  # once the answer is out, as aiohttp's path closes it
+            else:
+                transport.pause_reading()
             return
         if self._write_paused:  # a client that does not read its answers sends no more requests
             self._read_on_drain = True

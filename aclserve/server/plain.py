@@ -1,10 +1,12 @@
 """Which requests the connection guard (connections.py) may answer itself, before aiohttp:
 the rules its early refusals (shedding.py) and its direct answers (direct.py) share.
 
-An infer path whose names need no decoding (aiohttp's router reads the others), over HTTP/1.1
-on a connection the client keeps, with no `Expect` (aiohttp answers those before its
-middlewares), while inference needs no API token; and for the early refusals, which are not
-observed, while neither tracing nor the request log wants every request.
+An infer path whose names need no decoding (aiohttp's router reads the others), over HTTP/1.1,
+with no `Expect` (aiohttp answers those before its middlewares), while inference needs no API
+token; and for the early refusals, which are not observed, while neither tracing nor the request
+log wants every request, and on a connection the client keeps (a refusal holds it: shedding.py).
+A request that ends its connection (`Connection: close`: request_head.py) may be answered
+directly: its answer says so, and the connection closes after it.
 """
 from __future__ import annotations
 
@@ -43,14 +45,11 @@ def guard_may_answer(head: Head, state) -> bool:
 
 def guard_may_refuse(head: Head, state) -> bool:
     """guard_may_answer, for the early refusals (shedding.py), which are not observed: not
-    while tracing or the request log want every request (a refusal there has no log line)."""
-    return state.observer is None and guard_may_answer(head, state)
+    while tracing or the request log want every request (a refusal there has no log line),
+    nor for a request that ends its connection (a refusal keeps it: aiohttp's path closes it)."""
+    return state.observer is None and not head.closes and guard_may_answer(head, state)
 
 
 def _head_allows(head: Head) -> bool:
-    """HTTP/1.1, no Expect, the connection kept (once per Head: framing's memo). llhttp reads
-    `Proxy-Connection` as it reads `Connection`: a `close` in either ends the connection after
-    aiohttp's answer, so neither is answered here (it would keep the connection open and answer
-    what aiohttp would never read)."""
-    return (head.version == b"HTTP/1.1" and head.header(b"expect") is None
-            and b"close" not in head.tokens(b"connection") and b"close" not in head.tokens(b"proxy-connection"))
+    """HTTP/1.1, no Expect (once per Head: framing's memo)."""
+    return head.version == b"HTTP/1.1" and head.header(b"expect") is None

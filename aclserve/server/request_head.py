@@ -1,5 +1,13 @@
 """A complete request head as the connection guard reads it: framing.py parses it (once for a
-head repeated byte for byte: its memo), plain.py, direct.py and shedding.py read it."""
+head repeated byte for byte: its memo), plain.py, direct.py and shedding.py read it.
+
+A head also says whether its request ends its connection after its answer (RFC 9112 9.3, 9.6),
+read as aiohttp's parser (llhttp) reads it: llhttp refuses any byte after such a request but
+line ends (400 `Data after Connection: close`, in place of every answer still due from that
+read, the closing request's own included), so the framing hands aiohttp nothing after it, and
+a direct answer to one says `Connection: close` and closes the connection once written. llhttp
+reads `Proxy-Connection` as it reads `Connection`: an HTTP/1.1 request ends its connection with
+a `close` token in either, an HTTP/1.0 one unless it has a `keep-alive` token there."""
 from __future__ import annotations
 
 from typing import Callable
@@ -11,13 +19,14 @@ class Head:
     (`as_sent`: the value as the client wrote it); `header_all(name)` the values of all its
     occurrences, `tokens(name)` their tokens. `derived(key, derive)`: what a reader works out
     from the head alone, kept in `memo` under its own key (a repeated head is the same Head, so
-    it is worked out once)."""
+    it is worked out once). `closes`: the request ends its connection (module docstring)."""
 
-    __slots__ = ("method", "target", "version", "_lower", "_raw", "memo")
+    __slots__ = ("method", "target", "version", "_lower", "_raw", "memo", "closes")
 
     def __init__(self, method: bytes, target: bytes, version: bytes, lower: bytes, raw: bytes = b""):
         self.method, self.target, self.version, self._lower, self._raw = method, target, version, lower, raw
         self.memo: dict = {}
+        self.closes = _ends_connection(self)
 
     def derived(self, key: str, derive: Callable[["Head"], object]):
         """`derive(self)`, computed on the first call for `key` and kept."""
@@ -55,3 +64,10 @@ class Head:
         """The comma-separated tokens of every occurrence of a list header (name in lower
         case), OWS (spaces, tabs) stripped: `Connection` is read as aiohttp reads it."""
         return [token.strip(b" \t") for value in self.header_all(name) for token in value.split(b",")]
+
+
+def _ends_connection(head: Head) -> bool:
+    tokens = head.tokens(b"connection") + head.tokens(b"proxy-connection")
+    if head.version == b"HTTP/1.1":
+        return b"close" in tokens
+    return b"keep-alive" not in tokens

@@ -18,13 +18,14 @@ DROP = post(b"/drop", b"d" * 5000)
 class Recorder:
     """Runs a framing whose answer drops /drop requests (optionally after seeing the body)."""
 
-    def __init__(self, want_body: bool = False, pause_after_answer: bool = False):
+    def __init__(self, want_body: bool = False, pause_after_answer: bool = False, offered: bool = True):
         self.forwarded = bytearray()
         self.seen: list[tuple[bytes, int, bytes | None]] = []
         self.want_body = want_body
         self.pause = pause_after_answer
         self.answered = 0
-        self.framing = RequestFraming(self.forwarded.extend, self.answer, lambda: self.pause and self.answered > 0)
+        self.framing = RequestFraming(self.forwarded.extend, self.answer, lambda: self.pause and self.answered > 0,
+                                      lambda: offered)  # offered False: heads only measured
 
     def answer(self, head, length, body):
         self.seen.append((head.target, length, body))
@@ -137,6 +138,34 @@ def test_a_body_that_is_still_arriving_when_paused_is_dropped_as_it_comes():
     rec.pause = False
     rec.framing.feed(DROP[half:] + GET)
     assert bytes(rec.forwarded) == GET and rec.framing.idle
+
+
+def test_a_head_says_whether_its_request_ends_the_connection_as_llhttp_reads_it():
+    cases = {(b"HTTP/1.1", b""): False, (b"HTTP/1.1", b"\r\nConnection: close"): True,
+             (b"HTTP/1.1", b"\r\nConnection: Keep-Alive ,\tCLOSE"): True,
+             (b"HTTP/1.1", b"\r\nConnection: keep-alive\r\nConnection: close"): True,
+             (b"HTTP/1.1", b"\r\nProxy-Connection: close"): True, (b"HTTP/1.1", b"\r\nConnection: closed"): False,
+             (b"HTTP/1.1", b"\r\nX-Connection: close"): False, (b"HTTP/1.0", b""): True,
+             (b"HTTP/1.0", b"\r\nConnection: keep-alive"): False,
+             (b"HTTP/1.0", b"\r\nProxy-Connection: Keep-Alive"): False}
+    for (version, lines), closes in cases.items():
+        raw = b"GET / %s\r\nHost: t%s" % (version, lines)
+        assert parse_head(raw)[0].closes is closes, raw
+
+
+def test_nothing_after_a_request_that_ends_the_connection_is_passed_on_whatever_the_chunks():
+    """aiohttp's parser refuses every byte after it (`Data after Connection: close`), in place
+    of the answers due from that read."""
+    closing_keep = post(b"/keep", b"c" * 300, b"Connection: close\r\n")
+    closing_drop = post(b"/drop", b"c" * 5000, b"Proxy-Connection: Close\r\n")
+    for closing in (closing_keep, closing_drop):
+        for offered in (True, False):
+            for seed in range(30):
+                rec = Recorder(offered=offered)
+                assert rec.feed_in_chunks(KEEP + closing + GET + KEEP + b"\r\n", random.Random(seed)) == b""
+                answered = offered and closing is closing_drop
+                assert bytes(rec.forwarded) == KEEP + (b"" if answered else closing)
+                assert rec.framing.closed and rec.answered == answered
 
 
 def test_what_cannot_be_framed_goes_to_aiohttp_from_there_on():
