@@ -6,7 +6,8 @@ node's open may act on the device. `open_regular` stats first, so such a node is
 unopened; opens with O_NONBLOCK, so a FIFO swapped in after the stat cannot block the open;
 then checks that what it opened is a regular file (whose reads O_NONBLOCK does not change). The
 cost over a plain open is one stat and one fstat. NotRegularFile is an OSError: callers that
-report `strerror` name what was found. And `stat_identity`: whether such a file may have changed.
+report `strerror` name what was found. And `stat_identity`: whether such a file may have changed;
+`missing`: whether one is known to be gone.
 """
 from __future__ import annotations
 
@@ -51,6 +52,18 @@ def stat_identity(st: os.stat_result) -> tuple[int, int, int, int]:
     Size and mtime alone miss a file replaced by one of the same size whose mtime was set back
     (tar, cp -p, reproducible builds); the inode and the ctime, which no one sets, catch it."""
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def missing(path: str | os.PathLike) -> bool:
+    """`path` does not exist (one stat); a stat refused for another reason (permissions, a folder on
+    the way that cannot be searched) tells nothing: the file may be there."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _open_nonblocking(path: str, flags: int) -> int:

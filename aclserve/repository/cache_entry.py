@@ -128,23 +128,24 @@ def not_a_file(om_path: str | os.PathLike) -> str | None:
         return "a link to nothing" if os.path.islink(om_path) else None
 
 
-def clear(path: str | os.PathLike) -> None:
+def clear(path: str | os.PathLike) -> bool:
     """Remove what stands at `path`, one of an entry's files: a file, link or other node, or an
     empty folder; a folder with files in it raises EntryBlocked (it may not be aclserve's to
-    delete). Nothing there is fine."""
+    delete). Nothing there is fine. Whether something was removed."""
     path = Path(path)
     try:
         path.unlink()
-        return
+        return True
     except FileNotFoundError:
-        return
+        return False
     except OSError:
         if path.is_symlink() or not path.is_dir():
             raise
     try:
         path.rmdir()  # only ever an empty one
+        return True
     except FileNotFoundError:
-        pass
+        return False
     except OSError as e:
         if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             raise
@@ -153,8 +154,8 @@ def clear(path: str | os.PathLike) -> None:
                            f"again (or set compile_cache_dir to another folder)") from None
 
 
-def remove(om_path: str | os.PathLike) -> None:
+def remove(om_path: str | os.PathLike) -> bool:
     """Delete the entry and its manifest (either may already be gone), whatever stands there
-    (clear: EntryBlocked for a folder with files in it)."""
-    for path in (Path(om_path), manifest_path(om_path)):
-        clear(path)
+    (clear: EntryBlocked for a folder with files in it). Whether either was there."""
+    removed = [clear(path) for path in (Path(om_path), manifest_path(om_path))]
+    return any(removed)

@@ -2,10 +2,12 @@
 
 `compiled` finds the folder (cache_dir) and returns the entry for an .onnx, compiling it on a
 miss (compiler). `release` removes the entry of a retired version when its model file was
-replaced or deleted and no serving version uses it, so replacing a dropped .onnx again and again
-does not grow the cache without bound; entries of versions closed at shutdown stay for the next
-start. Owned by the repository's Lifecycle: `compiled` blocks (call it in a worker thread; the
-compile itself runs in a child process), `release` runs on the loop.
+replaced (a new file at its path) or deleted and no serving version uses it, so replacing a dropped
+.onnx again and again does not grow the cache without bound; the entry of a file that is still
+there stays (a version unloaded, a release switch's other folder served: loaded again, or rolled
+back, it is used), and so do entries of versions closed at shutdown, for the next start. Owned by
+the repository's Lifecycle: `compiled` blocks (call it in a worker thread; the compile itself runs
+in a child process), `release` runs on the loop.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from ..config import CompileOptions
 from ..om.compile_process import CompileStop
+from ..regular_files import missing
 from . import cache_dir, cache_entry, compiler, entry_locks
 
 log = logging.getLogger(__name__)
@@ -80,18 +83,23 @@ class CompileCache:
     def release(self, name: str, version: str, om_path: str, source: str, replaced: bool,
                 in_use: set[str]) -> None:
         """Version `name:version` that loaded `om_path` (from `source`) was retired: delete the
-        entry when the version was `replaced` or its source is gone, unless it is `in_use`."""
+        entry when the version was `replaced` by a file at the same path or its source is gone,
+        unless it is `in_use`. A source that only cannot be reached (the models folder missing,
+        a folder on its way that cannot be searched) is no source gone."""
         if om_path == source:
             return  # an .om from the models folder itself, not a cache entry
         if om_path in in_use:
             return
-        if not replaced and Path(source).exists():
-            return  # unloaded while its file stays: loading it again will use the entry
+        if not replaced and not (missing(source) and os.path.isdir(self._models_dir)):
+            # its file stays (unloaded, or a release switch serves another folder's: a rollback uses it)
+            return
         try:
-            cache_entry.remove(om_path)
-            log.info("%s: removed the compile of the retired version %s (%s)", name, version, Path(om_path).name)
+            removed = cache_entry.remove(om_path)
         except OSError as e:
             log.warning("%s: could not remove %s: %s", name, om_path, e)
+            return
+        if removed:  # (another server sharing the cache may have removed it first)
+            log.info("%s: removed the compile of the retired version %s (%s)", name, version, Path(om_path).name)
 
 
 def _told(error: OSError, folder: Path) -> OSError:

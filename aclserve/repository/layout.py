@@ -100,7 +100,7 @@ class ScanResult:
     selects_none: set[str] = field(default_factory=set)  # models whose version policy selects no version found
     # model name -> what a bug of the scan raised on its files (a problem too): planner.Planner logs its traceback
     errors: dict[str, ScanFailure] = field(default_factory=dict)
-    unreadable: bool = False  # the folder itself could not be listed: nothing is known of it
+    unreadable: bool = False  # the folder itself is missing or could not be listed: nothing is known of it
 
 
 def version_sort_key(version: str) -> int:
@@ -225,6 +225,7 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
     try:
         if not root.is_dir():  # (raises, not False, where a folder above cannot be searched)
             result.problems[str(directory)] = "the models folder does not exist"
+            result.unreadable = True  # moved away for a moment, a volume not mounted yet: nothing known either
             return result
         root = root.resolve()
         children = folder_entries(root)  # (raises too where its entries cannot be looked at)

@@ -285,7 +285,9 @@ class Lifecycle:
         finally:
             self.retiring.closed(sv)  # (the same loop step as its event below: listeners count it once)
         if not self._closed:  # at shutdown the cache stays for the next start
-            self._cache.release(sv.name, sv.version, sv.om_path, sv.source, replaced, self._compiles_in_use())
+            successor = self.serving.get(sv.name, {}).get(sv.version) if replaced else None
+            in_place = successor is not None and successor.source == sv.source  # (not a release switch's folder)
+            self._cache.release(sv.name, sv.version, sv.om_path, sv.source, in_place, self._compiles_in_use())
         if sv.version not in self.serving.get(sv.name, {}):
             self.states.unloaded(sv.name, sv.version, held=sv.name in self.held
                                  and self._planner.on_disk(sv.name, sv.version))

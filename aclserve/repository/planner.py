@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from ..config import ModelConfig
-from ..regular_files import stat_identity
+from ..regular_files import missing, stat_identity
 from . import layout
 from .plan import DesiredState, ModelPlan, diff
 from .settle import SettleGate
@@ -51,7 +51,7 @@ class Planner:
     def plans(self, acted: DesiredState, trust: str, refused: frozenset, excluded: set[str]) -> list[ModelPlan]:
         """One plan per model to change, from the latest scan; `acted`: what is serving;
         `trust`: as SettleGate.desired; `refused`: failed files; `excluded`: names to leave."""
-        if self.scan.unreadable:  # the folder could not be listed: change nothing
+        if self.scan.unreadable:  # the folder is missing or could not be listed: change nothing
             self._log_problems()
             return []
         desired, self.pending = self._gate.desired(self.scan, acted, trust, refused)
@@ -79,13 +79,14 @@ class Planner:
 
     def file_gone(self, name: str, version: str, path: str) -> bool:
         """The file `version` of `name` was loaded from (`path`) is gone: the latest scan does
-        not list it, or it is not there now (no scan has seen its deletion yet). A folder that
-        cannot be listed tells nothing, and with unload_on_delete off a model gone whole is kept."""
+        not list it, or it is not there now (no scan has seen its deletion yet). A folder that is
+        missing or cannot be listed tells nothing; with unload_on_delete off a model gone whole is kept."""
         if self.scan.unreadable:
             return False
         found = self.scan.versions_found.get(name)
         listed = found is not None or name in self.scan.problems  # (files of a problem may not be listed)
-        gone = (found is not None and version not in found) or not listed or _missing(path)
+        # (missing: a stat, on the loop as settle.py's)
+        gone = (found is not None and version not in found) or not listed or missing(path)
         return gone and (self._unload_missing or bool(found))
 
     def file_changed(self, name: str, version: str, file: layout.VersionFile) -> str:
@@ -149,7 +150,7 @@ class Planner:
 
 def _rewritten(file: layout.VersionFile) -> bool:
     """`file` (its external data files too) is not on disk as the scan found it: replaced or written
-    to since (a stat each, on the loop as `_missing`'s; the files are not read). The model file
+    to since (a stat each, on the loop as `missing`'s; the files are not read). The model file
     missing tells nothing here (file_gone judges it: a model gone whole may be kept), nor does a
     stat refused for another reason."""
     try:
@@ -166,16 +167,4 @@ def _rewritten(file: layout.VersionFile) -> bool:
             continue
         if now != stamped:
             return True
-    return False
-
-
-def _missing(path: str) -> bool:
-    """`path` does not exist (one stat, on the loop as settle.py's are); a stat refused for
-    another reason (permissions) tells nothing."""
-    try:
-        os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return True
-    except OSError:
-        return False
     return False

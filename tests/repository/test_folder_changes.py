@@ -10,9 +10,14 @@ import pytest
 
 from aclserve.errors import ModelUnavailable, NotFound
 
-from .repo_helpers import place, serving, write_in, x_rows
+from .repo_helpers import place, serving, until, write_in, x_rows
 
 pytestmark = pytest.mark.asyncio
+
+
+def missing_said(repo) -> bool:
+    """The index says the models folder is missing (a scan saw it: nothing served changes for it)."""
+    return any(row.get("reason") == "the models folder does not exist" for row in repo.index())
 
 
 async def test_a_broken_config_keeps_the_versions_on_disk_serving_not_the_deleted_ones(
@@ -158,9 +163,10 @@ async def test_a_models_folder_made_again_later_under_an_unlistable_folder_is_fo
     repo, events = await make_repo(models_dir=str(folder))
     assert any(f"cannot watch {models_dir} for the models folder" in r.getMessage() for r in caplog.records)
     (folder / "a.om").unlink()
+    await events.wait("unloaded", "a", limit_s=20)
     folder.rmdir()
-    await events.wait("unloaded", "a", limit_s=20)  # its own watch saw it go
-    folder.mkdir()  # (no event reaches the server: the folder above is not watched)
+    await until(lambda: missing_said(repo), "the folder's own watch seeing it go")  # (a missing folder changes
+    folder.mkdir()  # nothing served) (no event reaches the server: the folder above is not watched)
     place(model_files[2]["om"], folder / "b.om")
     await events.wait("loaded", "b", limit_s=20)
     place(model_files[3]["om"], folder / "c.om")  # and the new folder is watched
@@ -179,9 +185,10 @@ async def test_the_folder_above_made_again_after_a_scan_is_followed(make_repo, m
     place(model_files[1]["om"], folder / "a.om")
     repo, events = await make_repo(models_dir=str(folder))
     (folder / "a.om").unlink()
+    await events.wait("unloaded", "a", limit_s=20)
     folder.rmdir()
     above.rmdir()
-    await events.wait("unloaded", "a", limit_s=20)
+    await until(lambda: missing_said(repo), "a scan of the folder gone")
     await asyncio.sleep(0.5)  # the scans its deletion poked are over: the folder comes back later
     folder.mkdir(parents=True)
     place(model_files[2]["om"], folder / "b.om")

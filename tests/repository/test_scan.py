@@ -273,12 +273,16 @@ def test_a_models_folder_that_cannot_be_read_changes_nothing(tmp_path, monkeypat
     result = scan(tmp_path, DEFAULTS)
     assert result.unreadable and not result.models
     assert result.problems == {str(tmp_path): "the models folder cannot be read (Permission denied)"}
-    # what serves stays: no plan unloads it (a folder deleted, by contrast, unloads its models)
+    # what serves stays: no plan unloads it, nor while the folder is missing (moved away for a
+    # moment, a volume not mounted yet: an independent tester's find, every model unloaded and
+    # loaded again); an empty folder at its path, by contrast, unloads its models
     acted = {"ok": {"1": object()}}
     planner = Planner(tmp_path, DEFAULTS, SettleGate(0.0), unload_missing=True)
     planner.scan = result
     assert planner.plans(acted, "all", frozenset(), set()) == []
     planner.scan = scan(tmp_path / "nope", DEFAULTS)
+    assert planner.scan.unreadable and planner.plans(acted, "all", frozenset(), set()) == []
+    planner.scan = scan(touch(tmp_path / "empty" / "x.tmp").parent, DEFAULTS)
     assert [plan.name for plan in planner.plans(acted, "all", frozenset(), set())] == ["ok"]
 
 
