@@ -17,7 +17,8 @@ import stat
 from typing import IO
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a device node"), (stat.S_ISBLK, "a device node"))
+          (stat.S_ISCHR, "a device node"), (stat.S_ISBLK, "a device node"),
+          (stat.S_ISLNK, "a symbolic link"))  # (an lstat's: check_regular not following links)
 
 
 class NotRegularFile(OSError):
@@ -38,9 +39,10 @@ def node_kind(mode: int) -> str | None:
     return next((kind for is_kind, kind in _KINDS if is_kind(mode)), "not a regular file")
 
 
-def check_regular(path: str | os.PathLike) -> os.stat_result:
-    """The stat of `path` (symlinks followed), or NotRegularFile / the OSError of the stat."""
-    st = os.stat(path)
+def check_regular(path: str | os.PathLike, follow_links: bool = True) -> os.stat_result:
+    """The stat of `path` (symlinks followed unless `follow_links` is False: a link is then
+    NotRegularFile), or NotRegularFile / the OSError of the stat."""
+    st = os.stat(path) if follow_links else os.lstat(path)
     kind = node_kind(st.st_mode)
     if kind is not None:
         raise NotRegularFile(path, kind)
@@ -70,11 +72,19 @@ def _open_nonblocking(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY)
 
 
-def open_regular(path: str | os.PathLike, mode: str = "rb", encoding: str | None = None) -> IO:
+def _open_nonblocking_unfollowed(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW)  # (a link swapped in: ELOOP)
+
+
+def open_regular(path: str | os.PathLike, mode: str = "rb", encoding: str | None = None,
+                 follow_links: bool = True) -> IO:
     """`open(path, mode, encoding=...)` for reading, refusing anything but a regular file
-    (NotRegularFile) without blocking. The file object's `name` is `path`, as with open()."""
-    check_regular(path)
-    f = open(path, mode, encoding=encoding, opener=_open_nonblocking)
+    (NotRegularFile) without blocking; with `follow_links` False a symbolic link too (the compile
+    cache's files: a link there would have the server read a file elsewhere as its own). The file
+    object's `name` is `path`, as with open()."""
+    check_regular(path, follow_links)
+    opener = _open_nonblocking if follow_links else _open_nonblocking_unfollowed
+    f = open(path, mode, encoding=encoding, opener=opener)
     try:
         kind = node_kind(os.fstat(f.fileno()).st_mode)  # swapped between the stat and the open
         if kind is not None:

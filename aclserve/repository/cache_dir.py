@@ -1,9 +1,11 @@
 """Where dropped .onnx files are compiled to: a folder this process can write, or why none is.
 
-`compile_cache_dir` set in the config is used as given. Unset, it is <models_dir>/.cache, and
-when that cannot be written (a read-only models folder, e.g. a mounted volume) a folder under
-the user's cache directory ($XDG_CACHE_HOME or ~/.cache) named after the models folder, so
-two repositories never share entries. Blocking (touches the disk): call it off the loop.
+`compile_cache_dir` set in the config is used as given (the operator's choice: anywhere). Unset,
+it is <models_dir>/.cache, and when that cannot be written (a read-only models folder, e.g. a
+mounted volume) or leads outside the models folder (a link: whoever can put one there must not
+have the server write, or read as its own compiles, files elsewhere) a folder under the user's
+cache directory ($XDG_CACHE_HOME or ~/.cache) named after the models folder, so two
+repositories never share entries. Blocking (touches the disk): call it off the loop.
 """
 from __future__ import annotations
 
@@ -44,28 +46,45 @@ def user_cache_folder(models_dir: str, environ=os.environ) -> Path:
     return user_cache_root(environ) / "aclserve" / "compile" / f"{os.path.basename(models) or 'models'}-{tag}"
 
 
+def local_folder(models_dir: str) -> tuple[Path, str | None]:
+    """<models_dir>/.cache, named as the scan names the sources (resolved: a relative --models
+    too), and why it is not to be used when it leads outside the models folder (a symbolic link,
+    itself or on its way: the models folder is the limit of what the server opens), else None."""
+    root = Path(models_dir).resolve()
+    local = root / ".cache"
+    try:
+        real = local.resolve(strict=False)
+    except (OSError, RuntimeError):  # (3.11 words a loop as a RuntimeError)
+        return local, "is a symbolic link loop"
+    if real == local or root in real.parents:
+        return local, None
+    return local, f"leads outside the models folder (to {real})"
+
+
 def resolve(configured: str, models_dir: str, environ=os.environ) -> Path:
     """The folder to compile into; raises CacheUnavailable with a plain reason."""
-    if configured:
+    if configured:  # (the operator's choice: anywhere, through links too)
         folder = Path(configured)
         problem = unwritable(folder)
         if problem:
             raise CacheUnavailable(f"cannot write the compile cache folder {folder} (compile_cache_dir): {problem}")
         return folder
-    local = Path(models_dir).resolve() / ".cache"  # as the scan names the sources (a relative --models too)
-    local_problem = unwritable(local)
-    if local_problem is None:
+    local, outside = local_folder(models_dir)
+    local_problem = None if outside else unwritable(local)
+    if outside is None and local_problem is None:
         return local
+    why = outside or f"is not writable ({local_problem})"
     fallback = user_cache_folder(models_dir, environ)
     problem = unwritable(fallback)
     if problem:
         # the fallback named from the user cache folder on: a client reads this with paths
         # redacted (server/redact.py), which left the folder's last name alone, saying not where
         root = user_cache_root(environ)
-        raise CacheUnavailable(f"cannot compile .onnx models: {local} is not writable ({local_problem}) and neither "
-                               f"is {fallback.relative_to(root)} in the user cache folder {root} ($XDG_CACHE_HOME, "
-                               f"else ~/.cache: {problem}); set compile_cache_dir to a writable folder")
+        there = f"{fallback.relative_to(root)} in the user cache folder {root}"
+        both = f"{why}, so it is not used, and {there} is not writable" if outside else f"{why} and neither is {there}"
+        raise CacheUnavailable(f"cannot compile .onnx models: {local} {both} ($XDG_CACHE_HOME, else ~/.cache: "
+                               f"{problem}); set compile_cache_dir to a writable folder")
     if str(fallback) not in _warned:
         _warned.add(str(fallback))
-        log.warning("%s is not writable (%s): compiling .onnx models into %s", local, local_problem, fallback)
+        log.warning("%s %s: compiling .onnx models into %s", local, f"{why}, not used" if outside else why, fallback)
     return fallback

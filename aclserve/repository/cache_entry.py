@@ -6,7 +6,9 @@ compile read from the source for the server (the integer inputs indexing a table
 is used only when its manifest is readable, names the key being looked up, and the .om's bytes
 hash to the recorded figure; anything else (a truncated or edited .om, another model's .om
 copied over it, a missing manifest from an older version, a FIFO in place of either: read
-without opening it) is deleted and compiled again. A folder where one of an entry's files goes
+without opening it; a symbolic link in place of either, never followed: whoever can write the
+cache folder cannot have the server serve or describe a file elsewhere as its own, and the link
+alone is deleted, not what it leads to) is deleted and compiled again. A folder where one of an entry's files goes
 (which no rename can replace) is removed when empty; one with files in it was not made by
 aclserve, which deletes no folder it did not make: EntryBlocked says so, and the model is not
 served until it is gone. Blocking (reads the .om): call off the loop.
@@ -37,7 +39,7 @@ def manifest_path(om_path: str | os.PathLike) -> Path:
 
 def _digest(path: Path) -> tuple[str, int]:
     digest, size = hashlib.sha256(), 0
-    with open_regular(path) as f:
+    with open_regular(path, follow_links=False) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
             size += len(chunk)
@@ -111,7 +113,7 @@ def keep_index_bounds(om_path: str | os.PathLike, bounds: dict[str, int]) -> Non
 
 
 def _read(om_path: str | os.PathLike) -> dict:
-    with open_regular(manifest_path(om_path), "r", "utf-8") as f:
+    with open_regular(manifest_path(om_path), "r", "utf-8", follow_links=False) as f:
         return json.loads(f.read())
 
 

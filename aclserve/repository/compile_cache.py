@@ -71,7 +71,8 @@ class CompileCache:
             if self._configured:
                 folders = [Path(self._configured)]
             else:  # either may have been compiled into (cache_dir.resolve); none is made here
-                folders = [Path(self._models_dir) / ".cache", cache_dir.user_cache_folder(self._models_dir)]
+                local, outside = cache_dir.local_folder(self._models_dir)
+                folders = ([] if outside else [local]) + [cache_dir.user_cache_folder(self._models_dir)]
             removed = sum(entry_locks.sweep(folder) for folder in folders if folder.is_dir())
         except (OSError, RuntimeError) as e:  # housekeeping only (RuntimeError: no home folder found)
             log.warning("compile cache: could not look for what interrupted compiles left: %s", e)

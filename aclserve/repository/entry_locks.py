@@ -10,6 +10,7 @@ what compiles interrupted by a dying server left, each only under its entry's lo
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import logging
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 ENTRY_NAME = re.compile(r"[^.].*-[0-9a-f]{32}\.om")  # compiled_om's names: <model>-<key[:32]>.om
 WORK_FOLDER = ".compiling-"  # compiled_om's work folders: .<model>-<key[:32]>.compiling-<random>
 LOCK_POLL_S = 0.1  # a stoppable wait for an entry's lock tries it again this often (exclusive)
+LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW  # a link where a lock goes would have it made elsewhere
 
 
 class EntryWaitStopped(CompileStopped):
@@ -118,8 +120,8 @@ def _unheld(lock_path: Path, action) -> bool:
     """Run `action` under the lock at `lock_path` when nobody holds it, and remove the lock file,
     as `exclusive` does on release; what `action` returns (False when the lock is held)."""
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
+        fd = os.open(lock_path, LOCK_FLAGS, 0o644)
+    except OSError:  # (a link in its place too: never followed)
         return False
     try:
         try:
@@ -151,8 +153,13 @@ def exclusive(lock_path: Path, on_wait=None, stop: CompileStop | None = None):
     ends that wait (EntryWaitStopped), the lock not taken."""
     while True:
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(lock_path, LOCK_FLAGS, 0o644)
         except IsADirectoryError:  # an empty folder goes; one with files in it: EntryBlocked
+            cache_entry.clear(lock_path)
+            continue
+        except OSError as e:  # a symbolic link in its place goes, not followed (O_CREAT made its target)
+            if e.errno != errno.ELOOP or not os.path.islink(lock_path):
+                raise
             cache_entry.clear(lock_path)
             continue
         try:
