@@ -1,8 +1,9 @@
 """Compile cache entries that prove what they are: a manifest beside each cached .om.
 
 `<entry>.om.json` records the cache key (SHA-256 of the source, the compile options and the
-target), the options and target in clear, the SHA-256 and size of the .om itself, and what the
-compile read from the source for the server (the integer inputs indexing a table). An entry
+target), the options and target in clear, the SHA-256 and size of the .om itself, what the
+compile read from the source for the server (the integer inputs indexing a table), and the model
+files compiled or loaded from it (cache_sources.py). An entry
 is used only when its manifest is readable, names the key being looked up, and the .om's bytes
 hash to the recorded figure; anything else (a truncated or edited .om, another model's .om
 copied over it, a missing manifest from an older version, a FIFO in place of either: read
@@ -110,6 +111,21 @@ def index_bounds(om_path: str | os.PathLike) -> dict[str, int] | None:
 def keep_index_bounds(om_path: str | os.PathLike, bounds: dict[str, int]) -> None:
     """Add `bounds` to the manifest of a sound entry that lacked them (atomically)."""
     _write(Path(om_path), dict(_read(om_path), index_bounds=bounds, index_bounds_rules=BOUNDS_RULES))
+
+
+def sources(om_path: str | os.PathLike) -> list[str] | None:
+    """The model files the entry lists as compiled or loaded from it (cache_sources.py), or
+    None when its manifest lists none (written before manifests did) or does not read."""
+    try:
+        found = _read(om_path).get("sources")
+    except (OSError, ValueError, AttributeError):  # (AttributeError: JSON that is no object)
+        return None
+    return [s for s in found if isinstance(s, str)] if isinstance(found, list) else None
+
+
+def keep_sources(om_path: str | os.PathLike, listed: list[str]) -> None:
+    """Make `listed` the entry's sources (atomically; under the entry's lock: cache_sources.py)."""
+    _write(Path(om_path), dict(_read(om_path), sources=listed))
 
 
 def _read(om_path: str | os.PathLike) -> dict:

@@ -1,13 +1,18 @@
 """The compile cache of one repository: what a dropped .onnx is served from, and what is kept.
 
 `compiled` finds the folder (cache_dir) and returns the entry for an .onnx, compiling it on a
-miss (compiler). `release` removes the entry of a retired version when its model file was
-replaced (a new file at its path) or deleted and no serving version uses it, so replacing a dropped
-.onnx again and again does not grow the cache without bound; the entry of a file that is still
-there stays (a version unloaded, a release switch's other folder served: loaded again, or rolled
-back, it is used), and so do entries of versions closed at shutdown, for the next start. Owned by
-the repository's Lifecycle: `compiled` blocks (call it in a worker thread; the compile itself runs
-in a child process), `release` runs on the loop.
+miss (compiler), and lists the file as that entry's (cache_sources.adopt): the model's entries of
+the file's earlier content or other compile settings go. `release` removes the entry of a
+retired version when no model file it lists is left, and `sweep` (at the start, and after a scan
+found a model file gone) every such entry, so the cache does not grow without bound: not with a
+dropped .onnx replaced again and again, nor a file replaced while the server was down, nor one
+deleted after its model was unloaded. The entry of a file that is still there stays (a version
+unloaded, a release switch's other folder served: loaded again, or rolled back, it is used), and
+so do entries of versions closed at shutdown, for the next start; nothing is removed while the
+models folder is missing, nor an entry this server serves from (`in_use`, the Lifecycle's) or
+another process holds the lock of. Owned by the repository's Lifecycle: `compiled` and `sweep`
+block (call them in a worker thread; the compile itself runs in a child process), `release`
+runs on the loop.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from pathlib import Path
 from ..config import CompileOptions
 from ..om.compile_process import CompileStop
 from ..regular_files import missing
-from . import cache_dir, cache_entry, compiler, entry_locks
+from . import cache_dir, cache_entry, cache_sources, compiler, entry_locks
 
 log = logging.getLogger(__name__)
 FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -31,6 +36,8 @@ class CompileCache:
         self._models_dir = models_dir
         self._timeout_s = timeout_s  # compile_timeout_s: how long a compile may run (None: no bound)
         self._here = entry_locks.CompilesHere()  # (another server's in this process waits as another process's)
+        # the entries the serving versions loaded: replaced whole on the loop, read by the load threads
+        self.in_use: frozenset[str] = frozenset()
 
     def compiled(self, onnx_path: str, name: str, options: CompileOptions, runtime_kind: str,
                  soc_name: str | None, progress=None, stop: CompileStop | None = None,
@@ -40,13 +47,22 @@ class CompileCache:
         timeout fails: CompileError). `declared_dims`: compiler.compiled_om's."""
         folder = cache_dir.resolve(self._configured, self._models_dir)
         try:
-            return str(compiler.compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name, progress, stop,
-                                            self._timeout_s, self._here, declared_dims))
+            om = compiler.compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name, progress, stop,
+                                      self._timeout_s, self._here, declared_dims)
         except OSError as e:
             told = _told(e, folder)
             if told is e:
                 raise
             raise told from e
+        try:
+            removed = cache_sources.adopt(folder, om, name, onnx_path, self.in_use)
+        except OSError as e:  # housekeeping only: the load goes on
+            log.info("%s: compile cache: could not list %s as %s's: %s", name, onnx_path, om.name, e)
+            removed = []
+        for entry in removed:
+            log.info("%s: removed the compile %s: no model file uses it now (its file was replaced or compiled "
+                     "with other settings)", name, entry)
+        return str(om)
 
     def index_bounds(self, onnx_path: str, om_path: str) -> dict[str, int]:
         """The integer inputs of the compile at `om_path` that index a table (its manifest's), or
@@ -65,41 +81,39 @@ class CompileCache:
         return found
 
     def sweep(self) -> None:
-        """At start (blocking): remove what interrupted compiles left in the cache folder, when
-        there is one (entry_locks.sweep)."""
+        """Blocking: remove what interrupted compiles left in the cache folder, when there is
+        one (entry_locks.sweep), and the entries no model file uses (cache_sources.sweep)."""
         try:
             if self._configured:
                 folders = [Path(self._configured)]
             else:  # either may have been compiled into (cache_dir.resolve); none is made here
                 local, outside = cache_dir.local_folder(self._models_dir)
                 folders = ([] if outside else [local]) + [cache_dir.user_cache_folder(self._models_dir)]
-            removed = sum(entry_locks.sweep(folder) for folder in folders if folder.is_dir())
+            folders = [folder for folder in folders if folder.is_dir()]
+            removed = sum(entry_locks.sweep(folder) for folder in folders)
+            there = os.path.isdir(self._models_dir)  # (missing: its files may be there, only not reached)
+            unused = [entry for folder in folders if there for entry in cache_sources.sweep(folder, self.in_use)]
         except (OSError, RuntimeError) as e:  # housekeeping only (RuntimeError: no home folder found)
             log.warning("compile cache: could not look for what interrupted compiles left: %s", e)
             return
         if removed:
             log.info("compile cache: removed what %d interrupted compile%s left (an entry without its manifest, "
                      "a work folder)", removed, "" if removed == 1 else "s")
+        if unused:
+            log.info("compile cache: removed %d compile%s no model file uses now (%s)", len(unused),
+                     "" if len(unused) == 1 else "s", ", ".join(unused))
 
-    def release(self, name: str, version: str, om_path: str, source: str, replaced: bool,
-                in_use: set[str]) -> None:
+    def release(self, name: str, version: str, om_path: str, source: str, replaced: bool) -> None:
         """Version `name:version` that loaded `om_path` (from `source`) was retired: delete the
-        entry when the version was `replaced` by a file at the same path or its source is gone,
-        unless it is `in_use`. A source that only cannot be reached (the models folder missing,
-        a folder on its way that cannot be searched) is no source gone."""
-        if om_path == source:
-            return  # an .om from the models folder itself, not a cache entry
-        if om_path in in_use:
+        entry when no model file it lists is left (an entry listing none, made before manifests
+        listed them: when the version was `replaced` by a file at the same path or its source is
+        gone), unless a serving version uses it. A file that only cannot be reached (the models
+        folder missing, a folder on its way that cannot be searched) is no file gone."""
+        if om_path == source or om_path in self.in_use:  # (the former: an .om of the models folder itself)
             return
-        if not replaced and not (missing(source) and os.path.isdir(self._models_dir)):
-            # its file stays (unloaded, or a release switch serves another folder's: a rollback uses it)
-            return
-        try:
-            removed = cache_entry.remove(om_path)
-        except OSError as e:
-            log.warning("%s: could not remove %s: %s", name, om_path, e)
-            return
-        if removed:  # (another server sharing the cache may have removed it first)
+        if not os.path.isdir(self._models_dir):
+            return  # nothing is known of the models folder now
+        if cache_sources.remove_if_unused(Path(om_path), unlisted=replaced or missing(source)):
             log.info("%s: removed the compile of the retired version %s (%s)", name, version, Path(om_path).name)
 
 

@@ -116,6 +116,12 @@ def _remove_work(work: Path) -> bool:
     return True
 
 
+def if_unheld(entry: Path, action: Callable[[], bool]) -> bool:
+    """Run `action` under the lock of the cache entry at `entry` when no process holds it (one
+    compiling that entry keeps it); what it returns, False when the lock is held."""
+    return _unheld(entry.parent / f".{entry.name}.lock", action)
+
+
 def _unheld(lock_path: Path, action) -> bool:
     """Run `action` under the lock at `lock_path` when nobody holds it, and remove the lock file,
     as `exclusive` does on release; what `action` returns (False when the lock is held)."""
@@ -133,7 +139,7 @@ def _unheld(lock_path: Path, action) -> bool:
         try:
             return action()
         except OSError as e:
-            log.warning("compile cache: could not remove what %s guards: %s", lock_path.name, e)
+            log.warning("compile cache: could not remove or update what %s guards: %s", lock_path.name, e)
             return False
         finally:
             with contextlib.suppress(FileNotFoundError):

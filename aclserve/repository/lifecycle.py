@@ -83,9 +83,10 @@ class Lifecycle:
         self._loads: set[asyncio.Task] = set()  # a version loading now (apply tasks): close() abandons them
         self._compiles = RunningCompiles(self._went_meanwhile)  # its loads' compiles, by model: stops end them
 
-    def sweep_cache(self) -> None:
-        """Before the first loads (blocking): what interrupted compiles left in the compile cache."""
-        self._cache.sweep()
+    async def sweep_cache(self) -> None:
+        """What interrupted compiles left in the compile cache, and the entries no model file uses
+        (CompileCache.sweep, in a thread): before the first loads, and after a scan found a file gone."""
+        await asyncio.get_running_loop().run_in_executor(None, self._cache.sweep)
 
     # ---- tasks ----------------------------------------------------------------------------------
     def start(self, plan: ModelPlan) -> asyncio.Task | None:
@@ -227,7 +228,7 @@ class Lifecycle:
     def _release_unserved(self, name: str, version: str, om_path: str, source: str) -> None:
         """The compile of a version never served goes when its source is gone (at shutdown the cache stays)."""
         if not self._closed:
-            self._cache.release(name, version, om_path, source, False, self._compiles_in_use())
+            self._cache.release(name, version, om_path, source, False)
 
     def _swap(self, name: str, loaded: dict[str, ServedVersion], unload: dict[str, str],
               keep: dict[str, Wanted]) -> dict[str, ServedVersion]:
@@ -256,6 +257,7 @@ class Lifecycle:
             serving.pop(name, None)
             acted.pop(name, None)
         self.serving, self.acted = serving, acted  # requests see the old map or the new one, never a mix
+        self._cache.in_use = frozenset(sv.om_path for versions in serving.values() for sv in versions.values())
         for version, old in retired.items():
             old.retire(functools.partial(self._successor, name, version))
             self.retiring.add(old, replaced=version in loaded)
@@ -287,7 +289,7 @@ class Lifecycle:
         if not self._closed:  # at shutdown the cache stays for the next start
             successor = self.serving.get(sv.name, {}).get(sv.version) if replaced else None
             in_place = successor is not None and successor.source == sv.source  # (not a release switch's folder)
-            self._cache.release(sv.name, sv.version, sv.om_path, sv.source, in_place, self._compiles_in_use())
+            self._cache.release(sv.name, sv.version, sv.om_path, sv.source, in_place)
         if sv.version not in self.serving.get(sv.name, {}):
             self.states.unloaded(sv.name, sv.version, held=sv.name in self.held
                                  and self._planner.on_disk(sv.name, sv.version))
@@ -296,9 +298,6 @@ class Lifecycle:
         else:
             log.info("%s: version %s unloaded (%s)", sv.name, sv.version, cause)
             self._emit("unloaded", sv.name, sv.version)
-
-    def _compiles_in_use(self) -> set[str]:
-        return {sv.om_path for versions in self.serving.values() for sv in versions.values()}
 
     def _refuse(self, name: str, version: str, wanted: Wanted, error: Exception, replaces: bool) -> str:
         """Record a failed load; `replaces`: its plan unloads versions once it is in (a new version

@@ -35,6 +35,7 @@ class Planner:
         self.root = root
         self.scan = layout.ScanResult()  # the latest scan
         self.listed: layout.ScanResult | None = None  # the latest that could list the folder
+        self.files_went = False  # the latest scan lacks a model file the listing before it had
         self.pending: dict[str, dict[str, str]] = {}  # name -> version -> the file it waits for (settle.py)
         self.desired: DesiredState = {}  # what the latest plans were made for
         self._gate = gate
@@ -44,7 +45,9 @@ class Planner:
 
     async def rescan(self) -> layout.ScanResult:
         self.scan = await asyncio.get_running_loop().run_in_executor(None, layout.scan, self.root, self._defaults)
+        self.files_went = False
         if not self.scan.unreadable:
+            self.files_went = self.listed is not None and bool(_model_files(self.listed) - _model_files(self.scan))
             self.listed = self.scan
         return self.scan
 
@@ -146,6 +149,10 @@ class Planner:
                         again)
             current.add(key)
         self._logged = current
+
+
+def _model_files(scan: layout.ScanResult) -> set[str]:
+    return {file.path for entry in scan.models.values() for file in entry.available.values()}
 
 
 def _rewritten(file: layout.VersionFile) -> bool:

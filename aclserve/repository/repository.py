@@ -99,7 +99,7 @@ class ModelRepository:
             return
         self._started = True
         check_models_folder(self.root)
-        await asyncio.get_running_loop().run_in_executor(None, self._lifecycle.sweep_cache)
+        await self._lifecycle.sweep_cache()
         if self.mode == "poll":
             self._debouncer = Debouncer(self.config.debounce_s, self._reconcile_all,
                                         max_wait=max(10 * self.config.debounce_s, self.config.settle_s))
@@ -336,6 +336,8 @@ class ModelRepository:
         if not scan.unreadable:  # (a folder that cannot be listed tells nothing: all is kept)
             self._failures.keep_files_of(scan)
             self._lifecycle.forget_stale()
+            if self._planner.files_went:  # (their compiles, an unloaded model's too: the cache stays bounded)
+                await self._lifecycle.sweep_cache()
         self._last_scan = number
 
     def _refuse_while_held(self, name: str) -> None:

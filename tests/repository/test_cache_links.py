@@ -1,6 +1,6 @@
 """Links in the compile cache are not followed (an independent tester's finds, against the
-README's rule that the models folder is the limit of what the server opens): `models/.cache ->
-/tmp/outside` had every compile and manifest written there; an entry's .om made a link to another
+README's rule that the models folder is the limit of what the server opens): `models/.cache` a
+link to a folder outside had every compile and manifest written there; an entry's .om made a link to another
 model's OM elsewhere, its manifest's om_sha256 and om_size set to match, was served as the model."""
 from __future__ import annotations
 
