@@ -134,9 +134,12 @@ def test_replicas_compile_a_dropped_onnx_once_into_one_valid_entry(replicas):
     assert entries[1] == entries[0] + ".json"  # its manifest (repository/cache_entry.py)
     header = container.read_header(models / ".cache" / entries[0])  # a whole, valid CPU OM
     assert [t["name"] for t in header["inputs"]][:2] == ["x", "idx"] and header["gears"] == [1, 2, 4, 8]
+    def said(logs):  # (once each replica's line is written: its log writer's thread may be behind)
+        return [sum(log.count("m: compiled in") for log in logs), sum("using cached compile" in log for log in logs)]
+
+    group[0].wait_until(lambda: sum(said([r.log() for r in group])) >= REPLICAS, "logging each load")
     logs = [r.log() for r in group]
-    assert sum(log.count("m: compiled in") for log in logs) == 1, "\n".join(logs)
-    assert sum("using cached compile" in log for log in logs) == REPLICAS - 1
+    assert said(logs) == [1, REPLICAS - 1], "\n".join(logs)
     for r in group:
         assert infer(r).get_response().model_name == "m"
 
@@ -180,8 +183,9 @@ def test_readiness_is_false_until_the_models_are_loaded(tmp_path):
     try:
         seen = []
         replica.wait_until(lambda: seen.append(replica.ready()) or seen[-1] == 200, "ready")
-        # the first 200 came only after the model was loaded; every probe before it failed
-        assert "m: version 1 ready" in replica.log()
+        # the first 200 came only after the model was loaded; every probe before it failed (the
+        # line may reach the file after the probe: the server's log lines go through a writer thread)
+        replica.wait_until(lambda: "m: version 1 ready" in replica.log(), "logging the load")
         assert set(seen[:-1]) <= {None, 503}, seen
         infer(replica)
     finally:
