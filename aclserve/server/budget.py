@@ -91,6 +91,15 @@ class Lease:
         self.held -= nbytes
         self.budget.used -= nbytes
 
+    def settle(self, nbytes: int) -> None:
+        """Charge exactly `nbytes` from now on: memory taken already (an answer made, waiting to
+        be sent), so never refused, even past the budget; what was charged beyond it is given back."""
+        budget = self.budget
+        budget.used += nbytes - self.held
+        self.held = nbytes
+        if budget.used > budget.peak:
+            budget.peak = budget.used
+
     def split(self, nbytes: int) -> "Lease":
         """A lease of its own for `nbytes` of this one's charge (moved, not charged again): for
         memory that may outlive the request (a cancelled request's image decodes run on)."""

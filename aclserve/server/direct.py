@@ -31,8 +31,9 @@ turns it off.
 Only a request whose body is in hand is answered here: nothing is held for direct's sake (a
 body that did not come with its head in the same read goes to aiohttp; one the early refusal
 held back to read it, shedding.py, may be answered here once whole). The body is charged to
-the memory budget as aiohttp's path charges it; a client that goes away cancels the request
-(it leaves the queue), as aiohttp's handler cancellation does.
+the memory budget as aiohttp's path charges it, and the answer stays charged until it is sent
+(answer_charge.py); a client that goes away cancels the request (it leaves the queue), as
+aiohttp's handler cancellation does.
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ import orjson
 from aiohttp.http import SERVER_SOFTWARE
 
 from ..errors import ServeError
+from .answer_charge import DIRECT_COPIES, answer_charge
+from .budget import Lease
 from .codec import HEADER_LENGTH, parse_header_length
 from .error_responses import error_body, retry_after_value, serve_error_parts
 from .infer import counted_infer, infer_body
@@ -79,9 +82,10 @@ class DirectInfer:
         return head.derived("direct", _plain_target)
 
     async def answer(self, named: tuple[str, str | None], head: Head, body: bytes | memoryview, transport
-                     ) -> tuple[bytes, bytes]:
+                     ) -> tuple[tuple[bytes, bytes], Lease | None]:
         """The HTTP answer (its head, its body) to a request `target` accepted (its body in hand:
-        a view of the bytes read, which the codec decodes without copying)."""
+        a view of the bytes read, which the codec decodes without copying), and the charge of a
+        200's answer, which the caller gives back once the answer is sent (answer_charge.py)."""
         state = self._state
         self.answered += 1
         try:
@@ -89,18 +93,20 @@ class DirectInfer:
                 known_id = _request_id(head) if state.observer is not None else None
                 work = functools.partial(self._run, lease, head, body, named[1] is not None, known_id)
                 payload, json_length = await counted_infer(state, named[0], named[1], work, known_id=known_id)
-            if json_length is None:
-                return _render(200, _JSON, payload)
-            return _render(200, _BINARY, payload, {HEADER_LENGTH: str(json_length)})
+                if json_length is None:
+                    answer = _render(200, _JSON, payload)
+                else:
+                    answer = _render(200, _BINARY, payload, {HEADER_LENGTH: str(json_length)})
+                return answer, answer_charge(lease, DIRECT_COPIES * len(payload))
         except ServeError as e:
             try:
-                return self._error(e, transport)
+                return self._error(e, transport), None
             except Exception as inner:  # the answer must go out whatever failed
                 error = inner
         except Exception as e:
             error = e
         log.error("internal error on POST %s", head.target.decode("latin-1"), exc_info=error)
-        return _render(500, _JSON, orjson.dumps({"error": "internal error"}))
+        return _render(500, _JSON, orjson.dumps({"error": "internal error"})), None
 
     def _error(self, error: ServeError, transport) -> tuple[bytes, bytes]:
         status, message, wait, headers = serve_error_parts(self._state, error, transport, body_pending=False)

@@ -14,7 +14,8 @@ unanswered (answers keep their order):
 - direct answers: a plain infer request whose body came with its head is answered here, through
   the same infer path, without aiohttp's request objects: the connection is BUSY while it runs,
   nothing more is read from it until the answer is written, and a connection lost meanwhile
-  cancels it.
+  cancels it; an answer that leaves the transport's buffer over its limit stays charged to the
+  memory budget until the buffer drains (answer_charge.py).
 
 Early refusals are written through the tracker's Outbox (outbox.py): those of one loop round
 go out together at its end. Which requests are plain: plain.py. Loop thread only.
@@ -35,6 +36,7 @@ import sys
 from typing import Callable
 
 from .address import address
+from .budget import Lease
 from .connections import BUSY, HEAD, IDLE, ConnectionTracker
 from .framing import ANSWERED, FORWARD, NEED_BODY, RequestFraming
 from .direct import said_closing
@@ -67,7 +69,7 @@ class GuardedProtocol(asyncio.Protocol):
     has gone out (or the transport's buffer has drained below its limit)."""
 
     __slots__ = ("_tracker", "_factory", "_tls", "_inner", "_conn", "_framing", "_serving", "_write_paused",
-                 "_read_on_drain")
+                 "_read_on_drain", "_unsent")
 
     def __init__(self, tracker: ConnectionTracker, factory, tls: ssl.SSLContext | None = None):
         self._tracker, self._factory, self._tls = tracker, factory, tls
@@ -75,6 +77,7 @@ class GuardedProtocol(asyncio.Protocol):
         self._serving: asyncio.Task | None = None  # the direct answer being made
         self._write_paused = False  # the transport's buffer is over its limit (the client reads slowly)
         self._read_on_drain = False  # a direct answer waits in that buffer: read on when it drains
+        self._unsent: Lease | None = None  # the charge of the direct answers in that buffer (answer_charge.py)
 
     def connection_made(self, transport) -> None:
         self._conn = self._tracker.admit(transport, plain=self._tls is None)
@@ -207,14 +210,18 @@ class GuardedProtocol(asyncio.Protocol):
         transport = conn.transport
         tracker = self._tracker
         try:
-            answer = await tracker.direct.answer(named, head, body, transport)
+            answer, charge = await tracker.direct.answer(named, head, body, transport)
         finally:
             self._serving = None
         if transport.is_closing():
+            if charge is not None:
+                charge.release()
             return
         tracker.outbox.flush_before(transport)
         closing = head.closes or not tracker.accepting
         transport.writelines(said_closing(answer) if closing else answer)
+        if charge is not None:
+            self._charge_unsent(charge)
         conn.phase, conn.since = IDLE, tracker.now()
         tracker.answered(conn)  # during the drain: closed once it is out
         if closing:  # RFC 9112 9.6: nothing after an answer that said `Connection: close` is read
@@ -229,6 +236,17 @@ class GuardedProtocol(asyncio.Protocol):
             transport.pause_reading()
         elif conn.hold is None:  # a hold (an overload refusal) reads on when it ends
             self.read_on()
+
+    def _charge_unsent(self, charge: Lease) -> None:
+        """A direct answer just written stays charged while it leaves the transport's buffer over
+        its limit (the client reads slowly, or not at all): until resume_writing, or the
+        connection is lost. Given back at once otherwise (the common case)."""
+        if not self._write_paused:
+            charge.release()
+        elif self._unsent is None:
+            self._unsent = charge
+        else:
+            self._unsent.take_over(charge)
 
     def read_on(self) -> None:
         """Read again, then feed what came while a direct answer was made (or its buffer
@@ -260,6 +278,7 @@ class GuardedProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self._tracker.forget(self._conn)
+        self._sent()
         if self._serving is not None:
             self._serving.cancel()
         if self._inner is not None:
@@ -272,12 +291,19 @@ class GuardedProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self._sent()
         if self._inner is not None:
             self._inner.resume_writing()
         if self._read_on_drain:
             self._read_on_drain = False
             if self._conn.hold is None and not self._conn.transport.is_closing():
                 self.read_on()
+
+    def _sent(self) -> None:
+        """The direct answers waiting in the transport's buffer are out (or dropped): their charge goes back."""
+        if self._unsent is not None:
+            self._unsent.release()
+            self._unsent = None
 
 
 def run_now(coro, done: Callable[[object, BaseException | None], None]) -> None:

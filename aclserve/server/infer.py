@@ -1,10 +1,10 @@
 """POST /v2/models/{model}[/versions/{version}]/infer: the hot path.
 
 Per request: one repository lookup, one cached VersionRecord, the body read under the memory
-budget (body.py; the request's lease is held until the answer is built, and its JSON's parsed
-size is charged before decoding), decode, `served.infer` (the batcher), encode, all on the
-event loop. JSON is not moved to a worker thread: orjson and the
-array conversion hold the interpreter lock, so the loop could not run meanwhile anyway
+budget (body.py; the request's lease is held until the answer is built, the answer's part until
+it is sent: answer_charge.py; its JSON's parsed size is charged before decoding), decode,
+`served.infer` (the batcher), encode, all on the event loop. JSON is not moved to a worker
+thread: orjson and the array conversion hold the interpreter lock, so the loop could not run meanwhile anyway
 (measured: medium-CNN JSON bodies at 16 clients, 611 req/s inline against 615 with the hop and
 the same CPU per request; the longest loop stall while a 1.9 MB body decodes, 12-20 ms inline
 against 15 ms in a thread). Cancellation: when the client goes away aiohttp cancels this
@@ -26,6 +26,7 @@ from aiohttp import web
 from ..errors import InvalidInput, ServeError
 from ..scheduling import answered_before_cancel
 from ..trace import CLIENT_GONE, now_ns
+from .answer_charge import AIOHTTP_COPIES, ChargedResponse, answer_charge
 from .answer_coding import COMPRESS_MIN_BYTES, answer_coding
 from .answer_size import answer_bytes, answer_hint
 from .app_keys import STATE
@@ -52,10 +53,12 @@ async def infer(request: web.Request) -> web.Response:
     state = request.app[STATE]
     match = request.match_info
     with state.budget.lease() as lease:  # held until the answer is built
-        return await counted_infer(state, match["model"], match.get("version"),
-                                   functools.partial(_infer, request, state, lease),
-                                   known_id=request.headers.get(REQUEST_ID_HEADER),
-                                   read=functools.partial(_read, request, state, lease))
+        response = await counted_infer(state, match["model"], match.get("version"),
+                                       functools.partial(_infer, request, state, lease),
+                                       known_id=request.headers.get(REQUEST_ID_HEADER),
+                                       read=functools.partial(_read, request, state, lease))
+        response.charge = answer_charge(lease, AIOHTTP_COPIES * len(response.body))  # until it is sent
+        return response
 
 
 async def expect_body(request: web.Request) -> web.Response | None:
@@ -296,16 +299,15 @@ async def _read(request: web.Request, state, lease) -> bytes:
                            config.max_inflate_ratio)
 
 
-async def _infer(request: web.Request, state, lease, rec, trace, body: bytes) -> web.Response:
+async def _infer(request: web.Request, state, lease, rec, trace, body: bytes) -> ChargedResponse:
     header_length = parse_header_length(request.headers.getall(HEADER_LENGTH, ()))
     fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
     payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images, lease,
                                             pinned="version" in request.match_info)
     if json_length is None:
-        response = web.Response(body=payload, content_type=_JSON)
+        response = ChargedResponse(body=payload, content_type=_JSON)
     else:
-        response = web.Response(body=payload, content_type=_BINARY,
-                                headers={HEADER_LENGTH: str(json_length)})
+        response = ChargedResponse(body=payload, content_type=_BINARY, headers={HEADER_LENGTH: str(json_length)})
     accepted = request.headers.get("Accept-Encoding")
     if len(payload) >= COMPRESS_MIN_BYTES and accepted:
         coding = answer_coding(accepted)
