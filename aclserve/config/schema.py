@@ -195,6 +195,7 @@ class ServerConfig:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     keepalive_timeout_s: float = 15.0
+    send_min_bytes_per_s: int = 1024 * 1024  # 0 = no send deadline (server/send_deadline.py)
     grpc_max_message_bytes: int = 8 * 1024 * 1024
     grpc_max_connection_age_s: float = 600.0  # 0 = a gRPC connection lives as long as its client keeps it
     hold_refused_connections: bool = False

@@ -69,6 +69,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         header_timeout_s=as_float(get("header_timeout_s"), "header_timeout_s", 0.001, maximum=MAX_S),
         body_timeout_s=as_float(get("body_timeout_s"), "body_timeout_s", 0.001, maximum=MAX_S),
         keepalive_timeout_s=as_float(get("keepalive_timeout_s"), "keepalive_timeout_s", 0.001, maximum=MAX_S),
+        send_min_bytes_per_s=as_int(get("send_min_bytes_per_s"), "send_min_bytes_per_s", 0),
         grpc_max_message_bytes=grpc_message,
         grpc_max_connection_age_s=as_float(get("grpc_max_connection_age_s"), "grpc_max_connection_age_s",
                                            maximum=MAX_S),

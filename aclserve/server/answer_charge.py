@@ -12,7 +12,8 @@ to it) waits there (measured on both loops: 60 and 128 MB of RSS a 64 MiB answer
 goes back once the answer is written and the transport's buffer has drained below its low-water
 mark (asyncio's resume_writing, 16 KiB; aiohttp's write_eof waits for that, the guard counts
 it: guard.py), or when the connection goes. A client that reads nothing then holds the budget,
-so others get its 503 rather than the machine's memory.
+so others get its 503 rather than the machine's memory, and one that takes its answer too
+slowly is closed (connections.py: the send deadline), which gives the charge back.
 """
 from __future__ import annotations
 

@@ -12,7 +12,10 @@ An IDLE connection whose client has not taken its answers (they wait in the tran
 buffer) or whose pipelined requests wait to be read (kept while those answers go out) is not
 idle: it is closed after `send_timeout_s` (body_timeout_s) without progress instead (its
 buffer not shrinking between two sweeps), as nginx's send_timeout does; closing it at
-keepalive_timeout_s lost answers already counted.
+keepalive_timeout_s lost answers already counted. And while its buffer is over the high-water
+mark, in any phase, the client must take it at `send_min_bytes_per_s` once `send_timeout_s` has
+passed (send_deadline.py). Either closes it dropping what its client has not taken (a close
+waits to send it: the socket, its buffer and the answers' charges stayed, outside the cap).
 
 A sweep every second closes connections past their phase's limit. At `max_connections` a new connection replaces the
 one idle longest (or the slowest head) if it has been so for at least EVICT_AFTER_S, else it is answered 503 and
@@ -44,6 +47,7 @@ from aiohttp import web
 
 from .descriptors import lingering_cap
 from .outbox import Outbox
+from .send_deadline import SendClock, reset_on_close
 from .shedding import refusal
 from .unsent import UnsentAnswers
 
@@ -90,7 +94,7 @@ SCRAPE_PATH = "/metrics"  # what a connection opened during the drain is answere
 
 
 class _Conn:
-    __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded", "unsent", "late", "closing")
+    __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded", "unsent", "late", "closing", "clock")
 
     def __init__(self, transport, now: float, late: bool = False):
         self.transport, self.phase, self.since = transport, IDLE, now
@@ -102,21 +106,23 @@ class _Conn:
         # aiohttp answered `Connection: close`: the guard answers nothing after it (RFC 9112 9.6),
         # aiohttp reads the rest of a refused body, then closes
         self.closing = False
+        self.clock: SendClock | None = None  # while its writing is paused: the send deadline's
 
 
 class ConnectionTracker:
     """Owned by the server state; each connection's GuardedProtocol (guard.py) reports to it."""
 
     def __init__(self, max_connections: int, header_timeout_s: float, keepalive_timeout_s: float,
-                 hold_refused: bool = False, send_timeout_s: float = 60.0):
+                 hold_refused: bool = False, send_timeout_s: float = 60.0, send_min_bytes_per_s: int = 0):
         self.max_connections = max_connections
         self.hold_refused = hold_refused
         self.header_timeout_s = header_timeout_s
         self.keepalive_timeout_s = keepalive_timeout_s
         self.send_timeout_s = max(send_timeout_s, keepalive_timeout_s)
+        self.send_min_bytes_per_s = send_min_bytes_per_s  # 0: no send deadline
         self.accepting = True
         self.closed = False  # the drain has ended (close_all): every new connection is refused
-        self.counts = {"refused": 0, "evicted": 0, "header_timeout": 0, "idle_timeout": 0}
+        self.counts = {"refused": 0, "evicted": 0, "header_timeout": 0, "idle_timeout": 0, "slow_reader": 0}
         self.early = None  # shedding.EarlyRefusal: infer requests refused before aiohttp sees them
         self.direct = None  # direct.DirectInfer: plain infer requests answered without aiohttp
         self.outbox = Outbox()  # the guard's early refusals, written together at the end of a round
@@ -248,6 +254,14 @@ class ConnectionTracker:
             conn.hold = None
             self.held -= 1
 
+    # -- the send deadline (called by the guard) -------------------------------------------------
+    def writing_paused(self, conn: _Conn) -> None:
+        if self.send_min_bytes_per_s:
+            conn.clock = SendClock(self._loop.time(), conn.transport.get_write_buffer_size())
+
+    def writing_resumed(self, conn: _Conn) -> None:
+        conn.clock = None
+
     # -- phases (called by tracking_middleware) -------------------------------------------------
     def request_started(self, transport) -> None:
         conn = self._conns.get(transport)
@@ -273,7 +287,12 @@ class ConnectionTracker:
         self._sweeper = None
         now = self._loop.time()
         for conn in list(self._conns.values()):
-            if conn.phase == IDLE and now - conn.since > self.keepalive_timeout_s:
+            if conn.clock is not None and conn.clock.overdue(now, conn.transport.get_write_buffer_size(),
+                                                             self.send_timeout_s, self.send_min_bytes_per_s):
+                self.counts["slow_reader"] += 1
+                reset_on_close(conn.transport)
+                self._close(conn, drop_unsent=True)
+            elif conn.phase == IDLE and now - conn.since > self.keepalive_timeout_s:
                 if _answers_pending(conn):
                     unsent = conn.transport.get_write_buffer_size()
                     if unsent < conn.unsent:  # the client took some since the last sweep: progress
@@ -281,8 +300,10 @@ class ConnectionTracker:
                     conn.unsent = unsent
                     if now - conn.since <= self.send_timeout_s:
                         continue
+                    if unsent:
+                        reset_on_close(conn.transport)  # what it has not taken is dropped
                 self.counts["idle_timeout"] += 1
-                self._close(conn)
+                self._close(conn, drop_unsent=True)
             elif conn.phase == HEAD and now - conn.since > self.header_timeout_s:
                 self.counts["header_timeout"] += 1
                 self._close(conn)
@@ -316,7 +337,8 @@ class ConnectionTracker:
         self.sending.end()
 
     def _close(self, conn: _Conn, drop_unsent: bool = False) -> None:
-        # drop_unsent (the drain has ended): a close keeps sending, and aiohttp waiting for it held the exit 2 s
+        # drop_unsent (the drain has ended, a client too slow): a close keeps sending, for as long as its client
+        # takes nothing (aiohttp waiting for it held the exit 2 s)
         self.outbox.flush()  # an answer made for this connection goes out before it closes (all go)
         self._conns.pop(conn.transport, None)
         self.sending.discard(conn)

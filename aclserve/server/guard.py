@@ -15,7 +15,8 @@ unanswered (answers keep their order):
   the same infer path, without aiohttp's request objects: the connection is BUSY while it runs,
   nothing more is read from it until the answer is written, and a connection lost meanwhile
   cancels it; an answer that leaves the transport's buffer over its limit stays charged to the
-  memory budget until the buffer drains (answer_charge.py).
+  memory budget until the buffer drains (answer_charge.py), and the tracker times its client
+  (send_deadline.py).
 
 Early refusals are written through the tracker's Outbox (outbox.py): those of one loop round
 go out together at its end. Which requests are plain: plain.py. Loop thread only.
@@ -286,11 +287,15 @@ class GuardedProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        if self._conn is not None:
+            self._tracker.writing_paused(self._conn)
         if self._inner is not None:
             self._inner.pause_writing()
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self._conn is not None:
+            self._tracker.writing_resumed(self._conn)
         self._sent()
         if self._inner is not None:
             self._inner.resume_writing()

@@ -85,7 +85,8 @@ class ServerState:
         self.body_reads = OpenCalls()  # HTTP bodies still arriving: ended when the drain ends (open_calls.py)
         self.connections = ConnectionTracker(config.max_connections, config.header_timeout_s,
                                              config.keepalive_timeout_s, config.hold_refused_connections,
-                                             send_timeout_s=config.body_timeout_s)
+                                             send_timeout_s=config.body_timeout_s,
+                                             send_min_bytes_per_s=config.send_min_bytes_per_s)
         self.connections.early = EarlyRefusal(self) if config.shed_before_parsing else None
         self.grpc_max_connections = config.max_connections  # what the descriptor limit leaves (app.py)
         self.own_middlewares: tuple = ()  # the app's middlewares as create_app made them

@@ -1,18 +1,22 @@
 """HTTP answers waiting on a client that does not read them: charged to the memory budget while
-they wait (server/answer_charge.py). A tester's clients asking for 64 MiB answers and reading
-none took the server's RSS up by 64-128 MB each while aclserve_request_memory_bytes read 0.
-Real server, raw sockets with a small receive buffer (the answer waits in the server), both
-HTTP paths: the guard's direct answers and aiohttp's (a request naming an Accept-Encoding goes
-there)."""
+they wait (server/answer_charge.py), and a client that takes them too slowly closed by the send
+deadline (server/send_deadline.py). A tester's clients asking for 64 MiB answers and reading
+none took the server's RSS up by 64-128 MB each while aclserve_request_memory_bytes read 0, and
+one reading 2 KB every 30 s kept its answer for good. Real server, raw sockets with a small
+receive buffer (the answer waits in the server), both HTTP paths: the guard's direct answers
+and aiohttp's (a request naming an Accept-Encoding goes there)."""
 from __future__ import annotations
 
 import asyncio
 import json
 import socket
+import time
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
+from aclserve.server.send_deadline import SendClock
 
 from tests.serving import ServerThread, server_config
 from tests.tiny_models import compile_cpu_om, save_graph
@@ -117,3 +121,49 @@ def test_answers_a_client_does_not_read_are_charged_until_it_reads_or_goes(model
         read_rest(ok, left)
         for sock, _ in readers + [(ok, 0)]:
             sock.close()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_client_taking_its_answer_too_slowly_is_closed(models, path):
+    """2 KB every 0.2 s (10 KB/s) against a floor of 1 MiB/s after a grace of 1 s: cut, and the
+    charge given back. Before, any progress counted and the connection stayed open."""
+    uvloop = pytest.importorskip("uvloop")  # (as `aclserve serve` runs)
+    config = server_config(models, model_control_mode="none", max_body_bytes=MiB, max_request_bytes=12 * MiB,
+                           max_inflight_bytes=20 * MiB, body_timeout_s=1, keepalive_timeout_s=0.5,
+                           send_min_bytes_per_s=MiB)
+    with ServerThread(config, run=uvloop.run) as srv:
+        sock = ask(srv.url, path)
+        assert answer_head(sock)[0] == b"HTTP/1.1 200 OK"
+        until(lambda: charged(srv.url) > 0, "the unsent answer charged")
+        taken, cut = 0, False
+        for _ in range(300):  # (a hang guard: a minute)
+            time.sleep(0.2)
+            try:
+                chunk = sock.recv(2048)
+            except ConnectionError:  # reset: what it had not taken was dropped
+                cut = True
+                break
+            if not chunk:
+                cut = True
+                break
+            taken += len(chunk)
+        sock.close()
+        assert cut and taken < ANSWER // 2, taken
+        assert metric(srv.url, "aclserve_connections_closed_total", 'reason="slow_reader"') == 1
+        until(lambda: charged(srv.url) == 0, "its charge given back")
+
+
+def test_the_send_clock_asks_a_rate_after_the_grace():
+    grace, rate = 10.0, 1000.0
+    idle = SendClock(0.0, 50_000)
+    assert not idle.overdue(10.0, 50_000, grace, rate)  # within the grace: nothing asked
+    assert idle.overdue(10.5, 50_000, grace, rate)  # nothing taken once it has passed
+    keeping_up = SendClock(0.0, 100_000)
+    for second in range(1, 60):  # 1,500 bytes a second, above the floor
+        assert not keeping_up.overdue(float(second), 100_000 - 1_500 * second, grace, rate)
+    trickle = SendClock(0.0, 100_000)
+    overdue = [trickle.overdue(float(second), 100_000 - 500 * second, grace, rate) for second in range(1, 30)]
+    assert overdue.index(True) == 20  # at 21 s: taken 10,500 of the 11,000 due (at 20 s, 10,000 of 10,000)
+    grown = SendClock(0.0, 10_000)
+    assert not grown.overdue(5.0, 90_000, grace, rate)  # bytes added (an answer written): not taken
+    assert grown.overdue(11.0, 90_000, grace, rate) and grown.taken == 0
