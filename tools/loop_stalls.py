@@ -2,13 +2,15 @@
 """How long one hostile request can hold the server's event loop: the worst `GET /v2/health/live`
 latency while it runs, against a request of the same size that costs only its reading.
 
-Starts `aclserve serve` on the repository's models/ (the digits and digits_image models) on free
-loopback ports, then for each case sends the hostile request, and then the baseline (the same
-number of bytes to a model that does not exist: read, then refused), while a prober thread asks
-/v2/health/live every 5 ms on a connection of its own. The event loop answers the probe, so a
-loop held by Python work proportional to what a client sent shows as a large worst latency.
-Prints one Markdown row per case: the hostile request's answer, its worst probe latency and the
-baseline's. README "Limits" quotes a run.
+Starts `aclserve serve` on the repository's models/ (the digits and digits_image models; with an
+answer case, a copy of them and `tiled`, made here) on free loopback ports, then for each case
+sends the hostile request, and then the baseline (the same number of bytes to a model that does
+not exist: read, then refused), while a prober thread asks /v2/health/live every 5 ms on a
+connection of its own. The event loop answers the probe, so a loop held by Python work
+proportional to what a client sent shows as a large worst latency. Prints one Markdown row per
+case: the hostile request's answer, its worst probe latency and the baseline's, each with the
+most CPU time the server's event loop took while a probe waited (what a latency is on an idle
+machine: other processes' load lengthens latencies, not that). README "Limits" quotes runs.
 
     python tools/loop_stalls.py [--cases jpeg-segments,...] [--mb 15]
 
@@ -21,7 +23,10 @@ distinct keys), grpc-inputs (a ModelInfer of empty inputs), grpc-params (a valid
 whose `parameters` hold as many distinct entries as the memory budget let through before they
 were bounded), grpc-params-bound (one of 16,384 entries, the most now served), grpc-params-inputs
 (those, then inputs each with an empty `contents` to the memory budget), grpc-trace (a
-TraceSetting of many settings).
+TraceSetting of many settings), json-answer (a request of 98 bytes whose answer is 8,388,608
+FP32 values as JSON, 92 MB, sent as http.client sends it, with `Accept-Encoding: identity`, so
+that aiohttp answers it; its baseline: the same answer's values binary, 32 MB), grpc-answer (the
+same request over gRPC, whose answer is binary; baseline as json-answer's).
 """
 from __future__ import annotations
 
@@ -48,22 +53,41 @@ IMAGES = "/v2/models/digits_image/infer"
 # charged 65 bytes a byte and parsed (it is refused now, after the walk)
 WALKED_PAST = (256 << 20) // 65
 NUMBERS = "/v2/models/digits/infer"
+TILED = "/v2/models/tiled/infer"
+TILED_VALUES = 1 << 22  # values of a row of tiled's output (16 MiB of FP32)
+TILED_X = [0.12345678, -1.2345678]  # written in 10-11 characters each, as random FP32 values are
+ANSWER_CASES = ("json-answer", "grpc-answer")
 
 
 class HealthProbe:
     """One GET /v2/health/live on a keep-alive connection of its own: its latency in ms (called
-    by a PeakSampler's thread only; close() once that thread has stopped)."""
+    by a PeakSampler's thread only; close() once that thread has stopped). `loop_cpu_peak`: the
+    most CPU time the server's event loop thread (`loop_pid`, its main thread) took while a probe
+    waited, in ms since it was last set to 0: unlike a latency, not lengthened by other
+    processes' load (from /proc's schedstat, where Linux has one; else 0)."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, loop_pid: int):
         self._port, self._conn = port, None
+        self._schedstat = f"/proc/{loop_pid}/task/{loop_pid}/schedstat"
+        self.loop_cpu_peak = 0.0
 
     def __call__(self) -> float:
         if self._conn is None:
             self._conn = http.client.HTTPConnection("127.0.0.1", self._port, timeout=60)
+        cpu = self._loop_cpu_ns()
         start = time.perf_counter()
         self._conn.request("GET", "/v2/health/live")
         self._conn.getresponse().read()
-        return (time.perf_counter() - start) * 1000
+        latency = (time.perf_counter() - start) * 1000
+        self.loop_cpu_peak = max(self.loop_cpu_peak, (self._loop_cpu_ns() - cpu) / 1e6)
+        return latency
+
+    def _loop_cpu_ns(self) -> int:
+        try:
+            with open(self._schedstat) as f:
+                return int(f.read().split()[0])  # time on a CPU, ns
+        except OSError:
+            return 0
 
     def close(self) -> None:
         if self._conn is not None:
@@ -112,7 +136,35 @@ def http_cases(mb: int) -> dict:
         "many-dims": (NUMBERS, json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1] * 1_000_000,
                                                        "data": [0.0] * 64}]}).encode(), as_json),
         "json-keys": (NUMBERS, _many_keys(size), as_json),
+        "json-answer": (TILED, _tiled_request(binary=False), as_json),
     }
+
+
+def _tiled_request(binary: bool) -> bytes:
+    """tiled's request of two rows, its answer's values JSON or binary."""
+    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 1], "data": TILED_X}]}
+    if binary:
+        doc["parameters"] = {"binary_data_output": True}
+    return json.dumps(doc).encode()
+
+
+def _tiled_models(folder: str) -> str:
+    """A models folder: the repository's models/ and tiled.onnx, y = Tile(x [N,1], [1, TILED_VALUES])
+    (FP32), compiled when the server loads it."""
+    import shutil
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    models = os.path.join(folder, "models")
+    shutil.copytree(os.path.join(ROOT, "models"), models)
+    reps = numpy_helper.from_array(np.array([1, TILED_VALUES], np.int64), "reps")
+    graph = helper.make_graph([helper.make_node("Tile", ["x", "reps"], ["y"])], "tiled",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", TILED_VALUES])],
+                              [reps])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, os.path.join(models, "tiled.onnx"))
+    return models
 
 
 def _many_keys(size: int) -> bytes:
@@ -141,7 +193,15 @@ def grpc_cases() -> dict:
             "grpc-params-bound": (infer, bound),
             # the bound's walk, then what parses slowest for its bytes besides parameters (two objects in 4 bytes)
             "grpc-params-inputs": (infer, bound + b"\x2a\x02\x2a\x00" * ((WALKED_PAST - len(bound)) // 4)),
-            "grpc-trace": ("/inference.GRPCInferenceService/TraceSetting", trace.SerializeToString())}
+            "grpc-trace": ("/inference.GRPCInferenceService/TraceSetting", trace.SerializeToString()),
+            "grpc-answer": (infer, _tiled_message(pb))}
+
+
+def _tiled_message(pb) -> bytes:
+    request = pb.ModelInferRequest(model_name="tiled")
+    request.inputs.add(name="x", datatype="FP32", shape=[2, 1])
+    request.raw_input_contents.append(np.array(TILED_X, np.float32).reshape(2, 1).tobytes())
+    return request.SerializeToString()
 
 
 def _many_parameters(pb, entries: int | None = None) -> bytes:
@@ -157,76 +217,85 @@ def _many_parameters(pb, entries: int | None = None) -> bytes:
 
 
 def post(port: int, path: str, body: bytes, headers: dict) -> str:
+    """The answer's status (and size, when it is an answer case's)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
         conn.request("POST", path, body=body, headers=headers)
         response = conn.getresponse()
-        response.read()
-        return str(response.status)
+        size = len(response.read())
+        return f"{response.status} ({size:,} bytes)" if path == TILED else str(response.status)
     finally:
         conn.close()
 
 
 def call(channel, method: str, message: bytes) -> str:
     try:
-        channel.unary_unary(method)(message, timeout=120)
-        return "OK"
+        answer = channel.unary_unary(method)(message, timeout=120)
+        return f"OK ({len(answer):,} bytes)" if b"tiled" in message[:16] else "OK"
     except grpc.RpcError as e:
         return e.code().name
 
 
-def measured(prober: PeakSampler, send) -> tuple[str, float]:
-    """`send()`'s outcome and the worst probe latency while it ran (and just after: a probe
-    sent just before it ended)."""
+def measured(prober: PeakSampler, probe: HealthProbe, send) -> tuple[str, float, float]:
+    """`send()`'s outcome, the worst probe latency while it ran (and just after: a probe sent
+    just before it ended) and the most loop CPU a probe waited for."""
     time.sleep(0.1)
     prober.reset()
+    probe.loop_cpu_peak = 0.0
     outcome = send()
     time.sleep(0.05)
-    return outcome, prober.peak()
+    return outcome, prober.peak(), probe.loop_cpu_peak
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="jpeg-segments,jpeg-exif,png-chunks,json-spaces,json-data-keys,long-name,"
                                        "many-dims,json-keys,grpc-inputs,grpc-params,grpc-params-bound,"
-                                       "grpc-params-inputs,grpc-trace")
+                                       "grpc-params-inputs,grpc-trace," + ",".join(ANSWER_CASES))
     ap.add_argument("--mb", type=int, default=15, help="size of the HTTP cases' bodies (max_json_bytes: 16 MiB)")
     args = ap.parse_args(argv)
     port, grpc_port = free_port(), free_port()
     folder = tempfile.mkdtemp(prefix="aclserve-stalls-")
     log = os.path.join(folder, "server.log")
-    server = ManagedProcess([sys.executable, "-m", "aclserve", "serve", "--models", os.path.join(ROOT, "models"),
+    wanted = args.cases.split(",")
+    models = _tiled_models(folder) if set(wanted) & set(ANSWER_CASES) else os.path.join(ROOT, "models")
+    server = ManagedProcess([sys.executable, "-m", "aclserve", "serve", "--models", models,
                              "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu",
                              "--model-control-mode", "none", "--log-level", "warning"], log, cwd=ROOT)
     rows = []
     try:
         wait_ready(server, f"http://127.0.0.1:{port}", 120)
-        probe = HealthProbe(port)
+        probe = HealthProbe(port, server.proc.pid)
         prober = PeakSampler(probe, 0.005)
-        wanted = args.cases.split(",")
         cases = http_cases(args.mb)
+        # an answer's baseline: the same answer's values binary (no JSON to write)
+        binary_answer = (lambda: post(port, TILED, _tiled_request(binary=True), {}))
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}",
-                                   options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
+                                   options=[("grpc.max_send_message_length", 64 << 20),
+                                            ("grpc.max_receive_message_length", 64 << 20)]) as channel:
             for name, (method, message) in grpc_cases().items():
                 if name in wanted:
-                    hostile = measured(prober, lambda: call(channel, method, message))
-                    baseline = measured(prober, lambda: call(channel, "/inference.GRPCInferenceService/ModelInfer",
-                                                             b"\x0a\x07missing" + b"\x1a\x00" * ((len(message) - 9) // 2)))
-                    rows.append((name, len(message), *hostile, baseline[1]))
+                    hostile = measured(prober, probe, lambda: call(channel, method, message))
+                    baseline = measured(prober, probe, binary_answer if name in ANSWER_CASES else (
+                        lambda: call(channel, "/inference.GRPCInferenceService/ModelInfer",
+                                     b"\x0a\x07missing" + b"\x1a\x00" * ((len(message) - 9) // 2))))
+                    rows.append((name, len(message), *hostile, baseline[1], baseline[2]))
         for name, (path, body, headers) in cases.items():
             if name in wanted:
-                hostile = measured(prober, lambda: post(port, path, body, headers))
-                baseline = measured(prober, lambda: post(port, "/v2/models/missing/infer", body, headers))
-                rows.append((name, len(body), *hostile, baseline[1]))
+                hostile = measured(prober, probe, lambda: post(port, path, body, headers))
+                baseline = measured(prober, probe, binary_answer if name in ANSWER_CASES else (
+                    lambda: post(port, "/v2/models/missing/infer", body, headers)))
+                rows.append((name, len(body), *hostile, baseline[1], baseline[2]))
         prober.close()
         probe.close()
     finally:
         code = server.close()
     print(f"server exit status {code}; {keep_if_failed(folder, code != 0)}\n")
-    print("| case | bytes | answer | worst /v2/health/live ms | same size, only read: ms |")
+    print("| case | bytes | answer | worst /v2/health/live ms (loop CPU ms) "
+          "| same size, only read (answers: binary): ms (loop CPU ms) |")
     print("|---|---:|---|---:|---:|")
-    for name, size, outcome, worst, baseline in rows:
-        print(f"| {name} | {size:,} | {outcome} | {worst:.0f} | {baseline:.0f} |")
+    for name, size, outcome, worst, cpu, baseline, baseline_cpu in rows:
+        print(f"| {name} | {size:,} | {outcome} | {worst:.0f} ({cpu:.0f}) | {baseline:.0f} ({baseline_cpu:.0f}) |")
     return 0
 
 
