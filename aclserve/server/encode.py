@@ -1,23 +1,32 @@
-"""KServe v2 infer response rendering: pure functions (no aiohttp, no I/O).
+"""KServe v2 infer response rendering (no aiohttp, no I/O).
 
 Outputs go JSON (the array written by orjson, see json_tensors.py; non-finite values as null,
 counted in the output's `non_finite_values` parameter) or binary (the array's own buffer joined
 after the JSON header) per requested output's `binary_data`, else the request's
-`binary_data_output`.
+`binary_data_output`. The JSON of a large answer is written a slice of values at a time, the
+event loop given its turn between slices (json_slices.py).
 """
 from __future__ import annotations
+
+from collections.abc import Coroutine
 
 import numpy as np
 
 from .codec import InferRequest, Signature
+from .json_slices import SLICE_VALUES, dumps_sliced
 from .json_tensors import dumps_response, output_entry
+
+Encoded = tuple[bytes | bytearray, int | None]
 
 
 def encode_response(model_name: str, model_version: str, req: InferRequest,
                     outputs: dict[str, np.ndarray], sig: Signature, batched: bool
-                    ) -> tuple[bytes, int | None]:
+                    ) -> Encoded | Coroutine[None, None, Encoded]:
     """Render the outputs; returns (body, json_length) where json_length is the value for the
-    Inference-Header-Content-Length header, or None for an all-JSON body."""
+    Inference-Header-Content-Length header, or None for an all-JSON body. When the JSON outputs
+    hold more than json_slices.SLICE_VALUES values, a coroutine of it instead, which gives the
+    event loop its turns while it writes them (its body a bytearray then; cancelled at a turn
+    when the client goes): a small answer is made without one, at no cost more."""
     if req.outputs is None:
         selected = [(s.name, s.datatype, req.binary_output, 0) for s in sig.output_list]
     else:
@@ -26,6 +35,7 @@ def encode_response(model_name: str, model_version: str, req: InferRequest,
                      o.classification) for o in req.outputs]
     entries = []
     chunks = []
+    json_values = 0
     for name, datatype, binary, classes in selected:
         arr = outputs[name]
         if classes:
@@ -41,10 +51,20 @@ def encode_response(model_name: str, model_version: str, req: InferRequest,
             chunks.append(raw)
         else:
             entries.append(output_entry(name, datatype, arr))
+            json_values += arr.size
     doc = {"model_name": model_name, "model_version": model_version, "outputs": entries}
     if req.id:  # (an empty one is left out, as Triton does)
         doc["id"] = req.id
+    if json_values > SLICE_VALUES:
+        return _sliced(doc, chunks)
     head = dumps_response(doc)
+    if not chunks:
+        return head, None
+    return b"".join([head, *chunks]), len(head)
+
+
+async def _sliced(doc: dict, chunks: list) -> Encoded:
+    head = await dumps_sliced(doc)
     if not chunks:
         return head, None
     return b"".join([head, *chunks]), len(head)

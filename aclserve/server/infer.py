@@ -7,9 +7,11 @@ it is sent: answer_charge.py; its JSON's parsed size is charged before decoding)
 thread: orjson and the array conversion hold the interpreter lock, so the loop could not run meanwhile anyway
 (measured: medium-CNN JSON bodies at 16 clients, 611 req/s inline against 615 with the hop and
 the same CPU per request; the longest loop stall while a 1.9 MB body decodes, 12-20 ms inline
-against 15 ms in a thread). Cancellation: when the client goes away aiohttp cancels this
-handler (handler_cancellation=True) and the CancelledError raised in `served.infer` removes the
-request from the queue.
+against 15 ms in a thread). A large answer's JSON is written a slice of values at a time,
+the loop given its turns between slices (json_slices.py: 92 MB of JSON held it 0.4-1.3 s).
+Cancellation: when the client goes away aiohttp cancels this handler (handler_cancellation=True)
+and the CancelledError raised in `served.infer` removes the request from the queue (raised while
+its answer is written, the request counts as answered, as its statistics count it).
 
 Observation (observe.py): when tracing or the request log is on, `counted_infer` asks the
 Observer for the request's RequestTrace and the transport marks its phases on it; otherwise
@@ -20,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from types import CoroutineType
 
 from aiohttp import web
 
 from ..errors import InvalidInput, ServeError
-from ..scheduling import answered_before_cancel
+from ..scheduling import answered_before_cancel, mark_answered
 from ..trace import CLIENT_GONE, now_ns
 from .answer_charge import AIOHTTP_COPIES, ChargedResponse, answer_charge
 from .answer_coding import COMPRESS_MIN_BYTES, answer_coding
@@ -233,9 +236,9 @@ async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fa
 
 async def run_decoded(rec, req, trace, encode, images=None, pinned: bool = False, lease=None):
     """Queue a decoded request (codec.InferRequest), wait for its outputs and render them with
-    `encode(name, version, req, outputs, signature, batched)`; both transports end here. With
-    a trace, marks decoded / released (whatever the outcome) / result / encoded (the request's
-    KServe id wins over a header's).
+    `encode(name, version, req, outputs, signature, batched)` (the answer, or a coroutine of it);
+    both transports end here. With a trace, marks decoded / released (whatever the outcome) /
+    result / encoded (the request's KServe id wins over a header's).
     `pinned`: the request named its version, which a reload then never hands to another
     (repository/served.py).
     `images`: the server's ImageDecoding, which decodes an image input's pictures in its pool,
@@ -259,6 +262,12 @@ async def run_decoded(rec, req, trace, encode, images=None, pinned: bool = False
         trace.queue_ns, trace.compute_ns = result.queue_ns, result.compute_ns
     # (a reload may have handed it to another version: the answer names the one that ran it)
     encoded = encode(rec.name, result.version or rec.version, req, result.outputs, rec.signature, rec.batched)
+    if type(encoded) is CoroutineType:  # HTTP's large JSON, written with the loop's turns between slices
+        try:
+            encoded = await encoded
+        except asyncio.CancelledError as cancelled:  # its client went: answered, as its statistics count it
+            mark_answered(cancelled)
+            raise
     if trace is not None:
         trace.encoded_ns = now_ns()
     return encoded
