@@ -123,6 +123,16 @@ def sources(om_path: str | os.PathLike) -> list[str] | None:
     return [s for s in found if isinstance(s, str)] if isinstance(found, list) else None
 
 
+def settings(om_path: str | os.PathLike) -> tuple | None:
+    """What the entry was compiled with (its options and target), or None when its manifest
+    does not read: entries of one file alike in these differ only in the file's content."""
+    try:
+        doc = _read(om_path)
+        return json.dumps(doc.get("options"), sort_keys=True), doc.get("target")
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
 def keep_sources(om_path: str | os.PathLike, listed: list[str]) -> None:
     """Make `listed` the entry's sources (atomically; under the entry's lock: cache_sources.py)."""
     _write(Path(om_path), dict(_read(om_path), sources=listed))

@@ -1,16 +1,18 @@
 """Which model files each compile cache entry serves, and the entries none serves any more.
 
-An entry's manifest lists its sources (cache_entry.sources): the model files compiled or loaded
-from it, each relative to the cache folder's real path (replicas sharing a volume mounted at other
-paths name the same file alike). `adopt` lists a file for the entry it compiled or loaded from and
-takes it off the model's other entries: each is then the compile of a file replaced since, or of
-other compile settings, and one no file is left for goes. An entry is unused when none of the
-files it lists exists (regular_files.missing: one that only cannot be reached is kept); `sweep`
-removes those of a folder. An entry made before manifests listed sources (none listed, not even
-an empty list) is judged here by nobody: the retired version's file decides (compile_cache.py).
-Each change is made under the entry's lock, only when no process holds it (entry_locks.if_unheld:
-a server compiling that entry keeps it), and never to an entry this server serves from (`in_use`).
-Blocking (reads manifests): call off the loop.
+An entry's manifest lists its sources (cache_entry.sources): the model files compiled or loaded from
+it, each relative to the cache folder's real path (replicas sharing a volume mounted at other paths
+name the same file alike). `adopt` lists a file for the entry it compiled or loaded from and takes
+it off the model's other entries of the same compile settings: each is then the compile of the
+file's earlier content, and one no file is left for goes. Entries of other settings keep it
+(replicas sharing the cache may compile one file differently, for other SoCs say: taken off, each
+replica's start removed the other's compile, found by reviewer r21); they go with the file. An entry
+is unused when none of the files it lists exists (regular_files.missing: one that only cannot be
+reached is kept); `sweep` removes those of a folder. An entry made before manifests listed sources
+(none listed, not even an empty list) is judged here by nobody: the retired version's file decides
+(compile_cache.py). Each change is made under the entry's lock, only when no process holds it
+(entry_locks.if_unheld: a server compiling that entry keeps it), and never to an entry this server
+serves from (`in_use`). Blocking (reads manifests): call off the loop.
 """
 from __future__ import annotations
 
@@ -43,13 +45,15 @@ def unused(om: Path) -> bool | None:
 
 def adopt(folder: Path, om: Path, name: str, source: str, in_use: frozenset[str]) -> list[str]:
     """`source` was compiled or loaded from `om`, an entry of model `name` in `folder`: list it
-    there and take it off the model's other entries; those no file is left for, and not `in_use`,
-    are removed. Returns the names removed."""
+    there and take it off the model's other entries of the same settings (compiles of its earlier
+    content); those no file is left for, and not `in_use`, are removed. Returns the names removed."""
     listed = named(folder, source)
     entry_locks.if_unheld(om, functools.partial(_listing, om, listed, add=True))
     removed = []
+    compiled_with = cache_entry.settings(om)
     for other in _entries_of(folder, name):
-        if other != om and listed in (cache_entry.sources(other) or ()):  # (looked at again under its lock)
+        if (other != om and listed in (cache_entry.sources(other) or ())  # (looked at again under its lock)
+                and compiled_with is not None and cache_entry.settings(other) == compiled_with):
             off = functools.partial(_listing, other, listed, add=False, keep=str(other) in in_use)
             if entry_locks.if_unheld(other, off):
                 removed.append(other.name)

@@ -1,18 +1,18 @@
 """The compile cache of one repository: what a dropped .onnx is served from, and what is kept.
 
-`compiled` finds the folder (cache_dir) and returns the entry for an .onnx, compiling it on a
-miss (compiler), and lists the file as that entry's (cache_sources.adopt): the model's entries of
-the file's earlier content or other compile settings go. `release` removes the entry of a
-retired version when no model file it lists is left, and `sweep` (at the start, and after a scan
-found a model file gone) every such entry, so the cache does not grow without bound: not with a
-dropped .onnx replaced again and again, nor a file replaced while the server was down, nor one
-deleted after its model was unloaded. The entry of a file that is still there stays (a version
-unloaded, a release switch's other folder served: loaded again, or rolled back, it is used), and
-so do entries of versions closed at shutdown, for the next start; nothing is removed while the
-models folder is missing, nor an entry this server serves from (`in_use`, the Lifecycle's) or
-another process holds the lock of. Owned by the repository's Lifecycle: `compiled` and `sweep`
-block (call them in a worker thread; the compile itself runs in a child process), `release`
-runs on the loop.
+`compiled` finds the folder (cache_dir) and returns the entry for an .onnx, compiling it on a miss
+(compiler), and lists the file as that entry's (cache_sources.adopt): the model's entries of the
+file's earlier content (same compile settings) go; those of other settings go with the file.
+`release` removes the entry of a retired version when no model file it lists is left, and `sweep`
+(at the start, and after a scan found a model file gone) every such entry, so the cache does not
+grow without bound: not with a dropped .onnx replaced again and again, nor a file replaced while the
+server was down, nor one deleted after its model was unloaded. The entry of a file that is still
+there stays (a version unloaded, a release switch's other folder served: loaded again, or rolled
+back, it is used), and so do entries of versions closed at shutdown, for the next start; nothing is
+removed while the models folder is missing, nor an entry this server serves from (`in_use`, the
+Lifecycle's) or another process holds the lock of. Owned by the repository's Lifecycle: `compiled`
+and `sweep` block (call them in a worker thread; the compile itself runs in a child process),
+`release` runs on the loop.
 """
 from __future__ import annotations
 
@@ -60,8 +60,7 @@ class CompileCache:
             log.info("%s: compile cache: could not list %s as %s's: %s", name, onnx_path, om.name, e)
             removed = []
         for entry in removed:
-            log.info("%s: removed the compile %s: no model file uses it now (its file was replaced or compiled "
-                     "with other settings)", name, entry)
+            log.info("%s: removed the compile %s: no model file uses it now (its file was replaced)", name, entry)
         return str(om)
 
     def index_bounds(self, onnx_path: str, om_path: str) -> dict[str, int]:

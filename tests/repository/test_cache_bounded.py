@@ -96,3 +96,23 @@ async def test_nothing_is_removed_while_the_models_folder_is_away(make_repo, mod
     (models_dir / "m.away").rename(folder)
     await repo.load("o")
     assert await answer(repo, "o") == 2.0 and len(entries(cache, "o")) == 2
+
+
+async def test_compiles_of_one_file_with_other_settings_are_kept_for_whoever_uses_them(make_repo, models_dir,
+                                                                                       model_files):
+    """Replicas sharing the cache that compile one file differently (other SoCs, other batch lists)
+    took the file off each other's entry at each start and removed it, each start compiling again
+    (reviewer r21). Compiles of the file's earlier content, with the same settings, still go."""
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    cache = models_dir / ".cache"
+    for batch, kept in (([1, 2], 2), ([1, 4], 4), ([1, 2], 4)):  # (each compile with its manifest)
+        repo, _ = await make_repo(model_control_mode="explicit", **{"model_defaults.compile.batch": batch})
+        assert await answer(repo, "o") == 2.0
+        await repo.close()
+        assert len(entries(cache, "o")) == kept, entries(cache, "o")
+    place(model_files[3]["onnx"], models_dir / "o.onnx")
+    repo, _ = await make_repo(model_control_mode="explicit", **{"model_defaults.compile.batch": [1, 2]})
+    assert await answer(repo, "o") == 3.0
+    assert len(entries(cache, "o")) == 4  # the [1, 2] compile of the old content replaced; the [1, 4] one kept
+    om = repo.get("o").om_path
+    assert sorted(p.name for p in cache.glob("o-*.om")).count(om.rsplit("/", 1)[1]) == 1
