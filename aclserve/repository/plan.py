@@ -44,14 +44,17 @@ class Wanted:
 
     def reload_said(self, old: "Wanted") -> str:
         """Why it reloaded over `old`, as its log line says it: "its new file" (config, labels
-        file), and when its config file is gone, that and what it serves with now (it said "its
-        new config" when the file was deleted: a tester read that as a config of its own)."""
+        file), and when its config file is gone or another is read instead, that and what it serves
+        with now (it said "its new config" when the file was deleted: a tester read that as a config
+        of its own)."""
         said = f"its new {self.changed_from(old)}"
         before, now = old.config_path(), self.config_path()
         if before is None or before == now:
             return said
         settings = "the server's model_defaults" if now is None else f"{os.path.basename(now)}'s settings"
-        removed = f"its config {os.path.basename(before)} removed: it serves with {settings} now"
+        # (one still there was set aside for another that came, config.yaml beside a config.pbtxt: reviewer r21)
+        went = "set aside" if os.path.exists(before) else "removed"
+        removed = f"its config {os.path.basename(before)} {went}: it serves with {settings} now"
         return removed if old.file.model_identity == self.file.model_identity else f"{said}; {removed}"
 
     def config_path(self) -> str | None:

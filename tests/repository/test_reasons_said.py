@@ -41,6 +41,19 @@ async def test_a_reload_after_the_config_is_deleted_says_so(make_repo, models_di
             "the one before drains") in caplog.text
 
 
+async def test_a_reload_reading_another_config_beside_the_old_one_says_it_was_set_aside(make_repo, models_dir,
+                                                                                        model_files, caplog):
+    """m.yaml added beside m.yml is read instead: the log said m.yml was "removed" (reviewer r21)."""
+    place(model_files[1]["om"], models_dir / "m.om")
+    (models_dir / "m.yml").write_text("batching: {max_queue_delay_ms: 2}\n")
+    repo, events = await make_repo()
+    with caplog.at_level(logging.INFO, logger="aclserve.repository"):
+        (models_dir / "m.yaml").write_text("batching: {max_queue_delay_ms: 3}\n")
+        await events.wait("reloaded", "m", "1")
+    assert repo.get("m").config.batching.max_queue_delay_ms == 3
+    assert "m: version 1 reloaded (its config m.yml set aside: it serves with m.yaml's settings now)" in caplog.text
+
+
 @pytest.mark.parametrize("name, reason", [
     ("x\0y", "model names may not contain a NUL character (\\x00)"),
     ("x/y", "model names may not contain path separators ('/', '\\')"),
