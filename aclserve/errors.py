@@ -27,6 +27,12 @@ class InvalidInput(ServeError):
     """The request is malformed or does not match the model (names, dtypes, shapes, sizes)."""
 
 
+class MalformedRequest(InvalidInput):
+    """Refused whatever model it is for: its JSON does not parse, or its header length does not
+    fit its body (a model replaced while it arrived changes nothing: ServedModel.invalid_since_retired
+    is not asked)."""
+
+
 class NotFound(ServeError):
     """Unknown model, version or route."""
 

@@ -14,7 +14,7 @@ from typing import Mapping, NoReturn, Sequence
 
 import numpy as np
 
-from ..errors import InvalidInput, ServeError
+from ..errors import InvalidInput, MalformedRequest, ServeError
 from ..runtime.types import TensorSpec
 from .bytes_codec import MAX_QUOTED_DIMS, decode_input as decode_bytes_input, raw_input as raw_bytes_input
 from .json_simd import JsonNumbers
@@ -101,7 +101,7 @@ def check_header_length(header_length: int, body_length: int) -> None:
     """InvalidInput when the header gives the JSON part more bytes than the body has (decode_request,
     and an `Expect: 100-continue` from the body's Content-Length: infer.expect_body)."""
     if header_length > body_length:
-        raise InvalidInput(f"{HEADER_LENGTH} is {header_length} but the body has only {body_length} bytes")
+        raise MalformedRequest(f"{HEADER_LENGTH} is {header_length} but the body has only {body_length} bytes")
 
 
 def decode_request(body: bytes, header_length: int | None, sig: Signature) -> InferRequest:
@@ -121,12 +121,12 @@ def decode_request(body: bytes, header_length: int | None, sig: Signature) -> In
         # the header is in doubt where it cuts the body, or where it spans it and the JSON is
         # followed by more (the binary part swallowed: the header given the body's length)
         if header_length is None or why == str(e) or (end == len(body) and not why.startswith(AFTER_JSON)):
-            raise
+            raise MalformedRequest(e.message) from None
         # a header off by a few bytes (a hand-made client's usual mistake) cuts or overruns the JSON
-        raise InvalidInput(f"the JSON part of the body (its first {end} bytes, as {HEADER_LENGTH} gives) is not "
+        raise MalformedRequest(f"the JSON part of the body (its first {end} bytes, as {HEADER_LENGTH} gives) is not "
                            f"valid JSON: {why}; the header is the JSON's length in bytes, UTF-8 encoded") from None
     if type(doc) is not dict:
-        raise InvalidInput("request body must be a JSON object")
+        raise MalformedRequest("request body must be a JSON object")
     req = InferRequest(inputs={}, rows=1)
     rid = doc.get("id")
     if rid is not None:

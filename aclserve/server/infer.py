@@ -26,7 +26,7 @@ from types import CoroutineType
 
 from aiohttp import web
 
-from ..errors import InvalidInput, ServeError
+from ..errors import InvalidInput, MalformedRequest, ServeError
 from ..scheduling import answered_before_cancel, mark_answered
 from ..trace import CLIENT_GONE, now_ns
 from .answer_charge import AIOHTTP_COPIES, ChargedResponse, answer_charge
@@ -156,6 +156,8 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
                     served_from = time.perf_counter_ns()
                     response = await work(rec, trace, body)
             except InvalidInput as invalid:  # checked against `served`: replaced meanwhile, it may be sent again
+                if isinstance(invalid, MalformedRequest):  # (refused whatever model: reviewer r21)
+                    raise
                 answer = served.invalid_since_retired(invalid, pinned=version is not None)
                 if answer is invalid:
                     raise

@@ -41,7 +41,8 @@ async def _answer(reader) -> tuple[int, object]:
     return int(head.split(b" ", 2)[1]), orjson.loads(await reader.readexactly(length))
 
 
-def _held_across_a_reload(models_dir, tmp_path, new_model) -> tuple[tuple[int, object], tuple[int, object]]:
+def _held_across_a_reload(models_dir, tmp_path, new_model,
+                          body: bytes = BODY) -> tuple[tuple[int, object], tuple[int, object]]:
     """sw serves double.om (x [-1, 16]); a [1, 4] request's head and part of its body are sent,
     `new_model(tmp_path)` (an OM's path) replaces sw.om and is loaded, the rest of the body is
     sent, then the whole request once more: the two answers' (status, JSON)."""
@@ -56,16 +57,17 @@ def _held_across_a_reload(models_dir, tmp_path, new_model) -> tuple[tuple[int, o
         try:
             host, port = url.removeprefix("http://").rsplit(":", 1)
             reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(HEAD + BODY[:10])
+            head = HEAD.replace(b"%d" % len(BODY), b"%d" % len(body))
+            writer.write(head + body[:10])
             await _until(lambda: state.infer_requests.count == 1)  # its version looked up, its body awaited
             looked_up = repo.get("sw")
             shutil.copy(new, own / ".sw.tmp")
             os.replace(own / ".sw.tmp", own / "sw.om")
             await repo.load("sw")
             assert repo.get("sw") is not looked_up  # the new file serves now
-            writer.write(BODY[10:])
+            writer.write(body[10:])
             held = await _answer(reader)
-            writer.write(HEAD + BODY)  # sent again, on the same connection
+            writer.write(head + body)  # sent again, on the same connection
             again = await _answer(reader)
             writer.close()
         finally:
@@ -96,3 +98,13 @@ def test_a_body_that_arrives_across_a_reload_to_the_same_inputs_stays_refused(mo
     held, again = _held_across_a_reload(models_dir, tmp_path, same_model)
     refused = (400, {"error": "input 'x': shape [1, 4] does not match the model's [-1, 16]"})
     assert held == again == refused
+
+
+def test_a_body_that_is_no_json_stays_refused_across_a_reload_to_other_inputs(models_dir, tmp_path):
+    """A body refused whatever model it is for (not JSON) was answered 503 "send it again", and
+    sent again refused 400 (reviewer r21): its 400 stands."""
+    def other_inputs(folder):
+        return compile_cpu_om(scale_onnx(folder / "scale.onnx", 3.0), folder / "scale.om")  # x [-1, 4]
+
+    held, again = _held_across_a_reload(models_dir, tmp_path, other_inputs, body=b"this body is not JSON at all")
+    assert held == again and held[0] == 400 and held[1]["error"].startswith("request body is not valid JSON"), held

@@ -19,9 +19,10 @@ from tests import REPO
 # failed load is the repository API's answer, and so is a load call refused while the device still
 # holds what the model's last load left (StillHeld); Closed is the Python API's (runtime/engine.py);
 # an idle gRPC stream's end (StreamIdle) comes while none of its requests runs, and a stream past
-# the streams' cap (StreamsFull) is refused before any of its requests reaches a version.
+# the streams' cap (StreamsFull) is refused before any of its requests reaches a version; a
+# MalformedRequest counts as its base's, InvalidInput.
 NOT_COUNTED = {"ServeError", "Unavailable", "NotFound", "Unauthorized", "Forbidden", "ModelLoadFailed", "StillHeld",
-               "Closed", "StreamIdle", "StreamsFull"}
+               "Closed", "StreamIdle", "StreamsFull", "MalformedRequest"}
 
 
 def _serve_error_classes() -> dict[str, type]:

@@ -90,7 +90,7 @@ def test_what_simdjson_refuses_orjson_explains(raw, says, monkeypatch):
     raw = raw % PAD.encode()
     assert json_simd.parse(raw) is None
     kind, message = same_either_way(raw, monkeypatch)
-    assert kind == "InvalidInput" and says in message
+    assert kind in ("InvalidInput", "MalformedRequest") and says in message  # (refused by the parse, or its field)
 
 
 def test_a_repeated_key_keeps_the_last_value_as_orjson_does(monkeypatch):
