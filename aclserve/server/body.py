@@ -5,8 +5,12 @@ the client sent; gzip and deflate bodies are inflated here, in bounded steps, an
 charged to the request's lease and checked against `max_body_bytes` (and, past INFLATE_GRACE, the
 ratio to the compressed bytes, `max_inflate_ratio`) before the next: a small
 body that inflates to gigabytes stops at the limit with 413, holding at most the limit. The
-declared Content-Length is charged (and checked) before anything is read. A client that has
-not sent the whole body within `body_timeout_s` gets 408 and its connection is closed.
+declared Content-Length is checked before anything is read (413 over the route's limit or
+max_request_bytes, 503 over what the budget has left then) but not charged: a body is charged as
+its bytes arrive (a quarter ahead of them at most, never past the declared length), so what a
+client declares and does not send holds nothing (8 heads declaring 64 MiB each and sending no
+byte held the whole 512 MiB budget for body_timeout_s, every other request 503). A client that
+has not sent the whole body within `body_timeout_s` gets 408 and its connection is closed.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import zlib
 from aiohttp import web
 
 from ..errors import InvalidInput, PayloadTooLarge, ServeError
-from .budget import Lease
+from .budget import Lease, MemoryExhausted
 from .open_calls import OpenCalls
 
 try:
@@ -31,6 +35,11 @@ INFLATE_GRACE = 4 << 20  # bytes a body may inflate to whatever its ratio (max_i
 
 class BodyTimeout(ServeError):
     """The client stopped sending its body (408; the connection is closed)."""
+
+
+class BodyOverBudget(MemoryExhausted):
+    """A body outgrew what the memory budget had left while it arrived (503 with Retry-After,
+    as any budget refusal; the connection is closed, the rest of the body dropped)."""
 
 
 class UnsupportedEncoding(ServeError):
@@ -120,15 +129,17 @@ def body_limit(max_body_bytes: int, route_bytes: int, route_limit: str) -> tuple
     return route_bytes, route_limit
 
 
-def charge_declared(request: web.BaseRequest, lease: Lease, max_bytes: int,
-                    limit_name: str = MAX_BODY_BYTES) -> int | None:
-    """Check the declared body size (Content-Length) against `max_bytes` and charge it to
-    `lease`, before any of the body is read; None when the body is chunked."""
+def check_declared(request: web.BaseRequest, lease: Lease, max_bytes: int,
+                   limit_name: str = MAX_BODY_BYTES) -> int | None:
+    """Check the declared body size (Content-Length) against `max_bytes` and the request's own
+    limit, max_request_bytes (413), and what the memory budget has left now (503), before any of
+    the body is read. Nothing is charged: read_body charges the bytes as they come. None when the
+    body is chunked."""
     declared = request.content_length
     if declared is not None:
         if declared > max_bytes:
             raise _too_large(max_bytes, limit_name)
-        lease.take(declared, "request body")
+        lease.check(declared, "request body")
     return declared
 
 
@@ -138,9 +149,8 @@ def refuse_from_head(request: web.BaseRequest, budget, max_bytes: int, limit_nam
     `max_bytes` and what the memory `budget` has left (413, 503), probed: nothing is kept.
     Returns whether the body is read as it is sent (no Content-Encoding to inflate)."""
     plain = _inflater(request, 0) is None
-    with budget.lease() as probe:
-        charge_declared(request, probe, max_bytes, limit_name)
-        probe.drop(probe.held)  # only a probe: nothing was taken, nothing to give back
+    with budget.lease() as probe:  # (check_declared takes nothing)
+        check_declared(request, probe, max_bytes, limit_name)
     return plain
 
 
@@ -148,20 +158,24 @@ async def read_body(request: web.BaseRequest, lease: Lease, max_bytes: int, time
                     reads: OpenCalls | None = None, limit_name: str = MAX_BODY_BYTES,
                     max_inflate_ratio: int = 0) -> bytes | bytearray:
     """The body, decoded per Content-Encoding (inflating to at most `max_inflate_ratio` times
-    the compressed size past INFLATE_GRACE); every byte held is charged to `lease` first.
-    Large bodies come back as a bytearray (filled in place: one copy of the body, not two).
-    A wait for it is at work in `reads` (the server state's), which the shutdown ends
-    (ShuttingDown: open_calls.py). `limit_name`: what a 413 calls `max_bytes` (body_limit)."""
+    the compressed size past INFLATE_GRACE); every byte held is charged to `lease` first, its
+    declared size checked (check_declared) before it is read. Large bodies come back as a
+    bytearray grown as the bytes come (one copy of the body, not two). A wait for it is at work
+    in `reads` (the server state's), which the shutdown ends (ShuttingDown: open_calls.py).
+    `limit_name`: what a 413 calls `max_bytes` (body_limit)."""
     inflater = _inflater(request, max_inflate_ratio)
-    declared = charge_declared(request, lease, max_bytes, limit_name)
+    declared = request.content_length  # check_declared's checks, the budget's last: a whole body's take checks it
+    if declared is not None and declared > max_bytes:
+        raise _too_large(max_bytes, limit_name)
     content = request.content
     if inflater is None and content.is_eof():  # already buffered (small bodies): no timer
         body = content.read_nowait(-1)
-        if declared is None:  # chunked: charged (and checked) now that its size is known
-            if len(body) > max_bytes:
-                raise _too_large(max_bytes, limit_name)
-            lease.take(len(body), "request body")
+        if declared is None and len(body) > max_bytes:  # chunked: checked now that its size is known
+            raise _too_large(max_bytes, limit_name)
+        lease.take(len(body), "request body")
         return body
+    if declared is not None:
+        lease.check(declared, "request body")
     loop = asyncio.get_running_loop()
     try:
         with reads.at_work() if reads is not None else contextlib.nullcontext():
@@ -171,40 +185,60 @@ async def read_body(request: web.BaseRequest, lease: Lease, max_bytes: int, time
         raise BodyTimeout(f"request body not received within {timeout_s:g} s (body_timeout_s)") from None
 
 
+def _charge_up_to(lease: Lease, charged: int, need: int, most: int) -> int:
+    """Charge `lease` for a body buffer of `need` bytes where `charged` are: a quarter ahead
+    (fewer charges as it grows, and room for bytearray's over-allocation, at most an eighth) when
+    that fits, never past `most` (the declared length, or the limit). The new charge."""
+    ahead = min(most, need + (need >> 2))
+    if ahead > need and not lease.fits(ahead - charged):
+        ahead = need  # the budget is tight: what has come only
+    _take_arriving(lease, ahead - charged, "request body")
+    return ahead
+
+
+def _take_arriving(lease: Lease, nbytes: int, what: str) -> None:
+    """lease.take for a body still arriving: its budget refusal is BodyOverBudget."""
+    try:
+        lease.take(nbytes, what)
+    except MemoryExhausted as e:
+        raise BodyOverBudget(e.message) from None
+
+
 async def _read(content, inflater: _Inflater | None, lease: Lease, declared: int | None,
                 max_bytes: int, limit_name: str) -> bytearray:
-    """Into one bytearray: allocated whole when the length is known (no join, no second
-    copy), else grown in place (large buffers are remapped, not copied)."""
-    exact = inflater is None and declared is not None
-    body = bytearray(declared) if exact else bytearray()
+    """Into one bytearray grown as the bytes come (large buffers are remapped, not copied; no
+    zeroed buffer of the declared size up front), each growth charged before it is made. The
+    compressed bytes of an encoded body are inflated as they come and not kept: only what they
+    inflate to is charged."""
+    body = bytearray()
+    charged = 0
+    most = max_bytes if declared is None else declared
     wire = 0
     while True:
         chunk = await content.readany()
         if not chunk:
             break
-        if exact:
-            if wire + len(chunk) > declared:
-                raise InvalidInput("request body is longer than its Content-Length")
-            body[wire:wire + len(chunk)] = chunk
-            wire += len(chunk)
-            continue
         wire += len(chunk)
-        if declared is None:  # chunked: charge the wire bytes as they come
-            if wire > max_bytes:
-                raise _too_large(max_bytes, limit_name)
-            lease.take(len(chunk), "request body")
+        if wire > most:
+            if declared is not None:
+                raise InvalidInput("request body is longer than its Content-Length")
+            raise _too_large(max_bytes, limit_name)
         if inflater is None:
+            if len(body) + len(chunk) > charged:
+                charged = _charge_up_to(lease, charged, len(body) + len(chunk), most)
             body += chunk
             continue
         for piece in inflater.feed(chunk, INFLATE_STEP):
             if len(body) + len(piece) > max_bytes:
                 raise _too_large(max_bytes, limit_name)
-            lease.take(len(piece), "decompressed request body")
+            _take_arriving(lease, len(piece), "decompressed request body")
             body += piece
             if len(piece) == INFLATE_STEP:
                 await asyncio.sleep(0)  # a compressed chunk can inflate for long: let others run
     if inflater is not None:
         inflater.finish()
-    elif exact and wire != declared:
+    elif declared is not None and wire != declared:
         raise InvalidInput(f"request body has {wire} bytes, its Content-Length says {declared}")
+    if charged > len(body):
+        lease.drop(charged - len(body))  # a chunked body's charge ahead (one of its length is all there)
     return body

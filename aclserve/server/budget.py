@@ -1,12 +1,13 @@
 """The server-wide budget of memory held by requests in flight, and each request's lease on it.
 
-A request is charged before its memory is taken: its declared body size before the body is
-read, its decompressed bytes as they are inflated, and an estimate of its decoded tensors
-before decoding (see `json_tensor_estimate`). A charge that would take the total over
-`max_inflight_bytes` fails with 503 + Retry-After (others hold the memory: come back soon);
-one that would take this request alone over `max_request_bytes` fails with 413 (it can never
-fit). Both transports charge the same budget (gRPC: grpc_intake.py), each lease with the advice
-its transport gives a request that is too large. Event-loop thread only: no locks.
+A request is charged before its memory is taken: its body as its bytes arrive (body.py: the
+size it declares is only checked, `Lease.check`), its decompressed bytes as they are inflated,
+and an estimate of its decoded tensors before decoding (see `json_tensor_estimate`). A charge
+that would take the total over `max_inflight_bytes` fails with 503 + Retry-After (others hold
+the memory: come back soon); one that would take this request alone over `max_request_bytes`
+fails with 413 (it can never fit). Both transports charge the same budget (gRPC:
+grpc_intake.py), each lease with the advice its transport gives a request that is too large.
+Event-loop thread only: no locks.
 """
 from __future__ import annotations
 
@@ -46,8 +47,17 @@ class MemoryBudget:
         return 503 if self.used + nbytes > self.limit else 0
 
     def _take(self, lease: "Lease", nbytes: int, what: str, hint=None) -> None:
-        total = lease.held + nbytes
         over = self._over(lease, nbytes)
+        if over:
+            self._refuse(lease, nbytes, what, hint, over)
+        self.used += nbytes
+        lease.held += nbytes
+        if self.used > self.peak:
+            self.peak = self.used
+
+    def _refuse(self, lease: "Lease", nbytes: int, what: str, hint, over: int) -> None:
+        """Count and raise the refusal `over` (_over's answer: 413 or 503) names."""
+        total = lease.held + nbytes
         if over == 413:
             self.refused[413] += 1
             need, limit = _need_and_limit(total, self.per_request)
@@ -58,10 +68,6 @@ class MemoryBudget:
             self.refused[503] += 1
             raise MemoryExhausted(f"server is busy: requests in flight hold {_mb(self.used)} of its "
                                   f"{_mb(self.limit)} request memory (max_inflight_bytes); retry later")
-        self.used += nbytes
-        lease.held = total
-        if self.used > self.peak:
-            self.peak = self.used
 
 
 class Lease:
@@ -80,6 +86,13 @@ class Lease:
         fits) / MemoryExhausted (503)."""
         if nbytes > 0:
             self.budget._take(self, nbytes, what, hint)
+
+    def check(self, nbytes: int, what: str) -> None:
+        """Raise what `take(nbytes)` would (413 / 503), charging nothing: for a size a client
+        declares before its bytes come, which it may never send."""
+        over = self.budget._over(self, nbytes)
+        if over:
+            self.budget._refuse(self, nbytes, what, None, over)
 
     def fits(self, nbytes: int) -> bool:
         """Whether `take(nbytes)` would succeed now."""

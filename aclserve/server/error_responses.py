@@ -16,7 +16,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from ..errors import Overloaded, PayloadTooLarge, ServeError
 from ..logs import surrogates_escaped
 from .app_keys import STATE
-from .body import BodyTimeout
+from .body import BodyOverBudget, BodyTimeout
 from .http_errors import error_headers, http_status, retry_after
 from .views import EMPTY_MODEL_NAME
 
@@ -102,6 +102,8 @@ def _error_response(request: web.Request, state: ServerState | None, exc: Except
             # (BODY_LINGER_S, so that the client sees this answer), then the connection closes, as
             # nginx closes after its 413; said in `Connection: close` (it closed without a word)
             response.force_close()
+        elif isinstance(exc, BodyOverBudget):
+            response.force_close()  # refused halfway through its body: a new connection for the retry
         return response
     if isinstance(exc, web.HTTPException):
         if exc.status < 400:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..errors import (DeviceFailed, DeviceTimeout, ExecutionFailed, InvalidInput, ModelUnavailable, Overloaded,
                       PayloadTooLarge, QueueFull, RequestTimeout, ServeError, ShuttingDown)
-from .body import BodyTimeout, UnsupportedEncoding
+from .body import BodyOverBudget, BodyTimeout, UnsupportedEncoding
 from .budget import MemoryExhausted
 from .http_errors import by_class
 
@@ -27,6 +27,7 @@ REASONS: dict[type[ServeError], str] = {
     BodyTimeout: "BodyTimeout",
     QueueFull: "QueueFull",
     MemoryExhausted: "MemoryExhausted",
+    BodyOverBudget: "MemoryExhausted",  # (a MemoryExhausted that closes its connection)
     Overloaded: "Overloaded",
     RequestTimeout: "RequestTimeout",
     ShuttingDown: "ShuttingDown",
@@ -35,7 +36,7 @@ REASONS: dict[type[ServeError], str] = {
     ExecutionFailed: "ExecutionFailed",
     DeviceFailed: "DeviceFailed",  # (an ExecutionFailed: a dashboard alerts on it apart)
 }
-FAILURE_REASONS: tuple[str, ...] = (*REASONS.values(), CANCELLED, INTERNAL_ERROR)
+FAILURE_REASONS: tuple[str, ...] = (*dict.fromkeys(REASONS.values()), CANCELLED, INTERNAL_ERROR)
 
 
 def failure_reason(error: ServeError) -> str:

@@ -40,6 +40,18 @@ def head(path: str, headers: dict) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
+async def stalled_upload(url: str, length: int, sent: int | None = None, path: str = "/v2/models/double/infer",
+                         headers: dict | None = None):
+    """(reader, writer) of an upload declaring `length` bytes that stops after `sent` (all but
+    its last byte), once the server holds what it sent: a body is charged as its bytes come."""
+    sent = length - 1 if sent is None else sent
+    before = metric(url, "aclserve_request_memory_bytes")
+    reader, writer = await open_raw(url)
+    writer.write(head(path, {**(headers or {}), "Content-Length": length}) + b"{" + b" " * (sent - 1))
+    await wait_for(lambda: metric(url, "aclserve_request_memory_bytes") >= before + sent)
+    return reader, writer
+
+
 async def read_response(reader, limit_s: float = 30.0) -> tuple[int, bytes]:
     """(status, whole answer) of the next response; (0, b"") when the server closed first."""
     data = await asyncio.wait_for(reader.read(65536), limit_s)

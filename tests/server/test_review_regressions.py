@@ -8,7 +8,7 @@ import pytest
 
 from tests.serving import ServerThread
 
-from .hostile import closed_by_server, head, metric, open_raw, read_response, wait_for
+from .hostile import closed_by_server, head, metric, open_raw, read_response, stalled_upload
 
 MiB = 1 << 20
 GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
@@ -60,9 +60,7 @@ def test_no_hold_when_the_keepalive_timeout_leaves_no_whole_second(srv):
     """A hold must end before the idle sweep would close the held connection; with
     keepalive_timeout_s 0.5 no hold fits, so the refused connection is read again at once."""
     async def scenario():
-        _, stall = await open_raw(srv.url)
-        stall.write(head("/v2/models/double/infer", {"Content-Length": 3 * MiB}) + b"{")
-        await wait_for(lambda: metric(srv.url, "aclserve_request_memory_bytes") >= 3 * MiB)
+        _, stall = await stalled_upload(srv.url, 3 * MiB)
         reader, writer = await open_raw(srv.url)
         writer.write(post(b"{" + b" " * MiB + b"}"))
         status, answer = await read_response(reader)

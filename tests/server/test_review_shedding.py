@@ -74,7 +74,7 @@ def test_a_connection_whose_body_came_after_its_handler_started_is_not_closed_as
     async def scenario():
         reader, writer = await open_raw(url)
         writer.write(head_of(WAITING))
-        await wait_for(lambda: metric(url, "aclserve_request_memory_bytes") > 0)  # its handler runs
+        await wait_for(lambda: metric(url, "aclserve_requests_in_flight") > 0)  # its handler runs
         writer.write(WAITING)
         answer = await read_response(reader)
         writer.close()

@@ -85,8 +85,8 @@ def test_a_full_server_replaces_its_longest_idle_connection_or_refuses(models_di
     try:
         async def scenario():
             busy = [await open_raw(srv.url) for _ in range(10)]
-            for _, writer in busy:  # each in a request (its body half sent): never given up for another
-                writer.write(HEAD + b"\r\n{")
+            for _, writer in busy:  # each in a request (its body but a byte sent): never given up for another
+                writer.write(HEAD + b"\r\n{" + b" " * 8)
             await wait_for(lambda: metric(srv.url, "aclserve_request_memory_bytes") >= 10 * 10)
             fresh = await open_raw(srv.url)  # the 11th: in, idle for far less than a second
             reader, writer = await open_raw(srv.url)  # the 12th: nobody to make room
@@ -125,7 +125,7 @@ def test_shutdown_does_not_wait_for_a_stalled_upload(models_dir, make_config):
 
     async def scenario():
         reader, writer = await open_raw(srv.url)
-        writer.write(HEAD + b"\r\n" + b"{")
+        writer.write(HEAD + b"\r\n" + b"{" + b" " * 8)  # its body but a byte (charged as it comes)
         idle_reader, idle_writer = await open_raw(srv.url)
         await wait_for(lambda: metric(srv.url, "aclserve_request_memory_bytes") >= 10)
         await asyncio.get_running_loop().run_in_executor(None, srv.close)  # blocks until stopped

@@ -14,7 +14,7 @@ from aclserve.server.connections import (BODY_LINGER_S, HOLD_MAX_S, PENDING_BODY
 from tests.serving import ServerThread
 
 from .full_queue import ONE_ROW, affine_server, fill_queue, refused_through_aiohttp, release, request
-from .hostile import head, metric, open_raw, read_response, wait_for
+from .hostile import head, metric, open_raw, read_response, stalled_upload, wait_for
 
 @pytest.fixture
 def one_slot(models_dir, tmp_path, make_config):
@@ -110,9 +110,7 @@ def test_a_connection_refused_before_its_body_arrived_is_kept(small_budget):
     declared = head(infer, {"Content-Type": "application/json", "Content-Length": DECLARED})
 
     async def scenario():
-        _, hog = await open_raw(url)
-        hog.write(declared)  # charged its declared body, which never comes
-        await wait_for(lambda: metric(url, "aclserve_request_memory_bytes") >= DECLARED)
+        _, hog = await stalled_upload(url, DECLARED, path=infer, headers={"Content-Type": "application/json"})
         _, first = await open_raw(url)  # a first held connection, so the next one's hold is longer
         first.write(declared)
         await wait_for(lambda: metric(url, "aclserve_connections_held") == 1)
