@@ -23,6 +23,7 @@ from aiohttp import web
 from ..errors import InvalidInput, PayloadTooLarge, ServeError
 from .budget import Lease, MemoryExhausted
 from .open_calls import OpenCalls
+from .stalled_bodies import STALL_S, Arrival, StalledBodies
 
 try:
     from asyncio import timeout_at
@@ -156,13 +157,15 @@ def refuse_from_head(request: web.BaseRequest, budget, max_bytes: int, limit_nam
 
 async def read_body(request: web.BaseRequest, lease: Lease, max_bytes: int, timeout_s: float,
                     reads: OpenCalls | None = None, limit_name: str = MAX_BODY_BYTES,
-                    max_inflate_ratio: int = 0) -> bytes | bytearray:
+                    max_inflate_ratio: int = 0, stalls: StalledBodies | None = None) -> bytes | bytearray:
     """The body, decoded per Content-Encoding (inflating to at most `max_inflate_ratio` times
     the compressed size past INFLATE_GRACE); every byte held is charged to `lease` first, its
     declared size checked (check_declared) before it is read. Large bodies come back as a
     bytearray grown as the bytes come (one copy of the body, not two). A wait for it is at work
-    in `reads` (the server state's), which the shutdown ends (ShuttingDown: open_calls.py).
-    `limit_name`: what a 413 calls `max_bytes` (body_limit)."""
+    in `reads` (the server state's), which the shutdown ends (ShuttingDown: open_calls.py), and
+    watched by `stalls` (the server state's), which ends it (408) once stalled when another
+    request wants the memory it holds (stalled_bodies.py). `limit_name`: what a 413 calls
+    `max_bytes` (body_limit)."""
     inflater = _inflater(request, max_inflate_ratio)
     declared = request.content_length  # check_declared's checks, the budget's last: a whole body's take checks it
     if declared is not None and declared > max_bytes:
@@ -177,11 +180,17 @@ async def read_body(request: web.BaseRequest, lease: Lease, max_bytes: int, time
     if declared is not None:
         lease.check(declared, "request body")
     loop = asyncio.get_running_loop()
+    arrival = None
     try:
         with reads.at_work() if reads is not None else contextlib.nullcontext():
-            async with timeout_at(loop.time() + timeout_s):
-                return await _read(content, inflater, lease, declared, max_bytes, limit_name)
+            async with timeout_at(loop.time() + timeout_s) as deadline:
+                with Arrival(stalls, lease, deadline) as arrival:
+                    return await _read(content, inflater, lease, declared, max_bytes, limit_name, arrival)
     except asyncio.TimeoutError:
+        if arrival is not None and arrival.ended:
+            stalls.ended += 1
+            raise BodyTimeout(f"request body ended: no byte of it came for {STALL_S:g} s or more while another "
+                              f"request was refused for the request memory it held (max_inflight_bytes)") from None
         raise BodyTimeout(f"request body not received within {timeout_s:g} s (body_timeout_s)") from None
 
 
@@ -205,7 +214,7 @@ def _take_arriving(lease: Lease, nbytes: int, what: str) -> None:
 
 
 async def _read(content, inflater: _Inflater | None, lease: Lease, declared: int | None,
-                max_bytes: int, limit_name: str) -> bytearray:
+                max_bytes: int, limit_name: str, arrival: Arrival) -> bytearray:
     """Into one bytearray grown as the bytes come (large buffers are remapped, not copied; no
     zeroed buffer of the declared size up front), each growth charged before it is made. The
     compressed bytes of an encoded body are inflated as they come and not kept: only what they
@@ -218,6 +227,7 @@ async def _read(content, inflater: _Inflater | None, lease: Lease, declared: int
         chunk = await content.readany()
         if not chunk:
             break
+        arrival.came()
         wire += len(chunk)
         if wire > most:
             if declared is not None:

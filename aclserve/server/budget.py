@@ -27,13 +27,16 @@ class MemoryExhausted(Overloaded):
 
 
 class MemoryBudget:
-    def __init__(self, max_inflight_bytes: int, max_request_bytes: int, on_release=None):
+    def __init__(self, max_inflight_bytes: int, max_request_bytes: int, on_release=None, on_refused=None):
         self.limit = max_inflight_bytes
         self.per_request = max_request_bytes
         self.used = 0
         self.peak = 0
         self.refused = {413: 0, 503: 0}
         self._on_release = on_release  # called with the bytes a finished request held, and those still held
+        # called with a lease refused for want of room (503) and the bytes it asked: may end others' stalled
+        # bodies so that its retry fits (stalled_bodies.py)
+        self._on_refused = on_refused
 
     def lease(self, hint: str = HTTP_HINT) -> "Lease":
         """A new request's lease; `hint` ends the message of its 413 (how to need less)."""
@@ -66,6 +69,8 @@ class MemoryBudget:
                                   f"{(hint() if callable(hint) else hint) or lease.hint}")
         if over == 503:
             self.refused[503] += 1
+            if self._on_refused is not None:
+                self._on_refused(lease, nbytes)
             raise MemoryExhausted(f"server is busy: requests in flight hold {_mb(self.used)} of its "
                                   f"{_mb(self.limit)} request memory (max_inflight_bytes); retry later")
 

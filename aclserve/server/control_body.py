@@ -34,7 +34,7 @@ class ControlBody:
         with state.budget.lease() as lease:
             limit, name = self._limit(state.config)
             raw = await read_body(request, lease, limit, state.config.body_timeout_s, state.body_reads, name,
-                                  state.config.max_inflate_ratio)
+                                  state.config.max_inflate_ratio, state.stalled_bodies)
             if not raw.strip():
                 return {}
             try:

@@ -30,6 +30,7 @@ from tritonclient.grpc import service_pb2 as pb
 from ..errors import InvalidInput, ServeError
 from .body import BodyTimeout, timeout_at
 from .budget import Lease
+from .deadline_wait import expire_now
 from .grpc_arrivals import EVICT_AFTER_S, Arrival, Arrivals
 from .grpc_wire import names, scan
 from .infer import counted_infer
@@ -53,7 +54,7 @@ async def receive_next(context, timeout_s: float, arrivals: Arrivals):
     arrival = Arrival()
     try:
         async with timeout_at(asyncio.get_running_loop().time() + timeout_s) as deadline:
-            arrival.end_early = functools.partial(_now, deadline)
+            arrival.end_early = functools.partial(expire_now, deadline)
             await arrivals.admit(arrival)
             try:
                 return await context.read()
@@ -65,11 +66,6 @@ async def receive_next(context, timeout_s: float, arrivals: Arrivals):
                               f"calls waited to send theirs (at most {arrivals.slots} messages are received "
                               f"at once: max_inflight_bytes / grpc_max_message_bytes)") from None
         raise BodyTimeout(f"request message not received within {timeout_s:g} s (body_timeout_s)") from None
-
-
-def _now(deadline) -> None:
-    """End the read under `deadline` now (async-timeout's Timeout, on Python 3.10, says update)."""
-    (getattr(deadline, "reschedule", None) or deadline.update)(asyncio.get_running_loop().time())
 
 
 def parse(message: bytes, lease: Lease) -> tuple[pb.ModelInferRequest, list[memoryview]]:

@@ -48,6 +48,9 @@ class GuardCollector:
         yield _gauge("aclserve_request_memory_bytes", "Memory charged to requests in flight", budget.used)
         yield _gauge("aclserve_request_memory_peak_bytes", "Highest request memory charged at once", budget.peak)
         yield _gauge("aclserve_request_memory_limit_bytes", "max_inflight_bytes", budget.limit)
+        yield _counter("aclserve_stalled_bodies_ended", "HTTP request bodies ended 408 because no byte of theirs "
+                       "came for 1 s or more while another request was refused for the request memory they "
+                       "held (max_inflight_bytes)", state.stalled_bodies.ended)
         refused = Family("counter", "aclserve_request_memory_refused", "Requests refused by the memory "
                          "budget (413: alone over a limit, 503: budget in use)", ["status"])
         for status, n in sorted(budget.refused.items()):

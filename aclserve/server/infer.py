@@ -307,7 +307,7 @@ async def _read(request: web.Request, state, lease) -> bytes:
     config = state.config
     limit, limit_name = _body_limit(request, config)
     return await read_body(request, lease, limit, config.body_timeout_s, state.body_reads, limit_name,
-                           config.max_inflate_ratio)
+                           config.max_inflate_ratio, state.stalled_bodies)
 
 
 async def _infer(request: web.Request, state, lease, rec, trace, body: bytes) -> ChargedResponse:

@@ -27,6 +27,7 @@ from .metrics import ServerMetrics, VersionMetrics
 from .open_calls import OpenCalls
 from .redact import PathRedactor
 from .shedding import EarlyRefusal
+from .stalled_bodies import StalledBodies
 from .trim import HeapTrimmer
 from .observe import Observer
 
@@ -79,7 +80,9 @@ class ServerState:
         self.auth = Access(config)
         self.redact = PathRedactor(config.models_dir, *_known_folders(config))
         self.trimmer = HeapTrimmer()
-        self.budget = MemoryBudget(config.max_inflight_bytes, config.max_request_bytes, self.trimmer.released)
+        self.stalled_bodies = StalledBodies()  # HTTP bodies still arriving: the stalled ones end for others' memory
+        self.budget = MemoryBudget(config.max_inflight_bytes, config.max_request_bytes, self.trimmer.released,
+                                   self.stalled_bodies.make_room)
         self.grpc_arrivals = Arrivals.for_config(config)  # gRPC messages received at once
         self.grpc_refusals = GrpcRefusals()  # calls grpc answers itself (call limit, unknown method)
         self.body_reads = OpenCalls()  # HTTP bodies still arriving: ended when the drain ends (open_calls.py)

@@ -9,9 +9,10 @@ import json
 
 import pytest
 
+from aclserve.server.stalled_bodies import STALL_S
 from tests.serving import ServerThread
 
-from .hostile import closed_by_server, head, metric, open_raw, read_response, wait_for
+from .hostile import closed_by_server, head, metric, open_raw, read_response, stalled_upload, wait_for
 
 MiB = 1 << 20
 INFER = "/v2/models/double/infer"
@@ -79,7 +80,8 @@ def test_a_body_is_charged_as_it_comes_and_one_outgrowing_the_budget_is_refused_
     """A declares 3 MiB and sends 1: it holds about 1 MiB (a quarter ahead at most), so B,
     declaring 1.5 MiB, is let in (before, A held its 3 MiB at once and B got 503 at its head).
     B sends most of its body; A's next 2 MiB do not fit then: A gets 503 with Retry-After and
-    its connection closes; B, whose bytes were all charged as they came, is served."""
+    its connection closes; B, whose bytes were all charged as they came, is served (stalled
+    meanwhile, it is not ended for A: a body refused while it arrives is no fresh request)."""
     async def scenario():
         a_reader, a = await open_raw(server.url)
         a.write(head(INFER, {"Content-Length": 3 * MiB}) + b" " * MiB)
@@ -89,6 +91,7 @@ def test_a_body_is_charged_as_it_comes_and_one_outgrowing_the_budget_is_refused_
         b_reader, b = await open_raw(server.url)
         b.write(head(INFER, {"Content-Length": len(b_body)}) + b_body[:MiB])
         await wait_for(lambda: in_use(server.url) >= a_holds + MiB)
+        await asyncio.sleep(STALL_S + 0.1)  # B is stalled now, but A, refused while it arrives, ends no body
         a.write(b" " * (2 * MiB))  # (read and dropped once refused, so the answer is not reset)
         a_answer = await read_response(a_reader)
         a_closed = await closed_by_server(a_reader)
@@ -103,3 +106,27 @@ def test_a_body_is_charged_as_it_comes_and_one_outgrowing_the_budget_is_refused_
     assert a_status == 503 and b"max_inflight_bytes" in a_answer, a_answer[:300]
     assert b"\r\nRetry-After: " in a_answer and b"\r\nConnection: close\r\n" in a_answer and a_closed, a_answer
     assert b_status == 200 and b'"outputs"' in b_answer, b_answer[:300]
+
+
+def test_a_stalled_body_is_ended_when_another_request_is_refused_for_its_memory(server):
+    """An upload that stops after 3 MiB of the 4 MiB budget held them until body_timeout_s (here
+    60 s): a 1.5 MiB request is refused (503, Retry-After), and the upload, stalled for STALL_S,
+    is ended then (408, closed) as its 3 MiB make room; the refused request's retry is served."""
+    ended_before = metric(server.url, "aclserve_stalled_bodies_ended_total")
+
+    async def scenario():
+        stall_reader, stall = await stalled_upload(server.url, 3 * MiB)
+        await asyncio.sleep(STALL_S + 0.1)  # stalled now
+        body = padded(3 * MiB // 2)
+        refused = await post(server.url, body)
+        ended = await read_response(stall_reader)
+        closed = await closed_by_server(stall_reader)
+        stall.close()
+        await wait_for(lambda: in_use(server.url) == 0)
+        retried = await post(server.url, body)
+        return refused, ended, closed, retried
+    (status, answer), (ended_status, ended), closed, (retried_status, retried) = asyncio.run(scenario())
+    assert status == 503 and b"\r\nRetry-After: " in answer and b"max_inflight_bytes" in answer, answer[:300]
+    assert ended_status == 408 and b"request body ended: no byte of it came for 1 s" in ended and closed, ended[:400]
+    assert retried_status == 200 and b'"outputs"' in retried, retried[:300]
+    assert metric(server.url, "aclserve_stalled_bodies_ended_total") == ended_before + 1

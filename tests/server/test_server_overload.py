@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from aclserve.server import connections
+from aclserve.server import connections, stalled_bodies
 from aclserve.server.connections import (BODY_LINGER_S, HOLD_MAX_S, PENDING_BODY_HOLD_S, REFUSALS_PER_S,
                                           hold_seconds)
 from tests.serving import ServerThread
@@ -94,6 +94,8 @@ def small_budget(models_dir, tmp_path, make_config, monkeypatch):
     # A tenth of a refusal a second: the second connection held gets the longest hold, 10 s (as
     # the 2,500th does with the real figure), as long as aiohttp reads a dropped body.
     monkeypatch.setattr(connections, "REFUSALS_PER_S", 0.1)
+    # and the stalled body that fills the budget is never ended for the requests it refuses
+    monkeypatch.setattr(stalled_bodies, "STALL_S", 3600.0)
     shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
     config = make_config(tmp_path, model_control_mode="none", max_inflight_bytes=300_000,
                          max_request_bytes=250_000, hold_refused_connections=True)
