@@ -57,14 +57,15 @@ def encode_response(model_name: str, model_version: str, req: InferRequest,
         doc["id"] = req.id
     if json_values > SLICE_VALUES:
         return _sliced(doc, chunks)
-    head = dumps_response(doc)
-    if not chunks:
-        return head, None
-    return b"".join([head, *chunks]), len(head)
+    return _body(dumps_response(doc), chunks)
 
 
 async def _sliced(doc: dict, chunks: list) -> Encoded:
-    head = await dumps_sliced(doc)
+    return _body(await dumps_sliced(doc), chunks)
+
+
+def _body(head: bytes | bytearray, chunks: list) -> Encoded:
+    """(the body, its JSON part's length), or (the JSON, None) for an answer all JSON."""
     if not chunks:
         return head, None
     return b"".join([head, *chunks]), len(head)

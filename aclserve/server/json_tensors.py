@@ -368,11 +368,16 @@ def dumps_response(doc: dict) -> bytes:
     for entry in doc["outputs"]:
         data = entry.get("data")  # binary outputs have none here
         if isinstance(data, np.ndarray) and data.dtype.kind == "f":
-            non_finite = data.size - int(np.count_nonzero(np.isfinite(data)))
+            non_finite = non_finite_count(data)
             if non_finite:
                 entry["parameters"] = {"non_finite_values": non_finite}
                 counted = True
     return dumps(doc) if counted else written
+
+
+def non_finite_count(data: np.ndarray) -> int:
+    """How many of a float array's values JSON writes as null (NaN and the infinities)."""
+    return data.size - int(np.count_nonzero(np.isfinite(data)))
 
 
 def _fallback(value):
