@@ -103,11 +103,13 @@ def infer_tokens(url: str, ids: list[list[int]]):
 
 
 def test_the_statistics_count_the_runs_that_answered_a_re_run_batch(tmp_path, make_config, clean_faults):
-    """Three good 2-row requests batched with a bad 1-row one (7 rows, gear 8): the batch failed
-    and its parts answered the good ones, but the statistics counted the whole as one successful
-    run of 7 rows in gear 8 (a scheduling tester: batch_stats summed 35 rows where 30 were
-    answered, a "7" batch size that never ran, padding for gear 8). Each part that ran is a run of
-    its own, with its own gear, rows and times; the failed batch and the failed part are none."""
+    """Three good 2-row requests batched with a bad one: the batch failed and its parts answered
+    the good ones, but the statistics counted the whole as one successful run of its rows (a
+    scheduling tester: batch_stats summed 35 rows where 30 were answered, a "7" batch size that
+    never ran, padding for gear 8). Each part that ran is a run of its own, with its own gear,
+    rows and times; the failed batch and the failed part are none. The bad request has 2 rows, so
+    the four fill gear 8 exactly: 7 rows were taken as 4 when warm-up timed gear 8 dear per row
+    (GearPlanner.take_limit), and a CI run saw 2 re-runs, not 4."""
     models = tmp_path / "models"
     models.mkdir()
     save_graph(token_graph(), models / "tokens.onnx")  # gears 1, 2, 4, 8
@@ -118,7 +120,7 @@ def test_the_statistics_count_the_runs_that_answered_a_re_run_batch(tmp_path, ma
     try:
         held = faults.inject("execute", nth=1, hold=gate, code=0)  # the first run waits: the others queue
         good = [[[i, i + 1, i + 2], [i + 3, i + 4, i + 5]] for i in range(3)]
-        batched = good[:2] + [[[1, 500, 2]]] + good[2:]
+        batched = good[:2] + [[[1, 500, 2], [0, 0, 0]]] + good[2:]
         with concurrent.futures.ThreadPoolExecutor(len(batched) + 1) as pool:
             first = pool.submit(infer_tokens, srv.url, [[7, 8, 9]])
             assert held.entered.wait(30)
