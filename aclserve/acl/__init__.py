@@ -2,8 +2,9 @@
 
 ACLSERVE_DEVICE=auto (default) uses the real module when `import acl` works and it sees at
 least one device; npu insists on it; cpu always uses `aclserve.acl.cpu`, which has pyACL's
-names, argument order, return tuples and error codes. Nothing outside aclserve/acl and
-aclserve/runtime touches the module itself.
+names, argument order, return tuples and error codes. Nothing outside aclserve/acl,
+aclserve/runtime and the DVPP decoder (images/dvpp.py, handed the runtime's) touches the module
+itself (.importlinter's `acl` contract lists every other import of this package).
 """
 from __future__ import annotations
 
