@@ -232,6 +232,34 @@ def test_rows_past_the_max_batch_size_are_refused_before_anything_is_made():
     assert _body([("x", "FP32", [-1, 4])], 32, 32)[1] > 0
 
 
+def _sent(body: bytes, header_length: int) -> dict[str, np.ndarray]:
+    """The arrays of a binary KServe request `_body` made."""
+    from aclserve.dtypes import kserve_to_numpy
+    header, rest = json.loads(body[:header_length]), memoryview(body)[header_length:]
+    arrays = {}
+    for tensor in header["inputs"]:
+        size = tensor["parameters"]["binary_data_size"]
+        arrays[tensor["name"]] = np.frombuffer(rest[:size], kserve_to_numpy(tensor["datatype"]))
+        rest = rest[size:]
+    return arrays
+
+
+def test_integer_inputs_are_drawn_within_their_value_range_or_small_and_non_negative():
+    """Every input was a standard normal cast to its type: ids of an embedding taking 0..49 came
+    out negative (the model refused the first request), a UINT input's negatives wrapped to
+    4,294,967,294 and the like, a BOOL input was True nearly everywhere."""
+    meta = [("ids", "INT64", [-1, 4]), ("bytes", "UINT32", [-1, 64]), ("tiny", "INT8", [-1, 64]),
+            ("mask", "BOOL", [-1, 64]), ("x", "FP32", [-1, 64])]
+    unranged = _sent(*_body(meta, 8))
+    assert 0 <= unranged["bytes"].min() and unranged["bytes"].max() <= 9
+    assert 0 <= unranged["ids"].min() and unranged["ids"].max() <= 9
+    assert set(unranged["mask"]) == {False, True}
+    assert unranged["x"].min() < 0 < unranged["x"].max()  # (floats as before)
+    ranged = _sent(*_body(meta, 8, 0, {"ids": (0, 49), "tiny": (-3, -1)}))
+    assert 0 <= ranged["ids"].min() and ranged["ids"].max() <= 49
+    assert set(ranged["tiny"]) == {-3, -2, -1}
+
+
 def test_the_rate_is_over_the_time_the_answers_took_not_the_time_asked_for():
     """A run lasts until the requests sent before its end are answered: on a server taking 0.3 s
     an answer, a 0.05 s run reported its answers over 0.05 s, six times the real rate."""

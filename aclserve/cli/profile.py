@@ -16,6 +16,7 @@ import importlib
 import math
 import os
 import time
+from typing import Mapping
 
 import numpy as np
 
@@ -225,12 +226,32 @@ def _draw(args, events: list[dict]) -> int:
 
 
 MAX_INPUT_BYTES = 1 << 30  # one input's random values; a model's largest gear is far below
+SMALL_INTEGERS = (0, 9)  # an integer input with no value range: counts, indices, flags all take these
 
 
-def _body(inputs_meta: list[tuple[str, str, list[int]]], rows: int, max_rows: int = 0) -> tuple[bytes, int]:
-    """Random values for every input, `rows` rows; `max_rows`: the model's max_batch_size when
-    known (0: a static batch or not known), checked before anything is made."""
+def _random_values(rng, datatype: str, dims: list[int], value_range: tuple[int, int] | None) -> np.ndarray:
+    """Floats from a standard normal; an integer input's within its `value_range` (the model's:
+    a negative draw was an index the model refuses, and wrapped to a huge one in a UINT input),
+    else 0..9 (at most what its type holds); BOOL inputs both values."""
     from ..dtypes import kserve_to_numpy
+    dtype = kserve_to_numpy(datatype)
+    if dtype.kind == "b":
+        return rng.integers(0, 1, dims, endpoint=True).astype(dtype)
+    if dtype.kind not in "iu":
+        return rng.standard_normal(dims).astype(dtype)
+    held = np.iinfo(dtype)
+    low, high = value_range if value_range is not None else SMALL_INTEGERS
+    low, high = max(low, held.min), min(high, held.max)  # (a remote server's metadata, taken as it says)
+    if low > high:
+        low, high = SMALL_INTEGERS[0], min(SMALL_INTEGERS[1], held.max)
+    return rng.integers(low, high, dims, dtype=dtype, endpoint=True)
+
+
+def _body(inputs_meta: list[tuple[str, str, list[int]]], rows: int, max_rows: int = 0,
+          value_ranges: Mapping[str, tuple[int, int]] | None = None) -> tuple[bytes, int]:
+    """Random values for every input, `rows` rows; `max_rows`: the model's max_batch_size when
+    known (0: a static batch or not known), checked before anything is made; `value_ranges`:
+    {integer input: (smallest, largest)} the model takes, as its metadata gives them."""
     from .infer import build_request
     if 0 < max_rows < rows:  # (the server refuses it too, after up to 1 GiB an input was made)
         raise UsageError(f"--rows {rows} exceeds the model's max_batch_size, {max_rows}")
@@ -249,7 +270,7 @@ def _body(inputs_meta: list[tuple[str, str, list[int]]], rows: int, max_rows: in
         if size > MAX_INPUT_BYTES:  # (a traceback of numpy's MemoryError, after allocating what it could)
             raise UsageError(f"--rows {rows}: input {name!r} would take {size:,} bytes to make; at most "
                              f"{MAX_INPUT_BYTES:,} (ask for fewer rows)")
-        arrays[name] = rng.standard_normal(dims).astype(kserve_to_numpy(datatype))
+        arrays[name] = _random_values(rng, datatype, dims, (value_ranges or {}).get(name))
     return build_request(arrays, [])
 
 
@@ -279,7 +300,8 @@ async def _in_process(args):
             held = "" if args.model in folder else models_hint(folder, "in the models folder")
             raise UsageError(f"{getattr(e, 'message', e)}{held}") from None
         meta = [(s.name, s.datatype, list(s.shape)) for s in served.inputs]
-        body, header_length = _body(meta, args.rows, served.max_batch_size)
+        ranges = {name: (r.low, r.high) for name, r in served.value_ranges.items()}
+        body, header_length = _body(meta, args.rows, served.max_batch_size, ranges)
         work = functools.partial(_work, body, header_length)
 
         async def one() -> str | None:

@@ -118,6 +118,18 @@ def _inputs(doc) -> list[tuple[str, str, list[int]]]:
     return meta
 
 
+def _value_ranges(doc) -> dict[str, tuple[int, int]]:
+    """{input: (smallest, largest)} of the inputs whose metadata gives a `value_range` parameter
+    (server/model_info.py); one not two integers is passed over (the values then are small ones)."""
+    ranges = {}
+    for tensor in doc["inputs"]:  # (_inputs checked each is a dict with a name)
+        parameters = tensor.get("parameters")
+        given = parameters.get("value_range") if isinstance(parameters, dict) else None
+        if isinstance(given, list) and len(given) == 2 and all(type(v) is int for v in given) and given[0] <= given[1]:
+            ranges[tensor["name"]] = (given[0], given[1])
+    return ranges
+
+
 async def _max_batch_size(session, base: str, model: str) -> int:
     """The model configuration's max_batch_size, or 0 when it cannot be read (the server then
     judges the rows itself)."""
@@ -189,7 +201,8 @@ async def run_remote(args, make_body, tls=None):
             except (ValueError, RecursionError) as e:  # (HTML, say; or JSON nested past the stack)
                 raise NotKServe(f"its model metadata is not JSON ({one_line(e)})") from None
         meta = _inputs(doc)
-        body, header_length = make_body(meta, args.rows, await _max_batch_size(session, base, args.model))
+        body, header_length = make_body(meta, args.rows, await _max_batch_size(session, base, args.model),
+                                        _value_ranges(doc))
         restore = await _own_trace_settings(session, base, setting)
         await _settings_taken(session, setting, restore)
         headers = {"Inference-Header-Content-Length": str(header_length), "Content-Type": "application/octet-stream"}

@@ -9,6 +9,7 @@ import pytest
 from aclserve.cli import main
 
 from tests.serving import ServerThread, server_config
+from tests.tiny_models import save_graph, token_graph
 
 
 def _check(out: str, trace_path):
@@ -56,3 +57,28 @@ def test_profile_refuses_bad_arguments(models_dir, capsys):
     assert main(["profile", "nope", "--models", str(models_dir), "--device", "cpu", "--seconds", "0.2"]) == 2
     err = capsys.readouterr().err
     assert "must be positive" in err and "model 'nope'" in err
+
+
+@pytest.fixture(scope="module")
+def tokens_dir(tmp_path_factory):
+    """tokens.onnx dropped into a folder: its compile finds that `ids` indexes a table of 50 rows,
+    and the server refuses ids outside 0..49 (both modes' loads share its compile cache)."""
+    folder = tmp_path_factory.mktemp("profile_tokens")
+    save_graph(token_graph(), folder / "tokens.onnx")
+    return folder
+
+
+def test_profile_sends_integer_inputs_within_the_value_range_in_process(tokens_dir, tmp_path, capsys):
+    """Every input was drawn from a standard normal: a negative id, "model 'tokens' refused the
+    request: input 'ids': value -2 is outside 0..49", exit 2."""
+    assert main(["profile", "tokens", "--models", str(tokens_dir), "--device", "cpu", "--seconds", "0.5",
+                 "--clients", "2", "--rows", "4", "--trace", str(tmp_path / "p.json")]) == 0, capsys.readouterr().err
+    assert "refused" not in capsys.readouterr().out
+
+
+def test_profile_sends_integer_inputs_within_the_value_range_of_a_url(tokens_dir, tmp_path, capsys):
+    """The model's metadata gives the range (its input's `value_range` parameter)."""
+    with ServerThread(server_config(tokens_dir, trace_dir=str(tmp_path / "traces"))) as srv:
+        assert main(["profile", "tokens", "--url", f"http://{srv.url}", "--trace-dir", str(tmp_path / "traces"),
+                     "--seconds", "0.5", "--clients", "2", "--rows", "4", "--trace", str(tmp_path / "r.json")]) == 0
+    assert "refused" not in capsys.readouterr().out
