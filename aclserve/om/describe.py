@@ -141,6 +141,29 @@ def _size(n: int) -> str:
     return str(n)
 
 
+# What each ATC precision mode does to an FP32 model's operators on an NPU (ATC's --precision_mode
+# page); must_keep_origin_dtype keeps its types, as the CPU runtime does
+LOWERED_ON_NPU = {
+    "force_fp16": "every operator that has an fp16 kernel in fp16",
+    "allow_fp32_to_fp16": "matrix operators (MatMul, Conv) in fp16",
+    "force_fp32": "matrix operators on fp16 inputs", "cube_fp16in_fp32out": "matrix operators on fp16 inputs",
+    "allow_mix_precision": "some operators in fp16", "allow_mix_precision_fp16": "some operators in fp16",
+    "allow_mix_precision_bf16": "some operators in bf16", "allow_fp32_to_bf16": "matrix operators in bf16",
+}
+
+
+def precision_note(header: dict) -> list[str]:
+    """A CPU OM records its precision mode for ATC; the CPU runtime computes in the model's own
+    types whatever it says, so answers there can be finite where a device's overflow fp16."""
+    mode = (header.get("options") or {}).get("precision_mode")
+    lowered = LOWERED_ON_NPU.get(mode)
+    if lowered is None:
+        return []
+    return [f"note: precision_mode {mode} is recorded for ATC, not applied: the CPU runtime computes in the "
+            f"model's own types (FP32 in fp32); on an NPU {mode} runs {lowered}, so answers may differ (past "
+            "65504, fp16's largest: inf); --precision-mode must_keep_origin_dtype keeps the model's types there too"]
+
+
 def format_summary(result) -> str:
     """The lines `aclserve compile` prints after a build (result: compile.CompileResult)."""
     h = result.header
@@ -149,5 +172,7 @@ def format_summary(result) -> str:
     lines += tensor_lines(h)
     if result.target == "npu":
         lines.append(NEEDS_CANN)
+    else:
+        lines += precision_note(h)
     lines += [f"warning: {w}" for w in result.warnings]
     return "\n".join(lines)

@@ -66,6 +66,24 @@ def test_a_soc_or_an_opset_atc_would_refuse_is_a_warning_in_the_cpu_summary(tmp_
                              log=lambda _: None).warnings == [], (soc, opset)
 
 
+def test_the_cpu_summary_notes_a_precision_mode_the_cpu_runtime_does_not_apply(tmp_path):
+    """A CPU OM records ATC's default force_fp16 while the CPU runtime computes in fp32: y = x + x
+    of 70000 is 140000 here and inf on an NPU, and only `compile --help` said so."""
+    src, out = _relu(tmp_path / "relu.onnx"), tmp_path / "m.om"
+    notes = {}
+    for mode in (None, "allow_fp32_to_fp16", "must_keep_origin_dtype"):
+        proc = run_cli("compile", src, "-o", out, "--target", "cpu", *(["--precision-mode", mode] if mode else []))
+        assert proc.returncode == 0, proc.stderr
+        notes[mode] = [line for line in proc.stdout.splitlines() if line.startswith("note:")]
+    assert notes[None] == [
+        "note: precision_mode force_fp16 is recorded for ATC, not applied: the CPU runtime computes in the model's "
+        "own types (FP32 in fp32); on an NPU force_fp16 runs every operator that has an fp16 kernel in fp16, so "
+        "answers may differ (past 65504, fp16's largest: inf); --precision-mode must_keep_origin_dtype keeps the "
+        "model's types there too"]
+    assert notes["allow_fp32_to_fp16"] and "matrix operators (MatMul, Conv) in fp16" in notes["allow_fp32_to_fp16"][0]
+    assert notes["must_keep_origin_dtype"] == []  # (the CPU runtime does what it says)
+
+
 def test_an_opset_of_cann_s_parsers_but_not_of_its_documents_may_be_refused(tmp_path):
     """CANN's ONNX op plugins register parsers for opsets 8 to 10 for many operators ("ai.onnx::8::Conv"),
     though its documents say 11: "would refuse" was not true of them."""
