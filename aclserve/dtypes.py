@@ -22,6 +22,28 @@ ACL_INT64 = 9
 ACL_UINT64 = 10
 ACL_DOUBLE = 11
 ACL_BOOL = 12
+# the rest of aclDataType, which aclserve does not serve (CANN's aclDataType page, hicann/runtime
+# docs/api_docs/aclDataType.md; HIFLOAT4 from its runtime source, aclDataTypeSize's switch)
+ACL_STRING = 13
+ACL_COMPLEX64 = 16
+ACL_COMPLEX128 = 17
+ACL_BF16 = 27
+ACL_INT4 = 29
+ACL_UINT1 = 30
+ACL_COMPLEX32 = 33
+ACL_HIFLOAT8 = 34
+ACL_FLOAT8_E5M2 = 35
+ACL_FLOAT8_E4M3FN = 36
+ACL_FLOAT8_E8M0 = 37
+ACL_FLOAT6_E3M2 = 38
+ACL_FLOAT6_E2M3 = 39
+ACL_FLOAT4_E2M1 = 40
+ACL_FLOAT4_E1M2 = 41
+ACL_HIFLOAT4 = 42
+
+# every aclDataType code by its name in CANN's enum, less the ACL_ prefix: what a refusal names
+ACL_TYPE_NAMES = {code: name[4:] for name, code in globals().items()
+                  if name.startswith("ACL_") and type(code) is int}
 
 _ACL_TO_NUMPY = {
     ACL_FLOAT: np.dtype(np.float32),
@@ -48,11 +70,18 @@ _ACL_TO_KSERVE = {
 _KSERVE_TO_ACL = {v: k for k, v in _ACL_TO_KSERVE.items()}
 
 
+def acl_type(acl_dtype: int) -> str:
+    """`ACL data type 27 (BF16)`: the code with its aclDataType name (a bare 27 sent a reader to
+    CANN's headers), or saying that CANN names no such type."""
+    name = ACL_TYPE_NAMES.get(acl_dtype)
+    return f"ACL data type {acl_dtype} ({name or 'not one of aclDataType'})"
+
+
 def acl_to_numpy(acl_dtype: int) -> np.dtype:
     try:
         return _ACL_TO_NUMPY[acl_dtype]
     except KeyError:
-        raise ValueError(f"ACL data type {acl_dtype} has no numpy equivalent") from None
+        raise ValueError(f"{acl_type(acl_dtype)} has no numpy equivalent") from None
 
 
 def numpy_to_acl(dtype) -> int:
@@ -66,7 +95,7 @@ def acl_to_kserve(acl_dtype: int) -> str:
     try:
         return _ACL_TO_KSERVE[acl_dtype]
     except KeyError:
-        raise ValueError(f"ACL data type {acl_dtype} has no KServe datatype") from None
+        raise ValueError(f"{acl_type(acl_dtype)} has no KServe datatype") from None
 
 
 def kserve_to_acl(name: str) -> int:

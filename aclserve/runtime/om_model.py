@@ -13,7 +13,7 @@ import os
 
 from ..acl import AclError, check, check_handle, release
 from ..acl import constants as C
-from ..dtypes import acl_to_kserve, acl_to_numpy
+from ..dtypes import acl_to_kserve, acl_to_numpy, acl_type
 from ..om import container
 from ..om.atc_om import compile_hint, identify
 from ..om.container import OmFormatError
@@ -190,7 +190,7 @@ class OmModel:
         try:
             datatype = acl_to_kserve(acl_dtype)
         except ValueError:
-            raise LoadError(f"model {self.name}: tensor {name!r} has ACL data type {acl_dtype}, "
+            raise LoadError(f"model {self.name}: tensor {name!r} has {acl_type(acl_dtype)}, "
                             "which aclserve cannot serve") from None
         aipp_color, raw_aipp_format = self._static_aipp(index, name) if is_input else (None, None)
         return TensorSpec(name=name, datatype=datatype, dtype=acl_to_numpy(acl_dtype), shape=shape,

@@ -64,6 +64,8 @@ def _header(compiled, **changes) -> dict:
     (lambda h: h["outputs"][0].update(dims="[1]"), "outputs[0].dims is not a list"),
     (lambda h: h["inputs"][0].pop("datatype") and h["inputs"][0].pop("acl_dtype"), "inputs[0].datatype is missing"),
     (lambda h: h.update(gears=[]), "gears: a ascend_mbatch_shape_data input but no gears"),
+    (lambda h: h["inputs"][0].pop("datatype") and h["inputs"][0].update(acl_dtype=27),
+     "inputs[0]: ACL data type 27 (BF16) has no KServe datatype"),
 ])
 def test_inspect_and_the_loader_refuse_a_malformed_header_naming_the_field(tmp_path, compiled, engine, change, field):
     header = _header(compiled)
@@ -91,3 +93,15 @@ def test_an_om_from_before_the_checksum_still_loads_and_inspects(tmp_path, compi
     proc = run_cli("inspect", path)
     assert proc.returncode == 0 and "loads on the aclserve CPU runtime" in proc.stdout, proc.stderr
     engine.load(path, name="old", warmup=False).close()
+
+
+def test_an_acl_data_type_aclserve_does_not_serve_is_named():
+    """A BF16 tensor was "ACL data type 27, which aclserve cannot serve" (runtime/om_model.py, on
+    an NPU: the CPU runtime refuses such a header first, above), a number to look up in CANN's
+    headers. Every aclDataType code is named now."""
+    from aclserve.dtypes import acl_type
+    assert acl_type(27) == "ACL data type 27 (BF16)"
+    assert [acl_type(code) for code in (16, 17, 13, 29, 42)] == [
+        "ACL data type 16 (COMPLEX64)", "ACL data type 17 (COMPLEX128)", "ACL data type 13 (STRING)",
+        "ACL data type 29 (INT4)", "ACL data type 42 (HIFLOAT4)"]
+    assert acl_type(5) == "ACL data type 5 (not one of aclDataType)"
