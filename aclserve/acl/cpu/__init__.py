@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 import logging
 
-from ...dtypes import acl_to_numpy
 from .. import constants as C
 from . import _dataset, _err_msg, _memory, _state, faults, mdl, media, rt, settings, util
+from ._type_sizes import element_size
 from ._args import INT, PTR, STR, api
 
 log = logging.getLogger("aclserve.acl.cpu")
@@ -134,10 +134,8 @@ def destroy_data_buffer(data_buffer):
 
 @api("acl.data_type_size", INT)
 def data_type_size(data_type):
-    try:
-        return acl_to_numpy(data_type).itemsize
-    except ValueError:
-        return 0
+    """Bytes an element of `data_type` takes, as CANN's aclDataTypeSize gives them (_type_sizes.py)."""
+    return element_size(data_type)
 
 
 def memory_stats(device: int = 0) -> dict:
