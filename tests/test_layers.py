@@ -1,7 +1,9 @@
 """The import contracts of .importlinter (layers, the server's and the scheduler's use of the runtime,
-the acl module's importers, the network at the edge, no cycles), checked by import-linter over this
-checkout's aclserve/ as part of the test suite; and each forbidden and protected contract broken by an
-import it forbids, in a copy of aclserve/."""
+the acl module's importers, the network at the edge, no aiohttp on the gRPC path, no cycles), checked
+by import-linter over this checkout's aclserve/ as part of the test suite; and each forbidden and
+protected contract broken by an import it forbids, in a copy of aclserve/."""
+import configparser
+import glob
 import os
 import re
 import shutil
@@ -42,6 +44,7 @@ FORBIDDEN = [
     ("runtime/types.py", "from ..acl import constants", "runtime/batch.py and runtime/types.py, which the"),
     ("images/plan.py", "from tritonclient.grpc import model_config_pb2", "the network stays at the edge"),
     ("server/quoting.py", "from ..runtime import pool", "the server uses only the runtime's data types"),
+    ("server/infer_pipeline.py", "from aiohttp import web", "the gRPC transport and the infer path"),
 ]
 
 
@@ -63,3 +66,14 @@ def verdict(said: str, contract: str) -> str:
     """KEPT or BROKEN: what lint-imports' report says after the contract's name."""
     rest = said[said.index(contract):]
     return min((rest.index(word), word) for word in (" KEPT", " BROKEN") if word in rest)[1].strip()
+
+
+def test_every_grpc_module_is_held_to_the_no_aiohttp_contract():
+    """import-linter's wildcards replace whole module names only, so the gRPC modules are listed one
+    by one: a new server/grpc_*.py left off the list would import aiohttp unseen."""
+    contracts = configparser.ConfigParser()
+    contracts.read(os.path.join(ROOT, ".importlinter"))
+    listed = set(contracts["importlinter:contract:grpc-without-aiohttp"]["source_modules"].split())
+    grpc = {"aclserve.server." + os.path.basename(path)[:-3]
+            for path in glob.glob(os.path.join(ROOT, "aclserve", "server", "grpc_*.py"))}
+    assert grpc and grpc <= listed, sorted(grpc - listed)

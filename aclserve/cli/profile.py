@@ -3,7 +3,7 @@ trace file and a summary a person reads in ten seconds (trace/analysis.py).
 
 In-process (default): the model is loaded from the models folder as `aclserve serve` would (same
 repository, batchers, runtime; that model alone, in explicit mode) and C client tasks drive the
-infer path of the HTTP server without the socket (`server/infer.infer_body`: decode, queue,
+infer path of the HTTP server without the socket (`server/infer_pipeline.infer_body`: decode, queue,
 batch, encode), so the process CPU time is the server's. With --url: C aiohttp clients load a
 running server (profile_remote.py). Every request's outcome is counted (load.py): the rate is of
 the requests answered, the refused are counted by reason.
@@ -278,7 +278,7 @@ async def _in_process(args):
     from ..app import build_repository, build_runtime
     from ..config import load_server_config
     from ..trace import chrome
-    from ..server.infer import counted_infer
+    from ..server.infer_pipeline import counted_infer
     from ..server.state import ServerState
 
     if not os.path.isdir(args.models):
@@ -337,5 +337,5 @@ async def _in_process(args):
 
 
 async def _work(body, header_length, rec, trace):
-    from ..server.infer import infer_body
+    from ..server.infer_pipeline import infer_body
     return await infer_body(rec, body, header_length, trace)

@@ -4,7 +4,7 @@ A request that names no priority joins the batcher's default level. Under overlo
 refuses such a request before the work of decoding it when that level is full: the connection
 guard before aiohttp parses it (server/shedding.py EarlyRefusal, counting those it lets through
 until they are read: unread.py), and a read request before its JSON is decoded
-(shedding.refuse_undecoded, from server/infer.py). These are the questions they ask of the
+(shedding.refuse_undecoded, from server/infer_pipeline.py). These are the questions they ask of the
 batcher, and the refusal they count as the level's.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ class EarlyAdmission:
         return self._unread.admit(self._default_room(), self._clock.now())
 
     def request_read(self) -> None:
-        """A request's body has been read (server/infer.py: from here to the queue or its
+        """A request's body has been read (server/infer_pipeline.py: from here to the queue or its
         refusal nothing waits, but for an image input's decode): it is no longer coming."""
         self._unread.arrived()
 

@@ -56,7 +56,7 @@ class InferenceResult:
 
 def mark_answered(cancelled: BaseException) -> None:
     """Mark the cancellation of an infer whose outputs had reached it before its task resumed
-    (its client went in that moment), or while its answer was written (server/infer.py): the
+    (its client went in that moment), or while its answer was written (server/infer_pipeline.py): the
     statistics counted it a success, and so should the server's own counters
     (answered_before_cancel), not a cancelled request as well."""
     cancelled.aclserve_answered = True

@@ -62,7 +62,7 @@ class BatcherStats:
     launch on an instance (Triton's compute start: a formed batch waiting for its instance's
     slot or launcher is still queued); `fail` is written by the server for
     every failed request, whatever failed it (a refusal here, a failed run, a client gone, bad
-    input: server/infer.py counted_infer, where /metrics counts failures too), from its
+    input: server/infer_pipeline.py counted_infer, where /metrics counts failures too), from its
     arrival. `inference_count` is the rows of the successful requests, `execution_count`
     every run.
     Device timings of a run map to compute_input (h2d), compute_infer, compute_output (d2h);

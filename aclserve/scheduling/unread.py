@@ -6,7 +6,7 @@ has read whatever else came meanwhile; a burst read in one pass of the loop woul
 let through whole against the same free room. Requests naming no priority are admitted, and
 those whose body is still coming (counted as of the default level, an estimate that errs high
 for them only). Each admission counts until the next request read takes it
-off (DynamicBatcher.request_read, from server/infer.py: reads are not matched to admissions,
+off (DynamicBatcher.request_read, from server/infer_pipeline.py: reads are not matched to admissions,
 any read stands for the oldest one, so the count errs low, never high) or until LAPSE_S after
 it was made, so one that is never read (a client gone) stops counting however many follow it.
 A burst read in one pass still counts its invalid requests until they are read: the guard

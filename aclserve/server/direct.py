@@ -6,7 +6,7 @@ itself costs (its request and response objects, the middleware chain, its writer
 side by side on one core, light MLP KServe v2 JSON at 64 clients, 10,657 req/s at 94 us of CPU a
 request through aiohttp against 18,542-19,270 at 52-54 us answered here.
 So the guard (connections.py), which frames every request anyway (framing.py), answers the
-plain ones itself through the same infer path (infer.counted_infer and infer_body: the same
+plain ones itself through the same infer path (infer_pipeline.counted_infer and infer_body: the same
 decode, batcher, encode, metrics, statistics and errors) and writes the same answer aiohttp
 would: status, Content-Type, Content-Length, Inference-Header-Content-Length, Date, Server.
 
@@ -51,7 +51,7 @@ from .answer_charge import DIRECT_COPIES, answer_charge
 from .budget import Lease
 from .codec import HEADER_LENGTH, parse_header_length
 from .error_responses import error_body, retry_after_value, serve_error_parts
-from .infer import counted_infer, infer_body
+from .infer_pipeline import counted_infer, infer_body
 from .observe import REQUEST_ID_HEADER
 from .plain import guard_may_answer, infer_target
 from .request_head import Head

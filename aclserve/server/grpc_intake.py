@@ -33,7 +33,7 @@ from .budget import Lease
 from .deadline_wait import expire_now
 from .grpc_arrivals import EVICT_AFTER_S, Arrival, Arrivals
 from .grpc_wire import names, scan
-from .infer import counted_infer
+from .infer_pipeline import counted_infer
 
 # a 413's advice: the lease's (for what has no advice of its own), and a message's with typed contents
 GRPC_HINT = "send smaller requests"

@@ -2,7 +2,7 @@
 its inference RPCs here, the others in its base, ControlServicer (grpc_control.py).
 
 Every RPC answers from the same ServerState as the HTTP app: the repository, the batchers, the
-statistics and the Prometheus metrics (infer goes through infer.counted_infer, the rest through
+statistics and the Prometheus metrics (infer goes through infer_pipeline.counted_infer, the rest through
 views.py). Errors map the way Triton maps them, in one place (grpc_status.end_call: bad input
 INVALID_ARGUMENT, unknown model NOT_FOUND, queue full / timed out / not ready UNAVAILABLE, the
 rest INTERNAL, with a `grpc-retry-pushback-ms` trailer where HTTP sends Retry-After). A client
@@ -43,7 +43,7 @@ from .grpc_intake import GRPC_HINT, count_unparsed, parse
 from .grpc_status import end_call
 from .grpc_stream import InferStream
 from .grpc_stream_refused import refused_stream
-from .infer import counted_infer, run_decoded
+from .infer_pipeline import counted_infer, run_decoded
 from .observe import request_id
 from .open_calls import SHUTDOWN_MESSAGE
 

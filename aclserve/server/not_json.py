@@ -4,7 +4,7 @@ multipart form (`curl -F x=@cat.jpg`, an HTML form's upload). Both were refused 
 parser's words, "it is not UTF-8 text (binary tensor data goes after the JSON part ...)" or "no
 digit after sign", which did not say how to send a picture (an independent tester).
 
-Looked at only once the body has failed to parse as JSON (infer.infer_body's error path), by its
+Looked at only once the body has failed to parse as JSON (infer_pipeline.infer_body's error path), by its
 first bytes: a multipart body is known by its first boundary and its part's Content-Disposition
 (a Content-Type header is not needed, nor read). Pure functions over bytes.
 """

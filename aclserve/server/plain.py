@@ -38,7 +38,7 @@ def infer_target(target: bytes) -> tuple[str, str | None] | None:
 def guard_may_answer(head: Head, state) -> bool:
     """The head and the server's state allow the guard to answer this request itself (the
     caller checks the path with infer_target and its own limits). `state`: the ServerState.
-    Traced and logged requests too: the infer path (infer.counted_infer) observes them as it
+    Traced and logged requests too: the infer path (infer_pipeline.counted_infer) observes them as it
     does on aiohttp's path, their id read from the head."""
     return not state.auth.inference and head.derived("plain", _head_allows)
 
