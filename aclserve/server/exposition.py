@@ -62,6 +62,13 @@ class Family:
         return family
 
 
+def single(kind: str, name: str, help: str, value: float) -> Family:
+    """A family of one series without labels."""
+    family = Family(kind, name, help)
+    family.add((), value)
+    return family
+
+
 def render(families: Iterable[Family]) -> bytes:
     """The exposition text of `families`, in their order and their rows' order."""
     out: list[str] = []

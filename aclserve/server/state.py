@@ -20,6 +20,7 @@ from .draining import DrainingVersions
 from .grpc_arrivals import Arrivals
 from .grpc_refusals import GrpcRefusals
 from .guard_metrics import GuardCollector
+from .health_metrics import HealthCollector
 from .images import ImageDecoding
 from .in_flight import InFlight
 from .json_limits import JsonLimits
@@ -95,6 +96,7 @@ class ServerState:
         self.own_middlewares: tuple = ()  # the app's middlewares as create_app made them
         self.guard_metrics = GuardCollector(self)
         self.metrics.register(self.guard_metrics)
+        self.metrics.register(HealthCollector(self))  # (after the guards' families, as /metrics has written them)
         self.started = False  # every model the repository found at start has been tried
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
         self.loads_after_listen = False  # serve(): the loading begins once both ports are bound
