@@ -19,6 +19,7 @@ import re
 from ..errors import InvalidInput
 from ..images.header import JPEG_SOI, PNG_SIGNATURE
 from ..runtime.types import TensorSpec
+from .binary_data import check_binary_data_fits, check_binary_data_size
 from .json_simd import JsonNumbers
 from .parameters import refuse_compound_values
 
@@ -90,16 +91,8 @@ def decode_input(name: str, item: dict, spec: TensorSpec, max_batch: int, rows: 
         if type(data) is JsonNumbers:  # numbers where strings belong: the list says so
             data = data.as_list()
         return json_elements(name, data, count), offset, rows
-    if type(size) is not int or size < 0:
-        raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
-    if not framed:
-        raise InvalidInput(f"input '{name}' has binary_data_size but the request has no "
-                           "Inference-Header-Content-Length header")
-    if "data" in item:
-        raise InvalidInput(f"input '{name}' has both data and binary_data_size")
-    if offset + size > len(body):
-        raise InvalidInput(f"input '{name}': binary data needs {size} bytes at offset {offset} "
-                           f"but only {len(body) - offset} follow there (the body has {len(body)})")
+    check_binary_data_size(name, item, size, framed)
+    check_binary_data_fits(name, size, body, offset)
     return binary_elements(name, memoryview(body)[offset:offset + size], count), offset + size, rows
 
 

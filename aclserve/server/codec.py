@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import InvalidInput, MalformedRequest, ServeError
 from ..runtime.types import TensorSpec
+from .binary_data import HEADER_LENGTH, check_binary_data_fits, check_binary_data_size
 from .bytes_codec import MAX_QUOTED_DIMS, decode_input as decode_bytes_input, raw_input as raw_bytes_input
 from .json_simd import JsonNumbers
 from .json_limits import JsonLimits
@@ -26,8 +27,6 @@ from .quoting import quoted, quoted_name, quoted_names
 from .single_header import single_value
 from .stray_pictures import IMAGE_INPUT_HINT, refuse_picture
 from .values import check_values
-
-HEADER_LENGTH = "Inference-Header-Content-Length"
 
 # "value:index" strings a request's classification answers may hold: each costs a few us of the
 # event loop and ~200 bytes outside the memory budget (65,536: about 0.2 s and 13 MB at most)
@@ -182,21 +181,13 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
             refuse_compound_values(params, f"input '{name}'")
             size = params.get("binary_data_size")
         if size is not None:
-            if type(size) is not int or size < 0:
-                raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
-            if not framed:
-                raise InvalidInput(f"input '{name}' has binary_data_size but the request has no "
-                                   f"{HEADER_LENGTH} header")
-            if "data" in item:
-                raise InvalidInput(f"input '{name}' has both data and binary_data_size")
+            check_binary_data_size(name, item, size, framed)
             refuse_picture(name, body, spec, offset=offset)  # (whatever its size: it says what was sent)
             expected = count * spec.dtype.itemsize
             if size != expected:
                 raise InvalidInput(f"input '{name}': binary_data_size {size} does not match shape {shape} "
                                    f"of {datatype} ({expected} bytes)")
-            if offset + size > len(body):
-                raise InvalidInput(f"input '{name}': binary data needs {size} bytes at offset {offset} "
-                                   f"but only {len(body) - offset} follow there (the body has {len(body)})")
+            check_binary_data_fits(name, size, body, offset)
             arrays[name] = tensor_view(name, body, spec, count, shape, offset)
             offset += size
         else:

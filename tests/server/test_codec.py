@@ -112,6 +112,25 @@ def test_binary_size_mismatch(chunks, size, match):
     bad(BATCHED, {"inputs": [inp("x", "FP32", [1, 4], size=size)]}, *chunks, match=match)
 
 
+
+IMAGES = codec.Signature([TensorSpec("img", "BYTES", np.dtype(object), (-1,))], [spec("y", "FP32", [-1, 2])], 8)
+
+
+@pytest.mark.parametrize("size,data,chunks,says", [
+    (-1, None, [b"\0" * 16], "{input}: binary_data_size must be a non-negative integer"),
+    (16, None, [], "{input} has binary_data_size but the request has no Inference-Header-Content-Length header"),
+    (16, [0, 0, 0, 0], [b"\0" * 16], "{input} has both data and binary_data_size"),
+    (16, None, [b"\0" * 12], "{input}: binary data needs 16 bytes at offset {json} but only 12 follow there "
+                              "(the body has {body})"),
+])
+def test_a_numeric_and_a_bytes_input_are_refused_their_binary_data_size_alike(size, data, chunks, says):
+    """codec.py and bytes_codec.py check binary_data_size in one place (binary_data.py): same words."""
+    for sig, item in ((BATCHED, inp("x", "FP32", [1, 4], data, size)), (IMAGES, inp("img", "BYTES", [1], data, size))):
+        raw, length = body({"inputs": [item]}, *chunks)
+        with pytest.raises(InvalidInput) as refused:
+            codec.decode_request(raw, length, sig)
+        assert refused.value.message == says.format(input=f"input '{item['name']}'", json=length, body=len(raw))
+
 def test_binary_framing_header_errors():
     raw, length = body({"inputs": [inp("x", "FP32", [1, 4], size=16)]}, b"\0" * 16)
     with pytest.raises(InvalidInput, match="only"):
