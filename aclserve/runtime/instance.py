@@ -23,7 +23,7 @@ instance with no timeout).
 ModelInstance puts together one part per concept, each in its own module:
 
     instance_resources.py  the ACL objects it owns (context, streams, clock, model, slots):
-                           made in order, freed in reverse (release, when_freed)
+                           made in order, freed streams first (release, when_freed)
     slot_book.py           slot accounting and health (free_count, try_reserve, broken,
                            faults, busy time) and the instance's one lock; ModelInstance is a
                            SlotBook, so the pool's per-batch calls reach it directly

@@ -1,4 +1,4 @@
-"""The ACL objects one ModelInstance owns, made in order and freed in reverse.
+"""The ACL objects one ModelInstance owns, made in this order and freed streams first.
 
     context    made first; everything below is created under it (create_context makes it
                current, and the calling thread gets its previous context back afterwards)
@@ -9,13 +9,15 @@
     model      the instance's own OmModel copy (a model id is not re-entrant)
     slots      `slots` Slots, once the device has room for their buffers
 
-A construction that fails frees what it made. release() frees everything in reverse order,
-under the context, once the instance's threads have stopped and its streams are idle; if the
-device still runs the instance's work then, nothing is freed, since that work reads and writes
-the slots' memory (teardown.py abandons the instance, and tries again later). The callbacks
-given to when_freed() run once everything is freed. The instance's threads run under the
-context (start_thread); the completion thread recreates the streams after a device fault
-(reset_streams), when nothing is in flight.
+A construction that fails frees what it made. release() frees everything under the context,
+once the instance's threads have stopped and its streams are idle: the streams first, so that no
+task is left on one to record or wait on the slots' or the clock's events, or to reach the slots'
+buffers, once they are freed; then the slots, the clock and the model; the context last, as
+everything was made under it. If the device still runs the instance's work then, nothing is
+freed, since that work reads and writes the slots' memory (teardown.py abandons the instance,
+and tries again later). The callbacks given to when_freed() run once everything is freed. The
+instance's threads run under the context (start_thread); the completion thread recreates the
+streams after a device fault (reset_streams), when nothing is in flight.
 """
 from __future__ import annotations
 
