@@ -38,7 +38,7 @@ from ..config import (PBTXT, ConfigError, ModelConfig, load_model_config, load_t
                       read_pbtxt)
 from ..regular_files import node_kind, stat_identity
 from . import external_data, unread
-from .models_folder import folder_entries, not_inside, resolved_inside
+from .models_folder import OUTSIDE, folder_entries, not_inside, resolved_inside
 from .names import check_model_name, escape_undecodable, is_ignored_name
 from .scan_failure import ScanFailure
 
@@ -287,7 +287,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             return
         folder = parts["dir"]
         if resolved_inside(root, folder) is None:
-            result.problems[name] = f"{name}/ resolves outside the repository"
+            result.problems[name] = f"{name}/ {OUTSIDE}"
             return
         config_path, pbtxt = _folder_config(root, folder, name, result)
         named = model_file_named(pbtxt)

@@ -7,6 +7,12 @@ import errno
 from pathlib import Path
 
 
+# why a path leading out of the folder is refused; the usual cause, a symbolic link out of it, is what
+# KServe's storage initializer makes of a pvc:// model without its direct PVC mount (README)
+OUTSIDE = ("resolves outside the repository (links out of the models folder are not followed: "
+           "it must hold the files themselves)")
+
+
 class RepositoryError(RuntimeError):
     """The repository cannot start (e.g. the models folder is missing)."""
 
@@ -44,7 +50,7 @@ def not_inside(path: Path) -> str:
         return "is a link to nothing"
     except OSError as e:
         return "is a symbolic link loop" if e.errno == errno.ELOOP else f"cannot be resolved ({e.strerror or e})"
-    return "resolves outside the repository"
+    return OUTSIDE
 
 
 def check_models_folder(root: Path) -> None:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from ..config import PBTXT
-from .models_folder import resolved_inside
+from .models_folder import OUTSIDE, resolved_inside
 from .names import is_ignored_name
 
 _SHOWN = 3  # entries named per version folder, and version folders, in a reason
@@ -58,7 +58,7 @@ def no_model_file(name: str, version_folders: list[Path], root: Path) -> str:
     for folder in version_folders[:_SHOWN]:
         where = folder.relative_to(root)
         if (entries := _inside_entries(folder, root)) is None:  # (_pick said so where a model file was named)
-            held.append(f"{where}/ resolves outside the repository")
+            held.append(f"{where}/ {OUTSIDE}")
             continue
         names = sorted(e.name + ("/" if e.is_dir() else "") for e in entries if not is_ignored_name(e.name))
         shown = ", ".join(names[:_SHOWN]) + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")

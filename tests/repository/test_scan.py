@@ -154,6 +154,20 @@ def test_symlinks_escaping_the_repository_are_never_taken(tmp_path):
     assert "outside the repository" in result.problems["v"]
 
 
+def test_a_link_out_of_the_folder_says_it_is_not_followed(tmp_path):
+    """KServe's storage initializer without its direct PVC mount (before 0.12, or turned off) fills
+    /mnt/models with links into /mnt/pvc/...: the runtime was never ready and its log said only
+    "digits.om resolves outside the repository" (a tester, t59). The reason now says that such a
+    link is not followed and the folder must hold the files themselves."""
+    models, pvc = tmp_path / "mnt" / "models", tmp_path / "mnt" / "pvc" / "kserve" / "digits"
+    touch(pvc / "digits.om")
+    models.mkdir(parents=True)
+    os.symlink(pvc / "digits.om", models / "digits.om")
+    result = scan(models, DEFAULTS)
+    assert result.problems == {"digits": "digits.om resolves outside the repository (links out of the models folder "
+                                         "are not followed: it must hold the files themselves)"}
+
+
 def test_a_link_loop_or_a_link_to_nothing_is_named_so(tmp_path):
     os.symlink(tmp_path / "loop1.om", tmp_path / "loop2.om")
     os.symlink(tmp_path / "loop2.om", tmp_path / "loop1.om")

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from aclserve.config import ModelConfig, load_server_config
 from aclserve.repository import State
 from aclserve.repository.layout import scan
+from aclserve.repository.models_folder import OUTSIDE
 
 from tests.serving import started_app
 
@@ -79,7 +80,7 @@ def test_a_scan_parses_each_config_pbtxt_once(tmp_path, monkeypatch):
     os.symlink(tmp_path / "outside" / "config.pbtxt", tmp_path / "models" / "away" / "config.pbtxt")
     result, configs = scanned(tmp_path / "models")
     assert configs["m"].batching.batch_cap == 4
-    assert result.problems["away"].endswith("config.pbtxt: config file resolves outside the repository")
+    assert result.problems["away"].endswith(f"config.pbtxt: config file {OUTSIDE}")
     assert parsed == ['default_model_filename: "model.onnx"\nmax_batch_size: 4\n']
 
 

@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from aclserve.config import ModelConfig
 from aclserve.repository.layout import scan
+from aclserve.repository.models_folder import OUTSIDE
 from tests.serving import ServerThread, json_call, server_config
 
 from .repo_helpers import http_index, place, started_on_old_files, write_in, x_rows
@@ -125,8 +126,8 @@ def test_a_model_onnx_folder_is_tritons_layout_checked_as_a_file_is(tmp_path):
     assert result.problems == {
         "hollow": "hollow/1/model.onnx is a folder without model.onnx in it (Triton's layout of an ONNX model with "
                   "external data: hollow/1/model.onnx/model.onnx, its data files beside it)",
-        "away": "away/1/model.onnx/model.onnx resolves outside the repository",
-        "linked": "linked/1/model.onnx/model.onnx resolves outside the repository"}
+        "away": f"away/1/model.onnx/model.onnx {OUTSIDE}",
+        "linked": f"linked/1/model.onnx/model.onnx {OUTSIDE}"}
 
 
 @pytest.mark.asyncio
