@@ -1,7 +1,8 @@
 """The model repository: layout scan, settle rules, hot reload without failed requests."""
 from .models_folder import RepositoryError, check_models_folder
-from .repository import ModelLoadFailed, ModelRepository
+from .repository import ModelLoadFailed, ModelRepository, check_control_mode
 from .served import ServedVersion
 from .status import State
 
-__all__ = ["ModelRepository", "ModelLoadFailed", "RepositoryError", "ServedVersion", "State", "check_models_folder"]
+__all__ = ["ModelRepository", "ModelLoadFailed", "RepositoryError", "ServedVersion", "State", "check_control_mode",
+           "check_models_folder"]

@@ -61,6 +61,14 @@ class StillHeld(ModelLoadFailed):
     """A load call refused: the model's last load left instances the device still holds."""
 
 
+def check_control_mode(mode: str, what: str) -> None:
+    """InvalidInput (400) when `mode` (model_control_mode) takes no model `what` ("load", "unload")
+    through the API: in `none` mode nothing does, whatever the caller (server/auth.py refuses so
+    before advising a token, which would not help)."""
+    if mode == "none":
+        raise InvalidInput(f"model {what} is disabled (model_control_mode is none)")
+
+
 class ModelRepository:
     def __init__(self, config: ServerConfig, runtime, *, clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time):
@@ -274,8 +282,7 @@ class ModelRepository:
             await asyncio.shield(task)  # (the repository's, as a load's: not stopped by a caller gone)
 
     def _check_control(self, what: str) -> None:
-        if self.mode == "none":
-            raise InvalidInput(f"model {what} is disabled (model_control_mode is none)")
+        check_control_mode(self.mode, what)
         if self._closed or not self._started:
             raise ModelUnavailable("the model repository is not running")
 

@@ -8,8 +8,9 @@ shown. Requests carry `Authorization: Bearer <token>`; the comparison is constan
 changes answer 403 unless the server listens on a loopback address only, so nobody on the
 network can unload models or have the server write trace files (Triton leaves trace settings
 open; here a client could fill the disk with them); there, those a web page may have sent are
-refused 403 too (web_pages.py). With auth_inference, /metrics and the trace settings need the
-token as the model routes do.
+refused 403 too (web_pages.py). In model_control_mode `none`, where no token enables load/unload, a
+load/unload refused for want of a token gets that mode's 400 instead (the repository's words).
+With auth_inference, /metrics and the trace settings need the token as the model routes do.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from aiohttp import web
 from ..config import ConfigConflict, ConfigError
 from ..config.schema import TOKEN_ENV
 from ..errors import ServeError
+from ..repository import check_control_mode
 from .address import is_loopback
 from .single_header import single_value
 from .web_pages import page_refusal
@@ -37,6 +39,7 @@ _TRACE_SETTING = "/trace/setting"
 # what auth_inference guards beside /v2/models/...: /metrics names every model, version, state and
 # failed load; the trace settings say which requests are traced, to which file
 _MODEL_READINGS = ("/metrics", "/v2" + _TRACE_SETTING)
+_LOAD_UNLOAD = "model load/unload is"  # (as a refusal names it: "... disabled")
 
 
 class Unauthorized(ServeError):
@@ -89,6 +92,7 @@ class Access:
                                  ("auth_inference", "api_token"))
         self.inference = config.auth_inference
         self.host = config.host
+        self.control_mode = config.model_control_mode  # `none` takes no load/unload, token or not
         self.control_open = bool(self._token) or is_loopback(config.host)
         self.in_clear = not config.tls_cert_file and not is_loopback(config.host)  # tokens readable on the wire
         self.refused = dict.fromkeys(REFUSAL_REASONS, 0)  # requests refused, by reason (/metrics)
@@ -174,11 +178,20 @@ class Access:
         """A change of trace settings (it decides how many trace files are written)."""
         self.check_control(sent, "trace setting changes are")
 
-    def check_repository_value(self, sent: Sequence[str], control: bool) -> None:
-        """The repository API: the token when one is set (the index too); else load/unload only
-        on loopback."""
-        if control or self._token:
-            self.check_control(sent, "model load/unload is")
+    def check_repository_value(self, sent: Sequence[str], action: str | None) -> None:
+        """The repository API, `action` "load", "unload" or None (the index): the token when one
+        is set (the index too); else load/unload only on loopback."""
+        if action is not None:
+            self._check_action(action)
+        if action is not None or self._token:
+            self.check_control(sent, _LOAD_UNLOAD)
+
+    def _check_action(self, action: str) -> None:
+        """Off loopback without a token, a load or unload that model_control_mode `none` refuses
+        anyway gets that refusal (400, as the repository words it with a token), not a 403 advising
+        a token that would not enable it (a tester, t59: every KServe pod runs in that mode)."""
+        if not self.control_open:
+            check_control_mode(self.control_mode, action)
 
     def check_route(self, request: web.Request) -> None:
         """What the route `request` matched asks of it: the middleware's check, and the expect
@@ -190,6 +203,8 @@ class Access:
             self.check(request)  # (a change of trace settings too: a token is set)
             return
         what = _control(template, request.method)
+        if what is _LOAD_UNLOAD:
+            self._check_action(template.rpartition("/")[2])  # (the template ends in /load or /unload)
         if what is not None:
             self.check_control(request.headers.getall("Authorization", ()), what)
             if not self._token:  # open because the server listens on loopback only
@@ -213,6 +228,10 @@ class Access:
             if self.in_clear:
                 log.warning("listening on %s without TLS: the API token crosses the network in the clear; "
                             "set tls_cert_file and tls_key_file, or terminate TLS in a proxy in front", self.host)
+        elif not self.control_open and self.control_mode == "none":  # (no token enables load/unload there)
+            log.warning("listening on %s without an API token: trace setting changes are refused (403); set "
+                        "api_token in the config or %s to enable them (model load/unload stays disabled: "
+                        "model_control_mode is none)", self.host, TOKEN_ENV)
         elif not self.control_open:
             log.warning("listening on %s without an API token: model load/unload requests and trace setting "
                         "changes are refused (403); set api_token in the config or %s to enable them",
@@ -222,7 +241,7 @@ class Access:
 def _control(template: str, method: str) -> str | None:
     """The management action of a route (as a refusal names it: "... is disabled"), or None."""
     if template.startswith(_REPOSITORY) and not template.endswith("/index"):
-        return "model load/unload is"
+        return _LOAD_UNLOAD
     if method == "POST" and template.endswith(_TRACE_SETTING):
         return "trace setting changes are"
     return None

@@ -135,14 +135,14 @@ class ControlServicer(pbg.GRPCInferenceServiceServicer):
     # -- repository -----------------------------------------------------------------------------
     @rpc
     async def RepositoryIndex(self, request, context):
-        self.state.auth.check_repository_value(authorization(context), control=False)
+        self.state.auth.check_repository_value(authorization(context), None)
         await _one_repository(request, context)  # (as Triton's gRPC; its HTTP answers a named index)
         entries = await views.repository_index(self.state, request.ready)
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
 
     @rpc
     async def RepositoryModelLoad(self, request, context):
-        self.state.auth.check_repository_value(authorization(context), control=True)
+        self.state.auth.check_repository_value(authorization(context), "load")
         await _one_repository(request, context)
         views.check_load_parameters(request.parameters.keys())
         await self.state.repo.load(views.model_name(request.model_name))
@@ -150,7 +150,7 @@ class ControlServicer(pbg.GRPCInferenceServiceServicer):
 
     @rpc
     async def RepositoryModelUnload(self, request, context):
-        self.state.auth.check_repository_value(authorization(context), control=True)
+        self.state.auth.check_repository_value(authorization(context), "unload")
         await _one_repository(request, context)
         if request.parameters["unload_dependents"].WhichOneof("parameter_choice") not in (None, "bool_param"):
             raise InvalidInput("parameters.unload_dependents must be a bool_param")  # (absent: an empty one)

@@ -213,6 +213,40 @@ def test_without_a_token_grpc_trace_changes_are_refused_off_loopback(models_dir,
         srv.close()
 
 
+@pytest.mark.parametrize("token", [None, TOKEN])
+def test_in_control_mode_none_load_and_unload_get_that_modes_refusal_token_or_not(models_dir, make_config,
+                                                                                   caplog, token):
+    """Every KServe pod runs with --model-control-mode none, which takes no load/unload: without a
+    token the start-up line promised that one would enable them and an unload got 403 "set
+    api_token", while with one the same unload got 400 (a tester, t59). Now both get the mode's
+    400, over HTTP and gRPC, and the line says a token enables trace setting changes alone.
+    (host 0.0.0.0: gRPC listens there, so this runs under `unshare -n`.)"""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    caplog.set_level(logging.INFO, logger="aclserve.server.auth")
+    config = make_config(models_dir, host="0.0.0.0", model_control_mode="none", grpc_port=free_port(),
+                         api_token=token or "")
+    with ServerThread(config) as srv:
+        url = srv.url.replace("0.0.0.0", "127.0.0.1")
+        for action in ("load", "unload"):
+            status, _, doc = call(url, f"/v2/repository/models/double/{action}", b"{}", token=token)
+            assert (status, doc) == (400, {"error": f"model {action} is disabled (model_control_mode is none)"})
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{config.grpc_port}") as client:
+            auth = {"authorization": f"Bearer {token}"} if token else None
+            with pytest.raises(InferenceServerException, match=r"model unload is disabled \(model_control_mode "
+                                                               r"is none\)") as refused:
+                client.unload_model("double", headers=auth)
+            assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+        trace = call(url, "/v2/trace/setting", json.dumps({"trace_rate": "1"}).encode())[0]
+        assert trace == (401 if token else 403)  # (a token still guards trace setting changes)
+    said = [r.getMessage() for r in caplog.records if r.name == "aclserve.server.auth"]
+    assert not any("load/unload requests" in line for line in said)
+    if not token:
+        assert any("trace setting changes are refused (403)" in line and "model_control_mode is none" in line
+                   for line in said)
+
+
 def test_a_token_that_is_not_utf8_is_refused_401_not_500(guarded):
     """aiohttp hands a header's non-UTF-8 bytes over as surrogates; the token check compared
     them as text and failed with a 500 (and a traceback in the log)."""
