@@ -3,6 +3,7 @@
 of protocol" and "Server disconnected", with no hint of why (a tester's find)."""
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 import subprocess
@@ -32,6 +33,12 @@ def mtls(tmp_path_factory):
     chain = b"".join(pem.bytes() for pem in client.cert_chain_pems)
     (folder / "client_cert.pem").write_bytes(chain)
     (folder / "client.pem").write_bytes(chain + client.private_key_pem.bytes())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    day = datetime.timedelta(days=1)
+    for name, not_before, not_after in (("expired", now - 30 * day, now - day), ("future", now + day, now + 30 * day)):
+        dated = client_ca.issue_cert("me@example.test", not_before=not_before, not_after=not_after)  # (its CA's)
+        dated.private_key_pem.write_to_path(str(folder / f"{name}_key.pem"))
+        (folder / f"{name}_cert.pem").write_bytes(b"".join(pem.bytes() for pem in dated.cert_chain_pems))
     (folder / "models").mkdir()
     shutil.copy(REPO / "models" / "digits.om", folder / "models")
     np.save(folder / "x.npy", np.ones((1, 64), np.float32))
@@ -73,6 +80,21 @@ def test_without_a_client_certificate_the_failure_says_how_to_show_one(mtls, com
     proc = _aclserve(*command, "--url", url, cwd=folder, env=env)
     assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert proc.stderr.rstrip("\n").endswith(HINT), proc.stderr
+
+
+@pytest.mark.parametrize("command", [("infer", "digits", "-i", "x=x.npy"), ("profile", "digits", "--seconds", "0.5")],
+                         ids=["infer", "profile"])
+@pytest.mark.parametrize("name, why", [("expired", "expired on "), ("future", "is not valid before ")])
+def test_a_client_certificate_out_of_date_is_said_so(mtls, command, name, why):
+    """A certificate its CA signed but expired (or not valid yet) was said to be one "its CAs did
+    not sign" (a tester, t59): the server ends the handshake without a why. The hint now reads the
+    --cert file's dates."""
+    folder, url, env = mtls
+    proc = _aclserve(*command, "--url", url, "--cert", f"{name}_cert.pem", "--key", f"{name}_key.pem", cwd=folder,
+                     env=env)
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert f"(the client certificate {name}_cert.pem {why}" in proc.stderr, proc.stderr
+    assert "did not sign" not in proc.stderr and proc.stderr.rstrip("\n").endswith("this machine's clock is wrong)")
 
 
 @pytest.mark.parametrize("options, said", [

@@ -285,12 +285,13 @@ def run_infer(args) -> int:
         return _failed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)")
     except (http.client.HTTPException, NotKServe) as e:  # (a gRPC port, or another kind of server)
         said = one_line(e) or type(e).__name__
-        return _failed(f"{args.url} did not answer as a KServe v2 HTTP server: {said}{scheme_hint(args.url, said)}")
+        return _failed(f"{args.url} did not answer as a KServe v2 HTTP server: {said}"
+                       f"{scheme_hint(args.url, said, args.cert)}")
     except urllib.error.URLError as e:
-        return _failed(f"cannot reach {args.url}: {e.reason}{scheme_hint(args.url, str(e.reason))}")
+        return _failed(f"cannot reach {args.url}: {e.reason}{scheme_hint(args.url, str(e.reason), args.cert)}")
     except OSError as e:  # (the connection reset or closed mid-answer)
         said = str(e.strerror or e)
-        return _failed(f"{args.url} broke off the exchange: {said}{scheme_hint(args.url, said)}")
+        return _failed(f"{args.url} broke off the exchange: {said}{scheme_hint(args.url, said, args.cert)}")
     if args.json:  # (as the server's JSON outputs: NaN and infinities, no JSON numbers, as null)
         print_out(json.dumps({n: {"shape": list(a.shape), "dtype": _dtype_name(a), "data": _json_data(a)}
                               for n, a in outputs.items()}))

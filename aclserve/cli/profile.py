@@ -165,7 +165,8 @@ def _run(args):
     except asyncio.TimeoutError:  # (before ClientError: aiohttp's timeouts are both)
         raise RemoteFailed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)") from None
     except aiohttp.ClientConnectorError as e:
-        raise RemoteFailed(f"cannot reach {args.url}: {one_line(e)}{scheme_hint(args.url, str(e))}") from None
+        hint = scheme_hint(args.url, str(e), args.cert)
+        raise RemoteFailed(f"cannot reach {args.url}: {one_line(e)}{hint}") from None
     except (aiohttp.ClientResponseError, NotKServe) as e:  # (a gRPC port: "Bad status line", HTML, ...)
         said = one_line(getattr(e, "message", e)).rstrip(":")  # (aiohttp's own is a multi-line repr)
         if said.startswith("Bad status line"):  # (what aiohttp says of HTTP/2 frames, without them)
@@ -173,7 +174,8 @@ def _run(args):
         raise RemoteFailed(f"{args.url} did not answer as a KServe v2 HTTP server: {said}") from None
     except aiohttp.ClientError as e:  # (the connection closed mid-answer)
         said = one_line(e) or type(e).__name__
-        raise RemoteFailed(f"{args.url} broke off the exchange: {said}{scheme_hint(args.url, said)}") from None
+        hint = scheme_hint(args.url, said, args.cert)
+        raise RemoteFailed(f"{args.url} broke off the exchange: {said}{hint}") from None
     except Redirected as e:
         raise RemoteFailed(redirect_refused(args.url, e.status, e.location)) from None
     except ServerRefused as e:

@@ -9,6 +9,7 @@ import os
 import ssl
 import urllib.parse
 
+from ..cert_dates import out_of_date
 from ..config.schema import TOKEN_ENV
 from .usage import UsageError, one_line
 
@@ -79,10 +80,10 @@ _NAMES_ANOTHER_HOST = ("Hostname mismatch", "IP address mismatch")
 _OUT_OF_DATE = ("certificate has expired", "certificate is not yet valid")
 
 
-def scheme_hint(url: str, said: str) -> str:
+def scheme_hint(url: str, said: str, cert: str | None = None) -> str:
     """What to add to a failed exchange's message when the URL's scheme looks wrong for the
     port, the server's certificate is not trusted here, names another host or is out of date, or
-    the server wants a client certificate."""
+    the server wants a client certificate, or refused `cert` (the --cert shown) as out of date."""
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme == "http" and any(words in said for words in _CLOSED_UNANSWERED):
         return " (a TLS port? try https://)"
@@ -95,6 +96,11 @@ def scheme_hint(url: str, said: str) -> str:
         return (" (the server's certificate is outside its dates of validity: the server needs a current one, or "
                 "this machine's clock is wrong)")
     if scheme == "https" and any(words in said for words in _CLOSED_UNANSWERED + _NO_CERTIFICATE_SHOWN):
+        # (the server ends the handshake without saying why: an expired --cert was taken for one of another CA)
+        why = out_of_date(cert) if cert else None
+        if why:
+            return (f" (the client certificate {cert} {why}: a server asking for one ends the handshake so when "
+                    "it is out of date; show a current one, or this machine's clock is wrong)")
         return (" (a server asking for a client certificate ends the handshake so when shown none, or one its CAs "
                 "did not sign: --cert FILE [--key FILE] shows one)")
     if "CERTIFICATE_VERIFY_FAILED" in said:

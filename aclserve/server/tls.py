@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import logging
 import ssl
-import time
 
+from ..cert_dates import out_of_date
 from ..config import ConfigConflict, ConfigError
 
 log = logging.getLogger(__name__)
@@ -67,22 +67,8 @@ def http_context(config) -> ssl.SSLContext | None:
 def _warn_if_out_of_date(cert_file: str, now: float | None = None) -> str | None:
     """Warn (and return why) when the chain's first certificate is expired or not valid yet:
     every client that verifies it then refuses every connection, which the server itself never
-    sees. Served all the same (the operator may mean it). The dates come from the ssl module's
-    own decoder (private, present from Python 3.3 on; without it nothing is said)."""
-    decode = getattr(getattr(ssl, "_ssl", None), "_test_decode_cert", None)
-    if decode is None:
-        return None
-    try:
-        cert = decode(cert_file)
-        not_before, not_after = ssl.cert_time_to_seconds(cert["notBefore"]), ssl.cert_time_to_seconds(cert["notAfter"])
-    except (ssl.SSLError, OSError, KeyError, ValueError):
-        return None
-    now = time.time() if now is None else now
-    why = None
-    if now > not_after:
-        why = f"expired on {cert['notAfter']}"
-    elif now < not_before:
-        why = f"is not valid before {cert['notBefore']}"
+    sees. Served all the same (the operator may mean it)."""
+    why = out_of_date(cert_file, now)
     if why:
         log.warning("the TLS certificate %s %s: clients that verify it refuse every connection", cert_file, why)
     return why
