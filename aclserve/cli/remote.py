@@ -10,7 +10,7 @@ import ssl
 import urllib.parse
 
 from ..cert_dates import out_of_date
-from ..config.schema import TOKEN_ENV
+from ..secret_env import TOKEN_ENV
 from .usage import UsageError, one_line
 
 

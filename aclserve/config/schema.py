@@ -18,7 +18,6 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # gRPC messages the server receives at once at the least (two ModelStreamInfer streams and two
 # unary calls: server/grpc_arrivals.py); grpc_max_message_bytes is at most max_inflight_bytes / this
 GRPC_MIN_ARRIVING = 4
-TOKEN_ENV = "ACLSERVE_API_TOKEN"  # the API token, used instead of api_token (server/auth.py; client commands send it)
 
 
 class ConfigError(ValueError):

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import atc_leash, atc_om
+from . import atc_leash, atc_om, own_python
 from ..temp_claims import claimed_folder, sweep_unclaimed_folders
 from .compile_error import DEFAULT_TIMEOUT_S, AtcFailed, AtcKilled, killed_by
 from .container import OmFormatError
@@ -132,7 +132,8 @@ def run_streaming(argv: list[str], *, cwd: str, timeout: float, log: Callable[[s
     start = clock()
     try:
         proc = subprocess.Popen(atc_leash.command(argv), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=pass_fds)
+                                stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=pass_fds,
+                                env=own_python.environment())  # (ATC has no use for the API token)
     except OSError as e:
         raise AtcFailed(f"{atc_leash.not_started(argv[0])}{e.strerror or e}") from None
     _RUNNING.add(_RUNNING.processes, proc)

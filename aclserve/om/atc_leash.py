@@ -15,8 +15,8 @@ stderr are this program's.
 `python -c CODE ROOT PARENT ATC ARGS...` (command() builds it: own_python.py): PARENT is the pid of
 the process that starts it; one already gone before the kernel was told is seen, and ATC is never
 started.
-Imports only the standard library (and aclserve/__init__'s, and parent_death.py and own_python.py,
-which import only the standard library too): it starts before every ATC build.
+Imports only the standard library (and aclserve/__init__'s, and parent_death.py, own_python.py and
+secret_env.py, which import only the standard library too): it starts before every ATC build.
 """
 from __future__ import annotations
 

@@ -5,8 +5,9 @@ at a time for a 1.2 GiB model), and what they allocate was the server's (6.1 GB 
 run in the server's own threads, a compile stalled every other model's requests. The child is a
 fresh interpreter (a subprocess: it inherits no socket, thread or lock of the server) of the
 same Python, importing aclserve from where the server did, with the server's environment
-(ACLSERVE_CPU_* among it); its memory goes back to the system when it exits. It costs about a
-second to start (numpy, onnx, ONNX Runtime), which a compile can afford.
+(ACLSERVE_CPU_* among it) but for the API token (own_python.environment); its memory goes back
+to the system when it exits. It costs about a second to start (numpy, onnx, ONNX Runtime), which
+a compile can afford.
 
 The two talk in JSON lines on the child's stdout: {"log": line} for each line of the compile's
 log, then {"result": ...} or {"error": ...}. Its stderr is the server's (what ONNX Runtime or
@@ -205,7 +206,7 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike | N
                "parent": os.getpid()}
     try:
         child = subprocess.Popen(own_python.command(CHILD_MODULE, json.dumps(request)), stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, start_new_session=True)
+                                 stdout=subprocess.PIPE, start_new_session=True, env=own_python.environment())
     except OSError as e:  # (no process to be had: EAGAIN, ENOMEM; the host short of resources)
         raise OSError(e.errno, f"could not start the compile's process: {e.strerror}") from None
     _CHILDREN.add(child)

@@ -2,7 +2,8 @@
 child (compile_process.py) and ATC's leash (atc_leash.py).
 
 It is `python -c CODE ROOT ARGS...`: the same interpreter and environment (PYTHONPATH and the
-user's site-packages, where onnx and ONNX Runtime may be, are kept: no -I), aclserve imported from
+user's site-packages, where onnx and ONNX Runtime may be, are kept: no -I) but for its secrets
+(environment(): the API token, which neither the compile nor ATC needs), aclserve imported from
 ROOT, the folder this one was imported from (a folder named aclserve in the current one, or
 another installed, is not taken for it), and no module from the current folder: `-c` puts it
 first on sys.path (as ''), and an onnx.py or a grp.py in the folder `aclserve compile` or the
@@ -16,6 +17,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..secret_env import without_secrets
+
 ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -28,3 +31,9 @@ def code(module: str) -> str:
 def command(module: str, *args: str) -> list[str]:
     """The command that runs `module`.main(args) in a fresh Python (see the module's doc)."""
     return [sys.executable, "-c", code(module), ROOT, *args]
+
+
+def environment() -> dict[str, str]:
+    """The environment `command` runs in: this process's, without the secrets it holds (the API
+    token, ACLSERVE_API_TOKEN: ATC, a vendor binary, got it too, a tester found)."""
+    return without_secrets()

@@ -24,9 +24,9 @@ from typing import Sequence
 from aiohttp import web
 
 from ..config import ConfigConflict, ConfigError
-from ..config.schema import TOKEN_ENV
 from ..errors import ServeError
 from ..repository import check_control_mode
+from ..secret_env import TOKEN_ENV
 from .address import is_loopback
 from .single_header import single_value
 from .web_pages import page_refusal

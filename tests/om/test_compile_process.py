@@ -13,6 +13,7 @@ import threading
 import pytest
 from onnx import TensorProto, helper
 
+from aclserve.om.compile import compile_model
 from aclserve.om.compile_error import CompileError, NoBatchDimension
 from aclserve.om.compile_process import CompileStop, CompileStopped, CompileTimedOut, compile_in_child
 from tests.tiny_models import endless_loop_onnx, save_graph
@@ -89,6 +90,43 @@ def test_a_stop_ends_the_atc_the_child_runs_and_leaves_nothing(tmp_path, fake_at
     assert len(ended) == 1 and isinstance(ended[0], CompileStopped), ended
     assert _gone(json.loads(record.read_text())["pid"])
     assert os.listdir(out) == []  # no .atc-* work folder, no partial OM
+
+
+def _environment_and_parent(pid: int) -> tuple[set[str], int]:
+    """The names in a process's environment, and its parent's pid."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        names = {entry.partition(b"=")[0].decode() for entry in f.read().split(b"\0") if entry}
+    with open(f"/proc/{pid}/stat") as f:
+        return names, int(f.read().rpartition(")")[2].split()[1])
+
+
+@pytest.mark.parametrize("in_child", [True, False], ids=["compile_in_child", "compile_model"])
+def test_neither_the_compile_nor_its_atc_gets_the_api_token(tmp_path, fake_atc, multi_io_onnx, monkeypatch, in_child):
+    """The compile's child and ATC (a vendor binary) inherited the server's whole environment, its
+    API token included (a tester, t59). Each process from ATC up to this one (ATC, its leash, and
+    the compile's child, or the Python API's compile_model in this process) is read while ATC
+    runs: none holds ACLSERVE_API_TOKEN; the rest is kept."""
+    atc, record = fake_atc
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("FAKE_ATC_MODE", "gate")  # (ATC waits for the file `gate`)
+    monkeypatch.setenv("FAKE_ATC_GATE", str(gate))
+    monkeypatch.setenv("ACLSERVE_API_TOKEN", "s3cret-for-the-server-alone")
+    seen: list[set[str]] = []
+
+    def log(line: str) -> None:
+        if "waiting for the gate" in line:
+            pid = json.loads(record.read_text())["pid"]
+            while pid != os.getpid():
+                names, pid = _environment_and_parent(pid)
+                seen.append(names)
+            gate.touch()
+    if in_child:
+        compile_in_child(multi_io_onnx, tmp_path / "m.om", log=log, atc=str(atc), **OPTIONS)
+    else:
+        compile_model(multi_io_onnx, tmp_path / "m.om", batch="1", soc_version="Ascend310P3", atc=str(atc),
+                      timeout=600, log=log)
+    assert len(seen) == (3 if in_child else 2) and all("FAKE_ATC_RECORD" in names for names in seen), seen
+    assert not any("ACLSERVE_API_TOKEN" in names for names in seen)
 
 
 def test_a_cpu_compile_whose_test_runs_never_end_is_ended_at_its_timeout(tmp_path):
