@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from aiohttp import web
 
@@ -26,6 +27,7 @@ from aclserve.cli.serve import serve_overrides
 from aclserve.server.routes import add_routes
 
 from tests import REPO
+from tests.serving import ServerThread, free_port, server_config as serving_config
 
 DEPLOY = REPO / "deploy"
 def manifests() -> list[tuple[str, dict]]:
@@ -159,6 +161,8 @@ def test_kserve_runtime_and_inference_services_match_the_server():
     assert spec["annotations"]["prometheus.kserve.io/path"] in routes
     assert set(spec["protocolVersions"]) == {"v2", "grpc-v2"}
     assert {"name": "ACLSERVE_DEVICE", "value": "npu"} in container["env"]
+    # the image's HEALTHCHECK (docker, podman) asks the port the server listens on, not the image's 8000
+    assert {"name": HEALTH_PORT, "value": str(config.port)} in container["env"]
     for section in ("requests", "limits"):
         assert container["resources"][section].get("huawei.com/Ascend310P") == "1"
     cache = next(m for m in container["volumeMounts"] if m["mountPath"] == config.compile_cache_dir)
@@ -214,6 +218,38 @@ def dockerfile(path: Path) -> dict[str, list[str]]:
     return found
 
 
+HEALTH_PORT = "ACLSERVE_HEALTH_PORT"  # the port the images' HEALTHCHECK asks
+
+
+def image_env(instructions: dict[str, list[str]]) -> dict[str, str]:
+    """The image's ENV, NAME=VALUE pairs."""
+    return dict(pair.split("=", 1) for env in instructions["ENV"] for pair in env.split())
+
+
+def health_check(instructions: dict[str, list[str]]) -> list[str]:
+    """The HEALTHCHECK's command (exec form)."""
+    return json.loads(instructions["HEALTHCHECK"][-1].partition(" CMD ")[2])
+
+
+@pytest.mark.parametrize("image", ["Dockerfile", "Dockerfile.ascend"])
+def test_the_images_health_check_asks_the_port_its_variable_names(image, tmp_path):
+    """The check was fixed to 127.0.0.1:8000, while the Ascend image, run as the ServingRuntime
+    runs it, listens on 8080: under docker or podman it always failed (a tester, t59). It asks
+    ACLSERVE_HEALTH_PORT's port now: run here against a real server on another port."""
+    command = health_check(dockerfile(DEPLOY / image))
+    assert command[0] in ("python", "python3")
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "digits.om").write_bytes((REPO / "models" / "digits.om").read_bytes())
+    with ServerThread(serving_config(models)) as srv:
+        port = srv.url.rpartition(":")[2]
+        env = {"PATH": "/usr/bin:/bin", HEALTH_PORT: port}
+        asked = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, text=True, timeout=60)
+        assert asked.returncode == 0, asked.stderr
+        env[HEALTH_PORT] = str(free_port())  # (nothing there: the check fails)
+        assert subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, timeout=60).returncode != 0
+
+
 def test_images_run_the_cli_on_the_server_ports_as_a_non_root_user():
     routes = get_routes()
     default = load_server_config()
@@ -228,8 +264,8 @@ def test_images_run_the_cli_on_the_server_ports_as_a_non_root_user():
     assert {int(p) for p in cpu["EXPOSE"][-1].split()} == {default.port, default.grpc_port}
     assert cpu["USER"][-1].split(":")[0] not in ("0", "root")
     assert "ACLSERVE_DEVICE=cpu" in cpu["ENV"][-1]
-    probe = re.search(r"http://127\.0\.0\.1:(\d+)(/[^'\"]+)", cpu["HEALTHCHECK"][-1])
-    assert int(probe.group(1)) == default.port and probe.group(2) in routes
+    probe = re.search(r"http://127\.0\.0\.1:\{port\}(/[^'\"]+)", cpu["HEALTHCHECK"][-1])
+    assert probe.group(1) in routes and image_env(cpu)[HEALTH_PORT] == str(default.port)
 
     ascend = dockerfile(DEPLOY / "Dockerfile.ascend")
     assert (DEPLOY / "Dockerfile.ascend").read_text().startswith("# UNTESTED")
@@ -243,6 +279,7 @@ def test_images_run_the_cli_on_the_server_ports_as_a_non_root_user():
     assert "deploy/ascend-constraints.txt deploy/ascend-entrypoint.sh ./deploy/" in ascend["COPY"]
     assert server_config(json.loads(ascend["CMD"][-1])).models_dir == "/models"
     assert "ACLSERVE_DEVICE=npu" in ascend["ENV"][-1] and ascend["USER"][-1] not in ("0", "root")
+    assert image_env(ascend)[HEALTH_PORT] == str(default.port)
     ignore = (REPO / ".dockerignore").read_text().split()
     assert {"!setup.py", "!README.md", "!aclserve/", "!deploy/ascend-entrypoint.sh",
             "!deploy/ascend-constraints.txt"} <= set(ignore)
