@@ -80,7 +80,10 @@ def test_serve_takes_its_named_choices_in_any_case(tmp_path):
     ("config", "s3cret" * 1500, False, "no client could send it"),  # past aiohttp's 8 KB header line
     ("config", "s3cret" * 1000, True, "for gRPC clients to send it"),
     ("config", "t\u00f6k-s3cret", False, "must be ASCII: HTTP clients send other characters in different encodings"),
-], ids=["control character", "blank at its start", "9 KB", "5 KB with gRPC", "not ASCII"])
+    # (a Secret made from a file keeps its last newline: the usual cause, which the refusal now names)
+    ("environment", "s3cret\n", False, "without blanks at its ends (it ends in a newline, as a Secret made with "
+                                       "`kubectl create secret generic --from-file` from a file"),
+], ids=["control character", "blank at its start", "9 KB", "5 KB with gRPC", "not ASCII", "a newline at its end"])
 def test_serve_refuses_an_api_token_no_client_could_send(tmp_path, where, token, grpc, said):
     """Such a token answered 401 (or a 400 that quoted it back) to every request it guarded. Over
     HTTP alone a 5 KB token works and is kept (gRPC off); a non-ASCII one is refused there too, as

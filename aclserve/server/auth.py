@@ -67,8 +67,12 @@ def _refuse_unsendable(token: str, from_environment: bool, grpc: bool) -> None:
     # (the value is a secret: never echoed)
     path, source = ("", TOKEN_ENV) if from_environment else ("api_token", None)
     if token != token.strip() or not token.isprintable() or len(token) > MAX_HTTP_TOKEN:
+        # (the usual one: a Kubernetes Secret made from a file that ends in a newline, a tester found)
+        newline = (" (it ends in a newline, as a Secret made with `kubectl create secret generic --from-file` "
+                   "from a file written by echo or an editor does: make it with --from-literal, or write the file "
+                   "with printf %s)") if token.endswith(("\n", "\r")) else ""
         raise ConfigError(path, f"must be at most {MAX_HTTP_TOKEN} printable characters without blanks at "
-                          "its ends: no client could send it", source)
+                          f"its ends{newline}: no client could send it", source)
     # (RFC 6750's bearer tokens are ASCII; Python's HTTP clients send other characters as Latin-1,
     # curl as UTF-8: one of them always got 401, a tester found)
     if not token.isascii():
