@@ -11,9 +11,10 @@ What runs at the same time, against one server on 127.0.0.1:
 - slow clients that send headers a byte at a time and stall mid-body;
 - gzip bombs (1 MiB that inflates to 1 GiB) and large JSON bodies.
 At the end it prints requests answered, errors by status (503s by the reason their answer gives),
-latency p50/p99 of good clients, wrong answers, and the server's RSS at the start and the end
-(sampled all along). Exit status 1 when an answer was wrong, a 500 was seen, or the server died.
-Not part of the test suite.
+latency p50/p99 of good clients, answers checked and wrong, and the server's RSS at the start and
+the end (sampled all along). Exit status 1 when an answer was wrong (one that does not decode
+too), no answer was checked, a good client's request got no answer, a 500 was seen, or the
+server died (soak_tally.py). Not part of the test suite.
 """
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ import sys
 import tempfile
 import time
 import zlib
-from collections import Counter
 
 import numpy as np
 
@@ -37,6 +37,7 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
 from bench_common import free_port, keep_if_failed  # noqa: E402
+from soak_tally import Tally  # noqa: E402
 
 
 def _gzip_bomb(inflated: int) -> bytes:
@@ -51,24 +52,6 @@ def _gzip_bomb(inflated: int) -> bytes:
     return b"".join(parts)
 
 
-# a 503's reason, by its answer's error text: a full queue, the queue's deadline passed (behind
-# an instance rebuilt, say), the model not ready or swapped, the request memory budget in use
-UNAVAILABLE = (("queue full", ("queue is full",)),
-               ("timed out in the queue", ("timed out after",)),
-               ("model not ready, swapped or its instance rebuilt", ("is not ready", "was replaced by",
-                                                                     "execution timeout")),
-               ("memory budget in use", ("max_inflight_bytes",)))
-
-
-def unavailable_reason(body: bytes) -> tuple[str, str]:
-    """(the reason of a 503, from UNAVAILABLE or "other"; its answer's error text)."""
-    try:
-        text = str(json.loads(body)["error"])
-    except (ValueError, KeyError, TypeError):
-        text = body[:200].decode(errors="replace")
-    return next((reason for reason, words in UNAVAILABLE if any(w in text for w in words)), "other"), text
-
-
 def _rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -80,11 +63,7 @@ def _rss_mb(pid: int) -> float:
 class Soak:
     def __init__(self, args):
         self.args = args
-        self.status = Counter()
-        self.unavailable = Counter()  # the 503s by reason (unavailable_reason)
-        self.unavailable_said: dict[str, str] = {}  # the first answer of each reason
-        self.latency: list[float] = []
-        self.wrong = 0
+        self.tally = Tally()
         self.rss: list[tuple[float, float]] = []
         data = np.load(os.path.join(ROOT, "tests", "data", "digits_test.npz"))
         self.x = data["x"].astype(np.float32)
@@ -125,24 +104,30 @@ class Soak:
         while time.monotonic() < stop:
             n = rng.randint(1, 8)
             start = rng.randrange(0, len(self.x) - n)
-            rows = self.x[start:start + n]
-            binary = rng.random() < 0.5
-            t0 = time.perf_counter()
-            try:
-                status, got = await self._infer(session, url, rows, binary)
-            except Exception as e:  # connection reset, timeout: counted by kind
-                self.status[f"client error {type(e).__name__}"] += 1
-                continue
-            self.status[status] += 1
-            if status == 200:
-                self.latency.append(time.perf_counter() - t0)
-                want = self.reference.run(["y"], {"x": rows})[0]
-                if got is None or got.shape != want.shape or not np.allclose(got, want, atol=1e-5):
-                    self.wrong += 1
-            elif status == 503:
+            if await self.ask(session, url, self.x[start:start + n], binary=rng.random() < 0.5) == 503:
                 await asyncio.sleep(0.05)
 
-    async def _infer(self, session, url, rows, binary):
+    async def ask(self, session, url: str, rows: np.ndarray, binary: bool) -> int | None:
+        """One request of a good client, its outcome counted (a 200 checked); its status (None: no answer)."""
+        t0 = time.perf_counter()
+        try:
+            status, header_length, raw = await self._post(session, url, rows, binary)
+        except Exception as e:  # connection refused or reset, a timeout: no answer, a failure of the run
+            self.tally.client_error(e)
+            return None
+        if status == 500 and b"failed on device" in raw:
+            self.tally.status["500 device fault (injected)"] += 1
+            return status
+        self.tally.status[status] += 1
+        if status == 503:
+            self.tally.unavailable_answer(raw)
+        elif status == 200:  # (decoded outside the try: an answer that does not decode is a wrong one)
+            self.tally.latency.append(time.perf_counter() - t0)
+            self.tally.check(self.reference.run(["y"], {"x": rows})[0], header_length, raw)
+        return status
+
+    async def _post(self, session, url: str, rows: np.ndarray, binary: bool) -> tuple[int, str | None, bytes]:
+        """(status, Inference-Header-Content-Length, body) of one inference request."""
         spec = {"name": "x", "shape": list(rows.shape), "datatype": "FP32"}
         if binary:
             header = json.dumps({"inputs": [dict(spec, parameters={"binary_data_size": rows.nbytes})],
@@ -154,22 +139,7 @@ class Soak:
             body = json.dumps({"inputs": [dict(spec, data=rows.ravel().tolist())]}).encode()
             headers = {"Content-Type": "application/json"}
         async with session.post(url, data=body, headers=headers) as r:
-            raw = await r.read()
-            if r.status == 500 and b"failed on device" in raw:
-                return "500 device fault (injected)", None
-            if r.status == 503:
-                reason, said = unavailable_reason(raw)
-                self.unavailable[reason] += 1
-                self.unavailable_said.setdefault(reason, said)
-            if r.status != 200:
-                return r.status, None
-            length = r.headers.get("Inference-Header-Content-Length")
-            if length is not None:
-                meta = json.loads(raw[:int(length)])
-                out = meta["outputs"][0]
-                return 200, np.frombuffer(raw[int(length):], np.float32).reshape(out["shape"])
-            out = json.loads(raw)["outputs"][0]
-            return 200, np.asarray(out["data"], np.float32).reshape(out["shape"])
+            return r.status, r.headers.get("Inference-Header-Content-Length"), await r.read()
 
     async def reloader(self, models: str, variants: list[bytes], stop: float) -> None:
         target, i = os.path.join(models, "digits.om"), 0
@@ -180,7 +150,7 @@ class Soak:
             with open(tmp, "wb") as f:
                 f.write(variants[i % 2])
             os.replace(tmp, target)
-            self.status["reloads"] += 1
+            self.tally.tool["model swaps written"] += 1
 
     async def slow_client(self, port: int, stop: float) -> None:
         while time.monotonic() < stop:
@@ -195,9 +165,9 @@ class Soak:
                     await asyncio.sleep(0.2)
                 await asyncio.sleep(5)  # stall mid-body
                 writer.close()
-                self.status["slow clients done"] += 1
+                self.tally.tool["slow clients done"] += 1
             except (ConnectionError, OSError):
-                self.status["slow clients cut off"] += 1
+                self.tally.tool["slow clients cut off"] += 1
                 await asyncio.sleep(0.5)
 
     @staticmethod
@@ -216,9 +186,9 @@ class Soak:
                 try:
                     async with session.post(url, data=body, headers=headers) as r:
                         await r.read()
-                        self.status[f"{kind} -> {r.status}"] += 1
+                        self.tally.tool[f"{kind} -> {r.status}"] += 1
                 except Exception as e:
-                    self.status[f"{kind} -> {type(e).__name__}"] += 1
+                    self.tally.tool[f"{kind} -> {type(e).__name__}"] += 1
             await asyncio.sleep(self.args.bomb_s)
 
     async def sample_rss(self, pid: int, stop: float, t0: float) -> None:
@@ -260,23 +230,17 @@ class Soak:
         return self.report(alive, folder)
 
     def report(self, alive: bool, folder: str) -> int:
-        lat = np.array(self.latency) * 1000 if self.latency else np.zeros(1)
-        answered = sum(v for k, v in self.status.items() if isinstance(k, int) or k.startswith("500 device"))
+        """Print what the run saw and why it failed; its exit status."""
         print(f"soak: {self.args.minutes:g} min, {self.args.clients} clients, {self.args.slow} slow clients, "
               f"fault probability {self.args.fault_probability}, reload every {self.args.reload_s:g} s")
-        print(f"requests answered: {answered}; good-client latency p50 {np.percentile(lat, 50):.1f} ms, "
-              f"p99 {np.percentile(lat, 99):.1f} ms; wrong answers: {self.wrong}")
-        for key, count in sorted(self.status.items(), key=lambda kv: str(kv[0])):
-            print(f"  {key}: {count}")
-            if key == 503:
-                for reason, n in self.unavailable.most_common():
-                    print(f"    {reason}: {n} (the first: {self.unavailable_said[reason][:160]})")
+        failures = self.tally.print_report(alive)
         if self.rss:
             peak = max(r for _, r in self.rss)
             print(f"server RSS: start {self.rss[0][1]:.0f} MB, end {self.rss[-1][1]:.0f} MB, peak {peak:.0f} MB")
-        failed = self.wrong or self.status.get(500) or not alive  # injected device faults are keyed apart
-        print(f"server {'still running at the end' if alive else 'DIED'}; {keep_if_failed(folder, bool(failed))}")
-        return 1 if failed else 0
+        for failure in failures:
+            print(f"FAILED: {failure}")
+        print(f"server {'still running at the end' if alive else 'DIED'}; {keep_if_failed(folder, bool(failures))}")
+        return 1 if failures else 0
 
 
 def main() -> int:

@@ -1,0 +1,36 @@
+"""For the tests of tools/soak.py: the tool imported, its arguments for a short run, and a stub
+server on 127.0.0.1 (a real aiohttp app on a port the kernel picks) answering its inference
+requests as a test's handler says."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+
+from aiohttp import web
+
+from tests import REPO
+
+sys.path.insert(0, os.path.join(REPO, "tools"))
+
+import soak  # noqa: E402,F401  (the tests import it from here)
+
+ARGS = argparse.Namespace(minutes=0.1, clients=16, slow=0, reload_s=5.0, bomb_s=10.0, bombs=False,
+                          fault_probability=0.0)
+INFER = "/v2/models/digits/infer"
+
+
+@contextlib.asynccontextmanager
+async def stub_server(handler):
+    """Yields the inference URL of an app answering each POST with `handler(request)`."""
+    app = web.Application(client_max_size=1 << 30)
+    app.router.add_post(INFER, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}{INFER}"
+    finally:
+        await runner.cleanup()
