@@ -11,9 +11,11 @@ What runs at the same time, against one server on 127.0.0.1:
 - slow clients that send headers a byte at a time and stall mid-body;
 - gzip bombs (1 MiB that inflates to 1 GiB) and large JSON bodies.
 At the end it prints requests answered, errors by status (503s by the reason their answer gives),
-latency p50/p99 of good clients, answers checked and wrong, and the server's RSS at the start and
+latency p50/p99/max of good clients (each timeout counted at `--timeout-s`), answers checked
+and wrong, and the server's RSS at the start and
 the end (sampled all along). Exit status 1 when an answer was wrong (one that does not decode
-too), no answer was checked, a good client's request got no answer, a 500 was seen, or the
+too), no answer was checked, a good client's request got no answer (refused, reset or timed
+out), a 500 was seen, or the
 server died (soak_tally.py). Not part of the test suite.
 """
 from __future__ import annotations
@@ -112,7 +114,10 @@ class Soak:
         t0 = time.perf_counter()
         try:
             status, header_length, raw = await self._post(session, url, rows, binary)
-        except Exception as e:  # connection refused or reset, a timeout: no answer, a failure of the run
+        except TimeoutError:  # (aiohttp's timeouts are TimeoutErrors): a stall, counted at its timeout
+            self.tally.timed_out(self.args.timeout_s)
+            return None
+        except Exception as e:  # connection refused or reset: no answer, a failure of the run
             self.tally.client_error(e)
             return None
         if status == 500 and b"failed on device" in raw:
@@ -206,7 +211,7 @@ class Soak:
         base = f"http://127.0.0.1:{port}"
         url = f"{base}/v2/models/digits/infer"
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.args.timeout_s)) as session:
                 for _ in range(300):
                     try:
                         async with session.get(f"{base}/v2/health/ready") as r:
@@ -251,6 +256,8 @@ def main() -> int:
     ap.add_argument("--reload-s", type=float, default=5.0, help="seconds between model swaps")
     ap.add_argument("--bomb-s", type=float, default=10.0, help="seconds between bomb rounds")
     ap.add_argument("--no-bombs", dest="bombs", action="store_false", help="leave out the bombs")
+    ap.add_argument("--timeout-s", type=float, default=30.0,
+                    help="a request with no answer by then is a timeout (a stall), which fails the run")
     ap.add_argument("--fault-probability", type=float, default=0.002, help="share of executions that fail")
     return asyncio.run(Soak(ap.parse_args()).run())
 

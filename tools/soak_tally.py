@@ -50,7 +50,8 @@ class Tally:
         self.unavailable_said: dict[str, str] = {}  # the first answer of each reason
         self.client_errors = Counter()  # good clients' requests with no answer, by exception
         self.client_error_said: dict[str, str] = {}  # the first of each kind
-        self.latency: list[float] = []  # seconds, of the good clients' 200s
+        self.latency: list[float] = []  # seconds, of the good clients' 200s and (at their timeout) timeouts
+        self.timeouts = 0  # good clients' requests with no answer within the timeout: the server stalled
         self.checked = 0  # 200s compared with the reference
         self.wrong = 0  # of them: not the reference's answer, or no answer at all (undecodable)
         self.undecodable = 0
@@ -61,6 +62,11 @@ class Tally:
         kind = type(error).__name__
         self.client_errors[kind] += 1
         self.client_error_said.setdefault(kind, str(error)[:160])
+
+    def timed_out(self, timeout_s: float) -> None:
+        """A request with no answer in `timeout_s`: in the latency at that (so that a stall shows in p99)."""
+        self.timeouts += 1
+        self.latency.append(timeout_s)
 
     def unavailable_answer(self, raw: bytes) -> None:
         reason, said = unavailable_reason(raw)
@@ -89,6 +95,8 @@ class Tally:
             out.append("no answer was checked (not one 200)")
         if self.status.get(500):
             out.append(f"{self.status[500]} answers 500 that are no injected fault")
+        if self.timeouts:
+            out.append(f"{self.timeouts} good-client requests timed out (the server stalled)")
         if self.client_errors:
             out.append(f"{sum(self.client_errors.values())} good-client requests got no answer (client errors)")
         if not alive:
@@ -100,7 +108,8 @@ class Tally:
         lat = np.array(self.latency) * 1000 if self.latency else np.zeros(1)
         answered = sum(self.status.values())
         print(f"requests answered: {answered}; good-client latency p50 {np.percentile(lat, 50):.1f} ms, "
-              f"p99 {np.percentile(lat, 99):.1f} ms; answers checked: {self.checked}, wrong answers: {self.wrong}"
+              f"p99 {np.percentile(lat, 99):.1f} ms, max {lat.max():.1f} ms (timed out: {self.timeouts}, "
+              f"each counted at its timeout); answers checked: {self.checked}, wrong answers: {self.wrong}"
               + (f" ({self.undecodable} undecodable, the first: {self.undecodable_said})" if self.undecodable else ""))
         for key, count in sorted(self.status.items(), key=lambda kv: str(kv[0])):
             print(f"  {key}: {count}")
