@@ -12,8 +12,9 @@ What runs at the same time, against one server on 127.0.0.1:
 - gzip bombs (1 MiB that inflates to 1 GiB) and large JSON bodies.
 At the end it prints requests answered, errors by status (503s by the reason their answer gives),
 latency p50/p99/max of good clients (each timeout counted at `--timeout-s`), answers checked
-and wrong, and the server's RSS at the start and
-the end (sampled all along). Exit status 1 when an answer was wrong (one that does not decode
+and wrong, and the server's RSS at the start, the end (or the last seen, if it died) and the
+peak (sampled every 0.25 s). A server that dies ends the run at once; a good client whose
+request got no answer waits 0.05 s, doubled after each one more, up to 1 s, before its next. Exit status 1 when an answer was wrong (one that does not decode
 too), no answer was checked, a good client's request got no answer (refused, reset or timed
 out), a 500 was seen, or the
 server died (soak_tally.py). Not part of the test suite.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -54,19 +56,28 @@ def _gzip_bomb(inflated: int) -> bytes:
     return b"".join(parts)
 
 
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+def _rss_mb(pid: int) -> float | None:
+    """Its RSS; None once it is gone (a dead process not reaped yet has no VmRSS line)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
 
 
 class Soak:
     def __init__(self, args):
         self.args = args
         self.tally = Tally()
-        self.rss: list[tuple[float, float]] = []
+        self.rss: list[tuple[float, float]] = []  # (seconds into the run, MB) while the server lived
+        self.window_end = 0.0  # (time.monotonic) when the load stops
+        self.ended = asyncio.Event()  # set when the server died: every part of the load stops at once
+        self.died_at: float | None = None  # seconds into the run
+        self.proc: subprocess.Popen | None = None
+        self.folder = ""  # the run's (its server's log, the models): kept when the run failed
         data = np.load(os.path.join(ROOT, "tests", "data", "digits_test.npz"))
         self.x = data["x"].astype(np.float32)
         import onnxruntime as ort
@@ -97,17 +108,31 @@ class Soak:
         env = dict(os.environ, ACLSERVE_CPU_FAULTS=f"execute:probability={self.args.fault_probability}")
         cmd = [sys.executable, "-m", "aclserve", "serve", "--models", models, "--port", str(port),
                "--grpc-port", "0", "--log-level", "warning"]
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(
-            os.path.join(os.path.dirname(models), "server.log"), "w"))
+        with open(os.path.join(os.path.dirname(models), "server.log"), "w") as log:  # (the child keeps its own)
+            return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
 
     # -- load ------------------------------------------------------------------------------
-    async def client(self, session, url: str, stop: float, seed: int) -> None:
+    def running(self) -> bool:
+        return not self.ended.is_set() and time.monotonic() < self.window_end
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep `seconds`, less when the window ends or the server dies first."""
+        left = min(seconds, self.window_end - time.monotonic())
+        if left > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ended.wait(), left)
+
+    async def client(self, session, url: str, seed: int) -> None:
         rng = random.Random(seed)
-        while time.monotonic() < stop:
+        backoff = 0.0
+        while self.running():
             n = rng.randint(1, 8)
             start = rng.randrange(0, len(self.x) - n)
-            if await self.ask(session, url, self.x[start:start + n], binary=rng.random() < 0.5) == 503:
-                await asyncio.sleep(0.05)
+            status = await self.ask(session, url, self.x[start:start + n], binary=rng.random() < 0.5)
+            # no answer: wait longer each time (up to 1 s), so that a server gone is not asked in a busy loop
+            backoff = 0.0 if status is not None else min(1.0, 2 * backoff or 0.05)
+            if backoff or status == 503:
+                await self.pause(backoff or 0.05)
 
     async def ask(self, session, url: str, rows: np.ndarray, binary: bool) -> int | None:
         """One request of a good client, its outcome counted (a 200 checked); its status (None: no answer)."""
@@ -146,10 +171,12 @@ class Soak:
         async with session.post(url, data=body, headers=headers) as r:
             return r.status, r.headers.get("Inference-Header-Content-Length"), await r.read()
 
-    async def reloader(self, models: str, variants: list[bytes], stop: float) -> None:
+    async def reloader(self, models: str, variants: list[bytes]) -> None:
         target, i = os.path.join(models, "digits.om"), 0
-        while time.monotonic() < stop:
-            await asyncio.sleep(self.args.reload_s)
+        while self.running():
+            await self.pause(self.args.reload_s)
+            if not self.running():
+                break
             i += 1
             tmp = target + ".part"
             with open(tmp, "wb") as f:
@@ -157,23 +184,23 @@ class Soak:
             os.replace(tmp, target)
             self.tally.tool["model swaps written"] += 1
 
-    async def slow_client(self, port: int, stop: float) -> None:
-        while time.monotonic() < stop:
+    async def slow_client(self, port: int) -> None:
+        while self.running():
             try:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 request = b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{"
                 for byte in request:
-                    if time.monotonic() >= stop:
+                    if not self.running():
                         break
                     writer.write(bytes([byte]))
                     await writer.drain()
-                    await asyncio.sleep(0.2)
-                await asyncio.sleep(5)  # stall mid-body
+                    await self.pause(0.2)
+                await self.pause(5)  # stall mid-body
                 writer.close()
                 self.tally.tool["slow clients done"] += 1
             except (ConnectionError, OSError):
                 self.tally.tool["slow clients cut off"] += 1
-                await asyncio.sleep(0.5)
+                await self.pause(0.5)
 
     @staticmethod
     def bomb_bodies() -> list[tuple[str, bytes, dict]]:
@@ -185,8 +212,8 @@ class Soak:
         return [("gzip bomb", bomb, {"Content-Encoding": "gzip", "Content-Type": "application/json"}),
                 ("large json", big, {"Content-Type": "application/json"})]
 
-    async def bombs(self, session, url: str, stop: float, kinds: list[tuple[str, bytes, dict]]) -> None:
-        while time.monotonic() < stop:
+    async def bombs(self, session, url: str, kinds: list[tuple[str, bytes, dict]]) -> None:
+        while self.running():
             for kind, body, headers in kinds:
                 try:
                     async with session.post(url, data=body, headers=headers) as r:
@@ -194,25 +221,34 @@ class Soak:
                         self.tally.tool[f"{kind} -> {r.status}"] += 1
                 except Exception as e:
                     self.tally.tool[f"{kind} -> {type(e).__name__}"] += 1
-            await asyncio.sleep(self.args.bomb_s)
+            await self.pause(self.args.bomb_s)
 
-    async def sample_rss(self, pid: int, stop: float, t0: float) -> None:
-        while time.monotonic() < stop:
-            self.rss.append((time.monotonic() - t0, _rss_mb(pid)))
-            await asyncio.sleep(2)
+    async def watch_server(self, proc: subprocess.Popen, t0: float) -> None:
+        """Sample its RSS every 0.25 s; once it died, end the run (`ended`) instead of loading a dead port."""
+        while self.running():
+            if proc.poll() is not None:
+                self.died_at = time.monotonic() - t0
+                self.ended.set()
+                return
+            rss = _rss_mb(proc.pid)
+            if rss is not None:
+                self.rss.append((time.monotonic() - t0, rss))
+            await self.pause(0.25)
 
     async def run(self) -> int:
         import aiohttp
-        folder = tempfile.mkdtemp(prefix="aclserve-soak-")
+        folder = self.folder = tempfile.mkdtemp(prefix="aclserve-soak-")
         models, variants = self.prepare(folder)
         bomb_kinds = self.bomb_bodies() if self.args.bombs else []
         port = free_port()
-        proc = self.start(models, port)
+        proc = self.proc = self.start(models, port)
         base = f"http://127.0.0.1:{port}"
         url = f"{base}/v2/models/digits/infer"
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.args.timeout_s)) as session:
                 for _ in range(300):
+                    if proc.poll() is not None:
+                        break
                     try:
                         async with session.get(f"{base}/v2/health/ready") as r:
                             if r.status == 200:
@@ -221,12 +257,12 @@ class Soak:
                         pass
                     await asyncio.sleep(0.1)
                 t0 = time.monotonic()
-                stop = t0 + self.args.minutes * 60
-                jobs = [self.client(session, url, stop, seed) for seed in range(self.args.clients)]
-                jobs += [self.reloader(models, variants, stop), self.sample_rss(proc.pid, stop, t0)]
+                self.window_end = t0 + self.args.minutes * 60
+                jobs = [self.client(session, url, seed) for seed in range(self.args.clients)]
+                jobs += [self.reloader(models, variants), self.watch_server(proc, t0)]
                 if self.args.bombs:
-                    jobs.append(self.bombs(session, url, stop, bomb_kinds))
-                jobs += [self.slow_client(port, stop) for _ in range(self.args.slow)]
+                    jobs.append(self.bombs(session, url, bomb_kinds))
+                jobs += [self.slow_client(port) for _ in range(self.args.slow)]
                 await asyncio.gather(*jobs)
         finally:
             alive = proc.poll() is None
@@ -241,7 +277,10 @@ class Soak:
         failures = self.tally.print_report(alive)
         if self.rss:
             peak = max(r for _, r in self.rss)
-            print(f"server RSS: start {self.rss[0][1]:.0f} MB, end {self.rss[-1][1]:.0f} MB, peak {peak:.0f} MB")
+            end = "end" if alive else f"last seen {self.rss[-1][0]:.1f} s into the run"
+            print(f"server RSS: start {self.rss[0][1]:.0f} MB, {end} {self.rss[-1][1]:.0f} MB, peak {peak:.0f} MB")
+        if self.died_at is not None:
+            print(f"the server died {self.died_at:.1f} s into the run: the run stopped there")
         for failure in failures:
             print(f"FAILED: {failure}")
         print(f"server {'still running at the end' if alive else 'DIED'}; {keep_if_failed(folder, bool(failures))}")
