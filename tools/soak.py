@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import json
 import os
 import random
@@ -203,10 +204,11 @@ class Soak:
                 await self.pause(0.5)
 
     @staticmethod
-    def bomb_bodies() -> list[tuple[str, bytes, dict]]:
-        """The bombs' bodies, built before the measured window: building them takes seconds of CPU
-        (the gzip bomb 7-15 s), which on the clients' event loop stalled every good client."""
-        bomb = _gzip_bomb(1 << 30)
+    def bomb_bodies(inflated: int = 1 << 30) -> list[tuple[str, bytes, dict]]:
+        """The bombs' bodies (the gzip one inflating to `inflated` bytes), built before the measured
+        window: building them takes seconds of CPU (the gzip bomb 7-15 s), which on the clients'
+        event loop stalled every good client."""
+        bomb = _gzip_bomb(inflated)
         big = json.dumps({"inputs": [{"name": "x", "shape": [40000, 64], "datatype": "FP32",
                                       "data": [0.5] * (40000 * 64)}]}).encode()
         return [("gzip bomb", bomb, {"Content-Encoding": "gzip", "Content-Type": "application/json"}),
@@ -214,14 +216,19 @@ class Soak:
 
     async def bombs(self, session, url: str, kinds: list[tuple[str, bytes, dict]]) -> None:
         while self.running():
-            for kind, body, headers in kinds:
-                try:
-                    async with session.post(url, data=body, headers=headers) as r:
-                        await r.read()
-                        self.tally.tool[f"{kind} -> {r.status}"] += 1
-                except Exception as e:
-                    self.tally.tool[f"{kind} -> {type(e).__name__}"] += 1
+            await self.bomb_round(session, url, kinds)
             await self.pause(self.args.bomb_s)
+
+    async def bomb_round(self, session, url: str, kinds: list[tuple[str, bytes, dict]]) -> None:
+        """Each bomb once; what it got (a status, or the exception of a request with no answer) counted."""
+        for kind, body, headers in kinds:
+            try:
+                # (a file object: aiohttp sends it a chunk at a time, where raw bytes of MBs hold the loop)
+                async with session.post(url, data=io.BytesIO(body), headers=headers) as r:
+                    await r.read()
+                    self.tally.bombs[kind, r.status] += 1
+            except Exception as e:
+                self.tally.bombs[kind, type(e).__name__] += 1
 
     async def watch_server(self, proc: subprocess.Popen, t0: float) -> None:
         """Sample its RSS every 0.25 s; once it died, end the run (`ended`) instead of loading a dead port."""
@@ -245,7 +252,13 @@ class Soak:
         base = f"http://127.0.0.1:{port}"
         url = f"{base}/v2/models/digits/infer"
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.args.timeout_s)) as session:
+            timeout = aiohttp.ClientTimeout(total=self.args.timeout_s)
+            # the good clients' connections are their own (the bombs' session has others: a connection
+            # the server closes behind a 413 is never one a good client takes next), and go idle
+            # for 5 s at most, well within the server's keepalive_timeout_s (15 s): a good client
+            # never sends on a connection the server is closing as idle
+            async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(keepalive_timeout=5)) \
+                    as session, aiohttp.ClientSession(timeout=timeout) as bomb_session:
                 for _ in range(300):
                     if proc.poll() is not None:
                         break
@@ -261,7 +274,7 @@ class Soak:
                 jobs = [self.client(session, url, seed) for seed in range(self.args.clients)]
                 jobs += [self.reloader(models, variants), self.watch_server(proc, t0)]
                 if self.args.bombs:
-                    jobs.append(self.bombs(session, url, bomb_kinds))
+                    jobs.append(self.bombs(bomb_session, url, bomb_kinds))
                 jobs += [self.slow_client(port) for _ in range(self.args.slow)]
                 await asyncio.gather(*jobs)
         finally:

@@ -40,6 +40,12 @@ def decode_answer(header_length: str | None, raw: bytes) -> np.ndarray:
     return np.asarray(out["data"], np.float32).reshape(out["shape"])
 
 
+# what the server answers each bomb: a body over its limits (max_json_bytes, the inflated size),
+# README "Limits"; a 503 (the request memory budget in use) is a failure too, as the soak's good
+# clients hold a few KB
+BOMB_STATUS = 413
+
+
 class Tally:
     """The counts of one run. Good clients are the closed-loop ones whose answers are checked;
     every request of theirs is answered with a status or counted as a client error."""
@@ -56,7 +62,8 @@ class Tally:
         self.wrong = 0  # of them: not the reference's answer, or no answer at all (undecodable)
         self.undecodable = 0
         self.undecodable_said = ""  # the first undecodable answer's error
-        self.tool = Counter()  # what the tool's other parts did: model swaps written, slow clients, bombs
+        self.bombs = Counter()  # (kind, what it got: a status or an exception's name)
+        self.tool = Counter()  # what the tool's other parts did: model swaps written, slow clients
 
     def client_error(self, error: BaseException) -> None:
         kind = type(error).__name__
@@ -99,6 +106,10 @@ class Tally:
             out.append(f"{self.timeouts} good-client requests timed out (the server stalled)")
         if self.client_errors:
             out.append(f"{sum(self.client_errors.values())} good-client requests got no answer (client errors)")
+        missed = {key: n for key, n in self.bombs.items() if key[1] != BOMB_STATUS}
+        if missed:
+            out.append(f"{sum(missed.values())} bombs not answered {BOMB_STATUS}: "
+                       + ", ".join(f"{kind} -> {got}: {n}" for (kind, got), n in sorted(missed.items(), key=str)))
         if not alive:
             out.append("the server died")
         return out
@@ -118,6 +129,8 @@ class Tally:
                     print(f"    {reason}: {n} (the first: {self.unavailable_said[reason][:160]})")
         for kind, count in sorted(self.client_errors.items()):
             print(f"  client error {kind}: {count} (the first: {self.client_error_said[kind]})")
+        for (kind, got), count in sorted(self.bombs.items(), key=str):
+            print(f"  {kind} -> {got}: {count}")
         for key, count in sorted(self.tool.items()):
             print(f"  {key}: {count}")
         return self.failures(alive)
