@@ -14,7 +14,9 @@ from tests import REPO
 
 sys.path.insert(0, os.path.join(REPO, "tools"))
 
-import soak  # noqa: E402,F401  (the tests import it from here)
+import soak  # noqa: E402  (the tests import it from here)
+
+__all__ = ["ARGS", "INFER", "soak", "stub_server"]
 
 ARGS = argparse.Namespace(minutes=0.1, clients=16, slow=0, reload_s=5.0, bomb_s=10.0, bombs=False,
                           fault_probability=0.0, timeout_s=30.0)

@@ -42,7 +42,7 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
 from bench_common import free_port, keep_if_failed  # noqa: E402
-from soak_tally import Tally  # noqa: E402
+from soak_tally import Tally, fault_spec, injected  # noqa: E402
 
 
 def _gzip_bomb(inflated: int) -> bytes:
@@ -106,7 +106,7 @@ class Soak:
         return models, variants
 
     def start(self, models: str, port: int) -> subprocess.Popen:
-        env = dict(os.environ, ACLSERVE_CPU_FAULTS=f"execute:probability={self.args.fault_probability}")
+        env = dict(os.environ, ACLSERVE_CPU_FAULTS=fault_spec(self.args.fault_probability))
         cmd = [sys.executable, "-m", "aclserve", "serve", "--models", models, "--port", str(port),
                "--grpc-port", "0", "--log-level", "warning"]
         with open(os.path.join(os.path.dirname(models), "server.log"), "w") as log:  # (the child keeps its own)
@@ -146,7 +146,7 @@ class Soak:
         except Exception as e:  # connection refused or reset: no answer, a failure of the run
             self.tally.client_error(e)
             return None
-        if status == 500 and b"failed on device" in raw:
+        if status == 500 and injected(raw):
             self.tally.status["500 device fault (injected)"] += 1
             return status
         self.tally.status[status] += 1

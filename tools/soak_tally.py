@@ -40,6 +40,24 @@ def decode_answer(header_length: str | None, raw: bytes) -> np.ndarray:
     return np.asarray(out["data"], np.float32).reshape(out["shape"])
 
 
+# The code of the device faults the soak injects (ACLSERVE_CPU_FAULTS: fault_spec): a runtime
+# fault code (507xxx, handled as the device's failed execution, as 507011 is) that no CANN error
+# has, so that a 500 saying it is one of ours; a real device fault (507011, say) says "failed on
+# device" too, and fails the run. The batches in flight beside a faulted one fail with its code
+# (their context stopped on it), so they count as injected too.
+INJECTED_CODE = 507999
+
+
+def fault_spec(probability: float) -> str:
+    """ACLSERVE_CPU_FAULTS for the server: each execution fails with INJECTED_CODE at `probability`."""
+    return f"execute:probability={probability},code={INJECTED_CODE}" if probability > 0 else ""
+
+
+def injected(raw: bytes) -> bool:
+    """Whether an answer's body is a fault the soak injected (its ACL code)."""
+    return f"failed with {INJECTED_CODE}".encode() in raw
+
+
 # what the server answers each bomb: a body over its limits (max_json_bytes, the inflated size),
 # README "Limits"; a 503 (the request memory budget in use) is a failure too, as the soak's good
 # clients hold a few KB
