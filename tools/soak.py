@@ -42,6 +42,7 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
 from bench_common import free_port, keep_if_failed  # noqa: E402
+from soak_swaps import Swaps, write_swap  # noqa: E402
 from soak_tally import Tally, fault_spec, injected  # noqa: E402
 
 
@@ -79,6 +80,8 @@ class Soak:
         self.died_at: float | None = None  # seconds into the run
         self.proc: subprocess.Popen | None = None
         self.folder = ""  # the run's (its server's log, the models): kept when the run failed
+        self.swaps: Swaps | None = None
+        self.max_batch: list[int] = []  # each variant's largest batch (what the server's config says)
         data = np.load(os.path.join(ROOT, "tests", "data", "digits_test.npz"))
         self.x = data["x"].astype(np.float32)
         import onnxruntime as ort
@@ -92,6 +95,7 @@ class Soak:
         os.mkdir(models)
         variants = []
         for i, gears in enumerate(("1,2,4,8", "1,2,4,8,16,32")):
+            self.max_batch.append(max(map(int, gears.split(","))))
             out = os.path.join(folder, f"v{i}.om")
             compile_model(os.path.join(ROOT, "models", "digits.onnx"), out, batch=gears, target="cpu",
                           log=lambda _: None)
@@ -173,17 +177,14 @@ class Soak:
             return r.status, r.headers.get("Inference-Header-Content-Length"), await r.read()
 
     async def reloader(self, models: str, variants: list[bytes]) -> None:
-        target, i = os.path.join(models, "digits.om"), 0
+        i = 0
         while self.running():
             await self.pause(self.args.reload_s)
             if not self.running():
                 break
             i += 1
-            tmp = target + ".part"
-            with open(tmp, "wb") as f:
-                f.write(variants[i % 2])
-            os.replace(tmp, target)
-            self.tally.tool["model swaps written"] += 1
+            write_swap(models, variants[i % 2])
+            self.swaps.wrote(i % 2)
 
     async def slow_client(self, port: int) -> None:
         while self.running():
@@ -269,6 +270,9 @@ class Soak:
                     except aiohttp.ClientError:
                         pass
                     await asyncio.sleep(0.1)
+                self.swaps = Swaps(os.path.join(folder, "server.log"))
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):  # (a server gone: the watch ends the run)
+                    await self.swaps.start(session, base)
                 t0 = time.monotonic()
                 self.window_end = t0 + self.args.minutes * 60
                 jobs = [self.client(session, url, seed) for seed in range(self.args.clients)]
@@ -277,6 +281,9 @@ class Soak:
                     jobs.append(self.bombs(bomb_session, url, bomb_kinds))
                 jobs += [self.slow_client(port) for _ in range(self.args.slow)]
                 await asyncio.gather(*jobs)
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):  # (a server gone: swaps not counted)
+                    await self.swaps.settle(session, base, self.max_batch[self.swaps.last],
+                                            alive=lambda: proc.poll() is None)
         finally:
             alive = proc.poll() is None
             proc.terminate()
@@ -288,6 +295,8 @@ class Soak:
         print(f"soak: {self.args.minutes:g} min, {self.args.clients} clients, {self.args.slow} slow clients, "
               f"fault probability {self.args.fault_probability}, reload every {self.args.reload_s:g} s")
         failures = self.tally.print_report(alive)
+        if self.swaps is not None:
+            failures += self.swaps.report()
         if self.rss:
             peak = max(r for _, r in self.rss)
             end = "end" if alive else f"last seen {self.rss[-1][0]:.1f} s into the run"
