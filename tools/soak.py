@@ -4,20 +4,20 @@ injected device faults, slow clients and decompression bombs, checking every ans
     python tools/soak.py                      # 10 minutes (about 2 minutes: --minutes 2)
 
 What runs at the same time, against one server on 127.0.0.1:
-- `--clients` closed-loop clients sending 1-8 digit rows as KServe v2 JSON or binary bodies; each
-  answer is compared with ONNX Runtime on the source model (a wrong answer is counted, not ignored);
+- `--clients` closed-loop good clients sending 1-8 digit rows as KServe v2 JSON or binary bodies;
+  each 200 is decoded and compared with ONNX Runtime on the source model;
 - a reloader swapping the model file (two compiles with different gears) every `--reload-s` s;
-- device faults injected by the CPU runtime (ACLSERVE_CPU_FAULTS, `--fault-probability`);
+- device faults injected by the CPU runtime (ACLSERVE_CPU_FAULTS, `--fault-probability`, with a
+  code of the soak's own: soak_tally.INJECTED_CODE);
 - slow clients that send headers a byte at a time and stall mid-body;
-- gzip bombs (1 MiB that inflates to 1 GiB) and large JSON bodies.
+- gzip bombs (1 MiB that inflates to 1 GiB) and large JSON bodies, on connections of their own.
 At the end it prints requests answered, errors by status (503s by the reason their answer gives),
-latency p50/p99/max of good clients (each timeout counted at `--timeout-s`), answers checked
-and wrong, and the server's RSS at the start, the end (or the last seen, if it died) and the
-peak (sampled every 0.25 s). A server that dies ends the run at once; a good client whose
-request got no answer waits 0.05 s, doubled after each one more, up to 1 s, before its next. Exit status 1 when an answer was wrong (one that does not decode
-too), no answer was checked, a good client's request got no answer (refused, reset or timed
-out), a 500 was seen, or the
-server died (soak_tally.py). Not part of the test suite.
+the good clients' latency p50/p99/max (a timeout counted at `--timeout-s`), answers checked and
+wrong, the bombs' answers, what became of the swaps (soak_swaps.py), and the server's RSS at the
+start, the end (the last seen, if it died) and the peak. A server that dies ends the run at once;
+a good client whose request got no answer waits 0.05 s, doubled after each one more, up to 1 s.
+Exit status 1 on any of the failures soak_tally.Tally.failures and soak_swaps.Swaps.report list
+(README "Soak and chaos run"). Not part of the test suite.
 """
 from __future__ import annotations
 

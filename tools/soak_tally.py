@@ -1,7 +1,10 @@
 """What a soak run (tools/soak.py) saw, and its verdict: the good clients' answers, each 200
-decoded and checked, and what failed the run.
+decoded and checked, the bombs' answers, and what failed the run.
 
-Every failure is a line of `Tally.failures()`; the run exits 1 when there is any.
+Every failure is a line of `Tally.failures()` (or of soak_swaps.Swaps.report, the model swaps');
+the run exits 1 when there is any. No request of a good client is expected to go unanswered,
+chaos or not: the slow clients and the bombs have connections of their own (soak.py), and the
+server answers every request it takes with a status (503 while a model is swapped or rebuilt).
 """
 from __future__ import annotations
 
