@@ -296,9 +296,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             if is_ignored_name(sub.name):
                 continue
             if not sub.is_dir() or not _VERSION_RE.fullmatch(sub.name):
-                if sub.name.lower() == "config.yaml" and not sub.is_dir():  # (config.yaml itself: read above)
-                    result.notes.extend(unread.capitals_note(sub, root, (".yaml",), "config"))  # config.YAML
-                elif _model_files(sub):
+                if _model_files(sub):  # (a .yaml/.yml: unread.model_folder_notes, once its config is read)
                     misplaced.append(f"{sub.relative_to(root)} is not a version folder")
                 elif _VERSION_RE.fullmatch(sub.name) and (special := _special(sub)):
                     misplaced.append(f"{sub.relative_to(root)} is {special}, not a version folder")
@@ -335,6 +333,9 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
         available = {"1": found}
         config_path, pbtxt = parts.get(".yaml") or parts.get(".yml"), None
     config = _config(config_path, root, name, defaults, result.notes, pbtxt)
+    if "dir" in parts:  # the .yaml/.yml files in its folders it does not read
+        read = {str(config_path)} | {o.labels for o in config.outputs.values() if o.labels}
+        result.notes.extend(unread.model_folder_notes(name, parts["dir"], version_folders, root, read))
     selected = select_versions(available, config.version_policy)
     if not selected:  # as Triton, which fails such a load: the model would serve nothing
         result.problems[name] = (f"its version_policy {_policy_text(config.version_policy)} selects none of the "

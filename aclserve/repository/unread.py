@@ -85,6 +85,41 @@ def capitals_note(path: Path, root: Path, known: tuple[str, ...], stem: str | No
             f"{stem or own}{suffix.lower()})"]
 
 
+def model_folder_notes(name: str, folder: Path, version_folders: list[Path], root: Path, read: set[str]) -> list[str]:
+    """Each .yaml/.yml in a versioned model's folder or its version folders that it does not read
+    (`config.yml`, `Config.yaml`, `model.yaml`, `1/config.yaml`: the model served with the defaults
+    without a word). `read`: the files it reads (its config file, the labels files it names)."""
+    read = {os.path.realpath(path) for path in read}
+    has_config = os.path.realpath(folder / "config.yaml") in read
+    notes = []
+    for where in [folder, *version_folders]:
+        if resolved_inside(root, where) is None:  # (a version folder resolving outside: _pick said so)
+            continue
+        for path in sorted(where.iterdir()):
+            if (is_ignored_name(path.name) or os.path.splitext(path.name)[1].lower() not in (".yaml", ".yml")
+                    or path.is_dir() or os.path.realpath(path) in read):
+                continue
+            why = (f"a versioned model's settings go in {name}/config.yaml, beside its version folders"
+                   if where != folder else _unread_in_model_folder(path.name, name, has_config))
+            notes.append(f"{path.relative_to(root)} not read: {why}")
+    return notes
+
+
+def _unread_in_model_folder(file: str, name: str, has_config: bool) -> str:
+    """Why the .yaml/.yml `file` in the model `name`'s folder is not read, with a hint."""
+    stem, suffix = os.path.splitext(file)
+    if stem.lower() != "config":  # (model.yaml, name.yaml, notes.yaml: not told to become config.yaml)
+        return (f"{name}/config.yaml is the model's settings file" if has_config
+                else f"a versioned model's settings go in {name}/config.yaml")
+    if has_config:
+        return f"{name}/config.yaml beside it is (a model's settings come from one file)"
+    if suffix.lower() == ".yml":
+        return "a versioned model's settings file is config.yaml (rename it config.yaml)"
+    if stem == "config":
+        return "file suffixes are lower case (rename it config.yaml)"
+    return "file names are matched as written (rename it config.yaml)"
+
+
 def compile_note(config_path: Path, served: list[str], root: Path, preferred: tuple[int, ...] = ()) -> list[str]:
     """`compile:` in the config of a model served from an .om, which the server does not compile:
     its batch sizes and shapes were fixed when ATC built it (the settings were passed over in

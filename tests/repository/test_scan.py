@@ -371,7 +371,7 @@ def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
     touch(tmp_path / "w" / "1" / "MODEL.OM")  # (w alone: its only version not read)
     touch(tmp_path / "w" / "Model.OM")  # beside the version folders: misplaced (a third review)
     touch(tmp_path / "x" / "1" / "model.OM")
-    (tmp_path / "v" / "notes.YAML").write_text("")  # not a config: no word on it
+    (tmp_path / "v" / "notes.YAML").write_text("")  # named unread, but not told to become config.yaml
     touch(tmp_path / "w" / "1" / ".model.OM")  # (a hidden name: passed over, as everywhere)
     result = scan(tmp_path, DEFAULTS)
     assert result.problems == {"w": "w/1/MODEL.OM is not named model.om or model.onnx; w/Model.OM is not a version "
@@ -388,7 +388,8 @@ def test_a_config_file_the_scan_does_not_read_gets_a_note(tmp_path):
         "digits.yaml is read; digits.yml beside it is ignored",
         "t/config.pbtxt not read: t/config.yaml beside it is (a model's settings come from one file)",
         "v.yaml not read: a versioned model's settings go in v/config.yaml",
-        "v/config.YAML not read: file suffixes are lower case (rename it config.yaml)"]
+        "v/config.YAML not read: file suffixes are lower case (rename it config.yaml)",
+        "v/notes.YAML not read: a versioned model's settings go in v/config.yaml"]
     assert sorted(result.models) == ["digits", "t", "v"] and not result.problems
 
 
@@ -563,3 +564,35 @@ def test_a_scan_failure_kept_as_text_is_logged_with_its_traceback_in_either_log_
     (record,) = records
     assert TextFormatter("%(message)s").format(record) == "model bad: scanning its files failed\n" + failure.traceback
     assert json.loads(JsonFormatter().format(record))["exc"] == failure.traceback
+
+
+def test_a_yaml_file_in_a_versioned_models_folders_that_no_model_reads_gets_a_note(tmp_path):
+    """config.yml, Config.yaml, model.yaml beside the version folders and a config.yaml inside one
+    were passed over without a word, the model served with the defaults (a configuration tester's
+    finding). The files the model reads are not named: its config.yaml, a labels file it names
+    (one in a version folder too), nor anything in a folder whose model does not serve."""
+    for model in ("a", "b", "c", "d", "e"):
+        touch(tmp_path / model / "1" / "model.om")
+    (tmp_path / "a" / "config.yml").write_text("instances: 3\n")
+    (tmp_path / "b" / "Config.yaml").write_text("instances: 3\n")
+    (tmp_path / "b" / "model.yaml").write_text("instances: 3\n")
+    (tmp_path / "c" / "1" / "config.yaml").write_text("instances: 3\n")
+    (tmp_path / "d" / "config.yaml").write_text("outputs: {y: {labels: 1/labels.yaml}}\n")
+    (tmp_path / "d" / "1" / "labels.yaml").write_text("zero\none\n")
+    (tmp_path / "d" / "config.yml").write_text("instances: 3\n")
+    (tmp_path / "d" / "notes.yaml").write_text("")
+    (tmp_path / "e" / "config.pbtxt").write_text("max_batch_size: 1\ndynamic_batching { }\n")
+    (tmp_path / "e" / "config.YAML").write_text("instances: 3\n")
+    (tmp_path / "e" / ".config.yml").write_text("")  # (a hidden name: passed over, as everywhere)
+    touch(tmp_path / "f" / "2" / "weights.bin")
+    (tmp_path / "f" / "config.yml").write_text("instances: 3\n")  # (f serves nothing: its problem says why)
+    result = scan(tmp_path, DEFAULTS)
+    assert sorted(result.models) == ["a", "b", "c", "d", "e"] and list(result.problems) == ["f"]
+    assert sorted(result.notes) == [
+        "a/config.yml not read: a versioned model's settings file is config.yaml (rename it config.yaml)",
+        "b/Config.yaml not read: file names are matched as written (rename it config.yaml)",
+        "b/model.yaml not read: a versioned model's settings go in b/config.yaml",
+        "c/1/config.yaml not read: a versioned model's settings go in c/config.yaml, beside its version folders",
+        "d/config.yml not read: d/config.yaml beside it is (a model's settings come from one file)",
+        "d/notes.yaml not read: d/config.yaml is the model's settings file",
+        "e/config.YAML not read: file suffixes are lower case (rename it config.yaml)"]
