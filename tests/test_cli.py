@@ -137,6 +137,15 @@ def test_serve_says_trace_settings_without_trace_trace_nothing(tmp_path):
     assert proc.returncode == 2 and "tracing is off" not in proc.stderr, proc.stderr
 
 
+def test_serve_refuses_an_empty_trace_file_name(tmp_path):
+    """`--trace ''` was taken and traced nothing without a word (a configuration tester's finding)."""
+    for args in (("--trace", ""), ("--trace=",)):
+        proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", *args, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.splitlines() == [
+            "aclserve serve: error: argument --trace: needs a file name, got '' (`aclserve serve --help` lists its "
+            "arguments)"], proc.stderr
+
+
 def test_infer_client_casts_within_a_kind_and_says_so():
     inputs = {"x": np.zeros((2, 64))}
     notes = cast_to_model(inputs, {"inputs": [{"name": "x", "datatype": "FP32"}]})

@@ -1,6 +1,7 @@
 """`aclserve serve`: the configuration from file and flags, logging, then the server's run."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import pathlib
@@ -55,7 +56,7 @@ def add_commands(sub) -> None:
                    help="log lines as text or one JSON object per line")
     p.add_argument("--request-log", action="store_true", default=None,
                    help="log one line per infer request (request id, model, version, status, durations)")
-    p.add_argument("--trace", metavar="FILE",
+    p.add_argument("--trace", metavar="FILE", type=_trace_file,
                    help="trace requests to FILE (Chrome trace / Perfetto JSON; written at shutdown, "
                         "or every --trace-log-frequency traces)")
     p.add_argument("--trace-rate", type=int, metavar="N", help="trace one request in N (default 1000)")
@@ -65,6 +66,13 @@ def add_commands(sub) -> None:
     p.add_argument("--trace-format", type=str.lower, choices=("chrome", "triton"),
                    help="trace file format (default chrome)")
     p.set_defaults(func=run_serve)
+
+
+def _trace_file(value: str) -> str:
+    """--trace's FILE: an empty one was taken, and traced nothing without a word."""
+    if not value:
+        raise argparse.ArgumentTypeError("needs a file name, got ''")
+    return value
 
 
 QUIET_LOGGERS = ("watchdog", "asyncio", "grpc", "PIL", "urllib3")
