@@ -54,8 +54,9 @@ def add_commands(sub) -> None:
                         "(model_defaults.batching.max_queue_delay_ms)")
     p.add_argument("--log-format", type=str.lower, choices=("text", "json"),
                    help="log lines as text or one JSON object per line")
-    p.add_argument("--request-log", action="store_true", default=None,
-                   help="log one line per infer request (request id, model, version, status, durations)")
+    p.add_argument("--request-log", action=argparse.BooleanOptionalAction, default=None,
+                   help="log one line per infer request (request id, model, version, status, durations); "
+                        "--no-request-log: none, whatever the config file's request_log says")
     p.add_argument("--trace", metavar="FILE", type=_trace_file,
                    help="trace requests to FILE (Chrome trace / Perfetto JSON; written at shutdown, "
                         "or every --trace-log-frequency traces)")

@@ -154,26 +154,26 @@ def test_json_formatter_writes_a_lone_surrogate_escaped():
     assert doc["message"] == '"GET / HTTP/1.1" 200 "\\udcff"' and doc["request_id"] == "a\\udc80" and doc["status"] == 200
 
 
-def test_serve_log_format_json_from_the_command_line(models_dir, tmp_path):
-    """`aclserve serve --log-format json --request-log`: every stderr line is a JSON object."""
+def _serve_one_request(models_dir, cwd, *flags) -> str:
+    """`aclserve serve ... *flags` answering one infer request (X-Request-Id cli-1): its stderr."""
     import os
     import signal
     import subprocess
-    import sys
     import time
     import urllib.request
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models_dir), "--port", str(port),
-                             "--grpc-port", "0", "--device", "cpu", "--model-control-mode", "none",
-                             "--log-format", "json", "--request-log", "--log-level", "warning"],
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models_dir),
+                             "--port", str(port), "--grpc-port", "0", "--device", "cpu", "--model-control-mode", "none",
+                             "--log-format", "json", *flags], cwd=cwd, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         for _ in range(600):
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1)
                 break
             except OSError:
+                assert proc.poll() is None, proc.communicate()[1]  # (it refused its flags, say)
                 time.sleep(0.1)
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/double/infer", data=json.dumps(BODY).encode(),
                                      headers={"X-Request-Id": "cli-1", "Content-Type": "application/json"})
@@ -181,8 +181,24 @@ def test_serve_log_format_json_from_the_command_line(models_dir, tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
+    return err
+
+
+def test_serve_log_format_json_from_the_command_line(models_dir, tmp_path):
+    """`aclserve serve --log-format json --request-log`: every stderr line is a JSON object."""
+    err = _serve_one_request(models_dir, tmp_path, "--request-log", "--log-level", "warning")
     lines = [json.loads(line) for line in err.splitlines() if line.strip()]
     assert any(line.get("request_id") == "cli-1" and line["status"] == 200 for line in lines), err
+
+
+def test_no_request_log_turns_off_the_request_log_a_config_file_turns_on(models_dir, tmp_path):
+    """`request_log: true` in the config file could not be turned off from the command line: the
+    flag could only turn it on (a configuration tester's finding)."""
+    (tmp_path / "s.yaml").write_text("request_log: true\n")
+    err = _serve_one_request(models_dir, tmp_path, "--config", "s.yaml", "--no-request-log")
+    lines = [json.loads(line) for line in err.splitlines() if line.strip()]
+    assert any("ready" in line["message"] for line in lines), err  # (logging at info, the request served)
+    assert not [line for line in lines if line["logger"] == "aclserve.requests"], err
 
 
 def test_a_request_refused_before_its_body_is_decoded_keeps_its_header_id(models_dir, caplog):
