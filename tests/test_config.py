@@ -539,3 +539,17 @@ def test_a_bad_version_policy_in_tritons_form_names_its_inner_key(tmp_path):
 def test_device_limits_up_to_what_a_device_allows_are_taken():
     assert load_server_config(None, {"device_limits": {"events": 65535}}).device_limits == (None, 65535)
     assert load_server_config(None, {"device_limits": {"streams": 2048}}).device_limits == (2048, None)
+
+
+def test_a_host_in_brackets_is_refused_at_once_saying_to_drop_them(tmp_path):
+    """`host: "[::1]"`, as a URL writes an IPv6 address, was refused only at the bind: "cannot
+    listen on [[::1]]:8000: Name or service not known" (a configuration tester's finding)."""
+    for host, write_instead in (("[::1]", "::1"), ("[::]:8000", ":: (and the port in port)")):
+        said = f"host: an IPv6 address goes without brackets here: write {write_instead}, got '{host}'"
+        with pytest.raises(ConfigError) as info:
+            load_server_config(write(tmp_path, f'host: "{host}"\n'))
+        assert str(info.value).endswith(said), str(info.value)
+        with pytest.raises(ConfigError) as info:
+            load_server_config(None, {"host": host})
+        assert str(info.value) == said, str(info.value)
+    assert load_server_config(write(tmp_path, 'host: "::1"\n')).host == "::1"

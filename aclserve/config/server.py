@@ -47,7 +47,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
     max_body = as_int(get("max_body_bytes"), "max_body_bytes", 1)
     grpc_message = _grpc_max_message_bytes(get("grpc_max_message_bytes"), grpc_port, max_body, max_inflight)
     return ServerConfig(
-        host=as_str(get("host"), "host", allow_empty=False),
+        host=_host(get("host")),
         port=port,
         grpc_port=grpc_port,
         models_dir=models_dir,
@@ -98,6 +98,18 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         images=_image_settings(data.get("images")),
         model_defaults=as_defaults(parse_model_config(data.get("model_defaults", {}), "model_defaults")),
     )
+
+
+def _host(value) -> str:
+    """The address to listen on. An IPv6 address in brackets, as a URL writes it (`[::1]`), was
+    refused only at the bind: "cannot listen on [[::1]]:8000: Name or service not known"."""
+    host = as_str(value, "host", allow_empty=False)
+    if host.startswith("[") and "]" in host:
+        address, after = host[1:].split("]", 1)
+        port = " (and the port in port)" if after else ""
+        raise ConfigError("host", f"an IPv6 address goes without brackets here: write {address}{port}, "
+                                  f"got {shown(host)}")
+    return host
 
 
 def _max_request_bytes(value, max_inflight: int) -> int:
