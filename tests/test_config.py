@@ -553,3 +553,23 @@ def test_a_host_in_brackets_is_refused_at_once_saying_to_drop_them(tmp_path):
             load_server_config(None, {"host": host})
         assert str(info.value) == said, str(info.value)
     assert load_server_config(write(tmp_path, 'host: "::1"\n')).host == "::1"
+
+
+@pytest.mark.parametrize("text, said", [
+    ("host: 2001-12-14", "host: must be a non-empty string, got datetime.date(2001, 12, 14) (YAML reads it as a "
+                         "date: write it in quotes for text)"),
+    ("trace_dir: 2001-12-14 10:00:00", "trace_dir: must be a non-empty string, got datetime.datetime(2001, 12, 14, "
+                                       "10, 0) (YAML reads it as a date: write it in quotes for text)"),
+    ("models_dir: 2024", "models_dir: must be a non-empty string, got 2024 (YAML reads it as a number: write it in "
+                         "quotes for text)"),
+    ("trace: {file: 2001-12-14}", "trace.file: expected a string, got date (YAML reads it as a date: write it in "
+                                  "quotes for text)"),
+    ("model_defaults: {outputs: {y: {labels: 2001-12-14}}}", "model_defaults.outputs.y.labels: must be a non-empty "
+     "string, got datetime.date(2001, 12, 14) (YAML reads it as a date: write it in quotes for text)")])
+def test_a_date_or_number_yaml_reads_where_text_goes_is_refused_saying_to_quote_it(tmp_path, text, said):
+    """`host: 2001-12-14` said only "got datetime.date(2001, 12, 14)" (a configuration tester's finding)."""
+    with pytest.raises(ConfigError) as info:
+        load_server_config(write(tmp_path, text + "\n"))
+    assert str(info.value).endswith(f"c.yaml: {said}"), str(info.value)
+    quoted = re.sub(r": ([0-9][^}]*)(}*)$", r': "\1"\2', text)  # (quoted, each is text and taken)
+    load_server_config(write(tmp_path, quoted + "\n"))

@@ -2,6 +2,7 @@
 naming the key's dotted path."""
 from __future__ import annotations
 
+import datetime
 import math
 import reprlib
 from typing import Mapping
@@ -125,7 +126,8 @@ def as_bool(value, path: str) -> bool:
 
 def as_str(value, path: str, choices=None, allow_empty: bool = True) -> str:
     if not isinstance(value, str) or (not allow_empty and not value):
-        raise ConfigError(path, f"must be a {'non-empty ' if not allow_empty else ''}string, got {shown(value)}")
+        hint = text_hint(value) if choices is None else ""  # (quoted, 10 would be no choice either)
+        raise ConfigError(path, f"must be a {'non-empty ' if not allow_empty else ''}string, got {shown(value)}{hint}")
     if choices is not None and value not in choices:
         same = [c for c in choices if c.lower() == value.lower()]  # any case, as ACLSERVE_DEVICE (log_level: INFO)
         if not same:
@@ -134,6 +136,16 @@ def as_str(value, path: str, choices=None, allow_empty: bool = True) -> str:
     if "\x00" in value:  # no path or name holds one (TLS files: a ValueError traceback at start)
         raise ConfigError(path, "must not contain a NUL character")
     return value
+
+
+def text_hint(value) -> str:
+    """Why text came as another type: YAML reads a date (`host: 2001-12-14` was "got
+    datetime.date(2001, 12, 14)") or a number (`models_dir: 2024`) written without quotes as one."""
+    if isinstance(value, datetime.date):  # (a datetime too: 2001-12-14 10:00:00)
+        return " (YAML reads it as a date: write it in quotes for text)"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return " (YAML reads it as a number: write it in quotes for text)"
+    return ""
 
 
 def as_opt_str(value, path: str) -> str | None:

@@ -8,7 +8,8 @@ from typing import Mapping
 from ..logs import FORMATS as LOG_FORMATS
 from ..acl.soc_limits import MAX_EVENTS, MAX_STREAMS
 from ..trace.settings import TraceSettings, TraceSettingsError
-from .checks import MAX_MS, as_bool, as_float, as_int, as_mapping, as_str, no_unknown, shown, unless_none
+from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_str, no_unknown, shown, text_hint,
+                     unless_none)
 from .model import as_defaults, parse_model_config
 from .schema import (CONTROL_MODES, DECODERS, DEVICES, GRPC_MIN_ARRIVING, LOG_LEVELS, READINESS, THREAD_SCHEDULING,
                      ConfigConflict, ConfigError, ImageSettings, ServerConfig)
@@ -175,7 +176,8 @@ def _trace(value) -> TraceSettings:
         try:
             settings = settings.updated({_TRACE_KEYS[key]: item})
         except TraceSettingsError as e:
-            raise ConfigError(f"trace.{key}", str(e).split(": ", 1)[-1]) from None
+            hint = text_hint(item) if key == "file" else ""
+            raise ConfigError(f"trace.{key}", str(e).split(": ", 1)[-1] + hint) from None
     return settings
 
 
