@@ -11,7 +11,7 @@ from typing import Mapping
 import yaml
 
 from ..regular_files import open_regular
-from .model import model_config_mapping, parse_model_config
+from .model import given_by_defaults, model_config_mapping, parse_model_config
 from .origins import Origins, model_origins
 from .schema import AUTO, ConfigConflict, ConfigError, ModelConfig, ServerConfig
 from .server import parse_server_config
@@ -210,10 +210,11 @@ def layer_model_config(data: dict, defaults: ModelConfig, path: str | os.PathLik
     # a labels file the model's file names is relative to that file; one model_defaults names
     # stays as the server config gives it, relative to the working directory as its other paths
     folder, own = Path(path).parent, _giving(data, "outputs", "labels")
-    outputs = {n: dataclasses.replace(o, labels=str(folder / o.labels)) if o.labels and n in own else o
-               for n, o in config.outputs.items()}
-    own = _giving(data, "inputs", "value_range")  # (the others are model_defaults': fitted to the model)
-    inputs = {n: dataclasses.replace(o, range_from_defaults=o.value_range is not None and n not in own)
+    outputs = {n: given_by_defaults(dataclasses.replace(o, labels=str(folder / o.labels)), {"labels"})
+               if o.labels and n in own else given_by_defaults(o) for n, o in config.outputs.items()}
+    # (those the file does not give are model_defaults': fitted to the model or passed over)
+    own_inputs = {key: _giving(data, "inputs", key) for key in ("image", "value_range")}
+    inputs = {n: given_by_defaults(o, {key for key, names in own_inputs.items() if n in names})
               for n, o in config.inputs.items()}
     return dataclasses.replace(config, inputs=inputs, outputs=outputs)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from ..acl.soc_limits import MAX_EVENTS
 from ..runtime.limits import EVENTS_PER_INSTANCE, EVENTS_PER_SLOT
@@ -284,11 +284,18 @@ def parse_model_config(data, path: str = "") -> ModelConfig:
 
 
 def as_defaults(config: ModelConfig) -> ModelConfig:
-    """`config` as model_defaults: its value ranges marked as the defaults' (a model they do not
-    fit takes them fitted, not failing its load: repository/value_ranges.py)."""
-    inputs = {name: dataclasses.replace(o, range_from_defaults=o.value_range is not None)
-              for name, o in config.inputs.items()}
-    return dataclasses.replace(config, inputs=inputs)
+    """`config` as model_defaults: its tensor settings marked as the defaults' (a model they do not
+    fit takes them fitted or passes them over, not failing its load: TensorOptions.from_defaults)."""
+    return dataclasses.replace(config, inputs={n: given_by_defaults(o) for n, o in config.inputs.items()},
+                               outputs={n: given_by_defaults(o) for n, o in config.outputs.items()})
+
+
+def given_by_defaults(options: TensorOptions, own: Collection[str] = ()) -> TensorOptions:
+    """`options` with the settings it gives (image, value_range, labels) but those in `own` (the
+    model's file gives them) marked as model_defaults' (TensorOptions.from_defaults)."""
+    given = frozenset(key for key in ("image", "value_range", "labels")
+                      if getattr(options, key) is not None and key not in own)
+    return dataclasses.replace(options, from_defaults=given)
 
 
 def model_config_mapping(config: ModelConfig) -> dict:

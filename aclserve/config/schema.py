@@ -97,9 +97,10 @@ class TensorOptions:
     labels_as_triton: bool = False
     # an integer input's smallest and largest value (both taken); others are refused (400)
     value_range: tuple[int, int] | None = None
-    # value_range is model_defaults', not the model's own: fitted to the model where it does not
-    # fit (clipped to the input's type, or passed over), not failing its load (repository/value_ranges.py)
-    range_from_defaults: bool = False
+    # which of image, value_range and labels model_defaults gives, not the model's own: meant for every
+    # model, each is fitted to the model or passed over where it cannot apply, never failing its load
+    # (repository/value_ranges.py and labels.py, images/stage.py); the model's own fails it
+    from_defaults: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

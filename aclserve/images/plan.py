@@ -5,7 +5,7 @@ Built from the input's `image` settings (config.ImageInput) and the model's Tens
     colour order given; mean/std are refused (the device normalises);
   - float [N, C, H, W] / [N, H, W, C] / [N, H, W] (grey): (pixel - mean) / std on the host, in
     float32, then the model's float type.
-A plan that does not fit the model raises PlanError at load, naming the input.
+A plan that does not fit the model raises PlanError at load, naming the input and the setting.
 """
 from __future__ import annotations
 
@@ -21,7 +21,22 @@ log = logging.getLogger(__name__)
 
 
 class PlanError(ValueError):
-    """The image settings do not fit the model input; the message names it."""
+    """The image settings do not fit the model input `input`: `setting` names the one at fault
+    ("mean"; "" for them as a whole), `problem` what is wrong; the message names the input."""
+
+    def __init__(self, input: str, problem: str, setting: str = ""):
+        self.input, self.problem, self.setting = input, problem, setting
+        super().__init__(f"image input {input!r}: {self.said}")
+
+    @property
+    def said(self) -> str:
+        """What is wrong, after the setting at fault: "mean has 2 values for 3 channel(s)"."""
+        return f"{self.setting} {self.problem}" if self.setting else self.problem
+
+    @property
+    def key(self) -> str:
+        """The dotted key of the setting at fault in a model's config: inputs.x.image.mean."""
+        return f"inputs.{self.input}.image" + (f".{self.setting}" if self.setting else "")
 
 
 @dataclass(frozen=True)
@@ -116,22 +131,21 @@ def build_plan(image: ImageInput, spec: TensorSpec) -> ImagePlan:
     dims = list(spec.shape[1:])
     rows = -1 if spec.batched else (spec.shape[0] if spec.shape else 0)
     if spec.raw_aipp_format:
-        raise PlanError(f"image input {name!r}: its static AIPP takes {spec.raw_aipp_format}, which images do not "
-                        f"feed; clients send that buffer as UINT8 {list(spec.shape)} (remove its image settings)")
+        raise PlanError(name, f"its static AIPP takes {spec.raw_aipp_format}, which images do not feed; clients "
+                              f"send that buffer as UINT8 {list(spec.shape)} (remove its image settings)")
     if rows == 0 or len(dims) not in (2, 3):
-        raise PlanError(f"image input {name!r}: the model input must be [N, H, W, C], [N, C, H, W] or [N, H, W]; "
-                        f"it is {list(spec.shape)}")
+        raise PlanError(name, f"the model input must be [N, H, W, C], [N, C, H, W] or [N, H, W]; it is "
+                              f"{list(spec.shape)}")
     if spec.dtype == np.uint8:
         layout = "NHWC" if len(dims) == 3 else "HW"
         if image.mean is not None or image.std is not None:
-            raise PlanError(f"image input {name!r}: the model takes uint8 pixels (AIPP normalises on the device); "
-                            "remove mean/std")
+            raise PlanError(name, "the model takes uint8 pixels (AIPP normalises on the device); remove mean/std")
         if image.layout not in ("auto", "NHWC"):
-            raise PlanError(f"image input {name!r}: a uint8 input is NHWC, not {image.layout}")
+            raise PlanError(name, f"must be NHWC (or auto) for a uint8 input, got {image.layout}", "layout")
     elif spec.dtype.kind == "f" and spec.dtype.itemsize <= 4:
         layout = _float_layout(image.layout, spec, dims)
     else:
-        raise PlanError(f"image input {name!r}: the model input is {spec.datatype}; images feed UINT8 or float inputs")
+        raise PlanError(name, f"the model input is {spec.datatype}; images feed UINT8 or float inputs")
     if layout == "NCHW":
         channels, height, width = dims
     elif layout == "NHWC":
@@ -141,14 +155,14 @@ def build_plan(image: ImageInput, spec: TensorSpec) -> ImagePlan:
     if channels not in (1, 3):
         said = (f", as layout {image.layout} reads its dims {dims} (is that its layout?)"
                 if image.layout != "auto" else "")
-        raise PlanError(f"image input {name!r}: {channels} channels{said}; images give 1 (gray) or 3 (rgb/bgr)")
+        raise PlanError(name, f"{channels} channels{said}; images give 1 (gray) or 3 (rgb/bgr)")
     # unsaid, the pixels the input's AIPP takes (an RGB888 AIPP swapping R and B takes BGR)
     color = image.color or spec.aipp_color or ("gray" if channels == 1 else "rgb")
     if image.color is None and spec.aipp_color == "bgr":  # the one order that differs from before
         log.info("image input %r takes BGR pixels: its static AIPP swaps R and B (say color: rgb if it "
                  "was built to give a BGR-trained network RGB pixels)", name)
     if (color == "gray") != (channels == 1):
-        raise PlanError(f"image input {name!r}: color {color} does not fit {channels} channel(s)")
+        raise PlanError(name, f"{color} does not fit {channels} channel(s)", "color")
     mean = _per_channel(image.mean, channels, name, "mean")
     std = _per_channel(image.std, channels, name, "std")
     _check_range(name, spec, image, mean, std)
@@ -198,9 +212,9 @@ def _check_range(name: str, spec: TensorSpec, image: ImageInput, mean: np.ndarra
     if largest > bound:
         given = " and ".join(f"{what} [{', '.join(f'{v:g}' for v in values)}]"
                              for what, values in (("mean", image.mean), ("std", image.std)) if values is not None)
-        raise PlanError(f"image input {name!r}: with {given}, pixels 0-255 become values up to {largest:.6g} in "
-                        f"size, beyond {spec.datatype}'s largest, {bound:g} (the model would get inf); mean and "
-                        "std are in pixel units, 0-255")
+        raise PlanError(name, f"with {given}, pixels 0-255 become values up to {largest:.6g} in size, beyond "
+                              f"{spec.datatype}'s largest, {bound:g} (the model would get inf); mean and std are in "
+                              "pixel units, 0-255")
 
 
 def _per_channel(values, channels: int, name: str, what: str) -> np.ndarray | None:
@@ -209,5 +223,5 @@ def _per_channel(values, channels: int, name: str, what: str) -> np.ndarray | No
     if len(values) == 1:
         values = tuple(values) * channels
     if len(values) != channels:
-        raise PlanError(f"image input {name!r}: {what} has {len(values)} values for {channels} channel(s)")
+        raise PlanError(name, f"has {len(values)} values for {channels} channel(s)", what)
     return np.array(values, np.float32)

@@ -32,15 +32,22 @@ class ImageStage:
     def for_model(cls, options: Mapping[str, TensorOptions], inputs: Sequence[TensorSpec],
                   model: str) -> "ImageStage | None":
         """None when the model has no image input. Raises PlanError at load; `model`: its name,
-        for the warnings logged."""
+        for the lines logged. model_defaults' image settings, meant for every model, fail none:
+        an input they do not fit (or a model without the input) takes its tensor, said in an INFO line."""
         specs = {s.name: s for s in inputs}
         plans = {}
         for name, opt in options.items():
             if opt.image is None:
                 continue
-            if name not in specs:
-                raise PlanError(f"inputs.{name}: the model has no input {name!r} (inputs: {', '.join(specs)})")
-            plans[name] = build_plan(opt.image, specs[name])
+            try:
+                if name not in specs:
+                    raise PlanError(name, f"the model has no input {name!r} (inputs: {', '.join(specs)})")
+                plans[name] = build_plan(opt.image, specs[name])
+            except PlanError as e:
+                if "image" not in opt.from_defaults:
+                    raise
+                log.info("%s: model_defaults' inputs.%s.image passed over: %s", model, name, e.said)
+                continue
             units = unit_scale_warning(opt.image.mean, opt.image.std)  # (a float input's: UINT8 has none)
             if units:
                 log.warning("%s: image input %r: %s", model, name, units)

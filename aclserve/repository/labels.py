@@ -4,7 +4,10 @@ or device node, refused unopened) fails the load, naming the file. A YAML's `lab
 line per class (a count that differs fails the load: most likely the wrong file). A config.pbtxt's
 label_filename is read as Triton reads it (label_provider.cc): any number of lines, those past the
 output's classes unused and the classes past the file's lines without a label (an ImageNet list
-of 1001 lines, background first, on a 1000-class output is common), said in a WARNING line."""
+of 1001 lines, background first, on a 1000-class output is common), said in a WARNING line.
+model_defaults' labels, meant for every model, fail none: a model without the output, or whose
+output has another number of classes, is served without them, said in an INFO line (a file that
+cannot be read fails the load all the same: it fits no model)."""
 from __future__ import annotations
 
 import logging
@@ -34,11 +37,20 @@ def load_labels(options: Mapping[str, TensorOptions], outputs: Sequence[TensorSp
     for name, opt in options.items():
         if opt.labels is None:
             continue
+        defaults = "labels" in opt.from_defaults
         spec = specs.get(name)
         if spec is None:
-            raise LabelsError(f"outputs.{name}: the model has no output {name!r} (outputs: {', '.join(specs)})")
+            missing = f"the model has no output {name!r} (outputs: {', '.join(specs)})"
+            if defaults:
+                log.info("%s: model_defaults' outputs.%s.labels passed over: %s", label, name, missing)
+                continue
+            raise LabelsError(f"outputs.{name}: {missing}")
         classes = math.prod(spec.sample_shape)
-        labels = read_labels(opt.labels, classes, name, strict=not opt.labels_as_triton)
+        labels = read_labels(opt.labels, classes, name, strict=not (opt.labels_as_triton or defaults))
+        if len(labels) != classes and defaults:
+            log.info("%s: model_defaults' outputs.%s.labels passed over: %s", label, name,
+                     _count_differs(opt.labels, len(labels), name, classes))
+            continue
         if len(labels) != classes:
             _say_the_count(label, opt.labels, name, len(labels), classes)
         out[name] = labels[:classes]
@@ -63,8 +75,12 @@ def read_labels(path: str, classes: int, output: str, strict: bool = True) -> tu
     while labels and not labels[-1]:
         labels = labels[:-1]
     if strict and len(labels) != classes:
-        raise LabelsError(f"labels file {shown} has {len(labels)} labels; output {output!r} has {classes} classes")
+        raise LabelsError(_count_differs(path, len(labels), output, classes))
     return labels
+
+
+def _count_differs(path: str, lines: int, output: str, classes: int) -> str:
+    return f"labels file {os.path.basename(path)} has {lines} labels; output {output!r} has {classes} classes"
 
 
 def _say_the_count(label: str, path: str, output: str, lines: int, classes: int) -> None:

@@ -355,10 +355,11 @@ def _open_and_warm_up(runtime, path: str, name: str, wanted: Wanted, handoff: Ha
                          "largest batch size compiled)") from None
         try:
             images = ImageStage.for_model(config.inputs, pool.inputs, name)  # plans checked against the model
-            views = tensor_views(config.declared, pool.inputs, pool.outputs, bool(pool.gears),
-                                 frozenset(images.plans) if images else frozenset(), wanted.file.kind == "onnx")
+            pictures = frozenset(images.plans) if images else frozenset()  # (not model_defaults' passed over)
+            views = tensor_views(config.declared, pool.inputs, pool.outputs, bool(pool.gears), pictures,
+                                 wanted.file.kind == "onnx")
             labels = load_labels(config.outputs, pool.outputs, name)
-            ranges = input_ranges(config.inputs, pool.inputs, index_bounds, name)
+            ranges = input_ranges(config.inputs, pool.inputs, index_bounds, name, pictures)
             if stopped():  # (while it opened: its runs would be for nothing)
                 raise StoppedBeforeWarmUp(path)
             warm_up(pool, stop=lambda: handoff.given_up, progress=warming, data=config.warmup_data,

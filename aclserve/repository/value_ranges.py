@@ -16,7 +16,7 @@ The range and the check itself: ../value_ranges.py.
 from __future__ import annotations
 
 import logging
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -30,11 +30,13 @@ TABLE_WHY = "it indexes a table of the model"  # ... of the range the compile fo
 
 
 def input_ranges(options: Mapping[str, TensorOptions], inputs: Sequence[TensorSpec],
-                 index_bounds: Mapping[str, int], label: str = "") -> dict[str, ValueRange]:
+                 index_bounds: Mapping[str, int], label: str = "",
+                 images: Collection[str] = ()) -> dict[str, ValueRange]:
     """{input name: range} from the compile's table sizes, then the config's ranges over them
-    (model_defaults' fitted to the model `label` names in what it says)."""
+    (model_defaults' fitted to the model `label` names in what it says). `images`: the inputs
+    that take pictures, decoded here (the ImageStage's: model_defaults' image settings passed
+    over leave an input its tensor)."""
     specs = {s.name: s for s in inputs}
-    images = {name for name, opt in options.items() if opt.image is not None}  # pictures in, decoded here
     # (capped to what the input's type holds: a UINT8 input indexing a table of 1,000 takes 0..255)
     ranges = {name: ValueRange(*table_range(entries, specs[name].dtype), TABLE_WHY)
               for name, entries in index_bounds.items()
@@ -42,7 +44,7 @@ def input_ranges(options: Mapping[str, TensorOptions], inputs: Sequence[TensorSp
     for name, opt in options.items():
         if opt.value_range is None:
             continue
-        if opt.range_from_defaults:
+        if "value_range" in opt.from_defaults:
             fitted = _fitted_default(name, opt.value_range, inputs, label)
             if fitted is not None:
                 ranges[name] = fitted if name not in ranges else _within_table(name, fitted, ranges[name], label)

@@ -30,9 +30,10 @@ def tensor_metadata(specs: Sequence[TensorSpec], parameters: dict[str, dict] | N
 
 
 def label_files(served) -> dict[str, str]:
-    """{output: labels file name} (Triton's label_filename) for outputs with labels."""
+    """{output: labels file name} (Triton's label_filename) for outputs with labels (not those
+    model_defaults names and the model passed over: labels.py)."""
     options = served.config.outputs
-    return {name: os.path.basename(o.labels) for name, o in options.items() if o.labels}
+    return {name: os.path.basename(o.labels) for name, o in options.items() if o.labels and name in served.labels}
 
 
 def model_metadata(served, versions: Sequence[str]) -> dict:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from aclserve.repository import State
-from tests.tiny_models import compile_cpu_om, scale_onnx
+from aclserve.server.model_info import model_metadata
+from tests.tiny_models import TOKEN_ROWS, compile_cpu_om, conv_onnx, save_graph, scale_onnx, token_graph
 
 from .repo_helpers import place, serving
 
@@ -70,3 +71,53 @@ async def test_batching_a_static_model_cannot_take_fails_its_own_config_and_is_n
         f"inherits:1: batching max_batch_size 8 (model_defaults', or --max-batch) and max_queue_delay_ms 0.5 {tail}",
         f"window:1: batching max_batch_size 8 (model_defaults', or --max-batch) and max_queue_delay_ms 5 {tail}"]
     assert (await repo.get("window").infer({"x": np.ones((1, 4), np.float32)}, 1)).outputs["y"].tolist() == [[2.0] * 4]
+
+
+@pytest.fixture(scope="module")
+def conv_om(tmp_path_factory):
+    """x FP32 [N, 3, 16, 16] (a picture's, NCHW) -> y [N, 4, 16, 16]: 1,024 classes."""
+    folder = tmp_path_factory.mktemp("conv")
+    return compile_cpu_om(conv_onnx(folder / "conv.onnx"), folder / "conv.om")
+
+
+async def test_model_defaults_image_and_labels_pass_over_the_models_they_do_not_fit(
+        make_repo, models_dir, model_files, conv_om, tmp_path, caplog):
+    """model_defaults' `outputs.y.labels` (a file of 4 lines) and `inputs.x.image` failed every
+    model they did not fit (no such tensor, another class count, an input no picture fits), where
+    its value_range is passed over (found by a configuration tester): each is passed over for such a
+    model, said in an INFO line naming the model and the setting, and taken by those it fits. A
+    model's own file giving the same fails that model. An integer input that an image default
+    cannot feed keeps the range its compile found (it indexes a table)."""
+    caplog.set_level(logging.INFO, logger="aclserve")
+    four = tmp_path / "four.txt"
+    four.write_text("a\nb\nc\nd\n")
+    place(model_files[2]["om"], models_dir / "scale.om")  # x [N, 4], y 4 classes: takes the labels
+    place(conv_om, models_dir / "conv.om")  # takes the image settings; its y has 1,024 classes
+    save_graph(token_graph(), models_dir / "tok.onnx")  # ids INT32 [N, 3] indexing a table, emb: neither
+    place(model_files[2]["om"], models_dir / "own.om")
+    (models_dir / "own.yaml").write_text(f"outputs: {{y: {{labels: {four}}}}}\ninputs: {{x: {{image: {{}}}}}}\n")
+    place(conv_om, models_dir / "ownlabels.om")
+    (models_dir / "ownlabels.yaml").write_text(f"outputs: {{y: {{labels: {four}}}}}\n")
+    image = {"image": {"color": "rgb"}}
+    repo, _ = await make_repo(model_control_mode="none", **{"model_defaults.outputs": {"y": {"labels": str(four)}},
+                                                            "model_defaults.inputs": {"x": image, "ids": image}})
+    assert serving(repo) == ["conv", "scale", "tok"]
+    index = index_of(repo)
+    assert index[("own", "1")][0] == State.UNAVAILABLE and "[N, H, W, C]" in index[("own", "1")][1]
+    assert index[("ownlabels", "1")] == (State.UNAVAILABLE,
+                                         "labels file four.txt has 4 labels; output 'y' has 1024 classes")
+    said = [r.getMessage() for r in caplog.records if "passed over" in r.getMessage()]
+    shapes = "the model input must be [N, H, W, C], [N, C, H, W] or [N, H, W]; it is"
+    for line in ("conv:1: model_defaults' outputs.y.labels passed over: labels file four.txt has 4 labels; output "
+                 "'y' has 1024 classes",
+                 f"scale:1: model_defaults' inputs.x.image passed over: {shapes} [-1, 4]",
+                 f"tok:1: model_defaults' inputs.ids.image passed over: {shapes} [-1, 3]",
+                 "tok:1: model_defaults' inputs.x.image passed over: the model has no input 'x' (inputs: ids)",
+                 "tok:1: model_defaults' outputs.y.labels passed over: the model has no output 'y' (outputs: emb)"):
+        assert line in said
+    scale, conv, tok = repo.get("scale"), repo.get("conv"), repo.get("tok")
+    assert scale.labels == {"y": ("a", "b", "c", "d")} and scale.images is None
+    assert conv.labels == {} and list(conv.images.plans) == ["x"]
+    assert [o.get("parameters") for o in model_metadata(conv, ["1"])["outputs"]] == [None]  # no label_filename
+    assert model_metadata(scale, ["1"])["outputs"][0]["parameters"] == {"label_filename": "four.txt"}
+    assert tok.images is None and [(r.low, r.high) for r in tok.value_ranges.values()] == [(0, TOKEN_ROWS - 1)]
