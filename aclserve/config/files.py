@@ -192,10 +192,11 @@ def layer_model_config(data: dict, defaults: ModelConfig, path: str | os.PathLik
     merged = merge(model_config_mapping(defaults), data)
     left_out = _one_level_when_ordered(merged, data) + _past_the_levels(merged, data)
     replaced = _defaults_beside_own_inputs(merged, data)
+    origin_of = model_origins(data, str(path), defaults.origin_of)
     try:
         config = parse_model_config(merged)
     except ConfigConflict as e:  # each key's source: the model's file, or model_defaults' (a file or the default)
-        raise e.with_origins(model_origins(data, str(path), defaults.origin_of)) from None
+        raise e.with_origins(origin_of) from None
     except ConfigError as e:
         raise ConfigError(e.path, e.problem, str(path)) from None
     if left_out and notes is not None:
@@ -216,7 +217,8 @@ def layer_model_config(data: dict, defaults: ModelConfig, path: str | os.PathLik
     own_inputs = {key: _giving(data, "inputs", key) for key in ("image", "value_range")}
     inputs = {n: given_by_defaults(o, {key for key, names in own_inputs.items() if n in names})
               for n, o in config.inputs.items()}
-    return dataclasses.replace(config, inputs=inputs, outputs=outputs)
+    # (a setting the model does not fit when it loads names its file: repository/settings_fit.py)
+    return dataclasses.replace(config, inputs=inputs, outputs=outputs, origin_of=origin_of)
 
 
 def _defaults_beside_own_inputs(merged: dict, data: Mapping) -> list[str]:

@@ -301,7 +301,7 @@ def given_by_defaults(options: TensorOptions, own: Collection[str] = ()) -> Tens
 def model_config_mapping(config: ModelConfig) -> dict:
     """The YAML-shaped mapping of a ModelConfig (inverse of parse_model_config)."""
     out = dataclasses.asdict(dataclasses.replace(config, origin_of=None))
-    out.pop("origin_of")  # (where model_defaults' settings came from: not a key)
+    out.pop("origin_of")  # (where the settings came from: not a key)
     for field in _PBTXT_FIELDS:
         out.pop(field)
     out["devices"] = list(config.devices)

@@ -166,8 +166,9 @@ class ModelConfig:
     # refused for memory names it), and the preferred_batch_size values in it (an .om's scan says them passed over)
     batch_from_pbtxt: bool = False
     preferred_batch_sizes: tuple[int, ...] = ()
-    # model_defaults' only, not a key: where each of its settings came from (origins.Origins.of_model_default),
-    # for a model's conflict to name (files.layer_model_config); None for one built in code
+    # not a key: where each setting came from, for a model's conflict (files.layer_model_config) and a setting
+    # that does not fit the model when it loads (repository/settings_fit.py) to name: model_defaults'
+    # origins.Origins.of_model_default, a model's origins.model_origins; None for one built in code
     origin_of: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
 
 

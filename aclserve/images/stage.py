@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..config import TensorOptions
+from ..config import ConfigError, TensorOptions
 from ..errors import InvalidInput
 from ..om.aipp import unit_scale_warning
 from ..runtime.types import TensorSpec
@@ -31,9 +31,10 @@ class ImageStage:
     @classmethod
     def for_model(cls, options: Mapping[str, TensorOptions], inputs: Sequence[TensorSpec],
                   model: str) -> "ImageStage | None":
-        """None when the model has no image input. Raises PlanError at load; `model`: its name,
-        for the lines logged. model_defaults' image settings, meant for every model, fail none:
-        an input they do not fit (or a model without the input) takes its tensor, said in an INFO line."""
+        """None when the model has no image input. Raises ConfigError at load, naming the setting
+        that does not fit by its dotted key (inputs.x.image.mean); `model`: its name, for the lines
+        logged. model_defaults' image settings, meant for every model, fail none: an input they do
+        not fit (or a model without the input) takes its tensor, said in an INFO line."""
         specs = {s.name: s for s in inputs}
         plans = {}
         for name, opt in options.items():
@@ -45,7 +46,7 @@ class ImageStage:
                 plans[name] = build_plan(opt.image, specs[name])
             except PlanError as e:
                 if "image" not in opt.from_defaults:
-                    raise
+                    raise ConfigError(e.key, e.problem) from None
                 log.info("%s: model_defaults' inputs.%s.image passed over: %s", model, name, e.said)
                 continue
             units = unit_scale_warning(opt.image.mean, opt.image.std)  # (a float input's: UINT8 has none)

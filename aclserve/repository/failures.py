@@ -61,8 +61,10 @@ class LoadFailures:
         self._left: dict[str, list[_LeftByLoad]] = {}  # model -> what each of its failed loads left on the device
         self._closed = False
 
-    def record(self, name: str, version: str, file: VersionFile, error: BaseException) -> str:
-        """Remember the failure of `file` (and arm its retry when transient); returns the reason."""
+    def record(self, name: str, version: str, file: VersionFile, error: BaseException, serving: str = "") -> str:
+        """Remember the failure of `file` (and arm its retry when transient); returns the reason.
+        `serving`: what of the version serves on, the load having been a reload ("config": the
+        previous config), said in the log line (a bare "not loaded" read as if nothing served)."""
         reason, transient, key = _reason(error), is_transient(error), (name, version, file.identity)
         self._first_failed.discard((name, version))
         self._stop_waiting(name, version, file.identity)
@@ -78,11 +80,12 @@ class LoadFailures:
                     self._first_failed.add((name, version))
         else:
             self._reasons[key] = reason
+        kept = f" (serving the previous {serving})" if serving else ""
         if key not in self._logged:
             self._logged.add(key)
-            log.error("%s: version %s from %s not loaded: %s", name, version, file.path, reason)
+            log.error("%s: version %s from %s not loaded%s: %s", name, version, file.path, kept, reason)
         elif transient:
-            log.warning("%s: version %s not loaded: %s", name, version, reason)
+            log.warning("%s: version %s not loaded%s: %s", name, version, kept, reason)
         return reason
 
     def succeeded(self, name: str, version: str) -> None:

@@ -15,7 +15,7 @@ import math
 import os
 from typing import Mapping, Sequence
 
-from ..config import TensorOptions
+from ..config import ConfigError, TensorOptions
 from ..regular_files import open_regular
 from ..runtime.types import TensorSpec
 
@@ -30,8 +30,9 @@ class LabelsError(ValueError):
 
 def load_labels(options: Mapping[str, TensorOptions], outputs: Sequence[TensorSpec],
                 label: str = "") -> dict[str, tuple[str, ...]]:
-    """{output name: labels} for every output with a labels file. Blocking (reads files).
-    `label`: the model version as its log lines name it ("m:1")."""
+    """{output name: labels} for every output with a labels file. Blocking (reads files). A labels
+    setting the model cannot take: ConfigError naming its key (outputs.y.labels). `label`: the
+    model version as its log lines name it ("m:1")."""
     specs = {s.name: s for s in outputs}
     out = {}
     for name, opt in options.items():
@@ -44,9 +45,12 @@ def load_labels(options: Mapping[str, TensorOptions], outputs: Sequence[TensorSp
             if defaults:
                 log.info("%s: model_defaults' outputs.%s.labels passed over: %s", label, name, missing)
                 continue
-            raise LabelsError(f"outputs.{name}: {missing}")
+            raise ConfigError(f"outputs.{name}.labels", missing)
         classes = math.prod(spec.sample_shape)
-        labels = read_labels(opt.labels, classes, name, strict=not (opt.labels_as_triton or defaults))
+        try:
+            labels = read_labels(opt.labels, classes, name, strict=not (opt.labels_as_triton or defaults))
+        except LabelsError as e:
+            raise ConfigError(f"outputs.{name}.labels", str(e)) from None
         if len(labels) != classes and defaults:
             log.info("%s: model_defaults' outputs.%s.labels passed over: %s", label, name,
                      _count_differs(opt.labels, len(labels), name, classes))

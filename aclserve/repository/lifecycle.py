@@ -307,9 +307,9 @@ class Lifecycle:
             error = ResourceLimitError(f"{error}; {'a reload' if serving else 'a new version'} loads beside the "
                                        "serving version it replaces, whose instances hold theirs until the swap: "
                                        "if the new configuration fits alone, unload the model first")
-        reason = self._failures.record(name, version, wanted.file, error)
+        what = wanted.changed_from(serving.wanted) if serving is not None else ""
+        reason = self._failures.record(name, version, wanted.file, error, what)
         if serving is not None:
-            what = wanted.changed_from(serving.wanted)
             self.states.move(name, version, State.READY, f"serving the previous {what}; the new one failed: {reason}")
         else:
             self.states.move(name, version, State.UNAVAILABLE, reason)

@@ -38,17 +38,15 @@ import time
 from typing import Callable, Mapping
 
 from .. import heap
-from ..config import PBTXT, ModelConfig
+from ..config import PBTXT, ConfigError, ModelConfig
 from ..errors import InvalidInput, ModelUnavailable, ServeError, ShuttingDown
-from ..images import ImageStage
 from ..om.compile_process import CompileStopped
 from ..scheduling import BatchingConfig, DynamicBatcher
 from . import overload
-from .declared import TensorViews, tensor_views
+from .declared import TensorViews
 from .handoff import Handoff
-from .labels import load_labels
+from .settings_fit import fitted_settings, origin
 from .successor import check_refusal, handover_refusal, replaced
-from .value_ranges import input_ranges
 from .plan import Wanted
 
 log = logging.getLogger(__name__)
@@ -324,6 +322,7 @@ def _open_and_warm_up(runtime, path: str, name: str, wanted: Wanted, handoff: Ha
     what it left on the device (an instance a hung warm-up run kept, abandoned:
     runtime/left_on_device.py), which holds back the load's retry."""
     from ..runtime import open_pool, teardown, warm_up  # the runtime imports ACL; keep this module light to import
+    from ..runtime.builder import NoSuchDevice
     from ..runtime.device import NoRoom
     from ..runtime.execution_timeout import UNMEASURED_TIMEOUT_MS
     from ..runtime.left_on_device import note_left
@@ -346,6 +345,8 @@ def _open_and_warm_up(runtime, path: str, name: str, wanted: Wanted, handoff: Ha
                              execution_timeout_ms=config.execution_timeout_ms or UNMEASURED_TIMEOUT_MS,
                              claimed_slots=config.slots or NPU_SLOTS,  # the CPU runtime refuses what an NPU would
                              reset_timeout_ms=config.reset_timeout_ms)
+        except NoSuchDevice as error:  # (named as a setting that does not fit is: settings_fit.py)
+            raise ConfigError("", str(error), origin(config, "devices")) from None
         except NoRoom as error:
             if not config.batch_from_pbtxt:
                 raise
@@ -354,12 +355,8 @@ def _open_and_warm_up(runtime, path: str, name: str, wanted: Wanted, handoff: Ha
             raise NoRoom(f"{error}, or lower {PBTXT}'s max_batch_size {config.batching.batch_cap} (it sets the "
                          "largest batch size compiled)") from None
         try:
-            images = ImageStage.for_model(config.inputs, pool.inputs, name)  # plans checked against the model
-            pictures = frozenset(images.plans) if images else frozenset()  # (not model_defaults' passed over)
-            views = tensor_views(config.declared, pool.inputs, pool.outputs, bool(pool.gears), pictures,
-                                 wanted.file.kind == "onnx")
-            labels = load_labels(config.outputs, pool.outputs, name)
-            ranges = input_ranges(config.inputs, pool.inputs, index_bounds, name, pictures)
+            images, views, labels, ranges = fitted_settings(config, pool, index_bounds, name,
+                                                            wanted.file.kind == "onnx")
             if stopped():  # (while it opened: its runs would be for nothing)
                 raise StoppedBeforeWarmUp(path)
             warm_up(pool, stop=lambda: handoff.given_up, progress=warming, data=config.warmup_data,

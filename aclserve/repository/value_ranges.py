@@ -5,7 +5,8 @@ Two sources: the compile of a dropped .onnx finds the inputs that index a table 
 model's YAML sets or replaces a range (an .om served as it is has only that, whoever compiled
 it: an OM carries none). An image input takes pictures, decoded by the server: no range.
 Checked when the version loads: a model's own range for an input the model does not have, for a
-non-integer one, or with a bound past what the input's type holds fails the load, naming it.
+non-integer one, or with a bound past what the input's type holds fails the load, naming it
+(ConfigError).
 model_defaults' range is meant for every model and fails none: it is clipped to what the input's
 type holds, narrowed to the table the input indexes (never widening it: ids past the table
 failed on the device, an instance rebuilt for each such request), and passed over where it
@@ -20,7 +21,7 @@ from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
-from ..config import TensorOptions
+from ..config import ConfigError, TensorOptions
 from ..runtime.types import TensorSpec
 from ..value_ranges import ValueRange, ValueRangeError, table_range, value_range
 
@@ -52,7 +53,7 @@ def input_ranges(options: Mapping[str, TensorOptions], inputs: Sequence[TensorSp
         try:
             own = value_range(name, *opt.value_range, inputs, "the model's value_range")
         except ValueRangeError as e:
-            raise ValueRangeError(f"inputs.{name}.value_range: {e}") from None
+            raise ConfigError(f"inputs.{name}.value_range", str(e)) from None
         table = ranges.get(name)
         if table is not None and (own.low < table.low or own.high > table.high):  # (it replaces it, as said)
             log.warning("%s: inputs.%s.value_range %s goes past %d..%d, the indices of the table the input "

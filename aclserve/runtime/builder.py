@@ -182,6 +182,10 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
     return pool
 
 
+class NoSuchDevice(ValueError):
+    """The devices a model is to load on name one this host has not; the message names them."""
+
+
 def _check_devices_exist(runtime, devices: Sequence[int]) -> None:
     """Every device listed, not only those the instances land on: `devices: [0, 5]` with one
     instance loaded on a host of one device and failed only once a second instance was placed."""
@@ -189,7 +193,7 @@ def _check_devices_exist(runtime, devices: Sequence[int]) -> None:
     missing = [d for d in dict.fromkeys(devices) if not 0 <= d < count]
     if missing:
         has = {0: "none", 1: "device 0"}.get(count, f"devices 0..{count - 1}")
-        raise ValueError(f"devices {list(devices)}: this host has no device{'s' if len(missing) > 1 else ''} "
+        raise NoSuchDevice(f"devices {list(devices)}: this host has no device{'s' if len(missing) > 1 else ''} "
                          f"{', '.join(map(str, missing))} (it has {has}: the ids this process sees, from 0)")
 
 

@@ -38,15 +38,16 @@ def models_dir(tmp_path):
 async def make_repo(models_dir, runtime):
     made = []
 
-    async def make(start: bool = True, clock=None, wall_clock=None, **overrides):
+    async def make(start: bool = True, clock=None, wall_clock=None, config_file=None, **overrides):
         """clock, wall_clock: the settle gate's (time.monotonic, time.time by default); the wall
-        clock is what the first scan reads to judge a file's age."""
+        clock is what the first scan reads to judge a file's age. config_file: a server config
+        file under the overrides."""
         # lenient readiness: the start-up wait below ends once refused files are refused too
         settings = {"models_dir": str(models_dir), "settle_s": 0.3, "debounce_s": 0.05, "readiness": "lenient",
                     "shutdown_timeout_s": 10, "model_defaults.batching.max_queue_delay_ms": 0.5}
         settings.update(overrides)
         clocks = {key: c for key, c in (("clock", clock), ("wall_clock", wall_clock)) if c is not None}
-        repo = ModelRepository(load_server_config(None, settings), runtime, **clocks)
+        repo = ModelRepository(load_server_config(config_file, settings), runtime, **clocks)
         events = Events()
         repo.add_listener(events)
         made.append(repo)

@@ -11,7 +11,7 @@ from aclserve.repository import State
 from aclserve.server.model_info import model_metadata
 from tests.tiny_models import TOKEN_ROWS, compile_cpu_om, conv_onnx, save_graph, scale_onnx, token_graph
 
-from .repo_helpers import place, serving
+from .repo_helpers import place, serving, write_in
 
 pytestmark = pytest.mark.asyncio
 
@@ -32,7 +32,8 @@ async def test_a_device_the_host_has_not_fails_the_load_whatever_the_instances(m
     repo, _ = await make_repo(model_control_mode="none")
     assert serving(repo) == ["fits"]
     state, reason = index_of(repo)[("m", "1")]
-    assert state == State.UNAVAILABLE and f"devices [0, {count + 3}]: this host has no device {count + 3}" in reason
+    assert state == State.UNAVAILABLE and reason.startswith(
+        f"{models_dir / 'm.yaml'}: devices [0, {count + 3}]: this host has no device {count + 3} ")
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +105,7 @@ async def test_model_defaults_image_and_labels_pass_over_the_models_they_do_not_
     assert serving(repo) == ["conv", "scale", "tok"]
     index = index_of(repo)
     assert index[("own", "1")][0] == State.UNAVAILABLE and "[N, H, W, C]" in index[("own", "1")][1]
-    assert index[("ownlabels", "1")] == (State.UNAVAILABLE,
+    assert index[("ownlabels", "1")] == (State.UNAVAILABLE, f"{models_dir / 'ownlabels.yaml'}: outputs.y.labels: "
                                          "labels file four.txt has 4 labels; output 'y' has 1024 classes")
     said = [r.getMessage() for r in caplog.records if "passed over" in r.getMessage()]
     shapes = "the model input must be [N, H, W, C], [N, C, H, W] or [N, H, W]; it is"
@@ -121,3 +122,42 @@ async def test_model_defaults_image_and_labels_pass_over_the_models_they_do_not_
     assert [o.get("parameters") for o in model_metadata(conv, ["1"])["outputs"]] == [None]  # no label_filename
     assert model_metadata(scale, ["1"])["outputs"][0]["parameters"] == {"label_filename": "four.txt"}
     assert tok.images is None and [(r.low, r.high) for r in tok.value_ranges.values()] == [(0, TOKEN_ROWS - 1)]
+
+
+async def test_a_setting_the_model_does_not_fit_names_its_key_and_where_it_came_from(
+        make_repo, models_dir, model_files, conv_om, tmp_path, caplog):
+    """A setting found not to fit when the model loaded said neither its dotted key nor its file
+    (`image input 'x': mean has 2 values for 3 channel(s)`), where a parse error names both; and the
+    ERROR line of a failed reload said "not loaded" while the previous config served on (found by a
+    configuration tester). Now each names the key and its origin: the model's own file, or the
+    server config's model_defaults (a model's file making x an image input takes their mean)."""
+    caplog.set_level(logging.ERROR, logger="aclserve.repository.failures")
+    server_config = tmp_path / "s.yaml"
+    server_config.write_text("model_defaults:\n  inputs:\n    x: {image: {mean: [1, 2]}}\n")
+    place(conv_om, models_dir / "reloaded.om")
+    repo, events = await make_repo(config_file=str(server_config))
+    assert serving(repo) == ["reloaded"]
+    write_in(models_dir / "three.txt", "a\nb\nc\n")
+    for name, model, config in (("own", conv_om, "inputs: {x: {image: {mean: [1, 2, 3, 4]}}}"),
+                                ("takes", conv_om, "inputs: {x: {image: {color: rgb}}}"),
+                                ("ranged", model_files[1]["om"], "inputs: {nosuch: {value_range: [0, 3]}}"),
+                                ("labelled", model_files[1]["om"], "outputs: {y: {labels: three.txt}}"),
+                                ("reloaded", None, "inputs: {x: {image: {mean: [1, 2, 3, 4]}}}")):
+        write_in(models_dir / f"{name}.yaml", config + "\n")
+        if model is not None:
+            place(model, models_dir / f"{name}.om")
+    for name in ("own", "takes", "ranged", "labelled", "reloaded"):
+        await events.wait("load_failed", name)
+    said = f"{models_dir / 'reloaded.yaml'}: inputs.x.image.mean: has 4 values for 3 channel(s)"
+    assert index_of(repo) == {
+        ("own", "1"): (State.UNAVAILABLE, f"{models_dir / 'own.yaml'}: inputs.x.image.mean: has 4 values for 3 "
+                                          "channel(s)"),
+        ("takes", "1"): (State.UNAVAILABLE, f"the server config's model_defaults ({server_config}): "
+                                            "inputs.x.image.mean: has 2 values for 3 channel(s)"),
+        ("ranged", "1"): (State.UNAVAILABLE, f"{models_dir / 'ranged.yaml'}: inputs.nosuch.value_range: the model "
+                                             "has no input 'nosuch' (inputs: x)"),
+        ("labelled", "1"): (State.UNAVAILABLE, f"{models_dir / 'labelled.yaml'}: outputs.y.labels: labels file "
+                                               "three.txt has 3 labels; output 'y' has 4 classes"),
+        ("reloaded", "1"): (State.READY, f"serving the previous config; the new one failed: {said}")}
+    assert (f"reloaded: version 1 from {models_dir / 'reloaded.om'} not loaded (serving the previous config): {said}"
+            in [r.getMessage() for r in caplog.records])

@@ -358,14 +358,16 @@ def test_settings_that_do_not_fit_refuse_the_load(image_server):
     status, _, raw = request(image_server, "POST", "/v2/repository/index", data=b"")
     index = {e["name"]: e for e in json.loads(raw)}
     assert index["bad_plan"]["state"] == "UNAVAILABLE"
-    assert "takes uint8 pixels (AIPP normalises on the device); remove mean/std" in index["bad_plan"]["reason"]
+    assert index["bad_plan"]["reason"] == ("<models>/bad_plan.yaml: inputs.x.image: the model takes uint8 pixels (AIPP "
+                                           "normalises on the device); remove mean/std")
     assert index["bad_labels"]["state"] == "UNAVAILABLE"
     assert "three.txt has 3 labels; output 'y' has 10 classes" in index["bad_labels"]["reason"]
     assert index["digits_image"]["state"] == "READY"
     # an FP16 input whose mean/std make pixels into values past 65504 (inf): refused, naming them
     assert index["fp16_inf"]["state"] == "UNAVAILABLE"
-    assert ("image input 'x': with mean [0, 0, 0] and std [0.001, 0.001, 0.001], pixels 0-255 become values up to "
-            "255000 in size, beyond FP16's largest, 65504 (the model would get inf)") in index["fp16_inf"]["reason"]
+    assert index["fp16_inf"]["reason"].startswith(
+        "<models>/fp16_inf.yaml: inputs.x.image: with mean [0, 0, 0] and std [0.001, 0.001, 0.001], pixels 0-255 "
+        "become values up to 255000 in size, beyond FP16's largest, 65504 (the model would get inf)")
     assert index["fp16_range"]["state"] == "READY"
     flat = encode(np.full((8, 8, 3), 200, np.uint8))
     body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": [b64(flat)]}]}
