@@ -1,16 +1,19 @@
 """What an execution takes at its call: the datasets' buffers, as ModelExecute copies each one's
-address and size into GE's blobs (hicann/ge model.cpp), and the gear."""
+address and size into GE's blobs (hicann/ge model.cpp), and the gear; and the buffers and model
+memory it refuses."""
 from __future__ import annotations
 
 import threading
 
 import numpy as np
 import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
 
 from aclserve.acl import constants as C
 from aclserve.acl.cpu import faults
 
-from .conftest import IN_FEATURES, MBATCH, OUT_FEATURES
+from .conftest import IN_FEATURES, MBATCH, OUT_FEATURES, LoadedModel, write_cpu_om
 
 D2D = C.ACL_MEMCPY_DEVICE_TO_DEVICE
 
@@ -129,3 +132,70 @@ def test_a_dataset_holding_a_destroyed_buffer_is_refused(acl, loaded_mlp, cpu_on
             acl.destroy_data_buffer(buf)
         acl.mdl.destroy_dataset(ins)
         acl.mdl.destroy_dataset(outs)
+
+
+@pytest.fixture
+def doubling(acl, ctx, tmp_path, cpu_only):
+    """y = 2x, FP32 [N, 32] at gears 1,2,4: an output of 512 bytes at gear 4, more than the 64
+    bytes GE lets a buffer fall short by (the MLP's outputs, 48 and 32 bytes, are within them)."""
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "doubling",
+                              [vi("x", TensorProto.FLOAT, ["n", IN_FEATURES])],
+                              [vi("y", TensorProto.FLOAT, ["n", IN_FEATURES])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    loaded = LoadedModel(acl, write_cpu_om(tmp_path / "doubling.om", model, [1, 2, 4]))
+    yield loaded
+    loaded.close()
+
+
+def test_an_output_buffer_short_of_the_output_is_refused(acl, doubling):
+    """As a short input (test_execute_rules): an output buffer more than 64 bytes smaller than the
+    output's size is refused at the call with 145000, execute and execute_async alike; 64 bytes
+    short is accepted, and the model writes what fits."""
+    m = doubling
+    y_size = acl.mdl.get_output_size_by_index(m.desc, 0)
+    y_buffer, y_ptr = acl.mdl.get_dataset_buffer(m.outputs, 0), m.buffer_ptr(m.outputs, 0)
+    x = np.arange(4 * IN_FEATURES, dtype=np.float32).reshape(4, IN_FEATURES)
+    m.write_input(0, x)
+    assert acl.mdl.set_dynamic_batch_size(m.model_id, m.inputs, MBATCH, 4) == 0
+    stream, _ = acl.rt.create_stream()
+    try:
+        assert acl.update_data_buffer(y_buffer, y_ptr, y_size - 65) == 0
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == C.ACL_ERROR_GE_PARAM_INVALID
+        assert acl.mdl.execute_async(m.model_id, m.inputs, m.outputs, stream) == C.ACL_ERROR_GE_PARAM_INVALID
+        assert acl.rt.synchronize_stream(stream) == 0
+        assert acl.update_data_buffer(y_buffer, y_ptr, y_size - 64) == 0
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == 0
+    finally:
+        acl.rt.destroy_stream(stream)
+        acl.update_data_buffer(y_buffer, y_ptr, y_size)
+    np.testing.assert_array_equal(m.read_output(0, np.float32, (4, IN_FEATURES)).ravel()[:-16], 2 * x.ravel()[:-16])
+
+
+def test_a_model_whose_work_memory_was_freed_while_loaded_is_refused(acl, loaded_mlp, mlp_om):
+    """pyACL: memory given to load_from_file_with_mem is kept until after unload. Its work memory
+    freed before, each execution of the model fails with 507011 (execute at once, execute_async
+    at the synchronize), where a device would run on freed memory; the unload succeeds.
+    (CPU only: a device's answer is undefined; tests/runtime/test_cpu_memory_in_use.py checks the
+    memory stays mapped until the unload.)"""
+    m = loaded_mlp  # (its datasets fit the same OM loaded again on the caller's memory)
+    work, weight, ret = acl.mdl.query_size(mlp_om[0])
+    assert ret == 0
+    work_ptr, _ = acl.rt.malloc(work, C.ACL_MEM_MALLOC_NORMAL_ONLY)
+    weight_ptr, _ = acl.rt.malloc(weight, C.ACL_MEM_MALLOC_NORMAL_ONLY)
+    model_id, ret = acl.mdl.load_from_file_with_mem(mlp_om[0], work_ptr, work, weight_ptr, weight)
+    assert ret == 0
+    stream, _ = acl.rt.create_stream()
+    try:
+        assert acl.mdl.set_dynamic_batch_size(model_id, m.inputs, MBATCH, 2) == 0
+        assert acl.mdl.execute(model_id, m.inputs, m.outputs) == 0
+        assert acl.rt.free(work_ptr) == 0
+        assert acl.mdl.execute(model_id, m.inputs, m.outputs) == C.ACL_ERROR_RT_MODEL_EXECUTE
+        assert acl.mdl.execute_async(model_id, m.inputs, m.outputs, stream) == 0
+        assert acl.rt.synchronize_stream(stream) == C.ACL_ERROR_RT_MODEL_EXECUTE
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == 0  # (the model on its own memory runs on)
+    finally:
+        acl.rt.destroy_stream(stream)
+        assert acl.mdl.unload(model_id) == 0
+        acl.rt.free(weight_ptr)
