@@ -1,7 +1,8 @@
 """What a gRPC conformance tester found answered differently from HTTP, or from one RPC to the
 next: a classification refusal naming its output, and an empty model name; and a queue timeout's
 wait said alike; an extension not offered named by its own refusal; an unknown trace setting refused
-listing them all. A real server on real ports, the generated gRPC stub and aiohttp."""
+listing them all; and a sequence id refused alike. A real server on real ports, the generated gRPC
+stub and aiohttp."""
 from __future__ import annotations
 
 import json
@@ -191,3 +192,30 @@ def test_an_input_sent_with_no_data_is_told_so_as_over_http(srv, stub):
     assert status == 400 and json.loads(body)["error"] == "input 'x' has neither data nor parameters.binary_data_size"
     short = refusal(stub.ModelInfer, typed([1.0] * 7)).details()
     assert short == "input 'x': contents.fp32_contents has 7 elements but shape [1, 8] needs 8"
+
+
+def affine_doc(parameters: dict) -> dict:
+    return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
+                       {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1] * 3}],
+            "parameters": parameters}
+
+
+@pytest.mark.parametrize("sequence_id", [3, "abc"])
+def test_a_sequence_id_is_refused_over_http_as_over_grpc(srv, stub, sequence_id):
+    """No sequence batching here (README): a request naming a sequence is refused with 400, not
+    served as if it were alone; gRPC refuses it with the same words."""
+    status, _, body = request(srv, "POST", "/v2/models/affine/infer",
+                              json=affine_doc({"sequence_id": sequence_id, "sequence_start": True}))
+    assert status == 400 and json.loads(body)["error"] == "parameters.sequence_id: sequence batching is not supported"
+    msg = affine()
+    msg.parameters["sequence_id"].int64_param = 3
+    error = refusal(stub.ModelInfer, msg)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and error.details() == json.loads(body)["error"]
+
+
+@pytest.mark.parametrize("sequence_id", [0, ""])
+def test_the_sequence_id_that_means_none_is_served_its_start_and_end_ignored(srv, sequence_id):
+    status, _, body = request(srv, "POST", "/v2/models/affine/infer",
+                              json=affine_doc({"sequence_id": sequence_id, "sequence_start": True,
+                                               "sequence_end": True}))
+    assert status == 200, body
