@@ -55,6 +55,10 @@ def image_server(tmp_path_factory):
     (root / "conv_aipp_bgr.yaml").write_text("inputs:\n  x:\n" + crop)  # no colour: the OM's AIPP says it
     (root / "conv_host.yaml").write_text("inputs:\n  x:\n" + crop.replace(
         "}", f", mean: {MEAN.tolist()}, std: {STD.tolist()}}}"))
+    for name, image in (("crop_past_whole", "{resize: center_crop, crop_fraction: 1.5}"),
+                        ("std_zero", f"{{mean: {MEAN.tolist()}, std: [58.395, 0, 57.375]}}")):
+        shutil.copy(root / "conv_host.om", root / f"{name}.om")
+        (root / f"{name}.yaml").write_text(f"inputs:\n  x:\n    image: {image}\n")
     shutil.copy(root / "conv_aipp.om", root / "bad_plan.om")
     (root / "bad_plan.yaml").write_text("inputs:\n  x:\n    image: {mean: 127}\n")
     compile_cpu_om(fp16_onnx(src / "fp16.onnx"), root / "fp16_range.om", batch="1,2")
@@ -360,6 +364,12 @@ def test_settings_that_do_not_fit_refuse_the_load(image_server):
     assert index["bad_plan"]["state"] == "UNAVAILABLE"
     assert index["bad_plan"]["reason"] == ("<models>/bad_plan.yaml: inputs.x.image: the model takes uint8 pixels (AIPP "
                                            "normalises on the device); remove mean/std")
+    # refused as the model's YAML is read, naming the key (unchecked, a crop past the whole picture
+    # decodes, padded, and a std of 0 is refused later as values up to inf)
+    assert index["crop_past_whole"]["state"] == "UNAVAILABLE"
+    assert "inputs.x.image.crop_fraction: must be in (0, 1], got 1.5" in index["crop_past_whole"]["reason"]
+    assert index["std_zero"]["state"] == "UNAVAILABLE"
+    assert "inputs.x.image.std: must not contain 0" in index["std_zero"]["reason"], index["std_zero"]["reason"]
     assert index["bad_labels"]["state"] == "UNAVAILABLE"
     assert "three.txt has 3 labels; output 'y' has 10 classes" in index["bad_labels"]["reason"]
     assert index["digits_image"]["state"] == "READY"
