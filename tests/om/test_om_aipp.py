@@ -85,11 +85,14 @@ def test_om_descriptor_reports_uint8_nhwc_and_image_size(tmp_path, conv_onnx):
         assert acl.mdl.unload(model_id) == 0
 
 
-def test_crop_padding_and_grey_match_numpy(tmp_path):
+@pytest.mark.parametrize("top, bottom, left, right", [(1, 1, 2, 2), (3, 1, 1, 4)], ids=["even", "uneven"])
+def test_crop_padding_and_grey_match_numpy(tmp_path, top, bottom, left, right):
+    """Grey 20x18 source, cropped at (3, 2) to what the padding makes 16x16, padded with 0.5. Uneven
+    padding tells each side's size from its opposite's (top and bottom swapped went unseen)."""
     src = tiny_models.conv_onnx(tmp_path / "g.onnx", channels=1, side=16)
-    text = """
-    # grey 20x18 source, crop 12x14 at (3, 2), pad to 16x16 with 0.5
-    aipp_op {
+    crop_h, crop_w = 16 - top - bottom, 16 - left - right
+    text = f"""
+    aipp_op {{
       aipp_mode: static
       input_format: YUV400_U8
       src_image_size_w: 20
@@ -97,25 +100,25 @@ def test_crop_padding_and_grey_match_numpy(tmp_path):
       crop: true
       load_start_pos_w: 3
       load_start_pos_h: 2
-      crop_size_w: 12
-      crop_size_h: 14
+      crop_size_w: {crop_w}
+      crop_size_h: {crop_h}
       padding: true
-      left_padding_size: 2
-      right_padding_size: 2
-      top_padding_size: 1
-      bottom_padding_size: 1
+      left_padding_size: {left}
+      right_padding_size: {right}
+      top_padding_size: {top}
+      bottom_padding_size: {bottom}
       padding_value: 0.5
       mean_chn_0: 100
       min_chn_0: 0.5
       var_reci_chn_0: 0.01
-    }"""
+    }}"""
     ops = aipp.parse(text)
     out = compile_model(src, tmp_path / "g.om", batch="1", target="cpu", aipp=ops, log=lambda s: None)
     assert out.header["inputs"][0]["dims"] == [1, 18, 20, 1]
     image = np.random.default_rng(2).integers(0, 256, (1, 18, 20, 1), dtype=np.uint8)
     got = run_om(str(out.path), image, None)
-    norm = device_aipp(image[:, 2:16, 3:15, :], 100, 0.5, 0.01).transpose(0, 3, 1, 2)
-    host = np.pad(norm, ((0, 0), (0, 0), (1, 1), (2, 2)), constant_values=0.5)
+    norm = device_aipp(image[:, 2:2 + crop_h, 3:3 + crop_w, :], 100, 0.5, 0.01).transpose(0, 3, 1, 2)
+    host = np.pad(norm, ((0, 0), (0, 0), (top, bottom), (left, right)), constant_values=0.5)
     np.testing.assert_allclose(got, reference(src, host), rtol=1e-5, atol=1e-5)
 
 
