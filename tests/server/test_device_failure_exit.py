@@ -3,14 +3,17 @@ on it fails until the process restarts, runtime/device_health.py): one ERROR lin
 request in flight is answered, the server drains as on SIGTERM and exits with status 75 for its
 supervisor to restart it, rather than rebuild its instances on the failed device for good while
 /v2/health/live said 200. A fault of one context (the default code, 507011) still rebuilds the
-instance and serves on: test_stop_on_failure.py, test_batch_isolation.py."""
+instance and serves on: test_stop_on_failure.py, test_batch_isolation.py. Until it exits,
+/metrics counts the failed device."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -18,6 +21,8 @@ from aclserve.server.app import EXIT_DEVICE_FAILED
 
 from tests import REPO
 from tests.serving import free_port
+from tests.server.full_queue import DEPTH, HELD_WINDOW_MS, WAITING, request
+from tests.server.hostile import metric
 from tests.server.test_shutdown_deadline import wait_serving
 
 # the warm-up runs 24 executions (2 models x 4 gears x 3 runs): the 25th is the first request's
@@ -34,18 +39,25 @@ def infer(port: int, model: str, body: dict) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+def serve_failing_at_the_first_request(models, tmp_path, shutdown_timeout_s: float) -> tuple[subprocess.Popen, int]:
+    """`aclserve serve` of `models` (affine and double), device 0 failing as a whole at the first
+    execution after the warm-up."""
+    port = free_port()
+    (tmp_path / "serve.yaml").write_text(f"port: {port}\ngrpc_port: 0\ndevice: cpu\nlog_level: info\n"
+                                         f"models_dir: {models}\nshutdown_timeout_s: {shutdown_timeout_s}\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO), ACLSERVE_CPU_DEVICES="2",
+               ACLSERVE_CPU_FAULTS=f"execute:nth={WARMUP_EXECUTIONS + 1},code=507054,device=1")
+    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return proc, port
+
+
 def test_a_failed_device_drains_and_exits_for_a_restart(models_dir, tmp_path):
     models = tmp_path / "models"
     models.mkdir()
     for name in ("affine.om", "double.om"):
         shutil.copy(models_dir / name, models / name)
-    port = free_port()
-    (tmp_path / "serve.yaml").write_text(f"port: {port}\ngrpc_port: 0\ndevice: cpu\nlog_level: info\n"
-                                         f"models_dir: {models}\nshutdown_timeout_s: 20\n")
-    env = dict(os.environ, PYTHONPATH=str(REPO),
-               ACLSERVE_CPU_FAULTS=f"execute:nth={WARMUP_EXECUTIONS + 1},code=507054,device=1")
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc, port = serve_failing_at_the_first_request(models, tmp_path, 20)
     try:
         wait_serving(proc, port)  # (both models warmed up: the fault is still to come)
         status, answer = infer(port, "double", {"inputs": [
@@ -66,3 +78,34 @@ def test_a_failed_device_drains_and_exits_for_a_restart(models_dir, tmp_path):
     for model in ("affine", "double"):
         assert f"{model}: version 1 unloaded (the server is shutting down)" in out
     assert "rebuilt; serving again" not in out and "trying again in" not in out, out[-3000:]
+
+
+def test_the_failed_device_is_counted_on_metrics_until_the_exit(models_dir, tmp_path):
+    """aclserve_devices_failed, read once the failure is answered, before the exit: affine, on
+    device 1, holds a partial batch in its queue (a window no test outlasts), which keeps the
+    drain the failure begins going until the test closes its connection; double, on device 0,
+    fails the device."""
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("affine.om", "double.om"):
+        shutil.copy(models_dir / name, models / name)
+    (models / "affine.yaml").write_text(f"devices: [1]\nbatching: {{max_queue_delay_ms: {HELD_WINDOW_MS}}}\n")
+    proc, port = serve_failing_at_the_first_request(models, tmp_path, 120)
+    url = f"127.0.0.1:{port}"
+    try:
+        wait_serving(proc, port)
+        assert metric(url, "aclserve_devices_failed") == 0
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as waiting:
+            waiting.sendall(request(WAITING))
+            while metric(url, "aclserve_queue_depth", DEPTH) != 1:
+                time.sleep(0.02)
+            status, answer = infer(port, "double", {"inputs": [
+                {"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]})
+            assert status == 500 and "device 0 failed as a whole" in answer["error"], answer
+            assert metric(url, "aclserve_devices_failed") == 1
+        out, _ = proc.communicate(timeout=120)  # its request cancelled, the drain ends
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == EXIT_DEVICE_FAILED, out[-3000:]

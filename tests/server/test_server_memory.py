@@ -80,6 +80,12 @@ def test_gzip_bomb_stops_at_the_body_limit_while_inflating(small):
     assert metric(small.url, "aclserve_request_memory_bytes") == 0
 
 
+def test_metrics_show_the_request_memory_limit_the_config_sets(small):
+    """aclserve_request_memory_limit_bytes, what the in-use and peak figures are read against, is
+    max_inflight_bytes (4 MiB here; the default is 512 MiB)."""
+    assert metric(small.url, "aclserve_request_memory_limit_bytes") == 4 * MiB
+
+
 def test_a_body_inflating_past_the_ratio_stops_after_the_grace(models_dir, make_config):
     """64 gzip bombs of 1 MB (1 GB each) took the loop 0.2 s each, up to max_body_bytes (64 MiB)
     of inflating before their 413, and new connections waited 6-9 s (an attacker's re-test): a
