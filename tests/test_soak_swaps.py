@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import urllib.error
+import urllib.request
 
 import aiohttp
 
@@ -29,6 +31,9 @@ def swapping(tmp_path, grace_s: float = soak_swaps.GRACE_S):
     logging.getLogger("aclserve").addHandler(log)
     try:
         with ServerThread(server_config(models, model_control_mode="poll", settle_s=0.1, debounce_s=0.05)) as server:
+            # the model file copied in just now settles first: a swap written before its first load
+            # would be that load, not a reload (as the soak starts its load once the server is ready)
+            wait_until(lambda: model_ready(server), "the model served")
             swaps = soak_swaps.Swaps(str(tmp_path / "server.log"), grace_s)
             on_server(server, swaps.start)
             yield run, models, variants, server, swaps
@@ -42,6 +47,14 @@ def on_server(server, step, *args):
         async with aiohttp.ClientSession() as session:
             return await step(session, f"http://{server.url}", *args)
     return asyncio.run(go())
+
+
+def model_ready(server) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{server.url}/v2/models/{soak_swaps.MODEL}/ready", timeout=5) as r:
+            return r.status == 200
+    except urllib.error.HTTPError:
+        return False
 
 
 def failed_loads(server) -> float:

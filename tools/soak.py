@@ -124,7 +124,7 @@ class Soak:
         """Sleep `seconds`, less when the window ends or the server dies first."""
         left = min(seconds, self.window_end - time.monotonic())
         if left > 0:
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.ended.wait(), left)
 
     async def client(self, session, url: str, seed: int) -> None:
@@ -144,7 +144,7 @@ class Soak:
         t0 = time.perf_counter()
         try:
             status, header_length, raw = await self._post(session, url, rows, binary)
-        except TimeoutError:  # (aiohttp's timeouts are TimeoutErrors): a stall, counted at its timeout
+        except asyncio.TimeoutError:  # a stall, counted at its timeout (aiohttp's; the builtin's alias from 3.11)
             self.tally.timed_out(self.args.timeout_s)
             return None
         except Exception as e:  # connection refused or reset: no answer, a failure of the run
@@ -271,7 +271,8 @@ class Soak:
                         pass
                     await asyncio.sleep(0.1)
                 self.swaps = Swaps(os.path.join(folder, "server.log"))
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError):  # (a server gone: the watch ends the run)
+                # (a server gone: the watch ends the run)
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                     await self.swaps.start(session, base)
                 t0 = time.monotonic()
                 self.window_end = t0 + self.args.minutes * 60
@@ -281,7 +282,8 @@ class Soak:
                     jobs.append(self.bombs(bomb_session, url, bomb_kinds))
                 jobs += [self.slow_client(port) for _ in range(self.args.slow)]
                 await asyncio.gather(*jobs)
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError):  # (a server gone: swaps not counted)
+                # (a server gone: swaps not counted)
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                     await self.swaps.settle(session, base, self.max_batch[self.swaps.last],
                                             alive=lambda: proc.poll() is None)
         finally:

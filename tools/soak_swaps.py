@@ -28,8 +28,10 @@ from soak_tally import injected
 
 GRACE_S = 30.0
 MODEL = "digits"
-# a failed load's log line (repository/failures.py), the first of a file's failures or a retry's
-_NOT_LOADED = re.compile(rf"\b{MODEL}: version \S+ (?:from .+? )?not loaded: (.*)$", re.M)
+# a failed load's log line (repository/failures.py), the first of a file's failures or a retry's; a reload's
+# says what serves on
+_NOT_LOADED = re.compile(rf"\b{MODEL}: version \S+ (?:from .+? )?not loaded(?: \(serving the previous \w+\))?: (.*)$",
+                         re.M)
 
 
 def sample(text: str, name: str, **labels: str) -> float:
