@@ -22,10 +22,12 @@ log = logging.getLogger(__name__)
 
 class PlanError(ValueError):
     """The image settings do not fit the model input `input`: `setting` names the one at fault
-    ("mean"; "" for them as a whole), `problem` what is wrong; the message names the input."""
+    ("mean"; "" for them as a whole), `problem` what is wrong; the message names the input.
+    `blamed`: the setting the key names where the problem's words name it already (mean/std)."""
 
-    def __init__(self, input: str, problem: str, setting: str = ""):
+    def __init__(self, input: str, problem: str, setting: str = "", blamed: str = ""):
         self.input, self.problem, self.setting = input, problem, setting
+        self._blamed = blamed or setting
         super().__init__(f"image input {input!r}: {self.said}")
 
     @property
@@ -36,7 +38,7 @@ class PlanError(ValueError):
     @property
     def key(self) -> str:
         """The dotted key of the setting at fault in a model's config: inputs.x.image.mean."""
-        return f"inputs.{self.input}.image" + (f".{self.setting}" if self.setting else "")
+        return f"inputs.{self.input}.image" + (f".{self._blamed}" if self._blamed else "")
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,8 @@ def build_plan(image: ImageInput, spec: TensorSpec) -> ImagePlan:
     if spec.dtype == np.uint8:
         layout = "NHWC" if len(dims) == 3 else "HW"
         if image.mean is not None or image.std is not None:
-            raise PlanError(name, "the model takes uint8 pixels (AIPP normalises on the device); remove mean/std")
+            raise PlanError(name, "the model takes uint8 pixels (AIPP normalises on the device); remove mean/std",
+                            blamed="mean" if image.mean is not None else "std")  # (where either came from)
         if image.layout not in ("auto", "NHWC"):
             raise PlanError(name, f"must be NHWC (or auto) for a uint8 input, got {image.layout}", "layout")
     elif spec.dtype.kind == "f" and spec.dtype.itemsize <= 4:
@@ -214,7 +217,7 @@ def _check_range(name: str, spec: TensorSpec, image: ImageInput, mean: np.ndarra
                              for what, values in (("mean", image.mean), ("std", image.std)) if values is not None)
         raise PlanError(name, f"with {given}, pixels 0-255 become values up to {largest:.6g} in size, beyond "
                               f"{spec.datatype}'s largest, {bound:g} (the model would get inf); mean and std are in "
-                              "pixel units, 0-255")
+                              "pixel units, 0-255", blamed="std" if image.std is not None else "mean")
 
 
 def _per_channel(values, channels: int, name: str, what: str) -> np.ndarray | None:

@@ -267,6 +267,21 @@ def test_plans_that_do_not_fit_the_model_are_refused(image, shape, datatype, mes
         build_plan(image, spec(shape, datatype, "ND"))
 
 
+def test_a_refusal_for_mean_or_std_is_keyed_by_the_one_given():
+    """A refusal whose words name mean/std is keyed by one of them, so that the load blames the
+    file that gave it (repository/settings_fit.py): keyed inputs.x.image, it was blamed on the
+    model's own file whenever that gave any image setting, model_defaults' mean and std included
+    (reviewer r22)."""
+    uint8, fp16 = spec((-1, 8, 8, 3), "UINT8", "ND"), spec((-1, 3, 4, 4), "FP16", "NCHW")
+    for image, target, key in ((ImageInput(mean=(1.0,)), uint8, "inputs.x.image.mean"),
+                               (ImageInput(std=(2.0,)), uint8, "inputs.x.image.std"),
+                               (ImageInput(mean=(1.0,), std=(0.001,)), fp16, "inputs.x.image.std"),
+                               (ImageInput(mean=(1e5,)), fp16, "inputs.x.image.mean")):
+        with pytest.raises(PlanError) as refused:
+            build_plan(image, target)
+        assert refused.value.key == key and not refused.value.said.startswith(("mean", "std")), refused.value
+
+
 def test_host_normalisation_beyond_the_inputs_type_is_refused():
     """An FP16 input whose mean/std made pixels into values past 65504 loaded and got inf
     silently (std 0.001: a flat picture of 200 was all inf; an independent tester), where JSON

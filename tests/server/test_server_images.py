@@ -362,8 +362,8 @@ def test_settings_that_do_not_fit_refuse_the_load(image_server):
     status, _, raw = request(image_server, "POST", "/v2/repository/index", data=b"")
     index = {e["name"]: e for e in json.loads(raw)}
     assert index["bad_plan"]["state"] == "UNAVAILABLE"
-    assert index["bad_plan"]["reason"] == ("<models>/bad_plan.yaml: inputs.x.image: the model takes uint8 pixels (AIPP "
-                                           "normalises on the device); remove mean/std")
+    assert index["bad_plan"]["reason"] == ("<models>/bad_plan.yaml: inputs.x.image.mean: the model takes uint8 pixels "
+                                           "(AIPP normalises on the device); remove mean/std")
     # refused as the model's YAML is read, naming the key (unchecked, a crop past the whole picture
     # decodes, padded, and a std of 0 is refused later as values up to inf)
     assert index["crop_past_whole"]["state"] == "UNAVAILABLE"
@@ -376,7 +376,7 @@ def test_settings_that_do_not_fit_refuse_the_load(image_server):
     # an FP16 input whose mean/std make pixels into values past 65504 (inf): refused, naming them
     assert index["fp16_inf"]["state"] == "UNAVAILABLE"
     assert index["fp16_inf"]["reason"].startswith(
-        "<models>/fp16_inf.yaml: inputs.x.image: with mean [0, 0, 0] and std [0.001, 0.001, 0.001], pixels 0-255 "
+        "<models>/fp16_inf.yaml: inputs.x.image.std: with mean [0, 0, 0] and std [0.001, 0.001, 0.001], pixels 0-255 "
         "become values up to 255000 in size, beyond FP16's largest, 65504 (the model would get inf)")
     assert index["fp16_range"]["state"] == "READY"
     flat = encode(np.full((8, 8, 3), 200, np.uint8))
