@@ -3,7 +3,9 @@ in-flight count, the version lookup, the outcome in the metrics, statistics, tra
 log), infer_body (a KServe v2 HTTP body decoded under the memory budget, run and encoded: for
 aiohttp's handler, infer.py, the connection guard's direct.py and `aclserve profile`), run_decoded
 (a decoded request queued and its answer rendered: where gRPC, grpc_service.py, joins) and
-charge_decoding. It imports neither aiohttp nor grpc (.importlinter's contract says so).
+charge_decoding. It imports neither aiohttp nor grpc itself (.importlinter's contract says so),
+though three server modules it reaches do: body.py, auth.py and framing.py, where what both
+transports share lives beside their aiohttp code (allowed there, named in the contract).
 
 All on the event loop. JSON is not moved to a worker
 thread: orjson and the array conversion hold the interpreter lock, so the loop could not run meanwhile anyway
