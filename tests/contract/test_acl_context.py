@@ -1,11 +1,14 @@
 """Contexts are per thread; devices and streams belong together."""
 from __future__ import annotations
 
+import inspect
 import threading
 
 import pytest
 
 from aclserve.acl import constants as C
+
+from .thread_frames import wait_until_at
 
 
 def _in_thread(fn):
@@ -162,20 +165,31 @@ def test_stream_of_another_device_is_synchronized_but_takes_no_work(acl, ctx):
     assert acl.rt.destroy_stream(stream0) == 0
 
 
-def test_a_stream_or_event_made_while_another_thread_destroys_the_context_is_refused(acl, ctx, cpu_only,
-                                                                                     monkeypatch):
+@pytest.mark.parametrize("make", ["create_stream", "create_event"])
+def test_a_stream_or_event_made_while_another_thread_destroys_the_context_is_refused(acl, ctx, cpu_only, make):
     """A create_stream / create_event that found its context current and registers after another
     thread destroyed that context is refused as if the destroy had come first (it registered a
     stream or event of a destroyed context, which nothing could destroy: found by an API-sequence
-    fuzzer of the CPU runtime, 1 race in 300). The interleaving is made here by handing the calls
-    the context as current() saw it before the destroy."""
-    from aclserve.acl.cpu import _state
-    other, _ = acl.rt.create_context(0)
-    seen = _state.current()
-    assert acl.rt.destroy_context(other) == 0
-    monkeypatch.setattr(_state, "current", lambda: seen)
-    assert acl.rt.create_stream() == (0, C.ACL_ERROR_RT_CONTEXT_NULL)
-    assert acl.rt.create_event() == (0, C.ACL_ERROR_RT_CONTEXT_NULL)
-    monkeypatch.undo()
-    assert acl.rt.set_context(ctx) == 0
-    assert not [s for s in _state.streams.values() if s.context is seen[0]]
+    fuzzer of the CPU runtime, 1 race in 300). The interleaving is made with the runtime's own
+    lock, held here: a second thread's call passes current() and waits for it where it registers
+    (seen in that thread's frame); the context is destroyed then (the lock is re-entrant), and the
+    lock let go."""
+    from aclserve.acl.cpu import _rt_events, _state, rt
+    registers = {"create_stream": inspect.unwrap(rt.create_stream), "create_event": _rt_events._create}[make]
+    other, ret = acl.rt.create_context(0)
+    assert ret == 0 and acl.rt.set_context(ctx) == 0
+    destroyed = _state.contexts[other]
+    made = []
+
+    def call():
+        assert acl.rt.set_context(other) == 0
+        made.append(getattr(acl.rt, make)())
+
+    caller = threading.Thread(target=call)
+    with _state.lock:
+        caller.start()
+        wait_until_at(caller, registers, "with _state.lock:")
+        assert acl.rt.destroy_context(other) == 0
+    caller.join(30)
+    assert made == [(0, C.ACL_ERROR_RT_CONTEXT_NULL)]
+    assert not [o for o in (*_state.streams.values(), *_state.events.values()) if o.context is destroyed]

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import ctypes
 import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from PIL import Image
 
 from aclserve.acl import constants as C
+from tests import REPO
 from tests.images.images_data import encode, gradient
 
 NV12, NV21 = 1, 2
@@ -218,13 +224,29 @@ def test_vpc_refusals(acl, dv):
     assert dv.resize(big, dv.out(112, 64, 112, 64)) == BAD  # 1/35.7: under VPC's 1/32
 
 
-def test_vpc_output_height_follows_the_soc(acl, dv, monkeypatch):
-    """CANN's VPC constraints: output up to 4096 x 4096 on the Ascend310P (and 310, first 910),
-    4096 x 8192 on the 310B, 910B and later."""
-    from aclserve.acl.cpu import _state
+_VPC_HEIGHTS = textwrap.dedent("""
+    import json
+    from aclserve.acl import select
+    from tests.contract.test_acl_media import Dvpp, nv12_in
+    _, acl = select("cpu")
+    assert acl.init() == 0 and acl.rt.set_device(0) == 0
+    dv = Dvpp(acl)
     src = nv12_in(dv, 320, 480)
-    for soc, ret in (("CPU-ORT", BAD), ("Ascend310P3", BAD), ("Ascend310", BAD), ("Ascend910B2", 0),
-                     ("Ascend310B1", 0)):
-        monkeypatch.setattr(_state, "soc_name", soc)
-        assert dv.resize(src, dv.out(64, 4224, 64, 4224)) == ret, soc
-        assert dv.resize(src, dv.out(64, 4096, 64, 4096)) == 0, soc
+    print(json.dumps({"soc": acl.get_soc_name(), "4224": dv.resize(src, dv.out(64, 4224, 64, 4224)),
+                      "4096": dv.resize(src, dv.out(64, 4096, 64, 4096))}))
+    dv.close()
+""")
+
+
+def test_vpc_output_height_follows_the_soc(cpu_only):
+    """CANN's VPC constraints: output up to 4096 x 4096 on the Ascend310P (and 310, first 910),
+    4096 x 8192 on the 310B, 910B and later. Each SoC in a process of its own: the CPU runtime
+    presents ACLSERVE_CPU_SOC's, read when ACL starts."""
+    expected = {"CPU-ORT": BAD, "Ascend310P3": BAD, "Ascend310": BAD, "Ascend910B2": 0, "Ascend310B1": 0}
+    runs = {soc: subprocess.Popen([sys.executable, "-c", _VPC_HEIGHTS], cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=dict(os.environ, ACLSERVE_CPU_SOC=soc))
+            for soc in expected}
+    for soc, ret in expected.items():
+        out, err = runs[soc].communicate(timeout=120)
+        assert runs[soc].returncode == 0, err
+        assert json.loads(out.strip().splitlines()[-1]) == {"soc": soc, "4224": ret, "4096": 0}
