@@ -4,12 +4,12 @@ queries report it), and stream_abort. What hicann/runtime's api_impl.cc does, on
 from __future__ import annotations
 
 import threading
-import time
 
 from aclserve.acl import constants as C
-from aclserve.acl.cpu import faults
+from aclserve.acl.cpu import _stream, faults
 
 from .conftest import MBATCH
+from .thread_frames import wait_until_at
 
 
 def test_an_async_failure_shows_at_the_streams_synchronize_not_at_an_events(acl, loaded_mlp):
@@ -110,7 +110,8 @@ def test_a_stop_ends_the_waits_under_way(acl, loaded_mlp, host_buffer):
                                                     waits.update(stream=acl.rt.synchronize_stream(a))))]
         for thread in waiters:
             thread.start()
-        time.sleep(0.3)  # both waiting behind the held execution
+        for thread in waiters:  # both waiting behind the held execution
+            wait_until_at(thread, _stream.block)
         faults.inject("memcpy", nth=1)
         assert acl.rt.memcpy_async(host, 64, m.buffer_ptr(m.outputs, 0), 64, C.ACL_MEMCPY_DEVICE_TO_HOST, b) == 0
         for thread in waiters:
@@ -227,7 +228,7 @@ def test_stream_abort_drops_a_wait_for_an_event_at_once(acl, ctx, host_buffer, d
         waiter = threading.Thread(
             target=lambda: host_wait.update(ret=acl.rt.synchronize_event_with_timeout(event, 1500)))
         waiter.start()
-        time.sleep(0.2)  # waiting on the event too
+        wait_until_at(waiter, _stream.block)  # waiting on the event too
         assert acl.rt.stream_abort(s2) == 0
         assert acl.rt.synchronize_stream_with_timeout(s2, 1000) == C.ACL_ERROR_RT_STREAM_ABORT
         assert hung.seen == 1  # s2's copy was dropped
