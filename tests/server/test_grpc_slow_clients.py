@@ -86,13 +86,21 @@ def test_a_stream_whose_answers_are_not_taken_ends_and_gives_their_memory_back(s
     the other answers are dropped and their memory charge given back, only the answer grpc
     holds stays charged. When the client reads at last it gets that answer, then
     DEADLINE_EXCEEDED saying why; nothing is left charged."""
+    before = rows_run(slow, "wide")
+
     async def scenario():
         async with grpc.aio.insecure_channel(slow.grpc_url, options=[("grpc.http2.bdp_probe", 0)]) as channel:
             call = channel.stream_stream(STREAM, pb.ModelInferRequest.SerializeToString,
                                          pb.ModelStreamInferResponse.FromString)()
             for i in range(8):
                 await call.write(wide(f"r{i}"))
-            await asyncio.sleep(1.5)  # three times body_timeout_s, reading nothing
+            # reading nothing: the eight run, their answers charged, then the stream gives up on
+            # the one not taken and the charge falls (the limits are hang guards)
+            await wait_for(lambda: rows_run(slow, "wide") == before + 8)
+            try:
+                await wait_for(lambda: in_use(slow) < 2 * 3 * WIDE_ROW)
+            except asyncio.TimeoutError:
+                pytest.fail(f"more than the one answer grpc holds is still charged: {in_use(slow):g} bytes")
             held = in_use(slow)
             answers = []
             with pytest.raises(grpc.aio.AioRpcError) as e:
@@ -100,7 +108,7 @@ def test_a_stream_whose_answers_are_not_taken_ends_and_gives_their_memory_back(s
                     answers.append(await asyncio.wait_for(call.read(), 30))  # a hang guard
             return held, answers, e.value
     held, answers, error = asyncio.run(scenario())
-    assert 0 < held < 2 * 3 * WIDE_ROW, "more than the one answer grpc holds is still charged"
+    assert 0 < held < 2 * 3 * WIDE_ROW, "the answer grpc holds is not charged"
     assert 1 <= len(answers) < 8 and all(not a.error_message for a in answers)
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error
     assert "not read" in error.details() and "body_timeout_s" in error.details()

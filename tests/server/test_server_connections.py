@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -17,6 +18,8 @@ import time
 
 import aiohttp
 import pytest
+
+from aclserve.server.connections import EVICT_AFTER_S
 
 from tests import REPO
 from tests.serving import ServerThread
@@ -96,7 +99,10 @@ def test_a_full_server_replaces_its_longest_idle_connection_or_refuses(models_di
                 w.close()
             await wait_for(lambda: open_connections(srv.url) <= 1)  # the server saw them go (1: the scrape)
             idle = [await open_raw(srv.url) for _ in range(11)]  # full again, every one idle
-            await asyncio.sleep(1.2)  # now they have been idle long enough to give way
+            await until_the_server_holds(11, *idle[-1])
+            # each has been idle since before that count came (the last since its answer): from
+            # here they have certainly been idle long enough to give way, however slow the machine
+            await asyncio.sleep(EVICT_AFTER_S)
             served = await good_request(srv.url)
             for _, w in idle:
                 w.close()
@@ -108,6 +114,20 @@ def test_a_full_server_replaces_its_longest_idle_connection_or_refuses(models_di
         assert metric(srv.url, "aclserve_connections_closed_total", 'reason="refused"') >= 1
     finally:
         srv.close()
+
+
+async def until_the_server_holds(count: int, reader, writer) -> None:
+    """Ask /metrics on this kept-alive connection (one of those counted, so that a full server
+    answers it) until aclserve_connections is `count`; the limit is a hang guard."""
+    for _ in range(1500):
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        length = int(re.search(rb"(?im)^content-length: *(\d+)", head).group(1))
+        body = (await asyncio.wait_for(reader.readexactly(length), 30)).decode()
+        if re.search(r"(?m)^aclserve_connections (\S+)$", body).group(1) == f"{count:.1f}":
+            return
+        await asyncio.sleep(0.02)
+    pytest.fail(f"the server never held {count} connections")
 
 
 def open_connections(url: str) -> float:

@@ -4,6 +4,7 @@ full-size attack (16 gzip bombs of 1 GB, 16 x 40 MB JSON) is tools/attack_server
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import io
 import json
 import re
@@ -326,6 +327,10 @@ def test_memory_is_given_back_after_a_burst_of_small_requests(monkeypatch):
     monkeypatch.setattr(trim.heap, "available", lambda: True)
 
     async def scenario():
+        loop = asyncio.get_running_loop()
+        # the trims run in the loop's default executor: one worker, in order, so that a no-op
+        # run there after the releases comes after any trim they started (a sequence point)
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=1))
         trimmer = trim.HeapTrimmer(min_interval_s=0)
         budget = MemoryBudget(1 << 40, 1 << 40, on_release=trimmer.released)
         steady = [budget.lease() for _ in range(64)]
@@ -335,13 +340,14 @@ def test_memory_is_given_back_after_a_burst_of_small_requests(monkeypatch):
             for lease in steady:
                 lease.release()
             await asyncio.sleep(0)
+        await loop.run_in_executor(None, lambda: None)
         assert trims == []
         burst = [budget.lease() for _ in range(1000)]  # 100 MB together
         for lease in burst:
             lease.take(100_000, "body")
         for lease in burst[:700]:
             lease.release()
-        await asyncio.sleep(0.05)
+        await loop.run_in_executor(None, lambda: None)
         assert trims == []  # 30 MB still held: not yet
         for lease in burst[700:]:
             lease.release()
