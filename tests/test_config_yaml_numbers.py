@@ -82,16 +82,20 @@ def test_a_scalar_many_aliases_name_is_looked_at_once_and_said_short(tmp_path):
     assert "has a leading zero" in str(info.value) and len(str(info.value)) < 300, str(info.value)[:400]
 
 
-@pytest.mark.parametrize("text", ['port: "0_"\n', 'port: "-0_"\n', 'port: "0o_"\n', "port: 0_\n"])
-def test_a_zero_and_separators_alone_is_no_misread_number(tmp_path, text):
-    """No digit after the zero: nothing to advise (`int('', 8)` raised out of the hint, a traceback
-    at start-up: a reviewer); as plain YAML 1.1 it is 0, quoted it is text refused as such."""
-    try:
-        config = load_server_config(write(tmp_path, text))
-    except ConfigError as e:
-        assert e.path == "port", e
-    else:
-        assert config.port == 0
+@pytest.mark.parametrize("text, said", [
+    ('port: "0_"\n', "port: must be an integer, got '0_' (a number in quotes is text: write it without quotes)"),
+    ('port: "-0_"\n', "port: must be an integer, got '-0_' (a number in quotes is text: write it without quotes)"),
+    ('port: "0o_"\n', "port: must be an integer, got '0o_'"),  # (unquoted it is text too: no number to advise)
+])
+def test_a_zero_and_separators_alone_is_no_misread_number(tmp_path, text, said):
+    """No digit after the zero: no leading zero to advise on (`int('', 8)` raised out of the hint,
+    a traceback at start-up: a reviewer); quoted it is text refused as such, plain YAML 1.1 reads
+    it as 0."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path)
+    assert info.value.path == "port" and str(info.value) == f"{path}: {said}"
+    assert load_server_config(write(tmp_path, "port: 0_\n")).port == 0
 
 
 @pytest.mark.parametrize("text, said", [

@@ -118,9 +118,18 @@ def test_a_folder_named_like_a_models_settings_file_is_named_in_a_note(tmp_path)
         "(a versioned model's is r/config.yaml)"]
 
 
-@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\\b", "a..b", ".x", "-x", "x" * 200, "sp ace"])
-def test_invalid_model_names_are_refused(name):
-    assert check_model_name(name) is not None
+_EMPTY = "model names may not be empty, '.' or '..'"
+_CHARACTERS = "model names use ASCII letters, digits, '_', '-', '.' (at most 128, not starting with '-' or '.')"
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("", _EMPTY), (".", _EMPTY), ("..", _EMPTY),
+    ("a/b", "model names may not contain path separators ('/', '\\')"),
+    ("a\\b", "model names may not contain path separators ('/', '\\')"),
+    ("a..b", "model names may not contain '..'"), (".x", "model names may not start with '.'"),
+    ("-x", _CHARACTERS), ("x" * 200, _CHARACTERS), ("sp ace", _CHARACTERS)])
+def test_invalid_model_names_are_refused(name, reason):
+    assert check_model_name(name) == reason
 
 
 @pytest.mark.parametrize("name", ["resnet50", "m_1", "a-b", "v1.2"])
@@ -233,7 +242,9 @@ def test_a_version_policy_that_selects_no_version_found_is_a_problem(tmp_path):
 
 
 def test_missing_folder_is_a_problem(tmp_path):
-    assert scan(tmp_path / "nope", DEFAULTS).problems
+    result = scan(tmp_path / "nope", DEFAULTS)
+    assert result.problems == {str(tmp_path / "nope"): "the models folder does not exist"}
+    assert result.models == {} and result.unreadable  # nothing known: what is served stays (planner.py)
 
 
 # ---- diff ------------------------------------------------------------------------------------
