@@ -280,7 +280,8 @@ async def test_a_load_failure_of_an_earlier_config_is_not_shown_once_the_config_
     write_in(models_dir / "m.yaml", "outputs: {y: {labels: three.txt}}\n")
     place(model_files[1]["om"], models_dir / "m.om")
     await events.wait("load_failed", "m")
-    assert rows() == [("1", "labels file three.txt has 3 labels; output 'y' has 4 classes")]
+    assert rows() == [("1", f"{models_dir / 'm.yaml'}: outputs.y.labels: labels file three.txt has 3 labels; "
+                            "output 'y' has 4 classes")]
     write_in(models_dir / "m.yaml", "instances: 0\n")
     place(model_files[1]["om"], models_dir / "gate.om")
     await events.wait("loaded", "gate")
@@ -319,8 +320,8 @@ async def test_a_refused_config_edit_is_said_to_be_one(make_repo, models_dir, mo
     write_in(models_dir / "m.yaml", "outputs: {y: {labels: three.txt}}\n")
     await events.wait("load_failed", "m")
     assert [(r["state"], r["reason"]) for r in repo.index() if r["name"] == "m"] == [
-        ("READY", "serving the previous config; the new one failed: labels file three.txt has 3 labels; "
-                  "output 'y' has 4 classes")]
+        ("READY", f"serving the previous config; the new one failed: {models_dir / 'm.yaml'}: outputs.y.labels: "
+                  "labels file three.txt has 3 labels; output 'y' has 4 classes")]
 
 
 async def test_a_policy_selecting_only_a_version_that_fails_keeps_the_serving_one(
@@ -380,8 +381,8 @@ async def test_a_refused_labels_edit_is_said_to_be_one(make_repo, models_dir, mo
     write_in(models_dir / "four.txt", "a\nb\nc\n")
     await events.wait("load_failed", "m")
     assert [(r["state"], r["reason"]) for r in repo.index() if r["name"] == "m"] == [
-        ("READY", "serving the previous labels file; the new one failed: labels file four.txt has 3 labels; "
-                  "output 'y' has 4 classes")]
+        ("READY", f"serving the previous labels file; the new one failed: {models_dir / 'm.yaml'}: "
+                  "outputs.y.labels: labels file four.txt has 3 labels; output 'y' has 4 classes")]
 
 
 async def test_a_refused_file_replaced_in_place_no_longer_shows_its_failure(make_repo, models_dir, model_files):
