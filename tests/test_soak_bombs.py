@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from tests.serving import ServerThread, server_config
-from tests.soak_stub import ARGS, soak, stub_server
+from tests.soak_stub import ARGS, settled, soak, stub_server
 
 
 @pytest.mark.asyncio
@@ -40,6 +40,7 @@ def test_the_server_answers_the_soaks_bombs_413(tmp_path):
     async def one_round(url):
         async with aiohttp.ClientSession() as session:
             await run.bomb_round(session, url, kinds)
+        await settled()
     with ServerThread(server_config(models, model_control_mode="none")) as server:
         asyncio.run(one_round(f"http://{server.url}/v2/models/digits/infer"))
     assert run.tally.bombs == {("gzip bomb", 413): 1, ("large json", 413): 1}

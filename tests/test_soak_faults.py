@@ -12,7 +12,7 @@ from aiohttp import web
 from aclserve.acl.cpu import faults
 
 from tests.serving import ServerThread, server_config
-from tests.soak_stub import ARGS, soak, stub_server
+from tests.soak_stub import ARGS, settled, soak, stub_server
 
 ROWS = np.zeros((2, 64), np.float32)
 # what the server answers a batch the device failed (507011: a real execution failure)
@@ -23,7 +23,9 @@ REAL_FAULT = {"error": "batch of 2 rows (gear 2) failed on device 0, instance di
 def ask(run, url):
     async def go():
         async with aiohttp.ClientSession() as session:
-            return await run.ask(session, url, ROWS, binary=False)
+            status = await run.ask(session, url, ROWS, binary=False)
+        await settled()
+        return status
     return asyncio.run(go())
 
 

@@ -15,7 +15,7 @@ from aclserve.acl.cpu import faults
 
 from tests.server.hostile import metric
 from tests.serving import ServerThread, server_config, wait_until
-from tests.soak_stub import ARGS, soak
+from tests.soak_stub import ARGS, settled, soak
 
 import soak_swaps  # noqa: E402  (tools/, on the path soak_stub made)
 
@@ -45,7 +45,9 @@ def swapping(tmp_path, grace_s: float = soak_swaps.GRACE_S):
 def on_server(server, step, *args):
     async def go():
         async with aiohttp.ClientSession() as session:
-            return await step(session, f"http://{server.url}", *args)
+            result = await step(session, f"http://{server.url}", *args)
+        await settled()
+        return result
     return asyncio.run(go())
 
 

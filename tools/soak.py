@@ -188,6 +188,7 @@ class Soak:
 
     async def slow_client(self, port: int) -> None:
         while self.running():
+            writer = None
             try:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 request = b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{"
@@ -198,11 +199,13 @@ class Soak:
                     await writer.drain()
                     await self.pause(0.2)
                 await self.pause(5)  # stall mid-body
-                writer.close()
                 self.tally.tool["slow clients done"] += 1
             except (ConnectionError, OSError):
                 self.tally.tool["slow clients cut off"] += 1
                 await self.pause(0.5)
+            finally:
+                if writer is not None:
+                    writer.close()  # (a client cut off too: its socket is not left to the collector)
 
     @staticmethod
     def bomb_bodies(inflated: int = 1 << 30) -> list[tuple[str, bytes, dict]]:
