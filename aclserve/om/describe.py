@@ -159,9 +159,11 @@ def precision_note(header: dict) -> list[str]:
     lowered = LOWERED_ON_NPU.get(mode)
     if lowered is None:
         return []
+    # (fp16's range ends at 65504; bf16 keeps fp32's range and loses precision only)
+    overflow = " (past 65504, fp16's largest: inf)" if "fp16" in lowered else ""
     return [f"note: precision_mode {mode} is recorded for ATC, not applied: the CPU runtime computes in the "
-            f"model's own types (FP32 in fp32); on an NPU {mode} runs {lowered}, so answers may differ (past "
-            "65504, fp16's largest: inf); --precision-mode must_keep_origin_dtype keeps the model's types there too"]
+            f"model's own types (FP32 in fp32); on an NPU {mode} runs {lowered}, so answers may differ{overflow}; "
+            "--precision-mode must_keep_origin_dtype keeps the model's types there too"]
 
 
 def format_summary(result) -> str:

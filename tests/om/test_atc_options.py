@@ -84,6 +84,13 @@ def test_the_cpu_summary_notes_a_precision_mode_the_cpu_runtime_does_not_apply(t
     assert notes["must_keep_origin_dtype"] == []  # (the CPU runtime does what it says)
 
 
+def test_a_bf16_precision_note_claims_no_fp16_overflow():
+    """bf16 keeps fp32's range: its note said "past 65504, fp16's largest: inf" too."""
+    from aclserve.om.describe import precision_note
+    (bf16,) = precision_note({"options": {"precision_mode": "allow_fp32_to_bf16"}})
+    assert "matrix operators in bf16, so answers may differ; --precision-mode" in bf16 and "65504" not in bf16
+
+
 def test_an_opset_of_cann_s_parsers_but_not_of_its_documents_may_be_refused(tmp_path):
     """CANN's ONNX op plugins register parsers for opsets 8 to 10 for many operators ("ai.onnx::8::Conv"),
     though its documents say 11: "would refuse" was not true of them."""
