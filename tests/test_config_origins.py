@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 import trustme
 
-from aclserve.cli.serve import SERVE_FLAGS
+from aclserve.cli import build_parser
+from aclserve.cli.serve import SERVE_FLAGS, serve_flags, serve_overrides
 from aclserve.config import ConfigConflict, load_server_config, load_server_settings
 from tests import REPO
 from tests.serving import free_port, started_app
@@ -108,6 +109,19 @@ def test_without_the_flags_an_override_is_the_command_lines():
         load_server_config(None, {"port": 9000, "grpc_port": 9000})
     assert str(info.value) == ("grpc_port: must differ from port (9000); 0 turns gRPC off (port from the command "
                                "line, grpc_port from the command line)")
+
+
+@pytest.mark.parametrize("given, origin", [("--no-request-log", "--no-request-log"),
+                                           ("--request-log", "--request-log")])
+def test_a_switch_turned_off_is_named_by_its_negative_flag(tmp_path, given, origin):
+    """`serve --no-request-log` was recorded as `--request-log`, the flag that turns it on (a
+    reviewer's find): an origin names the flag as it was typed."""
+    path = tmp_path / "c.yaml"
+    path.write_text("request_log: true\n")
+    args = build_parser().parse_args(["serve", "--config", str(path), given])
+    config, origins = load_server_settings(path, serve_overrides(args), serve_flags(args))
+    assert config.request_log is (given == "--request-log") and origins.of("request_log") == origin
+    assert origins.of("port") == "the default" and serve_flags(args)["port"] == "--port"
 
 
 def test_a_section_given_whole_names_the_default_for_what_it_leaves_out():

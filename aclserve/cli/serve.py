@@ -93,9 +93,19 @@ SERVE_FLAGS = {"host": "--host", "port": "--port", "grpc_port": "--grpc-port", "
 
 def serve_overrides(args) -> dict:
     """The config keys the flags given set ({key: value}; None for a flag not given)."""
-    values = {key: getattr(args, flag[2:].replace("-", "_")) for key, flag in SERVE_FLAGS.items()}
+    values = {key: _given(args, flag) for key, flag in SERVE_FLAGS.items()}
     values["trace.level"] = "TIMESTAMPS" if args.trace else None
     return values
+
+
+def serve_flags(args) -> dict[str, str]:
+    """SERVE_FLAGS as typed: a switch given as its negative form (`--no-request-log`, the only
+    value a flag sets to False) is named so where its origin is said, not as `--request-log`."""
+    return {key: f"--no-{flag[2:]}" if _given(args, flag) is False else flag for key, flag in SERVE_FLAGS.items()}
+
+
+def _given(args, flag: str):
+    return getattr(args, flag[2:].replace("-", "_"))
 
 
 def run_serve(args) -> int:
@@ -106,7 +116,7 @@ def run_serve(args) -> int:
     from ..config import ConfigError, load_server_settings
 
     try:
-        config, origins = load_server_settings(args.config, serve_overrides(args), SERVE_FLAGS)
+        config, origins = load_server_settings(args.config, serve_overrides(args), serve_flags(args))
     except (ConfigError, OSError) as e:
         raise UsageError(f"bad configuration: {e}") from None
     check_environment()
