@@ -146,6 +146,38 @@ def test_serve_refuses_an_empty_trace_file_name(tmp_path):
             "arguments)"], proc.stderr
 
 
+# every option naming a file or a folder, with what its command needs besides (found by its metavar)
+PATH_OPTIONS = {
+    ("serve", "--config"): (), ("serve", "--models"): (), ("serve", "--compile-cache-dir"): (),
+    ("serve", "--tls-cert"): (), ("serve", "--tls-key"): (), ("serve", "--tls-client-ca"): (), ("serve", "--trace"): (),
+    ("profile", "--models"): ("m",), ("profile", "--trace-dir"): ("m",), ("profile", "--trace"): ("m",),
+    ("profile", "--png"): ("m",), ("profile", "--cert"): ("m",), ("profile", "--key"): ("m",),
+    ("infer", "--cert"): ("m", "-i", "x=x.npy"), ("infer", "--key"): ("m", "-i", "x=x.npy"),
+    ("compile", "--output"): ("m.onnx",), ("compile", "--atc"): ("m.onnx",), ("compile", "--aipp"): ("m.onnx",)}
+
+
+def test_every_option_naming_a_file_or_folder_refuses_an_empty_one(capsys):
+    """`serve --tls-cert '' --tls-key ''` served plain HTTP, `profile --trace ''` wrote its default
+    file, `compile --aipp ''` compiled without AIPP: an empty value was read as the option not
+    given (found in review). Each such option of every command refuses it as `serve --trace ''` did."""
+    import argparse
+    import aclserve.cli as cli
+    (sub,) = [a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    actions = {(name, action.option_strings[-1]): action for name, parser in sub.choices.items()
+               for action in parser._actions if action.option_strings and action.metavar in ("FILE", "DIR", "PATH",
+                                                                                             "OUT.om")}
+    assert set(actions) == set(PATH_OPTIONS)
+    for (command, option), needed in sorted(PATH_OPTIONS.items()):
+        action = actions[command, option]
+        kind, spelt = "folder" if action.metavar == "DIR" else "file", "/".join(action.option_strings)
+        for given in ((option, ""), (f"{option}=",)):
+            with pytest.raises(SystemExit) as ended:
+                cli.main([command, *needed, *given])
+            assert ended.value.code == 2 and capsys.readouterr().err.splitlines() == [
+                f"aclserve {command}: error: argument {spelt}: needs a {kind} name, got '' "
+                f"(`aclserve {command} --help` lists its arguments)"], (command, given)
+
+
 def test_infer_client_casts_within_a_kind_and_says_so():
     inputs = {"x": np.zeros((2, 64))}
     notes = cast_to_model(inputs, {"inputs": [{"name": "x", "datatype": "FP32"}]})

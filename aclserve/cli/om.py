@@ -16,7 +16,7 @@ import json
 
 from ..om.compile_error import DEFAULT_TIMEOUT_S
 from .output import print_err, print_out
-from .usage import UsageError
+from .usage import FILE_NAME, UsageError
 
 
 def add_commands(sub) -> None:
@@ -24,7 +24,7 @@ def add_commands(sub) -> None:
                        description="Compile an ONNX model to an .om file: with Huawei's ATC when it is found "
                                    "(or --atc/--target npu), otherwise a CPU OM for the aclserve CPU runtime.")
     p.add_argument("model", metavar="MODEL.onnx")
-    p.add_argument("-o", "--output", metavar="OUT.om", help="default: beside the model, with .om")
+    p.add_argument("-o", "--output", metavar="OUT.om", type=FILE_NAME, help="default: beside the model, with .om")
     p.add_argument("--input-shape", metavar="SHAPES", help='"name:-1,3,224,224;name2:..." (-1 = batch dimension)')
     p.add_argument("--batch", metavar="GEARS", help="batch sizes to compile, e.g. 1,2,4,8 "
                                                     "(default 1,2,4,8,16,32 for a dynamic-batch model)")
@@ -36,12 +36,13 @@ def add_commands(sub) -> None:
                         "the CPU runtime)")
     p.add_argument("--target", default="auto", type=str.lower, metavar="auto|npu|cpu",
                    help="auto: ATC if found, else CPU OM (default); npu: require ATC; cpu: CPU OM")
-    p.add_argument("--atc", metavar="PATH", help="the ATC executable (default: `atc` on PATH)")
+    p.add_argument("--atc", metavar="PATH", type=FILE_NAME, help="the ATC executable (default: `atc` on PATH)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="end the compile (ATC's or the CPU compile's test runs) after this many seconds "
                         f"(default {DEFAULT_TIMEOUT_S:g})")
     a = p.add_argument_group("AIPP (static; the OM then takes uint8 NHWC images)")
-    a.add_argument("--aipp", metavar="FILE", help="an AIPP config in ATC's aipp_op syntax (ATC --insert_op_conf)")
+    a.add_argument("--aipp", metavar="FILE", type=FILE_NAME,
+                   help="an AIPP config in ATC's aipp_op syntax (ATC --insert_op_conf)")
     a.add_argument("--image-input", metavar="[INPUT:]rgb|bgr|gray", action="append",
                    help="generate the AIPP config: the host sends uint8 pixels in this order to INPUT "
                         "(default the first input; bgr: the OM swaps R and B first); given once")

@@ -25,7 +25,7 @@ from . import termination
 from .load import closed_loop
 from .output import print_err, print_out
 from .remote import add_client_cert_options, auth_headers, check_url, client_tls, redirect_refused, scheme_hint
-from .usage import UsageError, models_hint
+from .usage import FILE_NAME, FOLDER_NAME, UsageError, models_hint
 
 
 def add_commands(sub) -> None:
@@ -38,15 +38,18 @@ def add_commands(sub) -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="load duration (default %(default)s)")
     p.add_argument("--clients", type=int, default=8, help="concurrent closed-loop clients (default %(default)s)")
     p.add_argument("--rows", type=int, default=1, help="batch rows per request (default %(default)s)")
-    p.add_argument("--models", help="models folder, in-process mode (default models)")
+    p.add_argument("--models", metavar="DIR", type=FOLDER_NAME, help="models folder, in-process mode (default models)")
     p.add_argument("--device", type=str.lower, choices=("auto", "cpu", "npu"), help="in-process mode (default auto)")
     p.add_argument("--url", help="profile a running server instead (e.g. http://127.0.0.1:8000)")
-    p.add_argument("--trace-dir", help="with --url: the server's trace folder, as seen from here (default traces)")
+    p.add_argument("--trace-dir", metavar="DIR", type=FOLDER_NAME,
+                   help="with --url: the server's trace folder, as seen from here (default traces)")
     p.add_argument("--timeout", type=float,
                    help="with --url: seconds to wait to connect and for each answer (default 60)")
     add_client_cert_options(p, applies=" (with --url)")
-    p.add_argument("--trace", metavar="FILE", help="where to write the trace (default profile-<model>.json)")
-    p.add_argument("--png", metavar="FILE", help="also draw the timeline (a window of it) to a PNG (matplotlib)")
+    p.add_argument("--trace", metavar="FILE", type=FILE_NAME,
+                   help="where to write the trace (default profile-<model>.json)")
+    p.add_argument("--png", metavar="FILE", type=FILE_NAME,
+                   help="also draw the timeline (a window of it) to a PNG (matplotlib)")
     p.add_argument("--png-window-ms", type=float, default=20.0, help="width of the PNG's window (default %(default)s)")
     p.set_defaults(func=run_profile)
 

@@ -11,7 +11,7 @@ import urllib.parse
 
 from ..cert_dates import out_of_date
 from ..secret_env import TOKEN_ENV
-from .usage import UsageError, one_line
+from .usage import FILE_NAME, UsageError, one_line
 
 
 def check_url(url: str) -> None:
@@ -29,9 +29,11 @@ def check_url(url: str) -> None:
 
 def add_client_cert_options(parser, applies: str = "") -> None:
     """--cert and --key: the client certificate for a server started with tls_client_ca_file."""
-    parser.add_argument("--cert", metavar="FILE", help="a client certificate (PEM, its key in it too unless --key "
-                                                       f"gives it) for a server that asks for one: mutual TLS{applies}")
-    parser.add_argument("--key", metavar="FILE", help=f"the private key (PEM) of --cert's certificate{applies}")
+    parser.add_argument("--cert", metavar="FILE", type=FILE_NAME,
+                        help="a client certificate (PEM, its key in it too unless --key gives it) for a server that "
+                             f"asks for one: mutual TLS{applies}")
+    parser.add_argument("--key", metavar="FILE", type=FILE_NAME,
+                        help=f"the private key (PEM) of --cert's certificate{applies}")
 
 
 class _EncryptedKey(Exception):

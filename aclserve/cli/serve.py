@@ -7,7 +7,7 @@ import logging
 import pathlib
 import signal
 
-from .usage import UsageError
+from .usage import FILE_NAME, FOLDER_NAME, UsageError
 
 
 def add_commands(sub) -> None:
@@ -21,25 +21,26 @@ def add_commands(sub) -> None:
                                    "reload from their folder): a systemd ExecReload=kill -HUP stops it. A "
                                    "device that fails as a whole (an HBM ECC error, say) makes it drain and "
                                    "exit 75, for its supervisor to restart it.")
-    p.add_argument("--config", metavar="FILE", help="YAML config merged over the embedded default")
-    p.add_argument("--models", metavar="DIR", help="model repository folder (models_dir)")
+    p.add_argument("--config", metavar="FILE", type=FILE_NAME, help="YAML config merged over the embedded default")
+    p.add_argument("--models", metavar="DIR", type=FOLDER_NAME, help="model repository folder (models_dir)")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 to expose it over IPv4, "
                                         ":: over IPv6 and IPv4)")
     p.add_argument("--port", type=int, help="TCP port (default 8000; 0 = any free port)")
     p.add_argument("--grpc-port", type=int, metavar="PORT",
                    help="TCP port of the KServe v2 gRPC endpoint (default 8001; 0 = no gRPC)")
-    p.add_argument("--compile-cache-dir", metavar="DIR",
+    p.add_argument("--compile-cache-dir", metavar="DIR", type=FOLDER_NAME,
                    help="where dropped .onnx files are compiled to (default <models>/.cache)")
     p.add_argument("--device", type=str.lower, choices=("auto", "cpu", "npu"), help="ACL to use (default auto)")
     p.add_argument("--log-level", type=str.lower, choices=("debug", "info", "warning", "error", "critical"),
                    help="logging level (default info; debug adds aiohttp's access log, a line per HTTP "
                         "request aiohttp answers, and turns the direct infer answers off for it; gRPC calls "
                         "are not in it: --request-log logs the infer requests of both transports)")
-    p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve HTTPS and gRPC over TLS "
-                                                      "(tls_cert_file; with --tls-key)")
-    p.add_argument("--tls-key", metavar="FILE", help="its PEM private key (tls_key_file)")
-    p.add_argument("--tls-client-ca", metavar="FILE", help="PEM CA certificates: clients must show a certificate "
-                                                           "signed by one (tls_client_ca_file; with --tls-cert)")
+    p.add_argument("--tls-cert", metavar="FILE", type=FILE_NAME,
+                   help="PEM certificate chain: serve HTTPS and gRPC over TLS (tls_cert_file; with --tls-key)")
+    p.add_argument("--tls-key", metavar="FILE", type=FILE_NAME, help="its PEM private key (tls_key_file)")
+    p.add_argument("--tls-client-ca", metavar="FILE", type=FILE_NAME,
+                   help="PEM CA certificates: clients must show a certificate signed by one (tls_client_ca_file; "
+                        "with --tls-cert)")
     p.add_argument("--cpu-threads", type=int, metavar="N", help="ONNX Runtime threads per instance (CPU runtime)")
     p.add_argument("--model-control-mode", type=str.lower, choices=("poll", "explicit", "none"),
                    help="how the repository follows the models folder (default poll)")
@@ -57,7 +58,7 @@ def add_commands(sub) -> None:
     p.add_argument("--request-log", action=argparse.BooleanOptionalAction, default=None,
                    help="log one line per infer request (request id, model, version, status, durations); "
                         "--no-request-log: none, whatever the config file's request_log says")
-    p.add_argument("--trace", metavar="FILE", type=_trace_file,
+    p.add_argument("--trace", metavar="FILE", type=FILE_NAME,
                    help="trace requests to FILE (Chrome trace / Perfetto JSON; written at shutdown, "
                         "or every --trace-log-frequency traces)")
     p.add_argument("--trace-rate", type=int, metavar="N", help="trace one request in N (default 1000)")
@@ -67,13 +68,6 @@ def add_commands(sub) -> None:
     p.add_argument("--trace-format", type=str.lower, choices=("chrome", "triton"),
                    help="trace file format (default chrome)")
     p.set_defaults(func=run_serve)
-
-
-def _trace_file(value: str) -> str:
-    """--trace's FILE: an empty one was taken, and traced nothing without a word."""
-    if not value:
-        raise argparse.ArgumentTypeError("needs a file name, got ''")
-    return value
 
 
 QUIET_LOGGERS = ("watchdog", "asyncio", "grpc", "PIL", "urllib3")

@@ -1,5 +1,7 @@
 """What the commands say when something is wrong: one line each."""
 
+import argparse
+
 
 # what a reply that is not HTTP/1.1 most likely means (said by one_line and `aclserve profile`)
 NOT_HTTP1_HINT = "(an HTTP/2 or gRPC port?)"
@@ -7,6 +9,22 @@ NOT_HTTP1_HINT = "(an HTTP/2 or gRPC port?)"
 
 class UsageError(Exception):
     """Bad input from the command line: printed as one line, exit status 2."""
+
+
+def _named_path(what: str):
+    """An argparse `type` for an option naming `what` ("a file"): an empty value (`--tls-cert ''`,
+    an unset shell variable) was taken as the option not given (TLS off, a default file written, no
+    AIPP) without a word; argparse refuses it in one line, as a bad value of any option."""
+    def named(value: str) -> str:
+        if not value:
+            raise argparse.ArgumentTypeError(f"needs {what} name, got ''")
+        return value
+    return named
+
+
+# every option of the commands naming a file or a folder takes its value through one of these
+FILE_NAME = _named_path("a file")
+FOLDER_NAME = _named_path("a folder")
 
 
 class NotKServe(ValueError):
