@@ -229,6 +229,44 @@ def test_errors_name_the_dotted_path(overrides, path, fragment):
     assert fragment in str(info.value)
 
 
+CHANNELS = "a picture has 1 channel (gray) or 3 (rgb, bgr), so give 1 value (for every channel) or 3 (one per channel)"
+
+
+@pytest.mark.parametrize("image, said", [
+    ("{mean: [1, 2]}", "{file}: model_defaults.inputs.x.image.mean: has 2 values: " + CHANNELS),
+    ("{std: [50, 50, 50, 50]}", "{file}: model_defaults.inputs.x.image.std: has 4 values: " + CHANNELS),
+    ("{color: gray, mean: [1, 2, 3]}", "model_defaults.inputs.x.image.mean: has 3 values for color gray, which has "
+     "1 channel: give 1 (model_defaults.inputs.x.image.color from {file}, model_defaults.inputs.x.image.mean from "
+     "{file})"),
+    ("{std: 1.0e-39}", "model_defaults.inputs.x.image.std: with std [1e-39], pixels 0-255 become values up to "
+     "2.55e+41 in size, beyond FP32's largest, 3.40282e+38, that of every input an image may feed; mean and std are "
+     "in pixel units, 0-255 (model_defaults.inputs.x.image.std from {file})"),
+])
+def test_an_image_mean_or_std_no_model_could_take_is_refused_when_the_config_is_read(tmp_path, image, said):
+    """model_defaults' `mean: [1, 2]` (every picture has 1 or 3 channels) was taken, then passed
+    over model by model as each loaded (found in review): what no model input could take is
+    refused with the server config, naming it and where it came from."""
+    path = write(tmp_path, f"model_defaults:\n  inputs:\n    x: {{image: {image}}}\n")
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path)
+    assert str(info.value) == said.format(file=path)
+
+
+def test_a_models_image_mean_no_model_could_take_is_refused_as_its_file_is_read(tmp_path):
+    """The same in a model's file, whose values may meet model_defaults': each named by its origin."""
+    server = write(tmp_path, "model_defaults:\n  inputs:\n    x: {image: {mean: [1, 2, 3]}}\n", "s.yaml")
+    defaults = load_server_config(server)
+    for text, said in (("inputs: {y: {image: {std: [1, 2]}}}",
+                        "{model}: inputs.y.image.std: has 2 values: " + CHANNELS),
+                       ("inputs: {x: {image: {color: gray}}}", "inputs.x.image.mean: has 3 values for color gray, "
+                        "which has 1 channel: give 1 (inputs.x.image.color from {model}, inputs.x.image.mean from "
+                        "the server config's model_defaults ({server}))")):
+        model = write(tmp_path, text + "\n", "m.yaml")
+        with pytest.raises(ConfigError) as info:
+            load_model_config(model, defaults.model_defaults)
+        assert str(info.value) == said.format(model=model, server=server)
+
+
 def test_file_errors_name_the_file(tmp_path):
     path = write(tmp_path, "model_defaults:\n  batching:\n    max_queue_delay_ms: -1\n")
     with pytest.raises(ConfigError) as info:

@@ -25,7 +25,8 @@ does the same for an error found as the server starts (a TLS file, the API token
 
 Modules: schema (the dataclasses, their choices, ConfigError), checks (value checks), model and
 server (a section's mapping -> its dataclass), files (default, YAML files, overrides, merging),
-origins (where each setting came from, for the errors),
+origins (where each setting came from, for the errors), image_values (an image input's mean and
+std as far as they can be judged without a model),
 yaml_numbers (the numbers and booleans YAML 1.1 reads otherwise than they look, refused in a file:
 07000, 1:30, yes, off),
 triton_config (a Triton model folder's config.pbtxt -> the mapping a model's YAML gives),

@@ -166,6 +166,6 @@ def numbers(value, path: str) -> tuple[float, ...] | None:
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = [value]
-    if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= 4:
-        raise ConfigError(path, f"must be a number or a list of 1 to 4 numbers, got {shown(value)}")
+    if not isinstance(value, (list, tuple)) or not value:  # (how many: the caller's rule, image_values.py's)
+        raise ConfigError(path, f"must be a number or a list of numbers, got {shown(value)}")
     return tuple(as_float(v, f"{path}[{i}]", None) for i, v in enumerate(value))

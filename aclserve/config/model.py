@@ -10,6 +10,7 @@ from ..runtime.warmup import WARMUP_DATA
 from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
 from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, is_auto, key_path,
                      no_unknown, numbers, shown, unless_none)
+from .image_values import check_normalisation
 from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, CompileOptions, ConfigConflict,
                      ConfigError, ImageInput, ModelConfig, TensorOptions)
 
@@ -193,14 +194,17 @@ def _image_input(data, path: str) -> ImageInput:
     if not 0 < crop <= 1:
         raise ConfigError(key_path(path, "crop_fraction"), f"must be in (0, 1], got {crop:g}")
     color = data.get("color")
+    color = None if color is None else as_str(color, key_path(path, "color"), COLOURS)
+    mean = numbers(data.get("mean"), key_path(path, "mean"))
+    check_normalisation(color, mean, std, path)  # (one no model could take: refused now, not at each load)
     return ImageInput(
-        color=None if color is None else as_str(color, key_path(path, "color"), COLOURS),
+        color=color,
         resize=as_str(data.get("resize", d.resize), key_path(path, "resize"), RESIZE_POLICIES),
         crop_fraction=crop,
         interpolation=as_str(data.get("interpolation", d.interpolation), key_path(path, "interpolation"),
                              INTERPOLATIONS),
         pad_value=as_int(data.get("pad_value", d.pad_value), key_path(path, "pad_value"), 0, 255),
-        mean=numbers(data.get("mean"), key_path(path, "mean")),
+        mean=mean,
         std=std,
         layout=as_str(data.get("layout", d.layout), key_path(path, "layout"), LAYOUTS),
         invert=_invert(data.get("invert", d.invert), key_path(path, "invert")),

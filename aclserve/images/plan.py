@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from ..config import ImageInput
+from ..config.image_values import normalised_extent
 from ..runtime.types import TensorSpec
 
 log = logging.getLogger(__name__)
@@ -207,10 +208,7 @@ def _check_range(name: str, spec: TensorSpec, image: ImageInput, mean: np.ndarra
     refuses a reciprocal an FP16 cannot hold. `mean`, `std`: image's, per channel, in float32."""
     if mean is None and std is None:
         return
-    m = np.zeros(1) if mean is None else mean.astype(np.float64)  # (the float32 values write_row uses)
-    s = np.ones(1) if std is None else std.astype(np.float64)
-    with np.errstate(divide="ignore", over="ignore"):  # (a std under float32's least is 0 there: inf)
-        largest = float(np.max(np.maximum(np.abs(m), np.abs(255 - m)) / s))
+    largest = normalised_extent(mean, std)  # (past FP32's largest, the config was refused: image_values.py)
     bound = float(np.finfo(spec.dtype).max)
     if largest > bound:
         given = " and ".join(f"{what} [{', '.join(f'{v:g}' for v in values)}]"

@@ -8,13 +8,14 @@ the request with 400 naming the input and the row.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..config import ConfigError, TensorOptions
+from ..config import ConfigError, ImageInput, TensorOptions
 from ..errors import InvalidInput
 from ..om.aipp import unit_scale_warning
 from ..runtime.types import TensorSpec
@@ -34,7 +35,9 @@ class ImageStage:
         """None when the model has no image input. Raises ConfigError at load, naming the setting
         that does not fit by its dotted key (inputs.x.image.mean); `model`: its name, for the lines
         logged. model_defaults' image settings, meant for every model, fail none: an input they do
-        not fit (or a model without the input) takes its tensor, said in an INFO line."""
+        not fit (or a model without the input) takes its tensor, and one only their mean/std do
+        not fit (an OM's uint8 input, normalised by its AIPP) takes pictures without them, each
+        said in an INFO line."""
         specs = {s.name: s for s in inputs}
         plans = {}
         for name, opt in options.items():
@@ -47,7 +50,9 @@ class ImageStage:
             except PlanError as e:
                 if "image" not in opt.from_defaults:
                     raise ConfigError(e.key, e.problem) from None
-                log.info("%s: model_defaults' inputs.%s.image passed over: %s", model, name, e.said)
+                plan = _fitted_defaults(opt.image, specs.get(name), e, f"{model}: model_defaults' inputs.{name}")
+                if plan is not None:
+                    plans[name] = plan
                 continue
             units = unit_scale_warning(opt.image.mean, opt.image.std)  # (a float input's: UINT8 has none)
             if units:
@@ -95,6 +100,26 @@ class ImageStage:
         jobs = [(name, plan, row, data, tensors[name][row]) for name, plan, row, data in self.pictures(inputs)]
         await pool.map(functools.partial(_decode_row, decoder), jobs, on_ended)
         inputs.update(tensors)
+
+
+def _fitted_defaults(image: ImageInput, spec: TensorSpec | None, refused: PlanError,
+                           said: str) -> ImagePlan | None:
+    """The plan of model_defaults' `image` settings, which `refused` says do not fit the input
+    `spec`, without their mean and std when only those are at fault (the pair: a std without its
+    mean would normalise by half); None when the rest does not fit either. Each said in an INFO
+    line after `said` ("m:1: model_defaults' inputs.x")."""
+    normalising = [key for key in ("mean", "std") if getattr(image, key) is not None]
+    if spec is not None and normalising and refused.key.rpartition(".")[2] in normalising:
+        try:
+            plan = build_plan(dataclasses.replace(image, mean=None, std=None), spec)
+        except PlanError as e:
+            refused = e  # (the reason the input takes no pictures)
+        else:
+            log.info("%s.image.%s passed over: %s; the input takes its pictures' pixel values, 0-255, as they are",
+                     said, " and ".join(normalising), refused.said)
+            return plan
+    log.info("%s.image passed over: %s", said, refused.said)
+    return None
 
 
 def _decode_row(decoder, job: tuple[str, ImagePlan, int, bytes, np.ndarray]) -> None:

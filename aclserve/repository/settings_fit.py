@@ -2,10 +2,10 @@
 config.pbtxt's tensor views, the labels and the value ranges, each checked against the model.
 
 A setting that does not fit the model fails the load, named by its dotted key and where it came
-from, as a config's parse errors are (`<models>/m.yaml: inputs.x.image.mean: has 2 values for 3
+from, as a config's parse errors are (`<models>/m.yaml: inputs.x.image.mean: has 3 values for 1
 channel(s)`): the model's own config, or the server config's model_defaults (a mean the model's
 own image settings take from there; model_defaults' image settings, labels and value ranges on
-their own are fitted to the model or passed over, failing none). ModelConfig.origin_of says
+their own are fitted to the model or passed over, failing none: images/stage.py). ModelConfig.origin_of says
 which; a config built in code names none. A config.pbtxt's tensors name their file themselves
 (declared.py)."""
 from __future__ import annotations

@@ -9,6 +9,7 @@ import pytest
 
 from aclserve.repository import State
 from aclserve.server.model_info import model_metadata
+from tests import REPO
 from tests.tiny_models import TOKEN_ROWS, compile_cpu_om, conv_onnx, save_graph, scale_onnx, token_graph
 
 from .repo_helpers import place, serving, write_in
@@ -81,6 +82,13 @@ def conv_om(tmp_path_factory):
     return compile_cpu_om(conv_onnx(folder / "conv.onnx"), folder / "conv.om")
 
 
+@pytest.fixture(scope="module")
+def gray_conv_om(tmp_path_factory):
+    """x FP32 [N, 1, 16, 16] (a grey picture's) -> y [N, 4, 16, 16]."""
+    folder = tmp_path_factory.mktemp("gray_conv")
+    return compile_cpu_om(conv_onnx(folder / "gray.onnx", channels=1), folder / "gray.om")
+
+
 async def test_model_defaults_image_and_labels_pass_over_the_models_they_do_not_fit(
         make_repo, models_dir, model_files, conv_om, tmp_path, caplog):
     """model_defaults' `outputs.y.labels` (a file of 4 lines) and `inputs.x.image` failed every
@@ -124,8 +132,40 @@ async def test_model_defaults_image_and_labels_pass_over_the_models_they_do_not_
     assert tok.images is None and [(r.low, r.high) for r in tok.value_ranges.values()] == [(0, TOKEN_ROWS - 1)]
 
 
+async def test_model_defaults_mean_and_std_a_model_does_not_take_are_passed_over_alone(
+        make_repo, models_dir, model_files, conv_om, gray_conv_om, caplog):
+    """model_defaults' image settings that a model refused only for their mean/std were passed over
+    whole: an OM whose AIPP normalises (uint8 input) or a grey float input beside a 3-value mean
+    kept its input a tensor, and clients' JPEGs got 400 (found in review). Now only the mean and
+    std are passed over, said in an INFO line: the input takes pictures, unnormalised; a model
+    they fit takes them all, and one no picture fits keeps its tensor."""
+    caplog.set_level(logging.INFO, logger="aclserve.images")
+    place(str(REPO / "models" / "digits_image.om"), models_dir / "aipp.om")  # x UINT8 [N, 8, 8, 1]
+    place(gray_conv_om, models_dir / "gray.om")  # x FP32 [N, 1, 16, 16]
+    place(conv_om, models_dir / "rgb.om")  # x FP32 [N, 3, 16, 16]
+    place(model_files[1]["om"], models_dir / "scale.om")  # x FP32 [N, 4]: no picture
+    image = {"resize": "letterbox", "mean": [120.0, 110.0, 100.0], "std": [60.0]}
+    repo, _ = await make_repo(model_control_mode="none", **{"model_defaults.inputs": {"x": {"image": image}}})
+    assert serving(repo) == ["aipp", "gray", "rgb", "scale"]
+    plans = {name: repo.get(name).images and repo.get(name).images.plans.get("x") for name in serving(repo)}
+    assert plans["scale"] is None
+    for name in ("aipp", "gray"):
+        assert plans[name].resize == "letterbox" and plans[name].mean is None and plans[name].std is None, name
+        assert model_metadata(repo.get(name), ["1"])["inputs"][0]["datatype"] == "BYTES"
+    assert plans["rgb"].mean.tolist() == [120, 110, 100] and plans["rgb"].std.tolist() == [60] * 3
+    said = [r.getMessage() for r in caplog.records if "passed over" in r.getMessage()]
+    unnormalised = "the input takes its pictures' pixel values, 0-255, as they are"
+    assert sorted(said) == [
+        "aipp:1: model_defaults' inputs.x.image.mean and std passed over: the model takes uint8 pixels (AIPP "
+        f"normalises on the device); remove mean/std; {unnormalised}",
+        f"gray:1: model_defaults' inputs.x.image.mean and std passed over: mean has 3 values for 1 channel(s); "
+        f"{unnormalised}",
+        "scale:1: model_defaults' inputs.x.image passed over: the model input must be [N, H, W, C], [N, C, H, W] "
+        "or [N, H, W]; it is [-1, 4]"]
+
+
 async def test_a_setting_the_model_does_not_fit_names_its_key_and_where_it_came_from(
-        make_repo, models_dir, model_files, conv_om, tmp_path, caplog):
+        make_repo, models_dir, model_files, gray_conv_om, tmp_path, caplog):
     """A setting found not to fit when the model loaded said neither its dotted key nor its file
     (`image input 'x': mean has 2 values for 3 channel(s)`), where a parse error names both; and the
     ERROR line of a failed reload said "not loaded" while the previous config served on (found by a
@@ -133,27 +173,27 @@ async def test_a_setting_the_model_does_not_fit_names_its_key_and_where_it_came_
     server config's model_defaults (a model's file making x an image input takes their mean)."""
     caplog.set_level(logging.ERROR, logger="aclserve.repository.failures")
     server_config = tmp_path / "s.yaml"
-    server_config.write_text("model_defaults:\n  inputs:\n    x: {image: {mean: [1, 2]}}\n")
-    place(conv_om, models_dir / "reloaded.om")
+    server_config.write_text("model_defaults:\n  inputs:\n    x: {image: {mean: [1, 2, 3]}}\n")
+    place(gray_conv_om, models_dir / "reloaded.om")  # (served at first without model_defaults' mean)
     repo, events = await make_repo(config_file=str(server_config))
     assert serving(repo) == ["reloaded"]
     write_in(models_dir / "three.txt", "a\nb\nc\n")
-    for name, model, config in (("own", conv_om, "inputs: {x: {image: {mean: [1, 2, 3, 4]}}}"),
-                                ("takes", conv_om, "inputs: {x: {image: {color: rgb}}}"),
+    for name, model, config in (("own", gray_conv_om, "inputs: {x: {image: {mean: [1, 2, 3]}}}"),
+                                ("takes", gray_conv_om, "inputs: {x: {image: {resize: letterbox}}}"),
                                 ("ranged", model_files[1]["om"], "inputs: {nosuch: {value_range: [0, 3]}}"),
                                 ("labelled", model_files[1]["om"], "outputs: {y: {labels: three.txt}}"),
-                                ("reloaded", None, "inputs: {x: {image: {mean: [1, 2, 3, 4]}}}")):
+                                ("reloaded", None, "inputs: {x: {image: {mean: [4, 5, 6]}}}")):
         write_in(models_dir / f"{name}.yaml", config + "\n")
         if model is not None:
             place(model, models_dir / f"{name}.om")
     for name in ("own", "takes", "ranged", "labelled", "reloaded"):
         await events.wait("load_failed", name)
-    said = f"{models_dir / 'reloaded.yaml'}: inputs.x.image.mean: has 4 values for 3 channel(s)"
+    said = f"{models_dir / 'reloaded.yaml'}: inputs.x.image.mean: has 3 values for 1 channel(s)"
     assert index_of(repo) == {
-        ("own", "1"): (State.UNAVAILABLE, f"{models_dir / 'own.yaml'}: inputs.x.image.mean: has 4 values for 3 "
+        ("own", "1"): (State.UNAVAILABLE, f"{models_dir / 'own.yaml'}: inputs.x.image.mean: has 3 values for 1 "
                                           "channel(s)"),
         ("takes", "1"): (State.UNAVAILABLE, f"the server config's model_defaults ({server_config}): "
-                                            "inputs.x.image.mean: has 2 values for 3 channel(s)"),
+                                            "inputs.x.image.mean: has 3 values for 1 channel(s)"),
         ("ranged", "1"): (State.UNAVAILABLE, f"{models_dir / 'ranged.yaml'}: inputs.nosuch.value_range: the model "
                                              "has no input 'nosuch' (inputs: x)"),
         ("labelled", "1"): (State.UNAVAILABLE, f"{models_dir / 'labelled.yaml'}: outputs.y.labels: labels file "

@@ -385,6 +385,24 @@ def test_settings_that_do_not_fit_refuse_the_load(image_server):
     assert status == 200 and set(out["outputs"][0]["data"]) == {40000.0}, out  # 200 / 0.005
 
 
+def test_an_aipp_om_takes_pictures_with_model_defaults_image_settings_but_their_mean_and_std(tmp_path):
+    """model_defaults' image settings with a mean and std (for the float models) were passed over
+    whole for an OM whose AIPP normalises, as they do not fit its uint8 input: the input stayed a
+    UINT8 tensor and a client's PNG got 400 (found in review). Now only their mean and std are:
+    it answers the pictures as the same OM whose own settings leave those two out."""
+    for name in ("defaulted", "reference"):
+        shutil.copy(os.path.join(REPO, "models", "digits_image.om"), tmp_path / f"{name}.om")
+    (tmp_path / "reference.yaml").write_text("inputs: {x: {image: {mean: null, std: null}}}\n")
+    image = {"color": "gray", "interpolation": "area", "invert": "auto", "mean": [100], "std": [50]}
+    config = server_config(tmp_path, **{"model_defaults.inputs": {"x": {"image": image}}})
+    pictures = [b64(digit_png(values, 16)) for values in DIGITS["x"][:4]]
+    body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [4], "data": pictures}]}
+    with ServerThread(config) as srv:
+        (status, _, defaulted), (_, _, reference) = (infer(srv, body, name) for name in ("defaulted", "reference"))
+    assert status == 200, defaulted
+    assert defaulted["outputs"] == reference["outputs"] and len(reference["outputs"][0]["data"]) == 40
+
+
 def test_dvpp_decoder_asked_for_on_the_cpu_runtime_is_its_dvpp_emulation(caplog):
     """The CPU runtime's acl.media runs DvppDecoder; what DVPP does not take (a PNG, an 8x8
     target under VPC's 10x6) still decodes, on the CPU, without a warning."""
