@@ -35,8 +35,8 @@ class ImageStage:
         """None when the model has no image input. Raises ConfigError at load, naming the setting
         that does not fit by its dotted key (inputs.x.image.mean); `model`: its name, for the lines
         logged. model_defaults' image settings, meant for every model, fail none: an input they do
-        not fit (or a model without the input) takes its tensor, and one only their mean/std do
-        not fit (an OM's uint8 input, normalised by its AIPP) takes pictures without them, each
+        not fit (or a model without the input) takes its tensor, and a uint8 input that only their
+        mean/std do not fit (an OM's, normalised by its AIPP) takes pictures without them, each
         said in an INFO line."""
         specs = {s.name: s for s in inputs}
         plans = {}
@@ -105,11 +105,14 @@ class ImageStage:
 def _fitted_defaults(image: ImageInput, spec: TensorSpec | None, refused: PlanError,
                            said: str) -> ImagePlan | None:
     """The plan of model_defaults' `image` settings, which `refused` says do not fit the input
-    `spec`, without their mean and std when only those are at fault (the pair: a std without its
-    mean would normalise by half); None when the rest does not fit either. Each said in an INFO
-    line after `said` ("m:1: model_defaults' inputs.x")."""
+    `spec`, without their mean and std when only those are at fault and the input takes uint8
+    pixels (an OM whose AIPP normalises: the pair goes, a std without its mean would normalise by
+    half); None otherwise: a float input given pixels a mean/std was meant for but cannot apply
+    would answer wrongly and quietly, so it takes its tensor. Each said in an INFO line after
+    `said` ("m:1: model_defaults' inputs.x")."""
     normalising = [key for key in ("mean", "std") if getattr(image, key) is not None]
-    if spec is not None and normalising and refused.key.rpartition(".")[2] in normalising:
+    if (spec is not None and spec.dtype == np.uint8 and normalising
+            and refused.key.rpartition(".")[2] in normalising):
         try:
             plan = build_plan(dataclasses.replace(image, mean=None, std=None), spec)
         except PlanError as e:

@@ -136,9 +136,11 @@ async def test_model_defaults_mean_and_std_a_model_does_not_take_are_passed_over
         make_repo, models_dir, model_files, conv_om, gray_conv_om, caplog):
     """model_defaults' image settings that a model refused only for their mean/std were passed over
     whole: an OM whose AIPP normalises (uint8 input) or a grey float input beside a 3-value mean
-    kept its input a tensor, and clients' JPEGs got 400 (found in review). Now only the mean and
-    std are passed over, said in an INFO line: the input takes pictures, unnormalised; a model
-    they fit takes them all, and one no picture fits keeps its tensor."""
+    kept its input a tensor, and clients' JPEGs got 400 (found in review). Now, for a uint8 input
+    (normalised by the model's AIPP), only the mean and std are passed over, said in an INFO line:
+    the input takes pictures, unnormalised. A float input they do not fit keeps its tensor (its
+    pixels unnormalised would be answered wrongly, quietly); a model they fit takes them all, and
+    one no picture fits keeps its tensor."""
     caplog.set_level(logging.INFO, logger="aclserve.images")
     place(str(REPO / "models" / "digits_image.om"), models_dir / "aipp.om")  # x UINT8 [N, 8, 8, 1]
     place(gray_conv_om, models_dir / "gray.om")  # x FP32 [N, 1, 16, 16]
@@ -148,18 +150,17 @@ async def test_model_defaults_mean_and_std_a_model_does_not_take_are_passed_over
     repo, _ = await make_repo(model_control_mode="none", **{"model_defaults.inputs": {"x": {"image": image}}})
     assert serving(repo) == ["aipp", "gray", "rgb", "scale"]
     plans = {name: repo.get(name).images and repo.get(name).images.plans.get("x") for name in serving(repo)}
-    assert plans["scale"] is None
-    for name in ("aipp", "gray"):
-        assert plans[name].resize == "letterbox" and plans[name].mean is None and plans[name].std is None, name
-        assert model_metadata(repo.get(name), ["1"])["inputs"][0]["datatype"] == "BYTES"
+    assert plans["scale"] is None and plans["gray"] is None
+    assert plans["aipp"].resize == "letterbox" and plans["aipp"].mean is None and plans["aipp"].std is None
+    assert model_metadata(repo.get("aipp"), ["1"])["inputs"][0]["datatype"] == "BYTES"
+    assert model_metadata(repo.get("gray"), ["1"])["inputs"][0]["datatype"] == "FP32"
     assert plans["rgb"].mean.tolist() == [120, 110, 100] and plans["rgb"].std.tolist() == [60] * 3
     said = [r.getMessage() for r in caplog.records if "passed over" in r.getMessage()]
     unnormalised = "the input takes its pictures' pixel values, 0-255, as they are"
     assert sorted(said) == [
         "aipp:1: model_defaults' inputs.x.image.mean and std passed over: the model takes uint8 pixels (AIPP "
         f"normalises on the device); remove mean/std; {unnormalised}",
-        f"gray:1: model_defaults' inputs.x.image.mean and std passed over: mean has 3 values for 1 channel(s); "
-        f"{unnormalised}",
+        "gray:1: model_defaults' inputs.x.image passed over: mean has 3 values for 1 channel(s)",
         "scale:1: model_defaults' inputs.x.image passed over: the model input must be [N, H, W, C], [N, C, H, W] "
         "or [N, H, W]; it is [-1, 4]"]
 
