@@ -61,6 +61,11 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
     """`raw_contents`: msg's raw_input_contents entries as views of the received message."""
     raw = msg.raw_input_contents if raw_contents is None else raw_contents
     if raw and len(raw) != len(msg.inputs):
+        # a client mixing ways (an input in shared memory, for which Triton counts no entry, or in
+        # typed contents) hears what it mixed, not the count that follows from it; of the inputs
+        # decoding reads (at most one more than the model has: contents_elements)
+        for tensor in msg.inputs[:len(sig.inputs) + 1]:
+            _refuse_way(tensor, raw)
         raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(msg.inputs)} inputs "
                            f"(one per input, in inputs order)")
     if not msg.inputs:
@@ -77,11 +82,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
             raise InvalidInput(f"input '{name}' is given more than once")
         check_rank(name, len(tensor.shape), spec.shape)  # before a long one is listed
         shape = list(tensor.shape)
-        if tensor.parameters:
-            refuse_shared_memory(tensor.parameters, f"input '{name}'")
-        if raw and tensor.HasField("contents"):
-            raise InvalidInput(f"input '{name}' has contents but the request uses raw_input_contents "
-                               f"(use one or the other for every input)")
+        _refuse_way(tensor, raw)
         if tensor.datatype == "BYTES" == spec.datatype:  # encoded images (bytes_codec)
             if not raw:
                 _only_field(name, tensor.contents, "bytes_contents", spec.datatype)
@@ -108,6 +109,16 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
         req.outputs = _decode_outputs(msg.outputs, sig)
         check_classification(req, sig)
     return req
+
+
+def _refuse_way(tensor, raw) -> None:
+    """Refuse an input sent in a way this server does not take: in shared memory, or in typed
+    contents when the request uses raw_input_contents."""
+    if tensor.parameters:
+        refuse_shared_memory(tensor.parameters, f"input {quoted_name(tensor.name)}")
+    if raw and tensor.HasField("contents"):
+        raise InvalidInput(f"input {quoted_name(tensor.name)} has contents but the request uses raw_input_contents "
+                           f"(use one or the other for every input)")
 
 
 def _only_field(name: str, contents, field: str, datatype: str) -> None:

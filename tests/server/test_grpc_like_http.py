@@ -1,8 +1,9 @@
 """What a gRPC conformance tester found answered differently from HTTP, or from one RPC to the
 next: a classification refusal naming its output, and an empty model name; and a queue timeout's
 wait said alike; an extension not offered named by its own refusal; an unknown trace setting refused
-listing them all; and a sequence id refused alike. A real server on real ports, the generated gRPC
-stub and aiohttp."""
+listing them all; and a sequence id refused alike; and an input in shared memory, or in typed
+contents, beside raw_input_contents refused for itself, not for the count of entries. A real server
+on real ports, the generated gRPC stub, tritonclient and aiohttp."""
 from __future__ import annotations
 
 import json
@@ -12,8 +13,11 @@ import shutil
 import grpc
 import numpy as np
 import pytest
+import tritonclient.grpc
+import tritonclient.http
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
+from tritonclient.utils import InferenceServerException
 
 from tests.serving import free_port, request, server_config, started_with_grpc
 
@@ -219,3 +223,48 @@ def test_the_sequence_id_that_means_none_is_served_its_start_and_end_ignored(srv
                               json=affine_doc({"sequence_id": sequence_id, "sequence_start": True,
                                                "sequence_end": True}))
     assert status == 200, body
+
+
+@pytest.mark.parametrize("in_shared_memory", ["x", "idx"])
+def test_an_input_in_shared_memory_beside_raw_ones_is_refused_for_it_as_over_http(srv, in_shared_memory):
+    """tritonclient's set_shared_memory on one input, set_data_from_numpy on the others: a
+    raw_input_contents entry short for it (Triton counts none for it), so gRPC refused the count
+    ("raw_input_contents has 1 entries for 2 inputs") where HTTP refused the shared memory (a
+    tester). Both now name the input and the shared memory."""
+    data = {"x": np.ones((1, 8), np.float32), "idx": np.ones((1, 3), np.int64)}
+    answers = []
+    for client in (tritonclient.grpc, tritonclient.http):
+        inputs = []
+        for name, array in data.items():
+            tensor = client.InferInput(name, list(array.shape), "FP32" if name == "x" else "INT64")
+            if name == in_shared_memory:
+                tensor.set_shared_memory("region0", array.nbytes)
+            else:
+                tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        url = srv.grpc_url if client is tritonclient.grpc else srv.url
+        with pytest.raises(InferenceServerException) as refused:
+            client.InferenceServerClient(url).infer("affine", inputs)
+        answers.append(refused.value.message())
+    assert answers == [f"input '{in_shared_memory}': shared_memory_region: shared memory is not supported "
+                       f"by this server"] * 2
+
+
+def test_typed_contents_beside_raw_ones_are_refused_naming_the_input(stub):
+    """The KServe SDK's InferenceGRPCClient sends an input set with binary_data=True in
+    raw_input_contents and the others in typed contents: refused for the count of entries (a
+    tester), never reaching the refusal that says what to change."""
+    msg = affine()
+    del msg.raw_input_contents[:]
+    msg.inputs[0].contents.fp32_contents.extend([1.0] * 8)
+    msg.raw_input_contents.append(np.ones((1, 3), np.int64).tobytes())
+    error = refusal(stub.ModelInfer, msg)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == ("input 'x' has contents but the request uses raw_input_contents "
+                               "(use one or the other for every input)")
+    msg.inputs.add(name="extra", datatype="FP32", shape=[1])  # one entry short still, once the ways agree
+    del msg.raw_input_contents[:]
+    msg.inputs[0].ClearField("contents")
+    msg.raw_input_contents.extend([np.ones((1, 8), np.float32).tobytes(), np.ones((1, 3), np.int64).tobytes()])
+    assert refusal(stub.ModelInfer, msg).details() == ("raw_input_contents has 2 entries for 3 inputs "
+                                                       "(one per input, in inputs order)")
