@@ -21,7 +21,7 @@ import zlib
 from aiohttp import web
 
 from ..errors import InvalidInput, PayloadTooLarge, ServeError
-from .budget import Lease, MemoryExhausted
+from .budget import SMALLER_HINT, Lease, MemoryExhausted
 from .open_calls import OpenCalls
 from .stalled_bodies import STALL_S, Arrival, StalledBodies
 
@@ -144,13 +144,15 @@ def check_declared(request: web.BaseRequest, lease: Lease, max_bytes: int,
     return declared
 
 
-def refuse_from_head(request: web.BaseRequest, budget, max_bytes: int, limit_name: str = MAX_BODY_BYTES) -> bool:
+def refuse_from_head(request: web.BaseRequest, budget, max_bytes: int, limit_name: str = MAX_BODY_BYTES,
+                     hint: str = SMALLER_HINT) -> bool:
     """What read_body refuses before reading a byte, in its order, for an `Expect: 100-continue`
     to answer: a Content-Encoding it does not take (415), then the declared size against
-    `max_bytes` and what the memory `budget` has left (413, 503), probed: nothing is kept.
-    Returns whether the body is read as it is sent (no Content-Encoding to inflate)."""
+    `max_bytes` and what the memory `budget` has left (413, ending with `hint` as the request's
+    lease would, and 503), probed: nothing is kept. Returns whether the body is read as it is
+    sent (no Content-Encoding to inflate)."""
     plain = _inflater(request, 0) is None
-    with budget.lease() as probe:  # (check_declared takes nothing)
+    with budget.lease(hint) as probe:  # (check_declared takes nothing)
         check_declared(request, probe, max_bytes, limit_name)
     return plain
 

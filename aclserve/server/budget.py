@@ -6,7 +6,8 @@ and an estimate of its decoded tensors before decoding (see `json_tensor_estimat
 that would take the total over `max_inflight_bytes` fails with 503 + Retry-After (others hold
 the memory: come back soon); one that would take this request alone over `max_request_bytes`
 fails with 413 (it can never fit). Both transports charge the same budget (gRPC:
-grpc_intake.py), each lease with the advice its transport gives a request that is too large.
+grpc_intake.py), each lease with the advice its transport and its body format give a request
+that is too large (infer_body_hint: the binary tensor extension for an HTTP body all JSON only).
 Event-loop thread only: no locks.
 """
 from __future__ import annotations
@@ -19,7 +20,16 @@ from ..errors import Overloaded, PayloadTooLarge
 # the model dtype's array element: measured 52 bytes per number; the worst value of all
 # (nested empty lists) takes 64, which is what is charged.
 JSON_BYTES_PER_VALUE = 64
-HTTP_HINT = "send tensors with the binary tensor extension or in smaller requests"
+# How a request too large for max_request_bytes can need less, its 413's last words: the binary
+# tensor extension only for an HTTP infer body all JSON (one using it already was told to use it)
+SMALLER_HINT = "send smaller requests"
+JSON_BODY_HINT = "send tensors with the binary tensor extension or in smaller requests"
+
+
+def infer_body_hint(binary_extension: bool) -> str:
+    """The advice of an HTTP infer request's lease: whether its body uses the binary tensor
+    extension (Inference-Header-Content-Length) decides."""
+    return SMALLER_HINT if binary_extension else JSON_BODY_HINT
 
 
 class MemoryExhausted(Overloaded):
@@ -38,7 +48,7 @@ class MemoryBudget:
         # bodies so that its retry fits (stalled_bodies.py)
         self._on_refused = on_refused
 
-    def lease(self, hint: str = HTTP_HINT) -> "Lease":
+    def lease(self, hint: str = SMALLER_HINT) -> "Lease":
         """A new request's lease; `hint` ends the message of its 413 (how to need less)."""
         return Lease(self, hint)
 
@@ -80,7 +90,7 @@ class Lease:
 
     __slots__ = ("budget", "held", "hint")
 
-    def __init__(self, budget: MemoryBudget, hint: str = HTTP_HINT):
+    def __init__(self, budget: MemoryBudget, hint: str = SMALLER_HINT):
         self.budget = budget
         self.held = 0
         self.hint = hint

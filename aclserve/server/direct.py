@@ -48,7 +48,7 @@ from aiohttp.http import SERVER_SOFTWARE
 
 from ..errors import ServeError
 from .answer_charge import DIRECT_COPIES, answer_charge
-from .budget import Lease
+from .budget import Lease, infer_body_hint
 from .codec import HEADER_LENGTH, parse_header_length
 from .error_responses import error_body, retry_after_value, serve_error_parts
 from .infer_pipeline import counted_infer, infer_body
@@ -89,7 +89,7 @@ class DirectInfer:
         state = self._state
         self.answered += 1
         try:
-            with state.budget.lease() as lease:
+            with state.budget.lease(infer_body_hint(head.header(_HEADER_LENGTH) is not None)) as lease:
                 known_id = _request_id(head) if state.observer is not None else None
                 work = functools.partial(self._run, lease, head, body, named[1] is not None, known_id)
                 payload, json_length = await counted_infer(state, named[0], named[1], work, known_id=known_id)

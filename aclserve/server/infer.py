@@ -20,6 +20,7 @@ from .answer_charge import AIOHTTP_COPIES, ChargedResponse, answer_charge
 from .answer_coding import COMPRESS_MIN_BYTES, answer_coding
 from .app_keys import STATE
 from .body import MAX_BODY_BYTES, body_limit, read_body, refuse_from_head
+from .budget import infer_body_hint
 from .codec import HEADER_LENGTH, check_header_length, parse_header_length
 from .expect import continue_within
 from .infer_pipeline import counted_infer, infer_body
@@ -35,7 +36,7 @@ async def infer(request: web.Request) -> web.Response:
     tracking, errors to JSON, the API token check when auth_inference is on)."""
     state = request.app[STATE]
     match = request.match_info
-    with state.budget.lease() as lease:  # held until the answer is built
+    with state.budget.lease(infer_body_hint(HEADER_LENGTH in request.headers)) as lease:  # until the answer is built
         response = await counted_infer(state, match["model"], match.get("version"),
                                        functools.partial(_infer, request, state, lease),
                                        known_id=request.headers.get(REQUEST_ID_HEADER),
@@ -63,7 +64,8 @@ def _refused_by_head(request: web.Request, state) -> None:
     whole body only to be refused (a tester's find)."""
     match = request.match_info
     state.repo.get(match["model"], match.get("version"))
-    plain = refuse_from_head(request, state.budget, *_body_limit(request, state.config))
+    plain = refuse_from_head(request, state.budget, *_body_limit(request, state.config),
+                             infer_body_hint(HEADER_LENGTH in request.headers))
     header_length = parse_header_length(request.headers.getall(HEADER_LENGTH, ()))
     if header_length and plain and request.content_length is not None:
         check_header_length(header_length, request.content_length)
